@@ -1,0 +1,1 @@
+//! Simulated NVML (libnvidia-ml.so.1).

@@ -1,0 +1,1 @@
+//! Simulated CUDA runtime (libcudart).
