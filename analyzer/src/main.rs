@@ -1,3 +1,67 @@
-fn main() {
-    println!("vramshim: not yet");
+//! `vramshim`: launches jobs under libvramshim.so and turns traces into answers.
+//! Each subcommand lives in its own module with its own `Args` and `main`.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod demo;
+mod diff;
+mod export;
+mod import;
+mod replay;
+mod report;
+mod run;
+mod summary;
+mod top;
+
+#[derive(Parser)]
+#[command(name = "vramshim", version, about = "GPU memory of unmodified CUDA processes: visible, bounded, unfragmented")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run a command under libvramshim.so (cap, pool, trace).
+    Run(run::Args),
+    /// Replay a real training trace plain, capped and pooled, and compare.
+    Demo(demo::Args),
+    /// Summarize one or more traces (text or --json).
+    Summary(summary::Args),
+    /// Write a self-contained HTML report of a trace.
+    Report(report::Args),
+    /// Export a trace to Perfetto, Chrome JSON, PyTorch memory_viz or RMM CSV.
+    Export(export::Args),
+    /// Import an RMM log or a PyTorch memory snapshot as a trace.
+    Import(import::Args),
+    /// What-if: replay a trace through a pool policy, cap and device size.
+    Replay(replay::Args),
+    /// What changed between two runs.
+    Diff(diff::Args),
+    /// Live view of a shared cap region.
+    Top(top::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.cmd {
+        Cmd::Run(a) => run::main(a),
+        Cmd::Demo(a) => demo::main(a),
+        Cmd::Summary(a) => summary::main(a),
+        Cmd::Report(a) => report::main(a),
+        Cmd::Export(a) => export::main(a),
+        Cmd::Import(a) => import::main(a),
+        Cmd::Replay(a) => replay::main(a),
+        Cmd::Diff(a) => diff::main(a),
+        Cmd::Top(a) => top::main(a),
+    };
+    match result {
+        Ok(code) => code,
+        Err(msg) => {
+            eprintln!("vramshim: {msg}");
+            ExitCode::from(2)
+        }
+    }
 }

@@ -1,0 +1,8 @@
+use std::process::ExitCode;
+
+#[derive(clap::Args)]
+pub struct Args {}
+
+pub fn main(_args: Args) -> Result<ExitCode, String> {
+    Err("diff: not implemented yet".into())
+}
