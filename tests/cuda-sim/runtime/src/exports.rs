@@ -1,0 +1,182 @@
+// The C symbols of the simulated libcudart. NOT a module of vramsim-runtime: each artifact
+// crate (runtime12, runtime13, runtime-static) defines `const RT: Flavor` and includes this
+// file, so the symbols are defined in the crate that gives them their soname and version
+// node. Its build script finds every `fn NAME(` here (and `#[cfg(cudart13)]` /
+// `#[cfg(not(cudart13))]` on the line before) to write the `.symver` directives.
+//
+// To add a function: one `fn` line below, calling an `api::` function.
+
+use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
+use vramsim_runtime::api::{self, Flavor};
+use vramsim_runtime::errors;
+use vramsim_runtime::types::*;
+
+const LEGACY: bool = false;
+const PTDS: bool = true;
+
+vramsim_runtime::cuda_exports! {
+    fn cudaDriverGetVersion(v: *mut c_int) => api::driver_get_version(RT, v);
+    fn cudaRuntimeGetVersion(v: *mut c_int) => api::runtime_get_version(RT, v);
+
+    fn cudaGetDeviceCount(n: *mut c_int) => api::get_device_count(RT, n);
+    fn cudaSetDevice(dev: c_int) => api::set_device(RT, dev);
+    fn cudaGetDevice(dev: *mut c_int) => api::get_device(RT, dev);
+    fn cudaGetDeviceProperties(p: *mut c_void, dev: c_int) => api::get_device_properties(RT, p, dev);
+    fn cudaGetDeviceProperties_v2(p: *mut c_void, dev: c_int) => api::get_device_properties(RT, p, dev);
+    fn cudaDeviceGetAttribute(v: *mut c_int, attr: c_int, dev: c_int) => api::device_get_attribute(RT, v, attr, dev);
+    fn cudaDeviceSynchronize() => api::device_synchronize(RT);
+    fn cudaDeviceReset() => api::device_reset(RT);
+    fn cudaDeviceCanAccessPeer(can: *mut c_int, dev: c_int, peer: c_int) => api::device_can_access_peer(RT, can, dev, peer);
+    fn cudaDeviceEnablePeerAccess(peer: c_int, flags: c_uint) => api::device_enable_peer_access(RT, peer, flags);
+
+    fn cudaMalloc(p: *mut *mut c_void, size: usize) => api::malloc(RT, p, size);
+    fn cudaFree(p: *mut c_void) => api::free(RT, p);
+    fn cudaMallocPitch(p: *mut *mut c_void, pitch: *mut usize, w: usize, h: usize) => api::malloc_pitch(RT, p, pitch, w, h);
+    fn cudaMalloc3D(pp: *mut cudaPitchedPtr, e: cudaExtent) => api::malloc_3d(RT, pp, e);
+    fn cudaMallocManaged(p: *mut *mut c_void, size: usize, flags: c_uint) => api::malloc_managed(RT, p, size, flags);
+    fn cudaMallocHost(p: *mut *mut c_void, size: usize) => api::malloc_host(RT, p, size);
+    fn cudaHostAlloc(p: *mut *mut c_void, size: usize, flags: c_uint) => api::host_alloc(RT, p, size, flags);
+    fn cudaFreeHost(p: *mut c_void) => api::free_host(RT, p);
+    fn cudaMallocAsync(p: *mut *mut c_void, size: usize, s: cudaStream_t) => api::malloc_async(RT, LEGACY, p, size, s);
+    fn cudaMallocAsync_ptsz(p: *mut *mut c_void, size: usize, s: cudaStream_t) => api::malloc_async(RT, PTDS, p, size, s);
+    fn cudaFreeAsync(p: *mut c_void, s: cudaStream_t) => api::free_async(RT, LEGACY, p, s);
+    fn cudaFreeAsync_ptsz(p: *mut c_void, s: cudaStream_t) => api::free_async(RT, PTDS, p, s);
+    fn cudaMallocFromPoolAsync(p: *mut *mut c_void, size: usize, pool: CUmemoryPool, s: cudaStream_t) => api::malloc_from_pool_async(RT, LEGACY, p, size, pool, s);
+    fn cudaMallocFromPoolAsync_ptsz(p: *mut *mut c_void, size: usize, pool: CUmemoryPool, s: cudaStream_t) => api::malloc_from_pool_async(RT, PTDS, p, size, pool, s);
+    fn cudaDeviceGetDefaultMemPool(pool: *mut CUmemoryPool, dev: c_int) => api::device_get_default_mem_pool(RT, pool, dev);
+    fn cudaMemGetInfo(free: *mut usize, total: *mut usize) => api::mem_get_info(RT, free, total);
+    fn cudaPointerGetAttributes(a: *mut cudaPointerAttributes, p: *const c_void) => api::pointer_get_attributes(RT, a, p);
+    fn cudaIpcGetMemHandle(h: *mut cudaIpcMemHandle_t, p: *mut c_void) => api::ipc_get_mem_handle(RT, h, p);
+
+    fn cudaMemcpy(dst: *mut c_void, src: *const c_void, n: usize, kind: c_uint) => api::memcpy(RT, dst, src, n, kind);
+    fn cudaMemcpyAsync(dst: *mut c_void, src: *const c_void, n: usize, kind: c_uint, s: cudaStream_t) => api::memcpy_async(RT, LEGACY, dst, src, n, kind, s);
+    fn cudaMemcpyAsync_ptsz(dst: *mut c_void, src: *const c_void, n: usize, kind: c_uint, s: cudaStream_t) => api::memcpy_async(RT, PTDS, dst, src, n, kind, s);
+    fn cudaMemset(p: *mut c_void, v: c_int, n: usize) => api::memset(RT, p, v, n);
+    fn cudaMemsetAsync(p: *mut c_void, v: c_int, n: usize, s: cudaStream_t) => api::memset_async(RT, LEGACY, p, v, n, s);
+    fn cudaMemsetAsync_ptsz(p: *mut c_void, v: c_int, n: usize, s: cudaStream_t) => api::memset_async(RT, PTDS, p, v, n, s);
+
+    fn cudaStreamCreate(s: *mut cudaStream_t) => api::stream_create(RT, s, 0, None);
+    fn cudaStreamCreateWithFlags(s: *mut cudaStream_t, flags: c_uint) => api::stream_create(RT, s, flags, None);
+    fn cudaStreamCreateWithPriority(s: *mut cudaStream_t, flags: c_uint, prio: c_int) => api::stream_create(RT, s, flags, Some(prio));
+    fn cudaStreamDestroy(s: cudaStream_t) => api::stream_destroy(RT, s);
+    fn cudaStreamSynchronize(s: cudaStream_t) => api::stream_synchronize(RT, LEGACY, s);
+    fn cudaStreamSynchronize_ptsz(s: cudaStream_t) => api::stream_synchronize(RT, PTDS, s);
+    fn cudaStreamQuery(s: cudaStream_t) => api::stream_query(RT, LEGACY, s);
+    fn cudaStreamQuery_ptsz(s: cudaStream_t) => api::stream_query(RT, PTDS, s);
+    fn cudaStreamWaitEvent(s: cudaStream_t, e: cudaEvent_t, flags: c_uint) => api::stream_wait_event(RT, LEGACY, s, e, flags);
+    fn cudaStreamWaitEvent_ptsz(s: cudaStream_t, e: cudaEvent_t, flags: c_uint) => api::stream_wait_event(RT, PTDS, s, e, flags);
+    fn cudaStreamBeginCapture(s: cudaStream_t, mode: c_uint) => api::stream_begin_capture(RT, LEGACY, s, mode);
+    fn cudaStreamBeginCapture_ptsz(s: cudaStream_t, mode: c_uint) => api::stream_begin_capture(RT, PTDS, s, mode);
+    fn cudaStreamEndCapture(s: cudaStream_t, g: *mut CUgraph) => api::stream_end_capture(RT, LEGACY, s, g);
+    fn cudaStreamEndCapture_ptsz(s: cudaStream_t, g: *mut CUgraph) => api::stream_end_capture(RT, PTDS, s, g);
+    fn cudaStreamIsCapturing(s: cudaStream_t, st: *mut c_uint) => api::stream_is_capturing(RT, LEGACY, s, st);
+    fn cudaStreamIsCapturing_ptsz(s: cudaStream_t, st: *mut c_uint) => api::stream_is_capturing(RT, PTDS, s, st);
+    #[cfg(not(cudart13))]
+    fn cudaStreamGetCaptureInfo(s: cudaStream_t, st: *mut c_uint, id: *mut u64) => api::stream_get_capture_info(RT, LEGACY, s, st, id);
+    #[cfg(not(cudart13))]
+    fn cudaStreamGetCaptureInfo_ptsz(s: cudaStream_t, st: *mut c_uint, id: *mut u64) => api::stream_get_capture_info(RT, PTDS, s, st, id);
+    #[cfg(not(cudart13))]
+    fn cudaStreamGetCaptureInfo_v2(s: cudaStream_t, st: *mut c_uint, id: *mut u64, g: *mut CUgraph, deps: *mut *const c_void, n: *mut usize) => capture_info_full(LEGACY, s, st, id, g, deps, std::ptr::null_mut(), n);
+    #[cfg(not(cudart13))]
+    fn cudaStreamGetCaptureInfo_v2_ptsz(s: cudaStream_t, st: *mut c_uint, id: *mut u64, g: *mut CUgraph, deps: *mut *const c_void, n: *mut usize) => capture_info_full(PTDS, s, st, id, g, deps, std::ptr::null_mut(), n);
+    #[cfg(not(cudart13))]
+    fn cudaStreamGetCaptureInfo_v3(s: cudaStream_t, st: *mut c_uint, id: *mut u64, g: *mut CUgraph, deps: *mut *const c_void, edges: *mut *const c_void, n: *mut usize) => capture_info_full(LEGACY, s, st, id, g, deps, edges, n);
+    #[cfg(cudart13)]
+    fn cudaStreamGetCaptureInfo(s: cudaStream_t, st: *mut c_uint, id: *mut u64, g: *mut CUgraph, deps: *mut *const c_void, edges: *mut *const c_void, n: *mut usize) => capture_info_full(LEGACY, s, st, id, g, deps, edges, n);
+    #[cfg(cudart13)]
+    fn cudaStreamGetCaptureInfo_ptsz(s: cudaStream_t, st: *mut c_uint, id: *mut u64, g: *mut CUgraph, deps: *mut *const c_void, edges: *mut *const c_void, n: *mut usize) => capture_info_full(PTDS, s, st, id, g, deps, edges, n);
+    fn cudaThreadExchangeStreamCaptureMode(mode: *mut c_uint) => api::thread_exchange_stream_capture_mode(RT, mode);
+
+    fn cudaEventCreate(e: *mut cudaEvent_t) => api::event_create(RT, e, 0);
+    fn cudaEventCreateWithFlags(e: *mut cudaEvent_t, flags: c_uint) => api::event_create(RT, e, flags);
+    fn cudaEventRecord(e: cudaEvent_t, s: cudaStream_t) => api::event_record(RT, LEGACY, e, s);
+    fn cudaEventRecord_ptsz(e: cudaEvent_t, s: cudaStream_t) => api::event_record(RT, PTDS, e, s);
+    fn cudaEventQuery(e: cudaEvent_t) => api::event_query(RT, e);
+    fn cudaEventSynchronize(e: cudaEvent_t) => api::event_synchronize(RT, e);
+    fn cudaEventDestroy(e: cudaEvent_t) => api::event_destroy(RT, e);
+    fn cudaEventElapsedTime(ms: *mut f32, a: cudaEvent_t, b: cudaEvent_t) => api::event_elapsed_time(RT, ms, a, b);
+    fn cudaEventElapsedTime_v2(ms: *mut f32, a: cudaEvent_t, b: cudaEvent_t) => api::event_elapsed_time(RT, ms, a, b);
+
+    fn cudaGetDriverEntryPoint(sym: *const c_char, f: *mut *mut c_void, flags: c_ulonglong, st: *mut c_int) => api::get_driver_entry_point(RT, LEGACY, sym, f, RT.version, flags, st);
+    fn cudaGetDriverEntryPoint_ptsz(sym: *const c_char, f: *mut *mut c_void, flags: c_ulonglong, st: *mut c_int) => api::get_driver_entry_point(RT, PTDS, sym, f, RT.version, flags, st);
+    fn cudaGetDriverEntryPointByVersion(sym: *const c_char, f: *mut *mut c_void, ver: c_uint, flags: c_ulonglong, st: *mut c_int) => api::get_driver_entry_point(RT, LEGACY, sym, f, ver as c_int, flags, st);
+    fn cudaGetDriverEntryPointByVersion_ptsz(sym: *const c_char, f: *mut *mut c_void, ver: c_uint, flags: c_ulonglong, st: *mut c_int) => api::get_driver_entry_point(RT, PTDS, sym, f, ver as c_int, flags, st);
+
+    fn vramsimKernelFill(dst: *mut c_void, v: u8, n: usize, delay_us: c_uint, s: cudaStream_t) => api::kernel_fill(RT, LEGACY, dst, v, n, delay_us, s);
+    fn vramsimKernelFill_ptsz(dst: *mut c_void, v: u8, n: usize, delay_us: c_uint, s: cudaStream_t) => api::kernel_fill(RT, PTDS, dst, v, n, delay_us, s);
+    fn vramsimKernelCopy(dst: *mut c_void, src: *const c_void, n: usize, delay_us: c_uint, s: cudaStream_t) => api::kernel_copy(RT, LEGACY, dst, src, n, delay_us, s);
+    fn vramsimKernelCopy_ptsz(dst: *mut c_void, src: *const c_void, n: usize, delay_us: c_uint, s: cudaStream_t) => api::kernel_copy(RT, PTDS, dst, src, n, delay_us, s);
+    fn vramsimRuntimeSelfTestPanic() => api::self_test_panic();
+}
+
+/// `cudaStreamGetCaptureInfo` with graph outputs (12.x `_v2`/`_v3`, 13.x plain): the status
+/// and id come from the driver; the simulated GPU has no graph nodes to report.
+#[allow(clippy::too_many_arguments)]
+unsafe fn capture_info_full(
+    ptds: bool,
+    s: cudaStream_t,
+    st: *mut c_uint,
+    id: *mut u64,
+    g: *mut CUgraph,
+    deps: *mut *const c_void,
+    edges: *mut *const c_void,
+    n: *mut usize,
+) -> api::Res {
+    // SAFETY: forwarded C pointers; NULL ones are skipped.
+    unsafe {
+        api::stream_get_capture_info(RT, ptds, s, st, id)?;
+        if !g.is_null() {
+            *g = std::ptr::null_mut();
+        }
+        if !deps.is_null() {
+            *deps = std::ptr::null();
+        }
+        if !edges.is_null() {
+            *edges = std::ptr::null();
+        }
+        if !n.is_null() {
+            *n = 0;
+        }
+    }
+    Ok(())
+}
+
+/// `cudaGetLastError`: returns and resets the calling thread's last error. With no usable
+/// driver it reports the initialization error, as the real runtime does.
+#[unsafe(no_mangle)]
+pub extern "C" fn cudaGetLastError() -> cudaError_t {
+    errors::guard_value(err::UNKNOWN, || {
+        match vramsim_runtime::driver::driver(RT.min_driver()) {
+            Err(e) => e,
+            Ok(_) => errors::get_last_error(),
+        }
+    })
+}
+
+/// `cudaPeekAtLastError`: returns the calling thread's last error without resetting it.
+#[unsafe(no_mangle)]
+pub extern "C" fn cudaPeekAtLastError() -> cudaError_t {
+    errors::guard_value(err::UNKNOWN, || {
+        match vramsim_runtime::driver::driver(RT.min_driver()) {
+            Err(e) => e,
+            Ok(_) => errors::peek_last_error(),
+        }
+    })
+}
+
+/// `cudaGetErrorString`.
+#[unsafe(no_mangle)]
+pub extern "C" fn cudaGetErrorString(e: cudaError_t) -> *const c_char {
+    errors::guard_value(c"unrecognized error code".as_ptr(), || {
+        errors::error_string(e)
+    })
+}
+
+/// `cudaGetErrorName`.
+#[unsafe(no_mangle)]
+pub extern "C" fn cudaGetErrorName(e: cudaError_t) -> *const c_char {
+    errors::guard_value(c"cudaErrorUnknown".as_ptr(), || errors::error_name(e))
+}
+
+#[allow(dead_code)]
+const _FLAVOR: Flavor = RT;
