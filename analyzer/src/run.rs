@@ -1,8 +1,460 @@
-use std::process::ExitCode;
+//! `vramshim run`: start a command under libvramshim.so.
+//!
+//! Finds the library without flags, appends it to `LD_PRELOAD` (keeping what is there), maps
+//! every flag to its `VRAMSHIM_*` variable, forwards the usual termination signals to the
+//! child, returns the child's exit status the way a shell does (128 + signal when it was
+//! killed), and, when tracing, says where the trace is and what it holds.
+
+use std::ffi::{OsStr, OsString};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, ExitStatus};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::SystemTime;
+
+/// Name of the preload library.
+pub const LIB_NAME: &str = "libvramshim.so";
+/// Directory name of the simulated CUDA stack's layout.
+pub const SIM_DIR_NAME: &str = "cuda-sim";
 
 #[derive(clap::Args)]
-pub struct Args {}
+#[command(trailing_var_arg = true)]
+pub struct Args {
+    /// Cap device memory: a fraction of the device (0.9), a size (40GiB, 512MiB) or a
+    /// per-device list (0=40GiB,1=0.5). Sets VRAMSHIM_CAP.
+    #[arg(long, value_name = "CAP")]
+    pub cap: Option<String>,
+    /// Share one cap budget with every process using the same NAME. Sets VRAMSHIM_SHARED.
+    #[arg(long, value_name = "NAME")]
+    pub shared: Option<String>,
+    /// Allocation pool: `stitch` (defragmenting pool) or `off`. Sets VRAMSHIM_POOL.
+    #[arg(long, value_name = "POLICY", value_parser = ["stitch", "off"])]
+    pub pool: Option<String>,
+    /// Write a trace (`%p` = pid, `%h` = host, `%t` = start time). Sets VRAMSHIM_TRACE.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
+    /// Record call stacks of N frames in the trace. Sets VRAMSHIM_STACKS.
+    #[arg(long, value_name = "N")]
+    pub stacks: Option<u32>,
+    /// Stderr verbosity of the library. Sets VRAMSHIM_LOG.
+    #[arg(long, value_name = "LEVEL", value_parser = ["off", "warn", "info", "debug"])]
+    pub log: Option<String>,
+    /// Run on the simulated GPU (no GPU needed); SIZE sets its memory (VRAMSIM_MEMORY, e.g. 16GiB).
+    #[arg(long, value_name = "SIZE", num_args = 0..=1, require_equals = true, default_missing_value = "")]
+    pub sim: Option<String>,
+    /// With --pool stitch, do not set PYTORCH_NO_CUDA_MEMORY_CACHING=1 (keep PyTorch's own
+    /// caching allocator in front of the pool).
+    #[arg(long)]
+    pub keep_torch_caching: bool,
+    /// The command and its arguments.
+    #[arg(required = true, num_args = 1.., allow_hyphen_values = true, value_name = "CMD")]
+    pub cmd: Vec<OsString>,
+}
 
-pub fn main(_args: Args) -> Result<ExitCode, String> {
-    Err("run: not implemented yet".into())
+pub fn main(args: Args) -> Result<ExitCode, String> {
+    let lib = find_library()?;
+    let mut cmd = Command::new(&args.cmd[0]);
+    cmd.args(&args.cmd[1..]);
+
+    let mut preload = vec![lib.clone()];
+    if let Some(size) = &args.sim {
+        let sim = find_sim_dir()?;
+        prepend_path_var(&mut cmd, "LD_LIBRARY_PATH", &sim);
+        if !size.is_empty() {
+            cmd.env("VRAMSIM_MEMORY", size);
+        }
+        // Programs whose CUDA libraries carry a DT_RPATH to their own runtime (PyTorch wheels)
+        // would load the real runtime despite LD_LIBRARY_PATH; a runtime that is already
+        // loaded satisfies the dependency by soname, so preload the simulated ones for them.
+        if looks_like_python(&args.cmd) {
+            for rt in ["libcudart.so.13", "libcudart.so.12"] {
+                let p = sim.join(rt);
+                if p.exists() {
+                    preload.push(p);
+                }
+            }
+        }
+    }
+    cmd.env(
+        "LD_PRELOAD",
+        append_preload(std::env::var_os("LD_PRELOAD"), &preload),
+    );
+
+    if let Some(v) = &args.cap {
+        cmd.env("VRAMSHIM_CAP", v);
+    }
+    if let Some(v) = &args.shared {
+        cmd.env("VRAMSHIM_SHARED", v);
+    }
+    if let Some(v) = &args.pool {
+        cmd.env("VRAMSHIM_POOL", v);
+        if v == "stitch"
+            && !args.keep_torch_caching
+            && std::env::var_os("PYTORCH_NO_CUDA_MEMORY_CACHING").is_none()
+        {
+            // PyTorch's caching allocator would otherwise keep its tensors away from the pool.
+            cmd.env("PYTORCH_NO_CUDA_MEMORY_CACHING", "1");
+        }
+    }
+    let trace = args.trace.as_ref().map(|t| absolute(t));
+    if let Some(t) = &trace {
+        cmd.env("VRAMSHIM_TRACE", t);
+    }
+    if let Some(n) = args.stacks {
+        cmd.env("VRAMSHIM_STACKS", n.to_string());
+    }
+    if let Some(v) = &args.log {
+        cmd.env("VRAMSHIM_LOG", v);
+    }
+
+    let started = SystemTime::now();
+    let status = match run_forwarding_signals(&mut cmd) {
+        Ok((status, _pid)) => status,
+        Err(e) => {
+            eprintln!(
+                "vramshim: run: cannot start {}: {e}",
+                args.cmd[0].to_string_lossy()
+            );
+            return Ok(ExitCode::from(
+                if e.kind() == std::io::ErrorKind::NotFound {
+                    127
+                } else {
+                    126
+                },
+            ));
+        }
+    };
+
+    if let Some(t) = &trace {
+        report_traces(t, started);
+    }
+    Ok(ExitCode::from(shell_status(status)))
+}
+
+/// The exit status a shell would report: the code, or 128 + the signal that killed it.
+pub fn shell_status(status: ExitStatus) -> u8 {
+    if let Some(code) = status.code() {
+        code as u8
+    } else if let Some(sig) = status.signal() {
+        (128 + sig) as u8
+    } else {
+        1
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Finding the library and the simulated GPU.
+
+/// Where the running executable lives (`target/<profile>/` from cargo, `<prefix>/bin` installed).
+fn exe_dir() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let exe = exe.canonicalize().unwrap_or(exe);
+    exe.parent().map(Path::to_path_buf)
+}
+
+/// Directories searched for the library and the `cuda-sim/` layout, in order: next to the
+/// executable, then the install prefix relative to it (`../lib/vramshim`, `../lib`).
+pub fn search_dirs() -> Vec<PathBuf> {
+    let Some(dir) = exe_dir() else {
+        return Vec::new();
+    };
+    let mut dirs = vec![dir.clone()];
+    if let Some(prefix) = dir.parent() {
+        dirs.push(prefix.join("lib/vramshim"));
+        dirs.push(prefix.join("lib"));
+    }
+    dirs
+}
+
+/// Finds `libvramshim.so`: `VRAMSHIM_LIB` (a file or a directory holding it), else the
+/// search directories. The error lists every place looked at and how to fix it.
+pub fn find_library() -> Result<PathBuf, String> {
+    let mut looked = Vec::new();
+    if let Some(v) = std::env::var_os("VRAMSHIM_LIB").filter(|v| !v.is_empty()) {
+        let p = PathBuf::from(&v);
+        let p = if p.is_dir() { p.join(LIB_NAME) } else { p };
+        if p.is_file() {
+            return Ok(absolute(&p));
+        }
+        return Err(format!(
+            "VRAMSHIM_LIB={} but {} is not a file; point VRAMSHIM_LIB at libvramshim.so \
+             (or unset it to search next to the vramshim executable)",
+            v.to_string_lossy(),
+            p.display()
+        ));
+    }
+    looked.push("VRAMSHIM_LIB (not set)".to_string());
+    for d in search_dirs() {
+        let p = d.join(LIB_NAME);
+        if p.is_file() {
+            return Ok(p);
+        }
+        looked.push(p.display().to_string());
+    }
+    Err(format!(
+        "cannot find {LIB_NAME}. Looked in:\n  {}\nFix: build it (cargo build --release -p vramshim-interposer, \
+         it lands next to target/release/vramshim), install both with scripts/install.sh --prefix DIR, \
+         or set VRAMSHIM_LIB=/path/to/{LIB_NAME}",
+        looked.join("\n  ")
+    ))
+}
+
+/// Finds the simulated CUDA stack's layout directory (`cuda-sim/` holding `libcuda.so.1`).
+pub fn find_sim_dir() -> Result<PathBuf, String> {
+    let mut looked = Vec::new();
+    for d in search_dirs() {
+        let p = d.join(SIM_DIR_NAME);
+        if p.join("libcuda.so.1").is_file() {
+            return Ok(p);
+        }
+        looked.push(p.display().to_string());
+    }
+    Err(format!(
+        "cannot find the simulated GPU ({SIM_DIR_NAME}/libcuda.so.1). Looked in:\n  {}\nFix: build the workspace \
+         (cargo build --release --workspace) and lay it out with scripts/sim-layout, or install with \
+         scripts/install.sh --prefix DIR",
+        looked.join("\n  ")
+    ))
+}
+
+fn absolute(p: &Path) -> PathBuf {
+    std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
+}
+
+/// `existing:lib1:lib2`, keeping what was there (entries already present are not repeated).
+pub fn append_preload(existing: Option<OsString>, libs: &[PathBuf]) -> OsString {
+    let mut parts: Vec<OsString> = Vec::new();
+    if let Some(e) = existing {
+        let s = e.to_string_lossy().into_owned();
+        parts.extend(
+            s.split([':', ' '])
+                .filter(|x| !x.is_empty())
+                .map(OsString::from),
+        );
+    }
+    for l in libs {
+        if !parts.iter().any(|p| Path::new(p) == l) {
+            parts.push(l.as_os_str().to_owned());
+        }
+    }
+    join_colon(&parts)
+}
+
+fn join_colon(parts: &[OsString]) -> OsString {
+    let mut out = OsString::new();
+    for (i, p) in parts.iter().enumerate() {
+        if i > 0 {
+            out.push(":");
+        }
+        out.push(p);
+    }
+    out
+}
+
+fn prepend_path_var(cmd: &mut Command, var: &str, dir: &Path) {
+    let mut parts = vec![dir.as_os_str().to_owned()];
+    if let Some(old) = std::env::var_os(var) {
+        parts.extend(
+            std::env::split_paths(&old)
+                .filter(|p| p != dir && !p.as_os_str().is_empty())
+                .map(PathBuf::into_os_string),
+        );
+    }
+    cmd.env(var, join_colon(&parts));
+}
+
+fn looks_like_python(cmd: &[OsString]) -> bool {
+    cmd.iter().take(3).any(|a| {
+        Path::new(a)
+            .file_name()
+            .and_then(OsStr::to_str)
+            .is_some_and(|n| n.starts_with("python"))
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Running the child and forwarding signals (in this launcher process only; the preload library
+// installs no signal handlers).
+
+const FORWARDED: [libc::c_int; 6] = [
+    libc::SIGINT,
+    libc::SIGTERM,
+    libc::SIGHUP,
+    libc::SIGQUIT,
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+];
+
+static CHILD: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn forward(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+    // A signal the terminal sent (Ctrl-C, Ctrl-\, hangup) went to the whole foreground process
+    // group, the child included: forwarding it would deliver it twice.
+    if !info.is_null() && unsafe { (*info).si_code } == libc::SI_KERNEL {
+        return;
+    }
+    let pid = CHILD.load(Ordering::SeqCst);
+    if pid > 0 {
+        unsafe { libc::kill(pid, sig) };
+    }
+}
+
+/// Spawns `cmd`, forwards the signals in `FORWARDED` to it while it runs, and waits for it.
+pub fn run_forwarding_signals(cmd: &mut Command) -> std::io::Result<(ExitStatus, u32)> {
+    let mut old: Vec<(libc::c_int, libc::sigaction)> = Vec::new();
+    for &sig in &FORWARDED {
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = forward as *const () as usize;
+            sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+            libc::sigemptyset(&mut sa.sa_mask);
+            let mut prev: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(sig, &sa, &mut prev) == 0 {
+                old.push((sig, prev));
+            }
+        }
+    }
+    let result = cmd.spawn().and_then(|mut child| {
+        let pid = child.id();
+        CHILD.store(pid as i32, Ordering::SeqCst);
+        let status = child.wait();
+        CHILD.store(0, Ordering::SeqCst);
+        status.map(|s| (s, pid))
+    });
+    for (sig, prev) in old {
+        unsafe { libc::sigaction(sig, &prev, std::ptr::null_mut()) };
+    }
+    result
+}
+
+// ---------------------------------------------------------------------------------------------
+// After the run: where the trace is and what it says.
+
+/// The trace files a run wrote: the path itself, or for a pattern with `%p`/`%h`/`%t` every
+/// file in its directory that matches it and was written since `since`.
+pub fn find_traces(pattern: &Path, since: SystemTime) -> Vec<PathBuf> {
+    let s = pattern.to_string_lossy();
+    if !s.contains('%') {
+        return if pattern.is_file() {
+            vec![pattern.to_path_buf()]
+        } else {
+            Vec::new()
+        };
+    }
+    let dir = pattern.parent().unwrap_or(Path::new("."));
+    let Some(name) = pattern
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+    else {
+        return Vec::new();
+    };
+    let mut found: Vec<(SystemTime, PathBuf)> = Vec::new();
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    for e in rd.flatten() {
+        let fname = e.file_name().to_string_lossy().into_owned();
+        if !matches_pattern(&name, &fname) {
+            continue;
+        }
+        let Ok(meta) = e.metadata() else { continue };
+        let Ok(mtime) = meta.modified() else { continue };
+        // A small slack: file systems round modification times.
+        if mtime + std::time::Duration::from_secs(2) >= since && meta.is_file() {
+            found.push((mtime, e.path()));
+        }
+    }
+    found.sort();
+    found.into_iter().map(|(_, p)| p).collect()
+}
+
+/// `%p`, `%h`, `%t` match any non-empty run of characters, `%%` a literal `%`.
+fn matches_pattern(pattern: &str, name: &str) -> bool {
+    let mut parts: Vec<String> = vec![String::new()];
+    let mut chars = pattern.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '%' {
+            match chars.next() {
+                Some('%') => parts.last_mut().unwrap().push('%'),
+                Some(_) => parts.push(String::new()),
+                None => parts.last_mut().unwrap().push('%'),
+            }
+        } else {
+            parts.last_mut().unwrap().push(c);
+        }
+    }
+    if parts.len() == 1 {
+        return parts[0] == name;
+    }
+    let (first, rest) = parts.split_first().unwrap();
+    let Some(mut tail) = name.strip_prefix(first.as_str()) else {
+        return false;
+    };
+    let (last, middle) = rest.split_last().unwrap();
+    for m in middle {
+        // Each wildcard takes at least one character.
+        let Some(pos) = tail.get(1..).and_then(|t| t.find(m.as_str())) else {
+            return false;
+        };
+        tail = &tail[1 + pos + m.len()..];
+    }
+    tail.len() > last.len() && tail.ends_with(last.as_str())
+}
+
+fn report_traces(pattern: &Path, since: SystemTime) {
+    let files = find_traces(pattern, since);
+    if files.is_empty() {
+        eprintln!(
+            "vramshim: no trace was written at {} (did the program use CUDA? VRAMSHIM_LOG=info says more)",
+            pattern.display()
+        );
+        return;
+    }
+    for f in &files {
+        let bytes = std::fs::metadata(f).map(|m| m.len()).unwrap_or(0);
+        eprintln!("vramshim: trace: {} ({bytes} bytes)", f.display());
+        match crate::demo::trace_summary_lines(f) {
+            Ok(lines) => {
+                for l in lines {
+                    eprintln!("vramshim:   {l}");
+                }
+            }
+            Err(e) => eprintln!("vramshim:   (cannot summarize: {e})"),
+        }
+    }
+    eprintln!(
+        "vramshim: more: vramshim summary {} ; vramshim report {} -o report.html",
+        files[0].display(),
+        files[0].display()
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pattern_matching() {
+        assert!(matches_pattern("job-%p.vramtrace", "job-123.vramtrace"));
+        assert!(!matches_pattern("job-%p.vramtrace", "job-.vramtrace"));
+        assert!(!matches_pattern("job-%p.vramtrace", "other-1.vramtrace"));
+        assert!(matches_pattern("%h-%p.t", "box-7.t"));
+        assert!(matches_pattern("a%%b", "a%b"));
+    }
+
+    #[test]
+    fn preload_appended_not_replaced() {
+        let v = append_preload(
+            Some("/x/a.so /x/b.so".into()),
+            &[PathBuf::from("/y/libvramshim.so")],
+        );
+        assert_eq!(v, OsString::from("/x/a.so:/x/b.so:/y/libvramshim.so"));
+        let v = append_preload(None, &[PathBuf::from("/y/libvramshim.so")]);
+        assert_eq!(v, OsString::from("/y/libvramshim.so"));
+        let v = append_preload(
+            Some("/y/libvramshim.so".into()),
+            &[PathBuf::from("/y/libvramshim.so")],
+        );
+        assert_eq!(v, OsString::from("/y/libvramshim.so"));
+    }
 }

@@ -1,0 +1,454 @@
+//! `vramshim run`: exit status, signal forwarding, LD_PRELOAD handling, variables, finding the
+//! library (next to the executable, in an install prefix, through VRAMSHIM_LIB) and the message
+//! when it cannot be found.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+const VRAMSHIM: &str = env!("CARGO_BIN_EXE_vramshim");
+
+fn tmpdir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("vramshim-run-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A real (empty) shared object, so LD_PRELOAD loads it without complaint and the tests of
+/// the launcher do not depend on the interposer's state.
+fn empty_so(name: &str) -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    static LOCK: Mutex<()> = Mutex::new(());
+    let dir = DIR.get_or_init(|| tmpdir("so"));
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let p = dir.join(name);
+    if !p.exists() {
+        let src = dir.join("empty.c");
+        std::fs::write(&src, "int vramshim_test_empty_so;\n").unwrap();
+        let tmp = dir.join(format!("{name}.tmp"));
+        let st = Command::new("cc")
+            .args(["-shared", "-fPIC", "-o"])
+            .arg(&tmp)
+            .arg(&src)
+            .status()
+            .expect("cc (gcc) is needed to build a test shared object");
+        assert!(st.success());
+        std::fs::rename(&tmp, &p).unwrap();
+    }
+    p
+}
+
+/// `vramshim` with a clean environment for the launcher's own variables.
+fn vramshim() -> Command {
+    let mut c = Command::new(VRAMSHIM);
+    c.env_remove("LD_PRELOAD")
+        .env_remove("PYTORCH_NO_CUDA_MEMORY_CACHING")
+        .env("VRAMSHIM_LIB", empty_so("libvramshim.so"));
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy().into_owned();
+        if k.starts_with("VRAMSHIM_") && k != "VRAMSHIM_LIB" {
+            c.env_remove(k);
+        }
+    }
+    c
+}
+
+fn output(c: &mut Command) -> (i32, String, String) {
+    let o = c.output().unwrap();
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn exit_status_is_the_commands() {
+    for code in [0, 1, 7, 42, 255] {
+        let (rc, _, err) =
+            output(vramshim().args(["run", "--", "sh", "-c", &format!("exit {code}")]));
+        assert_eq!(rc, code, "stderr: {err}");
+    }
+    // Without `--` as well.
+    let (rc, _, _) = output(vramshim().args(["run", "sh", "-c", "exit 5"]));
+    assert_eq!(rc, 5);
+}
+
+#[test]
+fn killed_by_a_signal_gives_128_plus_signal_like_a_shell() {
+    let (rc, _, _) = output(vramshim().args(["run", "--", "sh", "-c", "kill -TERM $$"]));
+    assert_eq!(rc, 128 + 15);
+    let (rc, _, _) = output(vramshim().args(["run", "--", "sh", "-c", "kill -KILL $$"]));
+    assert_eq!(rc, 128 + 9);
+}
+
+#[test]
+fn command_not_found_is_127() {
+    let (rc, _, err) = output(vramshim().args(["run", "--", "/nonexistent/vramshim-no-such-cmd"]));
+    assert_eq!(rc, 127);
+    assert!(err.contains("cannot start"), "{err}");
+}
+
+#[test]
+fn signals_are_forwarded_to_the_child() {
+    let script = r#"
+for s in INT TERM HUP QUIT USR1 USR2; do trap "echo got $s" $s; done
+echo ready
+i=0
+while [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done
+echo timeout
+"#;
+    let mut child = vramshim()
+        .args(["run", "--", "sh", "-c", script])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as libc::pid_t;
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "ready");
+    for (sig, name) in [
+        (libc::SIGINT, "INT"),
+        (libc::SIGTERM, "TERM"),
+        (libc::SIGHUP, "HUP"),
+        (libc::SIGQUIT, "QUIT"),
+        (libc::SIGUSR1, "USR1"),
+        (libc::SIGUSR2, "USR2"),
+    ] {
+        unsafe { libc::kill(pid, sig) };
+        let line = lines.next().unwrap().unwrap();
+        assert_eq!(
+            line,
+            format!("got {name}"),
+            "signal {name} was not forwarded"
+        );
+    }
+    // The launcher survived all of them and still waits for its child: end the child for real.
+    let out = Command::new("pkill")
+        .args(["-KILL", "-P", &pid.to_string()])
+        .status();
+    if out.map(|s| !s.success()).unwrap_or(true) {
+        // No pkill: kill the launcher's children through /proc.
+        kill_children(pid);
+    }
+    let st = child.wait().unwrap();
+    assert_eq!(st.code(), Some(128 + 9));
+}
+
+fn kill_children(ppid: libc::pid_t) {
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<libc::pid_t>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let after = &stat[stat.rfind(')').unwrap() + 2..];
+        let parent: libc::pid_t = after.split(' ').nth(1).unwrap().parse().unwrap();
+        if parent == ppid {
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+}
+
+#[test]
+fn a_child_that_traps_sigterm_reports_it_and_its_status_comes_back() {
+    let script =
+        r#"trap 'echo "child got SIGTERM"; exit 3' TERM; echo ready; while :; do sleep 0.05; done"#;
+    let mut child = vramshim()
+        .args(["run", "--", "sh", "-c", script])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "ready");
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    assert_eq!(lines.next().unwrap().unwrap(), "child got SIGTERM");
+    assert_eq!(child.wait().unwrap().code(), Some(3));
+}
+
+#[test]
+fn existing_ld_preload_is_kept_and_ours_appended() {
+    let other = empty_so("libother.so");
+    let ours = empty_so("libvramshim.so");
+    let (rc, out, err) = output(vramshim().env("LD_PRELOAD", &other).args([
+        "run",
+        "--",
+        "sh",
+        "-c",
+        "echo \"$LD_PRELOAD\"",
+    ]));
+    assert_eq!(rc, 0, "{err}");
+    assert_eq!(
+        out.trim(),
+        format!("{}:{}", other.display(), ours.display()),
+        "LD_PRELOAD must keep the existing entry first and append libvramshim.so"
+    );
+}
+
+#[test]
+fn every_flag_sets_its_variable() {
+    let dir = tmpdir("vars");
+    let (rc, out, err) = output(vramshim().current_dir(&dir).args([
+        "run",
+        "--cap",
+        "0.5",
+        "--shared",
+        "team",
+        "--pool",
+        "stitch",
+        "--trace",
+        "job-%p.vramtrace",
+        "--stacks",
+        "16",
+        "--log",
+        "debug",
+        "--",
+        "env",
+    ]));
+    assert_eq!(rc, 0, "{err}");
+    let has = |kv: &str| out.lines().any(|l| l == kv);
+    assert!(has("VRAMSHIM_CAP=0.5"), "{out}");
+    assert!(has("VRAMSHIM_SHARED=team"));
+    assert!(has("VRAMSHIM_POOL=stitch"));
+    assert!(has("VRAMSHIM_STACKS=16"));
+    assert!(has("VRAMSHIM_LOG=debug"));
+    // The trace path is made absolute, so a child that changes directory still writes it here.
+    let canon = dir.canonicalize().unwrap();
+    assert!(
+        has(&format!(
+            "VRAMSHIM_TRACE={}/job-%p.vramtrace",
+            dir.display()
+        )) || has(&format!(
+            "VRAMSHIM_TRACE={}/job-%p.vramtrace",
+            canon.display()
+        )),
+        "{out}"
+    );
+    // --pool stitch routes PyTorch's tensors to the pool.
+    assert!(has("PYTORCH_NO_CUDA_MEMORY_CACHING=1"));
+    // Flags not given set nothing.
+    let (_, out, _) = output(vramshim().args(["run", "--", "env"]));
+    assert!(!out.lines().any(|l| l.starts_with("VRAMSHIM_CAP=")));
+    assert!(
+        !out.lines()
+            .any(|l| l.starts_with("PYTORCH_NO_CUDA_MEMORY_CACHING="))
+    );
+}
+
+#[test]
+fn pytorch_caching_opt_outs_are_respected() {
+    let (_, out, _) = output(
+        vramshim()
+            .env("PYTORCH_NO_CUDA_MEMORY_CACHING", "0")
+            .args(["run", "--pool", "stitch", "--", "env"]),
+    );
+    assert!(
+        out.lines().any(|l| l == "PYTORCH_NO_CUDA_MEMORY_CACHING=0"),
+        "the user's value wins"
+    );
+    let (_, out, _) = output(vramshim().args([
+        "run",
+        "--pool",
+        "stitch",
+        "--keep-torch-caching",
+        "--",
+        "env",
+    ]));
+    assert!(
+        !out.lines()
+            .any(|l| l.starts_with("PYTORCH_NO_CUDA_MEMORY_CACHING="))
+    );
+}
+
+#[test]
+fn bad_flag_values_are_refused_before_running() {
+    let (rc, _, err) = output(vramshim().args(["run", "--pool", "magic", "--", "true"]));
+    assert_ne!(rc, 0);
+    assert!(err.contains("stitch"), "{err}");
+}
+
+/// A copy of the `vramshim` executable in `<prefix>/bin`, so discovery relative to the
+/// executable is tested without anything next to cargo's copy interfering.
+fn lone_exe(prefix: &Path) -> PathBuf {
+    std::fs::create_dir_all(prefix.join("bin")).unwrap();
+    let exe = prefix.join("bin/vramshim");
+    std::fs::copy(VRAMSHIM, &exe).unwrap();
+    exe
+}
+
+#[test]
+fn clear_message_when_the_library_cannot_be_found() {
+    let prefix = tmpdir("nolib");
+    let exe = lone_exe(&prefix);
+    let o = Command::new(&exe)
+        .env_remove("VRAMSHIM_LIB")
+        .args(["run", "--", "true"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("cannot find libvramshim.so"), "{err}");
+    // It lists where it looked and how to fix it.
+    assert!(
+        err.contains(&format!("{}/bin/libvramshim.so", prefix.display())),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!("{}/lib/vramshim/libvramshim.so", prefix.display())),
+        "{err}"
+    );
+    assert!(err.contains("VRAMSHIM_LIB"), "{err}");
+    assert!(err.contains("install.sh"), "{err}");
+    assert!(err.contains("cargo build"), "{err}");
+
+    // A VRAMSHIM_LIB that points nowhere is named.
+    let o = Command::new(&exe)
+        .env("VRAMSHIM_LIB", "/nonexistent/libvramshim.so")
+        .args(["run", "--", "true"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        err.contains("VRAMSHIM_LIB=/nonexistent/libvramshim.so"),
+        "{err}"
+    );
+}
+
+#[test]
+fn library_and_simulated_gpu_found_in_an_install_layout() {
+    for libdir in ["lib/vramshim", "lib"] {
+        let prefix = tmpdir(&format!("layout-{}", libdir.replace('/', "-")));
+        let exe = lone_exe(&prefix);
+        std::fs::create_dir_all(prefix.join(libdir).join("cuda-sim")).unwrap();
+        std::fs::copy(
+            empty_so("libvramshim.so"),
+            prefix.join(libdir).join("libvramshim.so"),
+        )
+        .unwrap();
+        std::fs::copy(
+            empty_so("libcuda.so.1"),
+            prefix.join(libdir).join("cuda-sim/libcuda.so.1"),
+        )
+        .unwrap();
+        let o = Command::new(&exe)
+            .env_remove("VRAMSHIM_LIB")
+            .env_remove("LD_PRELOAD")
+            .args([
+                "run",
+                "--sim=2GiB",
+                "--",
+                "sh",
+                "-c",
+                "echo \"$LD_PRELOAD\"; echo \"$LD_LIBRARY_PATH\"; echo \"$VRAMSIM_MEMORY\"",
+            ])
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let l: Vec<&str> = out.lines().collect();
+        assert_eq!(
+            l[0],
+            format!("{}/{libdir}/libvramshim.so", prefix.display())
+        );
+        assert!(
+            l[1].starts_with(&format!("{}/{libdir}/cuda-sim", prefix.display())),
+            "{}",
+            l[1]
+        );
+        assert_eq!(l[2], "2GiB");
+    }
+}
+
+fn cargo_target_dir() -> PathBuf {
+    // <target>/<profile>/vramshim
+    Path::new(VRAMSHIM)
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+#[test]
+fn library_found_after_install_into_a_temporary_prefix_and_reinstall_is_safe() {
+    let prefix = tmpdir("install");
+    let install = || {
+        let o = Command::new(repo_root().join("scripts/install.sh"))
+            .arg("--prefix")
+            .arg(&prefix)
+            .env("CARGO_TARGET_DIR", cargo_target_dir())
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "install.sh failed:\n{}\n{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    install();
+    let exe = prefix.join("bin/vramshim");
+    let lib = prefix.join("lib/vramshim/libvramshim.so");
+    assert!(exe.is_file() && lib.is_file());
+
+    // The installed command finds the installed library without any flag or variable, and
+    // keeps running a job while a second install replaces the files under it.
+    let mut job = Command::new(&exe)
+        .env_remove("VRAMSHIM_LIB")
+        .env_remove("LD_PRELOAD")
+        .args([
+            "run",
+            "--",
+            "sh",
+            "-c",
+            "echo \"$LD_PRELOAD\"; read _; exit 4",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(job.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), lib.display().to_string());
+
+    use std::os::unix::fs::MetadataExt;
+    let inode_before = std::fs::metadata(&lib).unwrap().ino();
+    install();
+    let inode_after = std::fs::metadata(&lib).unwrap().ino();
+    assert_ne!(
+        inode_before, inode_after,
+        "a reinstall must replace the file (rename), not rewrite it in place"
+    );
+    drop(job.stdin.take()); // EOF: the job's `read` returns
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while job.try_wait().unwrap().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        job.wait().unwrap().code(),
+        Some(4),
+        "the job running during the reinstall survives"
+    );
+
+    let o = Command::new(&exe)
+        .env_remove("VRAMSHIM_LIB")
+        .env_remove("LD_PRELOAD")
+        .args(["run", "--", "sh", "-c", "echo \"$LD_PRELOAD\""])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        lib.display().to_string()
+    );
+    let _ = std::fs::remove_dir_all(&prefix);
+}

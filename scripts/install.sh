@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Builds vramshim in release mode and installs it under a prefix (default ~/.local):
+#   <prefix>/bin/vramshim                     the command
+#   <prefix>/lib/vramshim/libvramshim.so      the LD_PRELOAD library
+#   <prefix>/lib/vramshim/cuda-sim/*          the simulated GPU (for `vramshim run --sim` and `demo`)
+# `vramshim run` finds the library and the simulated GPU relative to its own executable, so
+# nothing else needs configuring. Installing over an earlier install is safe even while jobs
+# run: every file is written next to its destination and renamed into place, so a running
+# process keeps the (old) file it has mapped.
+#
+# Usage: scripts/install.sh [--prefix DIR] [--no-build]
+# Honours CARGO_TARGET_DIR (reuses an existing build).
+set -euo pipefail
+
+prefix="${HOME}/.local"
+build=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --prefix) [ $# -ge 2 ] || { echo "install.sh: --prefix needs a directory" >&2; exit 2; }
+              prefix="$2"; shift 2 ;;
+    --prefix=*) prefix="${1#--prefix=}"; shift ;;
+    --no-build) build=0; shift ;;
+    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "install.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
+  esac
+done
+
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$repo"
+target="${CARGO_TARGET_DIR:-$repo/target}"
+case "$target" in /*) ;; *) target="$repo/$target" ;; esac
+out="$target/release"
+
+if [ "$build" = 1 ]; then
+  echo "install.sh: building (cargo build --release --workspace)" >&2
+  cargo build --release --workspace
+fi
+# The simulated GPU's libraries under their real names (scripts/sim-layout, by sim-runtime).
+if [ -x scripts/sim-layout ]; then
+  CARGO_TARGET_DIR="$target" scripts/sim-layout release >/dev/null
+fi
+
+for f in "$out/vramshim" "$out/libvramshim.so"; do
+  [ -f "$f" ] || { echo "install.sh: $f is missing; the build did not produce it" >&2; exit 1; }
+done
+
+mkdir -p "$prefix/bin" "$prefix/lib/vramshim/cuda-sim"
+prefix="$(cd "$prefix" && pwd)"
+
+# put SRC DEST MODE: copy next to DEST, then rename over it (atomic on one file system).
+put() {
+  local tmp
+  tmp="$(dirname "$2")/.$(basename "$2").tmp.$$"
+  cp -L "$1" "$tmp"
+  chmod "$3" "$tmp"
+  mv -f "$tmp" "$2"
+}
+# link TARGET DEST: a relative symlink, replaced atomically.
+link() {
+  local tmp
+  tmp="$(dirname "$2")/.$(basename "$2").tmp.$$"
+  ln -sfn "$1" "$tmp"
+  mv -fT "$tmp" "$2"
+}
+
+put "$out/vramshim" "$prefix/bin/vramshim" 755
+put "$out/libvramshim.so" "$prefix/lib/vramshim/libvramshim.so" 755
+
+sim="$out/cuda-sim"
+if [ -d "$sim" ]; then
+  for f in "$sim"/*; do
+    [ -e "$f" ] || continue
+    name="$(basename "$f")"
+    dest="$prefix/lib/vramshim/cuda-sim/$name"
+    t="$(readlink "$f" || true)"
+    if [ -L "$f" ] && [ "${t#*/}" = "$t" ] && [ -e "$sim/$t" ]; then
+      link "$t" "$dest"          # e.g. libcuda.so -> libcuda.so.1: keep one library, two names
+    elif [ -f "$f" ]; then
+      case "$name" in *.a) mode=644 ;; *) mode=755 ;; esac
+      put "$f" "$dest" "$mode"
+    fi
+  done
+  # Helper programs of the simulated GPU (e.g. vramsim-smi), when built.
+  for b in vramsim-smi; do
+    [ -f "$out/$b" ] && put "$out/$b" "$prefix/lib/vramshim/cuda-sim/$b" 755
+  done
+else
+  echo "install.sh: warning: $sim does not exist; 'vramshim run --sim' and 'vramshim demo' without a GPU will not work" >&2
+fi
+
+echo "installed: $prefix/bin/vramshim"
+echo "           $prefix/lib/vramshim/libvramshim.so"
+[ -d "$sim" ] && echo "           $prefix/lib/vramshim/cuda-sim/"
+case ":$PATH:" in
+  *":$prefix/bin:"*) ;;
+  *) echo "note: $prefix/bin is not on PATH; add it: export PATH=\"$prefix/bin:\$PATH\"" ;;
+esac
