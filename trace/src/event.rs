@@ -79,7 +79,17 @@ impl Api {
     ];
 
     pub fn from_u16(v: u16) -> Option<Api> {
-        Api::ALL.iter().copied().find(|a| *a as u16 == v)
+        // A table lookup: the trace decoder calls this for every record.
+        const TABLE: [Option<Api>; 256] = {
+            let mut t = [None; 256];
+            let mut i = 0;
+            while i < Api::ALL.len() {
+                t[Api::ALL[i] as usize] = Some(Api::ALL[i]);
+                i += 1;
+            }
+            t
+        };
+        TABLE.get(v as usize).copied().flatten()
     }
 
     /// The C name of the entry point (without `_v2`/`_ptsz` decoration).
@@ -148,7 +158,7 @@ impl AllocKind {
         AllocKind::Pool,
     ];
     pub fn from_u8(v: u8) -> Option<AllocKind> {
-        AllocKind::ALL.iter().copied().find(|k| *k as u8 == v)
+        AllocKind::ALL.get(v as usize).copied()
     }
     pub fn name(self) -> &'static str {
         match self {
@@ -313,6 +323,10 @@ pub enum Event {
         t_ns: u64,
         count: u64,
     },
+    /// A device learned after the header was written (the tracer starts before CUDA is
+    /// initialised; devices are described here once they are known). Same meaning as
+    /// `Header::devices`.
+    Device(DeviceInfo),
 }
 
 impl Event {
@@ -329,7 +343,7 @@ impl Event {
             | Event::Fork { t_ns, .. }
             | Event::Counter { t_ns, .. }
             | Event::Lost { t_ns, .. } => Some(*t_ns),
-            Event::Module { .. } | Event::Stack { .. } => None,
+            Event::Module { .. } | Event::Stack { .. } | Event::Device(_) => None,
         }
     }
 }

@@ -1,0 +1,856 @@
+//! Record encoding inside a frame (see `docs/trace-format.md`, "Records").
+//!
+//! A record is `tag: u8`, `len: varint`, `payload: len bytes`. Timed records carry their time
+//! as a zigzag delta from the previous timed record of the same *context*; a context starts at
+//! the beginning of every frame and at every `Context` record, where all delta state resets.
+
+use crate::event::{AllocKind, Api, DeviceInfo, Event, MemOp, SyncKind};
+
+/// Record type tags. Values are part of the format: never renumber, only append.
+pub mod tag {
+    /// Reset all delta state and set the current thread id. Payload: `tid varint`.
+    pub const CONTEXT: u8 = 1;
+    /// Clean end of trace. Payload: `dt zigzag`.
+    pub const END: u8 = 2;
+    pub const ALLOC: u8 = 3;
+    pub const FREE: u8 = 4;
+    pub const CAP_REFUSAL: u8 = 5;
+    pub const POOL_TRIM: u8 = 6;
+    pub const SYNC: u8 = 7;
+    pub const MEM_INFO: u8 = 8;
+    pub const THREAD_START: u8 = 9;
+    pub const THREAD_EXIT: u8 = 10;
+    pub const FORK: u8 = 11;
+    pub const MODULE: u8 = 12;
+    pub const STACK: u8 = 13;
+    pub const COUNTER: u8 = 14;
+    pub const LOST: u8 = 15;
+    pub const DEVICE: u8 = 16;
+}
+
+/// MemOp presence bits (first payload byte of `ALLOC`/`FREE`).
+pub mod mask {
+    pub const API: u8 = 0x01;
+    pub const KIND: u8 = 0x02;
+    pub const FLAGS: u8 = 0x04;
+    pub const DEVICE: u8 = 0x08;
+    pub const STREAM: u8 = 0x10;
+    pub const RESULT: u8 = 0x20;
+    pub const STACK: u8 = 0x40;
+    pub const TID: u8 = 0x80;
+}
+
+/// Largest stack a `STACK` record may hold (decoder cap).
+pub const MAX_STACK_FRAMES: usize = 1024;
+/// Largest string a record or the header may hold (decoder cap).
+pub const MAX_STRING: usize = 64 * 1024;
+
+#[inline]
+pub(crate) fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+#[inline]
+pub(crate) fn zigzag(v: i64) -> u64 {
+    ((v << 1) ^ (v >> 63)) as u64
+}
+
+#[inline]
+pub(crate) fn unzigzag(v: u64) -> i64 {
+    ((v >> 1) as i64) ^ -((v & 1) as i64)
+}
+
+pub(crate) fn put_str(out: &mut Vec<u8>, s: &str) {
+    let b = s.as_bytes();
+    let b = &b[..b.len().min(MAX_STRING)];
+    put_varint(out, b.len() as u64);
+    out.extend_from_slice(b);
+}
+
+/// Per-slot "previous values" of the MemOp encoding (one slot for allocs, one for frees).
+#[derive(Clone, Copy, Default, Debug)]
+struct OpSlot {
+    api: u16,
+    kind: u8,
+    flags: u8,
+}
+
+/// The delta state shared by encoder and decoder. Resets at frame start and at `CONTEXT`.
+#[derive(Clone, Copy, Default, Debug)]
+pub(crate) struct DeltaState {
+    pub tid: u32,
+    pub t: u64,
+    addr: u64,
+    device: i32,
+    stream: u64,
+    slots: [OpSlot; 2],
+}
+
+impl DeltaState {
+    fn reset(&mut self, tid: u32) {
+        *self = DeltaState {
+            tid,
+            ..Default::default()
+        };
+    }
+}
+
+/// Encodes events into a byte buffer of whole records: the buffer-level encoder.
+///
+/// The interposer's tracer keeps one per thread: [`RecordEncoder::begin`] writes a
+/// `Context` record (delta state reset + thread id) so that any number of buffers can be
+/// concatenated into one frame, in any order. [`crate::TraceWriter::write_records`] takes
+/// the finished bytes.
+#[derive(Default, Debug)]
+pub struct RecordEncoder {
+    buf: Vec<u8>,
+    st: DeltaState,
+    records: u32,
+    t_min: u64,
+    t_max: u64,
+}
+
+/// A finished run of records, as produced by [`RecordEncoder`].
+#[derive(Debug, Clone, Copy)]
+pub struct RecordStats {
+    /// Number of records (including the leading `Context`).
+    pub records: u32,
+    /// Smallest and largest timestamp of the timed records (`u64::MAX`, 0 when none).
+    pub t_min: u64,
+    pub t_max: u64,
+}
+
+impl RecordEncoder {
+    pub fn new() -> Self {
+        Self::with_capacity(0)
+    }
+
+    pub fn with_capacity(cap: usize) -> Self {
+        RecordEncoder {
+            buf: Vec::with_capacity(cap),
+            st: DeltaState::default(),
+            records: 0,
+            t_min: u64::MAX,
+            t_max: 0,
+        }
+    }
+
+    /// Clears the buffer and starts a new context for thread `tid` (writes a `Context` record).
+    pub fn begin(&mut self, tid: u32) {
+        self.buf.clear();
+        self.records = 0;
+        self.t_min = u64::MAX;
+        self.t_max = 0;
+        self.context(tid);
+    }
+
+    /// Writes a `Context` record: resets the delta state and sets the current thread.
+    pub fn context(&mut self, tid: u32) {
+        self.buf.push(tag::CONTEXT);
+        let at = self.buf.len();
+        self.buf.push(0);
+        put_varint(&mut self.buf, tid as u64);
+        self.buf[at] = (self.buf.len() - at - 1) as u8;
+        self.st.reset(tid);
+        self.records += 1;
+    }
+
+    /// Bytes encoded so far (whole records only).
+    pub fn bytes(&self) -> &[u8] {
+        &self.buf
+    }
+
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.buf.capacity()
+    }
+
+    pub fn stats(&self) -> RecordStats {
+        RecordStats {
+            records: self.records,
+            t_min: self.t_min,
+            t_max: self.t_max,
+        }
+    }
+
+    /// Takes the encoded bytes out (leaving an empty buffer with no capacity) and the stats.
+    pub fn take(&mut self) -> (Vec<u8>, RecordStats) {
+        let stats = self.stats();
+        self.records = 0;
+        self.t_min = u64::MAX;
+        self.t_max = 0;
+        (std::mem::take(&mut self.buf), stats)
+    }
+
+    /// Replaces the (empty) buffer with `buf` (cleared), so capacity can be recycled.
+    pub fn set_buffer(&mut self, mut buf: Vec<u8>) {
+        buf.clear();
+        self.buf = buf;
+        self.records = 0;
+        self.t_min = u64::MAX;
+        self.t_max = 0;
+    }
+
+    /// Clears the buffer (keeping its capacity) without writing a `Context` record.
+    pub fn clear(&mut self) {
+        self.buf.clear();
+        self.records = 0;
+        self.t_min = u64::MAX;
+        self.t_max = 0;
+        self.st.reset(0);
+    }
+
+    /// Appends whole records encoded by another `RecordEncoder` (starting with a `Context`).
+    /// The caller must write a `Context` before pushing more events (the delta state of the
+    /// appended records is unknown here).
+    pub fn append_raw(&mut self, bytes: &[u8], stats: RecordStats) {
+        self.buf.extend_from_slice(bytes);
+        self.records += stats.records;
+        self.t_min = self.t_min.min(stats.t_min);
+        self.t_max = self.t_max.max(stats.t_max);
+    }
+
+    /// The thread id of the current context.
+    pub fn tid(&self) -> u32 {
+        self.st.tid
+    }
+
+    #[inline]
+    fn time(&mut self, t: u64) {
+        let d = t.wrapping_sub(self.st.t) as i64;
+        put_varint(&mut self.buf, zigzag(d));
+        self.st.t = t;
+        if t < self.t_min {
+            self.t_min = t;
+        }
+        if t > self.t_max {
+            self.t_max = t;
+        }
+    }
+
+    /// Appends one record for `ev`. Never fails; strings longer than 64 KiB and stacks deeper
+    /// than 1024 frames are cut.
+    pub fn push(&mut self, ev: &Event) {
+        match ev {
+            Event::Alloc(m) => return self.memop(tag::ALLOC, 0, m),
+            Event::Free(m) => return self.memop(tag::FREE, 1, m),
+            _ => {}
+        }
+        self.records += 1;
+        self.buf.push(record_tag(ev));
+        let at = self.buf.len();
+        // One length byte; most payloads are < 128 bytes. Widened by fix_len when not.
+        self.buf.push(0);
+        match ev {
+            Event::Alloc(_) | Event::Free(_) => {}
+            Event::CapRefusal {
+                t_ns,
+                tid,
+                device,
+                api,
+                size,
+                in_use,
+                cap,
+            } => {
+                self.time(*t_ns);
+                let b = &mut self.buf;
+                put_varint(b, *tid as u64);
+                put_varint(b, zigzag(*device as i64));
+                put_varint(b, *api as u64);
+                put_varint(b, *size);
+                put_varint(b, *in_use);
+                put_varint(b, *cap);
+            }
+            Event::PoolTrim {
+                t_ns,
+                device,
+                bytes,
+                reason,
+            } => {
+                self.time(*t_ns);
+                let b = &mut self.buf;
+                put_varint(b, zigzag(*device as i64));
+                put_varint(b, *bytes);
+                b.push(*reason);
+            }
+            Event::Sync {
+                t_ns,
+                tid,
+                device,
+                kind,
+                stream,
+                latency_ns,
+            } => {
+                self.time(*t_ns);
+                let b = &mut self.buf;
+                put_varint(b, *tid as u64);
+                put_varint(b, zigzag(*device as i64));
+                b.push(*kind as u8);
+                put_varint(b, *stream);
+                put_varint(b, *latency_ns as u64);
+            }
+            Event::MemInfo {
+                t_ns,
+                tid,
+                api,
+                device,
+                free,
+                total,
+                result,
+            } => {
+                self.time(*t_ns);
+                let b = &mut self.buf;
+                put_varint(b, *tid as u64);
+                put_varint(b, *api as u64);
+                put_varint(b, zigzag(*device as i64));
+                put_varint(b, *free);
+                put_varint(b, *total);
+                put_varint(b, zigzag(*result as i64));
+            }
+            Event::ThreadStart { t_ns, tid } | Event::ThreadExit { t_ns, tid } => {
+                self.time(*t_ns);
+                put_varint(&mut self.buf, *tid as u64);
+            }
+            Event::Fork { t_ns, child_pid } => {
+                self.time(*t_ns);
+                put_varint(&mut self.buf, *child_pid as u64);
+            }
+            Event::Module {
+                base,
+                size,
+                file_offset,
+                path,
+            } => {
+                let b = &mut self.buf;
+                put_varint(b, *base);
+                put_varint(b, *size);
+                put_varint(b, *file_offset);
+                put_str(b, path);
+            }
+            Event::Stack { id, frames } => {
+                let b = &mut self.buf;
+                put_varint(b, *id as u64);
+                let frames = &frames[..frames.len().min(MAX_STACK_FRAMES)];
+                put_varint(b, frames.len() as u64);
+                let mut prev = 0u64;
+                for f in frames {
+                    put_varint(b, zigzag(f.wrapping_sub(prev) as i64));
+                    prev = *f;
+                }
+            }
+            Event::Counter {
+                t_ns,
+                device,
+                live_bytes,
+                reserved_bytes,
+                cap,
+            } => {
+                self.time(*t_ns);
+                let b = &mut self.buf;
+                put_varint(b, zigzag(*device as i64));
+                put_varint(b, *live_bytes);
+                put_varint(b, *reserved_bytes);
+                put_varint(b, *cap);
+            }
+            Event::Lost { t_ns, count } => {
+                self.time(*t_ns);
+                put_varint(&mut self.buf, *count);
+            }
+            Event::Device(d) => {
+                let b = &mut self.buf;
+                put_varint(b, zigzag(d.index as i64));
+                put_varint(b, d.total_bytes);
+                put_str(b, &d.name);
+            }
+        }
+        self.fix_len(at);
+    }
+
+    /// Writes an `END` record (clean end of trace at monotonic time `t_ns`).
+    pub fn end(&mut self, t_ns: u64) {
+        self.records += 1;
+        self.buf.push(tag::END);
+        let at = self.buf.len();
+        self.buf.push(0);
+        self.time(t_ns);
+        self.fix_len(at);
+    }
+
+    /// Patches the one-byte length placeholder at `at`; widens it when the payload is long.
+    #[inline]
+    fn fix_len(&mut self, at: usize) {
+        let len = self.buf.len() - at - 1;
+        if len < 0x80 {
+            self.buf[at] = len as u8;
+        } else {
+            let mut tmp = Vec::with_capacity(10);
+            put_varint(&mut tmp, len as u64);
+            // tmp.len() >= 2: make room for the extra bytes.
+            let extra = tmp.len() - 1;
+            self.buf
+                .splice(at..at + 1, std::iter::repeat_n(0u8, extra + 1));
+            self.buf[at..at + tmp.len()].copy_from_slice(&tmp);
+        }
+    }
+
+    #[inline]
+    fn memop(&mut self, t: u8, slot: usize, m: &MemOp) {
+        let st = &self.st;
+        let s = st.slots[slot];
+        let api = m.api as u16;
+        let kind = m.kind as u8;
+        let mut mk = 0u8;
+        if api != s.api {
+            mk |= mask::API;
+        }
+        if kind != s.kind {
+            mk |= mask::KIND;
+        }
+        if m.flags != s.flags {
+            mk |= mask::FLAGS;
+        }
+        if m.device != st.device {
+            mk |= mask::DEVICE;
+        }
+        if m.stream != st.stream {
+            mk |= mask::STREAM;
+        }
+        if m.result != 0 {
+            mk |= mask::RESULT;
+        }
+        if m.stack != 0 {
+            mk |= mask::STACK;
+        }
+        if m.tid != st.tid {
+            mk |= mask::TID;
+        }
+        self.records += 1;
+        self.buf.reserve(64);
+        self.buf.push(t);
+        let at = self.buf.len();
+        self.buf.push(0);
+        self.buf.push(mk);
+        if mk & mask::API != 0 {
+            put_varint(&mut self.buf, api as u64);
+        }
+        if mk & mask::KIND != 0 {
+            self.buf.push(kind);
+        }
+        if mk & mask::FLAGS != 0 {
+            self.buf.push(m.flags);
+        }
+        if mk & mask::DEVICE != 0 {
+            put_varint(&mut self.buf, zigzag(m.device as i64));
+        }
+        if mk & mask::STREAM != 0 {
+            put_varint(&mut self.buf, m.stream);
+        }
+        if mk & mask::RESULT != 0 {
+            put_varint(&mut self.buf, zigzag(m.result as i64));
+        }
+        if mk & mask::STACK != 0 {
+            put_varint(&mut self.buf, m.stack as u64);
+        }
+        if mk & mask::TID != 0 {
+            put_varint(&mut self.buf, m.tid as u64);
+        }
+        self.time(m.t_ns);
+        let da = m.addr.wrapping_sub(self.st.addr) as i64;
+        put_varint(&mut self.buf, zigzag(da));
+        put_varint(&mut self.buf, m.size);
+        put_varint(&mut self.buf, m.latency_ns as u64);
+        let st = &mut self.st;
+        st.slots[slot] = OpSlot {
+            api,
+            kind,
+            flags: m.flags,
+        };
+        st.device = m.device;
+        st.stream = m.stream;
+        st.tid = m.tid;
+        st.addr = m.addr;
+        self.fix_len(at);
+    }
+}
+
+fn record_tag(ev: &Event) -> u8 {
+    match ev {
+        Event::Alloc(_) => tag::ALLOC,
+        Event::Free(_) => tag::FREE,
+        Event::CapRefusal { .. } => tag::CAP_REFUSAL,
+        Event::PoolTrim { .. } => tag::POOL_TRIM,
+        Event::Sync { .. } => tag::SYNC,
+        Event::MemInfo { .. } => tag::MEM_INFO,
+        Event::ThreadStart { .. } => tag::THREAD_START,
+        Event::ThreadExit { .. } => tag::THREAD_EXIT,
+        Event::Fork { .. } => tag::FORK,
+        Event::Module { .. } => tag::MODULE,
+        Event::Stack { .. } => tag::STACK,
+        Event::Counter { .. } => tag::COUNTER,
+        Event::Lost { .. } => tag::LOST,
+        Event::Device(_) => tag::DEVICE,
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Decoding
+
+/// Why a record could not be decoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecordError {
+    /// The record (or its length) runs past the end of the frame.
+    Overrun,
+    /// A varint longer than 10 bytes.
+    BadVarint,
+    /// A field holds a value this reader does not know (e.g. an API number).
+    BadValue(&'static str),
+}
+
+impl std::fmt::Display for RecordError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RecordError::Overrun => write!(f, "record runs past the end of its frame"),
+            RecordError::BadVarint => write!(f, "malformed varint"),
+            RecordError::BadValue(what) => write!(f, "invalid {what}"),
+        }
+    }
+}
+
+/// A bounds-checked cursor over a payload.
+pub(crate) struct Cur<'a> {
+    pub b: &'a [u8],
+    pub p: usize,
+}
+
+impl<'a> Cur<'a> {
+    #[inline]
+    pub fn new(b: &'a [u8]) -> Self {
+        Cur { b, p: 0 }
+    }
+    #[inline]
+    pub fn u8(&mut self) -> Result<u8, RecordError> {
+        let v = *self.b.get(self.p).ok_or(RecordError::Overrun)?;
+        self.p += 1;
+        Ok(v)
+    }
+    #[inline]
+    pub fn varint(&mut self) -> Result<u64, RecordError> {
+        let b = self.b;
+        let mut p = self.p;
+        let first = *b.get(p).ok_or(RecordError::Overrun)?;
+        p += 1;
+        if first < 0x80 {
+            self.p = p;
+            return Ok(first as u64);
+        }
+        let mut v = (first & 0x7f) as u64;
+        let mut shift = 7;
+        loop {
+            let x = *b.get(p).ok_or(RecordError::Overrun)?;
+            p += 1;
+            if shift == 63 && x > 1 {
+                return Err(RecordError::BadVarint);
+            }
+            v |= ((x & 0x7f) as u64) << shift;
+            if x < 0x80 {
+                self.p = p;
+                return Ok(v);
+            }
+            shift += 7;
+            if shift > 63 {
+                return Err(RecordError::BadVarint);
+            }
+        }
+    }
+    #[inline]
+    pub fn u32v(&mut self) -> Result<u32, RecordError> {
+        let v = self.varint()?;
+        u32::try_from(v).map_err(|_| RecordError::BadValue("32-bit field"))
+    }
+    #[inline]
+    pub fn i32z(&mut self) -> Result<i32, RecordError> {
+        let v = unzigzag(self.varint()?);
+        i32::try_from(v).map_err(|_| RecordError::BadValue("32-bit signed field"))
+    }
+    pub fn bytes(&mut self, n: usize) -> Result<&'a [u8], RecordError> {
+        let end = self.p.checked_add(n).ok_or(RecordError::Overrun)?;
+        let s = self.b.get(self.p..end).ok_or(RecordError::Overrun)?;
+        self.p = end;
+        Ok(s)
+    }
+    pub fn string(&mut self) -> Result<String, RecordError> {
+        let n = self.varint()?;
+        if n > MAX_STRING as u64 {
+            return Err(RecordError::BadValue("string length"));
+        }
+        let s = self.bytes(n as usize)?;
+        Ok(String::from_utf8_lossy(s).into_owned())
+    }
+}
+
+fn api_of(v: u64) -> Result<Api, RecordError> {
+    u16::try_from(v)
+        .ok()
+        .and_then(Api::from_u16)
+        .ok_or(RecordError::BadValue("api"))
+}
+
+#[inline]
+fn kind_of(v: u8) -> Result<AllocKind, RecordError> {
+    AllocKind::from_u8(v).ok_or(RecordError::BadValue("allocation kind"))
+}
+
+/// Outcome of decoding one record.
+pub(crate) enum Decoded {
+    /// An event was written into the output.
+    Event,
+    /// A `CONTEXT` record (state reset), or an unknown record type (skipped).
+    Nothing,
+    /// The `END` record.
+    End(u64),
+}
+
+/// The record-level decoder: delta state plus a small cache for `api`/`kind` lookups.
+#[derive(Default)]
+pub(crate) struct RecordDecoder {
+    pub st: DeltaState,
+}
+
+impl RecordDecoder {
+    pub fn reset(&mut self) {
+        self.st.reset(0);
+    }
+
+    #[inline]
+    fn time(&mut self, c: &mut Cur) -> Result<u64, RecordError> {
+        let d = unzigzag(c.varint()?);
+        let t = self.st.t.wrapping_add(d as u64);
+        self.st.t = t;
+        Ok(t)
+    }
+
+    /// Decodes one record's payload. `out` is overwritten when an event results.
+    #[inline]
+    pub fn decode(
+        &mut self,
+        tag: u8,
+        payload: &[u8],
+        out: &mut Event,
+    ) -> Result<Decoded, RecordError> {
+        let mut c = Cur::new(payload);
+        match tag {
+            tag::ALLOC | tag::FREE => {
+                let slot = (tag == tag::FREE) as usize;
+                let m = self.memop(slot, &mut c)?;
+                // Reuse `out` in place when it already holds a MemOp variant.
+                match (tag, &mut *out) {
+                    (tag::ALLOC, Event::Alloc(o)) | (tag::FREE, Event::Free(o)) => *o = m,
+                    (tag::ALLOC, o) => *o = Event::Alloc(m),
+                    (_, o) => *o = Event::Free(m),
+                }
+                Ok(Decoded::Event)
+            }
+            tag::CONTEXT => {
+                let tid = c.u32v()?;
+                self.st.reset(tid);
+                Ok(Decoded::Nothing)
+            }
+            tag::END => Ok(Decoded::End(self.time(&mut c)?)),
+            tag::CAP_REFUSAL => {
+                let t_ns = self.time(&mut c)?;
+                *out = Event::CapRefusal {
+                    t_ns,
+                    tid: c.u32v()?,
+                    device: c.i32z()?,
+                    api: api_of(c.varint()?)?,
+                    size: c.varint()?,
+                    in_use: c.varint()?,
+                    cap: c.varint()?,
+                };
+                Ok(Decoded::Event)
+            }
+            tag::POOL_TRIM => {
+                let t_ns = self.time(&mut c)?;
+                *out = Event::PoolTrim {
+                    t_ns,
+                    device: c.i32z()?,
+                    bytes: c.varint()?,
+                    reason: c.u8()?,
+                };
+                Ok(Decoded::Event)
+            }
+            tag::SYNC => {
+                let t_ns = self.time(&mut c)?;
+                *out = Event::Sync {
+                    t_ns,
+                    tid: c.u32v()?,
+                    device: c.i32z()?,
+                    kind: SyncKind::from_u8(c.u8()?).ok_or(RecordError::BadValue("sync kind"))?,
+                    stream: c.varint()?,
+                    latency_ns: c.u32v()?,
+                };
+                Ok(Decoded::Event)
+            }
+            tag::MEM_INFO => {
+                let t_ns = self.time(&mut c)?;
+                *out = Event::MemInfo {
+                    t_ns,
+                    tid: c.u32v()?,
+                    api: api_of(c.varint()?)?,
+                    device: c.i32z()?,
+                    free: c.varint()?,
+                    total: c.varint()?,
+                    result: c.i32z()?,
+                };
+                Ok(Decoded::Event)
+            }
+            tag::THREAD_START => {
+                let t_ns = self.time(&mut c)?;
+                *out = Event::ThreadStart {
+                    t_ns,
+                    tid: c.u32v()?,
+                };
+                Ok(Decoded::Event)
+            }
+            tag::THREAD_EXIT => {
+                let t_ns = self.time(&mut c)?;
+                *out = Event::ThreadExit {
+                    t_ns,
+                    tid: c.u32v()?,
+                };
+                Ok(Decoded::Event)
+            }
+            tag::FORK => {
+                let t_ns = self.time(&mut c)?;
+                *out = Event::Fork {
+                    t_ns,
+                    child_pid: c.u32v()?,
+                };
+                Ok(Decoded::Event)
+            }
+            tag::MODULE => {
+                *out = Event::Module {
+                    base: c.varint()?,
+                    size: c.varint()?,
+                    file_offset: c.varint()?,
+                    path: c.string()?,
+                };
+                Ok(Decoded::Event)
+            }
+            tag::STACK => {
+                let id = c.u32v()?;
+                let n = c.varint()?;
+                // Each frame takes at least one byte: bounds the allocation by the payload.
+                if n > MAX_STACK_FRAMES as u64 || n as usize > payload.len() {
+                    return Err(RecordError::BadValue("stack depth"));
+                }
+                // Reuse the Vec when `out` already is a Stack.
+                let mut frames = match std::mem::replace(out, Event::Lost { t_ns: 0, count: 0 }) {
+                    Event::Stack { mut frames, .. } => {
+                        frames.clear();
+                        frames
+                    }
+                    _ => Vec::with_capacity(n as usize),
+                };
+                let mut prev = 0u64;
+                for _ in 0..n {
+                    prev = prev.wrapping_add(unzigzag(c.varint()?) as u64);
+                    frames.push(prev);
+                }
+                *out = Event::Stack { id, frames };
+                Ok(Decoded::Event)
+            }
+            tag::COUNTER => {
+                let t_ns = self.time(&mut c)?;
+                *out = Event::Counter {
+                    t_ns,
+                    device: c.i32z()?,
+                    live_bytes: c.varint()?,
+                    reserved_bytes: c.varint()?,
+                    cap: c.varint()?,
+                };
+                Ok(Decoded::Event)
+            }
+            tag::LOST => {
+                let t_ns = self.time(&mut c)?;
+                *out = Event::Lost {
+                    t_ns,
+                    count: c.varint()?,
+                };
+                Ok(Decoded::Event)
+            }
+            tag::DEVICE => {
+                let index = c.i32z()?;
+                let total_bytes = c.varint()?;
+                let name = c.string()?;
+                *out = Event::Device(DeviceInfo {
+                    index,
+                    name,
+                    total_bytes,
+                });
+                Ok(Decoded::Event)
+            }
+            _ => Ok(Decoded::Nothing),
+        }
+    }
+
+    #[inline]
+    fn memop(&mut self, slot: usize, c: &mut Cur) -> Result<MemOp, RecordError> {
+        let mk = c.u8()?;
+        let s = &mut self.st.slots[slot];
+        if mk & mask::API != 0 {
+            let v = c.varint()?;
+            s.api = u16::try_from(v).map_err(|_| RecordError::BadValue("api"))?;
+        }
+        if mk & mask::KIND != 0 {
+            s.kind = c.u8()?;
+        }
+        if mk & mask::FLAGS != 0 {
+            s.flags = c.u8()?;
+        }
+        let s = *s;
+        let api = Api::from_u16(s.api).ok_or(RecordError::BadValue("api"))?;
+        let kind = kind_of(s.kind)?;
+        if mk & mask::DEVICE != 0 {
+            self.st.device = c.i32z()?;
+        }
+        if mk & mask::STREAM != 0 {
+            self.st.stream = c.varint()?;
+        }
+        let result = if mk & mask::RESULT != 0 { c.i32z()? } else { 0 };
+        let stack = if mk & mask::STACK != 0 { c.u32v()? } else { 0 };
+        if mk & mask::TID != 0 {
+            self.st.tid = c.u32v()?;
+        }
+        let t_ns = self.time(c)?;
+        let addr = self.st.addr.wrapping_add(unzigzag(c.varint()?) as u64);
+        self.st.addr = addr;
+        let size = c.varint()?;
+        let latency_ns = c.u32v()?;
+        Ok(MemOp {
+            t_ns,
+            tid: self.st.tid,
+            api,
+            kind,
+            flags: s.flags,
+            device: self.st.device,
+            stream: self.st.stream,
+            addr,
+            size,
+            result,
+            latency_ns,
+            stack,
+        })
+    }
+}

@@ -1,0 +1,530 @@
+//! `TraceReader`: header, then events frame by frame; tolerant of a torn tail.
+
+use std::fmt;
+use std::fs::File;
+use std::io::{self, BufReader, Read};
+use std::path::Path;
+
+use crate::codec::{Decoded, RecordDecoder, RecordError};
+use crate::event::{Event, Header};
+use crate::header::{FORMAT_VERSION, MAGIC, MAX_HEADER, decode_header};
+use crate::writer::{FRAME_HEADER_LEN, FRAME_MAGIC, MAX_FRAME_COMPRESSED, MAX_FRAME_RAW};
+
+/// What went wrong, without the position.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DecodeErrorKind {
+    /// The file is empty.
+    Empty,
+    /// The file does not start with the `.vramtrace` magic.
+    NotATrace,
+    /// The file was written by a newer vramshim whose format this reader does not know.
+    FutureVersion { found: u32, supported: u32 },
+    /// The file ends inside the preamble or header.
+    TruncatedHeader,
+    /// The header is malformed.
+    BadHeader(String),
+    /// A frame envelope is malformed (bad magic or impossible lengths); reading stops.
+    BadFrame(String),
+    /// A frame's zstd data does not decompress (corrupt); the frame is skipped.
+    CorruptFrame(String),
+    /// A record inside a frame is malformed; the rest of that frame is skipped.
+    CorruptRecord(String),
+    /// An I/O error from the underlying reader.
+    Io(io::ErrorKind, String),
+}
+
+/// A decode error with its position.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DecodeError {
+    /// Byte offset in the file: of the problem for preamble errors, of the frame's envelope
+    /// for frame and record errors.
+    pub offset: u64,
+    /// For record errors, the byte offset of the record inside the uncompressed frame.
+    pub record_offset: Option<u64>,
+    pub kind: DecodeErrorKind,
+}
+
+impl DecodeError {
+    fn at(offset: u64, kind: DecodeErrorKind) -> Self {
+        DecodeError {
+            offset,
+            record_offset: None,
+            kind,
+        }
+    }
+
+    /// True when the reader can go on after this error (the next frame is still readable).
+    pub fn is_recoverable(&self) -> bool {
+        matches!(
+            self.kind,
+            DecodeErrorKind::CorruptFrame(_) | DecodeErrorKind::CorruptRecord(_)
+        )
+    }
+}
+
+impl fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use DecodeErrorKind::*;
+        match &self.kind {
+            Empty => write!(f, "empty file (not a vramshim trace)"),
+            NotATrace => write!(f, "not a vramshim trace (no .vramtrace magic at byte 0)"),
+            FutureVersion { found, supported } => write!(
+                f,
+                "trace format version {found} is newer than this vramshim supports \
+                 (up to {supported}); upgrade vramshim to read it"
+            ),
+            TruncatedHeader => write!(
+                f,
+                "trace header truncated at byte {} (file cut before any event)",
+                self.offset
+            ),
+            BadHeader(m) => write!(f, "corrupt trace header at byte {}: {m}", self.offset),
+            BadFrame(m) => write!(f, "corrupt frame at byte {}: {m}", self.offset),
+            CorruptFrame(m) => write!(
+                f,
+                "corrupt frame at byte {}: {m} (frame skipped)",
+                self.offset
+            ),
+            CorruptRecord(m) => write!(
+                f,
+                "corrupt record at byte {} of the frame at byte {}: {m} (rest of frame skipped)",
+                self.record_offset.unwrap_or(0),
+                self.offset
+            ),
+            Io(_, m) => write!(f, "read error at byte {}: {m}", self.offset),
+        }
+    }
+}
+
+impl std::error::Error for DecodeError {}
+
+/// Why a trace ended early.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TruncationReason {
+    /// The last frame is incomplete (the process was killed while writing it): `have` of `need`
+    /// bytes of it are present. Everything before it was read.
+    TornFrame { have: u64, need: u64 },
+    /// All frames are complete but the trace has no end record: the process was killed
+    /// between flushes (or is still running). Events after the last flush are missing.
+    NoEndRecord,
+}
+
+/// Where and why a trace ends without its end record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Truncation {
+    /// File offset where readable data ends (start of the torn frame, or end of file).
+    pub offset: u64,
+    pub reason: TruncationReason,
+}
+
+impl fmt::Display for Truncation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.reason {
+            TruncationReason::TornFrame { have, need } => write!(
+                f,
+                "trace truncated at byte {}: last frame torn ({have} of {need} bytes); \
+                 everything before it was read",
+                self.offset
+            ),
+            TruncationReason::NoEndRecord => write!(
+                f,
+                "trace ends at byte {} without an end record (process killed, or still \
+                 running); events after the last flush are missing",
+                self.offset
+            ),
+        }
+    }
+}
+
+/// Envelope of one frame, as found in the file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrameInfo {
+    /// File offset of the envelope.
+    pub offset: u64,
+    pub compressed_len: u32,
+    pub raw_len: u32,
+    pub records: u32,
+    /// Smallest and largest timestamp of the frame's timed records (0, 0 when none).
+    pub t_min: u64,
+    pub t_max: u64,
+}
+
+enum State {
+    Frames,
+    Done,
+}
+
+/// Reads a `.vramtrace` stream.
+///
+/// ```no_run
+/// # use vramshim_trace::*;
+/// let mut r = TraceReader::open("job.vramtrace")?;
+/// println!("pid {}", r.header().pid);
+/// let mut ev = Event::Lost { t_ns: 0, count: 0 };
+/// while r.next_into(&mut ev)? {
+///     // ... use ev (no allocation per Alloc/Free event)
+/// }
+/// if let Some(t) = r.truncation() {
+///     eprintln!("warning: {t}");
+/// }
+/// # Ok::<(), DecodeError>(())
+/// ```
+pub struct TraceReader<R: Read> {
+    r: R,
+    /// File offset of the next unread byte of `r`.
+    pos: u64,
+    header: Header,
+    dctx: zstd::bulk::Decompressor<'static>,
+    comp: Vec<u8>,
+    raw: Vec<u8>,
+    rp: usize,
+    frame: Option<FrameInfo>,
+    dec: RecordDecoder,
+    state: State,
+    truncation: Option<Truncation>,
+    end: Option<u64>,
+    frames: u64,
+    events: u64,
+    scratch: Event,
+}
+
+impl TraceReader<BufReader<File>> {
+    /// Opens a trace file and reads its header.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, DecodeError> {
+        let f = File::open(path.as_ref()).map_err(|e| io_err(0, &e))?;
+        Self::from_reader(BufReader::with_capacity(256 << 10, f))
+    }
+}
+
+fn io_err(offset: u64, e: &io::Error) -> DecodeError {
+    DecodeError::at(offset, DecodeErrorKind::Io(e.kind(), e.to_string()))
+}
+
+/// Reads until `buf` is full or EOF; returns the number of bytes read.
+fn read_full<R: Read>(r: &mut R, buf: &mut [u8]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+/// Reads up to `len` bytes into `v` (cleared), growing it only as data actually arrives, so a
+/// hostile length never allocates more than the file holds (plus one 64 KiB step).
+fn read_exactish<R: Read>(r: &mut R, v: &mut Vec<u8>, len: usize) -> io::Result<usize> {
+    v.clear();
+    let mut have = 0;
+    while have < len {
+        let step = (len - have).min(64 << 10).max(v.capacity() - have);
+        let step = step.min(len - have);
+        v.resize(have + step, 0);
+        let k = read_full(r, &mut v[have..have + step])?;
+        have += k;
+        v.truncate(have);
+        if k < step {
+            break;
+        }
+    }
+    Ok(have)
+}
+
+impl<R: Read> TraceReader<R> {
+    /// Reads and checks the preamble and header.
+    pub fn from_reader(mut r: R) -> Result<Self, DecodeError> {
+        let mut pre = [0u8; 22];
+        let n = read_full(&mut r, &mut pre).map_err(|e| io_err(0, &e))?;
+        if n == 0 {
+            return Err(DecodeError::at(0, DecodeErrorKind::Empty));
+        }
+        let m = n.min(MAGIC.len());
+        if pre[..m] != MAGIC[..m] {
+            return Err(DecodeError::at(0, DecodeErrorKind::NotATrace));
+        }
+        if n < pre.len() {
+            return Err(DecodeError::at(n as u64, DecodeErrorKind::TruncatedHeader));
+        }
+        let version = u32::from_le_bytes(pre[14..18].try_into().unwrap_or_default());
+        if version > FORMAT_VERSION || version == 0 {
+            return Err(DecodeError::at(
+                14,
+                DecodeErrorKind::FutureVersion {
+                    found: version,
+                    supported: FORMAT_VERSION,
+                },
+            ));
+        }
+        let hlen = u32::from_le_bytes(pre[18..22].try_into().unwrap_or_default()) as usize;
+        if hlen > MAX_HEADER {
+            return Err(DecodeError::at(
+                18,
+                DecodeErrorKind::BadHeader(format!("header length {hlen} exceeds {MAX_HEADER}")),
+            ));
+        }
+        let mut hbuf = Vec::new();
+        let got = read_exactish(&mut r, &mut hbuf, hlen).map_err(|e| io_err(22, &e))?;
+        if got < hlen {
+            return Err(DecodeError::at(
+                22 + got as u64,
+                DecodeErrorKind::TruncatedHeader,
+            ));
+        }
+        let header = decode_header(&hbuf, version)
+            .map_err(|e| DecodeError::at(22, DecodeErrorKind::BadHeader(e.to_string())))?;
+        Ok(TraceReader {
+            r,
+            pos: 22 + hlen as u64,
+            header,
+            dctx: zstd::bulk::Decompressor::new().map_err(|e| io_err(0, &e))?,
+            comp: Vec::new(),
+            raw: Vec::new(),
+            rp: 0,
+            frame: None,
+            dec: RecordDecoder::default(),
+            state: State::Frames,
+            truncation: None,
+            end: None,
+            frames: 0,
+            events: 0,
+            scratch: Event::Lost { t_ns: 0, count: 0 },
+        })
+    }
+
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    /// After iteration: why the trace ended early, if it did (`None` for a clean end).
+    pub fn truncation(&self) -> Option<&Truncation> {
+        self.truncation.as_ref()
+    }
+
+    /// The time of the end record, once read (`None` if not reached or absent).
+    pub fn end_time(&self) -> Option<u64> {
+        self.end
+    }
+
+    /// Frames fully read so far.
+    pub fn frames_read(&self) -> u64 {
+        self.frames
+    }
+
+    /// Events returned so far.
+    pub fn events_read(&self) -> u64 {
+        self.events
+    }
+
+    /// The envelope of the frame being decoded.
+    pub fn current_frame(&self) -> Option<FrameInfo> {
+        self.frame
+    }
+
+    /// File offset of the next unread byte (all frames before it have been loaded).
+    pub fn position(&self) -> u64 {
+        self.pos
+    }
+
+    /// Decodes the next event into `out` (reusing its storage). Returns `Ok(false)` at the end
+    /// of the trace. A recoverable error (corrupt frame or record) skips the rest of that frame;
+    /// calling again continues with the next frame. After any other error, returns `Ok(false)`.
+    #[inline]
+    pub fn next_into(&mut self, out: &mut Event) -> Result<bool, DecodeError> {
+        loop {
+            if self.rp < self.raw.len() {
+                let at = self.rp;
+                match self.record(out) {
+                    Ok(true) => {
+                        self.events += 1;
+                        return Ok(true);
+                    }
+                    Ok(false) => continue,
+                    Err(e) => {
+                        self.rp = self.raw.len();
+                        return Err(DecodeError {
+                            offset: self.frame.map(|f| f.offset).unwrap_or(0),
+                            record_offset: Some(at as u64),
+                            kind: DecodeErrorKind::CorruptRecord(e.to_string()),
+                        });
+                    }
+                }
+            }
+            match self.state {
+                State::Done => return Ok(false),
+                State::Frames => self.load_frame()?,
+            }
+        }
+    }
+
+    /// Decodes one record at `rp`. Ok(true) = event in `out`.
+    #[inline]
+    fn record(&mut self, out: &mut Event) -> Result<bool, RecordError> {
+        let raw = &self.raw[self.rp..];
+        let tag = raw[0];
+        // Inline fast path for one-byte lengths.
+        let (len, hl) = match raw.get(1) {
+            Some(&b) if b < 0x80 => (b as usize, 2),
+            Some(_) => {
+                let mut c = crate::codec::Cur::new(&raw[1..]);
+                let l = c.varint()?;
+                if l > raw.len() as u64 {
+                    return Err(RecordError::Overrun);
+                }
+                (l as usize, 1 + c.p)
+            }
+            None => return Err(RecordError::Overrun),
+        };
+        let payload = raw.get(hl..hl + len).ok_or(RecordError::Overrun)?;
+        let r = self.dec.decode(tag, payload, out)?;
+        self.rp += hl + len;
+        match r {
+            Decoded::Event => Ok(true),
+            Decoded::Nothing => Ok(false),
+            Decoded::End(t) => {
+                self.end = Some(t);
+                Ok(false)
+            }
+        }
+    }
+
+    fn stop(&mut self, reason: Option<Truncation>) {
+        self.state = State::Done;
+        self.raw.clear();
+        self.rp = 0;
+        if self.truncation.is_none() {
+            self.truncation = reason;
+        }
+    }
+
+    /// Reads the next frame envelope and body into `raw`. Sets `Done` at the end.
+    fn load_frame(&mut self) -> Result<(), DecodeError> {
+        self.raw.clear();
+        self.rp = 0;
+        let off = self.pos;
+        let mut env = [0u8; FRAME_HEADER_LEN];
+        let n = match read_full(&mut self.r, &mut env) {
+            Ok(n) => n,
+            Err(e) => {
+                self.stop(None);
+                return Err(io_err(off, &e));
+            }
+        };
+        self.pos += n as u64;
+        if n == 0 {
+            let t = if self.end.is_none() {
+                Some(Truncation {
+                    offset: off,
+                    reason: TruncationReason::NoEndRecord,
+                })
+            } else {
+                None
+            };
+            self.stop(t);
+            return Ok(());
+        }
+        if env[..n.min(4)] != FRAME_MAGIC[..n.min(4)] {
+            self.stop(None);
+            return Err(DecodeError::at(
+                off,
+                DecodeErrorKind::BadFrame("no frame magic (garbage after the last frame?)".into()),
+            ));
+        }
+        if n < FRAME_HEADER_LEN {
+            self.stop(Some(Truncation {
+                offset: off,
+                reason: TruncationReason::TornFrame {
+                    have: n as u64,
+                    need: FRAME_HEADER_LEN as u64,
+                },
+            }));
+            return Ok(());
+        }
+        let le32 = |i: usize| u32::from_le_bytes([env[i], env[i + 1], env[i + 2], env[i + 3]]);
+        let le64 = |i: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&env[i..i + 8]);
+            u64::from_le_bytes(b)
+        };
+        let info = FrameInfo {
+            offset: off,
+            compressed_len: le32(4),
+            raw_len: le32(8),
+            records: le32(12),
+            t_min: le64(16),
+            t_max: le64(24),
+        };
+        let clen = info.compressed_len as usize;
+        let rlen = info.raw_len as usize;
+        if clen > MAX_FRAME_COMPRESSED || rlen > MAX_FRAME_RAW || clen == 0 {
+            self.stop(None);
+            return Err(DecodeError::at(
+                off,
+                DecodeErrorKind::BadFrame(format!(
+                    "impossible lengths (compressed {clen}, raw {rlen})"
+                )),
+            ));
+        }
+        let got = match read_exactish(&mut self.r, &mut self.comp, clen) {
+            Ok(g) => g,
+            Err(e) => {
+                self.stop(None);
+                return Err(io_err(self.pos, &e));
+            }
+        };
+        self.pos += got as u64;
+        if got < clen {
+            self.stop(Some(Truncation {
+                offset: off,
+                reason: TruncationReason::TornFrame {
+                    have: (FRAME_HEADER_LEN + got) as u64,
+                    need: (FRAME_HEADER_LEN + clen) as u64,
+                },
+            }));
+            return Ok(());
+        }
+        self.frame = Some(info);
+        self.frames += 1;
+        self.dec.reset();
+        if self.raw.capacity() < rlen {
+            self.raw.reserve(rlen);
+        }
+        match self
+            .dctx
+            .decompress_to_buffer(&self.comp[..], &mut self.raw)
+        {
+            Ok(k) if k == rlen => Ok(()),
+            Ok(k) => {
+                self.raw.clear();
+                Err(DecodeError::at(
+                    off,
+                    DecodeErrorKind::CorruptFrame(format!(
+                        "decompressed to {k} bytes, envelope says {rlen}"
+                    )),
+                ))
+            }
+            Err(e) => {
+                self.raw.clear();
+                Err(DecodeError::at(
+                    off,
+                    DecodeErrorKind::CorruptFrame(format!("zstd: {e}")),
+                ))
+            }
+        }
+    }
+}
+
+impl<R: Read> Iterator for TraceReader<R> {
+    type Item = Result<Event, DecodeError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let mut ev = std::mem::replace(&mut self.scratch, Event::Lost { t_ns: 0, count: 0 });
+        match self.next_into(&mut ev) {
+            Ok(true) => Some(Ok(ev)),
+            Ok(false) => None,
+            Err(e) => Some(Err(e)),
+        }
+    }
+}

@@ -1,0 +1,232 @@
+//! `TraceWriter`: header, then independent zstd frames of whole records.
+
+use std::io::{self, Write};
+
+use crate::codec::{RecordEncoder, RecordStats};
+use crate::event::{Event, Header};
+use crate::header::encode_preamble;
+
+/// Frame envelope magic.
+pub const FRAME_MAGIC: [u8; 4] = *b"VRFR";
+/// Envelope size: magic, compressed length, raw length, record count, t_min, t_max.
+pub const FRAME_HEADER_LEN: usize = 32;
+/// Largest uncompressed frame a reader accepts (and a writer produces).
+pub const MAX_FRAME_RAW: usize = 16 << 20;
+/// Largest compressed frame a reader accepts.
+pub const MAX_FRAME_COMPRESSED: usize = MAX_FRAME_RAW + (MAX_FRAME_RAW >> 7) + (1 << 16);
+/// Default raw size at which [`TraceWriter::write`] closes a frame on its own.
+pub const DEFAULT_FRAME_TARGET: usize = 1 << 20;
+/// Default zstd level (single-threaded).
+pub const DEFAULT_LEVEL: i32 = 3;
+
+/// Writes a `.vramtrace` stream: the header at construction, then frames.
+///
+/// Events are encoded into the open frame; [`TraceWriter::flush_frame`] compresses it into one
+/// independent zstd frame, writes it with a single `write_all` and flushes `W`. Everything up to
+/// the last completed `flush_frame` survives the process being killed.
+pub struct TraceWriter<W: Write> {
+    w: W,
+    comp: zstd::bulk::Compressor<'static>,
+    enc: RecordEncoder,
+    out: Vec<u8>,
+    comp_buf: Vec<u8>,
+    frame_target: usize,
+    /// The open frame holds records beyond its leading `Context`.
+    has_records: bool,
+    /// Records were appended raw: the next `write` must start a new context.
+    dirty: bool,
+    last_t: u64,
+    stats: WriterStats,
+    finished: bool,
+}
+
+/// Counters of what a writer produced.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WriterStats {
+    /// Records written (including `Context`/`End` records).
+    pub records: u64,
+    pub frames: u64,
+    /// Uncompressed record bytes.
+    pub raw_bytes: u64,
+    /// Bytes written to `W` (preamble, envelopes, compressed frames).
+    pub file_bytes: u64,
+}
+
+impl<W: Write> TraceWriter<W> {
+    /// Writes the preamble (magic, version, header) and returns a writer with zstd level 3.
+    pub fn new(w: W, header: &Header) -> io::Result<Self> {
+        Self::with_level(w, header, DEFAULT_LEVEL)
+    }
+
+    /// Like [`TraceWriter::new`] with an explicit zstd level (1..=22; 1–3 recommended).
+    pub fn with_level(mut w: W, header: &Header, level: i32) -> io::Result<Self> {
+        let mut comp = zstd::bulk::Compressor::new(level)?;
+        comp.set_parameter(zstd::zstd_safe::CParameter::ChecksumFlag(true))?;
+        let pre = encode_preamble(header);
+        w.write_all(&pre)?;
+        w.flush()?;
+        Ok(TraceWriter {
+            w,
+            comp,
+            enc: RecordEncoder::with_capacity(64 << 10),
+            out: Vec::new(),
+            comp_buf: Vec::new(),
+            frame_target: DEFAULT_FRAME_TARGET,
+            has_records: false,
+            dirty: true,
+            last_t: 0,
+            stats: WriterStats {
+                file_bytes: pre.len() as u64,
+                ..Default::default()
+            },
+            finished: false,
+        })
+    }
+
+    /// Sets the uncompressed size at which `write` closes a frame by itself (capped at 16 MiB).
+    pub fn set_frame_target(&mut self, bytes: usize) {
+        self.frame_target = bytes.clamp(1, MAX_FRAME_RAW / 2);
+    }
+
+    fn check_open(&self) -> io::Result<()> {
+        if self.finished {
+            Err(io::Error::other("trace writer already finished"))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Encodes one event into the open frame; closes the frame when it reaches the target size.
+    pub fn write(&mut self, ev: &Event) -> io::Result<()> {
+        self.check_open()?;
+        if self.dirty {
+            let tid = match ev {
+                Event::Alloc(m) | Event::Free(m) => m.tid,
+                _ => 0,
+            };
+            if self.enc.is_empty() {
+                self.enc.begin(tid);
+            } else {
+                self.enc.context(tid);
+            }
+            self.dirty = false;
+        }
+        self.enc.push(ev);
+        self.has_records = true;
+        if let Some(t) = ev.t_ns() {
+            self.last_t = self.last_t.max(t);
+        }
+        if self.enc.len() >= self.frame_target {
+            self.flush_frame()?;
+        }
+        Ok(())
+    }
+
+    /// Appends records encoded elsewhere by a [`RecordEncoder`] (which starts every buffer with
+    /// `begin(tid)`, i.e. a `Context` record). `bytes` must hold whole records.
+    pub fn write_records(&mut self, bytes: &[u8], stats: RecordStats) -> io::Result<()> {
+        self.check_open()?;
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        if bytes.len() > MAX_FRAME_RAW {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "record buffer larger than the maximum frame",
+            ));
+        }
+        if self.enc.len() + bytes.len() > MAX_FRAME_RAW {
+            self.flush_frame()?;
+        }
+        self.enc.append_raw(bytes, stats);
+        self.has_records = true;
+        self.dirty = true;
+        if stats.records > 0 && stats.t_max >= stats.t_min {
+            self.last_t = self.last_t.max(stats.t_max);
+        }
+        if self.enc.len() >= self.frame_target {
+            self.flush_frame()?;
+        }
+        Ok(())
+    }
+
+    /// Compresses the open frame (if it holds any record), writes it, and flushes `W`.
+    pub fn flush_frame(&mut self) -> io::Result<()> {
+        if self.has_records {
+            let stats = self.enc.stats();
+            let raw = self.enc.bytes();
+            self.comp_buf.clear();
+            self.comp_buf
+                .reserve(zstd::zstd_safe::compress_bound(raw.len()));
+            let n = self.comp.compress_to_buffer(raw, &mut self.comp_buf)?;
+            let (t_min, t_max) = if stats.t_min <= stats.t_max {
+                (stats.t_min, stats.t_max)
+            } else {
+                (0, 0)
+            };
+            self.out.clear();
+            self.out.extend_from_slice(&FRAME_MAGIC);
+            self.out.extend_from_slice(&(n as u32).to_le_bytes());
+            self.out
+                .extend_from_slice(&(raw.len() as u32).to_le_bytes());
+            self.out.extend_from_slice(&stats.records.to_le_bytes());
+            self.out.extend_from_slice(&t_min.to_le_bytes());
+            self.out.extend_from_slice(&t_max.to_le_bytes());
+            self.out.extend_from_slice(&self.comp_buf[..n]);
+            // One write per frame: a kill leaves either the whole frame or a torn tail.
+            self.w.write_all(&self.out)?;
+            self.stats.records += stats.records as u64;
+            self.stats.frames += 1;
+            self.stats.raw_bytes += raw.len() as u64;
+            self.stats.file_bytes += self.out.len() as u64;
+            self.enc.clear();
+            self.has_records = false;
+            self.dirty = true;
+        }
+        self.w.flush()
+    }
+
+    /// Writes the `End` record at the latest time seen, flushes, and returns the inner writer.
+    pub fn finish(mut self) -> io::Result<W> {
+        let t = self.last_t;
+        self.finish_in_place(t)?;
+        Ok(self.w)
+    }
+
+    /// Writes the `End` record at monotonic time `t_ns` and flushes the last frame. For a writer
+    /// that lives in a static (Rust never drops statics): later writes return an error.
+    pub fn finish_in_place(&mut self, t_ns: u64) -> io::Result<()> {
+        self.check_open()?;
+        if self.dirty {
+            if self.enc.is_empty() {
+                self.enc.begin(0);
+            } else {
+                self.enc.context(0);
+            }
+            self.dirty = false;
+        }
+        self.enc.end(t_ns);
+        self.has_records = true;
+        self.flush_frame()?;
+        self.finished = true;
+        Ok(())
+    }
+
+    /// What has been written so far.
+    pub fn stats(&self) -> WriterStats {
+        self.stats
+    }
+
+    /// Uncompressed bytes in the open frame.
+    pub fn pending_bytes(&self) -> usize {
+        if self.has_records { self.enc.len() } else { 0 }
+    }
+
+    pub fn get_ref(&self) -> &W {
+        &self.w
+    }
+
+    pub fn get_mut(&mut self) -> &mut W {
+        &mut self.w
+    }
+}
