@@ -1,0 +1,868 @@
+//! The shared-memory cap region behind `VRAMSHIM_SHARED=NAME`, used by `libvramshim.so` (to
+//! charge allocations against one budget shared by every process with that name) and by
+//! `vramshim top` (to show it). Also the `VRAMSHIM_CAP` parser ([`spec`]), shared with the CLI.
+//!
+//! # Layout (version 1)
+//! One file, `/dev/shm/vramshim-<uid>-<name>` (mode 0600, owned by the user), mapped shared:
+//! - a header: magic, version, layout size, number of devices and slots, creator uid, pid
+//!   namespace, creation time, the cap of each device (none / bytes / fraction) and the text it
+//!   came from, a "needs recount" bit per device;
+//! - per device, on its own cache line: the total charged (bytes in the low 44 bits, a
+//!   modification counter in the high 20), the peak and the refusals;
+//! - [`MAX_SLOTS`] per-process slots, one cache-line group each: the owner's [`ProcessKey`]
+//!   (pid + start time; bit 63 set while a dead owner's slot is being reclaimed), an in-flight
+//!   counter, refusals, the full start time, and the bytes it holds per device.
+//!
+//! # Protocol (no lock anywhere)
+//! - Create: a temporary file is created with `O_EXCL`, sized, initialised, its magic written
+//!   last, and then published with `link()` under the final name (atomic: nobody ever sees a
+//!   half-initialised region). Losing the race means attaching to the winner's region.
+//! - Attach: the file must be a regular file owned by us, mode without group/other bits, of the
+//!   exact layout size, with our magic, version, sizes, uid and pid namespace; anything else is
+//!   refused with a [`RegionError`] whose text is the one line to print.
+//! - Charge: `inflight += 1`; CAS loop on the device total (refused if it would pass the cap);
+//!   `slot.used[dev] += bytes`; `inflight -= 1`. Uncharge: the same bracket, slot first, then
+//!   total (saturating: never below zero).
+//! - Reclaim (at attach, after a refusal, by `vramshim top`): a slot whose owner is dead (no
+//!   such pid, a zombie, or a different start time) is taken over by CAS of its key to
+//!   `REAP | reclaimer`; if its in-flight counter is 0 its bytes are subtracted exactly,
+//!   otherwise (killed in the middle of a charge) its bytes are dropped and the device is
+//!   marked for a recount. A recount sets each total to the sum of the live slots, with a CAS
+//!   against the total read before the scan and only when no slot is mid-operation or
+//!   mid-reclaim, so it never loses a concurrent charge.
+//!
+//! All accounting is safe code over `AtomicU64` views; `mmap` lives in the private `sys` module.
+
+pub mod proc;
+pub mod spec;
+mod sys;
+
+use std::fmt;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
+
+pub use proc::ProcessKey;
+pub use spec::{CapSpec, CapValue, MAX_DEVICES};
+
+/// "VRSHMCAP", little-endian.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"VRSHMCAP");
+/// Layout version; a region of another version is refused, never reinterpreted.
+pub const VERSION: u64 = 1;
+/// Processes that can share one region at a time.
+pub const MAX_SLOTS: usize = 256;
+/// Bits of a device total that hold bytes (the rest count modifications, against ABA).
+pub const BYTES_BITS: u32 = 44;
+/// The largest number of bytes a device total can hold (16 TiB - 1); larger caps are clamped.
+pub const MAX_BYTES: u64 = (1 << BYTES_BITS) - 1;
+pub(crate) const REAP_FLAG: u64 = 1 << 63;
+const SPEC_WORDS: usize = 16;
+
+const KIND_NONE: u64 = 0;
+const KIND_BYTES: u64 = 1;
+const KIND_FRACTION: u64 = 2;
+
+/// Per-device counters, one cache line each.
+#[repr(C, align(64))]
+pub struct DeviceLine {
+    total: AtomicU64,
+    peak: AtomicU64,
+    refusals: AtomicU64,
+    _pad: [AtomicU64; 5],
+}
+
+#[repr(C)]
+pub struct Header {
+    magic: AtomicU64,
+    version: AtomicU64,
+    layout_size: AtomicU64,
+    max_devices: AtomicU64,
+    max_slots: AtomicU64,
+    creator_uid: AtomicU64,
+    pid_ns: AtomicU64,
+    created_unix: AtomicU64,
+    cap_kind: [AtomicU64; MAX_DEVICES],
+    cap_value: [AtomicU64; MAX_DEVICES],
+    spec_text: [AtomicU64; SPEC_WORDS],
+    needs_recount: AtomicU64,
+    devices: [DeviceLine; MAX_DEVICES],
+}
+
+/// One process's slot.
+#[repr(C, align(64))]
+pub struct Slot {
+    key: AtomicU64,
+    inflight: AtomicU64,
+    refusals: AtomicU64,
+    start_ticks: AtomicU64,
+    used: [AtomicU64; MAX_DEVICES],
+}
+
+#[repr(C)]
+pub struct Layout {
+    header: Header,
+    slots: [Slot; MAX_SLOTS],
+}
+
+/// Size of the region file.
+pub const LAYOUT_SIZE: usize = std::mem::size_of::<Layout>();
+
+/// Why a region cannot be used. `Display` is the full one-line message (without the
+/// "vramshim: " prefix and without what the caller does next).
+#[derive(Debug)]
+pub enum RegionError {
+    Io {
+        path: PathBuf,
+        what: &'static str,
+        err: io::Error,
+    },
+    NotFound {
+        path: PathBuf,
+    },
+    NotOwned {
+        path: PathBuf,
+        owner: u32,
+        me: u32,
+    },
+    Mode {
+        path: PathBuf,
+        mode: u32,
+    },
+    NotAFile {
+        path: PathBuf,
+    },
+    Incompatible {
+        path: PathBuf,
+        why: String,
+    },
+    OtherNamespace {
+        path: PathBuf,
+    },
+}
+
+impl fmt::Display for RegionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RegionError::Io { path, what, err } => {
+                write!(
+                    f,
+                    "shared cap region {}: cannot {what}: {err}",
+                    path.display()
+                )
+            }
+            RegionError::NotFound { path } => {
+                write!(f, "shared cap region {} does not exist", path.display())
+            }
+            RegionError::NotOwned { path, owner, me } => write!(
+                f,
+                "shared cap region {} belongs to uid {owner}, not to this user (uid {me}); refusing to use it",
+                path.display()
+            ),
+            RegionError::Mode { path, mode } => write!(
+                f,
+                "shared cap region {} has mode {:o}, readable or writable by others; refusing to use it",
+                path.display(),
+                mode & 0o7777
+            ),
+            RegionError::NotAFile { path } => {
+                write!(
+                    f,
+                    "shared cap region {} is not a regular file; refusing to use it",
+                    path.display()
+                )
+            }
+            RegionError::Incompatible { path, why } => write!(
+                f,
+                "shared cap region {} is not usable ({why}); not trusting it (remove it once no process uses it)",
+                path.display()
+            ),
+            RegionError::OtherNamespace { path } => write!(
+                f,
+                "shared cap region {} was created in another pid namespace; its process slots cannot be checked from here",
+                path.display()
+            ),
+        }
+    }
+}
+
+/// Whether [`Region::open_or_create`] created the region or attached to an existing one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Opened {
+    Created,
+    Attached,
+}
+
+/// How a charge checks the cap. `Racy` is the classic bug (load, compare, store) kept only so
+/// that tests can show the concurrency test catching it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Check {
+    Atomic,
+    Racy,
+}
+
+/// A slot claimed by this process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotIndex(pub usize);
+
+/// What a reclaim pass did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Reclaimed {
+    /// Dead processes' slots freed.
+    pub slots: usize,
+    /// Bytes given back exactly.
+    pub bytes: u64,
+    /// Slots of processes killed mid-charge (their bytes were settled by a recount).
+    pub ambiguous: usize,
+    /// Devices whose total still waits for a recount (busy region; the next look retries).
+    pub pending_recount: u64,
+}
+
+/// One process as seen in a snapshot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcessSnapshot {
+    pub slot: usize,
+    pub pid: u32,
+    pub start_ticks: u64,
+    pub alive: bool,
+    pub used: [u64; MAX_DEVICES],
+    pub refusals: u64,
+}
+
+/// A consistent-enough copy of the region for display.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Snapshot {
+    pub caps: CapSpec,
+    pub cap_text: String,
+    pub creator_uid: u32,
+    pub created_unix: u64,
+    pub totals: [u64; MAX_DEVICES],
+    pub peaks: [u64; MAX_DEVICES],
+    pub refusals: [u64; MAX_DEVICES],
+    pub processes: Vec<ProcessSnapshot>,
+}
+
+/// A mapped region.
+pub struct Region {
+    map: sys::Mapping,
+    path: Option<PathBuf>,
+}
+
+fn bytes_of(w: u64) -> u64 {
+    w & MAX_BYTES
+}
+
+/// The next total word: the modification counter advances, bytes become `bytes`.
+fn bump(w: u64, bytes: u64) -> u64 {
+    ((w >> BYTES_BITS).wrapping_add(1) << BYTES_BITS) | (bytes & MAX_BYTES)
+}
+
+/// Atomically adds `bytes` to a total word if the result stays `<= cap`. Returns the new
+/// total, or the total in use when refused. This is the reservation the cap rests on; the
+/// private (single-process) cap uses it directly on a process-local word.
+pub fn reserve(total: &AtomicU64, bytes: u64, cap: u64) -> Result<u64, u64> {
+    let cap = cap.min(MAX_BYTES);
+    let mut cur = total.load(Relaxed);
+    loop {
+        let used = bytes_of(cur);
+        let next = match used.checked_add(bytes) {
+            Some(n) if n <= cap => n,
+            _ => return Err(used),
+        };
+        match total.compare_exchange_weak(cur, bump(cur, next), SeqCst, Relaxed) {
+            Ok(_) => return Ok(next),
+            Err(actual) => cur = actual,
+        }
+    }
+}
+
+/// The racy variant of [`reserve`] (load, check, store): loses updates and passes the cap
+/// under contention. For tests that show the concurrency checks catch a broken reservation.
+pub fn reserve_racy(total: &AtomicU64, bytes: u64, cap: u64) -> Result<u64, u64> {
+    let cur = total.load(SeqCst);
+    let used = bytes_of(cur);
+    match used.checked_add(bytes) {
+        Some(n) if n <= cap.min(MAX_BYTES) => {
+            for _ in 0..200 {
+                std::hint::spin_loop();
+            }
+            total.store(bump(cur, n), SeqCst);
+            Ok(n)
+        }
+        _ => Err(used),
+    }
+}
+
+/// Atomically subtracts up to `bytes` from a total word (never below zero).
+pub fn release(total: &AtomicU64, bytes: u64) {
+    if bytes == 0 {
+        return;
+    }
+    let mut cur = total.load(Relaxed);
+    loop {
+        let next = bytes_of(cur).saturating_sub(bytes);
+        match total.compare_exchange_weak(cur, bump(cur, next), SeqCst, Relaxed) {
+            Ok(_) => return,
+            Err(actual) => cur = actual,
+        }
+    }
+}
+
+/// The bytes held in a total word.
+pub fn total_bytes(total: &AtomicU64) -> u64 {
+    bytes_of(total.load(Relaxed))
+}
+
+fn io_err<'a>(path: &'a Path, what: &'static str) -> impl FnOnce(io::Error) -> RegionError + 'a {
+    move |err| RegionError::Io {
+        path: path.to_path_buf(),
+        what,
+        err,
+    }
+}
+
+fn page_len() -> usize {
+    LAYOUT_SIZE.div_ceil(4096) * 4096
+}
+
+impl Region {
+    /// Opens the region at `path`, creating it with `caps` if it does not exist. A region that
+    /// exists keeps its own caps (see [`Region::caps`]).
+    pub fn open_or_create(path: &Path, caps: &CapSpec) -> Result<(Region, Opened), RegionError> {
+        for _ in 0..8 {
+            match Region::open(path) {
+                Ok(r) => return Ok((r, Opened::Attached)),
+                Err(RegionError::NotFound { .. }) => {}
+                Err(e) => return Err(e),
+            }
+            if let Some(r) = Region::create(path, caps)? {
+                return Ok((r, Opened::Created));
+            }
+        }
+        Err(RegionError::Incompatible {
+            path: path.to_path_buf(),
+            why: "it keeps appearing and disappearing".into(),
+        })
+    }
+
+    /// Creates and publishes a new region; `None` if another process published one first.
+    fn create(path: &Path, caps: &CapSpec) -> Result<Option<Region>, RegionError> {
+        let dir = path
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let base = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let tmp = dir.join(format!(".{base}.{}.{nanos}.tmp", std::process::id()));
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&tmp)
+            .map_err(io_err(path, "create it"))?;
+        let result = (|| {
+            file.set_permissions(std::fs::Permissions::from_mode(0o600))
+                .map_err(io_err(path, "set its mode"))?;
+            file.set_len(page_len() as u64)
+                .map_err(io_err(path, "size it"))?;
+            let map = sys::Mapping::file(&file, page_len()).map_err(io_err(path, "map it"))?;
+            let region = Region {
+                map,
+                path: Some(path.to_path_buf()),
+            };
+            region.init(caps);
+            match std::fs::hard_link(&tmp, path) {
+                Ok(()) => Ok(Some(region)),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(None),
+                Err(e) => Err(RegionError::Io {
+                    path: path.to_path_buf(),
+                    what: "publish it",
+                    err: e,
+                }),
+            }
+        })();
+        let _ = std::fs::remove_file(&tmp);
+        result
+    }
+
+    /// A private region in anonymous shared memory (tests, benchmarks; shared with children
+    /// forked afterwards).
+    pub fn anonymous(caps: &CapSpec) -> io::Result<Region> {
+        let map = sys::Mapping::anonymous(page_len())?;
+        let region = Region { map, path: None };
+        region.init(caps);
+        Ok(region)
+    }
+
+    fn init(&self, caps: &CapSpec) {
+        let h = &self.layout().header;
+        h.version.store(VERSION, Relaxed);
+        h.layout_size.store(LAYOUT_SIZE as u64, Relaxed);
+        h.max_devices.store(MAX_DEVICES as u64, Relaxed);
+        h.max_slots.store(MAX_SLOTS as u64, Relaxed);
+        h.creator_uid.store(u64::from(sys::euid()), Relaxed);
+        h.pid_ns.store(proc::pid_namespace(), Relaxed);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        h.created_unix.store(now, Relaxed);
+        for (d, c) in caps.devices.iter().enumerate() {
+            let (kind, value) = match c {
+                None => (KIND_NONE, 0),
+                Some(CapValue::Bytes(b)) => (KIND_BYTES, (*b).min(MAX_BYTES)),
+                Some(CapValue::Fraction(x)) => (KIND_FRACTION, x.to_bits()),
+            };
+            h.cap_kind[d].store(kind, Relaxed);
+            h.cap_value[d].store(value, Relaxed);
+        }
+        let text = caps.to_text();
+        let mut buf = [0u8; SPEC_WORDS * 8];
+        let n = text.len().min(buf.len());
+        buf[..n].copy_from_slice(&text.as_bytes()[..n]);
+        for (i, w) in h.spec_text.iter().enumerate() {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&buf[i * 8..i * 8 + 8]);
+            w.store(u64::from_le_bytes(b), Relaxed);
+        }
+        h.magic.store(MAGIC, SeqCst);
+    }
+
+    /// Opens an existing region (never creates one), verifying that it is ours and sound.
+    pub fn open(path: &Path) -> Result<Region, RegionError> {
+        let pb = || path.to_path_buf();
+        let mut file = match OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(path)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(RegionError::NotFound { path: pb() });
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                return Err(RegionError::NotAFile { path: pb() });
+            }
+            Err(e) => {
+                return Err(RegionError::Io {
+                    path: pb(),
+                    what: "open it",
+                    err: e,
+                });
+            }
+        };
+        let meta = file.metadata().map_err(io_err(path, "stat it"))?;
+        if !meta.is_file() {
+            return Err(RegionError::NotAFile { path: pb() });
+        }
+        let me = sys::euid();
+        if meta.uid() != me {
+            return Err(RegionError::NotOwned {
+                path: pb(),
+                owner: meta.uid(),
+                me,
+            });
+        }
+        if meta.mode() & 0o077 != 0 {
+            return Err(RegionError::Mode {
+                path: pb(),
+                mode: meta.mode(),
+            });
+        }
+        if meta.len() != page_len() as u64 {
+            return Err(RegionError::Incompatible {
+                path: pb(),
+                why: describe_foreign(&mut file, meta.len()),
+            });
+        }
+        let map = sys::Mapping::file(&file, page_len()).map_err(io_err(path, "map it"))?;
+        let region = Region {
+            map,
+            path: Some(pb()),
+        };
+        region.verify(me)?;
+        Ok(region)
+    }
+
+    fn verify(&self, me: u32) -> Result<(), RegionError> {
+        let h = &self.layout().header;
+        let bad = |why: String| {
+            Err(RegionError::Incompatible {
+                path: self.path.clone().unwrap_or_default(),
+                why,
+            })
+        };
+        let magic = h.magic.load(SeqCst);
+        if magic != MAGIC {
+            return bad(format!(
+                "bad magic {magic:#018x}, not a vramshim cap region"
+            ));
+        }
+        let version = h.version.load(Relaxed);
+        if version != VERSION {
+            return bad(format!(
+                "layout version {version}, this library reads version {VERSION}"
+            ));
+        }
+        let (ls, md, ms) = (
+            h.layout_size.load(Relaxed),
+            h.max_devices.load(Relaxed),
+            h.max_slots.load(Relaxed),
+        );
+        if (ls, md, ms) != (LAYOUT_SIZE as u64, MAX_DEVICES as u64, MAX_SLOTS as u64) {
+            return bad(format!(
+                "layout of {ls} bytes, {md} devices, {ms} slots; expected {LAYOUT_SIZE}, {MAX_DEVICES}, {MAX_SLOTS}"
+            ));
+        }
+        let uid = h.creator_uid.load(Relaxed);
+        if uid != u64::from(me) {
+            return bad(format!("created by uid {uid}"));
+        }
+        for d in 0..MAX_DEVICES {
+            let (k, v) = (h.cap_kind[d].load(Relaxed), h.cap_value[d].load(Relaxed));
+            let ok = match k {
+                KIND_NONE => true,
+                KIND_BYTES => v > 0 && v <= MAX_BYTES,
+                KIND_FRACTION => {
+                    let x = f64::from_bits(v);
+                    x > 0.0 && x <= 1.0
+                }
+                _ => false,
+            };
+            if !ok {
+                return bad(format!(
+                    "device {d} has an invalid cap record ({k}, {v:#x})"
+                ));
+            }
+        }
+        let ns = h.pid_ns.load(Relaxed);
+        let mine = proc::pid_namespace();
+        if ns != 0 && mine != 0 && ns != mine {
+            return Err(RegionError::OtherNamespace {
+                path: self.path.clone().unwrap_or_default(),
+            });
+        }
+        Ok(())
+    }
+
+    fn layout(&self) -> &Layout {
+        self.map.view::<Layout>()
+    }
+
+    /// The file behind the region (None for an anonymous one).
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// The caps the region was created with.
+    pub fn caps(&self) -> CapSpec {
+        let h = &self.layout().header;
+        let mut spec = CapSpec::none();
+        for d in 0..MAX_DEVICES {
+            let v = h.cap_value[d].load(Relaxed);
+            spec.devices[d] = match h.cap_kind[d].load(Relaxed) {
+                KIND_BYTES => Some(CapValue::Bytes(v)),
+                KIND_FRACTION => Some(CapValue::Fraction(f64::from_bits(v))),
+                _ => None,
+            };
+        }
+        spec.all = spec
+            .devices
+            .iter()
+            .all(|c| c.is_some() && *c == spec.devices[0]);
+        spec
+    }
+
+    /// The canonical text of the caps the region was created with.
+    pub fn cap_text(&self) -> String {
+        let mut bytes = Vec::with_capacity(SPEC_WORDS * 8);
+        for w in &self.layout().header.spec_text {
+            bytes.extend_from_slice(&w.load(Relaxed).to_le_bytes());
+        }
+        let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+        String::from_utf8_lossy(&bytes[..end]).into_owned()
+    }
+
+    fn device(&self, dev: usize) -> &DeviceLine {
+        &self.layout().header.devices[dev]
+    }
+
+    fn slot(&self, s: SlotIndex) -> &Slot {
+        &self.layout().slots[s.0]
+    }
+
+    /// Bytes charged on `dev` by every process sharing the region.
+    pub fn in_use(&self, dev: usize) -> u64 {
+        self.layout()
+            .header
+            .devices
+            .get(dev)
+            .map_or(0, |d| total_bytes(&d.total))
+    }
+
+    /// Bytes this slot holds on `dev`.
+    pub fn slot_used(&self, s: SlotIndex, dev: usize) -> u64 {
+        self.slot(s).used.get(dev).map_or(0, |u| u.load(Relaxed))
+    }
+
+    /// Claims a free slot for `me`. `None` when all [`MAX_SLOTS`] are taken (after a reclaim).
+    pub fn claim_slot(&self, me: ProcessKey, start_ticks: u64) -> Option<SlotIndex> {
+        for (i, s) in self.layout().slots.iter().enumerate() {
+            if s.key.load(Relaxed) == 0
+                && s.key
+                    .compare_exchange(0, me.word(), SeqCst, Relaxed)
+                    .is_ok()
+            {
+                s.start_ticks.store(start_ticks, Relaxed);
+                s.refusals.store(0, Relaxed);
+                return Some(SlotIndex(i));
+            }
+        }
+        None
+    }
+
+    /// Frees this process's slot, giving back what it holds (a clean exit; a dead process's
+    /// slot is freed by [`Region::reclaim`] instead).
+    pub fn release_slot(&self, s: SlotIndex) {
+        let slot = self.slot(s);
+        slot.inflight.fetch_add(1, SeqCst);
+        for (d, u) in slot.used.iter().enumerate() {
+            let b = u.swap(0, SeqCst);
+            release(&self.device(d).total, b);
+        }
+        slot.inflight.store(0, SeqCst);
+        slot.key.store(0, SeqCst);
+    }
+
+    /// Reserves `bytes` on `dev` for slot `s` if the shared total stays within `cap`.
+    /// Returns the new total, or the total in use when refused (nothing changes then).
+    pub fn charge(
+        &self,
+        s: SlotIndex,
+        dev: usize,
+        bytes: u64,
+        cap: u64,
+        check: Check,
+    ) -> Result<u64, u64> {
+        let (Some(line), slot) = (self.layout().header.devices.get(dev), self.slot(s)) else {
+            return Err(0);
+        };
+        slot.inflight.fetch_add(1, SeqCst);
+        let r = match check {
+            Check::Atomic => reserve(&line.total, bytes, cap),
+            Check::Racy => reserve_racy(&line.total, bytes, cap),
+        };
+        if let Ok(total) = r {
+            slot.used[dev].fetch_add(bytes, SeqCst);
+            if line.peak.load(Relaxed) < total {
+                line.peak.fetch_max(total, Relaxed);
+            }
+        }
+        slot.inflight.fetch_sub(1, SeqCst);
+        r
+    }
+
+    /// Gives back up to `bytes` held by slot `s` on `dev` (never more than the slot holds).
+    /// Returns what was given back.
+    pub fn uncharge(&self, s: SlotIndex, dev: usize, bytes: u64) -> u64 {
+        let (Some(line), slot) = (self.layout().header.devices.get(dev), self.slot(s)) else {
+            return 0;
+        };
+        slot.inflight.fetch_add(1, SeqCst);
+        let prev = slot.used[dev]
+            .fetch_update(SeqCst, SeqCst, |u| Some(u.saturating_sub(bytes)))
+            .unwrap_or(0);
+        let taken = prev.min(bytes);
+        release(&line.total, taken);
+        slot.inflight.fetch_sub(1, SeqCst);
+        taken
+    }
+
+    /// Counts a refusal for slot `s` on `dev`.
+    pub fn note_refusal(&self, s: SlotIndex, dev: usize) {
+        if let Some(line) = self.layout().header.devices.get(dev) {
+            line.refusals.fetch_add(1, Relaxed);
+        }
+        self.slot(s).refusals.fetch_add(1, Relaxed);
+    }
+
+    /// Frees the slots of dead processes, giving their bytes back (see the module docs).
+    /// `me` identifies the caller while it holds a slot being reclaimed.
+    pub fn reclaim(&self, me: ProcessKey) -> Reclaimed {
+        self.reclaim_with(me, &|k| k.alive(true))
+    }
+
+    /// [`Region::reclaim`] with a custom liveness test (tests use it to break the start-time
+    /// check and show the pid-reuse test catching it).
+    pub fn reclaim_with(&self, me: ProcessKey, alive: &dyn Fn(ProcessKey) -> bool) -> Reclaimed {
+        let mut out = Reclaimed::default();
+        let lay = self.layout();
+        for s in lay.slots.iter() {
+            let k = s.key.load(SeqCst);
+            let Some(owner) = ProcessKey::from_word(k) else {
+                continue;
+            };
+            if owner == me || alive(owner) {
+                continue;
+            }
+            if s.key
+                .compare_exchange(k, REAP_FLAG | me.word(), SeqCst, Relaxed)
+                .is_err()
+            {
+                continue;
+            }
+            if s.inflight.load(SeqCst) == 0 && k & REAP_FLAG == 0 {
+                // The owner finished every operation: its slot is exact.
+                s.inflight.store(1, SeqCst);
+                for (d, u) in s.used.iter().enumerate() {
+                    let b = u.swap(0, SeqCst);
+                    if b > 0 {
+                        release(&lay.header.devices[d].total, b);
+                        out.bytes += b;
+                    }
+                }
+            } else {
+                // Killed between the two halves of an operation (or a reclaimer killed while
+                // reclaiming): whether the total holds its last operation is unknown. Drop the
+                // slot's bytes and let a recount settle the totals.
+                let mut mask = 0;
+                for (d, u) in s.used.iter().enumerate() {
+                    u.store(0, SeqCst);
+                    mask |= 1 << d;
+                }
+                lay.header.needs_recount.fetch_or(mask, SeqCst);
+                out.ambiguous += 1;
+            }
+            s.refusals.store(0, Relaxed);
+            s.start_ticks.store(0, Relaxed);
+            s.inflight.store(0, SeqCst);
+            s.key.store(0, SeqCst);
+            out.slots += 1;
+        }
+        if lay.header.needs_recount.load(SeqCst) != 0 {
+            for _ in 0..16 {
+                if self.recount() == 0 {
+                    break;
+                }
+                std::hint::spin_loop();
+            }
+        }
+        out.pending_recount = lay.header.needs_recount.load(SeqCst);
+        out
+    }
+
+    /// Sets each device marked for a recount to the sum of its slots, if no slot is in the
+    /// middle of an operation or a reclaim and no total moved during the scan. Returns the
+    /// devices still marked.
+    fn recount(&self) -> u64 {
+        let lay = self.layout();
+        let mask = lay.header.needs_recount.load(SeqCst);
+        if mask == 0 {
+            return 0;
+        }
+        let before: Vec<u64> = lay
+            .header
+            .devices
+            .iter()
+            .map(|d| d.total.load(SeqCst))
+            .collect();
+        let mut sums = [0u64; MAX_DEVICES];
+        for s in lay.slots.iter() {
+            let k = s.key.load(SeqCst);
+            if k == 0 {
+                continue;
+            }
+            if k & REAP_FLAG != 0 || s.inflight.load(SeqCst) != 0 {
+                return mask;
+            }
+            for (d, u) in s.used.iter().enumerate() {
+                sums[d] = sums[d].saturating_add(u.load(SeqCst));
+            }
+        }
+        for d in 0..MAX_DEVICES {
+            if mask & (1 << d) == 0 {
+                continue;
+            }
+            let line = &lay.header.devices[d];
+            if line
+                .total
+                .compare_exchange(before[d], bump(before[d], sums[d]), SeqCst, Relaxed)
+                .is_ok()
+            {
+                lay.header.needs_recount.fetch_and(!(1 << d), SeqCst);
+            }
+        }
+        lay.header.needs_recount.load(SeqCst)
+    }
+
+    /// A copy of the region for display (`vramshim top`).
+    pub fn snapshot(&self) -> Snapshot {
+        let lay = self.layout();
+        let h = &lay.header;
+        let mut processes = Vec::new();
+        for (i, s) in lay.slots.iter().enumerate() {
+            let Some(k) = ProcessKey::from_word(s.key.load(SeqCst)) else {
+                continue;
+            };
+            let mut used = [0; MAX_DEVICES];
+            for (d, u) in s.used.iter().enumerate() {
+                used[d] = u.load(Relaxed);
+            }
+            processes.push(ProcessSnapshot {
+                slot: i,
+                pid: k.pid(),
+                start_ticks: s.start_ticks.load(Relaxed),
+                alive: k.alive(true),
+                used,
+                refusals: s.refusals.load(Relaxed),
+            });
+        }
+        let per = |f: &dyn Fn(&DeviceLine) -> u64| {
+            let mut a = [0; MAX_DEVICES];
+            for (d, line) in h.devices.iter().enumerate() {
+                a[d] = f(line);
+            }
+            a
+        };
+        Snapshot {
+            caps: self.caps(),
+            cap_text: self.cap_text(),
+            creator_uid: h.creator_uid.load(Relaxed) as u32,
+            created_unix: h.created_unix.load(Relaxed),
+            totals: per(&|l| total_bytes(&l.total)),
+            peaks: per(&|l| l.peak.load(Relaxed)),
+            refusals: per(&|l| l.refusals.load(Relaxed)),
+            processes,
+        }
+    }
+}
+
+/// Why a file of the wrong size is not ours: read its first words.
+fn describe_foreign(file: &mut File, len: u64) -> String {
+    let mut buf = [0u8; 16];
+    if len >= 16 && file.read_exact(&mut buf).is_ok() {
+        let magic = u64::from_le_bytes(buf[..8].try_into().unwrap_or([0; 8]));
+        let version = u64::from_le_bytes(buf[8..].try_into().unwrap_or([0; 8]));
+        if magic == MAGIC {
+            return format!(
+                "layout version {version} of {len} bytes, this library reads version {VERSION} of {} bytes",
+                page_len()
+            );
+        }
+        return format!("{len} bytes without the vramshim magic, not a vramshim cap region");
+    }
+    format!("{len} bytes, expected {}", page_len())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,95 @@
+//! The FFI edge: `mmap`/`munmap` and `geteuid`. Every `unsafe` of the crate is here.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::ptr::NonNull;
+
+/// A shared read-write mapping, unmapped on drop.
+pub struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapped memory is only ever accessed through atomics (see `lib.rs`), so sharing
+// the mapping between threads is sound.
+unsafe impl Send for Mapping {}
+// SAFETY: as above.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// Maps the first `len` bytes of `file` shared, read-write.
+    pub fn file(file: &File, len: usize) -> io::Result<Mapping> {
+        // SAFETY: a fresh mapping at an address the kernel chooses; the fd is valid for the
+        // duration of the call; the result is checked against MAP_FAILED.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        Self::checked(p, len)
+    }
+
+    /// Anonymous shared zeroed memory (shared with children forked after the call).
+    pub fn anonymous(len: usize) -> io::Result<Mapping> {
+        // SAFETY: a fresh anonymous mapping; the result is checked against MAP_FAILED.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        Self::checked(p, len)
+    }
+
+    fn checked(p: *mut libc::c_void, len: usize) -> io::Result<Mapping> {
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let ptr =
+            NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned NULL"))?;
+        Ok(Mapping { ptr, len })
+    }
+
+    /// The mapping viewed as a `T`. `T` must be made only of atomics (any bit pattern is a
+    /// valid value, and the memory may change under us), which the callers guarantee.
+    pub fn view<T>(&self) -> &T {
+        assert!(
+            std::mem::size_of::<T>() <= self.len,
+            "mapping smaller than its layout"
+        );
+        assert_eq!(
+            self.ptr.as_ptr() as usize % std::mem::align_of::<T>(),
+            0,
+            "misaligned mapping"
+        );
+        // SAFETY: the mapping is at least size_of::<T>() bytes, page-aligned (so aligned for T,
+        // checked above), lives as long as `self`, and T (the region layout) consists only of
+        // AtomicU64 fields for which every bit pattern is valid and concurrent modification by
+        // other processes is allowed.
+        unsafe { &*self.ptr.as_ptr().cast::<T>() }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len come from a successful mmap and no reference derived from the mapping
+        // outlives `self` (views borrow it).
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// The effective uid of the calling process.
+pub fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
