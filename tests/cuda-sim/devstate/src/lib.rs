@@ -1,0 +1,529 @@
+//! The simulated GPU's device-wide accounting, shared by every process that uses the same
+//! `VRAMSIM_NAME`, as a real GPU's memory is shared by every process on the machine.
+//!
+//! The region lives in `/dev/shm/vramsim-<uid>-<name>`. The header holds the device count,
+//! the capacity, the bytes in use per device (reserved with a CAS, so the sum never exceeds
+//! the capacity) and a high-water mark. Each attached process owns a slot (pid + process start
+//! time from `/proc/<pid>/stat`, so a reused pid cannot inherit a dead process's memory) that
+//! records what it holds, so a dead process's share can be given back by whoever notices.
+//!
+//! Readers (NVML, tests, `vramsim-smi`) open the region with [`DeviceState::open`] and never
+//! claim a slot.
+
+use std::ffi::CString;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+pub mod parse;
+
+pub const MAX_DEVICES: usize = 16;
+pub const MAX_SLOTS: usize = 512;
+/// "VRAMSIM1" + layout revision; a mismatch re-initialises an unused region.
+const MAGIC: u64 = 0x5652_414d_5349_4d02;
+/// Marks a slot that is being claimed or reclaimed.
+const BUSY: u64 = u64::MAX;
+
+pub const DEFAULT_NAME: &str = "default";
+pub const DEFAULT_MEMORY: u64 = 16 << 30;
+pub const DEFAULT_DEVICES: u32 = 1;
+
+#[repr(C)]
+struct Header {
+    magic: AtomicU64,
+    devices: AtomicU32,
+    _pad: AtomicU32,
+    capacity: AtomicU64,
+    used: [AtomicU64; MAX_DEVICES],
+    high_water: [AtomicU64; MAX_DEVICES],
+    /// Refusals the device itself made (OOM at capacity), for tests.
+    refusals: [AtomicU64; MAX_DEVICES],
+}
+
+#[repr(C)]
+struct Slot {
+    pid: AtomicU64,
+    start: AtomicU64,
+    used: [AtomicU64; MAX_DEVICES],
+}
+
+#[repr(C)]
+struct Region {
+    header: Header,
+    slots: [Slot; MAX_SLOTS],
+}
+
+/// One process's view of what it holds (for `vramsim-smi` and tests).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessUse {
+    pub pid: u32,
+    pub used: Vec<u64>,
+}
+
+/// A mapping of the shared region. Cheap to share between threads.
+pub struct DeviceState {
+    region: *mut Region,
+    path: PathBuf,
+}
+
+// SAFETY: the region is only accessed through atomics.
+unsafe impl Send for DeviceState {}
+// SAFETY: the region is only accessed through atomics.
+unsafe impl Sync for DeviceState {}
+
+/// Handle of the slot this process claimed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotId(usize);
+
+impl DeviceState {
+    /// Where the region of `name` lives.
+    pub fn path(name: &str) -> PathBuf {
+        // SAFETY: getuid has no preconditions.
+        let uid = unsafe { libc::getuid() };
+        let safe: String = name
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        PathBuf::from(format!("/dev/shm/vramsim-{uid}-{safe}"))
+    }
+
+    /// Opens (creating it if needed) the device `name` with this configuration. A region that
+    /// nobody alive uses is re-initialised when its configuration differs; a region in use
+    /// keeps its own (the GPU is what it is), which the caller reads back with
+    /// [`capacity`](Self::capacity) and [`devices`](Self::devices).
+    pub fn open_or_create(name: &str, devices: u32, capacity: u64) -> io::Result<Self> {
+        let path = Self::path(name);
+        let state = Self::map(&path, true)?;
+        let fd_lock = FileLock::new(&path)?;
+        let h = state.header();
+        let devices = devices.clamp(1, MAX_DEVICES as u32);
+        let fresh = h.magic.load(Ordering::Acquire) != MAGIC;
+        let differs = h.devices.load(Ordering::Acquire) != devices
+            || h.capacity.load(Ordering::Acquire) != capacity;
+        if fresh
+            || (differs && {
+                state.reclaim_dead();
+                state.live_slots() == 0
+            })
+        {
+            state.init(devices, capacity);
+        }
+        drop(fd_lock);
+        Ok(state)
+    }
+
+    /// Opens an existing region for reading; never creates one.
+    pub fn open(name: &str) -> io::Result<Self> {
+        let path = Self::path(name);
+        let state = Self::map(&path, false)?;
+        if state.header().magic.load(Ordering::Acquire) != MAGIC {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "not a vramsim device region",
+            ));
+        }
+        Ok(state)
+    }
+
+    fn map(path: &Path, create: bool) -> io::Result<Self> {
+        let c = CString::new(path.as_os_str().as_encoded_bytes()).map_err(io::Error::other)?;
+        let flags = libc::O_RDWR | libc::O_CLOEXEC | if create { libc::O_CREAT } else { 0 };
+        // SAFETY: c is a valid NUL-terminated path.
+        let fd = unsafe { libc::open(c.as_ptr(), flags, 0o600) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let size = std::mem::size_of::<Region>();
+        // SAFETY: fd is ours; growing a shared file is idempotent across processes.
+        let grow = unsafe {
+            let mut st: libc::stat = std::mem::zeroed();
+            if libc::fstat(fd, &mut st) == 0 && (st.st_size as usize) < size {
+                libc::ftruncate(fd, size as libc::off_t)
+            } else {
+                0
+            }
+        };
+        if grow != 0 {
+            let e = io::Error::last_os_error();
+            // SAFETY: fd is ours.
+            unsafe { libc::close(fd) };
+            return Err(e);
+        }
+        // SAFETY: mapping a file we own of at least `size` bytes.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                size,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        // SAFETY: the mapping keeps the file alive.
+        unsafe { libc::close(fd) };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Self {
+            region: p.cast(),
+            path: path.to_path_buf(),
+        })
+    }
+
+    fn header(&self) -> &Header {
+        // SAFETY: region maps a whole Region for the life of self; all fields are atomics.
+        unsafe { &(*self.region).header }
+    }
+
+    fn slots(&self) -> &[Slot; MAX_SLOTS] {
+        // SAFETY: as in header().
+        unsafe { &(*self.region).slots }
+    }
+
+    fn init(&self, devices: u32, capacity: u64) {
+        let h = self.header();
+        h.magic.store(0, Ordering::Release);
+        h.devices.store(devices, Ordering::Relaxed);
+        h.capacity.store(capacity, Ordering::Relaxed);
+        for d in 0..MAX_DEVICES {
+            h.used[d].store(0, Ordering::Relaxed);
+            h.high_water[d].store(0, Ordering::Relaxed);
+            h.refusals[d].store(0, Ordering::Relaxed);
+        }
+        for s in self.slots() {
+            s.pid.store(0, Ordering::Relaxed);
+            s.start.store(0, Ordering::Relaxed);
+            for u in &s.used {
+                u.store(0, Ordering::Relaxed);
+            }
+        }
+        h.magic.store(MAGIC, Ordering::Release);
+    }
+
+    pub fn file(&self) -> &PathBuf {
+        &self.path
+    }
+    pub fn capacity(&self) -> u64 {
+        self.header().capacity.load(Ordering::Acquire)
+    }
+    pub fn devices(&self) -> u32 {
+        self.header().devices.load(Ordering::Acquire)
+    }
+
+    /// Bytes every live process together holds on `dev` (dead processes are reclaimed first).
+    pub fn used(&self, dev: usize) -> u64 {
+        self.reclaim_dead();
+        self.used_raw(dev)
+    }
+
+    /// As [`used`](Self::used) without reclaiming first.
+    pub fn used_raw(&self, dev: usize) -> u64 {
+        self.header()
+            .used
+            .get(dev)
+            .map_or(0, |u| u.load(Ordering::Acquire))
+    }
+
+    /// The most bytes ever in use at once on `dev`.
+    pub fn high_water(&self, dev: usize) -> u64 {
+        self.header()
+            .high_water
+            .get(dev)
+            .map_or(0, |u| u.load(Ordering::Acquire))
+    }
+
+    /// How many requests the device refused for lack of memory.
+    pub fn refusals(&self, dev: usize) -> u64 {
+        self.header()
+            .refusals
+            .get(dev)
+            .map_or(0, |u| u.load(Ordering::Acquire))
+    }
+
+    /// `capacity - used` (dead processes reclaimed first).
+    pub fn free(&self, dev: usize) -> u64 {
+        self.capacity().saturating_sub(self.used(dev))
+    }
+
+    /// Claims a slot for the calling process.
+    pub fn claim_slot(&self) -> Option<SlotId> {
+        let (pid, start) = self_identity();
+        for attempt in 0..2 {
+            for (i, s) in self.slots().iter().enumerate() {
+                if s.pid
+                    .compare_exchange(0, BUSY, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+                {
+                    s.start.store(start, Ordering::Relaxed);
+                    for u in &s.used {
+                        u.store(0, Ordering::Relaxed);
+                    }
+                    s.pid.store(pid as u64, Ordering::Release);
+                    return Some(SlotId(i));
+                }
+            }
+            if attempt == 0 {
+                self.reclaim_dead();
+            }
+        }
+        None
+    }
+
+    /// Gives back everything the slot holds and frees it (process exit).
+    pub fn release_slot(&self, slot: SlotId) {
+        let s = &self.slots()[slot.0];
+        self.drain_slot(s);
+        s.pid.store(0, Ordering::Release);
+    }
+
+    fn drain_slot(&self, s: &Slot) {
+        let h = self.header();
+        for d in 0..MAX_DEVICES {
+            let n = s.used[d].swap(0, Ordering::AcqRel);
+            if n > 0 {
+                h.used[d].fetch_sub(n, Ordering::AcqRel);
+            }
+        }
+    }
+
+    /// Reserves `bytes` on `dev` for `slot`; false when the device would exceed its capacity.
+    pub fn reserve(&self, slot: SlotId, dev: usize, bytes: u64) -> bool {
+        if dev >= MAX_DEVICES {
+            return false;
+        }
+        let h = self.header();
+        let cap = self.capacity();
+        let mut reclaimed = false;
+        loop {
+            let cur = h.used[dev].load(Ordering::Acquire);
+            let Some(next) = cur.checked_add(bytes).filter(|n| *n <= cap) else {
+                if !reclaimed && self.reclaim_dead() > 0 {
+                    reclaimed = true;
+                    continue;
+                }
+                h.refusals[dev].fetch_add(1, Ordering::Relaxed);
+                return false;
+            };
+            if h.used[dev]
+                .compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                self.slots()[slot.0].used[dev].fetch_add(bytes, Ordering::AcqRel);
+                h.high_water[dev].fetch_max(next, Ordering::AcqRel);
+                return true;
+            }
+        }
+    }
+
+    /// Gives back `bytes` on `dev` that `slot` reserved.
+    pub fn release(&self, slot: SlotId, dev: usize, bytes: u64) {
+        if dev >= MAX_DEVICES || bytes == 0 {
+            return;
+        }
+        self.slots()[slot.0].used[dev].fetch_sub(bytes, Ordering::AcqRel);
+        self.header().used[dev].fetch_sub(bytes, Ordering::AcqRel);
+    }
+
+    /// Frees the slots of processes that are gone (or zombies: a real driver frees a process's
+    /// memory when it exits, before its parent reaps it). Returns how many slots were freed.
+    pub fn reclaim_dead(&self) -> usize {
+        let mut n = 0;
+        for s in self.slots() {
+            let pid = s.pid.load(Ordering::Acquire);
+            if pid == 0 || pid == BUSY {
+                continue;
+            }
+            let start = s.start.load(Ordering::Acquire);
+            if process_alive(pid as u32, start) {
+                continue;
+            }
+            if s.pid
+                .compare_exchange(pid, BUSY, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                self.drain_slot(s);
+                s.pid.store(0, Ordering::Release);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    fn live_slots(&self) -> usize {
+        self.slots()
+            .iter()
+            .filter(|s| s.pid.load(Ordering::Acquire) != 0)
+            .count()
+    }
+
+    /// The processes holding memory on the device, with their per-device use.
+    pub fn processes(&self) -> Vec<ProcessUse> {
+        let ndev = self.devices() as usize;
+        self.slots()
+            .iter()
+            .filter_map(|s| {
+                let pid = s.pid.load(Ordering::Acquire);
+                if pid == 0 || pid == BUSY {
+                    return None;
+                }
+                let used = s.used[..ndev]
+                    .iter()
+                    .map(|u| u.load(Ordering::Acquire))
+                    .collect();
+                Some(ProcessUse {
+                    pid: pid as u32,
+                    used,
+                })
+            })
+            .collect()
+    }
+
+    /// A JSON object describing the device (what `vramsim-smi` prints).
+    pub fn to_json(&self) -> String {
+        self.reclaim_dead();
+        let ndev = self.devices() as usize;
+        let list = |f: &dyn Fn(usize) -> u64| {
+            (0..ndev)
+                .map(|d| f(d).to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let procs = self
+            .processes()
+            .iter()
+            .map(|p| {
+                let used = p
+                    .used
+                    .iter()
+                    .map(|u| u.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",");
+                format!("{{\"pid\":{},\"used\":[{}]}}", p.pid, used)
+            })
+            .collect::<Vec<_>>()
+            .join(",");
+        format!(
+            "{{\"file\":\"{}\",\"devices\":{},\"capacity\":{},\"used\":[{}],\"high_water\":[{}],\"refusals\":[{}],\"processes\":[{}]}}",
+            self.path.display(),
+            ndev,
+            self.capacity(),
+            list(&|d| self.used_raw(d)),
+            list(&|d| self.high_water(d)),
+            list(&|d| self.refusals(d)),
+            procs
+        )
+    }
+}
+
+impl Drop for DeviceState {
+    fn drop(&mut self) {
+        // SAFETY: region was mapped by map() with this size.
+        unsafe { libc::munmap(self.region.cast(), std::mem::size_of::<Region>()) };
+    }
+}
+
+/// flock on the region file, so two first processes don't both initialise it.
+struct FileLock(libc::c_int);
+
+impl FileLock {
+    fn new(path: &Path) -> io::Result<Self> {
+        let c = CString::new(path.as_os_str().as_encoded_bytes()).map_err(io::Error::other)?;
+        // SAFETY: valid path.
+        let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fd is ours.
+        unsafe { libc::flock(fd, libc::LOCK_EX) };
+        Ok(Self(fd))
+    }
+}
+
+impl Drop for FileLock {
+    fn drop(&mut self) {
+        // SAFETY: fd is ours; closing releases the lock.
+        unsafe { libc::close(self.0) };
+    }
+}
+
+/// (pid, start time in clock ticks since boot) of the calling process.
+pub fn self_identity() -> (u32, u64) {
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() } as u32;
+    (pid, proc_start(pid).map_or(0, |(s, _)| s))
+}
+
+/// (start time, state char) from `/proc/<pid>/stat`.
+fn proc_start(pid: u32) -> Option<(u64, char)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces and parentheses: fields start after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let mut fields = rest.split(' ');
+    let state = fields.next()?.chars().next()?;
+    // After state come fields 4.. ; starttime is field 22, i.e. the 19th after state.
+    let start = fields.nth(18)?.parse().ok()?;
+    Some((start, state))
+}
+
+/// Whether the process that claimed a slot as (pid, start) still runs.
+pub fn process_alive(pid: u32, start: u64) -> bool {
+    match proc_start(pid) {
+        Some((s, state)) => s == start && state != 'Z' && state != 'X',
+        None => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn name(t: &str) -> String {
+        format!("devstate-unit-{t}-{}", std::process::id())
+    }
+
+    #[test]
+    fn reserve_never_exceeds_capacity() {
+        let n = name("cap");
+        let s = DeviceState::open_or_create(&n, 1, 10).unwrap();
+        let slot = s.claim_slot().unwrap();
+        assert!(s.reserve(slot, 0, 6));
+        assert!(!s.reserve(slot, 0, 5));
+        assert!(s.reserve(slot, 0, 4));
+        assert_eq!(s.used(0), 10);
+        assert_eq!(s.high_water(0), 10);
+        assert_eq!(s.refusals(0), 1);
+        s.release(slot, 0, 10);
+        assert_eq!(s.used(0), 0);
+        s.release_slot(slot);
+        let _ = std::fs::remove_file(s.file());
+    }
+
+    #[test]
+    fn dead_slot_is_reclaimed() {
+        let n = name("dead");
+        let s = DeviceState::open_or_create(&n, 1, 100).unwrap();
+        // Forge a slot for a pid that cannot exist with this start time.
+        let slot = s.claim_slot().unwrap();
+        assert!(s.reserve(slot, 0, 40));
+        s.slots()[slot.0]
+            .start
+            .store(u64::MAX - 1, Ordering::Release);
+        assert_eq!(s.used(0), 0);
+        let _ = std::fs::remove_file(s.file());
+    }
+
+    #[test]
+    fn identity_reads_proc() {
+        let (pid, start) = self_identity();
+        assert!(start > 0);
+        assert!(process_alive(pid, start));
+        assert!(!process_alive(pid, start + 1));
+    }
+}

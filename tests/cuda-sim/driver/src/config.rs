@@ -1,0 +1,104 @@
+//! `VRAMSIM_*` configuration, read once when the library loads.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use vramsim_devstate::parse::{DURATION_FORMS, SIZE_FORMS, env_or, parse_duration, parse_size};
+use vramsim_devstate::{DEFAULT_DEVICES, DEFAULT_MEMORY, DEFAULT_NAME, MAX_DEVICES};
+
+use crate::inject::{FailRule, parse_fail, parse_latency};
+
+/// The version cuDriverGetVersion reports; 13000 so runtimes of 12.x and 13.x both accept it
+/// and cuGetProcAddress serves every cudaVersion they ask for.
+pub const DEFAULT_DRIVER_VERSION: i32 = 13000;
+pub const DEFAULT_CONTEXT_OVERHEAD: u64 = 300 << 20;
+
+pub struct Config {
+    pub name: String,
+    pub devices: u32,
+    pub memory: u64,
+    pub context_overhead: u64,
+    pub stream_delay: Duration,
+    pub driver_version: i32,
+    /// (base name or "*", latency)
+    pub latency: Vec<(String, Duration)>,
+    pub fail: Vec<FailRule>,
+}
+
+pub static CONFIG: LazyLock<Config> = LazyLock::new(Config::from_env);
+
+impl Config {
+    fn from_env() -> Self {
+        let name = match std::env::var("VRAMSIM_NAME") {
+            Ok(v) if !v.is_empty() && v.len() <= 200 => v,
+            Ok(v) if !v.is_empty() => {
+                vramsim_devstate::parse::warn_bad(
+                    "VRAMSIM_NAME",
+                    &v,
+                    "a device name of at most 200 characters",
+                );
+                DEFAULT_NAME.to_string()
+            }
+            _ => DEFAULT_NAME.to_string(),
+        };
+        let devices = env_or(
+            "VRAMSIM_DEVICES",
+            DEFAULT_DEVICES,
+            "a device count from 1 to 16",
+            |s| {
+                s.trim()
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|n| (1..=MAX_DEVICES as u32).contains(n))
+            },
+        );
+        let memory = env_or("VRAMSIM_MEMORY", DEFAULT_MEMORY, SIZE_FORMS, |s| {
+            parse_size(s).filter(|n| *n >= 2 << 20)
+        });
+        let context_overhead = env_or(
+            "VRAMSIM_CONTEXT_OVERHEAD",
+            DEFAULT_CONTEXT_OVERHEAD,
+            SIZE_FORMS,
+            parse_size,
+        );
+        let stream_delay = env_or(
+            "VRAMSIM_STREAM_DELAY",
+            Duration::ZERO,
+            DURATION_FORMS,
+            parse_duration,
+        );
+        let driver_version = env_or(
+            "VRAMSIM_DRIVER_VERSION",
+            DEFAULT_DRIVER_VERSION,
+            "a CUDA version number such as 12080 or 13000",
+            |s| {
+                s.trim()
+                    .parse::<i32>()
+                    .ok()
+                    .filter(|v| (2000..100000).contains(v))
+            },
+        );
+        let latency = env_or(
+            "VRAMSIM_LATENCY",
+            Vec::new(),
+            "a comma-separated list of NAME=DURATION, e.g. cuMemAlloc=20us,cuMemMap=5us,*=1us",
+            parse_latency,
+        );
+        let fail = env_or(
+            "VRAMSIM_FAIL",
+            Vec::new(),
+            "a comma-separated list of NAME:nth=N or NAME:after=SIZE, e.g. cuMemCreate:nth=10,cuMemAlloc:after=4GiB",
+            parse_fail,
+        );
+        Self {
+            name,
+            devices,
+            memory,
+            context_overhead,
+            stream_delay,
+            driver_version,
+            latency,
+            fail,
+        }
+    }
+}

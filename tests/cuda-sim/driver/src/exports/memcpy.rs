@@ -1,0 +1,198 @@
+//! Copies and memsets. Device pointers are host addresses, so a copy is a memmove run on the
+//! stream's worker; the synchronous forms run on the default stream (legacy, or per-thread for
+//! `_ptds`) and wait for it, which orders them after earlier blocking-stream work as CUDA does.
+
+use std::ffi::{c_uint, c_void};
+use std::time::Duration;
+
+use crate::abi::*;
+use crate::cu_api;
+use crate::mem;
+use crate::stream::{self, SendPtr};
+use crate::vmm;
+
+/// A device range must lie in one allocation or an accessible mapping.
+pub fn check_dev(ptr: u64, len: usize) -> Res {
+    if len == 0 || mem::contains(ptr, len as u64) || vmm::accessible(ptr, len as u64) {
+        Ok(())
+    } else {
+        Err(CUDA_ERROR_INVALID_VALUE)
+    }
+}
+
+fn check_host(ptr: u64, len: usize) -> Res {
+    if ptr == 0 && len > 0 {
+        Err(CUDA_ERROR_INVALID_VALUE)
+    } else {
+        Ok(())
+    }
+}
+
+fn copy_work(dst: u64, src: u64, n: usize) -> Box<dyn FnOnce() + Send> {
+    let (d, s) = (SendPtr(dst as usize), SendPtr(src as usize));
+    Box::new(move || {
+        let (d, s) = (d, s);
+        if n > 0 {
+            // SAFETY: both ranges were validated (device) or given by the caller (host) and
+            // stay valid until the stream reaches this copy, per CUDA's rules.
+            unsafe { std::ptr::copy(s.0 as *const u8, d.0 as *mut u8, n) };
+        }
+    })
+}
+
+fn fill_work(dst: u64, value: u32, width: usize, count: usize) -> Box<dyn FnOnce() + Send> {
+    let d = SendPtr(dst as usize);
+    Box::new(move || {
+        let d = d;
+        // SAFETY: the range was validated against a device allocation.
+        unsafe {
+            match width {
+                1 => std::ptr::write_bytes(d.0 as *mut u8, value as u8, count),
+                2 => {
+                    let p = d.0 as *mut u16;
+                    for i in 0..count {
+                        p.add(i).write_unaligned(value as u16);
+                    }
+                }
+                _ => {
+                    let p = d.0 as *mut u32;
+                    for i in 0..count {
+                        p.add(i).write_unaligned(value);
+                    }
+                }
+            }
+        }
+    })
+}
+
+#[derive(Clone, Copy)]
+enum Dir {
+    HtoD,
+    DtoH,
+    DtoD,
+    Any,
+}
+
+fn validate(dir: Dir, dst: u64, src: u64, n: usize) -> Res {
+    match dir {
+        Dir::HtoD => {
+            check_dev(dst, n)?;
+            check_host(src, n)
+        }
+        Dir::DtoH => {
+            check_host(dst, n)?;
+            check_dev(src, n)
+        }
+        Dir::DtoD => {
+            check_dev(dst, n)?;
+            check_dev(src, n)
+        }
+        Dir::Any => {
+            check_host(dst, n)?;
+            check_host(src, n)
+        }
+    }
+}
+
+fn copy_sync(dir: Dir, dst: u64, src: u64, n: usize, ptds: bool) -> Res {
+    let s = stream::resolve(std::ptr::null_mut(), ptds)?;
+    validate(dir, dst, src, n)?;
+    stream::run_sync(&s, copy_work(dst, src, n))
+}
+
+fn copy_async(dir: Dir, dst: u64, src: u64, n: usize, h: CUstream, ptds: bool) -> Res {
+    let s = stream::resolve(h, ptds)?;
+    validate(dir, dst, src, n)?;
+    stream::run_async(&s, Duration::ZERO, copy_work(dst, src, n))
+}
+
+fn set_sync(dst: u64, value: u32, width: usize, count: usize, ptds: bool) -> Res {
+    let s = stream::resolve(std::ptr::null_mut(), ptds)?;
+    check_dev(dst, count * width)?;
+    stream::run_sync(&s, fill_work(dst, value, width, count))
+}
+
+fn set_async(dst: u64, value: u32, width: usize, count: usize, h: CUstream, ptds: bool) -> Res {
+    let s = stream::resolve(h, ptds)?;
+    check_dev(dst, count * width)?;
+    stream::run_async(&s, Duration::ZERO, fill_work(dst, value, width, count))
+}
+
+type P = *mut c_void;
+type CP = *const c_void;
+type D = CUdeviceptr;
+
+cu_api! {
+    fn cuMemcpy(dst: D, src: D, n: usize) { copy_sync(Dir::Any, dst, src, n, false) }
+    fn cuMemcpy_ptds(dst: D, src: D, n: usize) { copy_sync(Dir::Any, dst, src, n, true) }
+    fn cuMemcpyHtoD_v2(dst: D, src: CP, n: usize) { copy_sync(Dir::HtoD, dst, src as u64, n, false) }
+    fn cuMemcpyHtoD_v2_ptds(dst: D, src: CP, n: usize) { copy_sync(Dir::HtoD, dst, src as u64, n, true) }
+    fn cuMemcpyDtoH_v2(dst: P, src: D, n: usize) { copy_sync(Dir::DtoH, dst as u64, src, n, false) }
+    fn cuMemcpyDtoH_v2_ptds(dst: P, src: D, n: usize) { copy_sync(Dir::DtoH, dst as u64, src, n, true) }
+    fn cuMemcpyDtoD_v2(dst: D, src: D, n: usize) { copy_sync(Dir::DtoD, dst, src, n, false) }
+    fn cuMemcpyDtoD_v2_ptds(dst: D, src: D, n: usize) { copy_sync(Dir::DtoD, dst, src, n, true) }
+    fn cuMemcpyPeer(dst: D, _dc: CUcontext, src: D, _sc: CUcontext, n: usize) {
+        copy_sync(Dir::DtoD, dst, src, n, false)
+    }
+    fn cuMemcpyPeer_ptds(dst: D, _dc: CUcontext, src: D, _sc: CUcontext, n: usize) {
+        copy_sync(Dir::DtoD, dst, src, n, true)
+    }
+
+    fn cuMemcpyAsync(dst: D, src: D, n: usize, s: CUstream) { copy_async(Dir::Any, dst, src, n, s, false) }
+    fn cuMemcpyAsync_ptsz(dst: D, src: D, n: usize, s: CUstream) { copy_async(Dir::Any, dst, src, n, s, true) }
+    fn cuMemcpyHtoDAsync_v2(dst: D, src: CP, n: usize, s: CUstream) {
+        copy_async(Dir::HtoD, dst, src as u64, n, s, false)
+    }
+    fn cuMemcpyHtoDAsync_v2_ptsz(dst: D, src: CP, n: usize, s: CUstream) {
+        copy_async(Dir::HtoD, dst, src as u64, n, s, true)
+    }
+    fn cuMemcpyDtoHAsync_v2(dst: P, src: D, n: usize, s: CUstream) {
+        copy_async(Dir::DtoH, dst as u64, src, n, s, false)
+    }
+    fn cuMemcpyDtoHAsync_v2_ptsz(dst: P, src: D, n: usize, s: CUstream) {
+        copy_async(Dir::DtoH, dst as u64, src, n, s, true)
+    }
+    fn cuMemcpyDtoDAsync_v2(dst: D, src: D, n: usize, s: CUstream) { copy_async(Dir::DtoD, dst, src, n, s, false) }
+    fn cuMemcpyDtoDAsync_v2_ptsz(dst: D, src: D, n: usize, s: CUstream) { copy_async(Dir::DtoD, dst, src, n, s, true) }
+    fn cuMemcpyPeerAsync(dst: D, _dc: CUcontext, src: D, _sc: CUcontext, n: usize, s: CUstream) {
+        copy_async(Dir::DtoD, dst, src, n, s, false)
+    }
+    fn cuMemcpyPeerAsync_ptsz(dst: D, _dc: CUcontext, src: D, _sc: CUcontext, n: usize, s: CUstream) {
+        copy_async(Dir::DtoD, dst, src, n, s, true)
+    }
+
+    fn cuMemsetD8_v2(dst: D, v: u8, n: usize) { set_sync(dst, v as u32, 1, n, false) }
+    fn cuMemsetD8_v2_ptds(dst: D, v: u8, n: usize) { set_sync(dst, v as u32, 1, n, true) }
+    fn cuMemsetD16_v2(dst: D, v: u16, n: usize) { set_sync(dst, v as u32, 2, n, false) }
+    fn cuMemsetD16_v2_ptds(dst: D, v: u16, n: usize) { set_sync(dst, v as u32, 2, n, true) }
+    fn cuMemsetD32_v2(dst: D, v: c_uint, n: usize) { set_sync(dst, v, 4, n, false) }
+    fn cuMemsetD32_v2_ptds(dst: D, v: c_uint, n: usize) { set_sync(dst, v, 4, n, true) }
+    fn cuMemsetD8Async(dst: D, v: u8, n: usize, s: CUstream) { set_async(dst, v as u32, 1, n, s, false) }
+    fn cuMemsetD8Async_ptsz(dst: D, v: u8, n: usize, s: CUstream) { set_async(dst, v as u32, 1, n, s, true) }
+    fn cuMemsetD16Async(dst: D, v: u16, n: usize, s: CUstream) { set_async(dst, v as u32, 2, n, s, false) }
+    fn cuMemsetD16Async_ptsz(dst: D, v: u16, n: usize, s: CUstream) { set_async(dst, v as u32, 2, n, s, true) }
+    fn cuMemsetD32Async(dst: D, v: c_uint, n: usize, s: CUstream) { set_async(dst, v, 4, n, s, false) }
+    fn cuMemsetD32Async_ptsz(dst: D, v: c_uint, n: usize, s: CUstream) { set_async(dst, v, 4, n, s, true) }
+}
+
+/// The kernels of `vramsimLaunchFill`/`vramsimLaunchCopy`: validated, delayed stream work.
+pub fn launch_fill(h: CUstream, dst: u64, value: u8, n: usize, delay_us: u32, ptds: bool) -> Res {
+    let s = stream::resolve(h, ptds)?;
+    check_dev(dst, n)?;
+    stream::run_async(
+        &s,
+        Duration::from_micros(delay_us as u64),
+        fill_work(dst, value as u32, 1, n),
+    )
+}
+
+pub fn launch_copy(h: CUstream, dst: u64, src: u64, n: usize, delay_us: u32, ptds: bool) -> Res {
+    let s = stream::resolve(h, ptds)?;
+    check_dev(dst, n)?;
+    check_dev(src, n)?;
+    stream::run_async(
+        &s,
+        Duration::from_micros(delay_us as u64),
+        copy_work(dst, src, n),
+    )
+}

@@ -1,0 +1,11 @@
+//! The exported C entry points, one module per API family. Every function is a real
+//! unversioned dynamic symbol, and cuGetProcAddress hands out these same addresses.
+
+pub mod ctx;
+pub mod device;
+pub mod extra;
+pub mod mem;
+pub mod memcpy;
+pub mod pool;
+pub mod stream;
+pub mod vmm;

@@ -1,0 +1,97 @@
+//! Stream-ordered allocation and memory pools.
+
+use std::ffi::{c_int, c_void};
+
+use crate::abi::*;
+use crate::ctx;
+use crate::cu_api;
+use crate::inject;
+use crate::pool;
+use crate::stream;
+
+fn alloc_async(
+    api: &str,
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    p: Option<CUmemoryPool>,
+    h: CUstream,
+    ptds: bool,
+) -> Res {
+    if dptr.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    stream::resolve(h, ptds)?;
+    inject::on_bytes(api, size as u64)?;
+    let ptr = pool::alloc(p, size as u64)?;
+    // SAFETY: C out-pointer, checked above.
+    unsafe { put(dptr, ptr) }
+}
+
+fn free_async(dptr: CUdeviceptr, h: CUstream, ptds: bool) -> Res {
+    let s = stream::resolve(h, ptds)?;
+    if dptr == 0 {
+        return Ok(());
+    }
+    pool::free_async(dptr, &s)
+}
+
+cu_api! {
+    fn cuMemAllocAsync(dptr: *mut CUdeviceptr, size: usize, s: CUstream) {
+        alloc_async("cuMemAllocAsync", dptr, size, None, s, false)
+    }
+    fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, s: CUstream) {
+        alloc_async("cuMemAllocAsync", dptr, size, None, s, true)
+    }
+    fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, size: usize, p: CUmemoryPool, s: CUstream) {
+        alloc_async("cuMemAllocFromPoolAsync", dptr, size, Some(p), s, false)
+    }
+    fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, p: CUmemoryPool, s: CUstream) {
+        alloc_async("cuMemAllocFromPoolAsync", dptr, size, Some(p), s, true)
+    }
+    fn cuMemFreeAsync(dptr: CUdeviceptr, s: CUstream) { free_async(dptr, s, false) }
+    fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, s: CUstream) { free_async(dptr, s, true) }
+
+    fn cuMemPoolCreate(out: *mut CUmemoryPool, props: *const CUmemPoolProps) {
+        ctx::current_device()?;
+        // SAFETY: C input struct.
+        let props = unsafe { get(props) }?;
+        if props.location.type_ != CU_MEM_LOCATION_TYPE_DEVICE || out.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let p = pool::create(props.location.id)?;
+        // SAFETY: C out-pointer, checked above.
+        unsafe { put(out, p) }
+    }
+
+    fn cuMemPoolDestroy(p: CUmemoryPool) {
+        stream::synchronize_all();
+        pool::destroy(p)
+    }
+
+    fn cuMemPoolTrimTo(p: CUmemoryPool, keep: usize) {
+        pool::trim_to(p, keep as u64)
+    }
+
+    fn cuMemPoolSetAttribute(p: CUmemoryPool, attr: c_int, value: *mut c_void) {
+        if value.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: value points to an int or a cuuint64_t depending on attr (C contract).
+        let v = unsafe {
+            if pool::is_int_attr(attr) { *value.cast::<c_int>() as u64 } else { *value.cast::<u64>() }
+        };
+        pool::set_attr(p, attr, v)
+    }
+
+    fn cuMemPoolGetAttribute(p: CUmemoryPool, attr: c_int, value: *mut c_void) {
+        let v = pool::get_attr(p, attr)?;
+        // SAFETY: value points to an int or a cuuint64_t depending on attr (C contract).
+        unsafe {
+            if pool::is_int_attr(attr) { put(value.cast::<c_int>(), v as c_int) } else { put(value.cast::<u64>(), v) }
+        }
+    }
+
+    fn cuMemPoolSetAccess(_p: CUmemoryPool, _map: *const CUmemAccessDesc, _count: usize) {
+        Ok(())
+    }
+}

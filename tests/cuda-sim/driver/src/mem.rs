@@ -1,0 +1,287 @@
+//! Linear device memory (cuMemAlloc & co) and pinned host memory.
+//!
+//! Device memory is host memory mapped with mmap, so device pointers are host addresses and
+//! copies are memcpy. Charging follows a real driver's packing: a request below 2 MiB is
+//! placed in a shared 2 MiB page (512-byte units, first fit), and the page is charged while
+//! any allocation lives in it; larger requests are rounded up to 2 MiB multiples and charged
+//! as such.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use crate::abi::{CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY, CUresult, Res};
+use crate::state;
+
+pub const PAGE: u64 = 2 << 20;
+pub const UNIT: u64 = 512;
+const UNITS: usize = (PAGE / UNIT) as usize;
+const WORDS: usize = UNITS / 64;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Device,
+    Managed,
+    /// From a memory pool (cuMemAllocAsync/FromPoolAsync), with the pool's id.
+    Pool(u64),
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Backing {
+    Whole {
+        len: u64,
+    },
+    InPage {
+        page: u64,
+        first: usize,
+        units: usize,
+    },
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Alloc {
+    pub size: u64,
+    pub dev: i32,
+    pub kind: Kind,
+    backing: Backing,
+}
+
+struct Page {
+    dev: i32,
+    bits: [u64; WORDS],
+    used: usize,
+}
+
+impl Page {
+    fn is_free(&self, u: usize) -> bool {
+        self.bits[u / 64] & (1 << (u % 64)) == 0
+    }
+    fn set(&mut self, first: usize, n: usize, on: bool) {
+        for u in first..first + n {
+            if on {
+                self.bits[u / 64] |= 1 << (u % 64);
+            } else {
+                self.bits[u / 64] &= !(1 << (u % 64));
+            }
+        }
+        if on {
+            self.used += n;
+        } else {
+            self.used -= n;
+        }
+    }
+    fn find(&self, n: usize) -> Option<usize> {
+        if UNITS - self.used < n {
+            return None;
+        }
+        let mut run = 0;
+        for u in 0..UNITS {
+            if self.is_free(u) {
+                run += 1;
+                if run == n {
+                    return Some(u + 1 - n);
+                }
+            } else {
+                run = 0;
+            }
+        }
+        None
+    }
+}
+
+#[derive(Default)]
+struct Mem {
+    allocs: BTreeMap<u64, Alloc>,
+    pages: BTreeMap<u64, Page>,
+    /// Pinned host allocations: base -> length.
+    host: BTreeMap<u64, u64>,
+}
+
+static MEM: Mutex<Mem> = Mutex::new(Mem {
+    allocs: BTreeMap::new(),
+    pages: BTreeMap::new(),
+    host: BTreeMap::new(),
+});
+
+fn mem() -> std::sync::MutexGuard<'static, Mem> {
+    MEM.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn map_anon(len: u64) -> Result<u64, CUresult> {
+    // SAFETY: a fresh private anonymous mapping; NORESERVE so a large simulated device does
+    // not need as much committed host memory.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    Ok(p as u64)
+}
+
+fn unmap(addr: u64, len: u64) {
+    // SAFETY: addr/len is a mapping this module created and nothing else refers to.
+    unsafe { libc::munmap(addr as *mut libc::c_void, len as usize) };
+}
+
+pub fn round_up(n: u64, to: u64) -> u64 {
+    n.div_ceil(to) * to
+}
+
+/// Allocates `size` bytes of device memory on `dev`, charging the device.
+pub fn alloc(dev: i32, size: u64, kind: Kind) -> Result<u64, CUresult> {
+    if size == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let mut m = mem();
+    if size < PAGE {
+        let units = size.div_ceil(UNIT) as usize;
+        let spot = m
+            .pages
+            .iter()
+            .filter(|(_, p)| p.dev == dev)
+            .find_map(|(b, p)| p.find(units).map(|f| (*b, f)));
+        let (page, first) = match spot {
+            Some(s) => s,
+            None => {
+                state::charge(dev, PAGE)?;
+                let base = match map_anon(PAGE) {
+                    Ok(b) => b,
+                    Err(e) => {
+                        state::uncharge(dev, PAGE);
+                        return Err(e);
+                    }
+                };
+                m.pages.insert(
+                    base,
+                    Page {
+                        dev,
+                        bits: [0; WORDS],
+                        used: 0,
+                    },
+                );
+                (base, 0)
+            }
+        };
+        if let Some(p) = m.pages.get_mut(&page) {
+            p.set(first, units, true);
+        }
+        let ptr = page + first as u64 * UNIT;
+        m.allocs.insert(
+            ptr,
+            Alloc {
+                size,
+                dev,
+                kind,
+                backing: Backing::InPage { page, first, units },
+            },
+        );
+        Ok(ptr)
+    } else {
+        let len = round_up(size, PAGE);
+        state::charge(dev, len)?;
+        let ptr = match map_anon(len) {
+            Ok(p) => p,
+            Err(e) => {
+                state::uncharge(dev, len);
+                return Err(e);
+            }
+        };
+        m.allocs.insert(
+            ptr,
+            Alloc {
+                size,
+                dev,
+                kind,
+                backing: Backing::Whole { len },
+            },
+        );
+        Ok(ptr)
+    }
+}
+
+/// Frees the allocation starting at `ptr` if it is of an accepted kind.
+pub fn free(ptr: u64, accept: impl Fn(Kind) -> bool) -> Result<Alloc, CUresult> {
+    let mut m = mem();
+    match m.allocs.get(&ptr) {
+        Some(a) if accept(a.kind) => {}
+        _ => return Err(CUDA_ERROR_INVALID_VALUE),
+    }
+    let a = m.allocs.remove(&ptr).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    release(&mut m, ptr, &a);
+    Ok(a)
+}
+
+fn release(m: &mut Mem, ptr: u64, a: &Alloc) {
+    match a.backing {
+        Backing::Whole { len } => {
+            unmap(ptr, len);
+            state::uncharge(a.dev, len);
+        }
+        Backing::InPage { page, first, units } => {
+            let empty = m.pages.get_mut(&page).is_some_and(|p| {
+                p.set(first, units, false);
+                p.used == 0
+            });
+            if empty {
+                m.pages.remove(&page);
+                unmap(page, PAGE);
+                state::uncharge(a.dev, PAGE);
+            }
+        }
+    }
+}
+
+/// Everything of `dev` goes (primary context reset / destroy).
+pub fn free_all_on_device(dev: i32) {
+    let mut m = mem();
+    let doomed: Vec<(u64, Alloc)> = m
+        .allocs
+        .iter()
+        .filter(|(_, a)| a.dev == dev)
+        .map(|(p, a)| (*p, *a))
+        .collect();
+    for (p, a) in doomed {
+        m.allocs.remove(&p);
+        release(&mut m, p, &a);
+    }
+}
+
+/// The allocation containing `ptr`: (base, allocation).
+pub fn find(ptr: u64) -> Option<(u64, Alloc)> {
+    let m = mem();
+    let (b, a) = m.allocs.range(..=ptr).next_back()?;
+    (ptr < b + a.size.max(1)).then_some((*b, *a))
+}
+
+/// Whether `[ptr, ptr+len)` lies in one device allocation.
+pub fn contains(ptr: u64, len: u64) -> bool {
+    find(ptr).is_some_and(|(b, a)| ptr + len <= b + a.size)
+}
+
+/// Pinned host memory: not charged to any device.
+pub fn host_alloc(size: u64) -> Result<u64, CUresult> {
+    let len = round_up(size.max(1), 4096);
+    let p = map_anon(len)?;
+    mem().host.insert(p, len);
+    Ok(p)
+}
+
+pub fn host_free(ptr: u64) -> Res {
+    let len = mem().host.remove(&ptr).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    unmap(ptr, len);
+    Ok(())
+}
+
+/// The pinned host allocation containing `ptr`: (base, length).
+pub fn host_find(ptr: u64) -> Option<(u64, u64)> {
+    let m = mem();
+    let (b, l) = m.host.range(..=ptr).next_back()?;
+    (ptr < b + l).then_some((*b, *l))
+}

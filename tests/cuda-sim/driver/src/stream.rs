@@ -1,0 +1,531 @@
+//! Streams, events and stream capture.
+//!
+//! Each stream is a worker thread draining a FIFO of operations; an operation may wait on
+//! other streams' work or on events first, then sleeps the injected delay
+//! (`VRAMSIM_STREAM_DELAY` plus its own), then runs. The legacy default stream synchronises
+//! with the blocking streams of its device as CUDA's does: work on it waits for everything
+//! already submitted to blocking streams, and work on a blocking stream waits for everything
+//! already submitted to it. The per-thread default stream is a blocking stream per thread.
+//!
+//! Capture only tracks status: work submitted to a capturing stream is recorded as captured
+//! (counted) and not executed, and a capture-unsafe call (a synchronization, cuMemAlloc or
+//! cuMemFree) made while a global-mode capture is active invalidates it and returns
+//! CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, as CUDA does.
+
+use std::collections::{HashMap, VecDeque};
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, LazyLock, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::abi::*;
+use crate::config::CONFIG;
+use crate::ctx;
+use crate::inject::delay;
+
+const STREAM_BASE: usize = 0x7c5e_0000_0000;
+const EVENT_BASE: usize = 0x7cee_0000_0000;
+const STEP: usize = 0x100;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamKind {
+    Legacy,
+    PerThread,
+    User,
+}
+
+type Work = Box<dyn FnOnce() + Send>;
+
+pub enum Dep {
+    Stream(Arc<Stream>, u64),
+    Event(Arc<Event>, u64),
+}
+
+struct Op {
+    ticket: u64,
+    deps: Vec<Dep>,
+    delay: Duration,
+    work: Work,
+}
+
+#[derive(Default)]
+struct Queue {
+    ops: VecDeque<Op>,
+    submitted: u64,
+    completed: u64,
+    closing: bool,
+}
+
+#[derive(Clone, Copy, Default)]
+pub struct Capture {
+    pub status: c_int,
+    pub id: u64,
+    pub mode: c_int,
+    pub thread: i32,
+    pub captured_ops: u64,
+}
+
+pub struct Stream {
+    pub handle: usize,
+    pub dev: i32,
+    pub flags: u32,
+    pub priority: i32,
+    pub kind: StreamKind,
+    q: Mutex<Queue>,
+    cv: Condvar,
+    capture: Mutex<Capture>,
+}
+
+pub struct Event {
+    pub flags: u32,
+    st: Mutex<EvState>,
+    cv: Condvar,
+}
+
+#[derive(Default)]
+struct EvState {
+    recorded: u64,
+    completed: u64,
+    time: Option<Instant>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+struct Registry {
+    streams: HashMap<usize, Arc<Stream>>,
+    legacy: HashMap<i32, Arc<Stream>>,
+    per_thread: HashMap<(i32, i32), Arc<Stream>>,
+    events: HashMap<usize, Arc<Event>>,
+}
+
+static REG: LazyLock<Mutex<Registry>> = LazyLock::new(|| {
+    Mutex::new(Registry {
+        streams: HashMap::new(),
+        legacy: HashMap::new(),
+        per_thread: HashMap::new(),
+        events: HashMap::new(),
+    })
+});
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+static ACTIVE_CAPTURES: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    static CAPTURE_MODE: std::cell::Cell<c_int> = const { std::cell::Cell::new(CU_STREAM_CAPTURE_MODE_GLOBAL) };
+}
+
+fn tid() -> i32 {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::gettid() }
+}
+
+impl Stream {
+    fn spawn(dev: i32, flags: u32, priority: i32, kind: StreamKind) -> Arc<Stream> {
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed) as usize;
+        let s = Arc::new(Stream {
+            handle: STREAM_BASE + id * STEP,
+            dev,
+            flags,
+            priority,
+            kind,
+            q: Mutex::new(Queue::default()),
+            cv: Condvar::new(),
+            capture: Mutex::new(Capture::default()),
+        });
+        let w = s.clone();
+        std::thread::Builder::new()
+            .name(format!("vramsim-stream-{id}"))
+            .spawn(move || w.run())
+            .expect("spawn stream worker");
+        s
+    }
+
+    fn run(&self) {
+        loop {
+            let op = {
+                let mut q = lock(&self.q);
+                loop {
+                    if let Some(op) = q.ops.pop_front() {
+                        break op;
+                    }
+                    if q.closing {
+                        return;
+                    }
+                    q = self.cv.wait(q).unwrap_or_else(|e| e.into_inner());
+                }
+            };
+            for d in &op.deps {
+                match d {
+                    Dep::Stream(s, t) => s.wait_for(*t),
+                    Dep::Event(e, g) => e.wait_for(*g),
+                }
+            }
+            delay(CONFIG.stream_delay + op.delay);
+            (op.work)();
+            let mut q = lock(&self.q);
+            q.completed = op.ticket;
+            self.cv.notify_all();
+        }
+    }
+
+    fn wait_for(&self, ticket: u64) {
+        let mut q = lock(&self.q);
+        while q.completed < ticket {
+            q = self.cv.wait(q).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    fn blocking(&self) -> bool {
+        self.flags & CU_STREAM_NON_BLOCKING == 0
+    }
+
+    fn pending_ticket(&self) -> Option<u64> {
+        let q = lock(&self.q);
+        (q.submitted > q.completed).then_some(q.submitted)
+    }
+
+    pub fn capture(&self) -> Capture {
+        *lock(&self.capture)
+    }
+
+    /// Queues `work` after the implicit dependencies of the legacy stream semantics. Returns
+    /// the op's ticket, or None when the stream is capturing (the work is not executed).
+    pub fn submit(
+        self: &Arc<Self>,
+        mut deps: Vec<Dep>,
+        extra: Duration,
+        work: Work,
+    ) -> Option<u64> {
+        {
+            let mut c = lock(&self.capture);
+            if c.status != CU_STREAM_CAPTURE_STATUS_NONE {
+                c.captured_ops += 1;
+                return None;
+            }
+        }
+        if self.kind == StreamKind::Legacy {
+            for s in blocking_streams(self.dev) {
+                if let Some(t) = s.pending_ticket() {
+                    deps.push(Dep::Stream(s, t));
+                }
+            }
+        } else if self.blocking()
+            && let Some(l) = lock(&REG).legacy.get(&self.dev).cloned()
+            && let Some(t) = l.pending_ticket()
+        {
+            deps.push(Dep::Stream(l, t));
+        }
+        let mut q = lock(&self.q);
+        q.submitted += 1;
+        let ticket = q.submitted;
+        q.ops.push_back(Op {
+            ticket,
+            deps,
+            delay: extra,
+            work,
+        });
+        self.cv.notify_all();
+        Some(ticket)
+    }
+
+    pub fn synchronize(&self) {
+        let t = lock(&self.q).submitted;
+        self.wait_for(t);
+    }
+
+    pub fn idle(&self) -> bool {
+        let q = lock(&self.q);
+        q.completed >= q.submitted
+    }
+
+    fn close(&self) {
+        lock(&self.q).closing = true;
+        self.cv.notify_all();
+    }
+}
+
+fn blocking_streams(dev: i32) -> Vec<Arc<Stream>> {
+    let r = lock(&REG);
+    r.streams
+        .values()
+        .chain(r.per_thread.values())
+        .filter(|s| s.dev == dev && s.blocking())
+        .cloned()
+        .collect()
+}
+
+fn all_streams() -> Vec<Arc<Stream>> {
+    let r = lock(&REG);
+    r.streams
+        .values()
+        .chain(r.per_thread.values())
+        .chain(r.legacy.values())
+        .cloned()
+        .collect()
+}
+
+pub fn legacy(dev: i32) -> Arc<Stream> {
+    let mut r = lock(&REG);
+    r.legacy
+        .entry(dev)
+        .or_insert_with(|| Stream::spawn(dev, 0, 0, StreamKind::Legacy))
+        .clone()
+}
+
+pub fn per_thread(dev: i32) -> Arc<Stream> {
+    let mut r = lock(&REG);
+    r.per_thread
+        .entry((tid(), dev))
+        .or_insert_with(|| Stream::spawn(dev, 0, 0, StreamKind::PerThread))
+        .clone()
+}
+
+/// Resolves a stream handle; `ptds` is set for the `_ptsz`/`_ptds` entry points, where the
+/// NULL stream means the per-thread default stream.
+pub fn resolve(h: CUstream, ptds: bool) -> Result<Arc<Stream>, CUresult> {
+    match h as usize {
+        0 if ptds => Ok(per_thread(ctx::current_device()?)),
+        0 | CU_STREAM_LEGACY => Ok(legacy(ctx::current_device()?)),
+        CU_STREAM_PER_THREAD => Ok(per_thread(ctx::current_device()?)),
+        v => lock(&REG)
+            .streams
+            .get(&v)
+            .cloned()
+            .ok_or(CUDA_ERROR_INVALID_HANDLE),
+    }
+}
+
+pub fn create(flags: u32, priority: i32) -> Result<CUstream, CUresult> {
+    let dev = ctx::current_device()?;
+    let s = Stream::spawn(dev, flags, priority.clamp(-5, 0), StreamKind::User);
+    let h = s.handle;
+    lock(&REG).streams.insert(h, s);
+    Ok(h as CUstream)
+}
+
+pub fn destroy(h: CUstream) -> Res {
+    let s = lock(&REG)
+        .streams
+        .remove(&(h as usize))
+        .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    if s.capture().status != CU_STREAM_CAPTURE_STATUS_NONE {
+        ACTIVE_CAPTURES.fetch_sub(1, Ordering::AcqRel);
+    }
+    s.close();
+    Ok(())
+}
+
+/// Waits until every stream of the process is idle (cuCtxSynchronize, cuMemFree).
+pub fn synchronize_all() {
+    for s in all_streams() {
+        s.synchronize();
+    }
+}
+
+/// Submits `work` and waits for it (synchronous copies and memsets).
+pub fn run_sync(s: &Arc<Stream>, work: Work) -> Res {
+    capture_unsafe_check(Some(s))?;
+    if let Some(t) = s.submit(Vec::new(), Duration::ZERO, work) {
+        s.wait_for(t);
+    }
+    Ok(())
+}
+
+/// Submits `work` asynchronously.
+pub fn run_async(s: &Arc<Stream>, extra: Duration, work: Work) -> Res {
+    s.submit(Vec::new(), extra, work);
+    Ok(())
+}
+
+// ---- capture ----
+
+pub fn begin_capture(s: &Arc<Stream>, mode: c_int) -> Res {
+    if s.kind == StreamKind::Legacy {
+        return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    }
+    if !(0..=2).contains(&mode) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let mut c = lock(&s.capture);
+    if c.status != CU_STREAM_CAPTURE_STATUS_NONE {
+        return Err(CUDA_ERROR_ILLEGAL_STATE);
+    }
+    *c = Capture {
+        status: CU_STREAM_CAPTURE_STATUS_ACTIVE,
+        id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+        mode,
+        thread: tid(),
+        captured_ops: 0,
+    };
+    ACTIVE_CAPTURES.fetch_add(1, Ordering::AcqRel);
+    Ok(())
+}
+
+pub const CUDA_ERROR_ILLEGAL_STATE: CUresult = 401;
+
+/// Ends a capture; returns a dummy graph handle (graphs are not simulated).
+pub fn end_capture(s: &Arc<Stream>) -> Result<*mut c_void, CUresult> {
+    let mut c = lock(&s.capture);
+    let prev = *c;
+    if prev.status == CU_STREAM_CAPTURE_STATUS_NONE {
+        return Err(CUDA_ERROR_ILLEGAL_STATE);
+    }
+    if prev.mode == CU_STREAM_CAPTURE_MODE_THREAD_LOCAL && prev.thread != tid() {
+        return Err(CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD);
+    }
+    *c = Capture::default();
+    ACTIVE_CAPTURES.fetch_sub(1, Ordering::AcqRel);
+    if prev.status == CU_STREAM_CAPTURE_STATUS_INVALIDATED {
+        return Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    }
+    Ok((0x7c9a_0000_0000usize + prev.id as usize * STEP) as *mut c_void)
+}
+
+pub fn exchange_capture_mode(mode: c_int) -> Result<c_int, CUresult> {
+    if !(0..=2).contains(&mode) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok(CAPTURE_MODE.with(|m| m.replace(mode)))
+}
+
+/// A potentially unsafe call (synchronization, allocation, free) during capture: invalidates
+/// the captures it would break and fails, as CUDA does. `on` is the stream the call targets.
+pub fn capture_unsafe_check(on: Option<&Arc<Stream>>) -> Res {
+    if ACTIVE_CAPTURES.load(Ordering::Acquire) == 0 {
+        return Ok(());
+    }
+    if let Some(s) = on {
+        let mut c = lock(&s.capture);
+        if c.status == CU_STREAM_CAPTURE_STATUS_ACTIVE && s.kind != StreamKind::Legacy {
+            c.status = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+            return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+        }
+    }
+    if CAPTURE_MODE.try_with(|m| m.get()).unwrap_or(0) == CU_STREAM_CAPTURE_MODE_RELAXED {
+        return Ok(());
+    }
+    let me = tid();
+    let mut hit = false;
+    for s in all_streams() {
+        let mut c = lock(&s.capture);
+        let applies = c.status == CU_STREAM_CAPTURE_STATUS_ACTIVE
+            && (c.mode == CU_STREAM_CAPTURE_MODE_GLOBAL
+                || (c.mode == CU_STREAM_CAPTURE_MODE_THREAD_LOCAL && c.thread == me));
+        if applies {
+            c.status = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+            hit = true;
+        }
+    }
+    if hit {
+        Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
+    } else {
+        Ok(())
+    }
+}
+
+// ---- events ----
+
+pub fn event_create(flags: u32) -> CUevent {
+    let id = NEXT_ID.fetch_add(1, Ordering::Relaxed) as usize;
+    let h = EVENT_BASE + id * STEP;
+    let e = Arc::new(Event {
+        flags,
+        st: Mutex::new(EvState::default()),
+        cv: Condvar::new(),
+    });
+    lock(&REG).events.insert(h, e);
+    h as CUevent
+}
+
+pub fn event(h: CUevent) -> Result<Arc<Event>, CUresult> {
+    lock(&REG)
+        .events
+        .get(&(h as usize))
+        .cloned()
+        .ok_or(CUDA_ERROR_INVALID_HANDLE)
+}
+
+pub fn event_destroy(h: CUevent) -> Res {
+    lock(&REG)
+        .events
+        .remove(&(h as usize))
+        .map(|_| ())
+        .ok_or(CUDA_ERROR_INVALID_HANDLE)
+}
+
+impl Event {
+    fn wait_for(&self, gen_: u64) {
+        let mut st = lock(&self.st);
+        while st.completed < gen_ {
+            st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    pub fn record(self: &Arc<Self>, s: &Arc<Stream>) {
+        if s.capture().status != CU_STREAM_CAPTURE_STATUS_NONE {
+            return;
+        }
+        let g = {
+            let mut st = lock(&self.st);
+            st.recorded += 1;
+            st.recorded
+        };
+        let e = self.clone();
+        let queued = s.submit(
+            Vec::new(),
+            Duration::ZERO,
+            Box::new(move || {
+                let mut st = lock(&e.st);
+                if st.completed < g {
+                    st.completed = g;
+                    st.time = Some(Instant::now());
+                }
+                e.cv.notify_all();
+            }),
+        );
+        if queued.is_none() {
+            // Lost a race with a capture starting: nothing will complete it.
+            let mut st = lock(&self.st);
+            st.completed = st.completed.max(g);
+        }
+    }
+
+    pub fn is_complete(&self) -> bool {
+        let st = lock(&self.st);
+        st.completed >= st.recorded
+    }
+
+    pub fn synchronize(&self) {
+        let g = lock(&self.st).recorded;
+        self.wait_for(g);
+    }
+
+    /// Makes `s` wait for the event's latest record.
+    pub fn wait_on(self: &Arc<Self>, s: &Arc<Stream>) {
+        let g = lock(&self.st).recorded;
+        if g == 0 {
+            return;
+        }
+        s.submit(
+            vec![Dep::Event(self.clone(), g)],
+            Duration::ZERO,
+            Box::new(|| {}),
+        );
+    }
+
+    pub fn time(&self) -> Result<Instant, CUresult> {
+        let st = lock(&self.st);
+        if st.recorded == 0 {
+            return Err(CUDA_ERROR_INVALID_HANDLE);
+        }
+        if st.completed < st.recorded {
+            return Err(CUDA_ERROR_NOT_READY);
+        }
+        st.time.ok_or(CUDA_ERROR_INVALID_HANDLE)
+    }
+}
+
+/// Host pointers carried to a worker thread.
+#[derive(Clone, Copy)]
+pub struct SendPtr(pub usize);
