@@ -1,13 +1,49 @@
 //! Test support shared by every crate's integration tests.
+//!
+//! ```no_run
+//! use vramshim_testkit::{Link, compile_c, sim_command, run};
+//! let exe = compile_c("hello", &["tests/workloads/sim/alloc_basic.c"], Link::SharedRuntime);
+//! let out = run(sim_command(&exe, "hello").arg("1MiB"));
+//! out.assert_success();
+//! ```
+//!
+//! * Where things are: [`profile_dir`], [`repo_root`], [`interposer_lib`], [`sim_dir`]
+//!   (the simulated GPU's libraries under their real names, laid out on first use),
+//!   [`workloads_include`].
+//! * Building C programs: [`compile_c`] with a [`Link`] mode, [`replay_exe`].
+//! * Running on the simulated GPU: [`sim_env`] / [`sim_command`] (LD_LIBRARY_PATH + a unique
+//!   `VRAMSIM_NAME`), [`preload`] (adds a library to `LD_PRELOAD`), [`run`] /
+//!   [`run_with_preload`] returning a [`RunOutput`].
+//! * Scratch space: [`temp_dir`], [`unique_name`].
+//!
+//! The simulated GPU libraries come from cargo's outputs in [`profile_dir`]
+//! (`libvramsim_driver.so`, `libvramsim_runtime12.so`, ...); `scripts/test` builds the whole
+//! workspace first. When running one crate's tests alone, build them first:
+//! `cargo build --release -p vramsim-driver -p vramsim-nvml -p vramsim-runtime12
+//! -p vramsim-runtime13 -p vramsim-runtime-static`.
 
-use std::path::PathBuf;
+mod layout;
+mod proc;
+
+pub use layout::{SIM_FILES, lay_out, sim_dir};
+pub use proc::{RunOutput, preload, run, run_with_preload, sim_command, sim_env};
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// `target/<profile>` of the running test binary, whatever `CARGO_TARGET_DIR` is.
 pub fn profile_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
-    // target/<profile>/deps/<test-binary>
-    let deps = exe.parent().expect("deps dir");
-    deps.parent().expect("profile dir").to_path_buf()
+    let dir = exe.parent().expect("exe dir");
+    // target/<profile>/deps/<test-binary>, or target/<profile>/<binary> for a bin.
+    if dir
+        .file_name()
+        .is_some_and(|n| n == "deps" || n == "examples")
+    {
+        dir.parent().expect("profile dir").to_path_buf()
+    } else {
+        dir.to_path_buf()
+    }
 }
 
 /// The repository root.
@@ -21,4 +57,139 @@ pub fn repo_root() -> PathBuf {
 /// Path of the built `libvramshim.so`.
 pub fn interposer_lib() -> PathBuf {
     profile_dir().join("libvramshim.so")
+}
+
+/// `tests/workloads/include` (holds `cuda_api.h`).
+pub fn workloads_include() -> PathBuf {
+    repo_root().join("tests/workloads/include")
+}
+
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+/// A name unique to this process and call: `<prefix>-<pid>-<n>` (prefix cut to 32 chars).
+/// Use it for `VRAMSIM_NAME`, `VRAMSHIM_SHARED`, file names.
+pub fn unique_name(prefix: &str) -> String {
+    let p: String = prefix
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(32)
+        .collect();
+    format!(
+        "{p}-{}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A fresh empty directory `<profile>/testkit-tmp/<unique_name(name)>` for one test.
+pub fn temp_dir(name: &str) -> PathBuf {
+    let d = profile_dir().join("testkit-tmp").join(unique_name(name));
+    std::fs::create_dir_all(&d).expect("create temp dir");
+    d
+}
+
+/// How [`compile_c`] links a C program.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Link {
+    /// Against the simulated `libcudart.so.12` (`-l:libcudart.so.12`, no rpath): runs with
+    /// `LD_LIBRARY_PATH=<sim_dir>`, as a program built with nvcc `-cudart shared` would.
+    SharedRuntime,
+    /// Against the simulated `libcudart.so.13`.
+    SharedRuntime13,
+    /// Against `libcudart_static.a` (nvcc's default): the runtime is inside the executable
+    /// and reaches `libcuda.so.1` through `dlopen`.
+    StaticRuntime,
+    /// Only `-ldl -lpthread`: the program `dlopen`s the runtime or the driver itself.
+    Dl,
+    /// Against `libcuda.so.1` (`-l:libcuda.so.1`): a driver-API program.
+    Driver,
+}
+
+impl Link {
+    fn args(self, sim: &Path) -> Vec<String> {
+        let l = |s: &str| s.to_string();
+        let mut v = match self {
+            Link::SharedRuntime => vec![format!("-L{}", sim.display()), l("-l:libcudart.so.12")],
+            Link::SharedRuntime13 => vec![format!("-L{}", sim.display()), l("-l:libcudart.so.13")],
+            Link::StaticRuntime => vec![
+                sim.join("libcudart_static.a").display().to_string(),
+                l("-lrt"),
+                l("-lm"),
+                l("-lgcc_s"),
+            ],
+            Link::Dl => vec![],
+            Link::Driver => vec![format!("-L{}", sim.display()), l("-l:libcuda.so.1")],
+        };
+        v.extend([l("-ldl"), l("-lpthread")]);
+        v
+    }
+}
+
+/// Compiles C `sources` (paths relative to the repository root, or absolute) with gcc
+/// (`-O1 -g -Wall -Werror -I tests/workloads/include`) into an executable `name` in a fresh
+/// [`temp_dir`], linked as `link` says, and returns its path. Panics with gcc's output on
+/// failure.
+pub fn compile_c(name: &str, sources: &[&str], link: Link) -> PathBuf {
+    let out = temp_dir(name).join(name);
+    compile_c_to(&out, sources, link, &[]);
+    out
+}
+
+/// [`compile_c`] with an explicit output path and extra gcc arguments (e.g. `-DFOO=1`).
+pub fn compile_c_to(out: &Path, sources: &[&str], link: Link, extra: &[&str]) {
+    let sim = if link == Link::Dl {
+        None
+    } else {
+        Some(sim_dir())
+    };
+    let root = repo_root();
+    let mut cmd = std::process::Command::new(std::env::var("CC").unwrap_or_else(|_| "gcc".into()));
+    cmd.args(["-O1", "-g", "-Wall", "-Werror", "-std=gnu11"])
+        .arg(format!("-I{}", workloads_include().display()))
+        .arg("-o")
+        .arg(out);
+    for s in sources {
+        cmd.arg(root.join(s));
+    }
+    cmd.args(extra);
+    if let Some(sim) = &sim {
+        cmd.args(link.args(sim));
+    } else {
+        cmd.args(link.args(Path::new(".")));
+    }
+    let o = cmd.output().expect("run gcc");
+    assert!(
+        o.status.success(),
+        "compiling {sources:?} failed:\n{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// The `replay` workload (tests/workloads/replay/replay.c) linked against the simulated
+/// `libcudart.so.12`, built once per test process. CLI: see `tests/workloads/README.md`.
+pub fn replay_exe() -> PathBuf {
+    static EXE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    EXE.get_or_init(|| {
+        compile_c(
+            "replay",
+            &["tests/workloads/replay/replay.c"],
+            Link::SharedRuntime,
+        )
+    })
+    .clone()
+}
+
+/// A real allocation stream shipped in `tests/workloads/traces/` (RMM CSV:
+/// `bert_serve.rmm.csv`, `t5_train.rmm.csv`, `vit_train.rmm.csv`; see the README there).
+pub fn trace_file(name: &str) -> PathBuf {
+    let p = repo_root().join("tests/workloads/traces").join(name);
+    assert!(p.exists(), "no trace {}", p.display());
+    p
 }

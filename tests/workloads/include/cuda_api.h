@@ -412,8 +412,8 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size);
 CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count);
 
 /* simulated-GPU-only driver "kernels" (see vramsimKernelFill above). */
-CUresult vramsimLaunchFill(CUdeviceptr dst, unsigned char value, size_t n, unsigned int delay_us, CUstream stream);
-CUresult vramsimLaunchCopy(CUdeviceptr dst, CUdeviceptr src, size_t n, unsigned int delay_us, CUstream stream);
+CUresult vramsimLaunchFill(CUstream stream, CUdeviceptr dst, unsigned char value, size_t n, unsigned int delay_us);
+CUresult vramsimLaunchCopy(CUstream stream, CUdeviceptr dst, CUdeviceptr src, size_t n, unsigned int delay_us);
 
 /* Function-pointer types, for dlsym / cuGetProcAddress_v2 / cudaGetDriverEntryPoint users. */
 typedef CUresult (*PFN_cuGetProcAddress_v2)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);

@@ -772,10 +772,10 @@ pub unsafe fn kernel_fill(
     if ptds {
         cu!(
             d,
-            vramsimLaunchFill_ptsz(dst as CUdeviceptr, v, n, delay_us, s)
+            vramsimLaunchFill_ptsz(s, dst as CUdeviceptr, v, n, delay_us)
         )
     } else {
-        cu!(d, vramsimLaunchFill(dst as CUdeviceptr, v, n, delay_us, s))
+        cu!(d, vramsimLaunchFill(s, dst as CUdeviceptr, v, n, delay_us))
     }
 }
 
@@ -792,9 +792,9 @@ pub unsafe fn kernel_copy(
     let d = ctx(rt)?;
     let (dd, sd) = (dst as CUdeviceptr, src as CUdeviceptr);
     if ptds {
-        cu!(d, vramsimLaunchCopy_ptsz(dd, sd, n, delay_us, s))
+        cu!(d, vramsimLaunchCopy_ptsz(s, dd, sd, n, delay_us))
     } else {
-        cu!(d, vramsimLaunchCopy(dd, sd, n, delay_us, s))
+        cu!(d, vramsimLaunchCopy(s, dd, sd, n, delay_us))
     }
 }
 

@@ -132,10 +132,10 @@ driver_table! {
     cuEventDestroy = c"cuEventDestroy" @ 4000: fn(CUevent);
     cuEventElapsedTime = c"cuEventElapsedTime" @ 2000: fn(*mut f32, CUevent, CUevent);
 
-    vramsimLaunchFill = c"vramsimLaunchFill" @ 2000: fn(CUdeviceptr, u8, usize, c_uint, CUstream);
-    vramsimLaunchFill_ptsz = c"vramsimLaunchFill" @ 2000 [PTDS]: fn(CUdeviceptr, u8, usize, c_uint, CUstream);
-    vramsimLaunchCopy = c"vramsimLaunchCopy" @ 2000: fn(CUdeviceptr, CUdeviceptr, usize, c_uint, CUstream);
-    vramsimLaunchCopy_ptsz = c"vramsimLaunchCopy" @ 2000 [PTDS]: fn(CUdeviceptr, CUdeviceptr, usize, c_uint, CUstream);
+    vramsimLaunchFill = c"vramsimLaunchFill" @ 2000: fn(CUstream, CUdeviceptr, u8, usize, c_uint);
+    vramsimLaunchFill_ptsz = c"vramsimLaunchFill" @ 2000 [PTDS]: fn(CUstream, CUdeviceptr, u8, usize, c_uint);
+    vramsimLaunchCopy = c"vramsimLaunchCopy" @ 2000: fn(CUstream, CUdeviceptr, CUdeviceptr, usize, c_uint);
+    vramsimLaunchCopy_ptsz = c"vramsimLaunchCopy" @ 2000 [PTDS]: fn(CUstream, CUdeviceptr, CUdeviceptr, usize, c_uint);
 }
 
 /// One `cuGetProcAddress_v2` lookup; NULL when the driver does not have the symbol.
