@@ -1,3 +1,252 @@
-//! Allocation policies over a `Device` trait. No FFI: the same code runs inside the
-//! interposer (over the CUDA virtual-memory API) and inside `vramshim replay` (over an
-//! accounting device).
+//! Allocation policies over a [`Device`] trait. No FFI, no `unsafe`: the same code runs
+//! inside the interposer (over the CUDA virtual-memory API) and inside `vramshim replay`
+//! (over the [`AccountingDevice`]), so a what-if answer is the production algorithm's answer.
+//!
+//! # Public API (stable; used by `vramshim replay`)
+//!
+//! ```text
+//! // Policies behind one interface
+//! trait Policy {                       // object safe: Box<dyn Policy>
+//!     fn name(&self) -> &'static str;
+//!     fn alloc(&mut self, dev: &mut dyn Device, req: Request) -> Result<Alloc, PoolError>;
+//!     fn free(&mut self, dev: &mut dyn Device, addr: u64, mode: FreeMode) -> Result<u64, PoolError>;
+//!     fn trim(&mut self, dev: &mut dyn Device) -> Result<u64, PoolError>;
+//!     fn note_process_sync(&mut self);
+//!     fn owns(&self, addr: u64) -> bool;            // addr is the base of a live block
+//!     fn contains(&self, addr: u64) -> bool;        // addr lies in memory the pool holds
+//!     fn stats(&self) -> Stats;
+//!     fn reset(&mut self);                          // forget all (device reset, fork child)
+//! }
+//! enum PolicyKind { Stitch, Caching, Direct }       // FromStr "stitch"|"caching"|"direct"
+//! PolicyKind::build(self) -> Box<dyn Policy>
+//! PolicyKind::ALL: [PolicyKind; 3]
+//!
+//! // Replay (deterministic)
+//! enum replay::Event { Alloc { id, size, stream }, Free { id, mode: FreeMode }, ProcessSync }
+//! replay::run(events: &[Event], policy: PolicyKind, device_capacity: u64, cap: Option<u64>) -> ReplayResult
+//! replay::run_with(events, policy: &mut dyn Policy, dev: &mut AccountingDevice) -> ReplayResult
+//! replay::min_capacity(events: &[Event], policy: PolicyKind) -> u64   // bytes, whole pages
+//! replay::peak_live(events: &[Event]) -> u64
+//! replay::repeat(events: &[Event], times: usize) -> Vec<Event>   // loop: frees leftovers per pass
+//! replay::driver_calls_per_pass(events, policy, passes) -> Vec<u64>
+//! struct ReplayResult { policy, completed, allocs_done, first_failure: Option<Failure{index,size,stream,why}>,
+//!                       peak_reserved, peak_live, peak_device_used, driver_calls, syncs,
+//!                       calls: CallCounts, stats: Stats, violations: Vec<String>, leaks: Vec<String> }
+//!
+//! // RMM CSV (Thread,Time,Action,Pointer,Size,Stream)
+//! rmm_csv::parse(text: &str) -> Result<ParsedTrace, ParseError>
+//! rmm_csv::parse_file(path) -> Result<ParsedTrace, ParseError>
+//! struct ParsedTrace { events: Vec<Event>, allocs, frees, skipped_frees, failed_allocs, threads }
+//! struct ParseError { line: usize, msg: String }   // Display: "line N: msg"
+//! ```
+//!
+//! # Policies
+//! - [`stitch::Stitch`] (ours): 2 MiB physical pages mapped into reserved ranges, page tails
+//!   packed (a block may take a shared page's free suffix as its head and another's free
+//!   prefix as its tail; blocks under a page go anywhere in a shared page), freed blocks
+//!   cached by size and mappings reused so a repeating workload makes no driver calls.
+//! - [`caching::Caching`]: PyTorch's `CUDACachingAllocator` rules.
+//! - [`direct::Direct`]: one driver call per request (`cudaMalloc`/`cudaFree`).
+//!
+//! # Stream semantics (all policies)
+//! A block freed with [`FreeMode::Sync`] (`cudaFree`) is handed out again only after a
+//! synchronization covers it (the pool's own, or the process's: [`Policy::note_process_sync`]).
+//! A block freed with [`FreeMode::Async`] (`cudaFreeAsync(p, s)`) is reusable at once on `s`,
+//! and on another stream after an event recorded at the free completed or the new stream
+//! waited on it. No policy synchronizes during stream capture.
+
+pub mod accounting;
+pub mod caching;
+pub mod device;
+pub mod direct;
+mod fxhash;
+pub mod replay;
+pub mod rmm_csv;
+pub mod stitch;
+
+pub use accounting::AccountingDevice;
+pub use device::{CallCounts, Device, DeviceError, EventId, Handle, Stream};
+
+/// Every pointer handed out is aligned to (at least) this, and sizes are rounded to it.
+pub const ALIGN: u64 = 512;
+pub const KIB: u64 = 1 << 10;
+pub const MIB: u64 = 1 << 20;
+pub const GIB: u64 = 1 << 30;
+
+/// One allocation request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Request {
+    /// Requested bytes (0 is served as 1).
+    pub size: u64,
+    /// Stream the allocation is ordered on (0 = legacy default stream).
+    pub stream: Stream,
+}
+
+/// A block handed out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Alloc {
+    pub addr: u64,
+    /// Usable bytes (>= requested).
+    pub size: u64,
+}
+
+/// How a block is given back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FreeMode {
+    /// `cudaFree`: the caller may have work in flight on any stream.
+    Sync,
+    /// `cudaFreeAsync(p, stream)`: stream-ordered.
+    Async { stream: Stream },
+}
+
+/// Why a policy call failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PoolError {
+    /// Not enough memory even after synchronizing and releasing cached memory.
+    OutOfMemory {
+        requested: u64,
+        reserved: u64,
+        live: u64,
+        /// The device's refusal (out of memory or cap).
+        why: DeviceError,
+    },
+    /// A device call failed for another reason; nothing leaked.
+    Device(DeviceError),
+    /// `free` of an address that is not a live block of this policy.
+    UnknownPointer(u64),
+}
+
+impl std::fmt::Display for PoolError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PoolError::OutOfMemory {
+                requested,
+                reserved,
+                live,
+                why,
+            } => write!(
+                f,
+                "out of memory ({why}): requested {requested} B with {live} B live and {reserved} B reserved"
+            ),
+            PoolError::Device(e) => write!(f, "device error: {e}"),
+            PoolError::UnknownPointer(p) => write!(f, "free of unknown pointer {p:#x}"),
+        }
+    }
+}
+
+impl std::error::Error for PoolError {}
+
+/// Policy-level numbers. Driver-call counts live in the device ([`CallCounts`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Bytes obtained from the device (physical pages for stitch, segments for caching,
+    /// driver-rounded allocations for direct).
+    pub reserved: u64,
+    /// Requested bytes of live blocks.
+    pub live: u64,
+    pub peak_reserved: u64,
+    pub peak_live: u64,
+    pub allocs: u64,
+    pub frees: u64,
+    /// Allocations served without any device call.
+    pub cache_hits: u64,
+    /// Device synchronizations the policy asked for.
+    pub syncs: u64,
+    /// Synchronizations the process made itself (`note_process_sync`).
+    pub process_syncs: u64,
+    pub events_recorded: u64,
+    pub stream_waits: u64,
+    pub trims: u64,
+    /// Allocations that needed the out-of-memory path (release cached, retry).
+    pub oom_retries: u64,
+    /// stitch: mapped ranges held (cached or in use).
+    pub mappings: u64,
+}
+
+impl Stats {
+    pub(crate) fn set_reserved(&mut self, r: u64) {
+        self.reserved = r;
+        self.peak_reserved = self.peak_reserved.max(r);
+    }
+    pub(crate) fn add_live(&mut self, n: u64) {
+        self.live += n;
+        self.peak_live = self.peak_live.max(self.live);
+    }
+}
+
+/// One allocation policy. Object safe.
+pub trait Policy: Send {
+    fn name(&self) -> &'static str;
+    /// Hand out a block of at least `req.size` bytes, 512-B aligned.
+    fn alloc(&mut self, dev: &mut dyn Device, req: Request) -> Result<Alloc, PoolError>;
+    /// Give back the block at `addr`; returns its requested size.
+    fn free(&mut self, dev: &mut dyn Device, addr: u64, mode: FreeMode) -> Result<u64, PoolError>;
+    /// Return every cached byte the policy can to the device (synchronizing once if needed,
+    /// never during capture). Returns the bytes given back.
+    fn trim(&mut self, dev: &mut dyn Device) -> Result<u64, PoolError>;
+    /// The process synchronized the whole device itself.
+    fn note_process_sync(&mut self);
+    /// `addr` is the base of a live block of this policy.
+    fn owns(&self, addr: u64) -> bool;
+    /// `addr` lies inside memory this policy holds (live or cached).
+    fn contains(&self, addr: u64) -> bool;
+    fn stats(&self) -> Stats;
+    /// Forget everything without device calls (the device was reset, or this is a forked
+    /// child whose device state is gone).
+    fn reset(&mut self);
+}
+
+/// The policies, by name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PolicyKind {
+    Stitch,
+    Caching,
+    Direct,
+}
+
+impl PolicyKind {
+    pub const ALL: [PolicyKind; 3] = [PolicyKind::Stitch, PolicyKind::Caching, PolicyKind::Direct];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            PolicyKind::Stitch => "stitch",
+            PolicyKind::Caching => "caching",
+            PolicyKind::Direct => "direct",
+        }
+    }
+
+    /// A fresh policy with default settings.
+    pub fn build(self) -> Box<dyn Policy> {
+        match self {
+            PolicyKind::Stitch => Box::new(stitch::Stitch::new()),
+            PolicyKind::Caching => Box::new(caching::Caching::new()),
+            PolicyKind::Direct => Box::new(direct::Direct::new()),
+        }
+    }
+}
+
+impl std::str::FromStr for PolicyKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "stitch" => Ok(PolicyKind::Stitch),
+            "caching" => Ok(PolicyKind::Caching),
+            "direct" => Ok(PolicyKind::Direct),
+            _ => Err(format!(
+                "unknown pool policy {s:?} (expected stitch, caching or direct)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for PolicyKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Round `n` up to a multiple of `a` (a power of two).
+#[inline]
+pub(crate) fn round_up(n: u64, a: u64) -> u64 {
+    (n + a - 1) & !(a - 1)
+}

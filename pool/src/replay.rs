@@ -1,0 +1,317 @@
+//! Deterministic replay of an allocation stream through a policy on the accounting device.
+
+use crate::accounting::AccountingDevice;
+use crate::device::{CallCounts, Stream};
+use crate::fxhash::FxMap;
+use crate::{FreeMode, Policy, PolicyKind, Request, Stats};
+
+/// One event of an allocation stream. Ids are chosen by the producer (unique among live
+/// allocations; an id may be reused after its free).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    Alloc {
+        id: u64,
+        size: u64,
+        stream: Stream,
+    },
+    Free {
+        id: u64,
+        mode: FreeMode,
+    },
+    /// The process synchronized the device itself (`cudaDeviceSynchronize`).
+    ProcessSync,
+}
+
+/// The first allocation that failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failure {
+    /// Index of the event in the stream.
+    pub index: usize,
+    pub size: u64,
+    pub stream: Stream,
+    pub why: String,
+}
+
+/// What a replay did.
+#[derive(Clone, Debug)]
+pub struct ReplayResult {
+    pub policy: &'static str,
+    /// Every event was replayed (no allocation failed).
+    pub completed: bool,
+    /// Allocations served.
+    pub allocs_done: u64,
+    pub first_failure: Option<Failure>,
+    /// Largest `Stats::reserved` seen (the policy's view).
+    pub peak_reserved: u64,
+    /// Largest sum of live requested bytes.
+    pub peak_live: u64,
+    /// Largest device usage (whole pages, the device's view: includes driver rounding).
+    pub peak_device_used: u64,
+    /// Memory-management driver calls (see [`CallCounts::driver_calls`]).
+    pub driver_calls: u64,
+    /// Device synchronizations (explicit + implied by `cudaFree`-like frees).
+    pub syncs: u64,
+    pub calls: CallCounts,
+    pub stats: Stats,
+    /// Safety violations found by the checker (empty unless checking was on).
+    pub violations: Vec<String>,
+    /// What the device still held after freeing everything and trimming.
+    pub leaks: Vec<String>,
+}
+
+/// Replay `events` through a fresh `policy` on an accounting device of `device_capacity`
+/// bytes, with vramshim's cap at `cap` bytes if set. Stops at the first failed allocation,
+/// then frees everything still live and trims (so `leaks` is meaningful either way).
+pub fn run(
+    events: &[Event],
+    policy: PolicyKind,
+    device_capacity: u64,
+    cap: Option<u64>,
+) -> ReplayResult {
+    let mut dev = AccountingDevice::new(device_capacity);
+    dev.set_cap(cap);
+    let mut p = policy.build();
+    run_with(events, p.as_mut(), &mut dev)
+}
+
+/// Like [`run`], with checking on: `violations` lists every safety problem found.
+pub fn run_checked(
+    events: &[Event],
+    policy: PolicyKind,
+    device_capacity: u64,
+    cap: Option<u64>,
+) -> ReplayResult {
+    let mut dev = AccountingDevice::new(device_capacity);
+    dev.set_cap(cap);
+    dev.set_checking(true);
+    let mut p = policy.build();
+    run_with(events, p.as_mut(), &mut dev)
+}
+
+/// Replay through a given policy and device (set the device's capacity, cap, checking and
+/// faults before calling).
+pub fn run_with(
+    events: &[Event],
+    policy: &mut dyn Policy,
+    dev: &mut AccountingDevice,
+) -> ReplayResult {
+    let mut ids: FxMap<u64, (u64, u64, Stream)> = FxMap::default();
+    let mut first_failure = None;
+    let mut allocs_done = 0;
+    let mut live = 0u64;
+    let mut peak_live = 0u64;
+    for (index, ev) in events.iter().enumerate() {
+        match *ev {
+            Event::Alloc { id, size, stream } => {
+                match policy.alloc(dev, Request { size, stream }) {
+                    Ok(a) => {
+                        dev.check_alloc(a.addr, size.max(1), stream);
+                        if let Some((old, osz, _)) = ids.insert(id, (a.addr, size, stream)) {
+                            // producer reused a live id: the old block leaks in the process
+                            // too; free it so the replay stays bounded.
+                            let _ = policy.free(dev, old, FreeMode::Sync);
+                            dev.check_free(old, FreeMode::Sync);
+                            live -= osz;
+                        }
+                        allocs_done += 1;
+                        live += size;
+                        peak_live = peak_live.max(live);
+                    }
+                    Err(e) => {
+                        first_failure = Some(Failure {
+                            index,
+                            size,
+                            stream,
+                            why: e.to_string(),
+                        });
+                        break;
+                    }
+                }
+            }
+            Event::Free { id, mode } => {
+                if let Some((addr, size, _)) = ids.remove(&id) {
+                    dev.check_free(addr, mode);
+                    let _ = policy.free(dev, addr, mode);
+                    live -= size;
+                }
+            }
+            Event::ProcessSync => {
+                dev.process_sync();
+                policy.note_process_sync();
+            }
+        }
+    }
+    let stats_at_end = policy.stats();
+    let calls = dev.calls();
+    // Clean up: free what is left (in address order, deterministic), trim, look for leaks.
+    let mut rest: Vec<(u64, Stream)> = ids.values().map(|&(a, _, s)| (a, s)).collect();
+    rest.sort_unstable();
+    for (addr, s) in rest {
+        let mode = FreeMode::Async { stream: s };
+        dev.check_free(addr, mode);
+        let _ = policy.free(dev, addr, mode);
+    }
+    let _ = policy.trim(dev);
+    let leaks = dev.leaks();
+    ReplayResult {
+        policy: policy.name(),
+        completed: first_failure.is_none(),
+        allocs_done,
+        first_failure,
+        peak_reserved: stats_at_end.peak_reserved,
+        peak_live,
+        peak_device_used: dev.peak_used(),
+        driver_calls: calls.driver_calls(),
+        syncs: calls.syncs(),
+        calls,
+        stats: stats_at_end,
+        violations: dev.violations().to_vec(),
+        leaks,
+    }
+}
+
+/// Largest sum of live requested bytes over the stream (the physical limit).
+pub fn peak_live(events: &[Event]) -> u64 {
+    let mut sizes: FxMap<u64, u64> = FxMap::default();
+    let (mut live, mut peak) = (0u64, 0u64);
+    for ev in events {
+        match *ev {
+            Event::Alloc { id, size, .. } => {
+                if let Some(o) = sizes.insert(id, size) {
+                    live -= o;
+                }
+                live += size;
+                peak = peak.max(live);
+            }
+            Event::Free { id, .. } => {
+                if let Some(s) = sizes.remove(&id) {
+                    live -= s;
+                }
+            }
+            Event::ProcessSync => {}
+        }
+    }
+    peak
+}
+
+/// The smallest device (bytes, a whole number of 2 MiB pages) on which `policy` completes
+/// the stream. Deterministic binary search between the physical limit and the device use of
+/// an unlimited run.
+pub fn min_capacity(events: &[Event], policy: PolicyKind) -> u64 {
+    let gran = 2 << 20;
+    let unlimited = run(events, policy, 1 << 50, None);
+    if !unlimited.completed {
+        // cannot complete at any size (should not happen for valid streams)
+        return u64::MAX;
+    }
+    let mut hi = unlimited.peak_device_used.div_ceil(gran).max(1); // completes
+    let mut lo = peak_live(events) / gran; // lo * gran <= peak live: fails unless 0
+    if lo >= hi {
+        return hi * gran;
+    }
+    if lo == 0 && run(events, policy, 0, None).completed {
+        return 0;
+    }
+    // invariant: lo fails, hi completes
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if run(events, policy, mid * gran, None).completed {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    hi * gran
+}
+
+/// `events` repeated `times` times as a loop: each pass frees what the previous pass left
+/// live, and ids are renumbered per pass.
+pub fn repeat(events: &[Event], times: usize) -> Vec<Event> {
+    let max_id = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Alloc { id, .. } | Event::Free { id, .. } => Some(*id),
+            Event::ProcessSync => None,
+        })
+        .max()
+        .unwrap_or(0)
+        + 1;
+    let mut out = Vec::with_capacity(events.len() * times + 16);
+    for pass in 0..times as u64 {
+        let off = pass * max_id;
+        let mut live: Vec<(u64, Stream)> = Vec::new();
+        let mut pos: FxMap<u64, usize> = FxMap::default();
+        for ev in events {
+            match *ev {
+                Event::Alloc { id, size, stream } => {
+                    pos.insert(id, live.len());
+                    live.push((id, stream));
+                    out.push(Event::Alloc {
+                        id: id + off,
+                        size,
+                        stream,
+                    });
+                }
+                Event::Free { id, mode } => {
+                    if let Some(i) = pos.remove(&id) {
+                        live[i].0 = u64::MAX;
+                    }
+                    out.push(Event::Free { id: id + off, mode });
+                }
+                Event::ProcessSync => out.push(Event::ProcessSync),
+            }
+        }
+        for (id, stream) in live {
+            if id != u64::MAX && pos.contains_key(&id) {
+                pos.remove(&id);
+                out.push(Event::Free {
+                    id: id + off,
+                    mode: FreeMode::Async { stream },
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Driver calls made during each pass of `repeat(events, passes)` on an unlimited device.
+pub fn driver_calls_per_pass(events: &[Event], policy: PolicyKind, passes: usize) -> Vec<u64> {
+    let one = repeat(events, 1).len();
+    let all = repeat(events, passes);
+    let mut dev = AccountingDevice::new(1 << 50);
+    let mut p = policy.build();
+    let mut out = Vec::new();
+    for pass in 0..passes {
+        let before = dev.calls().driver_calls();
+        let chunk = &all[pass * one..(pass + 1) * one];
+        replay_events(chunk, p.as_mut(), &mut dev);
+        out.push(dev.calls().driver_calls() - before);
+    }
+    out
+}
+
+/// Replay without cleanup (ids must be unique in `events`).
+fn replay_events(events: &[Event], policy: &mut dyn Policy, dev: &mut AccountingDevice) {
+    let mut ids: FxMap<u64, u64> = FxMap::default();
+    for ev in events {
+        match *ev {
+            Event::Alloc { id, size, stream } => {
+                if let Ok(a) = policy.alloc(dev, Request { size, stream }) {
+                    ids.insert(id, a.addr);
+                }
+            }
+            Event::Free { id, mode } => {
+                if let Some(a) = ids.remove(&id) {
+                    let _ = policy.free(dev, a, mode);
+                }
+            }
+            Event::ProcessSync => {
+                dev.process_sync();
+                policy.note_process_sync();
+            }
+        }
+    }
+}
+
+/// A default "unlimited" device size for what-if runs (1 PiB).
+pub const UNLIMITED: u64 = 1 << 50;

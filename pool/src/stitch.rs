@@ -1,0 +1,1151 @@
+//! `stitch`: virtual-memory stitching with packed page tails.
+//!
+//! Physical memory is held in granularity-sized pages (one handle each). A block is a byte
+//! range `[off, off + size)` of a *mapping*: a reserved address range with a list of pages
+//! mapped one after another. Any free page can back any block, so there is no external
+//! fragmentation above a page. Page tails are packed: every page has a byte-range
+//! sub-allocator (512-B units), a block may take a shared page's free *suffix* as its head,
+//! whole free pages in the middle and another shared page's free *prefix* as its tail, and
+//! blocks under a page go into any free range of a shared page. One physical page may be
+//! mapped in several mappings (at several addresses); blocks own *physical* byte ranges, so
+//! two blocks never overlap physically whatever their addresses.
+//!
+//! Speed: a freed block stays formed (mapping and bytes kept) in a cache keyed by size, so a
+//! repeated request of the same size is a hash lookup; mappings stay cached and are reused
+//! when their pages' needed bytes are free, so a repeating workload makes no driver calls.
+//! Formed free blocks are dissolved (bytes given back to their pages, least recently freed
+//! first) only when a request cannot be placed otherwise; physical growth comes last.
+//!
+//! Stream rules: a `FreeMode::Sync` block waits in `pending` until a synchronization (one
+//! device sync releases every pending block; the process's own syncs count). A
+//! `FreeMode::Async { stream: s }` block is reusable at once on `s`; on another stream after a
+//! synchronization, or by making that stream wait on an event recorded at the free (recorded
+//! only once the process has used more than one stream). Bytes of dissolved blocks carry the
+//! same condition as a per-page fence. No synchronization during capture.
+
+use crate::device::{Device, DeviceError, EventId, Handle, Stream};
+use crate::fxhash::FxMap;
+use crate::{ALIGN, Alloc, FreeMode, Policy, PoolError, Request, Stats, round_up};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+/// How many cached blocks of one size the fast path looks at.
+const FAST_SCAN: usize = 8;
+/// How many cached mappings of one length a placement looks at.
+const MAP_SCAN: usize = 64;
+
+#[derive(Clone, Copy, Debug)]
+struct Fence {
+    stream: Stream,
+    event: Option<EventId>,
+    epoch: u64,
+}
+
+struct Page {
+    handle: Handle,
+    /// free byte ranges start -> end
+    free: BTreeMap<u64, u64>,
+    used: u64,
+    maps: Vec<u32>,
+    fences: Vec<Fence>,
+}
+
+struct Mapping {
+    va: u64,
+    pages: Vec<u32>,
+    /// blocks (live, pending or cached) placed in this mapping
+    users: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BState {
+    Live,
+    Pending,
+    Cached,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Block {
+    size: u64,
+    req: u64,
+    map: u32,
+    off: u64,
+    stream: Stream,
+    state: BState,
+    free_stream: Stream,
+    event: Option<EventId>,
+    epoch: u64,
+    seq: u64,
+}
+
+/// Where a new block goes: an existing mapping, or new pages to map.
+enum Plan {
+    Existing { map: u32, off: u64 },
+    New { pages: Vec<u32>, off: u64 },
+}
+
+/// Testing switches that break a safety rule on purpose (to prove the checks can fail).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Faults {
+    /// Hand out blocks freed with `cudaFree` at once, without waiting for a sync.
+    pub reuse_sync_frees_early: bool,
+    /// Reuse stream-ordered frees on any stream without waiting on their event.
+    pub ignore_streams: bool,
+    /// Do not mark a new block's bytes used (the next block may overlap it).
+    pub skip_take: bool,
+}
+
+/// See the module documentation.
+pub struct Stitch {
+    gran: u64,
+    pages: Vec<Option<Page>>,
+    free_slots: Vec<u32>,
+    npages: u64,
+    /// pages with no used byte
+    free_pages: BTreeSet<u32>,
+    /// free ranges of partly used pages: (len, page, start)
+    ranges: BTreeSet<(u64, u32, u64)>,
+    /// partly used pages with a free prefix: (len, page)
+    prefix: BTreeSet<(u64, u32)>,
+    /// partly used pages with a free suffix: (len, page)
+    suffix: BTreeSet<(u64, u32)>,
+    maps: Vec<Option<Mapping>>,
+    free_map_slots: Vec<u32>,
+    nmaps: u64,
+    maps_by_len: FxMap<usize, Vec<u32>>,
+    maps_by_va: BTreeMap<u64, u32>,
+    blocks: FxMap<u64, Block>,
+    cache: FxMap<u64, Vec<u64>>,
+    lru: VecDeque<(u64, u64)>,
+    ncached: usize,
+    pending: Vec<u64>,
+    epoch: u64,
+    flushed_epoch: u64,
+    seq: u64,
+    frees_since_sync: bool,
+    events: FxMap<EventId, u32>,
+    first_stream: Option<Stream>,
+    multi_stream: bool,
+    faults: Faults,
+    stats: Stats,
+}
+
+impl Default for Stitch {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Stitch {
+    pub fn new() -> Self {
+        Stitch {
+            gran: 0,
+            pages: Vec::new(),
+            free_slots: Vec::new(),
+            npages: 0,
+            free_pages: BTreeSet::new(),
+            ranges: BTreeSet::new(),
+            prefix: BTreeSet::new(),
+            suffix: BTreeSet::new(),
+            maps: Vec::new(),
+            free_map_slots: Vec::new(),
+            nmaps: 0,
+            maps_by_len: FxMap::default(),
+            maps_by_va: BTreeMap::new(),
+            blocks: FxMap::default(),
+            cache: FxMap::default(),
+            lru: VecDeque::new(),
+            ncached: 0,
+            pending: Vec::new(),
+            epoch: 0,
+            flushed_epoch: 0,
+            seq: 0,
+            frees_since_sync: false,
+            events: FxMap::default(),
+            first_stream: None,
+            multi_stream: false,
+            faults: Faults::default(),
+            stats: Stats::default(),
+        }
+    }
+
+    /// Break safety rules on purpose (tests only).
+    pub fn set_faults(&mut self, f: Faults) {
+        self.faults = f;
+    }
+
+    /// Physical pages held.
+    pub fn pages(&self) -> u64 {
+        self.npages
+    }
+
+    /// Mappings held.
+    pub fn mappings(&self) -> u64 {
+        self.nmaps
+    }
+
+    /// Blocks freed and kept formed for reuse.
+    pub fn cached_blocks(&self) -> usize {
+        self.ncached
+    }
+
+    fn page(&self, p: u32) -> &Page {
+        self.pages[p as usize].as_ref().unwrap()
+    }
+    fn page_mut(&mut self, p: u32) -> &mut Page {
+        self.pages[p as usize].as_mut().unwrap()
+    }
+    fn map(&self, m: u32) -> &Mapping {
+        self.maps[m as usize].as_ref().unwrap()
+    }
+    fn map_mut(&mut self, m: u32) -> &mut Mapping {
+        self.maps[m as usize].as_mut().unwrap()
+    }
+
+    fn update_reserved(&mut self) {
+        let r = self.npages * self.gran;
+        self.stats.set_reserved(r);
+        self.stats.mappings = self.nmaps;
+    }
+
+    // ------------------------------------------------------------ page sub-allocator
+
+    fn unindex(&mut self, p: u32) {
+        let g = self.gran;
+        let pg = self.pages[p as usize].as_ref().unwrap();
+        if pg.used == 0 {
+            self.free_pages.remove(&p);
+            return;
+        }
+        for (&s, &e) in &pg.free {
+            self.ranges.remove(&(e - s, p, s));
+            if s == 0 {
+                self.prefix.remove(&(e, p));
+            }
+            if e == g {
+                self.suffix.remove(&(e - s, p));
+            }
+        }
+    }
+
+    fn index(&mut self, p: u32) {
+        let g = self.gran;
+        let pg = self.pages[p as usize].as_ref().unwrap();
+        if pg.used == 0 {
+            self.free_pages.insert(p);
+            return;
+        }
+        for (&s, &e) in &pg.free {
+            self.ranges.insert((e - s, p, s));
+            if s == 0 {
+                self.prefix.insert((e, p));
+            }
+            if e == g {
+                self.suffix.insert((e - s, p));
+            }
+        }
+    }
+
+    /// Mark `[s, e)` of page `p` used (must be free).
+    fn take(&mut self, p: u32, s: u64, e: u64) {
+        self.unindex(p);
+        let pg = self.page_mut(p);
+        let (&fs, &fe) = pg.free.range(..=s).next_back().expect("take: not free");
+        debug_assert!(fs <= s && e <= fe, "take: range not free");
+        pg.free.remove(&fs);
+        if fs < s {
+            pg.free.insert(fs, s);
+        }
+        if e < fe {
+            pg.free.insert(e, fe);
+        }
+        pg.used += e - s;
+        self.index(p);
+    }
+
+    /// Give `[s, e)` of page `p` back.
+    fn give(&mut self, p: u32, s: u64, e: u64) {
+        self.unindex(p);
+        let pg = self.page_mut(p);
+        let (mut s2, mut e2) = (s, e);
+        if let Some((&ps, &pe)) = pg.free.range(..s).next_back()
+            && pe == s
+        {
+            pg.free.remove(&ps);
+            s2 = ps;
+        }
+        if let Some(&ne) = pg.free.get(&e) {
+            pg.free.remove(&e);
+            e2 = ne;
+        }
+        pg.free.insert(s2, e2);
+        pg.used -= e - s;
+        self.index(p);
+    }
+
+    fn free_prefix(&self, p: u32) -> u64 {
+        let pg = self.page(p);
+        if pg.used == 0 {
+            return self.gran;
+        }
+        pg.free.get(&0).copied().unwrap_or(0)
+    }
+
+    fn free_suffix(&self, p: u32) -> u64 {
+        let g = self.gran;
+        let pg = self.page(p);
+        if pg.used == 0 {
+            return g;
+        }
+        match pg.free.iter().next_back() {
+            Some((&s, &e)) if e == g => g - s,
+            _ => 0,
+        }
+    }
+
+    /// `(page, start, end)` pieces of `[off, off + size)` over `pages`.
+    fn pieces(&self, pages: &[u32], off: u64, size: u64) -> Vec<(u32, u64, u64)> {
+        let g = self.gran;
+        let mut out = Vec::with_capacity(size.div_ceil(g) as usize + 1);
+        let end = off + size;
+        let mut a = off;
+        while a < end {
+            let i = a / g;
+            let s = a % g;
+            let e = g.min(end - i * g);
+            out.push((pages[i as usize], s, e));
+            a = i * g + e;
+        }
+        out
+    }
+
+    // ------------------------------------------------------------ events and fences
+
+    fn ev_ref(&mut self, ev: EventId) {
+        *self.events.entry(ev).or_insert(0) += 1;
+    }
+
+    fn ev_unref(&mut self, dev: &mut dyn Device, ev: EventId) {
+        if let Some(n) = self.events.get_mut(&ev) {
+            *n -= 1;
+            if *n == 0 {
+                self.events.remove(&ev);
+                dev.destroy_event(ev);
+            }
+        }
+    }
+
+    fn add_fence(&mut self, dev: &mut dyn Device, p: u32, f: Fence) {
+        if let Some(ev) = f.event {
+            self.ev_ref(ev);
+        }
+        let epoch = self.epoch;
+        let pg = self.page_mut(p);
+        let mut dropped: Vec<EventId> = Vec::new();
+        pg.fences.retain(|o| {
+            let keep = o.epoch >= epoch && o.stream != f.stream;
+            if !keep && let Some(e) = o.event {
+                dropped.push(e);
+            }
+            keep
+        });
+        pg.fences.push(f);
+        for e in dropped {
+            self.ev_unref(dev, e);
+        }
+    }
+
+    fn purge_fences(&mut self, dev: &mut dyn Device, p: u32) {
+        let epoch = self.epoch;
+        let pg = self.page_mut(p);
+        if pg.fences.is_empty() {
+            return;
+        }
+        let mut dropped: Vec<EventId> = Vec::new();
+        pg.fences.retain(|o| {
+            let keep = o.epoch >= epoch;
+            if !keep && let Some(e) = o.event {
+                dropped.push(e);
+            }
+            keep
+        });
+        for e in dropped {
+            self.ev_unref(dev, e);
+        }
+    }
+
+    fn has_active_fence(&self, p: u32) -> bool {
+        self.page(p).fences.iter().any(|f| f.epoch >= self.epoch)
+    }
+
+    // ------------------------------------------------------------ synchronization
+
+    fn do_sync(&mut self, dev: &mut dyn Device) -> Result<(), PoolError> {
+        if dev.is_capturing() {
+            return Err(PoolError::Device(DeviceError::NotPermitted));
+        }
+        dev.synchronize().map_err(PoolError::Device)?;
+        self.stats.syncs += 1;
+        self.epoch += 1;
+        self.frees_since_sync = false;
+        self.flush_pending();
+        Ok(())
+    }
+
+    /// Pending blocks freed before the last synchronization become cached.
+    fn flush_pending(&mut self) {
+        let epoch = self.epoch;
+        self.flushed_epoch = epoch;
+        let mut i = 0;
+        while i < self.pending.len() {
+            let a = self.pending[i];
+            let b = self.blocks.get_mut(&a).unwrap();
+            if b.epoch < epoch {
+                b.state = BState::Cached;
+                self.seq += 1;
+                b.seq = self.seq;
+                let (size, seq) = (b.size, b.seq);
+                self.cache.entry(size).or_default().push(a);
+                self.lru.push_back((seq, a));
+                self.ncached += 1;
+                self.pending.swap_remove(i);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    fn note_stream(&mut self, s: Stream) {
+        if self.multi_stream {
+            return;
+        }
+        match self.first_stream {
+            None => self.first_stream = Some(s),
+            Some(f) if f != s => self.multi_stream = true,
+            _ => {}
+        }
+    }
+
+    // ------------------------------------------------------------ cache
+
+    /// May a cached block be handed out on stream `t`? `Some(Some(ev))`: after waiting on ev.
+    fn compat(&self, b: &Block, t: Stream) -> Option<Option<EventId>> {
+        if b.free_stream == t || b.epoch < self.epoch || self.faults.ignore_streams {
+            Some(None)
+        } else {
+            b.event.map(Some)
+        }
+    }
+
+    fn cache_take(&mut self, dev: &mut dyn Device, size: u64, t: Stream) -> Option<u64> {
+        let list = self.cache.get(&size)?;
+        let n = list.len();
+        let mut found = None;
+        for i in (n.saturating_sub(FAST_SCAN)..n).rev() {
+            let a = list[i];
+            let b = &self.blocks[&a];
+            if let Some(w) = self.compat(b, t) {
+                found = Some((i, a, w));
+                break;
+            }
+        }
+        let (i, a, wait) = found?;
+        self.cache.get_mut(&size).unwrap().remove(i);
+        self.ncached -= 1;
+        if let Some(ev) = wait {
+            if dev.stream_wait_event(t, ev).is_err() {
+                // cannot order: put it back and let the slow path decide
+                self.cache.get_mut(&size).unwrap().insert(i, a);
+                self.ncached += 1;
+                return None;
+            }
+            self.stats.stream_waits += 1;
+        }
+        let b = self.blocks.get_mut(&a).unwrap();
+        let old_ev = b.event.take();
+        b.state = BState::Live;
+        if let Some(ev) = old_ev {
+            self.ev_unref(dev, ev);
+        }
+        Some(a)
+    }
+
+    /// Give a cached block's bytes back to its pages.
+    fn dissolve(&mut self, dev: &mut dyn Device, addr: u64) {
+        let b = self.blocks.remove(&addr).unwrap();
+        debug_assert_eq!(b.state, BState::Cached);
+        if let Some(list) = self.cache.get_mut(&b.size)
+            && let Some(i) = list.iter().rposition(|&x| x == addr)
+        {
+            list.remove(i);
+            if list.is_empty() {
+                self.cache.remove(&b.size);
+            }
+        }
+        self.ncached -= 1;
+        let fence = (b.epoch >= self.epoch).then_some(Fence {
+            stream: b.free_stream,
+            event: b.event,
+            epoch: b.epoch,
+        });
+        let pages = self.map(b.map).pages.clone();
+        for (p, s, e) in self.pieces(&pages, b.off, b.size) {
+            if !self.faults.skip_take {
+                self.give(p, s, e);
+            }
+            if let Some(f) = fence {
+                self.add_fence(dev, p, f);
+            }
+        }
+        if let Some(ev) = b.event {
+            self.ev_unref(dev, ev);
+        }
+        self.map_mut(b.map).users -= 1;
+    }
+
+    /// Dissolve cached blocks, least recently freed first, until `want` bytes were given
+    /// back (at least one block). Returns false if nothing was cached.
+    fn dissolve_some(&mut self, dev: &mut dyn Device, want: u64) -> bool {
+        let mut done = 0u64;
+        let mut any = false;
+        while let Some((seq, a)) = self.lru.pop_front() {
+            let ok = self
+                .blocks
+                .get(&a)
+                .is_some_and(|b| b.state == BState::Cached && b.seq == seq);
+            if !ok {
+                continue;
+            }
+            done += self.blocks[&a].size;
+            self.dissolve(dev, a);
+            any = true;
+            if done >= want {
+                break;
+            }
+        }
+        any
+    }
+
+    fn compact_lru(&mut self) {
+        if self.lru.len() > 2 * self.ncached + 1024 {
+            let blocks = &self.blocks;
+            self.lru.retain(|&(seq, a)| {
+                blocks
+                    .get(&a)
+                    .is_some_and(|b| b.state == BState::Cached && b.seq == seq)
+            });
+        }
+    }
+
+    // ------------------------------------------------------------ placement
+
+    /// Best placement of `size` bytes with the pages held now, or None.
+    fn place(&self, size: u64) -> Option<Plan> {
+        let g = self.gran;
+        // A. existing mappings (no driver call)
+        if size <= g {
+            // best-fit free range of a shared page (always mapped somewhere)
+            for &(len, p, s) in self.ranges.range((size, 0, 0)..).take(MAP_SCAN) {
+                let pg = self.page(p);
+                let Some(&m) = pg.maps.first() else { continue };
+                let e = s + len;
+                // keep prefixes and suffixes whole for heads and tails
+                let pos = if s == 0 && e < g { e - size } else { s };
+                let idx = self.map(m).pages.iter().position(|&q| q == p).unwrap() as u64;
+                return Some(Plan::Existing {
+                    map: m,
+                    off: idx * g + pos,
+                });
+            }
+            // a free page that is mapped
+            for &p in self.free_pages.iter().take(MAP_SCAN) {
+                if let Some(&m) = self.page(p).maps.first() {
+                    let idx = self.map(m).pages.iter().position(|&q| q == p).unwrap() as u64;
+                    return Some(Plan::Existing {
+                        map: m,
+                        off: idx * g,
+                    });
+                }
+            }
+        }
+        let n_min = size.div_ceil(g) as usize;
+        for n in [n_min.max(2), n_min.max(2) + 1] {
+            if n < n_min {
+                continue;
+            }
+            let Some(list) = self.maps_by_len.get(&n) else {
+                continue;
+            };
+            for &m in list.iter().rev().take(MAP_SCAN) {
+                if let Some(off) = self.fit_in_mapping(m, size) {
+                    return Some(Plan::Existing { map: m, off });
+                }
+            }
+        }
+        // B. new mapping over free resources
+        let k0 = size / g;
+        let r = size % g;
+        let nfree = self.free_pages.len() as u64;
+        let take_free =
+            |k: u64| -> Vec<u32> { self.free_pages.iter().take(k as usize).copied().collect() };
+        if r == 0 && nfree >= k0 {
+            return Some(Plan::New {
+                pages: take_free(k0),
+                off: 0,
+            });
+        }
+        if r > 0 && nfree >= k0 {
+            // tail: best-fit prefix
+            if let Some(&(_, t)) = self.prefix.range((r, 0)..).next() {
+                let mut pages = take_free(k0);
+                pages.push(t);
+                return Some(Plan::New { pages, off: 0 });
+            }
+            // head: best-fit suffix
+            if let Some(&(_, h)) = self.suffix.range((r, 0)..).next() {
+                let mut pages = vec![h];
+                pages.extend(take_free(k0));
+                return Some(Plan::New { pages, off: g - r });
+            }
+            // split: largest suffix as head, best-fit prefix for the rest
+            if let Some(&(hl, h)) = self.suffix.iter().next_back() {
+                let need = r - hl.min(r);
+                if let Some(&(_, t)) = self.prefix.range((need, 0)..).find(|x| x.1 != h) {
+                    let mut pages = vec![h];
+                    pages.extend(take_free(k0));
+                    pages.push(t);
+                    return Some(Plan::New { pages, off: g - hl });
+                }
+            }
+        }
+        if k0 >= 1 && nfree + 1 >= k0 {
+            // one page fewer: head + tail make up a page plus the remainder
+            if let Some(&(hl, h)) = self.suffix.iter().next_back() {
+                let need = r + g - hl; // > r, <= g
+                if need < g
+                    && let Some(&(_, t)) = self.prefix.range((need, 0)..).find(|x| x.1 != h)
+                {
+                    let mut pages = vec![h];
+                    pages.extend(take_free(k0 - 1));
+                    pages.push(t);
+                    return Some(Plan::New { pages, off: g - hl });
+                }
+            }
+        }
+        if r > 0 && nfree > k0 {
+            // a fresh page for the tail (its free suffix serves later heads)
+            return Some(Plan::New {
+                pages: take_free(k0 + 1),
+                off: 0,
+            });
+        }
+        None
+    }
+
+    /// Offset at which `size` bytes fit in mapping `m` spanning all its pages, if any.
+    fn fit_in_mapping(&self, m: u32, size: u64) -> Option<u64> {
+        let g = self.gran;
+        let mp = self.map(m);
+        let n = mp.pages.len() as u64;
+        if n < 2 {
+            return None;
+        }
+        for &p in &mp.pages[1..mp.pages.len() - 1] {
+            if self.page(p).used != 0 {
+                return None;
+            }
+        }
+        let sf = self.free_suffix(mp.pages[0]);
+        let pf = self.free_prefix(mp.pages[n as usize - 1]);
+        let lo = (g - sf).max(((n - 1) * g + 1).saturating_sub(size));
+        let lo = round_up(lo, ALIGN);
+        let hi = (g - 1).min(((n - 1) * g + pf).checked_sub(size)?);
+        (lo <= hi).then_some(lo)
+    }
+
+    /// Make `plan` real for a block of `size` bytes on stream `t`.
+    fn commit(
+        &mut self,
+        dev: &mut dyn Device,
+        plan: Plan,
+        size: u64,
+        t: Stream,
+    ) -> Result<(u32, u64), PoolError> {
+        let (pages, off, existing) = match plan {
+            Plan::Existing { map, off } => (self.map(map).pages.clone(), off, Some(map)),
+            Plan::New { pages, off } => (pages, off, None),
+        };
+        let pieces = self.pieces(&pages, off, size);
+        // stream safety of the free bytes we are about to take
+        let mut need_sync = false;
+        let mut waits: Vec<EventId> = Vec::new();
+        for &(p, _, _) in &pieces {
+            self.purge_fences(dev, p);
+            for f in &self.page(p).fences {
+                if f.stream == t || self.faults.ignore_streams {
+                    continue;
+                }
+                match f.event {
+                    Some(ev) => {
+                        if !waits.contains(&ev) {
+                            waits.push(ev)
+                        }
+                    }
+                    None => need_sync = true,
+                }
+            }
+        }
+        if need_sync {
+            self.do_sync(dev)?;
+            waits.clear();
+        }
+        for ev in waits {
+            dev.stream_wait_event(t, ev).map_err(PoolError::Device)?;
+            self.stats.stream_waits += 1;
+        }
+        let map = match existing {
+            Some(m) => m,
+            None => self.new_mapping(dev, pages)?,
+        };
+        if !self.faults.skip_take {
+            for &(p, s, e) in &pieces {
+                self.take(p, s, e);
+            }
+        }
+        self.map_mut(map).users += 1;
+        Ok((map, off))
+    }
+
+    /// Commit, or `None` if the plan needs a synchronization that stream capture forbids.
+    fn try_commit(
+        &mut self,
+        dev: &mut dyn Device,
+        plan: Plan,
+        size: u64,
+        t: Stream,
+    ) -> Result<Option<(u32, u64)>, PoolError> {
+        match self.commit(dev, plan, size, t) {
+            Ok(x) => Ok(Some(x)),
+            Err(PoolError::Device(DeviceError::NotPermitted)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn new_mapping(&mut self, dev: &mut dyn Device, pages: Vec<u32>) -> Result<u32, PoolError> {
+        let g = self.gran;
+        let len = pages.len() as u64 * g;
+        let va = dev.reserve(len).map_err(PoolError::Device)?;
+        for (i, &p) in pages.iter().enumerate() {
+            let h = self.page(p).handle;
+            if let Err(e) = dev.map(va + i as u64 * g, h) {
+                if i > 0 {
+                    let _ = dev.unmap(va, i as u64 * g);
+                }
+                let _ = dev.unreserve(va, len);
+                return Err(PoolError::Device(e));
+            }
+        }
+        if let Err(e) = dev.set_access(va, len) {
+            let _ = dev.unmap(va, len);
+            let _ = dev.unreserve(va, len);
+            return Err(PoolError::Device(e));
+        }
+        let n = pages.len();
+        let mapping = Mapping {
+            va,
+            pages,
+            users: 0,
+        };
+        let id = match self.free_map_slots.pop() {
+            Some(id) => {
+                self.maps[id as usize] = Some(mapping);
+                id
+            }
+            None => {
+                self.maps.push(Some(mapping));
+                (self.maps.len() - 1) as u32
+            }
+        };
+        let pl = self.map(id).pages.clone();
+        for p in pl {
+            let pg = self.page_mut(p);
+            if !pg.maps.contains(&id) {
+                pg.maps.push(id);
+            }
+        }
+        self.maps_by_len.entry(n).or_default().push(id);
+        self.maps_by_va.insert(va, id);
+        self.nmaps += 1;
+        self.update_reserved();
+        Ok(id)
+    }
+
+    fn drop_mapping(&mut self, dev: &mut dyn Device, m: u32) -> Result<(), PoolError> {
+        let g = self.gran;
+        let (va, n) = {
+            let mp = self.map(m);
+            debug_assert_eq!(mp.users, 0);
+            (mp.va, mp.pages.len())
+        };
+        let len = n as u64 * g;
+        dev.unmap(va, len).map_err(PoolError::Device)?;
+        let _ = dev.unreserve(va, len);
+        let mp = self.maps[m as usize].take().unwrap();
+        for p in mp.pages {
+            let pg = self.page_mut(p);
+            pg.maps.retain(|&x| x != m);
+        }
+        if let Some(l) = self.maps_by_len.get_mut(&n) {
+            l.retain(|&x| x != m);
+        }
+        self.maps_by_va.remove(&va);
+        self.free_map_slots.push(m);
+        self.nmaps -= 1;
+        self.update_reserved();
+        Ok(())
+    }
+
+    fn grow(&mut self, dev: &mut dyn Device) -> Result<u32, DeviceError> {
+        let h = dev.create()?;
+        let g = self.gran;
+        let page = Page {
+            handle: h,
+            free: BTreeMap::from([(0, g)]),
+            used: 0,
+            maps: Vec::new(),
+            fences: Vec::new(),
+        };
+        let id = match self.free_slots.pop() {
+            Some(id) => {
+                self.pages[id as usize] = Some(page);
+                id
+            }
+            None => {
+                self.pages.push(Some(page));
+                (self.pages.len() - 1) as u32
+            }
+        };
+        self.free_pages.insert(id);
+        self.npages += 1;
+        self.update_reserved();
+        Ok(id)
+    }
+
+    fn release_page(&mut self, dev: &mut dyn Device, p: u32) -> Result<(), PoolError> {
+        let h = self.page(p).handle;
+        dev.release(h).map_err(PoolError::Device)?;
+        self.purge_fences_all_of(dev, p);
+        self.free_pages.remove(&p);
+        self.pages[p as usize] = None;
+        self.free_slots.push(p);
+        self.npages -= 1;
+        self.update_reserved();
+        Ok(())
+    }
+
+    fn purge_fences_all_of(&mut self, dev: &mut dyn Device, p: u32) {
+        let fences = std::mem::take(&mut self.page_mut(p).fences);
+        for f in fences {
+            if let Some(e) = f.event {
+                self.ev_unref(dev, e);
+            }
+        }
+    }
+
+    /// Unmap cached mappings nobody uses once there are too many of them (bounded VA and
+    /// bookkeeping under a workload whose shapes keep changing). Only mappings whose pages
+    /// carry no pending stream condition are dropped (no synchronization needed).
+    fn gc_mappings(&mut self, dev: &mut dyn Device) {
+        let limit = 2 * self.npages + 64;
+        if self.nmaps <= limit {
+            return;
+        }
+        let mut victims = Vec::new();
+        for (i, m) in self.maps.iter().enumerate() {
+            if let Some(m) = m
+                && m.users == 0
+                && !m.pages.iter().any(|&p| self.has_active_fence(p))
+            {
+                victims.push(i as u32);
+                if self.nmaps - (victims.len() as u64) <= self.npages + 32 {
+                    break;
+                }
+            }
+        }
+        for m in victims {
+            if self.drop_mapping(dev, m).is_err() {
+                break;
+            }
+        }
+    }
+
+    fn alloc_slow(
+        &mut self,
+        dev: &mut dyn Device,
+        size: u64,
+        t: Stream,
+    ) -> Result<(u32, u64), PoolError> {
+        let g = self.gran;
+        // 1. what is free now
+        if let Some(plan) = self.place(size)
+            && let Some(x) = self.try_commit(dev, plan, size, t)?
+        {
+            return Ok(x);
+        }
+        // 2. dissolve cached blocks, least recently freed first
+        while self.dissolve_some(dev, size) {
+            if let Some(plan) = self.place(size)
+                && let Some(x) = self.try_commit(dev, plan, size, t)?
+            {
+                return Ok(x);
+            }
+        }
+        // 3. one synchronization releases every pending cudaFree'd block
+        if !self.pending.is_empty() && !dev.is_capturing() {
+            self.do_sync(dev)?;
+            while self.dissolve_some(dev, u64::MAX) {}
+            if let Some(plan) = self.place(size)
+                && let Some(x) = self.try_commit(dev, plan, size, t)?
+            {
+                return Ok(x);
+            }
+        }
+        // 4. grow by the shortfall
+        let k0 = size / g;
+        let want = k0 + u64::from(!size.is_multiple_of(g));
+        let nfree = self.free_pages.len() as u64;
+        let mut created: Vec<u32> = Vec::new();
+        let mut shortfall = want.saturating_sub(nfree).max(1);
+        let mut attempts = 0;
+        loop {
+            let mut refused = None;
+            for _ in 0..shortfall {
+                match self.grow(dev) {
+                    Ok(p) => created.push(p),
+                    Err(e) => {
+                        refused = Some(e);
+                        break;
+                    }
+                }
+            }
+            if refused.is_none()
+                && let Some(plan) = self.place(size)
+                && let Some(x) = self.try_commit(dev, plan, size, t)?
+            {
+                return Ok(x);
+            }
+            attempts += 1;
+            match refused {
+                None if attempts < 4 => shortfall = 1,
+                None => {
+                    self.release_unused(dev, &created);
+                    return Err(PoolError::Device(DeviceError::Driver(-1)));
+                }
+                Some(e) => {
+                    // give back what this attempt created and is still unused
+                    self.release_unused(dev, &created);
+                    if !e.is_oom() {
+                        return Err(PoolError::Device(e));
+                    }
+                    self.stats.oom_retries += 1;
+                    return Err(PoolError::OutOfMemory {
+                        requested: size,
+                        reserved: self.stats.reserved,
+                        live: self.stats.live,
+                        why: e,
+                    });
+                }
+            }
+        }
+    }
+
+    fn release_unused(&mut self, dev: &mut dyn Device, created: &[u32]) {
+        for &p in created {
+            if self.pages[p as usize].is_some() {
+                let pg = self.page(p);
+                if pg.used == 0 && pg.maps.is_empty() && pg.fences.is_empty() {
+                    let _ = self.release_page(dev, p);
+                }
+            }
+        }
+    }
+}
+
+impl Policy for Stitch {
+    fn name(&self) -> &'static str {
+        "stitch"
+    }
+
+    fn alloc(&mut self, dev: &mut dyn Device, req: Request) -> Result<Alloc, PoolError> {
+        if self.gran == 0 {
+            self.gran = dev.granularity();
+        }
+        let t = req.stream;
+        let size = round_up(req.size.max(1), ALIGN);
+        self.note_stream(t);
+        if self.faults.reuse_sync_frees_early && !self.pending.is_empty() {
+            self.epoch += 1;
+            self.flush_pending();
+        }
+        if !self.pending.is_empty() && self.flushed_epoch != self.epoch {
+            self.flush_pending();
+        }
+        let addr = match self.cache_take(dev, size, t) {
+            Some(a) => {
+                self.stats.cache_hits += 1;
+                let b = self.blocks.get_mut(&a).unwrap();
+                b.req = req.size;
+                b.stream = t;
+                a
+            }
+            None => {
+                let (map, off) = match self.alloc_slow(dev, size, t) {
+                    Ok(x) => x,
+                    Err(PoolError::OutOfMemory { why, .. }) => {
+                        return Err(PoolError::OutOfMemory {
+                            requested: req.size,
+                            reserved: self.stats.reserved,
+                            live: self.stats.live,
+                            why,
+                        });
+                    }
+                    Err(e) => return Err(e),
+                };
+                let addr = self.map(map).va + off;
+                self.blocks.insert(
+                    addr,
+                    Block {
+                        size,
+                        req: req.size,
+                        map,
+                        off,
+                        stream: t,
+                        state: BState::Live,
+                        free_stream: t,
+                        event: None,
+                        epoch: 0,
+                        seq: 0,
+                    },
+                );
+                self.gc_mappings(dev);
+                addr
+            }
+        };
+        self.stats.allocs += 1;
+        self.stats.add_live(req.size);
+        Ok(Alloc { addr, size })
+    }
+
+    fn free(&mut self, dev: &mut dyn Device, addr: u64, mode: FreeMode) -> Result<u64, PoolError> {
+        let epoch = self.epoch;
+        let Some(b) = self.blocks.get_mut(&addr) else {
+            return Err(PoolError::UnknownPointer(addr));
+        };
+        if b.state != BState::Live {
+            return Err(PoolError::UnknownPointer(addr));
+        }
+        let req = b.req;
+        b.epoch = epoch;
+        self.frees_since_sync = true;
+        self.stats.frees += 1;
+        self.stats.live -= req;
+        match mode {
+            FreeMode::Sync => {
+                b.state = BState::Pending;
+                self.pending.push(addr);
+            }
+            FreeMode::Async { stream } => {
+                b.state = BState::Cached;
+                b.free_stream = stream;
+                self.seq += 1;
+                b.seq = self.seq;
+                let (size, seq) = (b.size, b.seq);
+                self.note_stream(stream);
+                if self.multi_stream
+                    && let Ok(ev) = dev.record_event(stream)
+                {
+                    self.stats.events_recorded += 1;
+                    self.ev_ref(ev);
+                    self.blocks.get_mut(&addr).unwrap().event = Some(ev);
+                }
+                self.cache.entry(size).or_default().push(addr);
+                self.lru.push_back((seq, addr));
+                self.ncached += 1;
+                self.compact_lru();
+            }
+        }
+        Ok(req)
+    }
+
+    fn trim(&mut self, dev: &mut dyn Device) -> Result<u64, PoolError> {
+        self.stats.trims += 1;
+        if dev.is_capturing() || self.gran == 0 {
+            return Ok(0);
+        }
+        if self.frees_since_sync || !self.pending.is_empty() {
+            self.do_sync(dev)?;
+        }
+        self.flush_pending();
+        while self.dissolve_some(dev, u64::MAX) {}
+        let before = self.npages;
+        for p in 0..self.pages.len() as u32 {
+            if self.pages[p as usize].is_some() {
+                self.purge_fences(dev, p);
+            }
+        }
+        let unused: Vec<u32> = self
+            .maps
+            .iter()
+            .enumerate()
+            .filter_map(|(i, m)| m.as_ref().filter(|m| m.users == 0).map(|_| i as u32))
+            .collect();
+        for m in unused {
+            self.drop_mapping(dev, m)?;
+        }
+        let free: Vec<u32> = self
+            .free_pages
+            .iter()
+            .copied()
+            .filter(|&p| self.page(p).maps.is_empty())
+            .collect();
+        for p in free {
+            self.release_page(dev, p)?;
+        }
+        Ok((before - self.npages) * self.gran)
+    }
+
+    fn note_process_sync(&mut self) {
+        self.stats.process_syncs += 1;
+        self.epoch += 1;
+        self.frees_since_sync = false;
+    }
+
+    fn owns(&self, addr: u64) -> bool {
+        self.blocks
+            .get(&addr)
+            .is_some_and(|b| b.state == BState::Live)
+    }
+
+    fn contains(&self, addr: u64) -> bool {
+        self.maps_by_va
+            .range(..=addr)
+            .next_back()
+            .is_some_and(|(&va, &m)| addr < va + self.map(m).pages.len() as u64 * self.gran)
+    }
+
+    fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    fn reset(&mut self) {
+        let stats = self.stats;
+        let faults = self.faults;
+        *self = Stitch::new();
+        self.faults = faults;
+        self.stats = Stats {
+            reserved: 0,
+            live: 0,
+            mappings: 0,
+            ..stats
+        };
+    }
+}
