@@ -341,8 +341,9 @@ static void write_pattern(struct block *b, long long idx) {
             static unsigned char tbuf[WINDOW];
             fill_words(tbuf, tail, b->born, tail_off);
             if ((rc = dev_write((char *)b->dev + tail_off, tbuf, tail))) fail_io("memcpy", idx, rc);
-            if (opt_async && (rc = cudaStreamSynchronize(stream))) fail_io("sync", idx, rc);
         }
+        /* the host buffers are reused: wait until the stream has read them */
+        if (opt_async && (rc = cudaStreamSynchronize(stream))) fail_io("sync", idx, rc);
     }
 }
 

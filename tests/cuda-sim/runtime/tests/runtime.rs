@@ -1,0 +1,236 @@
+//! The simulated runtime (libcudart.so.12/.13, libcudart_static.a) driven by real C programs
+//! on the simulated driver. Needs the simulated GPU built (scripts/test does it).
+
+use std::path::Path;
+use std::process::Command;
+use vramshim_testkit::{
+    Link, compile_c, compile_c_to, real_cudart12_dir, run, sim_command, sim_dir, temp_dir,
+};
+
+const BASIC: &str = "tests/workloads/sim/rt_basic.c";
+
+fn readelf(args: &[&str], file: &Path) -> String {
+    let o = Command::new("readelf")
+        .args(args)
+        .arg(file)
+        .output()
+        .expect("readelf");
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn layout_has_every_library_under_its_real_name() {
+    let d = sim_dir();
+    for f in [
+        "libcuda.so.1",
+        "libcuda.so",
+        "libcudart.so.12",
+        "libcudart.so.13",
+        "libcudart_static.a",
+        "libnvidia-ml.so.1",
+    ] {
+        assert!(d.join(f).exists(), "{f} missing in {}", d.display());
+    }
+    assert_eq!(
+        std::fs::read_link(d.join("libcuda.so")).unwrap(),
+        Path::new("libcuda.so.1")
+    );
+}
+
+#[test]
+fn shared_runtimes_have_soname_and_version_node() {
+    for v in ["12", "13"] {
+        let lib = sim_dir().join(format!("libcudart.so.{v}"));
+        let dynamic = readelf(&["-d", "-W"], &lib);
+        assert!(
+            dynamic.contains(&format!("Library soname: [libcudart.so.{v}]")),
+            "{dynamic}"
+        );
+        assert!(
+            !dynamic.contains("libcuda.so"),
+            "the runtime must not link libcuda: {dynamic}"
+        );
+        let syms = readelf(&["--dyn-syms", "-W"], &lib);
+        for f in [
+            "cudaMalloc",
+            "cudaFree",
+            "cudaMallocAsync_ptsz",
+            "cudaGetDriverEntryPointByVersion",
+        ] {
+            assert!(
+                syms.contains(&format!(" {f}@@libcudart.so.{v}")),
+                "{f} not versioned in .so.{v}"
+            );
+        }
+        // Nothing of Rust's leaks out: every defined dynamic symbol is versioned.
+        for line in syms
+            .lines()
+            .filter(|l| l.contains(" FUNC ") && !l.contains(" UND "))
+        {
+            assert!(
+                line.contains("@@libcudart.so."),
+                "unversioned export: {line}"
+            );
+        }
+    }
+}
+
+#[test]
+fn c_program_linked_against_shared_runtime_12() {
+    let exe = compile_c("rt_basic12", &[BASIC], Link::SharedRuntime);
+    let out = run(&mut sim_command(&exe, "rt_basic12"));
+    out.assert_success();
+    assert!(out.stdout.contains("runtime=12090"), "{}", out.stdout);
+    assert!(out.stdout.contains("rt_basic: ok"));
+    assert!(out.stderr.is_empty(), "unexpected stderr: {}", out.stderr);
+}
+
+#[test]
+fn c_program_linked_against_shared_runtime_13() {
+    let exe = compile_c("rt_basic13", &[BASIC], Link::SharedRuntime13);
+    let out = run(&mut sim_command(&exe, "rt_basic13"));
+    out.assert_success();
+    assert!(out.stdout.contains("runtime=13000"), "{}", out.stdout);
+}
+
+#[test]
+fn c_program_linked_against_static_runtime() {
+    let exe = compile_c("rt_basic_static", &[BASIC], Link::StaticRuntime);
+    let needed = readelf(&["-d"], &exe);
+    assert!(
+        !needed.contains("libcudart"),
+        "static runtime must not need libcudart: {needed}"
+    );
+    let out = run(&mut sim_command(&exe, "rt_basic_static"));
+    out.assert_success();
+    assert!(out.stdout.contains("runtime=12090") && out.stdout.contains("rt_basic: ok"));
+}
+
+#[test]
+fn device_properties_come_from_the_driver() {
+    let exe = compile_c("rt_props", &[BASIC], Link::SharedRuntime);
+    for (mem, bytes) in [("2GiB", "2147483648"), ("3GiB", "3221225472")] {
+        let out = run(sim_command(&exe, "rt_props").env("VRAMSIM_MEMORY", mem));
+        out.assert_success();
+        assert!(
+            out.stdout.contains(&format!("totalGlobalMem={bytes}")),
+            "{}",
+            out.stdout
+        );
+    }
+}
+
+#[test]
+fn error_codes_and_last_error_semantics() {
+    let exe = compile_c(
+        "rt_errors",
+        &["tests/workloads/sim/rt_errors.c"],
+        Link::SharedRuntime,
+    );
+    let out = run(sim_command(&exe, "rt_errors").arg("panic"));
+    out.assert_success();
+    assert!(out.stdout.contains("rt_errors: ok"));
+    // The deliberate panic is reported on stderr but does not cross the C ABI.
+    assert!(out.stderr.contains("deliberate panic"), "{}", out.stderr);
+}
+
+#[test]
+fn driver_entry_points_select_ptsz_and_version() {
+    let exe = compile_c(
+        "rt_entry",
+        &["tests/workloads/sim/rt_entry.c"],
+        Link::SharedRuntime,
+    );
+    run(&mut sim_command(&exe, "rt_entry")).assert_success();
+    let exe = compile_c(
+        "rt_entry13",
+        &["tests/workloads/sim/rt_entry.c"],
+        Link::SharedRuntime13,
+    );
+    run(&mut sim_command(&exe, "rt_entry13")).assert_success();
+}
+
+#[test]
+fn dlopened_runtime_resolves_by_version_node() {
+    let exe = compile_c(
+        "dl_runtime",
+        &["tests/workloads/sim/dl_runtime.c"],
+        Link::Dl,
+    );
+    for v in ["12", "13"] {
+        let lib = format!("libcudart.so.{v}");
+        let out = run(sim_command(&exe, "dl_runtime").args([&lib, &lib]));
+        out.assert_success();
+        assert!(
+            out.stdout.contains(&format!("runtime={v}")),
+            "{}",
+            out.stdout
+        );
+    }
+}
+
+#[test]
+fn without_a_driver_every_call_is_insufficient_driver() {
+    // Only the runtime on the library path: dlopen("libcuda.so.1") fails.
+    let probe = Command::new("sh")
+        .args(["-c", "ldconfig -p 2>/dev/null | grep -q 'libcuda.so.1 '"])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if probe {
+        eprintln!("SKIP: a system libcuda.so.1 is installed; cannot test the no-driver case here");
+        return;
+    }
+    let dir = temp_dir("no_driver_lib");
+    std::fs::copy(
+        sim_dir().join("libcudart.so.12"),
+        dir.join("libcudart.so.12"),
+    )
+    .unwrap();
+    let exe = compile_c(
+        "no_driver",
+        &["tests/workloads/sim/no_driver.c"],
+        Link::SharedRuntime,
+    );
+    let out = run(sim_command(&exe, "no_driver").env("LD_LIBRARY_PATH", &dir));
+    out.assert_success();
+    assert!(out.stdout.contains("no_driver: ok"));
+}
+
+/// Issue 2, Deliver 4: a program linked at build time against NVIDIA's real libcudart.so.12
+/// (12.9 wheel, no rpath) runs unchanged on the simulated stack.
+#[test]
+fn program_built_against_real_libcudart_runs_on_the_simulated_stack() {
+    let real = match real_cudart12_dir() {
+        Ok(d) => d,
+        Err(why) => {
+            eprintln!("SKIP: NVIDIA's libcudart.so.12 is not available: {why}");
+            return;
+        }
+    };
+    let exe = temp_dir("real_cudart").join("rt_basic_real");
+    let l = format!("-L{}", real.display());
+    compile_c_to(
+        &exe,
+        &[BASIC],
+        Link::Dl,
+        &["-DREAL_CUDART", &l, "-l:libcudart.so.12"],
+    );
+    // It really references NVIDIA's versioned symbols, and has no rpath.
+    let dynsyms = readelf(&["--dyn-syms", "-W"], &exe);
+    assert!(dynsyms.contains("cudaMalloc@libcudart.so.12"), "{dynsyms}");
+    let dynamic = readelf(&["-d"], &exe);
+    assert!(
+        !dynamic.contains("RPATH") && !dynamic.contains("RUNPATH"),
+        "{dynamic}"
+    );
+    let out = run(&mut sim_command(&exe, "rt_real"));
+    out.assert_success();
+    assert!(out.stdout.contains("rt_basic: ok"), "{}", out.stdout);
+    assert!(
+        !out.stderr.contains("no version information available"),
+        "glibc complained about symbol versions: {}",
+        out.stderr
+    );
+    assert!(out.stderr.is_empty(), "unexpected stderr: {}", out.stderr);
+}
