@@ -480,6 +480,37 @@ pub fn process_alive(pid: u32, start: u64) -> bool {
     }
 }
 
+/// The name both the driver and NVML report for device `dev`.
+pub fn device_name(dev: u32) -> String {
+    format!("vramsim GPU {dev} (simulated)")
+}
+
+/// The UUID both the driver (cuDeviceGetUuid) and NVML (`GPU-…`) report: stable per device
+/// name and ordinal, different between simulated devices.
+pub fn device_uuid(name: &str, dev: u32) -> [u8; 16] {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in name.bytes().chain(dev.to_le_bytes()) {
+        h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
+    }
+    let mut bytes = [0u8; 16];
+    bytes[..8].copy_from_slice(&h.to_le_bytes());
+    bytes[8..].copy_from_slice(&(h.rotate_left(29) ^ 0x5652_414d).to_le_bytes());
+    bytes
+}
+
+/// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, as nvidia-smi prints UUIDs.
+pub fn uuid_string(u: &[u8; 16]) -> String {
+    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

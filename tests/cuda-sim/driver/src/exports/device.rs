@@ -66,14 +66,9 @@ fn attribute(attr: c_int, dev: i32) -> Option<c_int> {
 }
 
 fn uuid(dev: i32) -> CUuuid {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in CONFIG.name.bytes().chain([dev as u8]) {
-        h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
+    CUuuid {
+        bytes: vramsim_devstate::device_uuid(&CONFIG.name, dev as u32),
     }
-    let mut bytes = [0u8; 16];
-    bytes[..8].copy_from_slice(&h.to_le_bytes());
-    bytes[8..].copy_from_slice(&(h.rotate_left(29) ^ 0x5652_414d).to_le_bytes());
-    CUuuid { bytes }
 }
 
 /// Copies a string into a caller buffer of `len` bytes, truncating, always NUL-terminated.
@@ -94,7 +89,7 @@ unsafe fn put_str(buf: *mut c_char, len: c_int, s: &str) -> Res {
 }
 
 pub fn device_name(dev: i32) -> String {
-    format!("vramsim GPU {dev} (simulated)")
+    vramsim_devstate::device_name(dev as u32)
 }
 
 cu_api! {

@@ -1,0 +1,671 @@
+/*
+ * drvcheck.c - scenarios for the simulated driver's integration tests. Reaches libcuda.so.1
+ * as the real runtime does (dlopen + cuGetProcAddress_v2). `drvcheck SCENARIO [ARGS]`; exit 0
+ * on success, 1 with a message on the first failed expectation.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+typedef unsigned long long u64;
+typedef void *CUcontext, *CUstream, *CUevent, *CUmemoryPool;
+typedef struct { int type, id; } CUmemLocation;
+typedef struct {
+    int type, requestedHandleTypes;
+    CUmemLocation location;
+    void *win32;
+    unsigned char flags[8];
+} CUmemAllocationProp;
+typedef struct { CUmemLocation location; int flags; } CUmemAccessDesc;
+typedef struct { u64 capacity, used, high_water, refusals, used_by_self; } Stats;
+typedef CUresult (*gpa_t)(const char *, void **, int, u64, int *);
+
+static void *lib;
+static gpa_t gpa;
+
+#define EXPECT_EQ(call, want)                                                                  \
+    do {                                                                                       \
+        long long g_ = (long long)(call), w_ = (long long)(want);                              \
+        if (g_ != w_) {                                                                        \
+            fprintf(stderr, "%s:%d: %s -> %lld, expected %lld\n", __FILE__, __LINE__, #call,   \
+                    g_, w_);                                                                   \
+            exit(1);                                                                           \
+        }                                                                                      \
+    } while (0)
+#define EXPECT(c)                                                                              \
+    do {                                                                                       \
+        if (!(c)) {                                                                            \
+            fprintf(stderr, "%s:%d: expected %s\n", __FILE__, __LINE__, #c);                   \
+            exit(1);                                                                           \
+        }                                                                                      \
+    } while (0)
+#define OK(call) EXPECT_EQ(call, 0)
+
+static void *get(const char *name, int ver, u64 flags) {
+    void *f = NULL;
+    int st = -1;
+    CUresult r = gpa(name, &f, ver, flags, &st);
+    if (r != 0 || !f) {
+        fprintf(stderr, "cuGetProcAddress_v2(%s, %d, %llu) -> %d status %d\n", name, ver, flags, r, st);
+        exit(1);
+    }
+    return f;
+}
+#define V 12080
+#define FN(ret, name, args) ret(*name) args = get(#name, V, 0)
+
+static CUresult (*cuInit) (unsigned);
+static CUresult (*cuDeviceGet)(int *, int);
+static CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, int);
+static CUresult (*cuCtxSetCurrent)(CUcontext);
+static CUresult (*cuMemAlloc)(CUdeviceptr *, size_t);
+static CUresult (*cuMemFree)(CUdeviceptr);
+static CUresult (*cuMemGetInfo)(size_t *, size_t *);
+static CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void *, size_t);
+static CUresult (*cuMemcpyDtoH)(void *, CUdeviceptr, size_t);
+static CUresult (*vramsimDeviceUsed)(int, u64 *);
+static CUresult (*vramsimDeviceHighWater)(int, u64 *);
+
+static void load(void) {
+    lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) { fprintf(stderr, "dlopen: %s\n", dlerror()); exit(1); }
+    gpa = (gpa_t)dlsym(lib, "cuGetProcAddress_v2");
+    EXPECT(gpa);
+    cuInit = get("cuInit", V, 0);
+    cuDeviceGet = get("cuDeviceGet", V, 0);
+    cuDevicePrimaryCtxRetain = get("cuDevicePrimaryCtxRetain", V, 0);
+    cuCtxSetCurrent = get("cuCtxSetCurrent", V, 0);
+    cuMemAlloc = get("cuMemAlloc", V, 0);
+    cuMemFree = get("cuMemFree", V, 0);
+    cuMemGetInfo = get("cuMemGetInfo", V, 0);
+    cuMemcpyHtoD = get("cuMemcpyHtoD", V, 0);
+    cuMemcpyDtoH = get("cuMemcpyDtoH", V, 0);
+    vramsimDeviceUsed = get("vramsimDeviceUsed", V, 0);
+    vramsimDeviceHighWater = get("vramsimDeviceHighWater", V, 0);
+}
+
+static void start(void) {
+    OK(cuInit(0));
+    int dev;
+    CUcontext ctx;
+    OK(cuDeviceGet(&dev, 0));
+    OK(cuDevicePrimaryCtxRetain(&ctx, dev));
+    OK(cuCtxSetCurrent(ctx));
+}
+
+static size_t free_mem(void) {
+    size_t f, t;
+    OK(cuMemGetInfo(&f, &t));
+    return f;
+}
+
+#define MiB (1ull << 20)
+
+/* Error codes, packing, copies. Run with VRAMSIM_CONTEXT_OVERHEAD=300MiB (default). */
+static int basic(void) {
+    CUdeviceptr p, q;
+    size_t f, t;
+    int n;
+    CUresult (*cuDeviceGetCount)(int *) = get("cuDeviceGetCount", V, 0);
+    CUresult (*cuMemGetAddressRange)(CUdeviceptr *, size_t *, CUdeviceptr) = get("cuMemGetAddressRange", V, 0);
+    CUresult (*cuGetErrorName)(CUresult, const char **) = get("cuGetErrorName", V, 0);
+    CUresult (*cuCtxGetCurrent)(CUcontext *) = get("cuCtxGetCurrent", V, 0);
+    int drv = 0;
+    CUresult (*cuDriverGetVersion)(int *) = get("cuDriverGetVersion", V, 0);
+    OK(cuDriverGetVersion(&drv));
+    EXPECT_EQ(drv, 13000);
+    /* Before cuInit. */
+    EXPECT_EQ(cuDeviceGetCount(&n), 3);
+    EXPECT_EQ(cuMemAlloc(&p, 100), 3);
+    EXPECT_EQ(cuInit(1), 1);
+    OK(cuInit(0));
+    OK(cuDeviceGetCount(&n));
+    EXPECT_EQ(n, 2); /* VRAMSIM_DEVICES=2 */
+    int d;
+    EXPECT_EQ(cuDeviceGet(&d, 2), 101);
+    EXPECT_EQ(cuDeviceGet(&d, -1), 101);
+    EXPECT_EQ(cuDeviceGet(NULL, 0), 1);
+    /* No current context. */
+    CUcontext c = (CUcontext)1;
+    OK(cuCtxGetCurrent(&c));
+    EXPECT(c == NULL);
+    EXPECT_EQ(cuMemAlloc(&p, 100), 201);
+    EXPECT_EQ(cuMemGetInfo(&f, &t), 201);
+    u64 used0;
+    OK(vramsimDeviceUsed(0, &used0));
+    EXPECT_EQ(used0, 0);
+    start();
+    OK(vramsimDeviceUsed(0, &used0));
+    EXPECT_EQ(used0, 300 * MiB); /* context overhead */
+    OK(cuMemGetInfo(&f, &t));
+    EXPECT_EQ(t, 1024 * MiB);
+    EXPECT_EQ(f, t - 300 * MiB);
+    /* Packing: two small allocations share one 2 MiB page. */
+    OK(cuMemAlloc(&p, 1000));
+    EXPECT_EQ(free_mem(), f - 2 * MiB);
+    OK(cuMemAlloc(&q, 1000));
+    EXPECT_EQ(free_mem(), f - 2 * MiB);
+    EXPECT(q % 512 == 0 && p % 512 == 0 && q != p);
+    EXPECT(q - p < 2 * MiB || p - q < 2 * MiB);
+    CUdeviceptr base;
+    size_t size;
+    OK(cuMemGetAddressRange(&base, &size, p + 10));
+    EXPECT_EQ(base, p);
+    EXPECT_EQ(size, 1000);
+    EXPECT_EQ(cuMemGetAddressRange(&base, &size, 12345), 500);
+    /* Copies round-trip. */
+    char buf[1000], back[1000];
+    for (int i = 0; i < 1000; i++) buf[i] = (char)i;
+    OK(cuMemcpyHtoD(p, buf, 1000));
+    OK(cuMemcpyDtoH(back, p, 1000));
+    EXPECT(memcmp(buf, back, 1000) == 0);
+    EXPECT_EQ(cuMemcpyHtoD(p, buf, 5000), 1); /* past the allocation */
+    /* Frees. */
+    OK(cuMemFree(p));
+    EXPECT_EQ(cuMemFree(p), 1); /* double free */
+    EXPECT_EQ(cuMemFree(q + 8), 1); /* interior pointer */
+    EXPECT_EQ(cuMemFree(0xdeadbeef000), 1);
+    OK(cuMemFree(0));
+    EXPECT_EQ(free_mem(), f - 2 * MiB);
+    OK(cuMemFree(q));
+    EXPECT_EQ(free_mem(), f);
+    /* Large: rounded up to 2 MiB multiples. */
+    OK(cuMemAlloc(&p, 3 * MiB));
+    EXPECT_EQ(free_mem(), f - 4 * MiB);
+    OK(cuMemFree(p));
+    EXPECT_EQ(cuMemAlloc(&p, 0), 1);
+    EXPECT_EQ(cuMemAlloc(NULL, 10), 1);
+    const char *name = NULL;
+    OK(cuGetErrorName(2, &name));
+    EXPECT(strcmp(name, "CUDA_ERROR_OUT_OF_MEMORY") == 0);
+    EXPECT_EQ(cuGetErrorName(12345, &name), 1);
+    /* Host memory is not charged. */
+    void *h;
+    CUresult (*cuMemAllocHost)(void **, size_t) = get("cuMemAllocHost", V, 0);
+    CUresult (*cuMemFreeHost)(void *) = get("cuMemFreeHost", V, 0);
+    OK(cuMemAllocHost(&h, 64 * MiB));
+    memset(h, 1, 64 * MiB);
+    EXPECT_EQ(free_mem(), f);
+    OK(cuMemFreeHost(h));
+    EXPECT_EQ(cuMemFreeHost(h), 1);
+    return 0;
+}
+
+/* cuGetProcAddress_v2 version/flag selection; addresses equal the exported symbols. */
+static int procaddr(void) {
+    void *f;
+    int st;
+#define SAME(name, ver, flags, sym)                                                            \
+    do {                                                                                       \
+        f = NULL;                                                                              \
+        st = -1;                                                                               \
+        OK(gpa(name, &f, ver, flags, &st));                                                    \
+        EXPECT_EQ(st, 0);                                                                      \
+        EXPECT(f != NULL && f == dlsym(lib, sym));                                             \
+    } while (0)
+    SAME("cuMemAlloc", 3020, 0, "cuMemAlloc_v2");
+    SAME("cuMemAlloc", 12000, 0, "cuMemAlloc_v2");
+    SAME("cuMemFree", 12000, 0, "cuMemFree_v2");
+    SAME("cuMemGetInfo", 2000, 0, "cuMemGetInfo");
+    SAME("cuMemGetInfo", 3020, 0, "cuMemGetInfo_v2");
+    SAME("cuCtxCreate", 3020, 0, "cuCtxCreate_v2");
+    SAME("cuCtxCreate", 12000, 0, "cuCtxCreate_v3");
+    SAME("cuCtxCreate", 13000, 0, "cuCtxCreate_v4");
+    SAME("cuStreamGetCaptureInfo", 12000, 0, "cuStreamGetCaptureInfo_v2");
+    SAME("cuStreamGetCaptureInfo", 12030, 2, "cuStreamGetCaptureInfo_v3_ptsz");
+    SAME("cuMemAllocAsync", 11020, 0, "cuMemAllocAsync");
+    SAME("cuMemAllocAsync", 11020, 1, "cuMemAllocAsync");
+    SAME("cuMemAllocAsync", 11020, 2, "cuMemAllocAsync_ptsz");
+    SAME("cuMemFreeAsync", 12000, 2, "cuMemFreeAsync_ptsz");
+    SAME("cuMemAllocFromPoolAsync", 12000, 2, "cuMemAllocFromPoolAsync_ptsz");
+    SAME("cuMemcpyAsync", 12000, 2, "cuMemcpyAsync_ptsz");
+    SAME("cuMemcpyHtoD", 12000, 2, "cuMemcpyHtoD_v2_ptds");
+    SAME("cuStreamSynchronize", 12000, 2, "cuStreamSynchronize_ptsz");
+    SAME("cuMemAlloc", 12000, 2, "cuMemAlloc_v2"); /* no _ptsz variant */
+    SAME("cuGetProcAddress", 11030, 0, "cuGetProcAddress");
+    SAME("cuGetProcAddress", 12000, 0, "cuGetProcAddress_v2");
+    SAME("cuMemCreate", 12000, 0, "cuMemCreate");
+    SAME("vramsimLaunchFill", 12000, 0, "vramsimLaunchFill");
+    /* Not found: success, NULL, SYMBOL_NOT_FOUND. */
+    f = (void *)1;
+    OK(gpa("cuNoSuchFunction", &f, 12000, 0, &st));
+    EXPECT(f == NULL);
+    EXPECT_EQ(st, 1);
+    OK(gpa("", &f, 0, 0, &st)); /* the runtime's probe */
+    EXPECT_EQ(st, 1);
+    /* Too old for any variant: VERSION_NOT_SUFFICIENT. */
+    f = (void *)1;
+    OK(gpa("cuMemAllocAsync", &f, 11000, 0, &st));
+    EXPECT(f == NULL);
+    EXPECT_EQ(st, 2);
+    /* Newer than the driver: invalid value. */
+    EXPECT_EQ(gpa("cuMemAlloc", &f, 13010, 0, &st), 1);
+    EXPECT_EQ(gpa(NULL, &f, 12000, 0, &st), 1);
+    EXPECT_EQ(gpa("cuMemAlloc", NULL, 12000, 0, &st), 1);
+    /* symbolStatus is optional. */
+    OK(gpa("cuMemAlloc", &f, 12000, 0, NULL));
+    /* The 4-argument 11.x ABI. */
+    CUresult (*gpa1)(const char *, void **, int, u64) = dlsym(lib, "cuGetProcAddress");
+    OK(gpa1("cuMemAlloc", &f, 11030, 0));
+    EXPECT(f == dlsym(lib, "cuMemAlloc_v2"));
+    EXPECT_EQ(gpa1("cuNoSuchFunction", &f, 11030, 0), 500);
+    return 0;
+}
+
+/* Capacity refusal and the device's high-water mark. VRAMSIM_MEMORY=64MiB, no overhead. */
+static int capacity(void) {
+    start();
+    CUdeviceptr a, b, c;
+    OK(cuMemAlloc(&a, 40 * MiB));
+    EXPECT_EQ(cuMemAlloc(&b, 30 * MiB), 2);
+    OK(cuMemAlloc(&b, 24 * MiB));
+    EXPECT_EQ(free_mem(), 0);
+    EXPECT_EQ(cuMemAlloc(&c, 1), 2);
+    OK(cuMemFree(b));
+    OK(cuMemAlloc(&c, 1));
+    u64 used, high;
+    OK(vramsimDeviceUsed(0, &used));
+    OK(vramsimDeviceHighWater(0, &high));
+    EXPECT_EQ(used, 42 * MiB);
+    EXPECT_EQ(high, 64 * MiB);
+    Stats s;
+    CUresult (*stats)(const char *, int, Stats *) = get("vramsimDeviceStats", V, 0);
+    OK(stats(NULL, 0, &s));
+    EXPECT_EQ(s.capacity, 64 * MiB);
+    EXPECT_EQ(s.used_by_self, 42 * MiB);
+    EXPECT_EQ(s.refusals, 2);
+    EXPECT_EQ(stats(NULL, 3, &s), 101);
+    return 0;
+}
+
+static CUresult (*cuMemAddressReserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, u64);
+static CUresult (*cuMemCreate)(u64 *, size_t, const CUmemAllocationProp *, u64);
+static CUresult (*cuMemMap)(CUdeviceptr, size_t, size_t, u64, u64);
+static CUresult (*cuMemUnmap)(CUdeviceptr, size_t);
+static CUresult (*cuMemSetAccess)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+static CUresult (*cuMemRelease)(u64);
+
+static void vmm_load(void) {
+    cuMemAddressReserve = get("cuMemAddressReserve", V, 0);
+    cuMemCreate = get("cuMemCreate", V, 0);
+    cuMemMap = get("cuMemMap", V, 0);
+    cuMemUnmap = get("cuMemUnmap", V, 0);
+    cuMemSetAccess = get("cuMemSetAccess", V, 0);
+    cuMemRelease = get("cuMemRelease", V, 0);
+}
+
+static CUmemAllocationProp dev_prop(void) {
+    CUmemAllocationProp p;
+    memset(&p, 0, sizeof p);
+    p.type = 1;                 /* PINNED */
+    p.location.type = 1;        /* DEVICE */
+    p.location.id = 0;
+    p.requestedHandleTypes = 1; /* POSIX fd */
+    return p;
+}
+
+static void rw(CUdeviceptr va, size_t size) {
+    CUmemAccessDesc d = {{1, 0}, 3};
+    OK(cuMemSetAccess(va, size, &d, 1));
+}
+
+/* One physical handle mapped at two addresses shows the same bytes. */
+static int vmm_alias(void) {
+    start();
+    vmm_load();
+    CUresult (*gran)(size_t *, const CUmemAllocationProp *, int) = get("cuMemGetAllocationGranularity", V, 0);
+    CUresult (*cuMemAddressFree)(CUdeviceptr, size_t) = get("cuMemAddressFree", V, 0);
+    CUresult (*retain)(u64 *, void *) = get("cuMemRetainAllocationHandle", V, 0);
+    CUresult (*exp)(void *, u64, int, u64) = get("cuMemExportToShareableHandle", V, 0);
+    CUresult (*imp)(u64 *, void *, int) = get("cuMemImportFromShareableHandle", V, 0);
+    CUresult (*props)(CUmemAllocationProp *, u64) = get("cuMemGetAllocationPropertiesFromHandle", V, 0);
+    CUmemAllocationProp prop = dev_prop();
+    size_t g = 0;
+    OK(gran(&g, &prop, 0));
+    EXPECT_EQ(g, 2 * MiB);
+    size_t f0 = free_mem();
+    CUdeviceptr va;
+    OK(cuMemAddressReserve(&va, 8 * MiB, 0, 0, 0));
+    EXPECT(va % (2 * MiB) == 0);
+    EXPECT_EQ(free_mem(), f0); /* address space is free */
+    u64 h;
+    EXPECT_EQ(cuMemCreate(&h, MiB, &prop, 0), 1); /* not a granularity multiple */
+    OK(cuMemCreate(&h, 2 * MiB, &prop, 0));
+    EXPECT_EQ(free_mem(), f0 - 2 * MiB);
+    OK(cuMemMap(va, 2 * MiB, 0, h, 0));
+    OK(cuMemMap(va + 4 * MiB, 2 * MiB, 0, h, 0));
+    EXPECT_EQ(cuMemMap(va, 2 * MiB, 0, h, 0), 1); /* already mapped */
+    rw(va, 2 * MiB);
+    rw(va + 4 * MiB, 2 * MiB);
+    char *a = (char *)va, *b = (char *)(va + 4 * MiB);
+    strcpy(a + 12345, "aliased");
+    EXPECT(strcmp(b + 12345, "aliased") == 0);
+    b[99] = 42;
+    EXPECT_EQ(a[99], 42);
+    /* Copies work on mapped memory. */
+    char back[8];
+    OK(cuMemcpyDtoH(back, va + 12345, 8));
+    EXPECT(strcmp(back, "aliased") == 0);
+    /* Retain + properties. */
+    u64 h2;
+    OK(retain(&h2, (void *)(va + 100)));
+    EXPECT_EQ(h2, h);
+    CUmemAllocationProp got;
+    OK(props(&got, h));
+    EXPECT_EQ(got.location.type, 1);
+    EXPECT_EQ(got.type, 1);
+    OK(cuMemRelease(h2));
+    /* Export/import: a third mapping of the same bytes. */
+    int fd = -1;
+    OK(exp(&fd, h, 1, 0));
+    EXPECT(fd >= 0);
+    u64 hi;
+    OK(imp(&hi, (void *)(intptr_t)fd, 1));
+    close(fd);
+    OK(cuMemMap(va + 2 * MiB, 2 * MiB, 0, hi, 0));
+    rw(va + 2 * MiB, 2 * MiB);
+    EXPECT(strcmp((char *)(va + 2 * MiB) + 12345, "aliased") == 0);
+    EXPECT_EQ(free_mem(), f0 - 2 * MiB); /* importing charges nothing more */
+    OK(cuMemUnmap(va + 2 * MiB, 2 * MiB));
+    OK(cuMemRelease(hi));
+    /* Released while mapped: memory stays until unmapped everywhere. */
+    OK(cuMemRelease(h));
+    EXPECT_EQ(cuMemRelease(h), 1);
+    EXPECT_EQ(free_mem(), f0 - 2 * MiB);
+    EXPECT_EQ(a[99], 42);
+    OK(cuMemUnmap(va, 2 * MiB));
+    EXPECT_EQ(free_mem(), f0 - 2 * MiB);
+    EXPECT_EQ(cuMemAddressFree(va, 8 * MiB), 1); /* still mapped at va+4MiB */
+    OK(cuMemUnmap(va + 4 * MiB, 2 * MiB));
+    EXPECT_EQ(free_mem(), f0);
+    OK(cuMemAddressFree(va, 8 * MiB));
+    /* Host location: not charged to the device. */
+    CUmemAllocationProp hp = dev_prop();
+    hp.location.type = 2; /* HOST */
+    OK(cuMemCreate(&h, 4 * MiB, &hp, 0));
+    EXPECT_EQ(free_mem(), f0);
+    OK(cuMemRelease(h));
+    return 0;
+}
+
+/* An access to an unmapped range faults: this process must die with SIGSEGV. */
+static int vmm_fault(void) {
+    start();
+    vmm_load();
+    CUmemAllocationProp prop = dev_prop();
+    CUdeviceptr va;
+    u64 h;
+    OK(cuMemAddressReserve(&va, 4 * MiB, 0, 0, 0));
+    OK(cuMemCreate(&h, 2 * MiB, &prop, 0));
+    OK(cuMemMap(va, 2 * MiB, 0, h, 0));
+    rw(va, 2 * MiB);
+    volatile char *p = (volatile char *)va;
+    p[10] = 1;
+    OK(cuMemUnmap(va, 2 * MiB));
+    printf("touching\n");
+    fflush(stdout);
+    p[10] = 2;
+    printf("survived\n");
+    return 0;
+}
+
+/* A mapped range without cuMemSetAccess faults too. */
+static int vmm_noaccess(void) {
+    start();
+    vmm_load();
+    CUmemAllocationProp prop = dev_prop();
+    CUdeviceptr va;
+    u64 h;
+    OK(cuMemAddressReserve(&va, 2 * MiB, 0, 0, 0));
+    OK(cuMemCreate(&h, 2 * MiB, &prop, 0));
+    OK(cuMemMap(va, 2 * MiB, 0, h, 0));
+    printf("touching\n");
+    fflush(stdout);
+    ((volatile char *)va)[0] = 1;
+    printf("survived\n");
+    return 0;
+}
+
+static volatile int gate = 0;
+static void wait_gate(void *arg) {
+    (void)arg;
+    while (!__atomic_load_n(&gate, __ATOMIC_ACQUIRE)) usleep(1000);
+}
+
+/* Streams run asynchronously; events complete when the stream reaches them. */
+static int async(void) {
+    start();
+    CUresult (*cuStreamCreate)(CUstream *, unsigned) = get("cuStreamCreate", V, 0);
+    CUresult (*cuStreamSynchronize)(CUstream) = get("cuStreamSynchronize", V, 0);
+    CUresult (*cuStreamQuery)(CUstream) = get("cuStreamQuery", V, 0);
+    CUresult (*cuStreamDestroy)(CUstream) = get("cuStreamDestroy", V, 0);
+    CUresult (*cuEventCreate)(CUevent *, unsigned) = get("cuEventCreate", V, 0);
+    CUresult (*cuEventRecord)(CUevent, CUstream) = get("cuEventRecord", V, 0);
+    CUresult (*cuEventQuery)(CUevent) = get("cuEventQuery", V, 0);
+    CUresult (*cuEventSynchronize)(CUevent) = get("cuEventSynchronize", V, 0);
+    CUresult (*cuEventElapsedTime)(float *, CUevent, CUevent) = get("cuEventElapsedTime", V, 0);
+    CUresult (*cuStreamWaitEvent)(CUstream, CUevent, unsigned) = get("cuStreamWaitEvent", V, 0);
+    CUresult (*cuLaunchHostFunc)(CUstream, void (*)(void *), void *) = get("cuLaunchHostFunc", V, 0);
+    CUresult (*fill)(CUstream, CUdeviceptr, unsigned char, size_t, unsigned) = get("vramsimLaunchFill", V, 0);
+    CUresult (*copy)(CUstream, CUdeviceptr, CUdeviceptr, size_t, unsigned) = get("vramsimLaunchCopy", V, 0);
+    CUresult (*cuMemcpyAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream) = get("cuMemcpyAsync", V, 0);
+    CUresult (*cuMemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream) = get("cuMemsetD8Async", V, 0);
+
+    CUstream s, s2;
+    CUevent e0, e1;
+    OK(cuStreamCreate(&s, 0));
+    OK(cuStreamCreate(&s2, 1 /* non-blocking */));
+    OK(cuEventCreate(&e0, 0));
+    OK(cuEventCreate(&e1, 0));
+    OK(cuEventQuery(e1)); /* never recorded: complete */
+    CUdeviceptr buf, buf2;
+    OK(cuMemAlloc(&buf, 4096));
+    OK(cuMemAlloc(&buf2, 4096));
+    /* Gate the stream: recorded event cannot complete before the gate opens. */
+    OK(cuEventRecord(e0, s));
+    OK(cuLaunchHostFunc(s, wait_gate, NULL));
+    OK(fill(s, buf, 0xab, 4096, 1000));
+    OK(cuEventRecord(e1, s));
+    EXPECT_EQ(cuEventQuery(e1), 600);
+    EXPECT_EQ(cuStreamQuery(s), 600);
+    /* Work waiting on the event stays behind it too. */
+    OK(cuStreamWaitEvent(s2, e1, 0));
+    OK(copy(s2, buf2, buf, 4096, 0));
+    CUevent e2;
+    OK(cuEventCreate(&e2, 0));
+    OK(cuEventRecord(e2, s2));
+    EXPECT_EQ(cuEventQuery(e2), 600);
+    __atomic_store_n(&gate, 1, __ATOMIC_RELEASE);
+    OK(cuEventSynchronize(e2));
+    OK(cuEventQuery(e1));
+    unsigned char back[4096];
+    OK(cuMemcpyDtoH(back, buf2, 4096));
+    EXPECT_EQ(back[0], 0xab);
+    EXPECT_EQ(back[4095], 0xab);
+    float ms = -1;
+    OK(cuEventElapsedTime(&ms, e0, e1));
+    EXPECT(ms >= 0);
+    /* A delayed kernel on a blocking stream is seen by a synchronous copy (legacy stream). */
+    OK(fill(s, buf, 0x5c, 4096, 50000));
+    OK(cuMemcpyDtoH(back, buf, 4096));
+    EXPECT_EQ(back[100], 0x5c);
+    /* cuMemFree waits for the device: delayed work is done when it returns. */
+    OK(cuMemsetD8Async(buf, 0x11, 4096, s));
+    OK(fill(s, buf, 0x22, 4096, 50000));
+    OK(cuEventRecord(e1, s));
+    OK(cuMemFree(buf2));
+    OK(cuEventQuery(e1));
+    /* Async copies run in stream order. */
+    OK(cuMemAlloc(&buf2, 4096));
+    OK(cuMemcpyAsync(buf2, buf, 4096, s));
+    OK(cuStreamSynchronize(s));
+    OK(cuMemcpyDtoH(back, buf2, 4096));
+    EXPECT_EQ(back[7], 0x22);
+    OK(cuStreamDestroy(s));
+    EXPECT_EQ(cuStreamSynchronize(s), 400);
+    return 0;
+}
+
+/* Stream capture: status tracking and capture-unsafe calls. */
+static int capture(void) {
+    start();
+    CUresult (*cuStreamCreate)(CUstream *, unsigned) = get("cuStreamCreate", V, 0);
+    CUresult (*begin)(CUstream, int) = get("cuStreamBeginCapture", V, 0);
+    CUresult (*end)(CUstream, void **) = get("cuStreamEndCapture", V, 0);
+    CUresult (*is)(CUstream, int *) = get("cuStreamIsCapturing", V, 0);
+    CUresult (*xchg)(int *) = get("cuThreadExchangeStreamCaptureMode", V, 0);
+    CUresult (*fill)(CUstream, CUdeviceptr, unsigned char, size_t, unsigned) = get("vramsimLaunchFill", V, 0);
+    CUstream s;
+    void *g = NULL;
+    int st = -1;
+    CUdeviceptr p;
+    OK(cuStreamCreate(&s, 0));
+    OK(cuMemAlloc(&p, 64));
+    OK(is(s, &st));
+    EXPECT_EQ(st, 0);
+    OK(begin(s, 0));
+    OK(is(s, &st));
+    EXPECT_EQ(st, 1);
+    OK(fill(s, p, 1, 64, 0)); /* captured, not executed */
+    OK(end(s, &g));
+    EXPECT(g != NULL);
+    unsigned char b[64];
+    OK(cuMemcpyDtoH(b, p, 64));
+    EXPECT(b[0] != 1 || b[63] != 1);
+    /* A free during a global capture invalidates it. */
+    OK(begin(s, 0));
+    EXPECT_EQ(cuMemFree(p), 900);
+    OK(is(s, &st));
+    EXPECT_EQ(st, 2);
+    EXPECT_EQ(end(s, &g), 901);
+    EXPECT(g == NULL);
+    /* Relaxed mode on this thread allows it. */
+    OK(begin(s, 0));
+    int mode = 2;
+    OK(xchg(&mode));
+    EXPECT_EQ(mode, 0);
+    OK(cuMemFree(p));
+    OK(xchg(&mode));
+    OK(end(s, &g));
+    return 0;
+}
+
+/* Stream-ordered pools. */
+static int pools(void) {
+    start();
+    CUresult (*allocA)(CUdeviceptr *, size_t, CUstream) = get("cuMemAllocAsync", V, 0);
+    CUresult (*freeA)(CUdeviceptr, CUstream) = get("cuMemFreeAsync", V, 0);
+    CUresult (*defpool)(CUmemoryPool *, int) = get("cuDeviceGetDefaultMemPool", V, 0);
+    CUresult (*setattr)(CUmemoryPool, int, void *) = get("cuMemPoolSetAttribute", V, 0);
+    CUresult (*getattr)(CUmemoryPool, int, void *) = get("cuMemPoolGetAttribute", V, 0);
+    CUresult (*trim)(CUmemoryPool, size_t) = get("cuMemPoolTrimTo", V, 0);
+    CUresult (*sync)(CUstream) = get("cuStreamSynchronize", V, 0);
+    CUmemoryPool pool;
+    OK(defpool(&pool, 0));
+    size_t f0 = free_mem();
+    CUdeviceptr p;
+    OK(allocA(&p, 4 * MiB, 0));
+    EXPECT_EQ(free_mem(), f0 - 4 * MiB);
+    OK(freeA(p, 0));
+    EXPECT_EQ(freeA(p, 0), 1);
+    OK(sync(0));
+    EXPECT_EQ(free_mem(), f0); /* threshold 0: released */
+    u64 thr = 64 * MiB, v = 0;
+    OK(setattr(pool, 4, &thr));
+    OK(allocA(&p, 4 * MiB, 0));
+    OK(freeA(p, 0));
+    OK(sync(0));
+    EXPECT_EQ(free_mem(), f0 - 4 * MiB); /* kept by the pool */
+    OK(getattr(pool, 5, &v));
+    EXPECT_EQ(v, 4 * MiB);
+    OK(getattr(pool, 7, &v));
+    EXPECT_EQ(v, 0);
+    CUdeviceptr q;
+    OK(allocA(&q, 4 * MiB, 0));
+    EXPECT_EQ(q, p); /* reused */
+    OK(cuMemFree(q)); /* cuMemFree accepts pool memory */
+    OK(trim(pool, 0));
+    EXPECT_EQ(free_mem(), f0);
+    return 0;
+}
+
+/* Holds `MiB` of device memory until stdin closes (for the sharing tests). */
+static int hold(long mib) {
+    start();
+    CUdeviceptr p;
+    OK(cuMemAlloc(&p, (size_t)mib * MiB));
+    printf("ready\n");
+    fflush(stdout);
+    char c;
+    while (read(0, &c, 1) > 0) {}
+    return 0;
+}
+
+/* Prints free memory; tries to allocate `mib` and prints the result code. */
+static int probe(long mib) {
+    start();
+    printf("free %zu\n", free_mem());
+    CUdeviceptr p;
+    CUresult r = cuMemAlloc(&p, (size_t)mib * MiB);
+    printf("alloc %d\n", r);
+    u64 high;
+    OK(vramsimDeviceHighWater(0, &high));
+    printf("high %llu\n", high);
+    return 0;
+}
+
+/* Fault injection: VRAMSIM_FAIL=cuMemAlloc:nth=3,cuMemCreate:after=4MiB */
+static int inject(void) {
+    start();
+    vmm_load();
+    CUdeviceptr p;
+    OK(cuMemAlloc(&p, 10));
+    OK(cuMemAlloc(&p, 10));
+    EXPECT_EQ(cuMemAlloc(&p, 10), 2);
+    OK(cuMemAlloc(&p, 10));
+    CUmemAllocationProp prop = dev_prop();
+    u64 h;
+    OK(cuMemCreate(&h, 2 * MiB, &prop, 0));
+    OK(cuMemCreate(&h, 2 * MiB, &prop, 0));
+    EXPECT_EQ(cuMemCreate(&h, 2 * MiB, &prop, 0), 2);
+    return 0;
+}
+
+/* Prints total memory (for the bad-configuration test). */
+static int total(void) {
+    start();
+    size_t f, t;
+    OK(cuMemGetInfo(&f, &t));
+    printf("total %zu\n", t);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) return 2;
+    load();
+    const char *s = argv[1];
+    long arg = argc > 2 ? atol(argv[2]) : 0;
+    if (!strcmp(s, "basic")) return basic();
+    if (!strcmp(s, "procaddr")) return procaddr();
+    if (!strcmp(s, "capacity")) return capacity();
+    if (!strcmp(s, "vmm_alias")) return vmm_alias();
+    if (!strcmp(s, "vmm_fault")) return vmm_fault();
+    if (!strcmp(s, "vmm_noaccess")) return vmm_noaccess();
+    if (!strcmp(s, "async")) return async();
+    if (!strcmp(s, "capture")) return capture();
+    if (!strcmp(s, "pools")) return pools();
+    if (!strcmp(s, "hold")) return hold(arg);
+    if (!strcmp(s, "probe")) return probe(arg);
+    if (!strcmp(s, "inject")) return inject();
+    if (!strcmp(s, "total")) return total();
+    fprintf(stderr, "unknown scenario %s\n", s);
+    return 2;
+}
