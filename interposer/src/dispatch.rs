@@ -1,0 +1,497 @@
+//! The dispatcher: runs one decoded [`Request`] through the layers, outermost first:
+//! cap (`crate::cap`), pool (`crate::pooling`), the real function; then records the outcome
+//! in the live table and counters, and hands one event to the tracer (`crate::tracer`).
+//!
+//! One request = one call count = one charge = one event: hooks reached again while an
+//! outer hook runs on the same thread are passed straight through (see [`run_hook`]).
+
+use crate::counters;
+use crate::live_table::{ALLOCS, Entry, LiveTable};
+use crate::pooling::{self, PoolRequest};
+use crate::request::Request;
+use crate::{cap, ids, tracer};
+use std::ffi::c_int;
+use std::panic::AssertUnwindSafe;
+use vramshim_trace::{AllocKind, Api, Event, MemOp, flags};
+
+/// Which layer decided a request's outcome (for the debug log).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layer {
+    Cap,
+    Pool,
+    Real,
+}
+
+impl Layer {
+    fn name(self) -> &'static str {
+        match self {
+            Layer::Cap => "cap refused",
+            Layer::Pool => "pool",
+            Layer::Real => "real",
+        }
+    }
+}
+
+/// The outcome of an allocation request.
+#[derive(Clone, Copy, Debug)]
+pub struct Outcome {
+    /// The code the process sees.
+    pub rc: c_int,
+    /// The pointer (or handle); 0 on failure.
+    pub addr: u64,
+    /// Who decided.
+    pub layer: Layer,
+}
+
+/// Run a hook body: the outermost hook on this thread runs `body`; a nested one runs `pass`
+/// (straight to the real function, unaccounted). A panic in either is caught and turned
+/// into `panic_code` (never unwinds into C, never aborts).
+#[inline(always)]
+pub fn run_hook(
+    name: &'static str,
+    panic_code: c_int,
+    pass: impl FnOnce() -> c_int,
+    body: impl FnOnce() -> c_int,
+) -> c_int {
+    if !crate::guard::enter() {
+        counters::nested();
+        return match std::panic::catch_unwind(AssertUnwindSafe(pass)) {
+            Ok(rc) => rc,
+            Err(_) => panicked(name, panic_code),
+        };
+    }
+    let r = std::panic::catch_unwind(AssertUnwindSafe(body));
+    crate::guard::leave();
+    match r {
+        Ok(rc) => rc,
+        Err(_) => panicked(name, panic_code),
+    }
+}
+
+/// Run a lookup or query hook that is never nested-guarded, catching panics.
+#[inline(always)]
+pub fn run_unguarded<T>(name: &'static str, on_panic: T, body: impl FnOnce() -> T) -> T {
+    match std::panic::catch_unwind(AssertUnwindSafe(body)) {
+        Ok(v) => v,
+        Err(_) => {
+            counters::panic_caught();
+            crate::warn!("internal error (panic) in {name}; returning an error code");
+            on_panic
+        }
+    }
+}
+
+#[cold]
+fn panicked(name: &'static str, code: c_int) -> c_int {
+    counters::panic_caught();
+    crate::warn!("internal error (panic) in {name}; returning CUDA error {code}");
+    code
+}
+
+/// What the real call reported: its code, the pointer/handle it produced, and the size
+/// actually allocated (pitched allocations are only known afterwards).
+#[derive(Clone, Copy, Debug)]
+pub struct RealResult {
+    pub rc: c_int,
+    pub addr: u64,
+    pub size: u64,
+}
+
+/// Run an allocation request. `pool_ok`: the pool may serve it (plain linear allocations
+/// with a valid out-pointer). `real` performs the real call (writing the caller's
+/// out-pointers itself). The hook writes `Outcome::addr` to the caller only when
+/// `layer == Pool`.
+pub fn alloc(
+    req: &Request,
+    table: &LiveTable,
+    pool_ok: bool,
+    real: impl FnOnce() -> RealResult,
+) -> Outcome {
+    counters::call(req.api);
+    let traced = tracer::enabled();
+    let t0 = if traced { ids::now_ns() } else { 0 };
+
+    // ---- cap
+    let mut charged = 0u64;
+    if req.charged() && req.size > 0 {
+        match cap::try_charge(req.device, req.size, req.api) {
+            Ok(()) => charged = req.size,
+            Err(refusal) => {
+                counters::cap_refusal();
+                if is_runtime(req.api) {
+                    runtime_set_last_error_oom();
+                }
+                crate::debug!(
+                    "{} size={} dev={} stream={:#x} -> {} [cap refused: in use {} + {} > cap {}]",
+                    api_name(req),
+                    req.size,
+                    req.device,
+                    req.stream,
+                    vramshim_trace::codes::OUT_OF_MEMORY,
+                    refusal.in_use,
+                    req.size,
+                    refusal.cap
+                );
+                if traced {
+                    tracer::emit(Event::CapRefusal {
+                        t_ns: t0,
+                        tid: ids::tid(),
+                        device: req.device,
+                        api: req.api,
+                        size: req.size,
+                        in_use: refusal.in_use,
+                        cap: refusal.cap,
+                    });
+                    emit_op(
+                        req,
+                        true,
+                        req.flags | flags::CAP_REFUSED,
+                        0,
+                        req.size,
+                        2,
+                        t0,
+                    );
+                }
+                return Outcome {
+                    rc: vramshim_trace::codes::OUT_OF_MEMORY,
+                    addr: 0,
+                    layer: Layer::Cap,
+                };
+            }
+        }
+    }
+
+    // ---- pool
+    let mut layer = Layer::Real;
+    let mut kind = req.kind;
+    let mut fl = req.flags;
+    let mut res = None;
+    if pool_ok && pooling::enabled() {
+        let preq = PoolRequest {
+            api: req.api,
+            kind: req.kind,
+            device: req.device,
+            stream: req.stream,
+            size: req.size,
+        };
+        match pooling::alloc(&preq) {
+            Some(Ok(p)) => {
+                layer = Layer::Pool;
+                kind = AllocKind::Pool;
+                fl |= flags::POOLED;
+                counters::pooled();
+                res = Some(RealResult {
+                    rc: 0,
+                    addr: p,
+                    size: req.size,
+                });
+            }
+            Some(Err(code)) => {
+                layer = Layer::Pool;
+                res = Some(RealResult {
+                    rc: code,
+                    addr: 0,
+                    size: req.size,
+                });
+            }
+            None => {}
+        }
+    }
+
+    // ---- real
+    let r = match res {
+        Some(r) => r,
+        None => real(),
+    };
+
+    if r.rc != 0 || r.addr == 0 {
+        if charged > 0 {
+            cap::uncharge(req.device, charged);
+        }
+        if r.rc != 0 {
+            counters::alloc_failure();
+        }
+    } else {
+        // Pitched allocations: charge the padding too once it is known.
+        if charged > 0
+            && r.size > charged
+            && cap::try_charge(req.device, r.size - charged, req.api).is_ok()
+        {
+            charged = r.size;
+        }
+        let e = Entry {
+            size: r.size,
+            kind,
+            device: req.device,
+            stream: req.stream,
+            api: req.api,
+            flags: fl,
+            charged,
+        };
+        if let Some(stale) = table.insert(r.addr, e) {
+            // The address was handed out again without us seeing its free.
+            counters::free(stale.device, stale.kind, stale.size);
+            if stale.charged > 0 {
+                cap::uncharge(stale.device, stale.charged);
+            }
+        }
+        counters::alloc(req.device, kind, r.size);
+    }
+
+    crate::debug!(
+        "{} size={} dev={} stream={:#x} -> {} addr={:#x} [{}]",
+        api_name(req),
+        r.size,
+        req.device,
+        req.stream,
+        r.rc,
+        if r.rc == 0 { r.addr } else { 0 },
+        layer.name()
+    );
+    if traced {
+        emit_op(
+            req,
+            true,
+            fl,
+            if r.rc == 0 { r.addr } else { 0 },
+            r.size,
+            r.rc,
+            t0,
+        );
+    }
+    Outcome {
+        rc: r.rc,
+        addr: if r.rc == 0 { r.addr } else { 0 },
+        layer,
+    }
+}
+
+/// A free request.
+#[derive(Clone, Copy, Debug)]
+pub struct FreeRequest {
+    pub api: Api,
+    /// Pointer or handle.
+    pub key: u64,
+    /// `Some(stream)` for stream-ordered frees.
+    pub stream: Option<u64>,
+    pub flags: u8,
+}
+
+/// Run a free: the table entry is removed first (so a concurrent allocation that gets the
+/// same address cannot be confused with it), the pool or the real function frees, and on
+/// failure the entry is restored. Unknown pointers go to the real function; its code comes
+/// back unchanged.
+pub fn free(req: &FreeRequest, table: &LiveTable, real: impl FnOnce() -> c_int) -> c_int {
+    counters::call(req.api);
+    let traced = tracer::enabled();
+    let t0 = if traced { ids::now_ns() } else { 0 };
+    if req.key == 0 {
+        // cudaFree(NULL) & co.: a no-op (or context initialization) for CUDA.
+        let rc = real();
+        crate::debug!("{}(NULL) -> {} [real]", req.api.name(), rc);
+        return rc;
+    }
+    let entry = table.remove(req.key);
+    let mut layer = Layer::Real;
+    let pooled = if pooling::enabled() && entry.is_none_or(|e| e.kind == AllocKind::Pool) {
+        pooling::free(req.key, req.stream)
+    } else {
+        None
+    };
+    let rc = match pooled {
+        Some(rc) => {
+            layer = Layer::Pool;
+            rc
+        }
+        None => real(),
+    };
+    match (rc, entry) {
+        (0, Some(e)) => {
+            counters::free(e.device, e.kind, e.size);
+            if e.charged > 0 {
+                cap::uncharge(e.device, e.charged);
+            }
+        }
+        (0, None) => counters::unknown_free(),
+        (_, Some(e)) => {
+            table.insert(req.key, e);
+        }
+        (_, None) => counters::unknown_free(),
+    }
+    let (dev, kind, size, efl) = match entry {
+        Some(e) if rc == 0 => (e.device, e.kind, e.size, e.flags),
+        Some(e) => (e.device, e.kind, 0, e.flags),
+        None => (-1, AllocKind::Runtime, 0, 0),
+    };
+    crate::debug!(
+        "{} addr={:#x} size={} dev={} -> {} [{}{}]",
+        req.api.name(),
+        req.key,
+        size,
+        dev,
+        rc,
+        layer.name(),
+        if entry.is_none() {
+            ", unknown pointer"
+        } else {
+            ""
+        }
+    );
+    if traced {
+        let fl = req.flags | (efl & flags::POOLED);
+        tracer::emit(Event::Free(MemOp {
+            t_ns: t0,
+            tid: ids::tid(),
+            api: req.api,
+            kind,
+            flags: fl,
+            device: dev,
+            stream: req.stream.unwrap_or(0),
+            addr: req.key,
+            size,
+            result: rc,
+            latency_ns: latency(t0),
+            stack: 0,
+        }));
+    }
+    rc
+}
+
+/// A memory-information query: `real` fills the caller's (free, total) and returns its code
+/// and what it wrote (None for NULL out-pointers); the cap adjusts; `write` stores the
+/// adjusted numbers back.
+pub fn meminfo(
+    api: Api,
+    device: impl FnOnce() -> Option<i32>,
+    real: impl FnOnce() -> (c_int, Option<u64>, Option<u64>),
+    write: impl FnOnce(u64, u64),
+) -> c_int {
+    counters::call(api);
+    let (rc, f, t) = real();
+    if rc != 0 {
+        crate::debug!("{} -> {} [real]", api.name(), rc);
+        return rc;
+    }
+    let dev = device().unwrap_or(-1);
+    let (rf, rt) = (f.unwrap_or(0), t.unwrap_or(0));
+    let (af, at) = if dev >= 0 {
+        cap::adjust_meminfo(dev, rf, rt)
+    } else {
+        (rf, rt)
+    };
+    write(af, at);
+    crate::debug!(
+        "{} dev={} real free={} total={} -> free={} total={} [{}]",
+        api.name(),
+        dev,
+        rf,
+        rt,
+        af,
+        at,
+        if (af, at) == (rf, rt) {
+            "real"
+        } else {
+            "cap adjusted"
+        }
+    );
+    if tracer::enabled() {
+        tracer::emit(Event::MemInfo {
+            t_ns: ids::now_ns(),
+            tid: ids::tid(),
+            api,
+            device: dev,
+            free: af,
+            total: at,
+            result: rc,
+        });
+    }
+    rc
+}
+
+/// `cudaDeviceReset` succeeded on `device`: everything the context held is gone.
+pub fn device_reset(device: i32) {
+    let dropped = ALLOCS.drain_where(|e| e.device == device && e.kind != AllocKind::VmmHandle);
+    let traced = tracer::enabled();
+    let mut bytes = 0u64;
+    for (addr, e) in &dropped {
+        counters::free(e.device, e.kind, e.size);
+        if e.charged > 0 {
+            cap::uncharge(e.device, e.charged);
+        }
+        bytes = bytes.saturating_add(e.size);
+        if traced {
+            tracer::emit(Event::Free(MemOp {
+                t_ns: ids::now_ns(),
+                tid: ids::tid(),
+                api: Api::CudaDeviceReset,
+                kind: e.kind,
+                flags: e.flags,
+                device: e.device,
+                stream: e.stream,
+                addr: *addr,
+                size: e.size,
+                result: 0,
+                latency_ns: 0,
+                stack: 0,
+            }));
+        }
+    }
+    crate::debug!(
+        "cudaDeviceReset dev={} -> 0 [real; dropped {} live allocations, {} bytes]",
+        device,
+        dropped.len(),
+        bytes
+    );
+}
+
+fn emit_op(req: &Request, is_alloc: bool, fl: u8, addr: u64, size: u64, rc: c_int, t0: u64) {
+    let op = MemOp {
+        t_ns: t0,
+        tid: ids::tid(),
+        api: req.api,
+        kind: req.kind,
+        flags: fl,
+        device: req.device,
+        stream: req.stream,
+        addr,
+        size,
+        result: rc,
+        latency_ns: latency(t0),
+        stack: 0,
+    };
+    tracer::emit(if is_alloc {
+        Event::Alloc(op)
+    } else {
+        Event::Free(op)
+    });
+}
+
+#[inline]
+fn latency(t0: u64) -> u32 {
+    ids::now_ns().saturating_sub(t0).min(u32::MAX as u64) as u32
+}
+
+fn is_runtime(api: Api) -> bool {
+    (api as u16) < 20 || api == Api::CudaGetDeviceProperties
+}
+
+fn api_name(req: &Request) -> &'static str {
+    req.api.name()
+}
+
+/// Make the runtime's sticky "last error" say cudaErrorMemoryAllocation, as it would had
+/// the device refused: ask the real runtime for an impossible allocation.
+fn runtime_set_last_error_oom() {
+    if let Some(f) = crate::real::cudaMalloc() {
+        let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
+        // SAFETY: p is a valid out-pointer; the size cannot be satisfied.
+        let rc = unsafe { f(&mut p, usize::MAX) };
+        if rc == 0
+            && !p.is_null()
+            && let Some(free) = crate::real::cudaFree()
+        {
+            // SAFETY: p was just allocated by the runtime.
+            unsafe { free(p) };
+        }
+    }
+}

@@ -1,0 +1,236 @@
+//! Hand-written C ABI types and codes (CUDA 12.x / 13.x where they agree). Codes are plain
+//! integers: a value we do not know (a newer driver's error) passes through untouched.
+#![allow(non_camel_case_types, non_upper_case_globals, dead_code)]
+
+use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
+
+/// `cudaError_t`.
+pub type cudaError_t = c_int;
+/// `CUresult`.
+pub type CUresult = c_int;
+/// `nvmlReturn_t`.
+pub type nvmlReturn_t = c_int;
+
+pub type CUdevice = c_int;
+pub type CUdeviceptr = c_ulonglong;
+pub type CUmemGenericAllocationHandle = c_ulonglong;
+pub type CUstream = *mut c_void;
+pub type CUevent = *mut c_void;
+pub type CUcontext = *mut c_void;
+pub type CUmemoryPool = *mut c_void;
+pub type cudaStream_t = *mut c_void;
+pub type cudaMemPool_t = *mut c_void;
+pub type nvmlDevice_t = *mut c_void;
+
+pub const CUDA_SUCCESS: c_int = 0;
+pub const CUDA_ERROR_INVALID_VALUE: c_int = 1;
+/// `CUDA_ERROR_OUT_OF_MEMORY` == `cudaErrorMemoryAllocation`.
+pub const CUDA_ERROR_OUT_OF_MEMORY: c_int = 2;
+pub const CUDA_ERROR_NOT_INITIALIZED: c_int = 3;
+pub const CUDA_ERROR_INVALID_CONTEXT: c_int = 201;
+pub const CUDA_ERROR_NOT_FOUND: c_int = 500;
+pub const CUDA_ERROR_UNKNOWN: c_int = 999;
+
+pub const cudaSuccess: c_int = 0;
+pub const cudaErrorMemoryAllocation: c_int = 2;
+/// What the real runtime returns for everything when there is no driver.
+pub const cudaErrorInsufficientDriver: c_int = 35;
+pub const cudaErrorUnknown: c_int = 999;
+
+pub const NVML_SUCCESS: c_int = 0;
+pub const NVML_ERROR_UNINITIALIZED: c_int = 1;
+pub const NVML_ERROR_UNKNOWN: c_int = 999;
+
+/// `cuGetProcAddress` flags.
+pub const CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: u64 = 1 << 1;
+/// `cudaGetDriverEntryPoint` flags.
+pub const cudaEnablePerThreadDefaultStream: u64 = 0x2;
+
+/// `CUmemLocationType`.
+pub const CU_MEM_LOCATION_TYPE_INVALID: c_int = 0;
+pub const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
+pub const CU_MEM_LOCATION_TYPE_HOST: c_int = 2;
+pub const CU_MEM_LOCATION_TYPE_HOST_NUMA: c_int = 3;
+pub const CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT: c_int = 4;
+
+/// `CUmemLocation` (8 bytes in 12.x and 13.x; 13.2+ wraps `id` in a same-size union).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CUmemLocation {
+    pub type_: c_int,
+    pub id: c_int,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CUmemAllocFlags {
+    pub compression_type: u8,
+    pub gpu_direct_rdma_capable: u8,
+    pub usage: u16,
+    pub reserved: [u8; 4],
+}
+
+/// `CUmemAllocationProp` (32 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUmemAllocationProp {
+    pub type_: c_int,
+    pub requested_handle_types: c_int,
+    pub location: CUmemLocation,
+    pub win32_handle_meta_data: *mut c_void,
+    pub alloc_flags: CUmemAllocFlags,
+}
+
+/// `CUmemAccessDesc` (12 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CUmemAccessDesc {
+    pub location: CUmemLocation,
+    pub flags: c_int,
+}
+
+/// `struct cudaPitchedPtr`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct cudaPitchedPtr {
+    pub ptr: *mut c_void,
+    pub pitch: usize,
+    pub xsize: usize,
+    pub ysize: usize,
+}
+
+/// `struct cudaExtent` (passed by value to `cudaMalloc3D`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct cudaExtent {
+    pub width: usize,
+    pub height: usize,
+    pub depth: usize,
+}
+
+/// `nvmlMemory_t`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct nvmlMemory_t {
+    pub total: c_ulonglong,
+    pub free: c_ulonglong,
+    pub used: c_ulonglong,
+}
+
+/// `nvmlMemory_v2_t`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct nvmlMemory_v2_t {
+    pub version: c_uint,
+    pub total: c_ulonglong,
+    pub reserved: c_ulonglong,
+    pub free: c_ulonglong,
+    pub used: c_ulonglong,
+}
+
+/// Offset of `size_t totalGlobalMem` in `struct cudaDeviceProp`, the same in CUDA 12 and 13:
+/// `char name[256]; cudaUUID_t uuid (16); char luid[8]; unsigned luidDeviceNodeMask;` + padding.
+pub const CUDA_DEVICE_PROP_TOTAL_GLOBAL_MEM_OFFSET: usize = 288;
+
+// Function-pointer types of the real functions (u32/c_int codes, never Rust enums).
+pub type PfnCudaMalloc = unsafe extern "C" fn(*mut *mut c_void, usize) -> cudaError_t;
+pub type PfnCudaFree = unsafe extern "C" fn(*mut c_void) -> cudaError_t;
+pub type PfnCudaMallocAsync =
+    unsafe extern "C" fn(*mut *mut c_void, usize, cudaStream_t) -> cudaError_t;
+pub type PfnCudaFreeAsync = unsafe extern "C" fn(*mut c_void, cudaStream_t) -> cudaError_t;
+pub type PfnCudaMallocFromPoolAsync =
+    unsafe extern "C" fn(*mut *mut c_void, usize, cudaMemPool_t, cudaStream_t) -> cudaError_t;
+pub type PfnCudaMallocPitch =
+    unsafe extern "C" fn(*mut *mut c_void, *mut usize, usize, usize) -> cudaError_t;
+pub type PfnCudaMalloc3D = unsafe extern "C" fn(*mut cudaPitchedPtr, cudaExtent) -> cudaError_t;
+pub type PfnCudaMallocManaged =
+    unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> cudaError_t;
+pub type PfnCudaHostAlloc = unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> cudaError_t;
+pub type PfnCudaMemGetInfo = unsafe extern "C" fn(*mut usize, *mut usize) -> cudaError_t;
+pub type PfnCudaDeviceReset = unsafe extern "C" fn() -> cudaError_t;
+pub type PfnCudaGetDevice = unsafe extern "C" fn(*mut c_int) -> cudaError_t;
+pub type PfnCudaGetDeviceProperties = unsafe extern "C" fn(*mut c_void, c_int) -> cudaError_t;
+pub type PfnCudaGetDriverEntryPoint =
+    unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_ulonglong, *mut c_int) -> cudaError_t;
+pub type PfnCudaGetDriverEntryPointByVersion = unsafe extern "C" fn(
+    *const c_char,
+    *mut *mut c_void,
+    c_uint,
+    c_ulonglong,
+    *mut c_int,
+) -> cudaError_t;
+
+pub type PfnCuMemAlloc = unsafe extern "C" fn(*mut CUdeviceptr, usize) -> CUresult;
+pub type PfnCuMemFree = unsafe extern "C" fn(CUdeviceptr) -> CUresult;
+pub type PfnCuMemAllocPitch =
+    unsafe extern "C" fn(*mut CUdeviceptr, *mut usize, usize, usize, c_uint) -> CUresult;
+pub type PfnCuMemAllocManaged = unsafe extern "C" fn(*mut CUdeviceptr, usize, c_uint) -> CUresult;
+pub type PfnCuMemAllocAsync = unsafe extern "C" fn(*mut CUdeviceptr, usize, CUstream) -> CUresult;
+pub type PfnCuMemFreeAsync = unsafe extern "C" fn(CUdeviceptr, CUstream) -> CUresult;
+pub type PfnCuMemAllocFromPoolAsync =
+    unsafe extern "C" fn(*mut CUdeviceptr, usize, CUmemoryPool, CUstream) -> CUresult;
+pub type PfnCuMemCreate = unsafe extern "C" fn(
+    *mut CUmemGenericAllocationHandle,
+    usize,
+    *const CUmemAllocationProp,
+    c_ulonglong,
+) -> CUresult;
+pub type PfnCuMemRelease = unsafe extern "C" fn(CUmemGenericAllocationHandle) -> CUresult;
+pub type PfnCuMemGetInfo = unsafe extern "C" fn(*mut usize, *mut usize) -> CUresult;
+pub type PfnCuDeviceTotalMem = unsafe extern "C" fn(*mut usize, CUdevice) -> CUresult;
+pub type PfnCuMemAllocHost = unsafe extern "C" fn(*mut *mut c_void, usize) -> CUresult;
+pub type PfnCuMemHostAlloc = unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> CUresult;
+pub type PfnCuMemFreeHost = unsafe extern "C" fn(*mut c_void) -> CUresult;
+pub type PfnCuGetProcAddress =
+    unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64) -> CUresult;
+pub type PfnCuGetProcAddressV2 =
+    unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> CUresult;
+pub type PfnCuMemMap = unsafe extern "C" fn(
+    CUdeviceptr,
+    usize,
+    usize,
+    CUmemGenericAllocationHandle,
+    c_ulonglong,
+) -> CUresult;
+pub type PfnCuMemUnmap = unsafe extern "C" fn(CUdeviceptr, usize) -> CUresult;
+pub type PfnCuMemSetAccess =
+    unsafe extern "C" fn(CUdeviceptr, usize, *const CUmemAccessDesc, usize) -> CUresult;
+pub type PfnCuMemAddressReserve =
+    unsafe extern "C" fn(*mut CUdeviceptr, usize, usize, CUdeviceptr, c_ulonglong) -> CUresult;
+pub type PfnCuMemAddressFree = unsafe extern "C" fn(CUdeviceptr, usize) -> CUresult;
+pub type PfnCuMemGetAllocationGranularity =
+    unsafe extern "C" fn(*mut usize, *const CUmemAllocationProp, c_int) -> CUresult;
+pub type PfnCuCtxSynchronize = unsafe extern "C" fn() -> CUresult;
+pub type PfnCuStreamSynchronize = unsafe extern "C" fn(CUstream) -> CUresult;
+pub type PfnCuEventCreate = unsafe extern "C" fn(*mut CUevent, c_uint) -> CUresult;
+pub type PfnCuEventRecord = unsafe extern "C" fn(CUevent, CUstream) -> CUresult;
+pub type PfnCuEventQuery = unsafe extern "C" fn(CUevent) -> CUresult;
+pub type PfnCuEventDestroy = unsafe extern "C" fn(CUevent) -> CUresult;
+pub type PfnCuEventSynchronize = unsafe extern "C" fn(CUevent) -> CUresult;
+pub type PfnCuStreamWaitEvent = unsafe extern "C" fn(CUstream, CUevent, c_uint) -> CUresult;
+/// `CUstreamCaptureStatus` out-parameter as a plain int.
+pub type PfnCuStreamIsCapturing = unsafe extern "C" fn(CUstream, *mut c_int) -> CUresult;
+pub type PfnCuCtxGetDevice = unsafe extern "C" fn(*mut CUdevice) -> CUresult;
+pub type PfnCuCtxGetCurrent = unsafe extern "C" fn(*mut CUcontext) -> CUresult;
+pub type PfnCuCtxSetCurrent = unsafe extern "C" fn(CUcontext) -> CUresult;
+pub type PfnCuDevicePrimaryCtxRetain = unsafe extern "C" fn(*mut CUcontext, CUdevice) -> CUresult;
+pub type PfnCuThreadExchangeStreamCaptureMode = unsafe extern "C" fn(*mut c_int) -> CUresult;
+
+pub type PfnNvmlDeviceGetMemoryInfo =
+    unsafe extern "C" fn(nvmlDevice_t, *mut nvmlMemory_t) -> nvmlReturn_t;
+pub type PfnNvmlDeviceGetMemoryInfoV2 =
+    unsafe extern "C" fn(nvmlDevice_t, *mut nvmlMemory_v2_t) -> nvmlReturn_t;
+pub type PfnNvmlDeviceGetIndex = unsafe extern "C" fn(nvmlDevice_t, *mut c_uint) -> nvmlReturn_t;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn abi_sizes() {
+        assert_eq!(std::mem::size_of::<CUmemLocation>(), 8);
+        assert_eq!(std::mem::size_of::<CUmemAllocationProp>(), 32);
+        assert_eq!(std::mem::size_of::<CUmemAccessDesc>(), 12);
+        assert_eq!(std::mem::size_of::<cudaExtent>(), 24);
+        assert_eq!(std::mem::size_of::<nvmlMemory_v2_t>(), 40);
+    }
+}

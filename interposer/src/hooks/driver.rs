@@ -1,0 +1,383 @@
+//! Driver API hooks (`libcuda`): reached by programs linked with `-lcuda`, and, through our
+//! `dlsym` / `cuGetProcAddress` / `cudaGetDriverEntryPoint` substitution, by the runtime
+//! (shared or static), frameworks and ctypes. Device = the current context's device; a
+//! thread with no context gets -1 (nothing charged, the real call returns its own error).
+
+use super::{
+    NO_DRIVER, alloc_hook, drv_device, free_hook, read_ptr, read_u64, write_ptr, write_u64,
+};
+use crate::dispatch::{self, run_hook};
+use crate::ffi_types::*;
+use crate::real;
+use crate::request::Request;
+use std::ffi::{c_int, c_uint, c_void};
+use vramshim_trace::{AllocKind, Api, flags};
+
+fn req(api: Api, kind: AllocKind, device: i32, stream: u64, size: usize, fl: u8) -> Request {
+    Request {
+        api,
+        kind,
+        device,
+        stream,
+        size: size as u64,
+        flags: fl,
+    }
+}
+
+/// # Safety
+/// C ABI: `cuMemAlloc_v2`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> c_int {
+    alloc_hook(
+        "cuMemAlloc_v2",
+        NO_DRIVER,
+        real::cuMemAlloc_v2,
+        || req(Api::CuMemAlloc, AllocKind::Driver, drv_device(), 0, size, 0),
+        !dptr.is_null(),
+        // SAFETY: forwarding the caller's arguments unchanged.
+        |f| unsafe { f(dptr, size) },
+        || (read_u64(dptr), size as u64),
+        |p| write_u64(dptr, p),
+    )
+}
+
+/// # Safety
+/// C ABI: `cuMemFree_v2`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> c_int {
+    free_hook(
+        "cuMemFree_v2",
+        NO_DRIVER,
+        real::cuMemFree_v2,
+        Api::CuMemFree,
+        dptr,
+        None,
+        0,
+        // SAFETY: forwarding the caller's arguments unchanged.
+        |f| unsafe { f(dptr) },
+    )
+}
+
+/// # Safety
+/// C ABI: `cuMemAllocPitch_v2`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocPitch_v2(
+    dptr: *mut CUdeviceptr,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    elem: c_uint,
+) -> c_int {
+    alloc_hook(
+        "cuMemAllocPitch_v2",
+        NO_DRIVER,
+        real::cuMemAllocPitch_v2,
+        || {
+            req(
+                Api::CuMemAllocPitch,
+                AllocKind::Pitch,
+                drv_device(),
+                0,
+                width.saturating_mul(height),
+                0,
+            )
+        },
+        false,
+        // SAFETY: forwarding the caller's arguments unchanged.
+        |f| unsafe { f(dptr, pitch, width, height, elem) },
+        || {
+            let p = super::read_usize(pitch).unwrap_or(width as u64);
+            (read_u64(dptr), p.saturating_mul(height as u64))
+        },
+        |_| {},
+    )
+}
+
+/// # Safety
+/// C ABI: `cuMemAllocManaged`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocManaged(
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    fl: c_uint,
+) -> c_int {
+    alloc_hook(
+        "cuMemAllocManaged",
+        NO_DRIVER,
+        real::cuMemAllocManaged,
+        || {
+            req(
+                Api::CuMemAllocManaged,
+                AllocKind::Managed,
+                drv_device(),
+                0,
+                size,
+                0,
+            )
+        },
+        false,
+        // SAFETY: forwarding the caller's arguments unchanged.
+        |f| unsafe { f(dptr, size, fl) },
+        || (read_u64(dptr), size as u64),
+        |_| {},
+    )
+}
+
+fn alloc_async(
+    name: &'static str,
+    ptsz: bool,
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    s: CUstream,
+) -> c_int {
+    let slot = if ptsz {
+        real::cuMemAllocAsync_ptsz
+    } else {
+        real::cuMemAllocAsync
+    };
+    let fl = if ptsz { flags::PER_THREAD_STREAM } else { 0 };
+    alloc_hook(
+        name,
+        NO_DRIVER,
+        slot,
+        || {
+            req(
+                Api::CuMemAllocAsync,
+                AllocKind::Async,
+                drv_device(),
+                s as u64,
+                size,
+                fl,
+            )
+        },
+        !dptr.is_null(),
+        // SAFETY: forwarding the caller's arguments unchanged.
+        |f| unsafe { f(dptr, size, s) },
+        || (read_u64(dptr), size as u64),
+        |p| write_u64(dptr, p),
+    )
+}
+
+/// # Safety
+/// C ABI: `cuMemAllocAsync`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocAsync(
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    s: CUstream,
+) -> c_int {
+    alloc_async("cuMemAllocAsync", false, dptr, size, s)
+}
+
+/// # Safety
+/// C ABI: `cuMemAllocAsync_ptsz`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    s: CUstream,
+) -> c_int {
+    alloc_async("cuMemAllocAsync_ptsz", true, dptr, size, s)
+}
+
+fn free_async(name: &'static str, ptsz: bool, dptr: CUdeviceptr, s: CUstream) -> c_int {
+    let slot = if ptsz {
+        real::cuMemFreeAsync_ptsz
+    } else {
+        real::cuMemFreeAsync
+    };
+    free_hook(
+        name,
+        NO_DRIVER,
+        slot,
+        Api::CuMemFreeAsync,
+        dptr,
+        Some(s as u64),
+        if ptsz { flags::PER_THREAD_STREAM } else { 0 },
+        // SAFETY: forwarding the caller's arguments unchanged.
+        |f| unsafe { f(dptr, s) },
+    )
+}
+
+/// # Safety
+/// C ABI: `cuMemFreeAsync`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, s: CUstream) -> c_int {
+    free_async("cuMemFreeAsync", false, dptr, s)
+}
+
+/// # Safety
+/// C ABI: `cuMemFreeAsync_ptsz`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, s: CUstream) -> c_int {
+    free_async("cuMemFreeAsync_ptsz", true, dptr, s)
+}
+
+fn alloc_from_pool(
+    name: &'static str,
+    ptsz: bool,
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    pool: CUmemoryPool,
+    s: CUstream,
+) -> c_int {
+    let slot = if ptsz {
+        real::cuMemAllocFromPoolAsync_ptsz
+    } else {
+        real::cuMemAllocFromPoolAsync
+    };
+    let fl = if ptsz { flags::PER_THREAD_STREAM } else { 0 };
+    alloc_hook(
+        name,
+        NO_DRIVER,
+        slot,
+        || {
+            req(
+                Api::CuMemAllocFromPoolAsync,
+                AllocKind::Async,
+                drv_device(),
+                s as u64,
+                size,
+                fl,
+            )
+        },
+        false,
+        // SAFETY: forwarding the caller's arguments unchanged.
+        |f| unsafe { f(dptr, size, pool, s) },
+        || (read_u64(dptr), size as u64),
+        |_| {},
+    )
+}
+
+/// # Safety
+/// C ABI: `cuMemAllocFromPoolAsync`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    pool: CUmemoryPool,
+    s: CUstream,
+) -> c_int {
+    alloc_from_pool("cuMemAllocFromPoolAsync", false, dptr, size, pool, s)
+}
+
+/// # Safety
+/// C ABI: `cuMemAllocFromPoolAsync_ptsz`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    pool: CUmemoryPool,
+    s: CUstream,
+) -> c_int {
+    alloc_from_pool("cuMemAllocFromPoolAsync_ptsz", true, dptr, size, pool, s)
+}
+
+/// # Safety
+/// C ABI: `cuMemGetInfo_v2`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> c_int {
+    let Some(f) = real::cuMemGetInfo_v2() else {
+        return NO_DRIVER;
+    };
+    run_hook(
+        "cuMemGetInfo_v2",
+        CUDA_ERROR_UNKNOWN,
+        // SAFETY: forwarding the caller's arguments unchanged.
+        || unsafe { f(free, total) },
+        || {
+            dispatch::meminfo(
+                Api::CuMemGetInfo,
+                real::current_driver_device,
+                || {
+                    // SAFETY: forwarding the caller's arguments unchanged.
+                    let rc = unsafe { f(free, total) };
+                    (rc, super::read_usize(free), super::read_usize(total))
+                },
+                |af, at| {
+                    super::write_usize(free, af);
+                    super::write_usize(total, at);
+                },
+            )
+        },
+    )
+}
+
+/// # Safety
+/// C ABI: `cuDeviceTotalMem_v2`'s contract; reports the cap.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> c_int {
+    let Some(f) = real::cuDeviceTotalMem_v2() else {
+        return NO_DRIVER;
+    };
+    run_hook(
+        "cuDeviceTotalMem_v2",
+        CUDA_ERROR_UNKNOWN,
+        // SAFETY: forwarding the caller's arguments unchanged.
+        || unsafe { f(bytes, dev) },
+        || {
+            dispatch::meminfo(
+                Api::CuDeviceTotalMem,
+                || Some(dev),
+                || {
+                    // SAFETY: forwarding the caller's arguments unchanged.
+                    let rc = unsafe { f(bytes, dev) };
+                    let t = super::read_usize(bytes);
+                    (rc, t, t)
+                },
+                |_, at| super::write_usize(bytes, at),
+            )
+        },
+    )
+}
+
+/// # Safety
+/// C ABI: `cuMemAllocHost_v2`'s contract. Traced, never charged.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) -> c_int {
+    alloc_hook(
+        "cuMemAllocHost_v2",
+        NO_DRIVER,
+        real::cuMemAllocHost_v2,
+        || req(Api::CuMemAllocHost, AllocKind::Host, -1, 0, size, 0),
+        false,
+        // SAFETY: forwarding the caller's arguments unchanged.
+        |f| unsafe { f(pp, size) },
+        || (read_ptr(pp), size as u64),
+        |p| write_ptr(pp, p),
+    )
+}
+
+/// # Safety
+/// C ABI: `cuMemHostAlloc`'s contract. Traced, never charged.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemHostAlloc(pp: *mut *mut c_void, size: usize, fl: c_uint) -> c_int {
+    alloc_hook(
+        "cuMemHostAlloc",
+        NO_DRIVER,
+        real::cuMemHostAlloc,
+        || req(Api::CuMemHostAlloc, AllocKind::Host, -1, 0, size, 0),
+        false,
+        // SAFETY: forwarding the caller's arguments unchanged.
+        |f| unsafe { f(pp, size, fl) },
+        || (read_ptr(pp), size as u64),
+        |p| write_ptr(pp, p),
+    )
+}
+
+/// # Safety
+/// C ABI: `cuMemFreeHost`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> c_int {
+    free_hook(
+        "cuMemFreeHost",
+        NO_DRIVER,
+        real::cuMemFreeHost,
+        Api::CuMemFreeHost,
+        p as u64,
+        None,
+        0,
+        // SAFETY: forwarding the caller's arguments unchanged.
+        |f| unsafe { f(p) },
+    )
+}

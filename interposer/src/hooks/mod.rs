@@ -1,0 +1,338 @@
+//! Exported C entry points. Each hook decodes its C call into a `Request` and hands it to
+//! the dispatcher; lookups (`dlsym`, `cuGetProcAddress`, `cudaGetDriverEntryPoint`)
+//! substitute these hooks for the real functions.
+
+pub mod driver;
+pub mod lookup;
+pub mod nvml;
+pub mod runtime;
+pub mod vmm;
+
+use crate::dispatch::{self, FreeRequest, Layer, RealResult, run_hook};
+use crate::ffi_types::*;
+use crate::live_table::LiveTable;
+use crate::real::{self, Slot};
+use crate::request::Request;
+use std::ffi::{CStr, c_int};
+use vramshim_trace::Api;
+
+/// What a runtime hook returns when there is no real runtime function (what the real
+/// runtime returns without a driver).
+pub const NO_RUNTIME: c_int = cudaErrorInsufficientDriver;
+/// What a driver hook returns when there is no real driver function.
+pub const NO_DRIVER: c_int = CUDA_ERROR_NOT_INITIALIZED;
+
+/// The runtime's current device, or -1.
+#[inline]
+pub(crate) fn rt_device() -> i32 {
+    real::current_runtime_device().unwrap_or(-1)
+}
+
+/// The current context's device, or -1 for a thread with no context (the real call then
+/// returns its own error; nothing is charged).
+#[inline]
+pub(crate) fn drv_device() -> i32 {
+    real::current_driver_device().unwrap_or(-1)
+}
+
+#[inline]
+pub(crate) fn read_ptr<T>(p: *mut *mut T) -> u64 {
+    if p.is_null() {
+        0
+    } else {
+        // SAFETY: non-null out-pointer the real call just filled.
+        unsafe { *p as u64 }
+    }
+}
+
+#[inline]
+pub(crate) fn write_ptr<T>(p: *mut *mut T, v: u64) {
+    if !p.is_null() {
+        // SAFETY: non-null out-pointer supplied by the caller.
+        unsafe { *p = v as *mut T };
+    }
+}
+
+#[inline]
+pub(crate) fn read_u64(p: *mut u64) -> u64 {
+    if p.is_null() {
+        0
+    } else {
+        // SAFETY: non-null out-pointer the real call just filled.
+        unsafe { *p }
+    }
+}
+
+#[inline]
+pub(crate) fn write_u64(p: *mut u64, v: u64) {
+    if !p.is_null() {
+        // SAFETY: non-null out-pointer supplied by the caller.
+        unsafe { *p = v };
+    }
+}
+
+#[inline]
+pub(crate) fn read_usize(p: *mut usize) -> Option<u64> {
+    if p.is_null() {
+        None
+    } else {
+        // SAFETY: non-null out-pointer the real call just filled.
+        Some(unsafe { *p } as u64)
+    }
+}
+
+#[inline]
+pub(crate) fn write_usize(p: *mut usize, v: u64) {
+    if !p.is_null() {
+        // SAFETY: non-null out-pointer supplied by the caller.
+        unsafe { *p = v as usize };
+    }
+}
+
+/// The common shape of an allocation hook.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(crate) fn alloc_hook<F: Copy>(
+    name: &'static str,
+    missing: c_int,
+    slot: fn() -> Option<F>,
+    make_req: impl FnOnce() -> Request,
+    pool_ok: bool,
+    call: impl Fn(F) -> c_int,
+    read: impl FnOnce() -> (u64, u64),
+    write_pool: impl FnOnce(u64),
+) -> c_int {
+    alloc_hook_in(
+        name,
+        missing,
+        slot,
+        &crate::live_table::ALLOCS,
+        make_req,
+        pool_ok,
+        call,
+        read,
+        write_pool,
+    )
+}
+
+/// [`alloc_hook`] with an explicit table (VMM handles live in their own).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(crate) fn alloc_hook_in<F: Copy>(
+    name: &'static str,
+    missing: c_int,
+    slot: fn() -> Option<F>,
+    table: &'static LiveTable,
+    make_req: impl FnOnce() -> Request,
+    pool_ok: bool,
+    call: impl Fn(F) -> c_int,
+    read: impl FnOnce() -> (u64, u64),
+    write_pool: impl FnOnce(u64),
+) -> c_int {
+    let Some(f) = slot() else {
+        crate::debug!("{name}: no real function -> {missing}");
+        return missing;
+    };
+    run_hook(
+        name,
+        CUDA_ERROR_UNKNOWN,
+        || call(f),
+        || {
+            let req = make_req();
+            let out = dispatch::alloc(&req, table, pool_ok, || {
+                let rc = call(f);
+                let (addr, size) = if rc == 0 { read() } else { (0, req.size) };
+                RealResult { rc, addr, size }
+            });
+            if out.layer == Layer::Pool && out.rc == 0 {
+                write_pool(out.addr);
+            }
+            out.rc
+        },
+    )
+}
+
+/// The common shape of a free hook.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(crate) fn free_hook<F: Copy>(
+    name: &'static str,
+    missing: c_int,
+    slot: fn() -> Option<F>,
+    api: Api,
+    key: u64,
+    stream: Option<u64>,
+    flags: u8,
+    call: impl Fn(F) -> c_int,
+) -> c_int {
+    free_hook_in(
+        name,
+        missing,
+        slot,
+        &crate::live_table::ALLOCS,
+        api,
+        key,
+        stream,
+        flags,
+        call,
+    )
+}
+
+/// [`free_hook`] with an explicit table.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(crate) fn free_hook_in<F: Copy>(
+    name: &'static str,
+    missing: c_int,
+    slot: fn() -> Option<F>,
+    table: &'static LiveTable,
+    api: Api,
+    key: u64,
+    stream: Option<u64>,
+    flags: u8,
+    call: impl Fn(F) -> c_int,
+) -> c_int {
+    let Some(f) = slot() else {
+        crate::debug!("{name}: no real function -> {missing}");
+        return missing;
+    };
+    run_hook(
+        name,
+        CUDA_ERROR_UNKNOWN,
+        || call(f),
+        || {
+            let req = FreeRequest {
+                api,
+                key,
+                stream,
+                flags,
+            };
+            dispatch::free(&req, table, || call(f))
+        },
+    )
+}
+
+// ------------------------------------------------------------------------ hook table
+
+/// One exported hook: its C name, its address, the real function it stands for, and the
+/// base name (`cuGetProcAddress` family) it answers to.
+pub struct Hook {
+    pub name: &'static CStr,
+    pub addr: HookAddr,
+    pub slot: &'static Slot,
+    /// Base name for `cuGetProcAddress` (`"cuMemAlloc"` for `cuMemAlloc_v2`).
+    pub base: &'static str,
+    /// The `cudaVersion` that introduced this variant: `cuGetProcAddress(base, v)` with
+    /// `v >= min_version` may return it.
+    pub min_version: c_int,
+    /// Whether this is the per-thread-default-stream variant.
+    pub ptds: bool,
+}
+
+#[derive(Clone, Copy)]
+pub struct HookAddr(pub *const ());
+// SAFETY: a code address, immutable.
+unsafe impl Sync for HookAddr {}
+
+macro_rules! hooks {
+    ($( $module:ident :: $name:ident, $base:literal, $minv:literal, $ptds:literal; )*) => {
+        /// Every hook we export and substitute.
+        pub static HOOKS: &[Hook] = &[
+            $(
+                Hook {
+                    name: match CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes()) {
+                        Ok(c) => c,
+                        Err(_) => panic!("bad name"),
+                    },
+                    addr: HookAddr($module::$name as *const ()),
+                    slot: &real::slots::$name,
+                    base: $base,
+                    min_version: $minv,
+                    ptds: $ptds,
+                },
+            )*
+        ];
+    };
+}
+
+hooks! {
+    runtime::cudaMalloc, "cudaMalloc", 0, false;
+    runtime::cudaFree, "cudaFree", 0, false;
+    runtime::cudaMallocAsync, "cudaMallocAsync", 0, false;
+    runtime::cudaMallocAsync_ptsz, "cudaMallocAsync", 0, true;
+    runtime::cudaFreeAsync, "cudaFreeAsync", 0, false;
+    runtime::cudaFreeAsync_ptsz, "cudaFreeAsync", 0, true;
+    runtime::cudaMallocFromPoolAsync, "cudaMallocFromPoolAsync", 0, false;
+    runtime::cudaMallocFromPoolAsync_ptsz, "cudaMallocFromPoolAsync", 0, true;
+    runtime::cudaMallocPitch, "cudaMallocPitch", 0, false;
+    runtime::cudaMalloc3D, "cudaMalloc3D", 0, false;
+    runtime::cudaMallocManaged, "cudaMallocManaged", 0, false;
+    runtime::cudaMallocHost, "cudaMallocHost", 0, false;
+    runtime::cudaHostAlloc, "cudaHostAlloc", 0, false;
+    runtime::cudaFreeHost, "cudaFreeHost", 0, false;
+    runtime::cudaMemGetInfo, "cudaMemGetInfo", 0, false;
+    runtime::cudaDeviceReset, "cudaDeviceReset", 0, false;
+    runtime::cudaGetDeviceProperties, "cudaGetDeviceProperties", 0, false;
+    runtime::cudaGetDeviceProperties_v2, "cudaGetDeviceProperties", 0, false;
+    lookup::cudaGetDriverEntryPoint, "cudaGetDriverEntryPoint", 0, false;
+    lookup::cudaGetDriverEntryPoint_ptsz, "cudaGetDriverEntryPoint", 0, true;
+    lookup::cudaGetDriverEntryPointByVersion, "cudaGetDriverEntryPointByVersion", 0, false;
+    lookup::cudaGetDriverEntryPointByVersion_ptsz, "cudaGetDriverEntryPointByVersion", 0, true;
+    driver::cuMemAlloc_v2, "cuMemAlloc", 3020, false;
+    driver::cuMemFree_v2, "cuMemFree", 3020, false;
+    driver::cuMemAllocPitch_v2, "cuMemAllocPitch", 3020, false;
+    driver::cuMemAllocManaged, "cuMemAllocManaged", 6000, false;
+    driver::cuMemAllocAsync, "cuMemAllocAsync", 11020, false;
+    driver::cuMemAllocAsync_ptsz, "cuMemAllocAsync", 11020, true;
+    driver::cuMemFreeAsync, "cuMemFreeAsync", 11020, false;
+    driver::cuMemFreeAsync_ptsz, "cuMemFreeAsync", 11020, true;
+    driver::cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", 11020, false;
+    driver::cuMemAllocFromPoolAsync_ptsz, "cuMemAllocFromPoolAsync", 11020, true;
+    vmm::cuMemCreate, "cuMemCreate", 10020, false;
+    vmm::cuMemRelease, "cuMemRelease", 10020, false;
+    driver::cuMemGetInfo_v2, "cuMemGetInfo", 3020, false;
+    driver::cuDeviceTotalMem_v2, "cuDeviceTotalMem", 3020, false;
+    driver::cuMemAllocHost_v2, "cuMemAllocHost", 3020, false;
+    driver::cuMemHostAlloc, "cuMemHostAlloc", 2020, false;
+    driver::cuMemFreeHost, "cuMemFreeHost", 2000, false;
+    lookup::cuGetProcAddress, "cuGetProcAddress", 11030, false;
+    lookup::cuGetProcAddress_v2, "cuGetProcAddress", 12000, false;
+    nvml::nvmlDeviceGetMemoryInfo, "nvmlDeviceGetMemoryInfo", 0, false;
+    nvml::nvmlDeviceGetMemoryInfo_v2, "nvmlDeviceGetMemoryInfo_v2", 0, false;
+}
+
+/// Whether `addr` is one of our exported hooks (never stored as a "real" function).
+pub fn is_our_hook(addr: usize) -> bool {
+    addr != 0 && HOOKS.iter().any(|h| h.addr.0 as usize == addr)
+}
+
+/// The hook exported under exactly this C name.
+pub fn by_name(name: &[u8]) -> Option<&'static Hook> {
+    HOOKS.iter().find(|h| h.name.to_bytes() == name)
+}
+
+/// Whether a `dlsym` name is one of ours to look at: `cu[A-Z]*`, `cuda[A-Z]*`, `nvml[A-Z]*`.
+#[inline]
+pub fn is_our_prefix(name: &[u8]) -> bool {
+    let upper_at = |i: usize| name.get(i).is_some_and(|c| c.is_ascii_uppercase());
+    (name.starts_with(b"cuda") && upper_at(4))
+        || (name.starts_with(b"cu") && upper_at(2))
+        || (name.starts_with(b"nvml") && upper_at(4))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn prefixes() {
+        assert!(is_our_prefix(b"cuMemAlloc_v2"));
+        assert!(is_our_prefix(b"cudaMalloc"));
+        assert!(is_our_prefix(b"nvmlDeviceGetMemoryInfo"));
+        assert!(!is_our_prefix(b"cudnnCreate"));
+        assert!(!is_our_prefix(b"cublasCreate_v2"));
+        assert!(!is_our_prefix(b"cu"));
+        assert!(!is_our_prefix(b"__pthread_get_minstack"));
+        assert!(by_name(b"cuMemAlloc_v2").is_some());
+        assert!(by_name(b"cuMemAlloc").is_none());
+    }
+}

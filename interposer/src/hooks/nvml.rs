@@ -1,0 +1,114 @@
+//! NVML memory information (`nvidia-smi`, pynvml, DCGM inside a capped process see the
+//! cap). Reached as exported symbols (programs linked with `-lnvidia-ml`) and through our
+//! `dlsym` hook (dlopen + dlsym, which is what pynvml and nvidia-smi do). NVML is never
+//! linked: the real functions come from the already-loaded `libnvidia-ml.so.1`.
+
+use crate::dispatch::run_hook;
+use crate::ffi_types::*;
+use crate::{dispatch, real};
+use std::ffi::{c_int, c_uint};
+use vramshim_trace::Api;
+
+/// NVML index of a device handle (the CUDA ordinal, assuming no `CUDA_VISIBLE_DEVICES`
+/// reordering), if NVML can tell.
+fn index_of(device: nvmlDevice_t) -> Option<i32> {
+    let f = real::nvmlDeviceGetIndex()?;
+    let mut i: c_uint = 0;
+    // SAFETY: i is a valid out-pointer; device is the caller's handle.
+    let rc = unsafe { f(device, &mut i) };
+    (rc == NVML_SUCCESS).then_some(i as i32)
+}
+
+/// # Safety
+/// C ABI: `nvmlDeviceGetMemoryInfo`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
+    device: nvmlDevice_t,
+    mem: *mut nvmlMemory_t,
+) -> c_int {
+    let Some(f) = real::nvmlDeviceGetMemoryInfo() else {
+        return NVML_ERROR_UNINITIALIZED;
+    };
+    run_hook(
+        "nvmlDeviceGetMemoryInfo",
+        NVML_ERROR_UNKNOWN,
+        // SAFETY: forwarding the caller's arguments unchanged.
+        || unsafe { f(device, mem) },
+        || {
+            let used_real = std::cell::Cell::new(0u64);
+            dispatch::meminfo(
+                Api::NvmlDeviceGetMemoryInfo,
+                || index_of(device),
+                || {
+                    // SAFETY: forwarding the caller's arguments unchanged.
+                    let rc = unsafe { f(device, mem) };
+                    if rc != NVML_SUCCESS || mem.is_null() {
+                        return (rc, None, None);
+                    }
+                    // SAFETY: non-null struct the real call just filled.
+                    let m = unsafe { *mem };
+                    used_real.set(m.used);
+                    (rc, Some(m.free), Some(m.total))
+                },
+                |af, at| {
+                    if !mem.is_null() {
+                        // SAFETY: non-null struct supplied by the caller.
+                        let m = unsafe { &mut *mem };
+                        if (af, at) != (m.free, m.total) {
+                            m.free = af;
+                            m.total = at;
+                            m.used = at.saturating_sub(af);
+                        } else {
+                            m.used = used_real.get();
+                        }
+                    }
+                },
+            )
+        },
+    )
+}
+
+/// # Safety
+/// C ABI: `nvmlDeviceGetMemoryInfo_v2`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
+    device: nvmlDevice_t,
+    mem: *mut nvmlMemory_v2_t,
+) -> c_int {
+    let Some(f) = real::nvmlDeviceGetMemoryInfo_v2() else {
+        return NVML_ERROR_UNINITIALIZED;
+    };
+    run_hook(
+        "nvmlDeviceGetMemoryInfo_v2",
+        NVML_ERROR_UNKNOWN,
+        // SAFETY: forwarding the caller's arguments unchanged.
+        || unsafe { f(device, mem) },
+        || {
+            dispatch::meminfo(
+                Api::NvmlDeviceGetMemoryInfoV2,
+                || index_of(device),
+                || {
+                    // SAFETY: forwarding the caller's arguments unchanged.
+                    let rc = unsafe { f(device, mem) };
+                    if rc != NVML_SUCCESS || mem.is_null() {
+                        return (rc, None, None);
+                    }
+                    // SAFETY: non-null struct the real call just filled.
+                    let m = unsafe { *mem };
+                    (rc, Some(m.free), Some(m.total))
+                },
+                |af, at| {
+                    if !mem.is_null() {
+                        // SAFETY: non-null struct supplied by the caller.
+                        let m = unsafe { &mut *mem };
+                        if (af, at) != (m.free, m.total) {
+                            m.free = af;
+                            m.total = at;
+                            m.used = at.saturating_sub(af).saturating_sub(m.reserved);
+                        }
+                    }
+                },
+            )
+        },
+    )
+}

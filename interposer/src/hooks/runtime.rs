@@ -1,0 +1,489 @@
+//! Runtime API hooks (`libcudart`): reached through the PLT of programs and libraries that
+//! link the shared runtime, and through our `dlsym` hook for those that `dlopen` it.
+//! Device = the runtime's current device (`cudaGetDevice`).
+
+use super::{NO_RUNTIME, alloc_hook, free_hook, read_ptr, rt_device, write_ptr};
+use crate::dispatch::{self, run_hook};
+use crate::ffi_types::*;
+use crate::real;
+use crate::request::Request;
+use std::ffi::{c_int, c_uint, c_void};
+use vramshim_trace::{AllocKind, Api, flags};
+
+fn req(api: Api, kind: AllocKind, device: i32, stream: u64, size: usize, fl: u8) -> Request {
+    Request {
+        api,
+        kind,
+        device,
+        stream,
+        size: size as u64,
+        flags: fl,
+    }
+}
+
+/// # Safety
+/// C ABI: called by CUDA programs with `cudaMalloc`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cudaMalloc(dev_ptr: *mut *mut c_void, size: usize) -> c_int {
+    alloc_hook(
+        "cudaMalloc",
+        NO_RUNTIME,
+        real::cudaMalloc,
+        || req(Api::CudaMalloc, AllocKind::Runtime, rt_device(), 0, size, 0),
+        !dev_ptr.is_null(),
+        // SAFETY: forwarding the caller's arguments unchanged.
+        |f| unsafe { f(dev_ptr, size) },
+        || (read_ptr(dev_ptr), size as u64),
+        |p| write_ptr(dev_ptr, p),
+    )
+}
+
+/// # Safety
+/// C ABI: `cudaFree`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cudaFree(dev_ptr: *mut c_void) -> c_int {
+    free_hook(
+        "cudaFree",
+        NO_RUNTIME,
+        real::cudaFree,
+        Api::CudaFree,
+        dev_ptr as u64,
+        None,
+        0,
+        // SAFETY: forwarding the caller's arguments unchanged.
+        |f| unsafe { f(dev_ptr) },
+    )
+}
+
+fn malloc_async(
+    name: &'static str,
+    ptsz: bool,
+    dev_ptr: *mut *mut c_void,
+    size: usize,
+    stream: cudaStream_t,
+) -> c_int {
+    let slot = if ptsz {
+        real::cudaMallocAsync_ptsz
+    } else {
+        real::cudaMallocAsync
+    };
+    let fl = if ptsz { flags::PER_THREAD_STREAM } else { 0 };
+    alloc_hook(
+        name,
+        NO_RUNTIME,
+        slot,
+        || {
+            req(
+                Api::CudaMallocAsync,
+                AllocKind::Async,
+                rt_device(),
+                stream as u64,
+                size,
+                fl,
+            )
+        },
+        !dev_ptr.is_null(),
+        // SAFETY: forwarding the caller's arguments unchanged.
+        |f| unsafe { f(dev_ptr, size, stream) },
+        || (read_ptr(dev_ptr), size as u64),
+        |p| write_ptr(dev_ptr, p),
+    )
+}
+
+/// # Safety
+/// C ABI: `cudaMallocAsync`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cudaMallocAsync(
+    dev_ptr: *mut *mut c_void,
+    size: usize,
+    stream: cudaStream_t,
+) -> c_int {
+    malloc_async("cudaMallocAsync", false, dev_ptr, size, stream)
+}
+
+/// # Safety
+/// C ABI: `cudaMallocAsync_ptsz`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cudaMallocAsync_ptsz(
+    dev_ptr: *mut *mut c_void,
+    size: usize,
+    stream: cudaStream_t,
+) -> c_int {
+    malloc_async("cudaMallocAsync_ptsz", true, dev_ptr, size, stream)
+}
+
+fn free_async(name: &'static str, ptsz: bool, dev_ptr: *mut c_void, stream: cudaStream_t) -> c_int {
+    let slot = if ptsz {
+        real::cudaFreeAsync_ptsz
+    } else {
+        real::cudaFreeAsync
+    };
+    free_hook(
+        name,
+        NO_RUNTIME,
+        slot,
+        Api::CudaFreeAsync,
+        dev_ptr as u64,
+        Some(stream as u64),
+        if ptsz { flags::PER_THREAD_STREAM } else { 0 },
+        // SAFETY: forwarding the caller's arguments unchanged.
+        |f| unsafe { f(dev_ptr, stream) },
+    )
+}
+
+/// # Safety
+/// C ABI: `cudaFreeAsync`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cudaFreeAsync(dev_ptr: *mut c_void, stream: cudaStream_t) -> c_int {
+    free_async("cudaFreeAsync", false, dev_ptr, stream)
+}
+
+/// # Safety
+/// C ABI: `cudaFreeAsync_ptsz`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cudaFreeAsync_ptsz(dev_ptr: *mut c_void, stream: cudaStream_t) -> c_int {
+    free_async("cudaFreeAsync_ptsz", true, dev_ptr, stream)
+}
+
+fn malloc_from_pool(
+    name: &'static str,
+    ptsz: bool,
+    ptr: *mut *mut c_void,
+    size: usize,
+    pool: cudaMemPool_t,
+    stream: cudaStream_t,
+) -> c_int {
+    let slot = if ptsz {
+        real::cudaMallocFromPoolAsync_ptsz
+    } else {
+        real::cudaMallocFromPoolAsync
+    };
+    let fl = if ptsz { flags::PER_THREAD_STREAM } else { 0 };
+    alloc_hook(
+        name,
+        NO_RUNTIME,
+        slot,
+        || {
+            req(
+                Api::CudaMallocFromPoolAsync,
+                AllocKind::Async,
+                rt_device(),
+                stream as u64,
+                size,
+                fl,
+            )
+        },
+        false, // the process chose a specific pool
+        // SAFETY: forwarding the caller's arguments unchanged.
+        |f| unsafe { f(ptr, size, pool, stream) },
+        || (read_ptr(ptr), size as u64),
+        |_| {},
+    )
+}
+
+/// # Safety
+/// C ABI: `cudaMallocFromPoolAsync`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cudaMallocFromPoolAsync(
+    ptr: *mut *mut c_void,
+    size: usize,
+    pool: cudaMemPool_t,
+    stream: cudaStream_t,
+) -> c_int {
+    malloc_from_pool("cudaMallocFromPoolAsync", false, ptr, size, pool, stream)
+}
+
+/// # Safety
+/// C ABI: `cudaMallocFromPoolAsync_ptsz`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cudaMallocFromPoolAsync_ptsz(
+    ptr: *mut *mut c_void,
+    size: usize,
+    pool: cudaMemPool_t,
+    stream: cudaStream_t,
+) -> c_int {
+    malloc_from_pool(
+        "cudaMallocFromPoolAsync_ptsz",
+        true,
+        ptr,
+        size,
+        pool,
+        stream,
+    )
+}
+
+/// # Safety
+/// C ABI: `cudaMallocPitch`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cudaMallocPitch(
+    dev_ptr: *mut *mut c_void,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+) -> c_int {
+    alloc_hook(
+        "cudaMallocPitch",
+        NO_RUNTIME,
+        real::cudaMallocPitch,
+        || {
+            req(
+                Api::CudaMallocPitch,
+                AllocKind::Pitch,
+                rt_device(),
+                0,
+                width.saturating_mul(height),
+                0,
+            )
+        },
+        false,
+        // SAFETY: forwarding the caller's arguments unchanged.
+        |f| unsafe { f(dev_ptr, pitch, width, height) },
+        || {
+            let p = if pitch.is_null() {
+                width
+            } else {
+                // SAFETY: non-null out-pointer the real call just filled.
+                unsafe { *pitch }
+            };
+            (read_ptr(dev_ptr), p.saturating_mul(height) as u64)
+        },
+        |_| {},
+    )
+}
+
+/// # Safety
+/// C ABI: `cudaMalloc3D`'s contract (`extent` by value).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cudaMalloc3D(pitched: *mut cudaPitchedPtr, extent: cudaExtent) -> c_int {
+    let rows = extent.height.max(1).saturating_mul(extent.depth.max(1));
+    alloc_hook(
+        "cudaMalloc3D",
+        NO_RUNTIME,
+        real::cudaMalloc3D,
+        || {
+            req(
+                Api::CudaMalloc3D,
+                AllocKind::Pitch,
+                rt_device(),
+                0,
+                extent.width.saturating_mul(rows),
+                0,
+            )
+        },
+        false,
+        // SAFETY: forwarding the caller's arguments unchanged.
+        |f| unsafe { f(pitched, extent) },
+        || {
+            if pitched.is_null() {
+                return (0, 0);
+            }
+            // SAFETY: non-null out-pointer the real call just filled.
+            let pp = unsafe { *pitched };
+            (pp.ptr as u64, pp.pitch.saturating_mul(rows) as u64)
+        },
+        |_| {},
+    )
+}
+
+/// # Safety
+/// C ABI: `cudaMallocManaged`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cudaMallocManaged(
+    dev_ptr: *mut *mut c_void,
+    size: usize,
+    fl: c_uint,
+) -> c_int {
+    alloc_hook(
+        "cudaMallocManaged",
+        NO_RUNTIME,
+        real::cudaMallocManaged,
+        || {
+            req(
+                Api::CudaMallocManaged,
+                AllocKind::Managed,
+                rt_device(),
+                0,
+                size,
+                0,
+            )
+        },
+        false,
+        // SAFETY: forwarding the caller's arguments unchanged.
+        |f| unsafe { f(dev_ptr, size, fl) },
+        || (read_ptr(dev_ptr), size as u64),
+        |_| {},
+    )
+}
+
+/// # Safety
+/// C ABI: `cudaMallocHost`'s contract. Traced, never charged.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cudaMallocHost(ptr: *mut *mut c_void, size: usize) -> c_int {
+    alloc_hook(
+        "cudaMallocHost",
+        NO_RUNTIME,
+        real::cudaMallocHost,
+        || req(Api::CudaMallocHost, AllocKind::Host, -1, 0, size, 0),
+        false,
+        // SAFETY: forwarding the caller's arguments unchanged.
+        |f| unsafe { f(ptr, size) },
+        || (read_ptr(ptr), size as u64),
+        |_| {},
+    )
+}
+
+/// # Safety
+/// C ABI: `cudaHostAlloc`'s contract. Traced, never charged.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cudaHostAlloc(ptr: *mut *mut c_void, size: usize, fl: c_uint) -> c_int {
+    alloc_hook(
+        "cudaHostAlloc",
+        NO_RUNTIME,
+        real::cudaHostAlloc,
+        || req(Api::CudaHostAlloc, AllocKind::Host, -1, 0, size, 0),
+        false,
+        // SAFETY: forwarding the caller's arguments unchanged.
+        |f| unsafe { f(ptr, size, fl) },
+        || (read_ptr(ptr), size as u64),
+        |_| {},
+    )
+}
+
+/// # Safety
+/// C ABI: `cudaFreeHost`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cudaFreeHost(ptr: *mut c_void) -> c_int {
+    free_hook(
+        "cudaFreeHost",
+        NO_RUNTIME,
+        real::cudaFreeHost,
+        Api::CudaFreeHost,
+        ptr as u64,
+        None,
+        0,
+        // SAFETY: forwarding the caller's arguments unchanged.
+        |f| unsafe { f(ptr) },
+    )
+}
+
+/// # Safety
+/// C ABI: `cudaMemGetInfo`'s contract (NULL out-pointers are the runtime's business).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cudaMemGetInfo(free: *mut usize, total: *mut usize) -> c_int {
+    let Some(f) = real::cudaMemGetInfo() else {
+        return NO_RUNTIME;
+    };
+    run_hook(
+        "cudaMemGetInfo",
+        cudaErrorUnknown,
+        // SAFETY: forwarding the caller's arguments unchanged.
+        || unsafe { f(free, total) },
+        || {
+            dispatch::meminfo(
+                Api::CudaMemGetInfo,
+                real::current_runtime_device,
+                || {
+                    // SAFETY: forwarding the caller's arguments unchanged.
+                    let rc = unsafe { f(free, total) };
+                    (rc, super::read_usize(free), super::read_usize(total))
+                },
+                |af, at| {
+                    super::write_usize(free, af);
+                    super::write_usize(total, at);
+                },
+            )
+        },
+    )
+}
+
+/// # Safety
+/// C ABI: `cudaDeviceReset`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cudaDeviceReset() -> c_int {
+    let Some(f) = real::cudaDeviceReset() else {
+        return NO_RUNTIME;
+    };
+    run_hook(
+        "cudaDeviceReset",
+        cudaErrorUnknown,
+        // SAFETY: no arguments.
+        || unsafe { f() },
+        || {
+            crate::counters::call(Api::CudaDeviceReset);
+            let dev = real::current_runtime_device();
+            // SAFETY: no arguments.
+            let rc = unsafe { f() };
+            if rc == 0
+                && let Some(d) = dev
+            {
+                dispatch::device_reset(d);
+            }
+            rc
+        },
+    )
+}
+
+fn device_properties(
+    name: &'static str,
+    slot: fn() -> Option<PfnCudaGetDeviceProperties>,
+    prop: *mut c_void,
+    device: c_int,
+) -> c_int {
+    let Some(f) = slot() else {
+        return NO_RUNTIME;
+    };
+    run_hook(
+        name,
+        cudaErrorUnknown,
+        // SAFETY: forwarding the caller's arguments unchanged.
+        || unsafe { f(prop, device) },
+        || {
+            let total_ptr = if prop.is_null() {
+                std::ptr::null_mut()
+            } else {
+                // SAFETY: totalGlobalMem lies at this offset in every cudaDeviceProp layout
+                // (CUDA 12 and 13); the struct is far larger.
+                unsafe {
+                    prop.cast::<u8>()
+                        .add(CUDA_DEVICE_PROP_TOTAL_GLOBAL_MEM_OFFSET)
+                }
+                .cast::<usize>()
+            };
+            dispatch::meminfo(
+                Api::CudaGetDeviceProperties,
+                || Some(device),
+                || {
+                    // SAFETY: forwarding the caller's arguments unchanged.
+                    let rc = unsafe { f(prop, device) };
+                    let t = super::read_usize(total_ptr);
+                    (rc, t, t)
+                },
+                |_, at| super::write_usize(total_ptr, at),
+            )
+        },
+    )
+}
+
+/// # Safety
+/// C ABI: `cudaGetDeviceProperties`' contract; `totalGlobalMem` reports the cap.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cudaGetDeviceProperties(prop: *mut c_void, device: c_int) -> c_int {
+    device_properties(
+        "cudaGetDeviceProperties",
+        real::cudaGetDeviceProperties,
+        prop,
+        device,
+    )
+}
+
+/// # Safety
+/// C ABI: `cudaGetDeviceProperties_v2` (what CUDA 12 headers call).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cudaGetDeviceProperties_v2(prop: *mut c_void, device: c_int) -> c_int {
+    device_properties(
+        "cudaGetDeviceProperties_v2",
+        real::cudaGetDeviceProperties_v2,
+        prop,
+        device,
+    )
+}

@@ -1,0 +1,107 @@
+//! Virtual-memory API hooks: physical memory is charged by handle at `cuMemCreate` (by
+//! `prop->location`, never by the calling thread's context) and given back at
+//! `cuMemRelease`. Host locations (NCCL's `cuMemHostEnable`) are traced, never charged.
+//! Mapping calls (`cuMemMap`, `cuMemAddressReserve`, ...) are not hooked: one handle can be
+//! mapped many times.
+
+use super::{NO_DRIVER, alloc_hook_in, free_hook_in, read_u64};
+use crate::ffi_types::*;
+use crate::live_table::HANDLES;
+use crate::real;
+use crate::request::Request;
+use std::ffi::{c_int, c_ulonglong};
+use vramshim_trace::{AllocKind, Api};
+
+/// (kind, device) of a `cuMemCreate` from its properties.
+fn classify(prop: *const CUmemAllocationProp) -> (AllocKind, i32) {
+    if prop.is_null() {
+        return (AllocKind::VmmHandle, -1);
+    }
+    // SAFETY: non-null pointer to the caller's CUmemAllocationProp; only the first 16 bytes
+    // (type, handle types, location) are read, identical in CUDA 12 and 13.
+    let loc = unsafe { (*prop).location };
+    match loc.type_ {
+        CU_MEM_LOCATION_TYPE_DEVICE if loc.id >= 0 => (AllocKind::VmmHandle, loc.id),
+        CU_MEM_LOCATION_TYPE_HOST
+        | CU_MEM_LOCATION_TYPE_HOST_NUMA
+        | CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT => (AllocKind::Host, -1),
+        // Invalid location: nothing charged; the real call reports the error.
+        _ => (AllocKind::VmmHandle, -1),
+    }
+}
+
+/// # Safety
+/// C ABI: `cuMemCreate`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemCreate(
+    handle: *mut CUmemGenericAllocationHandle,
+    size: usize,
+    prop: *const CUmemAllocationProp,
+    fl: c_ulonglong,
+) -> c_int {
+    alloc_hook_in(
+        "cuMemCreate",
+        NO_DRIVER,
+        real::cuMemCreate,
+        &HANDLES,
+        || {
+            let (kind, device) = classify(prop);
+            Request {
+                api: Api::CuMemCreate,
+                kind,
+                device,
+                stream: 0,
+                size: size as u64,
+                flags: 0,
+            }
+        },
+        false,
+        // SAFETY: forwarding the caller's arguments unchanged.
+        |f| unsafe { f(handle, size, prop, fl) },
+        || (read_u64(handle), size as u64),
+        |_| {},
+    )
+}
+
+/// # Safety
+/// C ABI: `cuMemRelease`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> c_int {
+    free_hook_in(
+        "cuMemRelease",
+        NO_DRIVER,
+        real::cuMemRelease,
+        &HANDLES,
+        Api::CuMemRelease,
+        handle,
+        None,
+        0,
+        // SAFETY: forwarding the caller's arguments unchanged.
+        |f| unsafe { f(handle) },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn host_locations_are_not_device_memory() {
+        let mut p = CUmemAllocationProp {
+            type_: 1,
+            requested_handle_types: 0,
+            location: CUmemLocation {
+                type_: CU_MEM_LOCATION_TYPE_HOST_NUMA,
+                id: 0,
+            },
+            win32_handle_meta_data: std::ptr::null_mut(),
+            alloc_flags: Default::default(),
+        };
+        assert_eq!(classify(&p), (AllocKind::Host, -1));
+        p.location = CUmemLocation {
+            type_: CU_MEM_LOCATION_TYPE_DEVICE,
+            id: 3,
+        };
+        assert_eq!(classify(&p), (AllocKind::VmmHandle, 3));
+        assert_eq!(classify(std::ptr::null()), (AllocKind::VmmHandle, -1));
+    }
+}

@@ -1,0 +1,63 @@
+//! Cheap identities: the caller's kernel thread id (cached per thread) and the monotonic
+//! clock in nanoseconds (`clock_gettime(CLOCK_MONOTONIC)`, served by the vDSO).
+
+use std::cell::Cell;
+
+thread_local! {
+    // const-initialized and not Drop: a plain #[thread_local], no lazy init, no destructor.
+    static TID: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Kernel thread id of the caller (`gettid`), cached after the first call on each thread.
+#[inline]
+pub fn tid() -> u32 {
+    TID.try_with(|t| {
+        let v = t.get();
+        if v != 0 {
+            return v;
+        }
+        // SAFETY: gettid has no preconditions.
+        let v = unsafe { libc::gettid() } as u32;
+        t.set(v);
+        v
+    })
+    // SAFETY: as above (thread-local storage already torn down on this thread).
+    .unwrap_or_else(|_| unsafe { libc::gettid() } as u32)
+}
+
+/// Monotonic time in nanoseconds (`CLOCK_MONOTONIC`).
+#[inline]
+pub fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
+
+/// Process id (not cached: cheap, and correct after fork).
+#[inline]
+pub fn pid() -> u32 {
+    // SAFETY: getpid has no preconditions.
+    unsafe { libc::getpid() as u32 }
+}
+
+/// Forget the cached thread id (the forking thread has a new tid in the child).
+pub(crate) fn on_fork_child() {
+    let _ = TID.try_with(|t| t.set(0));
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn tid_is_stable_and_clock_moves() {
+        assert_eq!(super::tid(), super::tid());
+        let a = super::now_ns();
+        let b = super::now_ns();
+        assert!(b >= a && a > 0);
+    }
+}

@@ -1,0 +1,46 @@
+//! Load-time setup, kept tiny (a process that never touches CUDA must not notice us):
+//! read `VRAMSHIM_*`, set the log level, register the atexit and fork-child handlers.
+//! Threads, files and CUDA are only touched on the first CUDA call, by the layers.
+
+use std::ffi::{c_char, c_int};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+static INITIALIZED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn constructor(_argc: c_int, _argv: *const *const c_char, envp: *const *const c_char) {
+    init(envp);
+}
+
+// glibc passes (argc, argv, envp) to .init_array functions.
+#[used]
+#[unsafe(link_section = ".init_array")]
+static INIT_ARRAY: extern "C" fn(c_int, *const *const c_char, *const *const c_char) = constructor;
+
+/// Idempotent; normally run by the constructor.
+pub(crate) fn init(envp: *const *const c_char) {
+    if INITIALIZED.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    crate::env::init(envp);
+    crate::log::init();
+    // Resolve glibc's dlsym now, while nothing else runs (it is also resolved lazily).
+    crate::real::real_dlsym_addr();
+    // SAFETY: registering plain extern "C" functions with libc.
+    unsafe {
+        libc::atexit(at_exit);
+        libc::pthread_atfork(None, None, Some(atfork_child));
+    }
+}
+
+extern "C" fn at_exit() {
+    let _ = std::panic::catch_unwind(|| {
+        crate::at_exit_hooks();
+    });
+}
+
+extern "C" fn atfork_child() {
+    let _ = std::panic::catch_unwind(|| {
+        crate::ids::on_fork_child();
+        crate::fork_child_hooks();
+    });
+}

@@ -1,0 +1,355 @@
+//! The real CUDA functions, resolved lazily into `AtomicUsize` slots.
+//!
+//! * runtime (`cuda*`): `dlsym(RTLD_NEXT, name)` from this library, then the handle of an
+//!   already-loaded `libcudart.so.13`/`.12` (`RTLD_NOLOAD`); or the address our `dlsym` /
+//!   lookup hooks saw when the process resolved the name itself (recorded first).
+//! * driver (`cu*`): `libcuda.so.1` opened with `RTLD_NOW|RTLD_NOLOAD` (or loaded once with
+//!   `RTLD_NOW|RTLD_NODELETE`), then the real `dlsym` on that handle.
+//! * NVML: `libnvidia-ml.so.1`, the same way.
+//!
+//! Nothing is linked: the library has no DT_NEEDED on CUDA. Typed accessors return `None`
+//! when the function does not exist (no driver): callers return the error CUDA returns
+//! without a driver.
+//!
+//! For other layers (pool's VMM backend): `if let Some(f) = crate::real::cuMemCreate() {
+//! unsafe { f(&mut handle, size, &prop, 0) } }`. These calls go straight to the driver:
+//! they are not intercepted, counted or traced.
+#![allow(non_snake_case, non_upper_case_globals)]
+
+use crate::ffi_types::*;
+use std::ffi::{CStr, c_char, c_int, c_void};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lib {
+    Runtime,
+    Driver,
+    Nvml,
+}
+
+/// One real function: its name, its library and its address (0 = not resolved yet).
+pub struct Slot {
+    addr: AtomicUsize,
+    pub name: &'static CStr,
+    pub lib: Lib,
+}
+
+impl Slot {
+    pub const fn new(name: &'static CStr, lib: Lib) -> Slot {
+        Slot {
+            addr: AtomicUsize::new(0),
+            name,
+            lib,
+        }
+    }
+
+    /// The real address, resolving it on first use; 0 if it does not exist.
+    #[inline]
+    pub fn get(&self) -> usize {
+        let a = self.addr.load(Ordering::Acquire);
+        if a != 0 {
+            return a;
+        }
+        self.resolve()
+    }
+
+    /// The address if already known, without resolving.
+    #[inline]
+    pub fn peek(&self) -> usize {
+        self.addr.load(Ordering::Acquire)
+    }
+
+    /// Remember an address the process itself obtained for this name (our `dlsym` or
+    /// lookup hooks saw it). Never stores one of our own hooks; never overwrites.
+    pub fn record(&self, addr: usize) {
+        if addr == 0 || crate::hooks::is_our_hook(addr) {
+            return;
+        }
+        let _ = self
+            .addr
+            .compare_exchange(0, addr, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    #[cold]
+    fn resolve(&self) -> usize {
+        let a = match self.lib {
+            Lib::Runtime => resolve_runtime(self.name),
+            Lib::Driver => lib_sym(&LIBCUDA, LIBCUDA_NAMES, self.name),
+            Lib::Nvml => lib_sym(&LIBNVML, LIBNVML_NAMES, self.name),
+        };
+        if a == 0 || crate::hooks::is_our_hook(a) {
+            return 0;
+        }
+        match self
+            .addr
+            .compare_exchange(0, a, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => a,
+            Err(cur) => cur,
+        }
+    }
+
+    /// Forget the address (tests).
+    pub fn clear(&self) {
+        self.addr.store(0, Ordering::Release);
+    }
+}
+
+// ------------------------------------------------------------------------- real dlsym
+
+pub(crate) static REAL_DLSYM: AtomicUsize = AtomicUsize::new(0);
+
+type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
+
+/// Address of glibc's `dlsym` (resolved with `dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34")`,
+/// falling back to `GLIBC_2.2.5`). Allocation-free, lock-free, idempotent.
+#[inline]
+pub fn real_dlsym_addr() -> usize {
+    let a = REAL_DLSYM.load(Ordering::Acquire);
+    if a != 0 {
+        return a;
+    }
+    resolve_real_dlsym()
+}
+
+#[cold]
+pub(crate) extern "C" fn resolve_real_dlsym() -> usize {
+    let versions: [&CStr; 3] = [c"GLIBC_2.34", c"GLIBC_2.2.5", c"GLIBC_2.17"];
+    for v in versions {
+        // SAFETY: dlvsym with valid NUL-terminated strings; RTLD_NEXT from this library.
+        let p = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), v.as_ptr()) };
+        if !p.is_null() {
+            REAL_DLSYM.store(p as usize, Ordering::Release);
+            return p as usize;
+        }
+    }
+    0
+}
+
+/// Call glibc's `dlsym` (never our hook). The caller seen by glibc is this library.
+#[allow(clippy::not_unsafe_ptr_arg_deref)] // the handle is only passed on to dlsym
+pub fn dlsym_real(handle: *mut c_void, name: &CStr) -> *mut c_void {
+    let a = real_dlsym_addr();
+    if a == 0 {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: a is glibc's dlsym.
+    let f: DlsymFn = unsafe { std::mem::transmute::<usize, DlsymFn>(a) };
+    // SAFETY: name is NUL-terminated; handle is the caller's.
+    unsafe { f(handle, name.as_ptr()) }
+}
+
+// ------------------------------------------------------------------------- libraries
+
+static LIBCUDA: AtomicUsize = AtomicUsize::new(0);
+static LIBNVML: AtomicUsize = AtomicUsize::new(0);
+static LIBCUDART: AtomicUsize = AtomicUsize::new(0);
+const LIBCUDA_NAMES: &[&CStr] = &[c"libcuda.so.1", c"libcuda.so"];
+const LIBNVML_NAMES: &[&CStr] = &[c"libnvidia-ml.so.1", c"libnvidia-ml.so"];
+const LIBCUDART_NAMES: &[&CStr] = &[c"libcudart.so.13", c"libcudart.so.12", c"libcudart.so"];
+
+/// Handle of an already-loaded library of `names`, else (when `load`) load it once with
+/// `RTLD_NOW|RTLD_NODELETE`. Null when it cannot be had.
+fn lib_handle(cache: &AtomicUsize, names: &[&CStr], load: bool) -> *mut c_void {
+    let h = cache.load(Ordering::Acquire);
+    if h != 0 {
+        return h as *mut c_void;
+    }
+    for n in names {
+        // SAFETY: dlopen with a valid name; RTLD_NOLOAD never loads anything.
+        let h = unsafe { libc::dlopen(n.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+        if !h.is_null() {
+            cache.store(h as usize, Ordering::Release);
+            return h;
+        }
+    }
+    if load {
+        for n in names {
+            // SAFETY: as above; NODELETE keeps the handle valid for the process lifetime.
+            let h = unsafe { libc::dlopen(n.as_ptr(), libc::RTLD_NOW | libc::RTLD_NODELETE) };
+            if !h.is_null() {
+                cache.store(h as usize, Ordering::Release);
+                return h;
+            }
+        }
+        // Clear the dlerror state our failed dlopen left behind.
+        // SAFETY: dlerror has no preconditions.
+        unsafe { libc::dlerror() };
+    }
+    std::ptr::null_mut()
+}
+
+fn lib_sym(cache: &AtomicUsize, names: &[&CStr], name: &CStr) -> usize {
+    let h = lib_handle(cache, names, true);
+    if h.is_null() {
+        return 0;
+    }
+    dlsym_real(h, name) as usize
+}
+
+/// Handle of `libcuda.so.1` (loaded on demand, never unloaded); null without a driver.
+pub fn libcuda() -> *mut c_void {
+    lib_handle(&LIBCUDA, LIBCUDA_NAMES, true)
+}
+
+/// Handle of `libcuda.so.1` only if the process already loaded it.
+pub fn libcuda_if_loaded() -> *mut c_void {
+    lib_handle(&LIBCUDA, LIBCUDA_NAMES, false)
+}
+
+/// Real address of a driver symbol by exact name (0 if absent).
+pub fn driver_symbol(name: &CStr) -> usize {
+    let h = libcuda();
+    if h.is_null() {
+        return 0;
+    }
+    dlsym_real(h, name) as usize
+}
+
+fn resolve_runtime(name: &CStr) -> usize {
+    let p = dlsym_real(libc::RTLD_NEXT, name) as usize;
+    if p != 0 && !crate::hooks::is_our_hook(p) {
+        return p;
+    }
+    let h = lib_handle(&LIBCUDART, LIBCUDART_NAMES, false);
+    if h.is_null() {
+        return 0;
+    }
+    dlsym_real(h, name) as usize
+}
+
+// ------------------------------------------------------------------------- slots
+
+macro_rules! real_fns {
+    ($( $lib:ident $name:ident : $ty:ty ; )*) => {
+        /// The slots themselves (for `record` by the lookup hooks).
+        pub mod slots {
+            use super::{Lib, Slot};
+            $(
+                pub static $name: Slot = Slot::new(
+                    match std::ffi::CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes()) {
+                        Ok(c) => c,
+                        Err(_) => panic!("bad name"),
+                    },
+                    Lib::$lib,
+                );
+            )*
+            /// Every slot, for tests and diagnostics.
+            pub static ALL: &[&Slot] = &[$(&$name),*];
+        }
+        $(
+            #[doc = concat!("The real `", stringify!($name), "`, or `None` if it does not exist.")]
+            #[inline]
+            pub fn $name() -> Option<$ty> {
+                let a = slots::$name.get();
+                if a == 0 {
+                    None
+                } else {
+                    // SAFETY: the slot holds the address of the C function of that name,
+                    // whose ABI is `$ty`.
+                    Some(unsafe { std::mem::transmute::<usize, $ty>(a) })
+                }
+            }
+        )*
+    };
+}
+
+real_fns! {
+    // ---- runtime
+    Runtime cudaMalloc: PfnCudaMalloc;
+    Runtime cudaFree: PfnCudaFree;
+    Runtime cudaMallocAsync: PfnCudaMallocAsync;
+    Runtime cudaMallocAsync_ptsz: PfnCudaMallocAsync;
+    Runtime cudaFreeAsync: PfnCudaFreeAsync;
+    Runtime cudaFreeAsync_ptsz: PfnCudaFreeAsync;
+    Runtime cudaMallocFromPoolAsync: PfnCudaMallocFromPoolAsync;
+    Runtime cudaMallocFromPoolAsync_ptsz: PfnCudaMallocFromPoolAsync;
+    Runtime cudaMallocPitch: PfnCudaMallocPitch;
+    Runtime cudaMalloc3D: PfnCudaMalloc3D;
+    Runtime cudaMallocManaged: PfnCudaMallocManaged;
+    Runtime cudaMallocHost: PfnCudaMalloc;
+    Runtime cudaHostAlloc: PfnCudaHostAlloc;
+    Runtime cudaFreeHost: PfnCudaFree;
+    Runtime cudaMemGetInfo: PfnCudaMemGetInfo;
+    Runtime cudaDeviceReset: PfnCudaDeviceReset;
+    Runtime cudaGetDevice: PfnCudaGetDevice;
+    Runtime cudaGetDeviceProperties: PfnCudaGetDeviceProperties;
+    Runtime cudaGetDeviceProperties_v2: PfnCudaGetDeviceProperties;
+    Runtime cudaGetDriverEntryPoint: PfnCudaGetDriverEntryPoint;
+    Runtime cudaGetDriverEntryPoint_ptsz: PfnCudaGetDriverEntryPoint;
+    Runtime cudaGetDriverEntryPointByVersion: PfnCudaGetDriverEntryPointByVersion;
+    Runtime cudaGetDriverEntryPointByVersion_ptsz: PfnCudaGetDriverEntryPointByVersion;
+    // ---- driver: hooked
+    Driver cuMemAlloc_v2: PfnCuMemAlloc;
+    Driver cuMemFree_v2: PfnCuMemFree;
+    Driver cuMemAllocPitch_v2: PfnCuMemAllocPitch;
+    Driver cuMemAllocManaged: PfnCuMemAllocManaged;
+    Driver cuMemAllocAsync: PfnCuMemAllocAsync;
+    Driver cuMemAllocAsync_ptsz: PfnCuMemAllocAsync;
+    Driver cuMemFreeAsync: PfnCuMemFreeAsync;
+    Driver cuMemFreeAsync_ptsz: PfnCuMemFreeAsync;
+    Driver cuMemAllocFromPoolAsync: PfnCuMemAllocFromPoolAsync;
+    Driver cuMemAllocFromPoolAsync_ptsz: PfnCuMemAllocFromPoolAsync;
+    Driver cuMemCreate: PfnCuMemCreate;
+    Driver cuMemRelease: PfnCuMemRelease;
+    Driver cuMemGetInfo_v2: PfnCuMemGetInfo;
+    Driver cuDeviceTotalMem_v2: PfnCuDeviceTotalMem;
+    Driver cuMemAllocHost_v2: PfnCuMemAllocHost;
+    Driver cuMemHostAlloc: PfnCuMemHostAlloc;
+    Driver cuMemFreeHost: PfnCuMemFreeHost;
+    Driver cuGetProcAddress: PfnCuGetProcAddress;
+    Driver cuGetProcAddress_v2: PfnCuGetProcAddressV2;
+    // ---- driver: used by other layers (pool VMM backend), never hooked
+    Driver cuMemMap: PfnCuMemMap;
+    Driver cuMemUnmap: PfnCuMemUnmap;
+    Driver cuMemSetAccess: PfnCuMemSetAccess;
+    Driver cuMemAddressReserve: PfnCuMemAddressReserve;
+    Driver cuMemAddressFree: PfnCuMemAddressFree;
+    Driver cuMemGetAllocationGranularity: PfnCuMemGetAllocationGranularity;
+    Driver cuCtxSynchronize: PfnCuCtxSynchronize;
+    Driver cuStreamSynchronize: PfnCuStreamSynchronize;
+    Driver cuStreamSynchronize_ptsz: PfnCuStreamSynchronize;
+    Driver cuEventCreate: PfnCuEventCreate;
+    Driver cuEventRecord: PfnCuEventRecord;
+    Driver cuEventRecord_ptsz: PfnCuEventRecord;
+    Driver cuEventQuery: PfnCuEventQuery;
+    Driver cuEventSynchronize: PfnCuEventSynchronize;
+    Driver cuEventDestroy_v2: PfnCuEventDestroy;
+    Driver cuStreamWaitEvent: PfnCuStreamWaitEvent;
+    Driver cuStreamWaitEvent_ptsz: PfnCuStreamWaitEvent;
+    Driver cuStreamIsCapturing: PfnCuStreamIsCapturing;
+    Driver cuStreamIsCapturing_ptsz: PfnCuStreamIsCapturing;
+    Driver cuThreadExchangeStreamCaptureMode: PfnCuThreadExchangeStreamCaptureMode;
+    Driver cuCtxGetDevice: PfnCuCtxGetDevice;
+    Driver cuCtxGetCurrent: PfnCuCtxGetCurrent;
+    Driver cuCtxSetCurrent: PfnCuCtxSetCurrent;
+    Driver cuDevicePrimaryCtxRetain: PfnCuDevicePrimaryCtxRetain;
+    // ---- NVML
+    Nvml nvmlDeviceGetMemoryInfo: PfnNvmlDeviceGetMemoryInfo;
+    Nvml nvmlDeviceGetMemoryInfo_v2: PfnNvmlDeviceGetMemoryInfoV2;
+    Nvml nvmlDeviceGetIndex: PfnNvmlDeviceGetIndex;
+}
+
+/// `cuEventDestroy` under its usual name (the ABI symbol is `cuEventDestroy_v2`).
+pub fn cuEventDestroy() -> Option<PfnCuEventDestroy> {
+    cuEventDestroy_v2()
+}
+
+/// The device of the calling thread's current context, if it has one (never fails loudly:
+/// a thread with no context gets `None`, HAMi's uninitialized-device bug).
+pub fn current_driver_device() -> Option<c_int> {
+    let f = cuCtxGetDevice()?;
+    let mut d: c_int = -1;
+    // SAFETY: d is a valid out-pointer.
+    let rc = unsafe { f(&mut d) };
+    (rc == CUDA_SUCCESS && d >= 0).then_some(d)
+}
+
+/// The runtime's current device (`cudaGetDevice`), if the runtime answers.
+pub fn current_runtime_device() -> Option<c_int> {
+    let f = cudaGetDevice()?;
+    let mut d: c_int = -1;
+    // SAFETY: d is a valid out-pointer.
+    let rc = unsafe { f(&mut d) };
+    (rc == cudaSuccess && d >= 0).then_some(d)
+}
