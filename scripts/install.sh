@@ -35,9 +35,21 @@ if [ "$build" = 1 ]; then
   echo "install.sh: building (cargo build --release --workspace)" >&2
   cargo build --release --workspace
 fi
-# The simulated GPU's libraries under their real names (scripts/sim-layout, by sim-runtime).
-if [ -x scripts/sim-layout ]; then
-  CARGO_TARGET_DIR="$target" scripts/sim-layout release >/dev/null
+# The simulated GPU's libraries under their real names in $out/cuda-sim (what
+# scripts/sim-layout does; done here too so this script does not depend on it).
+if [ -f "$out/libvramsim_driver.so" ]; then
+  mkdir -p "$out/cuda-sim"
+  for pair in libcuda.so.1=libvramsim_driver.so libcudart.so.12=libvramsim_runtime12.so \
+              libcudart.so.13=libvramsim_runtime13.so libcudart_static.a=libvramsim_runtime_static.a \
+              libnvidia-ml.so.1=libvramsim_nvml.so; do
+    name="${pair%%=*}"; src="$out/${pair#*=}"
+    if [ -f "$src" ]; then
+      cp "$src" "$out/cuda-sim/.$name.$$" && mv -f "$out/cuda-sim/.$name.$$" "$out/cuda-sim/$name"
+    fi
+  done
+  for pair in libcuda.so=libcuda.so.1 libcudart.so=libcudart.so.12 libnvidia-ml.so=libnvidia-ml.so.1; do
+    ln -sfn "${pair#*=}" "$out/cuda-sim/.${pair%%=*}.$$" && mv -fT "$out/cuda-sim/.${pair%%=*}.$$" "$out/cuda-sim/${pair%%=*}"
+  done
 fi
 
 for f in "$out/vramshim" "$out/libvramshim.so"; do

@@ -13,13 +13,23 @@ use std::ffi::CString;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
+
+use vramshim_pool::PolicyKind;
+use vramshim_pool::replay;
+use vramshim_pool::rmm_csv::{self, ParsedTrace};
 
 use crate::run;
 
-/// The shipped allocation stream (RMM logging CSV, from shared/traces).
+/// Device size for the what-if model (only the cap limits it).
+const DEVICE_TOTAL: u64 = 16 << 30;
+
+/// The shipped allocation stream (RMM logging CSV; see tests/workloads/traces/README.md).
 const TRACE_NAME: &str = "vit_train.rmm.csv";
-const TRACE_CSV: &[u8] = include_bytes!("../data/vit_train.rmm.csv");
+const TRACE_CSV: &[u8] = include_bytes!("../../tests/workloads/traces/vit_train.rmm.csv");
+/// The log-replay workload, compiled with `cc` at demo time (cached in the work directory).
+const REPLAY_C: &str = include_str!("../../tests/workloads/replay/replay.c");
+const CUDA_API_H: &str = include_str!("../../tests/workloads/include/cuda_api.h");
 
 /// Driver-call latencies the simulated GPU injects so that its timings model a real device
 /// (orders of magnitude from the literature cited in the docs; labelled as modelled).
@@ -75,6 +85,12 @@ impl Cell {
             Cell::Na(why) => format!("n/a ({why})"),
         }
     }
+    fn short(&self) -> String {
+        match self {
+            Cell::Val(s) => s.clone(),
+            Cell::Na(_) => "n/a".into(),
+        }
+    }
     fn na(why: &str) -> Cell {
         Cell::Na(why.to_string())
     }
@@ -90,9 +106,26 @@ struct Row {
     syncs: Cell,
     refusals: Cell,
     time: Cell,
+    completed: bool,
+    /// One line explaining the outcome (the refusal, the post-mortem), when there is one.
+    detail: String,
+    trace: Option<PathBuf>,
+    stderr: String,
 }
 
 impl Row {
+    /// The measured columns, in `HEADERS` order after the label.
+    fn cells(&self) -> [&Cell; 7] {
+        [
+            &self.outcome,
+            &self.peak,
+            &self.reserved,
+            &self.driver_calls,
+            &self.syncs,
+            &self.refusals,
+            &self.time,
+        ]
+    }
     fn empty(label: &'static str, what: String, why: &str) -> Row {
         Row {
             label,
@@ -104,6 +137,10 @@ impl Row {
             syncs: Cell::na(why),
             refusals: Cell::na(why),
             time: Cell::na(why),
+            completed: false,
+            detail: String::new(),
+            trace: None,
+            stderr: String::new(),
         }
     }
 }
@@ -122,7 +159,14 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
 
     let gpu = detect_gpu(args.sim)?;
     let lib = run::find_library()?;
-    let stats = csv_stats(TRACE_CSV);
+    let parsed = rmm_csv::parse(&String::from_utf8_lossy(TRACE_CSV)).ok();
+    let stats = CsvStats {
+        allocs: parsed.as_ref().map_or(0, |p| p.allocs),
+        peak_live: parsed.as_ref().map_or(0, |p| replay::peak_live(&p.events)),
+    };
+    if stats.peak_live == 0 {
+        return Err(format!("demo: the shipped log {TRACE_NAME} did not parse"));
+    }
     println!("vramshim demo: {}", gpu.describe());
     println!(
         "workload: {TRACE_NAME} (ViT training, recorded from PyTorch): {} allocations, peak live {}",
@@ -152,7 +196,7 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
                     format!("pool=stitch, cap {} (peak + 5%)", bytes(cap_pool)),
                     "replay workload not built yet",
                 ),
-                whatif_caching(&csv, cap_pool),
+                whatif_caching(&parsed, DEVICE_TOTAL, cap_pool),
             ]
         }
         Ok(bin) => {
@@ -175,11 +219,11 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
             let mut rows = Vec::new();
             for (label, what, env) in runs {
                 eprint!("running {label} {what} ... ");
-                let r = live_run(&gpu, &lib, bin, &csv, &work, label, &env);
+                let r = live_run(&gpu, &lib, bin, &csv, &work, label, what, &env);
                 eprintln!("{}", r.outcome.text());
                 rows.push(r);
             }
-            rows.push(whatif_caching(&csv, cap_pool));
+            rows.push(whatif_caching(&parsed, DEVICE_TOTAL, cap_pool));
             rows
         }
     };
@@ -275,18 +319,141 @@ fn real_gpu() -> Option<String> {
 // ---------------------------------------------------------------------------------------------
 // The live runs.
 
-/// The log-replay workload (tests/workloads, by sim-runtime). Not wired yet.
-fn replay_program(_work: &Path, _gpu: &Gpu) -> Result<PathBuf, String> {
-    Err("not built yet".into())
+/// The log-replay workload (`tests/workloads/replay/replay.c`), compiled once into the work
+/// directory with `cc` and linked against `libcudart.so.12` (the simulated one, or the real
+/// one on a GPU machine; they share soname and symbol versions).
+fn replay_program(work: &Path, gpu: &Gpu) -> Result<PathBuf, String> {
+    let link_dir = match gpu {
+        Gpu::Sim { dir } => dir.clone(),
+        Gpu::Real { .. } => real_cudart_dir()
+            .or_else(|| run::find_sim_dir().ok())
+            .ok_or("no libcudart.so.12 to link the replay workload against (install the CUDA runtime, e.g. pip install nvidia-cuda-runtime-cu12)")?,
+    };
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in REPLAY_C
+        .bytes()
+        .chain(CUDA_API_H.bytes())
+        .chain(link_dir.to_string_lossy().bytes())
+    {
+        h = (h ^ b as u64).wrapping_mul(0x100000001b3);
+    }
+    let dir = work.join(format!("replay-{h:016x}"));
+    let exe = dir.join("replay");
+    if exe.is_file() {
+        return Ok(exe);
+    }
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    std::fs::write(dir.join("replay.c"), REPLAY_C).map_err(|e| e.to_string())?;
+    std::fs::write(dir.join("cuda_api.h"), CUDA_API_H).map_err(|e| e.to_string())?;
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let tmp = dir.join(format!(".replay.{}", std::process::id()));
+    let out = Command::new(&cc)
+        .args(["-O2", "-std=gnu11", "-o"])
+        .arg(&tmp)
+        .arg(dir.join("replay.c"))
+        .arg(format!("-I{}", dir.display()))
+        .arg(format!("-L{}", link_dir.display()))
+        .args(["-l:libcudart.so.12", "-ldl", "-lpthread"])
+        .output()
+        .map_err(|e| format!("cannot run the C compiler `{cc}` (install gcc, or set CC): {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "compiling the replay workload failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    std::fs::rename(&tmp, &exe).map_err(|e| e.to_string())?;
+    Ok(exe)
 }
 
-struct Measured {
-    status: Option<i32>,
-    stdout: String,
-    stderr: String,
-    wall: Duration,
+/// A directory holding NVIDIA's `libcudart.so.12` on a GPU machine: the CUDA toolkit, or the
+/// `nvidia-cuda-runtime-cu12` wheel of the system Python. `None` if the dynamic linker's
+/// cache has it (nothing to add) or nothing is found.
+fn real_cudart_dir() -> Option<PathBuf> {
+    let mut dirs: Vec<PathBuf> = [
+        "/usr/local/cuda/lib64",
+        "/usr/local/cuda/targets/x86_64-linux/lib",
+        "/usr/lib/x86_64-linux-gnu",
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .collect();
+    if let Ok(o) = Command::new("python3")
+        .args(["-c", "import nvidia.cuda_runtime, os; print(os.path.join(list(nvidia.cuda_runtime.__path__)[0], 'lib'))"])
+        .stderr(Stdio::null())
+        .output()
+    {
+        dirs.push(PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
+    }
+    dirs.into_iter()
+        .find(|d| d.join("libcudart.so.12").is_file())
 }
 
+/// The summary line the replay workload ends its stdout with (`replay: events=N ... ns=N`).
+#[derive(Debug, Default)]
+struct ReplayLine {
+    allocs: u64,
+    failed: u64,
+    first_failure: i64,
+    peak_live: u64,
+    mismatches: u64,
+    ns: u64,
+}
+
+fn parse_replay_line(stdout: &str) -> Option<ReplayLine> {
+    let line = stdout
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("replay: events="))?;
+    let mut r = ReplayLine::default();
+    for kv in line.trim_start_matches("replay:").split_whitespace() {
+        let (k, v) = kv.split_once('=')?;
+        match k {
+            "allocs" => r.allocs = v.parse().ok()?,
+            "failed" => r.failed = v.parse().ok()?,
+            "first_failure" => r.first_failure = v.parse().ok()?,
+            "peak_live" => r.peak_live = v.parse().ok()?,
+            "mismatches" => r.mismatches = v.parse().ok()?,
+            "ns" => r.ns = v.parse().ok()?,
+            _ => {}
+        }
+    }
+    Some(r)
+}
+
+/// Where the simulated device's own accounting tool is (`vramsim-smi`).
+fn smi_program(sim_dir: &Path) -> Option<PathBuf> {
+    let mut c = vec![sim_dir.join("vramsim-smi")];
+    if let Some(p) = sim_dir.parent() {
+        c.push(p.join("vramsim-smi"));
+    }
+    c.extend(
+        run::search_dirs()
+            .into_iter()
+            .map(|d| d.join("vramsim-smi")),
+    );
+    c.into_iter().find(|p| p.is_file())
+}
+
+/// The simulated device's high-water mark of device 0 (what the driver really handed out,
+/// page rounding included), read from its own accounting, then the device is removed.
+fn sim_high_water(sim_dir: &Path, name: &str) -> Result<u64, String> {
+    let smi = smi_program(sim_dir).ok_or("vramsim-smi not built")?;
+    let out = Command::new(&smi)
+        .arg(name)
+        .output()
+        .map_err(|e| e.to_string())?;
+    let json: serde_json::Value =
+        serde_json::from_slice(&out.stdout).map_err(|e| format!("vramsim-smi output: {e}"))?;
+    if let Some(file) = json["file"].as_str() {
+        let _ = std::fs::remove_file(file);
+    }
+    json["high_water"][0]
+        .as_u64()
+        .ok_or_else(|| "vramsim-smi gave no high_water".into())
+}
+
+#[allow(clippy::too_many_arguments)]
 fn live_run(
     gpu: &Gpu,
     lib: &Path,
@@ -294,13 +461,15 @@ fn live_run(
     csv: &Path,
     work: &Path,
     label: &'static str,
+    what: String,
     env: &[(&str, String)],
 ) -> Row {
     let tag = label.trim_matches(|c| c == '(' || c == ')');
     let trace = work.join(format!("{tag}.vramtrace"));
     let _ = std::fs::remove_file(&trace);
     let mut cmd = Command::new(bin);
-    cmd.arg(csv);
+    cmd.args(["--pattern", "memcpy", "--stop-on-failure"])
+        .arg(csv);
     cmd.env("LD_PRELOAD", lib)
         .env("VRAMSHIM_TRACE", &trace)
         .env_remove("VRAMSHIM_CAP")
@@ -310,98 +479,111 @@ fn live_run(
     for (k, v) in env {
         cmd.env(k, v);
     }
-    if let Gpu::Sim { dir } = gpu {
-        cmd.env("LD_LIBRARY_PATH", dir)
-            .env(
-                "VRAMSIM_NAME",
-                format!("vramshim-demo-{}-{tag}", std::process::id()),
-            )
-            .env("VRAMSIM_LATENCY", SIM_LATENCY);
+    let sim_name = format!("vramshim-demo-{}-{tag}", std::process::id());
+    match gpu {
+        Gpu::Sim { dir } => {
+            cmd.env("LD_LIBRARY_PATH", dir)
+                .env("VRAMSIM_NAME", &sim_name)
+                .env("VRAMSIM_CONTEXT_OVERHEAD", "0")
+                .env("VRAMSIM_LATENCY", SIM_LATENCY);
+        }
+        Gpu::Real { .. } => {
+            if let Some(d) = real_cudart_dir() {
+                let mut v = d.into_os_string();
+                if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
+                    v.push(":");
+                    v.push(old);
+                }
+                cmd.env("LD_LIBRARY_PATH", v);
+            }
+        }
     }
-    let what = env
-        .iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect::<Vec<_>>()
-        .join(" ");
     let start = Instant::now();
     let out = cmd.stdin(Stdio::null()).output();
     let wall = start.elapsed();
     let mut row = Row::empty(label, what, "not measured");
-    let m = match out {
-        Ok(o) => Measured {
-            status: o.status.code(),
-            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
-            wall,
-        },
+    row.trace = Some(trace.clone());
+    let out = match out {
+        Ok(o) => o,
         Err(e) => {
             row.outcome = Cell::Na(format!("cannot start {}: {e}", bin.display()));
             return row;
         }
     };
-    row.time = Cell::Val(format!("{:.2} s", m.wall.as_secs_f64()));
-    row.outcome = Cell::Val(match m.status {
-        Some(0) => "completed".into(),
-        Some(c) => format!("stopped (exit {c})"),
-        None => "killed".into(),
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    row.stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    row.time = Cell::Val(format!("{:.2} s", wall.as_secs_f64()));
+    let Some(r) = parse_replay_line(&stdout) else {
+        row.outcome = Cell::Na(format!(
+            "the workload ended without its summary line (status {:?}); stderr: {}",
+            out.status.code(),
+            row.stderr.lines().last().unwrap_or("")
+        ));
+        return row;
+    };
+    row.time = Cell::Val(format!("{:.2} s", r.ns as f64 / 1e9));
+    row.peak = Cell::Val(bytes(r.peak_live));
+    row.refusals = Cell::Val(r.failed.to_string());
+    row.completed = r.failed == 0 && r.mismatches == 0 && out.status.success();
+    row.outcome = Cell::Val(if row.completed {
+        format!("completed ({} allocations)", r.allocs)
+    } else if r.failed > 0 {
+        let code = row
+            .stderr
+            .lines()
+            .find(|l| l.starts_with("replay: event") && l.contains("failed"))
+            .and_then(|l| l.rsplit_once("failed: "))
+            .map(|(_, c)| c.to_string())
+            .unwrap_or_else(|| "out of memory".into());
+        row.detail = format!("the process saw {code}");
+        format!("refused at allocation {}", r.first_failure)
+    } else if r.mismatches > 0 {
+        format!("DATA CORRUPTED ({} mismatches)", r.mismatches)
+    } else {
+        format!("failed (exit {:?})", out.status.code())
     });
-    let _ = (&m.stdout, &m.stderr);
+    if let Gpu::Sim { dir } = gpu {
+        row.reserved = match sim_high_water(dir, &sim_name) {
+            Ok(hw) => Cell::Val(bytes(hw)),
+            Err(e) => Cell::Na(e),
+        };
+    }
     row
 }
 
 // ---------------------------------------------------------------------------------------------
-// The what-if replay (analyzer's replay code over the pool crate's caching model).
+// The what-if replay: the pool crate's model of PyTorch's caching allocator, the same code
+// `vramshim replay --pool caching` runs.
 
-fn whatif_caching(_csv: &Path, cap: u64) -> Row {
-    Row::empty(
-        "(d)",
-        format!(
-            "what-if: PyTorch caching-allocator model, cap {}",
-            bytes(cap)
-        ),
-        "what-if replay not built yet",
-    )
+fn whatif_caching(parsed: &Option<ParsedTrace>, device_total: u64, cap: u64) -> Row {
+    let what = format!(
+        "what-if: PyTorch caching-allocator model, cap {}",
+        bytes(cap)
+    );
+    let Some(parsed) = parsed else {
+        return Row::empty("(d)", what, "the shipped log did not parse");
+    };
+    let r = replay::run(&parsed.events, PolicyKind::Caching, device_total, Some(cap));
+    let mut row = Row::empty("(d)", what, "a model: no device time");
+    row.completed = r.completed;
+    row.outcome = Cell::Val(match &r.first_failure {
+        None => format!("completed ({} allocations)", r.allocs_done),
+        Some(f) => {
+            row.detail = format!("the model's refusal: {}", f.why);
+            format!("refused at allocation {} ({})", f.index, bytes(f.size))
+        }
+    });
+    row.peak = Cell::Val(bytes(r.peak_live));
+    row.reserved = Cell::Val(bytes(r.peak_reserved));
+    row.driver_calls = Cell::Val(r.driver_calls.to_string());
+    row.syncs = Cell::Val(r.syncs.to_string());
+    row.refusals = Cell::Val(u64::from(r.first_failure.is_some()).to_string());
+    row
 }
-
-// ---------------------------------------------------------------------------------------------
-// The shipped log.
 
 struct CsvStats {
     allocs: u64,
     peak_live: u64,
-}
-
-/// Allocation count and peak live requested bytes of an RMM log (the physical lower bound
-/// any allocator needs to complete it).
-fn csv_stats(data: &[u8]) -> CsvStats {
-    let text = String::from_utf8_lossy(data);
-    let mut live: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
-    let (mut cur, mut peak, mut allocs) = (0u64, 0u64, 0u64);
-    for line in text.lines().skip(1) {
-        let f: Vec<&str> = line.split(',').collect();
-        if f.len() < 5 {
-            continue;
-        }
-        let size: u64 = f[4].trim().parse().unwrap_or(0);
-        match f[2] {
-            "allocate" => {
-                allocs += 1;
-                live.insert(f[3], size);
-                cur += size;
-                peak = peak.max(cur);
-            }
-            "free" => {
-                if let Some(s) = live.remove(f[3]) {
-                    cur -= s;
-                }
-            }
-            _ => {}
-        }
-    }
-    CsvStats {
-        allocs,
-        peak_live: peak,
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -433,21 +615,35 @@ const HEADERS: [&str; 8] = [
     "time",
 ];
 
-fn cells(r: &Row) -> [String; 8] {
-    [
-        r.label.to_string(),
-        r.outcome.text(),
-        r.peak.text(),
-        r.reserved.text(),
-        r.driver_calls.text(),
-        r.syncs.text(),
-        r.refusals.text(),
-        r.time.text(),
-    ]
+/// Every n/a cell's reason, once, with the cells it applies to.
+fn na_notes(rows: &[Row]) -> Vec<String> {
+    let mut notes: Vec<(String, Vec<String>)> = Vec::new();
+    for r in rows {
+        for (i, c) in r.cells().iter().enumerate() {
+            if let Cell::Na(why) = c {
+                let at = format!("{} {}", r.label, HEADERS[i + 1]);
+                match notes.iter_mut().find(|(w, _)| w == why) {
+                    Some((_, v)) => v.push(at),
+                    None => notes.push((why.clone(), vec![at])),
+                }
+            }
+        }
+    }
+    notes
+        .into_iter()
+        .map(|(why, at)| format!("n/a: {why} ({})", at.join(", ")))
+        .collect()
 }
 
 fn render_table(rows: &[Row]) -> String {
-    let body: Vec<[String; 8]> = rows.iter().map(cells).collect();
+    let body: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            std::iter::once(r.label.to_string())
+                .chain(r.cells().iter().map(|c| c.short()))
+                .collect()
+        })
+        .collect();
     let mut w = HEADERS.map(|h| h.len());
     for r in &body {
         for (i, c) in r.iter().enumerate() {
@@ -459,7 +655,14 @@ fn render_table(rows: &[Row]) -> String {
         let parts: Vec<String> = cols
             .iter()
             .enumerate()
-            .map(|(i, c)| format!("{c:<0$}", w[i]))
+            .map(|(i, c)| {
+                let pad = " ".repeat(w[i].saturating_sub(c.chars().count()));
+                if i < 2 {
+                    format!("{c}{pad}")
+                } else {
+                    format!("{pad}{c}")
+                }
+            })
             .collect();
         let _ = writeln!(out, "{}", parts.join("  ").trim_end());
     };
@@ -470,6 +673,12 @@ fn render_table(rows: &[Row]) -> String {
     }
     for r in rows {
         let _ = writeln!(out, "{} {}", r.label, r.what);
+        if !r.detail.is_empty() {
+            let _ = writeln!(out, "    {}", r.detail);
+        }
+    }
+    for n in na_notes(rows) {
+        let _ = writeln!(out, "{n}");
     }
     out
 }
@@ -498,15 +707,22 @@ fn render_html(gpu: &Gpu, rows: &[Row], stats: &CsvStats, _work: &Path) -> Strin
     }
     h.push_str("</tr>");
     for r in rows {
-        h.push_str("<tr>");
-        for c in cells(r) {
-            let _ = write!(h, "<td>{}</td>", esc(&c));
+        let _ = write!(h, "<tr><td>{}</td>", r.label);
+        for c in r.cells() {
+            let _ = write!(h, "<td>{}</td>", esc(&c.short()));
         }
         h.push_str("</tr>");
     }
     h.push_str("</table><ul>");
     for r in rows {
-        let _ = write!(h, "<li>{} {}</li>", r.label, esc(&r.what));
+        let _ = write!(h, "<li>{} {}", r.label, esc(&r.what));
+        if !r.detail.is_empty() {
+            let _ = write!(h, "<br><small>{}</small>", esc(&r.detail));
+        }
+        h.push_str("</li>");
+    }
+    for n in na_notes(rows) {
+        let _ = write!(h, "<li>{}</li>", esc(&n));
     }
     h.push_str("</ul></body></html>\n");
     h

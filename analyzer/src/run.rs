@@ -200,12 +200,21 @@ pub fn find_library() -> Result<PathBuf, String> {
 }
 
 /// Finds the simulated CUDA stack's layout directory (`cuda-sim/` holding `libcuda.so.1`).
+/// Next to a cargo build that has the simulated GPU's outputs but no layout yet, lays it out
+/// (what `scripts/sim-layout` does), so `cargo build --release --workspace` is all it takes.
 pub fn find_sim_dir() -> Result<PathBuf, String> {
     let mut looked = Vec::new();
     for d in search_dirs() {
         let p = d.join(SIM_DIR_NAME);
-        if p.join("libcuda.so.1").is_file() {
+        let fresh = SIM_FILES.iter().all(|(name, src)| {
+            let (dst, src) = (p.join(name), d.join(src));
+            !src.exists() || !is_stale(&src, &dst)
+        });
+        if p.join("libcuda.so.1").is_file() && fresh {
             return Ok(p);
+        }
+        if d.join(SIM_FILES[0].1).is_file() {
+            return lay_out_sim(&d);
         }
         looked.push(p.display().to_string());
     }
@@ -215,6 +224,57 @@ pub fn find_sim_dir() -> Result<PathBuf, String> {
          scripts/install.sh --prefix DIR",
         looked.join("\n  ")
     ))
+}
+
+/// `(name in the layout, cargo output it comes from)`, as in `scripts/sim-layout` and
+/// `vramshim_testkit::SIM_FILES`.
+const SIM_FILES: &[(&str, &str)] = &[
+    ("libcuda.so.1", "libvramsim_driver.so"),
+    ("libcudart.so.12", "libvramsim_runtime12.so"),
+    ("libcudart.so.13", "libvramsim_runtime13.so"),
+    ("libcudart_static.a", "libvramsim_runtime_static.a"),
+    ("libnvidia-ml.so.1", "libvramsim_nvml.so"),
+];
+const SIM_LINKS: &[(&str, &str)] = &[
+    ("libcuda.so", "libcuda.so.1"),
+    ("libcudart.so", "libcudart.so.12"),
+    ("libnvidia-ml.so", "libnvidia-ml.so.1"),
+];
+
+fn is_stale(src: &Path, dst: &Path) -> bool {
+    let (Ok(s), Ok(d)) = (std::fs::metadata(src), std::fs::metadata(dst)) else {
+        return true;
+    };
+    s.len() != d.len() || s.modified().ok() > d.modified().ok()
+}
+
+/// Copies the simulated GPU's cargo outputs in `profile` to `profile/cuda-sim/` under the
+/// real libraries' names (each file written aside and renamed into place).
+fn lay_out_sim(profile: &Path) -> Result<PathBuf, String> {
+    let dir = profile.join(SIM_DIR_NAME);
+    let err = |what: &str, p: &Path, e: std::io::Error| format!("{what} {}: {e}", p.display());
+    std::fs::create_dir_all(&dir).map_err(|e| err("cannot create", &dir, e))?;
+    let tag = std::process::id();
+    for (name, src) in SIM_FILES {
+        let (src, dst) = (profile.join(src), dir.join(name));
+        if !src.exists() || !is_stale(&src, &dst) {
+            continue;
+        }
+        let tmp = dir.join(format!(".{name}.{tag}.tmp"));
+        std::fs::copy(&src, &tmp).map_err(|e| err("cannot copy to", &tmp, e))?;
+        std::fs::rename(&tmp, &dst).map_err(|e| err("cannot rename to", &dst, e))?;
+    }
+    for (link, target) in SIM_LINKS {
+        let p = dir.join(link);
+        if std::fs::read_link(&p).ok().as_deref() == Some(Path::new(target)) {
+            continue;
+        }
+        let tmp = dir.join(format!(".{link}.{tag}.tmp"));
+        let _ = std::fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(target, &tmp).map_err(|e| err("cannot link", &tmp, e))?;
+        std::fs::rename(&tmp, &p).map_err(|e| err("cannot rename to", &p, e))?;
+    }
+    Ok(dir)
 }
 
 fn absolute(p: &Path) -> PathBuf {
