@@ -221,6 +221,33 @@ impl RecordEncoder {
         self.t_max = self.t_max.max(stats.t_max);
     }
 
+    /// Puts back a buffer taken with [`RecordEncoder::take`] (when it could not be handed
+    /// over), keeping the delta state, so encoding continues where it left off.
+    pub fn restore(&mut self, buf: Vec<u8>, stats: RecordStats) {
+        self.buf = buf;
+        self.records = stats.records;
+        self.t_min = stats.t_min;
+        self.t_max = stats.t_max;
+    }
+
+    /// Appends a `Stack` record without building an [`Event`] (no allocation).
+    pub fn push_stack(&mut self, id: u32, frames: &[u64]) {
+        self.records += 1;
+        self.buf.push(tag::STACK);
+        let at = self.buf.len();
+        self.buf.push(0);
+        let b = &mut self.buf;
+        put_varint(b, id as u64);
+        let frames = &frames[..frames.len().min(MAX_STACK_FRAMES)];
+        put_varint(b, frames.len() as u64);
+        let mut prev = 0u64;
+        for f in frames {
+            put_varint(b, zigzag(f.wrapping_sub(prev) as i64));
+            prev = *f;
+        }
+        self.fix_len(at);
+    }
+
     /// The thread id of the current context.
     pub fn tid(&self) -> u32 {
         self.st.tid
@@ -339,15 +366,10 @@ impl RecordEncoder {
                 put_str(b, path);
             }
             Event::Stack { id, frames } => {
-                let b = &mut self.buf;
-                put_varint(b, *id as u64);
-                let frames = &frames[..frames.len().min(MAX_STACK_FRAMES)];
-                put_varint(b, frames.len() as u64);
-                let mut prev = 0u64;
-                for f in frames {
-                    put_varint(b, zigzag(f.wrapping_sub(prev) as i64));
-                    prev = *f;
-                }
+                // Undo the generic header: push_stack writes its own.
+                self.buf.truncate(at - 1);
+                self.records -= 1;
+                return self.push_stack(*id, frames);
             }
             Event::Counter {
                 t_ns,
