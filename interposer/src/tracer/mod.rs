@@ -1,18 +1,134 @@
-//! Tracer layer (owner: trace). Stub: tracing is off.
+//! Tracer layer (owner: trace): `VRAMSHIM_TRACE=path` records every event the interposer core
+//! hands to [`emit`] into a `.vramtrace` file (`docs/trace-format.md`).
+//!
+//! Data path:
+//! - The calling thread encodes the event into its own buffer (a [`slots::Slot`], found
+//!   through a const, non-Drop thread-local pointer; no allocation except the buffer itself).
+//!   Slots live in a lock-free registry and are never freed, so the events of exited
+//!   threads are not lost, and nothing happens in a TLS destructor.
+//! - A full buffer (64 KiB) goes over a bounded `crossbeam-channel` (`try_send`: the app never
+//!   blocks) to one writer thread (started on the first event, not in the constructor), which
+//!   compresses it with zstd (level 1, single-threaded) into frames and writes them.
+//! - Every 50 ms the writer also takes the partial buffers of every thread, adds `Counter`,
+//!   `Lost` and new `Module` records, and writes a frame: everything an application did is on
+//!   disk within 100 ms (a SIGKILL loses at most that).
+//! - If a buffer cannot be handed over (channel full) the thread keeps appending up to 4 MiB;
+//!   beyond that the buffer is dropped and its events counted in a `Lost` record.
+//! - At exit (`atexit`, which also covers `exit()` from any thread and the end of `main`) the
+//!   exiting thread takes the writer, drains everything and writes the `End` record itself.
+//!   `_exit`/`_Exit` are not intercepted (they skip atexit by contract); the periodic flush
+//!   bounds what they lose to the last 50–100 ms.
+//! - A forked child ([`on_fork_child`]) forgets the parent's writer, channel and buffers
+//!   without touching any lock, and lazily starts its own writer and file on its first event.
+//!   A pattern without `%p` gets `.<pid>` appended in the child.
+//!
+//! `VRAMSHIM_STACKS=N` captures up to N return addresses per alloc/free with libgcc's
+//! `_Unwind_Backtrace` (works without frame pointers), deduplicated at capture: each distinct
+//! stack is written once as a `Stack` record and events refer to its id. The module map
+//! (`dl_iterate_phdr`) is written at start and whenever the loader reports new objects, so
+//! `vramshim` symbolizes after the fact.
+
+mod header;
+mod modules;
+mod slots;
+mod stacks;
+mod writer;
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use vramshim_trace::Event;
+
+/// Tracing is configured and not finished. Read with one relaxed load.
+static ENABLED: AtomicBool = AtomicBool::new(false);
+/// Frames per call stack (0 = no stacks).
+static STACK_DEPTH: AtomicU32 = AtomicU32::new(0);
 
 /// One relaxed atomic load on the hot path.
 #[inline]
 pub fn enabled() -> bool {
-    false
+    ENABLED.load(Ordering::Relaxed)
 }
 
 /// Append one event to the calling thread's buffer.
-pub fn emit(_ev: Event) {}
+#[inline]
+pub fn emit(ev: Event) {
+    if !enabled() {
+        return;
+    }
+    slots::emit(ev);
+}
 
-/// Called in a forked child before it does anything else.
-pub fn on_fork_child() {}
+/// Called in a forked child before it does anything else: touch no lock, forget the parent's
+/// writer and buffers; the child starts its own file on its first event.
+pub fn on_fork_child() {
+    writer::on_fork_child();
+    slots::on_fork_child();
+    stacks::on_fork_child();
+}
 
-/// Called at process exit: flush everything.
-pub fn on_exit() {}
+/// Called at process exit: flush everything and write the end record on this thread.
+pub fn on_exit() {
+    writer::finish();
+}
+
+/// Configured path pattern (`VRAMSHIM_TRACE`), if tracing is on.
+fn pattern() -> Option<&'static str> {
+    config_var("VRAMSHIM_TRACE").filter(|s| !s.is_empty())
+}
+
+fn config_var(name: &str) -> Option<&'static str> {
+    crate::env::var(name)
+}
+
+/// Reads the configuration (once, at load: our own constructor).
+fn init() {
+    if pattern().is_none() {
+        return;
+    }
+    if let Some(v) = config_var("VRAMSHIM_STACKS") {
+        match v.trim().parse::<u32>() {
+            Ok(n) => STACK_DEPTH.store(n.min(stacks::MAX_FRAMES as u32), Ordering::Relaxed),
+            Err(_) => crate::warn!(
+                "VRAMSHIM_STACKS={v:?} is not a number of frames (e.g. 16); stacks are off"
+            ),
+        }
+    }
+    ENABLED.store(true, Ordering::Relaxed);
+}
+
+extern "C" fn tracer_constructor() {
+    let _ = std::panic::catch_unwind(init);
+}
+
+// Reading two variables and setting two atomics: nothing else happens at load.
+#[used]
+#[unsafe(link_section = ".init_array")]
+static TRACER_INIT: extern "C" fn() = tracer_constructor;
+
+/// Stop tracing for good (unusable output file, or finished).
+fn disable() {
+    ENABLED.store(false, Ordering::Relaxed);
+}
+
+fn stack_depth() -> usize {
+    STACK_DEPTH.load(Ordering::Relaxed) as usize
+}
+
+/// Test hooks: start tracing to `pattern` from inside a test binary.
+#[doc(hidden)]
+pub mod testing {
+    use super::*;
+
+    /// Turn tracing on with an explicit path pattern and stack depth (tests only; the library
+    /// reads `VRAMSHIM_TRACE` at load).
+    pub fn enable(pattern: &str, stacks: u32) {
+        writer::set_pattern_override(pattern);
+        STACK_DEPTH.store(stacks, Ordering::Relaxed);
+        ENABLED.store(true, Ordering::Relaxed);
+    }
+
+    /// What the writer counted as lost so far.
+    pub fn lost() -> u64 {
+        writer::lost_total()
+    }
+}

@@ -1,0 +1,328 @@
+//! Per-thread record buffers and their registry.
+//!
+//! Each thread that emits owns one [`Slot`] (found through a const, non-Drop thread-local
+//! pointer). Slots are leaked and linked into a lock-free list, never freed: the writer
+//! thread can take a slot's partial buffer at any time (every tick, and at exit), so the
+//! events of threads that have exited are never lost. A slot's buffer is guarded by a spin
+//! flag that only its owner and the writer ever take (uncontended on the hot path).
+
+use std::cell::{Cell, UnsafeCell};
+use std::ptr;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicPtr, AtomicU32, Ordering};
+
+use vramshim_trace::{Event, RecordEncoder, RecordStats};
+
+use super::{stacks, writer};
+
+/// Devices whose live bytes the slots count for `Counter` records.
+pub const MAX_DEV: usize = 16;
+/// A buffer this large is handed to the writer.
+pub const SEND_AT: usize = 64 << 10;
+/// If the writer cannot take buffers, a thread keeps at most this much before dropping.
+pub const MAX_BUF: usize = 4 << 20;
+
+pub struct Slot {
+    next: AtomicPtr<Slot>,
+    lock: AtomicBool,
+    /// Kernel tid of the owning thread; 0 = free for reuse.
+    pub owner: AtomicU32,
+    inner: UnsafeCell<Inner>,
+    /// Live device bytes allocated minus freed by this thread, per device.
+    pub live: [AtomicI64; MAX_DEV],
+}
+
+struct Inner {
+    enc: RecordEncoder,
+    /// Try handing the buffer over when it reaches this size.
+    next_try: usize,
+    /// Events (calls to `emit`) in the buffer, for exact loss accounting.
+    events: u64,
+}
+
+// SAFETY: `inner` is only accessed with `lock` held (see `Guard`); everything else is atomic.
+unsafe impl Sync for Slot {}
+
+static HEAD: AtomicPtr<Slot> = AtomicPtr::new(ptr::null_mut());
+
+thread_local! {
+    // const-initialized, not Drop: a plain #[thread_local], no destructor registered.
+    static MY: Cell<*const Slot> = const { Cell::new(ptr::null()) };
+}
+
+struct Guard<'a>(&'a Slot);
+
+impl Slot {
+    #[inline]
+    fn lock(&self) -> Guard<'_> {
+        while self
+            .lock
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            std::hint::spin_loop();
+        }
+        Guard(self)
+    }
+
+    /// Bounded attempt (exit path: a thread may have died holding nothing, but never block).
+    fn try_lock_for(&self, spins: u32) -> Option<Guard<'_>> {
+        for _ in 0..spins {
+            if self
+                .lock
+                .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+            {
+                return Some(Guard(self));
+            }
+            std::hint::spin_loop();
+        }
+        None
+    }
+}
+
+impl Guard<'_> {
+    #[inline]
+    #[allow(clippy::mut_from_ref)]
+    fn inner(&self) -> &mut Inner {
+        // SAFETY: the lock is held for the guard's lifetime; only one guard exists at a time.
+        unsafe { &mut *self.0.inner.get() }
+    }
+}
+
+impl Drop for Guard<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        self.0.lock.store(false, Ordering::Release);
+    }
+}
+
+/// Iterate over all slots of this process's registry.
+pub fn for_each(mut f: impl FnMut(&'static Slot)) {
+    let mut p = HEAD.load(Ordering::Acquire);
+    while !p.is_null() {
+        // SAFETY: slots are leaked and never freed.
+        let s: &'static Slot = unsafe { &*p };
+        f(s);
+        p = s.next.load(Ordering::Acquire);
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn claim(tid: u32) -> &'static Slot {
+    // Reuse a slot freed by the writer (its thread exited).
+    let mut found: Option<&'static Slot> = None;
+    for_each(|s| {
+        if found.is_none()
+            && s.owner.load(Ordering::Relaxed) == 0
+            && s.owner
+                .compare_exchange(0, tid, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            found = Some(s);
+        }
+    });
+    let slot = match found {
+        Some(s) => s,
+        None => {
+            let s: &'static Slot = Box::leak(Box::new(Slot {
+                next: AtomicPtr::new(ptr::null_mut()),
+                lock: AtomicBool::new(false),
+                owner: AtomicU32::new(tid),
+                inner: UnsafeCell::new(Inner {
+                    enc: RecordEncoder::with_capacity(SEND_AT + (SEND_AT >> 2)),
+                    next_try: SEND_AT,
+                    events: 0,
+                }),
+                live: [const { AtomicI64::new(0) }; MAX_DEV],
+            }));
+            let mut head = HEAD.load(Ordering::Relaxed);
+            loop {
+                s.next.store(head, Ordering::Relaxed);
+                match HEAD.compare_exchange_weak(
+                    head,
+                    s as *const Slot as *mut Slot,
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                ) {
+                    Ok(_) => break,
+                    Err(h) => head = h,
+                }
+            }
+            s
+        }
+    };
+    MY.with(|m| m.set(slot));
+    {
+        let g = slot.lock();
+        let inner = g.inner();
+        if inner.enc.is_empty() {
+            inner.enc.begin(tid);
+        } else {
+            inner.enc.context(tid);
+        }
+        inner.enc.push(&Event::ThreadStart {
+            t_ns: crate::ids::now_ns(),
+            tid,
+        });
+    }
+    slot
+}
+
+#[inline]
+fn my_slot() -> &'static Slot {
+    let p = MY.with(|m| m.get());
+    if p.is_null() {
+        return claim(crate::ids::tid());
+    }
+    // SAFETY: slots are leaked and never freed.
+    unsafe { &*p }
+}
+
+/// The hot path: encode `ev` into the caller's buffer.
+#[inline]
+pub fn emit(mut ev: Event) {
+    if !writer::ensure_started() {
+        return;
+    }
+    let slot = my_slot();
+    let depth = super::stack_depth();
+    let mut new_stack: Option<(u32, stacks::Frames)> = None;
+    if depth > 0
+        && let Event::Alloc(m) | Event::Free(m) = &mut ev
+        && m.stack == 0
+    {
+        let frames = stacks::capture(depth);
+        if !frames.is_empty() {
+            let (id, is_new) = stacks::intern(&frames);
+            m.stack = id;
+            if is_new {
+                new_stack = Some((id, frames));
+            }
+        }
+    }
+    let g = slot.lock();
+    let inner = g.inner();
+    if inner.enc.is_empty() {
+        inner.enc.begin(slot.owner.load(Ordering::Relaxed));
+    }
+    if let Some((id, frames)) = new_stack {
+        inner.enc.push_stack(id, frames.as_slice());
+    }
+    inner.enc.push(&ev);
+    inner.events += 1;
+    count_live(slot, &ev);
+    if inner.enc.len() >= inner.next_try {
+        hand_over(inner);
+    }
+}
+
+#[inline]
+fn count_live(slot: &Slot, ev: &Event) {
+    let (m, sign) = match ev {
+        Event::Alloc(m) if m.addr != 0 => (m, 1i64),
+        Event::Free(m) => (m, -1i64),
+        _ => return,
+    };
+    if m.result != 0 || !m.kind.is_device() || m.device < 0 || m.device as usize >= MAX_DEV {
+        return;
+    }
+    let c = &slot.live[m.device as usize];
+    // Only the owner writes its slot's counters: load + store, no read-modify-write.
+    c.store(
+        c.load(Ordering::Relaxed)
+            .wrapping_add(sign.wrapping_mul(m.size as i64)),
+        Ordering::Relaxed,
+    );
+}
+
+#[cold]
+#[inline(never)]
+fn hand_over(inner: &mut Inner) {
+    let (bytes, stats) = inner.enc.take();
+    match writer::send(bytes, stats) {
+        Ok(()) => {
+            inner.enc.set_buffer(writer::spare_buffer());
+            inner.next_try = SEND_AT;
+            inner.events = 0;
+        }
+        Err((bytes, _)) if bytes.len() >= MAX_BUF => {
+            // The writer has not taken anything for a long while: drop, and count it.
+            writer::count_lost(inner.events);
+            inner.events = 0;
+            inner.enc.set_buffer(bytes);
+            inner.next_try = SEND_AT;
+        }
+        Err((bytes, stats)) => {
+            // Writer busy: keep the data (delta state intact) and try again a little later.
+            inner.next_try = bytes.len() + (16 << 10);
+            inner.enc.restore(bytes, stats);
+        }
+    }
+}
+
+/// Writer side: take every slot's partial buffer. `f` gets whole records.
+pub fn drain_all(mut f: impl FnMut(Vec<u8>, RecordStats), spins: u32) {
+    for_each(|s| {
+        let Some(g) = s.try_lock_for(spins) else {
+            return;
+        };
+        let inner = g.inner();
+        if inner.enc.is_empty() {
+            return;
+        }
+        let spare = writer::spare_buffer();
+        let (bytes, stats) = inner.enc.take();
+        inner.enc.set_buffer(spare);
+        inner.next_try = SEND_AT;
+        inner.events = 0;
+        drop(g);
+        f(bytes, stats);
+    });
+}
+
+/// Sum of live bytes per device over all slots.
+pub fn live_totals() -> [i64; MAX_DEV] {
+    let mut t = [0i64; MAX_DEV];
+    for_each(|s| {
+        for (d, c) in s.live.iter().enumerate() {
+            t[d] = t[d].wrapping_add(c.load(Ordering::Relaxed));
+        }
+    });
+    t
+}
+
+/// Free the slots of threads that no longer exist (after draining them). Returns their tids.
+pub fn reap_dead(pid: u32, mut on_dead: impl FnMut(u32)) {
+    for_each(|s| {
+        let tid = s.owner.load(Ordering::Relaxed);
+        if tid == 0 || tid == pid {
+            return;
+        }
+        // SAFETY: tgkill with signal 0 only checks that the thread exists.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_tgkill,
+                pid as libc::c_long,
+                tid as libc::c_long,
+                0,
+            )
+        };
+        if r == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+            // The thread is gone: its buffer was drained by the caller just before.
+            if s.owner
+                .compare_exchange(tid, 0, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                on_dead(tid);
+            }
+        }
+    });
+}
+
+/// Forked child: the parent's slots belong to threads that do not exist here and may be
+/// locked forever. Forget them all (leaked), without touching their locks.
+pub fn on_fork_child() {
+    HEAD.store(ptr::null_mut(), Ordering::Relaxed);
+    MY.with(|m| m.set(ptr::null()));
+}

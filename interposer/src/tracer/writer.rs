@@ -1,0 +1,375 @@
+//! The writer thread: takes record buffers from the channel (and, every tick, from every
+//! thread's slot), compresses them into frames and writes them; plus the exit path, which
+//! does the same on the exiting thread and writes the end record.
+
+use std::fs::File;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender, TrySendError, bounded};
+use vramshim_trace::{DeviceInfo, Event, RecordEncoder, RecordStats, TraceWriter};
+
+use super::modules::ModuleMap;
+use super::slots::{self, MAX_DEV, SEND_AT};
+
+/// Buffers in flight between the application threads and the writer (64 KiB each).
+const CHANNEL_BUFFERS: usize = 256;
+/// Recycled buffers kept for the application threads.
+const SPARE_BUFFERS: usize = 64;
+/// The writer takes partial buffers and writes a frame this often (half the 100 ms promise).
+const TICK: Duration = Duration::from_millis(50);
+/// Check for exited threads every this many ticks.
+const REAP_EVERY: u32 = 20;
+/// zstd level: 1 keeps the writer cheap; the size difference to 3 is small for these records.
+const LEVEL: i32 = 1;
+
+const IDLE: u8 = 0;
+const STARTING: u8 = 1;
+const RUNNING: u8 = 2;
+const DONE: u8 = 3;
+
+static STATE: AtomicU8 = AtomicU8::new(IDLE);
+static SHARED: AtomicPtr<Shared> = AtomicPtr::new(std::ptr::null_mut());
+static LOST: AtomicU64 = AtomicU64::new(0);
+static FORKED: AtomicBool = AtomicBool::new(false);
+static PATTERN_OVERRIDE: AtomicPtr<String> = AtomicPtr::new(std::ptr::null_mut());
+
+struct Chunk {
+    bytes: Vec<u8>,
+    stats: RecordStats,
+}
+
+/// Leaked once per process (a forked child leaks its parent's and makes its own).
+struct Shared {
+    tx: Sender<Chunk>,
+    rx: Receiver<Chunk>,
+    spare_tx: Sender<Vec<u8>>,
+    spare_rx: Receiver<Vec<u8>>,
+    out: Mutex<Option<Out>>,
+}
+
+struct Out {
+    w: TraceWriter<File>,
+    wenc: RecordEncoder,
+    events: Vec<Event>,
+    modules: ModuleMap,
+    counters: [i64; MAX_DEV],
+    lost_written: u64,
+    devices_known: bool,
+    ticks: u32,
+    pid: u32,
+    finished: bool,
+}
+
+fn shared() -> Option<&'static Shared> {
+    let p = SHARED.load(Ordering::Acquire);
+    // SAFETY: a published Shared is leaked and never freed.
+    (!p.is_null()).then(|| unsafe { &*p })
+}
+
+pub fn set_pattern_override(p: &str) {
+    let b = Box::into_raw(Box::new(p.to_string()));
+    PATTERN_OVERRIDE.store(b, Ordering::Release);
+}
+
+fn pattern() -> Option<String> {
+    let p = PATTERN_OVERRIDE.load(Ordering::Acquire);
+    if !p.is_null() {
+        // SAFETY: leaked by set_pattern_override, never freed.
+        return Some(unsafe { &*p }.clone());
+    }
+    super::pattern().map(str::to_string)
+}
+
+pub fn lost_total() -> u64 {
+    LOST.load(Ordering::Relaxed)
+}
+
+pub fn count_lost(n: u64) {
+    LOST.fetch_add(n, Ordering::Relaxed);
+}
+
+/// True when the writer runs (starting it on the first call).
+#[inline]
+pub fn ensure_started() -> bool {
+    STATE.load(Ordering::Acquire) == RUNNING || start_slow()
+}
+
+#[cold]
+#[inline(never)]
+fn start_slow() -> bool {
+    loop {
+        match STATE.compare_exchange(IDLE, STARTING, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => {
+                let ok = start();
+                STATE.store(if ok { RUNNING } else { DONE }, Ordering::Release);
+                if !ok {
+                    super::disable();
+                }
+                return ok;
+            }
+            Err(STARTING) => std::thread::yield_now(),
+            Err(RUNNING) => return true,
+            Err(_) => return false,
+        }
+    }
+}
+
+/// Opens the file (on the calling thread, so a bad path is reported at once) and starts the
+/// writer thread, which writes the header and then frames.
+fn start() -> bool {
+    let Some(pat) = pattern() else {
+        return false;
+    };
+    let mono = crate::ids::now_ns();
+    let wall = super::header::wall_ns();
+    let pid = crate::ids::pid();
+    let path = super::header::expand(&pat, pid, wall, FORKED.load(Ordering::Relaxed));
+    let file = match File::create(&path) {
+        Ok(f) => f,
+        Err(e) => {
+            crate::warn!("VRAMSHIM_TRACE: cannot create {path:?}: {e}; tracing is off");
+            return false;
+        }
+    };
+    // Header, module map and devices are written here, once, before the first frame.
+    let header = super::header::build(wall, mono);
+    let devices_known = !header.devices.is_empty();
+    let w = match TraceWriter::with_level(file, &header, LEVEL) {
+        Ok(w) => w,
+        Err(e) => {
+            crate::warn!("VRAMSHIM_TRACE: cannot write {path:?}: {e}; tracing is off");
+            return false;
+        }
+    };
+    let mut out = Out {
+        w,
+        wenc: RecordEncoder::with_capacity(4096),
+        events: Vec::new(),
+        modules: ModuleMap::default(),
+        counters: [0; MAX_DEV],
+        lost_written: 0,
+        devices_known,
+        ticks: 0,
+        pid,
+        finished: false,
+    };
+    out.modules.scan(&mut out.events, true);
+    let (tx, rx) = bounded(CHANNEL_BUFFERS);
+    let (spare_tx, spare_rx) = bounded(SPARE_BUFFERS);
+    let sh: &'static Shared = Box::leak(Box::new(Shared {
+        tx,
+        rx,
+        spare_tx,
+        spare_rx,
+        out: Mutex::new(Some(out)),
+    }));
+    SHARED.store(sh as *const Shared as *mut Shared, Ordering::Release);
+    match std::thread::Builder::new()
+        .name("vramshim-trace".into())
+        .spawn(move || writer_main(sh))
+    {
+        Ok(_) => true,
+        Err(e) => {
+            crate::warn!("VRAMSHIM_TRACE: cannot start the writer thread: {e}; tracing is off");
+            SHARED.store(std::ptr::null_mut(), Ordering::Release);
+            false
+        }
+    }
+}
+
+fn lock(sh: &'static Shared) -> MutexGuard<'static, Option<Out>> {
+    sh.out.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn block_signals() {
+    // SAFETY: a zeroed sigset filled by sigfillset; pthread_sigmask on the current thread.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut set);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
+fn writer_main(sh: &'static Shared) {
+    // Process-directed signals must go to the application's threads, not to us.
+    block_signals();
+    let mut next = Instant::now() + TICK;
+    loop {
+        let now = Instant::now();
+        if now >= next {
+            if !tick(sh, false) {
+                return;
+            }
+            next = Instant::now() + TICK;
+            continue;
+        }
+        match sh.rx.recv_timeout(next - now) {
+            Ok(c) => {
+                let mut g = lock(sh);
+                let Some(out) = g.as_mut() else { return };
+                if out.finished {
+                    return;
+                }
+                write_chunk(sh, out, c);
+                // Take whatever else is queued while we hold the lock.
+                while let Ok(c) = sh.rx.try_recv() {
+                    write_chunk(sh, out, c);
+                }
+            }
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
+        }
+    }
+}
+
+fn write_chunk(sh: &Shared, out: &mut Out, c: Chunk) {
+    if out.w.write_records(&c.bytes, c.stats).is_err() {
+        write_failed(out);
+    }
+    recycle_into(sh, c.bytes);
+}
+
+fn write_failed(out: &mut Out) {
+    if !out.finished {
+        crate::warn!("VRAMSHIM_TRACE: write failed; tracing is off");
+        out.finished = true;
+        super::disable();
+    }
+}
+
+/// One flush cycle. Returns false once the trace is finished.
+fn tick(sh: &'static Shared, at_exit: bool) -> bool {
+    let mut g = lock(sh);
+    let Some(out) = g.as_mut() else {
+        return false;
+    };
+    if out.finished {
+        return false;
+    }
+    while let Ok(c) = sh.rx.try_recv() {
+        write_chunk(sh, out, c);
+    }
+    let spins = if at_exit { 1 << 20 } else { 1 << 12 };
+    slots::drain_all(
+        |bytes, stats| {
+            if out.w.write_records(&bytes, stats).is_err() {
+                write_failed(out);
+            }
+            recycle_into(sh, bytes);
+        },
+        spins,
+    );
+    let now = crate::ids::now_ns();
+    out.ticks = out.ticks.wrapping_add(1);
+    if out.ticks % REAP_EVERY == 0 && !at_exit {
+        let events = &mut out.events;
+        slots::reap_dead(out.pid, |tid| {
+            events.push(Event::ThreadExit { t_ns: now, tid });
+        });
+    }
+    out.modules.scan(&mut out.events, false);
+    if !out.devices_known && (out.ticks % 4 == 0 || at_exit) {
+        let devs: Vec<DeviceInfo> = super::header::devices();
+        if !devs.is_empty() {
+            out.devices_known = true;
+            out.events.extend(devs.into_iter().map(Event::Device));
+        }
+    }
+    let totals = slots::live_totals();
+    for (d, &v) in totals.iter().enumerate() {
+        if v != out.counters[d] {
+            out.counters[d] = v;
+            let live = v.max(0) as u64;
+            out.events.push(Event::Counter {
+                t_ns: now,
+                device: d as i32,
+                live_bytes: live,
+                reserved_bytes: live,
+                cap: 0,
+            });
+        }
+    }
+    let lost = LOST.load(Ordering::Relaxed);
+    if lost > out.lost_written {
+        out.events.push(Event::Lost {
+            t_ns: now,
+            count: lost - out.lost_written,
+        });
+        out.lost_written = lost;
+    }
+    if !out.events.is_empty() {
+        out.wenc.begin(0);
+        for e in out.events.drain(..) {
+            out.wenc.push(&e);
+        }
+        let stats = out.wenc.stats();
+        if out.w.write_records(out.wenc.bytes(), stats).is_err() {
+            write_failed(out);
+        }
+    }
+    if at_exit {
+        let ok = out.w.finish_in_place(crate::ids::now_ns()).is_ok();
+        out.finished = true;
+        return ok;
+    }
+    if out.w.flush_frame().is_err() {
+        write_failed(out);
+    }
+    !out.finished
+}
+
+fn recycle_into(sh: &Shared, mut v: Vec<u8>) {
+    if v.capacity() >= SEND_AT && v.capacity() <= 4 * SEND_AT {
+        v.clear();
+        let _ = sh.spare_tx.try_send(v);
+    }
+}
+
+/// A cleared buffer for an application thread (recycled when possible).
+pub fn spare_buffer() -> Vec<u8> {
+    if let Some(sh) = shared()
+        && let Ok(v) = sh.spare_rx.try_recv()
+    {
+        return v;
+    }
+    Vec::with_capacity(SEND_AT + (SEND_AT >> 2))
+}
+
+/// Hand a full buffer to the writer without blocking; gives it back when the channel is full.
+pub fn send(bytes: Vec<u8>, stats: RecordStats) -> Result<(), (Vec<u8>, RecordStats)> {
+    let Some(sh) = shared() else {
+        return Err((bytes, stats));
+    };
+    match sh.tx.try_send(Chunk { bytes, stats }) {
+        Ok(()) => Ok(()),
+        Err(TrySendError::Full(c)) | Err(TrySendError::Disconnected(c)) => Err((c.bytes, c.stats)),
+    }
+}
+
+/// Exit path, on the exiting thread: drain everything, write the end record, stop tracing.
+pub fn finish() {
+    if STATE.load(Ordering::Acquire) != RUNNING {
+        return;
+    }
+    let Some(sh) = shared() else { return };
+    tick(sh, true);
+    super::disable();
+    STATE.store(DONE, Ordering::Release);
+}
+
+/// Forked child: forget the parent's writer (its thread does not exist here, its locks may be
+/// held forever). Plain stores only.
+pub fn on_fork_child() {
+    SHARED.store(std::ptr::null_mut(), Ordering::Relaxed);
+    LOST.store(0, Ordering::Relaxed);
+    FORKED.store(true, Ordering::Relaxed);
+    if STATE.load(Ordering::Relaxed) != IDLE {
+        STATE.store(IDLE, Ordering::Relaxed);
+    }
+    // Tracing stays enabled if it was configured: the child starts its own file lazily.
+    if super::pattern().is_some() || !PATTERN_OVERRIDE.load(Ordering::Relaxed).is_null() {
+        super::ENABLED.store(true, Ordering::Relaxed);
+    }
+}
