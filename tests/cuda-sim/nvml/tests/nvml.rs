@@ -1,0 +1,94 @@
+//! The simulated NVML reports the simulated device's own accounting (every process's use).
+//!
+//! Needs both libraries built in this profile:
+//! `cargo build --release -p vramsim-driver -p vramsim-nvml`.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn setup() -> (std::path::PathBuf, std::path::PathBuf) {
+    let profile = vramshim_testkit::profile_dir();
+    let dir = profile.join("vramsim-nvml-tests");
+    std::fs::create_dir_all(&dir).unwrap();
+    for (name, built) in [
+        ("libnvidia-ml.so.1", "libvramsim_nvml.so"),
+        ("libcuda.so.1", "libvramsim_driver.so"),
+    ] {
+        let built = profile.join(built);
+        assert!(
+            built.exists(),
+            "{} is missing: run `cargo build --release -p vramsim-driver -p vramsim-nvml` first",
+            built.display()
+        );
+        let tmp = dir.join(format!("{name}.{}", std::process::id()));
+        let _ = std::fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(&built, &tmp).unwrap();
+        std::fs::rename(&tmp, dir.join(name)).unwrap();
+    }
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/nvcheck.c");
+    let exe = dir.join("nvcheck");
+    let tmp = dir.join(format!("nvcheck.{}", std::process::id()));
+    let out = Command::new("gcc")
+        .args(["-Wall", "-Werror", "-O1", "-o"])
+        .arg(&tmp)
+        .arg(&src)
+        .arg("-ldl")
+        .output()
+        .expect("gcc");
+    assert!(
+        out.status.success(),
+        "gcc: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::rename(&tmp, &exe).unwrap();
+    (dir, exe)
+}
+
+fn run(name: &str, hold_mib: u64) -> Output {
+    let (dir, exe) = setup();
+    let out = Command::new(exe)
+        .arg(hold_mib.to_string())
+        .env("LD_LIBRARY_PATH", dir)
+        .env("VRAMSIM_NAME", name)
+        .env("VRAMSIM_MEMORY", "1GiB")
+        .env("VRAMSIM_CONTEXT_OVERHEAD", "100MiB")
+        .env_remove("LD_PRELOAD")
+        .env_remove("VRAMSIM_DEVICES")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "nvcheck: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn field(out: &Output, key: &str) -> String {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix(key).map(|v| v.trim().to_string()))
+        .unwrap_or_else(|| panic!("no {key}"))
+}
+
+const MIB: u64 = 1 << 20;
+
+#[test]
+fn nvml_reports_the_devices_own_accounting() {
+    let name = format!("nvmltest-{}", std::process::id());
+    // This process holds 200 MiB + its context (100 MiB) while it asks NVML.
+    let out = run(&name, 200);
+    assert_eq!(field(&out, "count"), "1");
+    assert_eq!(field(&out, "total").parse::<u64>().unwrap(), 1024 * MIB);
+    assert_eq!(field(&out, "used").parse::<u64>().unwrap(), 300 * MIB);
+    assert_eq!(field(&out, "free").parse::<u64>().unwrap(), 724 * MIB);
+    assert_eq!(field(&out, "procs"), "1");
+    assert!(field(&out, "uuid").starts_with("GPU-"));
+    assert!(field(&out, "name").contains("vramsim"));
+    // Without any CUDA process the device is empty (the earlier one exited).
+    let out = run(&name, 0);
+    assert_eq!(field(&out, "used"), "0");
+    assert_eq!(field(&out, "procs"), "0");
+    let _ = std::fs::remove_file(vramsim_devstate::DeviceState::path(&name));
+}
