@@ -228,11 +228,7 @@ pub unsafe fn device_reset(rt: Flavor) -> Res {
     let _g = RETAIN_LOCK.lock().unwrap_or_else(|p| p.into_inner());
     if slot.load(Ordering::Acquire) != 0 {
         cu!(d, cuDevicePrimaryCtxReset(dev))?;
-        // Our retain goes with the reset: the next call retains (and charges) it again.
-        let _ = d.cuDevicePrimaryCtxRelease.map(|f| {
-            // SAFETY: driver entry point, device ordinal.
-            unsafe { f(dev) }
-        });
+        // The reset drops every retain (ours included): the next call retains it again.
         slot.store(0, Ordering::Release);
         GENERATION.fetch_add(1, Ordering::AcqRel);
     }

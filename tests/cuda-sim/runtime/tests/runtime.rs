@@ -234,3 +234,27 @@ fn program_built_against_real_libcudart_runs_on_the_simulated_stack() {
     );
     assert!(out.stderr.is_empty(), "unexpected stderr: {}", out.stderr);
 }
+
+#[test]
+fn device_reset_frees_the_context_and_reinitializes() {
+    let exe = compile_c(
+        "rt_reset",
+        &["tests/workloads/sim/rt_reset.c"],
+        Link::SharedRuntime,
+    );
+    let out = run(&mut sim_command(&exe, "rt_reset"));
+    out.assert_success();
+    assert!(out.stdout.contains("rt_reset: ok"));
+}
+
+#[test]
+fn two_devices_current_device_per_thread() {
+    let exe = compile_c(
+        "rt_multi",
+        &["tests/workloads/sim/rt_multi.c"],
+        Link::SharedRuntime,
+    );
+    let out = run(sim_command(&exe, "rt_multi").env("VRAMSIM_DEVICES", "2"));
+    out.assert_success();
+    assert!(out.stdout.contains("rt_multi: ok"));
+}
