@@ -54,9 +54,16 @@ extern "C" fn on_load(_argc: c_int, _argv: *const *const u8, _envp: *const *cons
     // Parse VRAMSIM_* now so a bad value is reported once, at start, even if unused.
     let _ = catch_unwind(|| {
         std::sync::LazyLock::force(&config::CONFIG);
-        // SAFETY: registering a plain extern "C" fn with no captured state.
-        unsafe { libc::atexit(on_exit) };
+        // SAFETY: registering plain extern "C" fns with no captured state.
+        unsafe {
+            libc::atexit(on_exit);
+            libc::pthread_atfork(None, None, Some(on_fork_child));
+        }
     });
+}
+
+extern "C" fn on_fork_child() {
+    state::after_fork_in_child();
 }
 
 extern "C" fn on_exit() {

@@ -22,9 +22,22 @@ static INITIALIZED: AtomicBool = AtomicBool::new(false);
 /// Set at exit once the slot is given back: later frees must not touch a slot that another
 /// process may already have claimed.
 static EXITED: AtomicBool = AtomicBool::new(false);
+/// Set in the child of a fork made after cuInit: as with a real driver, CUDA is unusable
+/// there (stream workers and locks of the parent did not come along).
+static FORKED_AFTER_INIT: AtomicBool = AtomicBool::new(false);
+
+/// pthread_atfork child handler.
+pub fn after_fork_in_child() {
+    if INITIALIZED.load(Ordering::Acquire) {
+        FORKED_AFTER_INIT.store(true, Ordering::Release);
+    }
+}
 
 /// cuInit: opens the shared device.
 pub fn init() -> Res {
+    if FORKED_AFTER_INIT.load(Ordering::Acquire) {
+        return Err(CUDA_ERROR_NOT_INITIALIZED);
+    }
     let r = DRIVER.get_or_init(|| {
         let cfg = &*CONFIG;
         match DeviceState::open_or_create(&cfg.name, cfg.devices, cfg.memory) {
@@ -53,7 +66,7 @@ pub fn init() -> Res {
 
 /// The driver, or CUDA_ERROR_NOT_INITIALIZED before a successful cuInit.
 pub fn driver() -> Result<&'static Driver, CUresult> {
-    if !INITIALIZED.load(Ordering::Acquire) {
+    if FORKED_AFTER_INIT.load(Ordering::Acquire) || !INITIALIZED.load(Ordering::Acquire) {
         return Err(CUDA_ERROR_NOT_INITIALIZED);
     }
     match DRIVER.get() {

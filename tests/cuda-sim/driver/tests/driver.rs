@@ -73,10 +73,10 @@ impl Drop for Device {
 fn command(dev: &Device, args: &[&str], env: &[(&str, &str)]) -> Command {
     let (dir, exe) = dirs();
     let mut c = Command::new(exe);
+    c.env_remove("LD_PRELOAD");
     c.args(args)
         .env("LD_LIBRARY_PATH", dir)
         .env("VRAMSIM_NAME", &dev.0)
-        .env_remove("LD_PRELOAD")
         .env_remove("VRAMSIM_MEMORY")
         .env_remove("VRAMSIM_DEVICES")
         .env_remove("VRAMSIM_CONTEXT_OVERHEAD")
@@ -128,6 +128,27 @@ fn error_codes_packing_and_copies() {
 fn get_proc_address_versions_and_ptsz() {
     let d = Device::new("procaddr");
     ok(&d, &["procaddr"], &[]);
+}
+
+#[test]
+fn get_proc_address_returns_own_symbols_under_a_preload() {
+    let (dir, _) = dirs();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/fake_preload.c");
+    let lib = dir.join(format!("libfakepre.{}.so", std::process::id()));
+    let out = Command::new("gcc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let d = Device::new("procaddr-pre");
+    ok(&d, &["procaddr"], &[("LD_PRELOAD", lib.to_str().unwrap())]);
+    let _ = std::fs::remove_file(lib);
 }
 
 #[test]
@@ -184,6 +205,12 @@ fn streams_with_injected_delay() {
 fn stream_capture_status_and_unsafe_calls() {
     let d = Device::new("capture");
     ok(&d, &["capture"], &[]);
+}
+
+#[test]
+fn forked_child_cannot_use_cuda_and_parent_keeps_its_memory() {
+    let d = Device::new("fork");
+    ok(&d, &["fork"], &[]);
 }
 
 #[test]

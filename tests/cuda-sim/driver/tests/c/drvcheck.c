@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 typedef int CUresult;
@@ -639,6 +640,29 @@ static int inject(void) {
     return 0;
 }
 
+/* A child forked after cuInit cannot use CUDA; the parent can, and keeps its memory. */
+static int fork_child(void) {
+    start();
+    CUdeviceptr p, q;
+    OK(cuMemAlloc(&p, 4 * MiB));
+    u64 before, after;
+    OK(vramsimDeviceUsed(0, &before));
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (cuMemAlloc(&q, 10) != 3) _exit(10);
+        if (cuInit(0) != 3) _exit(11);
+        _exit(0);
+    }
+    int status = 0;
+    EXPECT(waitpid(pid, &status, 0) == pid);
+    EXPECT(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 0);
+    OK(vramsimDeviceUsed(0, &after));
+    EXPECT_EQ(after, before);
+    OK(cuMemFree(p));
+    return 0;
+}
+
 /* Prints total memory (for the bad-configuration test). */
 static int total(void) {
     start();
@@ -666,6 +690,7 @@ int main(int argc, char **argv) {
     if (!strcmp(s, "probe")) return probe(arg);
     if (!strcmp(s, "inject")) return inject();
     if (!strcmp(s, "total")) return total();
+    if (!strcmp(s, "fork")) return fork_child();
     fprintf(stderr, "unknown scenario %s\n", s);
     return 2;
 }
