@@ -75,19 +75,29 @@ impl Gpu {
 #[derive(Clone, Debug)]
 enum Cell {
     Val(String),
+    Bytes(u64),
+    Num(u64),
     Na(String),
 }
 
 impl Cell {
     fn text(&self) -> String {
         match self {
-            Cell::Val(s) => s.clone(),
             Cell::Na(why) => format!("n/a ({why})"),
+            _ => self.short(),
+        }
+    }
+    fn value(&self) -> Option<u64> {
+        match self {
+            Cell::Bytes(n) | Cell::Num(n) => Some(*n),
+            _ => None,
         }
     }
     fn short(&self) -> String {
         match self {
             Cell::Val(s) => s.clone(),
+            Cell::Bytes(n) => bytes(*n),
+            Cell::Num(n) => n.to_string(),
             Cell::Na(_) => "n/a".into(),
         }
     }
@@ -107,6 +117,8 @@ struct Row {
     refusals: Cell,
     time: Cell,
     completed: bool,
+    /// The cap the run was under, if any.
+    cap: Option<u64>,
     /// One line explaining the outcome (the refusal, the post-mortem), when there is one.
     detail: String,
     trace: Option<PathBuf>,
@@ -138,6 +150,7 @@ impl Row {
             refusals: Cell::na(why),
             time: Cell::na(why),
             completed: false,
+            cap: None,
             detail: String::new(),
             trace: None,
             stderr: String::new(),
@@ -176,57 +189,50 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
     let cap_low = stats.peak_live / 10 * 8;
     let cap_pool = stats.peak_live + stats.peak_live / 20;
 
+    // (label, description, cap, pooled)
+    let runs: [(&'static str, String, Option<u64>, bool); 3] = [
+        ("(a)", "plain cudaMalloc/cudaFree".into(), None, false),
+        (
+            "(b)",
+            format!("capped at {} (80% of peak)", bytes(cap_low)),
+            Some(cap_low),
+            false,
+        ),
+        (
+            "(c)",
+            format!("pool=stitch, cap {} (peak + 5%)", bytes(cap_pool)),
+            Some(cap_pool),
+            true,
+        ),
+    ];
     let replay = replay_program(&work, &gpu);
-    let rows = match &replay {
-        Err(why) => {
-            println!("the log-replay workload is not available: {why}");
-            vec![
-                Row::empty(
-                    "(a)",
-                    "plain cudaMalloc/cudaFree".into(),
-                    "replay workload not built yet",
-                ),
-                Row::empty(
-                    "(b)",
-                    format!("capped at {} (80% of peak)", bytes(cap_low)),
-                    "replay workload not built yet",
-                ),
-                Row::empty(
-                    "(c)",
-                    format!("pool=stitch, cap {} (peak + 5%)", bytes(cap_pool)),
-                    "replay workload not built yet",
-                ),
-                whatif_caching(&parsed, DEVICE_TOTAL, cap_pool),
-            ]
-        }
-        Ok(bin) => {
-            let runs = [
-                ("(a)", "plain cudaMalloc/cudaFree".to_string(), vec![]),
-                (
-                    "(b)",
-                    format!("capped at {} (80% of peak)", bytes(cap_low)),
-                    vec![("VRAMSHIM_CAP", cap_low.to_string())],
-                ),
-                (
-                    "(c)",
-                    format!("pool=stitch, cap {} (peak + 5%)", bytes(cap_pool)),
-                    vec![
-                        ("VRAMSHIM_CAP", cap_pool.to_string()),
-                        ("VRAMSHIM_POOL", "stitch".to_string()),
-                    ],
-                ),
-            ];
-            let mut rows = Vec::new();
-            for (label, what, env) in runs {
+    if let Err(why) = &replay {
+        println!("the log-replay workload is not available: {why}");
+    }
+    let mut rows = Vec::new();
+    for (label, what, cap, pooled) in runs {
+        let mut row = match &replay {
+            Err(_) => Row::empty(label, what, "replay workload not built"),
+            Ok(bin) => {
+                let mut env = Vec::new();
+                if let Some(c) = cap {
+                    env.push(("VRAMSHIM_CAP", c.to_string()));
+                }
+                if pooled {
+                    env.push(("VRAMSHIM_POOL", "stitch".to_string()));
+                }
                 eprint!("running {label} {what} ... ");
                 let r = live_run(&gpu, &lib, bin, &csv, &work, label, what, &env);
                 eprintln!("{}", r.outcome.text());
-                rows.push(r);
+                r
             }
-            rows.push(whatif_caching(&parsed, DEVICE_TOTAL, cap_pool));
-            rows
-        }
-    };
+        };
+        row.cap = cap;
+        rows.push(row);
+    }
+    let mut d = whatif_caching(&parsed, DEVICE_TOTAL, cap_pool);
+    d.cap = Some(cap_pool);
+    rows.push(d);
 
     let table = render_table(&rows);
     println!();
@@ -522,8 +528,8 @@ fn live_run(
         return row;
     };
     row.time = Cell::Val(format!("{:.2} s", r.ns as f64 / 1e9));
-    row.peak = Cell::Val(bytes(r.peak_live));
-    row.refusals = Cell::Val(r.failed.to_string());
+    row.peak = Cell::Bytes(r.peak_live);
+    row.refusals = Cell::Num(r.failed);
     row.completed = r.failed == 0 && r.mismatches == 0 && out.status.success();
     row.outcome = Cell::Val(if row.completed {
         format!("completed ({} allocations)", r.allocs)
@@ -544,7 +550,7 @@ fn live_run(
     });
     if let Gpu::Sim { dir } = gpu {
         row.reserved = match sim_high_water(dir, &sim_name) {
-            Ok(hw) => Cell::Val(bytes(hw)),
+            Ok(hw) => Cell::Bytes(hw),
             Err(e) => Cell::Na(e),
         };
     }
@@ -573,11 +579,11 @@ fn whatif_caching(parsed: &Option<ParsedTrace>, device_total: u64, cap: u64) -> 
             format!("refused at allocation {} ({})", f.index, bytes(f.size))
         }
     });
-    row.peak = Cell::Val(bytes(r.peak_live));
-    row.reserved = Cell::Val(bytes(r.peak_reserved));
-    row.driver_calls = Cell::Val(r.driver_calls.to_string());
-    row.syncs = Cell::Val(r.syncs.to_string());
-    row.refusals = Cell::Val(u64::from(r.first_failure.is_some()).to_string());
+    row.peak = Cell::Bytes(r.peak_live);
+    row.reserved = Cell::Bytes(r.peak_reserved);
+    row.driver_calls = Cell::Num(r.driver_calls);
+    row.syncs = Cell::Num(r.syncs);
+    row.refusals = Cell::Num(u64::from(r.first_failure.is_some()));
     row
 }
 
@@ -695,7 +701,7 @@ fn render_html(gpu: &Gpu, rows: &[Row], stats: &CsvStats, _work: &Path) -> Strin
         h,
         "<!doctype html><html><head><meta charset=\"utf-8\"><title>vramshim demo</title>\
          <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}\
-         td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}td:first-child,th:first-child{{text-align:left}}</style>\
+         td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right;white-space:nowrap}}svg{{display:block;margin:1em 0}}td:first-child,th:first-child,td:nth-child(2),th:nth-child(2){{text-align:left}}</style>\
          </head><body><h1>vramshim demo</h1><p>{}</p><p>Workload: {TRACE_NAME}: {} allocations, peak live {}.</p>\
          <table id=\"demo-table\"><tr>",
         esc(&gpu.describe()),
@@ -713,7 +719,10 @@ fn render_html(gpu: &Gpu, rows: &[Row], stats: &CsvStats, _work: &Path) -> Strin
         }
         h.push_str("</tr>");
     }
-    h.push_str("</table><ul>");
+    h.push_str("</table>");
+    h.push_str(&memory_chart(rows));
+    h.push_str(&calls_chart(rows));
+    h.push_str("<ul>");
     for r in rows {
         let _ = write!(h, "<li>{} {}", r.label, esc(&r.what));
         if !r.detail.is_empty() {
@@ -726,6 +735,142 @@ fn render_html(gpu: &Gpu, rows: &[Row], stats: &CsvStats, _work: &Path) -> Strin
     }
     h.push_str("</ul></body></html>\n");
     h
+}
+
+/// Horizontal bars per run: peak in use and reserved, with the run's cap marked.
+fn memory_chart(rows: &[Row]) -> String {
+    let max = rows
+        .iter()
+        .flat_map(|r| [r.peak.value(), r.reserved.value(), r.cap])
+        .flatten()
+        .max()
+        .unwrap_or(0);
+    if max == 0 {
+        return String::new();
+    }
+    let (w, left, bar) = (760.0, 60.0, 14.0);
+    let scale = |v: u64| (w - left - 110.0) * v as f64 / max as f64;
+    let mut svg = String::new();
+    let height = 30.0 + rows.len() as f64 * (2.0 * bar + 14.0);
+    let _ = write!(
+        svg,
+        "<h2>Device memory per run</h2><svg class=\"chart\" id=\"memory-chart\" width=\"{w}\" height=\"{height}\" \
+         xmlns=\"http://www.w3.org/2000/svg\" font-family=\"sans-serif\" font-size=\"12\">\
+         <rect x=\"{left}\" y=\"4\" width=\"10\" height=\"10\" fill=\"#4c78a8\"/><text x=\"{}\" y=\"13\">peak in use</text>\
+         <rect x=\"{}\" y=\"4\" width=\"10\" height=\"10\" fill=\"#f58518\"/><text x=\"{}\" y=\"13\">reserved</text>\
+         <line x1=\"{}\" y1=\"9\" x2=\"{}\" y2=\"9\" stroke=\"#d62728\" stroke-width=\"2\"/><text x=\"{}\" y=\"13\">cap</text>",
+        left + 14.0,
+        left + 100.0,
+        left + 114.0,
+        left + 180.0,
+        left + 195.0,
+        left + 200.0
+    );
+    for (i, r) in rows.iter().enumerate() {
+        let y = 24.0 + i as f64 * (2.0 * bar + 14.0);
+        let _ = write!(
+            svg,
+            "<text x=\"4\" y=\"{}\">{}</text>",
+            y + bar + 4.0,
+            r.label
+        );
+        for (k, (v, color)) in [(r.peak.value(), "#4c78a8"), (r.reserved.value(), "#f58518")]
+            .into_iter()
+            .enumerate()
+        {
+            let yy = y + k as f64 * bar;
+            match v {
+                Some(v) => {
+                    let _ = write!(
+                        svg,
+                        "<rect x=\"{left}\" y=\"{yy}\" width=\"{:.1}\" height=\"{}\" fill=\"{color}\"/>\
+                         <text x=\"{:.1}\" y=\"{}\">{}</text>",
+                        scale(v).max(1.0),
+                        bar - 2.0,
+                        left + scale(v) + 4.0,
+                        yy + bar - 4.0,
+                        bytes(v)
+                    );
+                }
+                None => {
+                    let _ = write!(
+                        svg,
+                        "<text x=\"{left}\" y=\"{}\" fill=\"#888\">n/a</text>",
+                        yy + bar - 4.0
+                    );
+                }
+            }
+        }
+        if let Some(c) = r.cap {
+            let x = left + scale(c);
+            let _ = write!(
+                svg,
+                "<line x1=\"{x:.1}\" y1=\"{}\" x2=\"{x:.1}\" y2=\"{}\" stroke=\"#d62728\" stroke-width=\"2\"/>",
+                y - 2.0,
+                y + 2.0 * bar
+            );
+        }
+    }
+    svg.push_str("</svg>");
+    svg
+}
+
+/// Driver calls and syncs per run (log scale would hide nothing here: plain vs pooled differ
+/// by orders of magnitude, so the bars are labelled).
+fn calls_chart(rows: &[Row]) -> String {
+    let max = rows
+        .iter()
+        .flat_map(|r| [r.driver_calls.value(), r.syncs.value()])
+        .flatten()
+        .max()
+        .unwrap_or(0);
+    if max == 0 {
+        return String::new();
+    }
+    let (w, left, bar) = (760.0, 60.0, 14.0);
+    let scale = |v: u64| (w - left - 90.0) * v as f64 / max as f64;
+    let height = 30.0 + rows.len() as f64 * (2.0 * bar + 14.0);
+    let mut svg = format!(
+        "<h2>Driver calls and device syncs per run</h2><svg class=\"chart\" id=\"calls-chart\" width=\"{w}\" height=\"{height}\" \
+         xmlns=\"http://www.w3.org/2000/svg\" font-family=\"sans-serif\" font-size=\"12\">\
+         <rect x=\"{left}\" y=\"4\" width=\"10\" height=\"10\" fill=\"#54a24b\"/><text x=\"{}\" y=\"13\">driver calls</text>\
+         <rect x=\"{}\" y=\"4\" width=\"10\" height=\"10\" fill=\"#b279a2\"/><text x=\"{}\" y=\"13\">syncs</text>",
+        left + 14.0,
+        left + 100.0,
+        left + 114.0
+    );
+    for (i, r) in rows.iter().enumerate() {
+        let y = 24.0 + i as f64 * (2.0 * bar + 14.0);
+        let _ = write!(
+            svg,
+            "<text x=\"4\" y=\"{}\">{}</text>",
+            y + bar + 4.0,
+            r.label
+        );
+        for (k, (v, color)) in [
+            (r.driver_calls.value(), "#54a24b"),
+            (r.syncs.value(), "#b279a2"),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let yy = y + k as f64 * bar;
+            let (width, label) = match v {
+                Some(v) => (scale(v).max(1.0), v.to_string()),
+                None => (0.0, "n/a".to_string()),
+            };
+            let _ = write!(
+                svg,
+                "<rect x=\"{left}\" y=\"{yy}\" width=\"{width:.1}\" height=\"{}\" fill=\"{color}\"/>\
+                 <text x=\"{:.1}\" y=\"{}\">{label}</text>",
+                bar - 2.0,
+                left + width + 4.0,
+                yy + bar - 4.0
+            );
+        }
+    }
+    svg.push_str("</svg>");
+    svg
 }
 
 /// Three lines describing a trace (the analyzer's summary once it lands).
