@@ -1,6 +1,41 @@
-//! Memory cap layer (owner: cap). Stub: everything is allowed, nothing is adjusted.
+//! Memory cap layer (owner: cap). See `docs/cap.md` for the user-facing description.
+//!
+//! `VRAMSHIM_CAP` (fraction, size or per-device list) bounds what the process, or with
+//! `VRAMSHIM_SHARED=NAME` every process of that name together, may hold per device.
+//! Everything is parsed once ([`init`], or the first call); the region of `VRAMSHIM_SHARED`
+//! is attached on first use (no file is touched by a process that never uses CUDA).
+//!
+//! # What the interposer core calls, and when
+//! - [`init`] once at load (after its environment is read): parses and reports bad values.
+//! - [`try_charge`]`(device, bytes, api)` before every charged allocation (device memory of
+//!   any path; never host memory). `Err(Refusal)` = answer the API's out-of-memory code (and
+//!   make the runtime's last error say so); the first refusal already printed its line.
+//! - [`uncharge`]`(device, bytes)` when a charged allocation is freed, or when the real call
+//!   failed after a successful `try_charge`.
+//! - [`adjust_meminfo`]`(device, real_free, real_total)` for `cudaMemGetInfo` /
+//!   `cuMemGetInfo_v2`; [`total_for`]`(device, real_total)` for `cuDeviceTotalMem_v2` and
+//!   `cudaGetDeviceProperties*().totalGlobalMem`; [`nvml_adjust`] / [`nvml_adjust_v2`] for
+//!   `nvmlDeviceGetMemoryInfo` / `_v2` (device = the CUDA ordinal of the NVML handle).
+//!   All are atomic loads only once set up.
+//! - [`on_context_created`]`(device, free_before, free_after)` when a context is created on a
+//!   device that had none in this process (driver free memory before and after), and
+//!   [`on_context_destroyed`]`(device)` when it goes (`cudaDeviceReset`,
+//!   `cuDevicePrimaryCtxReset`, last release). With `VRAMSHIM_CAP_CONTEXT=include` (default)
+//!   the footprint counts against the cap.
+//! - [`set_device_queries`] (optional, before the first charge) to give the cap the real
+//!   total memory and device count, needed for fraction caps and the device-index check.
+//! - [`on_fork_child`] in the atfork child handler.
 
+pub mod config;
+
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::{Mutex, OnceLock};
+
+use vramshim_region::spec::human_bytes;
+use vramshim_region::{CapSpec, Check, MAX_BYTES, MAX_DEVICES, ProcessKey, Region, SlotIndex};
 use vramshim_trace::Api;
+
+pub use config::{ContextMode, Fault, Settings};
 
 /// Why a request was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -9,21 +44,652 @@ pub struct Refusal {
     pub cap: u64,
 }
 
-/// Called once before the first charged request.
-pub fn init() {}
+/// How the cap learns about the devices: `total(device)` = real total memory,
+/// `count()` = number of devices the process sees. `None` = not known (yet).
+#[derive(Clone, Copy)]
+pub struct DeviceQueries {
+    pub total: fn(i32) -> Option<u64>,
+    pub count: fn() -> Option<i32>,
+}
+
+fn unknown_total(_: i32) -> Option<u64> {
+    None
+}
+fn unknown_count() -> Option<i32> {
+    None
+}
+
+impl DeviceQueries {
+    pub const UNKNOWN: DeviceQueries = DeviceQueries {
+        total: unknown_total,
+        count: unknown_count,
+    };
+}
+
+const UNRESOLVED: u64 = u64::MAX;
+const NO_SLOT: usize = usize::MAX;
+const SETUP_NONE: u8 = 0;
+const SETUP_ACTIVE: u8 = 1;
+const SETUP_OFF: u8 = 2;
+/// After a refusal, reclaim dead processes' slots at most this often.
+const RECLAIM_EVERY_NS: u64 = 5_000_000;
+
+/// One cap instance (the process has one, [`global`]; tests make their own).
+pub struct Cap {
+    settings: Settings,
+    queries: &'static OnceLock<DeviceQueries>,
+    log: fn(&str),
+    status: AtomicU8,
+    setup_lock: Mutex<()>,
+    region: OnceLock<Region>,
+    spec: OnceLock<CapSpec>,
+    resolved: [AtomicU64; MAX_DEVICES],
+    private_used: [AtomicU64; MAX_DEVICES],
+    ctx_charged: [AtomicU64; MAX_DEVICES],
+    slot: AtomicUsize,
+    refused_once: AtomicBool,
+    slots_full_once: AtomicBool,
+    last_reclaim_ns: AtomicU64,
+}
+
+fn device_index(device: i32) -> Option<usize> {
+    usize::try_from(device).ok().filter(|&d| d < MAX_DEVICES)
+}
+
+fn mono_ns() -> u64 {
+    static BASE: OnceLock<std::time::Instant> = OnceLock::new();
+    BASE.get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_nanos() as u64
+}
+
+impl Cap {
+    pub fn new(
+        settings: Settings,
+        queries: &'static OnceLock<DeviceQueries>,
+        log: fn(&str),
+    ) -> Cap {
+        Cap {
+            settings,
+            queries,
+            log,
+            status: AtomicU8::new(SETUP_NONE),
+            setup_lock: Mutex::new(()),
+            region: OnceLock::new(),
+            spec: OnceLock::new(),
+            resolved: [const { AtomicU64::new(UNRESOLVED) }; MAX_DEVICES],
+            private_used: [const { AtomicU64::new(0) }; MAX_DEVICES],
+            ctx_charged: [const { AtomicU64::new(0) }; MAX_DEVICES],
+            slot: AtomicUsize::new(NO_SLOT),
+            refused_once: AtomicBool::new(false),
+            slots_full_once: AtomicBool::new(false),
+            last_reclaim_ns: AtomicU64::new(0),
+        }
+    }
+
+    fn queries(&self) -> DeviceQueries {
+        self.queries
+            .get()
+            .copied()
+            .unwrap_or(DeviceQueries::UNKNOWN)
+    }
+
+    /// True when the cap is active (set up on first use); false = pass-through.
+    #[inline]
+    pub fn ready(&self) -> bool {
+        match self.status.load(Acquire) {
+            SETUP_ACTIVE => true,
+            SETUP_OFF => false,
+            _ => self.setup(),
+        }
+    }
+
+    #[cold]
+    fn setup(&self) -> bool {
+        let _g = self.setup_lock.lock().unwrap_or_else(|e| e.into_inner());
+        match self.status.load(Acquire) {
+            SETUP_ACTIVE => return true,
+            SETUP_OFF => return false,
+            _ => {}
+        }
+        let ok = self.setup_locked();
+        self.status
+            .store(if ok { SETUP_ACTIVE } else { SETUP_OFF }, Release);
+        ok
+    }
+
+    fn setup_locked(&self) -> bool {
+        let spec = match &self.settings.shared {
+            None => self.settings.spec.clone(),
+            Some((name, path)) => {
+                let (region, _) = match Region::open_or_create(path, &self.settings.spec) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        (self.log)(&format!(
+                            "vramshim: VRAMSHIM_SHARED=\"{}\": {e}; running without a cap (pass-through)",
+                            name.escape_debug()
+                        ));
+                        return false;
+                    }
+                };
+                let theirs = region.caps();
+                if self.settings.cap_text.is_some() && theirs != self.settings.spec {
+                    (self.log)(&format!(
+                        "vramshim: VRAMSHIM_CAP=\"{}\" differs from the cap of the shared region VRAMSHIM_SHARED=\"{}\" (\"{}\", set by the process that created it); using the region's cap",
+                        self.settings
+                            .cap_text
+                            .as_deref()
+                            .unwrap_or("")
+                            .escape_debug(),
+                        name.escape_debug(),
+                        region.cap_text()
+                    ));
+                }
+                if let Some(me) = ProcessKey::current() {
+                    self.reclaim(&region, me);
+                }
+                let _ = self.region.set(region);
+                theirs
+            }
+        };
+        if let Some(high) = spec.highest_listed()
+            && let Some(count) = (self.queries().count)()
+            && high >= usize::try_from(count).unwrap_or(0)
+        {
+            (self.log)(&format!(
+                "vramshim: VRAMSHIM_CAP=\"{}\" names device {high}, but this process sees {count} device(s) (0 to {}); {}; running without a cap (pass-through)",
+                self.cap_source_text(&spec).escape_debug(),
+                count - 1,
+                vramshim_region::spec::CAP_FORMS
+            ));
+            return false;
+        }
+        let _ = self.spec.set(spec);
+        true
+    }
+
+    fn cap_source_text(&self, spec: &CapSpec) -> String {
+        self.settings
+            .cap_text
+            .clone()
+            .unwrap_or_else(|| spec.to_text())
+    }
+
+    fn effective_spec(&self) -> &CapSpec {
+        static NONE: OnceLock<CapSpec> = OnceLock::new();
+        self.spec
+            .get()
+            .unwrap_or_else(|| NONE.get_or_init(CapSpec::none))
+    }
+
+    /// Whether `device` has a cap.
+    pub fn is_capped(&self, device: i32) -> bool {
+        self.ready() && self.effective_spec().get(device).is_some()
+    }
+
+    /// The cap of device `d` in bytes (`MAX_BYTES` when uncapped or not known yet).
+    #[inline]
+    fn cap_bytes(&self, d: usize) -> u64 {
+        let r = self.resolved[d].load(Relaxed);
+        if r != UNRESOLVED {
+            return r;
+        }
+        self.resolve(d, None)
+    }
+
+    #[cold]
+    fn resolve(&self, d: usize, real_total: Option<u64>) -> u64 {
+        use vramshim_region::CapValue;
+        let v = match self.effective_spec().devices[d] {
+            None => MAX_BYTES,
+            Some(CapValue::Bytes(b)) => b.min(MAX_BYTES),
+            Some(c @ CapValue::Fraction(_)) => {
+                match real_total
+                    .filter(|&t| t > 0)
+                    .or_else(|| (self.queries().total)(d as i32))
+                {
+                    Some(t) => c.resolve(t).min(MAX_BYTES),
+                    None => return MAX_BYTES,
+                }
+            }
+        };
+        self.resolved[d].store(v, Relaxed);
+        v
+    }
+
+    /// Tells the cap the real total memory of `device` (resolves a fraction cap).
+    pub fn note_device_total(&self, device: i32, real_total: u64) {
+        if let Some(d) = device_index(device)
+            && real_total > 0
+            && self.ready()
+            && self.resolved[d].load(Relaxed) == UNRESOLVED
+        {
+            self.resolve(d, Some(real_total));
+        }
+    }
+
+    /// Bytes charged on `device`: this process's (private cap) or the whole group's (shared).
+    pub fn in_use(&self, device: i32) -> u64 {
+        let Some(d) = device_index(device) else {
+            return 0;
+        };
+        match self.region.get() {
+            Some(r) => r.in_use(d),
+            None => vramshim_region::total_bytes(&self.private_used[d]),
+        }
+    }
+
+    fn check(&self) -> Check {
+        if self.settings.fault == Fault::RacyCharge {
+            Check::Racy
+        } else {
+            Check::Atomic
+        }
+    }
+
+    fn my_slot(&self, r: &Region) -> Option<SlotIndex> {
+        let s = self.slot.load(Acquire);
+        if s != NO_SLOT {
+            return Some(SlotIndex(s));
+        }
+        self.claim_slot(r)
+    }
+
+    #[cold]
+    fn claim_slot(&self, r: &Region) -> Option<SlotIndex> {
+        let me = ProcessKey::current()?;
+        let start = vramshim_region::proc::stat(me.pid()).map_or(0, |(s, _)| s);
+        let mut got = r.claim_slot(me, start);
+        if got.is_none() {
+            self.reclaim(r, me);
+            got = r.claim_slot(me, start);
+        }
+        let Some(i) = got else {
+            if !self.slots_full_once.swap(true, Relaxed) {
+                (self.log)(&format!(
+                    "vramshim: the shared cap region {} has no free process slot ({} processes share it); this process runs without a cap",
+                    r.path()
+                        .map(|p| p.display().to_string())
+                        .unwrap_or_default(),
+                    vramshim_region::MAX_SLOTS
+                ));
+            }
+            return None;
+        };
+        match self.slot.compare_exchange(NO_SLOT, i.0, AcqRel, Acquire) {
+            Ok(_) => Some(i),
+            Err(other) => {
+                r.release_slot(i);
+                Some(SlotIndex(other))
+            }
+        }
+    }
+
+    fn reclaim(&self, r: &Region, me: ProcessKey) -> vramshim_region::Reclaimed {
+        match self.settings.fault {
+            Fault::NoReclaim => vramshim_region::Reclaimed::default(),
+            Fault::PidOnly => r.reclaim_with(me, &|k| k.alive(false)),
+            _ => r.reclaim(me),
+        }
+    }
+
+    /// Reserve `bytes` on `device` for a request coming through `api`.
+    #[inline]
+    pub fn try_charge(&self, device: i32, bytes: u64, api: Api) -> Result<(), Refusal> {
+        if !self.ready() {
+            return Ok(());
+        }
+        let Some(d) = device_index(device) else {
+            return Ok(());
+        };
+        let cap = self.cap_bytes(d);
+        let r = match self.region.get() {
+            None => match self.check() {
+                Check::Atomic => vramshim_region::reserve(&self.private_used[d], bytes, cap),
+                Check::Racy => vramshim_region::reserve_racy(&self.private_used[d], bytes, cap),
+            },
+            Some(region) => {
+                let Some(slot) = self.my_slot(region) else {
+                    return Ok(());
+                };
+                match region.charge(slot, d, bytes, cap, self.check()) {
+                    Ok(t) => Ok(t),
+                    Err(in_use) => self
+                        .retry_after_reclaim(region, slot, d, bytes, cap)
+                        .ok_or(in_use),
+                }
+            }
+        };
+        match r {
+            Ok(_) => Ok(()),
+            Err(in_use) => Err(self.refused(d, bytes, in_use, cap, api)),
+        }
+    }
+
+    #[cold]
+    fn retry_after_reclaim(
+        &self,
+        region: &Region,
+        slot: SlotIndex,
+        d: usize,
+        bytes: u64,
+        cap: u64,
+    ) -> Option<u64> {
+        let now = mono_ns();
+        let last = self.last_reclaim_ns.load(Relaxed);
+        if last != 0 && now.saturating_sub(last) < RECLAIM_EVERY_NS {
+            return None;
+        }
+        self.last_reclaim_ns.store(now.max(1), Relaxed);
+        let me = ProcessKey::current()?;
+        let got = self.reclaim(region, me);
+        if got.slots == 0 {
+            return None;
+        }
+        region.charge(slot, d, bytes, cap, self.check()).ok()
+    }
+
+    #[cold]
+    fn refused(&self, d: usize, bytes: u64, in_use: u64, cap: u64, api: Api) -> Refusal {
+        let slot = self.slot.load(Relaxed);
+        if let Some(region) = self.region.get()
+            && slot != NO_SLOT
+        {
+            region.note_refusal(SlotIndex(slot), d);
+        }
+        let capped = self.effective_spec().devices[d].is_some();
+        if capped && !self.refused_once.swap(true, Relaxed) {
+            let who = match &self.settings.shared {
+                None => format!(
+                    "VRAMSHIM_CAP=\"{}\"",
+                    self.settings
+                        .cap_text
+                        .as_deref()
+                        .unwrap_or("")
+                        .escape_debug()
+                ),
+                Some((name, _)) => format!(
+                    "VRAMSHIM_CAP=\"{}\" of the budget shared by VRAMSHIM_SHARED=\"{}\"",
+                    self.region.get().map(|r| r.cap_text()).unwrap_or_default(),
+                    name.escape_debug()
+                ),
+            };
+            (self.log)(&format!(
+                "vramshim: {} of {} ({bytes} bytes) on device {d} refused: {} in use + {} > cap {} (set by {who}); further refusals are not printed",
+                api.name(),
+                human_bytes(bytes),
+                human_bytes(in_use),
+                human_bytes(bytes),
+                human_bytes(cap),
+            ));
+        }
+        Refusal { in_use, cap }
+    }
+
+    /// Give back a reservation made by `try_charge`.
+    #[inline]
+    pub fn uncharge(&self, device: i32, bytes: u64) {
+        if bytes == 0 || self.status.load(Acquire) != SETUP_ACTIVE {
+            return;
+        }
+        let Some(d) = device_index(device) else {
+            return;
+        };
+        match self.region.get() {
+            None => vramshim_region::release(&self.private_used[d], bytes),
+            Some(region) => {
+                let s = self.slot.load(Acquire);
+                if s != NO_SLOT {
+                    region.uncharge(SlotIndex(s), d, bytes);
+                }
+            }
+        }
+    }
+
+    /// `(free, total)` for a memory-information query: total = cap (at most the real
+    /// total), free = cap - in use, clamped to [0, real free].
+    #[inline]
+    pub fn adjust_meminfo(&self, device: i32, real_free: u64, real_total: u64) -> (u64, u64) {
+        let Some(total) = self.capped_total(device, real_total) else {
+            return (real_free, real_total);
+        };
+        let free = total.saturating_sub(self.in_use(device)).min(real_free);
+        (free, total)
+    }
+
+    /// The capped total (None when the device has no cap).
+    fn capped_total(&self, device: i32, real_total: u64) -> Option<u64> {
+        let d = device_index(device)?;
+        if !self.ready() || self.effective_spec().devices[d].is_none() {
+            return None;
+        }
+        let cap = match self.resolved[d].load(Relaxed) {
+            UNRESOLVED => self.resolve(d, Some(real_total)),
+            c => c,
+        };
+        Some(if real_total > 0 {
+            cap.min(real_total)
+        } else {
+            cap
+        })
+    }
+
+    /// Total memory to report for `device` (`cuDeviceTotalMem_v2`, `totalGlobalMem`).
+    #[inline]
+    pub fn total_for(&self, device: i32, real_total: u64) -> u64 {
+        self.capped_total(device, real_total).unwrap_or(real_total)
+    }
+
+    /// NVML `nvmlMemory_t` (total, free, used): total = cap, free as in
+    /// [`Cap::adjust_meminfo`], used = total - free (so free + used = total, as NVML has it).
+    pub fn nvml_adjust(&self, device: i32, total: u64, free: u64, used: u64) -> (u64, u64, u64) {
+        let Some(t) = self.capped_total(device, total) else {
+            return (total, free, used);
+        };
+        let f = t.saturating_sub(self.in_use(device)).min(free);
+        (t, f, t - f)
+    }
+
+    /// NVML `nvmlMemory_v2_t` (total, reserved, free, used): as [`Cap::nvml_adjust`], with the
+    /// reserved part kept (at most what is not free) and used = total - reserved - free.
+    pub fn nvml_adjust_v2(
+        &self,
+        device: i32,
+        total: u64,
+        reserved: u64,
+        free: u64,
+        used: u64,
+    ) -> (u64, u64, u64, u64) {
+        let Some(t) = self.capped_total(device, total) else {
+            return (total, reserved, free, used);
+        };
+        let f = t.saturating_sub(self.in_use(device)).min(free);
+        let r = reserved.min(t - f);
+        (t, r, f, t - f - r)
+    }
+
+    /// A context appeared on `device`: charge its footprint (driver free memory before and
+    /// after its creation) unless `VRAMSHIM_CAP_CONTEXT=exclude`. Never refused (the
+    /// context exists already); it only lowers what allocations may take.
+    pub fn on_context_created(&self, device: i32, free_before: u64, free_after: u64) {
+        let footprint = free_before.saturating_sub(free_after);
+        if footprint == 0 || self.settings.context == ContextMode::Exclude || !self.ready() {
+            return;
+        }
+        let Some(d) = device_index(device) else {
+            return;
+        };
+        let ok = match self.region.get() {
+            None => vramshim_region::reserve(&self.private_used[d], footprint, MAX_BYTES).is_ok(),
+            Some(region) => match self.my_slot(region) {
+                Some(slot) => region
+                    .charge(slot, d, footprint, MAX_BYTES, Check::Atomic)
+                    .is_ok(),
+                None => false,
+            },
+        };
+        if ok {
+            self.ctx_charged[d].fetch_add(footprint, Relaxed);
+        }
+    }
+
+    /// The context of `device` is gone: give its footprint back.
+    pub fn on_context_destroyed(&self, device: i32) {
+        if let Some(d) = device_index(device) {
+            let fp = self.ctx_charged[d].swap(0, Relaxed);
+            self.uncharge(device, fp);
+        }
+    }
+
+    /// The context footprint charged on `device`.
+    pub fn context_charged(&self, device: i32) -> u64 {
+        device_index(device).map_or(0, |d| self.ctx_charged[d].load(Relaxed))
+    }
+
+    /// In a forked child: the child holds nothing yet and gets its own slot on first charge.
+    pub fn on_fork_child(&self) {
+        self.slot.store(NO_SLOT, Relaxed);
+        for d in 0..MAX_DEVICES {
+            self.private_used[d].store(0, Relaxed);
+            self.ctx_charged[d].store(0, Relaxed);
+        }
+        self.refused_once.store(false, Relaxed);
+        self.last_reclaim_ns.store(0, Relaxed);
+    }
+}
+
+// ------------------------------------------------------------------------ the process's cap
+
+static QUERIES: OnceLock<DeviceQueries> = OnceLock::new();
+static GLOBAL: OnceLock<Option<Cap>> = OnceLock::new();
+
+fn stderr_line(line: &str) {
+    static QUIET: OnceLock<bool> = OnceLock::new();
+    let quiet = *QUIET.get_or_init(|| {
+        std::env::var("VRAMSHIM_LOG")
+            .is_ok_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "off" | "0" | "none"))
+    });
+    if quiet {
+        return;
+    }
+    let mut b = Vec::with_capacity(line.len() + 1);
+    b.extend_from_slice(line.replace('\n', " ").as_bytes());
+    b.push(b'\n');
+    use std::io::Write;
+    let _ = std::io::stderr().lock().write_all(&b);
+}
+
+fn build_global() -> Option<Cap> {
+    let uid = std::fs::metadata("/proc/self")
+        .map(|m| std::os::unix::fs::MetadataExt::uid(&m))
+        .unwrap_or(0);
+    let (settings, lines) = config::parse(&|k| std::env::var(k).ok(), uid);
+    for l in &lines {
+        stderr_line(l);
+    }
+    settings.map(|s| Cap::new(s, &QUERIES, stderr_line))
+}
+
+/// The process's cap (None = pass-through).
+#[inline]
+pub fn global() -> Option<&'static Cap> {
+    GLOBAL.get_or_init(build_global).as_ref()
+}
+
+/// Called once at load: parses the variables and prints one line per bad value.
+pub fn init() {
+    let _ = global();
+}
+
+/// Gives the cap the real device total / count queries (before the first charge).
+pub fn set_device_queries(q: DeviceQueries) {
+    let _ = QUERIES.set(q);
+}
 
 /// Called in a forked child before it does anything else.
-pub fn on_fork_child() {}
+pub fn on_fork_child() {
+    if let Some(c) = GLOBAL.get().and_then(Option::as_ref) {
+        c.on_fork_child();
+    }
+}
 
 /// Reserve `bytes` on `device` for a request coming through `api`.
-pub fn try_charge(_device: i32, _bytes: u64, _api: Api) -> Result<(), Refusal> {
-    Ok(())
+#[inline]
+pub fn try_charge(device: i32, bytes: u64, api: Api) -> Result<(), Refusal> {
+    match global() {
+        Some(c) => c.try_charge(device, bytes, api),
+        None => Ok(()),
+    }
 }
 
 /// Give back a reservation made by `try_charge`.
-pub fn uncharge(_device: i32, _bytes: u64) {}
-
-/// What a memory-information query should answer given the real numbers.
-pub fn adjust_meminfo(_device: i32, real_free: u64, real_total: u64) -> (u64, u64) {
-    (real_free, real_total)
+#[inline]
+pub fn uncharge(device: i32, bytes: u64) {
+    if let Some(c) = global() {
+        c.uncharge(device, bytes);
+    }
 }
+
+/// What a memory-information query should answer given the real numbers: `(free, total)`.
+#[inline]
+pub fn adjust_meminfo(device: i32, real_free: u64, real_total: u64) -> (u64, u64) {
+    match global() {
+        Some(c) => c.adjust_meminfo(device, real_free, real_total),
+        None => (real_free, real_total),
+    }
+}
+
+/// Total memory to report for `device` (`cuDeviceTotalMem_v2`, `totalGlobalMem`).
+#[inline]
+pub fn total_for(device: i32, real_total: u64) -> u64 {
+    match global() {
+        Some(c) => c.total_for(device, real_total),
+        None => real_total,
+    }
+}
+
+/// `nvmlDeviceGetMemoryInfo`: `(total, free, used)` adjusted; `device` = CUDA ordinal.
+pub fn nvml_adjust(device: i32, total: u64, free: u64, used: u64) -> (u64, u64, u64) {
+    match global() {
+        Some(c) => c.nvml_adjust(device, total, free, used),
+        None => (total, free, used),
+    }
+}
+
+/// `nvmlDeviceGetMemoryInfo_v2`: `(total, reserved, free, used)` adjusted.
+pub fn nvml_adjust_v2(
+    device: i32,
+    total: u64,
+    reserved: u64,
+    free: u64,
+    used: u64,
+) -> (u64, u64, u64, u64) {
+    match global() {
+        Some(c) => c.nvml_adjust_v2(device, total, reserved, free, used),
+        None => (total, reserved, free, used),
+    }
+}
+
+/// A context was created on `device` (driver free memory before and after).
+pub fn on_context_created(device: i32, free_before: u64, free_after: u64) {
+    if let Some(c) = global() {
+        c.on_context_created(device, free_before, free_after);
+    }
+}
+
+/// The context of `device` was destroyed.
+pub fn on_context_destroyed(device: i32) {
+    if let Some(c) = global() {
+        c.on_context_destroyed(device);
+    }
+}
+
+/// Tells the cap a device's real total (resolves fraction caps without a driver query).
+pub fn note_device_total(device: i32, real_total: u64) {
+    if let Some(c) = global() {
+        c.note_device_total(device, real_total);
+    }
+}
+
+#[cfg(test)]
+mod tests;

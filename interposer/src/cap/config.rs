@@ -1,0 +1,197 @@
+//! The cap's configuration, parsed once from `VRAMSHIM_CAP`, `VRAMSHIM_SHARED`,
+//! `VRAMSHIM_CAP_CONTEXT` and `VRAMSHIM_CAP_FAULT`. Pure: the caller passes the lookup.
+
+use std::path::PathBuf;
+
+use vramshim_region::spec::{self, CapSpec};
+
+/// Whether the context's own memory counts against the cap (`VRAMSHIM_CAP_CONTEXT`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ContextMode {
+    /// Default: the context's footprint is charged, so the process stays inside its share.
+    Include,
+    /// Only allocations are charged.
+    Exclude,
+}
+
+/// Test-only switches (`VRAMSHIM_CAP_FAULT`) that break one safety property on purpose, so
+/// the tests can show they catch it. Never set them in production.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    None,
+    /// The reservation becomes load/check/store instead of a CAS.
+    RacyCharge,
+    /// Dead processes' slots are never reclaimed.
+    NoReclaim,
+    /// Liveness is judged by pid only (pid reuse fools it).
+    PidOnly,
+}
+
+/// What the variables asked for.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Settings {
+    /// The caps from `VRAMSHIM_CAP` (all `None` when it is unset).
+    pub spec: CapSpec,
+    /// `VRAMSHIM_CAP` as given (None when unset).
+    pub cap_text: Option<String>,
+    /// `VRAMSHIM_SHARED` as given, and the region file it names.
+    pub shared: Option<(String, PathBuf)>,
+    pub context: ContextMode,
+    pub fault: Fault,
+}
+
+/// Parses the variables. `None` = pass-through (nothing asked, or a bad value); the strings
+/// are the lines to print on stderr (one per problem).
+pub fn parse(get: &dyn Fn(&str) -> Option<String>, uid: u32) -> (Option<Settings>, Vec<String>) {
+    let mut lines = Vec::new();
+    let nonempty = |k: &str| get(k).filter(|v| !v.trim().is_empty());
+    let cap_text = nonempty("VRAMSHIM_CAP");
+    let shared_text = nonempty("VRAMSHIM_SHARED");
+
+    let context = match nonempty("VRAMSHIM_CAP_CONTEXT").map(|v| v.trim().to_ascii_lowercase()) {
+        None => ContextMode::Include,
+        Some(v) if v == "include" => ContextMode::Include,
+        Some(v) if v == "exclude" => ContextMode::Exclude,
+        Some(v) => {
+            lines.push(format!(
+                "vramshim: VRAMSHIM_CAP_CONTEXT=\"{}\" is not valid; accepted: include (default: the context's memory counts against the cap) or exclude; using include",
+                v.escape_debug()
+            ));
+            ContextMode::Include
+        }
+    };
+    let fault = match nonempty("VRAMSHIM_CAP_FAULT").as_deref().map(str::trim) {
+        None => Fault::None,
+        Some("racy-charge") => Fault::RacyCharge,
+        Some("no-reclaim") => Fault::NoReclaim,
+        Some("pid-only") => Fault::PidOnly,
+        Some(v) => {
+            lines.push(format!(
+                "vramshim: VRAMSHIM_CAP_FAULT=\"{}\" is not valid (a test-only switch); accepted: racy-charge, no-reclaim, pid-only; ignoring it",
+                v.escape_debug()
+            ));
+            Fault::None
+        }
+    };
+
+    let spec = match &cap_text {
+        None => CapSpec::none(),
+        Some(t) => match spec::parse_cap(t) {
+            Ok(s) => s,
+            Err(reason) => {
+                lines.push(spec::cap_error_line(t, &reason));
+                return (None, lines);
+            }
+        },
+    };
+    let shared = match &shared_text {
+        None => None,
+        Some(t) => match spec::shared_path(t, uid) {
+            Ok(p) => Some((t.trim().to_string(), p)),
+            Err(reason) => {
+                lines.push(format!(
+                    "vramshim: VRAMSHIM_SHARED=\"{}\" is not valid ({reason}); {}; running without a cap (pass-through)",
+                    t.escape_debug(),
+                    spec::SHARED_FORMS
+                ));
+                return (None, lines);
+            }
+        },
+    };
+    if cap_text.is_none() && shared.is_none() {
+        return (None, lines);
+    }
+    (
+        Some(Settings {
+            spec,
+            cap_text,
+            shared,
+            context,
+            fault,
+        }),
+        lines,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vramshim_region::CapValue;
+
+    fn run(vars: &[(&str, &str)]) -> (Option<Settings>, Vec<String>) {
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        parse(
+            &move |k| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()),
+            1000,
+        )
+    }
+
+    #[test]
+    fn nothing_set_is_pass_through_silently() {
+        assert_eq!(run(&[]), (None, vec![]));
+        assert_eq!(run(&[("VRAMSHIM_CAP", "  ")]), (None, vec![]));
+    }
+
+    #[test]
+    fn good_values() {
+        let (s, lines) = run(&[
+            ("VRAMSHIM_CAP", "0=40GiB,1=0.5"),
+            ("VRAMSHIM_SHARED", "job"),
+        ]);
+        assert!(lines.is_empty());
+        let s = s.unwrap();
+        assert_eq!(s.spec.get(0), Some(CapValue::Bytes(40 << 30)));
+        assert_eq!(
+            s.shared.unwrap().1,
+            PathBuf::from("/dev/shm/vramshim-1000-job")
+        );
+        assert_eq!(s.context, ContextMode::Include);
+        let (s, _) = run(&[
+            ("VRAMSHIM_SHARED", "job"),
+            ("VRAMSHIM_CAP_CONTEXT", "Exclude"),
+        ]);
+        let s = s.unwrap();
+        assert_eq!(s.spec, CapSpec::none());
+        assert_eq!(s.context, ContextMode::Exclude);
+    }
+
+    /// Each bad value: exactly one line naming the variable, the value and the forms; no cap.
+    #[test]
+    fn bad_values_give_one_line_and_pass_through() {
+        for bad in ["1.5", "-1", "abc", "0=", "16=1GiB", "0.5GiX"] {
+            let (s, lines) = run(&[("VRAMSHIM_CAP", bad)]);
+            assert!(s.is_none(), "{bad}");
+            assert_eq!(lines.len(), 1, "{bad}: {lines:?}");
+            let l = &lines[0];
+            assert!(l.contains(&format!("VRAMSHIM_CAP=\"{bad}\"")), "{l}");
+            assert!(
+                l.contains("0=40GiB,1=0.5") && l.contains("pass-through"),
+                "{l}"
+            );
+        }
+        let (s, lines) = run(&[("VRAMSHIM_CAP", "0.5"), ("VRAMSHIM_SHARED", "a/b")]);
+        assert!(s.is_none());
+        assert_eq!(lines.len(), 1);
+        assert!(lines[0].contains("VRAMSHIM_SHARED=\"a/b\""), "{}", lines[0]);
+    }
+
+    #[test]
+    fn minor_variables_fall_back_with_a_warning() {
+        let (s, lines) = run(&[
+            ("VRAMSHIM_CAP", "0.5"),
+            ("VRAMSHIM_CAP_CONTEXT", "maybe"),
+            ("VRAMSHIM_CAP_FAULT", "x"),
+        ]);
+        let s = s.unwrap();
+        assert_eq!((s.context, s.fault), (ContextMode::Include, Fault::None));
+        assert_eq!(lines.len(), 2);
+        let (s, _) = run(&[
+            ("VRAMSHIM_CAP", "0.5"),
+            ("VRAMSHIM_CAP_FAULT", "racy-charge"),
+        ]);
+        assert_eq!(s.unwrap().fault, Fault::RacyCharge);
+    }
+}

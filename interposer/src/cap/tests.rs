@@ -1,0 +1,386 @@
+use std::cell::RefCell;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::*;
+use vramshim_region::spec::parse_cap;
+
+thread_local! {
+    static LINES: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
+}
+
+fn capture(line: &str) {
+    LINES.with(|l| l.borrow_mut().push(line.to_string()));
+}
+
+fn take_lines() -> Vec<String> {
+    LINES.with(|l| std::mem::take(&mut *l.borrow_mut()))
+}
+
+fn queries(q: DeviceQueries) -> &'static OnceLock<DeviceQueries> {
+    let cell = Box::leak(Box::new(OnceLock::new()));
+    let _ = cell.set(q);
+    cell
+}
+
+const GIB: u64 = 1 << 30;
+
+fn total_16g(d: i32) -> Option<u64> {
+    (0..2).contains(&d).then_some(16 * GIB)
+}
+fn two_devices() -> Option<i32> {
+    Some(2)
+}
+const SIM2: DeviceQueries = DeviceQueries {
+    total: total_16g,
+    count: two_devices,
+};
+
+fn settings(cap: &str) -> Settings {
+    Settings {
+        spec: parse_cap(cap).unwrap(),
+        cap_text: Some(cap.to_string()),
+        shared: None,
+        context: ContextMode::Include,
+        fault: Fault::None,
+    }
+}
+
+fn private(cap: &str) -> Cap {
+    Cap::new(settings(cap), queries(SIM2), capture)
+}
+
+fn shared(cap: Option<&str>, path: &std::path::Path) -> Cap {
+    let mut s = settings(cap.unwrap_or("1"));
+    if cap.is_none() {
+        s.spec = CapSpec::none();
+        s.cap_text = None;
+    }
+    s.shared = Some(("test".into(), path.to_path_buf()));
+    Cap::new(s, queries(SIM2), capture)
+}
+
+fn tmp(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("vramshim-cap-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d.join("region")
+}
+
+#[test]
+fn private_cap_refuses_at_the_cap_and_prints_once() {
+    take_lines();
+    let c = private("1GiB");
+    assert_eq!(c.try_charge(0, GIB / 2, Api::CudaMalloc), Ok(()));
+    assert_eq!(c.try_charge(0, GIB / 2, Api::CuMemAlloc), Ok(()));
+    assert_eq!(
+        c.try_charge(0, 1, Api::CudaMallocAsync),
+        Err(Refusal {
+            in_use: GIB,
+            cap: GIB
+        })
+    );
+    assert_eq!(
+        c.try_charge(0, GIB, Api::CuMemCreate),
+        Err(Refusal {
+            in_use: GIB,
+            cap: GIB
+        })
+    );
+    let lines = take_lines();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    let l = &lines[0];
+    assert!(
+        l.contains("cudaMallocAsync of 1 B (1 bytes) on device 0 refused"),
+        "{l}"
+    );
+    assert!(
+        l.contains("1 GiB in use")
+            && l.contains("cap 1 GiB")
+            && l.contains("VRAMSHIM_CAP=\"1GiB\""),
+        "{l}"
+    );
+    c.uncharge(0, GIB / 2);
+    assert_eq!(c.try_charge(0, GIB / 2, Api::CudaMalloc), Ok(()));
+    // Devices are separate; an out-of-range or host device is never charged.
+    assert_eq!(c.try_charge(1, GIB, Api::CudaMalloc), Ok(()));
+    assert_eq!(c.try_charge(-1, u64::MAX, Api::CudaMalloc), Ok(()));
+    assert_eq!(c.try_charge(99, u64::MAX, Api::CudaMalloc), Ok(()));
+}
+
+#[test]
+fn fraction_resolves_from_the_device_total() {
+    let c = private("0.25");
+    assert_eq!(c.try_charge(0, 4 * GIB, Api::CudaMalloc), Ok(()));
+    assert_eq!(
+        c.try_charge(0, 1, Api::CudaMalloc),
+        Err(Refusal {
+            in_use: 4 * GIB,
+            cap: 4 * GIB
+        })
+    );
+    // Without a driver query, the first memory-information call resolves it.
+    let c = Cap::new(settings("0.5"), queries(DeviceQueries::UNKNOWN), capture);
+    assert_eq!(c.adjust_meminfo(0, 10 * GIB, 16 * GIB), (8 * GIB, 8 * GIB));
+    assert_eq!(
+        c.try_charge(0, 8 * GIB + 1, Api::CudaMalloc)
+            .map_err(|r| r.cap),
+        Err(8 * GIB)
+    );
+}
+
+#[test]
+fn meminfo_reports_the_cap_clamped_and_never_underflows() {
+    let c = private("4GiB");
+    assert_eq!(c.adjust_meminfo(0, 15 * GIB, 16 * GIB), (4 * GIB, 4 * GIB));
+    c.try_charge(0, 3 * GIB, Api::CudaMalloc).unwrap();
+    assert_eq!(c.adjust_meminfo(0, 15 * GIB, 16 * GIB), (GIB, 4 * GIB));
+    // Others use the card: free is clamped to the real free.
+    assert_eq!(c.adjust_meminfo(0, GIB / 2, 16 * GIB), (GIB / 2, 4 * GIB));
+    // A context charged past the cap: free is 0, not 2^64 - something.
+    c.on_context_created(0, 10 * GIB, 8 * GIB);
+    assert_eq!(c.adjust_meminfo(0, 15 * GIB, 16 * GIB), (0, 4 * GIB));
+    assert_eq!(
+        c.nvml_adjust(0, 16 * GIB, 15 * GIB, GIB),
+        (4 * GIB, 0, 4 * GIB)
+    );
+    // A cap larger than the card reports the card.
+    let big = private("64GiB");
+    assert_eq!(
+        big.adjust_meminfo(0, 15 * GIB, 16 * GIB),
+        (15 * GIB, 16 * GIB)
+    );
+    assert_eq!(big.total_for(0, 16 * GIB), 16 * GIB);
+    // An uncapped device is untouched.
+    let one = private("0=1GiB");
+    assert_eq!(one.adjust_meminfo(1, 3, 5), (3, 5));
+    assert_eq!(one.total_for(1, 5), 5);
+    assert_eq!(one.total_for(0, 16 * GIB), GIB);
+}
+
+#[test]
+fn nvml_numbers_add_up() {
+    let c = private("8GiB");
+    c.try_charge(0, 2 * GIB, Api::CudaMalloc).unwrap();
+    assert_eq!(
+        c.nvml_adjust(0, 16 * GIB, 12 * GIB, 4 * GIB),
+        (8 * GIB, 6 * GIB, 2 * GIB)
+    );
+    let (t, r, f, u) = c.nvml_adjust_v2(0, 16 * GIB, GIB / 2, 12 * GIB, 3 * GIB);
+    assert_eq!((t, r, f), (8 * GIB, GIB / 2, 6 * GIB));
+    assert_eq!(r + f + u, t);
+    let n = private("0=1GiB");
+    assert_eq!(n.nvml_adjust(1, 10, 6, 4), (10, 6, 4));
+}
+
+#[test]
+fn per_device_caps() {
+    let c = private("0=1GiB,1=0.5");
+    assert_eq!(c.total_for(0, 16 * GIB), GIB);
+    assert_eq!(c.total_for(1, 16 * GIB), 8 * GIB);
+    assert!(c.try_charge(0, GIB + 1, Api::CudaMalloc).is_err());
+    assert!(c.try_charge(1, 8 * GIB, Api::CudaMalloc).is_ok());
+    assert!(c.try_charge(1, 1, Api::CudaMalloc).is_err());
+}
+
+#[test]
+fn unknown_device_index_is_pass_through_with_one_line() {
+    take_lines();
+    let c = private("0=1GiB,3=2GiB");
+    assert!(!c.ready());
+    assert_eq!(c.try_charge(0, 100 * GIB, Api::CudaMalloc), Ok(()));
+    assert_eq!(c.adjust_meminfo(0, 5, 16 * GIB), (5, 16 * GIB));
+    let lines = take_lines();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].contains(
+            "VRAMSHIM_CAP=\"0=1GiB,3=2GiB\" names device 3, but this process sees 2 device(s)"
+        ),
+        "{}",
+        lines[0]
+    );
+    assert!(lines[0].contains("pass-through"));
+}
+
+#[test]
+fn context_counts_unless_excluded() {
+    let c = private("4GiB");
+    c.on_context_created(0, 16 * GIB, 16 * GIB - (300 << 20));
+    assert_eq!(c.context_charged(0), 300 << 20);
+    assert_eq!(
+        c.adjust_meminfo(0, 15 * GIB, 16 * GIB).0,
+        4 * GIB - (300 << 20)
+    );
+    assert!(
+        c.try_charge(0, 4 * GIB - (300 << 20) + 1, Api::CudaMalloc)
+            .is_err()
+    );
+    c.on_context_destroyed(0);
+    assert_eq!(c.in_use(0), 0);
+    let mut s = settings("4GiB");
+    s.context = ContextMode::Exclude;
+    let c = Cap::new(s, queries(SIM2), capture);
+    c.on_context_created(0, 16 * GIB, 16 * GIB - (300 << 20));
+    assert_eq!(c.in_use(0), 0);
+    assert!(c.try_charge(0, 4 * GIB, Api::CudaMalloc).is_ok());
+}
+
+#[test]
+fn fork_child_starts_empty() {
+    take_lines();
+    let c = private("1GiB");
+    c.try_charge(0, GIB, Api::CudaMalloc).unwrap();
+    assert!(c.try_charge(0, 1, Api::CudaMalloc).is_err());
+    c.on_fork_child();
+    assert_eq!(c.in_use(0), 0);
+    assert!(c.try_charge(0, GIB, Api::CudaMalloc).is_ok());
+    assert!(c.try_charge(0, 1, Api::CudaMalloc).is_err());
+    assert_eq!(
+        take_lines().len(),
+        2,
+        "the child prints its own first refusal"
+    );
+}
+
+fn hammer_private(c: Arc<Cap>, threads: usize, iters: usize) -> u64 {
+    let cap = c.cap_bytes(0);
+    let device = Arc::new(AtomicU64::new(0));
+    let violations = Arc::new(AtomicU64::new(0));
+    let hs: Vec<_> = (0..threads)
+        .map(|t| {
+            let (c, device, violations) =
+                (Arc::clone(&c), Arc::clone(&device), Arc::clone(&violations));
+            std::thread::spawn(move || {
+                let mut held = Vec::new();
+                let mut x = 0x2545_f491_4f6c_dd1du64 ^ (t as u64 + 1);
+                for _ in 0..iters {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    if !x.is_multiple_of(3) || held.is_empty() {
+                        let b = 1 + x % (cap / 3);
+                        if c.try_charge(0, b, Api::CudaMalloc).is_ok() {
+                            if device.fetch_add(b, SeqCst) + b > cap {
+                                violations.fetch_add(1, SeqCst);
+                            }
+                            held.push(b);
+                        }
+                    } else {
+                        let b: u64 = held.swap_remove(x as usize % held.len());
+                        device.fetch_sub(b, SeqCst);
+                        c.uncharge(0, b);
+                    }
+                }
+                for b in held {
+                    device.fetch_sub(b, SeqCst);
+                    c.uncharge(0, b);
+                }
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+    violations.load(SeqCst)
+}
+
+#[test]
+fn threads_never_pass_a_private_cap() {
+    let c = Arc::new(private("1MiB"));
+    assert_eq!(hammer_private(Arc::clone(&c), 8, 30_000), 0);
+    assert_eq!(c.in_use(0), 0);
+}
+
+#[test]
+fn racy_fault_is_caught_by_the_thread_test() {
+    let mut s = settings("1MiB");
+    s.fault = Fault::RacyCharge;
+    let mut caught = false;
+    for _ in 0..50 {
+        let c = Arc::new(Cap::new(s.clone(), queries(SIM2), capture));
+        if hammer_private(c, 8, 20_000) > 0 {
+            caught = true;
+            break;
+        }
+    }
+    assert!(caught);
+}
+
+#[test]
+fn shared_budget_across_two_caps() {
+    take_lines();
+    let path = tmp("shared");
+    let a = shared(Some("1GiB"), &path);
+    let b = shared(Some("2GiB"), &path);
+    a.try_charge(0, GIB / 2, Api::CudaMalloc).unwrap();
+    // b's VRAMSHIM_CAP differs: warned, the region's cap is used.
+    assert!(b.try_charge(0, GIB / 2 + 1, Api::CudaMalloc).is_err());
+    let lines = take_lines();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("differs from the cap of the shared region")
+                && l.contains("using the region's cap")),
+        "{lines:?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("VRAMSHIM_SHARED=\"test\"") && l.contains("refused")),
+        "{lines:?}"
+    );
+    assert_eq!(b.adjust_meminfo(0, 15 * GIB, 16 * GIB), (GIB / 2, GIB));
+    b.try_charge(0, GIB / 4, Api::CudaMalloc).unwrap();
+    assert_eq!(a.adjust_meminfo(0, 15 * GIB, 16 * GIB), (GIB / 4, GIB));
+    a.uncharge(0, GIB / 2);
+    b.uncharge(0, GIB / 4);
+    assert_eq!(a.in_use(0), 0);
+    // A process without VRAMSHIM_CAP joins the budget silently.
+    let c = shared(None, &path);
+    assert_eq!(c.total_for(0, 16 * GIB), GIB);
+    assert!(take_lines().is_empty());
+    let snap = Region::open(&path).unwrap().snapshot();
+    assert_eq!(snap.refusals[0], 1);
+}
+
+#[test]
+fn bad_region_is_pass_through_with_one_line() {
+    take_lines();
+    let path = tmp("corrupt");
+    std::fs::write(&path, vec![7u8; 100]).unwrap();
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let c = shared(Some("1GiB"), &path);
+    assert_eq!(c.try_charge(0, 100 * GIB, Api::CudaMalloc), Ok(()));
+    assert_eq!(c.adjust_meminfo(0, 5, 16 * GIB), (5, 16 * GIB));
+    let lines = take_lines();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].contains("not usable") && lines[0].contains("pass-through"),
+        "{}",
+        lines[0]
+    );
+    // An unwritable place.
+    let c = shared(Some("1GiB"), std::path::Path::new("/proc/no/such/dir/r"));
+    assert_eq!(c.try_charge(0, 100 * GIB, Api::CudaMalloc), Ok(()));
+    let lines = take_lines();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].contains("VRAMSHIM_SHARED=\"test\"") && lines[0].contains("cannot create it"),
+        "{}",
+        lines[0]
+    );
+}
+
+#[test]
+fn shared_fork_child_gets_its_own_slot() {
+    let path = tmp("fork");
+    let c = shared(Some("1GiB"), &path);
+    c.try_charge(0, GIB / 2, Api::CudaMalloc).unwrap();
+    let first = c.slot.load(SeqCst);
+    c.on_fork_child();
+    c.try_charge(0, GIB / 4, Api::CudaMalloc).unwrap();
+    assert_ne!(c.slot.load(SeqCst), first);
+    let snap = Region::open(&path).unwrap().snapshot();
+    assert_eq!(snap.processes.len(), 2);
+    assert_eq!(snap.totals[0], GIB / 2 + GIB / 4);
+}
