@@ -1,0 +1,306 @@
+//! Bad input: truncation at every byte, corrupt bytes, hostile lengths, random garbage.
+//! The decoder must never panic, never loop, never allocate beyond its caps, and always
+//! return a prefix of what was written plus a clear report.
+
+mod common;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use common::*;
+use proptest::prelude::*;
+use vramshim_trace::*;
+
+/// Counts live heap bytes so tests can bound what the decoder allocates.
+struct Counting;
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        let p = unsafe { System.alloc(l) };
+        if !p.is_null() {
+            let now = LIVE.fetch_add(l.size(), Ordering::Relaxed) + l.size();
+            PEAK.fetch_max(now, Ordering::Relaxed);
+        }
+        p
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        unsafe { System.dealloc(p, l) };
+        LIVE.fetch_sub(l.size(), Ordering::Relaxed);
+    }
+}
+
+#[global_allocator]
+static A: Counting = Counting;
+
+/// Caps from docs/trace-format.md section 6 (frame raw 16 MiB + compressed 16.2 MiB) plus
+/// zstd's context and slack. Tests run in parallel threads, so this is a loose bound on
+/// the whole process; what it catches is a decoder trusting a 4 GiB length.
+const ALLOC_BOUND: usize = 160 << 20;
+
+#[test]
+fn truncated_at_every_offset_gives_prefix_or_clear_error() {
+    let (h, ev, bytes) = small_trace();
+    let mut last = 0;
+    for cut in 0..=bytes.len() {
+        match read_all(&bytes[..cut]) {
+            Err(e) => {
+                assert!(cut < 22 + 200, "header error at cut {cut}: {e}");
+                let msg = e.to_string();
+                assert!(
+                    matches!(
+                        e.kind,
+                        DecodeErrorKind::Empty | DecodeErrorKind::TruncatedHeader
+                    ),
+                    "cut {cut}: {msg}"
+                );
+                assert!(cut != 0 || msg.contains("empty"));
+            }
+            Ok((h2, got, errs, trunc)) => {
+                assert_eq!(h2, h);
+                assert!(errs.is_empty(), "cut {cut}: {errs:?}");
+                assert_eq!(&ev[..got.len()], &got[..], "cut {cut}: not a prefix");
+                assert!(
+                    got.len() >= last,
+                    "cut {cut}: fewer events than a shorter file"
+                );
+                last = got.len();
+                if cut == bytes.len() {
+                    assert_eq!(trunc, None);
+                    assert_eq!(got.len(), ev.len());
+                } else {
+                    let t = trunc.unwrap_or_else(|| panic!("cut {cut}: truncation not reported"));
+                    assert!(t.offset <= cut as u64);
+                    let msg = t.to_string();
+                    assert!(
+                        msg.contains("truncated") || msg.contains("without an end record"),
+                        "{msg}"
+                    );
+                }
+            }
+        }
+    }
+    assert_eq!(last, ev.len());
+}
+
+#[test]
+fn torn_frame_reports_offset_and_keeps_earlier_frames() {
+    let (_, ev, bytes) = small_trace();
+    // Find the last frame's offset by reading.
+    let mut r = TraceReader::from_reader(&bytes[..]).unwrap();
+    let mut offsets = Vec::new();
+    let mut e = Event::Lost { t_ns: 0, count: 0 };
+    while r.next_into(&mut e).unwrap() {
+        let f = r.current_frame().unwrap();
+        if offsets.last() != Some(&f.offset) {
+            offsets.push(f.offset);
+        }
+    }
+    let last = *offsets.last().unwrap() as usize;
+    let cut = last + 40; // inside the last frame's zstd data
+    let (_, got, errs, trunc) = read_all(&bytes[..cut]).unwrap();
+    assert!(errs.is_empty());
+    let t = trunc.unwrap();
+    assert_eq!(t.offset, last as u64);
+    assert!(matches!(t.reason, TruncationReason::TornFrame { .. }));
+    assert!(got.len() < ev.len() && !got.is_empty());
+}
+
+#[test]
+fn not_a_trace_empty_future_version() {
+    let e = read_all(b"").unwrap_err();
+    assert_eq!(e.kind, DecodeErrorKind::Empty);
+    let e = read_all(b"Thread,Time,Action,Pointer,Size,Stream\n1,00:00:00.0,allocate,0x1,2,0\n")
+        .unwrap_err();
+    assert_eq!(e.kind, DecodeErrorKind::NotATrace);
+    assert_eq!(
+        e.to_string(),
+        "not a vramshim trace (no .vramtrace magic at byte 0)"
+    );
+    let e = read_all(&[0x28, 0xb5, 0x2f, 0xfd, 0, 0, 0, 0]).unwrap_err();
+    assert_eq!(e.kind, DecodeErrorKind::NotATrace);
+    let (_, _, mut bytes) = small_trace();
+    bytes[14..18].copy_from_slice(&7u32.to_le_bytes());
+    let e = read_all(&bytes).unwrap_err();
+    assert_eq!(
+        e.kind,
+        DecodeErrorKind::FutureVersion {
+            found: 7,
+            supported: FORMAT_VERSION
+        }
+    );
+    assert!(e.to_string().contains("version 7 is newer"), "{e}");
+}
+
+#[test]
+fn corrupt_frame_is_skipped_with_offset() {
+    let (_, ev, mut bytes) = small_trace();
+    // Corrupt a byte inside the first frame's zstd data (the checksum catches it).
+    let hlen = u32::from_le_bytes(bytes[18..22].try_into().unwrap()) as usize;
+    let first = 22 + hlen;
+    bytes[first + 32 + 12] ^= 0x55;
+    let (_, got, errs, trunc) = read_all(&bytes).unwrap();
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert_eq!(errs[0].offset, first as u64);
+    assert!(
+        errs[0].to_string().contains(&format!("byte {first}")),
+        "{}",
+        errs[0]
+    );
+    assert_eq!(trunc, None);
+    // Later frames survive: the tail of the trace is intact.
+    assert!(!got.is_empty());
+    assert_eq!(&ev[ev.len() - got.len()..], &got[..]);
+}
+
+#[test]
+fn corrupt_record_names_offsets() {
+    // A frame holding a MemOp with an impossible api number.
+    let mut w = TraceWriter::new(Vec::new(), &Header::default()).unwrap();
+    w.write(&Event::Lost { t_ns: 1, count: 1 }).unwrap();
+    let (bytes_ok, stats) = {
+        let mut e = RecordEncoder::new();
+        e.begin(1);
+        e.push(&Event::Alloc(op(5, 1, Api::CudaMalloc, 1, 1)));
+        e.take()
+    };
+    let mut bad = bytes_ok.clone();
+    // Context(3 bytes) then Alloc: tag, len, mask(api bit set), api varint -> 200.
+    assert_eq!(bad[3], 3);
+    assert!(bad[5] & 1 == 1);
+    bad[6] = 100;
+    w.write_records(&bad, stats).unwrap();
+    w.flush_frame().unwrap();
+    w.write(&Event::Lost { t_ns: 2, count: 2 }).unwrap();
+    let bytes = w.finish().unwrap();
+    let (_, got, errs, _) = read_all(&bytes).unwrap();
+    assert_eq!(errs.len(), 1);
+    // Context(3) + Lost(4) + Context(3), then the bad Alloc.
+    assert_eq!(errs[0].record_offset, Some(3 + 4 + 3));
+    assert!(
+        errs[0]
+            .to_string()
+            .contains("corrupt record at byte 10 of the frame at byte"),
+        "{}",
+        errs[0]
+    );
+    assert_eq!(
+        got,
+        vec![
+            Event::Lost { t_ns: 1, count: 1 },
+            Event::Lost { t_ns: 2, count: 2 }
+        ]
+    );
+}
+
+#[test]
+fn unknown_record_types_and_trailing_fields_are_skipped() {
+    let mut e = RecordEncoder::new();
+    e.begin(0);
+    let (mut raw, mut stats) = e.take();
+    // Unknown tag 200 with a 5-byte payload.
+    raw.extend_from_slice(&[200, 5, 1, 2, 3, 4, 5]);
+    // A Lost record with two extra (future) payload bytes: tag 15, len 4, dt=zigzag(9)=18, count 3, extra.
+    raw.extend_from_slice(&[15, 4, 18, 3, 0xAA, 0xBB]);
+    stats.records += 2;
+    let mut w = TraceWriter::new(Vec::new(), &Header::default()).unwrap();
+    w.write_records(&raw, stats).unwrap();
+    let bytes = w.finish().unwrap();
+    let (_, got, errs, trunc) = read_all(&bytes).unwrap();
+    assert!(errs.is_empty(), "{errs:?}");
+    assert_eq!(trunc, None);
+    assert_eq!(got, vec![Event::Lost { t_ns: 9, count: 3 }]);
+}
+
+#[test]
+fn hostile_lengths_do_not_allocate() {
+    let (_, _, bytes) = small_trace();
+    let hlen = u32::from_le_bytes(bytes[18..22].try_into().unwrap()) as usize;
+    let first = 22 + hlen;
+    // Header length claims 4 GiB.
+    let mut b = bytes.clone();
+    b[18..22].copy_from_slice(&u32::MAX.to_le_bytes());
+    let e = read_all(&b).unwrap_err();
+    assert!(matches!(e.kind, DecodeErrorKind::BadHeader(_)), "{e}");
+    // Header length claims 4 MiB but the file ends: truncated header, tiny allocation.
+    let mut b = bytes[..100].to_vec();
+    b[18..22].copy_from_slice(&(4u32 << 20).to_le_bytes());
+    let e = read_all(&b).unwrap_err();
+    assert_eq!(e.kind, DecodeErrorKind::TruncatedHeader);
+    // Frame claims 16 MiB compressed and raw, but holds 10 bytes: torn, nothing big allocated.
+    let mut b = bytes[..first + 32 + 10].to_vec();
+    b[first + 4..first + 8].copy_from_slice(&(16u32 << 20).to_le_bytes());
+    b[first + 8..first + 12].copy_from_slice(&(16u32 << 20).to_le_bytes());
+    let (_, got, _, trunc) = read_all(&b).unwrap();
+    assert!(got.is_empty());
+    assert!(matches!(
+        trunc.unwrap().reason,
+        TruncationReason::TornFrame { .. }
+    ));
+    // Frame claims more than the maximum: a clear error.
+    let mut b = bytes.clone();
+    b[first + 4..first + 8].copy_from_slice(&u32::MAX.to_le_bytes());
+    let (_, _, errs, _) = read_all(&b).unwrap();
+    assert!(
+        matches!(errs[0].kind, DecodeErrorKind::BadFrame(_)),
+        "{errs:?}"
+    );
+    assert!(PEAK.load(Ordering::Relaxed) < ALLOC_BOUND);
+}
+
+fn mutate(bytes: &[u8], ops: &[(usize, u8, u8)]) -> Vec<u8> {
+    let mut b = bytes.to_vec();
+    for &(pos, val, op) in ops {
+        if b.is_empty() {
+            break;
+        }
+        let p = pos % b.len();
+        match op % 4 {
+            0 => b[p] = val,
+            1 => b[p] ^= 1 << (val % 8),
+            2 => b.insert(p, val),
+            _ => {
+                b.remove(p);
+            }
+        }
+    }
+    b
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+    /// Fuzz-like: mutated real traces (mostly past the header, where frames live).
+    #[test]
+    fn mutated_traces_never_panic(ops in proptest::collection::vec((any::<usize>(), any::<u8>(), any::<u8>()), 1..8)) {
+        let (_, ev, bytes) = small_trace();
+        let b = mutate(&bytes, &ops);
+        if let Ok((_, got, errs, _)) = read_all(&b) {
+            // Without an error, what comes out is bounded by what went in (plus mutations
+            // can at most split one frame's records differently).
+            if errs.is_empty() {
+                prop_assert!(got.len() <= ev.len() + 64);
+            }
+        }
+        prop_assert!(PEAK.load(Ordering::Relaxed) < ALLOC_BOUND);
+    }
+
+    /// Garbage after a valid preamble, and uncompressed garbage inside valid frames.
+    #[test]
+    fn random_bytes_never_panic(tail in proptest::collection::vec(any::<u8>(), 0..2000), raw in proptest::collection::vec(any::<u8>(), 0..600)) {
+        let (_, _, bytes) = small_trace();
+        let hlen = u32::from_le_bytes(bytes[18..22].try_into().unwrap()) as usize;
+        let mut b = bytes[..22 + hlen].to_vec();
+        b.extend_from_slice(b"VRFR");
+        b.extend_from_slice(&tail);
+        let _ = read_all(&b);
+        // A well-formed frame whose records are random bytes.
+        let mut w = TraceWriter::new(Vec::new(), &Header::default()).unwrap();
+        w.write_records(&raw, RecordStats { records: 0, t_min: u64::MAX, t_max: 0 }).unwrap();
+        let b = w.finish().unwrap();
+        let _ = read_all(&b);
+        let _ = read_all(&raw);
+        prop_assert!(PEAK.load(Ordering::Relaxed) < ALLOC_BOUND);
+    }
+}
