@@ -1,0 +1,148 @@
+//! The README's first command on a fresh clone: it builds everything the demo needs and runs
+//! `vramshim demo`, whose table shows (b) refused under the cap and (c) completing pooled,
+//! and whose HTML report exists.
+//!
+//! The clone's `target/` is a link to the target directory this test was built in, so the
+//! build is incremental (the workspace's own crates recompile; dependencies are reused).
+//! This test binary holds only this test, so no other test of this `cargo test` run uses
+//! that directory while the clone's build refreshes it.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+fn target_dir() -> PathBuf {
+    // <target>/<profile>/vramshim
+    Path::new(env!("CARGO_BIN_EXE_vramshim"))
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// The first command of the first fenced code block of README.md, without its comment.
+fn readme_first_command(readme: &str) -> String {
+    let mut in_block = false;
+    for line in readme.lines() {
+        if line.trim_start().starts_with("```") {
+            if in_block {
+                break;
+            }
+            in_block = true;
+            continue;
+        }
+        if in_block && !line.trim().is_empty() {
+            let cmd = match line.find("  #") {
+                Some(i) => &line[..i],
+                None => line,
+            };
+            return cmd.trim().to_string();
+        }
+    }
+    panic!("README.md has no fenced code block with a command");
+}
+
+#[test]
+fn readme_first_command_on_a_fresh_clone_runs_the_demo() {
+    let tmp = std::env::temp_dir().join(format!("vramshim-e2e-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).unwrap();
+    let clone = tmp.join("vramshim");
+    let st = Command::new("git")
+        .args(["clone", "--quiet"])
+        .arg(repo_root())
+        .arg(&clone)
+        .status()
+        .expect("git");
+    assert!(st.success(), "git clone failed");
+
+    let readme = std::fs::read_to_string(clone.join("README.md")).unwrap();
+    let cmd = readme_first_command(&readme);
+    assert!(
+        cmd.contains("demo"),
+        "the README's first command must run the demo: {cmd}"
+    );
+    let profile = target_dir()
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    let shared_target = target_dir().parent().unwrap().to_path_buf();
+    // The README's command names `target/...`: make that the already-built target directory.
+    std::os::unix::fs::symlink(&shared_target, clone.join("target")).unwrap();
+    if profile != "release" {
+        eprintln!(
+            "note: tests built in the {profile} profile; the README's command builds release from scratch"
+        );
+    }
+
+    eprintln!("running in a fresh clone: {cmd}");
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(&cmd)
+        .current_dir(&clone)
+        .env_remove("CARGO_TARGET_DIR")
+        .env_remove("VRAMSHIM_LIB")
+        .env_remove("LD_PRELOAD")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stdout}");
+    assert!(
+        out.status.success(),
+        "`{cmd}` failed ({:?}):\n{stdout}\n{}",
+        out.status,
+        &stderr[stderr.len().saturating_sub(4000)..]
+    );
+
+    // The table: one row per run, (b) refused under the cap, (c) pooled and completing.
+    let row = |label: &str| {
+        stdout
+            .lines()
+            .find(|l| l.starts_with(label) && l.contains("  "))
+            .unwrap_or_else(|| panic!("no table row {label} in:\n{stdout}"))
+            .to_string()
+    };
+    assert!(
+        stdout.contains("peak in use") && stdout.contains("driver calls"),
+        "{stdout}"
+    );
+    assert!(
+        row("(a)").contains("completed"),
+        "(a) plain must complete: {}",
+        row("(a)")
+    );
+    assert!(
+        row("(b)").contains("refused"),
+        "(b) must be refused under the cap: {}",
+        row("(b)")
+    );
+    assert!(
+        row("(c)").contains("completed"),
+        "(c) pooled must complete: {}",
+        row("(c)")
+    );
+    assert!(
+        row("(d)").contains("refused") || row("(d)").contains("completed"),
+        "{}",
+        row("(d)")
+    );
+    for label in ["(a)", "(b)", "(c)", "(d)"] {
+        assert!(!row(label).contains("n/a (not built"), "{}", row(label));
+    }
+
+    // The report.
+    let html = std::fs::read_to_string(clone.join("vramshim-demo.html"))
+        .expect("vramshim-demo.html written in the working directory");
+    assert!(html.contains("<table") && html.contains("refused") && html.contains("completed"));
+    assert!(html.contains("<svg"), "the report has charts");
+    let _ = std::fs::remove_dir_all(&tmp);
+}
