@@ -42,3 +42,33 @@ fn dlopen_runtime_all_paths() {
     let (_, pre) = both(&exe, &[], &[], "ip-dlopen");
     assert!(pre.stderr.contains("preloaded=1"), "{}", pre.stderr);
 }
+
+#[test]
+fn driver_api_via_cugetprocaddress() {
+    let exe = build("driver_api", "driver_api.c", Link::Dl, &[]);
+    let (plain, _) = both(&exe, &[], &[], "ip-driver");
+    // A thread without a context gets the driver's own error, not a crash.
+    assert!(
+        plain.stdout.contains("no-context cuMemAlloc -> 201"),
+        "{}",
+        plain.stdout
+    );
+}
+
+#[test]
+fn vmm_charged_by_handle_and_location() {
+    let exe = build("vmm", "vmm.c", Link::Dl, &[]);
+    both(&exe, &[], &[], "ip-vmm");
+}
+
+#[test]
+fn async_alloc_on_several_streams() {
+    let exe = build("async_streams", "async_streams.c", Link::SharedRuntime, &[]);
+    both(&exe, &[], &[], "ip-async");
+}
+
+#[test]
+fn driver_entry_points_as_pytorch_makes_them() {
+    let exe = build("entry_points", "entry_points.c", Link::SharedRuntime, &[]);
+    both(&exe, &[], &[], "ip-entry");
+}
