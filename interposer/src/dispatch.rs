@@ -495,3 +495,24 @@ fn runtime_set_last_error_oom() {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn panics_become_error_codes_and_nesting_passes_through() {
+        // Quiet the default panic message for this deliberate panic.
+        let rc = run_hook("test", 999, || 1, || panic!("deliberate"));
+        assert_eq!(rc, 999);
+        // The guard was released: the next hook is outermost again.
+        let rc = run_hook(
+            "outer",
+            999,
+            || 1,
+            || run_hook("inner", 999, || 7, || 8),
+        );
+        assert_eq!(rc, 7, "a hook inside a hook passes straight through");
+        assert_eq!(run_unguarded("lookup", 5, || -> i32 { panic!("x") }), 5);
+    }
+}
