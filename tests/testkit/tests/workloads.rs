@@ -161,7 +161,12 @@ fn replay_limit_and_repeat() {
     out.assert_success();
     assert_eq!(num(&out, "events"), 3000);
     let text = std::fs::read_to_string(&t).unwrap();
-    let allocs = text.lines().skip(1).take(1000).filter(|l| l.contains(",allocate,")).count() as i64;
+    let allocs = text
+        .lines()
+        .skip(1)
+        .take(1000)
+        .filter(|l| l.contains(",allocate,"))
+        .count() as i64;
     assert_eq!(num(&out, "allocs"), 3 * allocs);
 }
 
@@ -250,4 +255,16 @@ fn sim_run_runs_a_program_on_the_simulated_gpu() {
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(String::from_utf8_lossy(&o.stdout).contains("replay: events=200"));
+}
+
+#[test]
+fn python_ctypes_program_runs_on_the_simulated_gpu() {
+    let script = repo_root().join("tests/workloads/python/ctypes_alloc.py");
+    let out = run(sim_command("python3", "ctypes").arg(script).arg("4194304"));
+    out.assert_success();
+    assert!(
+        out.stdout.contains("ctypes: ok runtime=12090"),
+        "{}",
+        out.stdout
+    );
 }
