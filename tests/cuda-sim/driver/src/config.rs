@@ -23,6 +23,8 @@ pub struct Config {
     /// (base name or "*", latency)
     pub latency: Vec<(String, Duration)>,
     pub fail: Vec<FailRule>,
+    /// `VRAMSIM_DEBUG=1`: one stderr line per driver call (name and result).
+    pub debug: bool,
 }
 
 pub static CONFIG: LazyLock<Config> = LazyLock::new(Config::from_env);
@@ -90,7 +92,13 @@ impl Config {
             "a comma-separated list of NAME:nth=N or NAME:after=SIZE, e.g. cuMemCreate:nth=10,cuMemAlloc:after=4GiB",
             parse_fail,
         );
+        let debug = env_or("VRAMSIM_DEBUG", false, "0 or 1", |s| match s.trim() {
+            "0" => Some(false),
+            "1" => Some(true),
+            _ => None,
+        });
         Self {
+            debug,
             name,
             devices,
             memory,

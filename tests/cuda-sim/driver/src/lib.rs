@@ -25,13 +25,24 @@ use abi::{CUDA_ERROR_UNKNOWN, CUresult, Res};
 /// Body of every exported function: injection, then the work, with panics turned into
 /// CUDA_ERROR_UNKNOWN (unwinding out of `extern "C"` would abort the host process).
 pub fn guard(name: &str, body: impl FnOnce() -> Res) -> CUresult {
-    match catch_unwind(AssertUnwindSafe(|| {
+    let rc = match catch_unwind(AssertUnwindSafe(|| {
         inject::on_call(name)?;
         body()
     })) {
         Ok(r) => abi::code(r),
         Err(_) => CUDA_ERROR_UNKNOWN,
+    };
+    if config::CONFIG.debug {
+        debug_line(name, rc);
     }
+    rc
+}
+
+/// One line per call, written with a single write(2) so lines of threads don't interleave.
+fn debug_line(name: &str, rc: CUresult) {
+    let line = format!("vramsim: {name} -> {rc}\n");
+    // SAFETY: writing a valid buffer to stderr.
+    unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
 }
 
 /// Declares exported driver functions: `#[no_mangle] extern "C"`, returning a `CUresult`, with

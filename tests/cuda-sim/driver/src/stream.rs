@@ -169,7 +169,7 @@ impl Stream {
         }
     }
 
-    fn wait_for(&self, ticket: u64) {
+    pub fn wait_for(&self, ticket: u64) {
         let mut q = lock(&self.q);
         while q.completed < ticket {
             q = self.cv.wait(q).unwrap_or_else(|e| e.into_inner());

@@ -100,10 +100,40 @@ fn copy_sync(dir: Dir, dst: u64, src: u64, n: usize, ptds: bool) -> Res {
     stream::run_sync(&s, copy_work(dst, src, n))
 }
 
+/// Device memory, or host memory the driver allocated (pinned): copies to and from it are
+/// fully asynchronous.
+fn non_pageable(ptr: u64) -> bool {
+    mem::find(ptr).is_some() || vmm::mapping_of(ptr).is_some() || mem::host_find(ptr).is_some()
+}
+
+/// CUDA's rules for async copies with pageable host memory: the source is staged at the call
+/// (the caller may reuse it at once), and a copy into pageable memory returns once done.
 fn copy_async(dir: Dir, dst: u64, src: u64, n: usize, h: CUstream, ptds: bool) -> Res {
     let s = stream::resolve(h, ptds)?;
     validate(dir, dst, src, n)?;
-    stream::run_async(&s, Duration::ZERO, copy_work(dst, src, n))
+    let pageable_src = n > 0 && matches!(dir, Dir::HtoD | Dir::Any) && !non_pageable(src);
+    let pageable_dst = n > 0 && matches!(dir, Dir::DtoH | Dir::Any) && !non_pageable(dst);
+    let work = if pageable_src {
+        // SAFETY: the caller's source buffer of n bytes, valid during the call.
+        let staged = unsafe { std::slice::from_raw_parts(src as *const u8, n) }.to_vec();
+        let d = SendPtr(dst as usize);
+        Box::new(move || {
+            let d = d;
+            // SAFETY: dst was validated (device) or is the caller's buffer, valid until the
+            // stream reaches this copy per CUDA's rules.
+            unsafe { std::ptr::copy_nonoverlapping(staged.as_ptr(), d.0 as *mut u8, n) };
+        }) as Box<dyn FnOnce() + Send>
+    } else {
+        copy_work(dst, src, n)
+    };
+    if pageable_dst {
+        if let Some(t) = s.submit(Vec::new(), Duration::ZERO, work) {
+            s.wait_for(t);
+        }
+        Ok(())
+    } else {
+        stream::run_async(&s, Duration::ZERO, work)
+    }
 }
 
 fn set_sync(dst: u64, value: u32, width: usize, count: usize, ptds: bool) -> Res {

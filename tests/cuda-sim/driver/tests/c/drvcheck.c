@@ -510,6 +510,31 @@ static int async(void) {
     OK(cuStreamSynchronize(s));
     OK(cuMemcpyDtoH(back, buf2, 4096));
     EXPECT_EQ(back[7], 0x22);
+    /* Pageable host memory: an async HtoD stages its source at the call, an async DtoH
+       returns once the data is there. */
+    CUresult (*htodA)(CUdeviceptr, const void *, size_t, CUstream) = get("cuMemcpyHtoDAsync", V, 0);
+    CUresult (*dtohA)(void *, CUdeviceptr, size_t, CUstream) = get("cuMemcpyDtoHAsync", V, 0);
+    unsigned char *src = malloc(4096);
+    memset(src, 0x77, 4096);
+    OK(fill(s, buf, 0, 4096, 20000));
+    OK(htodA(buf, src, 4096, s));
+    memset(src, 0x99, 4096); /* reused at once */
+    OK(dtohA(back, buf, 4096, s));
+    EXPECT_EQ(back[5], 0x77);
+    free(src);
+    /* Pinned host memory: fully asynchronous. */
+    CUresult (*cuMemAllocHost)(void **, size_t) = get("cuMemAllocHost", V, 0);
+    unsigned char *pinned;
+    OK(cuMemAllocHost((void **)&pinned, 4096));
+    pinned[0] = 0;
+    __atomic_store_n(&gate, 0, __ATOMIC_RELEASE);
+    OK(cuLaunchHostFunc(s, wait_gate, NULL));
+    OK(fill(s, buf, 0x31, 4096, 0));
+    OK(dtohA(pinned, buf, 4096, s));
+    EXPECT_EQ(pinned[0], 0); /* still behind the gate */
+    __atomic_store_n(&gate, 1, __ATOMIC_RELEASE);
+    OK(cuStreamSynchronize(s));
+    EXPECT_EQ(pinned[0], 0x31);
     OK(cuStreamDestroy(s));
     EXPECT_EQ(cuStreamSynchronize(s), 400);
     return 0;
