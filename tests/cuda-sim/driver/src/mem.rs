@@ -74,7 +74,20 @@ impl Page {
             return None;
         }
         let mut run = 0;
-        for u in 0..UNITS {
+        let mut u = 0;
+        while u < UNITS {
+            let word = self.bits[u / 64];
+            if u % 64 == 0 && word == u64::MAX {
+                // A full word: nothing starts or continues here.
+                run = 0;
+                u += 64;
+                continue;
+            }
+            if u % 64 == 0 && word == 0 && run + 64 < n {
+                run += 64;
+                u += 64;
+                continue;
+            }
             if self.is_free(u) {
                 run += 1;
                 if run == n {
@@ -83,6 +96,7 @@ impl Page {
             } else {
                 run = 0;
             }
+            u += 1;
         }
         None
     }
@@ -284,4 +298,32 @@ pub fn host_find(ptr: u64) -> Option<(u64, u64)> {
     let m = mem();
     let (b, l) = m.host.range(..=ptr).next_back()?;
     (ptr < b + l).then_some((*b, *l))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn page_first_fit() {
+        let mut p = Page {
+            dev: 0,
+            bits: [0; WORDS],
+            used: 0,
+        };
+        assert_eq!(p.find(1), Some(0));
+        p.set(0, 100, true);
+        assert_eq!(p.find(1), Some(100));
+        p.set(200, 3000, true);
+        assert_eq!(p.find(100), Some(100));
+        assert_eq!(p.find(101), Some(3200));
+        assert_eq!(p.find(UNITS - 3200), Some(3200));
+        assert_eq!(p.find(UNITS - 3199), None);
+        p.set(100, 100, true);
+        p.set(3200, UNITS - 3200, true);
+        assert_eq!(p.find(1), None);
+        p.set(4000, 1, false);
+        assert_eq!(p.find(1), Some(4000));
+        assert_eq!(p.find(2), None);
+    }
 }

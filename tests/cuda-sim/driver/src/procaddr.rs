@@ -113,6 +113,9 @@ pub static TABLE: LazyLock<Vec<Entry>> = LazyLock::new(|| {
         "cuMemAdvise" 12020 cuMemAdvise_v2;
         "cuMemPrefetchAsync" 8000 cuMemPrefetchAsync;
         "cuMemPrefetchAsync" 12020 cuMemPrefetchAsync_v2;
+        "cuIpcGetMemHandle" 4010 cuIpcGetMemHandle;
+        "cuIpcOpenMemHandle" 11000 cuIpcOpenMemHandle_v2;
+        "cuIpcCloseMemHandle" 4010 cuIpcCloseMemHandle;
         "cuPointerGetAttribute" 4000 cuPointerGetAttribute;
         "cuPointerGetAttributes" 7000 cuPointerGetAttributes;
         "cuMemcpy" 4000 cuMemcpy | cuMemcpy_ptds;

@@ -263,3 +263,39 @@ cu_api! {
         stream::resolve(s, false).map(|_| ())
     }
 }
+
+/// `CUipcMemHandle`: 64 opaque bytes.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUipcMemHandle {
+    pub reserved: [u8; 64],
+}
+
+cu_api! {
+    /// Legacy IPC: a handle for a cuMemAlloc allocation (its base address and the pid);
+    /// other memory (VMM mappings, pools, host) is CUDA_ERROR_INVALID_VALUE. Opening a handle in
+    /// another process is not simulated (device memory is private anonymous memory here).
+    fn cuIpcGetMemHandle(handle: *mut CUipcMemHandle, dptr: CUdeviceptr) {
+        ctx::current_device()?;
+        match mem::find(dptr) {
+            Some((b, a)) if b == dptr && matches!(a.kind, Kind::Device) => {}
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        }
+        let mut h = CUipcMemHandle { reserved: [0; 64] };
+        h.reserved[..8].copy_from_slice(&dptr.to_le_bytes());
+        h.reserved[8..12].copy_from_slice(&std::process::id().to_le_bytes());
+        h.reserved[12..20].copy_from_slice(b"vramsim\0");
+        // SAFETY: C out-pointer.
+        unsafe { put(handle, h) }
+    }
+
+    fn cuIpcOpenMemHandle_v2(_dptr: *mut CUdeviceptr, _handle: CUipcMemHandle, _flags: c_uint) {
+        ctx::current_device()?;
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+
+    fn cuIpcCloseMemHandle(_dptr: CUdeviceptr) {
+        ctx::current_device()?;
+        Err(CUDA_ERROR_INVALID_VALUE)
+    }
+}
