@@ -2,8 +2,8 @@
 //!
 //! ```no_run
 //! use vramshim_testkit::{Link, compile_c, sim_command, run};
-//! let exe = compile_c("hello", &["tests/workloads/sim/alloc_basic.c"], Link::SharedRuntime);
-//! let out = run(sim_command(&exe, "hello").arg("1MiB"));
+//! let exe = compile_c("hello", &["tests/workloads/sim/rt_basic.c"], Link::SharedRuntime);
+//! let out = run(&mut sim_command(&exe, "hello"));
 //! out.assert_success();
 //! ```
 //!
