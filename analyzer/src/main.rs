@@ -16,7 +16,11 @@ mod summary;
 mod top;
 
 #[derive(Parser)]
-#[command(name = "vramshim", version, about = "GPU memory of unmodified CUDA processes: visible, bounded, unfragmented")]
+#[command(
+    name = "vramshim",
+    version,
+    about = "GPU memory of unmodified CUDA processes: visible, bounded, unfragmented"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -42,6 +46,21 @@ enum Cmd {
     Diff(diff::Args),
     /// Live view of a shared cap region.
     Top(top::Args),
+}
+
+/// The exit status after the output is written: 3 when an input was torn (its last frame cut;
+/// everything before it was used and the problem was named on stderr), else 0.
+pub(crate) fn input_status(reports: &[vramshim_analyzer::TraceReport], torn: bool) -> ExitCode {
+    if torn {
+        for r in reports.iter().filter(|r| r.torn) {
+            for w in &r.warnings {
+                eprintln!("vramshim: {w}");
+            }
+        }
+        ExitCode::from(3)
+    } else {
+        ExitCode::SUCCESS
+    }
 }
 
 fn main() -> ExitCode {

@@ -1,8 +1,68 @@
+//! `vramshim summary TRACE...`: per process and device, what happened to device memory.
+
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-#[derive(clap::Args)]
-pub struct Args {}
+use vramshim_analyzer::analysis::{self, Options, compare};
+use vramshim_analyzer::{input, render, whatif};
 
-pub fn main(_args: Args) -> Result<ExitCode, String> {
-    Err("summary: not implemented yet".into())
+#[derive(clap::Args)]
+pub struct Args {
+    /// Traces (.vramtrace, RMM CSV or memory_viz pickle); several = side by side.
+    #[arg(required = true, value_name = "TRACE")]
+    pub traces: Vec<PathBuf>,
+    /// Print the documented JSON object instead of text (docs/analyzer.md).
+    #[arg(long)]
+    pub json: bool,
+    /// Entries in each "largest"/"top" list.
+    #[arg(long, default_value_t = 10)]
+    pub top: usize,
+    /// Skip the stitch what-if in post-mortems (it replays the trace up to each failure).
+    #[arg(long)]
+    pub no_whatif: bool,
+}
+
+pub fn main(args: Args) -> Result<ExitCode, String> {
+    let opts = Options {
+        top: args.top.max(1),
+        ..Options::default()
+    };
+    let mut reports = Vec::new();
+    let mut torn = false;
+    for p in &args.traces {
+        let opened = input::open(p)?;
+        let mut r = analysis::analyze(opened, &opts)?;
+        if !args.no_whatif {
+            whatif::judge_post_mortems(p, &mut r)?;
+        }
+        torn |= r.torn;
+        reports.push(r);
+    }
+    let comparison = if reports.len() > 1 {
+        Some(compare::compare(&reports))
+    } else {
+        None
+    };
+    if args.json {
+        let v = serde_json::json!({
+            "schema": analysis::SCHEMA,
+            "traces": reports,
+            "comparison": comparison,
+        });
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?
+        );
+    } else {
+        let mut out = String::new();
+        for r in &reports {
+            render::text::trace(r, &mut out);
+            out.push('\n');
+        }
+        if let Some(c) = &comparison {
+            render::text::comparison(c, &mut out);
+        }
+        print!("{out}");
+    }
+    Ok(crate::input_status(&reports, torn))
 }

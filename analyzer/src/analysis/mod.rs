@@ -1,0 +1,691 @@
+//! Trace -> report, in one streaming pass with bounded memory (the live set, the call sites and
+//! a fixed-size timeline; never the event list).
+
+pub mod compare;
+pub mod report;
+pub mod symbols;
+pub mod timeline;
+
+use std::collections::BTreeMap;
+
+use vramshim_trace::{AllocKind, Api, Event, Header, MemOp, SyncKind, codes, flags};
+
+use crate::error::InputError;
+use crate::formats::FastMap;
+use crate::input::{Format, Opened};
+use crate::progress::Progress;
+pub use report::*;
+use symbols::{Module, Symbolizer};
+use timeline::Timeline;
+
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// How many entries each "largest/top" list keeps.
+    pub top: usize,
+    /// Allocations freed sooner than this are "short-lived".
+    pub short_lived_ns: u64,
+    /// Timeline points per device.
+    pub timeline_points: usize,
+    /// Post-mortems described in detail; later ones are only counted.
+    pub max_post_mortems: usize,
+    /// Frames shown per stack.
+    pub max_frames: usize,
+    /// Show a progress bar on a terminal.
+    pub progress: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            top: 10,
+            short_lived_ns: 1_000_000,
+            timeline_points: 2000,
+            max_post_mortems: 100,
+            max_frames: 16,
+            progress: true,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Live {
+    pub size: u64,
+    pub t_ns: u64,
+    pub stream: u64,
+    pub stack: u32,
+    pub tid: u32,
+    pub api: Api,
+    pub kind: AllocKind,
+    pub flags: u8,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct SiteAcc {
+    pub allocs: u64,
+    pub bytes: u64,
+    pub live: u64,
+    pub live_count: u64,
+    pub failed: u64,
+    pub temporary: u64,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct CallAcc {
+    pub count: u64,
+    pub failed: u64,
+    pub bytes: u64,
+}
+
+/// The live set at one instant, reduced to its largest holders.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Snapshot {
+    pub live_count: u64,
+    pub top_allocs: Vec<(u64, Live)>,
+    pub top_sites: Vec<(u32, u64, u64)>,
+}
+
+pub(crate) struct PendingPm {
+    pub pm: PostMortem,
+    pub tid: u32,
+    pub linked: bool,
+}
+
+const LIFETIME_EDGES: [u64; 9] = [
+    1_000,
+    10_000,
+    100_000,
+    1_000_000,
+    10_000_000,
+    100_000_000,
+    1_000_000_000,
+    10_000_000_000,
+    100_000_000_000,
+];
+pub const LIFETIME_LABELS: [&str; 10] = [
+    "<1us", "1-10us", "10-100us", "0.1-1ms", "1-10ms", "10-100ms", "0.1-1s", "1-10s", "10-100s",
+    ">=100s",
+];
+
+pub(crate) struct DevState {
+    pub device: i32,
+    pub live: FastMap<u64, Live>,
+    pub sites: FastMap<u32, SiteAcc>,
+    pub calls: Vec<CallAcc>,
+    pub in_use: u64,
+    pub peak: u64,
+    pub peak_t: u64,
+    pub peak_index: u64,
+    pub peak_pending: bool,
+    pub peak_snap: Option<Snapshot>,
+    pub reserved: Option<u64>,
+    pub peak_reserved: Option<(u64, u64, u64)>,
+    pub cap: Option<u64>,
+    pub size_hist: [(u64, u64); 65],
+    pub life_hist: [(u64, u64); 10],
+    pub short_lived: (u64, u64),
+    pub temporary: (u64, u64),
+    pub last_alloc: Option<u64>,
+    pub allocs: u64,
+    pub frees: u64,
+    pub failed: u64,
+    pub bytes: u64,
+    pub pooled: u64,
+    pub unknown_frees: u64,
+    pub replaced: u64,
+    pub trims: (u64, u64),
+    pub syncs: [u64; 5],
+    pub mem_info: u64,
+    pub refusals: u64,
+    pub ooms: u64,
+    pub post_mortems: Vec<PendingPm>,
+    pub post_mortems_dropped: u64,
+    pub timeline: Timeline,
+    pub first_t: Option<u64>,
+    pub last_t: u64,
+}
+
+impl DevState {
+    fn new(device: i32, t0: u64, opts: &Options) -> DevState {
+        DevState {
+            device,
+            live: FastMap::default(),
+            sites: FastMap::default(),
+            calls: vec![CallAcc::default(); 64 * 8 * 2],
+            in_use: 0,
+            peak: 0,
+            peak_t: 0,
+            peak_index: 0,
+            peak_pending: false,
+            peak_snap: None,
+            reserved: None,
+            peak_reserved: None,
+            cap: None,
+            size_hist: [(0, 0); 65],
+            life_hist: [(0, 0); 10],
+            short_lived: (0, 0),
+            temporary: (0, 0),
+            last_alloc: None,
+            allocs: 0,
+            frees: 0,
+            failed: 0,
+            bytes: 0,
+            pooled: 0,
+            unknown_frees: 0,
+            replaced: 0,
+            trims: (0, 0),
+            syncs: [0; 5],
+            mem_info: 0,
+            refusals: 0,
+            ooms: 0,
+            post_mortems: Vec::new(),
+            post_mortems_dropped: 0,
+            timeline: Timeline::new(t0, opts.timeline_points),
+            first_t: None,
+            last_t: 0,
+        }
+    }
+
+    #[inline]
+    fn touch(&mut self, t: u64) {
+        if self.first_t.is_none() {
+            self.first_t = Some(t);
+        }
+        if t > self.last_t {
+            self.last_t = t;
+        }
+    }
+
+    pub(crate) fn snapshot(&self, top: usize) -> Snapshot {
+        let mut best: Vec<(u64, Live)> = Vec::with_capacity(top + 1);
+        for (&addr, l) in &self.live {
+            if best.len() < top || best.last().is_some_and(|b| l.size > b.1.size) {
+                let pos = best
+                    .partition_point(|b| b.1.size > l.size || (b.1.size == l.size && b.0 < addr));
+                best.insert(pos, (addr, *l));
+                best.truncate(top);
+            }
+        }
+        let mut sites: Vec<(u32, u64, u64)> = self
+            .sites
+            .iter()
+            .filter(|(_, s)| s.live > 0)
+            .map(|(&k, s)| (k, s.live, s.live_count))
+            .collect();
+        sites.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        sites.truncate(top);
+        Snapshot {
+            live_count: self.live.len() as u64,
+            top_allocs: best,
+            top_sites: sites,
+        }
+    }
+}
+
+#[inline]
+fn call_slot(api: Api, kind: AllocKind, free: bool) -> usize {
+    ((api as usize & 63) << 4) | ((kind as usize & 7) << 1) | free as usize
+}
+
+#[inline]
+fn lifetime_bucket(ns: u64) -> usize {
+    LIFETIME_EDGES
+        .iter()
+        .position(|&e| ns < e)
+        .unwrap_or(LIFETIME_EDGES.len())
+}
+
+#[inline]
+fn size_bucket(size: u64) -> usize {
+    (64 - size.leading_zeros()) as usize
+}
+
+/// The streaming analysis of one trace.
+pub struct Analysis {
+    pub(crate) opts: Options,
+    pub(crate) header: Header,
+    pub(crate) path: String,
+    pub(crate) format: Format,
+    pub(crate) devices: Vec<DevState>,
+    pub(crate) symbols: Symbolizer,
+    pub(crate) index: u64,
+    pub(crate) first_t: Option<u64>,
+    pub(crate) last_t: u64,
+    pub(crate) lost: u64,
+    pub(crate) threads: FastMap<u32, ()>,
+    pub(crate) forks: Vec<u32>,
+    pub(crate) out_of_order: u64,
+}
+
+impl Analysis {
+    pub fn new(opts: Options, header: Header, path: &str, format: Format) -> Analysis {
+        Analysis {
+            opts,
+            header,
+            path: path.to_string(),
+            format,
+            devices: Vec::new(),
+            symbols: Symbolizer::default(),
+            index: 0,
+            first_t: None,
+            last_t: 0,
+            lost: 0,
+            threads: FastMap::default(),
+            forks: Vec::new(),
+            out_of_order: 0,
+        }
+    }
+
+    #[inline]
+    fn dev(&mut self, device: i32) -> &mut DevState {
+        // Devices are few; the last one used is the likeliest.
+        let n = self.devices.len();
+        if n > 0 && self.devices[n - 1].device == device {
+            return &mut self.devices[n - 1];
+        }
+        if let Some(i) = self.devices.iter().position(|d| d.device == device) {
+            // Move to the back so the next lookup is O(1).
+            let d = self.devices.remove(i);
+            self.devices.push(d);
+        } else {
+            let t0 = self.first_t.unwrap_or(0);
+            self.devices.push(DevState::new(device, t0, &self.opts));
+        }
+        self.devices.last_mut().expect("just pushed")
+    }
+
+    #[inline]
+    fn clock(&mut self, t: u64) {
+        if self.first_t.is_none() {
+            self.first_t = Some(t);
+        }
+        if t < self.last_t {
+            self.out_of_order += 1;
+        } else {
+            self.last_t = t;
+        }
+    }
+
+    /// Feeds one event.
+    #[inline]
+    pub fn feed(&mut self, ev: Event) {
+        match ev {
+            Event::Alloc(m) => {
+                self.clock(m.t_ns);
+                self.threads.insert(m.tid, ());
+                self.alloc(m);
+            }
+            Event::Free(m) => {
+                self.clock(m.t_ns);
+                self.threads.insert(m.tid, ());
+                self.free(m);
+            }
+            other => self.other(other),
+        }
+        self.index += 1;
+    }
+
+    #[inline]
+    fn alloc(&mut self, m: MemOp) {
+        let index = self.index;
+        let top = self.opts.top;
+        let max_pm = self.opts.max_post_mortems;
+        let d = self.dev(m.device);
+        d.touch(m.t_ns);
+        let c = &mut d.calls[call_slot(m.api, m.kind, false)];
+        c.count += 1;
+        if m.result != codes::CUDA_SUCCESS || m.addr == 0 {
+            c.failed += 1;
+            d.failed += 1;
+            d.sites.entry(m.stack).or_default().failed += 1;
+            if m.result == codes::OUT_OF_MEMORY {
+                self.oom(m, index, top, max_pm);
+            }
+            return;
+        }
+        c.bytes += m.size;
+        d.allocs += 1;
+        d.bytes += m.size;
+        if m.flags & flags::POOLED != 0 {
+            d.pooled += 1;
+        }
+        let b = size_bucket(m.size);
+        d.size_hist[b].0 += 1;
+        d.size_hist[b].1 += m.size;
+        let live = Live {
+            size: m.size,
+            t_ns: m.t_ns,
+            stream: m.stream,
+            stack: m.stack,
+            tid: m.tid,
+            api: m.api,
+            kind: m.kind,
+            flags: m.flags,
+        };
+        if let Some(old) = d.live.insert(m.addr, live) {
+            // The same address handed out twice: its free was not recorded.
+            d.replaced += 1;
+            d.in_use -= old.size;
+            if let Some(s) = d.sites.get_mut(&old.stack) {
+                s.live -= old.size;
+                s.live_count -= 1;
+            }
+        }
+        let s = d.sites.entry(m.stack).or_default();
+        s.allocs += 1;
+        s.bytes += m.size;
+        s.live += m.size;
+        s.live_count += 1;
+        d.in_use += m.size;
+        d.last_alloc = Some(m.addr);
+        if d.in_use > d.peak {
+            d.peak = d.in_use;
+            d.peak_t = m.t_ns;
+            d.peak_index = index;
+            d.peak_pending = true;
+        }
+        d.timeline.in_use(m.t_ns, d.in_use);
+    }
+
+    #[inline]
+    fn free(&mut self, m: MemOp) {
+        let top = self.opts.top;
+        let short = self.opts.short_lived_ns;
+        let d = self.dev(m.device);
+        d.touch(m.t_ns);
+        let slot = call_slot(m.api, m.kind, true);
+        d.calls[slot].count += 1;
+        if m.result != codes::CUDA_SUCCESS {
+            d.calls[slot].failed += 1;
+            return;
+        }
+        if m.addr == 0 {
+            // cudaFree(NULL): a no-op (often used to create the context).
+            return;
+        }
+        let Some(l) = d.live.get(&m.addr).copied() else {
+            d.unknown_frees += 1;
+            d.last_alloc = None;
+            return;
+        };
+        if d.peak_pending {
+            d.peak_snap = Some(d.snapshot(top));
+            d.peak_pending = false;
+        }
+        d.live.remove(&m.addr);
+        d.calls[slot].bytes += l.size;
+        d.frees += 1;
+        d.in_use -= l.size;
+        let life = m.t_ns.saturating_sub(l.t_ns);
+        let lb = lifetime_bucket(life);
+        d.life_hist[lb].0 += 1;
+        d.life_hist[lb].1 += l.size;
+        if life < short {
+            d.short_lived.0 += 1;
+            d.short_lived.1 += l.size;
+        }
+        let temporary = d.last_alloc == Some(m.addr);
+        if temporary {
+            d.temporary.0 += 1;
+            d.temporary.1 += l.size;
+        }
+        d.last_alloc = None;
+        if let Some(s) = d.sites.get_mut(&l.stack) {
+            s.live -= l.size;
+            s.live_count -= 1;
+            if temporary {
+                s.temporary += 1;
+            }
+        }
+        d.timeline.in_use(m.t_ns, d.in_use);
+    }
+
+    #[cold]
+    fn oom(&mut self, m: MemOp, index: u64, top: usize, max_pm: usize) {
+        let total = self.device_total(m.device);
+        let d = self.dev(m.device);
+        d.ooms += 1;
+        let refused = m.flags & flags::CAP_REFUSED != 0;
+        if refused {
+            // The CapRefusal record just before describes this request: complete it.
+            if let Some(p) = d
+                .post_mortems
+                .iter_mut()
+                .rev()
+                .take(4)
+                .find(|p| !p.linked && p.tid == m.tid && p.pm.size == m.size)
+            {
+                p.linked = true;
+                p.pm.api = m.api.name().to_string();
+                p.pm.kind = Some(m.kind.name().to_string());
+                p.pm.stack = m.stack;
+                p.pm.stream = m.stream;
+                p.pm.alloc_index = Some(index);
+                return;
+            }
+        }
+        d.timeline
+            .mark(m.t_ns, if refused { "refusal" } else { "oom" }, m.size);
+        if d.post_mortems.len() >= max_pm {
+            d.post_mortems_dropped += 1;
+            return;
+        }
+        let snap = d.snapshot(top);
+        let pm = PostMortem::new(
+            if refused { "cap" } else { "device" },
+            index,
+            m.t_ns,
+            m.api,
+            Some(m.kind),
+            m.size,
+            m.stack,
+            m.stream,
+            d.in_use,
+            d.reserved,
+            if refused { d.cap } else { None },
+            total,
+            snap,
+        );
+        d.post_mortems.push(PendingPm {
+            pm,
+            tid: m.tid,
+            linked: true,
+        });
+    }
+
+    fn device_total(&self, device: i32) -> Option<u64> {
+        self.header
+            .devices
+            .iter()
+            .find(|d| d.index == device)
+            .map(|d| d.total_bytes)
+            .filter(|&t| t > 0)
+    }
+
+    fn other(&mut self, ev: Event) {
+        if let Some(t) = ev.t_ns() {
+            self.clock(t);
+        }
+        let index = self.index;
+        let top = self.opts.top;
+        let max_pm = self.opts.max_post_mortems;
+        match ev {
+            Event::CapRefusal {
+                t_ns,
+                tid,
+                device,
+                api,
+                size,
+                in_use,
+                cap,
+            } => {
+                let total = self.device_total(device);
+                let d = self.dev(device);
+                d.touch(t_ns);
+                d.refusals += 1;
+                d.cap = Some(cap);
+                d.timeline.cap(t_ns, cap);
+                d.timeline.mark(t_ns, "refusal", size);
+                if d.post_mortems.len() >= max_pm {
+                    d.post_mortems_dropped += 1;
+                    return;
+                }
+                let snap = d.snapshot(top);
+                let mut pm = PostMortem::new(
+                    "cap",
+                    index,
+                    t_ns,
+                    api,
+                    None,
+                    size,
+                    0,
+                    0,
+                    d.in_use,
+                    d.reserved,
+                    Some(cap),
+                    total,
+                    snap,
+                );
+                pm.charged = in_use;
+                pm.larger_cap = Some(LargerCap::new(in_use, size, cap));
+                d.post_mortems.push(PendingPm {
+                    pm,
+                    tid,
+                    linked: false,
+                });
+            }
+            Event::PoolTrim {
+                t_ns,
+                device,
+                bytes,
+                ..
+            } => {
+                let d = self.dev(device);
+                d.touch(t_ns);
+                d.trims.0 += 1;
+                d.trims.1 += bytes;
+            }
+            Event::Sync {
+                t_ns,
+                tid,
+                device,
+                kind,
+                ..
+            } => {
+                self.threads.insert(tid, ());
+                let d = self.dev(device);
+                d.touch(t_ns);
+                d.syncs[kind as usize] += 1;
+            }
+            Event::MemInfo { t_ns, device, .. } => {
+                let d = self.dev(device);
+                d.touch(t_ns);
+                d.mem_info += 1;
+            }
+            Event::ThreadStart { tid, .. } | Event::ThreadExit { tid, .. } => {
+                self.threads.insert(tid, ());
+            }
+            Event::Fork { child_pid, .. } => self.forks.push(child_pid),
+            Event::Module {
+                base,
+                size,
+                file_offset,
+                path,
+            } => self.symbols.add_module(Module {
+                base,
+                size,
+                file_offset,
+                path,
+            }),
+            Event::Stack { id, frames } => self.symbols.add_stack(id, frames),
+            Event::Counter {
+                t_ns,
+                device,
+                live_bytes,
+                reserved_bytes,
+                cap,
+            } => {
+                let d = self.dev(device);
+                d.touch(t_ns);
+                d.reserved = Some(reserved_bytes);
+                if d.peak_reserved.is_none_or(|p| reserved_bytes > p.0) {
+                    d.peak_reserved = Some((reserved_bytes, t_ns, live_bytes));
+                }
+                d.timeline.reserved(t_ns, reserved_bytes);
+                if cap > 0 {
+                    d.cap = Some(cap);
+                    d.timeline.cap(t_ns, cap);
+                }
+            }
+            Event::Lost { count, .. } => self.lost += count,
+            Event::Device(info) => {
+                if let Some(d) = self
+                    .header
+                    .devices
+                    .iter_mut()
+                    .find(|d| d.index == info.index)
+                {
+                    *d = info;
+                } else {
+                    self.header.devices.push(info);
+                }
+            }
+            Event::Alloc(_) | Event::Free(_) => unreachable!("handled in feed"),
+        }
+        let _ = index;
+    }
+
+    /// Ends the pass and builds the report.
+    pub fn finish(mut self, warnings: Vec<String>) -> TraceReport {
+        let top = self.opts.top;
+        for d in &mut self.devices {
+            if d.peak_pending {
+                d.peak_snap = Some(d.snapshot(top));
+                d.peak_pending = false;
+            }
+        }
+        report::build(self, warnings)
+    }
+}
+
+/// Reads a whole trace and analyzes it.
+pub fn analyze(mut opened: Opened, opts: &Options) -> Result<TraceReport, InputError> {
+    let mut progress = Progress::maybe(
+        &format!("reading {}", opened.path.display()),
+        opened.len,
+        opts.progress,
+    );
+    let path = opened.path.display().to_string();
+    let mut a = Analysis::new(
+        opts.clone(),
+        std::mem::take(&mut opened.header),
+        &path,
+        opened.format,
+    );
+    let mut n: u64 = 0;
+    while let Some(ev) = opened.events.next_event() {
+        a.feed(ev?);
+        n += 1;
+        if n & 0xffff == 0 && opts.progress {
+            progress.update(opened.events.position());
+        }
+    }
+    progress.finish();
+    let mut r = a.finish(opened.events.warnings());
+    r.torn = opened.events.torn();
+    Ok(r)
+}
+
+/// Sync counts by who asked for them.
+pub(crate) fn sync_names() -> [(SyncKind, &'static str); 5] {
+    [
+        (SyncKind::ProcessDevice, "process-device"),
+        (SyncKind::ProcessStream, "process-stream"),
+        (SyncKind::ProcessEvent, "process-event"),
+        (SyncKind::PoolDevice, "pool-device"),
+        (SyncKind::PoolEvent, "pool-event"),
+    ]
+}
+
+pub(crate) fn config_map(h: &Header) -> BTreeMap<String, String> {
+    h.config.iter().cloned().collect()
+}

@@ -1,0 +1,394 @@
+//! RAPIDS RMM's `logging_resource_adaptor` CSV, both ways.
+//!
+//! Header `Thread,Time,Action,Pointer,Size,Stream`; rows such as
+//! `139960734369344,14:23:05.123456,allocate,0x7f5e3a000000,1048576,0`; actions `allocate`,
+//! `free`, `allocate failure` (pointer `(nil)`); Time is the wall-clock time of day; Stream is
+//! hex.
+
+use std::cell::Cell;
+use std::io::{self, BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+use vramshim_trace::{AllocKind, Api, Event, Header, MemOp, codes};
+
+use super::FastMap;
+use crate::error::InputError;
+use crate::input::EventSource;
+
+pub const HEADER: &str = "Thread,Time,Action,Pointer,Size,Stream";
+const DAY_NS: u64 = 86_400_000_000_000;
+const COLS: [&str; 6] = ["Thread", "Time", "Action", "Pointer", "Size", "Stream"];
+
+pub struct RmmCsvSource<R: BufRead> {
+    path: PathBuf,
+    reader: R,
+    count: Rc<Cell<u64>>,
+    line_no: u64,
+    buf: String,
+    /// Column index of each of COLS.
+    cols: [usize; 6],
+    ncols: usize,
+    day_offset: u64,
+    last_tod: u64,
+    done: bool,
+    truncated_tids: bool,
+}
+
+/// The header an imported RMM log gets: no process, times are the log's time of day.
+pub fn import_header(path: &Path) -> Header {
+    Header {
+        format_version: 0,
+        cmdline: vec![],
+        config: vec![
+            ("import.from".into(), "rmm-csv".into()),
+            (
+                "import.file".into(),
+                path.file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+            ),
+        ],
+        ..Header::default()
+    }
+}
+
+pub fn open_reader<R: BufRead>(
+    path: &Path,
+    mut reader: R,
+    count: Rc<Cell<u64>>,
+) -> Result<(Header, RmmCsvSource<R>), InputError> {
+    let mut first = String::new();
+    reader
+        .read_line(&mut first)
+        .map_err(|e| InputError::at_line(path, 1, format!("cannot read: {e}")))?;
+    let line = first
+        .trim_start_matches('\u{feff}')
+        .trim_end_matches(['\r', '\n']);
+    let names: Vec<&str> = line.split(',').map(|s| s.trim()).collect();
+    let mut cols = [usize::MAX; 6];
+    for (i, want) in COLS.iter().enumerate() {
+        match names.iter().position(|n| n == want) {
+            Some(p) => cols[i] = p,
+            None => {
+                return Err(InputError::at_line(
+                    path,
+                    1,
+                    format!(
+                        "not an RMM log: header '{}' has no '{want}' column (expected '{HEADER}')",
+                        clip(line)
+                    ),
+                ));
+            }
+        }
+    }
+    let src = RmmCsvSource {
+        path: path.to_path_buf(),
+        reader,
+        count,
+        line_no: 1,
+        buf: String::new(),
+        cols,
+        ncols: names.len(),
+        day_offset: 0,
+        last_tod: 0,
+        done: false,
+        truncated_tids: false,
+    };
+    Ok((import_header(path), src))
+}
+
+fn clip(s: &str) -> String {
+    if s.len() > 60 {
+        let mut end = 60;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        format!("{}...", &s[..end])
+    } else {
+        s.to_string()
+    }
+}
+
+/// `HH:MM:SS.ffffff` (any number of fraction digits up to 9) to nanoseconds since midnight.
+pub fn parse_time(s: &str) -> Option<u64> {
+    let mut it = s.splitn(3, ':');
+    let h: u64 = it.next()?.parse().ok()?;
+    let m: u64 = it.next()?.parse().ok()?;
+    let rest = it.next()?;
+    let (sec, frac) = match rest.split_once('.') {
+        Some((a, b)) => (a, b),
+        None => (rest, ""),
+    };
+    let sec: u64 = sec.parse().ok()?;
+    if m >= 60 || sec >= 61 || frac.len() > 9 || !frac.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let mut f: u64 = if frac.is_empty() {
+        0
+    } else {
+        frac.parse().ok()?
+    };
+    for _ in frac.len()..9 {
+        f *= 10;
+    }
+    Some(h.checked_mul(3_600_000_000_000)? + m * 60_000_000_000 + sec * 1_000_000_000 + f)
+}
+
+/// Nanoseconds to `HH:MM:SS.ffffff` (time of day, microseconds truncated as spdlog does).
+pub fn format_time(ns: u64, out: &mut String) {
+    use std::fmt::Write as _;
+    let tod = ns % DAY_NS;
+    let us = tod / 1000;
+    let _ = write!(
+        out,
+        "{:02}:{:02}:{:02}.{:06}",
+        us / 3_600_000_000,
+        (us / 60_000_000) % 60,
+        (us / 1_000_000) % 60,
+        us % 1_000_000
+    );
+}
+
+fn parse_hex(s: &str) -> Option<u64> {
+    if s == "(nil)" {
+        return Some(0);
+    }
+    let h = s
+        .strip_prefix("0x")
+        .or_else(|| s.strip_prefix("0X"))
+        .unwrap_or(s);
+    if h.is_empty() {
+        return None;
+    }
+    u64::from_str_radix(h, 16).ok()
+}
+
+impl<R: BufRead> RmmCsvSource<R> {
+    fn parse_line(&mut self) -> Result<Event, InputError> {
+        let line = self.buf.trim_end_matches(['\r', '\n']);
+        let mut fields = [""; 16];
+        let mut n = 0;
+        for f in line.split(',') {
+            if n < fields.len() {
+                fields[n] = f.trim();
+            }
+            n += 1;
+        }
+        let bad = |msg: String| InputError::at_line(&self.path, self.line_no, msg);
+        if n != self.ncols {
+            return Err(bad(format!(
+                "expected {} comma-separated fields, found {n}: '{}'",
+                self.ncols,
+                clip(line)
+            )));
+        }
+        let get = |i: usize| fields[self.cols[i]];
+        let thread: u64 = get(0).parse().map_err(|_| {
+            bad(format!(
+                "bad Thread '{}': expected a decimal thread id",
+                clip(get(0))
+            ))
+        })?;
+        let tod = parse_time(get(1)).ok_or_else(|| {
+            bad(format!(
+                "bad Time '{}': expected HH:MM:SS.microseconds",
+                clip(get(1))
+            ))
+        })?;
+        let action = get(2);
+        let ptr = parse_hex(get(3)).ok_or_else(|| {
+            bad(format!(
+                "bad Pointer '{}': expected 0x-prefixed hex or (nil)",
+                clip(get(3))
+            ))
+        })?;
+        let size: u64 = get(4).parse().map_err(|_| {
+            bad(format!(
+                "bad Size '{}': expected decimal bytes",
+                clip(get(4))
+            ))
+        })?;
+        let stream = parse_hex(get(5)).ok_or_else(|| {
+            bad(format!(
+                "bad Stream '{}': expected a hex stream handle",
+                clip(get(5))
+            ))
+        })?;
+        // A log that runs past midnight: the time of day wraps.
+        if tod + DAY_NS / 2 < self.last_tod {
+            self.day_offset += DAY_NS;
+        }
+        self.last_tod = tod;
+        if thread > u32::MAX as u64 {
+            self.truncated_tids = true;
+        }
+        let mut op = MemOp {
+            t_ns: self.day_offset + tod,
+            tid: thread as u32,
+            api: Api::Imported,
+            kind: AllocKind::Runtime,
+            flags: 0,
+            device: 0,
+            stream,
+            addr: ptr,
+            size,
+            result: codes::CUDA_SUCCESS,
+            latency_ns: 0,
+            stack: 0,
+        };
+        match action {
+            "allocate" => Ok(Event::Alloc(op)),
+            "free" => Ok(Event::Free(op)),
+            "allocate failure" => {
+                op.addr = 0;
+                op.result = codes::OUT_OF_MEMORY;
+                Ok(Event::Alloc(op))
+            }
+            other => Err(bad(format!(
+                "bad Action '{}': expected allocate, free or allocate failure",
+                clip(other)
+            ))),
+        }
+    }
+}
+
+impl<R: BufRead> EventSource for RmmCsvSource<R> {
+    fn next_event(&mut self) -> Option<Result<Event, InputError>> {
+        if self.done {
+            return None;
+        }
+        loop {
+            self.buf.clear();
+            self.line_no += 1;
+            match self.reader.read_line(&mut self.buf) {
+                Ok(0) => {
+                    self.done = true;
+                    return None;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    self.done = true;
+                    let msg = if e.kind() == io::ErrorKind::InvalidData {
+                        "not UTF-8 text".to_string()
+                    } else {
+                        e.to_string()
+                    };
+                    return Some(Err(InputError::at_line(&self.path, self.line_no, msg)));
+                }
+            }
+            if self.buf.trim().is_empty() {
+                continue;
+            }
+            let r = self.parse_line();
+            if r.is_err() {
+                self.done = true;
+            }
+            return Some(r);
+        }
+    }
+    fn position(&self) -> u64 {
+        self.count.get()
+    }
+    fn warnings(&self) -> Vec<String> {
+        if self.truncated_tids {
+            vec!["thread ids above 2^32 were kept as their low 32 bits".into()]
+        } else {
+            vec![]
+        }
+    }
+}
+
+/// Writes RMM's logging CSV from a stream of events. Device allocations only (host memory is not
+/// RMM's business); failed allocations that ran out of memory become `allocate failure` rows.
+pub struct RmmCsvWriter<W: Write> {
+    w: W,
+    /// Wall-clock nanoseconds minus monotonic nanoseconds (0 for imported logs).
+    wall_minus_mono: i128,
+    live: FastMap<(i32, u64), u64>,
+    line: String,
+    device: Option<i32>,
+    pub rows: u64,
+}
+
+impl<W: Write> RmmCsvWriter<W> {
+    pub fn new(mut w: W, header: &Header, device: Option<i32>) -> io::Result<Self> {
+        writeln!(w, "{HEADER}")?;
+        Ok(RmmCsvWriter {
+            w,
+            wall_minus_mono: header.start_wall_ns as i128 - header.start_mono_ns as i128,
+            live: FastMap::default(),
+            line: String::with_capacity(128),
+            device,
+            rows: 0,
+        })
+    }
+
+    pub fn event(&mut self, ev: &Event) -> io::Result<()> {
+        use std::fmt::Write as _;
+        let (op, action) = match ev {
+            Event::Alloc(m) if m.result == codes::CUDA_SUCCESS && m.addr != 0 => (m, "allocate"),
+            Event::Alloc(m) if m.result == codes::OUT_OF_MEMORY => (m, "allocate failure"),
+            Event::Free(m) if m.result == codes::CUDA_SUCCESS => (m, "free"),
+            _ => return Ok(()),
+        };
+        if !op.kind.is_device() || self.device.is_some_and(|d| d != op.device) {
+            return Ok(());
+        }
+        let mut size = op.size;
+        match action {
+            "allocate" => {
+                self.live.insert((op.device, op.addr), op.size);
+            }
+            "free" => {
+                let known = self.live.remove(&(op.device, op.addr));
+                if size == 0 {
+                    size = known.unwrap_or(0);
+                }
+            }
+            _ => {}
+        }
+        self.line.clear();
+        let wall = (op.t_ns as i128 + self.wall_minus_mono).max(0) as u64;
+        let _ = write!(self.line, "{},", op.tid);
+        format_time(wall, &mut self.line);
+        if action == "allocate failure" {
+            let _ = writeln!(self.line, ",{action},(nil),{size},{:x}", op.stream);
+        } else {
+            let _ = writeln!(
+                self.line,
+                ",{action},0x{:x},{size},{:x}",
+                op.addr, op.stream
+            );
+        }
+        self.rows += 1;
+        self.w.write_all(self.line.as_bytes())
+    }
+
+    pub fn finish(mut self) -> io::Result<W> {
+        self.w.flush()?;
+        Ok(self.w)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times() {
+        assert_eq!(parse_time("00:00:01.5"), Some(1_500_000_000));
+        assert_eq!(
+            parse_time("14:23:05.123456"),
+            Some(((14 * 60 + 23) * 60 + 5) * 1_000_000_000 + 123_456_000)
+        );
+        assert_eq!(parse_time("1:2"), None);
+        assert_eq!(parse_time("00:00:00.1234567890"), None);
+        let mut s = String::new();
+        format_time(
+            ((14 * 60 + 23) * 60 + 5) * 1_000_000_000 + 123_456_789,
+            &mut s,
+        );
+        assert_eq!(s, "14:23:05.123456");
+    }
+}

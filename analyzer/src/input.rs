@@ -1,0 +1,188 @@
+//! Opening anything the analyzer reads: a `.vramtrace`, an RMM logging CSV or a PyTorch memory
+//! snapshot pickle. Each becomes a `Header` and a stream of `Event`s.
+
+use std::cell::Cell;
+use std::fs::File;
+use std::io::{BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+use vramshim_trace::{Event, Header};
+
+use crate::error::InputError;
+use crate::formats;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    VramTrace,
+    RmmCsv,
+    MemoryViz,
+}
+
+impl Format {
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::VramTrace => "vramtrace",
+            Format::RmmCsv => "rmm-csv",
+            Format::MemoryViz => "memory-viz",
+        }
+    }
+}
+
+/// A stream of events from one file.
+pub trait EventSource {
+    /// The next event, an error (after which the stream ends), or `None` at the end.
+    fn next_event(&mut self) -> Option<Result<Event, InputError>>;
+    /// Bytes of the file consumed so far (for progress).
+    fn position(&self) -> u64;
+    /// Problems that did not stop reading (a torn last chunk, lost events...), known at the end.
+    fn warnings(&self) -> Vec<String> {
+        Vec::new()
+    }
+    /// The file was cut inside its last frame (reported as an input problem once the output is
+    /// written: exit status 3).
+    fn torn(&self) -> bool {
+        false
+    }
+}
+
+pub struct Opened {
+    pub path: PathBuf,
+    pub format: Format,
+    pub header: Header,
+    pub len: u64,
+    pub events: Box<dyn EventSource>,
+}
+
+/// A reader that counts the bytes it has handed out.
+pub struct Counting<R> {
+    pub inner: R,
+    pub count: Rc<Cell<u64>>,
+}
+
+impl<R: Read> Read for Counting<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.count.set(self.count.get() + n as u64);
+        Ok(n)
+    }
+}
+
+/// Guesses the format from the first bytes (and the name, as a tie-breaker).
+pub fn detect(path: &Path) -> Result<Format, InputError> {
+    let mut f = File::open(path).map_err(|e| InputError::io(path, &e))?;
+    if f.metadata().map(|m| m.is_dir()).unwrap_or(false) {
+        return Err(InputError::new(path, None, "is a directory, not a trace"));
+    }
+    let mut head = [0u8; 64];
+    let mut n = 0;
+    while n < head.len() {
+        match f.read(&mut head[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) => return Err(InputError::io(path, &e)),
+        }
+    }
+    let head = &head[..n];
+    if head.is_empty() {
+        return Err(InputError::at_offset(
+            path,
+            0,
+            "empty file: not a trace, RMM log or memory snapshot",
+        ));
+    }
+    if head.starts_with(b"Thread,") || head.starts_with(b"\xef\xbb\xbfThread,") {
+        return Ok(Format::RmmCsv);
+    }
+    if head[0] == 0x80 && head.len() >= 2 && (2..=5).contains(&head[1]) {
+        return Ok(Format::MemoryViz);
+    }
+    let ext = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .unwrap_or("")
+        .to_ascii_lowercase();
+    match ext.as_str() {
+        "csv" => Ok(Format::RmmCsv),
+        "pickle" | "pkl" => Ok(Format::MemoryViz),
+        _ => Ok(Format::VramTrace),
+    }
+}
+
+/// Opens `path` in whatever format it is in.
+pub fn open(path: &Path) -> Result<Opened, InputError> {
+    let format = detect(path)?;
+    open_as(path, format)
+}
+
+pub fn open_as(path: &Path, format: Format) -> Result<Opened, InputError> {
+    let file = File::open(path).map_err(|e| InputError::io(path, &e))?;
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    match format {
+        Format::RmmCsv => {
+            let count = Rc::new(Cell::new(0));
+            let reader = BufReader::with_capacity(
+                1 << 16,
+                Counting {
+                    inner: file,
+                    count: count.clone(),
+                },
+            );
+            let (header, events) = formats::rmm_csv::open_reader(path, reader, count)?;
+            Ok(Opened {
+                path: path.to_path_buf(),
+                format,
+                header,
+                len,
+                events: Box::new(events),
+            })
+        }
+        Format::MemoryViz => {
+            let (header, events) = formats::memviz::open(path)?;
+            Ok(Opened {
+                path: path.to_path_buf(),
+                format,
+                header,
+                len,
+                events: Box::new(events),
+            })
+        }
+        Format::VramTrace => {
+            let (header, events) = formats::vramtrace::open(path)?;
+            Ok(Opened {
+                path: path.to_path_buf(),
+                format,
+                header,
+                len,
+                events,
+            })
+        }
+    }
+}
+
+/// Events from memory (imports, tests).
+pub struct VecSource {
+    events: std::vec::IntoIter<Event>,
+    warnings: Vec<String>,
+}
+
+impl VecSource {
+    pub fn new(events: Vec<Event>, warnings: Vec<String>) -> VecSource {
+        VecSource {
+            events: events.into_iter(),
+            warnings,
+        }
+    }
+}
+
+impl EventSource for VecSource {
+    fn next_event(&mut self) -> Option<Result<Event, InputError>> {
+        self.events.next().map(Ok)
+    }
+    fn position(&self) -> u64 {
+        0
+    }
+    fn warnings(&self) -> Vec<String> {
+        self.warnings.clone()
+    }
+}

@@ -1,0 +1,3 @@
+//! Human-facing renderings of reports: text and HTML.
+
+pub mod text;

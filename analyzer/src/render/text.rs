@@ -1,0 +1,349 @@
+//! The `summary` text: what a person reads first.
+
+use std::fmt::Write;
+
+use crate::analysis::compare::Comparison;
+use crate::analysis::{DeviceReport, PostMortem, TraceReport};
+use crate::units::{bytes, duration_ns};
+
+pub fn trace(r: &TraceReport, out: &mut String) {
+    let _ = writeln!(out, "== {} ({})", r.file, r.format);
+    if r.process.pid != 0 || !r.process.cmdline.is_empty() {
+        let _ = writeln!(
+            out,
+            "process {} (parent {}) on {}: {}",
+            r.process.pid,
+            r.process.ppid,
+            if r.process.host.is_empty() {
+                "?"
+            } else {
+                &r.process.host
+            },
+            r.process.cmdline.join(" ")
+        );
+    }
+    let _ = writeln!(
+        out,
+        "{} events over {}, {} threads, {} distinct stacks",
+        r.events,
+        duration_ns(r.duration_ns),
+        r.threads,
+        r.stacks
+    );
+    for w in &r.warnings {
+        let _ = writeln!(out, "warning: {w}");
+    }
+    for d in &r.devices {
+        device(d, out);
+    }
+}
+
+fn pct(f: f64) -> String {
+    format!("{:.1}%", f * 100.0)
+}
+
+fn device(d: &DeviceReport, out: &mut String) {
+    let _ = writeln!(out);
+    let total = d
+        .total_bytes
+        .map(|t| format!(", {}", bytes(t)))
+        .unwrap_or_default();
+    let _ = writeln!(
+        out,
+        "-- {}{total}",
+        if d.device < 0 {
+            "host (pinned) memory".to_string()
+        } else {
+            d.name.clone()
+        }
+    );
+    let _ = writeln!(
+        out,
+        "  allocations {} ({} failed, {} pooled), frees {}, {} allocated in total",
+        d.allocs,
+        d.failed_allocs,
+        d.pooled_allocs,
+        d.frees,
+        bytes(d.bytes_allocated)
+    );
+    let p = &d.peak_in_use;
+    let _ = writeln!(
+        out,
+        "  peak in use  {} at +{} (event {}, {} live allocations)",
+        bytes(p.bytes),
+        duration_ns(p.offset_ns),
+        p.event_index,
+        p.live_allocations
+    );
+    if let Some(r) = &d.peak_reserved {
+        let _ = writeln!(
+            out,
+            "  peak reserved {} at +{} (in use then {}; fragmentation {})",
+            bytes(r.bytes),
+            duration_ns(r.offset_ns),
+            bytes(r.in_use_bytes),
+            d.fragmentation.map(pct).unwrap_or_else(|| "-".into())
+        );
+    }
+    if let Some(c) = d.cap {
+        let _ = writeln!(out, "  cap {}: {} refusals", bytes(c), d.refusals);
+    }
+    if !d.calls.is_empty() {
+        let _ = writeln!(out, "  calls:");
+        for c in &d.calls {
+            let _ = writeln!(
+                out,
+                "    {:<28} {:<5} {:>10} {:>12}{}",
+                format!("{} ({})", c.api, c.kind),
+                c.op,
+                c.count,
+                bytes(c.bytes),
+                if c.failed > 0 {
+                    format!("  {} failed", c.failed)
+                } else {
+                    String::new()
+                }
+            );
+        }
+    }
+    if !p.top_sites.is_empty() {
+        let _ = writeln!(out, "  held at the peak, by call site:");
+        for s in &p.top_sites {
+            let _ = writeln!(
+                out,
+                "    {:>12} in {:>6} allocations  {}",
+                bytes(s.bytes),
+                s.allocations,
+                s.site
+            );
+        }
+    }
+    if !p.top_allocations.is_empty() {
+        let _ = writeln!(out, "  largest live allocations at the peak:");
+        for h in p.top_allocations.iter().take(5) {
+            let _ = writeln!(
+                out,
+                "    {:>12} at {} ({}, stream {:#x})  {}",
+                bytes(h.size),
+                h.addr,
+                h.api,
+                h.stream,
+                h.site
+            );
+        }
+    }
+    if !d.size_histogram.is_empty() {
+        let _ = writeln!(out, "  sizes (count, bytes):");
+        for b in &d.size_histogram {
+            let range = if b.max == 0 {
+                "0".to_string()
+            } else {
+                format!("{}..{}", bytes(b.min), bytes(b.max.saturating_add(1)))
+            };
+            let _ = writeln!(
+                out,
+                "    {:<22} {:>10} {:>12}",
+                range,
+                b.count,
+                bytes(b.bytes)
+            );
+        }
+    }
+    if d.frees > 0 {
+        let _ = writeln!(out, "  lifetimes (freed allocations):");
+        for l in d.lifetimes.iter().filter(|l| l.count > 0) {
+            let _ = writeln!(
+                out,
+                "    {:<10} {:>10} {:>12}",
+                l.label,
+                l.count,
+                bytes(l.bytes)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "  short-lived (< {}): {} ({}) {}; temporary (freed right after): {} ({})",
+            duration_ns(d.short_lived.threshold_ns.unwrap_or(0)),
+            d.short_lived.count,
+            pct(d.short_lived.fraction),
+            bytes(d.short_lived.bytes),
+            d.temporary.count,
+            pct(d.temporary.fraction)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "  at exit: {} in {} allocations still live",
+        bytes(d.leaks.bytes),
+        d.leaks.count
+    );
+    for s in d.leaks.top_sites.iter().take(5) {
+        let _ = writeln!(
+            out,
+            "    {:>12} in {:>6} allocations  {}",
+            bytes(s.bytes),
+            s.allocations,
+            s.site
+        );
+    }
+    if !d.top_sites.is_empty() && d.top_sites.iter().any(|s| s.stack != 0) {
+        let _ = writeln!(out, "  top call sites (peak bytes, allocations, bytes):");
+        for s in &d.top_sites {
+            let _ = writeln!(
+                out,
+                "    {:>12} {:>8} {:>12}  {}",
+                bytes(s.peak_bytes),
+                s.allocs,
+                bytes(s.bytes),
+                s.site
+            );
+        }
+    }
+    if d.unknown_frees > 0 || d.reused_addresses > 0 {
+        let _ = writeln!(
+            out,
+            "  {} frees of addresses not seen allocated, {} addresses handed out again without a free",
+            d.unknown_frees, d.reused_addresses
+        );
+    }
+    if !d.syncs.is_empty() || d.pool_trims > 0 {
+        let syncs: Vec<String> = d.syncs.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        let _ = writeln!(
+            out,
+            "  syncs: {}; pool trims {} ({})",
+            if syncs.is_empty() {
+                "none".into()
+            } else {
+                syncs.join(", ")
+            },
+            d.pool_trims,
+            bytes(d.pool_trimmed_bytes)
+        );
+    }
+    for (i, pm) in d.post_mortems.iter().enumerate() {
+        post_mortem(i + 1, pm, out);
+    }
+    if d.post_mortems_not_shown > 0 {
+        let _ = writeln!(
+            out,
+            "  ... and {} more refusals/OOMs not detailed",
+            d.post_mortems_not_shown
+        );
+    }
+}
+
+pub fn post_mortem(n: usize, pm: &PostMortem, out: &mut String) {
+    let _ = writeln!(out);
+    let what = if pm.cause == "cap" {
+        "REFUSED by the cap"
+    } else {
+        "OUT OF MEMORY (device)"
+    };
+    let _ = writeln!(
+        out,
+        "  post-mortem #{n}: {} of {} {what} at +{} (event {})",
+        pm.api,
+        bytes(pm.size),
+        duration_ns(pm.offset_ns),
+        pm.event_index
+    );
+    if !pm.frames.is_empty() {
+        let _ = writeln!(out, "    from {}", pm.site);
+    }
+    let mut state = format!(
+        "    live then: {} in {} allocations",
+        bytes(pm.in_use),
+        pm.live_allocations
+    );
+    if let Some(r) = pm.reserved {
+        let _ = write!(
+            state,
+            "; reserved {} (cached {})",
+            bytes(r),
+            bytes(pm.cached.unwrap_or(0))
+        );
+    }
+    if let Some(c) = pm.cap {
+        let _ = write!(state, "; cap {} (charged {})", bytes(c), bytes(pm.charged));
+    }
+    if let Some(t) = pm.device_total {
+        let _ = write!(state, "; device {}", bytes(t));
+    }
+    let _ = writeln!(out, "{state}");
+    for s in pm.top_sites.iter().take(5) {
+        let _ = writeln!(
+            out,
+            "      {:>12} in {:>6} allocations  {}",
+            bytes(s.bytes),
+            s.allocations,
+            s.site
+        );
+    }
+    if let Some(l) = &pm.larger_cap {
+        let _ = writeln!(
+            out,
+            "    a cap of {} ({} more) would have served it",
+            bytes(l.needed_bytes),
+            bytes(l.extra_bytes)
+        );
+    }
+    if let Some(l) = &pm.larger_device
+        && l.extra_bytes > 0
+    {
+        let _ = writeln!(
+            out,
+            "    it needed a device of at least {} ({} more)",
+            bytes(l.needed_bytes),
+            bytes(l.extra_bytes)
+        );
+    }
+    if let Some(s) = &pm.stitch {
+        let verdict = match s.served {
+            Some(true) => "stitch WOULD have served it",
+            Some(false) => "stitch would NOT have served it either",
+            None => "stitch: not judged",
+        };
+        let _ = writeln!(out, "    {verdict}: {}", s.detail);
+    }
+}
+
+pub fn comparison(c: &Comparison, out: &mut String) {
+    let _ = writeln!(out, "== {} traces side by side", c.rows.len());
+    let _ = writeln!(
+        out,
+        "  {:<32} {:>8} {:>10} {:>12} {:>12} {:>12} {:>8}",
+        "file", "pid", "allocs", "allocated", "peak in use", "peak reserv", "refused"
+    );
+    for r in &c.rows {
+        let name = std::path::Path::new(&r.file)
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "  {:<32} {:>8} {:>10} {:>12} {:>12} {:>12} {:>8}",
+            name,
+            r.pid,
+            r.allocs,
+            bytes(r.bytes_allocated),
+            bytes(r.peak_in_use),
+            r.peak_reserved.map(bytes).unwrap_or_else(|| "-".into()),
+            r.refusals + r.ooms
+        );
+    }
+    let _ = writeln!(out, "  median peak in use {}", bytes(c.median_peak_in_use));
+    if c.outliers.is_empty() {
+        let _ = writeln!(out, "  no outliers (all within 10% of the median)");
+    }
+    for o in &c.outliers {
+        let _ = writeln!(
+            out,
+            "  OUTLIER {}: {} {} is {:+.1}% from the median {}",
+            o.file,
+            o.metric.replace('_', " "),
+            bytes(o.value),
+            o.deviation * 100.0,
+            bytes(o.median)
+        );
+    }
+}
