@@ -103,7 +103,8 @@ pub enum Link {
     /// Against the simulated `libcudart.so.12` (`-l:libcudart.so.12`, no rpath): runs with
     /// `LD_LIBRARY_PATH=<sim_dir>`, as a program built with nvcc `-cudart shared` would.
     SharedRuntime,
-    /// Against the simulated `libcudart.so.13`.
+    /// Against the simulated `libcudart.so.13`; also defines `CUDART13` (cuda_api.h then
+    /// declares the CUDA 13 forms where the ABI changed).
     SharedRuntime13,
     /// Against `libcudart_static.a` (nvcc's default): the runtime is inside the executable
     /// and reaches `libcuda.so.1` through `dlopen`.
@@ -119,7 +120,13 @@ impl Link {
         let l = |s: &str| s.to_string();
         let mut v = match self {
             Link::SharedRuntime => vec![format!("-L{}", sim.display()), l("-l:libcudart.so.12")],
-            Link::SharedRuntime13 => vec![format!("-L{}", sim.display()), l("-l:libcudart.so.13")],
+            Link::SharedRuntime13 => {
+                vec![
+                    l("-DCUDART13"),
+                    format!("-L{}", sim.display()),
+                    l("-l:libcudart.so.13"),
+                ]
+            }
             Link::StaticRuntime => vec![
                 sim.join("libcudart_static.a").display().to_string(),
                 l("-lrt"),

@@ -2,7 +2,8 @@
  * cuda_api.h - hand-written declarations of the CUDA runtime, driver and NVML API used by
  * vramshim's C workloads and tests. The real toolkit headers are not installable here; these
  * declarations follow the ABI of CUDA 12.x (runtime 12090) and 13.0 where they agree. Where
- * they differ (struct cudaDeviceProp) both layouts are given.
+ * they differ, define CUDART13 for the 13.0 form (cudaStreamGetCaptureInfo); struct
+ * cudaDeviceProp is left opaque (12.x: 1032 bytes, totalGlobalMem at offset 288 in both).
  *
  * Programs link against the simulated runtime (-lcudart via libcudart.so.12 or
  * libcudart_static.a), or against NVIDIA's real libcudart.so.12: the ABI is the same.
@@ -213,9 +214,20 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
 cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode);
 cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *pGraph);
 cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureStatus *pCaptureStatus);
-/* CUDA 12 signature (CUDA 13 adds edge data); only the first three outputs are filled. */
+#ifdef CUDART13
+/* CUDA 13 ABI (define CUDART13 when linking libcudart.so.13; Link::SharedRuntime13 does). */
+cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream, enum cudaStreamCaptureStatus *captureStatus_out,
+                                     unsigned long long *id_out, cudaGraph_t *graph_out,
+                                     const void **dependencies_out, const void **edgeData_out,
+                                     size_t *numDependencies_out);
+#else
+/* CUDA 12 ABI of the exported symbol (the 12.x header maps the 6-argument form to _v2). */
 cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream, enum cudaStreamCaptureStatus *captureStatus_out,
                                      unsigned long long *id_out);
+cudaError_t cudaStreamGetCaptureInfo_v2(cudaStream_t stream, enum cudaStreamCaptureStatus *captureStatus_out,
+                                        unsigned long long *id_out, cudaGraph_t *graph_out,
+                                        const void **dependencies_out, size_t *numDependencies_out);
+#endif
 cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode *mode);
 
 cudaError_t cudaEventCreate(cudaEvent_t *event);

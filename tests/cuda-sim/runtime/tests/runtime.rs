@@ -258,3 +258,16 @@ fn two_devices_current_device_per_thread() {
     out.assert_success();
     assert!(out.stdout.contains("rt_multi: ok"));
 }
+
+#[test]
+fn capture_ipc_pointer_attributes_and_pools() {
+    for (name, link) in [
+        ("rt_more12", Link::SharedRuntime),
+        ("rt_more13", Link::SharedRuntime13),
+    ] {
+        let exe = compile_c(name, &["tests/workloads/sim/rt_more.c"], link);
+        let out = run(&mut sim_command(&exe, name));
+        out.assert_success();
+        assert!(out.stdout.contains("rt_more: ok"));
+    }
+}
