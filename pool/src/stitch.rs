@@ -32,6 +32,12 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 const FAST_SCAN: usize = 8;
 /// How many cached mappings of one length a placement looks at.
 const MAP_SCAN: usize = 64;
+/// Page classes: blocks up to half a page are "small" and share pages with each other;
+/// larger blocks share their heads and tails with each other. A class takes the other's
+/// free bytes only before the pool would otherwise grow or fail (keeps long-lived small
+/// blocks from pinning the pages that large blocks need).
+const SMALL: usize = 0;
+const LARGE: usize = 1;
 
 #[derive(Clone, Copy, Debug)]
 struct Fence {
@@ -45,6 +51,10 @@ struct Page {
     /// free byte ranges start -> end
     free: BTreeMap<u64, u64>,
     used: u64,
+    /// blocks (live, pending or cached) holding bytes here: start -> (end, block address)
+    occ: BTreeMap<u64, (u64, u64)>,
+    /// SMALL or LARGE: which blocks this page was first used for (while partly used)
+    class: usize,
     maps: Vec<u32>,
     fences: Vec<Fence>,
 }
@@ -102,12 +112,12 @@ pub struct Stitch {
     npages: u64,
     /// pages with no used byte
     free_pages: BTreeSet<u32>,
-    /// free ranges of partly used pages: (len, page, start)
-    ranges: BTreeSet<(u64, u32, u64)>,
-    /// partly used pages with a free prefix: (len, page)
-    prefix: BTreeSet<(u64, u32)>,
-    /// partly used pages with a free suffix: (len, page)
-    suffix: BTreeSet<(u64, u32)>,
+    /// free ranges of partly used pages, per page class: (len, page, start)
+    ranges: [BTreeSet<(u64, u32, u64)>; 2],
+    /// partly used pages with a free prefix, per class: (len, page)
+    prefix: [BTreeSet<(u64, u32)>; 2],
+    /// partly used pages with a free suffix, per class: (len, page)
+    suffix: [BTreeSet<(u64, u32)>; 2],
     maps: Vec<Option<Mapping>>,
     free_map_slots: Vec<u32>,
     nmaps: u64,
@@ -115,7 +125,8 @@ pub struct Stitch {
     maps_by_va: BTreeMap<u64, u32>,
     blocks: FxMap<u64, Block>,
     cache: FxMap<u64, Vec<u64>>,
-    lru: VecDeque<(u64, u64)>,
+    /// cached blocks in free order, per class (stale entries skipped)
+    lru: [VecDeque<(u64, u64)>; 2],
     ncached: usize,
     pending: Vec<u64>,
     epoch: u64,
@@ -126,6 +137,9 @@ pub struct Stitch {
     first_stream: Option<Stream>,
     multi_stream: bool,
     faults: Faults,
+    /// soft limit over peak live beyond which cached blocks are dissolved before growing
+    /// (None: cache until the device or cap refuses)
+    headroom: Option<f64>,
     stats: Stats,
 }
 
@@ -143,9 +157,9 @@ impl Stitch {
             free_slots: Vec::new(),
             npages: 0,
             free_pages: BTreeSet::new(),
-            ranges: BTreeSet::new(),
-            prefix: BTreeSet::new(),
-            suffix: BTreeSet::new(),
+            ranges: Default::default(),
+            prefix: Default::default(),
+            suffix: Default::default(),
             maps: Vec::new(),
             free_map_slots: Vec::new(),
             nmaps: 0,
@@ -153,7 +167,7 @@ impl Stitch {
             maps_by_va: BTreeMap::new(),
             blocks: FxMap::default(),
             cache: FxMap::default(),
-            lru: VecDeque::new(),
+            lru: Default::default(),
             ncached: 0,
             pending: Vec::new(),
             epoch: 0,
@@ -164,8 +178,18 @@ impl Stitch {
             first_stream: None,
             multi_stream: false,
             faults: Faults::default(),
+            headroom: None,
             stats: Stats::default(),
         }
+    }
+
+    /// Soft limit: once the pool holds more than `peak_live * (1 + headroom)` bytes, a
+    /// request that misses the cache dissolves cached blocks before the pool grows (tighter
+    /// when memory is plentiful, at the cost of some driver calls in steady state). Default
+    /// `None`: cache until the device or the cap refuses, then dissolve.
+    pub fn with_headroom(mut self, headroom: Option<f64>) -> Self {
+        self.headroom = headroom;
+        self
     }
 
     /// Break safety rules on purpose (tests only).
@@ -186,6 +210,55 @@ impl Stitch {
     /// Blocks freed and kept formed for reuse.
     pub fn cached_blocks(&self) -> usize {
         self.ncached
+    }
+
+    /// One line describing the page state (for debugging placement).
+    #[doc(hidden)]
+    pub fn debug_state(&self) -> String {
+        let partial: Vec<&Page> = self
+            .pages
+            .iter()
+            .flatten()
+            .filter(|p| p.used > 0 && p.used < self.gran)
+            .collect();
+        let pfree: u64 = partial.iter().map(|p| self.gran - p.used).sum();
+        let small_partial = partial.iter().filter(|p| p.class == SMALL).count();
+        let small_free: u64 = partial
+            .iter()
+            .filter(|p| p.class == SMALL)
+            .map(|p| self.gran - p.used)
+            .sum();
+        let full = self
+            .pages
+            .iter()
+            .flatten()
+            .filter(|p| p.used == self.gran)
+            .count();
+        let largest_suffix = self.suffix[LARGE]
+            .iter()
+            .next_back()
+            .map(|x| x.0)
+            .unwrap_or(0);
+        let largest_prefix = self.prefix[LARGE]
+            .iter()
+            .next_back()
+            .map(|x| x.0)
+            .unwrap_or(0);
+        format!(
+            "small partial {small_partial} free {} KiB; pages {} (free {}, partial {}, full {}), partial free bytes {} KiB, largest suffix {} KiB, prefix {} KiB, cached {}, pending {}, live {} KiB, maps {}",
+            small_free / 1024,
+            self.npages,
+            self.free_pages.len(),
+            partial.len(),
+            full,
+            pfree / 1024,
+            largest_suffix / 1024,
+            largest_prefix / 1024,
+            self.ncached,
+            self.pending.len(),
+            self.stats.live / 1024,
+            self.nmaps
+        )
     }
 
     fn page(&self, p: u32) -> &Page {
@@ -216,13 +289,14 @@ impl Stitch {
             self.free_pages.remove(&p);
             return;
         }
+        let c = pg.class;
         for (&s, &e) in &pg.free {
-            self.ranges.remove(&(e - s, p, s));
+            self.ranges[c].remove(&(e - s, p, s));
             if s == 0 {
-                self.prefix.remove(&(e, p));
+                self.prefix[c].remove(&(e, p));
             }
             if e == g {
-                self.suffix.remove(&(e - s, p));
+                self.suffix[c].remove(&(e - s, p));
             }
         }
     }
@@ -234,21 +308,25 @@ impl Stitch {
             self.free_pages.insert(p);
             return;
         }
+        let c = pg.class;
         for (&s, &e) in &pg.free {
-            self.ranges.insert((e - s, p, s));
+            self.ranges[c].insert((e - s, p, s));
             if s == 0 {
-                self.prefix.insert((e, p));
+                self.prefix[c].insert((e, p));
             }
             if e == g {
-                self.suffix.insert((e - s, p));
+                self.suffix[c].insert((e - s, p));
             }
         }
     }
 
     /// Mark `[s, e)` of page `p` used (must be free).
-    fn take(&mut self, p: u32, s: u64, e: u64) {
+    fn take(&mut self, p: u32, s: u64, e: u64, class: usize) {
         self.unindex(p);
         let pg = self.page_mut(p);
+        if pg.used == 0 {
+            pg.class = class;
+        }
         let (&fs, &fe) = pg.free.range(..=s).next_back().expect("take: not free");
         debug_assert!(fs <= s && e <= fe, "take: range not free");
         pg.free.remove(&fs);
@@ -405,7 +483,8 @@ impl Stitch {
                 b.seq = self.seq;
                 let (size, seq) = (b.size, b.seq);
                 self.cache.entry(size).or_default().push(a);
-                self.lru.push_back((seq, a));
+                let c = self.class_of(size);
+                self.lru[c].push_back((seq, a));
                 self.ncached += 1;
                 self.pending.swap_remove(i);
             } else {
@@ -491,6 +570,7 @@ impl Stitch {
         for (p, s, e) in self.pieces(&pages, b.off, b.size) {
             if !self.faults.skip_take {
                 self.give(p, s, e);
+                self.page_mut(p).occ.remove(&s);
             }
             if let Some(f) = fence {
                 self.add_fence(dev, p, f);
@@ -505,9 +585,25 @@ impl Stitch {
     /// Dissolve cached blocks, least recently freed first, until `want` bytes were given
     /// back (at least one block). Returns false if nothing was cached.
     fn dissolve_some(&mut self, dev: &mut dyn Device, want: u64) -> bool {
+        // the older of the two classes' heads first
+        let c = match (self.lru[SMALL].front(), self.lru[LARGE].front()) {
+            (Some(s), Some(l)) => {
+                if s.0 <= l.0 {
+                    SMALL
+                } else {
+                    LARGE
+                }
+            }
+            (Some(_), None) => SMALL,
+            _ => LARGE,
+        };
+        self.dissolve_class(dev, want, c) || self.dissolve_class(dev, want, 1 - c)
+    }
+
+    fn dissolve_class(&mut self, dev: &mut dyn Device, want: u64, class: usize) -> bool {
         let mut done = 0u64;
         let mut any = false;
-        while let Some((seq, a)) = self.lru.pop_front() {
+        while let Some((seq, a)) = self.lru[class].pop_front() {
             let ok = self
                 .blocks
                 .get(&a)
@@ -526,27 +622,59 @@ impl Stitch {
     }
 
     fn compact_lru(&mut self) {
-        if self.lru.len() > 2 * self.ncached + 1024 {
+        if self.lru[0].len() + self.lru[1].len() > 2 * self.ncached + 1024 {
             let blocks = &self.blocks;
-            self.lru.retain(|&(seq, a)| {
-                blocks
-                    .get(&a)
-                    .is_some_and(|b| b.state == BState::Cached && b.seq == seq)
-            });
+            for l in &mut self.lru {
+                l.retain(|&(seq, a)| {
+                    blocks
+                        .get(&a)
+                        .is_some_and(|b| b.state == BState::Cached && b.seq == seq)
+                });
+            }
         }
     }
 
     // ------------------------------------------------------------ placement
 
-    /// Best placement of `size` bytes with the pages held now, or None.
-    fn place(&self, size: u64) -> Option<Plan> {
+    /// Best placement of `size` bytes with the pages held now, or None. `mix`: also use the
+    /// other class's shared pages.
+    fn place(&self, size: u64, mix: bool, allow_new: bool) -> Option<Plan> {
         let g = self.gran;
+        let cls = self.class_of(size);
+        let classes: &[usize] = match (mix, cls) {
+            (false, SMALL) => &[SMALL],
+            (false, _) => &[LARGE],
+            (true, SMALL) => &[SMALL, LARGE],
+            (true, _) => &[LARGE, SMALL],
+        };
+        // best fit (len, page) >= min over the allowed classes, skipping page `not`
+        let best = |sets: &[BTreeSet<(u64, u32)>; 2], min: u64, not: Option<u32>| {
+            classes
+                .iter()
+                .filter_map(|&c| {
+                    sets[c]
+                        .range((min, 0)..)
+                        .find(|x| Some(x.1) != not)
+                        .copied()
+                })
+                .min()
+        };
+        let largest = |sets: &[BTreeSet<(u64, u32)>; 2]| {
+            classes
+                .iter()
+                .filter_map(|&c| sets[c].iter().next_back().copied())
+                .max()
+        };
         // A. existing mappings (no driver call)
         if size <= g {
             // best-fit free range of a shared page (always mapped somewhere)
-            for &(len, p, s) in self.ranges.range((size, 0, 0)..).take(MAP_SCAN) {
-                let pg = self.page(p);
-                let Some(&m) = pg.maps.first() else { continue };
+            let r = classes
+                .iter()
+                .filter_map(|&c| self.ranges[c].range((size, 0, 0)..).next().copied())
+                .min();
+            if let Some((len, p, s)) = r
+                && let Some(&m) = self.page(p).maps.first()
+            {
                 let e = s + len;
                 // keep prefixes and suffixes whole for heads and tails
                 let pos = if s == 0 && e < g { e - size } else { s };
@@ -567,19 +695,21 @@ impl Stitch {
                 }
             }
         }
-        let n_min = size.div_ceil(g) as usize;
-        for n in [n_min.max(2), n_min.max(2) + 1] {
-            if n < n_min {
-                continue;
-            }
-            let Some(list) = self.maps_by_len.get(&n) else {
-                continue;
-            };
-            for &m in list.iter().rev().take(MAP_SCAN) {
-                if let Some(off) = self.fit_in_mapping(m, size) {
-                    return Some(Plan::Existing { map: m, off });
+        if cls == LARGE {
+            let n_min = size.div_ceil(g) as usize;
+            for n in [n_min.max(2), n_min.max(2) + 1] {
+                let Some(list) = self.maps_by_len.get(&n) else {
+                    continue;
+                };
+                for &m in list.iter().rev().take(MAP_SCAN) {
+                    if let Some(off) = self.fit_in_mapping(m, size, classes) {
+                        return Some(Plan::Existing { map: m, off });
+                    }
                 }
             }
+        }
+        if !allow_new {
+            return None;
         }
         // B. new mapping over free resources
         let k0 = size / g;
@@ -587,66 +717,202 @@ impl Stitch {
         let nfree = self.free_pages.len() as u64;
         let take_free =
             |k: u64| -> Vec<u32> { self.free_pages.iter().take(k as usize).copied().collect() };
-        if r == 0 && nfree >= k0 {
+        // Tier 1: no new holes. A partly used page's free end is consumed whole (head = its
+        // whole free suffix, or tail = its whole free prefix) when that saves a fresh page;
+        // the rest comes from fresh pages, whose leftover is again a clean prefix or suffix.
+        if r > 0 && (cls == LARGE || mix) {
+            // best fit >= r saves a fresh page; otherwise the largest free end still packs
+            let head = best(&self.suffix, r, None);
+            let tail = best(&self.prefix, r, None);
+            let pick = match (head, tail) {
+                (Some(h), Some(t)) => Some(if h.0 <= t.0 { (h, true) } else { (t, false) }),
+                (Some(h), None) => Some((h, true)),
+                (None, Some(t)) => Some((t, false)),
+                (None, None) => match (largest(&self.suffix), largest(&self.prefix)) {
+                    (Some(h), Some(t)) => Some(if h.0 >= t.0 { (h, true) } else { (t, false) }),
+                    (Some(h), None) => Some((h, true)),
+                    (None, Some(t)) => Some((t, false)),
+                    (None, None) => None,
+                },
+            };
+            if let Some(((len, p), use_head)) = pick
+                && len < size
+            {
+                let rest = size - len;
+                let n = rest.div_ceil(g);
+                if nfree >= n {
+                    let fresh = take_free(n);
+                    return Some(if use_head {
+                        let mut pages = vec![p];
+                        pages.extend(fresh);
+                        Plan::New {
+                            pages,
+                            off: g - len,
+                        }
+                    } else {
+                        let mut pages = fresh;
+                        pages.push(p);
+                        Plan::New {
+                            pages,
+                            off: n * g - rest,
+                        }
+                    });
+                }
+            }
+        }
+        if nfree >= size.div_ceil(g) {
             return Some(Plan::New {
-                pages: take_free(k0),
+                pages: take_free(size.div_ceil(g)),
                 off: 0,
             });
         }
-        if r > 0 && nfree >= k0 {
-            // tail: best-fit prefix
-            if let Some(&(_, t)) = self.prefix.range((r, 0)..).next() {
-                let mut pages = take_free(k0);
-                pages.push(t);
-                return Some(Plan::New { pages, off: 0 });
-            }
-            // head: best-fit suffix
-            if let Some(&(_, h)) = self.suffix.range((r, 0)..).next() {
-                let mut pages = vec![h];
-                pages.extend(take_free(k0));
-                return Some(Plan::New { pages, off: g - r });
-            }
-            // split: largest suffix as head, best-fit prefix for the rest
-            if let Some(&(hl, h)) = self.suffix.iter().next_back() {
-                let need = r - hl.min(r);
-                if let Some(&(_, t)) = self.prefix.range((need, 0)..).find(|x| x.1 != h) {
+        // Tier 2: use partly used pages' free ends even if that leaves a hole.
+        if cls == LARGE || mix {
+            if nfree >= k0 && r > 0 {
+                // tail: best-fit prefix
+                if let Some((_, t)) = best(&self.prefix, r, None) {
+                    let mut pages = take_free(k0);
+                    pages.push(t);
+                    return Some(Plan::New { pages, off: 0 });
+                }
+                // head: best-fit suffix
+                if let Some((_, h)) = best(&self.suffix, r, None) {
                     let mut pages = vec![h];
                     pages.extend(take_free(k0));
-                    pages.push(t);
-                    return Some(Plan::New { pages, off: g - hl });
+                    return Some(Plan::New { pages, off: g - r });
+                }
+                // split: largest suffix as head, best-fit prefix for the rest
+                if let Some((hl, h)) = largest(&self.suffix) {
+                    let need = r - hl.min(r);
+                    if let Some((_, t)) = best(&self.prefix, need, Some(h)) {
+                        let mut pages = vec![h];
+                        pages.extend(take_free(k0));
+                        pages.push(t);
+                        return Some(Plan::New { pages, off: g - hl });
+                    }
+                }
+            }
+            if k0 >= 1 && nfree + 1 >= k0 {
+                // one page fewer: head + tail make up a page plus the remainder
+                if let Some((hl, h)) = largest(&self.suffix) {
+                    let need = r + g - hl; // > r, <= g
+                    if need < g
+                        && let Some((_, t)) = best(&self.prefix, need, Some(h))
+                    {
+                        let mut pages = vec![h];
+                        pages.extend(take_free(k0 - 1));
+                        pages.push(t);
+                        return Some(Plan::New { pages, off: g - hl });
+                    }
                 }
             }
         }
-        if k0 >= 1 && nfree + 1 >= k0 {
-            // one page fewer: head + tail make up a page plus the remainder
-            if let Some(&(hl, h)) = self.suffix.iter().next_back() {
-                let need = r + g - hl; // > r, <= g
-                if need < g
-                    && let Some(&(_, t)) = self.prefix.range((need, 0)..).find(|x| x.1 != h)
-                {
-                    let mut pages = vec![h];
-                    pages.extend(take_free(k0 - 1));
-                    pages.push(t);
-                    return Some(Plan::New { pages, off: g - hl });
+        None
+    }
+
+    fn class_of(&self, size: u64) -> usize {
+        if size <= self.gran / 2 { SMALL } else { LARGE }
+    }
+
+    /// A cached mapping that can host `size` bytes once the cached blocks in the way are
+    /// dissolved (live and pending blocks stay): `(mapping, offset, blocks to dissolve)`.
+    /// This is what keeps a repeating workload free of driver calls: a request that misses
+    /// the exact-size cache takes the mapping an earlier pass made for it.
+    fn reuse_mapping(&self, size: u64) -> Option<(u32, u64, Vec<u64>)> {
+        let g = self.gran;
+        let n_min = size.div_ceil(g) as usize;
+        let pinned = |a: u64| {
+            self.blocks
+                .get(&a)
+                .is_some_and(|b| b.state != BState::Cached)
+        };
+        for n in [n_min, n_min + 1] {
+            let Some(list) = self.maps_by_len.get(&n) else {
+                continue;
+            };
+            'maps: for &m in list.iter().rev().take(MAP_SCAN) {
+                let mp = self.map(m);
+                let off = if n == 1 {
+                    // a gap between pinned blocks of the page
+                    let pg = self.page(mp.pages[0]);
+                    let mut prev_end = 0u64;
+                    let mut found = None;
+                    for (&s, &(e, a)) in &pg.occ {
+                        if !pinned(a) {
+                            continue;
+                        }
+                        if s >= prev_end + size {
+                            found = Some(prev_end);
+                            break;
+                        }
+                        prev_end = prev_end.max(e);
+                    }
+                    if found.is_none() && g >= prev_end + size {
+                        found = Some(prev_end);
+                    }
+                    match found {
+                        Some(o) => o,
+                        None => continue,
+                    }
+                } else {
+                    for &p in &mp.pages[1..n - 1] {
+                        if self.page(p).occ.values().any(|&(_, a)| pinned(a)) {
+                            continue 'maps;
+                        }
+                    }
+                    let head = self.page(mp.pages[0]);
+                    let live_end = head
+                        .occ
+                        .iter()
+                        .filter(|(_, (_, a))| pinned(*a))
+                        .map(|(_, &(e, _))| e)
+                        .max()
+                        .unwrap_or(0);
+                    let tail = self.page(mp.pages[n - 1]);
+                    let live_start = tail
+                        .occ
+                        .iter()
+                        .find(|(_, (_, a))| pinned(*a))
+                        .map(|(&s, _)| s)
+                        .unwrap_or(g);
+                    let n = n as u64;
+                    let lo = round_up(live_end.max(((n - 1) * g + 1).saturating_sub(size)), ALIGN);
+                    let Some(top) = ((n - 1) * g + live_start).checked_sub(size) else {
+                        continue;
+                    };
+                    let hi = (g - 1).min(top);
+                    if lo > hi {
+                        continue;
+                    }
+                    lo
+                };
+                let mut victims = Vec::new();
+                for (p, s, e) in self.pieces(&mp.pages, off, size) {
+                    for (_, &(oe, a)) in self.page(p).occ.range(..e) {
+                        if oe > s && !victims.contains(&a) {
+                            victims.push(a);
+                        }
+                    }
                 }
+                return Some((m, off, victims));
             }
-        }
-        if r > 0 && nfree > k0 {
-            // a fresh page for the tail (its free suffix serves later heads)
-            return Some(Plan::New {
-                pages: take_free(k0 + 1),
-                off: 0,
-            });
         }
         None
     }
 
     /// Offset at which `size` bytes fit in mapping `m` spanning all its pages, if any.
-    fn fit_in_mapping(&self, m: u32, size: u64) -> Option<u64> {
+    fn fit_in_mapping(&self, m: u32, size: u64, classes: &[usize]) -> Option<u64> {
         let g = self.gran;
         let mp = self.map(m);
         let n = mp.pages.len() as u64;
         if n < 2 {
+            return None;
+        }
+        let ends = [mp.pages[0], mp.pages[n as usize - 1]];
+        if ends.iter().any(|&p| {
+            let pg = self.page(p);
+            pg.used != 0 && !classes.contains(&pg.class)
+        }) {
             return None;
         }
         for &p in &mp.pages[1..mp.pages.len() - 1] {
@@ -670,6 +936,7 @@ impl Stitch {
         size: u64,
         t: Stream,
     ) -> Result<(u32, u64), PoolError> {
+        let cls = self.class_of(size);
         let (pages, off, existing) = match plan {
             Plan::Existing { map, off } => (self.map(map).pages.clone(), off, Some(map)),
             Plan::New { pages, off } => (pages, off, None),
@@ -706,9 +973,11 @@ impl Stitch {
             Some(m) => m,
             None => self.new_mapping(dev, pages)?,
         };
+        let addr = self.map(map).va + off;
         if !self.faults.skip_take {
             for &(p, s, e) in &pieces {
-                self.take(p, s, e);
+                self.take(p, s, e, cls);
+                self.page_mut(p).occ.insert(s, (e, addr));
             }
         }
         self.map_mut(map).users += 1;
@@ -811,6 +1080,8 @@ impl Stitch {
             handle: h,
             free: BTreeMap::from([(0, g)]),
             used: 0,
+            occ: BTreeMap::new(),
+            class: LARGE,
             maps: Vec::new(),
             fences: Vec::new(),
         };
@@ -878,45 +1149,35 @@ impl Stitch {
         }
     }
 
-    fn alloc_slow(
+    /// Place with what is held now: `allow_new` lets it map free pages into a new mapping.
+    fn step_place(
         &mut self,
         dev: &mut dyn Device,
         size: u64,
         t: Stream,
-    ) -> Result<(u32, u64), PoolError> {
+        mix: bool,
+        allow_new: bool,
+    ) -> Result<Option<(u32, u64)>, PoolError> {
+        match self.place(size, mix, allow_new) {
+            Some(plan) => self.try_commit(dev, plan, size, t),
+            None => Ok(None),
+        }
+    }
+
+    /// Create pages for the shortfall and place. `Ok(Err(e))`: the device or cap refused
+    /// (after trying the other class's shared pages), with pages created here given back.
+    fn step_grow(
+        &mut self,
+        dev: &mut dyn Device,
+        size: u64,
+        t: Stream,
+    ) -> Result<Result<(u32, u64), DeviceError>, PoolError> {
         let g = self.gran;
-        // 1. what is free now
-        if let Some(plan) = self.place(size)
-            && let Some(x) = self.try_commit(dev, plan, size, t)?
-        {
-            return Ok(x);
-        }
-        // 2. dissolve cached blocks, least recently freed first
-        while self.dissolve_some(dev, size) {
-            if let Some(plan) = self.place(size)
-                && let Some(x) = self.try_commit(dev, plan, size, t)?
-            {
-                return Ok(x);
-            }
-        }
-        // 3. one synchronization releases every pending cudaFree'd block
-        if !self.pending.is_empty() && !dev.is_capturing() {
-            self.do_sync(dev)?;
-            while self.dissolve_some(dev, u64::MAX) {}
-            if let Some(plan) = self.place(size)
-                && let Some(x) = self.try_commit(dev, plan, size, t)?
-            {
-                return Ok(x);
-            }
-        }
-        // 4. grow by the shortfall
-        let k0 = size / g;
-        let want = k0 + u64::from(!size.is_multiple_of(g));
+        let want = size.div_ceil(g);
         let nfree = self.free_pages.len() as u64;
         let mut created: Vec<u32> = Vec::new();
         let mut shortfall = want.saturating_sub(nfree).max(1);
-        let mut attempts = 0;
-        loop {
+        for _attempt in 0..4 {
             let mut refused = None;
             for _ in 0..shortfall {
                 match self.grow(dev) {
@@ -927,34 +1188,115 @@ impl Stitch {
                     }
                 }
             }
-            if refused.is_none()
-                && let Some(plan) = self.place(size)
-                && let Some(x) = self.try_commit(dev, plan, size, t)?
-            {
+            for mix in [false, true] {
+                if refused.is_none() || mix {
+                    match self.step_place(dev, size, t, mix, true) {
+                        Ok(Some(x)) => {
+                            self.release_unused(dev, &created);
+                            return Ok(Ok(x));
+                        }
+                        Ok(None) => {}
+                        Err(e) => {
+                            self.release_unused(dev, &created);
+                            return Err(e);
+                        }
+                    }
+                }
+            }
+            if let Some(e) = refused {
+                self.release_unused(dev, &created);
+                if !e.is_oom() {
+                    return Err(PoolError::Device(e));
+                }
+                return Ok(Err(e));
+            }
+            shortfall = 1;
+        }
+        self.release_unused(dev, &created);
+        Err(PoolError::Device(DeviceError::Driver(-1)))
+    }
+
+    fn alloc_slow(
+        &mut self,
+        dev: &mut dyn Device,
+        size: u64,
+        t: Stream,
+    ) -> Result<(u32, u64), PoolError> {
+        let g = self.gran;
+        // 1. free bytes in existing mappings (no driver call)
+        if let Some(x) = self.step_place(dev, size, t, false, false)? {
+            return Ok(x);
+        }
+        // Small blocks live inside single pages, which are always mapped: re-packing them
+        // costs no driver call, so small requests dissolve cached small blocks before the
+        // pool grows (keeps small blocks on few pages).
+        if self.class_of(size) == SMALL {
+            while self.dissolve_class(dev, size, SMALL) {
+                if let Some(x) = self.step_place(dev, size, t, false, false)? {
+                    return Ok(x);
+                }
+            }
+        }
+        // Grow-first mode (below the soft limit): keep cached blocks for exact reuse and
+        // take free pages or new pages, like a caching allocator.
+        let limit = self.soft_limit();
+        if (self.npages + size.div_ceil(g)) * g <= limit {
+            if let Some(x) = self.step_place(dev, size, t, false, true)? {
                 return Ok(x);
             }
-            attempts += 1;
-            match refused {
-                None if attempts < 4 => shortfall = 1,
-                None => {
-                    self.release_unused(dev, &created);
-                    return Err(PoolError::Device(DeviceError::Driver(-1)));
-                }
-                Some(e) => {
-                    // give back what this attempt created and is still unused
-                    self.release_unused(dev, &created);
-                    if !e.is_oom() {
-                        return Err(PoolError::Device(e));
-                    }
-                    self.stats.oom_retries += 1;
-                    return Err(PoolError::OutOfMemory {
-                        requested: size,
-                        reserved: self.stats.reserved,
-                        live: self.stats.live,
-                        why: e,
-                    });
-                }
+            if let Ok(x) = self.step_grow(dev, size, t)? {
+                return Ok(x);
             }
+        }
+        // 2. a cached mapping, dissolving the cached blocks in the way (no driver call)
+        if self.ncached > 0
+            && let Some((m, off, victims)) = self.reuse_mapping(size)
+        {
+            for v in victims {
+                self.dissolve(dev, v);
+            }
+            if let Some(x) = self.try_commit(dev, Plan::Existing { map: m, off }, size, t)? {
+                return Ok(x);
+            }
+        }
+        // 3. free pages under a new mapping
+        if let Some(x) = self.step_place(dev, size, t, false, true)? {
+            return Ok(x);
+        }
+        // 4. dissolve cached blocks, least recently freed first
+        while self.dissolve_some(dev, size) {
+            if let Some(x) = self.step_place(dev, size, t, false, true)? {
+                return Ok(x);
+            }
+        }
+        // 5. one synchronization releases every pending cudaFree'd block
+        if !self.pending.is_empty() && !dev.is_capturing() {
+            self.do_sync(dev)?;
+            while self.dissolve_some(dev, u64::MAX) {}
+            if let Some(x) = self.step_place(dev, size, t, false, true)? {
+                return Ok(x);
+            }
+        }
+        // 6. grow by the shortfall; if refused, share pages across classes
+        match self.step_grow(dev, size, t)? {
+            Ok(x) => Ok(x),
+            Err(e) => {
+                self.stats.oom_retries += 1;
+                Err(PoolError::OutOfMemory {
+                    requested: size,
+                    reserved: self.stats.reserved,
+                    live: self.stats.live,
+                    why: e,
+                })
+            }
+        }
+    }
+
+    /// Bytes the pool may hold before it prefers dissolving cached blocks to growing.
+    fn soft_limit(&self) -> u64 {
+        match self.headroom {
+            None => u64::MAX,
+            Some(h) => (self.stats.peak_live as f64 * (1.0 + h.max(0.0))) as u64,
         }
     }
 
@@ -1068,7 +1410,8 @@ impl Policy for Stitch {
                     self.blocks.get_mut(&addr).unwrap().event = Some(ev);
                 }
                 self.cache.entry(size).or_default().push(addr);
-                self.lru.push_back((seq, addr));
+                let c = self.class_of(size);
+                self.lru[c].push_back((seq, addr));
                 self.ncached += 1;
                 self.compact_lru();
             }
