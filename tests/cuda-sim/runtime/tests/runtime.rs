@@ -271,3 +271,57 @@ fn capture_ipc_pointer_attributes_and_pools() {
         assert!(out.stdout.contains("rt_more: ok"));
     }
 }
+
+/// The runtime reaches the driver only through `cuGetProcAddress_v2` (base names, minimum
+/// versions, per-thread flag for `_ptsz`): a stand-in libcuda.so.1 exporting nothing else,
+/// logging every lookup and forwarding to the simulated driver, is enough for it.
+#[test]
+fn runtime_reaches_the_driver_only_through_cu_get_proc_address_v2() {
+    let dir = temp_dir("logging_driver");
+    compile_c_to(
+        &dir.join("libcuda.so.1"),
+        &["tests/workloads/sim/logging_driver.c"],
+        Link::Dl,
+        &["-shared", "-fPIC", "-Wl,-soname,libcuda.so.1"],
+    );
+    let nm = readelf(&["--dyn-syms", "-W"], &dir.join("libcuda.so.1"));
+    assert!(
+        !nm.contains(" cuInit"),
+        "the stand-in must export cuGetProcAddress_v2 only"
+    );
+    std::fs::copy(
+        sim_dir().join("libcudart.so.12"),
+        dir.join("libcudart.so.12"),
+    )
+    .unwrap();
+    let exe = compile_c("rt_basic_logged", &[BASIC], Link::SharedRuntime);
+    let out = run(sim_command(&exe, "rt_logged")
+        .env("LD_LIBRARY_PATH", &dir)
+        .env("VRAMSIM_REAL_LIBCUDA", sim_dir().join("libcuda.so.1")));
+    out.assert_success();
+    for lookup in [
+        "lookup cuInit 2000 0",
+        "lookup cuMemAlloc 3020 0",
+        "lookup cuMemFree 3020 0",
+        "lookup cuMemAllocAsync 11020 0",
+        "lookup cuMemAllocAsync 11020 2",
+        "lookup cuMemFreeAsync 11020 2",
+        "lookup cuMemAllocFromPoolAsync 11020 2",
+        "lookup cuDevicePrimaryCtxRetain 7000 0",
+        "lookup cuDeviceTotalMem 3020 0",
+    ] {
+        assert!(
+            out.stderr.lines().any(|l| l == lookup),
+            "no '{lookup}' in:\n{}",
+            out.stderr
+        );
+    }
+    // Base names only: never a versioned or _ptsz name.
+    for l in out.stderr.lines().filter(|l| l.starts_with("lookup ")) {
+        let name = l.split_whitespace().nth(1).unwrap();
+        assert!(
+            !name.ends_with("_v2") && !name.ends_with("_ptsz"),
+            "looked up a variant name: {l}"
+        );
+    }
+}
