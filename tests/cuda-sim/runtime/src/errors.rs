@@ -154,3 +154,44 @@ pub fn error_string(e: cudaError_t) -> *const c_char {
         None => c"unrecognized error code".as_ptr(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::CStr;
+
+    fn s(p: *const c_char) -> String {
+        // SAFETY: the tables hand out static NUL-terminated strings.
+        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    }
+
+    #[test]
+    fn names_and_strings() {
+        assert_eq!(s(error_name(2)), "cudaErrorMemoryAllocation");
+        assert_eq!(s(error_string(2)), "out of memory");
+        assert_eq!(s(error_name(35)), "cudaErrorInsufficientDriver");
+        assert_eq!(s(error_string(424242)), "unrecognized error code");
+    }
+
+    #[test]
+    fn last_error_is_per_thread_get_resets_peek_does_not() {
+        assert_eq!(get_last_error(), 0);
+        record(2);
+        record(0);
+        assert_eq!(peek_last_error(), 2);
+        std::thread::spawn(|| assert_eq!(peek_last_error(), 0))
+            .join()
+            .unwrap();
+        assert_eq!(get_last_error(), 2);
+        assert_eq!(get_last_error(), 0);
+        record(err::NOT_READY);
+        assert_eq!(get_last_error(), 0);
+    }
+
+    #[test]
+    fn guard_turns_a_panic_into_unknown() {
+        let rc = guard(|| panic!("boom"));
+        assert_eq!(rc, err::UNKNOWN);
+        assert_eq!(get_last_error(), err::UNKNOWN);
+    }
+}

@@ -302,3 +302,30 @@ pub struct cudaDeviceProp13 {
     pub hostNumaMultinodeIpcSupported: c_int,
     pub reserved: [c_int; 56],
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::{offset_of, size_of};
+
+    #[test]
+    fn device_prop_layouts() {
+        // sizeof(struct cudaDeviceProp) of the 12.x headers.
+        assert_eq!(size_of::<cudaDeviceProp12>(), 1032);
+        assert_eq!(offset_of!(cudaDeviceProp12, totalGlobalMem), 288);
+        assert_eq!(offset_of!(cudaDeviceProp13, totalGlobalMem), 288);
+        // 13.0 dropped 8 int fields, added 7 and shrank reserved[63] to reserved[56] (layout
+        // from the 13.0 headers as bindgen'd by cudarc's cuda-13000 feature).
+        assert_eq!(size_of::<cudaDeviceProp13>(), 1008);
+        assert_eq!(offset_of!(cudaDeviceProp12, multiProcessorCount), 388);
+        assert_eq!(offset_of!(cudaDeviceProp13, multiProcessorCount), 384);
+    }
+
+    #[test]
+    fn small_struct_layouts() {
+        assert_eq!(size_of::<cudaPointerAttributes>(), 24);
+        assert_eq!(size_of::<cudaPitchedPtr>(), 32);
+        assert_eq!(size_of::<cudaExtent>(), 24);
+        assert_eq!(size_of::<cudaIpcMemHandle_t>(), 64);
+    }
+}
