@@ -22,11 +22,13 @@
 //!   [`on_context_destroyed`]`(device)` when it goes (`cudaDeviceReset`,
 //!   `cuDevicePrimaryCtxReset`, last release). With `VRAMSHIM_CAP_CONTEXT=include` (default)
 //!   the footprint counts against the cap.
-//! - [`set_device_queries`] (optional, before the first charge) to give the cap the real
-//!   total memory and device count, needed for fraction caps and the device-index check.
+//! - Nothing else: fraction caps and the device-index check ask the real driver
+//!   (`cuDeviceTotalMem_v2`, `cuDeviceGetCount`, after `cuInit(0)` if needed) on first use;
+//!   [`set_device_queries`] replaces those queries.
 //! - [`on_fork_child`] in the atfork child handler.
 
 pub mod config;
+mod driver;
 
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Mutex, OnceLock};
@@ -563,30 +565,25 @@ impl Cap {
 static QUERIES: OnceLock<DeviceQueries> = OnceLock::new();
 static GLOBAL: OnceLock<Option<Cap>> = OnceLock::new();
 
+/// One stderr line through the interposer's logger (level `warn`; `VRAMSHIM_LOG=off`
+/// silences it).
 fn stderr_line(line: &str) {
-    static QUIET: OnceLock<bool> = OnceLock::new();
-    let quiet = *QUIET.get_or_init(|| {
-        std::env::var("VRAMSHIM_LOG")
-            .is_ok_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "off" | "0" | "none"))
-    });
-    if quiet {
-        return;
-    }
-    let mut b = Vec::with_capacity(line.len() + 1);
-    b.extend_from_slice(line.replace('\n', " ").as_bytes());
-    b.push(b'\n');
-    use std::io::Write;
-    let _ = std::io::stderr().lock().write_all(&b);
+    let line = line.strip_prefix("vramshim: ").unwrap_or(line);
+    crate::warn!("{}", line.replace('\n', " "));
 }
 
 fn build_global() -> Option<Cap> {
     let uid = std::fs::metadata("/proc/self")
         .map(|m| std::os::unix::fs::MetadataExt::uid(&m))
         .unwrap_or(0);
-    let (settings, lines) = config::parse(&|k| std::env::var(k).ok(), uid);
+    let (settings, lines) = config::parse(&|k| crate::env::var(k).map(str::to_string), uid);
     for l in &lines {
         stderr_line(l);
     }
+    let _ = QUERIES.set(DeviceQueries {
+        total: driver::total,
+        count: driver::count,
+    });
     settings.map(|s| Cap::new(s, &QUERIES, stderr_line))
 }
 
@@ -601,7 +598,8 @@ pub fn init() {
     let _ = global();
 }
 
-/// Gives the cap the real device total / count queries (before the first charge).
+/// Replaces the device total / count queries (default: the real driver). Call it before the
+/// first charge.
 pub fn set_device_queries(q: DeviceQueries) {
     let _ = QUERIES.set(q);
 }
