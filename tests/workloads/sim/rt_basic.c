@@ -30,6 +30,17 @@ int main(void) {
     EXPECT_EQ(tgm, total);
     EXPECT(propbuf[0] != 0);
     printf("name=%s totalGlobalMem=%zu\n", (char *)propbuf, tgm);
+    /* the layout differs between 12.x (1032 bytes) and 13.0 (1008 bytes) */
+#ifdef CUDART13
+    const size_t prop_size = 1008, mpc_off = 384;
+#else
+    const size_t prop_size = 1032, mpc_off = 388;
+#endif
+    EXPECT(propbuf[prop_size] == 0xAB && propbuf[prop_size - 1] == 0); /* written exactly */
+    int mpc = 0, mpa = -1;
+    memcpy(&mpc, propbuf + mpc_off, sizeof mpc);
+    CK(cudaDeviceGetAttribute(&mpa, cudaDevAttrMultiProcessorCount, 0));
+    EXPECT_EQ(mpc, mpa);
     int major = 0;
     CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
     EXPECT(major > 0);
