@@ -26,6 +26,9 @@ pub mod tag {
     pub const COUNTER: u8 = 14;
     pub const LOST: u8 = 15;
     pub const DEVICE: u8 = 16;
+    /// A `Free` of the block in slot `s` of the recent-allocation table (address and size
+    /// taken from there).
+    pub const FREE_REF: u8 = 17;
 }
 
 /// MemOp presence bits (first payload byte of `ALLOC`/`FREE`).
@@ -79,23 +82,66 @@ struct OpSlot {
     flags: u8,
 }
 
-/// The delta state shared by encoder and decoder. Resets at frame start and at `CONTEXT`.
+/// Entries of the recent-allocation table (`FreeRef` records point into it).
+pub const LIVE_TABLE: usize = 256;
+
+/// Table slot of an address: the top 8 bits of `addr * 0x9E3779B97F4A7C15` (wrapping).
+#[inline]
+pub fn live_slot(addr: u64) -> usize {
+    (addr.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as usize
+}
+
 #[derive(Clone, Copy, Default, Debug)]
+struct LiveEnt {
+    addr: u64,
+    size: u64,
+    /// Valid only when equal to the state's generation.
+    generation: u32,
+}
+
+/// The delta state shared by encoder and decoder. Resets at frame start and at `CONTEXT`.
+#[derive(Clone, Debug)]
 pub(crate) struct DeltaState {
     pub tid: u32,
+    /// End of the previous timed record (`t_ns + latency_ns` for MemOps).
     pub t: u64,
     addr: u64,
     device: i32,
     stream: u64,
     slots: [OpSlot; 2],
+    generation: u32,
+    live: [LiveEnt; LIVE_TABLE],
+}
+
+impl Default for DeltaState {
+    fn default() -> Self {
+        DeltaState {
+            tid: 0,
+            t: 0,
+            addr: 0,
+            device: 0,
+            stream: 0,
+            slots: [OpSlot::default(); 2],
+            generation: 1,
+            live: [LiveEnt::default(); LIVE_TABLE],
+        }
+    }
 }
 
 impl DeltaState {
     fn reset(&mut self, tid: u32) {
-        *self = DeltaState {
-            tid,
-            ..Default::default()
-        };
+        self.tid = tid;
+        self.t = 0;
+        self.addr = 0;
+        self.device = 0;
+        self.stream = 0;
+        self.slots = [OpSlot::default(); 2];
+        // Invalidate the table without touching its 6 KiB.
+        self.generation = self.generation.wrapping_add(1);
+        if self.generation == 0 {
+            self.live = [LiveEnt::default(); LIVE_TABLE];
+            self.generation = 1;
+        }
     }
 }
 
@@ -427,8 +473,8 @@ impl RecordEncoder {
     }
 
     #[inline]
-    fn memop(&mut self, t: u8, slot: usize, m: &MemOp) {
-        let st = &self.st;
+    fn memop(&mut self, tag_: u8, slot: usize, m: &MemOp) {
+        let st = &mut self.st;
         let s = st.slots[slot];
         let api = m.api as u16;
         let kind = m.kind as u8;
@@ -457,42 +503,65 @@ impl RecordEncoder {
         if m.tid != st.tid {
             mk |= mask::TID;
         }
-        self.records += 1;
-        self.buf.reserve(64);
-        self.buf.push(t);
-        let at = self.buf.len();
-        self.buf.push(0);
-        self.buf.push(mk);
+        // A free of a recently allocated block of the same size refers to it by table slot.
+        let ls = live_slot(m.addr);
+        let e = st.live[ls];
+        let by_ref = slot == 1
+            && m.addr != 0
+            && e.generation == st.generation
+            && e.addr == m.addr
+            && e.size == m.size;
+        // Every field fits: the payload is at most 71 bytes, so the length is one byte.
+        let mut b = [0u8; 80];
+        b[0] = if by_ref { tag::FREE_REF } else { tag_ };
+        b[2] = mk;
+        let mut n = 3;
         if mk & mask::API != 0 {
-            put_varint(&mut self.buf, api as u64);
+            n = wv(&mut b, n, api as u64);
         }
         if mk & mask::KIND != 0 {
-            self.buf.push(kind);
+            b[n] = kind;
+            n += 1;
         }
         if mk & mask::FLAGS != 0 {
-            self.buf.push(m.flags);
+            b[n] = m.flags;
+            n += 1;
         }
         if mk & mask::DEVICE != 0 {
-            put_varint(&mut self.buf, zigzag(m.device as i64));
+            n = wv(&mut b, n, zigzag(m.device as i64));
         }
         if mk & mask::STREAM != 0 {
-            put_varint(&mut self.buf, m.stream);
+            n = wv(&mut b, n, m.stream);
         }
         if mk & mask::RESULT != 0 {
-            put_varint(&mut self.buf, zigzag(m.result as i64));
+            n = wv(&mut b, n, zigzag(m.result as i64));
         }
         if mk & mask::STACK != 0 {
-            put_varint(&mut self.buf, m.stack as u64);
+            n = wv(&mut b, n, m.stack as u64);
         }
         if mk & mask::TID != 0 {
-            put_varint(&mut self.buf, m.tid as u64);
+            n = wv(&mut b, n, m.tid as u64);
         }
-        self.time(m.t_ns);
-        let da = m.addr.wrapping_sub(self.st.addr) as i64;
-        put_varint(&mut self.buf, zigzag(da));
-        put_varint(&mut self.buf, m.size);
-        put_varint(&mut self.buf, m.latency_ns as u64);
-        let st = &mut self.st;
+        n = wv(&mut b, n, zigzag(m.t_ns.wrapping_sub(st.t) as i64));
+        if by_ref {
+            b[n] = ls as u8;
+            n += 1;
+        } else {
+            n = wv(&mut b, n, zigzag(m.addr.wrapping_sub(st.addr) as i64));
+            n = wv(&mut b, n, m.size);
+            st.addr = m.addr;
+        }
+        n = wv(&mut b, n, m.latency_ns as u64);
+        b[1] = (n - 2) as u8;
+        self.buf.extend_from_slice(&b[..n]);
+        self.records += 1;
+        if slot == 0 && m.addr != 0 {
+            st.live[ls] = LiveEnt {
+                addr: m.addr,
+                size: m.size,
+                generation: st.generation,
+            };
+        }
         st.slots[slot] = OpSlot {
             api,
             kind,
@@ -501,9 +570,26 @@ impl RecordEncoder {
         st.device = m.device;
         st.stream = m.stream;
         st.tid = m.tid;
-        st.addr = m.addr;
-        self.fix_len(at);
+        st.t = m.t_ns.wrapping_add(m.latency_ns as u64);
+        if m.t_ns < self.t_min {
+            self.t_min = m.t_ns;
+        }
+        if m.t_ns > self.t_max {
+            self.t_max = m.t_ns;
+        }
     }
+}
+
+/// Writes `v` as a varint at `b[n..]`, returns the new position.
+#[inline(always)]
+fn wv(b: &mut [u8; 80], mut n: usize, mut v: u64) -> usize {
+    while v >= 0x80 {
+        b[n] = (v as u8) | 0x80;
+        v >>= 7;
+        n += 1;
+    }
+    b[n] = v as u8;
+    n + 1
 }
 
 fn record_tag(ev: &Event) -> u8 {
@@ -672,15 +758,13 @@ impl RecordDecoder {
     ) -> Result<Decoded, RecordError> {
         let mut c = Cur::new(payload);
         match tag {
-            tag::ALLOC | tag::FREE => {
-                let slot = (tag == tag::FREE) as usize;
-                let m = self.memop(slot, &mut c)?;
-                // Reuse `out` in place when it already holds a MemOp variant.
-                match (tag, &mut *out) {
-                    (tag::ALLOC, Event::Alloc(o)) | (tag::FREE, Event::Free(o)) => *o = m,
-                    (tag::ALLOC, o) => *o = Event::Alloc(m),
-                    (_, o) => *o = Event::Free(m),
-                }
+            tag::ALLOC | tag::FREE | tag::FREE_REF => {
+                let m = self.memop(tag, &mut c)?;
+                *out = if tag == tag::ALLOC {
+                    Event::Alloc(m)
+                } else {
+                    Event::Free(m)
+                };
                 Ok(Decoded::Event)
             }
             tag::CONTEXT => {
@@ -828,9 +912,11 @@ impl RecordDecoder {
     }
 
     #[inline]
-    fn memop(&mut self, slot: usize, c: &mut Cur) -> Result<MemOp, RecordError> {
+    fn memop(&mut self, tag_: u8, c: &mut Cur) -> Result<MemOp, RecordError> {
+        let slot = (tag_ != tag::ALLOC) as usize;
         let mk = c.u8()?;
-        let s = &mut self.st.slots[slot];
+        let st = &mut self.st;
+        let s = &mut st.slots[slot];
         if mk & mask::API != 0 {
             let v = c.varint()?;
             s.api = u16::try_from(v).map_err(|_| RecordError::BadValue("api"))?;
@@ -845,29 +931,45 @@ impl RecordDecoder {
         let api = Api::from_u16(s.api).ok_or(RecordError::BadValue("api"))?;
         let kind = kind_of(s.kind)?;
         if mk & mask::DEVICE != 0 {
-            self.st.device = c.i32z()?;
+            st.device = c.i32z()?;
         }
         if mk & mask::STREAM != 0 {
-            self.st.stream = c.varint()?;
+            st.stream = c.varint()?;
         }
         let result = if mk & mask::RESULT != 0 { c.i32z()? } else { 0 };
         let stack = if mk & mask::STACK != 0 { c.u32v()? } else { 0 };
         if mk & mask::TID != 0 {
-            self.st.tid = c.u32v()?;
+            st.tid = c.u32v()?;
         }
-        let t_ns = self.time(c)?;
-        let addr = self.st.addr.wrapping_add(unzigzag(c.varint()?) as u64);
-        self.st.addr = addr;
-        let size = c.varint()?;
+        let t_ns = st.t.wrapping_add(unzigzag(c.varint()?) as u64);
+        let (addr, size) = if tag_ == tag::FREE_REF {
+            let e = st.live[c.u8()? as usize];
+            if e.generation != st.generation {
+                return Err(RecordError::BadValue("free reference (empty table slot)"));
+            }
+            (e.addr, e.size)
+        } else {
+            let addr = st.addr.wrapping_add(unzigzag(c.varint()?) as u64);
+            st.addr = addr;
+            (addr, c.varint()?)
+        };
         let latency_ns = c.u32v()?;
+        if tag_ == tag::ALLOC && addr != 0 {
+            st.live[live_slot(addr)] = LiveEnt {
+                addr,
+                size,
+                generation: st.generation,
+            };
+        }
+        st.t = t_ns.wrapping_add(latency_ns as u64);
         Ok(MemOp {
             t_ns,
-            tid: self.st.tid,
+            tid: st.tid,
             api,
             kind,
             flags: s.flags,
-            device: self.st.device,
-            stream: self.st.stream,
+            device: st.device,
+            stream: st.stream,
             addr,
             size,
             result,

@@ -8,7 +8,7 @@
 //!   threads are not lost, and nothing happens in a TLS destructor.
 //! - A full buffer (64 KiB) goes over a bounded `crossbeam-channel` (`try_send`: the app never
 //!   blocks) to one writer thread (started on the first event, not in the constructor), which
-//!   compresses it with zstd (level 1, single-threaded) into frames and writes them.
+//!   compresses it with zstd (level 3, single-threaded) into frames and writes them.
 //! - Every 50 ms the writer also takes the partial buffers of every thread, adds `Counter`,
 //!   `Lost` and new `Module` records, and writes a frame: everything an application did is on
 //!   disk within 100 ms (a SIGKILL loses at most that).

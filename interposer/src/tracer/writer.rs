@@ -21,8 +21,9 @@ const SPARE_BUFFERS: usize = 64;
 const TICK: Duration = Duration::from_millis(50);
 /// Check for exited threads every this many ticks.
 const REAP_EVERY: u32 = 20;
-/// zstd level: 1 keeps the writer cheap; the size difference to 3 is small for these records.
-const LEVEL: i32 = 1;
+/// zstd level (single-threaded): 3 is ~10% smaller than 1 on these records and still compresses
+/// far faster than any CUDA process allocates.
+const LEVEL: i32 = 3;
 
 const IDLE: u8 = 0;
 const STARTING: u8 = 1;
