@@ -90,11 +90,33 @@ pub fn unique_name(prefix: &str) -> String {
     )
 }
 
-/// A fresh empty directory `<profile>/testkit-tmp/<unique_name(name)>` for one test.
+/// A fresh empty directory `<profile>/testkit-tmp/<unique_name(name)>` for one test. The first
+/// call in a process removes the directories of processes that are gone.
 pub fn temp_dir(name: &str) -> PathBuf {
-    let d = profile_dir().join("testkit-tmp").join(unique_name(name));
+    let root = profile_dir().join("testkit-tmp");
+    static SWEEP: std::sync::Once = std::sync::Once::new();
+    SWEEP.call_once(|| sweep_dead(&root));
+    let d = root.join(unique_name(name));
     std::fs::create_dir_all(&d).expect("create temp dir");
     d
+}
+
+/// Removes `<prefix>-<pid>-<n>` entries of `root` whose process no longer exists.
+fn sweep_dead(root: &Path) {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let mut parts = name.rsplitn(3, '-');
+        let (_n, pid) = (parts.next(), parts.next());
+        if let Some(pid) = pid.and_then(|p| p.parse::<u32>().ok())
+            && pid != std::process::id()
+            && !Path::new(&format!("/proc/{pid}")).exists()
+        {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
 }
 
 /// How [`compile_c`] links a C program.
