@@ -64,6 +64,9 @@ pub struct ProcessUse {
 pub struct DeviceState {
     region: *mut Region,
     path: PathBuf,
+    /// When the last full liveness check (reading /proc) ran, to keep frequent readers
+    /// (cuMemGetInfo in a loop) cheap.
+    last_full_check: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 // SAFETY: the region is only accessed through atomics.
@@ -174,6 +177,7 @@ impl DeviceState {
         Ok(Self {
             region: p.cast(),
             path: path.to_path_buf(),
+            last_full_check: std::sync::Mutex::new(None),
         })
     }
 
@@ -219,8 +223,25 @@ impl DeviceState {
 
     /// Bytes every live process together holds on `dev` (dead processes are reclaimed first).
     pub fn used(&self, dev: usize) -> u64 {
-        self.reclaim_dead();
+        self.reclaim_dead_throttled();
         self.used_raw(dev)
+    }
+
+    /// Reclaims exited processes at once (a signal-0 probe per slot) and does the full check
+    /// (zombies, reused pids) at most every 50 ms.
+    fn reclaim_dead_throttled(&self) {
+        let full = {
+            let mut g = self
+                .last_full_check
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let due = g.is_none_or(|t| t.elapsed() >= std::time::Duration::from_millis(50));
+            if due {
+                *g = Some(std::time::Instant::now());
+            }
+            due
+        };
+        self.reclaim(full);
     }
 
     /// As [`used`](Self::used) without reclaiming first.
@@ -334,6 +355,10 @@ impl DeviceState {
     /// Frees the slots of processes that are gone (or zombies: a real driver frees a process's
     /// memory when it exits, before its parent reaps it). Returns how many slots were freed.
     pub fn reclaim_dead(&self) -> usize {
+        self.reclaim(true)
+    }
+
+    fn reclaim(&self, full: bool) -> usize {
         let mut n = 0;
         for s in self.slots() {
             let pid = s.pid.load(Ordering::Acquire);
@@ -341,7 +366,14 @@ impl DeviceState {
                 continue;
             }
             let start = s.start.load(Ordering::Acquire);
-            if process_alive(pid as u32, start) {
+            let alive = if full {
+                process_alive(pid as u32, start)
+            } else {
+                // SAFETY: signal 0 only probes for existence.
+                let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+                r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+            };
+            if alive {
                 continue;
             }
             if s.pid

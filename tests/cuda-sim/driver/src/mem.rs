@@ -15,7 +15,6 @@ use crate::state;
 pub const PAGE: u64 = 2 << 20;
 pub const UNIT: u64 = 512;
 const UNITS: usize = (PAGE / UNIT) as usize;
-const WORDS: usize = UNITS / 64;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -47,58 +46,53 @@ pub struct Alloc {
 
 struct Page {
     dev: i32,
-    bits: [u64; WORDS],
+    /// Free extents of 512-byte units: start -> length, coalesced.
+    free: BTreeMap<usize, usize>,
     used: usize,
 }
 
 impl Page {
-    fn is_free(&self, u: usize) -> bool {
-        self.bits[u / 64] & (1 << (u % 64)) == 0
-    }
-    fn set(&mut self, first: usize, n: usize, on: bool) {
-        for u in first..first + n {
-            if on {
-                self.bits[u / 64] |= 1 << (u % 64);
-            } else {
-                self.bits[u / 64] &= !(1 << (u % 64));
-            }
-        }
-        if on {
-            self.used += n;
-        } else {
-            self.used -= n;
+    fn new(dev: i32) -> Self {
+        Page {
+            dev,
+            free: BTreeMap::from([(0, UNITS)]),
+            used: 0,
         }
     }
+
+    /// First fit: the lowest extent that holds `n` units.
     fn find(&self, n: usize) -> Option<usize> {
         if UNITS - self.used < n {
             return None;
         }
-        let mut run = 0;
-        let mut u = 0;
-        while u < UNITS {
-            let word = self.bits[u / 64];
-            if u % 64 == 0 && word == u64::MAX {
-                // A full word: nothing starts or continues here.
-                run = 0;
-                u += 64;
-                continue;
+        self.free.iter().find(|(_, l)| **l >= n).map(|(s, _)| *s)
+    }
+
+    /// Takes `n` units at `first`, the start of a free extent found by `find`.
+    fn take(&mut self, first: usize, n: usize) {
+        if let Some(len) = self.free.remove(&first) {
+            if len > n {
+                self.free.insert(first + n, len - n);
             }
-            if u % 64 == 0 && word == 0 && run + 64 < n {
-                run += 64;
-                u += 64;
-                continue;
-            }
-            if self.is_free(u) {
-                run += 1;
-                if run == n {
-                    return Some(u + 1 - n);
-                }
-            } else {
-                run = 0;
-            }
-            u += 1;
+            self.used += n;
         }
-        None
+    }
+
+    fn give(&mut self, first: usize, n: usize) {
+        let mut start = first;
+        let mut len = n;
+        if let Some((&ps, &pl)) = self.free.range(..first).next_back()
+            && ps + pl == first
+        {
+            self.free.remove(&ps);
+            start = ps;
+            len += pl;
+        }
+        if let Some(nl) = self.free.remove(&(first + n)) {
+            len += nl;
+        }
+        self.free.insert(start, len);
+        self.used -= n;
     }
 }
 
@@ -172,19 +166,12 @@ pub fn alloc(dev: i32, size: u64, kind: Kind) -> Result<u64, CUresult> {
                         return Err(e);
                     }
                 };
-                m.pages.insert(
-                    base,
-                    Page {
-                        dev,
-                        bits: [0; WORDS],
-                        used: 0,
-                    },
-                );
+                m.pages.insert(base, Page::new(dev));
                 (base, 0)
             }
         };
         if let Some(p) = m.pages.get_mut(&page) {
-            p.set(first, units, true);
+            p.take(first, units);
         }
         let ptr = page + first as u64 * UNIT;
         m.allocs.insert(
@@ -240,7 +227,7 @@ fn release(m: &mut Mem, ptr: u64, a: &Alloc) {
         }
         Backing::InPage { page, first, units } => {
             let empty = m.pages.get_mut(&page).is_some_and(|p| {
-                p.set(first, units, false);
+                p.give(first, units);
                 p.used == 0
             });
             if empty {
@@ -305,25 +292,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn page_first_fit() {
-        let mut p = Page {
-            dev: 0,
-            bits: [0; WORDS],
-            used: 0,
-        };
+    fn page_first_fit_and_coalescing() {
+        let mut p = Page::new(0);
         assert_eq!(p.find(1), Some(0));
-        p.set(0, 100, true);
+        p.take(0, 100);
         assert_eq!(p.find(1), Some(100));
-        p.set(200, 3000, true);
+        p.take(100, 100);
+        p.take(200, 3000);
+        p.give(100, 100);
         assert_eq!(p.find(100), Some(100));
         assert_eq!(p.find(101), Some(3200));
         assert_eq!(p.find(UNITS - 3200), Some(3200));
         assert_eq!(p.find(UNITS - 3199), None);
-        p.set(100, 100, true);
-        p.set(3200, UNITS - 3200, true);
-        assert_eq!(p.find(1), None);
-        p.set(4000, 1, false);
-        assert_eq!(p.find(1), Some(4000));
-        assert_eq!(p.find(2), None);
+        p.give(0, 100);
+        assert_eq!(p.find(200), Some(0));
+        p.give(200, 3000);
+        assert_eq!(p.used, 0);
+        assert_eq!(p.free.len(), 1);
+        assert_eq!(p.find(UNITS), Some(0));
     }
 }
