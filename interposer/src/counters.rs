@@ -1,8 +1,12 @@
-//! In-process counters: calls by API, bytes and entries live per device and kind, peak.
-//! Hot-path updates are relaxed atomics, striped by thread where they are plain counts, so
-//! 16 threads allocating at once do not fight over one cache line. Reads sum the stripes.
+//! In-process counters: calls by API (striped by thread, so 16 threads allocating at once do
+//! not fight over one cache line), bytes live per device and their peak (one atomic add per
+//! allocation or free). Entries and bytes per kind are not counted on the hot path: reads
+//! scan the live table.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::ffi::c_void;
+use std::sync::atomic::{
+    AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering, Ordering::Relaxed,
+};
 use vramshim_trace::{AllocKind, Api};
 
 /// Devices 0..MAX_DEVICES have their own slot; then one for host memory and one for device
@@ -13,17 +17,10 @@ pub const UNKNOWN_SLOT: usize = MAX_DEVICES + 1;
 const SLOTS: usize = MAX_DEVICES + 2;
 const STRIPES: usize = 8;
 const APIS: usize = 64;
-const KINDS: usize = 8;
 
 #[repr(align(64))]
 struct Stripe {
     calls: [AtomicU64; APIS],
-    /// Per slot: [allocs, frees].
-    ops: [[AtomicU64; 2]; SLOTS],
-    /// Per slot and kind: live entries.
-    live_count: [[AtomicU64; KINDS]; SLOTS],
-    /// Per slot and kind: live bytes (may go transiently "negative" per stripe: wrapping).
-    live_bytes: [[AtomicU64; KINDS]; SLOTS],
 }
 
 #[repr(align(64))]
@@ -36,7 +33,6 @@ struct Total {
 #[repr(align(64))]
 struct Misc {
     unknown_frees: AtomicU64,
-    nested: AtomicU64,
     cap_refusals: AtomicU64,
     alloc_failures: AtomicU64,
     pooled: AtomicU64,
@@ -46,16 +42,7 @@ struct Misc {
 #[allow(clippy::declare_interior_mutable_const)]
 const Z: AtomicU64 = AtomicU64::new(0);
 #[allow(clippy::declare_interior_mutable_const)]
-const Z2: [AtomicU64; 2] = [Z; 2];
-#[allow(clippy::declare_interior_mutable_const)]
-const ZK: [AtomicU64; KINDS] = [Z; KINDS];
-#[allow(clippy::declare_interior_mutable_const)]
-const STRIPE: Stripe = Stripe {
-    calls: [Z; APIS],
-    ops: [Z2; SLOTS],
-    live_count: [ZK; SLOTS],
-    live_bytes: [ZK; SLOTS],
-};
+const STRIPE: Stripe = Stripe { calls: [Z; APIS] };
 #[allow(clippy::declare_interior_mutable_const)]
 const TOTAL: Total = Total { live: Z, peak: Z };
 
@@ -63,7 +50,6 @@ static STRIPES_: [Stripe; STRIPES] = [STRIPE; STRIPES];
 static TOTALS: [Total; SLOTS] = [TOTAL; SLOTS];
 static MISC: Misc = Misc {
     unknown_frees: Z,
-    nested: Z,
     cap_refusals: Z,
     alloc_failures: Z,
     pooled: Z,
@@ -87,27 +73,141 @@ pub fn slot(device: i32, kind: AllocKind) -> usize {
     }
 }
 
-/// One request through `api` (counted once, however many of our hooks it crossed).
+/// One request through `api` (counted once, however many of our hooks it crossed), from a
+/// thread without a hook token (rare paths).
 #[inline]
 pub fn call(api: Api) {
     stripe().calls[(api as usize) % APIS].fetch_add(1, Relaxed);
 }
 
-/// A nested hook passed straight through.
-#[inline]
-pub fn nested() {
-    MISC.nested.fetch_add(1, Relaxed);
+/// One request through `api`, counted in the calling thread's own block: a plain load and
+/// store, no atomic read-modify-write (each block has one writer).
+#[inline(always)]
+pub fn call_in(tok: &crate::guard::Token, api: Api) {
+    if let Some(st) = tok.state() {
+        let mut b = st.calls.get();
+        if b.is_null() && !st.exited.get() {
+            b = register(st);
+        }
+        // SAFETY: blocks are leaked, never freed; this thread is the block's only writer.
+        if let Some(b) = unsafe { b.as_ref() } {
+            let c = &b.calls[(api as usize) % APIS];
+            c.store(c.load(Relaxed).wrapping_add(1), Relaxed);
+            return;
+        }
+    }
+    call(api);
 }
 
-/// A successful allocation became live.
+// ------------------------------------------------------------------- per-thread blocks
+
+/// Call counters of one thread. Blocks live forever in a push-only list; a thread claims
+/// a free one on its first counted call and gives it back at thread exit (a pthread key
+/// destructor), so there are at most as many blocks as threads ever alive at once. Counts
+/// stay in the block when it changes hands: totals remain exact.
+#[repr(align(64))]
+pub struct CallBlock {
+    calls: [AtomicU64; APIS],
+    in_use: AtomicBool,
+    next: AtomicPtr<CallBlock>,
+}
+
+static BLOCKS: AtomicPtr<CallBlock> = AtomicPtr::new(std::ptr::null_mut());
+/// pthread key + 1 (0 = not created yet, usize::MAX = creation failed).
+static KEY: AtomicUsize = AtomicUsize::new(0);
+
+fn blocks() -> impl Iterator<Item = &'static CallBlock> {
+    let mut p = BLOCKS.load(Ordering::Acquire);
+    std::iter::from_fn(move || {
+        // SAFETY: list nodes are leaked boxes, never freed.
+        let b = unsafe { p.as_ref() }?;
+        p = b.next.load(Ordering::Acquire);
+        Some(b)
+    })
+}
+
+extern "C" fn on_thread_exit(p: *mut c_void) {
+    // Late calls on this thread (TLS destructors freeing memory) use the shared stripes.
+    let _ = crate::guard::with_state(|s| {
+        s.calls.set(std::ptr::null());
+        s.exited.set(true);
+    });
+    // SAFETY: p is the CallBlock this thread registered.
+    if let Some(b) = unsafe { (p as *const CallBlock).as_ref() } {
+        b.in_use.store(false, Ordering::Release);
+    }
+}
+
+fn key() -> Option<libc::pthread_key_t> {
+    let k = KEY.load(Ordering::Acquire);
+    if k == usize::MAX {
+        return None;
+    }
+    if k != 0 {
+        return Some((k - 1) as libc::pthread_key_t);
+    }
+    let mut key: libc::pthread_key_t = 0;
+    // SAFETY: key is a valid out-pointer; the destructor is a plain extern "C" fn.
+    let rc = unsafe { libc::pthread_key_create(&mut key, Some(on_thread_exit)) };
+    let v = if rc == 0 {
+        key as usize + 1
+    } else {
+        usize::MAX
+    };
+    match KEY.compare_exchange(0, v, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => (rc == 0).then_some(key),
+        Err(cur) => {
+            if rc == 0 {
+                // SAFETY: we created this key and nobody else has seen it.
+                unsafe { libc::pthread_key_delete(key) };
+            }
+            (cur != usize::MAX).then(|| (cur - 1) as libc::pthread_key_t)
+        }
+    }
+}
+
+#[cold]
+fn register(st: &crate::guard::State) -> *const CallBlock {
+    let b = claim();
+    st.calls.set(b);
+    if let Some(k) = key() {
+        // SAFETY: k is a valid key; b outlives the thread.
+        unsafe { libc::pthread_setspecific(k, b as *const c_void) };
+    }
+    b
+}
+
+fn claim() -> *const CallBlock {
+    for b in blocks() {
+        if !b.in_use.load(Relaxed)
+            && b.in_use
+                .compare_exchange(false, true, Ordering::AcqRel, Relaxed)
+                .is_ok()
+        {
+            return b;
+        }
+    }
+    let b: &'static CallBlock = Box::leak(Box::new(CallBlock {
+        calls: [Z; APIS],
+        in_use: AtomicBool::new(true),
+        next: AtomicPtr::new(std::ptr::null_mut()),
+    }));
+    let bp = b as *const CallBlock as *mut CallBlock;
+    let mut head = BLOCKS.load(Ordering::Acquire);
+    loop {
+        b.next.store(head, Ordering::Release);
+        match BLOCKS.compare_exchange_weak(head, bp, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return b,
+            Err(h) => head = h,
+        }
+    }
+}
+
+/// A successful allocation became live (the live table holds the details; this keeps the
+/// per-device total and its peak, one atomic add).
 #[inline]
 pub fn alloc(device: i32, kind: AllocKind, size: u64) {
-    let s = slot(device, kind);
-    let st = stripe();
-    st.ops[s][0].fetch_add(1, Relaxed);
-    st.live_count[s][kind as usize % KINDS].fetch_add(1, Relaxed);
-    st.live_bytes[s][kind as usize % KINDS].fetch_add(size, Relaxed);
-    let t = &TOTALS[s];
+    let t = &TOTALS[slot(device, kind)];
     let now = t.live.fetch_add(size, Relaxed).wrapping_add(size);
     if now > t.peak.load(Relaxed) {
         t.peak.fetch_max(now, Relaxed);
@@ -117,12 +217,7 @@ pub fn alloc(device: i32, kind: AllocKind, size: u64) {
 /// A live allocation was freed (or dropped by a device reset).
 #[inline]
 pub fn free(device: i32, kind: AllocKind, size: u64) {
-    let s = slot(device, kind);
-    let st = stripe();
-    st.ops[s][1].fetch_add(1, Relaxed);
-    st.live_count[s][kind as usize % KINDS].fetch_sub(1, Relaxed);
-    st.live_bytes[s][kind as usize % KINDS].fetch_sub(size, Relaxed);
-    TOTALS[s].live.fetch_sub(size, Relaxed);
+    TOTALS[slot(device, kind)].live.fetch_sub(size, Relaxed);
 }
 
 pub fn unknown_free() {
@@ -145,9 +240,11 @@ pub fn panic_caught() {
 
 /// Requests through `api`.
 pub fn calls(api: Api) -> u64 {
+    let i = (api as usize) % APIS;
     STRIPES_
         .iter()
-        .map(|s| s.calls[(api as usize) % APIS].load(Relaxed))
+        .map(|s| s.calls[i].load(Relaxed))
+        .chain(blocks().map(|b| b.calls[i].load(Relaxed)))
         .fold(0u64, u64::wrapping_add)
 }
 
@@ -161,43 +258,38 @@ pub fn peak_bytes(slot: usize) -> u64 {
     TOTALS[slot].peak.load(Relaxed)
 }
 
+/// (entries, bytes) live in a slot, optionally of one kind: a scan of the live tables
+/// (reads only; not for the hot path).
+pub fn live_scan(slot_: usize, kind: Option<AllocKind>) -> (u64, u64) {
+    let (mut n, mut b) = (0u64, 0u64);
+    let mut visit = |_: u64, e: &crate::live_table::Entry| {
+        if slot(e.device, e.kind) == slot_ && kind.is_none_or(|k| k == e.kind) {
+            n += 1;
+            b = b.wrapping_add(e.size);
+        }
+    };
+    crate::live_table::ALLOCS.for_each(&mut visit);
+    crate::live_table::HANDLES.for_each(&mut visit);
+    (n, b)
+}
+
 /// Live bytes of one kind in a slot.
 pub fn live_bytes_kind(slot: usize, kind: AllocKind) -> u64 {
-    STRIPES_
-        .iter()
-        .map(|s| s.live_bytes[slot][kind as usize % KINDS].load(Relaxed))
-        .fold(0u64, u64::wrapping_add)
+    live_scan(slot, Some(kind)).1
 }
 
 /// Live entries of one kind in a slot.
 pub fn live_count_kind(slot: usize, kind: AllocKind) -> u64 {
-    STRIPES_
-        .iter()
-        .map(|s| s.live_count[slot][kind as usize % KINDS].load(Relaxed))
-        .fold(0u64, u64::wrapping_add)
+    live_scan(slot, Some(kind)).0
 }
 
 /// Live entries of a slot (all kinds).
 pub fn live_count(slot: usize) -> u64 {
-    AllocKind::ALL
-        .iter()
-        .map(|k| live_count_kind(slot, *k))
-        .fold(0u64, u64::wrapping_add)
-}
-
-/// Successful allocations (`which` = 0) or frees (1) in a slot.
-pub fn ops(slot: usize, which: usize) -> u64 {
-    STRIPES_
-        .iter()
-        .map(|s| s.ops[slot][which & 1].load(Relaxed))
-        .fold(0u64, u64::wrapping_add)
+    live_scan(slot, None).0
 }
 
 pub fn unknown_frees() -> u64 {
     MISC.unknown_frees.load(Relaxed)
-}
-pub fn nested_count() -> u64 {
-    MISC.nested.load(Relaxed)
 }
 pub fn cap_refusals() -> u64 {
     MISC.cap_refusals.load(Relaxed)
@@ -212,19 +304,22 @@ pub fn panics() -> u64 {
     MISC.panics.load(Relaxed)
 }
 
-/// Slots that have seen any allocation.
+/// Slots that have held anything.
 pub fn used_slots() -> impl Iterator<Item = usize> {
-    (0..SLOTS).filter(|s| ops(*s, 0) != 0 || live_bytes(*s) != 0)
+    (0..SLOTS).filter(|s| peak_bytes(*s) != 0 || live_bytes(*s) != 0)
 }
 
 /// Zero everything (fork child: its memory starts empty).
 pub(crate) fn reset() {
     for s in STRIPES_.iter() {
         s.calls.iter().for_each(|c| c.store(0, Relaxed));
-        for slot in 0..SLOTS {
-            s.ops[slot].iter().for_each(|c| c.store(0, Relaxed));
-            s.live_count[slot].iter().for_each(|c| c.store(0, Relaxed));
-            s.live_bytes[slot].iter().for_each(|c| c.store(0, Relaxed));
+    }
+    // Only the forking thread exists in the child: every other block is free again.
+    let mine = crate::guard::with_state(|s| s.calls.get()).unwrap_or(std::ptr::null());
+    for b in blocks() {
+        b.calls.iter().for_each(|c| c.store(0, Relaxed));
+        if !std::ptr::eq(b, mine) {
+            b.in_use.store(false, Relaxed);
         }
     }
     for t in TOTALS.iter() {
@@ -233,7 +328,6 @@ pub(crate) fn reset() {
     }
     for c in [
         &MISC.unknown_frees,
-        &MISC.nested,
         &MISC.cap_refusals,
         &MISC.alloc_failures,
         &MISC.pooled,

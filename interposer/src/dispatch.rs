@@ -6,6 +6,7 @@
 //! outer hook runs on the same thread are passed straight through (see [`run_hook`]).
 
 use crate::counters;
+use crate::guard::Token;
 use crate::live_table::{ALLOCS, Entry, LiveTable};
 use crate::pooling::{self, PoolRequest};
 use crate::request::Request;
@@ -51,17 +52,16 @@ pub fn run_hook(
     name: &'static str,
     panic_code: c_int,
     pass: impl FnOnce() -> c_int,
-    body: impl FnOnce() -> c_int,
+    body: impl FnOnce(&Token) -> c_int,
 ) -> c_int {
-    if !crate::guard::enter() {
-        counters::nested();
+    let Some(tok) = crate::guard::enter() else {
         return match std::panic::catch_unwind(AssertUnwindSafe(pass)) {
             Ok(rc) => rc,
             Err(_) => panicked(name, panic_code),
         };
-    }
-    let r = std::panic::catch_unwind(AssertUnwindSafe(body));
-    crate::guard::leave();
+    };
+    let r = std::panic::catch_unwind(AssertUnwindSafe(|| body(&tok)));
+    tok.leave();
     match r {
         Ok(rc) => rc,
         Err(_) => panicked(name, panic_code),
@@ -102,12 +102,13 @@ pub struct RealResult {
 /// out-pointers itself). The hook writes `Outcome::addr` to the caller only when
 /// `layer == Pool`.
 pub fn alloc(
+    tok: &Token,
     req: &Request,
     table: &LiveTable,
     pool_ok: bool,
     real: impl FnOnce() -> RealResult,
 ) -> Outcome {
-    counters::call(req.api);
+    counters::call_in(tok, req.api);
     let traced = tracer::enabled();
     let t0 = if traced { ids::now_ns() } else { 0 };
 
@@ -281,8 +282,13 @@ pub struct FreeRequest {
 /// same address cannot be confused with it), the pool or the real function frees, and on
 /// failure the entry is restored. Unknown pointers go to the real function; its code comes
 /// back unchanged.
-pub fn free(req: &FreeRequest, table: &LiveTable, real: impl FnOnce() -> c_int) -> c_int {
-    counters::call(req.api);
+pub fn free(
+    tok: &Token,
+    req: &FreeRequest,
+    table: &LiveTable,
+    real: impl FnOnce() -> c_int,
+) -> c_int {
+    counters::call_in(tok, req.api);
     let traced = tracer::enabled();
     let t0 = if traced { ids::now_ns() } else { 0 };
     if req.key == 0 {
@@ -361,12 +367,13 @@ pub fn free(req: &FreeRequest, table: &LiveTable, real: impl FnOnce() -> c_int) 
 /// and what it wrote (None for NULL out-pointers); the cap adjusts; `write` stores the
 /// adjusted numbers back.
 pub fn meminfo(
+    tok: &Token,
     api: Api,
     device: impl FnOnce() -> Option<i32>,
     real: impl FnOnce() -> (c_int, Option<u64>, Option<u64>),
     write: impl FnOnce(u64, u64),
 ) -> c_int {
-    counters::call(api);
+    counters::call_in(tok, api);
     let (rc, f, t) = real();
     if rc != 0 {
         crate::debug!("{} -> {} [real]", api.name(), rc);
@@ -503,15 +510,10 @@ mod tests {
     #[test]
     fn panics_become_error_codes_and_nesting_passes_through() {
         // Quiet the default panic message for this deliberate panic.
-        let rc = run_hook("test", 999, || 1, || panic!("deliberate"));
+        let rc = run_hook("test", 999, || 1, |_| panic!("deliberate"));
         assert_eq!(rc, 999);
         // The guard was released: the next hook is outermost again.
-        let rc = run_hook(
-            "outer",
-            999,
-            || 1,
-            || run_hook("inner", 999, || 7, || 8),
-        );
+        let rc = run_hook("outer", 999, || 1, |_| run_hook("inner", 999, || 7, |_| 8));
         assert_eq!(rc, 7, "a hook inside a hook passes straight through");
         assert_eq!(run_unguarded("lookup", 5, || -> i32 { panic!("x") }), 5);
     }

@@ -6,11 +6,12 @@
 //!
 //! Counter names for `vramshim_counter`: `calls.<api>` (e.g. `calls.cudaMalloc`),
 //! `live_bytes.<dev>`, `live_bytes.<dev>.<kind>`, `live_count.<dev>`,
-//! `live_count.<dev>.<kind>`, `peak_bytes.<dev>`, `allocs.<dev>`, `frees.<dev>` where
+//! `live_count.<dev>.<kind>`, `peak_bytes.<dev>` where
 //! `<dev>` is a device ordinal, `host` or `unknown`, and `<kind>` one of
 //! `runtime|driver|async|managed|pitch|vmm-handle|host|pool`; `live_entries`,
-//! `live_handles`, `unknown_frees`, `nested`, `cap_refusals`, `alloc_failures`, `pooled`,
-//! `panics`. Unknown names give -1.
+//! `live_handles`, `unknown_frees`, `cap_refusals`, `alloc_failures`, `pooled`, `panics`,
+//! and `nested` (hooks the *calling thread* passed straight through because an outer hook
+//! was active). Unknown names give -1.
 
 use crate::counters::{self, HOST_SLOT, MAX_DEVICES, UNKNOWN_SLOT};
 use crate::live_table::{ALLOCS, HANDLES};
@@ -60,12 +61,10 @@ pub fn counter(name: &str) -> Option<u64> {
             counters::live_count_kind(parse_slot(s)?, parse_kind(k)?)
         }
         ("peak_bytes", Some(s), None) => counters::peak_bytes(parse_slot(s)?),
-        ("allocs", Some(s), None) => counters::ops(parse_slot(s)?, 0),
-        ("frees", Some(s), None) => counters::ops(parse_slot(s)?, 1),
         ("live_entries", None, None) => ALLOCS.len() as u64,
         ("live_handles", None, None) => HANDLES.len() as u64,
         ("unknown_frees", None, None) => counters::unknown_frees(),
-        ("nested", None, None) => counters::nested_count(),
+        ("nested", None, None) => crate::guard::nested_on_this_thread(),
         ("cap_refusals", None, None) => counters::cap_refusals(),
         ("alloc_failures", None, None) => counters::alloc_failures(),
         ("pooled", None, None) => counters::pooled_count(),
@@ -97,14 +96,12 @@ pub fn json() -> String {
     for slot in counters::used_slots() {
         let _ = write!(
             s,
-            "{}\"{}\":{{\"live_bytes\":{},\"live_count\":{},\"peak_bytes\":{},\"allocs\":{},\"frees\":{},\"by_kind\":{{",
+            "{}\"{}\":{{\"live_bytes\":{},\"live_count\":{},\"peak_bytes\":{},\"by_kind\":{{",
             if first { "" } else { "," },
             slot_name(slot),
             counters::live_bytes(slot),
             counters::live_count(slot),
             counters::peak_bytes(slot),
-            counters::ops(slot, 0),
-            counters::ops(slot, 1)
         );
         first = false;
         let mut kfirst = true;
@@ -129,11 +126,10 @@ pub fn json() -> String {
     }
     let _ = write!(
         s,
-        "}},\"live_entries\":{},\"live_handles\":{},\"unknown_frees\":{},\"nested\":{},\"cap_refusals\":{},\"alloc_failures\":{},\"pooled\":{},\"panics\":{}}}",
+        "}},\"live_entries\":{},\"live_handles\":{},\"unknown_frees\":{},\"cap_refusals\":{},\"alloc_failures\":{},\"pooled\":{},\"panics\":{}}}",
         ALLOCS.len(),
         HANDLES.len(),
         counters::unknown_frees(),
-        counters::nested_count(),
         counters::cap_refusals(),
         counters::alloc_failures(),
         counters::pooled_count(),
@@ -202,20 +198,13 @@ pub(crate) fn on_exit() {
         for slot in counters::used_slots() {
             let _ = write!(
                 line,
-                " [{}: live {} B in {} allocations, peak {} B, {} allocs, {} frees]",
+                " [{}: live {} B in {} allocations, peak {} B]",
                 slot_name(slot),
                 counters::live_bytes(slot),
                 counters::live_count(slot),
                 counters::peak_bytes(slot),
-                counters::ops(slot, 0),
-                counters::ops(slot, 1)
             );
         }
-        crate::debug!(
-            "exit: unknown frees {}, nested pass-throughs {}{}",
-            counters::unknown_frees(),
-            counters::nested_count(),
-            line
-        );
+        crate::debug!("exit: unknown frees {}{}", counters::unknown_frees(), line);
     }
 }

@@ -43,8 +43,10 @@ fn rust_cudarc_program() {
     assert!(pre.stdout.contains("cudarc-app: ok"), "{}", pre.stdout);
     let j = std::fs::read_to_string(&stats).expect("stats dump");
     // cudarc allocated (driver or stream-ordered) and freed everything it allocated.
-    let allocs = json_num(&j, "allocs").unwrap_or(0);
+    let allocs =
+        json_num(&j, "cuMemAlloc").unwrap_or(0) + json_num(&j, "cuMemAllocAsync").unwrap_or(0);
     assert!(allocs >= 3, "{j}");
+    assert_eq!(json_num(&j, "live_entries"), Some(0), "{j}");
     assert_eq!(json_num(&j, "unknown_frees"), Some(0), "{j}");
     assert_eq!(json_num(&j, "panics"), Some(0), "{j}");
 }

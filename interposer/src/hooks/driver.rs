@@ -285,8 +285,9 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
         CUDA_ERROR_UNKNOWN,
         // SAFETY: forwarding the caller's arguments unchanged.
         || unsafe { f(free, total) },
-        || {
+        |tok| {
             dispatch::meminfo(
+                tok,
                 Api::CuMemGetInfo,
                 real::current_driver_device,
                 || {
@@ -315,8 +316,9 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -
         CUDA_ERROR_UNKNOWN,
         // SAFETY: forwarding the caller's arguments unchanged.
         || unsafe { f(bytes, dev) },
-        || {
+        |tok| {
             dispatch::meminfo(
+                tok,
                 Api::CuDeviceTotalMem,
                 || Some(dev),
                 || {

@@ -137,9 +137,9 @@ pub(crate) fn alloc_hook_in<F: Copy>(
         name,
         CUDA_ERROR_UNKNOWN,
         || call(f),
-        || {
+        |tok| {
             let req = make_req();
-            let out = dispatch::alloc(&req, table, pool_ok, || {
+            let out = dispatch::alloc(tok, &req, table, pool_ok, || {
                 let rc = call(f);
                 let (addr, size) = if rc == 0 { read() } else { (0, req.size) };
                 RealResult { rc, addr, size }
@@ -200,14 +200,14 @@ pub(crate) fn free_hook_in<F: Copy>(
         name,
         CUDA_ERROR_UNKNOWN,
         || call(f),
-        || {
+        |tok| {
             let req = FreeRequest {
                 api,
                 key,
                 stream,
                 flags,
             };
-            dispatch::free(&req, table, || call(f))
+            dispatch::free(tok, &req, table, || call(f))
         },
     )
 }

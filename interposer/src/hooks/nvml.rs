@@ -34,9 +34,10 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
         NVML_ERROR_UNKNOWN,
         // SAFETY: forwarding the caller's arguments unchanged.
         || unsafe { f(device, mem) },
-        || {
+        |tok| {
             let used_real = std::cell::Cell::new(0u64);
             dispatch::meminfo(
+                tok,
                 Api::NvmlDeviceGetMemoryInfo,
                 || index_of(device),
                 || {
@@ -83,8 +84,9 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
         NVML_ERROR_UNKNOWN,
         // SAFETY: forwarding the caller's arguments unchanged.
         || unsafe { f(device, mem) },
-        || {
+        |tok| {
             dispatch::meminfo(
+                tok,
                 Api::NvmlDeviceGetMemoryInfoV2,
                 || index_of(device),
                 || {

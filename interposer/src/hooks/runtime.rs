@@ -378,8 +378,9 @@ pub unsafe extern "C" fn cudaMemGetInfo(free: *mut usize, total: *mut usize) -> 
         cudaErrorUnknown,
         // SAFETY: forwarding the caller's arguments unchanged.
         || unsafe { f(free, total) },
-        || {
+        |tok| {
             dispatch::meminfo(
+                tok,
                 Api::CudaMemGetInfo,
                 real::current_runtime_device,
                 || {
@@ -408,8 +409,8 @@ pub unsafe extern "C" fn cudaDeviceReset() -> c_int {
         cudaErrorUnknown,
         // SAFETY: no arguments.
         || unsafe { f() },
-        || {
-            crate::counters::call(Api::CudaDeviceReset);
+        |tok| {
+            crate::counters::call_in(tok, Api::CudaDeviceReset);
             let dev = real::current_runtime_device();
             // SAFETY: no arguments.
             let rc = unsafe { f() };
@@ -437,7 +438,7 @@ fn device_properties(
         cudaErrorUnknown,
         // SAFETY: forwarding the caller's arguments unchanged.
         || unsafe { f(prop, device) },
-        || {
+        |tok| {
             let total_ptr = if prop.is_null() {
                 std::ptr::null_mut()
             } else {
@@ -450,6 +451,7 @@ fn device_properties(
                 .cast::<usize>()
             };
             dispatch::meminfo(
+                tok,
                 Api::CudaGetDeviceProperties,
                 || Some(device),
                 || {
