@@ -34,6 +34,9 @@
  * (one line; first_failure is the 0-based row index of the first failed allocation, -1 if
  * none; with --repeat, I counts rows across repetitions.)
  *
+ * Keep this file self-contained apart from "cuda_api.h": `vramshim demo` embeds both files
+ * (include_str!) and compiles them with cc at run time.
+ *
  * Exit status: 0 every allocation succeeded and every pattern matched; 2 some allocation
  * failed (out of memory or another CUDA error, see failed= and stderr); 1 a pattern mismatch,
  * a failed free/copy, or bad input (message on stderr).
