@@ -80,6 +80,8 @@ pub struct AccountingDevice {
     live: BTreeMap<u64, (u64, Vec<Piece>)>,
     phys_live: HashMap<u64, BTreeMap<u64, (u64, u64)>>,
     phys_freed: HashMap<u64, BTreeMap<u64, (u64, FreeRec)>>,
+    /// freed address ranges (a stream may still access them through this address)
+    va_freed: BTreeMap<u64, (u64, FreeRec)>,
 }
 
 impl AccountingDevice {
@@ -120,6 +122,7 @@ impl AccountingDevice {
             live: BTreeMap::new(),
             phys_live: HashMap::new(),
             phys_freed: HashMap::new(),
+            va_freed: BTreeMap::new(),
         }
     }
 
@@ -370,6 +373,7 @@ impl AccountingDevice {
             }
             self.phys_live.entry(ph).or_default().insert(s, (e, addr));
         }
+        remove_range(&mut self.va_freed, addr, addr + size.max(1));
         self.live.insert(addr, (size, pieces));
     }
 
@@ -379,7 +383,7 @@ impl AccountingDevice {
             return;
         }
         self.seq += 1;
-        let Some((_, pieces)) = self.live.remove(&addr) else {
+        let Some((size, pieces)) = self.live.remove(&addr) else {
             self.violation(format!("free of {addr:#x}, not a live block"));
             return;
         };
@@ -391,6 +395,8 @@ impl AccountingDevice {
             },
         };
         self.seq += 1;
+        remove_range(&mut self.va_freed, addr, addr + size.max(1));
+        self.va_freed.insert(addr, (addr + size.max(1), rec));
         for (ph, s, e) in pieces {
             if let Some(m) = self.phys_live.get_mut(&ph) {
                 m.remove(&s);
@@ -565,10 +571,24 @@ impl Device for AccountingDevice {
                 "unmap of {va:#x}+{size} while live block {a:#x}+{s} is in it"
             ));
         }
+        if self.checking {
+            let mut bad = None;
+            for (&s, &(e, rec)) in self.va_freed.range(..va + size) {
+                if e > va && !self.host_safe(&rec) {
+                    bad = Some(format!(
+                        "unmap of {va:#x}+{size}: freed range {s:#x}..{e:#x} may still be in use by a stream (no synchronization or completed event since its free)"
+                    ));
+                    break;
+                }
+            }
+            if let Some(b) = bad {
+                self.violation(b);
+            }
+            remove_range(&mut self.va_freed, va, va + size);
+        }
         for p in va / g..(va + size) / g {
             match self.mapped.remove(&p) {
                 Some(h) => {
-                    self.check_host_safe_phys(h, "unmap");
                     if let Some(n) = self.handles.get_mut(&h) {
                         *n -= 1;
                     }

@@ -105,7 +105,7 @@ pub fn run_with(
             Event::Alloc { id, size, stream } => {
                 match policy.alloc(dev, Request { size, stream }) {
                     Ok(a) => {
-                        dev.check_alloc(a.addr, size.max(1), stream);
+                        dev.check_alloc(a.addr, a.size, stream);
                         if let Some((old, osz, _)) = ids.insert(id, (a.addr, size, stream)) {
                             // producer reused a live id: the old block leaks in the process
                             // too; free it so the replay stays bounded.

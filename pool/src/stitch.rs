@@ -44,6 +44,8 @@ struct Fence {
     stream: Stream,
     event: Option<EventId>,
     epoch: u64,
+    /// free order: of two fences on one stream the later free covers the earlier
+    seq: u64,
 }
 
 struct Page {
@@ -413,11 +415,16 @@ impl Stitch {
     }
 
     fn add_fence(&mut self, dev: &mut dyn Device, p: u32, f: Fence) {
-        if let Some(ev) = f.event {
-            self.ev_ref(ev);
-        }
         let epoch = self.epoch;
         let pg = self.page_mut(p);
+        // a later free on the same stream already covers this one
+        if pg
+            .fences
+            .iter()
+            .any(|o| o.epoch >= epoch && o.stream == f.stream && o.seq >= f.seq)
+        {
+            return;
+        }
         let mut dropped: Vec<EventId> = Vec::new();
         pg.fences.retain(|o| {
             let keep = o.epoch >= epoch && o.stream != f.stream;
@@ -427,6 +434,9 @@ impl Stitch {
             keep
         });
         pg.fences.push(f);
+        if let Some(ev) = f.event {
+            self.ev_ref(ev);
+        }
         for e in dropped {
             self.ev_unref(dev, e);
         }
@@ -565,6 +575,7 @@ impl Stitch {
             stream: b.free_stream,
             event: b.event,
             epoch: b.epoch,
+            seq: b.seq,
         });
         let pages = self.map(b.map).pages.clone();
         for (p, s, e) in self.pieces(&pages, b.off, b.size) {
@@ -1212,8 +1223,9 @@ impl Stitch {
             }
             shortfall = 1;
         }
+        // only reachable during capture: the bytes need a synchronization we may not make
         self.release_unused(dev, &created);
-        Err(PoolError::Device(DeviceError::Driver(-1)))
+        Ok(Err(DeviceError::OutOfMemory))
     }
 
     fn alloc_slow(

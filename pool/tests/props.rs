@@ -1,0 +1,656 @@
+//! Property tests: random request streams through every policy on the checking accounting
+//! device never overlap two live blocks in physical bytes, never reuse a block before its
+//! stream rules allow, never exceed the device, and leave nothing behind after free-all +
+//! trim. Deterministic tests with fault switches show the checker does catch each broken
+//! property.
+
+use proptest::prelude::*;
+use vramshim_pool::accounting::CallKind;
+use vramshim_pool::stitch::{Faults, Stitch};
+use vramshim_pool::{
+    AccountingDevice, Device, DeviceError, FreeMode, GIB, KIB, MIB, Policy, PolicyKind, PoolError,
+    Request,
+};
+
+#[derive(Clone, Debug)]
+enum Op {
+    Alloc {
+        size: u64,
+        stream: u64,
+    },
+    /// free the live block at `idx % live.len()`
+    Free {
+        idx: usize,
+        mode: FreeMode,
+    },
+    ProcessSync,
+    Trim,
+    Capture(bool),
+}
+
+fn size() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        4 => 1u64..4096,
+        4 => 4096u64..MIB,
+        3 => MIB..8 * MIB,
+        1 => 8 * MIB..300 * MIB,
+    ]
+}
+
+fn mode() -> impl Strategy<Value = FreeMode> {
+    prop_oneof![
+        1 => Just(FreeMode::Sync),
+        3 => (0u64..3).prop_map(|stream| FreeMode::Async { stream }),
+    ]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        10 => (size(), 0u64..3).prop_map(|(size, stream)| Op::Alloc { size, stream }),
+        8 => (any::<usize>(), mode()).prop_map(|(idx, mode)| Op::Free { idx, mode }),
+        1 => Just(Op::ProcessSync),
+        1 => Just(Op::Trim),
+        1 => any::<bool>().prop_map(Op::Capture),
+    ]
+}
+
+/// Run `ops` through `policy` on a checking device of `capacity` bytes; return the device.
+fn exercise(policy: &mut dyn Policy, ops: &[Op], capacity: u64) -> AccountingDevice {
+    let mut dev = AccountingDevice::new(capacity);
+    dev.set_checking(true);
+    let mut live: Vec<(u64, u64, u64)> = Vec::new(); // (addr, size, stream)
+    for op in ops {
+        match *op {
+            Op::Alloc { size, stream } => match policy.alloc(&mut dev, Request { size, stream }) {
+                Ok(a) => {
+                    assert!(a.size >= size, "short block");
+                    assert_eq!(a.addr % 512, 0, "alignment");
+                    // the block owns its usable bytes (512-B rounding, unsplit slack)
+                    dev.check_alloc(a.addr, a.size, stream);
+                    live.push((a.addr, size, stream));
+                }
+                Err(PoolError::OutOfMemory { .. }) => {}
+                Err(e) => panic!("unexpected error {e}"),
+            },
+            Op::Free { idx, mode } => {
+                if live.is_empty() {
+                    continue;
+                }
+                let (addr, size, _) = live.swap_remove(idx % live.len());
+                dev.check_free(addr, mode);
+                assert_eq!(policy.free(&mut dev, addr, mode).unwrap(), size);
+            }
+            Op::ProcessSync => {
+                if !dev.is_capturing() {
+                    dev.process_sync();
+                    policy.note_process_sync();
+                }
+            }
+            Op::Trim => {
+                policy.trim(&mut dev).unwrap();
+            }
+            Op::Capture(on) => dev.set_capturing(on),
+        }
+        assert!(dev.used() <= dev.capacity(), "device exceeded");
+        assert_eq!(
+            policy.stats().live,
+            live.iter().map(|l| l.1).sum::<u64>(),
+            "live accounting"
+        );
+    }
+    dev.set_capturing(false);
+    for (addr, _, stream) in live.drain(..) {
+        let mode = FreeMode::Async { stream };
+        dev.check_free(addr, mode);
+        policy.free(&mut dev, addr, mode).unwrap();
+    }
+    policy.trim(&mut dev).unwrap();
+    dev
+}
+
+fn assert_clean(dev: &AccountingDevice, policy: &dyn Policy) {
+    assert!(
+        dev.violations().is_empty(),
+        "violations: {:#?}",
+        &dev.violations()[..dev.violations().len().min(5)]
+    );
+    assert_eq!(dev.leaks(), Vec::<String>::new(), "leaks");
+    assert_eq!(policy.stats().live, 0);
+    assert_eq!(policy.stats().reserved, 0, "reserved after trim");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    #[test]
+    fn stitch_is_safe(ops in proptest::collection::vec(op(), 1..300), cap_mib in 64u64..1024) {
+        let mut p = Stitch::new();
+        let dev = exercise(&mut p, &ops, cap_mib * MIB);
+        assert_clean(&dev, &p);
+    }
+
+    #[test]
+    fn stitch_with_soft_limit_is_safe(ops in proptest::collection::vec(op(), 1..300), cap_mib in 64u64..1024) {
+        let mut p = Stitch::new().with_headroom(Some(0.0));
+        let dev = exercise(&mut p, &ops, cap_mib * MIB);
+        assert_clean(&dev, &p);
+    }
+
+    #[test]
+    fn caching_is_safe(ops in proptest::collection::vec(op(), 1..300), cap_mib in 64u64..1024) {
+        let mut p = PolicyKind::Caching.build();
+        let dev = exercise(p.as_mut(), &ops, cap_mib * MIB);
+        assert_clean(&dev, p.as_ref());
+    }
+
+    #[test]
+    fn direct_is_safe(ops in proptest::collection::vec(op(), 1..300), cap_mib in 64u64..1024) {
+        let mut p = PolicyKind::Direct.build();
+        let dev = exercise(p.as_mut(), &ops, cap_mib * MIB);
+        assert_clean(&dev, p.as_ref());
+    }
+
+    /// Allocation under memory pressure: whenever stitch refuses, the live bytes plus the
+    /// request could not have fit in whole pages anyway or the pages are pinned; at least it
+    /// never refuses while the request fits in fully free device memory.
+    #[test]
+    fn stitch_refuses_only_when_device_is_short(sizes in proptest::collection::vec(size(), 1..60)) {
+        let cap = 512 * MIB;
+        let mut dev = AccountingDevice::new(cap);
+        let mut p = Stitch::new();
+        for s in sizes {
+            match p.alloc(&mut dev, Request { size: s, stream: 0 }) {
+                Ok(_) => {}
+                Err(PoolError::OutOfMemory { .. }) => {
+                    // the pool holds every page it could get; pages free of live bytes cannot
+                    // cover the request
+                    let free_dev = cap - dev.used();
+                    prop_assert!(s > free_dev, "refused {s} with {free_dev} free on the device");
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------- the checker can fail
+
+fn one_dev() -> AccountingDevice {
+    let mut d = AccountingDevice::new(GIB);
+    d.set_checking(true);
+    d
+}
+
+#[test]
+fn checker_catches_early_reuse_of_cudafree() {
+    for broken in [false, true] {
+        let mut dev = one_dev();
+        let mut p = Stitch::new();
+        p.set_faults(Faults {
+            reuse_sync_frees_early: broken,
+            ..Faults::default()
+        });
+        let a = p
+            .alloc(
+                &mut dev,
+                Request {
+                    size: 4 * MIB,
+                    stream: 0,
+                },
+            )
+            .unwrap();
+        dev.check_alloc(a.addr, 4 * MIB, 0);
+        dev.check_free(a.addr, FreeMode::Sync);
+        p.free(&mut dev, a.addr, FreeMode::Sync).unwrap();
+        let b = p
+            .alloc(
+                &mut dev,
+                Request {
+                    size: 4 * MIB,
+                    stream: 0,
+                },
+            )
+            .unwrap();
+        dev.check_alloc(b.addr, 4 * MIB, 0);
+        if broken {
+            assert_eq!(b.addr, a.addr, "fault switch must reuse at once");
+            assert!(
+                dev.violations().iter().any(|v| v.contains("early reuse")),
+                "{:?}",
+                dev.violations()
+            );
+        } else {
+            assert!(dev.violations().is_empty(), "{:?}", dev.violations());
+            assert_ne!(
+                b.addr, a.addr,
+                "a cudaFree'd block is not reused before a sync"
+            );
+        }
+    }
+}
+
+#[test]
+fn cudafree_block_reused_after_one_sync() {
+    let mut dev = AccountingDevice::new(8 * MIB);
+    dev.set_checking(true);
+    let mut p = Stitch::new();
+    let mut addrs = Vec::new();
+    for _ in 0..3 {
+        let a = p
+            .alloc(
+                &mut dev,
+                Request {
+                    size: 2 * MIB,
+                    stream: 0,
+                },
+            )
+            .unwrap();
+        dev.check_alloc(a.addr, 2 * MIB, 0);
+        addrs.push(a.addr);
+    }
+    for &a in &addrs {
+        dev.check_free(a, FreeMode::Sync);
+        p.free(&mut dev, a, FreeMode::Sync).unwrap();
+    }
+    // the device has 4 pages: 3 held pending; 3 more blocks need one sync, not three
+    for _ in 0..3 {
+        let a = p
+            .alloc(
+                &mut dev,
+                Request {
+                    size: 2 * MIB,
+                    stream: 0,
+                },
+            )
+            .unwrap();
+        dev.check_alloc(a.addr, 2 * MIB, 0);
+    }
+    assert!(dev.violations().is_empty(), "{:?}", dev.violations());
+    assert_eq!(p.stats().syncs, 1, "one sync releases every pending free");
+    // the process's own sync counts: no pool sync needed afterwards
+    let mut dev = AccountingDevice::new(4 * MIB);
+    let mut p = Stitch::new();
+    let a = p
+        .alloc(
+            &mut dev,
+            Request {
+                size: 2 * MIB,
+                stream: 0,
+            },
+        )
+        .unwrap();
+    p.free(&mut dev, a.addr, FreeMode::Sync).unwrap();
+    dev.process_sync();
+    p.note_process_sync();
+    let b = p
+        .alloc(
+            &mut dev,
+            Request {
+                size: 2 * MIB,
+                stream: 0,
+            },
+        )
+        .unwrap();
+    assert_eq!(b.addr, a.addr);
+    assert_eq!(p.stats().syncs, 0);
+}
+
+#[test]
+fn checker_catches_cross_stream_reuse_without_event() {
+    for broken in [false, true] {
+        let mut dev = one_dev();
+        let mut p = Stitch::new();
+        p.set_faults(Faults {
+            ignore_streams: broken,
+            ..Faults::default()
+        });
+        // two streams seen: frees record events
+        let x = p
+            .alloc(
+                &mut dev,
+                Request {
+                    size: 512,
+                    stream: 7,
+                },
+            )
+            .unwrap();
+        dev.check_alloc(x.addr, 512, 7);
+        let a = p
+            .alloc(
+                &mut dev,
+                Request {
+                    size: 3 * MIB,
+                    stream: 1,
+                },
+            )
+            .unwrap();
+        dev.check_alloc(a.addr, 3 * MIB, 1);
+        dev.check_free(a.addr, FreeMode::Async { stream: 1 });
+        p.free(&mut dev, a.addr, FreeMode::Async { stream: 1 })
+            .unwrap();
+        let b = p
+            .alloc(
+                &mut dev,
+                Request {
+                    size: 3 * MIB,
+                    stream: 2,
+                },
+            )
+            .unwrap();
+        dev.check_alloc(b.addr, 3 * MIB, 2);
+        assert_eq!(b.addr, a.addr, "reused across streams");
+        if broken {
+            assert!(
+                dev.violations().iter().any(|v| v.contains("early reuse")),
+                "{:?}",
+                dev.violations()
+            );
+        } else {
+            assert!(dev.violations().is_empty(), "{:?}", dev.violations());
+            assert_eq!(p.stats().stream_waits, 1, "ordered by cudaStreamWaitEvent");
+            assert_eq!(p.stats().syncs, 0, "no host synchronization");
+        }
+    }
+}
+
+#[test]
+fn same_stream_async_reuse_is_immediate() {
+    let mut dev = one_dev();
+    let mut p = Stitch::new();
+    let a = p
+        .alloc(
+            &mut dev,
+            Request {
+                size: 5 * MIB,
+                stream: 3,
+            },
+        )
+        .unwrap();
+    dev.check_alloc(a.addr, 5 * MIB, 3);
+    dev.check_free(a.addr, FreeMode::Async { stream: 3 });
+    p.free(&mut dev, a.addr, FreeMode::Async { stream: 3 })
+        .unwrap();
+    let calls = dev.calls();
+    let b = p
+        .alloc(
+            &mut dev,
+            Request {
+                size: 5 * MIB,
+                stream: 3,
+            },
+        )
+        .unwrap();
+    dev.check_alloc(b.addr, 5 * MIB, 3);
+    assert_eq!(b.addr, a.addr);
+    assert_eq!(
+        dev.calls(),
+        calls,
+        "a cache hit makes no device call at all"
+    );
+    assert!(dev.violations().is_empty());
+}
+
+#[test]
+fn checker_catches_physical_overlap() {
+    for broken in [false, true] {
+        let mut dev = one_dev();
+        let mut p = Stitch::new();
+        p.set_faults(Faults {
+            skip_take: broken,
+            ..Faults::default()
+        });
+        for _ in 0..4 {
+            let a = p
+                .alloc(
+                    &mut dev,
+                    Request {
+                        size: 100 * KIB,
+                        stream: 0,
+                    },
+                )
+                .unwrap();
+            dev.check_alloc(a.addr, 100 * KIB, 0);
+        }
+        let found = dev
+            .violations()
+            .iter()
+            .any(|v| v.contains("overlap") || v.contains("twice"));
+        assert_eq!(found, broken, "{:?}", dev.violations());
+    }
+}
+
+#[test]
+fn head_and_tail_share_pages_without_overlap() {
+    // 3 MiB blocks: each takes 1.5 pages; pairs share a page (suffix of one, prefix of another)
+    let mut dev = one_dev();
+    let mut p = Stitch::new();
+    let mut v = Vec::new();
+    for _ in 0..8 {
+        let a = p
+            .alloc(
+                &mut dev,
+                Request {
+                    size: 3 * MIB,
+                    stream: 0,
+                },
+            )
+            .unwrap();
+        dev.check_alloc(a.addr, 3 * MIB, 0);
+        v.push(a.addr);
+    }
+    assert!(dev.violations().is_empty(), "{:?}", dev.violations());
+    // 24 MiB live: 12 pages exactly, page tails packed
+    assert_eq!(dev.used(), 24 * MIB, "page tails packed");
+    // small blocks fill one page
+    let mut dev = one_dev();
+    let mut p = Stitch::new();
+    for _ in 0..2048 {
+        let a = p
+            .alloc(
+                &mut dev,
+                Request {
+                    size: 1000,
+                    stream: 0,
+                },
+            )
+            .unwrap();
+        dev.check_alloc(a.addr, 1000, 0);
+    }
+    assert!(dev.violations().is_empty());
+    assert_eq!(
+        dev.used(),
+        2 * MIB,
+        "2048 blocks of 1000 B (512-B units) in one page"
+    );
+}
+
+#[test]
+fn checker_catches_unmap_while_in_flight() {
+    // unmapping memory whose stream-ordered free is not known complete is a violation
+    let mut dev = one_dev();
+    let va = dev.reserve(2 * MIB).unwrap();
+    let h = dev.create().unwrap();
+    dev.map(va, h).unwrap();
+    dev.set_access(va, 2 * MIB).unwrap();
+    dev.check_alloc(va, MIB, 5);
+    dev.check_free(va, FreeMode::Async { stream: 5 });
+    dev.unmap(va, 2 * MIB).unwrap();
+    assert!(
+        dev.violations().iter().any(|v| v.contains("unmap")),
+        "{:?}",
+        dev.violations()
+    );
+}
+
+#[test]
+fn no_sync_during_capture() {
+    let mut dev = AccountingDevice::new(4 * MIB);
+    dev.set_checking(true);
+    let mut p = Stitch::new();
+    let a = p
+        .alloc(
+            &mut dev,
+            Request {
+                size: 2 * MIB,
+                stream: 0,
+            },
+        )
+        .unwrap();
+    let b = p
+        .alloc(
+            &mut dev,
+            Request {
+                size: 2 * MIB,
+                stream: 0,
+            },
+        )
+        .unwrap();
+    dev.check_alloc(a.addr, 2 * MIB, 0);
+    dev.check_alloc(b.addr, 2 * MIB, 0);
+    dev.check_free(a.addr, FreeMode::Sync);
+    p.free(&mut dev, a.addr, FreeMode::Sync).unwrap();
+    dev.set_capturing(true);
+    // the only memory is pending a sync: refuse rather than synchronize during capture
+    assert!(matches!(
+        p.alloc(
+            &mut dev,
+            Request {
+                size: 2 * MIB,
+                stream: 0
+            }
+        ),
+        Err(PoolError::OutOfMemory { .. })
+    ));
+    assert_eq!(
+        p.trim(&mut dev).unwrap(),
+        0,
+        "trim is deferred during capture"
+    );
+    dev.set_capturing(false);
+    let c = p
+        .alloc(
+            &mut dev,
+            Request {
+                size: 2 * MIB,
+                stream: 0,
+            },
+        )
+        .unwrap();
+    dev.check_alloc(c.addr, 2 * MIB, 0);
+    assert!(dev.violations().is_empty(), "{:?}", dev.violations());
+    assert_eq!(p.stats().syncs, 1);
+}
+
+#[test]
+fn faults_fail_cleanly_and_later_requests_succeed() {
+    for kind in [
+        CallKind::Create,
+        CallKind::Map,
+        CallKind::Reserve,
+        CallKind::SetAccess,
+    ] {
+        for nth in 1..6 {
+            let mut dev = AccountingDevice::new(GIB);
+            dev.set_checking(true);
+            dev.fail_nth(kind, nth, DeviceError::Driver(2));
+            let mut p = Stitch::new();
+            let mut live = Vec::new();
+            let mut failures = 0;
+            for i in 0..12u64 {
+                let size = (i % 4 + 1) * 3 * MIB / 2 + i * 4096;
+                match p.alloc(&mut dev, Request { size, stream: 0 }) {
+                    Ok(a) => {
+                        dev.check_alloc(a.addr, size, 0);
+                        live.push(a.addr);
+                    }
+                    Err(PoolError::Device(DeviceError::Driver(2))) => failures += 1,
+                    Err(e) => panic!("{kind:?} nth {nth}: unexpected {e}"),
+                }
+            }
+            assert!(
+                failures <= 1,
+                "{kind:?} nth {nth}: one injected fault, one failure"
+            );
+            for a in live {
+                dev.check_free(a, FreeMode::Async { stream: 0 });
+                p.free(&mut dev, a, FreeMode::Async { stream: 0 }).unwrap();
+            }
+            p.trim(&mut dev).unwrap();
+            assert!(dev.violations().is_empty(), "{:?}", dev.violations());
+            assert!(
+                dev.leaks().is_empty(),
+                "{kind:?} nth {nth}: {:?}",
+                dev.leaks()
+            );
+        }
+    }
+}
+
+#[test]
+fn oom_is_reported_and_pool_recovers() {
+    let mut dev = AccountingDevice::new(64 * MIB);
+    let mut p = Stitch::new();
+    let a = p
+        .alloc(
+            &mut dev,
+            Request {
+                size: 40 * MIB,
+                stream: 0,
+            },
+        )
+        .unwrap();
+    let e = p
+        .alloc(
+            &mut dev,
+            Request {
+                size: 40 * MIB,
+                stream: 0,
+            },
+        )
+        .unwrap_err();
+    assert!(matches!(
+        e,
+        PoolError::OutOfMemory {
+            why: DeviceError::OutOfMemory,
+            ..
+        }
+    ));
+    assert_eq!(
+        dev.used(),
+        40 * MIB,
+        "pages created for a failed request are given back"
+    );
+    p.free(&mut dev, a.addr, FreeMode::Async { stream: 0 })
+        .unwrap();
+    // a different size now fits by dissolving the cached block (no growth)
+    p.alloc(
+        &mut dev,
+        Request {
+            size: 60 * MIB,
+            stream: 0,
+        },
+    )
+    .unwrap();
+    assert!(dev.used() <= 64 * MIB);
+    // the cap refuses like the device
+    let mut dev = AccountingDevice::new(GIB);
+    dev.set_cap(Some(32 * MIB));
+    let mut p = Stitch::new();
+    let e = p
+        .alloc(
+            &mut dev,
+            Request {
+                size: 40 * MIB,
+                stream: 0,
+            },
+        )
+        .unwrap_err();
+    assert!(matches!(
+        e,
+        PoolError::OutOfMemory {
+            why: DeviceError::CapExceeded,
+            ..
+        }
+    ));
+    assert_eq!(dev.used(), 0);
+}
