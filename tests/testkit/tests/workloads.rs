@@ -268,3 +268,47 @@ fn python_ctypes_program_runs_on_the_simulated_gpu() {
         out.stdout
     );
 }
+
+/// A program whose DT_RPATH points at NVIDIA's real runtime (as PyTorch wheels do) ignores
+/// LD_LIBRARY_PATH; `sim-run --preload-runtime` puts the simulated one in its place.
+#[test]
+fn sim_run_preload_runtime_beats_a_dt_rpath() {
+    let real = match vramshim_testkit::real_cudart12_dir() {
+        Ok(d) => d,
+        Err(why) => {
+            eprintln!("SKIP: NVIDIA's libcudart.so.12 is not available: {why}");
+            return;
+        }
+    };
+    let exe = temp_dir("rpath").join("rt_basic_rpath");
+    let (l, rpath) = (
+        format!("-L{}", real.display()),
+        format!("-Wl,--disable-new-dtags,-rpath,{}", real.display()),
+    );
+    vramshim_testkit::compile_c_to(
+        &exe,
+        &["tests/workloads/sim/rt_basic.c"],
+        vramshim_testkit::Link::Dl,
+        &["-DREAL_CUDART", &l, "-l:libcudart.so.12", &rpath],
+    );
+    let sim_run = |extra: &[&str]| {
+        let mut c = Command::new(repo_root().join("scripts/sim-run"));
+        c.args([
+            "--name",
+            &vramshim_testkit::unique_name("rpath"),
+            "--profile",
+        ])
+        .arg(profile_dir());
+        c.args(extra).arg("--").arg(&exe).env_remove("LD_PRELOAD");
+        c.output().unwrap()
+    };
+    // The real runtime cannot drive the simulated driver (private export tables).
+    let o = sim_run(&[]);
+    assert!(
+        !o.status.success(),
+        "the DT_RPATH runtime was expected to fail on cuda-sim"
+    );
+    let o = sim_run(&["--preload-runtime=12"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("rt_basic: ok"));
+}
