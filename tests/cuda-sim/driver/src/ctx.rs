@@ -126,7 +126,11 @@ fn deactivate_primary(t: &mut Table, dev: i32) {
         && t.ctxs[i].alive
     {
         t.ctxs[i].alive = false;
-        drop_context_resources(dev);
+        // Allocations are per device here, not per context: keep them while another context
+        // of the device lives.
+        if !t.ctxs.iter().any(|c| c.alive && c.dev == dev) {
+            drop_context_resources(dev);
+        }
         deactivate(t, dev);
     }
 }

@@ -170,7 +170,10 @@ fn owner(p: &Pools, ptr: u64) -> Option<u64> {
 pub fn free_async(ptr: u64, s: &Arc<Stream>) -> Res {
     let id = {
         let mut p = pools();
-        let id = owner(&p, ptr).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let Some(id) = owner(&p, ptr) else {
+            drop(p);
+            return free_linear_async(ptr, s);
+        };
         if !p.freeing.insert(ptr) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
@@ -184,6 +187,31 @@ pub fn free_async(ptr: u64, s: &Arc<Stream>) -> Res {
     if queued.is_none() {
         // Captured, never executed: keep the pool consistent by giving it back now.
         give_back(id, ptr);
+    }
+    Ok(())
+}
+
+/// cuMemFreeAsync of cuMemAlloc memory: freed when the stream reaches it.
+fn free_linear_async(ptr: u64, s: &Arc<Stream>) -> Res {
+    match mem::find(ptr) {
+        Some((b, a)) if b == ptr && matches!(a.kind, Kind::Device | Kind::Managed) => {}
+        _ => return Err(CUDA_ERROR_INVALID_VALUE),
+    }
+    {
+        let mut p = pools();
+        if !p.freeing.insert(ptr) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+    }
+    let work = move || {
+        pools().freeing.remove(&ptr);
+        let _ = mem::free(ptr, |k| matches!(k, Kind::Device | Kind::Managed));
+    };
+    if s.submit(Vec::new(), Duration::ZERO, Box::new(work))
+        .is_none()
+    {
+        pools().freeing.remove(&ptr);
+        let _ = mem::free(ptr, |k| matches!(k, Kind::Device | Kind::Managed));
     }
     Ok(())
 }

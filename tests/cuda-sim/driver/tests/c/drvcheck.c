@@ -620,6 +620,13 @@ static int pools(void) {
     OK(cuMemFree(q)); /* cuMemFree accepts pool memory */
     OK(trim(pool, 0));
     EXPECT_EQ(free_mem(), f0);
+    /* cuMemFreeAsync of cuMemAlloc memory: freed in stream order. */
+    OK(cuMemAlloc(&p, 4 * MiB));
+    OK(freeA(p, 0));
+    EXPECT_EQ(freeA(p, 0), 1);
+    OK(sync(0));
+    EXPECT_EQ(free_mem(), f0);
+    EXPECT_EQ(cuMemFree(p), 1);
     return 0;
 }
 
