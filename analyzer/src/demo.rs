@@ -121,6 +121,8 @@ struct Row {
     cap: Option<u64>,
     /// One line explaining the outcome (the refusal, the post-mortem), when there is one.
     detail: String,
+    /// The analyzer's post-mortem of a refused run.
+    post_mortem: String,
     trace: Option<PathBuf>,
     stderr: String,
 }
@@ -152,6 +154,7 @@ impl Row {
             completed: false,
             cap: None,
             detail: String::new(),
+            post_mortem: String::new(),
             trace: None,
             stderr: String::new(),
         }
@@ -238,7 +241,22 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
     println!();
     print!("{table}");
     if gpu.is_sim() {
+        println!(
+            "driver calls and syncs: counted by the simulated driver itself (each cuMemFree waits for the device, so it counts as a sync)"
+        );
         println!("times: modelled on the simulated GPU (driver latencies injected: {SIM_LATENCY})");
+    }
+    println!("caps count the workload's allocations only (VRAMSHIM_CAP_CONTEXT=exclude)");
+    for r in rows.iter().filter(|r| !r.post_mortem.is_empty()) {
+        println!();
+        println!(
+            "{} post-mortem (vramshim summary {}):",
+            r.label,
+            r.trace
+                .as_ref()
+                .map_or(String::new(), |t| t.display().to_string())
+        );
+        print!("{}", r.post_mortem);
     }
     let html = render_html(&gpu, &rows, &stats, &work);
     std::fs::write(&args.output, html)
@@ -481,7 +499,9 @@ fn live_run(
         .env_remove("VRAMSHIM_CAP")
         .env_remove("VRAMSHIM_SHARED")
         .env_remove("VRAMSHIM_POOL")
-        .env_remove("VRAMSHIM_STACKS");
+        .env_remove("VRAMSHIM_STACKS")
+        // The caps are about the workload's allocations, not the CUDA context's own memory.
+        .env("VRAMSHIM_CAP_CONTEXT", "exclude");
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -491,7 +511,9 @@ fn live_run(
             cmd.env("LD_LIBRARY_PATH", dir)
                 .env("VRAMSIM_NAME", &sim_name)
                 .env("VRAMSIM_CONTEXT_OVERHEAD", "0")
-                .env("VRAMSIM_LATENCY", SIM_LATENCY);
+                .env("VRAMSIM_LATENCY", SIM_LATENCY)
+                // One stderr line per driver call: the device's own count of calls and syncs.
+                .env("VRAMSIM_DEBUG", "1");
         }
         Gpu::Real { .. } => {
             if let Some(d) = real_cudart_dir() {
@@ -553,8 +575,169 @@ fn live_run(
             Ok(hw) => Cell::Bytes(hw),
             Err(e) => Cell::Na(e),
         };
+        let (calls, syncs) = sim_driver_counts(&row.stderr);
+        row.driver_calls = Cell::Num(calls);
+        row.syncs = Cell::Num(syncs);
+    } else {
+        let why = "counted by the simulated driver only";
+        row.driver_calls = Cell::na(why);
+        row.syncs = Cell::na(why);
+    }
+    if r.failed > 0 {
+        match post_mortem(&trace) {
+            Ok(pm) => row.post_mortem = pm,
+            Err(e) => row.post_mortem = format!("  (no post-mortem: {e})\n"),
+        }
     }
     row
+}
+
+/// Memory-management driver calls and device synchronizations in the simulated driver's
+/// call log (`VRAMSIM_DEBUG=1`: `vramsim: NAME -> RESULT` per call). A `cuMemFree` waits for
+/// the device, so it counts as a sync too (as CUDA's `cudaFree` does).
+fn sim_driver_counts(stderr: &str) -> (u64, u64) {
+    const MEM: [&str; 9] = [
+        "cuMemAlloc",
+        "cuMemFree",
+        "cuMemCreate",
+        "cuMemRelease",
+        "cuMemMap",
+        "cuMemUnmap",
+        "cuMemSetAccess",
+        "cuMemAddressReserve",
+        "cuMemAddressFree",
+    ];
+    const SYNC: [&str; 4] = [
+        "cuCtxSynchronize",
+        "cuStreamSynchronize",
+        "cuEventSynchronize",
+        "cuMemFree",
+    ];
+    let (mut calls, mut syncs) = (0, 0);
+    for line in stderr.lines() {
+        let Some(rest) = line.strip_prefix("vramsim: ") else {
+            continue;
+        };
+        let Some((name, _)) = rest.split_once(" -> ") else {
+            continue;
+        };
+        let base = name.trim_end_matches("_ptsz");
+        let base = match base.rfind("_v") {
+            Some(i) if base[i + 2..].bytes().all(|b| b.is_ascii_digit()) && i + 2 < base.len() => {
+                &base[..i]
+            }
+            _ => base,
+        };
+        if base.starts_with("cuMemFreeHost") || base.starts_with("cuMemAllocHost") {
+            continue;
+        }
+        if MEM.iter().any(|m| {
+            base == *m
+                || base == format!("{m}Async")
+                || base == format!("{m}Pitch")
+                || base == format!("{m}Managed")
+                || base == format!("{m}FromPoolAsync")
+        }) {
+            calls += 1;
+        }
+        if SYNC.contains(&base) {
+            syncs += 1;
+        }
+    }
+    (calls, syncs)
+}
+
+/// The analyzer's post-mortem of every refusal in a trace, as `vramshim summary` prints it.
+fn post_mortem(trace: &Path) -> Result<String, String> {
+    use vramshim_analyzer::analysis::{self, Options};
+    use vramshim_analyzer::{input, render, whatif};
+    let opts = Options {
+        top: 5,
+        progress: false,
+        ..Options::default()
+    };
+    let mut r = analysis::analyze(input::open(trace)?, &opts)?;
+    whatif::judge_post_mortems(trace, &mut r)?;
+    let mut out = String::new();
+    let mut n = 0;
+    for d in &r.devices {
+        for pm in &d.post_mortems {
+            n += 1;
+            render::text::post_mortem(n, pm, &mut out);
+        }
+    }
+    if n == 0 {
+        return Err(format!("the trace {} records no refusal", trace.display()));
+    }
+    Ok(out)
+}
+
+/// Three lines describing a trace for `vramshim run`: what was allocated, the peak, the end.
+pub fn trace_summary_lines(path: &Path) -> Result<Vec<String>, String> {
+    use vramshim_analyzer::analysis::{self, Options};
+    use vramshim_analyzer::units::{bytes, duration_ns};
+    let opts = Options {
+        top: 1,
+        progress: false,
+        max_post_mortems: 1,
+        ..Options::default()
+    };
+    let r = analysis::analyze(vramshim_analyzer::input::open(path)?, &opts)?;
+    let devs: Vec<_> = r.devices.iter().filter(|d| d.device >= 0).collect();
+    if devs.is_empty() {
+        return Ok(vec![format!(
+            "pid {}: no device memory was allocated ({} events in {})",
+            r.process.pid,
+            r.events,
+            duration_ns(r.duration_ns)
+        )]);
+    }
+    let (allocs, bytes_alloc, failed, refusals, ooms) =
+        devs.iter().fold((0, 0, 0, 0, 0), |a, d| {
+            (
+                a.0 + d.allocs,
+                a.1 + d.bytes_allocated,
+                a.2 + d.failed_allocs,
+                a.3 + d.refusals,
+                a.4 + d.ooms,
+            )
+        });
+    let mut lines = vec![format!(
+        "pid {}: {allocs} allocations ({}) on {} device(s) in {}; {failed} failed ({refusals} refused by the cap, {} out of device memory)",
+        r.process.pid,
+        bytes(bytes_alloc),
+        devs.len(),
+        duration_ns(r.duration_ns),
+        ooms.saturating_sub(refusals)
+    )];
+    let peak = devs.iter().max_by_key(|d| d.peak_in_use.bytes).unwrap();
+    let mut l = format!(
+        "peak in use {} on device {} at +{} ({} live allocations)",
+        bytes(peak.peak_in_use.bytes),
+        peak.device,
+        duration_ns(peak.peak_in_use.offset_ns),
+        peak.peak_in_use.live_allocations
+    );
+    if let Some(pr) = &peak.peak_reserved {
+        let _ = write!(l, "; peak reserved {}", bytes(pr.bytes));
+    }
+    if let Some(c) = peak.cap {
+        let _ = write!(l, "; cap {}", bytes(c));
+    }
+    lines.push(l);
+    let (live, leaks) = devs
+        .iter()
+        .fold((0, 0), |a, d| (a.0 + d.in_use_at_exit, a.1 + d.leaks.count));
+    lines.push(format!(
+        "at exit: {} still allocated in {leaks} allocation(s){}",
+        bytes(live),
+        if r.torn {
+            "; the trace was cut short (torn last frame)"
+        } else {
+            ""
+        }
+    ));
+    Ok(lines)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -720,6 +903,20 @@ fn render_html(gpu: &Gpu, rows: &[Row], stats: &CsvStats, _work: &Path) -> Strin
         h.push_str("</tr>");
     }
     h.push_str("</table>");
+    if gpu.is_sim() {
+        h.push_str(
+            "<p>Driver calls and syncs are counted by the simulated driver itself (each cuMemFree waits for the device, \
+             so it counts as a sync). Times are modelled on the simulated GPU (injected driver latencies).</p>",
+        );
+    }
+    for r in rows.iter().filter(|r| !r.post_mortem.is_empty()) {
+        let _ = write!(
+            h,
+            "<h2>{} post-mortem</h2><pre class=\"post-mortem\">{}</pre>",
+            r.label,
+            esc(&r.post_mortem)
+        );
+    }
     h.push_str(&memory_chart(rows));
     h.push_str(&calls_chart(rows));
     h.push_str("<ul>");
@@ -871,9 +1068,4 @@ fn calls_chart(rows: &[Row]) -> String {
     }
     svg.push_str("</svg>");
     svg
-}
-
-/// Three lines describing a trace (the analyzer's summary once it lands).
-pub fn trace_summary_lines(_path: &Path) -> Result<Vec<String>, String> {
-    Err("the trace reader is not built yet".into())
 }
