@@ -967,6 +967,211 @@ pub unsafe fn event_elapsed_time(rt: Flavor, ms: *mut f32, a: CUevent, b: CUeven
     cu!(d, cuEventElapsedTime(ms, a, b))
 }
 
+// --------------------------------------------------- pools, host registration, IPC, misc
+
+pub unsafe fn mem_pool_trim_to(rt: Flavor, pool: CUmemoryPool, keep: usize) -> Res {
+    nonnull(pool)?;
+    let d = ctx(rt)?;
+    cu!(d, cuMemPoolTrimTo(pool, keep))
+}
+
+/// `cudaMemPoolSetAttribute` (`set`) / `cudaMemPoolGetAttribute`: the attribute numbering is
+/// the driver's.
+pub unsafe fn mem_pool_attribute(
+    rt: Flavor,
+    set: bool,
+    pool: CUmemoryPool,
+    attr: c_int,
+    v: *mut c_void,
+) -> Res {
+    nonnull(pool)?;
+    nonnull(v)?;
+    let d = ctx(rt)?;
+    if set {
+        cu!(d, cuMemPoolSetAttribute(pool, attr, v))
+    } else {
+        cu!(d, cuMemPoolGetAttribute(pool, attr, v))
+    }
+}
+
+/// `cudaMemPoolSetAccess`: `cudaMemAccessDesc` has `CUmemAccessDesc`'s layout.
+pub unsafe fn mem_pool_set_access(
+    rt: Flavor,
+    pool: CUmemoryPool,
+    descs: *const c_void,
+    n: usize,
+) -> Res {
+    nonnull(pool)?;
+    if n > 0 {
+        nonnull(descs)?;
+    }
+    let d = ctx(rt)?;
+    cu!(d, cuMemPoolSetAccess(pool, descs, n))
+}
+
+pub unsafe fn host_register(rt: Flavor, p: *mut c_void, size: usize, flags: c_uint) -> Res {
+    nonnull(p)?;
+    if size == 0 {
+        return Err(err::INVALID_VALUE);
+    }
+    let d = ctx(rt)?;
+    cu!(d, cuMemHostRegister(p, size, flags))
+}
+
+pub unsafe fn host_unregister(rt: Flavor, p: *mut c_void) -> Res {
+    nonnull(p)?;
+    let d = ctx(rt)?;
+    cu!(d, cuMemHostUnregister(p))
+}
+
+pub unsafe fn ipc_open_mem_handle(
+    rt: Flavor,
+    p: *mut *mut c_void,
+    h: cudaIpcMemHandle_t,
+    flags: c_uint,
+) -> Res {
+    nonnull(p)?;
+    let d = ctx(rt)?;
+    out_ptr(p, 0);
+    let mut dp: CUdeviceptr = 0;
+    cu!(d, cuIpcOpenMemHandle(&mut dp, h, flags))?;
+    out_ptr(p, dp);
+    Ok(())
+}
+
+pub unsafe fn ipc_close_mem_handle(rt: Flavor, p: *mut c_void) -> Res {
+    nonnull(p)?;
+    let d = ctx(rt)?;
+    cu!(d, cuIpcCloseMemHandle(p as CUdeviceptr))
+}
+
+/// `cudaMemcpyPeerAsync`: the driver wants the two devices' (primary) contexts.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn memcpy_peer_async(
+    rt: Flavor,
+    ptds: bool,
+    dst: *mut c_void,
+    dst_dev: c_int,
+    src: *const c_void,
+    src_dev: c_int,
+    n: usize,
+    s: CUstream,
+) -> Res {
+    let d = ctx(rt)?;
+    valid_device(d, dst_dev)?;
+    valid_device(d, src_dev)?;
+    if n == 0 {
+        return Ok(());
+    }
+    let (dc, sc) = (
+        primary(d, dst_dev)? as CUcontext,
+        primary(d, src_dev)? as CUcontext,
+    );
+    let (dd, sd) = (dst as CUdeviceptr, src as CUdeviceptr);
+    if ptds {
+        cu!(d, cuMemcpyPeerAsync_ptsz(dd, dc, sd, sc, n, s))
+    } else {
+        cu!(d, cuMemcpyPeerAsync(dd, dc, sd, sc, n, s))
+    }
+}
+
+pub unsafe fn launch_host_func(
+    rt: Flavor,
+    ptds: bool,
+    s: CUstream,
+    f: HostFn,
+    data: *mut c_void,
+) -> Res {
+    if f.is_none() {
+        return Err(err::INVALID_VALUE);
+    }
+    let d = ctx(rt)?;
+    if ptds {
+        cu!(d, cuLaunchHostFunc_ptsz(s, f, data))
+    } else {
+        cu!(d, cuLaunchHostFunc(s, f, data))
+    }
+}
+
+pub unsafe fn stream_add_callback(
+    rt: Flavor,
+    ptds: bool,
+    s: CUstream,
+    cb: StreamCallback,
+    data: *mut c_void,
+    flags: c_uint,
+) -> Res {
+    if cb.is_none() || flags != 0 {
+        return Err(err::INVALID_VALUE);
+    }
+    let d = ctx(rt)?;
+    if ptds {
+        cu!(d, cuStreamAddCallback_ptsz(s, cb, data, flags))
+    } else {
+        cu!(d, cuStreamAddCallback(s, cb, data, flags))
+    }
+}
+
+pub unsafe fn event_record_with_flags(
+    rt: Flavor,
+    ptds: bool,
+    e: CUevent,
+    s: CUstream,
+    flags: c_uint,
+) -> Res {
+    nonnull(e).map_err(|_| err::INVALID_RESOURCE_HANDLE)?;
+    let d = ctx(rt)?;
+    if ptds {
+        cu!(d, cuEventRecordWithFlags_ptsz(e, s, flags))
+    } else {
+        cu!(d, cuEventRecordWithFlags(e, s, flags))
+    }
+}
+
+pub unsafe fn stream_get_priority(rt: Flavor, ptds: bool, s: CUstream, prio: *mut c_int) -> Res {
+    nonnull(prio)?;
+    let d = ctx(rt)?;
+    if ptds {
+        cu!(d, cuStreamGetPriority_ptsz(s, prio))
+    } else {
+        cu!(d, cuStreamGetPriority(s, prio))
+    }
+}
+
+pub unsafe fn device_get_stream_priority_range(
+    rt: Flavor,
+    least: *mut c_int,
+    greatest: *mut c_int,
+) -> Res {
+    let d = ctx(rt)?;
+    let (mut l, mut g) = (0, 0);
+    cu!(d, cuCtxGetStreamPriorityRange(&mut l, &mut g))?;
+    if !least.is_null() {
+        // SAFETY: non-null out-pointer from the caller.
+        unsafe { *least = l };
+    }
+    if !greatest.is_null() {
+        // SAFETY: non-null out-pointer from the caller.
+        unsafe { *greatest = g };
+    }
+    Ok(())
+}
+
+pub unsafe fn device_get_pci_bus_id(rt: Flavor, buf: *mut c_char, len: c_int, dev: c_int) -> Res {
+    nonnull(buf)?;
+    if len <= 0 {
+        return Err(err::INVALID_VALUE);
+    }
+    let d = drv(rt)?;
+    valid_device(d, dev)?;
+    cu!(d, cuDeviceGetPCIBusId(buf, len, dev))
+}
+
+/// `cudaProfilerStart` / `cudaProfilerStop`: no profiler attached, nothing to do.
+pub fn profiler(rt: Flavor) -> Res {
+    drv(rt).map(|_| ())
+}
+
 // ------------------------------------------------------------------- driver entry points
 
 /// `cudaGetDriverEntryPoint[ByVersion][_ptsz]`: forwards to the driver's

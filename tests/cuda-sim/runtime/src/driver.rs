@@ -132,6 +132,27 @@ driver_table! {
     cuEventDestroy = c"cuEventDestroy" @ 4000: fn(CUevent);
     cuEventElapsedTime = c"cuEventElapsedTime" @ 2000: fn(*mut f32, CUevent, CUevent);
 
+    cuMemPoolTrimTo = c"cuMemPoolTrimTo" @ 11020: fn(CUmemoryPool, usize);
+    cuMemPoolSetAttribute = c"cuMemPoolSetAttribute" @ 11020: fn(CUmemoryPool, c_int, *mut c_void);
+    cuMemPoolGetAttribute = c"cuMemPoolGetAttribute" @ 11020: fn(CUmemoryPool, c_int, *mut c_void);
+    cuMemPoolSetAccess = c"cuMemPoolSetAccess" @ 11020: fn(CUmemoryPool, *const c_void, usize);
+    cuMemHostRegister = c"cuMemHostRegister" @ 6050: fn(*mut c_void, usize, c_uint);
+    cuMemHostUnregister = c"cuMemHostUnregister" @ 4000: fn(*mut c_void);
+    cuIpcOpenMemHandle = c"cuIpcOpenMemHandle" @ 11000: fn(*mut CUdeviceptr, cudaIpcMemHandle_t, c_uint);
+    cuIpcCloseMemHandle = c"cuIpcCloseMemHandle" @ 4010: fn(CUdeviceptr);
+    cuMemcpyPeerAsync = c"cuMemcpyPeerAsync" @ 4000: fn(CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, usize, CUstream);
+    cuMemcpyPeerAsync_ptsz = c"cuMemcpyPeerAsync" @ 4000 [PTDS]: fn(CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, usize, CUstream);
+    cuLaunchHostFunc = c"cuLaunchHostFunc" @ 10000: fn(CUstream, HostFn, *mut c_void);
+    cuLaunchHostFunc_ptsz = c"cuLaunchHostFunc" @ 10000 [PTDS]: fn(CUstream, HostFn, *mut c_void);
+    cuStreamAddCallback = c"cuStreamAddCallback" @ 5000: fn(CUstream, StreamCallback, *mut c_void, c_uint);
+    cuStreamAddCallback_ptsz = c"cuStreamAddCallback" @ 5000 [PTDS]: fn(CUstream, StreamCallback, *mut c_void, c_uint);
+    cuEventRecordWithFlags = c"cuEventRecordWithFlags" @ 11010: fn(CUevent, CUstream, c_uint);
+    cuEventRecordWithFlags_ptsz = c"cuEventRecordWithFlags" @ 11010 [PTDS]: fn(CUevent, CUstream, c_uint);
+    cuStreamGetPriority = c"cuStreamGetPriority" @ 5050: fn(CUstream, *mut c_int);
+    cuStreamGetPriority_ptsz = c"cuStreamGetPriority" @ 5050 [PTDS]: fn(CUstream, *mut c_int);
+    cuCtxGetStreamPriorityRange = c"cuCtxGetStreamPriorityRange" @ 5050: fn(*mut c_int, *mut c_int);
+    cuDeviceGetPCIBusId = c"cuDeviceGetPCIBusId" @ 4010: fn(*mut c_char, c_int, CUdevice);
+
     vramsimLaunchFill = c"vramsimLaunchFill" @ 2000: fn(CUstream, CUdeviceptr, u8, usize, c_uint);
     vramsimLaunchFill_ptsz = c"vramsimLaunchFill" @ 2000 [PTDS]: fn(CUstream, CUdeviceptr, u8, usize, c_uint);
     vramsimLaunchCopy = c"vramsimLaunchCopy" @ 2000: fn(CUstream, CUdeviceptr, CUdeviceptr, usize, c_uint);

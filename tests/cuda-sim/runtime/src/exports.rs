@@ -102,6 +102,29 @@ vramsim_runtime::cuda_exports! {
     fn cudaGetDriverEntryPointByVersion(sym: *const c_char, f: *mut *mut c_void, ver: c_uint, flags: c_ulonglong, st: *mut c_int) => api::get_driver_entry_point(RT, LEGACY, sym, f, ver as c_int, flags, st);
     fn cudaGetDriverEntryPointByVersion_ptsz(sym: *const c_char, f: *mut *mut c_void, ver: c_uint, flags: c_ulonglong, st: *mut c_int) => api::get_driver_entry_point(RT, PTDS, sym, f, ver as c_int, flags, st);
 
+    fn cudaMemPoolTrimTo(pool: CUmemoryPool, keep: usize) => api::mem_pool_trim_to(RT, pool, keep);
+    fn cudaMemPoolSetAttribute(pool: CUmemoryPool, attr: c_int, v: *mut c_void) => api::mem_pool_attribute(RT, true, pool, attr, v);
+    fn cudaMemPoolGetAttribute(pool: CUmemoryPool, attr: c_int, v: *mut c_void) => api::mem_pool_attribute(RT, false, pool, attr, v);
+    fn cudaMemPoolSetAccess(pool: CUmemoryPool, descs: *const c_void, n: usize) => api::mem_pool_set_access(RT, pool, descs, n);
+    fn cudaHostRegister(p: *mut c_void, size: usize, flags: c_uint) => api::host_register(RT, p, size, flags);
+    fn cudaHostUnregister(p: *mut c_void) => api::host_unregister(RT, p);
+    fn cudaIpcOpenMemHandle(p: *mut *mut c_void, h: cudaIpcMemHandle_t, flags: c_uint) => api::ipc_open_mem_handle(RT, p, h, flags);
+    fn cudaIpcCloseMemHandle(p: *mut c_void) => api::ipc_close_mem_handle(RT, p);
+    fn cudaMemcpyPeerAsync(dst: *mut c_void, dd: c_int, src: *const c_void, sd: c_int, n: usize, s: cudaStream_t) => api::memcpy_peer_async(RT, LEGACY, dst, dd, src, sd, n, s);
+    fn cudaMemcpyPeerAsync_ptsz(dst: *mut c_void, dd: c_int, src: *const c_void, sd: c_int, n: usize, s: cudaStream_t) => api::memcpy_peer_async(RT, PTDS, dst, dd, src, sd, n, s);
+    fn cudaLaunchHostFunc(s: cudaStream_t, f: HostFn, data: *mut c_void) => api::launch_host_func(RT, LEGACY, s, f, data);
+    fn cudaLaunchHostFunc_ptsz(s: cudaStream_t, f: HostFn, data: *mut c_void) => api::launch_host_func(RT, PTDS, s, f, data);
+    fn cudaStreamAddCallback(s: cudaStream_t, cb: StreamCallback, data: *mut c_void, flags: c_uint) => api::stream_add_callback(RT, LEGACY, s, cb, data, flags);
+    fn cudaStreamAddCallback_ptsz(s: cudaStream_t, cb: StreamCallback, data: *mut c_void, flags: c_uint) => api::stream_add_callback(RT, PTDS, s, cb, data, flags);
+    fn cudaEventRecordWithFlags(e: cudaEvent_t, s: cudaStream_t, flags: c_uint) => api::event_record_with_flags(RT, LEGACY, e, s, flags);
+    fn cudaEventRecordWithFlags_ptsz(e: cudaEvent_t, s: cudaStream_t, flags: c_uint) => api::event_record_with_flags(RT, PTDS, e, s, flags);
+    fn cudaStreamGetPriority(s: cudaStream_t, prio: *mut c_int) => api::stream_get_priority(RT, LEGACY, s, prio);
+    fn cudaStreamGetPriority_ptsz(s: cudaStream_t, prio: *mut c_int) => api::stream_get_priority(RT, PTDS, s, prio);
+    fn cudaDeviceGetStreamPriorityRange(least: *mut c_int, greatest: *mut c_int) => api::device_get_stream_priority_range(RT, least, greatest);
+    fn cudaDeviceGetPCIBusId(buf: *mut c_char, len: c_int, dev: c_int) => api::device_get_pci_bus_id(RT, buf, len, dev);
+    fn cudaProfilerStart() => api::profiler(RT);
+    fn cudaProfilerStop() => api::profiler(RT);
+
     fn vramsimKernelFill(dst: *mut c_void, v: u8, n: usize, delay_us: c_uint, s: cudaStream_t) => api::kernel_fill(RT, LEGACY, dst, v, n, delay_us, s);
     fn vramsimKernelFill_ptsz(dst: *mut c_void, v: u8, n: usize, delay_us: c_uint, s: cudaStream_t) => api::kernel_fill(RT, PTDS, dst, v, n, delay_us, s);
     fn vramsimKernelCopy(dst: *mut c_void, src: *const c_void, n: usize, delay_us: c_uint, s: cudaStream_t) => api::kernel_copy(RT, LEGACY, dst, src, n, delay_us, s);

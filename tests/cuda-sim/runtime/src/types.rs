@@ -95,11 +95,18 @@ pub struct cudaExtent {
     pub depth: usize,
 }
 
-/// `cudaIpcMemHandle_t`.
+/// `cudaIpcMemHandle_t` (same layout as `CUipcMemHandle`; passed by value to
+/// `cudaIpcOpenMemHandle`).
 #[repr(C)]
+#[derive(Clone, Copy)]
 pub struct cudaIpcMemHandle_t {
     pub reserved: [c_char; 64],
 }
+
+/// `cudaHostFn_t` / `CUhostFn`.
+pub type HostFn = Option<unsafe extern "C" fn(*mut c_void)>;
+/// `cudaStreamCallback_t` / `CUstreamCallback` (status is a `cudaError_t` / `CUresult`).
+pub type StreamCallback = Option<unsafe extern "C" fn(CUstream, c_uint, *mut c_void)>;
 
 /// `struct cudaDeviceProp` of CUDA 12.8/12.9 (`libcudart.so.12`).
 #[repr(C)]

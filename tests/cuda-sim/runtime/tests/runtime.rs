@@ -325,3 +325,15 @@ fn runtime_reaches_the_driver_only_through_cu_get_proc_address_v2() {
         );
     }
 }
+
+#[test]
+fn pools_host_registration_ipc_peer_copies_callbacks() {
+    let exe = compile_c(
+        "rt_extra",
+        &["tests/workloads/sim/rt_extra.c"],
+        Link::SharedRuntime,
+    );
+    let out = run(sim_command(&exe, "rt_extra").env("VRAMSIM_DEVICES", "2"));
+    out.assert_success();
+    assert!(out.stdout.contains("rt_extra: ok"));
+}
