@@ -7,7 +7,7 @@
 // To add a function: one `fn` line below, calling an `api::` function.
 
 use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
-use vramsim_runtime::api::{self, Flavor};
+use vramsim_runtime::api;
 use vramsim_runtime::errors;
 use vramsim_runtime::types::*;
 
@@ -201,5 +201,3 @@ pub extern "C" fn cudaGetErrorName(e: cudaError_t) -> *const c_char {
     errors::guard_value(c"cudaErrorUnknown".as_ptr(), || errors::error_name(e))
 }
 
-#[allow(dead_code)]
-const _FLAVOR: Flavor = RT;
