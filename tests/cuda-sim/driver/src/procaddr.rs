@@ -200,6 +200,7 @@ pub static TABLE: LazyLock<Vec<Entry>> = LazyLock::new(|| {
         "vramsimDeviceUsed" 0 vramsimDeviceUsed;
         "vramsimDeviceHighWater" 0 vramsimDeviceHighWater;
         "vramsimDeviceStats" 0 vramsimDeviceStats;
+        "vramsimSelfTestPanic" 0 vramsimSelfTestPanic;
     }
 });
 

@@ -88,3 +88,11 @@ cu_api! {
         unsafe { put(out, st) }
     }
 }
+
+cu_api! {
+    /// Panics inside the guard: proves a panic becomes CUDA_ERROR_UNKNOWN (999) instead of
+    /// unwinding into C.
+    fn vramsimSelfTestPanic() {
+        panic!("vramsimSelfTestPanic: deliberate panic");
+    }
+}

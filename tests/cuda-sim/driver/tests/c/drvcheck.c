@@ -184,6 +184,10 @@ static int basic(void) {
     OK(cuMemFree(p));
     EXPECT_EQ(cuMemAlloc(&p, 0), 1);
     EXPECT_EQ(cuMemAlloc(NULL, 10), 1);
+    /* A panic inside the driver comes back as CUDA_ERROR_UNKNOWN, and the driver still works. */
+    CUresult (*selftest)(void) = get("vramsimSelfTestPanic", V, 0);
+    EXPECT_EQ(selftest(), 999);
+    EXPECT_EQ(free_mem(), f);
     const char *name = NULL;
     OK(cuGetErrorName(2, &name));
     EXPECT(strcmp(name, "CUDA_ERROR_OUT_OF_MEMORY") == 0);
