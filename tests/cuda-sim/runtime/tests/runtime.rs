@@ -337,3 +337,22 @@ fn pools_host_registration_ipc_peer_copies_callbacks() {
     out.assert_success();
     assert!(out.stdout.contains("rt_extra: ok"));
 }
+
+#[test]
+fn concurrent_first_calls_initialize_once() {
+    let exe = compile_c(
+        "rt_threads",
+        &["tests/workloads/sim/rt_threads.c"],
+        Link::SharedRuntime,
+    );
+    let out = run(sim_command(&exe, "rt_threads").env("VRAMSIM_CONTEXT_OVERHEAD", "100MiB"));
+    out.assert_success();
+    let used: u64 = out
+        .field("rt_threads: ok", "used")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let mib = 1u64 << 20;
+    // One context (100 MiB) plus 16 x 1 MiB, not one context per thread.
+    assert!((116 * mib..200 * mib).contains(&used), "used {used}");
+}
