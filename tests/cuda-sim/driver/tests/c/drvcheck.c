@@ -201,6 +201,35 @@ static int basic(void) {
     EXPECT_EQ(free_mem(), f);
     OK(cuMemFreeHost(h));
     EXPECT_EQ(cuMemFreeHost(h), 1);
+    /* Device 1 is a separate device: its context and memory do not show on device 0. */
+    CUcontext c0, c1, popped;
+    CUresult (*cuCtxGetDevice)(int *) = get("cuCtxGetDevice", V, 0);
+    CUresult (*cuCtxCreate)(CUcontext *, unsigned, int) = get("cuCtxCreate", 3020, 0);
+    CUresult (*cuCtxDestroy)(CUcontext) = get("cuCtxDestroy", V, 0);
+    CUresult (*cuCtxPopCurrent)(CUcontext *) = get("cuCtxPopCurrent", V, 0);
+    OK(cuCtxGetCurrent(&c0));
+    OK(cuDevicePrimaryCtxRetain(&c1, 1));
+    OK(cuCtxSetCurrent(c1));
+    OK(cuCtxGetDevice(&d));
+    EXPECT_EQ(d, 1);
+    OK(cuMemAlloc(&p, 4 * MiB));
+    u64 used1;
+    OK(vramsimDeviceUsed(1, &used1));
+    EXPECT_EQ(used1, 304 * MiB);
+    OK(vramsimDeviceUsed(0, &used0));
+    EXPECT_EQ(used0, 300 * MiB);
+    EXPECT_EQ(free_mem(), 1024 * MiB - 304 * MiB);
+    /* A created context on a device that already has one charges no second overhead. */
+    CUcontext c2;
+    OK(cuCtxCreate(&c2, 0, 1));
+    OK(vramsimDeviceUsed(1, &used1));
+    EXPECT_EQ(used1, 304 * MiB);
+    OK(cuCtxPopCurrent(&popped));
+    EXPECT(popped == c2);
+    OK(cuCtxDestroy(c2));
+    EXPECT_EQ(cuCtxDestroy(c2), 201);
+    OK(cuMemFree(p));
+    OK(cuCtxSetCurrent(c0));
     return 0;
 }
 
