@@ -202,6 +202,12 @@ fn streams_with_injected_delay() {
 }
 
 #[test]
+fn threads_with_streams_do_not_deadlock_or_corrupt() {
+    let d = Device::new("threads");
+    ok(&d, &["threads"], &[("VRAMSIM_STREAM_DELAY", "20us")]);
+}
+
+#[test]
 fn stream_capture_status_and_unsafe_calls() {
     let d = Device::new("capture");
     ok(&d, &["capture"], &[]);

@@ -728,6 +728,61 @@ static int fork_child(void) {
     return 0;
 }
 
+/* Several threads with their own streams (and the per-thread default stream) allocate, fill,
+   copy and free at once; data must come back intact and nothing may deadlock. */
+static CUcontext shared_ctx;
+static void *worker(void *arg) {
+    long id = (long)arg;
+    OK(cuCtxSetCurrent(shared_ctx));
+    CUresult (*cuStreamCreate)(CUstream *, unsigned) = get("cuStreamCreate", V, 0);
+    CUresult (*cuStreamSynchronize)(CUstream) = get("cuStreamSynchronize", V, 0);
+    CUresult (*cuStreamDestroy)(CUstream) = get("cuStreamDestroy", V, 0);
+    CUresult (*fill)(CUstream, CUdeviceptr, unsigned char, size_t, unsigned) = get("vramsimLaunchFill", V, 0);
+    CUresult (*allocA)(CUdeviceptr *, size_t, CUstream) = get("cuMemAllocAsync", V, 2);
+    CUresult (*freeA)(CUdeviceptr, CUstream) = get("cuMemFreeAsync", V, 2);
+    CUresult (*dtohA)(void *, CUdeviceptr, size_t, CUstream) = get("cuMemcpyDtoHAsync", V, 2);
+    CUstream s;
+    OK(cuStreamCreate(&s, id % 2));
+    unsigned char back[8192];
+    for (int i = 0; i < 200; i++) {
+        size_t n = 512 + (size_t)((i * 977 + id * 131) % 7680);
+        unsigned char v = (unsigned char)(id * 16 + i);
+        CUdeviceptr p;
+        if (i % 2) {
+            OK(cuMemAlloc(&p, n));
+            OK(fill(s, p, v, n, i % 7 == 0 ? 100 : 0));
+            OK(cuStreamSynchronize(s));
+            OK(cuMemcpyDtoH(back, p, n));
+            OK(cuMemFree(p));
+        } else {
+            OK(allocA(&p, n, 0)); /* per-thread default stream */
+            OK(fill((CUstream)2, p, v, n, 0));
+            OK(dtohA(back, p, n, 0));
+            OK(freeA(p, 0));
+        }
+        EXPECT_EQ(back[0], v);
+        EXPECT_EQ(back[n - 1], v);
+        size_t f, t;
+        OK(cuMemGetInfo(&f, &t));
+    }
+    OK(cuStreamDestroy(s));
+    return NULL;
+}
+
+static int threads(void) {
+    start();
+    CUresult (*cuCtxGetCurrent)(CUcontext *) = get("cuCtxGetCurrent", V, 0);
+    OK(cuCtxGetCurrent(&shared_ctx));
+    size_t f0 = free_mem();
+    pthread_t t[6];
+    for (long i = 0; i < 6; i++) EXPECT(pthread_create(&t[i], NULL, worker, (void *)i) == 0);
+    for (int i = 0; i < 6; i++) pthread_join(t[i], NULL);
+    CUresult (*cuCtxSynchronize)(void) = get("cuCtxSynchronize", V, 0);
+    OK(cuCtxSynchronize());
+    EXPECT_EQ(free_mem(), f0);
+    return 0;
+}
+
 /* Prints total memory (for the bad-configuration test). */
 static int total(void) {
     start();
@@ -756,6 +811,7 @@ int main(int argc, char **argv) {
     if (!strcmp(s, "inject")) return inject();
     if (!strcmp(s, "total")) return total();
     if (!strcmp(s, "fork")) return fork_child();
+    if (!strcmp(s, "threads")) return threads();
     fprintf(stderr, "unknown scenario %s\n", s);
     return 2;
 }
