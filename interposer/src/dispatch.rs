@@ -363,15 +363,17 @@ pub fn free(
     rc
 }
 
-/// A memory-information query: `real` fills the caller's (free, total) and returns its code
-/// and what it wrote (None for NULL out-pointers); the cap adjusts; `write` stores the
-/// adjusted numbers back.
+/// A memory-information query: `real` fills the caller's out-values and returns its code
+/// and the (free, total) it wrote (None for NULL out-pointers); the cap adjusts them by API:
+/// `cudaMemGetInfo`/`cuMemGetInfo_v2` with `cap::adjust_meminfo`, `cuDeviceTotalMem_v2` and
+/// `totalGlobalMem` with `cap::total_for`; NVML hooks adjust in `write` themselves
+/// (`cap::nvml_adjust*`). `write(device, free, total)` stores the answer back.
 pub fn meminfo(
     tok: &Token,
     api: Api,
     device: impl FnOnce() -> Option<i32>,
     real: impl FnOnce() -> (c_int, Option<u64>, Option<u64>),
-    write: impl FnOnce(u64, u64),
+    write: impl FnOnce(i32, u64, u64),
 ) -> c_int {
     counters::call_in(tok, api);
     let (rc, f, t) = real();
@@ -381,12 +383,21 @@ pub fn meminfo(
     }
     let dev = device().unwrap_or(-1);
     let (rf, rt) = (f.unwrap_or(0), t.unwrap_or(0));
-    let (af, at) = if dev >= 0 {
-        cap::adjust_meminfo(dev, rf, rt)
-    } else {
+    let (af, at) = if dev < 0 {
         (rf, rt)
+    } else {
+        match api {
+            Api::CudaMemGetInfo | Api::CuMemGetInfo => cap::adjust_meminfo(dev, rf, rt),
+            Api::CuDeviceTotalMem | Api::CudaGetDeviceProperties => {
+                if t.is_some() {
+                    cap::note_device_total(dev, rt);
+                }
+                (rf, cap::total_for(dev, rt))
+            }
+            _ => (rf, rt),
+        }
     };
-    write(af, at);
+    write(dev, af, at);
     crate::debug!(
         "{} dev={} real free={} total={} -> free={} total={} [{}]",
         api.name(),

@@ -23,6 +23,8 @@ pub(crate) fn init(envp: *const *const c_char) {
     }
     crate::env::init(envp);
     crate::log::init();
+    // Parse VRAMSHIM_CAP & co. now (one line per bad value); nothing is attached yet.
+    crate::cap::init();
     // Resolve glibc's dlsym now, while nothing else runs (it is also resolved lazily).
     crate::real::real_dlsym_addr();
     // SAFETY: registering plain extern "C" functions with libc.

@@ -295,7 +295,7 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
                     let rc = unsafe { f(free, total) };
                     (rc, super::read_usize(free), super::read_usize(total))
                 },
-                |af, at| {
+                |_, af, at| {
                     super::write_usize(free, af);
                     super::write_usize(total, at);
                 },
@@ -327,7 +327,7 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -
                     let t = super::read_usize(bytes);
                     (rc, t, t)
                 },
-                |_, at| super::write_usize(bytes, at),
+                |_, _, at| super::write_usize(bytes, at),
             )
         },
     )

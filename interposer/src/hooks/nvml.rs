@@ -5,7 +5,7 @@
 
 use crate::dispatch::run_hook;
 use crate::ffi_types::*;
-use crate::{dispatch, real};
+use crate::{cap, dispatch, real};
 use std::ffi::{c_int, c_uint};
 use vramshim_trace::Api;
 
@@ -51,17 +51,14 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
                     used_real.set(m.used);
                     (rc, Some(m.free), Some(m.total))
                 },
-                |af, at| {
-                    if !mem.is_null() {
-                        // SAFETY: non-null struct supplied by the caller.
+                |dev, _, _| {
+                    if !mem.is_null() && dev >= 0 {
+                        // SAFETY: non-null struct supplied by the caller, just filled.
                         let m = unsafe { &mut *mem };
-                        if (af, at) != (m.free, m.total) {
-                            m.free = af;
-                            m.total = at;
-                            m.used = at.saturating_sub(af);
-                        } else {
-                            m.used = used_real.get();
-                        }
+                        let (t, f, u) = cap::nvml_adjust(dev, m.total, m.free, used_real.get());
+                        m.total = t;
+                        m.free = f;
+                        m.used = u;
                     }
                 },
             )
@@ -99,15 +96,16 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
                     let m = unsafe { *mem };
                     (rc, Some(m.free), Some(m.total))
                 },
-                |af, at| {
-                    if !mem.is_null() {
-                        // SAFETY: non-null struct supplied by the caller.
+                |dev, _, _| {
+                    if !mem.is_null() && dev >= 0 {
+                        // SAFETY: non-null struct supplied by the caller, just filled.
                         let m = unsafe { &mut *mem };
-                        if (af, at) != (m.free, m.total) {
-                            m.free = af;
-                            m.total = at;
-                            m.used = at.saturating_sub(af).saturating_sub(m.reserved);
-                        }
+                        let (t, r, f, u) =
+                            cap::nvml_adjust_v2(dev, m.total, m.reserved, m.free, m.used);
+                        m.total = t;
+                        m.reserved = r;
+                        m.free = f;
+                        m.used = u;
                     }
                 },
             )

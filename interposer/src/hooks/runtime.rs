@@ -388,7 +388,7 @@ pub unsafe extern "C" fn cudaMemGetInfo(free: *mut usize, total: *mut usize) -> 
                     let rc = unsafe { f(free, total) };
                     (rc, super::read_usize(free), super::read_usize(total))
                 },
-                |af, at| {
+                |_, af, at| {
                     super::write_usize(free, af);
                     super::write_usize(total, at);
                 },
@@ -460,7 +460,7 @@ fn device_properties(
                     let t = super::read_usize(total_ptr);
                     (rc, t, t)
                 },
-                |_, at| super::write_usize(total_ptr, at),
+                |_, _, at| super::write_usize(total_ptr, at),
             )
         },
     )

@@ -18,8 +18,11 @@ use super::{stacks, writer};
 pub const MAX_DEV: usize = 16;
 /// A buffer this large is handed to the writer.
 pub const SEND_AT: usize = 64 << 10;
-/// If the writer cannot take buffers, a thread keeps at most this much before dropping.
-pub const MAX_BUF: usize = 4 << 20;
+/// If the writer cannot take buffers, a thread keeps at most this much, then throttles.
+pub const MAX_BUF: usize = 1 << 20;
+/// Longest a thread yields to the writer (channel full, buffer at `MAX_BUF`) before dropping
+/// its buffer (counted in a `Lost` record). Bounded: the application is slowed, never blocked.
+const THROTTLE_NS: u64 = 50_000_000;
 
 pub struct Slot {
     next: AtomicPtr<Slot>,
@@ -246,17 +249,48 @@ fn hand_over(inner: &mut Inner) {
             inner.next_try = SEND_AT;
             inner.events = 0;
         }
-        Err((bytes, _)) if bytes.len() >= MAX_BUF => {
-            // The writer has not taken anything for a long while: drop, and count it.
-            writer::count_lost(inner.events);
-            inner.events = 0;
-            inner.enc.set_buffer(bytes);
-            inner.next_try = SEND_AT;
-        }
+        Err((bytes, stats)) if bytes.len() >= MAX_BUF => match throttle(bytes, stats) {
+            Ok(()) => {
+                inner.enc.set_buffer(writer::spare_buffer());
+                inner.next_try = SEND_AT;
+                inner.events = 0;
+            }
+            Err((bytes, _)) => {
+                // The writer has not taken anything for a long while: drop, and count it.
+                writer::count_lost(inner.events);
+                inner.events = 0;
+                inner.enc.set_buffer(bytes);
+                inner.next_try = SEND_AT;
+            }
+        },
         Err((bytes, stats)) => {
             // Writer busy: keep the data (delta state intact) and try again a little later.
             inner.next_try = bytes.len() + (16 << 10);
             inner.enc.restore(bytes, stats);
+        }
+    }
+}
+
+/// Many busy threads on few cores starve the writer thread: step aside (short sleeps, at
+/// most `THROTTLE_NS` per full buffer) so it gets the CPU, before dropping anything, as
+/// bytehound throttles its producers. Only a thread that has 1 MiB of unwritten events while
+/// 16 MiB more wait in the channel ever gets here.
+#[cold]
+fn throttle(mut bytes: Vec<u8>, mut stats: RecordStats) -> Result<(), (Vec<u8>, RecordStats)> {
+    let deadline = crate::ids::now_ns() + THROTTLE_NS;
+    loop {
+        let ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 200_000,
+        };
+        // SAFETY: ts is a valid timespec; the remainder pointer may be null.
+        unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
+        match writer::send(bytes, stats) {
+            Ok(()) => return Ok(()),
+            Err(back) => (bytes, stats) = back,
+        }
+        if crate::ids::now_ns() > deadline {
+            return Err((bytes, stats));
         }
     }
 }
