@@ -72,3 +72,29 @@ fn driver_entry_points_as_pytorch_makes_them() {
     let exe = build("entry_points", "entry_points.c", Link::SharedRuntime, &[]);
     both(&exe, &[], &[], "ip-entry");
 }
+
+#[test]
+fn cap_sees_every_path() {
+    let exe = build("cap_wiring", "cap_wiring.c", Link::SharedRuntime, &[]);
+    let out = common::preloaded(&exe, &[], &[("VRAMSHIM_CAP", "64MiB")], "ip-cap");
+    out.assert_success();
+    let cap = (64u64 << 20).to_string();
+    for line in [
+        format!("cudaMemGetInfo total={cap} free<=total 1"),
+        format!("totalGlobalMem={cap}"),
+        format!("cuDeviceTotalMem={cap}"),
+        format!("nvml total={cap} used+free==total 1"),
+        "second 40MiB -> 2".to_string(),
+        "last error -> 2".to_string(),
+        "driver 40MiB -> 2".to_string(),
+        "free after 40MiB <= 24MiB 1".to_string(),
+        "cap_wiring: ok".to_string(),
+    ] {
+        assert!(
+            out.stdout.contains(&line),
+            "missing {line:?} in\n{}\n{}",
+            out.stdout,
+            out.stderr
+        );
+    }
+}
