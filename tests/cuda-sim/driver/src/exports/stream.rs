@@ -252,10 +252,15 @@ cu_api! {
     fn cuEventRecordWithFlags(e: CUevent, s: CUstream, _flags: c_uint) { record(e, s, false) }
     fn cuEventRecordWithFlags_ptsz(e: CUevent, s: CUstream, _flags: c_uint) { record(e, s, true) }
     fn cuEventQuery(e: CUevent) {
-        if stream::event(e)?.is_complete() { Ok(()) } else { Err(CUDA_ERROR_NOT_READY) }
+        let ev = stream::event(e)?;
+        // Potentially unsafe during capture, as for CUDA (PyTorch avoids it while capturing).
+        stream::capture_unsafe_check(None)?;
+        if ev.is_complete() { Ok(()) } else { Err(CUDA_ERROR_NOT_READY) }
     }
     fn cuEventSynchronize(e: CUevent) {
-        stream::event(e)?.synchronize();
+        let ev = stream::event(e)?;
+        stream::capture_unsafe_check(None)?;
+        ev.synchronize();
         Ok(())
     }
     fn cuEventElapsedTime(ms: *mut f32, start: CUevent, end: CUevent) { elapsed(ms, start, end) }

@@ -606,6 +606,14 @@ static int capture(void) {
     EXPECT_EQ(st, 2);
     EXPECT_EQ(end(s, &g), 901);
     EXPECT(g == NULL);
+    /* So does an event query. */
+    CUresult (*cuEventCreate)(CUevent *, unsigned) = get("cuEventCreate", V, 0);
+    CUresult (*cuEventQuery)(CUevent) = get("cuEventQuery", V, 0);
+    CUevent ev;
+    OK(cuEventCreate(&ev, 0));
+    OK(begin(s, 0));
+    EXPECT_EQ(cuEventQuery(ev), 900);
+    EXPECT_EQ(end(s, &g), 901);
     /* Relaxed mode on this thread allows it. */
     OK(begin(s, 0));
     int mode = 2;
