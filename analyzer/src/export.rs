@@ -1,8 +1,49 @@
+//! `vramshim export TRACE --format perfetto|chrome-json|memory-viz|rmm-csv -o FILE`.
+
+use std::fs::File;
+use std::io::BufWriter;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-#[derive(clap::Args)]
-pub struct Args {}
+use vramshim_analyzer::convert::{self as export, ExportFormat};
 
-pub fn main(_args: Args) -> Result<ExitCode, String> {
-    Err("export: not implemented yet".into())
+#[derive(clap::Args)]
+pub struct Args {
+    /// The trace (.vramtrace, RMM CSV or memory_viz pickle).
+    #[arg(value_name = "TRACE")]
+    pub trace: PathBuf,
+    /// perfetto (.pftrace, ui.perfetto.dev), chrome-json (chrome://tracing), memory-viz
+    /// (PyTorch's memory_viz pickle), rmm-csv (RMM's logging CSV, for its replay benchmark).
+    #[arg(long, short = 'f', value_enum)]
+    pub format: ExportFormat,
+    /// Output file.
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// Only this device (rmm-csv writes one device per file, as RMM does).
+    #[arg(long)]
+    pub device: Option<i32>,
+}
+
+pub fn main(a: Args) -> Result<ExitCode, String> {
+    let f = File::create(&a.output)
+        .map_err(|e| vramshim_analyzer::error::write_error(&a.output, &e))?;
+    let w = BufWriter::with_capacity(1 << 20, f);
+    let stats = export::export(&a.trace, a.format, w, a.device).map_err(|e| {
+        let _ = std::fs::remove_file(&a.output);
+        e
+    })?;
+    eprintln!(
+        "wrote {} ({} records) to {}",
+        a.format.name(),
+        stats.records,
+        a.output.display()
+    );
+    if stats.torn {
+        eprintln!(
+            "vramshim: {}: the trace's last frame was torn; everything before it was exported",
+            a.trace.display()
+        );
+        return Ok(ExitCode::from(3));
+    }
+    Ok(ExitCode::SUCCESS)
 }

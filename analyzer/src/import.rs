@@ -1,8 +1,29 @@
+//! `vramshim import FILE --from rmm-csv|memory-viz -o TRACE`.
+
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-#[derive(clap::Args)]
-pub struct Args {}
+use vramshim_analyzer::convert::{self as export, ImportFormat};
 
-pub fn main(_args: Args) -> Result<ExitCode, String> {
-    Err("import: not implemented yet".into())
+#[derive(clap::Args)]
+pub struct Args {
+    /// An RMM logging CSV or a PyTorch memory snapshot pickle.
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
+    /// What FILE is (guessed from its first bytes when left out).
+    #[arg(long, value_enum)]
+    pub from: Option<ImportFormat>,
+    /// The .vramtrace to write.
+    #[arg(short, long)]
+    pub output: PathBuf,
+}
+
+pub fn main(a: Args) -> Result<ExitCode, String> {
+    let n = export::import(&a.file, a.from, &a.output)?;
+    eprintln!(
+        "imported {n} events from {} into {}",
+        a.file.display(),
+        a.output.display()
+    );
+    Ok(ExitCode::SUCCESS)
 }

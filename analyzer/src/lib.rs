@@ -3,6 +3,7 @@
 //! The `vramshim` subcommands are thin wrappers over these modules.
 
 pub mod analysis;
+pub mod convert;
 pub mod error;
 pub mod formats;
 pub mod input;

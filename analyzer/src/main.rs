@@ -13,6 +13,7 @@ mod replay;
 mod report;
 mod run;
 mod summary;
+mod synth_cmd;
 mod top;
 
 #[derive(Parser)]
@@ -46,6 +47,9 @@ enum Cmd {
     Diff(diff::Args),
     /// Live view of a shared cap region.
     Top(top::Args),
+    /// Write a deterministic synthetic trace (benchmarks, tests).
+    #[command(hide = true)]
+    Synth(synth_cmd::Args),
 }
 
 /// The exit status after the output is written: 3 when an input was torn (its last frame cut;
@@ -75,6 +79,7 @@ fn main() -> ExitCode {
         Cmd::Replay(a) => replay::main(a),
         Cmd::Diff(a) => diff::main(a),
         Cmd::Top(a) => top::main(a),
+        Cmd::Synth(a) => synth_cmd::main(a),
     };
     match result {
         Ok(code) => code,

@@ -1,1 +1,280 @@
-//! Deterministic synthetic traces (benchmarks, tests).
+//! Deterministic synthetic traces (benchmarks, tests): a training-like stream with weights that
+//! live for the whole run, per-step activations and temporaries, call stacks and modules,
+//! pool counters, and optionally a cap that refuses the last big request.
+
+use std::io::{self, Write};
+
+use vramshim_trace::{AllocKind, Api, DeviceInfo, Event, Header, MemOp, TraceWriter, codes, flags};
+
+#[derive(Clone, Debug)]
+pub struct SynthOptions {
+    pub events: u64,
+    pub seed: u64,
+    pub devices: i32,
+    /// Mark allocations pooled and emit Counter records with a reserved figure.
+    pub pooled: bool,
+    /// End with a cap refusal (and its failed Alloc) for a post-mortem.
+    pub refusal: bool,
+    /// Scale of the per-step working set (1.0 = default).
+    pub scale: f64,
+}
+
+impl Default for SynthOptions {
+    fn default() -> Self {
+        SynthOptions {
+            events: 10_000,
+            seed: 1,
+            devices: 1,
+            pooled: true,
+            refusal: true,
+            scale: 1.0,
+        }
+    }
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        // xorshift64*
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+const SITES: u32 = 48;
+const LIB_BASE: u64 = 0x7f10_0000_0000;
+const APP_BASE: u64 = 0x5600_0000_0000;
+
+pub fn header(o: &SynthOptions) -> Header {
+    Header {
+        format_version: 1,
+        pid: 4242,
+        ppid: 1,
+        host: "synth".into(),
+        cmdline: vec![
+            "python".into(),
+            "train.py".into(),
+            format!("--seed={}", o.seed),
+        ],
+        start_wall_ns: 1_763_780_400_000_000_000,
+        start_mono_ns: 1_000_000_000,
+        devices: (0..o.devices)
+            .map(|i| DeviceInfo {
+                index: i,
+                name: "Simulated H100".into(),
+                total_bytes: 80 << 30,
+            })
+            .collect(),
+        config: vec![
+            ("VRAMSHIM_CAP".into(), "20G".into()),
+            ("VRAMSHIM_POOL".into(), "stitch".into()),
+        ],
+    }
+}
+
+/// Writes the synthetic trace; returns the number of events written.
+pub fn write<W: Write>(w: W, o: &SynthOptions) -> io::Result<u64> {
+    let h = header(o);
+    let mut tw = TraceWriter::new(w, &h)?;
+    let mut n = 0u64;
+    macro_rules! emit {
+        ($ev:expr) => {{
+            n += 1;
+            tw.write(&$ev)
+        }};
+    }
+    emit!(Event::Module {
+        base: APP_BASE,
+        size: 0x10_0000,
+        file_offset: 0,
+        path: "/usr/bin/python3.12".into()
+    })?;
+    emit!(Event::Module {
+        base: LIB_BASE,
+        size: 0x400_0000,
+        file_offset: 0,
+        path: "/opt/torch/lib/libtorch_cuda.so".into()
+    })?;
+    emit!(Event::Module {
+        base: LIB_BASE + 0x1000_0000,
+        size: 0x10_0000,
+        file_offset: 0,
+        path: "/usr/lib/libcudart.so.12".into(),
+    })?;
+    for s in 1..=SITES {
+        let frames = vec![
+            LIB_BASE + 0x1000_0000 + 0x100 + s as u64,
+            LIB_BASE + 0x10_0000 + (s as u64) * 0x1340,
+            APP_BASE + 0x2000 + (s as u64 % 7) * 0x88,
+        ];
+        emit!(Event::Stack { id: s, frames })?;
+    }
+    let mut rng = Rng(o.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    let mut t: u64 = h.start_mono_ns + 1000;
+    let mut next_addr: Vec<u64> = (0..o.devices)
+        .map(|d| 0x7e00_0000_0000 + ((d as u64) << 36))
+        .collect();
+    let mut in_use = vec![0u64; o.devices as usize];
+    let mut reserved = vec![0u64; o.devices as usize];
+    let mut live_steps: Vec<Vec<(u64, u64, u32)>> = vec![Vec::new(); o.devices as usize];
+    let base_op =
+        |t: u64, dev: i32, addr: u64, size: u64, stack: u32, tid: u32, pooled: bool| MemOp {
+            t_ns: t,
+            tid,
+            api: if pooled {
+                Api::CudaMallocAsync
+            } else {
+                Api::CudaMalloc
+            },
+            kind: if pooled {
+                AllocKind::Pool
+            } else {
+                AllocKind::Runtime
+            },
+            flags: if pooled { flags::POOLED } else { 0 },
+            device: dev,
+            stream: if pooled { 0x5555_0000 } else { 0 },
+            addr,
+            size,
+            result: codes::CUDA_SUCCESS,
+            latency_ns: 900 + (size >> 20) as u32,
+            stack,
+        };
+    let budget = o.events.saturating_sub(n + 4);
+    // Weights: 64 allocations per device that live forever.
+    let mut written = 0u64;
+    for d in 0..o.devices {
+        for i in 0..64u64 {
+            if written >= budget / 4 {
+                break;
+            }
+            let size = ((i % 8) + 1) << 22;
+            let a = next_addr[d as usize];
+            next_addr[d as usize] += size.next_multiple_of(2 << 20);
+            t += 5_000;
+            in_use[d as usize] += size;
+            emit!(Event::Alloc(base_op(
+                t,
+                d,
+                a,
+                size,
+                1 + (i % 4) as u32,
+                100,
+                o.pooled
+            )))?;
+            written += 1;
+        }
+    }
+    let step_allocs = (64.0 * o.scale).max(4.0) as u64;
+    let mut step = 0u64;
+    while written + 4 < budget {
+        step += 1;
+        let d = (step % o.devices as u64) as i32;
+        let di = d as usize;
+        // Forward: activations.
+        let k = step_allocs + rng.below(step_allocs / 4 + 1);
+        for j in 0..k {
+            if written + 4 >= budget {
+                break;
+            }
+            let site = 5 + (j % 24) as u32;
+            let size = (1u64 << (10 + rng.below(13))) + rng.below(4096) * 256;
+            let a = next_addr[di];
+            next_addr[di] += size.next_multiple_of(512);
+            t += 2_000 + rng.below(3_000);
+            in_use[di] += size;
+            live_steps[di].push((a, size, site));
+            emit!(Event::Alloc(base_op(
+                t,
+                d,
+                a,
+                size,
+                site,
+                100 + (j % 2) as u32,
+                o.pooled
+            )))?;
+            written += 1;
+            // A temporary now and then: allocated and freed at once.
+            if rng.below(4) == 0 && written + 6 < budget {
+                let ts = 512 + rng.below(1 << 16);
+                let ta = next_addr[di];
+                next_addr[di] += ts.next_multiple_of(512);
+                t += 500;
+                emit!(Event::Alloc(base_op(
+                    t,
+                    d,
+                    ta,
+                    ts,
+                    30 + (j % 8) as u32,
+                    100,
+                    o.pooled
+                )))?;
+                t += 700;
+                let mut f = base_op(t, d, ta, ts, 30 + (j % 8) as u32, 100, o.pooled);
+                f.api = if o.pooled {
+                    Api::CudaFreeAsync
+                } else {
+                    Api::CudaFree
+                };
+                emit!(Event::Free(f))?;
+                written += 2;
+            }
+        }
+        if o.pooled {
+            reserved[di] = reserved[di].max(in_use[di] + (in_use[di] >> 3));
+            emit!(Event::Counter {
+                t_ns: t,
+                device: d,
+                live_bytes: in_use[di],
+                reserved_bytes: reserved[di],
+                cap: 20 << 30
+            })?;
+            written += 1;
+        }
+        // Backward: free the activations, most recent first.
+        while let Some((a, size, site)) = live_steps[di].pop() {
+            if written + 4 >= budget && !live_steps[di].is_empty() && rng.below(2) == 0 {
+                // Near the end some stay live (leaks at exit).
+                continue;
+            }
+            t += 1_500 + rng.below(2_000);
+            in_use[di] -= size;
+            let mut f = base_op(t, d, a, size, site, 100, o.pooled);
+            f.api = if o.pooled {
+                Api::CudaFreeAsync
+            } else {
+                Api::CudaFree
+            };
+            emit!(Event::Free(f))?;
+            written += 1;
+        }
+        // Wrap addresses so the range stays plausible.
+        if next_addr[di] > 0x7e00_0000_0000 + ((di as u64) << 36) + (32 << 30) {
+            next_addr[di] = 0x7e00_0000_0000 + ((di as u64) << 36) + (2 << 30);
+        }
+    }
+    if o.refusal {
+        t += 10_000;
+        let size = 24u64 << 30;
+        emit!(Event::CapRefusal {
+            t_ns: t,
+            tid: 100,
+            device: 0,
+            api: Api::CudaMallocAsync,
+            size,
+            in_use: in_use[0],
+            cap: 20 << 30
+        })?;
+        let mut a = base_op(t, 0, 0, size, 12, 100, o.pooled);
+        a.result = codes::OUT_OF_MEMORY;
+        a.flags |= flags::CAP_REFUSED;
+        emit!(Event::Alloc(a))?;
+    }
+    tw.finish()?;
+    Ok(n)
+}

@@ -452,3 +452,122 @@ fn library_found_after_install_into_a_temporary_prefix_and_reinstall_is_safe() {
     );
     let _ = std::fs::remove_dir_all(&prefix);
 }
+
+/// A small CUDA program (cudart through dlopen, so it needs no headers): four 1 MiB
+/// cudaMalloc, then their cudaFree; exit 2 when an allocation fails.
+fn cuda_program() -> PathBuf {
+    static EXE: OnceLock<PathBuf> = OnceLock::new();
+    EXE.get_or_init(|| {
+        let dir = tmpdir("cudaprog");
+        let src = dir.join("four.c");
+        std::fs::write(
+            &src,
+            r#"#include <dlfcn.h>
+#include <stdio.h>
+#include <stddef.h>
+int main(void) {
+    void *h = dlopen("libcudart.so.12", RTLD_NOW);
+    if (!h) { fprintf(stderr, "no libcudart.so.12: %s\n", dlerror()); return 1; }
+    int (*m)(void **, size_t) = (int (*)(void **, size_t))dlsym(h, "cudaMalloc");
+    int (*f)(void *) = (int (*)(void *))dlsym(h, "cudaFree");
+    void *p[4] = {0};
+    int rc = 0;
+    for (int i = 0; i < 4; i++)
+        if (m(&p[i], 1 << 20) != 0) { printf("alloc %d refused\n", i); rc = 2; break; }
+    for (int i = 0; i < 4; i++)
+        if (p[i]) f(p[i]);
+    return rc;
+}
+"#,
+        )
+        .unwrap();
+        let exe = dir.join("four");
+        let st = Command::new("cc")
+            .arg("-o")
+            .arg(&exe)
+            .arg(&src)
+            .arg("-ldl")
+            .status()
+            .unwrap();
+        assert!(st.success());
+        exe
+    })
+    .clone()
+}
+
+fn built_library() -> PathBuf {
+    let lib = Path::new(VRAMSHIM).parent().unwrap().join("libvramshim.so");
+    assert!(
+        lib.is_file(),
+        "{} is not built: build the workspace first (cargo build --release --workspace, as scripts/test does)",
+        lib.display()
+    );
+    lib
+}
+
+#[test]
+fn traced_run_on_the_simulated_gpu_reports_the_trace_and_a_summary() {
+    built_library();
+    let dir = tmpdir("traced");
+    let o = vramshim()
+        .env_remove("VRAMSHIM_LIB")
+        .env(
+            "VRAMSIM_NAME",
+            format!("vramshim-run-test-{}", std::process::id()),
+        )
+        .current_dir(&dir)
+        .args(["run", "--sim", "--trace", "t-%p.vramtrace", "--"])
+        .arg(cuda_program())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    let traces: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "vramtrace"))
+        .collect();
+    assert_eq!(traces.len(), 1, "one trace written: {traces:?}\n{err}");
+    let name = traces[0]
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    assert!(
+        err.contains("vramshim: trace: ") && err.contains(&name),
+        "{err}"
+    );
+    assert!(
+        err.contains("4 allocations (4.00 MiB)") || err.contains("4 allocations ("),
+        "{err}"
+    );
+    assert!(err.contains("peak in use"), "{err}");
+    assert!(err.contains("at exit"), "{err}");
+}
+
+#[test]
+fn the_cap_flag_reaches_the_library() {
+    built_library();
+    let o = vramshim()
+        .env_remove("VRAMSHIM_LIB")
+        .env(
+            "VRAMSIM_NAME",
+            format!("vramshim-run-cap-{}", std::process::id()),
+        )
+        .args(["run", "--sim", "--cap", "2MiB", "--"])
+        .arg(cuda_program())
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "{out}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        out.contains("alloc 2 refused"),
+        "the third 1 MiB allocation is over a 2 MiB cap: {out}"
+    );
+}

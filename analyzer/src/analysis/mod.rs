@@ -254,6 +254,7 @@ pub struct Analysis {
     pub(crate) threads: FastMap<u32, ()>,
     pub(crate) forks: Vec<u32>,
     pub(crate) out_of_order: u64,
+    pub(crate) last_tid: u32,
 }
 
 impl Analysis {
@@ -272,6 +273,7 @@ impl Analysis {
             threads: FastMap::default(),
             forks: Vec::new(),
             out_of_order: 0,
+            last_tid: u32::MAX,
         }
     }
 
@@ -305,18 +307,26 @@ impl Analysis {
         }
     }
 
+    #[inline]
+    fn thread(&mut self, tid: u32) {
+        if tid != self.last_tid {
+            self.last_tid = tid;
+            self.threads.insert(tid, ());
+        }
+    }
+
     /// Feeds one event.
     #[inline]
     pub fn feed(&mut self, ev: Event) {
         match ev {
             Event::Alloc(m) => {
                 self.clock(m.t_ns);
-                self.threads.insert(m.tid, ());
+                self.thread(m.tid);
                 self.alloc(m);
             }
             Event::Free(m) => {
                 self.clock(m.t_ns);
-                self.threads.insert(m.tid, ());
+                self.thread(m.tid);
                 self.free(m);
             }
             other => self.other(other),

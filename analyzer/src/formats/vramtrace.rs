@@ -25,8 +25,11 @@ const BATCH: usize = 1 << 16;
 pub struct VramTraceSource {
     path: PathBuf,
     reader: TraceReader<BufReader<File>>,
+    /// Timed events; `[head, ready)` are released (in time order), `[ready..]` are held.
     held: Vec<Event>,
-    out: VecDeque<Event>,
+    head: usize,
+    ready: usize,
+    untimed: VecDeque<Event>,
     max_t: u64,
     released_t: u64,
     late: u64,
@@ -55,7 +58,9 @@ pub fn open(path: &Path) -> Result<(Header, Box<dyn EventSource>), InputError> {
             path: path.to_path_buf(),
             reader,
             held: Vec::new(),
-            out: VecDeque::new(),
+            head: 0,
+            ready: 0,
+            untimed: VecDeque::new(),
             max_t: 0,
             released_t: 0,
             late: 0,
@@ -67,11 +72,20 @@ pub fn open(path: &Path) -> Result<(Header, Box<dyn EventSource>), InputError> {
     ))
 }
 
+const PLACEHOLDER: Event = Event::Lost { t_ns: 0, count: 0 };
+
 impl VramTraceSource {
-    /// Reads a batch into `held` and releases what the window allows.
+    /// Reads a batch and releases what the window allows.
     fn fill(&mut self) {
+        // Drop what was handed out, but only when that is at least half the buffer, so each
+        // event is moved O(1) times on average.
+        if self.head > 0 && self.head * 2 >= self.held.len() {
+            self.held.drain(..self.head);
+            self.ready -= self.head;
+            self.head = 0;
+        }
         let start = self.held.len();
-        let mut ev = Event::Lost { t_ns: 0, count: 0 };
+        let mut ev = PLACEHOLDER;
         let mut n = 0;
         while n < BATCH {
             match self.reader.next_into(&mut ev) {
@@ -85,15 +99,11 @@ impl VramTraceSource {
                             if t > self.max_t {
                                 self.max_t = t;
                             }
-                            self.held.push(std::mem::replace(
-                                &mut ev,
-                                Event::Lost { t_ns: 0, count: 0 },
-                            ));
+                            self.held.push(std::mem::replace(&mut ev, PLACEHOLDER));
                         }
-                        None => self.out.push_back(std::mem::replace(
-                            &mut ev,
-                            Event::Lost { t_ns: 0, count: 0 },
-                        )),
+                        None => self
+                            .untimed
+                            .push_back(std::mem::replace(&mut ev, PLACEHOLDER)),
                     }
                 }
                 Ok(false) => {
@@ -118,28 +128,28 @@ impl VramTraceSource {
                 self.torn = true;
             }
         }
-        // Sort only when the new batch is out of order (single-threaded traces never are).
+        // Sort the held part only when the new batch broke the order (single-threaded traces
+        // never do). Late events (older than what was released) stay late.
         let key = |e: &Event| e.t_ns().unwrap_or(0);
-        let sorted = self
-            .held
+        let from = start.saturating_sub(1).max(self.ready);
+        let sorted = self.held[from..]
             .windows(2)
-            .skip(start.saturating_sub(1))
             .all(|w| key(&w[0]) <= key(&w[1]));
         if !sorted {
-            self.held.sort_by_key(key);
+            self.held[self.ready..].sort_by_key(key);
         }
         let limit = if self.eof {
             u64::MAX
         } else {
             self.max_t.saturating_sub(WINDOW_NS)
         };
-        let mut cut = self.held.partition_point(|e| key(e) <= limit);
+        let mut cut = self.ready + self.held[self.ready..].partition_point(|e| key(e) <= limit);
         if !self.eof && self.held.len() - cut > MAX_HELD {
             cut = self.held.len() - MAX_HELD / 2;
         }
-        if cut > 0 {
+        if cut > self.ready {
             self.released_t = key(&self.held[cut - 1]);
-            self.out.extend(self.held.drain(..cut));
+            self.ready = cut;
         }
     }
 }
@@ -148,7 +158,12 @@ impl EventSource for VramTraceSource {
     #[inline]
     fn next_event(&mut self) -> Option<Result<Event, InputError>> {
         loop {
-            if let Some(e) = self.out.pop_front() {
+            if let Some(e) = self.untimed.pop_front() {
+                return Some(Ok(e));
+            }
+            if self.head < self.ready {
+                let e = std::mem::replace(&mut self.held[self.head], PLACEHOLDER);
+                self.head += 1;
                 return Some(Ok(e));
             }
             if self.eof {
