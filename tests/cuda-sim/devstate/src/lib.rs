@@ -93,7 +93,13 @@ impl DeviceState {
                 }
             })
             .collect();
-        PathBuf::from(format!("/dev/shm/vramsim-{uid}-{safe}"))
+        // /dev/shm is memory everywhere glibc runs; a container without it gets the temp dir.
+        let dir = if Path::new("/dev/shm").is_dir() {
+            PathBuf::from("/dev/shm")
+        } else {
+            std::env::temp_dir()
+        };
+        dir.join(format!("vramsim-{uid}-{safe}"))
     }
 
     /// Opens (creating it if needed) the device `name` with this configuration. A region that
