@@ -28,9 +28,8 @@ pub fn main(a: Args) -> Result<ExitCode, String> {
     let f = File::create(&a.output)
         .map_err(|e| vramshim_analyzer::error::write_error(&a.output, &e))?;
     let w = BufWriter::with_capacity(1 << 20, f);
-    let stats = export::export(&a.trace, a.format, w, a.device).map_err(|e| {
+    let stats = export::export(&a.trace, a.format, w, a.device).inspect_err(|_| {
         let _ = std::fs::remove_file(&a.output);
-        e
     })?;
     eprintln!(
         "wrote {} ({} records) to {}",
