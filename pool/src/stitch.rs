@@ -114,6 +114,8 @@ pub struct Stitch {
     npages: u64,
     /// pages with no used byte
     free_pages: BTreeSet<u32>,
+    /// partly or fully used pages of the small class
+    small_pages: BTreeSet<u32>,
     /// free ranges of partly used pages, per page class: (len, page, start)
     ranges: [BTreeSet<(u64, u32, u64)>; 2],
     /// partly used pages with a free prefix, per class: (len, page)
@@ -159,6 +161,7 @@ impl Stitch {
             free_slots: Vec::new(),
             npages: 0,
             free_pages: BTreeSet::new(),
+            small_pages: BTreeSet::new(),
             ranges: Default::default(),
             prefix: Default::default(),
             suffix: Default::default(),
@@ -292,6 +295,9 @@ impl Stitch {
             return;
         }
         let c = pg.class;
+        if c == SMALL {
+            self.small_pages.remove(&p);
+        }
         for (&s, &e) in &pg.free {
             self.ranges[c].remove(&(e - s, p, s));
             if s == 0 {
@@ -311,6 +317,9 @@ impl Stitch {
             return;
         }
         let c = pg.class;
+        if c == SMALL {
+            self.small_pages.insert(p);
+        }
         for (&s, &e) in &pg.free {
             self.ranges[c].insert((e - s, p, s));
             if s == 0 {
@@ -911,6 +920,50 @@ impl Stitch {
         None
     }
 
+    /// Best-fit gap of at least `size` bytes between pinned (live or pending) blocks of a
+    /// small page: `(mapping, offset, cached blocks to dissolve)`.
+    fn reuse_small(&self, size: u64) -> Option<(u32, u64, Vec<u64>)> {
+        let g = self.gran;
+        let pinned = |a: u64| {
+            self.blocks
+                .get(&a)
+                .is_some_and(|b| b.state != BState::Cached)
+        };
+        let mut best: Option<(u64, u32, u64)> = None; // (gap len, page, offset)
+        for &p in &self.small_pages {
+            let pg = self.page(p);
+            let mut prev_end = 0u64;
+            let consider = |s: u64, e: u64, best: &mut Option<(u64, u32, u64)>| {
+                if e >= s + size {
+                    let len = e - s;
+                    // keep a free prefix whole: place at its end
+                    let pos = if s == 0 && e < g { e - size } else { s };
+                    if best.is_none_or(|b| len < b.0) {
+                        *best = Some((len, p, pos));
+                    }
+                }
+            };
+            for (&s, &(e, a)) in &pg.occ {
+                if !pinned(a) {
+                    continue;
+                }
+                consider(prev_end, s, &mut best);
+                prev_end = prev_end.max(e);
+            }
+            consider(prev_end, g, &mut best);
+        }
+        let (_, p, pos) = best?;
+        let m = *self.page(p).maps.first()?;
+        let idx = self.map(m).pages.iter().position(|&q| q == p)? as u64;
+        let mut victims = Vec::new();
+        for (_, &(oe, a)) in self.page(p).occ.range(..pos + size) {
+            if oe > pos && !victims.contains(&a) {
+                victims.push(a);
+            }
+        }
+        Some((m, idx * g + pos, victims))
+    }
+
     /// Offset at which `size` bytes fit in mapping `m` spanning all its pages, if any.
     fn fit_in_mapping(&self, m: u32, size: u64, classes: &[usize]) -> Option<u64> {
         let g = self.gran;
@@ -1239,14 +1292,18 @@ impl Stitch {
         if let Some(x) = self.step_place(dev, size, t, false, false)? {
             return Ok(x);
         }
-        // Small blocks live inside single pages, which are always mapped: re-packing them
-        // costs no driver call, so small requests dissolve cached small blocks before the
-        // pool grows (keeps small blocks on few pages).
-        if self.class_of(size) == SMALL {
-            while self.dissolve_class(dev, size, SMALL) {
-                if let Some(x) = self.step_place(dev, size, t, false, false)? {
-                    return Ok(x);
-                }
+        // Small blocks live inside single pages, which are always mapped: a small request
+        // that misses the cache takes the best gap between pinned blocks of a small page,
+        // dissolving only the cached blocks in that gap (no driver call), before the pool grows.
+        if self.class_of(size) == SMALL
+            && self.ncached > 0
+            && let Some((m, off, victims)) = self.reuse_small(size)
+        {
+            for v in victims {
+                self.dissolve(dev, v);
+            }
+            if let Some(x) = self.try_commit(dev, Plan::Existing { map: m, off }, size, t)? {
+                return Ok(x);
             }
         }
         // Grow-first mode (below the soft limit): keep cached blocks for exact reuse and
