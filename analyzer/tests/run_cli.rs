@@ -555,6 +555,8 @@ fn the_cap_flag_reaches_the_library() {
             "VRAMSIM_NAME",
             format!("vramshim-run-cap-{}", std::process::id()),
         )
+        // The simulated context takes no memory, so the cap is about the 1 MiB blocks only.
+        .env("VRAMSIM_CONTEXT_OVERHEAD", "0")
         .args(["run", "--sim", "--cap", "2MiB", "--"])
         .arg(cuda_program())
         .output()
