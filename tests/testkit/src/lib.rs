@@ -10,7 +10,8 @@
 //! * Where things are: [`profile_dir`], [`repo_root`], [`interposer_lib`], [`sim_dir`]
 //!   (the simulated GPU's libraries under their real names, laid out on first use),
 //!   [`workloads_include`].
-//! * Building C programs: [`compile_c`] with a [`Link`] mode, [`replay_exe`].
+//! * Building C programs: [`compile_c`] / [`compile_c_to`] (gcc, `-I tests/workloads/include`,
+//!   no rpath) with a [`Link`] mode, [`replay_exe`] (the RMM-CSV replay workload).
 //! * Running on the simulated GPU: [`sim_env`] / [`sim_command`] (LD_LIBRARY_PATH + a unique
 //!   `VRAMSIM_NAME`), [`preload`] (adds a library to `LD_PRELOAD`), [`run`] /
 //!   [`run_with_preload`] returning a [`RunOutput`].
