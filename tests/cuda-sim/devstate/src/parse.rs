@@ -52,11 +52,24 @@ pub fn parse_duration(s: &str) -> Option<Duration> {
 /// Reads `var`, parses it with `parse`, and on a bad value prints one line naming the
 /// variable, the value and the accepted forms, then returns `default`.
 pub fn env_or<T>(var: &str, default: T, forms: &str, parse: impl Fn(&str) -> Option<T>) -> T {
+    env_or_with(var, default, forms, parse, true)
+}
+
+/// As [`env_or`]; `warn: false` stays silent (another library of the stack already said it).
+pub fn env_or_with<T>(
+    var: &str,
+    default: T,
+    forms: &str,
+    parse: impl Fn(&str) -> Option<T>,
+    warn: bool,
+) -> T {
     match std::env::var(var) {
         Ok(v) if !v.is_empty() => match parse(&v) {
             Some(x) => x,
             None => {
-                warn_bad(var, &v, forms);
+                if warn {
+                    warn_bad(var, &v, forms);
+                }
                 default
             }
         },

@@ -7,7 +7,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{LazyLock, Mutex};
 
-use vramsim_devstate::parse::{SIZE_FORMS, env_or, parse_size};
+use vramsim_devstate::parse::{SIZE_FORMS, env_or_with, parse_size};
 use vramsim_devstate::{
     DEFAULT_DEVICES, DEFAULT_MEMORY, DEFAULT_NAME, DeviceState, MAX_DEVICES, device_name,
     device_uuid, uuid_string,
@@ -85,26 +85,52 @@ struct Config {
     memory: u64,
 }
 
-static CONFIG: LazyLock<Config> = LazyLock::new(|| Config {
-    name: std::env::var("VRAMSIM_NAME")
-        .ok()
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| DEFAULT_NAME.to_string()),
-    devices: env_or(
-        "VRAMSIM_DEVICES",
-        DEFAULT_DEVICES,
-        "a device count from 1 to 16",
-        |s| {
-            s.trim()
-                .parse::<u32>()
-                .ok()
-                .filter(|n| (1..=MAX_DEVICES as u32).contains(n))
-        },
-    ),
-    memory: env_or("VRAMSIM_MEMORY", DEFAULT_MEMORY, SIZE_FORMS, |s| {
-        parse_size(s).filter(|n| *n >= 2 << 20)
-    }),
+static CONFIG: LazyLock<Config> = LazyLock::new(|| {
+    // The simulated driver reads the same variables and already reported a bad value once.
+    let warn = !sim_driver_loaded();
+    Config {
+        name: std::env::var("VRAMSIM_NAME")
+            .ok()
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| DEFAULT_NAME.to_string()),
+        devices: env_or_with(
+            "VRAMSIM_DEVICES",
+            DEFAULT_DEVICES,
+            "a device count from 1 to 16",
+            |s| {
+                s.trim()
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|n| (1..=MAX_DEVICES as u32).contains(n))
+            },
+            warn,
+        ),
+        memory: env_or_with(
+            "VRAMSIM_MEMORY",
+            DEFAULT_MEMORY,
+            SIZE_FORMS,
+            |s| parse_size(s).filter(|n| *n >= 2 << 20),
+            warn,
+        ),
+    }
 });
+
+/// Whether the simulated libcuda.so.1 is already loaded in this process.
+fn sim_driver_loaded() -> bool {
+    // SAFETY: RTLD_NOLOAD only looks the library up; the handle is closed again.
+    unsafe {
+        let h = libc::dlopen(
+            c"libcuda.so.1".as_ptr(),
+            libc::RTLD_NOLOAD | libc::RTLD_LAZY,
+        );
+        if h.is_null() {
+            return false;
+        }
+        let found = !libc::dlsym(h, c"vramsimDeviceStats".as_ptr()).is_null();
+        libc::dlclose(h);
+        found
+    }
+}
 
 /// (init count, device) — nvmlInit may be called several times, each matched by a shutdown.
 static STATE: Mutex<Option<&'static DeviceState>> = Mutex::new(None);

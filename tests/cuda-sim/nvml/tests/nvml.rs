@@ -7,6 +7,12 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 fn setup() -> (std::path::PathBuf, std::path::PathBuf) {
+    static DONE: std::sync::OnceLock<(std::path::PathBuf, std::path::PathBuf)> =
+        std::sync::OnceLock::new();
+    DONE.get_or_init(build).clone()
+}
+
+fn build() -> (std::path::PathBuf, std::path::PathBuf) {
     let profile = vramshim_testkit::profile_dir();
     let dir = profile.join("vramsim-nvml-tests");
     std::fs::create_dir_all(&dir).unwrap();
@@ -45,12 +51,16 @@ fn setup() -> (std::path::PathBuf, std::path::PathBuf) {
 }
 
 fn run(name: &str, hold_mib: u64) -> Output {
+    run_with(name, hold_mib, "1GiB")
+}
+
+fn run_with(name: &str, hold_mib: u64, memory: &str) -> Output {
     let (dir, exe) = setup();
     let out = Command::new(exe)
         .arg(hold_mib.to_string())
         .env("LD_LIBRARY_PATH", dir)
         .env("VRAMSIM_NAME", name)
-        .env("VRAMSIM_MEMORY", "1GiB")
+        .env("VRAMSIM_MEMORY", memory)
         .env("VRAMSIM_CONTEXT_OVERHEAD", "100MiB")
         .env_remove("LD_PRELOAD")
         .env_remove("VRAMSIM_DEVICES")
@@ -91,4 +101,19 @@ fn nvml_reports_the_devices_own_accounting() {
     assert_eq!(field(&out, "used"), "0");
     assert_eq!(field(&out, "procs"), "0");
     let _ = std::fs::remove_file(vramsim_devstate::DeviceState::path(&name));
+}
+
+#[test]
+fn a_bad_value_is_reported_once_per_process() {
+    for hold in [0, 10] {
+        // hold 0: NVML alone reports it; hold 10: the driver did, NVML stays quiet.
+        let name = format!("nvmltest-bad-{}-{hold}", std::process::id());
+        let out = run_with(&name, hold, "plenty");
+        let err = String::from_utf8_lossy(&out.stderr);
+        let lines: Vec<&str> = err.lines().collect();
+        assert_eq!(lines.len(), 1, "{err}");
+        assert!(lines[0].contains("VRAMSIM_MEMORY"), "{err}");
+        assert_eq!(field(&out, "total").parse::<u64>().unwrap(), 16 << 30);
+        let _ = std::fs::remove_file(vramsim_devstate::DeviceState::path(&name));
+    }
 }
