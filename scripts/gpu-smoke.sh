@@ -1,0 +1,172 @@
+#!/usr/bin/env bash
+# The checks that need a real NVIDIA GPU (the test suite runs on the simulated one):
+#   1. vramshim demo on the real GPU (plain / capped / pooled / what-if);
+#   2. a real PyTorch training loop under vramshim with a trace, a cap and the pool, and an
+#      out-of-memory under a small cap that PyTorch reports as torch.OutOfMemoryError;
+#   3. JAX and CuPy under a cap, when installed; NVML (pynvml) reporting the cap, when installed.
+# Prints VERIFIED / SKIPPED / FAILED per check; exits 1 if anything failed, 0 otherwise
+# (also when there is no GPU: then everything is SKIPPED).
+#
+# Usage: scripts/gpu-smoke.sh [--out DIR]      (default: a temporary directory, kept)
+# Uses $VRAMSHIM if set, else target/release/vramshim (building it when missing).
+set -uo pipefail
+
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+out=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out) out="$2"; shift 2 ;;
+    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "gpu-smoke.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+[ -n "$out" ] || out="$(mktemp -d -t vramshim-gpu-smoke.XXXXXX)"
+mkdir -p "$out"
+py="${PYTHON:-python3}"
+
+pass=0; fail=0; skip=0
+verified() { echo "VERIFIED: $*"; pass=$((pass+1)); }
+failed()   { echo "FAILED:   $*"; fail=$((fail+1)); }
+skipped()  { echo "SKIPPED:  $*"; skip=$((skip+1)); }
+finish() {
+  echo
+  echo "gpu-smoke: $pass verified, $fail failed, $skip skipped (logs in $out)"
+  [ "$fail" = 0 ]
+  exit $?
+}
+
+# --- is there a GPU? -------------------------------------------------------------------------
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+  skipped "no NVIDIA GPU here (nvidia-smi -L failed): nothing to verify on hardware; scripts/test covers the simulated GPU"
+  finish
+fi
+echo "GPU: $(nvidia-smi -L | head -1)"
+total_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0 | head -1 | tr -d ' ')
+
+# --- the vramshim command --------------------------------------------------------------------
+vs="${VRAMSHIM:-$repo/target/release/vramshim}"
+if [ ! -x "$vs" ] || [ ! -f "$(dirname "$vs")/libvramshim.so" ]; then
+  echo "building (cargo build --release --workspace) ..."
+  (cd "$repo" && cargo build --release --workspace) >"$out/build.log" 2>&1 \
+    || { failed "build (see $out/build.log)"; finish; }
+  vs="$repo/target/release/vramshim"
+fi
+
+# --- 1. the demo on the real GPU -------------------------------------------------------------
+if "$vs" demo -o "$out/vramshim-demo.html" --work-dir "$out/demo" >"$out/demo.log" 2>&1; then
+  if grep -q "real GPU" "$out/demo.log" \
+     && grep -E '^\(b\)' "$out/demo.log" | grep -q refused \
+     && grep -E '^\(c\)' "$out/demo.log" | grep -q completed; then
+    verified "vramshim demo ran on the real GPU: (b) refused under the cap, (c) pooled completed ($out/vramshim-demo.html)"
+  else
+    failed "vramshim demo on the real GPU did not show (b) refused and (c) completed (see $out/demo.log)"
+  fi
+else
+  failed "vramshim demo exited non-zero (see $out/demo.log)"
+fi
+
+# --- 2. PyTorch ------------------------------------------------------------------------------
+if "$py" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+  cat >"$out/train.py" <<'PY'
+import sys, torch
+torch.manual_seed(0)
+dev = "cuda"
+model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 1024)).to(dev)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+for step in range(50):
+    x = torch.randn(64 + step % 7 * 16, 1024, device=dev)
+    loss = model(x).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+torch.cuda.synchronize()
+free, total = torch.cuda.mem_get_info()
+print(f"loss={loss.item():.4f} total={total} free={free}")
+if len(sys.argv) > 1 and sys.argv[1] == "oom":
+    try:
+        big = torch.empty(int(sys.argv[2]), dtype=torch.uint8, device=dev)
+        print("NO-OOM")
+    except torch.OutOfMemoryError as e:
+        print("OOM-RAISED")
+PY
+  cap=$((total_mib / 4))MiB
+  if "$vs" run --cap "$cap" --pool stitch --trace "$out/torch-%p.vramtrace" --stacks 8 -- "$py" "$out/train.py" \
+       >"$out/torch.log" 2>&1; then
+    t=$(ls "$out"/torch-*.vramtrace 2>/dev/null | head -1)
+    want=$((total_mib / 4 * 1048576))
+    got=$(sed -n 's/.*total=\([0-9]*\).*/\1/p' "$out/torch.log" | tail -1)
+    if [ -n "$t" ] && "$vs" summary "$t" >"$out/torch-summary.txt" 2>&1; then
+      verified "PyTorch training loop under --cap $cap --pool stitch --trace: completed, trace summarized ($out/torch-summary.txt)"
+    else
+      failed "PyTorch: no readable trace (see $out/torch.log)"
+    fi
+    if [ "$got" = "$want" ]; then
+      verified "PyTorch sees the cap: torch.cuda.mem_get_info() total = $got bytes"
+    else
+      failed "PyTorch mem_get_info total = ${got:-?}, expected the cap $want (see $out/torch.log)"
+    fi
+  else
+    failed "PyTorch training loop under vramshim exited non-zero (see $out/torch.log)"
+  fi
+  # An allocation beyond a small cap: PyTorch must see a normal out-of-memory.
+  if "$vs" run --cap 1GiB -- "$py" "$out/train.py" oom $((2 * 1024 * 1024 * 1024)) >"$out/torch-oom.log" 2>&1 \
+     && grep -q OOM-RAISED "$out/torch-oom.log"; then
+    verified "PyTorch under --cap 1GiB: a 2 GiB tensor raises torch.OutOfMemoryError (refused like a real OOM)"
+  else
+    failed "PyTorch under --cap 1GiB did not raise torch.OutOfMemoryError (see $out/torch-oom.log)"
+  fi
+else
+  skipped "PyTorch with CUDA is not installed ($py -c 'import torch' / torch.cuda.is_available())"
+fi
+
+# --- 3. JAX, CuPy, NVML ----------------------------------------------------------------------
+if "$py" -c 'import jax; assert jax.devices("gpu")' >/dev/null 2>&1; then
+  cat >"$out/jax_check.py" <<'PY'
+import jax, jax.numpy as jnp
+x = jnp.ones((4096, 4096)); y = (x @ x).block_until_ready()
+stats = jax.devices()[0].memory_stats() or {}
+print("bytes_limit", stats.get("bytes_limit"))
+PY
+  if XLA_PYTHON_CLIENT_PREALLOCATE=false "$vs" run --cap 2GiB --trace "$out/jax-%p.vramtrace" -- "$py" "$out/jax_check.py" \
+       >"$out/jax.log" 2>&1 && ls "$out"/jax-*.vramtrace >/dev/null 2>&1; then
+    verified "JAX ran under --cap 2GiB with a trace ($(grep bytes_limit "$out/jax.log" | tail -1))"
+  else
+    failed "JAX under vramshim (see $out/jax.log)"
+  fi
+else
+  skipped "JAX with a GPU backend is not installed"
+fi
+
+if "$py" -c 'import cupy; cupy.cuda.runtime.getDeviceCount()' >/dev/null 2>&1; then
+  cat >"$out/cupy_check.py" <<'PY'
+import cupy
+cupy.cuda.set_allocator(None)          # every array is a cudaMalloc: vramshim sees each one
+a = cupy.ones((1024, 1024), dtype=cupy.float32); b = (a * 2).sum(); cupy.cuda.Device().synchronize()
+try:
+    big = cupy.empty(2 * 1024**3, dtype=cupy.uint8)
+    print("NO-OOM")
+except cupy.cuda.memory.OutOfMemoryError:
+    print("OOM-RAISED")
+PY
+  if "$vs" run --cap 1GiB --pool stitch -- "$py" "$out/cupy_check.py" >"$out/cupy.log" 2>&1 \
+     && grep -q OOM-RAISED "$out/cupy.log"; then
+    verified "CuPy (static cudart) under --cap 1GiB --pool stitch: arrays work, a 2 GiB array raises OutOfMemoryError"
+  else
+    failed "CuPy under vramshim (see $out/cupy.log)"
+  fi
+else
+  skipped "CuPy is not installed"
+fi
+
+if "$py" -c 'import pynvml' >/dev/null 2>&1; then
+  if "$vs" run --cap 1GiB -- "$py" -c '
+import pynvml; pynvml.nvmlInit(); h = pynvml.nvmlDeviceGetHandleByIndex(0)
+print("total", pynvml.nvmlDeviceGetMemoryInfo(h).total)' >"$out/nvml.log" 2>&1 \
+     && grep -q "total 1073741824" "$out/nvml.log"; then
+    verified "NVML (pynvml) inside the process reports total = the 1 GiB cap"
+  else
+    failed "NVML does not report the cap (see $out/nvml.log)"
+  fi
+else
+  skipped "pynvml is not installed (NVML check)"
+fi
+
+finish
