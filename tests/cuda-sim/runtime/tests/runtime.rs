@@ -356,3 +356,20 @@ fn concurrent_first_calls_initialize_once() {
     // One context (100 MiB) plus 16 x 1 MiB, not one context per thread.
     assert!((116 * mib..200 * mib).contains(&used), "used {used}");
 }
+
+#[test]
+fn a_driver_older_than_the_runtime_is_insufficient() {
+    // libcudart.so.13 on a driver that reports 12.9.
+    let exe = compile_c(
+        "old_driver",
+        &["tests/workloads/sim/no_driver.c"],
+        Link::SharedRuntime13,
+    );
+    let out = run(sim_command(&exe, "old_driver")
+        .env("VRAMSIM_DRIVER_VERSION", "12090")
+        .arg("12090"));
+    out.assert_success();
+    // The same driver is fine for libcudart.so.12.
+    let exe = compile_c("old_driver12", &[BASIC], Link::SharedRuntime);
+    run(sim_command(&exe, "old_driver12").env("VRAMSIM_DRIVER_VERSION", "12090")).assert_success();
+}
