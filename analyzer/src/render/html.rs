@@ -1,0 +1,377 @@
+//! `vramshim report`: one self-contained HTML page (inline CSS and SVG, no script, no network).
+
+use std::fmt::Write;
+
+use crate::analysis::compare::Comparison;
+use crate::analysis::timeline::Timeline;
+use crate::analysis::{DeviceReport, TraceReport};
+use crate::units::{bytes, duration_ns};
+
+pub fn esc(s: &str) -> String {
+    let mut o = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '<' => o.push_str("&lt;"),
+            '>' => o.push_str("&gt;"),
+            '&' => o.push_str("&amp;"),
+            '"' => o.push_str("&quot;"),
+            '\'' => o.push_str("&#39;"),
+            c => o.push(c),
+        }
+    }
+    o
+}
+
+const CSS: &str = r#"
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;background:#f6f7f9;color:#1d2330}
+header{background:#1d2330;color:#fff;padding:18px 28px}header h1{margin:0;font-size:20px}header p{margin:4px 0 0;color:#c7cbd6}
+main{padding:12px 28px 40px;max-width:1100px}
+section{background:#fff;border:1px solid #dde1e8;border-radius:8px;padding:14px 18px;margin:16px 0}
+h2{font-size:17px;margin:0 0 10px}h3{font-size:15px;margin:14px 0 6px}
+table{border-collapse:collapse;font-size:13px}td,th{padding:3px 10px 3px 0;text-align:left;vertical-align:top}
+th{color:#5b6475;font-weight:600}td.n{text-align:right;font-variant-numeric:tabular-nums}
+.kpis{display:flex;flex-wrap:wrap;gap:10px}.kpi{border:1px solid #dde1e8;border-radius:6px;padding:8px 12px;min-width:130px}
+.kpi b{display:block;font-size:18px}.kpi span{color:#5b6475;font-size:12px}
+.warn{color:#9a3412}.bad{color:#b91c1c;font-weight:600}.ok{color:#15803d;font-weight:600}
+svg.chart{display:block;max-width:100%;height:auto}svg text{font:11px system-ui,sans-serif;fill:#5b6475}
+.legend span{display:inline-block;margin-right:14px;font-size:12px}.sw{display:inline-block;width:10px;height:10px;margin-right:4px;vertical-align:middle}
+.pm{border-left:4px solid #b91c1c;padding:6px 12px;margin:10px 0;background:#fef2f2}
+code{font:12px ui-monospace,Menlo,monospace}
+"#;
+
+const W: f64 = 960.0;
+
+fn axis_ticks(max: f64, n: usize) -> Vec<f64> {
+    if max <= 0.0 {
+        return vec![0.0];
+    }
+    let raw = max / n as f64;
+    let mag = 10f64.powf(raw.log10().floor());
+    let step = [1.0, 2.0, 2.5, 5.0, 10.0].iter().map(|m| m * mag).find(|s| *s >= raw).unwrap_or(raw);
+    (0..=n + 1).map(|i| i as f64 * step).take_while(|v| *v <= max * 1.0001).collect()
+}
+
+fn byte_ticks(max: u64) -> Vec<u64> {
+    // Ticks at round binary sizes.
+    if max == 0 {
+        return vec![0];
+    }
+    let unit = [1u64 << 40, 1 << 30, 1 << 20, 1 << 10, 1].into_iter().find(|u| max >= *u * 2).unwrap_or(1);
+    axis_ticks(max as f64 / unit as f64, 5).into_iter().map(|v| (v * unit as f64) as u64).collect()
+}
+
+/// Memory over time: in-use band (min..max per bucket), reserved, cap, refusal/OOM marks.
+pub fn timeline_svg(tl: &Timeline, cap: Option<u64>, id: &str, out: &mut String) {
+    let pts = tl.points();
+    let (h, ml, mr, mt, mb) = (280.0, 70.0, 16.0, 14.0, 34.0);
+    let pw = W - ml - mr;
+    let ph = h - mt - mb;
+    let t_end = pts.last().map(|p| p.t_ns + tl.width_ns).unwrap_or(tl.t0 + 1);
+    let t_span = (t_end - tl.t0).max(1) as f64;
+    let mut ymax = pts.iter().map(|p| p.in_max.max(p.reserved.unwrap_or(0))).max().unwrap_or(0);
+    for c in tl.caps.iter().map(|c| c.1).chain(cap) {
+        ymax = ymax.max(c);
+    }
+    let ymax = ((ymax as f64) * 1.05).max(1.0);
+    let x = |t: u64| ml + (t.saturating_sub(tl.t0)) as f64 / t_span * pw;
+    let y = |v: u64| mt + ph - v as f64 / ymax * ph;
+    let _ = write!(
+        out,
+        r##"<svg class="chart timeline" id="{id}" viewBox="0 0 {W} {h}" role="img" aria-label="memory over time"><rect x="{ml}" y="{mt}" width="{pw}" height="{ph}" fill="#fbfcfd" stroke="#dde1e8"/>"##
+    );
+    for v in byte_ticks(ymax as u64) {
+        let yy = y(v);
+        let _ = write!(
+            out,
+            r##"<line x1="{ml}" x2="{}" y1="{yy:.1}" y2="{yy:.1}" stroke="#eef0f4"/><text x="{}" y="{:.1}" text-anchor="end">{}</text>"##,
+            ml + pw,
+            ml - 6.0,
+            yy + 4.0,
+            bytes(v)
+        );
+    }
+    for tv in axis_ticks(t_span, 6) {
+        let xx = ml + tv / t_span * pw;
+        let _ = write!(
+            out,
+            r#"<text x="{xx:.1}" y="{}" text-anchor="middle">+{}</text>"#,
+            mt + ph + 16.0,
+            duration_ns(tv as u64)
+        );
+    }
+    if !pts.is_empty() {
+        // In-use band: max along the top, min back along the bottom.
+        let mut d = String::with_capacity(pts.len() * 24);
+        for (i, p) in pts.iter().enumerate() {
+            let _ = write!(d, "{}{:.1},{:.1}", if i == 0 { "M" } else { "L" }, x(p.t_ns), y(p.in_max));
+            let _ = write!(d, "L{:.1},{:.1}", x(p.t_ns + tl.width_ns), y(p.in_max));
+        }
+        for p in pts.iter().rev() {
+            let _ = write!(d, "L{:.1},{:.1}L{:.1},{:.1}", x(p.t_ns + tl.width_ns), y(p.in_min), x(p.t_ns), y(p.in_min));
+        }
+        let _ = write!(out, r##"<path class="in-use" d="{d}Z" fill="#3b82f6" fill-opacity="0.35" stroke="#2563eb" stroke-width="1"><title>in use</title></path>"##);
+        if pts.iter().any(|p| p.reserved.is_some()) {
+            let mut d = String::new();
+            let mut first = true;
+            for p in &pts {
+                if let Some(r) = p.reserved {
+                    let _ = write!(d, "{}{:.1},{:.1}L{:.1},{:.1}", if first { "M" } else { "L" }, x(p.t_ns), y(r), x(p.t_ns + tl.width_ns), y(r));
+                    first = false;
+                }
+            }
+            let _ = write!(out, r##"<path class="reserved" d="{d}" fill="none" stroke="#f59e0b" stroke-width="1.5"><title>reserved</title></path>"##);
+        }
+    }
+    let mut caps: Vec<(u64, u64)> = tl.caps.clone();
+    if caps.is_empty() {
+        if let Some(c) = cap {
+            caps.push((tl.t0, c));
+        }
+    }
+    for (i, (t, c)) in caps.iter().enumerate() {
+        let t1 = caps.get(i + 1).map(|n| n.0).unwrap_or(t_end);
+        let _ = write!(
+            out,
+            r##"<line class="cap" x1="{:.1}" x2="{:.1}" y1="{:.1}" y2="{:.1}" stroke="#b91c1c" stroke-dasharray="6 4" stroke-width="1.5"><title>cap {}</title></line>"##,
+            x(*t).min(ml + pw),
+            x(t1),
+            y(*c),
+            y(*c),
+            bytes(*c)
+        );
+    }
+    for m in &tl.marks {
+        let xx = x(m.t_ns);
+        let _ = write!(
+            out,
+            r##"<path class="mark {}" d="M{:.1},{}l-5,-9h10z" fill="#b91c1c"><title>{} of {} at +{}</title></path><line x1="{xx:.1}" x2="{xx:.1}" y1="{mt}" y2="{}" stroke="#b91c1c" stroke-opacity="0.35"/>"##,
+            m.kind,
+            xx,
+            mt + 10.0,
+            if m.kind == "oom" { "out of memory" } else { "cap refusal" },
+            bytes(m.size),
+            duration_ns(m.t_ns.saturating_sub(tl.t0)),
+            mt + ph
+        );
+    }
+    out.push_str("</svg>");
+    out.push_str(r##"<div class="legend"><span><i class="sw" style="background:#3b82f6;opacity:.5"></i>in use (min..max per bucket)</span><span><i class="sw" style="background:#f59e0b"></i>reserved</span><span><i class="sw" style="background:#b91c1c"></i>cap / refusals and OOMs</span></div>"##);
+}
+
+/// Horizontal bars: (label, value, tooltip).
+pub fn hbars(rows: &[(String, u64, String)], class: &str, out: &mut String) {
+    if rows.is_empty() {
+        out.push_str("<p>none</p>");
+        return;
+    }
+    let row_h = 22.0;
+    let label_w = 340.0;
+    let h = rows.len() as f64 * row_h + 8.0;
+    let max = rows.iter().map(|r| r.1).max().unwrap_or(1).max(1) as f64;
+    let bw = W - label_w - 110.0;
+    let _ = write!(out, r#"<svg class="chart {class}" viewBox="0 0 {W} {h}">"#);
+    for (i, (label, v, tip)) in rows.iter().enumerate() {
+        let yy = 4.0 + i as f64 * row_h;
+        let w = (*v as f64 / max * bw).max(1.0);
+        let short: String = if label.chars().count() > 52 { format!("{}...", label.chars().take(50).collect::<String>()) } else { label.clone() };
+        let _ = write!(
+            out,
+            r##"<g class="bar"><title>{}</title><text x="{}" y="{:.1}" text-anchor="end">{}</text><rect x="{label_w}" y="{yy:.1}" width="{w:.1}" height="{}" fill="#6366f1" rx="2"/><text x="{:.1}" y="{:.1}">{}</text></g>"##,
+            esc(tip),
+            label_w - 8.0,
+            yy + 14.0,
+            esc(&short),
+            row_h - 6.0,
+            label_w + w + 6.0,
+            yy + 14.0,
+            bytes(*v)
+        );
+    }
+    out.push_str("</svg>");
+}
+
+fn histogram_svg(d: &DeviceReport, out: &mut String) {
+    let b = &d.size_histogram;
+    if b.is_empty() {
+        out.push_str("<p>no allocations</p>");
+        return;
+    }
+    let (h, ml, mb, mt) = (220.0, 50.0, 46.0, 10.0);
+    let ph = h - mb - mt;
+    let n = b.len() as f64;
+    let slot = (W - ml - 10.0) / n;
+    let maxc = b.iter().map(|x| x.count).max().unwrap_or(1).max(1) as f64;
+    let maxb = b.iter().map(|x| x.bytes).max().unwrap_or(1).max(1) as f64;
+    let _ = write!(out, r#"<svg class="chart histogram" viewBox="0 0 {W} {h}">"#);
+    for (i, x) in b.iter().enumerate() {
+        let x0 = ml + i as f64 * slot;
+        let hc = x.count as f64 / maxc * ph;
+        let hb = x.bytes as f64 / maxb * ph;
+        let label = if x.max == 0 { "0".to_string() } else { bytes(x.min) };
+        let _ = write!(
+            out,
+            r##"<g class="bucket"><title>{}..{}: {} allocations, {}</title><rect x="{:.1}" y="{:.1}" width="{:.1}" height="{hc:.1}" fill="#6366f1"/><rect x="{:.1}" y="{:.1}" width="{:.1}" height="{hb:.1}" fill="#10b981"/><text x="{:.1}" y="{:.1}" text-anchor="end" transform="rotate(-45 {:.1} {:.1})">{}</text></g>"##,
+            bytes(x.min),
+            bytes(x.max.saturating_add(1)),
+            x.count,
+            bytes(x.bytes),
+            x0 + 1.0,
+            mt + ph - hc,
+            slot * 0.45,
+            x0 + slot * 0.48,
+            mt + ph - hb,
+            slot * 0.45,
+            x0 + slot * 0.5,
+            h - mb + 14.0,
+            x0 + slot * 0.5,
+            h - mb + 14.0,
+            label
+        );
+    }
+    out.push_str("</svg>");
+    out.push_str(r##"<div class="legend"><span><i class="sw" style="background:#6366f1"></i>allocations (count)</span><span><i class="sw" style="background:#10b981"></i>bytes</span></div>"##);
+}
+
+fn kpi(out: &mut String, label: &str, value: &str) {
+    let _ = write!(out, r#"<div class="kpi"><b>{}</b><span>{}</span></div>"#, esc(value), esc(label));
+}
+
+fn device(r: &TraceReport, d: &DeviceReport, out: &mut String) {
+    let id = if d.device < 0 { "host".to_string() } else { format!("dev{}", d.device) };
+    let _ = write!(out, r#"<section class="device" id="{id}"><h2>{}</h2><div class="kpis">"#, esc(&if d.device < 0 { "host (pinned) memory".into() } else { d.name.clone() }));
+    kpi(out, &format!("peak in use at +{}", duration_ns(d.peak_in_use.offset_ns)), &bytes(d.peak_in_use.bytes));
+    if let Some(p) = &d.peak_reserved {
+        kpi(out, "peak reserved", &bytes(p.bytes));
+    }
+    if let Some(f) = d.fragmentation {
+        kpi(out, "fragmentation at peak reserved", &format!("{:.1}%", f * 100.0));
+    }
+    if let Some(c) = d.cap {
+        kpi(out, "cap", &bytes(c));
+    }
+    kpi(out, "allocations", &d.allocs.to_string());
+    kpi(out, "allocated in total", &bytes(d.bytes_allocated));
+    kpi(out, "refusals + OOMs", &(d.refusals.max(d.ooms)).to_string());
+    kpi(out, "live at exit", &bytes(d.leaks.bytes));
+    out.push_str("</div><h3>Memory over time</h3>");
+    if let Some((_, tl)) = r.timelines.iter().find(|(dev, _)| *dev == d.device) {
+        timeline_svg(tl, d.cap, &format!("timeline-{id}"), out);
+    }
+    out.push_str("<h3>Live set at the peak (by call site)</h3>");
+    let rows: Vec<(String, u64, String)> = d
+        .peak_in_use
+        .top_sites
+        .iter()
+        .map(|s| (s.site.clone(), s.bytes, format!("{} in {} allocations", s.site, s.allocations)))
+        .collect();
+    hbars(&rows, "live-at-peak", out);
+    if !d.peak_in_use.top_allocations.is_empty() {
+        out.push_str("<table class=\"largest\"><tr><th>size</th><th>address</th><th>api</th><th>stream</th><th>site</th></tr>");
+        for h in &d.peak_in_use.top_allocations {
+            let _ = write!(
+                out,
+                "<tr><td class=n>{}</td><td><code>{}</code></td><td>{}</td><td><code>{:#x}</code></td><td>{}</td></tr>",
+                bytes(h.size),
+                esc(&h.addr),
+                esc(&h.api),
+                h.stream,
+                esc(&h.site)
+            );
+        }
+        out.push_str("</table>");
+    }
+    out.push_str("<h3>Allocation sizes</h3>");
+    histogram_svg(d, out);
+    out.push_str("<h3>Top call sites (bytes allocated)</h3>");
+    let rows: Vec<(String, u64, String)> = d
+        .top_sites
+        .iter()
+        .map(|s| (s.site.clone(), s.bytes, format!("{} allocations; at peak {}; frames: {}", s.allocs, bytes(s.peak_bytes), s.frames.join(" <- "))))
+        .collect();
+    hbars(&rows, "sites", out);
+    out.push_str("<h3>Calls</h3><table class=\"calls\"><tr><th>api</th><th>kind</th><th>op</th><th>count</th><th>failed</th><th>bytes</th></tr>");
+    for c in &d.calls {
+        let _ = write!(
+            out,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td class=n>{}</td><td class=n>{}</td><td class=n>{}</td></tr>",
+            esc(&c.api),
+            esc(&c.kind),
+            c.op,
+            c.count,
+            c.failed,
+            bytes(c.bytes)
+        );
+    }
+    out.push_str("</table>");
+    if d.frees > 0 {
+        out.push_str("<h3>Lifetimes</h3><table class=\"lifetimes\"><tr><th>lifetime</th><th>count</th><th>bytes</th></tr>");
+        for l in d.lifetimes.iter().filter(|l| l.count > 0) {
+            let _ = write!(out, "<tr><td>{}</td><td class=n>{}</td><td class=n>{}</td></tr>", l.label, l.count, bytes(l.bytes));
+        }
+        let _ = write!(
+            out,
+            "</table><p>Short-lived (&lt; {}): {} allocations ({:.1}%), {}. Temporary (freed right after): {}.</p>",
+            duration_ns(d.short_lived.threshold_ns.unwrap_or(0)),
+            d.short_lived.count,
+            d.short_lived.fraction * 100.0,
+            bytes(d.short_lived.bytes),
+            d.temporary.count
+        );
+    }
+    if !d.post_mortems.is_empty() {
+        let _ = write!(out, "<h3 class=bad>Post-mortems ({})</h3>", d.post_mortems.len());
+        for (i, pm) in d.post_mortems.iter().enumerate() {
+            let mut text = String::new();
+            super::text::post_mortem(i + 1, pm, &mut text);
+            let _ = write!(out, "<div class=\"pm post-mortem\"><pre>{}</pre>", esc(text.trim_matches('\n')));
+            let rows: Vec<(String, u64, String)> =
+                pm.top_sites.iter().map(|s| (s.site.clone(), s.bytes, format!("{} allocations", s.allocations))).collect();
+            hbars(&rows, "pm-live", out);
+            out.push_str("</div>");
+        }
+    }
+    out.push_str("</section>");
+}
+
+/// The whole page for one or more traces.
+pub fn page(reports: &[TraceReport], comparison: Option<&Comparison>) -> String {
+    let mut out = String::with_capacity(256 << 10);
+    let title = reports.iter().map(|r| r.label()).collect::<Vec<_>>().join(", ");
+    let _ = write!(
+        out,
+        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"viewport\" content=\"width=device-width\"><title>vramshim report: {}</title><style>{CSS}</style></head><body><header><h1>vramshim report</h1><p>{}</p></header><main>",
+        esc(&title),
+        esc(&title)
+    );
+    if let Some(c) = comparison {
+        let mut text = String::new();
+        super::text::comparison(c, &mut text);
+        let _ = write!(out, "<section class=\"comparison\"><h2>Side by side</h2><pre>{}</pre></section>", esc(&text));
+    }
+    for r in reports {
+        let _ = write!(out, "<section class=\"trace\"><h2>{}</h2><table>", esc(&r.file));
+        let row = |out: &mut String, k: &str, v: &str| {
+            let _ = write!(out, "<tr><th>{}</th><td>{}</td></tr>", esc(k), esc(v));
+        };
+        if r.process.pid != 0 {
+            row(&mut out, "process", &format!("{} on {}: {}", r.process.pid, r.process.host, r.process.cmdline.join(" ")));
+        }
+        row(&mut out, "format", &r.format);
+        row(&mut out, "events", &r.events.to_string());
+        row(&mut out, "duration", &duration_ns(r.duration_ns));
+        row(&mut out, "threads", &r.threads.to_string());
+        for (k, v) in &r.config {
+            row(&mut out, k, v);
+        }
+        out.push_str("</table>");
+        for w in &r.warnings {
+            let _ = write!(out, "<p class=warn>warning: {}</p>", esc(w));
+        }
+        out.push_str("</section>");
+        for d in &r.devices {
+            device(r, d, &mut out);
+        }
+    }
+    out.push_str("<footer><p>Generated by vramshim. Self-contained: no scripts, no network.</p></footer></main></body></html>\n");
+    out
+}
