@@ -251,6 +251,52 @@ fn memory_information_reports_the_cap_everywhere() {
     assert_eq!(num(&f, "cuda_total"), 16 * GIB);
 }
 
+/// The context's footprint (cuda-sim: VRAMSIM_CONTEXT_OVERHEAD) counts against the cap by
+/// default, measured from the driver's per-process accounting; `exclude` opts out.
+#[test]
+fn context_memory_counts_against_the_cap_unless_excluded() {
+    let ctx = 300 * MIB;
+    let f = info(
+        &[
+            ("VRAMSHIM_CAP", "4GiB"),
+            ("VRAMSIM_CONTEXT_OVERHEAD", "300MiB"),
+        ],
+        0,
+        "cap-ctx",
+    );
+    assert_eq!(num(&f, "cuda_free"), 4 * GIB - ctx, "{f:?}");
+    assert_eq!(num(&f, "nvml_used"), ctx, "{f:?}");
+    let f = info(
+        &[
+            ("VRAMSHIM_CAP", "4GiB"),
+            ("VRAMSIM_CONTEXT_OVERHEAD", "300MiB"),
+            ("VRAMSHIM_CAP_CONTEXT", "exclude"),
+        ],
+        0,
+        "cap-ctx-ex",
+    );
+    assert_eq!(num(&f, "cuda_free"), 4 * GIB, "{f:?}");
+    // With the context counted, the whole cap minus the context is what allocations get.
+    let env = [
+        ("VRAMSHIM_CAP", "1GiB"),
+        ("VRAMSIM_CONTEXT_OVERHEAD", "300MiB"),
+    ];
+    let out = capped(
+        &[
+            "paths",
+            &(GIB - ctx).to_string(),
+            &(GIB - ctx + 16 * MIB).to_string(),
+        ],
+        &env,
+        "cap-ctx-paths",
+    );
+    out.assert_success();
+    for p in ["cudaMalloc", "cuMemAlloc", "cuMemCreate"] {
+        let f = fields(&out, "path=", &format!("path={p} "));
+        assert_eq!((num(&f, "above"), num(&f, "below")), (2, 0), "{p}: {f:?}");
+    }
+}
+
 /// JAX/XLA preallocate a fraction of the total memory cudaMemGetInfo reports.
 #[test]
 fn preallocation_sized_from_meminfo_takes_its_share_of_the_cap() {

@@ -52,3 +52,83 @@ pub fn count() -> Option<i32> {
     let ok = with_init(|| unsafe { f(&mut n) });
     ok.then_some(n)
 }
+
+/// `nvmlProcessInfo_t` (v2/v3 layout).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct ProcessInfo {
+    pid: u32,
+    used_gpu_memory: u64,
+    gpu_instance_id: u32,
+    compute_instance_id: u32,
+}
+
+type PfnNvmlInit = unsafe extern "C" fn() -> c_int;
+type PfnNvmlHandleByIndex = unsafe extern "C" fn(u32, *mut *mut std::ffi::c_void) -> c_int;
+type PfnNvmlProcesses =
+    unsafe extern "C" fn(*mut std::ffi::c_void, *mut u32, *mut ProcessInfo) -> c_int;
+
+/// Device memory this process holds on `device` according to NVML's per-process accounting
+/// (context, modules and allocations alike): how the cap measures a context's footprint.
+/// `None` when NVML is missing, or does not list this process (a pid namespace NVML does not
+/// see into, or no context yet). NVML's index is taken as the CUDA ordinal.
+pub fn process_used(device: i32) -> Option<u64> {
+    let idx = u32::try_from(device).ok()?;
+    let h = nvml_handle()?;
+    let sym = |n: &std::ffi::CStr| real::dlsym_real(h, n) as usize;
+    let (init, by_index) = (sym(c"nvmlInit_v2"), sym(c"nvmlDeviceGetHandleByIndex_v2"));
+    let procs = match sym(c"nvmlDeviceGetComputeRunningProcesses_v3") {
+        0 => sym(c"nvmlDeviceGetComputeRunningProcesses_v2"),
+        a => a,
+    };
+    if init == 0 || by_index == 0 || procs == 0 {
+        return None;
+    }
+    // SAFETY: the addresses are NVML's functions of those names, with these ABIs.
+    let (init, by_index, procs) = unsafe {
+        (
+            std::mem::transmute::<usize, PfnNvmlInit>(init),
+            std::mem::transmute::<usize, PfnNvmlHandleByIndex>(by_index),
+            std::mem::transmute::<usize, PfnNvmlProcesses>(procs),
+        )
+    };
+    // SAFETY: nvmlInit_v2 takes no arguments (reference-counted, harmless to repeat).
+    if unsafe { init() } != 0 {
+        return None;
+    }
+    let mut dev: *mut std::ffi::c_void = std::ptr::null_mut();
+    // SAFETY: dev is a valid out-pointer.
+    if unsafe { by_index(idx, &mut dev) } != 0 {
+        return None;
+    }
+    let mut infos = [ProcessInfo::default(); 128];
+    let mut n = infos.len() as u32;
+    // SAFETY: n is the capacity of infos, both valid.
+    if unsafe { procs(dev, &mut n, infos.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    let me = std::process::id();
+    infos[..(n as usize).min(infos.len())]
+        .iter()
+        .find(|p| p.pid == me)
+        .map(|p| p.used_gpu_memory)
+        .filter(|&u| u > 0 && u != u64::MAX)
+}
+
+fn nvml_handle() -> Option<*mut std::ffi::c_void> {
+    for name in [c"libnvidia-ml.so.1", c"libnvidia-ml.so"] {
+        for flags in [
+            libc::RTLD_NOW | libc::RTLD_NOLOAD,
+            libc::RTLD_NOW | libc::RTLD_NODELETE,
+        ] {
+            // SAFETY: dlopen with a valid name; NODELETE keeps the handle valid for the process.
+            let h = unsafe { libc::dlopen(name.as_ptr(), flags) };
+            if !h.is_null() {
+                return Some(h);
+            }
+        }
+    }
+    // SAFETY: clears the dlerror state our failed dlopen left behind.
+    unsafe { libc::dlerror() };
+    None
+}

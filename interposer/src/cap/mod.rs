@@ -52,6 +52,9 @@ pub struct Refusal {
 pub struct DeviceQueries {
     pub total: fn(i32) -> Option<u64>,
     pub count: fn() -> Option<i32>,
+    /// Device memory the process holds on a device per the driver's own accounting (NVML
+    /// per-process use): measures the context's footprint.
+    pub process_used: fn(i32) -> Option<u64>,
 }
 
 fn unknown_total(_: i32) -> Option<u64> {
@@ -65,6 +68,7 @@ impl DeviceQueries {
     pub const UNKNOWN: DeviceQueries = DeviceQueries {
         total: unknown_total,
         count: unknown_count,
+        process_used: unknown_total,
     };
 }
 
@@ -73,6 +77,10 @@ const NO_SLOT: usize = usize::MAX;
 const SETUP_NONE: u8 = 0;
 const SETUP_ACTIVE: u8 = 1;
 const SETUP_OFF: u8 = 2;
+/// Context measurement: tries (first touches of a device) before giving up, and states.
+const CTX_TRIES: u8 = 8;
+const CTX_BUSY: u8 = 100;
+const CTX_DONE: u8 = 255;
 /// After a refusal, reclaim dead processes' slots at most this often.
 const RECLAIM_EVERY_NS: u64 = 5_000_000;
 
@@ -88,6 +96,8 @@ pub struct Cap {
     resolved: [AtomicU64; MAX_DEVICES],
     private_used: [AtomicU64; MAX_DEVICES],
     ctx_charged: [AtomicU64; MAX_DEVICES],
+    /// Context measurement per device: attempts made (0..CTX_TRIES), CTX_BUSY, or CTX_DONE.
+    ctx_state: [AtomicU8; MAX_DEVICES],
     slot: AtomicUsize,
     refused_once: AtomicBool,
     slots_full_once: AtomicBool,
@@ -122,6 +132,7 @@ impl Cap {
             resolved: [const { AtomicU64::new(UNRESOLVED) }; MAX_DEVICES],
             private_used: [const { AtomicU64::new(0) }; MAX_DEVICES],
             ctx_charged: [const { AtomicU64::new(0) }; MAX_DEVICES],
+            ctx_state: [const { AtomicU8::new(0) }; MAX_DEVICES],
             slot: AtomicUsize::new(NO_SLOT),
             refused_once: AtomicBool::new(false),
             slots_full_once: AtomicBool::new(false),
@@ -344,6 +355,9 @@ impl Cap {
         let Some(d) = device_index(device) else {
             return Ok(());
         };
+        if self.ctx_state[d].load(Relaxed) < CTX_TRIES {
+            self.measure_context(d);
+        }
         let cap = self.cap_bytes(d);
         let r = match self.region.get() {
             None => match self.check() {
@@ -455,6 +469,11 @@ impl Cap {
         let Some(total) = self.capped_total(device, real_total) else {
             return (real_free, real_total);
         };
+        if let Some(d) = device_index(device)
+            && self.ctx_state[d].load(Relaxed) < CTX_TRIES
+        {
+            self.measure_context(d);
+        }
         let free = total.saturating_sub(self.in_use(device)).min(real_free);
         (free, total)
     }
@@ -514,13 +533,56 @@ impl Cap {
     /// after its creation) unless `VRAMSHIM_CAP_CONTEXT=exclude`. Never refused (the
     /// context exists already); it only lowers what allocations may take.
     pub fn on_context_created(&self, device: i32, free_before: u64, free_after: u64) {
-        let footprint = free_before.saturating_sub(free_after);
-        if footprint == 0 || self.settings.context == ContextMode::Exclude || !self.ready() {
-            return;
-        }
         let Some(d) = device_index(device) else {
             return;
         };
+        self.ctx_state[d].store(CTX_DONE, Relaxed);
+        self.charge_context(d, free_before.saturating_sub(free_after));
+    }
+
+    /// Measures the context's footprint on the first touches of device `d` (a charge or a
+    /// memory-information query): the device memory the driver says this process holds,
+    /// minus what the cap charged it so far. Retried on the next touches while the driver
+    /// does not list the process yet (no context yet), at most `CTX_TRIES` times.
+    #[cold]
+    fn measure_context(&self, d: usize) {
+        let s = self.ctx_state[d].load(Relaxed);
+        if s >= CTX_TRIES {
+            return;
+        }
+        if self.settings.context == ContextMode::Exclude
+            || self.effective_spec().devices[d].is_none()
+        {
+            self.ctx_state[d].store(CTX_DONE, Relaxed);
+            return;
+        }
+        if self.ctx_state[d]
+            .compare_exchange(s, CTX_BUSY, AcqRel, Relaxed)
+            .is_err()
+        {
+            return;
+        }
+        match (self.queries().process_used)(d as i32) {
+            Some(used) => {
+                let mine = match self.region.get() {
+                    None => vramshim_region::total_bytes(&self.private_used[d]),
+                    Some(r) => match self.slot.load(Acquire) {
+                        NO_SLOT => 0,
+                        slot => r.slot_used(SlotIndex(slot), d),
+                    },
+                };
+                self.charge_context(d, used.saturating_sub(mine));
+                self.ctx_state[d].store(CTX_DONE, Relaxed);
+            }
+            None => self.ctx_state[d].store(s + 1, Relaxed),
+        }
+    }
+
+    /// Charges a context footprint (never refused: the context exists already).
+    fn charge_context(&self, d: usize, footprint: u64) {
+        if footprint == 0 || self.settings.context == ContextMode::Exclude || !self.ready() {
+            return;
+        }
         let ok = match self.region.get() {
             None => vramshim_region::reserve(&self.private_used[d], footprint, MAX_BYTES).is_ok(),
             Some(region) => match self.my_slot(region) {
@@ -540,6 +602,7 @@ impl Cap {
         if let Some(d) = device_index(device) {
             let fp = self.ctx_charged[d].swap(0, Relaxed);
             self.uncharge(device, fp);
+            self.ctx_state[d].store(0, Relaxed);
         }
     }
 
@@ -554,6 +617,7 @@ impl Cap {
         for d in 0..MAX_DEVICES {
             self.private_used[d].store(0, Relaxed);
             self.ctx_charged[d].store(0, Relaxed);
+            self.ctx_state[d].store(0, Relaxed);
         }
         self.refused_once.store(false, Relaxed);
         self.last_reclaim_ns.store(0, Relaxed);
@@ -583,6 +647,7 @@ fn build_global() -> Option<Cap> {
     let _ = QUERIES.set(DeviceQueries {
         total: driver::total,
         count: driver::count,
+        process_used: driver::process_used,
     });
     settings.map(|s| Cap::new(s, &QUERIES, stderr_line))
 }

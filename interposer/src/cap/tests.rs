@@ -31,9 +31,13 @@ fn total_16g(d: i32) -> Option<u64> {
 fn two_devices() -> Option<i32> {
     Some(2)
 }
+fn no_process_use(_: i32) -> Option<u64> {
+    None
+}
 const SIM2: DeviceQueries = DeviceQueries {
     total: total_16g,
     count: two_devices,
+    process_used: no_process_use,
 };
 
 fn settings(cap: &str) -> Settings {
@@ -383,4 +387,36 @@ fn shared_fork_child_gets_its_own_slot() {
     let snap = Region::open(&path).unwrap().snapshot();
     assert_eq!(snap.processes.len(), 2);
     assert_eq!(snap.totals[0], GIB / 2 + GIB / 4);
+}
+
+fn ctx_300m(_: i32) -> Option<u64> {
+    Some(300 << 20)
+}
+
+#[test]
+fn context_footprint_is_measured_on_first_touch() {
+    let q = DeviceQueries {
+        process_used: ctx_300m,
+        ..SIM2
+    };
+    let c = Cap::new(settings("4GiB"), queries(q), capture);
+    assert_eq!(
+        c.adjust_meminfo(0, 15 * GIB, 16 * GIB),
+        (4 * GIB - (300 << 20), 4 * GIB)
+    );
+    assert_eq!(c.context_charged(0), 300 << 20);
+    // Measured once.
+    c.try_charge(0, GIB, Api::CudaMalloc).unwrap();
+    assert_eq!(c.context_charged(0), 300 << 20);
+    assert_eq!(c.in_use(0), GIB + (300 << 20));
+    // Excluded: nothing charged.
+    let mut s = settings("4GiB");
+    s.context = ContextMode::Exclude;
+    let c = Cap::new(s, queries(q), capture);
+    c.try_charge(0, GIB, Api::CudaMalloc).unwrap();
+    assert_eq!(c.in_use(0), GIB);
+    // Uncapped device: nothing charged.
+    let c = Cap::new(settings("1=1GiB"), queries(q), capture);
+    c.try_charge(0, GIB, Api::CudaMalloc).unwrap();
+    assert_eq!(c.context_charged(0), 0);
 }
