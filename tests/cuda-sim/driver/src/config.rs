@@ -3,7 +3,9 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use vramsim_devstate::parse::{DURATION_FORMS, SIZE_FORMS, env_or, parse_duration, parse_size};
+use vramsim_devstate::parse::{
+    DURATION_FORMS, SIZE_FORMS, env_or, env_or_with, parse_duration, parse_size, warn_bad,
+};
 use vramsim_devstate::{DEFAULT_DEVICES, DEFAULT_MEMORY, DEFAULT_NAME, MAX_DEVICES};
 
 use crate::inject::{FailRule, parse_fail, parse_latency};
@@ -29,12 +31,36 @@ pub struct Config {
 
 pub static CONFIG: LazyLock<Config> = LazyLock::new(Config::from_env);
 
+/// Whether the simulated NVML of this process already read (and reported on) the variables.
+fn nvml_reported() -> bool {
+    // SAFETY: RTLD_NOLOAD only looks the library up; the handle is closed again, and the
+    // symbol, if present, is the simulated NVML's `int vramsimNvmlConfigParsed(void)`.
+    unsafe {
+        let h = libc::dlopen(
+            c"libnvidia-ml.so.1".as_ptr(),
+            libc::RTLD_NOLOAD | libc::RTLD_LAZY,
+        );
+        if h.is_null() {
+            return false;
+        }
+        let f = libc::dlsym(h, c"vramsimNvmlConfigParsed".as_ptr());
+        let done = !f.is_null() && {
+            let f: extern "C" fn() -> libc::c_int = std::mem::transmute(f);
+            f() != 0
+        };
+        libc::dlclose(h);
+        done
+    }
+}
+
 impl Config {
     fn from_env() -> Self {
+        // Variables NVML also reads are reported by whichever library reads them first.
+        let shared_warn = !nvml_reported();
         let name = match std::env::var("VRAMSIM_NAME") {
             Ok(v) if !v.is_empty() && v.len() <= 200 => v,
             Ok(v) if !v.is_empty() => {
-                vramsim_devstate::parse::warn_bad(
+                warn_bad(
                     "VRAMSIM_NAME",
                     &v,
                     "a device name of at most 200 characters",
@@ -43,7 +69,7 @@ impl Config {
             }
             _ => DEFAULT_NAME.to_string(),
         };
-        let devices = env_or(
+        let devices = env_or_with(
             "VRAMSIM_DEVICES",
             DEFAULT_DEVICES,
             "a device count from 1 to 16",
@@ -53,10 +79,15 @@ impl Config {
                     .ok()
                     .filter(|n| (1..=MAX_DEVICES as u32).contains(n))
             },
+            shared_warn,
         );
-        let memory = env_or("VRAMSIM_MEMORY", DEFAULT_MEMORY, SIZE_FORMS, |s| {
-            parse_size(s).filter(|n| *n >= 2 << 20)
-        });
+        let memory = env_or_with(
+            "VRAMSIM_MEMORY",
+            DEFAULT_MEMORY,
+            SIZE_FORMS,
+            |s| parse_size(s).filter(|n| *n >= 2 << 20),
+            shared_warn,
+        );
         let context_overhead = env_or(
             "VRAMSIM_CONTEXT_OVERHEAD",
             DEFAULT_CONTEXT_OVERHEAD,

@@ -85,9 +85,12 @@ struct Config {
     memory: u64,
 }
 
+static CONFIG_PARSED: AtomicU32 = AtomicU32::new(0);
+
 static CONFIG: LazyLock<Config> = LazyLock::new(|| {
     // The simulated driver reads the same variables and already reported a bad value once.
     let warn = !sim_driver_loaded();
+    CONFIG_PARSED.store(1, Ordering::Release);
     Config {
         name: std::env::var("VRAMSIM_NAME")
             .ok()
@@ -371,6 +374,13 @@ fn processes(dev: NvmlDevice, count: *mut c_uint, infos: *mut NvmlProcessInfo) -
         unsafe { infos.add(k).write_unaligned(*p) };
     }
     Ok(())
+}
+
+/// 1 once NVML has read (and reported on) the `VRAMSIM_*` variables, so a simulated driver
+/// loaded later does not report a bad value a second time.
+#[unsafe(no_mangle)]
+pub extern "C" fn vramsimNvmlConfigParsed() -> c_int {
+    CONFIG_PARSED.load(Ordering::Acquire) as c_int
 }
 
 /// `nvmlErrorString`: a static description, never NULL.

@@ -55,9 +55,13 @@ fn run(name: &str, hold_mib: u64) -> Output {
 }
 
 fn run_with(name: &str, hold_mib: u64, memory: &str) -> Output {
+    run_args(name, &[&hold_mib.to_string()], memory)
+}
+
+fn run_args(name: &str, args: &[&str], memory: &str) -> Output {
     let (dir, exe) = setup();
     let out = Command::new(exe)
-        .arg(hold_mib.to_string())
+        .args(args)
         .env("LD_LIBRARY_PATH", dir)
         .env("VRAMSIM_NAME", name)
         .env("VRAMSIM_MEMORY", memory)
@@ -116,4 +120,10 @@ fn a_bad_value_is_reported_once_per_process() {
         assert_eq!(field(&out, "total").parse::<u64>().unwrap(), 16 << 30);
         let _ = std::fs::remove_file(vramsim_devstate::DeviceState::path(&name));
     }
+    // NVML read the variables first: the driver loaded later stays quiet.
+    let name = format!("nvmltest-bad-first-{}", std::process::id());
+    let out = run_args(&name, &["10", "nvml-first"], "plenty");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    let _ = std::fs::remove_file(vramsim_devstate::DeviceState::path(&name));
 }

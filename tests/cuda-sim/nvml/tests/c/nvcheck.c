@@ -31,11 +31,10 @@ static void *sym(void *h, const char *n) {
     return f;
 }
 
-int main(int argc, char **argv) {
-    long hold = argc > 1 ? atol(argv[1]) : 0;
+static void hold_memory(long hold) {
     if (hold > 0) {
         void *cu = dlopen("libcuda.so.1", RTLD_NOW);
-        if (!cu) { fprintf(stderr, "%s\n", dlerror()); return 1; }
+        if (!cu) { fprintf(stderr, "%s\n", dlerror()); exit(1); }
         int (*cuInit)(unsigned) = sym(cu, "cuInit");
         int (*retain)(void **, int) = sym(cu, "cuDevicePrimaryCtxRetain");
         int (*setcur)(void *) = sym(cu, "cuCtxSetCurrent");
@@ -47,9 +46,21 @@ int main(int argc, char **argv) {
         OK(setcur(ctx));
         OK(alloc(&p, (size_t)hold << 20));
     }
+}
+
+/* nvcheck HOLD_MIB [nvml-first]: with nvml-first, NVML is initialised before the driver loads. */
+int main(int argc, char **argv) {
+    long hold = argc > 1 ? atol(argv[1]) : 0;
+    int nvml_first = argc > 2 && !strcmp(argv[2], "nvml-first");
     void *nv = dlopen("libnvidia-ml.so.1", RTLD_NOW);
     if (!nv) { fprintf(stderr, "%s\n", dlerror()); return 1; }
     int (*init)(void) = sym(nv, "nvmlInit_v2");
+    if (nvml_first) {
+        OK(init());
+        hold_memory(hold);
+    } else {
+        hold_memory(hold);
+    }
     int (*shutdown)(void) = sym(nv, "nvmlShutdown");
     int (*count)(unsigned *) = sym(nv, "nvmlDeviceGetCount_v2");
     int (*byidx)(unsigned, void **) = sym(nv, "nvmlDeviceGetHandleByIndex_v2");
@@ -62,7 +73,7 @@ int main(int argc, char **argv) {
     const char *(*errstr)(int) = sym(nv, "nvmlErrorString");
     unsigned n;
     void *dev;
-    EXPECT_EQ(count(&n), 1); /* before init: uninitialized */
+    if (!nvml_first) EXPECT_EQ(count(&n), 1); /* before init: uninitialized */
     OK(init());
     OK(count(&n));
     EXPECT_EQ(byidx(n, &dev), 2);
@@ -92,6 +103,7 @@ int main(int argc, char **argv) {
     EXPECT_EQ(mem(dev, NULL), 2);
     EXPECT_EQ(strcmp(errstr(2), "Invalid Argument"), 0);
     OK(shutdown());
+    if (nvml_first) OK(shutdown());
     EXPECT_EQ(mem(dev, &m), 1); /* after the last shutdown */
     return 0;
 }
