@@ -199,6 +199,10 @@ fn streams_and_events_are_asynchronous() {
 fn streams_with_injected_delay() {
     let d = Device::new("async-delay");
     ok(&d, &["async"], &[("VRAMSIM_STREAM_DELAY", "2ms")]);
+    // An event behind delayed work is pending right after its record (the margin is seconds,
+    // no duration is measured) and complete after a synchronization.
+    let d = Device::new("delay");
+    ok(&d, &["delay"], &[("VRAMSIM_STREAM_DELAY", "1500ms")]);
 }
 
 #[test]

@@ -573,6 +573,33 @@ static int async(void) {
     return 0;
 }
 
+/* A delayed stream: an event recorded behind slow work is not complete right after the record,
+   and is after a synchronization. Run with VRAMSIM_STREAM_DELAY=1500ms: the margin is seconds. */
+static int delay(void) {
+    start();
+    CUresult (*cuStreamCreate)(CUstream *, unsigned) = get("cuStreamCreate", V, 0);
+    CUresult (*cuEventCreate)(CUevent *, unsigned) = get("cuEventCreate", V, 0);
+    CUresult (*cuEventRecord)(CUevent, CUstream) = get("cuEventRecord", V, 0);
+    CUresult (*cuEventQuery)(CUevent) = get("cuEventQuery", V, 0);
+    CUresult (*cuEventSynchronize)(CUevent) = get("cuEventSynchronize", V, 0);
+    CUresult (*cuMemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream) = get("cuMemsetD8Async", V, 0);
+    CUstream s;
+    CUevent e;
+    CUdeviceptr p;
+    unsigned char b[16];
+    OK(cuStreamCreate(&s, 1));
+    OK(cuEventCreate(&e, 0));
+    OK(cuMemAlloc(&p, 16));
+    OK(cuMemsetD8Async(p, 0x42, 16, s));
+    OK(cuEventRecord(e, s));
+    EXPECT_EQ(cuEventQuery(e), 600);
+    OK(cuEventSynchronize(e));
+    OK(cuEventQuery(e));
+    OK(cuMemcpyDtoH(b, p, 16));
+    EXPECT_EQ(b[15], 0x42);
+    return 0;
+}
+
 /* Stream capture: status tracking and capture-unsafe calls. */
 static int capture(void) {
     start();
@@ -820,6 +847,7 @@ int main(int argc, char **argv) {
     if (!strcmp(s, "total")) return total();
     if (!strcmp(s, "fork")) return fork_child();
     if (!strcmp(s, "threads")) return threads();
+    if (!strcmp(s, "delay")) return delay();
     fprintf(stderr, "unknown scenario %s\n", s);
     return 2;
 }
