@@ -83,6 +83,11 @@ impl<W: Write> TraceWriter<W> {
         })
     }
 
+    /// Changes the zstd level for the following frames (e.g. a faster one under back-pressure).
+    pub fn set_level(&mut self, level: i32) -> io::Result<()> {
+        self.comp.set_compression_level(level)
+    }
+
     /// Sets the uncompressed size at which `write` closes a frame by itself (capped at 16 MiB).
     pub fn set_frame_target(&mut self, bytes: usize) {
         self.frame_target = bytes.clamp(1, MAX_FRAME_RAW / 2);

@@ -22,7 +22,9 @@ pub const SEND_AT: usize = 64 << 10;
 pub const MAX_BUF: usize = 1 << 20;
 /// Longest a thread yields to the writer (channel full, buffer at `MAX_BUF`) before dropping
 /// its buffer (counted in a `Lost` record). Bounded: the application is slowed, never blocked.
-const THROTTLE_NS: u64 = 50_000_000;
+const THROTTLE_NS: u64 = 100_000_000;
+/// Backlog (bytes queued for the writer) above which a thread handing over a buffer waits.
+const HIGH_WATER: usize = 32 << 20;
 
 pub struct Slot {
     next: AtomicPtr<Slot>,
@@ -248,6 +250,9 @@ fn hand_over(inner: &mut Inner) {
             inner.enc.set_buffer(writer::spare_buffer());
             inner.next_try = SEND_AT;
             inner.events = 0;
+            if writer::backlog() > HIGH_WATER {
+                wait_for_writer();
+            }
         }
         Err((bytes, stats)) if bytes.len() >= MAX_BUF => match throttle(bytes, stats) {
             Ok(()) => {
@@ -274,7 +279,7 @@ fn hand_over(inner: &mut Inner) {
 /// Many busy threads on few cores starve the writer thread: step aside (short sleeps, at
 /// most `THROTTLE_NS` per full buffer) so it gets the CPU, before dropping anything, as
 /// bytehound throttles its producers. Only a thread that has 1 MiB of unwritten events while
-/// 16 MiB more wait in the channel ever gets here.
+/// the channel is full ever gets here.
 #[cold]
 fn throttle(mut bytes: Vec<u8>, mut stats: RecordStats) -> Result<(), (Vec<u8>, RecordStats)> {
     let deadline = crate::ids::now_ns() + THROTTLE_NS;
@@ -292,6 +297,20 @@ fn throttle(mut bytes: Vec<u8>, mut stats: RecordStats) -> Result<(), (Vec<u8>, 
         if crate::ids::now_ns() > deadline {
             return Err((bytes, stats));
         }
+    }
+}
+
+/// The writer is far behind: sleep (bounded) until its backlog is under the high-water mark.
+#[cold]
+fn wait_for_writer() {
+    let deadline = crate::ids::now_ns() + THROTTLE_NS;
+    while writer::backlog() > HIGH_WATER && crate::ids::now_ns() < deadline {
+        let ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 200_000,
+        };
+        // SAFETY: ts is a valid timespec; the remainder pointer may be null.
+        unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
     }
 }
 

@@ -3,7 +3,7 @@
 //! does the same on the exiting thread and writes the end record.
 
 use std::fs::File;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -13,8 +13,11 @@ use vramshim_trace::{DeviceInfo, Event, RecordEncoder, RecordStats, TraceWriter}
 use super::modules::ModuleMap;
 use super::slots::{self, MAX_DEV, SEND_AT};
 
-/// Buffers in flight between the application threads and the writer (64 KiB each).
-const CHANNEL_BUFFERS: usize = 256;
+/// Buffers in flight between the application threads and the writer (64 KiB each, up to
+/// 1 MiB when the writer lags); `QUEUED` bounds the bytes.
+const CHANNEL_BUFFERS: usize = 1024;
+/// Above this backlog the writer compresses with a fast level (-1 instead of `LEVEL`).
+const FAST_ABOVE: usize = 4 << 20;
 /// Recycled buffers kept for the application threads.
 const SPARE_BUFFERS: usize = 64;
 /// The writer takes partial buffers and writes a frame this often (half the 100 ms promise).
@@ -33,6 +36,8 @@ const DONE: u8 = 3;
 static STATE: AtomicU8 = AtomicU8::new(IDLE);
 static SHARED: AtomicPtr<Shared> = AtomicPtr::new(std::ptr::null_mut());
 static LOST: AtomicU64 = AtomicU64::new(0);
+/// Bytes handed to the writer and not yet written (back-pressure signal).
+static QUEUED: AtomicUsize = AtomicUsize::new(0);
 static FORKED: AtomicBool = AtomicBool::new(false);
 static PATTERN_OVERRIDE: AtomicPtr<String> = AtomicPtr::new(std::ptr::null_mut());
 
@@ -61,6 +66,8 @@ struct Out {
     ticks: u32,
     pid: u32,
     finished: bool,
+    /// Compressing at the fast level (backlog above `FAST_ABOVE`).
+    fast: bool,
 }
 
 fn shared() -> Option<&'static Shared> {
@@ -155,6 +162,7 @@ fn start() -> bool {
         ticks: 0,
         pid,
         finished: false,
+        fast: false,
     };
     out.modules.scan(&mut out.events, true);
     let (tx, rx) = bounded(CHANNEL_BUFFERS);
@@ -226,10 +234,22 @@ fn writer_main(sh: &'static Shared) {
 }
 
 fn write_chunk(sh: &Shared, out: &mut Out, c: Chunk) {
+    // Under back-pressure, trade ratio for speed (the level applies from the next frame).
+    let fast = QUEUED.load(Ordering::Relaxed) > FAST_ABOVE;
+    if fast != out.fast {
+        out.fast = fast;
+        let _ = out.w.set_level(if fast { -1 } else { LEVEL });
+    }
     if out.w.write_records(&c.bytes, c.stats).is_err() {
         write_failed(out);
     }
+    QUEUED.fetch_sub(c.bytes.len(), Ordering::Relaxed);
     recycle_into(sh, c.bytes);
+}
+
+/// Bytes queued for the writer.
+pub fn backlog() -> usize {
+    QUEUED.load(Ordering::Relaxed)
 }
 
 fn write_failed(out: &mut Out) {
@@ -343,9 +363,14 @@ pub fn send(bytes: Vec<u8>, stats: RecordStats) -> Result<(), (Vec<u8>, RecordSt
     let Some(sh) = shared() else {
         return Err((bytes, stats));
     };
+    let n = bytes.len();
+    QUEUED.fetch_add(n, Ordering::Relaxed);
     match sh.tx.try_send(Chunk { bytes, stats }) {
         Ok(()) => Ok(()),
-        Err(TrySendError::Full(c)) | Err(TrySendError::Disconnected(c)) => Err((c.bytes, c.stats)),
+        Err(TrySendError::Full(c)) | Err(TrySendError::Disconnected(c)) => {
+            QUEUED.fetch_sub(n, Ordering::Relaxed);
+            Err((c.bytes, c.stats))
+        }
     }
 }
 
@@ -365,6 +390,7 @@ pub fn finish() {
 pub fn on_fork_child() {
     SHARED.store(std::ptr::null_mut(), Ordering::Relaxed);
     LOST.store(0, Ordering::Relaxed);
+    QUEUED.store(0, Ordering::Relaxed);
     FORKED.store(true, Ordering::Relaxed);
     if STATE.load(Ordering::Relaxed) != IDLE {
         STATE.store(IDLE, Ordering::Relaxed);

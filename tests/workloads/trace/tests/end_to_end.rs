@@ -24,7 +24,11 @@ fn ops(events: &[Event]) -> Vec<(bool, MemOp)> {
 
 #[test]
 fn every_call_in_order_with_fields() {
-    let exe = compile_c("trace_basic", &[&source("trace_basic.c")], Link::SharedRuntime);
+    let exe = compile_c(
+        "trace_basic",
+        &[&source("trace_basic.c")],
+        Link::SharedRuntime,
+    );
     let dir = temp_dir("trace_basic");
     let pattern = dir.join("t-%p-%h.vramtrace");
     let mut cmd = sim_command(&exe, "trace_basic");
@@ -39,10 +43,17 @@ fn every_call_in_order_with_fields() {
     assert!(!name.contains('%'), "{name}");
     let r = read(&files[0]);
     assert!(r.errors.is_empty(), "{:?}", r.errors);
-    assert_eq!(r.truncation, None, "clean exit must end with the end record");
+    assert_eq!(
+        r.truncation, None,
+        "clean exit must end with the end record"
+    );
     assert!(r.end.is_some());
     assert!(name.contains(&r.header.pid.to_string()), "{name}");
-    assert!(r.header.cmdline[0].ends_with("trace_basic"), "{:?}", r.header.cmdline);
+    assert!(
+        r.header.cmdline[0].ends_with("trace_basic"),
+        "{:?}",
+        r.header.cmdline
+    );
     assert!(r.header.config.iter().any(|(k, _)| k == "VRAMSHIM_TRACE"));
     assert!(r.header.start_mono_ns >= t_start && r.header.start_mono_ns <= t_end);
     let devs: Vec<_> = r
@@ -120,14 +131,26 @@ fn every_call_in_order_with_fields() {
         Event::MemInfo { api: Api::CudaMemGetInfo, free: f, total: t, result: 0, .. } if *f == free && *t == total)),
         "no MemInfo({free}, {total}) in {:#?}", r.events);
     // Thread start, module map (the executable itself), counters.
-    assert!(r.events.iter().any(|e| matches!(e, Event::ThreadStart { .. })));
-    assert!(r.events.iter().any(|e| matches!(e, Event::Module { path, .. } if path.ends_with("trace_basic"))));
+    assert!(
+        r.events
+            .iter()
+            .any(|e| matches!(e, Event::ThreadStart { .. }))
+    );
+    assert!(
+        r.events
+            .iter()
+            .any(|e| matches!(e, Event::Module { path, .. } if path.ends_with("trace_basic")))
+    );
     assert!(!r.events.iter().any(|e| matches!(e, Event::Lost { .. })));
 }
 
 #[test]
 fn stacks_are_recorded_and_deduplicated() {
-    let exe = compile_c("trace_loop_stacks", &[&source("trace_loop.c")], Link::SharedRuntime);
+    let exe = compile_c(
+        "trace_loop_stacks",
+        &[&source("trace_loop.c")],
+        Link::SharedRuntime,
+    );
     let dir = temp_dir("trace_stacks");
     let mut cmd = sim_command(&exe, "trace_stacks");
     preload(&mut cmd, &interposer_lib())
@@ -148,7 +171,9 @@ fn stacks_are_recorded_and_deduplicated() {
         .events
         .iter()
         .filter_map(|e| match e {
-            Event::Module { base, size, path, .. } => Some((*base, *size, path.clone())),
+            Event::Module {
+                base, size, path, ..
+            } => Some((*base, *size, path.clone())),
             _ => None,
         })
         .collect();
@@ -156,7 +181,11 @@ fn stacks_are_recorded_and_deduplicated() {
     assert_eq!(o.iter().filter(|(a, m)| *a && m.size >= 4096).count(), 50);
     // Every op has a stack; the loop has one call site per API, so few distinct stacks.
     assert!(o.iter().all(|(_, m)| m.stack != 0), "{o:?}");
-    assert!(!stacks.is_empty() && stacks.len() <= 8, "{} stacks", stacks.len());
+    assert!(
+        !stacks.is_empty() && stacks.len() <= 8,
+        "{} stacks",
+        stacks.len()
+    );
     for (_, m) in &o {
         assert!(stacks.iter().any(|(id, _)| *id == m.stack));
     }
@@ -165,10 +194,14 @@ fn stacks_are_recorded_and_deduplicated() {
     for (_, frames) in &stacks {
         assert!(!frames.is_empty() && frames.len() <= 16);
         let in_module = |ip: u64| mods.iter().find(|(b, s, _)| ip >= *b && ip < b + s);
-        let inner = in_module(frames[0]).map(|m| m.2.clone()).unwrap_or_default();
+        let inner = in_module(frames[0])
+            .map(|m| m.2.clone())
+            .unwrap_or_default();
         assert!(!inner.contains("libvramshim"), "{inner}");
         assert!(
-            frames.iter().any(|ip| in_module(*ip - 1).is_some_and(|m| m.2.ends_with("trace_loop_stacks"))),
+            frames
+                .iter()
+                .any(|ip| in_module(*ip - 1).is_some_and(|m| m.2.ends_with("trace_loop_stacks"))),
             "no frame in the executable: {frames:x?} {mods:?}"
         );
     }
@@ -176,7 +209,11 @@ fn stacks_are_recorded_and_deduplicated() {
 
 #[test]
 fn sigkill_leaves_a_trace_readable_to_within_100ms() {
-    let exe = compile_c("trace_loop", &[&source("trace_loop.c")], Link::SharedRuntime);
+    let exe = compile_c(
+        "trace_loop",
+        &[&source("trace_loop.c")],
+        Link::SharedRuntime,
+    );
     let dir = temp_dir("trace_kill");
     let path = dir.join("k.vramtrace");
     let mut cmd = sim_command(&exe, "trace_kill");
@@ -194,7 +231,10 @@ fn sigkill_leaves_a_trace_readable_to_within_100ms() {
     let kill_t = now_ns();
     unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
     let st = child.wait().unwrap();
-    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&st), Some(libc::SIGKILL));
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&st),
+        Some(libc::SIGKILL)
+    );
     let r = read(&path);
     assert!(r.errors.is_empty(), "{:?}", r.errors);
     let t = r.truncation.expect("a killed process leaves no end record");
@@ -220,7 +260,12 @@ fn sigkill_leaves_a_trace_readable_to_within_100ms() {
 fn forked_child_writes_its_own_file() {
     let dir = temp_dir("trace_fork");
     let exe = dir.join("trace_fork");
-    compile_c_to(&exe, &[&source("trace_fork.c")], Link::SharedRuntime, &["-l:libnvidia-ml.so.1"]);
+    compile_c_to(
+        &exe,
+        &[&source("trace_fork.c")],
+        Link::SharedRuntime,
+        &["-l:libnvidia-ml.so.1"],
+    );
     let mut cmd = sim_command(&exe, "trace_fork");
     preload(&mut cmd, &interposer_lib()).env("VRAMSHIM_TRACE", dir.join("f-%p.vramtrace"));
     let out = run(&mut cmd);
@@ -242,7 +287,11 @@ fn forked_child_writes_its_own_file() {
     assert_eq!(p.truncation, None);
     assert_eq!(c.truncation, None);
     let sizes = |r: &vramshim_trace_tests::Read| -> Vec<u64> {
-        ops(&r.events).iter().filter(|(a, _)| *a).map(|(_, m)| m.size).collect()
+        ops(&r.events)
+            .iter()
+            .filter(|(a, _)| *a)
+            .map(|(_, m)| m.size)
+            .collect()
     };
     assert_eq!(sizes(&p), vec![10001, 30003]);
     // The child's file holds only the child's calls: the parent's buffered NVML query (made
@@ -251,7 +300,15 @@ fn forked_child_writes_its_own_file() {
     let nvml = |r: &vramshim_trace_tests::Read| {
         r.events
             .iter()
-            .filter(|e| matches!(e, Event::MemInfo { api: Api::NvmlDeviceGetMemoryInfo, .. }))
+            .filter(|e| {
+                matches!(
+                    e,
+                    Event::MemInfo {
+                        api: Api::NvmlDeviceGetMemoryInfo,
+                        ..
+                    }
+                )
+            })
             .count()
     };
     assert_eq!(nvml(&p), 1);
