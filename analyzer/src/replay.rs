@@ -1,8 +1,138 @@
+//! `vramshim replay TRACE`: would this job have fit, how much would it reserve, how many
+//! driver calls: deterministic, through the pool crate's policies on an accounting device.
+
+use std::fmt::Write;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-#[derive(clap::Args)]
-pub struct Args {}
+use vramshim_analyzer::units::{bytes, duration_ns, parse_size};
+use vramshim_analyzer::whatif;
+use vramshim_pool::PolicyKind;
 
-pub fn main(_args: Args) -> Result<ExitCode, String> {
-    Err("replay: not implemented yet".into())
+#[derive(clap::Args)]
+pub struct Args {
+    /// A .vramtrace or an RMM logging CSV (or a memory_viz pickle).
+    #[arg(value_name = "TRACE")]
+    pub trace: PathBuf,
+    /// stitch, caching, direct, or all (side by side).
+    #[arg(long, default_value = "all")]
+    pub pool: String,
+    /// vramshim's cap (e.g. 8G).
+    #[arg(long, value_parser = parse_size)]
+    pub cap: Option<u64>,
+    /// Device size (default: from the trace, else 80G).
+    #[arg(long, value_parser = parse_size)]
+    pub device_memory: Option<u64>,
+    /// Which device's stream (default: the busiest).
+    #[arg(long)]
+    pub device: Option<i32>,
+    /// Also find the smallest device each policy needs.
+    #[arg(long)]
+    pub min_capacity: bool,
+    /// Print the documented JSON object (docs/analyzer.md).
+    #[arg(long)]
+    pub json: bool,
+    /// Replay through real CUDA calls (real GPU, or --sim).
+    #[arg(long)]
+    pub live: bool,
+    /// With --live: on the simulated GPU.
+    #[arg(long)]
+    pub sim: bool,
+}
+
+pub fn main(a: Args) -> Result<ExitCode, String> {
+    if a.live || a.sim {
+        return Err("replay --live is not available yet: use the deterministic replay (without --live), or `vramshim demo` for a replay through real CUDA calls".into());
+    }
+    let policies: Vec<PolicyKind> = if a.pool == "all" {
+        PolicyKind::ALL.to_vec()
+    } else {
+        vec![
+            a.pool
+                .parse::<PolicyKind>()
+                .map_err(|e| format!("--pool: {e} (or all)"))?,
+        ]
+    };
+    let r = whatif::replay(
+        &a.trace,
+        &policies,
+        a.device,
+        a.device_memory,
+        a.cap,
+        a.min_capacity,
+    )?;
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&r).map_err(|e| e.to_string())?
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "replay of {} (device {}): {} requests, {} frees, peak live {}",
+        r.file,
+        r.device,
+        r.requests,
+        r.frees,
+        bytes(r.peak_live)
+    );
+    let _ = writeln!(
+        o,
+        "device {} ({}){}",
+        bytes(r.device_memory),
+        r.device_memory_source,
+        r.cap
+            .map(|c| format!(", cap {}", bytes(c)))
+            .unwrap_or_default()
+    );
+    let _ = writeln!(o);
+    let mut head = format!(
+        "{:<10} {:>10} {:>13} {:>13} {:>7} {:>12} {:>8}",
+        "policy", "result", "peak reserved", "peak used", "frag", "driver calls", "syncs"
+    );
+    if a.min_capacity {
+        head.push_str(&format!(" {:>13}", "min device"));
+    }
+    let _ = writeln!(o, "{head}");
+    for p in &r.policies {
+        let mut line = format!(
+            "{:<10} {:>10} {:>13} {:>13} {:>6.1}% {:>12} {:>8}",
+            p.policy,
+            if p.completed { "completes" } else { "FAILS" },
+            bytes(p.peak_reserved),
+            bytes(p.peak_device_used),
+            p.fragmentation * 100.0,
+            p.driver_calls,
+            p.syncs
+        );
+        if let Some(m) = p.min_capacity {
+            line.push_str(&format!(
+                " {:>13}",
+                if m == u64::MAX {
+                    "never".into()
+                } else {
+                    bytes(m)
+                }
+            ));
+        }
+        let _ = writeln!(o, "{line}");
+    }
+    for p in r.policies.iter().filter(|p| !p.completed) {
+        if let Some(f) = &p.first_failure {
+            let _ = writeln!(
+                o,
+                "{}: first failure at event {} (+{}): {} on stream {:#x}: {}",
+                p.policy,
+                f.event_index,
+                duration_ns(f.offset_ns),
+                bytes(f.size),
+                f.stream,
+                f.why
+            );
+        }
+    }
+    print!("{o}");
+    Ok(ExitCode::SUCCESS)
 }

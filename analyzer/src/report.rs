@@ -32,7 +32,11 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
         torn |= r.torn;
         reports.push(r);
     }
-    let comparison = if reports.len() > 1 { Some(compare::compare(&reports)) } else { None };
+    let comparison = if reports.len() > 1 {
+        Some(compare::compare(&reports))
+    } else {
+        None
+    };
     let html = render::html::page(&reports, comparison.as_ref());
     std::fs::write(&args.output, html).map_err(|e| write_error(&args.output, &e))?;
     eprintln!("wrote {}", args.output.display());

@@ -393,21 +393,22 @@ pub fn run_forwarding_signals(cmd: &mut Command) -> std::io::Result<(ExitStatus,
 /// The trace files a run wrote: the path itself, or for a pattern with `%p`/`%h`/`%t` every
 /// file in its directory that matches it and was written since `since`.
 pub fn find_traces(pattern: &Path, since: SystemTime) -> Vec<PathBuf> {
-    let s = pattern.to_string_lossy();
-    if !s.contains('%') {
-        return if pattern.is_file() {
-            vec![pattern.to_path_buf()]
-        } else {
-            Vec::new()
-        };
-    }
     let dir = pattern.parent().unwrap_or(Path::new("."));
-    let Some(name) = pattern
+    let Some(mut name) = pattern
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
     else {
         return Vec::new();
     };
+    let mut first = Vec::new();
+    if !name.contains('%') {
+        // A literal path is the process's own file; a forked child without `%p` in the
+        // pattern writes `<path>.<pid>`.
+        if pattern.is_file() {
+            first.push(pattern.to_path_buf());
+        }
+        name = format!("{name}.%p");
+    }
     let mut found: Vec<(SystemTime, PathBuf)> = Vec::new();
     let Ok(rd) = std::fs::read_dir(dir) else {
         return Vec::new();
@@ -425,7 +426,8 @@ pub fn find_traces(pattern: &Path, since: SystemTime) -> Vec<PathBuf> {
         }
     }
     found.sort();
-    found.into_iter().map(|(_, p)| p).collect()
+    first.extend(found.into_iter().map(|(_, p)| p));
+    first
 }
 
 /// `%p`, `%h`, `%t` match any non-empty run of characters, `%%` a literal `%`.
@@ -500,6 +502,8 @@ mod tests {
         assert!(!matches_pattern("job-%p.vramtrace", "other-1.vramtrace"));
         assert!(matches_pattern("%h-%p.t", "box-7.t"));
         assert!(matches_pattern("a%%b", "a%b"));
+        assert!(matches_pattern("t.vramtrace.%p", "t.vramtrace.42"));
+        assert!(!matches_pattern("t.vramtrace.%p", "t.vramtrace"));
     }
 
     #[test]

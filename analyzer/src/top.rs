@@ -99,6 +99,17 @@ fn cap_text(c: Option<CapValue>) -> String {
     }
 }
 
+/// The region's caps in words: `4 GiB per device`, `0=4 GiB, 1=50% of device`, `none`.
+fn caps_text(s: &Snapshot) -> String {
+    if s.caps.all {
+        return format!("{} per device", cap_text(s.caps.devices[0]));
+    }
+    let v: Vec<String> = (0..MAX_DEVICES)
+        .filter_map(|d| s.caps.devices[d].map(|c| format!("{d}={}", cap_text(Some(c)))))
+        .collect();
+    if v.is_empty() { "none".into() } else { v.join(", ") }
+}
+
 fn render_text(views: &[View]) -> String {
     let mut o = String::new();
     if views.is_empty() {
@@ -124,11 +135,7 @@ fn render_text(views: &[View]) -> String {
             "region {} ({})  cap {}  {} process{}\n",
             v.name,
             v.path.display(),
-            if s.cap_text.is_empty() {
-                "none".to_string()
-            } else {
-                s.cap_text.clone()
-            },
+            caps_text(s),
             live,
             if live == 1 { "" } else { "es" }
         ));
@@ -287,6 +294,7 @@ mod tests {
         let v = look("job", &path, true);
         let text = render_text(std::slice::from_ref(&v));
         assert!(text.contains("region job"), "{text}");
+        assert!(text.contains("cap 0=4 GiB, 1=50% of device"), "{text}");
         assert!(
             text.contains("3 GiB") && text.contains("4 GiB") && text.contains("50% of device"),
             "{text}"

@@ -1,11 +1,327 @@
-//! What-if questions answered by replaying a trace through the pool crate's policies.
+//! What-if questions answered by replaying a trace through the pool crate's policies on its
+//! accounting device: `vramshim replay`, and the "would stitch have served it" line of every
+//! post-mortem.
 
 use std::path::Path;
 
-use crate::analysis::TraceReport;
-use crate::error::InputError;
+use serde::Serialize;
+use vramshim_pool::replay::{self, Event as Op};
+use vramshim_pool::{FreeMode, PolicyKind};
+use vramshim_trace::{Api, Event, Header, SyncKind, codes};
 
-/// Fills each post-mortem's `stitch` verdict.
-pub fn judge_post_mortems(_path: &Path, _report: &mut TraceReport) -> Result<(), InputError> {
+use crate::analysis::{StitchVerdict, TraceReport};
+use crate::error::InputError;
+use crate::formats::FastMap;
+use crate::input::{self, Opened};
+use crate::units::bytes;
+
+/// A device's allocation stream in the pool crate's vocabulary, with where each op came from.
+pub struct Stream {
+    pub device: i32,
+    pub ops: Vec<Op>,
+    /// For each op: (trace event index, t_ns).
+    pub origin: Vec<(u64, u64)>,
+    /// Failed requests (out of memory): trace event index -> (op position, size, stream).
+    pub failures: Vec<(u64, usize, u64, u64)>,
+    pub header: Header,
+    pub t0: u64,
+}
+
+fn is_sync_free(api: Api) -> bool {
+    !matches!(api, Api::CudaFreeAsync | Api::CuMemFreeAsync)
+}
+
+/// Reads the allocation stream of `device` (None: the device with the most allocations).
+pub fn read_stream(mut opened: Opened, device: Option<i32>) -> Result<Stream, InputError> {
+    let header = opened.header.clone();
+    let mut per: FastMap<i32, Stream> = FastMap::default();
+    let mut live: FastMap<(i32, u64), ()> = FastMap::default();
+    let mut index = 0u64;
+    let mut t0 = None;
+    let new = |d: i32| Stream {
+        device: d,
+        ops: Vec::new(),
+        origin: Vec::new(),
+        failures: Vec::new(),
+        header: Header::default(),
+        t0: 0,
+    };
+    while let Some(ev) = opened.events.next_event() {
+        let ev = ev?;
+        if t0.is_none() {
+            t0 = ev.t_ns();
+        }
+        match &ev {
+            Event::Alloc(m) if m.kind.is_device() && device.is_none_or(|d| d == m.device) => {
+                let s = per.entry(m.device).or_insert_with(|| new(m.device));
+                if m.result == codes::CUDA_SUCCESS && m.addr != 0 {
+                    live.insert((m.device, m.addr), ());
+                    s.ops.push(Op::Alloc {
+                        id: m.addr,
+                        size: m.size,
+                        stream: m.stream,
+                    });
+                    s.origin.push((index, m.t_ns));
+                } else if m.result == codes::OUT_OF_MEMORY {
+                    s.failures.push((index, s.ops.len(), m.size, m.stream));
+                }
+            }
+            Event::Free(m)
+                if m.kind.is_device()
+                    && m.result == codes::CUDA_SUCCESS
+                    && device.is_none_or(|d| d == m.device)
+                    && live.remove(&(m.device, m.addr)).is_some() =>
+            {
+                let s = per.entry(m.device).or_insert_with(|| new(m.device));
+                let mode = if is_sync_free(m.api) {
+                    FreeMode::Sync
+                } else {
+                    FreeMode::Async { stream: m.stream }
+                };
+                s.ops.push(Op::Free { id: m.addr, mode });
+                s.origin.push((index, m.t_ns));
+            }
+            Event::Sync {
+                device: d,
+                kind: SyncKind::ProcessDevice,
+                t_ns,
+                ..
+            } => {
+                for (dev, s) in per.iter_mut() {
+                    if *d < 0 || *d == *dev {
+                        s.ops.push(Op::ProcessSync);
+                        s.origin.push((index, *t_ns));
+                    }
+                }
+            }
+            _ => {}
+        }
+        index += 1;
+    }
+    let chosen = match device {
+        Some(d) => per.remove(&d).unwrap_or_else(|| new(d)),
+        None => {
+            let best = per
+                .iter()
+                .max_by_key(|(d, s)| (s.ops.len(), -(**d as i64)))
+                .map(|(d, _)| *d)
+                .unwrap_or(0);
+            per.remove(&best).unwrap_or_else(|| new(best))
+        }
+    };
+    Ok(Stream {
+        header,
+        t0: t0.unwrap_or(0),
+        ..chosen
+    })
+}
+
+/// How many post-mortems per device get a replay (each replays the trace up to its failure).
+pub const MAX_JUDGED: usize = 10;
+
+/// Fills each post-mortem's `stitch` verdict: replays the device's stream up to the failed
+/// request through `stitch` on a device of the same size and cap, then asks for the request.
+pub fn judge_post_mortems(path: &Path, report: &mut TraceReport) -> Result<(), InputError> {
+    for d in report.devices.iter_mut() {
+        if d.post_mortems.is_empty() || d.device < 0 {
+            continue;
+        }
+        let stream = read_stream(input::open(path)?, Some(d.device))?;
+        for (i, pm) in d.post_mortems.iter_mut().enumerate() {
+            if i >= MAX_JUDGED {
+                pm.stitch = Some(StitchVerdict {
+                    served: None,
+                    capacity_bytes: None,
+                    detail: format!("not replayed (only the first {MAX_JUDGED} failures are)"),
+                });
+                continue;
+            }
+            let idx = pm.alloc_index.unwrap_or(pm.event_index);
+            // The failure record, or failing that the first op after the refusal.
+            let pos = stream
+                .failures
+                .iter()
+                .find(|f| f.0 == idx)
+                .map(|f| f.1)
+                .unwrap_or_else(|| stream.origin.partition_point(|o| o.0 < idx));
+            let capacity = pm.device_total.or(pm.cap);
+            let Some(capacity) = capacity else {
+                pm.stitch = Some(StitchVerdict {
+                    served: None,
+                    capacity_bytes: None,
+                    detail: "the trace does not say how large the device was".into(),
+                });
+                continue;
+            };
+            let mut ops = stream.ops[..pos].to_vec();
+            ops.push(Op::Alloc {
+                id: u64::MAX,
+                size: pm.size,
+                stream: pm.stream,
+            });
+            let r = replay::run(&ops, PolicyKind::Stitch, capacity, pm.cap);
+            let served = r.completed;
+            let detail = if served {
+                format!(
+                    "replayed {} requests on a {} device{}: stitch reserved at most {}",
+                    pos + 1,
+                    bytes(capacity),
+                    pm.cap
+                        .map(|c| format!(" capped at {}", bytes(c)))
+                        .unwrap_or_default(),
+                    bytes(r.peak_reserved)
+                )
+            } else {
+                let why = r.first_failure.map(|f| f.why).unwrap_or_default();
+                format!(
+                    "replayed {} requests on a {} device{}: {}",
+                    pos + 1,
+                    bytes(capacity),
+                    pm.cap
+                        .map(|c| format!(" capped at {}", bytes(c)))
+                        .unwrap_or_default(),
+                    why
+                )
+            };
+            pm.stitch = Some(StitchVerdict {
+                served: Some(served),
+                capacity_bytes: Some(capacity),
+                detail,
+            });
+        }
+    }
     Ok(())
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct FailureReport {
+    /// Index of the request in the trace (events counted from 0).
+    pub event_index: u64,
+    pub t_ns: u64,
+    pub offset_ns: u64,
+    pub size: u64,
+    pub stream: u64,
+    pub why: String,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct PolicyReport {
+    pub policy: String,
+    pub completed: bool,
+    pub allocs_done: u64,
+    pub first_failure: Option<FailureReport>,
+    pub peak_reserved: u64,
+    pub peak_live: u64,
+    pub peak_device_used: u64,
+    /// 1 - peak live / peak reserved.
+    pub fragmentation: f64,
+    pub driver_calls: u64,
+    pub syncs: u64,
+    pub cache_hits: u64,
+    /// Smallest device (bytes) on which this policy completes (with --min-capacity).
+    pub min_capacity: Option<u64>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ReplayReport {
+    pub schema: &'static str,
+    pub file: String,
+    pub device: i32,
+    pub device_memory: u64,
+    pub device_memory_source: String,
+    pub cap: Option<u64>,
+    pub requests: u64,
+    pub frees: u64,
+    /// Largest sum of live requested bytes: no policy completes on less.
+    pub peak_live: u64,
+    pub policies: Vec<PolicyReport>,
+}
+
+pub const REPLAY_SCHEMA: &str = "vramshim.replay/1";
+
+pub fn replay(
+    path: &Path,
+    policies: &[PolicyKind],
+    device: Option<i32>,
+    device_memory: Option<u64>,
+    cap: Option<u64>,
+    min_capacity: bool,
+) -> Result<ReplayReport, InputError> {
+    let s = read_stream(input::open(path)?, device)?;
+    let (mem, source) = match device_memory {
+        Some(m) => (m, "--device-memory".to_string()),
+        None => match s
+            .header
+            .devices
+            .iter()
+            .find(|d| d.index == s.device)
+            .map(|d| d.total_bytes)
+            .filter(|&t| t > 0)
+        {
+            Some(t) => (t, "trace header".to_string()),
+            None => (
+                80 << 30,
+                "default (the trace does not say; use --device-memory)".to_string(),
+            ),
+        },
+    };
+    let requests = s
+        .ops
+        .iter()
+        .filter(|o| matches!(o, Op::Alloc { .. }))
+        .count() as u64;
+    let frees = s
+        .ops
+        .iter()
+        .filter(|o| matches!(o, Op::Free { .. }))
+        .count() as u64;
+    let mut out = Vec::new();
+    for &p in policies {
+        let r = replay::run(&s.ops, p, mem, cap);
+        let first_failure = r.first_failure.map(|f| {
+            let (idx, t) = s.origin.get(f.index).copied().unwrap_or((0, 0));
+            FailureReport {
+                event_index: idx,
+                t_ns: t,
+                offset_ns: t.saturating_sub(s.t0),
+                size: f.size,
+                stream: f.stream,
+                why: f.why,
+            }
+        });
+        out.push(PolicyReport {
+            policy: r.policy.to_string(),
+            completed: r.completed,
+            allocs_done: r.allocs_done,
+            first_failure,
+            peak_reserved: r.peak_reserved,
+            peak_live: r.peak_live,
+            peak_device_used: r.peak_device_used,
+            fragmentation: if r.peak_reserved > 0 {
+                1.0 - r.peak_live as f64 / r.peak_reserved as f64
+            } else {
+                0.0
+            },
+            driver_calls: r.driver_calls,
+            syncs: r.syncs,
+            cache_hits: r.stats.cache_hits,
+            min_capacity: if min_capacity {
+                Some(replay::min_capacity(&s.ops, p))
+            } else {
+                None
+            },
+        });
+    }
+    Ok(ReplayReport {
+        schema: REPLAY_SCHEMA,
+        file: path.display().to_string(),
+        device: s.device,
+        device_memory: mem,
+        device_memory_source: source,
+        cap,
+        requests,
+        frees,
+        peak_live: replay::peak_live(&s.ops),
+        policies: out,
+    })
 }

@@ -47,8 +47,15 @@ fn axis_ticks(max: f64, n: usize) -> Vec<f64> {
     }
     let raw = max / n as f64;
     let mag = 10f64.powf(raw.log10().floor());
-    let step = [1.0, 2.0, 2.5, 5.0, 10.0].iter().map(|m| m * mag).find(|s| *s >= raw).unwrap_or(raw);
-    (0..=n + 1).map(|i| i as f64 * step).take_while(|v| *v <= max * 1.0001).collect()
+    let step = [1.0, 2.0, 2.5, 5.0, 10.0]
+        .iter()
+        .map(|m| m * mag)
+        .find(|s| *s >= raw)
+        .unwrap_or(raw);
+    (0..=n + 1)
+        .map(|i| i as f64 * step)
+        .take_while(|v| *v <= max * 1.0001)
+        .collect()
 }
 
 fn byte_ticks(max: u64) -> Vec<u64> {
@@ -56,8 +63,14 @@ fn byte_ticks(max: u64) -> Vec<u64> {
     if max == 0 {
         return vec![0];
     }
-    let unit = [1u64 << 40, 1 << 30, 1 << 20, 1 << 10, 1].into_iter().find(|u| max >= *u * 2).unwrap_or(1);
-    axis_ticks(max as f64 / unit as f64, 5).into_iter().map(|v| (v * unit as f64) as u64).collect()
+    let unit = [1u64 << 40, 1 << 30, 1 << 20, 1 << 10, 1]
+        .into_iter()
+        .find(|u| max >= *u * 2)
+        .unwrap_or(1);
+    axis_ticks(max as f64 / unit as f64, 5)
+        .into_iter()
+        .map(|v| (v * unit as f64) as u64)
+        .collect()
 }
 
 /// Memory over time: in-use band (min..max per bucket), reserved, cap, refusal/OOM marks.
@@ -66,9 +79,16 @@ pub fn timeline_svg(tl: &Timeline, cap: Option<u64>, id: &str, out: &mut String)
     let (h, ml, mr, mt, mb) = (280.0, 70.0, 16.0, 14.0, 34.0);
     let pw = W - ml - mr;
     let ph = h - mt - mb;
-    let t_end = pts.last().map(|p| p.t_ns + tl.width_ns).unwrap_or(tl.t0 + 1);
+    let t_end = pts
+        .last()
+        .map(|p| p.t_ns + tl.width_ns)
+        .unwrap_or(tl.t0 + 1);
     let t_span = (t_end - tl.t0).max(1) as f64;
-    let mut ymax = pts.iter().map(|p| p.in_max.max(p.reserved.unwrap_or(0))).max().unwrap_or(0);
+    let mut ymax = pts
+        .iter()
+        .map(|p| p.in_max.max(p.reserved.unwrap_or(0)))
+        .max()
+        .unwrap_or(0);
     for c in tl.caps.iter().map(|c| c.1).chain(cap) {
         ymax = ymax.max(c);
     }
@@ -103,30 +123,57 @@ pub fn timeline_svg(tl: &Timeline, cap: Option<u64>, id: &str, out: &mut String)
         // In-use band: max along the top, min back along the bottom.
         let mut d = String::with_capacity(pts.len() * 24);
         for (i, p) in pts.iter().enumerate() {
-            let _ = write!(d, "{}{:.1},{:.1}", if i == 0 { "M" } else { "L" }, x(p.t_ns), y(p.in_max));
+            let _ = write!(
+                d,
+                "{}{:.1},{:.1}",
+                if i == 0 { "M" } else { "L" },
+                x(p.t_ns),
+                y(p.in_max)
+            );
             let _ = write!(d, "L{:.1},{:.1}", x(p.t_ns + tl.width_ns), y(p.in_max));
         }
         for p in pts.iter().rev() {
-            let _ = write!(d, "L{:.1},{:.1}L{:.1},{:.1}", x(p.t_ns + tl.width_ns), y(p.in_min), x(p.t_ns), y(p.in_min));
+            let _ = write!(
+                d,
+                "L{:.1},{:.1}L{:.1},{:.1}",
+                x(p.t_ns + tl.width_ns),
+                y(p.in_min),
+                x(p.t_ns),
+                y(p.in_min)
+            );
         }
-        let _ = write!(out, r##"<path class="in-use" d="{d}Z" fill="#3b82f6" fill-opacity="0.35" stroke="#2563eb" stroke-width="1"><title>in use</title></path>"##);
+        let _ = write!(
+            out,
+            r##"<path class="in-use" d="{d}Z" fill="#3b82f6" fill-opacity="0.35" stroke="#2563eb" stroke-width="1"><title>in use</title></path>"##
+        );
         if pts.iter().any(|p| p.reserved.is_some()) {
             let mut d = String::new();
             let mut first = true;
             for p in &pts {
                 if let Some(r) = p.reserved {
-                    let _ = write!(d, "{}{:.1},{:.1}L{:.1},{:.1}", if first { "M" } else { "L" }, x(p.t_ns), y(r), x(p.t_ns + tl.width_ns), y(r));
+                    let _ = write!(
+                        d,
+                        "{}{:.1},{:.1}L{:.1},{:.1}",
+                        if first { "M" } else { "L" },
+                        x(p.t_ns),
+                        y(r),
+                        x(p.t_ns + tl.width_ns),
+                        y(r)
+                    );
                     first = false;
                 }
             }
-            let _ = write!(out, r##"<path class="reserved" d="{d}" fill="none" stroke="#f59e0b" stroke-width="1.5"><title>reserved</title></path>"##);
+            let _ = write!(
+                out,
+                r##"<path class="reserved" d="{d}" fill="none" stroke="#f59e0b" stroke-width="1.5"><title>reserved</title></path>"##
+            );
         }
     }
     let mut caps: Vec<(u64, u64)> = tl.caps.clone();
-    if caps.is_empty() {
-        if let Some(c) = cap {
-            caps.push((tl.t0, c));
-        }
+    if caps.is_empty()
+        && let Some(c) = cap
+    {
+        caps.push((tl.t0, c));
     }
     for (i, (t, c)) in caps.iter().enumerate() {
         let t1 = caps.get(i + 1).map(|n| n.0).unwrap_or(t_end);
@@ -148,7 +195,11 @@ pub fn timeline_svg(tl: &Timeline, cap: Option<u64>, id: &str, out: &mut String)
             m.kind,
             xx,
             mt + 10.0,
-            if m.kind == "oom" { "out of memory" } else { "cap refusal" },
+            if m.kind == "oom" {
+                "out of memory"
+            } else {
+                "cap refusal"
+            },
             bytes(m.size),
             duration_ns(m.t_ns.saturating_sub(tl.t0)),
             mt + ph
@@ -173,7 +224,11 @@ pub fn hbars(rows: &[(String, u64, String)], class: &str, out: &mut String) {
     for (i, (label, v, tip)) in rows.iter().enumerate() {
         let yy = 4.0 + i as f64 * row_h;
         let w = (*v as f64 / max * bw).max(1.0);
-        let short: String = if label.chars().count() > 52 { format!("{}...", label.chars().take(50).collect::<String>()) } else { label.clone() };
+        let short: String = if label.chars().count() > 52 {
+            format!("{}...", label.chars().take(50).collect::<String>())
+        } else {
+            label.clone()
+        };
         let _ = write!(
             out,
             r##"<g class="bar"><title>{}</title><text x="{}" y="{:.1}" text-anchor="end">{}</text><rect x="{label_w}" y="{yy:.1}" width="{w:.1}" height="{}" fill="#6366f1" rx="2"/><text x="{:.1}" y="{:.1}">{}</text></g>"##,
@@ -202,12 +257,19 @@ fn histogram_svg(d: &DeviceReport, out: &mut String) {
     let slot = (W - ml - 10.0) / n;
     let maxc = b.iter().map(|x| x.count).max().unwrap_or(1).max(1) as f64;
     let maxb = b.iter().map(|x| x.bytes).max().unwrap_or(1).max(1) as f64;
-    let _ = write!(out, r#"<svg class="chart histogram" viewBox="0 0 {W} {h}">"#);
+    let _ = write!(
+        out,
+        r#"<svg class="chart histogram" viewBox="0 0 {W} {h}">"#
+    );
     for (i, x) in b.iter().enumerate() {
         let x0 = ml + i as f64 * slot;
         let hc = x.count as f64 / maxc * ph;
         let hb = x.bytes as f64 / maxb * ph;
-        let label = if x.max == 0 { "0".to_string() } else { bytes(x.min) };
+        let label = if x.max == 0 {
+            "0".to_string()
+        } else {
+            bytes(x.min)
+        };
         let _ = write!(
             out,
             r##"<g class="bucket"><title>{}..{}: {} allocations, {}</title><rect x="{:.1}" y="{:.1}" width="{:.1}" height="{hc:.1}" fill="#6366f1"/><rect x="{:.1}" y="{:.1}" width="{:.1}" height="{hb:.1}" fill="#10b981"/><text x="{:.1}" y="{:.1}" text-anchor="end" transform="rotate(-45 {:.1} {:.1})">{}</text></g>"##,
@@ -233,25 +295,54 @@ fn histogram_svg(d: &DeviceReport, out: &mut String) {
 }
 
 fn kpi(out: &mut String, label: &str, value: &str) {
-    let _ = write!(out, r#"<div class="kpi"><b>{}</b><span>{}</span></div>"#, esc(value), esc(label));
+    let _ = write!(
+        out,
+        r#"<div class="kpi"><b>{}</b><span>{}</span></div>"#,
+        esc(value),
+        esc(label)
+    );
 }
 
 fn device(r: &TraceReport, d: &DeviceReport, out: &mut String) {
-    let id = if d.device < 0 { "host".to_string() } else { format!("dev{}", d.device) };
-    let _ = write!(out, r#"<section class="device" id="{id}"><h2>{}</h2><div class="kpis">"#, esc(&if d.device < 0 { "host (pinned) memory".into() } else { d.name.clone() }));
-    kpi(out, &format!("peak in use at +{}", duration_ns(d.peak_in_use.offset_ns)), &bytes(d.peak_in_use.bytes));
+    let id = if d.device < 0 {
+        "host".to_string()
+    } else {
+        format!("dev{}", d.device)
+    };
+    let _ = write!(
+        out,
+        r#"<section class="device" id="{id}"><h2>{}</h2><div class="kpis">"#,
+        esc(&if d.device < 0 {
+            "host (pinned) memory".into()
+        } else {
+            d.name.clone()
+        })
+    );
+    kpi(
+        out,
+        &format!("peak in use at +{}", duration_ns(d.peak_in_use.offset_ns)),
+        &bytes(d.peak_in_use.bytes),
+    );
     if let Some(p) = &d.peak_reserved {
         kpi(out, "peak reserved", &bytes(p.bytes));
     }
     if let Some(f) = d.fragmentation {
-        kpi(out, "fragmentation at peak reserved", &format!("{:.1}%", f * 100.0));
+        kpi(
+            out,
+            "fragmentation at peak reserved",
+            &format!("{:.1}%", f * 100.0),
+        );
     }
     if let Some(c) = d.cap {
         kpi(out, "cap", &bytes(c));
     }
     kpi(out, "allocations", &d.allocs.to_string());
     kpi(out, "allocated in total", &bytes(d.bytes_allocated));
-    kpi(out, "refusals + OOMs", &(d.refusals.max(d.ooms)).to_string());
+    kpi(
+        out,
+        "refusals + OOMs",
+        &(d.refusals.max(d.ooms)).to_string(),
+    );
     kpi(out, "live at exit", &bytes(d.leaks.bytes));
     out.push_str("</div><h3>Memory over time</h3>");
     if let Some((_, tl)) = r.timelines.iter().find(|(dev, _)| *dev == d.device) {
@@ -262,7 +353,13 @@ fn device(r: &TraceReport, d: &DeviceReport, out: &mut String) {
         .peak_in_use
         .top_sites
         .iter()
-        .map(|s| (s.site.clone(), s.bytes, format!("{} in {} allocations", s.site, s.allocations)))
+        .map(|s| {
+            (
+                s.site.clone(),
+                s.bytes,
+                format!("{} in {} allocations", s.site, s.allocations),
+            )
+        })
         .collect();
     hbars(&rows, "live-at-peak", out);
     if !d.peak_in_use.top_allocations.is_empty() {
@@ -286,7 +383,18 @@ fn device(r: &TraceReport, d: &DeviceReport, out: &mut String) {
     let rows: Vec<(String, u64, String)> = d
         .top_sites
         .iter()
-        .map(|s| (s.site.clone(), s.bytes, format!("{} allocations; at peak {}; frames: {}", s.allocs, bytes(s.peak_bytes), s.frames.join(" <- "))))
+        .map(|s| {
+            (
+                s.site.clone(),
+                s.bytes,
+                format!(
+                    "{} allocations; at peak {}; frames: {}",
+                    s.allocs,
+                    bytes(s.peak_bytes),
+                    s.frames.join(" <- ")
+                ),
+            )
+        })
         .collect();
     hbars(&rows, "sites", out);
     out.push_str("<h3>Calls</h3><table class=\"calls\"><tr><th>api</th><th>kind</th><th>op</th><th>count</th><th>failed</th><th>bytes</th></tr>");
@@ -306,7 +414,13 @@ fn device(r: &TraceReport, d: &DeviceReport, out: &mut String) {
     if d.frees > 0 {
         out.push_str("<h3>Lifetimes</h3><table class=\"lifetimes\"><tr><th>lifetime</th><th>count</th><th>bytes</th></tr>");
         for l in d.lifetimes.iter().filter(|l| l.count > 0) {
-            let _ = write!(out, "<tr><td>{}</td><td class=n>{}</td><td class=n>{}</td></tr>", l.label, l.count, bytes(l.bytes));
+            let _ = write!(
+                out,
+                "<tr><td>{}</td><td class=n>{}</td><td class=n>{}</td></tr>",
+                l.label,
+                l.count,
+                bytes(l.bytes)
+            );
         }
         let _ = write!(
             out,
@@ -319,13 +433,30 @@ fn device(r: &TraceReport, d: &DeviceReport, out: &mut String) {
         );
     }
     if !d.post_mortems.is_empty() {
-        let _ = write!(out, "<h3 class=bad>Post-mortems ({})</h3>", d.post_mortems.len());
+        let _ = write!(
+            out,
+            "<h3 class=bad>Post-mortems ({})</h3>",
+            d.post_mortems.len()
+        );
         for (i, pm) in d.post_mortems.iter().enumerate() {
             let mut text = String::new();
             super::text::post_mortem(i + 1, pm, &mut text);
-            let _ = write!(out, "<div class=\"pm post-mortem\"><pre>{}</pre>", esc(text.trim_matches('\n')));
-            let rows: Vec<(String, u64, String)> =
-                pm.top_sites.iter().map(|s| (s.site.clone(), s.bytes, format!("{} allocations", s.allocations))).collect();
+            let _ = write!(
+                out,
+                "<div class=\"pm post-mortem\"><pre>{}</pre>",
+                esc(text.trim_matches('\n'))
+            );
+            let rows: Vec<(String, u64, String)> = pm
+                .top_sites
+                .iter()
+                .map(|s| {
+                    (
+                        s.site.clone(),
+                        s.bytes,
+                        format!("{} allocations", s.allocations),
+                    )
+                })
+                .collect();
             hbars(&rows, "pm-live", out);
             out.push_str("</div>");
         }
@@ -336,7 +467,11 @@ fn device(r: &TraceReport, d: &DeviceReport, out: &mut String) {
 /// The whole page for one or more traces.
 pub fn page(reports: &[TraceReport], comparison: Option<&Comparison>) -> String {
     let mut out = String::with_capacity(256 << 10);
-    let title = reports.iter().map(|r| r.label()).collect::<Vec<_>>().join(", ");
+    let title = reports
+        .iter()
+        .map(|r| r.label())
+        .collect::<Vec<_>>()
+        .join(", ");
     let _ = write!(
         out,
         "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"viewport\" content=\"width=device-width\"><title>vramshim report: {}</title><style>{CSS}</style></head><body><header><h1>vramshim report</h1><p>{}</p></header><main>",
@@ -346,15 +481,32 @@ pub fn page(reports: &[TraceReport], comparison: Option<&Comparison>) -> String 
     if let Some(c) = comparison {
         let mut text = String::new();
         super::text::comparison(c, &mut text);
-        let _ = write!(out, "<section class=\"comparison\"><h2>Side by side</h2><pre>{}</pre></section>", esc(&text));
+        let _ = write!(
+            out,
+            "<section class=\"comparison\"><h2>Side by side</h2><pre>{}</pre></section>",
+            esc(&text)
+        );
     }
     for r in reports {
-        let _ = write!(out, "<section class=\"trace\"><h2>{}</h2><table>", esc(&r.file));
+        let _ = write!(
+            out,
+            "<section class=\"trace\"><h2>{}</h2><table>",
+            esc(&r.file)
+        );
         let row = |out: &mut String, k: &str, v: &str| {
             let _ = write!(out, "<tr><th>{}</th><td>{}</td></tr>", esc(k), esc(v));
         };
         if r.process.pid != 0 {
-            row(&mut out, "process", &format!("{} on {}: {}", r.process.pid, r.process.host, r.process.cmdline.join(" ")));
+            row(
+                &mut out,
+                "process",
+                &format!(
+                    "{} on {}: {}",
+                    r.process.pid,
+                    r.process.host,
+                    r.process.cmdline.join(" ")
+                ),
+            );
         }
         row(&mut out, "format", &r.format);
         row(&mut out, "events", &r.events.to_string());
