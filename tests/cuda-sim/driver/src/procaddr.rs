@@ -124,6 +124,9 @@ pub static TABLE: LazyLock<Vec<Entry>> = LazyLock::new(|| {
         "cuMemcpyDtoD" 3020 cuMemcpyDtoD_v2 | cuMemcpyDtoD_v2_ptds;
         "cuMemcpyPeer" 4000 cuMemcpyPeer | cuMemcpyPeer_ptds;
         "cuMemcpyAsync" 4000 cuMemcpyAsync | cuMemcpyAsync_ptsz;
+        "cuMemcpy2D" 3020 cuMemcpy2D_v2 | cuMemcpy2D_v2_ptds;
+        "cuMemcpy2DUnaligned" 3020 cuMemcpy2DUnaligned_v2 | cuMemcpy2DUnaligned_v2_ptds;
+        "cuMemcpy2DAsync" 3020 cuMemcpy2DAsync_v2 | cuMemcpy2DAsync_v2_ptsz;
         "cuMemcpyHtoDAsync" 3020 cuMemcpyHtoDAsync_v2 | cuMemcpyHtoDAsync_v2_ptsz;
         "cuMemcpyDtoHAsync" 3020 cuMemcpyDtoHAsync_v2 | cuMemcpyDtoHAsync_v2_ptsz;
         "cuMemcpyDtoDAsync" 3020 cuMemcpyDtoDAsync_v2 | cuMemcpyDtoDAsync_v2_ptsz;

@@ -226,3 +226,108 @@ pub fn launch_copy(h: CUstream, dst: u64, src: u64, n: usize, delay_us: u32, ptd
         copy_work(dst, src, n),
     )
 }
+
+/// `CUDA_MEMCPY2D` (128 bytes).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CudaMemcpy2D {
+    pub src_x_in_bytes: usize,
+    pub src_y: usize,
+    pub src_memory_type: c_uint,
+    pub src_host: *const c_void,
+    pub src_device: CUdeviceptr,
+    pub src_array: *mut c_void,
+    pub src_pitch: usize,
+    pub dst_x_in_bytes: usize,
+    pub dst_y: usize,
+    pub dst_memory_type: c_uint,
+    pub dst_host: *mut c_void,
+    pub dst_device: CUdeviceptr,
+    pub dst_array: *mut c_void,
+    pub dst_pitch: usize,
+    pub width_in_bytes: usize,
+    pub height: usize,
+}
+
+const _: () = assert!(std::mem::size_of::<CudaMemcpy2D>() == 128);
+
+/// Start address of one side of a 2D copy: host types use the host pointer, device and
+/// unified types the device pointer; arrays are not simulated.
+fn side(
+    ty: c_uint,
+    host: u64,
+    dev: u64,
+    x: usize,
+    y: usize,
+    pitch: usize,
+) -> Result<u64, CUresult> {
+    let base = match ty {
+        CU_MEMORYTYPE_HOST => host,
+        CU_MEMORYTYPE_DEVICE | CU_MEMORYTYPE_UNIFIED => dev,
+        _ => return Err(CUDA_ERROR_INVALID_VALUE),
+    };
+    Ok(base + (y * pitch + x) as u64)
+}
+
+/// 2D copies run row by row; with pageable host memory on either side they complete before
+/// returning (CUDA stages or waits for those; completing is the simple safe form of both).
+fn copy_2d(p: *const CudaMemcpy2D, h: CUstream, ptds: bool, wait: bool) -> Res {
+    // SAFETY: C input struct.
+    let c = unsafe { get(p) }?;
+    let s = stream::resolve(h, ptds)?;
+    let (w, rows) = (c.width_in_bytes, c.height);
+    if rows > 1 && (c.src_pitch < w || c.dst_pitch < w) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let src = side(
+        c.src_memory_type,
+        c.src_host as u64,
+        c.src_device,
+        c.src_x_in_bytes,
+        c.src_y,
+        c.src_pitch,
+    )?;
+    let dst = side(
+        c.dst_memory_type,
+        c.dst_host as u64,
+        c.dst_device,
+        c.dst_x_in_bytes,
+        c.dst_y,
+        c.dst_pitch,
+    )?;
+    let span = |pitch: usize| if rows == 0 { 0 } else { (rows - 1) * pitch + w };
+    if c.src_memory_type == CU_MEMORYTYPE_DEVICE {
+        check_dev(src, span(c.src_pitch))?;
+    }
+    if c.dst_memory_type == CU_MEMORYTYPE_DEVICE {
+        check_dev(dst, span(c.dst_pitch))?;
+    }
+    let pageable = (c.src_memory_type == CU_MEMORYTYPE_HOST && !non_pageable(src))
+        || (c.dst_memory_type == CU_MEMORYTYPE_HOST && !non_pageable(dst));
+    let (sp, dp) = (c.src_pitch, c.dst_pitch);
+    let (d, s_) = (SendPtr(dst as usize), SendPtr(src as usize));
+    let work: Box<dyn FnOnce() + Send> = Box::new(move || {
+        let (d, s_) = (d, s_);
+        for r in 0..rows {
+            // SAFETY: rows validated (device) or given by the caller (host), valid until the
+            // stream reaches this copy.
+            unsafe {
+                std::ptr::copy((s_.0 + r * sp) as *const u8, (d.0 + r * dp) as *mut u8, w);
+            }
+        }
+    });
+    if wait || pageable {
+        stream::run_sync(&s, work)
+    } else {
+        stream::run_async(&s, Duration::ZERO, work)
+    }
+}
+
+cu_api! {
+    fn cuMemcpy2D_v2(p: *const CudaMemcpy2D) { copy_2d(p, std::ptr::null_mut(), false, true) }
+    fn cuMemcpy2D_v2_ptds(p: *const CudaMemcpy2D) { copy_2d(p, std::ptr::null_mut(), true, true) }
+    fn cuMemcpy2DUnaligned_v2(p: *const CudaMemcpy2D) { copy_2d(p, std::ptr::null_mut(), false, true) }
+    fn cuMemcpy2DUnaligned_v2_ptds(p: *const CudaMemcpy2D) { copy_2d(p, std::ptr::null_mut(), true, true) }
+    fn cuMemcpy2DAsync_v2(p: *const CudaMemcpy2D, s: CUstream) { copy_2d(p, s, false, false) }
+    fn cuMemcpy2DAsync_v2_ptsz(p: *const CudaMemcpy2D, s: CUstream) { copy_2d(p, s, true, false) }
+}

@@ -169,6 +169,28 @@ static int basic(void) {
     OK(cuMemcpyDtoH(back, p, 1000));
     EXPECT(memcmp(buf, back, 1000) == 0);
     EXPECT_EQ(cuMemcpyHtoD(p, buf, 5000), 1); /* past the allocation */
+    /* A 2D copy: 3 rows of 100 bytes into a 512-byte pitch, and back into a packed buffer. */
+    typedef struct {
+        size_t srcX, srcY; int srcType; const void *srcHost; CUdeviceptr srcDev; void *srcArr; size_t srcPitch;
+        size_t dstX, dstY; int dstType; void *dstHost; CUdeviceptr dstDev; void *dstArr; size_t dstPitch;
+        size_t width, height;
+    } Copy2D;
+    CUresult (*cuMemcpy2D)(const Copy2D *) = get("cuMemcpy2D", V, 0);
+    CUdeviceptr pitched;
+    OK(cuMemAlloc(&pitched, 3 * 512));
+    Copy2D cp2 = {0, 0, 1, buf, 0, NULL, 100, 0, 0, 2, NULL, pitched, NULL, 512, 100, 3};
+    OK(cuMemcpy2D(&cp2));
+    unsigned char row[100];
+    OK(cuMemcpyDtoH(row, pitched + 2 * 512, 100));
+    EXPECT(memcmp(row, buf + 200, 100) == 0);
+    Copy2D back2 = {0, 0, 2, NULL, pitched, NULL, 512, 0, 0, 1, NULL, 0, NULL, 100, 100, 3};
+    memset(back, 0, sizeof back);
+    back2.dstHost = back;
+    OK(cuMemcpy2D(&back2));
+    EXPECT(memcmp(back, buf, 300) == 0);
+    cp2.dstPitch = 50;
+    EXPECT_EQ(cuMemcpy2D(&cp2), 1);
+    OK(cuMemFree(pitched));
     /* Frees. */
     OK(cuMemFree(p));
     EXPECT_EQ(cuMemFree(p), 1); /* double free */
