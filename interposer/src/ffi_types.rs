@@ -220,6 +220,11 @@ pub type PfnNvmlDeviceGetMemoryInfo =
     unsafe extern "C" fn(nvmlDevice_t, *mut nvmlMemory_t) -> nvmlReturn_t;
 pub type PfnNvmlDeviceGetMemoryInfoV2 =
     unsafe extern "C" fn(nvmlDevice_t, *mut nvmlMemory_v2_t) -> nvmlReturn_t;
+pub type PfnCuCtxCreate = unsafe extern "C" fn(*mut CUcontext, c_uint, CUdevice) -> CUresult;
+pub type PfnCuDeviceOp = unsafe extern "C" fn(CUdevice) -> CUresult;
+pub type PfnNvmlVoid = unsafe extern "C" fn() -> nvmlReturn_t;
+pub type PfnNvmlDeviceGetHandleByIndex =
+    unsafe extern "C" fn(c_uint, *mut nvmlDevice_t) -> nvmlReturn_t;
 pub type PfnNvmlDeviceGetIndex = unsafe extern "C" fn(nvmlDevice_t, *mut c_uint) -> nvmlReturn_t;
 
 #[cfg(test)]

@@ -324,10 +324,16 @@ real_fns! {
     Driver cuCtxGetCurrent: PfnCuCtxGetCurrent;
     Driver cuCtxSetCurrent: PfnCuCtxSetCurrent;
     Driver cuDevicePrimaryCtxRetain: PfnCuDevicePrimaryCtxRetain;
+    Driver cuDevicePrimaryCtxRelease_v2: PfnCuDeviceOp;
+    Driver cuDevicePrimaryCtxReset_v2: PfnCuDeviceOp;
+    Driver cuCtxCreate_v2: PfnCuCtxCreate;
     // ---- NVML
     Nvml nvmlDeviceGetMemoryInfo: PfnNvmlDeviceGetMemoryInfo;
     Nvml nvmlDeviceGetMemoryInfo_v2: PfnNvmlDeviceGetMemoryInfoV2;
     Nvml nvmlDeviceGetIndex: PfnNvmlDeviceGetIndex;
+    Nvml nvmlInit_v2: PfnNvmlVoid;
+    Nvml nvmlShutdown: PfnNvmlVoid;
+    Nvml nvmlDeviceGetHandleByIndex_v2: PfnNvmlDeviceGetHandleByIndex;
 }
 
 /// `cuEventDestroy` under its usual name (the ABI symbol is `cuEventDestroy_v2`).

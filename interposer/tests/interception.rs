@@ -76,7 +76,15 @@ fn driver_entry_points_as_pytorch_makes_them() {
 #[test]
 fn cap_sees_every_path() {
     let exe = build("cap_wiring", "cap_wiring.c", Link::SharedRuntime, &[]);
-    let out = common::preloaded(&exe, &[], &[("VRAMSHIM_CAP", "64MiB")], "ip-cap");
+    let out = common::preloaded(
+        &exe,
+        &[],
+        &[
+            ("VRAMSHIM_CAP", "64MiB"),
+            ("VRAMSHIM_CAP_CONTEXT", "exclude"),
+        ],
+        "ip-cap",
+    );
     out.assert_success();
     let cap = (64u64 << 20).to_string();
     for line in [
@@ -97,4 +105,38 @@ fn cap_sees_every_path() {
             out.stderr
         );
     }
+}
+
+#[test]
+fn context_footprint_reaches_the_cap() {
+    let exe = build("cap_context", "cap_wiring.c", Link::SharedRuntime, &[]);
+    let out = common::preloaded(
+        &exe,
+        &["context"],
+        &[
+            ("VRAMSHIM_CAP", "1GiB"),
+            ("VRAMSIM_CONTEXT_OVERHEAD", "100MiB"),
+        ],
+        "ip-ctx",
+    );
+    out.assert_success();
+    let want = format!(
+        "context: free={} total={}",
+        (1u64 << 30) - (100 << 20),
+        1u64 << 30
+    );
+    assert!(out.stdout.contains(&want), "{}\n{}", out.stdout, out.stderr);
+    // Excluded: the context is not charged.
+    let out = common::preloaded(
+        &exe,
+        &["context"],
+        &[
+            ("VRAMSHIM_CAP", "1GiB"),
+            ("VRAMSHIM_CAP_CONTEXT", "exclude"),
+            ("VRAMSIM_CONTEXT_OVERHEAD", "100MiB"),
+        ],
+        "ip-ctx",
+    );
+    let want = format!("context: free={} total={}", 1u64 << 30, 1u64 << 30);
+    assert!(out.stdout.contains(&want), "{}\n{}", out.stdout, out.stderr);
 }

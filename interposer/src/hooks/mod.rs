@@ -2,6 +2,7 @@
 //! the dispatcher; lookups (`dlsym`, `cuGetProcAddress`, `cudaGetDriverEntryPoint`)
 //! substitute these hooks for the real functions.
 
+pub mod context;
 pub mod driver;
 pub mod lookup;
 pub mod nvml;
@@ -295,6 +296,10 @@ hooks! {
     driver::cuMemAllocHost_v2, "cuMemAllocHost", 3020, false;
     driver::cuMemHostAlloc, "cuMemHostAlloc", 2020, false;
     driver::cuMemFreeHost, "cuMemFreeHost", 2000, false;
+    context::cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 7000, false;
+    context::cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease", 11000, false;
+    context::cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset", 11000, false;
+    context::cuCtxCreate_v2, "cuCtxCreate", 3020, false;
     lookup::cuGetProcAddress, "cuGetProcAddress", 11030, false;
     lookup::cuGetProcAddress_v2, "cuGetProcAddress", 12000, false;
     nvml::nvmlDeviceGetMemoryInfo, "nvmlDeviceGetMemoryInfo", 0, false;

@@ -1,6 +1,10 @@
-/* cap_wiring: the hooks hand the cap what it needs. Run with VRAMSHIM_CAP=64MiB: every
- * memory-information path reports the cap, a request over it gets the runtime's own OOM code
- * (and last error), a driver request the driver's, and freeing gives the room back. */
+/* cap_wiring: the hooks hand the cap what it needs.
+ *   cap_wiring          with VRAMSHIM_CAP=64MiB VRAMSHIM_CAP_CONTEXT=exclude: every
+ *                       memory-information path reports the cap, a request over it gets the
+ *                       runtime's own OOM code (and last error), a driver request the
+ *                       driver's, and freeing gives the room back.
+ *   cap_wiring context  prints the free memory the runtime reports right after creating its
+ *                       context (the context's footprint is charged to the cap). */
 #include <dlfcn.h>
 #include <string.h>
 #include "check.h"
@@ -8,10 +12,14 @@
 
 #define MiB (1024ull * 1024ull)
 
-int main(void) {
+int main(int argc, char **argv) {
     vs_init();
     size_t f, t;
     CK(cudaMemGetInfo(&f, &t));
+    if (argc > 1 && !strcmp(argv[1], "context")) {
+        printf("context: free=%zu total=%zu\n", f, t);
+        return 0;
+    }
     printf("cudaMemGetInfo total=%zu free<=total %d\n", t, f <= t);
     static char prop[4096];
     extern cudaError_t cudaGetDeviceProperties_v2(struct cudaDeviceProp *, int);

@@ -1,0 +1,160 @@
+//! Context lifetime, for the cap's context accounting (`VRAMSHIM_CAP_CONTEXT`): when this
+//! process creates its first context on a device (`cuDevicePrimaryCtxRetain`, which the
+//! runtime's lazy initialization also goes through, or `cuCtxCreate_v2`), the device's free
+//! memory is read before and after through NVML and handed to `cap::on_context_created`;
+//! when it goes (`cuDevicePrimaryCtxReset_v2`, the last `cuDevicePrimaryCtxRelease_v2`,
+//! `cudaDeviceReset`) the cap hears `on_context_destroyed`.
+//!
+//! Only done when a cap is configured (NVML is not touched otherwise). These hooks are not
+//! depth-guarded: the runtime creates its context inside our outer `cudaMalloc`. The CUDA
+//! ordinal is taken as the NVML index (`CUDA_VISIBLE_DEVICES` reordering is not mapped).
+
+use crate::ffi_types::*;
+use crate::{cap, real};
+use std::ffi::{c_int, c_uint};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+
+const MAX: usize = crate::counters::MAX_DEVICES;
+/// This process has a context on the device (as far as we saw).
+static PRESENT: [AtomicBool; MAX] = [const { AtomicBool::new(false) }; MAX];
+/// Primary-context retains minus releases we saw, per device.
+static REFS: [AtomicI64; MAX] = [const { AtomicI64::new(0) }; MAX];
+
+fn idx(dev: CUdevice) -> Option<usize> {
+    (dev >= 0 && (dev as usize) < MAX).then_some(dev as usize)
+}
+
+/// The device's free memory as NVML reports it (no context needed).
+fn nvml_free(dev: CUdevice) -> Option<u64> {
+    let init = real::nvmlInit_v2()?;
+    let shutdown = real::nvmlShutdown()?;
+    let handle = real::nvmlDeviceGetHandleByIndex_v2()?;
+    let info = real::nvmlDeviceGetMemoryInfo()?;
+    // SAFETY: plain NVML calls with valid out-pointers; init/shutdown are balanced.
+    unsafe {
+        if init() != NVML_SUCCESS {
+            return None;
+        }
+        let mut h: nvmlDevice_t = std::ptr::null_mut();
+        let mut m = nvmlMemory_t::default();
+        let ok = handle(dev as c_uint, &mut h) == NVML_SUCCESS && info(h, &mut m) == NVML_SUCCESS;
+        shutdown();
+        ok.then_some(m.free)
+    }
+}
+
+/// Run `create` (which makes a context on `dev`), measuring it if it is the first.
+fn creating(dev: CUdevice, create: impl FnOnce() -> c_int) -> c_int {
+    let Some(i) = idx(dev) else {
+        return create();
+    };
+    let first = !PRESENT[i].load(Ordering::Acquire) && cap::global().is_some();
+    let before = if first { nvml_free(dev) } else { None };
+    let rc = create();
+    if rc == CUDA_SUCCESS && !PRESENT[i].swap(true, Ordering::AcqRel) {
+        let after = before.and_then(|_| nvml_free(dev));
+        match (before, after) {
+            (Some(b), Some(a)) => {
+                crate::debug!(
+                    "context created on device {dev}: free {b} -> {a} ({} bytes)",
+                    b.saturating_sub(a)
+                );
+                cap::on_context_created(dev, b, a);
+            }
+            _ => crate::debug!("context created on device {dev} (not measured)"),
+        }
+    }
+    rc
+}
+
+/// Tell the cap the context of `dev` is gone (once).
+pub(crate) fn destroyed(dev: CUdevice) {
+    if let Some(i) = idx(dev) {
+        REFS[i].store(0, Ordering::Release);
+        if PRESENT[i].swap(false, Ordering::AcqRel) {
+            crate::debug!("context destroyed on device {dev}");
+            cap::on_context_destroyed(dev);
+        }
+    }
+}
+
+/// Forked child: it has no context of its own.
+pub(crate) fn on_fork_child() {
+    for i in 0..MAX {
+        PRESENT[i].store(false, Ordering::Relaxed);
+        REFS[i].store(0, Ordering::Relaxed);
+    }
+}
+
+/// # Safety
+/// C ABI: `cuDevicePrimaryCtxRetain`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> c_int {
+    let Some(f) = real::cuDevicePrimaryCtxRetain() else {
+        return super::NO_DRIVER;
+    };
+    crate::dispatch::run_unguarded("cuDevicePrimaryCtxRetain", CUDA_ERROR_UNKNOWN, || {
+        // SAFETY: forwarding the caller's arguments unchanged.
+        let rc = creating(dev, || unsafe { f(pctx, dev) });
+        if rc == CUDA_SUCCESS
+            && let Some(i) = idx(dev)
+        {
+            REFS[i].fetch_add(1, Ordering::AcqRel);
+        }
+        rc
+    })
+}
+
+/// # Safety
+/// C ABI: `cuDevicePrimaryCtxRelease_v2`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> c_int {
+    let Some(f) = real::cuDevicePrimaryCtxRelease_v2() else {
+        return super::NO_DRIVER;
+    };
+    crate::dispatch::run_unguarded("cuDevicePrimaryCtxRelease_v2", CUDA_ERROR_UNKNOWN, || {
+        // SAFETY: forwarding the caller's arguments unchanged.
+        let rc = unsafe { f(dev) };
+        if rc == CUDA_SUCCESS
+            && let Some(i) = idx(dev)
+            && REFS[i].fetch_sub(1, Ordering::AcqRel) == 1
+        {
+            destroyed(dev);
+        }
+        rc
+    })
+}
+
+/// # Safety
+/// C ABI: `cuDevicePrimaryCtxReset_v2`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> c_int {
+    let Some(f) = real::cuDevicePrimaryCtxReset_v2() else {
+        return super::NO_DRIVER;
+    };
+    crate::dispatch::run_unguarded("cuDevicePrimaryCtxReset_v2", CUDA_ERROR_UNKNOWN, || {
+        // SAFETY: forwarding the caller's arguments unchanged.
+        let rc = unsafe { f(dev) };
+        if rc == CUDA_SUCCESS {
+            destroyed(dev);
+        }
+        rc
+    })
+}
+
+/// # Safety
+/// C ABI: `cuCtxCreate_v2`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxCreate_v2(
+    pctx: *mut CUcontext,
+    flags: c_uint,
+    dev: CUdevice,
+) -> c_int {
+    let Some(f) = real::cuCtxCreate_v2() else {
+        return super::NO_DRIVER;
+    };
+    crate::dispatch::run_unguarded("cuCtxCreate_v2", CUDA_ERROR_UNKNOWN, || {
+        // SAFETY: forwarding the caller's arguments unchanged.
+        creating(dev, || unsafe { f(pctx, flags, dev) })
+    })
+}
