@@ -116,6 +116,8 @@ pub static TABLE: LazyLock<Vec<Entry>> = LazyLock::new(|| {
         "cuIpcGetMemHandle" 4010 cuIpcGetMemHandle;
         "cuIpcOpenMemHandle" 11000 cuIpcOpenMemHandle_v2;
         "cuIpcCloseMemHandle" 4010 cuIpcCloseMemHandle;
+        "cuIpcGetEventHandle" 4010 cuIpcGetEventHandle;
+        "cuIpcOpenEventHandle" 4010 cuIpcOpenEventHandle;
         "cuPointerGetAttribute" 4000 cuPointerGetAttribute;
         "cuPointerGetAttributes" 7000 cuPointerGetAttributes;
         "cuMemcpy" 4000 cuMemcpy | cuMemcpy_ptds;

@@ -317,3 +317,47 @@ fn elapsed(ms: *mut f32, start: CUevent, end: CUevent) -> Res {
     // SAFETY: C out-pointer.
     unsafe { put(ms, d * 1000.0) }
 }
+
+/// `CUipcEventHandle`: 64 opaque bytes.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUipcEventHandle {
+    pub reserved: [u8; 64],
+}
+
+const CU_EVENT_INTERPROCESS: c_uint = 0x4;
+
+cu_api! {
+    /// Legacy IPC event handle of an interprocess event (created with
+    /// CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING).
+    fn cuIpcGetEventHandle(handle: *mut CUipcEventHandle, e: CUevent) {
+        let ev = stream::event(e)?;
+        if ev.flags & CU_EVENT_INTERPROCESS == 0 || ev.flags & CU_EVENT_DISABLE_TIMING == 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let mut h = CUipcEventHandle { reserved: [0; 64] };
+        h.reserved[..8].copy_from_slice(&(e as u64).to_le_bytes());
+        h.reserved[8..12].copy_from_slice(&std::process::id().to_le_bytes());
+        h.reserved[12..20].copy_from_slice(b"vramsimE");
+        // SAFETY: C out-pointer.
+        unsafe { put(handle, h) }
+    }
+
+    /// Opening works for a handle of this same process (the event itself); events of other
+    /// processes are not simulated (CUDA_ERROR_NOT_SUPPORTED).
+    fn cuIpcOpenEventHandle(out: *mut CUevent, handle: CUipcEventHandle) {
+        ctx::current_device()?;
+        let r = &handle.reserved;
+        if &r[12..20] != b"vramsimE" {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let pid = u32::from_le_bytes([r[8], r[9], r[10], r[11]]);
+        if pid != std::process::id() {
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
+        }
+        let e = u64::from_le_bytes(r[..8].try_into().map_err(|_| CUDA_ERROR_INVALID_VALUE)?) as usize as CUevent;
+        stream::event(e)?;
+        // SAFETY: C out-pointer.
+        unsafe { put(out, e) }
+    }
+}
