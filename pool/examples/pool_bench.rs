@@ -2,7 +2,7 @@
 //! accounting device: single-threaded, and 16 threads sharing one pool behind a mutex (as
 //! the interposer does).
 //!
-//! `cargo run --release -p vramshim-pool --example bench -- [PAIRS] [RUNS]`
+//! `cargo run --release -p vramshim-pool --example pool_bench -- [PAIRS] [RUNS]`
 //! Prints one markdown table; each cell is the median over RUNS runs of CPU time per pair
 //! (process CPU time / pairs, robust on a shared machine), wall time alongside.
 

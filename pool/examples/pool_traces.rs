@@ -1,10 +1,11 @@
 //! Replay every RMM CSV trace through stitch, caching and direct, side by side.
 //!
-//! `cargo run --release -p vramshim-pool --example traces -- [DIR_OR_FILES...]`
-//! (default: /work/shared/traces or $VRAMSHIM_TRACES).
+//! `cargo run --release -p vramshim-pool --example pool_traces -- [DIR_OR_FILES...]`
+//! (default: tests/workloads/traces).
 
 use vramshim_pool::replay::{self, ReplayResult, UNLIMITED};
-use vramshim_pool::{MIB, PolicyKind, rmm_csv};
+use vramshim_pool::stitch::Stitch;
+use vramshim_pool::{AccountingDevice, MIB, Policy, PolicyKind, rmm_csv};
 
 fn mib(b: u64) -> String {
     format!("{:.1}", b as f64 / MIB as f64)
@@ -14,7 +15,7 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut files = Vec::new();
     let roots = if args.is_empty() {
-        vec![std::env::var("VRAMSHIM_TRACES").unwrap_or_else(|_| "/work/shared/traces".into())]
+        vec![concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/workloads/traces").to_string()]
     } else {
         args
     };
@@ -46,6 +47,29 @@ fn main() {
         };
         let name = f.file_name().unwrap().to_string_lossy().to_string();
         let live = replay::peak_live(&t.events);
+        {
+            // stitch with a soft limit at peak live: dissolves cached blocks before growing
+            let make = || -> Box<dyn Policy> { Box::new(Stitch::new().with_headroom(Some(0.0))) };
+            let mut dev = AccountingDevice::new(UNLIMITED);
+            let mut p = make();
+            let r = replay::run_with(&t.events, p.as_mut(), &mut dev);
+            let min = replay::min_capacity_with(&t.events, &make);
+            let twice = replay::repeat(&t.events, 2);
+            let mut dev = AccountingDevice::new(UNLIMITED);
+            let mut p = make();
+            let r2 = replay::run_with(&twice, p.as_mut(), &mut dev);
+            println!(
+                "| {name} | stitch, soft limit 0 | {} | {} | {:.3} | {} | {:.3} | {} | {} | {} |",
+                mib(live),
+                mib(min),
+                min as f64 / live as f64,
+                mib(r.peak_device_used),
+                r.peak_device_used as f64 / live as f64,
+                r.driver_calls,
+                r.syncs,
+                r2.driver_calls - r.driver_calls,
+            );
+        }
         for kind in PolicyKind::ALL {
             let r: ReplayResult = replay::run(&t.events, kind, UNLIMITED, None);
             assert!(r.completed, "{name} {kind}: {:?}", r.first_failure);

@@ -198,8 +198,18 @@ pub fn peak_live(events: &[Event]) -> u64 {
 /// the stream. Deterministic binary search between the physical limit and the device use of
 /// an unlimited run.
 pub fn min_capacity(events: &[Event], policy: PolicyKind) -> u64 {
+    min_capacity_with(events, &|| policy.build())
+}
+
+/// [`min_capacity`] for a policy built by `make` (e.g. a configured `Stitch`).
+pub fn min_capacity_with(events: &[Event], make: &dyn Fn() -> Box<dyn Policy>) -> u64 {
     let gran = 2 << 20;
-    let unlimited = run(events, policy, 1 << 50, None);
+    let try_cap = |cap: u64| {
+        let mut dev = AccountingDevice::new(cap);
+        let mut p = make();
+        run_with(events, p.as_mut(), &mut dev)
+    };
+    let unlimited = try_cap(UNLIMITED);
     if !unlimited.completed {
         // cannot complete at any size (should not happen for valid streams)
         return u64::MAX;
@@ -209,13 +219,13 @@ pub fn min_capacity(events: &[Event], policy: PolicyKind) -> u64 {
     if lo >= hi {
         return hi * gran;
     }
-    if lo == 0 && run(events, policy, 0, None).completed {
+    if lo == 0 && try_cap(0).completed {
         return 0;
     }
     // invariant: lo fails, hi completes
     while hi - lo > 1 {
         let mid = lo + (hi - lo) / 2;
-        if run(events, policy, mid * gran, None).completed {
+        if try_cap(mid * gran).completed {
             hi = mid;
         } else {
             lo = mid;
