@@ -2,6 +2,7 @@
 //! a fixed-size timeline; never the event list).
 
 pub mod compare;
+pub mod diff;
 pub mod report;
 pub mod symbols;
 pub mod timeline;
