@@ -39,3 +39,39 @@ fn bad_input_same_codes_as_without_preload() {
     let exe = build("bad_input", "bad_input.c", Link::SharedRuntime, &[]);
     both(&exe, &[], &[], "ip-bad");
 }
+
+#[test]
+fn stacked_with_another_rtld_next_interposer() {
+    let exe = build("stacked_main", "stacked_main.c", Link::SharedRuntime, &[]);
+    let dir = vramshim_testkit::temp_dir("stacked-wrap");
+    let wrap = dir.join("wrap.so");
+    let src = vramshim_testkit::repo_root().join("tests/workloads/interposer/stacked_wrap.c");
+    let o = std::process::Command::new("gcc")
+        .args(["-O1", "-shared", "-fPIC", "-Wall", "-Werror", "-o"])
+        .arg(&wrap)
+        .arg(&src)
+        .arg("-ldl")
+        .output()
+        .expect("gcc");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let lib = common::lib();
+    for order in [
+        format!("{}:{}", lib.display(), wrap.display()),
+        format!("{}:{}", wrap.display(), lib.display()),
+    ] {
+        let mut c = vramshim_testkit::sim_command(&exe, "ip-stacked");
+        c.env("LD_PRELOAD", &order);
+        let out = vramshim_testkit::run(&mut c);
+        out.assert_success();
+        assert!(
+            out.stdout.contains("wrapper calls=5"),
+            "{order}: {}",
+            out.stdout
+        );
+        assert!(
+            out.stdout.contains("stacked: ok"),
+            "{order}: {}",
+            out.stdout
+        );
+    }
+}
