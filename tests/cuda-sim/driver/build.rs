@@ -5,4 +5,7 @@ fn main() {
     // hand out the driver's own cuMemAlloc_v2 even when a preloaded interposer exports one
     // (otherwise the interposer's "real" function would be itself).
     println!("cargo:rustc-cdylib-link-arg=-Wl,-Bsymbolic-functions");
+    // Never unloaded (as a real driver in practice): stream worker threads and the atexit and
+    // atfork handlers point into this library.
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-z,nodelete");
 }
