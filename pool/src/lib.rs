@@ -73,12 +73,17 @@ pub const KIB: u64 = 1 << 10;
 pub const MIB: u64 = 1 << 20;
 pub const GIB: u64 = 1 << 30;
 
+/// The stream of a request that is not stream-ordered (`cudaMalloc`, `cuMemAlloc`): the
+/// block must be usable on any stream at once, so only memory that a synchronization covers
+/// is handed out (never a block still ordered behind another stream's work).
+pub const ANY_STREAM: Stream = u64::MAX;
+
 /// One allocation request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Request {
     /// Requested bytes (0 is served as 1).
     pub size: u64,
-    /// Stream the allocation is ordered on (0 = legacy default stream).
+    /// Stream the allocation is ordered on (0 = legacy default stream), or [`ANY_STREAM`].
     pub stream: Stream,
 }
 

@@ -529,6 +529,9 @@ impl Stitch {
     fn compat(&self, b: &Block, t: Stream) -> Option<Option<EventId>> {
         if b.free_stream == t || b.epoch < self.epoch || self.faults.ignore_streams {
             Some(None)
+        } else if t == crate::ANY_STREAM {
+            // no stream to order: only memory a synchronization covers
+            None
         } else {
             b.event.map(Some)
         }
@@ -1016,6 +1019,7 @@ impl Stitch {
                     continue;
                 }
                 match f.event {
+                    Some(_) if t == crate::ANY_STREAM => need_sync = true,
                     Some(ev) => {
                         if !waits.contains(&ev) {
                             waits.push(ev)

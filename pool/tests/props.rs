@@ -46,7 +46,8 @@ fn mode() -> impl Strategy<Value = FreeMode> {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        10 => (size(), 0u64..3).prop_map(|(size, stream)| Op::Alloc { size, stream }),
+        10 => (size(), prop_oneof![4 => 0u64..3, 1 => Just(vramshim_pool::ANY_STREAM)])
+            .prop_map(|(size, stream)| Op::Alloc { size, stream }),
         8 => (any::<usize>(), mode()).prop_map(|(idx, mode)| Op::Free { idx, mode }),
         1 => Just(Op::ProcessSync),
         1 => Just(Op::Trim),
@@ -100,7 +101,11 @@ fn exercise(policy: &mut dyn Policy, ops: &[Op], capacity: u64) -> AccountingDev
     }
     dev.set_capturing(false);
     for (addr, _, stream) in live.drain(..) {
-        let mode = FreeMode::Async { stream };
+        let mode = if stream == vramshim_pool::ANY_STREAM {
+            FreeMode::Sync
+        } else {
+            FreeMode::Async { stream }
+        };
         dev.check_free(addr, mode);
         policy.free(&mut dev, addr, mode).unwrap();
     }
