@@ -75,3 +75,30 @@ fn stacked_with_another_rtld_next_interposer() {
         );
     }
 }
+
+#[test]
+fn no_driver_no_runtime_gives_cuda_codes() {
+    let exe = build("no_cuda_libs", "no_cuda_libs.c", Link::Dl, &[]);
+    // No LD_LIBRARY_PATH to the simulated GPU: there is no CUDA library to find.
+    let mut c = std::process::Command::new(&exe);
+    c.env_remove("LD_LIBRARY_PATH")
+        .env("LD_PRELOAD", common::lib());
+    let out = vramshim_testkit::run(&mut c);
+    out.assert_success();
+    for line in [
+        "cudaMalloc -> 35",
+        "cudaFree -> 35",
+        "cudaMemGetInfo -> 35",
+        "cuMemAlloc_v2 -> 3",
+        "cuMemGetInfo_v2 -> 3",
+        "cuGetProcAddress_v2 -> 3",
+        "nvmlDeviceGetMemoryInfo -> 1",
+    ] {
+        assert!(
+            out.stdout.contains(line),
+            "missing {line:?}:\n{}",
+            out.stdout
+        );
+    }
+    assert_eq!(out.stderr, "", "nothing on stderr");
+}
