@@ -20,7 +20,7 @@ pub mod parse;
 pub const MAX_DEVICES: usize = 16;
 pub const MAX_SLOTS: usize = 512;
 /// "VRAMSIM1" + layout revision; a mismatch re-initialises an unused region.
-const MAGIC: u64 = 0x5652_414d_5349_4d02;
+const MAGIC: u64 = 0x5652_414d_5349_4d03;
 /// Marks a slot that is being claimed or reclaimed.
 const BUSY: u64 = u64::MAX;
 
@@ -32,7 +32,9 @@ pub const DEFAULT_DEVICES: u32 = 1;
 struct Header {
     magic: AtomicU64,
     devices: AtomicU32,
-    _pad: AtomicU32,
+    /// One past the highest slot ever claimed: scans stop there, so the untouched tail of a
+    /// fresh (sparse) region file never takes memory.
+    slot_hwm: AtomicU32,
     capacity: AtomicU64,
     used: [AtomicU64; MAX_DEVICES],
     high_water: [AtomicU64; MAX_DEVICES],
@@ -127,6 +129,11 @@ impl DeviceState {
         Ok(state)
     }
 
+    /// Deletes the region of `name` (tests clean up with it; a later process starts afresh).
+    pub fn remove(name: &str) -> io::Result<()> {
+        std::fs::remove_file(Self::path(name))
+    }
+
     /// Opens an existing region for reading; never creates one.
     pub fn open(name: &str) -> io::Result<Self> {
         let path = Self::path(name);
@@ -192,9 +199,15 @@ impl DeviceState {
         unsafe { &(*self.region).header }
     }
 
-    fn slots(&self) -> &[Slot; MAX_SLOTS] {
+    fn all_slots(&self) -> &[Slot; MAX_SLOTS] {
         // SAFETY: as in header().
         unsafe { &(*self.region).slots }
+    }
+
+    /// The slots ever claimed (a prefix of the table).
+    fn slots(&self) -> &[Slot] {
+        let n = (self.header().slot_hwm.load(Ordering::Acquire) as usize).min(MAX_SLOTS);
+        &self.all_slots()[..n]
     }
 
     fn init(&self, devices: u32, capacity: u64) {
@@ -214,6 +227,7 @@ impl DeviceState {
                 u.store(0, Ordering::Relaxed);
             }
         }
+        h.slot_hwm.store(0, Ordering::Relaxed);
         h.magic.store(MAGIC, Ordering::Release);
     }
 
@@ -283,11 +297,14 @@ impl DeviceState {
     pub fn claim_slot(&self) -> Option<SlotId> {
         let (pid, start) = self_identity();
         for attempt in 0..2 {
-            for (i, s) in self.slots().iter().enumerate() {
+            for (i, s) in self.all_slots().iter().enumerate() {
                 if s.pid
                     .compare_exchange(0, BUSY, Ordering::AcqRel, Ordering::Relaxed)
                     .is_ok()
                 {
+                    self.header()
+                        .slot_hwm
+                        .fetch_max(i as u32 + 1, Ordering::AcqRel);
                     s.start.store(start, Ordering::Relaxed);
                     for u in &s.used {
                         u.store(0, Ordering::Relaxed);
@@ -305,7 +322,7 @@ impl DeviceState {
 
     /// Gives back everything the slot holds and frees it (process exit).
     pub fn release_slot(&self, slot: SlotId) {
-        let s = &self.slots()[slot.0];
+        let s = &self.all_slots()[slot.0];
         self.drain_slot(s);
         s.pid.store(0, Ordering::Release);
     }
@@ -342,7 +359,7 @@ impl DeviceState {
                 .compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed)
                 .is_ok()
             {
-                self.slots()[slot.0].used[dev].fetch_add(bytes, Ordering::AcqRel);
+                self.all_slots()[slot.0].used[dev].fetch_add(bytes, Ordering::AcqRel);
                 h.high_water[dev].fetch_max(next, Ordering::AcqRel);
                 return true;
             }
@@ -354,7 +371,7 @@ impl DeviceState {
         if dev >= MAX_DEVICES || bytes == 0 {
             return;
         }
-        self.slots()[slot.0].used[dev].fetch_sub(bytes, Ordering::AcqRel);
+        self.all_slots()[slot.0].used[dev].fetch_sub(bytes, Ordering::AcqRel);
         self.header().used[dev].fetch_sub(bytes, Ordering::AcqRel);
     }
 
@@ -581,7 +598,7 @@ mod tests {
         // Forge a slot for a pid that cannot exist with this start time.
         let slot = s.claim_slot().unwrap();
         assert!(s.reserve(slot, 0, 40));
-        s.slots()[slot.0]
+        s.all_slots()[slot.0]
             .start
             .store(u64::MAX - 1, Ordering::Release);
         assert_eq!(s.used(0), 0);
