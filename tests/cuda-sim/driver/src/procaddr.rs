@@ -17,6 +17,7 @@ use crate::exports::mem::*;
 use crate::exports::memcpy::*;
 use crate::exports::pool::*;
 use crate::exports::stream::*;
+use crate::exports::streamops::*;
 use crate::exports::vmm::*;
 
 pub struct Entry {
@@ -193,6 +194,8 @@ pub static TABLE: LazyLock<Vec<Entry>> = LazyLock::new(|| {
         "cuEventElapsedTime" 2000 cuEventElapsedTime;
         "cuEventElapsedTime" 12080 cuEventElapsedTime_v2;
         "cuLaunchKernel" 4000 cuLaunchKernel | cuLaunchKernel_ptsz;
+        "cuStreamWriteValue32" 8000 cuStreamWriteValue32 | cuStreamWriteValue32_ptsz;
+        "cuStreamWriteValue32" 11070 cuStreamWriteValue32_v2 | cuStreamWriteValue32_v2_ptsz;
         "cuModuleLoad" 2000 cuModuleLoad;
         "cuModuleLoadData" 2000 cuModuleLoadData;
         "cuModuleUnload" 2000 cuModuleUnload;

@@ -8,4 +8,5 @@ pub mod mem;
 pub mod memcpy;
 pub mod pool;
 pub mod stream;
+pub mod streamops;
 pub mod vmm;
