@@ -391,3 +391,6 @@ pub extern "C" fn nvmlErrorString(result: NvmlReturn) -> *const c_char {
         .find(|(c, _)| *c == result)
         .map_or(c"Unknown Error".as_ptr(), |(_, s)| s.as_ptr())
 }
+
+// PyTorch's required NVML functions (PCI bus id lookup, NvLink/fabric: not supported).
+mod pci;
