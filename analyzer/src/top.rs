@@ -107,7 +107,11 @@ fn caps_text(s: &Snapshot) -> String {
     let v: Vec<String> = (0..MAX_DEVICES)
         .filter_map(|d| s.caps.devices[d].map(|c| format!("{d}={}", cap_text(Some(c)))))
         .collect();
-    if v.is_empty() { "none".into() } else { v.join(", ") }
+    if v.is_empty() {
+        "none".into()
+    } else {
+        v.join(", ")
+    }
 }
 
 fn render_text(views: &[View]) -> String {
