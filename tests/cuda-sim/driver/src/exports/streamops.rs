@@ -14,7 +14,7 @@ use crate::stream::{self, SendPtr};
 
 fn write_value32(h: CUstream, addr: CUdeviceptr, value: u32, flags: c_uint, ptds: bool) -> Res {
     // CU_STREAM_WRITE_VALUE_DEFAULT (0) and _NO_MEMORY_BARRIER (1) only.
-    if flags > 1 || addr % 4 != 0 {
+    if flags > 1 || !addr.is_multiple_of(4) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let s = stream::resolve(h, ptds)?;

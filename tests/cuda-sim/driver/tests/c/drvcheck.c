@@ -289,6 +289,8 @@ static int procaddr(void) {
     SAME("cuGetProcAddress", 11030, 0, "cuGetProcAddress");
     SAME("cuGetProcAddress", 12000, 0, "cuGetProcAddress_v2");
     SAME("cuMemCreate", 12000, 0, "cuMemCreate");
+    SAME("cuStreamWriteValue32", 12000, 2, "cuStreamWriteValue32_v2_ptsz");
+    SAME("cuStreamWriteValue32", 11000, 0, "cuStreamWriteValue32");
     SAME("vramsimLaunchFill", 12000, 0, "vramsimLaunchFill");
     /* Not found: success, NULL, SYMBOL_NOT_FOUND. */
     f = (void *)1;
@@ -559,6 +561,14 @@ static int async(void) {
     OK(cuEventRecord(e1, s));
     OK(cuMemFree(buf2));
     OK(cuEventQuery(e1));
+    /* Stream memory operations write when the stream gets there. */
+    CUresult (*wv32)(CUstream, CUdeviceptr, unsigned, unsigned) = get("cuStreamWriteValue32", V, 0);
+    OK(wv32(s, buf, 0xfeedbeef, 0));
+    EXPECT_EQ(wv32(s, buf + 1, 1, 0), 1);
+    OK(cuStreamSynchronize(s));
+    unsigned w = 0;
+    OK(cuMemcpyDtoH(&w, buf, 4));
+    EXPECT_EQ(w, 0xfeedbeef);
     /* Async copies run in stream order. */
     OK(cuMemAlloc(&buf2, 4096));
     OK(cuMemcpyAsync(buf2, buf, 4096, s));
