@@ -542,7 +542,8 @@ impl RecordEncoder {
         if mk & mask::TID != 0 {
             n = wv(&mut b, n, m.tid as u64);
         }
-        n = wv(&mut b, n, zigzag(m.t_ns.wrapping_sub(st.t) as i64));
+        // Repetitive fields first, the noisy timing fields last: zstd then finds the former
+        // repeating across loop iterations as one match.
         if by_ref {
             b[n] = ls as u8;
             n += 1;
@@ -551,6 +552,7 @@ impl RecordEncoder {
             n = wv(&mut b, n, m.size);
             st.addr = m.addr;
         }
+        n = wv(&mut b, n, zigzag(m.t_ns.wrapping_sub(st.t) as i64));
         n = wv(&mut b, n, m.latency_ns as u64);
         b[1] = (n - 2) as u8;
         self.buf.extend_from_slice(&b[..n]);
@@ -941,7 +943,6 @@ impl RecordDecoder {
         if mk & mask::TID != 0 {
             st.tid = c.u32v()?;
         }
-        let t_ns = st.t.wrapping_add(unzigzag(c.varint()?) as u64);
         let (addr, size) = if tag_ == tag::FREE_REF {
             let e = st.live[c.u8()? as usize];
             if e.generation != st.generation {
@@ -953,6 +954,7 @@ impl RecordDecoder {
             st.addr = addr;
             (addr, c.varint()?)
         };
+        let t_ns = st.t.wrapping_add(unzigzag(c.varint()?) as u64);
         let latency_ns = c.u32v()?;
         if tag_ == tag::ALLOC && addr != 0 {
             st.live[live_slot(addr)] = LiveEnt {

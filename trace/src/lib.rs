@@ -49,8 +49,9 @@
 //! ```
 //!
 //! Events come in file order: per thread in program order, but threads' buffers interleave
-//! at buffer granularity, so sort by `t_ns` when a global order is needed (timestamps come
-//! from one CLOCK_MONOTONIC). `Module`, `Stack` and `Device` records precede every event that
+//! at buffer granularity, so sort by time when a global order is needed (timestamps come
+//! from one CLOCK_MONOTONIC). To order the events of one address across threads, take an
+//! `Alloc` at its return (`t_ns + latency_ns`) and a `Free` at its entry (`t_ns`). `Module`, `Stack` and `Device` records precede every event that
 //! refers to them *in time*, not necessarily in file order: collect them as you go.
 //!
 //! The decoder never panics on any input, caps every length it reads (frames at 16 MiB raw,

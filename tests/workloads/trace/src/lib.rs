@@ -1,5 +1,11 @@
 //! End-to-end tests of the tracer layer (`interposer/src/tracer/`) and its benchmark
 //! (`src/bin/trace_bench.rs`). The C workloads are in `c/`.
+//!
+//! The end-to-end tests run `libvramshim.so` and the simulated GPU from the profile directory:
+//! `scripts/test` builds the whole workspace first; alone, build them first
+//! (`cargo build --release -p vramshim-interposer -p vramsim-driver -p vramsim-nvml
+//! -p vramsim-runtime12 -p vramsim-runtime13 -p vramsim-runtime-static`): building this crate
+//! builds the interposer only as a library, not the preload `.so`.
 
 use std::path::{Path, PathBuf};
 

@@ -1,0 +1,323 @@
+//! The tracer benchmark (issue 4), run by `scripts/bench trace`:
+//!
+//! 1. hot path: CPU cost on the calling thread of one traced call, i.e. what the interposer
+//!    adds when `VRAMSHIM_TRACE` is set: the two clock reads the dispatcher takes (`t0` and
+//!    the latency) plus `tracer::emit`, against tracing off (one relaxed load). Without stacks
+//!    and with `VRAMSHIM_STACKS=16` (the call made 24 frames deep).
+//! 2. sustained: 2 threads (one per core) emit as fast as they can; events/s until the file is
+//!    finished, and the loss (must be 0).
+//! 3. bytes/event: the real traces replayed through `libvramshim.so` on cuda-sim by the replay
+//!    workload with `VRAMSHIM_TRACE`.
+//!
+//! Each measurement runs in a fresh process (the tracer is configured once per process):
+//! `trace_bench` runs them all and prints markdown tables; `trace_bench hot STACKS N`,
+//! `trace_bench sustained THREADS EVENTS` and `trace_bench replay` run one.
+//! Costs are CPU time of the measuring thread (`CLOCK_THREAD_CPUTIME_ID`): the machine is
+//! shared, so wall time would measure the neighbours.
+
+use std::path::Path;
+use std::process::Command;
+
+use vramshim::tracer;
+use vramshim_testkit::{interposer_lib, replay_exe, run, sim_command, temp_dir, trace_file};
+use vramshim_trace::{AllocKind, Api, Event, MemOp, TraceReader};
+
+fn clock(id: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a valid out-pointer.
+    unsafe { libc::clock_gettime(id, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn mono() -> u64 {
+    clock(libc::CLOCK_MONOTONIC)
+}
+
+fn thread_cpu() -> u64 {
+    clock(libc::CLOCK_THREAD_CPUTIME_ID)
+}
+
+fn process_cpu() -> u64 {
+    clock(libc::CLOCK_PROCESS_CPUTIME_ID)
+}
+
+static CLOCKS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// What the dispatcher does per traced call: t0, the call, latency, emit. Without `CLOCKS`,
+/// synthetic times isolate the tracer layer's own cost (`emit`).
+#[inline(never)]
+fn traced_call(i: u64, tid: u32) {
+    if tracer::enabled() {
+        let (t0, latency) = if CLOCKS.load(std::sync::atomic::Ordering::Relaxed) {
+            let t0 = mono();
+            (t0, mono().saturating_sub(t0) as u32)
+        } else {
+            (1_000_000_000 + i * 1000, 500)
+        };
+        let m = MemOp {
+            t_ns: t0,
+            tid,
+            api: Api::CudaMalloc,
+            kind: AllocKind::Runtime,
+            flags: 0,
+            device: 0,
+            stream: 0,
+            addr: 0x7f00_0000_0000 + ((i & 1023) << 12),
+            size: 4096 + (i & 1023),
+            result: 0,
+            latency_ns: latency,
+            stack: 0,
+        };
+        tracer::emit(if i % 2 == 0 {
+            Event::Alloc(m)
+        } else {
+            Event::Free(m)
+        });
+    }
+}
+
+/// Calls `f` `depth` frames deeper (so stacks have frames to walk).
+#[inline(never)]
+fn deep(depth: u32, f: &mut dyn FnMut()) {
+    if depth == 0 {
+        f();
+    } else {
+        deep(depth - 1, f);
+    }
+    std::hint::black_box(depth);
+}
+
+fn hot(stacks: u32, n: u64, on: bool) {
+    let dir = temp_dir("trace_bench_hot");
+    if on {
+        tracer::testing::enable(dir.join("hot.vramtrace").to_str().unwrap(), stacks);
+    }
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() } as u32;
+    // Warm-up starts the writer and fills the stack table.
+    for i in 0..10_000 {
+        traced_call(i, tid);
+    }
+    let mut per_call = f64::MAX;
+    for _ in 0..5 {
+        let mut ns = 0;
+        deep(24, &mut || {
+            let t = thread_cpu();
+            for i in 0..n {
+                traced_call(i, tid);
+            }
+            ns = thread_cpu() - t;
+        });
+        per_call = per_call.min(ns as f64 / n as f64);
+    }
+    if on {
+        tracer::on_exit();
+    }
+    println!("hot stacks={stacks} on={on} ns_per_call={per_call:.1}");
+}
+
+fn sustained(threads: usize, events: u64) {
+    let dir = temp_dir("trace_bench_sustained");
+    let path = dir.join("s.vramtrace");
+    tracer::testing::enable(path.to_str().unwrap(), 0);
+    let per = events / threads as u64;
+    let cpu0 = process_cpu();
+    let t0 = mono();
+    let hs: Vec<_> = (0..threads)
+        .map(|_| {
+            std::thread::spawn(move || {
+                // SAFETY: gettid has no preconditions.
+                let tid = unsafe { libc::gettid() } as u32;
+                for i in 0..per {
+                    traced_call(i, tid);
+                }
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+    tracer::on_exit();
+    let wall = mono() - t0;
+    let cpu = process_cpu() - cpu0;
+    let mut r = TraceReader::open(&path).unwrap();
+    let (mut written, mut lost) = (0u64, 0u64);
+    let mut e = Event::Lost { t_ns: 0, count: 0 };
+    while r.next_into(&mut e).unwrap() {
+        match e {
+            Event::Alloc(_) | Event::Free(_) => written += 1,
+            Event::Lost { count, .. } => lost += count,
+            _ => {}
+        }
+    }
+    let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+    println!(
+        "sustained threads={threads} events={} written={written} lost={lost} wall_s={:.3} \
+         events_per_s={:.0} cpu_ns_per_event={:.1} bytes_per_event={:.2}",
+        per * threads as u64,
+        wall as f64 / 1e9,
+        written as f64 / (wall as f64 / 1e9),
+        cpu as f64 / (per * threads as u64) as f64,
+        size as f64 / written.max(1) as f64
+    );
+}
+
+fn replay() {
+    let exe = replay_exe();
+    println!("| trace | alloc+free events | file bytes | bytes/event | lost |");
+    println!("| --- | ---: | ---: | ---: | ---: |");
+    for name in ["vit_train", "t5_train", "bert_serve"] {
+        let dir = temp_dir("trace_bench_replay");
+        let path = dir.join(format!("{name}.vramtrace"));
+        let csv = trace_file(&format!("{name}.rmm.csv"));
+        let mut cmd = sim_command(&exe, "trace_bench_replay");
+        cmd.env("LD_PRELOAD", interposer_lib())
+            .env("VRAMSHIM_TRACE", &path)
+            .arg(&csv);
+        let out = run(&mut cmd);
+        out.assert_success();
+        let (ops, lost) = count(&path);
+        let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        println!(
+            "| {name} | {ops} | {size} | {:.2} | {lost} |",
+            size as f64 / ops.max(1) as f64
+        );
+    }
+}
+
+fn count(path: &Path) -> (u64, u64) {
+    let mut r = TraceReader::open(path).unwrap();
+    let (mut ops, mut lost) = (0, 0);
+    let mut e = Event::Lost { t_ns: 0, count: 0 };
+    while r.next_into(&mut e).unwrap() {
+        match e {
+            Event::Alloc(_) | Event::Free(_) => ops += 1,
+            Event::Lost { count, .. } => lost += count,
+            _ => {}
+        }
+    }
+    (ops, lost)
+}
+
+/// Runs this binary with `args` and returns its stdout.
+fn sub(args: &[&str]) -> String {
+    let exe = std::env::current_exe().unwrap();
+    let o = Command::new(exe)
+        .args(args)
+        .env_remove("VRAMSHIM_TRACE")
+        .env_remove("LD_PRELOAD")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn field(s: &str, key: &str) -> f64 {
+    s.split_whitespace()
+        .find_map(|w| w.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    match a.as_slice() {
+        ["hot", stacks, n, on] => hot(stacks.parse().unwrap(), n.parse().unwrap(), *on == "1"),
+        ["emit", stacks, n] => {
+            CLOCKS.store(false, std::sync::atomic::Ordering::Relaxed);
+            hot(stacks.parse().unwrap(), n.parse().unwrap(), true)
+        }
+        ["sustained", t, n] => sustained(t.parse().unwrap(), n.parse().unwrap()),
+        ["replay"] => replay(),
+        [] => {
+            let runs: usize = std::env::var("BENCH_RUNS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(5);
+            let median = |mut v: Vec<f64>| {
+                v.sort_by(f64::total_cmp);
+                v[v.len() / 2]
+            };
+            println!(
+                "hot path: CPU ns per traced call on the calling thread (median of {runs} processes, each the best of 5 x 1M calls)"
+            );
+            println!("| variant | ns/call | added ns/call |");
+            println!("| --- | ---: | ---: |");
+            let off = median(
+                (0..runs)
+                    .map(|_| field(&sub(&["hot", "0", "1000000", "0"]), "ns_per_call"))
+                    .collect(),
+            );
+            println!("| tracing off (enabled() = one relaxed load) | {off:.1} | - |");
+            for (label, mode, stacks, n) in [
+                (
+                    "tracer layer only (emit), no stacks",
+                    "emit",
+                    "0",
+                    "1000000",
+                ),
+                (
+                    "emit + the dispatcher's 2 clock reads, no stacks",
+                    "hot",
+                    "0",
+                    "1000000",
+                ),
+                (
+                    "emit + 2 clock reads, VRAMSHIM_STACKS=16",
+                    "hot",
+                    "16",
+                    "20000",
+                ),
+            ] {
+                let on = median(
+                    (0..runs)
+                        .map(|_| {
+                            let mut a = vec![mode, stacks, n];
+                            if mode == "hot" {
+                                a.push("1");
+                            }
+                            field(&sub(&a), "ns_per_call")
+                        })
+                        .collect(),
+                );
+                println!("| {label} | {on:.1} | {:.1} |", on - off);
+            }
+            println!();
+            println!("sustained: 2 threads emit 10M events as fast as they can (median of {runs})");
+            println!(
+                "| events | written | lost | wall s | events/s (wall) | CPU ns/event, all threads | events/s per 2 cores of CPU | bytes/event |"
+            );
+            println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+            let mut outs: Vec<String> = (0..runs.min(3))
+                .map(|_| sub(&["sustained", "2", "10000000"]))
+                .collect();
+            outs.sort_by(|x, y| field(x, "events_per_s").total_cmp(&field(y, "events_per_s")));
+            let s = &outs[outs.len() / 2];
+            let cpu = field(s, "cpu_ns_per_event");
+            println!(
+                "| {} | {} | {} | {:.2} | {:.0} | {:.1} | {:.0} | {:.2} |",
+                field(s, "events"),
+                field(s, "written"),
+                field(s, "lost"),
+                field(s, "wall_s"),
+                field(s, "events_per_s"),
+                cpu,
+                2e9 / cpu,
+                field(s, "bytes_per_event")
+            );
+            println!();
+            println!(
+                "bytes/event: the real traces replayed through libvramshim.so on cuda-sim (replay workload, VRAMSHIM_TRACE, zstd level 3)"
+            );
+            print!("{}", sub(&["replay"]));
+        }
+        _ => {
+            eprintln!("usage: trace_bench [hot STACKS N 0|1 | sustained THREADS EVENTS | replay]");
+            std::process::exit(2);
+        }
+    }
+}
