@@ -71,7 +71,7 @@ fn traced_call(i: u64, tid: u32) {
             latency_ns: latency,
             stack: 0,
         };
-        tracer::emit(if i % 2 == 0 {
+        tracer::emit(if i.is_multiple_of(2) {
             Event::Alloc(m)
         } else {
             Event::Free(m)
