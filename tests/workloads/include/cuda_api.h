@@ -280,6 +280,71 @@ cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **funcPtr,
                                              unsigned long long flags,
                                              cudaDriverEntryPointQueryResult *driverStatus);
 
+/* ------------------------------------------------------------ kernels (not computed on cuda-sim)
+ * Registration as nvcc's generated host code does it, launches (no-op operations on their
+ * stream on cuda-sim), function attributes, occupancy, __device__ variables. */
+typedef struct dim3 { unsigned int x, y, z; } dim3;
+typedef void *cudaKernel_t;
+typedef struct cudaLaunchConfig_st {
+    dim3 gridDim;
+    dim3 blockDim;
+    size_t dynamicSmemBytes;
+    cudaStream_t stream;
+    void *attrs; /* cudaLaunchAttribute * */
+    unsigned int numAttrs;
+} cudaLaunchConfig_t;
+struct cudaFuncAttributes {
+    size_t sharedSizeBytes, constSizeBytes, localSizeBytes;
+    int maxThreadsPerBlock, numRegs, ptxVersion, binaryVersion, cacheModeCA, maxDynamicSharedSizeBytes,
+        preferredShmemCarveout, clusterDimMustBeSet, requiredClusterWidth, requiredClusterHeight,
+        requiredClusterDepth, clusterSchedulingPolicyPreference, nonPortableClusterSizeAllowed;
+    int reserved[16];
+};
+typedef struct cudaIpcEventHandle_st { char reserved[64]; } cudaIpcEventHandle_t;
+#define cudaErrorInvalidConfiguration ((cudaError_t)9)
+#define cudaErrorInvalidDeviceFunction ((cudaError_t)98)
+void **__cudaRegisterFatBinary(void *fatCubin);
+void __cudaRegisterFatBinaryEnd(void **fatCubinHandle);
+void __cudaUnregisterFatBinary(void **fatCubinHandle);
+void __cudaRegisterFunction(void **fatCubinHandle, const char *hostFun, char *deviceFun, const char *deviceName,
+                            int thread_limit, void *tid, void *bid, dim3 *bDim, dim3 *gDim, int *wSize);
+void __cudaRegisterVar(void **fatCubinHandle, char *hostVar, char *deviceAddress, const char *deviceName, int ext,
+                       size_t size, int constant, int global);
+unsigned __cudaPushCallConfiguration(dim3 gridDim, dim3 blockDim, size_t sharedMem, cudaStream_t stream);
+cudaError_t __cudaPopCallConfiguration(dim3 *gridDim, dim3 *blockDim, size_t *sharedMem, void *stream);
+cudaError_t __cudaGetKernel(cudaKernel_t *kernel, const void *hostFun);
+cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 gridDim, dim3 blockDim, void **args, size_t sharedMem,
+                               cudaStream_t stream);
+cudaError_t cudaLaunchKernel(const void *func, dim3 gridDim, dim3 blockDim, void **args, size_t sharedMem,
+                             cudaStream_t stream);
+cudaError_t cudaLaunchCooperativeKernel(const void *func, dim3 gridDim, dim3 blockDim, void **args,
+                                        size_t sharedMem, cudaStream_t stream);
+cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t *config, const void *func, void **args);
+cudaError_t cudaFuncGetAttributes(struct cudaFuncAttributes *attr, const void *func);
+cudaError_t cudaFuncSetAttribute(const void *func, int attr, int value);
+cudaError_t cudaKernelSetAttributeForDevice(cudaKernel_t kernel, int attr, int value, int device);
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *numBlocks, const void *func, int blockSize,
+                                                          size_t dynamicSMemSize);
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *numBlocks, const void *func, int blockSize,
+                                                                   size_t dynamicSMemSize, unsigned int flags);
+cudaError_t cudaGetSymbolAddress(void **devPtr, const void *symbol);
+cudaError_t cudaMemcpyToSymbol(const void *symbol, const void *src, size_t count, size_t offset,
+                               enum cudaMemcpyKind kind);
+cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
+                              enum cudaMemcpyKind kind, cudaStream_t stream);
+cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t *handle, cudaEvent_t event);
+cudaError_t cudaIpcOpenEventHandle(cudaEvent_t *event, cudaIpcEventHandle_t handle);
+/* Graphs beyond capture status: cudaErrorNotSupported on cuda-sim (graph memory reads 0). */
+typedef void *cudaGraphExec_t;
+cudaError_t cudaDeviceGetGraphMemAttribute(int device, int attr, void *value);
+cudaError_t cudaDeviceSetGraphMemAttribute(int device, int attr, void *value);
+cudaError_t cudaGraphDestroy(cudaGraph_t graph);
+cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t *exec, cudaGraph_t graph, unsigned long long flags);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream);
+cudaError_t cudaLibraryLoadData(void **library, const void *code, void *jitOptions, void **jitOptionsValues,
+                                unsigned int numJitOptions, void *libraryOptions, void **libraryOptionValues,
+                                unsigned int numLibraryOptions);
+
 /* ------------------------------------------------ simulated-GPU-only runtime entry points
  * "Kernels" of the simulated runtime (exported by cuda-sim's libcudart only, not by NVIDIA's):
  * enqueue on `stream` an operation that sleeps `delay_us` microseconds on the stream's worker

@@ -200,6 +200,12 @@ fn valid_device(d: &Driver, dev: c_int) -> Res {
     Ok(())
 }
 
+/// Fails unless `dev` is a device of the loaded driver.
+pub fn check_device(rt: Flavor, dev: c_int) -> Res {
+    let d = drv(rt)?;
+    valid_device(d, dev)
+}
+
 pub unsafe fn set_device(rt: Flavor, dev: c_int) -> Res {
     let d = drv(rt)?;
     valid_device(d, dev)?;
@@ -725,6 +731,45 @@ pub unsafe fn memcpy_async(
     }
 }
 
+/// `cudaMemcpy2DAsync`: one copy when both pitches equal the width, else one per row.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn memcpy_2d_async(
+    rt: Flavor,
+    ptds: bool,
+    dst: *mut c_void,
+    dpitch: usize,
+    src: *const c_void,
+    spitch: usize,
+    width: usize,
+    height: usize,
+    kind: c_uint,
+    s: CUstream,
+) -> Res {
+    ctx(rt)?;
+    if width > dpitch || width > spitch {
+        return Err(INVALID_PITCH_VALUE);
+    }
+    if width == 0 || height == 0 {
+        return Ok(());
+    }
+    if dpitch == width && spitch == width {
+        let n = width.checked_mul(height).ok_or(err::INVALID_VALUE)?;
+        // SAFETY: forwarded; the caller promises both ranges.
+        return unsafe { memcpy_async(rt, ptds, dst, src, n, kind, s) };
+    }
+    for row in 0..height {
+        let (d, sr) = (
+            (dst as usize).wrapping_add(row * dpitch) as *mut c_void,
+            (src as usize).wrapping_add(row * spitch) as *const c_void,
+        );
+        // SAFETY: row `row` of both 2D ranges the caller promises.
+        unsafe { memcpy_async(rt, ptds, d, sr, width, kind, s) }?;
+    }
+    Ok(())
+}
+
+const INVALID_PITCH_VALUE: cudaError_t = 12;
+
 pub unsafe fn memset(rt: Flavor, p: *mut c_void, v: c_int, n: usize) -> Res {
     let d = ctx(rt)?;
     if n == 0 {
@@ -1043,6 +1088,19 @@ pub unsafe fn ipc_close_mem_handle(rt: Flavor, p: *mut c_void) -> Res {
     nonnull(p)?;
     let d = ctx(rt)?;
     cu!(d, cuIpcCloseMemHandle(p as CUdeviceptr))
+}
+
+pub unsafe fn ipc_get_event_handle(rt: Flavor, h: *mut cudaIpcEventHandle_t, e: CUevent) -> Res {
+    nonnull(h)?;
+    nonnull(e).map_err(|_| err::INVALID_RESOURCE_HANDLE)?;
+    let d = ctx(rt)?;
+    cu!(d, cuIpcGetEventHandle(h, e))
+}
+
+pub unsafe fn ipc_open_event_handle(rt: Flavor, e: *mut CUevent, h: cudaIpcEventHandle_t) -> Res {
+    nonnull(e)?;
+    let d = ctx(rt)?;
+    cu!(d, cuIpcOpenEventHandle(e, h))
 }
 
 /// `cudaMemcpyPeerAsync`: the driver wants the two devices' (primary) contexts.

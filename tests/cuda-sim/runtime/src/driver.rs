@@ -153,6 +153,11 @@ driver_table! {
     cuCtxGetStreamPriorityRange = c"cuCtxGetStreamPriorityRange" @ 5050: fn(*mut c_int, *mut c_int);
     cuDeviceGetPCIBusId = c"cuDeviceGetPCIBusId" @ 4010: fn(*mut c_char, c_int, CUdevice);
 
+    cuLaunchKernel = c"cuLaunchKernel" @ 4000: fn(*mut c_void, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CUstream, *mut *mut c_void, *mut *mut c_void);
+    cuLaunchKernel_ptsz = c"cuLaunchKernel" @ 4000 [PTDS]: fn(*mut c_void, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CUstream, *mut *mut c_void, *mut *mut c_void);
+    cuIpcGetEventHandle = c"cuIpcGetEventHandle" @ 4010: fn(*mut cudaIpcEventHandle_t, CUevent);
+    cuIpcOpenEventHandle = c"cuIpcOpenEventHandle" @ 4010: fn(*mut CUevent, cudaIpcEventHandle_t);
+
     vramsimLaunchFill = c"vramsimLaunchFill" @ 2000: fn(CUstream, CUdeviceptr, u8, usize, c_uint);
     vramsimLaunchFill_ptsz = c"vramsimLaunchFill" @ 2000 [PTDS]: fn(CUstream, CUdeviceptr, u8, usize, c_uint);
     vramsimLaunchCopy = c"vramsimLaunchCopy" @ 2000: fn(CUstream, CUdeviceptr, CUdeviceptr, usize, c_uint);

@@ -9,6 +9,7 @@
 use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
 use vramsim_runtime::api;
 use vramsim_runtime::errors;
+use vramsim_runtime::kernels::{self, cudaFuncAttributes, cudaLaunchConfig_t, dim3};
 use vramsim_runtime::types::*;
 
 const LEGACY: bool = false;
@@ -125,6 +126,61 @@ vramsim_runtime::cuda_exports! {
     fn cudaProfilerStart() => api::profiler(RT);
     fn cudaProfilerStop() => api::profiler(RT);
 
+    // Kernels: launches are no-op operations on their stream (results are not computed).
+    fn cudaLaunchKernel(f: *const c_void, g: dim3, b: dim3, _args: *mut *mut c_void, shmem: usize, s: cudaStream_t) => kernels::launch(RT, LEGACY, f, g, b, shmem, s);
+    fn cudaLaunchKernel_ptsz(f: *const c_void, g: dim3, b: dim3, _args: *mut *mut c_void, shmem: usize, s: cudaStream_t) => kernels::launch(RT, PTDS, f, g, b, shmem, s);
+    fn cudaLaunchCooperativeKernel(f: *const c_void, g: dim3, b: dim3, _args: *mut *mut c_void, shmem: usize, s: cudaStream_t) => kernels::launch(RT, LEGACY, f, g, b, shmem, s);
+    fn cudaLaunchCooperativeKernel_ptsz(f: *const c_void, g: dim3, b: dim3, _args: *mut *mut c_void, shmem: usize, s: cudaStream_t) => kernels::launch(RT, PTDS, f, g, b, shmem, s);
+    fn cudaLaunchKernelExC(c: *const cudaLaunchConfig_t, f: *const c_void, _args: *mut *mut c_void) => kernels::launch_ex(RT, LEGACY, c, f);
+    fn cudaLaunchKernelExC_ptsz(c: *const cudaLaunchConfig_t, f: *const c_void, _args: *mut *mut c_void) => kernels::launch_ex(RT, PTDS, c, f);
+    fn __cudaLaunchKernel(k: *const c_void, g: dim3, b: dim3, _args: *mut *mut c_void, shmem: usize, s: cudaStream_t) => kernels::launch(RT, LEGACY, k, g, b, shmem, s);
+    fn __cudaLaunchKernel_ptsz(k: *const c_void, g: dim3, b: dim3, _args: *mut *mut c_void, shmem: usize, s: cudaStream_t) => kernels::launch(RT, PTDS, k, g, b, shmem, s);
+    fn __cudaGetKernel(k: *mut *mut c_void, f: *const c_void) => kernels::get_kernel(k, f);
+    fn __cudaPopCallConfiguration(g: *mut dim3, b: *mut dim3, shmem: *mut usize, s: *mut c_void) => kernels::pop_call_configuration(g, b, shmem, s);
+    fn cudaFuncGetAttributes(a: *mut cudaFuncAttributes, f: *const c_void) => kernels::func_get_attributes(RT, a, f);
+    fn cudaFuncSetAttribute(f: *const c_void, _attr: c_int, _v: c_int) => kernels::func_set_attribute(RT, f);
+    fn cudaKernelSetAttributeForDevice(k: *const c_void, _attr: c_int, _v: c_int, dev: c_int) => api::check_device(RT, dev).and_then(|()| kernels::func_set_attribute(RT, k));
+    fn cudaOccupancyMaxActiveBlocksPerMultiprocessor(n: *mut c_int, f: *const c_void, bs: c_int, _smem: usize) => kernels::occupancy(RT, n, f, bs);
+    fn cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(n: *mut c_int, f: *const c_void, bs: c_int, _smem: usize, _flags: c_uint) => kernels::occupancy(RT, n, f, bs);
+    fn cudaGetSymbolAddress(p: *mut *mut c_void, sym: *const c_void) => kernels::get_symbol_address(RT, p, sym);
+    fn cudaMemcpyToSymbol(sym: *const c_void, src: *const c_void, n: usize, off: usize, kind: c_uint) => kernels::memcpy_to_symbol(RT, sym, src, n, off, kind);
+
+    fn cudaMemcpy2DAsync(dst: *mut c_void, dp: usize, src: *const c_void, sp: usize, w: usize, h: usize, kind: c_uint, s: cudaStream_t) => api::memcpy_2d_async(RT, LEGACY, dst, dp, src, sp, w, h, kind, s);
+    fn cudaMemcpy2DAsync_ptsz(dst: *mut c_void, dp: usize, src: *const c_void, sp: usize, w: usize, h: usize, kind: c_uint, s: cudaStream_t) => api::memcpy_2d_async(RT, PTDS, dst, dp, src, sp, w, h, kind, s);
+    fn cudaIpcGetEventHandle(h: *mut cudaIpcEventHandle_t, e: cudaEvent_t) => api::ipc_get_event_handle(RT, h, e);
+    fn cudaIpcOpenEventHandle(e: *mut cudaEvent_t, h: cudaIpcEventHandle_t) => api::ipc_open_event_handle(RT, e, h);
+
+    // Graphs: capture status is tracked (above); graph memory is always 0; the empty graph a
+    // capture returns can be destroyed; everything else is cudaErrorNotSupported (801).
+    fn cudaDeviceGetGraphMemAttribute(dev: c_int, attr: c_int, v: *mut c_void) => kernels::device_get_graph_mem_attribute(RT, dev, attr, v);
+    fn cudaDeviceSetGraphMemAttribute(dev: c_int, attr: c_int, v: *mut c_void) => kernels::device_set_graph_mem_attribute(RT, dev, attr, v);
+    fn cudaGraphDestroy(g: CUgraph) => kernels::graph_destroy(RT, g);
+    fn cudaGraphAddNode() => kernels::not_supported(RT);
+    fn cudaGraphConditionalHandleCreate() => kernels::not_supported(RT);
+    fn cudaGraphExecDestroy() => kernels::not_supported(RT);
+    fn cudaGraphGetNodes() => kernels::not_supported(RT);
+    fn cudaGraphInstantiate() => kernels::not_supported(RT);
+    fn cudaGraphInstantiateWithFlags() => kernels::not_supported(RT);
+    fn cudaGraphLaunch() => kernels::not_supported(RT);
+    fn cudaGraphLaunch_ptsz() => kernels::not_supported(RT);
+    fn cudaGraphNodeGetDependencies() => kernels::not_supported(RT);
+    fn cudaGraphRetainUserObject() => kernels::not_supported(RT);
+    fn cudaUserObjectCreate() => kernels::not_supported(RT);
+    fn cudaUserObjectRelease() => kernels::not_supported(RT);
+    fn cudaStreamBeginCaptureToGraph() => kernels::not_supported(RT);
+    fn cudaStreamBeginCaptureToGraph_ptsz() => kernels::not_supported(RT);
+    fn cudaStreamUpdateCaptureDependencies() => kernels::not_supported(RT);
+    fn cudaStreamUpdateCaptureDependencies_ptsz() => kernels::not_supported(RT);
+    // Library management (loading device code at run time): not supported.
+    fn cudaLibraryLoadData() => kernels::not_supported(RT);
+    fn cudaLibraryLoadFromFile() => kernels::not_supported(RT);
+    fn cudaLibraryUnload() => kernels::not_supported(RT);
+    fn cudaLibraryGetKernel() => kernels::not_supported(RT);
+    fn cudaLibraryGetKernelCount() => kernels::not_supported(RT);
+    fn cudaLibraryGetGlobal() => kernels::not_supported(RT);
+    fn cudaLibraryGetManaged() => kernels::not_supported(RT);
+    fn cudaLibraryGetUnifiedFunction() => kernels::not_supported(RT);
+
     fn vramsimKernelFill(dst: *mut c_void, v: u8, n: usize, delay_us: c_uint, s: cudaStream_t) => api::kernel_fill(RT, LEGACY, dst, v, n, delay_us, s);
     fn vramsimKernelFill_ptsz(dst: *mut c_void, v: u8, n: usize, delay_us: c_uint, s: cudaStream_t) => api::kernel_fill(RT, PTDS, dst, v, n, delay_us, s);
     fn vramsimKernelCopy(dst: *mut c_void, src: *const c_void, n: usize, delay_us: c_uint, s: cudaStream_t) => api::kernel_copy(RT, LEGACY, dst, src, n, delay_us, s);
@@ -201,3 +257,70 @@ pub extern "C" fn cudaGetErrorName(e: cudaError_t) -> *const c_char {
     errors::guard_value(c"cudaErrorUnknown".as_ptr(), || errors::error_name(e))
 }
 
+
+// ----------------------------------------------------------------- kernel registration
+// Called by nvcc's generated host code from static constructors (at load / dlopen): they
+// never touch the driver, and never fail.
+
+/// `__cudaRegisterFatBinary`: returns the module handle (`void **`).
+#[unsafe(no_mangle)]
+pub extern "C" fn __cudaRegisterFatBinary(image: *mut c_void) -> *mut *mut c_void {
+    errors::guard_value(std::ptr::null_mut(), || kernels::register_fat_binary(image))
+}
+
+/// `__cudaRegisterFatBinaryEnd`.
+#[unsafe(no_mangle)]
+pub extern "C" fn __cudaRegisterFatBinaryEnd(_handle: *mut *mut c_void) {}
+
+/// `__cudaUnregisterFatBinary`: at exit; the registration is simply kept.
+#[unsafe(no_mangle)]
+pub extern "C" fn __cudaUnregisterFatBinary(_handle: *mut *mut c_void) {}
+
+/// `__cudaRegisterFunction`.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub extern "C" fn __cudaRegisterFunction(
+    _handle: *mut *mut c_void,
+    _host_fun: *const c_char,
+    _device_fun: *mut c_char,
+    _device_name: *const c_char,
+    _thread_limit: c_int,
+    _tid: *mut c_void,
+    _bid: *mut c_void,
+    _block: *mut c_void,
+    _grid: *mut c_void,
+    _warp_size: *mut c_int,
+) {
+    errors::guard_value((), kernels::register_function)
+}
+
+/// `__cudaRegisterVar`.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub extern "C" fn __cudaRegisterVar(
+    _handle: *mut *mut c_void,
+    host_var: *mut c_char,
+    _device_address: *mut c_char,
+    _device_name: *const c_char,
+    _ext: c_int,
+    size: usize,
+    _constant: c_int,
+    _global: c_int,
+) {
+    errors::guard_value((), || {
+        kernels::register_var(host_var as *const c_void, size)
+    })
+}
+
+/// `__cudaPushCallConfiguration` (`<<<grid, block, shmem, stream>>>`).
+#[unsafe(no_mangle)]
+pub extern "C" fn __cudaPushCallConfiguration(
+    grid: dim3,
+    block: dim3,
+    shmem: usize,
+    s: cudaStream_t,
+) -> c_uint {
+    errors::guard_value(1, || {
+        kernels::push_call_configuration(grid, block, shmem, s)
+    })
+}

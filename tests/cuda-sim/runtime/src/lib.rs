@@ -17,6 +17,7 @@
 pub mod api;
 pub mod driver;
 pub mod errors;
+pub mod kernels;
 pub mod types;
 
 /// Defines `#[unsafe(no_mangle)] extern "C"` runtime functions whose body is an

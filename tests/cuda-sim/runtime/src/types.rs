@@ -103,6 +103,14 @@ pub struct cudaIpcMemHandle_t {
     pub reserved: [c_char; 64],
 }
 
+/// `cudaIpcEventHandle_t` (same layout as `CUipcEventHandle`; passed by value to
+/// `cudaIpcOpenEventHandle`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct cudaIpcEventHandle_t {
+    pub reserved: [c_char; 64],
+}
+
 /// `cudaHostFn_t` / `CUhostFn`.
 pub type HostFn = Option<unsafe extern "C" fn(*mut c_void)>;
 /// `cudaStreamCallback_t` / `CUstreamCallback` (status is a `cudaError_t` / `CUresult`).

@@ -373,3 +373,16 @@ fn a_driver_older_than_the_runtime_is_insufficient() {
     let exe = compile_c("old_driver12", &[BASIC], Link::SharedRuntime);
     run(sim_command(&exe, "old_driver12").env("VRAMSIM_DRIVER_VERSION", "12090")).assert_success();
 }
+
+#[test]
+fn kernels_registration_launches_and_unsupported_graphs() {
+    for (name, link) in [
+        ("rt_kernels12", Link::SharedRuntime),
+        ("rt_kernels13", Link::SharedRuntime13),
+    ] {
+        let exe = compile_c(name, &["tests/workloads/sim/rt_kernels.c"], link);
+        let out = run(&mut sim_command(&exe, name));
+        out.assert_success();
+        assert!(out.stdout.contains("rt_kernels: ok"), "{}", out.stdout);
+    }
+}
