@@ -1,5 +1,30 @@
-//! Pool layer (owner: pool). Stub: nothing is pooled.
+//! Pool layer (owner: pool). `VRAMSHIM_POOL=stitch` (default `off`) serves plain device
+//! allocations (`cudaMalloc`, `cuMemAlloc_v2`, `cudaMallocAsync`, `cuMemAllocAsync` and their
+//! `_ptsz` forms) from `vramshim_pool::stitch::Stitch` over the CUDA virtual-memory API
+//! ([`cuda_device::CudaDevice`], one pool per device ordinal, one lock around all of them).
+//!
+//! Semantics (DESIGN.md section 4): `cudaFree`d blocks wait for a synchronization (batched,
+//! the process's own syncs count through [`note_process_sync`]); `cudaFreeAsync(p, s)` blocks
+//! are reusable at once on `s` and on other streams behind an event; requests that are not
+//! stream-ordered (`cudaMalloc`) only get memory a synchronization covers; no synchronizing
+//! call during stream capture; pointers the pool does not own go to the real function; if
+//! the virtual-memory API is missing the layer falls back to pass-through with one warning.
+//! A device refusal (real out-of-memory) makes the pool dissolve its cached blocks and retry
+//! before the process sees `CUDA_ERROR_OUT_OF_MEMORY` / `cudaErrorMemoryAllocation`.
+//!
+//! Cap: the dispatcher charges every pooled request's size to the cap before the pool is
+//! asked (live bytes), so the pool's physical pages are not charged a second time.
 
+mod cuda_device;
+#[cfg(test)]
+mod tests;
+
+use crate::ffi_types::*;
+use cuda_device::CudaDevice;
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use vramshim_pool::stitch::Stitch;
+use vramshim_pool::{ANY_STREAM, DeviceError, FreeMode, Policy, PoolError, Request, Stats};
 use vramshim_trace::{AllocKind, Api};
 
 /// One request as the dispatcher hands it to the pool.
@@ -13,20 +38,322 @@ pub struct PoolRequest {
     pub size: u64,
 }
 
+const UNREAD: u8 = 0;
+const OFF: u8 = 1;
+const ON: u8 = 2;
+/// Configured on, but the virtual-memory API is missing: pass-through.
+const FALLBACK: u8 = 3;
+
+static MODE: AtomicU8 = AtomicU8::new(UNREAD);
+
+/// Device ordinals served (others pass through).
+const MAX_DEVICES: usize = 64;
+
+/// Is the pool on? (One relaxed load once the configuration was read.)
 #[inline]
 pub fn enabled() -> bool {
-    false
+    match MODE.load(Ordering::Relaxed) {
+        ON => true,
+        UNREAD => read_mode(),
+        _ => false,
+    }
+}
+
+#[cold]
+fn read_mode() -> bool {
+    let m = match crate::env::var("VRAMSHIM_POOL").map(str::trim) {
+        None | Some("") | Some("off") => OFF,
+        Some("stitch") => ON,
+        Some(other) => {
+            crate::warn!(
+                "VRAMSHIM_POOL={other:?} is not understood (accepted: stitch, off); the pool stays off"
+            );
+            OFF
+        }
+    };
+    let _ = MODE.compare_exchange(UNREAD, m, Ordering::Relaxed, Ordering::Relaxed);
+    MODE.load(Ordering::Relaxed) == ON
+}
+
+#[cold]
+fn fall_back(why: &str) {
+    if MODE.swap(FALLBACK, Ordering::Relaxed) == ON {
+        crate::warn!("VRAMSHIM_POOL=stitch: {why}; the pool is off (pass-through)");
+    }
+}
+
+struct DevicePool {
+    policy: Stitch,
+    dev: CudaDevice,
+}
+
+struct Pools {
+    devs: Vec<Option<DevicePool>>,
+}
+
+/// A lock that a forked child can reset (the thread holding it in the parent does not exist
+/// in the child).
+struct Lock {
+    locked: AtomicBool,
+    pools: UnsafeCell<Pools>,
+}
+
+// SAFETY: `pools` is only touched while `locked` is held (see `with_pools`).
+unsafe impl Sync for Lock {}
+
+static POOLS: Lock = Lock {
+    locked: AtomicBool::new(false),
+    pools: UnsafeCell::new(Pools { devs: Vec::new() }),
+};
+
+fn with_pools<R>(f: impl FnOnce(&mut Pools) -> R) -> R {
+    let mut spins = 0u32;
+    while POOLS
+        .locked
+        .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+        .is_err()
+    {
+        spins += 1;
+        if spins < 64 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
+    }
+    struct Unlock;
+    impl Drop for Unlock {
+        fn drop(&mut self) {
+            POOLS.locked.store(false, Ordering::Release);
+        }
+    }
+    let _u = Unlock;
+    // SAFETY: exclusive access while the lock is held.
+    f(unsafe { &mut *POOLS.pools.get() })
+}
+
+/// The pool stream for a request, or `None` if the pool does not serve this kind.
+fn pool_stream(req: &PoolRequest) -> Option<u64> {
+    if req.size == 0 || req.device < 0 || req.device as usize >= MAX_DEVICES {
+        return None;
+    }
+    match req.api {
+        Api::CudaMalloc | Api::CuMemAlloc => Some(ANY_STREAM),
+        Api::CudaMallocAsync | Api::CuMemAllocAsync => Some(req.stream),
+        _ => None,
+    }
+}
+
+fn is_runtime(api: Api) -> bool {
+    matches!(api, Api::CudaMalloc | Api::CudaMallocAsync)
+}
+
+/// Runtime requests may arrive before the runtime made its primary context current on this
+/// thread (it would do so inside the real call): do what it would do.
+fn ensure_context(device: i32) {
+    let (Some(get), Some(retain), Some(set)) = (
+        crate::real::cuCtxGetCurrent(),
+        crate::real::cuDevicePrimaryCtxRetain(),
+        crate::real::cuCtxSetCurrent(),
+    ) else {
+        return;
+    };
+    let mut cur: CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out-pointers; the primary context is retained for the process lifetime,
+    // as the runtime does.
+    unsafe {
+        if get(&mut cur) == CUDA_SUCCESS && cur.is_null() {
+            let mut ctx: CUcontext = std::ptr::null_mut();
+            if retain(&mut ctx, device) == CUDA_SUCCESS && !ctx.is_null() {
+                set(ctx);
+            }
+        }
+    }
 }
 
 /// `None`: not for the pool, take the real path. `Some(Ok(ptr))` / `Some(Err(cuda_code))` otherwise.
-pub fn alloc(_req: &PoolRequest) -> Option<Result<u64, i32>> {
-    None
+pub fn alloc(req: &PoolRequest) -> Option<Result<u64, i32>> {
+    let stream = pool_stream(req)?;
+    if MODE.load(Ordering::Relaxed) != ON {
+        return None;
+    }
+    if is_runtime(req.api) {
+        ensure_context(req.device);
+    }
+    let r = with_pools(|pools| {
+        let d = req.device as usize;
+        if pools.devs.len() <= d {
+            pools.devs.resize_with(d + 1, || None);
+        }
+        if pools.devs[d].is_none() {
+            match CudaDevice::new(req.device) {
+                Ok(dev) => {
+                    let mut policy = Stitch::new();
+                    if crate::env::var("VRAMSHIM_POOL_DEBUG") == Some("reuse-early") {
+                        // testing only: break the reuse rules to prove the tests can fail
+                        crate::warn!(
+                            "VRAMSHIM_POOL_DEBUG=reuse-early: the pool reuses freed memory too early (testing only)"
+                        );
+                        policy.set_faults(vramshim_pool::stitch::Faults {
+                            reuse_sync_frees_early: true,
+                            ignore_streams: true,
+                            ..Default::default()
+                        });
+                    }
+                    pools.devs[d] = Some(DevicePool { policy, dev })
+                }
+                Err(why) => return Err(why),
+            }
+        }
+        let p = pools.devs[d].as_mut().unwrap();
+        p.dev.stream = stream;
+        Ok(p.policy.alloc(
+            &mut p.dev,
+            Request {
+                size: req.size,
+                stream,
+            },
+        ))
+    });
+    let r = match r {
+        Ok(r) => r,
+        Err(why) => {
+            fall_back(&why);
+            return None;
+        }
+    };
+    match r {
+        Ok(a) => Some(Ok(a.addr)),
+        Err(e) => {
+            crate::debug!("pool: {} bytes on device {}: {e}", req.size, req.device);
+            let code = match e {
+                PoolError::OutOfMemory { .. } => CUDA_ERROR_OUT_OF_MEMORY,
+                PoolError::Device(DeviceError::Unsupported) => {
+                    fall_back("the virtual-memory API refused (unsupported)");
+                    return None;
+                }
+                _ if is_runtime(req.api) => cudaErrorMemoryAllocation,
+                PoolError::Device(DeviceError::Driver(c)) => c,
+                PoolError::Device(_) => CUDA_ERROR_OUT_OF_MEMORY,
+                PoolError::UnknownPointer(_) => CUDA_ERROR_INVALID_VALUE,
+            };
+            Some(Err(code))
+        }
+    }
 }
 
 /// `None`: not pool memory, take the real path. `stream` is `Some` for stream-ordered frees.
-pub fn free(_ptr: u64, _stream: Option<u64>) -> Option<i32> {
-    None
+pub fn free(ptr: u64, stream: Option<u64>) -> Option<i32> {
+    if MODE.load(Ordering::Relaxed) != ON {
+        return None;
+    }
+    with_pools(|pools| {
+        for p in pools.devs.iter_mut().flatten() {
+            if p.policy.owns(ptr) {
+                let mode = match stream {
+                    Some(s) => FreeMode::Async { stream: s },
+                    None => FreeMode::Sync,
+                };
+                p.dev.stream = stream.unwrap_or(ANY_STREAM);
+                return Some(match p.policy.free(&mut p.dev, ptr, mode) {
+                    Ok(_) => CUDA_SUCCESS,
+                    Err(_) => CUDA_ERROR_INVALID_VALUE,
+                });
+            }
+        }
+        None
+    })
 }
 
-/// Called in a forked child before it does anything else.
-pub fn on_fork_child() {}
+/// Does `addr` lie in memory the pool holds (live or cached)? For refusing legacy IPC
+/// (`cudaIpcGetMemHandle`) and similar unsupported uses of pool memory.
+pub fn owns_address(addr: u64) -> bool {
+    if MODE.load(Ordering::Relaxed) != ON {
+        return false;
+    }
+    with_pools(|pools| pools.devs.iter().flatten().any(|p| p.policy.contains(addr)))
+}
+
+/// `Some(code)`: refuse `cudaIpcGetMemHandle`/`cuIpcGetMemHandle` on `addr`, a pool address
+/// (a legacy IPC handle of a stitched mapping would expose the wrong memory). Warns once.
+pub fn refuse_ipc(addr: u64) -> Option<i32> {
+    if !owns_address(addr) {
+        return None;
+    }
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    if !WARNED.swap(true, Ordering::Relaxed) {
+        crate::warn!(
+            "legacy IPC (cudaIpcGetMemHandle) on memory of VRAMSHIM_POOL=stitch is not supported; \
+             run this process with VRAMSHIM_POOL=off to share its memory"
+        );
+    }
+    Some(CUDA_ERROR_INVALID_VALUE)
+}
+
+/// The process synchronized the whole device itself (`cudaDeviceSynchronize`,
+/// `cuCtxSynchronize`): every pending `cudaFree`d block is reusable.
+pub fn note_process_sync() {
+    if MODE.load(Ordering::Relaxed) != ON {
+        return;
+    }
+    with_pools(|pools| {
+        for p in pools.devs.iter_mut().flatten() {
+            p.policy.note_process_sync();
+        }
+    })
+}
+
+/// Give every cached page back (before a real allocation is retried after an
+/// out-of-memory, or when asked). Returns the bytes released.
+pub fn trim() -> u64 {
+    if MODE.load(Ordering::Relaxed) != ON {
+        return 0;
+    }
+    with_pools(|pools| {
+        let mut n = 0;
+        for p in pools.devs.iter_mut().flatten() {
+            p.dev.stream = ANY_STREAM;
+            n += p.policy.trim(&mut p.dev).unwrap_or(0);
+        }
+        n
+    })
+}
+
+/// `cudaDeviceReset` (or a primary-context reset) destroyed `device`'s memory: forget its
+/// pool without driver calls.
+pub fn on_device_reset(device: i32) {
+    if MODE.load(Ordering::Relaxed) != ON || device < 0 {
+        return;
+    }
+    with_pools(|pools| {
+        if let Some(slot) = pools.devs.get_mut(device as usize)
+            && let Some(p) = slot.take()
+        {
+            let mut p = p;
+            p.policy.reset();
+        }
+    })
+}
+
+/// Statistics of `device`'s pool, if it has one.
+pub fn stats(device: i32) -> Option<Stats> {
+    if MODE.load(Ordering::Relaxed) != ON || device < 0 {
+        return None;
+    }
+    with_pools(|pools| {
+        pools
+            .devs
+            .get(device as usize)
+            .and_then(|s| s.as_ref())
+            .map(|p| p.policy.stats())
+    })
+}
+
+/// Called in a forked child before it does anything else: the parent's device memory is
+/// not the child's; forget every pool (no driver call) and reset the lock.
+pub fn on_fork_child() {
+    POOLS.locked.store(false, Ordering::Release);
+    with_pools(|pools| {
+        let old = std::mem::take(&mut pools.devs);
+        std::mem::forget(old);
+    })
+}

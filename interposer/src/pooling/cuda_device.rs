@@ -1,0 +1,267 @@
+//! The pool's `Device` over the CUDA driver's virtual-memory API (the real functions the
+//! interposer resolved; never our hooks). One per device ordinal.
+
+use crate::ffi_types::*;
+use crate::real;
+use std::ffi::{c_int, c_uint};
+use vramshim_pool::{CallCounts, Device, DeviceError, EventId, Handle, Stream};
+
+/// `CU_MEM_ALLOCATION_TYPE_PINNED`.
+const CU_MEM_ALLOCATION_TYPE_PINNED: c_int = 1;
+/// `CU_MEM_ACCESS_FLAGS_PROT_READWRITE`.
+const CU_MEM_ACCESS_FLAGS_PROT_READWRITE: c_int = 3;
+/// `CU_MEM_ALLOC_GRANULARITY_MINIMUM`.
+const CU_MEM_ALLOC_GRANULARITY_MINIMUM: c_int = 0;
+/// `CU_EVENT_DISABLE_TIMING`.
+const CU_EVENT_DISABLE_TIMING: c_uint = 2;
+
+fn code(rc: CUresult) -> DeviceError {
+    match rc {
+        CUDA_ERROR_OUT_OF_MEMORY => DeviceError::OutOfMemory,
+        c => DeviceError::Driver(c),
+    }
+}
+
+fn ok(rc: CUresult) -> Result<(), DeviceError> {
+    if rc == CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(code(rc))
+    }
+}
+
+/// Every driver function the pool needs, resolved once.
+#[derive(Clone, Copy)]
+struct Fns {
+    reserve: PfnCuMemAddressReserve,
+    unreserve: PfnCuMemAddressFree,
+    create: PfnCuMemCreate,
+    release: PfnCuMemRelease,
+    map: PfnCuMemMap,
+    unmap: PfnCuMemUnmap,
+    set_access: PfnCuMemSetAccess,
+    granularity: PfnCuMemGetAllocationGranularity,
+    sync: PfnCuCtxSynchronize,
+    ev_create: PfnCuEventCreate,
+    ev_record: PfnCuEventRecord,
+    ev_query: PfnCuEventQuery,
+    ev_destroy: PfnCuEventDestroy,
+    wait: PfnCuStreamWaitEvent,
+    capturing: Option<PfnCuStreamIsCapturing>,
+}
+
+impl Fns {
+    fn resolve() -> Option<Fns> {
+        Some(Fns {
+            reserve: real::cuMemAddressReserve()?,
+            unreserve: real::cuMemAddressFree()?,
+            create: real::cuMemCreate()?,
+            release: real::cuMemRelease()?,
+            map: real::cuMemMap()?,
+            unmap: real::cuMemUnmap()?,
+            set_access: real::cuMemSetAccess()?,
+            granularity: real::cuMemGetAllocationGranularity()?,
+            sync: real::cuCtxSynchronize()?,
+            ev_create: real::cuEventCreate()?,
+            ev_record: real::cuEventRecord()?,
+            ev_query: real::cuEventQuery()?,
+            ev_destroy: real::cuEventDestroy_v2()?,
+            wait: real::cuStreamWaitEvent()?,
+            capturing: real::cuStreamIsCapturing(),
+        })
+    }
+}
+
+/// The CUDA backend for one device.
+pub struct CudaDevice {
+    fns: Fns,
+    ordinal: c_int,
+    gran: u64,
+    /// The stream of the request being served (capture checks).
+    pub stream: Stream,
+    /// Recycled events.
+    free_events: Vec<usize>,
+    pub calls: CallCounts,
+}
+
+// SAFETY: the raw handles inside are plain integers/addresses owned by this process's CUDA
+// context; the pool is only used behind a lock.
+unsafe impl Send for CudaDevice {}
+
+impl CudaDevice {
+    fn prop(ordinal: c_int) -> CUmemAllocationProp {
+        CUmemAllocationProp {
+            type_: CU_MEM_ALLOCATION_TYPE_PINNED,
+            requested_handle_types: 0,
+            location: CUmemLocation {
+                type_: CU_MEM_LOCATION_TYPE_DEVICE,
+                id: ordinal,
+            },
+            win32_handle_meta_data: std::ptr::null_mut(),
+            alloc_flags: CUmemAllocFlags::default(),
+        }
+    }
+
+    /// `Err(why)` when the virtual-memory API is missing or refuses (fall back).
+    pub fn new(ordinal: c_int) -> Result<CudaDevice, String> {
+        let fns = Fns::resolve().ok_or_else(|| {
+            "the CUDA driver has no virtual-memory API (cuMemCreate/cuMemMap/...)".to_string()
+        })?;
+        let prop = Self::prop(ordinal);
+        let mut g: usize = 0;
+        // SAFETY: valid out-pointer and property struct.
+        let rc = unsafe { (fns.granularity)(&mut g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) };
+        if rc != CUDA_SUCCESS || g == 0 || !g.is_power_of_two() || g < 512 {
+            return Err(format!(
+                "cuMemGetAllocationGranularity failed on device {ordinal} (code {rc}, granularity {g})"
+            ));
+        }
+        Ok(CudaDevice {
+            fns,
+            ordinal,
+            gran: g as u64,
+            stream: 0,
+            free_events: Vec::new(),
+            calls: CallCounts::default(),
+        })
+    }
+
+    fn cu_stream(s: Stream) -> CUstream {
+        if s == vramshim_pool::ANY_STREAM {
+            std::ptr::null_mut()
+        } else {
+            s as usize as CUstream
+        }
+    }
+}
+
+impl Device for CudaDevice {
+    fn granularity(&self) -> u64 {
+        self.gran
+    }
+
+    fn reserve(&mut self, size: u64) -> Result<u64, DeviceError> {
+        self.calls.reserve += 1;
+        let mut p: CUdeviceptr = 0;
+        // SAFETY: valid out-pointer.
+        ok(unsafe { (self.fns.reserve)(&mut p, size as usize, self.gran as usize, 0, 0) })?;
+        Ok(p)
+    }
+
+    fn unreserve(&mut self, va: u64, size: u64) -> Result<(), DeviceError> {
+        self.calls.unreserve += 1;
+        // SAFETY: a range returned by reserve.
+        ok(unsafe { (self.fns.unreserve)(va, size as usize) })
+    }
+
+    fn create(&mut self) -> Result<Handle, DeviceError> {
+        self.calls.create += 1;
+        let prop = Self::prop(self.ordinal);
+        let mut h: CUmemGenericAllocationHandle = 0;
+        // SAFETY: valid out-pointer and property struct.
+        ok(unsafe { (self.fns.create)(&mut h, self.gran as usize, &prop, 0) })?;
+        Ok(h)
+    }
+
+    fn release(&mut self, handle: Handle) -> Result<(), DeviceError> {
+        self.calls.release += 1;
+        // SAFETY: a handle returned by create.
+        ok(unsafe { (self.fns.release)(handle) })
+    }
+
+    fn map(&mut self, va: u64, handle: Handle) -> Result<(), DeviceError> {
+        self.calls.map += 1;
+        // SAFETY: va lies in a reservation of ours; handle from create.
+        ok(unsafe { (self.fns.map)(va, self.gran as usize, 0, handle, 0) })
+    }
+
+    fn unmap(&mut self, va: u64, size: u64) -> Result<(), DeviceError> {
+        self.calls.unmap += 1;
+        // SAFETY: a range we mapped.
+        ok(unsafe { (self.fns.unmap)(va, size as usize) })
+    }
+
+    fn set_access(&mut self, va: u64, size: u64) -> Result<(), DeviceError> {
+        self.calls.set_access += 1;
+        let desc = CUmemAccessDesc {
+            location: CUmemLocation {
+                type_: CU_MEM_LOCATION_TYPE_DEVICE,
+                id: self.ordinal,
+            },
+            flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: a range we mapped; one descriptor.
+        ok(unsafe { (self.fns.set_access)(va, size as usize, &desc, 1) })
+    }
+
+    fn malloc(&mut self, _size: u64) -> Result<u64, DeviceError> {
+        Err(DeviceError::Unsupported)
+    }
+
+    fn free(&mut self, _ptr: u64) -> Result<(), DeviceError> {
+        Err(DeviceError::Unsupported)
+    }
+
+    fn synchronize(&mut self) -> Result<(), DeviceError> {
+        self.calls.synchronize += 1;
+        if self.is_capturing() {
+            return Err(DeviceError::NotPermitted);
+        }
+        // SAFETY: no arguments.
+        ok(unsafe { (self.fns.sync)() })
+    }
+
+    fn is_capturing(&self) -> bool {
+        let Some(f) = self.fns.capturing else {
+            return false;
+        };
+        let mut status: c_int = 0;
+        // SAFETY: valid out-pointer; the stream is the caller's.
+        let rc = unsafe { f(Self::cu_stream(self.stream), &mut status) };
+        // an error here (e.g. an illegal query during a global-mode capture) counts as
+        // capturing: never synchronize when unsure
+        rc != CUDA_SUCCESS || status != 0
+    }
+
+    fn record_event(&mut self, stream: Stream) -> Result<EventId, DeviceError> {
+        self.calls.event_record += 1;
+        let ev = match self.free_events.pop() {
+            Some(e) => e,
+            None => {
+                let mut e: CUevent = std::ptr::null_mut();
+                // SAFETY: valid out-pointer.
+                ok(unsafe { (self.fns.ev_create)(&mut e, CU_EVENT_DISABLE_TIMING) })?;
+                e as usize
+            }
+        };
+        // SAFETY: an event of ours, the caller's stream.
+        let rc = unsafe { (self.fns.ev_record)(ev as CUevent, Self::cu_stream(stream)) };
+        if rc != CUDA_SUCCESS {
+            self.free_events.push(ev);
+            return Err(code(rc));
+        }
+        Ok(ev as EventId)
+    }
+
+    fn event_done(&mut self, event: EventId) -> bool {
+        self.calls.event_query += 1;
+        // SAFETY: an event of ours.
+        unsafe { (self.fns.ev_query)(event as usize as CUevent) == CUDA_SUCCESS }
+    }
+
+    fn stream_wait_event(&mut self, stream: Stream, event: EventId) -> Result<(), DeviceError> {
+        self.calls.stream_wait += 1;
+        // SAFETY: an event of ours, the caller's stream.
+        ok(unsafe { (self.fns.wait)(Self::cu_stream(stream), event as usize as CUevent, 0) })
+    }
+
+    fn destroy_event(&mut self, event: EventId) {
+        self.calls.event_destroy += 1;
+        if self.free_events.len() < 256 {
+            self.free_events.push(event as usize);
+        } else {
+            // SAFETY: an event of ours, no longer referenced.
+            unsafe { (self.fns.ev_destroy)(event as usize as CUevent) };
+        }
+    }
+}

@@ -1,0 +1,82 @@
+/*
+ * early_reuse - a block freed while a delayed stream "kernel" still writes into it must not be
+ * handed out before that kernel is done (cuda-sim runs vramsimKernelFill on the stream's worker
+ * after its delay, so a too-early reuse really lets the late write land in the new block).
+ *
+ *   early_reuse MODE ROUNDS
+ *
+ * MODE: async - cudaMallocAsync(s1) + cudaFreeAsync(s1); the next block is cudaMallocAsync(s2)
+ *       sync  - cudaMalloc + cudaFree; the next block is cudaMalloc
+ * Each round, for several sizes (sub-page, page, multi-page with tails): allocate A, enqueue a
+ * fill of A with 0xAA delayed by 30 ms on s1, free A (as MODE says), allocate B (same size),
+ * fill B with 0x55 on s2 (no delay), synchronize everything, read B back: any byte that is not
+ * 0x55 is a foreign byte (the late write into A landed in B).
+ * Output: one line "early_reuse: mode=M blocks=N same_address=N foreign=N" (same_address:
+ * blocks that got A's address back). Exit 1 if foreign > 0, 2 on a CUDA error.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_api.h"
+
+#define CHECK(x)                                                                        \
+    do {                                                                                \
+        cudaError_t e_ = (x);                                                           \
+        if (e_ != cudaSuccess) {                                                        \
+            fprintf(stderr, "early_reuse: %s failed: %d (line %d)\n", #x, (int)e_, __LINE__); \
+            exit(2);                                                                    \
+        }                                                                               \
+    } while (0)
+
+int main(int argc, char **argv) {
+    if (argc < 3) {
+        fprintf(stderr, "usage: early_reuse async|sync ROUNDS\n");
+        return 2;
+    }
+    int async = strcmp(argv[1], "async") == 0;
+    int rounds = atoi(argv[2]);
+    size_t sizes[] = {64 << 10, 2 << 20, (3 << 20) + 4096, 9 << 20};
+    int nsizes = sizeof sizes / sizeof sizes[0];
+    cudaStream_t s1, s2;
+    CHECK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+    CHECK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+    unsigned char *host = malloc(9 << 20);
+    long blocks = 0, same = 0, foreign = 0;
+    for (int r = 0; r < rounds; r++) {
+        for (int i = 0; i < nsizes; i++) {
+            size_t n = sizes[i];
+            void *a = NULL, *b = NULL;
+            if (async)
+                CHECK(cudaMallocAsync(&a, n, s1));
+            else
+                CHECK(cudaMalloc(&a, n));
+            CHECK(vramsimKernelFill(a, 0xAA, n, 30000, s1));
+            if (async)
+                CHECK(cudaFreeAsync(a, s1));
+            else
+                CHECK(cudaFree(a));
+            if (async)
+                CHECK(cudaMallocAsync(&b, n, s2));
+            else
+                CHECK(cudaMalloc(&b, n));
+            CHECK(vramsimKernelFill(b, 0x55, n, 0, s2));
+            CHECK(cudaStreamSynchronize(s2));
+            CHECK(cudaDeviceSynchronize());
+            CHECK(cudaMemcpy(host, b, n, cudaMemcpyDeviceToHost));
+            long bad = 0;
+            for (size_t k = 0; k < n; k++)
+                bad += host[k] != 0x55;
+            foreign += bad;
+            blocks++;
+            same += a == b;
+            if (async)
+                CHECK(cudaFreeAsync(b, s2));
+            else
+                CHECK(cudaFree(b));
+            CHECK(cudaDeviceSynchronize());
+        }
+    }
+    printf("early_reuse: mode=%s blocks=%ld same_address=%ld foreign=%ld\n", argv[1], blocks, same, foreign);
+    return foreign > 0 ? 1 : 0;
+}
