@@ -1,0 +1,88 @@
+//! Helpers shared by the analyzer's integration tests.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+pub fn exe() -> &'static str {
+    env!("CARGO_BIN_EXE_vramshim")
+}
+
+pub fn manifest_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn data(name: &str) -> PathBuf {
+    manifest_dir().join("tests/data").join(name)
+}
+
+/// The real RMM traces, when the shared folder sits beside the clone (as in CI).
+pub fn shared_traces() -> Option<PathBuf> {
+    let p = manifest_dir().join("../../shared/traces");
+    if p.join("vit_train.rmm.csv").exists() { Some(p) } else { None }
+}
+
+/// A fresh scratch directory under the target dir.
+pub fn scratch(name: &str) -> PathBuf {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let d = base.join(format!("analyzer-{name}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("scratch dir");
+    d
+}
+
+pub fn run_in(dir: &Path, args: &[&str]) -> Output {
+    Command::new(exe())
+        .args(args)
+        .current_dir(dir)
+        .env("VRAMSHIM_NO_PROGRESS", "1")
+        .output()
+        .expect("run vramshim")
+}
+
+pub fn ok(dir: &Path, args: &[&str]) -> Output {
+    let out = run_in(dir, args);
+    assert!(
+        out.status.success(),
+        "vramshim {args:?} failed ({:?}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// A deterministic synthetic trace written into `dir` as `name`.
+pub fn synth(dir: &Path, name: &str, extra: &[&str]) -> PathBuf {
+    let mut args = vec!["synth", "-o", name];
+    args.extend_from_slice(extra);
+    ok(dir, &args);
+    dir.join(name)
+}
+
+/// Compares `actual` with the checked-in golden file; VRAMSHIM_UPDATE_GOLDEN=1 rewrites it.
+pub fn golden(name: &str, actual: &[u8]) {
+    let path = manifest_dir().join("tests/golden").join(name);
+    if std::env::var_os("VRAMSHIM_UPDATE_GOLDEN").is_some() {
+        std::fs::write(&path, actual).expect("write golden");
+        return;
+    }
+    let expected = std::fs::read(&path).unwrap_or_else(|_| {
+        panic!("golden file {} missing: run with VRAMSHIM_UPDATE_GOLDEN=1 to create it", path.display())
+    });
+    if expected != actual {
+        let fresh = path.with_extension(format!("{}.actual", path.extension().and_then(|e| e.to_str()).unwrap_or("")));
+        let _ = std::fs::write(&fresh, actual);
+        panic!(
+            "{} differs from the golden file (new output in {}; VRAMSHIM_UPDATE_GOLDEN=1 accepts it)",
+            path.display(),
+            fresh.display()
+        );
+    }
+}
+
+pub fn python() -> Option<&'static str> {
+    let ok = Command::new("python3").arg("-c").arg("import pickle, pickletools, json").output().map(|o| o.status.success()).unwrap_or(false);
+    if ok { Some("python3") } else { None }
+}
