@@ -135,6 +135,8 @@ pub struct Stitch {
     pending: Vec<u64>,
     epoch: u64,
     flushed_epoch: u64,
+    /// bytes of `pending` blocks
+    pending_bytes: u64,
     seq: u64,
     frees_since_sync: bool,
     events: FxMap<EventId, u32>,
@@ -177,6 +179,7 @@ impl Stitch {
             pending: Vec::new(),
             epoch: 0,
             flushed_epoch: 0,
+            pending_bytes: 0,
             seq: 0,
             frees_since_sync: false,
             events: FxMap::default(),
@@ -505,6 +508,7 @@ impl Stitch {
                 let c = self.class_of(size);
                 self.lru[c].push_back((seq, a));
                 self.ncached += 1;
+                self.pending_bytes -= size;
                 self.pending.swap_remove(i);
             } else {
                 i += 1;
@@ -1365,6 +1369,12 @@ impl Stitch {
         }
     }
 
+    /// Pending (cudaFree'd) bytes worth one synchronization on a cache miss: an eighth of
+    /// what the pool holds, at least two pages.
+    fn pending_limit(&self) -> u64 {
+        (self.npages * self.gran / 8).max(2 * self.gran)
+    }
+
     /// Bytes the pool may hold before it prefers dissolving cached blocks to growing.
     fn soft_limit(&self) -> u64 {
         match self.headroom {
@@ -1404,7 +1414,18 @@ impl Policy for Stitch {
         if !self.pending.is_empty() && self.flushed_epoch != self.epoch {
             self.flush_pending();
         }
-        let addr = match self.cache_take(dev, size, t) {
+        let mut hit = self.cache_take(dev, size, t);
+        if hit.is_none()
+            && self.pending_bytes > 0
+            && self.pending_bytes >= self.pending_limit()
+            && !dev.is_capturing()
+            && self.do_sync(dev).is_ok()
+        {
+            // enough cudaFree'd memory waits for a synchronization: one sync releases it all
+            // (instead of growing while it waits)
+            hit = self.cache_take(dev, size, t);
+        }
+        let addr = match hit {
             Some(a) => {
                 self.stats.cache_hits += 1;
                 let b = self.blocks.get_mut(&a).unwrap();
@@ -1467,6 +1488,7 @@ impl Policy for Stitch {
             FreeMode::Sync => {
                 b.state = BState::Pending;
                 self.pending.push(addr);
+                self.pending_bytes += self.blocks[&addr].size;
             }
             FreeMode::Async { stream } => {
                 b.state = BState::Cached;
