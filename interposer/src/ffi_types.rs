@@ -220,6 +220,8 @@ pub type PfnNvmlDeviceGetMemoryInfo =
     unsafe extern "C" fn(nvmlDevice_t, *mut nvmlMemory_t) -> nvmlReturn_t;
 pub type PfnNvmlDeviceGetMemoryInfoV2 =
     unsafe extern "C" fn(nvmlDevice_t, *mut nvmlMemory_v2_t) -> nvmlReturn_t;
+/// `cudaIpcGetMemHandle(cudaIpcMemHandle_t*, void*)` / `cuIpcGetMemHandle(CUipcMemHandle*, CUdeviceptr)`.
+pub type PfnIpcGetMemHandle = unsafe extern "C" fn(*mut c_void, u64) -> c_int;
 pub type PfnCuCtxCreate = unsafe extern "C" fn(*mut CUcontext, c_uint, CUdevice) -> CUresult;
 pub type PfnCuDeviceOp = unsafe extern "C" fn(CUdevice) -> CUresult;
 pub type PfnNvmlVoid = unsafe extern "C" fn() -> nvmlReturn_t;

@@ -275,6 +275,11 @@ real_fns! {
     Runtime cudaGetDevice: PfnCudaGetDevice;
     Runtime cudaGetDeviceProperties: PfnCudaGetDeviceProperties;
     Runtime cudaGetDeviceProperties_v2: PfnCudaGetDeviceProperties;
+    Runtime cudaDeviceSynchronize: PfnCudaDeviceReset;
+    Runtime cudaStreamSynchronize: PfnCuStreamSynchronize;
+    Runtime cudaStreamSynchronize_ptsz: PfnCuStreamSynchronize;
+    Runtime cudaEventSynchronize: PfnCuEventSynchronize;
+    Runtime cudaIpcGetMemHandle: PfnIpcGetMemHandle;
     Runtime cudaGetDriverEntryPoint: PfnCudaGetDriverEntryPoint;
     Runtime cudaGetDriverEntryPoint_ptsz: PfnCudaGetDriverEntryPoint;
     Runtime cudaGetDriverEntryPointByVersion: PfnCudaGetDriverEntryPointByVersion;
@@ -307,6 +312,7 @@ real_fns! {
     Driver cuMemAddressFree: PfnCuMemAddressFree;
     Driver cuMemGetAllocationGranularity: PfnCuMemGetAllocationGranularity;
     Driver cuCtxSynchronize: PfnCuCtxSynchronize;
+    Driver cuIpcGetMemHandle: PfnIpcGetMemHandle;
     Driver cuStreamSynchronize: PfnCuStreamSynchronize;
     Driver cuStreamSynchronize_ptsz: PfnCuStreamSynchronize;
     Driver cuEventCreate: PfnCuEventCreate;

@@ -140,3 +140,32 @@ fn context_footprint_reaches_the_cap() {
     let want = format!("context: free={} total={}", 1u64 << 30, 1u64 << 30);
     assert!(out.stdout.contains(&want), "{}\n{}", out.stdout, out.stderr);
 }
+
+#[test]
+fn pool_layer_wiring() {
+    let exe = build("pool_wiring", "pool_wiring.c", Link::SharedRuntime, &[]);
+    // Without the pool: plain CUDA, identical either way.
+    let (plain, _) = both(&exe, &[], &[], "ip-pool-off");
+    assert!(
+        plain.stdout.contains("pool_wiring: ok pooled=no"),
+        "{}",
+        plain.stdout
+    );
+    // With it (once the pool layer serves requests): pooled, IPC refused, data intact.
+    let out = common::preloaded(&exe, &[], &[("VRAMSHIM_POOL", "stitch")], "ip-pool-on");
+    out.assert_success();
+    assert!(
+        out.stdout.contains("pool_wiring: ok"),
+        "{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+    if out.stdout.contains("pooled=yes") {
+        assert!(
+            out.stdout.contains("ipc=refused"),
+            "{}\n{}",
+            out.stdout,
+            out.stderr
+        );
+    }
+}

@@ -136,6 +136,9 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> c_int {
         // SAFETY: forwarding the caller's arguments unchanged.
         let rc = unsafe { f(dev) };
         if rc == CUDA_SUCCESS {
+            // Everything the primary context held is gone.
+            crate::dispatch::device_reset(dev);
+            super::pool_glue::on_device_reset(dev);
             destroyed(dev);
         }
         rc

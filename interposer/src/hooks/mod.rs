@@ -6,7 +6,9 @@ pub mod context;
 pub mod driver;
 pub mod lookup;
 pub mod nvml;
+mod pool_glue;
 pub mod runtime;
+pub mod sync;
 pub mod vmm;
 
 use crate::dispatch::{self, FreeRequest, Layer, RealResult, run_hook};
@@ -300,6 +302,16 @@ hooks! {
     context::cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease", 11000, false;
     context::cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset", 11000, false;
     context::cuCtxCreate_v2, "cuCtxCreate", 3020, false;
+    sync::cudaDeviceSynchronize, "cudaDeviceSynchronize", 0, false;
+    sync::cudaStreamSynchronize, "cudaStreamSynchronize", 0, false;
+    sync::cudaStreamSynchronize_ptsz, "cudaStreamSynchronize", 0, true;
+    sync::cudaEventSynchronize, "cudaEventSynchronize", 0, false;
+    sync::cudaIpcGetMemHandle, "cudaIpcGetMemHandle", 0, false;
+    sync::cuCtxSynchronize, "cuCtxSynchronize", 2000, false;
+    sync::cuStreamSynchronize, "cuStreamSynchronize", 2000, false;
+    sync::cuStreamSynchronize_ptsz, "cuStreamSynchronize", 7000, true;
+    sync::cuEventSynchronize, "cuEventSynchronize", 2000, false;
+    sync::cuIpcGetMemHandle, "cuIpcGetMemHandle", 4010, false;
     lookup::cuGetProcAddress, "cuGetProcAddress", 11030, false;
     lookup::cuGetProcAddress_v2, "cuGetProcAddress", 12000, false;
     nvml::nvmlDeviceGetMemoryInfo, "nvmlDeviceGetMemoryInfo", 0, false;

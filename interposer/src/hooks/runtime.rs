@@ -418,6 +418,7 @@ pub unsafe extern "C" fn cudaDeviceReset() -> c_int {
                 && let Some(d) = dev
             {
                 dispatch::device_reset(d);
+                super::pool_glue::on_device_reset(d);
                 super::context::destroyed(d);
             }
             rc
