@@ -270,6 +270,27 @@ fn bad_flag_values_are_refused_before_running() {
     assert!(err.contains("stitch"), "{err}");
 }
 
+/// `output()`, retried while the kernel says "text file busy": a test thread that forks while
+/// another one is still writing its copy of the executable holds the file open for writing
+/// until its child execs.
+trait RetryOutput {
+    fn retry_output(&mut self) -> std::process::Output;
+}
+
+impl RetryOutput for Command {
+    fn retry_output(&mut self) -> std::process::Output {
+        for _ in 0..200 {
+            match self.output() {
+                Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy => {
+                    std::thread::sleep(Duration::from_millis(10))
+                }
+                r => return r.unwrap(),
+            }
+        }
+        self.output().unwrap()
+    }
+}
+
 /// A copy of the `vramshim` executable in `<prefix>/bin`, so discovery relative to the
 /// executable is tested without anything next to cargo's copy interfering.
 fn lone_exe(prefix: &Path) -> PathBuf {
@@ -286,8 +307,7 @@ fn clear_message_when_the_library_cannot_be_found() {
     let o = Command::new(&exe)
         .env_remove("VRAMSHIM_LIB")
         .args(["run", "--", "true"])
-        .output()
-        .unwrap();
+        .retry_output();
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.contains("cannot find libvramshim.so"), "{err}");
@@ -308,8 +328,7 @@ fn clear_message_when_the_library_cannot_be_found() {
     let o = Command::new(&exe)
         .env("VRAMSHIM_LIB", "/nonexistent/libvramshim.so")
         .args(["run", "--", "true"])
-        .output()
-        .unwrap();
+        .retry_output();
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2));
     assert!(
@@ -345,8 +364,7 @@ fn library_and_simulated_gpu_found_in_an_install_layout() {
                 "-c",
                 "echo \"$LD_PRELOAD\"; echo \"$LD_LIBRARY_PATH\"; echo \"$VRAMSIM_MEMORY\"",
             ])
-            .output()
-            .unwrap();
+            .retry_output();
         let out = String::from_utf8_lossy(&o.stdout);
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         let l: Vec<&str> = out.lines().collect();

@@ -18,21 +18,49 @@ fn py(script: &str, arg: &std::path::Path) {
         eprintln!("SKIP: python3 not found; cannot check {}", arg.display());
         return;
     };
-    let out = Command::new(py).arg(manifest_dir().join("tests/py").join(script)).arg(arg).output().unwrap();
+    let out = Command::new(py)
+        .arg(manifest_dir().join("tests/py").join(script))
+        .arg(arg)
+        .output()
+        .unwrap();
     let so = String::from_utf8_lossy(&out.stdout);
     let se = String::from_utf8_lossy(&out.stderr);
     eprintln!("{so}{se}");
-    assert!(out.status.success(), "{script} failed on {}:\n{so}\n{se}", arg.display());
+    assert!(
+        out.status.success(),
+        "{script} failed on {}:\n{so}\n{se}",
+        arg.display()
+    );
 }
 
 #[test]
 fn memory_viz_pickle_is_what_the_viewer_reads() {
     let d = setup();
-    ok(&d, &["export", "t.vramtrace", "--format", "memory-viz", "-o", "t.pickle"]);
+    ok(
+        &d,
+        &[
+            "export",
+            "t.vramtrace",
+            "--format",
+            "memory-viz",
+            "-o",
+            "t.pickle",
+        ],
+    );
     py("check_memviz.py", &d.join("t.pickle"));
     if let Some(traces) = shared_traces() {
         let f = traces.join("bert_serve.rmm.csv");
-        ok(&d, &["export", f.to_str().unwrap(), "--format", "memory-viz", "-o", "bert.pickle"]);
+        ok(
+            &d,
+            &[
+                "export",
+                f.to_str().unwrap(),
+                "--format",
+                "memory-viz",
+                "-o",
+                "bert.pickle",
+            ],
+        );
         py("check_memviz.py", &d.join("bert.pickle"));
     }
 }
@@ -40,25 +68,68 @@ fn memory_viz_pickle_is_what_the_viewer_reads() {
 #[test]
 fn perfetto_parses_independently() {
     let d = setup();
-    ok(&d, &["export", "t.vramtrace", "--format", "perfetto", "-o", "t.pftrace"]);
+    ok(
+        &d,
+        &[
+            "export",
+            "t.vramtrace",
+            "--format",
+            "perfetto",
+            "-o",
+            "t.pftrace",
+        ],
+    );
     py("check_perfetto.py", &d.join("t.pftrace"));
 }
 
 #[test]
 fn chrome_json_is_json_with_counters_and_slices() {
     let d = setup();
-    ok(&d, &["export", "t.vramtrace", "--format", "chrome-json", "-o", "t.json"]);
-    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(d.join("t.json")).unwrap()).unwrap();
+    ok(
+        &d,
+        &[
+            "export",
+            "t.vramtrace",
+            "--format",
+            "chrome-json",
+            "-o",
+            "t.json",
+        ],
+    );
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.join("t.json")).unwrap()).unwrap();
     let evs = v["traceEvents"].as_array().unwrap();
-    assert!(evs.iter().any(|e| e["ph"] == "C" && e["args"]["in_use"].is_u64()));
-    assert!(evs.iter().any(|e| e["ph"] == "C" && e["args"]["reserved"].is_u64()));
-    assert!(evs.iter().any(|e| e["ph"] == "X" && e["name"] == "cudaMallocAsync"));
-    assert!(evs.iter().any(|e| e["ph"] == "i" && e["name"] == "cap refusal"));
+    assert!(
+        evs.iter()
+            .any(|e| e["ph"] == "C" && e["args"]["in_use"].is_u64())
+    );
+    assert!(
+        evs.iter()
+            .any(|e| e["ph"] == "C" && e["args"]["reserved"].is_u64())
+    );
+    assert!(
+        evs.iter()
+            .any(|e| e["ph"] == "X" && e["name"] == "cudaMallocAsync")
+    );
+    assert!(
+        evs.iter()
+            .any(|e| e["ph"] == "i" && e["name"] == "cap refusal")
+    );
 }
 
 fn chromium() -> Option<String> {
-    for c in ["chromium", "chromium-browser", "google-chrome", "headless_shell"] {
-        if Command::new(c).arg("--version").output().map(|o| o.status.success()).unwrap_or(false) {
+    for c in [
+        "chromium",
+        "chromium-browser",
+        "google-chrome",
+        "headless_shell",
+    ] {
+        if Command::new(c)
+            .arg("--version")
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false)
+        {
             return Some(c.to_string());
         }
     }
@@ -70,18 +141,54 @@ fn report_renders_in_headless_chromium() {
     let d = setup();
     ok(&d, &["report", "t.vramtrace", "-o", "report.html"]);
     let Some(browser) = chromium() else {
-        eprintln!("SKIP: no chromium found (apt-get install chromium); the report's DOM was not rendered");
+        eprintln!(
+            "SKIP: no chromium found (apt-get install chromium); the report's DOM was not rendered"
+        );
         return;
     };
     let url = format!("file://{}", d.join("report.html").display());
-    let base = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--allow-file-access-from-files"];
-    let out = Command::new(&browser).args(base).arg("--dump-dom").arg(&url).output().unwrap();
+    let base = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--allow-file-access-from-files",
+    ];
+    let out = Command::new(&browser)
+        .args(base)
+        .arg("--dump-dom")
+        .arg(&url)
+        .output()
+        .unwrap();
     let dom = String::from_utf8_lossy(&out.stdout);
-    for needle in ["chart timeline", "in-use", "reserved", "chart histogram", "chart sites", "chart live-at-peak", "post-mortem"] {
-        assert!(dom.contains(needle), "rendered DOM lacks {needle} (browser said: {})", String::from_utf8_lossy(&out.stderr));
+    for needle in [
+        "chart timeline",
+        "in-use",
+        "reserved",
+        "chart histogram",
+        "chart sites",
+        "chart live-at-peak",
+        "post-mortem",
+    ] {
+        assert!(
+            dom.contains(needle),
+            "rendered DOM lacks {needle} (browser said: {})",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     let shot = d.join("report.png");
-    let _ = Command::new(&browser).args(base).arg(format!("--screenshot={}", shot.display())).arg("--window-size=1100,2200").arg(&url).output();
-    assert!(std::fs::metadata(&shot).map(|m| m.len() > 10_000).unwrap_or(false), "no screenshot at {}", shot.display());
+    let _ = Command::new(&browser)
+        .args(base)
+        .arg(format!("--screenshot={}", shot.display()))
+        .arg("--window-size=1100,2200")
+        .arg(&url)
+        .output();
+    assert!(
+        std::fs::metadata(&shot)
+            .map(|m| m.len() > 10_000)
+            .unwrap_or(false),
+        "no screenshot at {}",
+        shot.display()
+    );
     eprintln!("screenshot: {}", shot.display());
 }

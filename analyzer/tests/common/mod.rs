@@ -20,14 +20,22 @@ pub fn data(name: &str) -> PathBuf {
 /// The real RMM traces, when the shared folder sits beside the clone (as in CI).
 pub fn shared_traces() -> Option<PathBuf> {
     let p = manifest_dir().join("../../shared/traces");
-    if p.join("vit_train.rmm.csv").exists() { Some(p) } else { None }
+    if p.join("vit_train.rmm.csv").exists() {
+        Some(p)
+    } else {
+        None
+    }
 }
 
 /// A fresh scratch directory under the target dir.
 pub fn scratch(name: &str) -> PathBuf {
     static N: AtomicU32 = AtomicU32::new(0);
     let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-    let d = base.join(format!("analyzer-{name}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
+    let d = base.join(format!(
+        "analyzer-{name}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).expect("scratch dir");
     d
@@ -69,10 +77,16 @@ pub fn golden(name: &str, actual: &[u8]) {
         return;
     }
     let expected = std::fs::read(&path).unwrap_or_else(|_| {
-        panic!("golden file {} missing: run with VRAMSHIM_UPDATE_GOLDEN=1 to create it", path.display())
+        panic!(
+            "golden file {} missing: run with VRAMSHIM_UPDATE_GOLDEN=1 to create it",
+            path.display()
+        )
     });
     if expected != actual {
-        let fresh = path.with_extension(format!("{}.actual", path.extension().and_then(|e| e.to_str()).unwrap_or("")));
+        let fresh = path.with_extension(format!(
+            "{}.actual",
+            path.extension().and_then(|e| e.to_str()).unwrap_or("")
+        ));
         let _ = std::fs::write(&fresh, actual);
         panic!(
             "{} differs from the golden file (new output in {}; VRAMSHIM_UPDATE_GOLDEN=1 accepts it)",
@@ -83,6 +97,11 @@ pub fn golden(name: &str, actual: &[u8]) {
 }
 
 pub fn python() -> Option<&'static str> {
-    let ok = Command::new("python3").arg("-c").arg("import pickle, pickletools, json").output().map(|o| o.status.success()).unwrap_or(false);
+    let ok = Command::new("python3")
+        .arg("-c")
+        .arg("import pickle, pickletools, json")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
     if ok { Some("python3") } else { None }
 }
