@@ -147,5 +147,5 @@ fn memory_viz_round_trip() {
     );
     let p1 = std::fs::read(d.join("t.pickle")).unwrap();
     let p2 = std::fs::read(d.join("again.pickle")).unwrap();
-    assert_eq!(p1.len() > 0, p2.len() > 0);
+    assert_eq!(p1.is_empty(), p2.is_empty());
 }
