@@ -9,7 +9,7 @@ use std::ffi::{OsStr, OsString};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, ExitStatus};
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::time::SystemTime;
 
 /// Name of the preload library.
@@ -345,7 +345,20 @@ const FORWARDED: [libc::c_int; 6] = [
     libc::SIGUSR2,
 ];
 
+/// The child's pid while it runs; 0 before it is spawned, -1 once it has been reaped.
 static CHILD: AtomicI32 = AtomicI32::new(0);
+/// Signals that arrived before the child's pid was known (bit = signal number), delivered as
+/// soon as it is: a child can start and be signalled before `spawn` returns here.
+static PENDING: AtomicU64 = AtomicU64::new(0);
+
+fn deliver_pending(pid: i32) {
+    let bits = PENDING.swap(0, Ordering::SeqCst);
+    for sig in 1..64 {
+        if bits & (1u64 << sig) != 0 {
+            unsafe { libc::kill(pid, sig) };
+        }
+    }
+}
 
 extern "C" fn forward(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
     // A signal the terminal sent (Ctrl-C, Ctrl-\, hangup) went to the whole foreground process
@@ -356,6 +369,13 @@ extern "C" fn forward(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut l
     let pid = CHILD.load(Ordering::SeqCst);
     if pid > 0 {
         unsafe { libc::kill(pid, sig) };
+    } else if pid == 0 && (0..64).contains(&sig) {
+        PENDING.fetch_or(1u64 << sig, Ordering::SeqCst);
+        // The pid may have been published meanwhile (its publisher may already have looked).
+        let pid = CHILD.load(Ordering::SeqCst);
+        if pid > 0 {
+            deliver_pending(pid);
+        }
     }
 }
 
@@ -377,8 +397,9 @@ pub fn run_forwarding_signals(cmd: &mut Command) -> std::io::Result<(ExitStatus,
     let result = cmd.spawn().and_then(|mut child| {
         let pid = child.id();
         CHILD.store(pid as i32, Ordering::SeqCst);
+        deliver_pending(pid as i32);
         let status = child.wait();
-        CHILD.store(0, Ordering::SeqCst);
+        CHILD.store(-1, Ordering::SeqCst);
         status.map(|s| (s, pid))
     });
     for (sig, prev) in old {
