@@ -529,14 +529,31 @@ impl Cap {
         (t, r, f, t - f - r)
     }
 
-    /// A context appeared on `device`: charge its footprint (driver free memory before and
-    /// after its creation) unless `VRAMSHIM_CAP_CONTEXT=exclude`. Never refused (the
-    /// context exists already); it only lowers what allocations may take.
+    /// The process's first context on `device` appeared: charge its footprint (driver free
+    /// memory before and after its creation) unless `VRAMSHIM_CAP_CONTEXT=exclude`. Never
+    /// refused (the context exists already); it only lowers what allocations may take.
+    /// Charged once per context lifetime: a first-touch measurement that got there first
+    /// wins, and [`Cap::on_context_destroyed`] starts a new lifetime.
     pub fn on_context_created(&self, device: i32, free_before: u64, free_after: u64) {
         let Some(d) = device_index(device) else {
             return;
         };
-        self.ctx_state[d].store(CTX_DONE, Relaxed);
+        // Once per context: if the first-touch measurement already charged it (another
+        // thread got there first), do not charge it twice.
+        loop {
+            match self.ctx_state[d].load(Acquire) {
+                CTX_DONE => return,
+                CTX_BUSY => std::hint::spin_loop(),
+                s => {
+                    if self.ctx_state[d]
+                        .compare_exchange(s, CTX_DONE, AcqRel, Relaxed)
+                        .is_ok()
+                    {
+                        break;
+                    }
+                }
+            }
+        }
         self.charge_context(d, free_before.saturating_sub(free_after));
     }
 

@@ -420,3 +420,21 @@ fn context_footprint_is_measured_on_first_touch() {
     c.try_charge(0, GIB, Api::CudaMalloc).unwrap();
     assert_eq!(c.context_charged(0), 0);
 }
+
+#[test]
+fn a_context_is_charged_once_whoever_measures_it() {
+    let q = DeviceQueries {
+        process_used: ctx_300m,
+        ..SIM2
+    };
+    let c = Cap::new(settings("4GiB"), queries(q), capture);
+    c.try_charge(0, GIB, Api::CudaMalloc).unwrap();
+    c.on_context_created(0, 10 * GIB, 10 * GIB - (300 << 20));
+    assert_eq!(c.context_charged(0), 300 << 20);
+    c.on_context_destroyed(0);
+    assert_eq!(c.in_use(0), GIB);
+    // A new context: reported by the core this time, then not measured again.
+    c.on_context_created(0, 10 * GIB, 10 * GIB - (200 << 20));
+    c.try_charge(0, 1, Api::CudaMalloc).unwrap();
+    assert_eq!(c.context_charged(0), 200 << 20);
+}
