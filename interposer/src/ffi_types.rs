@@ -227,6 +227,9 @@ pub type PfnCuDeviceOp = unsafe extern "C" fn(CUdevice) -> CUresult;
 pub type PfnNvmlVoid = unsafe extern "C" fn() -> nvmlReturn_t;
 pub type PfnNvmlDeviceGetHandleByIndex =
     unsafe extern "C" fn(c_uint, *mut nvmlDevice_t) -> nvmlReturn_t;
+pub type PfnCuDeviceGetPCIBusId = unsafe extern "C" fn(*mut c_char, c_int, CUdevice) -> CUresult;
+pub type PfnNvmlDeviceGetHandleByPciBusId =
+    unsafe extern "C" fn(*const c_char, *mut nvmlDevice_t) -> nvmlReturn_t;
 pub type PfnNvmlDeviceGetIndex = unsafe extern "C" fn(nvmlDevice_t, *mut c_uint) -> nvmlReturn_t;
 
 #[cfg(test)]

@@ -333,6 +333,7 @@ real_fns! {
     Driver cuDevicePrimaryCtxRelease_v2: PfnCuDeviceOp;
     Driver cuDevicePrimaryCtxReset_v2: PfnCuDeviceOp;
     Driver cuCtxCreate_v2: PfnCuCtxCreate;
+    Driver cuDeviceGetPCIBusId: PfnCuDeviceGetPCIBusId;
     // ---- NVML
     Nvml nvmlDeviceGetMemoryInfo: PfnNvmlDeviceGetMemoryInfo;
     Nvml nvmlDeviceGetMemoryInfo_v2: PfnNvmlDeviceGetMemoryInfoV2;
@@ -340,6 +341,7 @@ real_fns! {
     Nvml nvmlInit_v2: PfnNvmlVoid;
     Nvml nvmlShutdown: PfnNvmlVoid;
     Nvml nvmlDeviceGetHandleByIndex_v2: PfnNvmlDeviceGetHandleByIndex;
+    Nvml nvmlDeviceGetHandleByPciBusId_v2: PfnNvmlDeviceGetHandleByPciBusId;
 }
 
 /// `cuEventDestroy` under its usual name (the ABI symbol is `cuEventDestroy_v2`).

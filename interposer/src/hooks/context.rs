@@ -7,11 +7,11 @@
 //!
 //! Only done when a cap is configured (NVML is not touched otherwise). These hooks are not
 //! depth-guarded: the runtime creates its context inside our outer `cudaMalloc`. The CUDA
-//! ordinal is taken as the NVML index (`CUDA_VISIBLE_DEVICES` reordering is not mapped).
+//! device is found in NVML by its PCI bus id (falling back to the same index).
 
 use crate::ffi_types::*;
 use crate::{cap, real};
-use std::ffi::{c_int, c_uint};
+use std::ffi::{c_char, c_int, c_uint};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
 const MAX: usize = crate::counters::MAX_DEVICES;
@@ -24,20 +24,41 @@ fn idx(dev: CUdevice) -> Option<usize> {
     (dev >= 0 && (dev as usize) < MAX).then_some(dev as usize)
 }
 
+/// NVML's handle for CUDA device `dev`: by PCI bus id (what CUDA and NVML agree on whatever
+/// the enumeration order and `CUDA_VISIBLE_DEVICES`), else by index. NVML initialized.
+fn nvml_handle(dev: CUdevice) -> Option<nvmlDevice_t> {
+    let mut h: nvmlDevice_t = std::ptr::null_mut();
+    if let (Some(bus), Some(by_bus)) = (
+        real::cuDeviceGetPCIBusId(),
+        real::nvmlDeviceGetHandleByPciBusId_v2(),
+    ) {
+        let mut id = [0 as c_char; 64];
+        // SAFETY: id holds 64 bytes; h is a valid out-pointer.
+        unsafe {
+            if bus(id.as_mut_ptr(), id.len() as c_int, dev) == CUDA_SUCCESS
+                && by_bus(id.as_ptr(), &mut h) == NVML_SUCCESS
+            {
+                return Some(h);
+            }
+        }
+    }
+    let by_index = real::nvmlDeviceGetHandleByIndex_v2()?;
+    // SAFETY: h is a valid out-pointer.
+    (unsafe { by_index(dev as c_uint, &mut h) } == NVML_SUCCESS).then_some(h)
+}
+
 /// The device's free memory as NVML reports it (no context needed).
 fn nvml_free(dev: CUdevice) -> Option<u64> {
     let init = real::nvmlInit_v2()?;
     let shutdown = real::nvmlShutdown()?;
-    let handle = real::nvmlDeviceGetHandleByIndex_v2()?;
     let info = real::nvmlDeviceGetMemoryInfo()?;
     // SAFETY: plain NVML calls with valid out-pointers; init/shutdown are balanced.
     unsafe {
         if init() != NVML_SUCCESS {
             return None;
         }
-        let mut h: nvmlDevice_t = std::ptr::null_mut();
         let mut m = nvmlMemory_t::default();
-        let ok = handle(dev as c_uint, &mut h) == NVML_SUCCESS && info(h, &mut m) == NVML_SUCCESS;
+        let ok = nvml_handle(dev).is_some_and(|h| info(h, &mut m) == NVML_SUCCESS);
         shutdown();
         ok.then_some(m.free)
     }
