@@ -19,9 +19,10 @@
 //! Stream rules: a `FreeMode::Sync` block waits in `pending` until a synchronization (one
 //! device sync releases every pending block; the process's own syncs count). A
 //! `FreeMode::Async { stream: s }` block is reusable at once on `s`; on another stream after a
-//! synchronization, or by making that stream wait on an event recorded at the free (recorded
-//! only once the process has used more than one stream). Bytes of dissolved blocks carry the
-//! same condition as a per-page fence. No synchronization during capture.
+//! synchronization, or by making that stream wait on an event recorded on `s` when the block
+//! changes streams (it covers the free; `cudaStreamWaitEvent`, no host synchronization, and
+//! no event at all on the same-stream fast path). Bytes of dissolved blocks carry the same
+//! condition as a per-page fence. No synchronization during capture.
 
 use crate::device::{Device, DeviceError, EventId, Handle, Stream};
 use crate::fxhash::FxMap;
@@ -140,8 +141,6 @@ pub struct Stitch {
     seq: u64,
     frees_since_sync: bool,
     events: FxMap<EventId, u32>,
-    first_stream: Option<Stream>,
-    multi_stream: bool,
     faults: Faults,
     /// soft limit over peak live beyond which cached blocks are dissolved before growing
     /// (None: cache until the device or cap refuses)
@@ -183,8 +182,6 @@ impl Stitch {
             seq: 0,
             frees_since_sync: false,
             events: FxMap::default(),
-            first_stream: None,
-            multi_stream: false,
             faults: Faults::default(),
             headroom: None,
             stats: Stats::default(),
@@ -516,29 +513,37 @@ impl Stitch {
         }
     }
 
-    fn note_stream(&mut self, s: Stream) {
-        if self.multi_stream {
-            return;
-        }
-        match self.first_stream {
-            None => self.first_stream = Some(s),
-            Some(f) if f != s => self.multi_stream = true,
-            _ => {}
-        }
-    }
-
     // ------------------------------------------------------------ cache
 
-    /// May a cached block be handed out on stream `t`? `Some(Some(ev))`: after waiting on ev.
-    fn compat(&self, b: &Block, t: Stream) -> Option<Option<EventId>> {
+    /// May a cached block be handed out on stream `t`? `Some(None)`: at once;
+    /// `Some(Some(s))`: after ordering `t` behind stream `s`'s work (an event recorded on `s`
+    /// now, which covers the free, and `cudaStreamWaitEvent(t)`: no host synchronization);
+    /// `None`: not without a synchronization.
+    fn compat(&self, b: &Block, t: Stream) -> Option<Option<Stream>> {
         if b.free_stream == t || b.epoch < self.epoch || self.faults.ignore_streams {
             Some(None)
-        } else if t == crate::ANY_STREAM {
+        } else if t == crate::ANY_STREAM || b.free_stream == crate::ANY_STREAM {
             // no stream to order: only memory a synchronization covers
             None
         } else {
-            b.event.map(Some)
+            Some(Some(b.free_stream))
         }
+    }
+
+    /// Order stream `t` after everything enqueued on stream `s` so far.
+    fn order_after(
+        &mut self,
+        dev: &mut dyn Device,
+        t: Stream,
+        s: Stream,
+    ) -> Result<(), DeviceError> {
+        let ev = dev.record_event(s)?;
+        self.stats.events_recorded += 1;
+        let r = dev.stream_wait_event(t, ev);
+        dev.destroy_event(ev);
+        r?;
+        self.stats.stream_waits += 1;
+        Ok(())
     }
 
     fn cache_take(&mut self, dev: &mut dyn Device, size: u64, t: Stream) -> Option<u64> {
@@ -556,14 +561,13 @@ impl Stitch {
         let (i, a, wait) = found?;
         self.cache.get_mut(&size).unwrap().remove(i);
         self.ncached -= 1;
-        if let Some(ev) = wait {
-            if dev.stream_wait_event(t, ev).is_err() {
-                // cannot order: put it back and let the slow path decide
-                self.cache.get_mut(&size).unwrap().insert(i, a);
-                self.ncached += 1;
-                return None;
-            }
-            self.stats.stream_waits += 1;
+        if let Some(s) = wait
+            && self.order_after(dev, t, s).is_err()
+        {
+            // cannot order: put it back and let the slow path decide
+            self.cache.get_mut(&size).unwrap().insert(i, a);
+            self.ncached += 1;
+            return None;
         }
         let b = self.blocks.get_mut(&a).unwrap();
         let old_ev = b.event.take();
@@ -1016,6 +1020,7 @@ impl Stitch {
         // stream safety of the free bytes we are about to take
         let mut need_sync = false;
         let mut waits: Vec<EventId> = Vec::new();
+        let mut order: Vec<Stream> = Vec::new();
         for &(p, _, _) in &pieces {
             self.purge_fences(dev, p);
             for f in &self.page(p).fences {
@@ -1023,23 +1028,41 @@ impl Stitch {
                     continue;
                 }
                 match f.event {
-                    Some(_) if t == crate::ANY_STREAM => need_sync = true,
+                    _ if t == crate::ANY_STREAM || f.stream == crate::ANY_STREAM => {
+                        need_sync = true
+                    }
                     Some(ev) => {
                         if !waits.contains(&ev) {
                             waits.push(ev)
                         }
                     }
-                    None => need_sync = true,
+                    None => {
+                        if !order.contains(&f.stream) {
+                            order.push(f.stream)
+                        }
+                    }
+                }
+            }
+        }
+        if !need_sync {
+            for &ev in &waits {
+                if dev.stream_wait_event(t, ev).is_err() {
+                    need_sync = true;
+                    break;
+                }
+                self.stats.stream_waits += 1;
+            }
+        }
+        if !need_sync {
+            for &s in &order {
+                if self.order_after(dev, t, s).is_err() {
+                    need_sync = true;
+                    break;
                 }
             }
         }
         if need_sync {
             self.do_sync(dev)?;
-            waits.clear();
-        }
-        for ev in waits {
-            dev.stream_wait_event(t, ev).map_err(PoolError::Device)?;
-            self.stats.stream_waits += 1;
         }
         let map = match existing {
             Some(m) => m,
@@ -1406,7 +1429,6 @@ impl Policy for Stitch {
         }
         let t = req.stream;
         let size = round_up(req.size.max(1), ALIGN);
-        self.note_stream(t);
         if self.faults.reuse_sync_frees_early && !self.pending.is_empty() {
             self.epoch += 1;
             self.flush_pending();
@@ -1471,7 +1493,7 @@ impl Policy for Stitch {
         Ok(Alloc { addr, size })
     }
 
-    fn free(&mut self, dev: &mut dyn Device, addr: u64, mode: FreeMode) -> Result<u64, PoolError> {
+    fn free(&mut self, _dev: &mut dyn Device, addr: u64, mode: FreeMode) -> Result<u64, PoolError> {
         let epoch = self.epoch;
         let Some(b) = self.blocks.get_mut(&addr) else {
             return Err(PoolError::UnknownPointer(addr));
@@ -1496,14 +1518,6 @@ impl Policy for Stitch {
                 self.seq += 1;
                 b.seq = self.seq;
                 let (size, seq) = (b.size, b.seq);
-                self.note_stream(stream);
-                if self.multi_stream
-                    && let Ok(ev) = dev.record_event(stream)
-                {
-                    self.stats.events_recorded += 1;
-                    self.ev_ref(ev);
-                    self.blocks.get_mut(&addr).unwrap().event = Some(ev);
-                }
                 self.cache.entry(size).or_default().push(addr);
                 let c = self.class_of(size);
                 self.lru[c].push_back((seq, addr));

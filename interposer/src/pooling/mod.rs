@@ -177,7 +177,12 @@ pub fn alloc(req: &PoolRequest) -> Option<Result<u64, i32>> {
         return None;
     }
     if is_runtime(req.api) {
-        ensure_context(req.device);
+        thread_local! {
+            static CTX_CHECKED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+        }
+        if !CTX_CHECKED.with(|c| c.replace(true)) {
+            ensure_context(req.device);
+        }
     }
     let r = with_pools(|pools| {
         let d = req.device as usize;
