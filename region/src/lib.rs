@@ -97,6 +97,9 @@ pub struct Slot {
     inflight: AtomicU64,
     refusals: AtomicU64,
     start_ticks: AtomicU64,
+    /// Identifies the program image that claimed the slot (0 = not set yet): after `exec`
+    /// the pid and start time stay, the image (and its device memory) is new.
+    image: AtomicU64,
     used: [AtomicU64; MAX_DEVICES],
 }
 
@@ -631,6 +634,38 @@ impl Region {
         None
     }
 
+    /// Records which program image holds slot `s` (see [`Region::reclaim_replaced_images`]).
+    pub fn set_image(&self, s: SlotIndex, image: u64) {
+        self.slot(s).image.store(image, SeqCst);
+    }
+
+    /// Frees the slots this very process (same pid and start time) claimed before an `exec`
+    /// replaced its program image (and the driver freed its device memory): slots with our
+    /// key whose image is set and differs from `image`.
+    pub fn reclaim_replaced_images(&self, me: ProcessKey, image: u64) -> Reclaimed {
+        let mut out = Reclaimed::default();
+        for s in self.layout().slots.iter() {
+            let k = s.key.load(SeqCst);
+            let theirs = s.image.load(SeqCst);
+            if k != me.word() || theirs == 0 || theirs == image {
+                continue;
+            }
+            if s.key
+                .compare_exchange(k, REAP_FLAG | me.word(), SeqCst, Relaxed)
+                .is_err()
+            {
+                continue;
+            }
+            self.reap(s, k, &mut out);
+            out.slots += 1;
+        }
+        if out.ambiguous > 0 {
+            // Settle the totals (reclaims nothing else: everyone counts as alive).
+            out.pending_recount = self.reclaim_with(me, &|_| true).pending_recount;
+        }
+        out
+    }
+
     /// Frees this process's slot, giving back what it holds (a clean exit; a dead process's
     /// slot is freed by [`Region::reclaim`] instead).
     pub fn release_slot(&self, s: SlotIndex) {
@@ -641,6 +676,7 @@ impl Region {
             release(&self.device(d).total, b);
         }
         slot.inflight.store(0, SeqCst);
+        slot.image.store(0, SeqCst);
         slot.key.store(0, SeqCst);
     }
 
@@ -721,32 +757,7 @@ impl Region {
             {
                 continue;
             }
-            if s.inflight.load(SeqCst) == 0 && k & REAP_FLAG == 0 {
-                // The owner finished every operation: its slot is exact.
-                s.inflight.store(1, SeqCst);
-                for (d, u) in s.used.iter().enumerate() {
-                    let b = u.swap(0, SeqCst);
-                    if b > 0 {
-                        release(&lay.header.devices[d].total, b);
-                        out.bytes += b;
-                    }
-                }
-            } else {
-                // Killed between the two halves of an operation (or a reclaimer killed while
-                // reclaiming): whether the total holds its last operation is unknown. Drop the
-                // slot's bytes and let a recount settle the totals.
-                let mut mask = 0;
-                for (d, u) in s.used.iter().enumerate() {
-                    u.store(0, SeqCst);
-                    mask |= 1 << d;
-                }
-                lay.header.needs_recount.fetch_or(mask, SeqCst);
-                out.ambiguous += 1;
-            }
-            s.refusals.store(0, Relaxed);
-            s.start_ticks.store(0, Relaxed);
-            s.inflight.store(0, SeqCst);
-            s.key.store(0, SeqCst);
+            self.reap(s, k, &mut out);
             out.slots += 1;
         }
         if lay.header.needs_recount.load(SeqCst) != 0 {
@@ -759,6 +770,38 @@ impl Region {
         }
         out.pending_recount = lay.header.needs_recount.load(SeqCst);
         out
+    }
+
+    /// Frees slot `s` that the caller took over (its key was `k`), giving its bytes back.
+    fn reap(&self, s: &Slot, k: u64, out: &mut Reclaimed) {
+        let lay = self.layout();
+        if s.inflight.load(SeqCst) == 0 && k & REAP_FLAG == 0 {
+            // The owner finished every operation: its slot is exact.
+            s.inflight.store(1, SeqCst);
+            for (d, u) in s.used.iter().enumerate() {
+                let b = u.swap(0, SeqCst);
+                if b > 0 {
+                    release(&lay.header.devices[d].total, b);
+                    out.bytes += b;
+                }
+            }
+        } else {
+            // Killed between the two halves of an operation (or a reclaimer killed while
+            // reclaiming): whether the total holds its last operation is unknown. Drop the
+            // slot's bytes and let a recount settle the totals.
+            let mut mask = 0;
+            for (d, u) in s.used.iter().enumerate() {
+                u.store(0, SeqCst);
+                mask |= 1 << d;
+            }
+            lay.header.needs_recount.fetch_or(mask, SeqCst);
+            out.ambiguous += 1;
+        }
+        s.refusals.store(0, Relaxed);
+        s.start_ticks.store(0, Relaxed);
+        s.image.store(0, Relaxed);
+        s.inflight.store(0, SeqCst);
+        s.key.store(0, SeqCst);
     }
 
     /// Sets each device marked for a recount to the sum of its slots, if no slot is in the

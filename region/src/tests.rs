@@ -430,3 +430,28 @@ fn reclaim_races_with_live_traffic() {
     let held: u64 = slots.iter().map(|&s| r.slot_used(s, 0)).sum();
     assert_eq!(r.in_use(0), held);
 }
+
+/// After exec the pid and start time stay but the image (and its memory) is new: the slots
+/// of the replaced image are freed, those of the current image are not.
+#[test]
+fn slots_of_a_replaced_image_are_freed() {
+    let r = Region::anonymous(&caps("1000")).unwrap();
+    let me = me();
+    let old = r.claim_slot(me, 1).unwrap();
+    r.set_image(old, 7);
+    r.charge(old, 0, 600, 1000, Check::Atomic).unwrap();
+    assert_eq!(r.reclaim(me).slots, 0, "alive, so a plain reclaim keeps it");
+    assert_eq!(
+        r.reclaim_replaced_images(me, 7).slots,
+        0,
+        "same image: kept"
+    );
+    let got = r.reclaim_replaced_images(me, 8);
+    assert_eq!((got.slots, got.bytes), (1, 600));
+    assert_eq!(r.in_use(0), 0);
+    // A slot whose image is not recorded yet (being claimed) is left alone.
+    let s = r.claim_slot(me, 1).unwrap();
+    r.charge(s, 0, 5, 1000, Check::Atomic).unwrap();
+    assert_eq!(r.reclaim_replaced_images(me, 8).slots, 0);
+    assert_eq!(r.in_use(0), 5);
+}

@@ -99,6 +99,8 @@ pub struct Cap {
     /// Context measurement per device: attempts made (0..CTX_TRIES), CTX_BUSY, or CTX_DONE.
     ctx_state: [AtomicU8; MAX_DEVICES],
     slot: AtomicUsize,
+    /// This program image (see `Region::reclaim_replaced_images`): nonzero, random.
+    image: u64,
     refused_once: AtomicBool,
     slots_full_once: AtomicBool,
     last_reclaim_ns: AtomicU64,
@@ -106,6 +108,19 @@ pub struct Cap {
 
 fn device_index(device: i32) -> Option<usize> {
     usize::try_from(device).ok().filter(|&d| d < MAX_DEVICES)
+}
+
+/// A random nonzero id for this program image.
+fn image_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish() | 1
 }
 
 fn mono_ns() -> u64 {
@@ -134,6 +149,7 @@ impl Cap {
             ctx_charged: [const { AtomicU64::new(0) }; MAX_DEVICES],
             ctx_state: [const { AtomicU8::new(0) }; MAX_DEVICES],
             slot: AtomicUsize::new(NO_SLOT),
+            image: image_id(),
             refused_once: AtomicBool::new(false),
             slots_full_once: AtomicBool::new(false),
             last_reclaim_ns: AtomicU64::new(0),
@@ -312,6 +328,10 @@ impl Cap {
     fn claim_slot(&self, r: &Region) -> Option<SlotIndex> {
         let me = ProcessKey::current()?;
         let start = vramshim_region::proc::stat(me.pid()).map_or(0, |(s, _)| s);
+        // Slots this process held before an exec replaced its image are garbage now.
+        if self.settings.fault != Fault::NoReclaim {
+            r.reclaim_replaced_images(me, self.image);
+        }
         let mut got = r.claim_slot(me, start);
         if got.is_none() {
             self.reclaim(r, me);
@@ -329,6 +349,7 @@ impl Cap {
             }
             return None;
         };
+        r.set_image(i, self.image);
         match self.slot.compare_exchange(NO_SLOT, i.0, AcqRel, Acquire) {
             Ok(_) => Some(i),
             Err(other) => {

@@ -314,8 +314,11 @@ fn racy_fault_is_caught_by_the_thread_test() {
 fn shared_budget_across_two_caps() {
     take_lines();
     let path = tmp("shared");
+    // Two "processes" in one: same pid, so give them one image (else the second would free
+    // the first's slot as the leftover of an exec).
     let a = shared(Some("1GiB"), &path);
-    let b = shared(Some("2GiB"), &path);
+    let mut b = shared(Some("2GiB"), &path);
+    b.image = a.image;
     a.try_charge(0, GIB / 2, Api::CudaMalloc).unwrap();
     // b's VRAMSHIM_CAP differs: warned, the region's cap is used.
     assert!(b.try_charge(0, GIB / 2 + 1, Api::CudaMalloc).is_err());
@@ -340,7 +343,8 @@ fn shared_budget_across_two_caps() {
     b.uncharge(0, GIB / 4);
     assert_eq!(a.in_use(0), 0);
     // A process without VRAMSHIM_CAP joins the budget silently.
-    let c = shared(None, &path);
+    let mut c = shared(None, &path);
+    c.image = a.image;
     assert_eq!(c.total_for(0, 16 * GIB), GIB);
     assert!(take_lines().is_empty());
     let snap = Region::open(&path).unwrap().snapshot();
@@ -437,4 +441,16 @@ fn a_context_is_charged_once_whoever_measures_it() {
     c.on_context_created(0, 10 * GIB, 10 * GIB - (200 << 20));
     c.try_charge(0, 1, Api::CudaMalloc).unwrap();
     assert_eq!(c.context_charged(0), 200 << 20);
+}
+
+/// After exec (same pid and start time, new image) the old image's slot is freed.
+#[test]
+fn exec_frees_the_replaced_images_slot() {
+    let path = tmp("exec");
+    let before = shared(Some("1GiB"), &path);
+    before.try_charge(0, GIB / 2, Api::CudaMalloc).unwrap();
+    let after = shared(Some("1GiB"), &path);
+    after.try_charge(0, GIB, Api::CudaMalloc).unwrap();
+    assert_eq!(after.in_use(0), GIB);
+    assert_eq!(Region::open(&path).unwrap().snapshot().processes.len(), 1);
 }
