@@ -15,3 +15,40 @@ pub mod whatif;
 
 pub use analysis::{Analysis, Options, TraceReport};
 pub use error::InputError;
+
+/// Analyzes one file (any supported format) with the stitch what-if filled into post-mortems.
+/// What `vramshim summary` does for each TRACE; for other tools (`vramshim demo`).
+pub fn summarize(path: &std::path::Path, opts: &Options) -> Result<TraceReport, String> {
+    let mut r = analysis::analyze(input::open(path)?, opts)?;
+    whatif::judge_post_mortems(path, &mut r)?;
+    Ok(r)
+}
+
+/// The text `vramshim summary` prints for one report (post-mortems included).
+pub fn summary_text(r: &TraceReport) -> String {
+    let mut s = String::new();
+    render::text::trace(r, &mut s);
+    s
+}
+
+/// Writes the self-contained HTML report of `traces` to `out` (what `vramshim report` does).
+pub fn write_html_report(
+    traces: &[std::path::PathBuf],
+    out: &std::path::Path,
+) -> Result<(), String> {
+    let opts = Options {
+        progress: false,
+        ..Options::default()
+    };
+    let reports = traces
+        .iter()
+        .map(|p| summarize(p, &opts))
+        .collect::<Result<Vec<_>, _>>()?;
+    let cmp = if reports.len() > 1 {
+        Some(analysis::compare::compare(&reports))
+    } else {
+        None
+    };
+    std::fs::write(out, render::html::page(&reports, cmp.as_ref()))
+        .map_err(|e| error::write_error(out, &e))
+}

@@ -25,9 +25,8 @@ const BATCH: usize = 1 << 16;
 pub struct VramTraceSource {
     path: PathBuf,
     reader: TraceReader<BufReader<File>>,
-    /// Timed events; `[head, ready)` are released (in time order), `[ready..]` are held.
-    held: Vec<Event>,
-    head: usize,
+    /// Timed events in time order; the first `ready` are released, the rest held.
+    held: VecDeque<Event>,
     ready: usize,
     untimed: VecDeque<Event>,
     max_t: u64,
@@ -57,8 +56,7 @@ pub fn open(path: &Path) -> Result<(Header, Box<dyn EventSource>), InputError> {
         Box::new(VramTraceSource {
             path: path.to_path_buf(),
             reader,
-            held: Vec::new(),
-            head: 0,
+            held: VecDeque::new(),
             ready: 0,
             untimed: VecDeque::new(),
             max_t: 0,
@@ -77,13 +75,6 @@ const PLACEHOLDER: Event = Event::Lost { t_ns: 0, count: 0 };
 impl VramTraceSource {
     /// Reads a batch and releases what the window allows.
     fn fill(&mut self) {
-        // Drop what was handed out, but only when that is at least half the buffer, so each
-        // event is moved O(1) times on average.
-        if self.head > 0 && self.head * 2 >= self.held.len() {
-            self.held.drain(..self.head);
-            self.ready -= self.head;
-            self.head = 0;
-        }
         let start = self.held.len();
         let mut ev = PLACEHOLDER;
         let mut n = 0;
@@ -99,7 +90,7 @@ impl VramTraceSource {
                             if t > self.max_t {
                                 self.max_t = t;
                             }
-                            self.held.push(std::mem::replace(&mut ev, PLACEHOLDER));
+                            self.held.push_back(std::mem::replace(&mut ev, PLACEHOLDER));
                         }
                         None => self
                             .untimed
@@ -132,18 +123,33 @@ impl VramTraceSource {
         // never do). Late events (older than what was released) stay late.
         let key = |e: &Event| e.t_ns().unwrap_or(0);
         let from = start.saturating_sub(1).max(self.ready);
-        let sorted = self.held[from..]
-            .windows(2)
-            .all(|w| key(&w[0]) <= key(&w[1]));
+        let mut prev = 0u64;
+        let sorted = self.held.range(from..).all(|e| {
+            let k = key(e);
+            let ok = k >= prev;
+            prev = k;
+            ok
+        });
         if !sorted {
-            self.held[self.ready..].sort_by_key(key);
+            let ready = self.ready;
+            self.held.make_contiguous()[ready..].sort_by_key(key);
         }
         let limit = if self.eof {
             u64::MAX
         } else {
             self.max_t.saturating_sub(WINDOW_NS)
         };
-        let mut cut = self.ready + self.held[self.ready..].partition_point(|e| key(e) <= limit);
+        let held = &self.held;
+        let (mut lo, mut hi) = (self.ready, held.len());
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if key(&held[mid]) <= limit {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        let mut cut = lo;
         if !self.eof && self.held.len() - cut > MAX_HELD {
             cut = self.held.len() - MAX_HELD / 2;
         }
@@ -161,10 +167,11 @@ impl EventSource for VramTraceSource {
             if let Some(e) = self.untimed.pop_front() {
                 return Some(Ok(e));
             }
-            if self.head < self.ready {
-                let e = std::mem::replace(&mut self.held[self.head], PLACEHOLDER);
-                self.head += 1;
-                return Some(Ok(e));
+            if self.ready > 0 {
+                self.ready -= 1;
+                if let Some(e) = self.held.pop_front() {
+                    return Some(Ok(e));
+                }
             }
             if self.eof {
                 return self.error.take().map(Err);
