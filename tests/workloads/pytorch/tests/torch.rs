@@ -1,0 +1,280 @@
+//! PyTorch 2.15 on the simulated GPU: its real allocators (native caching, expandable
+//! segments, cudaMallocAsync) replaying the shipped traces, and the same process under
+//! vramshim (trace, cap, stitch pool). Needs PyTorch installed by scripts/setup-torch (else
+//! each test prints why it is skipped; VRAMSHIM_TORCH_TESTS=1 installs it).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use vramshim_pytorch_tests::{
+    TRACES, replay_json, replay_script, torch_or_skip, torch_sim_command, vramshim_run_command,
+};
+use vramshim_testkit::{RunOutput, run, temp_dir, trace_file};
+use vramshim_trace::{AllocKind, Api, Event, TraceReader};
+
+const DEFAULT: &str = "";
+const EXPANDABLE: &str = "expandable_segments:True";
+const ASYNC: &str = "backend:cudaMallocAsync";
+
+fn replay(py: &Path, name: &str, trace: &str, conf: &str, extra: &[&str]) -> (RunOutput, Value) {
+    let mut c = torch_sim_command(py, name);
+    if !conf.is_empty() {
+        c.env("PYTORCH_CUDA_ALLOC_CONF", conf);
+    }
+    c.arg(replay_script()).arg(trace_file(trace)).args(extra);
+    let out = run(&mut c);
+    let j = replay_json(&out.stdout);
+    (out, j)
+}
+
+fn num(j: &Value, k: &str) -> u64 {
+    j[k].as_u64()
+        .unwrap_or_else(|| panic!("{k} is not a number in {j}"))
+}
+
+#[test]
+fn torch_sees_the_simulated_gpu() {
+    let Some(py) = torch_or_skip("torch_sees_the_simulated_gpu") else {
+        return;
+    };
+    let out = run(torch_sim_command(&py, "torch_avail")
+        .env("VRAMSIM_MEMORY", "8GiB")
+        .args([
+            "-c",
+            "import torch\n\
+         print('available', torch.cuda.is_available(), torch.cuda.device_count())\n\
+         p = torch.cuda.get_device_properties(0)\n\
+         print('device', p.name, p.total_memory, p.major, p.minor)\n\
+         x = torch.arange(1000, dtype=torch.int32).to('cuda')\n\
+         y = x.cpu()\n\
+         print('roundtrip', bool((y == torch.arange(1000, dtype=torch.int32)).all()))\n\
+         print('reserved', torch.cuda.memory_reserved())\n",
+        ]));
+    out.assert_success();
+    assert!(out.stdout.contains("available True 1"), "{}", out.stdout);
+    assert!(
+        out.stdout
+            .contains("device vramsim GPU 0 (simulated) 8589934592 9 0"),
+        "{}",
+        out.stdout
+    );
+    assert!(out.stdout.contains("roundtrip True"), "{}", out.stdout);
+    assert!(out.stdout.contains("reserved 2097152"), "{}", out.stdout);
+}
+
+/// Every trace completes under each of PyTorch's three allocator configurations, with what
+/// PyTorch reports consistent with the trace (peak allocated >= peak live, reserved >=
+/// allocated).
+#[test]
+fn every_trace_replays_under_every_pytorch_allocator() {
+    let Some(py) = torch_or_skip("every_trace_replays_under_every_pytorch_allocator") else {
+        return;
+    };
+    for trace in TRACES {
+        for conf in [DEFAULT, EXPANDABLE, ASYNC] {
+            // Patterns on the smallest trace only (they cost copies, not allocator work).
+            let pattern = if trace.starts_with("bert") {
+                "sample"
+            } else {
+                "none"
+            };
+            let (out, j) = replay(&py, "torch_replay", trace, conf, &["--pattern", pattern]);
+            let what = format!("{trace} under '{conf}'");
+            assert_eq!(out.code(), Some(0), "{what}: {}{}", out.stdout, out.stderr);
+            assert_eq!(j["completed"], Value::Bool(true), "{what}: {j}");
+            assert_eq!(num(&j, "mismatches"), 0, "{what}");
+            assert_eq!(num(&j, "skipped_frees"), 0, "{what}");
+            let expected_backend = if conf == ASYNC {
+                "cudaMallocAsync"
+            } else {
+                "native"
+            };
+            assert_eq!(j["backend"], expected_backend, "{what}");
+            let (live, alloc, reserved) = (
+                num(&j, "peak_live"),
+                num(&j, "max_memory_allocated"),
+                num(&j, "max_memory_reserved"),
+            );
+            assert!(alloc >= live, "{what}: allocated {alloc} < live {live}");
+            assert!(
+                reserved >= alloc,
+                "{what}: reserved {reserved} < allocated {alloc}"
+            );
+            assert_eq!(num(&j, "num_ooms"), 0, "{what}");
+            if conf != ASYNC {
+                assert!(num(&j, "num_device_alloc") > 0, "{what}: {j}");
+            }
+        }
+    }
+}
+
+/// Alloc events of a trace file (or files, %p), by (api, kind).
+fn trace_allocs(pattern: &Path) -> Vec<vramshim_trace::MemOp> {
+    let dir = pattern.parent().expect("trace dir");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .expect("trace dir")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "vramtrace"))
+        .collect();
+    files.sort();
+    assert_eq!(files.len(), 1, "one trace expected: {files:?}");
+    let mut ops = Vec::new();
+    for ev in TraceReader::open(&files[0]).expect("open trace") {
+        if let Event::Alloc(op) = ev.expect("trace event") {
+            ops.push(op);
+        }
+    }
+    ops
+}
+
+fn traced_replay(
+    py: &Path,
+    name: &str,
+    trace: &str,
+    conf: &str,
+) -> (Value, Vec<vramshim_trace::MemOp>) {
+    let dir = temp_dir(name);
+    let file = dir.join("run-%p.vramtrace");
+    let mut c = vramshim_run_command(py, name, &["--trace", file.to_str().expect("utf-8 path")]);
+    if !conf.is_empty() {
+        c.env("PYTORCH_CUDA_ALLOC_CONF", conf);
+    }
+    c.arg(replay_script()).arg(trace_file(trace));
+    let out = run(&mut c);
+    assert_eq!(
+        out.code(),
+        Some(0),
+        "{trace} '{conf}': {}{}",
+        out.stdout,
+        out.stderr
+    );
+    (replay_json(&out.stdout), trace_allocs(&file))
+}
+
+/// Each device allocation PyTorch makes appears exactly once in vramshim's trace: segments
+/// (cudaMalloc) for the native allocator, physical handles (cuMemCreate) with expandable
+/// segments, one cudaMallocAsync per tensor with the async backend; and nothing twice (the
+/// runtime's own driver calls underneath are not recorded again).
+#[test]
+fn trace_shows_each_pytorch_device_allocation_once() {
+    let Some(py) = torch_or_skip("trace_shows_each_pytorch_device_allocation_once") else {
+        return;
+    };
+    let trace = "bert_serve.rmm.csv";
+    let device = |ops: &[vramshim_trace::MemOp]| -> Vec<vramshim_trace::MemOp> {
+        ops.iter()
+            .filter(|o| o.result == 0 && o.kind != AllocKind::Host && o.device >= 0)
+            .cloned()
+            .collect()
+    };
+    let by_api = |ops: &[vramshim_trace::MemOp]| -> HashMap<Api, usize> {
+        let mut m = HashMap::new();
+        for o in ops {
+            *m.entry(o.api).or_default() += 1;
+        }
+        m
+    };
+
+    // Native caching allocator: one cudaMalloc per segment, nothing else.
+    let (j, ops) = traced_replay(&py, "torch_trace_native", trace, DEFAULT);
+    let dev = device(&ops);
+    let apis = by_api(&dev);
+    let segments = num(&j, "num_device_alloc") as usize;
+    assert!(segments > 0, "{j}");
+    assert_eq!(
+        apis.get(&Api::CudaMalloc).copied().unwrap_or(0),
+        segments,
+        "{apis:?} {j}"
+    );
+    assert_eq!(
+        dev.len(),
+        segments,
+        "device allocations other than PyTorch's segments: {apis:?}"
+    );
+
+    // Expandable segments: physical memory comes from cuMemCreate handles, no cudaMalloc.
+    let (j, ops) = traced_replay(&py, "torch_trace_expandable", trace, EXPANDABLE);
+    let dev = device(&ops);
+    let apis = by_api(&dev);
+    let handles = apis.get(&Api::CuMemCreate).copied().unwrap_or(0);
+    assert!(
+        handles > 0,
+        "no cuMemCreate with expandable segments: {apis:?}"
+    );
+    assert!(
+        dev.iter().all(|o| o.kind == AllocKind::VmmHandle),
+        "expandable segments made non-VMM device allocations: {apis:?}"
+    );
+    let mut addrs: Vec<u64> = dev.iter().map(|o| o.addr).collect();
+    addrs.sort_unstable();
+    addrs.dedup();
+    assert_eq!(addrs.len(), handles, "a VMM handle recorded twice");
+    assert!(
+        handles as u64 >= num(&j, "num_device_alloc"),
+        "{handles} handles for {} growths: {j}",
+        num(&j, "num_device_alloc")
+    );
+
+    // cudaMallocAsync backend: every tensor is one cudaMallocAsync.
+    let (j, ops) = traced_replay(&py, "torch_trace_async", trace, ASYNC);
+    let dev = device(&ops);
+    let apis = by_api(&dev);
+    let tensors = num(&j, "allocs") as usize;
+    assert_eq!(
+        apis.get(&Api::CudaMallocAsync).copied().unwrap_or(0),
+        tensors,
+        "{apis:?} {j}"
+    );
+    assert_eq!(dev.len(), tensors, "{apis:?}");
+}
+
+/// A vramshim cap below what the replay needs: PyTorch raises its own OutOfMemoryError (the
+/// replay reports it and exits 2), with PyTorch's usual message.
+#[test]
+fn cap_below_the_need_raises_torch_out_of_memory() {
+    let Some(py) = torch_or_skip("cap_below_the_need_raises_torch_out_of_memory") else {
+        return;
+    };
+    for conf in [DEFAULT, EXPANDABLE, ASYNC] {
+        let mut c = vramshim_run_command(&py, "torch_cap", &["--cap", "96MiB"]);
+        if !conf.is_empty() {
+            c.env("PYTORCH_CUDA_ALLOC_CONF", conf);
+        }
+        c.arg(replay_script()).arg(trace_file("vit_train.rmm.csv"));
+        let out = run(&mut c);
+        assert_eq!(
+            out.code(),
+            Some(2),
+            "'{conf}': {}{}",
+            out.stdout,
+            out.stderr
+        );
+        let j = replay_json(&out.stdout);
+        assert_eq!(j["completed"], Value::Bool(false), "{j}");
+        let msg = j["oom"]["message"].as_str().unwrap_or_default();
+        assert!(msg.contains("CUDA out of memory"), "'{conf}': {msg}");
+        assert!(num(&j["oom"], "live_bytes") < 96 << 20, "{j}");
+    }
+}
+
+/// vramshim's stitch pool under PyTorch (`--pool stitch` sets PYTORCH_NO_CUDA_MEMORY_CACHING=1,
+/// so every tensor reaches the pool): the replay completes with its data patterns intact.
+#[test]
+fn stitch_pool_replays_with_patterns_intact() {
+    let Some(py) = torch_or_skip("stitch_pool_replays_with_patterns_intact") else {
+        return;
+    };
+    for trace in ["bert_serve.rmm.csv", "vit_train.rmm.csv"] {
+        let mut c = vramshim_run_command(&py, "torch_stitch", &["--pool", "stitch"]);
+        c.arg(replay_script())
+            .arg(trace_file(trace))
+            .args(["--pattern", "sample"]);
+        let out = run(&mut c);
+        assert_eq!(out.code(), Some(0), "{trace}: {}{}", out.stdout, out.stderr);
+        let j = replay_json(&out.stdout);
+        assert_eq!(j["no_caching"], Value::Bool(true), "{j}");
+        assert_eq!(j["completed"], Value::Bool(true), "{j}");
+        assert_eq!(num(&j, "mismatches"), 0, "{j}");
+    }
+}
