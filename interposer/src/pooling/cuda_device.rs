@@ -81,6 +81,12 @@ pub struct CudaDevice {
     pub stream: Stream,
     /// Recycled events.
     free_events: Vec<usize>,
+    /// Physical bytes the pool may hold on this device: the cap (`VRAMSHIM_CAP`) when one is
+    /// set, so cached pages never take the process over its cap (growth beyond it is refused
+    /// like a cap refusal and the pool dissolves cached blocks instead).
+    limit: Option<u64>,
+    /// Physical bytes held (handles created and not released).
+    held: u64,
     pub calls: CallCounts,
 }
 
@@ -116,12 +122,25 @@ impl CudaDevice {
                 "cuMemGetAllocationGranularity failed on device {ordinal} (code {rc}, granularity {g})"
             ));
         }
+        let mut limit = None;
+        if let Some(total) = real::cuDeviceTotalMem_v2() {
+            let mut t: usize = 0;
+            // SAFETY: valid out-pointer.
+            if unsafe { total(&mut t, ordinal) } == CUDA_SUCCESS && t > 0 {
+                let capped = crate::cap::total_for(ordinal, t as u64);
+                if capped < t as u64 {
+                    limit = Some(capped);
+                }
+            }
+        }
         Ok(CudaDevice {
             fns,
             ordinal,
             gran: g as u64,
             stream: 0,
             free_events: Vec::new(),
+            limit,
+            held: 0,
             calls: CallCounts::default(),
         })
     }
@@ -155,18 +174,24 @@ impl Device for CudaDevice {
     }
 
     fn create(&mut self) -> Result<Handle, DeviceError> {
+        if self.limit.is_some_and(|l| self.held + self.gran > l) {
+            return Err(DeviceError::CapExceeded);
+        }
         self.calls.create += 1;
         let prop = Self::prop(self.ordinal);
         let mut h: CUmemGenericAllocationHandle = 0;
         // SAFETY: valid out-pointer and property struct.
         ok(unsafe { (self.fns.create)(&mut h, self.gran as usize, &prop, 0) })?;
+        self.held += self.gran;
         Ok(h)
     }
 
     fn release(&mut self, handle: Handle) -> Result<(), DeviceError> {
         self.calls.release += 1;
         // SAFETY: a handle returned by create.
-        ok(unsafe { (self.fns.release)(handle) })
+        ok(unsafe { (self.fns.release)(handle) })?;
+        self.held -= self.gran;
+        Ok(())
     }
 
     fn map(&mut self, va: u64, handle: Handle) -> Result<(), DeviceError> {

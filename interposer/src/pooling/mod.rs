@@ -13,7 +13,10 @@
 //! before the process sees `CUDA_ERROR_OUT_OF_MEMORY` / `cudaErrorMemoryAllocation`.
 //!
 //! Cap: the dispatcher charges every pooled request's size to the cap before the pool is
-//! asked (live bytes), so the pool's physical pages are not charged a second time.
+//! asked (live bytes), so the pool's physical pages are not charged a second time; instead
+//! the pool's physical growth is bounded by the cap itself (`CudaDevice::create` refuses
+//! beyond it and the pool dissolves cached blocks), so cached pages never take the process
+//! over its cap.
 
 mod cuda_device;
 #[cfg(test)]

@@ -188,3 +188,26 @@ fn unknown_pool_setting_warns_once_and_passes_through() {
     assert_eq!(o.code(), Some(0), "{}", o.stderr);
     assert_eq!(o.stderr.matches("VRAMSHIM_POOL").count(), 1, "{}", o.stderr);
 }
+
+#[test]
+fn cached_pages_stay_under_the_cap() {
+    // vit: peak live 160.5 MiB; the pool caches up to ~230 MiB when nothing limits it. Under
+    // VRAMSHIM_CAP=172MiB its physical growth stops at the cap and it dissolves cached blocks
+    // instead: the replay completes with every pattern intact (the cap charges live bytes,
+    // the pool never refuses below them).
+    let exe = replay_exe();
+    let trace = trace_file("vit_train.rmm.csv");
+    let o = run(
+        &exe,
+        &["--quiet", "--pattern", "memcpy", trace.to_str().unwrap()],
+        &[
+            ("VRAMSHIM_POOL", "stitch"),
+            ("VRAMSHIM_CAP", "172MiB"),
+            ("VRAMSIM_MEMORY", "1GiB"),
+            ("VRAMSIM_CONTEXT_OVERHEAD", "0"),
+        ],
+        "pool-cap",
+    );
+    assert_eq!(o.code(), Some(0), "{}\n{}", o.stdout, tail(&o.stderr));
+    assert_eq!(field(&o.stdout, "mismatches"), 0);
+}
