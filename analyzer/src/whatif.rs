@@ -126,7 +126,22 @@ pub fn judge_post_mortems(path: &Path, report: &mut TraceReport) -> Result<(), I
         if d.post_mortems.is_empty() || d.device < 0 {
             continue;
         }
-        let stream = read_stream(input::open(path)?, Some(d.device))?;
+        let needs_replay = d.post_mortems.iter().take(MAX_JUDGED).any(|pm| {
+            let cap = pm.device_total.or(pm.cap);
+            cap.is_some_and(|c| pm.size <= pm.cap.unwrap_or(c).min(c))
+        });
+        let stream = if needs_replay {
+            read_stream(input::open(path)?, Some(d.device))?
+        } else {
+            Stream {
+                device: d.device,
+                ops: vec![],
+                origin: vec![],
+                failures: vec![],
+                header: Header::default(),
+                t0: 0,
+            }
+        };
         for (i, pm) in d.post_mortems.iter_mut().enumerate() {
             if i >= MAX_JUDGED {
                 pm.stitch = Some(StitchVerdict {
@@ -153,6 +168,19 @@ pub fn judge_post_mortems(path: &Path, report: &mut TraceReport) -> Result<(), I
                 });
                 continue;
             };
+            let limit = pm.cap.unwrap_or(capacity).min(capacity);
+            if pm.size > limit {
+                pm.stitch = Some(StitchVerdict {
+                    served: Some(false),
+                    capacity_bytes: Some(capacity),
+                    detail: format!(
+                        "the request alone ({}) is larger than the {} it may use",
+                        bytes(pm.size),
+                        bytes(limit)
+                    ),
+                });
+                continue;
+            }
             let mut ops = stream.ops[..pos].to_vec();
             ops.push(Op::Alloc {
                 id: u64::MAX,
