@@ -321,12 +321,20 @@ impl Cap {
         if s != NO_SLOT {
             return Some(SlotIndex(s));
         }
+        if self.slots_full_once.load(Relaxed) {
+            // No slot could be had: this process runs uncapped (warned once) rather than
+            // scanning the region on every allocation.
+            return None;
+        }
         self.claim_slot(r)
     }
 
     #[cold]
     fn claim_slot(&self, r: &Region) -> Option<SlotIndex> {
-        let me = ProcessKey::current()?;
+        let Some(me) = ProcessKey::current() else {
+            self.slots_full_once.store(true, Relaxed);
+            return None;
+        };
         let start = vramshim_region::proc::stat(me.pid()).map_or(0, |(s, _)| s);
         // Slots this process held before an exec replaced its image are garbage now.
         if self.settings.fault != Fault::NoReclaim {
@@ -658,6 +666,7 @@ impl Cap {
             self.ctx_state[d].store(0, Relaxed);
         }
         self.refused_once.store(false, Relaxed);
+        self.slots_full_once.store(false, Relaxed);
         self.last_reclaim_ns.store(0, Relaxed);
     }
 }
