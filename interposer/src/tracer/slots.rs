@@ -196,15 +196,10 @@ pub fn emit(mut ev: Event) {
     if depth > 0
         && let Event::Alloc(m) | Event::Free(m) = &mut ev
         && m.stack == 0
+        && let Some((id, frames)) = stacks::capture_interned(depth)
     {
-        let frames = stacks::capture(depth);
-        if !frames.is_empty() {
-            let (id, is_new) = stacks::intern(&frames);
-            m.stack = id;
-            if is_new {
-                new_stack = Some((id, frames));
-            }
-        }
+        m.stack = id;
+        new_stack = frames.map(|f| (id, f));
     }
     let g = slot.lock();
     let inner = g.inner();

@@ -30,6 +30,7 @@ unsafe extern "C" {
     // libgcc_s (linked by Rust's std on linux-gnu).
     fn _Unwind_Backtrace(trace: _Unwind_Trace_Fn, arg: *mut c_void) -> c_int;
     fn _Unwind_GetIP(ctx: *mut c_void) -> usize;
+    fn _Unwind_GetCFA(ctx: *mut c_void) -> usize;
 }
 
 const URC_NO_REASON: c_int = 0;
@@ -41,6 +42,11 @@ struct Walk {
     /// Still inside libvramshim (innermost frames are skipped).
     skipping: bool,
     own: (u64, u64),
+    /// CFA of the previous frame (0 before the first), and the last frame's IP.
+    prev_cfa: u64,
+    last_ip: u64,
+    /// CFA of the second frame: the stack pointer of `capture_interned`'s caller.
+    second_cfa: u64,
 }
 
 extern "C" fn step(ctx: *mut c_void, arg: *mut c_void) -> c_int {
@@ -48,10 +54,22 @@ extern "C" fn step(ctx: *mut c_void, arg: *mut c_void) -> c_int {
     // whole walk; `ctx` is the unwinder's context for this frame.
     let w = unsafe { &mut *(arg as *mut Walk) };
     // SAFETY: ctx is valid during the callback.
-    let ip = unsafe { _Unwind_GetIP(ctx) } as u64;
+    let (ip, cfa) = unsafe { (_Unwind_GetIP(ctx) as u64, _Unwind_GetCFA(ctx) as u64) };
     if ip == 0 {
         return URC_NORMAL_STOP;
     }
+    // libgcc reports each return address `ip` with the CFA it was found under (`ip` is stored
+    // at `cfa - 8`; the code at `ip` runs with the stack pointer at `cfa`). The next frame's
+    // CFA minus this one is the frame size of the function containing `ip`: learn it for the
+    // fast walk, keyed by `ip`.
+    if w.prev_cfa != 0 && cfa > w.prev_cfa {
+        if w.second_cfa == 0 {
+            w.second_cfa = cfa;
+        }
+        learn(w.last_ip, cfa - w.prev_cfa);
+    }
+    w.prev_cfa = cfa;
+    w.last_ip = ip;
     if w.skipping {
         if ip >= w.own.0 && ip < w.own.1 {
             return URC_NO_REASON;
@@ -81,21 +99,223 @@ fn own_range() -> (u64, u64) {
     (lo, hi)
 }
 
-/// Up to `depth` return addresses of the caller, outside libvramshim.
+// ---- the fast walk: libgcc's answers cached per return address.
+//
+// For every IP libgcc has unwound, `OFFS` remembers CFA - SP (constant at a given IP for the
+// usual rsp-based CFA rules), or `END` when the stack ended there. The fast walk follows the
+// return addresses saved at CFA - 8, within the thread's stack bounds, and gives up (falls
+// back to libgcc) at the first IP it does not know. Its result is only used when the same
+// stack is already in the dedup table (i.e. libgcc produced it before), so a wrong rule
+// (alloca, a frame pointer-based CFA) costs a fallback, never a wrong stack.
+
+const OFF_BITS: u32 = 14;
+const OFFS_N: usize = 1 << OFF_BITS;
+const END: u32 = u32::MAX;
+static OFF_IP: [AtomicU64; OFFS_N] = [const { AtomicU64::new(0) }; OFFS_N];
+static OFF_VAL: [AtomicU32; OFFS_N] = [const { AtomicU32::new(0) }; OFFS_N];
+/// `capture_interned`'s frame size: its caller's stack pointer minus its own (0 = not
+/// learned yet). The fast walk starts there.
+static OFF0: AtomicU64 = AtomicU64::new(0);
+
+fn off_slot(ip: u64) -> usize {
+    (ip.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - OFF_BITS)) as usize
+}
+
+fn learn(ip: u64, off: u64) {
+    let off = if off >= END as u64 {
+        return;
+    } else {
+        off as u32
+    };
+    store_rule(ip, off);
+}
+
+fn store_rule(ip: u64, off: u32) {
+    let mut i = off_slot(ip);
+    for _ in 0..8 {
+        let cur = OFF_IP[i].load(Ordering::Acquire);
+        if cur == ip {
+            // Keep the first rule; an END mark wins (it only comes from a completed walk).
+            if off == END {
+                OFF_VAL[i].store(END, Ordering::Release);
+            }
+            return;
+        }
+        if cur == 0 {
+            // Value first, then key: a reader that sees the key sees a value (0 = unusable).
+            OFF_VAL[i].store(off, Ordering::Release);
+            if OFF_IP[i]
+                .compare_exchange(0, ip, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                return;
+            }
+        }
+        i = (i + 1) & (OFFS_N - 1);
+    }
+}
+
+#[inline]
+fn rule(ip: u64) -> Option<u32> {
+    let mut i = off_slot(ip);
+    for _ in 0..8 {
+        let cur = OFF_IP[i].load(Ordering::Acquire);
+        if cur == ip {
+            let v = OFF_VAL[i].load(Ordering::Acquire);
+            return (v != 0).then_some(v);
+        }
+        if cur == 0 {
+            return None;
+        }
+        i = (i + 1) & (OFFS_N - 1);
+    }
+    None
+}
+
+thread_local! {
+    // const-initialized, not Drop: this thread's stack bounds [lo, hi), 0 = not known yet.
+    static STACK_LO: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    static STACK_HI: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// This thread's stack bounds (`pthread_getattr_np`, once per thread).
+fn stack_bounds() -> Option<(u64, u64)> {
+    let hi = STACK_HI.with(|c| c.get());
+    if hi != 0 {
+        return Some((STACK_LO.with(|c| c.get()), hi));
+    }
+    // SAFETY: attr is initialised by pthread_getattr_np and destroyed below; the out-pointers
+    // are valid.
+    unsafe {
+        let mut attr: libc::pthread_attr_t = std::mem::zeroed();
+        if libc::pthread_getattr_np(libc::pthread_self(), &mut attr) != 0 {
+            return None;
+        }
+        let mut addr: *mut c_void = std::ptr::null_mut();
+        let mut size: usize = 0;
+        let rc = libc::pthread_attr_getstack(&attr, &mut addr, &mut size);
+        libc::pthread_attr_destroy(&mut attr);
+        if rc != 0 || addr.is_null() || size == 0 {
+            return None;
+        }
+        let lo = addr as u64;
+        let hi = lo + size as u64;
+        STACK_LO.with(|c| c.set(lo));
+        STACK_HI.with(|c| c.set(hi));
+        Some((lo, hi))
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn stack_pointer() -> u64 {
+    let sp: u64;
+    // SAFETY: reads the stack pointer register; no memory access.
+    unsafe {
+        std::arch::asm!("mov {}, rsp", out(reg) sp, options(nomem, nostack, preserves_flags))
+    };
+    sp
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+#[inline(always)]
+fn stack_pointer() -> u64 {
+    0
+}
+
+fn fast_walk(sp: u64, want: usize, own: (u64, u64)) -> Option<Frames> {
+    if sp == 0 {
+        return None;
+    }
+    let off0 = OFF0.load(Ordering::Relaxed);
+    if off0 == 0 {
+        return None;
+    }
+    let (lo, hi) = stack_bounds()?;
+    if sp < lo || sp >= hi {
+        return None; // on another stack (signal handler, coroutine): let libgcc do it
+    }
+    let mut frames = Frames {
+        ips: [0; MAX_FRAMES],
+        len: 0,
+    };
+    let mut skipping = true;
+    let mut cfa = sp.checked_add(off0)?;
+    for _ in 0..MAX_FRAMES + 64 {
+        if cfa % 8 != 0 || cfa < sp + 8 || cfa > hi {
+            return None;
+        }
+        // SAFETY: cfa - 8 lies within this thread's stack, between the current stack pointer
+        // and the stack's top, which is mapped memory; aligned to 8.
+        let ip = unsafe { std::ptr::read_volatile((cfa - 8) as *const u64) };
+        if ip == 0 {
+            return None;
+        }
+        if skipping && ip >= own.0 && ip < own.1 {
+            // still inside libvramshim
+        } else {
+            skipping = false;
+            frames.ips[frames.len] = ip;
+            frames.len += 1;
+            if frames.len >= want {
+                return Some(frames);
+            }
+        }
+        match rule(ip)? {
+            END => return Some(frames),
+            off => {
+                let next = cfa.checked_add(off as u64)?;
+                if next <= cfa {
+                    return None;
+                }
+                cfa = next;
+            }
+        }
+    }
+    None
+}
+
+/// Up to `depth` return addresses of the caller, outside libvramshim, deduplicated: the stack's
+/// id, and its frames when this is the stack's first appearance (write a `Stack` record).
+/// `None` when no frame could be captured.
 #[inline(never)]
-pub fn capture(depth: usize) -> Frames {
+pub fn capture_interned(depth: usize) -> Option<(u32, Option<Frames>)> {
+    let sp = stack_pointer();
+    let want = depth.clamp(1, MAX_FRAMES);
+    let own = own_range();
+    if let Some(f) = fast_walk(sp, want, own)
+        && !f.is_empty()
+        && let Some(id) = lookup(hash(f.as_slice()))
+    {
+        return Some((id, None));
+    }
     let mut w = Walk {
         frames: Frames {
             ips: [0; MAX_FRAMES],
             len: 0,
         },
-        want: depth.clamp(1, MAX_FRAMES),
+        want,
         skipping: true,
-        own: own_range(),
+        own,
+        prev_cfa: 0,
+        last_ip: 0,
+        second_cfa: 0,
     };
     // SAFETY: `step` matches the callback ABI; `w` outlives the call.
-    unsafe { _Unwind_Backtrace(step, &mut w as *mut Walk as *mut c_void) };
-    w.frames
+    let rc = unsafe { _Unwind_Backtrace(step, &mut w as *mut Walk as *mut c_void) };
+    // The walk ended by itself (end of stack, or libgcc found no unwind info past the last
+    // frame, e.g. `_start`): nothing follows `last_ip`.
+    if rc != URC_NORMAL_STOP && w.last_ip != 0 {
+        store_rule(w.last_ip, END);
+    }
+    if sp != 0 && w.second_cfa > sp && OFF0.load(Ordering::Relaxed) == 0 {
+        OFF0.store(w.second_cfa - sp, Ordering::Relaxed);
+    }
+    if w.frames.is_empty() {
+        return None;
+    }
+    let (id, is_new) = intern(&w.frames);
+    Some((id, is_new.then_some(w.frames)))
 }
 
 const TABLE_BITS: u32 = 16;
@@ -113,6 +333,23 @@ fn hash(frames: &[u64]) -> u64 {
     }
     h ^= h >> 29;
     h | 1 // never 0 (0 = empty slot)
+}
+
+/// The id of an already interned stack with this hash.
+fn lookup(h: u64) -> Option<u32> {
+    let mut i = (h >> (64 - TABLE_BITS)) as usize;
+    for _ in 0..PROBES {
+        let cur = HASHES[i].load(Ordering::Acquire);
+        if cur == h {
+            let id = IDS[i].load(Ordering::Acquire);
+            return (id != 0).then_some(id);
+        }
+        if cur == 0 {
+            return None;
+        }
+        i = (i + 1) & (TABLE - 1);
+    }
+    None
 }
 
 /// Stack id for `frames`, and whether this is its first appearance (emit a `Stack` record).
