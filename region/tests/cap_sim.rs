@@ -15,8 +15,7 @@ use std::time::{Duration, Instant};
 
 use vramshim_region::{ProcessKey, Region};
 use vramshim_testkit::{
-    Link, RunOutput, compile_c, interposer_lib, profile_dir, run, run_with_preload, sim_command,
-    unique_name,
+    Link, RunOutput, compile_c, interposer_lib, profile_dir, run, sim_command, unique_name,
 };
 
 const MIB: u64 = 1 << 20;
@@ -45,7 +44,23 @@ fn probe() -> PathBuf {
 }
 
 fn capped(args: &[&str], env: &[(&str, &str)], name: &str) -> RunOutput {
-    run_with_preload(&probe(), args, env, Some(&lib()), name)
+    on_sim(args, env, Some(&lib()), name)
+}
+
+/// Runs the probe on a simulated device of its own, removed afterwards.
+fn on_sim(args: &[&str], env: &[(&str, &str)], preload: Option<&Path>, name: &str) -> RunOutput {
+    let sim = unique_name(name);
+    let mut c = sim_command(probe(), name);
+    c.env("VRAMSIM_NAME", &sim).args(args);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    if let Some(l) = preload {
+        c.env("LD_PRELOAD", l);
+    }
+    let out = run(&mut c);
+    let _ = std::fs::remove_file(vramsim_devstate::DeviceState::path(&sim));
+    out
 }
 
 /// `key=value` pairs of the stdout line starting with `prefix` (and, if given, holding `has`).
@@ -147,13 +162,7 @@ fn every_path_is_refused_above_the_cap_and_served_below() {
     let above = (GIB + 16 * MIB).to_string();
     let below = (512 * MIB).to_string();
     // Without the cap the simulated 16 GiB device serves the larger request on every path.
-    let plain = run_with_preload(
-        &probe(),
-        &["paths", &below, &above],
-        &[],
-        None,
-        "cap-paths-plain",
-    );
+    let plain = on_sim(&["paths", &below, &above], &[], None, "cap-paths-plain");
     plain.assert_success();
     for p in RUNTIME_PATHS.iter().chain(DRIVER_PATHS) {
         assert_eq!(
