@@ -258,7 +258,7 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
         );
         print!("{}", r.post_mortem);
     }
-    let html = render_html(&gpu, &rows, &stats, &work);
+    let html = render_html(&gpu, &rows, &stats);
     std::fs::write(&args.output, html)
         .map_err(|e| format!("demo: cannot write {}: {e}", args.output.display()))?;
     println!();
@@ -878,14 +878,64 @@ fn esc(s: &str) -> String {
         .replace('>', "&gt;")
 }
 
-fn render_html(gpu: &Gpu, rows: &[Row], stats: &CsvStats, _work: &Path) -> String {
+/// `vramshim-demo.html`: the demo's table, charts and post-mortems, followed by the analyzer's
+/// report (`vramshim report`) of the live runs' traces.
+fn render_html(gpu: &Gpu, rows: &[Row], stats: &CsvStats) -> String {
+    let demo = demo_section(gpu, rows, stats);
+    let traces: Vec<&Path> = rows
+        .iter()
+        .filter_map(|r| r.trace.as_deref())
+        .filter(|t| t.is_file())
+        .collect();
+    match analyzer_page(&traces) {
+        Ok(page) if page.contains("<main>") => page
+            .replacen("<title>vramshim report", "<title>vramshim demo", 1)
+            .replacen("<h1>vramshim report</h1>", "<h1>vramshim demo</h1>", 1)
+            .replacen(
+                "<main>",
+                &format!(
+                    "<main>{demo}<h2 class=\"demo-traces\">The runs' traces (vramshim report)</h2>"
+                ),
+                1,
+            ),
+        other => format!(
+            "<!doctype html><html><head><meta charset=\"utf-8\"><title>vramshim demo</title></head>\
+             <body><h1>vramshim demo</h1>{demo}<p>(no trace report: {})</p></body></html>\n",
+            esc(&other
+                .err()
+                .unwrap_or_else(|| "unexpected page layout".into()))
+        ),
+    }
+}
+
+/// The analyzer's HTML report of several traces side by side.
+fn analyzer_page(traces: &[&Path]) -> Result<String, String> {
+    use vramshim_analyzer::analysis::{self, Options};
+    use vramshim_analyzer::{input, render, whatif};
+    if traces.is_empty() {
+        return Err("no trace was written".into());
+    }
+    let opts = Options {
+        progress: false,
+        ..Options::default()
+    };
+    let mut reports = Vec::new();
+    for t in traces {
+        let mut r = analysis::analyze(input::open(t)?, &opts)?;
+        whatif::judge_post_mortems(t, &mut r)?;
+        reports.push(r);
+    }
+    Ok(render::html::page(&reports, None))
+}
+
+fn demo_section(gpu: &Gpu, rows: &[Row], stats: &CsvStats) -> String {
     let mut h = String::new();
     let _ = write!(
         h,
-        "<!doctype html><html><head><meta charset=\"utf-8\"><title>vramshim demo</title>\
-         <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}\
-         td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right;white-space:nowrap}}svg{{display:block;margin:1em 0}}td:first-child,th:first-child,td:nth-child(2),th:nth-child(2){{text-align:left}}</style>\
-         </head><body><h1>vramshim demo</h1><p>{}</p><p>Workload: {TRACE_NAME}: {} allocations, peak live {}.</p>\
+        "<section id=\"demo\"><style>#demo{{font-family:sans-serif}}#demo table{{border-collapse:collapse}}\
+         #demo td,#demo th{{border:1px solid #ccc;padding:4px 8px;text-align:right;white-space:nowrap}}#demo svg{{display:block;margin:1em 0}}#demo pre{{white-space:pre-wrap}}\
+         #demo td:first-child,#demo th:first-child,#demo td:nth-child(2),#demo th:nth-child(2){{text-align:left}}</style>\
+         <p>{}</p><p>Workload: {TRACE_NAME}: {} allocations, peak live {}.</p>\
          <table id=\"demo-table\"><tr>",
         esc(&gpu.describe()),
         stats.allocs,
@@ -930,7 +980,7 @@ fn render_html(gpu: &Gpu, rows: &[Row], stats: &CsvStats, _work: &Path) -> Strin
     for n in na_notes(rows) {
         let _ = write!(h, "<li>{}</li>", esc(&n));
     }
-    h.push_str("</ul></body></html>\n");
+    h.push_str("</ul></section>");
     h
 }
 

@@ -80,6 +80,10 @@ fn demo_report_renders_in_headless_chromium_with_charts() {
         text.contains("id=\"memory-chart\""),
         "the memory chart is in the page"
     );
+    assert!(
+        text.contains("class=\"chart timeline\""),
+        "the analyzer's report of the runs' traces (memory over time) is in the page"
+    );
 
     let Some(chrome) = chromium() else {
         eprintln!(
