@@ -165,7 +165,13 @@ def main(argv):
                     t = torch.empty(size, dtype=torch.uint8, device="cuda")
                 except torch.OutOfMemoryError as e:
                     msg = str(e)
-                    oom = {"event": event, "size": size, "live_bytes": live_bytes, "message": msg}
+                    oom = {
+                        "event": event,
+                        "size": size,
+                        "live_bytes": live_bytes,
+                        "type": type(e).__name__,
+                        "message": msg,
+                    }
                     print(f"replay_torch: event {event}: alloc {size} failed: {msg.splitlines()[0]}", file=sys.stderr)
                     break
                 allocs += 1
