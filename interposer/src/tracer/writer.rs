@@ -133,7 +133,15 @@ fn start() -> bool {
     let mono = crate::ids::now_ns();
     let wall = super::header::wall_ns();
     let pid = crate::ids::pid();
-    let path = super::header::expand(&pat, pid, wall, FORKED.load(Ordering::Relaxed));
+    let mut path = super::header::expand(&pat, pid, wall, FORKED.load(Ordering::Relaxed));
+    if let Some(other) = live_writer_of(&path, pid) {
+        // Several processes with one pattern and no %p (ranks, exec'd children): never
+        // truncate the trace of a process that is still running.
+        crate::warn!(
+            "VRAMSHIM_TRACE: {path:?} belongs to running process {other}; writing {path}.{pid}"
+        );
+        path = format!("{path}.{pid}");
+    }
     let file = match File::create(&path) {
         Ok(f) => f,
         Err(e) => {
@@ -186,6 +194,13 @@ fn start() -> bool {
             false
         }
     }
+}
+
+/// The pid in the header of an existing trace at `path`, if that process is alive and not us.
+fn live_writer_of(path: &str, me: u32) -> Option<u32> {
+    let r = vramshim_trace::TraceReader::open(path).ok()?;
+    let pid = r.header().pid;
+    (pid != me && pid != 0 && std::path::Path::new(&format!("/proc/{pid}")).exists()).then_some(pid)
 }
 
 fn lock(sh: &'static Shared) -> MutexGuard<'static, Option<Out>> {

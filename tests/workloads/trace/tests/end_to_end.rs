@@ -314,3 +314,59 @@ fn forked_child_writes_its_own_file() {
     assert_eq!(nvml(&p), 1);
     assert_eq!(nvml(&c), 0);
 }
+
+#[test]
+fn a_second_process_never_truncates_a_running_ones_trace() {
+    let looper = compile_c(
+        "trace_loop_excl",
+        &[&source("trace_loop.c")],
+        Link::SharedRuntime,
+    );
+    let basic = compile_c(
+        "trace_basic_excl",
+        &[&source("trace_basic.c")],
+        Link::SharedRuntime,
+    );
+    let dir = temp_dir("trace_excl");
+    let path = dir.join("same.vramtrace");
+    let mut cmd = sim_command(&looper, "trace_excl");
+    preload(&mut cmd, &interposer_lib())
+        .env("VRAMSHIM_TRACE", &path)
+        .stdout(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready");
+    std::thread::sleep(Duration::from_millis(200));
+    let mut cmd = sim_command(&basic, "trace_excl2");
+    preload(&mut cmd, &interposer_lib()).env("VRAMSHIM_TRACE", &path);
+    let out = run(&mut cmd);
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    child.wait().unwrap();
+    out.assert_success();
+    assert!(
+        out.stderr.contains("belongs to running process"),
+        "{}",
+        out.stderr
+    );
+    let files = traces_in(&dir);
+    let others: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(files.len(), 1, "{others:?}");
+    let first = read(&path);
+    assert_eq!(first.header.pid, child.id());
+    assert!(ops(&first.events).len() > 10);
+    let second = others
+        .iter()
+        .find(|n| n.starts_with("same.vramtrace."))
+        .unwrap();
+    let second = read(&dir.join(second));
+    assert_ne!(second.header.pid, child.id());
+    assert_eq!(second.truncation, None);
+}
