@@ -21,11 +21,19 @@
 //! PolicyKind::build(self) -> Box<dyn Policy>
 //! PolicyKind::ALL: [PolicyKind; 3]
 //!
+//! // Requests: Request { size, stream }  (stream = ANY_STREAM for cudaMalloc/cuMemAlloc,
+//! //   i.e. not stream-ordered; the CUstream value for cudaMallocAsync)
+//! // Frees: FreeMode::Sync (cudaFree) | FreeMode::Async { stream } (cudaFreeAsync)
+//! const ANY_STREAM: Stream = u64::MAX
+//!
 //! // Replay (deterministic)
 //! enum replay::Event { Alloc { id, size, stream }, Free { id, mode: FreeMode }, ProcessSync }
 //! replay::run(events: &[Event], policy: PolicyKind, device_capacity: u64, cap: Option<u64>) -> ReplayResult
+//! replay::run_checked(events, policy, device_capacity, cap) -> ReplayResult  // + safety checker
 //! replay::run_with(events, policy: &mut dyn Policy, dev: &mut AccountingDevice) -> ReplayResult
 //! replay::min_capacity(events: &[Event], policy: PolicyKind) -> u64   // bytes, whole pages
+//! replay::min_capacity_with(events, make: &dyn Fn() -> Box<dyn Policy>) -> u64
+//! replay::UNLIMITED: u64  // 1 PiB, the "unlimited" device of what-if runs
 //! replay::peak_live(events: &[Event]) -> u64
 //! replay::repeat(events: &[Event], times: usize) -> Vec<Event>   // loop: frees leftovers per pass
 //! replay::driver_calls_per_pass(events, policy, passes) -> Vec<u64>
@@ -38,6 +46,15 @@
 //! rmm_csv::parse_file(path) -> Result<ParsedTrace, ParseError>
 //! struct ParsedTrace { events: Vec<Event>, allocs, frees, skipped_frees, failed_allocs, threads }
 //! struct ParseError { line: usize, msg: String }   // Display: "line N: msg"
+//!
+//! // Configured stitch: stitch::Stitch::new().with_headroom(Some(h)) (soft limit: dissolve
+//! //   cached blocks before growing beyond peak_live * (1 + h); default None = cache until
+//! //   the device or cap refuses)
+//!
+//! // Accounting device: AccountingDevice::new(capacity), set_cap, set_checking,
+//! //   set_capturing, fail_nth(CallKind, n, DeviceError), process_sync, calls() -> CallCounts,
+//! //   used/peak_used/handles/mapped_pages/reservations/mallocs, violations(), leaks(),
+//! //   check_alloc(addr, size, stream), check_free(addr, mode)
 //! ```
 //!
 //! # Policies
@@ -52,8 +69,10 @@
 //! A block freed with [`FreeMode::Sync`] (`cudaFree`) is handed out again only after a
 //! synchronization covers it (the pool's own, or the process's: [`Policy::note_process_sync`]).
 //! A block freed with [`FreeMode::Async`] (`cudaFreeAsync(p, s)`) is reusable at once on `s`,
-//! and on another stream after an event recorded at the free completed or the new stream
-//! waited on it. No policy synchronizes during stream capture.
+//! and on another stream after a synchronization, or once the new stream waits on an event
+//! recorded on `s` (stitch records it when the block changes streams, so it covers the free;
+//! caching records it at the free, as PyTorch's `record_stream`). Requests on [`ANY_STREAM`]
+//! only get memory a synchronization covers. No policy synchronizes during stream capture.
 
 pub mod accounting;
 pub mod caching;
