@@ -579,9 +579,16 @@ fn live_run(
         row.driver_calls = Cell::Num(calls);
         row.syncs = Cell::Num(syncs);
     } else {
-        let why = "counted by the simulated driver only";
+        // On a real GPU the device's own accounting is not visible: what the pool reserved
+        // comes from the trace (its counter records); the driver is not observable per call.
+        let why = "counted by the simulated driver only (vramshim demo --sim)";
         row.driver_calls = Cell::na(why);
         row.syncs = Cell::na(why);
+        row.reserved = match trace_peak_reserved(&trace) {
+            Ok(Some(b)) => Cell::Bytes(b),
+            Ok(None) => Cell::na("not recorded in the trace"),
+            Err(e) => Cell::Na(e),
+        };
     }
     if r.failed > 0 {
         match post_mortem(&trace) {
@@ -645,6 +652,21 @@ fn sim_driver_counts(stderr: &str) -> (u64, u64) {
         }
     }
     (calls, syncs)
+}
+
+/// Peak reserved bytes of device 0 as the trace's counter records report them.
+fn trace_peak_reserved(trace: &Path) -> Result<Option<u64>, String> {
+    use vramshim_analyzer::analysis::{self, Options};
+    let opts = Options {
+        progress: false,
+        ..Options::default()
+    };
+    let r = analysis::analyze(vramshim_analyzer::input::open(trace)?, &opts)?;
+    Ok(r.devices
+        .iter()
+        .find(|d| d.device == 0)
+        .and_then(|d| d.peak_reserved.as_ref())
+        .map(|p| p.bytes))
 }
 
 /// The analyzer's post-mortem of every refusal in a trace, as `vramshim summary` prints it.

@@ -17,11 +17,9 @@ fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
-fn target_dir() -> PathBuf {
-    // <target>/<profile>/vramshim
+/// `<target>/<profile>`: where cargo put the `vramshim` this test was built with.
+fn profile_dir() -> PathBuf {
     Path::new(env!("CARGO_BIN_EXE_vramshim"))
-        .parent()
-        .unwrap()
         .parent()
         .unwrap()
         .to_path_buf()
@@ -69,12 +67,17 @@ fn readme_first_command_on_a_fresh_clone_runs_the_demo() {
         cmd.contains("demo"),
         "the README's first command must run the demo: {cmd}"
     );
-    let profile = target_dir()
+    let profile = profile_dir()
         .file_name()
         .unwrap()
         .to_string_lossy()
         .into_owned();
-    let shared_target = target_dir().parent().unwrap().to_path_buf();
+    let shared_target = profile_dir().parent().unwrap().to_path_buf();
+    assert!(
+        shared_target.join(&profile).join("vramshim").is_file() && shared_target != repo_root(),
+        "{} is not a cargo target directory",
+        shared_target.display()
+    );
     // The README's command names `target/...`: make that the already-built target directory.
     std::os::unix::fs::symlink(&shared_target, clone.join("target")).unwrap();
     if profile != "release" {
