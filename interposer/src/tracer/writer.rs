@@ -60,7 +60,10 @@ struct Out {
     wenc: RecordEncoder,
     events: Vec<Event>,
     modules: ModuleMap,
-    counters: [i64; MAX_DEV],
+    /// Last (live, reserved, cap) written per device.
+    counters: [(u64, u64, u64); MAX_DEV],
+    /// Device sizes, for resolving fractional caps (0 = unknown).
+    dev_totals: [u64; MAX_DEV],
     lost_written: u64,
     devices_known: bool,
     ticks: u32,
@@ -152,6 +155,12 @@ fn start() -> bool {
     // Header, module map and devices are written here, once, before the first frame.
     let header = super::header::build(wall, mono);
     let devices_known = !header.devices.is_empty();
+    let mut dev_totals = [0u64; MAX_DEV];
+    for d in &header.devices {
+        if let Some(t) = dev_totals.get_mut(d.index as usize) {
+            *t = d.total_bytes;
+        }
+    }
     let w = match TraceWriter::with_level(file, &header, LEVEL) {
         Ok(w) => w,
         Err(e) => {
@@ -164,7 +173,8 @@ fn start() -> bool {
         wenc: RecordEncoder::with_capacity(4096),
         events: Vec::new(),
         modules: ModuleMap::default(),
-        counters: [0; MAX_DEV],
+        counters: [(0, 0, 0); MAX_DEV],
+        dev_totals,
         lost_written: 0,
         devices_known,
         ticks: 0,
@@ -310,20 +320,32 @@ fn tick(sh: &'static Shared, at_exit: bool) -> bool {
         let devs: Vec<DeviceInfo> = super::header::devices();
         if !devs.is_empty() {
             out.devices_known = true;
+            for d in &devs {
+                if let Some(t) = out.dev_totals.get_mut(d.index as usize) {
+                    *t = d.total_bytes;
+                }
+            }
             out.events.extend(devs.into_iter().map(Event::Device));
         }
     }
     let totals = slots::live_totals();
     for (d, &v) in totals.iter().enumerate() {
-        if v != out.counters[d] {
-            out.counters[d] = v;
-            let live = v.max(0) as u64;
+        let live = v.max(0) as u64;
+        // Reserved: what vramshim's pool holds from the device, when it serves this device;
+        // otherwise the process's live bytes are what the device holds for it.
+        let reserved = crate::pooling::stats(d as i32).map_or(live, |st| st.reserved);
+        let cap = crate::cap::global()
+            .filter(|c| c.is_capped(d as i32))
+            .map_or(0, |c| c.total_for(d as i32, out.dev_totals[d]));
+        let c = (live, reserved, cap);
+        if c != out.counters[d] {
+            out.counters[d] = c;
             out.events.push(Event::Counter {
                 t_ns: now,
                 device: d as i32,
                 live_bytes: live,
-                reserved_bytes: live,
-                cap: 0,
+                reserved_bytes: reserved,
+                cap,
             });
         }
     }

@@ -370,3 +370,55 @@ fn a_second_process_never_truncates_a_running_ones_trace() {
     assert_ne!(second.header.pid, child.id());
     assert_eq!(second.truncation, None);
 }
+
+#[test]
+fn counters_carry_the_cap_and_the_pools_reservation() {
+    let exe = compile_c(
+        "trace_loop_cap",
+        &[&source("trace_loop.c")],
+        Link::SharedRuntime,
+    );
+    let dir = temp_dir("trace_counters");
+    let path = dir.join("c.vramtrace");
+    let mut cmd = sim_command(&exe, "trace_counters");
+    preload(&mut cmd, &interposer_lib())
+        .env("VRAMSHIM_TRACE", &path)
+        .env("VRAMSHIM_CAP", "0.5")
+        .env("VRAMSHIM_POOL", "stitch")
+        .arg("300");
+    run(&mut cmd).assert_success();
+    let r = read(&path);
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    let total = r
+        .header
+        .devices
+        .iter()
+        .chain(r.events.iter().filter_map(|e| match e {
+            Event::Device(d) => Some(d),
+            _ => None,
+        }))
+        .find(|d| d.index == 0)
+        .map(|d| d.total_bytes)
+        .expect("device 0 described");
+    let counters: Vec<(u64, u64, u64)> = r
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Counter {
+                device: 0,
+                live_bytes,
+                reserved_bytes,
+                cap,
+                ..
+            } => Some((*live_bytes, *reserved_bytes, *cap)),
+            _ => None,
+        })
+        .collect();
+    assert!(!counters.is_empty());
+    assert!(
+        counters.iter().any(|c| c.2 == total / 2),
+        "{counters:?} (total {total})"
+    );
+    assert!(counters.iter().any(|c| c.1 >= 2 << 20), "{counters:?}");
+    assert!(counters.iter().all(|c| c.1 >= c.0), "{counters:?}");
+}
