@@ -1337,6 +1337,13 @@ impl Stitch {
                 return Ok(x);
             }
         }
+        // a small request that fits no small page takes a free range of a large-block page
+        // (mapped already) rather than a new page
+        if self.class_of(size) == SMALL
+            && let Some(x) = self.step_place(dev, size, t, true, false)?
+        {
+            return Ok(x);
+        }
         // Grow-first mode (below the soft limit): keep cached blocks for exact reuse and
         // take free pages or new pages, like a caching allocator.
         let limit = self.soft_limit();
