@@ -1,0 +1,269 @@
+//! `vramshim replay --live --through pytorch TRACE [--sim]`: the trace replayed through
+//! PyTorch's own CUDA allocator (`torch.empty(size, dtype=torch.uint8, device="cuda")` and
+//! `del` in trace order) under the caller's `PYTORCH_CUDA_ALLOC_CONF`, on the real GPU or the
+//! simulated one, inside `vramshim run` (so `--cap` and `--pool stitch` apply, and vramshim
+//! traces the same run). Prints PyTorch's statistics as one JSON line
+//! (tests/workloads/pytorch/replay_torch.py, keys in docs/pytorch.md), then the trace summary.
+//! Owned by the "pytorch" engineer; wired into replay.rs by the analyzer's owner.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+/// The replay driver, embedded so an installed `vramshim` needs no clone.
+const SCRIPT: &str = include_str!("../../tests/workloads/pytorch/replay_torch.py");
+
+/// `replay` flags of the PyTorch replay (flattened into replay's Args).
+#[derive(clap::Args, Debug, Default, Clone)]
+pub struct TorchArgs {
+    /// With --live: replay through a framework's allocator instead of raw CUDA calls
+    /// (`pytorch`: torch.empty/del under your PYTORCH_CUDA_ALLOC_CONF).
+    #[arg(long, value_name = "FRAMEWORK", value_parser = ["pytorch"])]
+    pub through: Option<String>,
+    /// Python with PyTorch for --through pytorch (default: $VRAMSHIM_TORCH_PYTHON, else the
+    /// environment of scripts/setup-torch if installed, else python3).
+    #[arg(long, value_name = "PYTHON")]
+    pub python: Option<PathBuf>,
+    /// With --through pytorch: write a pattern into each block and check it before its free
+    /// (`sample`: 4 KiB at each end, `full`: every byte; copies only, no kernels).
+    #[arg(long, value_name = "MODE", default_value = "none", value_parser = ["none", "sample", "full"])]
+    pub pattern: String,
+    /// With --through pytorch: where vramshim writes the run's trace (default: a file in the
+    /// temporary directory, named on stderr).
+    #[arg(long, value_name = "FILE")]
+    pub trace_out: Option<PathBuf>,
+}
+
+/// Handles `replay` when `--through` is given: `None` lets replay.rs go on as before.
+#[allow(clippy::too_many_arguments)]
+pub fn dispatch(
+    trace: &Path,
+    live: bool,
+    sim: bool,
+    cap: Option<u64>,
+    pool: &str,
+    device_memory: Option<u64>,
+    t: &TorchArgs,
+) -> Option<Result<ExitCode, String>> {
+    let through = t.through.as_deref()?;
+    if !live {
+        return Some(Err(format!(
+            "--through {through} needs --live (it replays through real CUDA calls)"
+        )));
+    }
+    Some(run_pytorch(trace, sim, cap, pool, device_memory, t))
+}
+
+/// The Python that has PyTorch.
+pub fn torch_python(explicit: Option<&Path>) -> PathBuf {
+    if let Some(p) = explicit {
+        return p.to_path_buf();
+    }
+    if let Some(p) = std::env::var_os("VRAMSHIM_TORCH_PYTHON") {
+        return PathBuf::from(p);
+    }
+    let venv = std::env::var_os("VRAMSHIM_TORCH_VENV")
+        .map(PathBuf::from)
+        .or_else(|| {
+            let cache = std::env::var_os("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+            Some(cache.join("vramshim/torch-venv"))
+        });
+    if let Some(py) = venv.map(|v| v.join("bin/python"))
+        && py.exists()
+    {
+        return py;
+    }
+    PathBuf::from("python3")
+}
+
+/// The `vramshim run` arguments for the PyTorch replay (everything after `vramshim`).
+#[allow(clippy::too_many_arguments)]
+pub fn run_args(
+    python: &Path,
+    script: &Path,
+    trace: &Path,
+    sim: bool,
+    cap: Option<u64>,
+    pool: &str,
+    device_memory: Option<u64>,
+    t: &TorchArgs,
+    trace_out: &Path,
+) -> Result<Vec<OsString>, String> {
+    let mut a: Vec<OsString> = vec!["run".into()];
+    if sim {
+        a.push(match device_memory {
+            Some(m) => format!("--sim={m}").into(),
+            None => "--sim".into(),
+        });
+    } else if device_memory.is_some() {
+        return Err("--device-memory with --live needs --sim (a real GPU has its own size)".into());
+    }
+    if let Some(c) = cap {
+        a.push("--cap".into());
+        a.push(c.to_string().into());
+    }
+    match pool {
+        "all" | "off" | "none" => {}
+        "stitch" => {
+            a.push("--pool".into());
+            a.push("stitch".into());
+        }
+        other => {
+            return Err(format!(
+                "--pool {other} is not available with --live --through pytorch (stitch, or leave it out for PyTorch's own allocator)"
+            ));
+        }
+    }
+    a.push("--trace".into());
+    a.push(trace_out.into());
+    a.push("--".into());
+    a.push(python.into());
+    a.push(script.into());
+    a.push(trace.into());
+    a.push("--pattern".into());
+    a.push(t.pattern.clone().into());
+    Ok(a)
+}
+
+fn run_pytorch(
+    trace: &Path,
+    sim: bool,
+    cap: Option<u64>,
+    pool: &str,
+    device_memory: Option<u64>,
+    t: &TorchArgs,
+) -> Result<ExitCode, String> {
+    let trace = std::fs::canonicalize(trace).map_err(|e| format!("{}: {e}", trace.display()))?;
+    let dir = std::env::temp_dir().join(format!("vramshim-replay-torch-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let script = dir.join("replay_torch.py");
+    std::fs::write(&script, SCRIPT).map_err(|e| format!("{}: {e}", script.display()))?;
+    let trace_out = t
+        .trace_out
+        .clone()
+        .unwrap_or_else(|| dir.join("replay-%p.vramtrace"));
+    let python = torch_python(t.python.as_deref());
+    let args = run_args(
+        &python,
+        &script,
+        &trace,
+        sim,
+        cap,
+        pool,
+        device_memory,
+        t,
+        &trace_out,
+    )?;
+    let me = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+    eprintln!(
+        "vramshim: replay {} through PyTorch ({}), PYTORCH_CUDA_ALLOC_CONF={}",
+        trace.display(),
+        python.display(),
+        std::env::var("PYTORCH_CUDA_ALLOC_CONF").unwrap_or_default()
+    );
+    let status = Command::new(me)
+        .args(&args)
+        .status()
+        .map_err(|e| format!("vramshim run: {e}"))?;
+    if t.trace_out.is_none() {
+        let _ = std::fs::remove_file(&script);
+    }
+    Ok(ExitCode::from(crate::run::shell_status(status)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strs(v: &[OsString]) -> Vec<String> {
+        v.iter().map(|s| s.to_string_lossy().into_owned()).collect()
+    }
+
+    #[test]
+    fn arguments_of_vramshim_run() {
+        let t = TorchArgs {
+            through: Some("pytorch".into()),
+            pattern: "sample".into(),
+            ..Default::default()
+        };
+        let a = run_args(
+            Path::new("/v/bin/python"),
+            Path::new("/tmp/r.py"),
+            Path::new("/x/t.csv"),
+            true,
+            Some(1 << 30),
+            "stitch",
+            Some(8 << 30),
+            &t,
+            Path::new("/tmp/o-%p.vramtrace"),
+        )
+        .unwrap();
+        assert_eq!(
+            strs(&a),
+            [
+                "run",
+                "--sim=8589934592",
+                "--cap",
+                "1073741824",
+                "--pool",
+                "stitch",
+                "--trace",
+                "/tmp/o-%p.vramtrace",
+                "--",
+                "/v/bin/python",
+                "/tmp/r.py",
+                "/x/t.csv",
+                "--pattern",
+                "sample"
+            ]
+        );
+        let plain = run_args(
+            Path::new("python3"),
+            Path::new("r.py"),
+            Path::new("t.csv"),
+            false,
+            None,
+            "all",
+            None,
+            &t,
+            Path::new("o"),
+        )
+        .unwrap();
+        assert_eq!(strs(&plain)[..3], ["run", "--trace", "o"]);
+        assert!(
+            run_args(
+                Path::new("p"),
+                Path::new("r"),
+                Path::new("t"),
+                true,
+                None,
+                "caching",
+                None,
+                &t,
+                Path::new("o")
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn not_ours_without_through() {
+        let t = TorchArgs::default();
+        assert!(dispatch(Path::new("t"), true, true, None, "all", None, &t).is_none());
+        let t = TorchArgs {
+            through: Some("pytorch".into()),
+            ..Default::default()
+        };
+        assert!(matches!(
+            dispatch(Path::new("t"), false, false, None, "all", None, &t),
+            Some(Err(_))
+        ));
+    }
+
+    #[test]
+    fn the_embedded_script_is_the_replay_driver() {
+        assert!(SCRIPT.contains("torch.empty(size, dtype=torch.uint8, device=\"cuda\")"));
+    }
+}
