@@ -9,8 +9,9 @@ so this script launches none: patterns are written with host-to-device copies (`
 CPU tensor) and read back with device-to-host copies (`.cpu()`).
 
 Output: stdout ends with exactly one JSON line (keys in docs/pytorch.md), stderr gets one line
-per problem. Exit status: 0 every allocation succeeded and every pattern matched; 2 PyTorch
-raised torch.OutOfMemoryError (the replay stops there); 1 pattern mismatch or bad input.
+per problem. Exit status: 0 every allocation succeeded and every pattern matched; 2 an
+allocation failed: PyTorch raised torch.OutOfMemoryError, or another error (the replay stops
+there; "oom" in the JSON names the exception's type); 1 pattern mismatch or bad input.
 """
 
 import argparse
@@ -163,7 +164,10 @@ def main(argv):
             if is_alloc:
                 try:
                     t = torch.empty(size, dtype=torch.uint8, device="cuda")
-                except torch.OutOfMemoryError as e:
+                except RuntimeError as e:
+                    # torch.OutOfMemoryError (PyTorch's allocator gave up), or another CUDA
+                    # error raised by the allocation (e.g. torch.AcceleratorError when a
+                    # runtime call under PyTorch's no-caching path fails).
                     msg = str(e)
                     oom = {
                         "event": event,
