@@ -29,6 +29,9 @@ pub mod tag {
     /// A `Free` of the block in slot `s` of the recent-allocation table (address and size
     /// taken from there).
     pub const FREE_REF: u8 = 17;
+    /// An `Alloc` that got the address of one of the last 16 frees (ring index instead of
+    /// the address, and the size omitted when it is the freed block's).
+    pub const ALLOC_REUSE: u8 = 18;
 }
 
 /// MemOp presence bits (first payload byte of `ALLOC`/`FREE`).
@@ -85,6 +88,11 @@ struct OpSlot {
 /// Entries of the recent-allocation table (`FreeRef` records point into it).
 pub const LIVE_TABLE: usize = 256;
 
+/// Entries of the recently-freed ring (`AllocReuse` records point into it).
+pub const FREED: usize = 16;
+/// `AllocReuse` flag: the size is the freed block's (not written).
+const REUSE_SAME_SIZE: u8 = 0x10;
+
 /// Table slot of an address: the top 8 bits of `addr * 0x9E3779B97F4A7C15` (wrapping).
 #[inline]
 pub fn live_slot(addr: u64) -> usize {
@@ -111,6 +119,9 @@ pub(crate) struct DeltaState {
     slots: [OpSlot; 2],
     generation: u32,
     live: [LiveEnt; LIVE_TABLE],
+    /// The last `FREED` frees (address, size), newest at `freed_head - 1`.
+    freed: [LiveEnt; FREED],
+    freed_head: usize,
 }
 
 impl Default for DeltaState {
@@ -124,11 +135,40 @@ impl Default for DeltaState {
             slots: [OpSlot::default(); 2],
             generation: 1,
             live: [LiveEnt::default(); LIVE_TABLE],
+            freed: [LiveEnt::default(); FREED],
+            freed_head: 0,
         }
     }
 }
 
 impl DeltaState {
+    #[inline]
+    fn note_free(&mut self, addr: u64, size: u64) {
+        if addr != 0 {
+            self.freed[self.freed_head % FREED] = LiveEnt {
+                addr,
+                size,
+                generation: self.generation,
+            };
+            self.freed_head = self.freed_head.wrapping_add(1);
+        }
+    }
+
+    /// Ring distance (0 = newest) of a recent free of `addr`.
+    #[inline]
+    fn find_freed(&self, addr: u64) -> Option<(usize, LiveEnt)> {
+        for j in 0..FREED {
+            let e = self.freed[self.freed_head.wrapping_sub(1 + j) % FREED];
+            if e.generation != self.generation {
+                return None;
+            }
+            if e.addr == addr {
+                return Some((j, e));
+            }
+        }
+        None
+    }
+
     fn reset(&mut self, tid: u32) {
         self.tid = tid;
         self.t = 0;
@@ -138,8 +178,10 @@ impl DeltaState {
         self.slots = [OpSlot::default(); 2];
         // Invalidate the table without touching its 6 KiB.
         self.generation = self.generation.wrapping_add(1);
+        self.freed_head = 0;
         if self.generation == 0 {
             self.live = [LiveEnt::default(); LIVE_TABLE];
+            self.freed = [LiveEnt::default(); FREED];
             self.generation = 1;
         }
     }
@@ -511,9 +553,20 @@ impl RecordEncoder {
             && e.generation == st.generation
             && e.addr == m.addr
             && e.size == m.size;
+        let reuse = if slot == 0 && m.addr != 0 {
+            st.find_freed(m.addr)
+        } else {
+            None
+        };
         // Every field fits: the payload is at most 71 bytes, so the length is one byte.
         let mut b = [0u8; 80];
-        b[0] = if by_ref { tag::FREE_REF } else { tag_ };
+        b[0] = if by_ref {
+            tag::FREE_REF
+        } else if reuse.is_some() {
+            tag::ALLOC_REUSE
+        } else {
+            tag_
+        };
         b[2] = mk;
         let mut n = 3;
         if mk & mask::API != 0 {
@@ -547,6 +600,15 @@ impl RecordEncoder {
         if by_ref {
             b[n] = ls as u8;
             n += 1;
+        } else if let Some((j, f)) = reuse {
+            if f.size == m.size {
+                b[n] = j as u8 | REUSE_SAME_SIZE;
+                n += 1;
+            } else {
+                b[n] = j as u8;
+                n = wv(&mut b, n + 1, m.size);
+            }
+            st.addr = m.addr;
         } else {
             n = wv(&mut b, n, zigzag(m.addr.wrapping_sub(st.addr) as i64));
             n = wv(&mut b, n, m.size);
@@ -563,6 +625,8 @@ impl RecordEncoder {
                 size: m.size,
                 generation: st.generation,
             };
+        } else if slot == 1 {
+            st.note_free(m.addr, m.size);
         }
         st.slots[slot] = OpSlot {
             api,
@@ -760,9 +824,9 @@ impl RecordDecoder {
     ) -> Result<Decoded, RecordError> {
         let mut c = Cur::new(payload);
         match tag {
-            tag::ALLOC | tag::FREE | tag::FREE_REF => {
+            tag::ALLOC | tag::FREE | tag::FREE_REF | tag::ALLOC_REUSE => {
                 let m = self.memop(tag, &mut c)?;
-                *out = if tag == tag::ALLOC {
+                *out = if tag == tag::ALLOC || tag == tag::ALLOC_REUSE {
                     Event::Alloc(m)
                 } else {
                     Event::Free(m)
@@ -915,7 +979,8 @@ impl RecordDecoder {
 
     #[inline]
     fn memop(&mut self, tag_: u8, c: &mut Cur) -> Result<MemOp, RecordError> {
-        let slot = (tag_ != tag::ALLOC) as usize;
+        let is_alloc = tag_ == tag::ALLOC || tag_ == tag::ALLOC_REUSE;
+        let slot = (!is_alloc) as usize;
         let mk = c.u8()?;
         let st = &mut self.st;
         let s = &mut st.slots[slot];
@@ -949,6 +1014,20 @@ impl RecordDecoder {
                 return Err(RecordError::BadValue("free reference (empty table slot)"));
             }
             (e.addr, e.size)
+        } else if tag_ == tag::ALLOC_REUSE {
+            let r = c.u8()?;
+            let j = (r & 0x0f) as usize;
+            let e = st.freed[st.freed_head.wrapping_sub(1 + j) % FREED];
+            if e.generation != st.generation || r & !(0x0f | REUSE_SAME_SIZE) != 0 {
+                return Err(RecordError::BadValue("reuse reference (empty ring entry)"));
+            }
+            st.addr = e.addr;
+            let size = if r & REUSE_SAME_SIZE != 0 {
+                e.size
+            } else {
+                c.varint()?
+            };
+            (e.addr, size)
         } else {
             let addr = st.addr.wrapping_add(unzigzag(c.varint()?) as u64);
             st.addr = addr;
@@ -956,12 +1035,14 @@ impl RecordDecoder {
         };
         let t_ns = st.t.wrapping_add(unzigzag(c.varint()?) as u64);
         let latency_ns = c.u32v()?;
-        if tag_ == tag::ALLOC && addr != 0 {
+        if is_alloc && addr != 0 {
             st.live[live_slot(addr)] = LiveEnt {
                 addr,
                 size,
                 generation: st.generation,
             };
+        } else if !is_alloc {
+            st.note_free(addr, size);
         }
         st.t = t_ns.wrapping_add(latency_ns as u64);
         Ok(MemOp {

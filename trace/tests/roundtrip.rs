@@ -113,3 +113,45 @@ fn frame_index_and_times() {
     assert!(frames.len() >= 3);
     assert!(frames.windows(2).all(|w| w[0].offset < w[1].offset));
 }
+
+#[test]
+fn reused_addresses_round_trip_compactly() {
+    // An allocator that hands freed blocks out again: most allocs hit the recently-freed ring,
+    // some with the freed size, some with another size, some beyond the ring's 16 entries.
+    let mut evs = Vec::new();
+    let mut t = 1_000_000u64;
+    let mut live: Vec<(u64, u64)> = Vec::new();
+    let mut freed: Vec<u64> = Vec::new();
+    let mut next = 0x7f00_0000_0000u64;
+    for i in 0..5000u64 {
+        t += 700 + (i * 37) % 300;
+        if i % 3 == 2 && !live.is_empty() {
+            let (a, s) = live.remove((i as usize * 7) % live.len());
+            evs.push(Event::Free(op(t, 3, Api::CudaFree, a, s)));
+            freed.push(a);
+        } else {
+            let size = 4096 * (1 + i % 5);
+            let addr = if !freed.is_empty() && i % 4 != 0 {
+                let k = freed.len() - 1 - (i as usize % freed.len().min(20));
+                freed.remove(k)
+            } else {
+                next += 1 << 20;
+                next
+            };
+            evs.push(Event::Alloc(op(t, 3, Api::CudaMalloc, addr, size)));
+            live.push((addr, size));
+        }
+    }
+    let mut w = TraceWriter::new(Vec::new(), &Header::default()).unwrap();
+    for (i, e) in evs.iter().enumerate() {
+        w.write(e).unwrap();
+        if i % 777 == 0 {
+            w.flush_frame().unwrap();
+        }
+    }
+    let bytes = w.finish().unwrap();
+    let (_, got, errs, trunc) = read_all(&bytes).unwrap();
+    assert!(errs.is_empty(), "{errs:?}");
+    assert_eq!(trunc, None);
+    assert_eq!(got, evs);
+}
