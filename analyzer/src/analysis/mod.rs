@@ -413,16 +413,16 @@ impl Analysis {
             // cudaFree(NULL): a no-op (often used to create the context).
             return;
         }
-        let Some(l) = d.live.get(&m.addr).copied() else {
+        // The live set at a new peak is captured just before it first shrinks.
+        if d.peak_pending && d.live.contains_key(&m.addr) {
+            d.peak_snap = Some(d.snapshot(top));
+            d.peak_pending = false;
+        }
+        let Some(l) = d.live.remove(&m.addr) else {
             d.unknown_frees += 1;
             d.last_alloc = None;
             return;
         };
-        if d.peak_pending {
-            d.peak_snap = Some(d.snapshot(top));
-            d.peak_pending = false;
-        }
-        d.live.remove(&m.addr);
         d.calls[slot].bytes += l.size;
         d.frees += 1;
         d.in_use -= l.size;
