@@ -38,11 +38,24 @@ pub struct Args {
     /// With --live: on the simulated GPU.
     #[arg(long)]
     pub sim: bool,
+    #[command(flatten)]
+    pub torch: crate::replay_torch::TorchArgs,
 }
 
 pub fn main(a: Args) -> Result<ExitCode, String> {
+    if let Some(r) = crate::replay_torch::dispatch(
+        &a.trace,
+        a.live,
+        a.sim,
+        a.cap,
+        &a.pool,
+        a.device_memory,
+        &a.torch,
+    ) {
+        return r;
+    }
     if a.live || a.sim {
-        return Err("replay --live is not available yet: use the deterministic replay (without --live), or `vramshim demo` for a replay through real CUDA calls".into());
+        return Err("replay --live through raw CUDA calls is not available yet: use --live --through pytorch, the deterministic replay (without --live), or `vramshim demo`".into());
     }
     let policies: Vec<PolicyKind> = if a.pool == "all" {
         PolicyKind::ALL.to_vec()
