@@ -174,6 +174,7 @@ pub fn alloc(
             device: req.device,
             stream: req.stream,
             size: req.size,
+            flags: req.flags,
         };
         match pooling::alloc(&preq) {
             Some(Ok(p)) => {
@@ -300,7 +301,10 @@ pub fn free(
     let entry = table.remove(req.key);
     let mut layer = Layer::Real;
     let pooled = if pooling::enabled() && entry.is_none_or(|e| e.kind == AllocKind::Pool) {
-        pooling::free(req.key, req.stream)
+        pooling::free(
+            req.key,
+            req.stream.map(|s| pooling::pool_stream_id(s, req.flags)),
+        )
     } else {
         None
     };

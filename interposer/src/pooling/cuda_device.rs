@@ -148,6 +148,12 @@ impl CudaDevice {
     fn cu_stream(s: Stream) -> CUstream {
         if s == vramshim_pool::ANY_STREAM {
             std::ptr::null_mut()
+        } else if s & super::PTDS_BASE != 0 && s != vramshim_pool::ANY_STREAM {
+            // Another thread's per-thread default stream has no handle here. The legacy
+            // stream orders after all prior work of every blocking stream (per-thread
+            // default streams are blocking), so events recorded and waited on it are a
+            // conservative stand-in.
+            0x1 as CUstream
         } else {
             s as usize as CUstream
         }

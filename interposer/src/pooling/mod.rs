@@ -39,6 +39,29 @@ pub struct PoolRequest {
     /// Stream the allocation is ordered on (0 = legacy default stream).
     pub stream: u64,
     pub size: u64,
+    /// `vramshim_trace::flags` bits (`PER_THREAD_STREAM` for `_ptsz` entry points).
+    pub flags: u8,
+}
+
+/// Pool stream ids at or above this are per-thread default streams: `PTDS_BASE | tid`.
+pub const PTDS_BASE: u64 = 1 << 62;
+const CU_STREAM_LEGACY: u64 = 0x1;
+const CU_STREAM_PER_THREAD: u64 = 0x2;
+
+/// The stream a stream-ordered request is ordered on, as the pool keys its free lists.
+/// Handle 0 means the per-thread default stream when a `_ptsz` entry point was called, and
+/// `CU_STREAM_PER_THREAD` always does: each thread's is a different stream, so two threads
+/// must not share a free list (reuse "on the same stream" would be unordered).
+pub fn pool_stream_id(stream: u64, flags: u8) -> u64 {
+    let per_thread = stream == CU_STREAM_PER_THREAD
+        || (stream == 0 && flags & vramshim_trace::flags::PER_THREAD_STREAM != 0);
+    if per_thread {
+        PTDS_BASE | u64::from(crate::ids::tid())
+    } else if stream == CU_STREAM_LEGACY {
+        0
+    } else {
+        stream
+    }
 }
 
 const UNREAD: u8 = 0;
@@ -141,7 +164,7 @@ fn pool_stream(req: &PoolRequest) -> Option<u64> {
     }
     match req.api {
         Api::CudaMalloc | Api::CuMemAlloc => Some(ANY_STREAM),
-        Api::CudaMallocAsync | Api::CuMemAllocAsync => Some(req.stream),
+        Api::CudaMallocAsync | Api::CuMemAllocAsync => Some(pool_stream_id(req.stream, req.flags)),
         _ => None,
     }
 }

@@ -211,3 +211,33 @@ fn cached_pages_stay_under_the_cap() {
     assert_eq!(o.code(), Some(0), "{}\n{}", o.stdout, tail(&o.stderr));
     assert_eq!(field(&o.stdout, "mismatches"), 0);
 }
+
+/// Two threads' per-thread default streams are different streams: if they shared one free
+/// list, a block freed on thread A's stream could be reused at once on thread B's while A's
+/// work still uses it.
+#[test]
+fn per_thread_default_streams_get_their_own_pool_stream() {
+    use vramshim_trace::flags::PER_THREAD_STREAM;
+    let here = super::pool_stream_id(0, PER_THREAD_STREAM);
+    assert_eq!(
+        here,
+        super::pool_stream_id(0x2, 0),
+        "CU_STREAM_PER_THREAD is this thread's"
+    );
+    let there = std::thread::spawn(|| super::pool_stream_id(0, PER_THREAD_STREAM))
+        .join()
+        .unwrap();
+    assert_ne!(here, there);
+    assert_ne!(here, 0);
+    assert_eq!(
+        super::pool_stream_id(0, 0),
+        0,
+        "handle 0 without _ptsz is the legacy stream"
+    );
+    assert_eq!(
+        super::pool_stream_id(0x1, 0),
+        0,
+        "CU_STREAM_LEGACY is the legacy stream"
+    );
+    assert_eq!(super::pool_stream_id(0xdead0, PER_THREAD_STREAM), 0xdead0);
+}
