@@ -111,7 +111,7 @@ pub fn torch_python() -> Result<PathBuf, String> {
         }
         if std::env::var("VRAMSHIM_TORCH_TESTS").as_deref() != Ok("1") {
             return Err(format!(
-                "PyTorch {TORCH_VERSION} is not installed in {} (run scripts/setup-torch, ~6 min and ~5 GB, \
+                "PyTorch {TORCH_VERSION} is not installed in {} (run scripts/setup-torch: a few minutes, ~4 GB; \
                  or set VRAMSHIM_TORCH_TESTS=1 to install it from the tests)",
                 venv.display()
             ));
