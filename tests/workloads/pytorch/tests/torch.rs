@@ -286,3 +286,34 @@ fn stitch_pool_replays_with_patterns_intact() {
         assert_eq!(num(&j, "mismatches"), 0, "{j}");
     }
 }
+
+/// `vramshim replay --live --sim --through pytorch TRACE`: PyTorch's JSON line, then vramshim's
+/// summary of the same run's trace.
+#[test]
+fn vramshim_replay_live_through_pytorch() {
+    let Some(py) = torch_or_skip("vramshim_replay_live_through_pytorch") else {
+        return;
+    };
+    let exe = vramshim_testkit::profile_dir().join("vramshim");
+    let mut c = torch_sim_command(&exe, "torch_cli");
+    c.env_remove("LD_PRELOAD")
+        .env("VRAMSHIM_TORCH_PYTHON", &py)
+        .env("PYTORCH_CUDA_ALLOC_CONF", EXPANDABLE)
+        .args([
+            "replay",
+            "--live",
+            "--sim",
+            "--through",
+            "pytorch",
+            "--pattern",
+            "sample",
+        ])
+        .arg(trace_file("bert_serve.rmm.csv"));
+    let out = run(&mut c);
+    assert_eq!(out.code(), Some(0), "{}{}", out.stdout, out.stderr);
+    let j = replay_json(&out.stdout);
+    assert_eq!(j["completed"], Value::Bool(true), "{j}");
+    assert_eq!(j["alloc_conf"], EXPANDABLE, "{j}");
+    assert_eq!(num(&j, "mismatches"), 0, "{j}");
+    assert!(out.stderr.contains("vramshim: trace: "), "{}", out.stderr);
+}
