@@ -1,63 +1,20 @@
 //! Basic round trips and bad-input messages.
 
+mod common;
+
+use common::*;
 use vramshim_trace::*;
 
-fn op(t: u64, tid: u32, api: Api, addr: u64, size: u64) -> MemOp {
-    MemOp {
-        t_ns: t,
-        tid,
-        api,
-        kind: AllocKind::Runtime,
-        flags: 0,
-        device: 0,
-        stream: 0,
-        addr,
-        size,
-        result: 0,
-        latency_ns: 500,
-        stack: 0,
-    }
-}
-
 fn sample() -> (Header, Vec<Event>) {
-    let h = Header {
-        format_version: FORMAT_VERSION,
-        pid: 1234,
-        ppid: 1,
-        host: "node1".into(),
-        cmdline: vec!["python".into(), "train.py".into()],
-        start_wall_ns: 1_700_000_000_000_000_000,
-        start_mono_ns: 5_000_000_000,
-        devices: vec![DeviceInfo {
-            index: 0,
-            name: "Simulated GPU".into(),
-            total_bytes: 16 << 30,
-        }],
-        config: vec![("VRAMSHIM_TRACE".into(), "t.vramtrace".into())],
-    };
-    let mut ev = vec![
-        Event::ThreadStart {
-            t_ns: 5_000_000_100,
-            tid: 7,
-        },
-        Event::Module {
-            base: 0x5555_0000_0000,
-            size: 4096,
-            file_offset: 0,
-            path: "/bin/app".into(),
-        },
-        Event::Stack {
-            id: 1,
-            frames: vec![0x5555_0000_1234, 0x5555_0000_0042, 0x7fff_0000_0000],
-        },
-        Event::Alloc(op(
-            5_000_000_200,
-            7,
-            Api::CudaMalloc,
-            0x7f00_0000_0000,
-            1 << 20,
-        )),
-    ];
+    let h = sample_header();
+    let mut ev = sample_prelude();
+    ev.extend([Event::Alloc(op(
+        5_000_000_200,
+        7,
+        Api::CudaMalloc,
+        0x7f00_0000_0000,
+        1 << 20,
+    ))]);
     let mut m = op(
         5_000_000_300,
         8,

@@ -280,27 +280,15 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
     let Some(f) = real::cuMemGetInfo_v2() else {
         return NO_DRIVER;
     };
-    run_hook(
+    super::meminfo_hook(
         "cuMemGetInfo_v2",
         CUDA_ERROR_UNKNOWN,
+        Api::CuMemGetInfo,
+        real::current_driver_device,
         // SAFETY: forwarding the caller's arguments unchanged.
         || unsafe { f(free, total) },
-        |tok| {
-            dispatch::meminfo(
-                tok,
-                Api::CuMemGetInfo,
-                real::current_driver_device,
-                || {
-                    // SAFETY: forwarding the caller's arguments unchanged.
-                    let rc = unsafe { f(free, total) };
-                    (rc, super::read_usize(free), super::read_usize(total))
-                },
-                |_, af, at| {
-                    super::write_usize(free, af);
-                    super::write_usize(total, at);
-                },
-            )
-        },
+        free,
+        total,
     )
 }
 

@@ -337,6 +337,34 @@ pub fn is_our_prefix(name: &[u8]) -> bool {
         || (name.starts_with(b"nvml") && upper_at(4))
 }
 
+/// The shared body of `cudaMemGetInfo` and `cuMemGetInfo_v2`: the real query, then what the
+/// cap says the process should see, written through the caller's (possibly NULL) pointers.
+pub(crate) fn meminfo_hook(
+    name: &'static str,
+    panic_code: c_int,
+    api: Api,
+    device: fn() -> Option<c_int>,
+    real_query: impl Fn() -> c_int,
+    free: *mut usize,
+    total: *mut usize,
+) -> c_int {
+    run_hook(name, panic_code, &real_query, |tok| {
+        dispatch::meminfo(
+            tok,
+            api,
+            device,
+            || {
+                let rc = real_query();
+                (rc, read_usize(free), read_usize(total))
+            },
+            |_, af, at| {
+                write_usize(free, af);
+                write_usize(total, at);
+            },
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

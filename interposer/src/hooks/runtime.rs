@@ -373,27 +373,15 @@ pub unsafe extern "C" fn cudaMemGetInfo(free: *mut usize, total: *mut usize) -> 
     let Some(f) = real::cudaMemGetInfo() else {
         return NO_RUNTIME;
     };
-    run_hook(
+    super::meminfo_hook(
         "cudaMemGetInfo",
         cudaErrorUnknown,
+        Api::CudaMemGetInfo,
+        real::current_runtime_device,
         // SAFETY: forwarding the caller's arguments unchanged.
         || unsafe { f(free, total) },
-        |tok| {
-            dispatch::meminfo(
-                tok,
-                Api::CudaMemGetInfo,
-                real::current_runtime_device,
-                || {
-                    // SAFETY: forwarding the caller's arguments unchanged.
-                    let rc = unsafe { f(free, total) };
-                    (rc, super::read_usize(free), super::read_usize(total))
-                },
-                |_, af, at| {
-                    super::write_usize(free, af);
-                    super::write_usize(total, at);
-                },
-            )
-        },
+        free,
+        total,
     )
 }
 

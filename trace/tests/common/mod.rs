@@ -150,8 +150,9 @@ pub fn op(t: u64, tid: u32, api: Api, addr: u64, size: u64) -> MemOp {
 }
 
 /// A small trace with every record type, in several frames.
-pub fn small_trace() -> (Header, Vec<Event>, Vec<u8>) {
-    let h = Header {
+/// The header every sample trace of these tests carries.
+pub fn sample_header() -> Header {
+    Header {
         format_version: FORMAT_VERSION,
         pid: 1234,
         ppid: 1,
@@ -165,8 +166,12 @@ pub fn small_trace() -> (Header, Vec<Event>, Vec<u8>) {
             total_bytes: 16 << 30,
         }],
         config: vec![("VRAMSHIM_TRACE".into(), "t.vramtrace".into())],
-    };
-    let mut ev = vec![
+    }
+}
+
+/// The records a sample trace starts with: a thread, the module map and one stack.
+pub fn sample_prelude() -> Vec<Event> {
+    vec![
         Event::ThreadStart {
             t_ns: 5_000_000_100,
             tid: 7,
@@ -181,7 +186,12 @@ pub fn small_trace() -> (Header, Vec<Event>, Vec<u8>) {
             id: 1,
             frames: vec![0x5555_0000_1234, 0x5555_0000_0042, 0x7fff_0000_0000],
         },
-    ];
+    ]
+}
+
+pub fn small_trace() -> (Header, Vec<Event>, Vec<u8>) {
+    let h = sample_header();
+    let mut ev = sample_prelude();
     let mut t = 5_000_000_200;
     for i in 0..6u64 {
         let mut m = op(
