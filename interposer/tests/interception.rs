@@ -68,6 +68,17 @@ fn async_alloc_on_several_streams() {
 }
 
 #[test]
+fn pool_allocations_charged_to_the_pools_device() {
+    let exe = build(
+        "pool_device",
+        "pool_device.c",
+        Link::SharedRuntime,
+        &["-l:libcuda.so.1"],
+    );
+    both(&exe, &[], &[("VRAMSIM_DEVICES", "2")], "ip-pooldev");
+}
+
+#[test]
 fn driver_entry_points_as_pytorch_makes_them() {
     let exe = build("entry_points", "entry_points.c", Link::SharedRuntime, &[]);
     both(&exe, &[], &[], "ip-entry");

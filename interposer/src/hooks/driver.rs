@@ -235,7 +235,7 @@ fn alloc_from_pool(
             req(
                 Api::CuMemAllocFromPoolAsync,
                 AllocKind::Async,
-                drv_device(),
+                super::mempool::device_of(pool).unwrap_or_else(drv_device),
                 s as u64,
                 size,
                 fl,

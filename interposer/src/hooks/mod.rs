@@ -5,6 +5,7 @@
 pub mod context;
 pub mod driver;
 pub mod lookup;
+pub mod mempool;
 pub mod nvml;
 mod pool_glue;
 pub mod runtime;
@@ -293,6 +294,7 @@ hooks! {
     driver::cuMemAllocFromPoolAsync_ptsz, "cuMemAllocFromPoolAsync", 11020, true;
     vmm::cuMemCreate, "cuMemCreate", 10020, false;
     vmm::cuMemRelease, "cuMemRelease", 10020, false;
+    mempool::cuMemPoolCreate, "cuMemPoolCreate", 11020, false;
     driver::cuMemGetInfo_v2, "cuMemGetInfo", 3020, false;
     driver::cuDeviceTotalMem_v2, "cuDeviceTotalMem", 3020, false;
     driver::cuMemAllocHost_v2, "cuMemAllocHost", 3020, false;

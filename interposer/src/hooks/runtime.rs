@@ -167,7 +167,7 @@ fn malloc_from_pool(
             req(
                 Api::CudaMallocFromPoolAsync,
                 AllocKind::Async,
-                rt_device(),
+                super::mempool::device_of(pool).unwrap_or_else(rt_device),
                 stream as u64,
                 size,
                 fl,
