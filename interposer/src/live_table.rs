@@ -280,7 +280,7 @@ impl LiveTable {
 
     /// Insert (`key` must not be 0); returns the entry previously recorded at `key` (a
     /// free we never saw), whose bytes are no longer counted live.
-    #[inline]
+    #[inline(always)]
     pub fn insert(&self, key: u64, e: Entry) -> Option<Entry> {
         debug_assert!(key != EMPTY);
         if key == EMPTY {
@@ -304,7 +304,7 @@ impl LiveTable {
     }
 
     /// Remove and return the entry at `key`.
-    #[inline]
+    #[inline(always)]
     pub fn remove(&self, key: u64) -> Option<Entry> {
         self.published()?.shard(key).with(|t, live| {
             let (i, found) = t.find(key);
