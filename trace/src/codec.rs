@@ -724,8 +724,20 @@ impl<'a> Cur<'a> {
         self.p += 1;
         Ok(v)
     }
-    #[inline]
+    #[inline(always)]
     pub fn varint(&mut self) -> Result<u64, RecordError> {
+        // Most fields are one byte: keep that inline, the rest out of line.
+        if let Some(&first) = self.b.get(self.p)
+            && first < 0x80
+        {
+            self.p += 1;
+            return Ok(first as u64);
+        }
+        self.varint_slow()
+    }
+
+    #[inline(never)]
+    fn varint_slow(&mut self) -> Result<u64, RecordError> {
         let b = self.b;
         let mut p = self.p;
         let first = *b.get(p).ok_or(RecordError::Overrun)?;
@@ -989,15 +1001,23 @@ impl RecordDecoder {
         out: &mut Event,
     ) -> Result<(), RecordError> {
         let m = self.memop(tag_, c, cols)?;
-        *out = if tag_ == tag::ALLOC || tag_ == tag::ALLOC_REUSE {
-            Event::Alloc(m)
-        } else {
-            Event::Free(m)
-        };
+        let alloc = tag_ == tag::ALLOC || tag_ == tag::ALLOC_REUSE;
+        // In place when `out` already holds a MemOp (the common case): no drop, no move.
+        match out {
+            Event::Alloc(o) if alloc => *o = m,
+            Event::Free(o) if !alloc => *o = m,
+            _ => {
+                *out = if alloc {
+                    Event::Alloc(m)
+                } else {
+                    Event::Free(m)
+                }
+            }
+        }
         Ok(())
     }
 
-    #[inline]
+    #[inline(always)]
     fn memop(
         &mut self,
         tag_: u8,

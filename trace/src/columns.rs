@@ -143,15 +143,32 @@ pub(crate) struct TimeCursor {
 
 impl TimeCursor {
     /// `(gap, latency)` of the next MemOp of `class`, read from the streams in `raw`.
-    #[inline]
+    #[inline(always)]
     pub fn next(&mut self, raw: &[u8], class: usize) -> Result<(u64, u64), RecordError> {
         let gap = self.value(raw, stream(class, 0))?;
         let lat = self.value(raw, stream(class, 2))?;
         Ok((gap, lat))
     }
 
-    #[inline]
+    #[inline(always)]
     fn value(&mut self, raw: &[u8], lo: usize) -> Result<u64, RecordError> {
+        // Fast path: a one-byte high part (values below 32 Ki).
+        let (p, q) = (self.pos[lo], self.pos[lo + 1]);
+        if p < self.end[lo]
+            && q < self.end[lo + 1]
+            && let (Some(&l), Some(&h)) = (raw.get(p), raw.get(q))
+            && h < 0x80
+        {
+            self.pos[lo] = p + 1;
+            self.pos[lo + 1] = q + 1;
+            return Ok(l as u64 | (h as u64) << 8);
+        }
+        self.value_slow(raw, lo)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn value_slow(&mut self, raw: &[u8], lo: usize) -> Result<u64, RecordError> {
         let p = self.pos[lo];
         if p >= self.end[lo] {
             return Err(RecordError::ColumnOverrun);

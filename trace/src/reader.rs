@@ -424,7 +424,8 @@ impl<R: Read> TraceReader<R> {
 
     /// Reads the next frame envelope and body into `raw`. Sets `Done` at the end.
     fn load_frame(&mut self) -> Result<(), DecodeError> {
-        self.raw.clear();
+        // `raw` keeps the previous frame's bytes (reused by columnar frames); only
+        // `rp..rend` is ever read.
         self.rp = 0;
         self.rend = 0;
         let off = self.pos;
@@ -518,6 +519,7 @@ impl<R: Read> TraceReader<R> {
         let r = if columnar {
             self.load_columns(rlen)
         } else {
+            self.raw.clear();
             if self.raw.capacity() < rlen {
                 self.raw.reserve(rlen);
             }
@@ -570,7 +572,8 @@ impl<R: Read> TraceReader<R> {
                 body.len()
             ));
         }
-        // rlen <= MAX_FRAME_RAW was checked with the envelope.
+        // rlen <= MAX_FRAME_RAW was checked with the envelope. Every byte is overwritten
+        // below, so the previous frame's bytes are reused and only growth is zeroed.
         self.raw.resize(rlen, 0);
         let (mut rp, mut cp) = (0usize, dir_len);
         for i in 0..STREAMS {
