@@ -7,6 +7,7 @@ pub mod driver;
 pub mod lookup;
 pub mod nvml;
 mod pool_glue;
+pub mod process;
 pub mod runtime;
 pub mod sync;
 pub mod vmm;
