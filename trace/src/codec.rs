@@ -726,12 +726,18 @@ impl<'a> Cur<'a> {
     }
     #[inline(always)]
     pub fn varint(&mut self) -> Result<u64, RecordError> {
-        // Most fields are one byte: keep that inline, the rest out of line.
-        if let Some(&first) = self.b.get(self.p)
-            && first < 0x80
-        {
-            self.p += 1;
-            return Ok(first as u64);
+        // Most fields take one or two bytes: keep those inline, the rest out of line.
+        if let Some(&first) = self.b.get(self.p) {
+            if first < 0x80 {
+                self.p += 1;
+                return Ok(first as u64);
+            }
+            if let Some(&second) = self.b.get(self.p + 1)
+                && second < 0x80
+            {
+                self.p += 2;
+                return Ok((first & 0x7f) as u64 | (second as u64) << 7);
+            }
         }
         self.varint_slow()
     }

@@ -312,11 +312,8 @@ fn compress_append(
     dst: &mut Vec<u8>,
 ) -> io::Result<usize> {
     let at = dst.len();
-    dst.reserve(zstd::zstd_safe::compress_bound(src.len()));
-    let spare = dst.spare_capacity_mut();
-    // zstd's WriteBuf for `[u8]` wants an initialised slice: zero the room first.
-    let room = spare.len();
-    dst.resize(at + room, 0);
+    // zstd's WriteBuf for `[u8]` wants an initialised slice: zero just the room it may use.
+    dst.resize(at + zstd::zstd_safe::compress_bound(src.len()), 0);
     let n = comp.compress_to_buffer(src, &mut dst[at..])?;
     dst.truncate(at + n);
     Ok(n)
