@@ -235,7 +235,11 @@ mod tests {
             x = x
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
-            let t = if x % 7 == 0 { i * 997 / 2 } else { i * 997 } + (x >> 60);
+            let t = if x.is_multiple_of(7) {
+                i * 997 / 2
+            } else {
+                i * 997
+            } + (x >> 60);
             // The value is the time, so an event put in a neighbouring bucket shows in its max.
             cached.in_use(t, t);
             let j = direct.find(t);
