@@ -3,6 +3,7 @@
 
 pub mod compare;
 pub mod diff;
+mod elf;
 pub mod report;
 mod sites;
 pub mod symbols;
@@ -262,13 +263,15 @@ pub struct Analysis {
 
 impl Analysis {
     pub fn new(opts: Options, header: Header, path: &str, format: Format) -> Analysis {
+        let mut symbols = Symbolizer::default();
+        symbols.set_trace_start(header.start_wall_ns);
         Analysis {
             opts,
             header,
             path: path.to_string(),
             format,
             devices: Vec::new(),
-            symbols: Symbolizer::default(),
+            symbols,
             index: 0,
             first_t: None,
             last_t: 0,
