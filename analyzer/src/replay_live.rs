@@ -229,7 +229,7 @@ fn run_one(
             stderr
                 .lines()
                 .filter(|l| !l.starts_with("vramsim: "))
-                .last()
+                .next_back()
                 .unwrap_or("")
         ));
         return r;
