@@ -228,8 +228,7 @@ fn run_one(
             out.status.code(),
             stderr
                 .lines()
-                .filter(|l| !l.starts_with("vramsim: "))
-                .next_back()
+                .rfind(|l| !l.starts_with("vramsim: "))
                 .unwrap_or("")
         ));
         return r;
