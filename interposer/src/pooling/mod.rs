@@ -219,6 +219,17 @@ pub fn alloc(req: &PoolRequest) -> Option<Result<u64, i32>> {
             match CudaDevice::new(req.device) {
                 Ok(dev) => {
                     let mut policy = Stitch::new();
+                    if crate::env::var("VRAMSHIM_POOL_DEBUG") == Some("lazy-sync") {
+                        // testing only: the old synchronization choices (looser packing), to
+                        // prove the tightness test can fail
+                        crate::warn!(
+                            "VRAMSHIM_POOL_DEBUG=lazy-sync: the pool packs as before its tightness fix (testing only)"
+                        );
+                        policy.set_faults(vramshim_pool::stitch::Faults {
+                            lazy_sync: true,
+                            ..Default::default()
+                        });
+                    }
                     if crate::env::var("VRAMSHIM_POOL_DEBUG") == Some("reuse-early") {
                         // testing only: break the reuse rules to prove the tests can fail
                         crate::warn!(

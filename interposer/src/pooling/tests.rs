@@ -241,3 +241,103 @@ fn per_thread_default_streams_get_their_own_pool_stream() {
     );
     assert_eq!(super::pool_stream_id(0xdead0, PER_THREAD_STREAM), 0xdead0);
 }
+
+/// Peak live bytes of a shipped log (the physical limit), as the pool crate computes it.
+fn peak_live(trace: &std::path::Path) -> u64 {
+    let t = vramshim_pool::rmm_csv::parse_file(trace).unwrap();
+    vramshim_pool::replay::peak_live(&t.events)
+}
+
+/// The simulated device's own high-water mark of device 0 (every page the pool created),
+/// read with vramsim-smi; the device is removed afterwards.
+fn sim_high_water(name: &str) -> u64 {
+    let smi = vramshim_testkit::profile_dir().join("vramsim-smi");
+    assert!(
+        smi.exists(),
+        "{} is not built: cargo build --release -p vramsim-smi",
+        smi.display()
+    );
+    let o = std::process::Command::new(&smi).arg(name).output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    let num_after = |key: &str| -> Option<String> {
+        let i = out.find(key)? + key.len();
+        let rest = out[i..].trim_start_matches([' ', ':', '[', '"']);
+        Some(
+            rest.chars()
+                .take_while(|c| *c != '"' && *c != ',' && *c != ']')
+                .collect(),
+        )
+    };
+    if let Some(f) = num_after("\"file\"") {
+        let _ = std::fs::remove_file(f.trim());
+    }
+    num_after("\"high_water\"")
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("vramsim-smi {name}: no high_water in {out}"))
+}
+
+/// The log-replay workload pooled under `cap` (context excluded, as `vramshim demo` runs
+/// it): the run and the device's high-water mark.
+fn pooled_under_cap(trace: &str, cap: u64, debug: Option<&str>) -> (RunOutput, u64) {
+    let exe = replay_exe();
+    let path = trace_file(trace);
+    let mut c = vramshim_testkit::sim_command(&exe, "pool-cap");
+    let name = c
+        .get_envs()
+        .find(|(k, _)| *k == "VRAMSIM_NAME")
+        .and_then(|(_, v)| v)
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    c.args(["--pattern", "memcpy", "--stop-on-failure", "--quiet"])
+        .arg(&path)
+        .env("VRAMSHIM_POOL", "stitch")
+        .env("VRAMSHIM_CAP", cap.to_string())
+        .env("VRAMSHIM_CAP_CONTEXT", "exclude")
+        .env("VRAMSIM_CONTEXT_OVERHEAD", "0");
+    if let Some(d) = debug {
+        c.env("VRAMSHIM_POOL_DEBUG", d);
+    }
+    vramshim_testkit::preload(&mut c, &lib());
+    let o = vramshim_testkit::run(&mut c);
+    let hw = sim_high_water(&name);
+    (o, hw)
+}
+
+#[test]
+fn live_pool_completes_every_trace_under_a_cap_5_percent_above_peak_live() {
+    // The cap bounds the pool's physical pages (the device's own high-water mark shows it)
+    // and the live bytes; 1.05 x peak live is issue 6's tightness target, met live.
+    for t in [
+        "vit_train.rmm.csv",
+        "bert_serve.rmm.csv",
+        "t5_train.rmm.csv",
+    ] {
+        let live = peak_live(&trace_file(t));
+        let cap = live + live / 20;
+        let (o, hw) = pooled_under_cap(t, cap, None);
+        assert_eq!(
+            o.code(),
+            Some(0),
+            "{t}: refused under cap {cap} (peak live {live}): {}\n{}",
+            o.stdout,
+            tail(&o.stderr)
+        );
+        assert_eq!(field(&o.stdout, "mismatches"), 0, "{t}");
+        assert!(
+            hw <= cap && hw >= live,
+            "{t}: device high water {hw} B, cap {cap} B, peak live {live} B"
+        );
+        eprintln!(
+            "{t}: completed under 1.05 x peak live; pool pages peak at {:.4} x peak live",
+            hw as f64 / live as f64
+        );
+    }
+    // the old synchronization choices (a cudaFree'd twin waits while the request is placed
+    // elsewhere) scatter vit's blocks over shared pages: refused at the same cap
+    let t = "vit_train.rmm.csv";
+    let live = peak_live(&trace_file(t));
+    let (o, _) = pooled_under_cap(t, live + live / 20, Some("lazy-sync"));
+    assert_eq!(o.code(), Some(2), "{t} lazy-sync: {}", o.stdout);
+    assert!(field(&o.stdout, "failed") > 0);
+}
