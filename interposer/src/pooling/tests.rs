@@ -248,6 +248,20 @@ fn peak_live(trace: &std::path::Path) -> u64 {
     vramshim_pool::replay::peak_live(&t.events)
 }
 
+/// The number after `"key":` in a JSON text (the first occurrence), as a string.
+fn json_value(text: &str, key: &str) -> Option<String> {
+    let k = format!("\"{key}\"");
+    let i = text.find(&k)? + k.len();
+    let rest = text[i..].trim_start_matches([' ', ':', '[', '"']);
+    Some(
+        rest.chars()
+            .take_while(|c| *c != '"' && *c != ',' && *c != ']' && *c != '}')
+            .collect::<String>()
+            .trim()
+            .to_string(),
+    )
+}
+
 /// The simulated device's own high-water mark of device 0 (every page the pool created),
 /// read with vramsim-smi; the device is removed afterwards.
 fn sim_high_water(name: &str) -> u64 {
@@ -259,28 +273,23 @@ fn sim_high_water(name: &str) -> u64 {
     );
     let o = std::process::Command::new(&smi).arg(name).output().unwrap();
     let out = String::from_utf8_lossy(&o.stdout);
-    let num_after = |key: &str| -> Option<String> {
-        let i = out.find(key)? + key.len();
-        let rest = out[i..].trim_start_matches([' ', ':', '[', '"']);
-        Some(
-            rest.chars()
-                .take_while(|c| *c != '"' && *c != ',' && *c != ']')
-                .collect(),
-        )
-    };
-    if let Some(f) = num_after("\"file\"") {
-        let _ = std::fs::remove_file(f.trim());
+    if let Some(f) = json_value(&out, "file") {
+        let _ = std::fs::remove_file(f);
     }
-    num_after("\"high_water\"")
-        .and_then(|v| v.trim().parse().ok())
+    json_value(&out, "high_water")
+        .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("vramsim-smi {name}: no high_water in {out}"))
 }
 
-/// The log-replay workload pooled under `cap` (context excluded, as `vramshim demo` runs
+/// The log-replay workload pooled (under `cap`, context excluded, as `vramshim demo` runs
 /// it): the run and the device's high-water mark.
-fn pooled_under_cap(trace: &str, cap: u64, debug: Option<&str>) -> (RunOutput, u64) {
+fn pooled_run(
+    trace: &std::path::Path,
+    cap: Option<u64>,
+    env: &[(&str, &str)],
+    args: &[&str],
+) -> (RunOutput, u64) {
     let exe = replay_exe();
-    let path = trace_file(trace);
     let mut c = vramshim_testkit::sim_command(&exe, "pool-cap");
     let name = c
         .get_envs()
@@ -289,19 +298,32 @@ fn pooled_under_cap(trace: &str, cap: u64, debug: Option<&str>) -> (RunOutput, u
         .unwrap()
         .to_string_lossy()
         .into_owned();
-    c.args(["--pattern", "memcpy", "--stop-on-failure", "--quiet"])
-        .arg(&path)
+    c.args(args)
+        .arg(trace)
         .env("VRAMSHIM_POOL", "stitch")
-        .env("VRAMSHIM_CAP", cap.to_string())
         .env("VRAMSHIM_CAP_CONTEXT", "exclude")
         .env("VRAMSIM_CONTEXT_OVERHEAD", "0");
-    if let Some(d) = debug {
-        c.env("VRAMSHIM_POOL_DEBUG", d);
+    if let Some(cap) = cap {
+        c.env("VRAMSHIM_CAP", cap.to_string());
     }
+    c.envs(env.iter().copied());
     vramshim_testkit::preload(&mut c, &lib());
     let o = vramshim_testkit::run(&mut c);
     let hw = sim_high_water(&name);
     (o, hw)
+}
+
+fn pooled_under_cap(trace: &str, cap: u64, debug: Option<&str>) -> (RunOutput, u64) {
+    let env: Vec<(&str, &str)> = debug
+        .map(|d| ("VRAMSHIM_POOL_DEBUG", d))
+        .into_iter()
+        .collect();
+    pooled_run(
+        &trace_file(trace),
+        Some(cap),
+        &env,
+        &["--pattern", "memcpy", "--stop-on-failure", "--quiet"],
+    )
 }
 
 #[test]
@@ -340,4 +362,100 @@ fn live_pool_completes_every_trace_under_a_cap_5_percent_above_peak_live() {
     let (o, _) = pooled_under_cap(t, live + live / 20, Some("lazy-sync"));
     assert_eq!(o.code(), Some(2), "{t} lazy-sync: {}", o.stdout);
     assert!(field(&o.stdout, "failed") > 0);
+}
+
+/// The RMM logs of shared/traces (the repository's copies in tests/workloads/traces when the
+/// shared folder is not beside the clone).
+fn shared_traces() -> Vec<PathBuf> {
+    let root = vramshim_testkit::repo_root();
+    let shared = root.join("../shared/traces");
+    let dir = if shared.join("vit_train.rmm.csv").exists() {
+        shared
+    } else {
+        root.join("tests/workloads/traces")
+    };
+    let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.to_string_lossy().ends_with(".rmm.csv"))
+        .collect();
+    v.sort();
+    assert!(
+        v.len() >= 3,
+        "expected the shipped traces in {}",
+        dir.display()
+    );
+    v
+}
+
+/// Memory-management driver calls in the simulated driver's call log (VRAMSIM_DEBUG=1).
+fn sim_memory_calls(stderr: &str) -> u64 {
+    const MEM: [&str; 7] = [
+        "cuMemAddressReserve",
+        "cuMemAddressFree",
+        "cuMemCreate",
+        "cuMemRelease",
+        "cuMemMap",
+        "cuMemUnmap",
+        "cuMemSetAccess",
+    ];
+    stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("vramsim: "))
+        .filter_map(|l| l.split_once(" -> ").map(|(n, _)| n))
+        .filter(|n| MEM.contains(n) || n.starts_with("cuMemAlloc") || n.starts_with("cuMemFree"))
+        .filter(|n| !n.contains("Host"))
+        .count() as u64
+}
+
+#[test]
+fn vramshim_replay_agrees_with_the_live_pool_on_every_shared_trace() {
+    // issue 7's proof: `vramshim replay --pool stitch` (the pool crate on its accounting
+    // device) and the interposer's pool on cuda-sim, fed the same log (the log-replay
+    // workload's cudaMalloc/cudaFree), reserve the same peak (within one page) and make the
+    // same driver calls, with no cap and under a cap 5% above peak live.
+    let vramshim = vramshim_testkit::profile_dir().join("vramshim");
+    assert!(
+        vramshim.exists(),
+        "{} is not built: cargo build --release -p vramshim-analyzer",
+        vramshim.display()
+    );
+    const PAGE: u64 = 2 << 20;
+    for trace in shared_traces() {
+        let name = trace.file_name().unwrap().to_string_lossy().into_owned();
+        let live = peak_live(&trace);
+        for cap in [None, Some(live + live / 20)] {
+            let mut cmd = std::process::Command::new(&vramshim);
+            cmd.args(["replay", "--pool", "stitch", "--json"])
+                .env("VRAMSHIM_NO_PROGRESS", "1");
+            if let Some(c) = cap {
+                cmd.args(["--cap", &c.to_string()]);
+            }
+            let out = cmd.arg(&trace).output().unwrap();
+            let json = String::from_utf8_lossy(&out.stdout);
+            assert!(out.status.success(), "{name}: {json}");
+            let policies = &json[json.find("\"policies\"").unwrap()..];
+            let model: u64 = json_value(policies, "peak_reserved")
+                .unwrap()
+                .parse()
+                .unwrap();
+            let model_calls: u64 = json_value(policies, "driver_calls")
+                .unwrap()
+                .parse()
+                .unwrap();
+            assert_eq!(json_value(policies, "completed").as_deref(), Some("true"));
+            let (o, hw) = pooled_run(&trace, cap, &[("VRAMSIM_DEBUG", "1")], &["--quiet"]);
+            assert_eq!(o.code(), Some(0), "{name} cap {cap:?}: {}", o.stdout);
+            let calls = sim_memory_calls(&o.stderr);
+            eprintln!(
+                "{name} cap {cap:?}: peak reserved replay {model} B, live {hw} B; driver calls replay {model_calls}, live {calls}"
+            );
+            assert!(
+                model.abs_diff(hw) <= PAGE,
+                "{name} cap {cap:?}: replay reserves {model} B at its peak, the live pool {hw} B"
+            );
+            assert_eq!(model_calls, calls, "{name} cap {cap:?}: driver calls");
+        }
+    }
 }
