@@ -459,3 +459,39 @@ fn vramshim_replay_agrees_with_the_live_pool_on_every_shared_trace() {
         }
     }
 }
+
+/// Memory driver calls of the log-replay workload pooled with `--repeat passes` (a loop).
+fn driver_calls_repeated(trace: &std::path::Path, passes: u32, debug: Option<&str>) -> u64 {
+    let mut env = vec![("VRAMSIM_DEBUG", "1")];
+    env.extend(debug.map(|d| ("VRAMSHIM_POOL_DEBUG", d)));
+    let n = passes.to_string();
+    let (o, _) = pooled_run(trace, None, &env, &["--quiet", "--repeat", &n]);
+    assert_eq!(o.code(), Some(0), "{}: {}", trace.display(), o.stdout);
+    sim_memory_calls(&o.stderr)
+}
+
+#[test]
+fn live_pool_makes_no_driver_call_after_the_first_pass() {
+    // issue 6's steady state, live: a log replayed three times in a row (cudaMalloc and
+    // cudaFree, each pass freeing what it left) makes every driver call in its first pass
+    for trace in shared_traces() {
+        let one = driver_calls_repeated(&trace, 1, None);
+        let three = driver_calls_repeated(&trace, 3, None);
+        eprintln!(
+            "{}: driver calls 1 pass {one}, 3 passes {three}",
+            trace.display()
+        );
+        assert!(one > 0);
+        assert_eq!(
+            one,
+            three,
+            "{}: driver calls after the first pass",
+            trace.display()
+        );
+    }
+    // the old synchronization choices re-pack t5's blocks in every pass
+    let t5 = trace_file("t5_train.rmm.csv");
+    let one = driver_calls_repeated(&t5, 1, Some("lazy-sync"));
+    let three = driver_calls_repeated(&t5, 3, Some("lazy-sync"));
+    assert!(three > one, "lazy-sync: {one} then {three}");
+}
