@@ -278,8 +278,31 @@ pub fn alloc(req: &PoolRequest) -> Option<Result<u64, i32>> {
                 PoolError::Device(_) => CUDA_ERROR_OUT_OF_MEMORY,
                 PoolError::UnknownPointer(_) => CUDA_ERROR_INVALID_VALUE,
             };
+            if is_runtime(req.api) && code == cudaErrorMemoryAllocation {
+                runtime_set_last_error_oom();
+            }
             Some(Err(code))
         }
+    }
+}
+
+/// The runtime's sticky last error says `cudaErrorMemoryAllocation` after a refused
+/// `cudaMalloc`, and `cudaGetLastError` returns it once: make the real runtime record it, by
+/// asking it for an allocation no device can satisfy (the dispatcher does the same for a cap
+/// refusal). Called with no pool lock held.
+fn runtime_set_last_error_oom() {
+    let Some(f) = crate::real::cudaMalloc() else {
+        return;
+    };
+    let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer; the size cannot be satisfied.
+    let rc = unsafe { f(&mut p, usize::MAX) };
+    if rc == CUDA_SUCCESS
+        && !p.is_null()
+        && let Some(free) = crate::real::cudaFree()
+    {
+        // SAFETY: p was just allocated by the runtime.
+        unsafe { free(p) };
     }
 }
 

@@ -495,3 +495,30 @@ fn live_pool_makes_no_driver_call_after_the_first_pass() {
     let three = driver_calls_repeated(&t5, 3, Some("lazy-sync"));
     assert!(three > one, "lazy-sync: {one} then {three}");
 }
+
+#[test]
+fn a_pool_refusal_sets_the_runtime_last_error_once() {
+    // 1 GiB on a 256 MiB device: the cap (none) admits it, the pool's pages are refused by
+    // the device; the process must see it as CUDA reports an out-of-memory
+    let exe = compile_c(
+        "pool_oom_error",
+        &["tests/workloads/pool/oom_error.c"],
+        Link::SharedRuntime,
+    );
+    let o = run(
+        &exe,
+        &["1073741824"],
+        &[
+            ("VRAMSHIM_POOL", "stitch"),
+            ("VRAMSIM_MEMORY", "256MiB"),
+            ("VRAMSHIM_LOG", "debug"),
+        ],
+        "pool-oom-error",
+    );
+    assert!(
+        o.stderr.contains("[pool]") || o.stderr.contains("pool:"),
+        "the pool must have served the requests: {}",
+        tail(&o.stderr)
+    );
+    assert_eq!(o.code(), Some(0), "{}\n{}", o.stdout, tail(&o.stderr));
+}
