@@ -94,8 +94,15 @@ pub fn as_seen_by(events: &[Event], policy: PolicyKind) -> std::borrow::Cow<'_, 
     {
         return std::borrow::Cow::Borrowed(events);
     }
+    std::borrow::Cow::Owned(stream_ordered(events))
+}
+
+/// The stream with every `cudaFree` ([`FreeMode::Sync`]) made a stream-ordered release on
+/// its block's allocation stream (stream 0 for a request on [`crate::ANY_STREAM`]): the same
+/// log as a `cudaFreeAsync` (or RMM `deallocate`) user issues it.
+pub fn stream_ordered(events: &[Event]) -> Vec<Event> {
     let mut streams: FxMap<u64, Stream> = FxMap::default();
-    let out = events
+    events
         .iter()
         .map(|e| match *e {
             Event::Alloc { id, stream, .. } => {
@@ -118,8 +125,7 @@ pub fn as_seen_by(events: &[Event], policy: PolicyKind) -> std::borrow::Cow<'_, 
             },
             _ => *e,
         })
-        .collect();
-    std::borrow::Cow::Owned(out)
+        .collect()
 }
 
 /// Like [`run`], with checking on: `violations` lists every safety problem found.
