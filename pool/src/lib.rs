@@ -31,6 +31,9 @@
 //! replay::run(events: &[Event], policy: PolicyKind, device_capacity: u64, cap: Option<u64>) -> ReplayResult
 //! replay::run_checked(events, policy, device_capacity, cap) -> ReplayResult  // + safety checker
 //! replay::run_with(events, policy: &mut dyn Policy, dev: &mut AccountingDevice) -> ReplayResult
+//! replay::as_seen_by(events, policy) -> Cow<[Event]>  // caching: cudaFree = stream-ordered release
+//!                                                    // (run, run_checked, min_capacity apply it)
+//! replay::stream_ordered(events) -> Vec<Event>       // every cudaFree -> cudaFreeAsync on its alloc stream
 //! replay::min_capacity(events: &[Event], policy: PolicyKind) -> u64   // bytes, whole pages
 //! replay::min_capacity_with(events, make: &dyn Fn() -> Box<dyn Policy>) -> u64
 //! replay::UNLIMITED: u64  // 1 PiB, the "unlimited" device of what-if runs

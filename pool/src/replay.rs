@@ -71,7 +71,61 @@ pub fn run(
     let mut dev = AccountingDevice::new(device_capacity);
     dev.set_cap(cap);
     let mut p = policy.build();
-    run_with(events, p.as_mut(), &mut dev)
+    run_with(&as_seen_by(events, policy), p.as_mut(), &mut dev)
+}
+
+/// The stream as `policy` receives it. PyTorch's caching allocator never calls `cudaFree`
+/// for a tensor: a program's free returns the block to the allocator's cache, ordered on the
+/// block's allocation stream. So for `caching` a `cudaFree` ([`FreeMode::Sync`]) becomes
+/// that stream-ordered release (the stream of the block's allocation; stream 0 for a request
+/// on [`crate::ANY_STREAM`]); `stitch` and `direct` get the stream as it is (they sit under
+/// `cudaFree` itself).
+pub fn as_seen_by(events: &[Event], policy: PolicyKind) -> std::borrow::Cow<'_, [Event]> {
+    if policy != PolicyKind::Caching
+        || !events.iter().any(|e| {
+            matches!(
+                e,
+                Event::Free {
+                    mode: FreeMode::Sync,
+                    ..
+                }
+            )
+        })
+    {
+        return std::borrow::Cow::Borrowed(events);
+    }
+    std::borrow::Cow::Owned(stream_ordered(events))
+}
+
+/// The stream with every `cudaFree` ([`FreeMode::Sync`]) made a stream-ordered release on
+/// its block's allocation stream (stream 0 for a request on [`crate::ANY_STREAM`]): the same
+/// log as a `cudaFreeAsync` (or RMM `deallocate`) user issues it.
+pub fn stream_ordered(events: &[Event]) -> Vec<Event> {
+    let mut streams: FxMap<u64, Stream> = FxMap::default();
+    events
+        .iter()
+        .map(|e| match *e {
+            Event::Alloc { id, stream, .. } => {
+                let s = if stream == crate::ANY_STREAM {
+                    0
+                } else {
+                    stream
+                };
+                streams.insert(id, s);
+                *e
+            }
+            Event::Free {
+                id,
+                mode: FreeMode::Sync,
+            } => Event::Free {
+                id,
+                mode: FreeMode::Async {
+                    stream: streams.get(&id).copied().unwrap_or(0),
+                },
+            },
+            _ => *e,
+        })
+        .collect()
 }
 
 /// Like [`run`], with checking on: `violations` lists every safety problem found.
@@ -85,7 +139,7 @@ pub fn run_checked(
     dev.set_cap(cap);
     dev.set_checking(true);
     let mut p = policy.build();
-    run_with(events, p.as_mut(), &mut dev)
+    run_with(&as_seen_by(events, policy), p.as_mut(), &mut dev)
 }
 
 /// Replay through a given policy and device (set the device's capacity, cap, checking and
@@ -198,7 +252,7 @@ pub fn peak_live(events: &[Event]) -> u64 {
 /// the stream. Deterministic binary search between the physical limit and the device use of
 /// an unlimited run.
 pub fn min_capacity(events: &[Event], policy: PolicyKind) -> u64 {
-    min_capacity_with(events, &|| policy.build())
+    min_capacity_with(&as_seen_by(events, policy), &|| policy.build())
 }
 
 /// [`min_capacity`] for a policy built by `make` (e.g. a configured `Stitch`).
@@ -288,7 +342,7 @@ pub fn repeat(events: &[Event], times: usize) -> Vec<Event> {
 /// Driver calls made during each pass of `repeat(events, passes)` on an unlimited device.
 pub fn driver_calls_per_pass(events: &[Event], policy: PolicyKind, passes: usize) -> Vec<u64> {
     let one = repeat(events, 1).len();
-    let all = repeat(events, passes);
+    let all = as_seen_by(&repeat(events, passes), policy).into_owned();
     let mut dev = AccountingDevice::new(1 << 50);
     let mut p = policy.build();
     let mut out = Vec::new();
