@@ -1,7 +1,18 @@
-//! In-process counters: calls by API (striped by thread, so 16 threads allocating at once do
-//! not fight over one cache line), bytes live per device and their peak (one atomic add per
-//! allocation or free). Entries and bytes per kind are not counted on the hot path: reads
-//! scan the live table.
+//! In-process counters: calls by API (in per-thread blocks, so 16 threads allocating at once
+//! do not fight over one cache line), bytes live per device (kept by the live tables) and
+//! their peak. Entries and bytes per kind are not counted on the hot path: reads scan the
+//! live table.
+//!
+//! The peak follows a per-device running total. Each thread keeps, per device, its own net
+//! bytes (allocations minus frees on that thread) and the part of them it has published to
+//! the total; it publishes (one atomic add) when its net rises above what it published, and
+//! when it has freed more than `SLACK` bytes below it (and at thread exit). A thread churning
+//! allocations and frees below its own high-water mark therefore does no atomic
+//! read-modify-write at all. With one allocating thread the running total equals the true
+//! live bytes at every new high, so the peak is exact; with several, the total may still
+//! count up to `SLACK` bytes per thread that a thread freed and did not publish yet: the
+//! peak is then an upper bound within that much. Live bytes are always exact (the live
+//! tables keep them); the cap keeps its own exact accounting.
 
 use std::ffi::c_void;
 use std::sync::atomic::{
@@ -14,7 +25,7 @@ use vramshim_trace::{AllocKind, Api};
 pub const MAX_DEVICES: usize = 64;
 pub const HOST_SLOT: usize = MAX_DEVICES;
 pub const UNKNOWN_SLOT: usize = MAX_DEVICES + 1;
-const SLOTS: usize = MAX_DEVICES + 2;
+pub(crate) const SLOTS: usize = MAX_DEVICES + 2;
 const STRIPES: usize = 8;
 const APIS: usize = 64;
 
@@ -108,6 +119,11 @@ pub fn call_in(tok: &crate::guard::Token, api: Api) {
 #[repr(align(64))]
 pub struct CallBlock {
     calls: [AtomicU64; APIS],
+    /// This thread's net bytes per slot (allocations minus frees; wrapping: a thread that
+    /// frees what others allocated goes below zero).
+    net: [AtomicU64; SLOTS],
+    /// The part of `net` published to the running totals.
+    published: [AtomicU64; SLOTS],
     in_use: AtomicBool,
     next: AtomicPtr<CallBlock>,
 }
@@ -134,6 +150,7 @@ extern "C" fn on_thread_exit(p: *mut c_void) {
     });
     // SAFETY: p is the CallBlock this thread registered.
     if let Some(b) = unsafe { (p as *const CallBlock).as_ref() } {
+        publish_all(b);
         b.in_use.store(false, Ordering::Release);
     }
 }
@@ -189,6 +206,8 @@ fn claim() -> *const CallBlock {
     }
     let b: &'static CallBlock = Box::leak(Box::new(CallBlock {
         calls: [Z; APIS],
+        net: [Z; SLOTS],
+        published: [Z; SLOTS],
         in_use: AtomicBool::new(true),
         next: AtomicPtr::new(std::ptr::null_mut()),
     }));
@@ -203,18 +222,79 @@ fn claim() -> *const CallBlock {
     }
 }
 
-/// A successful allocation became live (the live table holds the details; this keeps the
-/// per-device total and its peak, one atomic add).
-#[inline]
-pub fn alloc(device: i32, kind: AllocKind, size: u64) {
-    let t = &TOTALS[slot(device, kind)];
-    let now = t.live.fetch_add(size, Relaxed).wrapping_add(size);
-    if now > t.peak.load(Relaxed) {
+/// This thread's counter block, if it has one.
+#[inline(always)]
+fn block(tok: &crate::guard::Token) -> Option<&'static CallBlock> {
+    // SAFETY: blocks are leaked, never freed.
+    tok.state()
+        .and_then(|st| unsafe { st.calls.get().as_ref() })
+}
+
+/// Bytes a thread may have freed below what it published before it tells the running total.
+pub const SLACK: u64 = 1 << 20;
+
+/// A successful allocation became live: counted in this thread's block; published (one
+/// atomic add, and the peak raised) only when the thread goes above what it published.
+#[inline(always)]
+pub fn alloc_in(tok: &crate::guard::Token, device: i32, kind: AllocKind, size: u64) {
+    let s = slot(device, kind);
+    let Some(b) = block(tok) else {
+        return raise(&TOTALS[s], size);
+    };
+    let net = b.net[s].load(Relaxed).wrapping_add(size);
+    b.net[s].store(net, Relaxed);
+    let up = net.wrapping_sub(b.published[s].load(Relaxed)) as i64;
+    if up > 0 {
+        b.published[s].store(net, Relaxed);
+        raise(&TOTALS[s], up as u64);
+    }
+}
+
+#[inline(always)]
+fn raise(t: &Total, delta: u64) {
+    let now = t.live.fetch_add(delta, Relaxed).wrapping_add(delta);
+    if now > t.peak.load(Relaxed) && (now as i64) > 0 {
         t.peak.fetch_max(now, Relaxed);
     }
 }
 
-/// A live allocation was freed (or dropped by a device reset).
+/// A live allocation was freed: counted in this thread's block; published only once the
+/// thread is `SLACK` bytes below what it published.
+#[inline(always)]
+pub fn free_in(tok: &crate::guard::Token, device: i32, kind: AllocKind, size: u64) {
+    let s = slot(device, kind);
+    let Some(b) = block(tok) else {
+        return free(device, kind, size);
+    };
+    let net = b.net[s].load(Relaxed).wrapping_sub(size);
+    b.net[s].store(net, Relaxed);
+    let down = b.published[s].load(Relaxed).wrapping_sub(net) as i64;
+    if down > SLACK as i64 {
+        b.published[s].store(net, Relaxed);
+        TOTALS[s].live.fetch_sub(down as u64, Relaxed);
+    }
+}
+
+/// Bring the running totals up to date with a block (thread exit).
+fn publish_all(b: &CallBlock) {
+    for ((t, n), p) in TOTALS.iter().zip(b.net.iter()).zip(b.published.iter()) {
+        let n = n.load(Relaxed);
+        let d = n.wrapping_sub(p.load(Relaxed));
+        if d != 0 {
+            p.store(n, Relaxed);
+            raise(t, d);
+        }
+    }
+}
+
+/// An allocation became live outside a hook (no thread block at hand).
+#[inline]
+pub fn alloc(device: i32, kind: AllocKind, size: u64) {
+    raise(&TOTALS[slot(device, kind)], size);
+}
+
+/// A live allocation was freed or dropped outside the hot path (stale entries, device
+/// reset): taken off the running total at once.
 #[inline]
 pub fn free(device: i32, kind: AllocKind, size: u64) {
     TOTALS[slot(device, kind)].live.fetch_sub(size, Relaxed);
@@ -248,9 +328,12 @@ pub fn calls(api: Api) -> u64 {
         .fold(0u64, u64::wrapping_add)
 }
 
-/// Live bytes of a slot (all kinds), exact.
+/// Live bytes of a slot (all kinds): the live tables keep them, exact whenever no request
+/// is in flight.
 pub fn live_bytes(slot: usize) -> u64 {
-    TOTALS[slot].live.load(Relaxed)
+    crate::live_table::ALLOCS
+        .live_bytes(slot)
+        .wrapping_add(crate::live_table::HANDLES.live_bytes(slot))
 }
 
 /// Peak live bytes of a slot.
@@ -318,6 +401,8 @@ pub(crate) fn reset() {
     let mine = crate::guard::with_state(|s| s.calls.get()).unwrap_or(std::ptr::null());
     for b in blocks() {
         b.calls.iter().for_each(|c| c.store(0, Relaxed));
+        b.net.iter().for_each(|c| c.store(0, Relaxed));
+        b.published.iter().for_each(|c| c.store(0, Relaxed));
         if !std::ptr::eq(b, mine) {
             b.in_use.store(false, Relaxed);
         }

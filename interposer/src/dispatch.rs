@@ -101,6 +101,7 @@ pub struct RealResult {
 /// with a valid out-pointer). `real` performs the real call (writing the caller's
 /// out-pointers itself). The hook writes `Outcome::addr` to the caller only when
 /// `layer == Pool`.
+#[inline(always)]
 pub fn alloc(
     tok: &Token,
     req: &Request,
@@ -109,6 +110,84 @@ pub fn alloc(
     real: impl FnOnce() -> RealResult,
 ) -> Outcome {
     counters::call_in(tok, req.api);
+    if layered() {
+        return alloc_layered(tok, req, table, pool_ok, real);
+    }
+    // Pass-through: the real call, then the record.
+    let r = real();
+    record_alloc(tok, req, table, &r, req.kind, req.flags, 0);
+    Outcome {
+        rc: r.rc,
+        addr: if r.rc == 0 { r.addr } else { 0 },
+        layer: Layer::Real,
+    }
+}
+
+/// Whether a request needs more than pass-through: a cap, a pool or a trace is on, or the
+/// debug log wants every decision explained. A few relaxed loads.
+#[inline(always)]
+fn layered() -> bool {
+    tracer::enabled()
+        || crate::log::enabled(crate::log::Level::Debug)
+        || pooling::enabled()
+        || cap::global().is_some()
+}
+
+/// Record a finished allocation: a success goes into the live table (and its counters); a
+/// failure gives back what the cap charged for it.
+#[inline(always)]
+fn record_alloc(
+    tok: &Token,
+    req: &Request,
+    table: &LiveTable,
+    r: &RealResult,
+    kind: AllocKind,
+    fl: u8,
+    charged: u64,
+) {
+    if r.rc != 0 || r.addr == 0 {
+        if charged > 0 {
+            cap::uncharge(req.device, charged);
+        }
+        if r.rc != 0 {
+            counters::alloc_failure();
+        }
+        return;
+    }
+    let e = Entry {
+        size: r.size,
+        kind,
+        device: req.device,
+        stream: req.stream,
+        api: req.api,
+        flags: fl,
+        charged,
+    };
+    if let Some(stale) = table.insert(r.addr, e) {
+        // The address was handed out again without us seeing its free.
+        forget(&stale);
+    }
+    counters::alloc_in(tok, req.device, kind, r.size);
+}
+
+/// An entry left the table without a free we passed on (stale, or dropped by a reset).
+#[cold]
+fn forget(e: &Entry) {
+    counters::free(e.device, e.kind, e.size);
+    if e.charged > 0 {
+        cap::uncharge(e.device, e.charged);
+    }
+}
+
+/// [`alloc`] with the layers: cap, pool, real; debug log and trace.
+#[inline(never)]
+fn alloc_layered(
+    tok: &Token,
+    req: &Request,
+    table: &LiveTable,
+    pool_ok: bool,
+    real: impl FnOnce() -> RealResult,
+) -> Outcome {
     let traced = tracer::enabled();
     let t0 = if traced { ids::now_ns() } else { 0 };
 
@@ -206,39 +285,16 @@ pub fn alloc(
         None => real(),
     };
 
-    if r.rc != 0 || r.addr == 0 {
-        if charged > 0 {
-            cap::uncharge(req.device, charged);
-        }
-        if r.rc != 0 {
-            counters::alloc_failure();
-        }
-    } else {
-        // Pitched allocations: charge the padding too once it is known.
-        if charged > 0
-            && r.size > charged
-            && cap::try_charge(req.device, r.size - charged, req.api).is_ok()
-        {
-            charged = r.size;
-        }
-        let e = Entry {
-            size: r.size,
-            kind,
-            device: req.device,
-            stream: req.stream,
-            api: req.api,
-            flags: fl,
-            charged,
-        };
-        if let Some(stale) = table.insert(r.addr, e) {
-            // The address was handed out again without us seeing its free.
-            counters::free(stale.device, stale.kind, stale.size);
-            if stale.charged > 0 {
-                cap::uncharge(stale.device, stale.charged);
-            }
-        }
-        counters::alloc(req.device, kind, r.size);
+    // Pitched allocations: charge the padding too once it is known.
+    if r.rc == 0
+        && r.addr != 0
+        && charged > 0
+        && r.size > charged
+        && cap::try_charge(req.device, r.size - charged, req.api).is_ok()
+    {
+        charged = r.size;
     }
+    record_alloc(tok, req, table, &r, kind, fl, charged);
 
     crate::debug!(
         "{} size={} dev={} stream={:#x} -> {} addr={:#x} [{}]",
@@ -283,6 +339,7 @@ pub struct FreeRequest {
 /// same address cannot be confused with it), the pool or the real function frees, and on
 /// failure the entry is restored. Unknown pointers go to the real function; its code comes
 /// back unchanged.
+#[inline(always)]
 pub fn free(
     tok: &Token,
     req: &FreeRequest,
@@ -290,6 +347,41 @@ pub fn free(
     real: impl FnOnce() -> c_int,
 ) -> c_int {
     counters::call_in(tok, req.api);
+    if layered() || req.key == 0 {
+        return free_layered(tok, req, table, real);
+    }
+    let entry = table.remove(req.key);
+    let rc = real();
+    settle_free(tok, req, table, rc, entry);
+    rc
+}
+
+/// The table and counters after a free returned `rc`: a success forgets the entry for good
+/// (and gives back its charge); a failure puts it back; an unknown pointer is counted.
+#[inline(always)]
+fn settle_free(tok: &Token, req: &FreeRequest, table: &LiveTable, rc: c_int, entry: Option<Entry>) {
+    match (rc, entry) {
+        (0, Some(e)) => {
+            counters::free_in(tok, e.device, e.kind, e.size);
+            if e.charged > 0 {
+                cap::uncharge(e.device, e.charged);
+            }
+        }
+        (_, Some(e)) => {
+            table.insert(req.key, e);
+        }
+        (_, None) => counters::unknown_free(),
+    }
+}
+
+/// [`free`] with the layers: pool, real; debug log and trace.
+#[inline(never)]
+fn free_layered(
+    tok: &Token,
+    req: &FreeRequest,
+    table: &LiveTable,
+    real: impl FnOnce() -> c_int,
+) -> c_int {
     let traced = tracer::enabled();
     let t0 = if traced { ids::now_ns() } else { 0 };
     if req.key == 0 {
@@ -315,19 +407,7 @@ pub fn free(
         }
         None => real(),
     };
-    match (rc, entry) {
-        (0, Some(e)) => {
-            counters::free(e.device, e.kind, e.size);
-            if e.charged > 0 {
-                cap::uncharge(e.device, e.charged);
-            }
-        }
-        (0, None) => counters::unknown_free(),
-        (_, Some(e)) => {
-            table.insert(req.key, e);
-        }
-        (_, None) => counters::unknown_free(),
-    }
+    settle_free(tok, req, table, rc, entry);
     let (dev, kind, size, efl) = match entry {
         Some(e) if rc == 0 => (e.device, e.kind, e.size, e.flags),
         Some(e) => (e.device, e.kind, 0, e.flags),
@@ -436,10 +516,7 @@ pub fn device_reset(device: i32) {
     let traced = tracer::enabled();
     let mut bytes = 0u64;
     for (addr, e) in &dropped {
-        counters::free(e.device, e.kind, e.size);
-        if e.charged > 0 {
-            cap::uncharge(e.device, e.charged);
-        }
+        forget(e);
         bytes = bytes.saturating_add(e.size);
         if traced {
             tracer::emit(Event::Free(MemOp {

@@ -81,6 +81,15 @@ pub struct CUmemAllocationProp {
     pub alloc_flags: CUmemAllocFlags,
 }
 
+/// The leading fields of `CUmemPoolProps` (the rest is only passed on, never read).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CUmemPoolPropsHead {
+    pub alloc_type: c_int,
+    pub handle_types: c_int,
+    pub location: CUmemLocation,
+}
+
 /// `CUmemAccessDesc` (12 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -214,6 +223,11 @@ pub type PfnCuCtxGetDevice = unsafe extern "C" fn(*mut CUdevice) -> CUresult;
 pub type PfnCuCtxGetCurrent = unsafe extern "C" fn(*mut CUcontext) -> CUresult;
 pub type PfnCuCtxSetCurrent = unsafe extern "C" fn(CUcontext) -> CUresult;
 pub type PfnCuDevicePrimaryCtxRetain = unsafe extern "C" fn(*mut CUcontext, CUdevice) -> CUresult;
+pub type PfnCuDeviceGetCount = unsafe extern "C" fn(*mut c_int) -> CUresult;
+/// `cuDeviceGetMemPool` / `cuDeviceGetDefaultMemPool`.
+pub type PfnCuDeviceGetMemPool = unsafe extern "C" fn(*mut CUmemoryPool, CUdevice) -> CUresult;
+pub type PfnCuMemPoolCreate =
+    unsafe extern "C" fn(*mut CUmemoryPool, *const CUmemPoolPropsHead) -> CUresult;
 pub type PfnCuThreadExchangeStreamCaptureMode = unsafe extern "C" fn(*mut c_int) -> CUresult;
 
 pub type PfnNvmlDeviceGetMemoryInfo =

@@ -36,6 +36,7 @@ fn fork_child_hooks() {
     live_table::HANDLES.reset_leak();
     counters::reset();
     hooks::context::on_fork_child();
+    hooks::mempool::on_fork_child();
     cap::on_fork_child();
     pooling::on_fork_child();
     tracer::on_fork_child();

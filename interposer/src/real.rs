@@ -302,6 +302,7 @@ real_fns! {
     Driver cuMemAllocHost_v2: PfnCuMemAllocHost;
     Driver cuMemHostAlloc: PfnCuMemHostAlloc;
     Driver cuMemFreeHost: PfnCuMemFreeHost;
+    Driver cuMemPoolCreate: PfnCuMemPoolCreate;
     Driver cuGetProcAddress: PfnCuGetProcAddress;
     Driver cuGetProcAddress_v2: PfnCuGetProcAddressV2;
     // ---- driver: used by other layers (pool VMM backend), never hooked
@@ -334,6 +335,9 @@ real_fns! {
     Driver cuDevicePrimaryCtxReset_v2: PfnCuDeviceOp;
     Driver cuCtxCreate_v2: PfnCuCtxCreate;
     Driver cuDeviceGetPCIBusId: PfnCuDeviceGetPCIBusId;
+    Driver cuDeviceGetCount: PfnCuDeviceGetCount;
+    Driver cuDeviceGetMemPool: PfnCuDeviceGetMemPool;
+    Driver cuDeviceGetDefaultMemPool: PfnCuDeviceGetMemPool;
     // ---- NVML
     Nvml nvmlDeviceGetMemoryInfo: PfnNvmlDeviceGetMemoryInfo;
     Nvml nvmlDeviceGetMemoryInfo_v2: PfnNvmlDeviceGetMemoryInfoV2;

@@ -68,6 +68,17 @@ fn async_alloc_on_several_streams() {
 }
 
 #[test]
+fn pool_allocations_charged_to_the_pools_device() {
+    let exe = build(
+        "pool_device",
+        "pool_device.c",
+        Link::SharedRuntime,
+        &["-l:libcuda.so.1"],
+    );
+    both(&exe, &[], &[("VRAMSIM_DEVICES", "2")], "ip-pooldev");
+}
+
+#[test]
 fn driver_entry_points_as_pytorch_makes_them() {
     let exe = build("entry_points", "entry_points.c", Link::SharedRuntime, &[]);
     both(&exe, &[], &[], "ip-entry");
@@ -164,6 +175,54 @@ fn pool_layer_wiring() {
         assert!(
             out.stdout.contains("ipc=refused"),
             "{}\n{}",
+            out.stdout,
+            out.stderr
+        );
+    }
+}
+
+/// NVML's indices are not CUDA's ordinals (a reordering libnvidia-ml.so.1 in front of the
+/// simulated one, as with CUDA_VISIBLE_DEVICES): the capped NVML answer for a handle must
+/// describe the CUDA device with the same PCI bus id.
+#[test]
+fn nvml_answers_follow_the_cuda_device_not_the_nvml_index() {
+    let shim_dir = vramshim_testkit::temp_dir("nvml_reorder");
+    vramshim_testkit::compile_c_to(
+        &shim_dir.join("libnvidia-ml.so.1"),
+        &["tests/workloads/interposer/nvml_reorder.c"],
+        Link::Dl,
+        &["-shared", "-fPIC", "-Wl,-soname,libnvidia-ml.so.1"],
+    );
+    let sim = vramshim_testkit::sim_dir();
+    let exe = build(
+        "nvml_order",
+        "nvml_order.c",
+        Link::SharedRuntime,
+        &["-l:libcuda.so.1"],
+    );
+    let ld = format!("{}:{}", shim_dir.display(), sim.display());
+    let real = sim.join("libnvidia-ml.so.1").display().to_string();
+    let out = common::preloaded(
+        &exe,
+        &[],
+        &[
+            ("LD_LIBRARY_PATH", &ld),
+            ("VRAMSIM_REAL_NVML", &real),
+            ("VRAMSIM_DEVICES", "2"),
+            ("VRAMSHIM_CAP", "1GiB"),
+            ("VRAMSHIM_CAP_CONTEXT", "exclude"),
+        ],
+        "ip-nvml-order",
+    );
+    out.assert_success();
+    for line in [
+        "cuda 0: total=1024MiB used=64MiB v2 total=1024MiB used+reserved=64MiB",
+        "cuda 1: total=1024MiB used=0MiB v2 total=1024MiB used+reserved=0MiB",
+        "nvml_order: ok",
+    ] {
+        assert!(
+            out.stdout.contains(line),
+            "missing {line:?} in\n{}\n{}",
             out.stdout,
             out.stderr
         );

@@ -26,7 +26,7 @@ fn idx(dev: CUdevice) -> Option<usize> {
 
 /// NVML's handle for CUDA device `dev`: by PCI bus id (what CUDA and NVML agree on whatever
 /// the enumeration order and `CUDA_VISIBLE_DEVICES`), else by index. NVML initialized.
-fn nvml_handle(dev: CUdevice) -> Option<nvmlDevice_t> {
+pub(crate) fn nvml_handle(dev: CUdevice) -> Option<nvmlDevice_t> {
     let mut h: nvmlDevice_t = std::ptr::null_mut();
     if let (Some(bus), Some(by_bus)) = (
         real::cuDeviceGetPCIBusId(),

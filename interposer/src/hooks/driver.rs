@@ -4,25 +4,13 @@
 //! thread with no context gets -1 (nothing charged, the real call returns its own error).
 
 use super::{
-    NO_DRIVER, alloc_hook, drv_device, free_hook, read_ptr, read_u64, write_ptr, write_u64,
+    NO_DRIVER, alloc_hook, async_alloc_hook, async_free_hook, drv_device, free_hook, read_ptr,
+    read_u64, req, variant, write_ptr, write_u64,
 };
-use crate::dispatch::{self, run_hook};
 use crate::ffi_types::*;
 use crate::real;
-use crate::request::Request;
 use std::ffi::{c_int, c_uint, c_void};
-use vramshim_trace::{AllocKind, Api, flags};
-
-fn req(api: Api, kind: AllocKind, device: i32, stream: u64, size: usize, fl: u8) -> Request {
-    Request {
-        api,
-        kind,
-        device,
-        stream,
-        size: size as u64,
-        flags: fl,
-    }
-}
+use vramshim_trace::{AllocKind, Api};
 
 /// # Safety
 /// C ABI: `cuMemAlloc_v2`'s contract.
@@ -130,26 +118,14 @@ fn alloc_async(
     size: usize,
     s: CUstream,
 ) -> c_int {
-    let slot = if ptsz {
-        real::cuMemAllocAsync_ptsz
-    } else {
-        real::cuMemAllocAsync
-    };
-    let fl = if ptsz { flags::PER_THREAD_STREAM } else { 0 };
-    alloc_hook(
+    async_alloc_hook(
         name,
         NO_DRIVER,
-        slot,
-        || {
-            req(
-                Api::CuMemAllocAsync,
-                AllocKind::Async,
-                drv_device(),
-                s as u64,
-                size,
-                fl,
-            )
-        },
+        variant(ptsz, real::cuMemAllocAsync, real::cuMemAllocAsync_ptsz),
+        Api::CuMemAllocAsync,
+        drv_device,
+        s as u64,
+        size,
         !dptr.is_null(),
         // SAFETY: forwarding the caller's arguments unchanged.
         |f| unsafe { f(dptr, size, s) },
@@ -181,19 +157,13 @@ pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
 }
 
 fn free_async(name: &'static str, ptsz: bool, dptr: CUdeviceptr, s: CUstream) -> c_int {
-    let slot = if ptsz {
-        real::cuMemFreeAsync_ptsz
-    } else {
-        real::cuMemFreeAsync
-    };
-    free_hook(
+    async_free_hook(
         name,
         NO_DRIVER,
-        slot,
+        variant(ptsz, real::cuMemFreeAsync, real::cuMemFreeAsync_ptsz),
         Api::CuMemFreeAsync,
         dptr,
-        Some(s as u64),
-        if ptsz { flags::PER_THREAD_STREAM } else { 0 },
+        s as u64,
         // SAFETY: forwarding the caller's arguments unchanged.
         |f| unsafe { f(dptr, s) },
     )
@@ -221,27 +191,19 @@ fn alloc_from_pool(
     pool: CUmemoryPool,
     s: CUstream,
 ) -> c_int {
-    let slot = if ptsz {
-        real::cuMemAllocFromPoolAsync_ptsz
-    } else {
-        real::cuMemAllocFromPoolAsync
-    };
-    let fl = if ptsz { flags::PER_THREAD_STREAM } else { 0 };
-    alloc_hook(
+    async_alloc_hook(
         name,
         NO_DRIVER,
-        slot,
-        || {
-            req(
-                Api::CuMemAllocFromPoolAsync,
-                AllocKind::Async,
-                drv_device(),
-                s as u64,
-                size,
-                fl,
-            )
-        },
-        false,
+        variant(
+            ptsz,
+            real::cuMemAllocFromPoolAsync,
+            real::cuMemAllocFromPoolAsync_ptsz,
+        ),
+        Api::CuMemAllocFromPoolAsync,
+        || super::mempool::device_of(pool).unwrap_or_else(drv_device),
+        s as u64,
+        size,
+        false, // the process chose a specific pool
         // SAFETY: forwarding the caller's arguments unchanged.
         |f| unsafe { f(dptr, size, pool, s) },
         || (read_u64(dptr), size as u64),
@@ -299,25 +261,14 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -
     let Some(f) = real::cuDeviceTotalMem_v2() else {
         return NO_DRIVER;
     };
-    run_hook(
+    super::total_mem_hook(
         "cuDeviceTotalMem_v2",
         CUDA_ERROR_UNKNOWN,
+        Api::CuDeviceTotalMem,
+        dev,
         // SAFETY: forwarding the caller's arguments unchanged.
         || unsafe { f(bytes, dev) },
-        |tok| {
-            dispatch::meminfo(
-                tok,
-                Api::CuDeviceTotalMem,
-                || Some(dev),
-                || {
-                    // SAFETY: forwarding the caller's arguments unchanged.
-                    let rc = unsafe { f(bytes, dev) };
-                    let t = super::read_usize(bytes);
-                    (rc, t, t)
-                },
-                |_, _, at| super::write_usize(bytes, at),
-            )
-        },
+        bytes,
     )
 }
 

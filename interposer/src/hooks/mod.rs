@@ -5,8 +5,10 @@
 pub mod context;
 pub mod driver;
 pub mod lookup;
+pub mod mempool;
 pub mod nvml;
 mod pool_glue;
+pub mod process;
 pub mod runtime;
 pub mod sync;
 pub mod vmm;
@@ -17,7 +19,7 @@ use crate::live_table::LiveTable;
 use crate::real::{self, Slot};
 use crate::request::Request;
 use std::ffi::{CStr, c_int};
-use vramshim_trace::Api;
+use vramshim_trace::{AllocKind, Api, flags};
 
 /// What a runtime hook returns when there is no real runtime function (what the real
 /// runtime returns without a driver).
@@ -90,6 +92,85 @@ pub(crate) fn write_usize(p: *mut usize, v: u64) {
         // SAFETY: non-null out-pointer supplied by the caller.
         unsafe { *p = v as usize };
     }
+}
+
+/// The request a hook decodes.
+#[inline(always)]
+pub(crate) fn req(
+    api: Api,
+    kind: AllocKind,
+    device: i32,
+    stream: u64,
+    size: usize,
+    fl: u8,
+) -> Request {
+    Request {
+        api,
+        kind,
+        device,
+        stream,
+        size: size as u64,
+        flags: fl,
+    }
+}
+
+/// The plain or the per-thread-default-stream (`_ptsz`) variant of a real function, with the
+/// flag its requests carry.
+#[inline(always)]
+pub(crate) fn variant<F>(
+    ptsz: bool,
+    plain: fn() -> Option<F>,
+    per_thread: fn() -> Option<F>,
+) -> (fn() -> Option<F>, u8) {
+    if ptsz {
+        (per_thread, flags::PER_THREAD_STREAM)
+    } else {
+        (plain, 0)
+    }
+}
+
+/// The common shape of a stream-ordered allocation hook (`cudaMallocAsync`,
+/// `cuMemAllocFromPoolAsync` & co., plain or `_ptsz`): an `Async` request on `stream`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(crate) fn async_alloc_hook<F: Copy>(
+    name: &'static str,
+    missing: c_int,
+    (slot, fl): (fn() -> Option<F>, u8),
+    api: Api,
+    device: impl FnOnce() -> i32,
+    stream: u64,
+    size: usize,
+    pool_ok: bool,
+    call: impl Fn(F) -> c_int,
+    read: impl FnOnce() -> (u64, u64),
+    write_pool: impl FnOnce(u64),
+) -> c_int {
+    alloc_hook(
+        name,
+        missing,
+        slot,
+        || req(api, AllocKind::Async, device(), stream, size, fl),
+        pool_ok,
+        call,
+        read,
+        write_pool,
+    )
+}
+
+/// The common shape of a stream-ordered free hook (`cudaFreeAsync`, `cuMemFreeAsync`,
+/// plain or `_ptsz`).
+#[inline(always)]
+pub(crate) fn async_free_hook<F: Copy>(
+    name: &'static str,
+    missing: c_int,
+    (slot, fl): (fn() -> Option<F>, u8),
+    api: Api,
+    key: u64,
+    stream: u64,
+    call: impl Fn(F) -> c_int,
+) -> c_int {
+    free_hook(name, missing, slot, api, key, Some(stream), fl, call)
 }
 
 /// The common shape of an allocation hook.
@@ -293,6 +374,7 @@ hooks! {
     driver::cuMemAllocFromPoolAsync_ptsz, "cuMemAllocFromPoolAsync", 11020, true;
     vmm::cuMemCreate, "cuMemCreate", 10020, false;
     vmm::cuMemRelease, "cuMemRelease", 10020, false;
+    mempool::cuMemPoolCreate, "cuMemPoolCreate", 11020, false;
     driver::cuMemGetInfo_v2, "cuMemGetInfo", 3020, false;
     driver::cuDeviceTotalMem_v2, "cuDeviceTotalMem", 3020, false;
     driver::cuMemAllocHost_v2, "cuMemAllocHost", 3020, false;
@@ -361,6 +443,32 @@ pub(crate) fn meminfo_hook(
                 write_usize(free, af);
                 write_usize(total, at);
             },
+        )
+    })
+}
+
+/// The shared body of the total-memory queries (`cuDeviceTotalMem_v2`, `totalGlobalMem` of
+/// `cudaGetDeviceProperties`): the real query fills `*total`, then the cap's answer for
+/// `device` replaces it.
+pub(crate) fn total_mem_hook(
+    name: &'static str,
+    panic_code: c_int,
+    api: Api,
+    device: c_int,
+    real_query: impl Fn() -> c_int,
+    total: *mut usize,
+) -> c_int {
+    run_hook(name, panic_code, &real_query, |tok| {
+        dispatch::meminfo(
+            tok,
+            api,
+            || Some(device),
+            || {
+                let rc = real_query();
+                let t = read_usize(total);
+                (rc, t, t)
+            },
+            |_, _, at| write_usize(total, at),
         )
     })
 }

@@ -9,9 +9,25 @@ use crate::{cap, dispatch, real};
 use std::ffi::{c_int, c_uint};
 use vramshim_trace::Api;
 
-/// NVML index of a device handle (the CUDA ordinal, assuming no `CUDA_VISIBLE_DEVICES`
-/// reordering), if NVML can tell.
-fn index_of(device: nvmlDevice_t) -> Option<i32> {
+/// The CUDA ordinal of an NVML device handle. NVML indexes every physical device; CUDA
+/// ordinals number the devices visible to this process (`CUDA_VISIBLE_DEVICES`), in CUDA's
+/// order: the two agree on PCI bus ids, so the answer is the CUDA device whose bus id names
+/// this handle (None: a device this process cannot use, answered unadjusted). Only when the
+/// driver cannot tell (not initialized yet: nothing is charged anywhere) is NVML's own index
+/// taken.
+fn cuda_ordinal_of(device: nvmlDevice_t) -> Option<i32> {
+    if let Some(count) = real::cuDeviceGetCount() {
+        let mut n: c_int = 0;
+        // SAFETY: n is a valid out-pointer.
+        if unsafe { count(&mut n) } == CUDA_SUCCESS {
+            let max = crate::counters::MAX_DEVICES as c_int;
+            return (0..n.min(max)).find(|&d| super::context::nvml_handle(d) == Some(device));
+        }
+    }
+    nvml_index(device)
+}
+
+fn nvml_index(device: nvmlDevice_t) -> Option<i32> {
     let f = real::nvmlDeviceGetIndex()?;
     let mut i: c_uint = 0;
     // SAFETY: i is a valid out-pointer; device is the caller's handle.
@@ -39,7 +55,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
             dispatch::meminfo(
                 tok,
                 Api::NvmlDeviceGetMemoryInfo,
-                || index_of(device),
+                || cuda_ordinal_of(device),
                 || {
                     // SAFETY: forwarding the caller's arguments unchanged.
                     let rc = unsafe { f(device, mem) };
@@ -85,7 +101,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
             dispatch::meminfo(
                 tok,
                 Api::NvmlDeviceGetMemoryInfoV2,
-                || index_of(device),
+                || cuda_ordinal_of(device),
                 || {
                     // SAFETY: forwarding the caller's arguments unchanged.
                     let rc = unsafe { f(device, mem) };

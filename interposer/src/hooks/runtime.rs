@@ -2,24 +2,15 @@
 //! link the shared runtime, and through our `dlsym` hook for those that `dlopen` it.
 //! Device = the runtime's current device (`cudaGetDevice`).
 
-use super::{NO_RUNTIME, alloc_hook, free_hook, read_ptr, rt_device, write_ptr};
+use super::{
+    NO_RUNTIME, alloc_hook, async_alloc_hook, async_free_hook, free_hook, read_ptr, req, rt_device,
+    variant, write_ptr,
+};
 use crate::dispatch::{self, run_hook};
 use crate::ffi_types::*;
 use crate::real;
-use crate::request::Request;
 use std::ffi::{c_int, c_uint, c_void};
-use vramshim_trace::{AllocKind, Api, flags};
-
-fn req(api: Api, kind: AllocKind, device: i32, stream: u64, size: usize, fl: u8) -> Request {
-    Request {
-        api,
-        kind,
-        device,
-        stream,
-        size: size as u64,
-        flags: fl,
-    }
-}
+use vramshim_trace::{AllocKind, Api};
 
 /// # Safety
 /// C ABI: called by CUDA programs with `cudaMalloc`'s contract.
@@ -62,26 +53,14 @@ fn malloc_async(
     size: usize,
     stream: cudaStream_t,
 ) -> c_int {
-    let slot = if ptsz {
-        real::cudaMallocAsync_ptsz
-    } else {
-        real::cudaMallocAsync
-    };
-    let fl = if ptsz { flags::PER_THREAD_STREAM } else { 0 };
-    alloc_hook(
+    async_alloc_hook(
         name,
         NO_RUNTIME,
-        slot,
-        || {
-            req(
-                Api::CudaMallocAsync,
-                AllocKind::Async,
-                rt_device(),
-                stream as u64,
-                size,
-                fl,
-            )
-        },
+        variant(ptsz, real::cudaMallocAsync, real::cudaMallocAsync_ptsz),
+        Api::CudaMallocAsync,
+        rt_device,
+        stream as u64,
+        size,
         !dev_ptr.is_null(),
         // SAFETY: forwarding the caller's arguments unchanged.
         |f| unsafe { f(dev_ptr, size, stream) },
@@ -113,19 +92,13 @@ pub unsafe extern "C" fn cudaMallocAsync_ptsz(
 }
 
 fn free_async(name: &'static str, ptsz: bool, dev_ptr: *mut c_void, stream: cudaStream_t) -> c_int {
-    let slot = if ptsz {
-        real::cudaFreeAsync_ptsz
-    } else {
-        real::cudaFreeAsync
-    };
-    free_hook(
+    async_free_hook(
         name,
         NO_RUNTIME,
-        slot,
+        variant(ptsz, real::cudaFreeAsync, real::cudaFreeAsync_ptsz),
         Api::CudaFreeAsync,
         dev_ptr as u64,
-        Some(stream as u64),
-        if ptsz { flags::PER_THREAD_STREAM } else { 0 },
+        stream as u64,
         // SAFETY: forwarding the caller's arguments unchanged.
         |f| unsafe { f(dev_ptr, stream) },
     )
@@ -153,26 +126,18 @@ fn malloc_from_pool(
     pool: cudaMemPool_t,
     stream: cudaStream_t,
 ) -> c_int {
-    let slot = if ptsz {
-        real::cudaMallocFromPoolAsync_ptsz
-    } else {
-        real::cudaMallocFromPoolAsync
-    };
-    let fl = if ptsz { flags::PER_THREAD_STREAM } else { 0 };
-    alloc_hook(
+    async_alloc_hook(
         name,
         NO_RUNTIME,
-        slot,
-        || {
-            req(
-                Api::CudaMallocFromPoolAsync,
-                AllocKind::Async,
-                rt_device(),
-                stream as u64,
-                size,
-                fl,
-            )
-        },
+        variant(
+            ptsz,
+            real::cudaMallocFromPoolAsync,
+            real::cudaMallocFromPoolAsync_ptsz,
+        ),
+        Api::CudaMallocFromPoolAsync,
+        || super::mempool::device_of(pool).unwrap_or_else(rt_device),
+        stream as u64,
+        size,
         false, // the process chose a specific pool
         // SAFETY: forwarding the caller's arguments unchanged.
         |f| unsafe { f(ptr, size, pool, stream) },
@@ -423,36 +388,25 @@ fn device_properties(
     let Some(f) = slot() else {
         return NO_RUNTIME;
     };
-    run_hook(
+    let total_ptr = if prop.is_null() {
+        std::ptr::null_mut()
+    } else {
+        // SAFETY: totalGlobalMem lies at this offset in every cudaDeviceProp layout (CUDA 12
+        // and 13); the struct is far larger.
+        unsafe {
+            prop.cast::<u8>()
+                .add(CUDA_DEVICE_PROP_TOTAL_GLOBAL_MEM_OFFSET)
+        }
+        .cast::<usize>()
+    };
+    super::total_mem_hook(
         name,
         cudaErrorUnknown,
+        Api::CudaGetDeviceProperties,
+        device,
         // SAFETY: forwarding the caller's arguments unchanged.
         || unsafe { f(prop, device) },
-        |tok| {
-            let total_ptr = if prop.is_null() {
-                std::ptr::null_mut()
-            } else {
-                // SAFETY: totalGlobalMem lies at this offset in every cudaDeviceProp layout
-                // (CUDA 12 and 13); the struct is far larger.
-                unsafe {
-                    prop.cast::<u8>()
-                        .add(CUDA_DEVICE_PROP_TOTAL_GLOBAL_MEM_OFFSET)
-                }
-                .cast::<usize>()
-            };
-            dispatch::meminfo(
-                tok,
-                Api::CudaGetDeviceProperties,
-                || Some(device),
-                || {
-                    // SAFETY: forwarding the caller's arguments unchanged.
-                    let rc = unsafe { f(prop, device) };
-                    let t = super::read_usize(total_ptr);
-                    (rc, t, t)
-                },
-                |_, _, at| super::write_usize(total_ptr, at),
-            )
-        },
+        total_ptr,
     )
 }
 

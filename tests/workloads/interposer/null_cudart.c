@@ -5,10 +5,14 @@
  * with V = "libcudart.so.12 { global: *; };". */
 #include <stddef.h>
 
-static __thread unsigned long next_addr = 0x100000;
+/* Each thread hands out addresses from its own 4 GiB range, so that threads never see each
+ * other's pointers (as with a real allocator). */
+static unsigned long threads_seen;
+static __thread unsigned long next_addr;
 
 int cudaMalloc(void **p, size_t n) {
     if (!p) return 1;
+    if (!next_addr) next_addr = (__atomic_add_fetch(&threads_seen, 1, __ATOMIC_RELAXED) + 1) << 32;
     next_addr += (n + 255) & ~(size_t)255;
     *p = (void *)next_addr;
     return 0;
