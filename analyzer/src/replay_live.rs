@@ -12,7 +12,8 @@ use serde::Serialize;
 use vramshim_analyzer::convert::{self, ExportFormat};
 use vramshim_analyzer::units::bytes;
 use vramshim_analyzer::whatif::{self, PolicyReport};
-use vramshim_pool::PolicyKind;
+use vramshim_pool::replay::Event as Op;
+use vramshim_pool::{FreeMode, PolicyKind};
 
 use crate::demo::{self, Gpu};
 use crate::run;
@@ -58,6 +59,9 @@ pub struct LiveReport {
     pub device_memory: Option<u64>,
     pub cap: Option<u64>,
     pub requests: u64,
+    /// Replayed with cudaMallocAsync/cudaFreeAsync on one stream (most of the trace's frees
+    /// were stream-ordered), else cudaMalloc/cudaFree.
+    pub stream_ordered: bool,
     pub runs: Vec<LiveRun>,
 }
 
@@ -119,6 +123,24 @@ fn live(
         std::io::BufWriter::new(f),
         Some(model.device),
     )?;
+    // A stream-ordered trace (cudaMallocAsync/cudaFreeAsync) is replayed stream-ordered.
+    let ops =
+        whatif::read_stream(vramshim_analyzer::input::open(a.trace)?, Some(model.device))?.ops;
+    let frees = ops.iter().filter(|o| matches!(o, Op::Free { .. })).count();
+    let async_frees = ops
+        .iter()
+        .filter(|o| {
+            matches!(
+                o,
+                Op::Free {
+                    mode: FreeMode::Async { .. },
+                    ..
+                }
+            )
+        })
+        .count();
+    drop(ops);
+    let stream_ordered = async_frees * 2 > frees;
     // Built once per user and source (cached like the demo's, in the temp directory).
     let bin = demo::replay_program(&std::env::temp_dir().join("vramshim-replay-bin"), gpu)?;
     let device_memory = match gpu {
@@ -127,7 +149,17 @@ fn live(
     };
     let mut runs = Vec::new();
     for (&k, m) in kinds.iter().zip(model.policies) {
-        let mut r = run_one(gpu, lib, &bin, &csv, work, k, a.cap, model.device_memory);
+        let mut r = run_one(
+            gpu,
+            lib,
+            &bin,
+            &csv,
+            work,
+            k,
+            a.cap,
+            model.device_memory,
+            stream_ordered,
+        );
         r.model = Some(m);
         runs.push(r);
     }
@@ -139,6 +171,7 @@ fn live(
         device_memory,
         cap: a.cap,
         requests: model.requests,
+        stream_ordered,
         runs,
     })
 }
@@ -153,11 +186,15 @@ fn run_one(
     kind: PolicyKind,
     cap: Option<u64>,
     device_memory: u64,
+    stream_ordered: bool,
 ) -> LiveRun {
     let trace: PathBuf = work.join(format!("{kind}.vramtrace"));
     let mut cmd = Command::new(bin);
-    cmd.args(["--stop-on-failure"])
-        .arg(csv)
+    cmd.arg("--stop-on-failure");
+    if stream_ordered {
+        cmd.arg("--async");
+    }
+    cmd.arg(csv)
         .env("LD_PRELOAD", lib)
         .env("VRAMSHIM_TRACE", &trace)
         .env(
@@ -271,8 +308,16 @@ fn text(r: &LiveReport) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "live replay of {} (device {}): {} requests through cudaMalloc/cudaFree on the {}",
-        r.file, r.device, r.requests, r.gpu
+        "live replay of {} (device {}): {} requests through {} on the {}",
+        r.file,
+        r.device,
+        r.requests,
+        if r.stream_ordered {
+            "cudaMallocAsync/cudaFreeAsync (one stream)"
+        } else {
+            "cudaMalloc/cudaFree"
+        },
+        r.gpu
     );
     let _ = writeln!(
         o,

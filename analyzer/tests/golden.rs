@@ -225,7 +225,8 @@ fn replay_and_diff() {
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["schema"], "vramshim.diff/1");
-    let live = run_in(&d, &["replay", "vit.csv", "--live"]);
+    // Live replay is tested in replay_live.rs; a pool the library lacks is refused up front.
+    let live = run_in(&d, &["replay", "vit.csv", "--live", "--pool", "caching"]);
     assert_eq!(live.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&live.stderr).contains("not available yet"));
+    assert!(String::from_utf8_lossy(&live.stderr).contains("cannot be replayed live"));
 }

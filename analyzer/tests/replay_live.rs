@@ -98,3 +98,25 @@ fn a_pool_the_library_does_not_have_is_refused_with_a_message() {
         "{err}"
     );
 }
+
+#[test]
+fn a_stream_ordered_trace_replays_stream_ordered_and_stitch_matches_the_model() {
+    built_library();
+    let d = scratch("live-synth");
+    let t = synth(&d, "s.vramtrace", &["--events", "4000", "--no-refusal"]);
+    let o = Command::new(exe())
+        .env_remove("VRAMSHIM_LIB")
+        .env("VRAMSHIM_NO_PROGRESS", "1")
+        .args(["replay", "--live", "--sim", "--pool", "stitch", "--json"])
+        .arg(&t)
+        .output()
+        .unwrap();
+    let v = json(&o);
+    assert_eq!(v["stream_ordered"], true, "{v}");
+    let r = &v["runs"][0];
+    assert_eq!(r["completed"], true, "{r}");
+    // The live pool and the model reserve the same and call the driver as often.
+    assert_eq!(r["peak_reserved"], r["model"]["peak_reserved"], "{r}");
+    assert_eq!(r["driver_calls"], r["model"]["driver_calls"], "{r}");
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -14,6 +14,10 @@ fn setup() -> std::path::PathBuf {
 }
 
 fn py(script: &str, arg: &std::path::Path) {
+    py_args(script, arg, &[])
+}
+
+fn py_args(script: &str, arg: &std::path::Path, extra: &[&str]) {
     let Some(py) = python() else {
         eprintln!("SKIP: python3 not found; cannot check {}", arg.display());
         return;
@@ -21,6 +25,7 @@ fn py(script: &str, arg: &std::path::Path) {
     let out = Command::new(py)
         .arg(manifest_dir().join("tests/py").join(script))
         .arg(arg)
+        .args(extra)
         .output()
         .unwrap();
     let so = String::from_utf8_lossy(&out.stdout);
@@ -79,7 +84,21 @@ fn perfetto_parses_independently() {
             "t.pftrace",
         ],
     );
-    py("check_perfetto.py", &d.join("t.pftrace"));
+    // Every call site the summary finds names its allocations with a `site` annotation.
+    let out = ok(&d, &["summary", "--json", "--top", "1000", "t.vramtrace"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let sites = v["traces"][0]["devices"][0]["top_sites"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["allocs"].as_u64() > Some(0))
+        .count();
+    assert!(sites > 10, "{sites}");
+    py_args(
+        "check_perfetto.py",
+        &d.join("t.pftrace"),
+        &[&sites.to_string()],
+    );
 }
 
 #[test]

@@ -10,12 +10,16 @@
 //! (SLICE_BEGIN 1, SLICE_END 2, INSTANT 3, COUNTER 4), track_uuid = 11, name = 23,
 //! counter_value = 30, debug_annotations = 4; DebugAnnotation.name = 10, uint_value = 3,
 //! int_value = 4, string_value = 6.
+//!
+//! An allocation with a recorded stack carries its call site (the first frame outside CUDA and
+//! vramshim, symbolized as `vramshim summary` does) as a `site` string annotation.
 
 use std::io::{self, Write};
 
 use vramshim_trace::{Event, Header, codes};
 
 use super::FastMap;
+use crate::analysis::symbols::{Module, Symbolizer};
 
 pub const PROCESS_UUID: u64 = 1;
 const THREAD_BASE: u64 = 1 << 32;
@@ -63,6 +67,8 @@ pub struct PerfettoWriter<W: Write> {
     devices: FastMap<i32, ()>,
     in_use: FastMap<i32, u64>,
     live: FastMap<(i32, u64), u64>,
+    symbols: Symbolizer,
+    sites: FastMap<u32, String>,
     pub packets: u64,
 }
 
@@ -81,8 +87,11 @@ impl<W: Write> PerfettoWriter<W> {
             devices: FastMap::default(),
             in_use: FastMap::default(),
             live: FastMap::default(),
+            symbols: Symbolizer::default(),
+            sites: FastMap::default(),
             packets: 0,
         };
+        p.symbols.set_trace_start(h.start_wall_ns);
         let name = if h.cmdline.is_empty() {
             format!("pid {}", h.pid)
         } else {
@@ -173,13 +182,23 @@ impl<W: Write> PerfettoWriter<W> {
             Event::Alloc(m) | Event::Free(m) => {
                 let is_alloc = matches!(ev, Event::Alloc(_));
                 let track = self.thread(m.tid)?;
-                let ann = [
+                let mut ann = vec![
                     annotation("size", 3, m.size),
                     annotation("addr", 3, m.addr),
                     annotation("stream", 3, m.stream),
                     annotation("device", 4, m.device as i64 as u64),
                     annotation("result", 4, m.result as i64 as u64),
                 ];
+                if is_alloc && m.stack != 0 {
+                    let sym = &mut self.symbols;
+                    let site = self
+                        .sites
+                        .entry(m.stack)
+                        .or_insert_with(|| sym.label(m.stack));
+                    let mut a = Msg::default();
+                    a.str(10, "site").str(6, site);
+                    ann.push(a);
+                }
                 let mut te = Msg::default();
                 te.uint(9, if m.latency_ns > 0 { 1 } else { 3 })
                     .uint(11, track)
@@ -264,6 +283,22 @@ impl<W: Write> PerfettoWriter<W> {
                     end.uint(9, 2).uint(11, track);
                     self.track_event(t_ns + *latency_ns as u64, &end)?;
                 }
+            }
+            Event::Module {
+                base,
+                size,
+                file_offset,
+                path,
+            } => self.symbols.add_module(Module {
+                base: *base,
+                size: *size,
+                file_offset: *file_offset,
+                path: path.clone(),
+            }),
+            Event::Stack { id, frames } => {
+                // A stack id is written once per process; a forked child's file starts over.
+                self.sites.remove(id);
+                self.symbols.add_stack(*id, frames.clone());
             }
             _ => {}
         }

@@ -56,6 +56,7 @@ tracks = {}
 counters = {}
 open_slices = {}
 n_events = 0
+sites = set()
 for p in packets:
     pf = fields(p)
     assert get(pf, 10) == 1, "trusted_packet_sequence_id"
@@ -75,6 +76,14 @@ for p in packets:
     typ, track = get(e, 9), get(e, 11)
     assert track in tracks, f"event on undeclared track {track}"
     n_events += 1
+    for f, a in e:
+        if f == 4:
+            af = fields(a)
+            assert get(af, 10), "debug annotation without a name"
+            if get(af, 10) == b"site":
+                site = get(af, 6)
+                assert site, "site annotation without a string value"
+                sites.add(site.decode())
     if typ == 1:
         open_slices[track] = open_slices.get(track, 0) + 1
         assert get(e, 23), "slice without a name"
@@ -93,4 +102,8 @@ procs = [t for t in tracks.values() if get(t, 3) is not None]
 assert len(procs) == 1, "one process track"
 assert any(n.endswith("in use") for n in counters.values())
 assert all(v == 0 for v in open_slices.values()), "unbalanced slices"
-print(f"perfetto ok: {len(packets)} packets, {len(tracks)} tracks ({len(counters)} counters), {n_events} events")
+if len(sys.argv) > 2:
+    # The caller knows the trace has stacks: every allocation site is named.
+    want = int(sys.argv[2])
+    assert len(sites) == want, f"{len(sites)} distinct site annotations, want {want}: {sorted(sites)[:5]}"
+print(f"perfetto ok: {len(packets)} packets, {len(tracks)} tracks ({len(counters)} counters), {n_events} events, {len(sites)} sites")
