@@ -133,6 +133,16 @@ fn readme_first_command_on_a_fresh_clone_runs_the_demo() {
         "(c) pooled must complete: {}",
         row("(c)")
     );
+    // Issue 8 asks for (c) under a cap 5% above peak live: the demo raises the cap in 2 MiB
+    // steps only when the pool is refused there, and says so; here it must not have had to.
+    assert!(
+        stdout.contains("(c) pool=stitch, cap") && stdout.contains("(peak + 5.0%)"),
+        "(c) must run under peak + 5.0%:\n{stdout}"
+    );
+    assert!(
+        !stdout.contains("refused under peak + 5%"),
+        "(c) needed a larger cap than peak + 5%:\n{stdout}"
+    );
     assert!(
         row("(d)").contains("refused") || row("(d)").contains("completed"),
         "{}",
