@@ -33,7 +33,7 @@ const CUDA_API_H: &str = include_str!("../../tests/workloads/include/cuda_api.h"
 
 /// Driver-call latencies the simulated GPU injects so that its timings model a real device
 /// (orders of magnitude from the literature cited in the docs; labelled as modelled).
-const SIM_LATENCY: &str = "cuMemAlloc=50us,cuMemFree=50us,cuMemCreate=20us,cuMemRelease=10us,cuMemMap=10us,cuMemUnmap=10us,cuMemSetAccess=5us,cuMemAddressReserve=5us,cuMemAddressFree=5us,cuCtxSynchronize=20us";
+pub(crate) const SIM_LATENCY: &str = "cuMemAlloc=50us,cuMemFree=50us,cuMemCreate=20us,cuMemRelease=10us,cuMemMap=10us,cuMemUnmap=10us,cuMemSetAccess=5us,cuMemAddressReserve=5us,cuMemAddressFree=5us,cuCtxSynchronize=20us";
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -51,13 +51,13 @@ pub struct Args {
 
 /// Where the demo runs.
 #[derive(Clone, Debug)]
-enum Gpu {
+pub(crate) enum Gpu {
     Real { name: String },
     Sim { dir: PathBuf },
 }
 
 impl Gpu {
-    fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match self {
             Gpu::Real { name } => format!("real GPU: {name}"),
             Gpu::Sim { dir } => format!(
@@ -302,7 +302,7 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
 
 /// The real GPU when `libcuda.so.1` (not the simulated one) loads and reports a device;
 /// otherwise the simulated GPU next to this executable.
-fn detect_gpu(force_sim: bool) -> Result<Gpu, String> {
+pub(crate) fn detect_gpu(force_sim: bool) -> Result<Gpu, String> {
     if !force_sim && let Some(name) = real_gpu() {
         return Ok(Gpu::Real { name });
     }
@@ -371,7 +371,7 @@ fn real_gpu() -> Option<String> {
 /// The log-replay workload (`tests/workloads/replay/replay.c`), compiled once into the work
 /// directory with `cc` and linked against `libcudart.so.12` (the simulated one, or the real
 /// one on a GPU machine; they share soname and symbol versions).
-fn replay_program(work: &Path, gpu: &Gpu) -> Result<PathBuf, String> {
+pub(crate) fn replay_program(work: &Path, gpu: &Gpu) -> Result<PathBuf, String> {
     let link_dir = match gpu {
         Gpu::Sim { dir } => dir.clone(),
         Gpu::Real { .. } => real_cudart_dir()
@@ -418,7 +418,7 @@ fn replay_program(work: &Path, gpu: &Gpu) -> Result<PathBuf, String> {
 /// A directory holding NVIDIA's `libcudart.so.12` on a GPU machine: the CUDA toolkit, or the
 /// `nvidia-cuda-runtime-cu12` wheel of the system Python. `None` if the dynamic linker's
 /// cache has it (nothing to add) or nothing is found.
-fn real_cudart_dir() -> Option<PathBuf> {
+pub(crate) fn real_cudart_dir() -> Option<PathBuf> {
     let mut dirs: Vec<PathBuf> = [
         "/usr/local/cuda/lib64",
         "/usr/local/cuda/targets/x86_64-linux/lib",
@@ -440,16 +440,16 @@ fn real_cudart_dir() -> Option<PathBuf> {
 
 /// The summary line the replay workload ends its stdout with (`replay: events=N ... ns=N`).
 #[derive(Debug, Default)]
-struct ReplayLine {
-    allocs: u64,
-    failed: u64,
-    first_failure: i64,
-    peak_live: u64,
-    mismatches: u64,
-    ns: u64,
+pub(crate) struct ReplayLine {
+    pub allocs: u64,
+    pub failed: u64,
+    pub first_failure: i64,
+    pub peak_live: u64,
+    pub mismatches: u64,
+    pub ns: u64,
 }
 
-fn parse_replay_line(stdout: &str) -> Option<ReplayLine> {
+pub(crate) fn parse_replay_line(stdout: &str) -> Option<ReplayLine> {
     let line = stdout
         .lines()
         .rev()
@@ -486,7 +486,7 @@ fn smi_program(sim_dir: &Path) -> Option<PathBuf> {
 
 /// The simulated device's high-water mark of device 0 (what the driver really handed out,
 /// page rounding included), read from its own accounting, then the device is removed.
-fn sim_high_water(sim_dir: &Path, name: &str) -> Result<u64, String> {
+pub(crate) fn sim_high_water(sim_dir: &Path, name: &str) -> Result<u64, String> {
     let smi = smi_program(sim_dir).ok_or("vramsim-smi not built")?;
     let out = Command::new(&smi)
         .arg(name)
@@ -627,7 +627,7 @@ fn live_run(
 /// Memory-management driver calls and device synchronizations in the simulated driver's
 /// call log (`VRAMSIM_DEBUG=1`: `vramsim: NAME -> RESULT` per call). A `cuMemFree` waits for
 /// the device, so it counts as a sync too (as CUDA's `cudaFree` does).
-fn sim_driver_counts(stderr: &str) -> (u64, u64) {
+pub(crate) fn sim_driver_counts(stderr: &str) -> (u64, u64) {
     const MEM: [&str; 9] = [
         "cuMemAlloc",
         "cuMemFree",
@@ -680,7 +680,7 @@ fn sim_driver_counts(stderr: &str) -> (u64, u64) {
 }
 
 /// Peak reserved bytes of device 0 as the trace's counter records report them.
-fn trace_peak_reserved(trace: &Path) -> Result<Option<u64>, String> {
+pub(crate) fn trace_peak_reserved(trace: &Path) -> Result<Option<u64>, String> {
     use vramshim_analyzer::analysis::{self, Options};
     let opts = Options {
         progress: false,

@@ -10,6 +10,7 @@ mod diff;
 mod export;
 mod import;
 mod replay;
+mod replay_live;
 mod replay_torch;
 mod report;
 mod run;

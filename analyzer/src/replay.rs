@@ -55,7 +55,18 @@ pub fn main(a: Args) -> Result<ExitCode, String> {
         return r;
     }
     if a.live || a.sim {
-        return Err("replay --live through raw CUDA calls is not available yet: use --live --through pytorch, the deterministic replay (without --live), or `vramshim demo`".into());
+        if a.min_capacity {
+            return Err("--min-capacity is a what-if question: drop --live".into());
+        }
+        return crate::replay_live::main(crate::replay_live::LiveArgs {
+            trace: &a.trace,
+            pool: &a.pool,
+            cap: a.cap,
+            device_memory: a.device_memory,
+            device: a.device,
+            sim: a.sim,
+            json: a.json,
+        });
     }
     let policies: Vec<PolicyKind> = if a.pool == "all" {
         PolicyKind::ALL.to_vec()

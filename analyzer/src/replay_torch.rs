@@ -78,6 +78,20 @@ pub fn torch_python(explicit: Option<&Path>) -> PathBuf {
     PathBuf::from("python3")
 }
 
+/// With `--pool stitch` and PyTorch uncached (no `backend:cudaMallocAsync`), every tensor
+/// is freed with `cudaFree`, which the pool may reuse only after a device synchronization:
+/// say how to make the frees stream-ordered (docs/pytorch.md, "vramshim's pool under PyTorch").
+pub fn stitch_note(pool: &str, conf: &str) -> Option<&'static str> {
+    let is_async = conf
+        .split(',')
+        .any(|kv| kv.trim().replace(' ', "") == "backend:cudaMallocAsync");
+    (pool == "stitch" && !is_async).then_some(
+        "PyTorch frees each tensor with cudaFree here, which the pool reuses only after a \
+         synchronization; PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync makes the frees \
+         stream-ordered (reusable at once, no synchronization): see docs/pytorch.md",
+    )
+}
+
 /// The `vramshim run` arguments for the PyTorch replay (everything after `vramshim`).
 #[allow(clippy::too_many_arguments)]
 pub fn run_args(
@@ -157,12 +171,17 @@ fn run_pytorch(
         &trace_out,
     )?;
     let me = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+    let conf = std::env::var("PYTORCH_CUDA_ALLOC_CONF")
+        .or_else(|_| std::env::var("PYTORCH_ALLOC_CONF"))
+        .unwrap_or_default();
     eprintln!(
-        "vramshim: replay {} through PyTorch ({}), PYTORCH_CUDA_ALLOC_CONF={}",
+        "vramshim: replay {} through PyTorch ({}), PYTORCH_CUDA_ALLOC_CONF={conf}",
         trace.display(),
         python.display(),
-        std::env::var("PYTORCH_CUDA_ALLOC_CONF").unwrap_or_default()
     );
+    if let Some(note) = stitch_note(pool, &conf) {
+        eprintln!("vramshim: note: {note}");
+    }
     let status = Command::new(me)
         .args(&args)
         .status()
@@ -260,6 +279,21 @@ mod tests {
             dispatch(Path::new("t"), false, false, None, "all", None, &t),
             Some(Err(_))
         ));
+    }
+
+    #[test]
+    fn stitch_without_the_async_backend_gets_a_note() {
+        assert!(stitch_note("stitch", "").is_some());
+        assert!(stitch_note("stitch", "expandable_segments:True").is_some());
+        assert!(stitch_note("stitch", "backend:cudaMallocAsync").is_none());
+        assert!(
+            stitch_note(
+                "stitch",
+                "backend: cudaMallocAsync,release_lock_on_cudamalloc:True"
+            )
+            .is_none()
+        );
+        assert!(stitch_note("all", "").is_none());
     }
 
     #[test]

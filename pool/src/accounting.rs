@@ -498,6 +498,14 @@ impl Device for AccountingDevice {
     }
 
     fn create(&mut self) -> Result<Handle, DeviceError> {
+        // vramshim's cap refuses a new page before the driver is called (the interposer's
+        // device does), so such a refusal is no driver call
+        if let Some(c) = self.cap_pages
+            && self.used_pages + 1 > c
+            && self.used_pages < self.capacity_pages
+        {
+            return Err(DeviceError::CapExceeded);
+        }
         self.calls.create += 1;
         self.fault(CallKind::Create)?;
         self.charge(1)?;

@@ -234,7 +234,7 @@ pub fn min_capacity_with(events: &[Event], make: &dyn Fn() -> Box<dyn Policy>) -
     hi * gran
 }
 
-/// `events` repeated `times` times as a loop: each pass frees what the previous pass left
+/// `events` repeated `times` times as a loop: each pass frees (`cudaFree`) what it left
 /// live, and ids are renumbered per pass.
 pub fn repeat(events: &[Event], times: usize) -> Vec<Event> {
     let max_id = events
@@ -271,12 +271,13 @@ pub fn repeat(events: &[Event], times: usize) -> Vec<Event> {
                 Event::ProcessSync => out.push(Event::ProcessSync),
             }
         }
-        for (id, stream) in live {
+        for (id, _stream) in live {
             if id != u64::MAX && pos.contains_key(&id) {
                 pos.remove(&id);
+                // as the log-replay workload's --repeat: cudaFree what the pass left live
                 out.push(Event::Free {
                     id: id + off,
-                    mode: FreeMode::Async { stream },
+                    mode: FreeMode::Sync,
                 });
             }
         }

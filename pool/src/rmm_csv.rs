@@ -5,8 +5,16 @@
 //! integer printed in hex by RMM (`0` = legacy default stream). Each allocation gets an id;
 //! a free refers to the live allocation at its pointer (frees of unknown pointers, e.g.
 //! blocks allocated before recording started, are counted and skipped); `allocate failure`
-//! rows are counted and skipped. Frees are stream-ordered (`FreeMode::Async` on the row's
-//! stream), as RMM's `deallocate(ptr, size, stream)` is.
+//! rows are counted and skipped.
+//!
+//! A row is replayed the way the log-replay workload (`tests/workloads/replay`, `vramshim
+//! replay --live`, `vramshim demo`) issues it and `vramshim replay` reads an imported log: an
+//! `allocate` is a request on the row's stream, a `free` is `cudaFree` ([`FreeMode::Sync`]:
+//! the block is reusable after a synchronization covers it). RMM's own `deallocate(ptr, size,
+//! stream)` is stream-ordered, but a log replayed through the CUDA API becomes
+//! `cudaMalloc`/`cudaFree`, and the what-if must answer for what really runs: the same events
+//! through the same policy code, so `pool::replay`, `vramshim replay` and the interposer's
+//! pool on the same log agree.
 
 use crate::FreeMode;
 use crate::fxhash::FxMap;
@@ -128,7 +136,7 @@ pub fn parse(text: &str) -> Result<ParsedTrace, ParseError> {
                     out.frees += 1;
                     out.events.push(Event::Free {
                         id,
-                        mode: FreeMode::Async { stream },
+                        mode: FreeMode::Sync,
                     });
                 }
                 None => out.skipped_frees += 1,
@@ -189,7 +197,7 @@ mod tests {
                 },
                 Event::Free {
                     id: 0,
-                    mode: FreeMode::Async { stream: 0 }
+                    mode: FreeMode::Sync
                 },
                 Event::Alloc {
                     id: 1,

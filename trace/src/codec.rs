@@ -4,6 +4,7 @@
 //! as a zigzag delta from the previous timed record of the same *context*; a context starts at
 //! the beginning of every frame and at every `Context` record, where all delta state resets.
 
+use crate::columns::TimeCursor;
 use crate::event::{AllocKind, Api, DeviceInfo, Event, MemOp, SyncKind};
 
 /// Record type tags. Values are part of the format: never renumber, only append.
@@ -689,6 +690,8 @@ pub enum RecordError {
     BadVarint,
     /// A field holds a value this reader does not know (e.g. an API number).
     BadValue(&'static str),
+    /// A columnar frame's timing stream ends before its records do.
+    ColumnOverrun,
 }
 
 impl std::fmt::Display for RecordError {
@@ -697,6 +700,9 @@ impl std::fmt::Display for RecordError {
             RecordError::Overrun => write!(f, "record runs past the end of its frame"),
             RecordError::BadVarint => write!(f, "malformed varint"),
             RecordError::BadValue(what) => write!(f, "invalid {what}"),
+            RecordError::ColumnOverrun => {
+                write!(f, "timing column ends before the frame's records do")
+            }
         }
     }
 }
@@ -718,8 +724,26 @@ impl<'a> Cur<'a> {
         self.p += 1;
         Ok(v)
     }
-    #[inline]
+    #[inline(always)]
     pub fn varint(&mut self) -> Result<u64, RecordError> {
+        // Most fields take one or two bytes: keep those inline, the rest out of line.
+        if let Some(&first) = self.b.get(self.p) {
+            if first < 0x80 {
+                self.p += 1;
+                return Ok(first as u64);
+            }
+            if let Some(&second) = self.b.get(self.p + 1)
+                && second < 0x80
+            {
+                self.p += 2;
+                return Ok((first & 0x7f) as u64 | (second as u64) << 7);
+            }
+        }
+        self.varint_slow()
+    }
+
+    #[inline(never)]
+    fn varint_slow(&mut self) -> Result<u64, RecordError> {
         let b = self.b;
         let mut p = self.p;
         let first = *b.get(p).ok_or(RecordError::Overrun)?;
@@ -825,12 +849,7 @@ impl RecordDecoder {
         let mut c = Cur::new(payload);
         match tag {
             tag::ALLOC | tag::FREE | tag::FREE_REF | tag::ALLOC_REUSE => {
-                let m = self.memop(tag, &mut c)?;
-                *out = if tag == tag::ALLOC || tag == tag::ALLOC_REUSE {
-                    Event::Alloc(m)
-                } else {
-                    Event::Free(m)
-                };
+                self.decode_memop(tag, &mut c, None, out)?;
                 Ok(Decoded::Event)
             }
             tag::CONTEXT => {
@@ -977,8 +996,40 @@ impl RecordDecoder {
         }
     }
 
+    /// Decodes a MemOp record's fields from `c` into `out`; its timing fields come from `c`
+    /// (row frames) or from the timing streams of a columnar frame (`cols`).
     #[inline]
-    fn memop(&mut self, tag_: u8, c: &mut Cur) -> Result<MemOp, RecordError> {
+    pub fn decode_memop(
+        &mut self,
+        tag_: u8,
+        c: &mut Cur,
+        cols: Option<(&[u8], &mut TimeCursor)>,
+        out: &mut Event,
+    ) -> Result<(), RecordError> {
+        let m = self.memop(tag_, c, cols)?;
+        let alloc = tag_ == tag::ALLOC || tag_ == tag::ALLOC_REUSE;
+        // In place when `out` already holds a MemOp (the common case): no drop, no move.
+        match out {
+            Event::Alloc(o) if alloc => *o = m,
+            Event::Free(o) if !alloc => *o = m,
+            _ => {
+                *out = if alloc {
+                    Event::Alloc(m)
+                } else {
+                    Event::Free(m)
+                }
+            }
+        }
+        Ok(())
+    }
+
+    #[inline(always)]
+    fn memop(
+        &mut self,
+        tag_: u8,
+        c: &mut Cur,
+        cols: Option<(&[u8], &mut TimeCursor)>,
+    ) -> Result<MemOp, RecordError> {
         let is_alloc = tag_ == tag::ALLOC || tag_ == tag::ALLOC_REUSE;
         let slot = (!is_alloc) as usize;
         let mk = c.u8()?;
@@ -1033,8 +1084,12 @@ impl RecordDecoder {
             st.addr = addr;
             (addr, c.varint()?)
         };
-        let t_ns = st.t.wrapping_add(unzigzag(c.varint()?) as u64);
-        let latency_ns = c.u32v()?;
+        let (gap, lat) = match cols {
+            None => (c.varint()?, c.varint()?),
+            Some((raw, tc)) => tc.next(raw, crate::columns::class_of(tag_))?,
+        };
+        let t_ns = st.t.wrapping_add(unzigzag(gap) as u64);
+        let latency_ns = u32::try_from(lat).map_err(|_| RecordError::BadValue("32-bit field"))?;
         if is_alloc && addr != 0 {
             st.live[live_slot(addr)] = LiveEnt {
                 addr,

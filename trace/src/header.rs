@@ -6,7 +6,9 @@ use crate::event::{DeviceInfo, Header};
 /// First bytes of every `.vramtrace` file (PNG style: a high byte, the name, CR LF, ^Z, LF).
 pub const MAGIC: [u8; 14] = *b"\x89VRAMTRACE\r\n\x1a\n";
 /// The format version this crate writes, and the newest it reads.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
+/// Format version that introduced columnar frames (`VRFC`).
+pub const COLUMNAR_SINCE: u32 = 2;
 /// Largest header payload a reader accepts.
 pub const MAX_HEADER: usize = 4 << 20;
 /// Largest number of cmdline words, devices or config entries a reader accepts.

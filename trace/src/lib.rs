@@ -59,6 +59,7 @@
 //! plus those caps.
 
 pub mod codec;
+pub mod columns;
 pub mod event;
 pub mod header;
 pub mod reader;
@@ -70,4 +71,4 @@ pub use header::{FORMAT_VERSION, MAGIC};
 pub use reader::{
     DecodeError, DecodeErrorKind, FrameInfo, TraceReader, Truncation, TruncationReason,
 };
-pub use writer::{TraceWriter, WriterStats};
+pub use writer::{FrameLayout, TraceWriter, WriterStats};

@@ -5,10 +5,13 @@ use std::fs::File;
 use std::io::{self, BufReader, Read};
 use std::path::Path;
 
-use crate::codec::{Decoded, RecordDecoder, RecordError};
+use crate::codec::{Cur, Decoded, RecordDecoder, RecordError};
+use crate::columns::{STREAMS, TimeCursor, is_memop};
 use crate::event::{Event, Header};
-use crate::header::{FORMAT_VERSION, MAGIC, MAX_HEADER, decode_header};
-use crate::writer::{FRAME_HEADER_LEN, FRAME_MAGIC, MAX_FRAME_COMPRESSED, MAX_FRAME_RAW};
+use crate::header::{COLUMNAR_SINCE, FORMAT_VERSION, MAGIC, MAX_HEADER, decode_header};
+use crate::writer::{
+    FRAME_HEADER_LEN, FRAME_MAGIC, FRAME_MAGIC_COLUMNAR, MAX_FRAME_COMPRESSED, MAX_FRAME_RAW,
+};
 
 /// What went wrong, without the position.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -176,8 +179,15 @@ pub struct TraceReader<R: Read> {
     header: Header,
     dctx: zstd::bulk::Decompressor<'static>,
     comp: Vec<u8>,
+    /// The frame's uncompressed bytes: the records, then (columnar frames) the timing streams.
     raw: Vec<u8>,
+    /// Next record in `raw`, and the end of the records.
     rp: usize,
+    rend: usize,
+    /// The current frame is columnar; `tc` walks its timing streams.
+    columnar: bool,
+    tc: TimeCursor,
+    version: u32,
     frame: Option<FrameInfo>,
     dec: RecordDecoder,
     state: State,
@@ -283,6 +293,10 @@ impl<R: Read> TraceReader<R> {
             comp: Vec::new(),
             raw: Vec::new(),
             rp: 0,
+            rend: 0,
+            columnar: false,
+            tc: TimeCursor::default(),
+            version,
             frame: None,
             dec: RecordDecoder::default(),
             state: State::Frames,
@@ -334,7 +348,7 @@ impl<R: Read> TraceReader<R> {
     #[inline]
     pub fn next_into(&mut self, out: &mut Event) -> Result<bool, DecodeError> {
         loop {
-            if self.rp < self.raw.len() {
+            if self.rp < self.rend {
                 let at = self.rp;
                 match self.record(out) {
                     Ok(true) => {
@@ -343,7 +357,7 @@ impl<R: Read> TraceReader<R> {
                     }
                     Ok(false) => continue,
                     Err(e) => {
-                        self.rp = self.raw.len();
+                        self.rp = self.rend;
                         return Err(DecodeError {
                             offset: self.frame.map(|f| f.offset).unwrap_or(0),
                             record_offset: Some(at as u64),
@@ -362,8 +376,16 @@ impl<R: Read> TraceReader<R> {
     /// Decodes one record at `rp`. Ok(true) = event in `out`.
     #[inline]
     fn record(&mut self, out: &mut Event) -> Result<bool, RecordError> {
-        let raw = &self.raw[self.rp..];
+        let raw = &self.raw[self.rp..self.rend];
         let tag = raw[0];
+        if self.columnar && is_memop(tag) {
+            // No length prefix: the fields delimit themselves; timing comes from the streams.
+            let mut c = Cur::new(&raw[1..]);
+            self.dec
+                .decode_memop(tag, &mut c, Some((&self.raw, &mut self.tc)), out)?;
+            self.rp += 1 + c.p;
+            return Ok(true);
+        }
         // Inline fast path for one-byte lengths.
         let (len, hl) = match raw.get(1) {
             Some(&b) if b < 0x80 => (b as usize, 2),
@@ -394,6 +416,7 @@ impl<R: Read> TraceReader<R> {
         self.state = State::Done;
         self.raw.clear();
         self.rp = 0;
+        self.rend = 0;
         if self.truncation.is_none() {
             self.truncation = reason;
         }
@@ -401,8 +424,10 @@ impl<R: Read> TraceReader<R> {
 
     /// Reads the next frame envelope and body into `raw`. Sets `Done` at the end.
     fn load_frame(&mut self) -> Result<(), DecodeError> {
-        self.raw.clear();
+        // `raw` keeps the previous frame's bytes (reused by columnar frames); only
+        // `rp..rend` is ever read.
         self.rp = 0;
+        self.rend = 0;
         let off = self.pos;
         let mut env = [0u8; FRAME_HEADER_LEN];
         let n = match read_full(&mut self.r, &mut env) {
@@ -425,7 +450,9 @@ impl<R: Read> TraceReader<R> {
             self.stop(t);
             return Ok(());
         }
-        if env[..n.min(4)] != FRAME_MAGIC[..n.min(4)] {
+        let columnar =
+            self.version >= COLUMNAR_SINCE && env[..n.min(4)] == FRAME_MAGIC_COLUMNAR[..n.min(4)];
+        if !columnar && env[..n.min(4)] != FRAME_MAGIC[..n.min(4)] {
             self.stop(None);
             return Err(DecodeError::at(
                 off,
@@ -488,31 +515,87 @@ impl<R: Read> TraceReader<R> {
         self.frame = Some(info);
         self.frames += 1;
         self.dec.reset();
-        if self.raw.capacity() < rlen {
-            self.raw.reserve(rlen);
-        }
-        match self
-            .dctx
-            .decompress_to_buffer(&self.comp[..], &mut self.raw)
-        {
-            Ok(k) if k == rlen => Ok(()),
-            Ok(k) => {
-                self.raw.clear();
-                Err(DecodeError::at(
-                    off,
-                    DecodeErrorKind::CorruptFrame(format!(
-                        "decompressed to {k} bytes, envelope says {rlen}"
-                    )),
-                ))
+        self.columnar = columnar;
+        let r = if columnar {
+            self.load_columns(rlen)
+        } else {
+            self.raw.clear();
+            if self.raw.capacity() < rlen {
+                self.raw.reserve(rlen);
             }
-            Err(e) => {
+            match self
+                .dctx
+                .decompress_to_buffer(&self.comp[..], &mut self.raw)
+            {
+                Ok(k) if k == rlen => Ok(()),
+                Ok(k) => Err(format!("decompressed to {k} bytes, envelope says {rlen}")),
+                Err(e) => Err(format!("zstd: {e}")),
+            }
+        };
+        match r {
+            Ok(()) => {
+                if !columnar {
+                    self.rend = self.raw.len();
+                }
+                Ok(())
+            }
+            Err(m) => {
                 self.raw.clear();
-                Err(DecodeError::at(
-                    off,
-                    DecodeErrorKind::CorruptFrame(format!("zstd: {e}")),
-                ))
+                self.rend = 0;
+                Err(DecodeError::at(off, DecodeErrorKind::CorruptFrame(m)))
             }
         }
+    }
+
+    /// Decompresses a columnar frame body (in `comp`) into `raw`: the stream directory, then
+    /// every stream as its own zstd frame, laid out back to back.
+    fn load_columns(&mut self, rlen: usize) -> Result<(), String> {
+        let body = &self.comp[..];
+        let dir_len = 1 + 8 * STREAMS;
+        if body.len() < dir_len || body[0] as usize != STREAMS {
+            return Err(format!(
+                "columnar frame: bad stream directory (expected {STREAMS} streams)"
+            ));
+        }
+        let le32 = |i: usize| {
+            u32::from_le_bytes([body[i], body[i + 1], body[i + 2], body[i + 3]]) as usize
+        };
+        let (mut raw_sum, mut comp_sum) = (0usize, dir_len);
+        for i in 0..STREAMS {
+            raw_sum += le32(1 + 8 * i);
+            comp_sum += le32(5 + 8 * i);
+        }
+        if raw_sum != rlen || comp_sum != body.len() {
+            return Err(format!(
+                "columnar frame: streams hold {raw_sum} raw / {comp_sum} compressed bytes, \
+                 envelope says {rlen} / {}",
+                body.len()
+            ));
+        }
+        // rlen <= MAX_FRAME_RAW was checked with the envelope. Every byte is overwritten
+        // below, so the previous frame's bytes are reused and only growth is zeroed.
+        self.raw.resize(rlen, 0);
+        let (mut rp, mut cp) = (0usize, dir_len);
+        for i in 0..STREAMS {
+            let (r, c) = (le32(1 + 8 * i), le32(5 + 8 * i));
+            if r > 0 || c > 0 {
+                let k = self
+                    .dctx
+                    .decompress_to_buffer(&body[cp..cp + c], &mut self.raw[rp..rp + r])
+                    .map_err(|e| format!("zstd (stream {i}): {e}"))?;
+                if k != r {
+                    return Err(format!(
+                        "stream {i} decompressed to {k} bytes, directory says {r}"
+                    ));
+                }
+            }
+            self.tc.pos[i] = rp;
+            self.tc.end[i] = rp + r;
+            rp += r;
+            cp += c;
+        }
+        self.rend = self.tc.end[0];
+        Ok(())
     }
 }
 

@@ -3,11 +3,15 @@
 use std::io::{self, Write};
 
 use crate::codec::{RecordEncoder, RecordStats};
+use crate::columns::{Columns, STREAMS};
 use crate::event::{Event, Header};
 use crate::header::encode_preamble;
 
-/// Frame envelope magic.
+/// Envelope magic of a row frame (one zstd frame of length-prefixed records).
 pub const FRAME_MAGIC: [u8; 4] = *b"VRFR";
+/// Envelope magic of a columnar frame (format v2: a stream directory, then one zstd frame per
+/// stream; see [`crate::columns`]).
+pub const FRAME_MAGIC_COLUMNAR: [u8; 4] = *b"VRFC";
 /// Envelope size: magic, compressed length, raw length, record count, t_min, t_max.
 pub const FRAME_HEADER_LEN: usize = 32;
 /// Largest uncompressed frame a reader accepts (and a writer produces).
@@ -16,8 +20,23 @@ pub const MAX_FRAME_RAW: usize = 16 << 20;
 pub const MAX_FRAME_COMPRESSED: usize = MAX_FRAME_RAW + (MAX_FRAME_RAW >> 7) + (1 << 16);
 /// Default raw size at which [`TraceWriter::write`] closes a frame on its own.
 pub const DEFAULT_FRAME_TARGET: usize = 1 << 20;
+/// Frames with fewer raw bytes are compressed both ways (columnar and rows) and the smaller
+/// is written.
+const COMPARE_BELOW: usize = 16 << 10;
 /// Default zstd level (single-threaded).
 pub const DEFAULT_LEVEL: i32 = 3;
+
+/// How [`TraceWriter`] lays out frames (format v2 readers accept both in any mix).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FrameLayout {
+    /// Columnar; frames under 16 KiB raw are compressed both ways and the smaller is kept.
+    #[default]
+    Auto,
+    /// Columnar whenever the records split (always, for records from [`RecordEncoder`]).
+    Columnar,
+    /// Row frames only.
+    Rows,
+}
 
 /// Writes a `.vramtrace` stream: the header at construction, then frames.
 ///
@@ -30,6 +49,9 @@ pub struct TraceWriter<W: Write> {
     enc: RecordEncoder,
     out: Vec<u8>,
     comp_buf: Vec<u8>,
+    row_buf: Vec<u8>,
+    cols: Columns,
+    layout: FrameLayout,
     frame_target: usize,
     /// The open frame holds records beyond its leading `Context`.
     has_records: bool,
@@ -71,6 +93,9 @@ impl<W: Write> TraceWriter<W> {
             enc: RecordEncoder::with_capacity(64 << 10),
             out: Vec::new(),
             comp_buf: Vec::new(),
+            row_buf: Vec::new(),
+            cols: Columns::default(),
+            layout: FrameLayout::Auto,
             frame_target: DEFAULT_FRAME_TARGET,
             has_records: false,
             dirty: true,
@@ -86,6 +111,11 @@ impl<W: Write> TraceWriter<W> {
     /// Changes the zstd level for the following frames (e.g. a faster one under back-pressure).
     pub fn set_level(&mut self, level: i32) -> io::Result<()> {
         self.comp.set_compression_level(level)
+    }
+
+    /// Chooses the layout of the following frames.
+    pub fn set_layout(&mut self, layout: FrameLayout) {
+        self.layout = layout;
     }
 
     /// Sets the uncompressed size at which `write` closes a frame by itself (capped at 16 MiB).
@@ -160,20 +190,59 @@ impl<W: Write> TraceWriter<W> {
         if self.has_records {
             let stats = self.enc.stats();
             let raw = self.enc.bytes();
-            self.comp_buf.clear();
-            self.comp_buf
-                .reserve(zstd::zstd_safe::compress_bound(raw.len()));
-            let n = self.comp.compress_to_buffer(raw, &mut self.comp_buf)?;
             let (t_min, t_max) = if stats.t_min <= stats.t_max {
                 (stats.t_min, stats.t_max)
             } else {
                 (0, 0)
             };
+            self.comp_buf.clear();
+            let mut raw_len = raw.len();
+            // Columns take up to one byte more per MemOp than rows: a frame near the raw cap
+            // goes out as rows.
+            let mut magic = if self.layout != FrameLayout::Rows
+                && self.cols.split(raw)
+                && self.cols.s.iter().map(|s| s.len()).sum::<usize>() <= MAX_FRAME_RAW
+            {
+                raw_len = self.cols.s.iter().map(|s| s.len()).sum();
+                // Directory (raw and compressed length of every stream), then the streams.
+                self.comp_buf.resize(1 + 8 * STREAMS, 0);
+                self.comp_buf[0] = STREAMS as u8;
+                for (i, st) in self.cols.s.iter().enumerate() {
+                    let at = self.comp_buf.len();
+                    if !st.is_empty() {
+                        compress_append(&mut self.comp, st, &mut self.comp_buf)?;
+                    }
+                    let n = self.comp_buf.len() - at;
+                    let d = 1 + 8 * i;
+                    self.comp_buf[d..d + 4].copy_from_slice(&(st.len() as u32).to_le_bytes());
+                    self.comp_buf[d + 4..d + 8].copy_from_slice(&(n as u32).to_le_bytes());
+                }
+                FRAME_MAGIC_COLUMNAR
+            } else {
+                self.comp_buf
+                    .reserve(zstd::zstd_safe::compress_bound(raw.len()));
+                compress_append(&mut self.comp, raw, &mut self.comp_buf)?;
+                FRAME_MAGIC
+            };
+            // Small frames (a slow job between flushes): per-stream zstd overhead can outweigh
+            // the gain, so keep whichever encoding is smaller. Cheap: only small frames.
+            if magic == FRAME_MAGIC_COLUMNAR
+                && self.layout == FrameLayout::Auto
+                && raw.len() < COMPARE_BELOW
+            {
+                self.row_buf.clear();
+                compress_append(&mut self.comp, raw, &mut self.row_buf)?;
+                if self.row_buf.len() <= self.comp_buf.len() {
+                    std::mem::swap(&mut self.row_buf, &mut self.comp_buf);
+                    magic = FRAME_MAGIC;
+                    raw_len = raw.len();
+                }
+            }
+            let n = self.comp_buf.len();
             self.out.clear();
-            self.out.extend_from_slice(&FRAME_MAGIC);
+            self.out.extend_from_slice(&magic);
             self.out.extend_from_slice(&(n as u32).to_le_bytes());
-            self.out
-                .extend_from_slice(&(raw.len() as u32).to_le_bytes());
+            self.out.extend_from_slice(&(raw_len as u32).to_le_bytes());
             self.out.extend_from_slice(&stats.records.to_le_bytes());
             self.out.extend_from_slice(&t_min.to_le_bytes());
             self.out.extend_from_slice(&t_max.to_le_bytes());
@@ -234,4 +303,18 @@ impl<W: Write> TraceWriter<W> {
     pub fn get_mut(&mut self) -> &mut W {
         &mut self.w
     }
+}
+
+/// Compresses `src` as one zstd frame appended to `dst`; returns its length.
+fn compress_append(
+    comp: &mut zstd::bulk::Compressor<'static>,
+    src: &[u8],
+    dst: &mut Vec<u8>,
+) -> io::Result<usize> {
+    let at = dst.len();
+    // zstd's WriteBuf for `[u8]` wants an initialised slice: zero just the room it may use.
+    dst.resize(at + zstd::zstd_safe::compress_bound(src.len()), 0);
+    let n = comp.compress_to_buffer(src, &mut dst[at..])?;
+    dst.truncate(at + n);
+    Ok(n)
 }

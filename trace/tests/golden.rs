@@ -1,7 +1,10 @@
-//! Golden file: `tests/golden/small.vramtrace` (every record type, several frames) must keep
-//! decoding to `tests/golden/small.txt`, and today's writer must still produce it byte for
-//! byte. Regenerate deliberately with `VRAMSHIM_BLESS=1 cargo test -p vramshim-trace --test golden`
-//! (a format change also needs a new FORMAT_VERSION and docs/trace-format.md).
+//! Golden files: the fixture trace (every record type, several frames) as written by format
+//! v1 (`tests/golden/small.vramtrace`, row frames) must keep decoding to `small.txt`; as
+//! written by today's writer (`small-v2.vramtrace`, columnar frames) it must decode to
+//! `small-v2.txt` and today's writer must still produce it byte for byte. Regenerate the v2
+//! pair deliberately with `VRAMSHIM_BLESS=1 cargo test -p vramshim-trace --test golden`
+//! (a format change also needs a new FORMAT_VERSION and docs/trace-format.md). The v1 pair is
+//! frozen: no writer produces it any more.
 
 mod common;
 
@@ -28,10 +31,17 @@ fn dump(path: &std::path::Path) -> String {
 }
 
 #[test]
+fn golden_v1_still_decodes() {
+    let bin = dir().join("small.vramtrace");
+    let want_txt = std::fs::read_to_string(dir().join("small.txt")).unwrap();
+    assert_eq!(dump(&bin), want_txt, "decoding the v1 golden file changed");
+}
+
+#[test]
 fn golden_small_trace() {
     let (_, _, bytes) = small_trace();
-    let bin = dir().join("small.vramtrace");
-    let txt = dir().join("small.txt");
+    let bin = dir().join("small-v2.vramtrace");
+    let txt = dir().join("small-v2.txt");
     if std::env::var_os("VRAMSHIM_BLESS").is_some() {
         std::fs::write(&bin, &bytes).unwrap();
         std::fs::write(&txt, dump(&bin)).unwrap();
@@ -48,12 +58,32 @@ fn golden_small_trace() {
 #[test]
 fn golden_events_match_fixture() {
     let (h, ev, _) = small_trace();
-    let (h2, got, errs, trunc) =
-        read_all(&std::fs::read(dir().join("small.vramtrace")).unwrap()).unwrap();
-    assert_eq!(h2, h);
-    assert_eq!(got, ev);
-    assert!(errs.is_empty());
-    assert_eq!(trunc, None);
+    for (file, version) in [("small.vramtrace", 1), ("small-v2.vramtrace", 2)] {
+        let (h2, got, errs, trunc) = read_all(&std::fs::read(dir().join(file)).unwrap()).unwrap();
+        assert_eq!(h2.format_version, version, "{file}");
+        assert_eq!(
+            Header {
+                format_version: h.format_version,
+                ..h2
+            },
+            h,
+            "{file}"
+        );
+        assert_eq!(got, ev, "{file}");
+        assert!(errs.is_empty(), "{file}");
+        assert_eq!(trunc, None, "{file}");
+    }
+}
+
+#[test]
+fn golden_v2_has_columnar_and_row_frames() {
+    let b = std::fs::read(dir().join("small-v2.vramtrace")).unwrap();
+    let count = |m: &[u8]| b.windows(4).filter(|w| *w == m).count();
+    assert!(
+        count(b"VRFC") >= 2,
+        "too few columnar frames in the v2 golden file"
+    );
+    assert!(count(b"VRFR") >= 1, "no row frame in the v2 golden file");
 }
 
 #[test]
@@ -64,7 +94,7 @@ fn smallest_trace_matches_the_worked_example() {
         .finish()
         .unwrap();
     assert_eq!(&b[..14], b"\x89VRAMTRACE\r\n\x1a\n");
-    assert_eq!(&b[14..22], &[1, 0, 0, 0, 8, 0, 0, 0]);
+    assert_eq!(&b[14..22], &[2, 0, 0, 0, 8, 0, 0, 0]);
     assert_eq!(&b[22..30], &[0; 8]);
     assert_eq!(&b[30..34], b"VRFR");
     assert_eq!(&b[38..46], &[6, 0, 0, 0, 2, 0, 0, 0]);

@@ -3,7 +3,9 @@
 
 pub mod compare;
 pub mod diff;
+mod elf;
 pub mod report;
+mod sites;
 pub mod symbols;
 pub mod timeline;
 
@@ -16,6 +18,7 @@ use crate::formats::FastMap;
 use crate::input::{Format, Opened};
 use crate::progress::Progress;
 pub use report::*;
+use sites::SiteTable;
 use symbols::{Module, Symbolizer};
 use timeline::Timeline;
 
@@ -110,7 +113,7 @@ pub const LIFETIME_LABELS: [&str; 10] = [
 pub(crate) struct DevState {
     pub device: i32,
     pub live: FastMap<u64, Live>,
-    pub sites: FastMap<u32, SiteAcc>,
+    pub sites: SiteTable,
     pub calls: Vec<CallAcc>,
     pub in_use: u64,
     pub peak: u64,
@@ -150,7 +153,7 @@ impl DevState {
         DevState {
             device,
             live: FastMap::default(),
-            sites: FastMap::default(),
+            sites: SiteTable::default(),
             calls: vec![CallAcc::default(); 64 * 8 * 2],
             in_use: 0,
             peak: 0,
@@ -210,7 +213,7 @@ impl DevState {
             .sites
             .iter()
             .filter(|(_, s)| s.live > 0)
-            .map(|(&k, s)| (k, s.live, s.live_count))
+            .map(|(k, s)| (k, s.live, s.live_count))
             .collect();
         sites.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
         sites.truncate(top);
@@ -260,13 +263,15 @@ pub struct Analysis {
 
 impl Analysis {
     pub fn new(opts: Options, header: Header, path: &str, format: Format) -> Analysis {
+        let mut symbols = Symbolizer::default();
+        symbols.set_trace_start(header.start_wall_ns);
         Analysis {
             opts,
             header,
             path: path.to_string(),
             format,
             devices: Vec::new(),
-            symbols: Symbolizer::default(),
+            symbols,
             index: 0,
             first_t: None,
             last_t: 0,
@@ -285,6 +290,12 @@ impl Analysis {
         if n > 0 && self.devices[n - 1].device == device {
             return &mut self.devices[n - 1];
         }
+        self.dev_slow(device)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn dev_slow(&mut self, device: i32) -> &mut DevState {
         if let Some(i) = self.devices.iter().position(|d| d.device == device) {
             // Move to the back so the next lookup is O(1).
             let d = self.devices.remove(i);
@@ -347,7 +358,7 @@ impl Analysis {
         if m.result != codes::CUDA_SUCCESS || m.addr == 0 {
             c.failed += 1;
             d.failed += 1;
-            d.sites.entry(m.stack).or_default().failed += 1;
+            d.sites.entry(m.stack).failed += 1;
             if m.result == codes::OUT_OF_MEMORY {
                 self.oom(m, index, top, max_pm);
             }
@@ -376,12 +387,12 @@ impl Analysis {
             // The same address handed out twice: its free was not recorded.
             d.replaced += 1;
             d.in_use -= old.size;
-            if let Some(s) = d.sites.get_mut(&old.stack) {
+            if let Some(s) = d.sites.get_mut(old.stack) {
                 s.live -= old.size;
                 s.live_count -= 1;
             }
         }
-        let s = d.sites.entry(m.stack).or_default();
+        let s = d.sites.entry(m.stack);
         s.allocs += 1;
         s.bytes += m.size;
         s.live += m.size;
@@ -440,7 +451,7 @@ impl Analysis {
             d.temporary.1 += l.size;
         }
         d.last_alloc = None;
-        if let Some(s) = d.sites.get_mut(&l.stack) {
+        if let Some(s) = d.sites.get_mut(l.stack) {
             s.live -= l.size;
             s.live_count -= 1;
             if temporary {

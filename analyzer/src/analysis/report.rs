@@ -436,7 +436,7 @@ pub(crate) fn build(mut a: Analysis, warnings: Vec<String>) -> TraceReport {
             top_sites: site_holders(&mut a, &exit.top_sites),
         };
         let mut site_list: Vec<(u32, super::SiteAcc)> =
-            d.sites.iter().map(|(&k, v)| (k, *v)).collect();
+            d.sites.iter().map(|(k, v)| (k, *v)).collect();
         site_list.sort_unstable_by(|x, y| {
             let px = peak_sites.get(&x.0).copied().unwrap_or(0);
             let py = peak_sites.get(&y.0).copied().unwrap_or(0);

@@ -64,6 +64,10 @@ pub struct Timeline {
     /// (time, cap) whenever the cap changed.
     pub caps: Vec<(u64, u64)>,
     pub marks_dropped: u64,
+    /// The last bucket written and its time range [lo, hi): events come in time order, so most
+    /// land in it and need no division.
+    #[serde(skip)]
+    last: (usize, u64, u64),
 }
 
 const MAX_MARKS: usize = 2000;
@@ -77,17 +81,29 @@ impl Timeline {
             marks: Vec::new(),
             caps: Vec::new(),
             marks_dropped: 0,
+            last: (0, 1, 0),
         }
     }
 
     #[inline]
     fn slot(&mut self, t: u64) -> usize {
+        let (i, lo, hi) = self.last;
+        if t >= lo && t < hi {
+            return i;
+        }
+        self.find(t)
+    }
+
+    fn find(&mut self, t: u64) -> usize {
         let rel = t.saturating_sub(self.t0);
         let mut idx = rel / self.width_ns;
         while idx >= self.buckets.len() as u64 {
             self.coarsen();
             idx = rel / self.width_ns;
         }
+        let start = |i: u64| self.t0.saturating_add(i.saturating_mul(self.width_ns));
+        let lo = if idx == 0 { 0 } else { start(idx) };
+        self.last = (idx as usize, lo, start(idx + 1));
         idx as usize
     }
 
@@ -101,11 +117,17 @@ impl Timeline {
             *b = Bucket::default();
         }
         self.width_ns = self.width_ns.saturating_mul(2);
+        self.last = (0, 1, 0);
     }
 
     #[inline]
     pub fn in_use(&mut self, t: u64, v: u64) {
         let i = self.slot(t);
+        self.put(i, v);
+    }
+
+    #[inline]
+    fn put(&mut self, i: usize, v: u64) {
         let b = &mut self.buckets[i];
         if b.used {
             b.in_min = b.in_min.min(v);
@@ -201,5 +223,29 @@ mod tests {
         assert!(pts.len() <= 8);
         assert_eq!(pts.iter().map(|p| p.in_max).max(), Some(1_000_000));
         assert_eq!(pts[0].in_min, 0);
+    }
+
+    #[test]
+    fn cached_bucket_matches_direct_lookup() {
+        // Mostly increasing times with jumps back (late events), across many coarsenings.
+        let mut cached = Timeline::new(5_000, 16);
+        let mut direct = Timeline::new(5_000, 16);
+        let mut x: u64 = 1;
+        for i in 0..20_000u64 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let t = if x.is_multiple_of(7) {
+                i * 997 / 2
+            } else {
+                i * 997
+            } + (x >> 60);
+            // The value is the time, so an event put in a neighbouring bucket shows in its max.
+            cached.in_use(t, t);
+            let j = direct.find(t);
+            direct.put(j, t);
+        }
+        assert_eq!(cached.width_ns, direct.width_ns);
+        assert_eq!(cached.points(), direct.points());
     }
 }

@@ -64,12 +64,11 @@ fn final_state(opened: Opened) -> Result<(Vec<i32>, LiveSet), InputError> {
 
 fn frames<W: Write>(p: &mut PickleWriter<W>, sym: &mut Symbolizer, stack: u32) -> io::Result<()> {
     p.list_begin()?;
-    for f in sym.frames(stack, 64) {
-        let module = f.split('+').next().unwrap_or("").to_string();
+    for f in sym.resolved_frames(stack, 64) {
         p.dict_begin()?;
-        p.kv_str("filename", &module)?;
-        p.kv_int("line", 0)?;
-        p.kv_str("name", &f)?;
+        p.kv_str("filename", f.file.as_deref().unwrap_or(&f.module))?;
+        p.kv_int("line", f.line.unwrap_or(0) as i64)?;
+        p.kv_str("name", f.function.as_deref().unwrap_or(&f.text))?;
         p.dict_end()?;
     }
     p.list_end()
@@ -123,6 +122,7 @@ pub fn export<W: Write>(
     p.list_begin().map_err(werr)?;
     let max_dev = devices.iter().copied().max().unwrap_or(-1);
     let mut sym = Symbolizer::default();
+    sym.set_trace_start(header.start_wall_ns);
     for dev in 0..=max_dev {
         p.list_begin().map_err(werr)?;
         if devices.contains(&dev) {

@@ -75,7 +75,14 @@ const PLACEHOLDER: Event = Event::Lost { t_ns: 0, count: 0 };
 impl VramTraceSource {
     /// Reads a batch and releases what the window allows.
     fn fill(&mut self) {
-        let start = self.held.len();
+        // Whether the held part is still in time order after this batch (single-threaded traces
+        // always are): checked while decoding so the batch is not walked twice.
+        let mut prev = self
+            .held
+            .back()
+            .filter(|_| self.held.len() > self.ready)
+            .map_or(0, |e| e.t_ns().unwrap_or(0));
+        let mut sorted = true;
         let mut ev = PLACEHOLDER;
         let mut n = 0;
         while n < BATCH {
@@ -90,6 +97,8 @@ impl VramTraceSource {
                             if t > self.max_t {
                                 self.max_t = t;
                             }
+                            sorted &= t >= prev;
+                            prev = t;
                             self.held.push_back(std::mem::replace(&mut ev, PLACEHOLDER));
                         }
                         None => self
@@ -119,17 +128,8 @@ impl VramTraceSource {
                 self.torn = true;
             }
         }
-        // Sort the held part only when the new batch broke the order (single-threaded traces
-        // never do). Late events (older than what was released) stay late.
+        // Late events (older than what was released) stay late.
         let key = |e: &Event| e.t_ns().unwrap_or(0);
-        let from = start.saturating_sub(1).max(self.ready);
-        let mut prev = 0u64;
-        let sorted = self.held.range(from..).all(|e| {
-            let k = key(e);
-            let ok = k >= prev;
-            prev = k;
-            ok
-        });
         if !sorted {
             let ready = self.ready;
             self.held.make_contiguous()[ready..].sort_by_key(key);

@@ -8,6 +8,7 @@ pub mod lookup;
 pub mod mempool;
 pub mod nvml;
 mod pool_glue;
+pub mod process;
 pub mod runtime;
 pub mod sync;
 pub mod vmm;

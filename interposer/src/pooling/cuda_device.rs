@@ -79,6 +79,9 @@ pub struct CudaDevice {
     gran: u64,
     /// The stream of the request being served (capture checks).
     pub stream: Stream,
+    /// The request being served came through the runtime API: make sure the thread has the
+    /// runtime's primary context current before a driver call (as the real call would).
+    pub runtime: bool,
     /// Recycled events.
     free_events: Vec<usize>,
     /// Physical bytes the pool may hold on this device: the cap (`VRAMSHIM_CAP`) when one is
@@ -138,6 +141,7 @@ impl CudaDevice {
             ordinal,
             gran: g as u64,
             stream: 0,
+            runtime: false,
             free_events: Vec::new(),
             limit,
             held: 0,
@@ -160,12 +164,22 @@ impl CudaDevice {
     }
 }
 
+impl CudaDevice {
+    #[inline]
+    fn enter(&self) {
+        if self.runtime {
+            super::ensure_context_once(self.ordinal);
+        }
+    }
+}
+
 impl Device for CudaDevice {
     fn granularity(&self) -> u64 {
         self.gran
     }
 
     fn reserve(&mut self, size: u64) -> Result<u64, DeviceError> {
+        self.enter();
         self.calls.reserve += 1;
         let mut p: CUdeviceptr = 0;
         // SAFETY: valid out-pointer.
@@ -174,6 +188,7 @@ impl Device for CudaDevice {
     }
 
     fn unreserve(&mut self, va: u64, size: u64) -> Result<(), DeviceError> {
+        self.enter();
         self.calls.unreserve += 1;
         // SAFETY: a range returned by reserve.
         ok(unsafe { (self.fns.unreserve)(va, size as usize) })
@@ -183,6 +198,7 @@ impl Device for CudaDevice {
         if self.limit.is_some_and(|l| self.held + self.gran > l) {
             return Err(DeviceError::CapExceeded);
         }
+        self.enter();
         self.calls.create += 1;
         let prop = Self::prop(self.ordinal);
         let mut h: CUmemGenericAllocationHandle = 0;
@@ -193,6 +209,7 @@ impl Device for CudaDevice {
     }
 
     fn release(&mut self, handle: Handle) -> Result<(), DeviceError> {
+        self.enter();
         self.calls.release += 1;
         // SAFETY: a handle returned by create.
         ok(unsafe { (self.fns.release)(handle) })?;
@@ -201,18 +218,21 @@ impl Device for CudaDevice {
     }
 
     fn map(&mut self, va: u64, handle: Handle) -> Result<(), DeviceError> {
+        self.enter();
         self.calls.map += 1;
         // SAFETY: va lies in a reservation of ours; handle from create.
         ok(unsafe { (self.fns.map)(va, self.gran as usize, 0, handle, 0) })
     }
 
     fn unmap(&mut self, va: u64, size: u64) -> Result<(), DeviceError> {
+        self.enter();
         self.calls.unmap += 1;
         // SAFETY: a range we mapped.
         ok(unsafe { (self.fns.unmap)(va, size as usize) })
     }
 
     fn set_access(&mut self, va: u64, size: u64) -> Result<(), DeviceError> {
+        self.enter();
         self.calls.set_access += 1;
         let desc = CUmemAccessDesc {
             location: CUmemLocation {
@@ -234,6 +254,7 @@ impl Device for CudaDevice {
     }
 
     fn synchronize(&mut self) -> Result<(), DeviceError> {
+        self.enter();
         self.calls.synchronize += 1;
         if self.is_capturing() {
             return Err(DeviceError::NotPermitted);
@@ -243,6 +264,7 @@ impl Device for CudaDevice {
     }
 
     fn is_capturing(&self) -> bool {
+        self.enter();
         let Some(f) = self.fns.capturing else {
             return false;
         };
@@ -255,6 +277,7 @@ impl Device for CudaDevice {
     }
 
     fn record_event(&mut self, stream: Stream) -> Result<EventId, DeviceError> {
+        self.enter();
         self.calls.event_record += 1;
         let ev = match self.free_events.pop() {
             Some(e) => e,
@@ -275,12 +298,14 @@ impl Device for CudaDevice {
     }
 
     fn event_done(&mut self, event: EventId) -> bool {
+        self.enter();
         self.calls.event_query += 1;
         // SAFETY: an event of ours.
         unsafe { (self.fns.ev_query)(event as usize as CUevent) == CUDA_SUCCESS }
     }
 
     fn stream_wait_event(&mut self, stream: Stream, event: EventId) -> Result<(), DeviceError> {
+        self.enter();
         self.calls.stream_wait += 1;
         // SAFETY: an event of ours, the caller's stream.
         ok(unsafe { (self.fns.wait)(Self::cu_stream(stream), event as usize as CUevent, 0) })
@@ -291,6 +316,7 @@ impl Device for CudaDevice {
         if self.free_events.len() < 256 {
             self.free_events.push(event as usize);
         } else {
+            self.enter();
             // SAFETY: an event of ours, no longer referenced.
             unsafe { (self.fns.ev_destroy)(event as usize as CUevent) };
         }

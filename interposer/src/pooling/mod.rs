@@ -174,7 +174,18 @@ fn is_runtime(api: Api) -> bool {
 }
 
 /// Runtime requests may arrive before the runtime made its primary context current on this
-/// thread (it would do so inside the real call): do what it would do.
+/// thread (it would do so inside the real call): do what it would do, once per thread, before
+/// the pool's first driver call for such a request ([`CudaDevice`] calls it; a cache hit
+/// makes no driver call and needs no context).
+fn ensure_context_once(device: i32) {
+    thread_local! {
+        static CTX_CHECKED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+    if !CTX_CHECKED.with(|c| c.replace(true)) {
+        ensure_context(device);
+    }
+}
+
 fn ensure_context(device: i32) {
     let (Some(get), Some(retain), Some(set)) = (
         crate::real::cuCtxGetCurrent(),
@@ -202,23 +213,29 @@ pub fn alloc(req: &PoolRequest) -> Option<Result<u64, i32>> {
     if MODE.load(Ordering::Relaxed) != ON {
         return None;
     }
-    if is_runtime(req.api) {
-        thread_local! {
-            static CTX_CHECKED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-        }
-        if !CTX_CHECKED.with(|c| c.replace(true)) {
-            ensure_context(req.device);
-        }
-    }
     let r = with_pools(|pools| {
         let d = req.device as usize;
         if pools.devs.len() <= d {
             pools.devs.resize_with(d + 1, || None);
         }
         if pools.devs[d].is_none() {
+            if is_runtime(req.api) {
+                ensure_context_once(req.device);
+            }
             match CudaDevice::new(req.device) {
                 Ok(dev) => {
                     let mut policy = Stitch::new();
+                    if crate::env::var("VRAMSHIM_POOL_DEBUG") == Some("lazy-sync") {
+                        // testing only: the old synchronization choices (looser packing), to
+                        // prove the tightness test can fail
+                        crate::warn!(
+                            "VRAMSHIM_POOL_DEBUG=lazy-sync: the pool packs as before its tightness fix (testing only)"
+                        );
+                        policy.set_faults(vramshim_pool::stitch::Faults {
+                            lazy_sync: true,
+                            ..Default::default()
+                        });
+                    }
                     if crate::env::var("VRAMSHIM_POOL_DEBUG") == Some("reuse-early") {
                         // testing only: break the reuse rules to prove the tests can fail
                         crate::warn!(
@@ -237,6 +254,7 @@ pub fn alloc(req: &PoolRequest) -> Option<Result<u64, i32>> {
         }
         let p = pools.devs[d].as_mut().unwrap();
         p.dev.stream = stream;
+        p.dev.runtime = is_runtime(req.api);
         Ok(p.policy.alloc(
             &mut p.dev,
             Request {
@@ -267,8 +285,31 @@ pub fn alloc(req: &PoolRequest) -> Option<Result<u64, i32>> {
                 PoolError::Device(_) => CUDA_ERROR_OUT_OF_MEMORY,
                 PoolError::UnknownPointer(_) => CUDA_ERROR_INVALID_VALUE,
             };
+            if is_runtime(req.api) && code == cudaErrorMemoryAllocation {
+                runtime_set_last_error_oom();
+            }
             Some(Err(code))
         }
+    }
+}
+
+/// The runtime's sticky last error says `cudaErrorMemoryAllocation` after a refused
+/// `cudaMalloc`, and `cudaGetLastError` returns it once: make the real runtime record it, by
+/// asking it for an allocation no device can satisfy (the dispatcher does the same for a cap
+/// refusal). Called with no pool lock held.
+fn runtime_set_last_error_oom() {
+    let Some(f) = crate::real::cudaMalloc() else {
+        return;
+    };
+    let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer; the size cannot be satisfied.
+    let rc = unsafe { f(&mut p, usize::MAX) };
+    if rc == CUDA_SUCCESS
+        && !p.is_null()
+        && let Some(free) = crate::real::cudaFree()
+    {
+        // SAFETY: p was just allocated by the runtime.
+        unsafe { free(p) };
     }
 }
 
@@ -278,17 +319,19 @@ pub fn free(ptr: u64, stream: Option<u64>) -> Option<i32> {
         return None;
     }
     with_pools(|pools| {
+        let mode = match stream {
+            Some(s) => FreeMode::Async { stream: s },
+            None => FreeMode::Sync,
+        };
+        // `free` answers UnknownPointer for a block it does not own, without touching
+        // anything: one lookup per pool instead of `owns` then `free`
         for p in pools.devs.iter_mut().flatten() {
-            if p.policy.owns(ptr) {
-                let mode = match stream {
-                    Some(s) => FreeMode::Async { stream: s },
-                    None => FreeMode::Sync,
-                };
-                p.dev.stream = stream.unwrap_or(ANY_STREAM);
-                return Some(match p.policy.free(&mut p.dev, ptr, mode) {
-                    Ok(_) => CUDA_SUCCESS,
-                    Err(_) => CUDA_ERROR_INVALID_VALUE,
-                });
+            p.dev.stream = stream.unwrap_or(ANY_STREAM);
+            p.dev.runtime = false;
+            match p.policy.free(&mut p.dev, ptr, mode) {
+                Ok(_) => return Some(CUDA_SUCCESS),
+                Err(PoolError::UnknownPointer(_)) => continue,
+                Err(_) => return Some(CUDA_ERROR_INVALID_VALUE),
             }
         }
         None
@@ -343,6 +386,7 @@ pub fn trim() -> u64 {
         let mut n = 0;
         for p in pools.devs.iter_mut().flatten() {
             p.dev.stream = ANY_STREAM;
+            p.dev.runtime = false;
             n += p.policy.trim(&mut p.dev).unwrap_or(0);
         }
         n

@@ -16,8 +16,11 @@
 //!   beyond that the buffer is dropped and its events counted in a `Lost` record.
 //! - At exit (`atexit`, which also covers `exit()` from any thread and the end of `main`) the
 //!   exiting thread takes the writer, drains everything and writes the `End` record itself.
-//!   `_exit`/`_Exit` are not intercepted (they skip atexit by contract); the periodic flush
-//!   bounds what they lose to the last 50–100 ms.
+//!   `_exit`/`_Exit` (which skip atexit) do the same from their hooks (`hooks/process.rs`),
+//!   except in a vfork child (the writer belongs to the parent), when the writer's lock cannot
+//!   be had within 200 ms, or with `VRAMSHIM_TRACE_EXIT_FLUSH=0`; then the periodic flush
+//!   bounds what is lost to the last 50–100 ms.
+//! - `fork()` in a traced process writes a `Fork` record (child pid) to the parent's trace.
 //! - A forked child ([`on_fork_child`]) forgets the parent's writer, channel and buffers
 //!   without touching any lock, and lazily starts its own writer and file on its first event.
 //!   A pattern without `%p` gets `.<pid>` appended in the child.
@@ -69,6 +72,21 @@ pub fn on_fork_child() {
 /// Called at process exit: flush everything and write the end record on this thread.
 pub fn on_exit() {
     writer::finish();
+}
+
+/// Called by the `_exit`/`_Exit` hooks: the same flush, but only in the process that owns the
+/// writer (never in a vfork child), with a bounded wait for the writer's lock, and not at all
+/// with `VRAMSHIM_TRACE_EXIT_FLUSH=0`.
+pub fn on_quick_exit() {
+    if config_var("VRAMSHIM_TRACE_EXIT_FLUSH").is_some_and(|v| v.trim() == "0") {
+        return;
+    }
+    writer::finish_before_exit();
+}
+
+/// Tracing is on and this process's writer already runs (so a record costs no new file).
+pub fn running() -> bool {
+    enabled() && writer::running()
 }
 
 /// Configured path pattern (`VRAMSHIM_TRACE`), if tracing is on.

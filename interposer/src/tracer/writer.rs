@@ -3,8 +3,10 @@
 //! does the same on the exiting thread and writes the end record.
 
 use std::fs::File;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{
+    AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+};
+use std::sync::{Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, TrySendError, bounded};
@@ -39,6 +41,8 @@ static LOST: AtomicU64 = AtomicU64::new(0);
 /// Bytes handed to the writer and not yet written (back-pressure signal).
 static QUEUED: AtomicUsize = AtomicUsize::new(0);
 static FORKED: AtomicBool = AtomicBool::new(false);
+/// Pid of the process whose writer this is (a vfork child shares our memory, not our pid).
+static OWNER: AtomicU32 = AtomicU32::new(0);
 static PATTERN_OVERRIDE: AtomicPtr<String> = AtomicPtr::new(std::ptr::null_mut());
 
 struct Chunk {
@@ -192,6 +196,7 @@ fn start() -> bool {
         spare_rx,
         out: Mutex::new(Some(out)),
     }));
+    OWNER.store(pid, Ordering::Relaxed);
     SHARED.store(sh as *const Shared as *mut Shared, Ordering::Release);
     match std::thread::Builder::new()
         .name("vramshim-trace".into())
@@ -288,6 +293,14 @@ fn write_failed(out: &mut Out) {
 /// One flush cycle. Returns false once the trace is finished.
 fn tick(sh: &'static Shared, at_exit: bool) -> bool {
     let mut g = lock(sh);
+    tick_locked(sh, &mut g, at_exit)
+}
+
+fn tick_locked(
+    sh: &'static Shared,
+    g: &mut MutexGuard<'static, Option<Out>>,
+    at_exit: bool,
+) -> bool {
     let Some(out) = g.as_mut() else {
         return false;
     };
@@ -422,10 +435,44 @@ pub fn finish() {
     STATE.store(DONE, Ordering::Release);
 }
 
+/// The writer runs in this process.
+pub fn running() -> bool {
+    STATE.load(Ordering::Acquire) == RUNNING
+}
+
+/// `_exit` path: [`finish`], but never in a process that does not own the writer (a vfork
+/// child), and giving up when the writer's lock stays taken for 200 ms (the thread holding it
+/// may be the one a signal handler interrupted). True when the end record was written.
+pub fn finish_before_exit() -> bool {
+    if STATE.load(Ordering::Acquire) != RUNNING
+        || OWNER.load(Ordering::Relaxed) != crate::ids::pid()
+    {
+        return false;
+    }
+    let Some(sh) = shared() else { return false };
+    let deadline = Instant::now() + Duration::from_millis(200);
+    let mut g = loop {
+        match sh.out.try_lock() {
+            Ok(g) => break g,
+            Err(TryLockError::Poisoned(p)) => break p.into_inner(),
+            Err(TryLockError::WouldBlock) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(TryLockError::WouldBlock) => return false,
+        }
+    };
+    let ok = tick_locked(sh, &mut g, true);
+    drop(g);
+    super::disable();
+    STATE.store(DONE, Ordering::Release);
+    ok
+}
+
 /// Forked child: forget the parent's writer (its thread does not exist here, its locks may be
 /// held forever). Plain stores only.
 pub fn on_fork_child() {
     SHARED.store(std::ptr::null_mut(), Ordering::Relaxed);
+    OWNER.store(0, Ordering::Relaxed);
     LOST.store(0, Ordering::Relaxed);
     QUEUED.store(0, Ordering::Relaxed);
     FORKED.store(true, Ordering::Relaxed);

@@ -40,6 +40,13 @@ def parse_args(argv):
     p.add_argument("--repeat", type=int, default=1, help="replay the log N times")
     p.add_argument("--device", type=int, default=0, help="CUDA device ordinal")
     p.add_argument(
+        "--marks",
+        action="store_true",
+        help="print 'replay_torch: mark pass=P half=H' to stderr before the first allocation of "
+        "each half of each pass, and 'replay_torch: mark end' after the replay (to split a "
+        "driver call log into phases; no CUDA call)",
+    )
+    p.add_argument(
         "--empty-cache-at-end",
         action="store_true",
         help="call torch.cuda.empty_cache() after the replay (stats are taken before)",
@@ -153,15 +160,21 @@ def main(argv):
     live_bytes = peak_live = 0
     allocs = frees = skipped = mismatches = events = 0
     oom = None
+    # allocation index (per pass) at which each half starts
+    half = {0: 1, (sum(1 for r in rows if r[0]) + 1) // 2: 2}
     started = time.monotonic_ns()
     for rep in range(max(1, a.repeat)):
         if rep:
             live.clear()
             live_bytes = 0
+        pass_allocs = 0
         for i, (is_alloc, ptr, size) in enumerate(rows):
             event = rep * len(rows) + i
             events += 1
             if is_alloc:
+                if a.marks and pass_allocs in half:
+                    print(f"replay_torch: mark pass={rep + 1} half={half[pass_allocs]}", file=sys.stderr, flush=True)
+                pass_allocs += 1
                 try:
                     t = torch.empty(size, dtype=torch.uint8, device="cuda")
                 except RuntimeError as e:
@@ -204,6 +217,8 @@ def main(argv):
                 del t, entry
         if oom is not None:
             break
+    if a.marks:
+        print("replay_torch: mark end", file=sys.stderr, flush=True)
     if patterns is not None and oom is None:
         for t, seed in live.values():
             if t.numel() and not patterns.check(t, seed):

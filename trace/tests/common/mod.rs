@@ -281,11 +281,16 @@ pub fn small_trace() -> (Header, Vec<Event>, Vec<u8>) {
         t_ns: t + 700,
         tid: 7,
     });
+    // Both frame layouts: columnar first (forced: the frames are small), then rows.
     let mut w = TraceWriter::new(Vec::new(), &h).unwrap();
+    w.set_layout(FrameLayout::Columnar);
     for (i, e) in ev.iter().enumerate() {
         w.write(e).unwrap();
         if i % 8 == 7 {
             w.flush_frame().unwrap();
+            if i >= 16 {
+                w.set_layout(FrameLayout::Rows);
+            }
         }
     }
     let bytes = w.finish().unwrap();

@@ -181,6 +181,10 @@ fn replay() {
         out.assert_success();
         let (ops, lost) = count(&path);
         let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        // For format experiments: keep the traces (TRACE_BENCH_KEEP=dir).
+        if let Some(keep) = std::env::var_os("TRACE_BENCH_KEEP") {
+            let _ = std::fs::copy(&path, Path::new(&keep).join(format!("{name}.vramtrace")));
+        }
         println!(
             "| {name} | {ops} | {size} | {:.2} | {lost} |",
             size as f64 / ops.max(1) as f64

@@ -1,0 +1,79 @@
+//! Process lifecycle hooks for the tracer (owner: trace): `fork` (a `Fork` record in the
+//! parent's trace, with the child's pid) and `_exit`/`_Exit` (flush the trace and write its
+//! end record, which `atexit` never sees for these). Both only act when tracing already runs
+//! in this process; otherwise they are a straight call through.
+//!
+//! Limits (docs/trace-format.md section 9): `vfork`, `clone` and `posix_spawn` children are
+//! not recorded (they exec at once); `_exit` in a vfork child never touches the parent's
+//! trace; `_exit` called from a signal handler that interrupted `malloc` on the same thread
+//! could block in the flush (it allocates): `VRAMSHIM_TRACE_EXIT_FLUSH=0` turns the flush off.
+
+use std::ffi::c_int;
+
+use crate::{ids, real, tracer};
+use vramshim_trace::Event;
+
+type ForkFn = unsafe extern "C" fn() -> libc::pid_t;
+type ExitFn = unsafe extern "C" fn(c_int) -> !;
+
+fn real_exit(code: c_int) -> ! {
+    let p = real::dlsym_real(libc::RTLD_NEXT, c"_exit");
+    if !p.is_null() {
+        // SAFETY: glibc's `_exit`, with the caller's argument.
+        unsafe { std::mem::transmute::<*mut libc::c_void, ExitFn>(p)(code) }
+    }
+    // SAFETY: exit_group ends the process; it has no memory-safety preconditions.
+    unsafe { libc::syscall(libc::SYS_exit_group, code as libc::c_long) };
+    unreachable_exit()
+}
+
+/// `exit_group` does not return; if it somehow did, abort rather than return into `_exit`'s
+/// caller (which `_exit`'s contract forbids).
+fn unreachable_exit() -> ! {
+    std::process::abort()
+}
+
+/// # Safety
+/// C ABI: `fork`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fork() -> libc::pid_t {
+    let p = real::dlsym_real(libc::RTLD_NEXT, c"fork");
+    if p.is_null() {
+        // SAFETY: setting errno, as fork does on failure.
+        unsafe { *libc::__errno_location() = libc::ENOSYS };
+        return -1;
+    }
+    // SAFETY: glibc's `fork`; its atfork handlers (ours included) run inside it.
+    let pid = unsafe { std::mem::transmute::<*mut libc::c_void, ForkFn>(p)() };
+    if pid > 0 {
+        let _ = std::panic::catch_unwind(|| {
+            if tracer::running() {
+                tracer::emit(Event::Fork {
+                    t_ns: ids::now_ns(),
+                    child_pid: pid as u32,
+                });
+            }
+        });
+    }
+    pid
+}
+
+fn flush_before_exit() {
+    let _ = std::panic::catch_unwind(tracer::on_quick_exit);
+}
+
+/// # Safety
+/// C ABI: `_exit`'s contract (never returns).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn _exit(code: c_int) -> ! {
+    flush_before_exit();
+    real_exit(code)
+}
+
+/// # Safety
+/// C ABI: `_Exit`'s contract (never returns).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn _Exit(code: c_int) -> ! {
+    flush_before_exit();
+    real_exit(code)
+}
