@@ -12,6 +12,10 @@
 //! `live_handles`, `unknown_frees`, `cap_refusals`, `alloc_failures`, `pooled`, `panics`,
 //! and `nested` (hooks the *calling thread* passed straight through because an outer hook
 //! was active). Unknown names give -1.
+//!
+//! Live bytes and counts are exact whenever no request is in flight; `peak_bytes` is exact
+//! when one thread allocates, and an upper bound within `counters::SLACK` per thread
+//! otherwise (see `counters`).
 
 use crate::counters::{self, HOST_SLOT, MAX_DEVICES, UNKNOWN_SLOT};
 use crate::live_table::{ALLOCS, HANDLES};
