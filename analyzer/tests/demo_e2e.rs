@@ -6,6 +6,12 @@
 //! build is incremental (the workspace's own crates recompile; dependencies are reused).
 //! This test binary holds only this test, so no other test of this `cargo test` run uses
 //! that directory while the clone's build refreshes it.
+//!
+//! Cargo names a workspace crate's outputs by its path relative to the workspace root, so
+//! the clone's build overwrites this checkout's outputs with ones whose baked-in paths
+//! (`CARGO_MANIFEST_DIR`) point into the clone, which is deleted at the end, and cargo would
+//! then take them as up to date. Afterwards the test therefore bumps the modification time of
+//! this checkout's tracked files, so the next build here recompiles the workspace's crates.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -47,6 +53,30 @@ fn readme_first_command(readme: &str) -> String {
     panic!("README.md has no fenced code block with a command");
 }
 
+/// On drop (the test passing or failing), marks every tracked file of this checkout as
+/// modified now, so cargo rebuilds what the clone's build overwrote.
+struct RefreshCheckoutOnDrop;
+
+impl Drop for RefreshCheckoutOnDrop {
+    fn drop(&mut self) {
+        let root = repo_root();
+        let Ok(out) = Command::new("git")
+            .args(["ls-files", "-z"])
+            .current_dir(&root)
+            .output()
+        else {
+            return;
+        };
+        let now = std::time::SystemTime::now();
+        for name in out.stdout.split(|b| *b == 0).filter(|n| !n.is_empty()) {
+            let path = root.join(String::from_utf8_lossy(name).as_ref());
+            if let Ok(f) = std::fs::File::options().write(true).open(&path) {
+                let _ = f.set_modified(now);
+            }
+        }
+    }
+}
+
 #[test]
 fn readme_first_command_on_a_fresh_clone_runs_the_demo() {
     let tmp = std::env::temp_dir().join(format!("vramshim-e2e-{}", std::process::id()));
@@ -86,6 +116,7 @@ fn readme_first_command_on_a_fresh_clone_runs_the_demo() {
         );
     }
 
+    let _refresh = RefreshCheckoutOnDrop;
     eprintln!("running in a fresh clone: {cmd}");
     let out = Command::new("sh")
         .arg("-c")
