@@ -17,9 +17,11 @@ proptest! {
         flush_every in 1usize..50,
         level in 1i32..4,
         target in prop_oneof![Just(1usize << 20), 16usize..512],
+        layout in proptest::sample::select(vec![FrameLayout::Auto, FrameLayout::Columnar, FrameLayout::Rows]),
     ) {
         let mut w = TraceWriter::with_level(Vec::new(), &h, level).unwrap();
         w.set_frame_target(target);
+        w.set_layout(layout);
         for (i, e) in evs.iter().enumerate() {
             w.write(e).unwrap();
             if i % flush_every == flush_every - 1 {
@@ -39,8 +41,10 @@ proptest! {
     fn buffers_round_trip(
         threads in proptest::collection::vec(proptest::collection::vec(event(), 0..40), 1..6),
         chunk in 1usize..20,
+        columnar in any::<bool>(),
     ) {
         let mut w = TraceWriter::new(Vec::new(), &Header::default()).unwrap();
+        w.set_layout(if columnar { FrameLayout::Columnar } else { FrameLayout::Rows });
         let mut expect = Vec::new();
         // Interleave: thread 0 chunk, thread 1 chunk, ... (as the writer receives buffers).
         let mut encs: Vec<RecordEncoder> = threads.iter().enumerate().map(|(i, _)| {
