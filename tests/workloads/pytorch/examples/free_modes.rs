@@ -10,6 +10,28 @@
 use vramshim_pool::replay::{self, Event};
 use vramshim_pool::{ANY_STREAM, FreeMode, PolicyKind};
 
+/// The stream as PyTorch's `backend:cudaMallocAsync` hands it over: each free is a
+/// `cudaFreeAsync` on the stream its block was allocated on.
+fn stream_ordered(events: &[Event]) -> Vec<Event> {
+    let mut streams = std::collections::HashMap::new();
+    events
+        .iter()
+        .map(|e| match *e {
+            Event::Alloc { id, stream, .. } => {
+                streams.insert(id, stream);
+                *e
+            }
+            Event::Free { id, .. } => Event::Free {
+                id,
+                mode: FreeMode::Async {
+                    stream: streams.get(&id).copied().unwrap_or(0),
+                },
+            },
+            Event::ProcessSync => *e,
+        })
+        .collect()
+}
+
 /// The stream as PyTorch uncached hands it over: requests on no stream, `cudaFree`s, and
 /// with `sync_each` a process synchronization after every free.
 fn uncached(events: &[Event], sync_each: bool) -> Vec<Event> {
@@ -54,7 +76,10 @@ fn main() {
         let live = replay::peak_live(&parsed.events) as f64;
         let name = t.rsplit('/').next().unwrap_or(t);
         for (label, events) in [
-            ("stream-ordered (cudaFreeAsync)", parsed.events.clone()),
+            (
+                "stream-ordered (cudaFreeAsync)",
+                stream_ordered(&parsed.events),
+            ),
             ("uncached (cudaFree)", uncached(&parsed.events, false)),
             ("cudaFree + sync each", uncached(&parsed.events, true)),
         ] {
