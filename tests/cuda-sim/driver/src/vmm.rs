@@ -347,7 +347,9 @@ fn covering(v: &Vmm, ptr: u64, size: u64) -> Option<Vec<u64>> {
     Some(out)
 }
 
-pub fn get_access(ptr: u64) -> Result<c_int, CUresult> {
+/// cuMemGetAccess: the range's widest grant, or `PROT_NONE` for a device location that was
+/// granted nothing (read and read-write grants are not told apart per device).
+pub fn get_access(ptr: u64, device: Option<i32>) -> Result<c_int, CUresult> {
     let v = vmm();
     let (b, m) = v
         .mappings
@@ -357,7 +359,12 @@ pub fn get_access(ptr: u64) -> Result<c_int, CUresult> {
     if ptr >= b + m.size {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    Ok(m.access)
+    match device {
+        Some(d) if !(0..16).contains(&d) || m.devs & (1 << d) == 0 => {
+            Ok(CU_MEM_ACCESS_FLAGS_PROT_NONE)
+        }
+        _ => Ok(m.access),
+    }
 }
 
 /// Whether [ptr, ptr+len) is mapped and accessible (copies and kernels may touch it).
