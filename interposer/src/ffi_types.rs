@@ -222,6 +222,8 @@ pub type PfnCuStreamIsCapturing = unsafe extern "C" fn(CUstream, *mut c_int) -> 
 pub type PfnCuCtxGetDevice = unsafe extern "C" fn(*mut CUdevice) -> CUresult;
 pub type PfnCuCtxGetCurrent = unsafe extern "C" fn(*mut CUcontext) -> CUresult;
 pub type PfnCuCtxSetCurrent = unsafe extern "C" fn(CUcontext) -> CUresult;
+pub type PfnCuCtxEnablePeerAccess = unsafe extern "C" fn(CUcontext, c_uint) -> CUresult;
+pub type PfnCudaDeviceEnablePeerAccess = unsafe extern "C" fn(c_int, c_uint) -> cudaError_t;
 pub type PfnCuDevicePrimaryCtxRetain = unsafe extern "C" fn(*mut CUcontext, CUdevice) -> CUresult;
 pub type PfnCuDeviceGetCount = unsafe extern "C" fn(*mut c_int) -> CUresult;
 /// `cuDeviceGetMemPool` / `cuDeviceGetDefaultMemPool`.

@@ -272,6 +272,7 @@ real_fns! {
     Runtime cudaFreeHost: PfnCudaFree;
     Runtime cudaMemGetInfo: PfnCudaMemGetInfo;
     Runtime cudaDeviceReset: PfnCudaDeviceReset;
+    Runtime cudaDeviceEnablePeerAccess: PfnCudaDeviceEnablePeerAccess;
     Runtime cudaGetDevice: PfnCudaGetDevice;
     Runtime cudaGetDeviceProperties: PfnCudaGetDeviceProperties;
     Runtime cudaGetDeviceProperties_v2: PfnCudaGetDeviceProperties;
@@ -334,6 +335,9 @@ real_fns! {
     Driver cuDevicePrimaryCtxRelease_v2: PfnCuDeviceOp;
     Driver cuDevicePrimaryCtxReset_v2: PfnCuDeviceOp;
     Driver cuCtxCreate_v2: PfnCuCtxCreate;
+    Driver cuCtxEnablePeerAccess: PfnCuCtxEnablePeerAccess;
+    Driver cuCtxPushCurrent_v2: PfnCuCtxSetCurrent;
+    Driver cuCtxPopCurrent_v2: PfnCuCtxGetCurrent;
     Driver cuDeviceGetPCIBusId: PfnCuDeviceGetPCIBusId;
     Driver cuDeviceGetCount: PfnCuDeviceGetCount;
     Driver cuDeviceGetMemPool: PfnCuDeviceGetMemPool;

@@ -182,3 +182,75 @@ pub unsafe extern "C" fn cuCtxCreate_v2(
         creating(dev, || unsafe { f(pctx, flags, dev) })
     })
 }
+
+/// `cudaErrorPeerAccessAlreadyEnabled` / `CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED`: the grant
+/// stands, so the pool must honour it too (it may not have seen the first one).
+const PEER_ACCESS_ALREADY_ENABLED: c_int = 704;
+
+/// The device of context `ctx` (made current for the question, then restored).
+fn device_of_context(ctx: CUcontext) -> Option<CUdevice> {
+    let (push, pop, get) = (
+        real::cuCtxPushCurrent_v2()?,
+        real::cuCtxPopCurrent_v2()?,
+        real::cuCtxGetDevice()?,
+    );
+    let mut dev: CUdevice = -1;
+    let mut popped: CUcontext = std::ptr::null_mut();
+    // SAFETY: a context the caller handed to the driver, pushed and popped in pairs; valid
+    // out-pointers.
+    unsafe {
+        if push(ctx) != CUDA_SUCCESS {
+            return None;
+        }
+        let rc = get(&mut dev);
+        pop(&mut popped);
+        (rc == CUDA_SUCCESS && dev >= 0).then_some(dev)
+    }
+}
+
+/// # Safety
+/// C ABI: `cuCtxEnablePeerAccess`' contract. The current context's device gains access to
+/// `peer`'s memory: the pool grants it on its mappings of that device too.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxEnablePeerAccess(peer: CUcontext, flags: c_uint) -> c_int {
+    let Some(f) = real::cuCtxEnablePeerAccess() else {
+        return super::NO_DRIVER;
+    };
+    crate::dispatch::run_unguarded("cuCtxEnablePeerAccess", CUDA_ERROR_UNKNOWN, || {
+        // SAFETY: forwarding the caller's arguments unchanged.
+        let rc = unsafe { f(peer, flags) };
+        if (rc == CUDA_SUCCESS || rc == PEER_ACCESS_ALREADY_ENABLED) && crate::pooling::enabled() {
+            let mut me: CUdevice = -1;
+            let accessor = real::cuCtxGetDevice()
+                // SAFETY: valid out-pointer.
+                .filter(|get| unsafe { get(&mut me) } == CUDA_SUCCESS)
+                .map(|_| me);
+            if let (Some(a), Some(o)) = (accessor, device_of_context(peer)) {
+                super::pool_glue::on_peer_access(o, a);
+            }
+        }
+        rc
+    })
+}
+
+/// # Safety
+/// C ABI: `cudaDeviceEnablePeerAccess`' contract. The runtime's current device gains access
+/// to `peer_device`'s memory (the real runtime may also reach our `cuCtxEnablePeerAccess`;
+/// telling the pool twice is harmless).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cudaDeviceEnablePeerAccess(peer_device: c_int, flags: c_uint) -> c_int {
+    let Some(f) = real::cudaDeviceEnablePeerAccess() else {
+        return super::NO_RUNTIME;
+    };
+    crate::dispatch::run_unguarded("cudaDeviceEnablePeerAccess", cudaErrorUnknown, || {
+        // SAFETY: forwarding the caller's arguments unchanged.
+        let rc = unsafe { f(peer_device, flags) };
+        if (rc == CUDA_SUCCESS || rc == PEER_ACCESS_ALREADY_ENABLED)
+            && crate::pooling::enabled()
+            && let Some(me) = real::current_runtime_device()
+        {
+            super::pool_glue::on_peer_access(peer_device, me);
+        }
+        rc
+    })
+}

@@ -356,6 +356,7 @@ hooks! {
     runtime::cudaFreeHost, "cudaFreeHost", 0, false;
     runtime::cudaMemGetInfo, "cudaMemGetInfo", 0, false;
     runtime::cudaDeviceReset, "cudaDeviceReset", 0, false;
+    context::cudaDeviceEnablePeerAccess, "cudaDeviceEnablePeerAccess", 0, false;
     runtime::cudaGetDeviceProperties, "cudaGetDeviceProperties", 0, false;
     runtime::cudaGetDeviceProperties_v2, "cudaGetDeviceProperties", 0, false;
     lookup::cudaGetDriverEntryPoint, "cudaGetDriverEntryPoint", 0, false;
@@ -384,6 +385,7 @@ hooks! {
     context::cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease", 11000, false;
     context::cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset", 11000, false;
     context::cuCtxCreate_v2, "cuCtxCreate", 3020, false;
+    context::cuCtxEnablePeerAccess, "cuCtxEnablePeerAccess", 4000, false;
     sync::cudaDeviceSynchronize, "cudaDeviceSynchronize", 0, false;
     sync::cudaStreamSynchronize, "cudaStreamSynchronize", 0, false;
     sync::cudaStreamSynchronize_ptsz, "cudaStreamSynchronize", 0, true;

@@ -19,3 +19,9 @@ pub(crate) fn refuse_ipc(addr: u64) -> Option<i32> {
 pub(crate) fn on_device_reset(device: i32) {
     crate::pooling::on_device_reset(device);
 }
+
+/// Device `accessor` was granted peer access to `owner`'s memory.
+#[inline]
+pub(crate) fn on_peer_access(owner: i32, accessor: i32) {
+    crate::pooling::on_peer_access(owner, accessor);
+}

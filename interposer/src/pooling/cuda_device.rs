@@ -3,6 +3,7 @@
 
 use crate::ffi_types::*;
 use crate::real;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::{c_int, c_uint};
 use vramshim_pool::{CallCounts, Device, DeviceError, EventId, Handle, Stream};
 
@@ -91,6 +92,13 @@ pub struct CudaDevice {
     /// Physical bytes held (handles created and not released).
     held: u64,
     pub calls: CallCounts,
+    /// Bit `d`: device `d` has peer access to this device; every mapping is made accessible
+    /// from it too.
+    peers: u64,
+    /// Pages mapped now (start addresses), and the reservations (start -> size): what a new
+    /// peer must be granted access to, in runs that stay inside one reservation.
+    mapped: BTreeSet<u64>,
+    reservations: BTreeMap<u64, u64>,
 }
 
 // SAFETY: the raw handles inside are plain integers/addresses owned by this process's CUDA
@@ -112,7 +120,7 @@ impl CudaDevice {
     }
 
     /// `Err(why)` when the virtual-memory API is missing or refuses (fall back).
-    pub fn new(ordinal: c_int) -> Result<CudaDevice, String> {
+    pub fn new(ordinal: c_int, peers: u64) -> Result<CudaDevice, String> {
         let fns = Fns::resolve().ok_or_else(|| {
             "the CUDA driver has no virtual-memory API (cuMemCreate/cuMemMap/...)".to_string()
         })?;
@@ -146,6 +154,9 @@ impl CudaDevice {
             limit,
             held: 0,
             calls: CallCounts::default(),
+            peers: peers & !(1 << ordinal),
+            mapped: BTreeSet::new(),
+            reservations: BTreeMap::new(),
         })
     }
 
@@ -173,6 +184,63 @@ impl CudaDevice {
     }
 }
 
+impl CudaDevice {
+    /// Read-write for the owner and every peer.
+    fn set_access_raw(&self, va: u64, size: u64) -> Result<(), DeviceError> {
+        let desc = |id: c_int| CUmemAccessDesc {
+            location: CUmemLocation {
+                type_: CU_MEM_LOCATION_TYPE_DEVICE,
+                id,
+            },
+            flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        let mut descs = vec![desc(self.ordinal)];
+        descs.extend(
+            (0..64)
+                .filter(|d| self.peers & (1 << d) != 0)
+                .map(|d| desc(d as c_int)),
+        );
+        // SAFETY: a range we mapped; `descs.len()` descriptors.
+        ok(unsafe { (self.fns.set_access)(va, size as usize, descs.as_ptr(), descs.len()) })
+    }
+
+    /// New peers (`peers`, a device bit set): grant them access to every page mapped now, in
+    /// runs of contiguous pages inside one reservation (one call per run); later mappings
+    /// include them.
+    pub fn grant_peers(&mut self, peers: u64) -> Result<(), DeviceError> {
+        let peers = peers & !(1 << self.ordinal);
+        if peers & !self.peers == 0 {
+            return Ok(());
+        }
+        self.peers |= peers;
+        let mut run: Option<(u64, u64)> = None;
+        let mut first_err = Ok(());
+        let pages: Vec<u64> = self.mapped.iter().copied().collect();
+        for p in pages {
+            let joins = run.is_some_and(|(s, n)| s + n == p && !self.reservations.contains_key(&p));
+            if joins {
+                if let Some((_, n)) = run.as_mut() {
+                    *n += self.gran;
+                }
+                continue;
+            }
+            if let Some((s, n)) = run.replace((p, self.gran)) {
+                first_err = first_err.and(self.set_access_counted(s, n));
+            }
+        }
+        if let Some((s, n)) = run {
+            first_err = first_err.and(self.set_access_counted(s, n));
+        }
+        first_err
+    }
+
+    fn set_access_counted(&mut self, va: u64, size: u64) -> Result<(), DeviceError> {
+        self.enter();
+        self.calls.set_access += 1;
+        self.set_access_raw(va, size)
+    }
+}
+
 impl Device for CudaDevice {
     fn granularity(&self) -> u64 {
         self.gran
@@ -184,6 +252,7 @@ impl Device for CudaDevice {
         let mut p: CUdeviceptr = 0;
         // SAFETY: valid out-pointer.
         ok(unsafe { (self.fns.reserve)(&mut p, size as usize, self.gran as usize, 0, 0) })?;
+        self.reservations.insert(p, size);
         Ok(p)
     }
 
@@ -191,7 +260,9 @@ impl Device for CudaDevice {
         self.enter();
         self.calls.unreserve += 1;
         // SAFETY: a range returned by reserve.
-        ok(unsafe { (self.fns.unreserve)(va, size as usize) })
+        ok(unsafe { (self.fns.unreserve)(va, size as usize) })?;
+        self.reservations.remove(&va);
+        Ok(())
     }
 
     fn create(&mut self) -> Result<Handle, DeviceError> {
@@ -221,28 +292,27 @@ impl Device for CudaDevice {
         self.enter();
         self.calls.map += 1;
         // SAFETY: va lies in a reservation of ours; handle from create.
-        ok(unsafe { (self.fns.map)(va, self.gran as usize, 0, handle, 0) })
+        ok(unsafe { (self.fns.map)(va, self.gran as usize, 0, handle, 0) })?;
+        self.mapped.insert(va);
+        Ok(())
     }
 
     fn unmap(&mut self, va: u64, size: u64) -> Result<(), DeviceError> {
         self.enter();
         self.calls.unmap += 1;
         // SAFETY: a range we mapped.
-        ok(unsafe { (self.fns.unmap)(va, size as usize) })
+        ok(unsafe { (self.fns.unmap)(va, size as usize) })?;
+        let gone: Vec<u64> = self.mapped.range(va..va + size).copied().collect();
+        for p in gone {
+            self.mapped.remove(&p);
+        }
+        Ok(())
     }
 
     fn set_access(&mut self, va: u64, size: u64) -> Result<(), DeviceError> {
         self.enter();
         self.calls.set_access += 1;
-        let desc = CUmemAccessDesc {
-            location: CUmemLocation {
-                type_: CU_MEM_LOCATION_TYPE_DEVICE,
-                id: self.ordinal,
-            },
-            flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-        };
-        // SAFETY: a range we mapped; one descriptor.
-        ok(unsafe { (self.fns.set_access)(va, size as usize, &desc, 1) })
+        self.set_access_raw(va, size)
     }
 
     fn malloc(&mut self, _size: u64) -> Result<u64, DeviceError> {

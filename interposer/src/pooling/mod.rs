@@ -25,7 +25,7 @@ mod tests;
 use crate::ffi_types::*;
 use cuda_device::CudaDevice;
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use vramshim_pool::stitch::Stitch;
 use vramshim_pool::{ANY_STREAM, DeviceError, FreeMode, Policy, PoolError, Request, Stats};
 use vramshim_trace::{AllocKind, Api};
@@ -222,7 +222,7 @@ pub fn alloc(req: &PoolRequest) -> Option<Result<u64, i32>> {
             if is_runtime(req.api) {
                 ensure_context_once(req.device);
             }
-            match CudaDevice::new(req.device) {
+            match CudaDevice::new(req.device, peers_of(req.device)) {
                 Ok(dev) => {
                     let mut policy = Stitch::new();
                     if crate::env::var("VRAMSHIM_POOL_DEBUG") == Some("lazy-sync") {
@@ -400,6 +400,13 @@ pub fn on_device_reset(device: i32) {
         return;
     }
     with_pools(|pools| {
+        // the context and its peer grants are gone
+        if let Some(p) = PEERS.get(device as usize) {
+            p.store(0, Ordering::Relaxed);
+        }
+        for p in &PEERS {
+            p.fetch_and(!(1u64 << device.min(63)), Ordering::Relaxed);
+        }
         if let Some(slot) = pools.devs.get_mut(device as usize)
             && let Some(p) = slot.take()
         {
@@ -407,6 +414,51 @@ pub fn on_device_reset(device: i32) {
             p.policy.reset();
         }
     })
+}
+
+/// `PEERS[o]` bit `a`: the program granted device `a` peer access to device `o`'s memory
+/// (`cudaDeviceEnablePeerAccess`, `cuCtxEnablePeerAccess`). Kept whether or not `o` has a
+/// pool yet, so a pool created later maps for its peers from the start.
+static PEERS: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+
+/// The devices (besides the owner) every mapping of `owner`'s pool must be accessible from.
+fn peers_of(owner: i32) -> u64 {
+    PEERS
+        .get(owner as usize)
+        .map_or(0, |p| p.load(Ordering::Relaxed))
+}
+
+/// Device `accessor` was granted peer access to `owner`'s memory: a pool mapping is virtual
+/// memory, which peer access does not reach (only `cuMemSetAccess` does), so grant it on
+/// every range `owner`'s pool has mapped, and on every future mapping.
+pub fn on_peer_access(owner: i32, accessor: i32) {
+    if MODE.load(Ordering::Relaxed) != ON
+        || owner == accessor
+        || !(0..MAX_DEVICES as i32).contains(&owner)
+        || !(0..64).contains(&accessor)
+    {
+        return;
+    }
+    if crate::env::var("VRAMSHIM_POOL_DEBUG") == Some("no-peer") {
+        // testing only: ignore the grant, to prove the peer-access test can fail
+        crate::warn!("VRAMSHIM_POOL_DEBUG=no-peer: the pool ignores peer access (testing only)");
+        return;
+    }
+    let bit = 1u64 << accessor;
+    if PEERS[owner as usize].fetch_or(bit, Ordering::Relaxed) & bit != 0 {
+        return;
+    }
+    with_pools(|pools| {
+        if let Some(Some(p)) = pools.devs.get_mut(owner as usize)
+            && let Err(e) = p.dev.grant_peers(peers_of(owner))
+        {
+            crate::warn!(
+                "pool: granting device {accessor} access to device {owner}'s pool failed ({e:?}); \
+                 its kernels may not reach pooled memory"
+            );
+        }
+    });
+    crate::debug!("pool: device {accessor} may access device {owner}'s pool");
 }
 
 /// Statistics of `device`'s pool, if it has one.
@@ -427,6 +479,9 @@ pub fn stats(device: i32) -> Option<Stats> {
 /// not the child's; forget every pool (no driver call) and reset the lock.
 pub fn on_fork_child() {
     POOLS.locked.store(false, Ordering::Release);
+    for p in &PEERS {
+        p.store(0, Ordering::Relaxed);
+    }
     with_pools(|pools| {
         let old = std::mem::take(&mut pools.devs);
         std::mem::forget(old);

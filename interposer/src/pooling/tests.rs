@@ -522,3 +522,51 @@ fn a_pool_refusal_sets_the_runtime_last_error_once() {
     );
     assert_eq!(o.code(), Some(0), "{}\n{}", o.stdout, tail(&o.stderr));
 }
+
+/// Peer access granted by the program reaches pool memory mapped before and after the grant
+/// (through `cudaDeviceEnablePeerAccess` and through `cuCtxEnablePeerAccess` from the
+/// entry-point table); without the pool the sim enforces the same rule on cuMemAlloc memory,
+/// and with the pool's grant switched off (`VRAMSHIM_POOL_DEBUG=no-peer`) the test fails.
+#[test]
+fn peer_access_applies_to_pool_mappings() {
+    let exe = compile_c(
+        "pool_peer_access",
+        &["tests/workloads/pool/peer_access.c"],
+        Link::SharedRuntime,
+    );
+    for path in ["runtime", "driver"] {
+        for (pool, debug, expect) in [("off", "", 0), ("stitch", "", 0), ("stitch", "no-peer", 1)] {
+            let o = run(
+                &exe,
+                &[path],
+                &[
+                    ("VRAMSIM_DEVICES", "2"),
+                    ("VRAMSHIM_POOL", pool),
+                    ("VRAMSHIM_POOL_DEBUG", debug),
+                    ("VRAMSHIM_LOG", "debug"),
+                ],
+                "pool-peer-access",
+            );
+            let what = format!("{path} pool={pool} debug={debug:?}");
+            if pool == "stitch" {
+                assert!(
+                    o.stderr.contains("[pool]"),
+                    "{what}: the pool must have served the requests: {}",
+                    tail(&o.stderr)
+                );
+            }
+            assert!(
+                o.stdout.contains("before=1 "),
+                "{what}: device 1 reached device 0's memory without peer access: {}",
+                o.stdout
+            );
+            assert_eq!(
+                o.code(),
+                Some(expect),
+                "{what}: {}\n{}",
+                o.stdout,
+                tail(&o.stderr)
+            );
+        }
+    }
+}

@@ -30,6 +30,10 @@ struct Table {
     primary_refs: [u32; MAX_DEVICES],
     primary_flags: [u32; MAX_DEVICES],
     live_per_dev: [u32; MAX_DEVICES],
+    /// `peers[a]` bit `o`: device `a` may reach device `o`'s linear memory
+    /// (`cuCtxEnablePeerAccess`). Kept per device pair, not per context: the primary context
+    /// is the only one most programs have.
+    peers: [u16; MAX_DEVICES],
 }
 
 static TABLE: Mutex<Table> = Mutex::new(Table {
@@ -38,6 +42,7 @@ static TABLE: Mutex<Table> = Mutex::new(Table {
     primary_refs: [0; MAX_DEVICES],
     primary_flags: [0; MAX_DEVICES],
     live_per_dev: [0; MAX_DEVICES],
+    peers: [0; MAX_DEVICES],
 });
 
 thread_local! {
@@ -132,7 +137,52 @@ fn deactivate_primary(t: &mut Table, dev: i32) {
             drop_context_resources(dev);
         }
         deactivate(t, dev);
+        forget_peers(t, dev);
     }
+}
+
+/// A device's context died: no peer access from it or to it remains.
+fn forget_peers(t: &mut Table, dev: i32) {
+    t.peers[dev as usize] = 0;
+    for p in t.peers.iter_mut() {
+        *p &= !(1 << dev);
+    }
+}
+
+/// cuCtxEnablePeerAccess: the current context's device may reach `owner`'s linear memory.
+pub fn enable_peer(owner: i32) -> Res {
+    let me = current_device()?;
+    if me == owner {
+        return Err(crate::abi::CUDA_ERROR_INVALID_DEVICE);
+    }
+    let mut t = table();
+    let bit = 1u16 << owner;
+    if t.peers[me as usize] & bit != 0 {
+        return Err(crate::abi::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
+    }
+    t.peers[me as usize] |= bit;
+    Ok(())
+}
+
+/// cuCtxDisablePeerAccess.
+pub fn disable_peer(owner: i32) -> Res {
+    let me = current_device()?;
+    let mut t = table();
+    let bit = 1u16 << owner;
+    if t.peers[me as usize] & bit == 0 {
+        return Err(crate::abi::CUDA_ERROR_PEER_ACCESS_NOT_ENABLED);
+    }
+    t.peers[me as usize] &= !bit;
+    Ok(())
+}
+
+/// May work of device `accessor` touch device `owner`'s linear memory?
+pub fn peer_enabled(accessor: i32, owner: i32) -> bool {
+    accessor == owner
+        || table()
+            .peers
+            .get(accessor as usize)
+            .is_some_and(|p| owner >= 0 && p & (1 << owner) != 0)
 }
 
 /// What a context takes with it: its memory (linear allocations and pools of the device).

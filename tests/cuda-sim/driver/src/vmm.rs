@@ -35,6 +35,8 @@ struct Mapping {
     size: u64,
     handle: u64,
     access: c_int,
+    /// Bit `d`: device `d` was granted access by cuMemSetAccess (what kernels of `d` need).
+    devs: u16,
     dev: i32,
 }
 
@@ -249,6 +251,7 @@ pub fn map(ptr: u64, size: u64, offset: u64, id: u64) -> Res {
             size,
             handle: id,
             access: CU_MEM_ACCESS_FLAGS_PROT_NONE,
+            devs: 0,
             dev,
         },
     );
@@ -286,9 +289,19 @@ pub fn set_access(ptr: u64, size: u64, descs: &[CUmemAccessDesc]) -> Res {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let mut flags = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+    // per device: (bits granted, bits revoked) by this call; other devices keep theirs
+    let (mut grant, mut revoke) = (0u16, 0u16);
     for d in descs {
         match d.location.type_ {
-            CU_MEM_LOCATION_TYPE_DEVICE => state::check_device(d.location.id)?,
+            CU_MEM_LOCATION_TYPE_DEVICE => {
+                state::check_device(d.location.id)?;
+                let bit = 1u16 << d.location.id;
+                if d.flags == CU_MEM_ACCESS_FLAGS_PROT_NONE {
+                    revoke |= bit;
+                } else {
+                    grant |= bit;
+                }
+            }
             CU_MEM_LOCATION_TYPE_HOST
             | CU_MEM_LOCATION_TYPE_HOST_NUMA
             | CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT => {}
@@ -312,6 +325,7 @@ pub fn set_access(ptr: u64, size: u64, descs: &[CUmemAccessDesc]) -> Res {
     for b in covering {
         if let Some(m) = v.mappings.get_mut(&b) {
             m.access = flags;
+            m.devs = (m.devs & !revoke) | grant;
         }
     }
     Ok(())
@@ -333,7 +347,9 @@ fn covering(v: &Vmm, ptr: u64, size: u64) -> Option<Vec<u64>> {
     Some(out)
 }
 
-pub fn get_access(ptr: u64) -> Result<c_int, CUresult> {
+/// cuMemGetAccess: the range's widest grant, or `PROT_NONE` for a device location that was
+/// granted nothing (read and read-write grants are not told apart per device).
+pub fn get_access(ptr: u64, device: Option<i32>) -> Result<c_int, CUresult> {
     let v = vmm();
     let (b, m) = v
         .mappings
@@ -343,7 +359,12 @@ pub fn get_access(ptr: u64) -> Result<c_int, CUresult> {
     if ptr >= b + m.size {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    Ok(m.access)
+    match device {
+        Some(d) if !(0..16).contains(&d) || m.devs & (1 << d) == 0 => {
+            Ok(CU_MEM_ACCESS_FLAGS_PROT_NONE)
+        }
+        _ => Ok(m.access),
+    }
 }
 
 /// Whether [ptr, ptr+len) is mapped and accessible (copies and kernels may touch it).
@@ -356,6 +377,18 @@ pub fn accessible(ptr: u64, len: u64) -> bool {
                 .is_some_and(|m| m.access != CU_MEM_ACCESS_FLAGS_PROT_NONE)
         })
     })
+}
+
+/// Whether work of device `dev` may touch [ptr, ptr+len) of mappings: every mapping
+/// covering it grants `dev` access. `None` when the range is not (wholly) mapped.
+pub fn device_may_access(dev: i32, ptr: u64, len: u64) -> Option<bool> {
+    let v = vmm();
+    let bs = covering(&v, ptr, len.max(1))?;
+    Some(bs.iter().all(|b| {
+        v.mappings
+            .get(b)
+            .is_some_and(|m| dev >= 0 && m.devs & (1 << dev) != 0)
+    }))
 }
 
 /// The mapping containing `ptr`: (base, size, device).

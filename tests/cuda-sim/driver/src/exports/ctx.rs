@@ -181,13 +181,17 @@ cu_api! {
         ctx::current_device().map(|_| ())
     }
 
-    fn cuCtxEnablePeerAccess(peer: CUcontext, _flags: c_uint) {
+    fn cuCtxEnablePeerAccess(peer: CUcontext, flags: c_uint) {
         ctx::current_device()?;
-        ctx::device_of(peer).map(|_| ())
+        let owner = ctx::device_of(peer)?;
+        if flags != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        ctx::enable_peer(owner)
     }
 
     fn cuCtxDisablePeerAccess(peer: CUcontext) {
         ctx::current_device()?;
-        ctx::device_of(peer).map(|_| ())
+        ctx::disable_peer(ctx::device_of(peer)?)
     }
 }

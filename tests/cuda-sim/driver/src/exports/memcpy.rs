@@ -205,10 +205,29 @@ cu_api! {
     fn cuMemsetD32Async_ptsz(dst: D, v: c_uint, n: usize, s: CUstream) { set_async(dst, v, 4, n, s, true) }
 }
 
+/// A kernel of device `dev` may touch device memory: linear memory (cuMemAlloc) of another
+/// device only with peer access enabled (cuCtxEnablePeerAccess), a virtual-memory mapping
+/// only when cuMemSetAccess granted `dev` access (peer access does not apply to those).
+/// Real CUDA faults asynchronously (CUDA_ERROR_ILLEGAL_ADDRESS, context lost); the sim
+/// refuses the launch with CUDA_ERROR_INVALID_VALUE so a test can carry on.
+fn check_kernel_access(dev: i32, ptr: u64, len: usize) -> Res {
+    let ok = match mem::find(ptr) {
+        Some((_, a)) if matches!(a.kind, mem::Kind::Device) => crate::ctx::peer_enabled(dev, a.dev),
+        Some(_) => true,
+        None => vmm::device_may_access(dev, ptr, len as u64).unwrap_or(true),
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(CUDA_ERROR_INVALID_VALUE)
+    }
+}
+
 /// The kernels of `vramsimLaunchFill`/`vramsimLaunchCopy`: validated, delayed stream work.
 pub fn launch_fill(h: CUstream, dst: u64, value: u8, n: usize, delay_us: u32, ptds: bool) -> Res {
     let s = stream::resolve(h, ptds)?;
     check_dev(dst, n)?;
+    check_kernel_access(s.dev, dst, n)?;
     stream::run_async(
         &s,
         Duration::from_micros(delay_us as u64),
@@ -220,6 +239,8 @@ pub fn launch_copy(h: CUstream, dst: u64, src: u64, n: usize, delay_us: u32, ptd
     let s = stream::resolve(h, ptds)?;
     check_dev(dst, n)?;
     check_dev(src, n)?;
+    check_kernel_access(s.dev, dst, n)?;
+    check_kernel_access(s.dev, src, n)?;
     stream::run_async(
         &s,
         Duration::from_micros(delay_us as u64),

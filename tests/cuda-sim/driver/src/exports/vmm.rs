@@ -79,8 +79,9 @@ cu_api! {
     fn cuMemGetAccess(flags: *mut c_ulonglong, location: *const CUmemLocation, ptr: CUdeviceptr) {
         state::driver()?;
         // SAFETY: C input struct.
-        unsafe { get(location) }?;
-        let a = vmm::get_access(ptr)?;
+        let loc = unsafe { get(location) }?;
+        let dev = (loc.type_ == CU_MEM_LOCATION_TYPE_DEVICE).then_some(loc.id);
+        let a = vmm::get_access(ptr, dev)?;
         // SAFETY: C out-pointer.
         unsafe { put(flags, a as c_ulonglong) }
     }

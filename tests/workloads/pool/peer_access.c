@@ -1,0 +1,59 @@
+/*
+ * peer_access - peer access the program grants must reach memory allocated before and after
+ * the grant (the pool's mappings included).
+ *
+ *   peer_access [runtime|driver]
+ *
+ * Needs two devices. Allocates block A on device 0, then, from device 1, launches a fill
+ * "kernel" into A (must be refused: no peer access yet), enables peer access from device 1
+ * to device 0 (cudaDeviceEnablePeerAccess, or cuCtxEnablePeerAccess with "driver"),
+ * allocates block B on device 0 and fills A and B from device 1 (both must succeed), then
+ * reads both back. Output: "peer_access: before=RC enable=RC a=RC b=RC data=OK|BAD".
+ * Exit 0 when every value is as CUDA has it, 1 otherwise.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "cuda_api.h"
+
+#define N (3u << 20)
+
+static int check(const void *dev, unsigned char v) {
+    static unsigned char host[N];
+    if (cudaMemcpy(host, dev, N, cudaMemcpyDeviceToHost) != cudaSuccess) return 0;
+    for (size_t i = 0; i < N; i++)
+        if (host[i] != v) return 0;
+    return 1;
+}
+
+int main(int argc, char **argv) {
+    int driver = argc > 1 && strcmp(argv[1], "driver") == 0;
+    void *a = NULL, *b = NULL;
+    if (cudaSetDevice(0) != cudaSuccess || cudaMalloc(&a, N) != cudaSuccess) return 2;
+    if (cudaSetDevice(1) != cudaSuccess) return 2;
+    int before = (int)vramsimKernelFill(a, 0x11, N, 0, 0);
+    (void)cudaGetLastError();
+    int enable;
+    if (driver) {
+        /* the driver API as a runtime program reaches it: through the entry-point table */
+        void *retain = NULL, *en = NULL;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPoint("cuDevicePrimaryCtxRetain", &retain, cudaEnableDefault, &q) ||
+            cudaGetDriverEntryPoint("cuCtxEnablePeerAccess", &en, cudaEnableDefault, &q))
+            return 2;
+        CUcontext peer = NULL;
+        if (((CUresult(*)(CUcontext *, CUdevice))retain)(&peer, 0) != CUDA_SUCCESS) return 2;
+        enable = (int)((CUresult(*)(CUcontext, unsigned int))en)(peer, 0);
+    } else {
+        enable = (int)cudaDeviceEnablePeerAccess(0, 0);
+    }
+    if (cudaSetDevice(0) != cudaSuccess || cudaMalloc(&b, N) != cudaSuccess) return 2;
+    if (cudaSetDevice(1) != cudaSuccess) return 2;
+    int fa = (int)vramsimKernelFill(a, 0x5a, N, 0, 0);
+    int fb = (int)vramsimKernelFill(b, 0xa5, N, 0, 0);
+    int data = cudaDeviceSynchronize() == cudaSuccess && fa == 0 && fb == 0 && check(a, 0x5a) &&
+               check(b, 0xa5);
+    printf("peer_access: before=%d enable=%d a=%d b=%d data=%s\n", before, enable, fa, fb,
+           data ? "OK" : "BAD");
+    return before != 0 && enable == 0 && data ? 0 : 1;
+}
