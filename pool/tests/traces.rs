@@ -1,25 +1,12 @@
-//! The real allocation streams (tests/workloads/traces, RMM CSV) through every policy:
+//! The real allocation streams (shared/traces or their copies in tests/workloads/traces, RMM CSV) through every policy:
 //! safety on the checking device, the stitch tightness target, steady state.
 
-use std::path::PathBuf;
 use vramshim_pool::replay::{self, Event, UNLIMITED};
 use vramshim_pool::{FreeMode, MIB, PolicyKind, rmm_csv};
 
 fn traces() -> Vec<(String, Vec<Event>)> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/workloads/traces");
-    let mut v: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.to_string_lossy().ends_with(".rmm.csv"))
-        .collect();
-    v.sort();
-    assert!(
-        v.len() >= 3,
-        "expected the shipped traces in {}",
-        dir.display()
-    );
-    v.into_iter()
+    vramshim_testkit::shipped_traces()
+        .into_iter()
         .map(|p| {
             let t = rmm_csv::parse_file(&p).unwrap();
             (p.file_name().unwrap().to_string_lossy().into(), t.events)

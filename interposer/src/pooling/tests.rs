@@ -364,31 +364,6 @@ fn live_pool_completes_every_trace_under_a_cap_5_percent_above_peak_live() {
     assert!(field(&o.stdout, "failed") > 0);
 }
 
-/// The RMM logs of shared/traces (the repository's copies in tests/workloads/traces when the
-/// shared folder is not beside the clone).
-fn shared_traces() -> Vec<PathBuf> {
-    let root = vramshim_testkit::repo_root();
-    let shared = root.join("../shared/traces");
-    let dir = if shared.join("vit_train.rmm.csv").exists() {
-        shared
-    } else {
-        root.join("tests/workloads/traces")
-    };
-    let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.to_string_lossy().ends_with(".rmm.csv"))
-        .collect();
-    v.sort();
-    assert!(
-        v.len() >= 3,
-        "expected the shipped traces in {}",
-        dir.display()
-    );
-    v
-}
-
 /// Memory-management driver calls in the simulated driver's call log (VRAMSIM_DEBUG=1).
 fn sim_memory_calls(stderr: &str) -> u64 {
     const MEM: [&str; 7] = [
@@ -422,7 +397,7 @@ fn vramshim_replay_agrees_with_the_live_pool_on_every_shared_trace() {
         vramshim.display()
     );
     const PAGE: u64 = 2 << 20;
-    for trace in shared_traces() {
+    for trace in vramshim_testkit::shipped_traces() {
         let name = trace.file_name().unwrap().to_string_lossy().into_owned();
         let live = peak_live(&trace);
         for cap in [None, Some(live + live / 20)] {
@@ -474,7 +449,7 @@ fn driver_calls_repeated(trace: &std::path::Path, passes: u32, debug: Option<&st
 fn live_pool_makes_no_driver_call_after_the_first_pass() {
     // issue 6's steady state, live: a log replayed three times in a row (cudaMalloc and
     // cudaFree, each pass freeing what it left) makes every driver call in its first pass
-    for trace in shared_traces() {
+    for trace in vramshim_testkit::shipped_traces() {
         let one = driver_calls_repeated(&trace, 1, None);
         let three = driver_calls_repeated(&trace, 3, None);
         eprintln!(

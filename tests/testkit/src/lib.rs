@@ -226,3 +226,28 @@ pub fn trace_file(name: &str) -> PathBuf {
     assert!(p.exists(), "no trace {}", p.display());
     p
 }
+
+/// Every RMM log of shared/traces (the repository's copies in `tests/workloads/traces/` when
+/// the shared folder is not beside the clone), sorted; at least the three shipped ones.
+pub fn shipped_traces() -> Vec<PathBuf> {
+    let root = repo_root();
+    let shared = root.join("../shared/traces");
+    let dir = if shared.join("vit_train.rmm.csv").exists() {
+        shared
+    } else {
+        root.join("tests/workloads/traces")
+    };
+    let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.to_string_lossy().ends_with(".rmm.csv"))
+        .collect();
+    v.sort();
+    assert!(
+        v.len() >= 3,
+        "expected the shipped traces in {}",
+        dir.display()
+    );
+    v
+}
