@@ -147,6 +147,7 @@ extern "C" fn on_thread_exit(p: *mut c_void) {
     let _ = crate::guard::with_state(|s| {
         s.calls.set(std::ptr::null());
         s.exited.set(true);
+        crate::live_table::release_parts(s);
     });
     // SAFETY: p is the CallBlock this thread registered.
     if let Some(b) = unsafe { (p as *const CallBlock).as_ref() } {
@@ -181,6 +182,19 @@ fn key() -> Option<libc::pthread_key_t> {
             (cur != usize::MAX).then(|| (cur - 1) as libc::pthread_key_t)
         }
     }
+}
+
+/// Whether this thread will run its exit handler (which gives back its live-table parts):
+/// registers its block if it has none yet; false once it is exiting.
+#[cold]
+pub(crate) fn thread_exit_registered(st: &crate::guard::State) -> bool {
+    if st.exited.get() {
+        return false;
+    }
+    if st.calls.get().is_null() {
+        register(st);
+    }
+    true
 }
 
 #[cold]

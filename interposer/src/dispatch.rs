@@ -163,7 +163,7 @@ fn record_alloc(
         flags: fl,
         charged,
     };
-    if let Some(stale) = table.insert(r.addr, e) {
+    if let Some(stale) = table.insert_in(tok, r.addr, e) {
         // The address was handed out again without us seeing its free.
         forget(&stale);
     }
@@ -350,7 +350,7 @@ pub fn free(
     if layered() || req.key == 0 {
         return free_layered(tok, req, table, real);
     }
-    let entry = table.remove(req.key);
+    let entry = table.remove_in(tok, req.key);
     let rc = real();
     settle_free(tok, req, table, rc, entry);
     rc
@@ -368,7 +368,7 @@ fn settle_free(tok: &Token, req: &FreeRequest, table: &LiveTable, rc: c_int, ent
             }
         }
         (_, Some(e)) => {
-            table.insert(req.key, e);
+            table.insert_in(tok, req.key, e);
         }
         (_, None) => counters::unknown_free(),
     }
@@ -390,7 +390,7 @@ fn free_layered(
         crate::debug!("{}(NULL) -> {} [real]", req.api.name(), rc);
         return rc;
     }
-    let entry = table.remove(req.key);
+    let entry = table.remove_in(tok, req.key);
     let mut layer = Layer::Real;
     let pooled = if pooling::enabled() && entry.is_none_or(|e| e.kind == AllocKind::Pool) {
         pooling::free(
