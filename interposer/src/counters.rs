@@ -95,17 +95,16 @@ pub fn call(api: Api) {
 /// store, no atomic read-modify-write (each block has one writer).
 #[inline(always)]
 pub fn call_in(tok: &crate::guard::Token, api: Api) {
-    if let Some(st) = tok.state() {
-        let mut b = st.calls.get();
-        if b.is_null() && !st.exited.get() {
-            b = register(st);
-        }
-        // SAFETY: blocks are leaked, never freed; this thread is the block's only writer.
-        if let Some(b) = unsafe { b.as_ref() } {
-            let c = &b.calls[(api as usize) % APIS];
-            c.store(c.load(Relaxed).wrapping_add(1), Relaxed);
-            return;
-        }
+    let st = tok.state();
+    let mut b = st.calls.get();
+    if b.is_null() && !st.exited.get() {
+        b = register(st);
+    }
+    // SAFETY: blocks are leaked, never freed; this thread is the block's only writer.
+    if let Some(b) = unsafe { b.as_ref() } {
+        let c = &b.calls[(api as usize) % APIS];
+        c.store(c.load(Relaxed).wrapping_add(1), Relaxed);
+        return;
     }
     call(api);
 }
@@ -240,8 +239,7 @@ fn claim() -> *const CallBlock {
 #[inline(always)]
 fn block(tok: &crate::guard::Token) -> Option<&'static CallBlock> {
     // SAFETY: blocks are leaked, never freed.
-    tok.state()
-        .and_then(|st| unsafe { st.calls.get().as_ref() })
+    unsafe { tok.state().calls.get().as_ref() }
 }
 
 /// Bytes a thread may have freed below what it published before it tells the running total.

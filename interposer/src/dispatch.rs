@@ -13,6 +13,7 @@ use crate::request::Request;
 use crate::{cap, ids, tracer};
 use std::ffi::c_int;
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use vramshim_trace::{AllocKind, Api, Event, MemOp, flags};
 
 /// Which layer decided a request's outcome (for the debug log).
@@ -61,6 +62,31 @@ pub fn run_hook(
         };
     };
     let r = std::panic::catch_unwind(AssertUnwindSafe(|| body(&tok)));
+    tok.leave();
+    match r {
+        Ok(rc) => rc,
+        Err(_) => panicked(name, panic_code),
+    }
+}
+
+/// [`run_hook`] for hooks whose pass-through and body share one real call: `call` goes to
+/// whichever branch runs (moved, not borrowed, so that the body reaches its arguments
+/// without a second indirection).
+#[inline(always)]
+pub fn run_hook_with<C>(
+    name: &'static str,
+    panic_code: c_int,
+    call: C,
+    pass: impl FnOnce(C) -> c_int,
+    body: impl FnOnce(&Token, C) -> c_int,
+) -> c_int {
+    let Some(tok) = crate::guard::enter() else {
+        return match std::panic::catch_unwind(AssertUnwindSafe(move || pass(call))) {
+            Ok(rc) => rc,
+            Err(_) => panicked(name, panic_code),
+        };
+    };
+    let r = std::panic::catch_unwind(AssertUnwindSafe(|| body(&tok, call)));
     tok.leave();
     match r {
         Ok(rc) => rc,
@@ -124,13 +150,37 @@ pub fn alloc(
 }
 
 /// Whether a request needs more than pass-through: a cap, a pool or a trace is on, or the
-/// debug log wants every decision explained. A few relaxed loads.
+/// debug log wants every decision explained. Two relaxed loads once the layers were found
+/// off (see [`LAYERS_OFF`]).
 #[inline(always)]
 fn layered() -> bool {
-    tracer::enabled()
+    if LAYERS_OFF.load(Relaxed) {
+        return tracer::enabled();
+    }
+    layered_slow()
+}
+
+/// Set once the layers were all found off. Of the layers, only the tracer (and the log
+/// level, which clears this flag through [`layers_changed`]) may turn on after that: the
+/// cap and the pool read their configuration once, the first time they are asked, and
+/// afterwards only ever turn off.
+static LAYERS_OFF: AtomicBool = AtomicBool::new(false);
+
+#[cold]
+fn layered_slow() -> bool {
+    let on = tracer::enabled()
         || crate::log::enabled(crate::log::Level::Debug)
         || pooling::enabled()
-        || cap::global().is_some()
+        || cap::global().is_some();
+    if !on {
+        LAYERS_OFF.store(true, Relaxed);
+    }
+    on
+}
+
+/// The log level changed: look at the layers again on the next request.
+pub(crate) fn layers_changed() {
+    LAYERS_OFF.store(false, Relaxed);
 }
 
 /// Record a finished allocation: a success goes into the live table (and its counters); a

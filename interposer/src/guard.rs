@@ -95,25 +95,21 @@ fn st() -> &'static State {
 }
 
 /// Proof of being the outermost hook on this thread; hand it back with [`Token::leave`].
-/// Holds the address of this thread's state (valid while the thread lives, and only used on
-/// this thread).
-pub struct Token(*const State);
+/// Holds this thread's state (valid while the thread lives, and only used on this thread:
+/// `State` is not `Sync`, so neither is the token).
+pub struct Token(&'static State);
 
 impl Token {
     /// Leave the outermost hook.
     #[inline(always)]
     pub fn leave(self) {
-        if !self.0.is_null() {
-            // SAFETY: the pointer is this thread's STATE, alive for the thread's lifetime.
-            unsafe { (*self.0).depth.set(0) };
-        }
+        self.0.depth.set(0);
     }
 
-    /// This thread's state (None when thread-local storage is already gone).
+    /// This thread's state.
     #[inline(always)]
-    pub(crate) fn state(&self) -> Option<&State> {
-        // SAFETY: as above; the reference does not outlive the hook (same thread).
-        unsafe { self.0.as_ref() }
+    pub(crate) fn state(&self) -> &State {
+        self.0
     }
 }
 
@@ -124,7 +120,7 @@ pub fn enter() -> Option<Token> {
     let s = st();
     if s.depth.get() == 0 {
         s.depth.set(1);
-        Some(Token(s as *const State))
+        Some(Token(s))
     } else {
         s.nested.set(s.nested.get() + 1);
         None

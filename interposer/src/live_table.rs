@@ -60,6 +60,7 @@ const EMPTY: u64 = 0;
 const INITIAL_BITS: u32 = 5;
 /// Thread-local cache slots for per-thread tables (`guard::State::parts`).
 pub(crate) const CACHE_SLOTS: usize = 2;
+const _: () = assert!(CACHE_SLOTS.is_power_of_two());
 
 #[inline(always)]
 fn mix(key: u64) -> u64 {
@@ -72,7 +73,8 @@ fn mix(key: u64) -> u64 {
 /// the holder of its lock.
 struct Slots {
     slots: Box<[(u64, Entry)]>,
-    len: usize,
+    /// Entries in the map (atomic only so that `LiveTable::len` may read it at any time).
+    len: AtomicUsize,
     /// log2 of `slots.len()`.
     bits: u32,
 }
@@ -81,7 +83,7 @@ impl Slots {
     fn with_bits(bits: u32) -> Slots {
         Slots {
             slots: vec![(EMPTY, VACANT); 1 << bits].into_boxed_slice(),
-            len: 0,
+            len: AtomicUsize::new(0),
             bits,
         }
     }
@@ -131,18 +133,32 @@ impl Slots {
             }
         }
         self.slots[i].0 = EMPTY;
-        self.len -= 1;
+        self.dec_len();
     }
 
+    #[inline(always)]
+    fn len(&self) -> usize {
+        self.len.load(Relaxed)
+    }
+
+    #[inline(always)]
+    fn dec_len(&self) {
+        self.len.store(self.len() - 1, Relaxed);
+    }
+
+    /// Double the slots. `len` stays in place (it is read concurrently).
     #[cold]
     fn grow(&mut self) {
-        let mut bigger = Slots::with_bits(self.bits + 1);
-        for &(k, e) in self.slots.iter().filter(|(k, _)| *k != EMPTY) {
-            let (i, _) = bigger.find(k);
-            bigger.slots[i] = (k, e);
+        let bits = self.bits + 1;
+        let old = std::mem::replace(
+            &mut self.slots,
+            vec![(EMPTY, VACANT); 1 << bits].into_boxed_slice(),
+        );
+        self.bits = bits;
+        for &(k, e) in old.iter().filter(|(k, _)| *k != EMPTY) {
+            let (i, _) = self.find(k);
+            self.slots[i] = (k, e);
         }
-        bigger.len = self.len;
-        *self = bigger;
     }
 
     /// Insert or replace; the replaced entry comes back.
@@ -156,8 +172,9 @@ impl Slots {
             return Some(old);
         }
         self.slots[i] = (key, e);
-        self.len += 1;
-        if self.len * 2 > self.slots.len() {
+        let n = self.len() + 1;
+        self.len.store(n, Relaxed);
+        if n * 2 > self.slots.len() {
             self.grow();
         }
         None
@@ -170,7 +187,13 @@ impl Slots {
             return None;
         }
         let e = self.slots[i].1;
-        self.delete_at(i);
+        // Usually the next slot is vacant and nothing needs to shift back.
+        if self.slots[(i + 1) & self.mask()].0 == EMPTY {
+            self.slots[i].0 = EMPTY;
+            self.dec_len();
+        } else {
+            self.delete_at(i);
+        }
         account(live, &e, false);
         Some(e)
     }
@@ -204,14 +227,12 @@ struct Part {
     in_use: AtomicBool,
     next: AtomicPtr<Part>,
     slots: UnsafeCell<Slots>,
-    /// Entries in the map (written by its writer, read by anyone).
-    len: AtomicUsize,
     /// Bytes live per counter slot among this part's entries.
     live: [AtomicU64; SLOTS],
 }
 
 // SAFETY: `slots` is only accessed by the owner inside its busy window or under `lock`
-// (see `Part::owned` and `Part::locked`, and `Root::lock_all` for the exclusion between
+// (see `Part::enter` and `Part::locked`, and `Root::lock_all` for the exclusion between
 // them); everything else is atomic.
 unsafe impl Sync for Part {}
 
@@ -224,48 +245,61 @@ impl Part {
             in_use: AtomicBool::new(in_use),
             next: AtomicPtr::new(std::ptr::null_mut()),
             slots: UnsafeCell::new(Slots::with_bits(INITIAL_BITS)),
-            len: AtomicUsize::new(0),
             live: [const { AtomicU64::new(0) }; SLOTS],
         }
     }
 
-    /// Run `f` on the map as its owner: inside the busy window when no one holds the lock
-    /// (plain stores, no atomic read-modify-write), else under the lock.
+    /// Enter the map as its owner: inside the busy window when no one holds the lock
+    /// (plain stores, no atomic read-modify-write; returns true), else under the lock.
+    /// Leave with [`Part::leave`].
     #[inline(always)]
-    fn owned<R>(&self, f: impl FnOnce(&mut Slots, &[AtomicU64; SLOTS]) -> R) -> R {
+    fn enter(&self) -> bool {
         if self.asym {
             self.busy.store(true, Relaxed);
             // Order the flag before the lock check for the compiler; the CPU's store-load
             // order is enforced by the other side's membarrier (see `Root::lock_all`).
             compiler_fence(Ordering::SeqCst);
             if !self.lock.load(Ordering::Acquire) {
-                let r = self.write(f);
-                self.busy.store(false, Ordering::Release);
-                return r;
+                return true;
             }
             self.busy.store(false, Ordering::Release);
         }
-        self.locked(f)
+        self.lock();
+        false
     }
 
-    /// Run `f` under the lock (a part with no owner in a busy window: shared parts, and
-    /// owners that lost the race with a locker).
-    #[inline]
+    #[inline(always)]
+    fn leave(&self, window: bool) {
+        if window {
+            self.busy.store(false, Ordering::Release);
+        } else {
+            self.unlock();
+        }
+    }
+
+    /// The map, between [`Part::enter`] (or holding the lock as a locker) and leave.
+    #[allow(clippy::mut_from_ref)]
+    #[inline(always)]
+    fn map(&self) -> &mut Slots {
+        // SAFETY: the caller is the owner inside its busy window with the lock free, or
+        // holds the lock with no owner inside a window: the only reference to the map.
+        unsafe { &mut *self.slots.get() }
+    }
+
+    /// Run `f` on the map under the lock (parts with no owner in a window: shared parts).
     fn locked<R>(&self, f: impl FnOnce(&mut Slots, &[AtomicU64; SLOTS]) -> R) -> R {
         self.lock();
-        let r = self.write(f);
+        let t = self.map();
+        let r = f(t, &self.live);
         self.unlock();
         r
     }
 
-    #[inline(always)]
-    fn write<R>(&self, f: impl FnOnce(&mut Slots, &[AtomicU64; SLOTS]) -> R) -> R {
-        // SAFETY: the caller is the owner inside its busy window with the lock free, or
-        // holds the lock with no owner inside a window: the only reference to the map.
-        let t = unsafe { &mut *self.slots.get() };
-        let r = f(t, &self.live);
-        self.len.store(t.len, Relaxed);
-        r
+    /// Entries in the map; readable at any time (exact when no request is in flight).
+    fn len(&self) -> usize {
+        // SAFETY: only the atomic `len` is read through the pointer; it may be written
+        // concurrently (atomically) by the map's writer.
+        unsafe { (*self.slots.get()).len.load(Relaxed) }
     }
 
     fn lock(&self) {
@@ -430,11 +464,9 @@ impl Root {
             }
         }
         for p in &parts {
-            // SAFETY: every part is locked and no owner is inside its window.
-            let t = unsafe { &mut *p.slots.get() };
-            let stop = g(t, &p.live);
-            p.len.store(t.len, Relaxed);
-            if stop {
+            // Every part is locked and no owner is inside its window.
+            let t = p.map();
+            if g(t, &p.live) {
                 break;
             }
         }
@@ -519,8 +551,8 @@ impl LiveTable {
     #[inline(always)]
     fn own(&self, tok: &Token) -> Option<&Part> {
         let c = self.cache?;
-        let st = tok.state()?;
-        let p = st.parts[c].get();
+        let st = tok.state();
+        let p = st.parts[c & (CACHE_SLOTS - 1)].get();
         if !p.is_null() {
             // SAFETY: parts are leaked, never freed; this one was claimed by this thread.
             return Some(unsafe { &*(p as *const Part) });
@@ -546,10 +578,14 @@ impl LiveTable {
         if key == EMPTY {
             return None;
         }
-        match self.own(tok) {
-            Some(p) => p.owned(|t, live| t.insert(live, key, e)),
-            None => self.root().shared.locked(|t, live| t.insert(live, key, e)),
-        }
+        let Some(p) = self.own(tok) else {
+            return self.root().shared.locked(|t, live| t.insert(live, key, e));
+        };
+        let window = p.enter();
+        let t = p.map();
+        let r = t.insert(&p.live, key, e);
+        p.leave(window);
+        r
     }
 
     /// Insert from outside a hook (the shared part).
@@ -569,10 +605,14 @@ impl LiveTable {
             return None;
         }
         let root = self.published()?;
-        if let Some(p) = self.own(tok)
-            && let Some(e) = p.owned(|t, live| t.remove(live, key))
-        {
-            return Some(e);
+        if let Some(p) = self.own(tok) {
+            let window = p.enter();
+            let t = p.map();
+            let r = t.remove(&p.live, key);
+            p.leave(window);
+            if r.is_some() {
+                return r;
+            }
         }
         self.remove_anywhere(root, key)
     }
@@ -666,7 +706,7 @@ impl LiveTable {
     /// Number of live entries (exact when no request is in flight).
     pub fn len(&self) -> usize {
         self.published()
-            .map_or(0, |r| r.each().map(|p| p.len.load(Relaxed)).sum())
+            .map_or(0, |r| r.each().map(Part::len).sum())
     }
 
     pub fn is_empty(&self) -> bool {

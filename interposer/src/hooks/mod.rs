@@ -217,11 +217,12 @@ pub(crate) fn alloc_hook_in<F: Copy>(
         crate::debug!("{name}: no real function -> {missing}");
         return missing;
     };
-    run_hook(
+    dispatch::run_hook_with(
         name,
         CUDA_ERROR_UNKNOWN,
-        || call(f),
-        |tok| {
+        (call, make_req, read, write_pool),
+        move |(call, ..)| call(f),
+        move |tok, (call, make_req, read, write_pool)| {
             let req = make_req();
             let out = dispatch::alloc(tok, &req, table, pool_ok, || {
                 let rc = call(f);
@@ -280,11 +281,12 @@ pub(crate) fn free_hook_in<F: Copy>(
         crate::debug!("{name}: no real function -> {missing}");
         return missing;
     };
-    run_hook(
+    dispatch::run_hook_with(
         name,
         CUDA_ERROR_UNKNOWN,
-        || call(f),
-        |tok| {
+        call,
+        move |call| call(f),
+        move |tok, call| {
             let req = FreeRequest {
                 api,
                 key,
