@@ -127,6 +127,19 @@ pub fn enter() -> Option<Token> {
     }
 }
 
+/// Whether a hook is already active on this thread (then this one is counted as passed
+/// straight through, as [`enter`] would). For hooks that the runtime reaches from inside
+/// ours: they check this first and jump to the real function, before any frame is set up.
+#[inline(always)]
+pub fn nested_here() -> bool {
+    let s = st();
+    if s.depth.get() == 0 {
+        return false;
+    }
+    s.nested.set(s.nested.get() + 1);
+    true
+}
+
 /// Hooks the calling thread passed straight through so far.
 pub fn nested_on_this_thread() -> u64 {
     st().nested.get()

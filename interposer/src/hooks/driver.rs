@@ -16,6 +16,18 @@ use vramshim_trace::{AllocKind, Api};
 /// C ABI: `cuMemAlloc_v2`'s contract.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> c_int {
+    // Reached by the runtime's cudaMalloc through our lookup hooks: straight to the driver.
+    if crate::guard::nested_here()
+        && let Some(f) = real::cuMemAlloc_v2()
+    {
+        // SAFETY: forwarding the caller's arguments unchanged.
+        return unsafe { f(dptr, size) };
+    }
+    mem_alloc(dptr, size)
+}
+
+#[inline(never)]
+fn mem_alloc(dptr: *mut CUdeviceptr, size: usize) -> c_int {
     alloc_hook(
         "cuMemAlloc_v2",
         NO_DRIVER,
@@ -33,6 +45,17 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> c
 /// C ABI: `cuMemFree_v2`'s contract.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> c_int {
+    if crate::guard::nested_here()
+        && let Some(f) = real::cuMemFree_v2()
+    {
+        // SAFETY: forwarding the caller's arguments unchanged.
+        return unsafe { f(dptr) };
+    }
+    mem_free(dptr)
+}
+
+#[inline(never)]
+fn mem_free(dptr: CUdeviceptr) -> c_int {
     free_hook(
         "cuMemFree_v2",
         NO_DRIVER,
