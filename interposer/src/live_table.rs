@@ -1,10 +1,10 @@
-//! What the process holds right now: pointer (or VMM handle) -> allocation, and the bytes
-//! live per counter slot (device), kept exact by the same operations.
+//! What the process holds right now: pointer (or VMM handle) -> allocation. (The bytes
+//! live per device are counted by `counters`, in per-thread blocks, as the entries come
+//! and go.)
 //!
 //! A table is a set of *parts*, each a small open-addressing map (linear probing,
-//! backward-shift deletion, so no tombstones pile up under alloc/free churn) with its own
-//! bytes live per slot; the table's contents are the union of its parts, the bytes live the
-//! sum. A per-thread table ([`LiveTable::per_thread`], the allocations table) gives every
+//! backward-shift deletion, so no tombstones pile up under alloc/free churn); the table's
+//! contents are the union of its parts. A per-thread table ([`LiveTable::per_thread`], the allocations table) gives every
 //! thread a part of its own, which the thread changes without any atomic
 //! read-modify-write: it raises its `busy` flag with a plain store, checks the part's
 //! `lock`, and changes the map. Another thread that needs the part (a free of a pointer
@@ -23,11 +23,10 @@
 //! leaked, never touched again: its locks may be held by threads that do not exist in the
 //! child).
 
-use crate::counters::{SLOTS, slot};
 use crate::guard::Token;
 use std::cell::UnsafeCell;
 use std::sync::atomic::{
-    AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering, Ordering::Relaxed, compiler_fence,
+    AtomicBool, AtomicPtr, AtomicUsize, Ordering, Ordering::Relaxed, compiler_fence,
 };
 use vramshim_trace::{AllocKind, Api};
 
@@ -163,13 +162,10 @@ impl Slots {
 
     /// Insert or replace; the replaced entry comes back.
     #[inline(always)]
-    fn insert(&mut self, live: &[AtomicU64; SLOTS], key: u64, e: Entry) -> Option<Entry> {
-        account(live, &e, true);
+    fn insert(&mut self, key: u64, e: Entry) -> Option<Entry> {
         let (i, found) = self.find(key);
         if found {
-            let old = std::mem::replace(&mut self.slots[i].1, e);
-            account(live, &old, false);
-            return Some(old);
+            return Some(std::mem::replace(&mut self.slots[i].1, e));
         }
         self.slots[i] = (key, e);
         let n = self.len() + 1;
@@ -181,7 +177,7 @@ impl Slots {
     }
 
     #[inline(always)]
-    fn remove(&mut self, live: &[AtomicU64; SLOTS], key: u64) -> Option<Entry> {
+    fn remove(&mut self, key: u64) -> Option<Entry> {
         let (i, found) = self.find(key);
         if !found {
             return None;
@@ -194,25 +190,8 @@ impl Slots {
         } else {
             self.delete_at(i);
         }
-        account(live, &e, false);
         Some(e)
     }
-}
-
-/// Add (or take back) an entry's bytes in its counter slot; only the part's current
-/// writer (owner in its window, or lock holder) writes.
-#[inline(always)]
-fn account(live: &[AtomicU64; SLOTS], e: &Entry, add: bool) {
-    let c = &live[slot(e.device, e.kind)];
-    let v = c.load(Relaxed);
-    c.store(
-        if add {
-            v.wrapping_add(e.size)
-        } else {
-            v.wrapping_sub(e.size)
-        },
-        Relaxed,
-    );
 }
 
 #[repr(align(64))]
@@ -227,8 +206,6 @@ struct Part {
     in_use: AtomicBool,
     next: AtomicPtr<Part>,
     slots: UnsafeCell<Slots>,
-    /// Bytes live per counter slot among this part's entries.
-    live: [AtomicU64; SLOTS],
 }
 
 // SAFETY: `slots` is only accessed by the owner inside its busy window or under `lock`
@@ -245,7 +222,6 @@ impl Part {
             in_use: AtomicBool::new(in_use),
             next: AtomicPtr::new(std::ptr::null_mut()),
             slots: UnsafeCell::new(Slots::with_bits(INITIAL_BITS)),
-            live: [const { AtomicU64::new(0) }; SLOTS],
         }
     }
 
@@ -287,10 +263,9 @@ impl Part {
     }
 
     /// Run `f` on the map under the lock (parts with no owner in a window: shared parts).
-    fn locked<R>(&self, f: impl FnOnce(&mut Slots, &[AtomicU64; SLOTS]) -> R) -> R {
+    fn locked<R>(&self, f: impl FnOnce(&mut Slots) -> R) -> R {
         self.lock();
-        let t = self.map();
-        let r = f(t, &self.live);
+        let r = f(self.map());
         self.unlock();
         r
     }
@@ -452,7 +427,7 @@ impl Root {
     /// part locked (in list order, so two lockers never wait on each other in a cycle),
     /// then one membarrier, so that every owner either shows its busy flag (we wait for it
     /// to drop) or will see our lock; no owner is inside its window until we unlock.
-    fn lock_all(&self, mut g: impl FnMut(&mut Slots, &[AtomicU64; SLOTS]) -> bool) {
+    fn lock_all(&self, mut g: impl FnMut(&mut Slots) -> bool) {
         let parts: Vec<&Part> = self.each().collect();
         for p in &parts {
             p.lock();
@@ -466,7 +441,7 @@ impl Root {
         for p in &parts {
             // Every part is locked and no owner is inside its window.
             let t = p.map();
-            if g(t, &p.live) {
+            if g(t) {
                 break;
             }
         }
@@ -579,11 +554,11 @@ impl LiveTable {
             return None;
         }
         let Some(p) = self.own(tok) else {
-            return self.root().shared.locked(|t, live| t.insert(live, key, e));
+            return self.root().shared.locked(|t| t.insert(key, e));
         };
         let window = p.enter();
         let t = p.map();
-        let r = t.insert(&p.live, key, e);
+        let r = t.insert(key, e);
         p.leave(window);
         r
     }
@@ -593,7 +568,7 @@ impl LiveTable {
         if key == EMPTY {
             return None;
         }
-        self.root().shared.locked(|t, live| t.insert(live, key, e))
+        self.root().shared.locked(|t| t.insert(key, e))
     }
 
     /// Remove and return the entry at `key`: from the calling thread's part if it is there
@@ -608,7 +583,7 @@ impl LiveTable {
         if let Some(p) = self.own(tok) {
             let window = p.enter();
             let t = p.map();
-            let r = t.remove(&p.live, key);
+            let r = t.remove(key);
             p.leave(window);
             if r.is_some() {
                 return r;
@@ -627,15 +602,15 @@ impl LiveTable {
 
     #[cold]
     fn remove_anywhere(&self, root: &Root, key: u64) -> Option<Entry> {
-        if let Some(e) = root.shared.locked(|t, live| t.remove(live, key)) {
+        if let Some(e) = root.shared.locked(|t| t.remove(key)) {
             return Some(e);
         }
         if root.parts.load(Ordering::Acquire).is_null() {
             return None;
         }
         let mut out = None;
-        root.lock_all(|t, live| {
-            out = t.remove(live, key);
+        root.lock_all(|t| {
+            out = t.remove(key);
             out.is_some()
         });
         out
@@ -647,7 +622,7 @@ impl LiveTable {
             return None;
         }
         let mut out = None;
-        self.published()?.lock_all(|t, _| {
+        self.published()?.lock_all(|t| {
             let (i, found) = t.find(key);
             out = found.then(|| t.slots[i].1);
             found
@@ -661,13 +636,12 @@ impl LiveTable {
         let Some(root) = self.published() else {
             return out;
         };
-        root.lock_all(|t, live| {
+        root.lock_all(|t| {
             let mut i = 0;
             while i < t.slots.len() {
                 let (k, e) = t.slots[i];
                 if k != EMPTY && pred(&e) {
                     out.push((k, e));
-                    account(live, &e, false);
                     // The shift may pull a later entry into `i`: look at it again.
                     t.delete_at(i);
                 } else {
@@ -684,23 +658,13 @@ impl LiveTable {
         let Some(root) = self.published() else {
             return;
         };
-        root.lock_all(|t, _| {
+        root.lock_all(|t| {
             t.slots
                 .iter()
                 .filter(|(k, _)| *k != EMPTY)
                 .for_each(|(k, e)| f(*k, e));
             false
         });
-    }
-
-    /// Bytes live in a counter slot (see `counters::slot`): exact when no request is in
-    /// flight.
-    pub fn live_bytes(&self, slot: usize) -> u64 {
-        self.published().map_or(0, |r| {
-            r.each()
-                .map(|p| p.live[slot].load(Relaxed))
-                .fold(0u64, u64::wrapping_add)
-        })
     }
 
     /// Number of live entries (exact when no request is in flight).
@@ -744,6 +708,18 @@ pub static HANDLES: LiveTable = LiveTable::new();
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::counters::{SLOTS, slot};
+
+    /// Bytes of the live entries in a counter slot (a scan).
+    fn bytes(t: &LiveTable, s: usize) -> u64 {
+        let mut b = 0;
+        t.for_each(|_, e| {
+            if slot(e.device, e.kind) == s {
+                b += e.size;
+            }
+        });
+        b
+    }
 
     fn e(size: u64) -> Entry {
         Entry {
@@ -780,10 +756,10 @@ mod tests {
         let want: u64 = (0..8u64)
             .flat_map(|_| (0..10_000u64).filter(|i| i % 2 == 1 && i % 4 != 1))
             .sum();
-        assert_eq!(T.live_bytes(0), want, "live bytes follow the entries");
+        assert_eq!(bytes(&T, 0), want, "live bytes follow the entries");
         T.reset_leak();
         assert!(T.is_empty());
-        assert_eq!(T.live_bytes(0), 0);
+        assert_eq!(bytes(&T, 0), 0);
         assert!(T.remove(1 << 9).is_none());
     }
 
@@ -834,11 +810,11 @@ mod tests {
                                     ));
                                 }
                             }
-                            if !T.is_empty() || T.live_bytes(0) != 0 {
+                            if !T.is_empty() || bytes(&T, 0) != 0 {
                                 failure.lock().unwrap().get_or_insert(format!(
                                     "round {r}: {} entries, {} bytes left",
                                     T.len(),
-                                    T.live_bytes(0)
+                                    bytes(&T, 0)
                                 ));
                             }
                         }
@@ -902,7 +878,7 @@ mod tests {
         })
         .join()
         .unwrap();
-        assert_eq!((T2.len(), T2.live_bytes(0)), (0, 0));
+        assert_eq!((T2.len(), bytes(&T2, 0)), (0, 0));
     }
 
     /// Against a model map, with keys crowded into few home slots so that probe chains wrap
@@ -953,7 +929,7 @@ mod tests {
                 .filter(|v| slot(v.device, v.kind) == s)
                 .map(|v| v.size)
                 .sum::<u64>();
-            assert_eq!(t.live_bytes(s), want, "slot {s}");
+            assert_eq!(bytes(&t, s), want, "slot {s}");
         }
         let gone = t.drain_where(|v| v.device == 1);
         model.retain(|_, v| v.device != 1);
@@ -962,7 +938,7 @@ mod tests {
         for (k, v) in &model {
             assert_eq!(t.get(*k), Some(*v));
         }
-        assert_eq!(t.live_bytes(1), 0);
+        assert_eq!(bytes(&t, 1), 0);
         assert!(
             t.insert(0, e(1)).is_none() && t.get(0).is_none(),
             "key 0 is never stored"
