@@ -149,6 +149,61 @@ pub fn alloc(
     }
 }
 
+/// Whether requests go straight to the real functions (no cap, pool, trace or debug log):
+/// then the hooks take [`alloc_passed`] / [`free_passed`].
+#[inline(always)]
+pub fn pass_through() -> bool {
+    !layered()
+}
+
+/// A pass-through allocation's real call returned `rc`: count the request and record a
+/// success (`read` gives the pointer and the size) in the live table and counters.
+#[inline(always)]
+pub fn alloc_passed(
+    tok: &Token,
+    req: &Request,
+    table: &LiveTable,
+    rc: c_int,
+    read: impl FnOnce() -> (u64, u64),
+) {
+    counters::call_in(tok, req.api);
+    if rc != 0 {
+        counters::alloc_failure();
+        return;
+    }
+    let (addr, size) = read();
+    let r = RealResult { rc, addr, size };
+    record_alloc(tok, req, table, &r, req.kind, req.flags, 0);
+}
+
+/// A pass-through free of a non-null `key`: claim the entry, call the real function,
+/// settle (as [`free`]).
+#[inline(always)]
+pub fn free_passed(
+    tok: &Token,
+    api: Api,
+    key: u64,
+    table: &LiveTable,
+    real: impl FnOnce() -> c_int,
+) -> c_int {
+    counters::call_in(tok, api);
+    let entry = table.remove_in(tok, key);
+    let rc = real();
+    match (rc, entry) {
+        (0, Some(e)) => {
+            counters::free_in(tok, e.device, e.kind, e.size);
+            if e.charged > 0 {
+                cap::uncharge(e.device, e.charged);
+            }
+        }
+        (_, Some(e)) => {
+            table.insert_in(tok, key, e);
+        }
+        (_, None) => counters::unknown_free(),
+    }
+    rc
+}
+
 /// Whether a request needs more than pass-through: a cap, a pool or a trace is on, or the
 /// debug log wants every decision explained. Two relaxed loads once the layers were found
 /// off (see [`LAYERS_OFF`]).

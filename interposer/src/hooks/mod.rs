@@ -224,6 +224,11 @@ pub(crate) fn alloc_hook_in<F: Copy>(
         move |(call, ..)| call(f),
         move |tok, (call, make_req, read, write_pool)| {
             let req = make_req();
+            if dispatch::pass_through() {
+                let rc = call(f);
+                dispatch::alloc_passed(tok, &req, table, rc, read);
+                return rc;
+            }
             let out = dispatch::alloc(tok, &req, table, pool_ok, || {
                 let rc = call(f);
                 let (addr, size) = if rc == 0 { read() } else { (0, req.size) };
@@ -287,6 +292,9 @@ pub(crate) fn free_hook_in<F: Copy>(
         call,
         move |call| call(f),
         move |tok, call| {
+            if key != 0 && dispatch::pass_through() {
+                return dispatch::free_passed(tok, api, key, table, move || call(f));
+            }
             let req = FreeRequest {
                 api,
                 key,
