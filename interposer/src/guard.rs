@@ -19,6 +19,8 @@ pub(crate) struct State {
     /// This thread's call-counter block; null until its first counted call, and again after
     /// its thread-exit destructor ran.
     pub(crate) calls: Cell<*const crate::counters::CallBlock>,
+    /// The runtime's current device + 1 as last asked (0: ask again; `hooks::current`).
+    pub(crate) rt_device: Cell<i32>,
     /// This thread's parts of the per-thread live tables (`live_table::LiveTable::own`).
     pub(crate) parts: [Cell<*const ()>; crate::live_table::CACHE_SLOTS],
 }
@@ -77,6 +79,7 @@ mod tls {
                 exited: Cell::new(false),
                 nested: Cell::new(0),
                 calls: Cell::new(std::ptr::null()),
+                rt_device: Cell::new(0),
                 parts: [const { Cell::new(std::ptr::null()) }; crate::live_table::CACHE_SLOTS],
             }
         };
@@ -88,6 +91,11 @@ mod tls {
 }
 
 /// This thread's state (valid for the thread's lifetime, only used on this thread).
+#[inline(always)]
+pub(crate) fn state() -> &'static State {
+    st()
+}
+
 #[inline(always)]
 fn st() -> &'static State {
     // SAFETY: see `tls::state`; the reference never leaves this thread (State is !Sync).
