@@ -1,12 +1,13 @@
-//! Per-thread state of the hooks, in one const-initialized, non-Drop thread-local (a plain
-//! `#[thread_local]`: no lazy init, no destructor registration, usable in constructors and
-//! during thread exit), reached once per hook:
+//! Per-thread state of the hooks, in one zero-initialized, non-Drop thread-local block (no
+//! lazy init, no destructor registration, usable in constructors and during thread exit),
+//! reached once per hook with two instructions (see `tls`):
 //!
 //! * re-entrancy depth: one request = one event = one charge. While an outer hook runs (a
 //!   `cudaMalloc`), hooks it reaches again (the runtime's `cuMemAlloc_v2` through our own
 //!   `cuGetProcAddress` substitution) pass straight through to the real function;
 //! * how many hooks this thread passed through that way;
-//! * this thread's block of call counters (`counters::CallBlock`).
+//! * this thread's block of call counters (`counters::CallBlock`), its live-table parts
+//!   (`live_table`) and its remembered runtime device (`hooks::current`).
 
 use std::cell::Cell;
 
