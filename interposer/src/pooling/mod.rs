@@ -215,46 +215,19 @@ pub fn alloc(req: &PoolRequest) -> Option<Result<u64, i32>> {
     }
     let r = with_pools(|pools| {
         let d = req.device as usize;
-        if pools.devs.len() <= d {
-            pools.devs.resize_with(d + 1, || None);
+        if !matches!(pools.devs.get(d), Some(Some(_))) {
+            create_pool(pools, req)?;
         }
-        if pools.devs[d].is_none() {
-            if is_runtime(req.api) {
-                ensure_context_once(req.device);
-            }
-            match CudaDevice::new(req.device, peers_of(req.device)) {
-                Ok(dev) => {
-                    let mut policy = Stitch::new();
-                    if crate::env::var("VRAMSHIM_POOL_DEBUG") == Some("lazy-sync") {
-                        // testing only: the old synchronization choices (looser packing), to
-                        // prove the tightness test can fail
-                        crate::warn!(
-                            "VRAMSHIM_POOL_DEBUG=lazy-sync: the pool packs as before its tightness fix (testing only)"
-                        );
-                        policy.set_faults(vramshim_pool::stitch::Faults {
-                            lazy_sync: true,
-                            ..Default::default()
-                        });
-                    }
-                    if crate::env::var("VRAMSHIM_POOL_DEBUG") == Some("reuse-early") {
-                        // testing only: break the reuse rules to prove the tests can fail
-                        crate::warn!(
-                            "VRAMSHIM_POOL_DEBUG=reuse-early: the pool reuses freed memory too early (testing only)"
-                        );
-                        policy.set_faults(vramshim_pool::stitch::Faults {
-                            reuse_sync_frees_early: true,
-                            ignore_streams: true,
-                            ..Default::default()
-                        });
-                    }
-                    pools.devs[d] = Some(DevicePool { policy, dev })
-                }
-                Err(why) => return Err(why),
-            }
+        let Some(Some(p)) = pools.devs.get_mut(d) else {
+            return Err("internal error: no pool after its creation".to_string());
+        };
+        if let Some(addr) = p.policy.alloc_cached(req.size, stream) {
+            return Ok(Ok(vramshim_pool::Alloc {
+                addr,
+                size: req.size,
+            }));
         }
-        let p = pools.devs[d].as_mut().unwrap();
-        p.dev.stream = stream;
-        p.dev.runtime = is_runtime(req.api);
+        p.dev.begin(stream, is_runtime(req.api));
         Ok(p.policy.alloc(
             &mut p.dev,
             Request {
@@ -272,25 +245,75 @@ pub fn alloc(req: &PoolRequest) -> Option<Result<u64, i32>> {
     };
     match r {
         Ok(a) => Some(Ok(a.addr)),
-        Err(e) => {
-            crate::debug!("pool: {} bytes on device {}: {e}", req.size, req.device);
-            let code = match e {
-                PoolError::OutOfMemory { .. } => CUDA_ERROR_OUT_OF_MEMORY,
-                PoolError::Device(DeviceError::Unsupported) => {
-                    fall_back("the virtual-memory API refused (unsupported)");
-                    return None;
+        Err(e) => refused(req, e),
+    }
+}
+
+/// The pool refused `req`: the code the process sees (`None`: pass through after all).
+#[cold]
+#[inline(never)]
+fn refused(req: &PoolRequest, e: PoolError) -> Option<Result<u64, i32>> {
+    crate::debug!("pool: {} bytes on device {}: {e}", req.size, req.device);
+    let code = match e {
+        PoolError::OutOfMemory { .. } => CUDA_ERROR_OUT_OF_MEMORY,
+        PoolError::Device(DeviceError::Unsupported) => {
+            fall_back("the virtual-memory API refused (unsupported)");
+            return None;
+        }
+        _ if is_runtime(req.api) => cudaErrorMemoryAllocation,
+        PoolError::Device(DeviceError::Driver(c)) => c,
+        PoolError::Device(_) => CUDA_ERROR_OUT_OF_MEMORY,
+        PoolError::UnknownPointer(_) => CUDA_ERROR_INVALID_VALUE,
+    };
+    if is_runtime(req.api) && code == cudaErrorMemoryAllocation {
+        runtime_set_last_error_oom();
+    }
+    Some(Err(code))
+}
+
+/// The first request for device `req.device`: make its pool (or say why not).
+#[cold]
+#[inline(never)]
+fn create_pool(pools: &mut Pools, req: &PoolRequest) -> Result<(), String> {
+    let d = req.device as usize;
+    if pools.devs.len() <= d {
+        pools.devs.resize_with(d + 1, || None);
+    }
+    if pools.devs[d].is_none() {
+        if is_runtime(req.api) {
+            ensure_context_once(req.device);
+        }
+        match CudaDevice::new(req.device, peers_of(req.device)) {
+            Ok(dev) => {
+                let mut policy = Stitch::new();
+                if crate::env::var("VRAMSHIM_POOL_DEBUG") == Some("lazy-sync") {
+                    // testing only: the old synchronization choices (looser packing), to
+                    // prove the tightness test can fail
+                    crate::warn!(
+                        "VRAMSHIM_POOL_DEBUG=lazy-sync: the pool packs as before its tightness fix (testing only)"
+                    );
+                    policy.set_faults(vramshim_pool::stitch::Faults {
+                        lazy_sync: true,
+                        ..Default::default()
+                    });
                 }
-                _ if is_runtime(req.api) => cudaErrorMemoryAllocation,
-                PoolError::Device(DeviceError::Driver(c)) => c,
-                PoolError::Device(_) => CUDA_ERROR_OUT_OF_MEMORY,
-                PoolError::UnknownPointer(_) => CUDA_ERROR_INVALID_VALUE,
-            };
-            if is_runtime(req.api) && code == cudaErrorMemoryAllocation {
-                runtime_set_last_error_oom();
+                if crate::env::var("VRAMSHIM_POOL_DEBUG") == Some("reuse-early") {
+                    // testing only: break the reuse rules to prove the tests can fail
+                    crate::warn!(
+                        "VRAMSHIM_POOL_DEBUG=reuse-early: the pool reuses freed memory too early (testing only)"
+                    );
+                    policy.set_faults(vramshim_pool::stitch::Faults {
+                        reuse_sync_frees_early: true,
+                        ignore_streams: true,
+                        ..Default::default()
+                    });
+                }
+                pools.devs[d] = Some(DevicePool { policy, dev })
             }
-            Some(Err(code))
+            Err(why) => return Err(why),
         }
     }
+    Ok(())
 }
 
 /// The runtime's sticky last error says `cudaErrorMemoryAllocation` after a refused
@@ -326,8 +349,7 @@ pub fn free(ptr: u64, stream: Option<u64>) -> Option<i32> {
         // `free` answers UnknownPointer for a block it does not own, without touching
         // anything: one lookup per pool instead of `owns` then `free`
         for p in pools.devs.iter_mut().flatten() {
-            p.dev.stream = stream.unwrap_or(ANY_STREAM);
-            p.dev.runtime = false;
+            p.dev.begin(stream.unwrap_or(ANY_STREAM), false);
             match p.policy.free(&mut p.dev, ptr, mode) {
                 Ok(_) => return Some(CUDA_SUCCESS),
                 Err(PoolError::UnknownPointer(_)) => continue,
@@ -385,8 +407,7 @@ pub fn trim() -> u64 {
     with_pools(|pools| {
         let mut n = 0;
         for p in pools.devs.iter_mut().flatten() {
-            p.dev.stream = ANY_STREAM;
-            p.dev.runtime = false;
+            p.dev.begin(ANY_STREAM, false);
             n += p.policy.trim(&mut p.dev).unwrap_or(0);
         }
         n
