@@ -19,6 +19,7 @@
 //! over its cap.
 
 mod cuda_device;
+mod tcache;
 #[cfg(test)]
 mod tests;
 
@@ -97,6 +98,21 @@ fn read_mode() -> bool {
             OFF
         }
     };
+    if m == ON {
+        // per-thread caches of stream-ordered frees: off under the pool's fault switches
+        // (their tests exercise the pool's own rules)
+        match crate::env::var("VRAMSHIM_POOL_DEBUG") {
+            None => {}
+            Some("tcache-any-stream") => {
+                // testing only: break stream order in the thread caches
+                crate::warn!(
+                    "VRAMSHIM_POOL_DEBUG=tcache-any-stream: freed blocks are reused on any stream (testing only)"
+                );
+                tcache::configure(true, true);
+            }
+            Some(_) => tcache::configure(false, false),
+        }
+    }
     let _ = MODE.compare_exchange(UNREAD, m, Ordering::Relaxed, Ordering::Relaxed);
     MODE.load(Ordering::Relaxed) == ON
 }
@@ -213,6 +229,11 @@ pub fn alloc(req: &PoolRequest) -> Option<Result<u64, i32>> {
     if MODE.load(Ordering::Relaxed) != ON {
         return None;
     }
+    if stream != ANY_STREAM
+        && let Some(addr) = tcache::take(req.device, req.size, stream)
+    {
+        return Some(Ok(addr));
+    }
     let r = with_pools(|pools| {
         let d = req.device as usize;
         if !matches!(pools.devs.get(d), Some(Some(_))) {
@@ -227,6 +248,11 @@ pub fn alloc(req: &PoolRequest) -> Option<Result<u64, i32>> {
                 size: req.size,
             }));
         }
+        // anything but an exact hit: the pool decides with every freed block in view
+        drain_tcaches(pools);
+        let Some(Some(p)) = pools.devs.get_mut(d) else {
+            return Err("internal error: no pool after its creation".to_string());
+        };
         p.dev.begin(stream, is_runtime(req.api));
         Ok(p.policy.alloc(
             &mut p.dev,
@@ -308,7 +334,8 @@ fn create_pool(pools: &mut Pools, req: &PoolRequest) -> Result<(), String> {
                         ..Default::default()
                     });
                 }
-                pools.devs[d] = Some(DevicePool { policy, dev })
+                pools.devs[d] = Some(DevicePool { policy, dev });
+                HAS_POOL.fetch_or(1 << d, Ordering::Relaxed);
             }
             Err(why) => return Err(why),
         }
@@ -336,16 +363,54 @@ fn runtime_set_last_error_oom() {
     }
 }
 
+/// Bit `d`: device `d` has a pool (set when made, cleared when reset).
+static HAS_POOL: AtomicU64 = AtomicU64::new(0);
+
+/// Free every block the threads keep into its pool (pool lock held); blocks of a device
+/// whose pool is gone are dropped.
+fn drain_tcaches(pools: &mut Pools) {
+    if !tcache::any() {
+        return;
+    }
+    tcache::drain(|f| {
+        if let Some(Some(p)) = pools.devs.get_mut(f.device as usize) {
+            p.dev.begin(f.stream, false);
+            let _ = p
+                .policy
+                .free(&mut p.dev, f.addr, FreeMode::Async { stream: f.stream });
+        }
+    });
+}
+
 /// `None`: not pool memory, take the real path. `stream` is `Some` for stream-ordered frees.
-pub fn free(ptr: u64, stream: Option<u64>) -> Option<i32> {
+/// `pooled`: `(device, requested size)` when the dispatcher's live table says `ptr` is a
+/// live pool block (a stream-ordered free of one may stay with the thread, see `tcache`).
+pub fn free(ptr: u64, stream: Option<u64>, pooled: Option<(i32, u64)>) -> Option<i32> {
     if MODE.load(Ordering::Relaxed) != ON {
         return None;
+    }
+    if let (Some(s), Some((device, size))) = (stream, pooled)
+        && (0..MAX_DEVICES as i32).contains(&device)
+        && HAS_POOL.load(Ordering::Relaxed) & (1 << device) != 0
+        && tcache::put(tcache::Freed {
+            device,
+            addr: ptr,
+            size,
+            stream: s,
+        })
+    {
+        return Some(CUDA_SUCCESS);
     }
     with_pools(|pools| {
         let mode = match stream {
             Some(s) => FreeMode::Async { stream: s },
             None => FreeMode::Sync,
         };
+        if pooled.is_none() {
+            // not a live pool block by the live table (an unknown pointer, or one freed
+            // twice): the pool must not take a block a thread keeps as freed for live
+            drain_tcaches(pools);
+        }
         // `free` answers UnknownPointer for a block it does not own, without touching
         // anything: one lookup per pool instead of `owns` then `free`
         for p in pools.devs.iter_mut().flatten() {
@@ -405,6 +470,7 @@ pub fn trim() -> u64 {
         return 0;
     }
     with_pools(|pools| {
+        drain_tcaches(pools);
         let mut n = 0;
         for p in pools.devs.iter_mut().flatten() {
             p.dev.begin(ANY_STREAM, false);
@@ -428,9 +494,13 @@ pub fn on_device_reset(device: i32) {
         for p in &PEERS {
             p.fetch_and(!(1u64 << device.min(63)), Ordering::Relaxed);
         }
+        // the thread caches' blocks of other devices go back to their pools; this
+        // device's are dropped with its pool
         if let Some(slot) = pools.devs.get_mut(device as usize)
             && let Some(p) = slot.take()
         {
+            HAS_POOL.fetch_and(!(1u64 << device.min(63)), Ordering::Relaxed);
+            drain_tcaches(pools);
             let mut p = p;
             p.policy.reset();
         }
@@ -500,6 +570,8 @@ pub fn stats(device: i32) -> Option<Stats> {
 /// not the child's; forget every pool (no driver call) and reset the lock.
 pub fn on_fork_child() {
     POOLS.locked.store(false, Ordering::Release);
+    HAS_POOL.store(0, Ordering::Relaxed);
+    tcache::on_fork_child();
     for p in &PEERS {
         p.store(0, Ordering::Relaxed);
     }

@@ -144,6 +144,27 @@ fn delayed_kernels_never_write_into_a_reused_block() {
             tail(&o.stderr)
         );
         assert!(field(&o.stdout, "foreign") > 0);
+        if mode == "async" {
+            // and so does a thread cache that hands a block freed on one stream to a
+            // request on another without ordering: the thread caches keep stream order
+            let o = run(
+                &exe,
+                &[mode, "3"],
+                &[
+                    ("VRAMSHIM_POOL", "stitch"),
+                    ("VRAMSHIM_POOL_DEBUG", "tcache-any-stream"),
+                ],
+                "pool-early-tcache",
+            );
+            assert_eq!(
+                o.code(),
+                Some(1),
+                "tcache-any-stream: {}\n{}",
+                o.stdout,
+                tail(&o.stderr)
+            );
+            assert!(field(&o.stdout, "foreign") > 0);
+        }
     }
 }
 
