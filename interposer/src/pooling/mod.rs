@@ -1,7 +1,9 @@
 //! Pool layer (owner: pool). `VRAMSHIM_POOL=stitch` (default `off`) serves plain device
 //! allocations (`cudaMalloc`, `cuMemAlloc_v2`, `cudaMallocAsync`, `cuMemAllocAsync` and their
 //! `_ptsz` forms) from `vramshim_pool::stitch::Stitch` over the CUDA virtual-memory API
-//! ([`cuda_device::CudaDevice`], one pool per device ordinal, one lock around all of them).
+//! ([`cuda_device::CudaDevice`], one pool per device ordinal, one lock around all of them;
+//! a thread serves its own same-stream reuse of `cudaFreeAsync`d blocks from a small cache
+//! of its own without that lock, see [`tcache`]).
 //!
 //! Semantics (DESIGN.md section 4): `cudaFree`d blocks wait for a synchronization (batched,
 //! the process's own syncs count through [`note_process_sync`]); `cudaFreeAsync(p, s)` blocks
