@@ -126,13 +126,19 @@ fn claim() -> u8 {
 impl Cache {
     #[inline]
     fn with<R>(&self, f: impl FnOnce(&mut ([Freed; SLOTS], usize)) -> R) -> R {
+        let mut spins = 0u32;
         while self
             .locked
             .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
             .is_err()
         {
-            // only a drain competes with the owner, briefly
-            std::hint::spin_loop();
+            // only a drain competes with the owner, briefly (unless it was preempted)
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
         }
         // SAFETY: exclusive while `locked` is held.
         let r = f(unsafe { &mut *self.slots.get() });
