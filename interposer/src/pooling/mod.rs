@@ -103,16 +103,23 @@ fn read_mode() -> bool {
     if m == ON {
         // per-thread caches of stream-ordered frees: off under the pool's fault switches
         // (their tests exercise the pool's own rules)
-        match crate::env::var("VRAMSHIM_POOL_DEBUG") {
-            None => {}
+        match crate::env::var("VRAMSHIM_POOL_DEBUG").map(str::trim) {
+            None | Some("") => {}
             Some("tcache-any-stream") => {
                 // testing only: break stream order in the thread caches
                 crate::warn!(
                     "VRAMSHIM_POOL_DEBUG=tcache-any-stream: freed blocks are reused on any stream (testing only)"
                 );
-                tcache::configure(true, true);
+                tcache::configure(true, true, false);
             }
-            Some(_) => tcache::configure(false, false),
+            Some("tcache-no-drain") => {
+                // testing only: the pool never sees the threads' freed blocks
+                crate::warn!(
+                    "VRAMSHIM_POOL_DEBUG=tcache-no-drain: the thread caches are never drained (testing only)"
+                );
+                tcache::configure(true, false, true);
+            }
+            Some(_) => tcache::configure(false, false, false),
         }
     }
     let _ = MODE.compare_exchange(UNREAD, m, Ordering::Relaxed, Ordering::Relaxed);

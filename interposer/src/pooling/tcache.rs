@@ -69,6 +69,10 @@ static ON: AtomicBool = AtomicBool::new(true);
 /// purpose, to prove the early-reuse test can fail).
 static ANY_STREAM: AtomicBool = AtomicBool::new(false);
 
+/// Testing only: never drain (the pool does not see the threads' freed blocks, to prove the
+/// drain test can fail).
+static NO_DRAIN: AtomicBool = AtomicBool::new(false);
+
 const UNCLAIMED: u8 = u8::MAX;
 const NONE: u8 = u8::MAX - 1;
 
@@ -89,9 +93,10 @@ thread_local! {
     static MINE: Mine = const { Mine(Cell::new(UNCLAIMED)) };
 }
 
-pub fn configure(on: bool, any_stream: bool) {
+pub fn configure(on: bool, any_stream: bool, no_drain: bool) {
     ON.store(on, Ordering::Relaxed);
     ANY_STREAM.store(any_stream, Ordering::Relaxed);
+    NO_DRAIN.store(no_drain, Ordering::Relaxed);
 }
 
 #[inline]
@@ -198,13 +203,16 @@ pub fn put(f: Freed) -> bool {
 /// May any cache hold a free?
 #[inline]
 pub fn any() -> bool {
-    NONEMPTY.load(Ordering::Acquire) != 0
+    NONEMPTY.load(Ordering::Acquire) != 0 && !NO_DRAIN.load(Ordering::Relaxed)
 }
 
 /// Empty every cache, handing each block to `f` (called with the pool lock held; the lock
 /// order is pool, then cache, and an owner never takes the pool lock while holding its
 /// cache).
 pub fn drain(mut f: impl FnMut(Freed)) {
+    if NO_DRAIN.load(Ordering::Relaxed) {
+        return;
+    }
     let mut bits = NONEMPTY.swap(0, Ordering::AcqRel);
     while bits != 0 {
         let i = bits.trailing_zeros() as usize;
