@@ -501,6 +501,7 @@ fn free_layered(
         pooling::free(
             req.key,
             req.stream.map(|s| pooling::pool_stream_id(s, req.flags)),
+            entry.map(|e| (e.device, e.size)),
         )
     } else {
         None
