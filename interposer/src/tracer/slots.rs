@@ -167,7 +167,7 @@ fn claim(tid: u32) -> &'static Slot {
             inner.enc.context(tid);
         }
         inner.enc.push(&Event::ThreadStart {
-            t_ns: crate::ids::now_ns(),
+            t_ns: super::clock::now_ns(),
             tid,
         });
     }

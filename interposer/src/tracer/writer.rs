@@ -320,7 +320,8 @@ fn tick_locked(
         },
         spins,
     );
-    let now = crate::ids::now_ns();
+    super::clock::recalibrate();
+    let now = super::clock::now_ns();
     out.ticks = out.ticks.wrapping_add(1);
     if out.ticks % REAP_EVERY == 0 && !at_exit {
         let events = &mut out.events;
@@ -381,7 +382,7 @@ fn tick_locked(
         }
     }
     if at_exit {
-        let ok = out.w.finish_in_place(crate::ids::now_ns()).is_ok();
+        let ok = out.w.finish_in_place(super::clock::now_ns()).is_ok();
         out.finished = true;
         return ok;
     }

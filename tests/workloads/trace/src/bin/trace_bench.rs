@@ -44,18 +44,29 @@ fn process_cpu() -> u64 {
     clock(libc::CLOCK_PROCESS_CPUTIME_ID)
 }
 
-static CLOCKS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+/// Clock reads per traced call: `TRACE_CLOCK` (the dispatcher's: `tracer::stamp()` and
+/// `Stamp::latency_ns`), `SYNTHETIC` (none: the tracer layer's own cost, `emit`), or
+/// `GETTIME` (two `clock_gettime(CLOCK_MONOTONIC)`, what the dispatcher read before the TSC
+/// clock; kept for comparison).
+static CLOCKS: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(TRACE_CLOCK);
+const TRACE_CLOCK: u8 = 0;
+const SYNTHETIC: u8 = 1;
+const GETTIME: u8 = 2;
 
-/// What the dispatcher does per traced call: t0, the call, latency, emit. Without `CLOCKS`,
-/// synthetic times isolate the tracer layer's own cost (`emit`).
+/// What the dispatcher does per traced call: t0, the call, latency, emit.
 #[inline(never)]
 fn traced_call(i: u64, tid: u32) {
     if tracer::enabled() {
-        let (t0, latency) = if CLOCKS.load(std::sync::atomic::Ordering::Relaxed) {
-            let t0 = mono();
-            (t0, mono().saturating_sub(t0) as u32)
-        } else {
-            (1_000_000_000 + i * 1000, 500)
+        let (t0, latency) = match CLOCKS.load(std::sync::atomic::Ordering::Relaxed) {
+            TRACE_CLOCK => {
+                let s = tracer::stamp();
+                (s.ns, s.latency_ns())
+            }
+            GETTIME => {
+                let t0 = mono();
+                (t0, mono().saturating_sub(t0) as u32)
+            }
+            _ => (1_000_000_000 + i * 1000, 500),
         };
         let m = MemOp {
             t_ns: t0,
@@ -232,7 +243,11 @@ fn main() {
     match a.as_slice() {
         ["hot", stacks, n, on] => hot(stacks.parse().unwrap(), n.parse().unwrap(), *on == "1"),
         ["emit", stacks, n] => {
-            CLOCKS.store(false, std::sync::atomic::Ordering::Relaxed);
+            CLOCKS.store(SYNTHETIC, std::sync::atomic::Ordering::Relaxed);
+            hot(stacks.parse().unwrap(), n.parse().unwrap(), true)
+        }
+        ["gettime", stacks, n] => {
+            CLOCKS.store(GETTIME, std::sync::atomic::Ordering::Relaxed);
             hot(stacks.parse().unwrap(), n.parse().unwrap(), true)
         }
         ["sustained", t, n] => sustained(t.parse().unwrap(), n.parse().unwrap()),
