@@ -370,12 +370,18 @@ impl RecordEncoder {
 
     /// Appends one record for `ev`. Never fails; strings longer than 64 KiB and stacks deeper
     /// than 1024 frames are cut.
+    #[inline]
     pub fn push(&mut self, ev: &Event) {
         match ev {
-            Event::Alloc(m) => return self.memop(tag::ALLOC, 0, m),
-            Event::Free(m) => return self.memop(tag::FREE, 1, m),
-            _ => {}
+            Event::Alloc(m) => self.memop(tag::ALLOC, 0, m),
+            Event::Free(m) => self.memop(tag::FREE, 1, m),
+            _ => self.push_other(ev),
         }
+    }
+
+    /// Every record but the MemOps (rare: kept out of line).
+    #[inline(never)]
+    fn push_other(&mut self, ev: &Event) {
         self.records += 1;
         self.buf.push(record_tag(ev));
         let at = self.buf.len();
@@ -561,23 +567,22 @@ impl RecordEncoder {
         }
         // A free of a recently allocated block of the same size refers to it by table slot.
         let ls = live_slot(m.addr);
-        let e = st.live[ls];
-        let by_ref = slot == 1
-            && m.addr != 0
-            && e.generation == st.generation
-            && e.addr == m.addr
-            && e.size == m.size;
+        let by_ref = slot == 1 && m.addr != 0 && {
+            let e = st.live[ls];
+            e.generation == st.generation && e.addr == m.addr && e.size == m.size
+        };
         let reuse = if slot == 0 && m.addr != 0 {
             find_freed(&self.freed_addr, &self.freed_tag, st, m.addr)
         } else {
             None
         };
         // Every field fits: the payload is at most 71 bytes, so the length is one byte. The
-        // record is written in place (80 zeroed bytes, cut to its length after): a fixed-size
-        // copy, no call to memcpy.
+        // record is written in place (REC zeroed bytes, cut to its length after): fixed-size
+        // stores, no call to memcpy; positions are taken modulo REC (never reached: at most
+        // 73 bytes are written), which spares a bounds check per byte.
         let at = self.buf.len();
-        self.buf.extend_from_slice(&[0u8; 80]);
-        let Ok(b) = <&mut [u8; 80]>::try_from(&mut self.buf[at..at + 80]) else {
+        self.buf.extend_from_slice(&[0u8; REC]);
+        let Ok(b) = <&mut [u8; REC]>::try_from(&mut self.buf[at..at + REC]) else {
             return;
         };
         b[0] = if by_ref {
@@ -593,11 +598,11 @@ impl RecordEncoder {
             n = wv(b, n, api as u64);
         }
         if mk & mask::KIND != 0 {
-            b[n] = kind;
+            b[n % REC] = kind;
             n += 1;
         }
         if mk & mask::FLAGS != 0 {
-            b[n] = m.flags;
+            b[n % REC] = m.flags;
             n += 1;
         }
         if mk & mask::DEVICE != 0 {
@@ -618,14 +623,14 @@ impl RecordEncoder {
         // Repetitive fields first, the noisy timing fields last: zstd then finds the former
         // repeating across loop iterations as one match.
         if by_ref {
-            b[n] = ls as u8;
+            b[n % REC] = ls as u8;
             n += 1;
         } else if let Some((j, f)) = reuse {
             if f.size == m.size {
-                b[n] = j as u8 | REUSE_SAME_SIZE;
+                b[n % REC] = j as u8 | REUSE_SAME_SIZE;
                 n += 1;
             } else {
-                b[n] = j as u8;
+                b[n % REC] = j as u8;
                 n = wv(b, n + 1, m.size);
             }
             st.addr = m.addr;
@@ -715,25 +720,28 @@ fn find_freed(
     Some((j, st.freed[st.freed_head.wrapping_sub(1 + j) % FREED]))
 }
 
+/// Scratch size of one MemOp record (a power of two above its largest size, 73 bytes).
+const REC: usize = 128;
+
 /// Writes `v` as a varint at `b[n..]`, returns the new position.
 #[inline(always)]
-fn wv(b: &mut [u8; 80], mut n: usize, mut v: u64) -> usize {
+fn wv(b: &mut [u8; REC], mut n: usize, mut v: u64) -> usize {
     // Most fields take one or two bytes: no loop for those.
     if v < 0x80 {
-        b[n] = v as u8;
+        b[n % REC] = v as u8;
         return n + 1;
     }
     if v < 0x4000 {
-        b[n] = (v as u8) | 0x80;
-        b[n + 1] = (v >> 7) as u8;
+        b[n % REC] = (v as u8) | 0x80;
+        b[(n + 1) % REC] = (v >> 7) as u8;
         return n + 2;
     }
     while v >= 0x80 {
-        b[n] = (v as u8) | 0x80;
+        b[n % REC] = (v as u8) | 0x80;
         v >>= 7;
         n += 1;
     }
-    b[n] = v as u8;
+    b[n % REC] = v as u8;
     n + 1
 }
 

@@ -35,6 +35,7 @@
 //! (`dl_iterate_phdr`) is written at start and whenever the loader reports new objects, so
 //! `vramshim` symbolizes after the fact.
 
+mod barrier;
 mod clock;
 mod header;
 mod modules;
@@ -72,6 +73,7 @@ pub fn emit(ev: Event) {
 /// writer and buffers; the child starts its own file on its first event.
 pub fn on_fork_child() {
     clock::on_fork_child();
+    barrier::on_fork_child();
     writer::on_fork_child();
     slots::on_fork_child();
     stacks::on_fork_child();

@@ -187,6 +187,7 @@ fn start() -> bool {
         fast: false,
     };
     out.modules.scan(&mut out.events, true);
+    super::barrier::init();
     let (tx, rx) = bounded(CHANNEL_BUFFERS);
     let (spare_tx, spare_rx) = bounded(SPARE_BUFFERS);
     let sh: &'static Shared = Box::leak(Box::new(Shared {
