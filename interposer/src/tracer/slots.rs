@@ -393,10 +393,18 @@ fn wait_for_writer() {
 }
 
 /// Writer side: take every slot's partial buffer. `f` gets whole records.
-pub fn drain_all(mut f: impl FnMut(Vec<u8>, RecordStats), spins: u32) {
-    // Claim every slot, one barrier for all of them, then take each buffer.
-    let mut held: Vec<Guard<'static>> = Vec::new();
-    for_each(|s| held.extend(s.try_claim_for(spins)));
+pub fn drain_all(f: impl FnMut(Vec<u8>, RecordStats), spins: u32) {
+    let mut all = Vec::new();
+    for_each(|s| all.push(s));
+    drain(&all, f, spins);
+}
+
+/// Claim every slot, one barrier for all of them, take each buffer, then hand them to `f`.
+fn drain(slots: &[&'static Slot], mut f: impl FnMut(Vec<u8>, RecordStats), spins: u32) {
+    let held: Vec<Guard<'static>> = slots
+        .iter()
+        .filter_map(|s| s.try_claim_for(spins))
+        .collect();
     if held.iter().any(|g| g.how == Held::Claim) && !barrier::heavy() {
         return; // the guards' drops withdraw the claims; the buffers wait for next time
     }
@@ -465,4 +473,103 @@ pub fn reap_dead(pid: u32, mut on_dead: impl FnMut(u32)) {
 pub fn on_fork_child() {
     HEAD.store(ptr::null_mut(), Ordering::Relaxed);
     MY.with(|m| m.set(ptr::null()));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vramshim_trace::{AllocKind, Api, MemOp};
+
+    fn new_slot() -> &'static Slot {
+        Box::leak(Box::new(Slot {
+            next: AtomicPtr::new(ptr::null_mut()),
+            lock: AtomicBool::new(false),
+            busy: AtomicBool::new(false),
+            claim: AtomicBool::new(false),
+            owner: AtomicU32::new(1),
+            inner: UnsafeCell::new(Inner {
+                enc: RecordEncoder::with_capacity(SEND_AT),
+                next_try: usize::MAX,
+                events: 0,
+            }),
+            live: [const { AtomicI64::new(0) }; MAX_DEV],
+        }))
+    }
+
+    /// The owner appends (the hot path's way in) while another thread drains the slot as fast
+    /// as it can (the writer's way): every event arrives once, in order, in whole records.
+    /// `VRAMSHIM_SLOTS_FAULT=nowait` makes the drain skip waiting for the owner: this fails.
+    #[test]
+    fn drains_racing_the_owner_tear_and_lose_nothing() {
+        barrier::init();
+        let broken = std::env::var("VRAMSHIM_SLOTS_FAULT").is_ok_and(|v| v == "nowait");
+        let slot = new_slot();
+        const N: u64 = 2_000_000;
+        let done = std::sync::Arc::new(AtomicBool::new(false));
+        let owner = {
+            let done = done.clone();
+            std::thread::spawn(move || {
+                for i in 0..N {
+                    let g = slot.enter();
+                    let inner = g.inner();
+                    if inner.enc.is_empty() {
+                        inner.enc.begin(1);
+                    }
+                    inner.enc.push(&Event::Alloc(MemOp {
+                        t_ns: i,
+                        tid: 1,
+                        api: Api::CudaMalloc,
+                        kind: AllocKind::Runtime,
+                        flags: 0,
+                        device: 0,
+                        stream: 0,
+                        addr: 0x1000 + (i << 8),
+                        size: i,
+                        result: 0,
+                        latency_ns: 0,
+                        stack: 0,
+                    }));
+                }
+                done.store(true, Ordering::Release);
+            })
+        };
+        let mut chunks = Vec::new();
+        let mut drains = 0u64;
+        while !done.load(Ordering::Acquire) {
+            if broken {
+                // The race the protocol prevents: take the buffer while the owner may write.
+                if let Some(g) = slot.try_claim_for(1 << 20) {
+                    let inner = g.inner();
+                    if !inner.enc.is_empty() {
+                        chunks.push(inner.enc.take());
+                        inner.enc.set_buffer(Vec::with_capacity(SEND_AT));
+                    }
+                }
+            } else {
+                drain(&[slot], |b, s| chunks.push((b, s)), 1 << 20);
+            }
+            drains += 1;
+        }
+        owner.join().unwrap();
+        drain(&[slot], |b, s| chunks.push((b, s)), 1 << 20);
+        let mut file = Vec::new();
+        {
+            let mut w = vramshim_trace::TraceWriter::new(&mut file, &Default::default()).unwrap();
+            for (b, s) in &chunks {
+                w.write_records(b, *s).unwrap();
+            }
+            w.finish().unwrap();
+        }
+        let mut r = vramshim_trace::TraceReader::from_reader(std::io::Cursor::new(file)).unwrap();
+        let mut e = Event::Lost { t_ns: 0, count: 0 };
+        let mut next = 0u64;
+        while r.next_into(&mut e).unwrap() {
+            if let Event::Alloc(m) = &e {
+                assert_eq!((m.t_ns, m.size, m.addr), (next, next, 0x1000 + (next << 8)));
+                next += 1;
+            }
+        }
+        assert_eq!(next, N, "events decoded after {drains} drains");
+        assert!(drains > 10, "the drains raced the owner ({drains})");
+    }
 }
