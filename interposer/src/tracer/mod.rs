@@ -159,6 +159,12 @@ pub mod testing {
         ENABLED.store(true, Ordering::Relaxed);
     }
 
+    /// Keep every frame of a stack (none is skipped as libvramshim's own): for a benchmark
+    /// binary that links the tracer in, where "own" would be the whole binary.
+    pub fn keep_own_frames() {
+        stacks::keep_own_frames();
+    }
+
     /// What the writer counted as lost so far.
     pub fn lost() -> u64 {
         writer::lost_total()

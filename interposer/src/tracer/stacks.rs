@@ -47,6 +47,11 @@ struct Walk {
     last_ip: u64,
     /// CFA of the second frame: the stack pointer of `capture_interned`'s caller.
     second_cfa: u64,
+    /// Frames reported so far (the first is `capture_interned` itself: never kept, so the
+    /// list is the one the fast walk, which starts at its caller, finds).
+    seen: usize,
+    /// The walk stopped because it had `want` frames (not at the end of the stack).
+    full: bool,
 }
 
 extern "C" fn step(ctx: *mut c_void, arg: *mut c_void) -> c_int {
@@ -70,6 +75,10 @@ extern "C" fn step(ctx: *mut c_void, arg: *mut c_void) -> c_int {
     }
     w.prev_cfa = cfa;
     w.last_ip = ip;
+    w.seen += 1;
+    if w.seen == 1 {
+        return URC_NO_REASON;
+    }
     if w.skipping {
         if ip >= w.own.0 && ip < w.own.1 {
             return URC_NO_REASON;
@@ -79,6 +88,7 @@ extern "C" fn step(ctx: *mut c_void, arg: *mut c_void) -> c_int {
     w.frames.ips[w.frames.len] = ip;
     w.frames.len += 1;
     if w.frames.len >= w.want {
+        w.full = true;
         URC_NORMAL_STOP
     } else {
         URC_NO_REASON
@@ -97,6 +107,13 @@ fn own_range() -> (u64, u64) {
     OWN_HI.store(hi, Ordering::Relaxed);
     OWN_LO.store(lo, Ordering::Relaxed);
     (lo, hi)
+}
+
+/// Test hook: skip no frame as libvramshim's own (a benchmark that links the tracer into its
+/// own binary would otherwise skip all of its frames).
+pub fn keep_own_frames() {
+    OWN_HI.store(1, Ordering::Relaxed);
+    OWN_LO.store(1, Ordering::Relaxed);
 }
 
 // ---- the fast walk: libgcc's answers cached per return address.
@@ -443,12 +460,17 @@ pub fn capture_interned(depth: usize) -> Option<(u32, Option<Frames>)> {
         prev_cfa: 0,
         last_ip: 0,
         second_cfa: 0,
+        seen: 0,
+        full: false,
     };
     // SAFETY: `step` matches the callback ABI; `w` outlives the call.
     let rc = unsafe { _Unwind_Backtrace(step, &mut w as *mut Walk as *mut c_void) };
     // The walk ended by itself (end of stack, or libgcc found no unwind info past the last
-    // frame, e.g. `_start`): nothing follows `last_ip`.
-    if rc != URC_NORMAL_STOP && w.last_ip != 0 {
+    // frame, e.g. `_start`): nothing follows `last_ip`. (A walk our callback stopped returns
+    // _URC_FATAL_PHASE1_ERROR, not NORMAL_STOP: `full` tells them apart. Marking the last
+    // frame of a full walk as the end made every later fast walk through that return
+    // address stop there, miss the table and fall back to libgcc.)
+    if !w.full && rc != URC_NORMAL_STOP && w.last_ip != 0 {
         store_rule(w.last_ip, END);
     }
     if sp != 0 && w.second_cfa > sp && OFF0.load(Ordering::Relaxed) == 0 {

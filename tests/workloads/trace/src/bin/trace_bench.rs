@@ -105,6 +105,12 @@ fn hot(stacks: u32, n: u64, on: bool) {
     let dir = temp_dir("trace_bench_hot");
     if on {
         tracer::testing::enable(dir.join("hot.vramtrace").to_str().unwrap(), stacks);
+        // The tracer is linked into this binary: by default all of its frames count as the
+        // tracer's own and are skipped (the walk then runs to the end of the stack and keeps
+        // the few libc frames). TRACE_BENCH_KEEP_OWN=1 keeps them: exactly `stacks` frames.
+        if std::env::var_os("TRACE_BENCH_KEEP_OWN").is_some() {
+            tracer::testing::keep_own_frames();
+        }
     }
     // SAFETY: gettid has no preconditions.
     let tid = unsafe { libc::gettid() } as u32;
@@ -219,9 +225,14 @@ fn count(path: &Path) -> (u64, u64) {
 
 /// Runs this binary with `args` and returns its stdout.
 fn sub(args: &[&str]) -> String {
+    sub_env(args, &[])
+}
+
+fn sub_env(args: &[&str], env: &[(&str, &str)]) -> String {
     let exe = std::env::current_exe().unwrap();
     let o = Command::new(exe)
         .args(args)
+        .envs(env.iter().copied())
         .env_remove("VRAMSHIM_TRACE")
         .env_remove("LD_PRELOAD")
         .output()
@@ -272,26 +283,55 @@ fn main() {
                     .collect(),
             );
             println!("| tracing off (enabled() = one relaxed load) | {off:.1} | - |");
-            for (label, mode, stacks, n) in [
+            type Row<'a> = (&'a str, &'a str, &'a str, &'a str, &'a [(&'a str, &'a str)]);
+            let rows: [Row; 6] = [
                 (
                     "tracer layer only (emit), no stacks",
                     "emit",
                     "0",
                     "1000000",
+                    &[],
                 ),
                 (
-                    "emit + the dispatcher's 2 clock reads, no stacks",
+                    "emit + the dispatcher's 2 trace-clock reads (TSC), no stacks",
                     "hot",
                     "0",
                     "1000000",
+                    &[],
                 ),
                 (
-                    "emit + 2 clock reads, VRAMSHIM_STACKS=16",
+                    "emit + 2 clock_gettime reads (the dispatcher before the TSC clock), no stacks",
+                    "gettime",
+                    "0",
+                    "1000000",
+                    &[],
+                ),
+                (
+                    "emit + 2 clock reads, VRAMSHIM_STACKS=16, 16 frames kept",
                     "hot",
                     "16",
                     "20000",
+                    &[("TRACE_BENCH_KEEP_OWN", "1")],
                 ),
-            ] {
+                (
+                    "same, every call walks (VRAMSHIM_STACKS_FAULT=nocache)",
+                    "hot",
+                    "16",
+                    "20000",
+                    &[
+                        ("TRACE_BENCH_KEEP_OWN", "1"),
+                        ("VRAMSHIM_STACKS_FAULT", "nocache"),
+                    ],
+                ),
+                (
+                    "emit + 2 clock reads, VRAMSHIM_STACKS=16 as before (binary's frames skipped: ~30 walked, 3 kept)",
+                    "hot",
+                    "16",
+                    "20000",
+                    &[],
+                ),
+            ];
+            for (label, mode, stacks, n, env) in rows {
                 let on = median(
                     (0..runs)
                         .map(|_| {
@@ -299,7 +339,7 @@ fn main() {
                             if mode == "hot" {
                                 a.push("1");
                             }
-                            field(&sub(&a), "ns_per_call")
+                            field(&sub_env(&a, env), "ns_per_call")
                         })
                         .collect(),
                 );
