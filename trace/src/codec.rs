@@ -593,33 +593,8 @@ impl RecordEncoder {
             tag_
         };
         b[2] = mk;
-        let mut n = 3;
-        if mk & mask::API != 0 {
-            n = wv(b, n, api as u64);
-        }
-        if mk & mask::KIND != 0 {
-            b[n % REC] = kind;
-            n += 1;
-        }
-        if mk & mask::FLAGS != 0 {
-            b[n % REC] = m.flags;
-            n += 1;
-        }
-        if mk & mask::DEVICE != 0 {
-            n = wv(b, n, zigzag(m.device as i64));
-        }
-        if mk & mask::STREAM != 0 {
-            n = wv(b, n, m.stream);
-        }
-        if mk & mask::RESULT != 0 {
-            n = wv(b, n, zigzag(m.result as i64));
-        }
-        if mk & mask::STACK != 0 {
-            n = wv(b, n, m.stack as u64);
-        }
-        if mk & mask::TID != 0 {
-            n = wv(b, n, m.tid as u64);
-        }
+        // Usually nothing but address, size and timing changes: the mask is 0.
+        let mut n = if mk == 0 { 3 } else { changed_fields(b, mk, m) };
         // Repetitive fields first, the noisy timing fields last: zstd then finds the former
         // repeating across loop iterations as one match.
         if by_ref {
@@ -718,6 +693,39 @@ fn find_freed(
     let newest = (15 - st.freed_head.wrapping_sub(1) % FREED) as u32;
     let j = (mask as u16).rotate_right(newest).trailing_zeros() as usize;
     Some((j, st.freed[st.freed_head.wrapping_sub(1 + j) % FREED]))
+}
+
+/// The fields a MemOp's mask says changed, from `b[3]` on; returns the new position.
+#[inline(never)]
+fn changed_fields(b: &mut [u8; REC], mk: u8, m: &MemOp) -> usize {
+    let mut n = 3;
+    if mk & mask::API != 0 {
+        n = wv(b, n, m.api as u16 as u64);
+    }
+    if mk & mask::KIND != 0 {
+        b[n % REC] = m.kind as u8;
+        n += 1;
+    }
+    if mk & mask::FLAGS != 0 {
+        b[n % REC] = m.flags;
+        n += 1;
+    }
+    if mk & mask::DEVICE != 0 {
+        n = wv(b, n, zigzag(m.device as i64));
+    }
+    if mk & mask::STREAM != 0 {
+        n = wv(b, n, m.stream);
+    }
+    if mk & mask::RESULT != 0 {
+        n = wv(b, n, zigzag(m.result as i64));
+    }
+    if mk & mask::STACK != 0 {
+        n = wv(b, n, m.stack as u64);
+    }
+    if mk & mask::TID != 0 {
+        n = wv(b, n, m.tid as u64);
+    }
+    n
 }
 
 /// Scratch size of one MemOp record (a power of two above its largest size, 73 bytes).

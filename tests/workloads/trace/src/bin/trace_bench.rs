@@ -136,6 +136,42 @@ fn hot(stacks: u32, n: u64, on: bool) {
     println!("hot stacks={stacks} on={on} ns_per_call={per_call:.1}");
 }
 
+/// The hot path's clock variants side by side in one process (same placement, same
+/// neighbours): `rounds` rounds, each measuring `n` calls per variant; the best round of each.
+fn mix(stacks: u32, n: u64, rounds: usize) {
+    let dir = temp_dir("trace_bench_mix");
+    tracer::testing::enable(dir.join("mix.vramtrace").to_str().unwrap(), stacks);
+    if std::env::var_os("TRACE_BENCH_KEEP_OWN").is_some() {
+        tracer::testing::keep_own_frames();
+    }
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() } as u32;
+    for i in 0..10_000 {
+        traced_call(i, tid);
+    }
+    let modes = [SYNTHETIC, TRACE_CLOCK, GETTIME];
+    let mut best = [f64::MAX; 3];
+    for _ in 0..rounds {
+        for (k, &mode) in modes.iter().enumerate() {
+            CLOCKS.store(mode, std::sync::atomic::Ordering::Relaxed);
+            let mut ns = 0;
+            deep(24, &mut || {
+                let t = thread_cpu();
+                for i in 0..n {
+                    traced_call(i, tid);
+                }
+                ns = thread_cpu() - t;
+            });
+            best[k] = best[k].min(ns as f64 / n as f64);
+        }
+    }
+    tracer::on_exit();
+    println!(
+        "mix stacks={stacks} emit={:.1} tsc={:.1} gettime={:.1}",
+        best[0], best[1], best[2]
+    );
+}
+
 fn sustained(threads: usize, events: u64) {
     let dir = temp_dir("trace_bench_sustained");
     let path = dir.join("s.vramtrace");
@@ -261,6 +297,7 @@ fn main() {
             CLOCKS.store(GETTIME, std::sync::atomic::Ordering::Relaxed);
             hot(stacks.parse().unwrap(), n.parse().unwrap(), true)
         }
+        ["mix", stacks, n] => mix(stacks.parse().unwrap(), n.parse().unwrap(), 7),
         ["sustained", t, n] => sustained(t.parse().unwrap(), n.parse().unwrap()),
         ["replay"] => replay(),
         [] => {
@@ -273,7 +310,7 @@ fn main() {
                 v[v.len() / 2]
             };
             println!(
-                "hot path: CPU ns per traced call on the calling thread (median of {runs} processes, each the best of 5 x 1M calls)"
+                "hot path: CPU ns per traced call on the calling thread (median of {runs} processes; in each, 7 rounds of the clock variants side by side, the best round of each)"
             );
             println!("| variant | ns/call | added ns/call |");
             println!("| --- | ---: | ---: |");
@@ -283,39 +320,17 @@ fn main() {
                     .collect(),
             );
             println!("| tracing off (enabled() = one relaxed load) | {off:.1} | - |");
-            type Row<'a> = (&'a str, &'a str, &'a str, &'a str, &'a [(&'a str, &'a str)]);
-            let rows: [Row; 6] = [
+            type Set<'a> = (&'a str, &'a str, &'a str, &'a [(&'a str, &'a str)]);
+            let sets: [Set; 3] = [
+                ("no stacks", "0", "1000000", &[]),
                 (
-                    "tracer layer only (emit), no stacks",
-                    "emit",
-                    "0",
-                    "1000000",
-                    &[],
-                ),
-                (
-                    "emit + the dispatcher's 2 trace-clock reads (TSC), no stacks",
-                    "hot",
-                    "0",
-                    "1000000",
-                    &[],
-                ),
-                (
-                    "emit + 2 clock_gettime reads (the dispatcher before the TSC clock), no stacks",
-                    "gettime",
-                    "0",
-                    "1000000",
-                    &[],
-                ),
-                (
-                    "emit + 2 clock reads, VRAMSHIM_STACKS=16, 16 frames kept",
-                    "hot",
+                    "VRAMSHIM_STACKS=16, 16 frames kept",
                     "16",
                     "20000",
                     &[("TRACE_BENCH_KEEP_OWN", "1")],
                 ),
                 (
-                    "same, every call walks (VRAMSHIM_STACKS_FAULT=nocache)",
-                    "hot",
+                    "VRAMSHIM_STACKS=16, every call walks (VRAMSHIM_STACKS_FAULT=nocache)",
                     "16",
                     "20000",
                     &[
@@ -323,28 +338,32 @@ fn main() {
                         ("VRAMSHIM_STACKS_FAULT", "nocache"),
                     ],
                 ),
-                (
-                    "emit + 2 clock reads, VRAMSHIM_STACKS=16 as before (binary's frames skipped: ~30 walked, 3 kept)",
-                    "hot",
-                    "16",
-                    "20000",
-                    &[],
-                ),
             ];
-            for (label, mode, stacks, n, env) in rows {
-                let on = median(
-                    (0..runs)
-                        .map(|_| {
-                            let mut a = vec![mode, stacks, n];
-                            if mode == "hot" {
-                                a.push("1");
-                            }
-                            field(&sub_env(&a, env), "ns_per_call")
-                        })
-                        .collect(),
-                );
-                println!("| {label} | {on:.1} | {:.1} |", on - off);
+            for (label, stacks, n, env) in sets {
+                let outs: Vec<String> = (0..runs)
+                    .map(|_| sub_env(&["mix", stacks, n], env))
+                    .collect();
+                for (key, what) in [
+                    ("emit", "tracer layer only (emit)"),
+                    ("tsc", "emit + the dispatcher's 2 trace-clock reads (TSC)"),
+                    (
+                        "gettime",
+                        "emit + 2 clock_gettime (the dispatcher before the TSC clock)",
+                    ),
+                ] {
+                    let v = median(outs.iter().map(|o| field(o, key)).collect());
+                    println!("| {what}, {label} | {v:.1} | {:.1} |", v - off);
+                }
             }
+            let old = median(
+                (0..runs)
+                    .map(|_| field(&sub(&["hot", "16", "20000", "1"]), "ns_per_call"))
+                    .collect(),
+            );
+            println!(
+                "| emit + 2 TSC reads, VRAMSHIM_STACKS=16 as defined before (the binary's frames skipped as own: ~30 walked, 3 kept) | {old:.1} | {:.1} |",
+                old - off
+            );
             println!();
             println!("sustained: 2 threads emit 10M events as fast as they can (median of {runs})");
             println!(
