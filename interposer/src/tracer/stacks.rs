@@ -566,3 +566,36 @@ pub fn on_fork_child() {
     }
     NEXT_ID.store(1, Ordering::Relaxed);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[inline(never)]
+    fn recurse(depth: u32, out: &mut Option<(u32, Option<Frames>)>) {
+        if depth == 0 {
+            *out = capture_interned(4);
+        } else {
+            recurse(depth - 1, out);
+        }
+        std::hint::black_box(depth);
+    }
+
+    /// A libgcc walk that stops at the wanted depth (the stack goes on) must not record its
+    /// last return address as the end of the stack: fast walks through it would stop there.
+    #[test]
+    fn a_walk_stopped_at_the_wanted_depth_marks_no_end() {
+        keep_own_frames();
+        let mut out = None;
+        recurse(12, &mut out);
+        let (id, frames) = out.expect("a stack");
+        let frames = frames.expect("first appearance: frames");
+        assert_eq!(frames.as_slice().len(), 4);
+        let last = *frames.as_slice().last().unwrap();
+        assert_ne!(rule(last), Some(END), "the 4th frame was marked as the end");
+        // And the same stack is found again without libgcc (fast walk or remembered walk).
+        let mut again = None;
+        recurse(12, &mut again);
+        assert_eq!(again.map(|(i, f)| (i, f.is_none())), Some((id, true)));
+    }
+}
