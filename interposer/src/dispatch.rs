@@ -294,7 +294,11 @@ fn alloc_layered(
     real: impl FnOnce() -> RealResult,
 ) -> Outcome {
     let traced = tracer::enabled();
-    let t0 = if traced { ids::now_ns() } else { 0 };
+    let t0 = if traced {
+        tracer::stamp()
+    } else {
+        tracer::Stamp::NONE
+    };
 
     // ---- cap
     let mut charged = 0u64;
@@ -319,7 +323,7 @@ fn alloc_layered(
                 );
                 if traced {
                     tracer::emit(Event::CapRefusal {
-                        t_ns: t0,
+                        t_ns: t0.ns,
                         tid: ids::tid(),
                         device: req.device,
                         api: req.api,
@@ -488,7 +492,11 @@ fn free_layered(
     real: impl FnOnce() -> c_int,
 ) -> c_int {
     let traced = tracer::enabled();
-    let t0 = if traced { ids::now_ns() } else { 0 };
+    let t0 = if traced {
+        tracer::stamp()
+    } else {
+        tracer::Stamp::NONE
+    };
     if req.key == 0 {
         // cudaFree(NULL) & co.: a no-op (or context initialization) for CUDA.
         let rc = real();
@@ -536,7 +544,7 @@ fn free_layered(
     if traced {
         let fl = req.flags | (efl & flags::POOLED);
         tracer::emit(Event::Free(MemOp {
-            t_ns: t0,
+            t_ns: t0.ns,
             tid: ids::tid(),
             api: req.api,
             kind,
@@ -546,7 +554,7 @@ fn free_layered(
             addr: req.key,
             size,
             result: rc,
-            latency_ns: latency(t0),
+            latency_ns: t0.latency_ns(),
             stack: 0,
         }));
     }
@@ -604,7 +612,7 @@ pub fn meminfo(
     );
     if tracer::enabled() {
         tracer::emit(Event::MemInfo {
-            t_ns: ids::now_ns(),
+            t_ns: tracer::now_ns(),
             tid: ids::tid(),
             api,
             device: dev,
@@ -626,7 +634,7 @@ pub fn device_reset(device: i32) {
         bytes = bytes.saturating_add(e.size);
         if traced {
             tracer::emit(Event::Free(MemOp {
-                t_ns: ids::now_ns(),
+                t_ns: tracer::now_ns(),
                 tid: ids::tid(),
                 api: Api::CudaDeviceReset,
                 kind: e.kind,
@@ -649,9 +657,17 @@ pub fn device_reset(device: i32) {
     );
 }
 
-fn emit_op(req: &Request, is_alloc: bool, fl: u8, addr: u64, size: u64, rc: c_int, t0: u64) {
+fn emit_op(
+    req: &Request,
+    is_alloc: bool,
+    fl: u8,
+    addr: u64,
+    size: u64,
+    rc: c_int,
+    t0: tracer::Stamp,
+) {
     let op = MemOp {
-        t_ns: t0,
+        t_ns: t0.ns,
         tid: ids::tid(),
         api: req.api,
         kind: req.kind,
@@ -661,7 +677,7 @@ fn emit_op(req: &Request, is_alloc: bool, fl: u8, addr: u64, size: u64, rc: c_in
         addr,
         size,
         result: rc,
-        latency_ns: latency(t0),
+        latency_ns: t0.latency_ns(),
         stack: 0,
     };
     tracer::emit(if is_alloc {
@@ -669,11 +685,6 @@ fn emit_op(req: &Request, is_alloc: bool, fl: u8, addr: u64, size: u64, rc: c_in
     } else {
         Event::Free(op)
     });
-}
-
-#[inline]
-fn latency(t0: u64) -> u32 {
-    ids::now_ns().saturating_sub(t0).min(u32::MAX as u64) as u32
 }
 
 fn is_runtime(api: Api) -> bool {
