@@ -1023,6 +1023,17 @@ impl RecordDecoder {
         Ok(())
     }
 
+    /// The MemOp of one record (row or columnar), without building an [`Event`].
+    #[inline(always)]
+    pub fn memop_fields(
+        &mut self,
+        tag_: u8,
+        c: &mut Cur,
+        cols: Option<(&[u8], &mut TimeCursor)>,
+    ) -> Result<MemOp, RecordError> {
+        self.memop(tag_, c, cols)
+    }
+
     #[inline(always)]
     fn memop(
         &mut self,

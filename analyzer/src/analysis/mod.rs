@@ -4,6 +4,7 @@
 pub mod compare;
 pub mod diff;
 mod elf;
+mod fast;
 pub mod report;
 mod sites;
 pub mod symbols;
@@ -92,6 +93,10 @@ pub(crate) struct PendingPm {
     pub pm: PostMortem,
     pub tid: u32,
     pub linked: bool,
+    /// Fast path only: the reorder batch of the event, and (time, batch) of the failed Alloc
+    /// that `alloc_index` names, so `fast` can renumber both exactly.
+    pub batch: u64,
+    pub alloc_at: (u64, u64),
 }
 
 const LIFETIME_EDGES: [u64; 9] = [
@@ -119,6 +124,8 @@ pub(crate) struct DevState {
     pub peak: u64,
     pub peak_t: u64,
     pub peak_index: u64,
+    /// Fast path only: the reorder batch of the peak's event (see `fast`).
+    pub peak_batch: u64,
     pub peak_pending: bool,
     pub peak_snap: Option<Snapshot>,
     pub reserved: Option<u64>,
@@ -159,6 +166,7 @@ impl DevState {
             peak: 0,
             peak_t: 0,
             peak_index: 0,
+            peak_batch: 0,
             peak_pending: false,
             peak_snap: None,
             reserved: None,
@@ -259,6 +267,8 @@ pub struct Analysis {
     pub(crate) forks: Vec<u32>,
     pub(crate) out_of_order: u64,
     pub(crate) last_tid: u32,
+    /// The reorder batch of the events being fed (fast path only; see `fast`).
+    pub(crate) batch: u64,
 }
 
 impl Analysis {
@@ -280,6 +290,7 @@ impl Analysis {
             forks: Vec::new(),
             out_of_order: 0,
             last_tid: u32::MAX,
+            batch: 0,
         }
     }
 
@@ -334,12 +345,12 @@ impl Analysis {
             Event::Alloc(m) => {
                 self.clock(m.t_ns);
                 self.thread(m.tid);
-                self.alloc(m);
+                self.alloc(&m);
             }
             Event::Free(m) => {
                 self.clock(m.t_ns);
                 self.thread(m.tid);
-                self.free(m);
+                self.free(&m);
             }
             other => self.other(other),
         }
@@ -347,8 +358,9 @@ impl Analysis {
     }
 
     #[inline]
-    fn alloc(&mut self, m: MemOp) {
+    fn alloc(&mut self, m: &MemOp) {
         let index = self.index;
+        let batch = self.batch;
         let top = self.opts.top;
         let max_pm = self.opts.max_post_mortems;
         let d = self.dev(m.device);
@@ -403,13 +415,14 @@ impl Analysis {
             d.peak = d.in_use;
             d.peak_t = m.t_ns;
             d.peak_index = index;
+            d.peak_batch = batch;
             d.peak_pending = true;
         }
         d.timeline.in_use(m.t_ns, d.in_use);
     }
 
     #[inline]
-    fn free(&mut self, m: MemOp) {
+    fn free(&mut self, m: &MemOp) {
         let top = self.opts.top;
         let short = self.opts.short_lived_ns;
         let d = self.dev(m.device);
@@ -462,8 +475,9 @@ impl Analysis {
     }
 
     #[cold]
-    fn oom(&mut self, m: MemOp, index: u64, top: usize, max_pm: usize) {
+    fn oom(&mut self, m: &MemOp, index: u64, top: usize, max_pm: usize) {
         let total = self.device_total(m.device);
+        let batch = self.batch;
         let d = self.dev(m.device);
         d.ooms += 1;
         let refused = m.flags & flags::CAP_REFUSED != 0;
@@ -482,6 +496,7 @@ impl Analysis {
                 p.pm.stack = m.stack;
                 p.pm.stream = m.stream;
                 p.pm.alloc_index = Some(index);
+                p.alloc_at = (m.t_ns, batch);
                 return;
             }
         }
@@ -511,6 +526,8 @@ impl Analysis {
             pm,
             tid: m.tid,
             linked: true,
+            batch,
+            alloc_at: (m.t_ns, batch),
         });
     }
 
@@ -528,6 +545,7 @@ impl Analysis {
             self.clock(t);
         }
         let index = self.index;
+        let batch = self.batch;
         let top = self.opts.top;
         let max_pm = self.opts.max_post_mortems;
         match ev {
@@ -573,6 +591,8 @@ impl Analysis {
                     pm,
                     tid,
                     linked: false,
+                    batch,
+                    alloc_at: (0, 0),
                 });
             }
             Event::PoolTrim {
@@ -669,8 +689,48 @@ impl Analysis {
     }
 }
 
-/// Reads a whole trace and analyzes it.
-pub fn analyze(mut opened: Opened, opts: &Options) -> Result<TraceReport, InputError> {
+/// Reads a whole trace and analyzes it. A `.vramtrace` already in time order takes the fast
+/// path (`fast`: decoder straight into the analysis); everything else, and a trace the fast
+/// path gives up on, goes through the reorder window. Both give the same report.
+pub fn analyze(opened: Opened, opts: &Options) -> Result<TraceReport, InputError> {
+    if opened.format == Format::VramTrace {
+        let mut progress = Progress::maybe(
+            &format!("reading {}", opened.path.display()),
+            opened.len,
+            opts.progress,
+        );
+        let path = opened.path.display().to_string();
+        let mut a = Analysis::new(opts.clone(), opened.header.clone(), &path, opened.format);
+        if let Some((warnings, torn)) =
+            fast::analyze(&opened.path, &mut a, &mut progress, opts.progress)?
+        {
+            progress.finish();
+            let mut r = a.finish(warnings);
+            r.torn = torn;
+            return Ok(r);
+        }
+        progress.finish();
+    }
+    analyze_windowed(opened, opts)
+}
+
+/// [`analyze`]'s fast path alone: `Ok(None)` when the trace needs the reorder window (not in
+/// time order, ...). For tests that check both paths agree.
+pub fn analyze_in_order(opened: Opened, opts: &Options) -> Result<Option<TraceReport>, InputError> {
+    let mut progress = Progress::maybe("", 0, false);
+    let path = opened.path.display().to_string();
+    let mut a = Analysis::new(opts.clone(), opened.header.clone(), &path, opened.format);
+    Ok(
+        fast::analyze(&opened.path, &mut a, &mut progress, false)?.map(|(warnings, torn)| {
+            let mut r = a.finish(warnings);
+            r.torn = torn;
+            r
+        }),
+    )
+}
+
+/// [`analyze`] through the reorder window only (the reference the fast path must match).
+pub fn analyze_windowed(mut opened: Opened, opts: &Options) -> Result<TraceReport, InputError> {
     let mut progress = Progress::maybe(
         &format!("reading {}", opened.path.display()),
         opened.len,
