@@ -134,20 +134,82 @@ impl Columns {
     }
 }
 
-/// Where the reader's timing streams are, and how far each has been read.
-#[derive(Clone, Copy, Default, Debug)]
+/// Where the reader's timing streams are, and the frame's timing values, decoded up front by
+/// [`TimeCursor::load`] (one tight loop per stream pair instead of two varint reads per record).
+#[derive(Clone, Debug)]
 pub(crate) struct TimeCursor {
     pub pos: [usize; STREAMS],
     pub end: [usize; STREAMS],
+    /// Values per (class, field): class 0 gap, class 0 latency, class 1 gap, class 1 latency.
+    vals: [Vec<u64>; 4],
+    /// What reading one value past the end of `vals[k]` gives: the stream's first malformed
+    /// value, or running out.
+    err: [RecordError; 4],
+    /// Next value per class.
+    next: [usize; 2],
+}
+
+impl Default for TimeCursor {
+    fn default() -> Self {
+        TimeCursor {
+            pos: [0; STREAMS],
+            end: [0; STREAMS],
+            vals: Default::default(),
+            err: [RecordError::ColumnOverrun; 4],
+            next: [0; 2],
+        }
+    }
 }
 
 impl TimeCursor {
-    /// `(gap, latency)` of the next MemOp of `class`, read from the streams in `raw`.
+    /// Decodes every value of the frame's timing streams (`pos`/`end` set, `raw` the frame).
+    /// The values and the error after them are exactly what reading them one by one gives.
+    pub fn load(&mut self, raw: &[u8]) {
+        for k in 0..4 {
+            let lo = 1 + 2 * k;
+            let mut v = std::mem::take(&mut self.vals[k]);
+            v.clear();
+            let (low, high) = (
+                raw.get(self.pos[lo]..self.end[lo]).unwrap_or_default(),
+                raw.get(self.pos[lo + 1]..self.end[lo + 1])
+                    .unwrap_or_default(),
+            );
+            if low.len() == high.len() && high.iter().fold(0, |a, &b| a | b) < 0x80 {
+                // Every high part is one byte (the common case): no varints to walk.
+                v.extend(
+                    low.iter()
+                        .zip(high)
+                        .map(|(&l, &h)| l as u64 | (h as u64) << 8),
+                );
+                self.pos[lo] = self.end[lo];
+                self.pos[lo + 1] = self.end[lo + 1];
+                self.err[k] = RecordError::ColumnOverrun;
+            } else {
+                v.reserve(low.len());
+                self.err[k] = loop {
+                    match self.value(raw, lo) {
+                        Ok(x) => v.push(x),
+                        Err(e) => break e,
+                    }
+                };
+            }
+            self.vals[k] = v;
+        }
+        self.next = [0; 2];
+    }
+
+    /// `(gap, latency)` of the next MemOp of `class`.
     #[inline(always)]
-    pub fn next(&mut self, raw: &[u8], class: usize) -> Result<(u64, u64), RecordError> {
-        let gap = self.value(raw, stream(class, 0))?;
-        let lat = self.value(raw, stream(class, 2))?;
-        Ok((gap, lat))
+    pub fn next(&mut self, class: usize) -> Result<(u64, u64), RecordError> {
+        let i = self.next[class];
+        match (self.vals[2 * class].get(i), self.vals[2 * class + 1].get(i)) {
+            (Some(&gap), Some(&lat)) => {
+                self.next[class] = i + 1;
+                Ok((gap, lat))
+            }
+            (None, _) => Err(self.err[2 * class]),
+            (Some(_), None) => Err(self.err[2 * class + 1]),
+        }
     }
 
     #[inline(always)]

@@ -596,6 +596,7 @@ impl<R: Read> TraceReader<R> {
             cp += c;
         }
         self.rend = self.tc.end[0];
+        self.tc.load(&self.raw);
         Ok(())
     }
 }
@@ -624,31 +625,35 @@ impl<R: Read> TraceReader<R> {
         let mut rp = self.rp;
         let rend = self.rend;
         let mut n = 0u64;
-        let r = loop {
+        let r = 'records: loop {
+            if self.columnar {
+                // A run of MemOp records: one cursor over the record stream, no re-slicing.
+                let mut c = Cur::new(&self.raw[..rend]);
+                c.p = rp;
+                while let Some(&tag_) = c.b.get(c.p)
+                    && is_memop(tag_)
+                {
+                    let at = c.p;
+                    c.p += 1;
+                    match self
+                        .dec
+                        .memop_fields(tag_, &mut c, Some((&[], &mut self.tc)))
+                    {
+                        Ok(m) => {
+                            n += 1;
+                            v.memop(tag_ == tag::ALLOC || tag_ == tag::ALLOC_REUSE, &m);
+                        }
+                        Err(e) => break 'records Err((at, e)),
+                    }
+                }
+                rp = c.p;
+            }
             if rp >= rend {
                 break Ok(());
             }
-            let raw = &self.raw[rp..rend];
-            let tag_ = raw[0];
-            if self.columnar && is_memop(tag_) {
-                let mut c = Cur::new(&raw[1..]);
-                match self
-                    .dec
-                    .memop_fields(tag_, &mut c, Some((&self.raw, &mut self.tc)))
-                {
-                    Ok(m) => {
-                        rp += 1 + c.p;
-                        n += 1;
-                        v.memop(tag_ == tag::ALLOC || tag_ == tag::ALLOC_REUSE, &m);
-                    }
-                    Err(e) => break Err((rp, e)),
-                }
-                continue;
-            }
             self.rp = rp;
             let mut ev = std::mem::replace(&mut self.scratch, Event::Lost { t_ns: 0, count: 0 });
-            let got = self.record(&mut ev);
-            match got {
+            match self.record(&mut ev) {
                 Ok(true) => {
                     n += 1;
                     match ev {

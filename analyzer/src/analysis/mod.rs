@@ -266,7 +266,9 @@ pub struct Analysis {
     pub(crate) threads: FastMap<u32, ()>,
     pub(crate) forks: Vec<u32>,
     pub(crate) out_of_order: u64,
-    pub(crate) last_tid: u32,
+    /// Thread ids already in `threads`, direct-mapped by the low bits (threads alternate, so
+    /// "same as the last one" misses often).
+    tid_seen: [u32; 64],
     /// The reorder batch of the events being fed (fast path only; see `fast`).
     pub(crate) batch: u64,
 }
@@ -289,7 +291,8 @@ impl Analysis {
             threads: FastMap::default(),
             forks: Vec::new(),
             out_of_order: 0,
-            last_tid: u32::MAX,
+            // Slot i starts with a value whose low bits are not i: matches no thread.
+            tid_seen: std::array::from_fn(|i| i as u32 + 1),
             batch: 0,
         }
     }
@@ -332,8 +335,9 @@ impl Analysis {
 
     #[inline]
     fn thread(&mut self, tid: u32) {
-        if tid != self.last_tid {
-            self.last_tid = tid;
+        let slot = &mut self.tid_seen[tid as usize & 63];
+        if *slot != tid {
+            *slot = tid;
             self.threads.insert(tid, ());
         }
     }
@@ -357,7 +361,7 @@ impl Analysis {
         self.index += 1;
     }
 
-    #[inline]
+    #[inline(always)]
     fn alloc(&mut self, m: &MemOp) {
         let index = self.index;
         let batch = self.batch;
@@ -421,7 +425,7 @@ impl Analysis {
         d.timeline.in_use(m.t_ns, d.in_use);
     }
 
-    #[inline]
+    #[inline(always)]
     fn free(&mut self, m: &MemOp) {
         let top = self.opts.top;
         let short = self.opts.short_lived_ns;
