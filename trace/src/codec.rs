@@ -738,6 +738,13 @@ impl<'a> Cur<'a> {
                 return Ok((first & 0x7f) as u64 | (second as u64) << 7);
             }
         }
+        self.varint_wide()
+    }
+
+    /// [`Cur::varint`] without the one- and two-byte shortcuts: for fields whose length varies
+    /// from record to record (addresses, sizes), where those branches mispredict.
+    #[inline(always)]
+    pub fn varint_wide(&mut self) -> Result<u64, RecordError> {
         // Up to 8 bytes at once when 8 are readable (all but a record stream's last bytes):
         // the 7-bit groups of a little-endian word are packed with three mask-and-shift steps,
         // with no branch on the length (field lengths vary from record to record).
@@ -1140,9 +1147,9 @@ impl RecordDecoder {
             };
             (e.addr, size)
         } else {
-            let addr = st.addr.wrapping_add(unzigzag(c.varint()?) as u64);
+            let addr = st.addr.wrapping_add(unzigzag(c.varint_wide()?) as u64);
             st.addr = addr;
-            (addr, c.varint()?)
+            (addr, c.varint_wide()?)
         };
         let (gap, lat) = match cols {
             None => (c.varint()?, c.varint()?),
@@ -1208,11 +1215,15 @@ mod varint_tests {
         for b in &cases {
             let mut fast = Cur::new(b);
             let mut slow = Cur::new(b);
+            let mut wide = Cur::new(b);
             let f = fast.varint();
+            let w = wide.varint_wide();
             let s = slow.varint_loop();
             assert_eq!(f, s, "{b:02x?}");
+            assert_eq!(w, s, "{b:02x?}");
             if s.is_ok() {
                 assert_eq!(fast.p, slow.p, "{b:02x?}");
+                assert_eq!(wide.p, slow.p, "{b:02x?}");
             }
         }
     }
