@@ -1153,7 +1153,7 @@ impl RecordDecoder {
         };
         let (gap, lat) = match cols {
             None => (c.varint()?, c.varint()?),
-            Some((_, tc)) => tc.next(crate::columns::class_of(tag_))?,
+            Some((raw, tc)) => tc.next(raw, crate::columns::class_of(tag_))?,
         };
         let t_ns = st.t.wrapping_add(unzigzag(gap) as u64);
         let latency_ns = u32::try_from(lat).map_err(|_| RecordError::BadValue("32-bit field"))?;

@@ -628,7 +628,8 @@ impl<R: Read> TraceReader<R> {
         let r = 'records: loop {
             if self.columnar {
                 // A run of MemOp records: one cursor over the record stream, no re-slicing.
-                let mut c = Cur::new(&self.raw[..rend]);
+                let (recs, raw) = (&self.raw[..rend], &self.raw[..]);
+                let mut c = Cur::new(recs);
                 c.p = rp;
                 while let Some(&tag_) = c.b.get(c.p)
                     && is_memop(tag_)
@@ -637,7 +638,7 @@ impl<R: Read> TraceReader<R> {
                     c.p += 1;
                     match self
                         .dec
-                        .memop_fields(tag_, &mut c, Some((&[], &mut self.tc)))
+                        .memop_fields(tag_, &mut c, Some((raw, &mut self.tc)))
                     {
                         Ok(m) => {
                             n += 1;
