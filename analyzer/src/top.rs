@@ -91,6 +91,23 @@ fn devices(s: &Snapshot) -> Vec<usize> {
     if v.is_empty() { vec![0] } else { v }
 }
 
+/// A line's device: `GPU-xxxxxxxx` (its UUID, as nvidia-smi shows it), or the line number
+/// while no process has charged it.
+fn device_label(s: &Snapshot, line: usize) -> String {
+    s.identities[line].map_or_else(|| format!("line {line}"), |id| id.short())
+}
+
+/// The cap on a line. Lines are physical devices; a per-device cap list names each process's
+/// own CUDA ordinals, which need not match between processes, so only a cap for every
+/// device has one value per line.
+fn line_cap_text(s: &Snapshot, line: usize) -> String {
+    if s.caps.all {
+        cap_text(s.caps.devices[line])
+    } else {
+        "per ordinal".into()
+    }
+}
+
 fn cap_text(c: Option<CapValue>) -> String {
     match c {
         None => "none".into(),
@@ -145,14 +162,14 @@ fn render_text(views: &[View]) -> String {
         ));
         let devs = devices(s);
         o.push_str(&format!(
-            "  {:<6} {:>16} {:>12} {:>12} {:>9}\n",
+            "  {:<12} {:>16} {:>12} {:>12} {:>9}\n",
             "DEVICE", "CAP", "IN USE", "PEAK", "REFUSED"
         ));
         for &d in &devs {
             o.push_str(&format!(
-                "  {:<6} {:>16} {:>12} {:>12} {:>9}\n",
-                d,
-                cap_text(s.caps.devices[d]),
+                "  {:<12} {:>16} {:>12} {:>12} {:>9}\n",
+                device_label(s, d),
+                line_cap_text(s, d),
                 human_bytes(s.totals[d]),
                 human_bytes(s.peaks[d]),
                 s.refusals[d]
@@ -161,7 +178,7 @@ fn render_text(views: &[View]) -> String {
         if !s.processes.is_empty() {
             o.push_str(&format!("  {:<8} {:<16}", "PID", "COMMAND"));
             for &d in &devs {
-                o.push_str(&format!(" {:>12}", format!("DEV{d}")));
+                o.push_str(&format!(" {:>12}", device_label(s, d)));
             }
             o.push_str(&format!(" {:>9}\n", "REFUSED"));
             for p in &s.processes {
@@ -202,7 +219,8 @@ fn render_json(views: &[View]) -> Value {
                 "created_unix": s.created_unix,
                 "devices": (0..MAX_DEVICES).filter(|&d| devices(s).contains(&d)).map(|d| json!({
                     "device": d,
-                    "cap": cap_json(s.caps.devices[d]),
+                    "id": s.identities[d].map(|id| id.short()),
+                    "cap": if s.caps.all { cap_json(s.caps.devices[d]) } else { Value::Null },
                     "in_use": s.totals[d],
                     "peak": s.peaks[d],
                     "refusals": s.refusals[d],
@@ -291,6 +309,8 @@ mod tests {
         let (r, _) = Region::open_or_create(&path, &parse_cap("0=4GiB,1=0.5").unwrap()).unwrap();
         let me = ProcessKey::current().unwrap();
         let s = r.claim_slot(me, 0).unwrap();
+        let gpu = vramshim_region::DeviceId([0xab; 16]);
+        assert_eq!(r.line_for(gpu), Some(0));
         r.charge(s, 0, 3 << 30, 4 << 30, Check::Atomic).unwrap();
         r.note_refusal(s, 0);
         let dead = r.claim_slot(ProcessKey::new(u32::MAX - 9, 1), 0).unwrap();
@@ -304,6 +324,10 @@ mod tests {
             "{text}"
         );
         assert!(text.contains(&me.pid().to_string()), "{text}");
+        assert!(
+            text.contains("GPU-abababab"),
+            "lines show their device: {text}"
+        );
         let j = render_json(&[v]);
         let reg = &j["regions"][0];
         assert_eq!(reg["in_use"][0], 3u64 << 30);
@@ -313,7 +337,18 @@ mod tests {
         );
         assert_eq!(reg["processes"].as_array().unwrap().len(), 1);
         assert_eq!(reg["devices"][0]["refusals"], 1);
-        assert_eq!(reg["devices"][1]["cap"]["fraction"], 0.5);
+        assert_eq!(reg["devices"][0]["id"], "GPU-abababab");
+        assert_eq!(
+            reg["devices"][0]["cap"],
+            Value::Null,
+            "a per-ordinal cap has no single value per physical device"
+        );
+        let (all, _) =
+            Region::open_or_create(&dir.join("all"), &parse_cap("50%").unwrap()).unwrap();
+        let s = all.claim_slot(me, 0).unwrap();
+        all.charge(s, 0, 1 << 20, u64::MAX, Check::Atomic).unwrap();
+        let j = render_json(&[look("all", &dir.join("all"), true)]);
+        assert_eq!(j["regions"][0]["devices"][0]["cap"]["fraction"], 0.5);
         let v = look("missing", &dir.join("none"), true);
         assert!(render_text(&[v]).contains("does not exist"));
     }

@@ -215,16 +215,34 @@ fn nvml_answers_follow_the_cuda_device_not_the_nvml_index() {
         "ip-nvml-order",
     );
     out.assert_success();
-    for line in [
-        "cuda 0: total=1024MiB used=64MiB v2 total=1024MiB used+reserved=64MiB",
-        "cuda 1: total=1024MiB used=0MiB v2 total=1024MiB used+reserved=0MiB",
-        "nvml_order: ok",
-    ] {
-        assert!(
-            out.stdout.contains(line),
-            "missing {line:?} in\n{}\n{}",
-            out.stdout,
-            out.stderr
-        );
-    }
+    let expect = |out: &vramshim_testkit::RunOutput| {
+        for line in [
+            "cuda 0: total=1024MiB used=64MiB v2 total=1024MiB used+reserved=64MiB",
+            "cuda 1: total=1024MiB used=0MiB v2 total=1024MiB used+reserved=0MiB",
+            "nvml_order: ok",
+        ] {
+            assert!(
+                out.stdout.contains(line),
+                "missing {line:?} in\n{}\n{}",
+                out.stdout,
+                out.stderr
+            );
+        }
+    };
+    expect(&out);
+    // The same with the simulator's own CUDA_VISIBLE_DEVICES (CUDA's device 0 is physical
+    // device 1, which NVML numbers 1).
+    let out = common::preloaded(
+        &exe,
+        &[],
+        &[
+            ("VRAMSIM_DEVICES", "2"),
+            ("CUDA_VISIBLE_DEVICES", "1,0"),
+            ("VRAMSHIM_CAP", "1GiB"),
+            ("VRAMSHIM_CAP_CONTEXT", "exclude"),
+        ],
+        "ip-nvml-cvd",
+    );
+    out.assert_success();
+    expect(&out);
 }

@@ -2,13 +2,18 @@
 //! charge allocations against one budget shared by every process with that name) and by
 //! `vramshim top` (to show it). Also the `VRAMSHIM_CAP` parser ([`spec`]), shared with the CLI.
 //!
-//! # Layout (version 1)
+//! # Layout (version 2)
 //! One file, `/dev/shm/vramshim-<uid>-<name>` (mode 0600, owned by the user), mapped shared:
 //! - a header: magic, version, layout size, number of devices and slots, creator uid, pid
 //!   namespace, creation time, the cap of each device (none / bytes / fraction) and the text it
 //!   came from, a "needs recount" bit per device;
-//! - per device, on its own cache line: the total charged (bytes in the low 44 bits, a
-//!   modification counter in the high 20), the peak and the refusals;
+//! - [`MAX_DEVICES`] device lines, one cache line each: which physical device the line counts
+//!   (its 16-byte identity, the driver's UUID, claimed by the first process that charges it),
+//!   the total charged (bytes in the low 44 bits, a modification counter in the high 20), the
+//!   peak and the refusals. Lines are keyed by identity, not by CUDA ordinal, because
+//!   processes of one group may see the same device under different ordinals
+//!   (`CUDA_VISIBLE_DEVICES=1` in one, `0,1` in another: both mean physical device 1);
+//!   version 1 keyed them by ordinal and charged such processes against the wrong budget;
 //! - [`MAX_SLOTS`] per-process slots, one cache-line group each: the owner's [`ProcessKey`]
 //!   (pid + start time; bit 63 set while a dead owner's slot is being reclaimed), an in-flight
 //!   counter, refusals, the full start time, and the bytes it holds per device.
@@ -20,6 +25,10 @@
 //! - Attach: the file must be a regular file owned by us, mode without group/other bits, of the
 //!   exact layout size, with our magic, version, sizes, uid and pid namespace; anything else is
 //!   refused with a [`RegionError`] whose text is the one line to print.
+//! - Line of a device ([`Region::line_for`]): lines are scanned in order; a published line
+//!   with the identity is the answer; a free line is claimed by CAS (free -> claiming), its
+//!   identity written, then published. Everyone scans in the same order and waits for a line
+//!   being claimed to be published, so two processes never claim two lines for one device.
 //! - Charge: `inflight += 1`; CAS loop on the device total (refused if it would pass the cap);
 //!   `slot.used[dev] += bytes`; `inflight -= 1`. Uncharge: the same bracket, slot first, then
 //!   total (saturating: never below zero).
@@ -50,7 +59,7 @@ pub use spec::{CapSpec, CapValue, MAX_DEVICES};
 /// "VRSHMCAP", little-endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"VRSHMCAP");
 /// Layout version; a region of another version is refused, never reinterpreted.
-pub const VERSION: u64 = 1;
+pub const VERSION: u64 = 2;
 /// Processes that can share one region at a time.
 pub const MAX_SLOTS: usize = 256;
 /// Bits of a device total that hold bytes (the rest count modifications, against ABA).
@@ -64,13 +73,71 @@ const KIND_NONE: u64 = 0;
 const KIND_BYTES: u64 = 1;
 const KIND_FRACTION: u64 = 2;
 
+/// Identifies a physical device across processes whatever their `CUDA_VISIBLE_DEVICES`: the
+/// driver's UUID (`cuDeviceGetUuid_v2`), or [`DeviceId::ordinal`] where it cannot be had.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DeviceId(pub [u8; 16]);
+
+impl DeviceId {
+    /// Stands for "CUDA ordinal `d`" when the driver cannot name the device (such lines are
+    /// shared only by processes that see the same devices under the same ordinals).
+    pub fn ordinal(d: usize) -> DeviceId {
+        let mut b = *b"ORDINAL:\0\0\0\0\0\0\0\0";
+        b[8..].copy_from_slice(&(d as u64).to_le_bytes());
+        DeviceId(b)
+    }
+
+    fn words(&self) -> [u64; 2] {
+        let (a, b) = self.0.split_at(8);
+        [
+            u64::from_le_bytes(a.try_into().unwrap_or([0; 8])),
+            u64::from_le_bytes(b.try_into().unwrap_or([0; 8])),
+        ]
+    }
+
+    fn from_words(w: [u64; 2]) -> DeviceId {
+        let mut b = [0u8; 16];
+        b[..8].copy_from_slice(&w[0].to_le_bytes());
+        b[8..].copy_from_slice(&w[1].to_le_bytes());
+        DeviceId(b)
+    }
+
+    /// `GPU-xxxxxxxx` (the form nvidia-smi and CUDA_VISIBLE_DEVICES use, shortened) or
+    /// `ordinal N`.
+    pub fn short(&self) -> String {
+        if self.0.starts_with(b"ORDINAL:") {
+            let n = u64::from_le_bytes(self.0[8..].try_into().unwrap_or([0; 8]));
+            return format!("ordinal {n}");
+        }
+        let hex: String = self.0[..4].iter().map(|b| format!("{b:02x}")).collect();
+        format!("GPU-{hex}")
+    }
+}
+
+const LINE_FREE: u64 = 0;
+const LINE_CLAIMING: u64 = 1;
+const LINE_PUBLISHED: u64 = 2;
+/// How long a scan waits for a line another process is claiming (two stores away from
+/// published) before giving up on it (that process died between the two).
+const CLAIM_WAIT_SPINS: u32 = 100_000;
+
 /// Per-device counters, one cache line each.
 #[repr(C, align(64))]
 pub struct DeviceLine {
     total: AtomicU64,
     peak: AtomicU64,
     refusals: AtomicU64,
-    _pad: [AtomicU64; 5],
+    claim: AtomicU64,
+    identity: [AtomicU64; 2],
+    _pad: [AtomicU64; 2],
+}
+
+impl DeviceLine {
+    fn published_identity(&self) -> Option<DeviceId> {
+        (self.claim.load(SeqCst) == LINE_PUBLISHED).then(|| {
+            DeviceId::from_words([self.identity[0].load(SeqCst), self.identity[1].load(SeqCst)])
+        })
+    }
 }
 
 #[repr(C)]
@@ -240,6 +307,8 @@ pub struct Snapshot {
     pub cap_text: String,
     pub creator_uid: u32,
     pub created_unix: u64,
+    /// Which device each line counts (None: not claimed yet).
+    pub identities: [Option<DeviceId>; MAX_DEVICES],
     pub totals: [u64; MAX_DEVICES],
     pub peaks: [u64; MAX_DEVICES],
     pub refusals: [u64; MAX_DEVICES],
@@ -604,7 +673,45 @@ impl Region {
         &self.layout().slots[s.0]
     }
 
-    /// Bytes charged on `dev` by every process sharing the region.
+    /// The line counting device `id`, claiming a free one on first use. `None` when every
+    /// line counts another device (more than [`MAX_DEVICES`] devices in one group) or a
+    /// claim was left half done by a process that died.
+    pub fn line_for(&self, id: DeviceId) -> Option<usize> {
+        let want = id.words();
+        for (i, line) in self.layout().header.devices.iter().enumerate() {
+            let mut spins = 0u32;
+            loop {
+                match line.claim.load(SeqCst) {
+                    LINE_PUBLISHED => break,
+                    LINE_FREE => {
+                        if line
+                            .claim
+                            .compare_exchange(LINE_FREE, LINE_CLAIMING, SeqCst, SeqCst)
+                            .is_ok()
+                        {
+                            line.identity[0].store(want[0], SeqCst);
+                            line.identity[1].store(want[1], SeqCst);
+                            line.claim.store(LINE_PUBLISHED, SeqCst);
+                            return Some(i);
+                        }
+                    }
+                    _ => {
+                        spins += 1;
+                        if spins > CLAIM_WAIT_SPINS {
+                            return None;
+                        }
+                        std::thread::yield_now();
+                    }
+                }
+            }
+            if line.published_identity() == Some(id) {
+                return Some(i);
+            }
+        }
+        None
+    }
+
+    /// Bytes charged on line `dev` by every process sharing the region.
     pub fn in_use(&self, dev: usize) -> u64 {
         self.layout()
             .header
@@ -877,11 +984,16 @@ impl Region {
             }
             a
         };
+        let mut identities = [None; MAX_DEVICES];
+        for (d, line) in h.devices.iter().enumerate() {
+            identities[d] = line.published_identity();
+        }
         Snapshot {
             caps: self.caps(),
             cap_text: self.cap_text(),
             creator_uid: h.creator_uid.load(Relaxed) as u32,
             created_unix: h.created_unix.load(Relaxed),
+            identities,
             totals: per(&|l| total_bytes(&l.total)),
             peaks: per(&|l| l.peak.load(Relaxed)),
             refusals: per(&|l| l.refusals.load(Relaxed)),

@@ -95,22 +95,22 @@ fn foreign_or_broken_files_are_refused() {
     let e = Region::open(&p).err().unwrap();
     assert!(e.to_string().contains("not a vramshim cap region"), "{e}");
     // Another version (right magic, wrong size).
-    let p = dir.join("v2");
+    let p = dir.join("v7");
     let mut bytes = vec![0u8; 8192];
     bytes[..8].copy_from_slice(&MAGIC.to_le_bytes());
-    bytes[8..16].copy_from_slice(&2u64.to_le_bytes());
+    bytes[8..16].copy_from_slice(&7u64.to_le_bytes());
     std::fs::write(&p, bytes).unwrap();
     std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
     let e = Region::open(&p).err().unwrap();
-    assert!(e.to_string().contains("layout version 2"), "{e}");
-    // Right size and magic, another version word.
-    let p = dir.join("v3");
+    assert!(e.to_string().contains("layout version 7"), "{e}");
+    // Right size and magic, another version word (version 1 keyed devices by ordinal).
+    let p = dir.join("v1");
     let (r, _) = Region::open_or_create(&p, &caps("1GiB")).unwrap();
-    r.layout().header.version.store(3, SeqCst);
+    r.layout().header.version.store(1, SeqCst);
     let e = Region::open(&p).err().unwrap();
     assert!(
         e.to_string()
-            .contains("layout version 3, this library reads version 1"),
+            .contains("layout version 1, this library reads version 2"),
         "{e}"
     );
     // A corrupt cap record.
@@ -143,6 +143,70 @@ fn foreign_or_broken_files_are_refused() {
         .err()
         .unwrap();
     assert!(e.to_string().contains("cannot create it"), "{e}");
+}
+
+fn gpu(n: u8) -> DeviceId {
+    DeviceId([n; 16])
+}
+
+#[test]
+fn lines_are_claimed_once_per_device_in_order() {
+    let r = Region::anonymous(&caps("1GiB")).unwrap();
+    assert_eq!(r.line_for(gpu(7)), Some(0));
+    assert_eq!(r.line_for(gpu(3)), Some(1));
+    assert_eq!(r.line_for(gpu(7)), Some(0));
+    assert_eq!(r.line_for(DeviceId::ordinal(0)), Some(2));
+    assert_ne!(DeviceId::ordinal(0), DeviceId::ordinal(1));
+    let snap = r.snapshot();
+    assert_eq!(snap.identities[0], Some(gpu(7)));
+    assert_eq!(snap.identities[1], Some(gpu(3)));
+    assert_eq!(snap.identities[3], None);
+    for n in 100..(100 + MAX_DEVICES as u8 - 3) {
+        assert!(r.line_for(gpu(n)).is_some());
+    }
+    assert_eq!(
+        r.line_for(gpu(99)),
+        None,
+        "every line counts another device"
+    );
+    assert_eq!(r.line_for(gpu(3)), Some(1), "known devices keep their line");
+}
+
+/// Threads of many "processes" asking for the lines of the same few devices at once agree on
+/// one line per device (no device gets two budgets).
+#[test]
+fn racing_claims_agree_on_one_line_per_device() {
+    for _ in 0..50 {
+        let r = Arc::new(Region::anonymous(&caps("1GiB")).unwrap());
+        let go = Arc::new(AtomicBool::new(false));
+        let handles: Vec<_> = (0..8u8)
+            .map(|t| {
+                let (r, go) = (r.clone(), go.clone());
+                std::thread::spawn(move || {
+                    while !go.load(SeqCst) {
+                        std::hint::spin_loop();
+                    }
+                    (0..4u8)
+                        .map(|k| {
+                            let dev = (k + t) % 4;
+                            (dev, r.line_for(gpu(dev)).unwrap())
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        go.store(true, SeqCst);
+        let mut line_of = [None; 4];
+        for h in handles {
+            for (dev, line) in h.join().unwrap() {
+                let seen = line_of[dev as usize].get_or_insert(line);
+                assert_eq!(*seen, line, "device {dev} got two lines");
+            }
+        }
+        let mut lines: Vec<usize> = line_of.iter().map(|l| l.unwrap()).collect();
+        lines.sort();
+        assert_eq!(lines, vec![0, 1, 2, 3]);
+    }
 }
 
 #[test]

@@ -275,6 +275,19 @@ fn context_memory_counts_against_the_cap_unless_excluded() {
     );
     assert_eq!(num(&f, "cuda_free"), 4 * GIB - ctx, "{f:?}");
     assert_eq!(num(&f, "nvml_used"), ctx, "{f:?}");
+    // Still counted when the process's device 0 is another physical device (NVML, which
+    // ignores CUDA_VISIBLE_DEVICES, numbers it 1).
+    let f = info(
+        &[
+            ("VRAMSHIM_CAP", "4GiB"),
+            ("VRAMSIM_CONTEXT_OVERHEAD", "300MiB"),
+            ("VRAMSIM_DEVICES", "2"),
+            ("CUDA_VISIBLE_DEVICES", "1"),
+        ],
+        0,
+        "cap-ctx-cvd",
+    );
+    assert_eq!(num(&f, "cuda_free"), 4 * GIB - ctx, "{f:?}");
     let f = info(
         &[
             ("VRAMSHIM_CAP", "4GiB"),
@@ -714,6 +727,81 @@ fn without_reclaim_a_killed_share_is_lost() {
         0,
         "{}",
         fixed.stderr
+    );
+}
+
+/// What a group sharing a 1 GiB cap on a two-device machine does when its members see the
+/// devices through different `CUDA_VISIBLE_DEVICES` (as launchers that give each rank "its"
+/// GPU do): A (`1`) holds 768 MiB on its device 0 = physical 1. B (`0`) asks 768 MiB on its
+/// device 0 = physical 0, where nobody holds anything. C (`0,1`) asks 512 MiB on its device
+/// 1 = physical 1, where A's 768 MiB already are. Returns (B's code, C's code, what physical
+/// device 1 holds while C runs).
+fn visible_devices_group(extra: &[(&str, &str)]) -> (i32, i32, u64) {
+    let g = Group::new("cvd", 1 << 30);
+    let env = |cvd: &'static str| {
+        let mut v: Vec<(&str, &str)> =
+            vec![("VRAMSIM_DEVICES", "2"), ("CUDA_VISIBLE_DEVICES", cvd)];
+        v.extend_from_slice(extra);
+        v
+    };
+    let mut a = g.spawn(&["hold", &(768 * MIB).to_string(), "600"], &env("1"));
+    let mut line = String::new();
+    BufReader::new(a.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "hold rc=0", "A holds its 768 MiB");
+    let rc = |out: &RunOutput| -> i32 {
+        out.stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("hold rc="))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{}\n{}", out.stdout, out.stderr))
+    };
+    let b = run(&mut g.command(&["hold", &(768 * MIB).to_string(), "0"], &env("0")));
+    let dev = g.device();
+    let c = g.command(&["hold", &(512 * MIB).to_string(), "2", "1"], &env("0,1"));
+    let c = std::thread::scope(|s| {
+        let h = s.spawn(|| {
+            let mut c = c;
+            run(&mut c)
+        });
+        let mut most = 0;
+        while !h.is_finished() {
+            most = most.max(dev.used(1));
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        (h.join().unwrap(), most)
+    });
+    kill(&mut a);
+    (rc(&b), rc(&c.0), c.1)
+}
+
+/// The shared budget is per physical device: members that number the devices differently
+/// still charge each device's own budget (region lines are keyed by the device's UUID).
+#[test]
+fn group_members_with_different_visible_devices_share_per_physical_device() {
+    let (b, c, held) = visible_devices_group(&[]);
+    assert_eq!(b, 0, "physical device 0 is free: B is served");
+    assert_eq!(
+        c, 2,
+        "physical device 1 holds A's 768 MiB: C's 512 MiB pass the 1 GiB cap"
+    );
+    assert!(
+        held <= 1 << 30,
+        "physical device 1 held {held} bytes under a 1 GiB cap"
+    );
+}
+
+/// Keyed by ordinal (the region layout before version 2; `VRAMSHIM_CAP_FAULT=ordinal-lines`)
+/// the same group refuses B and lets C pass the cap: the test above can fail.
+#[test]
+fn ordinal_keyed_lines_charge_the_wrong_device() {
+    let (b, c, held) = visible_devices_group(&[("VRAMSHIM_CAP_FAULT", "ordinal-lines")]);
+    assert_eq!(b, 2, "B is charged against A's device");
+    assert_eq!(c, 0, "C's request is counted on an empty line");
+    assert!(
+        held > 1 << 30,
+        "physical device 1 went past the cap: {held}"
     );
 }
 

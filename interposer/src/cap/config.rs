@@ -25,6 +25,9 @@ pub enum Fault {
     NoReclaim,
     /// Liveness is judged by pid only (pid reuse fools it).
     PidOnly,
+    /// A shared region's lines are keyed by CUDA ordinal instead of device UUID (region
+    /// layout 1: processes with different `CUDA_VISIBLE_DEVICES` share the wrong budget).
+    OrdinalLines,
 }
 
 /// What the variables asked for.
@@ -65,9 +68,10 @@ pub fn parse(get: &dyn Fn(&str) -> Option<String>, uid: u32) -> (Option<Settings
         Some("racy-charge") => Fault::RacyCharge,
         Some("no-reclaim") => Fault::NoReclaim,
         Some("pid-only") => Fault::PidOnly,
+        Some("ordinal-lines") => Fault::OrdinalLines,
         Some(v) => {
             lines.push(format!(
-                "vramshim: VRAMSHIM_CAP_FAULT=\"{}\" is not valid (a test-only switch); accepted: racy-charge, no-reclaim, pid-only; ignoring it",
+                "vramshim: VRAMSHIM_CAP_FAULT=\"{}\" is not valid (a test-only switch); accepted: racy-charge, no-reclaim, pid-only, ordinal-lines; ignoring it",
                 v.escape_debug()
             ));
             Fault::None

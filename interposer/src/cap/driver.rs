@@ -53,6 +53,25 @@ pub fn count() -> Option<i32> {
     ok.then_some(n)
 }
 
+type PfnCuDeviceGetUuid = unsafe extern "C" fn(*mut [u8; 16], c_int) -> c_int;
+
+/// The device's UUID (`cuDeviceGetUuid_v2`: a MIG instance's own; else `cuDeviceGetUuid`).
+pub fn uuid(device: i32) -> Option<[u8; 16]> {
+    let a = match real::driver_symbol(c"cuDeviceGetUuid_v2") {
+        0 => real::driver_symbol(c"cuDeviceGetUuid"),
+        a => a,
+    };
+    if a == 0 {
+        return None;
+    }
+    // SAFETY: `a` is the driver's cuDeviceGetUuid(_v2), whose ABI is PfnCuDeviceGetUuid
+    // (CUuuid is 16 bytes).
+    let f = unsafe { std::mem::transmute::<usize, PfnCuDeviceGetUuid>(a) };
+    let mut id = [0u8; 16];
+    // SAFETY: id is a valid 16-byte out-pointer; the driver checks the ordinal.
+    with_init(|| unsafe { f(&mut id, device) }).then_some(id)
+}
+
 /// `nvmlProcessInfo_t` (v2/v3 layout).
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
@@ -64,31 +83,29 @@ struct ProcessInfo {
 }
 
 type PfnNvmlInit = unsafe extern "C" fn() -> c_int;
-type PfnNvmlHandleByIndex = unsafe extern "C" fn(u32, *mut *mut std::ffi::c_void) -> c_int;
 type PfnNvmlProcesses =
     unsafe extern "C" fn(*mut std::ffi::c_void, *mut u32, *mut ProcessInfo) -> c_int;
 
 /// Device memory this process holds on `device` according to NVML's per-process accounting
 /// (context, modules and allocations alike): how the cap measures a context's footprint.
 /// `None` when NVML is missing, or does not list this process (a pid namespace NVML does not
-/// see into, or no context yet). NVML's index is taken as the CUDA ordinal.
+/// see into, or no context yet). The NVML device is the one with the CUDA device's PCI bus id
+/// (NVML ignores `CUDA_VISIBLE_DEVICES`, so its index is not the CUDA ordinal).
 pub fn process_used(device: i32) -> Option<u64> {
-    let idx = u32::try_from(device).ok()?;
     let h = nvml_handle()?;
     let sym = |n: &std::ffi::CStr| real::dlsym_real(h, n) as usize;
-    let (init, by_index) = (sym(c"nvmlInit_v2"), sym(c"nvmlDeviceGetHandleByIndex_v2"));
+    let init = sym(c"nvmlInit_v2");
     let procs = match sym(c"nvmlDeviceGetComputeRunningProcesses_v3") {
         0 => sym(c"nvmlDeviceGetComputeRunningProcesses_v2"),
         a => a,
     };
-    if init == 0 || by_index == 0 || procs == 0 {
+    if init == 0 || procs == 0 {
         return None;
     }
     // SAFETY: the addresses are NVML's functions of those names, with these ABIs.
-    let (init, by_index, procs) = unsafe {
+    let (init, procs) = unsafe {
         (
             std::mem::transmute::<usize, PfnNvmlInit>(init),
-            std::mem::transmute::<usize, PfnNvmlHandleByIndex>(by_index),
             std::mem::transmute::<usize, PfnNvmlProcesses>(procs),
         )
     };
@@ -96,11 +113,7 @@ pub fn process_used(device: i32) -> Option<u64> {
     if unsafe { init() } != 0 {
         return None;
     }
-    let mut dev: *mut std::ffi::c_void = std::ptr::null_mut();
-    // SAFETY: dev is a valid out-pointer.
-    if unsafe { by_index(idx, &mut dev) } != 0 {
-        return None;
-    }
+    let dev = crate::hooks::context::nvml_handle(device)?;
     let mut infos = [ProcessInfo::default(); 128];
     let mut n = infos.len() as u32;
     // SAFETY: n is the capacity of infos, both valid.

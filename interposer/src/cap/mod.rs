@@ -34,7 +34,9 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering::
 use std::sync::{Mutex, OnceLock};
 
 use vramshim_region::spec::human_bytes;
-use vramshim_region::{CapSpec, Check, MAX_BYTES, MAX_DEVICES, ProcessKey, Region, SlotIndex};
+use vramshim_region::{
+    CapSpec, Check, DeviceId, MAX_BYTES, MAX_DEVICES, ProcessKey, Region, SlotIndex,
+};
 use vramshim_trace::Api;
 
 pub use config::{ContextMode, Fault, Settings};
@@ -55,6 +57,9 @@ pub struct DeviceQueries {
     /// Device memory the process holds on a device per the driver's own accounting (NVML
     /// per-process use): measures the context's footprint.
     pub process_used: fn(i32) -> Option<u64>,
+    /// The device's UUID: which line of a shared region counts it (processes of one group
+    /// may see one device under different ordinals).
+    pub uuid: fn(i32) -> Option<[u8; 16]>,
 }
 
 fn unknown_total(_: i32) -> Option<u64> {
@@ -63,12 +68,16 @@ fn unknown_total(_: i32) -> Option<u64> {
 fn unknown_count() -> Option<i32> {
     None
 }
+fn unknown_uuid(_: i32) -> Option<[u8; 16]> {
+    None
+}
 
 impl DeviceQueries {
     pub const UNKNOWN: DeviceQueries = DeviceQueries {
         total: unknown_total,
         count: unknown_count,
         process_used: unknown_total,
+        uuid: unknown_uuid,
     };
 }
 
@@ -77,6 +86,9 @@ const NO_SLOT: usize = usize::MAX;
 const SETUP_NONE: u8 = 0;
 const SETUP_ACTIVE: u8 = 1;
 const SETUP_OFF: u8 = 2;
+/// `lines` entries: not looked up yet / no line to be had; otherwise line + 1.
+const LINE_UNKNOWN: u8 = 0;
+const LINE_NONE: u8 = u8::MAX;
 /// Context measurement: tries (first touches of a device) before giving up, and states.
 const CTX_TRIES: u8 = 8;
 const CTX_BUSY: u8 = 100;
@@ -99,6 +111,8 @@ pub struct Cap {
     /// Context measurement per device: attempts made (0..CTX_TRIES), CTX_BUSY, or CTX_DONE.
     ctx_state: [AtomicU8; MAX_DEVICES],
     slot: AtomicUsize,
+    /// The shared region's line of each CUDA ordinal (`LINE_*` or line + 1).
+    lines: [AtomicU8; MAX_DEVICES],
     /// This program image (see `Region::reclaim_replaced_images`): nonzero, random.
     image: u64,
     refused_once: AtomicBool,
@@ -149,6 +163,7 @@ impl Cap {
             ctx_charged: [const { AtomicU64::new(0) }; MAX_DEVICES],
             ctx_state: [const { AtomicU8::new(0) }; MAX_DEVICES],
             slot: AtomicUsize::new(NO_SLOT),
+            lines: [const { AtomicU8::new(LINE_UNKNOWN) }; MAX_DEVICES],
             image: image_id(),
             refused_once: AtomicBool::new(false),
             slots_full_once: AtomicBool::new(false),
@@ -303,9 +318,44 @@ impl Cap {
             return 0;
         };
         match self.region.get() {
-            Some(r) => r.in_use(d),
+            Some(r) => self.line(r, d).map_or(0, |l| r.in_use(l)),
             None => vramshim_region::total_bytes(&self.private_used[d]),
         }
+    }
+
+    /// The region's line counting ordinal `d` of this process: the line of the device's UUID
+    /// (looked up once). None: no line could be had; the device then runs uncapped (warned).
+    #[inline]
+    fn line(&self, r: &Region, d: usize) -> Option<usize> {
+        match self.lines[d].load(Relaxed) {
+            LINE_UNKNOWN => self.look_up_line(r, d),
+            LINE_NONE => None,
+            l => Some(l as usize - 1),
+        }
+    }
+
+    #[cold]
+    fn look_up_line(&self, r: &Region, d: usize) -> Option<usize> {
+        let line = if self.settings.fault == Fault::OrdinalLines {
+            Some(d)
+        } else {
+            let id = (self.queries().uuid)(d as i32).map_or_else(|| DeviceId::ordinal(d), DeviceId);
+            r.line_for(id)
+        };
+        match line {
+            Some(l) => self.lines[d].store(l as u8 + 1, Relaxed),
+            None => {
+                self.lines[d].store(LINE_NONE, Relaxed);
+                (self.log)(&format!(
+                    "vramshim: the shared cap region {} counts {} other devices already; device {d} of this process runs without a cap",
+                    r.path()
+                        .map(|p| p.display().to_string())
+                        .unwrap_or_default(),
+                    MAX_DEVICES
+                ));
+            }
+        }
+        line
     }
 
     fn check(&self) -> Check {
@@ -394,13 +444,13 @@ impl Cap {
                 Check::Racy => vramshim_region::reserve_racy(&self.private_used[d], bytes, cap),
             },
             Some(region) => {
-                let Some(slot) = self.my_slot(region) else {
+                let (Some(slot), Some(line)) = (self.my_slot(region), self.line(region, d)) else {
                     return Ok(());
                 };
-                match region.charge(slot, d, bytes, cap, self.check()) {
+                match region.charge(slot, line, bytes, cap, self.check()) {
                     Ok(t) => Ok(t),
                     Err(in_use) => self
-                        .retry_after_reclaim(region, slot, d, bytes, cap)
+                        .retry_after_reclaim(region, slot, line, bytes, cap)
                         .ok_or(in_use),
                 }
             }
@@ -416,7 +466,7 @@ impl Cap {
         &self,
         region: &Region,
         slot: SlotIndex,
-        d: usize,
+        line: usize,
         bytes: u64,
         cap: u64,
     ) -> Option<u64> {
@@ -431,7 +481,7 @@ impl Cap {
         if got.slots == 0 {
             return None;
         }
-        region.charge(slot, d, bytes, cap, self.check()).ok()
+        region.charge(slot, line, bytes, cap, self.check()).ok()
     }
 
     #[cold]
@@ -439,8 +489,9 @@ impl Cap {
         let slot = self.slot.load(Relaxed);
         if let Some(region) = self.region.get()
             && slot != NO_SLOT
+            && let Some(line) = self.line(region, d)
         {
-            region.note_refusal(SlotIndex(slot), d);
+            region.note_refusal(SlotIndex(slot), line);
         }
         let capped = self.effective_spec().devices[d].is_some();
         if capped && !self.refused_once.swap(true, Relaxed) {
@@ -484,8 +535,10 @@ impl Cap {
             None => vramshim_region::release(&self.private_used[d], bytes),
             Some(region) => {
                 let s = self.slot.load(Acquire);
-                if s != NO_SLOT {
-                    region.uncharge(SlotIndex(s), d, bytes);
+                if s != NO_SLOT
+                    && let Some(line) = self.line(region, d)
+                {
+                    region.uncharge(SlotIndex(s), line, bytes);
                 }
             }
         }
@@ -612,9 +665,9 @@ impl Cap {
             Some(used) => {
                 let mine = match self.region.get() {
                     None => vramshim_region::total_bytes(&self.private_used[d]),
-                    Some(r) => match self.slot.load(Acquire) {
-                        NO_SLOT => 0,
-                        slot => r.slot_used(SlotIndex(slot), d),
+                    Some(r) => match (self.slot.load(Acquire), self.line(r, d)) {
+                        (NO_SLOT, _) | (_, None) => 0,
+                        (slot, Some(line)) => r.slot_used(SlotIndex(slot), line),
                     },
                 };
                 self.charge_context(d, used.saturating_sub(mine));
@@ -631,11 +684,11 @@ impl Cap {
         }
         let ok = match self.region.get() {
             None => vramshim_region::reserve(&self.private_used[d], footprint, MAX_BYTES).is_ok(),
-            Some(region) => match self.my_slot(region) {
-                Some(slot) => region
-                    .charge(slot, d, footprint, MAX_BYTES, Check::Atomic)
+            Some(region) => match (self.my_slot(region), self.line(region, d)) {
+                (Some(slot), Some(line)) => region
+                    .charge(slot, line, footprint, MAX_BYTES, Check::Atomic)
                     .is_ok(),
-                None => false,
+                _ => false,
             },
         };
         if ok {
@@ -695,6 +748,7 @@ fn build_global() -> Option<Cap> {
         total: driver::total,
         count: driver::count,
         process_used: driver::process_used,
+        uuid: driver::uuid,
     });
     settings.map(|s| Cap::new(s, &QUERIES, stderr_line))
 }

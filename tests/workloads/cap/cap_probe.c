@@ -14,6 +14,8 @@
  *                                      nvml2_reserved="
  *   cap_probe prealloc PERCENT         JAX/XLA style: cudaMemGetInfo, then one cudaMalloc of
  *                                      PERCENT% of total; prints "prealloc total= size= rc="
+ *   cap_probe hold SIZE SECONDS [DEV] one cudaMalloc of SIZE on DEV; prints "hold rc=RC" and
+ *                                      keeps it for SECONDS
  *   cap_probe hammer SECONDS THREADS MAX [HOLD_SECONDS]
  *                                      THREADS threads allocate random 2 MiB multiples up to MAX with
  *                                      cudaMalloc/cuMemAlloc and free them at random until
@@ -308,6 +310,18 @@ int main(int argc, char **argv) {
         void *p = NULL;
         int rc = cudaMalloc(&p, size);
         printf("prealloc total=%zu free=%zu size=%zu rc=%d\n", t, f, size, rc);
+        return 0;
+    }
+    if (!strcmp(cmd, "hold") && argc >= 4) {
+        size_t size = strtoull(argv[2], NULL, 0);
+        double secs = atof(argv[3]);
+        int dev = argc > 4 ? atoi(argv[4]) : 0;
+        setup(dev);
+        void *p = NULL;
+        int rc = cudaMalloc(&p, size);
+        printf("hold rc=%d\n", rc);
+        fflush(stdout);
+        if (secs > 0) usleep((useconds_t)(secs * 1e6));
         return 0;
     }
     if (!strcmp(cmd, "hammer") && argc >= 5) {

@@ -15,6 +15,7 @@ pub mod pool;
 pub mod procaddr;
 pub mod state;
 pub mod stream;
+pub mod visible;
 pub mod vmm;
 
 use std::ffi::c_int;

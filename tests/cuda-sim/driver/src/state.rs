@@ -13,6 +13,8 @@ use crate::config::CONFIG;
 
 pub struct Driver {
     pub dev: DeviceState,
+    /// Physical device index of each ordinal (`CUDA_VISIBLE_DEVICES`, read at cuInit).
+    visible: Vec<u32>,
     /// (pid, slot): a forked child gets its own slot on its first charge.
     slot: Mutex<Option<(u32, SlotId)>>,
 }
@@ -40,9 +42,18 @@ pub fn init() -> Res {
     }
     let r = DRIVER.get_or_init(|| {
         let cfg = &*CONFIG;
+        let visible = crate::visible::parse(
+            std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref(),
+            cfg.devices,
+            &|d| vramsim_devstate::uuid_string(&vramsim_devstate::device_uuid(&cfg.name, d)),
+        );
+        if visible.is_empty() {
+            return Err(CUDA_ERROR_NO_DEVICE);
+        }
         match DeviceState::open_or_create(&cfg.name, cfg.devices, cfg.memory) {
             Ok(dev) => Ok(Driver {
                 dev,
+                visible,
                 slot: Mutex::new(None),
             }),
             Err(e) => {
@@ -76,7 +87,18 @@ pub fn driver() -> Result<&'static Driver, CUresult> {
 }
 
 pub fn device_count() -> Result<i32, CUresult> {
-    Ok(driver()?.dev.devices() as i32)
+    Ok(driver()?.visible.len() as i32)
+}
+
+/// The physical device behind ordinal `dev` (what the shared device state, NVML, the PCI bus
+/// id and the UUID are indexed by).
+pub fn physical(dev: i32) -> Result<usize, CUresult> {
+    let d = driver()?;
+    usize::try_from(dev)
+        .ok()
+        .and_then(|i| d.visible.get(i))
+        .map(|&p| p as usize)
+        .ok_or(CUDA_ERROR_INVALID_DEVICE)
 }
 
 pub fn check_device(dev: i32) -> Res {
@@ -112,8 +134,12 @@ impl Driver {
         if bytes == 0 {
             return Ok(());
         }
+        let phys = *self
+            .visible
+            .get(dev as usize)
+            .ok_or(CUDA_ERROR_INVALID_DEVICE)? as usize;
         let slot = self.slot().ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
-        if self.dev.reserve(slot, dev as usize, bytes) {
+        if self.dev.reserve(slot, phys, bytes) {
             Ok(())
         } else {
             Err(CUDA_ERROR_OUT_OF_MEMORY)
@@ -121,8 +147,8 @@ impl Driver {
     }
 
     pub fn uncharge(&self, dev: i32, bytes: u64) {
-        if let Some(slot) = self.slot() {
-            self.dev.release(slot, dev as usize, bytes);
+        if let (Some(slot), Some(&phys)) = (self.slot(), self.visible.get(dev as usize)) {
+            self.dev.release(slot, phys as usize, bytes);
         }
     }
 }

@@ -124,6 +124,47 @@ fn error_codes_packing_and_copies() {
     );
 }
 
+/// CUDA_VISIBLE_DEVICES renumbers the devices this process sees; the devices themselves (PCI
+/// bus id, UUID, name, the memory an allocation takes) stay the physical ones, as NVML numbers
+/// them.
+#[test]
+fn cuda_visible_devices_renumbers_ordinals_but_not_devices() {
+    let d = Device::new("visible");
+    let uuid0 = |phys: u32| vramsim_devstate::device_uuid(&d.0, phys)[0];
+    let base = [("VRAMSIM_DEVICES", "3"), ("VRAMSIM_CONTEXT_OVERHEAD", "0")];
+    let with = |cvd: &str| {
+        let mut env = base.to_vec();
+        env.push(("CUDA_VISIBLE_DEVICES", cvd));
+        String::from_utf8_lossy(&ok(&d, &["visible", "16"], &env).stdout).into_owned()
+    };
+    let out = with("2,0");
+    let want = [
+        "count 2".to_string(),
+        format!(
+            "ordinal 0 bus 00000000:03:00.0 uuid0 {:02x} name vramsim GPU 2 (simulated)",
+            uuid0(2)
+        ),
+        format!(
+            "ordinal 1 bus 00000000:01:00.0 uuid0 {:02x} name vramsim GPU 0 (simulated)",
+            uuid0(0)
+        ),
+        "physical 0 used_by_self_mib 0".to_string(),
+        "physical 1 used_by_self_mib 0".to_string(),
+        "physical 2 used_by_self_mib 16".to_string(),
+    ];
+    for line in &want {
+        assert!(out.lines().any(|l| l == line), "missing {line:?} in\n{out}");
+    }
+    // A UUID prefix names the same device; the list ends at the first entry that is no device.
+    let uuid = vramsim_devstate::uuid_string(&vramsim_devstate::device_uuid(&d.0, 1));
+    let out = with(&format!("{},7,0", &uuid[..12]));
+    assert!(out.contains("count 1\n"), "{out}");
+    assert!(out.contains("physical 1 used_by_self_mib 16"), "{out}");
+    // Nothing visible: cuInit says there is no device (100), as a real driver does.
+    assert!(with("").contains("cuInit 100"));
+    assert!(with("0,0").contains("cuInit 100"));
+}
+
 #[test]
 fn get_proc_address_versions_and_ptsz() {
     let d = Device::new("procaddr");

@@ -8,8 +8,8 @@ use crate::cu_api;
 use crate::procaddr;
 use crate::state;
 
-/// Simulated device attributes (an H100-like part; CC 9.0).
-fn attribute(attr: c_int, dev: i32) -> Option<c_int> {
+/// Simulated device attributes (an H100-like part; CC 9.0) of physical device `phys`.
+fn attribute(attr: c_int, phys: i32) -> Option<c_int> {
     Some(match attr {
         1 => 1024,        // MAX_THREADS_PER_BLOCK
         2 | 3 => 1024,    // MAX_BLOCK_DIM_X/Y
@@ -31,7 +31,7 @@ fn attribute(attr: c_int, dev: i32) -> Option<c_int> {
         20 => 0,          // COMPUTE_MODE default
         31 => 1,          // CONCURRENT_KERNELS
         32 => 0,          // ECC_ENABLED
-        33 => dev + 1,    // PCI_BUS_ID
+        33 => phys + 1,   // PCI_BUS_ID
         34 => 0,          // PCI_DEVICE_ID
         35 => 0,          // TCC_DRIVER
         36 => 2_619_000,  // MEMORY_CLOCK_RATE (kHz)
@@ -65,9 +65,9 @@ fn attribute(attr: c_int, dev: i32) -> Option<c_int> {
     })
 }
 
-fn uuid(dev: i32) -> CUuuid {
+fn uuid(phys: usize) -> CUuuid {
     CUuuid {
-        bytes: vramsim_devstate::device_uuid(&CONFIG.name, dev as u32),
+        bytes: vramsim_devstate::device_uuid(&CONFIG.name, phys as u32),
     }
 }
 
@@ -88,8 +88,8 @@ unsafe fn put_str(buf: *mut c_char, len: c_int, s: &str) -> Res {
     Ok(())
 }
 
-pub fn device_name(dev: i32) -> String {
-    vramsim_devstate::device_name(dev as u32)
+fn device_name(phys: usize) -> String {
+    vramsim_devstate::device_name(phys as u32)
 }
 
 cu_api! {
@@ -118,27 +118,27 @@ cu_api! {
     }
 
     fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) {
-        state::check_device(dev)?;
+        let phys = state::physical(dev)?;
         // SAFETY: buffer of len bytes from the caller.
-        unsafe { put_str(name, len, &device_name(dev)) }
+        unsafe { put_str(name, len, &device_name(phys)) }
     }
 
     fn cuDeviceGetUuid(out: *mut CUuuid, dev: CUdevice) {
-        state::check_device(dev)?;
+        let phys = state::physical(dev)?;
         // SAFETY: C out-pointer.
-        unsafe { put(out, uuid(dev)) }
+        unsafe { put(out, uuid(phys)) }
     }
 
     fn cuDeviceGetUuid_v2(out: *mut CUuuid, dev: CUdevice) {
-        state::check_device(dev)?;
+        let phys = state::physical(dev)?;
         // SAFETY: C out-pointer.
-        unsafe { put(out, uuid(dev)) }
+        unsafe { put(out, uuid(phys)) }
     }
 
     fn cuDeviceGetPCIBusId(bus: *mut c_char, len: c_int, dev: CUdevice) {
-        state::check_device(dev)?;
+        let phys = state::physical(dev)?;
         // SAFETY: buffer of len bytes from the caller.
-        unsafe { put_str(bus, len, &format!("00000000:{:02X}:00.0", dev + 1)) }
+        unsafe { put_str(bus, len, &format!("00000000:{:02X}:00.0", phys + 1)) }
     }
 
     fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) {
@@ -154,8 +154,8 @@ cu_api! {
     }
 
     fn cuDeviceGetAttribute(pi: *mut c_int, attrib: c_int, dev: CUdevice) {
-        state::check_device(dev)?;
-        let v = attribute(attrib, dev).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let phys = state::physical(dev)?;
+        let v = attribute(attrib, phys as i32).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         // SAFETY: C out-pointer.
         unsafe { put(pi, v) }
     }

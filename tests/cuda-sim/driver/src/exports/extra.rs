@@ -59,21 +59,22 @@ cu_api! {
         launch_copy(s, dst, src, bytes, delay_us, true)
     }
 
-    /// Bytes all live processes hold on `dev` of this process's device (after cuInit).
+    /// Bytes all live processes hold on ordinal `dev` of this process's device (after cuInit).
     fn vramsimDeviceUsed(dev: c_int, bytes: *mut u64) {
-        let st = stats_of(&state::driver()?.dev, dev)?;
+        let st = stats_of(&state::driver()?.dev, state::physical(dev)? as c_int)?;
         // SAFETY: C out-pointer.
         unsafe { put(bytes, st.used) }
     }
 
-    /// Most bytes ever held at once on `dev` by every process together (after cuInit).
+    /// Most bytes ever held at once on ordinal `dev` by every process together (after cuInit).
     fn vramsimDeviceHighWater(dev: c_int, bytes: *mut u64) {
-        let st = stats_of(&state::driver()?.dev, dev)?;
+        let st = stats_of(&state::driver()?.dev, state::physical(dev)? as c_int)?;
         // SAFETY: C out-pointer.
         unsafe { put(bytes, st.high_water) }
     }
 
-    /// Full accounting of `dev` of the simulated device `name` (NULL: this process's
+    /// Full accounting of physical device `dev` (numbered as NVML numbers devices, whatever
+    /// `CUDA_VISIBLE_DEVICES` says) of the simulated device `name` (NULL: this process's
     /// VRAMSIM_NAME). Needs no cuInit, so a monitoring process can call it.
     fn vramsimDeviceStats(name: *const c_char, dev: c_int, out: *mut VramsimDeviceStats) {
         let name = if name.is_null() {

@@ -44,9 +44,9 @@ pub fn free(dptr: CUdeviceptr) -> Res {
 
 /// (free, total) of the current context's device: device-wide, every process counted.
 fn info() -> Result<(u64, u64), CUresult> {
-    let dev = ctx::current_device()?;
+    let phys = state::physical(ctx::current_device()?)?;
     let d = state::driver()?;
-    Ok((d.dev.free(dev as usize), d.dev.capacity()))
+    Ok((d.dev.free(phys), d.dev.capacity()))
 }
 
 /// The allocation containing `ptr`: (base, size, device, memory type, pool).

@@ -859,6 +859,43 @@ static int total(void) {
     return 0;
 }
 
+/* CUDA_VISIBLE_DEVICES: prints what the process sees (count, then per ordinal its PCI bus id
+ * and the first UUID byte), allocates `mib` MiB on ordinal 0 and prints what every physical
+ * device's accounting holds while it is live. cuInit's code is printed when it fails. */
+static int visible(long mib) {
+    CUresult rc = cuInit(0);
+    if (rc != 0) {
+        printf("cuInit %d\n", rc);
+        return 0;
+    }
+    CUresult (*cuDeviceGetCount)(int *) = get("cuDeviceGetCount", V, 0);
+    CUresult (*cuDeviceGetPCIBusId)(char *, int, int) = get("cuDeviceGetPCIBusId", V, 0);
+    CUresult (*cuDeviceGetUuid)(unsigned char *, int) = get("cuDeviceGetUuid", V, 0);
+    CUresult (*cuDeviceGetName)(char *, int, int) = get("cuDeviceGetName", V, 0);
+    CUresult (*stats)(const char *, int, Stats *) = get("vramsimDeviceStats", V, 0);
+    int n;
+    OK(cuDeviceGetCount(&n));
+    printf("count %d\n", n);
+    for (int d = 0; d < n; d++) {
+        char bus[32], name[64];
+        unsigned char uuid[16];
+        OK(cuDeviceGetPCIBusId(bus, sizeof bus, d));
+        OK(cuDeviceGetUuid(uuid, d));
+        OK(cuDeviceGetName(name, sizeof name, d));
+        printf("ordinal %d bus %s uuid0 %02x name %s\n", d, bus, uuid[0], name);
+    }
+    EXPECT_EQ(cuDeviceGetPCIBusId((char[32]){0}, 32, n), 101);
+    start();
+    CUdeviceptr p;
+    OK(cuMemAlloc(&p, (size_t)mib * MiB));
+    for (int phys = 0;; phys++) {
+        Stats st;
+        if (stats(NULL, phys, &st) != 0) break;
+        printf("physical %d used_by_self_mib %llu\n", phys, st.used_by_self / MiB);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) return 2;
     load();
@@ -880,6 +917,7 @@ int main(int argc, char **argv) {
     if (!strcmp(s, "fork")) return fork_child();
     if (!strcmp(s, "threads")) return threads();
     if (!strcmp(s, "delay")) return delay();
+    if (!strcmp(s, "visible")) return visible(arg);
     fprintf(stderr, "unknown scenario %s\n", s);
     return 2;
 }
