@@ -820,7 +820,6 @@ impl<'a> Cur<'a> {
     }
     #[inline(always)]
     pub fn varint(&mut self) -> Result<u64, RecordError> {
-        // Most fields take one or two bytes: keep those inline, the rest out of line.
         if let Some(&first) = self.b.get(self.p) {
             if first < 0x80 {
                 self.p += 1;
@@ -833,11 +832,46 @@ impl<'a> Cur<'a> {
                 return Ok((first & 0x7f) as u64 | (second as u64) << 7);
             }
         }
+        self.varint_wide()
+    }
+
+    /// [`Cur::varint`] without the one- and two-byte shortcuts: for fields whose length varies
+    /// from record to record (addresses, sizes), where those branches mispredict.
+    #[inline(always)]
+    pub fn varint_wide(&mut self) -> Result<u64, RecordError> {
+        // Up to 8 bytes at once when 8 are readable (all but a record stream's last bytes):
+        // the 7-bit groups of a little-endian word are packed with three mask-and-shift steps,
+        // with no branch on the length (field lengths vary from record to record).
+        if let Some(w) = self.b.get(self.p..self.p + 8) {
+            let w = u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]);
+            let stops = !w & 0x8080_8080_8080_8080;
+            if stops != 0 {
+                let bits = stops.trailing_zeros() + 1; // through the last byte's top bit
+                let x = w & (u64::MAX >> (64 - bits));
+                let x = x & 0x7f7f_7f7f_7f7f_7f7f;
+                let x = ((x & 0x7f00_7f00_7f00_7f00) >> 1) | (x & 0x007f_007f_007f_007f);
+                let x = ((x & 0x3fff_0000_3fff_0000) >> 2) | (x & 0x0000_3fff_0000_3fff);
+                let x = ((x & 0x0fff_ffff_0000_0000) >> 4) | (x & 0x0000_0000_0fff_ffff);
+                self.p += (bits / 8) as usize;
+                return Ok(x);
+            }
+        }
         self.varint_slow()
     }
 
     #[inline(never)]
     fn varint_slow(&mut self) -> Result<u64, RecordError> {
+        if let Some(&first) = self.b.get(self.p)
+            && first < 0x80
+        {
+            self.p += 1;
+            return Ok(first as u64);
+        }
+        self.varint_loop()
+    }
+
+    #[inline(never)]
+    fn varint_loop(&mut self) -> Result<u64, RecordError> {
         let b = self.b;
         let mut p = self.p;
         let first = *b.get(p).ok_or(RecordError::Overrun)?;
@@ -914,14 +948,28 @@ pub(crate) enum Decoded {
 }
 
 /// The record-level decoder: delta state plus a small cache for `api`/`kind` lookups.
-#[derive(Default)]
 pub(crate) struct RecordDecoder {
     pub st: DeltaState,
+    /// Each slot's `api`/`kind` as checked enums, while `typed_ok` (cleared with the delta
+    /// state): records that carry neither field skip the lookups.
+    typed: [(Api, AllocKind); 2],
+    typed_ok: [bool; 2],
+}
+
+impl Default for RecordDecoder {
+    fn default() -> Self {
+        RecordDecoder {
+            st: DeltaState::default(),
+            typed: [(Api::Unknown, AllocKind::Runtime); 2],
+            typed_ok: [false; 2],
+        }
+    }
 }
 
 impl RecordDecoder {
     pub fn reset(&mut self) {
         self.st.reset(0);
+        self.typed_ok = [false; 2];
     }
 
     #[inline]
@@ -949,6 +997,7 @@ impl RecordDecoder {
             tag::CONTEXT => {
                 let tid = c.u32v()?;
                 self.st.reset(tid);
+                self.typed_ok = [false; 2];
                 Ok(Decoded::Nothing)
             }
             tag::END => Ok(Decoded::End(self.time(&mut c)?)),
@@ -1117,6 +1166,17 @@ impl RecordDecoder {
         Ok(())
     }
 
+    /// The MemOp of one record (row or columnar), without building an [`Event`].
+    #[inline(always)]
+    pub fn memop_fields(
+        &mut self,
+        tag_: u8,
+        c: &mut Cur,
+        cols: Option<(&[u8], &mut TimeCursor)>,
+    ) -> Result<MemOp, RecordError> {
+        self.memop(tag_, c, cols)
+    }
+
     #[inline(always)]
     fn memop(
         &mut self,
@@ -1140,8 +1200,15 @@ impl RecordDecoder {
             s.flags = c.u8()?;
         }
         let s = *s;
-        let api = Api::from_u16(s.api).ok_or(RecordError::BadValue("api"))?;
-        let kind = kind_of(s.kind)?;
+        let (api, kind) = if mk & (mask::API | mask::KIND) == 0 && self.typed_ok[slot] {
+            self.typed[slot]
+        } else {
+            let api = Api::from_u16(s.api).ok_or(RecordError::BadValue("api"))?;
+            let kind = kind_of(s.kind)?;
+            self.typed[slot] = (api, kind);
+            self.typed_ok[slot] = true;
+            (api, kind)
+        };
         if mk & mask::DEVICE != 0 {
             st.device = c.i32z()?;
         }
@@ -1174,9 +1241,9 @@ impl RecordDecoder {
             };
             (e.addr, size)
         } else {
-            let addr = st.addr.wrapping_add(unzigzag(c.varint()?) as u64);
+            let addr = st.addr.wrapping_add(unzigzag(c.varint_wide()?) as u64);
             st.addr = addr;
-            (addr, c.varint()?)
+            (addr, c.varint_wide()?)
         };
         let (gap, lat) = match cols {
             None => (c.varint()?, c.varint()?),
@@ -1265,6 +1332,51 @@ mod tests {
             });
             if enc.len() > 1 << 20 {
                 enc.begin(1);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod varint_tests {
+    use super::*;
+
+    /// The word-at-a-time path reads every varint (canonical or padded, followed by other
+    /// bytes or at the end of the buffer) exactly as the byte loop does.
+    #[test]
+    fn word_path_matches_the_byte_loop() {
+        let mut x = 0x1234_5678_9abc_def1u64;
+        let mut cases: Vec<Vec<u8>> = Vec::new();
+        for i in 0..20_000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let v = x >> (i % 64);
+            let mut b = Vec::new();
+            put_varint(&mut b, v);
+            if i % 5 == 0 {
+                // Non-canonical: a padded last group.
+                let last = b.len() - 1;
+                b[last] |= 0x80;
+                b.push(0);
+            }
+            b.extend(std::iter::repeat_n((x >> 8) as u8, (i % 12) as usize));
+            cases.push(b);
+        }
+        cases.push(vec![0xff; 12]);
+        cases.push(vec![0x80; 9]);
+        for b in &cases {
+            let mut fast = Cur::new(b);
+            let mut slow = Cur::new(b);
+            let mut wide = Cur::new(b);
+            let f = fast.varint();
+            let w = wide.varint_wide();
+            let s = slow.varint_loop();
+            assert_eq!(f, s, "{b:02x?}");
+            assert_eq!(w, s, "{b:02x?}");
+            if s.is_ok() {
+                assert_eq!(fast.p, slow.p, "{b:02x?}");
+                assert_eq!(wide.p, slow.p, "{b:02x?}");
             }
         }
     }
