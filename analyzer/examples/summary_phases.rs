@@ -1,16 +1,33 @@
 //! Where `vramshim summary`'s time goes, phase by phase, on one trace (scripts/bench analyzer):
-//! the trace crate's decoder alone, decoder + the 1 s reorder window, the aggregation alone over
-//! events already decoded into memory, and the whole pass. Prints one `phase seconds events/s`
-//! line each (CPU time of this thread, so a loaded machine skews it less than wall time).
+//! the trace crate's decoder alone (an `Event` per record, as `next_into` gives them), its
+//! frame-at-a-time visitor alone (what the fast path decodes with), decoder + the 1 s reorder
+//! window (the windowed path), the aggregation alone over events already decoded into memory,
+//! the windowed path end to end, and `analyze` end to end (the in-order fast path on an
+//! in-order trace). Prints one `phase seconds events/s` line each (CPU time of this thread, so
+//! a loaded machine skews it less than wall time).
 //!
 //! Usage: summary_phases TRACE [ROUNDS [PHASE...]]  (the best of ROUNDS, default 3; all phases
-//! unless some are named: decode, order, aggregate, end-to-end)
+//! unless some are named: decode, visit, order, aggregate, windowed, end-to-end)
 
 use std::path::PathBuf;
 
 use vramshim_analyzer::analysis::{self, Analysis, Options};
 use vramshim_analyzer::input;
-use vramshim_trace::{Event, TraceReader};
+use vramshim_trace::{Event, MemOp, TraceReader, Visitor};
+
+/// Counts what the visitor decoder hands out (and keeps the fields alive).
+struct Count(u64, u64);
+
+impl Visitor for Count {
+    #[inline]
+    fn memop(&mut self, _alloc: bool, m: &MemOp) {
+        self.0 += 1;
+        self.1 = self.1.wrapping_add(m.addr ^ m.size ^ m.t_ns);
+    }
+    fn event(&mut self, _ev: Event) {
+        self.0 += 1;
+    }
+}
 
 fn thread_cpu_s() -> f64 {
     let mut ts = libc::timespec {
@@ -67,6 +84,18 @@ fn main() {
             }),
         );
     }
+    if want("visit") {
+        line(
+            "visit",
+            best(rounds, || {
+                let mut r = TraceReader::open(&path).expect("open");
+                let mut c = Count(0, 0);
+                while r.visit_frame(&mut c).expect("decode") {}
+                std::hint::black_box(c.1);
+                c.0
+            }),
+        );
+    }
     if want("order") {
         line(
             "decode+order",
@@ -104,6 +133,17 @@ fn main() {
             }
         }
         line("aggregate", out);
+    }
+    if want("windowed") {
+        line(
+            "windowed",
+            best(rounds, || {
+                let o = input::open(&path).expect("open");
+                analysis::analyze_windowed(o, &opts)
+                    .expect("analyze")
+                    .events
+            }),
+        );
     }
     if want("end-to-end") {
         line(

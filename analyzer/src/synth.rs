@@ -17,6 +17,11 @@ pub struct SynthOptions {
     pub refusal: bool,
     /// Scale of the per-step working set (1.0 = default).
     pub scale: f64,
+    /// 0: every activation's size is drawn afresh (the original generator). K > 0: each step
+    /// replays one of K step shapes (the activation and temporary sizes of a step, drawn once),
+    /// as real training repeats a step's sizes from step to step (K = the batch shapes it
+    /// cycles through); the times stay random.
+    pub step_shapes: u32,
 }
 
 impl Default for SynthOptions {
@@ -28,6 +33,7 @@ impl Default for SynthOptions {
             pooled: true,
             refusal: true,
             scale: 1.0,
+            step_shapes: 0,
         }
     }
 }
@@ -171,19 +177,43 @@ pub fn write<W: Write>(w: W, o: &SynthOptions) -> io::Result<u64> {
         }
     }
     let step_allocs = (64.0 * o.scale).max(4.0) as u64;
+    // Step shapes (step_shapes > 0): per activation, its size and its temporary's size.
+    let shapes: Vec<Vec<(u64, Option<u64>)>> = (0..o.step_shapes)
+        .map(|_| {
+            let k = step_allocs + rng.below(step_allocs / 4 + 1);
+            (0..k)
+                .map(|_| {
+                    let size = (1u64 << (10 + rng.below(13))) + rng.below(4096) * 256;
+                    let temp = (rng.below(4) == 0).then(|| 512 + rng.below(1 << 16));
+                    (size, temp)
+                })
+                .collect()
+        })
+        .collect();
     let mut step = 0u64;
     while written + 4 < budget {
         step += 1;
         let d = (step % o.devices as u64) as i32;
         let di = d as usize;
         // Forward: activations.
-        let k = step_allocs + rng.below(step_allocs / 4 + 1);
+        let shape = if shapes.is_empty() {
+            None
+        } else {
+            Some(&shapes[rng.below(shapes.len() as u64) as usize])
+        };
+        let k = match shape {
+            Some(s) => s.len() as u64,
+            None => step_allocs + rng.below(step_allocs / 4 + 1),
+        };
         for j in 0..k {
             if written + 4 >= budget {
                 break;
             }
             let site = 5 + (j % 24) as u32;
-            let size = (1u64 << (10 + rng.below(13))) + rng.below(4096) * 256;
+            let size = match shape {
+                Some(s) => s[j as usize].0,
+                None => (1u64 << (10 + rng.below(13))) + rng.below(4096) * 256,
+            };
             let a = next_addr[di];
             next_addr[di] += size.next_multiple_of(512);
             t += 2_000 + rng.below(3_000);
@@ -200,8 +230,14 @@ pub fn write<W: Write>(w: W, o: &SynthOptions) -> io::Result<u64> {
             )))?;
             written += 1;
             // A temporary now and then: allocated and freed at once.
-            if rng.below(4) == 0 && written + 6 < budget {
-                let ts = 512 + rng.below(1 << 16);
+            let temp = match shape {
+                Some(s) => s[j as usize].1,
+                None if rng.below(4) == 0 && written + 6 < budget => Some(512 + rng.below(1 << 16)),
+                None => None,
+            };
+            if let Some(ts) = temp
+                && written + 6 < budget
+            {
                 let ta = next_addr[di];
                 next_addr[di] += ts.next_multiple_of(512);
                 t += 500;

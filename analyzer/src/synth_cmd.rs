@@ -29,6 +29,10 @@ pub struct Args {
     /// No cap refusal at the end.
     #[arg(long)]
     pub no_refusal: bool,
+    /// Steps replay one of this many step shapes (activation sizes drawn once, as real
+    /// training repeats them); 0 = every size drawn afresh (the original generator).
+    #[arg(long, default_value_t = 0)]
+    pub step_shapes: u32,
 }
 
 pub fn main(a: Args) -> Result<ExitCode, String> {
@@ -39,6 +43,7 @@ pub fn main(a: Args) -> Result<ExitCode, String> {
         pooled: !a.unpooled,
         refusal: !a.no_refusal,
         scale: a.scale,
+        step_shapes: a.step_shapes,
     };
     let f = File::create(&a.output).map_err(|e| write_error(&a.output, &e))?;
     let n = synth::write(BufWriter::with_capacity(1 << 20, f), &o)

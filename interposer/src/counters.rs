@@ -1,6 +1,6 @@
 //! In-process counters: calls by API (in per-thread blocks, so 16 threads allocating at once
-//! do not fight over one cache line), bytes live per device (kept by the live tables) and
-//! their peak. Entries and bytes per kind are not counted on the hot path: reads scan the
+//! do not fight over one cache line), bytes live per device (the sum of every block's net
+//! bytes, see [`live_bytes`]) and their peak. Entries and bytes per kind are not counted on the hot path: reads scan the
 //! live table.
 //!
 //! The peak follows a per-device running total. Each thread keeps, per device, its own net
@@ -11,8 +11,8 @@
 //! read-modify-write at all. With one allocating thread the running total equals the true
 //! live bytes at every new high, so the peak is exact; with several, the total may still
 //! count up to `SLACK` bytes per thread that a thread freed and did not publish yet: the
-//! peak is then an upper bound within that much. Live bytes are always exact (the live
-//! tables keep them); the cap keeps its own exact accounting.
+//! peak is then an upper bound within that much. Live bytes are always exact (the sum of
+//! the nets, whatever the publishing); the cap keeps its own exact accounting.
 
 use std::ffi::c_void;
 use std::sync::atomic::{
@@ -59,6 +59,9 @@ const TOTAL: Total = Total { live: Z, peak: Z };
 
 static STRIPES_: [Stripe; STRIPES] = [STRIPE; STRIPES];
 static TOTALS: [Total; SLOTS] = [TOTAL; SLOTS];
+/// Net bytes per slot counted outside any thread's block (no hook token, a thread past its
+/// exit handler, entries dropped by a reset): with the blocks' `net`, the exact bytes live.
+static EXTRA: [AtomicU64; SLOTS] = [Z; SLOTS];
 static MISC: Misc = Misc {
     unknown_frees: Z,
     cap_refusals: Z,
@@ -95,17 +98,16 @@ pub fn call(api: Api) {
 /// store, no atomic read-modify-write (each block has one writer).
 #[inline(always)]
 pub fn call_in(tok: &crate::guard::Token, api: Api) {
-    if let Some(st) = tok.state() {
-        let mut b = st.calls.get();
-        if b.is_null() && !st.exited.get() {
-            b = register(st);
-        }
-        // SAFETY: blocks are leaked, never freed; this thread is the block's only writer.
-        if let Some(b) = unsafe { b.as_ref() } {
-            let c = &b.calls[(api as usize) % APIS];
-            c.store(c.load(Relaxed).wrapping_add(1), Relaxed);
-            return;
-        }
+    let st = tok.state();
+    let mut b = st.calls.get();
+    if b.is_null() && !st.exited.get() {
+        b = register(st);
+    }
+    // SAFETY: blocks are leaked, never freed; this thread is the block's only writer.
+    if let Some(b) = unsafe { b.as_ref() } {
+        let c = &b.calls[(api as usize) % APIS];
+        c.store(c.load(Relaxed).wrapping_add(1), Relaxed);
+        return;
     }
     call(api);
 }
@@ -147,6 +149,7 @@ extern "C" fn on_thread_exit(p: *mut c_void) {
     let _ = crate::guard::with_state(|s| {
         s.calls.set(std::ptr::null());
         s.exited.set(true);
+        crate::live_table::release_parts(s);
     });
     // SAFETY: p is the CallBlock this thread registered.
     if let Some(b) = unsafe { (p as *const CallBlock).as_ref() } {
@@ -181,6 +184,19 @@ fn key() -> Option<libc::pthread_key_t> {
             (cur != usize::MAX).then(|| (cur - 1) as libc::pthread_key_t)
         }
     }
+}
+
+/// Whether this thread will run its exit handler (which gives back its live-table parts):
+/// registers its block if it has none yet; false once it is exiting.
+#[cold]
+pub(crate) fn thread_exit_registered(st: &crate::guard::State) -> bool {
+    if st.exited.get() {
+        return false;
+    }
+    if st.calls.get().is_null() {
+        register(st);
+    }
+    true
 }
 
 #[cold]
@@ -226,8 +242,7 @@ fn claim() -> *const CallBlock {
 #[inline(always)]
 fn block(tok: &crate::guard::Token) -> Option<&'static CallBlock> {
     // SAFETY: blocks are leaked, never freed.
-    tok.state()
-        .and_then(|st| unsafe { st.calls.get().as_ref() })
+    unsafe { tok.state().calls.get().as_ref() }
 }
 
 /// Bytes a thread may have freed below what it published before it tells the running total.
@@ -239,7 +254,7 @@ pub const SLACK: u64 = 1 << 20;
 pub fn alloc_in(tok: &crate::guard::Token, device: i32, kind: AllocKind, size: u64) {
     let s = slot(device, kind);
     let Some(b) = block(tok) else {
-        return raise(&TOTALS[s], size);
+        return alloc(device, kind, size);
     };
     let net = b.net[s].load(Relaxed).wrapping_add(size);
     b.net[s].store(net, Relaxed);
@@ -290,14 +305,18 @@ fn publish_all(b: &CallBlock) {
 /// An allocation became live outside a hook (no thread block at hand).
 #[inline]
 pub fn alloc(device: i32, kind: AllocKind, size: u64) {
-    raise(&TOTALS[slot(device, kind)], size);
+    let s = slot(device, kind);
+    EXTRA[s].fetch_add(size, Relaxed);
+    raise(&TOTALS[s], size);
 }
 
 /// A live allocation was freed or dropped outside the hot path (stale entries, device
 /// reset): taken off the running total at once.
 #[inline]
 pub fn free(device: i32, kind: AllocKind, size: u64) {
-    TOTALS[slot(device, kind)].live.fetch_sub(size, Relaxed);
+    let s = slot(device, kind);
+    EXTRA[s].fetch_sub(size, Relaxed);
+    TOTALS[s].live.fetch_sub(size, Relaxed);
 }
 
 pub fn unknown_free() {
@@ -328,12 +347,13 @@ pub fn calls(api: Api) -> u64 {
         .fold(0u64, u64::wrapping_add)
 }
 
-/// Live bytes of a slot (all kinds): the live tables keep them, exact whenever no request
-/// is in flight.
+/// Live bytes of a slot (all kinds): every thread's net bytes plus those counted outside
+/// the blocks, exact whenever no request is in flight (each entry that enters or leaves the
+/// live tables is counted exactly once, by the thread that moved it).
 pub fn live_bytes(slot: usize) -> u64 {
-    crate::live_table::ALLOCS
-        .live_bytes(slot)
-        .wrapping_add(crate::live_table::HANDLES.live_bytes(slot))
+    blocks()
+        .map(|b| b.net[slot].load(Relaxed))
+        .fold(EXTRA[slot].load(Relaxed), u64::wrapping_add)
 }
 
 /// Peak live bytes of a slot.
@@ -411,6 +431,7 @@ pub(crate) fn reset() {
         t.live.store(0, Relaxed);
         t.peak.store(0, Relaxed);
     }
+    EXTRA.iter().for_each(|c| c.store(0, Relaxed));
     for c in [
         &MISC.unknown_frees,
         &MISC.cap_refusals,

@@ -13,6 +13,7 @@ use crate::request::Request;
 use crate::{cap, ids, tracer};
 use std::ffi::c_int;
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use vramshim_trace::{AllocKind, Api, Event, MemOp, flags};
 
 /// Which layer decided a request's outcome (for the debug log).
@@ -61,6 +62,31 @@ pub fn run_hook(
         };
     };
     let r = std::panic::catch_unwind(AssertUnwindSafe(|| body(&tok)));
+    tok.leave();
+    match r {
+        Ok(rc) => rc,
+        Err(_) => panicked(name, panic_code),
+    }
+}
+
+/// [`run_hook`] for hooks whose pass-through and body share one real call: `call` goes to
+/// whichever branch runs (moved, not borrowed, so that the body reaches its arguments
+/// without a second indirection).
+#[inline(always)]
+pub fn run_hook_with<C>(
+    name: &'static str,
+    panic_code: c_int,
+    call: C,
+    pass: impl FnOnce(C) -> c_int,
+    body: impl FnOnce(&Token, C) -> c_int,
+) -> c_int {
+    let Some(tok) = crate::guard::enter() else {
+        return match std::panic::catch_unwind(AssertUnwindSafe(move || pass(call))) {
+            Ok(rc) => rc,
+            Err(_) => panicked(name, panic_code),
+        };
+    };
+    let r = std::panic::catch_unwind(AssertUnwindSafe(|| body(&tok, call)));
     tok.leave();
     match r {
         Ok(rc) => rc,
@@ -123,14 +149,93 @@ pub fn alloc(
     }
 }
 
+/// Whether requests go straight to the real functions (no cap, pool, trace or debug log):
+/// then the hooks take [`alloc_passed`] / [`free_passed`].
+#[inline(always)]
+pub fn pass_through() -> bool {
+    !layered()
+}
+
+/// A pass-through allocation's real call returned `rc`: count the request and record a
+/// success (`read` gives the pointer and the size) in the live table and counters.
+#[inline(always)]
+pub fn alloc_passed(
+    tok: &Token,
+    req: &Request,
+    table: &LiveTable,
+    rc: c_int,
+    read: impl FnOnce() -> (u64, u64),
+) {
+    counters::call_in(tok, req.api);
+    if rc != 0 {
+        counters::alloc_failure();
+        return;
+    }
+    let (addr, size) = read();
+    let r = RealResult { rc, addr, size };
+    record_alloc(tok, req, table, &r, req.kind, req.flags, 0);
+}
+
+/// A pass-through free of a non-null `key`: claim the entry, call the real function,
+/// settle (as [`free`]).
+#[inline(always)]
+pub fn free_passed(
+    tok: &Token,
+    api: Api,
+    key: u64,
+    table: &LiveTable,
+    real: impl FnOnce() -> c_int,
+) -> c_int {
+    counters::call_in(tok, api);
+    let entry = table.remove_in(tok, key);
+    let rc = real();
+    match (rc, entry) {
+        (0, Some(e)) => {
+            counters::free_in(tok, e.device, e.kind, e.size);
+            if e.charged > 0 {
+                cap::uncharge(e.device, e.charged);
+            }
+        }
+        (_, Some(e)) => {
+            table.insert_in(tok, key, e);
+        }
+        (_, None) => counters::unknown_free(),
+    }
+    rc
+}
+
 /// Whether a request needs more than pass-through: a cap, a pool or a trace is on, or the
-/// debug log wants every decision explained. A few relaxed loads.
+/// debug log wants every decision explained. Two relaxed loads once the layers were found
+/// off (see [`LAYERS_OFF`]).
 #[inline(always)]
 fn layered() -> bool {
-    tracer::enabled()
+    if LAYERS_OFF.load(Relaxed) {
+        return tracer::enabled();
+    }
+    layered_slow()
+}
+
+/// Set once the layers were all found off. Of the layers, only the tracer (and the log
+/// level, which clears this flag through [`layers_changed`]) may turn on after that: the
+/// cap and the pool read their configuration once, the first time they are asked, and
+/// afterwards only ever turn off.
+static LAYERS_OFF: AtomicBool = AtomicBool::new(false);
+
+#[cold]
+fn layered_slow() -> bool {
+    let on = tracer::enabled()
         || crate::log::enabled(crate::log::Level::Debug)
         || pooling::enabled()
-        || cap::global().is_some()
+        || cap::global().is_some();
+    if !on {
+        LAYERS_OFF.store(true, Relaxed);
+    }
+    on
+}
+
+/// The log level changed: look at the layers again on the next request.
+pub(crate) fn layers_changed() {
+    LAYERS_OFF.store(false, Relaxed);
 }
 
 /// Record a finished allocation: a success goes into the live table (and its counters); a
@@ -163,7 +268,7 @@ fn record_alloc(
         flags: fl,
         charged,
     };
-    if let Some(stale) = table.insert(r.addr, e) {
+    if let Some(stale) = table.insert_in(tok, r.addr, e) {
         // The address was handed out again without us seeing its free.
         forget(&stale);
     }
@@ -189,7 +294,11 @@ fn alloc_layered(
     real: impl FnOnce() -> RealResult,
 ) -> Outcome {
     let traced = tracer::enabled();
-    let t0 = if traced { ids::now_ns() } else { 0 };
+    let t0 = if traced {
+        tracer::stamp()
+    } else {
+        tracer::Stamp::NONE
+    };
 
     // ---- cap
     let mut charged = 0u64;
@@ -214,7 +323,7 @@ fn alloc_layered(
                 );
                 if traced {
                     tracer::emit(Event::CapRefusal {
-                        t_ns: t0,
+                        t_ns: t0.ns,
                         tid: ids::tid(),
                         device: req.device,
                         api: req.api,
@@ -350,7 +459,7 @@ pub fn free(
     if layered() || req.key == 0 {
         return free_layered(tok, req, table, real);
     }
-    let entry = table.remove(req.key);
+    let entry = table.remove_in(tok, req.key);
     let rc = real();
     settle_free(tok, req, table, rc, entry);
     rc
@@ -368,7 +477,7 @@ fn settle_free(tok: &Token, req: &FreeRequest, table: &LiveTable, rc: c_int, ent
             }
         }
         (_, Some(e)) => {
-            table.insert(req.key, e);
+            table.insert_in(tok, req.key, e);
         }
         (_, None) => counters::unknown_free(),
     }
@@ -383,19 +492,24 @@ fn free_layered(
     real: impl FnOnce() -> c_int,
 ) -> c_int {
     let traced = tracer::enabled();
-    let t0 = if traced { ids::now_ns() } else { 0 };
+    let t0 = if traced {
+        tracer::stamp()
+    } else {
+        tracer::Stamp::NONE
+    };
     if req.key == 0 {
         // cudaFree(NULL) & co.: a no-op (or context initialization) for CUDA.
         let rc = real();
         crate::debug!("{}(NULL) -> {} [real]", req.api.name(), rc);
         return rc;
     }
-    let entry = table.remove(req.key);
+    let entry = table.remove_in(tok, req.key);
     let mut layer = Layer::Real;
     let pooled = if pooling::enabled() && entry.is_none_or(|e| e.kind == AllocKind::Pool) {
         pooling::free(
             req.key,
             req.stream.map(|s| pooling::pool_stream_id(s, req.flags)),
+            entry.map(|e| (e.device, e.size)),
         )
     } else {
         None
@@ -430,7 +544,7 @@ fn free_layered(
     if traced {
         let fl = req.flags | (efl & flags::POOLED);
         tracer::emit(Event::Free(MemOp {
-            t_ns: t0,
+            t_ns: t0.ns,
             tid: ids::tid(),
             api: req.api,
             kind,
@@ -440,7 +554,7 @@ fn free_layered(
             addr: req.key,
             size,
             result: rc,
-            latency_ns: latency(t0),
+            latency_ns: t0.latency_ns(),
             stack: 0,
         }));
     }
@@ -498,7 +612,7 @@ pub fn meminfo(
     );
     if tracer::enabled() {
         tracer::emit(Event::MemInfo {
-            t_ns: ids::now_ns(),
+            t_ns: tracer::now_ns(),
             tid: ids::tid(),
             api,
             device: dev,
@@ -520,7 +634,7 @@ pub fn device_reset(device: i32) {
         bytes = bytes.saturating_add(e.size);
         if traced {
             tracer::emit(Event::Free(MemOp {
-                t_ns: ids::now_ns(),
+                t_ns: tracer::now_ns(),
                 tid: ids::tid(),
                 api: Api::CudaDeviceReset,
                 kind: e.kind,
@@ -543,9 +657,17 @@ pub fn device_reset(device: i32) {
     );
 }
 
-fn emit_op(req: &Request, is_alloc: bool, fl: u8, addr: u64, size: u64, rc: c_int, t0: u64) {
+fn emit_op(
+    req: &Request,
+    is_alloc: bool,
+    fl: u8,
+    addr: u64,
+    size: u64,
+    rc: c_int,
+    t0: tracer::Stamp,
+) {
     let op = MemOp {
-        t_ns: t0,
+        t_ns: t0.ns,
         tid: ids::tid(),
         api: req.api,
         kind: req.kind,
@@ -555,7 +677,7 @@ fn emit_op(req: &Request, is_alloc: bool, fl: u8, addr: u64, size: u64, rc: c_in
         addr,
         size,
         result: rc,
-        latency_ns: latency(t0),
+        latency_ns: t0.latency_ns(),
         stack: 0,
     };
     tracer::emit(if is_alloc {
@@ -563,11 +685,6 @@ fn emit_op(req: &Request, is_alloc: bool, fl: u8, addr: u64, size: u64, rc: c_in
     } else {
         Event::Free(op)
     });
-}
-
-#[inline]
-fn latency(t0: u64) -> u32 {
-    ids::now_ns().saturating_sub(t0).min(u32::MAX as u64) as u32
 }
 
 fn is_runtime(api: Api) -> bool {

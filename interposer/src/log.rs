@@ -69,11 +69,13 @@ pub(crate) fn init() {
         }
     };
     LEVEL.store(lvl as u8, Ordering::Relaxed);
+    crate::dispatch::layers_changed();
 }
 
 /// Set the level at run time (tests).
 pub fn set_level(level: Level) {
     LEVEL.store(level as u8, Ordering::Relaxed);
+    crate::dispatch::layers_changed();
 }
 
 struct StackBuf {

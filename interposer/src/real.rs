@@ -274,6 +274,7 @@ real_fns! {
     Runtime cudaDeviceReset: PfnCudaDeviceReset;
     Runtime cudaDeviceEnablePeerAccess: PfnCudaDeviceEnablePeerAccess;
     Runtime cudaGetDevice: PfnCudaGetDevice;
+    Runtime cudaSetDevice: PfnCuDeviceOp;
     Runtime cudaGetDeviceProperties: PfnCudaGetDeviceProperties;
     Runtime cudaGetDeviceProperties_v2: PfnCudaGetDeviceProperties;
     Runtime cudaDeviceSynchronize: PfnCudaDeviceReset;
@@ -338,6 +339,7 @@ real_fns! {
     Driver cuCtxEnablePeerAccess: PfnCuCtxEnablePeerAccess;
     Driver cuCtxPushCurrent_v2: PfnCuCtxSetCurrent;
     Driver cuCtxPopCurrent_v2: PfnCuCtxGetCurrent;
+    Driver cuCtxDestroy_v2: PfnCuCtxSetCurrent;
     Driver cuDeviceGetPCIBusId: PfnCuDeviceGetPCIBusId;
     Driver cuDeviceGetCount: PfnCuDeviceGetCount;
     Driver cuDeviceGetMemPool: PfnCuDeviceGetMemPool;

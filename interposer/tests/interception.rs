@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{both, build};
+use common::{both, build, preloaded};
 use vramshim_testkit::Link;
 
 #[test]
@@ -41,6 +41,38 @@ fn dlopen_runtime_all_paths() {
     );
     let (_, pre) = both(&exe, &[], &[], "ip-dlopen");
     assert!(pre.stderr.contains("preloaded=1"), "{}", pre.stderr);
+}
+
+/// The device each allocation is charged to follows cudaSetDevice (through the PLT and
+/// through dlsym), per thread.
+#[test]
+fn allocations_follow_device_switches() {
+    let exe = build("device_switch", "device_switch.c", Link::SharedRuntime, &[]);
+    let (_, pre) = both(&exe, &[], &[("VRAMSIM_DEVICES", "2")], "ip-devswitch");
+    assert!(pre.stdout.contains("device_switch: ok"), "{}", pre.stdout);
+}
+
+/// The same test catches a remembered device that is not forgotten on a switch.
+#[test]
+fn device_switch_test_catches_a_stale_device() {
+    let exe = build(
+        "device_switch_f",
+        "device_switch.c",
+        Link::SharedRuntime,
+        &[],
+    );
+    let out = preloaded(
+        &exe,
+        &[],
+        &[("VRAMSIM_DEVICES", "2"), ("VRAMSHIM_DEVICE_FAULT", "stale")],
+        "ip-devswitch-fault",
+    );
+    assert_eq!(out.code(), Some(3), "{}\n{}", out.stdout, out.stderr);
+    assert!(
+        out.stderr.contains("counter live_bytes.1"),
+        "{}",
+        out.stderr
+    );
 }
 
 #[test]

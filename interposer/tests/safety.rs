@@ -12,6 +12,16 @@ fn sixteen_threads_exact_counts_no_deadlock() {
     assert!(pre.stdout.contains("threads: ok"));
 }
 
+/// Frees of pointers another thread allocated (each thread has its own live-table part),
+/// racing the owners' own allocations, then double frees of them: counts stay exact and
+/// every double free gets the code it gets without the preload.
+#[test]
+fn cross_thread_frees_exact() {
+    let exe = build("cross_free", "cross_free.c", Link::SharedRuntime, &[]);
+    let (_, pre) = both(&exe, &["40"], &[], "ip-cross-free");
+    assert!(pre.stdout.contains("cross_free: ok"), "{}", pre.stdout);
+}
+
 #[test]
 fn fork_child_starts_clean_parent_continues() {
     let exe = build("fork_exec", "fork_exec.c", Link::SharedRuntime, &[]);

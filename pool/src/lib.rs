@@ -78,6 +78,7 @@
 //! only get memory a synchronization covers. No policy synchronizes during stream capture.
 
 pub mod accounting;
+mod blocks;
 pub mod caching;
 pub mod device;
 pub mod direct;

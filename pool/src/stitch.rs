@@ -28,6 +28,7 @@
 //! no event at all on the same-stream fast path). Bytes of dissolved blocks carry the same
 //! condition as a per-page fence. No synchronization during capture.
 
+use crate::blocks::{BState, Block, Blocks, SizeLists};
 use crate::device::{Device, DeviceError, EventId, Handle, Stream};
 use crate::fxhash::FxMap;
 use crate::{ALIGN, Alloc, FreeMode, Policy, PoolError, Request, Stats, round_up};
@@ -76,27 +77,6 @@ struct Mapping {
     users: u32,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum BState {
-    Live,
-    Pending,
-    Cached,
-}
-
-#[derive(Clone, Copy, Debug)]
-struct Block {
-    size: u64,
-    req: u64,
-    map: u32,
-    off: u64,
-    stream: Stream,
-    state: BState,
-    free_stream: Stream,
-    event: Option<EventId>,
-    epoch: u64,
-    seq: u64,
-}
-
 /// What the slow path found: a cached block (after a synchronization released it), or a
 /// new block's place `(mapping, offset)`.
 enum Slot {
@@ -125,6 +105,12 @@ pub struct Faults {
     pub lazy_sync: bool,
 }
 
+impl Faults {
+    fn any(&self) -> bool {
+        self.reuse_sync_frees_early || self.ignore_streams || self.skip_take || self.lazy_sync
+    }
+}
+
 /// See the module documentation.
 pub struct Stitch {
     gran: u64,
@@ -146,18 +132,18 @@ pub struct Stitch {
     nmaps: u64,
     maps_by_len: FxMap<usize, Vec<u32>>,
     maps_by_va: BTreeMap<u64, u32>,
-    blocks: FxMap<u64, Block>,
-    cache: FxMap<u64, Vec<u64>>,
+    blocks: Blocks,
+    /// the exact-size cache (and pending blocks counted by size)
+    sizes: SizeLists,
     /// cached blocks in free order, per class (stale entries skipped)
     lru: [VecDeque<(u64, u64)>; 2],
     ncached: usize,
-    pending: Vec<u64>,
+    /// `cudaFree`d blocks waiting for a synchronization (block indices)
+    pending: Vec<u32>,
     epoch: u64,
     flushed_epoch: u64,
     /// bytes of `pending` blocks
     pending_bytes: u64,
-    /// `pending` blocks by size: a miss of a size waiting here syncs rather than grows
-    pending_sizes: FxMap<u64, u32>,
     seq: u64,
     frees_since_sync: bool,
     events: FxMap<EventId, u32>,
@@ -191,15 +177,14 @@ impl Stitch {
             nmaps: 0,
             maps_by_len: FxMap::default(),
             maps_by_va: BTreeMap::new(),
-            blocks: FxMap::default(),
-            cache: FxMap::default(),
+            blocks: Blocks::default(),
+            sizes: SizeLists::default(),
             lru: Default::default(),
             ncached: 0,
             pending: Vec::new(),
             epoch: 0,
             flushed_epoch: 0,
             pending_bytes: 0,
-            pending_sizes: FxMap::default(),
             seq: 0,
             frees_since_sync: false,
             events: FxMap::default(),
@@ -514,32 +499,25 @@ impl Stitch {
         let epoch = self.epoch;
         self.flushed_epoch = epoch;
         let mut i = 0;
+        let half = self.gran / 2;
         while i < self.pending.len() {
-            let a = self.pending[i];
-            let b = self.blocks.get_mut(&a).unwrap();
+            let id = self.pending[i];
+            let b = self.blocks.at_mut(id);
             if b.epoch < epoch {
                 b.state = BState::Cached;
                 self.seq += 1;
                 b.seq = self.seq;
-                let (size, seq) = (b.size, b.seq);
-                self.cache.entry(size).or_default().push(a);
-                let c = self.class_of(size);
+                let (size, seq, a) = (b.size, b.seq, b.addr);
+                let list = self.sizes.at_mut(b.list);
+                list.cached.push(id);
+                list.pending -= 1;
+                let c = if size <= half { SMALL } else { LARGE };
                 self.lru[c].push_back((seq, a));
                 self.ncached += 1;
                 self.pending_bytes -= size;
-                self.unpend_size(size);
                 self.pending.swap_remove(i);
             } else {
                 i += 1;
-            }
-        }
-    }
-
-    fn unpend_size(&mut self, size: u64) {
-        if let Some(n) = self.pending_sizes.get_mut(&size) {
-            *n -= 1;
-            if *n == 0 {
-                self.pending_sizes.remove(&size);
             }
         }
     }
@@ -579,29 +557,35 @@ impl Stitch {
 
     /// Take a cached block of `size` for a request of `req` bytes on stream `t`.
     fn cache_take(&mut self, dev: &mut dyn Device, size: u64, t: Stream, req: u64) -> Option<u64> {
-        // the hot path of a repeating workload: one lookup of the size's list, one of the
-        // block (disjoint fields borrowed together)
+        // the hot path of a repeating workload: one lookup of the size's list; its blocks
+        // are slab indices (disjoint fields borrowed together)
         let (epoch, ignore) = (self.epoch, self.faults.ignore_streams);
-        let list = self.cache.get_mut(&size)?;
+        let l = self.sizes.find(size)?;
+        let list = &mut self.sizes.at_mut(l).cached;
         let n = list.len();
         let mut found = None;
         for i in (n.saturating_sub(FAST_SCAN)..n).rev() {
-            let a = list[i];
-            let b = self.blocks.get_mut(&a).unwrap();
+            let id = list[i];
+            let b = self.blocks.at_mut(id);
             match Self::compat_at(b, t, epoch, ignore) {
                 Some(None) => {
                     // at once: take it here
-                    list.remove(i);
+                    if i + 1 == n {
+                        list.pop();
+                    } else {
+                        list.remove(i);
+                    }
                     // the block freed last is usually the one taken (a repeating pair):
                     // drop its LRU entry now rather than leave it stale for compaction
                     let c = if size <= self.gran / 2 { SMALL } else { LARGE };
-                    if self.lru[c].back() == Some(&(b.seq, a)) {
+                    if self.lru[c].back() == Some(&(b.seq, b.addr)) {
                         self.lru[c].pop_back();
                     }
                     let old_ev = b.event.take();
                     b.state = BState::Live;
                     b.req = req;
                     b.stream = t;
+                    let a = b.addr;
                     self.ncached -= 1;
                     if let Some(ev) = old_ev {
                         self.ev_unref(dev, ev);
@@ -609,44 +593,76 @@ impl Stitch {
                     return Some(a);
                 }
                 Some(Some(s)) => {
-                    found = Some((i, a, s));
+                    found = Some((i, id, s));
                     break;
                 }
                 None => {}
             }
         }
         // behind another stream's work: order `t` after it first
-        let (i, a, s) = found?;
-        self.cache.get_mut(&size).unwrap().remove(i);
+        let (i, id, s) = found?;
+        self.sizes.at_mut(l).cached.remove(i);
         self.ncached -= 1;
         if self.order_after(dev, t, s).is_err() {
             // cannot order: put it back and let the slow path decide
-            self.cache.get_mut(&size).unwrap().insert(i, a);
+            self.sizes.at_mut(l).cached.insert(i, id);
             self.ncached += 1;
             return None;
         }
-        let b = self.blocks.get_mut(&a).unwrap();
+        let b = self.blocks.at_mut(id);
         let old_ev = b.event.take();
         b.state = BState::Live;
         b.req = req;
         b.stream = t;
+        let a = b.addr;
         if let Some(ev) = old_ev {
             self.ev_unref(dev, ev);
         }
         Some(a)
     }
 
+    /// The hot path of [`Policy::alloc`]: the block of this size freed last, when it may be
+    /// handed out on stream `t` at once with no device call (freed on `t`, or released by a
+    /// synchronization since, and no event to drop). `None`: the general path decides (it
+    /// would take the same block in this case; this is only the short way to it).
+    #[inline]
+    pub fn alloc_cached(&mut self, req: u64, t: Stream) -> Option<u64> {
+        if self.gran == 0
+            || self.faults.any()
+            || (!self.pending.is_empty() && self.flushed_epoch != self.epoch)
+        {
+            return None;
+        }
+        let size = round_up(req.max(1), ALIGN);
+        let l = self.sizes.find(size)?;
+        let list = &mut self.sizes.at_mut(l).cached;
+        let &id = list.last()?;
+        let b = self.blocks.at_mut(id);
+        if b.event.is_some() || !(b.free_stream == t || b.epoch < self.epoch) {
+            return None;
+        }
+        list.pop();
+        let c = if size <= self.gran / 2 { SMALL } else { LARGE };
+        if self.lru[c].back() == Some(&(b.seq, b.addr)) {
+            self.lru[c].pop_back();
+        }
+        b.state = BState::Live;
+        b.req = req;
+        b.stream = t;
+        self.ncached -= 1;
+        self.stats.cache_hits += 1;
+        self.stats.allocs += 1;
+        self.stats.add_live(req);
+        Some(b.addr)
+    }
+
     /// Give a cached block's bytes back to its pages.
     fn dissolve(&mut self, dev: &mut dyn Device, addr: u64) {
-        let b = self.blocks.remove(&addr).unwrap();
+        let (id, b) = self.blocks.remove(addr).unwrap();
         debug_assert_eq!(b.state, BState::Cached);
-        if let Some(list) = self.cache.get_mut(&b.size)
-            && let Some(i) = list.iter().rposition(|&x| x == addr)
-        {
+        let list = &mut self.sizes.at_mut(b.list).cached;
+        if let Some(i) = list.iter().rposition(|&x| x == id) {
             list.remove(i);
-            if list.is_empty() {
-                self.cache.remove(&b.size);
-            }
         }
         self.ncached -= 1;
         let fence = (b.epoch >= self.epoch).then_some(Fence {
@@ -693,14 +709,13 @@ impl Stitch {
         let mut done = 0u64;
         let mut any = false;
         while let Some((seq, a)) = self.lru[class].pop_front() {
-            let ok = self
-                .blocks
-                .get(&a)
-                .is_some_and(|b| b.state == BState::Cached && b.seq == seq);
-            if !ok {
+            let Some(b) = self.blocks.get(a) else {
+                continue;
+            };
+            if b.state != BState::Cached || b.seq != seq {
                 continue;
             }
-            done += self.blocks[&a].size;
+            done += b.size;
             self.dissolve(dev, a);
             any = true;
             if done >= want {
@@ -716,7 +731,7 @@ impl Stitch {
             for l in &mut self.lru {
                 l.retain(|&(seq, a)| {
                     blocks
-                        .get(&a)
+                        .get(a)
                         .is_some_and(|b| b.state == BState::Cached && b.seq == seq)
                 });
             }
@@ -912,7 +927,7 @@ impl Stitch {
         let n_min = size.div_ceil(g) as usize;
         let pinned = |a: u64| {
             self.blocks
-                .get(&a)
+                .get(a)
                 .is_some_and(|b| b.state != BState::Cached)
         };
         for n in [n_min, n_min + 1] {
@@ -995,7 +1010,7 @@ impl Stitch {
         let g = self.gran;
         let pinned = |a: u64| {
             self.blocks
-                .get(&a)
+                .get(a)
                 .is_some_and(|b| b.state != BState::Cached)
         };
         let mut best: Option<(u64, u32, u64)> = None; // (gap len, page, offset)
@@ -1386,7 +1401,7 @@ impl Stitch {
         // batching keeps it to one sync per SYNC_BATCH cudaFrees at most.
         if !self.faults.lazy_sync
             && self.pending.len() >= SYNC_BATCH
-            && self.pending_sizes.contains_key(&size)
+            && self.sizes.has_pending(size)
             && let Some(a) = self.sync_and_take(dev, size, t, req)?
         {
             return Ok(Slot::Hit(a));
@@ -1424,7 +1439,7 @@ impl Stitch {
             // releases every pending block) rather than place the request elsewhere while
             // its twin waits, which scatters both over shared pages.
             if !self.faults.lazy_sync
-                && self.pending_sizes.contains_key(&size)
+                && self.sizes.has_pending(size)
                 && let Some(a) = self.sync_and_take(dev, size, t, req)?
             {
                 return Ok(Slot::Hit(a));
@@ -1534,6 +1549,12 @@ impl Policy for Stitch {
     }
 
     fn alloc(&mut self, dev: &mut dyn Device, req: Request) -> Result<Alloc, PoolError> {
+        if let Some(addr) = self.alloc_cached(req.size, req.stream) {
+            return Ok(Alloc {
+                addr,
+                size: round_up(req.size.max(1), ALIGN),
+            });
+        }
         if self.gran == 0 {
             self.gran = dev.granularity();
         }
@@ -1581,21 +1602,21 @@ impl Policy for Stitch {
                     Err(e) => return Err(e),
                 };
                 let addr = self.map(map).va + off;
-                self.blocks.insert(
+                let list = self.sizes.intern(size);
+                self.blocks.insert(Block {
                     addr,
-                    Block {
-                        size,
-                        req: req.size,
-                        map,
-                        off,
-                        stream: t,
-                        state: BState::Live,
-                        free_stream: t,
-                        event: None,
-                        epoch: 0,
-                        seq: 0,
-                    },
-                );
+                    list,
+                    size,
+                    req: req.size,
+                    map,
+                    off,
+                    stream: t,
+                    state: BState::Live,
+                    free_stream: t,
+                    event: None,
+                    epoch: 0,
+                    seq: 0,
+                });
                 self.gc_mappings(dev);
                 addr
             }
@@ -1607,9 +1628,10 @@ impl Policy for Stitch {
 
     fn free(&mut self, _dev: &mut dyn Device, addr: u64, mode: FreeMode) -> Result<u64, PoolError> {
         let epoch = self.epoch;
-        let Some(b) = self.blocks.get_mut(&addr) else {
+        let Some(id) = self.blocks.id(addr) else {
             return Err(PoolError::UnknownPointer(addr));
         };
+        let b = self.blocks.at_mut(id);
         if b.state != BState::Live {
             return Err(PoolError::UnknownPointer(addr));
         }
@@ -1621,10 +1643,9 @@ impl Policy for Stitch {
         match mode {
             FreeMode::Sync => {
                 b.state = BState::Pending;
-                self.pending.push(addr);
-                let size = b.size;
-                self.pending_bytes += size;
-                *self.pending_sizes.entry(size).or_insert(0) += 1;
+                self.pending.push(id);
+                self.pending_bytes += b.size;
+                self.sizes.at_mut(b.list).pending += 1;
             }
             FreeMode::Async { stream } => {
                 b.state = BState::Cached;
@@ -1632,7 +1653,7 @@ impl Policy for Stitch {
                 self.seq += 1;
                 b.seq = self.seq;
                 let (size, seq) = (b.size, b.seq);
-                self.cache.entry(size).or_default().push(addr);
+                self.sizes.at_mut(b.list).cached.push(id);
                 let c = self.class_of(size);
                 self.lru[c].push_back((seq, addr));
                 self.ncached += 1;
@@ -1687,7 +1708,7 @@ impl Policy for Stitch {
 
     fn owns(&self, addr: u64) -> bool {
         self.blocks
-            .get(&addr)
+            .get(addr)
             .is_some_and(|b| b.state == BState::Live)
     }
 

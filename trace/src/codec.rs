@@ -155,8 +155,9 @@ impl DeltaState {
         }
     }
 
-    /// Ring distance (0 = newest) of a recent free of `addr`.
-    #[inline]
+    /// Ring distance (0 = newest) of a recent free of `addr`: the definition the encoder's
+    /// mirror ([`find_freed`]) is tested against.
+    #[cfg(test)]
     fn find_freed(&self, addr: u64) -> Option<(usize, LiveEnt)> {
         for j in 0..FREED {
             let e = self.freed[self.freed_head.wrapping_sub(1 + j) % FREED];
@@ -201,6 +202,12 @@ pub struct RecordEncoder {
     records: u32,
     t_min: u64,
     t_max: u64,
+    /// The freed ring's addresses, newest-first by rotation (entry of the `t`-th free since
+    /// the context at `15 - t % 16`; 0 = empty), and a one-byte tag of each, so an alloc finds
+    /// a recent free of its address with one 16-byte compare instead of a walk. Encoder only.
+    freed_addr: [u64; FREED],
+    /// Tag of entry `k` in byte `k % 8` of word `k / 8`.
+    freed_tag: [u64; 2],
 }
 
 /// A finished run of records, as produced by [`RecordEncoder`].
@@ -225,6 +232,8 @@ impl RecordEncoder {
             records: 0,
             t_min: u64::MAX,
             t_max: 0,
+            freed_addr: [0; FREED],
+            freed_tag: [0; 2],
         }
     }
 
@@ -245,6 +254,8 @@ impl RecordEncoder {
         put_varint(&mut self.buf, tid as u64);
         self.buf[at] = (self.buf.len() - at - 1) as u8;
         self.st.reset(tid);
+        self.freed_addr = [0; FREED];
+        self.freed_tag = [0; 2];
         self.records += 1;
     }
 
@@ -298,6 +309,8 @@ impl RecordEncoder {
         self.t_min = u64::MAX;
         self.t_max = 0;
         self.st.reset(0);
+        self.freed_addr = [0; FREED];
+        self.freed_tag = [0; 2];
     }
 
     /// Appends whole records encoded by another `RecordEncoder` (starting with a `Context`).
@@ -357,12 +370,18 @@ impl RecordEncoder {
 
     /// Appends one record for `ev`. Never fails; strings longer than 64 KiB and stacks deeper
     /// than 1024 frames are cut.
+    #[inline]
     pub fn push(&mut self, ev: &Event) {
         match ev {
-            Event::Alloc(m) => return self.memop(tag::ALLOC, 0, m),
-            Event::Free(m) => return self.memop(tag::FREE, 1, m),
-            _ => {}
+            Event::Alloc(m) => self.memop(tag::ALLOC, 0, m),
+            Event::Free(m) => self.memop(tag::FREE, 1, m),
+            _ => self.push_other(ev),
         }
+    }
+
+    /// Every record but the MemOps (rare: kept out of line).
+    #[inline(never)]
+    fn push_other(&mut self, ev: &Event) {
         self.records += 1;
         self.buf.push(record_tag(ev));
         let at = self.buf.len();
@@ -548,19 +567,24 @@ impl RecordEncoder {
         }
         // A free of a recently allocated block of the same size refers to it by table slot.
         let ls = live_slot(m.addr);
-        let e = st.live[ls];
-        let by_ref = slot == 1
-            && m.addr != 0
-            && e.generation == st.generation
-            && e.addr == m.addr
-            && e.size == m.size;
+        let by_ref = slot == 1 && m.addr != 0 && {
+            let e = st.live[ls];
+            e.generation == st.generation && e.addr == m.addr && e.size == m.size
+        };
         let reuse = if slot == 0 && m.addr != 0 {
-            st.find_freed(m.addr)
+            find_freed(&self.freed_addr, &self.freed_tag, st, m.addr)
         } else {
             None
         };
-        // Every field fits: the payload is at most 71 bytes, so the length is one byte.
-        let mut b = [0u8; 80];
+        // Every field fits: the payload is at most 71 bytes, so the length is one byte. The
+        // record is written in place (REC zeroed bytes, cut to its length after): fixed-size
+        // stores, no call to memcpy; positions are taken modulo REC (never reached: at most
+        // 73 bytes are written), which spares a bounds check per byte.
+        let at = self.buf.len();
+        self.buf.extend_from_slice(&[0u8; REC]);
+        let Ok(b) = <&mut [u8; REC]>::try_from(&mut self.buf[at..at + REC]) else {
+            return;
+        };
         b[0] = if by_ref {
             tag::FREE_REF
         } else if reuse.is_some() {
@@ -569,56 +593,31 @@ impl RecordEncoder {
             tag_
         };
         b[2] = mk;
-        let mut n = 3;
-        if mk & mask::API != 0 {
-            n = wv(&mut b, n, api as u64);
-        }
-        if mk & mask::KIND != 0 {
-            b[n] = kind;
-            n += 1;
-        }
-        if mk & mask::FLAGS != 0 {
-            b[n] = m.flags;
-            n += 1;
-        }
-        if mk & mask::DEVICE != 0 {
-            n = wv(&mut b, n, zigzag(m.device as i64));
-        }
-        if mk & mask::STREAM != 0 {
-            n = wv(&mut b, n, m.stream);
-        }
-        if mk & mask::RESULT != 0 {
-            n = wv(&mut b, n, zigzag(m.result as i64));
-        }
-        if mk & mask::STACK != 0 {
-            n = wv(&mut b, n, m.stack as u64);
-        }
-        if mk & mask::TID != 0 {
-            n = wv(&mut b, n, m.tid as u64);
-        }
+        // Usually nothing but address, size and timing changes: the mask is 0.
+        let mut n = if mk == 0 { 3 } else { changed_fields(b, mk, m) };
         // Repetitive fields first, the noisy timing fields last: zstd then finds the former
         // repeating across loop iterations as one match.
         if by_ref {
-            b[n] = ls as u8;
+            b[n % REC] = ls as u8;
             n += 1;
         } else if let Some((j, f)) = reuse {
             if f.size == m.size {
-                b[n] = j as u8 | REUSE_SAME_SIZE;
+                b[n % REC] = j as u8 | REUSE_SAME_SIZE;
                 n += 1;
             } else {
-                b[n] = j as u8;
-                n = wv(&mut b, n + 1, m.size);
+                b[n % REC] = j as u8;
+                n = wv(b, n + 1, m.size);
             }
             st.addr = m.addr;
         } else {
-            n = wv(&mut b, n, zigzag(m.addr.wrapping_sub(st.addr) as i64));
-            n = wv(&mut b, n, m.size);
+            n = wv(b, n, zigzag(m.addr.wrapping_sub(st.addr) as i64));
+            n = wv(b, n, m.size);
             st.addr = m.addr;
         }
-        n = wv(&mut b, n, zigzag(m.t_ns.wrapping_sub(st.t) as i64));
-        n = wv(&mut b, n, m.latency_ns as u64);
+        n = wv(b, n, zigzag(m.t_ns.wrapping_sub(st.t) as i64));
+        n = wv(b, n, m.latency_ns as u64);
         b[1] = (n - 2) as u8;
-        self.buf.extend_from_slice(&b[..n]);
+        self.buf.truncate(at + n);
         self.records += 1;
         if slot == 0 && m.addr != 0 {
             st.live[ls] = LiveEnt {
@@ -627,6 +626,13 @@ impl RecordEncoder {
                 generation: st.generation,
             };
         } else if slot == 1 {
+            if m.addr != 0 {
+                let k = 15 - st.freed_head % FREED;
+                self.freed_addr[k] = m.addr;
+                let (w, sh) = (k / 8, (k % 8) * 8);
+                self.freed_tag[w] =
+                    (self.freed_tag[w] & !(0xff << sh)) | ((freed_tag(m.addr) as u64) << sh);
+            }
             st.note_free(m.addr, m.size);
         }
         st.slots[slot] = OpSlot {
@@ -647,15 +653,103 @@ impl RecordEncoder {
     }
 }
 
+/// One-byte tag of a freed address (candidates for the full compare).
+#[inline(always)]
+fn freed_tag(addr: u64) -> u8 {
+    (addr.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8
+}
+
+/// Bit `i` set for every zero byte `i` of `v` (and possibly for bytes above a zero byte:
+/// candidates only, the caller compares the full addresses).
+#[inline(always)]
+fn zero_bytes(v: u64) -> u32 {
+    let z = v.wrapping_sub(0x0101_0101_0101_0101) & !v & 0x8080_8080_8080_8080;
+    ((z >> 7).wrapping_mul(0x0102_0408_1020_4080) >> 56) as u32
+}
+
+/// [`DeltaState::find_freed`] through the encoder's mirror: the ring distance (0 = newest) of
+/// the newest recent free of `addr` (not 0), and that free.
+#[inline(always)]
+fn find_freed(
+    mirror: &[u64; FREED],
+    tags: &[u64; 2],
+    st: &DeltaState,
+    addr: u64,
+) -> Option<(usize, LiveEnt)> {
+    let t = freed_tag(addr) as u64 * 0x0101_0101_0101_0101;
+    let mut cand = zero_bytes(tags[0] ^ t) | zero_bytes(tags[1] ^ t) << 8;
+    let mut mask = 0u32;
+    while cand != 0 {
+        let k = cand.trailing_zeros();
+        if mirror[k as usize] == addr {
+            mask |= 1 << k;
+        }
+        cand &= cand - 1;
+    }
+    if mask == 0 {
+        return None;
+    }
+    // The newest free sits at `newest`; older ones follow at increasing positions (mod 16).
+    let newest = (15 - st.freed_head.wrapping_sub(1) % FREED) as u32;
+    let j = (mask as u16).rotate_right(newest).trailing_zeros() as usize;
+    Some((j, st.freed[st.freed_head.wrapping_sub(1 + j) % FREED]))
+}
+
+/// The fields a MemOp's mask says changed, from `b[3]` on; returns the new position.
+#[inline(never)]
+fn changed_fields(b: &mut [u8; REC], mk: u8, m: &MemOp) -> usize {
+    let mut n = 3;
+    if mk & mask::API != 0 {
+        n = wv(b, n, m.api as u16 as u64);
+    }
+    if mk & mask::KIND != 0 {
+        b[n % REC] = m.kind as u8;
+        n += 1;
+    }
+    if mk & mask::FLAGS != 0 {
+        b[n % REC] = m.flags;
+        n += 1;
+    }
+    if mk & mask::DEVICE != 0 {
+        n = wv(b, n, zigzag(m.device as i64));
+    }
+    if mk & mask::STREAM != 0 {
+        n = wv(b, n, m.stream);
+    }
+    if mk & mask::RESULT != 0 {
+        n = wv(b, n, zigzag(m.result as i64));
+    }
+    if mk & mask::STACK != 0 {
+        n = wv(b, n, m.stack as u64);
+    }
+    if mk & mask::TID != 0 {
+        n = wv(b, n, m.tid as u64);
+    }
+    n
+}
+
+/// Scratch size of one MemOp record (a power of two above its largest size, 73 bytes).
+const REC: usize = 128;
+
 /// Writes `v` as a varint at `b[n..]`, returns the new position.
 #[inline(always)]
-fn wv(b: &mut [u8; 80], mut n: usize, mut v: u64) -> usize {
+fn wv(b: &mut [u8; REC], mut n: usize, mut v: u64) -> usize {
+    // Most fields take one or two bytes: no loop for those.
+    if v < 0x80 {
+        b[n % REC] = v as u8;
+        return n + 1;
+    }
+    if v < 0x4000 {
+        b[n % REC] = (v as u8) | 0x80;
+        b[(n + 1) % REC] = (v >> 7) as u8;
+        return n + 2;
+    }
     while v >= 0x80 {
-        b[n] = (v as u8) | 0x80;
+        b[n % REC] = (v as u8) | 0x80;
         v >>= 7;
         n += 1;
     }
-    b[n] = v as u8;
+    b[n % REC] = v as u8;
     n + 1
 }
 
@@ -726,7 +820,6 @@ impl<'a> Cur<'a> {
     }
     #[inline(always)]
     pub fn varint(&mut self) -> Result<u64, RecordError> {
-        // Most fields take one or two bytes: keep those inline, the rest out of line.
         if let Some(&first) = self.b.get(self.p) {
             if first < 0x80 {
                 self.p += 1;
@@ -739,11 +832,46 @@ impl<'a> Cur<'a> {
                 return Ok((first & 0x7f) as u64 | (second as u64) << 7);
             }
         }
+        self.varint_wide()
+    }
+
+    /// [`Cur::varint`] without the one- and two-byte shortcuts: for fields whose length varies
+    /// from record to record (addresses, sizes), where those branches mispredict.
+    #[inline(always)]
+    pub fn varint_wide(&mut self) -> Result<u64, RecordError> {
+        // Up to 8 bytes at once when 8 are readable (all but a record stream's last bytes):
+        // the 7-bit groups of a little-endian word are packed with three mask-and-shift steps,
+        // with no branch on the length (field lengths vary from record to record).
+        if let Some(w) = self.b.get(self.p..self.p + 8) {
+            let w = u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]);
+            let stops = !w & 0x8080_8080_8080_8080;
+            if stops != 0 {
+                let bits = stops.trailing_zeros() + 1; // through the last byte's top bit
+                let x = w & (u64::MAX >> (64 - bits));
+                let x = x & 0x7f7f_7f7f_7f7f_7f7f;
+                let x = ((x & 0x7f00_7f00_7f00_7f00) >> 1) | (x & 0x007f_007f_007f_007f);
+                let x = ((x & 0x3fff_0000_3fff_0000) >> 2) | (x & 0x0000_3fff_0000_3fff);
+                let x = ((x & 0x0fff_ffff_0000_0000) >> 4) | (x & 0x0000_0000_0fff_ffff);
+                self.p += (bits / 8) as usize;
+                return Ok(x);
+            }
+        }
         self.varint_slow()
     }
 
     #[inline(never)]
     fn varint_slow(&mut self) -> Result<u64, RecordError> {
+        if let Some(&first) = self.b.get(self.p)
+            && first < 0x80
+        {
+            self.p += 1;
+            return Ok(first as u64);
+        }
+        self.varint_loop()
+    }
+
+    #[inline(never)]
+    fn varint_loop(&mut self) -> Result<u64, RecordError> {
         let b = self.b;
         let mut p = self.p;
         let first = *b.get(p).ok_or(RecordError::Overrun)?;
@@ -820,14 +948,28 @@ pub(crate) enum Decoded {
 }
 
 /// The record-level decoder: delta state plus a small cache for `api`/`kind` lookups.
-#[derive(Default)]
 pub(crate) struct RecordDecoder {
     pub st: DeltaState,
+    /// Each slot's `api`/`kind` as checked enums, while `typed_ok` (cleared with the delta
+    /// state): records that carry neither field skip the lookups.
+    typed: [(Api, AllocKind); 2],
+    typed_ok: [bool; 2],
+}
+
+impl Default for RecordDecoder {
+    fn default() -> Self {
+        RecordDecoder {
+            st: DeltaState::default(),
+            typed: [(Api::Unknown, AllocKind::Runtime); 2],
+            typed_ok: [false; 2],
+        }
+    }
 }
 
 impl RecordDecoder {
     pub fn reset(&mut self) {
         self.st.reset(0);
+        self.typed_ok = [false; 2];
     }
 
     #[inline]
@@ -855,6 +997,7 @@ impl RecordDecoder {
             tag::CONTEXT => {
                 let tid = c.u32v()?;
                 self.st.reset(tid);
+                self.typed_ok = [false; 2];
                 Ok(Decoded::Nothing)
             }
             tag::END => Ok(Decoded::End(self.time(&mut c)?)),
@@ -1023,6 +1166,17 @@ impl RecordDecoder {
         Ok(())
     }
 
+    /// The MemOp of one record (row or columnar), without building an [`Event`].
+    #[inline(always)]
+    pub fn memop_fields(
+        &mut self,
+        tag_: u8,
+        c: &mut Cur,
+        cols: Option<(&[u8], &mut TimeCursor)>,
+    ) -> Result<MemOp, RecordError> {
+        self.memop(tag_, c, cols)
+    }
+
     #[inline(always)]
     fn memop(
         &mut self,
@@ -1046,8 +1200,15 @@ impl RecordDecoder {
             s.flags = c.u8()?;
         }
         let s = *s;
-        let api = Api::from_u16(s.api).ok_or(RecordError::BadValue("api"))?;
-        let kind = kind_of(s.kind)?;
+        let (api, kind) = if mk & (mask::API | mask::KIND) == 0 && self.typed_ok[slot] {
+            self.typed[slot]
+        } else {
+            let api = Api::from_u16(s.api).ok_or(RecordError::BadValue("api"))?;
+            let kind = kind_of(s.kind)?;
+            self.typed[slot] = (api, kind);
+            self.typed_ok[slot] = true;
+            (api, kind)
+        };
         if mk & mask::DEVICE != 0 {
             st.device = c.i32z()?;
         }
@@ -1080,9 +1241,9 @@ impl RecordDecoder {
             };
             (e.addr, size)
         } else {
-            let addr = st.addr.wrapping_add(unzigzag(c.varint()?) as u64);
+            let addr = st.addr.wrapping_add(unzigzag(c.varint_wide()?) as u64);
             st.addr = addr;
-            (addr, c.varint()?)
+            (addr, c.varint_wide()?)
         };
         let (gap, lat) = match cols {
             None => (c.varint()?, c.varint()?),
@@ -1114,5 +1275,109 @@ impl RecordDecoder {
             latency_ns,
             stack,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The encoder's mirror finds exactly what a walk of the freed ring finds, across frees,
+    /// allocs, contexts and ring wrap-around (few distinct addresses, so matches are common).
+    #[test]
+    fn freed_mirror_matches_the_ring_walk() {
+        let mut enc = RecordEncoder::new();
+        enc.begin(1);
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        for i in 0..200_000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let addr = if x.is_multiple_of(11) {
+                0
+            } else {
+                0x1000 * (x % 37)
+            };
+            if i % 5000 == 0 {
+                enc.context(1);
+            }
+            let want = enc.st.find_freed(addr).map(|(j, e)| (j, e.addr, e.size));
+            let got = if addr == 0 {
+                None
+            } else {
+                find_freed(&enc.freed_addr, &enc.freed_tag, &enc.st, addr)
+                    .map(|(j, e)| (j, e.addr, e.size))
+            };
+            if addr != 0 {
+                assert_eq!(got, want, "step {i}, addr {addr:#x}");
+            }
+            let op = MemOp {
+                t_ns: i,
+                tid: 1,
+                api: crate::Api::CudaMalloc,
+                kind: crate::AllocKind::Runtime,
+                flags: 0,
+                device: 0,
+                stream: 0,
+                addr,
+                size: x % 5,
+                result: 0,
+                latency_ns: 1,
+                stack: 0,
+            };
+            enc.push(&if x.is_multiple_of(3) {
+                Event::Alloc(op)
+            } else {
+                Event::Free(op)
+            });
+            if enc.len() > 1 << 20 {
+                enc.begin(1);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod varint_tests {
+    use super::*;
+
+    /// The word-at-a-time path reads every varint (canonical or padded, followed by other
+    /// bytes or at the end of the buffer) exactly as the byte loop does.
+    #[test]
+    fn word_path_matches_the_byte_loop() {
+        let mut x = 0x1234_5678_9abc_def1u64;
+        let mut cases: Vec<Vec<u8>> = Vec::new();
+        for i in 0..20_000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let v = x >> (i % 64);
+            let mut b = Vec::new();
+            put_varint(&mut b, v);
+            if i % 5 == 0 {
+                // Non-canonical: a padded last group.
+                let last = b.len() - 1;
+                b[last] |= 0x80;
+                b.push(0);
+            }
+            b.extend(std::iter::repeat_n((x >> 8) as u8, (i % 12) as usize));
+            cases.push(b);
+        }
+        cases.push(vec![0xff; 12]);
+        cases.push(vec![0x80; 9]);
+        for b in &cases {
+            let mut fast = Cur::new(b);
+            let mut slow = Cur::new(b);
+            let mut wide = Cur::new(b);
+            let f = fast.varint();
+            let w = wide.varint_wide();
+            let s = slow.varint_loop();
+            assert_eq!(f, s, "{b:02x?}");
+            assert_eq!(w, s, "{b:02x?}");
+            if s.is_ok() {
+                assert_eq!(fast.p, slow.p, "{b:02x?}");
+                assert_eq!(wide.p, slow.p, "{b:02x?}");
+            }
+        }
     }
 }

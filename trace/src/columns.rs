@@ -134,19 +134,108 @@ impl Columns {
     }
 }
 
-/// Where the reader's timing streams are, and how far each has been read.
-#[derive(Clone, Copy, Default, Debug)]
+/// Where the reader's timing streams are, and a block of decoded values per (class, field):
+/// one tight loop per block instead of two varint reads per record, in blocks small enough to
+/// stay in L1 (a whole frame's values would not fit in L2).
+#[derive(Clone, Debug)]
 pub(crate) struct TimeCursor {
     pub pos: [usize; STREAMS],
     pub end: [usize; STREAMS],
+    /// Blocks per (class, field): class 0 gap, class 0 latency, class 1 gap, class 1 latency.
+    vals: [[u64; BLOCK]; 4],
+    /// Values in each block, and the next one to hand out.
+    len: [usize; 4],
+    at: [usize; 4],
+    /// The error a stream ran into while its block was filled (handed out after the block).
+    err: [Option<RecordError>; 4],
+}
+
+const BLOCK: usize = 256;
+
+impl Default for TimeCursor {
+    fn default() -> Self {
+        TimeCursor {
+            pos: [0; STREAMS],
+            end: [0; STREAMS],
+            vals: [[0; BLOCK]; 4],
+            len: [0; 4],
+            at: [0; 4],
+            err: [None; 4],
+        }
+    }
 }
 
 impl TimeCursor {
-    /// `(gap, latency)` of the next MemOp of `class`, read from the streams in `raw`.
+    /// Starts a frame (`pos`/`end` set).
+    pub fn load(&mut self, _raw: &[u8]) {
+        self.len = [0; 4];
+        self.at = [0; 4];
+        self.err = [None; 4];
+    }
+
+    /// Decodes the next block of list `k` (stream pair `1 + 2k`); the values and the error
+    /// after them are exactly what reading them one by one gives.
+    #[cold]
+    #[inline(never)]
+    fn refill(&mut self, raw: &[u8], k: usize) -> Result<(), RecordError> {
+        if let Some(e) = self.err[k] {
+            return Err(e);
+        }
+        let lo = 1 + 2 * k;
+        let (p, q) = (self.pos[lo], self.pos[lo + 1]);
+        let n = BLOCK.min(self.end[lo].saturating_sub(p));
+        let out = &mut self.vals[k];
+        if let (Some(low), Some(high)) = (
+            raw.get(p..p + n).filter(|_| p + n <= self.end[lo]),
+            raw.get(q..q + n).filter(|_| q + n <= self.end[lo + 1]),
+        ) && n > 0
+            && high.iter().fold(0, |a, &b| a | b) < 0x80
+        {
+            // Every high part of the block is one byte (the common case): no varints to walk.
+            for ((o, &l), &h) in out.iter_mut().zip(low).zip(high) {
+                *o = l as u64 | (h as u64) << 8;
+            }
+            self.pos[lo] = p + n;
+            self.pos[lo + 1] = q + n;
+            self.len[k] = n;
+        } else {
+            let mut i = 0;
+            while i < BLOCK {
+                match self.value(raw, lo) {
+                    Ok(x) => {
+                        self.vals[k][i] = x;
+                        i += 1;
+                    }
+                    Err(e) => {
+                        self.err[k] = Some(e);
+                        break;
+                    }
+                }
+            }
+            self.len[k] = i;
+            if i == 0 {
+                return Err(self.err[k].unwrap_or(RecordError::ColumnOverrun));
+            }
+        }
+        self.at[k] = 0;
+        Ok(())
+    }
+
+    #[inline(always)]
+    fn take(&mut self, raw: &[u8], k: usize) -> Result<u64, RecordError> {
+        if self.at[k] >= self.len[k] {
+            self.refill(raw, k)?;
+        }
+        let v = self.vals[k][self.at[k] & (BLOCK - 1)];
+        self.at[k] += 1;
+        Ok(v)
+    }
+
+    /// `(gap, latency)` of the next MemOp of `class`, from the streams in `raw`.
     #[inline(always)]
     pub fn next(&mut self, raw: &[u8], class: usize) -> Result<(u64, u64), RecordError> {
-        let gap = self.value(raw, stream(class, 0))?;
-        let lat = self.value(raw, stream(class, 2))?;
+        let gap = self.take(raw, 2 * class)?;
+        let lat = self.take(raw, 2 * class + 1)?;
         Ok((gap, lat))
     }
 

@@ -69,6 +69,6 @@ pub use codec::{RecordEncoder, RecordStats};
 pub use event::*;
 pub use header::{FORMAT_VERSION, MAGIC};
 pub use reader::{
-    DecodeError, DecodeErrorKind, FrameInfo, TraceReader, Truncation, TruncationReason,
+    DecodeError, DecodeErrorKind, FrameInfo, TraceReader, Truncation, TruncationReason, Visitor,
 };
 pub use writer::{FrameLayout, TraceWriter, WriterStats};

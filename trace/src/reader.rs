@@ -5,9 +5,10 @@ use std::fs::File;
 use std::io::{self, BufReader, Read};
 use std::path::Path;
 
+use crate::codec::tag;
 use crate::codec::{Cur, Decoded, RecordDecoder, RecordError};
 use crate::columns::{STREAMS, TimeCursor, is_memop};
-use crate::event::{Event, Header};
+use crate::event::{Event, Header, MemOp};
 use crate::header::{COLUMNAR_SINCE, FORMAT_VERSION, MAGIC, MAX_HEADER, decode_header};
 use crate::writer::{
     FRAME_HEADER_LEN, FRAME_MAGIC, FRAME_MAGIC_COLUMNAR, MAX_FRAME_COMPRESSED, MAX_FRAME_RAW,
@@ -595,7 +596,93 @@ impl<R: Read> TraceReader<R> {
             cp += c;
         }
         self.rend = self.tc.end[0];
+        self.tc.load(&self.raw);
         Ok(())
+    }
+}
+
+/// Receives the events of [`TraceReader::visit_frame`] without an [`Event`] per Alloc/Free.
+pub trait Visitor {
+    /// An `Alloc` (`alloc`) or `Free`; `m` is only borrowed for the call.
+    fn memop(&mut self, alloc: bool, m: &MemOp);
+    /// Any other event.
+    fn event(&mut self, ev: Event);
+}
+
+impl<R: Read> TraceReader<R> {
+    /// Decodes every remaining record of the current frame (loading the next frame first when
+    /// none is left) into `v`: the same events in the same order as [`TraceReader::next_into`],
+    /// with the same errors, but a frame at a time, so a monomorphised visitor runs inside the
+    /// decode loop. `Ok(false)` at the end of the trace; a recoverable error skips the rest of
+    /// its frame, after the events before it were visited.
+    pub fn visit_frame<V: Visitor>(&mut self, v: &mut V) -> Result<bool, DecodeError> {
+        while self.rp >= self.rend {
+            match self.state {
+                State::Done => return Ok(false),
+                State::Frames => self.load_frame()?,
+            }
+        }
+        let mut rp = self.rp;
+        let rend = self.rend;
+        let mut n = 0u64;
+        let r = 'records: loop {
+            if self.columnar {
+                // A run of MemOp records: one cursor over the record stream, no re-slicing.
+                let (recs, raw) = (&self.raw[..rend], &self.raw[..]);
+                let mut c = Cur::new(recs);
+                c.p = rp;
+                while let Some(&tag_) = c.b.get(c.p)
+                    && is_memop(tag_)
+                {
+                    let at = c.p;
+                    c.p += 1;
+                    match self
+                        .dec
+                        .memop_fields(tag_, &mut c, Some((raw, &mut self.tc)))
+                    {
+                        Ok(m) => {
+                            n += 1;
+                            v.memop(tag_ == tag::ALLOC || tag_ == tag::ALLOC_REUSE, &m);
+                        }
+                        Err(e) => break 'records Err((at, e)),
+                    }
+                }
+                rp = c.p;
+            }
+            if rp >= rend {
+                break Ok(());
+            }
+            self.rp = rp;
+            let mut ev = std::mem::replace(&mut self.scratch, Event::Lost { t_ns: 0, count: 0 });
+            match self.record(&mut ev) {
+                Ok(true) => {
+                    n += 1;
+                    match ev {
+                        Event::Alloc(m) => v.memop(true, &m),
+                        Event::Free(m) => v.memop(false, &m),
+                        ev => v.event(ev),
+                    }
+                }
+                Ok(false) => self.scratch = ev,
+                Err(e) => break Err((rp, e)),
+            }
+            rp = self.rp;
+        };
+        self.events += n;
+        match r {
+            Ok(()) => {
+                self.rp = rend;
+                Ok(true)
+            }
+            Err((at, e)) => {
+                self.rp = self.rend;
+                Err(DecodeError {
+                    offset: self.frame.map(|f| f.offset).unwrap_or(0),
+                    record_offset: Some(at as u64),
+                    kind: DecodeErrorKind::CorruptRecord(e.to_string()),
+                })
+            }
+        }
     }
 }
 

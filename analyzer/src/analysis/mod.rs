@@ -4,6 +4,7 @@
 pub mod compare;
 pub mod diff;
 mod elf;
+mod fast;
 pub mod report;
 mod sites;
 pub mod symbols;
@@ -92,6 +93,10 @@ pub(crate) struct PendingPm {
     pub pm: PostMortem,
     pub tid: u32,
     pub linked: bool,
+    /// Fast path only: the reorder batch of the event, and (time, batch) of the failed Alloc
+    /// that `alloc_index` names, so `fast` can renumber both exactly.
+    pub batch: u64,
+    pub alloc_at: (u64, u64),
 }
 
 const LIFETIME_EDGES: [u64; 9] = [
@@ -119,6 +124,8 @@ pub(crate) struct DevState {
     pub peak: u64,
     pub peak_t: u64,
     pub peak_index: u64,
+    /// Fast path only: the reorder batch of the peak's event (see `fast`).
+    pub peak_batch: u64,
     pub peak_pending: bool,
     pub peak_snap: Option<Snapshot>,
     pub reserved: Option<u64>,
@@ -159,6 +166,7 @@ impl DevState {
             peak: 0,
             peak_t: 0,
             peak_index: 0,
+            peak_batch: 0,
             peak_pending: false,
             peak_snap: None,
             reserved: None,
@@ -232,10 +240,9 @@ fn call_slot(api: Api, kind: AllocKind, free: bool) -> usize {
 
 #[inline]
 fn lifetime_bucket(ns: u64) -> usize {
-    LIFETIME_EDGES
-        .iter()
-        .position(|&e| ns < e)
-        .unwrap_or(LIFETIME_EDGES.len())
+    // The edges are 10^3 .. 10^11: the number at or below `ns` follows from its decimal
+    // magnitude, with no loop (lifetimes jump between buckets from one free to the next).
+    (ns.checked_ilog10().unwrap_or(0).saturating_sub(2)).min(9) as usize
 }
 
 #[inline]
@@ -258,7 +265,11 @@ pub struct Analysis {
     pub(crate) threads: FastMap<u32, ()>,
     pub(crate) forks: Vec<u32>,
     pub(crate) out_of_order: u64,
-    pub(crate) last_tid: u32,
+    /// Thread ids already in `threads`, direct-mapped by the low bits (threads alternate, so
+    /// "same as the last one" misses often).
+    tid_seen: [u32; 64],
+    /// The reorder batch of the events being fed (fast path only; see `fast`).
+    pub(crate) batch: u64,
 }
 
 impl Analysis {
@@ -279,7 +290,9 @@ impl Analysis {
             threads: FastMap::default(),
             forks: Vec::new(),
             out_of_order: 0,
-            last_tid: u32::MAX,
+            // Slot i starts with a value whose low bits are not i: matches no thread.
+            tid_seen: std::array::from_fn(|i| i as u32 + 1),
+            batch: 0,
         }
     }
 
@@ -321,8 +334,9 @@ impl Analysis {
 
     #[inline]
     fn thread(&mut self, tid: u32) {
-        if tid != self.last_tid {
-            self.last_tid = tid;
+        let slot = &mut self.tid_seen[tid as usize & 63];
+        if *slot != tid {
+            *slot = tid;
             self.threads.insert(tid, ());
         }
     }
@@ -334,21 +348,22 @@ impl Analysis {
             Event::Alloc(m) => {
                 self.clock(m.t_ns);
                 self.thread(m.tid);
-                self.alloc(m);
+                self.alloc(&m);
             }
             Event::Free(m) => {
                 self.clock(m.t_ns);
                 self.thread(m.tid);
-                self.free(m);
+                self.free(&m);
             }
             other => self.other(other),
         }
         self.index += 1;
     }
 
-    #[inline]
-    fn alloc(&mut self, m: MemOp) {
+    #[inline(always)]
+    fn alloc(&mut self, m: &MemOp) {
         let index = self.index;
+        let batch = self.batch;
         let top = self.opts.top;
         let max_pm = self.opts.max_post_mortems;
         let d = self.dev(m.device);
@@ -403,13 +418,14 @@ impl Analysis {
             d.peak = d.in_use;
             d.peak_t = m.t_ns;
             d.peak_index = index;
+            d.peak_batch = batch;
             d.peak_pending = true;
         }
         d.timeline.in_use(m.t_ns, d.in_use);
     }
 
-    #[inline]
-    fn free(&mut self, m: MemOp) {
+    #[inline(always)]
+    fn free(&mut self, m: &MemOp) {
         let top = self.opts.top;
         let short = self.opts.short_lived_ns;
         let d = self.dev(m.device);
@@ -462,8 +478,9 @@ impl Analysis {
     }
 
     #[cold]
-    fn oom(&mut self, m: MemOp, index: u64, top: usize, max_pm: usize) {
+    fn oom(&mut self, m: &MemOp, index: u64, top: usize, max_pm: usize) {
         let total = self.device_total(m.device);
+        let batch = self.batch;
         let d = self.dev(m.device);
         d.ooms += 1;
         let refused = m.flags & flags::CAP_REFUSED != 0;
@@ -482,6 +499,7 @@ impl Analysis {
                 p.pm.stack = m.stack;
                 p.pm.stream = m.stream;
                 p.pm.alloc_index = Some(index);
+                p.alloc_at = (m.t_ns, batch);
                 return;
             }
         }
@@ -511,6 +529,8 @@ impl Analysis {
             pm,
             tid: m.tid,
             linked: true,
+            batch,
+            alloc_at: (m.t_ns, batch),
         });
     }
 
@@ -528,6 +548,7 @@ impl Analysis {
             self.clock(t);
         }
         let index = self.index;
+        let batch = self.batch;
         let top = self.opts.top;
         let max_pm = self.opts.max_post_mortems;
         match ev {
@@ -573,6 +594,8 @@ impl Analysis {
                     pm,
                     tid,
                     linked: false,
+                    batch,
+                    alloc_at: (0, 0),
                 });
             }
             Event::PoolTrim {
@@ -669,8 +692,48 @@ impl Analysis {
     }
 }
 
-/// Reads a whole trace and analyzes it.
-pub fn analyze(mut opened: Opened, opts: &Options) -> Result<TraceReport, InputError> {
+/// Reads a whole trace and analyzes it. A `.vramtrace` already in time order takes the fast
+/// path (`fast`: decoder straight into the analysis); everything else, and a trace the fast
+/// path gives up on, goes through the reorder window. Both give the same report.
+pub fn analyze(opened: Opened, opts: &Options) -> Result<TraceReport, InputError> {
+    if opened.format == Format::VramTrace {
+        let mut progress = Progress::maybe(
+            &format!("reading {}", opened.path.display()),
+            opened.len,
+            opts.progress,
+        );
+        let path = opened.path.display().to_string();
+        let mut a = Analysis::new(opts.clone(), opened.header.clone(), &path, opened.format);
+        if let Some((warnings, torn)) =
+            fast::analyze(&opened.path, &mut a, &mut progress, opts.progress)?
+        {
+            progress.finish();
+            let mut r = a.finish(warnings);
+            r.torn = torn;
+            return Ok(r);
+        }
+        progress.finish();
+    }
+    analyze_windowed(opened, opts)
+}
+
+/// [`analyze`]'s fast path alone: `Ok(None)` when the trace needs the reorder window (not in
+/// time order, ...). For tests that check both paths agree.
+pub fn analyze_in_order(opened: Opened, opts: &Options) -> Result<Option<TraceReport>, InputError> {
+    let mut progress = Progress::maybe("", 0, false);
+    let path = opened.path.display().to_string();
+    let mut a = Analysis::new(opts.clone(), opened.header.clone(), &path, opened.format);
+    Ok(
+        fast::analyze(&opened.path, &mut a, &mut progress, false)?.map(|(warnings, torn)| {
+            let mut r = a.finish(warnings);
+            r.torn = torn;
+            r
+        }),
+    )
+}
+
+/// [`analyze`] through the reorder window only (the reference the fast path must match).
+pub fn analyze_windowed(mut opened: Opened, opts: &Options) -> Result<TraceReport, InputError> {
     let mut progress = Progress::maybe(
         &format!("reading {}", opened.path.display()),
         opened.len,
@@ -710,4 +773,21 @@ pub(crate) fn sync_names() -> [(SyncKind, &'static str); 5] {
 
 pub(crate) fn config_map(h: &Header) -> BTreeMap<String, String> {
     h.config.iter().cloned().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lifetime_bucket_counts_the_edges_below() {
+        let mut v: Vec<u64> = vec![0, 1, u64::MAX];
+        for e in LIFETIME_EDGES {
+            v.extend([e - 1, e, e + 1, e * 3]);
+        }
+        for ns in v {
+            let want = LIFETIME_EDGES.iter().filter(|&&e| ns >= e).count();
+            assert_eq!(lifetime_bucket(ns), want, "{ns}");
+        }
+    }
 }

@@ -19,8 +19,9 @@ use crate::input::EventSource;
 /// 100 ms; ten times that is a wide margin.
 pub const WINDOW_NS: u64 = 1_000_000_000;
 /// Past this many held events, the oldest are released regardless (bounded memory).
-const MAX_HELD: usize = 4 << 20;
-const BATCH: usize = 1 << 16;
+pub(crate) const MAX_HELD: usize = 4 << 20;
+/// Events read per refill (the analysis's fast path emulates these boundaries).
+pub(crate) const BATCH: usize = 1 << 16;
 
 pub struct VramTraceSource {
     path: PathBuf,

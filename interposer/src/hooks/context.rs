@@ -177,10 +177,14 @@ pub unsafe extern "C" fn cuCtxCreate_v2(
     let Some(f) = real::cuCtxCreate_v2() else {
         return super::NO_DRIVER;
     };
-    crate::dispatch::run_unguarded("cuCtxCreate_v2", CUDA_ERROR_UNKNOWN, || {
+    // The new context becomes current: the runtime device may change.
+    super::current::forget();
+    let rc = crate::dispatch::run_unguarded("cuCtxCreate_v2", CUDA_ERROR_UNKNOWN, || {
         // SAFETY: forwarding the caller's arguments unchanged.
         creating(dev, || unsafe { f(pctx, flags, dev) })
-    })
+    });
+    super::current::forget();
+    rc
 }
 
 /// `cudaErrorPeerAccessAlreadyEnabled` / `CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED`: the grant

@@ -16,6 +16,18 @@ use vramshim_trace::{AllocKind, Api};
 /// C ABI: `cuMemAlloc_v2`'s contract.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> c_int {
+    // Reached by the runtime's cudaMalloc through our lookup hooks: straight to the driver.
+    if crate::guard::nested_here()
+        && let Some(f) = real::cuMemAlloc_v2()
+    {
+        // SAFETY: forwarding the caller's arguments unchanged.
+        return unsafe { f(dptr, size) };
+    }
+    mem_alloc(dptr, size)
+}
+
+#[inline(never)]
+fn mem_alloc(dptr: *mut CUdeviceptr, size: usize) -> c_int {
     alloc_hook(
         "cuMemAlloc_v2",
         NO_DRIVER,
@@ -23,9 +35,9 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> c
         || req(Api::CuMemAlloc, AllocKind::Driver, drv_device(), 0, size, 0),
         !dptr.is_null(),
         // SAFETY: forwarding the caller's arguments unchanged.
-        |f| unsafe { f(dptr, size) },
-        || (read_u64(dptr), size as u64),
-        |p| write_u64(dptr, p),
+        move |f| unsafe { f(dptr, size) },
+        move || (read_u64(dptr), size as u64),
+        move |p| write_u64(dptr, p),
     )
 }
 
@@ -33,6 +45,17 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> c
 /// C ABI: `cuMemFree_v2`'s contract.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> c_int {
+    if crate::guard::nested_here()
+        && let Some(f) = real::cuMemFree_v2()
+    {
+        // SAFETY: forwarding the caller's arguments unchanged.
+        return unsafe { f(dptr) };
+    }
+    mem_free(dptr)
+}
+
+#[inline(never)]
+fn mem_free(dptr: CUdeviceptr) -> c_int {
     free_hook(
         "cuMemFree_v2",
         NO_DRIVER,
@@ -42,7 +65,7 @@ pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> c_int {
         None,
         0,
         // SAFETY: forwarding the caller's arguments unchanged.
-        |f| unsafe { f(dptr) },
+        move |f| unsafe { f(dptr) },
     )
 }
 
@@ -72,7 +95,7 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
         },
         false,
         // SAFETY: forwarding the caller's arguments unchanged.
-        |f| unsafe { f(dptr, pitch, width, height, elem) },
+        move |f| unsafe { f(dptr, pitch, width, height, elem) },
         || {
             let p = super::read_usize(pitch).unwrap_or(width as u64);
             (read_u64(dptr), p.saturating_mul(height as u64))
@@ -105,8 +128,8 @@ pub unsafe extern "C" fn cuMemAllocManaged(
         },
         false,
         // SAFETY: forwarding the caller's arguments unchanged.
-        |f| unsafe { f(dptr, size, fl) },
-        || (read_u64(dptr), size as u64),
+        move |f| unsafe { f(dptr, size, fl) },
+        move || (read_u64(dptr), size as u64),
         |_| {},
     )
 }
@@ -128,9 +151,9 @@ fn alloc_async(
         size,
         !dptr.is_null(),
         // SAFETY: forwarding the caller's arguments unchanged.
-        |f| unsafe { f(dptr, size, s) },
-        || (read_u64(dptr), size as u64),
-        |p| write_u64(dptr, p),
+        move |f| unsafe { f(dptr, size, s) },
+        move || (read_u64(dptr), size as u64),
+        move |p| write_u64(dptr, p),
     )
 }
 
@@ -165,7 +188,7 @@ fn free_async(name: &'static str, ptsz: bool, dptr: CUdeviceptr, s: CUstream) ->
         dptr,
         s as u64,
         // SAFETY: forwarding the caller's arguments unchanged.
-        |f| unsafe { f(dptr, s) },
+        move |f| unsafe { f(dptr, s) },
     )
 }
 
@@ -205,8 +228,8 @@ fn alloc_from_pool(
         size,
         false, // the process chose a specific pool
         // SAFETY: forwarding the caller's arguments unchanged.
-        |f| unsafe { f(dptr, size, pool, s) },
-        || (read_u64(dptr), size as u64),
+        move |f| unsafe { f(dptr, size, pool, s) },
+        move || (read_u64(dptr), size as u64),
         |_| {},
     )
 }
@@ -283,9 +306,9 @@ pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) ->
         || req(Api::CuMemAllocHost, AllocKind::Host, -1, 0, size, 0),
         false,
         // SAFETY: forwarding the caller's arguments unchanged.
-        |f| unsafe { f(pp, size) },
-        || (read_ptr(pp), size as u64),
-        |p| write_ptr(pp, p),
+        move |f| unsafe { f(pp, size) },
+        move || (read_ptr(pp), size as u64),
+        move |p| write_ptr(pp, p),
     )
 }
 
@@ -300,9 +323,9 @@ pub unsafe extern "C" fn cuMemHostAlloc(pp: *mut *mut c_void, size: usize, fl: c
         || req(Api::CuMemHostAlloc, AllocKind::Host, -1, 0, size, 0),
         false,
         // SAFETY: forwarding the caller's arguments unchanged.
-        |f| unsafe { f(pp, size, fl) },
-        || (read_ptr(pp), size as u64),
-        |p| write_ptr(pp, p),
+        move |f| unsafe { f(pp, size, fl) },
+        move || (read_ptr(pp), size as u64),
+        move |p| write_ptr(pp, p),
     )
 }
 
@@ -319,6 +342,6 @@ pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> c_int {
         None,
         0,
         // SAFETY: forwarding the caller's arguments unchanged.
-        |f| unsafe { f(p) },
+        move |f| unsafe { f(p) },
     )
 }

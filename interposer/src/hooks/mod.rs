@@ -3,6 +3,7 @@
 //! substitute these hooks for the real functions.
 
 pub mod context;
+pub mod current;
 pub mod driver;
 pub mod lookup;
 pub mod mempool;
@@ -27,10 +28,10 @@ pub const NO_RUNTIME: c_int = cudaErrorInsufficientDriver;
 /// What a driver hook returns when there is no real driver function.
 pub const NO_DRIVER: c_int = CUDA_ERROR_NOT_INITIALIZED;
 
-/// The runtime's current device, or -1.
-#[inline]
+/// The runtime's current device, or -1 (remembered per thread, see [`current`]).
+#[inline(always)]
 pub(crate) fn rt_device() -> i32 {
-    real::current_runtime_device().unwrap_or(-1)
+    current::rt_device()
 }
 
 /// The current context's device, or -1 for a thread with no context (the real call then
@@ -217,12 +218,18 @@ pub(crate) fn alloc_hook_in<F: Copy>(
         crate::debug!("{name}: no real function -> {missing}");
         return missing;
     };
-    run_hook(
+    dispatch::run_hook_with(
         name,
         CUDA_ERROR_UNKNOWN,
-        || call(f),
-        |tok| {
+        (call, make_req, read, write_pool),
+        move |(call, ..)| call(f),
+        move |tok, (call, make_req, read, write_pool)| {
             let req = make_req();
+            if dispatch::pass_through() {
+                let rc = call(f);
+                dispatch::alloc_passed(tok, &req, table, rc, read);
+                return rc;
+            }
             let out = dispatch::alloc(tok, &req, table, pool_ok, || {
                 let rc = call(f);
                 let (addr, size) = if rc == 0 { read() } else { (0, req.size) };
@@ -280,11 +287,15 @@ pub(crate) fn free_hook_in<F: Copy>(
         crate::debug!("{name}: no real function -> {missing}");
         return missing;
     };
-    run_hook(
+    dispatch::run_hook_with(
         name,
         CUDA_ERROR_UNKNOWN,
-        || call(f),
-        |tok| {
+        call,
+        move |call| call(f),
+        move |tok, call| {
+            if key != 0 && dispatch::pass_through() {
+                return dispatch::free_passed(tok, api, key, table, move || call(f));
+            }
             let req = FreeRequest {
                 api,
                 key,
@@ -385,6 +396,11 @@ hooks! {
     context::cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease", 11000, false;
     context::cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset", 11000, false;
     context::cuCtxCreate_v2, "cuCtxCreate", 3020, false;
+    current::cudaSetDevice, "cudaSetDevice", 0, false;
+    current::cuCtxSetCurrent, "cuCtxSetCurrent", 4000, false;
+    current::cuCtxPushCurrent_v2, "cuCtxPushCurrent", 4000, false;
+    current::cuCtxPopCurrent_v2, "cuCtxPopCurrent", 4000, false;
+    current::cuCtxDestroy_v2, "cuCtxDestroy", 4000, false;
     context::cuCtxEnablePeerAccess, "cuCtxEnablePeerAccess", 4000, false;
     sync::cudaDeviceSynchronize, "cudaDeviceSynchronize", 0, false;
     sync::cudaStreamSynchronize, "cudaStreamSynchronize", 0, false;

@@ -10,7 +10,7 @@
 
 use std::ffi::c_int;
 
-use crate::{ids, real, tracer};
+use crate::{real, tracer};
 use vramshim_trace::Event;
 
 type ForkFn = unsafe extern "C" fn() -> libc::pid_t;
@@ -49,7 +49,7 @@ pub unsafe extern "C" fn fork() -> libc::pid_t {
         let _ = std::panic::catch_unwind(|| {
             if tracer::running() {
                 tracer::emit(Event::Fork {
-                    t_ns: ids::now_ns(),
+                    t_ns: tracer::now_ns(),
                     child_pid: pid as u32,
                 });
             }

@@ -23,9 +23,9 @@ pub unsafe extern "C" fn cudaMalloc(dev_ptr: *mut *mut c_void, size: usize) -> c
         || req(Api::CudaMalloc, AllocKind::Runtime, rt_device(), 0, size, 0),
         !dev_ptr.is_null(),
         // SAFETY: forwarding the caller's arguments unchanged.
-        |f| unsafe { f(dev_ptr, size) },
-        || (read_ptr(dev_ptr), size as u64),
-        |p| write_ptr(dev_ptr, p),
+        move |f| unsafe { f(dev_ptr, size) },
+        move || (read_ptr(dev_ptr), size as u64),
+        move |p| write_ptr(dev_ptr, p),
     )
 }
 
@@ -42,7 +42,7 @@ pub unsafe extern "C" fn cudaFree(dev_ptr: *mut c_void) -> c_int {
         None,
         0,
         // SAFETY: forwarding the caller's arguments unchanged.
-        |f| unsafe { f(dev_ptr) },
+        move |f| unsafe { f(dev_ptr) },
     )
 }
 
@@ -63,9 +63,9 @@ fn malloc_async(
         size,
         !dev_ptr.is_null(),
         // SAFETY: forwarding the caller's arguments unchanged.
-        |f| unsafe { f(dev_ptr, size, stream) },
-        || (read_ptr(dev_ptr), size as u64),
-        |p| write_ptr(dev_ptr, p),
+        move |f| unsafe { f(dev_ptr, size, stream) },
+        move || (read_ptr(dev_ptr), size as u64),
+        move |p| write_ptr(dev_ptr, p),
     )
 }
 
@@ -100,7 +100,7 @@ fn free_async(name: &'static str, ptsz: bool, dev_ptr: *mut c_void, stream: cuda
         dev_ptr as u64,
         stream as u64,
         // SAFETY: forwarding the caller's arguments unchanged.
-        |f| unsafe { f(dev_ptr, stream) },
+        move |f| unsafe { f(dev_ptr, stream) },
     )
 }
 
@@ -140,8 +140,8 @@ fn malloc_from_pool(
         size,
         false, // the process chose a specific pool
         // SAFETY: forwarding the caller's arguments unchanged.
-        |f| unsafe { f(ptr, size, pool, stream) },
-        || (read_ptr(ptr), size as u64),
+        move |f| unsafe { f(ptr, size, pool, stream) },
+        move || (read_ptr(ptr), size as u64),
         |_| {},
     )
 }
@@ -202,7 +202,7 @@ pub unsafe extern "C" fn cudaMallocPitch(
         },
         false,
         // SAFETY: forwarding the caller's arguments unchanged.
-        |f| unsafe { f(dev_ptr, pitch, width, height) },
+        move |f| unsafe { f(dev_ptr, pitch, width, height) },
         || {
             let p = if pitch.is_null() {
                 width
@@ -237,7 +237,7 @@ pub unsafe extern "C" fn cudaMalloc3D(pitched: *mut cudaPitchedPtr, extent: cuda
         },
         false,
         // SAFETY: forwarding the caller's arguments unchanged.
-        |f| unsafe { f(pitched, extent) },
+        move |f| unsafe { f(pitched, extent) },
         || {
             if pitched.is_null() {
                 return (0, 0);
@@ -274,8 +274,8 @@ pub unsafe extern "C" fn cudaMallocManaged(
         },
         false,
         // SAFETY: forwarding the caller's arguments unchanged.
-        |f| unsafe { f(dev_ptr, size, fl) },
-        || (read_ptr(dev_ptr), size as u64),
+        move |f| unsafe { f(dev_ptr, size, fl) },
+        move || (read_ptr(dev_ptr), size as u64),
         |_| {},
     )
 }
@@ -291,8 +291,8 @@ pub unsafe extern "C" fn cudaMallocHost(ptr: *mut *mut c_void, size: usize) -> c
         || req(Api::CudaMallocHost, AllocKind::Host, -1, 0, size, 0),
         false,
         // SAFETY: forwarding the caller's arguments unchanged.
-        |f| unsafe { f(ptr, size) },
-        || (read_ptr(ptr), size as u64),
+        move |f| unsafe { f(ptr, size) },
+        move || (read_ptr(ptr), size as u64),
         |_| {},
     )
 }
@@ -308,8 +308,8 @@ pub unsafe extern "C" fn cudaHostAlloc(ptr: *mut *mut c_void, size: usize, fl: c
         || req(Api::CudaHostAlloc, AllocKind::Host, -1, 0, size, 0),
         false,
         // SAFETY: forwarding the caller's arguments unchanged.
-        |f| unsafe { f(ptr, size, fl) },
-        || (read_ptr(ptr), size as u64),
+        move |f| unsafe { f(ptr, size, fl) },
+        move || (read_ptr(ptr), size as u64),
         |_| {},
     )
 }
@@ -327,7 +327,7 @@ pub unsafe extern "C" fn cudaFreeHost(ptr: *mut c_void) -> c_int {
         None,
         0,
         // SAFETY: forwarding the caller's arguments unchanged.
-        |f| unsafe { f(ptr) },
+        move |f| unsafe { f(ptr) },
     )
 }
 

@@ -23,20 +23,22 @@ fn sync(
 ) -> c_int {
     run_hook(name, CUDA_ERROR_UNKNOWN, &f, |_| {
         let traced = tracer::enabled();
-        let t0 = if traced { ids::now_ns() } else { 0 };
+        let t0 = traced.then(tracer::stamp);
         let rc = f();
         if rc == CUDA_SUCCESS && device_wide && pooling::enabled() {
             super::pool_glue::note_process_sync();
         }
         crate::debug!("{name} stream={stream:#x} -> {rc}");
-        if traced && rc == CUDA_SUCCESS {
+        if let Some(t0) = t0
+            && rc == CUDA_SUCCESS
+        {
             tracer::emit(Event::Sync {
-                t_ns: t0,
+                t_ns: t0.ns,
                 tid: ids::tid(),
                 device: real::current_driver_device().unwrap_or(-1),
                 kind,
                 stream,
-                latency_ns: ids::now_ns().saturating_sub(t0).min(u32::MAX as u64) as u32,
+                latency_ns: t0.latency_ns(),
             });
         }
         rc

@@ -57,8 +57,8 @@ pub unsafe extern "C" fn cuMemCreate(
         },
         false,
         // SAFETY: forwarding the caller's arguments unchanged.
-        |f| unsafe { f(handle, size, prop, fl) },
-        || (read_u64(handle), size as u64),
+        move |f| unsafe { f(handle, size, prop, fl) },
+        move || (read_u64(handle), size as u64),
         |_| {},
     )
 }
@@ -77,7 +77,7 @@ pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> c
         None,
         0,
         // SAFETY: forwarding the caller's arguments unchanged.
-        |f| unsafe { f(handle) },
+        move |f| unsafe { f(handle) },
     )
 }
 

@@ -3,6 +3,7 @@
 
 use crate::ffi_types::*;
 use crate::real;
+use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::{c_int, c_uint};
 use vramshim_pool::{CallCounts, Device, DeviceError, EventId, Handle, Stream};
@@ -79,10 +80,14 @@ pub struct CudaDevice {
     ordinal: c_int,
     gran: u64,
     /// The stream of the request being served (capture checks).
-    pub stream: Stream,
+    stream: Stream,
     /// The request being served came through the runtime API: make sure the thread has the
     /// runtime's primary context current before a driver call (as the real call would).
-    pub runtime: bool,
+    runtime: bool,
+    /// The capture query's answer for the request being served: the pool asks before each
+    /// synchronization it considers, and the answer cannot change within one call (a
+    /// capture begins only in a call of the program's own), so one query per call suffices.
+    capturing: Cell<Option<bool>>,
     /// Recycled events.
     free_events: Vec<usize>,
     /// Physical bytes the pool may hold on this device: the cap (`VRAMSHIM_CAP`) when one is
@@ -150,6 +155,7 @@ impl CudaDevice {
             gran: g as u64,
             stream: 0,
             runtime: false,
+            capturing: Cell::new(None),
             free_events: Vec::new(),
             limit,
             held: 0,
@@ -176,6 +182,28 @@ impl CudaDevice {
 }
 
 impl CudaDevice {
+    /// A new request is served (on `stream`; `runtime`: through the runtime API).
+    #[inline]
+    pub fn begin(&mut self, stream: Stream, runtime: bool) {
+        self.stream = stream;
+        self.runtime = runtime;
+        self.capturing.set(None);
+    }
+
+    /// Is the request's stream capturing? (One driver query.)
+    fn query_capture(&self) -> bool {
+        self.enter();
+        let Some(f) = self.fns.capturing else {
+            return false;
+        };
+        let mut status: c_int = 0;
+        // SAFETY: valid out-pointer; the stream is the caller's.
+        let rc = unsafe { f(Self::cu_stream(self.stream), &mut status) };
+        // an error here (e.g. an illegal query during a global-mode capture) counts as
+        // capturing: never synchronize when unsure
+        rc != CUDA_SUCCESS || status != 0
+    }
+
     #[inline]
     fn enter(&self) {
         if self.runtime {
@@ -334,18 +362,13 @@ impl Device for CudaDevice {
     }
 
     fn is_capturing(&self) -> bool {
-        self.enter();
-        let Some(f) = self.fns.capturing else {
-            return false;
-        };
-        let mut status: c_int = 0;
-        // SAFETY: valid out-pointer; the stream is the caller's.
-        let rc = unsafe { f(Self::cu_stream(self.stream), &mut status) };
-        // an error here (e.g. an illegal query during a global-mode capture) counts as
-        // capturing: never synchronize when unsure
-        rc != CUDA_SUCCESS || status != 0
+        if let Some(c) = self.capturing.get() {
+            return c;
+        }
+        let c = self.query_capture();
+        self.capturing.set(Some(c));
+        c
     }
-
     fn record_event(&mut self, stream: Stream) -> Result<EventId, DeviceError> {
         self.enter();
         self.calls.event_record += 1;

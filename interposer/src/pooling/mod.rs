@@ -1,7 +1,9 @@
 //! Pool layer (owner: pool). `VRAMSHIM_POOL=stitch` (default `off`) serves plain device
 //! allocations (`cudaMalloc`, `cuMemAlloc_v2`, `cudaMallocAsync`, `cuMemAllocAsync` and their
 //! `_ptsz` forms) from `vramshim_pool::stitch::Stitch` over the CUDA virtual-memory API
-//! ([`cuda_device::CudaDevice`], one pool per device ordinal, one lock around all of them).
+//! ([`cuda_device::CudaDevice`], one pool per device ordinal, one lock around all of them;
+//! a thread serves its own same-stream reuse of `cudaFreeAsync`d blocks from a small cache
+//! of its own without that lock, see [`tcache`]).
 //!
 //! Semantics (DESIGN.md section 4): `cudaFree`d blocks wait for a synchronization (batched,
 //! the process's own syncs count through [`note_process_sync`]); `cudaFreeAsync(p, s)` blocks
@@ -19,6 +21,7 @@
 //! over its cap.
 
 mod cuda_device;
+mod tcache;
 #[cfg(test)]
 mod tests;
 
@@ -97,6 +100,28 @@ fn read_mode() -> bool {
             OFF
         }
     };
+    if m == ON {
+        // per-thread caches of stream-ordered frees: off under the pool's fault switches
+        // (their tests exercise the pool's own rules)
+        match crate::env::var("VRAMSHIM_POOL_DEBUG").map(str::trim) {
+            None | Some("") => {}
+            Some("tcache-any-stream") => {
+                // testing only: break stream order in the thread caches
+                crate::warn!(
+                    "VRAMSHIM_POOL_DEBUG=tcache-any-stream: freed blocks are reused on any stream (testing only)"
+                );
+                tcache::configure(true, true, false);
+            }
+            Some("tcache-no-drain") => {
+                // testing only: the pool never sees the threads' freed blocks
+                crate::warn!(
+                    "VRAMSHIM_POOL_DEBUG=tcache-no-drain: the thread caches are never drained (testing only)"
+                );
+                tcache::configure(true, false, true);
+            }
+            Some(_) => tcache::configure(false, false, false),
+        }
+    }
     let _ = MODE.compare_exchange(UNREAD, m, Ordering::Relaxed, Ordering::Relaxed);
     MODE.load(Ordering::Relaxed) == ON
 }
@@ -213,48 +238,31 @@ pub fn alloc(req: &PoolRequest) -> Option<Result<u64, i32>> {
     if MODE.load(Ordering::Relaxed) != ON {
         return None;
     }
+    if stream != ANY_STREAM
+        && let Some(addr) = tcache::take(req.device, req.size, stream)
+    {
+        return Some(Ok(addr));
+    }
     let r = with_pools(|pools| {
         let d = req.device as usize;
-        if pools.devs.len() <= d {
-            pools.devs.resize_with(d + 1, || None);
+        if !matches!(pools.devs.get(d), Some(Some(_))) {
+            create_pool(pools, req)?;
         }
-        if pools.devs[d].is_none() {
-            if is_runtime(req.api) {
-                ensure_context_once(req.device);
-            }
-            match CudaDevice::new(req.device, peers_of(req.device)) {
-                Ok(dev) => {
-                    let mut policy = Stitch::new();
-                    if crate::env::var("VRAMSHIM_POOL_DEBUG") == Some("lazy-sync") {
-                        // testing only: the old synchronization choices (looser packing), to
-                        // prove the tightness test can fail
-                        crate::warn!(
-                            "VRAMSHIM_POOL_DEBUG=lazy-sync: the pool packs as before its tightness fix (testing only)"
-                        );
-                        policy.set_faults(vramshim_pool::stitch::Faults {
-                            lazy_sync: true,
-                            ..Default::default()
-                        });
-                    }
-                    if crate::env::var("VRAMSHIM_POOL_DEBUG") == Some("reuse-early") {
-                        // testing only: break the reuse rules to prove the tests can fail
-                        crate::warn!(
-                            "VRAMSHIM_POOL_DEBUG=reuse-early: the pool reuses freed memory too early (testing only)"
-                        );
-                        policy.set_faults(vramshim_pool::stitch::Faults {
-                            reuse_sync_frees_early: true,
-                            ignore_streams: true,
-                            ..Default::default()
-                        });
-                    }
-                    pools.devs[d] = Some(DevicePool { policy, dev })
-                }
-                Err(why) => return Err(why),
-            }
+        let Some(Some(p)) = pools.devs.get_mut(d) else {
+            return Err("internal error: no pool after its creation".to_string());
+        };
+        if let Some(addr) = p.policy.alloc_cached(req.size, stream) {
+            return Ok(Ok(vramshim_pool::Alloc {
+                addr,
+                size: req.size,
+            }));
         }
-        let p = pools.devs[d].as_mut().unwrap();
-        p.dev.stream = stream;
-        p.dev.runtime = is_runtime(req.api);
+        // anything but an exact hit: the pool decides with every freed block in view
+        drain_tcaches(pools);
+        let Some(Some(p)) = pools.devs.get_mut(d) else {
+            return Err("internal error: no pool after its creation".to_string());
+        };
+        p.dev.begin(stream, is_runtime(req.api));
         Ok(p.policy.alloc(
             &mut p.dev,
             Request {
@@ -272,25 +280,76 @@ pub fn alloc(req: &PoolRequest) -> Option<Result<u64, i32>> {
     };
     match r {
         Ok(a) => Some(Ok(a.addr)),
-        Err(e) => {
-            crate::debug!("pool: {} bytes on device {}: {e}", req.size, req.device);
-            let code = match e {
-                PoolError::OutOfMemory { .. } => CUDA_ERROR_OUT_OF_MEMORY,
-                PoolError::Device(DeviceError::Unsupported) => {
-                    fall_back("the virtual-memory API refused (unsupported)");
-                    return None;
+        Err(e) => refused(req, e),
+    }
+}
+
+/// The pool refused `req`: the code the process sees (`None`: pass through after all).
+#[cold]
+#[inline(never)]
+fn refused(req: &PoolRequest, e: PoolError) -> Option<Result<u64, i32>> {
+    crate::debug!("pool: {} bytes on device {}: {e}", req.size, req.device);
+    let code = match e {
+        PoolError::OutOfMemory { .. } => CUDA_ERROR_OUT_OF_MEMORY,
+        PoolError::Device(DeviceError::Unsupported) => {
+            fall_back("the virtual-memory API refused (unsupported)");
+            return None;
+        }
+        _ if is_runtime(req.api) => cudaErrorMemoryAllocation,
+        PoolError::Device(DeviceError::Driver(c)) => c,
+        PoolError::Device(_) => CUDA_ERROR_OUT_OF_MEMORY,
+        PoolError::UnknownPointer(_) => CUDA_ERROR_INVALID_VALUE,
+    };
+    if is_runtime(req.api) && code == cudaErrorMemoryAllocation {
+        runtime_set_last_error_oom();
+    }
+    Some(Err(code))
+}
+
+/// The first request for device `req.device`: make its pool (or say why not).
+#[cold]
+#[inline(never)]
+fn create_pool(pools: &mut Pools, req: &PoolRequest) -> Result<(), String> {
+    let d = req.device as usize;
+    if pools.devs.len() <= d {
+        pools.devs.resize_with(d + 1, || None);
+    }
+    if pools.devs[d].is_none() {
+        if is_runtime(req.api) {
+            ensure_context_once(req.device);
+        }
+        match CudaDevice::new(req.device, peers_of(req.device)) {
+            Ok(dev) => {
+                let mut policy = Stitch::new();
+                if crate::env::var("VRAMSHIM_POOL_DEBUG") == Some("lazy-sync") {
+                    // testing only: the old synchronization choices (looser packing), to
+                    // prove the tightness test can fail
+                    crate::warn!(
+                        "VRAMSHIM_POOL_DEBUG=lazy-sync: the pool packs as before its tightness fix (testing only)"
+                    );
+                    policy.set_faults(vramshim_pool::stitch::Faults {
+                        lazy_sync: true,
+                        ..Default::default()
+                    });
                 }
-                _ if is_runtime(req.api) => cudaErrorMemoryAllocation,
-                PoolError::Device(DeviceError::Driver(c)) => c,
-                PoolError::Device(_) => CUDA_ERROR_OUT_OF_MEMORY,
-                PoolError::UnknownPointer(_) => CUDA_ERROR_INVALID_VALUE,
-            };
-            if is_runtime(req.api) && code == cudaErrorMemoryAllocation {
-                runtime_set_last_error_oom();
+                if crate::env::var("VRAMSHIM_POOL_DEBUG") == Some("reuse-early") {
+                    // testing only: break the reuse rules to prove the tests can fail
+                    crate::warn!(
+                        "VRAMSHIM_POOL_DEBUG=reuse-early: the pool reuses freed memory too early (testing only)"
+                    );
+                    policy.set_faults(vramshim_pool::stitch::Faults {
+                        reuse_sync_frees_early: true,
+                        ignore_streams: true,
+                        ..Default::default()
+                    });
+                }
+                pools.devs[d] = Some(DevicePool { policy, dev });
+                HAS_POOL.fetch_or(1 << d, Ordering::Relaxed);
             }
-            Some(Err(code))
+            Err(why) => return Err(why),
         }
     }
+    Ok(())
 }
 
 /// The runtime's sticky last error says `cudaErrorMemoryAllocation` after a refused
@@ -313,21 +372,58 @@ fn runtime_set_last_error_oom() {
     }
 }
 
+/// Bit `d`: device `d` has a pool (set when made, cleared when reset).
+static HAS_POOL: AtomicU64 = AtomicU64::new(0);
+
+/// Free every block the threads keep into its pool (pool lock held); blocks of a device
+/// whose pool is gone are dropped.
+fn drain_tcaches(pools: &mut Pools) {
+    if !tcache::any() {
+        return;
+    }
+    tcache::drain(|f| {
+        if let Some(Some(p)) = pools.devs.get_mut(f.device as usize) {
+            p.dev.begin(f.stream, false);
+            let _ = p
+                .policy
+                .free(&mut p.dev, f.addr, FreeMode::Async { stream: f.stream });
+        }
+    });
+}
+
 /// `None`: not pool memory, take the real path. `stream` is `Some` for stream-ordered frees.
-pub fn free(ptr: u64, stream: Option<u64>) -> Option<i32> {
+/// `pooled`: `(device, requested size)` when the dispatcher's live table says `ptr` is a
+/// live pool block (a stream-ordered free of one may stay with the thread, see `tcache`).
+pub fn free(ptr: u64, stream: Option<u64>, pooled: Option<(i32, u64)>) -> Option<i32> {
     if MODE.load(Ordering::Relaxed) != ON {
         return None;
+    }
+    if let (Some(s), Some((device, size))) = (stream, pooled)
+        && (0..MAX_DEVICES as i32).contains(&device)
+        && HAS_POOL.load(Ordering::Relaxed) & (1 << device) != 0
+        && tcache::put(tcache::Freed {
+            device,
+            addr: ptr,
+            size,
+            stream: s,
+        })
+    {
+        return Some(CUDA_SUCCESS);
     }
     with_pools(|pools| {
         let mode = match stream {
             Some(s) => FreeMode::Async { stream: s },
             None => FreeMode::Sync,
         };
+        if pooled.is_none() {
+            // not a live pool block by the live table (an unknown pointer, or one freed
+            // twice): the pool must not take a block a thread keeps as freed for live
+            drain_tcaches(pools);
+        }
         // `free` answers UnknownPointer for a block it does not own, without touching
         // anything: one lookup per pool instead of `owns` then `free`
         for p in pools.devs.iter_mut().flatten() {
-            p.dev.stream = stream.unwrap_or(ANY_STREAM);
-            p.dev.runtime = false;
+            p.dev.begin(stream.unwrap_or(ANY_STREAM), false);
             match p.policy.free(&mut p.dev, ptr, mode) {
                 Ok(_) => return Some(CUDA_SUCCESS),
                 Err(PoolError::UnknownPointer(_)) => continue,
@@ -383,10 +479,10 @@ pub fn trim() -> u64 {
         return 0;
     }
     with_pools(|pools| {
+        drain_tcaches(pools);
         let mut n = 0;
         for p in pools.devs.iter_mut().flatten() {
-            p.dev.stream = ANY_STREAM;
-            p.dev.runtime = false;
+            p.dev.begin(ANY_STREAM, false);
             n += p.policy.trim(&mut p.dev).unwrap_or(0);
         }
         n
@@ -407,9 +503,13 @@ pub fn on_device_reset(device: i32) {
         for p in &PEERS {
             p.fetch_and(!(1u64 << device.min(63)), Ordering::Relaxed);
         }
+        // the thread caches' blocks of other devices go back to their pools; this
+        // device's are dropped with its pool
         if let Some(slot) = pools.devs.get_mut(device as usize)
             && let Some(p) = slot.take()
         {
+            HAS_POOL.fetch_and(!(1u64 << device.min(63)), Ordering::Relaxed);
+            drain_tcaches(pools);
             let mut p = p;
             p.policy.reset();
         }
@@ -479,6 +579,8 @@ pub fn stats(device: i32) -> Option<Stats> {
 /// not the child's; forget every pool (no driver call) and reset the lock.
 pub fn on_fork_child() {
     POOLS.locked.store(false, Ordering::Release);
+    HAS_POOL.store(0, Ordering::Relaxed);
+    tcache::on_fork_child();
     for p in &PEERS {
         p.store(0, Ordering::Relaxed);
     }

@@ -1,7 +1,8 @@
 //! Integration tests of `VRAMSHIM_POOL=stitch` on cuda-sim (real processes under the preload):
 //! the log-replay workload with pattern checking on every shipped trace, a device too small
 //! for the driver alone, delayed stream "kernels" writing into freed blocks (and the forced
-//! early-reuse variant proving the test can fail), and injected driver faults.
+//! early-reuse variant proving the test can fail, also through the per-thread caches), the
+//! thread caches' blocks serving another thread under the cap, and injected driver faults.
 
 use std::path::PathBuf;
 use vramshim_testkit::{
@@ -144,6 +145,27 @@ fn delayed_kernels_never_write_into_a_reused_block() {
             tail(&o.stderr)
         );
         assert!(field(&o.stdout, "foreign") > 0);
+        if mode == "async" {
+            // and so does a thread cache that hands a block freed on one stream to a
+            // request on another without ordering: the thread caches keep stream order
+            let o = run(
+                &exe,
+                &[mode, "3"],
+                &[
+                    ("VRAMSHIM_POOL", "stitch"),
+                    ("VRAMSHIM_POOL_DEBUG", "tcache-any-stream"),
+                ],
+                "pool-early-tcache",
+            );
+            assert_eq!(
+                o.code(),
+                Some(1),
+                "tcache-any-stream: {}\n{}",
+                o.stdout,
+                tail(&o.stderr)
+            );
+            assert!(field(&o.stdout, "foreign") > 0);
+        }
     }
 }
 
@@ -544,4 +566,41 @@ fn peer_access_applies_to_pool_mappings() {
             );
         }
     }
+}
+
+#[test]
+fn blocks_a_thread_keeps_serve_other_threads_under_the_cap() {
+    // a helper thread frees 48 MiB with cudaFreeAsync (its thread cache keeps some of those
+    // blocks, live to the pool) and waits; the main thread's 40 MiB cudaMalloc under a 64 MiB
+    // cap fits only in the helper's freed pages: the pool must drain the thread caches
+    let exe = vramshim_testkit::temp_dir("pool_tcache_drain").join("pool_tcache_drain");
+    vramshim_testkit::compile_c_to(
+        &exe,
+        &["tests/workloads/pool/tcache_drain.c"],
+        Link::SharedRuntime,
+        &["-lpthread"],
+    );
+    let env = |debug: Option<&'static str>| {
+        let mut e = vec![
+            ("VRAMSHIM_POOL", "stitch"),
+            ("VRAMSHIM_CAP", "64MiB"),
+            ("VRAMSHIM_CAP_CONTEXT", "exclude"),
+            ("VRAMSIM_MEMORY", "1GiB"),
+            ("VRAMSIM_CONTEXT_OVERHEAD", "0"),
+        ];
+        if let Some(d) = debug {
+            e.push(("VRAMSHIM_POOL_DEBUG", d));
+        }
+        e
+    };
+    let o = run(&exe, &[], &env(None), "pool-tcache-drain");
+    assert_eq!(o.code(), Some(0), "{}\n{}", o.stdout, tail(&o.stderr));
+    // the same with the caches never drained is refused: the test can fail
+    let o = run(
+        &exe,
+        &[],
+        &env(Some("tcache-no-drain")),
+        "pool-tcache-no-drain",
+    );
+    assert_eq!(o.code(), Some(1), "{}\n{}", o.stdout, tail(&o.stderr));
 }

@@ -82,8 +82,10 @@ pub fn build(wall: u64, mono: u64) -> Header {
         start_wall_ns: wall,
         start_mono_ns: mono,
         devices: devices(),
+        // The environment in force, and which clock the timestamps come from.
         config: crate::env::all()
             .map(|(k, v)| (k.to_string(), v.to_string()))
+            .chain([("trace.clock".to_string(), super::clock::name().to_string())])
             .collect(),
     }
 }

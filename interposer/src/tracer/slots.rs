@@ -4,7 +4,9 @@
 //! pointer). Slots are leaked and linked into a lock-free list, never freed: the writer
 //! thread can take a slot's partial buffer at any time (every tick, and at exit), so the
 //! events of threads that have exited are never lost. A slot's buffer is guarded by a spin
-//! flag that only its owner and the writer ever take (uncontended on the hot path).
+//! flag that only its owner and the writer ever take; where `membarrier` is available the
+//! owner does not take it at all: it marks the slot busy with a plain store and checks that
+//! the writer has not claimed it ([`super::barrier`]), and the writer pays the barrier.
 
 use std::cell::{Cell, UnsafeCell};
 use std::ptr;
@@ -12,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicPtr, AtomicU32, Ordering};
 
 use vramshim_trace::{Event, RecordEncoder, RecordStats};
 
-use super::{stacks, writer};
+use super::{barrier, stacks, writer};
 
 /// Devices whose live bytes the slots count for `Counter` records.
 pub const MAX_DEV: usize = 16;
@@ -29,6 +31,10 @@ const HIGH_WATER: usize = 32 << 20;
 pub struct Slot {
     next: AtomicPtr<Slot>,
     lock: AtomicBool,
+    /// The owner is inside `emit` without the lock (asymmetric protocol).
+    busy: AtomicBool,
+    /// The writer, holding the lock, wants the slot: the owner must take the lock too.
+    claim: AtomicBool,
     /// Kernel tid of the owning thread; 0 = free for reuse.
     pub owner: AtomicU32,
     inner: UnsafeCell<Inner>,
@@ -44,7 +50,9 @@ struct Inner {
     events: u64,
 }
 
-// SAFETY: `inner` is only accessed with `lock` held (see `Guard`); everything else is atomic.
+// SAFETY: `inner` is only accessed through a `Guard`: with `lock` held, or by the owner with
+// `busy` set and no `claim` (the writer then waits for `busy` to clear before touching it;
+// see `super::barrier`); everything else is atomic.
 unsafe impl Sync for Slot {}
 
 static HEAD: AtomicPtr<Slot> = AtomicPtr::new(ptr::null_mut());
@@ -54,9 +62,41 @@ thread_local! {
     static MY: Cell<*const Slot> = const { Cell::new(ptr::null()) };
 }
 
-struct Guard<'a>(&'a Slot);
+/// Exclusive access to a slot's buffer.
+struct Guard<'a> {
+    slot: &'a Slot,
+    how: Held,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Held {
+    /// The owner, by the asymmetric protocol (`busy` set).
+    Busy,
+    /// The lock.
+    Lock,
+    /// The writer: the lock, and the claim.
+    Claim,
+}
 
 impl Slot {
+    /// The owner's way in: the asymmetric protocol when available, else the lock.
+    #[inline]
+    fn enter(&self) -> Guard<'_> {
+        if barrier::available() {
+            self.busy.store(true, Ordering::Relaxed);
+            barrier::light();
+            if !self.claim.load(Ordering::Acquire) {
+                return Guard {
+                    slot: self,
+                    how: Held::Busy,
+                };
+            }
+            // The writer is taking the buffer: wait for it on the lock.
+            self.busy.store(false, Ordering::Release);
+        }
+        self.lock()
+    }
+
     #[inline]
     fn lock(&self) -> Guard<'_> {
         while self
@@ -66,22 +106,55 @@ impl Slot {
         {
             std::hint::spin_loop();
         }
-        Guard(self)
+        Guard {
+            slot: self,
+            how: Held::Lock,
+        }
     }
 
-    /// Bounded attempt (exit path: a thread may have died holding nothing, but never block).
-    fn try_lock_for(&self, spins: u32) -> Option<Guard<'_>> {
-        for _ in 0..spins {
-            if self
-                .lock
-                .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
-                .is_ok()
-            {
-                return Some(Guard(self));
+    /// The writer's first step in, bounded (exit path: a thread may have died holding
+    /// nothing, but never block): the lock, and (asymmetric protocol) the claim. The caller
+    /// then runs one [`barrier::heavy`] for all the slots it claimed and [`Guard::settle`]s.
+    fn try_claim_for(&self, spins: u32) -> Option<Guard<'_>> {
+        let mut n = 0;
+        while self
+            .lock
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            n += 1;
+            if n >= spins {
+                return None;
             }
             std::hint::spin_loop();
         }
-        None
+        if barrier::available() {
+            self.claim.store(true, Ordering::Relaxed);
+            return Some(Guard {
+                slot: self,
+                how: Held::Claim,
+            });
+        }
+        Some(Guard {
+            slot: self,
+            how: Held::Lock,
+        })
+    }
+}
+
+impl Guard<'_> {
+    /// After the heavy barrier: wait (bounded) for an owner still in its busy section.
+    fn settle(&self, spins: u32) -> bool {
+        if self.how != Held::Claim {
+            return true;
+        }
+        for _ in 0..spins {
+            if !self.slot.busy.load(Ordering::Acquire) {
+                return true;
+            }
+            std::hint::spin_loop();
+        }
+        false
     }
 }
 
@@ -89,15 +162,23 @@ impl Guard<'_> {
     #[inline]
     #[allow(clippy::mut_from_ref)]
     fn inner(&self) -> &mut Inner {
-        // SAFETY: the lock is held for the guard's lifetime; only one guard exists at a time.
-        unsafe { &mut *self.0.inner.get() }
+        // SAFETY: the guard is exclusive for its lifetime (see `Slot`'s Sync note); only one
+        // guard exists at a time.
+        unsafe { &mut *self.slot.inner.get() }
     }
 }
 
 impl Drop for Guard<'_> {
     #[inline]
     fn drop(&mut self) {
-        self.0.lock.store(false, Ordering::Release);
+        match self.how {
+            Held::Busy => self.slot.busy.store(false, Ordering::Release),
+            Held::Lock => self.slot.lock.store(false, Ordering::Release),
+            Held::Claim => {
+                self.slot.claim.store(false, Ordering::Release);
+                self.slot.lock.store(false, Ordering::Release);
+            }
+        }
     }
 }
 
@@ -133,6 +214,8 @@ fn claim(tid: u32) -> &'static Slot {
             let s: &'static Slot = Box::leak(Box::new(Slot {
                 next: AtomicPtr::new(ptr::null_mut()),
                 lock: AtomicBool::new(false),
+                busy: AtomicBool::new(false),
+                claim: AtomicBool::new(false),
                 owner: AtomicU32::new(tid),
                 inner: UnsafeCell::new(Inner {
                     enc: RecordEncoder::with_capacity(SEND_AT + (SEND_AT >> 2)),
@@ -167,7 +250,7 @@ fn claim(tid: u32) -> &'static Slot {
             inner.enc.context(tid);
         }
         inner.enc.push(&Event::ThreadStart {
-            t_ns: crate::ids::now_ns(),
+            t_ns: super::clock::now_ns(),
             tid,
         });
     }
@@ -201,7 +284,7 @@ pub fn emit(mut ev: Event) {
         m.stack = id;
         new_stack = frames.map(|f| (id, f));
     }
-    let g = slot.lock();
+    let g = slot.enter();
     let inner = g.inner();
     if inner.enc.is_empty() {
         inner.enc.begin(slot.owner.load(Ordering::Relaxed));
@@ -310,23 +393,40 @@ fn wait_for_writer() {
 }
 
 /// Writer side: take every slot's partial buffer. `f` gets whole records.
-pub fn drain_all(mut f: impl FnMut(Vec<u8>, RecordStats), spins: u32) {
-    for_each(|s| {
-        let Some(g) = s.try_lock_for(spins) else {
-            return;
-        };
+pub fn drain_all(f: impl FnMut(Vec<u8>, RecordStats), spins: u32) {
+    let mut all = Vec::new();
+    for_each(|s| all.push(s));
+    drain(&all, f, spins);
+}
+
+/// Claim every slot, one barrier for all of them, take each buffer, then hand them to `f`.
+fn drain(slots: &[&'static Slot], mut f: impl FnMut(Vec<u8>, RecordStats), spins: u32) {
+    let held: Vec<Guard<'static>> = slots
+        .iter()
+        .filter_map(|s| s.try_claim_for(spins))
+        .collect();
+    if held.iter().any(|g| g.how == Held::Claim) && !barrier::heavy() {
+        return; // the guards' drops withdraw the claims; the buffers wait for next time
+    }
+    // Swap the buffers out quickly (owners that meet a claim wait on the lock), write after.
+    let mut taken = Vec::with_capacity(held.len());
+    for g in held {
+        if !g.settle(spins) {
+            continue;
+        }
         let inner = g.inner();
         if inner.enc.is_empty() {
-            return;
+            continue;
         }
         let spare = writer::spare_buffer();
-        let (bytes, stats) = inner.enc.take();
+        taken.push(inner.enc.take());
         inner.enc.set_buffer(spare);
         inner.next_try = SEND_AT;
         inner.events = 0;
-        drop(g);
+    }
+    for (bytes, stats) in taken {
         f(bytes, stats);
-    });
+    }
 }
 
 /// Sum of live bytes per device over all slots.
@@ -373,4 +473,103 @@ pub fn reap_dead(pid: u32, mut on_dead: impl FnMut(u32)) {
 pub fn on_fork_child() {
     HEAD.store(ptr::null_mut(), Ordering::Relaxed);
     MY.with(|m| m.set(ptr::null()));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vramshim_trace::{AllocKind, Api, MemOp};
+
+    fn new_slot() -> &'static Slot {
+        Box::leak(Box::new(Slot {
+            next: AtomicPtr::new(ptr::null_mut()),
+            lock: AtomicBool::new(false),
+            busy: AtomicBool::new(false),
+            claim: AtomicBool::new(false),
+            owner: AtomicU32::new(1),
+            inner: UnsafeCell::new(Inner {
+                enc: RecordEncoder::with_capacity(SEND_AT),
+                next_try: usize::MAX,
+                events: 0,
+            }),
+            live: [const { AtomicI64::new(0) }; MAX_DEV],
+        }))
+    }
+
+    /// The owner appends (the hot path's way in) while another thread drains the slot as fast
+    /// as it can (the writer's way): every event arrives once, in order, in whole records.
+    /// `VRAMSHIM_SLOTS_FAULT=nowait` makes the drain skip waiting for the owner: this fails.
+    #[test]
+    fn drains_racing_the_owner_tear_and_lose_nothing() {
+        barrier::init();
+        let broken = std::env::var("VRAMSHIM_SLOTS_FAULT").is_ok_and(|v| v == "nowait");
+        let slot = new_slot();
+        const N: u64 = 2_000_000;
+        let done = std::sync::Arc::new(AtomicBool::new(false));
+        let owner = {
+            let done = done.clone();
+            std::thread::spawn(move || {
+                for i in 0..N {
+                    let g = slot.enter();
+                    let inner = g.inner();
+                    if inner.enc.is_empty() {
+                        inner.enc.begin(1);
+                    }
+                    inner.enc.push(&Event::Alloc(MemOp {
+                        t_ns: i,
+                        tid: 1,
+                        api: Api::CudaMalloc,
+                        kind: AllocKind::Runtime,
+                        flags: 0,
+                        device: 0,
+                        stream: 0,
+                        addr: 0x1000 + (i << 8),
+                        size: i,
+                        result: 0,
+                        latency_ns: 0,
+                        stack: 0,
+                    }));
+                }
+                done.store(true, Ordering::Release);
+            })
+        };
+        let mut chunks = Vec::new();
+        let mut drains = 0u64;
+        while !done.load(Ordering::Acquire) {
+            if broken {
+                // The race the protocol prevents: take the buffer while the owner may write.
+                if let Some(g) = slot.try_claim_for(1 << 20) {
+                    let inner = g.inner();
+                    if !inner.enc.is_empty() {
+                        chunks.push(inner.enc.take());
+                        inner.enc.set_buffer(Vec::with_capacity(SEND_AT));
+                    }
+                }
+            } else {
+                drain(&[slot], |b, s| chunks.push((b, s)), 1 << 20);
+            }
+            drains += 1;
+        }
+        owner.join().unwrap();
+        drain(&[slot], |b, s| chunks.push((b, s)), 1 << 20);
+        let mut file = Vec::new();
+        {
+            let mut w = vramshim_trace::TraceWriter::new(&mut file, &Default::default()).unwrap();
+            for (b, s) in &chunks {
+                w.write_records(b, *s).unwrap();
+            }
+            w.finish().unwrap();
+        }
+        let mut r = vramshim_trace::TraceReader::from_reader(std::io::Cursor::new(file)).unwrap();
+        let mut e = Event::Lost { t_ns: 0, count: 0 };
+        let mut next = 0u64;
+        while r.next_into(&mut e).unwrap() {
+            if let Event::Alloc(m) = &e {
+                assert_eq!((m.t_ns, m.size, m.addr), (next, next, 0x1000 + (next << 8)));
+                next += 1;
+            }
+        }
+        assert_eq!(next, N, "events decoded after {drains} drains");
+        assert!(drains > 10, "the drains raced the owner ({drains})");
+    }
 }

@@ -47,6 +47,11 @@ struct Walk {
     last_ip: u64,
     /// CFA of the second frame: the stack pointer of `capture_interned`'s caller.
     second_cfa: u64,
+    /// Frames reported so far (the first is `capture_interned` itself: never kept, so the
+    /// list is the one the fast walk, which starts at its caller, finds).
+    seen: usize,
+    /// The walk stopped because it had `want` frames (not at the end of the stack).
+    full: bool,
 }
 
 extern "C" fn step(ctx: *mut c_void, arg: *mut c_void) -> c_int {
@@ -70,6 +75,10 @@ extern "C" fn step(ctx: *mut c_void, arg: *mut c_void) -> c_int {
     }
     w.prev_cfa = cfa;
     w.last_ip = ip;
+    w.seen += 1;
+    if w.seen == 1 {
+        return URC_NO_REASON;
+    }
     if w.skipping {
         if ip >= w.own.0 && ip < w.own.1 {
             return URC_NO_REASON;
@@ -79,6 +88,7 @@ extern "C" fn step(ctx: *mut c_void, arg: *mut c_void) -> c_int {
     w.frames.ips[w.frames.len] = ip;
     w.frames.len += 1;
     if w.frames.len >= w.want {
+        w.full = true;
         URC_NORMAL_STOP
     } else {
         URC_NO_REASON
@@ -99,6 +109,13 @@ fn own_range() -> (u64, u64) {
     (lo, hi)
 }
 
+/// Test hook: skip no frame as libvramshim's own (a benchmark that links the tracer into its
+/// own binary would otherwise skip all of its frames).
+pub fn keep_own_frames() {
+    OWN_HI.store(1, Ordering::Relaxed);
+    OWN_LO.store(1, Ordering::Relaxed);
+}
+
 // ---- the fast walk: libgcc's answers cached per return address.
 //
 // For every IP libgcc has unwound, `OFFS` remembers CFA - SP (constant at a given IP for the
@@ -111,8 +128,8 @@ fn own_range() -> (u64, u64) {
 const OFF_BITS: u32 = 14;
 const OFFS_N: usize = 1 << OFF_BITS;
 const END: u32 = u32::MAX;
-static OFF_IP: [AtomicU64; OFFS_N] = [const { AtomicU64::new(0) }; OFFS_N];
-static OFF_VAL: [AtomicU32; OFFS_N] = [const { AtomicU32::new(0) }; OFFS_N];
+/// Entry `i`: return address at `2 i`, its rule at `2 i + 1` (one cache line for both).
+static OFFS: [AtomicU64; 2 * OFFS_N] = [const { AtomicU64::new(0) }; 2 * OFFS_N];
 /// `capture_interned`'s frame size: its caller's stack pointer minus its own (0 = not
 /// learned yet). The fast walk starts there.
 static OFF0: AtomicU64 = AtomicU64::new(0);
@@ -133,18 +150,18 @@ fn learn(ip: u64, off: u64) {
 fn store_rule(ip: u64, off: u32) {
     let mut i = off_slot(ip);
     for _ in 0..8 {
-        let cur = OFF_IP[i].load(Ordering::Acquire);
+        let cur = OFFS[2 * i].load(Ordering::Acquire);
         if cur == ip {
             // Keep the first rule; an END mark wins (it only comes from a completed walk).
             if off == END {
-                OFF_VAL[i].store(END, Ordering::Release);
+                OFFS[2 * i + 1].store(END as u64, Ordering::Release);
             }
             return;
         }
         if cur == 0 {
             // Value first, then key: a reader that sees the key sees a value (0 = unusable).
-            OFF_VAL[i].store(off, Ordering::Release);
-            if OFF_IP[i]
+            OFFS[2 * i + 1].store(off as u64, Ordering::Release);
+            if OFFS[2 * i]
                 .compare_exchange(0, ip, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
             {
@@ -159,9 +176,9 @@ fn store_rule(ip: u64, off: u32) {
 fn rule(ip: u64) -> Option<u32> {
     let mut i = off_slot(ip);
     for _ in 0..8 {
-        let cur = OFF_IP[i].load(Ordering::Acquire);
+        let cur = OFFS[2 * i].load(Ordering::Acquire);
         if cur == ip {
-            let v = OFF_VAL[i].load(Ordering::Acquire);
+            let v = OFFS[2 * i + 1].load(Ordering::Acquire) as u32;
             return (v != 0).then_some(v);
         }
         if cur == 0 {
@@ -223,7 +240,25 @@ fn stack_pointer() -> u64 {
     0
 }
 
-fn fast_walk(sp: u64, want: usize, own: (u64, u64)) -> Option<Frames> {
+/// Most steps (own frames included) a fast walk follows: its loop bound.
+const MAX_STEPS: usize = MAX_FRAMES + 16;
+
+/// What a fast walk read: for every step, the stack slot (`cfa - 8`) and the return address
+/// found there; the first `skip` steps are libvramshim's own frames.
+struct Trail {
+    slots: [u64; MAX_STEPS],
+    ips: [u64; MAX_STEPS],
+    n: usize,
+    skip: usize,
+}
+
+impl Trail {
+    fn frames(&self) -> &[u64] {
+        &self.ips[self.skip..self.n]
+    }
+}
+
+fn fast_walk(sp: u64, want: usize, own: (u64, u64), t: &mut Trail) -> Option<()> {
     if sp == 0 {
         return None;
     }
@@ -235,13 +270,9 @@ fn fast_walk(sp: u64, want: usize, own: (u64, u64)) -> Option<Frames> {
     if sp < lo || sp >= hi {
         return None; // on another stack (signal handler, coroutine): let libgcc do it
     }
-    let mut frames = Frames {
-        ips: [0; MAX_FRAMES],
-        len: 0,
-    };
     let mut skipping = true;
     let mut cfa = sp.checked_add(off0)?;
-    for _ in 0..MAX_FRAMES + 64 {
+    for i in 0..MAX_STEPS {
         if cfa % 8 != 0 || cfa < sp + 8 || cfa > hi {
             return None;
         }
@@ -251,18 +282,20 @@ fn fast_walk(sp: u64, want: usize, own: (u64, u64)) -> Option<Frames> {
         if ip == 0 {
             return None;
         }
+        t.slots[i] = cfa - 8;
+        t.ips[i] = ip;
+        t.n = i + 1;
         if skipping && ip >= own.0 && ip < own.1 {
             // still inside libvramshim
+            t.skip = i + 1;
         } else {
             skipping = false;
-            frames.ips[frames.len] = ip;
-            frames.len += 1;
-            if frames.len >= want {
-                return Some(frames);
+            if t.n - t.skip >= want {
+                return Some(());
             }
         }
         match rule(ip)? {
-            END => return Some(frames),
+            END => return (t.n > t.skip).then_some(()),
             off => {
                 let next = cfa.checked_add(off as u64)?;
                 if next <= cfa {
@@ -275,6 +308,124 @@ fn fast_walk(sp: u64, want: usize, own: (u64, u64)) -> Option<Frames> {
     None
 }
 
+// ---- the per-thread cache of recent walks.
+//
+// A loop allocates from the same few places: the same stack pointer at `capture_interned`
+// and the same return addresses in the same stack slots. A fast walk is a function of the
+// stack pointer and the words it reads (the rules are fixed once learned), so when every
+// slot of a remembered walk still holds the same return address, the walk would give the
+// same frames, and the remembered stack id is the answer: ~20 independent loads instead of a
+// dependent chain of loads and table probes, and no hashing.
+
+/// Walks remembered per thread.
+const CACHED_WALKS: usize = 4;
+/// Longest walk remembered (steps, own frames included).
+const CACHE_STEPS: usize = 48;
+
+#[derive(Clone, Copy)]
+struct CachedWalk {
+    sp: u64,
+    want: usize,
+    /// Steps (0 = empty entry).
+    n: usize,
+    id: u32,
+    slots: [u64; CACHE_STEPS],
+    ips: [u64; CACHE_STEPS],
+}
+
+struct WalkCache {
+    ents: [CachedWalk; CACHED_WALKS],
+    next: usize,
+}
+
+const EMPTY_WALK: CachedWalk = CachedWalk {
+    sp: 0,
+    want: 0,
+    n: 0,
+    id: 0,
+    slots: [0; CACHE_STEPS],
+    ips: [0; CACHE_STEPS],
+};
+
+thread_local! {
+    // const-initialized, not Drop: no lazy init, no destructor.
+    static WALKS: std::cell::RefCell<WalkCache> = const {
+        std::cell::RefCell::new(WalkCache {
+            ents: [EMPTY_WALK; CACHED_WALKS],
+            next: 0,
+        })
+    };
+}
+
+/// The stack id of a remembered walk that the stack still matches.
+#[inline]
+fn cached(sp: u64, want: usize) -> Option<u32> {
+    if FAULT_NO_CACHE.load(Ordering::Relaxed) {
+        return None;
+    }
+    WALKS
+        .try_with(|c| {
+            // A signal handler's hook on this thread, inside ours: no cache.
+            let c = c.try_borrow().ok()?;
+            c.ents.iter().find_map(|e| {
+                if e.n == 0 || e.sp != sp || e.want != want {
+                    return None;
+                }
+                let mut diff = 0u64;
+                for k in 0..e.n.min(CACHE_STEPS) {
+                    // SAFETY: this thread's walk from this same stack pointer read these
+                    // slots: they lie between the stack pointer and the top of this
+                    // thread's stack (checked then; the stack is the same), aligned to 8.
+                    diff |= unsafe { std::ptr::read_volatile(e.slots[k] as *const u64) } ^ e.ips[k];
+                }
+                (diff == 0).then_some(e.id)
+            })
+        })
+        .ok()
+        .flatten()
+}
+
+fn remember(sp: u64, want: usize, t: &Trail, id: u32) {
+    if t.n > CACHE_STEPS {
+        return;
+    }
+    let _ = WALKS.try_with(|c| {
+        let Ok(mut c) = c.try_borrow_mut() else {
+            return;
+        };
+        let i = c.next % CACHED_WALKS;
+        c.next = c.next.wrapping_add(1);
+        let e = &mut c.ents[i];
+        e.sp = sp;
+        e.want = want;
+        e.id = id;
+        e.n = t.n;
+        e.slots[..t.n].copy_from_slice(&t.slots[..t.n]);
+        e.ips[..t.n].copy_from_slice(&t.ips[..t.n]);
+    });
+}
+
+/// Forget this thread's remembered walks (their ids mean nothing in a forked child's file).
+fn forget_walks() {
+    let _ = WALKS.try_with(|c| {
+        if let Ok(mut c) = c.try_borrow_mut() {
+            for e in c.ents.iter_mut() {
+                e.n = 0;
+            }
+        }
+    });
+}
+
+/// Fault switch (`VRAMSHIM_STACKS_FAULT=nocache`): every capture walks (benchmarks the walk).
+static FAULT_NO_CACHE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+pub fn init() {
+    FAULT_NO_CACHE.store(
+        crate::env::var("VRAMSHIM_STACKS_FAULT").is_some_and(|v| v.trim() == "nocache"),
+        Ordering::Relaxed,
+    );
+}
+
 /// Up to `depth` return addresses of the caller, outside libvramshim, deduplicated: the stack's
 /// id, and its frames when this is the stack's first appearance (write a `Stack` record).
 /// `None` when no frame could be captured.
@@ -282,11 +433,20 @@ fn fast_walk(sp: u64, want: usize, own: (u64, u64)) -> Option<Frames> {
 pub fn capture_interned(depth: usize) -> Option<(u32, Option<Frames>)> {
     let sp = stack_pointer();
     let want = depth.clamp(1, MAX_FRAMES);
+    if let Some(id) = cached(sp, want) {
+        return Some((id, None));
+    }
     let own = own_range();
-    if let Some(f) = fast_walk(sp, want, own)
-        && !f.is_empty()
-        && let Some(id) = lookup(hash(f.as_slice()))
+    let mut t = Trail {
+        slots: [0; MAX_STEPS],
+        ips: [0; MAX_STEPS],
+        n: 0,
+        skip: 0,
+    };
+    if fast_walk(sp, want, own, &mut t).is_some()
+        && let Some(id) = lookup(hash(t.frames()))
     {
+        remember(sp, want, &t, id);
         return Some((id, None));
     }
     let mut w = Walk {
@@ -300,12 +460,17 @@ pub fn capture_interned(depth: usize) -> Option<(u32, Option<Frames>)> {
         prev_cfa: 0,
         last_ip: 0,
         second_cfa: 0,
+        seen: 0,
+        full: false,
     };
     // SAFETY: `step` matches the callback ABI; `w` outlives the call.
     let rc = unsafe { _Unwind_Backtrace(step, &mut w as *mut Walk as *mut c_void) };
     // The walk ended by itself (end of stack, or libgcc found no unwind info past the last
-    // frame, e.g. `_start`): nothing follows `last_ip`.
-    if rc != URC_NORMAL_STOP && w.last_ip != 0 {
+    // frame, e.g. `_start`): nothing follows `last_ip`. (A walk our callback stopped returns
+    // _URC_FATAL_PHASE1_ERROR, not NORMAL_STOP: `full` tells them apart. Marking the last
+    // frame of a full walk as the end made every later fast walk through that return
+    // address stop there, miss the table and fall back to libgcc.)
+    if !w.full && rc != URC_NORMAL_STOP && w.last_ip != 0 {
         store_rule(w.last_ip, END);
     }
     if sp != 0 && w.second_cfa > sp && OFF0.load(Ordering::Relaxed) == 0 {
@@ -394,9 +559,43 @@ pub fn on_fork_child() {
     if super::stack_depth() == 0 {
         return;
     }
+    forget_walks();
     for (h, id) in HASHES.iter().zip(IDS.iter()) {
         h.store(0, Ordering::Relaxed);
         id.store(0, Ordering::Relaxed);
     }
     NEXT_ID.store(1, Ordering::Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[inline(never)]
+    fn recurse(depth: u32, out: &mut Option<(u32, Option<Frames>)>) {
+        if depth == 0 {
+            *out = capture_interned(4);
+        } else {
+            recurse(depth - 1, out);
+        }
+        std::hint::black_box(depth);
+    }
+
+    /// A libgcc walk that stops at the wanted depth (the stack goes on) must not record its
+    /// last return address as the end of the stack: fast walks through it would stop there.
+    #[test]
+    fn a_walk_stopped_at_the_wanted_depth_marks_no_end() {
+        keep_own_frames();
+        let mut out = None;
+        recurse(12, &mut out);
+        let (id, frames) = out.expect("a stack");
+        let frames = frames.expect("first appearance: frames");
+        assert_eq!(frames.as_slice().len(), 4);
+        let last = *frames.as_slice().last().unwrap();
+        assert_ne!(rule(last), Some(END), "the 4th frame was marked as the end");
+        // And the same stack is found again without libgcc (fast walk or remembered walk).
+        let mut again = None;
+        recurse(12, &mut again);
+        assert_eq!(again.map(|(i, f)| (i, f.is_none())), Some((id, true)));
+    }
 }

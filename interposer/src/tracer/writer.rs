@@ -187,6 +187,7 @@ fn start() -> bool {
         fast: false,
     };
     out.modules.scan(&mut out.events, true);
+    super::barrier::init();
     let (tx, rx) = bounded(CHANNEL_BUFFERS);
     let (spare_tx, spare_rx) = bounded(SPARE_BUFFERS);
     let sh: &'static Shared = Box::leak(Box::new(Shared {
@@ -320,7 +321,8 @@ fn tick_locked(
         },
         spins,
     );
-    let now = crate::ids::now_ns();
+    super::clock::recalibrate();
+    let now = super::clock::now_ns();
     out.ticks = out.ticks.wrapping_add(1);
     if out.ticks % REAP_EVERY == 0 && !at_exit {
         let events = &mut out.events;
@@ -381,7 +383,7 @@ fn tick_locked(
         }
     }
     if at_exit {
-        let ok = out.w.finish_in_place(crate::ids::now_ns()).is_ok();
+        let ok = out.w.finish_in_place(super::clock::now_ns()).is_ok();
         out.finished = true;
         return ok;
     }

@@ -44,18 +44,29 @@ fn process_cpu() -> u64 {
     clock(libc::CLOCK_PROCESS_CPUTIME_ID)
 }
 
-static CLOCKS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+/// Clock reads per traced call: `TRACE_CLOCK` (the dispatcher's: `tracer::stamp()` and
+/// `Stamp::latency_ns`), `SYNTHETIC` (none: the tracer layer's own cost, `emit`), or
+/// `GETTIME` (two `clock_gettime(CLOCK_MONOTONIC)`, what the dispatcher read before the TSC
+/// clock; kept for comparison).
+static CLOCKS: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(TRACE_CLOCK);
+const TRACE_CLOCK: u8 = 0;
+const SYNTHETIC: u8 = 1;
+const GETTIME: u8 = 2;
 
-/// What the dispatcher does per traced call: t0, the call, latency, emit. Without `CLOCKS`,
-/// synthetic times isolate the tracer layer's own cost (`emit`).
+/// What the dispatcher does per traced call: t0, the call, latency, emit.
 #[inline(never)]
 fn traced_call(i: u64, tid: u32) {
     if tracer::enabled() {
-        let (t0, latency) = if CLOCKS.load(std::sync::atomic::Ordering::Relaxed) {
-            let t0 = mono();
-            (t0, mono().saturating_sub(t0) as u32)
-        } else {
-            (1_000_000_000 + i * 1000, 500)
+        let (t0, latency) = match CLOCKS.load(std::sync::atomic::Ordering::Relaxed) {
+            TRACE_CLOCK => {
+                let s = tracer::stamp();
+                (s.ns, s.latency_ns())
+            }
+            GETTIME => {
+                let t0 = mono();
+                (t0, mono().saturating_sub(t0) as u32)
+            }
+            _ => (1_000_000_000 + i * 1000, 500),
         };
         let m = MemOp {
             t_ns: t0,
@@ -94,6 +105,12 @@ fn hot(stacks: u32, n: u64, on: bool) {
     let dir = temp_dir("trace_bench_hot");
     if on {
         tracer::testing::enable(dir.join("hot.vramtrace").to_str().unwrap(), stacks);
+        // The tracer is linked into this binary: by default all of its frames count as the
+        // tracer's own and are skipped (the walk then runs to the end of the stack and keeps
+        // the few libc frames). TRACE_BENCH_KEEP_OWN=1 keeps them: exactly `stacks` frames.
+        if std::env::var_os("TRACE_BENCH_KEEP_OWN").is_some() {
+            tracer::testing::keep_own_frames();
+        }
     }
     // SAFETY: gettid has no preconditions.
     let tid = unsafe { libc::gettid() } as u32;
@@ -117,6 +134,42 @@ fn hot(stacks: u32, n: u64, on: bool) {
         tracer::on_exit();
     }
     println!("hot stacks={stacks} on={on} ns_per_call={per_call:.1}");
+}
+
+/// The hot path's clock variants side by side in one process (same placement, same
+/// neighbours): `rounds` rounds, each measuring `n` calls per variant; the best round of each.
+fn mix(stacks: u32, n: u64, rounds: usize) {
+    let dir = temp_dir("trace_bench_mix");
+    tracer::testing::enable(dir.join("mix.vramtrace").to_str().unwrap(), stacks);
+    if std::env::var_os("TRACE_BENCH_KEEP_OWN").is_some() {
+        tracer::testing::keep_own_frames();
+    }
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() } as u32;
+    for i in 0..10_000 {
+        traced_call(i, tid);
+    }
+    let modes = [SYNTHETIC, TRACE_CLOCK, GETTIME];
+    let mut best = [f64::MAX; 3];
+    for _ in 0..rounds {
+        for (k, &mode) in modes.iter().enumerate() {
+            CLOCKS.store(mode, std::sync::atomic::Ordering::Relaxed);
+            let mut ns = 0;
+            deep(24, &mut || {
+                let t = thread_cpu();
+                for i in 0..n {
+                    traced_call(i, tid);
+                }
+                ns = thread_cpu() - t;
+            });
+            best[k] = best[k].min(ns as f64 / n as f64);
+        }
+    }
+    tracer::on_exit();
+    println!(
+        "mix stacks={stacks} emit={:.1} tsc={:.1} gettime={:.1}",
+        best[0], best[1], best[2]
+    );
 }
 
 fn sustained(threads: usize, events: u64) {
@@ -208,9 +261,14 @@ fn count(path: &Path) -> (u64, u64) {
 
 /// Runs this binary with `args` and returns its stdout.
 fn sub(args: &[&str]) -> String {
+    sub_env(args, &[])
+}
+
+fn sub_env(args: &[&str], env: &[(&str, &str)]) -> String {
     let exe = std::env::current_exe().unwrap();
     let o = Command::new(exe)
         .args(args)
+        .envs(env.iter().copied())
         .env_remove("VRAMSHIM_TRACE")
         .env_remove("LD_PRELOAD")
         .output()
@@ -232,9 +290,14 @@ fn main() {
     match a.as_slice() {
         ["hot", stacks, n, on] => hot(stacks.parse().unwrap(), n.parse().unwrap(), *on == "1"),
         ["emit", stacks, n] => {
-            CLOCKS.store(false, std::sync::atomic::Ordering::Relaxed);
+            CLOCKS.store(SYNTHETIC, std::sync::atomic::Ordering::Relaxed);
             hot(stacks.parse().unwrap(), n.parse().unwrap(), true)
         }
+        ["gettime", stacks, n] => {
+            CLOCKS.store(GETTIME, std::sync::atomic::Ordering::Relaxed);
+            hot(stacks.parse().unwrap(), n.parse().unwrap(), true)
+        }
+        ["mix", stacks, n] => mix(stacks.parse().unwrap(), n.parse().unwrap(), 7),
         ["sustained", t, n] => sustained(t.parse().unwrap(), n.parse().unwrap()),
         ["replay"] => replay(),
         [] => {
@@ -247,7 +310,7 @@ fn main() {
                 v[v.len() / 2]
             };
             println!(
-                "hot path: CPU ns per traced call on the calling thread (median of {runs} processes, each the best of 5 x 1M calls)"
+                "hot path: CPU ns per traced call on the calling thread (median of {runs} processes; in each, 7 rounds of the clock variants side by side, the best round of each)"
             );
             println!("| variant | ns/call | added ns/call |");
             println!("| --- | ---: | ---: |");
@@ -257,39 +320,50 @@ fn main() {
                     .collect(),
             );
             println!("| tracing off (enabled() = one relaxed load) | {off:.1} | - |");
-            for (label, mode, stacks, n) in [
+            type Set<'a> = (&'a str, &'a str, &'a str, &'a [(&'a str, &'a str)]);
+            let sets: [Set; 3] = [
+                ("no stacks", "0", "1000000", &[]),
                 (
-                    "tracer layer only (emit), no stacks",
-                    "emit",
-                    "0",
-                    "1000000",
-                ),
-                (
-                    "emit + the dispatcher's 2 clock reads, no stacks",
-                    "hot",
-                    "0",
-                    "1000000",
-                ),
-                (
-                    "emit + 2 clock reads, VRAMSHIM_STACKS=16",
-                    "hot",
+                    "VRAMSHIM_STACKS=16, 16 frames kept",
                     "16",
                     "20000",
+                    &[("TRACE_BENCH_KEEP_OWN", "1")],
                 ),
-            ] {
-                let on = median(
-                    (0..runs)
-                        .map(|_| {
-                            let mut a = vec![mode, stacks, n];
-                            if mode == "hot" {
-                                a.push("1");
-                            }
-                            field(&sub(&a), "ns_per_call")
-                        })
-                        .collect(),
-                );
-                println!("| {label} | {on:.1} | {:.1} |", on - off);
+                (
+                    "VRAMSHIM_STACKS=16, every call walks (VRAMSHIM_STACKS_FAULT=nocache)",
+                    "16",
+                    "20000",
+                    &[
+                        ("TRACE_BENCH_KEEP_OWN", "1"),
+                        ("VRAMSHIM_STACKS_FAULT", "nocache"),
+                    ],
+                ),
+            ];
+            for (label, stacks, n, env) in sets {
+                let outs: Vec<String> = (0..runs)
+                    .map(|_| sub_env(&["mix", stacks, n], env))
+                    .collect();
+                for (key, what) in [
+                    ("emit", "tracer layer only (emit)"),
+                    ("tsc", "emit + the dispatcher's 2 trace-clock reads (TSC)"),
+                    (
+                        "gettime",
+                        "emit + 2 clock_gettime (the dispatcher before the TSC clock)",
+                    ),
+                ] {
+                    let v = median(outs.iter().map(|o| field(o, key)).collect());
+                    println!("| {what}, {label} | {v:.1} | {:.1} |", v - off);
+                }
             }
+            let old = median(
+                (0..runs)
+                    .map(|_| field(&sub(&["hot", "16", "20000", "1"]), "ns_per_call"))
+                    .collect(),
+            );
+            println!(
+                "| emit + 2 TSC reads, VRAMSHIM_STACKS=16 as defined before (the binary's frames skipped as own: ~30 walked, 3 kept) | {old:.1} | {:.1} |",
+                old - off
+            );
             println!();
             println!("sustained: 2 threads emit 10M events as fast as they can (median of {runs})");
             println!(

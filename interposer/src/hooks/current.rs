@@ -1,0 +1,117 @@
+//! The calling thread's current runtime device, asked of the runtime (`cudaGetDevice`) once
+//! and then remembered per thread until something that may change it runs on that thread:
+//! `cudaSetDevice`, or a change of the driver's current context (`cuCtxSetCurrent`,
+//! `cuCtxPushCurrent_v2`, `cuCtxPopCurrent_v2`, `cuCtxDestroy_v2`, `cuCtxCreate_v2`; the
+//! runtime follows the current context). All of these are hooked here and forget the
+//! remembered device before and after passing the call on unchanged.
+//!
+//! Why every change is seen: the runtime device is only needed by the runtime hooks
+//! (`cudaMalloc` & co.), and those only run when the process reaches the runtime through
+//! its dynamic symbols (shared runtime, `dlopen`/`dlsym`); then `cudaSetDevice` is reached
+//! the same way, through our export or our `dlsym` hook. A statically linked runtime calls
+//! its own `cudaSetDevice` unseen, but then its allocations are not seen by the runtime
+//! hooks either: they reach our driver hooks, which ask the driver for the current context's
+//! device on every request. Context changes go through the driver's exported functions or
+//! through `cuGetProcAddress` / `cudaGetDriverEntryPoint`, which hand out these hooks.
+
+use crate::ffi_types::*;
+use crate::real;
+use std::ffi::c_int;
+
+/// The runtime's current device for the calling thread, or -1.
+#[inline(always)]
+pub(crate) fn rt_device() -> i32 {
+    let c = &crate::guard::state().rt_device;
+    match c.get() {
+        0 => ask(c),
+        d => d - 1,
+    }
+}
+
+#[cold]
+fn ask(c: &std::cell::Cell<i32>) -> i32 {
+    match real::current_runtime_device() {
+        Some(d) if (0..i32::MAX).contains(&d) => {
+            c.set(d + 1);
+            d
+        }
+        _ => -1,
+    }
+}
+
+/// Forget the remembered device (the calling thread's current device may change).
+#[inline]
+pub(crate) fn forget() {
+    if fault_stale() {
+        return;
+    }
+    crate::guard::state().rt_device.set(0);
+}
+
+/// Test-only switch (`VRAMSHIM_DEVICE_FAULT=stale`): never forget, so allocations after a
+/// device switch are charged to the old device (the device-switch test must catch it).
+fn fault_stale() -> bool {
+    matches!(crate::env::var("VRAMSHIM_DEVICE_FAULT"), Some("stale"))
+}
+
+/// Pass a call that may change the current device on, forgetting the device around it.
+#[inline(always)]
+fn changing<F>(slot: fn() -> Option<F>, missing: c_int, call: impl FnOnce(F) -> c_int) -> c_int {
+    forget();
+    let rc = match slot() {
+        Some(f) => call(f),
+        None => missing,
+    };
+    forget();
+    rc
+}
+
+/// # Safety
+/// C ABI: `cudaSetDevice`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cudaSetDevice(device: c_int) -> c_int {
+    // SAFETY: forwarding the caller's arguments unchanged.
+    changing(real::cudaSetDevice, super::NO_RUNTIME, |f| unsafe {
+        f(device)
+    })
+}
+
+/// # Safety
+/// C ABI: `cuCtxSetCurrent`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> c_int {
+    // SAFETY: forwarding the caller's arguments unchanged.
+    changing(real::cuCtxSetCurrent, super::NO_DRIVER, |f| unsafe {
+        f(ctx)
+    })
+}
+
+/// # Safety
+/// C ABI: `cuCtxPushCurrent_v2`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxPushCurrent_v2(ctx: CUcontext) -> c_int {
+    // SAFETY: forwarding the caller's arguments unchanged.
+    changing(real::cuCtxPushCurrent_v2, super::NO_DRIVER, |f| unsafe {
+        f(ctx)
+    })
+}
+
+/// # Safety
+/// C ABI: `cuCtxPopCurrent_v2`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxPopCurrent_v2(pctx: *mut CUcontext) -> c_int {
+    // SAFETY: forwarding the caller's arguments unchanged.
+    changing(real::cuCtxPopCurrent_v2, super::NO_DRIVER, |f| unsafe {
+        f(pctx)
+    })
+}
+
+/// # Safety
+/// C ABI: `cuCtxDestroy_v2`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> c_int {
+    // SAFETY: forwarding the caller's arguments unchanged.
+    changing(real::cuCtxDestroy_v2, super::NO_DRIVER, |f| unsafe {
+        f(ctx)
+    })
+}

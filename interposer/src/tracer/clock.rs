@@ -1,0 +1,521 @@
+//! The trace clock: `CLOCK_MONOTONIC` nanoseconds, read on the hot path from the TSC.
+//!
+//! `clock_gettime` costs ~25-30 ns on this kind of VM and a traced call needs two (entry time
+//! and latency); `rdtsc` costs ~12. Where the TSC is invariant and is the kernel's clocksource
+//! (then the kernel keeps it synchronised across CPUs), a timestamp is
+//! `base_ns + (tsc - base_tsc) * rate + correction`, with the parameters kept on
+//! `CLOCK_MONOTONIC` by re-anchoring every `RECAL_NS`: whichever thread first finds the
+//! parameters older than that takes a fresh (tsc, monotonic ns) anchor and publishes new ones
+//! (`recalibrate`), the writer thread included. The new function starts where the old one
+//! was at the anchor (continuous, so times never go backward) and steers the difference to the
+//! anchor away over the next `RECAL_NS` (a phase-locked loop, the way the kernel itself
+//! slews). So times stay `CLOCK_MONOTONIC` within the anchor's precision (tens of ns; the test
+//! below states the bound), comparable across threads and across processes, over any run
+//! length; the file format does not change.
+//!
+//! Elsewhere (no invariant TSC, another clocksource, not x86-64, or
+//! `VRAMSHIM_TRACE_CLOCK=monotonic`) every read is a plain `clock_gettime(CLOCK_MONOTONIC)`.
+
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering, fence};
+
+/// Re-anchor on the monotonic clock this often.
+const RECAL_NS: u64 = 50_000_000;
+/// The writer thread re-anchors every tick (`RECAL_NS`); an application thread does it
+/// itself only when the parameters are this many periods old (writer starved or not started).
+const STALE_AFTER: u64 = 2;
+/// An anchor whose two TSC reads (around `clock_gettime`) are further apart than this was
+/// interrupted: retry (or keep the old parameters).
+const ANCHOR_MAX_SPREAD_NS: u64 = 20_000;
+/// Length of the first calibration at start (the rate until the first re-anchoring).
+const FIRST_CALIBRATION_NS: u64 = 1_000_000;
+/// Fixed-point shift of the rates (ns per tick).
+const SHIFT: u32 = 32;
+
+const MODE_UNSET: u8 = 0;
+const MODE_TSC: u8 = 1;
+const MODE_MONO: u8 = 2;
+
+static MODE: AtomicU8 = AtomicU8::new(MODE_UNSET);
+
+/// Conversion parameters, in 4 sets (a reader uses the newest; the writer of new parameters
+/// fills the oldest, never the one readers are on, so nobody waits on a preempted writer).
+struct Params {
+    /// Odd while being written.
+    seq: AtomicU64,
+    base_tsc: AtomicU64,
+    base_ns: AtomicU64,
+    /// ns per tick << SHIFT.
+    rate: AtomicU64,
+    /// Correction slope (signed, ns per tick << SHIFT), applied for `corr_ticks` ticks.
+    corr: AtomicU64,
+    corr_ticks: AtomicU64,
+    /// Ticks after `base_tsc` at which these parameters are stale.
+    stale_ticks: AtomicU64,
+}
+
+#[allow(clippy::declare_interior_mutable_const)]
+const PARAMS0: Params = Params {
+    seq: AtomicU64::new(0),
+    base_tsc: AtomicU64::new(0),
+    base_ns: AtomicU64::new(0),
+    rate: AtomicU64::new(0),
+    corr: AtomicU64::new(0),
+    corr_ticks: AtomicU64::new(0),
+    stale_ticks: AtomicU64::new(u64::MAX),
+};
+static SETS: [Params; 4] = [PARAMS0, PARAMS0, PARAMS0, PARAMS0];
+/// Generation of the newest set (`SETS[GEN % 4]`).
+static GEN: AtomicU64 = AtomicU64::new(0);
+/// Held by the thread that re-anchors (others go on with the current parameters).
+static RECALIBRATING: AtomicBool = AtomicBool::new(false);
+/// Last anchor (tsc, ns): the rate is measured between consecutive anchors.
+static LAST_ANCHOR_TSC: AtomicU64 = AtomicU64::new(0);
+static LAST_ANCHOR_NS: AtomicU64 = AtomicU64::new(0);
+/// Fault switch (`VRAMSHIM_TRACE_CLOCK_FAULT=drift`): the rate is 0.1% fast and never
+/// corrected, so times drift off `CLOCK_MONOTONIC` (proves the clock test can fail).
+static FAULT_DRIFT: AtomicBool = AtomicBool::new(false);
+
+#[derive(Clone, Copy)]
+struct Snapshot {
+    base_tsc: u64,
+    base_ns: u64,
+    rate: u64,
+    corr: i64,
+    corr_ticks: u64,
+    stale_ticks: u64,
+}
+
+/// A traced call's start: its time, and what its latency is measured from.
+#[derive(Clone, Copy, Debug)]
+pub struct Stamp {
+    /// Monotonic ns of the start.
+    pub ns: u64,
+    tsc: u64,
+    /// ns per tick << SHIFT (0: `tsc` holds monotonic ns, read the clock again).
+    rate: u64,
+}
+
+impl Stamp {
+    /// Placeholder where tracing is off (never emitted).
+    pub const NONE: Stamp = Stamp {
+        ns: 0,
+        tsc: 0,
+        rate: 0,
+    };
+
+    /// Nanoseconds since the start (one more clock read), saturated to `u32`.
+    #[inline]
+    pub fn latency_ns(&self) -> u32 {
+        let d = if self.rate != 0 {
+            let ticks = rdtsc().wrapping_sub(self.tsc);
+            if ticks as i64 <= 0 {
+                0
+            } else {
+                ((ticks as u128 * self.rate as u128) >> SHIFT) as u64
+            }
+        } else {
+            mono_ns().saturating_sub(self.tsc)
+        };
+        d.min(u32::MAX as u64) as u32
+    }
+}
+
+/// Monotonic ns now (trace clock).
+#[inline]
+pub fn now_ns() -> u64 {
+    stamp().ns
+}
+
+/// The start of a traced call.
+#[inline]
+pub fn stamp() -> Stamp {
+    if MODE.load(Ordering::Relaxed) == MODE_TSC {
+        let tsc = rdtsc();
+        if let Some(p) = snapshot() {
+            // Negative: read before a re-anchoring another thread just published; fine.
+            if (tsc.wrapping_sub(p.base_tsc) as i64) < p.stale_ticks as i64 {
+                return Stamp {
+                    ns: convert(&p, tsc),
+                    tsc,
+                    rate: p.rate,
+                };
+            }
+        }
+        return stamp_slow(tsc);
+    }
+    let ns = mono_ns();
+    Stamp {
+        ns,
+        tsc: ns,
+        rate: 0,
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn stamp_slow(tsc: u64) -> Stamp {
+    if MODE.load(Ordering::Relaxed) == MODE_TSC {
+        recalibrate();
+        if let Some(p) = snapshot() {
+            return Stamp {
+                ns: convert(&p, tsc),
+                tsc,
+                rate: p.rate,
+            };
+        }
+    }
+    let ns = mono_ns();
+    Stamp {
+        ns,
+        tsc: ns,
+        rate: 0,
+    }
+}
+
+/// `p` evaluated at `tsc` (which may lie a little before `p.base_tsc`).
+#[inline]
+fn convert(p: &Snapshot, tsc: u64) -> u64 {
+    let dt = tsc.wrapping_sub(p.base_tsc) as i64;
+    if dt <= 0 {
+        // Read before a re-anchoring published by another thread: the new line, backward.
+        let back = ((dt.unsigned_abs() as u128 * p.rate as u128) >> SHIFT) as u64;
+        return p.base_ns.saturating_sub(back);
+    }
+    let dt = dt as u64;
+    let lin = ((dt as u128 * p.rate as u128) >> SHIFT) as u64;
+    let ct = dt.min(p.corr_ticks);
+    let corr = ((ct as i128 * p.corr as i128) >> SHIFT) as i64;
+    p.base_ns.wrapping_add(lin).wrapping_add(corr as u64)
+}
+
+/// The newest parameters (None before calibration).
+#[inline]
+fn snapshot() -> Option<Snapshot> {
+    loop {
+        let g = GEN.load(Ordering::Acquire);
+        let s = &SETS[(g % 4) as usize];
+        let s1 = s.seq.load(Ordering::Acquire);
+        let snap = Snapshot {
+            base_tsc: s.base_tsc.load(Ordering::Relaxed),
+            base_ns: s.base_ns.load(Ordering::Relaxed),
+            rate: s.rate.load(Ordering::Relaxed),
+            corr: s.corr.load(Ordering::Relaxed) as i64,
+            corr_ticks: s.corr_ticks.load(Ordering::Relaxed),
+            stale_ticks: s.stale_ticks.load(Ordering::Relaxed),
+        };
+        fence(Ordering::Acquire);
+        let s2 = s.seq.load(Ordering::Relaxed);
+        if s1 == s2 && s1.is_multiple_of(2) {
+            return (snap.rate != 0).then_some(snap);
+        }
+        // This set is being refilled: this reader was preempted for 3 re-anchorings.
+        std::hint::spin_loop();
+    }
+}
+
+fn publish(p: Snapshot) {
+    let g = GEN.load(Ordering::Relaxed).wrapping_add(1);
+    let s = &SETS[(g % 4) as usize];
+    let seq = s.seq.load(Ordering::Relaxed);
+    s.seq.store(seq.wrapping_add(1), Ordering::Relaxed);
+    fence(Ordering::Release);
+    s.base_tsc.store(p.base_tsc, Ordering::Relaxed);
+    s.base_ns.store(p.base_ns, Ordering::Relaxed);
+    s.rate.store(p.rate, Ordering::Relaxed);
+    s.corr.store(p.corr as u64, Ordering::Relaxed);
+    s.corr_ticks.store(p.corr_ticks, Ordering::Relaxed);
+    s.stale_ticks.store(p.stale_ticks, Ordering::Relaxed);
+    s.seq.store(seq.wrapping_add(2), Ordering::Release);
+    GEN.store(g, Ordering::Release);
+}
+
+/// A (tsc, monotonic ns) pair: the midpoint of two TSC reads around `clock_gettime`, the
+/// tightest of a few tries; None when every try was interrupted.
+fn anchor() -> Option<(u64, u64)> {
+    let mut best: Option<(u64, u64, u64)> = None;
+    for _ in 0..4 {
+        let a = rdtsc();
+        let ns = mono_ns();
+        let b = rdtsc();
+        if b < a {
+            continue;
+        }
+        let spread = b - a;
+        if best.is_none_or(|(s, _, _)| spread < s) {
+            best = Some((spread, a + spread / 2, ns));
+        }
+    }
+    let (spread, tsc, ns) = best?;
+    // Compare the spread in ns (rate unknown at the first anchor: assume >= 0.1 GHz).
+    let rate = SETS[(GEN.load(Ordering::Relaxed) % 4) as usize]
+        .rate
+        .load(Ordering::Relaxed);
+    let spread_ns = if rate != 0 {
+        ((spread as u128 * rate as u128) >> SHIFT) as u64
+    } else {
+        spread / 10
+    };
+    (spread_ns <= ANCHOR_MAX_SPREAD_NS).then_some((tsc, ns))
+}
+
+/// Take a new anchor and publish parameters that steer onto it (one thread at a time).
+pub fn recalibrate() {
+    if MODE.load(Ordering::Relaxed) != MODE_TSC
+        || RECALIBRATING
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+    {
+        return;
+    }
+    recalibrate_locked();
+    RECALIBRATING.store(false, Ordering::Release);
+}
+
+fn recalibrate_locked() {
+    let Some(old) = snapshot() else { return };
+    let Some((t, m)) = anchor() else {
+        // Interrupted every time: keep the parameters a little longer.
+        return;
+    };
+    let (lt, lm) = (
+        LAST_ANCHOR_TSC.load(Ordering::Relaxed),
+        LAST_ANCHOR_NS.load(Ordering::Relaxed),
+    );
+    if t <= lt || m <= lm {
+        return;
+    }
+    // The rate between the last two anchors (with a 10 ms baseline at least; else keep it).
+    let rate = if m - lm >= 10_000_000 && !FAULT_DRIFT.load(Ordering::Relaxed) {
+        (((m - lm) as u128) << SHIFT) / (t - lt) as u128
+    } else {
+        old.rate as u128
+    };
+    let rate = rate.clamp(1, u64::MAX as u128 / 2) as u64;
+    let f = convert(&old, t);
+    let recal_ticks = ((RECAL_NS as u128) << SHIFT) / rate as u128;
+    let recal_ticks = recal_ticks.clamp(1, u64::MAX as u128 / 4) as u64;
+    let err = m as i128 - f as i128;
+    let (base_ns, corr) = if FAULT_DRIFT.load(Ordering::Relaxed) {
+        (f, 0i64)
+    } else if err > 1_000_000 {
+        // Far behind (first use after a long pause, a suspended VM): jump forward.
+        (m, 0)
+    } else {
+        // Steer the error away over the next period; never slower than half the rate (so
+        // times keep moving forward even when the old line ran far ahead).
+        let c = (err << SHIFT) / recal_ticks as i128;
+        let c = c.clamp(-(rate as i128) / 2, rate as i128);
+        (f, c as i64)
+    };
+    publish(Snapshot {
+        base_tsc: t,
+        base_ns,
+        rate,
+        corr,
+        corr_ticks: recal_ticks,
+        stale_ticks: STALE_AFTER * recal_ticks,
+    });
+    LAST_ANCHOR_TSC.store(t, Ordering::Relaxed);
+    LAST_ANCHOR_NS.store(m, Ordering::Relaxed);
+}
+
+/// Chooses the clock and calibrates the TSC (~1 ms, only when tracing is configured).
+pub fn init() {
+    if MODE.load(Ordering::Relaxed) != MODE_UNSET {
+        return;
+    }
+    let want_mono =
+        crate::env::var("VRAMSHIM_TRACE_CLOCK").is_some_and(|v| v.trim() == "monotonic");
+    FAULT_DRIFT.store(
+        crate::env::var("VRAMSHIM_TRACE_CLOCK_FAULT").is_some_and(|v| v.trim() == "drift"),
+        Ordering::Relaxed,
+    );
+    let mode = if !want_mono && tsc_usable() && calibrate() {
+        MODE_TSC
+    } else {
+        MODE_MONO
+    };
+    MODE.store(mode, Ordering::Relaxed);
+}
+
+/// Which clock the trace uses ("tsc" or "monotonic"), for the header's configuration.
+pub fn name() -> &'static str {
+    if MODE.load(Ordering::Relaxed) == MODE_TSC {
+        "tsc"
+    } else {
+        "monotonic"
+    }
+}
+
+/// First rate: two anchors `FIRST_CALIBRATION_NS` apart.
+fn calibrate() -> bool {
+    let Some((t0, m0)) = anchor() else {
+        return false;
+    };
+    let (t1, m1) = loop {
+        let Some((t1, m1)) = anchor() else {
+            return false;
+        };
+        if m1 >= m0 + FIRST_CALIBRATION_NS {
+            break (t1, m1);
+        }
+        std::hint::spin_loop();
+    };
+    if t1 <= t0 {
+        return false;
+    }
+    let mut rate = (((m1 - m0) as u128) << SHIFT) / (t1 - t0) as u128;
+    // Plausible TSC: 0.1 to 20 GHz.
+    if !((1u128 << SHIFT) / 20..=(10u128 << SHIFT)).contains(&rate) {
+        return false;
+    }
+    if FAULT_DRIFT.load(Ordering::Relaxed) {
+        rate += rate / 1000;
+    }
+    let rate = rate as u64;
+    let recal_ticks = (((RECAL_NS as u128) << SHIFT) / rate as u128) as u64;
+    publish(Snapshot {
+        base_tsc: t1,
+        base_ns: m1,
+        rate,
+        corr: 0,
+        corr_ticks: 0,
+        stale_ticks: STALE_AFTER * recal_ticks,
+    });
+    LAST_ANCHOR_TSC.store(t1, Ordering::Relaxed);
+    LAST_ANCHOR_NS.store(m1, Ordering::Relaxed);
+    true
+}
+
+/// Forked child: a re-anchoring the parent's other threads had under way is never finished
+/// here; the parameters themselves stay valid (same TSC, same clock).
+pub fn on_fork_child() {
+    RECALIBRATING.store(false, Ordering::Relaxed);
+    for s in &SETS {
+        let q = s.seq.load(Ordering::Relaxed);
+        if !q.is_multiple_of(2) {
+            // Torn mid-update (never the newest set): make it readable, it is not used.
+            s.seq.store(q.wrapping_add(1), Ordering::Relaxed);
+        }
+    }
+}
+
+#[inline]
+fn mono_ns() -> u64 {
+    crate::ids::now_ns()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn rdtsc() -> u64 {
+    // SAFETY: rdtsc has no preconditions (x86-64 always has it).
+    unsafe { std::arch::x86_64::_rdtsc() }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+#[inline(always)]
+fn rdtsc() -> u64 {
+    0
+}
+
+/// Invariant TSC (CPUID 0x8000_0007 EDX bit 8) and the kernel's clocksource is `tsc` (which
+/// the kernel only keeps when the TSCs of all CPUs agree).
+#[cfg(target_arch = "x86_64")]
+fn tsc_usable() -> bool {
+    use std::arch::x86_64::__cpuid;
+    // Leaf 0x8000_0000 gives the highest extended leaf, checked before 0x8000_0007.
+    let invariant =
+        __cpuid(0x8000_0000).eax >= 0x8000_0007 && __cpuid(0x8000_0007).edx & (1 << 8) != 0;
+    invariant
+        && std::fs::read_to_string(
+            "/sys/devices/system/clocksource/clocksource0/current_clocksource",
+        )
+        .is_ok_and(|s| s.trim() == "tsc")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn tsc_usable() -> bool {
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Converted TSC times match `clock_gettime(CLOCK_MONOTONIC)` read around them, over
+    /// several re-anchorings, on every thread, and never go backward on a thread.
+    #[test]
+    fn tsc_times_track_the_monotonic_clock() {
+        init();
+        if name() != "tsc" {
+            eprintln!("no usable TSC here: the trace clock is clock_gettime itself");
+            return;
+        }
+        let threads: Vec<_> = (0..3)
+            .map(|_| {
+                std::thread::spawn(|| {
+                    let mut worst = 0i64;
+                    let mut prev = 0u64;
+                    let end = mono_ns() + 4 * RECAL_NS;
+                    let mut n = 0u64;
+                    loop {
+                        let a = mono_ns();
+                        let t = now_ns();
+                        let b = mono_ns();
+                        assert!(t >= prev, "time went backward: {t} after {prev}");
+                        prev = t;
+                        // Outside [a, b] by how much (preemption only widens the window).
+                        let off = if t < a {
+                            (a - t) as i64
+                        } else if t > b {
+                            (t - b) as i64
+                        } else {
+                            0
+                        };
+                        worst = worst.max(off);
+                        n += 1;
+                        if a > end {
+                            break;
+                        }
+                        if n.is_multiple_of(1024) {
+                            std::thread::sleep(std::time::Duration::from_micros(200));
+                        }
+                    }
+                    worst
+                })
+            })
+            .collect();
+        let worst = threads
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .max()
+            .unwrap();
+        eprintln!("worst distance from clock_gettime: {worst} ns");
+        assert!(
+            worst <= BOUND_NS,
+            "trace clock off CLOCK_MONOTONIC by {worst} ns (bound {BOUND_NS})"
+        );
+    }
+
+    /// What the docs promise: within 10 us of `CLOCK_MONOTONIC` (typically < 100 ns).
+    const BOUND_NS: i64 = 10_000;
+
+    #[test]
+    fn latency_matches_the_monotonic_clock() {
+        init();
+        let s = stamp();
+        let a = mono_ns();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let b = mono_ns();
+        let l = s.latency_ns() as u64;
+        assert!(
+            l >= (b - a).saturating_sub(BOUND_NS as u64),
+            "latency {l} < {}",
+            b - a
+        );
+        assert!(
+            l <= b - s.ns + BOUND_NS as u64 + 1_000_000,
+            "latency {l} too long"
+        );
+    }
+}
