@@ -148,12 +148,22 @@ const LIBCUDA_NAMES: &[&CStr] = &[c"libcuda.so.1", c"libcuda.so"];
 const LIBNVML_NAMES: &[&CStr] = &[c"libnvidia-ml.so.1", c"libnvidia-ml.so"];
 const LIBCUDART_NAMES: &[&CStr] = &[c"libcudart.so.13", c"libcudart.so.12", c"libcudart.so"];
 
+/// `cache` value after a load of the library failed: the dynamic linker searched every
+/// directory for it, and a second search in the same process finds nothing new (its search
+/// path is fixed at start). Even an `RTLD_NOLOAD` lookup of an absent library searches the
+/// file system (glibc matches loaded objects by file identity), so neither is repeated:
+/// without this a cap with no driver installed paid ~12 failed `openat` per request.
+const LOAD_FAILED: usize = 1;
+
 /// Handle of an already-loaded library of `names`, else (when `load`) load it once with
 /// `RTLD_NOW|RTLD_NODELETE`. Null when it cannot be had.
 fn lib_handle(cache: &AtomicUsize, names: &[&CStr], load: bool) -> *mut c_void {
     let h = cache.load(Ordering::Acquire);
-    if h != 0 {
+    if h > LOAD_FAILED {
         return h as *mut c_void;
+    }
+    if h == LOAD_FAILED {
+        return std::ptr::null_mut();
     }
     for n in names {
         // SAFETY: dlopen with a valid name; RTLD_NOLOAD never loads anything.
@@ -172,10 +182,11 @@ fn lib_handle(cache: &AtomicUsize, names: &[&CStr], load: bool) -> *mut c_void {
                 return h;
             }
         }
-        // Clear the dlerror state our failed dlopen left behind.
-        // SAFETY: dlerror has no preconditions.
-        unsafe { libc::dlerror() };
+        let _ = cache.compare_exchange(0, LOAD_FAILED, Ordering::AcqRel, Ordering::Acquire);
     }
+    // Clear the dlerror state our failed dlopen left behind.
+    // SAFETY: dlerror has no preconditions.
+    unsafe { libc::dlerror() };
     std::ptr::null_mut()
 }
 
@@ -376,4 +387,23 @@ pub fn current_runtime_device() -> Option<c_int> {
     // SAFETY: d is a valid out-pointer.
     let rc = unsafe { f(&mut d) };
     (rc == cudaSuccess && d >= 0).then_some(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_load_is_remembered_and_not_searched_again() {
+        let cache = AtomicUsize::new(0);
+        let absent: &[&CStr] = &[c"libvramshim-test-no-such-library.so.9"];
+        assert!(lib_handle(&cache, absent, true).is_null());
+        assert_eq!(cache.load(Ordering::Acquire), LOAD_FAILED);
+        // Once failed, even a name that is loaded is not looked up again under this cache:
+        // the state, not another search, answers.
+        let loaded: &[&CStr] = &[c"libc.so.6"];
+        assert!(lib_handle(&cache, loaded, true).is_null());
+        let fresh = AtomicUsize::new(0);
+        assert!(!lib_handle(&fresh, loaded, false).is_null());
+    }
 }
