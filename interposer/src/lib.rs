@@ -19,6 +19,7 @@ pub mod dispatch;
 pub mod guard;
 pub mod hooks;
 pub mod live_table;
+pub mod membarrier;
 pub mod request;
 pub mod stats;
 

@@ -24,6 +24,7 @@
 //! child).
 
 use crate::guard::Token;
+use crate::membarrier;
 use std::cell::UnsafeCell;
 use std::sync::atomic::{
     AtomicBool, AtomicPtr, AtomicUsize, Ordering, Ordering::Relaxed, compiler_fence,
@@ -323,60 +324,6 @@ fn fault_no_barrier() -> bool {
 /// The unit tests' fault switch.
 pub(crate) static TEST_FAULT: AtomicBool = AtomicBool::new(false);
 
-mod membarrier {
-    //! `membarrier(2)`: a memory barrier on every running thread of this process.
-    use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
-
-    const CMD_QUERY: libc::c_long = 0;
-    const CMD_GLOBAL: libc::c_long = 1;
-    const CMD_PRIVATE_EXPEDITED: libc::c_long = 1 << 3;
-    const CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_long = 1 << 4;
-
-    /// 0 = not asked, 1 = registered, 2 = unavailable.
-    static STATE: AtomicU8 = AtomicU8::new(0);
-
-    fn call(cmd: libc::c_long) -> libc::c_long {
-        // SAFETY: membarrier takes (cmd, flags[, cpu_id]) and touches no memory of ours.
-        unsafe {
-            libc::syscall(
-                libc::SYS_membarrier,
-                cmd,
-                0 as libc::c_long,
-                0 as libc::c_long,
-            )
-        }
-    }
-
-    /// Register this process for the expedited barrier (idempotent); whether it can be used.
-    pub(super) fn available() -> bool {
-        match STATE.load(Relaxed) {
-            1 => true,
-            2 => false,
-            _ => {
-                let q = call(CMD_QUERY);
-                let ok = q > 0
-                    && q & CMD_PRIVATE_EXPEDITED != 0
-                    && call(CMD_REGISTER_PRIVATE_EXPEDITED) == 0;
-                STATE.store(if ok { 1 } else { 2 }, Relaxed);
-                ok
-            }
-        }
-    }
-
-    /// A full barrier on every thread of the process that runs right now (the others pass
-    /// one when they are scheduled).
-    pub(super) fn all_threads() {
-        if call(CMD_PRIVATE_EXPEDITED) != 0 && call(CMD_GLOBAL) != 0 {
-            crate::warn!("membarrier failed; live-table exclusion may be lost");
-        }
-    }
-
-    /// Forked child: register again (the kernel keeps registrations per address space).
-    pub(super) fn on_fork_child() {
-        STATE.store(0, Relaxed);
-    }
-}
-
 /// A table's parts: the shared one and the push-only list of per-thread ones.
 struct Root {
     shared: Part,
@@ -433,7 +380,9 @@ impl Root {
             p.lock();
         }
         if self.asym && !fault_no_barrier() {
-            membarrier::all_threads();
+            if !membarrier::all_threads() {
+                crate::warn!("membarrier failed; live-table exclusion may be lost");
+            }
             for p in &parts {
                 p.wait_owner();
             }

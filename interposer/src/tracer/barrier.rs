@@ -16,31 +16,19 @@ use std::sync::atomic::{AtomicBool, Ordering, compiler_fence};
 
 static AVAILABLE: AtomicBool = AtomicBool::new(false);
 
-const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_int = 1 << 3;
-const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_int = 1 << 4;
-
 /// The asymmetric protocol may be used (registered in this process).
 #[inline]
 pub fn available() -> bool {
     AVAILABLE.load(Ordering::Relaxed)
 }
 
-/// Register this process for expedited barriers (once per process; a forked child again).
-/// `VRAMSHIM_TRACE_LOCKS=1` keeps the locked hand-off.
+/// Enable the protocol where the process can use `membarrier` (once per process; a forked
+/// child again). `VRAMSHIM_TRACE_LOCKS=1` keeps the locked hand-off.
 pub fn init() {
     if available() || super::config_var("VRAMSHIM_TRACE_LOCKS").is_some_and(|v| v.trim() == "1") {
         return;
     }
-    // SAFETY: membarrier takes plain integers; registering has no memory effects.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_membarrier,
-            MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED,
-            0,
-            0,
-        )
-    };
-    if r == 0 {
+    if crate::membarrier::available() {
         AVAILABLE.store(true, Ordering::Release);
     }
 }
@@ -55,12 +43,11 @@ pub fn light() {
 /// The writer's side: a full barrier on every running thread of the process. False when the
 /// kernel refused (then the writer must not rely on the protocol).
 pub fn heavy() -> bool {
-    // SAFETY: membarrier takes plain integers.
-    let r = unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) };
-    r == 0
+    crate::membarrier::all_threads()
 }
 
 /// Forked child: a new address space, not registered.
 pub fn on_fork_child() {
     AVAILABLE.store(false, Ordering::Relaxed);
+    crate::membarrier::on_fork_child();
 }
