@@ -13,7 +13,10 @@ use crate::request::Request;
 use crate::{cap, ids, tracer};
 use std::ffi::c_int;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicU8,
+    Ordering::{Relaxed, SeqCst},
+};
 use vramshim_trace::{AllocKind, Api, Event, MemOp, flags};
 
 /// Which layer decided a request's outcome (for the debug log).
@@ -123,37 +126,85 @@ pub struct RealResult {
     pub size: u64,
 }
 
-/// Run an allocation request. `pool_ok`: the pool may serve it (plain linear allocations
-/// with a valid out-pointer). `real` performs the real call (writing the caller's
-/// out-pointers itself). The hook writes `Outcome::addr` to the caller only when
-/// `layer == Pool`.
-#[inline(always)]
-pub fn alloc(
-    tok: &Token,
-    req: &Request,
-    table: &LiveTable,
-    pool_ok: bool,
-    real: impl FnOnce() -> RealResult,
-) -> Outcome {
-    counters::call_in(tok, req.api);
-    if layered() {
-        return alloc_layered(tok, req, table, pool_ok, real);
+/// The layers a request meets, read once per request by the hook ([`mode`]) and handed
+/// down, so that no layer's switch is read twice on one request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mode(u8);
+
+impl Mode {
+    /// The configuration was read (never 0 once read: 0 means "read it").
+    const KNOWN: u8 = 1;
+    const CAP: u8 = 2;
+    const POOL: u8 = 4;
+    const DEBUG: u8 = 8;
+    const TRACE: u8 = 16;
+
+    /// Nothing but pass-through: the hooks take [`alloc_passed`] / [`free_passed`].
+    #[inline(always)]
+    pub fn pass_through(self) -> bool {
+        self.0 == Self::KNOWN
     }
-    // Pass-through: the real call, then the record.
-    let r = real();
-    record_alloc(tok, req, table, &r, req.kind, req.flags, 0);
-    Outcome {
-        rc: r.rc,
-        addr: if r.rc == 0 { r.addr } else { 0 },
-        layer: Layer::Real,
+    #[inline(always)]
+    fn cap(self) -> bool {
+        self.0 & Self::CAP != 0
+    }
+    #[inline(always)]
+    fn pool(self) -> bool {
+        self.0 & Self::POOL != 0
+    }
+    #[inline(always)]
+    fn traced(self) -> bool {
+        self.0 & Self::TRACE != 0
     }
 }
 
-/// Whether requests go straight to the real functions (no cap, pool, trace or debug log):
-/// then the hooks take [`alloc_passed`] / [`free_passed`].
+/// The layers on for this request: one relaxed load once they were read.
 #[inline(always)]
-pub fn pass_through() -> bool {
-    !layered()
+pub fn mode() -> Mode {
+    let m = LAYERS.load(Relaxed);
+    if m != 0 {
+        return Mode(m);
+    }
+    Mode(layers_slow())
+}
+
+/// The bits of [`Mode`] (0 = read them again). The cap and the pool read their
+/// configuration once, the first time they are asked, and afterwards only ever turn off
+/// (each still checks itself when its bit sends a request to it); the tracer (which turns
+/// on at load, and off when its file fails or at exit) and the log level clear this through
+/// [`layers_changed`] whenever they change.
+static LAYERS: AtomicU8 = AtomicU8::new(0);
+
+#[cold]
+#[inline(never)]
+fn layers_slow() -> u8 {
+    loop {
+        let traced = tracer::enabled_seqcst();
+        let mut m = Mode::KNOWN;
+        if traced {
+            m |= Mode::TRACE;
+        }
+        if crate::log::enabled(crate::log::Level::Debug) {
+            m |= Mode::DEBUG;
+        }
+        if pooling::enabled() {
+            m |= Mode::POOL;
+        }
+        if cap::global().is_some() {
+            m |= Mode::CAP;
+        }
+        LAYERS.store(m, SeqCst);
+        // The tracer switches (SeqCst) before it clears the bits: had it switched since we
+        // read it, we see that here, and read again rather than keep stale bits.
+        if tracer::enabled_seqcst() == traced {
+            return m;
+        }
+    }
+}
+
+/// A layer's switch changed: read the layers again on the next request.
+pub(crate) fn layers_changed() {
+    LAYERS.store(0, SeqCst);
 }
 
 /// A pass-through allocation's real call returned `rc`: count the request and record a
@@ -204,40 +255,6 @@ pub fn free_passed(
     rc
 }
 
-/// Whether a request needs more than pass-through: a cap, a pool or a trace is on, or the
-/// debug log wants every decision explained. Two relaxed loads once the layers were found
-/// off (see [`LAYERS_OFF`]).
-#[inline(always)]
-fn layered() -> bool {
-    if LAYERS_OFF.load(Relaxed) {
-        return tracer::enabled();
-    }
-    layered_slow()
-}
-
-/// Set once the layers were all found off. Of the layers, only the tracer (and the log
-/// level, which clears this flag through [`layers_changed`]) may turn on after that: the
-/// cap and the pool read their configuration once, the first time they are asked, and
-/// afterwards only ever turn off.
-static LAYERS_OFF: AtomicBool = AtomicBool::new(false);
-
-#[cold]
-fn layered_slow() -> bool {
-    let on = tracer::enabled()
-        || crate::log::enabled(crate::log::Level::Debug)
-        || pooling::enabled()
-        || cap::global().is_some();
-    if !on {
-        LAYERS_OFF.store(true, Relaxed);
-    }
-    on
-}
-
-/// The log level changed: look at the layers again on the next request.
-pub(crate) fn layers_changed() {
-    LAYERS_OFF.store(false, Relaxed);
-}
-
 /// Record a finished allocation: a success goes into the live table (and its counters); a
 /// failure gives back what the cap charged for it.
 #[inline(always)]
@@ -284,16 +301,22 @@ fn forget(e: &Entry) {
     }
 }
 
-/// [`alloc`] with the layers: cap, pool, real; debug log and trace.
+/// Run an allocation request through the layers of `mode` (not pass-through): cap, pool,
+/// real; debug log and trace. `pool_ok`: the pool may serve it (plain linear allocations
+/// with a valid out-pointer). `real` performs the real call (writing the caller's
+/// out-pointers itself). The hook writes `Outcome::addr` to the caller only when
+/// `layer == Pool`.
 #[inline(never)]
-fn alloc_layered(
+pub fn alloc(
     tok: &Token,
     req: &Request,
     table: &LiveTable,
     pool_ok: bool,
+    mode: Mode,
     real: impl FnOnce() -> RealResult,
 ) -> Outcome {
-    let traced = tracer::enabled();
+    counters::call_in(tok, req.api);
+    let traced = mode.traced();
     let t0 = if traced {
         tracer::stamp()
     } else {
@@ -302,7 +325,7 @@ fn alloc_layered(
 
     // ---- cap
     let mut charged = 0u64;
-    if req.charged() && req.size > 0 {
+    if mode.cap() && req.charged() && req.size > 0 {
         match cap::try_charge(req.device, req.size, req.api) {
             Ok(()) => charged = req.size,
             Err(refusal) => {
@@ -355,7 +378,7 @@ fn alloc_layered(
     let mut kind = req.kind;
     let mut fl = req.flags;
     let mut res = None;
-    if pool_ok && pooling::enabled() {
+    if mode.pool() && pool_ok && pooling::enabled() {
         let preq = PoolRequest {
             api: req.api,
             kind: req.kind,
@@ -444,25 +467,20 @@ pub struct FreeRequest {
     pub flags: u8,
 }
 
-/// Run a free: the table entry is removed first (so a concurrent allocation that gets the
-/// same address cannot be confused with it), the pool or the real function frees, and on
-/// failure the entry is restored. Unknown pointers go to the real function; its code comes
-/// back unchanged.
+/// Run a free through the layers of `mode` (or any free of a null pointer): the table
+/// entry is removed first (so a concurrent allocation that gets the same address cannot be
+/// confused with it), the pool or the real function frees, and on failure the entry is
+/// restored. Unknown pointers go to the real function; its code comes back unchanged.
 #[inline(always)]
 pub fn free(
     tok: &Token,
     req: &FreeRequest,
     table: &LiveTable,
+    mode: Mode,
     real: impl FnOnce() -> c_int,
 ) -> c_int {
     counters::call_in(tok, req.api);
-    if layered() || req.key == 0 {
-        return free_layered(tok, req, table, real);
-    }
-    let entry = table.remove_in(tok, req.key);
-    let rc = real();
-    settle_free(tok, req, table, rc, entry);
-    rc
+    free_layered(tok, req, table, mode, real)
 }
 
 /// The table and counters after a free returned `rc`: a success forgets the entry for good
@@ -489,9 +507,10 @@ fn free_layered(
     tok: &Token,
     req: &FreeRequest,
     table: &LiveTable,
+    mode: Mode,
     real: impl FnOnce() -> c_int,
 ) -> c_int {
-    let traced = tracer::enabled();
+    let traced = mode.traced();
     let t0 = if traced {
         tracer::stamp()
     } else {
@@ -505,15 +524,16 @@ fn free_layered(
     }
     let entry = table.remove_in(tok, req.key);
     let mut layer = Layer::Real;
-    let pooled = if pooling::enabled() && entry.is_none_or(|e| e.kind == AllocKind::Pool) {
-        pooling::free(
-            req.key,
-            req.stream.map(|s| pooling::pool_stream_id(s, req.flags)),
-            entry.map(|e| (e.device, e.size)),
-        )
-    } else {
-        None
-    };
+    let pooled =
+        if mode.pool() && pooling::enabled() && entry.is_none_or(|e| e.kind == AllocKind::Pool) {
+            pooling::free(
+                req.key,
+                req.stream.map(|s| pooling::pool_stream_id(s, req.flags)),
+                entry.map(|e| (e.device, e.size)),
+            )
+        } else {
+            None
+        };
     let rc = match pooled {
         Some(rc) => {
             layer = Layer::Pool;

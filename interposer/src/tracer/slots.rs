@@ -8,7 +8,7 @@
 //! owner does not take it at all: it marks the slot busy with a plain store and checks that
 //! the writer has not claimed it ([`super::barrier`]), and the writer pays the barrier.
 
-use std::cell::{Cell, UnsafeCell};
+use std::cell::UnsafeCell;
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicPtr, AtomicU32, Ordering};
 
@@ -57,9 +57,11 @@ unsafe impl Sync for Slot {}
 
 static HEAD: AtomicPtr<Slot> = AtomicPtr::new(ptr::null_mut());
 
-thread_local! {
-    // const-initialized, not Drop: a plain #[thread_local], no destructor registered.
-    static MY: Cell<*const Slot> = const { Cell::new(ptr::null()) };
+/// This thread's slot, kept in the hooks' thread state (`guard::State::trace_slot`: static
+/// TLS reached without a `__tls_get_addr` call, zero in every new thread, no destructor).
+#[inline(always)]
+fn my_slot_ptr() -> &'static std::cell::Cell<*const ()> {
+    &crate::guard::state().trace_slot
 }
 
 /// Exclusive access to a slot's buffer.
@@ -240,7 +242,7 @@ fn claim(tid: u32) -> &'static Slot {
             s
         }
     };
-    MY.with(|m| m.set(slot));
+    my_slot_ptr().set(slot as *const Slot as *const ());
     {
         let g = slot.lock();
         let inner = g.inner();
@@ -259,7 +261,7 @@ fn claim(tid: u32) -> &'static Slot {
 
 #[inline]
 fn my_slot() -> &'static Slot {
-    let p = MY.with(|m| m.get());
+    let p = my_slot_ptr().get() as *const Slot;
     if p.is_null() {
         return claim(crate::ids::tid());
     }
@@ -472,7 +474,7 @@ pub fn reap_dead(pid: u32, mut on_dead: impl FnMut(u32)) {
 /// locked forever. Forget them all (leaked), without touching their locks.
 pub fn on_fork_child() {
     HEAD.store(ptr::null_mut(), Ordering::Relaxed);
-    MY.with(|m| m.set(ptr::null()));
+    my_slot_ptr().set(ptr::null());
 }
 
 #[cfg(test)]
