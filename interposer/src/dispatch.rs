@@ -138,6 +138,8 @@ impl Mode {
     const POOL: u8 = 4;
     const DEBUG: u8 = 8;
     const TRACE: u8 = 16;
+    /// `VRAMSHIM_LAYERS_FAULT=no-light`: never the light path (see [`Mode::light`]).
+    const NO_LIGHT: u8 = 32;
 
     /// Nothing but pass-through: the hooks take [`alloc_passed`] / [`free_passed`].
     #[inline(always)]
@@ -193,6 +195,9 @@ fn layers_slow() -> u8 {
         if cap::global().is_some() {
             m |= Mode::CAP;
         }
+        if m != Mode::KNOWN && no_light() {
+            m |= Mode::NO_LIGHT;
+        }
         LAYERS.store(m, SeqCst);
         // The tracer switches (SeqCst) before it clears the bits: had it switched since we
         // read it, we see that here, and read again rather than keep stale bits.
@@ -200,6 +205,11 @@ fn layers_slow() -> u8 {
             return m;
         }
     }
+}
+
+/// `VRAMSHIM_LAYERS_FAULT=no-light`: layered requests never take the light path.
+fn no_light() -> bool {
+    crate::env::var("VRAMSHIM_LAYERS_FAULT").is_some_and(|v| v.trim() == "no-light")
 }
 
 /// A layer's switch changed: read the layers again on the next request.
@@ -329,41 +339,7 @@ pub fn alloc(
         match cap::try_charge(req.device, req.size, req.api) {
             Ok(()) => charged = req.size,
             Err(refusal) => {
-                counters::cap_refusal();
-                if is_runtime(req.api) {
-                    runtime_set_last_error_oom();
-                }
-                crate::debug!(
-                    "{} size={} dev={} stream={:#x} -> {} [cap refused: in use {} + {} > cap {}]",
-                    api_name(req),
-                    req.size,
-                    req.device,
-                    req.stream,
-                    vramshim_trace::codes::OUT_OF_MEMORY,
-                    refusal.in_use,
-                    req.size,
-                    refusal.cap
-                );
-                if traced {
-                    tracer::emit(Event::CapRefusal {
-                        t_ns: t0.ns,
-                        tid: ids::tid(),
-                        device: req.device,
-                        api: req.api,
-                        size: req.size,
-                        in_use: refusal.in_use,
-                        cap: refusal.cap,
-                    });
-                    emit_op(
-                        req,
-                        true,
-                        req.flags | flags::CAP_REFUSED,
-                        0,
-                        req.size,
-                        2,
-                        t0,
-                    );
-                }
+                cap_refused(req, &refusal, traced, t0);
                 return Outcome {
                     rc: vramshim_trace::codes::OUT_OF_MEMORY,
                     addr: 0,
@@ -454,6 +430,183 @@ pub fn alloc(
         addr: if r.rc == 0 { r.addr } else { 0 },
         layer,
     }
+}
+
+/// The cap refused `req`: count it, make the runtime's last error say so, log and trace it.
+#[cold]
+#[inline(never)]
+fn cap_refused(req: &Request, refusal: &cap::Refusal, traced: bool, t0: tracer::Stamp) {
+    counters::cap_refusal();
+    if is_runtime(req.api) {
+        runtime_set_last_error_oom();
+    }
+    crate::debug!(
+        "{} size={} dev={} stream={:#x} -> {} [cap refused: in use {} + {} > cap {}]",
+        api_name(req),
+        req.size,
+        req.device,
+        req.stream,
+        vramshim_trace::codes::OUT_OF_MEMORY,
+        refusal.in_use,
+        req.size,
+        refusal.cap
+    );
+    if traced {
+        tracer::emit(Event::CapRefusal {
+            t_ns: t0.ns,
+            tid: ids::tid(),
+            device: req.device,
+            api: req.api,
+            size: req.size,
+            in_use: refusal.in_use,
+            cap: refusal.cap,
+        });
+        emit_op(
+            req,
+            true,
+            req.flags | flags::CAP_REFUSED,
+            0,
+            req.size,
+            2,
+            t0,
+        );
+    }
+}
+
+// ------------------------------------------------------------------ light path
+//
+// With only the cap and/or the tracer on (no pool, no debug log: `Mode::light`), requests
+// take the shape of pass-through ([`alloc_passed`], [`free_passed`]: the real call's result
+// read where it is, no `Outcome`/`RealResult`/`FreeRequest` built and copied through an
+// out-of-line layered function) with the charge and the event added. What they do is what
+// [`alloc`] / [`free`] do with those layers; `VRAMSHIM_LAYERS_FAULT=no-light` sends every
+// layered request through [`alloc`] / [`free`] instead (tests compare the two).
+
+impl Mode {
+    /// Only the cap and/or the tracer: the hooks take [`alloc_light`] / [`free_light`].
+    #[inline(always)]
+    pub fn light(self) -> bool {
+        self.0 & (Self::POOL | Self::DEBUG | Self::NO_LIGHT) == 0
+    }
+}
+
+/// An allocation with only the cap and/or the tracer on (see [`Mode::light`]). `call`
+/// makes the real call; `read` gives the pointer and size it produced (after a success).
+/// Out of line: inlined, it would make every hook's frame (and pass-through) bigger.
+#[inline(never)]
+pub fn alloc_light(
+    tok: &Token,
+    make_req: impl FnOnce() -> Request,
+    table: &LiveTable,
+    mode: Mode,
+    call: impl FnOnce() -> c_int,
+    read: impl FnOnce() -> (u64, u64),
+) -> c_int {
+    let req = &make_req();
+    counters::call_in(tok, req.api);
+    let traced = mode.traced();
+    let t0 = if traced {
+        tracer::stamp()
+    } else {
+        tracer::Stamp::NONE
+    };
+    let mut charged = 0u64;
+    if mode.cap() && req.charged() && req.size > 0 {
+        match cap::try_charge(req.device, req.size, req.api) {
+            Ok(()) => charged = req.size,
+            Err(refusal) => {
+                cap_refused(req, &refusal, traced, t0);
+                return vramshim_trace::codes::OUT_OF_MEMORY;
+            }
+        }
+    }
+    let rc = call();
+    let (addr, size) = if rc == 0 { read() } else { (0, req.size) };
+    // Pitched allocations: charge the padding too once it is known.
+    if rc == 0
+        && addr != 0
+        && charged > 0
+        && size > charged
+        && cap::try_charge(req.device, size - charged, req.api).is_ok()
+    {
+        charged = size;
+    }
+    let r = RealResult { rc, addr, size };
+    record_alloc(tok, req, table, &r, req.kind, req.flags, charged);
+    if traced {
+        emit_op(
+            req,
+            true,
+            req.flags,
+            if rc == 0 { addr } else { 0 },
+            size,
+            rc,
+            t0,
+        );
+    }
+    rc
+}
+
+/// A free of a non-null `key` with only the cap and/or the tracer on (see [`Mode::light`]):
+/// claim the entry, call the real function, settle, trace.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub fn free_light(
+    tok: &Token,
+    api: Api,
+    key: u64,
+    stream: Option<u64>,
+    fl: u8,
+    table: &LiveTable,
+    mode: Mode,
+    real: impl FnOnce() -> c_int,
+) -> c_int {
+    counters::call_in(tok, api);
+    let traced = mode.traced();
+    let t0 = if traced {
+        tracer::stamp()
+    } else {
+        tracer::Stamp::NONE
+    };
+    let entry = table.remove_in(tok, key);
+    let rc = real();
+    let (dev, kind, size, efl) = match entry {
+        Some(e) if rc == 0 => {
+            counters::free_in(tok, e.device, e.kind, e.size);
+            if e.charged > 0 {
+                cap::uncharge(e.device, e.charged);
+            }
+            (e.device, e.kind, e.size, e.flags)
+        }
+        Some(e) => {
+            table.insert_in(tok, key, e);
+            (e.device, e.kind, 0, e.flags)
+        }
+        None => {
+            counters::unknown_free();
+            (-1, AllocKind::Runtime, 0, 0)
+        }
+    };
+    if traced {
+        tracer::emit_memop(
+            false,
+            &MemOp {
+                t_ns: t0.ns,
+                tid: ids::tid(),
+                api,
+                kind,
+                flags: fl | (efl & flags::POOLED),
+                device: dev,
+                stream: stream.unwrap_or(0),
+                addr: key,
+                size,
+                result: rc,
+                latency_ns: t0.latency_ns(),
+                stack: 0,
+            },
+        );
+    }
+    rc
 }
 
 /// A free request.
@@ -563,20 +716,23 @@ fn free_layered(
     );
     if traced {
         let fl = req.flags | (efl & flags::POOLED);
-        tracer::emit(Event::Free(MemOp {
-            t_ns: t0.ns,
-            tid: ids::tid(),
-            api: req.api,
-            kind,
-            flags: fl,
-            device: dev,
-            stream: req.stream.unwrap_or(0),
-            addr: req.key,
-            size,
-            result: rc,
-            latency_ns: t0.latency_ns(),
-            stack: 0,
-        }));
+        tracer::emit_memop(
+            false,
+            &MemOp {
+                t_ns: t0.ns,
+                tid: ids::tid(),
+                api: req.api,
+                kind,
+                flags: fl,
+                device: dev,
+                stream: req.stream.unwrap_or(0),
+                addr: req.key,
+                size,
+                result: rc,
+                latency_ns: t0.latency_ns(),
+                stack: 0,
+            },
+        );
     }
     rc
 }
@@ -677,6 +833,7 @@ pub fn device_reset(device: i32) {
     );
 }
 
+#[inline(always)]
 fn emit_op(
     req: &Request,
     is_alloc: bool,
@@ -700,11 +857,7 @@ fn emit_op(
         latency_ns: t0.latency_ns(),
         stack: 0,
     };
-    tracer::emit(if is_alloc {
-        Event::Alloc(op)
-    } else {
-        Event::Free(op)
-    });
+    tracer::emit_memop(is_alloc, &op);
 }
 
 fn is_runtime(api: Api) -> bool {

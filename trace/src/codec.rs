@@ -368,6 +368,18 @@ impl RecordEncoder {
         }
     }
 
+    /// Appends the record of an allocation (`alloc`) or a free: [`Self::push`] of
+    /// `Event::Alloc(*m)` / `Event::Free(*m)`, for callers that have the `MemOp` at hand
+    /// (no `Event` is built or copied).
+    #[inline]
+    pub fn push_memop(&mut self, alloc: bool, m: &MemOp) {
+        if alloc {
+            self.memop(tag::ALLOC, 0, m)
+        } else {
+            self.memop(tag::FREE, 1, m)
+        }
+    }
+
     /// Appends one record for `ev`. Never fails; strings longer than 64 KiB and stacks deeper
     /// than 1024 frames are cut.
     #[inline]

@@ -224,13 +224,18 @@ pub(crate) fn alloc_hook_in<F: Copy>(
         (call, make_req, read, write_pool),
         move |(call, ..)| call(f),
         move |tok, (call, make_req, read, write_pool)| {
-            let req = make_req();
             let mode = dispatch::mode();
             if mode.pass_through() {
+                let req = make_req();
                 let rc = call(f);
                 dispatch::alloc_passed(tok, &req, table, rc, read);
                 return rc;
             }
+            if mode.light() {
+                // The request is built inside (out of line), where its constant fields fold.
+                return dispatch::alloc_light(tok, make_req, table, mode, || call(f), read);
+            }
+            let req = make_req();
             let out = dispatch::alloc(tok, &req, table, pool_ok, mode, || {
                 let rc = call(f);
                 let (addr, size) = if rc == 0 { read() } else { (0, req.size) };
@@ -297,6 +302,9 @@ pub(crate) fn free_hook_in<F: Copy>(
             let mode = dispatch::mode();
             if key != 0 && mode.pass_through() {
                 return dispatch::free_passed(tok, api, key, table, move || call(f));
+            }
+            if key != 0 && mode.light() {
+                return dispatch::free_light(tok, api, key, stream, flags, table, mode, || call(f));
             }
             let req = FreeRequest {
                 api,

@@ -75,6 +75,17 @@ pub fn emit(ev: Event) {
     slots::emit(ev);
 }
 
+/// Append one allocation (`alloc`) or free record to the calling thread's buffer: [`emit`]
+/// of `Event::Alloc(*m)` / `Event::Free(*m)` without building or moving an `Event` (the
+/// dispatcher's hot path).
+#[inline]
+pub fn emit_memop(alloc: bool, m: &vramshim_trace::MemOp) {
+    if !enabled() {
+        return;
+    }
+    slots::emit_memop(alloc, m);
+}
+
 /// Called in a forked child before it does anything else: touch no lock, forget the parent's
 /// writer and buffers; the child starts its own file on its first event.
 pub fn on_fork_child() {

@@ -12,7 +12,7 @@ use std::cell::UnsafeCell;
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicPtr, AtomicU32, Ordering};
 
-use vramshim_trace::{Event, RecordEncoder, RecordStats};
+use vramshim_trace::{Event, MemOp, RecordEncoder, RecordStats};
 
 use super::{barrier, stacks, writer};
 
@@ -302,6 +302,47 @@ pub fn emit(mut ev: Event) {
     }
 }
 
+/// [`emit`] of an allocation or a free, from a `MemOp` the caller keeps (nothing copied
+/// into an `Event`; kept out of line so the dispatcher's frames stay small).
+#[inline(never)]
+pub fn emit_memop(alloc: bool, m: &MemOp) {
+    if !writer::ensure_started() {
+        return;
+    }
+    let slot = my_slot();
+    let depth = super::stack_depth();
+    let mut stack = 0u32;
+    let mut new_stack: Option<(u32, stacks::Frames)> = None;
+    if depth > 0
+        && m.stack == 0
+        && let Some((id, frames)) = stacks::capture_interned(depth)
+    {
+        stack = id;
+        new_stack = frames.map(|f| (id, f));
+    }
+    let g = slot.enter();
+    let inner = g.inner();
+    if inner.enc.is_empty() {
+        inner.enc.begin(slot.owner.load(Ordering::Relaxed));
+    }
+    if let Some((id, frames)) = new_stack {
+        inner.enc.push_stack(id, frames.as_slice());
+    }
+    if stack != 0 {
+        let with = MemOp { stack, ..*m };
+        inner.enc.push_memop(alloc, &with);
+    } else {
+        inner.enc.push_memop(alloc, m);
+    }
+    inner.events += 1;
+    if !alloc || m.addr != 0 {
+        count_memop(slot, if alloc { 1 } else { -1 }, m);
+    }
+    if inner.enc.len() >= inner.next_try {
+        hand_over(inner);
+    }
+}
+
 #[inline]
 fn count_live(slot: &Slot, ev: &Event) {
     let (m, sign) = match ev {
@@ -309,6 +350,12 @@ fn count_live(slot: &Slot, ev: &Event) {
         Event::Free(m) => (m, -1i64),
         _ => return,
     };
+    count_memop(slot, sign, m);
+}
+
+/// Live device bytes of this thread's slot, for `Counter` records.
+#[inline(always)]
+fn count_memop(slot: &Slot, sign: i64, m: &MemOp) {
     if m.result != 0 || !m.kind.is_device() || m.device < 0 || m.device as usize >= MAX_DEV {
         return;
     }
@@ -480,7 +527,7 @@ pub fn on_fork_child() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vramshim_trace::{AllocKind, Api, MemOp};
+    use vramshim_trace::{AllocKind, Api};
 
     fn new_slot() -> &'static Slot {
         Box::leak(Box::new(Slot {
