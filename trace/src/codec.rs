@@ -546,7 +546,8 @@ impl RecordEncoder {
         }
     }
 
-    #[inline]
+    // Always inlined: the caller's frame is the only one on the tracer's hot path.
+    #[inline(always)]
     fn memop(&mut self, tag_: u8, slot: usize, m: &MemOp) {
         let st = &mut self.st;
         let s = st.slots[slot];

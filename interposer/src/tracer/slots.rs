@@ -310,14 +310,32 @@ pub fn emit_memop(alloc: bool, m: &MemOp) {
         return;
     }
     let slot = my_slot();
-    let depth = super::stack_depth();
-    let mut stack = 0u32;
+    if super::stack_depth() > 0 && m.stack == 0 {
+        return emit_memop_stack(slot, alloc, m);
+    }
+    let g = slot.enter();
+    let inner = g.inner();
+    if inner.enc.is_empty() {
+        inner.enc.begin(slot.owner.load(Ordering::Relaxed));
+    }
+    inner.enc.push_memop(alloc, m);
+    inner.events += 1;
+    if !alloc || m.addr != 0 {
+        count_memop(slot, if alloc { 1 } else { -1 }, m);
+    }
+    if inner.enc.len() >= inner.next_try {
+        hand_over(inner);
+    }
+}
+
+/// [`emit_memop`] with a call stack captured (`VRAMSHIM_STACKS`): its own frame, so that the
+/// stack buffer costs the stackless path nothing.
+#[inline(never)]
+fn emit_memop_stack(slot: &'static Slot, alloc: bool, m: &MemOp) {
+    let mut with = MemOp { ..*m };
     let mut new_stack: Option<(u32, stacks::Frames)> = None;
-    if depth > 0
-        && m.stack == 0
-        && let Some((id, frames)) = stacks::capture_interned(depth)
-    {
-        stack = id;
+    if let Some((id, frames)) = stacks::capture_interned(super::stack_depth()) {
+        with.stack = id;
         new_stack = frames.map(|f| (id, f));
     }
     let g = slot.enter();
@@ -328,12 +346,7 @@ pub fn emit_memop(alloc: bool, m: &MemOp) {
     if let Some((id, frames)) = new_stack {
         inner.enc.push_stack(id, frames.as_slice());
     }
-    if stack != 0 {
-        let with = MemOp { stack, ..*m };
-        inner.enc.push_memop(alloc, &with);
-    } else {
-        inner.enc.push_memop(alloc, m);
-    }
+    inner.enc.push_memop(alloc, &with);
     inner.events += 1;
     if !alloc || m.addr != 0 {
         count_memop(slot, if alloc { 1 } else { -1 }, m);
@@ -356,10 +369,12 @@ fn count_live(slot: &Slot, ev: &Event) {
 /// Live device bytes of this thread's slot, for `Counter` records.
 #[inline(always)]
 fn count_memop(slot: &Slot, sign: i64, m: &MemOp) {
-    if m.result != 0 || !m.kind.is_device() || m.device < 0 || m.device as usize >= MAX_DEV {
+    // A negative device becomes a huge index: one compare covers both ends.
+    let d = m.device as u32 as usize;
+    if m.result != 0 || !m.kind.is_device() || d >= MAX_DEV {
         return;
     }
-    let c = &slot.live[m.device as usize];
+    let c = &slot.live[d];
     // Only the owner writes its slot's counters: load + store, no read-modify-write.
     c.store(
         c.load(Ordering::Relaxed)
