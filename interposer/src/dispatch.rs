@@ -140,6 +140,9 @@ impl Mode {
     const TRACE: u8 = 16;
     /// `VRAMSHIM_LAYERS_FAULT=no-light`: never the light path (see [`Mode::light`]).
     const NO_LIGHT: u8 = 32;
+    /// `VRAMSHIM_LAYERS_FAULT=light-no-pitch`: a broken light path, for the test that
+    /// compares it with the layered one: it forgets to charge a pitched allocation's padding.
+    const FAULT_NO_PITCH: u8 = 64;
 
     /// Nothing but pass-through: the hooks take [`alloc_passed`] / [`free_passed`].
     #[inline(always)]
@@ -195,8 +198,8 @@ fn layers_slow() -> u8 {
         if cap::global().is_some() {
             m |= Mode::CAP;
         }
-        if m != Mode::KNOWN && no_light() {
-            m |= Mode::NO_LIGHT;
+        if m != Mode::KNOWN {
+            m |= fault_bits();
         }
         LAYERS.store(m, SeqCst);
         // The tracer switches (SeqCst) before it clears the bits: had it switched since we
@@ -207,9 +210,15 @@ fn layers_slow() -> u8 {
     }
 }
 
-/// `VRAMSHIM_LAYERS_FAULT=no-light`: layered requests never take the light path.
-fn no_light() -> bool {
-    crate::env::var("VRAMSHIM_LAYERS_FAULT").is_some_and(|v| v.trim() == "no-light")
+/// `VRAMSHIM_LAYERS_FAULT`: `no-light` (layered requests never take the light path) or
+/// `light-no-pitch` (the light path forgets a pitched allocation's padding: a test must
+/// notice). Read with the layers, never per request.
+fn fault_bits() -> u8 {
+    match crate::env::var("VRAMSHIM_LAYERS_FAULT").map(str::trim) {
+        Some("no-light") => Mode::NO_LIGHT,
+        Some("light-no-pitch") => Mode::FAULT_NO_PITCH,
+        _ => 0,
+    }
 }
 
 /// A layer's switch changed: read the layers again on the next request.
@@ -480,7 +489,8 @@ fn cap_refused(req: &Request, refusal: &cap::Refusal, traced: bool, t0: tracer::
 // read where it is, no `Outcome`/`RealResult`/`FreeRequest` built and copied through an
 // out-of-line layered function) with the charge and the event added. What they do is what
 // [`alloc`] / [`free`] do with those layers; `VRAMSHIM_LAYERS_FAULT=no-light` sends every
-// layered request through [`alloc`] / [`free`] instead (tests compare the two).
+// layered request through [`alloc`] / [`free`] instead (interposer/tests/layers.rs compares
+// the traces and the answers of the two).
 
 impl Mode {
     /// Only the cap and/or the tracer: the hooks take [`alloc_light`] / [`free_light`].
@@ -527,6 +537,7 @@ pub fn alloc_light(
         && addr != 0
         && charged > 0
         && size > charged
+        && mode.0 & Mode::FAULT_NO_PITCH == 0
         && cap::try_charge(req.device, size - charged, req.api).is_ok()
     {
         charged = size;
