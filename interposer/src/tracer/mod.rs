@@ -78,12 +78,18 @@ pub fn emit(ev: Event) {
 /// Append one allocation (`alloc`) or free record to the calling thread's buffer: [`emit`]
 /// of `Event::Alloc(*m)` / `Event::Free(*m)` without building or moving an `Event` (the
 /// dispatcher's hot path).
-#[inline]
+#[inline(always)]
 pub fn emit_memop(alloc: bool, m: &vramshim_trace::MemOp) {
     if !enabled() {
         return;
     }
-    slots::emit_memop(alloc, m);
+    // Two copies, each with its kind fixed: no branch on it in the encoder (callers pass a
+    // constant, so this choice folds away).
+    if alloc {
+        slots::emit_memop::<true>(m);
+    } else {
+        slots::emit_memop::<false>(m);
+    }
 }
 
 /// Called in a forked child before it does anything else: touch no lock, forget the parent's

@@ -305,7 +305,8 @@ pub fn emit(mut ev: Event) {
 /// [`emit`] of an allocation or a free, from a `MemOp` the caller keeps (nothing copied
 /// into an `Event`; kept out of line so the dispatcher's frames stay small).
 #[inline(never)]
-pub fn emit_memop(alloc: bool, m: &MemOp) {
+pub fn emit_memop<const ALLOC: bool>(m: &MemOp) {
+    let alloc = ALLOC;
     if !writer::ensure_started() {
         return;
     }
