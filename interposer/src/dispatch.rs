@@ -13,7 +13,10 @@ use crate::request::Request;
 use crate::{cap, ids, tracer};
 use std::ffi::c_int;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicU8,
+    Ordering::{Relaxed, SeqCst},
+};
 use vramshim_trace::{AllocKind, Api, Event, MemOp, flags};
 
 /// Which layer decided a request's outcome (for the debug log).
@@ -123,37 +126,104 @@ pub struct RealResult {
     pub size: u64,
 }
 
-/// Run an allocation request. `pool_ok`: the pool may serve it (plain linear allocations
-/// with a valid out-pointer). `real` performs the real call (writing the caller's
-/// out-pointers itself). The hook writes `Outcome::addr` to the caller only when
-/// `layer == Pool`.
-#[inline(always)]
-pub fn alloc(
-    tok: &Token,
-    req: &Request,
-    table: &LiveTable,
-    pool_ok: bool,
-    real: impl FnOnce() -> RealResult,
-) -> Outcome {
-    counters::call_in(tok, req.api);
-    if layered() {
-        return alloc_layered(tok, req, table, pool_ok, real);
+/// The layers a request meets, read once per request by the hook ([`mode`]) and handed
+/// down, so that no layer's switch is read twice on one request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mode(u8);
+
+impl Mode {
+    /// The configuration was read (never 0 once read: 0 means "read it").
+    const KNOWN: u8 = 1;
+    const CAP: u8 = 2;
+    const POOL: u8 = 4;
+    const DEBUG: u8 = 8;
+    const TRACE: u8 = 16;
+    /// `VRAMSHIM_LAYERS_FAULT=no-light`: never the light path (see [`Mode::light`]).
+    const NO_LIGHT: u8 = 32;
+    /// `VRAMSHIM_LAYERS_FAULT=light-no-pitch`: a broken light path, for the test that
+    /// compares it with the layered one: it forgets to charge a pitched allocation's padding.
+    const FAULT_NO_PITCH: u8 = 64;
+
+    /// Nothing but pass-through: the hooks take [`alloc_passed`] / [`free_passed`].
+    #[inline(always)]
+    pub fn pass_through(self) -> bool {
+        self.0 == Self::KNOWN
     }
-    // Pass-through: the real call, then the record.
-    let r = real();
-    record_alloc(tok, req, table, &r, req.kind, req.flags, 0);
-    Outcome {
-        rc: r.rc,
-        addr: if r.rc == 0 { r.addr } else { 0 },
-        layer: Layer::Real,
+    #[inline(always)]
+    fn cap(self) -> bool {
+        self.0 & Self::CAP != 0
+    }
+    #[inline(always)]
+    fn pool(self) -> bool {
+        self.0 & Self::POOL != 0
+    }
+    #[inline(always)]
+    fn traced(self) -> bool {
+        self.0 & Self::TRACE != 0
     }
 }
 
-/// Whether requests go straight to the real functions (no cap, pool, trace or debug log):
-/// then the hooks take [`alloc_passed`] / [`free_passed`].
+/// The layers on for this request: one relaxed load once they were read.
 #[inline(always)]
-pub fn pass_through() -> bool {
-    !layered()
+pub fn mode() -> Mode {
+    let m = LAYERS.load(Relaxed);
+    if m != 0 {
+        return Mode(m);
+    }
+    Mode(layers_slow())
+}
+
+/// The bits of [`Mode`] (0 = read them again). The cap and the pool read their
+/// configuration once, the first time they are asked, and afterwards only ever turn off
+/// (each still checks itself when its bit sends a request to it); the tracer (which turns
+/// on at load, and off when its file fails or at exit) and the log level clear this through
+/// [`layers_changed`] whenever they change.
+static LAYERS: AtomicU8 = AtomicU8::new(0);
+
+#[cold]
+#[inline(never)]
+fn layers_slow() -> u8 {
+    loop {
+        let traced = tracer::enabled_seqcst();
+        let mut m = Mode::KNOWN;
+        if traced {
+            m |= Mode::TRACE;
+        }
+        if crate::log::enabled(crate::log::Level::Debug) {
+            m |= Mode::DEBUG;
+        }
+        if pooling::enabled() {
+            m |= Mode::POOL;
+        }
+        if cap::global().is_some() {
+            m |= Mode::CAP;
+        }
+        if m != Mode::KNOWN {
+            m |= fault_bits();
+        }
+        LAYERS.store(m, SeqCst);
+        // The tracer switches (SeqCst) before it clears the bits: had it switched since we
+        // read it, we see that here, and read again rather than keep stale bits.
+        if tracer::enabled_seqcst() == traced {
+            return m;
+        }
+    }
+}
+
+/// `VRAMSHIM_LAYERS_FAULT`: `no-light` (layered requests never take the light path) or
+/// `light-no-pitch` (the light path forgets a pitched allocation's padding: a test must
+/// notice). Read with the layers, never per request.
+fn fault_bits() -> u8 {
+    match crate::env::var("VRAMSHIM_LAYERS_FAULT").map(str::trim) {
+        Some("no-light") => Mode::NO_LIGHT,
+        Some("light-no-pitch") => Mode::FAULT_NO_PITCH,
+        _ => 0,
+    }
+}
+
+/// A layer's switch changed: read the layers again on the next request.
+pub(crate) fn layers_changed() {
+    LAYERS.store(0, SeqCst);
 }
 
 /// A pass-through allocation's real call returned `rc`: count the request and record a
@@ -204,40 +274,6 @@ pub fn free_passed(
     rc
 }
 
-/// Whether a request needs more than pass-through: a cap, a pool or a trace is on, or the
-/// debug log wants every decision explained. Two relaxed loads once the layers were found
-/// off (see [`LAYERS_OFF`]).
-#[inline(always)]
-fn layered() -> bool {
-    if LAYERS_OFF.load(Relaxed) {
-        return tracer::enabled();
-    }
-    layered_slow()
-}
-
-/// Set once the layers were all found off. Of the layers, only the tracer (and the log
-/// level, which clears this flag through [`layers_changed`]) may turn on after that: the
-/// cap and the pool read their configuration once, the first time they are asked, and
-/// afterwards only ever turn off.
-static LAYERS_OFF: AtomicBool = AtomicBool::new(false);
-
-#[cold]
-fn layered_slow() -> bool {
-    let on = tracer::enabled()
-        || crate::log::enabled(crate::log::Level::Debug)
-        || pooling::enabled()
-        || cap::global().is_some();
-    if !on {
-        LAYERS_OFF.store(true, Relaxed);
-    }
-    on
-}
-
-/// The log level changed: look at the layers again on the next request.
-pub(crate) fn layers_changed() {
-    LAYERS_OFF.store(false, Relaxed);
-}
-
 /// Record a finished allocation: a success goes into the live table (and its counters); a
 /// failure gives back what the cap charged for it.
 #[inline(always)]
@@ -284,16 +320,22 @@ fn forget(e: &Entry) {
     }
 }
 
-/// [`alloc`] with the layers: cap, pool, real; debug log and trace.
+/// Run an allocation request through the layers of `mode` (not pass-through): cap, pool,
+/// real; debug log and trace. `pool_ok`: the pool may serve it (plain linear allocations
+/// with a valid out-pointer). `real` performs the real call (writing the caller's
+/// out-pointers itself). The hook writes `Outcome::addr` to the caller only when
+/// `layer == Pool`.
 #[inline(never)]
-fn alloc_layered(
+pub fn alloc(
     tok: &Token,
     req: &Request,
     table: &LiveTable,
     pool_ok: bool,
+    mode: Mode,
     real: impl FnOnce() -> RealResult,
 ) -> Outcome {
-    let traced = tracer::enabled();
+    counters::call_in(tok, req.api);
+    let traced = mode.traced();
     let t0 = if traced {
         tracer::stamp()
     } else {
@@ -302,45 +344,11 @@ fn alloc_layered(
 
     // ---- cap
     let mut charged = 0u64;
-    if req.charged() && req.size > 0 {
+    if mode.cap() && req.charged() && req.size > 0 {
         match cap::try_charge(req.device, req.size, req.api) {
             Ok(()) => charged = req.size,
             Err(refusal) => {
-                counters::cap_refusal();
-                if is_runtime(req.api) {
-                    runtime_set_last_error_oom();
-                }
-                crate::debug!(
-                    "{} size={} dev={} stream={:#x} -> {} [cap refused: in use {} + {} > cap {}]",
-                    api_name(req),
-                    req.size,
-                    req.device,
-                    req.stream,
-                    vramshim_trace::codes::OUT_OF_MEMORY,
-                    refusal.in_use,
-                    req.size,
-                    refusal.cap
-                );
-                if traced {
-                    tracer::emit(Event::CapRefusal {
-                        t_ns: t0.ns,
-                        tid: ids::tid(),
-                        device: req.device,
-                        api: req.api,
-                        size: req.size,
-                        in_use: refusal.in_use,
-                        cap: refusal.cap,
-                    });
-                    emit_op(
-                        req,
-                        true,
-                        req.flags | flags::CAP_REFUSED,
-                        0,
-                        req.size,
-                        2,
-                        t0,
-                    );
-                }
+                cap_refused(req, &refusal, traced, t0);
                 return Outcome {
                     rc: vramshim_trace::codes::OUT_OF_MEMORY,
                     addr: 0,
@@ -355,7 +363,7 @@ fn alloc_layered(
     let mut kind = req.kind;
     let mut fl = req.flags;
     let mut res = None;
-    if pool_ok && pooling::enabled() {
+    if mode.pool() && pool_ok && pooling::enabled() {
         let preq = PoolRequest {
             api: req.api,
             kind: req.kind,
@@ -433,6 +441,185 @@ fn alloc_layered(
     }
 }
 
+/// The cap refused `req`: count it, make the runtime's last error say so, log and trace it.
+#[cold]
+#[inline(never)]
+fn cap_refused(req: &Request, refusal: &cap::Refusal, traced: bool, t0: tracer::Stamp) {
+    counters::cap_refusal();
+    if is_runtime(req.api) {
+        runtime_set_last_error_oom();
+    }
+    crate::debug!(
+        "{} size={} dev={} stream={:#x} -> {} [cap refused: in use {} + {} > cap {}]",
+        api_name(req),
+        req.size,
+        req.device,
+        req.stream,
+        vramshim_trace::codes::OUT_OF_MEMORY,
+        refusal.in_use,
+        req.size,
+        refusal.cap
+    );
+    if traced {
+        tracer::emit(Event::CapRefusal {
+            t_ns: t0.ns,
+            tid: ids::tid(),
+            device: req.device,
+            api: req.api,
+            size: req.size,
+            in_use: refusal.in_use,
+            cap: refusal.cap,
+        });
+        emit_op(
+            req,
+            true,
+            req.flags | flags::CAP_REFUSED,
+            0,
+            req.size,
+            2,
+            t0,
+        );
+    }
+}
+
+// ------------------------------------------------------------------ light path
+//
+// With only the cap and/or the tracer on (no pool, no debug log: `Mode::light`), requests
+// take the shape of pass-through ([`alloc_passed`], [`free_passed`]: the real call's result
+// read where it is, no `Outcome`/`RealResult`/`FreeRequest` built and copied through an
+// out-of-line layered function) with the charge and the event added. What they do is what
+// [`alloc`] / [`free`] do with those layers; `VRAMSHIM_LAYERS_FAULT=no-light` sends every
+// layered request through [`alloc`] / [`free`] instead (interposer/tests/layers.rs compares
+// the traces and the answers of the two).
+
+impl Mode {
+    /// Only the cap and/or the tracer: the hooks take [`alloc_light`] / [`free_light`].
+    #[inline(always)]
+    pub fn light(self) -> bool {
+        self.0 & (Self::POOL | Self::DEBUG | Self::NO_LIGHT) == 0
+    }
+}
+
+/// An allocation with only the cap and/or the tracer on (see [`Mode::light`]). `call`
+/// makes the real call; `read` gives the pointer and size it produced (after a success).
+/// Out of line: inlined, it would make every hook's frame (and pass-through) bigger.
+#[inline(never)]
+pub fn alloc_light(
+    tok: &Token,
+    make_req: impl FnOnce() -> Request,
+    table: &LiveTable,
+    mode: Mode,
+    call: impl FnOnce() -> c_int,
+    read: impl FnOnce() -> (u64, u64),
+) -> c_int {
+    let req = &make_req();
+    counters::call_in(tok, req.api);
+    let traced = mode.traced();
+    let t0 = if traced {
+        tracer::stamp()
+    } else {
+        tracer::Stamp::NONE
+    };
+    let mut charged = 0u64;
+    if mode.cap() && req.charged() && req.size > 0 {
+        match cap::try_charge(req.device, req.size, req.api) {
+            Ok(()) => charged = req.size,
+            Err(refusal) => {
+                cap_refused(req, &refusal, traced, t0);
+                return vramshim_trace::codes::OUT_OF_MEMORY;
+            }
+        }
+    }
+    let rc = call();
+    let (addr, size) = if rc == 0 { read() } else { (0, req.size) };
+    // Pitched allocations: charge the padding too once it is known.
+    if rc == 0
+        && addr != 0
+        && charged > 0
+        && size > charged
+        && mode.0 & Mode::FAULT_NO_PITCH == 0
+        && cap::try_charge(req.device, size - charged, req.api).is_ok()
+    {
+        charged = size;
+    }
+    let r = RealResult { rc, addr, size };
+    record_alloc(tok, req, table, &r, req.kind, req.flags, charged);
+    if traced {
+        emit_op(
+            req,
+            true,
+            req.flags,
+            if rc == 0 { addr } else { 0 },
+            size,
+            rc,
+            t0,
+        );
+    }
+    rc
+}
+
+/// A free of a non-null `key` with only the cap and/or the tracer on (see [`Mode::light`]):
+/// claim the entry, call the real function, settle, trace.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub fn free_light(
+    tok: &Token,
+    api: Api,
+    key: u64,
+    stream: Option<u64>,
+    fl: u8,
+    table: &LiveTable,
+    mode: Mode,
+    real: impl FnOnce() -> c_int,
+) -> c_int {
+    counters::call_in(tok, api);
+    let traced = mode.traced();
+    let t0 = if traced {
+        tracer::stamp()
+    } else {
+        tracer::Stamp::NONE
+    };
+    let entry = table.remove_in(tok, key);
+    let rc = real();
+    let (dev, kind, size, efl) = match entry {
+        Some(e) if rc == 0 => {
+            counters::free_in(tok, e.device, e.kind, e.size);
+            if e.charged > 0 {
+                cap::uncharge(e.device, e.charged);
+            }
+            (e.device, e.kind, e.size, e.flags)
+        }
+        Some(e) => {
+            table.insert_in(tok, key, e);
+            (e.device, e.kind, 0, e.flags)
+        }
+        None => {
+            counters::unknown_free();
+            (-1, AllocKind::Runtime, 0, 0)
+        }
+    };
+    if traced {
+        tracer::emit_memop(
+            false,
+            &MemOp {
+                t_ns: t0.ns,
+                tid: ids::tid(),
+                api,
+                kind,
+                flags: fl | (efl & flags::POOLED),
+                device: dev,
+                stream: stream.unwrap_or(0),
+                addr: key,
+                size,
+                result: rc,
+                latency_ns: t0.latency_ns(),
+                stack: 0,
+            },
+        );
+    }
+    rc
+}
+
 /// A free request.
 #[derive(Clone, Copy, Debug)]
 pub struct FreeRequest {
@@ -444,25 +631,20 @@ pub struct FreeRequest {
     pub flags: u8,
 }
 
-/// Run a free: the table entry is removed first (so a concurrent allocation that gets the
-/// same address cannot be confused with it), the pool or the real function frees, and on
-/// failure the entry is restored. Unknown pointers go to the real function; its code comes
-/// back unchanged.
+/// Run a free through the layers of `mode` (or any free of a null pointer): the table
+/// entry is removed first (so a concurrent allocation that gets the same address cannot be
+/// confused with it), the pool or the real function frees, and on failure the entry is
+/// restored. Unknown pointers go to the real function; its code comes back unchanged.
 #[inline(always)]
 pub fn free(
     tok: &Token,
     req: &FreeRequest,
     table: &LiveTable,
+    mode: Mode,
     real: impl FnOnce() -> c_int,
 ) -> c_int {
     counters::call_in(tok, req.api);
-    if layered() || req.key == 0 {
-        return free_layered(tok, req, table, real);
-    }
-    let entry = table.remove_in(tok, req.key);
-    let rc = real();
-    settle_free(tok, req, table, rc, entry);
-    rc
+    free_layered(tok, req, table, mode, real)
 }
 
 /// The table and counters after a free returned `rc`: a success forgets the entry for good
@@ -489,9 +671,10 @@ fn free_layered(
     tok: &Token,
     req: &FreeRequest,
     table: &LiveTable,
+    mode: Mode,
     real: impl FnOnce() -> c_int,
 ) -> c_int {
-    let traced = tracer::enabled();
+    let traced = mode.traced();
     let t0 = if traced {
         tracer::stamp()
     } else {
@@ -505,15 +688,16 @@ fn free_layered(
     }
     let entry = table.remove_in(tok, req.key);
     let mut layer = Layer::Real;
-    let pooled = if pooling::enabled() && entry.is_none_or(|e| e.kind == AllocKind::Pool) {
-        pooling::free(
-            req.key,
-            req.stream.map(|s| pooling::pool_stream_id(s, req.flags)),
-            entry.map(|e| (e.device, e.size)),
-        )
-    } else {
-        None
-    };
+    let pooled =
+        if mode.pool() && pooling::enabled() && entry.is_none_or(|e| e.kind == AllocKind::Pool) {
+            pooling::free(
+                req.key,
+                req.stream.map(|s| pooling::pool_stream_id(s, req.flags)),
+                entry.map(|e| (e.device, e.size)),
+            )
+        } else {
+            None
+        };
     let rc = match pooled {
         Some(rc) => {
             layer = Layer::Pool;
@@ -543,20 +727,23 @@ fn free_layered(
     );
     if traced {
         let fl = req.flags | (efl & flags::POOLED);
-        tracer::emit(Event::Free(MemOp {
-            t_ns: t0.ns,
-            tid: ids::tid(),
-            api: req.api,
-            kind,
-            flags: fl,
-            device: dev,
-            stream: req.stream.unwrap_or(0),
-            addr: req.key,
-            size,
-            result: rc,
-            latency_ns: t0.latency_ns(),
-            stack: 0,
-        }));
+        tracer::emit_memop(
+            false,
+            &MemOp {
+                t_ns: t0.ns,
+                tid: ids::tid(),
+                api: req.api,
+                kind,
+                flags: fl,
+                device: dev,
+                stream: req.stream.unwrap_or(0),
+                addr: req.key,
+                size,
+                result: rc,
+                latency_ns: t0.latency_ns(),
+                stack: 0,
+            },
+        );
     }
     rc
 }
@@ -657,6 +844,7 @@ pub fn device_reset(device: i32) {
     );
 }
 
+#[inline(always)]
 fn emit_op(
     req: &Request,
     is_alloc: bool,
@@ -680,11 +868,7 @@ fn emit_op(
         latency_ns: t0.latency_ns(),
         stack: 0,
     };
-    tracer::emit(if is_alloc {
-        Event::Alloc(op)
-    } else {
-        Event::Free(op)
-    });
+    tracer::emit_memop(is_alloc, &op);
 }
 
 fn is_runtime(api: Api) -> bool {

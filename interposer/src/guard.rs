@@ -22,6 +22,12 @@ pub(crate) struct State {
     pub(crate) calls: Cell<*const crate::counters::CallBlock>,
     /// The runtime's current device + 1 as last asked (0: ask again; `hooks::current`).
     pub(crate) rt_device: Cell<i32>,
+    /// This thread's kernel id, 0 until asked (`ids::tid`): here rather than in a
+    /// `thread_local!` of its own, which costs a `__tls_get_addr` call per read in a cdylib.
+    pub(crate) tid: Cell<u32>,
+    /// This thread's trace buffer (`tracer::slots`), null until its first event; here for
+    /// the same reason.
+    pub(crate) trace_slot: Cell<*const ()>,
     /// This thread's parts of the per-thread live tables (`live_table::LiveTable::own`).
     pub(crate) parts: [Cell<*const ()>; crate::live_table::CACHE_SLOTS],
 }
@@ -81,6 +87,8 @@ mod tls {
                 nested: Cell::new(0),
                 calls: Cell::new(std::ptr::null()),
                 rt_device: Cell::new(0),
+                tid: Cell::new(0),
+                trace_slot: Cell::new(std::ptr::null()),
                 parts: [const { Cell::new(std::ptr::null()) }; crate::live_table::CACHE_SLOTS],
             }
         };

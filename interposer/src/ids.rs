@@ -1,28 +1,25 @@
 //! Cheap identities: the caller's kernel thread id (cached per thread) and the monotonic
 //! clock in nanoseconds (`clock_gettime(CLOCK_MONOTONIC)`, served by the vDSO).
 
-use std::cell::Cell;
-
-thread_local! {
-    // const-initialized and not Drop: a plain #[thread_local], no lazy init, no destructor.
-    static TID: Cell<u32> = const { Cell::new(0) };
-}
-
-/// Kernel thread id of the caller (`gettid`), cached after the first call on each thread.
+/// Kernel thread id of the caller (`gettid`), cached after the first call on each thread in
+/// the hooks' thread state (`guard`: initial-exec TLS, no `__tls_get_addr`, no destructor,
+/// valid during thread exit too).
 #[inline]
 pub fn tid() -> u32 {
-    TID.try_with(|t| {
-        let v = t.get();
-        if v != 0 {
-            return v;
-        }
-        // SAFETY: gettid has no preconditions.
-        let v = unsafe { libc::gettid() } as u32;
-        t.set(v);
-        v
-    })
-    // SAFETY: as above (thread-local storage already torn down on this thread).
-    .unwrap_or_else(|_| unsafe { libc::gettid() } as u32)
+    let st = crate::guard::state();
+    let v = st.tid.get();
+    if v != 0 {
+        return v;
+    }
+    tid_slow(st)
+}
+
+#[cold]
+fn tid_slow(st: &crate::guard::State) -> u32 {
+    // SAFETY: gettid has no preconditions.
+    let v = unsafe { libc::gettid() } as u32;
+    st.tid.set(v);
+    v
 }
 
 /// Monotonic time in nanoseconds (`CLOCK_MONOTONIC`).
@@ -48,7 +45,7 @@ pub fn pid() -> u32 {
 
 /// Forget the cached thread id (the forking thread has a new tid in the child).
 pub(crate) fn on_fork_child() {
-    let _ = TID.try_with(|t| t.set(0));
+    crate::guard::state().tid.set(0);
 }
 
 #[cfg(test)]

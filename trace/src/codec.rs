@@ -368,6 +368,18 @@ impl RecordEncoder {
         }
     }
 
+    /// Appends the record of an allocation (`alloc`) or a free: [`Self::push`] of
+    /// `Event::Alloc(*m)` / `Event::Free(*m)`, for callers that have the `MemOp` at hand
+    /// (no `Event` is built or copied).
+    #[inline]
+    pub fn push_memop(&mut self, alloc: bool, m: &MemOp) {
+        if alloc {
+            self.memop(tag::ALLOC, 0, m)
+        } else {
+            self.memop(tag::FREE, 1, m)
+        }
+    }
+
     /// Appends one record for `ev`. Never fails; strings longer than 64 KiB and stacks deeper
     /// than 1024 frames are cut.
     #[inline]
@@ -534,7 +546,8 @@ impl RecordEncoder {
         }
     }
 
-    #[inline]
+    // Always inlined: the caller's frame is the only one on the tracer's hot path.
+    #[inline(always)]
     fn memop(&mut self, tag_: u8, slot: usize, m: &MemOp) {
         let st = &mut self.st;
         let s = st.slots[slot];
@@ -677,22 +690,21 @@ fn find_freed(
     addr: u64,
 ) -> Option<(usize, LiveEnt)> {
     let t = freed_tag(addr) as u64 * 0x0101_0101_0101_0101;
-    let mut cand = zero_bytes(tags[0] ^ t) | zero_bytes(tags[1] ^ t) << 8;
-    let mut mask = 0u32;
-    while cand != 0 {
-        let k = cand.trailing_zeros();
-        if mirror[k as usize] == addr {
-            mask |= 1 << k;
-        }
-        cand &= cand - 1;
-    }
-    if mask == 0 {
-        return None;
-    }
+    let cand = zero_bytes(tags[0] ^ t) | zero_bytes(tags[1] ^ t) << 8;
     // The newest free sits at `newest`; older ones follow at increasing positions (mod 16).
+    // Candidates are visited newest first and the first full match is the answer: a loop
+    // that frees and reallocates one address (every ring entry is that address) stops at
+    // the first candidate instead of comparing all 16.
     let newest = (15 - st.freed_head.wrapping_sub(1) % FREED) as u32;
-    let j = (mask as u16).rotate_right(newest).trailing_zeros() as usize;
-    Some((j, st.freed[st.freed_head.wrapping_sub(1 + j) % FREED]))
+    let mut by_age = (cand as u16).rotate_right(newest);
+    while by_age != 0 {
+        let j = by_age.trailing_zeros() as usize;
+        if mirror[(j + newest as usize) % FREED] == addr {
+            return Some((j, st.freed[st.freed_head.wrapping_sub(1 + j) % FREED]));
+        }
+        by_age &= by_age - 1;
+    }
+    None
 }
 
 /// The fields a MemOp's mask says changed, from `b[3]` on; returns the new position.

@@ -224,13 +224,19 @@ pub(crate) fn alloc_hook_in<F: Copy>(
         (call, make_req, read, write_pool),
         move |(call, ..)| call(f),
         move |tok, (call, make_req, read, write_pool)| {
-            let req = make_req();
-            if dispatch::pass_through() {
+            let mode = dispatch::mode();
+            if mode.pass_through() {
+                let req = make_req();
                 let rc = call(f);
                 dispatch::alloc_passed(tok, &req, table, rc, read);
                 return rc;
             }
-            let out = dispatch::alloc(tok, &req, table, pool_ok, || {
+            if mode.light() {
+                // The request is built inside (out of line), where its constant fields fold.
+                return dispatch::alloc_light(tok, make_req, table, mode, || call(f), read);
+            }
+            let req = make_req();
+            let out = dispatch::alloc(tok, &req, table, pool_ok, mode, || {
                 let rc = call(f);
                 let (addr, size) = if rc == 0 { read() } else { (0, req.size) };
                 RealResult { rc, addr, size }
@@ -293,8 +299,12 @@ pub(crate) fn free_hook_in<F: Copy>(
         call,
         move |call| call(f),
         move |tok, call| {
-            if key != 0 && dispatch::pass_through() {
+            let mode = dispatch::mode();
+            if key != 0 && mode.pass_through() {
                 return dispatch::free_passed(tok, api, key, table, move || call(f));
+            }
+            if key != 0 && mode.light() {
+                return dispatch::free_light(tok, api, key, stream, flags, table, mode, || call(f));
             }
             let req = FreeRequest {
                 api,
@@ -302,7 +312,7 @@ pub(crate) fn free_hook_in<F: Copy>(
                 stream,
                 flags,
             };
-            dispatch::free(tok, &req, table, || call(f))
+            dispatch::free(tok, &req, table, mode, || call(f))
         },
     )
 }

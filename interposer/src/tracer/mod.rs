@@ -60,6 +60,12 @@ pub fn enabled() -> bool {
     ENABLED.load(Ordering::Relaxed)
 }
 
+/// [`enabled`], ordered with [`crate::dispatch::layers_changed`] (the dispatcher's check
+/// that the layer bits it cached are not stale; not for the hot path).
+pub(crate) fn enabled_seqcst() -> bool {
+    ENABLED.load(Ordering::SeqCst)
+}
+
 /// Append one event to the calling thread's buffer.
 #[inline]
 pub fn emit(ev: Event) {
@@ -67,6 +73,23 @@ pub fn emit(ev: Event) {
         return;
     }
     slots::emit(ev);
+}
+
+/// Append one allocation (`alloc`) or free record to the calling thread's buffer: [`emit`]
+/// of `Event::Alloc(*m)` / `Event::Free(*m)` without building or moving an `Event` (the
+/// dispatcher's hot path).
+#[inline(always)]
+pub fn emit_memop(alloc: bool, m: &vramshim_trace::MemOp) {
+    if !enabled() {
+        return;
+    }
+    // Two copies, each with its kind fixed: no branch on it in the encoder (callers pass a
+    // constant, so this choice folds away).
+    if alloc {
+        slots::emit_memop::<true>(m);
+    } else {
+        slots::emit_memop::<false>(m);
+    }
 }
 
 /// Called in a forked child before it does anything else: touch no lock, forget the parent's
@@ -123,7 +146,13 @@ fn init() {
     }
     clock::init();
     stacks::init();
-    ENABLED.store(true, Ordering::Relaxed);
+    set_enabled(true);
+}
+
+/// Turn tracing on or off, and tell the dispatcher, which caches which layers are on.
+fn set_enabled(on: bool) {
+    ENABLED.store(on, Ordering::SeqCst);
+    crate::dispatch::layers_changed();
 }
 
 extern "C" fn tracer_constructor() {
@@ -137,7 +166,7 @@ static TRACER_INIT: extern "C" fn() = tracer_constructor;
 
 /// Stop tracing for good (unusable output file, or finished).
 fn disable() {
-    ENABLED.store(false, Ordering::Relaxed);
+    set_enabled(false);
 }
 
 fn stack_depth() -> usize {
@@ -156,7 +185,7 @@ pub mod testing {
         clock::init();
         stacks::init();
         STACK_DEPTH.store(stacks, Ordering::Relaxed);
-        ENABLED.store(true, Ordering::Relaxed);
+        set_enabled(true);
     }
 
     /// Keep every frame of a stack (none is skipped as libvramshim's own): for a benchmark

@@ -8,11 +8,11 @@
 //! owner does not take it at all: it marks the slot busy with a plain store and checks that
 //! the writer has not claimed it ([`super::barrier`]), and the writer pays the barrier.
 
-use std::cell::{Cell, UnsafeCell};
+use std::cell::UnsafeCell;
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicPtr, AtomicU32, Ordering};
 
-use vramshim_trace::{Event, RecordEncoder, RecordStats};
+use vramshim_trace::{Event, MemOp, RecordEncoder, RecordStats};
 
 use super::{barrier, stacks, writer};
 
@@ -57,9 +57,11 @@ unsafe impl Sync for Slot {}
 
 static HEAD: AtomicPtr<Slot> = AtomicPtr::new(ptr::null_mut());
 
-thread_local! {
-    // const-initialized, not Drop: a plain #[thread_local], no destructor registered.
-    static MY: Cell<*const Slot> = const { Cell::new(ptr::null()) };
+/// This thread's slot, kept in the hooks' thread state (`guard::State::trace_slot`: static
+/// TLS reached without a `__tls_get_addr` call, zero in every new thread, no destructor).
+#[inline(always)]
+fn my_slot_ptr() -> &'static std::cell::Cell<*const ()> {
+    &crate::guard::state().trace_slot
 }
 
 /// Exclusive access to a slot's buffer.
@@ -240,7 +242,7 @@ fn claim(tid: u32) -> &'static Slot {
             s
         }
     };
-    MY.with(|m| m.set(slot));
+    my_slot_ptr().set(slot as *const Slot as *const ());
     {
         let g = slot.lock();
         let inner = g.inner();
@@ -259,7 +261,7 @@ fn claim(tid: u32) -> &'static Slot {
 
 #[inline]
 fn my_slot() -> &'static Slot {
-    let p = MY.with(|m| m.get());
+    let p = my_slot_ptr().get() as *const Slot;
     if p.is_null() {
         return claim(crate::ids::tid());
     }
@@ -300,6 +302,61 @@ pub fn emit(mut ev: Event) {
     }
 }
 
+/// [`emit`] of an allocation or a free, from a `MemOp` the caller keeps (nothing copied
+/// into an `Event`; kept out of line so the dispatcher's frames stay small).
+#[inline(never)]
+pub fn emit_memop<const ALLOC: bool>(m: &MemOp) {
+    let alloc = ALLOC;
+    if !writer::ensure_started() {
+        return;
+    }
+    let slot = my_slot();
+    if super::stack_depth() > 0 && m.stack == 0 {
+        return emit_memop_stack(slot, alloc, m);
+    }
+    let g = slot.enter();
+    let inner = g.inner();
+    if inner.enc.is_empty() {
+        inner.enc.begin(slot.owner.load(Ordering::Relaxed));
+    }
+    inner.enc.push_memop(alloc, m);
+    inner.events += 1;
+    if !alloc || m.addr != 0 {
+        count_memop(slot, if alloc { 1 } else { -1 }, m);
+    }
+    if inner.enc.len() >= inner.next_try {
+        hand_over(inner);
+    }
+}
+
+/// [`emit_memop`] with a call stack captured (`VRAMSHIM_STACKS`): its own frame, so that the
+/// stack buffer costs the stackless path nothing.
+#[inline(never)]
+fn emit_memop_stack(slot: &'static Slot, alloc: bool, m: &MemOp) {
+    let mut with = MemOp { ..*m };
+    let mut new_stack: Option<(u32, stacks::Frames)> = None;
+    if let Some((id, frames)) = stacks::capture_interned(super::stack_depth()) {
+        with.stack = id;
+        new_stack = frames.map(|f| (id, f));
+    }
+    let g = slot.enter();
+    let inner = g.inner();
+    if inner.enc.is_empty() {
+        inner.enc.begin(slot.owner.load(Ordering::Relaxed));
+    }
+    if let Some((id, frames)) = new_stack {
+        inner.enc.push_stack(id, frames.as_slice());
+    }
+    inner.enc.push_memop(alloc, &with);
+    inner.events += 1;
+    if !alloc || m.addr != 0 {
+        count_memop(slot, if alloc { 1 } else { -1 }, m);
+    }
+    if inner.enc.len() >= inner.next_try {
+        hand_over(inner);
+    }
+}
+
 #[inline]
 fn count_live(slot: &Slot, ev: &Event) {
     let (m, sign) = match ev {
@@ -307,10 +364,18 @@ fn count_live(slot: &Slot, ev: &Event) {
         Event::Free(m) => (m, -1i64),
         _ => return,
     };
-    if m.result != 0 || !m.kind.is_device() || m.device < 0 || m.device as usize >= MAX_DEV {
+    count_memop(slot, sign, m);
+}
+
+/// Live device bytes of this thread's slot, for `Counter` records.
+#[inline(always)]
+fn count_memop(slot: &Slot, sign: i64, m: &MemOp) {
+    // A negative device becomes a huge index: one compare covers both ends.
+    let d = m.device as u32 as usize;
+    if m.result != 0 || !m.kind.is_device() || d >= MAX_DEV {
         return;
     }
-    let c = &slot.live[m.device as usize];
+    let c = &slot.live[d];
     // Only the owner writes its slot's counters: load + store, no read-modify-write.
     c.store(
         c.load(Ordering::Relaxed)
@@ -472,13 +537,13 @@ pub fn reap_dead(pid: u32, mut on_dead: impl FnMut(u32)) {
 /// locked forever. Forget them all (leaked), without touching their locks.
 pub fn on_fork_child() {
     HEAD.store(ptr::null_mut(), Ordering::Relaxed);
-    MY.with(|m| m.set(ptr::null()));
+    my_slot_ptr().set(ptr::null());
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vramshim_trace::{AllocKind, Api, MemOp};
+    use vramshim_trace::{AllocKind, Api};
 
     fn new_slot() -> &'static Slot {
         Box::leak(Box::new(Slot {

@@ -483,6 +483,6 @@ pub fn on_fork_child() {
     }
     // Tracing stays enabled if it was configured: the child starts its own file lazily.
     if super::pattern().is_some() || !PATTERN_OVERRIDE.load(Ordering::Relaxed).is_null() {
-        super::ENABLED.store(true, Ordering::Relaxed);
+        super::set_enabled(true);
     }
 }
