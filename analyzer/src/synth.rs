@@ -514,7 +514,7 @@ fn faithful<W: Write>(
                     // same blocks of a shape every time, as a program does.
                     let h =
                         (k as u64 ^ (site as u64) << 32).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40;
-                    if h % 50 == 0 {
+                    if h.is_multiple_of(50) {
                         carried.push((1 + (h / 50 % 8) as u32, addr, size, site));
                         continue;
                     }
