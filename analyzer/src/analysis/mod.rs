@@ -31,6 +31,10 @@ pub struct Options {
     pub short_lived_ns: u64,
     /// Timeline points per device.
     pub timeline_points: usize,
+    /// Track in-use memory over time (the report's chart). `summary` prints no timeline and
+    /// turns it off: one bucket update per Alloc/Free saved. Marks, caps and reserved figures
+    /// (rare events) are kept either way.
+    pub timeline: bool,
     /// Post-mortems described in detail; later ones are only counted.
     pub max_post_mortems: usize,
     /// Frames shown per stack.
@@ -45,6 +49,7 @@ impl Default for Options {
             top: 10,
             short_lived_ns: 1_000_000,
             timeline_points: 2000,
+            timeline: true,
             max_post_mortems: 100,
             max_frames: 16,
             progress: true,
@@ -366,6 +371,7 @@ impl Analysis {
         let batch = self.batch;
         let top = self.opts.top;
         let max_pm = self.opts.max_post_mortems;
+        let timeline = self.opts.timeline;
         let d = self.dev(m.device);
         d.touch(m.t_ns);
         let c = &mut d.calls[call_slot(m.api, m.kind, false)];
@@ -421,13 +427,16 @@ impl Analysis {
             d.peak_batch = batch;
             d.peak_pending = true;
         }
-        d.timeline.in_use(m.t_ns, d.in_use);
+        if timeline {
+            d.timeline.in_use(m.t_ns, d.in_use);
+        }
     }
 
     #[inline(always)]
     fn free(&mut self, m: &MemOp) {
         let top = self.opts.top;
         let short = self.opts.short_lived_ns;
+        let timeline = self.opts.timeline;
         let d = self.dev(m.device);
         d.touch(m.t_ns);
         let slot = call_slot(m.api, m.kind, true);
@@ -474,7 +483,9 @@ impl Analysis {
                 s.temporary += 1;
             }
         }
-        d.timeline.in_use(m.t_ns, d.in_use);
+        if timeline {
+            d.timeline.in_use(m.t_ns, d.in_use);
+        }
     }
 
     #[cold]
