@@ -1247,7 +1247,8 @@ impl RecordDecoder {
         };
         let (gap, lat) = match cols {
             None => (c.varint()?, c.varint()?),
-            Some((raw, tc)) => tc.next(raw, crate::columns::class_of(tag_))?,
+            // The timing class is the slot: 0 for Alloc/AllocReuse, 1 for Free/FreeRef.
+            Some((raw, tc)) => tc.next(raw, slot)?,
         };
         let t_ns = st.t.wrapping_add(unzigzag(gap) as u64);
         let latency_ns = u32::try_from(lat).map_err(|_| RecordError::BadValue("32-bit field"))?;
