@@ -65,8 +65,10 @@ fn main() {
     let rounds: usize = args.next().map_or(3, |r| r.parse().expect("ROUNDS"));
     let only: Vec<String> = args.collect();
     let want = |p: &str| only.is_empty() || only.iter().any(|o| o == p);
+    // As `summary` runs it (no memory-over-time chart: `report` alone draws one).
     let opts = Options {
         progress: false,
+        timeline: false,
         ..Options::default()
     };
 

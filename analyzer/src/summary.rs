@@ -25,6 +25,8 @@ pub struct Args {
 pub fn main(args: Args) -> Result<ExitCode, String> {
     let opts = Options {
         top: args.top.max(1),
+        // Nothing summary prints comes from the memory-over-time chart.
+        timeline: false,
         ..Options::default()
     };
     let mut reports = Vec::new();

@@ -22,6 +22,14 @@ pub struct SynthOptions {
     /// as real training repeats a step's sizes from step to step (K = the batch shapes it
     /// cycles through); the times stay random.
     pub step_shapes: u32,
+    /// Model the real streams of `shared/traces` as the interposer records them (measured on
+    /// their replays, docs/benchmarks.md "Which synthetic trace"): one thread, mostly
+    /// short-lived allocations whose blocks come back from a caching allocator (most
+    /// addresses are reused, a recent free's most often), step shapes that repeat, and noisy
+    /// nanosecond gaps and latencies (the part zstd cannot remove). `step_shapes` (at least 4)
+    /// is the number of step shapes. The other modes keep
+    /// their original streams for comparison with earlier rounds.
+    pub faithful: bool,
 }
 
 impl Default for SynthOptions {
@@ -34,6 +42,7 @@ impl Default for SynthOptions {
             refusal: true,
             scale: 1.0,
             step_shapes: 0,
+            faithful: false,
         }
     }
 }
@@ -152,6 +161,11 @@ pub fn write<W: Write>(w: W, o: &SynthOptions) -> io::Result<u64> {
             stack,
         };
     let budget = o.events.saturating_sub(n + 4);
+    if o.faithful {
+        n += faithful(&mut tw, o, &mut rng, t, budget)?;
+        tw.finish()?;
+        return Ok(n);
+    }
     // Weights: 64 allocations per device that live forever.
     let mut written = 0u64;
     for d in 0..o.devices {
@@ -312,5 +326,257 @@ pub fn write<W: Write>(w: W, o: &SynthOptions) -> io::Result<u64> {
         emit!(Event::Alloc(a))?;
     }
     tw.finish()?;
+    Ok(n)
+}
+
+/// One op of a faithful step shape: allocate block `id` (of `size`, at `site`), or free it.
+#[derive(Clone, Copy)]
+enum Op {
+    Alloc { id: usize, size: u64, site: u32 },
+    Free { id: usize },
+}
+
+/// A training step as the real streams show it: forward, activations kept for backward with
+/// short-lived temporaries around them (most freed within a few calls, as in the replays where
+/// ~75% of lifetimes are under 10 us), then backward freeing the activations in reverse, with
+/// its own temporaries; a few blocks outlive the step (gradients, optimizer state) and are
+/// freed some steps later.
+fn faithful_shape(rng: &mut Rng, scale: f64) -> (Vec<Op>, usize) {
+    let acts = ((24.0 * scale) as u64).max(4) + rng.below(8);
+    // A step uses few distinct sizes (the replays: 0.2-7 new sizes per 100 allocations), some
+    // much more often than others: a palette, drawn from with a skew.
+    let palette: Vec<u64> = (0..16)
+        .map(|_| ((1u64 << (8 + rng.below(15))) + rng.below(64) * 512).next_multiple_of(256))
+        .collect();
+    let size = |rng: &mut Rng| -> u64 {
+        let a = rng.below(16) as usize;
+        palette[a.min(rng.below(16) as usize)]
+    };
+    let mut ops = Vec::new();
+    let mut id = 0usize;
+    let temps = |ops: &mut Vec<Op>, id: &mut usize, rng: &mut Rng, n: u64| {
+        let mut open: Vec<usize> = Vec::new();
+        for _ in 0..n {
+            let s = size(rng);
+            ops.push(Op::Alloc {
+                id: *id,
+                size: s,
+                site: 30 + rng.below(8) as u32,
+            });
+            open.push(*id);
+            *id += 1;
+            // Freed soon: after a few more calls, one of the last three.
+            while open.len() > 2 || (!open.is_empty() && rng.below(3) == 0) {
+                let k = open.len() - 1 - (rng.below(3) as usize).min(open.len() - 1);
+                ops.push(Op::Free { id: open.remove(k) });
+            }
+        }
+        for t in open.into_iter().rev() {
+            ops.push(Op::Free { id: t });
+        }
+    };
+    let mut kept = Vec::new();
+    for j in 0..acts {
+        let s = size(rng);
+        ops.push(Op::Alloc {
+            id,
+            size: s,
+            site: 5 + (j % 24) as u32,
+        });
+        kept.push(id);
+        id += 1;
+        let n = rng.below(7);
+        temps(&mut ops, &mut id, rng, n);
+    }
+    while let Some(a) = kept.pop() {
+        let n = rng.below(5);
+        temps(&mut ops, &mut id, rng, n);
+        ops.push(Op::Free { id: a });
+    }
+    (ops, id)
+}
+
+/// The `faithful` stream (see [`SynthOptions::faithful`]); returns the events written.
+fn faithful<W: Write>(
+    tw: &mut TraceWriter<W>,
+    o: &SynthOptions,
+    rng: &mut Rng,
+    mut t: u64,
+    budget: u64,
+) -> io::Result<u64> {
+    use std::collections::HashMap;
+    let shapes: Vec<(Vec<Op>, usize)> = (0..o.step_shapes.max(4))
+        .map(|_| faithful_shape(rng, o.scale))
+        .collect();
+    let (api, free_api, kind, fl, stream) = if o.pooled {
+        (
+            Api::CudaMallocAsync,
+            Api::CudaFreeAsync,
+            AllocKind::Pool,
+            flags::POOLED,
+            0x5555_0000,
+        )
+    } else {
+        (Api::CudaMalloc, Api::CudaFree, AllocKind::Runtime, 0, 0)
+    };
+    let op = |t: u64, addr: u64, size: u64, stack: u32, lat: u32| MemOp {
+        t_ns: t,
+        tid: 100,
+        api,
+        kind,
+        flags: fl,
+        device: 0,
+        stream,
+        addr,
+        size,
+        result: codes::CUDA_SUCCESS,
+        latency_ns: lat,
+        stack,
+    };
+    // Replayed calls: gaps ~150-400 ns between calls, latencies ~300-700 ns with a tail of
+    // slow calls (a new block from the driver, a sync); now and then a long gap (kernels).
+    let gap = |rng: &mut Rng| -> u64 {
+        let g = 90 + rng.below(130) + rng.below(130) + rng.below(130);
+        if rng.below(100) == 0 {
+            g + 2_000 + rng.below(50_000)
+        } else {
+            g
+        }
+    };
+    let lat = |rng: &mut Rng, fresh: bool| -> u32 {
+        let l = 280 + rng.below(200) + rng.below(200);
+        (if fresh || rng.below(25) == 0 {
+            l + 500 + rng.below(4_000)
+        } else {
+            l
+        }) as u32
+    };
+    const BASE: u64 = 0x7f20_0000_0000;
+    let mut next_addr = BASE;
+    // The caching allocator: freed blocks (address, block size), newest last; an allocation
+    // takes the newest block that fits without wasting half of it, so a block freed a few
+    // calls ago comes back most often (the replays: ~70% of allocations get one of the last 16
+    // frees' addresses, 87-99% a previously freed one once past their first steps). Nothing is
+    // released at random: random releases made the address stream far harder to compress than
+    // the replays' (record stream 2.2 B/event against their 0.5-1.2).
+    let mut cache: Vec<(u64, u64)> = Vec::new();
+    let take = |cache: &mut Vec<(u64, u64)>, size: u64| -> Option<u64> {
+        let k = cache
+            .iter()
+            .rev()
+            .take(64)
+            .position(|&(_, b)| b >= size && b / 2 < size)?;
+        Some(cache.remove(cache.len() - 1 - k).0)
+    };
+    // Block size of every address handed out (a reused block keeps its size).
+    let mut block: HashMap<u64, u64> = HashMap::new();
+    let mut n = 0u64;
+    let mut in_use = 0u64;
+    let mut reserved = 0u64;
+    // Blocks that outlive their step: (steps left, addr, size, site).
+    let mut carried: Vec<(u32, u64, u64, u32)> = Vec::new();
+    let mut live: Vec<(u64, u64, u32)> = Vec::new();
+    while n + 8 < budget {
+        let (ops, ids) = &shapes[rng.below(shapes.len() as u64) as usize];
+        live.clear();
+        live.resize(*ids, (0, 0, 0));
+        for (k, &x) in ops.iter().enumerate() {
+            if n + 8 >= budget {
+                break;
+            }
+            t += gap(rng);
+            match x {
+                Op::Alloc { id, size, site } => {
+                    let (addr, fresh) = match take(&mut cache, size) {
+                        Some(a) => (a, false),
+                        None => {
+                            let a = next_addr;
+                            next_addr += size.next_multiple_of(512);
+                            if next_addr > BASE + (32 << 30) {
+                                next_addr = BASE;
+                            }
+                            block.insert(a, size);
+                            if cache.len() > 4096 {
+                                cache.drain(..1024);
+                            }
+                            (a, true)
+                        }
+                    };
+                    let l = lat(rng, fresh);
+                    tw.write(&Event::Alloc(op(t, addr, size, site, l)))?;
+                    t += l as u64;
+                    in_use += size;
+                    live[id] = (addr, size, site);
+                }
+                Op::Free { id } => {
+                    let (addr, size, site) = live[id];
+                    // One block in 50 is kept for 1-8 steps (a gradient, optimizer state): the
+                    // same blocks of a shape every time, as a program does.
+                    let h =
+                        (k as u64 ^ (site as u64) << 32).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40;
+                    if h.is_multiple_of(50) {
+                        carried.push((1 + (h / 50 % 8) as u32, addr, size, site));
+                        continue;
+                    }
+                    let l = lat(rng, false);
+                    let mut f = op(t, addr, size, site, l);
+                    f.api = free_api;
+                    tw.write(&Event::Free(f))?;
+                    t += l as u64;
+                    in_use -= size;
+                    cache.push((addr, block[&addr]));
+                }
+            }
+            n += 1;
+        }
+        // Blocks carried from earlier steps whose time has come.
+        let mut i = 0;
+        while i < carried.len() && n + 8 < budget {
+            carried[i].0 -= 1;
+            if carried[i].0 == 0 {
+                let (_, addr, size, site) = carried.swap_remove(i);
+                t += gap(rng);
+                let l = lat(rng, false);
+                let mut f = op(t, addr, size, site, l);
+                f.api = free_api;
+                tw.write(&Event::Free(f))?;
+                t += l as u64;
+                in_use -= size;
+                cache.push((addr, block[&addr]));
+                n += 1;
+            } else {
+                i += 1;
+            }
+        }
+        if o.pooled {
+            reserved = reserved.max(in_use + (in_use >> 3));
+            tw.write(&Event::Counter {
+                t_ns: t,
+                device: 0,
+                live_bytes: in_use,
+                reserved_bytes: reserved,
+                cap: 20 << 30,
+            })?;
+            n += 1;
+        }
+    }
+    if o.refusal {
+        t += 10_000;
+        let size = 24u64 << 30;
+        tw.write(&Event::CapRefusal {
+            t_ns: t,
+            tid: 100,
+            device: 0,
+            api,
+            size,
+            in_use,
+            cap: 20 << 30,
+        })?;
+        let mut a = op(t, 0, size, 12, 900);
+        a.result = codes::OUT_OF_MEMORY;
+        a.flags |= flags::CAP_REFUSED;
+        tw.write(&Event::Alloc(a))?;
+        n += 2;
+    }
     Ok(n)
 }

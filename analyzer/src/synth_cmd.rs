@@ -33,6 +33,10 @@ pub struct Args {
     /// training repeats them); 0 = every size drawn afresh (the original generator).
     #[arg(long, default_value_t = 0)]
     pub step_shapes: u32,
+    /// Model the real streams as the interposer records them (one thread, short lifetimes,
+    /// reused addresses, noisy ns timings; docs/benchmarks.md): the benchmark's trace.
+    #[arg(long)]
+    pub faithful: bool,
 }
 
 pub fn main(a: Args) -> Result<ExitCode, String> {
@@ -44,6 +48,7 @@ pub fn main(a: Args) -> Result<ExitCode, String> {
         refusal: !a.no_refusal,
         scale: a.scale,
         step_shapes: a.step_shapes,
+        faithful: a.faithful,
     };
     let f = File::create(&a.output).map_err(|e| write_error(&a.output, &e))?;
     let n = synth::write(BufWriter::with_capacity(1 << 20, f), &o)

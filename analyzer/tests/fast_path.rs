@@ -163,6 +163,18 @@ fn agree(path: &Path) -> bool {
     let fast = analysis::analyze(input::open(path).unwrap(), &opts()).unwrap();
     assert_eq!(json(&fast), json(&windowed), "{}", path.display());
     assert_eq!(fast.torn, windowed.torn);
+    // `summary` runs without the memory-over-time chart: everything it prints is the same.
+    let summary_opts = Options {
+        timeline: false,
+        ..opts()
+    };
+    let summary = analysis::analyze(input::open(path).unwrap(), &summary_opts).unwrap();
+    assert_eq!(
+        json(&summary),
+        json(&fast),
+        "{} without timeline",
+        path.display()
+    );
     analysis::analyze_in_order(input::open(path).unwrap(), &opts())
         .unwrap()
         .is_some()
@@ -250,6 +262,18 @@ fn synthetic_traces_agree() {
         (
             "b",
             vec!["--events", "200000", "--devices", "2", "--seed", "5"],
+        ),
+        ("c", vec!["--events", "300000", "--faithful"]),
+        (
+            "d",
+            vec![
+                "--events",
+                "200000",
+                "--faithful",
+                "--unpooled",
+                "--seed",
+                "3",
+            ],
         ),
     ] {
         let p = d.join(format!("{name}.vramtrace"));

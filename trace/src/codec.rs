@@ -1189,16 +1189,15 @@ impl RecordDecoder {
         self.memop(tag_, c, cols)
     }
 
+    /// The MemOp fields from `mask` up to the address part, for any mask: updates the slot's
+    /// and the context's values; returns (api, kind, flags, result, stack).
     #[inline(always)]
-    fn memop(
+    fn memop_context(
         &mut self,
-        tag_: u8,
+        mk: u8,
+        slot: usize,
         c: &mut Cur,
-        cols: Option<(&[u8], &mut TimeCursor)>,
-    ) -> Result<MemOp, RecordError> {
-        let is_alloc = tag_ == tag::ALLOC || tag_ == tag::ALLOC_REUSE;
-        let slot = (!is_alloc) as usize;
-        let mk = c.u8()?;
+    ) -> Result<(Api, AllocKind, u8, i32, u32), RecordError> {
         let st = &mut self.st;
         let s = &mut st.slots[slot];
         if mk & mask::API != 0 {
@@ -1232,6 +1231,29 @@ impl RecordDecoder {
         if mk & mask::TID != 0 {
             st.tid = c.u32v()?;
         }
+        Ok((api, kind, s.flags, result, stack))
+    }
+
+    #[inline(always)]
+    fn memop(
+        &mut self,
+        tag_: u8,
+        c: &mut Cur,
+        cols: Option<(&[u8], &mut TimeCursor)>,
+    ) -> Result<MemOp, RecordError> {
+        let is_alloc = tag_ == tag::ALLOC || tag_ == tag::ALLOC_REUSE;
+        let slot = (!is_alloc) as usize;
+        let mk = c.u8()?;
+        // Most MemOps carry at most a stack id: everything else repeats the slot's and the
+        // context's values. One test instead of eight.
+        let (api, kind, flags, result, stack) = if mk & !mask::STACK == 0 && self.typed_ok[slot] {
+            let (api, kind) = self.typed[slot];
+            let stack = if mk != 0 { c.u32v()? } else { 0 };
+            (api, kind, self.st.slots[slot].flags, 0, stack)
+        } else {
+            self.memop_context(mk, slot, c)?
+        };
+        let st = &mut self.st;
         let (addr, size) = if tag_ == tag::FREE_REF {
             let e = st.live[c.u8()? as usize];
             if e.generation != st.generation {
@@ -1259,7 +1281,8 @@ impl RecordDecoder {
         };
         let (gap, lat) = match cols {
             None => (c.varint()?, c.varint()?),
-            Some((raw, tc)) => tc.next(raw, crate::columns::class_of(tag_))?,
+            // The timing class is the slot: 0 for Alloc/AllocReuse, 1 for Free/FreeRef.
+            Some((raw, tc)) => tc.next(raw, slot)?,
         };
         let t_ns = st.t.wrapping_add(unzigzag(gap) as u64);
         let latency_ns = u32::try_from(lat).map_err(|_| RecordError::BadValue("32-bit field"))?;
@@ -1278,7 +1301,7 @@ impl RecordDecoder {
             tid: st.tid,
             api,
             kind,
-            flags: s.flags,
+            flags,
             device: st.device,
             stream: st.stream,
             addr,

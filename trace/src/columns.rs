@@ -134,20 +134,22 @@ impl Columns {
     }
 }
 
-/// Where the reader's timing streams are, and a block of decoded values per (class, field):
-/// one tight loop per block instead of two varint reads per record, in blocks small enough to
-/// stay in L1 (a whole frame's values would not fit in L2).
+/// Where the reader's timing streams are, and a block of decoded `(gap, latency)` values per
+/// class: one tight loop per block instead of two varint reads per record, in blocks small
+/// enough to stay in L1 (a whole frame's values would not fit in L2), one check per record.
 #[derive(Clone, Debug)]
 pub(crate) struct TimeCursor {
     pub pos: [usize; STREAMS],
     pub end: [usize; STREAMS],
-    /// Blocks per (class, field): class 0 gap, class 0 latency, class 1 gap, class 1 latency.
-    vals: [[u64; BLOCK]; 4],
-    /// Values in each block, and the next one to hand out.
-    len: [usize; 4],
-    at: [usize; 4],
-    /// The error a stream ran into while its block was filled (handed out after the block).
-    err: [Option<RecordError>; 4],
+    /// Per class: the block's gaps and latencies.
+    gap: [[u64; BLOCK]; 2],
+    lat: [[u64; BLOCK]; 2],
+    /// Values in each class's block, and the next one to hand out.
+    len: [usize; 2],
+    at: [usize; 2],
+    /// The error a class's streams ran into while its block was filled (handed out after the
+    /// block): the error the record after the block's last one gets.
+    err: [Option<RecordError>; 2],
 }
 
 const BLOCK: usize = 256;
@@ -157,10 +159,11 @@ impl Default for TimeCursor {
         TimeCursor {
             pos: [0; STREAMS],
             end: [0; STREAMS],
-            vals: [[0; BLOCK]; 4],
-            len: [0; 4],
-            at: [0; 4],
-            err: [None; 4],
+            gap: [[0; BLOCK]; 2],
+            lat: [[0; BLOCK]; 2],
+            len: [0; 2],
+            at: [0; 2],
+            err: [None; 2],
         }
     }
 }
@@ -168,113 +171,243 @@ impl Default for TimeCursor {
 impl TimeCursor {
     /// Starts a frame (`pos`/`end` set).
     pub fn load(&mut self, _raw: &[u8]) {
-        self.len = [0; 4];
-        self.at = [0; 4];
-        self.err = [None; 4];
+        self.len = [0; 2];
+        self.at = [0; 2];
+        self.err = [None; 2];
     }
 
-    /// Decodes the next block of list `k` (stream pair `1 + 2k`); the values and the error
-    /// after them are exactly what reading them one by one gives.
+    /// Decodes up to `BLOCK` values of the column pair `lo` (low bytes) / `lo + 1` (high
+    /// varints) into `out`: the values and the error after them are exactly what reading them
+    /// one by one gives. Returns how many, and the error when fewer than `BLOCK`.
+    #[inline(always)]
+    fn fill(
+        pos: &mut [usize; STREAMS],
+        end: &[usize; STREAMS],
+        raw: &[u8],
+        lo: usize,
+        out: &mut [u64; BLOCK],
+    ) -> (usize, Option<RecordError>) {
+        let (p, q) = (pos[lo], pos[lo + 1]);
+        let n = BLOCK.min(end[lo].saturating_sub(p));
+        let qend = end[lo + 1].min(raw.len());
+        let (Some(low), Some(high)) = (raw.get(p..p + n), raw.get(q..qend)) else {
+            return (0, Some(RecordError::ColumnOverrun));
+        };
+        if high.len() >= n && high[..n].iter().fold(0, |a, &b| a | b) < 0x80 {
+            // Every high part of the block is one byte (the common case): no varints to walk.
+            for ((o, &l), &h) in out.iter_mut().zip(low).zip(&high[..n]) {
+                *o = l as u64 | (h as u64) << 8;
+            }
+            pos[lo] = p + n;
+            pos[lo + 1] = q + n;
+            return (n, (n < BLOCK).then_some(RecordError::ColumnOverrun));
+        }
+        // Some high parts are longer (a long gap now and then): value by value, the one-byte
+        // ones inline.
+        let mut j = 0usize;
+        for i in 0..n {
+            let h = match high.get(j) {
+                Some(&h) if h < 0x80 => {
+                    j += 1;
+                    h as u64
+                }
+                Some(_) => {
+                    let mut c = Cur::new(high);
+                    c.p = j;
+                    match c.varint() {
+                        Ok(h) if h <= u64::MAX >> 8 => {
+                            j = c.p;
+                            h
+                        }
+                        Ok(_) => return Self::stop(pos, lo, p, q, j, i, RecordError::BadVarint),
+                        Err(RecordError::Overrun) => {
+                            return Self::stop(pos, lo, p, q, j, i, RecordError::ColumnOverrun);
+                        }
+                        Err(e) => return Self::stop(pos, lo, p, q, j, i, e),
+                    }
+                }
+                None => return Self::stop(pos, lo, p, q, j, i, RecordError::ColumnOverrun),
+            };
+            out[i] = low[i] as u64 | h << 8;
+        }
+        pos[lo] = p + n;
+        pos[lo + 1] = q + j;
+        (n, (n < BLOCK).then_some(RecordError::ColumnOverrun))
+    }
+
+    #[cold]
+    fn stop(
+        pos: &mut [usize; STREAMS],
+        lo: usize,
+        p: usize,
+        q: usize,
+        j: usize,
+        i: usize,
+        e: RecordError,
+    ) -> (usize, Option<RecordError>) {
+        pos[lo] = p + i;
+        pos[lo + 1] = q + j;
+        (i, Some(e))
+    }
+
+    /// Decodes the next block of class `k`'s gaps and latencies. A record gets the gap's
+    /// error when its gap is missing, else the latency's (the order of the row layout).
     #[cold]
     #[inline(never)]
     fn refill(&mut self, raw: &[u8], k: usize) -> Result<(), RecordError> {
         if let Some(e) = self.err[k] {
             return Err(e);
         }
-        let lo = 1 + 2 * k;
-        let (p, q) = (self.pos[lo], self.pos[lo + 1]);
-        let n = BLOCK.min(self.end[lo].saturating_sub(p));
-        let out = &mut self.vals[k];
-        if let (Some(low), Some(high)) = (
-            raw.get(p..p + n).filter(|_| p + n <= self.end[lo]),
-            raw.get(q..q + n).filter(|_| q + n <= self.end[lo + 1]),
-        ) && n > 0
-            && high.iter().fold(0, |a, &b| a | b) < 0x80
-        {
-            // Every high part of the block is one byte (the common case): no varints to walk.
-            for ((o, &l), &h) in out.iter_mut().zip(low).zip(high) {
-                *o = l as u64 | (h as u64) << 8;
-            }
-            self.pos[lo] = p + n;
-            self.pos[lo + 1] = q + n;
-            self.len[k] = n;
-        } else {
-            let mut i = 0;
-            while i < BLOCK {
-                match self.value(raw, lo) {
-                    Ok(x) => {
-                        self.vals[k][i] = x;
-                        i += 1;
-                    }
-                    Err(e) => {
-                        self.err[k] = Some(e);
-                        break;
-                    }
-                }
-            }
-            self.len[k] = i;
-            if i == 0 {
-                return Err(self.err[k].unwrap_or(RecordError::ColumnOverrun));
-            }
+        let (ng, eg) = Self::fill(
+            &mut self.pos,
+            &self.end,
+            raw,
+            stream(k, 0),
+            &mut self.gap[k],
+        );
+        let (nl, el) = Self::fill(
+            &mut self.pos,
+            &self.end,
+            raw,
+            stream(k, 2),
+            &mut self.lat[k],
+        );
+        let n = ng.min(nl);
+        if n < BLOCK {
+            self.err[k] = if ng <= nl { eg } else { el };
         }
+        if n == 0 {
+            return Err(self.err[k].unwrap_or(RecordError::ColumnOverrun));
+        }
+        self.len[k] = n;
         self.at[k] = 0;
         Ok(())
-    }
-
-    #[inline(always)]
-    fn take(&mut self, raw: &[u8], k: usize) -> Result<u64, RecordError> {
-        if self.at[k] >= self.len[k] {
-            self.refill(raw, k)?;
-        }
-        let v = self.vals[k][self.at[k] & (BLOCK - 1)];
-        self.at[k] += 1;
-        Ok(v)
     }
 
     /// `(gap, latency)` of the next MemOp of `class`, from the streams in `raw`.
     #[inline(always)]
     pub fn next(&mut self, raw: &[u8], class: usize) -> Result<(u64, u64), RecordError> {
-        let gap = self.take(raw, 2 * class)?;
-        let lat = self.take(raw, 2 * class + 1)?;
-        Ok((gap, lat))
-    }
-
-    #[inline(always)]
-    fn value(&mut self, raw: &[u8], lo: usize) -> Result<u64, RecordError> {
-        // Fast path: a one-byte high part (values below 32 Ki).
-        let (p, q) = (self.pos[lo], self.pos[lo + 1]);
-        if p < self.end[lo]
-            && q < self.end[lo + 1]
-            && let (Some(&l), Some(&h)) = (raw.get(p), raw.get(q))
-            && h < 0x80
-        {
-            self.pos[lo] = p + 1;
-            self.pos[lo + 1] = q + 1;
-            return Ok(l as u64 | (h as u64) << 8);
+        if self.at[class] >= self.len[class] {
+            self.refill(raw, class)?;
         }
-        self.value_slow(raw, lo)
+        let i = self.at[class] & (BLOCK - 1);
+        self.at[class] += 1;
+        Ok((self.gap[class][i], self.lat[class][i]))
     }
+}
 
-    #[cold]
-    #[inline(never)]
-    fn value_slow(&mut self, raw: &[u8], lo: usize) -> Result<u64, RecordError> {
-        let p = self.pos[lo];
-        if p >= self.end[lo] {
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The reference: one value read on its own, as the format defines it (low byte, then the
+    /// high varint; a column that ends first is `ColumnOverrun`).
+    fn one(
+        raw: &[u8],
+        pos: &mut [usize; STREAMS],
+        end: &[usize; STREAMS],
+        lo: usize,
+    ) -> Result<u64, RecordError> {
+        if pos[lo] >= end[lo] {
             return Err(RecordError::ColumnOverrun);
         }
-        let low = *raw.get(p).ok_or(RecordError::ColumnOverrun)? as u64;
-        self.pos[lo] = p + 1;
-        let hi = lo + 1;
-        let mut c = Cur::new(raw.get(..self.end[hi]).ok_or(RecordError::ColumnOverrun)?);
-        c.p = self.pos[hi];
+        let low = raw[pos[lo]] as u64;
+        pos[lo] += 1;
+        let mut c = Cur::new(&raw[..end[lo + 1]]);
+        c.p = pos[lo + 1];
         let h = c.varint().map_err(|e| match e {
             RecordError::Overrun => RecordError::ColumnOverrun,
             e => e,
         })?;
-        self.pos[hi] = c.p;
+        pos[lo + 1] = c.p;
         if h > u64::MAX >> 8 {
             return Err(RecordError::BadVarint);
         }
         Ok(low | h << 8)
+    }
+
+    /// `TimeCursor::next` gives, record by record, what reading the four columns of a class one
+    /// value at a time gives (gap first, then latency), up to and including the first error, on
+    /// random columns: short and long high parts, columns of unequal lengths, malformed and
+    /// oversized varints, both classes interleaved.
+    #[test]
+    fn blocks_match_value_by_value() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rnd = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for case in 0..3000 {
+            let counts = [rnd() % 700, rnd() % 700];
+            let long = rnd() % 4; // how often a high part takes more than one byte
+            let mut cols: [Vec<u8>; STREAMS] = Default::default();
+            for class in 0..2 {
+                for field in [0, 2] {
+                    let n = counts[class] + [0, 0, 0, 1, 2][(rnd() % 5) as usize];
+                    let n = n.saturating_sub([0, 0, 0, 1, 3][(rnd() % 5) as usize]);
+                    for _ in 0..n {
+                        let v = match rnd() % 64 {
+                            k if k < long * 4 => rnd() >> (rnd() % 64),
+                            _ => rnd() % 0x7fff,
+                        };
+                        cols[stream(class, field)].push(v as u8);
+                        put_varint(&mut cols[stream(class, field + 1)], v >> 8);
+                    }
+                }
+            }
+            // Often damage high columns: a run of continuation bytes (a malformed or oversized
+            // varint), or a column cut short; sometimes both columns of a class at the same
+            // value, so that which error a record gets is decided by the gap-first rule.
+            if case % 3 == 0 {
+                let class = (rnd() % 2) as usize;
+                let same = rnd() % 2 == 0;
+                let at = rnd() as usize % 700;
+                for field in [1, 3] {
+                    let s = &mut cols[stream(class, field)];
+                    if s.is_empty() || (!same && rnd() % 2 == 0) {
+                        continue;
+                    }
+                    let at = if same { at } else { rnd() as usize } % s.len();
+                    let k = (rnd() % 12) as usize + 1;
+                    for b in s.iter_mut().skip(at).take(k) {
+                        *b = 0xff;
+                    }
+                    if rnd() % 2 == 0 {
+                        s.truncate(at + k / 2);
+                    }
+                }
+            }
+            let mut raw = Vec::new();
+            let (mut pos, mut end) = ([0; STREAMS], [0; STREAMS]);
+            for i in 0..STREAMS {
+                pos[i] = raw.len();
+                raw.extend_from_slice(&cols[i]);
+                end[i] = raw.len();
+            }
+            let mut tc = TimeCursor {
+                pos,
+                end,
+                ..TimeCursor::default()
+            };
+            tc.load(&raw);
+            let mut rpos = pos;
+            let mut done = [false; 2];
+            for step in 0..2000 {
+                let class = (rnd() % 2) as usize;
+                if done[class] {
+                    if done[1 - class] {
+                        break;
+                    }
+                    continue;
+                }
+                let want = one(&raw, &mut rpos, &end, stream(class, 0))
+                    .and_then(|g| Ok((g, one(&raw, &mut rpos, &end, stream(class, 2))?)));
+                let got = tc.next(&raw, class);
+                assert_eq!(got, want, "case {case} step {step} class {class}");
+                done[class] = want.is_err();
+            }
+        }
     }
 }

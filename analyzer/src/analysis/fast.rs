@@ -103,7 +103,11 @@ impl Visitor for Fast<'_> {
     fn memop(&mut self, alloc: bool, m: &MemOp) {
         self.timed(m.t_ns);
         let a = &mut *self.a;
-        a.clock(m.t_ns);
+        // `Analysis::clock` without its order check: while the file is in order (else this
+        // pass is dropped) its newest time is `max_t`, written back at the end.
+        if a.first_t.is_none() {
+            a.first_t = Some(m.t_ns);
+        }
         a.thread(m.tid);
         if alloc {
             a.alloc(m);
@@ -197,5 +201,6 @@ pub(super) fn analyze(
     }
     f.a.devices = devices;
     f.a.index += f.untimed;
+    f.a.last_t = f.a.last_t.max(f.max_t);
     Ok(Some((warnings, torn)))
 }

@@ -31,6 +31,10 @@ pub struct Options {
     pub short_lived_ns: u64,
     /// Timeline points per device.
     pub timeline_points: usize,
+    /// Track in-use memory over time (the report's chart). `summary` prints no timeline and
+    /// turns it off: one bucket update per Alloc/Free saved. Marks, caps and reserved figures
+    /// (rare events) are kept either way.
+    pub timeline: bool,
     /// Post-mortems described in detail; later ones are only counted.
     pub max_post_mortems: usize,
     /// Frames shown per stack.
@@ -45,6 +49,7 @@ impl Default for Options {
             top: 10,
             short_lived_ns: 1_000_000,
             timeline_points: 2000,
+            timeline: true,
             max_post_mortems: 100,
             max_frames: 16,
             progress: true,
@@ -238,11 +243,39 @@ fn call_slot(api: Api, kind: AllocKind, free: bool) -> usize {
     ((api as usize & 63) << 4) | ((kind as usize & 7) << 1) | free as usize
 }
 
+/// Per bit length `b` of a lifetime (values in `[2^(b-1), 2^b)`): the number of edges at or
+/// below the range's start, and the one edge inside the range minus 1 (`u64::MAX`: none, which
+/// no lifetime exceeds). A factor of 2 holds at most one power of 10, so one compare finishes the
+/// count.
+const LIFETIME_BY_BITS: ([u8; 65], [u64; 65]) = {
+    let mut base = [0u8; 65];
+    let mut edge = [u64::MAX; 65];
+    let mut b = 0;
+    while b <= 64 {
+        let lo: u64 = if b == 0 { 0 } else { 1 << (b - 1) };
+        let hi: u64 = if b == 64 { u64::MAX } else { (1 << b) - 1 };
+        let mut i = 0;
+        while i < LIFETIME_EDGES.len() {
+            let e = LIFETIME_EDGES[i];
+            if e <= lo {
+                base[b] += 1;
+            } else if e <= hi {
+                edge[b] = e - 1;
+            }
+            i += 1;
+        }
+        b += 1;
+    }
+    (base, edge)
+};
+
 #[inline]
 fn lifetime_bucket(ns: u64) -> usize {
-    // The edges are 10^3 .. 10^11: the number at or below `ns` follows from its decimal
-    // magnitude, with no loop (lifetimes jump between buckets from one free to the next).
-    (ns.checked_ilog10().unwrap_or(0).saturating_sub(2)).min(9) as usize
+    // The number of edges at or below `ns` from its bit length and one compare (lifetimes
+    // jump between buckets from one free to the next, so no branches; `ilog10` was ~11
+    // instructions).
+    let b = (64 - ns.leading_zeros()) as usize;
+    LIFETIME_BY_BITS.0[b] as usize + (ns > LIFETIME_BY_BITS.1[b]) as usize
 }
 
 #[inline]
@@ -366,6 +399,7 @@ impl Analysis {
         let batch = self.batch;
         let top = self.opts.top;
         let max_pm = self.opts.max_post_mortems;
+        let timeline = self.opts.timeline;
         let d = self.dev(m.device);
         d.touch(m.t_ns);
         let c = &mut d.calls[call_slot(m.api, m.kind, false)];
@@ -421,13 +455,16 @@ impl Analysis {
             d.peak_batch = batch;
             d.peak_pending = true;
         }
-        d.timeline.in_use(m.t_ns, d.in_use);
+        if timeline {
+            d.timeline.in_use(m.t_ns, d.in_use);
+        }
     }
 
     #[inline(always)]
     fn free(&mut self, m: &MemOp) {
         let top = self.opts.top;
         let short = self.opts.short_lived_ns;
+        let timeline = self.opts.timeline;
         let d = self.dev(m.device);
         d.touch(m.t_ns);
         let slot = call_slot(m.api, m.kind, true);
@@ -474,7 +511,9 @@ impl Analysis {
                 s.temporary += 1;
             }
         }
-        d.timeline.in_use(m.t_ns, d.in_use);
+        if timeline {
+            d.timeline.in_use(m.t_ns, d.in_use);
+        }
     }
 
     #[cold]
@@ -784,6 +823,17 @@ mod tests {
         let mut v: Vec<u64> = vec![0, 1, u64::MAX];
         for e in LIFETIME_EDGES {
             v.extend([e - 1, e, e + 1, e * 3]);
+        }
+        // Every power of two and its neighbours (the table's range boundaries), and a spread.
+        for b in 0..64 {
+            v.extend([(1u64 << b) - 1, 1 << b, (1u64 << b) + 1]);
+        }
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..100_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            v.push(x >> (x % 64));
         }
         for ns in v {
             let want = LIFETIME_EDGES.iter().filter(|&&e| ns >= e).count();

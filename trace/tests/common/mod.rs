@@ -326,3 +326,54 @@ pub fn read_all(bytes: &[u8]) -> Result<ReadAll, DecodeError> {
     }
     Ok((r.header().clone(), evs, errs, r.truncation().cloned()))
 }
+
+/// MemOps drawn from a few values per field, as a real stream repeats them: most records then
+/// carry no context field (the decoder's one-test path), and api/kind 0 (`Unknown`/`Runtime`,
+/// the slot's initial values, written without a field) follow other values across resets.
+pub fn repetitive_memop() -> impl Strategy<Value = Event> {
+    (
+        (
+            any::<bool>(),
+            0u64..1_000_000,
+            1u32..3,
+            proptest::sample::select(vec![Api::Unknown, Api::CudaMalloc, Api::CudaFreeAsync]),
+            proptest::sample::select(vec![AllocKind::Runtime, AllocKind::Pool]),
+            proptest::sample::select(vec![0u8, 4]),
+        ),
+        (
+            0i32..2,
+            proptest::sample::select(vec![0u64, 7]),
+            0x7f00_0000_0000u64..0x7f00_0000_4000,
+            0u64..4096,
+            prop_oneof![8 => Just(0i32), 1 => Just(2i32)],
+            0u32..3000,
+            0u32..3,
+        ),
+    )
+        .prop_map(
+            |(
+                (alloc, t_ns, tid, api, kind, flags),
+                (device, stream, addr, size, result, latency_ns, stack),
+            )| {
+                let m = MemOp {
+                    t_ns,
+                    tid,
+                    api,
+                    kind,
+                    flags,
+                    device,
+                    stream,
+                    addr: addr & !0xff,
+                    size,
+                    result,
+                    latency_ns,
+                    stack,
+                };
+                if alloc {
+                    Event::Alloc(m)
+                } else {
+                    Event::Free(m)
+                }
+            },
+        )
+}
