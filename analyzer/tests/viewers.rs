@@ -19,6 +19,10 @@ fn py(script: &str, arg: &std::path::Path) {
 
 fn py_args(script: &str, arg: &std::path::Path, extra: &[&str]) {
     let Some(py) = python() else {
+        assert!(
+            !viewers_required(),
+            "VRAMSHIM_REQUIRE_VIEWERS=1 but no python3 (or VRAMSHIM_TEST_PYTHON) runs"
+        );
         eprintln!("SKIP: python3 not found; cannot check {}", arg.display());
         return;
     };
@@ -160,6 +164,10 @@ fn report_renders_in_headless_chromium() {
     let d = setup();
     ok(&d, &["report", "t.vramtrace", "-o", "report.html"]);
     let Some(browser) = chromium() else {
+        assert!(
+            !viewers_required(),
+            "VRAMSHIM_REQUIRE_VIEWERS=1 but no chromium found (apt-get install chromium)"
+        );
         eprintln!(
             "SKIP: no chromium found (apt-get install chromium); the report's DOM was not rendered"
         );

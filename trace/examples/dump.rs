@@ -6,6 +6,7 @@
 //! ```
 
 use std::collections::BTreeMap;
+use std::io::{BufWriter, Write};
 
 use vramshim_trace::*;
 
@@ -25,7 +26,18 @@ fn main() {
             std::process::exit(1);
         }
     };
-    println!("{:?}", r.header());
+    // `dump FILE | head` closes the pipe early: stop quietly there instead of panicking in
+    // `println!`.
+    let stdout = std::io::stdout();
+    let mut out = BufWriter::new(stdout.lock());
+    macro_rules! say {
+        ($($a:tt)*) => {
+            if writeln!(out, $($a)*).is_err() {
+                std::process::exit(0);
+            }
+        };
+    }
+    say!("{:?}", r.header());
     let mut counts: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut ev = Event::Lost { t_ns: 0, count: 0 };
     let mut errors = 0;
@@ -50,7 +62,7 @@ fn main() {
                 };
                 *counts.entry(name).or_default() += 1;
                 if !quiet {
-                    println!("{ev:?}");
+                    say!("{ev:?}");
                 }
             }
             Ok(false) => break,
@@ -65,8 +77,8 @@ fn main() {
     }
     let total: u64 = counts.values().sum();
     let ops = counts.get("Alloc").copied().unwrap_or(0) + counts.get("Free").copied().unwrap_or(0);
-    println!("records: {counts:?}");
-    println!(
+    say!("records: {counts:?}");
+    say!(
         "file {size} bytes, {total} events ({:.2} bytes/event, {:.2} bytes per alloc/free), {} frames, end {:?}, {errors} errors",
         size as f64 / total.max(1) as f64,
         size as f64 / ops.max(1) as f64,
@@ -74,6 +86,9 @@ fn main() {
         r.end_time()
     );
     if let Some(t) = r.truncation() {
-        println!("{t}");
+        say!("{t}");
+    }
+    if out.flush().is_err() {
+        std::process::exit(0);
     }
 }

@@ -96,12 +96,22 @@ pub fn golden(name: &str, actual: &[u8]) {
     }
 }
 
-pub fn python() -> Option<&'static str> {
-    let ok = Command::new("python3")
+/// The Python that runs the viewer checks: `VRAMSHIM_TEST_PYTHON` (CI points it at an
+/// environment with torch installed) or `python3`.
+pub fn python() -> Option<String> {
+    let py = std::env::var("VRAMSHIM_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
+    let ok = Command::new(&py)
         .arg("-c")
         .arg("import pickle, pickletools, json")
         .output()
         .map(|o| o.status.success())
         .unwrap_or(false);
-    if ok { Some("python3") } else { None }
+    ok.then_some(py)
+}
+
+/// True when a missing viewer (Python, torch, Chromium) must fail the test instead of
+/// skipping it: `.ci/run` installs them and sets `VRAMSHIM_REQUIRE_VIEWERS=1`, so that CI
+/// shows the exports open in the real tools rather than passing on a skip.
+pub fn viewers_required() -> bool {
+    std::env::var("VRAMSHIM_REQUIRE_VIEWERS").is_ok_and(|v| v == "1")
 }

@@ -117,6 +117,9 @@ pub struct Cap {
     image: u64,
     refused_once: AtomicBool,
     slots_full_once: AtomicBool,
+    /// Per device: a fraction cap could not be resolved (no total memory known) and this was
+    /// said once; the device runs uncapped until a total is known.
+    unresolved_said: [AtomicBool; MAX_DEVICES],
     last_reclaim_ns: AtomicU64,
 }
 
@@ -167,6 +170,7 @@ impl Cap {
             image: image_id(),
             refused_once: AtomicBool::new(false),
             slots_full_once: AtomicBool::new(false),
+            unresolved_said: [const { AtomicBool::new(false) }; MAX_DEVICES],
             last_reclaim_ns: AtomicU64::new(0),
         }
     }
@@ -293,7 +297,20 @@ impl Cap {
                     .or_else(|| (self.queries().total)(d as i32))
                 {
                     Some(t) => c.resolve(t).min(MAX_BYTES),
-                    None => return MAX_BYTES,
+                    None => {
+                        // A share of an unknown total cannot be enforced: say so once rather
+                        // than letting the user believe the device is capped. Requests keep
+                        // asking (a driver initialised later, or the first memory-information
+                        // call, resolves it).
+                        if !self.unresolved_said[d].swap(true, Relaxed) {
+                            let spec = self.effective_spec();
+                            (self.log)(&format!(
+                                "vramshim: VRAMSHIM_CAP=\"{}\" caps device {d} at a share of its memory, but its total memory is not known yet (the driver did not report it); device {d} runs uncapped until it is",
+                                self.cap_source_text(spec).escape_debug()
+                            ));
+                        }
+                        return MAX_BYTES;
+                    }
                 }
             }
         };

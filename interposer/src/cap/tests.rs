@@ -137,6 +137,44 @@ fn fraction_resolves_from_the_device_total() {
     );
 }
 
+static LATE_TOTAL: AtomicU64 = AtomicU64::new(0);
+fn late_total(d: i32) -> Option<u64> {
+    let t = LATE_TOTAL.load(Relaxed);
+    (d == 0 && t > 0).then_some(t)
+}
+
+#[test]
+fn an_unresolvable_fraction_is_said_once_and_resolves_when_the_total_is_known() {
+    take_lines();
+    let q = DeviceQueries {
+        total: late_total,
+        ..DeviceQueries::UNKNOWN
+    };
+    let c = Cap::new(settings("50%"), queries(q), capture);
+    for _ in 0..5 {
+        assert_eq!(c.try_charge(0, 64 * GIB, Api::CudaMalloc), Ok(()));
+    }
+    let lines = take_lines();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].contains("VRAMSHIM_CAP=\"50%\"")
+            && lines[0].contains("device 0 runs uncapped until"),
+        "{}",
+        lines[0]
+    );
+    // The driver reports a total later: the next request resolves the cap and is refused.
+    LATE_TOTAL.store(16 * GIB, Relaxed);
+    assert_eq!(
+        c.try_charge(0, 1, Api::CudaMalloc).map_err(|r| r.cap),
+        Err(8 * GIB)
+    );
+    let lines = take_lines();
+    assert!(
+        lines.len() == 1 && lines[0].contains("refused"),
+        "only the refusal is said: {lines:?}"
+    );
+}
+
 #[test]
 fn meminfo_reports_the_cap_clamped_and_never_underflows() {
     let c = private("4GiB");

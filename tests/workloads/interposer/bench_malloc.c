@@ -13,7 +13,10 @@
 
 static long pairs;
 static size_t size;
-static pthread_barrier_t bar;
+/* ready: every worker has warmed up; go: the main thread has read its start clocks. The
+ * start is read between the two, so neither a warm-up nor a worker that runs before the main
+ * thread is scheduled again (short runs on a busy machine) falls outside the interval. */
+static pthread_barrier_t ready, go;
 static double thread_cpu_total;
 static pthread_mutex_t total_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -34,7 +37,8 @@ static void *worker(void *arg) {
         CK(cudaMalloc(&p, size));
         CK(cudaFree(p));
     }
-    pthread_barrier_wait(&bar);
+    pthread_barrier_wait(&ready);
+    pthread_barrier_wait(&go);
     double t0 = now(CLOCK_THREAD_CPUTIME_ID);
     for (long i = 0; i < pairs; i++) {
         CK(cudaMalloc(&p, size));
@@ -53,11 +57,13 @@ int main(int argc, char **argv) {
     pairs = argc > 2 ? atol(argv[2]) : 200000;
     size = argc > 3 ? (size_t)atol(argv[3]) : 4096;
     CK(cudaFree(NULL));
-    pthread_barrier_init(&bar, NULL, threads + 1);
+    pthread_barrier_init(&ready, NULL, threads + 1);
+    pthread_barrier_init(&go, NULL, threads + 1);
     pthread_t th[256];
     for (int t = 0; t < threads; t++) pthread_create(&th[t], NULL, worker, NULL);
-    pthread_barrier_wait(&bar);
+    pthread_barrier_wait(&ready);
     double w0 = now(CLOCK_MONOTONIC), c0 = now(CLOCK_PROCESS_CPUTIME_ID);
+    pthread_barrier_wait(&go);
     for (int t = 0; t < threads; t++) pthread_join(th[t], NULL);
     double w1 = now(CLOCK_MONOTONIC), c1 = now(CLOCK_PROCESS_CPUTIME_ID);
     printf("bench_malloc: threads=%d pairs=%ld wall_ns_per_pair=%.1f cpu_ns_per_pair=%.1f "

@@ -24,7 +24,10 @@
 static long pairs;
 static size_t size;
 static int async_mode;
-static pthread_barrier_t bar;
+/* ready: every worker has warmed up; go: the main thread has read its start clocks. The
+ * start is read between the two, so neither a warm-up nor a worker that runs before the main
+ * thread is scheduled again (short runs on a busy machine) falls outside the interval. */
+static pthread_barrier_t ready, go;
 
 static double now(clockid_t c) {
     struct timespec ts;
@@ -50,7 +53,8 @@ static void *worker(void *arg) {
     if (async_mode) CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     CK(cudaMalloc(&anchor, 256)); /* keeps the simulated driver's sub-page block mapped */
     for (int i = 0; i < 1000; i++) pair(s); /* warm-up */
-    pthread_barrier_wait(&bar);
+    pthread_barrier_wait(&ready);
+    pthread_barrier_wait(&go);
     for (long i = 0; i < pairs; i++) pair(s);
     CK(cudaFree(anchor));
     return NULL;
@@ -66,11 +70,13 @@ int main(int argc, char **argv) {
     pairs = atol(argv[3]);
     size = (size_t)atol(argv[4]);
     CK(cudaFree(NULL));
-    pthread_barrier_init(&bar, NULL, threads + 1);
+    pthread_barrier_init(&ready, NULL, threads + 1);
+    pthread_barrier_init(&go, NULL, threads + 1);
     pthread_t th[256];
     for (int t = 0; t < threads; t++) pthread_create(&th[t], NULL, worker, NULL);
-    pthread_barrier_wait(&bar);
+    pthread_barrier_wait(&ready);
     double w0 = now(CLOCK_MONOTONIC), c0 = now(CLOCK_PROCESS_CPUTIME_ID);
+    pthread_barrier_wait(&go);
     for (int t = 0; t < threads; t++) pthread_join(th[t], NULL);
     double w1 = now(CLOCK_MONOTONIC), c1 = now(CLOCK_PROCESS_CPUTIME_ID);
     printf("bench_pool: mode=%s threads=%d pairs=%ld wall_ns_per_pair=%.1f cpu_ns_per_pair=%.1f\n", argv[1],
