@@ -83,6 +83,7 @@ pub fn header(o: &SynthOptions) -> Header {
                 index: i,
                 name: "Simulated H100".into(),
                 total_bytes: 80 << 30,
+                uuid: None,
             })
             .collect(),
         config: vec![

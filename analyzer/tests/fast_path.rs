@@ -44,6 +44,7 @@ fn header() -> Header {
             index: 0,
             name: "dev0".into(),
             total_bytes: 1 << 40,
+            uuid: None,
         }],
         ..Default::default()
     }
@@ -83,6 +84,7 @@ fn in_order_events(n: u64, device_late: bool) -> Vec<Event> {
                 index: 1,
                 name: "dev1".into(),
                 total_bytes: 1 << 36,
+                uuid: None,
             }));
         }
         let d = (i % 2) as usize;
@@ -101,6 +103,7 @@ fn in_order_events(n: u64, device_late: bool) -> Vec<Event> {
                     index: 1,
                     name: "dev1".into(),
                     total_bytes: 1 << 36,
+                    uuid: None,
                 }));
             }
             continue;

@@ -514,6 +514,9 @@ impl RecordEncoder {
                 put_varint(b, zigzag(d.index as i64));
                 put_varint(b, d.total_bytes);
                 put_str(b, &d.name);
+                if let Some(u) = &d.uuid {
+                    b.extend_from_slice(u);
+                }
             }
         }
         self.fix_len(at);
@@ -1140,10 +1143,17 @@ impl RecordDecoder {
                 let index = c.i32z()?;
                 let total_bytes = c.varint()?;
                 let name = c.string()?;
+                // Optional trailing field (older writers end the record after the name).
+                let uuid = if c.b.len() - c.p >= 16 {
+                    <[u8; 16]>::try_from(c.bytes(16)?).ok()
+                } else {
+                    None
+                };
                 *out = Event::Device(DeviceInfo {
                     index,
                     name,
                     total_bytes,
+                    uuid,
                 });
                 Ok(Decoded::Event)
             }

@@ -354,6 +354,30 @@ pub struct DeviceInfo {
     pub index: i32,
     pub name: String,
     pub total_bytes: u64,
+    /// The device's UUID (`cuDeviceGetUuid`; a MIG instance's own): which physical GPU an
+    /// ordinal was, so the traces of several processes or ranks can be lined up. Carried by
+    /// `Device` records (a trailing field, absent in older traces); header entries have none.
+    pub uuid: Option<[u8; 16]>,
+}
+
+impl DeviceInfo {
+    /// The UUID as NVIDIA's tools print it (`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`).
+    pub fn uuid_text(&self) -> Option<String> {
+        self.uuid.map(|u| format_uuid(&u))
+    }
+}
+
+/// `GPU-` and the 16 bytes in the 8-4-4-4-12 hexadecimal form `nvidia-smi -L` prints.
+pub fn format_uuid(u: &[u8; 16]) -> String {
+    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
 }
 
 /// Everything a trace says about the process before its first event.

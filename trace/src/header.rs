@@ -83,6 +83,7 @@ pub(crate) fn decode_header(payload: &[u8], version: u32) -> Result<Header, Reco
         let total_bytes = c.varint()?;
         let name = c.string()?;
         h.devices.push(DeviceInfo {
+            uuid: None,
             index,
             name,
             total_bytes,

@@ -86,6 +86,7 @@ fn sample() -> (Header, Vec<Event>) {
         index: 1,
         name: "Second".into(),
         total_bytes: 8 << 30,
+        uuid: Some([0xab; 16]),
     }));
     ev.push(Event::ThreadExit {
         t_ns: 5_000_001_200,

@@ -49,6 +49,9 @@ pub struct DeviceReport {
     pub device: i32,
     pub name: String,
     pub total_bytes: Option<u64>,
+    /// `GPU-...`, when the trace recorded the device's UUID (lines up ranks' traces).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
     pub first_ns: Option<u64>,
     pub last_ns: u64,
     pub calls: Vec<CallRow>,
@@ -491,6 +494,7 @@ pub(crate) fn build(mut a: Analysis, warnings: Vec<String>) -> TraceReport {
                     format!("device {}", d.device)
                 }
             }),
+            uuid: info.as_ref().and_then(|i| i.uuid_text()),
             total_bytes: info.map(|i| i.total_bytes).filter(|&t| t > 0),
             first_ns: d.first_t,
             last_ns: d.last_t,

@@ -329,12 +329,16 @@ fn device(r: &TraceReport, d: &DeviceReport, out: &mut String) {
     };
     let _ = write!(
         out,
-        r#"<section class="device" id="{id}"><h2>{}</h2><div class="kpis">"#,
+        r#"<section class="device" id="{id}"><h2>{}{}</h2><div class="kpis">"#,
         esc(&if d.device < 0 {
             "host (pinned) memory".into()
         } else {
             d.name.clone()
-        })
+        }),
+        d.uuid
+            .as_ref()
+            .map(|u| format!(r#" <span class="uuid">{}</span>"#, esc(u)))
+            .unwrap_or_default()
     );
     kpi(
         out,

@@ -48,9 +48,14 @@ fn device(d: &DeviceReport, out: &mut String) {
         .total_bytes
         .map(|t| format!(", {}", bytes(t)))
         .unwrap_or_default();
+    let uuid = d
+        .uuid
+        .as_ref()
+        .map(|u| format!(" ({u})"))
+        .unwrap_or_default();
     let _ = writeln!(
         out,
-        "-- {}{total}",
+        "-- {}{total}{uuid}",
         if d.device < 0 {
             "host (pinned) memory".to_string()
         } else {

@@ -93,6 +93,7 @@ pub fn build(wall: u64, mono: u64) -> Header {
 type CuDeviceGetCount = unsafe extern "C" fn(*mut c_int) -> c_int;
 type CuDeviceGet = unsafe extern "C" fn(*mut c_int, c_int) -> c_int;
 type CuDeviceGetName = unsafe extern "C" fn(*mut c_char, c_int, c_int) -> c_int;
+type CuDeviceGetUuid = unsafe extern "C" fn(*mut [u8; 16], c_int) -> c_int;
 
 /// Devices, from the real driver, only if the process already loaded and initialised it
 /// (empty otherwise; the writer retries and emits `Device` records later).
@@ -103,6 +104,11 @@ pub fn devices() -> Vec<DeviceInfo> {
     let count = crate::real::driver_symbol(c"cuDeviceGetCount");
     let get = crate::real::driver_symbol(c"cuDeviceGet");
     let name = crate::real::driver_symbol(c"cuDeviceGetName");
+    // `_v2` gives a MIG instance its own UUID; plain `cuDeviceGetUuid` the parent GPU's.
+    let uuid = match crate::real::driver_symbol(c"cuDeviceGetUuid_v2") {
+        0 => crate::real::driver_symbol(c"cuDeviceGetUuid"),
+        a => a,
+    };
     let Some(total) = crate::real::cuDeviceTotalMem_v2() else {
         return Vec::new();
     };
@@ -141,10 +147,21 @@ pub fn devices() -> Vec<DeviceInfo> {
         let mut bytes: usize = 0;
         // SAFETY: bytes is a valid out-pointer.
         let rc = unsafe { total(&mut bytes, dev) };
+        let id = (uuid != 0)
+            .then(|| {
+                // SAFETY: `uuid` is the real driver's cuDeviceGetUuid(_v2), whose ABI is
+                // CuDeviceGetUuid (CUuuid is 16 bytes).
+                let f = unsafe { std::mem::transmute::<usize, CuDeviceGetUuid>(uuid) };
+                let mut id = [0u8; 16];
+                // SAFETY: id is a valid 16-byte out-pointer; the driver checks the ordinal.
+                (unsafe { f(&mut id, dev) } == 0).then_some(id)
+            })
+            .flatten();
         out.push(DeviceInfo {
             index: i,
             name: nm,
             total_bytes: if rc == 0 { bytes as u64 } else { 0 },
+            uuid: id,
         });
     }
     out

@@ -158,7 +158,9 @@ fn start() -> bool {
     };
     // Header, module map and devices are written here, once, before the first frame.
     let header = super::header::build(wall, mono);
-    let devices_known = !header.devices.is_empty();
+    // Devices in the header still get `Device` records at a flush: only those carry the
+    // UUID (the header's device list has no field for it).
+    let devices_known = false;
     let mut dev_totals = [0u64; MAX_DEV];
     for d in &header.devices {
         if let Some(t) = dev_totals.get_mut(d.index as usize) {

@@ -97,7 +97,7 @@ pub fn event() -> impl Strategy<Value = Event> {
             |(t_ns, device, live_bytes, reserved_bytes, cap)| Event::Counter { t_ns, device, live_bytes, reserved_bytes, cap }
         ),
         1 => (u64v(), u64v()).prop_map(|(t_ns, count)| Event::Lost { t_ns, count }),
-        1 => (i32v(), string(), u64v()).prop_map(|(index, name, total_bytes)| Event::Device(DeviceInfo { index, name, total_bytes })),
+        1 => (i32v(), string(), u64v(), proptest::option::of(any::<[u8; 16]>())).prop_map(|(index, name, total_bytes, uuid)| Event::Device(DeviceInfo { index, name, total_bytes, uuid })),
     ]
 }
 
@@ -126,6 +126,8 @@ pub fn header() -> impl Strategy<Value = Header> {
                     index,
                     name,
                     total_bytes,
+                    // The header's device list has no UUID field.
+                    uuid: None,
                 })
                 .collect(),
             config,
@@ -164,6 +166,7 @@ pub fn sample_header() -> Header {
             index: 0,
             name: "Simulated GPU".into(),
             total_bytes: 16 << 30,
+            uuid: None,
         }],
         config: vec![("VRAMSHIM_TRACE".into(), "t.vramtrace".into())],
     }
@@ -276,6 +279,7 @@ pub fn small_trace() -> (Header, Vec<Event>, Vec<u8>) {
         index: 1,
         name: "Second".into(),
         total_bytes: 8 << 30,
+        uuid: None,
     }));
     ev.push(Event::ThreadExit {
         t_ns: t + 700,

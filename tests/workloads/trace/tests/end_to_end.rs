@@ -422,3 +422,57 @@ fn counters_carry_the_cap_and_the_pools_reservation() {
     assert!(counters.iter().any(|c| c.1 >= 2 << 20), "{counters:?}");
     assert!(counters.iter().all(|c| c.1 >= c.0), "{counters:?}");
 }
+
+/// `Device` records name the physical GPU behind each ordinal, so traces of several ranks or
+/// processes can be lined up: two simulated devices have two different UUIDs, and under
+/// `CUDA_VISIBLE_DEVICES=1,0` ordinal 0 carries the UUID ordinal 1 had without it.
+#[test]
+fn device_records_carry_each_gpus_uuid() {
+    let exe = compile_c(
+        "trace_basic",
+        &[&source("trace_basic.c")],
+        Link::SharedRuntime,
+    );
+    // Both runs on one simulated machine (its UUIDs derive from its name).
+    let machine = vramshim_testkit::unique_name("trace_uuid");
+    let uuids = |visible: Option<&str>, tag: &str| -> Vec<(i32, Option<[u8; 16]>)> {
+        let dir = temp_dir(tag);
+        let mut cmd = sim_command(&exe, "trace_uuid");
+        preload(&mut cmd, &interposer_lib())
+            .env("VRAMSIM_NAME", &machine)
+            .env("VRAMSHIM_TRACE", dir.join("t.vramtrace"))
+            .env("VRAMSIM_DEVICES", "2");
+        match visible {
+            Some(v) => cmd.env("CUDA_VISIBLE_DEVICES", v),
+            None => cmd.env_remove("CUDA_VISIBLE_DEVICES"),
+        };
+        run(&mut cmd).assert_success();
+        let files = traces_in(&dir);
+        assert_eq!(files.len(), 1, "{files:?}");
+        let r = read(&files[0]);
+        let mut v: Vec<_> = r
+            .events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Device(d) => Some((d.index, d.uuid)),
+                _ => None,
+            })
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    };
+    let plain = uuids(None, "trace_uuid_plain");
+    assert_eq!(
+        plain.iter().map(|d| d.0).collect::<Vec<_>>(),
+        [0, 1],
+        "{plain:?}"
+    );
+    let (u0, u1) = (
+        plain[0].1.expect("uuid of 0"),
+        plain[1].1.expect("uuid of 1"),
+    );
+    assert_ne!(u0, u1);
+    let swapped = uuids(Some("1,0"), "trace_uuid_swapped");
+    assert_eq!(swapped, [(0, Some(u1)), (1, Some(u0))], "{plain:?}");
+}
