@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use vramshim_analyzer::analysis::{self, Options, compare};
+use vramshim_analyzer::analysis::{self, Options, by_gpu, compare};
 use vramshim_analyzer::{input, render, whatif};
 
 #[derive(clap::Args)]
@@ -27,6 +27,8 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
         top: args.top.max(1),
         // Nothing summary prints comes from the memory-over-time chart.
         timeline: false,
+        // Several traces may share a GPU: their exact in-use steps line them up (by_gpu).
+        steps: args.traces.len() > 1,
         ..Options::default()
     };
     let mut reports = Vec::new();
@@ -45,12 +47,16 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
     } else {
         None
     };
+    let gpus = by_gpu::by_gpu(&reports);
     if args.json {
-        let v = serde_json::json!({
+        let mut v = serde_json::json!({
             "schema": analysis::SCHEMA,
             "traces": reports,
             "comparison": comparison,
         });
+        if !gpus.is_empty() {
+            v["by_gpu"] = serde_json::to_value(&gpus).map_err(|e| e.to_string())?;
+        }
         println!(
             "{}",
             serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?
@@ -63,6 +69,10 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
         }
         if let Some(c) = &comparison {
             render::text::comparison(c, &mut out);
+        }
+        if !gpus.is_empty() {
+            out.push('\n');
+            render::text::by_gpu(&gpus, &mut out);
         }
         print!("{out}");
     }

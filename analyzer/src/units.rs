@@ -51,6 +51,31 @@ pub fn duration_ns(ns: u64) -> String {
     }
 }
 
+/// `2026-11-24 21:05:01.123456 UTC` for wall-clock ns since the Unix epoch (microseconds:
+/// enough to order the processes of one machine).
+pub fn wall_utc(ns: u64) -> String {
+    let secs = ns / 1_000_000_000;
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (the proleptic Gregorian calendar, in 400-year
+    // eras of 146,097 days).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}.{:06} UTC",
+        rem / 3600,
+        (rem / 60) % 60,
+        rem % 60,
+        (ns % 1_000_000_000) / 1_000
+    )
+}
+
 /// Parses `1073741824`, `512M`, `8GiB`, `1.5g`, `24GB` (powers of 1024 throughout; RAM and
 /// VRAM sizes are binary whatever the suffix says).
 pub fn parse_size(s: &str) -> Result<u64, String> {
@@ -93,6 +118,23 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[test]
+    fn wall_clock_dates() {
+        assert_eq!(wall_utc(0), "1970-01-01 00:00:00.000000 UTC");
+        // date -u -d @1763780400 = 2025-11-22 03:00:00; a leap day; a century rule.
+        assert_eq!(
+            wall_utc(1_763_780_400_123_456_789),
+            "2025-11-22 03:00:00.123456 UTC"
+        );
+        assert_eq!(
+            wall_utc(1_709_164_800_000_000_000),
+            "2024-02-29 00:00:00.000000 UTC"
+        );
+        assert_eq!(
+            wall_utc(951_868_800_000_000_000),
+            "2000-03-01 00:00:00.000000 UTC"
+        );
+    }
     #[test]
     fn sizes() {
         assert_eq!(parse_size("512M").unwrap(), 512 << 20);

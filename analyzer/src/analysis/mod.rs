@@ -1,6 +1,7 @@
 //! Trace -> report, in one streaming pass with bounded memory (the live set, the call sites and
 //! a fixed-size timeline; never the event list).
 
+pub mod by_gpu;
 pub mod compare;
 pub mod diff;
 mod elf;
@@ -35,6 +36,10 @@ pub struct Options {
     /// turns it off: one bucket update per Alloc/Free saved. Marks, caps and reserved figures
     /// (rare events) are kept either way.
     pub timeline: bool,
+    /// Keep every change of in-use bytes per device, exactly (time, bytes): what lines up
+    /// the traces of several processes on one GPU (`by_gpu`). 16 bytes per allocation and
+    /// free, so only `summary` of several traces turns it on.
+    pub steps: bool,
     /// Post-mortems described in detail; later ones are only counted.
     pub max_post_mortems: usize,
     /// Frames shown per stack.
@@ -50,6 +55,7 @@ impl Default for Options {
             short_lived_ns: 1_000_000,
             timeline_points: 2000,
             timeline: true,
+            steps: false,
             max_post_mortems: 100,
             max_frames: 16,
             progress: true,
@@ -156,6 +162,8 @@ pub(crate) struct DevState {
     pub post_mortems: Vec<PendingPm>,
     pub post_mortems_dropped: u64,
     pub timeline: Timeline,
+    /// Every in-use change (`Options::steps`).
+    pub steps: Vec<(u64, u64)>,
     pub first_t: Option<u64>,
     pub last_t: u64,
 }
@@ -197,6 +205,7 @@ impl DevState {
             post_mortems: Vec::new(),
             post_mortems_dropped: 0,
             timeline: Timeline::new(t0, opts.timeline_points),
+            steps: Vec::new(),
             first_t: None,
             last_t: 0,
         }
@@ -400,6 +409,7 @@ impl Analysis {
         let top = self.opts.top;
         let max_pm = self.opts.max_post_mortems;
         let timeline = self.opts.timeline;
+        let steps = self.opts.steps;
         let d = self.dev(m.device);
         d.touch(m.t_ns);
         let c = &mut d.calls[call_slot(m.api, m.kind, false)];
@@ -458,6 +468,9 @@ impl Analysis {
         if timeline {
             d.timeline.in_use(m.t_ns, d.in_use);
         }
+        if steps {
+            d.steps.push((m.t_ns, d.in_use));
+        }
     }
 
     #[inline(always)]
@@ -465,6 +478,7 @@ impl Analysis {
         let top = self.opts.top;
         let short = self.opts.short_lived_ns;
         let timeline = self.opts.timeline;
+        let steps = self.opts.steps;
         let d = self.dev(m.device);
         d.touch(m.t_ns);
         let slot = call_slot(m.api, m.kind, true);
@@ -513,6 +527,9 @@ impl Analysis {
         }
         if timeline {
             d.timeline.in_use(m.t_ns, d.in_use);
+        }
+        if steps {
+            d.steps.push((m.t_ns, d.in_use));
         }
     }
 

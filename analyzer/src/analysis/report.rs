@@ -32,6 +32,12 @@ pub struct TraceReport {
     pub devices: Vec<DeviceReport>,
     #[serde(skip)]
     pub timelines: Vec<(i32, Timeline)>,
+    /// Every in-use change per device, (monotonic ns, bytes), when `Options::steps` was on.
+    #[serde(skip)]
+    pub steps: Vec<(i32, Vec<(u64, u64)>)>,
+    /// The header's monotonic start, which `start_wall_ns` is the wall-clock time of.
+    #[serde(skip)]
+    pub start_mono_ns: u64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -332,6 +338,7 @@ pub(crate) fn build(mut a: Analysis, warnings: Vec<String>) -> TraceReport {
     let t0 = a.first_t.unwrap_or(0);
     let mut devices = Vec::new();
     let mut timelines = Vec::new();
+    let mut steps = Vec::new();
     let mut devs = std::mem::take(&mut a.devices);
     devs.sort_by_key(|d| d.device);
     let top = a.opts.top;
@@ -537,6 +544,7 @@ pub(crate) fn build(mut a: Analysis, warnings: Vec<String>) -> TraceReport {
             post_mortems_not_shown: d.post_mortems_dropped,
         });
         timelines.push((d.device, d.timeline));
+        steps.push((d.device, std::mem::take(&mut d.steps)));
     }
     let h = &a.header;
     let mut warnings = warnings;
@@ -576,6 +584,8 @@ pub(crate) fn build(mut a: Analysis, warnings: Vec<String>) -> TraceReport {
         config: config_map(h),
         devices,
         timelines,
+        steps,
+        start_mono_ns: h.start_mono_ns,
     }
 }
 

@@ -2,9 +2,10 @@
 
 use std::fmt::Write;
 
+use crate::analysis::by_gpu::GpuGroup;
 use crate::analysis::compare::Comparison;
 use crate::analysis::{DeviceReport, PostMortem, TraceReport};
-use crate::units::{bytes, duration_ns};
+use crate::units::{bytes, duration_ns, wall_utc};
 
 pub fn trace(r: &TraceReport, out: &mut String) {
     let _ = writeln!(out, "== {} ({})", r.file, r.format);
@@ -350,5 +351,87 @@ pub fn comparison(c: &Comparison, out: &mut String) {
             o.deviation * 100.0,
             bytes(o.median)
         );
+    }
+}
+
+/// GPUs several traces shared: who held what at their combined peak and at each refusal.
+pub fn by_gpu(groups: &[GpuGroup], out: &mut String) {
+    let _ = writeln!(
+        out,
+        "== by GPU: the traces lined up by device UUID and wall clock"
+    );
+    for g in groups {
+        let total = g
+            .total_bytes
+            .map(|t| format!(", {}", bytes(t)))
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "{} ({}{total}): {} processes",
+            g.uuid,
+            g.name,
+            g.processes.len()
+        );
+        let who = |k: usize| {
+            let m = &g.processes[k];
+            let file = std::path::Path::new(&m.trace)
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| m.trace.clone());
+            format!("pid {} ({file}, device {})", m.pid, m.device)
+        };
+        for (k, m) in g.processes.iter().enumerate() {
+            let _ = writeln!(out, "  {}: peak in use {}", who(k), bytes(m.peak_in_use));
+        }
+        let held = |h: &[u64]| {
+            h.iter()
+                .enumerate()
+                .map(|(k, b)| format!("pid {} {}", g.processes[k].pid, bytes(*b)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let p = &g.combined_peak;
+        let _ = writeln!(
+            out,
+            "  together at most {} at {}: {}",
+            bytes(p.bytes),
+            wall_utc(p.wall_ns),
+            held(&p.held)
+        );
+        for f in &g.failures {
+            let others: u64 = f
+                .held
+                .iter()
+                .enumerate()
+                .filter(|(k, _)| *k != f.process)
+                .map(|(_, b)| b)
+                .sum();
+            let _ = writeln!(
+                out,
+                "  {} {} asking {} at {}: it held {}, the others {} ({})",
+                who(f.process),
+                if f.cause == "cap" {
+                    "refused by the cap"
+                } else {
+                    "out of device memory"
+                },
+                bytes(f.size),
+                wall_utc(f.wall_ns),
+                bytes(f.held[f.process]),
+                bytes(others),
+                held(&f.held)
+            );
+            if let Some(t) = g.total_bytes {
+                let traced: u64 = f.held.iter().sum();
+                if traced < t {
+                    let _ = writeln!(
+                        out,
+                        "    of the {} card, {} were not in these traces (CUDA contexts, processes not traced)",
+                        bytes(t),
+                        bytes(t - traced)
+                    );
+                }
+            }
+        }
     }
 }
