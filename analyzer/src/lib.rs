@@ -38,6 +38,8 @@ pub fn write_html_report(
 ) -> Result<(), String> {
     let opts = Options {
         progress: false,
+        // Several traces may share a GPU: the report lines them up (by GPU).
+        steps: traces.len() > 1,
         ..Options::default()
     };
     let reports = traces

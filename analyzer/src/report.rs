@@ -21,7 +21,11 @@ pub struct Args {
 }
 
 pub fn main(args: Args) -> Result<ExitCode, String> {
-    let opts = Options::default();
+    let opts = Options {
+        // Several traces may share a GPU: the report lines them up (by GPU).
+        steps: args.traces.len() > 1,
+        ..Options::default()
+    };
     let mut reports = Vec::new();
     let mut torn = false;
     for p in &args.traces {

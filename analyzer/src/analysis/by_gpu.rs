@@ -17,6 +17,68 @@ pub struct GpuGroup {
     pub processes: Vec<Member>,
     pub combined_peak: CombinedPeak,
     pub failures: Vec<FailureContext>,
+    /// Per process, its in-use bytes over wall-clock time: sorted (wall ns, bytes) steps,
+    /// ending with 0 after its last event (for charts).
+    #[serde(skip)]
+    pub series: Vec<Vec<(u64, u64)>>,
+}
+
+impl GpuGroup {
+    /// Up to `n` samples of the processes' bytes over the group's wall-clock span: in each
+    /// of `n` equal slices, the state at the instant they held the most together (so no peak
+    /// falls between samples). The slice's length in ns, and per slice that has a change
+    /// (slice start wall ns, bytes per process); a slice without one keeps the state before.
+    pub fn samples(&self, n: usize) -> (u64, Vec<(u64, Vec<u64>)>) {
+        let mut all: Vec<(u64, usize, u64)> = self
+            .series
+            .iter()
+            .enumerate()
+            .flat_map(|(m, s)| s.iter().map(move |&(w, b)| (w, m, b)))
+            .collect();
+        all.sort_by_key(|s| s.0);
+        let (Some(first), Some(last)) = (all.first(), all.last()) else {
+            return (1, Vec::new());
+        };
+        let (t0, span) = (first.0, (last.0 - first.0).max(1));
+        let n = n.max(1) as u64;
+        let slice = |w: u64| ((w - t0) as u128 * n as u128 / (span as u128 + 1)) as u64;
+        let mut cur = vec![0u64; self.series.len()];
+        let mut out: Vec<(u64, Vec<u64>)> = Vec::new();
+        let mut best: Option<(u64, u64, Vec<u64>)> = None; // (slice, total, state)
+        let mut i = 0;
+        while i < all.len() {
+            let w = all[i].0;
+            while i < all.len() && all[i].0 == w {
+                cur[all[i].1] = all[i].2;
+                i += 1;
+            }
+            let (k, total) = (slice(w), cur.iter().sum::<u64>());
+            match &mut best {
+                Some((bk, bt, bs)) if *bk == k => {
+                    if total > *bt {
+                        *bt = total;
+                        bs.clone_from(&cur);
+                    }
+                }
+                _ => {
+                    if let Some((bk, _, bs)) = best.take() {
+                        out.push((
+                            t0 + (bk as u128 * (span as u128 + 1) / n as u128) as u64,
+                            bs,
+                        ));
+                    }
+                    best = Some((k, total, cur.clone()));
+                }
+            }
+        }
+        if let Some((bk, _, bs)) = best {
+            out.push((
+                t0 + (bk as u128 * (span as u128 + 1) / n as u128) as u64,
+                bs,
+            ));
+        }
+        ((span + 1).div_ceil(n).max(1), out)
+    }
 }
 
 /// One process's use of the GPU (a trace and the device ordinal it knew the GPU by).
@@ -194,5 +256,6 @@ fn group(reports: &[TraceReport], uuid: String, members: &[(usize, usize)]) -> G
             .collect(),
         combined_peak: peak,
         failures,
+        series: series.into_iter().map(|s| s.steps).collect(),
     }
 }
