@@ -259,3 +259,43 @@ fn group(reports: &[TraceReport], uuid: String, members: &[(usize, usize)]) -> G
         series: series.into_iter().map(|s| s.steps).collect(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn group(series: Vec<Vec<(u64, u64)>>) -> GpuGroup {
+        GpuGroup {
+            uuid: "GPU-x".into(),
+            name: "x".into(),
+            total_bytes: None,
+            processes: Vec::new(),
+            combined_peak: CombinedPeak {
+                bytes: 0,
+                wall_ns: 0,
+                held: Vec::new(),
+            },
+            failures: Vec::new(),
+            series,
+        }
+    }
+
+    #[test]
+    fn samples_keep_every_peak() {
+        // A 1 ns spike of process 1 inside one of 10 slices, while process 0 holds 5.
+        let g = group(vec![
+            vec![(0, 5), (1_000, 0)],
+            vec![(10, 2), (437, 90), (438, 3), (999, 0)],
+        ]);
+        let (slice, s) = g.samples(10);
+        assert_eq!(slice, 101);
+        let best = s.iter().map(|x| x.1.iter().sum::<u64>()).max().unwrap();
+        assert_eq!(best, 95, "{s:?}");
+        assert!(s.iter().any(|x| x.1 == [5, 90]), "{s:?}");
+        // Slices are in time order, one per slice with a change.
+        assert!(s.windows(2).all(|w| w[0].0 < w[1].0));
+        // The last slice (999..1000) shows its maximum, [5, 0], not the final drop: the
+        // chart is an envelope of the maxima.
+        assert_eq!(s.last().unwrap().1, [5, 0]);
+    }
+}
