@@ -41,7 +41,8 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
     } else {
         None
     };
-    let html = render::html::page(&reports, comparison.as_ref());
+    let gpus = analysis::by_gpu::by_gpu(&mut reports);
+    let html = render::html::page(&reports, comparison.as_ref(), &gpus);
     std::fs::write(&args.output, html).map_err(|e| write_error(&args.output, &e))?;
     eprintln!("wrote {}", args.output.display());
     Ok(crate::input_status(&reports, torn))

@@ -625,7 +625,11 @@ fn device(r: &TraceReport, d: &DeviceReport, out: &mut String) {
 }
 
 /// The whole page for one or more traces.
-pub fn page(reports: &[TraceReport], comparison: Option<&Comparison>) -> String {
+pub fn page(
+    reports: &[TraceReport],
+    comparison: Option<&Comparison>,
+    gpus: &[crate::analysis::by_gpu::GpuGroup],
+) -> String {
     let mut out = String::with_capacity(256 << 10);
     let title = reports
         .iter()
@@ -647,10 +651,9 @@ pub fn page(reports: &[TraceReport], comparison: Option<&Comparison>) -> String 
             esc(&text)
         );
     }
-    let gpus = crate::analysis::by_gpu::by_gpu(reports);
     if !gpus.is_empty() {
         out.push_str("<section class=\"by-gpu\"><h2>By GPU: processes that shared a GPU</h2>");
-        for g in &gpus {
+        for g in gpus {
             let _ = write!(
                 out,
                 "<h3>{} <span class=\"uuid\">{}</span></h3>",
