@@ -972,7 +972,7 @@ fn analyzer_page(traces: &[&Path]) -> Result<String, String> {
         whatif::judge_post_mortems(t, &mut r)?;
         reports.push(r);
     }
-    Ok(render::html::page(&reports, None))
+    Ok(render::html::page(&reports, None, &[]))
 }
 
 fn demo_section(gpu: &Gpu, rows: &[Row], stats: &CsvStats) -> String {

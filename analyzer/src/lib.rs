@@ -38,17 +38,20 @@ pub fn write_html_report(
 ) -> Result<(), String> {
     let opts = Options {
         progress: false,
+        // Several traces may share a GPU: the report lines them up (by GPU).
+        steps: traces.len() > 1,
         ..Options::default()
     };
-    let reports = traces
+    let mut reports = traces
         .iter()
         .map(|p| summarize(p, &opts))
         .collect::<Result<Vec<_>, _>>()?;
+    let gpus = analysis::by_gpu::by_gpu(&mut reports);
     let cmp = if reports.len() > 1 {
         Some(analysis::compare::compare(&reports))
     } else {
         None
     };
-    std::fs::write(out, render::html::page(&reports, cmp.as_ref()))
+    std::fs::write(out, render::html::page(&reports, cmp.as_ref(), &gpus))
         .map_err(|e| error::write_error(out, &e))
 }

@@ -21,7 +21,11 @@ pub struct Args {
 }
 
 pub fn main(args: Args) -> Result<ExitCode, String> {
-    let opts = Options::default();
+    let opts = Options {
+        // Several traces may share a GPU: the report lines them up (by GPU).
+        steps: args.traces.len() > 1,
+        ..Options::default()
+    };
     let mut reports = Vec::new();
     let mut torn = false;
     for p in &args.traces {
@@ -37,7 +41,8 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
     } else {
         None
     };
-    let html = render::html::page(&reports, comparison.as_ref());
+    let gpus = analysis::by_gpu::by_gpu(&mut reports);
+    let html = render::html::page(&reports, comparison.as_ref(), &gpus);
     std::fs::write(&args.output, html).map_err(|e| write_error(&args.output, &e))?;
     eprintln!("wrote {}", args.output.display());
     Ok(crate::input_status(&reports, torn))

@@ -47,7 +47,7 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
     } else {
         None
     };
-    let gpus = by_gpu::by_gpu(&reports);
+    let gpus = by_gpu::by_gpu(&mut reports);
     if args.json {
         let mut v = serde_json::json!({
             "schema": analysis::SCHEMA,

@@ -147,6 +147,22 @@ fn a_shared_gpus_out_of_memory_names_what_the_other_process_held() {
             && text.contains("the others 600 MiB"),
         "{text}"
     );
+    // The report draws them stacked on one chart, with the refusal marked.
+    ok(
+        &dir,
+        &["report", "a.vramtrace", "b.vramtrace", "-o", "r.html"],
+    );
+    let html = std::fs::read_to_string(dir.join("r.html")).unwrap();
+    assert!(
+        html.contains("class=\"chart shared-gpu\""),
+        "no shared-GPU chart"
+    );
+    assert_eq!(html.matches("<path class=\"process\"").count(), 2);
+    assert_eq!(
+        html.matches("class=\"mark oom\"").count(),
+        2,
+        "one mark in the shared chart, one in the filler's own"
+    );
     // One trace alone has no one to line up with.
     let one = ok(&dir, &["summary", "--json", "b.vramtrace"]);
     let one: serde_json::Value = serde_json::from_slice(&one.stdout).unwrap();

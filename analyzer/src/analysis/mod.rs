@@ -8,6 +8,7 @@ mod elf;
 mod fast;
 pub mod report;
 mod sites;
+pub mod steps;
 pub mod symbols;
 pub mod timeline;
 
@@ -163,7 +164,7 @@ pub(crate) struct DevState {
     pub post_mortems_dropped: u64,
     pub timeline: Timeline,
     /// Every in-use change (`Options::steps`).
-    pub steps: Vec<(u64, u64)>,
+    pub steps: steps::StepLog,
     pub first_t: Option<u64>,
     pub last_t: u64,
 }
@@ -205,7 +206,7 @@ impl DevState {
             post_mortems: Vec::new(),
             post_mortems_dropped: 0,
             timeline: Timeline::new(t0, opts.timeline_points),
-            steps: Vec::new(),
+            steps: steps::StepLog::default(),
             first_t: None,
             last_t: 0,
         }
@@ -469,7 +470,7 @@ impl Analysis {
             d.timeline.in_use(m.t_ns, d.in_use);
         }
         if steps {
-            d.steps.push((m.t_ns, d.in_use));
+            d.steps.push(m.t_ns, d.in_use);
         }
     }
 
@@ -529,7 +530,7 @@ impl Analysis {
             d.timeline.in_use(m.t_ns, d.in_use);
         }
         if steps {
-            d.steps.push((m.t_ns, d.in_use));
+            d.steps.push(m.t_ns, d.in_use);
         }
     }
 

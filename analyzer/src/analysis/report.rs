@@ -34,7 +34,7 @@ pub struct TraceReport {
     pub timelines: Vec<(i32, Timeline)>,
     /// Every in-use change per device, (monotonic ns, bytes), when `Options::steps` was on.
     #[serde(skip)]
-    pub steps: Vec<(i32, Vec<(u64, u64)>)>,
+    pub steps: Vec<(i32, super::steps::StepLog)>,
     /// The header's monotonic start, which `start_wall_ns` is the wall-clock time of.
     #[serde(skip)]
     pub start_mono_ns: u64,
@@ -544,7 +544,19 @@ pub(crate) fn build(mut a: Analysis, warnings: Vec<String>) -> TraceReport {
             post_mortems_not_shown: d.post_mortems_dropped,
         });
         timelines.push((d.device, d.timeline));
-        steps.push((d.device, std::mem::take(&mut d.steps)));
+        // Only a device with a UUID can be lined up with another trace's: drop the others'
+        // logs now rather than holding them through the next traces.
+        let has_uuid = devices
+            .last()
+            .is_some_and(|r: &DeviceReport| r.uuid.is_some());
+        steps.push((
+            d.device,
+            if has_uuid {
+                std::mem::take(&mut d.steps)
+            } else {
+                Default::default()
+            },
+        ));
     }
     let h = &a.header;
     let mut warnings = warnings;

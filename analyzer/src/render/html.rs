@@ -73,6 +73,144 @@ fn byte_ticks(max: u64) -> Vec<u64> {
         .collect()
 }
 
+const PALETTE: [&str; 8] = [
+    "#3b82f6", "#f59e0b", "#10b981", "#8b5cf6", "#ef4444", "#14b8a6", "#eab308", "#ec4899",
+];
+
+/// The processes of one shared GPU, stacked over wall-clock time, the card's size, and a
+/// mark at every refused allocation.
+fn shared_gpu_svg(g: &crate::analysis::by_gpu::GpuGroup, out: &mut String) {
+    let (slice, samples) = g.samples(800);
+    let (Some(first), Some(last)) = (samples.first(), samples.last()) else {
+        return;
+    };
+    let (h, ml, mr, mt, mb) = (280.0, 70.0, 16.0, 14.0, 34.0);
+    let pw = W - ml - mr;
+    let ph = h - mt - mb;
+    let t0 = first.0;
+    let t_end = last.0 + slice;
+    let t_span = (t_end - t0).max(1) as f64;
+    let data_max = samples
+        .iter()
+        .map(|s| s.1.iter().sum::<u64>())
+        .max()
+        .unwrap_or(0);
+    let card = g
+        .total_bytes
+        .filter(|&t| data_max == 0 || t / CAP_ABOVE_RATIO <= data_max);
+    let ymax = (data_max.max(card.unwrap_or(0)) as f64 * 1.05).max(1.0);
+    let x = |t: u64| ml + t.saturating_sub(t0) as f64 / t_span * pw;
+    let y = |v: u64| mt + ph - v as f64 / ymax * ph;
+    let _ = write!(
+        out,
+        r##"<svg class="chart shared-gpu" viewBox="0 0 {W} {h}" role="img" aria-label="processes on one GPU over time"><rect x="{ml}" y="{mt}" width="{pw}" height="{ph}" fill="#fbfcfd" stroke="#dde1e8"/>"##
+    );
+    for v in byte_ticks(ymax as u64) {
+        let yy = y(v);
+        let _ = write!(
+            out,
+            r##"<line x1="{ml}" x2="{}" y1="{yy:.1}" y2="{yy:.1}" stroke="#eef0f4"/><text x="{}" y="{:.1}" text-anchor="end">{}</text>"##,
+            ml + pw,
+            ml - 6.0,
+            yy + 4.0,
+            bytes(v)
+        );
+    }
+    for tv in axis_ticks(t_span, 6) {
+        let _ = write!(
+            out,
+            r#"<text x="{:.1}" y="{}" text-anchor="middle">+{}</text>"#,
+            ml + tv / t_span * pw,
+            mt + ph + 16.0,
+            duration_ns(tv as u64)
+        );
+    }
+    // Band k lies between the sum of processes 0..k and 0..=k.
+    let mut below = vec![0u64; samples.len()];
+    for k in 0..g.processes.len() {
+        let above: Vec<u64> = samples
+            .iter()
+            .zip(&below)
+            .map(|(s, b)| b + s.1.get(k).copied().unwrap_or(0))
+            .collect();
+        let mut d = String::new();
+        for (j, s) in samples.iter().enumerate() {
+            let x1 = samples.get(j + 1).map_or(t_end, |n| n.0);
+            let _ = write!(
+                d,
+                "{}{:.1},{:.1}L{:.1},{:.1}",
+                if j == 0 { "M" } else { "L" },
+                x(s.0),
+                y(above[j]),
+                x(x1),
+                y(above[j])
+            );
+        }
+        for (j, s) in samples.iter().enumerate().rev() {
+            let x1 = samples.get(j + 1).map_or(t_end, |n| n.0);
+            let _ = write!(
+                d,
+                "L{:.1},{:.1}L{:.1},{:.1}",
+                x(x1),
+                y(below[j]),
+                x(s.0),
+                y(below[j])
+            );
+        }
+        let p = &g.processes[k];
+        let _ = write!(
+            out,
+            r##"<path class="process" d="{d}Z" fill="{c}" fill-opacity="0.55" stroke="{c}" stroke-width="1"><title>pid {} ({}): peak {}</title></path>"##,
+            p.pid,
+            esc(&p.trace),
+            bytes(p.peak_in_use),
+            c = PALETTE[k % PALETTE.len()],
+        );
+        below = above;
+    }
+    if let Some(t) = card {
+        let yy = y(t);
+        let _ = write!(
+            out,
+            r##"<line class="card" x1="{ml}" x2="{}" y1="{yy:.1}" y2="{yy:.1}" stroke="#111827" stroke-dasharray="4 3"><title>the card: {}</title></line>"##,
+            ml + pw,
+            bytes(t)
+        );
+    }
+    for f in &g.failures {
+        let xx = x(f.wall_ns);
+        let _ = write!(
+            out,
+            r##"<path class="mark {}" d="M{xx:.1},{}l-5,-9h10z" fill="#b91c1c"><title>pid {}: {} of {} at {}</title></path><line x1="{xx:.1}" x2="{xx:.1}" y1="{mt}" y2="{}" stroke="#b91c1c" stroke-opacity="0.35"/>"##,
+            if f.cause == "cap" { "refusal" } else { "oom" },
+            mt + 10.0,
+            g.processes[f.process].pid,
+            if f.cause == "cap" {
+                "cap refusal"
+            } else {
+                "out of memory"
+            },
+            bytes(f.size),
+            crate::units::wall_utc(f.wall_ns),
+            mt + ph
+        );
+    }
+    out.push_str("</svg><div class=\"legend\">");
+    for (k, p) in g.processes.iter().enumerate() {
+        let _ = write!(
+            out,
+            r#"<span><i class="sw" style="background:{}"></i>pid {}</span>"#,
+            PALETTE[k % PALETTE.len()],
+            p.pid
+        );
+    }
+    let _ = write!(
+        out,
+        r#"<span><i class="sw" style="background:#111827"></i>the card</span><span><i class="sw" style="background:#b91c1c"></i>refusals and OOMs</span><span>from {}</span></div>"#,
+        crate::units::wall_utc(t0)
+    );
+}
+
 /// How far above the data a cap may be before the chart's axis stops including it.
 const CAP_ABOVE_RATIO: u64 = 4;
 
@@ -487,7 +625,11 @@ fn device(r: &TraceReport, d: &DeviceReport, out: &mut String) {
 }
 
 /// The whole page for one or more traces.
-pub fn page(reports: &[TraceReport], comparison: Option<&Comparison>) -> String {
+pub fn page(
+    reports: &[TraceReport],
+    comparison: Option<&Comparison>,
+    gpus: &[crate::analysis::by_gpu::GpuGroup],
+) -> String {
     let mut out = String::with_capacity(256 << 10);
     let title = reports
         .iter()
@@ -508,6 +650,26 @@ pub fn page(reports: &[TraceReport], comparison: Option<&Comparison>) -> String 
             "<section class=\"comparison\"><h2>Side by side</h2><pre>{}</pre></section>",
             esc(&text)
         );
+    }
+    if !gpus.is_empty() {
+        out.push_str("<section class=\"by-gpu\"><h2>By GPU: processes that shared a GPU</h2>");
+        for g in gpus {
+            let _ = write!(
+                out,
+                "<h3>{} <span class=\"uuid\">{}</span></h3>",
+                esc(&g.name),
+                esc(&g.uuid)
+            );
+            shared_gpu_svg(g, &mut out);
+            let mut text = String::new();
+            super::text::by_gpu(std::slice::from_ref(g), &mut text);
+            let _ = write!(
+                out,
+                "<pre style=\"white-space:pre-wrap\">{}</pre>",
+                esc(&text)
+            );
+        }
+        out.push_str("</section>");
     }
     for r in reports {
         let _ = write!(
