@@ -234,17 +234,27 @@ fn block_signals() {
     }
 }
 
+/// The drain period: `TICK`, or an hour under `VRAMSHIM_TRACE_FAULT=no-tick` (the periodic
+/// drain switched off, to show that the SIGKILL test catches a writer that does not drain).
+fn tick_period() -> Duration {
+    match crate::env::var("VRAMSHIM_TRACE_FAULT") {
+        Some("no-tick") => Duration::from_secs(3600),
+        _ => TICK,
+    }
+}
+
 fn writer_main(sh: &'static Shared) {
     // Process-directed signals must go to the application's threads, not to us.
     block_signals();
-    let mut next = Instant::now() + TICK;
+    let period = tick_period();
+    let mut next = Instant::now() + period;
     loop {
         let now = Instant::now();
         if now >= next {
             if !tick(sh, false) {
                 return;
             }
-            next = Instant::now() + TICK;
+            next = Instant::now() + period;
             continue;
         }
         match sh.rx.recv_timeout(next - now) {
