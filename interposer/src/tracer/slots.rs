@@ -1,7 +1,9 @@
-//! Per-thread record buffers and their registry.
+//! Per-thread event buffers and their registry.
 //!
 //! Each thread that emits owns one [`Slot`] (found through a const, non-Drop thread-local
-//! pointer). Slots are leaked and linked into a lock-free list, never freed: the writer
+//! pointer). The calling thread only appends its events as they are ([`Raw`]: a fixed-size
+//! entry, a few plain stores); the writer thread encodes them into records ([`encode`]) when it
+//! takes the buffer, so the delta/varint encoding costs the application's threads nothing. Slots are leaked and linked into a lock-free list, never freed: the writer
 //! thread can take a slot's partial buffer at any time (every tick, and at exit), so the
 //! events of threads that have exited are never lost. A slot's buffer is guarded by a spin
 //! flag that only its owner and the writer ever take; where `membarrier` is available the
@@ -12,21 +14,197 @@ use std::cell::UnsafeCell;
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicPtr, AtomicU32, Ordering};
 
-use vramshim_trace::{Event, MemOp, RecordEncoder, RecordStats};
+use vramshim_trace::{AllocKind, Api, Event, MemOp, RecordEncoder};
 
 use super::{barrier, stacks, writer};
 
 /// Devices whose live bytes the slots count for `Counter` records.
 pub const MAX_DEV: usize = 16;
-/// A buffer this large is handed to the writer.
-pub const SEND_AT: usize = 64 << 10;
-/// If the writer cannot take buffers, a thread keeps at most this much, then throttles.
-pub const MAX_BUF: usize = 1 << 20;
+/// A buffer of this many entries (64 KiB) is handed to the writer.
+pub const SEND_AT: usize = (64 << 10) / std::mem::size_of::<Raw>();
+/// If the writer cannot take buffers, a thread keeps at most this many entries (4 MiB), then
+/// throttles.
+pub const MAX_BUF: usize = (4 << 20) / std::mem::size_of::<Raw>();
+/// A buffer the writer could not take is offered again after this many more entries.
+const RETRY_AFTER: usize = SEND_AT / 4;
 /// Longest a thread yields to the writer (channel full, buffer at `MAX_BUF`) before dropping
 /// its buffer (counted in a `Lost` record). Bounded: the application is slowed, never blocked.
 const THROTTLE_NS: u64 = 100_000_000;
 /// Backlog (bytes queued for the writer) above which a thread handing over a buffer waits.
 const HIGH_WATER: usize = 32 << 20;
+
+/// One entry of a thread's buffer: an allocation or a free as the calling thread left it (the
+/// caller's `MemOp`, not yet encoded), a context, or the place of another event (kept in
+/// [`Buf::others`]). `repr(C)` and a plain struct, so the hot path writes the `MemOp` straight
+/// into the buffer with a few wide moves (an enum holding an `Event` is built on the stack
+/// and copied).
+#[repr(C)]
+pub struct Raw {
+    kind: Kind,
+    op: MemOp,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[repr(u8)]
+enum Kind {
+    /// The following events are thread `op.tid`'s (a `Context` record: delta state reset).
+    Context,
+    Alloc,
+    Free,
+    /// The next event of [`Buf::others`] (a `Stack` just before the MemOp that refers to it).
+    Other,
+}
+
+/// A thread's events, in order, not yet encoded. A buffer in use always starts with a
+/// `Context` (the thread whose events follow), as an encoded run of records starts with a
+/// `Context` record; [`encode`] turns one into the other.
+#[derive(Default)]
+pub struct Buf {
+    raw: Vec<Raw>,
+    others: Vec<Event>,
+}
+
+impl Buf {
+    pub fn with_capacity(n: usize) -> Buf {
+        Buf {
+            raw: Vec::with_capacity(n),
+            others: Vec::new(),
+        }
+    }
+
+    /// Entries (the backlog's and the hand-over's measure).
+    pub fn len(&self) -> usize {
+        self.raw.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.raw.is_empty()
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.raw.capacity()
+    }
+
+    pub fn clear(&mut self) {
+        self.raw.clear();
+        self.others.clear();
+    }
+
+    fn context(&mut self, tid: u32) {
+        self.raw.push(Raw {
+            kind: Kind::Context,
+            op: blank_op(tid),
+        });
+    }
+
+    /// Appends `ev` (after the buffer's leading `Context` when it is empty).
+    fn put(&mut self, slot: &Slot, ev: Event) {
+        if self.raw.is_empty() {
+            self.start(slot);
+        }
+        let (kind, op) = match ev {
+            Event::Alloc(m) => (Kind::Alloc, m),
+            Event::Free(m) => (Kind::Free, m),
+            ev => {
+                self.others.push(ev);
+                self.raw.push(Raw {
+                    kind: Kind::Other,
+                    op: blank_op(0),
+                });
+                return;
+            }
+        };
+        self.raw.push(Raw { kind, op });
+    }
+
+    /// [`Buf::put`] of an allocation or a free: the hot path, a few plain stores.
+    #[inline(always)]
+    fn put_op<const ALLOC: bool>(&mut self, slot: &Slot, m: &MemOp) {
+        if self.raw.is_empty() {
+            self.start(slot);
+        }
+        let len = self.raw.len();
+        if len == self.raw.capacity() {
+            self.grow();
+        }
+        // SAFETY: len < capacity (grown above), so the entry at `len` lies inside the
+        // allocation; both fields are written before the length counts it.
+        unsafe {
+            let p = self.raw.as_mut_ptr().add(len);
+            ptr::addr_of_mut!((*p).kind).write(if ALLOC { Kind::Alloc } else { Kind::Free });
+            ptr::addr_of_mut!((*p).op).write(MemOp { ..*m });
+            self.raw.set_len(len + 1);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn start(&mut self, slot: &Slot) {
+        self.context(slot.owner.load(Ordering::Relaxed));
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn grow(&mut self) {
+        self.raw.reserve(RETRY_AFTER);
+    }
+}
+
+/// The `MemOp` of an entry that is not one.
+fn blank_op(tid: u32) -> MemOp {
+    MemOp {
+        t_ns: 0,
+        tid,
+        api: Api::CudaMalloc,
+        kind: AllocKind::Runtime,
+        flags: 0,
+        device: 0,
+        stream: 0,
+        addr: 0,
+        size: 0,
+        result: 0,
+        latency_ns: 0,
+        stack: 0,
+    }
+}
+
+/// Encodes a thread's buffer into whole records (starting with a `Context` record): the
+/// bytes the calling thread's encoder wrote before the encoding moved to the writer.
+pub fn encode(enc: &mut RecordEncoder, b: &Buf) {
+    enc.clear();
+    let mut others = b.others.iter();
+    for (i, r) in b.raw.iter().enumerate() {
+        if i == 0 && r.kind != Kind::Context {
+            // Never built that way; a run of records must start with a context.
+            enc.context(0);
+        }
+        match r.kind {
+            Kind::Context => enc.context(r.op.tid),
+            Kind::Alloc => enc.push_memop(true, &r.op),
+            Kind::Free => enc.push_memop(false, &r.op),
+            Kind::Other => {
+                if let Some(e) = others.next() {
+                    enc.push(e);
+                }
+            }
+        }
+    }
+}
+
+/// Events (calls to `emit`) in a buffer, for exact loss accounting.
+fn events_in(b: &Buf) -> u64 {
+    let ops = b
+        .raw
+        .iter()
+        .filter(|r| matches!(r.kind, Kind::Alloc | Kind::Free))
+        .count();
+    let others = b
+        .others
+        .iter()
+        .filter(|e| !matches!(e, Event::Stack { .. }))
+        .count();
+    (ops + others) as u64
+}
 
 pub struct Slot {
     next: AtomicPtr<Slot>,
@@ -43,11 +221,9 @@ pub struct Slot {
 }
 
 struct Inner {
-    enc: RecordEncoder,
-    /// Try handing the buffer over when it reaches this size.
+    buf: Buf,
+    /// Try handing the buffer over when it holds this many entries.
     next_try: usize,
-    /// Events (calls to `emit`) in the buffer, for exact loss accounting.
-    events: u64,
 }
 
 // SAFETY: `inner` is only accessed through a `Guard`: with `lock` held, or by the owner with
@@ -220,9 +396,8 @@ fn claim(tid: u32) -> &'static Slot {
                 claim: AtomicBool::new(false),
                 owner: AtomicU32::new(tid),
                 inner: UnsafeCell::new(Inner {
-                    enc: RecordEncoder::with_capacity(SEND_AT + (SEND_AT >> 2)),
+                    buf: Buf::with_capacity(SEND_AT + RETRY_AFTER),
                     next_try: SEND_AT,
-                    events: 0,
                 }),
                 live: [const { AtomicI64::new(0) }; MAX_DEV],
             }));
@@ -246,15 +421,15 @@ fn claim(tid: u32) -> &'static Slot {
     {
         let g = slot.lock();
         let inner = g.inner();
-        if inner.enc.is_empty() {
-            inner.enc.begin(tid);
-        } else {
-            inner.enc.context(tid);
-        }
-        inner.enc.push(&Event::ThreadStart {
-            t_ns: super::clock::now_ns(),
-            tid,
-        });
+        // A reused slot may still hold its previous thread's events: a new context either way.
+        inner.buf.context(tid);
+        inner.buf.put(
+            slot,
+            Event::ThreadStart {
+                t_ns: super::clock::now_ns(),
+                tid,
+            },
+        );
     }
     slot
 }
@@ -269,7 +444,7 @@ fn my_slot() -> &'static Slot {
     unsafe { &*p }
 }
 
-/// The hot path: encode `ev` into the caller's buffer.
+/// The hot path: append `ev` to the caller's buffer.
 #[inline]
 pub fn emit(mut ev: Event) {
     if !writer::ensure_started() {
@@ -286,19 +461,23 @@ pub fn emit(mut ev: Event) {
         m.stack = id;
         new_stack = frames.map(|f| (id, f));
     }
+    count_live(slot, &ev);
     let g = slot.enter();
     let inner = g.inner();
-    if inner.enc.is_empty() {
-        inner.enc.begin(slot.owner.load(Ordering::Relaxed));
-    }
     if let Some((id, frames)) = new_stack {
-        inner.enc.push_stack(id, frames.as_slice());
+        inner.buf.put(slot, stack_event(id, &frames));
     }
-    inner.enc.push(&ev);
-    inner.events += 1;
-    count_live(slot, &ev);
-    if inner.enc.len() >= inner.next_try {
+    inner.buf.put(slot, ev);
+    if inner.buf.len() >= inner.next_try {
         hand_over(inner);
+    }
+}
+
+/// A new stack's record (allocates: once per distinct stack).
+fn stack_event(id: u32, frames: &stacks::Frames) -> Event {
+    Event::Stack {
+        id,
+        frames: frames.as_slice().to_vec(),
     }
 }
 
@@ -316,15 +495,11 @@ pub fn emit_memop<const ALLOC: bool>(m: &MemOp) {
     }
     let g = slot.enter();
     let inner = g.inner();
-    if inner.enc.is_empty() {
-        inner.enc.begin(slot.owner.load(Ordering::Relaxed));
-    }
-    inner.enc.push_memop(alloc, m);
-    inner.events += 1;
+    inner.buf.put_op::<ALLOC>(slot, m);
     if !alloc || m.addr != 0 {
         count_memop(slot, if alloc { 1 } else { -1 }, m);
     }
-    if inner.enc.len() >= inner.next_try {
+    if inner.buf.len() >= inner.next_try {
         hand_over(inner);
     }
 }
@@ -339,20 +514,24 @@ fn emit_memop_stack(slot: &'static Slot, alloc: bool, m: &MemOp) {
         with.stack = id;
         new_stack = frames.map(|f| (id, f));
     }
+    let stack_ev = new_stack.map(|(id, frames)| stack_event(id, &frames));
     let g = slot.enter();
     let inner = g.inner();
-    if inner.enc.is_empty() {
-        inner.enc.begin(slot.owner.load(Ordering::Relaxed));
+    if let Some(ev) = stack_ev {
+        inner.buf.put(slot, ev);
     }
-    if let Some((id, frames)) = new_stack {
-        inner.enc.push_stack(id, frames.as_slice());
-    }
-    inner.enc.push_memop(alloc, &with);
-    inner.events += 1;
+    inner.buf.put(
+        slot,
+        if alloc {
+            Event::Alloc(with)
+        } else {
+            Event::Free(with)
+        },
+    );
     if !alloc || m.addr != 0 {
         count_memop(slot, if alloc { 1 } else { -1 }, m);
     }
-    if inner.enc.len() >= inner.next_try {
+    if inner.buf.len() >= inner.next_try {
         hand_over(inner);
     }
 }
@@ -387,44 +566,42 @@ fn count_memop(slot: &Slot, sign: i64, m: &MemOp) {
 #[cold]
 #[inline(never)]
 fn hand_over(inner: &mut Inner) {
-    let (bytes, stats) = inner.enc.take();
-    match writer::send(bytes, stats) {
+    let buf = std::mem::take(&mut inner.buf);
+    match writer::send(buf) {
         Ok(()) => {
-            inner.enc.set_buffer(writer::spare_buffer());
+            inner.buf = writer::spare_buffer();
             inner.next_try = SEND_AT;
-            inner.events = 0;
             if writer::backlog() > HIGH_WATER {
                 wait_for_writer();
             }
         }
-        Err((bytes, stats)) if bytes.len() >= MAX_BUF => match throttle(bytes, stats) {
+        Err(buf) if buf.len() >= MAX_BUF => match throttle(buf) {
             Ok(()) => {
-                inner.enc.set_buffer(writer::spare_buffer());
+                inner.buf = writer::spare_buffer();
                 inner.next_try = SEND_AT;
-                inner.events = 0;
             }
-            Err((bytes, _)) => {
+            Err(mut buf) => {
                 // The writer has not taken anything for a long while: drop, and count it.
-                writer::count_lost(inner.events);
-                inner.events = 0;
-                inner.enc.set_buffer(bytes);
+                writer::count_lost(events_in(&buf));
+                buf.clear();
+                inner.buf = buf;
                 inner.next_try = SEND_AT;
             }
         },
-        Err((bytes, stats)) => {
-            // Writer busy: keep the data (delta state intact) and try again a little later.
-            inner.next_try = bytes.len() + (16 << 10);
-            inner.enc.restore(bytes, stats);
+        Err(buf) => {
+            // Writer busy: keep the events and try again a little later.
+            inner.next_try = buf.len() + RETRY_AFTER;
+            inner.buf = buf;
         }
     }
 }
 
 /// Many busy threads on few cores starve the writer thread: step aside (short sleeps, at
 /// most `THROTTLE_NS` per full buffer) so it gets the CPU, before dropping anything, as
-/// bytehound throttles its producers. Only a thread that has 1 MiB of unwritten events while
+/// bytehound throttles its producers. Only a thread that has `MAX_BUF` unwritten events while
 /// the channel is full ever gets here.
 #[cold]
-fn throttle(mut bytes: Vec<u8>, mut stats: RecordStats) -> Result<(), (Vec<u8>, RecordStats)> {
+fn throttle(mut buf: Buf) -> Result<(), Buf> {
     let deadline = crate::ids::now_ns() + THROTTLE_NS;
     loop {
         let ts = libc::timespec {
@@ -433,12 +610,12 @@ fn throttle(mut bytes: Vec<u8>, mut stats: RecordStats) -> Result<(), (Vec<u8>, 
         };
         // SAFETY: ts is a valid timespec; the remainder pointer may be null.
         unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
-        match writer::send(bytes, stats) {
+        match writer::send(buf) {
             Ok(()) => return Ok(()),
-            Err(back) => (bytes, stats) = back,
+            Err(back) => buf = back,
         }
         if crate::ids::now_ns() > deadline {
-            return Err((bytes, stats));
+            return Err(buf);
         }
     }
 }
@@ -457,15 +634,15 @@ fn wait_for_writer() {
     }
 }
 
-/// Writer side: take every slot's partial buffer. `f` gets whole records.
-pub fn drain_all(f: impl FnMut(Vec<u8>, RecordStats), spins: u32) {
+/// Writer side: take every slot's partial buffer. `f` gets each (to [`encode`]).
+pub fn drain_all(f: impl FnMut(Buf), spins: u32) {
     let mut all = Vec::new();
     for_each(|s| all.push(s));
     drain(&all, f, spins);
 }
 
 /// Claim every slot, one barrier for all of them, take each buffer, then hand them to `f`.
-fn drain(slots: &[&'static Slot], mut f: impl FnMut(Vec<u8>, RecordStats), spins: u32) {
+fn drain(slots: &[&'static Slot], mut f: impl FnMut(Buf), spins: u32) {
     let held: Vec<Guard<'static>> = slots
         .iter()
         .filter_map(|s| s.try_claim_for(spins))
@@ -480,17 +657,15 @@ fn drain(slots: &[&'static Slot], mut f: impl FnMut(Vec<u8>, RecordStats), spins
             continue;
         }
         let inner = g.inner();
-        if inner.enc.is_empty() {
+        if inner.buf.is_empty() {
             continue;
         }
         let spare = writer::spare_buffer();
-        taken.push(inner.enc.take());
-        inner.enc.set_buffer(spare);
+        taken.push(std::mem::replace(&mut inner.buf, spare));
         inner.next_try = SEND_AT;
-        inner.events = 0;
     }
-    for (bytes, stats) in taken {
-        f(bytes, stats);
+    for buf in taken {
+        f(buf);
     }
 }
 
@@ -543,7 +718,6 @@ pub fn on_fork_child() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vramshim_trace::{AllocKind, Api};
 
     fn new_slot() -> &'static Slot {
         Box::leak(Box::new(Slot {
@@ -553,9 +727,8 @@ mod tests {
             claim: AtomicBool::new(false),
             owner: AtomicU32::new(1),
             inner: UnsafeCell::new(Inner {
-                enc: RecordEncoder::with_capacity(SEND_AT),
+                buf: Buf::with_capacity(SEND_AT),
                 next_try: usize::MAX,
-                events: 0,
             }),
             live: [const { AtomicI64::new(0) }; MAX_DEV],
         }))
@@ -577,23 +750,23 @@ mod tests {
                 for i in 0..N {
                     let g = slot.enter();
                     let inner = g.inner();
-                    if inner.enc.is_empty() {
-                        inner.enc.begin(1);
-                    }
-                    inner.enc.push(&Event::Alloc(MemOp {
-                        t_ns: i,
-                        tid: 1,
-                        api: Api::CudaMalloc,
-                        kind: AllocKind::Runtime,
-                        flags: 0,
-                        device: 0,
-                        stream: 0,
-                        addr: 0x1000 + (i << 8),
-                        size: i,
-                        result: 0,
-                        latency_ns: 0,
-                        stack: 0,
-                    }));
+                    inner.buf.put(
+                        slot,
+                        Event::Alloc(MemOp {
+                            t_ns: i,
+                            tid: 1,
+                            api: Api::CudaMalloc,
+                            kind: AllocKind::Runtime,
+                            flags: 0,
+                            device: 0,
+                            stream: 0,
+                            addr: 0x1000 + (i << 8),
+                            size: i,
+                            result: 0,
+                            latency_ns: 0,
+                            stack: 0,
+                        }),
+                    );
                 }
                 done.store(true, Ordering::Release);
             })
@@ -605,23 +778,27 @@ mod tests {
                 // The race the protocol prevents: take the buffer while the owner may write.
                 if let Some(g) = slot.try_claim_for(1 << 20) {
                     let inner = g.inner();
-                    if !inner.enc.is_empty() {
-                        chunks.push(inner.enc.take());
-                        inner.enc.set_buffer(Vec::with_capacity(SEND_AT));
+                    if !inner.buf.is_empty() {
+                        chunks.push(std::mem::replace(
+                            &mut inner.buf,
+                            Buf::with_capacity(SEND_AT),
+                        ));
                     }
                 }
             } else {
-                drain(&[slot], |b, s| chunks.push((b, s)), 1 << 20);
+                drain(&[slot], |b| chunks.push(b), 1 << 20);
             }
             drains += 1;
         }
         owner.join().unwrap();
-        drain(&[slot], |b, s| chunks.push((b, s)), 1 << 20);
+        drain(&[slot], |b| chunks.push(b), 1 << 20);
         let mut file = Vec::new();
         {
             let mut w = vramshim_trace::TraceWriter::new(&mut file, &Default::default()).unwrap();
-            for (b, s) in &chunks {
-                w.write_records(b, *s).unwrap();
+            let mut enc = RecordEncoder::new();
+            for b in &chunks {
+                encode(&mut enc, b);
+                w.write_records(enc.bytes(), enc.stats()).unwrap();
             }
             w.finish().unwrap();
         }
