@@ -31,7 +31,7 @@ const RETRY_AFTER: usize = SEND_AT / 4;
 /// its buffer (counted in a `Lost` record). Bounded: the application is slowed, never blocked.
 const THROTTLE_NS: u64 = 100_000_000;
 /// Backlog (bytes queued for the writer) above which a thread handing over a buffer waits.
-const HIGH_WATER: usize = 32 << 20;
+const HIGH_WATER: usize = 8 << 20;
 
 /// One entry of a thread's buffer: an allocation or a free as the calling thread left it (the
 /// caller's `MemOp`, not yet encoded), a context, or the place of another event (kept in

@@ -20,9 +20,9 @@ use super::slots::{self, Buf, MAX_DEV, SEND_AT};
 /// 4 MiB when the writer lags); `QUEUED` bounds the bytes.
 const CHANNEL_BUFFERS: usize = 1024;
 /// Above this backlog the writer compresses with a fast level (-1 instead of `LEVEL`).
-const FAST_ABOVE: usize = 4 << 20;
+const FAST_ABOVE: usize = 2 << 20;
 /// Recycled buffers kept for the application threads.
-const SPARE_BUFFERS: usize = 64;
+const SPARE_BUFFERS: usize = CHANNEL_BUFFERS;
 /// The writer takes partial buffers and writes a frame this often (half the 100 ms promise).
 const TICK: Duration = Duration::from_millis(50);
 /// Check for exited threads every this many ticks.
