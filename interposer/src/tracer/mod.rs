@@ -31,7 +31,8 @@
 //!
 //! Timestamps come from [`clock`]: `CLOCK_MONOTONIC` ns, read from the TSC where it is
 //! invariant (two reads per traced call cost ~25 ns instead of ~55), kept on the monotonic
-//! clock by re-anchoring every 50 ms.
+//! clock by re-anchoring every 50 ms. The calling thread keeps the raw TSC; the writer
+//! converts it to ns when it encodes the event.
 //!
 //! `VRAMSHIM_STACKS=N` captures up to N return addresses per alloc/free with libgcc's
 //! `_Unwind_Backtrace` (works without frame pointers), deduplicated at capture: each distinct
@@ -51,7 +52,10 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use vramshim_trace::Event;
 
-pub use clock::{Stamp, now_ns, stamp};
+/// Trace time now for an event handed to [`emit`] (raw TSC where that is the trace clock;
+/// the writer converts it to ns: see `clock`).
+pub use clock::now_raw as now_ns;
+pub use clock::{Stamp, stamp};
 
 /// Tracing is configured and not finished. Read with one relaxed load.
 static ENABLED: AtomicBool = AtomicBool::new(false);

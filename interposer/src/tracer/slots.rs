@@ -169,10 +169,12 @@ fn blank_op(tid: u32) -> MemOp {
 }
 
 /// Encodes a thread's buffer into whole records (starting with a `Context` record): the
-/// bytes the calling thread's encoder wrote before the encoding moved to the writer.
-pub fn encode(enc: &mut RecordEncoder, b: &Buf) {
+/// bytes the calling thread's encoder wrote before the encoding moved to the writer. Event
+/// times are raw trace times until here ([`super::clock::ToNs`]).
+pub fn encode(enc: &mut RecordEncoder, b: &mut Buf) {
     enc.clear();
-    let mut others = b.others.iter();
+    let mut ns = super::clock::ToNs::new();
+    let mut others = b.others.iter_mut();
     for (i, r) in b.raw.iter().enumerate() {
         if i == 0 && r.kind != Kind::Context {
             // Never built that way; a run of records must start with a context.
@@ -180,14 +182,36 @@ pub fn encode(enc: &mut RecordEncoder, b: &Buf) {
         }
         match r.kind {
             Kind::Context => enc.context(r.op.tid),
-            Kind::Alloc => enc.push_memop(true, &r.op),
-            Kind::Free => enc.push_memop(false, &r.op),
+            Kind::Alloc | Kind::Free => {
+                let mut op = MemOp { ..r.op };
+                op.t_ns = ns.get(op.t_ns);
+                enc.push_memop(r.kind == Kind::Alloc, &op);
+            }
             Kind::Other => {
                 if let Some(e) = others.next() {
+                    if let Some(t) = time_of(e) {
+                        *t = ns.get(*t);
+                    }
                     enc.push(e);
                 }
             }
         }
+    }
+}
+
+fn time_of(e: &mut Event) -> Option<&mut u64> {
+    match e {
+        Event::Alloc(m) | Event::Free(m) => Some(&mut m.t_ns),
+        Event::CapRefusal { t_ns, .. }
+        | Event::PoolTrim { t_ns, .. }
+        | Event::Sync { t_ns, .. }
+        | Event::MemInfo { t_ns, .. }
+        | Event::ThreadStart { t_ns, .. }
+        | Event::ThreadExit { t_ns, .. }
+        | Event::Fork { t_ns, .. }
+        | Event::Counter { t_ns, .. }
+        | Event::Lost { t_ns, .. } => Some(t_ns),
+        Event::Module { .. } | Event::Stack { .. } | Event::Device(_) => None,
     }
 }
 
@@ -426,7 +450,7 @@ fn claim(tid: u32) -> &'static Slot {
         inner.buf.put(
             slot,
             Event::ThreadStart {
-                t_ns: super::clock::now_ns(),
+                t_ns: super::clock::now_raw(),
                 tid,
             },
         );
@@ -796,7 +820,7 @@ mod tests {
         {
             let mut w = vramshim_trace::TraceWriter::new(&mut file, &Default::default()).unwrap();
             let mut enc = RecordEncoder::new();
-            for b in &chunks {
+            for b in &mut chunks {
                 encode(&mut enc, b);
                 w.write_records(enc.bytes(), enc.stats()).unwrap();
             }
@@ -805,9 +829,13 @@ mod tests {
         let mut r = vramshim_trace::TraceReader::from_reader(std::io::Cursor::new(file)).unwrap();
         let mut e = Event::Lost { t_ns: 0, count: 0 };
         let mut next = 0u64;
+        let mut prev_t = 0u64;
         while r.next_into(&mut e).unwrap() {
             if let Event::Alloc(m) = &e {
-                assert_eq!((m.t_ns, m.size, m.addr), (next, next, 0x1000 + (next << 8)));
+                // Times are raw until encoded (converted then): in order, not equal to `i`.
+                assert!(m.t_ns >= prev_t, "event {next}: time went backward");
+                prev_t = m.t_ns;
+                assert_eq!((m.size, m.addr), (next, 0x1000 + (next << 8)));
                 next += 1;
             }
         }

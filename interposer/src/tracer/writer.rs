@@ -272,20 +272,20 @@ fn writer_main(sh: &'static Shared) {
     }
 }
 
-fn write_chunk(sh: &Shared, out: &mut Out, c: Chunk) {
+fn write_chunk(sh: &Shared, out: &mut Out, mut c: Chunk) {
     // Under back-pressure, trade ratio for speed (the level applies from the next frame).
     let fast = QUEUED.load(Ordering::Relaxed) > FAST_ABOVE;
     if fast != out.fast {
         out.fast = fast;
         let _ = out.w.set_level(if fast { -1 } else { LEVEL });
     }
-    write_raw(out, &c.raw);
+    write_raw(out, &mut c.raw);
     QUEUED.fetch_sub(raw_bytes(c.raw.len()), Ordering::Relaxed);
     recycle_into(sh, c.raw);
 }
 
 /// Encode a thread's buffer and add its records to the frame.
-fn write_raw(out: &mut Out, raw: &Buf) {
+fn write_raw(out: &mut Out, raw: &mut Buf) {
     slots::encode(&mut out.renc, raw);
     if out
         .w
@@ -331,8 +331,8 @@ fn tick_locked(
     }
     let spins = if at_exit { 1 << 20 } else { 1 << 12 };
     slots::drain_all(
-        |raw| {
-            write_raw(out, &raw);
+        |mut raw| {
+            write_raw(out, &mut raw);
             recycle_into(sh, raw);
         },
         spins,
