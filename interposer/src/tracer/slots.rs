@@ -174,6 +174,7 @@ fn blank_op(tid: u32) -> MemOp {
 pub fn encode(enc: &mut RecordEncoder, b: &mut Buf) {
     enc.clear();
     let mut ns = super::clock::ToNs::new();
+    let mut live = [0i64; MAX_DEV];
     let mut others = b.others.iter_mut();
     for (i, r) in b.raw.iter().enumerate() {
         if i == 0 && r.kind != Kind::Context {
@@ -183,6 +184,9 @@ pub fn encode(enc: &mut RecordEncoder, b: &mut Buf) {
         match r.kind {
             Kind::Context => enc.context(r.op.tid),
             Kind::Alloc | Kind::Free => {
+                if let Some((d, v)) = live_delta(r.kind, &r.op) {
+                    live[d] = live[d].wrapping_add(v);
+                }
                 let mut op = MemOp { ..r.op };
                 op.t_ns = ns.get(op.t_ns);
                 enc.push_memop(r.kind == Kind::Alloc, &op);
@@ -197,6 +201,7 @@ pub fn encode(enc: &mut RecordEncoder, b: &mut Buf) {
             }
         }
     }
+    add_live(&live);
 }
 
 fn time_of(e: &mut Event) -> Option<&mut u64> {
@@ -240,8 +245,6 @@ pub struct Slot {
     /// Kernel tid of the owning thread; 0 = free for reuse.
     pub owner: AtomicU32,
     inner: UnsafeCell<Inner>,
-    /// Live device bytes allocated minus freed by this thread, per device.
-    pub live: [AtomicI64; MAX_DEV],
 }
 
 struct Inner {
@@ -423,7 +426,6 @@ fn claim(tid: u32) -> &'static Slot {
                     buf: Buf::with_capacity(SEND_AT + RETRY_AFTER),
                     next_try: SEND_AT,
                 }),
-                live: [const { AtomicI64::new(0) }; MAX_DEV],
             }));
             let mut head = HEAD.load(Ordering::Relaxed);
             loop {
@@ -485,7 +487,6 @@ pub fn emit(mut ev: Event) {
         m.stack = id;
         new_stack = frames.map(|f| (id, f));
     }
-    count_live(slot, &ev);
     let g = slot.enter();
     let inner = g.inner();
     if let Some((id, frames)) = new_stack {
@@ -509,20 +510,16 @@ fn stack_event(id: u32, frames: &stacks::Frames) -> Event {
 /// into an `Event`; kept out of line so the dispatcher's frames stay small).
 #[inline(never)]
 pub fn emit_memop<const ALLOC: bool>(m: &MemOp) {
-    let alloc = ALLOC;
     if !writer::ensure_started() {
         return;
     }
     let slot = my_slot();
     if super::stack_depth() > 0 && m.stack == 0 {
-        return emit_memop_stack(slot, alloc, m);
+        return emit_memop_stack(slot, ALLOC, m);
     }
     let g = slot.enter();
     let inner = g.inner();
     inner.buf.put_op::<ALLOC>(slot, m);
-    if !alloc || m.addr != 0 {
-        count_memop(slot, if alloc { 1 } else { -1 }, m);
-    }
     if inner.buf.len() >= inner.next_try {
         hand_over(inner);
     }
@@ -552,39 +549,49 @@ fn emit_memop_stack(slot: &'static Slot, alloc: bool, m: &MemOp) {
             Event::Free(with)
         },
     );
-    if !alloc || m.addr != 0 {
-        count_memop(slot, if alloc { 1 } else { -1 }, m);
-    }
     if inner.buf.len() >= inner.next_try {
         hand_over(inner);
     }
 }
 
-#[inline]
-fn count_live(slot: &Slot, ev: &Event) {
-    let (m, sign) = match ev {
-        Event::Alloc(m) if m.addr != 0 => (m, 1i64),
-        Event::Free(m) => (m, -1i64),
-        _ => return,
-    };
-    count_memop(slot, sign, m);
-}
+/// Live device bytes (allocated minus freed) per device, for `Counter` records: counted
+/// where the events are encoded (and where a buffer is dropped), not on the hot path.
+static LIVE: [AtomicI64; MAX_DEV] = [const { AtomicI64::new(0) }; MAX_DEV];
 
-/// Live device bytes of this thread's slot, for `Counter` records.
-#[inline(always)]
-fn count_memop(slot: &Slot, sign: i64, m: &MemOp) {
+/// What an allocation or a free changes in the live bytes of its device, if anything.
+#[inline]
+fn live_delta(kind: Kind, m: &MemOp) -> Option<(usize, i64)> {
+    let sign = match kind {
+        Kind::Alloc if m.addr != 0 => 1i64,
+        Kind::Free => -1i64,
+        _ => return None,
+    };
     // A negative device becomes a huge index: one compare covers both ends.
     let d = m.device as u32 as usize;
     if m.result != 0 || !m.kind.is_device() || d >= MAX_DEV {
-        return;
+        return None;
     }
-    let c = &slot.live[d];
-    // Only the owner writes its slot's counters: load + store, no read-modify-write.
-    c.store(
-        c.load(Ordering::Relaxed)
-            .wrapping_add(sign.wrapping_mul(m.size as i64)),
-        Ordering::Relaxed,
-    );
+    Some((d, sign.wrapping_mul(m.size as i64)))
+}
+
+/// Adds the live-byte changes of `deltas` (per device) to the process's counts.
+fn add_live(deltas: &[i64; MAX_DEV]) {
+    for (c, &v) in LIVE.iter().zip(deltas) {
+        if v != 0 {
+            c.fetch_add(v, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Counts a buffer that is dropped unencoded (its events are lost, not its live bytes).
+fn count_live_of(b: &Buf) {
+    let mut deltas = [0i64; MAX_DEV];
+    for r in &b.raw {
+        if let Some((d, v)) = live_delta(r.kind, &r.op) {
+            deltas[d] = deltas[d].wrapping_add(v);
+        }
+    }
+    add_live(&deltas);
 }
 
 #[cold]
@@ -607,6 +614,7 @@ fn hand_over(inner: &mut Inner) {
             Err(mut buf) => {
                 // The writer has not taken anything for a long while: drop, and count it.
                 writer::count_lost(events_in(&buf));
+                count_live_of(&buf);
                 buf.clear();
                 inner.buf = buf;
                 inner.next_try = SEND_AT;
@@ -693,15 +701,9 @@ fn drain(slots: &[&'static Slot], mut f: impl FnMut(Buf), spins: u32) {
     }
 }
 
-/// Sum of live bytes per device over all slots.
+/// Live bytes per device of every event encoded (or dropped) so far.
 pub fn live_totals() -> [i64; MAX_DEV] {
-    let mut t = [0i64; MAX_DEV];
-    for_each(|s| {
-        for (d, c) in s.live.iter().enumerate() {
-            t[d] = t[d].wrapping_add(c.load(Ordering::Relaxed));
-        }
-    });
-    t
+    std::array::from_fn(|d| LIVE[d].load(Ordering::Relaxed))
 }
 
 /// Free the slots of threads that no longer exist (after draining them). Returns their tids.
@@ -736,6 +738,9 @@ pub fn reap_dead(pid: u32, mut on_dead: impl FnMut(u32)) {
 /// locked forever. Forget them all (leaked), without touching their locks.
 pub fn on_fork_child() {
     HEAD.store(ptr::null_mut(), Ordering::Relaxed);
+    for c in &LIVE {
+        c.store(0, Ordering::Relaxed);
+    }
     my_slot_ptr().set(ptr::null());
 }
 
@@ -754,7 +759,6 @@ mod tests {
                 buf: Buf::with_capacity(SEND_AT),
                 next_try: usize::MAX,
             }),
-            live: [const { AtomicI64::new(0) }; MAX_DEV],
         }))
     }
 
