@@ -6,10 +6,29 @@
 //! ```
 
 use std::collections::BTreeMap;
+use std::io::Write;
 
 use vramshim_trace::*;
 
+/// A failed write to stdout: a closed pipe (`dump ... | head`) ends the dump quietly.
+fn stdout_failed(e: std::io::Error) -> ! {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        std::process::exit(0);
+    }
+    eprintln!("dump: writing the output: {e}");
+    std::process::exit(1);
+}
+
 fn main() {
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    // `println!` panics when the reader has gone; every line goes through here instead.
+    macro_rules! say {
+        ($($t:tt)*) => {
+            if let Err(e) = writeln!(out, $($t)*) {
+                stdout_failed(e);
+            }
+        };
+    }
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     let quiet = args.iter().any(|a| a == "-q");
     args.retain(|a| a != "-q");
@@ -25,7 +44,7 @@ fn main() {
             std::process::exit(1);
         }
     };
-    println!("{:?}", r.header());
+    say!("{:?}", r.header());
     let mut counts: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut ev = Event::Lost { t_ns: 0, count: 0 };
     let mut errors = 0;
@@ -50,7 +69,7 @@ fn main() {
                 };
                 *counts.entry(name).or_default() += 1;
                 if !quiet {
-                    println!("{ev:?}");
+                    say!("{ev:?}");
                 }
             }
             Ok(false) => break,
@@ -65,8 +84,8 @@ fn main() {
     }
     let total: u64 = counts.values().sum();
     let ops = counts.get("Alloc").copied().unwrap_or(0) + counts.get("Free").copied().unwrap_or(0);
-    println!("records: {counts:?}");
-    println!(
+    say!("records: {counts:?}");
+    say!(
         "file {size} bytes, {total} events ({:.2} bytes/event, {:.2} bytes per alloc/free), {} frames, end {:?}, {errors} errors",
         size as f64 / total.max(1) as f64,
         size as f64 / ops.max(1) as f64,
@@ -74,6 +93,9 @@ fn main() {
         r.end_time()
     );
     if let Some(t) = r.truncation() {
-        println!("{t}");
+        say!("{t}");
+    }
+    if let Err(e) = out.flush() {
+        stdout_failed(e);
     }
 }
