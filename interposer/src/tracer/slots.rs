@@ -508,8 +508,51 @@ fn stack_event(id: u32, frames: &stacks::Frames) -> Event {
 
 /// [`emit`] of an allocation or a free, from a `MemOp` the caller keeps (nothing copied
 /// into an `Event`; kept out of line so the dispatcher's frames stay small).
+///
+/// The common case (writer running, slot claimed, no stacks, the asymmetric protocol, room
+/// in the buffer, no hand-over due) makes no call, so the function saves no registers; every
+/// other case goes to [`emit_memop_slow`] as a tail call, before anything is written.
 #[inline(never)]
 pub fn emit_memop<const ALLOC: bool>(m: &MemOp) {
+    if !writer::running() || super::stack_depth() > 0 || !barrier::available() {
+        return emit_memop_slow::<ALLOC>(m);
+    }
+    let p = my_slot_ptr().get() as *const Slot;
+    if p.is_null() {
+        return emit_memop_slow::<ALLOC>(m);
+    }
+    // SAFETY: slots are leaked and never freed.
+    let slot = unsafe { &*p };
+    // The owner's side of the asymmetric protocol (`Slot::enter`), inline.
+    slot.busy.store(true, Ordering::Relaxed);
+    barrier::light();
+    if slot.claim.load(Ordering::Acquire) {
+        slot.busy.store(false, Ordering::Release);
+        return emit_memop_slow::<ALLOC>(m);
+    }
+    // SAFETY: `busy` is set and the writer has not claimed the slot: the owner has the
+    // buffer to itself until it clears `busy` (see `Slot`'s Sync note).
+    let inner = unsafe { &mut *slot.inner.get() };
+    let raw = &mut inner.buf.raw;
+    let len = raw.len();
+    if len == 0 || len == raw.capacity() || len + 1 >= inner.next_try {
+        slot.busy.store(false, Ordering::Release);
+        return emit_memop_slow::<ALLOC>(m);
+    }
+    // SAFETY: len < capacity (checked above), so the entry at `len` lies inside the
+    // allocation; both fields are written before the length counts it.
+    unsafe {
+        let e = raw.as_mut_ptr().add(len);
+        ptr::addr_of_mut!((*e).kind).write(if ALLOC { Kind::Alloc } else { Kind::Free });
+        ptr::addr_of_mut!((*e).op).write(MemOp { ..*m });
+        raw.set_len(len + 1);
+    }
+    slot.busy.store(false, Ordering::Release);
+}
+
+/// [`emit_memop`], every case.
+#[inline(never)]
+fn emit_memop_slow<const ALLOC: bool>(m: &MemOp) {
     if !writer::ensure_started() {
         return;
     }
