@@ -10,7 +10,7 @@ use std::sync::atomic::{
 use std::sync::{Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender, TrySendError, bounded};
+use crossbeam_channel::{Receiver, Select, Sender, TrySendError, bounded};
 use vramshim_trace::{DeviceInfo, Event, RecordEncoder, TraceWriter};
 
 use super::modules::ModuleMap;
@@ -253,21 +253,21 @@ fn writer_main(sh: &'static Shared) {
             next = Instant::now() + TICK;
             continue;
         }
-        match sh.rx.recv_timeout(next - now) {
-            Ok(c) => {
-                let mut g = lock(sh);
-                let Some(out) = g.as_mut() else { return };
-                if out.finished {
-                    return;
-                }
-                write_chunk(sh, out, c);
-                // Take whatever else is queued while we hold the lock.
-                while let Ok(c) = sh.rx.try_recv() {
-                    write_chunk(sh, out, c);
-                }
+        // Wait for a buffer without taking it, and take it only under the lock: a buffer in
+        // this thread's hands while the exit path holds the lock and finishes the trace
+        // would be lost without a trace (seen: one buffer of 10M events).
+        let mut sel = Select::new();
+        sel.recv(&sh.rx);
+        if sel.ready_timeout(next - now).is_ok() {
+            let mut g = lock(sh);
+            let Some(out) = g.as_mut() else { return };
+            if out.finished {
+                return;
             }
-            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
-            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
+            // Take whatever is queued while we hold the lock.
+            while let Ok(c) = sh.rx.try_recv() {
+                write_chunk(sh, out, c);
+            }
         }
     }
 }
