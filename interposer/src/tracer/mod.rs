@@ -74,7 +74,8 @@ pub(crate) fn enabled_seqcst() -> bool {
     ENABLED.load(Ordering::SeqCst)
 }
 
-/// Append one event to the calling thread's buffer.
+/// Append one event to the calling thread's buffer. Its times must be trace times
+/// ([`now_ns`], [`stamp`]): the writer converts them to ns when it encodes the event.
 #[inline]
 pub fn emit(ev: Event) {
     if !enabled() {

@@ -256,6 +256,19 @@ fn writer_main(sh: &'static Shared) {
         // Wait for a buffer without taking it, and take it only under the lock: a buffer in
         // this thread's hands while the exit path holds the lock and finishes the trace
         // would be lost without a trace (seen: one buffer of 10M events).
+        if fault_hold() {
+            // The loop as it was: a buffer taken, then the lock awaited.
+            if let Ok(c) = sh.rx.recv_timeout(next - now) {
+                std::thread::sleep(Duration::from_millis(200));
+                let mut g = lock(sh);
+                let Some(out) = g.as_mut() else { return };
+                if out.finished {
+                    return;
+                }
+                write_chunk(sh, out, c);
+            }
+            continue;
+        }
         let mut sel = Select::new();
         sel.recv(&sh.rx);
         if sel.ready_timeout(next - now).is_ok() {
@@ -270,6 +283,13 @@ fn writer_main(sh: &'static Shared) {
             }
         }
     }
+}
+
+/// Fault switch (`VRAMSHIM_TRACE_WRITER_FAULT=hold`): the writer thread takes a buffer off
+/// the channel before it has the lock, and holds it 200 ms (proves the exit-race test can
+/// fail).
+fn fault_hold() -> bool {
+    super::config_var("VRAMSHIM_TRACE_WRITER_FAULT").is_some_and(|v| v.trim() == "hold")
 }
 
 fn write_chunk(sh: &Shared, out: &mut Out, mut c: Chunk) {
