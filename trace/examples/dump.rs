@@ -6,11 +6,29 @@
 //! ```
 
 use std::collections::BTreeMap;
-use std::io::{BufWriter, Write};
+use std::io::Write;
 
 use vramshim_trace::*;
 
+/// A failed write to stdout: a closed pipe (`dump ... | head`) ends the dump quietly.
+fn stdout_failed(e: std::io::Error) -> ! {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        std::process::exit(0);
+    }
+    eprintln!("dump: writing the output: {e}");
+    std::process::exit(1);
+}
+
 fn main() {
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    // `println!` panics when the reader has gone; every line goes through here instead.
+    macro_rules! say {
+        ($($t:tt)*) => {
+            if let Err(e) = writeln!(out, $($t)*) {
+                stdout_failed(e);
+            }
+        };
+    }
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     let quiet = args.iter().any(|a| a == "-q");
     args.retain(|a| a != "-q");
@@ -26,17 +44,6 @@ fn main() {
             std::process::exit(1);
         }
     };
-    // `dump FILE | head` closes the pipe early: stop quietly there instead of panicking in
-    // `println!`.
-    let stdout = std::io::stdout();
-    let mut out = BufWriter::new(stdout.lock());
-    macro_rules! say {
-        ($($a:tt)*) => {
-            if writeln!(out, $($a)*).is_err() {
-                std::process::exit(0);
-            }
-        };
-    }
     say!("{:?}", r.header());
     let mut counts: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut ev = Event::Lost { t_ns: 0, count: 0 };
@@ -88,7 +95,7 @@ fn main() {
     if let Some(t) = r.truncation() {
         say!("{t}");
     }
-    if out.flush().is_err() {
-        std::process::exit(0);
+    if let Err(e) = out.flush() {
+        stdout_failed(e);
     }
 }

@@ -13,8 +13,15 @@
 //! below states the bound), comparable across threads and across processes, over any run
 //! length; the file format does not change.
 //!
+//! The application's threads do not convert: a traced call's [`stamp`] is the raw TSC (one
+//! `rdtsc` and one relaxed load of the current rate, for the latency), and the writer thread
+//! converts each event's time when it encodes it ([`ToNs`]), with the parameter set that
+//! was in force at that TSC (the sets of the last `SETS_KEPT` re-anchorings, ~3 s, are kept
+//! for that). The file holds `CLOCK_MONOTONIC` ns as before.
+//!
 //! Elsewhere (no invariant TSC, another clocksource, not x86-64, or
-//! `VRAMSHIM_TRACE_CLOCK=monotonic`) every read is a plain `clock_gettime(CLOCK_MONOTONIC)`.
+//! `VRAMSHIM_TRACE_CLOCK=monotonic`) every read is a plain `clock_gettime(CLOCK_MONOTONIC)`,
+//! and [`ToNs`] is the identity.
 
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering, fence};
 
@@ -37,8 +44,13 @@ const MODE_MONO: u8 = 2;
 
 static MODE: AtomicU8 = AtomicU8::new(MODE_UNSET);
 
-/// Conversion parameters, in 4 sets (a reader uses the newest; the writer of new parameters
-/// fills the oldest, never the one readers are on, so nobody waits on a preempted writer).
+/// Parameter sets kept: the newest is what `now_ns` uses; older ones convert the raw times
+/// of events still in buffers when a re-anchoring happened (`ToNs`).
+const SETS_KEPT: usize = 64;
+
+/// Conversion parameters, in `SETS_KEPT` sets (a reader uses the newest, or the one in force
+/// at its TSC; the writer of new parameters fills the oldest, never the one readers are on,
+/// so nobody waits on a preempted writer).
 struct Params {
     /// Odd while being written.
     seq: AtomicU64,
@@ -63,9 +75,11 @@ const PARAMS0: Params = Params {
     corr_ticks: AtomicU64::new(0),
     stale_ticks: AtomicU64::new(u64::MAX),
 };
-static SETS: [Params; 4] = [PARAMS0, PARAMS0, PARAMS0, PARAMS0];
-/// Generation of the newest set (`SETS[GEN % 4]`).
+static SETS: [Params; SETS_KEPT] = [PARAMS0; SETS_KEPT];
+/// Generation of the newest set (`SETS[GEN % SETS_KEPT]`).
 static GEN: AtomicU64 = AtomicU64::new(0);
+/// The newest set's rate (ns per tick << SHIFT): all a traced call needs for its latency.
+static RATE: AtomicU64 = AtomicU64::new(0);
 /// Held by the thread that re-anchors (others go on with the current parameters).
 static RECALIBRATING: AtomicBool = AtomicBool::new(false);
 /// Last anchor (tsc, ns): the rate is measured between consecutive anchors.
@@ -88,7 +102,8 @@ struct Snapshot {
 /// A traced call's start: its time, and what its latency is measured from.
 #[derive(Clone, Copy, Debug)]
 pub struct Stamp {
-    /// Monotonic ns of the start.
+    /// Trace time of the start, as events carry it until the writer encodes them: the raw
+    /// TSC where the TSC is the trace clock, else monotonic ns ([`ToNs`] gives ns).
     pub ns: u64,
     tsc: u64,
     /// ns per tick << SHIFT (0: `tsc` holds monotonic ns, read the clock again).
@@ -120,16 +135,132 @@ impl Stamp {
     }
 }
 
-/// Monotonic ns now (trace clock).
+/// Monotonic ns now (trace clock), converted here (the writer's own records).
 #[inline]
 pub fn now_ns() -> u64 {
+    stamp_ns().ns
+}
+
+/// Trace time now, for an event handed to `emit` (raw: see [`Stamp::ns`]).
+#[inline]
+pub fn now_raw() -> u64 {
     stamp().ns
 }
 
-/// The start of a traced call. Always inlined: a call would cost as much as the rest of it
-/// (the 24-byte result goes through memory).
+/// The start of a traced call: one `rdtsc` and one relaxed load (the conversion to ns is
+/// the writer's, [`ToNs`]). Always inlined: a call would cost as much as the rest of it.
 #[inline(always)]
 pub fn stamp() -> Stamp {
+    if MODE.load(Ordering::Relaxed) == MODE_TSC {
+        let tsc = rdtsc();
+        return Stamp {
+            ns: tsc,
+            tsc,
+            rate: RATE.load(Ordering::Relaxed),
+        };
+    }
+    let ns = mono_ns();
+    Stamp {
+        ns,
+        tsc: ns,
+        rate: 0,
+    }
+}
+
+/// Converts raw trace times to monotonic ns: each with the parameter set in force at its TSC
+/// (the newest whose anchor is not after it), as [`now_ns`] would have converted it then.
+/// Times older than every kept set use the oldest, backward. Remembers the last set found,
+/// so a buffer's times cost one lookup per set.
+pub struct ToNs {
+    tsc: bool,
+    p: Option<Snapshot>,
+    /// `p` holds for raw times in `lo..hi`.
+    lo: u64,
+    hi: u64,
+}
+
+impl Default for ToNs {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ToNs {
+    pub fn new() -> ToNs {
+        ToNs {
+            tsc: MODE.load(Ordering::Relaxed) == MODE_TSC,
+            p: None,
+            lo: 0,
+            hi: 0,
+        }
+    }
+
+    #[inline]
+    pub fn get(&mut self, raw: u64) -> u64 {
+        if !self.tsc {
+            return raw;
+        }
+        if let Some(p) = &self.p
+            && raw >= self.lo
+            && raw < self.hi
+        {
+            return convert(p, raw);
+        }
+        self.lookup(raw)
+    }
+
+    #[inline(never)]
+    fn lookup(&mut self, raw: u64) -> u64 {
+        let g = GEN.load(Ordering::Acquire);
+        let mut found: Option<Snapshot> = None;
+        let mut hi = u64::MAX;
+        // The oldest slot may be refilled under us: leave it out.
+        for k in 0..(SETS_KEPT as u64 - 1).min(g) {
+            let Some(p) = read_set(g - k) else { break };
+            if let Some(newer) = found {
+                hi = newer.base_tsc;
+            }
+            found = Some(p);
+            if raw >= p.base_tsc {
+                self.p = found;
+                self.lo = p.base_tsc;
+                self.hi = hi;
+                return convert(&p, raw);
+            }
+        }
+        // Older than every set kept (or none readable): the oldest found, backward.
+        self.p = None;
+        match found {
+            Some(p) => convert(&p, raw),
+            None => now_ns(),
+        }
+    }
+}
+
+/// Set `generation`, if it is still that generation's (not refilled since) and calibrated.
+fn read_set(generation: u64) -> Option<Snapshot> {
+    let s = &SETS[(generation % SETS_KEPT as u64) as usize];
+    let s1 = s.seq.load(Ordering::Acquire);
+    let snap = Snapshot {
+        base_tsc: s.base_tsc.load(Ordering::Relaxed),
+        base_ns: s.base_ns.load(Ordering::Relaxed),
+        rate: s.rate.load(Ordering::Relaxed),
+        corr: s.corr.load(Ordering::Relaxed) as i64,
+        corr_ticks: s.corr_ticks.load(Ordering::Relaxed),
+        stale_ticks: s.stale_ticks.load(Ordering::Relaxed),
+    };
+    fence(Ordering::Acquire);
+    let s2 = s.seq.load(Ordering::Relaxed);
+    // Each fill adds 2 to the slot's seq; generation `generation` (from 1) is its slot's
+    // ((generation - 1) / SETS_KEPT + 1)-th fill.
+    let fills = (generation - 1) / SETS_KEPT as u64 + 1;
+    (s1 == s2 && s1 == 2 * fills && snap.rate != 0).then_some(snap)
+}
+
+/// [`stamp`] converted at once (the re-anchoring falls to the caller when the writer has
+/// not done it for a while).
+#[inline]
+fn stamp_ns() -> Stamp {
     if MODE.load(Ordering::Relaxed) == MODE_TSC {
         let tsc = rdtsc();
         if let Some(p) = snapshot() {
@@ -194,7 +325,7 @@ fn convert(p: &Snapshot, tsc: u64) -> u64 {
 fn snapshot() -> Option<Snapshot> {
     loop {
         let g = GEN.load(Ordering::Acquire);
-        let s = &SETS[(g % 4) as usize];
+        let s = &SETS[(g % SETS_KEPT as u64) as usize];
         let s1 = s.seq.load(Ordering::Acquire);
         let snap = Snapshot {
             base_tsc: s.base_tsc.load(Ordering::Relaxed),
@@ -216,7 +347,7 @@ fn snapshot() -> Option<Snapshot> {
 
 fn publish(p: Snapshot) {
     let g = GEN.load(Ordering::Relaxed).wrapping_add(1);
-    let s = &SETS[(g % 4) as usize];
+    let s = &SETS[(g % SETS_KEPT as u64) as usize];
     let seq = s.seq.load(Ordering::Relaxed);
     s.seq.store(seq.wrapping_add(1), Ordering::Relaxed);
     fence(Ordering::Release);
@@ -228,6 +359,7 @@ fn publish(p: Snapshot) {
     s.stale_ticks.store(p.stale_ticks, Ordering::Relaxed);
     s.seq.store(seq.wrapping_add(2), Ordering::Release);
     GEN.store(g, Ordering::Release);
+    RATE.store(p.rate, Ordering::Relaxed);
 }
 
 /// A (tsc, monotonic ns) pair: the midpoint of two TSC reads around `clock_gettime`, the
@@ -248,7 +380,7 @@ fn anchor() -> Option<(u64, u64)> {
     }
     let (spread, tsc, ns) = best?;
     // Compare the spread in ns (rate unknown at the first anchor: assume >= 0.1 GHz).
-    let rate = SETS[(GEN.load(Ordering::Relaxed) % 4) as usize]
+    let rate = SETS[(GEN.load(Ordering::Relaxed) % SETS_KEPT as u64) as usize]
         .rate
         .load(Ordering::Relaxed);
     let spread_ns = if rate != 0 {
@@ -444,7 +576,9 @@ mod tests {
     use super::*;
 
     /// Converted TSC times match `clock_gettime(CLOCK_MONOTONIC)` read around them, over
-    /// several re-anchorings, on every thread, and never go backward on a thread.
+    /// several re-anchorings, on every thread, and never go backward on a thread: converted
+    /// at once, and raw times converted after all the re-anchorings (`ToNs`, the writer's
+    /// way).
     #[test]
     fn tsc_times_track_the_monotonic_clock() {
         init();
@@ -457,6 +591,9 @@ mod tests {
                 std::thread::spawn(|| {
                     let mut worst = 0i64;
                     let mut prev = 0u64;
+                    // Raw times with the monotonic clock around them, converted at the end
+                    // (after every re-anchoring), as the writer converts buffered events.
+                    let mut raws: Vec<(u64, u64, u64)> = Vec::new();
                     let end = mono_ns() + 4 * RECAL_NS;
                     let mut n = 0u64;
                     loop {
@@ -475,12 +612,32 @@ mod tests {
                         };
                         worst = worst.max(off);
                         n += 1;
+                        if n.is_multiple_of(64) {
+                            let a = mono_ns();
+                            let r = now_raw();
+                            raws.push((a, r, mono_ns()));
+                        }
                         if a > end {
                             break;
                         }
                         if n.is_multiple_of(1024) {
                             std::thread::sleep(std::time::Duration::from_micros(200));
                         }
+                    }
+                    let mut conv = ToNs::new();
+                    let mut prev = 0u64;
+                    for (a, r, b) in raws {
+                        let t = conv.get(r);
+                        assert!(t >= prev, "converted time went backward: {t} after {prev}");
+                        prev = t;
+                        let off = if t < a {
+                            (a - t) as i64
+                        } else if t > b {
+                            (t - b) as i64
+                        } else {
+                            0
+                        };
+                        worst = worst.max(off);
                     }
                     worst
                 })
@@ -515,7 +672,7 @@ mod tests {
             b - a
         );
         assert!(
-            l <= b - s.ns + BOUND_NS as u64 + 1_000_000,
+            l <= b - ToNs::new().get(s.ns) + BOUND_NS as u64 + 1_000_000,
             "latency {l} too long"
         );
     }

@@ -2,18 +2,22 @@
 //! hands to [`emit`] into a `.vramtrace` file (`docs/trace-format.md`).
 //!
 //! Data path:
-//! - The calling thread encodes the event into its own buffer (a [`slots::Slot`], found
-//!   through a const, non-Drop thread-local pointer; no allocation except the buffer itself).
-//!   Slots live in a lock-free registry and are never freed, so the events of exited
-//!   threads are not lost, and nothing happens in a TLS destructor.
-//! - A full buffer (64 KiB) goes over a bounded `crossbeam-channel` (`try_send`: the app never
-//!   blocks) to one writer thread (started on the first event, not in the constructor), which
-//!   compresses it with zstd (level 3, single-threaded) into frames and writes them.
+//! - The calling thread appends the event as it is to its own buffer (a [`slots::Slot`],
+//!   found through a const, non-Drop thread-local pointer; an allocation or a free is one
+//!   64-byte entry, a few plain stores; no allocation except the buffer itself). Slots live
+//!   in a lock-free registry and are never freed, so the events of exited threads are not
+//!   lost, and nothing happens in a TLS destructor.
+//! - A full buffer (64 KiB, 1024 events) goes over a bounded `crossbeam-channel` (`try_send`:
+//!   the app never blocks) to one writer thread (started on the first event, not in the
+//!   constructor), which encodes the events into records (delta/varint encoding, reuse
+//!   lookups: work the calling thread did before session 5, same bytes) and compresses them
+//!   with zstd (level 3, single-threaded) into frames and writes them.
 //! - Every 50 ms the writer also takes the partial buffers of every thread, adds `Counter`,
 //!   `Lost` and new `Module` records, and writes a frame: everything an application did is on
 //!   disk within 100 ms (a SIGKILL loses at most that).
-//! - If a buffer cannot be handed over (channel full) the thread keeps appending up to 4 MiB;
-//!   beyond that the buffer is dropped and its events counted in a `Lost` record.
+//! - If a buffer cannot be handed over (channel full) the thread keeps appending up to 4 MiB
+//!   (65536 events), then yields to the writer (at most 100 ms); beyond that the buffer is
+//!   dropped and its events counted in a `Lost` record.
 //! - At exit (`atexit`, which also covers `exit()` from any thread and the end of `main`) the
 //!   exiting thread takes the writer, drains everything and writes the `End` record itself.
 //!   `_exit`/`_Exit` (which skip atexit) do the same from their hooks (`hooks/process.rs`),
@@ -27,7 +31,8 @@
 //!
 //! Timestamps come from [`clock`]: `CLOCK_MONOTONIC` ns, read from the TSC where it is
 //! invariant (two reads per traced call cost ~25 ns instead of ~55), kept on the monotonic
-//! clock by re-anchoring every 50 ms.
+//! clock by re-anchoring every 50 ms. The calling thread keeps the raw TSC; the writer
+//! converts it to ns when it encodes the event.
 //!
 //! `VRAMSHIM_STACKS=N` captures up to N return addresses per alloc/free with libgcc's
 //! `_Unwind_Backtrace` (works without frame pointers), deduplicated at capture: each distinct
@@ -47,7 +52,10 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use vramshim_trace::Event;
 
-pub use clock::{Stamp, now_ns, stamp};
+/// Trace time now for an event handed to [`emit`] (raw TSC where that is the trace clock;
+/// the writer converts it to ns: see `clock`).
+pub use clock::now_raw as now_ns;
+pub use clock::{Stamp, stamp};
 
 /// Tracing is configured and not finished. Read with one relaxed load.
 static ENABLED: AtomicBool = AtomicBool::new(false);
@@ -66,7 +74,8 @@ pub(crate) fn enabled_seqcst() -> bool {
     ENABLED.load(Ordering::SeqCst)
 }
 
-/// Append one event to the calling thread's buffer.
+/// Append one event to the calling thread's buffer. Its times must be trace times
+/// ([`now_ns`], [`stamp`]): the writer converts them to ns when it encodes the event.
 #[inline]
 pub fn emit(ev: Event) {
     if !enabled() {

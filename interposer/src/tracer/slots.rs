@@ -1,7 +1,9 @@
-//! Per-thread record buffers and their registry.
+//! Per-thread event buffers and their registry.
 //!
 //! Each thread that emits owns one [`Slot`] (found through a const, non-Drop thread-local
-//! pointer). Slots are leaked and linked into a lock-free list, never freed: the writer
+//! pointer). The calling thread only appends its events as they are ([`Raw`]: a fixed-size
+//! entry, a few plain stores); the writer thread encodes them into records ([`encode`]) when it
+//! takes the buffer, so the delta/varint encoding costs the application's threads nothing. Slots are leaked and linked into a lock-free list, never freed: the writer
 //! thread can take a slot's partial buffer at any time (every tick, and at exit), so the
 //! events of threads that have exited are never lost. A slot's buffer is guarded by a spin
 //! flag that only its owner and the writer ever take; where `membarrier` is available the
@@ -12,21 +14,226 @@ use std::cell::UnsafeCell;
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicPtr, AtomicU32, Ordering};
 
-use vramshim_trace::{Event, MemOp, RecordEncoder, RecordStats};
+use vramshim_trace::{AllocKind, Api, Event, MemOp, RecordEncoder};
 
 use super::{barrier, stacks, writer};
 
 /// Devices whose live bytes the slots count for `Counter` records.
 pub const MAX_DEV: usize = 16;
-/// A buffer this large is handed to the writer.
-pub const SEND_AT: usize = 64 << 10;
-/// If the writer cannot take buffers, a thread keeps at most this much, then throttles.
-pub const MAX_BUF: usize = 1 << 20;
+/// A buffer of this many entries (64 KiB) is handed to the writer.
+pub const SEND_AT: usize = (64 << 10) / std::mem::size_of::<Raw>();
+/// If the writer cannot take buffers, a thread keeps at most this many entries (4 MiB), then
+/// throttles.
+pub const MAX_BUF: usize = (4 << 20) / std::mem::size_of::<Raw>();
+/// A buffer the writer could not take is offered again after this many more entries.
+const RETRY_AFTER: usize = SEND_AT / 4;
 /// Longest a thread yields to the writer (channel full, buffer at `MAX_BUF`) before dropping
 /// its buffer (counted in a `Lost` record). Bounded: the application is slowed, never blocked.
 const THROTTLE_NS: u64 = 100_000_000;
 /// Backlog (bytes queued for the writer) above which a thread handing over a buffer waits.
-const HIGH_WATER: usize = 32 << 20;
+const HIGH_WATER: usize = 8 << 20;
+
+/// One entry of a thread's buffer: an allocation or a free as the calling thread left it (the
+/// caller's `MemOp`, not yet encoded), a context, or the place of another event (kept in
+/// [`Buf::others`]). `repr(C)` and a plain struct, so the hot path writes the `MemOp` straight
+/// into the buffer with a few wide moves (an enum holding an `Event` is built on the stack
+/// and copied).
+#[repr(C)]
+pub struct Raw {
+    kind: Kind,
+    op: MemOp,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[repr(u8)]
+enum Kind {
+    /// The following events are thread `op.tid`'s (a `Context` record: delta state reset).
+    Context,
+    Alloc,
+    Free,
+    /// The next event of [`Buf::others`] (a `Stack` just before the MemOp that refers to it).
+    Other,
+}
+
+/// A thread's events, in order, not yet encoded. A buffer in use always starts with a
+/// `Context` (the thread whose events follow), as an encoded run of records starts with a
+/// `Context` record; [`encode`] turns one into the other.
+#[derive(Default)]
+pub struct Buf {
+    raw: Vec<Raw>,
+    others: Vec<Event>,
+}
+
+impl Buf {
+    pub fn with_capacity(n: usize) -> Buf {
+        Buf {
+            raw: Vec::with_capacity(n),
+            others: Vec::new(),
+        }
+    }
+
+    /// Entries (the backlog's and the hand-over's measure).
+    pub fn len(&self) -> usize {
+        self.raw.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.raw.is_empty()
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.raw.capacity()
+    }
+
+    pub fn clear(&mut self) {
+        self.raw.clear();
+        self.others.clear();
+    }
+
+    fn context(&mut self, tid: u32) {
+        self.raw.push(Raw {
+            kind: Kind::Context,
+            op: blank_op(tid),
+        });
+    }
+
+    /// Appends `ev` (after the buffer's leading `Context` when it is empty).
+    fn put(&mut self, slot: &Slot, ev: Event) {
+        if self.raw.is_empty() {
+            self.start(slot);
+        }
+        let (kind, op) = match ev {
+            Event::Alloc(m) => (Kind::Alloc, m),
+            Event::Free(m) => (Kind::Free, m),
+            ev => {
+                self.others.push(ev);
+                self.raw.push(Raw {
+                    kind: Kind::Other,
+                    op: blank_op(0),
+                });
+                return;
+            }
+        };
+        self.raw.push(Raw { kind, op });
+    }
+
+    /// [`Buf::put`] of an allocation or a free: the hot path, a few plain stores.
+    #[inline(always)]
+    fn put_op<const ALLOC: bool>(&mut self, slot: &Slot, m: &MemOp) {
+        if self.raw.is_empty() {
+            self.start(slot);
+        }
+        let len = self.raw.len();
+        if len == self.raw.capacity() {
+            self.grow();
+        }
+        // SAFETY: len < capacity (grown above), so the entry at `len` lies inside the
+        // allocation; both fields are written before the length counts it.
+        unsafe {
+            let p = self.raw.as_mut_ptr().add(len);
+            ptr::addr_of_mut!((*p).kind).write(if ALLOC { Kind::Alloc } else { Kind::Free });
+            ptr::addr_of_mut!((*p).op).write(MemOp { ..*m });
+            self.raw.set_len(len + 1);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn start(&mut self, slot: &Slot) {
+        self.context(slot.owner.load(Ordering::Relaxed));
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn grow(&mut self) {
+        self.raw.reserve(RETRY_AFTER);
+    }
+}
+
+/// The `MemOp` of an entry that is not one.
+fn blank_op(tid: u32) -> MemOp {
+    MemOp {
+        t_ns: 0,
+        tid,
+        api: Api::CudaMalloc,
+        kind: AllocKind::Runtime,
+        flags: 0,
+        device: 0,
+        stream: 0,
+        addr: 0,
+        size: 0,
+        result: 0,
+        latency_ns: 0,
+        stack: 0,
+    }
+}
+
+/// Encodes a thread's buffer into whole records (starting with a `Context` record): the
+/// bytes the calling thread's encoder wrote before the encoding moved to the writer. Event
+/// times are raw trace times until here ([`super::clock::ToNs`]).
+pub fn encode(enc: &mut RecordEncoder, b: &mut Buf) {
+    enc.clear();
+    let mut ns = super::clock::ToNs::new();
+    let mut live = [0i64; MAX_DEV];
+    let mut others = b.others.iter_mut();
+    for (i, r) in b.raw.iter().enumerate() {
+        if i == 0 && r.kind != Kind::Context {
+            // Never built that way; a run of records must start with a context.
+            enc.context(0);
+        }
+        match r.kind {
+            Kind::Context => enc.context(r.op.tid),
+            Kind::Alloc | Kind::Free => {
+                if let Some((d, v)) = live_delta(r.kind, &r.op) {
+                    live[d] = live[d].wrapping_add(v);
+                }
+                let mut op = MemOp { ..r.op };
+                op.t_ns = ns.get(op.t_ns);
+                enc.push_memop(r.kind == Kind::Alloc, &op);
+            }
+            Kind::Other => {
+                if let Some(e) = others.next() {
+                    if let Some(t) = time_of(e) {
+                        *t = ns.get(*t);
+                    }
+                    enc.push(e);
+                }
+            }
+        }
+    }
+    add_live(&live);
+}
+
+fn time_of(e: &mut Event) -> Option<&mut u64> {
+    match e {
+        Event::Alloc(m) | Event::Free(m) => Some(&mut m.t_ns),
+        Event::CapRefusal { t_ns, .. }
+        | Event::PoolTrim { t_ns, .. }
+        | Event::Sync { t_ns, .. }
+        | Event::MemInfo { t_ns, .. }
+        | Event::ThreadStart { t_ns, .. }
+        | Event::ThreadExit { t_ns, .. }
+        | Event::Fork { t_ns, .. }
+        | Event::Counter { t_ns, .. }
+        | Event::Lost { t_ns, .. } => Some(t_ns),
+        Event::Module { .. } | Event::Stack { .. } | Event::Device(_) => None,
+    }
+}
+
+/// Events (calls to `emit`) in a buffer, for exact loss accounting.
+fn events_in(b: &Buf) -> u64 {
+    let ops = b
+        .raw
+        .iter()
+        .filter(|r| matches!(r.kind, Kind::Alloc | Kind::Free))
+        .count();
+    let others = b
+        .others
+        .iter()
+        .filter(|e| !matches!(e, Event::Stack { .. }))
+        .count();
+    (ops + others) as u64
+}
 
 pub struct Slot {
     next: AtomicPtr<Slot>,
@@ -38,16 +245,12 @@ pub struct Slot {
     /// Kernel tid of the owning thread; 0 = free for reuse.
     pub owner: AtomicU32,
     inner: UnsafeCell<Inner>,
-    /// Live device bytes allocated minus freed by this thread, per device.
-    pub live: [AtomicI64; MAX_DEV],
 }
 
 struct Inner {
-    enc: RecordEncoder,
-    /// Try handing the buffer over when it reaches this size.
+    buf: Buf,
+    /// Try handing the buffer over when it holds this many entries.
     next_try: usize,
-    /// Events (calls to `emit`) in the buffer, for exact loss accounting.
-    events: u64,
 }
 
 // SAFETY: `inner` is only accessed through a `Guard`: with `lock` held, or by the owner with
@@ -220,11 +423,9 @@ fn claim(tid: u32) -> &'static Slot {
                 claim: AtomicBool::new(false),
                 owner: AtomicU32::new(tid),
                 inner: UnsafeCell::new(Inner {
-                    enc: RecordEncoder::with_capacity(SEND_AT + (SEND_AT >> 2)),
+                    buf: Buf::with_capacity(SEND_AT + RETRY_AFTER),
                     next_try: SEND_AT,
-                    events: 0,
                 }),
-                live: [const { AtomicI64::new(0) }; MAX_DEV],
             }));
             let mut head = HEAD.load(Ordering::Relaxed);
             loop {
@@ -246,15 +447,15 @@ fn claim(tid: u32) -> &'static Slot {
     {
         let g = slot.lock();
         let inner = g.inner();
-        if inner.enc.is_empty() {
-            inner.enc.begin(tid);
-        } else {
-            inner.enc.context(tid);
-        }
-        inner.enc.push(&Event::ThreadStart {
-            t_ns: super::clock::now_ns(),
-            tid,
-        });
+        // A reused slot may still hold its previous thread's events: a new context either way.
+        inner.buf.context(tid);
+        inner.buf.put(
+            slot,
+            Event::ThreadStart {
+                t_ns: super::clock::now_raw(),
+                tid,
+            },
+        );
     }
     slot
 }
@@ -269,7 +470,7 @@ fn my_slot() -> &'static Slot {
     unsafe { &*p }
 }
 
-/// The hot path: encode `ev` into the caller's buffer.
+/// The hot path: append `ev` to the caller's buffer.
 #[inline]
 pub fn emit(mut ev: Event) {
     if !writer::ensure_started() {
@@ -288,43 +489,81 @@ pub fn emit(mut ev: Event) {
     }
     let g = slot.enter();
     let inner = g.inner();
-    if inner.enc.is_empty() {
-        inner.enc.begin(slot.owner.load(Ordering::Relaxed));
-    }
     if let Some((id, frames)) = new_stack {
-        inner.enc.push_stack(id, frames.as_slice());
+        inner.buf.put(slot, stack_event(id, &frames));
     }
-    inner.enc.push(&ev);
-    inner.events += 1;
-    count_live(slot, &ev);
-    if inner.enc.len() >= inner.next_try {
+    inner.buf.put(slot, ev);
+    if inner.buf.len() >= inner.next_try {
         hand_over(inner);
+    }
+}
+
+/// A new stack's record (allocates: once per distinct stack).
+fn stack_event(id: u32, frames: &stacks::Frames) -> Event {
+    Event::Stack {
+        id,
+        frames: frames.as_slice().to_vec(),
     }
 }
 
 /// [`emit`] of an allocation or a free, from a `MemOp` the caller keeps (nothing copied
 /// into an `Event`; kept out of line so the dispatcher's frames stay small).
+///
+/// The common case (writer running, slot claimed, no stacks, the asymmetric protocol, room
+/// in the buffer, no hand-over due) makes no call, so the function saves no registers; every
+/// other case goes to [`emit_memop_slow`] as a tail call, before anything is written.
 #[inline(never)]
 pub fn emit_memop<const ALLOC: bool>(m: &MemOp) {
-    let alloc = ALLOC;
+    if !writer::running() || super::stack_depth() > 0 || !barrier::available() {
+        return emit_memop_slow::<ALLOC>(m);
+    }
+    let p = my_slot_ptr().get() as *const Slot;
+    if p.is_null() {
+        return emit_memop_slow::<ALLOC>(m);
+    }
+    // SAFETY: slots are leaked and never freed.
+    let slot = unsafe { &*p };
+    // The owner's side of the asymmetric protocol (`Slot::enter`), inline.
+    slot.busy.store(true, Ordering::Relaxed);
+    barrier::light();
+    if slot.claim.load(Ordering::Acquire) {
+        slot.busy.store(false, Ordering::Release);
+        return emit_memop_slow::<ALLOC>(m);
+    }
+    // SAFETY: `busy` is set and the writer has not claimed the slot: the owner has the
+    // buffer to itself until it clears `busy` (see `Slot`'s Sync note).
+    let inner = unsafe { &mut *slot.inner.get() };
+    let raw = &mut inner.buf.raw;
+    let len = raw.len();
+    if len == 0 || len == raw.capacity() || len + 1 >= inner.next_try {
+        slot.busy.store(false, Ordering::Release);
+        return emit_memop_slow::<ALLOC>(m);
+    }
+    // SAFETY: len < capacity (checked above), so the entry at `len` lies inside the
+    // allocation; both fields are written before the length counts it.
+    unsafe {
+        let e = raw.as_mut_ptr().add(len);
+        ptr::addr_of_mut!((*e).kind).write(if ALLOC { Kind::Alloc } else { Kind::Free });
+        ptr::addr_of_mut!((*e).op).write(MemOp { ..*m });
+        raw.set_len(len + 1);
+    }
+    slot.busy.store(false, Ordering::Release);
+}
+
+/// [`emit_memop`], every case.
+#[inline(never)]
+fn emit_memop_slow<const ALLOC: bool>(m: &MemOp) {
     if !writer::ensure_started() {
         return;
     }
     let slot = my_slot();
     if super::stack_depth() > 0 && m.stack == 0 {
-        return emit_memop_stack(slot, alloc, m);
+        return emit_memop_stack(slot, ALLOC, m);
     }
     let g = slot.enter();
     let inner = g.inner();
-    if inner.enc.is_empty() {
-        inner.enc.begin(slot.owner.load(Ordering::Relaxed));
-    }
-    inner.enc.push_memop(alloc, m);
-    inner.events += 1;
-    if !alloc || m.addr != 0 {
-        count_memop(slot, if alloc { 1 } else { -1 }, m);
-    }
-    if inner.enc.len() >= inner.next_try {
+    inner.buf.put_op::<ALLOC>(slot, m);
+    if inner.buf.len() >= inner.next_try {
         hand_over(inner);
     }
 }
@@ -339,92 +578,105 @@ fn emit_memop_stack(slot: &'static Slot, alloc: bool, m: &MemOp) {
         with.stack = id;
         new_stack = frames.map(|f| (id, f));
     }
+    let stack_ev = new_stack.map(|(id, frames)| stack_event(id, &frames));
     let g = slot.enter();
     let inner = g.inner();
-    if inner.enc.is_empty() {
-        inner.enc.begin(slot.owner.load(Ordering::Relaxed));
+    if let Some(ev) = stack_ev {
+        inner.buf.put(slot, ev);
     }
-    if let Some((id, frames)) = new_stack {
-        inner.enc.push_stack(id, frames.as_slice());
-    }
-    inner.enc.push_memop(alloc, &with);
-    inner.events += 1;
-    if !alloc || m.addr != 0 {
-        count_memop(slot, if alloc { 1 } else { -1 }, m);
-    }
-    if inner.enc.len() >= inner.next_try {
+    inner.buf.put(
+        slot,
+        if alloc {
+            Event::Alloc(with)
+        } else {
+            Event::Free(with)
+        },
+    );
+    if inner.buf.len() >= inner.next_try {
         hand_over(inner);
     }
 }
 
-#[inline]
-fn count_live(slot: &Slot, ev: &Event) {
-    let (m, sign) = match ev {
-        Event::Alloc(m) if m.addr != 0 => (m, 1i64),
-        Event::Free(m) => (m, -1i64),
-        _ => return,
-    };
-    count_memop(slot, sign, m);
-}
+/// Live device bytes (allocated minus freed) per device, for `Counter` records: counted
+/// where the events are encoded (and where a buffer is dropped), not on the hot path.
+static LIVE: [AtomicI64; MAX_DEV] = [const { AtomicI64::new(0) }; MAX_DEV];
 
-/// Live device bytes of this thread's slot, for `Counter` records.
-#[inline(always)]
-fn count_memop(slot: &Slot, sign: i64, m: &MemOp) {
+/// What an allocation or a free changes in the live bytes of its device, if anything.
+#[inline]
+fn live_delta(kind: Kind, m: &MemOp) -> Option<(usize, i64)> {
+    let sign = match kind {
+        Kind::Alloc if m.addr != 0 => 1i64,
+        Kind::Free => -1i64,
+        _ => return None,
+    };
     // A negative device becomes a huge index: one compare covers both ends.
     let d = m.device as u32 as usize;
     if m.result != 0 || !m.kind.is_device() || d >= MAX_DEV {
-        return;
+        return None;
     }
-    let c = &slot.live[d];
-    // Only the owner writes its slot's counters: load + store, no read-modify-write.
-    c.store(
-        c.load(Ordering::Relaxed)
-            .wrapping_add(sign.wrapping_mul(m.size as i64)),
-        Ordering::Relaxed,
-    );
+    Some((d, sign.wrapping_mul(m.size as i64)))
+}
+
+/// Adds the live-byte changes of `deltas` (per device) to the process's counts.
+fn add_live(deltas: &[i64; MAX_DEV]) {
+    for (c, &v) in LIVE.iter().zip(deltas) {
+        if v != 0 {
+            c.fetch_add(v, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Counts a buffer that is dropped unencoded (its events are lost, not its live bytes).
+fn count_live_of(b: &Buf) {
+    let mut deltas = [0i64; MAX_DEV];
+    for r in &b.raw {
+        if let Some((d, v)) = live_delta(r.kind, &r.op) {
+            deltas[d] = deltas[d].wrapping_add(v);
+        }
+    }
+    add_live(&deltas);
 }
 
 #[cold]
 #[inline(never)]
 fn hand_over(inner: &mut Inner) {
-    let (bytes, stats) = inner.enc.take();
-    match writer::send(bytes, stats) {
+    let buf = std::mem::take(&mut inner.buf);
+    match writer::send(buf) {
         Ok(()) => {
-            inner.enc.set_buffer(writer::spare_buffer());
+            inner.buf = writer::spare_buffer();
             inner.next_try = SEND_AT;
-            inner.events = 0;
             if writer::backlog() > HIGH_WATER {
                 wait_for_writer();
             }
         }
-        Err((bytes, stats)) if bytes.len() >= MAX_BUF => match throttle(bytes, stats) {
+        Err(buf) if buf.len() >= MAX_BUF => match throttle(buf) {
             Ok(()) => {
-                inner.enc.set_buffer(writer::spare_buffer());
+                inner.buf = writer::spare_buffer();
                 inner.next_try = SEND_AT;
-                inner.events = 0;
             }
-            Err((bytes, _)) => {
+            Err(mut buf) => {
                 // The writer has not taken anything for a long while: drop, and count it.
-                writer::count_lost(inner.events);
-                inner.events = 0;
-                inner.enc.set_buffer(bytes);
+                writer::count_lost(events_in(&buf));
+                count_live_of(&buf);
+                buf.clear();
+                inner.buf = buf;
                 inner.next_try = SEND_AT;
             }
         },
-        Err((bytes, stats)) => {
-            // Writer busy: keep the data (delta state intact) and try again a little later.
-            inner.next_try = bytes.len() + (16 << 10);
-            inner.enc.restore(bytes, stats);
+        Err(buf) => {
+            // Writer busy: keep the events and try again a little later.
+            inner.next_try = buf.len() + RETRY_AFTER;
+            inner.buf = buf;
         }
     }
 }
 
 /// Many busy threads on few cores starve the writer thread: step aside (short sleeps, at
 /// most `THROTTLE_NS` per full buffer) so it gets the CPU, before dropping anything, as
-/// bytehound throttles its producers. Only a thread that has 1 MiB of unwritten events while
+/// bytehound throttles its producers. Only a thread that has `MAX_BUF` unwritten events while
 /// the channel is full ever gets here.
 #[cold]
-fn throttle(mut bytes: Vec<u8>, mut stats: RecordStats) -> Result<(), (Vec<u8>, RecordStats)> {
+fn throttle(mut buf: Buf) -> Result<(), Buf> {
     let deadline = crate::ids::now_ns() + THROTTLE_NS;
     loop {
         let ts = libc::timespec {
@@ -433,12 +685,12 @@ fn throttle(mut bytes: Vec<u8>, mut stats: RecordStats) -> Result<(), (Vec<u8>, 
         };
         // SAFETY: ts is a valid timespec; the remainder pointer may be null.
         unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
-        match writer::send(bytes, stats) {
+        match writer::send(buf) {
             Ok(()) => return Ok(()),
-            Err(back) => (bytes, stats) = back,
+            Err(back) => buf = back,
         }
         if crate::ids::now_ns() > deadline {
-            return Err((bytes, stats));
+            return Err(buf);
         }
     }
 }
@@ -457,15 +709,15 @@ fn wait_for_writer() {
     }
 }
 
-/// Writer side: take every slot's partial buffer. `f` gets whole records.
-pub fn drain_all(f: impl FnMut(Vec<u8>, RecordStats), spins: u32) {
+/// Writer side: take every slot's partial buffer. `f` gets each (to [`encode`]).
+pub fn drain_all(f: impl FnMut(Buf), spins: u32) {
     let mut all = Vec::new();
     for_each(|s| all.push(s));
     drain(&all, f, spins);
 }
 
 /// Claim every slot, one barrier for all of them, take each buffer, then hand them to `f`.
-fn drain(slots: &[&'static Slot], mut f: impl FnMut(Vec<u8>, RecordStats), spins: u32) {
+fn drain(slots: &[&'static Slot], mut f: impl FnMut(Buf), spins: u32) {
     let held: Vec<Guard<'static>> = slots
         .iter()
         .filter_map(|s| s.try_claim_for(spins))
@@ -480,29 +732,21 @@ fn drain(slots: &[&'static Slot], mut f: impl FnMut(Vec<u8>, RecordStats), spins
             continue;
         }
         let inner = g.inner();
-        if inner.enc.is_empty() {
+        if inner.buf.is_empty() {
             continue;
         }
         let spare = writer::spare_buffer();
-        taken.push(inner.enc.take());
-        inner.enc.set_buffer(spare);
+        taken.push(std::mem::replace(&mut inner.buf, spare));
         inner.next_try = SEND_AT;
-        inner.events = 0;
     }
-    for (bytes, stats) in taken {
-        f(bytes, stats);
+    for buf in taken {
+        f(buf);
     }
 }
 
-/// Sum of live bytes per device over all slots.
+/// Live bytes per device of every event encoded (or dropped) so far.
 pub fn live_totals() -> [i64; MAX_DEV] {
-    let mut t = [0i64; MAX_DEV];
-    for_each(|s| {
-        for (d, c) in s.live.iter().enumerate() {
-            t[d] = t[d].wrapping_add(c.load(Ordering::Relaxed));
-        }
-    });
-    t
+    std::array::from_fn(|d| LIVE[d].load(Ordering::Relaxed))
 }
 
 /// Free the slots of threads that no longer exist (after draining them). Returns their tids.
@@ -537,13 +781,15 @@ pub fn reap_dead(pid: u32, mut on_dead: impl FnMut(u32)) {
 /// locked forever. Forget them all (leaked), without touching their locks.
 pub fn on_fork_child() {
     HEAD.store(ptr::null_mut(), Ordering::Relaxed);
+    for c in &LIVE {
+        c.store(0, Ordering::Relaxed);
+    }
     my_slot_ptr().set(ptr::null());
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vramshim_trace::{AllocKind, Api};
 
     fn new_slot() -> &'static Slot {
         Box::leak(Box::new(Slot {
@@ -553,11 +799,9 @@ mod tests {
             claim: AtomicBool::new(false),
             owner: AtomicU32::new(1),
             inner: UnsafeCell::new(Inner {
-                enc: RecordEncoder::with_capacity(SEND_AT),
+                buf: Buf::with_capacity(SEND_AT),
                 next_try: usize::MAX,
-                events: 0,
             }),
-            live: [const { AtomicI64::new(0) }; MAX_DEV],
         }))
     }
 
@@ -577,23 +821,23 @@ mod tests {
                 for i in 0..N {
                     let g = slot.enter();
                     let inner = g.inner();
-                    if inner.enc.is_empty() {
-                        inner.enc.begin(1);
-                    }
-                    inner.enc.push(&Event::Alloc(MemOp {
-                        t_ns: i,
-                        tid: 1,
-                        api: Api::CudaMalloc,
-                        kind: AllocKind::Runtime,
-                        flags: 0,
-                        device: 0,
-                        stream: 0,
-                        addr: 0x1000 + (i << 8),
-                        size: i,
-                        result: 0,
-                        latency_ns: 0,
-                        stack: 0,
-                    }));
+                    inner.buf.put(
+                        slot,
+                        Event::Alloc(MemOp {
+                            t_ns: i,
+                            tid: 1,
+                            api: Api::CudaMalloc,
+                            kind: AllocKind::Runtime,
+                            flags: 0,
+                            device: 0,
+                            stream: 0,
+                            addr: 0x1000 + (i << 8),
+                            size: i,
+                            result: 0,
+                            latency_ns: 0,
+                            stack: 0,
+                        }),
+                    );
                 }
                 done.store(true, Ordering::Release);
             })
@@ -605,32 +849,40 @@ mod tests {
                 // The race the protocol prevents: take the buffer while the owner may write.
                 if let Some(g) = slot.try_claim_for(1 << 20) {
                     let inner = g.inner();
-                    if !inner.enc.is_empty() {
-                        chunks.push(inner.enc.take());
-                        inner.enc.set_buffer(Vec::with_capacity(SEND_AT));
+                    if !inner.buf.is_empty() {
+                        chunks.push(std::mem::replace(
+                            &mut inner.buf,
+                            Buf::with_capacity(SEND_AT),
+                        ));
                     }
                 }
             } else {
-                drain(&[slot], |b, s| chunks.push((b, s)), 1 << 20);
+                drain(&[slot], |b| chunks.push(b), 1 << 20);
             }
             drains += 1;
         }
         owner.join().unwrap();
-        drain(&[slot], |b, s| chunks.push((b, s)), 1 << 20);
+        drain(&[slot], |b| chunks.push(b), 1 << 20);
         let mut file = Vec::new();
         {
             let mut w = vramshim_trace::TraceWriter::new(&mut file, &Default::default()).unwrap();
-            for (b, s) in &chunks {
-                w.write_records(b, *s).unwrap();
+            let mut enc = RecordEncoder::new();
+            for b in &mut chunks {
+                encode(&mut enc, b);
+                w.write_records(enc.bytes(), enc.stats()).unwrap();
             }
             w.finish().unwrap();
         }
         let mut r = vramshim_trace::TraceReader::from_reader(std::io::Cursor::new(file)).unwrap();
         let mut e = Event::Lost { t_ns: 0, count: 0 };
         let mut next = 0u64;
+        let mut prev_t = 0u64;
         while r.next_into(&mut e).unwrap() {
             if let Event::Alloc(m) = &e {
-                assert_eq!((m.t_ns, m.size, m.addr), (next, next, 0x1000 + (next << 8)));
+                // Times are raw until encoded (converted then): in order, not equal to `i`.
+                assert!(m.t_ns >= prev_t, "event {next}: time went backward");
+                prev_t = m.t_ns;
+                assert_eq!((m.size, m.addr), (next, 0x1000 + (next << 8)));
                 next += 1;
             }
         }

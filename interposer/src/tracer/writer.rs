@@ -1,5 +1,6 @@
-//! The writer thread: takes record buffers from the channel (and, every tick, from every
-//! thread's slot), compresses them into frames and writes them; plus the exit path, which
+//! The writer thread: takes event buffers from the channel (and, every tick, from every
+//! thread's slot), encodes them into records ([`slots::encode`]), compresses those into
+//! frames and writes them; plus the exit path, which
 //! does the same on the exiting thread and writes the end record.
 
 use std::fs::File;
@@ -9,19 +10,19 @@ use std::sync::atomic::{
 use std::sync::{Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender, TrySendError, bounded};
-use vramshim_trace::{DeviceInfo, Event, RecordEncoder, RecordStats, TraceWriter};
+use crossbeam_channel::{Receiver, Select, Sender, TrySendError, bounded};
+use vramshim_trace::{DeviceInfo, Event, RecordEncoder, TraceWriter};
 
 use super::modules::ModuleMap;
-use super::slots::{self, MAX_DEV, SEND_AT};
+use super::slots::{self, Buf, MAX_DEV, SEND_AT};
 
 /// Buffers in flight between the application threads and the writer (64 KiB each, up to
-/// 1 MiB when the writer lags); `QUEUED` bounds the bytes.
+/// 4 MiB when the writer lags); `QUEUED` bounds the bytes.
 const CHANNEL_BUFFERS: usize = 1024;
 /// Above this backlog the writer compresses with a fast level (-1 instead of `LEVEL`).
-const FAST_ABOVE: usize = 4 << 20;
+const FAST_ABOVE: usize = 2 << 20;
 /// Recycled buffers kept for the application threads.
-const SPARE_BUFFERS: usize = 64;
+const SPARE_BUFFERS: usize = CHANNEL_BUFFERS;
 /// The writer takes partial buffers and writes a frame this often (half the 100 ms promise).
 const TICK: Duration = Duration::from_millis(50);
 /// Check for exited threads every this many ticks.
@@ -46,22 +47,28 @@ static OWNER: AtomicU32 = AtomicU32::new(0);
 static PATTERN_OVERRIDE: AtomicPtr<String> = AtomicPtr::new(std::ptr::null_mut());
 
 struct Chunk {
-    bytes: Vec<u8>,
-    stats: RecordStats,
+    raw: Buf,
+}
+
+/// Bytes a buffer of `n` entries holds (the backlog's unit).
+fn raw_bytes(n: usize) -> usize {
+    n * std::mem::size_of::<slots::Raw>()
 }
 
 /// Leaked once per process (a forked child leaks its parent's and makes its own).
 struct Shared {
     tx: Sender<Chunk>,
     rx: Receiver<Chunk>,
-    spare_tx: Sender<Vec<u8>>,
-    spare_rx: Receiver<Vec<u8>>,
+    spare_tx: Sender<Buf>,
+    spare_rx: Receiver<Buf>,
     out: Mutex<Option<Out>>,
 }
 
 struct Out {
     w: TraceWriter<File>,
     wenc: RecordEncoder,
+    /// Encodes the application threads' buffers.
+    renc: RecordEncoder,
     events: Vec<Event>,
     modules: ModuleMap,
     /// Last (live, reserved, cap) written per device.
@@ -177,6 +184,7 @@ fn start() -> bool {
     let mut out = Out {
         w,
         wenc: RecordEncoder::with_capacity(4096),
+        renc: RecordEncoder::with_capacity(SEND_AT * 16),
         events: Vec::new(),
         modules: ModuleMap::default(),
         counters: [(0, 0, 0); MAX_DEV],
@@ -257,37 +265,67 @@ fn writer_main(sh: &'static Shared) {
             next = Instant::now() + period;
             continue;
         }
-        match sh.rx.recv_timeout(next - now) {
-            Ok(c) => {
+        // Wait for a buffer without taking it, and take it only under the lock: a buffer in
+        // this thread's hands while the exit path holds the lock and finishes the trace
+        // would be lost without a trace (seen: one buffer of 10M events).
+        if fault_hold() {
+            // The loop as it was: a buffer taken, then the lock awaited.
+            if let Ok(c) = sh.rx.recv_timeout(next - now) {
+                std::thread::sleep(Duration::from_millis(200));
                 let mut g = lock(sh);
                 let Some(out) = g.as_mut() else { return };
                 if out.finished {
                     return;
                 }
                 write_chunk(sh, out, c);
-                // Take whatever else is queued while we hold the lock.
-                while let Ok(c) = sh.rx.try_recv() {
-                    write_chunk(sh, out, c);
-                }
             }
-            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
-            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
+            continue;
+        }
+        let mut sel = Select::new();
+        sel.recv(&sh.rx);
+        if sel.ready_timeout(next - now).is_ok() {
+            let mut g = lock(sh);
+            let Some(out) = g.as_mut() else { return };
+            if out.finished {
+                return;
+            }
+            // Take whatever is queued while we hold the lock.
+            while let Ok(c) = sh.rx.try_recv() {
+                write_chunk(sh, out, c);
+            }
         }
     }
 }
 
-fn write_chunk(sh: &Shared, out: &mut Out, c: Chunk) {
+/// Fault switch (`VRAMSHIM_TRACE_WRITER_FAULT=hold`): the writer thread takes a buffer off
+/// the channel before it has the lock, and holds it 200 ms (proves the exit-race test can
+/// fail).
+fn fault_hold() -> bool {
+    super::config_var("VRAMSHIM_TRACE_WRITER_FAULT").is_some_and(|v| v.trim() == "hold")
+}
+
+fn write_chunk(sh: &Shared, out: &mut Out, mut c: Chunk) {
     // Under back-pressure, trade ratio for speed (the level applies from the next frame).
     let fast = QUEUED.load(Ordering::Relaxed) > FAST_ABOVE;
     if fast != out.fast {
         out.fast = fast;
         let _ = out.w.set_level(if fast { -1 } else { LEVEL });
     }
-    if out.w.write_records(&c.bytes, c.stats).is_err() {
+    write_raw(out, &mut c.raw);
+    QUEUED.fetch_sub(raw_bytes(c.raw.len()), Ordering::Relaxed);
+    recycle_into(sh, c.raw);
+}
+
+/// Encode a thread's buffer and add its records to the frame.
+fn write_raw(out: &mut Out, raw: &mut Buf) {
+    slots::encode(&mut out.renc, raw);
+    if out
+        .w
+        .write_records(out.renc.bytes(), out.renc.stats())
+        .is_err()
+    {
         write_failed(out);
     }
-    QUEUED.fetch_sub(c.bytes.len(), Ordering::Relaxed);
-    recycle_into(sh, c.bytes);
 }
 
 /// Bytes queued for the writer.
@@ -325,11 +363,9 @@ fn tick_locked(
     }
     let spins = if at_exit { 1 << 20 } else { 1 << 12 };
     slots::drain_all(
-        |bytes, stats| {
-            if out.w.write_records(&bytes, stats).is_err() {
-                write_failed(out);
-            }
-            recycle_into(sh, bytes);
+        |mut raw| {
+            write_raw(out, &mut raw);
+            recycle_into(sh, raw);
         },
         spins,
     );
@@ -405,7 +441,7 @@ fn tick_locked(
     !out.finished
 }
 
-fn recycle_into(sh: &Shared, mut v: Vec<u8>) {
+fn recycle_into(sh: &Shared, mut v: Buf) {
     if v.capacity() >= SEND_AT && v.capacity() <= 4 * SEND_AT {
         v.clear();
         let _ = sh.spare_tx.try_send(v);
@@ -413,27 +449,27 @@ fn recycle_into(sh: &Shared, mut v: Vec<u8>) {
 }
 
 /// A cleared buffer for an application thread (recycled when possible).
-pub fn spare_buffer() -> Vec<u8> {
+pub fn spare_buffer() -> Buf {
     if let Some(sh) = shared()
         && let Ok(v) = sh.spare_rx.try_recv()
     {
         return v;
     }
-    Vec::with_capacity(SEND_AT + (SEND_AT >> 2))
+    Buf::with_capacity(SEND_AT + (SEND_AT >> 2))
 }
 
 /// Hand a full buffer to the writer without blocking; gives it back when the channel is full.
-pub fn send(bytes: Vec<u8>, stats: RecordStats) -> Result<(), (Vec<u8>, RecordStats)> {
+pub fn send(raw: Buf) -> Result<(), Buf> {
     let Some(sh) = shared() else {
-        return Err((bytes, stats));
+        return Err(raw);
     };
-    let n = bytes.len();
+    let n = raw_bytes(raw.len());
     QUEUED.fetch_add(n, Ordering::Relaxed);
-    match sh.tx.try_send(Chunk { bytes, stats }) {
+    match sh.tx.try_send(Chunk { raw }) {
         Ok(()) => Ok(()),
         Err(TrySendError::Full(c)) | Err(TrySendError::Disconnected(c)) => {
             QUEUED.fetch_sub(n, Ordering::Relaxed);
-            Err((c.bytes, c.stats))
+            Err(c.raw)
         }
     }
 }

@@ -5,7 +5,6 @@
 use vramshim::tracer;
 use vramshim_testkit::temp_dir;
 use vramshim_trace::{AllocKind, Api, Event, MemOp, TraceReader};
-use vramshim_trace_tests::now_ns;
 
 const THREADS: usize = 16;
 const PER_THREAD: u64 = 1_000_000;
@@ -23,7 +22,7 @@ fn sixteen_threads_a_million_events_each() {
                 let tid = unsafe { libc::gettid() } as u32;
                 for i in 0..PER_THREAD {
                     let m = MemOp {
-                        t_ns: now_ns(),
+                        t_ns: tracer::now_ns(),
                         tid,
                         api: Api::CudaMalloc,
                         kind: AllocKind::Runtime,

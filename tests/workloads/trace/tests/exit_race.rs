@@ -1,0 +1,58 @@
+//! A buffer handed to the writer thread just before the process exits is written, never
+//! dropped uncounted: the exit path (on the exiting thread) and the writer thread must not
+//! both think the other has it. `VRAMSHIM_TRACE_WRITER_FAULT=hold` makes the writer take a
+//! buffer off its channel before it holds its lock and keep it 200 ms (the loop before
+//! session 5's fix): this test then fails.
+
+use vramshim::tracer;
+use vramshim_testkit::temp_dir;
+use vramshim_trace::{AllocKind, Api, Event, MemOp, TraceReader};
+
+/// A few buffers' worth (a buffer is handed over at 1024 entries).
+const EVENTS: u64 = 5000;
+
+#[test]
+fn a_buffer_handed_over_just_before_exit_is_written() {
+    let dir = temp_dir("trace_exit_race");
+    let path = dir.join("race.vramtrace");
+    tracer::testing::enable(path.to_str().unwrap(), 0);
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() } as u32;
+    for i in 0..EVENTS {
+        tracer::emit(Event::Alloc(MemOp {
+            t_ns: tracer::now_ns(),
+            tid,
+            api: Api::CudaMalloc,
+            kind: AllocKind::Runtime,
+            flags: 0,
+            device: 0,
+            stream: 0,
+            addr: 0x1000 + (i << 8),
+            size: i,
+            result: 0,
+            latency_ns: 0,
+            stack: 0,
+        }));
+    }
+    // Let the writer thread wake for the buffers handed over, then exit.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    tracer::on_exit();
+    let lost = tracer::testing::lost();
+
+    let mut r = TraceReader::open(&path).unwrap();
+    let mut written = 0u64;
+    let mut e = Event::Lost { t_ns: 0, count: 0 };
+    while r.next_into(&mut e).unwrap() {
+        if let Event::Alloc(m) = &e {
+            assert_eq!(m.size, written, "events out of order or missing");
+            written += 1;
+        }
+    }
+    assert_eq!(r.truncation(), None);
+    assert_eq!(
+        written + lost,
+        EVENTS,
+        "written {written}, counted lost {lost}"
+    );
+    assert_eq!(lost, 0);
+}
