@@ -62,13 +62,15 @@ mod tls {
         let p: *const State;
         // SAFETY: reads the thread pointer and this library's TLS offset from the GOT (both
         // valid for the life of the thread); the result is this thread's 64-byte block,
-        // zero-initialized by the loader, which is a valid `State`.
+        // zero-initialized by the loader, which is a valid `State`. `nomem`: both words it
+        // reads are fixed for the life of the thread (no Rust code writes them), so the
+        // compiler may compute it once per hook instead of again after every store.
         unsafe {
             std::arch::asm!(
                 "mov {p}, qword ptr fs:[0]",
                 "add {p}, qword ptr [rip + vramshim_guard_state@GOTTPOFF]",
                 p = out(reg) p,
-                options(pure, readonly, nostack),
+                options(pure, nomem, nostack),
             );
         }
         p

@@ -503,7 +503,7 @@ impl LiveTable {
             return None;
         }
         let Some(p) = self.own(tok) else {
-            return self.root().shared.locked(|t| t.insert(key, e));
+            return self.insert_shared(key, e);
         };
         let window = p.enter();
         let t = p.map();
@@ -517,6 +517,14 @@ impl LiveTable {
         if key == EMPTY {
             return None;
         }
+        self.insert_shared(key, e)
+    }
+
+    /// Out of line: a closure borrowing `e` here would make every owner's insert build the
+    /// entry on the stack and copy it into the slot.
+    #[cold]
+    #[inline(never)]
+    fn insert_shared(&self, key: u64, e: Entry) -> Option<Entry> {
         self.root().shared.locked(|t| t.insert(key, e))
     }
 
