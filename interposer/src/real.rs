@@ -248,6 +248,25 @@ macro_rules! real_fns {
             /// Every slot, for tests and diagnostics.
             pub static ALL: &[&Slot] = &[$(&$name),*];
         }
+        /// The real functions if already resolved, never resolving (no call: a hook that
+        /// only jumps on needs no frame; it takes its full path when one is not known yet).
+        pub mod known {
+            use super::*;
+            $(
+                #[doc = concat!("The real `", stringify!($name), "` if already resolved.")]
+                #[inline(always)]
+                pub fn $name() -> Option<$ty> {
+                    let a = slots::$name.peek();
+                    if a == 0 {
+                        None
+                    } else {
+                        // SAFETY: the slot holds the address of the C function of that
+                        // name, whose ABI is `$ty`.
+                        Some(unsafe { std::mem::transmute::<usize, $ty>(a) })
+                    }
+                }
+            )*
+        }
         $(
             #[doc = concat!("The real `", stringify!($name), "`, or `None` if it does not exist.")]
             #[inline]
