@@ -492,14 +492,19 @@ impl LiveTable {
     /// The calling thread's own part (claimed on first use), if it may have one.
     #[inline(always)]
     fn own(&self, tok: &Token) -> Option<&Part> {
-        let c = self.cache?;
-        let st = tok.state();
-        let p = st.parts[c & (CACHE_SLOTS - 1)].get();
-        if !p.is_null() {
-            // SAFETY: parts are leaked, never freed; this one was claimed by this thread.
-            return Some(unsafe { &*(p as *const Part) });
+        if let Some(p) = self.cached(tok) {
+            return Some(p);
         }
-        self.own_slow(st, c)
+        self.own_slow(tok.state(), self.cache?)
+    }
+
+    /// The calling thread's own part if it has claimed one.
+    #[inline(always)]
+    fn cached(&self, tok: &Token) -> Option<&Part> {
+        let c = self.cache?;
+        let p = tok.state().parts[c & (CACHE_SLOTS - 1)].get();
+        // SAFETY: parts are leaked, never freed; a cached one was claimed by this thread.
+        unsafe { (p as *const Part).as_ref() }
     }
 
     #[cold]
@@ -548,14 +553,14 @@ impl LiveTable {
 
     /// Remove and return the entry at `key`: from the calling thread's part if it is there
     /// (the common case, no atomic read-modify-write), else from whichever part holds it
-    /// (all parts held: exclusive against every owner and every other remover).
+    /// (all parts held: exclusive against every owner and every other remover). A thread
+    /// that has no part yet has nothing of its own to look in: no part is claimed here.
     #[inline(always)]
     pub fn remove_in(&self, tok: &Token, key: u64) -> Option<Entry> {
         if key == EMPTY {
             return None;
         }
-        let root = self.published()?;
-        if let Some(p) = self.own(tok) {
+        if let Some(p) = self.cached(tok) {
             let window = p.enter();
             let t = p.map();
             let r = t.remove(key);
@@ -564,7 +569,25 @@ impl LiveTable {
                 return r;
             }
         }
-        self.remove_anywhere(root, key)
+        // Through an out-parameter: a returned entry would join the common path's in
+        // memory, and every free would copy its entry through the stack twice.
+        let mut out = VACANT;
+        self.remove_elsewhere(key, &mut out).then_some(out)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn remove_elsewhere(&self, key: u64, out: &mut Entry) -> bool {
+        match self
+            .published()
+            .and_then(|root| self.remove_anywhere(root, key))
+        {
+            Some(e) => {
+                *out = e;
+                true
+            }
+            None => false,
+        }
     }
 
     /// Remove from outside a hook.
