@@ -240,6 +240,12 @@ pub(crate) fn alloc_hook_in<F: Copy>(
                 dispatch::alloc_passed(tok, &req, table, rc, read);
                 return rc;
             }
+            if mode.light() {
+                // The request is built inside (out of line), where its constant fields fold.
+                // `move`: a closure borrowing `call` and `f` made every request (pass-through
+                // too) store them on the stack before the mode check.
+                return dispatch::alloc_light(tok, make_req, table, mode, move || call(f), read);
+            }
             alloc_layered(
                 tok, mode, f, table, make_req, pool_ok, call, read, write_pool,
             )
@@ -247,10 +253,10 @@ pub(crate) fn alloc_hook_in<F: Copy>(
     )
 }
 
-/// The layered part of [`alloc_hook_in`] (cap, trace, pool, debug log). Out of line, so
-/// that the closures these paths hand on by reference are only spilled to the stack here,
-/// not on every pass-through request (inline, the compiler hoisted those stores above the
-/// mode check).
+/// The layered path of [`alloc_hook_in`] (pool, debug log, `VRAMSHIM_LAYERS_FAULT=no-light`).
+/// Out of line, so that the closures it hands on by reference are only spilled to the
+/// stack here, not on every pass-through request (inline, the compiler hoisted those
+/// stores above the mode check: +16 instructions per pass-through pair).
 #[allow(clippy::too_many_arguments)]
 #[inline(never)]
 fn alloc_layered<F: Copy>(
@@ -264,10 +270,6 @@ fn alloc_layered<F: Copy>(
     read: impl FnOnce() -> (u64, u64),
     write_pool: impl FnOnce(u64),
 ) -> c_int {
-    if mode.light() {
-        // The request is built inside (out of line), where its constant fields fold.
-        return dispatch::alloc_light(tok, make_req, table, mode, || call(f), read);
-    }
     let req = make_req();
     let out = dispatch::alloc(tok, &req, table, pool_ok, mode, || {
         let rc = call(f);
@@ -333,6 +335,18 @@ pub(crate) fn free_hook_in<F: Copy>(
             if key != 0 && mode.pass_through() {
                 return dispatch::free_passed(tok, api, key, table, move || call(f));
             }
+            if key != 0 && mode.light() {
+                return dispatch::free_light(
+                    tok,
+                    api,
+                    key,
+                    stream,
+                    flags,
+                    table,
+                    mode,
+                    move || call(f),
+                );
+            }
             free_layered(tok, mode, f, table, api, key, stream, flags, call)
         },
     )
@@ -353,9 +367,6 @@ fn free_layered<F: Copy>(
     flags: u8,
     call: impl Fn(F) -> c_int,
 ) -> c_int {
-    if key != 0 && mode.light() {
-        return dispatch::free_light(tok, api, key, stream, flags, table, mode, || call(f));
-    }
     let req = FreeRequest {
         api,
         key,
