@@ -306,14 +306,16 @@ fn record_alloc(
     };
     if let Some(stale) = table.insert_in(tok, r.addr, e) {
         // The address was handed out again without us seeing its free.
-        forget(&stale);
+        forget(stale);
     }
     counters::alloc_in(tok, req.device, kind, r.size);
 }
 
 /// An entry left the table without a free we passed on (stale, or dropped by a reset).
+/// By value: a reference would keep the insert's result in memory on every request.
 #[cold]
-fn forget(e: &Entry) {
+#[inline(never)]
+fn forget(e: Entry) {
     counters::free(e.device, e.kind, e.size);
     if e.charged > 0 {
         cap::uncharge(e.device, e.charged);
@@ -817,7 +819,7 @@ pub fn device_reset(device: i32) {
     let traced = tracer::enabled();
     let mut bytes = 0u64;
     for (addr, e) in &dropped {
-        forget(e);
+        forget(*e);
         bytes = bytes.saturating_add(e.size);
         if traced {
             tracer::emit(Event::Free(MemOp {

@@ -62,13 +62,15 @@ mod tls {
         let p: *const State;
         // SAFETY: reads the thread pointer and this library's TLS offset from the GOT (both
         // valid for the life of the thread); the result is this thread's 64-byte block,
-        // zero-initialized by the loader, which is a valid `State`.
+        // zero-initialized by the loader, which is a valid `State`. `nomem`: both words it
+        // reads are fixed for the life of the thread (no Rust code writes them), so the
+        // compiler may compute it once per hook instead of again after every store.
         unsafe {
             std::arch::asm!(
                 "mov {p}, qword ptr fs:[0]",
                 "add {p}, qword ptr [rip + vramshim_guard_state@GOTTPOFF]",
                 p = out(reg) p,
-                options(pure, readonly, nostack),
+                options(pure, nomem, nostack),
             );
         }
         p
@@ -144,17 +146,20 @@ pub fn enter() -> Option<Token> {
     }
 }
 
-/// Whether a hook is already active on this thread (then this one is counted as passed
-/// straight through, as [`enter`] would). For hooks that the runtime reaches from inside
-/// ours: they check this first and jump to the real function, before any frame is set up.
+/// For hooks that the runtime reaches from inside ours: if a hook is already active on this
+/// thread and `real` knows the real function (resolved, so no call), count this one as
+/// passed straight through (as [`enter`] would) and return the function to jump to. `None`:
+/// take the hook's full path (which passes through, and counts, by [`enter`] when nested).
+/// Checked first, before any frame is set up.
 #[inline(always)]
-pub fn nested_here() -> bool {
+pub fn nested_real<F>(real: impl FnOnce() -> Option<F>) -> Option<F> {
     let s = st();
     if s.depth.get() == 0 {
-        return false;
+        return None;
     }
+    let f = real()?;
     s.nested.set(s.nested.get() + 1);
-    true
+    Some(f)
 }
 
 /// Hooks the calling thread passed straight through so far.

@@ -166,7 +166,7 @@ impl Slots {
     fn insert(&mut self, key: u64, e: Entry) -> Option<Entry> {
         let (i, found) = self.find(key);
         if found {
-            return Some(std::mem::replace(&mut self.slots[i].1, e));
+            return Some(self.replace_at(i, e));
         }
         self.slots[i] = (key, e);
         let n = self.len() + 1;
@@ -175,6 +175,14 @@ impl Slots {
             self.grow();
         }
         None
+    }
+
+    /// Rare (a free we never saw): out of line, so that the common insert writes the new
+    /// entry straight into its slot instead of through a copy on the stack.
+    #[cold]
+    #[inline(never)]
+    fn replace_at(&mut self, i: usize, e: Entry) -> Entry {
+        std::mem::replace(&mut self.slots[i].1, e)
     }
 
     #[inline(always)]
@@ -401,41 +409,51 @@ impl Root {
 }
 
 /// A map from pointer (or handle) to [`Entry`], in parts (see the module comment).
+///
+/// Immutable itself (its one changing word, the root pointer, lives in a [`TableRoot`] it
+/// refers to): so that in a `static` table the compiler folds `cache` and the root's
+/// address into the hooks' code instead of loading and testing them on every request.
 pub struct LiveTable {
     /// This table's slot in the thread-local part cache; `None`: only the shared part.
     cache: Option<usize>,
-    root: AtomicPtr<Root>,
+    root: &'static TableRoot,
 }
 
-impl Default for LiveTable {
+/// The published root of a [`LiveTable`] (null until first used, replaced on fork).
+pub struct TableRoot(AtomicPtr<Root>);
+
+impl Default for TableRoot {
     fn default() -> Self {
         Self::new()
     }
 }
 
+impl TableRoot {
+    pub const fn new() -> TableRoot {
+        TableRoot(AtomicPtr::new(std::ptr::null_mut()))
+    }
+}
+
 impl LiveTable {
     /// A table whose operations all go through one locked part.
-    pub const fn new() -> LiveTable {
-        LiveTable {
-            cache: None,
-            root: AtomicPtr::new(std::ptr::null_mut()),
-        }
+    pub const fn new(root: &'static TableRoot) -> LiveTable {
+        LiveTable { cache: None, root }
     }
 
     /// A table with a part per thread, cached in thread-local slot `cache`
     /// (`< CACHE_SLOTS`; one table per slot in the process).
-    pub const fn per_thread(cache: usize) -> LiveTable {
+    pub const fn per_thread(cache: usize, root: &'static TableRoot) -> LiveTable {
         assert!(cache < CACHE_SLOTS);
         LiveTable {
             cache: Some(cache),
-            root: AtomicPtr::new(std::ptr::null_mut()),
+            root,
         }
     }
 
     #[inline(always)]
     fn published(&self) -> Option<&Root> {
         // SAFETY: once published, a root is never freed (only leaked on fork).
-        unsafe { self.root.load(Ordering::Acquire).as_ref() }
+        unsafe { self.root.0.load(Ordering::Acquire).as_ref() }
     }
 
     #[inline(always)]
@@ -454,7 +472,7 @@ impl LiveTable {
             parts: AtomicPtr::new(std::ptr::null_mut()),
             asym,
         }));
-        match self.root.compare_exchange(
+        match self.root.0.compare_exchange(
             std::ptr::null_mut(),
             fresh,
             Ordering::AcqRel,
@@ -474,14 +492,19 @@ impl LiveTable {
     /// The calling thread's own part (claimed on first use), if it may have one.
     #[inline(always)]
     fn own(&self, tok: &Token) -> Option<&Part> {
-        let c = self.cache?;
-        let st = tok.state();
-        let p = st.parts[c & (CACHE_SLOTS - 1)].get();
-        if !p.is_null() {
-            // SAFETY: parts are leaked, never freed; this one was claimed by this thread.
-            return Some(unsafe { &*(p as *const Part) });
+        if let Some(p) = self.cached(tok) {
+            return Some(p);
         }
-        self.own_slow(st, c)
+        self.own_slow(tok.state(), self.cache?)
+    }
+
+    /// The calling thread's own part if it has claimed one.
+    #[inline(always)]
+    fn cached(&self, tok: &Token) -> Option<&Part> {
+        let c = self.cache?;
+        let p = tok.state().parts[c & (CACHE_SLOTS - 1)].get();
+        // SAFETY: parts are leaked, never freed; a cached one was claimed by this thread.
+        unsafe { (p as *const Part).as_ref() }
     }
 
     #[cold]
@@ -503,7 +526,7 @@ impl LiveTable {
             return None;
         }
         let Some(p) = self.own(tok) else {
-            return self.root().shared.locked(|t| t.insert(key, e));
+            return self.insert_shared(key, e);
         };
         let window = p.enter();
         let t = p.map();
@@ -517,19 +540,27 @@ impl LiveTable {
         if key == EMPTY {
             return None;
         }
+        self.insert_shared(key, e)
+    }
+
+    /// Out of line: a closure borrowing `e` here would make every owner's insert build the
+    /// entry on the stack and copy it into the slot.
+    #[cold]
+    #[inline(never)]
+    fn insert_shared(&self, key: u64, e: Entry) -> Option<Entry> {
         self.root().shared.locked(|t| t.insert(key, e))
     }
 
     /// Remove and return the entry at `key`: from the calling thread's part if it is there
     /// (the common case, no atomic read-modify-write), else from whichever part holds it
-    /// (all parts held: exclusive against every owner and every other remover).
+    /// (all parts held: exclusive against every owner and every other remover). A thread
+    /// that has no part yet has nothing of its own to look in: no part is claimed here.
     #[inline(always)]
     pub fn remove_in(&self, tok: &Token, key: u64) -> Option<Entry> {
         if key == EMPTY {
             return None;
         }
-        let root = self.published()?;
-        if let Some(p) = self.own(tok) {
+        if let Some(p) = self.cached(tok) {
             let window = p.enter();
             let t = p.map();
             let r = t.remove(key);
@@ -538,7 +569,25 @@ impl LiveTable {
                 return r;
             }
         }
-        self.remove_anywhere(root, key)
+        // Through an out-parameter: a returned entry would join the common path's in
+        // memory, and every free would copy its entry through the stack twice.
+        let mut out = VACANT;
+        self.remove_elsewhere(key, &mut out).then_some(out)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn remove_elsewhere(&self, key: u64, out: &mut Entry) -> bool {
+        match self
+            .published()
+            .and_then(|root| self.remove_anywhere(root, key))
+        {
+            Some(e) => {
+                *out = e;
+                true
+            }
+            None => false,
+        }
     }
 
     /// Remove from outside a hook.
@@ -630,7 +679,7 @@ impl LiveTable {
     /// may be held by threads that no longer exist). The old table is leaked. Only when no
     /// other thread uses the table (the calling thread's cached part is dropped).
     pub fn reset_leak(&self) {
-        self.root.store(std::ptr::null_mut(), Ordering::Release);
+        self.root.0.store(std::ptr::null_mut(), Ordering::Release);
         if let Some(c) = self.cache {
             crate::guard::with_state(|s| s.parts[c].set(std::ptr::null()));
             membarrier::on_fork_child();
@@ -650,9 +699,11 @@ pub(crate) fn release_parts(st: &crate::guard::State) {
 }
 
 /// Device pointers (and host pointers of `cudaMallocHost` & co.).
-pub static ALLOCS: LiveTable = LiveTable::per_thread(0);
+pub static ALLOCS: LiveTable = LiveTable::per_thread(0, &ALLOCS_ROOT);
+static ALLOCS_ROOT: TableRoot = TableRoot::new();
 /// VMM handles of `cuMemCreate`, keyed by handle value (rare: one shared part).
-pub static HANDLES: LiveTable = LiveTable::new();
+pub static HANDLES: LiveTable = LiveTable::new(&HANDLES_ROOT);
+static HANDLES_ROOT: TableRoot = TableRoot::new();
 
 #[cfg(test)]
 mod tests {
@@ -684,7 +735,8 @@ mod tests {
 
     #[test]
     fn insert_remove_concurrent() {
-        static T: LiveTable = LiveTable::new();
+        static R: TableRoot = TableRoot::new();
+        static T: LiveTable = LiveTable::new(&R);
         std::thread::scope(|s| {
             for t in 0..8u64 {
                 s.spawn(move || {
@@ -720,7 +772,8 @@ mod tests {
         use std::sync::atomic::AtomicU32;
         const THREADS: u64 = 6;
         const KEYS: u64 = 64;
-        static T: LiveTable = LiveTable::per_thread(1);
+        static R: TableRoot = TableRoot::new();
+        static T: LiveTable = LiveTable::per_thread(1, &R);
         static WINS: [AtomicU32; (THREADS * KEYS) as usize] =
             [const { AtomicU32::new(0) }; (THREADS * KEYS) as usize];
         let bar = std::sync::Barrier::new(THREADS as usize);
@@ -806,7 +859,8 @@ mod tests {
     /// is adopted by the next thread; another thread frees them.
     #[test]
     fn exited_threads_entries_stay_findable() {
-        static T2: LiveTable = LiveTable::per_thread(1);
+        static R2: TableRoot = TableRoot::new();
+        static T2: LiveTable = LiveTable::per_thread(1, &R2);
         std::thread::spawn(|| {
             let tok = crate::guard::enter().unwrap();
             for i in 1..=100u64 {
@@ -835,7 +889,7 @@ mod tests {
     #[test]
     fn matches_a_model_under_churn() {
         use std::collections::HashMap;
-        let t = LiveTable::new();
+        let t = LiveTable::new(Box::leak(Box::new(TableRoot::new())));
         let mut model: HashMap<u64, Entry> = HashMap::new();
         let mut x = 0x2545_F491_4F6C_DD1Du64;
         let mut rnd = move || {

@@ -27,7 +27,11 @@ pub enum Lib {
     Nvml,
 }
 
-/// One real function: its name, its library and its address (0 = not resolved yet).
+/// `Slot::addr` of a function known not to exist (see `Slot::settle`).
+const ABSENT: usize = 1;
+
+/// One real function: its name, its library and its address (0 = not resolved yet,
+/// `ABSENT` = looked up, not there).
 pub struct Slot {
     addr: AtomicUsize,
     pub name: &'static CStr,
@@ -47,37 +51,61 @@ impl Slot {
     #[inline]
     pub fn get(&self) -> usize {
         let a = self.addr.load(Ordering::Acquire);
-        if a != 0 {
+        if a > ABSENT {
             return a;
         }
-        self.resolve()
+        self.resolve(a)
     }
 
     /// The address if already known, without resolving.
     #[inline]
     pub fn peek(&self) -> usize {
-        self.addr.load(Ordering::Acquire)
+        let a = self.addr.load(Ordering::Acquire);
+        if a > ABSENT { a } else { 0 }
     }
 
     /// Remember an address the process itself obtained for this name (our `dlsym` or
-    /// lookup hooks saw it). Never stores one of our own hooks; never overwrites.
+    /// lookup hooks saw it). Never stores one of our own hooks; never overwrites a known
+    /// address (a remembered absence it does: the process found what our lookup did not).
     pub fn record(&self, addr: usize) {
         if addr == 0 || crate::hooks::is_our_hook(addr) {
             return;
         }
         let _ = self
             .addr
-            .compare_exchange(0, addr, Ordering::AcqRel, Ordering::Acquire);
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
+                (cur <= ABSENT).then_some(addr)
+            });
     }
 
+    /// `a`: the slot's value, 0 or `ABSENT`.
     #[cold]
-    fn resolve(&self) -> usize {
+    fn resolve(&self, a: usize) -> usize {
+        if a == ABSENT {
+            return 0;
+        }
+        #[cfg(test)]
+        tests::RESOLVES.with(|n| n.set(n.get() + 1));
         let a = match self.lib {
             Lib::Runtime => resolve_runtime(self.name),
             Lib::Driver => lib_sym(&LIBCUDA, LIBCUDA_NAMES, self.name),
             Lib::Nvml => lib_sym(&LIBNVML, LIBNVML_NAMES, self.name),
         };
+        // A driver or NVML function that is not there stays absent: `lib_sym` loaded the
+        // library (whose symbols do not change) or remembered that it cannot be loaded.
+        // Runtime functions may appear later (a runtime `dlopen`ed after our first call).
+        self.settle(a, self.lib != Lib::Runtime)
+    }
+
+    /// Store what a lookup found (`a`, 0 for nothing); with `final_miss`, remember a miss,
+    /// so that a process without a driver does not look again on every request.
+    fn settle(&self, a: usize, final_miss: bool) -> usize {
         if a == 0 || crate::hooks::is_our_hook(a) {
+            if a == 0 && final_miss {
+                let _ = self
+                    .addr
+                    .compare_exchange(0, ABSENT, Ordering::AcqRel, Ordering::Acquire);
+            }
             return 0;
         }
         match self
@@ -85,7 +113,12 @@ impl Slot {
             .compare_exchange(0, a, Ordering::AcqRel, Ordering::Acquire)
         {
             Ok(_) => a,
-            Err(cur) => cur,
+            Err(cur) if cur > ABSENT => cur,
+            // Marked absent meanwhile by a lookup that found nothing: keep what we found.
+            Err(_) => {
+                self.addr.store(a, Ordering::Release);
+                a
+            }
         }
     }
 
@@ -248,6 +281,25 @@ macro_rules! real_fns {
             /// Every slot, for tests and diagnostics.
             pub static ALL: &[&Slot] = &[$(&$name),*];
         }
+        /// The real functions if already resolved, never resolving (no call: a hook that
+        /// only jumps on needs no frame; it takes its full path when one is not known yet).
+        pub mod known {
+            use super::*;
+            $(
+                #[doc = concat!("The real `", stringify!($name), "` if already resolved.")]
+                #[inline(always)]
+                pub fn $name() -> Option<$ty> {
+                    let a = slots::$name.peek();
+                    if a == 0 {
+                        None
+                    } else {
+                        // SAFETY: the slot holds the address of the C function of that
+                        // name, whose ABI is `$ty`.
+                        Some(unsafe { std::mem::transmute::<usize, $ty>(a) })
+                    }
+                }
+            )*
+        }
         $(
             #[doc = concat!("The real `", stringify!($name), "`, or `None` if it does not exist.")]
             #[inline]
@@ -392,6 +444,33 @@ pub fn current_runtime_device() -> Option<c_int> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    thread_local! {
+        /// `Slot::resolve` calls on this thread.
+        pub(super) static RESOLVES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+
+    /// Without a driver (or with one that lacks the function), a driver-side lookup that
+    /// found nothing is not repeated on every request; what the process itself finds later
+    /// is still taken.
+    #[test]
+    fn a_missing_driver_function_is_looked_up_once() {
+        static S: Slot = Slot::new(c"vramshimTestNoSuchFunction", Lib::Nvml);
+        let before = RESOLVES.with(|n| n.get());
+        assert_eq!(S.get(), 0);
+        assert_eq!(S.get(), 0);
+        assert_eq!(S.peek(), 0);
+        assert_eq!(RESOLVES.with(|n| n.get()) - before, 1, "looked up again");
+        let f = a_missing_driver_function_is_looked_up_once as fn() as usize;
+        S.record(f);
+        assert_eq!(S.get(), f);
+        // A runtime function may appear later: its miss is not remembered.
+        static R: Slot = Slot::new(c"vramshimTestNoSuchFunction", Lib::Runtime);
+        let before = RESOLVES.with(|n| n.get());
+        assert_eq!(R.get(), 0);
+        assert_eq!(R.get(), 0);
+        assert_eq!(RESOLVES.with(|n| n.get()) - before, 2);
+    }
 
     #[test]
     fn a_failed_load_is_remembered_and_not_searched_again() {

@@ -17,9 +17,7 @@ use vramshim_trace::{AllocKind, Api};
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> c_int {
     // Reached by the runtime's cudaMalloc through our lookup hooks: straight to the driver.
-    if crate::guard::nested_here()
-        && let Some(f) = real::cuMemAlloc_v2()
-    {
+    if let Some(f) = crate::guard::nested_real(real::known::cuMemAlloc_v2) {
         // SAFETY: forwarding the caller's arguments unchanged.
         return unsafe { f(dptr, size) };
     }
@@ -45,9 +43,7 @@ fn mem_alloc(dptr: *mut CUdeviceptr, size: usize) -> c_int {
 /// C ABI: `cuMemFree_v2`'s contract.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> c_int {
-    if crate::guard::nested_here()
-        && let Some(f) = real::cuMemFree_v2()
-    {
+    if let Some(f) = crate::guard::nested_real(real::known::cuMemFree_v2) {
         // SAFETY: forwarding the caller's arguments unchanged.
         return unsafe { f(dptr) };
     }

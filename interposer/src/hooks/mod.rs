@@ -130,6 +130,16 @@ pub(crate) fn variant<F>(
     }
 }
 
+/// A hook whose real function is missing: `missing`, logged. Out of line, by value: the
+/// log's arguments are references, and inline they made every hook store its name and code
+/// on the stack before it even looked at the real function.
+#[cold]
+#[inline(never)]
+fn no_real(name: &'static str, missing: c_int) -> c_int {
+    crate::debug!("{name}: no real function -> {missing}");
+    missing
+}
+
 /// The common shape of a stream-ordered allocation hook (`cudaMallocAsync`,
 /// `cuMemAllocFromPoolAsync` & co., plain or `_ptsz`): an `Async` request on `stream`.
 #[allow(clippy::too_many_arguments)]
@@ -215,8 +225,7 @@ pub(crate) fn alloc_hook_in<F: Copy>(
     write_pool: impl FnOnce(u64),
 ) -> c_int {
     let Some(f) = slot() else {
-        crate::debug!("{name}: no real function -> {missing}");
-        return missing;
+        return no_real(name, missing);
     };
     dispatch::run_hook_with(
         name,
@@ -233,20 +242,44 @@ pub(crate) fn alloc_hook_in<F: Copy>(
             }
             if mode.light() {
                 // The request is built inside (out of line), where its constant fields fold.
-                return dispatch::alloc_light(tok, make_req, table, mode, || call(f), read);
+                // `move`: a closure borrowing `call` and `f` made every request (pass-through
+                // too) store them on the stack before the mode check.
+                return dispatch::alloc_light(tok, make_req, table, mode, move || call(f), read);
             }
-            let req = make_req();
-            let out = dispatch::alloc(tok, &req, table, pool_ok, mode, || {
-                let rc = call(f);
-                let (addr, size) = if rc == 0 { read() } else { (0, req.size) };
-                RealResult { rc, addr, size }
-            });
-            if out.layer == Layer::Pool && out.rc == 0 {
-                write_pool(out.addr);
-            }
-            out.rc
+            alloc_layered(
+                tok, mode, f, table, make_req, pool_ok, call, read, write_pool,
+            )
         },
     )
+}
+
+/// The layered path of [`alloc_hook_in`] (pool, debug log, `VRAMSHIM_LAYERS_FAULT=no-light`).
+/// Out of line, so that the closures it hands on by reference are only spilled to the
+/// stack here, not on every pass-through request (inline, the compiler hoisted those
+/// stores above the mode check: +16 instructions per pass-through pair).
+#[allow(clippy::too_many_arguments)]
+#[inline(never)]
+fn alloc_layered<F: Copy>(
+    tok: &crate::guard::Token,
+    mode: dispatch::Mode,
+    f: F,
+    table: &'static LiveTable,
+    make_req: impl FnOnce() -> Request,
+    pool_ok: bool,
+    call: impl Fn(F) -> c_int,
+    read: impl FnOnce() -> (u64, u64),
+    write_pool: impl FnOnce(u64),
+) -> c_int {
+    let req = make_req();
+    let out = dispatch::alloc(tok, &req, table, pool_ok, mode, || {
+        let rc = call(f);
+        let (addr, size) = if rc == 0 { read() } else { (0, req.size) };
+        RealResult { rc, addr, size }
+    });
+    if out.layer == Layer::Pool && out.rc == 0 {
+        write_pool(out.addr);
+    }
+    out.rc
 }
 
 /// The common shape of a free hook.
@@ -290,8 +323,7 @@ pub(crate) fn free_hook_in<F: Copy>(
     call: impl Fn(F) -> c_int,
 ) -> c_int {
     let Some(f) = slot() else {
-        crate::debug!("{name}: no real function -> {missing}");
-        return missing;
+        return no_real(name, missing);
     };
     dispatch::run_hook_with(
         name,
@@ -304,17 +336,44 @@ pub(crate) fn free_hook_in<F: Copy>(
                 return dispatch::free_passed(tok, api, key, table, move || call(f));
             }
             if key != 0 && mode.light() {
-                return dispatch::free_light(tok, api, key, stream, flags, table, mode, || call(f));
+                return dispatch::free_light(
+                    tok,
+                    api,
+                    key,
+                    stream,
+                    flags,
+                    table,
+                    mode,
+                    move || call(f),
+                );
             }
-            let req = FreeRequest {
-                api,
-                key,
-                stream,
-                flags,
-            };
-            dispatch::free(tok, &req, table, mode, || call(f))
+            free_layered(tok, mode, f, table, api, key, stream, flags, call)
         },
     )
+}
+
+/// The layered part of [`free_hook_in`] (and frees of NULL), out of line for the same
+/// reason as [`alloc_layered`].
+#[allow(clippy::too_many_arguments)]
+#[inline(never)]
+fn free_layered<F: Copy>(
+    tok: &crate::guard::Token,
+    mode: dispatch::Mode,
+    f: F,
+    table: &'static LiveTable,
+    api: Api,
+    key: u64,
+    stream: Option<u64>,
+    flags: u8,
+    call: impl Fn(F) -> c_int,
+) -> c_int {
+    let req = FreeRequest {
+        api,
+        key,
+        stream,
+        flags,
+    };
+    dispatch::free(tok, &req, table, mode, || call(f))
 }
 
 // ------------------------------------------------------------------------ hook table
