@@ -6,6 +6,7 @@ pub mod compare;
 pub mod diff;
 mod elf;
 mod fast;
+mod liveset;
 pub mod report;
 mod sites;
 pub mod steps;
@@ -20,6 +21,7 @@ use crate::error::InputError;
 use crate::formats::FastMap;
 use crate::input::{Format, Opened};
 use crate::progress::Progress;
+use liveset::LiveSet;
 pub use report::*;
 use sites::SiteTable;
 use symbols::{Module, Symbolizer};
@@ -76,6 +78,19 @@ pub(crate) struct Live {
     pub flags: u8,
 }
 
+impl Live {
+    pub(crate) const EMPTY: Live = Live {
+        size: 0,
+        t_ns: 0,
+        stream: 0,
+        stack: 0,
+        tid: 0,
+        api: Api::Unknown,
+        kind: AllocKind::Runtime,
+        flags: 0,
+    };
+}
+
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct SiteAcc {
     pub allocs: u64,
@@ -129,7 +144,7 @@ pub const LIFETIME_LABELS: [&str; 10] = [
 
 pub(crate) struct DevState {
     pub device: i32,
-    pub live: FastMap<u64, Live>,
+    pub live: LiveSet,
     pub sites: SiteTable,
     pub calls: Vec<CallAcc>,
     pub in_use: u64,
@@ -173,7 +188,7 @@ impl DevState {
     fn new(device: i32, t0: u64, opts: &Options) -> DevState {
         DevState {
             device,
-            live: FastMap::default(),
+            live: LiveSet::default(),
             sites: SiteTable::default(),
             calls: vec![CallAcc::default(); 64 * 8 * 2],
             in_use: 0,
@@ -224,10 +239,16 @@ impl DevState {
 
     pub(crate) fn snapshot(&self, top: usize) -> Snapshot {
         let mut best: Vec<(u64, Live)> = Vec::with_capacity(top + 1);
-        for (&addr, l) in &self.live {
-            if best.len() < top || best.last().is_some_and(|b| l.size > b.1.size) {
-                let pos = best
-                    .partition_point(|b| b.1.size > l.size || (b.1.size == l.size && b.0 < addr));
+        // The `top` largest by (size descending, address ascending): a total order, so the
+        // live set's iteration order (a hash table's) does not pick among equal sizes.
+        let before = |a: (u64, u64), b: (u64, u64)| a.1 > b.1 || (a.1 == b.1 && a.0 < b.0);
+        for (addr, l) in self.live.iter() {
+            if best.len() < top
+                || best
+                    .last()
+                    .is_some_and(|b| before((addr, l.size), (b.0, b.1.size)))
+            {
+                let pos = best.partition_point(|b| before((b.0, b.1.size), (addr, l.size)));
                 best.insert(pos, (addr, *l));
                 best.truncate(top);
             }
