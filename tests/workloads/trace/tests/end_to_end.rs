@@ -243,7 +243,12 @@ fn killed_loop(tag: &str, fault: Option<&str>) -> (vramshim_trace_tests::Read, u
     );
     let p = std::fs::read(&progress).unwrap();
     let last_call = u64::from_ne_bytes(p[..8].try_into().unwrap());
-    assert!(last_call > 0 && last_call < kill_t, "{last_call} {kill_t}");
+    // kill_t is read just before kill(2): the program may finish a call in the microseconds
+    // the signal takes to land.
+    assert!(
+        last_call > 0 && last_call < kill_t + 10_000_000,
+        "{last_call} {kill_t}"
+    );
     (read(&path), last_call, kill_t)
 }
 
@@ -257,7 +262,7 @@ fn sigkill_leaves_a_trace_readable_to_within_100ms() {
     let o = ops(&r.events);
     assert!(o.len() > 100, "only {} events", o.len());
     let last = o.iter().map(|(_, m)| m.t_ns).max().unwrap();
-    assert!(last < kill_t);
+    assert!(last < kill_t + 10_000_000);
     // The writer drains every 50 ms: of what the program did, nothing older than 100 ms
     // before the kill is missing. (Measured from the program's own last call, not from the
     // kill: on a loaded machine the program itself may not have run in the last 100 ms.)
