@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 const MIB: u64 = 1 << 20;
 
 fn program(dir: &Path) -> PathBuf {
-    let src = dir.join("shared_gpu.c");
-    std::fs::write(
-        &src,
+    compile_c(
+        dir,
+        "shared_gpu",
         r#"#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,17 +46,6 @@ int main(int argc, char **argv) {
 }
 "#,
     )
-    .unwrap();
-    let exe = dir.join("shared_gpu");
-    let st = Command::new("cc")
-        .arg("-o")
-        .arg(&exe)
-        .arg(&src)
-        .arg("-ldl")
-        .status()
-        .unwrap();
-    assert!(st.success());
-    exe
 }
 
 fn run_cmd(dir: &Path, machine: &str, trace: &str) -> Command {

@@ -8,6 +8,9 @@ use std::process::{Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+mod common;
+use common::compile_c;
+
 const VRAMSHIM: &str = env!("CARGO_BIN_EXE_vramshim");
 
 fn tmpdir(tag: &str) -> PathBuf {
@@ -477,9 +480,9 @@ fn cuda_program() -> PathBuf {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
     EXE.get_or_init(|| {
         let dir = tmpdir("cudaprog");
-        let src = dir.join("four.c");
-        std::fs::write(
-            &src,
+        compile_c(
+            &dir,
+            "four",
             r#"#include <dlfcn.h>
 #include <stdio.h>
 #include <stddef.h>
@@ -498,17 +501,6 @@ int main(void) {
 }
 "#,
         )
-        .unwrap();
-        let exe = dir.join("four");
-        let st = Command::new("cc")
-            .arg("-o")
-            .arg(&exe)
-            .arg(&src)
-            .arg("-ldl")
-            .status()
-            .unwrap();
-        assert!(st.success());
-        exe
     })
     .clone()
 }

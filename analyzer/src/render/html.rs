@@ -77,6 +77,55 @@ const PALETTE: [&str; 8] = [
     "#3b82f6", "#f59e0b", "#10b981", "#8b5cf6", "#ef4444", "#14b8a6", "#eab308", "#ec4899",
 ];
 
+/// The plot area of the report's time charts, in the SVG's user units.
+#[derive(Clone, Copy)]
+struct Plot {
+    ml: f64,
+    mt: f64,
+    pw: f64,
+    ph: f64,
+}
+
+const PLOT_H: f64 = 280.0;
+const PLOT: Plot = Plot {
+    ml: 70.0,
+    mt: 14.0,
+    pw: W - 70.0 - 16.0,
+    ph: PLOT_H - 14.0 - 34.0,
+};
+
+impl Plot {
+    /// Opens the `<svg>` (with `attrs` and `label`) and draws the frame, the byte axis up to
+    /// `ymax` and the time axis over `t_span` ns.
+    fn frame(self, out: &mut String, attrs: &str, label: &str, ymax: f64, t_span: f64) {
+        let Plot { ml, mt, pw, ph } = self;
+        let _ = write!(
+            out,
+            r##"<svg {attrs} viewBox="0 0 {W} {PLOT_H}" role="img" aria-label="{label}"><rect x="{ml}" y="{mt}" width="{pw}" height="{ph}" fill="#fbfcfd" stroke="#dde1e8"/>"##
+        );
+        for v in byte_ticks(ymax as u64) {
+            let yy = mt + ph - v as f64 / ymax * ph;
+            let _ = write!(
+                out,
+                r##"<line x1="{ml}" x2="{}" y1="{yy:.1}" y2="{yy:.1}" stroke="#eef0f4"/><text x="{}" y="{:.1}" text-anchor="end">{}</text>"##,
+                ml + pw,
+                ml - 6.0,
+                yy + 4.0,
+                bytes(v)
+            );
+        }
+        for tv in axis_ticks(t_span, 6) {
+            let xx = ml + tv / t_span * pw;
+            let _ = write!(
+                out,
+                r#"<text x="{xx:.1}" y="{}" text-anchor="middle">+{}</text>"#,
+                mt + ph + 16.0,
+                duration_ns(tv as u64)
+            );
+        }
+    }
+}
+
 /// The processes of one shared GPU, stacked over wall-clock time, the card's size, and a
 /// mark at every refused allocation.
 fn shared_gpu_svg(g: &crate::analysis::by_gpu::GpuGroup, out: &mut String) {
@@ -84,9 +133,7 @@ fn shared_gpu_svg(g: &crate::analysis::by_gpu::GpuGroup, out: &mut String) {
     let (Some(first), Some(last)) = (samples.first(), samples.last()) else {
         return;
     };
-    let (h, ml, mr, mt, mb) = (280.0, 70.0, 16.0, 14.0, 34.0);
-    let pw = W - ml - mr;
-    let ph = h - mt - mb;
+    let Plot { ml, mt, pw, ph } = PLOT;
     let t0 = first.0;
     let t_end = last.0 + slice;
     let t_span = (t_end - t0).max(1) as f64;
@@ -101,30 +148,13 @@ fn shared_gpu_svg(g: &crate::analysis::by_gpu::GpuGroup, out: &mut String) {
     let ymax = (data_max.max(card.unwrap_or(0)) as f64 * 1.05).max(1.0);
     let x = |t: u64| ml + t.saturating_sub(t0) as f64 / t_span * pw;
     let y = |v: u64| mt + ph - v as f64 / ymax * ph;
-    let _ = write!(
+    PLOT.frame(
         out,
-        r##"<svg class="chart shared-gpu" viewBox="0 0 {W} {h}" role="img" aria-label="processes on one GPU over time"><rect x="{ml}" y="{mt}" width="{pw}" height="{ph}" fill="#fbfcfd" stroke="#dde1e8"/>"##
+        r#"class="chart shared-gpu""#,
+        "processes on one GPU over time",
+        ymax,
+        t_span,
     );
-    for v in byte_ticks(ymax as u64) {
-        let yy = y(v);
-        let _ = write!(
-            out,
-            r##"<line x1="{ml}" x2="{}" y1="{yy:.1}" y2="{yy:.1}" stroke="#eef0f4"/><text x="{}" y="{:.1}" text-anchor="end">{}</text>"##,
-            ml + pw,
-            ml - 6.0,
-            yy + 4.0,
-            bytes(v)
-        );
-    }
-    for tv in axis_ticks(t_span, 6) {
-        let _ = write!(
-            out,
-            r#"<text x="{:.1}" y="{}" text-anchor="middle">+{}</text>"#,
-            ml + tv / t_span * pw,
-            mt + ph + 16.0,
-            duration_ns(tv as u64)
-        );
-    }
     // Band k lies between the sum of processes 0..k and 0..=k.
     let mut below = vec![0u64; samples.len()];
     for k in 0..g.processes.len() {
@@ -217,9 +247,7 @@ const CAP_ABOVE_RATIO: u64 = 4;
 /// Memory over time: in-use band (min..max per bucket), reserved, cap, refusal/OOM marks.
 pub fn timeline_svg(tl: &Timeline, cap: Option<u64>, id: &str, out: &mut String) {
     let pts = tl.points();
-    let (h, ml, mr, mt, mb) = (280.0, 70.0, 16.0, 14.0, 34.0);
-    let pw = W - ml - mr;
-    let ph = h - mt - mb;
+    let Plot { ml, mt, pw, ph } = PLOT;
     let t_end = pts
         .last()
         .map(|p| p.t_ns + tl.width_ns)
@@ -242,30 +270,13 @@ pub fn timeline_svg(tl: &Timeline, cap: Option<u64>, id: &str, out: &mut String)
     };
     let x = |t: u64| ml + (t.saturating_sub(tl.t0)) as f64 / t_span * pw;
     let y = |v: u64| mt + ph - v as f64 / ymax * ph;
-    let _ = write!(
+    PLOT.frame(
         out,
-        r##"<svg class="chart timeline" id="{id}" viewBox="0 0 {W} {h}" role="img" aria-label="memory over time"><rect x="{ml}" y="{mt}" width="{pw}" height="{ph}" fill="#fbfcfd" stroke="#dde1e8"/>"##
+        &format!(r#"class="chart timeline" id="{id}""#),
+        "memory over time",
+        ymax,
+        t_span,
     );
-    for v in byte_ticks(ymax as u64) {
-        let yy = y(v);
-        let _ = write!(
-            out,
-            r##"<line x1="{ml}" x2="{}" y1="{yy:.1}" y2="{yy:.1}" stroke="#eef0f4"/><text x="{}" y="{:.1}" text-anchor="end">{}</text>"##,
-            ml + pw,
-            ml - 6.0,
-            yy + 4.0,
-            bytes(v)
-        );
-    }
-    for tv in axis_ticks(t_span, 6) {
-        let xx = ml + tv / t_span * pw;
-        let _ = write!(
-            out,
-            r#"<text x="{xx:.1}" y="{}" text-anchor="middle">+{}</text>"#,
-            mt + ph + 16.0,
-            duration_ns(tv as u64)
-        );
-    }
     if !pts.is_empty() {
         // In-use band: max along the top, min back along the bottom.
         let mut d = String::with_capacity(pts.len() * 24);

@@ -115,3 +115,20 @@ pub fn python() -> Option<String> {
 pub fn viewers_required() -> bool {
     std::env::var("VRAMSHIM_REQUIRE_VIEWERS").is_ok_and(|v| v == "1")
 }
+
+/// Writes `source` to `dir/NAME.c` and builds `dir/NAME` with `cc ... -ldl` (the test programs
+/// dlopen the CUDA runtime, as frameworks do).
+pub fn compile_c(dir: &Path, name: &str, source: &str) -> PathBuf {
+    let src = dir.join(format!("{name}.c"));
+    std::fs::write(&src, source).unwrap();
+    let exe = dir.join(name);
+    let st = Command::new("cc")
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .arg("-ldl")
+        .status()
+        .expect("cc (gcc) is needed to build a test program");
+    assert!(st.success(), "cc failed on {}", src.display());
+    exe
+}

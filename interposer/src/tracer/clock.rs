@@ -237,20 +237,28 @@ impl ToNs {
     }
 }
 
+impl Params {
+    /// One seqlock read of the set: (seq before, the values, seq after). The values are
+    /// consistent when both seqs are equal and even.
+    #[inline(always)]
+    fn read(&self) -> (u64, Snapshot, u64) {
+        let s1 = self.seq.load(Ordering::Acquire);
+        let snap = Snapshot {
+            base_tsc: self.base_tsc.load(Ordering::Relaxed),
+            base_ns: self.base_ns.load(Ordering::Relaxed),
+            rate: self.rate.load(Ordering::Relaxed),
+            corr: self.corr.load(Ordering::Relaxed) as i64,
+            corr_ticks: self.corr_ticks.load(Ordering::Relaxed),
+            stale_ticks: self.stale_ticks.load(Ordering::Relaxed),
+        };
+        fence(Ordering::Acquire);
+        (s1, snap, self.seq.load(Ordering::Relaxed))
+    }
+}
+
 /// Set `generation`, if it is still that generation's (not refilled since) and calibrated.
 fn read_set(generation: u64) -> Option<Snapshot> {
-    let s = &SETS[(generation % SETS_KEPT as u64) as usize];
-    let s1 = s.seq.load(Ordering::Acquire);
-    let snap = Snapshot {
-        base_tsc: s.base_tsc.load(Ordering::Relaxed),
-        base_ns: s.base_ns.load(Ordering::Relaxed),
-        rate: s.rate.load(Ordering::Relaxed),
-        corr: s.corr.load(Ordering::Relaxed) as i64,
-        corr_ticks: s.corr_ticks.load(Ordering::Relaxed),
-        stale_ticks: s.stale_ticks.load(Ordering::Relaxed),
-    };
-    fence(Ordering::Acquire);
-    let s2 = s.seq.load(Ordering::Relaxed);
+    let (s1, snap, s2) = SETS[(generation % SETS_KEPT as u64) as usize].read();
     // Each fill adds 2 to the slot's seq; generation `generation` (from 1) is its slot's
     // ((generation - 1) / SETS_KEPT + 1)-th fill.
     let fills = (generation - 1) / SETS_KEPT as u64 + 1;
@@ -325,18 +333,7 @@ fn convert(p: &Snapshot, tsc: u64) -> u64 {
 fn snapshot() -> Option<Snapshot> {
     loop {
         let g = GEN.load(Ordering::Acquire);
-        let s = &SETS[(g % SETS_KEPT as u64) as usize];
-        let s1 = s.seq.load(Ordering::Acquire);
-        let snap = Snapshot {
-            base_tsc: s.base_tsc.load(Ordering::Relaxed),
-            base_ns: s.base_ns.load(Ordering::Relaxed),
-            rate: s.rate.load(Ordering::Relaxed),
-            corr: s.corr.load(Ordering::Relaxed) as i64,
-            corr_ticks: s.corr_ticks.load(Ordering::Relaxed),
-            stale_ticks: s.stale_ticks.load(Ordering::Relaxed),
-        };
-        fence(Ordering::Acquire);
-        let s2 = s.seq.load(Ordering::Relaxed);
+        let (s1, snap, s2) = SETS[(g % SETS_KEPT as u64) as usize].read();
         if s1 == s2 && s1.is_multiple_of(2) {
             return (snap.rate != 0).then_some(snap);
         }
