@@ -860,6 +860,10 @@ mod tests {
                 drain(&[slot], |b| chunks.push(b), 1 << 20);
             }
             drains += 1;
+            // The writer drains every 50 ms, not back to back: a drainer spinning without
+            // pause against a spinning owner, with the other tests' threads on the same two
+            // cores, made this test take 2-7 minutes in CI instead of 7 s alone.
+            std::thread::yield_now();
         }
         owner.join().unwrap();
         drain(&[slot], |b| chunks.push(b), 1 << 20);
