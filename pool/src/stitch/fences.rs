@@ -1,0 +1,177 @@
+//! Stream conditions: events and per-page fences that say when freed bytes may be reused on
+//! another stream, and the synchronizations that release `cudaFree`d blocks.
+
+use super::*;
+
+impl Stitch {
+    pub(super) fn ev_ref(&mut self, ev: EventId) {
+        *self.events.entry(ev).or_insert(0) += 1;
+    }
+
+    pub(super) fn ev_unref(&mut self, dev: &mut dyn Device, ev: EventId) {
+        if let Some(n) = self.events.get_mut(&ev) {
+            *n -= 1;
+            if *n == 0 {
+                self.events.remove(&ev);
+                dev.destroy_event(ev);
+            }
+        }
+    }
+
+    pub(super) fn add_fence(&mut self, dev: &mut dyn Device, p: u32, f: Fence) {
+        let epoch = self.epoch;
+        let pg = self.page_mut(p);
+        // a later free on the same stream already covers this one
+        if pg
+            .fences
+            .iter()
+            .any(|o| o.epoch >= epoch && o.stream == f.stream && o.seq >= f.seq)
+        {
+            return;
+        }
+        let mut dropped: Vec<EventId> = Vec::new();
+        pg.fences.retain(|o| {
+            let keep = o.epoch >= epoch && o.stream != f.stream;
+            if !keep && let Some(e) = o.event {
+                dropped.push(e);
+            }
+            keep
+        });
+        pg.fences.push(f);
+        if let Some(ev) = f.event {
+            self.ev_ref(ev);
+        }
+        for e in dropped {
+            self.ev_unref(dev, e);
+        }
+    }
+
+    pub(super) fn purge_fences(&mut self, dev: &mut dyn Device, p: u32) {
+        let epoch = self.epoch;
+        let pg = self.page_mut(p);
+        if pg.fences.is_empty() {
+            return;
+        }
+        let mut dropped: Vec<EventId> = Vec::new();
+        pg.fences.retain(|o| {
+            let keep = o.epoch >= epoch;
+            if !keep && let Some(e) = o.event {
+                dropped.push(e);
+            }
+            keep
+        });
+        for e in dropped {
+            self.ev_unref(dev, e);
+        }
+    }
+
+    pub(super) fn has_active_fence(&self, p: u32) -> bool {
+        self.page(p).fences.iter().any(|f| f.epoch >= self.epoch)
+    }
+
+    pub(super) fn do_sync(&mut self, dev: &mut dyn Device) -> Result<(), PoolError> {
+        if dev.is_capturing() {
+            return Err(PoolError::Device(DeviceError::NotPermitted));
+        }
+        dev.synchronize().map_err(PoolError::Device)?;
+        self.stats.syncs += 1;
+        self.epoch += 1;
+        self.frees_since_sync = false;
+        self.flush_pending();
+        Ok(())
+    }
+
+    /// Pending blocks freed before the last synchronization become cached.
+    pub(super) fn flush_pending(&mut self) {
+        let epoch = self.epoch;
+        self.flushed_epoch = epoch;
+        let mut i = 0;
+        let half = self.gran / 2;
+        while i < self.pending.len() {
+            let id = self.pending[i];
+            let b = self.blocks.at_mut(id);
+            if b.epoch < epoch {
+                b.state = BState::Cached;
+                self.seq += 1;
+                b.seq = self.seq;
+                let (size, seq, a) = (b.size, b.seq, b.addr);
+                let list = self.sizes.at_mut(b.list);
+                list.cached.push(id);
+                list.pending -= 1;
+                let c = if size <= half { SMALL } else { LARGE };
+                self.lru[c].push_back((seq, a));
+                self.ncached += 1;
+                self.pending_bytes -= size;
+                self.pending.swap_remove(i);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// May a cached block be handed out on stream `t`? `Some(None)`: at once;
+    /// `Some(Some(s))`: after ordering `t` behind stream `s`'s work (an event recorded on `s`
+    /// now, which covers the free, and `cudaStreamWaitEvent(t)`: no host synchronization);
+    /// `None`: not without a synchronization.
+    pub(super) fn compat_at(
+        b: &Block,
+        t: Stream,
+        epoch: u64,
+        ignore: bool,
+    ) -> Option<Option<Stream>> {
+        if b.free_stream == t || b.epoch < epoch || ignore {
+            Some(None)
+        } else if t == crate::ANY_STREAM || b.free_stream == crate::ANY_STREAM {
+            // no stream to order: only memory a synchronization covers
+            None
+        } else {
+            Some(Some(b.free_stream))
+        }
+    }
+
+    /// Order stream `t` after everything enqueued on stream `s` so far.
+    pub(super) fn order_after(
+        &mut self,
+        dev: &mut dyn Device,
+        t: Stream,
+        s: Stream,
+    ) -> Result<(), DeviceError> {
+        let ev = dev.record_event(s)?;
+        self.stats.events_recorded += 1;
+        let r = dev.stream_wait_event(t, ev);
+        dev.destroy_event(ev);
+        r?;
+        self.stats.stream_waits += 1;
+        Ok(())
+    }
+
+    pub(super) fn purge_fences_all_of(&mut self, dev: &mut dyn Device, p: u32) {
+        let fences = std::mem::take(&mut self.page_mut(p).fences);
+        for f in fences {
+            if let Some(e) = f.event {
+                self.ev_unref(dev, e);
+            }
+        }
+    }
+
+    /// Synchronize (if blocks are pending and no capture forbids it) and take a cached block.
+    pub(super) fn sync_and_take(
+        &mut self,
+        dev: &mut dyn Device,
+        size: u64,
+        t: Stream,
+        req: u64,
+    ) -> Result<Option<u64>, PoolError> {
+        if self.pending.is_empty() || dev.is_capturing() {
+            return Ok(None);
+        }
+        self.do_sync(dev)?;
+        Ok(self.cache_take(dev, size, t, req))
+    }
+
+    /// Pending (cudaFree'd) bytes worth one synchronization on a cache miss: an eighth of
+    /// what the pool holds, at least two pages.
+    pub(super) fn pending_limit(&self) -> u64 {
+        (self.npages * self.gran / 8).max(2 * self.gran)
+    }
+}

@@ -1,0 +1,494 @@
+//! `stitch`: virtual-memory stitching with packed page tails.
+//!
+//! Physical memory is held in granularity-sized pages (one handle each). A block is a byte
+//! range `[off, off + size)` of a *mapping*: a reserved address range with a list of pages
+//! mapped one after another. Any free page can back any block, so there is no external
+//! fragmentation above a page. Page tails are packed: every page has a byte-range
+//! sub-allocator (512-B units), a block may take a shared page's free *suffix* as its head,
+//! whole free pages in the middle and another shared page's free *prefix* as its tail, and
+//! blocks under a page go into any free range of a shared page. One physical page may be
+//! mapped in several mappings (at several addresses); blocks own *physical* byte ranges, so
+//! two blocks never overlap physically whatever their addresses.
+//!
+//! Speed: a freed block stays formed (mapping and bytes kept) in a cache keyed by size, so a
+//! repeated request of the same size is a hash lookup; mappings stay cached and are reused
+//! when their pages' needed bytes are free, so a repeating workload makes no driver calls.
+//! Formed free blocks are dissolved (bytes given back to their pages, least recently freed
+//! first) only when a request cannot be placed otherwise; physical growth comes last.
+//!
+//! Stream rules: a `FreeMode::Sync` block waits in `pending` until a synchronization (one
+//! device sync releases every pending block; the process's own syncs count). The pool
+//! synchronizes when a request misses the cache while its exact-size twin is pending (and at
+//! least `SYNC_BATCH` blocks are), before it would grow for such a twin, once pending bytes
+//! reach an eighth of the pool, and at the cap before dissolving cached blocks: exact reuse is
+//! what keeps a `cudaMalloc`/`cudaFree` workload within 5% of its peak live bytes. A
+//! `FreeMode::Async { stream: s }` block is reusable at once on `s`; on another stream after a
+//! synchronization, or by making that stream wait on an event recorded on `s` when the block
+//! changes streams (it covers the free; `cudaStreamWaitEvent`, no host synchronization, and
+//! no event at all on the same-stream fast path). Bytes of dissolved blocks carry the same
+//! condition as a per-page fence. No synchronization during capture.
+
+use crate::blocks::{BState, Block, Blocks, SizeLists};
+use crate::device::{Device, DeviceError, EventId, Handle, Stream};
+use crate::fxhash::FxMap;
+use crate::{ALIGN, Alloc, FreeMode, Policy, PoolError, Request, Stats, round_up};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+mod cache;
+mod fences;
+mod mappings;
+mod pages;
+mod placement;
+mod slow_path;
+
+/// How many cached blocks of one size the fast path looks at.
+const FAST_SCAN: usize = 8;
+/// Pending (cudaFree'd) blocks worth a synchronization when one of them is the exact size a
+/// request misses.
+const SYNC_BATCH: usize = 8;
+/// How many cached mappings of one length a placement looks at.
+const MAP_SCAN: usize = 64;
+/// Page classes: blocks up to half a page are "small" and share pages with each other;
+/// larger blocks share their heads and tails with each other. A class takes the other's
+/// free bytes only before the pool would otherwise grow or fail (keeps long-lived small
+/// blocks from pinning the pages that large blocks need).
+const SMALL: usize = 0;
+const LARGE: usize = 1;
+
+#[derive(Clone, Copy, Debug)]
+struct Fence {
+    stream: Stream,
+    event: Option<EventId>,
+    epoch: u64,
+    /// free order: of two fences on one stream the later free covers the earlier
+    seq: u64,
+}
+
+struct Page {
+    handle: Handle,
+    /// free byte ranges start -> end
+    free: BTreeMap<u64, u64>,
+    used: u64,
+    /// blocks (live, pending or cached) holding bytes here: start -> (end, block address)
+    occ: BTreeMap<u64, (u64, u64)>,
+    /// SMALL or LARGE: which blocks this page was first used for (while partly used)
+    class: usize,
+    maps: Vec<u32>,
+    fences: Vec<Fence>,
+}
+
+struct Mapping {
+    va: u64,
+    pages: Vec<u32>,
+    /// blocks (live, pending or cached) placed in this mapping
+    users: u32,
+}
+
+/// What the slow path found: a cached block (after a synchronization released it), or a
+/// new block's place `(mapping, offset)`.
+enum Slot {
+    Hit(u64),
+    New(u32, u64),
+}
+
+/// Where a new block goes: an existing mapping, or new pages to map.
+enum Plan {
+    Existing { map: u32, off: u64 },
+    New { pages: Vec<u32>, off: u64 },
+}
+
+/// Testing switches that break a safety rule on purpose (to prove the checks can fail).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Faults {
+    /// Hand out blocks freed with `cudaFree` at once, without waiting for a sync.
+    pub reuse_sync_frees_early: bool,
+    /// Reuse stream-ordered frees on any stream without waiting on their event.
+    pub ignore_streams: bool,
+    /// Do not mark a new block's bytes used (the next block may overlap it).
+    pub skip_take: bool,
+    /// The old, lazier synchronization: never synchronize for a freed twin of the request
+    /// (place it elsewhere while the twin waits) and dissolve cached blocks before
+    /// synchronizing at the cap. Not a safety fault: it proves the tightness tests can fail.
+    pub lazy_sync: bool,
+}
+
+impl Faults {
+    fn any(&self) -> bool {
+        self.reuse_sync_frees_early || self.ignore_streams || self.skip_take || self.lazy_sync
+    }
+}
+
+/// See the module documentation.
+pub struct Stitch {
+    gran: u64,
+    pages: Vec<Option<Page>>,
+    free_slots: Vec<u32>,
+    npages: u64,
+    /// pages with no used byte
+    free_pages: BTreeSet<u32>,
+    /// partly or fully used pages of the small class
+    small_pages: BTreeSet<u32>,
+    /// free ranges of partly used pages, per page class: (len, page, start)
+    ranges: [BTreeSet<(u64, u32, u64)>; 2],
+    /// partly used pages with a free prefix, per class: (len, page)
+    prefix: [BTreeSet<(u64, u32)>; 2],
+    /// partly used pages with a free suffix, per class: (len, page)
+    suffix: [BTreeSet<(u64, u32)>; 2],
+    maps: Vec<Option<Mapping>>,
+    free_map_slots: Vec<u32>,
+    nmaps: u64,
+    maps_by_len: FxMap<usize, Vec<u32>>,
+    maps_by_va: BTreeMap<u64, u32>,
+    blocks: Blocks,
+    /// the exact-size cache (and pending blocks counted by size)
+    sizes: SizeLists,
+    /// cached blocks in free order, per class (stale entries skipped)
+    lru: [VecDeque<(u64, u64)>; 2],
+    ncached: usize,
+    /// `cudaFree`d blocks waiting for a synchronization (block indices)
+    pending: Vec<u32>,
+    epoch: u64,
+    flushed_epoch: u64,
+    /// bytes of `pending` blocks
+    pending_bytes: u64,
+    seq: u64,
+    frees_since_sync: bool,
+    events: FxMap<EventId, u32>,
+    faults: Faults,
+    /// soft limit over peak live beyond which cached blocks are dissolved before growing
+    /// (None: cache until the device or cap refuses)
+    headroom: Option<f64>,
+    stats: Stats,
+}
+
+impl Default for Stitch {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Stitch {
+    pub fn new() -> Self {
+        Stitch {
+            gran: 0,
+            pages: Vec::new(),
+            free_slots: Vec::new(),
+            npages: 0,
+            free_pages: BTreeSet::new(),
+            small_pages: BTreeSet::new(),
+            ranges: Default::default(),
+            prefix: Default::default(),
+            suffix: Default::default(),
+            maps: Vec::new(),
+            free_map_slots: Vec::new(),
+            nmaps: 0,
+            maps_by_len: FxMap::default(),
+            maps_by_va: BTreeMap::new(),
+            blocks: Blocks::default(),
+            sizes: SizeLists::default(),
+            lru: Default::default(),
+            ncached: 0,
+            pending: Vec::new(),
+            epoch: 0,
+            flushed_epoch: 0,
+            pending_bytes: 0,
+            seq: 0,
+            frees_since_sync: false,
+            events: FxMap::default(),
+            faults: Faults::default(),
+            headroom: None,
+            stats: Stats::default(),
+        }
+    }
+
+    /// Soft limit: once the pool holds more than `peak_live * (1 + headroom)` bytes, a
+    /// request that misses the cache dissolves cached blocks before the pool grows (tighter
+    /// when memory is plentiful, at the cost of some driver calls in steady state). Default
+    /// `None`: cache until the device or the cap refuses, then dissolve.
+    pub fn with_headroom(mut self, headroom: Option<f64>) -> Self {
+        self.headroom = headroom;
+        self
+    }
+
+    /// Break safety rules on purpose (tests only).
+    pub fn set_faults(&mut self, f: Faults) {
+        self.faults = f;
+    }
+
+    /// Physical pages held.
+    pub fn pages(&self) -> u64 {
+        self.npages
+    }
+
+    /// Mappings held.
+    pub fn mappings(&self) -> u64 {
+        self.nmaps
+    }
+
+    /// Blocks freed and kept formed for reuse.
+    pub fn cached_blocks(&self) -> usize {
+        self.ncached
+    }
+
+    /// One line describing the page state (for debugging placement).
+    #[doc(hidden)]
+    pub fn debug_state(&self) -> String {
+        let partial: Vec<&Page> = self
+            .pages
+            .iter()
+            .flatten()
+            .filter(|p| p.used > 0 && p.used < self.gran)
+            .collect();
+        let pfree: u64 = partial.iter().map(|p| self.gran - p.used).sum();
+        let small_partial = partial.iter().filter(|p| p.class == SMALL).count();
+        let small_free: u64 = partial
+            .iter()
+            .filter(|p| p.class == SMALL)
+            .map(|p| self.gran - p.used)
+            .sum();
+        let full = self
+            .pages
+            .iter()
+            .flatten()
+            .filter(|p| p.used == self.gran)
+            .count();
+        let largest_suffix = self.suffix[LARGE]
+            .iter()
+            .next_back()
+            .map(|x| x.0)
+            .unwrap_or(0);
+        let largest_prefix = self.prefix[LARGE]
+            .iter()
+            .next_back()
+            .map(|x| x.0)
+            .unwrap_or(0);
+        format!(
+            "small partial {small_partial} free {} KiB; pages {} (free {}, partial {}, full {}), partial free bytes {} KiB, largest suffix {} KiB, prefix {} KiB, cached {}, pending {}, live {} KiB, maps {}",
+            small_free / 1024,
+            self.npages,
+            self.free_pages.len(),
+            partial.len(),
+            full,
+            pfree / 1024,
+            largest_suffix / 1024,
+            largest_prefix / 1024,
+            self.ncached,
+            self.pending.len(),
+            self.stats.live / 1024,
+            self.nmaps
+        )
+    }
+
+    fn page(&self, p: u32) -> &Page {
+        self.pages[p as usize].as_ref().unwrap()
+    }
+    fn page_mut(&mut self, p: u32) -> &mut Page {
+        self.pages[p as usize].as_mut().unwrap()
+    }
+    fn map(&self, m: u32) -> &Mapping {
+        self.maps[m as usize].as_ref().unwrap()
+    }
+    fn map_mut(&mut self, m: u32) -> &mut Mapping {
+        self.maps[m as usize].as_mut().unwrap()
+    }
+
+    fn update_reserved(&mut self) {
+        let r = self.npages * self.gran;
+        self.stats.set_reserved(r);
+        self.stats.mappings = self.nmaps;
+    }
+}
+
+impl Policy for Stitch {
+    fn name(&self) -> &'static str {
+        "stitch"
+    }
+
+    fn alloc(&mut self, dev: &mut dyn Device, req: Request) -> Result<Alloc, PoolError> {
+        if let Some(addr) = self.alloc_cached(req.size, req.stream) {
+            return Ok(Alloc {
+                addr,
+                size: round_up(req.size.max(1), ALIGN),
+            });
+        }
+        if self.gran == 0 {
+            self.gran = dev.granularity();
+        }
+        let t = req.stream;
+        let size = round_up(req.size.max(1), ALIGN);
+        if self.faults.reuse_sync_frees_early && !self.pending.is_empty() {
+            self.epoch += 1;
+            self.flush_pending();
+        }
+        if !self.pending.is_empty() && self.flushed_epoch != self.epoch {
+            self.flush_pending();
+        }
+        let mut hit = self.cache_take(dev, size, t, req.size);
+        if hit.is_none()
+            && self.pending_bytes > 0
+            && self.pending_bytes >= self.pending_limit()
+            && !dev.is_capturing()
+            && self.do_sync(dev).is_ok()
+        {
+            // enough cudaFree'd memory waits for a synchronization: one sync releases it all
+            // (instead of growing while it waits)
+            hit = self.cache_take(dev, size, t, req.size);
+        }
+        let slot = match hit {
+            Some(a) => Ok(Slot::Hit(a)),
+            None => self.alloc_slow(dev, size, t, req.size),
+        };
+        let addr = match slot {
+            Ok(Slot::Hit(a)) => {
+                self.stats.cache_hits += 1;
+                a
+            }
+            slot => {
+                let (map, off) = match slot {
+                    Ok(Slot::Hit(_)) => unreachable!(),
+                    Ok(Slot::New(m, o)) => (m, o),
+                    Err(PoolError::OutOfMemory { why, .. }) => {
+                        return Err(PoolError::OutOfMemory {
+                            requested: req.size,
+                            reserved: self.stats.reserved,
+                            live: self.stats.live,
+                            why,
+                        });
+                    }
+                    Err(e) => return Err(e),
+                };
+                let addr = self.map(map).va + off;
+                let list = self.sizes.intern(size);
+                self.blocks.insert(Block {
+                    addr,
+                    list,
+                    size,
+                    req: req.size,
+                    map,
+                    off,
+                    stream: t,
+                    state: BState::Live,
+                    free_stream: t,
+                    event: None,
+                    epoch: 0,
+                    seq: 0,
+                });
+                self.gc_mappings(dev);
+                addr
+            }
+        };
+        self.stats.allocs += 1;
+        self.stats.add_live(req.size);
+        Ok(Alloc { addr, size })
+    }
+
+    fn free(&mut self, _dev: &mut dyn Device, addr: u64, mode: FreeMode) -> Result<u64, PoolError> {
+        let epoch = self.epoch;
+        let Some(id) = self.blocks.id(addr) else {
+            return Err(PoolError::UnknownPointer(addr));
+        };
+        let b = self.blocks.at_mut(id);
+        if b.state != BState::Live {
+            return Err(PoolError::UnknownPointer(addr));
+        }
+        let req = b.req;
+        b.epoch = epoch;
+        self.frees_since_sync = true;
+        self.stats.frees += 1;
+        self.stats.live -= req;
+        match mode {
+            FreeMode::Sync => {
+                b.state = BState::Pending;
+                self.pending.push(id);
+                self.pending_bytes += b.size;
+                self.sizes.at_mut(b.list).pending += 1;
+            }
+            FreeMode::Async { stream } => {
+                b.state = BState::Cached;
+                b.free_stream = stream;
+                self.seq += 1;
+                b.seq = self.seq;
+                let (size, seq) = (b.size, b.seq);
+                self.sizes.at_mut(b.list).cached.push(id);
+                let c = self.class_of(size);
+                self.lru[c].push_back((seq, addr));
+                self.ncached += 1;
+                self.compact_lru();
+            }
+        }
+        Ok(req)
+    }
+
+    fn trim(&mut self, dev: &mut dyn Device) -> Result<u64, PoolError> {
+        self.stats.trims += 1;
+        if dev.is_capturing() || self.gran == 0 {
+            return Ok(0);
+        }
+        if self.frees_since_sync || !self.pending.is_empty() {
+            self.do_sync(dev)?;
+        }
+        self.flush_pending();
+        while self.dissolve_some(dev, u64::MAX) {}
+        let before = self.npages;
+        for p in 0..self.pages.len() as u32 {
+            if self.pages[p as usize].is_some() {
+                self.purge_fences(dev, p);
+            }
+        }
+        let unused: Vec<u32> = self
+            .maps
+            .iter()
+            .enumerate()
+            .filter_map(|(i, m)| m.as_ref().filter(|m| m.users == 0).map(|_| i as u32))
+            .collect();
+        for m in unused {
+            self.drop_mapping(dev, m)?;
+        }
+        let free: Vec<u32> = self
+            .free_pages
+            .iter()
+            .copied()
+            .filter(|&p| self.page(p).maps.is_empty())
+            .collect();
+        for p in free {
+            self.release_page(dev, p)?;
+        }
+        Ok((before - self.npages) * self.gran)
+    }
+
+    fn note_process_sync(&mut self) {
+        self.stats.process_syncs += 1;
+        self.epoch += 1;
+        self.frees_since_sync = false;
+    }
+
+    fn owns(&self, addr: u64) -> bool {
+        self.blocks
+            .get(addr)
+            .is_some_and(|b| b.state == BState::Live)
+    }
+
+    fn contains(&self, addr: u64) -> bool {
+        self.maps_by_va
+            .range(..=addr)
+            .next_back()
+            .is_some_and(|(&va, &m)| addr < va + self.map(m).pages.len() as u64 * self.gran)
+    }
+
+    fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    fn reset(&mut self) {
+        let stats = self.stats;
+        let faults = self.faults;
+        *self = Stitch::new();
+        self.faults = faults;
+        self.stats = Stats {
+            reserved: 0,
+            live: 0,
+            mappings: 0,
+            ..stats
+        };
+    }
+}

@@ -1,0 +1,342 @@
+//! Placement: where a new block of a given size goes with the pages and mappings held now
+//! (a cached mapping, a gap in a shared small page, or free pages with packed head and tail).
+
+use super::*;
+
+impl Stitch {
+    /// Best placement of `size` bytes with the pages held now, or None. `mix`: also use the
+    /// other class's shared pages.
+    pub(super) fn place(&self, size: u64, mix: bool, allow_new: bool) -> Option<Plan> {
+        let g = self.gran;
+        let cls = self.class_of(size);
+        let classes: &[usize] = match (mix, cls) {
+            (false, SMALL) => &[SMALL],
+            (false, _) => &[LARGE],
+            (true, SMALL) => &[SMALL, LARGE],
+            (true, _) => &[LARGE, SMALL],
+        };
+        // best fit (len, page) >= min over the allowed classes, skipping page `not`
+        let best = |sets: &[BTreeSet<(u64, u32)>; 2], min: u64, not: Option<u32>| {
+            classes
+                .iter()
+                .filter_map(|&c| {
+                    sets[c]
+                        .range((min, 0)..)
+                        .find(|x| Some(x.1) != not)
+                        .copied()
+                })
+                .min()
+        };
+        let largest = |sets: &[BTreeSet<(u64, u32)>; 2]| {
+            classes
+                .iter()
+                .filter_map(|&c| sets[c].iter().next_back().copied())
+                .max()
+        };
+        // A. existing mappings (no driver call)
+        if size <= g {
+            // best-fit free range of a shared page (always mapped somewhere)
+            let r = classes
+                .iter()
+                .filter_map(|&c| self.ranges[c].range((size, 0, 0)..).next().copied())
+                .min();
+            if let Some((len, p, s)) = r
+                && let Some(&m) = self.page(p).maps.first()
+            {
+                let e = s + len;
+                // keep prefixes and suffixes whole for heads and tails
+                let pos = if s == 0 && e < g { e - size } else { s };
+                let idx = self.map(m).pages.iter().position(|&q| q == p).unwrap() as u64;
+                return Some(Plan::Existing {
+                    map: m,
+                    off: idx * g + pos,
+                });
+            }
+            // a free page that is mapped
+            for &p in self.free_pages.iter().take(MAP_SCAN) {
+                if let Some(&m) = self.page(p).maps.first() {
+                    let idx = self.map(m).pages.iter().position(|&q| q == p).unwrap() as u64;
+                    return Some(Plan::Existing {
+                        map: m,
+                        off: idx * g,
+                    });
+                }
+            }
+        }
+        if cls == LARGE {
+            let n_min = size.div_ceil(g) as usize;
+            for n in [n_min.max(2), n_min.max(2) + 1] {
+                let Some(list) = self.maps_by_len.get(&n) else {
+                    continue;
+                };
+                for &m in list.iter().rev().take(MAP_SCAN) {
+                    if let Some(off) = self.fit_in_mapping(m, size, classes) {
+                        return Some(Plan::Existing { map: m, off });
+                    }
+                }
+            }
+        }
+        if !allow_new {
+            return None;
+        }
+        // B. new mapping over free resources
+        let k0 = size / g;
+        let r = size % g;
+        let nfree = self.free_pages.len() as u64;
+        let take_free =
+            |k: u64| -> Vec<u32> { self.free_pages.iter().take(k as usize).copied().collect() };
+        // Tier 1: no new holes. A partly used page's free end is consumed whole (head = its
+        // whole free suffix, or tail = its whole free prefix) when that saves a fresh page;
+        // the rest comes from fresh pages, whose leftover is again a clean prefix or suffix.
+        if r > 0 && (cls == LARGE || mix) {
+            // best fit >= r saves a fresh page; otherwise the largest free end still packs
+            let head = best(&self.suffix, r, None);
+            let tail = best(&self.prefix, r, None);
+            let pick = match (head, tail) {
+                (Some(h), Some(t)) => Some(if h.0 <= t.0 { (h, true) } else { (t, false) }),
+                (Some(h), None) => Some((h, true)),
+                (None, Some(t)) => Some((t, false)),
+                (None, None) => match (largest(&self.suffix), largest(&self.prefix)) {
+                    (Some(h), Some(t)) => Some(if h.0 >= t.0 { (h, true) } else { (t, false) }),
+                    (Some(h), None) => Some((h, true)),
+                    (None, Some(t)) => Some((t, false)),
+                    (None, None) => None,
+                },
+            };
+            if let Some(((len, p), use_head)) = pick
+                && len < size
+            {
+                let rest = size - len;
+                let n = rest.div_ceil(g);
+                if nfree >= n {
+                    let fresh = take_free(n);
+                    return Some(if use_head {
+                        let mut pages = vec![p];
+                        pages.extend(fresh);
+                        Plan::New {
+                            pages,
+                            off: g - len,
+                        }
+                    } else {
+                        let mut pages = fresh;
+                        pages.push(p);
+                        Plan::New {
+                            pages,
+                            off: n * g - rest,
+                        }
+                    });
+                }
+            }
+        }
+        if nfree >= size.div_ceil(g) {
+            return Some(Plan::New {
+                pages: take_free(size.div_ceil(g)),
+                off: 0,
+            });
+        }
+        // Tier 2: use partly used pages' free ends even if that leaves a hole.
+        if cls == LARGE || mix {
+            if nfree >= k0 && r > 0 {
+                // tail: best-fit prefix
+                if let Some((_, t)) = best(&self.prefix, r, None) {
+                    let mut pages = take_free(k0);
+                    pages.push(t);
+                    return Some(Plan::New { pages, off: 0 });
+                }
+                // head: best-fit suffix
+                if let Some((_, h)) = best(&self.suffix, r, None) {
+                    let mut pages = vec![h];
+                    pages.extend(take_free(k0));
+                    return Some(Plan::New { pages, off: g - r });
+                }
+                // split: largest suffix as head, best-fit prefix for the rest
+                if let Some((hl, h)) = largest(&self.suffix) {
+                    let need = r - hl.min(r);
+                    if let Some((_, t)) = best(&self.prefix, need, Some(h)) {
+                        let mut pages = vec![h];
+                        pages.extend(take_free(k0));
+                        pages.push(t);
+                        return Some(Plan::New { pages, off: g - hl });
+                    }
+                }
+            }
+            if k0 >= 1 && nfree + 1 >= k0 {
+                // one page fewer: head + tail make up a page plus the remainder
+                if let Some((hl, h)) = largest(&self.suffix) {
+                    let need = r + g - hl; // > r, <= g
+                    if need < g
+                        && let Some((_, t)) = best(&self.prefix, need, Some(h))
+                    {
+                        let mut pages = vec![h];
+                        pages.extend(take_free(k0 - 1));
+                        pages.push(t);
+                        return Some(Plan::New { pages, off: g - hl });
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    pub(super) fn class_of(&self, size: u64) -> usize {
+        if size <= self.gran / 2 { SMALL } else { LARGE }
+    }
+
+    /// A cached mapping that can host `size` bytes once the cached blocks in the way are
+    /// dissolved (live and pending blocks stay): `(mapping, offset, blocks to dissolve)`.
+    /// This is what keeps a repeating workload free of driver calls: a request that misses
+    /// the exact-size cache takes the mapping an earlier pass made for it.
+    pub(super) fn reuse_mapping(&self, size: u64) -> Option<(u32, u64, Vec<u64>)> {
+        let g = self.gran;
+        let n_min = size.div_ceil(g) as usize;
+        let pinned = |a: u64| {
+            self.blocks
+                .get(a)
+                .is_some_and(|b| b.state != BState::Cached)
+        };
+        for n in [n_min, n_min + 1] {
+            let Some(list) = self.maps_by_len.get(&n) else {
+                continue;
+            };
+            'maps: for &m in list.iter().rev().take(MAP_SCAN) {
+                let mp = self.map(m);
+                let off = if n == 1 {
+                    // a gap between pinned blocks of the page
+                    let pg = self.page(mp.pages[0]);
+                    let mut prev_end = 0u64;
+                    let mut found = None;
+                    for (&s, &(e, a)) in &pg.occ {
+                        if !pinned(a) {
+                            continue;
+                        }
+                        if s >= prev_end + size {
+                            found = Some(prev_end);
+                            break;
+                        }
+                        prev_end = prev_end.max(e);
+                    }
+                    if found.is_none() && g >= prev_end + size {
+                        found = Some(prev_end);
+                    }
+                    match found {
+                        Some(o) => o,
+                        None => continue,
+                    }
+                } else {
+                    for &p in &mp.pages[1..n - 1] {
+                        if self.page(p).occ.values().any(|&(_, a)| pinned(a)) {
+                            continue 'maps;
+                        }
+                    }
+                    let head = self.page(mp.pages[0]);
+                    let live_end = head
+                        .occ
+                        .iter()
+                        .filter(|(_, (_, a))| pinned(*a))
+                        .map(|(_, &(e, _))| e)
+                        .max()
+                        .unwrap_or(0);
+                    let tail = self.page(mp.pages[n - 1]);
+                    let live_start = tail
+                        .occ
+                        .iter()
+                        .find(|(_, (_, a))| pinned(*a))
+                        .map(|(&s, _)| s)
+                        .unwrap_or(g);
+                    let n = n as u64;
+                    let lo = round_up(live_end.max(((n - 1) * g + 1).saturating_sub(size)), ALIGN);
+                    let Some(top) = ((n - 1) * g + live_start).checked_sub(size) else {
+                        continue;
+                    };
+                    let hi = (g - 1).min(top);
+                    if lo > hi {
+                        continue;
+                    }
+                    lo
+                };
+                let mut victims = Vec::new();
+                for (p, s, e) in self.pieces(&mp.pages, off, size) {
+                    for (_, &(oe, a)) in self.page(p).occ.range(..e) {
+                        if oe > s && !victims.contains(&a) {
+                            victims.push(a);
+                        }
+                    }
+                }
+                return Some((m, off, victims));
+            }
+        }
+        None
+    }
+
+    /// Best-fit gap of at least `size` bytes between pinned (live or pending) blocks of a
+    /// small page: `(mapping, offset, cached blocks to dissolve)`.
+    pub(super) fn reuse_small(&self, size: u64) -> Option<(u32, u64, Vec<u64>)> {
+        let g = self.gran;
+        let pinned = |a: u64| {
+            self.blocks
+                .get(a)
+                .is_some_and(|b| b.state != BState::Cached)
+        };
+        let mut best: Option<(u64, u32, u64)> = None; // (gap len, page, offset)
+        for &p in &self.small_pages {
+            let pg = self.page(p);
+            let mut prev_end = 0u64;
+            let consider = |s: u64, e: u64, best: &mut Option<(u64, u32, u64)>| {
+                if e >= s + size {
+                    let len = e - s;
+                    // keep a free prefix whole: place at its end
+                    let pos = if s == 0 && e < g { e - size } else { s };
+                    if best.is_none_or(|b| len < b.0) {
+                        *best = Some((len, p, pos));
+                    }
+                }
+            };
+            for (&s, &(e, a)) in &pg.occ {
+                if !pinned(a) {
+                    continue;
+                }
+                consider(prev_end, s, &mut best);
+                prev_end = prev_end.max(e);
+            }
+            consider(prev_end, g, &mut best);
+        }
+        let (_, p, pos) = best?;
+        let m = *self.page(p).maps.first()?;
+        let idx = self.map(m).pages.iter().position(|&q| q == p)? as u64;
+        let mut victims = Vec::new();
+        for (_, &(oe, a)) in self.page(p).occ.range(..pos + size) {
+            if oe > pos && !victims.contains(&a) {
+                victims.push(a);
+            }
+        }
+        Some((m, idx * g + pos, victims))
+    }
+
+    /// Offset at which `size` bytes fit in mapping `m` spanning all its pages, if any.
+    pub(super) fn fit_in_mapping(&self, m: u32, size: u64, classes: &[usize]) -> Option<u64> {
+        let g = self.gran;
+        let mp = self.map(m);
+        let n = mp.pages.len() as u64;
+        if n < 2 {
+            return None;
+        }
+        let ends = [mp.pages[0], mp.pages[n as usize - 1]];
+        if ends.iter().any(|&p| {
+            let pg = self.page(p);
+            pg.used != 0 && !classes.contains(&pg.class)
+        }) {
+            return None;
+        }
+        for &p in &mp.pages[1..mp.pages.len() - 1] {
+            if self.page(p).used != 0 {
+                return None;
+            }
+        }
+        let sf = self.free_suffix(mp.pages[0]);
+        let pf = self.free_prefix(mp.pages[n as usize - 1]);
+        let lo = (g - sf).max(((n - 1) * g + 1).saturating_sub(size));
+        let lo = round_up(lo, ALIGN);
+        let hi = (g - 1).min(((n - 1) * g + pf).checked_sub(size)?);
+        (lo <= hi).then_some(lo)
+    }
+}

@@ -1,0 +1,210 @@
+//! The slow path of an allocation: place with what is held, synchronize or dissolve cached
+//! blocks, then grow, in the order that keeps the pool tight.
+
+use super::*;
+
+impl Stitch {
+    /// Place with what is held now: `allow_new` lets it map free pages into a new mapping.
+    pub(super) fn step_place(
+        &mut self,
+        dev: &mut dyn Device,
+        size: u64,
+        t: Stream,
+        mix: bool,
+        allow_new: bool,
+    ) -> Result<Option<(u32, u64)>, PoolError> {
+        match self.place(size, mix, allow_new) {
+            Some(plan) => self.try_commit(dev, plan, size, t),
+            None => Ok(None),
+        }
+    }
+
+    /// Create pages for the shortfall and place. `Ok(Err(e))`: the device or cap refused
+    /// (after trying the other class's shared pages), with pages created here given back.
+    pub(super) fn step_grow(
+        &mut self,
+        dev: &mut dyn Device,
+        size: u64,
+        t: Stream,
+    ) -> Result<Result<(u32, u64), DeviceError>, PoolError> {
+        let g = self.gran;
+        let want = size.div_ceil(g);
+        let nfree = self.free_pages.len() as u64;
+        let mut created: Vec<u32> = Vec::new();
+        let mut shortfall = want.saturating_sub(nfree).max(1);
+        for _attempt in 0..4 {
+            let mut refused = None;
+            for _ in 0..shortfall {
+                match self.grow(dev) {
+                    Ok(p) => created.push(p),
+                    Err(e) => {
+                        refused = Some(e);
+                        break;
+                    }
+                }
+            }
+            for mix in [false, true] {
+                if refused.is_none() || mix {
+                    match self.step_place(dev, size, t, mix, true) {
+                        Ok(Some(x)) => {
+                            self.release_unused(dev, &created);
+                            return Ok(Ok(x));
+                        }
+                        Ok(None) => {}
+                        Err(e) => {
+                            self.release_unused(dev, &created);
+                            return Err(e);
+                        }
+                    }
+                }
+            }
+            if let Some(e) = refused {
+                self.release_unused(dev, &created);
+                if !e.is_oom() {
+                    return Err(PoolError::Device(e));
+                }
+                return Ok(Err(e));
+            }
+            shortfall = 1;
+        }
+        // only reachable during capture: the bytes need a synchronization we may not make
+        self.release_unused(dev, &created);
+        Ok(Err(DeviceError::OutOfMemory))
+    }
+
+    pub(super) fn alloc_slow(
+        &mut self,
+        dev: &mut dyn Device,
+        size: u64,
+        t: Stream,
+        req: u64,
+    ) -> Result<Slot, PoolError> {
+        let g = self.gran;
+        // A block of this very size waits for a synchronization and enough others wait
+        // with it: one sync releases them all and the request takes its twin. Exact reuse
+        // keeps the layout a repeating workload made (placing the request elsewhere while
+        // its twin waits scatters both over shared pages: 6% more memory on the shipped
+        // traces replayed through cudaMalloc/cudaFree, and driver calls in every pass);
+        // batching keeps it to one sync per SYNC_BATCH cudaFrees at most.
+        if !self.faults.lazy_sync
+            && self.pending.len() >= SYNC_BATCH
+            && self.sizes.has_pending(size)
+            && let Some(a) = self.sync_and_take(dev, size, t, req)?
+        {
+            return Ok(Slot::Hit(a));
+        }
+        // 1. free bytes in existing mappings (no driver call)
+        if let Some(x) = self.step_place(dev, size, t, false, false)? {
+            return Ok(Slot::New(x.0, x.1));
+        }
+        // Small blocks live inside single pages, which are always mapped: a small request
+        // that misses the cache takes the best gap between pinned blocks of a small page,
+        // dissolving only the cached blocks in that gap (no driver call), before the pool grows.
+        if self.class_of(size) == SMALL
+            && self.ncached > 0
+            && let Some((m, off, victims)) = self.reuse_small(size)
+        {
+            for v in victims {
+                self.dissolve(dev, v);
+            }
+            if let Some(x) = self.try_commit(dev, Plan::Existing { map: m, off }, size, t)? {
+                return Ok(Slot::New(x.0, x.1));
+            }
+        }
+        // a small request that fits no small page takes a free range of a large-block page
+        // (mapped already) rather than a new page
+        if self.class_of(size) == SMALL
+            && let Some(x) = self.step_place(dev, size, t, true, false)?
+        {
+            return Ok(Slot::New(x.0, x.1));
+        }
+        // Grow-first mode (below the soft limit): keep cached blocks for exact reuse and
+        // take free pages or new pages, like a caching allocator.
+        let limit = self.soft_limit();
+        if (self.npages + size.div_ceil(g)) * g <= limit {
+            // A block of this very size waits for a synchronization: take it (one sync
+            // releases every pending block) rather than place the request elsewhere while
+            // its twin waits, which scatters both over shared pages.
+            if !self.faults.lazy_sync
+                && self.sizes.has_pending(size)
+                && let Some(a) = self.sync_and_take(dev, size, t, req)?
+            {
+                return Ok(Slot::Hit(a));
+            }
+            if let Some(x) = self.step_place(dev, size, t, false, true)? {
+                return Ok(Slot::New(x.0, x.1));
+            }
+            if let Ok(x) = self.step_grow(dev, size, t)? {
+                return Ok(Slot::New(x.0, x.1));
+            }
+        }
+        // Growth was refused or is beyond the soft limit: release the pending blocks first
+        // (an exact-size twin is the tightest fit there is; the rest joins the cache).
+        if !self.faults.lazy_sync
+            && let Some(a) = self.sync_and_take(dev, size, t, req)?
+        {
+            return Ok(Slot::Hit(a));
+        }
+        // 2. a cached mapping, dissolving the cached blocks in the way (no driver call)
+        if self.ncached > 0
+            && let Some((m, off, victims)) = self.reuse_mapping(size)
+        {
+            for v in victims {
+                self.dissolve(dev, v);
+            }
+            if let Some(x) = self.try_commit(dev, Plan::Existing { map: m, off }, size, t)? {
+                return Ok(Slot::New(x.0, x.1));
+            }
+        }
+        // 3. free pages under a new mapping
+        if let Some(x) = self.step_place(dev, size, t, false, true)? {
+            return Ok(Slot::New(x.0, x.1));
+        }
+        // 4. dissolve cached blocks, least recently freed first
+        while self.dissolve_some(dev, size) {
+            if let Some(x) = self.step_place(dev, size, t, false, true)? {
+                return Ok(Slot::New(x.0, x.1));
+            }
+        }
+        // 5. one synchronization releases every pending cudaFree'd block
+        if !self.pending.is_empty() && !dev.is_capturing() {
+            self.do_sync(dev)?;
+            while self.dissolve_some(dev, u64::MAX) {}
+            if let Some(x) = self.step_place(dev, size, t, false, true)? {
+                return Ok(Slot::New(x.0, x.1));
+            }
+        }
+        // 6. grow by the shortfall; if refused, share pages across classes
+        match self.step_grow(dev, size, t)? {
+            Ok(x) => Ok(Slot::New(x.0, x.1)),
+            Err(e) => {
+                self.stats.oom_retries += 1;
+                Err(PoolError::OutOfMemory {
+                    requested: size,
+                    reserved: self.stats.reserved,
+                    live: self.stats.live,
+                    why: e,
+                })
+            }
+        }
+    }
+
+    /// Bytes the pool may hold before it prefers dissolving cached blocks to growing.
+    pub(super) fn soft_limit(&self) -> u64 {
+        match self.headroom {
+            None => u64::MAX,
+            Some(h) => (self.stats.peak_live as f64 * (1.0 + h.max(0.0))) as u64,
+        }
+    }
+
+    pub(super) fn release_unused(&mut self, dev: &mut dyn Device, created: &[u32]) {
+        for &p in created {
+            if self.pages[p as usize].is_some() {
+                let pg = self.page(p);
+                if pg.used == 0 && pg.maps.is_empty() && pg.fences.is_empty() {
+                    let _ = self.release_page(dev, p);
+                }
+            }
+        }
+    }
+}
