@@ -53,6 +53,9 @@
 //! // Configured stitch: stitch::Stitch::new().with_headroom(Some(h)) (soft limit: dissolve
 //! //   cached blocks before growing beyond peak_live * (1 + h); default None = cache until
 //! //   the device or cap refuses)
+//! // Tight stitch: stitch::Stitch::tight() = Stitch::new().with_budget(Some(Budget::default()))
+//! //   (reserved <= recent peak live * (1 + ratio) + slack while anything is cached; cached
+//! //   blocks dissolved and idle pages released beyond it; Stats::{cached, budget, releases})
 //!
 //! // Accounting device: AccountingDevice::new(capacity), set_cap, set_checking,
 //! //   set_capturing, fail_nth(CallKind, n, DeviceError), process_sync, calls() -> CallCounts,
@@ -189,6 +192,18 @@ pub struct Stats {
     pub oom_retries: u64,
     /// stitch: mapped ranges held (cached or in use).
     pub mappings: u64,
+    /// stitch: bytes of freed blocks kept formed for reuse (the cache), part of `reserved`.
+    pub cached: u64,
+    /// stitch: bytes of blocks freed with `cudaFree` that wait for a synchronization.
+    pub pending: u64,
+    /// stitch: the most the pool promises to hold with blocks cached (0: no budget; see
+    /// `stitch::Budget`). Above it nothing stays cached, and reserved bytes above it are
+    /// pages that live or pending blocks pin.
+    pub budget: u64,
+    /// Largest live bytes over the budget's recent windows (what the budget is a share of).
+    pub recent_peak_live: u64,
+    /// Pages (or allocations) given back to the device by the budget and by trims.
+    pub releases: u64,
 }
 
 impl Stats {
@@ -196,9 +211,11 @@ impl Stats {
         self.reserved = r;
         self.peak_reserved = self.peak_reserved.max(r);
     }
+    #[inline]
     pub(crate) fn add_live(&mut self, n: u64) {
         self.live += n;
         self.peak_live = self.peak_live.max(self.live);
+        self.recent_peak_live = self.recent_peak_live.max(self.live);
     }
 }
 

@@ -6,7 +6,7 @@
 
 use proptest::prelude::*;
 use vramshim_pool::accounting::CallKind;
-use vramshim_pool::stitch::{Faults, Stitch};
+use vramshim_pool::stitch::{Budget, Faults, Stitch};
 use vramshim_pool::{
     AccountingDevice, Device, DeviceError, FreeMode, GIB, KIB, MIB, Policy, PolicyKind, PoolError,
     Request,
@@ -57,6 +57,17 @@ fn op() -> impl Strategy<Value = Op> {
 
 /// Run `ops` through `policy` on a checking device of `capacity` bytes; return the device.
 fn exercise(policy: &mut dyn Policy, ops: &[Op], capacity: u64) -> AccountingDevice {
+    exercise_with(policy, ops, capacity, &mut |_, _, _| {})
+}
+
+/// [`exercise`], calling `after(policy, device, live bytes by the harness's count)` after
+/// every operation.
+fn exercise_with(
+    policy: &mut dyn Policy,
+    ops: &[Op],
+    capacity: u64,
+    after: &mut dyn FnMut(&dyn Policy, &AccountingDevice, u64),
+) -> AccountingDevice {
     let mut dev = AccountingDevice::new(capacity);
     dev.set_checking(true);
     let mut live: Vec<(u64, u64, u64)> = Vec::new(); // (addr, size, stream)
@@ -93,11 +104,9 @@ fn exercise(policy: &mut dyn Policy, ops: &[Op], capacity: u64) -> AccountingDev
             Op::Capture(on) => dev.set_capturing(on),
         }
         assert!(dev.used() <= dev.capacity(), "device exceeded");
-        assert_eq!(
-            policy.stats().live,
-            live.iter().map(|l| l.1).sum::<u64>(),
-            "live accounting"
-        );
+        let live_bytes = live.iter().map(|l| l.1).sum::<u64>();
+        assert_eq!(policy.stats().live, live_bytes, "live accounting");
+        after(&*policy, &dev, live_bytes);
     }
     dev.set_capturing(false);
     for (addr, _, stream) in live.drain(..) {
@@ -141,6 +150,16 @@ proptest! {
         assert_clean(&dev, &p);
     }
 
+    /// The tight pool is as safe, and keeps its promise: whenever the device holds more of
+    /// its pages than the budget (recent peak live * (1 + ratio) + slack, so never more than
+    /// the all-time peak live counted by the harness * (1 + ratio) + slack), nothing is cached.
+    #[test]
+    fn stitch_tight_is_safe_and_keeps_its_budget(ops in proptest::collection::vec(op(), 1..300), cap_mib in 64u64..1024) {
+        let mut p = Stitch::tight();
+        let dev = exercise_with(&mut p, &ops, cap_mib * MIB, &mut budget_kept(Budget::default()));
+        assert_clean(&dev, &p);
+    }
+
     #[test]
     fn caching_is_safe(ops in proptest::collection::vec(op(), 1..300), cap_mib in 64u64..1024) {
         let mut p = PolicyKind::Caching.build();
@@ -178,7 +197,79 @@ proptest! {
     }
 }
 
+/// The budget check: after every operation, the pages the device holds for the pool are
+/// within the budget, or the pool caches nothing. The budget itself is checked against the
+/// harness's own peak of live bytes.
+fn budget_kept(b: Budget) -> impl FnMut(&dyn Policy, &AccountingDevice, u64) {
+    let mut peak = 0u64;
+    move |p, dev, live| {
+        peak = peak.max(live);
+        let s = p.stats();
+        let promised = (peak as f64 * (1.0 + b.ratio)) as u64 + b.slack;
+        assert!(
+            s.budget > 0 && s.budget <= promised,
+            "budget {} B above {promised} B (peak live {peak} B)",
+            s.budget
+        );
+        assert!(
+            dev.used() <= s.budget || s.cached == 0,
+            "the device holds {} B for a budget of {} B with {} B cached",
+            dev.used(),
+            s.budget,
+            s.cached
+        );
+        assert_eq!(s.reserved, dev.used(), "reserved is the device's count");
+    }
+}
+
 // ---------------------------------------------------------------- the checker can fail
+
+/// Shapes that never repeat: a caching pool grows past its budget with the old shapes cached.
+fn shifting_shapes() -> Vec<Op> {
+    let mut ops = Vec::new();
+    for round in 0..12u64 {
+        for k in 0..4u64 {
+            ops.push(Op::Alloc {
+                size: (3 + round) * MIB + k * 300 * KIB,
+                stream: 0,
+            });
+        }
+        for _ in 0..4 {
+            ops.push(Op::Free {
+                idx: 0,
+                mode: FreeMode::Async { stream: 0 },
+            });
+        }
+    }
+    ops
+}
+
+#[test]
+fn budget_check_catches_a_pool_over_its_budget() {
+    for broken in [false, true] {
+        let mut p = Stitch::tight();
+        p.set_faults(Faults {
+            ignore_budget: broken,
+            ..Faults::default()
+        });
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            exercise_with(
+                &mut p,
+                &shifting_shapes(),
+                GIB,
+                &mut budget_kept(Budget::default()),
+            )
+        }));
+        match (broken, r) {
+            (false, Ok(dev)) => assert_clean(&dev, &p),
+            (true, Err(e)) => {
+                let msg = e.downcast_ref::<String>().cloned().unwrap_or_default();
+                assert!(msg.contains("cached"), "{msg}");
+            }
+            (broken, r) => panic!("broken {broken}: {:?}", r.is_ok()),
+        }
+    }
+}
 
 fn one_dev() -> AccountingDevice {
     let mut d = AccountingDevice::new(GIB);

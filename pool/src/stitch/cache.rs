@@ -42,6 +42,7 @@ impl Stitch {
                     b.stream = t;
                     let a = b.addr;
                     self.ncached -= 1;
+                    self.stats.cached -= size;
                     if let Some(ev) = old_ev {
                         self.ev_unref(dev, ev);
                     }
@@ -58,10 +59,12 @@ impl Stitch {
         let (i, id, s) = found?;
         self.sizes.at_mut(l).cached.remove(i);
         self.ncached -= 1;
+        self.stats.cached -= size;
         if self.order_after(dev, t, s).is_err() {
             // cannot order: put it back and let the slow path decide
             self.sizes.at_mut(l).cached.insert(i, id);
             self.ncached += 1;
+            self.stats.cached += size;
             return None;
         }
         let b = self.blocks.at_mut(id);
@@ -105,6 +108,7 @@ impl Stitch {
         b.req = req;
         b.stream = t;
         self.ncached -= 1;
+        self.stats.cached -= size;
         self.stats.cache_hits += 1;
         self.stats.allocs += 1;
         self.stats.add_live(req);
@@ -120,6 +124,7 @@ impl Stitch {
             list.remove(i);
         }
         self.ncached -= 1;
+        self.stats.cached -= b.size;
         let fence = (b.epoch >= self.epoch).then_some(Fence {
             stream: b.free_stream,
             event: b.event,

@@ -101,6 +101,7 @@ impl Stitch {
                 let c = if size <= half { SMALL } else { LARGE };
                 self.lru[c].push_back((seq, a));
                 self.ncached += 1;
+                self.stats.cached += size;
                 self.pending_bytes -= size;
                 self.pending.swap_remove(i);
             } else {

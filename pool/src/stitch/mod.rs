@@ -34,6 +34,9 @@ use crate::fxhash::FxMap;
 use crate::{ALIGN, Alloc, FreeMode, Policy, PoolError, Request, Stats, round_up};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
+pub use budget::Budget;
+
+mod budget;
 mod cache;
 mod fences;
 mod mappings;
@@ -48,6 +51,8 @@ const FAST_SCAN: usize = 8;
 const SYNC_BATCH: usize = 8;
 /// How many cached mappings of one length a placement looks at.
 const MAP_SCAN: usize = 64;
+/// How many mappings of one length a carve looks at.
+const CARVE_SCAN: usize = 64;
 /// Page classes: blocks up to half a page are "small" and share pages with each other;
 /// larger blocks share their heads and tails with each other. A class takes the other's
 /// free bytes only before the pool would otherwise grow or fail (keeps long-lived small
@@ -110,11 +115,18 @@ pub struct Faults {
     /// (place it elsewhere while the twin waits) and dissolve cached blocks before
     /// synchronizing at the cap. Not a safety fault: it proves the tightness tests can fail.
     pub lazy_sync: bool,
+    /// Grow and cache as if there were no budget (while still publishing it): proves the
+    /// budget test can fail.
+    pub ignore_budget: bool,
 }
 
 impl Faults {
     fn any(&self) -> bool {
-        self.reuse_sync_frees_early || self.ignore_streams || self.skip_take || self.lazy_sync
+        self.reuse_sync_frees_early
+            || self.ignore_streams
+            || self.skip_take
+            || self.lazy_sync
+            || self.ignore_budget
     }
 }
 
@@ -155,9 +167,22 @@ pub struct Stitch {
     frees_since_sync: bool,
     events: FxMap<EventId, u32>,
     faults: Faults,
+    /// where blocks of each size were placed last (mapping, its address, offset), most
+    /// recent last: a repeating pattern takes the same places again
+    ghosts: FxMap<u64, Vec<(u32, u64, u64)>>,
     /// soft limit over peak live beyond which cached blocks are dissolved before growing
     /// (None: cache until the device or cap refuses)
     headroom: Option<f64>,
+    budget: Option<Budget>,
+    /// the budget in bytes as last computed (u64::MAX: none); a free above it enforces it
+    limit_now: u64,
+    /// recent peak live of the previous window
+    prev_window_peak: u64,
+    /// allocation count at which the budget's window rolls
+    next_window: u64,
+    /// (epoch, free pages, mappings) of the last scan for idle pages that found the rest
+    /// pinned: nothing changed, nothing to scan
+    idle_scan: Option<(u64, usize, u64)>,
     stats: Stats,
 }
 
@@ -196,7 +221,13 @@ impl Stitch {
             frees_since_sync: false,
             events: FxMap::default(),
             faults: Faults::default(),
+            ghosts: FxMap::default(),
             headroom: None,
+            budget: None,
+            limit_now: u64::MAX,
+            prev_window_peak: 0,
+            next_window: u64::MAX,
+            idle_scan: None,
             stats: Stats::default(),
         }
     }
@@ -358,6 +389,7 @@ impl Policy for Stitch {
                     Err(e) => return Err(e),
                 };
                 let addr = self.map(map).va + off;
+                self.note_ghost(size, map, off);
                 let list = self.sizes.intern(size);
                 self.blocks.insert(Block {
                     addr,
@@ -379,10 +411,14 @@ impl Policy for Stitch {
         };
         self.stats.allocs += 1;
         self.stats.add_live(req.size);
+        if self.budget.is_some() {
+            // a synchronization on the way may have moved pending blocks into the cache
+            self.keep_budget(dev);
+        }
         Ok(Alloc { addr, size })
     }
 
-    fn free(&mut self, _dev: &mut dyn Device, addr: u64, mode: FreeMode) -> Result<u64, PoolError> {
+    fn free(&mut self, dev: &mut dyn Device, addr: u64, mode: FreeMode) -> Result<u64, PoolError> {
         let epoch = self.epoch;
         let Some(id) = self.blocks.id(addr) else {
             return Err(PoolError::UnknownPointer(addr));
@@ -413,8 +449,12 @@ impl Policy for Stitch {
                 let c = self.class_of(size);
                 self.lru[c].push_back((seq, addr));
                 self.ncached += 1;
+                self.stats.cached += size;
                 self.compact_lru();
             }
+        }
+        if self.stats.reserved > self.limit_now || self.stats.allocs >= self.next_window {
+            self.enforce_budget(dev);
         }
         Ok(req)
     }
@@ -453,6 +493,7 @@ impl Policy for Stitch {
         for p in free {
             self.release_page(dev, p)?;
         }
+        self.stats.releases += before - self.npages;
         Ok((before - self.npages) * self.gran)
     }
 
@@ -476,18 +517,25 @@ impl Policy for Stitch {
     }
 
     fn stats(&self) -> Stats {
-        self.stats
+        Stats {
+            pending: self.pending_bytes,
+            ..self.stats
+        }
     }
 
     fn reset(&mut self) {
         let stats = self.stats;
-        let faults = self.faults;
-        *self = Stitch::new();
+        let (faults, headroom, budget) = (self.faults, self.headroom, self.budget);
+        *self = Stitch::new().with_headroom(headroom).with_budget(budget);
         self.faults = faults;
         self.stats = Stats {
             reserved: 0,
             live: 0,
             mappings: 0,
+            cached: 0,
+            pending: 0,
+            recent_peak_live: 0,
+            budget: self.stats.budget,
             ..stats
         };
     }

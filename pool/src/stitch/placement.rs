@@ -340,3 +340,140 @@ impl Stitch {
         (lo <= hi).then_some(lo)
     }
 }
+
+impl Stitch {
+    /// Carve `size` bytes out of any mapping held (of at least the pages `size` spans): a
+    /// window of its address range that no live or pending block touches, and, unless
+    /// `victims_ok`, no cached block either. Of the candidate windows it takes the one whose
+    /// cached blocks hold the fewest bytes, then the tightest. Returns `(mapping, offset,
+    /// cached blocks to dissolve)`. No driver call: mappings alias pages, so a window is made
+    /// of bytes the pool holds already, whichever mapping they were first used through.
+    pub(super) fn carve(&self, size: u64, victims_ok: bool) -> Option<(u32, u64, Vec<u64>)> {
+        let g = self.gran;
+        let n_min = size.div_ceil(g) as usize;
+        let blocked = |a: u64| {
+            self.blocks
+                .get(a)
+                .is_some_and(|b| !victims_ok || b.state != BState::Cached)
+        };
+        // candidate gaps: (mapping, start, end)
+        let mut gaps: Vec<(u32, u64, u64)> = Vec::new();
+        let mut lens: Vec<usize> = self
+            .maps_by_len
+            .iter()
+            .filter(|(n, l)| **n >= n_min && !l.is_empty())
+            .map(|(n, _)| *n)
+            .collect();
+        lens.sort_unstable();
+        for n in lens {
+            for &m in self.maps_by_len[&n].iter().rev().take(CARVE_SCAN) {
+                let mp = self.map(m);
+                let mut prev_end = 0u64;
+                let mut consider = |s: u64, e: u64| {
+                    if e >= s + size {
+                        gaps.push((m, s, e));
+                    }
+                };
+                for (i, &p) in mp.pages.iter().enumerate() {
+                    let base = i as u64 * g;
+                    for (&s, &(e, a)) in &self.page(p).occ {
+                        if !blocked(a) {
+                            continue;
+                        }
+                        consider(prev_end, base + s);
+                        prev_end = prev_end.max(base + e);
+                    }
+                }
+                consider(prev_end, n as u64 * g);
+            }
+            if gaps.len() >= CARVE_SCAN {
+                break;
+            }
+        }
+        // (victim bytes, gap length, mapping, offset, victims)
+        let mut best: Option<(u64, u64, u32, u64, Vec<u64>)> = None;
+        for (m, s, e) in gaps {
+            for off in [s, e - size] {
+                let (bytes, victims) = if victims_ok {
+                    self.victims_at(m, off, size)
+                } else {
+                    (0, Vec::new())
+                };
+                if best.as_ref().is_none_or(|b| (bytes, e - s) < (b.0, b.1)) {
+                    best = Some((bytes, e - s, m, off, victims));
+                }
+                if !victims_ok {
+                    break;
+                }
+            }
+        }
+        best.map(|(_, _, m, off, v)| (m, off, v))
+    }
+
+    /// Cached blocks overlapping `[off, off + size)` of mapping `m`, and their bytes.
+    fn victims_at(&self, m: u32, off: u64, size: u64) -> (u64, Vec<u64>) {
+        let mut victims = Vec::new();
+        let mut bytes = 0;
+        for (p, s, e) in self.pieces(&self.map(m).pages, off, size) {
+            for (_, &(oe, a)) in self.page(p).occ.range(..e) {
+                if oe > s && !victims.contains(&a) {
+                    victims.push(a);
+                    bytes += self.blocks.get(a).map_or(0, |b| b.size);
+                }
+            }
+        }
+        (bytes, victims)
+    }
+}
+
+/// How many earlier places of one size are remembered.
+const GHOSTS: usize = 4;
+
+impl Stitch {
+    pub(super) fn note_ghost(&mut self, size: u64, m: u32, off: u64) {
+        let va = self.map(m).va;
+        let v = self.ghosts.entry(size).or_default();
+        v.retain(|&(gm, gva, goff)| !(gm == m && gva == va && goff == off));
+        if v.len() >= GHOSTS {
+            v.remove(0);
+        }
+        v.push((m, va, off));
+    }
+
+    /// An earlier place of a block of `size` that no live or pending block touches now (and,
+    /// unless `victims_ok`, no cached block): `(mapping, offset, cached blocks to dissolve)`.
+    /// A repeating pattern of shapes (the layers of a model) then keeps one layout: each
+    /// block goes where its twin went in the previous round, which fitted with the same
+    /// blocks live, and no new mapping is made.
+    pub(super) fn ghost(&self, size: u64, victims_ok: bool) -> Option<(u32, u64, Vec<u64>)> {
+        let v = self.ghosts.get(&size)?;
+        'ghosts: for &(m, va, off) in v.iter().rev() {
+            let Some(Some(mp)) = self.maps.get(m as usize) else {
+                continue;
+            };
+            if mp.va != va {
+                continue;
+            }
+            let mut victims = Vec::new();
+            for (p, s, e) in self.pieces(&mp.pages, off, size) {
+                for (_, &(oe, a)) in self.page(p).occ.range(..e) {
+                    if oe <= s {
+                        continue;
+                    }
+                    let cached = self
+                        .blocks
+                        .get(a)
+                        .is_some_and(|b| b.state == BState::Cached);
+                    if !cached || !victims_ok {
+                        continue 'ghosts;
+                    }
+                    if !victims.contains(&a) {
+                        victims.push(a);
+                    }
+                }
+            }
+            return Some((m, off, victims));
+        }
+        None
+    }
+}

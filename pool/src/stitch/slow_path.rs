@@ -118,9 +118,17 @@ impl Stitch {
         {
             return Ok(Slot::New(x.0, x.1));
         }
+        // a large request takes the place its twin had, or a window of free bytes of any
+        // mapping held (no driver call)
+        if self.class_of(size) == LARGE
+            && let Some((m, off, _)) = self.ghost(size, false).or_else(|| self.carve(size, false))
+            && let Some(x) = self.try_commit(dev, Plan::Existing { map: m, off }, size, t)?
+        {
+            return Ok(Slot::New(x.0, x.1));
+        }
         // Grow-first mode (below the soft limit): keep cached blocks for exact reuse and
         // take free pages or new pages, like a caching allocator.
-        let limit = self.soft_limit();
+        let limit = self.soft_limit().min(self.budget_limit(req));
         if (self.npages + size.div_ceil(g)) * g <= limit {
             // A block of this very size waits for a synchronization: take it (one sync
             // releases every pending block) rather than place the request elsewhere while
@@ -147,7 +155,10 @@ impl Stitch {
         }
         // 2. a cached mapping, dissolving the cached blocks in the way (no driver call)
         if self.ncached > 0
-            && let Some((m, off, victims)) = self.reuse_mapping(size)
+            && let Some((m, off, victims)) = self
+                .ghost(size, true)
+                .or_else(|| self.reuse_mapping(size))
+                .or_else(|| self.carve(size, true))
         {
             for v in victims {
                 self.dissolve(dev, v);

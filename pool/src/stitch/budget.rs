@@ -1,0 +1,167 @@
+//! The budget of a tight pool: how much memory may sit cached over what the program uses,
+//! and giving idle memory back.
+//!
+//! The budget is `recent peak live * (1 + ratio) + slack`, in whole pages. "Recent peak live"
+//! is the largest live byte count over the current and the previous window of `window`
+//! allocations, so a job whose use shrinks for good gets its memory back after two windows
+//! while a job that repeats a pattern keeps the memory its pattern needs (and its cache).
+//! The promise, checked by the property tests: whenever the pool holds more than its budget,
+//! it holds no cached block (every byte above the budget is in pages that live or pending
+//! blocks pin). So:
+//! - below the budget, a request that misses the cache may grow the pool (cached blocks stay
+//!   formed for exact reuse, as a caching allocator);
+//! - a growth that would cross the budget first dissolves cached blocks and places the
+//!   request in the bytes the pool holds (carved out of a held mapping, or free pages
+//!   stitched into a new one);
+//! - a free while the pool is above its budget dissolves the cache, and pages left with no
+//!   byte in use are given back (unmapped and released) when no stream may still use them:
+//!   after a synchronization (the process's own, like CUDA's pool release threshold, which
+//!   trims at synchronizations), never by synchronizing for it.
+
+use super::*;
+
+/// See the module documentation. `Budget::default()`: 8% over the recent peak plus 2 MiB,
+/// over windows of 65536 allocations.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Budget {
+    /// Share of the recent peak of live bytes the pool may hold on top of it.
+    pub ratio: f64,
+    /// Bytes the pool may hold on top of that (keeps a tiny pool from thrashing).
+    pub slack: u64,
+    /// Allocations per window of the recent peak (at least 1).
+    pub window: u64,
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Budget {
+            ratio: 0.08,
+            slack: 2 * crate::MIB,
+            window: 1 << 16,
+        }
+    }
+}
+
+impl Stitch {
+    /// A tight pool: [`Budget::default`].
+    pub fn tight() -> Self {
+        Stitch::new().with_budget(Some(Budget::default()))
+    }
+
+    /// Hold at most a budget over the recent peak of live bytes while anything is cached
+    /// (see [`Budget`]). `None` (the default of [`Stitch::new`]): cache until the device or
+    /// the cap refuses.
+    pub fn with_budget(mut self, budget: Option<Budget>) -> Self {
+        self.budget = budget.map(|b| Budget {
+            ratio: if b.ratio.is_finite() {
+                b.ratio.max(0.0)
+            } else {
+                0.0
+            },
+            window: b.window.max(1),
+            ..b
+        });
+        self.next_window = self.budget.map_or(u64::MAX, |b| b.window);
+        self.refresh_budget(0);
+        self
+    }
+
+    /// The budget in bytes with `extra` more live bytes than now, as the pool keeps it
+    /// (u64::MAX: none, or the fault switch ignores it).
+    pub(super) fn budget_limit(&self, extra: u64) -> u64 {
+        if self.faults.ignore_budget {
+            return u64::MAX;
+        }
+        self.budget_bytes(extra)
+    }
+
+    /// The budget in bytes with `extra` more live bytes than now (u64::MAX: none).
+    pub(super) fn budget_bytes(&self, extra: u64) -> u64 {
+        let Some(b) = self.budget else {
+            return u64::MAX;
+        };
+        let g = self.gran.max(1);
+        let peak = self
+            .stats
+            .recent_peak_live
+            .max(self.prev_window_peak)
+            .max(self.stats.live + extra);
+        let bytes = (peak as f64 * (1.0 + b.ratio)) as u64 + b.slack;
+        // whole pages: a page is the unit the pool holds
+        bytes / g * g
+    }
+
+    /// Recompute the published budget (and the free-path trigger) for `extra` more live bytes.
+    pub(super) fn refresh_budget(&mut self, extra: u64) {
+        self.limit_now = self.budget_limit(extra);
+        let published = self.budget_bytes(extra);
+        self.stats.budget = if published == u64::MAX { 0 } else { published };
+    }
+
+    /// After a free: roll the window, and above the budget dissolve the cache and give idle
+    /// pages back.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn enforce_budget(&mut self, dev: &mut dyn Device) {
+        if self.stats.allocs >= self.next_window
+            && let Some(b) = self.budget
+        {
+            self.prev_window_peak = self.stats.recent_peak_live;
+            self.stats.recent_peak_live = self.stats.live;
+            self.next_window = self.stats.allocs + b.window;
+        }
+        self.keep_budget(dev);
+    }
+
+    /// Above the budget: dissolve every cached block and give idle pages back.
+    pub(super) fn keep_budget(&mut self, dev: &mut dyn Device) {
+        self.refresh_budget(0);
+        if self.stats.reserved <= self.limit_now || self.gran == 0 {
+            return;
+        }
+        while self.ncached > 0 && self.dissolve_some(dev, u64::MAX) {}
+        if !dev.is_capturing() {
+            self.release_idle(dev);
+        }
+    }
+
+    /// Give back wholly free pages while the pool is above its budget: each page's mappings
+    /// must be unused and no page of them may carry a stream condition (no synchronization
+    /// is made for it; the process's next one lets the rest go).
+    pub(super) fn release_idle(&mut self, dev: &mut dyn Device) {
+        let key = (self.epoch, self.free_pages.len(), self.nmaps);
+        if self.idle_scan == Some(key) {
+            return;
+        }
+        let candidates: Vec<u32> = self.free_pages.iter().copied().collect();
+        for p in candidates {
+            if self.stats.reserved <= self.limit_now {
+                break;
+            }
+            if self.pages[p as usize].is_none() || self.page(p).used != 0 {
+                continue;
+            }
+            self.purge_fences(dev, p);
+            let maps = self.page(p).maps.clone();
+            let movable = maps.iter().all(|&m| {
+                let mp = self.map(m);
+                mp.users == 0 && !mp.pages.iter().any(|&q| self.has_active_fence(q))
+            });
+            if !movable || self.has_active_fence(p) {
+                continue;
+            }
+            let mut ok = true;
+            for m in maps {
+                if self.drop_mapping(dev, m).is_err() {
+                    ok = false;
+                    break;
+                }
+            }
+            if !ok || self.release_page(dev, p).is_err() {
+                break;
+            }
+            self.stats.releases += 1;
+        }
+        self.idle_scan = Some((self.epoch, self.free_pages.len(), self.nmaps));
+    }
+}
