@@ -34,6 +34,10 @@
 //! replay::as_seen_by(events, policy) -> Cow<[Event]>  // caching: cudaFree = stream-ordered release
 //!                                                    // (run, run_checked, min_capacity apply it)
 //! replay::stream_ordered(events) -> Vec<Event>       // every cudaFree -> cudaFreeAsync on its alloc stream
+//! replay::cuda_freed(events) -> Vec<Event>           // every free -> cudaFree
+//! enum replay::Frees { CudaFree, StreamOrdered }     // Frees::BOTH, name(), apply(events)
+//! replay::run_on(events, policy, frees, device_capacity, cap) -> ReplayResult  // same stream for every policy
+//! replay::compare(events, policies, device_capacity, cap) -> Vec<Compared { frees, result }>  // both semantics
 //! replay::min_capacity(events: &[Event], policy: PolicyKind) -> u64   // bytes, whole pages
 //! replay::min_capacity_with(events, make: &dyn Fn() -> Box<dyn Policy>) -> u64
 //! replay::UNLIMITED: u64  // 1 PiB, the "unlimited" device of what-if runs

@@ -128,6 +128,97 @@ pub fn stream_ordered(events: &[Event]) -> Vec<Event> {
         .collect()
 }
 
+/// The free semantics every policy is judged on in a side-by-side comparison: the same
+/// stream for all, so no policy is measured on easier rules than another.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Frees {
+    /// Every free is a `cudaFree` ([`FreeMode::Sync`]): the block may be reused only behind a
+    /// synchronization.
+    CudaFree,
+    /// Every free is stream-ordered on its block's allocation stream (`cudaFreeAsync`; stream
+    /// 0 for a request on [`crate::ANY_STREAM`]).
+    StreamOrdered,
+}
+
+impl Frees {
+    pub const BOTH: [Frees; 2] = [Frees::CudaFree, Frees::StreamOrdered];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Frees::CudaFree => "cudaFree",
+            Frees::StreamOrdered => "stream-ordered",
+        }
+    }
+
+    /// `events` with every free given these semantics.
+    pub fn apply(self, events: &[Event]) -> Vec<Event> {
+        match self {
+            Frees::CudaFree => cuda_freed(events),
+            Frees::StreamOrdered => stream_ordered(events),
+        }
+    }
+}
+
+/// The stream with every free made a `cudaFree` ([`FreeMode::Sync`]).
+pub fn cuda_freed(events: &[Event]) -> Vec<Event> {
+    events
+        .iter()
+        .map(|e| match *e {
+            Event::Free { id, .. } => Event::Free {
+                id,
+                mode: FreeMode::Sync,
+            },
+            _ => *e,
+        })
+        .collect()
+}
+
+/// Replay `events` with every free given the semantics `frees`, the same for every policy
+/// (unlike [`run`], no policy gets its own view of the stream).
+pub fn run_on(
+    events: &[Event],
+    policy: PolicyKind,
+    frees: Frees,
+    device_capacity: u64,
+    cap: Option<u64>,
+) -> ReplayResult {
+    let mut dev = AccountingDevice::new(device_capacity);
+    dev.set_cap(cap);
+    let mut p = policy.build();
+    run_with(&frees.apply(events), p.as_mut(), &mut dev)
+}
+
+/// One policy's line of a same-semantics comparison.
+#[derive(Clone, Debug)]
+pub struct Compared {
+    pub frees: Frees,
+    pub result: ReplayResult,
+}
+
+/// Every policy of `policies` under both free semantics: `[cudaFree results...,
+/// stream-ordered results...]`, each on a fresh device of `device_capacity` bytes.
+pub fn compare(
+    events: &[Event],
+    policies: &[PolicyKind],
+    device_capacity: u64,
+    cap: Option<u64>,
+) -> Vec<Compared> {
+    let mut out = Vec::new();
+    for frees in Frees::BOTH {
+        let ev = frees.apply(events);
+        for &policy in policies {
+            let mut dev = AccountingDevice::new(device_capacity);
+            dev.set_cap(cap);
+            let mut p = policy.build();
+            out.push(Compared {
+                frees,
+                result: run_with(&ev, p.as_mut(), &mut dev),
+            });
+        }
+    }
+    out
+}
+
 /// Like [`run`], with checking on: `violations` lists every safety problem found.
 pub fn run_checked(
     events: &[Event],

@@ -168,3 +168,67 @@ fn soft_limit_keeps_reserved_close_to_live() {
         assert!(ratio < 1.10, "{name}: {ratio}");
     }
 }
+
+/// Every policy on the same free semantics (every free a `cudaFree`, then every free
+/// stream-ordered): completes safely on the checking device; behind stream-ordered frees no
+/// policy synchronizes.
+#[test]
+fn every_policy_on_the_same_free_semantics() {
+    use vramshim_pool::replay::Frees;
+    for (name, ev) in traces() {
+        for frees in Frees::BOTH {
+            let stream = frees.apply(&ev);
+            for kind in PolicyKind::ALL {
+                let mut dev = vramshim_pool::AccountingDevice::new(UNLIMITED);
+                dev.set_checking(true);
+                let mut p = kind.build();
+                let r = replay::run_with(&stream, p.as_mut(), &mut dev);
+                let what = format!("{name} {kind} {}", frees.name());
+                assert!(r.completed, "{what}: {:?}", r.first_failure);
+                assert!(r.violations.is_empty(), "{what}: {:?}", &r.violations[..1]);
+                assert!(r.leaks.is_empty(), "{what}: {:?}", r.leaks);
+                if frees == Frees::StreamOrdered && kind != PolicyKind::Direct {
+                    assert_eq!(r.syncs, 0, "{what}");
+                }
+            }
+        }
+        let both = replay::compare(&ev, &PolicyKind::ALL, UNLIMITED, None);
+        assert_eq!(both.len(), 6);
+        assert!(both[..3].iter().all(|c| c.frees == Frees::CudaFree));
+    }
+}
+
+/// The tight pool (`Stitch::tight()`) on an unlimited device: peak reserved within 10% of
+/// peak live under both free semantics, at or below the caching model on the same stream,
+/// safe on the checking device, and no synchronization behind stream-ordered frees.
+#[test]
+fn tight_stitch_tracks_live_on_a_large_device() {
+    use vramshim_pool::replay::Frees;
+    use vramshim_pool::stitch::Stitch;
+    for (name, ev) in traces() {
+        for frees in Frees::BOTH {
+            let stream = frees.apply(&ev);
+            let mut dev = vramshim_pool::AccountingDevice::new(UNLIMITED);
+            dev.set_checking(true);
+            let mut p = Stitch::tight();
+            let r = replay::run_with(&stream, &mut p, &mut dev);
+            let what = format!("{name} {}", frees.name());
+            assert!(r.completed, "{what}: {:?}", r.first_failure);
+            assert!(r.violations.is_empty(), "{what}: {:?}", &r.violations[..1]);
+            assert!(r.leaks.is_empty(), "{what}: {:?}", r.leaks);
+            let ratio = r.peak_device_used as f64 / r.peak_live as f64;
+            let caching = replay::run_on(&ev, PolicyKind::Caching, frees, UNLIMITED, None);
+            eprintln!(
+                "{what}: tight stitch peak reserved / peak live {ratio:.3} (caching {:.3}), {} driver calls, {} syncs",
+                caching.peak_device_used as f64 / r.peak_live as f64,
+                r.driver_calls,
+                r.syncs
+            );
+            assert!(ratio <= 1.10, "{what}: {ratio}");
+            assert!(r.peak_device_used <= caching.peak_device_used, "{what}");
+            if frees == Frees::StreamOrdered {
+                assert_eq!(r.syncs, 0, "{what}");
+            }
+        }
+    }
+}

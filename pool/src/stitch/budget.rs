@@ -20,7 +20,7 @@
 
 use super::*;
 
-/// See the module documentation. `Budget::default()`: 8% over the recent peak plus 2 MiB,
+/// See the module documentation. `Budget::default()`: 5% over the recent peak plus 2 MiB,
 /// over windows of 65536 allocations.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Budget {
@@ -35,7 +35,7 @@ pub struct Budget {
 impl Default for Budget {
     fn default() -> Self {
         Budget {
-            ratio: 0.08,
+            ratio: 0.05,
             slack: 2 * crate::MIB,
             window: 1 << 16,
         }
