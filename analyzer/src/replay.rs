@@ -157,6 +157,20 @@ pub fn main(a: Args) -> Result<ExitCode, String> {
             );
         }
     }
+    let _ = writeln!(o, "\nsame free semantics for every policy:");
+    for c in &r.same_frees {
+        let _ = writeln!(
+            o,
+            "{:<15} {:<10} {:>10} {:>13} {:>13} {:>12} {:>8}",
+            c.frees,
+            c.policy,
+            if c.completed { "completes" } else { "FAILS" },
+            bytes(c.peak_reserved),
+            bytes(c.peak_device_used),
+            c.driver_calls,
+            c.syncs
+        );
+    }
     print!("{o}");
     Ok(ExitCode::SUCCESS)
 }

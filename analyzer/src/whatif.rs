@@ -263,6 +263,22 @@ pub struct ReplayReport {
     /// Largest sum of live requested bytes: no policy completes on less.
     pub peak_live: u64,
     pub policies: Vec<PolicyReport>,
+    /// The same policies with every free given the same semantics (every free a `cudaFree`,
+    /// then every free stream-ordered), so no policy is judged on easier rules.
+    pub same_frees: Vec<SameFreesReport>,
+}
+
+/// One policy under one free semantics (`vramshim_pool::replay::compare`).
+#[derive(Clone, Debug, Serialize)]
+pub struct SameFreesReport {
+    /// "cudaFree" or "stream-ordered".
+    pub frees: &'static str,
+    pub policy: String,
+    pub completed: bool,
+    pub peak_reserved: u64,
+    pub peak_device_used: u64,
+    pub driver_calls: u64,
+    pub syncs: u64,
 }
 
 pub const REPLAY_SCHEMA: &str = "vramshim.replay/1";
@@ -340,8 +356,21 @@ pub fn replay(
             },
         });
     }
+    let same_frees = replay::compare(&s.ops, policies, mem, cap)
+        .into_iter()
+        .map(|c| SameFreesReport {
+            frees: c.frees.name(),
+            policy: c.result.policy.to_string(),
+            completed: c.result.completed,
+            peak_reserved: c.result.peak_reserved,
+            peak_device_used: c.result.peak_device_used,
+            driver_calls: c.result.driver_calls,
+            syncs: c.result.syncs,
+        })
+        .collect();
     Ok(ReplayReport {
         schema: REPLAY_SCHEMA,
+        same_frees,
         file: path.display().to_string(),
         device: s.device,
         device_memory: mem,
