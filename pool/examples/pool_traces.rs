@@ -1,14 +1,29 @@
-//! Replay every RMM CSV trace through stitch, caching and direct, side by side.
+//! Replay every RMM CSV trace through stitch (default and tight), caching and direct, side
+//! by side, under both free semantics (every free a `cudaFree`, every free stream-ordered).
 //!
 //! `cargo run --release -p vramshim-pool --example pool_traces -- [DIR_OR_FILES...]`
 //! (default: tests/workloads/traces).
 
-use vramshim_pool::replay::{self, ReplayResult, UNLIMITED};
+use vramshim_pool::replay::{self, Frees};
 use vramshim_pool::stitch::Stitch;
 use vramshim_pool::{AccountingDevice, MIB, Policy, PolicyKind, rmm_csv};
 
 fn mib(b: u64) -> String {
     format!("{:.1}", b as f64 / MIB as f64)
+}
+
+type Make = Box<dyn Fn() -> Box<dyn Policy>>;
+
+fn policies() -> Vec<(&'static str, Make)> {
+    vec![
+        ("stitch", Box::new(|| PolicyKind::Stitch.build())),
+        (
+            "stitch tight",
+            Box::new(|| -> Box<dyn Policy> { Box::new(Stitch::tight()) }),
+        ),
+        ("caching", Box::new(|| PolicyKind::Caching.build())),
+        ("direct", Box::new(|| PolicyKind::Direct.build())),
+    ]
 }
 
 fn main() {
@@ -22,11 +37,16 @@ fn main() {
     for r in roots {
         let p = std::path::Path::new(&r);
         if p.is_dir() {
-            let mut v: Vec<_> = std::fs::read_dir(p)
-                .unwrap()
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.to_string_lossy().ends_with(".csv"))
-                .collect();
+            let mut v: Vec<_> = match std::fs::read_dir(p) {
+                Ok(d) => d
+                    .filter_map(|e| e.ok().map(|e| e.path()))
+                    .filter(|p| p.to_string_lossy().ends_with(".csv"))
+                    .collect(),
+                Err(e) => {
+                    eprintln!("{}: {e}", p.display());
+                    std::process::exit(1);
+                }
+            };
             v.sort();
             files.extend(v);
         } else {
@@ -34,58 +54,43 @@ fn main() {
         }
     }
     println!(
-        "| trace | policy | peak live MiB | min device MiB | min/peak live | peak reserved MiB (unlimited) | reserved/live | driver calls | syncs | 2nd-pass driver calls |"
+        "| trace | frees | policy | peak live MiB | min device MiB | min/peak live | peak reserved MiB (80 GiB device) | reserved/live | driver calls | syncs | 2nd-pass driver calls | driver calls /1000 allocs, 2nd half |"
     );
-    println!("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     for f in files {
         let t = match rmm_csv::parse_file(&f) {
             Ok(t) => t,
             Err(e) => {
-                eprintln!("{e}");
+                eprintln!("{}: {e}", f.display());
                 std::process::exit(1);
             }
         };
         let name = f.file_name().unwrap().to_string_lossy().to_string();
         let live = replay::peak_live(&t.events);
-        {
-            // stitch with a soft limit at peak live: dissolves cached blocks before growing
-            let make = || -> Box<dyn Policy> { Box::new(Stitch::new().with_headroom(Some(0.0))) };
-            let mut dev = AccountingDevice::new(UNLIMITED);
-            let mut p = make();
-            let r = replay::run_with(&t.events, p.as_mut(), &mut dev);
-            let min = replay::min_capacity_with(&t.events, &make);
-            let twice = replay::repeat(&t.events, 2);
-            let mut dev = AccountingDevice::new(UNLIMITED);
-            let mut p = make();
-            let r2 = replay::run_with(&twice, p.as_mut(), &mut dev);
-            println!(
-                "| {name} | stitch, soft limit 0 | {} | {} | {:.3} | {} | {:.3} | {} | {} | {} |",
-                mib(live),
-                mib(min),
-                min as f64 / live as f64,
-                mib(r.peak_device_used),
-                r.peak_device_used as f64 / live as f64,
-                r.driver_calls,
-                r.syncs,
-                r2.driver_calls - r.driver_calls,
-            );
-        }
-        for kind in PolicyKind::ALL {
-            let r: ReplayResult = replay::run(&t.events, kind, UNLIMITED, None);
-            assert!(r.completed, "{name} {kind}: {:?}", r.first_failure);
-            let min = replay::min_capacity(&t.events, kind);
-            let passes = replay::driver_calls_per_pass(&t.events, kind, 2);
-            println!(
-                "| {name} | {kind} | {} | {} | {:.3} | {} | {:.3} | {} | {} | {} |",
-                mib(live),
-                mib(min),
-                min as f64 / live as f64,
-                mib(r.peak_device_used),
-                r.peak_device_used as f64 / live as f64,
-                r.driver_calls,
-                r.syncs,
-                passes[1],
-            );
+        for frees in Frees::BOTH {
+            let stream = frees.apply(&t.events);
+            for (label, make) in policies() {
+                let mut dev = AccountingDevice::new(80 << 30);
+                let mut p = make();
+                let r = replay::run_with(&stream, p.as_mut(), &mut dev);
+                assert!(r.completed, "{name} {label}: {:?}", r.first_failure);
+                let min = replay::min_capacity_with(&stream, &*make);
+                let passes = replay::calls_per_pass_with(&t.events, frees, &*make, 2);
+                let half = replay::second_half_calls_per_1000(&t.events, frees, &*make);
+                println!(
+                    "| {name} | {} | {label} | {} | {} | {:.3} | {} | {:.3} | {} | {} | {} | {:.1} |",
+                    frees.name(),
+                    mib(live),
+                    mib(min),
+                    min as f64 / live as f64,
+                    mib(r.peak_device_used),
+                    r.peak_device_used as f64 / live as f64,
+                    r.driver_calls,
+                    r.syncs,
+                    passes[1],
+                    half,
+                );
+            }
         }
     }
 }

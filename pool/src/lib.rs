@@ -38,6 +38,8 @@
 //! enum replay::Frees { CudaFree, StreamOrdered }     // Frees::BOTH, name(), apply(events)
 //! replay::run_on(events, policy, frees, device_capacity, cap) -> ReplayResult  // same stream for every policy
 //! replay::compare(events, policies, device_capacity, cap) -> Vec<Compared { frees, result }>  // both semantics
+//! replay::calls_per_pass_with(events, frees, make: &dyn Fn() -> Box<dyn Policy>, passes) -> Vec<u64>
+//! replay::second_half_calls_per_1000(events, frees, make) -> f64
 //! replay::min_capacity(events: &[Event], policy: PolicyKind) -> u64   // bytes, whole pages
 //! replay::min_capacity_with(events, make: &dyn Fn() -> Box<dyn Policy>) -> u64
 //! replay::UNLIMITED: u64  // 1 PiB, the "unlimited" device of what-if runs

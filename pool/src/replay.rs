@@ -446,9 +446,73 @@ pub fn driver_calls_per_pass(events: &[Event], policy: PolicyKind, passes: usize
     out
 }
 
+/// Driver calls made during each pass of `repeat(events, passes)` with every free given the
+/// semantics `frees`, through a policy built by `make`, on an unlimited device.
+pub fn calls_per_pass_with(
+    events: &[Event],
+    frees: Frees,
+    make: &dyn Fn() -> Box<dyn Policy>,
+    passes: usize,
+) -> Vec<u64> {
+    let one = repeat(events, 1).len();
+    let all = frees.apply(&repeat(events, passes));
+    let mut dev = AccountingDevice::new(UNLIMITED);
+    let mut p = make();
+    let mut out = Vec::new();
+    for pass in 0..passes {
+        let before = dev.calls().driver_calls();
+        replay_events(&all[pass * one..(pass + 1) * one], p.as_mut(), &mut dev);
+        out.push(dev.calls().driver_calls() - before);
+    }
+    out
+}
+
+/// Driver calls per 1000 allocations in the second half of the stream (by allocation count),
+/// with every free given the semantics `frees`, through a policy built by `make`, on an
+/// unlimited device: what a long-running job's settled state costs.
+pub fn second_half_calls_per_1000(
+    events: &[Event],
+    frees: Frees,
+    make: &dyn Fn() -> Box<dyn Policy>,
+) -> f64 {
+    let ev = frees.apply(events);
+    let allocs = ev
+        .iter()
+        .filter(|e| matches!(e, Event::Alloc { .. }))
+        .count();
+    let mut seen = 0;
+    let split = ev
+        .iter()
+        .position(|e| {
+            if matches!(e, Event::Alloc { .. }) {
+                seen += 1;
+            }
+            seen > allocs / 2
+        })
+        .unwrap_or(ev.len());
+    let mut dev = AccountingDevice::new(UNLIMITED);
+    let mut p = make();
+    let mut ids: FxMap<u64, u64> = FxMap::default();
+    replay_into(&ev[..split], p.as_mut(), &mut dev, &mut ids);
+    let before = dev.calls().driver_calls();
+    replay_into(&ev[split..], p.as_mut(), &mut dev, &mut ids);
+    let n = allocs - allocs / 2;
+    (dev.calls().driver_calls() - before) as f64 * 1000.0 / n.max(1) as f64
+}
+
 /// Replay without cleanup (ids must be unique in `events`).
 fn replay_events(events: &[Event], policy: &mut dyn Policy, dev: &mut AccountingDevice) {
     let mut ids: FxMap<u64, u64> = FxMap::default();
+    replay_into(events, policy, dev, &mut ids);
+}
+
+/// Replay without cleanup, with the live ids (id -> address) carried in `ids`.
+fn replay_into(
+    events: &[Event],
+    policy: &mut dyn Policy,
+    dev: &mut AccountingDevice,
+    ids: &mut FxMap<u64, u64>,
+) {
     for ev in events {
         match *ev {
             Event::Alloc { id, size, stream } => {

@@ -118,9 +118,11 @@ impl Stitch {
         {
             return Ok(Slot::New(x.0, x.1));
         }
-        // a large request takes the place its twin had, or a window of free bytes of any
-        // mapping held (no driver call)
-        if self.class_of(size) == LARGE
+        // Under a budget, a large request takes the place its twin had, or a window of free
+        // bytes of any mapping held (no driver call) before it grows or stitches pages
+        let tight = self.budget.is_some();
+        if tight
+            && self.class_of(size) == LARGE
             && let Some((m, off, _)) = self.ghost(size, false).or_else(|| self.carve(size, false))
             && let Some(x) = self.try_commit(dev, Plan::Existing { map: m, off }, size, t)?
         {
@@ -155,10 +157,9 @@ impl Stitch {
         }
         // 2. a cached mapping, dissolving the cached blocks in the way (no driver call)
         if self.ncached > 0
-            && let Some((m, off, victims)) = self
-                .ghost(size, true)
+            && let Some((m, off, victims)) = (if tight { self.ghost(size, true) } else { None })
                 .or_else(|| self.reuse_mapping(size))
-                .or_else(|| self.carve(size, true))
+                .or_else(|| if tight { self.carve(size, true) } else { None })
         {
             for v in victims {
                 self.dissolve(dev, v);
