@@ -779,3 +779,70 @@ fn cudafree_loop_batches_syncs_and_stays_bounded() {
         "{syncs} syncs for 100000 cudaFree"
     );
 }
+
+/// Idle release: once a job's use shrinks for two budget windows, the tight pool gives the
+/// idle pages back, but only after a synchronization covers their stream-ordered frees (the
+/// process's own: the pool never synchronizes for it), like CUDA's pool release threshold.
+#[test]
+fn tight_pool_gives_idle_memory_back_after_a_sync() {
+    let mut dev = one_dev();
+    let mut p = Stitch::new().with_budget(Some(Budget {
+        window: 16,
+        ..Budget::default()
+    }));
+    let s0 = Request {
+        size: 64 * MIB,
+        stream: 0,
+    };
+    let mut big = Vec::new();
+    for _ in 0..4 {
+        let a = p.alloc(&mut dev, s0).unwrap();
+        dev.check_alloc(a.addr, a.size, 0);
+        big.push(a.addr);
+    }
+    let held = dev.used();
+    assert!(held >= 256 * MIB);
+    for a in big {
+        dev.check_free(a, FreeMode::Async { stream: 0 });
+        p.free(&mut dev, a, FreeMode::Async { stream: 0 }).unwrap();
+    }
+    // two windows of small requests: the recent peak falls to what is live now
+    let small = Request {
+        size: 100 * KIB,
+        stream: 0,
+    };
+    for _ in 0..40 {
+        let a = p.alloc(&mut dev, small).unwrap();
+        dev.check_alloc(a.addr, a.size, 0);
+        dev.check_free(a.addr, FreeMode::Async { stream: 0 });
+        p.free(&mut dev, a.addr, FreeMode::Async { stream: 0 })
+            .unwrap();
+    }
+    let s = p.stats();
+    assert!(s.budget < 8 * MIB, "budget {} after the windows", s.budget);
+    // the freed pages still carry stream-ordered frees nobody waited for: kept, no sync made
+    assert_eq!(dev.calls().syncs(), 0);
+    assert!(
+        dev.used() >= held,
+        "released before a synchronization covered the frees"
+    );
+    assert_eq!(s.cached, 0, "above the budget nothing stays cached");
+    // the process synchronizes; the next free lets the idle pages go
+    dev.process_sync();
+    p.note_process_sync();
+    let a = p.alloc(&mut dev, small).unwrap();
+    dev.check_alloc(a.addr, a.size, 0);
+    dev.check_free(a.addr, FreeMode::Async { stream: 0 });
+    p.free(&mut dev, a.addr, FreeMode::Async { stream: 0 })
+        .unwrap();
+    let s = p.stats();
+    assert!(
+        dev.used() <= s.budget,
+        "{} B held for a budget of {} B",
+        dev.used(),
+        s.budget
+    );
+    assert!(s.releases >= 120, "{} pages released", s.releases);
+    assert_eq!(dev.calls().syncs(), 0, "the pool synchronized");
+    assert!(dev.violations().is_empty(), "{:?}", dev.violations());
+}

@@ -52,9 +52,21 @@ impl Stitch {
                     off: idx * g + pos,
                 });
             }
-            // a free page that is mapped
+            // a free page that is mapped (under a budget only through a mapping of that page
+            // alone: a block in one page of a longer mapping would keep the whole mapping,
+            // and so all its pages, from being given back)
+            let alone = self.budget.is_some();
             for &p in self.free_pages.iter().take(MAP_SCAN) {
-                if let Some(&m) = self.page(p).maps.first() {
+                let m = if alone {
+                    self.page(p)
+                        .maps
+                        .iter()
+                        .copied()
+                        .find(|&m| self.map(m).pages.len() == 1)
+                } else {
+                    self.page(p).maps.first().copied()
+                };
+                if let Some(m) = m {
                     let idx = self.map(m).pages.iter().position(|&q| q == p).unwrap() as u64;
                     return Some(Plan::Existing {
                         map: m,
