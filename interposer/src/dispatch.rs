@@ -263,7 +263,7 @@ pub fn free_passed(
         (0, Some(e)) => {
             counters::free_in(tok, e.device, e.kind, e.size);
             if e.charged > 0 {
-                cap::uncharge(e.device, e.charged);
+                cap::uncharge_entry(e.device, key, e.charged);
             }
         }
         (_, Some(e)) => {
@@ -306,7 +306,7 @@ fn record_alloc(
     };
     if let Some(stale) = table.insert_in(tok, r.addr, e) {
         // The address was handed out again without us seeing its free.
-        forget(stale);
+        forget(r.addr, stale);
     }
     counters::alloc_in(tok, req.device, kind, r.size);
 }
@@ -315,10 +315,10 @@ fn record_alloc(
 /// By value: a reference would keep the insert's result in memory on every request.
 #[cold]
 #[inline(never)]
-fn forget(e: Entry) {
+fn forget(addr: u64, e: Entry) {
     counters::free(e.device, e.kind, e.size);
     if e.charged > 0 {
-        cap::uncharge(e.device, e.charged);
+        cap::uncharge_entry(e.device, addr, e.charged);
     }
 }
 
@@ -347,8 +347,8 @@ pub fn alloc(
     // ---- cap
     let mut charged = 0u64;
     if mode.cap() && req.charged() && req.size > 0 {
-        match cap::try_charge(req.device, req.size, req.api) {
-            Ok(()) => charged = req.size,
+        match cap::charge_alloc(req.device, req.size, req.api) {
+            Ok(c) => charged = c,
             Err(refusal) => {
                 cap_refused(req, &refusal, traced, t0);
                 return Outcome {
@@ -404,14 +404,9 @@ pub fn alloc(
         None => real(),
     };
 
-    // Pitched allocations: charge the padding too once it is known.
-    if r.rc == 0
-        && r.addr != 0
-        && charged > 0
-        && r.size > charged
-        && cap::try_charge(req.device, r.size - charged, req.api).is_ok()
-    {
-        charged = r.size;
+    // The charge becomes the allocation's footprint (pitched padding, packed pages).
+    if r.rc == 0 && r.addr != 0 && charged > 0 {
+        charged = cap::settle_alloc(req.device, r.addr, r.size, charged, req.api);
     }
     record_alloc(tok, req, table, &r, kind, fl, charged);
 
@@ -524,8 +519,8 @@ pub fn alloc_light(
     };
     let mut charged = 0u64;
     if mode.cap() && req.charged() && req.size > 0 {
-        match cap::try_charge(req.device, req.size, req.api) {
-            Ok(()) => charged = req.size,
+        match cap::charge_alloc(req.device, req.size, req.api) {
+            Ok(c) => charged = c,
             Err(refusal) => {
                 cap_refused(req, &refusal, traced, t0);
                 return vramshim_trace::codes::OUT_OF_MEMORY;
@@ -534,15 +529,14 @@ pub fn alloc_light(
     }
     let rc = call();
     let (addr, size) = if rc == 0 { read() } else { (0, req.size) };
-    // Pitched allocations: charge the padding too once it is known.
-    if rc == 0
-        && addr != 0
-        && charged > 0
-        && size > charged
-        && mode.0 & Mode::FAULT_NO_PITCH == 0
-        && cap::try_charge(req.device, size - charged, req.api).is_ok()
-    {
-        charged = size;
+    // The charge becomes the allocation's footprint (pitched padding, packed pages).
+    if rc == 0 && addr != 0 && charged > 0 {
+        let settled_size = if mode.0 & Mode::FAULT_NO_PITCH == 0 {
+            size
+        } else {
+            req.size
+        };
+        charged = cap::settle_alloc(req.device, addr, settled_size, charged, req.api);
     }
     let r = RealResult { rc, addr, size };
     record_alloc(tok, req, table, &r, req.kind, req.flags, charged);
@@ -587,7 +581,7 @@ pub fn free_light(
         Some(e) if rc == 0 => {
             counters::free_in(tok, e.device, e.kind, e.size);
             if e.charged > 0 {
-                cap::uncharge(e.device, e.charged);
+                cap::uncharge_entry(e.device, key, e.charged);
             }
             (e.device, e.kind, e.size, e.flags)
         }
@@ -657,7 +651,7 @@ fn settle_free(tok: &Token, req: &FreeRequest, table: &LiveTable, rc: c_int, ent
         (0, Some(e)) => {
             counters::free_in(tok, e.device, e.kind, e.size);
             if e.charged > 0 {
-                cap::uncharge(e.device, e.charged);
+                cap::uncharge_entry(e.device, req.key, e.charged);
             }
         }
         (_, Some(e)) => {
@@ -819,7 +813,7 @@ pub fn device_reset(device: i32) {
     let traced = tracer::enabled();
     let mut bytes = 0u64;
     for (addr, e) in &dropped {
-        forget(*e);
+        forget(*addr, *e);
         bytes = bytes.saturating_add(e.size);
         if traced {
             tracer::emit(Event::Free(MemOp {

@@ -42,6 +42,7 @@
 //!
 //! All accounting is safe code over `AtomicU64` views; `mmap` lives in the private `sys` module.
 
+pub mod footprint;
 pub mod proc;
 pub mod spec;
 mod sys;
@@ -515,7 +516,9 @@ impl Region {
         let mut file = match OpenOptions::new()
             .read(true)
             .write(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            // Never follow a link another user planted, never block on a FIFO: the type,
+            // owner and mode are checked on the open file below.
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
             .open(path)
         {
             Ok(f) => f,

@@ -50,6 +50,7 @@ fn settings(cap: &str) -> Settings {
         cap_text: Some(cap.to_string()),
         shared: None,
         context: ContextMode::Include,
+        strict: false,
         fault: Fault::None,
     }
 }
