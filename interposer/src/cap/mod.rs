@@ -352,7 +352,20 @@ impl Cap {
                     .filter(|&t| t > 0)
                     .or_else(|| (self.queries().total)(d as i32))
                 {
-                    Some(t) => c.resolve(t).min(MAX_BYTES),
+                    Some(t) => {
+                        let v = c.resolve(t).min(MAX_BYTES);
+                        if v == 0 && !self.unresolved_said[d].swap(true, Relaxed) {
+                            // A share so small it rounds to nothing: enforced (every
+                            // allocation refused), but never silently.
+                            let spec = self.effective_spec();
+                            (self.log)(&format!(
+                                "vramshim: VRAMSHIM_CAP=\"{}\" is 0 bytes of device {d}'s {t} bytes: every allocation on device {d} is refused; {}",
+                                self.cap_source_text(spec).escape_debug(),
+                                vramshim_region::spec::CAP_FORMS
+                            ));
+                        }
+                        v
+                    }
                     None => {
                         // A share of an unknown total cannot be enforced: say so once rather
                         // than letting the user believe the device is capped. Requests keep
