@@ -346,8 +346,17 @@ pub fn alloc(
 
     // ---- cap
     let mut charged = 0u64;
+    // A request the pool may serve is charged its live bytes: the pool's physical pages are
+    // bounded by the cap on their own (pooling/mod.rs). Anything else is charged the
+    // device's footprint.
+    let poolable = mode.pool() && pool_ok && pooling::enabled();
     if mode.cap() && req.charged() && req.size > 0 {
-        match cap::charge_alloc(req.device, req.size, req.api) {
+        let r = if poolable {
+            cap::try_charge(req.device, req.size, req.api).map(|()| req.size)
+        } else {
+            cap::charge_alloc(req.device, req.size, req.api)
+        };
+        match r {
             Ok(c) => charged = c,
             Err(refusal) => {
                 cap_refused(req, &refusal, traced, t0);
@@ -365,7 +374,7 @@ pub fn alloc(
     let mut kind = req.kind;
     let mut fl = req.flags;
     let mut res = None;
-    if mode.pool() && pool_ok && pooling::enabled() {
+    if poolable {
         let preq = PoolRequest {
             api: req.api,
             kind: req.kind,
@@ -405,7 +414,7 @@ pub fn alloc(
     };
 
     // The charge becomes the allocation's footprint (pitched padding, packed pages).
-    if r.rc == 0 && r.addr != 0 && charged > 0 {
+    if r.rc == 0 && r.addr != 0 && charged > 0 && layer == Layer::Real {
         charged = cap::settle_alloc(req.device, r.addr, r.size, charged, req.api);
     }
     record_alloc(tok, req, table, &r, kind, fl, charged);

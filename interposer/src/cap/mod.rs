@@ -736,7 +736,7 @@ impl Cap {
         // Refused outright (strict mode, or no slot in the region): its line is out already.
         let said = self.refuse_all.load(Relaxed) || (self.region.get().is_some() && slot == NO_SLOT);
         if capped && !said && !self.refused_once.swap(true, Relaxed) {
-            let who = match &self.settings.shared {
+            let who = match self.settings.shared.as_ref().filter(|_| self.region.get().is_some()) {
                 None => format!(
                     "VRAMSHIM_CAP=\"{}\"",
                     self.settings
