@@ -743,6 +743,14 @@ fn the_simulated_device_recovers_killed_processes_exactly() {
             let mut child = c.spawn().unwrap();
             std::thread::sleep(Duration::from_millis(400));
             kill(&mut child);
+            // The next process to take the device's lock (this one, with the same switch)
+            // finds its holder dead and repairs the totals (or, with no-repair, does not).
+            let mut next = sim_command(probe(), "devstate-kill");
+            next.env("VRAMSIM_NAME", &sim)
+                .env("VRAMSIM_CONTEXT_OVERHEAD", "0")
+                .env("VRAMSIM_DEVSTATE_FAULT", fault)
+                .args(["fill", &(2 * MIB).to_string(), "1"]);
+            run(&mut next).assert_success();
             let dev = vramsim_devstate::DeviceState::open(&sim).unwrap();
             leaked = dev.used(0);
             if leaked != 0 {

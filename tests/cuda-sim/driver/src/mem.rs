@@ -205,7 +205,9 @@ pub fn alloc(dev: i32, size: u64, kind: Kind) -> Result<u64, CUresult> {
         );
         Ok(ptr)
     } else {
-        let len = round_up(size, PAGE);
+        let len = size
+            .checked_next_multiple_of(PAGE)
+            .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
         state::charge(dev, len)?;
         let ptr = match map_aligned(len) {
             Ok(p) => p,
