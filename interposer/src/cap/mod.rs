@@ -877,7 +877,25 @@ impl Cap {
                 }
             }
         }
-        self.charge_context(d, free_before.saturating_sub(free_after));
+        // The device's free memory moves with every other process's allocations too: where
+        // the driver can say what this process holds, that measures the context exactly.
+        let fp = match (self.queries().process_used)(d as i32) {
+            Some(used) if self.ready() => used.saturating_sub(self.charged_here(d)),
+            _ => free_before.saturating_sub(free_after),
+        };
+        self.charge_context(d, fp);
+    }
+
+    /// What the cap charged this process on device `d` so far (its own bytes, also in a
+    /// shared region).
+    fn charged_here(&self, d: usize) -> u64 {
+        match self.region.get() {
+            None => vramshim_region::total_bytes(&self.private_used[d]),
+            Some(r) => match (self.slot.load(Acquire), self.line(r, d)) {
+                (NO_SLOT, _) | (_, None) => 0,
+                (slot, Some(line)) => r.slot_used(SlotIndex(slot), line),
+            },
+        }
     }
 
     /// Measures the context's footprint on the first touches of device `d` (a charge or a
@@ -904,14 +922,7 @@ impl Cap {
         }
         match (self.queries().process_used)(d as i32) {
             Some(used) => {
-                let mine = match self.region.get() {
-                    None => vramshim_region::total_bytes(&self.private_used[d]),
-                    Some(r) => match (self.slot.load(Acquire), self.line(r, d)) {
-                        (NO_SLOT, _) | (_, None) => 0,
-                        (slot, Some(line)) => r.slot_used(SlotIndex(slot), line),
-                    },
-                };
-                self.charge_context(d, used.saturating_sub(mine));
+                self.charge_context(d, used.saturating_sub(self.charged_here(d)));
                 self.ctx_state[d].store(CTX_DONE, Relaxed);
             }
             None => self.ctx_state[d].store(s + 1, Relaxed),
