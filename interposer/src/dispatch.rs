@@ -141,7 +141,8 @@ impl Mode {
     /// `VRAMSHIM_LAYERS_FAULT=no-light`: never the light path (see [`Mode::light`]).
     const NO_LIGHT: u8 = 32;
     /// `VRAMSHIM_LAYERS_FAULT=light-no-pitch`: a broken light path, for the test that
-    /// compares it with the layered one: it forgets to charge a pitched allocation's padding.
+    /// compares it with the layered one: it never settles a charge to the allocation's
+    /// footprint (a pitched allocation's padding, a packed allocation's shared page).
     const FAULT_NO_PITCH: u8 = 64;
 
     /// Nothing but pass-through: the hooks take [`alloc_passed`] / [`free_passed`].
@@ -211,8 +212,8 @@ fn layers_slow() -> u8 {
 }
 
 /// `VRAMSHIM_LAYERS_FAULT`: `no-light` (layered requests never take the light path) or
-/// `light-no-pitch` (the light path forgets a pitched allocation's padding: a test must
-/// notice). Read with the layers, never per request.
+/// `light-no-pitch` (the light path never settles a charge to the allocation's footprint:
+/// a test must notice). Read with the layers, never per request.
 fn fault_bits() -> u8 {
     match crate::env::var("VRAMSHIM_LAYERS_FAULT").map(str::trim) {
         Some("no-light") => Mode::NO_LIGHT,
@@ -539,13 +540,8 @@ pub fn alloc_light(
     let rc = call();
     let (addr, size) = if rc == 0 { read() } else { (0, req.size) };
     // The charge becomes the allocation's footprint (pitched padding, packed pages).
-    if rc == 0 && addr != 0 && charged > 0 {
-        let settled_size = if mode.0 & Mode::FAULT_NO_PITCH == 0 {
-            size
-        } else {
-            req.size
-        };
-        charged = cap::settle_alloc(req.device, addr, settled_size, charged, req.api);
+    if rc == 0 && addr != 0 && charged > 0 && mode.0 & Mode::FAULT_NO_PITCH == 0 {
+        charged = cap::settle_alloc(req.device, addr, size, charged, req.api);
     }
     let r = RealResult { rc, addr, size };
     record_alloc(tok, req, table, &r, req.kind, req.flags, charged);
