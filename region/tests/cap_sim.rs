@@ -1237,3 +1237,71 @@ fn top_shows_the_group() {
     assert_eq!(g.region_in_use(), 0);
     let _ = Path::new(&g.region);
 }
+
+/// Every `VRAMSHIM_*` value that is not understood gets one line naming the variable and
+/// the accepted forms: a `VRAMSHIM_CAP` or `VRAMSHIM_SHARED` that is not UTF-8 (it used to
+/// read as unset), a share that rounds to 0 bytes (refused everything silently), and the
+/// tracer's switches.
+#[test]
+fn values_not_understood_get_one_line_each() {
+    use std::os::unix::ffi::OsStrExt;
+    let bad = std::ffi::OsStr::from_bytes(b"1G\xffiB");
+    for var in ["VRAMSHIM_CAP", "VRAMSHIM_SHARED"] {
+        let sim = unique_name("cap-utf8");
+        let mut c = sim_command(probe(), "cap-utf8");
+        c.env("VRAMSIM_NAME", &sim)
+            .env("LD_PRELOAD", lib())
+            .env("VRAMSHIM_CAP", "1GiB")
+            .env(var, bad)
+            .args(["info", "0"]);
+        let out = run(&mut c);
+        let _ = std::fs::remove_file(vramsim_devstate::DeviceState::path(&sim));
+        out.assert_success();
+        let lines = our_lines(&out);
+        assert_eq!(lines.len(), 1, "{var}: {}", out.stderr);
+        assert!(
+            lines[0].contains(&format!("{var}=")) && lines[0].contains("accepted"),
+            "{var}: {}",
+            lines[0]
+        );
+    }
+    let out = capped(
+        &["paths", "1", "2"],
+        &[("VRAMSHIM_CAP", "0.000000000001")],
+        "cap-tiny",
+    );
+    out.assert_success();
+    assert!(
+        our_lines(&out)
+            .iter()
+            .any(|l| l.contains("is 0 bytes of device 0") && l.contains("refused")),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(num(&fields(&out, "path=", "path=cudaMalloc "), "below"), 2);
+    let dir = vramshim_testkit::temp_dir("cap-env-trace");
+    for (var, val) in [
+        ("VRAMSHIM_TRACE_CLOCK", "wallclock"),
+        ("VRAMSHIM_TRACE_LOCKS", "yes"),
+        ("VRAMSHIM_TRACE_EXIT_FLUSH", "never"),
+        ("VRAMSHIM_STACKS", "65"),
+        ("VRAMSHIM_STACKS", "lots"),
+    ] {
+        let trace = dir.join("t.vramtrace");
+        let t = trace.display().to_string();
+        let out = on_sim(
+            &["info", "0"],
+            &[("VRAMSHIM_TRACE", t.as_str()), (var, val)],
+            Some(&lib()),
+            "cap-env-trace",
+        );
+        let _ = std::fs::remove_file(&trace);
+        out.assert_success();
+        let lines: Vec<&str> = our_lines(&out)
+            .into_iter()
+            .filter(|l| l.contains(var))
+            .collect();
+        assert_eq!(lines.len(), 1, "{var}={val}: {}", out.stderr);
+        assert!(lines[0].contains("accepted"), "{var}={val}: {}", lines[0]);
+    }
+}
