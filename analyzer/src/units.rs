@@ -130,7 +130,11 @@ mod tests {
             parse_size("24GB").unwrap(),
             vramshim_region::spec::parse_size("24GB").unwrap()
         );
-        assert!(parse_size("1.5").unwrap_err().contains("not a whole number"));
+        assert!(
+            parse_size("1.5")
+                .unwrap_err()
+                .contains("not a whole number")
+        );
         assert!(parse_size("-1G").is_err());
         assert_eq!(bytes(1536), "1.50 KiB");
         assert_eq!(bytes(100), "100 B");

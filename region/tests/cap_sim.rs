@@ -424,7 +424,12 @@ fn corrupt_or_foreign_region_is_refused() {
         );
         out.assert_success();
         let lines = our_lines(&out);
-        assert_eq!(lines.len(), 2, "the region's line, the first refusal's: {}", out.stderr);
+        assert_eq!(
+            lines.len(),
+            2,
+            "the region's line, the first refusal's: {}",
+            out.stderr
+        );
         assert!(lines[1].contains("refused"), "{}", lines[1]);
         assert!(
             lines[0].contains(needle) && lines[0].contains("keeps its own cap"),
@@ -500,7 +505,13 @@ fn plant(squat: Squat, name: &str, job_uid: u32) -> PathBuf {
         }
     }
     std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
-        .or_else(|e| if matches!(squat, Squat::Symlink) { Ok(()) } else { Err(e) })
+        .or_else(|e| {
+            if matches!(squat, Squat::Symlink) {
+                Ok(())
+            } else {
+                Err(e)
+            }
+        })
         .unwrap();
     path
 }
@@ -564,8 +575,17 @@ fn a_squatted_region_never_leaves_the_job_uncapped() {
             let what = format!("{squat:?} as uid {job_uid}");
             out.assert_success();
             let lines = our_lines(&out);
-            assert_eq!(lines.len(), 2, "{what}: the region's line, the refusal's\n{}", out.stderr);
-            assert!(lines[0].contains("keeps its own cap"), "{what}: {}", lines[0]);
+            assert_eq!(
+                lines.len(),
+                2,
+                "{what}: the region's line, the refusal's\n{}",
+                out.stderr
+            );
+            assert!(
+                lines[0].contains("keeps its own cap"),
+                "{what}: {}",
+                lines[0]
+            );
             for p in RUNTIME_PATHS.iter().chain(DRIVER_PATHS) {
                 let f = fields(&out, "path=", &format!("path={p} "));
                 assert_eq!(
@@ -580,8 +600,15 @@ fn a_squatted_region_never_leaves_the_job_uncapped() {
             let out = paths_as(as_nobody, &strict, "cap-squat-strict");
             out.assert_success();
             let f = fields(&out, "path=", "path=cudaMalloc ");
-            assert_eq!((num(&f, "above"), num(&f, "below")), (2, 2), "{what} strict");
-            assert!(our_lines(&out)[0].contains("VRAMSHIM_CAP_STRICT=1"), "{what}");
+            assert_eq!(
+                (num(&f, "above"), num(&f, "below")),
+                (2, 2),
+                "{what} strict"
+            );
+            assert!(
+                our_lines(&out)[0].contains("VRAMSHIM_CAP_STRICT=1"),
+                "{what}"
+            );
             // The squat is untouched (nothing written through it).
             assert!(
                 std::fs::symlink_metadata(&path).is_ok(),
@@ -620,16 +647,28 @@ fn no_number_of_variables_hides_the_cap() {
     let mut env: Vec<(&str, &str)> = names.iter().map(|n| (n.as_str(), "x")).collect();
     env.push(("VRAMSHIM_CAP", "1GiB"));
     let out = capped(
-        &["paths", &(512 * MIB).to_string(), &(GIB + 16 * MIB).to_string()],
+        &[
+            "paths",
+            &(512 * MIB).to_string(),
+            &(GIB + 16 * MIB).to_string(),
+        ],
         &env,
         "cap-many-vars",
     );
     out.assert_success();
     let f = fields(&out, "path=", "path=cudaMalloc ");
-    assert_eq!((num(&f, "above"), num(&f, "below")), (2, 0), "capped: {f:?}");
+    assert_eq!(
+        (num(&f, "above"), num(&f, "below")),
+        (2, 0),
+        "capped: {f:?}"
+    );
     env.push(("VRAMSHIM_ENV_FAULT", "first-32"));
     let out = capped(
-        &["paths", &(512 * MIB).to_string(), &(GIB + 16 * MIB).to_string()],
+        &[
+            "paths",
+            &(512 * MIB).to_string(),
+            &(GIB + 16 * MIB).to_string(),
+        ],
         &env,
         "cap-many-vars-fault",
     );
@@ -684,7 +723,8 @@ fn three_hundred_members_never_pass_the_group_cap() {
 fn every_size_class_stays_within_the_cap_on_the_device() {
     let cap = 16 * MIB;
     // (size, device footprint of N allocations)
-    let classes: [(u64, fn(u64) -> u64); 6] = [
+    type Footprint = fn(u64) -> u64;
+    let classes: [(u64, Footprint); 6] = [
         (1024, |n| n.div_ceil(2048) * 2 * MIB),
         (MIB, |n| n.div_ceil(2) * 2 * MIB),
         (MIB + 1, |n| n * 2 * MIB),
@@ -723,7 +763,10 @@ fn every_size_class_stays_within_the_cap_on_the_device() {
             assert_eq!(num(&f, "refused"), 1, "size {size}: {f:?}");
             assert!(hw <= cap, "size {size}: device high water {hw} > cap {cap}");
             assert_eq!(hw, fp(ok), "size {size}: {ok} allocations");
-            assert!(fp(ok) + 2 * MIB > cap || size > MIB, "size {size}: the cap is used");
+            assert!(
+                fp(ok) + 2 * MIB > cap || size > MIB,
+                "size {size}: the cap is used"
+            );
             assert_eq!(num(&f, "free"), cap - fp(ok), "size {size}: cudaMemGetInfo");
         }
     }

@@ -281,7 +281,10 @@ impl Cap {
     /// active.
     #[cold]
     fn region_unusable(&self, name: &str, why: &str) -> bool {
-        let head = format!("vramshim: VRAMSHIM_SHARED=\"{}\": {why}", name.escape_debug());
+        let head = format!(
+            "vramshim: VRAMSHIM_SHARED=\"{}\": {why}",
+            name.escape_debug()
+        );
         if self.settings.fault == Fault::SquatPassThrough {
             (self.log)(&format!("{head}; running without a cap (pass-through)"));
             return false;
@@ -565,13 +568,14 @@ impl Cap {
                 Check::Racy => vramshim_region::reserve_racy(&self.private_used[d], want, cap),
             },
             Some(region) => match (self.my_slot(region), self.line(region, d)) {
-                (Some(slot), Some(line)) => match region.charge(slot, line, want, cap, self.check())
-                {
-                    Ok(t) => Ok(t),
-                    Err(in_use) => self
-                        .retry_after_reclaim(region, slot, line, want, cap)
-                        .ok_or(in_use),
-                },
+                (Some(slot), Some(line)) => {
+                    match region.charge(slot, line, want, cap, self.check()) {
+                        Ok(t) => Ok(t),
+                        Err(in_use) => self
+                            .retry_after_reclaim(region, slot, line, want, cap)
+                            .ok_or(in_use),
+                    }
+                }
                 // No slot or no line: the group's total cannot hold this process's bytes,
                 // so a capped device refuses (fail closed).
                 _ if self.effective_spec().devices[d].is_none()
@@ -734,9 +738,15 @@ impl Cap {
         }
         let capped = self.effective_spec().devices[d].is_some();
         // Refused outright (strict mode, or no slot in the region): its line is out already.
-        let said = self.refuse_all.load(Relaxed) || (self.region.get().is_some() && slot == NO_SLOT);
+        let said =
+            self.refuse_all.load(Relaxed) || (self.region.get().is_some() && slot == NO_SLOT);
         if capped && !said && !self.refused_once.swap(true, Relaxed) {
-            let who = match self.settings.shared.as_ref().filter(|_| self.region.get().is_some()) {
+            let who = match self
+                .settings
+                .shared
+                .as_ref()
+                .filter(|_| self.region.get().is_some())
+            {
                 None => format!(
                     "VRAMSHIM_CAP=\"{}\"",
                     self.settings

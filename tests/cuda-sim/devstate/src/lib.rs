@@ -325,7 +325,10 @@ impl DeviceState {
             // SAFETY: we own the mutex now (EOWNERDEAD) and have made the state consistent.
             unsafe { libc::pthread_mutex_consistent(m) };
         }
-        Locked { state: self, held: r == 0 || r == libc::EOWNERDEAD }
+        Locked {
+            state: self,
+            held: r == 0 || r == libc::EOWNERDEAD,
+        }
     }
 
     /// Sets each device's total to the sum of the slots (under the lock).
@@ -429,7 +432,10 @@ impl DeviceState {
         s.fetch_sub(take, Ordering::AcqRel);
         fault_pause();
         let h = &self.header().used[dev];
-        h.store(h.load(Ordering::Acquire).saturating_sub(take), Ordering::Release);
+        h.store(
+            h.load(Ordering::Acquire).saturating_sub(take),
+            Ordering::Release,
+        );
     }
 
     /// Frees the slots of processes that are gone (or zombies: a real driver frees a process's
