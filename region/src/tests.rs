@@ -129,7 +129,10 @@ fn foreign_or_broken_files_are_refused() {
     assert!(Region::open(&dir).is_err());
     // A FIFO: refused at once (opened non-blocking, its type checked on the open file).
     let p = dir.join("fifo");
-    let st = std::process::Command::new("mkfifo").arg(&p).status().unwrap();
+    let st = std::process::Command::new("mkfifo")
+        .arg(&p)
+        .status()
+        .unwrap();
     assert!(st.success());
     let (tx, rx) = std::sync::mpsc::channel();
     let q = p.clone();

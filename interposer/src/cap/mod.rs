@@ -449,7 +449,7 @@ impl Cap {
             None => {
                 self.lines[d].store(LINE_NONE, Relaxed);
                 (self.log)(&format!(
-                    "vramshim: the shared cap region {} counts {} other devices already; device {d} of this process runs without a cap",
+                    "vramshim: the shared cap region {} counts {} other devices already (or a member died claiming a line); capped allocations on device {d} of this process are refused (the group's cap could not be kept otherwise)",
                     r.path()
                         .map(|p| p.display().to_string())
                         .unwrap_or_default(),
