@@ -24,6 +24,10 @@ pub struct Args {
     /// per-device list (0=40GiB,1=0.5). Sets VRAMSHIM_CAP.
     #[arg(long, value_name = "CAP")]
     pub cap: Option<String>,
+    /// Refuse every device allocation where the cap cannot be enforced as asked (the shared
+    /// region is unusable) instead of keeping the process's own cap. Sets VRAMSHIM_CAP_STRICT=1.
+    #[arg(long)]
+    pub cap_strict: bool,
     /// Share one cap budget with every process using the same NAME. Sets VRAMSHIM_SHARED.
     #[arg(long, value_name = "NAME")]
     pub shared: Option<String>,
@@ -81,7 +85,18 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
     );
 
     if let Some(v) = &args.cap {
+        // Refused here with the library's own line rather than after the program started.
+        if let Err(reason) = vramshim_region::spec::parse_cap(v) {
+            return Err(format!(
+                "--cap \"{}\" is not valid ({reason}); {}",
+                v.escape_debug(),
+                vramshim_region::spec::CAP_FORMS
+            ));
+        }
         cmd.env("VRAMSHIM_CAP", v);
+    }
+    if args.cap_strict {
+        cmd.env("VRAMSHIM_CAP_STRICT", "1");
     }
     if let Some(v) = &args.shared {
         cmd.env("VRAMSHIM_SHARED", v);

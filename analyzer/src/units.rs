@@ -76,43 +76,23 @@ pub fn wall_utc(ns: u64) -> String {
     )
 }
 
-/// Parses `1073741824`, `512M`, `8GiB`, `1.5g`, `24GB` (powers of 1024 throughout; RAM and
-/// VRAM sizes are binary whatever the suffix says).
+/// Parses a size as `VRAMSHIM_CAP` reads one (vramshim_region::spec::parse_size), so a size
+/// means the same on every command: `1073741824` (bytes), `512M`, `8GiB`, `1.5g` (powers of
+/// 1024), `24GB` (powers of 1000). A bare number with a fraction (`1.5`) is refused: it is
+/// no number of bytes, and `--cap` of `run` reads it as a fraction of the device.
 pub fn parse_size(s: &str) -> Result<u64, String> {
+    const FORMS: &str =
+        "accepted: 512MiB, 8GiB, 8G (powers of 1024), 24GB (powers of 1000), 1073741824 (bytes)";
     let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let unit = unit.trim().to_ascii_lowercase();
-    let mult: u64 = match unit.as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => 1 << 10,
-        "m" | "mb" | "mib" => 1 << 20,
-        "g" | "gb" | "gib" => 1 << 30,
-        "t" | "tb" | "tib" => 1 << 40,
-        _ => {
-            return Err(format!(
-                "bad size '{s}': unknown unit '{unit}' (use B, K, M, G, T)"
-            ));
-        }
-    };
-    if num.is_empty() {
-        return Err(format!("bad size '{s}': expected a number like 512M or 8G"));
+    if t.contains('.') && t.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+        return Err(format!(
+            "bad size '{s}': not a whole number of bytes (a fraction of the device is not a size here); {FORMS}"
+        ));
     }
-    if let Ok(n) = num.parse::<u64>() {
-        return n
-            .checked_mul(mult)
-            .ok_or_else(|| format!("bad size '{s}': too large"));
+    if t.starts_with('-') {
+        return Err(format!("bad size '{s}': negative; {FORMS}"));
     }
-    let f: f64 = num
-        .parse()
-        .map_err(|_| format!("bad size '{s}': expected a number like 512M or 8G"))?;
-    let v = f * mult as f64;
-    if !(0.0..1.8e19).contains(&v) {
-        return Err(format!("bad size '{s}': out of range"));
-    }
-    Ok(v.round() as u64)
+    vramshim_region::spec::parse_size(t).map_err(|e| format!("bad size '{s}': {e}; {FORMS}"))
 }
 
 #[cfg(test)]
@@ -143,6 +123,19 @@ mod tests {
         assert_eq!(parse_size("100").unwrap(), 100);
         assert!(parse_size("x").is_err());
         assert!(parse_size("5Q").is_err());
+        // The same meaning as VRAMSHIM_CAP (run --cap): SI units are powers of 1000, and a
+        // bare fraction is no size.
+        assert_eq!(parse_size("24GB").unwrap(), 24_000_000_000);
+        assert_eq!(
+            parse_size("24GB").unwrap(),
+            vramshim_region::spec::parse_size("24GB").unwrap()
+        );
+        assert!(
+            parse_size("1.5")
+                .unwrap_err()
+                .contains("not a whole number")
+        );
+        assert!(parse_size("-1G").is_err());
         assert_eq!(bytes(1536), "1.50 KiB");
         assert_eq!(bytes(100), "100 B");
         assert_eq!(bytes_delta(-2048), "-2.00 KiB");

@@ -578,8 +578,12 @@ fn the_cap_flag_reaches_the_library() {
         "{out}\n{}",
         String::from_utf8_lossy(&o.stderr)
     );
+    // 1 MiB blocks are packed two to a 2 MiB page by the driver, and the cap charges the
+    // device's footprint: the first takes a page; the second could share it, but the cap
+    // cannot know where the driver will put it and reserves a page of its own, which a
+    // 2 MiB cap has no room for.
     assert!(
-        out.contains("alloc 2 refused"),
-        "the third 1 MiB allocation is over a 2 MiB cap: {out}"
+        out.contains("alloc 1 refused"),
+        "the second 1 MiB allocation may need a second page, over a 2 MiB cap: {out}"
     );
 }

@@ -141,7 +141,8 @@ impl Mode {
     /// `VRAMSHIM_LAYERS_FAULT=no-light`: never the light path (see [`Mode::light`]).
     const NO_LIGHT: u8 = 32;
     /// `VRAMSHIM_LAYERS_FAULT=light-no-pitch`: a broken light path, for the test that
-    /// compares it with the layered one: it forgets to charge a pitched allocation's padding.
+    /// compares it with the layered one: it never settles a charge to the allocation's
+    /// footprint (a pitched allocation's padding, a packed allocation's shared page).
     const FAULT_NO_PITCH: u8 = 64;
 
     /// Nothing but pass-through: the hooks take [`alloc_passed`] / [`free_passed`].
@@ -211,8 +212,8 @@ fn layers_slow() -> u8 {
 }
 
 /// `VRAMSHIM_LAYERS_FAULT`: `no-light` (layered requests never take the light path) or
-/// `light-no-pitch` (the light path forgets a pitched allocation's padding: a test must
-/// notice). Read with the layers, never per request.
+/// `light-no-pitch` (the light path never settles a charge to the allocation's footprint:
+/// a test must notice). Read with the layers, never per request.
 fn fault_bits() -> u8 {
     match crate::env::var("VRAMSHIM_LAYERS_FAULT").map(str::trim) {
         Some("no-light") => Mode::NO_LIGHT,
@@ -263,7 +264,7 @@ pub fn free_passed(
         (0, Some(e)) => {
             counters::free_in(tok, e.device, e.kind, e.size);
             if e.charged > 0 {
-                cap::uncharge(e.device, e.charged);
+                cap::uncharge_entry(e.device, key, e.charged);
             }
         }
         (_, Some(e)) => {
@@ -306,7 +307,7 @@ fn record_alloc(
     };
     if let Some(stale) = table.insert_in(tok, r.addr, e) {
         // The address was handed out again without us seeing its free.
-        forget(stale);
+        forget(r.addr, stale);
     }
     counters::alloc_in(tok, req.device, kind, r.size);
 }
@@ -315,10 +316,10 @@ fn record_alloc(
 /// By value: a reference would keep the insert's result in memory on every request.
 #[cold]
 #[inline(never)]
-fn forget(e: Entry) {
+fn forget(addr: u64, e: Entry) {
     counters::free(e.device, e.kind, e.size);
     if e.charged > 0 {
-        cap::uncharge(e.device, e.charged);
+        cap::uncharge_entry(e.device, addr, e.charged);
     }
 }
 
@@ -346,9 +347,18 @@ pub fn alloc(
 
     // ---- cap
     let mut charged = 0u64;
+    // A request the pool may serve is charged its live bytes: the pool's physical pages are
+    // bounded by the cap on their own (pooling/mod.rs). Anything else is charged the
+    // device's footprint.
+    let poolable = mode.pool() && pool_ok && pooling::enabled();
     if mode.cap() && req.charged() && req.size > 0 {
-        match cap::try_charge(req.device, req.size, req.api) {
-            Ok(()) => charged = req.size,
+        let r = if poolable {
+            cap::try_charge(req.device, req.size, req.api).map(|()| req.size)
+        } else {
+            cap::charge_alloc(req.device, req.size, req.api)
+        };
+        match r {
+            Ok(c) => charged = c,
             Err(refusal) => {
                 cap_refused(req, &refusal, traced, t0);
                 return Outcome {
@@ -365,7 +375,7 @@ pub fn alloc(
     let mut kind = req.kind;
     let mut fl = req.flags;
     let mut res = None;
-    if mode.pool() && pool_ok && pooling::enabled() {
+    if poolable {
         let preq = PoolRequest {
             api: req.api,
             kind: req.kind,
@@ -404,14 +414,9 @@ pub fn alloc(
         None => real(),
     };
 
-    // Pitched allocations: charge the padding too once it is known.
-    if r.rc == 0
-        && r.addr != 0
-        && charged > 0
-        && r.size > charged
-        && cap::try_charge(req.device, r.size - charged, req.api).is_ok()
-    {
-        charged = r.size;
+    // The charge becomes the allocation's footprint (pitched padding, packed pages).
+    if r.rc == 0 && r.addr != 0 && charged > 0 && layer == Layer::Real {
+        charged = cap::settle_alloc(req.device, r.addr, r.size, charged, req.api);
     }
     record_alloc(tok, req, table, &r, kind, fl, charged);
 
@@ -524,8 +529,8 @@ pub fn alloc_light(
     };
     let mut charged = 0u64;
     if mode.cap() && req.charged() && req.size > 0 {
-        match cap::try_charge(req.device, req.size, req.api) {
-            Ok(()) => charged = req.size,
+        match cap::charge_alloc(req.device, req.size, req.api) {
+            Ok(c) => charged = c,
             Err(refusal) => {
                 cap_refused(req, &refusal, traced, t0);
                 return vramshim_trace::codes::OUT_OF_MEMORY;
@@ -534,15 +539,9 @@ pub fn alloc_light(
     }
     let rc = call();
     let (addr, size) = if rc == 0 { read() } else { (0, req.size) };
-    // Pitched allocations: charge the padding too once it is known.
-    if rc == 0
-        && addr != 0
-        && charged > 0
-        && size > charged
-        && mode.0 & Mode::FAULT_NO_PITCH == 0
-        && cap::try_charge(req.device, size - charged, req.api).is_ok()
-    {
-        charged = size;
+    // The charge becomes the allocation's footprint (pitched padding, packed pages).
+    if rc == 0 && addr != 0 && charged > 0 && mode.0 & Mode::FAULT_NO_PITCH == 0 {
+        charged = cap::settle_alloc(req.device, addr, size, charged, req.api);
     }
     let r = RealResult { rc, addr, size };
     record_alloc(tok, req, table, &r, req.kind, req.flags, charged);
@@ -587,7 +586,7 @@ pub fn free_light(
         Some(e) if rc == 0 => {
             counters::free_in(tok, e.device, e.kind, e.size);
             if e.charged > 0 {
-                cap::uncharge(e.device, e.charged);
+                cap::uncharge_entry(e.device, key, e.charged);
             }
             (e.device, e.kind, e.size, e.flags)
         }
@@ -657,7 +656,7 @@ fn settle_free(tok: &Token, req: &FreeRequest, table: &LiveTable, rc: c_int, ent
         (0, Some(e)) => {
             counters::free_in(tok, e.device, e.kind, e.size);
             if e.charged > 0 {
-                cap::uncharge(e.device, e.charged);
+                cap::uncharge_entry(e.device, req.key, e.charged);
             }
         }
         (_, Some(e)) => {
@@ -819,7 +818,7 @@ pub fn device_reset(device: i32) {
     let traced = tracer::enabled();
     let mut bytes = 0u64;
     for (addr, e) in &dropped {
-        forget(*e);
+        forget(*addr, *e);
         bytes = bytes.saturating_add(e.size);
         if traced {
             tracer::emit(Event::Free(MemOp {

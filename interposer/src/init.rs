@@ -23,6 +23,7 @@ pub(crate) fn init(envp: *const *const c_char) {
     }
     crate::env::init(envp);
     crate::log::init();
+    crate::env::report();
     // Parse VRAMSHIM_CAP & co. now (one line per bad value); nothing is attached yet.
     crate::cap::init();
     // Resolve glibc's dlsym now, while nothing else runs (it is also resolved lazily).

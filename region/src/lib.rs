@@ -42,6 +42,7 @@
 //!
 //! All accounting is safe code over `AtomicU64` views; `mmap` lives in the private `sys` module.
 
+pub mod footprint;
 pub mod proc;
 pub mod spec;
 mod sys;
@@ -118,8 +119,10 @@ const LINE_FREE: u64 = 0;
 const LINE_CLAIMING: u64 = 1;
 const LINE_PUBLISHED: u64 = 2;
 /// How long a scan waits for a line another process is claiming (two stores away from
-/// published) before giving up on it (that process died between the two).
-const CLAIM_WAIT_SPINS: u32 = 100_000;
+/// published) before giving up on it (that process died between the two). A time, not a
+/// count of spins: with hundreds of members starting at once on a few cores, the claimer
+/// can stay descheduled for far longer than any fixed number of yields.
+const CLAIM_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Per-device counters, one cache line each.
 #[repr(C, align(64))]
@@ -515,7 +518,9 @@ impl Region {
         let mut file = match OpenOptions::new()
             .read(true)
             .write(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            // Never follow a link another user planted, never block on a FIFO: the type,
+            // owner and mode are checked on the open file below.
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
             .open(path)
         {
             Ok(f) => f,
@@ -679,7 +684,7 @@ impl Region {
     pub fn line_for(&self, id: DeviceId) -> Option<usize> {
         let want = id.words();
         for (i, line) in self.layout().header.devices.iter().enumerate() {
-            let mut spins = 0u32;
+            let mut waiting_since: Option<std::time::Instant> = None;
             loop {
                 match line.claim.load(SeqCst) {
                     LINE_PUBLISHED => break,
@@ -696,8 +701,8 @@ impl Region {
                         }
                     }
                     _ => {
-                        spins += 1;
-                        if spins > CLAIM_WAIT_SPINS {
+                        let since = *waiting_since.get_or_insert_with(std::time::Instant::now);
+                        if since.elapsed() > CLAIM_WAIT {
                             return None;
                         }
                         std::thread::yield_now();

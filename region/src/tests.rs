@@ -127,6 +127,26 @@ fn foreign_or_broken_files_are_refused() {
     ));
     // A directory.
     assert!(Region::open(&dir).is_err());
+    // A FIFO: refused at once (opened non-blocking, its type checked on the open file).
+    let p = dir.join("fifo");
+    let st = std::process::Command::new("mkfifo")
+        .arg(&p)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let q = p.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(matches!(
+            Region::open_or_create(&q, &caps("1GiB")),
+            Err(RegionError::NotAFile { .. })
+        ));
+    });
+    assert_eq!(
+        rx.recv_timeout(std::time::Duration::from_secs(60)),
+        Ok(true),
+        "a FIFO must be refused, never waited on"
+    );
     // Another user's file (we run as root in CI; otherwise chown is not possible).
     if sys::euid() == 0 {
         let p = dir.join("other");

@@ -374,13 +374,6 @@ fn bad_configuration_is_one_line_and_pass_through() {
         (&[("VRAMSHIM_CAP", "0=")], "VRAMSHIM_CAP=\"0=\""),
         (&[("VRAMSHIM_CAP", "0=1GiB,3=1GiB")], "names device 3"),
         (
-            &[
-                ("VRAMSHIM_CAP", "1GiB"),
-                ("VRAMSHIM_SHARED", "/proc/vramshim-nope/region"),
-            ],
-            "VRAMSHIM_SHARED",
-        ),
-        (
             &[("VRAMSHIM_CAP", "1GiB"), ("VRAMSHIM_SHARED", "bad/name")],
             "VRAMSHIM_SHARED=\"bad/name\"",
         ),
@@ -405,7 +398,8 @@ fn bad_configuration_is_one_line_and_pass_through() {
     }
 }
 
-/// A region file that is corrupt, from another version, or not ours is refused, not trusted.
+/// A region file that is corrupt, from another version, or not ours is refused, not trusted,
+/// and the job stays capped (its own cap).
 #[test]
 fn corrupt_or_foreign_region_is_refused() {
     let above = (GIB + 16 * MIB).to_string();
@@ -416,9 +410,11 @@ fn corrupt_or_foreign_region_is_refused() {
     let open = dir.join("open");
     Region::open_or_create(&open, &vramshim_region::spec::parse_cap("1GiB").unwrap()).unwrap();
     std::fs::set_permissions(&open, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
+    let unwritable = PathBuf::from("/proc/vramshim-nope/region");
     for (path, needle) in [
         (&bad, "not usable"),
         (&open, "readable or writable by others"),
+        (&unwritable, "cannot create it"),
     ] {
         let p = path.display().to_string();
         let out = capped(
@@ -428,9 +424,444 @@ fn corrupt_or_foreign_region_is_refused() {
         );
         out.assert_success();
         let lines = our_lines(&out);
-        assert_eq!(lines.len(), 1, "{}", out.stderr);
-        assert!(lines[0].contains(needle), "{}", lines[0]);
-        assert_eq!(num(&fields(&out, "path=", "path=cudaMalloc "), "above"), 0);
+        assert_eq!(
+            lines.len(),
+            2,
+            "the region's line, the first refusal's: {}",
+            out.stderr
+        );
+        assert!(lines[1].contains("refused"), "{}", lines[1]);
+        assert!(
+            lines[0].contains(needle) && lines[0].contains("keeps its own cap"),
+            "{}",
+            lines[0]
+        );
+        assert_eq!(num(&fields(&out, "path=", "path=cudaMalloc "), "above"), 2);
+        assert_eq!(num(&fields(&out, "path=", "path=cudaMalloc "), "below"), 0);
+    }
+}
+
+// ------------------------------------------------------------------ fail closed
+
+/// The squats another user (or a careless admin) can plant at a region's name.
+#[derive(Clone, Copy, Debug)]
+enum Squat {
+    /// A regular file owned by another user (by the test's user when the job runs as
+    /// `nobody`; by `nobody` when it runs as root).
+    Foreign,
+    Fifo,
+    Symlink,
+    Directory,
+    /// A regular file of the job's own user, mode 0600, with garbage in it.
+    Corrupt,
+}
+
+const SQUATS: [Squat; 5] = [
+    Squat::Foreign,
+    Squat::Fifo,
+    Squat::Symlink,
+    Squat::Directory,
+    Squat::Corrupt,
+];
+
+const NOBODY: u32 = 65534;
+
+fn chown(path: &Path, uid: u32) {
+    let st = Command::new("chown")
+        .args(["-h", &format!("{uid}:{uid}")])
+        .arg(path)
+        .status()
+        .expect("chown");
+    assert!(st.success(), "chown {}", path.display());
+}
+
+/// Plants `squat` at the region path of `name` for a job run by `job_uid`; returns the path.
+fn plant(squat: Squat, name: &str, job_uid: u32) -> PathBuf {
+    let path = vramshim_region::spec::shared_path(name, job_uid).unwrap();
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_dir(&path);
+    match squat {
+        Squat::Foreign => {
+            std::fs::write(&path, vec![0u8; 4096]).unwrap();
+            let other = if job_uid == NOBODY { 0 } else { NOBODY };
+            if job_uid == NOBODY || uid() == 0 {
+                chown(&path, other);
+            }
+        }
+        Squat::Fifo => {
+            let st = Command::new("mkfifo").arg(&path).status().unwrap();
+            assert!(st.success());
+        }
+        Squat::Symlink => {
+            // Dangling, and pointing at a file it would be harmful to write through.
+            std::os::unix::fs::symlink("/etc/vramshim-squat-target", &path).unwrap();
+        }
+        Squat::Directory => std::fs::create_dir(&path).unwrap(),
+        Squat::Corrupt => {
+            std::fs::write(&path, vec![0x5au8; vramshim_region::LAYOUT_SIZE]).unwrap();
+            if job_uid != uid() {
+                chown(&path, job_uid);
+            }
+        }
+    }
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .or_else(|e| {
+            if matches!(squat, Squat::Symlink) {
+                Ok(())
+            } else {
+                Err(e)
+            }
+        })
+        .unwrap();
+    path
+}
+
+fn unplant(path: &Path) {
+    let _ = std::fs::remove_file(path);
+    let _ = std::fs::remove_dir(path);
+}
+
+/// The probe's `paths` run with a cap of 1 GiB shared by `name`, as `nobody` when asked
+/// (through setpriv; only possible as root).
+fn paths_as(as_nobody: bool, env: &[(&str, &str)], tag: &str) -> RunOutput {
+    let sim = unique_name(tag);
+    let above = (GIB + 16 * MIB).to_string();
+    let below = (512 * MIB).to_string();
+    let mut c = if as_nobody {
+        let mut c = sim_command("setpriv", tag);
+        c.args(["--reuid=nobody", "--regid=nogroup", "--clear-groups"])
+            .arg(probe());
+        c
+    } else {
+        sim_command(probe(), tag)
+    };
+    c.env("VRAMSIM_NAME", &sim)
+        .env("LD_PRELOAD", lib())
+        .args(["paths", &below, &above]);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let out = run(&mut c);
+    let dev_uid = if as_nobody { NOBODY } else { uid() };
+    let dev = format!("/dev/shm/vramsim-{dev_uid}-{sim}");
+    let _ = std::fs::remove_file(dev);
+    out
+}
+
+/// The users a squat test runs the job as: the test's own, and `nobody` when root.
+fn job_users() -> Vec<bool> {
+    if uid() == 0 && Path::new("/usr/bin/setpriv").exists() {
+        vec![false, true]
+    } else {
+        vec![false]
+    }
+}
+
+/// Every kind of squat at the region's name, for a job run as root and as an unprivileged
+/// user: the job stays capped (its own cap, one line), strict mode refuses everything, and
+/// nothing is followed or blocked on (a FIFO would hang an open without O_NONBLOCK).
+#[test]
+fn a_squatted_region_never_leaves_the_job_uncapped() {
+    for as_nobody in job_users() {
+        let job_uid = if as_nobody { NOBODY } else { uid() };
+        for squat in SQUATS {
+            if matches!(squat, Squat::Foreign) && job_uid == uid() && uid() != 0 {
+                continue; // an unprivileged test cannot make a file of another user
+            }
+            let name = unique_name("squat");
+            let path = plant(squat, &name, job_uid);
+            let env = [("VRAMSHIM_CAP", "1GiB"), ("VRAMSHIM_SHARED", name.as_str())];
+            let out = paths_as(as_nobody, &env, "cap-squat");
+            let what = format!("{squat:?} as uid {job_uid}");
+            out.assert_success();
+            let lines = our_lines(&out);
+            assert_eq!(
+                lines.len(),
+                2,
+                "{what}: the region's line, the refusal's\n{}",
+                out.stderr
+            );
+            assert!(
+                lines[0].contains("keeps its own cap"),
+                "{what}: {}",
+                lines[0]
+            );
+            for p in RUNTIME_PATHS.iter().chain(DRIVER_PATHS) {
+                let f = fields(&out, "path=", &format!("path={p} "));
+                assert_eq!(
+                    (num(&f, "above"), num(&f, "below")),
+                    (2, 0),
+                    "{what}: {p} capped at 1 GiB: {f:?}"
+                );
+            }
+            // Strict: every allocation refused.
+            let mut strict = env.to_vec();
+            strict.push(("VRAMSHIM_CAP_STRICT", "1"));
+            let out = paths_as(as_nobody, &strict, "cap-squat-strict");
+            out.assert_success();
+            let f = fields(&out, "path=", "path=cudaMalloc ");
+            assert_eq!(
+                (num(&f, "above"), num(&f, "below")),
+                (2, 2),
+                "{what} strict"
+            );
+            assert!(
+                our_lines(&out)[0].contains("VRAMSHIM_CAP_STRICT=1"),
+                "{what}"
+            );
+            // The squat is untouched (nothing written through it).
+            assert!(
+                std::fs::symlink_metadata(&path).is_ok(),
+                "{what}: the squat is still there"
+            );
+            assert!(!Path::new("/etc/vramshim-squat-target").exists());
+            unplant(&path);
+        }
+    }
+}
+
+/// With the old behaviour (`VRAMSHIM_CAP_FAULT=squat-pass-through`) the same squat lets the
+/// job pass its cap: the test above can fail.
+#[test]
+fn squat_pass_through_fault_escapes_the_cap() {
+    let name = unique_name("squat-fault");
+    let path = plant(Squat::Fifo, &name, uid());
+    let env = [
+        ("VRAMSHIM_CAP", "1GiB"),
+        ("VRAMSHIM_SHARED", name.as_str()),
+        ("VRAMSHIM_CAP_FAULT", "squat-pass-through"),
+    ];
+    let out = paths_as(false, &env, "cap-squat-fault");
+    unplant(&path);
+    out.assert_success();
+    let f = fields(&out, "path=", "path=cudaMalloc ");
+    assert_eq!(num(&f, "above"), 0, "uncapped: {f:?}");
+}
+
+/// 33 and more `VRAMSHIM_*` variables before `VRAMSHIM_CAP` (the environment is sorted
+/// by name here, so `VRAMSHIM_A*` come first) cannot hide the cap; with a fixed table of
+/// 32 (`VRAMSHIM_ENV_FAULT=first-32`) they do.
+#[test]
+fn no_number_of_variables_hides_the_cap() {
+    let names: Vec<String> = (0..40).map(|i| format!("VRAMSHIM_A{i:03}")).collect();
+    let mut env: Vec<(&str, &str)> = names.iter().map(|n| (n.as_str(), "x")).collect();
+    env.push(("VRAMSHIM_CAP", "1GiB"));
+    let out = capped(
+        &[
+            "paths",
+            &(512 * MIB).to_string(),
+            &(GIB + 16 * MIB).to_string(),
+        ],
+        &env,
+        "cap-many-vars",
+    );
+    out.assert_success();
+    let f = fields(&out, "path=", "path=cudaMalloc ");
+    assert_eq!(
+        (num(&f, "above"), num(&f, "below")),
+        (2, 0),
+        "capped: {f:?}"
+    );
+    env.push(("VRAMSHIM_ENV_FAULT", "first-32"));
+    let out = capped(
+        &[
+            "paths",
+            &(512 * MIB).to_string(),
+            &(GIB + 16 * MIB).to_string(),
+        ],
+        &env,
+        "cap-many-vars-fault",
+    );
+    out.assert_success();
+    let f = fields(&out, "path=", "path=cudaMalloc ");
+    assert_eq!(num(&f, "above"), 0, "the fault hides the cap: {f:?}");
+}
+
+/// 300 members of one group (forks of one probe, each holding 4 MiB) under a 1 GiB shared
+/// cap: 256 get slots; the rest are refused instead of running uncapped, so the device
+/// never holds more than the cap. With `VRAMSHIM_CAP_FAULT=slots-uncapped` it does.
+#[test]
+fn three_hundred_members_never_pass_the_group_cap() {
+    for (fault, escapes) in [(None, false), (Some("slots-uncapped"), true)] {
+        let g = Group::new("forks", GIB);
+        // Allocations only: a context measured from the device's free memory (where the
+        // driver does not list the process, as here with no context overhead) would count
+        // the other members' allocations too.
+        let mut extra = vec![("VRAMSHIM_CAP_CONTEXT", "exclude")];
+        if let Some(f) = fault {
+            extra.push(("VRAMSHIM_CAP_FAULT", f));
+        }
+        let out = run(&mut g.command(&["forks", "300", &(4 * MIB).to_string()], &extra));
+        out.assert_success();
+        let f = fields(&out, "forks", "");
+        let hw = g.device().high_water(0);
+        assert_eq!(num(&f, "other"), 0, "{f:?}\n{}", out.stderr);
+        if escapes {
+            assert!(hw > g.cap, "the fault lets the group pass its cap: {hw}");
+        } else {
+            assert!(hw <= g.cap, "device high water {hw} > cap {}", g.cap);
+            let slot_lines = out
+                .stderr
+                .lines()
+                .filter(|l| l.contains("no free process slot"))
+                .count();
+            // The 44 members past the 256 slots are refused, one line each; the others are
+            // served (256 x 4 MiB = the cap).
+            assert_eq!(slot_lines, 44, "one line per member past the slots");
+            assert_eq!((num(&f, "ok"), num(&f, "refused")), (256, 44), "{f:?}");
+        }
+        assert_eq!(g.region_in_use(), 0);
+        assert_eq!(g.device().used(0), 0);
+    }
+}
+
+/// Allocations of every size class under a 16 MiB cap: the simulated device's own
+/// high-water mark never passes the cap (the cap charges the device's footprint: packed
+/// pages once, 2 MiB pages above 1 MiB), and cudaMemGetInfo agrees with the device. With
+/// `VRAMSHIM_CAP_FAULT=requested-bytes` (requested sizes charged) it does pass.
+#[test]
+fn every_size_class_stays_within_the_cap_on_the_device() {
+    let cap = 16 * MIB;
+    // (size, device footprint of N allocations)
+    type Footprint = fn(u64) -> u64;
+    let classes: [(u64, Footprint); 6] = [
+        (1024, |n| n.div_ceil(2048) * 2 * MIB),
+        (MIB, |n| n.div_ceil(2) * 2 * MIB),
+        (MIB + 1, |n| n * 2 * MIB),
+        (2 * MIB - 1, |n| n * 2 * MIB),
+        (2 * MIB, |n| n * 2 * MIB),
+        (3 * MIB, |n| n * 4 * MIB),
+    ];
+    for (size, fp) in classes {
+        for fault in [None, Some("requested-bytes")] {
+            let sim = unique_name("cap-class");
+            let mut c = sim_command(probe(), "cap-class");
+            c.env("VRAMSIM_NAME", &sim)
+                .env("VRAMSIM_CONTEXT_OVERHEAD", "0")
+                .env("LD_PRELOAD", lib())
+                .env("VRAMSHIM_CAP", cap.to_string())
+                .args(["fill", &size.to_string(), "20000"]);
+            if let Some(f) = fault {
+                c.env("VRAMSHIM_CAP_FAULT", f);
+            }
+            let out = run(&mut c);
+            let dev = vramsim_devstate::DeviceState::open(&sim).unwrap();
+            let hw = dev.high_water(0);
+            let used = dev.used(0);
+            drop(dev);
+            let _ = std::fs::remove_file(vramsim_devstate::DeviceState::path(&sim));
+            out.assert_success();
+            let f = fields(&out, "fill", "");
+            let ok = num(&f, "ok");
+            assert_eq!(used, 0, "size {size}: the device is empty after");
+            if fault.is_some() {
+                if fp(cap / size) > cap {
+                    assert!(hw > cap, "size {size}: requested bytes pass the cap: {hw}");
+                }
+                continue;
+            }
+            assert_eq!(num(&f, "refused"), 1, "size {size}: {f:?}");
+            assert!(hw <= cap, "size {size}: device high water {hw} > cap {cap}");
+            assert_eq!(hw, fp(ok), "size {size}: {ok} allocations");
+            assert!(
+                fp(ok) + 2 * MIB > cap || size > MIB,
+                "size {size}: the cap is used"
+            );
+            assert_eq!(num(&f, "free"), cap - fp(ok), "size {size}: cudaMemGetInfo");
+        }
+    }
+}
+
+/// The simulated device's accounting is exact across SIGKILLs, even of a process killed in
+/// the middle of an update (`VRAMSIM_DEVSTATE_FAULT=pause` holds every update open for 2 ms):
+/// with every process gone it reads zero. Without the repair (`no-repair`) it leaks.
+#[test]
+fn the_simulated_device_recovers_killed_processes_exactly() {
+    for (fault, exact) in [("pause", true), ("pause,no-repair", false)] {
+        let sim = unique_name("devstate-kill");
+        let mut leaked = 0;
+        for _ in 0..4 {
+            let mut c = sim_command(probe(), "devstate-kill");
+            c.env("VRAMSIM_NAME", &sim)
+                .env("VRAMSIM_CONTEXT_OVERHEAD", "0")
+                .env("VRAMSIM_DEVSTATE_FAULT", fault)
+                .args(["hammer", "30", "4", &(8 * MIB).to_string()])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null());
+            let mut child = c.spawn().unwrap();
+            std::thread::sleep(Duration::from_millis(400));
+            kill(&mut child);
+            // The next process to take the device's lock (this one, with the same switch)
+            // finds its holder dead and repairs the totals (or, with no-repair, does not).
+            let mut next = sim_command(probe(), "devstate-kill");
+            next.env("VRAMSIM_NAME", &sim)
+                .env("VRAMSIM_CONTEXT_OVERHEAD", "0")
+                .env("VRAMSIM_DEVSTATE_FAULT", fault)
+                .args(["fill", &(2 * MIB).to_string(), "1"]);
+            run(&mut next).assert_success();
+            let dev = vramsim_devstate::DeviceState::open(&sim).unwrap();
+            leaked = dev.used(0);
+            if leaked != 0 {
+                break;
+            }
+        }
+        let _ = std::fs::remove_file(vramsim_devstate::DeviceState::path(&sim));
+        if exact {
+            assert_eq!(leaked, 0, "bytes left with no process alive");
+        } else {
+            assert!(leaked > 0, "without the repair a kill mid-update leaks");
+        }
+    }
+}
+
+/// SIGKILL loops of group members with the context counted (`include`, 64 MiB each) and not
+/// (`exclude`): the region's own peak never passes the cap (the context charge is checked),
+/// and with every member gone both the region and the simulated device read zero.
+/// `VRAMSHIM_CAP_FAULT=unchecked-context` lets the region pass the cap.
+#[test]
+fn sigkill_loops_never_pass_the_cap_with_or_without_context() {
+    for (mode, fault) in [
+        ("include", None),
+        ("exclude", None),
+        ("include", Some("unchecked-context")),
+    ] {
+        let g = Group::new("kill-ctx", 256 * MIB);
+        let mut extra = vec![
+            ("VRAMSHIM_CAP_CONTEXT", mode),
+            ("VRAMSIM_CONTEXT_OVERHEAD", "64MiB"),
+        ];
+        if let Some(f) = fault {
+            extra.push(("VRAMSHIM_CAP_FAULT", f));
+        }
+        let mut peak = 0;
+        for _round in 0..3 {
+            // Holders fill the cap, then more members start (each with a 64 MiB context)
+            // and everyone is killed.
+            let mut v = holders(&g, 3, &extra);
+            let late = holders(&g, 2, &extra);
+            v.extend(late);
+            for c in &mut v {
+                kill(c);
+            }
+            let r = Region::open(&g.region).unwrap();
+            peak = peak.max(r.snapshot().peaks[0]);
+        }
+        let in_use = g.region_in_use();
+        let dev = g.device();
+        let used = dev.used(0);
+        if fault.is_some() {
+            assert!(peak > g.cap, "the unchecked context passes the cap: {peak}");
+            continue;
+        }
+        assert!(peak <= g.cap, "{mode}: region peak {peak} > cap {}", g.cap);
+        assert_eq!(in_use, 0, "{mode}: the region reads zero");
+        assert_eq!(used, 0, "{mode}: the device reads zero");
+        if mode == "exclude" {
+            assert!(
+                dev.high_water(0) <= g.cap + 5 * 64 * MIB,
+                "{mode}: allocations within the cap"
+            );
+        }
     }
 }
 
@@ -848,4 +1279,72 @@ fn top_shows_the_group() {
     );
     assert_eq!(g.region_in_use(), 0);
     let _ = Path::new(&g.region);
+}
+
+/// Every `VRAMSHIM_*` value that is not understood gets one line naming the variable and
+/// the accepted forms: a `VRAMSHIM_CAP` or `VRAMSHIM_SHARED` that is not UTF-8 (it used to
+/// read as unset), a share that rounds to 0 bytes (refused everything silently), and the
+/// tracer's switches.
+#[test]
+fn values_not_understood_get_one_line_each() {
+    use std::os::unix::ffi::OsStrExt;
+    let bad = std::ffi::OsStr::from_bytes(b"1G\xffiB");
+    for var in ["VRAMSHIM_CAP", "VRAMSHIM_SHARED"] {
+        let sim = unique_name("cap-utf8");
+        let mut c = sim_command(probe(), "cap-utf8");
+        c.env("VRAMSIM_NAME", &sim)
+            .env("LD_PRELOAD", lib())
+            .env("VRAMSHIM_CAP", "1GiB")
+            .env(var, bad)
+            .args(["info", "0"]);
+        let out = run(&mut c);
+        let _ = std::fs::remove_file(vramsim_devstate::DeviceState::path(&sim));
+        out.assert_success();
+        let lines = our_lines(&out);
+        assert_eq!(lines.len(), 1, "{var}: {}", out.stderr);
+        assert!(
+            lines[0].contains(&format!("{var}=")) && lines[0].contains("accepted"),
+            "{var}: {}",
+            lines[0]
+        );
+    }
+    let out = capped(
+        &["paths", "1", "2"],
+        &[("VRAMSHIM_CAP", "0.000000000001")],
+        "cap-tiny",
+    );
+    out.assert_success();
+    assert!(
+        our_lines(&out)
+            .iter()
+            .any(|l| l.contains("is 0 bytes of device 0") && l.contains("refused")),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(num(&fields(&out, "path=", "path=cudaMalloc "), "below"), 2);
+    let dir = vramshim_testkit::temp_dir("cap-env-trace");
+    for (var, val) in [
+        ("VRAMSHIM_TRACE_CLOCK", "wallclock"),
+        ("VRAMSHIM_TRACE_LOCKS", "yes"),
+        ("VRAMSHIM_TRACE_EXIT_FLUSH", "never"),
+        ("VRAMSHIM_STACKS", "65"),
+        ("VRAMSHIM_STACKS", "lots"),
+    ] {
+        let trace = dir.join("t.vramtrace");
+        let t = trace.display().to_string();
+        let out = on_sim(
+            &["info", "0"],
+            &[("VRAMSHIM_TRACE", t.as_str()), (var, val)],
+            Some(&lib()),
+            "cap-env-trace",
+        );
+        let _ = std::fs::remove_file(&trace);
+        out.assert_success();
+        let lines: Vec<&str> = our_lines(&out)
+            .into_iter()
+            .filter(|l| l.contains(var))
+            .collect();
+        assert_eq!(lines.len(), 1, "{var}={val}: {}", out.stderr);
+        assert!(lines[0].contains("accepted"), "{var}={val}: {}", lines[0]);
+    }
 }

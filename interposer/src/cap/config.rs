@@ -28,6 +28,17 @@ pub enum Fault {
     /// A shared region's lines are keyed by CUDA ordinal instead of device UUID (region
     /// layout 1: processes with different `CUDA_VISIBLE_DEVICES` share the wrong budget).
     OrdinalLines,
+    /// A shared region that cannot be used leaves the process uncapped (pass-through)
+    /// instead of keeping its own cap.
+    SquatPassThrough,
+    /// A member that gets no slot in the shared region runs uncapped instead of being
+    /// refused (the group passes its cap).
+    SlotsUncapped,
+    /// Charges the requested bytes instead of the device's footprint (rounding and packed
+    /// pages go uncounted).
+    RequestedBytes,
+    /// The context's footprint is charged without checking the cap.
+    UncheckedContext,
 }
 
 /// What the variables asked for.
@@ -40,6 +51,9 @@ pub struct Settings {
     /// `VRAMSHIM_SHARED` as given, and the region file it names.
     pub shared: Option<(String, PathBuf)>,
     pub context: ContextMode,
+    /// `VRAMSHIM_CAP_STRICT=1`: where the cap cannot be enforced as asked (the shared region
+    /// is unusable), every device allocation is refused instead of falling back.
+    pub strict: bool,
     pub fault: Fault,
 }
 
@@ -69,15 +83,30 @@ pub fn parse(get: &dyn Fn(&str) -> Option<String>, uid: u32) -> (Option<Settings
         Some("no-reclaim") => Fault::NoReclaim,
         Some("pid-only") => Fault::PidOnly,
         Some("ordinal-lines") => Fault::OrdinalLines,
+        Some("squat-pass-through") => Fault::SquatPassThrough,
+        Some("slots-uncapped") => Fault::SlotsUncapped,
+        Some("requested-bytes") => Fault::RequestedBytes,
+        Some("unchecked-context") => Fault::UncheckedContext,
         Some(v) => {
             lines.push(format!(
-                "vramshim: VRAMSHIM_CAP_FAULT=\"{}\" is not valid (a test-only switch); accepted: racy-charge, no-reclaim, pid-only, ordinal-lines; ignoring it",
+                "vramshim: VRAMSHIM_CAP_FAULT=\"{}\" is not valid (a test-only switch); accepted: racy-charge, no-reclaim, pid-only, ordinal-lines, squat-pass-through, slots-uncapped, requested-bytes, unchecked-context; ignoring it",
                 v.escape_debug()
             ));
             Fault::None
         }
     };
 
+    let strict = match nonempty("VRAMSHIM_CAP_STRICT").as_deref().map(str::trim) {
+        None | Some("0") => false,
+        Some("1") => true,
+        Some(v) => {
+            lines.push(format!(
+                "vramshim: VRAMSHIM_CAP_STRICT=\"{}\" is not valid; accepted: 1 (refuse every device allocation where the cap cannot be enforced as asked) or 0 (default: keep the process's own cap); using 1",
+                v.escape_debug()
+            ));
+            true
+        }
+    };
     let spec = match &cap_text {
         None => CapSpec::none(),
         Some(t) => match spec::parse_cap(t) {
@@ -111,6 +140,7 @@ pub fn parse(get: &dyn Fn(&str) -> Option<String>, uid: u32) -> (Option<Settings
             cap_text,
             shared,
             context,
+            strict,
             fault,
         }),
         lines,

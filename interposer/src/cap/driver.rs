@@ -114,11 +114,21 @@ pub fn process_used(device: i32) -> Option<u64> {
         return None;
     }
     let dev = crate::hooks::context::nvml_handle(device)?;
-    let mut infos = [ProcessInfo::default(); 128];
+    // As many entries as the device has processes (a machine can run hundreds): NVML says
+    // how many when the buffer is too small.
+    const INSUFFICIENT_SIZE: i32 = 7;
+    let mut infos = vec![ProcessInfo::default(); 128];
     let mut n = infos.len() as u32;
-    // SAFETY: n is the capacity of infos, both valid.
-    if unsafe { procs(dev, &mut n, infos.as_mut_ptr()) } != 0 {
-        return None;
+    for _ in 0..3 {
+        // SAFETY: n is the capacity of infos, both valid.
+        match unsafe { procs(dev, &mut n, infos.as_mut_ptr()) } {
+            0 => break,
+            INSUFFICIENT_SIZE if (n as usize) > infos.len() && n <= 1 << 16 => {
+                infos = vec![ProcessInfo::default(); n as usize + 16];
+                n = infos.len() as u32;
+            }
+            _ => return None,
+        }
     }
     let me = std::process::id();
     infos[..(n as usize).min(infos.len())]

@@ -30,8 +30,11 @@
 pub mod config;
 mod driver;
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Mutex, OnceLock};
+
+use vramshim_region::footprint::{DEVICE_PAGE, Footprint, footprint, page_of};
 
 use vramshim_region::spec::human_bytes;
 use vramshim_region::{
@@ -95,6 +98,13 @@ const CTX_BUSY: u8 = 100;
 const CTX_DONE: u8 = 255;
 /// After a refusal, reclaim dead processes' slots at most this often.
 const RECLAIM_EVERY_NS: u64 = 5_000_000;
+/// The charge a live-table entry records for a packed (sub-page) allocation: its page is
+/// charged through [`Cap::packed`] instead. Never a real charge (those are whole pages or
+/// VMM sizes, or the requested bytes, which are never `u64::MAX`).
+pub const PACKED_CHARGE: u64 = u64::MAX;
+/// Tries at the packed-page table's lock before charging a packed allocation its own page
+/// (never blocks: a fork child may find the lock held by a thread that does not exist there).
+const PACKED_LOCK_TRIES: u32 = 64;
 
 /// One cap instance (the process has one, [`global`]; tests make their own).
 pub struct Cap {
@@ -108,6 +118,15 @@ pub struct Cap {
     resolved: [AtomicU64; MAX_DEVICES],
     private_used: [AtomicU64; MAX_DEVICES],
     ctx_charged: [AtomicU64; MAX_DEVICES],
+    /// A context footprint measured while the cap had no room for it: charged (checked)
+    /// together with the next allocation, which is refused until both fit.
+    ctx_pending: [AtomicU64; MAX_DEVICES],
+    /// Every device allocation is refused: the cap cannot be enforced as asked and
+    /// `VRAMSHIM_CAP_STRICT=1` (or no slot in the shared region).
+    refuse_all: AtomicBool,
+    /// Live packed allocations per (device, 2 MiB page): a page is charged once, while any
+    /// of them lives.
+    packed: Mutex<HashMap<(usize, u64), u32>>,
     /// Context measurement per device: attempts made (0..CTX_TRIES), CTX_BUSY, or CTX_DONE.
     ctx_state: [AtomicU8; MAX_DEVICES],
     slot: AtomicUsize,
@@ -117,6 +136,7 @@ pub struct Cap {
     image: u64,
     refused_once: AtomicBool,
     slots_full_once: AtomicBool,
+    last_slot_try_ns: AtomicU64,
     /// Per device: a fraction cap could not be resolved (no total memory known) and this was
     /// said once; the device runs uncapped until a total is known.
     unresolved_said: [AtomicBool; MAX_DEVICES],
@@ -164,12 +184,16 @@ impl Cap {
             resolved: [const { AtomicU64::new(UNRESOLVED) }; MAX_DEVICES],
             private_used: [const { AtomicU64::new(0) }; MAX_DEVICES],
             ctx_charged: [const { AtomicU64::new(0) }; MAX_DEVICES],
+            ctx_pending: [const { AtomicU64::new(0) }; MAX_DEVICES],
+            refuse_all: AtomicBool::new(false),
+            packed: Mutex::new(HashMap::new()),
             ctx_state: [const { AtomicU8::new(0) }; MAX_DEVICES],
             slot: AtomicUsize::new(NO_SLOT),
             lines: [const { AtomicU8::new(LINE_UNKNOWN) }; MAX_DEVICES],
             image: image_id(),
             refused_once: AtomicBool::new(false),
             slots_full_once: AtomicBool::new(false),
+            last_slot_try_ns: AtomicU64::new(0),
             unresolved_said: [const { AtomicBool::new(false) }; MAX_DEVICES],
             last_reclaim_ns: AtomicU64::new(0),
         }
@@ -212,13 +236,7 @@ impl Cap {
             Some((name, path)) => {
                 let (region, _) = match Region::open_or_create(path, &self.settings.spec) {
                     Ok(r) => r,
-                    Err(e) => {
-                        (self.log)(&format!(
-                            "vramshim: VRAMSHIM_SHARED=\"{}\": {e}; running without a cap (pass-through)",
-                            name.escape_debug()
-                        ));
-                        return false;
-                    }
+                    Err(e) => return self.region_unusable(name, &e.to_string()),
                 };
                 let theirs = region.caps();
                 if self.settings.cap_text.is_some() && theirs != self.settings.spec {
@@ -254,6 +272,47 @@ impl Cap {
         }
         let _ = self.spec.set(spec);
         true
+    }
+
+    /// The shared region cannot be used (squatted by another user, foreign, corrupt, of
+    /// another version): the cap fails closed. The process keeps its own cap (the one
+    /// `VRAMSHIM_CAP` gave it, not shared with the group), or with `VRAMSHIM_CAP_STRICT=1`
+    /// every device allocation is refused. One line says which. Returns whether the cap is
+    /// active.
+    #[cold]
+    fn region_unusable(&self, name: &str, why: &str) -> bool {
+        let head = format!(
+            "vramshim: VRAMSHIM_SHARED=\"{}\": {why}",
+            name.escape_debug()
+        );
+        if self.settings.fault == Fault::SquatPassThrough {
+            (self.log)(&format!("{head}; running without a cap (pass-through)"));
+            return false;
+        }
+        if self.settings.strict {
+            (self.log)(&format!(
+                "{head}; VRAMSHIM_CAP_STRICT=1: every device allocation of this process is refused"
+            ));
+            self.refuse_all.store(true, Relaxed);
+            let _ = self.spec.set(self.settings.spec.clone());
+            return true;
+        }
+        match &self.settings.cap_text {
+            Some(t) => {
+                (self.log)(&format!(
+                    "{head}; this process keeps its own cap VRAMSHIM_CAP=\"{}\" (not shared with the group; VRAMSHIM_CAP_STRICT=1 refuses allocations instead)",
+                    t.escape_debug()
+                ));
+                let _ = self.spec.set(self.settings.spec.clone());
+                true
+            }
+            None => {
+                (self.log)(&format!(
+                    "{head}; no VRAMSHIM_CAP of its own to keep: running without a cap (set VRAMSHIM_CAP and VRAMSHIM_CAP_STRICT=1 to refuse allocations instead)"
+                ));
+                false
+            }
+        }
     }
 
     fn cap_source_text(&self, spec: &CapSpec) -> String {
@@ -296,7 +355,20 @@ impl Cap {
                     .filter(|&t| t > 0)
                     .or_else(|| (self.queries().total)(d as i32))
                 {
-                    Some(t) => c.resolve(t).min(MAX_BYTES),
+                    Some(t) => {
+                        let v = c.resolve(t).min(MAX_BYTES);
+                        if v == 0 && !self.unresolved_said[d].swap(true, Relaxed) {
+                            // A share so small it rounds to nothing: enforced (every
+                            // allocation refused), but never silently.
+                            let spec = self.effective_spec();
+                            (self.log)(&format!(
+                                "vramshim: VRAMSHIM_CAP=\"{}\" is 0 bytes of device {d}'s {t} bytes: every allocation on device {d} is refused; {}",
+                                self.cap_source_text(spec).escape_debug(),
+                                vramshim_region::spec::CAP_FORMS
+                            ));
+                        }
+                        v
+                    }
                     None => {
                         // A share of an unknown total cannot be enforced: say so once rather
                         // than letting the user believe the device is capped. Requests keep
@@ -340,6 +412,19 @@ impl Cap {
         }
     }
 
+    /// What memory-information queries count as taken: [`Cap::in_use`] plus a context
+    /// footprint still waiting for room (everything when allocations are refused outright).
+    fn held(&self, device: i32) -> u64 {
+        let Some(d) = device_index(device) else {
+            return 0;
+        };
+        if self.refuse_all.load(Relaxed) {
+            return MAX_BYTES;
+        }
+        self.in_use(device)
+            .saturating_add(self.ctx_pending[d].load(Relaxed))
+    }
+
     /// The region's line counting ordinal `d` of this process: the line of the device's UUID
     /// (looked up once). None: no line could be had; the device then runs uncapped (warned).
     #[inline]
@@ -364,7 +449,7 @@ impl Cap {
             None => {
                 self.lines[d].store(LINE_NONE, Relaxed);
                 (self.log)(&format!(
-                    "vramshim: the shared cap region {} counts {} other devices already; device {d} of this process runs without a cap",
+                    "vramshim: the shared cap region {} counts {} other devices already (or a member died claiming a line); capped allocations on device {d} of this process are refused (the group's cap could not be kept otherwise)",
                     r.path()
                         .map(|p| p.display().to_string())
                         .unwrap_or_default(),
@@ -389,9 +474,14 @@ impl Cap {
             return Some(SlotIndex(s));
         }
         if self.slots_full_once.load(Relaxed) {
-            // No slot could be had: this process runs uncapped (warned once) rather than
-            // scanning the region on every allocation.
-            return None;
+            // No slot could be had: its capped allocations are refused (said once). Try again
+            // now and then (members that exit free theirs), not on every allocation.
+            let now = mono_ns();
+            let last = self.last_slot_try_ns.load(Relaxed);
+            if now.saturating_sub(last) < RECLAIM_EVERY_NS {
+                return None;
+            }
+            self.last_slot_try_ns.store(now.max(1), Relaxed);
         }
         self.claim_slot(r)
     }
@@ -414,8 +504,14 @@ impl Cap {
         }
         let Some(i) = got else {
             if !self.slots_full_once.swap(true, Relaxed) {
+                self.last_slot_try_ns.store(mono_ns().max(1), Relaxed);
+                let what = if self.settings.fault == Fault::SlotsUncapped {
+                    "this process runs without a cap"
+                } else {
+                    "this process's capped device allocations are refused until a slot frees (the group's cap could not be kept otherwise)"
+                };
                 (self.log)(&format!(
-                    "vramshim: the shared cap region {} has no free process slot ({} processes share it); this process runs without a cap",
+                    "vramshim: the shared cap region {} has no free process slot ({} processes share it); {what}",
                     r.path()
                         .map(|p| p.display().to_string())
                         .unwrap_or_default(),
@@ -442,7 +538,8 @@ impl Cap {
         }
     }
 
-    /// Reserve `bytes` on `device` for a request coming through `api`.
+    /// Reserve `bytes` on `device` for a request coming through `api` (bytes as given: see
+    /// [`Cap::charge_alloc`] for an allocation's footprint).
     #[inline]
     pub fn try_charge(&self, device: i32, bytes: u64, api: Api) -> Result<(), Refusal> {
         if !self.ready() {
@@ -451,30 +548,159 @@ impl Cap {
         let Some(d) = device_index(device) else {
             return Ok(());
         };
+        if self.refuse_all.load(Relaxed) && self.effective_spec().devices[d].is_some() {
+            return Err(self.refused(d, bytes, 0, 0, api));
+        }
         if self.ctx_state[d].load(Relaxed) < CTX_TRIES {
             self.measure_context(d);
         }
+        // A context footprint that did not fit when measured is charged with this request.
+        let ctx = if self.ctx_pending[d].load(Relaxed) != 0 {
+            self.ctx_pending[d].swap(0, AcqRel)
+        } else {
+            0
+        };
+        let want = bytes.saturating_add(ctx);
         let cap = self.cap_bytes(d);
         let r = match self.region.get() {
             None => match self.check() {
-                Check::Atomic => vramshim_region::reserve(&self.private_used[d], bytes, cap),
-                Check::Racy => vramshim_region::reserve_racy(&self.private_used[d], bytes, cap),
+                Check::Atomic => vramshim_region::reserve(&self.private_used[d], want, cap),
+                Check::Racy => vramshim_region::reserve_racy(&self.private_used[d], want, cap),
             },
-            Some(region) => {
-                let (Some(slot), Some(line)) = (self.my_slot(region), self.line(region, d)) else {
-                    return Ok(());
-                };
-                match region.charge(slot, line, bytes, cap, self.check()) {
-                    Ok(t) => Ok(t),
-                    Err(in_use) => self
-                        .retry_after_reclaim(region, slot, line, bytes, cap)
-                        .ok_or(in_use),
+            Some(region) => match (self.my_slot(region), self.line(region, d)) {
+                (Some(slot), Some(line)) => {
+                    match region.charge(slot, line, want, cap, self.check()) {
+                        Ok(t) => Ok(t),
+                        Err(in_use) => self
+                            .retry_after_reclaim(region, slot, line, want, cap)
+                            .ok_or(in_use),
+                    }
                 }
-            }
+                // No slot or no line: the group's total cannot hold this process's bytes,
+                // so a capped device refuses (fail closed).
+                _ if self.effective_spec().devices[d].is_none()
+                    || self.settings.fault == Fault::SlotsUncapped =>
+                {
+                    Ok(0)
+                }
+                _ => Err(0),
+            },
         };
         match r {
-            Ok(_) => Ok(()),
-            Err(in_use) => Err(self.refused(d, bytes, in_use, cap, api)),
+            Ok(_) => {
+                if ctx > 0 {
+                    self.ctx_charged[d].fetch_add(ctx, Relaxed);
+                }
+                Ok(())
+            }
+            Err(in_use) => {
+                if ctx > 0 {
+                    self.ctx_pending[d].fetch_add(ctx, AcqRel);
+                }
+                Err(self.refused(d, bytes, in_use.saturating_add(ctx), cap, api))
+            }
+        }
+    }
+
+    /// Reserves what an allocation of `size` bytes through `api` will cost the device (its
+    /// footprint; a packed one may need a page of its own). Returns the charge to hand to
+    /// [`Cap::settle_alloc`] once the allocation is made (or to [`Cap::uncharge`] if it fails).
+    #[inline]
+    pub fn charge_alloc(&self, device: i32, size: u64, api: Api) -> Result<u64, Refusal> {
+        let bytes = self.charge_of(size, api).worst_case();
+        self.try_charge(device, bytes, api).map(|()| bytes)
+    }
+
+    fn charge_of(&self, size: u64, api: Api) -> Footprint {
+        if self.settings.fault == Fault::RequestedBytes {
+            return Footprint::Own(size);
+        }
+        footprint(size, api == Api::CuMemCreate)
+    }
+
+    /// The allocation made with `charged` (from [`Cap::charge_alloc`]) is at `addr` and has
+    /// `size` bytes (more than asked for a pitched one): settles the charge to its footprint
+    /// and returns what the live table records (to give back with [`Cap::uncharge_entry`]).
+    /// A packed allocation in a page this process already pays for gives its page back.
+    pub fn settle_alloc(&self, device: i32, addr: u64, size: u64, charged: u64, api: Api) -> u64 {
+        if charged == 0 {
+            return 0;
+        }
+        match self.charge_of(size, api) {
+            Footprint::Own(b) => {
+                // Pitched allocations: the padding is known only now.
+                if b > charged && self.try_charge(device, b - charged, api).is_ok() {
+                    return b;
+                }
+                charged
+            }
+            Footprint::Packed if charged != DEVICE_PAGE => charged,
+            Footprint::Packed => match self.packed_add(device, addr) {
+                Some(true) => PACKED_CHARGE,
+                Some(false) => {
+                    self.uncharge(device, DEVICE_PAGE);
+                    PACKED_CHARGE
+                }
+                // The table was busy: the allocation keeps a page of its own (over-counts).
+                None => charged,
+            },
+        }
+    }
+
+    /// Counts a live packed allocation in its page: `Some(true)` when the page is new (its
+    /// charge stays), `Some(false)` when already paid for, `None` when the table is busy.
+    fn packed_add(&self, device: i32, addr: u64) -> Option<bool> {
+        let d = device_index(device)?;
+        let mut g = self.packed_lock(PACKED_LOCK_TRIES)?;
+        let n = g.entry((d, page_of(addr))).or_insert(0);
+        *n += 1;
+        Some(*n == 1)
+    }
+
+    fn packed_lock(
+        &self,
+        tries: u32,
+    ) -> Option<std::sync::MutexGuard<'_, HashMap<(usize, u64), u32>>> {
+        for _ in 0..tries {
+            match self.packed.try_lock() {
+                Ok(g) => return Some(g),
+                Err(std::sync::TryLockError::Poisoned(p)) => return Some(p.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => std::thread::yield_now(),
+            }
+        }
+        None
+    }
+
+    /// Gives back what a live-table entry recorded ([`Cap::settle_alloc`]) for the allocation
+    /// at `addr`: a packed one frees its page's charge when it was the page's last.
+    pub fn uncharge_entry(&self, device: i32, addr: u64, charged: u64) {
+        if charged != PACKED_CHARGE {
+            self.uncharge(device, charged);
+            return;
+        }
+        let Some(d) = device_index(device) else {
+            return;
+        };
+        // The lock is only ever held for a map update: wait for it long enough that only a
+        // lock orphaned by a fork stays busy (then the page stays charged: over-counting).
+        let Some(mut g) = self.packed_lock(PACKED_LOCK_TRIES * 1000) else {
+            return;
+        };
+        let key = (d, page_of(addr));
+        let last = match g.get_mut(&key) {
+            Some(n) if *n > 1 => {
+                *n -= 1;
+                false
+            }
+            Some(_) => {
+                g.remove(&key);
+                true
+            }
+            None => false,
+        };
+        drop(g);
+        if last {
+            self.uncharge(device, DEVICE_PAGE);
         }
     }
 
@@ -511,8 +737,16 @@ impl Cap {
             region.note_refusal(SlotIndex(slot), line);
         }
         let capped = self.effective_spec().devices[d].is_some();
-        if capped && !self.refused_once.swap(true, Relaxed) {
-            let who = match &self.settings.shared {
+        // Refused outright (strict mode, or no slot in the region): its line is out already.
+        let said =
+            self.refuse_all.load(Relaxed) || (self.region.get().is_some() && slot == NO_SLOT);
+        if capped && !said && !self.refused_once.swap(true, Relaxed) {
+            let who = match self
+                .settings
+                .shared
+                .as_ref()
+                .filter(|_| self.region.get().is_some())
+            {
                 None => format!(
                     "VRAMSHIM_CAP=\"{}\"",
                     self.settings
@@ -573,7 +807,7 @@ impl Cap {
         {
             self.measure_context(d);
         }
-        let free = total.saturating_sub(self.in_use(device)).min(real_free);
+        let free = total.saturating_sub(self.held(device)).min(real_free);
         (free, total)
     }
 
@@ -606,7 +840,7 @@ impl Cap {
         let Some(t) = self.capped_total(device, total) else {
             return (total, free, used);
         };
-        let f = t.saturating_sub(self.in_use(device)).min(free);
+        let f = t.saturating_sub(self.held(device)).min(free);
         (t, f, t - f)
     }
 
@@ -623,7 +857,7 @@ impl Cap {
         let Some(t) = self.capped_total(device, total) else {
             return (total, reserved, free, used);
         };
-        let f = t.saturating_sub(self.in_use(device)).min(free);
+        let f = t.saturating_sub(self.held(device)).min(free);
         let r = reserved.min(t - f);
         (t, r, f, t - f - r)
     }
@@ -653,7 +887,25 @@ impl Cap {
                 }
             }
         }
-        self.charge_context(d, free_before.saturating_sub(free_after));
+        // The device's free memory moves with every other process's allocations too: where
+        // the driver can say what this process holds, that measures the context exactly.
+        let fp = match (self.queries().process_used)(d as i32) {
+            Some(used) if self.ready() => used.saturating_sub(self.charged_here(d)),
+            _ => free_before.saturating_sub(free_after),
+        };
+        self.charge_context(d, fp);
+    }
+
+    /// What the cap charged this process on device `d` so far (its own bytes, also in a
+    /// shared region).
+    fn charged_here(&self, d: usize) -> u64 {
+        match self.region.get() {
+            None => vramshim_region::total_bytes(&self.private_used[d]),
+            Some(r) => match (self.slot.load(Acquire), self.line(r, d)) {
+                (NO_SLOT, _) | (_, None) => 0,
+                (slot, Some(line)) => r.slot_used(SlotIndex(slot), line),
+            },
+        }
     }
 
     /// Measures the context's footprint on the first touches of device `d` (a charge or a
@@ -680,36 +932,39 @@ impl Cap {
         }
         match (self.queries().process_used)(d as i32) {
             Some(used) => {
-                let mine = match self.region.get() {
-                    None => vramshim_region::total_bytes(&self.private_used[d]),
-                    Some(r) => match (self.slot.load(Acquire), self.line(r, d)) {
-                        (NO_SLOT, _) | (_, None) => 0,
-                        (slot, Some(line)) => r.slot_used(SlotIndex(slot), line),
-                    },
-                };
-                self.charge_context(d, used.saturating_sub(mine));
+                self.charge_context(d, used.saturating_sub(self.charged_here(d)));
                 self.ctx_state[d].store(CTX_DONE, Relaxed);
             }
             None => self.ctx_state[d].store(s + 1, Relaxed),
         }
     }
 
-    /// Charges a context footprint (never refused: the context exists already).
+    /// Charges a context footprint, checked against the cap like any allocation: the
+    /// context exists already, so when the cap has no room for it now it stays pending and
+    /// is charged together with the next allocation (refused until both fit). The group's
+    /// total never passes the cap this way.
     fn charge_context(&self, d: usize, footprint: u64) {
         if footprint == 0 || self.settings.context == ContextMode::Exclude || !self.ready() {
             return;
         }
+        let cap = if self.settings.fault == Fault::UncheckedContext {
+            MAX_BYTES
+        } else {
+            self.cap_bytes(d)
+        };
         let ok = match self.region.get() {
-            None => vramshim_region::reserve(&self.private_used[d], footprint, MAX_BYTES).is_ok(),
+            None => vramshim_region::reserve(&self.private_used[d], footprint, cap).is_ok(),
             Some(region) => match (self.my_slot(region), self.line(region, d)) {
                 (Some(slot), Some(line)) => region
-                    .charge(slot, line, footprint, MAX_BYTES, Check::Atomic)
+                    .charge(slot, line, footprint, cap, Check::Atomic)
                     .is_ok(),
                 _ => false,
             },
         };
         if ok {
             self.ctx_charged[d].fetch_add(footprint, Relaxed);
+        } else {
+            self.ctx_pending[d].fetch_add(footprint, AcqRel);
         }
     }
 
@@ -718,6 +973,7 @@ impl Cap {
         if let Some(d) = device_index(device) {
             let fp = self.ctx_charged[d].swap(0, Relaxed);
             self.uncharge(device, fp);
+            self.ctx_pending[d].store(0, Relaxed);
             self.ctx_state[d].store(0, Relaxed);
         }
     }
@@ -733,8 +989,13 @@ impl Cap {
         for d in 0..MAX_DEVICES {
             self.private_used[d].store(0, Relaxed);
             self.ctx_charged[d].store(0, Relaxed);
+            self.ctx_pending[d].store(0, Relaxed);
             self.ctx_state[d].store(0, Relaxed);
         }
+        if let Some(mut g) = self.packed_lock(PACKED_LOCK_TRIES) {
+            g.clear();
+        }
+        self.last_slot_try_ns.store(0, Relaxed);
         self.refused_once.store(false, Relaxed);
         self.slots_full_once.store(false, Relaxed);
         self.last_reclaim_ns.store(0, Relaxed);
@@ -757,7 +1018,12 @@ fn build_global() -> Option<Cap> {
     let uid = std::fs::metadata("/proc/self")
         .map(|m| std::os::unix::fs::MetadataExt::uid(&m))
         .unwrap_or(0);
-    let (settings, lines) = config::parse(&|k| crate::env::var(k).map(str::to_string), uid);
+    // Lossy: a value that is not UTF-8 is then reported as not valid (with the accepted
+    // forms) instead of reading as unset.
+    let (settings, lines) = config::parse(
+        &|k| crate::env::raw(k).map(|v| String::from_utf8_lossy(v).into_owned()),
+        uid,
+    );
     for l in &lines {
         stderr_line(l);
     }
@@ -800,6 +1066,33 @@ pub fn try_charge(device: i32, bytes: u64, api: Api) -> Result<(), Refusal> {
     match global() {
         Some(c) => c.try_charge(device, bytes, api),
         None => Ok(()),
+    }
+}
+
+/// Reserve the footprint of an allocation of `size` bytes through `api` (see
+/// [`Cap::charge_alloc`]); `Ok(0)` when there is no cap.
+#[inline]
+pub fn charge_alloc(device: i32, size: u64, api: Api) -> Result<u64, Refusal> {
+    match global() {
+        Some(c) => c.charge_alloc(device, size, api),
+        None => Ok(0),
+    }
+}
+
+/// Settle a charge once the allocation is made (see [`Cap::settle_alloc`]).
+#[inline]
+pub fn settle_alloc(device: i32, addr: u64, size: u64, charged: u64, api: Api) -> u64 {
+    match global() {
+        Some(c) => c.settle_alloc(device, addr, size, charged, api),
+        None => charged,
+    }
+}
+
+/// Give back what a live-table entry recorded for the allocation at `addr`.
+#[inline]
+pub fn uncharge_entry(device: i32, addr: u64, charged: u64) {
+    if let Some(c) = global() {
+        c.uncharge_entry(device, addr, charged);
     }
 }
 

@@ -50,6 +50,7 @@ fn settings(cap: &str) -> Settings {
         cap_text: Some(cap.to_string()),
         shared: None,
         context: ContextMode::Include,
+        strict: false,
         fault: Fault::None,
     }
 }
@@ -393,32 +394,145 @@ fn shared_budget_across_two_caps() {
     assert_eq!(snap.refusals[0], 1);
 }
 
+/// A region that cannot be used never leaves the process uncapped: it keeps its own cap
+/// (one line says so), or refuses everything in strict mode.
 #[test]
-fn bad_region_is_pass_through_with_one_line() {
+fn bad_region_keeps_the_own_cap_with_one_line() {
     take_lines();
     let path = tmp("corrupt");
     std::fs::write(&path, vec![7u8; 100]).unwrap();
     std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let c = shared(Some("1GiB"), &path);
-    assert_eq!(c.try_charge(0, 100 * GIB, Api::CudaMalloc), Ok(()));
-    assert_eq!(c.adjust_meminfo(0, 5, 16 * GIB), (5, 16 * GIB));
+    assert!(c.try_charge(0, 100 * GIB, Api::CudaMalloc).is_err());
+    assert_eq!(c.try_charge(0, GIB / 2, Api::CudaMalloc), Ok(()));
+    assert_eq!(c.adjust_meminfo(0, 16 * GIB, 16 * GIB), (GIB / 2, GIB));
     let lines = take_lines();
-    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines.len(), 2, "{lines:?}");
     assert!(
-        lines[0].contains("not usable") && lines[0].contains("pass-through"),
+        lines[0].contains("not usable") && lines[0].contains("keeps its own cap"),
         "{}",
         lines[0]
     );
     // An unwritable place.
     let c = shared(Some("1GiB"), std::path::Path::new("/proc/no/such/dir/r"));
-    assert_eq!(c.try_charge(0, 100 * GIB, Api::CudaMalloc), Ok(()));
+    assert!(c.try_charge(0, 100 * GIB, Api::CudaMalloc).is_err());
     let lines = take_lines();
-    assert_eq!(lines.len(), 1, "{lines:?}");
     assert!(
         lines[0].contains("VRAMSHIM_SHARED=\"test\"") && lines[0].contains("cannot create it"),
         "{}",
         lines[0]
     );
+    // Strict: everything refused, said once.
+    let mut s = settings("1GiB");
+    s.shared = Some(("test".into(), path.clone()));
+    s.strict = true;
+    let c = Cap::new(s, queries(SIM2), capture);
+    assert!(c.try_charge(0, 1, Api::CudaMalloc).is_err());
+    assert!(c.try_charge(0, 1, Api::CuMemAlloc).is_err());
+    assert_eq!(c.adjust_meminfo(0, 16 * GIB, 16 * GIB).0, 0);
+    let lines = take_lines();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].contains("VRAMSHIM_CAP_STRICT=1"), "{}", lines[0]);
+    // The fault switch restores the old pass-through (the tests above would fail).
+    let mut s = settings("1GiB");
+    s.shared = Some(("test".into(), path));
+    s.fault = Fault::SquatPassThrough;
+    let c = Cap::new(s, queries(SIM2), capture);
+    assert_eq!(c.try_charge(0, 100 * GIB, Api::CudaMalloc), Ok(()));
+    assert!(take_lines()[0].contains("pass-through"));
+}
+
+/// Allocations are charged the device's footprint: pages of their own rounded to 2 MiB,
+/// packed ones a shared page once per page.
+#[test]
+fn charges_are_device_footprints() {
+    const MIB: u64 = 1 << 20;
+    let c = private("16MiB");
+    // 1 MiB + 1 B costs a whole page: 8 of them fill 16 MiB.
+    for _ in 0..8 {
+        let ch = c.charge_alloc(0, MIB + 1, Api::CudaMalloc).unwrap();
+        assert_eq!(ch, 2 * MIB);
+    }
+    assert!(c.charge_alloc(0, MIB + 1, Api::CudaMalloc).is_err());
+    assert_eq!(c.in_use(0), 16 * MIB);
+    let c = private("16MiB");
+    // Packed allocations in one page: the page is charged once, freed with the last.
+    let page = 0x7f00_0000_0000u64;
+    let a = c.charge_alloc(0, 1024, Api::CudaMalloc).unwrap();
+    let a = c.settle_alloc(0, page, 1024, a, Api::CudaMalloc);
+    let b = c.charge_alloc(0, 1024, Api::CudaMalloc).unwrap();
+    let b = c.settle_alloc(0, page + 1024, 1024, b, Api::CudaMalloc);
+    assert_eq!((a, b), (PACKED_CHARGE, PACKED_CHARGE));
+    assert_eq!(c.in_use(0), 2 * MIB);
+    let o = c.charge_alloc(0, 1024, Api::CudaMalloc).unwrap();
+    let o = c.settle_alloc(0, page + (2 * MIB), 1024, o, Api::CudaMalloc);
+    assert_eq!(c.in_use(0), 4 * MIB);
+    c.uncharge_entry(0, page, a);
+    assert_eq!(c.in_use(0), 4 * MIB);
+    c.uncharge_entry(0, page + 1024, b);
+    assert_eq!(c.in_use(0), 2 * MIB);
+    c.uncharge_entry(0, page + 2 * MIB, o);
+    assert_eq!(c.in_use(0), 0);
+    // VMM handles are exact; the fault charges requested bytes.
+    assert_eq!(c.charge_alloc(0, 6 * MIB, Api::CuMemCreate), Ok(6 * MIB));
+    let mut s = settings("16MiB");
+    s.fault = Fault::RequestedBytes;
+    let c = Cap::new(s, queries(SIM2), capture);
+    assert_eq!(c.charge_alloc(0, MIB + 1, Api::CudaMalloc), Ok(MIB + 1));
+}
+
+/// The context charge is checked: with the cap full it waits, and the next allocation is
+/// refused until both fit; the total never passes the cap.
+#[test]
+fn context_charge_never_passes_the_cap() {
+    take_lines();
+    let c = private("1GiB");
+    c.try_charge(0, GIB - (100 << 20), Api::CudaMalloc).unwrap();
+    c.on_context_created(0, 10 * GIB, 10 * GIB - (300 << 20));
+    assert!(c.in_use(0) <= GIB, "{}", c.in_use(0));
+    assert_eq!(c.context_charged(0), 0);
+    // What memory queries report counts it already.
+    assert_eq!(c.adjust_meminfo(0, 16 * GIB, 16 * GIB).0, 0);
+    assert!(c.try_charge(0, 1 << 20, Api::CudaMalloc).is_err());
+    c.uncharge(0, GIB - (100 << 20));
+    c.try_charge(0, 1 << 20, Api::CudaMalloc).unwrap();
+    assert_eq!(c.context_charged(0), 300 << 20);
+    assert_eq!(c.in_use(0), (300 << 20) + (1 << 20));
+    // Unchecked (the fault switch): the total passes the cap.
+    let mut s = settings("1GiB");
+    s.fault = Fault::UncheckedContext;
+    let c = Cap::new(s, queries(SIM2), capture);
+    c.try_charge(0, GIB - (100 << 20), Api::CudaMalloc).unwrap();
+    c.on_context_created(0, 10 * GIB, 10 * GIB - (300 << 20));
+    assert!(c.in_use(0) > GIB);
+}
+
+/// A member that gets no slot is refused (the group's cap holds), with one line.
+#[test]
+fn a_member_without_a_slot_is_refused() {
+    take_lines();
+    let path = tmp("full");
+    let r = Region::open_or_create(&path, &parse_cap("1GiB").unwrap())
+        .unwrap()
+        .0;
+    let me = ProcessKey::current().unwrap();
+    // Fill every slot with live keys of this very process (never reclaimed).
+    let mut n = 0;
+    while r.claim_slot(me, 0).is_some() {
+        n += 1;
+    }
+    assert_eq!(n, vramshim_region::MAX_SLOTS);
+    let c = shared(Some("1GiB"), &path);
+    assert!(c.try_charge(0, 1 << 20, Api::CudaMalloc).is_err());
+    assert!(c.try_charge(0, 1 << 20, Api::CudaMalloc).is_err());
+    let lines = take_lines();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].contains("no free process slot") && lines[0].contains("refused"));
+    let mut s = settings("1GiB");
+    s.shared = Some(("test".into(), path));
+    s.fault = Fault::SlotsUncapped;
+    let c = Cap::new(s, queries(SIM2), capture);
+    assert_eq!(c.try_charge(0, 100 * GIB, Api::CudaMalloc), Ok(()));
 }
 
 #[test]
@@ -479,9 +593,15 @@ fn a_context_is_charged_once_whoever_measures_it() {
     assert_eq!(c.context_charged(0), 300 << 20);
     c.on_context_destroyed(0);
     assert_eq!(c.in_use(0), GIB);
-    // A new context: reported by the core this time, then not measured again.
+    // A new context: reported by the core this time, then not measured again; the driver's
+    // per-process figure (300 MiB held, GIB of it charged already: nothing more) wins over
+    // the free-memory delta, which other processes move too.
     c.on_context_created(0, 10 * GIB, 10 * GIB - (200 << 20));
     c.try_charge(0, 1, Api::CudaMalloc).unwrap();
+    assert_eq!(c.context_charged(0), 0);
+    // Without a per-process figure the delta is what there is.
+    let c = Cap::new(settings("4GiB"), queries(SIM2), capture);
+    c.on_context_created(0, 10 * GIB, 10 * GIB - (200 << 20));
     assert_eq!(c.context_charged(0), 200 << 20);
 }
 

@@ -147,10 +147,36 @@ fn init() {
     }
     if let Some(v) = config_var("VRAMSHIM_STACKS") {
         match v.trim().parse::<u32>() {
-            Ok(n) => STACK_DEPTH.store(n.min(stacks::MAX_FRAMES as u32), Ordering::Relaxed),
+            Ok(n) if n as usize <= stacks::MAX_FRAMES => STACK_DEPTH.store(n, Ordering::Relaxed),
+            Ok(n) => {
+                crate::warn!(
+                    "VRAMSHIM_STACKS={v:?} asks for more frames than the {} kept; {}; keeping {}",
+                    stacks::MAX_FRAMES,
+                    crate::env::forms("VRAMSHIM_STACKS"),
+                    stacks::MAX_FRAMES
+                );
+                STACK_DEPTH.store(n.min(stacks::MAX_FRAMES as u32), Ordering::Relaxed)
+            }
             Err(_) => crate::warn!(
-                "VRAMSHIM_STACKS={v:?} is not a number of frames (e.g. 16); stacks are off"
+                "VRAMSHIM_STACKS={v:?} is not a number of frames; {}; stacks are off",
+                crate::env::forms("VRAMSHIM_STACKS")
             ),
+        }
+    }
+    // Switches whose other values would be ignored silently: one line each.
+    for (name, ok) in [
+        ("VRAMSHIM_TRACE_CLOCK", &["monotonic"][..]),
+        ("VRAMSHIM_TRACE_LOCKS", &["0", "1"][..]),
+        ("VRAMSHIM_TRACE_EXIT_FLUSH", &["0", "1"][..]),
+    ] {
+        if let Some(v) = config_var(name)
+            && !v.trim().is_empty()
+            && !ok.contains(&v.trim())
+        {
+            crate::warn!(
+                "{name}={v:?} is not understood; {}; using the default",
+                crate::env::forms(name)
+            );
         }
     }
     clock::init();

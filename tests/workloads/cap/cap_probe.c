@@ -22,7 +22,15 @@
  *                                      SECONDS pass; prints "hammer ok= refused= other="
  *                                      (HOLD_SECONDS: then keep everything and sleep, so a
  *                                      test can SIGKILL a process holding memory)
+ *   cap_probe fill SIZE COUNT          up to COUNT allocations of SIZE (cudaMalloc and
+ *                                      cuMemAlloc in turn) until one is refused; prints
+ *                                      "fill ok=N refused=R other=O free=F" (F: cudaMemGetInfo
+ *                                      free while they are held), then frees them
+ *   cap_probe forks N SIZE             forks N children before any CUDA call; each makes one
+ *                                      cudaMalloc of SIZE and holds it until all have tried;
+ *                                      prints "forks ok=N refused=R other=O"
  */
+#include <sys/wait.h>
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -339,6 +347,73 @@ int main(int argc, char **argv) {
         printf("hammer ok=%llu refused=%llu other=%llu\n", h_ok, h_refused, h_other);
         fflush(stdout);
         if (hold > 0) usleep((useconds_t)(hold * 1e6));
+        return 0;
+    }
+    if (!strcmp(cmd, "fill") && argc >= 4) {
+        size_t size = strtoull(argv[2], NULL, 0);
+        long count = atol(argv[3]);
+        setup(0);
+        void **held = calloc((size_t)count, sizeof *held);
+        EXPECT(held != NULL);
+        long ok = 0, refused = 0, other = 0;
+        for (long i = 0; i < count; i++) {
+            int rc;
+            if (i & 1) {
+                CUdeviceptr p = 0;
+                rc = d_alloc(&p, size);
+                if (!rc) held[ok] = (void *)(uintptr_t)p;
+            } else {
+                void *p = NULL;
+                rc = cudaMalloc(&p, size);
+                if (!rc) held[ok] = p;
+                else cudaGetLastError();
+            }
+            if (!rc) ok++;
+            else if (rc == 2) { refused++; break; }
+            else { other++; break; }
+        }
+        size_t f = 0, t = 0;
+        CK(cudaMemGetInfo(&f, &t));
+        printf("fill ok=%ld refused=%ld other=%ld free=%zu\n", ok, refused, other, f);
+        fflush(stdout);
+        for (long i = 0; i < ok; i++) CK(cudaFree(held[i]));
+        free(held);
+        return 0;
+    }
+    if (!strcmp(cmd, "forks") && argc >= 4) {
+        int n = atoi(argv[2]);
+        size_t size = strtoull(argv[3], NULL, 0);
+        int results[2], release[2];
+        EXPECT(pipe(results) == 0 && pipe(release) == 0);
+        for (int i = 0; i < n; i++) {
+            pid_t pid = fork();
+            EXPECT(pid >= 0);
+            if (pid == 0) {
+                close(results[0]);
+                close(release[1]);
+                void *p = NULL;
+                int rc = cudaMalloc(&p, size);
+                unsigned char b = (unsigned char)(rc > 255 ? 255 : rc);
+                EXPECT(write(results[1], &b, 1) == 1);
+                char c;
+                while (read(release[0], &c, 1) > 0) {}
+                _exit(0);
+            }
+        }
+        close(results[1]);
+        close(release[0]);
+        long ok = 0, refused = 0, other = 0;
+        for (int i = 0; i < n; i++) {
+            unsigned char b;
+            if (read(results[0], &b, 1) != 1) { other++; continue; }
+            if (b == 0) ok++;
+            else if (b == 2) refused++;
+            else other++;
+        }
+        close(release[1]);
+        int status;
+        while (wait(&status) > 0) {}
+        printf("forks ok=%ld refused=%ld other=%ld\n", ok, refused, other);
         return 0;
     }
     fprintf(stderr, "bad arguments\n");

@@ -2,14 +2,21 @@
 //! `VRAMSIM_NAME`, as a real GPU's memory is shared by every process on the machine.
 //!
 //! The region lives in `/dev/shm/vramsim-<uid>-<name>`. The header holds the device count,
-//! the capacity, the bytes in use per device (reserved with a CAS, so the sum never exceeds
-//! the capacity) and a high-water mark. Each attached process owns a slot (pid + process start
-//! time from `/proc/<pid>/stat`, so a reused pid cannot inherit a dead process's memory) that
-//! records what it holds, so a dead process's share can be given back by whoever notices.
+//! the capacity, the bytes in use per device (never above the capacity) and a high-water
+//! mark. Each attached process owns a slot (pid + process start time from `/proc/<pid>/stat`,
+//! so a reused pid cannot inherit a dead process's memory) that records what it holds, so a
+//! dead process's share can be given back by whoever notices.
+//!
+//! Exactness: every change to the totals and slots happens under one process-shared robust
+//! mutex in the region, and the totals always equal the sum of the slots when it is free. A
+//! process killed while holding it (mid-update) leaves the next locker `EOWNERDEAD`: it sets
+//! each total back to the sum of the slots (the dead process's slot is then drained whole by
+//! the reclaim), so a SIGKILL never leaks or double-frees a byte.
 //!
 //! Readers (NVML, tests, `vramsim-smi`) open the region with [`DeviceState::open`] and never
 //! claim a slot.
 
+use std::cell::UnsafeCell;
 use std::ffi::CString;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -20,9 +27,7 @@ pub mod parse;
 pub const MAX_DEVICES: usize = 16;
 pub const MAX_SLOTS: usize = 512;
 /// "VRAMSIM1" + layout revision; a mismatch re-initialises an unused region.
-const MAGIC: u64 = 0x5652_414d_5349_4d03;
-/// Marks a slot that is being claimed or reclaimed.
-const BUSY: u64 = u64::MAX;
+const MAGIC: u64 = 0x5652_414d_5349_4d04;
 
 pub const DEFAULT_NAME: &str = "default";
 pub const DEFAULT_MEMORY: u64 = 16 << 30;
@@ -40,6 +45,8 @@ struct Header {
     high_water: [AtomicU64; MAX_DEVICES],
     /// Refusals the device itself made (OOM at capacity), for tests.
     refusals: [AtomicU64; MAX_DEVICES],
+    /// Guards every change of `used`, `high_water` and the slots (process-shared, robust).
+    lock: UnsafeCell<libc::pthread_mutex_t>,
 }
 
 #[repr(C)]
@@ -213,6 +220,17 @@ impl DeviceState {
     fn init(&self, devices: u32, capacity: u64) {
         let h = self.header();
         h.magic.store(0, Ordering::Release);
+        // SAFETY: nobody alive uses the region (the caller holds the file lock and checked),
+        // so (re)initialising the mutex in place races with no one; the attribute object is
+        // local and destroyed after use.
+        unsafe {
+            let mut attr: libc::pthread_mutexattr_t = std::mem::zeroed();
+            libc::pthread_mutexattr_init(&mut attr);
+            libc::pthread_mutexattr_setpshared(&mut attr, libc::PTHREAD_PROCESS_SHARED);
+            libc::pthread_mutexattr_setrobust(&mut attr, libc::PTHREAD_MUTEX_ROBUST);
+            libc::pthread_mutex_init(h.lock.get(), &attr);
+            libc::pthread_mutexattr_destroy(&mut attr);
+        }
         h.devices.store(devices, Ordering::Relaxed);
         h.capacity.store(capacity, Ordering::Relaxed);
         for d in 0..MAX_DEVICES {
@@ -293,23 +311,58 @@ impl DeviceState {
         self.capacity().saturating_sub(self.used(dev))
     }
 
+    /// Takes the region's lock. A holder that died mid-update left the totals possibly out
+    /// of step with the slots: they are set back to the sum of the slots first.
+    fn lock(&self) -> Locked<'_> {
+        let m = self.header().lock.get();
+        // SAFETY: the mutex was initialised by `init` in the shared mapping, which outlives
+        // the guard; robust and process-shared, so a dead owner gives EOWNERDEAD.
+        let r = unsafe { libc::pthread_mutex_lock(m) };
+        if r == libc::EOWNERDEAD {
+            if !fault_no_repair() {
+                self.resum();
+            }
+            // SAFETY: we own the mutex now (EOWNERDEAD) and have made the state consistent.
+            unsafe { libc::pthread_mutex_consistent(m) };
+        }
+        Locked {
+            state: self,
+            held: r == 0 || r == libc::EOWNERDEAD,
+        }
+    }
+
+    /// Sets each device's total to the sum of the slots (under the lock).
+    fn resum(&self) {
+        let h = self.header();
+        for d in 0..MAX_DEVICES {
+            let sum: u64 = self
+                .slots()
+                .iter()
+                .filter(|s| s.pid.load(Ordering::Acquire) != 0)
+                .map(|s| s.used[d].load(Ordering::Acquire))
+                .sum();
+            h.used[d].store(sum, Ordering::Release);
+        }
+    }
+
     /// Claims a slot for the calling process.
     pub fn claim_slot(&self) -> Option<SlotId> {
         let (pid, start) = self_identity();
         for attempt in 0..2 {
-            for (i, s) in self.all_slots().iter().enumerate() {
-                if s.pid
-                    .compare_exchange(0, BUSY, Ordering::AcqRel, Ordering::Relaxed)
-                    .is_ok()
-                {
-                    self.header()
-                        .slot_hwm
-                        .fetch_max(i as u32 + 1, Ordering::AcqRel);
+            {
+                let _g = self.lock();
+                for (i, s) in self.all_slots().iter().enumerate() {
+                    if s.pid.load(Ordering::Acquire) != 0 {
+                        continue;
+                    }
                     s.start.store(start, Ordering::Relaxed);
                     for u in &s.used {
                         u.store(0, Ordering::Relaxed);
                     }
                     s.pid.store(pid as u64, Ordering::Release);
+                    self.header()
+                        .slot_hwm
+                        .fetch_max(i as u32 + 1, Ordering::AcqRel);
                     return Some(SlotId(i));
                 }
             }
@@ -322,17 +375,20 @@ impl DeviceState {
 
     /// Gives back everything the slot holds and frees it (process exit).
     pub fn release_slot(&self, slot: SlotId) {
+        let _g = self.lock();
         let s = &self.all_slots()[slot.0];
         self.drain_slot(s);
         s.pid.store(0, Ordering::Release);
     }
 
+    /// Gives the slot's bytes back to the totals (under the lock).
     fn drain_slot(&self, s: &Slot) {
         let h = self.header();
         for d in 0..MAX_DEVICES {
             let n = s.used[d].swap(0, Ordering::AcqRel);
             if n > 0 {
-                h.used[d].fetch_sub(n, Ordering::AcqRel);
+                let cur = h.used[d].load(Ordering::Acquire);
+                h.used[d].store(cur.saturating_sub(n), Ordering::Release);
             }
         }
     }
@@ -344,35 +400,42 @@ impl DeviceState {
         }
         let h = self.header();
         let cap = self.capacity();
-        let mut reclaimed = false;
-        loop {
-            let cur = h.used[dev].load(Ordering::Acquire);
-            let Some(next) = cur.checked_add(bytes).filter(|n| *n <= cap) else {
-                if !reclaimed && self.reclaim_dead() > 0 {
-                    reclaimed = true;
-                    continue;
-                }
-                h.refusals[dev].fetch_add(1, Ordering::Relaxed);
-                return false;
-            };
-            if h.used[dev]
-                .compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
+        for attempt in 0..2 {
             {
-                self.all_slots()[slot.0].used[dev].fetch_add(bytes, Ordering::AcqRel);
-                h.high_water[dev].fetch_max(next, Ordering::AcqRel);
-                return true;
+                let _g = self.lock();
+                let cur = h.used[dev].load(Ordering::Acquire);
+                if let Some(next) = cur.checked_add(bytes).filter(|n| *n <= cap) {
+                    h.used[dev].store(next, Ordering::Release);
+                    fault_pause();
+                    self.all_slots()[slot.0].used[dev].fetch_add(bytes, Ordering::AcqRel);
+                    h.high_water[dev].fetch_max(next, Ordering::AcqRel);
+                    return true;
+                }
             }
+            if attempt == 0 && self.reclaim_dead() > 0 {
+                continue;
+            }
+            break;
         }
+        h.refusals[dev].fetch_add(1, Ordering::Relaxed);
+        false
     }
 
-    /// Gives back `bytes` on `dev` that `slot` reserved.
+    /// Gives back `bytes` on `dev` that `slot` reserved (never more than the slot holds).
     pub fn release(&self, slot: SlotId, dev: usize, bytes: u64) {
         if dev >= MAX_DEVICES || bytes == 0 {
             return;
         }
-        self.all_slots()[slot.0].used[dev].fetch_sub(bytes, Ordering::AcqRel);
-        self.header().used[dev].fetch_sub(bytes, Ordering::AcqRel);
+        let _g = self.lock();
+        let s = &self.all_slots()[slot.0].used[dev];
+        let take = s.load(Ordering::Acquire).min(bytes);
+        s.fetch_sub(take, Ordering::AcqRel);
+        fault_pause();
+        let h = &self.header().used[dev];
+        h.store(
+            h.load(Ordering::Acquire).saturating_sub(take),
+            Ordering::Release,
+        );
     }
 
     /// Frees the slots of processes that are gone (or zombies: a real driver frees a process's
@@ -385,7 +448,7 @@ impl DeviceState {
         let mut n = 0;
         for s in self.slots() {
             let pid = s.pid.load(Ordering::Acquire);
-            if pid == 0 || pid == BUSY {
+            if pid == 0 {
                 continue;
             }
             let start = s.start.load(Ordering::Acquire);
@@ -399,10 +462,8 @@ impl DeviceState {
             if alive {
                 continue;
             }
-            if s.pid
-                .compare_exchange(pid, BUSY, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-            {
+            let _g = self.lock();
+            if s.pid.load(Ordering::Acquire) == pid && s.start.load(Ordering::Acquire) == start {
                 self.drain_slot(s);
                 s.pid.store(0, Ordering::Release);
                 n += 1;
@@ -425,7 +486,7 @@ impl DeviceState {
             .iter()
             .filter_map(|s| {
                 let pid = s.pid.load(Ordering::Acquire);
-                if pid == 0 || pid == BUSY {
+                if pid == 0 {
                     return None;
                 }
                 let used = s.used[..ndev]
@@ -474,6 +535,40 @@ impl DeviceState {
             list(&|d| self.refusals(d)),
             procs
         )
+    }
+}
+
+/// The region's lock, held until dropped.
+struct Locked<'a> {
+    state: &'a DeviceState,
+    held: bool,
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        if self.held {
+            // SAFETY: this thread holds the mutex (taken by `lock`).
+            unsafe { libc::pthread_mutex_unlock(self.state.header().lock.get()) };
+        }
+    }
+}
+
+/// `VRAMSIM_DEVSTATE_FAULT`, a test-only switch: `no-repair` skips setting the totals back to
+/// the sum of the slots after a holder died mid-update (a SIGKILL then leaks), and `pause`
+/// (with either) makes every update sleep between its two halves, so a test can kill a
+/// process there.
+fn devstate_fault() -> &'static str {
+    static F: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    F.get_or_init(|| std::env::var("VRAMSIM_DEVSTATE_FAULT").unwrap_or_default())
+}
+
+fn fault_no_repair() -> bool {
+    devstate_fault().contains("no-repair")
+}
+
+fn fault_pause() {
+    if devstate_fault().contains("pause") {
+        std::thread::sleep(std::time::Duration::from_millis(2));
     }
 }
 

@@ -1,10 +1,12 @@
 //! Linear device memory (cuMemAlloc & co) and pinned host memory.
 //!
 //! Device memory is host memory mapped with mmap, so device pointers are host addresses and
-//! copies are memcpy. Charging follows a real driver's packing: a request below 2 MiB is
-//! placed in a shared 2 MiB page (512-byte units, first fit), and the page is charged while
-//! any allocation lives in it; larger requests are rounded up to 2 MiB multiples and charged
-//! as such.
+//! copies are memcpy. Charging follows a real driver (Pascal and later: 2 MiB pages, and
+//! allocations above 1 MiB always page-aligned): a request of at most 1 MiB is placed in a
+//! shared 2 MiB page (512-byte units, first fit), and the page is charged while any
+//! allocation lives in it; larger requests get pages of their own, rounded up to 2 MiB
+//! multiples and charged as such. Pages (and large allocations) are 2 MiB-aligned, as the
+//! driver's are, so the page of a packed allocation is its address rounded down to 2 MiB.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -14,6 +16,8 @@ use crate::state;
 
 pub const PAGE: u64 = 2 << 20;
 pub const UNIT: u64 = 512;
+/// The largest request packed into a shared page.
+pub const PACKED_MAX: u64 = 1 << 20;
 const UNITS: usize = (PAGE / UNIT) as usize;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -133,6 +137,22 @@ fn map_anon(len: u64) -> Result<u64, CUresult> {
     Ok(p as u64)
 }
 
+/// `len` bytes (a multiple of [`PAGE`]) at a 2 MiB-aligned address: a larger mapping with
+/// its unaligned head and tail given back.
+fn map_aligned(len: u64) -> Result<u64, CUresult> {
+    let raw = map_anon(len + PAGE)?;
+    let start = round_up(raw, PAGE);
+    if start > raw {
+        unmap(raw, start - raw);
+    }
+    let end = start + len;
+    let raw_end = raw + len + PAGE;
+    if raw_end > end {
+        unmap(end, raw_end - end);
+    }
+    Ok(start)
+}
+
 fn unmap(addr: u64, len: u64) {
     // SAFETY: addr/len is a mapping this module created and nothing else refers to.
     unsafe { libc::munmap(addr as *mut libc::c_void, len as usize) };
@@ -148,7 +168,7 @@ pub fn alloc(dev: i32, size: u64, kind: Kind) -> Result<u64, CUresult> {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let mut m = mem();
-    if size < PAGE {
+    if size <= PACKED_MAX {
         let units = size.div_ceil(UNIT) as usize;
         let spot = m
             .pages
@@ -159,7 +179,7 @@ pub fn alloc(dev: i32, size: u64, kind: Kind) -> Result<u64, CUresult> {
             Some(s) => s,
             None => {
                 state::charge(dev, PAGE)?;
-                let base = match map_anon(PAGE) {
+                let base = match map_aligned(PAGE) {
                     Ok(b) => b,
                     Err(e) => {
                         state::uncharge(dev, PAGE);
@@ -185,9 +205,11 @@ pub fn alloc(dev: i32, size: u64, kind: Kind) -> Result<u64, CUresult> {
         );
         Ok(ptr)
     } else {
-        let len = round_up(size, PAGE);
+        let len = size
+            .checked_next_multiple_of(PAGE)
+            .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
         state::charge(dev, len)?;
-        let ptr = match map_anon(len) {
+        let ptr = match map_aligned(len) {
             Ok(p) => p,
             Err(e) => {
                 state::uncharge(dev, len);

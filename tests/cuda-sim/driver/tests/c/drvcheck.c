@@ -204,6 +204,25 @@ static int basic(void) {
     OK(cuMemAlloc(&p, 3 * MiB));
     EXPECT_EQ(free_mem(), f - 4 * MiB);
     OK(cuMemFree(p));
+    /* Packed up to 1 MiB, pages of its own above (page-aligned, as the driver has them):
+     * 1 MiB and 1 KiB share a page; 1 MiB + 1 B takes a page of its own, and so does
+     * 2 MiB - 1 B, never shared with a small allocation. */
+    OK(cuMemAlloc(&p, MiB));
+    OK(cuMemAlloc(&q, 1024));
+    EXPECT_EQ(free_mem(), f - 2 * MiB);
+    EXPECT_EQ(p & ~(2 * MiB - 1), q & ~(2 * MiB - 1));
+    CUdeviceptr big, big2;
+    OK(cuMemAlloc(&big, MiB + 1));
+    EXPECT_EQ(free_mem(), f - 4 * MiB);
+    EXPECT_EQ(big % (2 * MiB), 0);
+    OK(cuMemAlloc(&big2, 2 * MiB - 1));
+    EXPECT_EQ(free_mem(), f - 6 * MiB);
+    EXPECT_EQ(big2 % (2 * MiB), 0);
+    OK(cuMemFree(big));
+    OK(cuMemFree(big2));
+    OK(cuMemFree(p));
+    OK(cuMemFree(q));
+    EXPECT_EQ(free_mem(), f);
     EXPECT_EQ(cuMemAlloc(&p, 0), 1);
     EXPECT_EQ(cuMemAlloc(NULL, 10), 1);
     /* A panic inside the driver comes back as CUDA_ERROR_UNKNOWN, and the driver still works. */
