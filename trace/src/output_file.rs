@@ -10,8 +10,8 @@
 //! - a new file is created with `O_CREAT | O_EXCL` (nothing planted in the meantime is
 //!   reused);
 //! - an existing file is written only if this user (the effective uid) owns it, it has one
-//!   link, and, for a trace ([`Replace::TraceOnly`]), it is empty or starts with the
-//!   `.vramtrace` magic. It is truncated only after these checks, on the descriptor that
+//!   link, and, for a trace or another output with a mark of its own ([`Replace::Marked`]),
+//!   it is empty or starts with that mark (a trace: the `.vramtrace` magic). It is truncated only after these checks, on the descriptor that
 //!   was checked.
 //!
 //! Directories above the last component are resolved as given: the user chose them.
@@ -27,12 +27,16 @@ use crate::header::MAGIC;
 /// What an existing file at the path may be, to be replaced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Replace {
-    /// An earlier trace: a file of ours that is empty or starts with the `.vramtrace` magic
-    /// (the tracer's rule: `VRAMSHIM_TRACE=/etc/passwd` must not destroy anything).
-    TraceOnly,
+    /// An earlier output of the same kind: a file of ours that is empty or starts with these
+    /// bytes (the tracer's rule, with [`TRACE`]: `VRAMSHIM_TRACE=/etc/passwd` must not
+    /// destroy anything).
+    Marked(&'static [u8]),
     /// Any regular file of ours (what `-o FILE` means to every command-line tool).
     OwnFile,
 }
+
+/// [`Replace::Marked`] by the `.vramtrace` magic: only an earlier trace is replaced.
+pub const TRACE: Replace = Replace::Marked(&MAGIC);
 
 /// Why a path was not opened for writing.
 #[derive(Debug)]
@@ -45,8 +49,8 @@ pub enum Refusal {
     ForeignOwner { owner: u32, me: u32 },
     /// A file with other names (hard links) is at the path.
     HardLinked(u64),
-    /// A file that is not a trace is at the path ([`Replace::TraceOnly`]).
-    NotATrace,
+    /// A file without the expected mark is at the path ([`Replace::Marked`]).
+    NotOurs,
     /// The path kept changing under us (entries planted and removed in a loop).
     Unstable,
     /// The system refused (permission, missing directory, disk full, ...).
@@ -66,12 +70,12 @@ impl fmt::Display for Refusal {
                 f,
                 "has {n} hard links; a file with other names is never written through"
             ),
-            Refusal::NotATrace => write!(
+            Refusal::NotOurs => write!(
                 f,
-                "exists and is not a .vramtrace; it is not overwritten (remove it or choose another path)"
+                "exists and is not an earlier output of this kind (not a .vramtrace); it is not overwritten (remove it or choose another path)"
             ),
             Refusal::Unstable => write!(f, "kept changing while it was being opened"),
-            Refusal::Io(e) => write!(f, "{e}"),
+            Refusal::Io(e) => write!(f, "cannot be opened for writing: {e}"),
         }
     }
 }
@@ -211,12 +215,14 @@ pub fn open(path: &Path, replace: Replace) -> Result<Opened, Refusal> {
         if m.nlink() > 1 {
             return Err(Refusal::HardLinked(m.nlink()));
         }
-        if replace == Replace::TraceOnly && m.len() > 0 {
-            let mut head = [0u8; MAGIC.len()];
+        if let Replace::Marked(mark) = replace
+            && m.len() > 0
+        {
+            let mut head = vec![0u8; mark.len()];
             let n = read_up_to(&mut f, &mut head)?;
-            // A trace cut short inside its magic is still a trace of ours.
-            if n == 0 || head[..n] != MAGIC[..n] {
-                return Err(Refusal::NotATrace);
+            // A file cut short inside its mark is still an output of ours.
+            if n == 0 || head[..n] != mark[..n] {
+                return Err(Refusal::NotOurs);
             }
             f.seek(SeekFrom::Start(0))?;
         }
@@ -262,14 +268,14 @@ mod tests {
     fn creates_a_new_file_and_replaces_a_trace() {
         let d = dir("new");
         let p = d.join("t.vramtrace");
-        assert!(matches!(open(&p, Replace::TraceOnly), Ok(Opened::Created(_))));
+        assert!(matches!(open(&p, TRACE), Ok(Opened::Created(_))));
         std::fs::write(&p, [&MAGIC[..], b"rest"].concat()).unwrap();
-        let f = create(&p, Replace::TraceOnly).unwrap();
+        let f = create(&p, TRACE).unwrap();
         assert_eq!(f.metadata().unwrap().len(), 0);
         // An empty file, and a trace cut inside its magic, are traces of ours too.
-        create(&p, Replace::TraceOnly).unwrap();
+        create(&p, TRACE).unwrap();
         std::fs::write(&p, &MAGIC[..3]).unwrap();
-        create(&p, Replace::TraceOnly).unwrap();
+        create(&p, TRACE).unwrap();
         std::fs::remove_dir_all(&d).unwrap();
     }
 
@@ -280,7 +286,7 @@ mod tests {
         std::fs::write(&victim, "precious").unwrap();
         let link = d.join("link");
         symlink(&victim, &link).unwrap();
-        for r in [Replace::TraceOnly, Replace::OwnFile] {
+        for r in [TRACE, Replace::OwnFile] {
             assert!(matches!(open(&link, r), Err(Refusal::Symlink)), "{r:?}");
         }
         let dangling = d.join("dangling");
@@ -291,8 +297,8 @@ mod tests {
         ));
         assert!(!d.join("nowhere").exists());
         assert!(matches!(
-            open(&victim, Replace::TraceOnly),
-            Err(Refusal::NotATrace)
+            open(&victim, TRACE),
+            Err(Refusal::NotOurs)
         ));
         assert!(matches!(
             open(&d, Replace::OwnFile),
