@@ -775,15 +775,13 @@ pub fn trace_summary_lines(path: &Path) -> Result<Vec<String>, String> {
     let (live, leaks) = devs
         .iter()
         .fold((0, 0), |a, d| (a.0 + d.in_use_at_exit, a.1 + d.leaks.count));
-    lines.push(format!(
-        "at exit: {} still allocated in {leaks} allocation(s){}",
-        bytes(live),
-        if r.torn {
-            "; the trace was cut short (torn last frame)"
-        } else {
-            ""
-        }
-    ));
+    lines.push(match vramshim_analyzer::render::text::end_note(&r) {
+        None => format!("at exit: {} still allocated in {leaks} allocation(s)", bytes(live)),
+        Some(why) => format!(
+            "at the end of the trace: {} allocated in {leaks} allocation(s) ({why}: frees after it are missing, so these are not leaks)",
+            bytes(live)
+        ),
+    });
     Ok(lines)
 }
 

@@ -255,10 +255,8 @@ mod tests {
     use std::os::unix::fs::symlink;
 
     fn dir(tag: &str) -> std::path::PathBuf {
-        let d = std::env::temp_dir().join(format!(
-            "vramshim-output-file-{tag}-{}",
-            std::process::id()
-        ));
+        let d =
+            std::env::temp_dir().join(format!("vramshim-output-file-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
         d
@@ -296,10 +294,7 @@ mod tests {
             Err(Refusal::Symlink)
         ));
         assert!(!d.join("nowhere").exists());
-        assert!(matches!(
-            open(&victim, TRACE),
-            Err(Refusal::NotOurs)
-        ));
+        assert!(matches!(open(&victim, TRACE), Err(Refusal::NotOurs)));
         assert!(matches!(
             open(&d, Replace::OwnFile),
             Err(Refusal::NotRegular("a directory"))

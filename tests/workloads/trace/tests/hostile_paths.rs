@@ -95,12 +95,19 @@ fn plant(who: User, what: Plant, path: &Path, victim: &Path) {
         Plant::NotATrace => "printf 'precious: not a trace\\n' > \"$1\" && chmod 666 \"$1\"",
     };
     let st = as_user(
-        Command::new("sh").args(["-c", script, "sh"]).arg(path).arg(victim),
+        Command::new("sh")
+            .args(["-c", script, "sh"])
+            .arg(path)
+            .arg(victim),
         who,
     )
     .status()
     .unwrap();
-    assert!(st.success(), "{} could not plant {what:?} at {path:?}", who.name);
+    assert!(
+        st.success(),
+        "{} could not plant {what:?} at {path:?}",
+        who.name
+    );
 }
 
 /// A file of `owner` holding [`PRECIOUS`], for a symbolic link to point at.
@@ -134,7 +141,10 @@ fn traced(exe: &Path, pattern: &Path, who: User, fault: bool, tag: &str) -> Comm
 /// How a job ended.
 #[derive(Debug)]
 enum End {
-    Exited { ok: bool, stderr: String },
+    Exited {
+        ok: bool,
+        stderr: String,
+    },
     /// Still running at the bound (killed then).
     Hung,
 }
@@ -244,7 +254,10 @@ fn plants_at_a_fixed_path(job: User, fault: bool) -> Vec<String> {
             let path = dir.join("job.vramtrace");
             plant(planter, what, &path, &v);
             let child = traced(&exe, &path, job, fault, &tag).spawn().unwrap();
-            let case = format!("{what:?} planted by {} for {}'s job", planter.name, job.name);
+            let case = format!(
+                "{what:?} planted by {} for {}'s job",
+                planter.name, job.name
+            );
             let end = if fault && what == Plant::Fifo {
                 // The naive open waits for a writer forever: once it reads the FIFO, the hang
                 // is shown (no need to wait out the bound).
@@ -333,7 +346,10 @@ fn an_earlier_trace_of_ours_is_replaced() {
         );
         match wait_bounded(cmd.spawn().unwrap(), JOB_BOUND) {
             End::Exited { ok: true, stderr } => {
-                assert!(!stderr.contains("VRAMSHIM_TRACE"), "round {round}: {stderr}")
+                assert!(
+                    !stderr.contains("VRAMSHIM_TRACE"),
+                    "round {round}: {stderr}"
+                )
             }
             e => panic!("round {round}: {e:?}"),
         }
