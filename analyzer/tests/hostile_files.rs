@@ -65,10 +65,10 @@ fn as_user(cmd: &mut Command, u: User) -> &mut Command {
 
 /// A fresh world-writable sticky directory (like /tmp) next to the binary.
 fn sticky_dir(tag: &str) -> PathBuf {
-    let d = Path::new(VRAMSHIM).parent().unwrap().join(format!(
-        "hostile-files-{tag}-{}",
-        std::process::id()
-    ));
+    let d = Path::new(VRAMSHIM)
+        .parent()
+        .unwrap()
+        .join(format!("hostile-files-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o1777)).unwrap();
@@ -134,7 +134,10 @@ fn demo_plant(job: User, fault: bool) -> Vec<String> {
     let o = as_user(&mut cmd, job).output().unwrap();
     let mut bad = Vec::new();
     if marker.exists() {
-        bad.push(format!("the demo of {} ran {}'s program", job.name, planter.name));
+        bad.push(format!(
+            "the demo of {} ran {}'s program",
+            job.name, planter.name
+        ));
     }
     if std::fs::read(&victim).unwrap() != PRECIOUS {
         bad.push(format!(
@@ -253,7 +256,9 @@ fn output_plant(job: User, what: Plant, fault: bool) -> Option<String> {
         };
         let lines: Vec<&str> = stderr.lines().collect();
         if lines.len() != 1 || !lines[0].contains(why) || !lines[0].contains("out.vramtrace") {
-            return Some(format!("{case}: want one line naming the path and {why:?}: {stderr}"));
+            return Some(format!(
+                "{case}: want one line naming the path and {why:?}: {stderr}"
+            ));
         }
         None
     })();
@@ -309,6 +314,10 @@ fn an_own_output_file_is_replaced() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    assert!(std::fs::read(&p).unwrap().starts_with(&vramshim_trace::MAGIC));
+    assert!(
+        std::fs::read(&p)
+            .unwrap()
+            .starts_with(&vramshim_trace::MAGIC)
+    );
     let _ = std::fs::remove_dir_all(&tmp);
 }
