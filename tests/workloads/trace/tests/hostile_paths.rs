@@ -138,6 +138,19 @@ fn traced(exe: &Path, pattern: &Path, who: User, fault: bool, tag: &str) -> Comm
     cmd
 }
 
+/// Removes the simulated device a job of `who` left in /dev/shm (`scripts/test` sweeps only
+/// its own user's).
+fn forget_device(cmd: &Command, who: User) {
+    if let Some(Some(name)) = cmd
+        .get_envs()
+        .find(|(k, _)| *k == "VRAMSIM_NAME")
+        .map(|(_, v)| v)
+    {
+        let f = format!("/dev/shm/vramsim-{}-{}", who.uid, name.to_string_lossy());
+        let _ = std::fs::remove_file(f);
+    }
+}
+
 /// How a job ended.
 #[derive(Debug)]
 enum End {
@@ -253,7 +266,8 @@ fn plants_at_a_fixed_path(job: User, fault: bool) -> Vec<String> {
             let v = victim(&dir, job);
             let path = dir.join("job.vramtrace");
             plant(planter, what, &path, &v);
-            let child = traced(&exe, &path, job, fault, &tag).spawn().unwrap();
+            let mut cmd = traced(&exe, &path, job, fault, &tag);
+            let child = cmd.spawn().unwrap();
             let case = format!(
                 "{what:?} planted by {} for {}'s job",
                 planter.name, job.name
@@ -283,6 +297,7 @@ fn plants_at_a_fixed_path(job: User, fault: bool) -> Vec<String> {
                     }
                 }
             }
+            forget_device(&cmd, job);
             let _ = std::fs::remove_dir_all(&dir);
         }
     }
@@ -394,6 +409,7 @@ fn fifo_at_the_pid_name(job: User, fault: bool) -> Result<(), String> {
             Ok(())
         }
     };
+    forget_device(&cmd, job);
     let _ = std::fs::remove_dir_all(&dir);
     r
 }
