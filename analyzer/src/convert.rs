@@ -1,6 +1,5 @@
 //! Converting traces to and from other tools' formats (the library side of `export`/`import`).
 
-use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
@@ -161,7 +160,7 @@ pub fn import(file: &Path, from: Option<ImportFormat>, out: &Path) -> Result<u64
     while let Some(ev) = opened.events.next_event() {
         events.push(ev?);
     }
-    let f = File::create(out).map_err(|e| write_error(out, &e))?;
+    let f = crate::files::create_output(out)?;
     let mut w = TraceWriter::new(BufWriter::with_capacity(1 << 20, f), &opened.header)
         .map_err(|e| write_error(out, &e))?;
     for ev in &events {

@@ -11,6 +11,7 @@
 
 use std::ffi::CString;
 use std::fmt::Write as _;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 use std::time::Instant;
@@ -20,6 +21,7 @@ use vramshim_pool::replay;
 use vramshim_pool::rmm_csv::{self, ParsedTrace};
 
 use crate::run;
+use vramshim_analyzer::files;
 
 /// Device size for the what-if model (only the cap limits it).
 const DEVICE_TOTAL: u64 = 16 << 30;
@@ -163,15 +165,23 @@ impl Row {
 
 pub fn main(args: Args) -> Result<ExitCode, String> {
     let t0 = Instant::now();
+    // A private directory of this run (or the user's own, checked): the replay program is
+    // built in it and run from it, so no other user may have a way in.
     let work = match &args.work_dir {
-        Some(d) => d.clone(),
-        None => std::env::temp_dir().join(format!("vramshim-demo-{}", unsafe { libc::getuid() })),
-    };
-    std::fs::create_dir_all(&work)
-        .map_err(|e| format!("demo: cannot create {}: {e}", work.display()))?;
+        Some(d) => files::own_work_dir(d),
+        None if files::fault_unsafe() => {
+            // SAFETY: getuid has no preconditions.
+            let d =
+                std::env::temp_dir().join(format!("vramshim-demo-{}", unsafe { libc::getuid() }));
+            std::fs::create_dir_all(&d)
+                .map(|_| d.clone())
+                .map_err(|e| format!("cannot create {}: {e}", d.display()))
+        }
+        None => files::private_temp_dir("vramshim-demo"),
+    }
+    .map_err(|e| format!("demo: {e}"))?;
     let csv = work.join(TRACE_NAME);
-    std::fs::write(&csv, TRACE_CSV)
-        .map_err(|e| format!("demo: cannot write {}: {e}", csv.display()))?;
+    files::write_output(&csv, TRACE_CSV).map_err(|e| format!("demo: {e}"))?;
 
     let gpu = detect_gpu(args.sim)?;
     let lib = run::find_library()?;
@@ -284,8 +294,7 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
         print!("{}", r.post_mortem);
     }
     let html = render_html(&gpu, &rows, &stats);
-    std::fs::write(&args.output, html)
-        .map_err(|e| format!("demo: cannot write {}: {e}", args.output.display()))?;
+    files::write_output(&args.output, html.as_bytes()).map_err(|e| format!("demo: {e}"))?;
     println!();
     println!("report: {}", args.output.display());
     println!(
@@ -370,7 +379,10 @@ fn real_gpu() -> Option<String> {
 
 /// The log-replay workload (`tests/workloads/replay/replay.c`), compiled once into the work
 /// directory with `cc` and linked against `libcudart.so.12` (the simulated one, or the real
-/// one on a GPU machine; they share soname and symbol versions).
+/// one on a GPU machine; they share soname and symbol versions). `work` must be a directory
+/// only this user can write ([`files::private_temp_dir`], [`files::own_work_dir`]); a program
+/// already there is run only if [`files::check_runnable`] says nobody else can have put it
+/// there.
 pub(crate) fn replay_program(work: &Path, gpu: &Gpu) -> Result<PathBuf, String> {
     let link_dir = match gpu {
         Gpu::Sim { dir } => dir.clone(),
@@ -388,12 +400,24 @@ pub(crate) fn replay_program(work: &Path, gpu: &Gpu) -> Result<PathBuf, String> 
     }
     let dir = work.join(format!("replay-{h:016x}"));
     let exe = dir.join("replay");
-    if exe.is_file() {
+    if files::fault_unsafe() {
+        if exe.is_file() {
+            return Ok(exe);
+        }
+    } else if std::fs::symlink_metadata(&exe).is_ok() {
+        files::check_runnable(&exe)?;
         return Ok(exe);
     }
-    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    std::fs::write(dir.join("replay.c"), REPLAY_C).map_err(|e| e.to_string())?;
-    std::fs::write(dir.join("cuda_api.h"), CUDA_API_H).map_err(|e| e.to_string())?;
+    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(format!("cannot create {}: {e}", dir.display())),
+    }
+    if !files::fault_unsafe() {
+        files::check_trusted(&dir)?;
+    }
+    files::write_output(&dir.join("replay.c"), REPLAY_C.as_bytes())?;
+    files::write_output(&dir.join("cuda_api.h"), CUDA_API_H.as_bytes())?;
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let tmp = dir.join(format!(".replay.{}", std::process::id()));
     let out = Command::new(&cc)
@@ -775,15 +799,13 @@ pub fn trace_summary_lines(path: &Path) -> Result<Vec<String>, String> {
     let (live, leaks) = devs
         .iter()
         .fold((0, 0), |a, d| (a.0 + d.in_use_at_exit, a.1 + d.leaks.count));
-    lines.push(format!(
-        "at exit: {} still allocated in {leaks} allocation(s){}",
-        bytes(live),
-        if r.torn {
-            "; the trace was cut short (torn last frame)"
-        } else {
-            ""
-        }
-    ));
+    lines.push(match vramshim_analyzer::render::text::end_note(&r) {
+        None => format!("at exit: {} still allocated in {leaks} allocation(s)", bytes(live)),
+        Some(why) => format!(
+            "at the end of the trace: {} allocated in {leaks} allocation(s) ({why}: frees after it are missing, so these are not leaks)",
+            bytes(live)
+        ),
+    });
     Ok(lines)
 }
 

@@ -1,6 +1,5 @@
 //! `vramshim export TRACE --format perfetto|chrome-json|memory-viz|rmm-csv -o FILE`.
 
-use std::fs::File;
 use std::io::BufWriter;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -25,8 +24,7 @@ pub struct Args {
 }
 
 pub fn main(a: Args) -> Result<ExitCode, String> {
-    let f = File::create(&a.output)
-        .map_err(|e| vramshim_analyzer::error::write_error(&a.output, &e))?;
+    let f = vramshim_analyzer::files::create_output(&a.output)?;
     let w = BufWriter::with_capacity(1 << 20, f);
     let stats = export::export(&a.trace, a.format, w, a.device).inspect_err(|_| {
         let _ = std::fs::remove_file(&a.output);

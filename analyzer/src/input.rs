@@ -44,6 +44,11 @@ pub trait EventSource {
     fn torn(&self) -> bool {
         false
     }
+    /// The file ends before its writer finished it (no end record, or a torn frame): what was
+    /// live at its end is not what the process left allocated.
+    fn cut_off(&self) -> bool {
+        self.torn()
+    }
 }
 
 pub struct Opened {

@@ -5,6 +5,7 @@
 pub mod analysis;
 pub mod convert;
 pub mod error;
+pub mod files;
 pub mod formats;
 pub mod input;
 pub mod progress;
@@ -52,6 +53,8 @@ pub fn write_html_report(
     } else {
         None
     };
-    std::fs::write(out, render::html::page(&reports, cmp.as_ref(), &gpus))
-        .map_err(|e| error::write_error(out, &e))
+    files::write_output(
+        out,
+        render::html::page(&reports, cmp.as_ref(), &gpus).as_bytes(),
+    )
 }

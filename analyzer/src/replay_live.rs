@@ -86,8 +86,8 @@ pub fn main(a: LiveArgs) -> Result<ExitCode, String> {
     let model = whatif::replay(a.trace, &kinds, a.device, a.device_memory, a.cap, false)?;
     let gpu = demo::detect_gpu(a.sim)?;
     let lib = run::find_library()?;
-    let work = std::env::temp_dir().join(format!("vramshim-replay-live-{}", std::process::id()));
-    std::fs::create_dir_all(&work).map_err(|e| format!("cannot create {}: {e}", work.display()))?;
+    // Private to this run: the replay program is built and run from it.
+    let work = vramshim_analyzer::files::private_temp_dir("vramshim-replay-live")?;
     let result = live(&a, &gpu, &lib, &work, &kinds, model);
     let _ = std::fs::remove_dir_all(&work);
     let report = result?;
@@ -116,7 +116,7 @@ fn live(
 ) -> Result<LiveReport, String> {
     // The device's stream as an RMM log: what the replay workload reads.
     let csv = work.join("stream.csv");
-    let f = std::fs::File::create(&csv).map_err(|e| format!("{}: {e}", csv.display()))?;
+    let f = vramshim_analyzer::files::create_output(&csv)?;
     convert::export(
         a.trace,
         ExportFormat::RmmCsv,
@@ -141,8 +141,9 @@ fn live(
         .count();
     drop(ops);
     let stream_ordered = async_frees * 2 > frees;
-    // Built once per user and source (cached like the demo's, in the temp directory).
-    let bin = demo::replay_program(&std::env::temp_dir().join("vramshim-replay-bin"), gpu)?;
+    // Built in this run's private directory (a program shared through the temp directory
+    // could be anyone's).
+    let bin = demo::replay_program(work, gpu)?;
     let device_memory = match gpu {
         Gpu::Sim { .. } => Some(model.device_memory),
         Gpu::Real { .. } => None,

@@ -150,10 +150,10 @@ fn run_pytorch(
     t: &TorchArgs,
 ) -> Result<ExitCode, String> {
     let trace = std::fs::canonicalize(trace).map_err(|e| format!("{}: {e}", trace.display()))?;
-    let dir = std::env::temp_dir().join(format!("vramshim-replay-torch-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    // Private to this run: Python runs the script from it.
+    let dir = vramshim_analyzer::files::private_temp_dir("vramshim-replay-torch")?;
     let script = dir.join("replay_torch.py");
-    std::fs::write(&script, SCRIPT).map_err(|e| format!("{}: {e}", script.display()))?;
+    vramshim_analyzer::files::write_output(&script, SCRIPT.as_bytes())?;
     let trace_out = t
         .trace_out
         .clone()

@@ -4,7 +4,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use vramshim_analyzer::analysis::{self, Options, compare};
-use vramshim_analyzer::error::write_error;
 use vramshim_analyzer::{input, render, whatif};
 
 #[derive(clap::Args)]
@@ -43,7 +42,7 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
     };
     let gpus = analysis::by_gpu::by_gpu(&mut reports);
     let html = render::html::page(&reports, comparison.as_ref(), &gpus);
-    std::fs::write(&args.output, html).map_err(|e| write_error(&args.output, &e))?;
+    vramshim_analyzer::files::write_output(&args.output, html.as_bytes())?;
     eprintln!("wrote {}", args.output.display());
     Ok(crate::input_status(&reports, torn))
 }

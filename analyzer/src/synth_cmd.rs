@@ -1,6 +1,5 @@
 //! `vramshim synth -o FILE`: a deterministic synthetic trace (benchmarks and tests).
 
-use std::fs::File;
 use std::io::BufWriter;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -50,7 +49,7 @@ pub fn main(a: Args) -> Result<ExitCode, String> {
         step_shapes: a.step_shapes,
         faithful: a.faithful,
     };
-    let f = File::create(&a.output).map_err(|e| write_error(&a.output, &e))?;
+    let f = vramshim_analyzer::files::create_output(&a.output)?;
     let n = synth::write(BufWriter::with_capacity(1 << 20, f), &o)
         .map_err(|e| write_error(&a.output, &e))?;
     eprintln!("wrote {} events to {}", n, a.output.display());

@@ -193,8 +193,18 @@ fn expand(path: &str) -> String {
 pub(crate) fn on_exit() {
     if let Some(p) = crate::env::var("VRAMSHIM_STATS").filter(|p| !p.is_empty()) {
         let path = expand(p);
-        if let Err(e) = std::fs::write(&path, json() + "\n") {
-            crate::warn!("VRAMSHIM_STATS: cannot write {path}: {e}");
+        // Only an earlier stats file (or a new one) is written: never a symlink, a FIFO,
+        // another user's file or any other file (docs/threat-model.md).
+        let written = vramshim_trace::output_file::create(
+            std::path::Path::new(&path),
+            vramshim_trace::output_file::Replace::Marked(b"{\"pid\":"),
+        )
+        .map_err(|e| e.to_string())
+        .and_then(|mut f| {
+            std::io::Write::write_all(&mut f, (json() + "\n").as_bytes()).map_err(|e| e.to_string())
+        });
+        if let Err(e) = written {
+            crate::warn!("VRAMSHIM_STATS: {path:?} {e}; no stats written");
         }
     }
     if crate::log::enabled(crate::log::Level::Debug) {

@@ -1,6 +1,7 @@
-//! The `.vramtrace` event model and its encoding. No FFI, no CUDA: the interposer
-//! produces these values, the analyzer consumes them, and the file format in
-//! `docs/trace-format.md` is the only contract between the two.
+//! The `.vramtrace` event model and its encoding. No CUDA, and no FFI outside
+//! [`output_file`] (the safe opening of the files vramshim writes, shared by the interposer
+//! and the analyzer): the interposer produces these values, the analyzer consumes them, and
+//! the file format in `docs/trace-format.md` is the only contract between the two.
 //!
 //! # Writing
 //!
@@ -62,6 +63,7 @@ pub mod codec;
 pub mod columns;
 pub mod event;
 pub mod header;
+pub mod output_file;
 pub mod reader;
 pub mod writer;
 

@@ -286,6 +286,21 @@ impl<W: Write> TraceWriter<W> {
         Ok(())
     }
 
+    /// Drops the open frame after a failed write (its bytes may be partly in `W`: the caller
+    /// cuts `W` back to `stats().file_bytes`, the end of the last whole frame). Returns how
+    /// many records it held (each event is one record; every buffer adds one `Context`).
+    pub fn discard_open_frame(&mut self) -> u64 {
+        let n = if self.has_records {
+            u64::from(self.enc.stats().records)
+        } else {
+            0
+        };
+        self.enc.clear();
+        self.has_records = false;
+        self.dirty = true;
+        n
+    }
+
     /// What has been written so far.
     pub fn stats(&self) -> WriterStats {
         self.stats

@@ -139,13 +139,14 @@ impl Visitor for Fast<'_> {
     }
 }
 
-/// Runs the in-order pass over `path`. `Ok(None)`: the file needs the windowed path.
+/// Runs the in-order pass over `path`: (warnings, torn, cut off). `Ok(None)`: the file needs
+/// the windowed path.
 pub(super) fn analyze(
     path: &Path,
     a: &mut Analysis,
     progress: &mut Progress,
     show_progress: bool,
-) -> Result<Option<(Vec<String>, bool)>, InputError> {
+) -> Result<Option<(Vec<String>, bool, bool)>, InputError> {
     let err = |e: &vramshim_trace::DecodeError| InputError::new(path, None, e.to_string());
     let mut reader = TraceReader::open(path).map_err(|e| match &e.kind {
         DecodeErrorKind::Io(std::io::ErrorKind::NotFound, _) => {
@@ -183,6 +184,7 @@ pub(super) fn analyze(
         return Ok(None);
     }
     let mut torn = false;
+    let cut_off = reader.truncation().is_some();
     if let Some(t) = reader.truncation() {
         warnings.push(format!("{}: {t}", path.display()));
         torn = matches!(t.reason, TruncationReason::TornFrame { .. });
@@ -202,5 +204,5 @@ pub(super) fn analyze(
     f.a.devices = devices;
     f.a.index += f.untimed;
     f.a.last_t = f.a.last_t.max(f.max_t);
-    Ok(Some((warnings, torn)))
+    Ok(Some((warnings, torn, cut_off)))
 }

@@ -782,12 +782,13 @@ pub fn analyze(opened: Opened, opts: &Options) -> Result<TraceReport, InputError
         );
         let path = opened.path.display().to_string();
         let mut a = Analysis::new(opts.clone(), opened.header.clone(), &path, opened.format);
-        if let Some((warnings, torn)) =
+        if let Some((warnings, torn, cut_off)) =
             fast::analyze(&opened.path, &mut a, &mut progress, opts.progress)?
         {
             progress.finish();
             let mut r = a.finish(warnings);
             r.torn = torn;
+            r.cut_off = cut_off;
             return Ok(r);
         }
         progress.finish();
@@ -802,11 +803,14 @@ pub fn analyze_in_order(opened: Opened, opts: &Options) -> Result<Option<TraceRe
     let path = opened.path.display().to_string();
     let mut a = Analysis::new(opts.clone(), opened.header.clone(), &path, opened.format);
     Ok(
-        fast::analyze(&opened.path, &mut a, &mut progress, false)?.map(|(warnings, torn)| {
-            let mut r = a.finish(warnings);
-            r.torn = torn;
-            r
-        }),
+        fast::analyze(&opened.path, &mut a, &mut progress, false)?.map(
+            |(warnings, torn, cut_off)| {
+                let mut r = a.finish(warnings);
+                r.torn = torn;
+                r.cut_off = cut_off;
+                r
+            },
+        ),
     )
 }
 
@@ -835,6 +839,7 @@ pub fn analyze_windowed(mut opened: Opened, opts: &Options) -> Result<TraceRepor
     progress.finish();
     let mut r = a.finish(opened.events.warnings());
     r.torn = opened.events.torn();
+    r.cut_off = opened.events.cut_off();
     Ok(r)
 }
 

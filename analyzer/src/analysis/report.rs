@@ -22,6 +22,10 @@ pub struct TraceReport {
     pub warnings: Vec<String>,
     /// The file was cut inside its last frame (everything before it was read).
     pub torn: bool,
+    /// The file ends before its writer finished it (no end record, or torn): allocations live
+    /// at its end may have been freed after it, so they are not reported as leaks.
+    #[serde(skip)]
+    pub cut_off: bool,
     pub first_ns: Option<u64>,
     pub last_ns: Option<u64>,
     pub duration_ns: u64,
@@ -587,6 +591,7 @@ pub(crate) fn build(mut a: Analysis, warnings: Vec<String>) -> TraceReport {
         out_of_order_events: a.out_of_order,
         warnings,
         torn: false,
+        cut_off: false,
         first_ns: a.first_t,
         last_ns: a.first_t.map(|_| a.last_t),
         duration_ns: a.last_t.saturating_sub(t0),

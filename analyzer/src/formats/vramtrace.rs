@@ -38,6 +38,8 @@ pub struct VramTraceSource {
     warnings: Vec<String>,
     /// A torn last frame: reported as a problem with the input (after the output is written).
     pub torn: bool,
+    /// No end record, or a torn last frame.
+    cut_off: bool,
 }
 
 fn decode_error(path: &Path, e: &vramshim_trace::DecodeError) -> InputError {
@@ -67,6 +69,7 @@ pub fn open(path: &Path) -> Result<(Header, Box<dyn EventSource>), InputError> {
             error: None,
             warnings: Vec::new(),
             torn: false,
+            cut_off: false,
         }),
     ))
 }
@@ -125,6 +128,7 @@ impl VramTraceSource {
             && let Some(t) = self.reader.truncation()
         {
             self.warnings.push(format!("{}: {t}", self.path.display()));
+            self.cut_off = true;
             if matches!(t.reason, TruncationReason::TornFrame { .. }) {
                 self.torn = true;
             }
@@ -197,5 +201,8 @@ impl EventSource for VramTraceSource {
     }
     fn torn(&self) -> bool {
         self.torn
+    }
+    fn cut_off(&self) -> bool {
+        self.cut_off
     }
 }

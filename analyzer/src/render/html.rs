@@ -514,7 +514,14 @@ fn device(r: &TraceReport, d: &DeviceReport, out: &mut String) {
         "refusals + OOMs",
         &(d.refusals.max(d.ooms)).to_string(),
     );
-    kpi(out, "live at exit", &bytes(d.leaks.bytes));
+    // A cut-off trace, or one with lost events, does not show what the process left
+    // allocated at exit.
+    let live_label = if super::text::end_note(r).is_some() {
+        "live at the end of the incomplete trace (not leaks)"
+    } else {
+        "live at exit"
+    };
+    kpi(out, live_label, &bytes(d.leaks.bytes));
     out.push_str("</div><h3>Memory over time</h3>");
     if let Some((_, tl)) = r.timelines.iter().find(|(dev, _)| *dev == d.device) {
         timeline_svg(tl, d.cap, &format!("timeline-{id}"), out);

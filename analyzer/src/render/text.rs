@@ -35,7 +35,17 @@ pub fn trace(r: &TraceReport, out: &mut String) {
         let _ = writeln!(out, "warning: {w}");
     }
     for d in &r.devices {
-        device(d, out);
+        device(d, out, end_note(r));
+    }
+}
+
+/// Why what is live at the end of the trace is not what the process left allocated, if so.
+pub fn end_note(r: &TraceReport) -> Option<String> {
+    match (r.cut_off, r.lost_events) {
+        (false, 0) => None,
+        (true, 0) => Some("the trace is cut off".into()),
+        (false, n) => Some(format!("{n} events were lost")),
+        (true, n) => Some(format!("the trace is cut off and {n} events were lost")),
     }
 }
 
@@ -43,7 +53,7 @@ fn pct(f: f64) -> String {
     format!("{:.1}%", f * 100.0)
 }
 
-fn device(d: &DeviceReport, out: &mut String) {
+fn device(d: &DeviceReport, out: &mut String, end_note: Option<String>) {
     let _ = writeln!(out);
     let total = d
         .total_bytes
@@ -177,12 +187,24 @@ fn device(d: &DeviceReport, out: &mut String) {
             pct(d.temporary.fraction)
         );
     }
-    let _ = writeln!(
-        out,
-        "  at exit: {} in {} allocations still live",
-        bytes(d.leaks.bytes),
-        d.leaks.count
-    );
+    match end_note {
+        None => {
+            let _ = writeln!(
+                out,
+                "  at exit: {} in {} allocations still live",
+                bytes(d.leaks.bytes),
+                d.leaks.count
+            );
+        }
+        Some(why) => {
+            let _ = writeln!(
+                out,
+                "  at the end of the trace: {} in {} allocations live ({why}: frees after it are missing, so these are not leaks)",
+                bytes(d.leaks.bytes),
+                d.leaks.count
+            );
+        }
+    }
     for s in d.leaks.top_sites.iter().take(5) {
         let _ = writeln!(
             out,

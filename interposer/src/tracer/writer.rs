@@ -4,6 +4,8 @@
 //! does the same on the exiting thread and writes the end record.
 
 use std::fs::File;
+use std::io::{Seek, SeekFrom};
+use std::path::Path;
 use std::sync::atomic::{
     AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering,
 };
@@ -11,6 +13,7 @@ use std::sync::{Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Select, Sender, TrySendError, bounded};
+use vramshim_trace::output_file::{self, Opened, Refusal, TRACE};
 use vramshim_trace::{DeviceInfo, Event, RecordEncoder, TraceWriter};
 
 use super::modules::ModuleMap;
@@ -66,6 +69,10 @@ struct Shared {
 
 struct Out {
     w: TraceWriter<File>,
+    path: String,
+    /// Set by the first failed write: why, and where the trace was cut back to. From then
+    /// on events are counted in `LOST`, not written.
+    failed: Option<(std::io::Error, u64)>,
     wenc: RecordEncoder,
     /// Encodes the application threads' buffers.
     renc: RecordEncoder,
@@ -147,21 +154,9 @@ fn start() -> bool {
     let mono = crate::ids::now_ns();
     let wall = super::header::wall_ns();
     let pid = crate::ids::pid();
-    let mut path = super::header::expand(&pat, pid, wall, FORKED.load(Ordering::Relaxed));
-    if let Some(other) = live_writer_of(&path, pid) {
-        // Several processes with one pattern and no %p (ranks, exec'd children): never
-        // truncate the trace of a process that is still running.
-        crate::warn!(
-            "VRAMSHIM_TRACE: {path:?} belongs to running process {other}; writing {path}.{pid}"
-        );
-        path = format!("{path}.{pid}");
-    }
-    let file = match File::create(&path) {
-        Ok(f) => f,
-        Err(e) => {
-            crate::warn!("VRAMSHIM_TRACE: cannot create {path:?}: {e}; tracing is off");
-            return false;
-        }
+    let path = super::header::expand(&pat, pid, wall, FORKED.load(Ordering::Relaxed));
+    let Some((file, path)) = open_trace(path, pid) else {
+        return false;
     };
     // Header, module map and devices are written here, once, before the first frame.
     let header = super::header::build(wall, mono);
@@ -183,6 +178,8 @@ fn start() -> bool {
     };
     let mut out = Out {
         w,
+        path,
+        failed: None,
         wenc: RecordEncoder::with_capacity(4096),
         renc: RecordEncoder::with_capacity(SEND_AT * 16),
         events: Vec::new(),
@@ -222,11 +219,65 @@ fn start() -> bool {
     }
 }
 
-/// The pid in the header of an existing trace at `path`, if that process is alive and not us.
-fn live_writer_of(path: &str, me: u32) -> Option<u32> {
-    let r = vramshim_trace::TraceReader::open(path).ok()?;
+/// Opens the trace file at `path` (or `path.<pid>` when `path` is the trace of a running
+/// process) under the rules of [`output_file`]: nothing planted at the path is followed,
+/// blocked on or overwritten, and only an earlier trace of ours is replaced. Anything else
+/// gets one line and tracing stays off; the program runs on untouched.
+fn open_trace(mut path: String, pid: u32) -> Option<(File, String)> {
+    if fault_unsafe_open() {
+        return open_trace_unsafely(path, pid);
+    }
+    let mut opened = output_file::open(Path::new(&path), TRACE);
+    if let Ok(Opened::Existing(f)) = &opened
+        && let Some(other) = live_writer(f, pid)
+    {
+        // Several processes with one pattern and no %p (ranks, exec'd children): never
+        // truncate the trace of a process that is still running.
+        crate::warn!(
+            "VRAMSHIM_TRACE: {path:?} belongs to running process {other}; writing {path}.{pid}"
+        );
+        path = format!("{path}.{pid}");
+        opened = output_file::open(Path::new(&path), TRACE);
+    }
+    match opened.and_then(|o| o.truncate().map_err(Refusal::from)) {
+        Ok(f) => Some((f, path)),
+        Err(why) => {
+            crate::warn!(
+                "VRAMSHIM_TRACE: {path:?} {why}; tracing is off (the program runs untraced)"
+            );
+            None
+        }
+    }
+}
+
+/// The pid in the header of the existing trace `f`, if that process is alive and not us.
+fn live_writer(f: &File, me: u32) -> Option<u32> {
+    let r = vramshim_trace::TraceReader::from_reader(f).ok()?;
     let pid = r.header().pid;
-    (pid != me && pid != 0 && std::path::Path::new(&format!("/proc/{pid}")).exists()).then_some(pid)
+    (pid != me && pid != 0 && Path::new(&format!("/proc/{pid}")).exists()).then_some(pid)
+}
+
+/// Fault switch (`VRAMSHIM_TRACE_FAULT=unsafe-open`): the trace path opened the naive way
+/// (read by path to find a live writer, then create-and-truncate, following symlinks and
+/// blocking on FIFOs), to show that the hostile-path tests catch it.
+fn fault_unsafe_open() -> bool {
+    crate::env::var("VRAMSHIM_TRACE_FAULT").is_some_and(|v| v.trim() == "unsafe-open")
+}
+
+fn open_trace_unsafely(mut path: String, pid: u32) -> Option<(File, String)> {
+    if let Ok(r) = vramshim_trace::TraceReader::open(&path) {
+        let other = r.header().pid;
+        if other != pid && other != 0 && Path::new(&format!("/proc/{other}")).exists() {
+            path = format!("{path}.{pid}");
+        }
+    }
+    match File::create(&path) {
+        Ok(f) => Some((f, path)),
+        Err(e) => {
+            crate::warn!("VRAMSHIM_TRACE: cannot create {path:?}: {e}; tracing is off");
+            None
+        }
+    }
 }
 
 fn lock(sh: &'static Shared) -> MutexGuard<'static, Option<Out>> {
@@ -316,15 +367,16 @@ fn write_chunk(sh: &Shared, out: &mut Out, mut c: Chunk) {
     recycle_into(sh, c.raw);
 }
 
-/// Encode a thread's buffer and add its records to the frame.
+/// Encode a thread's buffer and add its records to the frame (after a failed write: count
+/// its events as lost).
 fn write_raw(out: &mut Out, raw: &mut Buf) {
+    if out.failed.is_some() {
+        count_lost(raw.len() as u64);
+        return;
+    }
     slots::encode(&mut out.renc, raw);
-    if out
-        .w
-        .write_records(out.renc.bytes(), out.renc.stats())
-        .is_err()
-    {
-        write_failed(out);
+    if let Err(e) = out.w.write_records(out.renc.bytes(), out.renc.stats()) {
+        write_failed(out, e);
     }
 }
 
@@ -333,12 +385,66 @@ pub fn backlog() -> usize {
     QUEUED.load(Ordering::Relaxed)
 }
 
-fn write_failed(out: &mut Out) {
-    if !out.finished {
-        crate::warn!("VRAMSHIM_TRACE: write failed; tracing is off");
-        out.finished = true;
-        super::disable();
+/// A write failed (disk full, quota, I/O error): cut the file back to its last whole frame
+/// (a torn frame would hide what comes after it), count the records of the frame that did
+/// not make it as lost, and from now on count events instead of writing them. At exit the
+/// count goes into the trace as a `Lost` record when the disk takes it ([`finish_failed`]).
+fn write_failed(out: &mut Out, e: std::io::Error) {
+    if out.finished || out.failed.is_some() {
+        return;
     }
+    let good = out.w.stats().file_bytes;
+    let lost = out.w.discard_open_frame();
+    count_lost(lost);
+    out.events.clear();
+    let f = out.w.get_mut();
+    let cut = f.set_len(good).and_then(|_| f.seek(SeekFrom::Start(good)));
+    let cut = match cut {
+        Ok(_) => format!("the trace is cut back to its last whole frame ({good} bytes)"),
+        Err(c) => format!("the trace could not be cut back to its last whole frame ({c})"),
+    };
+    crate::warn!(
+        "VRAMSHIM_TRACE: writing {:?} failed: {e}; {lost} records lost so far, {cut}; events from now on are counted, not written",
+        out.path
+    );
+    out.failed = Some((e, good));
+}
+
+/// Exit after a failed write: try to add the `Lost` count and the end record (space may have
+/// come back, and cutting the torn frame freed some); say on stderr what was lost either way.
+fn finish_failed(out: &mut Out, now: u64) -> bool {
+    let lost = LOST.load(Ordering::Relaxed);
+    let (why, good) = match &out.failed {
+        Some((e, good)) => (e.to_string(), *good),
+        None => return false,
+    };
+    let mut enc = RecordEncoder::with_capacity(64);
+    enc.begin(0);
+    enc.push(&Event::Lost {
+        t_ns: now,
+        count: lost - out.lost_written.min(lost),
+    });
+    let written = out
+        .w
+        .write_records(enc.bytes(), enc.stats())
+        .and_then(|_| out.w.finish_in_place(now))
+        .is_ok();
+    if !written {
+        out.w.discard_open_frame();
+        let f = out.w.get_mut();
+        let _ = f.set_len(good);
+    }
+    crate::warn!(
+        "VRAMSHIM_TRACE: {:?}: {lost} events were not written (write failed: {why}); {}",
+        out.path,
+        if written {
+            "the trace ends with a Lost record that says so"
+        } else {
+            "the trace is cut off (no end record): analyses of it say so"
+        }
+    );
+    out.finished = true;
+    written
 }
 
 /// One flush cycle. Returns false once the trace is finished.
@@ -412,6 +518,13 @@ fn tick_locked(
             });
         }
     }
+    if out.failed.is_some() {
+        out.events.clear();
+        if at_exit {
+            return finish_failed(out, now);
+        }
+        return true;
+    }
     let lost = LOST.load(Ordering::Relaxed);
     if lost > out.lost_written {
         out.events.push(Event::Lost {
@@ -426,17 +539,23 @@ fn tick_locked(
             out.wenc.push(&e);
         }
         let stats = out.wenc.stats();
-        if out.w.write_records(out.wenc.bytes(), stats).is_err() {
-            write_failed(out);
+        if let Err(e) = out.w.write_records(out.wenc.bytes(), stats) {
+            write_failed(out, e);
         }
     }
     if at_exit {
-        let ok = out.w.finish_in_place(super::clock::now_ns()).is_ok();
+        if out.failed.is_some() {
+            return finish_failed(out, now);
+        }
+        if let Err(e) = out.w.finish_in_place(super::clock::now_ns()) {
+            write_failed(out, e);
+            return finish_failed(out, now);
+        }
         out.finished = true;
-        return ok;
+        return true;
     }
-    if out.w.flush_frame().is_err() {
-        write_failed(out);
+    if let Err(e) = out.w.flush_frame() {
+        write_failed(out, e);
     }
     !out.finished
 }
