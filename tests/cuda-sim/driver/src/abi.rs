@@ -13,6 +13,8 @@ pub type CUcontext = *mut c_void;
 pub type CUstream = *mut c_void;
 pub type CUevent = *mut c_void;
 pub type CUmemoryPool = *mut c_void;
+pub type CUmodule = *mut c_void;
+pub type CUfunction = *mut c_void;
 pub type CUmemGenericAllocationHandle = u64;
 
 pub const CUDA_SUCCESS: CUresult = 0;

@@ -27,6 +27,20 @@ pub struct Config {
     pub fail: Vec<FailRule>,
     /// `VRAMSIM_DEBUG=1`: one stderr line per driver call (name and result).
     pub debug: bool,
+    /// `VRAMSIM_EXPORT_TABLES_FAULT`: a deliberate defect in the private export tables, for the
+    /// tests that show NVIDIA's runtime depends on them.
+    pub export_fault: ExportFault,
+}
+
+/// What `VRAMSIM_EXPORT_TABLES_FAULT` breaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExportFault {
+    None,
+    /// `refuse`: cuGetExportTable answers CUDA_ERROR_NOT_FOUND for every table.
+    Refuse,
+    /// `integrity`: the integrity check's keyed-hash answer (not the fixed ones) has one bit
+    /// flipped.
+    Integrity,
 }
 
 pub static CONFIG: LazyLock<Config> = LazyLock::new(Config::from_env);
@@ -128,8 +142,19 @@ impl Config {
             "1" => Some(true),
             _ => None,
         });
+        let export_fault = env_or(
+            "VRAMSIM_EXPORT_TABLES_FAULT",
+            ExportFault::None,
+            "refuse or integrity",
+            |s| match s.trim() {
+                "refuse" => Some(ExportFault::Refuse),
+                "integrity" => Some(ExportFault::Integrity),
+                _ => None,
+            },
+        );
         Self {
             debug,
+            export_fault,
             name,
             devices,
             memory,

@@ -8,8 +8,10 @@
 pub mod abi;
 pub mod config;
 pub mod ctx;
+pub mod export_tables;
 pub mod exports;
 pub mod inject;
+pub mod integrity;
 pub mod mem;
 pub mod pool;
 pub mod procaddr;

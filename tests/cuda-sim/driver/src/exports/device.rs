@@ -9,7 +9,7 @@ use crate::procaddr;
 use crate::state;
 
 /// Simulated device attributes (an H100-like part; CC 9.0) of physical device `phys`.
-fn attribute(attr: c_int, phys: i32) -> Option<c_int> {
+pub(crate) fn attribute(attr: c_int, phys: i32) -> Option<c_int> {
     Some(match attr {
         1 => 1024,        // MAX_THREADS_PER_BLOCK
         2 | 3 => 1024,    // MAX_BLOCK_DIM_X/Y
@@ -65,7 +65,7 @@ fn attribute(attr: c_int, phys: i32) -> Option<c_int> {
     })
 }
 
-fn uuid(phys: usize) -> CUuuid {
+pub(crate) fn uuid(phys: usize) -> CUuuid {
     CUuuid {
         bytes: vramsim_devstate::device_uuid(&CONFIG.name, phys as u32),
     }
@@ -229,10 +229,18 @@ cu_api! {
         Ok(())
     }
 
-    fn cuGetExportTable(table: *mut *const c_void, _id: *const CUuuid) {
-        // The private tables are NVIDIA's; the simulated runtime never asks for them.
+    fn cuGetExportTable(table: *mut *const c_void, id: *const CUuuid) {
+        if id.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: non-null pointer to the caller's 16-byte UUID.
+        let id = unsafe { id.read_unaligned() }.bytes;
+        let found = crate::export_tables::lookup(&id);
+        if CONFIG.debug {
+            eprintln!("vramsim: cuGetExportTable {}", crate::export_tables::format_uuid(&id));
+        }
         // SAFETY: C out-pointer.
-        unsafe { put(table, std::ptr::null()) }?;
-        Err(CUDA_ERROR_NOT_FOUND)
+        unsafe { put(table, found.unwrap_or(std::ptr::null())) }?;
+        found.map(|_| ()).ok_or(CUDA_ERROR_NOT_FOUND)
     }
 }

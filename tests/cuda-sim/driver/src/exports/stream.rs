@@ -281,9 +281,9 @@ cu_api! {
         stream::run_async(&s, Duration::ZERO, Box::new(|| {}))
     }
     fn cuModuleLoadData(module: *mut N, _image: *const c_void) {
-        ctx::current_device()?;
-        // SAFETY: C out-pointer; modules are dummies (kernels are not computed).
-        unsafe { put(module, 0x7c3d_0000_1000usize as N) }
+        let m = load_module()?;
+        // SAFETY: C out-pointer.
+        unsafe { put(module, m) }
     }
     fn cuModuleLoad(module: *mut N, _fname: *const std::ffi::c_char) {
         ctx::current_device()?;
@@ -301,6 +301,12 @@ cu_api! {
     }
     fn cuFuncSetAttribute(_f: N, _attr: c_int, _v: c_int) { Ok(()) }
     fn cuFuncSetCacheConfig(_f: N, _c: c_int) { Ok(()) }
+}
+
+/// A module handle for a loaded image; modules are dummies (kernels are not computed).
+pub fn load_module() -> Result<N, CUresult> {
+    ctx::current_device()?;
+    Ok(0x7c3d_0000_1000usize as N)
 }
 
 fn elapsed(ms: *mut f32, start: CUevent, end: CUevent) -> Res {
