@@ -26,7 +26,21 @@ impl<const N: usize> Table<N> {
     }
 }
 
-const NULL: *const c_void = std::ptr::null();
+/// A slot whose behaviour is not known: rather than a NULL the caller would jump to, a
+/// function that answers CUDA_ERROR_NOT_SUPPORTED and, with VRAMSIM_DEBUG=1, names itself
+/// (`vramsim: exportTable.<table>.slot<N> (not served) -> 801`), so a library that needs it
+/// shows where to look next.
+macro_rules! unserved {
+    ($table:literal, $slot:literal) => {{
+        unsafe extern "C" fn unserved() -> CUresult {
+            guard(
+                concat!("exportTable.", $table, ".slot", $slot, " (not served)"),
+                || Err(CUDA_ERROR_NOT_SUPPORTED),
+            )
+        }
+        unserved as *const c_void
+    }};
+}
 
 /// `6bd5fb6c-5bf4-e74a-8987-d93912fd9df9`: the runtime interface. Without it `cudart` cannot
 /// register its fat binaries nor find a device's primary context.
@@ -34,28 +48,30 @@ pub static RUNTIME: Table<13> = Table([
     Table::<13>::SIZE,
     rt_load_fatbin as *const c_void,
     rt_primary_context as *const c_void,
-    NULL,
-    NULL,
-    NULL,
+    unserved!("runtime", 3),
+    unserved!("runtime", 4),
+    unserved!("runtime", 5),
     rt_load_fatbin_ext as *const c_void,
     rt_noop as *const c_void,
     rt_load_fatbin_header as *const c_void,
-    NULL,
-    NULL,
-    NULL,
+    unserved!("runtime", 9),
+    unserved!("runtime", 10),
+    unserved!("runtime", 11),
     rt_load_compilers as *const c_void,
 ]);
 const RUNTIME_ID: [u8; 16] = uuid(0x6bd5fb6c_5bf4_e74a_8987_d93912fd9df9);
 
 /// `a094798c-2e74-2e74-93f2-0800200c0a66`: tool callback hooks. The runtime reads two buffers
-/// a profiler would fill in; zeroed buffers say "no tool attached".
+/// a profiler would fill in; zeroed buffers say "no tool attached". cuBLASLt calls slots 1 and
+/// 4 around its work (with a callback id such as 0x1d4 and a record): with no tool subscribed
+/// there is nothing to notify, so they do nothing.
 pub static TOOL_HOOKS: Table<7> = Table([
     Table::<7>::SIZE,
-    NULL,
+    hooks_notify as *const c_void,
     hooks_buffer_a as *const c_void,
-    NULL,
-    NULL,
-    NULL,
+    unserved!("toolHooks", 3),
+    hooks_notify as *const c_void,
+    unserved!("toolHooks", 5),
     hooks_buffer_b as *const c_void,
 ]);
 const TOOL_HOOKS_ID: [u8; 16] = uuid(0xa094798c_2e74_2e74_93f2_0800200c0a66);
@@ -64,9 +80,9 @@ const TOOL_HOOKS_ID: [u8; 16] = uuid(0xa094798c_2e74_2e74_93f2_0800200c0a66);
 /// calling thread's current context.
 pub static TOOLS_TLS: Table<4> = Table([
     Table::<4>::SIZE,
-    NULL,
+    unserved!("toolsTls", 1),
     tls_current_context as *const c_void,
-    NULL,
+    unserved!("toolsTls", 3),
 ]);
 const TOOLS_TLS_ID: [u8; 16] = uuid(0x42d85a81_23f6_cb47_8298_f6e78a3aecdc);
 
@@ -76,21 +92,25 @@ pub static CONTEXT_STORAGE: Table<4> = Table([
     cls_put as *const c_void,
     cls_delete as *const c_void,
     cls_get as *const c_void,
-    NULL,
+    unserved!("contextStorage", 3),
 ]);
 const CONTEXT_STORAGE_ID: [u8; 16] = uuid(0xc693336e_1121_df11_a8c3_68f355d89593);
 
 /// `263e8860-7cd2-6143-92f6-bbd5006dfa7e`: context checks; both report "nothing special".
 pub static CONTEXT_CHECKS: Table<4> = Table([
     Table::<4>::SIZE,
-    NULL,
+    unserved!("contextChecks", 1),
     checks_context as *const c_void,
     checks_flag as *const c_void,
 ]);
 const CONTEXT_CHECKS_ID: [u8; 16] = uuid(0x263e8860_7cd2_6143_92f6_bbd5006dfa7e);
 
 /// `d4082055-bde6-704b-8d34-ba123c66e1f2`: the integrity check (see `integrity`).
-pub static INTEGRITY: Table<3> = Table([Table::<3>::SIZE, integrity_check as *const c_void, NULL]);
+pub static INTEGRITY: Table<3> = Table([
+    Table::<3>::SIZE,
+    integrity_check as *const c_void,
+    unserved!("integrity", 2),
+]);
 const INTEGRITY_ID: [u8; 16] = uuid(0xd4082055_bde6_704b_8d34_ba123c66e1f2);
 
 /// A UUID written as one number, in the byte order it is printed (and compared) in.
@@ -129,40 +149,51 @@ pub fn lookup(id: &[u8; 16]) -> Option<*const c_void> {
 
 // ---- runtime interface ----
 
-/// Fat binaries are accepted without being parsed: kernels are not executed.
-unsafe extern "C" fn rt_load_fatbin(module: *mut CUmodule, _fatbin: *const c_void) -> CUresult {
+/// A module for the runtime's fat binary (kernels are not executed; globals are read from it).
+///
+/// # Safety
+/// `fatbin` is NULL or a fat binary or fat-binary wrapper.
+unsafe fn load_fatbin(module: *mut CUmodule, fatbin: *const c_void) -> Res {
+    if module.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let dev = ctx::current_device()?;
+    // SAFETY: per this function's contract.
+    let symbols = unsafe { crate::module::read_image(fatbin.cast()) };
+    // SAFETY: C out-pointer, checked above.
+    unsafe { put(module, crate::module::load(dev, symbols)) }
+}
+
+unsafe extern "C" fn rt_load_fatbin(module: *mut CUmodule, fatbin: *const c_void) -> CUresult {
     guard("exportTable.runtime.loadFatbin", || {
-        let m = crate::exports::stream::load_module()?;
-        // SAFETY: C out-pointer.
-        unsafe { put(module, m) }
+        // SAFETY: the fat binary (or its wrapper) the runtime registers.
+        unsafe { load_fatbin(module, fatbin) }
     })
 }
 
 unsafe extern "C" fn rt_load_fatbin_ext(
     module: *mut CUmodule,
-    _fatbin: *const c_void,
+    fatbin: *const c_void,
     _a: *mut c_void,
     _b: *mut c_void,
     _c: c_uint,
 ) -> CUresult {
     guard("exportTable.runtime.loadFatbinExt", || {
-        let m = crate::exports::stream::load_module()?;
-        // SAFETY: C out-pointer.
-        unsafe { put(module, m) }
+        // SAFETY: the fat binary (or its wrapper) the runtime registers.
+        unsafe { load_fatbin(module, fatbin) }
     })
 }
 
 unsafe extern "C" fn rt_load_fatbin_header(
-    _fatbin: *const c_void,
+    fatbin: *const c_void,
     module: *mut CUmodule,
     _a: *mut c_void,
     _b: *mut c_void,
     _c: c_uint,
 ) -> CUresult {
     guard("exportTable.runtime.loadFatbinHeader", || {
-        let m = crate::exports::stream::load_module()?;
-        // SAFETY: C out-pointer.
-        unsafe { put(module, m) }
+        // SAFETY: the fat binary (or its wrapper) the runtime registers.
+        unsafe { load_fatbin(module, fatbin) }
     })
 }
 
@@ -193,8 +224,11 @@ struct HookBuffer<const N: usize>(std::cell::UnsafeCell<[u8; N]>);
 // SAFETY: handed out as raw memory to the runtime; the driver itself never reads or writes it.
 unsafe impl<const N: usize> Sync for HookBuffer<N> {}
 
-static HOOKS_A: HookBuffer<1024> = HookBuffer(std::cell::UnsafeCell::new([0; 1024]));
-static HOOKS_B: HookBuffer<56> = HookBuffer(std::cell::UnsafeCell::new([0; 56]));
+// Larger than the sizes reported: the runtime reads flags beyond the reported size (cuBLASLt's
+// copy reads offset 0x524 of the first buffer to decide whether a tool is subscribed), and must
+// read zeros there.
+static HOOKS_A: HookBuffer<8192> = HookBuffer(std::cell::UnsafeCell::new([0; 8192]));
+static HOOKS_B: HookBuffer<8192> = HookBuffer(std::cell::UnsafeCell::new([0; 8192]));
 
 unsafe extern "C" fn hooks_buffer_a(ptr: *mut *mut c_void, size: *mut usize) {
     // SAFETY: C out-pointers (NULL ones skipped).
@@ -217,6 +251,11 @@ unsafe fn give_buffer(ptr: *mut *mut c_void, size: *mut usize, buf: *mut c_void,
         // SAFETY: non-null C out-pointer.
         unsafe { size.write_unaligned(len) };
     }
+}
+
+/// Tool notification with no tool subscribed: nothing to do.
+unsafe extern "C" fn hooks_notify(_id: usize, _record: *mut c_void) -> CUresult {
+    CUDA_SUCCESS
 }
 
 // ---- tools thread-local ----

@@ -58,8 +58,13 @@ pub(crate) fn attribute(attr: c_int, phys: i32) -> Option<c_int> {
         103 => 1,         // HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED
         104 | 105 => 0,   // WIN32 handles
         106 => 32,        // MAX_BLOCKS_PER_MULTIPROCESSOR
+        111 => 1024,      // RESERVED_SHARED_MEMORY_PER_BLOCK
         115 => 1,         // MEMORY_POOLS_SUPPORTED
         119 => 1,         // MEMPOOL_SUPPORTED_HANDLE_TYPES (posix fd)
+        // GPU_PCI_DEVICE_ID / _SUBSYSTEM_ID: device << 16 | vendor, an H100 SXM's (NVIDIA's
+        // libraries pick their kernels by it: cuBLAS refuses to initialise on 0).
+        139 => 0x2330_10de,
+        140 => 0x16c1_10de,
         _ if (1..=150).contains(&attr) => 0,
         _ => return None,
     })
@@ -220,6 +225,9 @@ cu_api! {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let (p, status) = procaddr::lookup(name, cuda_version, flags)?;
+        if p.is_null() && CONFIG.debug {
+            eprintln!("vramsim: cuGetProcAddress {name}@{cuda_version}: not served");
+        }
         // SAFETY: C out-pointer, checked above.
         unsafe { put(pfn, p) }?;
         if !symbol_status.is_null() {

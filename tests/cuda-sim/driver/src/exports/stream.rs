@@ -280,33 +280,6 @@ cu_api! {
         let s = stream::resolve(s, true)?;
         stream::run_async(&s, Duration::ZERO, Box::new(|| {}))
     }
-    fn cuModuleLoadData(module: *mut N, _image: *const c_void) {
-        let m = load_module()?;
-        // SAFETY: C out-pointer.
-        unsafe { put(module, m) }
-    }
-    fn cuModuleLoad(module: *mut N, _fname: *const std::ffi::c_char) {
-        ctx::current_device()?;
-        // SAFETY: C out-pointer.
-        unsafe { put(module, 0x7c3d_0000_1000usize as N) }
-    }
-    fn cuModuleUnload(_module: N) { Ok(()) }
-    fn cuModuleGetFunction(f: *mut N, _module: N, _name: *const std::ffi::c_char) {
-        // SAFETY: C out-pointer.
-        unsafe { put(f, 0x7c3d_0000_2000usize as N) }
-    }
-    fn cuFuncGetAttribute(pi: *mut c_int, _attr: c_int, _f: N) {
-        // SAFETY: C out-pointer.
-        unsafe { put(pi, 0) }
-    }
-    fn cuFuncSetAttribute(_f: N, _attr: c_int, _v: c_int) { Ok(()) }
-    fn cuFuncSetCacheConfig(_f: N, _c: c_int) { Ok(()) }
-}
-
-/// A module handle for a loaded image; modules are dummies (kernels are not computed).
-pub fn load_module() -> Result<N, CUresult> {
-    ctx::current_device()?;
-    Ok(0x7c3d_0000_1000usize as N)
 }
 
 fn elapsed(ms: *mut f32, start: CUevent, end: CUevent) -> Res {
