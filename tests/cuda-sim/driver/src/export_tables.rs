@@ -113,6 +113,80 @@ pub static INTEGRITY: Table<3> = Table([
 ]);
 const INTEGRITY_ID: [u8; 16] = uuid(0xd4082055_bde6_704b_8d34_ba123c66e1f2);
 
+/// `21318c60-9714-3248-8ca6-41ff7324c8f2`: context identity, asked for by cuBLASLt. Slot 4
+/// (ctx, u64 out*) gives the context's unique id, which cuBLASLt uses as the key of its
+/// per-context state (its algorithm heuristics cache among it): it takes the current context
+/// from the tools thread-local table (`42d85a81`, slot 2), asks this slot for its id, and
+/// looks the id up in its own map. The size of the table is not known: slots 1 to 3 and 5 to
+/// 7 name themselves if called.
+pub static CONTEXT_IDS: Table<64> = Table([
+    Table::<64>::SIZE,
+    unserved!("contextIds", 1),
+    unserved!("contextIds", 2),
+    unserved!("contextIds", 3),
+    ids_context_id as *const c_void,
+    unserved!("contextIds", 5),
+    unserved!("contextIds", 6),
+    unserved!("contextIds", 7),
+    unserved!("contextIds", 8),
+    unserved!("contextIds", 9),
+    unserved!("contextIds", 10),
+    unserved!("contextIds", 11),
+    unserved!("contextIds", 12),
+    unserved!("contextIds", 13),
+    unserved!("contextIds", 14),
+    unserved!("contextIds", 15),
+    unserved!("contextIds", 16),
+    unserved!("contextIds", 17),
+    unserved!("contextIds", 18),
+    unserved!("contextIds", 19),
+    unserved!("contextIds", 20),
+    unserved!("contextIds", 21),
+    unserved!("contextIds", 22),
+    unserved!("contextIds", 23),
+    unserved!("contextIds", 24),
+    unserved!("contextIds", 25),
+    unserved!("contextIds", 26),
+    unserved!("contextIds", 27),
+    unserved!("contextIds", 28),
+    unserved!("contextIds", 29),
+    unserved!("contextIds", 30),
+    unserved!("contextIds", 31),
+    unserved!("contextIds", 32),
+    unserved!("contextIds", 33),
+    unserved!("contextIds", 34),
+    unserved!("contextIds", 35),
+    unserved!("contextIds", 36),
+    unserved!("contextIds", 37),
+    unserved!("contextIds", 38),
+    ids_stream_id as *const c_void,
+    unserved!("contextIds", 40),
+    unserved!("contextIds", 41),
+    unserved!("contextIds", 42),
+    unserved!("contextIds", 43),
+    unserved!("contextIds", 44),
+    unserved!("contextIds", 45),
+    unserved!("contextIds", 46),
+    unserved!("contextIds", 47),
+    unserved!("contextIds", 48),
+    unserved!("contextIds", 49),
+    unserved!("contextIds", 50),
+    ids_stream as *const c_void,
+    unserved!("contextIds", 52),
+    unserved!("contextIds", 53),
+    unserved!("contextIds", 54),
+    unserved!("contextIds", 55),
+    unserved!("contextIds", 56),
+    unserved!("contextIds", 57),
+    unserved!("contextIds", 58),
+    unserved!("contextIds", 59),
+    unserved!("contextIds", 60),
+    unserved!("contextIds", 61),
+    unserved!("contextIds", 62),
+    unserved!("contextIds", 63),
+]);
+const CONTEXT_IDS_ID: [u8; 16] = uuid(0x21318c60_9714_3248_8ca6_41ff7324c8f2);
+
 /// A UUID written as one number, in the byte order it is printed (and compared) in.
 const fn uuid(v: u128) -> [u8; 16] {
     v.to_be_bytes()
@@ -136,7 +210,8 @@ pub fn lookup(id: &[u8; 16]) -> Option<*const c_void> {
     if CONFIG.export_fault == ExportFault::Refuse {
         return None;
     }
-    let tables: [(&[u8; 16], *const c_void); 6] = [
+    let tables: [(&[u8; 16], *const c_void); 7] = [
+        (&CONTEXT_IDS_ID, CONTEXT_IDS.start()),
         (&RUNTIME_ID, RUNTIME.start()),
         (&TOOL_HOOKS_ID, TOOL_HOOKS.start()),
         (&TOOLS_TLS_ID, TOOLS_TLS.start()),
@@ -351,6 +426,41 @@ pub fn context_gone(ctx: usize) {
             unsafe { d(c, e.key as *mut c_void, e.value as *mut c_void) };
         }
     }
+}
+
+// ---- context ids ----
+
+/// The id of context `c` (NULL: the current one), as `cuCtxGetId` gives it.
+unsafe extern "C" fn ids_context_id(c: CUcontext, id: *mut u64) -> CUresult {
+    guard("exportTable.contextIds.id", || {
+        let c = if c.is_null() { ctx::get_current() } else { c };
+        ctx::device_of(c)?;
+        // SAFETY: C out-pointer.
+        unsafe { put(id, c as u64) }
+    })
+}
+
+/// The stream `s` names in context `c` (0: the legacy default stream, 2: the per-thread one,
+/// else a created stream), checked; the handle is given back as is (what the id slot takes).
+unsafe extern "C" fn ids_stream(c: CUcontext, s: CUstream, out: *mut CUstream) -> CUresult {
+    guard("exportTable.contextIds.stream", || {
+        let c = if c.is_null() { ctx::get_current() } else { c };
+        ctx::device_of(c)?;
+        crate::stream::resolve(s, false)?;
+        // SAFETY: C out-pointer.
+        unsafe { put(out, s) }
+    })
+}
+
+/// The id of stream `s` of context `c`, as `cuStreamGetId` gives it.
+unsafe extern "C" fn ids_stream_id(c: CUcontext, s: CUstream, out: *mut u64) -> CUresult {
+    guard("exportTable.contextIds.streamId", || {
+        let c = if c.is_null() { ctx::get_current() } else { c };
+        ctx::device_of(c)?;
+        let st = crate::stream::resolve(s, false)?;
+        // SAFETY: C out-pointer.
+        unsafe { put(out, st.handle as u64) }
+    })
 }
 
 // ---- context checks ----

@@ -204,9 +204,6 @@ pub fn read_fatbin(fb: &[u8], out: &mut Symbols) {
         (u16_at(fb, off), u32_at(fb, off + 4), u64_at(fb, off + 8))
     {
         let flags = u64_at(fb, off + 40).unwrap_or(0);
-        if crate::config::CONFIG.debug {
-            eprintln!("vramsim: fatbin entry kind {kind} flags {flags:#x} size {payload}");
-        }
         let body = off.checked_add(hsize as u64);
         if kind == FATBIN_KIND_ELF
             && let Some(data) = body.and_then(|b| slice(fb, b, payload))

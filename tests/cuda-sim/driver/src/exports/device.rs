@@ -61,8 +61,8 @@ pub(crate) fn attribute(attr: c_int, phys: i32) -> Option<c_int> {
         111 => 1024,      // RESERVED_SHARED_MEMORY_PER_BLOCK
         115 => 1,         // MEMORY_POOLS_SUPPORTED
         119 => 1,         // MEMPOOL_SUPPORTED_HANDLE_TYPES (posix fd)
-        // GPU_PCI_DEVICE_ID / _SUBSYSTEM_ID: device << 16 | vendor, an H100 SXM's (NVIDIA's
-        // libraries pick their kernels by it: cuBLAS refuses to initialise on 0).
+        // GPU_PCI_DEVICE_ID / _SUBSYSTEM_ID: device << 16 | vendor, an H100 SXM's (cuBLAS
+        // reads them).
         139 => 0x2330_10de,
         140 => 0x16c1_10de,
         _ if (1..=150).contains(&attr) => 0,
