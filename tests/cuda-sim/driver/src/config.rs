@@ -21,6 +21,8 @@ pub struct Config {
     pub memory: u64,
     pub context_overhead: u64,
     pub stream_delay: Duration,
+    /// `VRAMSIM_KERNEL_NS`: how long each kernel launch occupies its stream (0: no time).
+    pub kernel_time: Duration,
     pub driver_version: i32,
     /// (base name or "*", latency)
     pub latency: Vec<(String, Duration)>,
@@ -114,6 +116,18 @@ impl Config {
             DURATION_FORMS,
             parse_duration,
         );
+        let kernel_time = env_or(
+            "VRAMSIM_KERNEL_NS",
+            Duration::ZERO,
+            "nanoseconds per kernel launch, e.g. 50000 (at most 10 s)",
+            |s| {
+                s.trim()
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|n| *n <= 10_000_000_000)
+                    .map(Duration::from_nanos)
+            },
+        );
         let driver_version = env_or(
             "VRAMSIM_DRIVER_VERSION",
             DEFAULT_DRIVER_VERSION,
@@ -160,6 +174,7 @@ impl Config {
             memory,
             context_overhead,
             stream_delay,
+            kernel_time,
             driver_version,
             latency,
             fail,

@@ -5,7 +5,6 @@
 //! order. See `crate::module` for what a module holds.
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
-use std::time::Duration;
 
 use crate::abi::*;
 use crate::cu_api;
@@ -158,7 +157,7 @@ fn launch_ex(config: *const CUlaunchConfig, ptsz: bool) -> Res {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let s = stream::resolve(c.stream, ptsz)?;
-    stream::run_async(&s, Duration::ZERO, Box::new(|| {}))
+    stream::run_async(&s, crate::config::CONFIG.kernel_time, Box::new(|| {}))
 }
 
 cu_api! {

@@ -271,14 +271,14 @@ cu_api! {
         _shmem: c_uint, s: CUstream, _params: *mut N, _extra: *mut N,
     ) {
         let s = stream::resolve(s, false)?;
-        stream::run_async(&s, Duration::ZERO, Box::new(|| {}))
+        stream::run_async(&s, crate::config::CONFIG.kernel_time, Box::new(|| {}))
     }
     fn cuLaunchKernel_ptsz(
         _f: N, _gx: c_uint, _gy: c_uint, _gz: c_uint, _bx: c_uint, _by: c_uint, _bz: c_uint,
         _shmem: c_uint, s: CUstream, _params: *mut N, _extra: *mut N,
     ) {
         let s = stream::resolve(s, true)?;
-        stream::run_async(&s, Duration::ZERO, Box::new(|| {}))
+        stream::run_async(&s, crate::config::CONFIG.kernel_time, Box::new(|| {}))
     }
 }
 
