@@ -190,3 +190,21 @@ fn the_preload_does_not_change_the_driver_reached() {
         assert_nvidia_runtime_on_sim_driver(&out.stdout, rt, &wheels);
     }
 }
+
+/// The integrity answer covers every device the runtime sees (their UUIDs and PCI ids): with
+/// three simulated devices of which CUDA_VISIBLE_DEVICES shows two, in another order.
+#[test]
+fn the_integrity_answer_covers_the_visible_devices() {
+    let Some(wheels) = wheels_or_skip() else {
+        return;
+    };
+    for rt in ALL {
+        let out = plain(
+            rt,
+            &wheels,
+            &[("VRAMSIM_DEVICES", "3"), ("CUDA_VISIBLE_DEVICES", "2,0")],
+        );
+        assert!(out.success(), "{rt:?}: {}\n{}", out.stdout, out.stderr);
+        assert_eq!(field(&out.stdout, "devices"), 2, "{rt:?}");
+    }
+}
