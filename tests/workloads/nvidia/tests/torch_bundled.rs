@@ -2,7 +2,7 @@
 //! wheel it pins, not cuda-sim's) trains a small MLP with AdamW on cuda-sim's driver: plain,
 //! traced (every segment PyTorch's allocator holds appears once), capped (a
 //! torch.OutOfMemoryError in the middle of training, with vramshim's refusal message) and
-//! pooled. Kernels do not run; the allocations are real. Skipped without the PyTorch
+//! pooled; and a conv net with cuDNN. Kernels do not run; the allocations are real. Skipped without the PyTorch
 //! environment of scripts/setup-torch (VRAMSHIM_TORCH_TESTS=1 installs it).
 
 use std::path::Path;
@@ -13,9 +13,10 @@ use vramshim_pytorch_tests::torch_or_skip;
 use vramshim_testkit::{RunOutput, profile_dir, repo_root, run, sim_command, temp_dir};
 use vramshim_trace::{Event, TraceReader};
 
-fn script() -> String {
+fn script(name: &str) -> String {
     repo_root()
-        .join("tests/workloads/nvidia/py/train_mlp.py")
+        .join("tests/workloads/nvidia/py")
+        .join(name)
         .display()
         .to_string()
 }
@@ -23,6 +24,10 @@ fn script() -> String {
 /// `python train_mlp.py args`, under `vramshim run flags` when flags are given (no `--sim`:
 /// the program's own runtime runs; the driver-only directory stands for the installed driver).
 fn train(python: &Path, flags: Option<&[&str]>, args: &[&str]) -> RunOutput {
+    train_with("train_mlp.py", python, flags, args)
+}
+
+fn train_with(name: &str, python: &Path, flags: Option<&[&str]>, args: &[&str]) -> RunOutput {
     let mut c: Command = match flags {
         None => sim_command(python, "nv-torch"),
         Some(f) => {
@@ -33,7 +38,7 @@ fn train(python: &Path, flags: Option<&[&str]>, args: &[&str]) -> RunOutput {
     };
     c.env("LD_LIBRARY_PATH", driver_only_dir())
         .env("VRAMSIM_CONTEXT_OVERHEAD", "0")
-        .arg(script())
+        .arg(script(name))
         .args(args);
     run(&mut c)
 }
@@ -152,4 +157,25 @@ fn pooled_pytorch_trains() {
     let out = train(&python, Some(&["--pool", "stitch"]), &["5", "256"]);
     ok(&out, "pooled");
     assert_bundled_runtime(&out);
+}
+
+/// cuDNN 9 (PyTorch's pin) runs too: a small conv net trains with cuDNN's engines loaded.
+#[test]
+fn pytorch_trains_a_conv_net_with_cudnn() {
+    let Some(python) = torch_or_skip("pytorch_trains_a_conv_net_with_cudnn") else {
+        return;
+    };
+    let out = train_with(
+        "train_convnet.py",
+        &python,
+        Some(&["--pool", "stitch"]),
+        &["3"],
+    );
+    ok(&out, "conv net");
+    let maps = mapped(&out.stdout);
+    assert!(
+        maps.iter().any(|p| p.contains("libcudnn_engines")),
+        "cuDNN's engines were loaded: {maps:?}"
+    );
+    assert!(field(&out.stdout, "cudnn") >= 90000, "{}", out.stdout);
 }
