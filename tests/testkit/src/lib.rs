@@ -16,7 +16,8 @@
 //!   `VRAMSIM_NAME`), [`preload`] (adds a library to `LD_PRELOAD`), [`run`] /
 //!   [`run_with_preload`] returning a [`RunOutput`].
 //! * Scratch space: [`temp_dir`], [`unique_name`]; shipped traces: [`trace_file`].
-//! * NVIDIA's real `libcudart.so.12` (downloaded wheel): [`real_cudart12_dir`].
+//! * NVIDIA's real `libcudart.so.12` (downloaded wheel): [`real_cudart12_dir`]; the pinned
+//!   NVIDIA wheels of scripts/setup-nvidia-wheels: [`nvidia_wheels`].
 //!
 //! The simulated GPU libraries come from cargo's outputs in [`profile_dir`]
 //! (`libvramsim_driver.so`, `libvramsim_runtime12.so`, ...); `scripts/test` builds the whole
@@ -30,7 +31,7 @@ mod wheel;
 
 pub use layout::{SIM_FILES, lay_out, sim_dir};
 pub use proc::{RunOutput, preload, run, run_with_preload, sim_command, sim_env};
-pub use wheel::{CUDART12_WHEEL, real_cudart12_dir};
+pub use wheel::{CUDART12_WHEEL, nvidia_wheels, real_cudart12_dir};
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -81,3 +81,42 @@ pub fn real_cudart12_dir() -> Result<PathBuf, String> {
         ))
     }
 }
+
+/// Root of the pinned NVIDIA wheels `scripts/setup-nvidia-wheels` installs (`cu12/`, `cu13/`),
+/// or `Err(reason)` to skip. With `VRAMSHIM_NVIDIA_TESTS=1` (CI) a missing installation is
+/// installed first (once per test process) and a failed install panics: the tests then fail
+/// instead of skipping.
+pub fn nvidia_wheels() -> Result<PathBuf, String> {
+    static DIR: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let script = crate::repo_root().join("scripts/setup-nvidia-wheels");
+        let check = Command::new(&script)
+            .arg("--check")
+            .output()
+            .map_err(|e| format!("{}: {e}", script.display()))?;
+        if check.status.success() {
+            return Ok(PathBuf::from(
+                String::from_utf8_lossy(&check.stdout).trim().to_string(),
+            ));
+        }
+        if std::env::var("VRAMSHIM_NVIDIA_TESTS").as_deref() != Ok("1") {
+            return Err(format!(
+                "{} (run scripts/setup-nvidia-wheels, or set VRAMSHIM_NVIDIA_TESTS=1 to install them from the tests)",
+                String::from_utf8_lossy(&check.stderr).trim()
+            ));
+        }
+        let o = Command::new(&script)
+            .output()
+            .unwrap_or_else(|e| panic!("{}: {e}", script.display()));
+        assert!(
+            o.status.success(),
+            "VRAMSHIM_NVIDIA_TESTS=1 but scripts/setup-nvidia-wheels failed:\n{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        Ok(PathBuf::from(
+            String::from_utf8_lossy(&o.stdout).trim().to_string(),
+        ))
+    })
+    .clone()
+}

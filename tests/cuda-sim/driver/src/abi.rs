@@ -13,6 +13,8 @@ pub type CUcontext = *mut c_void;
 pub type CUstream = *mut c_void;
 pub type CUevent = *mut c_void;
 pub type CUmemoryPool = *mut c_void;
+pub type CUmodule = *mut c_void;
+pub type CUfunction = *mut c_void;
 pub type CUmemGenericAllocationHandle = u64;
 
 pub const CUDA_SUCCESS: CUresult = 0;
@@ -24,6 +26,7 @@ pub const CUDA_ERROR_NO_DEVICE: CUresult = 100;
 pub const CUDA_ERROR_INVALID_DEVICE: CUresult = 101;
 pub const CUDA_ERROR_INVALID_IMAGE: CUresult = 200;
 pub const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
+pub const CUDA_ERROR_FILE_NOT_FOUND: CUresult = 301;
 pub const CUDA_ERROR_CONTEXT_ALREADY_IN_USE: CUresult = 216;
 pub const CUDA_ERROR_INVALID_HANDLE: CUresult = 400;
 pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
@@ -68,6 +71,7 @@ pub const ERRORS: &[(CUresult, &CStr, &CStr)] = &[
         c"CUDA_ERROR_CONTEXT_ALREADY_IN_USE",
         c"context already in use",
     ),
+    (301, c"CUDA_ERROR_FILE_NOT_FOUND", c"file not found"),
     (
         400,
         c"CUDA_ERROR_INVALID_HANDLE",

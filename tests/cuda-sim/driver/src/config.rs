@@ -21,12 +21,28 @@ pub struct Config {
     pub memory: u64,
     pub context_overhead: u64,
     pub stream_delay: Duration,
+    /// `VRAMSIM_KERNEL_NS`: how long each kernel launch occupies its stream (0: no time).
+    pub kernel_time: Duration,
     pub driver_version: i32,
     /// (base name or "*", latency)
     pub latency: Vec<(String, Duration)>,
     pub fail: Vec<FailRule>,
     /// `VRAMSIM_DEBUG=1`: one stderr line per driver call (name and result).
     pub debug: bool,
+    /// `VRAMSIM_EXPORT_TABLES_FAULT`: a deliberate defect in the private export tables, for the
+    /// tests that show NVIDIA's runtime depends on them.
+    pub export_fault: ExportFault,
+}
+
+/// What `VRAMSIM_EXPORT_TABLES_FAULT` breaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExportFault {
+    None,
+    /// `refuse`: cuGetExportTable answers CUDA_ERROR_NOT_FOUND for every table.
+    Refuse,
+    /// `integrity`: the integrity check's keyed-hash answer (not the fixed ones) has one bit
+    /// flipped.
+    Integrity,
 }
 
 pub static CONFIG: LazyLock<Config> = LazyLock::new(Config::from_env);
@@ -100,6 +116,18 @@ impl Config {
             DURATION_FORMS,
             parse_duration,
         );
+        let kernel_time = env_or(
+            "VRAMSIM_KERNEL_NS",
+            Duration::ZERO,
+            "nanoseconds per kernel launch, e.g. 50000 (at most 10 s)",
+            |s| {
+                s.trim()
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|n| *n <= 10_000_000_000)
+                    .map(Duration::from_nanos)
+            },
+        );
         let driver_version = env_or(
             "VRAMSIM_DRIVER_VERSION",
             DEFAULT_DRIVER_VERSION,
@@ -128,13 +156,25 @@ impl Config {
             "1" => Some(true),
             _ => None,
         });
+        let export_fault = env_or(
+            "VRAMSIM_EXPORT_TABLES_FAULT",
+            ExportFault::None,
+            "refuse or integrity",
+            |s| match s.trim() {
+                "refuse" => Some(ExportFault::Refuse),
+                "integrity" => Some(ExportFault::Integrity),
+                _ => None,
+            },
+        );
         Self {
             debug,
+            export_fault,
             name,
             devices,
             memory,
             context_overhead,
             stream_delay,
+            kernel_time,
             driver_version,
             latency,
             fail,

@@ -122,6 +122,11 @@ pub fn primary_release(dev: i32) -> Res {
     t.primary_refs[d] -= 1;
     if t.primary_refs[d] == 0 {
         deactivate_primary(&mut t, dev);
+        let gone = t.primary[d].map(|i| handle(i) as usize);
+        drop(t);
+        if let Some(h) = gone {
+            crate::export_tables::context_gone(h);
+        }
     }
     Ok(())
 }
@@ -198,6 +203,11 @@ pub fn primary_reset(dev: i32) -> Res {
     let mut t = table();
     t.primary_refs[dev as usize] = 0;
     deactivate_primary(&mut t, dev);
+    let gone = t.primary[dev as usize].map(|i| handle(i) as usize);
+    drop(t);
+    if let Some(h) = gone {
+        crate::export_tables::context_gone(h);
+    }
     Ok(())
 }
 
@@ -250,6 +260,7 @@ pub fn destroy(h: CUcontext) -> Res {
     }
     deactivate(&mut t, dev);
     drop(t);
+    crate::export_tables::context_gone(h as usize);
     if current_raw() == h as usize {
         CURRENT.with(|c| c.set(0));
     }

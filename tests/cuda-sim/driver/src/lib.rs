@@ -8,9 +8,13 @@
 pub mod abi;
 pub mod config;
 pub mod ctx;
+pub mod export_tables;
 pub mod exports;
+pub mod image;
 pub mod inject;
+pub mod integrity;
 pub mod mem;
+pub mod module;
 pub mod pool;
 pub mod procaddr;
 pub mod state;

@@ -26,6 +26,8 @@ pub enum Kind {
     Managed,
     /// From a memory pool (cuMemAllocAsync/FromPoolAsync), with the pool's id.
     Pool(u64),
+    /// A module's global variable (freed with its module).
+    Global,
 }
 
 #[derive(Clone, Copy, Debug)]

@@ -9,7 +9,7 @@ use crate::procaddr;
 use crate::state;
 
 /// Simulated device attributes (an H100-like part; CC 9.0) of physical device `phys`.
-fn attribute(attr: c_int, phys: i32) -> Option<c_int> {
+pub(crate) fn attribute(attr: c_int, phys: i32) -> Option<c_int> {
     Some(match attr {
         1 => 1024,        // MAX_THREADS_PER_BLOCK
         2 | 3 => 1024,    // MAX_BLOCK_DIM_X/Y
@@ -58,14 +58,19 @@ fn attribute(attr: c_int, phys: i32) -> Option<c_int> {
         103 => 1,         // HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED
         104 | 105 => 0,   // WIN32 handles
         106 => 32,        // MAX_BLOCKS_PER_MULTIPROCESSOR
+        111 => 1024,      // RESERVED_SHARED_MEMORY_PER_BLOCK
         115 => 1,         // MEMORY_POOLS_SUPPORTED
         119 => 1,         // MEMPOOL_SUPPORTED_HANDLE_TYPES (posix fd)
+        // GPU_PCI_DEVICE_ID / _SUBSYSTEM_ID: device << 16 | vendor, an H100 SXM's (cuBLAS
+        // reads them).
+        139 => 0x2330_10de,
+        140 => 0x16c1_10de,
         _ if (1..=150).contains(&attr) => 0,
         _ => return None,
     })
 }
 
-fn uuid(phys: usize) -> CUuuid {
+pub(crate) fn uuid(phys: usize) -> CUuuid {
     CUuuid {
         bytes: vramsim_devstate::device_uuid(&CONFIG.name, phys as u32),
     }
@@ -220,6 +225,9 @@ cu_api! {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let (p, status) = procaddr::lookup(name, cuda_version, flags)?;
+        if p.is_null() && CONFIG.debug {
+            eprintln!("vramsim: cuGetProcAddress {name}@{cuda_version}: not served");
+        }
         // SAFETY: C out-pointer, checked above.
         unsafe { put(pfn, p) }?;
         if !symbol_status.is_null() {
@@ -229,10 +237,18 @@ cu_api! {
         Ok(())
     }
 
-    fn cuGetExportTable(table: *mut *const c_void, _id: *const CUuuid) {
-        // The private tables are NVIDIA's; the simulated runtime never asks for them.
+    fn cuGetExportTable(table: *mut *const c_void, id: *const CUuuid) {
+        if id.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: non-null pointer to the caller's 16-byte UUID.
+        let id = unsafe { id.read_unaligned() }.bytes;
+        let found = crate::export_tables::lookup(&id);
+        if CONFIG.debug {
+            eprintln!("vramsim: cuGetExportTable {}", crate::export_tables::format_uuid(&id));
+        }
         // SAFETY: C out-pointer.
-        unsafe { put(table, std::ptr::null()) }?;
-        Err(CUDA_ERROR_NOT_FOUND)
+        unsafe { put(table, found.unwrap_or(std::ptr::null())) }?;
+        found.map(|_| ()).ok_or(CUDA_ERROR_NOT_FOUND)
     }
 }

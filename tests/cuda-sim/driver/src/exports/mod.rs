@@ -6,6 +6,7 @@ pub mod device;
 pub mod extra;
 pub mod mem;
 pub mod memcpy;
+pub mod module;
 pub mod pool;
 pub mod stream;
 pub mod streamops;

@@ -271,36 +271,15 @@ cu_api! {
         _shmem: c_uint, s: CUstream, _params: *mut N, _extra: *mut N,
     ) {
         let s = stream::resolve(s, false)?;
-        stream::run_async(&s, Duration::ZERO, Box::new(|| {}))
+        stream::run_async(&s, crate::config::CONFIG.kernel_time, Box::new(|| {}))
     }
     fn cuLaunchKernel_ptsz(
         _f: N, _gx: c_uint, _gy: c_uint, _gz: c_uint, _bx: c_uint, _by: c_uint, _bz: c_uint,
         _shmem: c_uint, s: CUstream, _params: *mut N, _extra: *mut N,
     ) {
         let s = stream::resolve(s, true)?;
-        stream::run_async(&s, Duration::ZERO, Box::new(|| {}))
+        stream::run_async(&s, crate::config::CONFIG.kernel_time, Box::new(|| {}))
     }
-    fn cuModuleLoadData(module: *mut N, _image: *const c_void) {
-        ctx::current_device()?;
-        // SAFETY: C out-pointer; modules are dummies (kernels are not computed).
-        unsafe { put(module, 0x7c3d_0000_1000usize as N) }
-    }
-    fn cuModuleLoad(module: *mut N, _fname: *const std::ffi::c_char) {
-        ctx::current_device()?;
-        // SAFETY: C out-pointer.
-        unsafe { put(module, 0x7c3d_0000_1000usize as N) }
-    }
-    fn cuModuleUnload(_module: N) { Ok(()) }
-    fn cuModuleGetFunction(f: *mut N, _module: N, _name: *const std::ffi::c_char) {
-        // SAFETY: C out-pointer.
-        unsafe { put(f, 0x7c3d_0000_2000usize as N) }
-    }
-    fn cuFuncGetAttribute(pi: *mut c_int, _attr: c_int, _f: N) {
-        // SAFETY: C out-pointer.
-        unsafe { put(pi, 0) }
-    }
-    fn cuFuncSetAttribute(_f: N, _attr: c_int, _v: c_int) { Ok(()) }
-    fn cuFuncSetCacheConfig(_f: N, _c: c_int) { Ok(()) }
 }
 
 fn elapsed(ms: *mut f32, start: CUevent, end: CUevent) -> Res {
