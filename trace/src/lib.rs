@@ -61,6 +61,7 @@
 pub mod codec;
 pub mod columns;
 pub mod event;
+pub mod footprint;
 pub mod header;
 pub mod reader;
 pub mod writer;

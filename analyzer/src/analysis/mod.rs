@@ -15,6 +15,7 @@ pub mod timeline;
 
 use std::collections::BTreeMap;
 
+use vramshim_trace::footprint::DriverFootprint;
 use vramshim_trace::{AllocKind, Api, Event, Header, MemOp, SyncKind, codes, flags};
 
 use crate::error::InputError;
@@ -155,8 +156,16 @@ pub(crate) struct DevState {
     pub peak_batch: u64,
     pub peak_pending: bool,
     pub peak_snap: Option<Snapshot>,
-    pub reserved: Option<u64>,
-    pub peak_reserved: Option<(u64, u64, u64)>,
+    /// What the device holds for the live allocations the process made itself (not through
+    /// a pool): the driver's footprint of each ([`vramshim_trace::footprint`]).
+    pub held: DriverFootprint,
+    /// Live bytes served by a pool (vramshim's, or the caching allocator of an imported log).
+    pub pooled_live: u64,
+    /// What the pool last said it holds from the device (its mapped pages or segments), from
+    /// the trace's `Counter` records of a device that has pooled allocations.
+    pub pool_held: u64,
+    /// Peak of [`DevState::reserved`]: (bytes, time, in use then).
+    pub peak_reserved: (u64, u64, u64),
     pub cap: Option<u64>,
     pub size_hist: [(u64, u64); 65],
     pub life_hist: [(u64, u64); 10],
@@ -198,8 +207,10 @@ impl DevState {
             peak_batch: 0,
             peak_pending: false,
             peak_snap: None,
-            reserved: None,
-            peak_reserved: None,
+            held: DriverFootprint::default(),
+            pooled_live: 0,
+            pool_held: 0,
+            peak_reserved: (0, 0, 0),
             cap: None,
             size_hist: [(0, 0); 65],
             life_hist: [(0, 0); 10],
@@ -234,6 +245,52 @@ impl DevState {
         }
         if t > self.last_t {
             self.last_t = t;
+        }
+    }
+
+    /// What the process holds from this device now: the driver's footprint of its own live
+    /// allocations plus what its pool holds (never less than the pool's live bytes). Always
+    /// at least `in_use` for device memory.
+    #[inline]
+    pub(crate) fn reserved(&self) -> u64 {
+        self.held
+            .bytes()
+            .saturating_add(self.pool_held.max(self.pooled_live))
+    }
+
+    /// Records a change of what is held; `t` is its time.
+    #[inline]
+    fn held_changed(&mut self, t: u64, timeline: bool) {
+        let r = self.reserved();
+        if r > self.peak_reserved.0 {
+            self.peak_reserved = (r, t, self.in_use);
+        }
+        if timeline {
+            self.timeline.in_use_reserved(t, self.in_use, r);
+        }
+    }
+
+    #[inline]
+    fn hold(&mut self, l: &Live) {
+        if !l.kind.is_device() {
+            return;
+        }
+        if l.flags & flags::POOLED != 0 {
+            self.pooled_live += l.size;
+        } else {
+            self.held.add(l.size);
+        }
+    }
+
+    #[inline]
+    fn release(&mut self, l: &Live) {
+        if !l.kind.is_device() {
+            return;
+        }
+        if l.flags & flags::POOLED != 0 {
+            self.pooled_live = self.pooled_live.saturating_sub(l.size);
+        } else {
+            self.held.remove(l.size);
         }
     }
 
@@ -468,6 +525,7 @@ impl Analysis {
             // The same address handed out twice: its free was not recorded.
             d.replaced += 1;
             d.in_use -= old.size;
+            d.release(&old);
             if let Some(s) = d.sites.get_mut(old.stack) {
                 s.live -= old.size;
                 s.live_count -= 1;
@@ -479,6 +537,7 @@ impl Analysis {
         s.live += m.size;
         s.live_count += 1;
         d.in_use += m.size;
+        d.hold(&live);
         d.last_alloc = Some(m.addr);
         if d.in_use > d.peak {
             d.peak = d.in_use;
@@ -487,9 +546,7 @@ impl Analysis {
             d.peak_batch = batch;
             d.peak_pending = true;
         }
-        if timeline {
-            d.timeline.in_use(m.t_ns, d.in_use);
-        }
+        d.held_changed(m.t_ns, timeline);
         if steps {
             d.steps.push(m.t_ns, d.in_use);
         }
@@ -526,6 +583,7 @@ impl Analysis {
         d.calls[slot].bytes += l.size;
         d.frees += 1;
         d.in_use -= l.size;
+        d.release(&l);
         let life = m.t_ns.saturating_sub(l.t_ns);
         let lb = lifetime_bucket(life);
         d.life_hist[lb].0 += 1;
@@ -547,9 +605,7 @@ impl Analysis {
                 s.temporary += 1;
             }
         }
-        if timeline {
-            d.timeline.in_use(m.t_ns, d.in_use);
-        }
+        d.held_changed(m.t_ns, timeline);
         if steps {
             d.steps.push(m.t_ns, d.in_use);
         }
@@ -598,7 +654,7 @@ impl Analysis {
             m.stack,
             m.stream,
             d.in_use,
-            d.reserved,
+            (d.device >= 0).then(|| d.reserved()),
             if refused { d.cap } else { None },
             total,
             snap,
@@ -661,7 +717,7 @@ impl Analysis {
                     0,
                     0,
                     d.in_use,
-                    d.reserved,
+                    (d.device >= 0).then(|| d.reserved()),
                     Some(cap),
                     total,
                     snap,
@@ -727,13 +783,16 @@ impl Analysis {
                 reserved_bytes,
                 cap,
             } => {
+                let _ = live_bytes;
+                let timeline = self.opts.timeline;
                 let d = self.dev(device);
                 d.touch(t_ns);
-                d.reserved = Some(reserved_bytes);
-                if d.peak_reserved.is_none_or(|p| reserved_bytes > p.0) {
-                    d.peak_reserved = Some((reserved_bytes, t_ns, live_bytes));
+                // A device without pooled allocations: the counter's figure is its live
+                // bytes, which the events already give exactly.
+                if d.pooled > 0 && d.pool_held != reserved_bytes {
+                    d.pool_held = reserved_bytes;
+                    d.held_changed(t_ns, timeline);
                 }
-                d.timeline.reserved(t_ns, reserved_bytes);
                 if cap > 0 {
                     d.cap = Some(cap);
                     d.timeline.cap(t_ns, cap);

@@ -117,7 +117,7 @@ pub struct PeakReserved {
     pub bytes: u64,
     pub t_ns: u64,
     pub offset_ns: u64,
-    /// In use (as the pool counted it) when reserved peaked.
+    /// In use when reserved peaked.
     pub in_use_bytes: u64,
 }
 
@@ -387,16 +387,16 @@ pub(crate) fn build(mut a: Analysis, warnings: Vec<String>) -> TraceReport {
             top_sites: site_holders(&mut a, &snap.top_sites),
         };
         let peak_sites: BTreeMap<u32, u64> = snap.top_sites.iter().map(|s| (s.0, s.1)).collect();
-        let peak_reserved = d.peak_reserved.map(|(bytes, t, inuse)| PeakReserved {
+        // Host memory (device -1) is held by no device.
+        let held = Some(d.peak_reserved).filter(|p| d.device >= 0 && p.0 > 0);
+        let peak_reserved = held.map(|(bytes, t, inuse)| PeakReserved {
             bytes,
             t_ns: t,
             offset_ns: t.saturating_sub(t0),
             in_use_bytes: inuse,
         });
-        let fragmentation = d
-            .peak_reserved
-            .filter(|p| p.0 > 0)
-            .map(|(r, _, inuse)| (1.0 - inuse as f64 / r as f64).clamp(0.0, 1.0));
+        let fragmentation =
+            held.map(|(r, _, inuse)| (1.0 - inuse as f64 / r as f64).clamp(0.0, 1.0));
         let size_histogram = d
             .size_hist
             .iter()
