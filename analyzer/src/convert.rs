@@ -4,7 +4,9 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
-use vramshim_trace::TraceWriter;
+use vramshim_trace::{AllocKind, Event, TraceWriter, codes};
+
+use crate::analysis::reserved::Holdings;
 
 use crate::error::{InputError, write_error};
 use crate::formats::{
@@ -44,15 +46,58 @@ pub struct ExportStats {
     pub torn: bool,
 }
 
+/// Rewrites the reserved figure of `Counter` records to what the analyzer computes from the
+/// events ([`crate::analysis::reserved`]), so an export shows the figure `summary` prints.
+#[derive(Default)]
+struct ReservedFigures {
+    /// Per device: live allocations (address -> kind, flags, size) and what they hold.
+    devices: crate::formats::FastMap<
+        i32,
+        (crate::formats::FastMap<u64, (AllocKind, u8, u64)>, Holdings),
+    >,
+}
+
+impl ReservedFigures {
+    fn see(&mut self, ev: &mut Event) {
+        match ev {
+            Event::Alloc(m) if m.result == codes::CUDA_SUCCESS && m.addr != 0 => {
+                let (live, held) = self.devices.entry(m.device).or_default();
+                if let Some((k, f, n)) = live.insert(m.addr, (m.kind, m.flags, m.size)) {
+                    held.release(k, f, n);
+                }
+                held.hold(m.kind, m.flags, m.size);
+            }
+            Event::Free(m) if m.result == codes::CUDA_SUCCESS => {
+                let (live, held) = self.devices.entry(m.device).or_default();
+                if let Some((k, f, n)) = live.remove(&m.addr) {
+                    held.release(k, f, n);
+                }
+            }
+            Event::Counter {
+                device,
+                reserved_bytes,
+                ..
+            } => {
+                let (_, held) = self.devices.entry(*device).or_default();
+                held.pool_reports(*reserved_bytes);
+                *reserved_bytes = held.reserved();
+            }
+            _ => {}
+        }
+    }
+}
+
 /// Streams every event of `opened` into `sink`.
 fn pump(
     mut opened: Opened,
     mut sink: impl FnMut(&vramshim_trace::Event) -> std::io::Result<()>,
 ) -> Result<bool, String> {
+    let mut figures = ReservedFigures::default();
     let mut progress = Progress::new(&format!("reading {}", opened.path.display()), opened.len);
     let mut n = 0u64;
     while let Some(ev) = opened.events.next_event() {
-        let ev = ev?;
+        let mut ev = ev?;
+        figures.see(&mut ev);
         sink(&ev).map_err(|e| format!("cannot write: {e}"))?;
         n += 1;
         if n & 0xffff == 0 {

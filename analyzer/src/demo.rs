@@ -595,25 +595,23 @@ fn live_run(
     } else {
         format!("failed (exit {:?})", out.status.code())
     });
+    // Reserved as every command reports it: computed from the trace's events.
+    row.reserved = match trace_peak_reserved(&trace) {
+        Ok(Some(b)) => Cell::Bytes(b),
+        Ok(None) => Cell::na("no device memory in the trace"),
+        Err(e) => Cell::Na(e),
+    };
     if let Gpu::Sim { dir } = gpu {
-        row.reserved = match sim_high_water(dir, &sim_name) {
-            Ok(hw) => Cell::Bytes(hw),
-            Err(e) => Cell::Na(e),
-        };
+        // Reading the simulated device's accounting also removes the device.
+        let _ = sim_high_water(dir, &sim_name);
         let (calls, syncs) = sim_driver_counts(&row.stderr);
         row.driver_calls = Cell::Num(calls);
         row.syncs = Cell::Num(syncs);
     } else {
-        // On a real GPU the device's own accounting is not visible: what the pool reserved
-        // comes from the trace (its counter records); the driver is not observable per call.
+        // On a real GPU the driver is not observable per call.
         let why = "counted by the simulated driver only (vramshim demo --sim)";
         row.driver_calls = Cell::na(why);
         row.syncs = Cell::na(why);
-        row.reserved = match trace_peak_reserved(&trace) {
-            Ok(Some(b)) => Cell::Bytes(b),
-            Ok(None) => Cell::na("not recorded in the trace"),
-            Err(e) => Cell::Na(e),
-        };
     }
     if r.failed > 0 {
         match post_mortem(&trace) {
@@ -679,7 +677,7 @@ pub(crate) fn sim_driver_counts(stderr: &str) -> (u64, u64) {
     (calls, syncs)
 }
 
-/// Peak reserved bytes of device 0 as the trace's counter records report them.
+/// Peak reserved bytes of device 0 as the analyzer computes them from the trace's events.
 pub(crate) fn trace_peak_reserved(trace: &Path) -> Result<Option<u64>, String> {
     use vramshim_analyzer::analysis::{self, Options};
     let opts = Options {

@@ -8,6 +8,7 @@ mod elf;
 mod fast;
 mod liveset;
 pub mod report;
+pub mod reserved;
 mod sites;
 pub mod steps;
 pub mod symbols;
@@ -15,7 +16,6 @@ pub mod timeline;
 
 use std::collections::BTreeMap;
 
-use vramshim_trace::footprint::DriverFootprint;
 use vramshim_trace::{AllocKind, Api, Event, Header, MemOp, SyncKind, codes, flags};
 
 use crate::error::InputError;
@@ -24,6 +24,7 @@ use crate::input::{Format, Opened};
 use crate::progress::Progress;
 use liveset::LiveSet;
 pub use report::*;
+use reserved::Holdings;
 use sites::SiteTable;
 use symbols::{Module, Symbolizer};
 use timeline::Timeline;
@@ -156,14 +157,8 @@ pub(crate) struct DevState {
     pub peak_batch: u64,
     pub peak_pending: bool,
     pub peak_snap: Option<Snapshot>,
-    /// What the device holds for the live allocations the process made itself (not through
-    /// a pool): the driver's footprint of each ([`vramshim_trace::footprint`]).
-    pub held: DriverFootprint,
-    /// Live bytes served by a pool (vramshim's, or the caching allocator of an imported log).
-    pub pooled_live: u64,
-    /// What the pool last said it holds from the device (its mapped pages or segments), from
-    /// the trace's `Counter` records of a device that has pooled allocations.
-    pub pool_held: u64,
+    /// What the process holds from the device ([`reserved`]).
+    pub held: Holdings,
     /// Peak of [`DevState::reserved`]: (bytes, time, in use then).
     pub peak_reserved: (u64, u64, u64),
     pub cap: Option<u64>,
@@ -207,9 +202,7 @@ impl DevState {
             peak_batch: 0,
             peak_pending: false,
             peak_snap: None,
-            held: DriverFootprint::default(),
-            pooled_live: 0,
-            pool_held: 0,
+            held: Holdings::default(),
             peak_reserved: (0, 0, 0),
             cap: None,
             size_hist: [(0, 0); 65],
@@ -248,14 +241,10 @@ impl DevState {
         }
     }
 
-    /// What the process holds from this device now: the driver's footprint of its own live
-    /// allocations plus what its pool holds (never less than the pool's live bytes). Always
-    /// at least `in_use` for device memory.
+    /// What the process holds from this device now ([`reserved`]).
     #[inline]
     pub(crate) fn reserved(&self) -> u64 {
-        self.held
-            .bytes()
-            .saturating_add(self.pool_held.max(self.pooled_live))
+        self.held.reserved()
     }
 
     /// Records a change of what is held; `t` is its time.
@@ -267,30 +256,6 @@ impl DevState {
         }
         if timeline {
             self.timeline.in_use_reserved(t, self.in_use, r);
-        }
-    }
-
-    #[inline]
-    fn hold(&mut self, l: &Live) {
-        if !l.kind.is_device() {
-            return;
-        }
-        if l.flags & flags::POOLED != 0 {
-            self.pooled_live += l.size;
-        } else {
-            self.held.add(l.size);
-        }
-    }
-
-    #[inline]
-    fn release(&mut self, l: &Live) {
-        if !l.kind.is_device() {
-            return;
-        }
-        if l.flags & flags::POOLED != 0 {
-            self.pooled_live = self.pooled_live.saturating_sub(l.size);
-        } else {
-            self.held.remove(l.size);
         }
     }
 
@@ -525,7 +490,7 @@ impl Analysis {
             // The same address handed out twice: its free was not recorded.
             d.replaced += 1;
             d.in_use -= old.size;
-            d.release(&old);
+            d.held.release(old.kind, old.flags, old.size);
             if let Some(s) = d.sites.get_mut(old.stack) {
                 s.live -= old.size;
                 s.live_count -= 1;
@@ -537,7 +502,7 @@ impl Analysis {
         s.live += m.size;
         s.live_count += 1;
         d.in_use += m.size;
-        d.hold(&live);
+        d.held.hold(m.kind, m.flags, m.size);
         d.last_alloc = Some(m.addr);
         if d.in_use > d.peak {
             d.peak = d.in_use;
@@ -583,7 +548,7 @@ impl Analysis {
         d.calls[slot].bytes += l.size;
         d.frees += 1;
         d.in_use -= l.size;
-        d.release(&l);
+        d.held.release(l.kind, l.flags, l.size);
         let life = m.t_ns.saturating_sub(l.t_ns);
         let lb = lifetime_bucket(life);
         d.life_hist[lb].0 += 1;
@@ -787,10 +752,7 @@ impl Analysis {
                 let timeline = self.opts.timeline;
                 let d = self.dev(device);
                 d.touch(t_ns);
-                // A device without pooled allocations: the counter's figure is its live
-                // bytes, which the events already give exactly.
-                if d.pooled > 0 && d.pool_held != reserved_bytes {
-                    d.pool_held = reserved_bytes;
+                if d.held.pool_reports(reserved_bytes) {
                     d.held_changed(t_ns, timeline);
                 }
                 if cap > 0 {
