@@ -46,44 +46,75 @@ pub struct ExportStats {
     pub torn: bool,
 }
 
-/// Rewrites the reserved figure of `Counter` records to what the analyzer computes from the
-/// events ([`crate::analysis::reserved`]), so an export shows the figure `summary` prints.
+/// The reserved figure as the analyzer computes it from the events
+/// ([`crate::analysis::reserved`]), for the exports: `Counter` records carry it, and a
+/// `Counter` follows every allocation or free that changed it, so an export's reserved track is
+/// the figure `summary` prints at every instant.
 #[derive(Default)]
 struct ReservedFigures {
-    /// Per device: live allocations (address -> kind, flags, size) and what they hold.
-    devices: crate::formats::FastMap<
-        i32,
-        (crate::formats::FastMap<u64, (AllocKind, u8, u64)>, Holdings),
-    >,
+    devices: crate::formats::FastMap<i32, DeviceFigures>,
+}
+
+#[derive(Default)]
+struct DeviceFigures {
+    /// Live allocations: address -> (kind, flags, size).
+    live: crate::formats::FastMap<u64, (AllocKind, u8, u64)>,
+    held: Holdings,
+    in_use: u64,
+    cap: u64,
+    /// The reserved figure last exported.
+    shown: u64,
 }
 
 impl ReservedFigures {
-    fn see(&mut self, ev: &mut Event) {
-        match ev {
+    /// Brings `ev` in line; returns the `Counter` to export after it, if any.
+    fn see(&mut self, ev: &mut Event) -> Option<Event> {
+        let (t_ns, device) = match ev {
             Event::Alloc(m) if m.result == codes::CUDA_SUCCESS && m.addr != 0 => {
-                let (live, held) = self.devices.entry(m.device).or_default();
-                if let Some((k, f, n)) = live.insert(m.addr, (m.kind, m.flags, m.size)) {
-                    held.release(k, f, n);
+                let d = self.devices.entry(m.device).or_default();
+                if let Some((k, f, n)) = d.live.insert(m.addr, (m.kind, m.flags, m.size)) {
+                    d.held.release(k, f, n);
+                    d.in_use = d.in_use.saturating_sub(n);
                 }
-                held.hold(m.kind, m.flags, m.size);
+                d.held.hold(m.kind, m.flags, m.size);
+                d.in_use = d.in_use.saturating_add(m.size);
+                (m.t_ns, m.device)
             }
             Event::Free(m) if m.result == codes::CUDA_SUCCESS => {
-                let (live, held) = self.devices.entry(m.device).or_default();
-                if let Some((k, f, n)) = live.remove(&m.addr) {
-                    held.release(k, f, n);
-                }
+                let d = self.devices.entry(m.device).or_default();
+                let (k, f, n) = d.live.remove(&m.addr)?;
+                d.held.release(k, f, n);
+                d.in_use = d.in_use.saturating_sub(n);
+                (m.t_ns, m.device)
             }
             Event::Counter {
                 device,
                 reserved_bytes,
+                cap,
                 ..
             } => {
-                let (_, held) = self.devices.entry(*device).or_default();
-                held.pool_reports(*reserved_bytes);
-                *reserved_bytes = held.reserved();
+                let d = self.devices.entry(*device).or_default();
+                d.held.pool_reports(*reserved_bytes);
+                d.cap = *cap;
+                *reserved_bytes = d.held.reserved();
+                d.shown = *reserved_bytes;
+                return None;
             }
-            _ => {}
+            _ => return None,
+        };
+        let d = self.devices.get_mut(&device)?;
+        let r = d.held.reserved();
+        if device < 0 || r == d.shown {
+            return None;
         }
+        d.shown = r;
+        Some(Event::Counter {
+            t_ns,
+            device,
+            live_bytes: d.in_use,
+            reserved_bytes: r,
+            cap: d.cap,
+        })
     }
 }
 
@@ -97,8 +128,11 @@ fn pump(
     let mut n = 0u64;
     while let Some(ev) = opened.events.next_event() {
         let mut ev = ev?;
-        figures.see(&mut ev);
+        let counter = figures.see(&mut ev);
         sink(&ev).map_err(|e| format!("cannot write: {e}"))?;
+        if let Some(c) = counter {
+            sink(&c).map_err(|e| format!("cannot write: {e}"))?;
+        }
         n += 1;
         if n & 0xffff == 0 {
             progress.update(opened.events.position());

@@ -1,0 +1,243 @@
+//! Every figure true: traces made by real runs of a small CUDA program under the library on
+//! the simulated GPU (`vramshim run --sim`), then read back by every command that prints them.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+use common::{compile_c, exe, scratch};
+
+const MIB: u64 = 1 << 20;
+
+/// Allocates each size given in bytes (in order, `cudaMalloc`), then frees them all; prints
+/// `alloc I refused (CODE)` and exits 2 at the first refusal. `init-fail` as the first argument
+/// asks for device 99 first, so the CUDA start-up fails.
+fn program() -> PathBuf {
+    static EXE: OnceLock<PathBuf> = OnceLock::new();
+    EXE.get_or_init(|| {
+        compile_c(
+            &scratch("truth-prog"),
+            "sizes",
+            r#"#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <stddef.h>
+int main(int argc, char **argv) {
+    void *h = dlopen("libcudart.so.12", RTLD_NOW);
+    if (!h) { fprintf(stderr, "no libcudart.so.12: %s\n", dlerror()); return 1; }
+    int (*m)(void **, size_t) = (int (*)(void **, size_t))dlsym(h, "cudaMalloc");
+    int (*f)(void *) = (int (*)(void *))dlsym(h, "cudaFree");
+    int (*sd)(int) = (int (*)(int))dlsym(h, "cudaSetDevice");
+    int first = 1;
+    if (argc > 1 && strcmp(argv[1], "init-fail") == 0) {
+        int rc = sd(99);
+        void *p = 0;
+        rc = m(&p, 1 << 20);
+        printf("cudaMalloc after cudaSetDevice(99): %d\n", rc);
+        return rc == 0 ? 0 : 3;
+    }
+    void *p[64] = {0};
+    int n = argc - first, rc = 0;
+    for (int i = 0; i < n && i < 64; i++) {
+        int e = m(&p[i], (size_t)strtoull(argv[first + i], 0, 10));
+        if (e != 0) { printf("alloc %d refused (%d)\n", i, e); rc = 2; break; }
+    }
+    for (int i = 0; i < 64; i++)
+        if (p[i]) f(p[i]);
+    return rc;
+}
+"#,
+        )
+    })
+    .clone()
+}
+
+/// `vramshim run --sim ARGS -- program SIZES` in `dir`, with a fresh simulated device.
+fn run_sim(dir: &Path, args: &[&str], env: &[(&str, &str)], sizes: &[u64]) -> Output {
+    let mut c = Command::new(exe());
+    c.current_dir(dir)
+        .env("VRAMSHIM_NO_PROGRESS", "1")
+        .env_remove("VRAMSHIM_LIB")
+        .env_remove("VRAMSHIM_LOG")
+        .env(
+            "VRAMSIM_NAME",
+            format!("vramshim-truth-{}-{}", std::process::id(), dir.display()).replace('/', "_"),
+        )
+        .arg("run")
+        .args(args)
+        .arg("--")
+        .arg(program())
+        .args(sizes.iter().map(|s| s.to_string()));
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().expect("run vramshim")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn vramshim(dir: &Path, args: &[&str]) -> Output {
+    common::run_in(dir, args)
+}
+
+fn json(o: &Output) -> serde_json::Value {
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", stdout(o)))
+}
+
+/// Parses `12.3 MiB`-style figures back to bytes (to the printed precision).
+fn parse_bytes(s: &str) -> f64 {
+    let mut it = s.split_whitespace();
+    let v: f64 = it.next().unwrap().parse().unwrap();
+    let unit = it.next().unwrap_or("B");
+    let k = match unit.trim_end_matches([';', ',', ')']) {
+        "B" => 1.0,
+        "KiB" => 1024.0,
+        "MiB" => 1024.0 * 1024.0,
+        "GiB" => 1024.0 * 1024.0 * 1024.0,
+        u => panic!("unit {u}"),
+    };
+    v * k
+}
+
+/// The figure after `label` in `text` (e.g. "peak reserved " -> 14.0 MiB).
+fn figure_after(text: &str, label: &str) -> Option<f64> {
+    let at = text.find(label)? + label.len();
+    let rest: Vec<&str> = text[at..].split_whitespace().take(2).collect();
+    Some(parse_bytes(&rest.join(" ")))
+}
+
+#[test]
+fn reserved_is_the_driver_footprint_exactly_and_never_below_in_use_anywhere() {
+    let dir = scratch("truth-reserved");
+    // 3 MiB -> 4 MiB of pages, three 1 MiB packed into 4 MiB (two shared pages), 5 MiB ->
+    // 6 MiB: 14 MiB reserved for 11 MiB in use.
+    let sizes = [3 * MIB, MIB, MIB, MIB, 5 * MIB];
+    let o = run_sim(
+        &dir,
+        &["--sim", "--trace", "r.vramtrace"],
+        &[("VRAMSIM_CONTEXT_OVERHEAD", "0")],
+        &sizes,
+    );
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    // The launcher's line.
+    let line = err
+        .lines()
+        .find(|l| l.contains("peak in use"))
+        .unwrap_or_else(|| panic!("no peak line: {err}"));
+    assert_eq!(
+        figure_after(line, "peak in use "),
+        Some(11.0 * MIB as f64),
+        "{line}"
+    );
+    assert_eq!(
+        figure_after(line, "peak reserved "),
+        Some(14.0 * MIB as f64),
+        "{line}"
+    );
+
+    // summary --json: exact bytes.
+    let j = json(&vramshim(&dir, &["summary", "--json", "r.vramtrace"]));
+    let d = &j["traces"][0]["devices"][0];
+    assert_eq!(d["device"], 0, "{j}");
+    assert_eq!(d["peak_in_use"]["bytes"], 11 * MIB, "{d}");
+    assert_eq!(d["peak_reserved"]["bytes"], 14 * MIB, "{d}");
+    assert_eq!(d["peak_reserved"]["in_use_bytes"], 11 * MIB, "{d}");
+
+    // summary text.
+    let t = stdout(&vramshim(&dir, &["summary", "r.vramtrace"]));
+    assert_eq!(
+        figure_after(&t, "peak reserved "),
+        Some(14.0 * MIB as f64),
+        "{t}"
+    );
+    assert_eq!(
+        figure_after(&t, "peak in use  "),
+        Some(11.0 * MIB as f64),
+        "{t}"
+    );
+
+    // report (HTML): the peak reserved KPI.
+    common::ok(&dir, &["report", "-o", "r.html", "r.vramtrace"]);
+    let html = std::fs::read_to_string(dir.join("r.html")).unwrap();
+    assert!(
+        html.contains("<b>14.0 MiB</b><span>peak reserved</span>"),
+        "{}",
+        &html[html.find("kpis").unwrap_or(0)..][..600.min(html.len())]
+    );
+
+    // Exports: every reserved counter is at least the in-use figure at that instant, and the
+    // largest is the peak.
+    common::ok(
+        &dir,
+        &[
+            "export",
+            "--format",
+            "chrome-json",
+            "-o",
+            "r.json",
+            "r.vramtrace",
+        ],
+    );
+    let ex: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("r.json")).unwrap()).unwrap();
+    let evs = ex["traceEvents"].as_array().expect("traceEvents");
+    let (mut in_use, mut max_reserved) = (0, 0);
+    for e in evs.iter().filter(|e| e["ph"] == "C") {
+        let a = &e["args"];
+        if let Some(u) = a["in_use"].as_u64() {
+            in_use = u;
+        }
+        if let Some(r) = a["reserved"].as_u64() {
+            assert!(
+                r >= in_use,
+                "exported reserved {r} below in use {in_use}: {e}"
+            );
+            max_reserved = max_reserved.max(r);
+        }
+    }
+    assert_eq!(max_reserved, 14 * MIB, "the export's reserved track");
+}
+
+#[test]
+fn a_capped_post_mortem_reports_reserved_at_least_live() {
+    let dir = scratch("truth-pm");
+    // 9 x 3 MiB = 27 MiB in use, 36 MiB of pages; the tenth is over a 29 MiB cap.
+    let sizes = [3 * MIB; 10];
+    let o = run_sim(
+        &dir,
+        &["--sim", "--cap", "29MiB", "--trace", "c.vramtrace"],
+        &[("VRAMSIM_CONTEXT_OVERHEAD", "0")],
+        &sizes,
+    );
+    assert_eq!(o.status.code(), Some(2), "{}{}", stdout(&o), stderr(&o));
+    let t = stdout(&vramshim(&dir, &["summary", "c.vramtrace"]));
+    let pm = t
+        .lines()
+        .find(|l| l.contains("live then:"))
+        .unwrap_or_else(|| panic!("no post-mortem: {t}"));
+    let live = figure_after(pm, "live then: ").unwrap();
+    let reserved = figure_after(pm, "reserved ").unwrap_or_else(|| panic!("{pm}"));
+    assert!(reserved >= live, "{pm}");
+    let j = json(&vramshim(&dir, &["summary", "--json", "c.vramtrace"]));
+    let d = &j["traces"][0]["devices"][0];
+    let p = &d["post_mortems"][0];
+    assert!(
+        p["reserved"].as_u64().unwrap() >= p["in_use"].as_u64().unwrap(),
+        "{p}"
+    );
+    assert!(
+        d["peak_reserved"]["bytes"].as_u64().unwrap()
+            >= d["peak_in_use"]["bytes"].as_u64().unwrap(),
+        "{d}"
+    );
+}
