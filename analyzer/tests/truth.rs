@@ -241,3 +241,82 @@ fn a_capped_post_mortem_reports_reserved_at_least_live() {
         "{d}"
     );
 }
+
+/// The post-mortem lines of `summary` on `trace`.
+fn post_mortem_text(dir: &Path, trace: &str) -> String {
+    let o = vramshim(dir, &["summary", trace]);
+    let t = stdout(&o);
+    assert!(
+        t.contains("post-mortem #1"),
+        "no post-mortem: {t}{}",
+        stderr(&o)
+    );
+    t
+}
+
+#[test]
+fn the_what_if_counts_the_context_the_cap_counted() {
+    let dir = scratch("truth-whatif-cap");
+    // Cap 10 MiB with a 2 MiB context: 2 + 3 + 3 = 8 MiB charged, the third 3 MiB is refused.
+    // Stitch on the 10 MiB alone would take it (9 MiB); with the context it cannot.
+    let o = run_sim(
+        &dir,
+        &["--sim", "--cap", "10MiB", "--trace", "w.vramtrace"],
+        &[("VRAMSIM_CONTEXT_OVERHEAD", "2MiB")],
+        &[3 * MIB, 3 * MIB, 3 * MIB],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("alloc 2 refused"), "{}", stdout(&o));
+    let t = post_mortem_text(&dir, "w.vramtrace");
+    assert!(!t.contains("stitch WOULD have served it"), "{t}");
+    assert!(t.contains("stitch would NOT have served it either"), "{t}");
+    assert!(
+        t.contains("context"),
+        "the verdict says what it counted: {t}"
+    );
+}
+
+#[test]
+fn the_what_if_never_contradicts_the_runs_own_stitch_pool() {
+    let dir = scratch("truth-whatif-pool");
+    let o = run_sim(
+        &dir,
+        &[
+            "--sim",
+            "--pool",
+            "stitch",
+            "--cap",
+            "10MiB",
+            "--trace",
+            "p.vramtrace",
+        ],
+        &[("VRAMSIM_CONTEXT_OVERHEAD", "2MiB")],
+        &[3 * MIB, 3 * MIB, 3 * MIB],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}{}", stdout(&o), stderr(&o));
+    let t = post_mortem_text(&dir, "p.vramtrace");
+    assert!(!t.contains("stitch WOULD have served it"), "{t}");
+    assert!(
+        t.contains("this run used the stitch pool, and it could not serve the request"),
+        "{t}"
+    );
+}
+
+#[test]
+fn after_a_device_refusal_the_what_if_stays_within_what_the_process_could_hold() {
+    let dir = scratch("truth-whatif-device");
+    // A 16 MiB device with a 2 MiB context: three 4 MiB allocations fit (14 MiB), the fourth
+    // does not. Stitch on "a 16 MiB device" would take it; the device had no room for it.
+    let o = run_sim(
+        &dir,
+        &["--sim=16MiB", "--trace", "d.vramtrace"],
+        &[("VRAMSIM_CONTEXT_OVERHEAD", "2MiB")],
+        &[4 * MIB; 4],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("alloc 3 refused"), "{}", stdout(&o));
+    let t = post_mortem_text(&dir, "d.vramtrace");
+    assert!(t.contains("OUT OF MEMORY (device)"), "{t}");
+    assert!(!t.contains("stitch WOULD have served it"), "{t}");
+    assert!(t.contains("stitch would NOT have served it either"), "{t}");
+}
