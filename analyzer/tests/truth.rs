@@ -320,3 +320,46 @@ fn after_a_device_refusal_the_what_if_stays_within_what_the_process_could_hold()
     assert!(!t.contains("stitch WOULD have served it"), "{t}");
     assert!(t.contains("stitch would NOT have served it either"), "{t}");
 }
+
+#[test]
+fn many_traces_print_the_side_by_side_table_first_and_only_the_outliers_detail() {
+    let dir = scratch("truth-many");
+    let n = 48;
+    let mut names = Vec::new();
+    for i in 0..n {
+        let name = format!("rank{i:03}.vramtrace");
+        // One rank runs longer with a larger working set: the outlier.
+        let (events, scale) = if i == 17 {
+            ("3000", "20")
+        } else {
+            ("300", "1")
+        };
+        common::synth(
+            &dir,
+            &name,
+            &["--events", events, "--seed", "1", "--scale", scale],
+        );
+        names.push(name);
+    }
+    let mut args: Vec<&str> = vec!["summary", "--no-whatif"];
+    args.extend(names.iter().map(String::as_str));
+    let t = stdout(&common::ok(&dir, &args));
+    let first = t.lines().next().unwrap_or("");
+    assert_eq!(first, format!("== {n} traces side by side"), "{t}");
+    let table_end = t.find("== per-trace detail").expect("detail heading");
+    assert!(
+        t[..table_end].contains("OUTLIER rank017.vramtrace"),
+        "the outlier is named in the table: {}",
+        &t[..table_end]
+    );
+    let details: Vec<&str> = t.lines().filter(|l| l.starts_with("== rank")).collect();
+    assert_eq!(details, ["== rank017.vramtrace (vramtrace)"], "{t}");
+    assert!(t.contains(&format!("--each shows all {n}")), "{t}");
+
+    args.push("--each");
+    let t = stdout(&common::ok(&dir, &args));
+    assert!(t.starts_with(&format!("== {n} traces side by side")), "{t}");
+    let at = t.find("== per-trace detail").unwrap();
+    assert_eq!(t[at..].matches("\n== rank").count(), n, "{t}");
+    assert_eq!(t[..at].matches("\n== rank").count(), 0, "{t}");
+}
