@@ -729,15 +729,24 @@ pub fn trace_summary_lines(path: &Path) -> Result<Vec<String>, String> {
     };
     let r = analysis::analyze(vramshim_analyzer::input::open(path)?, &opts)?;
     let devs: Vec<_> = r.devices.iter().filter(|d| d.device >= 0).collect();
+    // A failed start-up explains everything after it: it comes first.
+    let failed: Vec<String> = r
+        .failed_calls
+        .iter()
+        .take(3)
+        .map(|f| format!("CUDA failed: {}", f.describe()))
+        .collect();
     if devs.is_empty() {
-        return Ok(vec![format!(
+        let mut lines = failed;
+        lines.push(format!(
             "pid {}: no device memory was allocated ({} events in {})",
             r.process.pid,
             r.events,
             duration_ns(r.duration_ns)
-        )]);
+        ));
+        return Ok(lines);
     }
-    let (allocs, bytes_alloc, failed, refusals, ooms) =
+    let (allocs, bytes_alloc, failed_allocs, refusals, ooms) =
         devs.iter().fold((0, 0, 0, 0, 0), |a, d| {
             (
                 a.0 + d.allocs,
@@ -747,14 +756,15 @@ pub fn trace_summary_lines(path: &Path) -> Result<Vec<String>, String> {
                 a.4 + d.ooms,
             )
         });
-    let mut lines = vec![format!(
-        "pid {}: {allocs} allocations ({}) on {} device(s) in {}; {failed} failed ({refusals} refused by the cap, {} out of device memory)",
+    let mut lines = failed;
+    lines.push(format!(
+        "pid {}: {allocs} allocations ({}) on {} device(s) in {}; {failed_allocs} failed ({refusals} refused by the cap, {} out of device memory)",
         r.process.pid,
         bytes(bytes_alloc),
         devs.len(),
         duration_ns(r.duration_ns),
         ooms.saturating_sub(refusals)
-    )];
+    ));
     let peak = devs.iter().max_by_key(|d| d.peak_in_use.bytes).unwrap();
     let mut l = format!(
         "peak in use {} on device {} at +{} ({} live allocations)",

@@ -12,8 +12,8 @@ use common::{compile_c, exe, scratch};
 const MIB: u64 = 1 << 20;
 
 /// Allocates each size given in bytes (in order, `cudaMalloc`), then frees them all; prints
-/// `alloc I refused (CODE)` and exits 2 at the first refusal. `init-fail` as the first argument
-/// asks for device 99 first, so the CUDA start-up fails.
+/// `alloc I refused (CODE)` and exits 2 at the first refusal. `count` as the only argument:
+/// asks for the number of devices and nothing else (exit 3 when that fails).
 fn program() -> PathBuf {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
     EXE.get_or_init(|| {
@@ -30,13 +30,11 @@ int main(int argc, char **argv) {
     if (!h) { fprintf(stderr, "no libcudart.so.12: %s\n", dlerror()); return 1; }
     int (*m)(void **, size_t) = (int (*)(void **, size_t))dlsym(h, "cudaMalloc");
     int (*f)(void *) = (int (*)(void *))dlsym(h, "cudaFree");
-    int (*sd)(int) = (int (*)(int))dlsym(h, "cudaSetDevice");
+    int (*count)(int *) = (int (*)(int *))dlsym(h, "cudaGetDeviceCount");
     int first = 1;
-    if (argc > 1 && strcmp(argv[1], "init-fail") == 0) {
-        int rc = sd(99);
-        void *p = 0;
-        rc = m(&p, 1 << 20);
-        printf("cudaMalloc after cudaSetDevice(99): %d\n", rc);
+    if (argc > 1 && strcmp(argv[1], "count") == 0) {
+        int n = -1, rc = count(&n);
+        printf("cudaGetDeviceCount: %d (%d devices)\n", rc, n);
         return rc == 0 ? 0 : 3;
     }
     void *p[64] = {0};
@@ -57,6 +55,11 @@ int main(int argc, char **argv) {
 
 /// `vramshim run --sim ARGS -- program SIZES` in `dir`, with a fresh simulated device.
 fn run_sim(dir: &Path, args: &[&str], env: &[(&str, &str)], sizes: &[u64]) -> Output {
+    let sizes: Vec<String> = sizes.iter().map(u64::to_string).collect();
+    run_sim_args(dir, args, env, &sizes)
+}
+
+fn run_sim_args(dir: &Path, args: &[&str], env: &[(&str, &str)], prog_args: &[String]) -> Output {
     let mut c = Command::new(exe());
     c.current_dir(dir)
         .env("VRAMSHIM_NO_PROGRESS", "1")
@@ -70,7 +73,7 @@ fn run_sim(dir: &Path, args: &[&str], env: &[(&str, &str)], sizes: &[u64]) -> Ou
         .args(args)
         .arg("--")
         .arg(program())
-        .args(sizes.iter().map(|s| s.to_string()));
+        .args(prog_args);
     for (k, v) in env {
         c.env(k, v);
     }
@@ -362,4 +365,141 @@ fn many_traces_print_the_side_by_side_table_first_and_only_the_outliers_detail()
     let at = t.find("== per-trace detail").unwrap();
     assert_eq!(t[at..].matches("\n== rank").count(), n, "{t}");
     assert_eq!(t[..at].matches("\n== rank").count(), 0, "{t}");
+}
+
+#[test]
+fn a_capped_trace_on_a_one_device_machine_describes_one_device() {
+    let dir = scratch("truth-devices");
+    let o = run_sim(
+        &dir,
+        &["--sim", "--cap", "1GiB", "--trace", "c.vramtrace"],
+        &[("VRAMSIM_CONTEXT_OVERHEAD", "0"), ("VRAMSIM_DEVICES", "1")],
+        &[MIB, 3 * MIB],
+    );
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(err.contains("on 1 device(s)"), "{err}");
+    let j = json(&vramshim(&dir, &["summary", "--json", "c.vramtrace"]));
+    let devs: Vec<i64> = j["traces"][0]["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["device"].as_i64().unwrap())
+        .collect();
+    assert_eq!(devs, [0], "{j}");
+    let t = stdout(&vramshim(&dir, &["summary", "c.vramtrace"]));
+    assert_eq!(t.matches("\n-- ").count(), 1, "one device section: {t}");
+}
+
+#[test]
+fn log_info_says_what_runs_and_each_decision() {
+    let dir = scratch("truth-info");
+    let o = run_sim(
+        &dir,
+        &[
+            "--sim",
+            "--log",
+            "info",
+            "--cap",
+            "7MiB",
+            "--stacks",
+            "4",
+            "--trace",
+            "i-%p.vramtrace",
+        ],
+        &[("VRAMSIM_CONTEXT_OVERHEAD", "2MiB")],
+        &[3 * MIB, 3 * MIB],
+    );
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    let info: Vec<&str> = err.lines().filter(|l| l.contains(" info: ")).collect();
+    let start = info
+        .iter()
+        .find(|l| l.contains("cap \"7MiB\""))
+        .unwrap_or_else(|| panic!("no start line: {err}"));
+    for part in [
+        "(the CUDA context counted)",
+        "pool off",
+        "trace \"",
+        "i-%p.vramtrace",
+        "stacks 4 frames",
+    ] {
+        assert!(start.contains(part), "{part:?} missing: {start}");
+    }
+    assert!(
+        info.iter()
+            .any(|l| l.contains("trace: writing ") && l.contains(&dir.display().to_string())),
+        "the trace file chosen: {err}"
+    );
+    let refusal = info
+        .iter()
+        .find(|l| l.contains("cap: first refusal on device 0"))
+        .unwrap_or_else(|| panic!("no refusal line: {err}"));
+    assert!(
+        refusal.contains(&format!("{} of the CUDA context", 2 * MIB)),
+        "{refusal}"
+    );
+    // Without info, none of it.
+    let o = run_sim(
+        &dir,
+        &["--sim", "--cap", "8MiB"],
+        &[("VRAMSIM_CONTEXT_OVERHEAD", "2MiB")],
+        &[3 * MIB, 3 * MIB],
+    );
+    assert!(!stderr(&o).contains(" info: "), "{}", stderr(&o));
+}
+
+#[test]
+fn a_program_that_fails_in_cuda_start_up_leaves_a_trace_naming_the_cause() {
+    let dir = scratch("truth-startup");
+    // Every cuInit fails with CUDA_ERROR_NO_DEVICE; the program gives up at its first call.
+    let o = run_sim(
+        &dir,
+        &["--sim", "--trace", "s.vramtrace"],
+        &[("VRAMSIM_FAIL", "cuInit:nth=1:code=100")],
+        &[MIB],
+    );
+    let err = stderr(&o);
+    assert_ne!(o.status.code(), Some(0), "{err}");
+    assert!(dir.join("s.vramtrace").is_file(), "no trace: {err}");
+    assert!(!err.contains("no trace was written"), "{err}");
+    assert!(
+        err.contains("CUDA failed: cuInit returned 100 (CUDA_ERROR_NO_DEVICE"),
+        "the launcher names the cause: {err}"
+    );
+    let t = stdout(&vramshim(&dir, &["summary", "s.vramtrace"]));
+    assert!(t.contains("CUDA call failed at +"), "{t}");
+    assert!(t.contains("cuInit returned 100"), "{t}");
+    let j = json(&vramshim(&dir, &["summary", "--json", "s.vramtrace"]));
+    assert_eq!(j["traces"][0]["failed_calls"][0]["name"], "cuInit", "{j}");
+    assert_eq!(j["traces"][0]["failed_calls"][0]["result"], 100, "{j}");
+
+    // A program that only asks how many devices there are: no allocation, still a trace.
+    let o = run_sim_args(
+        &dir,
+        &["--sim", "--trace", "n.vramtrace"],
+        &[("VRAMSIM_FAIL", "cuInit:nth=1:code=100")],
+        &["count".to_string()],
+    );
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(3), "{}{err}", stdout(&o));
+    assert!(dir.join("n.vramtrace").is_file(), "no trace: {err}");
+    assert!(
+        err.contains("CUDA failed: cuInit returned 100 (CUDA_ERROR_NO_DEVICE"),
+        "{err}"
+    );
+
+    // A device too small for the context: the context's creation is the cause, not "out of
+    // device memory" for the program's allocation alone.
+    let o = run_sim(
+        &dir,
+        &["--sim=16MiB", "--trace", "c.vramtrace"],
+        &[("VRAMSIM_CONTEXT_OVERHEAD", "300MiB")],
+        &[MIB],
+    );
+    let err = stderr(&o);
+    assert!(
+        err.contains("CUDA failed: cuDevicePrimaryCtxRetain on device 0 returned 2"),
+        "{err}"
+    );
 }

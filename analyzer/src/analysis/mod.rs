@@ -336,6 +336,9 @@ fn size_bucket(size: u64) -> usize {
     (64 - size.leading_zeros()) as usize
 }
 
+/// Failed calls (`CallFailed`) kept per trace: the first ones explain the rest.
+const MAX_FAILED_CALLS: usize = 16;
+
 /// The streaming analysis of one trace.
 pub struct Analysis {
     pub(crate) opts: Options,
@@ -350,6 +353,8 @@ pub struct Analysis {
     pub(crate) lost: u64,
     pub(crate) threads: FastMap<u32, ()>,
     pub(crate) forks: Vec<u32>,
+    /// `CallFailed` records (the first [`MAX_FAILED_CALLS`]): (time, name, device, result).
+    pub(crate) failed_calls: Vec<(u64, String, i32, i32)>,
     pub(crate) out_of_order: u64,
     /// Thread ids already in `threads`, direct-mapped by the low bits (threads alternate, so
     /// "same as the last one" misses often).
@@ -375,6 +380,7 @@ impl Analysis {
             lost: 0,
             threads: FastMap::default(),
             forks: Vec::new(),
+            failed_calls: Vec::new(),
             out_of_order: 0,
             // Slot i starts with a value whose low bits are not i: matches no thread.
             tid_seen: std::array::from_fn(|i| i as u32 + 1),
@@ -761,6 +767,17 @@ impl Analysis {
                 }
             }
             Event::Lost { count, .. } => self.lost += count,
+            Event::CallFailed {
+                t_ns,
+                device,
+                name,
+                result,
+                ..
+            } => {
+                if self.failed_calls.len() < MAX_FAILED_CALLS {
+                    self.failed_calls.push((t_ns, name, device, result));
+                }
+            }
             Event::Device(info) => {
                 if let Some(d) = self
                     .header

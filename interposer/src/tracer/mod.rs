@@ -116,6 +116,38 @@ pub fn on_exit() {
     writer::finish();
 }
 
+/// Whether tracing is on and nothing was recorded yet.
+pub fn nothing_recorded() -> bool {
+    enabled() && writer::never_started()
+}
+
+/// Starts the writer now (a trace with no event yet), when tracing is on.
+pub fn start_now() {
+    if enabled() {
+        writer::ensure_started();
+    }
+}
+
+/// Records a failed call that explains what followed (the driver's start-up, a context's
+/// creation), and says it at `VRAMSHIM_LOG=info`.
+pub fn call_failed(name: &str, device: i32, result: i32) {
+    if device >= 0 {
+        crate::info!("{name} failed on device {device}: CUDA error {result}");
+    } else {
+        crate::info!("{name} failed: CUDA error {result}");
+    }
+    if !enabled() {
+        return;
+    }
+    emit(Event::CallFailed {
+        t_ns: stamp().ns,
+        tid: crate::ids::tid(),
+        device,
+        name: name.to_string(),
+        result,
+    });
+}
+
 /// Called by the `_exit`/`_Exit` hooks: the same flush, but only in the process that owns the
 /// writer (never in a vfork child), with a bounded wait for the writer's lock, and not at all
 /// with `VRAMSHIM_TRACE_EXIT_FLUSH=0`.

@@ -112,6 +112,11 @@ pub fn count_lost(n: u64) {
     LOST.fetch_add(n, Ordering::Relaxed);
 }
 
+/// True when no record was ever made (the writer was never asked to start).
+pub fn never_started() -> bool {
+    STATE.load(Ordering::Acquire) == IDLE
+}
+
 /// True when the writer runs (starting it on the first call).
 #[inline]
 pub fn ensure_started() -> bool {
