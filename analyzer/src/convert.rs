@@ -95,7 +95,9 @@ impl ReservedFigures {
             } => {
                 let d = self.devices.entry(*device).or_default();
                 d.held.pool_reports(*reserved_bytes);
-                d.cap = *cap;
+                if *cap > 0 {
+                    d.cap = *cap;
+                }
                 *reserved_bytes = d.held.reserved();
                 d.shown = *reserved_bytes;
                 return None;

@@ -503,3 +503,63 @@ fn a_program_that_fails_in_cuda_start_up_leaves_a_trace_naming_the_cause() {
         "{err}"
     );
 }
+
+/// The simulated device's own high-water mark for `name` (what the driver handed out, page
+/// rounding included); the device is removed.
+fn sim_high_water(name: &str) -> u64 {
+    let smi = Path::new(exe()).parent().unwrap().join("vramsim-smi");
+    let o = Command::new(&smi).arg(name).output().expect("vramsim-smi");
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&o.stdout)));
+    if let Some(f) = j["file"].as_str() {
+        let _ = std::fs::remove_file(f);
+    }
+    j["high_water"][0].as_u64().expect("high_water")
+}
+
+#[test]
+fn peak_reserved_is_what_the_device_handed_out_with_and_without_the_pool() {
+    for pool in ["off", "stitch"] {
+        let dir = scratch(&format!("truth-hw-{pool}"));
+        let name = format!("vramshim-truth-hw-{pool}-{}", std::process::id());
+        let sizes: Vec<String> = [3 * MIB, MIB, MIB, MIB, 5 * MIB]
+            .iter()
+            .map(u64::to_string)
+            .collect();
+        let o = Command::new(exe())
+            .current_dir(&dir)
+            .env("VRAMSHIM_NO_PROGRESS", "1")
+            .env_remove("VRAMSHIM_LIB")
+            .env("VRAMSIM_NAME", &name)
+            .env("VRAMSIM_CONTEXT_OVERHEAD", "0")
+            .args([
+                "run",
+                "--sim",
+                "--pool",
+                pool,
+                "--trace",
+                "h.vramtrace",
+                "--",
+            ])
+            .arg(program())
+            .args(&sizes)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let device = sim_high_water(&name);
+        let j = json(&vramshim(&dir, &["summary", "--json", "h.vramtrace"]));
+        let d = &j["traces"][0]["devices"][0];
+        assert_eq!(
+            d["peak_reserved"]["bytes"].as_u64(),
+            Some(device),
+            "pool {pool}: the trace's peak reserved against the device's high water: {d}"
+        );
+        assert_eq!(d["peak_in_use"]["bytes"], 11 * MIB, "{d}");
+        // Reached at the last allocation, not at a later sample after everything was freed.
+        assert_eq!(
+            d["peak_reserved"]["in_use_bytes"],
+            11 * MIB,
+            "pool {pool}: {d}"
+        );
+    }
+}

@@ -435,6 +435,10 @@ pub fn alloc(
             r.rc,
             t0,
         );
+        if layer == Layer::Pool {
+            // The pool may have mapped or released pages for this request.
+            tracer::pool_held(req.device, pooling::held(req.device));
+        }
     }
     Outcome {
         rc: r.rc,

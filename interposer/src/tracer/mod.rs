@@ -121,6 +121,31 @@ pub fn nothing_recorded() -> bool {
     enabled() && writer::never_started()
 }
 
+/// What the pool holds on `device` after a pooled request: a `Counter` record when it
+/// changed, so the trace's reserved figure is exact at every change, not only at the writer's
+/// periodic samples.
+pub fn pool_held(device: i32, held: u64) {
+    static SHOWN: [std::sync::atomic::AtomicU64; slots::MAX_DEV] =
+        [const { std::sync::atomic::AtomicU64::new(0) }; slots::MAX_DEV];
+    let Some(shown) = usize::try_from(device).ok().and_then(|d| SHOWN.get(d)) else {
+        return;
+    };
+    if shown.swap(held, Ordering::Relaxed) == held {
+        return;
+    }
+    let live = slots::live_totals()
+        .get(device as usize)
+        .map_or(0, |&v| v.max(0) as u64);
+    emit(Event::Counter {
+        t_ns: stamp().ns,
+        device,
+        live_bytes: live,
+        reserved_bytes: held,
+        // Not restated here: the writer's own records carry the cap.
+        cap: 0,
+    });
+}
+
 /// Starts the writer now (a trace with no event yet), when tracing is on.
 pub fn start_now() {
     if enabled() {
