@@ -235,18 +235,26 @@ fn ensure_context(device: i32) {
 /// Bytes each device's pool holds from the device (its mapped pages), as of the pool's last
 /// decision that could change it: what the trace records, exactly when it changes.
 static HELD: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+/// The most each device's pool ever held (inside one decision it may map pages and release
+/// others).
+static HELD_PEAK: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
 
-/// Bytes `device`'s pool holds from the device (0: none, or no pool).
-pub fn held(device: i32) -> u64 {
-    usize::try_from(device)
-        .ok()
-        .and_then(|d| HELD.get(d))
-        .map_or(0, |h| h.load(Ordering::Relaxed))
+/// Bytes `device`'s pool holds from the device now and at most so far (0: none, or no pool).
+pub fn held(device: i32) -> (u64, u64) {
+    let Some(d) = usize::try_from(device).ok().filter(|&d| d < MAX_DEVICES) else {
+        return (0, 0);
+    };
+    (
+        HELD[d].load(Ordering::Relaxed),
+        HELD_PEAK[d].load(Ordering::Relaxed),
+    )
 }
 
 fn publish_held(d: usize, p: &DevicePool) {
-    if let Some(h) = HELD.get(d) {
-        h.store(p.policy.stats().reserved, Ordering::Relaxed);
+    if d < MAX_DEVICES {
+        let s = p.policy.stats();
+        HELD[d].store(s.reserved, Ordering::Relaxed);
+        HELD_PEAK[d].fetch_max(s.peak_reserved, Ordering::Relaxed);
     }
 }
 

@@ -121,29 +121,37 @@ pub fn nothing_recorded() -> bool {
     enabled() && writer::never_started()
 }
 
-/// What the pool holds on `device` after a pooled request: a `Counter` record when it
-/// changed, so the trace's reserved figure is exact at every change, not only at the writer's
+/// What the pool holds on `device` after a pooled request (`held`: now, `peak`: the most so
+/// far, which one decision may pass through): `Counter` records when either changed, so the
+/// trace's reserved figure is exact at every change, peak included, not only at the writer's
 /// periodic samples.
-pub fn pool_held(device: i32, held: u64) {
-    static SHOWN: [std::sync::atomic::AtomicU64; slots::MAX_DEV] =
-        [const { std::sync::atomic::AtomicU64::new(0) }; slots::MAX_DEV];
-    let Some(shown) = usize::try_from(device).ok().and_then(|d| SHOWN.get(d)) else {
+pub fn pool_held(device: i32, (held, peak): (u64, u64)) {
+    use std::sync::atomic::AtomicU64;
+    static SHOWN: [AtomicU64; slots::MAX_DEV] = [const { AtomicU64::new(0) }; slots::MAX_DEV];
+    static SHOWN_PEAK: [AtomicU64; slots::MAX_DEV] = [const { AtomicU64::new(0) }; slots::MAX_DEV];
+    let Some(d) = usize::try_from(device).ok().filter(|&d| d < slots::MAX_DEV) else {
         return;
     };
-    if shown.swap(held, Ordering::Relaxed) == held {
+    // A peak passed inside the decision (above what is held after it) is recorded first.
+    let new_peak = SHOWN_PEAK[d].fetch_max(peak, Ordering::Relaxed) < peak && peak > held;
+    let changed = SHOWN[d].swap(held, Ordering::Relaxed) != held;
+    if !new_peak && !changed {
         return;
     }
-    let live = slots::live_totals()
-        .get(device as usize)
-        .map_or(0, |&v| v.max(0) as u64);
-    emit(Event::Counter {
-        t_ns: stamp().ns,
+    let live = slots::live_totals().get(d).map_or(0, |&v| v.max(0) as u64);
+    let t_ns = stamp().ns;
+    let counter = |reserved_bytes| Event::Counter {
+        t_ns,
         device,
         live_bytes: live,
-        reserved_bytes: held,
+        reserved_bytes,
         // Not restated here: the writer's own records carry the cap.
         cap: 0,
-    });
+    };
+    if new_peak {
+        emit(counter(peak));
+    }
+    emit(counter(held));
 }
 
 /// Starts the writer now (a trace with no event yet), when tracing is on.
