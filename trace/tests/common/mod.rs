@@ -276,13 +276,6 @@ pub fn small_trace() -> (Header, Vec<Event>, Vec<u8>) {
         t_ns: t + 600,
         count: 3,
     });
-    ev.push(Event::CallFailed {
-        t_ns: t + 650,
-        tid: 7,
-        device: -1,
-        name: "cuInit".into(),
-        result: 100,
-    });
     ev.push(Event::Device(DeviceInfo {
         index: 1,
         name: "Second".into(),
