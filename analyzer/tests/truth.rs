@@ -473,6 +473,12 @@ fn a_program_that_fails_in_cuda_start_up_leaves_a_trace_naming_the_cause() {
     let j = json(&vramshim(&dir, &["summary", "--json", "s.vramtrace"]));
     assert_eq!(j["traces"][0]["failed_calls"][0]["name"], "cuInit", "{j}");
     assert_eq!(j["traces"][0]["failed_calls"][0]["result"], 100, "{j}");
+    common::ok(&dir, &["report", "-o", "s.html", "s.vramtrace"]);
+    let html = std::fs::read_to_string(dir.join("s.html")).unwrap();
+    assert!(
+        html.contains("CUDA call failed at +"),
+        "the report names it too"
+    );
 
     // A program that only asks how many devices there are: no allocation, still a trace.
     let o = run_sim_args(
