@@ -3,7 +3,9 @@
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
-use vramshim_trace::TraceWriter;
+use vramshim_trace::{AllocKind, Event, TraceWriter, codes};
+
+use crate::analysis::reserved::Holdings;
 
 use crate::error::{InputError, write_error};
 use crate::formats::{
@@ -43,16 +45,95 @@ pub struct ExportStats {
     pub torn: bool,
 }
 
+/// The reserved figure as the analyzer computes it from the events
+/// ([`crate::analysis::reserved`]), for the exports: `Counter` records carry it, and a
+/// `Counter` follows every allocation or free that changed it, so an export's reserved track is
+/// the figure `summary` prints at every instant.
+#[derive(Default)]
+struct ReservedFigures {
+    devices: crate::formats::FastMap<i32, DeviceFigures>,
+}
+
+#[derive(Default)]
+struct DeviceFigures {
+    /// Live allocations: address -> (kind, flags, size).
+    live: crate::formats::FastMap<u64, (AllocKind, u8, u64)>,
+    held: Holdings,
+    in_use: u64,
+    cap: u64,
+    /// The reserved figure last exported.
+    shown: u64,
+}
+
+impl ReservedFigures {
+    /// Brings `ev` in line; returns the `Counter` to export after it, if any.
+    fn see(&mut self, ev: &mut Event) -> Option<Event> {
+        let (t_ns, device) = match ev {
+            Event::Alloc(m) if m.result == codes::CUDA_SUCCESS && m.addr != 0 => {
+                let d = self.devices.entry(m.device).or_default();
+                if let Some((k, f, n)) = d.live.insert(m.addr, (m.kind, m.flags, m.size)) {
+                    d.held.release(k, f, n);
+                    d.in_use = d.in_use.saturating_sub(n);
+                }
+                d.held.hold(m.kind, m.flags, m.size);
+                d.in_use = d.in_use.saturating_add(m.size);
+                (m.t_ns, m.device)
+            }
+            Event::Free(m) if m.result == codes::CUDA_SUCCESS => {
+                let d = self.devices.entry(m.device).or_default();
+                let (k, f, n) = d.live.remove(&m.addr)?;
+                d.held.release(k, f, n);
+                d.in_use = d.in_use.saturating_sub(n);
+                (m.t_ns, m.device)
+            }
+            Event::Counter {
+                device,
+                reserved_bytes,
+                cap,
+                ..
+            } => {
+                let d = self.devices.entry(*device).or_default();
+                d.held.pool_reports(*reserved_bytes);
+                if *cap > 0 {
+                    d.cap = *cap;
+                }
+                *reserved_bytes = d.held.reserved();
+                d.shown = *reserved_bytes;
+                return None;
+            }
+            _ => return None,
+        };
+        let d = self.devices.get_mut(&device)?;
+        let r = d.held.reserved();
+        if device < 0 || r == d.shown {
+            return None;
+        }
+        d.shown = r;
+        Some(Event::Counter {
+            t_ns,
+            device,
+            live_bytes: d.in_use,
+            reserved_bytes: r,
+            cap: d.cap,
+        })
+    }
+}
+
 /// Streams every event of `opened` into `sink`.
 fn pump(
     mut opened: Opened,
     mut sink: impl FnMut(&vramshim_trace::Event) -> std::io::Result<()>,
 ) -> Result<bool, String> {
+    let mut figures = ReservedFigures::default();
     let mut progress = Progress::new(&format!("reading {}", opened.path.display()), opened.len);
     let mut n = 0u64;
     while let Some(ev) = opened.events.next_event() {
-        let ev = ev?;
+        let mut ev = ev?;
+        let counter = figures.see(&mut ev);
         sink(&ev).map_err(|e| format!("cannot write: {e}"))?;
+        if let Some(c) = counter {
+            sink(&c).map_err(|e| format!("cannot write: {e}"))?;
+        }
         n += 1;
         if n & 0xffff == 0 {
             progress.update(opened.events.position());

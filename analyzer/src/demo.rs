@@ -619,25 +619,23 @@ fn live_run(
     } else {
         format!("failed (exit {:?})", out.status.code())
     });
+    // Reserved as every command reports it: computed from the trace's events.
+    row.reserved = match trace_peak_reserved(&trace) {
+        Ok(Some(b)) => Cell::Bytes(b),
+        Ok(None) => Cell::na("no device memory in the trace"),
+        Err(e) => Cell::Na(e),
+    };
     if let Gpu::Sim { dir } = gpu {
-        row.reserved = match sim_high_water(dir, &sim_name) {
-            Ok(hw) => Cell::Bytes(hw),
-            Err(e) => Cell::Na(e),
-        };
+        // Reading the simulated device's accounting also removes the device.
+        let _ = sim_high_water(dir, &sim_name);
         let (calls, syncs) = sim_driver_counts(&row.stderr);
         row.driver_calls = Cell::Num(calls);
         row.syncs = Cell::Num(syncs);
     } else {
-        // On a real GPU the device's own accounting is not visible: what the pool reserved
-        // comes from the trace (its counter records); the driver is not observable per call.
+        // On a real GPU the driver is not observable per call.
         let why = "counted by the simulated driver only (vramshim demo --sim)";
         row.driver_calls = Cell::na(why);
         row.syncs = Cell::na(why);
-        row.reserved = match trace_peak_reserved(&trace) {
-            Ok(Some(b)) => Cell::Bytes(b),
-            Ok(None) => Cell::na("not recorded in the trace"),
-            Err(e) => Cell::Na(e),
-        };
     }
     if r.failed > 0 {
         match post_mortem(&trace) {
@@ -703,7 +701,7 @@ pub(crate) fn sim_driver_counts(stderr: &str) -> (u64, u64) {
     (calls, syncs)
 }
 
-/// Peak reserved bytes of device 0 as the trace's counter records report them.
+/// Peak reserved bytes of device 0 as the analyzer computes them from the trace's events.
 pub(crate) fn trace_peak_reserved(trace: &Path) -> Result<Option<u64>, String> {
     use vramshim_analyzer::analysis::{self, Options};
     let opts = Options {
@@ -755,15 +753,24 @@ pub fn trace_summary_lines(path: &Path) -> Result<Vec<String>, String> {
     };
     let r = analysis::analyze(vramshim_analyzer::input::open(path)?, &opts)?;
     let devs: Vec<_> = r.devices.iter().filter(|d| d.device >= 0).collect();
+    // A failed start-up explains everything after it: it comes first.
+    let failed: Vec<String> = r
+        .failed_calls
+        .iter()
+        .take(3)
+        .map(|f| format!("CUDA failed: {}", f.describe()))
+        .collect();
     if devs.is_empty() {
-        return Ok(vec![format!(
+        let mut lines = failed;
+        lines.push(format!(
             "pid {}: no device memory was allocated ({} events in {})",
             r.process.pid,
             r.events,
             duration_ns(r.duration_ns)
-        )]);
+        ));
+        return Ok(lines);
     }
-    let (allocs, bytes_alloc, failed, refusals, ooms) =
+    let (allocs, bytes_alloc, failed_allocs, refusals, ooms) =
         devs.iter().fold((0, 0, 0, 0, 0), |a, d| {
             (
                 a.0 + d.allocs,
@@ -773,14 +780,15 @@ pub fn trace_summary_lines(path: &Path) -> Result<Vec<String>, String> {
                 a.4 + d.ooms,
             )
         });
-    let mut lines = vec![format!(
-        "pid {}: {allocs} allocations ({}) on {} device(s) in {}; {failed} failed ({refusals} refused by the cap, {} out of device memory)",
+    let mut lines = failed;
+    lines.push(format!(
+        "pid {}: {allocs} allocations ({}) on {} device(s) in {}; {failed_allocs} failed ({refusals} refused by the cap, {} out of device memory)",
         r.process.pid,
         bytes(bytes_alloc),
         devs.len(),
         duration_ns(r.duration_ns),
         ooms.saturating_sub(refusals)
-    )];
+    ));
     let peak = devs.iter().max_by_key(|d| d.peak_in_use.bytes).unwrap();
     let mut l = format!(
         "peak in use {} on device {} at +{} ({} live allocations)",

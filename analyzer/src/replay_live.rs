@@ -291,16 +291,14 @@ fn run_one(
             out.status.code()
         ));
     }
-    match gpu {
-        Gpu::Sim { dir } => {
-            r.peak_reserved = demo::sim_high_water(dir, &sim_name).ok();
-            let (calls, syncs) = demo::sim_driver_counts(&stderr);
-            r.driver_calls = Some(calls);
-            r.syncs = Some(syncs);
-        }
-        Gpu::Real { .. } => {
-            r.peak_reserved = demo::trace_peak_reserved(&trace).ok().flatten();
-        }
+    // Reserved as every command reports it: computed from the trace's events.
+    r.peak_reserved = demo::trace_peak_reserved(&trace).ok().flatten();
+    if let Gpu::Sim { dir } = gpu {
+        // Reading the simulated device's accounting also removes the device.
+        let _ = demo::sim_high_water(dir, &sim_name);
+        let (calls, syncs) = demo::sim_driver_counts(&stderr);
+        r.driver_calls = Some(calls);
+        r.syncs = Some(syncs);
     }
     r
 }

@@ -503,7 +503,7 @@ fn report_traces(pattern: &Path, since: SystemTime) {
     let files = find_traces(pattern, since);
     if files.is_empty() {
         eprintln!(
-            "vramshim: no trace was written at {} (did the program use CUDA? VRAMSHIM_LOG=info says more)",
+            "vramshim: no trace was written at {}: the program never loaded the CUDA driver (libcuda.so.1), the library was not preloaded into it (a static or setuid program), or it was killed before it ended; --log info says what the library did",
             pattern.display()
         );
         return;

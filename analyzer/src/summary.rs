@@ -1,5 +1,6 @@
 //! `vramshim summary TRACE...`: per process and device, what happened to device memory.
 
+use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -20,6 +21,10 @@ pub struct Args {
     /// Skip the stitch what-if in post-mortems (it replays the trace up to each failure).
     #[arg(long)]
     pub no_whatif: bool,
+    /// With several traces, print every trace's own detail after the side-by-side table
+    /// (by default only the outliers' detail is printed).
+    #[arg(long)]
+    pub each: bool,
 }
 
 pub fn main(args: Args) -> Result<ExitCode, String> {
@@ -63,16 +68,48 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
         );
     } else {
         let mut out = String::new();
-        for r in &reports {
-            render::text::trace(r, &mut out);
-            out.push('\n');
-        }
-        if let Some(c) = &comparison {
-            render::text::comparison(c, &mut out);
-        }
-        if !gpus.is_empty() {
-            out.push('\n');
-            render::text::by_gpu(&gpus, &mut out);
+        match &comparison {
+            None => {
+                for r in &reports {
+                    render::text::trace(r, &mut out);
+                    out.push('\n');
+                }
+            }
+            Some(c) => {
+                // Many ranks: the side-by-side table and its outliers first, then the detail
+                // of the outliers (or of every trace with --each).
+                render::text::comparison(c, &mut out);
+                if !gpus.is_empty() {
+                    out.push('\n');
+                    render::text::by_gpu(&gpus, &mut out);
+                }
+                let shown: Vec<&analysis::TraceReport> = reports
+                    .iter()
+                    .filter(|r| args.each || c.outliers.iter().any(|o| o.file == r.file))
+                    .collect();
+                let _ = writeln!(
+                    out,
+                    "\n== per-trace detail: {}",
+                    if args.each {
+                        format!("all {} traces", reports.len())
+                    } else if shown.is_empty() {
+                        format!(
+                            "none shown (no outlier; --each shows all {})",
+                            reports.len()
+                        )
+                    } else {
+                        format!(
+                            "the {} outlier(s) (--each shows all {})",
+                            shown.len(),
+                            reports.len()
+                        )
+                    }
+                );
+                for r in shown {
+                    out.push('\n');
+                    render::text::trace(r, &mut out);
+                }
+            }
         }
         print!("{out}");
     }

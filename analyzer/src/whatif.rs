@@ -119,17 +119,73 @@ pub fn read_stream(mut opened: Opened, device: Option<i32>) -> Result<Stream, In
 /// How many post-mortems per device get a replay (each replays the trace up to its failure).
 pub const MAX_JUDGED: usize = 10;
 
+/// The entry points vramshim's pool serves (the others go to the driver even with the pool on).
+fn pool_serves(api: &str) -> bool {
+    matches!(
+        api,
+        "cudaMalloc" | "cuMemAlloc" | "cudaMallocAsync" | "cuMemAllocAsync"
+    )
+}
+
+/// What the stitch replay of one failure may use, counted as the real run counted.
+struct Budget {
+    /// Bytes the replayed pool may hold.
+    limit: u64,
+    /// How that was worked out, for the verdict's line.
+    why: String,
+}
+
+/// The memory a stitch replay of `pm` may hold, counted as the real run counted it: under a
+/// cap, the cap less what the cap charged beyond the trace's live bytes (the context and the
+/// cap's rounding); after a device refusal, what the process demonstrably held when the device
+/// refused (the device had less room than that plus the request, whatever its size, because
+/// of the context and other processes). `None`: the trace does not say.
+fn budget(pm: &crate::analysis::PostMortem) -> Option<Budget> {
+    if pm.cause == "cap" {
+        let cap = pm.cap?;
+        let overhead = pm.charged.saturating_sub(pm.in_use);
+        let limit = cap.saturating_sub(overhead);
+        let why = if overhead > 0 {
+            format!(
+                "the {} cap less the {} it charged beyond the live allocations (context, rounding)",
+                bytes(cap),
+                bytes(overhead)
+            )
+        } else {
+            format!("the {} cap", bytes(cap))
+        };
+        return Some(Budget {
+            limit: pm.device_total.map_or(limit, |t| limit.min(t)),
+            why,
+        });
+    }
+    let held = pm.reserved.unwrap_or(pm.in_use);
+    if held == 0 && pm.device_total.is_none() {
+        return None;
+    }
+    Some(Budget {
+        limit: held,
+        why: format!(
+            "the {} the process held when the device refused it (the device had no more room for it)",
+            bytes(held)
+        ),
+    })
+}
+
 /// Fills each post-mortem's `stitch` verdict: replays the device's stream up to the failed
-/// request through `stitch` on a device of the same size and cap, then asks for the request.
+/// request through `stitch` within what the process could hold then ([`budget`]), then asks
+/// for the request. A request that the run's own stitch pool failed is answered from the run.
 pub fn judge_post_mortems(path: &Path, report: &mut TraceReport) -> Result<(), InputError> {
     for d in report.devices.iter_mut() {
         if d.post_mortems.is_empty() || d.device < 0 {
             continue;
         }
-        let needs_replay = d.post_mortems.iter().take(MAX_JUDGED).any(|pm| {
-            let cap = pm.device_total.or(pm.cap);
-            cap.is_some_and(|c| pm.size <= pm.cap.unwrap_or(c).min(c))
-        });
+        let pool_ran = d.pooled_allocs > 0;
+        let needs_replay = d
+            .post_mortems
+            .iter()
+            .take(MAX_JUDGED)
+            .any(|pm| !(pool_ran && pool_serves(&pm.api)) && budget(pm).is_some());
         let stream = if needs_replay {
             read_stream(input::open(path)?, Some(d.device))?
         } else {
@@ -151,6 +207,35 @@ pub fn judge_post_mortems(path: &Path, report: &mut TraceReport) -> Result<(), I
                 });
                 continue;
             }
+            if pool_ran && pool_serves(&pm.api) {
+                pm.stitch = Some(StitchVerdict {
+                    served: Some(false),
+                    capacity_bytes: None,
+                    detail: "this run used the stitch pool, and it could not serve the request"
+                        .into(),
+                });
+                continue;
+            }
+            let Some(b) = budget(pm) else {
+                pm.stitch = Some(StitchVerdict {
+                    served: None,
+                    capacity_bytes: None,
+                    detail: "the trace does not say how large the device was".into(),
+                });
+                continue;
+            };
+            if pm.size > b.limit {
+                pm.stitch = Some(StitchVerdict {
+                    served: Some(false),
+                    capacity_bytes: Some(b.limit),
+                    detail: format!(
+                        "the request alone ({}) is larger than {}",
+                        bytes(pm.size),
+                        b.why
+                    ),
+                });
+                continue;
+            }
             let idx = pm.alloc_index.unwrap_or(pm.event_index);
             // The failure record, or failing that the first op after the refusal.
             let pos = stream
@@ -159,61 +244,28 @@ pub fn judge_post_mortems(path: &Path, report: &mut TraceReport) -> Result<(), I
                 .find(|f| f.0 == idx)
                 .map(|f| f.1)
                 .unwrap_or_else(|| stream.origin.partition_point(|o| o.0 < idx));
-            let capacity = pm.device_total.or(pm.cap);
-            let Some(capacity) = capacity else {
-                pm.stitch = Some(StitchVerdict {
-                    served: None,
-                    capacity_bytes: None,
-                    detail: "the trace does not say how large the device was".into(),
-                });
-                continue;
-            };
-            let limit = pm.cap.unwrap_or(capacity).min(capacity);
-            if pm.size > limit {
-                pm.stitch = Some(StitchVerdict {
-                    served: Some(false),
-                    capacity_bytes: Some(capacity),
-                    detail: format!(
-                        "the request alone ({}) is larger than the {} it may use",
-                        bytes(pm.size),
-                        bytes(limit)
-                    ),
-                });
-                continue;
-            }
             let mut ops = stream.ops[..pos].to_vec();
             ops.push(Op::Alloc {
                 id: u64::MAX,
                 size: pm.size,
                 stream: pm.stream,
             });
-            let r = replay::run(&ops, PolicyKind::Stitch, capacity, pm.cap);
+            let r = replay::run(&ops, PolicyKind::Stitch, b.limit, None);
             let served = r.completed;
             let detail = if served {
                 format!(
-                    "replayed {} requests on a {} device{}: stitch reserved at most {}",
+                    "replayed {} requests within {}: stitch reserved at most {}",
                     pos + 1,
-                    bytes(capacity),
-                    pm.cap
-                        .map(|c| format!(" capped at {}", bytes(c)))
-                        .unwrap_or_default(),
+                    b.why,
                     bytes(r.peak_reserved)
                 )
             } else {
                 let why = r.first_failure.map(|f| f.why).unwrap_or_default();
-                format!(
-                    "replayed {} requests on a {} device{}: {}",
-                    pos + 1,
-                    bytes(capacity),
-                    pm.cap
-                        .map(|c| format!(" capped at {}", bytes(c)))
-                        .unwrap_or_default(),
-                    why
-                )
+                format!("replayed {} requests within {}: {}", pos + 1, b.why, why)
             };
             pm.stitch = Some(StitchVerdict {
                 served: Some(served),
-                capacity_bytes: Some(capacity),
+                capacity_bytes: Some(b.limit),
                 detail,
             });
         }

@@ -440,6 +440,10 @@ pub fn alloc(
             r.rc,
             t0,
         );
+        if layer == Layer::Pool {
+            // The pool may have mapped or released pages for this request.
+            tracer::pool_held(req.device, pooling::held(req.device));
+        }
     }
     Outcome {
         rc: r.rc,
@@ -453,6 +457,21 @@ pub fn alloc(
 #[inline(never)]
 fn cap_refused(req: &Request, refusal: &cap::Refusal, traced: bool, t0: tracer::Stamp) {
     counters::cap_refusal();
+    static FIRST: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+    if crate::log::enabled(crate::log::Level::Info)
+        && FIRST.swap(false, std::sync::atomic::Ordering::Relaxed)
+    {
+        let context = cap::global().map_or(0, |c| c.context_charged(req.device));
+        crate::info!(
+            "cap: first refusal on device {}: {} bytes asked; {} charged = {} of the CUDA context + {} of allocations; cap {}; later refusals are counted in the trace (VRAMSHIM_LOG=debug prints each)",
+            req.device,
+            req.size,
+            refusal.in_use,
+            context,
+            refusal.in_use.saturating_sub(context),
+            refusal.cap
+        );
+    }
     if is_runtime(req.api) {
         runtime_set_last_error_oom();
     }

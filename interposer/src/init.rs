@@ -26,6 +26,9 @@ pub(crate) fn init(envp: *const *const c_char) {
     crate::env::report();
     // Parse VRAMSHIM_CAP & co. now (one line per bad value); nothing is attached yet.
     crate::cap::init();
+    if crate::log::enabled(crate::log::Level::Info) {
+        announce();
+    }
     // Resolve glibc's dlsym now, while nothing else runs (it is also resolved lazily).
     crate::real::real_dlsym_addr();
     // SAFETY: registering plain extern "C" functions with libc.
@@ -33,6 +36,30 @@ pub(crate) fn init(envp: *const *const c_char) {
         libc::atexit(at_exit);
         libc::pthread_atfork(None, None, Some(atfork_child));
     }
+}
+
+/// `VRAMSHIM_LOG=info`: one line saying what this process runs with.
+#[cold]
+fn announce() {
+    let set = |k: &str| crate::env::var(k).map(str::trim).filter(|v| !v.is_empty());
+    let cap = match (set("VRAMSHIM_CAP"), set("VRAMSHIM_SHARED")) {
+        (None, None) => "off".to_string(),
+        (Some(c), None) => format!("{c:?}"),
+        (c, Some(s)) => format!("{:?} shared by {s:?}", c.unwrap_or("")),
+    };
+    let cap = match (crate::cap::global().is_some(), set("VRAMSHIM_CAP_CONTEXT")) {
+        (false, _) if cap == "off" => "cap off".to_string(),
+        (false, _) => format!("cap {cap} (not in force)"),
+        (true, Some("exclude")) => format!("cap {cap} (the CUDA context not counted)"),
+        (true, _) => format!("cap {cap} (the CUDA context counted)"),
+    };
+    crate::info!(
+        "pid {}: {cap}; pool {}; trace {}; stacks {}",
+        crate::ids::pid(),
+        set("VRAMSHIM_POOL").unwrap_or("off"),
+        set("VRAMSHIM_TRACE").map_or_else(|| "off".to_string(), |t| format!("{t:?}")),
+        set("VRAMSHIM_STACKS").map_or_else(|| "off".to_string(), |n| format!("{n} frames")),
+    );
 }
 
 extern "C" fn at_exit() {

@@ -46,5 +46,6 @@ fn fork_child_hooks() {
 /// Process exit (atexit handler).
 fn at_exit_hooks() {
     stats::on_exit();
+    hooks::context::record_startup_failure();
     tracer::on_exit();
 }

@@ -65,6 +65,7 @@ fn main() {
                     Event::Stack { .. } => "Stack",
                     Event::Counter { .. } => "Counter",
                     Event::Lost { .. } => "Lost",
+                    Event::CallFailed { .. } => "CallFailed",
                     Event::Device(_) => "Device",
                 };
                 *counts.entry(name).or_default() += 1;

@@ -33,6 +33,8 @@ pub mod tag {
     /// An `Alloc` that got the address of one of the last 16 frees (ring index instead of
     /// the address, and the size omitted when it is the freed block's).
     pub const ALLOC_REUSE: u8 = 18;
+    /// A failed call that is not an allocation (`Event::CallFailed`).
+    pub const CALL_FAILED: u8 = 19;
 }
 
 /// MemOp presence bits (first payload byte of `ALLOC`/`FREE`).
@@ -509,6 +511,20 @@ impl RecordEncoder {
                 self.time(*t_ns);
                 put_varint(&mut self.buf, *count);
             }
+            Event::CallFailed {
+                t_ns,
+                tid,
+                device,
+                name,
+                result,
+            } => {
+                self.time(*t_ns);
+                let b = &mut self.buf;
+                put_varint(b, *tid as u64);
+                put_varint(b, zigzag(*device as i64));
+                put_varint(b, zigzag(*result as i64));
+                put_str(b, name);
+            }
             Event::Device(d) => {
                 let b = &mut self.buf;
                 put_varint(b, zigzag(d.index as i64));
@@ -784,6 +800,7 @@ fn record_tag(ev: &Event) -> u8 {
         Event::Counter { .. } => tag::COUNTER,
         Event::Lost { .. } => tag::LOST,
         Event::Device(_) => tag::DEVICE,
+        Event::CallFailed { .. } => tag::CALL_FAILED,
     }
 }
 
@@ -1136,6 +1153,17 @@ impl RecordDecoder {
                 *out = Event::Lost {
                     t_ns,
                     count: c.varint()?,
+                };
+                Ok(Decoded::Event)
+            }
+            tag::CALL_FAILED => {
+                let t_ns = self.time(&mut c)?;
+                *out = Event::CallFailed {
+                    t_ns,
+                    tid: c.u32v()?,
+                    device: c.i32z()?,
+                    result: c.i32z()?,
+                    name: c.string()?,
                 };
                 Ok(Decoded::Event)
             }

@@ -323,6 +323,16 @@ pub enum Event {
         t_ns: u64,
         count: u64,
     },
+    /// A CUDA call that is not an allocation failed in a way that explains what followed:
+    /// the driver's start-up (`cuInit`, a context's creation). `name` is the entry point,
+    /// `result` the raw code, `device` the ordinal concerned (-1: none).
+    CallFailed {
+        t_ns: u64,
+        tid: u32,
+        device: i32,
+        name: String,
+        result: i32,
+    },
     /// A device learned after the header was written (the tracer starts before CUDA is
     /// initialised; devices are described here once they are known). Same meaning as
     /// `Header::devices`.
@@ -342,7 +352,8 @@ impl Event {
             | Event::ThreadExit { t_ns, .. }
             | Event::Fork { t_ns, .. }
             | Event::Counter { t_ns, .. }
-            | Event::Lost { t_ns, .. } => Some(*t_ns),
+            | Event::Lost { t_ns, .. }
+            | Event::CallFailed { t_ns, .. } => Some(*t_ns),
             Event::Module { .. } | Event::Stack { .. } | Event::Device(_) => None,
         }
     }

@@ -62,6 +62,7 @@
 pub mod codec;
 pub mod columns;
 pub mod event;
+pub mod footprint;
 pub mod header;
 pub mod output_file;
 pub mod reader;

@@ -8,6 +8,7 @@ mod elf;
 mod fast;
 mod liveset;
 pub mod report;
+pub mod reserved;
 mod sites;
 pub mod steps;
 pub mod symbols;
@@ -23,6 +24,7 @@ use crate::input::{Format, Opened};
 use crate::progress::Progress;
 use liveset::LiveSet;
 pub use report::*;
+use reserved::Holdings;
 use sites::SiteTable;
 use symbols::{Module, Symbolizer};
 use timeline::Timeline;
@@ -155,8 +157,10 @@ pub(crate) struct DevState {
     pub peak_batch: u64,
     pub peak_pending: bool,
     pub peak_snap: Option<Snapshot>,
-    pub reserved: Option<u64>,
-    pub peak_reserved: Option<(u64, u64, u64)>,
+    /// What the process holds from the device ([`reserved`]).
+    pub held: Holdings,
+    /// Peak of [`DevState::reserved`]: (bytes, time, in use then).
+    pub peak_reserved: (u64, u64, u64),
     pub cap: Option<u64>,
     pub size_hist: [(u64, u64); 65],
     pub life_hist: [(u64, u64); 10],
@@ -198,8 +202,8 @@ impl DevState {
             peak_batch: 0,
             peak_pending: false,
             peak_snap: None,
-            reserved: None,
-            peak_reserved: None,
+            held: Holdings::default(),
+            peak_reserved: (0, 0, 0),
             cap: None,
             size_hist: [(0, 0); 65],
             life_hist: [(0, 0); 10],
@@ -234,6 +238,24 @@ impl DevState {
         }
         if t > self.last_t {
             self.last_t = t;
+        }
+    }
+
+    /// What the process holds from this device now ([`reserved`]).
+    #[inline]
+    pub(crate) fn reserved(&self) -> u64 {
+        self.held.reserved()
+    }
+
+    /// Records a change of what is held; `t` is its time.
+    #[inline]
+    fn held_changed(&mut self, t: u64, timeline: bool) {
+        let r = self.reserved();
+        if r > self.peak_reserved.0 {
+            self.peak_reserved = (r, t, self.in_use);
+        }
+        if timeline {
+            self.timeline.in_use_reserved(t, self.in_use, r);
         }
     }
 
@@ -314,6 +336,9 @@ fn size_bucket(size: u64) -> usize {
     (64 - size.leading_zeros()) as usize
 }
 
+/// Failed calls (`CallFailed`) kept per trace: the first ones explain the rest.
+const MAX_FAILED_CALLS: usize = 16;
+
 /// The streaming analysis of one trace.
 pub struct Analysis {
     pub(crate) opts: Options,
@@ -328,6 +353,8 @@ pub struct Analysis {
     pub(crate) lost: u64,
     pub(crate) threads: FastMap<u32, ()>,
     pub(crate) forks: Vec<u32>,
+    /// `CallFailed` records (the first [`MAX_FAILED_CALLS`]): (time, name, device, result).
+    pub(crate) failed_calls: Vec<(u64, String, i32, i32)>,
     pub(crate) out_of_order: u64,
     /// Thread ids already in `threads`, direct-mapped by the low bits (threads alternate, so
     /// "same as the last one" misses often).
@@ -353,6 +380,7 @@ impl Analysis {
             lost: 0,
             threads: FastMap::default(),
             forks: Vec::new(),
+            failed_calls: Vec::new(),
             out_of_order: 0,
             // Slot i starts with a value whose low bits are not i: matches no thread.
             tid_seen: std::array::from_fn(|i| i as u32 + 1),
@@ -468,6 +496,7 @@ impl Analysis {
             // The same address handed out twice: its free was not recorded.
             d.replaced += 1;
             d.in_use -= old.size;
+            d.held.release(old.kind, old.flags, old.size);
             if let Some(s) = d.sites.get_mut(old.stack) {
                 s.live -= old.size;
                 s.live_count -= 1;
@@ -479,6 +508,7 @@ impl Analysis {
         s.live += m.size;
         s.live_count += 1;
         d.in_use += m.size;
+        d.held.hold(m.kind, m.flags, m.size);
         d.last_alloc = Some(m.addr);
         if d.in_use > d.peak {
             d.peak = d.in_use;
@@ -487,9 +517,7 @@ impl Analysis {
             d.peak_batch = batch;
             d.peak_pending = true;
         }
-        if timeline {
-            d.timeline.in_use(m.t_ns, d.in_use);
-        }
+        d.held_changed(m.t_ns, timeline);
         if steps {
             d.steps.push(m.t_ns, d.in_use);
         }
@@ -526,6 +554,7 @@ impl Analysis {
         d.calls[slot].bytes += l.size;
         d.frees += 1;
         d.in_use -= l.size;
+        d.held.release(l.kind, l.flags, l.size);
         let life = m.t_ns.saturating_sub(l.t_ns);
         let lb = lifetime_bucket(life);
         d.life_hist[lb].0 += 1;
@@ -547,9 +576,7 @@ impl Analysis {
                 s.temporary += 1;
             }
         }
-        if timeline {
-            d.timeline.in_use(m.t_ns, d.in_use);
-        }
+        d.held_changed(m.t_ns, timeline);
         if steps {
             d.steps.push(m.t_ns, d.in_use);
         }
@@ -598,7 +625,7 @@ impl Analysis {
             m.stack,
             m.stream,
             d.in_use,
-            d.reserved,
+            (d.device >= 0).then(|| d.reserved()),
             if refused { d.cap } else { None },
             total,
             snap,
@@ -661,7 +688,7 @@ impl Analysis {
                     0,
                     0,
                     d.in_use,
-                    d.reserved,
+                    (d.device >= 0).then(|| d.reserved()),
                     Some(cap),
                     total,
                     snap,
@@ -727,19 +754,30 @@ impl Analysis {
                 reserved_bytes,
                 cap,
             } => {
+                let _ = live_bytes;
+                let timeline = self.opts.timeline;
                 let d = self.dev(device);
                 d.touch(t_ns);
-                d.reserved = Some(reserved_bytes);
-                if d.peak_reserved.is_none_or(|p| reserved_bytes > p.0) {
-                    d.peak_reserved = Some((reserved_bytes, t_ns, live_bytes));
+                if d.held.pool_reports(reserved_bytes) {
+                    d.held_changed(t_ns, timeline);
                 }
-                d.timeline.reserved(t_ns, reserved_bytes);
                 if cap > 0 {
                     d.cap = Some(cap);
                     d.timeline.cap(t_ns, cap);
                 }
             }
             Event::Lost { count, .. } => self.lost += count,
+            Event::CallFailed {
+                t_ns,
+                device,
+                name,
+                result,
+                ..
+            } => {
+                if self.failed_calls.len() < MAX_FAILED_CALLS {
+                    self.failed_calls.push((t_ns, name, device, result));
+                }
+            }
             Event::Device(info) => {
                 if let Some(d) = self
                     .header

@@ -31,6 +31,10 @@ pub struct TraceReport {
     pub duration_ns: u64,
     pub threads: u64,
     pub forks: Vec<u32>,
+    /// CUDA calls other than allocations that failed and explain what followed (the driver's
+    /// start-up, a context's creation).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub failed_calls: Vec<FailedCall>,
     pub stacks: u64,
     pub config: BTreeMap<String, String>,
     pub devices: Vec<DeviceReport>,
@@ -42,6 +46,59 @@ pub struct TraceReport {
     /// The header's monotonic start, which `start_wall_ns` is the wall-clock time of.
     #[serde(skip)]
     pub start_mono_ns: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct FailedCall {
+    pub t_ns: u64,
+    pub offset_ns: u64,
+    pub name: String,
+    /// -1: no device concerned.
+    pub device: i32,
+    pub result: i32,
+    /// The code's name and what it means, when known.
+    pub meaning: String,
+}
+
+impl FailedCall {
+    /// `cuInit returned 100 (CUDA_ERROR_NO_DEVICE: no CUDA-capable device is visible)`.
+    pub fn describe(&self) -> String {
+        let on = if self.device >= 0 {
+            format!(" on device {}", self.device)
+        } else {
+            String::new()
+        };
+        if self.meaning.is_empty() {
+            format!("{}{on} returned {}", self.name, self.result)
+        } else {
+            format!(
+                "{}{on} returned {} ({})",
+                self.name, self.result, self.meaning
+            )
+        }
+    }
+}
+
+/// The name and meaning of the driver's start-up codes (`CUresult`).
+pub fn cuda_error_meaning(code: i32) -> &'static str {
+    match code {
+        1 => "CUDA_ERROR_INVALID_VALUE",
+        2 => "CUDA_ERROR_OUT_OF_MEMORY: no room on the device for the context",
+        3 => "CUDA_ERROR_NOT_INITIALIZED",
+        4 => "CUDA_ERROR_DEINITIALIZED",
+        34 => "CUDA_ERROR_STUB_LIBRARY: the CUDA driver library is a stub, not a real driver",
+        46 => "CUDA_ERROR_DEVICE_UNAVAILABLE: the device is busy or unavailable (exclusive mode?)",
+        100 => "CUDA_ERROR_NO_DEVICE: no CUDA-capable device is visible (CUDA_VISIBLE_DEVICES?)",
+        101 => "CUDA_ERROR_INVALID_DEVICE",
+        201 => "CUDA_ERROR_INVALID_CONTEXT",
+        303 => "CUDA_ERROR_SHARED_OBJECT_INIT_FAILED",
+        304 => "CUDA_ERROR_OPERATING_SYSTEM",
+        802 => "CUDA_ERROR_SYSTEM_NOT_READY",
+        803 => "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH: the driver and the kernel module differ",
+        804 => "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE",
+        999 => "CUDA_ERROR_UNKNOWN",
+        _ => "",
+    }
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -121,7 +178,7 @@ pub struct PeakReserved {
     pub bytes: u64,
     pub t_ns: u64,
     pub offset_ns: u64,
-    /// In use (as the pool counted it) when reserved peaked.
+    /// In use when reserved peaked.
     pub in_use_bytes: u64,
 }
 
@@ -391,16 +448,16 @@ pub(crate) fn build(mut a: Analysis, warnings: Vec<String>) -> TraceReport {
             top_sites: site_holders(&mut a, &snap.top_sites),
         };
         let peak_sites: BTreeMap<u32, u64> = snap.top_sites.iter().map(|s| (s.0, s.1)).collect();
-        let peak_reserved = d.peak_reserved.map(|(bytes, t, inuse)| PeakReserved {
+        // Host memory (device -1) is held by no device.
+        let held = Some(d.peak_reserved).filter(|p| d.device >= 0 && p.0 > 0);
+        let peak_reserved = held.map(|(bytes, t, inuse)| PeakReserved {
             bytes,
             t_ns: t,
             offset_ns: t.saturating_sub(t0),
             in_use_bytes: inuse,
         });
-        let fragmentation = d
-            .peak_reserved
-            .filter(|p| p.0 > 0)
-            .map(|(r, _, inuse)| (1.0 - inuse as f64 / r as f64).clamp(0.0, 1.0));
+        let fragmentation =
+            held.map(|(r, _, inuse)| (1.0 - inuse as f64 / r as f64).clamp(0.0, 1.0));
         let size_histogram = d
             .size_hist
             .iter()
@@ -597,6 +654,18 @@ pub(crate) fn build(mut a: Analysis, warnings: Vec<String>) -> TraceReport {
         duration_ns: a.last_t.saturating_sub(t0),
         threads: a.threads.len() as u64,
         forks: a.forks.clone(),
+        failed_calls: a
+            .failed_calls
+            .iter()
+            .map(|(t, name, device, result)| FailedCall {
+                t_ns: *t,
+                offset_ns: t.saturating_sub(a.first_t.unwrap_or(0)),
+                name: name.clone(),
+                device: *device,
+                result: *result,
+                meaning: cuda_error_meaning(*result).to_string(),
+            })
+            .collect(),
         stacks: a.symbols.stack_count() as u64,
         config: config_map(h),
         devices,

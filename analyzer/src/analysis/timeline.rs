@@ -140,8 +140,21 @@ impl Timeline {
         b.in_last = v;
     }
 
+    /// In use `v` and reserved `r` at `t` (one bucket lookup for both).
+    #[inline]
+    pub fn in_use_reserved(&mut self, t: u64, v: u64, r: u64) {
+        let i = self.slot(t);
+        self.put(i, v);
+        self.put_reserved(i, r);
+    }
+
     pub fn reserved(&mut self, t: u64, v: u64) {
         let i = self.slot(t);
+        self.put_reserved(i, v);
+    }
+
+    #[inline]
+    fn put_reserved(&mut self, i: usize, v: u64) {
         let b = &mut self.buckets[i];
         b.res_max = if b.has_res { b.res_max.max(v) } else { v };
         b.res_last = v;

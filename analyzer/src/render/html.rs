@@ -721,6 +721,14 @@ pub fn page(
         for w in &r.warnings {
             let _ = write!(out, "<p class=warn>warning: {}</p>", esc(w));
         }
+        for f in &r.failed_calls {
+            let _ = write!(
+                out,
+                "<p class=warn>CUDA call failed at +{}: {}</p>",
+                esc(&duration_ns(f.offset_ns)),
+                esc(&f.describe())
+            );
+        }
         out.push_str("</section>");
         for d in &r.devices {
             device(r, d, &mut out);

@@ -34,6 +34,14 @@ pub fn trace(r: &TraceReport, out: &mut String) {
     for w in &r.warnings {
         let _ = writeln!(out, "warning: {w}");
     }
+    for f in &r.failed_calls {
+        let _ = writeln!(
+            out,
+            "CUDA call failed at +{}: {}",
+            duration_ns(f.offset_ns),
+            f.describe()
+        );
+    }
     for d in &r.devices {
         device(d, out, end_note(r));
     }

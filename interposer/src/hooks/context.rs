@@ -64,14 +64,46 @@ fn nvml_free(dev: CUdevice) -> Option<u64> {
     }
 }
 
-/// Run `create` (which makes a context on `dev`), measuring it if it is the first.
-fn creating(dev: CUdevice, create: impl FnOnce() -> c_int) -> c_int {
+/// At exit, when tracing is on and the process loaded the driver: if the driver's start-up
+/// failed (`cuInit` answers the process's error again), the trace records it, so a program
+/// that died in CUDA start-up leaves a trace that says why; a process that recorded nothing
+/// else still gets its trace.
+pub(crate) fn record_startup_failure() {
+    if !crate::tracer::enabled() || real::libcuda_if_loaded().is_null() {
+        return;
+    }
+    let a = real::driver_symbol(c"cuInit");
+    if a == 0 {
+        return;
+    }
+    // SAFETY: `a` is the driver's cuInit, whose ABI is `CUresult cuInit(unsigned int)`.
+    let init = unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(c_uint) -> c_int>(a) };
+    // SAFETY: cuInit(0) has no pointer arguments; it returns the first call's error again.
+    let rc = unsafe { init(0) };
+    if rc != CUDA_SUCCESS {
+        crate::tracer::call_failed("cuInit", -1, rc);
+    } else if crate::tracer::nothing_recorded() {
+        crate::tracer::start_now();
+    }
+}
+
+/// Run `create` (which makes a context on `dev`), measuring it if it is the first. A failure
+/// is recorded: a process whose context cannot be created (device full, unavailable) learns
+/// it from the first call that needed one.
+fn creating(name: &str, dev: CUdevice, create: impl FnOnce() -> c_int) -> c_int {
     let Some(i) = idx(dev) else {
-        return create();
+        let rc = create();
+        if rc != CUDA_SUCCESS {
+            crate::tracer::call_failed(name, dev, rc);
+        }
+        return rc;
     };
     let first = !PRESENT[i].load(Ordering::Acquire) && cap::global().is_some();
     let before = if first { nvml_free(dev) } else { None };
     let rc = create();
+    if rc != CUDA_SUCCESS {
+        crate::tracer::call_failed(name, dev, rc);
+    }
     if rc == CUDA_SUCCESS && !PRESENT[i].swap(true, Ordering::AcqRel) {
         let after = before.and_then(|_| nvml_free(dev));
         match (before, after) {
@@ -116,7 +148,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUd
     };
     crate::dispatch::run_unguarded("cuDevicePrimaryCtxRetain", CUDA_ERROR_UNKNOWN, || {
         // SAFETY: forwarding the caller's arguments unchanged.
-        let rc = creating(dev, || unsafe { f(pctx, dev) });
+        let rc = creating("cuDevicePrimaryCtxRetain", dev, || unsafe { f(pctx, dev) });
         if rc == CUDA_SUCCESS
             && let Some(i) = idx(dev)
         {
@@ -181,7 +213,7 @@ pub unsafe extern "C" fn cuCtxCreate_v2(
     super::current::forget();
     let rc = crate::dispatch::run_unguarded("cuCtxCreate_v2", CUDA_ERROR_UNKNOWN, || {
         // SAFETY: forwarding the caller's arguments unchanged.
-        creating(dev, || unsafe { f(pctx, flags, dev) })
+        creating("cuCtxCreate", dev, || unsafe { f(pctx, flags, dev) })
     });
     super::current::forget();
     rc

@@ -232,6 +232,32 @@ fn ensure_context(device: i32) {
     }
 }
 
+/// Bytes each device's pool holds from the device (its mapped pages), as of the pool's last
+/// decision that could change it: what the trace records, exactly when it changes.
+static HELD: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+/// The most each device's pool ever held (inside one decision it may map pages and release
+/// others).
+static HELD_PEAK: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+
+/// Bytes `device`'s pool holds from the device now and at most so far (0: none, or no pool).
+pub fn held(device: i32) -> (u64, u64) {
+    let Some(d) = usize::try_from(device).ok().filter(|&d| d < MAX_DEVICES) else {
+        return (0, 0);
+    };
+    (
+        HELD[d].load(Ordering::Relaxed),
+        HELD_PEAK[d].load(Ordering::Relaxed),
+    )
+}
+
+fn publish_held(d: usize, p: &DevicePool) {
+    if d < MAX_DEVICES {
+        let s = p.policy.stats();
+        HELD[d].store(s.reserved, Ordering::Relaxed);
+        HELD_PEAK[d].fetch_max(s.peak_reserved, Ordering::Relaxed);
+    }
+}
+
 /// `None`: not for the pool, take the real path. `Some(Ok(ptr))` / `Some(Err(cuda_code))` otherwise.
 pub fn alloc(req: &PoolRequest) -> Option<Result<u64, i32>> {
     let stream = pool_stream(req)?;
@@ -263,13 +289,15 @@ pub fn alloc(req: &PoolRequest) -> Option<Result<u64, i32>> {
             return Err("internal error: no pool after its creation".to_string());
         };
         p.dev.begin(stream, is_runtime(req.api));
-        Ok(p.policy.alloc(
+        let r = p.policy.alloc(
             &mut p.dev,
             Request {
                 size: req.size,
                 stream,
             },
-        ))
+        );
+        publish_held(d, p);
+        Ok(r)
     });
     let r = match r {
         Ok(r) => r,
@@ -481,9 +509,12 @@ pub fn trim() -> u64 {
     with_pools(|pools| {
         drain_tcaches(pools);
         let mut n = 0;
-        for p in pools.devs.iter_mut().flatten() {
-            p.dev.begin(ANY_STREAM, false);
-            n += p.policy.trim(&mut p.dev).unwrap_or(0);
+        for (d, p) in pools.devs.iter_mut().enumerate() {
+            if let Some(p) = p {
+                p.dev.begin(ANY_STREAM, false);
+                n += p.policy.trim(&mut p.dev).unwrap_or(0);
+                publish_held(d, p);
+            }
         }
         n
     })
@@ -512,6 +543,9 @@ pub fn on_device_reset(device: i32) {
             drain_tcaches(pools);
             let mut p = p;
             p.policy.reset();
+            if let Some(h) = HELD.get(device as usize) {
+                h.store(0, Ordering::Relaxed);
+            }
         }
     })
 }

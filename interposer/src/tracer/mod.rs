@@ -116,6 +116,71 @@ pub fn on_exit() {
     writer::finish();
 }
 
+/// Whether tracing is on and nothing was recorded yet.
+pub fn nothing_recorded() -> bool {
+    enabled() && writer::never_started()
+}
+
+/// What the pool holds on `device` after a pooled request (`held`: now, `peak`: the most so
+/// far, which one decision may pass through): `Counter` records when either changed, so the
+/// trace's reserved figure is exact at every change, peak included, not only at the writer's
+/// periodic samples.
+pub fn pool_held(device: i32, (held, peak): (u64, u64)) {
+    use std::sync::atomic::AtomicU64;
+    static SHOWN: [AtomicU64; slots::MAX_DEV] = [const { AtomicU64::new(0) }; slots::MAX_DEV];
+    static SHOWN_PEAK: [AtomicU64; slots::MAX_DEV] = [const { AtomicU64::new(0) }; slots::MAX_DEV];
+    let Some(d) = usize::try_from(device).ok().filter(|&d| d < slots::MAX_DEV) else {
+        return;
+    };
+    // A peak passed inside the decision (above what is held after it) is recorded first.
+    let new_peak = SHOWN_PEAK[d].fetch_max(peak, Ordering::Relaxed) < peak && peak > held;
+    let changed = SHOWN[d].swap(held, Ordering::Relaxed) != held;
+    if !new_peak && !changed {
+        return;
+    }
+    let live = slots::live_totals().get(d).map_or(0, |&v| v.max(0) as u64);
+    let t_ns = stamp().ns;
+    let counter = |reserved_bytes| Event::Counter {
+        t_ns,
+        device,
+        live_bytes: live,
+        reserved_bytes,
+        // Not restated here: the writer's own records carry the cap.
+        cap: 0,
+    };
+    if new_peak {
+        emit(counter(peak));
+    }
+    emit(counter(held));
+}
+
+/// Starts the writer now (a trace with no event yet), when tracing is on.
+pub fn start_now() {
+    if enabled() {
+        writer::ensure_started();
+    }
+}
+
+/// Records a failed call that explains what followed (the driver's start-up, a context's
+/// creation), and says it at `VRAMSHIM_LOG=info`.
+pub fn call_failed(name: &str, device: i32, result: i32) {
+    if device >= 0 {
+        crate::info!("{name} failed on device {device}: CUDA error {result}");
+    } else {
+        crate::info!("{name} failed: CUDA error {result}");
+    }
+    if !enabled() {
+        return;
+    }
+    emit(Event::CallFailed {
+        t_ns: stamp().ns,
+        tid: crate::ids::tid(),
+        device,
+        name: name.to_string(),
+        result,
+    });
+}
+
 /// Called by the `_exit`/`_Exit` hooks: the same flush, but only in the process that owns the
 /// writer (never in a vfork child), with a bounded wait for the writer's lock, and not at all
 /// with `VRAMSHIM_TRACE_EXIT_FLUSH=0`.

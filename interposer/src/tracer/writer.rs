@@ -119,6 +119,11 @@ pub fn count_lost(n: u64) {
     LOST.fetch_add(n, Ordering::Relaxed);
 }
 
+/// True when no record was ever made (the writer was never asked to start).
+pub fn never_started() -> bool {
+    STATE.load(Ordering::Acquire) == IDLE
+}
+
 /// True when the writer runs (starting it on the first call).
 #[inline]
 pub fn ensure_started() -> bool {
@@ -158,6 +163,7 @@ fn start() -> bool {
     let Some((file, path)) = open_trace(path, pid) else {
         return false;
     };
+    crate::info!("trace: writing {path}");
     // Header, module map and devices are written here, once, before the first frame.
     let header = super::header::build(wall, mono);
     // Devices in the header still get `Device` records at a flush: only those carry the
@@ -502,7 +508,13 @@ fn tick_locked(
         let live = v.max(0) as u64;
         // Reserved: what vramshim's pool holds from the device, when it serves this device;
         // otherwise the process's live bytes are what the device holds for it.
-        let reserved = crate::pooling::stats(d as i32).map_or(live, |st| st.reserved);
+        let pool = crate::pooling::stats(d as i32);
+        // Only devices that exist: a cap applies to every ordinal, but a device shows up in
+        // the trace when the driver described it or the process used it.
+        if live == 0 && out.dev_totals.get(d).is_none_or(|&t| t == 0) && pool.is_none() {
+            continue;
+        }
+        let reserved = pool.map_or(live, |st| st.reserved);
         let cap = crate::cap::global()
             .filter(|c| c.is_capped(d as i32))
             .map_or(0, |c| c.total_for(d as i32, out.dev_totals[d]));
