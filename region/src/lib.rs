@@ -42,7 +42,6 @@
 //!
 //! All accounting is safe code over `AtomicU64` views; `mmap` lives in the private `sys` module.
 
-pub mod footprint;
 pub mod proc;
 pub mod spec;
 mod sys;

@@ -34,7 +34,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Mutex, OnceLock};
 
-use vramshim_region::footprint::{DEVICE_PAGE, Footprint, footprint, page_of};
+use vramshim_trace::footprint::{DEVICE_PAGE, Footprint, footprint, page_of};
 
 use vramshim_region::spec::human_bytes;
 use vramshim_region::{
