@@ -156,17 +156,33 @@ pub fn import(file: &Path, from: Option<ImportFormat>, out: &Path) -> Result<u64
         },
     };
     let mut opened = input::open_as(file, format)?;
-    // Read everything first: a bad row must not leave a half-written trace behind.
-    let mut events = Vec::new();
-    while let Some(ev) = opened.events.next_event() {
-        events.push(ev?);
+    // Streamed into a file beside the output and renamed at the end (bounded memory however
+    // long the input): a bad row leaves no half-written trace behind.
+    let name = out
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let partial = out.with_file_name(format!(".{name}.partial-{}", std::process::id()));
+    let written = (|| -> Result<u64, String> {
+        let f = File::create(&partial).map_err(|e| write_error(out, &e))?;
+        let mut w = TraceWriter::new(BufWriter::with_capacity(1 << 20, f), &opened.header)
+            .map_err(|e| write_error(out, &e))?;
+        let mut n = 0u64;
+        while let Some(ev) = opened.events.next_event() {
+            w.write(&ev?).map_err(|e| write_error(out, &e))?;
+            n += 1;
+        }
+        let mut f = w.finish().map_err(|e| write_error(out, &e))?;
+        f.flush().map_err(|e| write_error(out, &e))?;
+        Ok(n)
+    })();
+    let renamed = written.and_then(|n| {
+        std::fs::rename(&partial, out)
+            .map(|_| n)
+            .map_err(|e| write_error(out, &e))
+    });
+    if renamed.is_err() {
+        let _ = std::fs::remove_file(&partial);
     }
-    let f = File::create(out).map_err(|e| write_error(out, &e))?;
-    let mut w = TraceWriter::new(BufWriter::with_capacity(1 << 20, f), &opened.header)
-        .map_err(|e| write_error(out, &e))?;
-    for ev in &events {
-        w.write(ev).map_err(|e| write_error(out, &e))?;
-    }
-    w.finish().map_err(|e| write_error(out, &e))?;
-    Ok(events.len() as u64)
+    renamed
 }

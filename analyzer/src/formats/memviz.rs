@@ -303,8 +303,24 @@ pub fn export<W: Write>(
 
 /// Reads a snapshot as a trace.
 pub fn open(path: &Path) -> Result<(Header, VecSource), InputError> {
-    let data = std::fs::read(path).map_err(|e| InputError::io(path, &e))?;
-    let v = pickle::read(&data).map_err(|e| {
+    let file = std::fs::File::open(path).map_err(|e| InputError::io(path, &e))?;
+    if let Ok(m) = file.metadata()
+        && m.is_file()
+        && m.len() > pickle::MAX_PICKLE_BYTES
+    {
+        return Err(InputError::new(
+            path,
+            None,
+            format!(
+                "{} bytes: larger than {} GiB, the largest memory snapshot read",
+                m.len(),
+                pickle::MAX_PICKLE_BYTES >> 30
+            ),
+        ));
+    }
+    // Streamed: garbage is refused at its first bytes, and memory stays within the pickle
+    // reader's limits however long the input (a pipe, a device) runs.
+    let v = pickle::read_from(std::io::BufReader::with_capacity(1 << 16, file)).map_err(|e| {
         InputError::at_offset(
             path,
             e.offset,
@@ -351,13 +367,18 @@ pub fn open(path: &Path) -> Result<(Header, VecSource), InputError> {
                 .get("action")
                 .and_then(|a| a.as_str())
                 .ok_or_else(|| shape(at("no 'action' string")))?;
+            // Addresses are 64-bit values that PyTorch writes as signed: taken as they are.
             let int = |k: &str| -> Result<u64, InputError> {
                 e.get(k)
                     .and_then(|x| x.as_int())
                     .map(|x| x as u64)
                     .ok_or_else(|| shape(at(&format!("no integer '{k}'"))))
             };
-            let size = int("size")?;
+            let size = match e.get("size").and_then(|x| x.as_int()) {
+                Some(s) if s >= 0 => s as u64,
+                Some(s) => return Err(shape(at(&format!("negative 'size' {s}")))),
+                None => return Err(shape(at("no integer 'size'"))),
+            };
             let stream = e.get("stream").and_then(|x| x.as_int()).unwrap_or(0) as u64;
             let t_ns = (e
                 .get("time_us")
@@ -391,7 +412,9 @@ pub fn open(path: &Path) -> Result<(Header, VecSource), InputError> {
                         m.kind = AllocKind::Pool;
                         m.flags = flags::POOLED;
                     }
-                    in_use += size;
+                    in_use = in_use.checked_add(size).ok_or_else(|| {
+                        shape(at("the bytes in use add up past 2^64 (sizes out of range)"))
+                    })?;
                     events.push(Event::Alloc(m));
                 }
                 "free_completed" => {
@@ -419,7 +442,11 @@ pub fn open(path: &Path) -> Result<(Header, VecSource), InputError> {
                         && next.and_then(|n| n.get("size")).and_then(|a| a.as_int())
                             == Some(size as i64);
                     if !paired {
-                        reserved += size;
+                        reserved = reserved.checked_add(size).ok_or_else(|| {
+                            shape(at(
+                                "the segments add up past 2^64 bytes (sizes out of range)",
+                            ))
+                        })?;
                         counter = true;
                     }
                 }
