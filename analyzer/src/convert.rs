@@ -41,6 +41,7 @@ pub enum ImportFormat {
 #[derive(Clone, Debug, Default)]
 pub struct ExportStats {
     pub records: u64,
+    /// A torn last frame or a skipped corrupt frame (named on stderr as a warning).
     pub torn: bool,
 }
 
@@ -63,7 +64,7 @@ fn pump(
     for w in opened.events.warnings() {
         eprintln!("warning: {w}");
     }
-    Ok(opened.events.torn())
+    Ok(opened.events.damaged())
 }
 
 pub fn export<W: Write>(

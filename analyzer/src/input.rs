@@ -39,9 +39,10 @@ pub trait EventSource {
     fn warnings(&self) -> Vec<String> {
         Vec::new()
     }
-    /// The file was cut inside its last frame (reported as an input problem once the output is
-    /// written: exit status 3).
-    fn torn(&self) -> bool {
+    /// Part of the file could not be used: it was cut inside its last frame, or a frame failed
+    /// its checksum and was skipped (named in `warnings`; reported as an input problem once the
+    /// output is written: exit status 3).
+    fn damaged(&self) -> bool {
         false
     }
 }

@@ -834,7 +834,7 @@ pub fn analyze_windowed(mut opened: Opened, opts: &Options) -> Result<TraceRepor
     }
     progress.finish();
     let mut r = a.finish(opened.events.warnings());
-    r.torn = opened.events.torn();
+    r.torn = opened.events.damaged();
     Ok(r)
 }
 

@@ -36,8 +36,9 @@ pub struct VramTraceSource {
     eof: bool,
     error: Option<InputError>,
     warnings: Vec<String>,
-    /// A torn last frame: reported as a problem with the input (after the output is written).
-    pub torn: bool,
+    /// A torn last frame or a skipped corrupt frame: reported as a problem with the input
+    /// (after the output is written).
+    pub damaged: bool,
 }
 
 fn decode_error(path: &Path, e: &vramshim_trace::DecodeError) -> InputError {
@@ -66,7 +67,7 @@ pub fn open(path: &Path) -> Result<(Header, Box<dyn EventSource>), InputError> {
             eof: false,
             error: None,
             warnings: Vec::new(),
-            torn: false,
+            damaged: false,
         }),
     ))
 }
@@ -113,6 +114,7 @@ impl VramTraceSource {
                 }
                 Err(e) if e.is_recoverable() => {
                     self.warnings.push(format!("{}: {e}", self.path.display()));
+                    self.damaged = true;
                 }
                 Err(e) => {
                     self.error = Some(decode_error(&self.path, &e));
@@ -126,7 +128,7 @@ impl VramTraceSource {
         {
             self.warnings.push(format!("{}: {t}", self.path.display()));
             if matches!(t.reason, TruncationReason::TornFrame { .. }) {
-                self.torn = true;
+                self.damaged = true;
             }
         }
         // Late events (older than what was released) stay late.
@@ -195,7 +197,7 @@ impl EventSource for VramTraceSource {
         }
         w
     }
-    fn torn(&self) -> bool {
-        self.torn
+    fn damaged(&self) -> bool {
+        self.damaged
     }
 }
