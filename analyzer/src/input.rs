@@ -206,10 +206,7 @@ pub fn spool(path: &Path) -> Result<Spooled, InputError> {
         InputError::new(
             path,
             None,
-            format!(
-                "cannot copy the pipe into {}: {e}",
-                spooled.path.display()
-            ),
+            format!("cannot copy the pipe into {}: {e}", spooled.path.display()),
         )
     };
     out.write_all(head).map_err(copy_err)?;
