@@ -19,7 +19,7 @@ use vramshim_trace::{AllocKind, Api, Event, Header, MemOp, codes, flags};
 use super::FastMap;
 use super::pickle::{self, PickleWriter, Value};
 use crate::analysis::symbols::{Module, Symbolizer};
-use crate::error::{InputError, Location};
+use crate::error::InputError;
 use crate::input::{Opened, VecSource};
 
 struct LiveBlock {
@@ -327,9 +327,27 @@ pub fn open(path: &Path) -> Result<(Header, VecSource), InputError> {
             format!("not a readable PyTorch memory snapshot: {}", e.msg),
         )
     })?;
+    let events = events_of(path, &v)?;
+    let header = Header {
+        config: vec![
+            ("import.from".into(), "memory-viz".into()),
+            (
+                "import.file".into(),
+                path.file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+            ),
+        ],
+        ..Header::default()
+    };
+    Ok((header, VecSource::new(events, vec![])))
+}
+
+/// The events of a decoded snapshot, in time order (`path` names it in messages).
+pub fn events_of(path: &Path, v: &Value) -> Result<Vec<Event>, InputError> {
     let shape =
         |msg: String| InputError::new(path, None, format!("not a PyTorch memory snapshot: {msg}"));
-    let traces = match &v {
+    let traces = match v {
         Value::Dict(_) => v.get("device_traces").ok_or_else(|| {
             shape("the top-level dict has no 'device_traces' (record with torch.cuda.memory._record_memory_history first)".into())
         })?,
@@ -484,18 +502,5 @@ pub fn open(path: &Path) -> Result<(Header, VecSource), InputError> {
     }
     // Devices interleave in time.
     events.sort_by_key(|e| e.t_ns().unwrap_or(0));
-    let header = Header {
-        config: vec![
-            ("import.from".into(), "memory-viz".into()),
-            (
-                "import.file".into(),
-                path.file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_default(),
-            ),
-        ],
-        ..Header::default()
-    };
-    let _ = Location::Offset(0);
-    Ok((header, VecSource::new(events, vec![])))
+    Ok(events)
 }
