@@ -84,10 +84,10 @@ fn policies(pool: &str) -> Result<Vec<PolicyKind>, String> {
 pub fn main(a: LiveArgs) -> Result<ExitCode, String> {
     let kinds = policies(a.pool)?;
     let model = whatif::replay(a.trace, &kinds, a.device, a.device_memory, a.cap, false)?;
+    let damage = model.damage.clone();
     let gpu = demo::detect_gpu(a.sim)?;
     let lib = run::find_library()?;
-    let work = std::env::temp_dir().join(format!("vramshim-replay-live-{}", std::process::id()));
-    std::fs::create_dir_all(&work).map_err(|e| format!("cannot create {}: {e}", work.display()))?;
+    let work = crate::replay_torch::private_dir("vramshim-replay-live")?;
     let result = live(&a, &gpu, &lib, &work, &kinds, model);
     let _ = std::fs::remove_dir_all(&work);
     let report = result?;
@@ -99,10 +99,16 @@ pub fn main(a: LiveArgs) -> Result<ExitCode, String> {
     } else {
         print!("{}", text(&report));
     }
-    Ok(if report.runs.iter().all(|r| r.problem.is_none()) {
-        ExitCode::SUCCESS
-    } else {
+    // A damaged input (named on stderr) is an input problem: 3, as for `replay`.
+    for d in &damage {
+        eprintln!("vramshim: {d}");
+    }
+    Ok(if report.runs.iter().any(|r| r.problem.is_some()) {
         ExitCode::from(1)
+    } else if !damage.is_empty() {
+        ExitCode::from(3)
+    } else {
+        ExitCode::SUCCESS
     })
 }
 

@@ -150,7 +150,7 @@ fn run_pytorch(
     t: &TorchArgs,
 ) -> Result<ExitCode, String> {
     let given = std::fs::canonicalize(trace).map_err(|e| format!("{}: {e}", trace.display()))?;
-    let dir = private_dir()?;
+    let dir = private_dir("vramshim-replay-torch")?;
     // The driver reads RMM CSV: any other format `replay` takes is converted first (the
     // device with the most allocations, as `replay` picks; the CSV has no device column).
     let trace = match vramshim_analyzer::input::detect(&given)? {
@@ -218,23 +218,20 @@ fn run_pytorch(
     Ok(ExitCode::from(crate::run::shell_status(status)))
 }
 
-/// A directory of our own in the temporary directory (created new, mode 0700: nothing another
-/// user planted there is written into or run).
-fn private_dir() -> Result<PathBuf, String> {
+/// A directory of our own in the temporary directory, `PREFIX-PID-N` (created new, mode 0700:
+/// nothing another user planted there is written into or run).
+pub(crate) fn private_dir(prefix: &str) -> Result<PathBuf, String> {
     use std::os::unix::fs::DirBuilderExt;
     let base = std::env::temp_dir();
     for k in 0..1000 {
-        let dir = base.join(format!("vramshim-replay-torch-{}-{k}", std::process::id()));
+        let dir = base.join(format!("{prefix}-{}-{k}", std::process::id()));
         match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
             Ok(()) => return Ok(dir),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
             Err(e) => return Err(format!("{}: {e}", dir.display())),
         }
     }
-    Err(format!(
-        "{}: no fresh vramshim-replay-torch-* name left",
-        base.display()
-    ))
+    Err(format!("{}: no fresh {prefix}-* name left", base.display()))
 }
 
 /// The device with the most successful device allocations (None when there are none).
