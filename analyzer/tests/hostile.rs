@@ -211,7 +211,7 @@ fn endless_devices_are_refused_at_once() {
 fn long_logs_import_in_bounded_memory() {
     let d = scratch("hostile-long");
     let mut csv = String::from("Thread,Time,Action,Pointer,Size,Stream\n");
-    let rows = 1_000_000u64;
+    let rows = 2_000_000u64;
     for i in 0..rows {
         let ptr = 0x7f00_0000_0000u64 + (i % 64) * 0x10_0000;
         let t = format!(
