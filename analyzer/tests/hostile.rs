@@ -73,14 +73,7 @@ fn memo_bomb_pickle() -> Vec<u8> {
 /// A well-formed snapshot whose one entry has `size` (a BININT: 4 bytes, signed).
 fn snapshot_with_size(size: i32) -> Vec<u8> {
     let mut p = b"\x80\x02}(\x8c\x0ddevice_traces](](}(".to_vec();
-    for (k, v) in [("action", "alloc")] {
-        p.push(0x8c);
-        p.push(k.len() as u8);
-        p.extend_from_slice(k.as_bytes());
-        p.push(0x8c);
-        p.push(v.len() as u8);
-        p.extend_from_slice(v.as_bytes());
-    }
+    p.extend_from_slice(b"\x8c\x06action\x8c\x05alloc");
     p.extend_from_slice(b"\x8c\x04addrJ\x00\x10\x00\x00");
     p.extend_from_slice(b"\x8c\x04sizeJ");
     p.extend_from_slice(&size.to_le_bytes());
