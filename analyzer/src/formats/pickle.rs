@@ -340,26 +340,26 @@ impl<R: BufRead> Parser<R> {
 
     /// The next `n` bytes of the opcode that starts at `at`.
     fn take(&mut self, n: u64, at: u64) -> Result<&[u8], PickleError> {
-        let end = self.pos.saturating_add(n);
-        if end > MAX_PICKLE_BYTES {
+        let want = n.min(MAX_PICKLE_BYTES.saturating_sub(self.pos));
+        self.buf.clear();
+        let got = (&mut self.r)
+            .take(want)
+            .read_to_end(&mut self.buf)
+            .map_err(|e| err(self.pos, format!("cannot read: {e}")))?;
+        self.pos += got as u64;
+        if (got as u64) < want {
+            return Err(err(
+                at,
+                "pickle ends in the middle of an opcode (truncated file?)",
+            ));
+        }
+        if want < n {
             return Err(err(
                 at,
                 format!(
                     "the pickle goes past {} GiB, the largest memory snapshot read",
                     MAX_PICKLE_BYTES >> 30
                 ),
-            ));
-        }
-        self.buf.clear();
-        let got = (&mut self.r)
-            .take(n)
-            .read_to_end(&mut self.buf)
-            .map_err(|e| err(self.pos, format!("cannot read: {e}")))?;
-        self.pos += got as u64;
-        if (got as u64) < n {
-            return Err(err(
-                at,
-                "pickle ends in the middle of an opcode (truncated file?)",
             ));
         }
         Ok(&self.buf)
@@ -498,12 +498,12 @@ impl<R: BufRead> Parser<R> {
                     } else {
                         self.take(1, at)?[0] as u64
                     };
-                    // Charged before reading: a length the file does not back is refused
-                    // at its end, not allocated up front.
-                    self.charge(at, n)?;
+                    // `take` grows its buffer with what the file holds: a length the file
+                    // does not back is refused at its end, not allocated up front.
                     let b = self.take(n, at)?;
                     let s = std::str::from_utf8(b).map_err(|_| err(at, "string is not UTF-8"))?;
                     let v = Value::Str(Rc::from(s));
+                    self.charge(at, n)?;
                     self.push(&mut stack, at, v)?;
                 }
                 APPEND | SETITEM | APPENDS | SETITEMS | DICT | LIST | TUPLE => {
