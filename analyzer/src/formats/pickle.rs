@@ -266,7 +266,7 @@ const VALUE_COST: u64 = std::mem::size_of::<Value>() as u64;
 
 #[derive(Clone, Copy, Default)]
 struct Meta {
-    /// Containers nested inside (0 for a scalar).
+    /// Levels of containers, this one included (0 for a scalar, 1 for a flat list).
     depth: u32,
     /// Bytes a copy of the value costs, items included (strings are shared: a copy of one
     /// costs `VALUE_COST`).
@@ -275,6 +275,11 @@ struct Meta {
 
 const SCALAR: Meta = Meta {
     depth: 0,
+    cost: VALUE_COST,
+};
+
+const EMPTY: Meta = Meta {
+    depth: 1,
     cost: VALUE_COST,
 };
 
@@ -378,6 +383,12 @@ impl<R: BufRead> Parser<R> {
         Ok(())
     }
 
+    fn push_empty(&mut self, stack: &mut Vec<Slot>, at: u64, v: Value) -> Result<(), PickleError> {
+        self.charge(at, VALUE_COST)?;
+        stack.push(Slot::V(v, EMPTY));
+        Ok(())
+    }
+
     fn run(mut self) -> Result<Value, PickleError> {
         let mut stack: Vec<Slot> = Vec::new();
         let mut memo: HashMap<u32, (Value, Meta)> = HashMap::new();
@@ -444,9 +455,9 @@ impl<R: BufRead> Parser<R> {
                     self.charge(at, VALUE_COST)?;
                     stack.push(Slot::Mark);
                 }
-                EMPTY_DICT => self.push(&mut stack, at, Value::Dict(Vec::new()))?,
-                EMPTY_LIST => self.push(&mut stack, at, Value::List(Vec::new()))?,
-                EMPTY_TUPLE => self.push(&mut stack, at, Value::Tuple(Vec::new()))?,
+                EMPTY_DICT => self.push_empty(&mut stack, at, Value::Dict(Vec::new()))?,
+                EMPTY_LIST => self.push_empty(&mut stack, at, Value::List(Vec::new()))?,
+                EMPTY_TUPLE => self.push_empty(&mut stack, at, Value::Tuple(Vec::new()))?,
                 NONE => self.push(&mut stack, at, Value::None)?,
                 NEWTRUE => self.push(&mut stack, at, Value::Bool(true))?,
                 NEWFALSE => self.push(&mut stack, at, Value::Bool(false))?,
@@ -647,8 +658,8 @@ impl Value {
     /// memoized before filling).
     fn clone_shallow(&self, m: Meta) -> (Value, Meta) {
         match self {
-            Value::List(_) => (Value::List(Vec::new()), SCALAR),
-            Value::Dict(_) => (Value::Dict(Vec::new()), SCALAR),
+            Value::List(_) => (Value::List(Vec::new()), EMPTY),
+            Value::Dict(_) => (Value::Dict(Vec::new()), EMPTY),
             v => (v.clone(), m),
         }
     }
@@ -734,6 +745,50 @@ mod tests {
             Some(&Value::Tuple(vec![Value::Int(1), Value::Str("x".into())]))
         );
         assert_eq!(v.get("f"), Some(&Value::Float(0.5)));
+    }
+
+    #[test]
+    fn limits() {
+        // Nesting: 100 levels read, 101 refused at the append that makes the 101st.
+        let nested = |n: usize| {
+            let mut p = vec![PROTO, 2];
+            p.extend(std::iter::repeat_n(EMPTY_LIST, n));
+            p.extend(std::iter::repeat_n(APPEND, n - 1));
+            p.push(STOP);
+            p
+        };
+        assert!(read(&nested(100)).is_ok());
+        let e = read(&nested(101)).unwrap_err();
+        assert!(e.msg.contains("nested more than 100 deep"), "{}", e.msg);
+        assert_eq!(e.offset, 2 + 101 + 99);
+        // Any memo index, no memory for the ones not used.
+        let v = read(b"\x80\x02Nr\xff\xff\xff\xffj\xff\xff\xff\xff.").unwrap();
+        assert_eq!(v, Value::None);
+        // A memo bomb stops at the budget, with the offset of the fetch that went past it.
+        let mut bomb = b"\x80\x02Nq\x00".to_vec();
+        for i in 0..40u8 {
+            bomb.extend_from_slice(&[BINGET, i, BINGET, i, TUPLE2, BINPUT, i + 1]);
+        }
+        bomb.push(STOP);
+        let e = read(&bomb).unwrap_err();
+        assert!(e.msg.contains("memo bomb"), "{}", e.msg);
+        assert!(
+            e.offset > 5 && (e.offset as usize) < bomb.len(),
+            "{}",
+            e.offset
+        );
+        // A length the file does not back: truncated, nothing allocated for it.
+        let e = read(b"\x80\x02X\xff\xff\xff\xffabc").unwrap_err();
+        assert!(e.msg.contains("truncated"), "{}", e.msg);
+        // Shared strings: fetching one a million times costs a reference each.
+        let mut many = b"\x80\x02(X\x00\x04\x00\x00".to_vec();
+        many.extend(std::iter::repeat_n(b'x', 1024));
+        many.extend_from_slice(b"q\x00");
+        for _ in 0..1_000_000 {
+            many.extend_from_slice(&[BINGET, 0]);
+        }
+        many.extend_from_slice(b"l.");
+        assert_eq!(read(&many).unwrap().as_list().unwrap().len(), 1_000_001);
     }
 
     #[test]
