@@ -42,6 +42,7 @@ pub enum ImportFormat {
 #[derive(Clone, Debug, Default)]
 pub struct ExportStats {
     pub records: u64,
+    /// A torn last frame or a skipped corrupt frame (named on stderr as a warning).
     pub torn: bool,
 }
 
@@ -143,7 +144,7 @@ fn pump(
     for w in opened.events.warnings() {
         eprintln!("warning: {w}");
     }
-    Ok(opened.events.torn())
+    Ok(opened.events.damaged())
 }
 
 pub fn export<W: Write>(
@@ -236,17 +237,40 @@ pub fn import(file: &Path, from: Option<ImportFormat>, out: &Path) -> Result<u64
         },
     };
     let mut opened = input::open_as(file, format)?;
-    // Read everything first: a bad row must not leave a half-written trace behind.
-    let mut events = Vec::new();
-    while let Some(ev) = opened.events.next_event() {
-        events.push(ev?);
+    // Streamed into a file beside the output and renamed at the end (bounded memory however
+    // long the input): a bad row leaves no half-written trace behind.
+    let name = out
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let partial = out.with_file_name(format!(".{name}.partial-{}", std::process::id()));
+    // The output's own rules first (no symlink, FIFO or another user's file at it), so the
+    // rename below replaces only what the user may replace; the partial file is created new
+    // (never through anything planted at its name).
+    let out_is_new = crate::files::check_output(out)?;
+    let written = (|| -> Result<u64, String> {
+        let f = crate::files::create_output(&partial)?;
+        let mut w = TraceWriter::new(BufWriter::with_capacity(1 << 20, f), &opened.header)
+            .map_err(|e| write_error(out, &e))?;
+        let mut n = 0u64;
+        while let Some(ev) = opened.events.next_event() {
+            w.write(&ev?).map_err(|e| write_error(out, &e))?;
+            n += 1;
+        }
+        let mut f = w.finish().map_err(|e| write_error(out, &e))?;
+        f.flush().map_err(|e| write_error(out, &e))?;
+        Ok(n)
+    })();
+    let renamed = written.and_then(|n| {
+        std::fs::rename(&partial, out)
+            .map(|_| n)
+            .map_err(|e| write_error(out, &e))
+    });
+    if renamed.is_err() {
+        let _ = std::fs::remove_file(&partial);
+        if out_is_new {
+            let _ = std::fs::remove_file(out);
+        }
     }
-    let f = crate::files::create_output(out)?;
-    let mut w = TraceWriter::new(BufWriter::with_capacity(1 << 20, f), &opened.header)
-        .map_err(|e| write_error(out, &e))?;
-    for ev in &events {
-        w.write(ev).map_err(|e| write_error(out, &e))?;
-    }
-    w.finish().map_err(|e| write_error(out, &e))?;
-    Ok(events.len() as u64)
+    renamed
 }

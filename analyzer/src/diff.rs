@@ -42,7 +42,8 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
             "{}",
             serde_json::to_string_pretty(&d).map_err(|e| e.to_string())?
         );
-        return Ok(crate::input_status(&[a, b], false));
+        let torn = a.torn || b.torn;
+        return Ok(crate::input_status(&[a, b], torn));
     }
     let mut o = String::new();
     let _ = writeln!(o, "A: {}\nB: {}", d.a, d.b);
@@ -117,5 +118,6 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
         }
     }
     print!("{o}");
-    Ok(ExitCode::SUCCESS)
+    let torn = a.torn || b.torn;
+    Ok(crate::input_status(&[a, b], torn))
 }

@@ -37,7 +37,8 @@ pub fn main(a: Args) -> Result<ExitCode, String> {
     );
     if stats.torn {
         eprintln!(
-            "vramshim: {}: the trace's last frame was torn; everything before it was exported",
+            "vramshim: {}: the trace is damaged (a torn last frame or a frame that failed its \
+             checksum, named above); everything else was exported",
             a.trace.display()
         );
         return Ok(ExitCode::from(3));

@@ -35,6 +35,20 @@ pub fn create_output(path: &Path) -> Result<File, String> {
         .map_err(|why| format!("{}: not written: it {why}", path.display()))
 }
 
+/// Checks that `path` may be written as [`create_output`] would, without emptying an existing
+/// file (for outputs written beside it and renamed into place); a missing file is created
+/// empty, and `true` says so.
+pub fn check_output(path: &Path) -> Result<bool, String> {
+    if fault_unsafe() {
+        return Ok(false);
+    }
+    match output_file::open(path, Replace::OwnFile) {
+        Ok(output_file::Opened::Created(_)) => Ok(true),
+        Ok(output_file::Opened::Existing(_)) => Ok(false),
+        Err(why) => Err(format!("{}: not written: it {why}", path.display())),
+    }
+}
+
 /// [`create_output`], then `bytes` written.
 pub fn write_output(path: &Path, bytes: &[u8]) -> Result<(), String> {
     let mut f = create_output(path)?;

@@ -39,15 +39,16 @@ pub trait EventSource {
     fn warnings(&self) -> Vec<String> {
         Vec::new()
     }
-    /// The file was cut inside its last frame (reported as an input problem once the output is
-    /// written: exit status 3).
-    fn torn(&self) -> bool {
+    /// Part of the file could not be used: it was cut inside its last frame, or a frame failed
+    /// its checksum and was skipped (named in `warnings`; reported as an input problem once the
+    /// output is written: exit status 3).
+    fn damaged(&self) -> bool {
         false
     }
     /// The file ends before its writer finished it (no end record, or a torn frame): what was
     /// live at its end is not what the process left allocated.
     fn cut_off(&self) -> bool {
-        self.torn()
+        false
     }
 }
 
@@ -88,7 +89,11 @@ pub fn detect(path: &Path) -> Result<Format, InputError> {
             Err(e) => return Err(InputError::io(path, &e)),
         }
     }
-    let head = &head[..n];
+    detect_head(path, &head[..n])
+}
+
+/// [`detect`] on the first bytes of `path` (up to 64).
+fn detect_head(path: &Path, head: &[u8]) -> Result<Format, InputError> {
     if head.is_empty() {
         return Err(InputError::at_offset(
             path,
@@ -112,6 +117,118 @@ pub fn detect(path: &Path) -> Result<Format, InputError> {
         "pickle" | "pkl" => Ok(Format::MemoryViz),
         _ => Ok(Format::VramTrace),
     }
+}
+
+/// The most bytes of a pipe or device copied into a temporary file (see [`spool`]).
+pub const MAX_SPOOL: u64 = 16 << 30;
+
+/// An input ready to be read (and re-read: summaries, exports and what-ifs read a trace more
+/// than once): the file itself, or for a pipe or device (`<(...)`, `/dev/stdin`) a private
+/// copy in the temporary directory, removed when this is dropped.
+pub struct Spooled {
+    path: PathBuf,
+    temp: bool,
+}
+
+impl Spooled {
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for Spooled {
+    fn drop(&mut self) {
+        if self.temp {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Makes `path` re-readable: regular files (and anything that cannot be opened, for the
+/// reader's own message) are used in place; a pipe or device is checked to start like a
+/// trace, RMM log or pickle, then copied into a temporary file created only for this user
+/// (`O_EXCL`, mode 0600), at most [`MAX_SPOOL`] bytes.
+pub fn spool(path: &Path) -> Result<Spooled, InputError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let in_place = Spooled {
+        path: path.to_path_buf(),
+        temp: false,
+    };
+    match std::fs::metadata(path) {
+        Ok(m) if !m.is_file() && !m.is_dir() => {}
+        _ => return Ok(in_place),
+    }
+    let mut src = File::open(path).map_err(|e| InputError::io(path, &e))?;
+    let mut head = [0u8; 64];
+    let mut n = 0;
+    while n < head.len() {
+        match src.read(&mut head[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(InputError::io(path, &e)),
+        }
+    }
+    let head = &head[..n];
+    let format = detect_head(path, head)?;
+    if format == Format::VramTrace && !head.starts_with(&vramshim_trace::MAGIC[..4]) {
+        return Err(InputError::at_offset(
+            path,
+            0,
+            "not a vramshim trace (no .vramtrace magic at byte 0), RMM log or memory snapshot",
+        ));
+    }
+    let dir = std::env::temp_dir();
+    let mut k = 0u32;
+    let (tmp, mut out) = loop {
+        let tmp = dir.join(format!("vramshim-input-{}-{k}", std::process::id()));
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+        {
+            Ok(f) => break (tmp, f),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && k < 1000 => k += 1,
+            Err(e) => {
+                return Err(InputError::new(
+                    path,
+                    None,
+                    format!(
+                        "a pipe or device is copied into {} to be read; cannot create a file there: {e}",
+                        dir.display()
+                    ),
+                ));
+            }
+        }
+    };
+    let spooled = Spooled {
+        path: tmp,
+        temp: true,
+    };
+    let copy_err = |e: std::io::Error| {
+        InputError::new(
+            path,
+            None,
+            format!("cannot copy the pipe into {}: {e}", spooled.path.display()),
+        )
+    };
+    out.write_all(head).map_err(copy_err)?;
+    let copied = std::io::copy(&mut (&mut src).take(MAX_SPOOL + 1 - n as u64), &mut out)
+        .map_err(copy_err)?;
+    if copied + n as u64 > MAX_SPOOL {
+        return Err(InputError::new(
+            path,
+            None,
+            format!(
+                "a pipe or device is copied into a temporary file to be read, and this one runs \
+                 past {} GiB: write it to a file first",
+                MAX_SPOOL >> 30
+            ),
+        ));
+    }
+    Ok(spooled)
 }
 
 /// Opens `path` in whatever format it is in.

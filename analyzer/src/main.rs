@@ -69,8 +69,45 @@ pub(crate) fn input_status(reports: &[vramshim_analyzer::TraceReport], torn: boo
     }
 }
 
+/// Pipes and devices given as inputs become private temporary copies that the commands can
+/// re-read (see `input::spool`); the copies go when the returned guards are dropped.
+fn spool_inputs(cmd: &mut Cmd) -> Result<Vec<vramshim_analyzer::input::Spooled>, String> {
+    let paths: Vec<&mut std::path::PathBuf> = match cmd {
+        Cmd::Summary(a) => a.traces.iter_mut().collect(),
+        Cmd::Report(a) => a.traces.iter_mut().collect(),
+        Cmd::Export(a) => vec![&mut a.trace],
+        Cmd::Replay(a) => vec![&mut a.trace],
+        Cmd::Diff(a) => vec![&mut a.a, &mut a.b],
+        // With --from the import streams its input once; without, the format is guessed from
+        // the first bytes first.
+        Cmd::Import(a) if a.from.is_none() => vec![&mut a.file],
+        _ => vec![],
+    };
+    let mut held = Vec::new();
+    for p in paths {
+        let s = vramshim_analyzer::input::spool(p)?;
+        if s.path() != p.as_path() {
+            eprintln!(
+                "vramshim: {} is a pipe or device: reading its copy {}",
+                p.display(),
+                s.path().display()
+            );
+        }
+        *p = s.path().to_path_buf();
+        held.push(s);
+    }
+    Ok(held)
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
+    let _spooled = match spool_inputs(&mut cli.cmd) {
+        Ok(s) => s,
+        Err(msg) => {
+            eprintln!("vramshim: {msg}");
+            return ExitCode::from(2);
+        }
+    };
     let result = match cli.cmd {
         Cmd::Run(a) => run::main(a),
         Cmd::Demo(a) => demo::main(a),

@@ -90,7 +90,7 @@ pub fn main(a: Args) -> Result<ExitCode, String> {
             "{}",
             serde_json::to_string_pretty(&r).map_err(|e| e.to_string())?
         );
-        return Ok(ExitCode::SUCCESS);
+        return Ok(damage_status(&r.damage));
     }
     let mut o = String::new();
     let _ = writeln!(
@@ -172,5 +172,18 @@ pub fn main(a: Args) -> Result<ExitCode, String> {
         );
     }
     print!("{o}");
-    Ok(ExitCode::SUCCESS)
+    Ok(damage_status(&r.damage))
+}
+
+/// Exit status 3 when part of the input could not be read (each problem named on stderr):
+/// the replay used everything else, but it is not the whole run.
+fn damage_status(damage: &[String]) -> ExitCode {
+    for d in damage {
+        eprintln!("vramshim: {d}");
+    }
+    if damage.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(3)
+    }
 }

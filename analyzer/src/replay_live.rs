@@ -84,6 +84,7 @@ fn policies(pool: &str) -> Result<Vec<PolicyKind>, String> {
 pub fn main(a: LiveArgs) -> Result<ExitCode, String> {
     let kinds = policies(a.pool)?;
     let model = whatif::replay(a.trace, &kinds, a.device, a.device_memory, a.cap, false)?;
+    let damage = model.damage.clone();
     let gpu = demo::detect_gpu(a.sim)?;
     let lib = run::find_library()?;
     // Private to this run: the replay program is built and run from it.
@@ -99,10 +100,16 @@ pub fn main(a: LiveArgs) -> Result<ExitCode, String> {
     } else {
         print!("{}", text(&report));
     }
-    Ok(if report.runs.iter().all(|r| r.problem.is_none()) {
-        ExitCode::SUCCESS
-    } else {
+    // A damaged input (named on stderr) is an input problem: 3, as for `replay`.
+    for d in &damage {
+        eprintln!("vramshim: {d}");
+    }
+    Ok(if report.runs.iter().any(|r| r.problem.is_some()) {
         ExitCode::from(1)
+    } else if !damage.is_empty() {
+        ExitCode::from(3)
+    } else {
+        ExitCode::SUCCESS
     })
 }
 

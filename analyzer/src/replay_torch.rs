@@ -149,9 +149,33 @@ fn run_pytorch(
     device_memory: Option<u64>,
     t: &TorchArgs,
 ) -> Result<ExitCode, String> {
-    let trace = std::fs::canonicalize(trace).map_err(|e| format!("{}: {e}", trace.display()))?;
+    let given = std::fs::canonicalize(trace).map_err(|e| format!("{}: {e}", trace.display()))?;
     // Private to this run: Python runs the script from it.
     let dir = vramshim_analyzer::files::private_temp_dir("vramshim-replay-torch")?;
+    // The driver reads RMM CSV: any other format `replay` takes is converted first (the
+    // device with the most allocations, as `replay` picks; the CSV has no device column).
+    let trace = match vramshim_analyzer::input::detect(&given)? {
+        vramshim_analyzer::input::Format::RmmCsv => given.clone(),
+        _ => {
+            let csv = dir.join("trace.rmm.csv");
+            let f = std::fs::File::create(&csv)
+                .map_err(|e| vramshim_analyzer::error::write_error(&csv, &e))?;
+            let device = busiest_device(&given)?;
+            let stats = vramshim_analyzer::convert::export(
+                &given,
+                vramshim_analyzer::convert::ExportFormat::RmmCsv,
+                std::io::BufWriter::new(f),
+                device,
+            )?;
+            eprintln!(
+                "vramshim: {} converted to RMM CSV for the replay driver ({} rows{})",
+                given.display(),
+                stats.records,
+                device.map(|d| format!(", device {d}")).unwrap_or_default()
+            );
+            csv
+        }
+    };
     let script = dir.join("replay_torch.py");
     vramshim_analyzer::files::write_output(&script, SCRIPT.as_bytes())?;
     let trace_out = t
@@ -176,7 +200,7 @@ fn run_pytorch(
         .unwrap_or_default();
     eprintln!(
         "vramshim: replay {} through PyTorch ({}), PYTORCH_CUDA_ALLOC_CONF={conf}",
-        trace.display(),
+        given.display(),
         python.display(),
     );
     if let Some(note) = stitch_note(pool, &conf) {
@@ -189,7 +213,29 @@ fn run_pytorch(
     if t.trace_out.is_none() {
         let _ = std::fs::remove_file(&script);
     }
+    if trace != given {
+        let _ = std::fs::remove_file(&trace);
+    }
     Ok(ExitCode::from(crate::run::shell_status(status)))
+}
+
+/// The device with the most successful device allocations (None when there are none).
+fn busiest_device(trace: &Path) -> Result<Option<i32>, String> {
+    use vramshim_trace::{Event, codes};
+    let mut opened = vramshim_analyzer::input::open(trace)?;
+    let mut counts: std::collections::BTreeMap<i32, u64> = Default::default();
+    while let Some(ev) = opened.events.next_event() {
+        if let Event::Alloc(m) = ev?
+            && m.kind.is_device()
+            && m.result == codes::CUDA_SUCCESS
+        {
+            *counts.entry(m.device).or_default() += 1;
+        }
+    }
+    Ok(counts
+        .into_iter()
+        .max_by_key(|&(d, n)| (n, -(d as i64)))
+        .map(|(d, _)| d))
 }
 
 #[cfg(test)]

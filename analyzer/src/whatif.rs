@@ -25,6 +25,9 @@ pub struct Stream {
     pub failures: Vec<(u64, usize, u64, u64)>,
     pub header: Header,
     pub t0: u64,
+    /// What could not be read (a torn last frame, a frame that failed its checksum), when the
+    /// input was damaged: the replay used everything else.
+    pub damage: Vec<String>,
 }
 
 fn is_sync_free(api: Api) -> bool {
@@ -45,6 +48,7 @@ pub fn read_stream(mut opened: Opened, device: Option<i32>) -> Result<Stream, In
         failures: Vec::new(),
         header: Header::default(),
         t0: 0,
+        damage: Vec::new(),
     };
     while let Some(ev) = opened.events.next_event() {
         let ev = ev?;
@@ -109,9 +113,15 @@ pub fn read_stream(mut opened: Opened, device: Option<i32>) -> Result<Stream, In
             per.remove(&best).unwrap_or_else(|| new(best))
         }
     };
+    let damage = if opened.events.damaged() {
+        opened.events.warnings()
+    } else {
+        Vec::new()
+    };
     Ok(Stream {
         header,
         t0: t0.unwrap_or(0),
+        damage,
         ..chosen
     })
 }
@@ -196,6 +206,7 @@ pub fn judge_post_mortems(path: &Path, report: &mut TraceReport) -> Result<(), I
                 failures: vec![],
                 header: Header::default(),
                 t0: 0,
+                damage: Vec::new(),
             }
         };
         for (i, pm) in d.post_mortems.iter_mut().enumerate() {
@@ -318,6 +329,9 @@ pub struct ReplayReport {
     /// The same policies with every free given the same semantics (every free a `cudaFree`,
     /// then every free stream-ordered), so no policy is judged on easier rules.
     pub same_frees: Vec<SameFreesReport>,
+    /// The damaged input's problems (see [`Stream::damage`]): exit status 3.
+    #[serde(skip)]
+    pub damage: Vec<String>,
 }
 
 /// One policy under one free semantics (`vramshim_pool::replay::compare`).
@@ -432,5 +446,6 @@ pub fn replay(
         frees,
         peak_live: replay::peak_live(&s.ops),
         policies: out,
+        damage: s.damage,
     })
 }

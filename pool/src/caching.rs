@@ -339,6 +339,9 @@ impl Policy for Caching {
     }
 
     fn alloc(&mut self, dev: &mut dyn Device, req: Request) -> Result<Alloc, PoolError> {
+        if let Some(e) = crate::refuse_oversized(&req, &self.stats) {
+            return Err(e);
+        }
         self.process_events(dev);
         let stream = req.stream;
         let size = Self::round_size(req.size);

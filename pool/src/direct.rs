@@ -36,6 +36,9 @@ impl Policy for Direct {
     }
 
     fn alloc(&mut self, dev: &mut dyn Device, req: Request) -> Result<Alloc, PoolError> {
+        if let Some(e) = crate::refuse_oversized(&req, &self.stats) {
+            return Err(e);
+        }
         let size = req.size.max(1);
         let addr = match dev.malloc(size) {
             Ok(a) => a,

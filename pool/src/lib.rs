@@ -296,8 +296,24 @@ impl std::fmt::Display for PolicyKind {
     }
 }
 
-/// Round `n` up to a multiple of `a` (a power of two).
+/// Round `n` up to a multiple of `a` (a power of two). Sizes reach it only up to
+/// [`MAX_REQUEST`] (see [`refuse_oversized`]); past that it saturates instead of wrapping.
 #[inline]
 pub(crate) fn round_up(n: u64, a: u64) -> u64 {
-    (n + a - 1) & !(a - 1)
+    n.saturating_add(a - 1) & !(a - 1)
+}
+
+/// The largest request a policy considers (4 EiB): no device comes near it, and every
+/// rounding and sum of sizes below it stays inside 64 bits. A larger request (a garbage size
+/// in a log, `cudaMalloc((size_t)-1)`) is refused as out of memory, as the driver would.
+pub const MAX_REQUEST: u64 = 1 << 62;
+
+/// The out-of-memory refusal of a request past [`MAX_REQUEST`], or `None`.
+pub(crate) fn refuse_oversized(req: &Request, stats: &Stats) -> Option<PoolError> {
+    (req.size > MAX_REQUEST).then_some(PoolError::OutOfMemory {
+        requested: req.size,
+        reserved: stats.reserved,
+        live: stats.live,
+        why: DeviceError::OutOfMemory,
+    })
 }

@@ -256,10 +256,10 @@ pub fn run_with(
                             // too; free it so the replay stays bounded.
                             let _ = policy.free(dev, old, FreeMode::Sync);
                             dev.check_free(old, FreeMode::Sync);
-                            live -= osz;
+                            live = live.saturating_sub(osz);
                         }
                         allocs_done += 1;
-                        live += size;
+                        live = live.saturating_add(size);
                         peak_live = peak_live.max(live);
                     }
                     Err(e) => {
@@ -277,7 +277,7 @@ pub fn run_with(
                 if let Some((addr, size, _)) = ids.remove(&id) {
                     dev.check_free(addr, mode);
                     let _ = policy.free(dev, addr, mode);
-                    live -= size;
+                    live = live.saturating_sub(size);
                 }
             }
             Event::ProcessSync => {
@@ -322,15 +322,16 @@ pub fn peak_live(events: &[Event]) -> u64 {
     for ev in events {
         match *ev {
             Event::Alloc { id, size, .. } => {
+                // Saturating: sizes come from input files, and their sum may pass 64 bits.
                 if let Some(o) = sizes.insert(id, size) {
-                    live -= o;
+                    live = live.saturating_sub(o);
                 }
-                live += size;
+                live = live.saturating_add(size);
                 peak = peak.max(live);
             }
             Event::Free { id, .. } => {
                 if let Some(s) = sizes.remove(&id) {
-                    live -= s;
+                    live = live.saturating_sub(s);
                 }
             }
             Event::ProcessSync => {}

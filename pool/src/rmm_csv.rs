@@ -156,13 +156,34 @@ pub fn parse(text: &str) -> Result<ParsedTrace, ParseError> {
     Ok(out)
 }
 
+/// The largest file [`parse_file`] reads (it holds the text in memory; a device such as
+/// `/dev/zero` would never end).
+pub const MAX_FILE: u64 = 4 << 30;
+
 /// Read and parse a file; errors name the file.
 pub fn parse_file(path: impl AsRef<std::path::Path>) -> Result<ParsedTrace, ParseError> {
+    use std::io::Read;
     let p = path.as_ref();
-    let text = std::fs::read_to_string(p).map_err(|e| ParseError {
+    let io = |e: std::io::Error| ParseError {
         line: 0,
         msg: format!("{}: {e}", p.display()),
-    })?;
+    };
+    let mut text = String::new();
+    std::fs::File::open(p)
+        .map_err(io)?
+        .take(MAX_FILE + 1)
+        .read_to_string(&mut text)
+        .map_err(io)?;
+    if text.len() as u64 > MAX_FILE {
+        return Err(ParseError {
+            line: 0,
+            msg: format!(
+                "{}: larger than {} GiB, the largest log read whole",
+                p.display(),
+                MAX_FILE >> 30
+            ),
+        });
+    }
     parse(&text).map_err(|e| ParseError {
         line: e.line,
         msg: format!("{}: {}", p.display(), e.msg),

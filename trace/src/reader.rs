@@ -23,6 +23,8 @@ pub enum DecodeErrorKind {
     NotATrace,
     /// The file was written by a newer vramshim whose format this reader does not know.
     FutureVersion { found: u32, supported: u32 },
+    /// The version field is 0: no vramshim writes it (versions start at 1).
+    InvalidVersion,
     /// The file ends inside the preamble or header.
     TruncatedHeader,
     /// The header is malformed.
@@ -76,6 +78,11 @@ impl fmt::Display for DecodeError {
                 f,
                 "trace format version {found} is newer than this vramshim supports \
                  (up to {supported}); upgrade vramshim to read it"
+            ),
+            InvalidVersion => write!(
+                f,
+                "trace format version 0 at byte 14 is not a valid version (versions start at \
+                 1): a damaged header"
             ),
             TruncatedHeader => write!(
                 f,
@@ -265,7 +272,10 @@ impl<R: Read> TraceReader<R> {
             return Err(DecodeError::at(n as u64, DecodeErrorKind::TruncatedHeader));
         }
         let version = u32::from_le_bytes(pre[14..18].try_into().unwrap_or_default());
-        if version > FORMAT_VERSION || version == 0 {
+        if version == 0 {
+            return Err(DecodeError::at(14, DecodeErrorKind::InvalidVersion));
+        }
+        if version > FORMAT_VERSION {
             return Err(DecodeError::at(
                 14,
                 DecodeErrorKind::FutureVersion {

@@ -131,6 +131,13 @@ fn not_a_trace_empty_future_version() {
         }
     );
     assert!(e.to_string().contains("version 7 is newer"), "{e}");
+    // Version 0 is no version at all, not a newer one.
+    bytes[14..18].copy_from_slice(&0u32.to_le_bytes());
+    let e = read_all(&bytes).unwrap_err();
+    assert_eq!(e.kind, DecodeErrorKind::InvalidVersion);
+    assert!(e.to_string().contains("version 0"), "{e}");
+    assert!(e.to_string().contains("not a valid version"), "{e}");
+    assert!(!e.to_string().contains("newer"), "{e}");
 }
 
 #[test]

@@ -164,12 +164,15 @@ pub(super) fn analyze(
         batches: Vec::new(),
     };
     let mut warnings = Vec::new();
+    // A skipped corrupt frame or a torn last one: the output is made, then exit 3.
+    let mut torn = false;
     loop {
         match reader.visit_frame(&mut f) {
             Ok(true) => {}
             Ok(false) => break,
             Err(e) if e.is_recoverable() => {
                 warnings.push(format!("{}: {e}", path.display()));
+                torn = true;
             }
             Err(e) => return Err(err(&e)),
         }
@@ -183,11 +186,10 @@ pub(super) fn analyze(
     if f.unsorted || f.device_late || f.could_overflow() {
         return Ok(None);
     }
-    let mut torn = false;
     let cut_off = reader.truncation().is_some();
     if let Some(t) = reader.truncation() {
         warnings.push(format!("{}: {t}", path.display()));
-        torn = matches!(t.reason, TruncationReason::TornFrame { .. });
+        torn |= matches!(t.reason, TruncationReason::TornFrame { .. });
     }
     let mut devices = std::mem::take(&mut f.a.devices);
     for d in &mut devices {

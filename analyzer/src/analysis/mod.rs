@@ -876,7 +876,7 @@ pub fn analyze_windowed(mut opened: Opened, opts: &Options) -> Result<TraceRepor
     }
     progress.finish();
     let mut r = a.finish(opened.events.warnings());
-    r.torn = opened.events.torn();
+    r.torn = opened.events.damaged();
     r.cut_off = opened.events.cut_off();
     Ok(r)
 }

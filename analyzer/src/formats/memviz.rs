@@ -19,7 +19,7 @@ use vramshim_trace::{AllocKind, Api, Event, Header, MemOp, codes, flags};
 use super::FastMap;
 use super::pickle::{self, PickleWriter, Value};
 use crate::analysis::symbols::{Module, Symbolizer};
-use crate::error::{InputError, Location};
+use crate::error::InputError;
 use crate::input::{Opened, VecSource};
 
 struct LiveBlock {
@@ -303,17 +303,51 @@ pub fn export<W: Write>(
 
 /// Reads a snapshot as a trace.
 pub fn open(path: &Path) -> Result<(Header, VecSource), InputError> {
-    let data = std::fs::read(path).map_err(|e| InputError::io(path, &e))?;
-    let v = pickle::read(&data).map_err(|e| {
+    let file = std::fs::File::open(path).map_err(|e| InputError::io(path, &e))?;
+    if let Ok(m) = file.metadata()
+        && m.is_file()
+        && m.len() > pickle::MAX_PICKLE_BYTES
+    {
+        return Err(InputError::new(
+            path,
+            None,
+            format!(
+                "{} bytes: larger than {} GiB, the largest memory snapshot read",
+                m.len(),
+                pickle::MAX_PICKLE_BYTES >> 30
+            ),
+        ));
+    }
+    // Streamed: garbage is refused at its first bytes, and memory stays within the pickle
+    // reader's limits however long the input (a pipe, a device) runs.
+    let v = pickle::read_from(std::io::BufReader::with_capacity(1 << 16, file)).map_err(|e| {
         InputError::at_offset(
             path,
             e.offset,
             format!("not a readable PyTorch memory snapshot: {}", e.msg),
         )
     })?;
+    let events = events_of(path, &v)?;
+    let header = Header {
+        config: vec![
+            ("import.from".into(), "memory-viz".into()),
+            (
+                "import.file".into(),
+                path.file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+            ),
+        ],
+        ..Header::default()
+    };
+    Ok((header, VecSource::new(events, vec![])))
+}
+
+/// The events of a decoded snapshot, in time order (`path` names it in messages).
+pub fn events_of(path: &Path, v: &Value) -> Result<Vec<Event>, InputError> {
     let shape =
         |msg: String| InputError::new(path, None, format!("not a PyTorch memory snapshot: {msg}"));
-    let traces = match &v {
+    let traces = match v {
         Value::Dict(_) => v.get("device_traces").ok_or_else(|| {
             shape("the top-level dict has no 'device_traces' (record with torch.cuda.memory._record_memory_history first)".into())
         })?,
@@ -351,13 +385,18 @@ pub fn open(path: &Path) -> Result<(Header, VecSource), InputError> {
                 .get("action")
                 .and_then(|a| a.as_str())
                 .ok_or_else(|| shape(at("no 'action' string")))?;
+            // Addresses are 64-bit values that PyTorch writes as signed: taken as they are.
             let int = |k: &str| -> Result<u64, InputError> {
                 e.get(k)
                     .and_then(|x| x.as_int())
                     .map(|x| x as u64)
                     .ok_or_else(|| shape(at(&format!("no integer '{k}'"))))
             };
-            let size = int("size")?;
+            let size = match e.get("size").and_then(|x| x.as_int()) {
+                Some(s) if s >= 0 => s as u64,
+                Some(s) => return Err(shape(at(&format!("negative 'size' {s}")))),
+                None => return Err(shape(at("no integer 'size'"))),
+            };
             let stream = e.get("stream").and_then(|x| x.as_int()).unwrap_or(0) as u64;
             let t_ns = (e
                 .get("time_us")
@@ -391,7 +430,9 @@ pub fn open(path: &Path) -> Result<(Header, VecSource), InputError> {
                         m.kind = AllocKind::Pool;
                         m.flags = flags::POOLED;
                     }
-                    in_use += size;
+                    in_use = in_use.checked_add(size).ok_or_else(|| {
+                        shape(at("the bytes in use add up past 2^64 (sizes out of range)"))
+                    })?;
                     events.push(Event::Alloc(m));
                 }
                 "free_completed" => {
@@ -419,7 +460,11 @@ pub fn open(path: &Path) -> Result<(Header, VecSource), InputError> {
                         && next.and_then(|n| n.get("size")).and_then(|a| a.as_int())
                             == Some(size as i64);
                     if !paired {
-                        reserved += size;
+                        reserved = reserved.checked_add(size).ok_or_else(|| {
+                            shape(at(
+                                "the segments add up past 2^64 bytes (sizes out of range)",
+                            ))
+                        })?;
                         counter = true;
                     }
                 }
@@ -457,18 +502,5 @@ pub fn open(path: &Path) -> Result<(Header, VecSource), InputError> {
     }
     // Devices interleave in time.
     events.sort_by_key(|e| e.t_ns().unwrap_or(0));
-    let header = Header {
-        config: vec![
-            ("import.from".into(), "memory-viz".into()),
-            (
-                "import.file".into(),
-                path.file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_default(),
-            ),
-        ],
-        ..Header::default()
-    };
-    let _ = Location::Offset(0);
-    Ok((header, VecSource::new(events, vec![])))
+    Ok(events)
 }

@@ -6,7 +6,9 @@
 //! protocol 2-5 (framing and memo included) and rejects everything else (no GLOBAL/REDUCE: it
 //! never runs code).
 
-use std::io::{self, Write};
+use std::collections::HashMap;
+use std::io::{self, BufRead, Read, Write};
+use std::rc::Rc;
 
 // Opcodes.
 const PROTO: u8 = 0x80;
@@ -179,14 +181,15 @@ impl<W: Write> PickleWriter<W> {
     }
 }
 
-/// A decoded pickle value.
+/// A decoded pickle value. Strings are shared: a memoized string fetched again (PyTorch
+/// snapshots fetch every frame's file name that way) costs one reference, not a copy.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Value {
     None,
     Bool(bool),
     Int(i64),
     Float(f64),
-    Str(String),
+    Str(Rc<str>),
     List(Vec<Value>),
     Tuple(Vec<Value>),
     Dict(Vec<(Value, Value)>),
@@ -210,7 +213,7 @@ impl Value {
         match self {
             Value::Dict(items) => items
                 .iter()
-                .find(|(k, _)| matches!(k, Value::Str(s) if s == key))
+                .find(|(k, _)| matches!(k, Value::Str(s) if &**s == key))
                 .map(|(_, v)| v),
             _ => None,
         }
@@ -243,256 +246,421 @@ pub struct PickleError {
     pub msg: String,
 }
 
+/// The largest pickle read (a memory snapshot of 100,000 entries with deep stacks is a few
+/// hundred MiB).
+pub const MAX_PICKLE_BYTES: u64 = 4 << 30;
+/// The deepest nesting of lists, dicts and tuples (a snapshot nests 7 deep). Bounds the
+/// recursion of everything that walks or drops a value.
+pub const MAX_DEPTH: u32 = 100;
+/// The memory the decoded values may take: this much, plus [`BUDGET_PER_BYTE`] per byte read.
+/// Plain data costs at most 32 bytes per pickle byte (a 1-byte opcode makes a 32-byte value);
+/// only a pickle that fetches the same big tuple over and over (a memo bomb) goes past it.
+pub const BASE_BUDGET: u64 = 64 << 20;
+pub const BUDGET_PER_BYTE: u64 = 64;
+/// The most memo entries (a snapshot memoizes each distinct string and container once).
+pub const MAX_MEMO: usize = 1 << 24;
+
+/// What one decoded value costs: its own size, and for a tuple (the only container fetched
+/// from the memo whole) what its items cost.
+const VALUE_COST: u64 = std::mem::size_of::<Value>() as u64;
+
+#[derive(Clone, Copy, Default)]
+struct Meta {
+    /// Levels of containers, this one included (0 for a scalar, 1 for a flat list).
+    depth: u32,
+    /// Bytes a copy of the value costs, items included (strings are shared: a copy of one
+    /// costs `VALUE_COST`).
+    cost: u64,
+}
+
+const SCALAR: Meta = Meta {
+    depth: 0,
+    cost: VALUE_COST,
+};
+
+const EMPTY: Meta = Meta {
+    depth: 1,
+    cost: VALUE_COST,
+};
+
 enum Slot {
-    V(Value),
+    V(Value, Meta),
     Mark,
 }
 
 /// Reads one pickle made only of plain data. Never executes anything.
 pub fn read(data: &[u8]) -> Result<Value, PickleError> {
-    let mut pos = 0usize;
-    let mut stack: Vec<Slot> = Vec::new();
-    let mut memo: Vec<Option<Value>> = Vec::new();
-    let err = |off: usize, msg: String| PickleError {
-        offset: off as u64,
-        msg,
-    };
-    macro_rules! take {
-        ($n:expr, $at:expr) => {{
-            let n: usize = $n;
-            if data.len() - pos < n {
-                return Err(err(
-                    $at,
-                    "pickle ends in the middle of an opcode (truncated file?)".into(),
-                ));
-            }
-            let s = &data[pos..pos + n];
-            pos += n;
-            s
-        }};
+    read_from(data)
+}
+
+/// [`read`] from a stream: bytes are read as the opcodes need them, so garbage is refused at
+/// its first byte and memory stays within [`MAX_DEPTH`], [`MAX_MEMO`], the budget and
+/// [`MAX_PICKLE_BYTES`] whatever the input.
+pub fn read_from<R: BufRead>(r: R) -> Result<Value, PickleError> {
+    Parser {
+        r,
+        pos: 0,
+        cost: 0,
+        buf: Vec::new(),
     }
-    fn pop_to_mark(stack: &mut Vec<Slot>) -> Option<Vec<Value>> {
-        let mark = stack.iter().rposition(|s| matches!(s, Slot::Mark))?;
-        let items = stack.split_off(mark + 1);
-        stack.pop();
-        Some(
-            items
-                .into_iter()
-                .map(|s| if let Slot::V(v) = s { v } else { Value::None })
-                .collect(),
-        )
+    .run()
+}
+
+struct Parser<R> {
+    r: R,
+    /// Bytes consumed.
+    pos: u64,
+    /// Bytes of values made so far (never decreases: what was made was allocated).
+    cost: u64,
+    buf: Vec<u8>,
+}
+
+fn err(at: u64, msg: impl Into<String>) -> PickleError {
+    PickleError {
+        offset: at,
+        msg: msg.into(),
     }
-    fn pop_value(stack: &mut Vec<Slot>) -> Option<Value> {
-        match stack.pop() {
-            Some(Slot::V(v)) => Some(v),
-            Some(Slot::Mark) => None,
-            None => None,
+}
+
+impl<R: BufRead> Parser<R> {
+    /// Charges `n` bytes of decoded values against the budget.
+    fn charge(&mut self, at: u64, n: u64) -> Result<(), PickleError> {
+        self.cost = self.cost.saturating_add(n);
+        let budget = BASE_BUDGET.saturating_add(self.pos.saturating_mul(BUDGET_PER_BYTE));
+        if self.cost > budget {
+            return Err(err(
+                at,
+                format!(
+                    "the decoded values would take more than {} MiB of memory after {} bytes of \
+                     pickle (the limit is {} MiB plus {BUDGET_PER_BYTE} bytes per pickle byte): \
+                     shared references expanded over and over (a memo bomb?)",
+                    self.cost >> 20,
+                    self.pos,
+                    BASE_BUDGET >> 20
+                ),
+            ));
         }
+        Ok(())
     }
-    fn memo_put(memo: &mut Vec<Option<Value>>, idx: usize, v: Value) {
-        if memo.len() <= idx {
-            memo.resize(idx + 1, None);
+
+    /// The next `n` bytes of the opcode that starts at `at`.
+    fn take(&mut self, n: u64, at: u64) -> Result<&[u8], PickleError> {
+        let want = n.min(MAX_PICKLE_BYTES.saturating_sub(self.pos));
+        self.buf.clear();
+        let got = (&mut self.r)
+            .take(want)
+            .read_to_end(&mut self.buf)
+            .map_err(|e| err(self.pos, format!("cannot read: {e}")))?;
+        self.pos += got as u64;
+        if (got as u64) < want {
+            return Err(err(
+                at,
+                "pickle ends in the middle of an opcode (truncated file?)",
+            ));
         }
-        memo[idx] = Some(v);
+        if want < n {
+            return Err(err(
+                at,
+                format!(
+                    "the pickle goes past {} GiB, the largest memory snapshot read",
+                    MAX_PICKLE_BYTES >> 30
+                ),
+            ));
+        }
+        Ok(&self.buf)
     }
-    loop {
-        let at = pos;
-        if pos >= data.len() {
-            return Err(err(at, "pickle ends without STOP (truncated file?)".into()));
+
+    fn take_array<const N: usize>(&mut self, at: u64) -> Result<[u8; N], PickleError> {
+        let b = self.take(N as u64, at)?;
+        let mut a = [0u8; N];
+        a.copy_from_slice(b);
+        Ok(a)
+    }
+
+    fn push(&mut self, stack: &mut Vec<Slot>, at: u64, v: Value) -> Result<(), PickleError> {
+        self.charge(at, VALUE_COST)?;
+        stack.push(Slot::V(v, SCALAR));
+        Ok(())
+    }
+
+    fn push_empty(&mut self, stack: &mut Vec<Slot>, at: u64, v: Value) -> Result<(), PickleError> {
+        self.charge(at, VALUE_COST)?;
+        stack.push(Slot::V(v, EMPTY));
+        Ok(())
+    }
+
+    fn run(mut self) -> Result<Value, PickleError> {
+        let mut stack: Vec<Slot> = Vec::new();
+        let mut memo: HashMap<u32, (Value, Meta)> = HashMap::new();
+        fn pop_to_mark(stack: &mut Vec<Slot>) -> Option<Vec<(Value, Meta)>> {
+            let mark = stack.iter().rposition(|s| matches!(s, Slot::Mark))?;
+            let items = stack.split_off(mark + 1);
+            stack.pop();
+            Some(
+                items
+                    .into_iter()
+                    .map(|s| match s {
+                        Slot::V(v, m) => (v, m),
+                        Slot::Mark => (Value::None, SCALAR),
+                    })
+                    .collect(),
+            )
         }
-        let op = data[pos];
-        pos += 1;
-        match op {
-            PROTO => {
-                let v = take!(1, at)[0];
-                if !(2..=5).contains(&v) {
-                    return Err(err(at, format!("unsupported pickle protocol {v}")));
-                }
+        fn pop_value(stack: &mut Vec<Slot>) -> Option<(Value, Meta)> {
+            match stack.pop() {
+                Some(Slot::V(v, m)) => Some((v, m)),
+                Some(Slot::Mark) => None,
+                None => None,
             }
-            FRAME => {
-                take!(8, at);
-            }
-            STOP => {
-                let v = pop_value(&mut stack)
-                    .ok_or_else(|| err(at, "STOP with an empty stack".into()))?;
-                return Ok(v);
-            }
-            MARK => stack.push(Slot::Mark),
-            EMPTY_DICT => stack.push(Slot::V(Value::Dict(Vec::new()))),
-            EMPTY_LIST => stack.push(Slot::V(Value::List(Vec::new()))),
-            EMPTY_TUPLE => stack.push(Slot::V(Value::Tuple(Vec::new()))),
-            NONE => stack.push(Slot::V(Value::None)),
-            NEWTRUE => stack.push(Slot::V(Value::Bool(true))),
-            NEWFALSE => stack.push(Slot::V(Value::Bool(false))),
-            BININT => {
-                let b = take!(4, at);
-                stack.push(Slot::V(Value::Int(
-                    i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64,
-                )));
-            }
-            BININT1 => {
-                let b = take!(1, at);
-                stack.push(Slot::V(Value::Int(b[0] as i64)));
-            }
-            BININT2 => {
-                let b = take!(2, at);
-                stack.push(Slot::V(Value::Int(u16::from_le_bytes([b[0], b[1]]) as i64)));
-            }
-            LONG1 => {
-                let n = take!(1, at)[0] as usize;
-                let b = take!(n, at);
-                if n > 8 {
-                    // An unsigned 64-bit value needs 9 bytes with a zero sign byte.
-                    if n == 9 && b[8] == 0 {
-                        let mut a = [0u8; 8];
-                        a.copy_from_slice(&b[..8]);
-                        stack.push(Slot::V(Value::Int(u64::from_le_bytes(a) as i64)));
-                        continue;
-                    }
-                    return Err(err(
-                        at,
-                        format!("integer of {n} bytes does not fit in 64 bits"),
-                    ));
-                }
-                let mut a = if n > 0 && b[n - 1] & 0x80 != 0 {
-                    [0xffu8; 8]
-                } else {
-                    [0u8; 8]
-                };
-                a[..n].copy_from_slice(b);
-                stack.push(Slot::V(Value::Int(i64::from_le_bytes(a))));
-            }
-            BINFLOAT => {
-                let b = take!(8, at);
-                let mut a = [0u8; 8];
-                a.copy_from_slice(b);
-                stack.push(Slot::V(Value::Float(f64::from_be_bytes(a))));
-            }
-            BINUNICODE | SHORT_BINUNICODE => {
-                let n = if op == BINUNICODE {
-                    let b = take!(4, at);
-                    u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize
-                } else {
-                    take!(1, at)[0] as usize
-                };
-                let b = take!(n, at);
-                let s =
-                    std::str::from_utf8(b).map_err(|_| err(at, "string is not UTF-8".into()))?;
-                stack.push(Slot::V(Value::Str(s.to_string())));
-            }
-            APPEND | SETITEM | APPENDS | SETITEMS | DICT | LIST | TUPLE => {
-                let items = match op {
-                    APPEND => vec![
-                        pop_value(&mut stack)
-                            .ok_or_else(|| err(at, "APPEND without a value".into()))?,
-                    ],
-                    SETITEM => {
-                        let v = pop_value(&mut stack)
-                            .ok_or_else(|| err(at, "SETITEM without a value".into()))?;
-                        let k = pop_value(&mut stack)
-                            .ok_or_else(|| err(at, "SETITEM without a key".into()))?;
-                        vec![k, v]
-                    }
-                    _ => pop_to_mark(&mut stack)
-                        .ok_or_else(|| err(at, "container opcode without MARK".into()))?,
-                };
-                match op {
-                    DICT | LIST | TUPLE => {
-                        let v = match op {
-                            LIST => Value::List(items),
-                            TUPLE => Value::Tuple(items),
-                            _ => Value::Dict(
-                                pairs(items)
-                                    .ok_or_else(|| err(at, "odd number of dict items".into()))?,
-                            ),
-                        };
-                        stack.push(Slot::V(v));
-                    }
-                    _ => match stack.last_mut() {
-                        Some(Slot::V(Value::List(l))) if op == APPEND || op == APPENDS => {
-                            l.extend(items)
-                        }
-                        Some(Slot::V(Value::Dict(d))) if op == SETITEM || op == SETITEMS => d
-                            .extend(
-                                pairs(items)
-                                    .ok_or_else(|| err(at, "odd number of dict items".into()))?,
-                            ),
-                        _ => {
-                            return Err(err(
-                                at,
-                                "append/setitem on something that is not a list/dict".into(),
-                            ));
-                        }
-                    },
-                }
-            }
-            TUPLE1 | TUPLE2 | TUPLE3 => {
-                let n = (op - TUPLE1 + 1) as usize;
-                let mut items = Vec::with_capacity(n);
-                for _ in 0..n {
-                    items.push(
-                        pop_value(&mut stack)
-                            .ok_or_else(|| err(at, "tuple of missing values".into()))?,
-                    );
-                }
-                items.reverse();
-                stack.push(Slot::V(Value::Tuple(items)));
-            }
-            MEMOIZE | BINPUT | LONG_BINPUT => {
-                let idx = match op {
-                    MEMOIZE => memo.len(),
-                    BINPUT => take!(1, at)[0] as usize,
-                    _ => {
-                        let b = take!(4, at);
-                        u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize
-                    }
-                };
-                if idx > 1 << 28 {
-                    return Err(err(at, "memo index out of range".into()));
-                }
-                // Containers are memoized before they are filled; a later GET of a container would
-                // see the empty version. PyTorch snapshots only GET strings and tuples.
-                let v = match stack.last() {
-                    Some(Slot::V(v)) => v.clone_shallow(),
-                    _ => return Err(err(at, "memo put with an empty stack".into())),
-                };
-                memo_put(&mut memo, idx, v);
-            }
-            BINGET | LONG_BINGET => {
-                let idx = if op == BINGET {
-                    take!(1, at)[0] as usize
-                } else {
-                    let b = take!(4, at);
-                    u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize
-                };
-                let v = memo
-                    .get(idx)
-                    .and_then(|v| v.clone())
-                    .ok_or_else(|| err(at, format!("memo {idx} not set")))?;
-                stack.push(Slot::V(v));
-            }
-            other => {
+        }
+        /// The depth of a container of `items`, refused past [`MAX_DEPTH`].
+        fn container_depth(at: u64, items: &[(Value, Meta)]) -> Result<u32, PickleError> {
+            let depth = 1 + items.iter().map(|(_, m)| m.depth).max().unwrap_or(0);
+            if depth > MAX_DEPTH {
                 return Err(err(
                     at,
                     format!(
-                        "unsupported pickle opcode 0x{other:02x}{}: only plain dicts, lists, strings and numbers are read",
-                        opcode_name(other)
-                            .map(|n| format!(" ({n})"))
-                            .unwrap_or_default()
+                        "lists, dicts and tuples nested more than {MAX_DEPTH} deep (a memory \
+                         snapshot nests 7)"
                     ),
                 ));
+            }
+            Ok(depth)
+        }
+        loop {
+            let at = self.pos;
+            let op = match self.take(1, at) {
+                Ok(b) => b[0],
+                Err(e) if e.msg.starts_with("pickle ends") => {
+                    return Err(err(at, "pickle ends without STOP (truncated file?)"));
+                }
+                Err(e) => return Err(e),
+            };
+            match op {
+                PROTO => {
+                    let v = self.take(1, at)?[0];
+                    if !(2..=5).contains(&v) {
+                        return Err(err(at, format!("unsupported pickle protocol {v}")));
+                    }
+                }
+                FRAME => {
+                    self.take(8, at)?;
+                }
+                STOP => {
+                    let (v, _) =
+                        pop_value(&mut stack).ok_or_else(|| err(at, "STOP with an empty stack"))?;
+                    return Ok(v);
+                }
+                MARK => {
+                    self.charge(at, VALUE_COST)?;
+                    stack.push(Slot::Mark);
+                }
+                EMPTY_DICT => self.push_empty(&mut stack, at, Value::Dict(Vec::new()))?,
+                EMPTY_LIST => self.push_empty(&mut stack, at, Value::List(Vec::new()))?,
+                EMPTY_TUPLE => self.push_empty(&mut stack, at, Value::Tuple(Vec::new()))?,
+                NONE => self.push(&mut stack, at, Value::None)?,
+                NEWTRUE => self.push(&mut stack, at, Value::Bool(true))?,
+                NEWFALSE => self.push(&mut stack, at, Value::Bool(false))?,
+                BININT => {
+                    let v = i32::from_le_bytes(self.take_array(at)?) as i64;
+                    self.push(&mut stack, at, Value::Int(v))?;
+                }
+                BININT1 => {
+                    let v = self.take(1, at)?[0] as i64;
+                    self.push(&mut stack, at, Value::Int(v))?;
+                }
+                BININT2 => {
+                    let v = u16::from_le_bytes(self.take_array(at)?) as i64;
+                    self.push(&mut stack, at, Value::Int(v))?;
+                }
+                LONG1 => {
+                    let n = self.take(1, at)?[0] as usize;
+                    let b = self.take(n as u64, at)?;
+                    let v = if n > 8 {
+                        // An unsigned 64-bit value needs 9 bytes with a zero sign byte.
+                        if n == 9 && b[8] == 0 {
+                            let mut a = [0u8; 8];
+                            a.copy_from_slice(&b[..8]);
+                            u64::from_le_bytes(a) as i64
+                        } else {
+                            return Err(err(
+                                at,
+                                format!("integer of {n} bytes does not fit in 64 bits"),
+                            ));
+                        }
+                    } else {
+                        let mut a = if n > 0 && b[n - 1] & 0x80 != 0 {
+                            [0xffu8; 8]
+                        } else {
+                            [0u8; 8]
+                        };
+                        a[..n].copy_from_slice(b);
+                        i64::from_le_bytes(a)
+                    };
+                    self.push(&mut stack, at, Value::Int(v))?;
+                }
+                BINFLOAT => {
+                    let v = f64::from_be_bytes(self.take_array(at)?);
+                    self.push(&mut stack, at, Value::Float(v))?;
+                }
+                BINUNICODE | SHORT_BINUNICODE => {
+                    let n = if op == BINUNICODE {
+                        u32::from_le_bytes(self.take_array(at)?) as u64
+                    } else {
+                        self.take(1, at)?[0] as u64
+                    };
+                    // `take` grows its buffer with what the file holds: a length the file
+                    // does not back is refused at its end, not allocated up front.
+                    let b = self.take(n, at)?;
+                    let s = std::str::from_utf8(b).map_err(|_| err(at, "string is not UTF-8"))?;
+                    let v = Value::Str(Rc::from(s));
+                    self.charge(at, n)?;
+                    self.push(&mut stack, at, v)?;
+                }
+                APPEND | SETITEM | APPENDS | SETITEMS | DICT | LIST | TUPLE => {
+                    let items = match op {
+                        APPEND => vec![
+                            pop_value(&mut stack)
+                                .ok_or_else(|| err(at, "APPEND without a value"))?,
+                        ],
+                        SETITEM => {
+                            let v = pop_value(&mut stack)
+                                .ok_or_else(|| err(at, "SETITEM without a value"))?;
+                            let k = pop_value(&mut stack)
+                                .ok_or_else(|| err(at, "SETITEM without a key"))?;
+                            vec![k, v]
+                        }
+                        _ => pop_to_mark(&mut stack)
+                            .ok_or_else(|| err(at, "container opcode without MARK"))?,
+                    };
+                    let depth = container_depth(at, &items)?;
+                    match op {
+                        DICT | LIST | TUPLE => {
+                            let cost = items_cost(&items);
+                            let values = items.into_iter().map(|(v, _)| v).collect();
+                            let v = match op {
+                                LIST => Value::List(values),
+                                TUPLE => Value::Tuple(values),
+                                _ => Value::Dict(
+                                    pairs(values)
+                                        .ok_or_else(|| err(at, "odd number of dict items"))?,
+                                ),
+                            };
+                            self.charge(at, VALUE_COST)?;
+                            stack.push(Slot::V(v, Meta { depth, cost }));
+                        }
+                        _ => {
+                            let added = items_cost(&items) - VALUE_COST;
+                            let values = items.into_iter().map(|(v, _)| v).collect::<Vec<_>>();
+                            match stack.last_mut() {
+                                Some(Slot::V(Value::List(l), m))
+                                    if op == APPEND || op == APPENDS =>
+                                {
+                                    m.depth = m.depth.max(depth);
+                                    m.cost = m.cost.saturating_add(added);
+                                    l.extend(values)
+                                }
+                                Some(Slot::V(Value::Dict(d), m))
+                                    if op == SETITEM || op == SETITEMS =>
+                                {
+                                    m.depth = m.depth.max(depth);
+                                    m.cost = m.cost.saturating_add(added);
+                                    d.extend(
+                                        pairs(values)
+                                            .ok_or_else(|| err(at, "odd number of dict items"))?,
+                                    )
+                                }
+                                _ => {
+                                    return Err(err(
+                                        at,
+                                        "append/setitem on something that is not a list/dict",
+                                    ));
+                                }
+                            }
+                        }
+                    }
+                }
+                TUPLE1 | TUPLE2 | TUPLE3 => {
+                    let n = (op - TUPLE1 + 1) as usize;
+                    let mut items = Vec::with_capacity(n);
+                    for _ in 0..n {
+                        items.push(
+                            pop_value(&mut stack)
+                                .ok_or_else(|| err(at, "tuple of missing values"))?,
+                        );
+                    }
+                    items.reverse();
+                    let depth = container_depth(at, &items)?;
+                    let cost = items_cost(&items);
+                    let v = Value::Tuple(items.into_iter().map(|(v, _)| v).collect());
+                    self.charge(at, VALUE_COST)?;
+                    stack.push(Slot::V(v, Meta { depth, cost }));
+                }
+                MEMOIZE | BINPUT | LONG_BINPUT => {
+                    let idx = match op {
+                        MEMOIZE => memo.len() as u32,
+                        BINPUT => self.take(1, at)?[0] as u32,
+                        _ => u32::from_le_bytes(self.take_array(at)?),
+                    };
+                    if memo.len() >= MAX_MEMO && !memo.contains_key(&idx) {
+                        return Err(err(at, format!("more than {MAX_MEMO} memo entries")));
+                    }
+                    // Containers are memoized before they are filled; a later GET of a
+                    // container would see the empty version. PyTorch snapshots only GET
+                    // strings and tuples.
+                    let (v, m) = match stack.last() {
+                        Some(Slot::V(v, m)) => v.clone_shallow(*m),
+                        _ => return Err(err(at, "memo put with an empty stack")),
+                    };
+                    self.charge(at, m.cost.saturating_add(VALUE_COST))?;
+                    memo.insert(idx, (v, m));
+                }
+                BINGET | LONG_BINGET => {
+                    let idx = if op == BINGET {
+                        self.take(1, at)?[0] as u32
+                    } else {
+                        u32::from_le_bytes(self.take_array(at)?)
+                    };
+                    let m = match memo.get(&idx) {
+                        Some((_, m)) => *m,
+                        None => return Err(err(at, format!("memo {idx} not set"))),
+                    };
+                    // Charged before the copy is made: a memo bomb stops here.
+                    self.charge(at, m.cost)?;
+                    let v = memo[&idx].0.clone();
+                    stack.push(Slot::V(v, m));
+                }
+                other => {
+                    return Err(err(
+                        at,
+                        format!(
+                            "unsupported pickle opcode 0x{other:02x}{}: only plain dicts, lists, strings and numbers are read",
+                            opcode_name(other)
+                                .map(|n| format!(" ({n})"))
+                                .unwrap_or_default()
+                        ),
+                    ));
+                }
             }
         }
     }
 }
 
+/// What a copy of a container of `items` costs.
+fn items_cost(items: &[(Value, Meta)]) -> u64 {
+    items
+        .iter()
+        .fold(VALUE_COST, |c, (_, m)| c.saturating_add(m.cost))
+}
+
 impl Value {
-    /// Clones scalars and tuples; containers become empty (they are memoized before filling).
-    fn clone_shallow(&self) -> Value {
+    /// Clones scalars, strings (shared) and tuples; containers become empty (they are
+    /// memoized before filling).
+    fn clone_shallow(&self, m: Meta) -> (Value, Meta) {
         match self {
-            Value::List(_) => Value::List(Vec::new()),
-            Value::Dict(_) => Value::Dict(Vec::new()),
-            v => v.clone(),
+            Value::List(_) => (Value::List(Vec::new()), EMPTY),
+            Value::Dict(_) => (Value::Dict(Vec::new()), EMPTY),
+            v => (v.clone(), m),
         }
     }
 }
@@ -577,6 +745,50 @@ mod tests {
             Some(&Value::Tuple(vec![Value::Int(1), Value::Str("x".into())]))
         );
         assert_eq!(v.get("f"), Some(&Value::Float(0.5)));
+    }
+
+    #[test]
+    fn limits() {
+        // Nesting: 100 levels read, 101 refused at the append that makes the 101st.
+        let nested = |n: usize| {
+            let mut p = vec![PROTO, 2];
+            p.extend(std::iter::repeat_n(EMPTY_LIST, n));
+            p.extend(std::iter::repeat_n(APPEND, n - 1));
+            p.push(STOP);
+            p
+        };
+        assert!(read(&nested(100)).is_ok());
+        let e = read(&nested(101)).unwrap_err();
+        assert!(e.msg.contains("nested more than 100 deep"), "{}", e.msg);
+        assert_eq!(e.offset, 2 + 101 + 99);
+        // Any memo index, no memory for the ones not used.
+        let v = read(b"\x80\x02Nr\xff\xff\xff\xffj\xff\xff\xff\xff.").unwrap();
+        assert_eq!(v, Value::None);
+        // A memo bomb stops at the budget, with the offset of the fetch that went past it.
+        let mut bomb = b"\x80\x02Nq\x00".to_vec();
+        for i in 0..40u8 {
+            bomb.extend_from_slice(&[BINGET, i, BINGET, i, TUPLE2, BINPUT, i + 1]);
+        }
+        bomb.push(STOP);
+        let e = read(&bomb).unwrap_err();
+        assert!(e.msg.contains("memo bomb"), "{}", e.msg);
+        assert!(
+            e.offset > 5 && (e.offset as usize) < bomb.len(),
+            "{}",
+            e.offset
+        );
+        // A length the file does not back: truncated, nothing allocated for it.
+        let e = read(b"\x80\x02X\xff\xff\xff\xffabc").unwrap_err();
+        assert!(e.msg.contains("truncated"), "{}", e.msg);
+        // Shared strings: fetching one a million times costs a reference each.
+        let mut many = b"\x80\x02(X\x00\x04\x00\x00".to_vec();
+        many.extend(std::iter::repeat_n(b'x', 1024));
+        many.extend_from_slice(b"q\x00");
+        for _ in 0..1_000_000 {
+            many.extend_from_slice(&[BINGET, 0]);
+        }
+        many.extend_from_slice(b"l.");
+        assert_eq!(read(&many).unwrap().as_list().unwrap().len(), 1_000_001);
     }
 
     #[test]

@@ -17,6 +17,9 @@ use crate::error::InputError;
 use crate::input::EventSource;
 
 pub const HEADER: &str = "Thread,Time,Action,Pointer,Size,Stream";
+/// The longest line read: RMM writes about 80 bytes a row. Longer means not an RMM log (or
+/// a file with no line breaks, such as a device): refused instead of buffered.
+pub const MAX_LINE: usize = 64 << 10;
 const DAY_NS: u64 = 86_400_000_000_000;
 const COLS: [&str; 6] = ["Thread", "Time", "Action", "Pointer", "Size", "Stream"];
 
@@ -25,6 +28,7 @@ pub struct RmmCsvSource<R: BufRead> {
     reader: R,
     count: Rc<Cell<u64>>,
     line_no: u64,
+    raw: Vec<u8>,
     buf: String,
     /// Column index of each of COLS.
     cols: [usize; 6],
@@ -58,11 +62,13 @@ pub fn open_reader<R: BufRead>(
     mut reader: R,
     count: Rc<Cell<u64>>,
 ) -> Result<(Header, RmmCsvSource<R>), InputError> {
-    let mut first = String::new();
-    reader
-        .read_line(&mut first)
-        .map_err(|e| InputError::at_line(path, 1, format!("cannot read: {e}")))?;
-    let line = first
+    let mut raw = Vec::new();
+    read_line_bounded(&mut reader, &mut raw)
+        .map_err(|e| InputError::at_line(path, 1, line_error(&e)))?;
+    let line = std::str::from_utf8(&raw)
+        .map_err(|_| InputError::at_line(path, 1, "not an RMM log: the header is not UTF-8 text"))?
+        .to_string();
+    let line = line
         .trim_start_matches('\u{feff}')
         .trim_end_matches(['\r', '\n']);
     let names: Vec<&str> = line.split(',').map(|s| s.trim()).collect();
@@ -85,6 +91,7 @@ pub fn open_reader<R: BufRead>(
     let src = RmmCsvSource {
         path: path.to_path_buf(),
         reader,
+        raw,
         count,
         line_no: 1,
         buf: String::new(),
@@ -96,6 +103,58 @@ pub fn open_reader<R: BufRead>(
         truncated_tids: false,
     };
     Ok((import_header(path), src))
+}
+
+/// Reads one line (with its `\n`) into `out`, at most [`MAX_LINE`] bytes: an empty `out` at
+/// the end of the input, an `InvalidData` error for a longer line.
+fn read_line_bounded<R: BufRead>(r: &mut R, out: &mut Vec<u8>) -> io::Result<()> {
+    out.clear();
+    loop {
+        let avail = match r.fill_buf() {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if avail.is_empty() {
+            return Ok(());
+        }
+        let room = MAX_LINE + 1 - out.len();
+        let chunk = &avail[..avail.len().min(room)];
+        if let Some(i) = chunk.iter().position(|&b| b == b'\n') {
+            out.extend_from_slice(&chunk[..=i]);
+            r.consume(i + 1);
+            return Ok(());
+        }
+        let n = chunk.len();
+        out.extend_from_slice(chunk);
+        r.consume(n);
+        if out.len() > MAX_LINE {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, LineTooLong));
+        }
+    }
+}
+
+#[derive(Debug)]
+struct LineTooLong;
+
+impl std::fmt::Display for LineTooLong {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "line longer than {} KiB: not an RMM log (its rows are about 80 bytes; no line \
+             breaks?)",
+            MAX_LINE >> 10
+        )
+    }
+}
+
+impl std::error::Error for LineTooLong {}
+
+fn line_error(e: &io::Error) -> String {
+    match e.get_ref() {
+        Some(inner) if inner.is::<LineTooLong>() => inner.to_string(),
+        _ => format!("cannot read: {e}"),
+    }
 }
 
 fn clip(s: &str) -> String {
@@ -132,7 +191,8 @@ pub fn parse_time(s: &str) -> Option<u64> {
     for _ in frac.len()..9 {
         f *= 10;
     }
-    Some(h.checked_mul(3_600_000_000_000)? + m * 60_000_000_000 + sec * 1_000_000_000 + f)
+    h.checked_mul(3_600_000_000_000)?
+        .checked_add(m * 60_000_000_000 + sec * 1_000_000_000 + f)
 }
 
 /// Nanoseconds to `HH:MM:SS.ffffff` (time of day, microseconds truncated as spdlog does).
@@ -216,15 +276,21 @@ impl<R: BufRead> RmmCsvSource<R> {
             ))
         })?;
         // A log that runs past midnight: the time of day wraps.
-        if tod + DAY_NS / 2 < self.last_tod {
-            self.day_offset += DAY_NS;
+        if tod.saturating_add(DAY_NS / 2) < self.last_tod {
+            self.day_offset = self.day_offset.checked_add(DAY_NS).ok_or_else(|| {
+                bad("the log's times wrap past midnight more than 200,000 times".into())
+            })?;
         }
         self.last_tod = tod;
+        let t_ns = self
+            .day_offset
+            .checked_add(tod)
+            .ok_or_else(|| bad(format!("Time '{}' is out of range", clip(get(1)))))?;
         if thread > u32::MAX as u64 {
             self.truncated_tids = true;
         }
         let mut op = MemOp {
-            t_ns: self.day_offset + tod,
+            t_ns,
             tid: thread as u32,
             api: Api::Imported,
             kind: AllocKind::Runtime,
@@ -261,20 +327,27 @@ impl<R: BufRead> EventSource for RmmCsvSource<R> {
         loop {
             self.buf.clear();
             self.line_no += 1;
-            match self.reader.read_line(&mut self.buf) {
-                Ok(0) => {
+            if let Err(e) = read_line_bounded(&mut self.reader, &mut self.raw) {
+                self.done = true;
+                return Some(Err(InputError::at_line(
+                    &self.path,
+                    self.line_no,
+                    line_error(&e),
+                )));
+            }
+            if self.raw.is_empty() {
+                self.done = true;
+                return None;
+            }
+            match std::str::from_utf8(&self.raw) {
+                Ok(s) => self.buf.push_str(s),
+                Err(_) => {
                     self.done = true;
-                    return None;
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    self.done = true;
-                    let msg = if e.kind() == io::ErrorKind::InvalidData {
-                        "not UTF-8 text".to_string()
-                    } else {
-                        e.to_string()
-                    };
-                    return Some(Err(InputError::at_line(&self.path, self.line_no, msg)));
+                    return Some(Err(InputError::at_line(
+                        &self.path,
+                        self.line_no,
+                        "not UTF-8 text",
+                    )));
                 }
             }
             if self.buf.trim().is_empty() {

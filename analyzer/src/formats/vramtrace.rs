@@ -36,8 +36,9 @@ pub struct VramTraceSource {
     eof: bool,
     error: Option<InputError>,
     warnings: Vec<String>,
-    /// A torn last frame: reported as a problem with the input (after the output is written).
-    pub torn: bool,
+    /// A torn last frame or a skipped corrupt frame: reported as a problem with the input
+    /// (after the output is written).
+    pub damaged: bool,
     /// No end record, or a torn last frame.
     cut_off: bool,
 }
@@ -68,7 +69,7 @@ pub fn open(path: &Path) -> Result<(Header, Box<dyn EventSource>), InputError> {
             eof: false,
             error: None,
             warnings: Vec::new(),
-            torn: false,
+            damaged: false,
             cut_off: false,
         }),
     ))
@@ -116,6 +117,7 @@ impl VramTraceSource {
                 }
                 Err(e) if e.is_recoverable() => {
                     self.warnings.push(format!("{}: {e}", self.path.display()));
+                    self.damaged = true;
                 }
                 Err(e) => {
                     self.error = Some(decode_error(&self.path, &e));
@@ -130,7 +132,7 @@ impl VramTraceSource {
             self.warnings.push(format!("{}: {t}", self.path.display()));
             self.cut_off = true;
             if matches!(t.reason, TruncationReason::TornFrame { .. }) {
-                self.torn = true;
+                self.damaged = true;
             }
         }
         // Late events (older than what was released) stay late.
@@ -199,8 +201,8 @@ impl EventSource for VramTraceSource {
         }
         w
     }
-    fn torn(&self) -> bool {
-        self.torn
+    fn damaged(&self) -> bool {
+        self.damaged
     }
     fn cut_off(&self) -> bool {
         self.cut_off

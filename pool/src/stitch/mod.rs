@@ -336,6 +336,9 @@ impl Policy for Stitch {
     }
 
     fn alloc(&mut self, dev: &mut dyn Device, req: Request) -> Result<Alloc, PoolError> {
+        if let Some(e) = crate::refuse_oversized(&req, &self.stats) {
+            return Err(e);
+        }
         if let Some(addr) = self.alloc_cached(req.size, req.stream) {
             return Ok(Alloc {
                 addr,

@@ -71,6 +71,9 @@ def read_trace(path, limit):
             if not row:
                 continue
             action = row[ia].strip().lower()
+            if action.startswith("allocate fail"):
+                # A request the recorded run was refused (pointer "(nil)"): nothing to replay.
+                continue
             try:
                 ptr = int(row[ip], 16)
                 size = int(row[isz])
@@ -80,8 +83,6 @@ def read_trace(path, limit):
                 rows.append((True, ptr, size))
             elif action == "free":
                 rows.append((False, ptr, size))
-            elif action.startswith("allocate fail"):
-                continue
             else:
                 raise ValueError(f"{path}:{lineno}: unknown action {row[ia]!r}")
             if limit and len(rows) >= limit:

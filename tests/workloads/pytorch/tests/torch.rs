@@ -412,3 +412,65 @@ fn vramshim_replay_live_through_pytorch() {
     assert_eq!(num(&j, "mismatches"), 0, "{j}");
     assert!(out.stderr.contains("vramshim: trace: "), "{}", out.stderr);
 }
+
+/// `replay --live --through pytorch` takes every format `replay` takes: the same RMM log as a
+/// `.vramtrace` (imported) and as a memory-viz pickle (exported from that trace) replays the
+/// same allocations through PyTorch as the CSV itself.
+#[test]
+fn vramshim_replay_live_through_pytorch_takes_every_format() {
+    let Some(py) = torch_or_skip("vramshim_replay_live_through_pytorch_takes_every_format") else {
+        return;
+    };
+    let exe = vramshim_testkit::profile_dir().join("vramshim");
+    let dir = temp_dir("torch_formats");
+    let csv = trace_file("bert_serve.rmm.csv");
+    let vt = dir.join("bert.vramtrace");
+    let pk = dir.join("bert.pickle");
+    for args in [
+        vec![
+            "import".as_ref(),
+            csv.as_os_str(),
+            "-o".as_ref(),
+            vt.as_os_str(),
+        ],
+        vec![
+            "export".as_ref(),
+            vt.as_os_str(),
+            "--format".as_ref(),
+            "memory-viz".as_ref(),
+            "-o".as_ref(),
+            pk.as_os_str(),
+        ],
+    ] {
+        let out = run(std::process::Command::new(&exe).args(&args));
+        assert_eq!(out.code(), Some(0), "{args:?}: {}", out.stderr);
+    }
+    let mut allocs = Vec::new();
+    for input in [&csv, &vt, &pk] {
+        let mut c = torch_sim_command(&exe, "torch_formats");
+        c.env_remove("LD_PRELOAD")
+            .env("VRAMSHIM_TORCH_PYTHON", &py)
+            .args(["replay", "--live", "--sim", "--through", "pytorch"])
+            .arg(input);
+        let out = run(&mut c);
+        assert_eq!(
+            out.code(),
+            Some(0),
+            "{}: {}{}",
+            input.display(),
+            out.stdout,
+            out.stderr
+        );
+        assert!(!out.stderr.contains("codec can't decode"), "{}", out.stderr);
+        let j = replay_json(&out.stdout);
+        assert_eq!(
+            j["completed"],
+            Value::Bool(true),
+            "{}: {j}",
+            input.display()
+        );
+        allocs.push(num(&j, "allocs"));
+    }
+    assert!(allocs[0] > 2, "{allocs:?}");
+    assert!(allocs.iter().all(|&a| a == allocs[0]), "{allocs:?}");
+}
