@@ -19,6 +19,10 @@
 //! the pool's physical growth is bounded by the cap itself (`CudaDevice::create` refuses
 //! beyond it and the pool dissolves cached blocks), so cached pages never take the process
 //! over its cap.
+//!
+//! Tight pool: `VRAMSHIM_POOL=stitch-tight`, or `VRAMSHIM_POOL_BUDGET=RATIO` beside
+//! `stitch`, bounds what the pool keeps cached to a budget over its recent peak of live bytes
+//! and gives idle pages back (`vramshim_pool::stitch::Budget`; see [`budget_setting`]).
 
 mod cuda_device;
 mod tcache;
@@ -29,7 +33,7 @@ use crate::ffi_types::*;
 use cuda_device::CudaDevice;
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
-use vramshim_pool::stitch::Stitch;
+use vramshim_pool::stitch::{Budget, Stitch};
 use vramshim_pool::{ANY_STREAM, DeviceError, FreeMode, Policy, PoolError, Request, Stats};
 use vramshim_trace::{AllocKind, Api};
 
@@ -75,6 +79,57 @@ const FALLBACK: u8 = 3;
 
 static MODE: AtomicU8 = AtomicU8::new(UNREAD);
 
+/// The tight pool's budget ratio as `f64` bits, [`NO_BUDGET`] for the default (untight)
+/// stitch; written before `MODE` leaves `UNREAD`.
+static BUDGET_RATIO: AtomicU64 = AtomicU64::new(NO_BUDGET);
+const NO_BUDGET: u64 = u64::MAX;
+
+/// `VRAMSHIM_POOL_BUDGET`: a ratio (`0.05`), a percentage (`5%`) or `off`; `None` inside:
+/// no budget. `Err` for anything else (negative, not finite, not a number).
+pub fn parse_budget(v: &str) -> Result<Option<f64>, ()> {
+    let v = v.trim();
+    if v.eq_ignore_ascii_case("off") {
+        return Ok(None);
+    }
+    let (num, scale) = match v.strip_suffix('%') {
+        Some(n) => (n.trim_end(), 100.0),
+        None => (v, 1.0),
+    };
+    match num.parse::<f64>() {
+        Ok(r) if r.is_finite() && r >= 0.0 => Ok(Some(r / scale)),
+        _ => Err(()),
+    }
+}
+
+/// The budget ratio the pool runs with: `VRAMSHIM_POOL_BUDGET` when set (a bad value: one
+/// warning, then `tight`'s default), else the default budget when `tight`, else none.
+fn budget_setting(tight: bool) -> Option<f64> {
+    let default = tight.then_some(Budget::default().ratio);
+    match crate::env::var("VRAMSHIM_POOL_BUDGET").map(str::trim) {
+        None | Some("") => default,
+        Some(v) => match parse_budget(v) {
+            Ok(r) => r,
+            Err(()) => {
+                let fallback = Budget::default().ratio;
+                crate::warn!(
+                    "VRAMSHIM_POOL_BUDGET={v:?} is not understood (accepted: a ratio >= 0 such as 0.05, a percentage such as 5%, or off); the pool keeps {:.0}% over its recent peak",
+                    fallback * 100.0
+                );
+                Some(fallback)
+            }
+        },
+    }
+}
+
+/// The budget the pools are made with (`None`: the default stitch).
+fn configured_budget() -> Option<Budget> {
+    let bits = BUDGET_RATIO.load(Ordering::Relaxed);
+    (bits != NO_BUDGET).then(|| Budget {
+        ratio: f64::from_bits(bits),
+        ..Budget::default()
+    })
+}
+
 /// Device ordinals served (others pass through).
 const MAX_DEVICES: usize = 64;
 
@@ -92,10 +147,17 @@ pub fn enabled() -> bool {
 fn read_mode() -> bool {
     let m = match crate::env::var("VRAMSHIM_POOL").map(str::trim) {
         None | Some("") | Some("off") => OFF,
-        Some("stitch") => ON,
+        Some("stitch") => {
+            store_budget(budget_setting(false));
+            ON
+        }
+        Some("stitch-tight") => {
+            store_budget(budget_setting(true));
+            ON
+        }
         Some(other) => {
             crate::warn!(
-                "VRAMSHIM_POOL={other:?} is not understood (accepted: stitch, off); the pool stays off"
+                "VRAMSHIM_POOL={other:?} is not understood (accepted: stitch, stitch-tight, off); the pool stays off"
             );
             OFF
         }
@@ -124,6 +186,10 @@ fn read_mode() -> bool {
     }
     let _ = MODE.compare_exchange(UNREAD, m, Ordering::Relaxed, Ordering::Relaxed);
     MODE.load(Ordering::Relaxed) == ON
+}
+
+fn store_budget(ratio: Option<f64>) {
+    BUDGET_RATIO.store(ratio.map_or(NO_BUDGET, f64::to_bits), Ordering::Relaxed);
 }
 
 #[cold]
@@ -343,6 +409,18 @@ fn create_pool(pools: &mut Pools, req: &PoolRequest) -> Result<(), String> {
                         ..Default::default()
                     });
                 }
+                if crate::env::var("VRAMSHIM_POOL_DEBUG") == Some("ignore-budget") {
+                    // testing only: grow and cache as if there were no budget, to prove the
+                    // tight pool's test can fail
+                    crate::warn!(
+                        "VRAMSHIM_POOL_DEBUG=ignore-budget: the pool ignores its budget (testing only)"
+                    );
+                    policy.set_faults(vramshim_pool::stitch::Faults {
+                        ignore_budget: true,
+                        ..Default::default()
+                    });
+                }
+                let policy = policy.with_budget(configured_budget());
                 pools.devs[d] = Some(DevicePool { policy, dev });
                 HAS_POOL.fetch_or(1 << d, Ordering::Relaxed);
             }
