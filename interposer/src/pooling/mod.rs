@@ -84,35 +84,18 @@ static MODE: AtomicU8 = AtomicU8::new(UNREAD);
 static BUDGET_RATIO: AtomicU64 = AtomicU64::new(NO_BUDGET);
 const NO_BUDGET: u64 = u64::MAX;
 
-/// `VRAMSHIM_POOL_BUDGET`: a ratio (`0.05`), a percentage (`5%`) or `off`; `None` inside:
-/// no budget. `Err` for anything else (negative, not finite, not a number).
-pub fn parse_budget(v: &str) -> Result<Option<f64>, ()> {
-    let v = v.trim();
-    if v.eq_ignore_ascii_case("off") {
-        return Ok(None);
-    }
-    let (num, scale) = match v.strip_suffix('%') {
-        Some(n) => (n.trim_end(), 100.0),
-        None => (v, 1.0),
-    };
-    match num.parse::<f64>() {
-        Ok(r) if r.is_finite() && r >= 0.0 => Ok(Some(r / scale)),
-        _ => Err(()),
-    }
-}
-
 /// The budget ratio the pool runs with: `VRAMSHIM_POOL_BUDGET` when set (a bad value: one
 /// warning, then `tight`'s default), else the default budget when `tight`, else none.
 fn budget_setting(tight: bool) -> Option<f64> {
     let default = tight.then_some(Budget::default().ratio);
     match crate::env::var("VRAMSHIM_POOL_BUDGET").map(str::trim) {
         None | Some("") => default,
-        Some(v) => match parse_budget(v) {
+        Some(v) => match Budget::parse_ratio(v) {
             Ok(r) => r,
-            Err(()) => {
+            Err(accepted) => {
                 let fallback = Budget::default().ratio;
                 crate::warn!(
-                    "VRAMSHIM_POOL_BUDGET={v:?} is not understood (accepted: a ratio >= 0 such as 0.05, a percentage such as 5%, or off); the pool keeps {:.0}% over its recent peak",
+                    "VRAMSHIM_POOL_BUDGET={v:?} is not understood (accepted: {accepted}); the pool keeps {:.0}% over its recent peak",
                     fallback * 100.0
                 );
                 Some(fallback)

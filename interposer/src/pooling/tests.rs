@@ -607,13 +607,14 @@ fn blocks_a_thread_keeps_serve_other_threads_under_the_cap() {
 
 #[test]
 fn pool_budget_values_parse_as_documented() {
-    use super::parse_budget;
-    assert_eq!(parse_budget("0.05"), Ok(Some(0.05)));
-    assert_eq!(parse_budget(" 5% "), Ok(Some(0.05)));
-    assert_eq!(parse_budget("0"), Ok(Some(0.0)));
-    assert_eq!(parse_budget("OFF"), Ok(None));
+    let parse = vramshim_pool::stitch::Budget::parse_ratio;
+    assert_eq!(parse("0.05"), Ok(Some(0.05)));
+    assert_eq!(parse(" 5% "), Ok(Some(0.05)));
+    assert_eq!(parse("0"), Ok(Some(0.0)));
+    assert_eq!(parse("OFF"), Ok(None));
     for bad in ["", "-0.1", "nan", "inf", "5%%", "five", "0.05x", "%"] {
-        assert_eq!(parse_budget(bad), Err(()), "{bad:?}");
+        let e = parse(bad).unwrap_err();
+        assert!(e.contains("0.05") && e.contains("5%"), "{bad:?}: {e}");
     }
 }
 
