@@ -79,10 +79,8 @@ const FALLBACK: u8 = 3;
 
 static MODE: AtomicU8 = AtomicU8::new(UNREAD);
 
-/// The tight pool's budget ratio as `f64` bits, [`NO_BUDGET`] for the default (untight)
-/// stitch; written before `MODE` leaves `UNREAD`.
-static BUDGET_RATIO: AtomicU64 = AtomicU64::new(NO_BUDGET);
-const NO_BUDGET: u64 = u64::MAX;
+/// The tight pool's budget ratio (`None`: the default stitch), read once.
+static BUDGET_RATIO: std::sync::OnceLock<Option<f64>> = std::sync::OnceLock::new();
 
 /// The budget ratio the pool runs with: `VRAMSHIM_POOL_BUDGET` when set (a bad value: one
 /// warning, then `tight`'s default), else the default budget when `tight`, else none.
@@ -104,11 +102,14 @@ fn budget_setting(tight: bool) -> Option<f64> {
     }
 }
 
-/// The budget the pools are made with (`None`: the default stitch).
+/// The budget the pools are made with (`None`: the default stitch); the first call reads the
+/// variables (and warns once about a bad value).
 fn configured_budget() -> Option<Budget> {
-    let bits = BUDGET_RATIO.load(Ordering::Relaxed);
-    (bits != NO_BUDGET).then(|| Budget {
-        ratio: f64::from_bits(bits),
+    let ratio = *BUDGET_RATIO.get_or_init(|| {
+        budget_setting(crate::env::var("VRAMSHIM_POOL").map(str::trim) == Some("stitch-tight"))
+    });
+    ratio.map(|ratio| Budget {
+        ratio,
         ..Budget::default()
     })
 }
@@ -130,12 +131,9 @@ pub fn enabled() -> bool {
 fn read_mode() -> bool {
     let m = match crate::env::var("VRAMSHIM_POOL").map(str::trim) {
         None | Some("") | Some("off") => OFF,
-        Some("stitch") => {
-            store_budget(budget_setting(false));
-            ON
-        }
-        Some("stitch-tight") => {
-            store_budget(budget_setting(true));
+        Some("stitch") | Some("stitch-tight") => {
+            // read (and judged) now, not at the first allocation
+            let _ = configured_budget();
             ON
         }
         Some(other) => {
@@ -169,10 +167,6 @@ fn read_mode() -> bool {
     }
     let _ = MODE.compare_exchange(UNREAD, m, Ordering::Relaxed, Ordering::Relaxed);
     MODE.load(Ordering::Relaxed) == ON
-}
-
-fn store_budget(ratio: Option<f64>) {
-    BUDGET_RATIO.store(ratio.map_or(NO_BUDGET, f64::to_bits), Ordering::Relaxed);
 }
 
 #[cold]
