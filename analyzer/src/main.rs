@@ -9,6 +9,7 @@ mod demo;
 mod diff;
 mod export;
 mod import;
+mod pytorch_route;
 mod replay;
 mod replay_live;
 mod replay_torch;

@@ -78,17 +78,30 @@ pub fn torch_python(explicit: Option<&Path>) -> PathBuf {
     PathBuf::from("python3")
 }
 
-/// With `--pool stitch` and PyTorch uncached (no `backend:cudaMallocAsync`), every tensor
-/// is freed with `cudaFree`, which the pool may reuse only after a device synchronization:
-/// say how to make the frees stream-ordered (docs/pytorch.md, "vramshim's pool under PyTorch").
-pub fn stitch_note(pool: &str, conf: &str) -> Option<&'static str> {
-    let is_async = conf
-        .split(',')
-        .any(|kv| kv.trim().replace(' ', "") == "backend:cudaMallocAsync");
-    (pool == "stitch" && !is_async).then_some(
+/// With `--pool stitch` and PyTorch uncached (`vramshim run` routes PyTorch through
+/// `backend:cudaMallocAsync` unless the route is `uncached` or the user set
+/// `PYTORCH_NO_CUDA_MEMORY_CACHING` without a backend), every tensor is freed with `cudaFree`,
+/// which the pool may reuse only after a device synchronization: say so (docs/pytorch.md,
+/// "vramshim's pool under PyTorch").
+pub fn stitch_note(
+    pool: &str,
+    route: crate::pytorch_route::Route,
+    conf: &str,
+    no_caching: Option<&str>,
+) -> Option<&'static str> {
+    use crate::pytorch_route::{Route, backend_of};
+    let uncached = match route {
+        Route::Uncached => backend_of(conf).is_none_or(|b| b == "native"),
+        Route::Async => {
+            backend_of(conf).is_none() && no_caching.is_some_and(|v| !matches!(v.trim(), "" | "0"))
+        }
+        Route::Native => false,
+    };
+    (pool == "stitch" && uncached).then_some(
         "PyTorch frees each tensor with cudaFree here, which the pool reuses only after a \
-         synchronization; PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync makes the frees \
-         stream-ordered (reusable at once, no synchronization): see docs/pytorch.md",
+         synchronization; the default route (--pytorch-route async, PyTorch through \
+         backend:cudaMallocAsync) makes the frees stream-ordered (reusable at once, no \
+         synchronization): see docs/pytorch.md",
     )
 }
 
@@ -203,7 +216,14 @@ fn run_pytorch(
         given.display(),
         python.display(),
     );
-    if let Some(note) = stitch_note(pool, &conf) {
+    let route = match std::env::var(crate::pytorch_route::ROUTE_VAR) {
+        Ok(v) if !v.trim().is_empty() => {
+            crate::pytorch_route::Route::parse(&v, crate::pytorch_route::ROUTE_VAR)?
+        }
+        _ => crate::pytorch_route::Route::Async,
+    };
+    let no_caching = std::env::var(crate::pytorch_route::NO_CACHING).ok();
+    if let Some(note) = stitch_note(pool, route, &conf, no_caching.as_deref()) {
         eprintln!("vramshim: note: {note}");
     }
     let status = Command::new(me)
@@ -328,18 +348,25 @@ mod tests {
     }
 
     #[test]
-    fn stitch_without_the_async_backend_gets_a_note() {
-        assert!(stitch_note("stitch", "").is_some());
-        assert!(stitch_note("stitch", "expandable_segments:True").is_some());
-        assert!(stitch_note("stitch", "backend:cudaMallocAsync").is_none());
+    fn stitch_with_pytorch_uncached_gets_a_note() {
+        use crate::pytorch_route::Route;
+        // the default route: PyTorch through cudaMallocAsync, nothing to say
+        assert!(stitch_note("stitch", Route::Async, "", None).is_none());
+        assert!(stitch_note("stitch", Route::Async, "expandable_segments:True", None).is_none());
+        // uncached by the route or by the user's own switch
+        assert!(stitch_note("stitch", Route::Uncached, "", None).is_some());
+        assert!(stitch_note("stitch", Route::Async, "", Some("1")).is_some());
+        assert!(stitch_note("stitch", Route::Async, "", Some("0")).is_none());
         assert!(
             stitch_note(
                 "stitch",
-                "backend: cudaMallocAsync,release_lock_on_cudamalloc:True"
+                Route::Uncached,
+                "backend: cudaMallocAsync,release_lock_on_cudamalloc:True",
+                None
             )
             .is_none()
         );
-        assert!(stitch_note("all", "").is_none());
+        assert!(stitch_note("all", Route::Uncached, "", None).is_none());
     }
 
     #[test]

@@ -31,9 +31,14 @@ pub struct Args {
     /// Share one cap budget with every process using the same NAME. Sets VRAMSHIM_SHARED.
     #[arg(long, value_name = "NAME")]
     pub shared: Option<String>,
-    /// Allocation pool: `stitch` (defragmenting pool) or `off`. Sets VRAMSHIM_POOL.
-    #[arg(long, value_name = "POLICY", value_parser = ["stitch", "off"])]
+    /// Allocation pool: `stitch` (defragmenting pool), `stitch-tight` (the same, holding at
+    /// most a budget over its recent peak of live bytes) or `off`. Sets VRAMSHIM_POOL.
+    #[arg(long, value_name = "POLICY", value_parser = ["stitch", "stitch-tight", "off"])]
     pub pool: Option<String>,
+    /// Tight pool: what it may hold over its recent peak of live bytes, a ratio (0.05) or a
+    /// percentage (5%), or `off`; implies `--pool stitch`. Sets VRAMSHIM_POOL_BUDGET.
+    #[arg(long, value_name = "RATIO")]
+    pub pool_budget: Option<String>,
     /// Write a trace (`%p` = pid, `%h` = host, `%t` = start time). Sets VRAMSHIM_TRACE.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
@@ -46,9 +51,13 @@ pub struct Args {
     /// Run on the simulated GPU (no GPU needed); SIZE sets its memory (VRAMSIM_MEMORY, e.g. 16GiB).
     #[arg(long, value_name = "SIZE", num_args = 0..=1, require_equals = true, default_missing_value = "")]
     pub sim: Option<String>,
-    /// With --pool stitch, do not set PYTORCH_NO_CUDA_MEMORY_CACHING=1 (keep PyTorch's own
-    /// caching allocator in front of the pool).
-    #[arg(long)]
+    /// With the pool, how PyTorch's tensors reach it: `async` (backend:cudaMallocAsync, the
+    /// default), `uncached` (PYTORCH_NO_CUDA_MEMORY_CACHING=1) or `native` (PyTorch's cache in
+    /// front of the pool). Default: VRAMSHIM_PYTORCH_ROUTE, else async.
+    #[arg(long, value_name = "ROUTE", value_parser = ["async", "uncached", "native"])]
+    pub pytorch_route: Option<String>,
+    /// Same as `--pytorch-route native`.
+    #[arg(long, conflicts_with = "pytorch_route")]
     pub keep_torch_caching: bool,
     /// The command and its arguments.
     #[arg(required = true, num_args = 1.., allow_hyphen_values = true, value_name = "CMD")]
@@ -101,15 +110,15 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
     if let Some(v) = &args.shared {
         cmd.env("VRAMSHIM_SHARED", v);
     }
-    if let Some(v) = &args.pool {
+    let pool = pool_setting(&args)?;
+    if let Some(v) = &pool {
         cmd.env("VRAMSHIM_POOL", v);
-        if v == "stitch"
-            && !args.keep_torch_caching
-            && std::env::var_os("PYTORCH_NO_CUDA_MEMORY_CACHING").is_none()
-        {
-            // PyTorch's caching allocator would otherwise keep its tensors away from the pool.
-            cmd.env("PYTORCH_NO_CUDA_MEMORY_CACHING", "1");
-        }
+    }
+    if let Some(v) = &args.pool_budget {
+        cmd.env("VRAMSHIM_POOL_BUDGET", v);
+    }
+    if pool.as_deref().is_some_and(|p| p != "off") {
+        route_pytorch(&mut cmd, &args)?;
     }
     let trace = args.trace.as_ref().map(|t| absolute(t));
     if let Some(t) = &trace {
@@ -144,6 +153,46 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
         report_traces(t, started);
     }
     Ok(ExitCode::from(shell_status(status)))
+}
+
+/// `VRAMSHIM_POOL` from `--pool` and `--pool-budget` (a budget implies the pool).
+fn pool_setting(args: &Args) -> Result<Option<String>, String> {
+    match (&args.pool, &args.pool_budget) {
+        (Some(p), Some(_)) if p == "off" => Err(
+            "run: --pool-budget needs the pool (--pool stitch or stitch-tight), not --pool off"
+                .into(),
+        ),
+        (_, Some(b)) if vramshim_pool::stitch::Budget::parse_ratio(b).is_err() => Err(format!(
+            "run: --pool-budget {b:?} is not a budget (accepted: {})",
+            vramshim_pool::stitch::Budget::parse_ratio(b).unwrap_err()
+        )),
+        (None, Some(_)) => Ok(Some("stitch".into())),
+        (p, _) => Ok(p.clone()),
+    }
+}
+
+/// With the pool on, route PyTorch's tensors to it (see `pytorch_route`): the route from the
+/// flags, else `VRAMSHIM_PYTORCH_ROUTE`, else `async`.
+fn route_pytorch(cmd: &mut Command, args: &Args) -> Result<(), String> {
+    use crate::pytorch_route::{ROUTE_VAR, Route, plan};
+    let route = if args.keep_torch_caching {
+        Route::Native
+    } else if let Some(r) = &args.pytorch_route {
+        Route::parse(r, "--pytorch-route")?
+    } else {
+        match std::env::var(ROUTE_VAR) {
+            Ok(v) if !v.trim().is_empty() => Route::parse(&v, &format!("run: {ROUTE_VAR}"))?,
+            _ => Route::Async,
+        }
+    };
+    let p = plan(route, &|k| std::env::var(k).ok());
+    for (k, v) in &p.set {
+        cmd.env(k, v);
+    }
+    if let Some(note) = p.note {
+        eprintln!("vramshim: run: {note}");
+    }
+    Ok(())
 }
 
 /// The exit status a shell would report: the code, or 128 + the signal that killed it.

@@ -49,6 +49,8 @@ fn vramshim() -> Command {
     let mut c = Command::new(VRAMSHIM);
     c.env_remove("LD_PRELOAD")
         .env_remove("PYTORCH_NO_CUDA_MEMORY_CACHING")
+        .env_remove("PYTORCH_ALLOC_CONF")
+        .env_remove("PYTORCH_CUDA_ALLOC_CONF")
         .env("VRAMSHIM_LIB", empty_so("libvramshim.so"));
     for (k, _) in std::env::vars_os() {
         let k = k.to_string_lossy().into_owned();
@@ -230,15 +232,20 @@ fn every_flag_sets_its_variable() {
         )),
         "{out}"
     );
-    // --pool stitch routes PyTorch's tensors to the pool.
-    assert!(has("PYTORCH_NO_CUDA_MEMORY_CACHING=1"));
-    // Flags not given set nothing.
-    let (_, out, _) = output(vramshim().args(["run", "--", "env"]));
-    assert!(!out.lines().any(|l| l.starts_with("VRAMSHIM_CAP=")));
+    // --pool stitch routes PyTorch's tensors to the pool, stream-ordered, under both names.
+    assert!(has("PYTORCH_ALLOC_CONF=backend:cudaMallocAsync"), "{out}");
+    assert!(
+        has("PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync"),
+        "{out}"
+    );
     assert!(
         !out.lines()
             .any(|l| l.starts_with("PYTORCH_NO_CUDA_MEMORY_CACHING="))
     );
+    // Flags not given set nothing.
+    let (_, out, _) = output(vramshim().args(["run", "--", "env"]));
+    assert!(!out.lines().any(|l| l.starts_with("VRAMSHIM_CAP=")));
+    assert!(!out.lines().any(|l| l.starts_with("PYTORCH_")), "{out}");
 }
 
 #[test]
@@ -264,6 +271,135 @@ fn pytorch_caching_opt_outs_are_respected() {
         !out.lines()
             .any(|l| l.starts_with("PYTORCH_NO_CUDA_MEMORY_CACHING="))
     );
+}
+
+/// The variables `vramshim run ARGS -- env` gives its command (with `vars` set around it)
+/// whose names start with `prefix`, and its stderr.
+fn env_of(args: &[&str], vars: &[(&str, &str)], prefix: &str) -> (Vec<String>, String) {
+    let mut c = vramshim();
+    c.envs(vars.iter().copied())
+        .arg("run")
+        .args(args)
+        .args(["--", "env"]);
+    let (rc, out, err) = output(&mut c);
+    assert_eq!(rc, 0, "{args:?}: {err}");
+    let mut v: Vec<String> = out
+        .lines()
+        .filter(|l| l.starts_with(prefix))
+        .map(str::to_string)
+        .collect();
+    v.sort();
+    (v, err)
+}
+
+#[test]
+fn pytorch_routes_by_flag_and_variable() {
+    let pool = ["--pool", "stitch"];
+    let asyncr = [
+        "PYTORCH_ALLOC_CONF=backend:cudaMallocAsync",
+        "PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync",
+    ];
+    let (v, err) = env_of(&pool, &[], "PYTORCH_");
+    assert_eq!(v, asyncr);
+    assert!(err.is_empty(), "nothing to say: {err}");
+    let (v, _) = env_of(&["--pool", "stitch-tight"], &[], "PYTORCH_");
+    assert_eq!(v, asyncr);
+    let (v, _) = env_of(
+        &["--pool", "stitch", "--pytorch-route", "uncached"],
+        &[],
+        "PYTORCH_",
+    );
+    assert_eq!(v, ["PYTORCH_NO_CUDA_MEMORY_CACHING=1"]);
+    let (v, _) = env_of(
+        &["--pool", "stitch", "--pytorch-route", "native"],
+        &[],
+        "PYTORCH_",
+    );
+    assert!(v.is_empty(), "{v:?}");
+    let (v, _) = env_of(&pool, &[("VRAMSHIM_PYTORCH_ROUTE", "uncached")], "PYTORCH_");
+    assert_eq!(v, ["PYTORCH_NO_CUDA_MEMORY_CACHING=1"]);
+    // the flag wins over the variable
+    let (v, _) = env_of(
+        &["--pool", "stitch", "--pytorch-route", "async"],
+        &[("VRAMSHIM_PYTORCH_ROUTE", "uncached")],
+        "PYTORCH_",
+    );
+    assert_eq!(v, asyncr);
+    // without the pool nothing is routed
+    let (v, _) = env_of(&["--pool", "off"], &[], "PYTORCH_");
+    assert!(v.is_empty(), "{v:?}");
+}
+
+#[test]
+fn pytorch_settings_the_user_made_are_merged_or_kept() {
+    let pool = ["--pool", "stitch"];
+    // other options kept, native-only ones dropped with one line
+    let (v, err) = env_of(
+        &pool,
+        &[(
+            "PYTORCH_CUDA_ALLOC_CONF",
+            "expandable_segments:True,pinned_num_register_threads:4",
+        )],
+        "PYTORCH_",
+    );
+    let merged = "backend:cudaMallocAsync,pinned_num_register_threads:4";
+    assert_eq!(
+        v,
+        [
+            format!("PYTORCH_ALLOC_CONF={merged}"),
+            format!("PYTORCH_CUDA_ALLOC_CONF={merged}")
+        ]
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("expandable_segments:True"), "{err}");
+    // a backend the user chose is respected, and said so
+    let (v, err) = env_of(
+        &pool,
+        &[("PYTORCH_ALLOC_CONF", "backend:native")],
+        "PYTORCH_",
+    );
+    assert_eq!(v, ["PYTORCH_ALLOC_CONF=backend:native"]);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("backend:native"), "{err}");
+}
+
+#[test]
+fn pool_budget_flag_sets_its_variable_and_implies_the_pool() {
+    let (v, _) = env_of(&["--pool-budget", "10%"], &[], "VRAMSHIM_POOL");
+    assert_eq!(v, ["VRAMSHIM_POOL=stitch", "VRAMSHIM_POOL_BUDGET=10%"]);
+    let (v, _) = env_of(
+        &["--pool", "stitch-tight", "--pool-budget", "0.2"],
+        &[],
+        "VRAMSHIM_POOL",
+    );
+    assert_eq!(
+        v,
+        ["VRAMSHIM_POOL=stitch-tight", "VRAMSHIM_POOL_BUDGET=0.2"]
+    );
+}
+
+#[test]
+fn bad_pool_budget_and_route_are_refused_before_running() {
+    for (args, env, needle) in [
+        (vec!["--pool-budget", "lots"], None, "5%"),
+        (
+            vec!["--pool", "off", "--pool-budget", "0.1"],
+            None,
+            "--pool off",
+        ),
+        (
+            vec!["--pool", "stitch"],
+            Some(("VRAMSHIM_PYTORCH_ROUTE", "fast")),
+            "async, uncached, native",
+        ),
+    ] {
+        let mut c = vramshim();
+        c.envs(env).arg("run").args(&args).args(["--", "true"]);
+        let (rc, _, err) = output(&mut c);
+        assert_eq!(rc, 2, "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+    }
 }
 
 #[test]

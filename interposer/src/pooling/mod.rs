@@ -19,6 +19,10 @@
 //! the pool's physical growth is bounded by the cap itself (`CudaDevice::create` refuses
 //! beyond it and the pool dissolves cached blocks), so cached pages never take the process
 //! over its cap.
+//!
+//! Tight pool: `VRAMSHIM_POOL=stitch-tight`, or `VRAMSHIM_POOL_BUDGET=RATIO` beside
+//! `stitch`, bounds what the pool keeps cached to a budget over its recent peak of live bytes
+//! and gives idle pages back (`vramshim_pool::stitch::Budget`; see [`budget_setting`]).
 
 mod cuda_device;
 mod tcache;
@@ -29,7 +33,7 @@ use crate::ffi_types::*;
 use cuda_device::CudaDevice;
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
-use vramshim_pool::stitch::Stitch;
+use vramshim_pool::stitch::{Budget, Stitch};
 use vramshim_pool::{ANY_STREAM, DeviceError, FreeMode, Policy, PoolError, Request, Stats};
 use vramshim_trace::{AllocKind, Api};
 
@@ -75,6 +79,41 @@ const FALLBACK: u8 = 3;
 
 static MODE: AtomicU8 = AtomicU8::new(UNREAD);
 
+/// The tight pool's budget ratio (`None`: the default stitch), read once.
+static BUDGET_RATIO: std::sync::OnceLock<Option<f64>> = std::sync::OnceLock::new();
+
+/// The budget ratio the pool runs with: `VRAMSHIM_POOL_BUDGET` when set (a bad value: one
+/// warning, then `tight`'s default), else the default budget when `tight`, else none.
+fn budget_setting(tight: bool) -> Option<f64> {
+    let default = tight.then_some(Budget::default().ratio);
+    match crate::env::var("VRAMSHIM_POOL_BUDGET").map(str::trim) {
+        None | Some("") => default,
+        Some(v) => match Budget::parse_ratio(v) {
+            Ok(r) => r,
+            Err(accepted) => {
+                let fallback = Budget::default().ratio;
+                crate::warn!(
+                    "VRAMSHIM_POOL_BUDGET={v:?} is not understood (accepted: {accepted}); the pool keeps {:.0}% over its recent peak",
+                    fallback * 100.0
+                );
+                Some(fallback)
+            }
+        },
+    }
+}
+
+/// The budget the pools are made with (`None`: the default stitch); the first call reads the
+/// variables (and warns once about a bad value).
+fn configured_budget() -> Option<Budget> {
+    let ratio = *BUDGET_RATIO.get_or_init(|| {
+        budget_setting(crate::env::var("VRAMSHIM_POOL").map(str::trim) == Some("stitch-tight"))
+    });
+    ratio.map(|ratio| Budget {
+        ratio,
+        ..Budget::default()
+    })
+}
+
 /// Device ordinals served (others pass through).
 const MAX_DEVICES: usize = 64;
 
@@ -92,10 +131,14 @@ pub fn enabled() -> bool {
 fn read_mode() -> bool {
     let m = match crate::env::var("VRAMSHIM_POOL").map(str::trim) {
         None | Some("") | Some("off") => OFF,
-        Some("stitch") => ON,
+        Some("stitch") | Some("stitch-tight") => {
+            // read (and judged) now, not at the first allocation
+            let _ = configured_budget();
+            ON
+        }
         Some(other) => {
             crate::warn!(
-                "VRAMSHIM_POOL={other:?} is not understood (accepted: stitch, off); the pool stays off"
+                "VRAMSHIM_POOL={other:?} is not understood (accepted: stitch, stitch-tight, off); the pool stays off"
             );
             OFF
         }
@@ -371,6 +414,18 @@ fn create_pool(pools: &mut Pools, req: &PoolRequest) -> Result<(), String> {
                         ..Default::default()
                     });
                 }
+                if crate::env::var("VRAMSHIM_POOL_DEBUG") == Some("ignore-budget") {
+                    // testing only: grow and cache as if there were no budget, to prove the
+                    // tight pool's test can fail
+                    crate::warn!(
+                        "VRAMSHIM_POOL_DEBUG=ignore-budget: the pool ignores its budget (testing only)"
+                    );
+                    policy.set_faults(vramshim_pool::stitch::Faults {
+                        ignore_budget: true,
+                        ..Default::default()
+                    });
+                }
+                let policy = policy.with_budget(configured_budget());
                 pools.devs[d] = Some(DevicePool { policy, dev });
                 HAS_POOL.fetch_or(1 << d, Ordering::Relaxed);
             }

@@ -604,3 +604,107 @@ fn blocks_a_thread_keeps_serve_other_threads_under_the_cap() {
     );
     assert_eq!(o.code(), Some(1), "{}\n{}", o.stdout, tail(&o.stderr));
 }
+
+#[test]
+fn pool_budget_values_parse_as_documented() {
+    let parse = vramshim_pool::stitch::Budget::parse_ratio;
+    assert_eq!(parse("0.05"), Ok(Some(0.05)));
+    assert_eq!(parse(" 5% "), Ok(Some(0.05)));
+    assert_eq!(parse("0"), Ok(Some(0.0)));
+    assert_eq!(parse("OFF"), Ok(None));
+    for bad in ["", "-0.1", "nan", "inf", "5%%", "five", "0.05x", "%"] {
+        let e = parse(bad).unwrap_err();
+        assert!(e.contains("0.05") && e.contains("5%"), "{bad:?}: {e}");
+    }
+}
+
+/// The tight pool under the interposer: each shared trace replayed with its patterns checked
+/// on a device far larger than it needs, and the device's own high-water mark (every page the
+/// pool held at once) within 1.10 x the trace's peak live bytes, where the default stitch
+/// keeps up to 3.5 x (bert). `VRAMSHIM_POOL=stitch-tight` and `VRAMSHIM_POOL_BUDGET` beside
+/// `stitch` are the same pool; with the budget ignored (`VRAMSHIM_POOL_DEBUG=ignore-budget`)
+/// bert's high water is far above the bound: the test can fail.
+#[test]
+fn tight_pool_keeps_reserved_near_live_on_every_trace() {
+    let bound = |live: u64| live + live / 10;
+    let args = ["--pattern", "memcpy", "--stop-on-failure", "--quiet"];
+    let device = [("VRAMSIM_MEMORY", "8GiB")];
+    for trace in vramshim_testkit::shipped_traces() {
+        let name = trace.file_name().unwrap().to_string_lossy().into_owned();
+        let live = peak_live(&trace);
+        let settings: [&[(&str, &str)]; 2] = [
+            &[("VRAMSHIM_POOL", "stitch-tight")],
+            &[("VRAMSHIM_POOL_BUDGET", "5%")],
+        ];
+        for (i, env) in settings.iter().enumerate() {
+            let mut e = device.to_vec();
+            e.extend_from_slice(env);
+            let mut a = args.to_vec();
+            if i == 1 {
+                a.push("--async");
+            }
+            let (o, hw) = pooled_run(&trace, None, &e, &a);
+            assert_eq!(
+                o.code(),
+                Some(0),
+                "{name} {env:?}: {}\n{}",
+                o.stdout,
+                tail(&o.stderr)
+            );
+            assert_eq!(field(&o.stdout, "mismatches"), 0, "{name}");
+            eprintln!(
+                "{name} {env:?} {a:?}: high water {:.3} x peak live",
+                hw as f64 / live as f64
+            );
+            assert!(
+                hw >= live && hw <= bound(live),
+                "{name} {env:?}: device high water {hw} B, peak live {live} B"
+            );
+        }
+    }
+    let t = trace_file("bert_serve.rmm.csv");
+    let live = peak_live(&t);
+    let (o, hw) = pooled_run(
+        &t,
+        None,
+        &[
+            ("VRAMSIM_MEMORY", "8GiB"),
+            ("VRAMSHIM_POOL", "stitch-tight"),
+            ("VRAMSHIM_POOL_DEBUG", "ignore-budget"),
+        ],
+        &args,
+    );
+    assert_eq!(o.code(), Some(0), "{}", o.stdout);
+    assert!(
+        hw > bound(live),
+        "ignore-budget: high water {hw} B within the bound of peak live {live} B"
+    );
+}
+
+#[test]
+fn a_bad_pool_budget_warns_once_and_keeps_the_default_budget() {
+    let t = trace_file("bert_serve.rmm.csv");
+    let live = peak_live(&t);
+    let (o, hw) = pooled_run(
+        &t,
+        None,
+        &[("VRAMSIM_MEMORY", "8GiB"), ("VRAMSHIM_POOL_BUDGET", "lots")],
+        &["--quiet"],
+    );
+    assert_eq!(o.code(), Some(0), "{}\n{}", o.stdout, tail(&o.stderr));
+    let lines: Vec<&str> = o
+        .stderr
+        .lines()
+        .filter(|l| l.contains("VRAMSHIM_POOL_BUDGET"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{}", o.stderr);
+    assert!(
+        lines[0].contains("0.05") && lines[0].contains("5%"),
+        "{}",
+        lines[0]
+    );
+    assert!(
+        hw <= live + live / 10,
+        "high water {hw} B, peak live {live} B"
+    );
+}

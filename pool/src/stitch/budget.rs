@@ -42,6 +42,26 @@ impl Default for Budget {
     }
 }
 
+impl Budget {
+    /// A budget ratio as users write it: a ratio (`0.05`), a percentage (`5%`) or `off`
+    /// (`Ok(None)`: no budget). `Err` names the accepted forms.
+    pub fn parse_ratio(v: &str) -> Result<Option<f64>, &'static str> {
+        const ACCEPTED: &str = "a ratio >= 0 such as 0.05, a percentage such as 5%, or off";
+        let v = v.trim();
+        if v.eq_ignore_ascii_case("off") {
+            return Ok(None);
+        }
+        let (num, scale) = match v.strip_suffix('%') {
+            Some(n) => (n.trim_end(), 100.0),
+            None => (v, 1.0),
+        };
+        match num.parse::<f64>() {
+            Ok(r) if r.is_finite() && r >= 0.0 => Ok(Some(r / scale)),
+            _ => Err(ACCEPTED),
+        }
+    }
+}
+
 impl Stitch {
     /// A tight pool: [`Budget::default`].
     pub fn tight() -> Self {

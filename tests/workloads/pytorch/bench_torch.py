@@ -3,7 +3,7 @@
 
 For each trace and configuration (PyTorch default, expandable_segments:True,
 backend:cudaMallocAsync; vramshim --pool stitch with PyTorch uncached, i.e.
-PYTORCH_NO_CUDA_MEMORY_CACHING=1 which --pool stitch sets: cudaMalloc/cudaFree per tensor; and
+PYTORCH_NO_CUDA_MEMORY_CACHING=1 (--pytorch-route uncached): cudaMalloc/cudaFree per tensor; and
 vramshim --pool stitch behind PyTorch's backend:cudaMallocAsync: cudaMallocAsync/cudaFreeAsync
 per tensor):
   * one run on a 16 GiB simulated device: peak device use (the simulated device's own
@@ -33,7 +33,7 @@ CONFIGS = [
     ("PyTorch default", {}, []),
     ("expandable_segments:True", {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, []),
     ("backend:cudaMallocAsync", {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}, []),
-    ("stitch, PyTorch uncached", {}, ["--pool", "stitch"]),
+    ("stitch, PyTorch uncached", {}, ["--pool", "stitch", "--pytorch-route", "uncached"]),
     ("stitch behind backend:cudaMallocAsync",
      {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}, ["--pool", "stitch"]),
 ]

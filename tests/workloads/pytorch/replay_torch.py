@@ -229,6 +229,9 @@ def main(argv):
     ns = time.monotonic_ns() - started
 
     s = torch.cuda.memory_stats(a.device)
+    # what the device says is free and its size (cudaMemGetInfo), with the last row's tensors
+    # still live: under vramshim's pool the pool's pages count as used
+    free, total = torch.cuda.mem_get_info(a.device)
     out.update(
         completed=oom is None,
         events=events,
@@ -248,6 +251,8 @@ def main(argv):
         num_device_free=stat(s, "num_device_free"),
         segments_allocated=stat(s, "segment.all.allocated"),
         segments_peak=stat(s, "segment.all.peak"),
+        mem_get_info_free=free,
+        mem_get_info_total=total,
         mismatches=mismatches,
         oom=oom,
         ns=ns,

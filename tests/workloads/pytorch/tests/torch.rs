@@ -266,15 +266,20 @@ fn cap_below_the_need_raises_torch_out_of_memory() {
     }
 }
 
-/// vramshim's stitch pool under PyTorch (`--pool stitch` sets PYTORCH_NO_CUDA_MEMORY_CACHING=1,
-/// so every tensor reaches the pool): the replay completes with its data patterns intact.
+/// vramshim's stitch pool under PyTorch uncached (`--pytorch-route uncached` sets
+/// PYTORCH_NO_CUDA_MEMORY_CACHING=1, so every tensor reaches the pool with cudaMalloc /
+/// cudaFree): the replay completes with its data patterns intact.
 #[test]
 fn stitch_pool_replays_with_patterns_intact() {
     let Some(py) = torch_or_skip("stitch_pool_replays_with_patterns_intact") else {
         return;
     };
     for trace in ["bert_serve.rmm.csv", "vit_train.rmm.csv"] {
-        let mut c = vramshim_run_command(&py, "torch_stitch", &["--pool", "stitch"]);
+        let mut c = vramshim_run_command(
+            &py,
+            "torch_stitch",
+            &["--pool", "stitch", "--pytorch-route", "uncached"],
+        );
         c.arg(replay_script())
             .arg(trace_file(trace))
             .args(["--pattern", "sample"]);
@@ -345,6 +350,109 @@ fn stitch_behind_pytorch_async_backend_fits_in_peak_live_plus_5_percent() {
             "{what}: every tensor from the pool: {st}"
         );
     }
+}
+
+/// Device synchronizations in the simulated driver's call log (VRAMSIM_DEBUG=1) after the
+/// first `replay_torch: mark pass=2` line, up to `mark end` (a `cuMemFree` waits for the
+/// device too). PyTorch makes none of its own in a replay without patterns.
+fn second_pass_syncs(stderr: &str) -> usize {
+    const SYNC: [&str; 4] = [
+        "cuCtxSynchronize",
+        "cuStreamSynchronize",
+        "cuEventSynchronize",
+        "cuMemFree",
+    ];
+    let mut in_pass2 = false;
+    let mut n = 0;
+    for l in stderr.lines() {
+        if let Some(m) = l.strip_prefix("replay_torch: mark ") {
+            in_pass2 = m.starts_with("pass=2");
+            continue;
+        }
+        let Some((name, _)) = l
+            .strip_prefix("vramsim: ")
+            .and_then(|r| r.split_once(" -> "))
+        else {
+            continue;
+        };
+        let base = name.trim_end_matches("_ptsz").trim_end_matches("_ptds");
+        let base = base.strip_suffix("_v2").unwrap_or(base);
+        if in_pass2 && SYNC.contains(&base) {
+            n += 1;
+        }
+    }
+    n
+}
+
+/// `vramshim run --pool stitch` with no other setting routes PyTorch through
+/// `backend:cudaMallocAsync`: every tensor a stream-ordered allocation the pool serves, and
+/// in the second pass of a repeated replay the process (pool included) makes no device
+/// synchronization. The same run on the uncached route (`--pytorch-route uncached`, frees
+/// that only a synchronization makes reusable) makes them: the test can fail.
+#[test]
+fn stitch_pool_routes_pytorch_stream_ordered_with_no_synchronization() {
+    let Some(py) =
+        torch_or_skip("stitch_pool_routes_pytorch_stream_ordered_with_no_synchronization")
+    else {
+        return;
+    };
+    let trace = "bert_serve.rmm.csv";
+    let go = |flags: &[&str]| {
+        let mut c = vramshim_run_command(&py, "torch_stitch_route", flags);
+        c.env("VRAMSIM_DEBUG", "1")
+            .arg(replay_script())
+            .arg(trace_file(trace))
+            .args(["--repeat", "2", "--marks"]);
+        let out = run(&mut c);
+        assert_eq!(out.code(), Some(0), "{flags:?}: {}", out.stdout);
+        let j = replay_json(&out.stdout);
+        assert_eq!(j["completed"], Value::Bool(true), "{flags:?}: {j}");
+        (second_pass_syncs(&out.stderr), j)
+    };
+    let (syncs, j) = go(&["--pool", "stitch"]);
+    assert_eq!(j["backend"], "cudaMallocAsync", "{j}");
+    assert_eq!(j["alloc_conf"], ASYNC, "{j}");
+    assert_eq!(j["no_caching"], Value::Bool(false), "{j}");
+    eprintln!(
+        "{trace} under --pool stitch: second-pass syncs {syncs}; PyTorch reports memory_reserved {} max_memory_reserved {} mem_get_info free {} of {}",
+        j["memory_reserved"],
+        j["max_memory_reserved"],
+        j["mem_get_info_free"],
+        j["mem_get_info_total"]
+    );
+    assert_eq!(
+        syncs, 0,
+        "second-pass synchronizations behind stream-ordered frees"
+    );
+    let (syncs, j) = go(&["--pool", "stitch", "--pytorch-route", "uncached"]);
+    assert_eq!(j["no_caching"], Value::Bool(true), "{j}");
+    eprintln!("{trace} uncached: second-pass syncs {syncs}");
+    assert!(syncs > 0, "the uncached route synchronizes: {syncs}");
+}
+
+/// Under `vramshim run --pool stitch --cap` (no other setting) a cap below the replay's need
+/// is PyTorch's own `torch.OutOfMemoryError`, raised from the pool's refusal of a
+/// cudaMallocAsync.
+#[test]
+fn stitch_pool_under_a_cap_raises_torch_out_of_memory() {
+    let Some(py) = torch_or_skip("stitch_pool_under_a_cap_raises_torch_out_of_memory") else {
+        return;
+    };
+    let mut c = vramshim_run_command(
+        &py,
+        "torch_stitch_cap",
+        &["--pool", "stitch", "--cap", "96MiB"],
+    );
+    c.arg(replay_script()).arg(trace_file("vit_train.rmm.csv"));
+    let out = run(&mut c);
+    assert_eq!(out.code(), Some(2), "{}{}", out.stdout, out.stderr);
+    let j = replay_json(&out.stdout);
+    assert_eq!(j["backend"], "cudaMallocAsync", "{j}");
+    assert_eq!(j["completed"], Value::Bool(false), "{j}");
+    assert_eq!(j["oom"]["type"], "OutOfMemoryError", "{j}");
+    let msg = j["oom"]["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("out of memory"), "{msg}");
+    assert!(num(&j["oom"], "live_bytes") < 96 << 20, "{j}");
 }
 
 /// `replay_torch.py --marks` splits a run into phases on stderr (the benchmark counts driver
