@@ -20,6 +20,7 @@ pub const KNOWN: &[&str] = &[
     "VRAMSHIM_LAYERS_FAULT",
     "VRAMSHIM_LOG",
     "VRAMSHIM_POOL",
+    "VRAMSHIM_POOL_BUDGET",
     "VRAMSHIM_POOL_DEBUG",
     "VRAMSHIM_SHARED",
     "VRAMSHIM_SLOTS_FAULT",
@@ -36,7 +37,7 @@ pub const KNOWN: &[&str] = &[
     "VRAMSHIM_TRACE_WRITER_FAULT",
     "VRAMSHIM_ENV_FAULT",
 ];
-const NKNOWN: usize = 23;
+const NKNOWN: usize = 24;
 const _: () = assert!(KNOWN.len() == NKNOWN);
 
 /// At most this many `VRAMSHIM_*` variables are listed (in environment order, for the trace
@@ -259,5 +260,41 @@ mod tests {
         let _ = super::var("VRAMSHIM_DOES_NOT_EXIST");
         assert!(super::var("VRAMSHIM_DOES_NOT_EXIST").is_none());
         let _ = super::all().count();
+    }
+
+    /// Every `VRAMSHIM_*` name the library's sources read is in [`super::KNOWN`], so no count
+    /// or position of other variables can hide it.
+    #[test]
+    fn every_variable_read_is_known() {
+        fn scan(dir: &std::path::Path, found: &mut Vec<(String, String)>) {
+            for e in std::fs::read_dir(dir).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    scan(&p, found);
+                } else if p.extension().is_some_and(|x| x == "rs") && !p.ends_with("env.rs") {
+                    let text = std::fs::read_to_string(&p).unwrap();
+                    for part in text.split("var(\"VRAMSHIM_").skip(1) {
+                        let name: String = part
+                            .chars()
+                            .take_while(|c| {
+                                c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_'
+                            })
+                            .collect();
+                        found.push((format!("VRAMSHIM_{name}"), p.display().to_string()));
+                    }
+                }
+            }
+        }
+        let mut found = Vec::new();
+        scan(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+            &mut found,
+        );
+        assert!(found.len() > 20, "the scan found too little: {found:?}");
+        let unknown: Vec<_> = found
+            .iter()
+            .filter(|(n, _)| !super::KNOWN.contains(&n.as_str()))
+            .collect();
+        assert!(unknown.is_empty(), "read but not in KNOWN: {unknown:?}");
     }
 }
