@@ -888,9 +888,12 @@ impl Cap {
             }
         }
         // The device's free memory moves with every other process's allocations too: where
-        // the driver can say what this process holds, that measures the context exactly.
+        // the driver can say what this process holds, that measures the context exactly. The
+        // context was only just created, so nothing the driver lists for this process on the
+        // device is an allocation yet: the allocation whose call created the context is
+        // charged already but not made, and subtracting its charge would hide the context.
         let fp = match (self.queries().process_used)(d as i32) {
-            Some(used) if self.ready() => used.saturating_sub(self.charged_here(d)),
+            Some(used) if self.ready() => used,
             _ => free_before.saturating_sub(free_after),
         };
         self.charge_context(d, fp);

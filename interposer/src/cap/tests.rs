@@ -594,11 +594,11 @@ fn a_context_is_charged_once_whoever_measures_it() {
     c.on_context_destroyed(0);
     assert_eq!(c.in_use(0), GIB);
     // A new context: reported by the core this time, then not measured again; the driver's
-    // per-process figure (300 MiB held, GIB of it charged already: nothing more) wins over
-    // the free-memory delta, which other processes move too.
+    // per-process figure (300 MiB: a context just created holds no allocation yet, whatever
+    // the cap charged before) wins over the free-memory delta, which other processes move too.
     c.on_context_created(0, 10 * GIB, 10 * GIB - (200 << 20));
     c.try_charge(0, 1, Api::CudaMalloc).unwrap();
-    assert_eq!(c.context_charged(0), 0);
+    assert_eq!(c.context_charged(0), 300 << 20);
     // Without a per-process figure the delta is what there is.
     let c = Cap::new(settings("4GiB"), queries(SIM2), capture);
     c.on_context_created(0, 10 * GIB, 10 * GIB - (200 << 20));
