@@ -447,7 +447,8 @@ fn bad_region_keeps_the_own_cap_with_one_line() {
     let lines = take_lines();
     assert_eq!(lines.len(), 1, "{lines:?}");
     assert!(lines[0].contains("VRAMSHIM_CAP_STRICT=1"), "{}", lines[0]);
-    // The fault switch restores the old pass-through (the tests above would fail).
+    // The fault switch makes an unusable region mean pass-through (the tests above would
+    // fail).
     let mut s = settings("1GiB");
     s.shared = Some(("test".into(), path));
     s.fault = Fault::SquatPassThrough;
