@@ -295,10 +295,11 @@ impl Cap {
             ));
             self.refuse_all.store(true, Relaxed);
             // Every device counts as capped, also without a cap of its own (a member that
-            // joins the group's cap): a device with no bound here would otherwise pass.
+            // joins the group's cap), so memory queries report nothing free; a device without
+            // a bound of its own keeps reporting its whole memory as its total.
             let mut spec = self.settings.spec.clone();
             for d in spec.devices.iter_mut().filter(|d| d.is_none()) {
-                *d = Some(vramshim_region::CapValue::Bytes(0));
+                *d = Some(vramshim_region::CapValue::Fraction(1.0));
             }
             let _ = self.spec.set(spec);
             return true;

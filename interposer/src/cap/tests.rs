@@ -443,7 +443,7 @@ fn bad_region_keeps_the_own_cap_with_one_line() {
     let c = Cap::new(s, queries(SIM2), capture);
     assert!(c.try_charge(0, 1, Api::CudaMalloc).is_err());
     assert!(c.try_charge(1, 1, Api::CuMemAlloc).is_err());
-    assert_eq!(c.adjust_meminfo(0, 16 * GIB, 16 * GIB).0, 0);
+    assert_eq!(c.adjust_meminfo(0, 16 * GIB, 16 * GIB), (0, 16 * GIB));
     let lines = take_lines();
     assert_eq!(lines.len(), 1, "{lines:?}");
     assert!(lines[0].contains("VRAMSHIM_CAP_STRICT=1"), "{}", lines[0]);
