@@ -124,7 +124,7 @@ pub const MAX_SPOOL: u64 = 16 << 30;
 
 /// An input ready to be read (and re-read: summaries, exports and what-ifs read a trace more
 /// than once): the file itself, or for a pipe or device (`<(...)`, `/dev/stdin`) a private
-/// copy in the temporary directory, removed when this is dropped.
+/// copy in a private directory of its own, both removed when this is dropped.
 pub struct Spooled {
     path: PathBuf,
     temp: bool,
@@ -140,14 +140,18 @@ impl Drop for Spooled {
     fn drop(&mut self) {
         if self.temp {
             let _ = std::fs::remove_file(&self.path);
+            if let Some(dir) = self.path.parent() {
+                let _ = std::fs::remove_dir(dir);
+            }
         }
     }
 }
 
 /// Makes `path` re-readable: regular files (and anything that cannot be opened, for the
 /// reader's own message) are used in place; a pipe or device is checked to start like a
-/// trace, RMM log or pickle, then copied into a temporary file created only for this user
-/// (`O_EXCL`, mode 0600), at most [`MAX_SPOOL`] bytes.
+/// trace, RMM log or pickle, then copied into a file of a fresh private directory
+/// ([`crate::files::private_temp_dir`]; the file `O_EXCL`, mode 0600), at most [`MAX_SPOOL`]
+/// bytes.
 pub fn spool(path: &Path) -> Result<Spooled, InputError> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
@@ -179,34 +183,35 @@ pub fn spool(path: &Path) -> Result<Spooled, InputError> {
             "not a vramshim trace (no .vramtrace magic at byte 0), RMM log or memory snapshot",
         ));
     }
-    let dir = std::env::temp_dir();
-    let mut k = 0u32;
-    let (tmp, mut out) = loop {
-        let tmp = dir.join(format!("vramshim-input-{}-{k}", std::process::id()));
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)
-        {
-            Ok(f) => break (tmp, f),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && k < 1000 => k += 1,
-            Err(e) => {
-                return Err(InputError::new(
-                    path,
-                    None,
-                    format!(
-                        "a pipe or device is copied into {} to be read; cannot create a file there: {e}",
-                        dir.display()
-                    ),
-                ));
-            }
-        }
-    };
+    // A file of its own in a fresh private directory (never a name another user can
+    // predict and plant first).
+    let dir = crate::files::private_temp_dir("vramshim-input").map_err(|e| {
+        InputError::new(
+            path,
+            None,
+            format!("a pipe or device is copied into a temporary file to be read; {e}"),
+        )
+    })?;
+    let tmp = dir.join("input");
     let spooled = Spooled {
         path: tmp,
         temp: true,
     };
+    let mut out = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&spooled.path)
+        .map_err(|e| {
+            InputError::new(
+                path,
+                None,
+                format!(
+                    "a pipe or device is copied into {} to be read; cannot create it: {e}",
+                    spooled.path.display()
+                ),
+            )
+        })?;
     let copy_err = |e: std::io::Error| {
         InputError::new(
             path,

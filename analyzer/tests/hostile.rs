@@ -377,6 +377,15 @@ fn traces_through_a_pipe_read_like_files() {
         .and_then(|r| r.split_whitespace().next())
         .unwrap_or_else(|| panic!("no copy named: {err}"));
     assert!(!Path::new(copy).exists(), "{copy} left behind");
+    // In a private directory of its own (never a name another user could plant first),
+    // removed with it.
+    let dir = Path::new(copy).parent().unwrap();
+    assert!(
+        dir.file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("vramshim-input-")),
+        "{copy}"
+    );
+    assert!(!dir.exists(), "{} left behind", dir.display());
 }
 
 #[test]

@@ -98,7 +98,7 @@ fn replay_hash(link_dir: &Path) -> String {
     format!("replay-{h:016x}")
 }
 
-/// `planter` sets the trap the demo of `job` used to walk into: the fixed work directory,
+/// `planter` sets the trap a demo with a fixed work directory would walk into: that directory,
 /// open to all, with a replay program that touches `marker` and the demo's log as a symlink
 /// to a file of `job`. Runs the demo; returns what went wrong (empty: nothing).
 fn demo_plant(job: User, fault: bool) -> Vec<String> {

@@ -620,7 +620,7 @@ fn a_squatted_region_never_leaves_the_job_uncapped() {
     }
 }
 
-/// With the old behaviour (`VRAMSHIM_CAP_FAULT=squat-pass-through`) the same squat lets the
+/// With the protection off (`VRAMSHIM_CAP_FAULT=squat-pass-through`) the same squat lets the
 /// job pass its cap: the test above can fail.
 #[test]
 fn squat_pass_through_fault_escapes_the_cap() {
@@ -1282,8 +1282,8 @@ fn top_shows_the_group() {
 }
 
 /// Every `VRAMSHIM_*` value that is not understood gets one line naming the variable and
-/// the accepted forms: a `VRAMSHIM_CAP` or `VRAMSHIM_SHARED` that is not UTF-8 (it used to
-/// read as unset), a share that rounds to 0 bytes (refused everything silently), and the
+/// the accepted forms: a `VRAMSHIM_CAP` or `VRAMSHIM_SHARED` that is not UTF-8 (never read
+/// as unset), a share that rounds to 0 bytes (everything refused, never silently), and the
 /// tracer's switches.
 #[test]
 fn values_not_understood_get_one_line_each() {

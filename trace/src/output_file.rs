@@ -49,8 +49,8 @@ pub enum Refusal {
     ForeignOwner { owner: u32, me: u32 },
     /// A file with other names (hard links) is at the path.
     HardLinked(u64),
-    /// A file without the expected mark is at the path ([`Replace::Marked`]).
-    NotOurs,
+    /// A file without the expected mark (these bytes) is at the path ([`Replace::Marked`]).
+    NotOurs(&'static [u8]),
     /// The path kept changing under us (entries planted and removed in a loop).
     Unstable,
     /// The system refused (permission, missing directory, disk full, ...).
@@ -70,10 +70,17 @@ impl fmt::Display for Refusal {
                 f,
                 "has {n} hard links; a file with other names is never written through"
             ),
-            Refusal::NotOurs => write!(
-                f,
-                "exists and is not an earlier output of this kind (not a .vramtrace); it is not overwritten (remove it or choose another path)"
-            ),
+            Refusal::NotOurs(mark) => {
+                let kind = if *mark == MAGIC {
+                    "not a .vramtrace".to_string()
+                } else {
+                    format!("it does not start with {:?}", String::from_utf8_lossy(mark))
+                };
+                write!(
+                    f,
+                    "exists and is not an earlier output of this kind ({kind}); it is not overwritten (remove it or choose another path)"
+                )
+            }
             Refusal::Unstable => write!(f, "kept changing while it was being opened"),
             Refusal::Io(e) => write!(f, "cannot be opened for writing: {e}"),
         }
@@ -222,7 +229,7 @@ pub fn open(path: &Path, replace: Replace) -> Result<Opened, Refusal> {
             let n = read_up_to(&mut f, &mut head)?;
             // A file cut short inside its mark is still an output of ours.
             if n == 0 || head[..n] != mark[..n] {
-                return Err(Refusal::NotOurs);
+                return Err(Refusal::NotOurs(mark));
             }
             f.seek(SeekFrom::Start(0))?;
         }
@@ -294,7 +301,12 @@ mod tests {
             Err(Refusal::Symlink)
         ));
         assert!(!d.join("nowhere").exists());
-        assert!(matches!(open(&victim, TRACE), Err(Refusal::NotOurs)));
+        let e = open(&victim, TRACE).unwrap_err();
+        assert!(e.to_string().contains("not a .vramtrace"), "{e}");
+        let stats = Replace::Marked(b"{\"pid\":");
+        let e = open(&victim, stats).unwrap_err();
+        assert!(e.to_string().contains("{\\\"pid\\\":"), "{e}");
+        assert!(!e.to_string().contains("vramtrace"), "{e}");
         assert!(matches!(
             open(&d, Replace::OwnFile),
             Err(Refusal::NotRegular("a directory"))

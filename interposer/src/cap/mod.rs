@@ -294,7 +294,14 @@ impl Cap {
                 "{head}; VRAMSHIM_CAP_STRICT=1: every device allocation of this process is refused"
             ));
             self.refuse_all.store(true, Relaxed);
-            let _ = self.spec.set(self.settings.spec.clone());
+            // Every device counts as capped, also without a cap of its own (a member that
+            // joins the group's cap), so memory queries report nothing free; a device without
+            // a bound of its own keeps reporting its whole memory as its total.
+            let mut spec = self.settings.spec.clone();
+            for d in spec.devices.iter_mut().filter(|d| d.is_none()) {
+                *d = Some(vramshim_region::CapValue::Fraction(1.0));
+            }
+            let _ = self.spec.set(spec);
             return true;
         }
         match &self.settings.cap_text {
@@ -548,7 +555,7 @@ impl Cap {
         let Some(d) = device_index(device) else {
             return Ok(());
         };
-        if self.refuse_all.load(Relaxed) && self.effective_spec().devices[d].is_some() {
+        if self.refuse_all.load(Relaxed) {
             return Err(self.refused(d, bytes, 0, 0, api));
         }
         if self.ctx_state[d].load(Relaxed) < CTX_TRIES {

@@ -433,7 +433,22 @@ fn bad_region_keeps_the_own_cap_with_one_line() {
     let lines = take_lines();
     assert_eq!(lines.len(), 1, "{lines:?}");
     assert!(lines[0].contains("VRAMSHIM_CAP_STRICT=1"), "{}", lines[0]);
-    // The fault switch restores the old pass-through (the tests above would fail).
+    // Strict without a VRAMSHIM_CAP of its own (a member that joins the group's cap): it
+    // has no cap to keep either, so everything is refused too.
+    let mut s = settings("1GiB");
+    s.spec = CapSpec::none();
+    s.cap_text = None;
+    s.shared = Some(("test".into(), path.clone()));
+    s.strict = true;
+    let c = Cap::new(s, queries(SIM2), capture);
+    assert!(c.try_charge(0, 1, Api::CudaMalloc).is_err());
+    assert!(c.try_charge(1, 1, Api::CuMemAlloc).is_err());
+    assert_eq!(c.adjust_meminfo(0, 16 * GIB, 16 * GIB), (0, 16 * GIB));
+    let lines = take_lines();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].contains("VRAMSHIM_CAP_STRICT=1"), "{}", lines[0]);
+    // The fault switch makes an unusable region mean pass-through (the tests above would
+    // fail).
     let mut s = settings("1GiB");
     s.shared = Some(("test".into(), path));
     s.fault = Fault::SquatPassThrough;

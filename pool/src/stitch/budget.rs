@@ -105,8 +105,9 @@ impl Stitch {
             .stats
             .recent_peak_live
             .max(self.prev_window_peak)
-            .max(self.stats.live + extra);
-        let bytes = (peak as f64 * (1.0 + b.ratio)) as u64 + b.slack;
+            .max(self.stats.live.saturating_add(extra));
+        // Saturating: a replayed trace's sizes or a caller's ratio may be anything.
+        let bytes = ((peak as f64 * (1.0 + b.ratio)) as u64).saturating_add(b.slack);
         // whole pages: a page is the unit the pool holds
         bytes / g * g
     }
