@@ -72,6 +72,11 @@ pub(crate) fn record_startup_failure() {
     if !crate::tracer::enabled() || real::libcuda_if_loaded().is_null() {
         return;
     }
+    // A context was made: start-up did not fail, and the driver is left alone at exit (its
+    // own teardown may have run; it would answer "deinitialized", which is no failure).
+    if PRESENT.iter().any(|p| p.load(Ordering::Acquire)) {
+        return;
+    }
     let a = real::driver_symbol(c"cuInit");
     if a == 0 {
         return;
@@ -80,7 +85,8 @@ pub(crate) fn record_startup_failure() {
     let init = unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(c_uint) -> c_int>(a) };
     // SAFETY: cuInit(0) has no pointer arguments; it returns the first call's error again.
     let rc = unsafe { init(0) };
-    if rc != CUDA_SUCCESS {
+    const CUDA_ERROR_DEINITIALIZED: c_int = 4;
+    if rc != CUDA_SUCCESS && rc != CUDA_ERROR_DEINITIALIZED {
         crate::tracer::call_failed("cuInit", -1, rc);
     } else if crate::tracer::nothing_recorded() {
         crate::tracer::start_now();
