@@ -355,7 +355,7 @@ pub fn alloc(
         let r = if poolable {
             cap::try_charge(req.device, req.size, req.api).map(|()| req.size)
         } else {
-            cap::charge_alloc(req.device, req.size, req.api)
+            cap::charge_alloc(req.device, req.size, req.api, driver_stream(req))
         };
         match r {
             Ok(c) => charged = c,
@@ -449,6 +449,18 @@ pub fn alloc(
         rc: r.rc,
         addr: if r.rc == 0 { r.addr } else { 0 },
         layer,
+    }
+}
+
+/// The driver's handle of the request's stream (the per-thread default stream for a `_ptsz`
+/// call on stream 0), for the cap's capture check before it empties the driver's pools.
+#[inline(always)]
+fn driver_stream(req: &Request) -> u64 {
+    const CU_STREAM_PER_THREAD: u64 = 2;
+    if req.stream == 0 && req.flags & vramshim_trace::flags::PER_THREAD_STREAM != 0 {
+        CU_STREAM_PER_THREAD
+    } else {
+        req.stream
     }
 }
 
@@ -548,7 +560,7 @@ pub fn alloc_light(
     };
     let mut charged = 0u64;
     if mode.cap() && req.charged() && req.size > 0 {
-        match cap::charge_alloc(req.device, req.size, req.api) {
+        match cap::charge_alloc(req.device, req.size, req.api, driver_stream(req)) {
             Ok(c) => charged = c,
             Err(refusal) => {
                 cap_refused(req, &refusal, traced, t0);
@@ -605,7 +617,7 @@ pub fn free_light(
         Some(e) if rc == 0 => {
             counters::free_in(tok, e.device, e.kind, e.size);
             if e.charged > 0 {
-                cap::uncharge_entry(e.device, key, e.charged);
+                cap::uncharge_freed(e.device, key, e.charged, e.kind == AllocKind::Async);
             }
             (e.device, e.kind, e.size, e.flags)
         }
@@ -675,7 +687,7 @@ fn settle_free(tok: &Token, req: &FreeRequest, table: &LiveTable, rc: c_int, ent
         (0, Some(e)) => {
             counters::free_in(tok, e.device, e.kind, e.size);
             if e.charged > 0 {
-                cap::uncharge_entry(e.device, req.key, e.charged);
+                cap::uncharge_freed(e.device, req.key, e.charged, e.kind == AllocKind::Async);
             }
         }
         (_, Some(e)) => {

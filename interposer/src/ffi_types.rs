@@ -230,6 +230,13 @@ pub type PfnCuDeviceGetCount = unsafe extern "C" fn(*mut c_int) -> CUresult;
 pub type PfnCuDeviceGetMemPool = unsafe extern "C" fn(*mut CUmemoryPool, CUdevice) -> CUresult;
 pub type PfnCuMemPoolCreate =
     unsafe extern "C" fn(*mut CUmemoryPool, *const CUmemPoolPropsHead) -> CUresult;
+/// `cuMemPoolTrimTo(pool, minBytesToKeep)`.
+pub type PfnCuMemPoolTrimTo = unsafe extern "C" fn(CUmemoryPool, usize) -> CUresult;
+/// `cuMemPoolGetAttribute(pool, attr, value)`.
+pub type PfnCuMemPoolGetAttribute =
+    unsafe extern "C" fn(CUmemoryPool, c_int, *mut c_void) -> CUresult;
+pub const CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: c_int = 5;
+pub const CU_MEMPOOL_ATTR_USED_MEM_CURRENT: c_int = 7;
 pub type PfnCuThreadExchangeStreamCaptureMode = unsafe extern "C" fn(*mut c_int) -> CUresult;
 
 pub type PfnNvmlDeviceGetMemoryInfo =

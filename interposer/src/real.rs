@@ -407,6 +407,8 @@ real_fns! {
     Driver cuDeviceGetCount: PfnCuDeviceGetCount;
     Driver cuDeviceGetMemPool: PfnCuDeviceGetMemPool;
     Driver cuDeviceGetDefaultMemPool: PfnCuDeviceGetMemPool;
+    Driver cuMemPoolTrimTo: PfnCuMemPoolTrimTo;
+    Driver cuMemPoolGetAttribute: PfnCuMemPoolGetAttribute;
     // ---- NVML
     Nvml nvmlDeviceGetMemoryInfo: PfnNvmlDeviceGetMemoryInfo;
     Nvml nvmlDeviceGetMemoryInfo_v2: PfnNvmlDeviceGetMemoryInfoV2;

@@ -1348,3 +1348,57 @@ fn values_not_understood_get_one_line_each() {
         assert!(lines[0].contains("accepted"), "{var}={val}: {}", lines[0]);
     }
 }
+
+/// Stream-ordered allocations come from a driver pool that here keeps every freed block
+/// cached (release threshold UINT64_MAX): under a 48 MiB cap, cycles of cudaMallocAsync /
+/// cudaFreeAsync of ever-new sizes plus plain cudaMallocs never take the simulated device
+/// past the cap (its own high-water mark), and every request, each well under the cap, is
+/// served: the cap empties the pools before it would refuse. With
+/// `VRAMSHIM_CAP_FAULT=async-uncharge` (a stream-ordered free gives its charge back at once)
+/// the cached blocks pass the cap.
+#[test]
+fn blocks_cached_by_the_driver_pool_stay_within_the_cap() {
+    static EXE: OnceLock<PathBuf> = OnceLock::new();
+    let exe = EXE.get_or_init(|| {
+        compile_c(
+            "cap_async",
+            &["tests/workloads/cap/cap_async.c"],
+            Link::SharedRuntime,
+        )
+    });
+    let cap = 48 * MIB;
+    for fault in [None, Some("async-uncharge")] {
+        let sim = unique_name("cap-async");
+        let mut c = sim_command(exe.clone(), "cap-async");
+        c.env("VRAMSIM_NAME", &sim)
+            .env("VRAMSIM_CONTEXT_OVERHEAD", "0")
+            .env("LD_PRELOAD", lib())
+            .env("VRAMSHIM_CAP", cap.to_string())
+            .arg("40");
+        if let Some(f) = fault {
+            c.env("VRAMSHIM_CAP_FAULT", f);
+        }
+        let out = run(&mut c);
+        let dev = vramsim_devstate::DeviceState::open(&sim).unwrap();
+        let hw = dev.high_water(0);
+        drop(dev);
+        let _ = std::fs::remove_file(vramsim_devstate::DeviceState::path(&sim));
+        out.assert_success();
+        let f = fields(&out, "async", "");
+        if fault.is_some() {
+            assert!(
+                hw > cap,
+                "async-uncharge: the pool's cache passes the cap: {hw}"
+            );
+            continue;
+        }
+        assert_eq!(
+            (num(&f, "ok"), num(&f, "refused"), num(&f, "other")),
+            (50, 0, 0),
+            "{f:?}\n{}",
+            out.stderr
+        );
+        assert!(hw <= cap, "device high water {hw} > cap {cap}");
+        assert!(hw > cap / 2, "the cap is used: {hw}");
+    }
+}

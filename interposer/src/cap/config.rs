@@ -37,6 +37,9 @@ pub enum Fault {
     /// Charges the requested bytes instead of the device's footprint (rounding and packed
     /// pages go uncounted).
     RequestedBytes,
+    /// A stream-ordered free gives its charge back at once, although the driver's pool may
+    /// keep the block cached (up to its release threshold).
+    AsyncUncharge,
     /// The context's footprint is charged without checking the cap.
     UncheckedContext,
 }
@@ -87,9 +90,10 @@ pub fn parse(get: &dyn Fn(&str) -> Option<String>, uid: u32) -> (Option<Settings
         Some("slots-uncapped") => Fault::SlotsUncapped,
         Some("requested-bytes") => Fault::RequestedBytes,
         Some("unchecked-context") => Fault::UncheckedContext,
+        Some("async-uncharge") => Fault::AsyncUncharge,
         Some(v) => {
             lines.push(format!(
-                "vramshim: VRAMSHIM_CAP_FAULT=\"{}\" is not valid (a test-only switch); accepted: racy-charge, no-reclaim, pid-only, ordinal-lines, squat-pass-through, slots-uncapped, requested-bytes, unchecked-context; ignoring it",
+                "vramshim: VRAMSHIM_CAP_FAULT=\"{}\" is not valid (a test-only switch); accepted: racy-charge, no-reclaim, pid-only, ordinal-lines, squat-pass-through, slots-uncapped, requested-bytes, unchecked-context, async-uncharge; ignoring it",
                 v.escape_debug()
             ));
             Fault::None

@@ -4,7 +4,10 @@
 
 use std::ffi::c_int;
 
-use crate::ffi_types::{CUDA_ERROR_NOT_INITIALIZED, CUDA_SUCCESS};
+use crate::ffi_types::{
+    CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
+    CUDA_ERROR_NOT_INITIALIZED, CUDA_SUCCESS, CUstream,
+};
 use crate::real;
 
 type PfnCuInit = unsafe extern "C" fn(u32) -> c_int;
@@ -154,4 +157,62 @@ fn nvml_handle() -> Option<*mut std::ffi::c_void> {
     // SAFETY: clears the dlerror state our failed dlopen left behind.
     unsafe { libc::dlerror() };
     None
+}
+
+/// Empties the driver's memory pools of `device` of the blocks they keep cached: waits for
+/// the device's pending work (so that stream-ordered frees reach their pools), trims every
+/// pool the process may have used to zero, and returns what they still cache (reserved
+/// minus used bytes; 0 = nothing). `None`, having done nothing, when a stream capture is
+/// underway on `stream` or the legacy stream (synchronizing then would break the capture;
+/// an error of the query counts as a capture), when `device` is not the current context's,
+/// or when the driver lacks a function.
+pub fn settle_pools(device: i32, stream: u64) -> Option<u64> {
+    let capturing = real::cuStreamIsCapturing()?;
+    let get_device = real::cuCtxGetDevice()?;
+    let sync = real::cuCtxSynchronize()?;
+    let trim = real::cuMemPoolTrimTo()?;
+    let attr = real::cuMemPoolGetAttribute()?;
+    for s in [stream, 0] {
+        let mut status: c_int = 0;
+        // SAFETY: valid out-pointer; the stream is the request's own (or the legacy one).
+        let rc = unsafe { capturing(s as CUstream, &mut status) };
+        if rc != CUDA_SUCCESS || status != 0 {
+            return None;
+        }
+    }
+    let mut current: c_int = -1;
+    // SAFETY: valid out-pointer.
+    if unsafe { get_device(&mut current) } != CUDA_SUCCESS || current != device {
+        return None;
+    }
+    // SAFETY: no arguments; no capture is underway (checked above).
+    if unsafe { sync() } != CUDA_SUCCESS {
+        return None;
+    }
+    let mut cached = 0u64;
+    for pool in crate::hooks::mempool::pools_of(device) {
+        // SAFETY: a pool handle the driver gave; a stale one answers an error, skipped.
+        if unsafe { trim(pool, 0) } != CUDA_SUCCESS {
+            continue;
+        }
+        let (mut reserved, mut used) = (0u64, 0u64);
+        // SAFETY: both attributes are cuuint64_t, written through valid out-pointers.
+        let ok = unsafe {
+            attr(
+                pool,
+                CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+                (&mut reserved as *mut u64).cast(),
+            ) == CUDA_SUCCESS
+                && attr(
+                    pool,
+                    CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
+                    (&mut used as *mut u64).cast(),
+                ) == CUDA_SUCCESS
+        };
+        if !ok {
+            return None;
+        }
+        cached = cached.saturating_add(reserved.saturating_sub(used));
+    }
+    Some(cached)
 }

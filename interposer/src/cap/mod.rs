@@ -63,6 +63,10 @@ pub struct DeviceQueries {
     /// The device's UUID: which line of a shared region counts it (processes of one group
     /// may see one device under different ordinals).
     pub uuid: fn(i32) -> Option<[u8; 16]>,
+    /// `settle_pools(device, stream)`: empties the driver's memory pools of `device` of
+    /// their cached blocks and says what they still cache (see `driver::settle_pools`).
+    /// `None`: not done (a capture is underway, or no driver).
+    pub settle_pools: fn(i32, u64) -> Option<u64>,
 }
 
 fn unknown_total(_: i32) -> Option<u64> {
@@ -74,6 +78,9 @@ fn unknown_count() -> Option<i32> {
 fn unknown_uuid(_: i32) -> Option<[u8; 16]> {
     None
 }
+fn no_pools(_: i32, _: u64) -> Option<u64> {
+    None
+}
 
 impl DeviceQueries {
     pub const UNKNOWN: DeviceQueries = DeviceQueries {
@@ -81,6 +88,7 @@ impl DeviceQueries {
         count: unknown_count,
         process_used: unknown_total,
         uuid: unknown_uuid,
+        settle_pools: no_pools,
     };
 }
 
@@ -121,6 +129,10 @@ pub struct Cap {
     /// A context footprint measured while the cap had no room for it: charged (checked)
     /// together with the next allocation, which is refused until both fit.
     ctx_pending: [AtomicU64; MAX_DEVICES],
+    /// Charges of stream-ordered allocations freed since the driver's pools were last
+    /// emptied: the pool may keep their blocks cached (up to its release threshold), so the
+    /// charge stays until [`Cap::settle_pool_cache`] sees the pools empty.
+    pool_cached: [AtomicU64; MAX_DEVICES],
     /// Every device allocation is refused: the cap cannot be enforced as asked and
     /// `VRAMSHIM_CAP_STRICT=1` (or no slot in the shared region).
     refuse_all: AtomicBool,
@@ -185,6 +197,7 @@ impl Cap {
             private_used: [const { AtomicU64::new(0) }; MAX_DEVICES],
             ctx_charged: [const { AtomicU64::new(0) }; MAX_DEVICES],
             ctx_pending: [const { AtomicU64::new(0) }; MAX_DEVICES],
+            pool_cached: [const { AtomicU64::new(0) }; MAX_DEVICES],
             refuse_all: AtomicBool::new(false),
             packed: Mutex::new(HashMap::new()),
             ctx_state: [const { AtomicU8::new(0) }; MAX_DEVICES],
@@ -549,6 +562,20 @@ impl Cap {
     /// [`Cap::charge_alloc`] for an allocation's footprint).
     #[inline]
     pub fn try_charge(&self, device: i32, bytes: u64, api: Api) -> Result<(), Refusal> {
+        self.try_charge_on(device, bytes, api, 0)
+    }
+
+    /// [`Cap::try_charge`] for a request on `stream` (0: the legacy stream): before a
+    /// refusal, the driver's pools give back what they cache of freed stream-ordered blocks
+    /// (never while `stream` captures).
+    #[inline]
+    pub fn try_charge_on(
+        &self,
+        device: i32,
+        bytes: u64,
+        api: Api,
+        stream: u64,
+    ) -> Result<(), Refusal> {
         if !self.ready() {
             return Ok(());
         }
@@ -569,7 +596,32 @@ impl Cap {
         };
         let want = bytes.saturating_add(ctx);
         let cap = self.cap_bytes(d);
-        let r = match self.region.get() {
+        let mut r = self.reserve(d, want, cap);
+        if r.is_err() && self.pool_cached[d].load(Relaxed) != 0 && self.settle_pool_cache(d, stream)
+        {
+            r = self.reserve(d, want, cap);
+        }
+        match r {
+            Ok(_) => {
+                if ctx > 0 {
+                    self.ctx_charged[d].fetch_add(ctx, Relaxed);
+                }
+                Ok(())
+            }
+            Err(in_use) => {
+                if ctx > 0 {
+                    self.ctx_pending[d].fetch_add(ctx, AcqRel);
+                }
+                Err(self.refused(d, bytes, in_use.saturating_add(ctx), cap, api))
+            }
+        }
+    }
+
+    /// Reserves `want` bytes on device `d` under `cap` (the process's counter or its slot in
+    /// the shared region): the new total, or what was in use when it did not fit.
+    #[inline]
+    fn reserve(&self, d: usize, want: u64, cap: u64) -> Result<u64, u64> {
+        match self.region.get() {
             None => match self.check() {
                 Check::Atomic => vramshim_region::reserve(&self.private_used[d], want, cap),
                 Check::Racy => vramshim_region::reserve_racy(&self.private_used[d], want, cap),
@@ -592,21 +644,30 @@ impl Cap {
                 }
                 _ => Err(0),
             },
-        };
-        match r {
-            Ok(_) => {
-                if ctx > 0 {
-                    self.ctx_charged[d].fetch_add(ctx, Relaxed);
-                }
-                Ok(())
-            }
-            Err(in_use) => {
-                if ctx > 0 {
-                    self.ctx_pending[d].fetch_add(ctx, AcqRel);
-                }
-                Err(self.refused(d, bytes, in_use.saturating_add(ctx), cap, api))
-            }
         }
+    }
+
+    /// The cap would refuse a request on device `d`: empty the driver's pools of the blocks
+    /// they cache (`DeviceQueries::settle_pools`) and, when nothing stays cached, give back
+    /// the charges of the stream-ordered frees made before. Returns whether anything was
+    /// given back. Frees recorded meanwhile keep their charge (their blocks may be cached
+    /// after the pools were emptied); when something stays cached the charges stay too.
+    #[cold]
+    #[inline(never)]
+    fn settle_pool_cache(&self, d: usize, stream: u64) -> bool {
+        let before = self.pool_cached[d].load(Acquire);
+        if before == 0 || (self.queries().settle_pools)(d as i32, stream) != Some(0) {
+            return false;
+        }
+        let _ = self.pool_cached[d].fetch_sub(before, AcqRel);
+        self.uncharge(d as i32, before);
+        true
+    }
+
+    /// Charges of freed stream-ordered allocations still held on `device` (see
+    /// [`Cap::uncharge_freed`]).
+    pub fn pool_cached(&self, device: i32) -> u64 {
+        device_index(device).map_or(0, |d| self.pool_cached[d].load(Relaxed))
     }
 
     /// Reserves what an allocation of `size` bytes through `api` will cost the device (its
@@ -614,8 +675,21 @@ impl Cap {
     /// [`Cap::settle_alloc`] once the allocation is made (or to [`Cap::uncharge`] if it fails).
     #[inline]
     pub fn charge_alloc(&self, device: i32, size: u64, api: Api) -> Result<u64, Refusal> {
+        self.charge_alloc_on(device, size, api, 0)
+    }
+
+    /// [`Cap::charge_alloc`] for a request on `stream` (see [`Cap::try_charge_on`]).
+    #[inline]
+    pub fn charge_alloc_on(
+        &self,
+        device: i32,
+        size: u64,
+        api: Api,
+        stream: u64,
+    ) -> Result<u64, Refusal> {
         let bytes = self.charge_of(size, api).worst_case();
-        self.try_charge(device, bytes, api).map(|()| bytes)
+        self.try_charge_on(device, bytes, api, stream)
+            .map(|()| bytes)
     }
 
     fn charge_of(&self, size: u64, api: Api) -> Footprint {
@@ -681,8 +755,28 @@ impl Cap {
     /// Gives back what a live-table entry recorded ([`Cap::settle_alloc`]) for the allocation
     /// at `addr`: a packed one frees its page's charge when it was the page's last.
     pub fn uncharge_entry(&self, device: i32, addr: u64, charged: u64) {
+        self.uncharge_freed(device, addr, charged, false);
+    }
+
+    /// [`Cap::uncharge_entry`] for a freed allocation; `stream_ordered`: it came from a
+    /// driver memory pool (`cudaMallocAsync` & co.), which may keep the block cached after
+    /// the free: its charge moves to the device's pool-cached charge instead of going back
+    /// (given back when the cap would refuse and the pools are emptied).
+    pub fn uncharge_freed(&self, device: i32, addr: u64, charged: u64, stream_ordered: bool) {
+        let give_back = |bytes: u64| match device_index(device) {
+            Some(d)
+                if stream_ordered
+                    && self.settings.fault != Fault::AsyncUncharge
+                    && self.status.load(Acquire) == SETUP_ACTIVE =>
+            {
+                self.pool_cached[d].fetch_add(bytes, AcqRel);
+            }
+            _ => self.uncharge(device, bytes),
+        };
         if charged != PACKED_CHARGE {
-            self.uncharge(device, charged);
+            if charged > 0 {
+                give_back(charged);
+            }
             return;
         }
         let Some(d) = device_index(device) else {
@@ -707,7 +801,7 @@ impl Cap {
         };
         drop(g);
         if last {
-            self.uncharge(device, DEVICE_PAGE);
+            give_back(DEVICE_PAGE);
         }
     }
 
@@ -983,6 +1077,9 @@ impl Cap {
         if let Some(d) = device_index(device) {
             let fp = self.ctx_charged[d].swap(0, Relaxed);
             self.uncharge(device, fp);
+            // The context's pools went with it.
+            let cached = self.pool_cached[d].swap(0, AcqRel);
+            self.uncharge(device, cached);
             self.ctx_pending[d].store(0, Relaxed);
             self.ctx_state[d].store(0, Relaxed);
         }
@@ -1001,6 +1098,7 @@ impl Cap {
             self.ctx_charged[d].store(0, Relaxed);
             self.ctx_pending[d].store(0, Relaxed);
             self.ctx_state[d].store(0, Relaxed);
+            self.pool_cached[d].store(0, Relaxed);
         }
         if let Some(mut g) = self.packed_lock(PACKED_LOCK_TRIES) {
             g.clear();
@@ -1042,6 +1140,7 @@ fn build_global() -> Option<Cap> {
         count: driver::count,
         process_used: driver::process_used,
         uuid: driver::uuid,
+        settle_pools: driver::settle_pools,
     });
     settings.map(|s| Cap::new(s, &QUERIES, stderr_line))
 }
@@ -1081,10 +1180,11 @@ pub fn try_charge(device: i32, bytes: u64, api: Api) -> Result<(), Refusal> {
 
 /// Reserve the footprint of an allocation of `size` bytes through `api` (see
 /// [`Cap::charge_alloc`]); `Ok(0)` when there is no cap.
+/// `stream`: the request's (0 for the legacy stream, and for requests with none).
 #[inline]
-pub fn charge_alloc(device: i32, size: u64, api: Api) -> Result<u64, Refusal> {
+pub fn charge_alloc(device: i32, size: u64, api: Api, stream: u64) -> Result<u64, Refusal> {
     match global() {
-        Some(c) => c.charge_alloc(device, size, api),
+        Some(c) => c.charge_alloc_on(device, size, api, stream),
         None => Ok(0),
     }
 }
@@ -1103,6 +1203,15 @@ pub fn settle_alloc(device: i32, addr: u64, size: u64, charged: u64, api: Api) -
 pub fn uncharge_entry(device: i32, addr: u64, charged: u64) {
     if let Some(c) = global() {
         c.uncharge_entry(device, addr, charged);
+    }
+}
+
+/// Give back what a live-table entry recorded for the freed allocation at `addr`;
+/// `stream_ordered`: it came from a driver memory pool (see [`Cap::uncharge_freed`]).
+#[inline]
+pub fn uncharge_freed(device: i32, addr: u64, charged: u64, stream_ordered: bool) {
+    if let Some(c) = global() {
+        c.uncharge_freed(device, addr, charged, stream_ordered);
     }
 }
 

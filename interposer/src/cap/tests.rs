@@ -42,7 +42,11 @@ const SIM2: DeviceQueries = DeviceQueries {
     count: two_devices,
     process_used: no_process_use,
     uuid: uuid_of,
+    settle_pools: no_pools_here,
 };
+fn no_pools_here(_: i32, _: u64) -> Option<u64> {
+    None
+}
 
 fn settings(cap: &str) -> Settings {
     Settings {
@@ -630,4 +634,62 @@ fn exec_frees_the_replaced_images_slot() {
     after.try_charge(0, GIB, Api::CudaMalloc).unwrap();
     assert_eq!(after.in_use(0), GIB);
     assert_eq!(Region::open(&path).unwrap().snapshot().processes.len(), 1);
+}
+
+fn pools_empty(_: i32, _: u64) -> Option<u64> {
+    Some(0)
+}
+fn pools_keep_some(_: i32, _: u64) -> Option<u64> {
+    Some(4096)
+}
+
+/// A stream-ordered free keeps its charge (the driver's pool may cache the block) until a
+/// request would be refused and the pools are emptied; then the request is served. While
+/// the pools cannot be emptied (a capture, or something stays cached) the charge stays and
+/// the request is refused. `async-uncharge` gives the charge back at once.
+#[test]
+fn stream_ordered_frees_stay_charged_until_the_pools_are_emptied() {
+    let mib = 1u64 << 20;
+    for (settle, served) in [
+        (pools_empty as fn(i32, u64) -> Option<u64>, true),
+        (pools_keep_some, false),
+        (no_pools_here, false),
+    ] {
+        let q = DeviceQueries {
+            settle_pools: settle,
+            ..SIM2
+        };
+        let c = Cap::new(settings("64MiB"), queries(q), capture);
+        let a = c.charge_alloc(0, 48 * mib, Api::CudaMallocAsync).unwrap();
+        c.uncharge_freed(0, 0x1000_0000, a, true);
+        assert_eq!((c.in_use(0), c.pool_cached(0)), (48 * mib, 48 * mib));
+        // Fits beside the cached block: no settling needed, the charge stays.
+        let b = c.charge_alloc(0, 16 * mib, Api::CudaMallocAsync).unwrap();
+        c.uncharge_freed(0, 0x2000_0000, b, true);
+        assert_eq!(c.pool_cached(0), 64 * mib);
+        let r = c.charge_alloc(0, 32 * mib, Api::CudaMalloc);
+        assert_eq!(r.is_ok(), served, "{r:?}");
+        if served {
+            assert_eq!((c.in_use(0), c.pool_cached(0)), (32 * mib, 0));
+        } else {
+            assert_eq!((c.in_use(0), c.pool_cached(0)), (64 * mib, 64 * mib));
+        }
+    }
+    // Plain frees give back at once; so does everything with the fault switch.
+    let c = Cap::new(settings("64MiB"), queries(SIM2), capture);
+    let a = c.charge_alloc(0, 48 * mib, Api::CudaMalloc).unwrap();
+    c.uncharge_freed(0, 0x1000_0000, a, false);
+    assert_eq!(c.in_use(0), 0);
+    let mut s = settings("64MiB");
+    s.fault = Fault::AsyncUncharge;
+    let c = Cap::new(s, queries(SIM2), capture);
+    let a = c.charge_alloc(0, 48 * mib, Api::CudaMallocAsync).unwrap();
+    c.uncharge_freed(0, 0x1000_0000, a, true);
+    assert_eq!((c.in_use(0), c.pool_cached(0)), (0, 0));
+    // The context going takes its pools with it.
+    let c = Cap::new(settings("64MiB"), queries(SIM2), capture);
+    let a = c.charge_alloc(0, 48 * mib, Api::CudaMallocAsync).unwrap();
+    c.uncharge_freed(0, 0x1000_0000, a, true);
+    c.on_context_destroyed(0);
+    assert_eq!((c.in_use(0), c.pool_cached(0)), (0, 0));
 }

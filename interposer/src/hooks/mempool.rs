@@ -92,6 +92,33 @@ fn ask_devices(pool: u64) -> Option<i32> {
     })
 }
 
+/// The pools of `device` the process may have allocated from: its default and current pool
+/// and every pool recorded on it (cold: the cap asks when it would refuse a request).
+pub(crate) fn pools_of(device: i32) -> Vec<CUmemoryPool> {
+    let mut out: Vec<CUmemoryPool> = Vec::new();
+    for g in [
+        real::cuDeviceGetDefaultMemPool(),
+        real::cuDeviceGetMemPool(),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        let mut p: CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: p is a valid out-pointer; the driver checks the ordinal.
+        if unsafe { g(&mut p, device) } == CUDA_SUCCESS && !p.is_null() && !out.contains(&p) {
+            out.push(p);
+        }
+    }
+    let n = LEN.load(Acquire).min(CAP);
+    for k in &KNOWN[..n] {
+        let p = k.pool.load(Acquire) as CUmemoryPool;
+        if !p.is_null() && k.device.load(Acquire) == device && !out.contains(&p) {
+            out.push(p);
+        }
+    }
+    out
+}
+
 /// Forget everything (fork child: handles do not survive into a child's own contexts).
 pub(crate) fn on_fork_child() {
     for k in KNOWN.iter() {
