@@ -92,6 +92,13 @@ if [ -d "$sim" ]; then
       put "$f" "$dest" "$mode"
     fi
   done
+  # driver/: the driver and NVML alone, what `vramshim run --sim` puts first on the library
+  # path so that the program's own runtime runs.
+  mkdir -p "$prefix/lib/vramshim/cuda-sim/driver"
+  for pair in libcuda.so.1=../libcuda.so.1 libcuda.so=../libcuda.so.1 \
+              libnvidia-ml.so.1=../libnvidia-ml.so.1 libnvidia-ml.so=../libnvidia-ml.so.1; do
+    link "${pair#*=}" "$prefix/lib/vramshim/cuda-sim/driver/${pair%%=*}"
+  done
   # Helper programs of the simulated GPU (e.g. vramsim-smi), when built.
   for b in vramsim-smi; do
     [ -f "$out/$b" ] && put "$out/$b" "$prefix/lib/vramshim/cuda-sim/$b" 755

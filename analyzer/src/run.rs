@@ -5,7 +5,7 @@
 //! child, returns the child's exit status the way a shell does (128 + signal when it was
 //! killed), and, when tracing, says where the trace is and what it holds.
 
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsString;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, ExitStatus};
@@ -51,6 +51,12 @@ pub struct Args {
     /// Run on the simulated GPU (no GPU needed); SIZE sets its memory (VRAMSIM_MEMORY, e.g. 16GiB).
     #[arg(long, value_name = "SIZE", num_args = 0..=1, require_equals = true, default_missing_value = "")]
     pub sim: Option<String>,
+    /// With --sim, substitute cuda-sim's runtime for the program's own: preload its
+    /// `libcudart.so.13` and `.so.12` (or only the one named: 12 or 13) and put all of
+    /// `cuda-sim/` first on the library path. Without it the program's own runtime runs.
+    #[arg(long, value_name = "VERSION", num_args = 0..=1, require_equals = true,
+          default_missing_value = "all", value_parser = ["all", "12", "13"])]
+    pub preload_runtime: Option<String>,
     /// With the pool, how PyTorch's tensors reach it: `async` (backend:cudaMallocAsync, the
     /// default), `uncached` (PYTORCH_NO_CUDA_MEMORY_CACHING=1) or `native` (PyTorch's cache in
     /// front of the pool). Default: VRAMSHIM_PYTORCH_ROUTE, else async.
@@ -72,21 +78,33 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
     let mut preload = vec![lib.clone()];
     if let Some(size) = &args.sim {
         let sim = find_sim_dir()?;
-        prepend_path_var(&mut cmd, "LD_LIBRARY_PATH", &sim);
         if !size.is_empty() {
             cmd.env("VRAMSIM_MEMORY", size);
         }
-        // Programs whose CUDA libraries carry a DT_RPATH to their own runtime (PyTorch wheels)
-        // would load the real runtime despite LD_LIBRARY_PATH; a runtime that is already
-        // loaded satisfies the dependency by soname, so preload the simulated ones for them.
-        if looks_like_python(&args.cmd) {
-            for rt in ["libcudart.so.13", "libcudart.so.12"] {
+        if let Some(which) = &args.preload_runtime {
+            // The substitution: cuda-sim's runtime in place of the program's own. A runtime
+            // that is already loaded satisfies every later dependency on its soname, even one
+            // a DT_RPATH points elsewhere.
+            set_library_path(&mut cmd, &sim, None);
+            for rt in preloaded_runtimes(which) {
                 let p = sim.join(rt);
                 if p.exists() {
                     preload.push(p);
                 }
             }
+        } else {
+            // The program's own runtime runs on cuda-sim's driver: only the driver and NVML
+            // go first on the library path. cuda-sim's runtimes come last, for programs that
+            // bring none of their own (found through DT_RPATH, a preload or a full path, a
+            // program's own runtime wins).
+            set_library_path(&mut cmd, &sim_driver_dir(&sim)?, Some(&sim));
         }
+    } else if args.preload_runtime.is_some() {
+        return Err(
+            "run: --preload-runtime needs --sim (it substitutes the simulated GPU's \
+                    runtime for the program's own)"
+                .into(),
+        );
     }
     cmd.env(
         "LD_PRELOAD",
@@ -341,6 +359,46 @@ fn lay_out_sim(profile: &Path) -> Result<PathBuf, String> {
     Ok(dir)
 }
 
+/// Directory of the layout holding only the simulated driver and NVML (symlinks to the
+/// layout's copies), so that putting it on the library path leaves the runtime to the program.
+pub const SIM_DRIVER_SUBDIR: &str = "driver";
+const SIM_DRIVER_LINKS: &[(&str, &str)] = &[
+    ("libcuda.so.1", "../libcuda.so.1"),
+    ("libcuda.so", "../libcuda.so.1"),
+    ("libnvidia-ml.so.1", "../libnvidia-ml.so.1"),
+    ("libnvidia-ml.so", "../libnvidia-ml.so.1"),
+];
+
+/// `cuda-sim/driver/`, laid out (links written aside and renamed into place) when missing.
+fn sim_driver_dir(sim: &Path) -> Result<PathBuf, String> {
+    let dir = sim.join(SIM_DRIVER_SUBDIR);
+    let linked = |link: &str, target: &str| {
+        std::fs::read_link(dir.join(link)).ok().as_deref() == Some(Path::new(target))
+    };
+    if SIM_DRIVER_LINKS.iter().all(|(l, t)| linked(l, t)) {
+        return Ok(dir);
+    }
+    let err = |what: &str, p: &Path, e: std::io::Error| {
+        format!(
+            "{what} {}: {e} (the simulated GPU's layout lacks its driver-only directory; \
+             reinstall with scripts/install.sh, or run with --preload-runtime)",
+            p.display()
+        )
+    };
+    std::fs::create_dir_all(&dir).map_err(|e| err("cannot create", &dir, e))?;
+    let tag = std::process::id();
+    for (link, target) in SIM_DRIVER_LINKS {
+        if linked(link, target) {
+            continue;
+        }
+        let (p, tmp) = (dir.join(link), dir.join(format!(".{link}.{tag}.tmp")));
+        let _ = std::fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(target, &tmp).map_err(|e| err("cannot link", &tmp, e))?;
+        std::fs::rename(&tmp, &p).map_err(|e| err("cannot rename to", &p, e))?;
+    }
+    Ok(dir)
+}
+
 fn absolute(p: &Path) -> PathBuf {
     std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
 }
@@ -375,25 +433,27 @@ fn join_colon(parts: &[OsString]) -> OsString {
     out
 }
 
-fn prepend_path_var(cmd: &mut Command, var: &str, dir: &Path) {
-    let mut parts = vec![dir.as_os_str().to_owned()];
-    if let Some(old) = std::env::var_os(var) {
+/// `LD_LIBRARY_PATH` = `front`, what was there, then `back` (each named once).
+fn set_library_path(cmd: &mut Command, front: &Path, back: Option<&Path>) {
+    let mut parts = vec![front.as_os_str().to_owned()];
+    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
         parts.extend(
             std::env::split_paths(&old)
-                .filter(|p| p != dir && !p.as_os_str().is_empty())
+                .filter(|p| p != front && Some(p.as_path()) != back && !p.as_os_str().is_empty())
                 .map(PathBuf::into_os_string),
         );
     }
-    cmd.env(var, join_colon(&parts));
+    parts.extend(back.map(|b| b.as_os_str().to_owned()));
+    cmd.env("LD_LIBRARY_PATH", join_colon(&parts));
 }
 
-fn looks_like_python(cmd: &[OsString]) -> bool {
-    cmd.iter().take(3).any(|a| {
-        Path::new(a)
-            .file_name()
-            .and_then(OsStr::to_str)
-            .is_some_and(|n| n.starts_with("python"))
-    })
+/// The sonames `--preload-runtime[=12|13]` preloads.
+fn preloaded_runtimes(which: &str) -> &'static [&'static str] {
+    match which {
+        "12" => &["libcudart.so.12"],
+        "13" => &["libcudart.so.13"],
+        _ => &["libcudart.so.13", "libcudart.so.12"],
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -511,13 +511,66 @@ fn library_and_simulated_gpu_found_in_an_install_layout() {
             l[0],
             format!("{}/{libdir}/libvramshim.so", prefix.display())
         );
-        assert!(
-            l[1].starts_with(&format!("{}/{libdir}/cuda-sim", prefix.display())),
+        // The driver alone first (the program's own runtime runs), cuda-sim's runtimes last
+        // for programs that bring none.
+        let sim = format!("{}/{libdir}/cuda-sim", prefix.display());
+        let path: Vec<&str> = l[1].split(':').collect();
+        assert_eq!(
+            path.first(),
+            Some(&format!("{sim}/driver").as_str()),
             "{}",
             l[1]
         );
+        assert_eq!(path.last(), Some(&sim.as_str()), "{}", l[1]);
+        assert_eq!(
+            std::fs::read_link(format!("{sim}/driver/libcuda.so.1")).unwrap(),
+            Path::new("../libcuda.so.1")
+        );
+        assert!(!Path::new(&format!("{sim}/driver/libcudart.so.12")).exists());
         assert_eq!(l[2], "2GiB");
+
+        // --preload-runtime: the substitution, cuda-sim first and its runtime preloaded.
+        std::fs::copy(
+            empty_so("libcudart.so.12"),
+            prefix.join(libdir).join("cuda-sim/libcudart.so.12"),
+        )
+        .unwrap();
+        let o = Command::new(&exe)
+            .env_remove("VRAMSHIM_LIB")
+            .env_remove("LD_PRELOAD")
+            .args(["run", "--sim", "--preload-runtime", "--", "sh", "-c"])
+            .arg("echo \"$LD_PRELOAD\"; echo \"$LD_LIBRARY_PATH\"")
+            .retry_output();
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let l: Vec<&str> = out.lines().collect();
+        assert_eq!(
+            l[0],
+            format!(
+                "{}/{libdir}/libvramshim.so:{sim}/libcudart.so.12",
+                prefix.display()
+            )
+        );
+        assert_eq!(l[1].split(':').next(), Some(sim.as_str()), "{}", l[1]);
     }
+}
+
+#[test]
+fn preload_runtime_needs_sim() {
+    let o = Command::new(VRAMSHIM)
+        .args(["run", "--preload-runtime", "--", "true"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(err.contains("--preload-runtime needs --sim"), "{err}");
+    let o = Command::new(VRAMSHIM)
+        .args(["run", "--sim", "--preload-runtime=11", "--", "true"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("12") && err.contains("13"), "{err}");
 }
 
 fn cargo_target_dir() -> PathBuf {

@@ -65,6 +65,9 @@ pub static TABLE: LazyLock<Vec<Entry>> = LazyLock::new(|| {
         "cuDeviceGetDefaultMemPool" 11020 cuDeviceGetDefaultMemPool;
         "cuDeviceGetMemPool" 11020 cuDeviceGetMemPool;
         "cuDeviceSetMemPool" 11020 cuDeviceSetMemPool;
+        "cuDeviceGetGraphMemAttribute" 11040 cuDeviceGetGraphMemAttribute;
+        "cuDeviceSetGraphMemAttribute" 11040 cuDeviceSetGraphMemAttribute;
+        "cuDeviceGraphMemTrim" 11040 cuDeviceGraphMemTrim;
         "cuDevicePrimaryCtxRetain" 7000 cuDevicePrimaryCtxRetain;
         "cuDevicePrimaryCtxRelease" 7000 cuDevicePrimaryCtxRelease;
         "cuDevicePrimaryCtxRelease" 11000 cuDevicePrimaryCtxRelease_v2;

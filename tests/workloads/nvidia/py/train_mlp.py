@@ -37,8 +37,11 @@ stats = torch.cuda.memory_stats()
 print("segments", stats.get("segment.all.allocated", 0))
 print("reserved", torch.cuda.memory_reserved())
 print("peak", torch.cuda.max_memory_allocated())
-for seg in torch.cuda.memory_snapshot():
-    print("segment", seg["address"], seg["total_size"])
+# Under `vramshim run --pool stitch` PyTorch runs backend:cudaMallocAsync, which keeps no
+# segments to list (memory_snapshot refuses it).
+if torch.cuda.get_allocator_backend() == "native":
+    for seg in torch.cuda.memory_snapshot():
+        print("segment", seg["address"], seg["total_size"])
 maps = open("/proc/self/maps").read()
 for m in sorted(set(re.findall(r"(/\S*/lib(?:cudart|cuda\.so|cublas|vramsim)\S*)", maps))):
     print("map", m)

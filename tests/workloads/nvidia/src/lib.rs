@@ -187,3 +187,44 @@ pub fn field(stdout: &str, key: &str) -> u64 {
         .find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.trim().parse().ok())
         .unwrap_or_else(|| panic!("no `{key}` in:\n{stdout}"))
 }
+
+/// CuPy as `scripts/setup-cupy` installs it: `(directory for PYTHONPATH, the python it was
+/// installed for)`, or `None` after printing why the test is skipped. With
+/// `VRAMSHIM_NVIDIA_TESTS=1` (CI) a missing installation is installed first and a failed
+/// install panics: the tests then fail instead of skipping.
+pub fn cupy_or_skip() -> Option<(PathBuf, PathBuf)> {
+    static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        let script = repo_root().join("scripts/setup-cupy");
+        let required = std::env::var("VRAMSHIM_NVIDIA_TESTS").as_deref() == Ok("1");
+        let mut c = std::process::Command::new(&script);
+        if !required {
+            c.arg("--check");
+        }
+        let o = c
+            .output()
+            .unwrap_or_else(|e| panic!("{}: {e}", script.display()));
+        let err = String::from_utf8_lossy(&o.stderr);
+        if o.status.success() {
+            Ok(PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()))
+        } else if required {
+            panic!("VRAMSHIM_NVIDIA_TESTS=1 but scripts/setup-cupy failed:\n{err}");
+        } else {
+            Err(format!(
+                "{} (run scripts/setup-cupy, or set VRAMSHIM_NVIDIA_TESTS=1 to install it from the tests)",
+                err.trim()
+            ))
+        }
+    });
+    match dir {
+        Ok(d) => {
+            let python = std::fs::read_to_string(d.join("python"))
+                .unwrap_or_else(|e| panic!("{}/python: {e}", d.display()));
+            Some((d.clone(), PathBuf::from(python.trim())))
+        }
+        Err(why) => {
+            eprintln!("SKIP: CuPy is not installed: {why}");
+            None
+        }
+    }
+}

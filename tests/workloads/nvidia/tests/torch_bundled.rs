@@ -179,3 +179,64 @@ fn pytorch_trains_a_conv_net_with_cudnn() {
     );
     assert!(field(&out.stdout, "cudnn") >= 90000, "{}", out.stdout);
 }
+
+/// `python train_mlp.py args` under `vramshim run --sim flags`, with no library path of its own:
+/// the CLI decides which runtime runs.
+fn train_sim(python: &Path, flags: &[&str], args: &[&str]) -> RunOutput {
+    let mut c = sim_command(profile_dir().join("vramshim"), "nv-torch-sim");
+    c.env_remove("LD_LIBRARY_PATH")
+        .env_remove("LD_PRELOAD")
+        .env("VRAMSIM_CONTEXT_OVERHEAD", "0")
+        .arg("run")
+        .arg("--sim")
+        .args(flags)
+        .arg("--")
+        .arg(python)
+        .arg(script("train_mlp.py"))
+        .args(args);
+    run(&mut c)
+}
+
+/// `vramshim run --sim` leaves PyTorch its own runtime: only cuda-sim's driver is substituted,
+/// and every segment is traced once.
+#[test]
+fn vramshim_run_sim_runs_pytorchs_own_runtime() {
+    let Some(python) = torch_or_skip("vramshim_run_sim_runs_pytorchs_own_runtime") else {
+        return;
+    };
+    let trace = temp_dir("nv-torch-sim").join("t.vramtrace");
+    let out = train_sim(
+        &python,
+        &["--trace", trace.to_str().unwrap()],
+        &["3", "256"],
+    );
+    ok(&out, "vramshim run --sim");
+    assert_bundled_runtime(&out);
+    let r = TraceReader::open(&trace).unwrap_or_else(|e| panic!("{}: {e}", trace.display()));
+    let allocs = r
+        .filter(|e| matches!(e, Ok(Event::Alloc(m)) if m.result == 0))
+        .count() as u64;
+    assert!(
+        allocs >= field(&out.stdout, "segments"),
+        "{allocs} allocations traced: {}",
+        out.stdout
+    );
+}
+
+/// `--preload-runtime` keeps the substitution: cuda-sim's runtime in place of PyTorch's.
+#[test]
+fn vramshim_run_sim_preload_runtime_substitutes_cuda_sims_runtime() {
+    let Some(python) = torch_or_skip("vramshim_run_sim_preload_runtime_substitutes") else {
+        return;
+    };
+    let out = train_sim(&python, &["--preload-runtime=13"], &["0", "256"]);
+    // PyTorch also opens its wheel's runtime by full path (not by soname), so that copy is
+    // mapped too; what the substitution changes is which one its libraries' DT_NEEDED reach.
+    let maps = mapped(&out.stdout);
+    assert!(
+        out.success() && maps.iter().any(|p| p.ends_with("cuda-sim/libcudart.so.13")),
+        "cuda-sim's runtime preloaded: {maps:?}\n{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+}

@@ -181,8 +181,8 @@ pub fn torch_sim_command(python: &Path, name: &str) -> Command {
     c
 }
 
-/// `vramshim run [FLAGS] -- python ARGS` on the simulated GPU (the CLI preloads the
-/// interposer and, for Python, the simulated runtimes).
+/// `vramshim run --sim [FLAGS] -- python ARGS` on the simulated GPU (the CLI preloads the
+/// interposer; PyTorch runs its own bundled runtime on cuda-sim's driver).
 pub fn vramshim_run_command(python: &Path, name: &str, flags: &[&str]) -> Command {
     let exe = profile_dir().join("vramshim");
     assert!(

@@ -188,6 +188,38 @@ cu_api! {
         crate::pool::set_current_pool(dev, pool)
     }
 
+    // Graph memory: no graph is ever instantiated here, so the memory graphs hold (in use and
+    // reserved, current and high) is 0. NVIDIA's runtime forwards its
+    // cudaDeviceGet/SetGraphMemAttribute and cudaDeviceGraphMemTrim here; PyTorch's
+    // cudaMallocAsync backend resets the high-water marks in torch.cuda.reset_peak_memory_stats.
+    fn cuDeviceGetGraphMemAttribute(dev: CUdevice, attr: c_int, value: *mut c_void) {
+        state::check_device(dev)?;
+        if value.is_null() || !(0..=3).contains(&attr) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: the four attributes are cuuint64_t (C contract); checked non-null.
+        unsafe { value.cast::<u64>().write_unaligned(0) };
+        Ok(())
+    }
+
+    fn cuDeviceSetGraphMemAttribute(dev: CUdevice, attr: c_int, value: *mut c_void) {
+        state::check_device(dev)?;
+        // Only the two high-water marks (USED_MEM_HIGH = 1, RESERVED_MEM_HIGH = 3) can be
+        // set, and only to 0 (a reset).
+        if value.is_null() || !(attr == 1 || attr == 3) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: cuuint64_t per the attribute (C contract); checked non-null.
+        if unsafe { value.cast::<u64>().read_unaligned() } != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        Ok(())
+    }
+
+    fn cuDeviceGraphMemTrim(dev: CUdevice) {
+        state::check_device(dev)
+    }
+
     fn cuGetErrorString(error: CUresult, out: *mut *const c_char) {
         let e = ERRORS.iter().find(|(c, _, _)| *c == error);
         // SAFETY: C out-pointer.
