@@ -8,72 +8,16 @@
 //! user the tests skip with a message. The `*_catch_*` tests run the same plants with
 //! `VRAMSHIM_FILES_FAULT=unsafe` (the checks off) and show the damage, so these tests can fail.
 
-use std::ffi::CString;
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
-use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::os::unix::fs::FileTypeExt;
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+use vramshim_testkit::users::{ROOT, User, as_user, nobody, root_or_skip, sticky_dir};
 
 const VRAMSHIM: &str = env!("CARGO_BIN_EXE_vramshim");
 const REPLAY_C: &str = include_str!("../../tests/workloads/replay/replay.c");
 const CUDA_API_H: &str = include_str!("../../tests/workloads/include/cuda_api.h");
 const PRECIOUS: &[u8] = b"precious\n";
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct User {
-    uid: u32,
-    gid: u32,
-    name: &'static str,
-}
-
-const ROOT: User = User {
-    uid: 0,
-    gid: 0,
-    name: "root",
-};
-
-fn nobody() -> User {
-    let n = CString::new("nobody").unwrap();
-    // SAFETY: a NUL-terminated name; the entry is read at once.
-    let pw = unsafe { libc::getpwnam(n.as_ptr()) };
-    assert!(!pw.is_null(), "no user nobody");
-    // SAFETY: non-null entry from getpwnam.
-    let (uid, gid) = unsafe { ((*pw).pw_uid, (*pw).pw_gid) };
-    User {
-        uid,
-        gid,
-        name: "nobody",
-    }
-}
-
-fn root_or_skip(test: &str) -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    eprintln!("SKIPPED {test}: needs root (it plants files as root and as nobody)");
-    false
-}
-
-fn as_user(cmd: &mut Command, u: User) -> &mut Command {
-    if u.uid != 0 {
-        cmd.uid(u.uid).gid(u.gid);
-    }
-    cmd
-}
-
-/// A fresh world-writable sticky directory (like /tmp) next to the binary.
-fn sticky_dir(tag: &str) -> PathBuf {
-    let d = Path::new(VRAMSHIM)
-        .parent()
-        .unwrap()
-        .join(format!("hostile-files-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o1777)).unwrap();
-    d
-}
 
 fn sh_as(who: User, script: &str, args: &[&Path]) {
     let st = as_user(

@@ -27,6 +27,7 @@
 
 mod layout;
 mod proc;
+pub mod users;
 mod wheel;
 
 pub use layout::{SIM_FILES, lay_out, sim_dir};

@@ -12,68 +12,16 @@
 use std::ffi::CString;
 use std::io::Write;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use vramshim_testkit::users::{ROOT, User, as_user, nobody, root_or_skip, sticky_dir};
 use vramshim_testkit::{Link, compile_c, interposer_lib, preload, sim_command, temp_dir};
 use vramshim_trace_tests::{read, source};
 
 /// A generous bound for a job that takes well under a second: a hang is forever.
 const JOB_BOUND: Duration = Duration::from_secs(120);
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct User {
-    uid: u32,
-    gid: u32,
-    name: &'static str,
-}
-
-const ROOT: User = User {
-    uid: 0,
-    gid: 0,
-    name: "root",
-};
-
-fn nobody() -> User {
-    let n = CString::new("nobody").unwrap();
-    // SAFETY: a NUL-terminated name; the entry is read at once, before any other getpw call.
-    let pw = unsafe { libc::getpwnam(n.as_ptr()) };
-    assert!(!pw.is_null(), "no user nobody on this machine");
-    // SAFETY: non-null entry from getpwnam.
-    let (uid, gid) = unsafe { ((*pw).pw_uid, (*pw).pw_gid) };
-    User {
-        uid,
-        gid,
-        name: "nobody",
-    }
-}
-
-/// True when running as root (the plants need two users); otherwise says why it skips.
-fn root_or_skip(test: &str) -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    eprintln!("SKIPPED {test}: needs root (it plants files as root and as nobody)");
-    false
-}
-
-fn as_user(cmd: &mut Command, u: User) -> &mut Command {
-    if u.uid != 0 {
-        // std drops the supplementary groups when root changes uid.
-        cmd.uid(u.uid).gid(u.gid);
-    }
-    cmd
-}
-
-/// A fresh directory like /tmp: world-writable and sticky.
-fn sticky_dir(tag: &str) -> PathBuf {
-    let d = temp_dir(tag);
-    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o1777)).unwrap();
-    d
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Plant {
