@@ -57,6 +57,10 @@ pub fn import_header(path: &Path) -> Header {
     }
 }
 
+/// Columns a header may have (RMM writes 6, newer versions a few more): every row's fields
+/// are read into a fixed array of this size, so the header's columns must fit in it.
+const MAX_COLUMNS: usize = 16;
+
 pub fn open_reader<R: BufRead>(
     path: &Path,
     mut reader: R,
@@ -72,6 +76,17 @@ pub fn open_reader<R: BufRead>(
         .trim_start_matches('\u{feff}')
         .trim_end_matches(['\r', '\n']);
     let names: Vec<&str> = line.split(',').map(|s| s.trim()).collect();
+    if names.len() > MAX_COLUMNS {
+        return Err(InputError::at_line(
+            path,
+            1,
+            format!(
+                "not an RMM log: header '{}' has {} columns, at most {MAX_COLUMNS} are read (expected '{HEADER}')",
+                clip(line),
+                names.len()
+            ),
+        ));
+    }
     let mut cols = [usize::MAX; 6];
     for (i, want) in COLS.iter().enumerate() {
         match names.iter().position(|n| n == want) {
@@ -227,7 +242,7 @@ fn parse_hex(s: &str) -> Option<u64> {
 impl<R: BufRead> RmmCsvSource<R> {
     fn parse_line(&mut self) -> Result<Event, InputError> {
         let line = self.buf.trim_end_matches(['\r', '\n']);
-        let mut fields = [""; 16];
+        let mut fields = [""; MAX_COLUMNS];
         let mut n = 0;
         for f in line.split(',') {
             if n < fields.len() {
@@ -463,5 +478,32 @@ mod tests {
             &mut s,
         );
         assert_eq!(s, "14:23:05.123456");
+    }
+
+    /// A header whose required columns stand past the fields a row is read into (the row
+    /// parser once indexed past its array): refused at the header, whatever the rows hold.
+    #[test]
+    fn wide_headers_are_refused_not_indexed_past() {
+        let mut header: Vec<String> = (0..70).map(|i| format!("x{i}")).collect();
+        header.extend(COLS.iter().map(|c| c.to_string()));
+        let row = vec!["1"; header.len()].join(",");
+        let text = format!("{}\n{row}\n", header.join(","));
+        let count = Rc::new(Cell::new(0));
+        let err = match open_reader(Path::new("wide.csv"), text.as_bytes(), count) {
+            Ok(_) => panic!("a 76-column header was accepted"),
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            err.contains("76 columns") && err.contains("line 1"),
+            "{err}"
+        );
+        // At the limit the header is read and a row with too few fields is refused.
+        let mut header: Vec<String> = (0..10).map(|i| format!("x{i}")).collect();
+        header.extend(COLS.iter().map(|c| c.to_string()));
+        let text = format!("{}\n1,2,3\n", header.join(","));
+        let count = Rc::new(Cell::new(0));
+        let (_, mut src) = open_reader(Path::new("wide.csv"), text.as_bytes(), count).unwrap();
+        use crate::input::EventSource;
+        assert!(matches!(src.next_event(), Some(Err(_))));
     }
 }
