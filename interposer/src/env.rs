@@ -78,6 +78,26 @@ fn remember_known(p: *const c_char, entry: &[u8]) {
     }
 }
 
+/// The entries of a NULL-terminated environment array (none for a null array): each entry's
+/// address and its `NAME=value` bytes. Allocates nothing.
+fn entries(envp: *const *const c_char) -> impl Iterator<Item = (*const c_char, &'static [u8])> {
+    let mut i = 0;
+    std::iter::from_fn(move || {
+        if envp.is_null() {
+            return None;
+        }
+        // SAFETY: envp is a NULL-terminated array of C strings, valid for the process
+        // lifetime (glibc never frees the initial environment).
+        let s = unsafe { *envp.add(i) };
+        if s.is_null() {
+            return None;
+        }
+        i += 1;
+        // SAFETY: each entry is a NUL-terminated C string that lives as long as the process.
+        Some((s, unsafe { CStr::from_ptr(s) }.to_bytes()))
+    })
+}
+
 /// Read the environment. `envp` may be null (then `environ` is used).
 pub(crate) fn init(envp: *const *const c_char) {
     if STATE
@@ -98,46 +118,21 @@ pub(crate) fn init(envp: *const *const c_char) {
     };
     // The test-only switch `VRAMSHIM_ENV_FAULT=first-32` restores a fixed table of 32
     // variables where a known name can be crowded out (tests show they catch it).
-    let mut cap_all = MAX_VARS;
+    let fault = entries(envp).any(|(_, b)| b == b"VRAMSHIM_ENV_FAULT=first-32");
+    let cap_all = if fault { 32 } else { MAX_VARS };
     let (mut n, mut left_out) = (0, 0);
-    if !envp.is_null() {
-        let mut i = 0;
-        loop {
-            // SAFETY: envp is a NULL-terminated array of C strings.
-            let s = unsafe { *envp.add(i) };
-            if s.is_null() {
-                break;
-            }
-            i += 1;
-            // SAFETY: each entry is a NUL-terminated C string.
-            if unsafe { CStr::from_ptr(s) }.to_bytes() == b"VRAMSHIM_ENV_FAULT=first-32" {
-                cap_all = 32;
-            }
+    for (s, bytes) in entries(envp) {
+        if !(bytes.starts_with(b"VRAMSHIM_") && bytes.contains(&b'=')) {
+            continue;
         }
-    }
-    if !envp.is_null() {
-        let mut i = 0;
-        loop {
-            // SAFETY: envp is a NULL-terminated array of C strings.
-            let s = unsafe { *envp.add(i) };
-            if s.is_null() {
-                break;
-            }
-            i += 1;
-            // SAFETY: each entry is a NUL-terminated C string.
-            let bytes = unsafe { CStr::from_ptr(s) }.to_bytes();
-            if !(bytes.starts_with(b"VRAMSHIM_") && bytes.contains(&b'=')) {
-                continue;
-            }
-            if n < cap_all {
-                VARS[n].store(s as *mut c_char, Ordering::Relaxed);
-                n += 1;
-            } else {
-                left_out += 1;
-            }
-            if cap_all == MAX_VARS {
-                remember_known(s, bytes);
-            }
+        if n < cap_all {
+            VARS[n].store(s as *mut c_char, Ordering::Relaxed);
+            n += 1;
+        } else {
+            left_out += 1;
+        }
+        if cap_all == MAX_VARS {
+            remember_known(s, bytes);
         }
     }
     if cap_all < MAX_VARS {
