@@ -1,6 +1,8 @@
-//! Load-time setup, kept tiny (a process that never touches CUDA must not notice us):
-//! read `VRAMSHIM_*`, set the log level, register the atexit and fork-child handlers.
-//! Threads, files and CUDA are only touched on the first CUDA call, by the layers.
+//! The library's life: load-time setup, kept tiny (a process that never touches CUDA must
+//! not notice us: read `VRAMSHIM_*`, set the log level, register the atexit and fork-child
+//! handlers), and what every layer does at fork and at exit. Threads, files and CUDA are
+//! only touched on the first CUDA call, by the layers. The top of the layers: it may call
+//! any of them.
 
 use std::ffi::{c_char, c_int};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,16 +23,17 @@ pub(crate) fn init(envp: *const *const c_char) {
     if INITIALIZED.swap(true, Ordering::AcqRel) {
         return;
     }
-    crate::env::init(envp);
-    crate::log::init();
-    crate::env::report();
+    wire();
+    crate::config::init(envp);
+    crate::sys::log::init();
+    crate::config::report(|line| crate::warn!("{line}"));
     // Parse VRAMSHIM_CAP & co. now (one line per bad value); nothing is attached yet.
     crate::cap::init();
-    if crate::log::enabled(crate::log::Level::Info) {
+    if crate::sys::log::enabled(crate::sys::log::Level::Info) {
         announce();
     }
     // Resolve glibc's dlsym now, while nothing else runs (it is also resolved lazily).
-    crate::real::real_dlsym_addr();
+    crate::cuda::real::real_dlsym_addr();
     // SAFETY: registering plain extern "C" functions with libc.
     unsafe {
         libc::atexit(at_exit);
@@ -38,10 +41,29 @@ pub(crate) fn init(envp: *const *const c_char) {
     }
 }
 
+/// Hand the layers side by side what they read of each other, so that none imports another:
+/// the pool maps no more than the cap lets the process see, and the trace's per-device
+/// counters carry the pool's reserve and the cap.
+fn wire() {
+    crate::pool::set_visible_total(crate::cap::total_for);
+    crate::tracer::set_device_view(crate::tracer::DeviceView {
+        pool_reserved: |d| crate::pool::stats(d).map(|s| s.reserved),
+        cap: |d, total| {
+            crate::cap::global()
+                .filter(|c| c.is_capped(d))
+                .map_or(0, |c| c.total_for(d, total))
+        },
+    });
+}
+
 /// `VRAMSHIM_LOG=info`: one line saying what this process runs with.
 #[cold]
 fn announce() {
-    let set = |k: &str| crate::env::var(k).map(str::trim).filter(|v| !v.is_empty());
+    let set = |k: &str| {
+        crate::config::var(k)
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+    };
     let cap = match (set("VRAMSHIM_CAP"), set("VRAMSHIM_SHARED")) {
         (None, None) => "off".to_string(),
         (Some(c), None) => format!("{c:?}"),
@@ -55,7 +77,7 @@ fn announce() {
     };
     crate::info!(
         "pid {}: {cap}; pool {}; trace {}; stacks {}",
-        crate::ids::pid(),
+        crate::sys::ids::pid(),
         set("VRAMSHIM_POOL").unwrap_or("off"),
         set("VRAMSHIM_TRACE").map_or_else(|| "off".to_string(), |t| format!("{t:?}")),
         set("VRAMSHIM_STACKS").map_or_else(|| "off".to_string(), |n| format!("{n} frames")),
@@ -64,13 +86,35 @@ fn announce() {
 
 extern "C" fn at_exit() {
     let _ = std::panic::catch_unwind(|| {
-        crate::at_exit_hooks();
+        at_exit_hooks();
     });
 }
 
 extern "C" fn atfork_child() {
     let _ = std::panic::catch_unwind(|| {
-        crate::ids::on_fork_child();
-        crate::fork_child_hooks();
+        fork_child_hooks();
     });
+}
+
+/// Everything a forked child resets before it does anything else (atfork child handler):
+/// the child's own memory starts empty.
+fn fork_child_hooks() {
+    use crate::state::{counters, live_table};
+    crate::sys::ids::on_fork_child();
+    crate::sys::thread::on_fork_child();
+    live_table::ALLOCS.reset_leak();
+    live_table::HANDLES.reset_leak();
+    counters::reset();
+    crate::hooks::context::on_fork_child();
+    crate::cuda::mempools::on_fork_child();
+    crate::cap::on_fork_child();
+    crate::pool::on_fork_child();
+    crate::tracer::on_fork_child();
+}
+
+/// Process exit (atexit handler).
+fn at_exit_hooks() {
+    crate::state::stats::on_exit();
+    crate::hooks::context::record_startup_failure();
+    crate::tracer::on_exit();
 }

@@ -29,7 +29,7 @@ mod tcache;
 #[cfg(test)]
 mod tests;
 
-use crate::ffi_types::*;
+use crate::cuda::types::*;
 use cuda_device::CudaDevice;
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
@@ -63,7 +63,7 @@ pub fn pool_stream_id(stream: u64, flags: u8) -> u64 {
     let per_thread = stream == CU_STREAM_PER_THREAD
         || (stream == 0 && flags & vramshim_trace::flags::PER_THREAD_STREAM != 0);
     if per_thread {
-        PTDS_BASE | u64::from(crate::ids::tid())
+        PTDS_BASE | u64::from(crate::sys::ids::tid())
     } else if stream == CU_STREAM_LEGACY {
         0
     } else {
@@ -79,6 +79,21 @@ const FALLBACK: u8 = 3;
 
 static MODE: AtomicU8 = AtomicU8::new(UNREAD);
 
+/// What the process may see of a device's memory (the cap's answer to the total-memory
+/// queries), given its real total: a pool never maps more. Set at load by the layer that
+/// wires the others together (`lifecycle`), as this layer does not import the cap; until
+/// then (or with no cap) the real total.
+static VISIBLE_TOTAL: std::sync::OnceLock<fn(i32, u64) -> u64> = std::sync::OnceLock::new();
+
+/// Wire in the cap's view of each device's total (see [`VISIBLE_TOTAL`]).
+pub fn set_visible_total(f: fn(i32, u64) -> u64) {
+    let _ = VISIBLE_TOTAL.set(f);
+}
+
+fn visible_total(device: i32, total: u64) -> u64 {
+    VISIBLE_TOTAL.get().map_or(total, |f| f(device, total))
+}
+
 /// The tight pool's budget ratio (`None`: the default stitch), read once.
 static BUDGET_RATIO: std::sync::OnceLock<Option<f64>> = std::sync::OnceLock::new();
 
@@ -86,7 +101,7 @@ static BUDGET_RATIO: std::sync::OnceLock<Option<f64>> = std::sync::OnceLock::new
 /// warning, then `tight`'s default), else the default budget when `tight`, else none.
 fn budget_setting(tight: bool) -> Option<f64> {
     let default = tight.then_some(Budget::default().ratio);
-    match crate::env::var("VRAMSHIM_POOL_BUDGET").map(str::trim) {
+    match crate::config::var("VRAMSHIM_POOL_BUDGET").map(str::trim) {
         None | Some("") => default,
         Some(v) => match Budget::parse_ratio(v) {
             Ok(r) => r,
@@ -106,7 +121,7 @@ fn budget_setting(tight: bool) -> Option<f64> {
 /// variables (and warns once about a bad value).
 fn configured_budget() -> Option<Budget> {
     let ratio = *BUDGET_RATIO.get_or_init(|| {
-        budget_setting(crate::env::var("VRAMSHIM_POOL").map(str::trim) == Some("stitch-tight"))
+        budget_setting(crate::config::var("VRAMSHIM_POOL").map(str::trim) == Some("stitch-tight"))
     });
     ratio.map(|ratio| Budget {
         ratio,
@@ -129,7 +144,7 @@ pub fn enabled() -> bool {
 
 #[cold]
 fn read_mode() -> bool {
-    let m = match crate::env::var("VRAMSHIM_POOL").map(str::trim) {
+    let m = match crate::config::var("VRAMSHIM_POOL").map(str::trim) {
         None | Some("") | Some("off") => OFF,
         Some("stitch") | Some("stitch-tight") => {
             // read (and judged) now, not at the first allocation
@@ -146,7 +161,7 @@ fn read_mode() -> bool {
     if m == ON {
         // per-thread caches of stream-ordered frees: off under the pool's fault switches
         // (their tests exercise the pool's own rules)
-        match crate::env::var("VRAMSHIM_POOL_DEBUG").map(str::trim) {
+        match crate::config::var("VRAMSHIM_POOL_DEBUG").map(str::trim) {
             None | Some("") => {}
             Some("tcache-any-stream") => {
                 // testing only: break stream order in the thread caches
@@ -256,9 +271,9 @@ fn ensure_context_once(device: i32) {
 
 fn ensure_context(device: i32) {
     let (Some(get), Some(retain), Some(set)) = (
-        crate::real::cuCtxGetCurrent(),
-        crate::real::cuDevicePrimaryCtxRetain(),
-        crate::real::cuCtxSetCurrent(),
+        crate::cuda::real::cuCtxGetCurrent(),
+        crate::cuda::real::cuDevicePrimaryCtxRetain(),
+        crate::cuda::real::cuCtxSetCurrent(),
     ) else {
         return;
     };
@@ -392,7 +407,7 @@ fn create_pool(pools: &mut Pools, req: &PoolRequest) -> Result<(), String> {
         match CudaDevice::new(req.device, peers_of(req.device)) {
             Ok(dev) => {
                 let mut policy = Stitch::new();
-                if crate::env::var("VRAMSHIM_POOL_DEBUG") == Some("lazy-sync") {
+                if crate::config::var("VRAMSHIM_POOL_DEBUG") == Some("lazy-sync") {
                     // testing only: the old synchronization choices (looser packing), to
                     // prove the tightness test can fail
                     crate::warn!(
@@ -403,7 +418,7 @@ fn create_pool(pools: &mut Pools, req: &PoolRequest) -> Result<(), String> {
                         ..Default::default()
                     });
                 }
-                if crate::env::var("VRAMSHIM_POOL_DEBUG") == Some("reuse-early") {
+                if crate::config::var("VRAMSHIM_POOL_DEBUG") == Some("reuse-early") {
                     // testing only: break the reuse rules to prove the tests can fail
                     crate::warn!(
                         "VRAMSHIM_POOL_DEBUG=reuse-early: the pool reuses freed memory too early (testing only)"
@@ -414,7 +429,7 @@ fn create_pool(pools: &mut Pools, req: &PoolRequest) -> Result<(), String> {
                         ..Default::default()
                     });
                 }
-                if crate::env::var("VRAMSHIM_POOL_DEBUG") == Some("ignore-budget") {
+                if crate::config::var("VRAMSHIM_POOL_DEBUG") == Some("ignore-budget") {
                     // testing only: grow and cache as if there were no budget, to prove the
                     // tight pool's test can fail
                     crate::warn!(
@@ -440,7 +455,7 @@ fn create_pool(pools: &mut Pools, req: &PoolRequest) -> Result<(), String> {
 /// asking it for an allocation no device can satisfy (the dispatcher does the same for a cap
 /// refusal). Called with no pool lock held.
 fn runtime_set_last_error_oom() {
-    let Some(f) = crate::real::cudaMalloc() else {
+    let Some(f) = crate::cuda::real::cudaMalloc() else {
         return;
     };
     let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
@@ -448,7 +463,7 @@ fn runtime_set_last_error_oom() {
     let rc = unsafe { f(&mut p, usize::MAX) };
     if rc == CUDA_SUCCESS
         && !p.is_null()
-        && let Some(free) = crate::real::cudaFree()
+        && let Some(free) = crate::cuda::real::cudaFree()
     {
         // SAFETY: p was just allocated by the runtime.
         unsafe { free(p) };
@@ -628,7 +643,7 @@ pub fn on_peer_access(owner: i32, accessor: i32) {
     {
         return;
     }
-    if crate::env::var("VRAMSHIM_POOL_DEBUG") == Some("no-peer") {
+    if crate::config::var("VRAMSHIM_POOL_DEBUG") == Some("no-peer") {
         // testing only: ignore the grant, to prove the peer-access test can fail
         crate::warn!("VRAMSHIM_POOL_DEBUG=no-peer: the pool ignores peer access (testing only)");
         return;

@@ -1,8 +1,8 @@
 //! The pool's `Device` over the CUDA driver's virtual-memory API (the real functions the
 //! interposer resolved; never our hooks). One per device ordinal.
 
-use crate::ffi_types::*;
-use crate::real;
+use crate::cuda::real;
+use crate::cuda::types::*;
 use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::{c_int, c_uint};
@@ -150,7 +150,7 @@ impl CudaDevice {
             let mut t: usize = 0;
             // SAFETY: valid out-pointer.
             if unsafe { total(&mut t, ordinal) } == CUDA_SUCCESS && t > 0 {
-                let capped = crate::cap::total_for(ordinal, t as u64);
+                let capped = super::visible_total(ordinal, t as u64);
                 if capped < t as u64 {
                     limit = Some(capped);
                 }
