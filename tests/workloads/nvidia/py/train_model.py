@@ -11,21 +11,29 @@ Usage: train_model.py MODEL [--steps N] [--batch B] [--growth G] [--history] [--
   --steps N      training steps (default 4)
   --batch B      batch of the first step (default 4; 32 for mlp)
   --growth G     the batch grows G-fold a step (default 1): a way to run out of memory mid-run
+  --vary         the batch cycles through 1, 3, 2 and 4 times B (shapes that change between
+                 steps, as with variable-length data)
   --history      record PyTorch's allocator history and print every segment it allocated
                  and freed, in order, as `segment_alloc ADDR SIZE` / `segment_free ADDR SIZE`
   --empty-cache  torch.cuda.empty_cache() at the end, so that every segment is freed
   --step-stats   print `step K allocs A frees F device_allocs D syncs S cpu_ns C wall_ns W`
-                 per step (deltas of torch.cuda.memory_stats; cpu_ns is the process's CPU time)
+                 per step (deltas of torch.cuda.memory_stats; cpu_ns is the process's CPU time,
+                 all threads), and on cuda-sim ` driver_calls N driver_syncs N driver_allocs N
+                 driver_frees N launches N` (the driver's own counts, vramsimDriverCalls, of
+                 the step's calls up to the script's closing torch.cuda.synchronize(), which is
+                 not counted)
 
 Prints `model NAME params N`, then after training the allocator's totals from
 torch.cuda.memory_stats(): `segments` (cudaMalloc calls: segment.all.allocated),
 `segments_freed`, `segment_bytes` (bytes of those calls: reserved_bytes.all.allocated),
 `segment_bytes_freed`, `reserved`, `peak_reserved`, `peak` (max_memory_allocated), `syncs`
-(num_sync_all_streams), the segments held at the end as `segment ADDR SIZE` (native allocator
+(num_sync_all_streams), on cuda-sim `device_high_water` (the device's own peak of bytes held:
+everything the process holds, libraries' buffers and a pool's cache included), the segments held at the end as `segment ADDR SIZE` (native allocator
 only: under backend:cudaMallocAsync there are none to list), the mapped CUDA libraries as
 `map PATH`, and `done`. A torch.OutOfMemoryError prints `oom at step K: MESSAGE` and exits 3.
 """
 import argparse
+import ctypes
 import re
 import sys
 import time
@@ -37,6 +45,7 @@ p.add_argument("model", choices=["mlp", "gpt2", "vit", "bert"])
 p.add_argument("--steps", type=int, default=4)
 p.add_argument("--batch", type=int, default=None)
 p.add_argument("--growth", type=int, default=1)
+p.add_argument("--vary", action="store_true")
 p.add_argument("--history", action="store_true")
 p.add_argument("--empty-cache", action="store_true")
 p.add_argument("--step-stats", action="store_true")
@@ -110,6 +119,41 @@ def stats():
     }
 
 
+class DriverCalls(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_uint64)
+                for n in ("calls", "syncs", "allocs", "frees", "launches")]
+
+
+def driver_counter():
+    """cuda-sim's count of the driver calls made so far, or None on another driver."""
+    try:
+        f = ctypes.CDLL("libcuda.so.1").vramsimDriverCalls
+    except (OSError, AttributeError):
+        return None
+    f.argtypes = [ctypes.POINTER(DriverCalls)]
+
+    def read():
+        out = DriverCalls()
+        f(ctypes.byref(out))
+        return {n: getattr(out, n) for n, _ in DriverCalls._fields_}
+    return read
+
+
+class DeviceStats(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_uint64)
+                for n in ("capacity", "used", "high_water", "refusals", "used_by_self")]
+
+
+def device_high_water():
+    """cuda-sim's own record of the most bytes held at once on device 0, or None."""
+    try:
+        f = ctypes.CDLL("libcuda.so.1").vramsimDeviceStats
+    except (OSError, AttributeError):
+        return None
+    out = DeviceStats()
+    return out.high_water if f(None, 0, ctypes.byref(out)) == 0 else None
+
+
 step = -1
 try:
     model, make_batch = build()
@@ -117,25 +161,34 @@ try:
     model = model.to("cuda")
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    driver = driver_counter() if a.step_stats else None
     for step in range(a.steps):
         before = stats()
+        drv0 = driver() if driver else None
         cpu0, wall0 = time.process_time_ns(), time.perf_counter_ns()
-        inputs = make_batch(batch0 * a.growth**step)
+        inputs = make_batch(batch0 * a.growth**step * ((1, 3, 2, 4)[step % 4] if a.vary else 1))
         loss = loss_of(model, inputs)
         opt.zero_grad()
         loss.backward()
         opt.step()
         del inputs, loss
+        drv1 = driver() if driver else None
+        # The script's own wait for the step's kernels: not one of the step's driver calls.
         torch.cuda.synchronize()
         cpu, wall = time.process_time_ns() - cpu0, time.perf_counter_ns() - wall0
         if a.step_stats:
             after = stats()
-            # (the synchronize above is the script's own: one device sync per step, not counted
-            # in num_sync_all_streams, which counts the allocator's.)
             d = {k: after[k] - before[k] for k in after}
-            print(f"step {step} allocs {d['allocs']} frees {d['frees']} "
-                  f"device_allocs {d['device_allocs']} syncs {d['syncs']} "
-                  f"cpu_ns {cpu} wall_ns {wall}", flush=True)
+            line = (f"step {step} allocs {d['allocs']} frees {d['frees']} "
+                    f"device_allocs {d['device_allocs']} syncs {d['syncs']} "
+                    f"cpu_ns {cpu} wall_ns {wall}")
+            if drv0 is not None:
+                line += (f" driver_calls {drv1['calls'] - drv0['calls']}"
+                         f" driver_syncs {drv1['syncs'] - drv0['syncs']}"
+                         f" driver_allocs {drv1['allocs'] - drv0['allocs']}"
+                         f" driver_frees {drv1['frees'] - drv0['frees']}"
+                         f" launches {drv1['launches'] - drv0['launches']}")
+            print(line, flush=True)
 except torch.OutOfMemoryError as e:
     print(f"oom at step {step}: {str(e).splitlines()[0]}", flush=True)
     sys.exit(3)
@@ -152,6 +205,9 @@ print("reserved", torch.cuda.memory_reserved())
 print("peak_reserved", torch.cuda.max_memory_reserved())
 print("peak", torch.cuda.max_memory_allocated())
 print("syncs", s.get("num_sync_all_streams", 0))
+hw = device_high_water()
+if hw is not None:
+    print("device_high_water", hw)
 if native:
     for seg in torch.cuda.memory_snapshot():
         print("segment", seg["address"], seg["total_size"])
