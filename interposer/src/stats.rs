@@ -10,6 +10,7 @@
 //! `<dev>` is a device ordinal, `host` or `unknown`, and `<kind>` one of
 //! `runtime|driver|async|managed|pitch|vmm-handle|host|pool`; `live_entries`,
 //! `live_handles`, `unknown_frees`, `cap_refusals`, `alloc_failures`, `pooled`, `panics`,
+//! `pool.<dev>.<field>` (the pool's statistics: `pooling::c_stats::FIELDS`),
 //! and `nested` (hooks the *calling thread* passed straight through because an outer hook
 //! was active). Unknown names give -1.
 //!
@@ -73,6 +74,7 @@ pub fn counter(name: &str) -> Option<u64> {
         ("alloc_failures", None, None) => counters::alloc_failures(),
         ("pooled", None, None) => counters::pooled_count(),
         ("panics", None, None) => counters::panics(),
+        ("pool", Some(d), Some(f)) => crate::pooling::c_stats::field(d.parse().ok()?, f)?,
         _ => return None,
     })
 }
@@ -130,14 +132,15 @@ pub fn json() -> String {
     }
     let _ = write!(
         s,
-        "}},\"live_entries\":{},\"live_handles\":{},\"unknown_frees\":{},\"cap_refusals\":{},\"alloc_failures\":{},\"pooled\":{},\"panics\":{}}}",
+        "}},\"live_entries\":{},\"live_handles\":{},\"unknown_frees\":{},\"cap_refusals\":{},\"alloc_failures\":{},\"pooled\":{},\"panics\":{},\"pools\":{}}}",
         ALLOCS.len(),
         HANDLES.len(),
         counters::unknown_frees(),
         counters::cap_refusals(),
         counters::alloc_failures(),
         counters::pooled_count(),
-        counters::panics()
+        counters::panics(),
+        crate::pooling::c_stats::json()
     );
     s
 }
