@@ -45,6 +45,10 @@ pub(crate) fn init(envp: *const *const c_char) {
 /// the pool maps no more than the cap lets the process see, and the trace's per-device
 /// counters carry the pool's reserve and the cap.
 fn wire() {
+    crate::state::stats::set_pool_view(crate::state::stats::PoolStatsView {
+        field: crate::pool::c_stats::field,
+        json: crate::pool::c_stats::json,
+    });
     crate::pool::set_visible_total(crate::cap::total_for);
     crate::tracer::set_device_view(crate::tracer::DeviceView {
         pool_reserved: |d| crate::pool::stats(d).map(|s| s.reserved),
