@@ -9,6 +9,7 @@ mod demo;
 mod diff;
 mod export;
 mod import;
+mod python_hook;
 mod pytorch_route;
 mod replay;
 mod replay_live;
