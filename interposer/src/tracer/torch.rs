@@ -2,7 +2,7 @@
 //! `PyStack` records, docs/trace-format.md), for a job that was not changed.
 //!
 //! The Python startup hook that `vramshim run` puts in front of a traced Python program
-//! (`analyzer/src/python_hook.py`) calls [`attach`] once the job has initialized CUDA
+//! (`analyzer/src/cmd/python/sitecustomize.py`) calls [`attach`] once the job has initialized CUDA
 //! through `torch.cuda`, after switching on PyTorch's own Python-stack capture. [`attach`]
 //! hands PyTorch's allocator a trace tracker (`attachAllocatorTraceTracker`, a C++ virtual
 //! method that takes a `std::function<void(const TraceEntry&)>`):

@@ -150,8 +150,8 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
         cmd.env("VRAMSHIM_STACKS", n.to_string());
     }
     // Removed (dropped) once the job has ended.
-    let _hook = if trace.is_some() && crate::python_hook::wanted(args.no_python_hook) {
-        crate::python_hook::install(&mut cmd)
+    let _hook = if trace.is_some() && super::python_hook::wanted(args.no_python_hook) {
+        super::python_hook::install(&mut cmd)
     } else {
         None
     };
@@ -202,7 +202,7 @@ fn pool_setting(args: &Args) -> Result<Option<String>, String> {
 /// With the pool on, route PyTorch's tensors to it (see `pytorch_route`): the route from the
 /// flags, else `VRAMSHIM_PYTORCH_ROUTE`, else `async`.
 fn route_pytorch(cmd: &mut Command, args: &Args) -> Result<(), String> {
-    use crate::pytorch_route::{ROUTE_VAR, Route, plan};
+    use crate::cmd::pytorch_route::{ROUTE_VAR, Route, plan};
     let route = if args.keep_torch_caching {
         Route::Native
     } else if let Some(r) = &args.pytorch_route {
@@ -630,7 +630,7 @@ fn report_traces(pattern: &Path, since: SystemTime) {
     for f in &files {
         let bytes = std::fs::metadata(f).map(|m| m.len()).unwrap_or(0);
         eprintln!("vramshim: trace: {} ({bytes} bytes)", f.display());
-        match crate::demo::trace_summary_lines(f) {
+        match crate::cmd::demo::trace_summary_lines(f) {
             Ok(lines) => {
                 for l in lines {
                     eprintln!("vramshim:   {l}");
