@@ -788,6 +788,7 @@ impl Analysis {
                     self.header.devices.push(info);
                 }
             }
+            Event::Torch(_) | Event::PyCode { .. } | Event::PyStack { .. } => {}
             Event::Alloc(_) | Event::Free(_) => unreachable!("handled in feed"),
         }
         let _ = index;

@@ -12,6 +12,7 @@ mod pool_glue;
 pub mod process;
 pub mod runtime;
 pub mod sync;
+pub mod torch;
 pub mod vmm;
 
 use crate::cuda::real::{self, Slot};
