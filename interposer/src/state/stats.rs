@@ -179,7 +179,9 @@ pub fn json() -> String {
         counters::alloc_failures(),
         counters::pooled_count(),
         counters::panics(),
-        POOL_VIEW.get().map_or_else(|| "{}".to_string(), |v| (v.json)())
+        POOL_VIEW
+            .get()
+            .map_or_else(|| "{}".to_string(), |v| (v.json)())
     );
     s
 }
