@@ -332,15 +332,17 @@ pub fn alloc(
 
     // ---- cap
     let mut charged = 0u64;
-    // A request the pool may serve is charged its live bytes: the pool's physical pages are
-    // bounded by the cap on their own (pool/mod.rs). Anything else is charged the
-    // device's footprint.
+    // A request the pool may serve is charged nothing here: the pool's pages are charged
+    // when it creates them (cap::pages). Anything else is charged the device's footprint.
     let poolable = mode.pool() && pool_ok && pool::enabled();
-    if mode.cap() && req.charged() && req.size > 0 {
+    let capped = mode.cap() && req.charged() && req.size > 0;
+    let pages_charged = poolable && capped && cap::charges_pool_pages();
+    if capped && !pages_charged {
         let r = if poolable {
+            // VRAMSHIM_CAP_FAULT=pool-live-bytes: the request's live bytes.
             cap::try_charge(req.device, req.size, req.api).map(|()| req.size)
         } else {
-            cap::charge_alloc(req.device, req.size, req.api, driver_stream(req))
+            charge_unpooled(req)
         };
         match r {
             Ok(c) => charged = c,
@@ -382,6 +384,18 @@ pub fn alloc(
                 });
             }
             Some(Err(code)) => {
+                if pages_charged
+                    && let Some(refusal) = cap::take_pool_refusal(req.device, req.size, req.api)
+                {
+                    // The cap refused the pages the request needed (after the pool
+                    // dissolved what it caches): a cap refusal.
+                    cap_refused(req, &refusal, traced, t0);
+                    return Outcome {
+                        rc: vramshim_trace::codes::OUT_OF_MEMORY,
+                        addr: 0,
+                        layer: Layer::Cap,
+                    };
+                }
                 layer = Layer::Pool;
                 res = Some(RealResult {
                     rc: code,
@@ -390,6 +404,21 @@ pub fn alloc(
                 });
             }
             None => {}
+        }
+    }
+    // Not served by the pool after all (it fell back to pass-through): charged as any
+    // unpooled allocation.
+    if res.is_none() && pages_charged {
+        match charge_unpooled(req) {
+            Ok(c) => charged = c,
+            Err(refusal) => {
+                cap_refused(req, &refusal, traced, t0);
+                return Outcome {
+                    rc: vramshim_trace::codes::OUT_OF_MEMORY,
+                    addr: 0,
+                    layer: Layer::Cap,
+                };
+            }
         }
     }
 
@@ -435,6 +464,18 @@ pub fn alloc(
         addr: if r.rc == 0 { r.addr } else { 0 },
         layer,
     }
+}
+
+/// Charges an allocation the pool does not serve its footprint. With the pool on, a refusal
+/// first makes the pool give back the pages it caches (they are charged too), then the
+/// charge is tried once more; never while the request's stream captures (the pool's trim
+/// synchronizes).
+#[inline]
+fn charge_unpooled(req: &Request) -> Result<u64, cap::Refusal> {
+    let stream = driver_stream(req);
+    cap::charge_alloc_or(req.device, req.size, req.api, stream, || {
+        pool::enabled() && !cap::stream_capturing(stream) && pool::trim() > 0
+    })
 }
 
 /// The driver's handle of the request's stream (the per-thread default stream for a `_ptsz`

@@ -15,8 +15,8 @@ use vramshim_analyzer::whatif::{self, PolicyReport};
 use vramshim_pool::replay::Event as Op;
 use vramshim_pool::{FreeMode, PolicyKind};
 
-use crate::demo::{self, Gpu};
-use crate::run;
+use crate::cmd::demo::{self, Gpu};
+use crate::cmd::run;
 
 pub struct LiveArgs<'a> {
     pub trace: &'a Path,

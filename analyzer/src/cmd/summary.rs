@@ -113,5 +113,5 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
         }
         print!("{out}");
     }
-    Ok(crate::input_status(&reports, torn))
+    Ok(crate::cmd::input_status(&reports, torn))
 }

@@ -39,11 +39,11 @@ pub struct Args {
     #[arg(long)]
     pub sim: bool,
     #[command(flatten)]
-    pub torch: crate::replay_torch::TorchArgs,
+    pub torch: crate::cmd::replay_torch::TorchArgs,
 }
 
 pub fn main(a: Args) -> Result<ExitCode, String> {
-    if let Some(r) = crate::replay_torch::dispatch(
+    if let Some(r) = crate::cmd::replay_torch::dispatch(
         &a.trace,
         a.live,
         a.sim,
@@ -58,7 +58,7 @@ pub fn main(a: Args) -> Result<ExitCode, String> {
         if a.min_capacity {
             return Err("--min-capacity is a what-if question: drop --live".into());
         }
-        return crate::replay_live::main(crate::replay_live::LiveArgs {
+        return crate::cmd::replay_live::main(crate::cmd::replay_live::LiveArgs {
             trace: &a.trace,
             pool: &a.pool,
             cap: a.cap,

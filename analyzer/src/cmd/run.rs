@@ -192,7 +192,7 @@ fn pool_setting(args: &Args) -> Result<Option<String>, String> {
 /// With the pool on, route PyTorch's tensors to it (see `pytorch_route`): the route from the
 /// flags, else `VRAMSHIM_PYTORCH_ROUTE`, else `async`.
 fn route_pytorch(cmd: &mut Command, args: &Args) -> Result<(), String> {
-    use crate::pytorch_route::{ROUTE_VAR, Route, plan};
+    use crate::cmd::pytorch_route::{ROUTE_VAR, Route, plan};
     let route = if args.keep_torch_caching {
         Route::Native
     } else if let Some(r) = &args.pytorch_route {
@@ -620,7 +620,7 @@ fn report_traces(pattern: &Path, since: SystemTime) {
     for f in &files {
         let bytes = std::fs::metadata(f).map(|m| m.len()).unwrap_or(0);
         eprintln!("vramshim: trace: {} ({bytes} bytes)", f.display());
-        match crate::demo::trace_summary_lines(f) {
+        match crate::cmd::demo::trace_summary_lines(f) {
             Ok(lines) => {
                 for l in lines {
                     eprintln!("vramshim:   {l}");

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 /// The replay driver, embedded so an installed `vramshim` needs no clone.
-const SCRIPT: &str = include_str!("../../tests/workloads/pytorch/replay_torch.py");
+const SCRIPT: &str = include_str!("../../../tests/workloads/pytorch/replay_torch.py");
 
 /// `replay` flags of the PyTorch replay (flattened into replay's Args).
 #[derive(clap::Args, Debug, Default, Clone)]
@@ -85,11 +85,11 @@ pub fn torch_python(explicit: Option<&Path>) -> PathBuf {
 /// "vramshim's pool under PyTorch").
 pub fn stitch_note(
     pool: &str,
-    route: crate::pytorch_route::Route,
+    route: crate::cmd::pytorch_route::Route,
     conf: &str,
     no_caching: Option<&str>,
 ) -> Option<&'static str> {
-    use crate::pytorch_route::{Route, backend_of};
+    use crate::cmd::pytorch_route::{Route, backend_of};
     let uncached = match route {
         Route::Uncached => backend_of(conf).is_none_or(|b| b == "native"),
         Route::Async => {
@@ -216,13 +216,13 @@ fn run_pytorch(
         given.display(),
         python.display(),
     );
-    let route = match std::env::var(crate::pytorch_route::ROUTE_VAR) {
+    let route = match std::env::var(crate::cmd::pytorch_route::ROUTE_VAR) {
         Ok(v) if !v.trim().is_empty() => {
-            crate::pytorch_route::Route::parse(&v, crate::pytorch_route::ROUTE_VAR)?
+            crate::cmd::pytorch_route::Route::parse(&v, crate::cmd::pytorch_route::ROUTE_VAR)?
         }
-        _ => crate::pytorch_route::Route::Async,
+        _ => crate::cmd::pytorch_route::Route::Async,
     };
-    let no_caching = std::env::var(crate::pytorch_route::NO_CACHING).ok();
+    let no_caching = std::env::var(crate::cmd::pytorch_route::NO_CACHING).ok();
     if let Some(note) = stitch_note(pool, route, &conf, no_caching.as_deref()) {
         eprintln!("vramshim: note: {note}");
     }
@@ -236,7 +236,7 @@ fn run_pytorch(
     if trace != given {
         let _ = std::fs::remove_file(&trace);
     }
-    Ok(ExitCode::from(crate::run::shell_status(status)))
+    Ok(ExitCode::from(crate::cmd::run::shell_status(status)))
 }
 
 /// The device with the most successful device allocations (None when there are none).
@@ -349,7 +349,7 @@ mod tests {
 
     #[test]
     fn stitch_with_pytorch_uncached_gets_a_note() {
-        use crate::pytorch_route::Route;
+        use crate::cmd::pytorch_route::Route;
         // the default route: PyTorch through cudaMallocAsync, nothing to say
         assert!(stitch_note("stitch", Route::Async, "", None).is_none());
         assert!(stitch_note("stitch", Route::Async, "expandable_segments:True", None).is_none());

@@ -43,7 +43,7 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
             serde_json::to_string_pretty(&d).map_err(|e| e.to_string())?
         );
         let torn = a.torn || b.torn;
-        return Ok(crate::input_status(&[a, b], torn));
+        return Ok(crate::cmd::input_status(&[a, b], torn));
     }
     let mut o = String::new();
     let _ = writeln!(o, "A: {}\nB: {}", d.a, d.b);
@@ -119,5 +119,5 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
     }
     print!("{o}");
     let torn = a.torn || b.torn;
-    Ok(crate::input_status(&[a, b], torn))
+    Ok(crate::cmd::input_status(&[a, b], torn))
 }

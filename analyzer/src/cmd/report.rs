@@ -44,5 +44,5 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
     let html = render::html::page(&reports, comparison.as_ref(), &gpus);
     vramshim_analyzer::files::write_output(&args.output, html.as_bytes())?;
     eprintln!("wrote {}", args.output.display());
-    Ok(crate::input_status(&reports, torn))
+    Ok(crate::cmd::input_status(&reports, torn))
 }

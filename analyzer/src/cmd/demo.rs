@@ -20,7 +20,7 @@ use vramshim_pool::PolicyKind;
 use vramshim_pool::replay;
 use vramshim_pool::rmm_csv::{self, ParsedTrace};
 
-use crate::run;
+use crate::cmd::run;
 use vramshim_analyzer::files;
 
 /// Device size for the what-if model (only the cap limits it).
@@ -28,10 +28,10 @@ const DEVICE_TOTAL: u64 = 16 << 30;
 
 /// The shipped allocation stream (RMM logging CSV; see tests/workloads/traces/README.md).
 const TRACE_NAME: &str = "vit_train.rmm.csv";
-const TRACE_CSV: &[u8] = include_bytes!("../../tests/workloads/traces/vit_train.rmm.csv");
+const TRACE_CSV: &[u8] = include_bytes!("../../../tests/workloads/traces/vit_train.rmm.csv");
 /// The log-replay workload, compiled with `cc` at demo time (cached in the work directory).
-const REPLAY_C: &str = include_str!("../../tests/workloads/replay/replay.c");
-const CUDA_API_H: &str = include_str!("../../tests/workloads/include/cuda_api.h");
+const REPLAY_C: &str = include_str!("../../../tests/workloads/replay/replay.c");
+const CUDA_API_H: &str = include_str!("../../../tests/workloads/include/cuda_api.h");
 
 /// Driver-call latencies the simulated GPU injects so that its timings model a real device
 /// (orders of magnitude from the literature cited in the docs; labelled as modelled).
