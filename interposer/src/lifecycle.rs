@@ -42,14 +42,21 @@ pub(crate) fn init(envp: *const *const c_char) {
 }
 
 /// Hand the layers side by side what they read of each other, so that none imports another:
-/// the pool maps no more than the cap lets the process see, and the trace's per-device
+/// the pool's pages are charged to the cap (and it maps no more than the cap lets the
+/// process see), and the trace's per-device
 /// counters carry the pool's reserve and the cap.
 fn wire() {
     crate::state::stats::set_pool_view(crate::state::stats::PoolStatsView {
         field: crate::pool::c_stats::field,
         json: crate::pool::c_stats::json,
     });
-    crate::pool::set_visible_total(crate::cap::total_for);
+    crate::pool::set_cap_view(crate::pool::CapView {
+        charges_pages: crate::cap::charges_pool_pages,
+        charge_page: crate::cap::charge_pool_page,
+        uncharge_pages: crate::cap::uncharge_pool_page,
+        clear_refusal: crate::cap::clear_pool_refusal,
+        visible_total: crate::cap::total_for,
+    });
     crate::tracer::set_device_view(crate::tracer::DeviceView {
         pool_reserved: |d| crate::pool::stats(d).map(|s| s.reserved),
         cap: |d, total| {

@@ -1,8 +1,8 @@
 //! The interposer's layers import only downward. Each module of `src/` belongs to the layer
 //! named by the first component of its path; every `crate::` path in its code (a `use`
 //! line, a grouped `use crate::{a, b}`, a path written inline, a `$crate::` path in a macro)
-//! must name its own layer or one below it. Layers side by side (`pool`, `tracer`, `state`)
-//! import none of each other. Comments are not read: prose may name any layer.
+//! must name its own layer or one below it. Layers side by side (`cap`, `pool`, `tracer`,
+//! `state`) import none of each other. Comments are not read: prose may name any layer.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -12,10 +12,7 @@ const LAYERS: &[&[&str]] = &[
     &["config"],
     &["sys"],
     &["cuda"],
-    // The cap is the limiting layer the pool takes its pages through (as a limiting adaptor
-    // sits below a pool in RMM's stack), so it stands below the pool.
-    &["cap"],
-    &["pool", "tracer", "state"],
+    &["cap", "pool", "tracer", "state"],
     &["pipeline"],
     &["hooks"],
     &["lifecycle"],

@@ -80,19 +80,39 @@ const FALLBACK: u8 = 3;
 
 static MODE: AtomicU8 = AtomicU8::new(UNREAD);
 
-/// What the process may see of a device's memory (the cap's answer to the total-memory
-/// queries), given its real total: a pool never maps more. Set at load by the layer that
-/// wires the others together (`lifecycle`), as this layer does not import the cap; until
-/// then (or with no cap) the real total.
-static VISIBLE_TOTAL: std::sync::OnceLock<fn(i32, u64) -> u64> = std::sync::OnceLock::new();
-
-/// Wire in the cap's view of each device's total (see [`VISIBLE_TOTAL`]).
-pub fn set_visible_total(f: fn(i32, u64) -> u64) {
-    let _ = VISIBLE_TOTAL.set(f);
+/// What the pool asks of the cap about its pages. The cap stands beside the pool, not
+/// below it, so the layer that wires the layers together (`lifecycle`) hands these in at
+/// load; until then, and in a process without a cap, the answers of no cap.
+pub struct CapView {
+    /// Whether each page is charged to the cap as the pool creates it.
+    pub charges_pages: fn() -> bool,
+    /// Charge a page of `bytes` on `device`, for a request ordered on `stream`; false:
+    /// refused.
+    pub charge_page: fn(i32, u64, u64) -> bool,
+    /// Give back `bytes` of pages on `device`.
+    pub uncharge_pages: fn(i32, u64),
+    /// Forget the calling thread's last refused page.
+    pub clear_refusal: fn(),
+    /// What the process may see of a device's memory, given its real total.
+    pub visible_total: fn(i32, u64) -> u64,
 }
 
-fn visible_total(device: i32, total: u64) -> u64 {
-    VISIBLE_TOTAL.get().map_or(total, |f| f(device, total))
+static CAP_VIEW: std::sync::OnceLock<CapView> = std::sync::OnceLock::new();
+
+/// Wire in the cap (see [`CapView`]).
+pub fn set_cap_view(v: CapView) {
+    let _ = CAP_VIEW.set(v);
+}
+
+fn cap_view() -> &'static CapView {
+    const NO_CAP: CapView = CapView {
+        charges_pages: || false,
+        charge_page: |_, _, _| true,
+        uncharge_pages: |_, _| {},
+        clear_refusal: || {},
+        visible_total: |_, total| total,
+    };
+    CAP_VIEW.get().unwrap_or(&NO_CAP)
 }
 
 /// The tight pool's budget ratio (`None`: the default stitch), read once.
