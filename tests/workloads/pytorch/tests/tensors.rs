@@ -327,3 +327,69 @@ fn python_without_cuda_is_unaffected() {
         assert!(!file.exists() || Tensors::read(&file).ops.is_empty());
     }
 }
+
+/// Out of memory under a cap: `vramshim summary` names the Python line that asked
+/// (`load_weights`), the function holding the tensors (`make_activations`, in segments
+/// `warmup` created), and what PyTorch cached; the JSON post-mortem's site is that line.
+#[test]
+fn summary_names_the_lines_of_an_oom() {
+    let Some(py) = torch_or_skip("summary_names_the_lines_of_an_oom") else {
+        return;
+    };
+    let script = "\
+import torch
+
+def warmup():
+    xs = [torch.empty(4 << 20, dtype=torch.uint8, device='cuda') for _ in range(8)]
+    del xs
+
+def make_activations():
+    return [torch.empty(4 << 20, dtype=torch.uint8, device='cuda') for _ in range(8)]
+
+def load_weights():
+    return torch.empty(64 << 20, dtype=torch.uint8, device='cuda')
+
+warmup()
+acts = make_activations()
+w = load_weights()
+";
+    let (out, file) = traced(&py, "torch_tensors_oom", script, &["--cap", "64MiB"]);
+    assert_eq!(out.code(), Some(1), "the job dies of OOM: {}", out.stderr);
+    assert!(out.stderr.contains("OutOfMemoryError"), "{}", out.stderr);
+    let exe = vramshim_testkit::profile_dir().join("vramshim");
+    let text = run(std::process::Command::new(&exe).arg("summary").arg(&file));
+    text.assert_success();
+    let s = &text.stdout;
+    assert!(
+        s.contains("PyTorch could not allocate 64.0 MiB at load_weights (job.py:11)"),
+        "{s}"
+    );
+    assert!(
+        s.contains("32.0 MiB in      8 tensors  make_activations (job.py:8)"),
+        "{s}"
+    );
+    assert!(
+        s.contains("of which 8.00 MiB cached (free inside segments)"),
+        "{s}"
+    );
+    let json = run(std::process::Command::new(&exe)
+        .args(["summary", "--json"])
+        .arg(&file));
+    json.assert_success();
+    let j: serde_json::Value = serde_json::from_str(&json.stdout).expect("JSON");
+    let pms = &j["traces"][0]["devices"][0]["post_mortems"];
+    let pm = pms
+        .as_array()
+        .and_then(|a| a.iter().find(|p| !p["torch"].is_null()))
+        .unwrap_or_else(|| panic!("no post-mortem with tensors: {pms}"));
+    assert_eq!(pm["site"], "load_weights (job.py:11)");
+    assert_eq!(
+        pm["torch"]["holders"][0]["site"],
+        "make_activations (job.py:8)"
+    );
+    assert_eq!(pm["torch"]["cached"], 8 << 20);
+    assert_eq!(
+        pm["torch"]["segments"][0]["holders"][0]["site"],
+        "make_activations (job.py:8)"
+    );
+}
