@@ -9,6 +9,8 @@
 //! The C programs are in `c/`. Build the workspace first (`scripts/test` does): the tests use
 //! the simulated GPU and `libvramshim.so`/`vramshim` from the profile directory.
 
+pub mod models;
+
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
