@@ -462,6 +462,25 @@ pub fn current_runtime_device() -> Option<c_int> {
     (rc == cudaSuccess && d >= 0).then_some(d)
 }
 
+/// The runtime's sticky last error says `cudaErrorMemoryAllocation` after a refused
+/// `cudaMalloc`, and `cudaGetLastError` returns it once: when the cap or the pool refuses a
+/// runtime request, make the real runtime record it too, by asking it for an allocation no
+/// device can satisfy. Called with no lock held.
+pub fn runtime_set_last_error_oom() {
+    if let Some(f) = cudaMalloc() {
+        let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
+        // SAFETY: p is a valid out-pointer; the size cannot be satisfied.
+        let rc = unsafe { f(&mut p, usize::MAX) };
+        if rc == 0
+            && !p.is_null()
+            && let Some(free) = cudaFree()
+        {
+            // SAFETY: p was just allocated by the runtime.
+            unsafe { free(p) };
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

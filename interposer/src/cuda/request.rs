@@ -24,3 +24,10 @@ impl Request {
         self.kind.is_device() && self.device >= 0
     }
 }
+
+/// Whether `api` is the runtime's (its errors are `cudaError_t`, and a refusal also sets its
+/// sticky last error); else the driver's or NVML's.
+#[inline]
+pub fn is_runtime(api: Api) -> bool {
+    (api as u16) < 20 || api == Api::CudaGetDeviceProperties
+}

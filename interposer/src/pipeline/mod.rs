@@ -6,7 +6,7 @@
 //! outer hook runs on the same thread are passed straight through (see [`run_hook`]).
 
 use crate::cuda::request::Request;
-use crate::pool::{self, PoolRequest};
+use crate::pool;
 use crate::state::counters;
 use crate::state::live_table::{ALLOCS, Entry, LiveTable};
 use crate::sys::ids;
@@ -245,18 +245,7 @@ pub fn free_passed(
     counters::call_in(tok, api);
     let entry = table.remove_in(tok, key);
     let rc = real();
-    match (rc, entry) {
-        (0, Some(e)) => {
-            counters::free_in(tok, e.device, e.kind, e.size);
-            if e.charged > 0 {
-                cap::uncharge_entry(e.device, key, e.charged);
-            }
-        }
-        (_, Some(e)) => {
-            table.insert_in(tok, key, e);
-        }
-        (_, None) => counters::unknown_free(),
-    }
+    settle_free(tok, key, table, rc, entry);
     rc
 }
 
@@ -363,15 +352,7 @@ pub fn alloc(
     let mut fl = req.flags;
     let mut res = None;
     if poolable {
-        let preq = PoolRequest {
-            api: req.api,
-            kind: req.kind,
-            device: req.device,
-            stream: req.stream,
-            size: req.size,
-            flags: req.flags,
-        };
-        match pool::alloc(&preq) {
+        match pool::alloc(req) {
             Some(Ok(p)) => {
                 layer = Layer::Pool;
                 kind = AllocKind::Pool;
@@ -510,8 +491,8 @@ fn cap_refused(req: &Request, refusal: &cap::Refusal, traced: bool, t0: tracer::
             refusal.cap
         );
     }
-    if is_runtime(req.api) {
-        runtime_set_last_error_oom();
+    if crate::cuda::request::is_runtime(req.api) {
+        crate::cuda::real::runtime_set_last_error_oom();
     }
     crate::debug!(
         "{} size={} dev={} stream={:#x} -> {} [cap refused: in use {} + {} > cap {}]",
@@ -639,41 +620,9 @@ pub fn free_light(
     };
     let entry = table.remove_in(tok, key);
     let rc = real();
-    let (dev, kind, size, efl) = match entry {
-        Some(e) if rc == 0 => {
-            counters::free_in(tok, e.device, e.kind, e.size);
-            if e.charged > 0 {
-                cap::uncharge_freed(e.device, key, e.charged, e.kind == AllocKind::Async);
-            }
-            (e.device, e.kind, e.size, e.flags)
-        }
-        Some(e) => {
-            table.insert_in(tok, key, e);
-            (e.device, e.kind, 0, e.flags)
-        }
-        None => {
-            counters::unknown_free();
-            (-1, AllocKind::Runtime, 0, 0)
-        }
-    };
+    settle_free(tok, key, table, rc, entry);
     if traced {
-        tracer::emit_memop(
-            false,
-            &MemOp {
-                t_ns: t0.ns,
-                tid: ids::tid(),
-                api,
-                kind,
-                flags: fl | (efl & flags::POOLED),
-                device: dev,
-                stream: stream.unwrap_or(0),
-                addr: key,
-                size,
-                result: rc,
-                latency_ns: t0.latency_ns(),
-                stack: 0,
-            },
-        );
+        emit_free(api, key, stream, fl, entry, rc, t0);
     }
     rc
 }
@@ -705,22 +654,64 @@ pub fn free(
     free_layered(tok, req, table, mode, real)
 }
 
-/// The table and counters after a free returned `rc`: a success forgets the entry for good
-/// (and gives back its charge); a failure puts it back; an unknown pointer is counted.
+/// The table and counters after a free of `key` returned `rc`: a success forgets the entry
+/// for good (and gives back its charge); a failure puts it back; an unknown pointer is
+/// counted. Every free path settles here.
 #[inline(always)]
-fn settle_free(tok: &Token, req: &FreeRequest, table: &LiveTable, rc: c_int, entry: Option<Entry>) {
+fn settle_free(tok: &Token, key: u64, table: &LiveTable, rc: c_int, entry: Option<Entry>) {
     match (rc, entry) {
         (0, Some(e)) => {
             counters::free_in(tok, e.device, e.kind, e.size);
             if e.charged > 0 {
-                cap::uncharge_freed(e.device, req.key, e.charged, e.kind == AllocKind::Async);
+                cap::uncharge_freed(e.device, key, e.charged, e.kind == AllocKind::Async);
             }
         }
         (_, Some(e)) => {
-            table.insert_in(tok, req.key, e);
+            table.insert_in(tok, key, e);
         }
         (_, None) => counters::unknown_free(),
     }
+}
+
+/// What a free's event says of the entry it settled: its device, kind and flags, and the
+/// bytes the free gave back (0 when it failed or the pointer was unknown).
+#[inline(always)]
+fn freed(entry: Option<Entry>, rc: c_int) -> (i32, AllocKind, u64, u8) {
+    match entry {
+        Some(e) if rc == 0 => (e.device, e.kind, e.size, e.flags),
+        Some(e) => (e.device, e.kind, 0, e.flags),
+        None => (-1, AllocKind::Runtime, 0, 0),
+    }
+}
+
+/// Trace a finished free of `key` (`stream`: `Some` for stream-ordered frees).
+#[inline(always)]
+fn emit_free(
+    api: Api,
+    key: u64,
+    stream: Option<u64>,
+    fl: u8,
+    entry: Option<Entry>,
+    rc: c_int,
+    t0: tracer::Stamp,
+) {
+    let (device, kind, size, efl) = freed(entry, rc);
+    let op = memop(
+        t0.ns,
+        api,
+        kind,
+        fl | (efl & flags::POOLED),
+        device,
+        stream.unwrap_or(0),
+    );
+    let op = MemOp {
+        addr: key,
+        size,
+        result: rc,
+        latency_ns: t0.latency_ns(),
+        ..op
+    };
+    tracer::emit_memop(false, &op);
 }
 
 /// [`free`] with the layers: pool, real; debug log and trace.
@@ -763,12 +754,8 @@ fn free_layered(
         }
         None => real(),
     };
-    settle_free(tok, req, table, rc, entry);
-    let (dev, kind, size, efl) = match entry {
-        Some(e) if rc == 0 => (e.device, e.kind, e.size, e.flags),
-        Some(e) => (e.device, e.kind, 0, e.flags),
-        None => (-1, AllocKind::Runtime, 0, 0),
-    };
+    settle_free(tok, req.key, table, rc, entry);
+    let (dev, _, size, _) = freed(entry, rc);
     crate::debug!(
         "{} addr={:#x} size={} dev={} -> {} [{}{}]",
         req.api.name(),
@@ -784,24 +771,7 @@ fn free_layered(
         }
     );
     if traced {
-        let fl = req.flags | (efl & flags::POOLED);
-        tracer::emit_memop(
-            false,
-            &MemOp {
-                t_ns: t0.ns,
-                tid: ids::tid(),
-                api: req.api,
-                kind,
-                flags: fl,
-                device: dev,
-                stream: req.stream.unwrap_or(0),
-                addr: req.key,
-                size,
-                result: rc,
-                latency_ns: t0.latency_ns(),
-                stack: 0,
-            },
-        );
+        emit_free(req.api, req.key, req.stream, req.flags, entry, rc, t0);
     }
     rc
 }
@@ -878,19 +848,18 @@ pub fn device_reset(device: i32) {
         forget(*addr, *e);
         bytes = bytes.saturating_add(e.size);
         if traced {
+            let op = memop(
+                tracer::now_ns(),
+                Api::CudaDeviceReset,
+                e.kind,
+                e.flags,
+                e.device,
+                e.stream,
+            );
             tracer::emit(Event::Free(MemOp {
-                t_ns: tracer::now_ns(),
-                tid: ids::tid(),
-                api: Api::CudaDeviceReset,
-                kind: e.kind,
-                flags: e.flags,
-                device: e.device,
-                stream: e.stream,
                 addr: *addr,
                 size: e.size,
-                result: 0,
-                latency_ns: 0,
-                stack: 0,
+                ..op
             }));
         }
     }
@@ -912,46 +881,39 @@ fn emit_op(
     rc: c_int,
     t0: tracer::Stamp,
 ) {
+    let op = memop(t0.ns, req.api, req.kind, fl, req.device, req.stream);
     let op = MemOp {
-        t_ns: t0.ns,
-        tid: ids::tid(),
-        api: req.api,
-        kind: req.kind,
-        flags: fl,
-        device: req.device,
-        stream: req.stream,
         addr,
         size,
         result: rc,
         latency_ns: t0.latency_ns(),
-        stack: 0,
+        ..op
     };
     tracer::emit_memop(is_alloc, &op);
 }
 
-fn is_runtime(api: Api) -> bool {
-    (api as u16) < 20 || api == Api::CudaGetDeviceProperties
+/// The one place an event of a request is built: what every event of the pipeline shares
+/// (the calling thread), with no address, size, result or latency yet.
+#[inline(always)]
+fn memop(t_ns: u64, api: Api, kind: AllocKind, flags: u8, device: i32, stream: u64) -> MemOp {
+    MemOp {
+        t_ns,
+        tid: ids::tid(),
+        api,
+        kind,
+        flags,
+        device,
+        stream,
+        addr: 0,
+        size: 0,
+        result: 0,
+        latency_ns: 0,
+        stack: 0,
+    }
 }
 
 fn api_name(req: &Request) -> &'static str {
     req.api.name()
-}
-
-/// Make the runtime's sticky "last error" say cudaErrorMemoryAllocation, as it would had
-/// the device refused: ask the real runtime for an impossible allocation.
-fn runtime_set_last_error_oom() {
-    if let Some(f) = crate::cuda::real::cudaMalloc() {
-        let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
-        // SAFETY: p is a valid out-pointer; the size cannot be satisfied.
-        let rc = unsafe { f(&mut p, usize::MAX) };
-        if rc == 0
-            && !p.is_null()
-            && let Some(free) = crate::cuda::real::cudaFree()
-        {
-            // SAFETY: p was just allocated by the runtime.
-            unsafe { free(p) };
-        }
-    }
 }
 
 #[cfg(test)]

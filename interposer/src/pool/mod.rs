@@ -29,26 +29,15 @@ mod tcache;
 #[cfg(test)]
 mod tests;
 
+use crate::cuda::request::{self, is_runtime};
 use crate::cuda::types::*;
+use crate::sys::wired::Wired;
 use cuda_device::CudaDevice;
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use vramshim_pool::stitch::{Budget, Stitch};
 use vramshim_pool::{ANY_STREAM, DeviceError, FreeMode, Policy, PoolError, Request, Stats};
-use vramshim_trace::{AllocKind, Api};
-
-/// One request as the dispatcher hands it to the pool.
-#[derive(Clone, Copy, Debug)]
-pub struct PoolRequest {
-    pub api: Api,
-    pub kind: AllocKind,
-    pub device: i32,
-    /// Stream the allocation is ordered on (0 = legacy default stream).
-    pub stream: u64,
-    pub size: u64,
-    /// `vramshim_trace::flags` bits (`PER_THREAD_STREAM` for `_ptsz` entry points).
-    pub flags: u8,
-}
+use vramshim_trace::Api;
 
 /// Pool stream ids at or above this are per-thread default streams: `PTDS_BASE | tid`.
 pub const PTDS_BASE: u64 = 1 << 62;
@@ -96,22 +85,21 @@ pub struct CapView {
     pub visible_total: fn(i32, u64) -> u64,
 }
 
-static CAP_VIEW: std::sync::OnceLock<CapView> = std::sync::OnceLock::new();
+static CAP_VIEW: Wired<CapView> = Wired::new(CapView {
+    charges_pages: || false,
+    charge_page: |_, _, _| true,
+    uncharge_pages: |_, _| {},
+    clear_refusal: || {},
+    visible_total: |_, total| total,
+});
 
 /// Wire in the cap (see [`CapView`]).
 pub fn set_cap_view(v: CapView) {
-    let _ = CAP_VIEW.set(v);
+    CAP_VIEW.set(v);
 }
 
 fn cap_view() -> &'static CapView {
-    const NO_CAP: CapView = CapView {
-        charges_pages: || false,
-        charge_page: |_, _, _| true,
-        uncharge_pages: |_, _| {},
-        clear_refusal: || {},
-        visible_total: |_, total| total,
-    };
-    CAP_VIEW.get().unwrap_or(&NO_CAP)
+    CAP_VIEW.get()
 }
 
 /// The tight pool's budget ratio (`None`: the default stitch), read once.
@@ -261,7 +249,7 @@ fn with_pools<R>(f: impl FnOnce(&mut Pools) -> R) -> R {
 }
 
 /// The pool stream for a request, or `None` if the pool does not serve this kind.
-fn pool_stream(req: &PoolRequest) -> Option<u64> {
+fn pool_stream(req: &request::Request) -> Option<u64> {
     if req.size == 0 || req.device < 0 || req.device as usize >= MAX_DEVICES {
         return None;
     }
@@ -270,10 +258,6 @@ fn pool_stream(req: &PoolRequest) -> Option<u64> {
         Api::CudaMallocAsync | Api::CuMemAllocAsync => Some(pool_stream_id(req.stream, req.flags)),
         _ => None,
     }
-}
-
-fn is_runtime(api: Api) -> bool {
-    matches!(api, Api::CudaMalloc | Api::CudaMallocAsync)
 }
 
 /// Runtime requests may arrive before the runtime made its primary context current on this
@@ -337,7 +321,7 @@ fn publish_held(d: usize, p: &DevicePool) {
 }
 
 /// `None`: not for the pool, take the real path. `Some(Ok(ptr))` / `Some(Err(cuda_code))` otherwise.
-pub fn alloc(req: &PoolRequest) -> Option<Result<u64, i32>> {
+pub fn alloc(req: &request::Request) -> Option<Result<u64, i32>> {
     let stream = pool_stream(req)?;
     if MODE.load(Ordering::Relaxed) != ON {
         return None;
@@ -393,7 +377,7 @@ pub fn alloc(req: &PoolRequest) -> Option<Result<u64, i32>> {
 /// The pool refused `req`: the code the process sees (`None`: pass through after all).
 #[cold]
 #[inline(never)]
-fn refused(req: &PoolRequest, e: PoolError) -> Option<Result<u64, i32>> {
+fn refused(req: &request::Request, e: PoolError) -> Option<Result<u64, i32>> {
     crate::debug!("pool: {} bytes on device {}: {e}", req.size, req.device);
     let code = match e {
         PoolError::OutOfMemory { .. } => CUDA_ERROR_OUT_OF_MEMORY,
@@ -407,7 +391,7 @@ fn refused(req: &PoolRequest, e: PoolError) -> Option<Result<u64, i32>> {
         PoolError::UnknownPointer(_) => CUDA_ERROR_INVALID_VALUE,
     };
     if is_runtime(req.api) && code == cudaErrorMemoryAllocation {
-        runtime_set_last_error_oom();
+        crate::cuda::real::runtime_set_last_error_oom();
     }
     Some(Err(code))
 }
@@ -415,7 +399,7 @@ fn refused(req: &PoolRequest, e: PoolError) -> Option<Result<u64, i32>> {
 /// The first request for device `req.device`: make its pool (or say why not).
 #[cold]
 #[inline(never)]
-fn create_pool(pools: &mut Pools, req: &PoolRequest) -> Result<(), String> {
+fn create_pool(pools: &mut Pools, req: &request::Request) -> Result<(), String> {
     let d = req.device as usize;
     if pools.devs.len() <= d {
         pools.devs.resize_with(d + 1, || None);
@@ -468,26 +452,6 @@ fn create_pool(pools: &mut Pools, req: &PoolRequest) -> Result<(), String> {
         }
     }
     Ok(())
-}
-
-/// The runtime's sticky last error says `cudaErrorMemoryAllocation` after a refused
-/// `cudaMalloc`, and `cudaGetLastError` returns it once: make the real runtime record it, by
-/// asking it for an allocation no device can satisfy (the dispatcher does the same for a cap
-/// refusal). Called with no pool lock held.
-fn runtime_set_last_error_oom() {
-    let Some(f) = crate::cuda::real::cudaMalloc() else {
-        return;
-    };
-    let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
-    // SAFETY: a valid out-pointer; the size cannot be satisfied.
-    let rc = unsafe { f(&mut p, usize::MAX) };
-    if rc == CUDA_SUCCESS
-        && !p.is_null()
-        && let Some(free) = crate::cuda::real::cudaFree()
-    {
-        // SAFETY: p was just allocated by the runtime.
-        unsafe { free(p) };
-    }
 }
 
 /// Bit `d`: device `d` has a pool (set when made, cleared when reset).

@@ -7,3 +7,4 @@ pub mod ids;
 pub mod log;
 pub mod membarrier;
 pub mod thread;
+pub mod wired;

@@ -50,6 +50,7 @@ mod writer;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
+use crate::sys::wired::Wired;
 use vramshim_trace::Event;
 
 /// Trace time now for an event handed to [`emit`] (raw TSC where that is the trace clock;
@@ -72,19 +73,18 @@ pub struct DeviceView {
     pub cap: fn(i32, u64) -> u64,
 }
 
-static DEVICE_VIEW: std::sync::OnceLock<DeviceView> = std::sync::OnceLock::new();
+static DEVICE_VIEW: Wired<DeviceView> = Wired::new(DeviceView {
+    pool_reserved: |_| None,
+    cap: |_, _| 0,
+});
 
 /// Wire in the pool's and the cap's view of each device (see [`DeviceView`]).
 pub fn set_device_view(v: DeviceView) {
-    let _ = DEVICE_VIEW.set(v);
+    DEVICE_VIEW.set(v);
 }
 
 fn device_view() -> &'static DeviceView {
-    const NONE: DeviceView = DeviceView {
-        pool_reserved: |_| None,
-        cap: |_, _| 0,
-    };
-    DEVICE_VIEW.get().unwrap_or(&NONE)
+    DEVICE_VIEW.get()
 }
 
 /// One relaxed atomic load on the hot path.
@@ -230,8 +230,8 @@ fn config_var(name: &str) -> Option<&'static str> {
     crate::config::var(name)
 }
 
-/// Reads the configuration (once, at load: our own constructor).
-fn init() {
+/// Reads the configuration (once, at load: the library's constructor in `lifecycle`).
+pub(crate) fn init() {
     if pattern().is_none() {
         return;
     }
@@ -279,15 +279,6 @@ fn set_enabled(on: bool) {
     ENABLED.store(on, Ordering::SeqCst);
     crate::config::layers::changed();
 }
-
-extern "C" fn tracer_constructor() {
-    let _ = std::panic::catch_unwind(init);
-}
-
-// Reading two variables and setting two atomics: nothing else happens at load.
-#[used]
-#[unsafe(link_section = ".init_array")]
-static TRACER_INIT: extern "C" fn() = tracer_constructor;
 
 /// Stop tracing for good (unusable output file, or finished).
 fn disable() {
