@@ -18,7 +18,7 @@ use vramshim_trace::{AllocKind, Api, Event, MemOp, flags};
 
 /// Which layer decided a request's outcome (for the debug log).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Layer {
+pub(crate) enum Layer {
     Cap,
     Pool,
     Real,
@@ -36,7 +36,7 @@ impl Layer {
 
 /// The outcome of an allocation request.
 #[derive(Clone, Copy, Debug)]
-pub struct Outcome {
+pub(crate) struct Outcome {
     /// The code the process sees.
     pub rc: c_int,
     /// The pointer (or handle); 0 on failure.
@@ -49,7 +49,7 @@ pub struct Outcome {
 /// (straight to the real function, unaccounted). A panic in either is caught and turned
 /// into `panic_code` (never unwinds into C, never aborts).
 #[inline(always)]
-pub fn run_hook(
+pub(crate) fn run_hook(
     name: &'static str,
     panic_code: c_int,
     pass: impl FnOnce() -> c_int,
@@ -73,7 +73,7 @@ pub fn run_hook(
 /// whichever branch runs (moved, not borrowed, so that the body reaches its arguments
 /// without a second indirection).
 #[inline(always)]
-pub fn run_hook_with<C>(
+pub(crate) fn run_hook_with<C>(
     name: &'static str,
     panic_code: c_int,
     call: C,
@@ -96,7 +96,7 @@ pub fn run_hook_with<C>(
 
 /// Run a lookup or query hook that is never nested-guarded, catching panics.
 #[inline(always)]
-pub fn run_unguarded<T>(name: &'static str, on_panic: T, body: impl FnOnce() -> T) -> T {
+pub(crate) fn run_unguarded<T>(name: &'static str, on_panic: T, body: impl FnOnce() -> T) -> T {
     match std::panic::catch_unwind(AssertUnwindSafe(body)) {
         Ok(v) => v,
         Err(_) => {
@@ -117,7 +117,7 @@ fn panicked(name: &'static str, code: c_int) -> c_int {
 /// What the real call reported: its code, the pointer/handle it produced, and the size
 /// actually allocated (pitched allocations are only known afterwards).
 #[derive(Clone, Copy, Debug)]
-pub struct RealResult {
+pub(crate) struct RealResult {
     pub rc: c_int,
     pub addr: u64,
     pub size: u64,
@@ -126,7 +126,7 @@ pub struct RealResult {
 /// The layers a request meets, read once per request by the hook ([`mode`]) and handed
 /// down, so that no layer's switch is read twice on one request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Mode(u8);
+pub(crate) struct Mode(u8);
 
 impl Mode {
     /// The configuration was read (never 0 once read: 0 means "read it").
@@ -144,7 +144,7 @@ impl Mode {
 
     /// Nothing but pass-through: the hooks take [`alloc_passed`] / [`free_passed`].
     #[inline(always)]
-    pub fn pass_through(self) -> bool {
+    pub(crate) fn pass_through(self) -> bool {
         self.0 == Self::KNOWN
     }
     #[inline(always)]
@@ -163,7 +163,7 @@ impl Mode {
 
 /// The layers on for this request: one relaxed load once they were read.
 #[inline(always)]
-pub fn mode() -> Mode {
+pub(crate) fn mode() -> Mode {
     let m = crate::config::layers::cached();
     if m != 0 {
         return Mode(m);
@@ -215,7 +215,7 @@ fn fault_bits() -> u8 {
 /// A pass-through allocation's real call returned `rc`: count the request and record a
 /// success (`read` gives the pointer and the size) in the live table and counters.
 #[inline(always)]
-pub fn alloc_passed(
+pub(crate) fn alloc_passed(
     tok: &Token,
     req: &Request,
     table: &LiveTable,
@@ -235,7 +235,7 @@ pub fn alloc_passed(
 /// A pass-through free of a non-null `key`: claim the entry, call the real function,
 /// settle (as [`free`]).
 #[inline(always)]
-pub fn free_passed(
+pub(crate) fn free_passed(
     tok: &Token,
     api: Api,
     key: u64,
@@ -303,7 +303,7 @@ fn forget(addr: u64, e: Entry) {
 /// out-pointers itself). The hook writes `Outcome::addr` to the caller only when
 /// `layer == Pool`.
 #[inline(never)]
-pub fn alloc(
+pub(crate) fn alloc(
     tok: &Token,
     req: &Request,
     table: &LiveTable,
@@ -540,7 +540,7 @@ fn cap_refused(req: &Request, refusal: &cap::Refusal, traced: bool, t0: tracer::
 impl Mode {
     /// Only the cap and/or the tracer: the hooks take [`alloc_light`] / [`free_light`].
     #[inline(always)]
-    pub fn light(self) -> bool {
+    pub(crate) fn light(self) -> bool {
         self.0 & (Self::POOL | Self::DEBUG | Self::NO_LIGHT) == 0
     }
 }
@@ -549,7 +549,7 @@ impl Mode {
 /// makes the real call; `read` gives the pointer and size it produced (after a success).
 /// Out of line: inlined, it would make every hook's frame (and pass-through) bigger.
 #[inline(never)]
-pub fn alloc_light(
+pub(crate) fn alloc_light(
     tok: &Token,
     make_req: impl FnOnce() -> Request,
     table: &LiveTable,
@@ -601,7 +601,7 @@ pub fn alloc_light(
 /// claim the entry, call the real function, settle, trace.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-pub fn free_light(
+pub(crate) fn free_light(
     tok: &Token,
     api: Api,
     key: u64,
@@ -629,7 +629,7 @@ pub fn free_light(
 
 /// A free request.
 #[derive(Clone, Copy, Debug)]
-pub struct FreeRequest {
+pub(crate) struct FreeRequest {
     pub api: Api,
     /// Pointer or handle.
     pub key: u64,
@@ -643,7 +643,7 @@ pub struct FreeRequest {
 /// confused with it), the pool or the real function frees, and on failure the entry is
 /// restored. Unknown pointers go to the real function; its code comes back unchanged.
 #[inline(always)]
-pub fn free(
+pub(crate) fn free(
     tok: &Token,
     req: &FreeRequest,
     table: &LiveTable,
@@ -781,7 +781,7 @@ fn free_layered(
 /// `cudaMemGetInfo`/`cuMemGetInfo_v2` with `cap::adjust_meminfo`, `cuDeviceTotalMem_v2` and
 /// `totalGlobalMem` with `cap::total_for`; NVML hooks adjust in `write` themselves
 /// (`cap::nvml_adjust*`). `write(device, free, total)` stores the answer back.
-pub fn meminfo(
+pub(crate) fn meminfo(
     tok: &Token,
     api: Api,
     device: impl FnOnce() -> Option<i32>,
@@ -827,7 +827,7 @@ pub fn meminfo(
     );
     if tracer::enabled() {
         tracer::emit(Event::MemInfo {
-            t_ns: tracer::now_ns(),
+            t_ns: tracer::now_raw(),
             tid: ids::tid(),
             api,
             device: dev,
@@ -840,7 +840,7 @@ pub fn meminfo(
 }
 
 /// `cudaDeviceReset` succeeded on `device`: everything the context held is gone.
-pub fn device_reset(device: i32) {
+pub(crate) fn device_reset(device: i32) {
     let dropped = ALLOCS.drain_where(|e| e.device == device && e.kind != AllocKind::VmmHandle);
     let traced = tracer::enabled();
     let mut bytes = 0u64;
@@ -849,7 +849,7 @@ pub fn device_reset(device: i32) {
         bytes = bytes.saturating_add(e.size);
         if traced {
             let op = memop(
-                tracer::now_ns(),
+                tracer::now_raw(),
                 Api::CudaDeviceReset,
                 e.kind,
                 e.flags,

@@ -40,7 +40,7 @@ use vramshim_pool::{ANY_STREAM, DeviceError, FreeMode, Policy, PoolError, Reques
 use vramshim_trace::Api;
 
 /// Pool stream ids at or above this are per-thread default streams: `PTDS_BASE | tid`.
-pub const PTDS_BASE: u64 = 1 << 62;
+pub(crate) const PTDS_BASE: u64 = 1 << 62;
 const CU_STREAM_LEGACY: u64 = 0x1;
 const CU_STREAM_PER_THREAD: u64 = 0x2;
 
@@ -48,7 +48,7 @@ const CU_STREAM_PER_THREAD: u64 = 0x2;
 /// Handle 0 means the per-thread default stream when a `_ptsz` entry point was called, and
 /// `CU_STREAM_PER_THREAD` always does: each thread's is a different stream, so two threads
 /// must not share a free list (reuse "on the same stream" would be unordered).
-pub fn pool_stream_id(stream: u64, flags: u8) -> u64 {
+pub(crate) fn pool_stream_id(stream: u64, flags: u8) -> u64 {
     let per_thread = stream == CU_STREAM_PER_THREAD
         || (stream == 0 && flags & vramshim_trace::flags::PER_THREAD_STREAM != 0);
     if per_thread {
@@ -71,7 +71,7 @@ static MODE: AtomicU8 = AtomicU8::new(UNREAD);
 /// What the pool asks of the cap about its pages. The cap stands beside the pool, not
 /// below it, so the layer that wires the layers together (`lifecycle`) hands these in at
 /// load; until then, and in a process without a cap, the answers of no cap.
-pub struct CapView {
+pub(crate) struct CapView {
     /// Whether each page is charged to the cap as the pool creates it.
     pub charges_pages: fn() -> bool,
     /// Charge a page of `bytes` on `device`, for a request ordered on `stream`; false:
@@ -94,7 +94,7 @@ static CAP_VIEW: Wired<CapView> = Wired::new(CapView {
 });
 
 /// Wire in the cap (see [`CapView`]).
-pub fn set_cap_view(v: CapView) {
+pub(crate) fn set_cap_view(v: CapView) {
     CAP_VIEW.set(v);
 }
 
@@ -142,7 +142,7 @@ const MAX_DEVICES: usize = 64;
 
 /// Is the pool on? (One relaxed load once the configuration was read.)
 #[inline]
-pub fn enabled() -> bool {
+pub(crate) fn enabled() -> bool {
     match MODE.load(Ordering::Relaxed) {
         ON => true,
         UNREAD => read_mode(),
@@ -302,7 +302,7 @@ static HELD: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICE
 static HELD_PEAK: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
 
 /// Bytes `device`'s pool holds from the device now and at most so far (0: none, or no pool).
-pub fn held(device: i32) -> (u64, u64) {
+pub(crate) fn held(device: i32) -> (u64, u64) {
     let Some(d) = usize::try_from(device).ok().filter(|&d| d < MAX_DEVICES) else {
         return (0, 0);
     };
@@ -321,7 +321,7 @@ fn publish_held(d: usize, p: &DevicePool) {
 }
 
 /// `None`: not for the pool, take the real path. `Some(Ok(ptr))` / `Some(Err(cuda_code))` otherwise.
-pub fn alloc(req: &request::Request) -> Option<Result<u64, i32>> {
+pub(crate) fn alloc(req: &request::Request) -> Option<Result<u64, i32>> {
     let stream = pool_stream(req)?;
     if MODE.load(Ordering::Relaxed) != ON {
         return None;
@@ -476,7 +476,7 @@ fn drain_tcaches(pools: &mut Pools) {
 /// `None`: not pool memory, take the real path. `stream` is `Some` for stream-ordered frees.
 /// `pooled`: `(device, requested size)` when the dispatcher's live table says `ptr` is a
 /// live pool block (a stream-ordered free of one may stay with the thread, see `tcache`).
-pub fn free(ptr: u64, stream: Option<u64>, pooled: Option<(i32, u64)>) -> Option<i32> {
+pub(crate) fn free(ptr: u64, stream: Option<u64>, pooled: Option<(i32, u64)>) -> Option<i32> {
     if MODE.load(Ordering::Relaxed) != ON {
         return None;
     }
@@ -518,7 +518,7 @@ pub fn free(ptr: u64, stream: Option<u64>, pooled: Option<(i32, u64)>) -> Option
 
 /// Does `addr` lie in memory the pool holds (live or cached)? For refusing legacy IPC
 /// (`cudaIpcGetMemHandle`) and similar unsupported uses of pool memory.
-pub fn owns_address(addr: u64) -> bool {
+pub(crate) fn owns_address(addr: u64) -> bool {
     if MODE.load(Ordering::Relaxed) != ON {
         return false;
     }
@@ -527,7 +527,7 @@ pub fn owns_address(addr: u64) -> bool {
 
 /// `Some(code)`: refuse `cudaIpcGetMemHandle`/`cuIpcGetMemHandle` on `addr`, a pool address
 /// (a legacy IPC handle of a stitched mapping would expose the wrong memory). Warns once.
-pub fn refuse_ipc(addr: u64) -> Option<i32> {
+pub(crate) fn refuse_ipc(addr: u64) -> Option<i32> {
     if !owns_address(addr) {
         return None;
     }
@@ -543,7 +543,7 @@ pub fn refuse_ipc(addr: u64) -> Option<i32> {
 
 /// The process synchronized the whole device itself (`cudaDeviceSynchronize`,
 /// `cuCtxSynchronize`): every pending `cudaFree`d block is reusable.
-pub fn note_process_sync() {
+pub(crate) fn note_process_sync() {
     if MODE.load(Ordering::Relaxed) != ON {
         return;
     }
@@ -556,7 +556,7 @@ pub fn note_process_sync() {
 
 /// Give every cached page back (before a real allocation is retried after an
 /// out-of-memory, or when asked). Returns the bytes released.
-pub fn trim() -> u64 {
+pub(crate) fn trim() -> u64 {
     if MODE.load(Ordering::Relaxed) != ON {
         return 0;
     }
@@ -576,7 +576,7 @@ pub fn trim() -> u64 {
 
 /// `cudaDeviceReset` (or a primary-context reset) destroyed `device`'s memory: forget its
 /// pool without driver calls.
-pub fn on_device_reset(device: i32) {
+pub(crate) fn on_device_reset(device: i32) {
     if MODE.load(Ordering::Relaxed) != ON || device < 0 {
         return;
     }
@@ -619,7 +619,7 @@ fn peers_of(owner: i32) -> u64 {
 /// Device `accessor` was granted peer access to `owner`'s memory: a pool mapping is virtual
 /// memory, which peer access does not reach (only `cuMemSetAccess` does), so grant it on
 /// every range `owner`'s pool has mapped, and on every future mapping.
-pub fn on_peer_access(owner: i32, accessor: i32) {
+pub(crate) fn on_peer_access(owner: i32, accessor: i32) {
     if MODE.load(Ordering::Relaxed) != ON
         || owner == accessor
         || !(0..MAX_DEVICES as i32).contains(&owner)
@@ -650,7 +650,7 @@ pub fn on_peer_access(owner: i32, accessor: i32) {
 }
 
 /// Statistics of `device`'s pool, if it has one.
-pub fn stats(device: i32) -> Option<Stats> {
+pub(crate) fn stats(device: i32) -> Option<Stats> {
     if MODE.load(Ordering::Relaxed) != ON || device < 0 {
         return None;
     }
@@ -665,7 +665,7 @@ pub fn stats(device: i32) -> Option<Stats> {
 
 /// Called in a forked child before it does anything else: the parent's device memory is
 /// not the child's; forget every pool (no driver call) and reset the lock.
-pub fn on_fork_child() {
+pub(crate) fn on_fork_child() {
     POOLS.locked.store(false, Ordering::Release);
     HAS_POOL.store(0, Ordering::Relaxed);
     tcache::on_fork_child();

@@ -4,13 +4,13 @@
 
 use std::sync::OnceLock;
 
-pub struct Wired<T: 'static> {
+pub(crate) struct Wired<T: 'static> {
     cell: OnceLock<T>,
     unwired: T,
 }
 
 impl<T: 'static> Wired<T> {
-    pub const fn new(unwired: T) -> Self {
+    pub(crate) const fn new(unwired: T) -> Self {
         Wired {
             cell: OnceLock::new(),
             unwired,
@@ -18,13 +18,13 @@ impl<T: 'static> Wired<T> {
     }
 
     /// Wire it (once; a second call changes nothing).
-    pub fn set(&self, v: T) {
+    pub(crate) fn set(&self, v: T) {
         let _ = self.cell.set(v);
     }
 
     /// The wired value, else the unwired one.
     #[inline]
-    pub fn get(&self) -> &T {
+    pub(crate) fn get(&self) -> &T {
         self.cell.get().unwrap_or(&self.unwired)
     }
 }

@@ -55,7 +55,7 @@ use vramshim_trace::Event;
 
 /// Trace time now for an event handed to [`emit`] (raw TSC where that is the trace clock;
 /// the writer converts it to ns: see `clock`).
-pub use clock::now_raw as now_ns;
+pub use clock::now_raw;
 pub use clock::{Stamp, stamp};
 
 /// Tracing is configured and not finished. Read with one relaxed load.
@@ -66,7 +66,7 @@ static STACK_DEPTH: AtomicU32 = AtomicU32::new(0);
 /// What the writer reads of the layers beside this one for its per-device `Counter`
 /// records. Set at load by the layer that wires the others together (`lifecycle`), as this
 /// layer imports neither the pool nor the cap; until then, no pool and no cap.
-pub struct DeviceView {
+pub(crate) struct DeviceView {
     /// Bytes the pool holds from the device (`None`: no pool serves it).
     pub pool_reserved: fn(i32) -> Option<u64>,
     /// The device's cap, given its real total (0: not capped).
@@ -79,7 +79,7 @@ static DEVICE_VIEW: Wired<DeviceView> = Wired::new(DeviceView {
 });
 
 /// Wire in the pool's and the cap's view of each device (see [`DeviceView`]).
-pub fn set_device_view(v: DeviceView) {
+pub(crate) fn set_device_view(v: DeviceView) {
     DEVICE_VIEW.set(v);
 }
 
@@ -100,7 +100,7 @@ pub(crate) fn enabled_seqcst() -> bool {
 }
 
 /// Append one event to the calling thread's buffer. Its times must be trace times
-/// ([`now_ns`], [`stamp`]): the writer converts them to ns when it encodes the event.
+/// ([`now_raw`], [`stamp`]): the writer converts them to ns when it encodes the event.
 #[inline]
 pub fn emit(ev: Event) {
     if !enabled() {
@@ -113,7 +113,7 @@ pub fn emit(ev: Event) {
 /// of `Event::Alloc(*m)` / `Event::Free(*m)` without building or moving an `Event` (the
 /// dispatcher's hot path).
 #[inline(always)]
-pub fn emit_memop(alloc: bool, m: &vramshim_trace::MemOp) {
+pub(crate) fn emit_memop(alloc: bool, m: &vramshim_trace::MemOp) {
     if !enabled() {
         return;
     }
@@ -128,7 +128,7 @@ pub fn emit_memop(alloc: bool, m: &vramshim_trace::MemOp) {
 
 /// Called in a forked child before it does anything else: touch no lock, forget the parent's
 /// writer and buffers; the child starts its own file on its first event.
-pub fn on_fork_child() {
+pub(crate) fn on_fork_child() {
     clock::on_fork_child();
     barrier::on_fork_child();
     writer::on_fork_child();
@@ -142,7 +142,7 @@ pub fn on_exit() {
 }
 
 /// Whether tracing is on and nothing was recorded yet.
-pub fn nothing_recorded() -> bool {
+pub(crate) fn nothing_recorded() -> bool {
     enabled() && writer::never_started()
 }
 
@@ -150,7 +150,7 @@ pub fn nothing_recorded() -> bool {
 /// far, which one decision may pass through): `Counter` records when either changed, so the
 /// trace's reserved figure is exact at every change, peak included, not only at the writer's
 /// periodic samples.
-pub fn pool_held(device: i32, (held, peak): (u64, u64)) {
+pub(crate) fn pool_held(device: i32, (held, peak): (u64, u64)) {
     use std::sync::atomic::AtomicU64;
     static SHOWN: [AtomicU64; slots::MAX_DEV] = [const { AtomicU64::new(0) }; slots::MAX_DEV];
     static SHOWN_PEAK: [AtomicU64; slots::MAX_DEV] = [const { AtomicU64::new(0) }; slots::MAX_DEV];
@@ -180,7 +180,7 @@ pub fn pool_held(device: i32, (held, peak): (u64, u64)) {
 }
 
 /// Starts the writer now (a trace with no event yet), when tracing is on.
-pub fn start_now() {
+pub(crate) fn start_now() {
     if enabled() {
         writer::ensure_started();
     }
@@ -188,7 +188,7 @@ pub fn start_now() {
 
 /// Records a failed call that explains what followed (the driver's start-up, a context's
 /// creation), and says it at `VRAMSHIM_LOG=info`.
-pub fn call_failed(name: &str, device: i32, result: i32) {
+pub(crate) fn call_failed(name: &str, device: i32, result: i32) {
     if device >= 0 {
         crate::info!("{name} failed on device {device}: CUDA error {result}");
     } else {
@@ -209,7 +209,7 @@ pub fn call_failed(name: &str, device: i32, result: i32) {
 /// Called by the `_exit`/`_Exit` hooks: the same flush, but only in the process that owns the
 /// writer (never in a vfork child), with a bounded wait for the writer's lock, and not at all
 /// with `VRAMSHIM_TRACE_EXIT_FLUSH=0`.
-pub fn on_quick_exit() {
+pub(crate) fn on_quick_exit() {
     if config_var("VRAMSHIM_TRACE_EXIT_FLUSH").is_some_and(|v| v.trim() == "0") {
         return;
     }
@@ -217,7 +217,7 @@ pub fn on_quick_exit() {
 }
 
 /// Tracing is on and this process's writer already runs (so a record costs no new file).
-pub fn running() -> bool {
+pub(crate) fn running() -> bool {
     enabled() && writer::running()
 }
 
