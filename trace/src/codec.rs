@@ -5,7 +5,7 @@
 //! the beginning of every frame and at every `Context` record, where all delta state resets.
 
 use crate::columns::TimeCursor;
-use crate::event::{AllocKind, Api, DeviceInfo, Event, MemOp, SyncKind};
+use crate::event::{AllocKind, Api, DeviceInfo, Event, MemOp, PyFrame, SyncKind, TorchOp};
 use crate::wire::{Cur, put_str, put_varint, unzigzag, zigzag};
 pub use crate::wire::{MAX_STACK_FRAMES, MAX_STRING, RecordError, mask, tag};
 
@@ -463,6 +463,40 @@ impl RecordEncoder {
                     b.extend_from_slice(u);
                 }
             }
+            Event::Torch(op) => {
+                self.time(op.t_ns);
+                let b = &mut self.buf;
+                put_varint(b, op.tid as u64);
+                b.push(op.action);
+                put_varint(b, zigzag(op.device as i64));
+                put_varint(b, op.addr);
+                put_varint(b, op.size);
+                put_varint(b, op.stream);
+                put_varint(b, op.segment);
+                put_varint(b, op.stack as u64);
+            }
+            Event::PyCode {
+                id,
+                file,
+                function,
+                first_line,
+            } => {
+                let b = &mut self.buf;
+                put_varint(b, *id as u64);
+                put_str(b, file);
+                put_str(b, function);
+                put_varint(b, *first_line as u64);
+            }
+            Event::PyStack { id, frames } => {
+                let b = &mut self.buf;
+                put_varint(b, *id as u64);
+                let frames = &frames[..frames.len().min(MAX_STACK_FRAMES)];
+                put_varint(b, frames.len() as u64);
+                for f in frames {
+                    put_varint(b, f.code as u64);
+                    put_varint(b, f.line as u64);
+                }
+            }
         }
         self.fix_len(at);
     }
@@ -730,6 +764,9 @@ fn record_tag(ev: &Event) -> u8 {
         Event::Lost { .. } => tag::LOST,
         Event::Device(_) => tag::DEVICE,
         Event::CallFailed { .. } => tag::CALL_FAILED,
+        Event::Torch(_) => tag::TORCH,
+        Event::PyCode { .. } => tag::PY_CODE,
+        Event::PyStack { .. } => tag::PY_STACK,
     }
 }
 
@@ -965,6 +1002,47 @@ impl RecordDecoder {
                     total_bytes,
                     uuid,
                 });
+                Ok(Decoded::Event)
+            }
+            tag::TORCH => {
+                let t_ns = self.time(&mut c)?;
+                *out = Event::Torch(TorchOp {
+                    t_ns,
+                    tid: c.u32v()?,
+                    action: c.u8()?,
+                    device: c.i32z()?,
+                    addr: c.varint()?,
+                    size: c.varint()?,
+                    stream: c.varint()?,
+                    segment: c.varint()?,
+                    stack: c.u32v()?,
+                });
+                Ok(Decoded::Event)
+            }
+            tag::PY_CODE => {
+                *out = Event::PyCode {
+                    id: c.u32v()?,
+                    file: c.string()?,
+                    function: c.string()?,
+                    first_line: c.u32v()?,
+                };
+                Ok(Decoded::Event)
+            }
+            tag::PY_STACK => {
+                let id = c.u32v()?;
+                let n = c.varint()?;
+                // Each frame takes at least two bytes: bounds the allocation by the payload.
+                if n > MAX_STACK_FRAMES as u64 || n as usize > payload.len() / 2 {
+                    return Err(RecordError::BadValue("python stack depth"));
+                }
+                let mut frames = Vec::with_capacity(n as usize);
+                for _ in 0..n {
+                    frames.push(PyFrame {
+                        code: c.u32v()?,
+                        line: c.u32v()?,
+                    });
+                }
+                *out = Event::PyStack { id, frames };
                 Ok(Decoded::Event)
             }
             _ => Ok(Decoded::Nothing),

@@ -30,6 +30,12 @@ pub mod tag {
     pub const ALLOC_REUSE: u8 = 18;
     /// A failed call that is not an allocation (`Event::CallFailed`).
     pub const CALL_FAILED: u8 = 19;
+    /// An event of PyTorch's caching allocator (`Event::Torch`).
+    pub const TORCH: u8 = 20;
+    /// A Python code object's names (`Event::PyCode`).
+    pub const PY_CODE: u8 = 21;
+    /// A deduplicated Python stack (`Event::PyStack`).
+    pub const PY_STACK: u8 = 22;
 }
 
 /// MemOp presence bits (first payload byte of `ALLOC`/`FREE`).

@@ -2,6 +2,7 @@
 
 pub mod chrome;
 pub mod memviz;
+pub mod parquet;
 pub mod perfetto;
 pub mod pickle;
 pub mod rmm_csv;

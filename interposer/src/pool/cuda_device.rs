@@ -1,8 +1,8 @@
 //! The pool's `Device` over the CUDA driver's virtual-memory API (the real functions the
 //! interposer resolved; never our hooks). One per device ordinal.
 
-use crate::ffi_types::*;
-use crate::real;
+use crate::cuda::real;
+use crate::cuda::types::*;
 use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::{c_int, c_uint};
@@ -90,9 +90,15 @@ pub struct CudaDevice {
     capturing: Cell<Option<bool>>,
     /// Recycled events.
     free_events: Vec<usize>,
-    /// Physical bytes the pool may hold on this device: the cap (`VRAMSHIM_CAP`) when one is
-    /// set, so cached pages never take the process over its cap (growth beyond it is refused
-    /// like a cap refusal and the pool dissolves cached blocks instead).
+    /// Every page is charged to the cap when created and given back when released (see
+    /// `cap::pages`): what the device holds for the pool counts against the cap together
+    /// with everything else the cap charges. A refused charge is refused growth, and the
+    /// pool dissolves cached blocks instead.
+    charge: bool,
+    /// Bytes of pages charged to the cap and not given back.
+    charged: u64,
+    /// Under `VRAMSHIM_CAP_FAULT=pool-live-bytes` only (pages not charged): physical bytes the
+    /// pool may hold, the process's capped total.
     limit: Option<u64>,
     /// Physical bytes held (handles created and not released).
     held: u64,
@@ -138,12 +144,13 @@ impl CudaDevice {
                 "cuMemGetAllocationGranularity failed on device {ordinal} (code {rc}, granularity {g})"
             ));
         }
+        let charge = (super::cap_view().charges_pages)();
         let mut limit = None;
-        if let Some(total) = real::cuDeviceTotalMem_v2() {
+        if !charge && let Some(total) = real::cuDeviceTotalMem_v2() {
             let mut t: usize = 0;
             // SAFETY: valid out-pointer.
             if unsafe { total(&mut t, ordinal) } == CUDA_SUCCESS && t > 0 {
-                let capped = crate::cap::total_for(ordinal, t as u64);
+                let capped = (super::cap_view().visible_total)(ordinal, t as u64);
                 if capped < t as u64 {
                     limit = Some(capped);
                 }
@@ -157,6 +164,8 @@ impl CudaDevice {
             runtime: false,
             capturing: Cell::new(None),
             free_events: Vec::new(),
+            charge,
+            charged: 0,
             limit,
             held: 0,
             calls: CallCounts::default(),
@@ -188,6 +197,9 @@ impl CudaDevice {
         self.stream = stream;
         self.runtime = runtime;
         self.capturing.set(None);
+        if self.charge {
+            (super::cap_view().clear_refusal)();
+        }
     }
 
     /// Is the request's stream capturing? (One driver query.)
@@ -269,6 +281,18 @@ impl CudaDevice {
     }
 }
 
+/// The pool is forgotten without releasing its pages (`cudaDeviceReset` destroyed them with
+/// the context): their charges go back. A forked child forgets its pools without dropping
+/// them (the parent's charges are not the child's).
+impl Drop for CudaDevice {
+    fn drop(&mut self) {
+        if self.charged > 0 {
+            (super::cap_view().uncharge_pages)(self.ordinal, self.charged);
+            self.charged = 0;
+        }
+    }
+}
+
 impl Device for CudaDevice {
     fn granularity(&self) -> u64 {
         self.gran
@@ -297,13 +321,32 @@ impl Device for CudaDevice {
         if self.limit.is_some_and(|l| self.held + self.gran > l) {
             return Err(DeviceError::CapExceeded);
         }
+        // Charged before it exists, so the device never holds more than the cap allows.
+        if self.charge
+            && !(super::cap_view().charge_page)(
+                self.ordinal,
+                self.gran,
+                Self::cu_stream(self.stream) as usize as u64,
+            )
+        {
+            return Err(DeviceError::CapExceeded);
+        }
         self.enter();
         self.calls.create += 1;
         let prop = Self::prop(self.ordinal);
         let mut h: CUmemGenericAllocationHandle = 0;
         // SAFETY: valid out-pointer and property struct.
-        ok(unsafe { (self.fns.create)(&mut h, self.gran as usize, &prop, 0) })?;
+        let rc = ok(unsafe { (self.fns.create)(&mut h, self.gran as usize, &prop, 0) });
+        if let Err(e) = rc {
+            if self.charge {
+                (super::cap_view().uncharge_pages)(self.ordinal, self.gran);
+            }
+            return Err(e);
+        }
         self.held += self.gran;
+        if self.charge {
+            self.charged += self.gran;
+        }
         Ok(h)
     }
 
@@ -313,6 +356,10 @@ impl Device for CudaDevice {
         // SAFETY: a handle returned by create.
         ok(unsafe { (self.fns.release)(handle) })?;
         self.held -= self.gran;
+        if self.charge && self.charged >= self.gran {
+            self.charged -= self.gran;
+            (super::cap_view().uncharge_pages)(self.ordinal, self.gran);
+        }
         Ok(())
     }
 
