@@ -4,14 +4,12 @@
 pub mod by_gpu;
 pub mod compare;
 pub mod diff;
-mod elf;
 mod fast;
 mod liveset;
 pub mod report;
 pub mod reserved;
 mod sites;
 pub mod steps;
-pub mod symbols;
 pub mod timeline;
 pub mod torch;
 
@@ -20,14 +18,14 @@ use std::collections::BTreeMap;
 use vramshim_trace::{AllocKind, Api, Event, Header, MemOp, SyncKind, codes, flags};
 
 use crate::error::InputError;
-use crate::formats::FastMap;
-use crate::input::{Format, Opened};
+use crate::fastmap::FastMap;
 use crate::progress::Progress;
+use crate::source::{Format, Opened};
+use crate::symbols::{Module, Symbolizer};
 use liveset::LiveSet;
 pub use report::*;
 use reserved::Holdings;
 use sites::SiteTable;
-use symbols::{Module, Symbolizer};
 use timeline::Timeline;
 
 #[derive(Clone, Debug)]

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use vramshim_trace::{PyFrame, TorchOp, torch_action as act};
 
-use crate::formats::FastMap;
+use crate::fastmap::FastMap;
 
 /// One live tensor block.
 #[derive(Clone, Copy)]

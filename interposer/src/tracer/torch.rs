@@ -199,7 +199,7 @@ fn on_entry(e: *const u8) {
     }
     super::emit(Event::Torch(TorchOp {
         t_ns,
-        tid: crate::ids::tid(),
+        tid: crate::sys::ids::tid(),
         action,
         device,
         addr,
@@ -309,7 +309,7 @@ fn sym_in(path: &str, name: &CStr) -> usize {
     if h.is_null() {
         return 0;
     }
-    let p = crate::real::dlsym_real(h, name) as usize;
+    let p = crate::cuda::real::dlsym_real(h, name) as usize;
     // SAFETY: balances the reference RTLD_NOLOAD took; the library stays loaded.
     unsafe { libc::dlclose(h) };
     p
@@ -329,7 +329,7 @@ pub fn attach(version: &str) -> c_int {
     if ATTACHED.load(Ordering::Acquire) {
         return ATTACHED_OK;
     }
-    if crate::env::var("VRAMSHIM_TORCH_FAULT").is_some_and(|v| v.trim() == "drop") {
+    if crate::config::var("VRAMSHIM_TORCH_FAULT").is_some_and(|v| v.trim() == "drop") {
         FAULT_DROP.store(true, Ordering::Relaxed);
     }
     let mm: String = version
@@ -450,7 +450,7 @@ struct PyApi {
 
 fn py_api() -> Option<PyApi> {
     let get = |n: &CStr| {
-        let p = crate::real::dlsym_real(libc::RTLD_DEFAULT, n);
+        let p = crate::cuda::real::dlsym_real(libc::RTLD_DEFAULT, n);
         (!p.is_null()).then_some(p as usize)
     };
     // SAFETY: each address is CPython's public function of that name, with that signature.
