@@ -1,9 +1,14 @@
 //! The cap's configuration, parsed once from `VRAMSHIM_CAP`, `VRAMSHIM_SHARED`,
-//! `VRAMSHIM_CAP_CONTEXT` and `VRAMSHIM_CAP_FAULT`. Pure: the caller passes the lookup.
+//! `VRAMSHIM_CAP_CONTEXT` and `VRAMSHIM_CAP_FAULT`, and the limits other tools set
+//! ([`super::limits`]: their variables, and the cgroup's `dmem` files, read by the caller).
+//! Pure: the caller passes the lookup.
 
 use std::path::PathBuf;
 
 use vramshim_region::spec::{self, CapSpec};
+use vramshim_region::{CapValue, MAX_DEVICES};
+
+use super::limits::{self, DmemRegion};
 
 /// Whether the context's own memory counts against the cap (`VRAMSHIM_CAP_CONTEXT`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,6 +47,9 @@ pub enum Fault {
     AsyncUncharge,
     /// The context's footprint is charged without checking the cap.
     UncheckedContext,
+    /// Other tools' limit variables and the kernel's dmem limits are ignored (the process
+    /// runs as if only `VRAMSHIM_*` existed).
+    IgnoreLimits,
 }
 
 /// What the variables asked for.
@@ -58,11 +66,28 @@ pub struct Settings {
     /// is unusable), every device allocation is refused instead of falling back.
     pub strict: bool,
     pub fault: Fault,
+    /// What set each device's cap in `spec`, as messages name it (`VRAMSHIM_CAP="0.5"`,
+    /// `CUDA_DEVICE_MEMORY_LIMIT_0="256m"`); None where `spec` has no cap.
+    pub origin: [Option<String>; MAX_DEVICES],
+    /// Limits of other tools' variables that `VRAMSHIM_CAP` replaced (said at start).
+    pub replaced: Vec<String>,
+    /// The cgroup's dmem regions (hard limits bound the devices they name, whatever `spec`
+    /// says; mapped to devices by PCI address once the driver can tell).
+    pub dmem: Vec<DmemRegion>,
 }
 
 /// Parses the variables. `None` = pass-through (nothing asked, or a bad value); the strings
 /// are the lines to print on stderr (one per problem).
 pub fn parse(get: &dyn Fn(&str) -> Option<String>, uid: u32) -> (Option<Settings>, Vec<String>) {
+    parse_with(get, uid, Vec::new())
+}
+
+/// [`parse`], with the cgroup's dmem regions (`limits::dmem`).
+pub fn parse_with(
+    get: &dyn Fn(&str) -> Option<String>,
+    uid: u32,
+    dmem: Vec<DmemRegion>,
+) -> (Option<Settings>, Vec<String>) {
     let mut lines = Vec::new();
     let nonempty = |k: &str| get(k).filter(|v| !v.trim().is_empty());
     let cap_text = nonempty("VRAMSHIM_CAP");
@@ -91,9 +116,10 @@ pub fn parse(get: &dyn Fn(&str) -> Option<String>, uid: u32) -> (Option<Settings
         Some("requested-bytes") => Fault::RequestedBytes,
         Some("unchecked-context") => Fault::UncheckedContext,
         Some("async-uncharge") => Fault::AsyncUncharge,
+        Some("ignore-limits") => Fault::IgnoreLimits,
         Some(v) => {
             lines.push(format!(
-                "vramshim: VRAMSHIM_CAP_FAULT=\"{}\" is not valid (a test-only switch); accepted: racy-charge, no-reclaim, pid-only, ordinal-lines, squat-pass-through, slots-uncapped, requested-bytes, unchecked-context, async-uncharge; ignoring it",
+                "vramshim: VRAMSHIM_CAP_FAULT=\"{}\" is not valid (a test-only switch); accepted: racy-charge, no-reclaim, pid-only, ordinal-lines, squat-pass-through, slots-uncapped, requested-bytes, unchecked-context, async-uncharge, ignore-limits; ignoring it",
                 v.escape_debug()
             ));
             Fault::None
@@ -111,15 +137,56 @@ pub fn parse(get: &dyn Fn(&str) -> Option<String>, uid: u32) -> (Option<Settings
             true
         }
     };
-    let spec = match &cap_text {
+    let (vars, dmem) = if fault == Fault::IgnoreLimits {
+        (Default::default(), Vec::new())
+    } else {
+        (limits::from_env(get, &mut lines), dmem)
+    };
+    let has_vars = vars.iter().any(Option::is_some);
+    let has_kernel = dmem.iter().any(|r| r.max.is_some());
+    let mut origin: [Option<String>; MAX_DEVICES] = Default::default();
+    let mut replaced = Vec::new();
+    let mut cap_text = cap_text;
+    let spec = match cap_text.clone() {
         None => CapSpec::none(),
-        Some(t) => match spec::parse_cap(t) {
-            Ok(s) => s,
+        Some(t) => match spec::parse_cap(&t) {
+            Ok(s) => {
+                for (o, c) in origin.iter_mut().zip(&s.devices) {
+                    *o = c.map(|_| format!("VRAMSHIM_CAP=\"{}\"", t.trim().escape_debug()));
+                }
+                for l in vars.iter().flatten() {
+                    if !replaced.contains(&l.origin) {
+                        replaced.push(l.origin.clone());
+                    }
+                }
+                s
+            }
+            Err(reason) if has_vars || has_kernel => {
+                // Fail closed: the other limits set still bound the process.
+                lines.push(spec::cap_error_line(&t, &reason).replace(
+                    "running without a cap (pass-through)",
+                    "using the other limits set instead (docs/cap.md, \"Limits from other tools\")",
+                ));
+                cap_text = None;
+                CapSpec::none()
+            }
             Err(reason) => {
-                lines.push(spec::cap_error_line(t, &reason));
+                lines.push(spec::cap_error_line(&t, &reason));
                 return (None, lines);
             }
         },
+    };
+    let spec = if cap_text.is_none() && has_vars {
+        // The variables' caps, per device (bytes): one value for all devices when they agree.
+        let devices: [Option<CapValue>; MAX_DEVICES] =
+            std::array::from_fn(|d| vars[d].as_ref().map(|l| CapValue::Bytes(l.bytes)));
+        for (o, l) in origin.iter_mut().zip(&vars) {
+            *o = l.as_ref().map(|l| l.origin.clone());
+        }
+        let all = devices.iter().all(|c| c.is_some() && *c == devices[0]);
+        CapSpec { devices, all }
+    } else {
+        spec
     };
     let shared = match &shared_text {
         None => None,
@@ -135,7 +202,7 @@ pub fn parse(get: &dyn Fn(&str) -> Option<String>, uid: u32) -> (Option<Settings
             }
         },
     };
-    if cap_text.is_none() && shared.is_none() {
+    if cap_text.is_none() && shared.is_none() && !has_vars && !has_kernel {
         return (None, lines);
     }
     (
@@ -146,6 +213,9 @@ pub fn parse(get: &dyn Fn(&str) -> Option<String>, uid: u32) -> (Option<Settings
             context,
             strict,
             fault,
+            origin,
+            replaced,
+            dmem,
         }),
         lines,
     )

@@ -75,6 +75,32 @@ pub fn uuid(device: i32) -> Option<[u8; 16]> {
     with_init(|| unsafe { f(&mut id, device) }).then_some(id)
 }
 
+type PfnCuDeviceGetPciBusId = unsafe extern "C" fn(*mut std::ffi::c_char, c_int, c_int) -> c_int;
+
+/// The device's PCI address as the driver writes it (`0000:01:00.0`), for matching the
+/// cgroup's dmem regions.
+pub fn pci_bus_id(device: i32) -> Option<String> {
+    let a = real::driver_symbol(c"cuDeviceGetPCIBusId");
+    if a == 0 {
+        return None;
+    }
+    // SAFETY: `a` is the driver's cuDeviceGetPCIBusId, whose ABI is PfnCuDeviceGetPciBusId.
+    let f = unsafe { std::mem::transmute::<usize, PfnCuDeviceGetPciBusId>(a) };
+    let mut buf = [0 as std::ffi::c_char; 32];
+    // SAFETY: buf is a valid out-buffer of the length passed; the driver checks the ordinal
+    // and writes a NUL-terminated string of at most that length.
+    let ok = with_init(|| unsafe { f(buf.as_mut_ptr(), buf.len() as c_int, device) });
+    if !ok {
+        return None;
+    }
+    let bytes: Vec<u8> = buf
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    String::from_utf8(bytes).ok()
+}
+
 /// `nvmlProcessInfo_t` (v2/v3 layout).
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
