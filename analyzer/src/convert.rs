@@ -54,13 +54,13 @@ pub struct ExportStats {
 /// the figure `summary` prints at every instant.
 #[derive(Default)]
 struct ReservedFigures {
-    devices: crate::formats::FastMap<i32, DeviceFigures>,
+    devices: crate::fastmap::FastMap<i32, DeviceFigures>,
 }
 
 #[derive(Default)]
 struct DeviceFigures {
     /// Live allocations: address -> (kind, flags, size).
-    live: crate::formats::FastMap<u64, (AllocKind, u8, u64)>,
+    live: crate::fastmap::FastMap<u64, (AllocKind, u8, u64)>,
     held: Holdings,
     in_use: u64,
     cap: u64,

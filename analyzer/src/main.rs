@@ -5,19 +5,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-mod demo;
-mod diff;
-mod export;
-mod import;
-mod pytorch_route;
-mod replay;
-mod replay_live;
-mod replay_torch;
-mod report;
-mod run;
-mod summary;
-mod synth_cmd;
-mod top;
+mod cmd;
+
+use cmd::{demo, diff, export, import, replay, report, run, summary, synth, top};
 
 #[derive(Parser)]
 #[command(
@@ -52,22 +42,7 @@ enum Cmd {
     Top(top::Args),
     /// Write a deterministic synthetic trace (benchmarks, tests).
     #[command(hide = true)]
-    Synth(synth_cmd::Args),
-}
-
-/// The exit status after the output is written: 3 when an input was torn (its last frame cut;
-/// everything before it was used and the problem was named on stderr), else 0.
-pub(crate) fn input_status(reports: &[vramshim_analyzer::TraceReport], torn: bool) -> ExitCode {
-    if torn {
-        for r in reports.iter().filter(|r| r.torn) {
-            for w in &r.warnings {
-                eprintln!("vramshim: {w}");
-            }
-        }
-        ExitCode::from(3)
-    } else {
-        ExitCode::SUCCESS
-    }
+    Synth(synth::Args),
 }
 
 /// Pipes and devices given as inputs become private temporary copies that the commands can
@@ -119,7 +94,7 @@ fn main() -> ExitCode {
         Cmd::Replay(a) => replay::main(a),
         Cmd::Diff(a) => diff::main(a),
         Cmd::Top(a) => top::main(a),
-        Cmd::Synth(a) => synth_cmd::main(a),
+        Cmd::Synth(a) => synth::main(a),
     };
     match result {
         Ok(code) => code,

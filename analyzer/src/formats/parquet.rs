@@ -27,10 +27,10 @@ use parquet::file::metadata::{KeyValue, SortingColumn};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use vramshim_trace::{Event, MemOp, SyncKind, codes, flags};
 
-use crate::analysis::symbols::{Module, Symbolizer};
-use crate::formats::FastMap;
+use crate::fastmap::FastMap;
 use crate::input;
 use crate::progress::Progress;
+use crate::symbols::{Module, Symbolizer};
 
 /// Rows per record batch handed to the writer.
 pub const BATCH_ROWS: usize = 64 * 1024;
@@ -539,6 +539,20 @@ fn row_of(ev: Event, st: &mut TraceState) -> Option<Row> {
             st.sites.clear();
             return None;
         }
+        // PyTorch's caching allocator's own events (tensors carved from its segments): their
+        // own op, so that sums over `alloc`/`free` rows stay the device's.
+        Event::Torch(t) => Row {
+            t_ns: t.t_ns,
+            tid: Some(t.tid),
+            device: Some(t.device),
+            op: "torch",
+            kind: Some(vramshim_trace::event::torch_action::name(t.action)),
+            addr: Some(t.addr),
+            size: Some(t.size),
+            stream: Some(t.stream),
+            ..Row::default()
+        },
+        Event::PyCode { .. } | Event::PyStack { .. } => return None,
         Event::Stack { id, frames } => {
             st.symbols.add_stack(id, frames);
             st.sites.remove(&id);
