@@ -299,6 +299,64 @@ mod tests {
         assert!(lines[0].contains("VRAMSHIM_SHARED=\"a/b\""), "{}", lines[0]);
     }
 
+    /// Other tools' variables alone make a cap (per device, the smallest, named); with
+    /// `VRAMSHIM_CAP` they are replaced (and listed as such); a bad `VRAMSHIM_CAP` falls back
+    /// to them; a kernel limit alone makes the settings exist (mapped at setup).
+    #[test]
+    fn limits_of_other_tools() {
+        let (s, lines) = run(&[
+            ("CUDA_DEVICE_MEMORY_LIMIT", "2g"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_1", "1g"),
+        ]);
+        assert!(lines.is_empty(), "{lines:?}");
+        let s = s.unwrap();
+        assert_eq!(s.cap_text, None);
+        assert_eq!(s.spec.get(0), Some(CapValue::Bytes(2 << 30)));
+        assert_eq!(s.spec.get(1), Some(CapValue::Bytes(1 << 30)));
+        assert!(!s.spec.all);
+        assert_eq!(
+            s.origin[1].as_deref(),
+            Some("CUDA_DEVICE_MEMORY_LIMIT_1=\"1g\"")
+        );
+        // One value for every device: the single-value form.
+        let (s, _) = run(&[("GPU_MEMORY_LIMIT", "1073741824")]);
+        let s = s.unwrap();
+        assert!(s.spec.all && s.spec.get(15) == Some(CapValue::Bytes(1 << 30)));
+
+        let (s, _) = run(&[("VRAMSHIM_CAP", "0.5"), ("GPU_MEMORY_LIMIT", "1g")]);
+        let s = s.unwrap();
+        assert_eq!(s.spec.get(0), Some(CapValue::Fraction(0.5)));
+        assert_eq!(s.origin[0].as_deref(), Some("VRAMSHIM_CAP=\"0.5\""));
+        assert_eq!(s.replaced, vec!["GPU_MEMORY_LIMIT=\"1g\"".to_string()]);
+
+        let (s, lines) = run(&[("VRAMSHIM_CAP", "1.5"), ("GPU_MEMORY_LIMIT", "1g")]);
+        let s = s.unwrap();
+        assert_eq!(s.spec.get(0), Some(CapValue::Bytes(1 << 30)));
+        assert_eq!(lines.len(), 1);
+        assert!(
+            lines[0].contains("using the other limits set instead"),
+            "{}",
+            lines[0]
+        );
+
+        let dmem = vec![DmemRegion {
+            region: "drm/0000:01:00.0/vram0".into(),
+            max: Some(1 << 30),
+            max_file: None,
+            min: None,
+        }];
+        let (s, _) = parse_with(&|_| None, 1000, dmem.clone());
+        let s = s.unwrap();
+        assert_eq!(s.spec, CapSpec::none());
+        assert_eq!(s.dmem, dmem);
+        // The fault switch drops them.
+        let (s, _) = run(&[
+            ("GPU_MEMORY_LIMIT", "1g"),
+            ("VRAMSHIM_CAP_FAULT", "ignore-limits"),
+        ]);
+        assert!(s.is_none());
+    }
+
     #[test]
     fn minor_variables_fall_back_with_a_warning() {
         let (s, lines) = run(&[

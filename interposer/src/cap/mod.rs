@@ -1061,6 +1061,21 @@ impl Cap {
             {
                 None => self.bound_by(d),
                 Some(_) if self.kernel_binds[d].load(Relaxed) => self.bound_by(d),
+                // The group's cap came from this process's own limits of another tool.
+                Some((name, _))
+                    if self.settings.cap_text.is_none()
+                        && self.settings.origin[d].is_some()
+                        && self
+                            .region
+                            .get()
+                            .is_some_and(|r| r.caps() == self.settings.spec) =>
+                {
+                    format!(
+                        "{} of the budget shared by VRAMSHIM_SHARED=\"{}\"",
+                        self.bound_by(d),
+                        name.escape_debug()
+                    )
+                }
                 Some((name, _)) => format!(
                     "VRAMSHIM_CAP=\"{}\" of the budget shared by VRAMSHIM_SHARED=\"{}\"",
                     self.region.get().map(|r| r.cap_text()).unwrap_or_default(),
