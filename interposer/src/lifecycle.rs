@@ -67,6 +67,7 @@ fn wire() {
                 .filter(|c| c.is_capped(d))
                 .map_or(0, |c| c.total_for(d, total))
         },
+        cap_limits: crate::cap::trace_config,
     });
 }
 

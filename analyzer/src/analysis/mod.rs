@@ -2,6 +2,7 @@
 //! a fixed-size timeline; never the event list).
 
 pub mod by_gpu;
+pub mod cap_source;
 pub mod compare;
 pub mod diff;
 mod fast;

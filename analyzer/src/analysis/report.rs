@@ -134,6 +134,10 @@ pub struct DeviceReport {
     pub peak_reserved: Option<PeakReserved>,
     pub fragmentation: Option<f64>,
     pub cap: Option<u64>,
+    /// What set the cap (`CUDA_DEVICE_MEMORY_LIMIT_0="256m"`, a cgroup's `dmem.max`...), when
+    /// the trace lists its limits.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cap_source: Option<String>,
     pub size_histogram: Vec<SizeBucket>,
     pub lifetimes: Vec<LifetimeBucket>,
     pub short_lived: Churn,
@@ -308,6 +312,9 @@ pub struct PostMortem {
     /// Reserved but not in use (pool cache).
     pub cached: Option<u64>,
     pub cap: Option<u64>,
+    /// What set the cap, when the trace lists its limits.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cap_source: Option<String>,
     pub device_total: Option<u64>,
     pub live_allocations: u64,
     pub top_allocations: Vec<Holder>,
@@ -361,6 +368,7 @@ impl PostMortem {
             reserved,
             cached: reserved.map(|r| r.saturating_sub(in_use)),
             cap,
+            cap_source: None,
             device_total: total,
             live_allocations: snap.live_count,
             top_allocations: vec![],
@@ -553,6 +561,9 @@ pub(crate) fn build(mut a: Analysis, warnings: Vec<String>) -> TraceReport {
             let mut pm = p.pm;
             pm.offset_ns = pm.t_ns.saturating_sub(t0);
             pm.site = a.symbols.label(pm.stack);
+            pm.cap_source = pm
+                .cap
+                .and_then(|c| super::cap_source::cap_source(&a.header, d.device, c));
             pm.frames = a.symbols.frames(pm.stack, max_frames);
             if let Some(s) = pm.snap.take() {
                 pm.top_allocations = s
@@ -598,6 +609,9 @@ pub(crate) fn build(mut a: Analysis, warnings: Vec<String>) -> TraceReport {
             peak_reserved,
             fragmentation,
             cap: d.cap,
+            cap_source: d
+                .cap
+                .and_then(|c| super::cap_source::cap_source(&a.header, d.device, c)),
             size_histogram,
             lifetimes,
             short_lived: Churn {

@@ -110,7 +110,11 @@ fn device(d: &DeviceReport, out: &mut String, end_note: Option<String>) {
         );
     }
     if let Some(c) = d.cap {
-        let _ = writeln!(out, "  cap {}: {} refusals", bytes(c), d.refusals);
+        let by = d
+            .cap_source
+            .as_ref()
+            .map_or_else(String::new, |s| format!(" (set by {s})"));
+        let _ = writeln!(out, "  cap {}{by}: {} refusals", bytes(c), d.refusals);
     }
     if !d.calls.is_empty() {
         let _ = writeln!(out, "  calls:");
@@ -372,6 +376,9 @@ pub fn post_mortem(n: usize, pm: &PostMortem, out: &mut String) {
     }
     if let Some(c) = pm.cap {
         let _ = write!(state, "; cap {} (charged {})", bytes(c), bytes(pm.charged));
+        if let Some(s) = &pm.cap_source {
+            let _ = write!(state, ", set by {s}");
+        }
     }
     if let Some(t) = pm.device_total {
         let _ = write!(state, "; device {}", bytes(t));

@@ -73,11 +73,14 @@ pub(crate) struct DeviceView {
     pub pool_reserved: fn(i32) -> Option<u64>,
     /// The device's cap, given its real total (0: not capped).
     pub cap: fn(i32, u64) -> u64,
+    /// The cap's limits in force, for the header's configuration (`cap.limit` entries).
+    pub cap_limits: fn() -> Vec<(String, String)>,
 }
 
 static DEVICE_VIEW: Wired<DeviceView> = Wired::new(DeviceView {
     pool_reserved: |_| None,
     cap: |_, _| 0,
+    cap_limits: Vec::new,
 });
 
 /// Wire in the pool's and the cap's view of each device (see [`DeviceView`]).
@@ -85,7 +88,7 @@ pub(crate) fn set_device_view(v: DeviceView) {
     DEVICE_VIEW.set(v);
 }
 
-fn device_view() -> &'static DeviceView {
+pub(crate) fn device_view() -> &'static DeviceView {
     DEVICE_VIEW.get()
 }
 
