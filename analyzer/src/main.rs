@@ -5,19 +5,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-mod demo;
-mod diff;
-mod export;
-mod import;
-mod pytorch_route;
-mod replay;
-mod replay_live;
-mod replay_torch;
-mod report;
-mod run;
-mod summary;
-mod synth_cmd;
-mod top;
+mod cmd;
+
+use cmd::{demo, diff, export, import, replay, report, run, summary, synth, top};
 
 #[derive(Parser)]
 #[command(
@@ -52,22 +42,7 @@ enum Cmd {
     Top(top::Args),
     /// Write a deterministic synthetic trace (benchmarks, tests).
     #[command(hide = true)]
-    Synth(synth_cmd::Args),
-}
-
-/// The exit status after the output is written: 3 when an input was torn (its last frame cut;
-/// everything before it was used and the problem was named on stderr), else 0.
-pub(crate) fn input_status(reports: &[vramshim_analyzer::TraceReport], torn: bool) -> ExitCode {
-    if torn {
-        for r in reports.iter().filter(|r| r.torn) {
-            for w in &r.warnings {
-                eprintln!("vramshim: {w}");
-            }
-        }
-        ExitCode::from(3)
-    } else {
-        ExitCode::SUCCESS
-    }
+    Synth(synth::Args),
 }
 
 /// Pipes and devices given as inputs become private temporary copies that the commands can
@@ -76,7 +51,7 @@ fn spool_inputs(cmd: &mut Cmd) -> Result<Vec<vramshim_analyzer::input::Spooled>,
     let paths: Vec<&mut std::path::PathBuf> = match cmd {
         Cmd::Summary(a) => a.traces.iter_mut().collect(),
         Cmd::Report(a) => a.traces.iter_mut().collect(),
-        Cmd::Export(a) => vec![&mut a.trace],
+        Cmd::Export(a) => a.traces.iter_mut().collect(),
         Cmd::Replay(a) => vec![&mut a.trace],
         Cmd::Diff(a) => vec![&mut a.a, &mut a.b],
         // With --from the import streams its input once; without, the format is guessed from
@@ -119,7 +94,7 @@ fn main() -> ExitCode {
         Cmd::Replay(a) => replay::main(a),
         Cmd::Diff(a) => diff::main(a),
         Cmd::Top(a) => top::main(a),
-        Cmd::Synth(a) => synth_cmd::main(a),
+        Cmd::Synth(a) => synth::main(a),
     };
     match result {
         Ok(code) => code,

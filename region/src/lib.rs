@@ -26,9 +26,13 @@
 //!   exact layout size, with our magic, version, sizes, uid and pid namespace; anything else is
 //!   refused with a [`RegionError`] whose text is the one line to print.
 //! - Line of a device ([`Region::line_for`]): lines are scanned in order; a published line
-//!   with the identity is the answer; a free line is claimed by CAS (free -> claiming), its
-//!   identity written, then published. Everyone scans in the same order and waits for a line
-//!   being claimed to be published, so two processes never claim two lines for one device.
+//!   with the identity is the answer; a free line is claimed by CAS (free -> claimed by the
+//!   claimer's [`ProcessKey`]), its identity written, then published by CAS (claimed by me ->
+//!   published). Everyone scans in the same order and waits for a line being claimed to be
+//!   published, so two processes never claim two lines for one device. A claim whose owner is
+//!   surely dead (killed between the two steps: no such pid, a zombie, another start time) is
+//!   taken over by CAS and finished by the taker; nothing is charged on a line before it is
+//!   published, so there is nothing to repair.
 //! - Charge: `inflight += 1`; CAS loop on the device total (refused if it would pass the cap);
 //!   `slot.used[dev] += bytes`; `inflight -= 1`. Uncharge: the same bracket, slot first, then
 //!   total (saturating: never below zero).
@@ -116,13 +120,29 @@ impl DeviceId {
 }
 
 const LINE_FREE: u64 = 0;
+/// A line being claimed by a process that could not name itself (no `/proc`): never taken over.
 const LINE_CLAIMING: u64 = 1;
 const LINE_PUBLISHED: u64 = 2;
-/// How long a scan waits for a line another process is claiming (two stores away from
-/// published) before giving up on it (that process died between the two). A time, not a
-/// count of spins: with hundreds of members starting at once on a few cores, the claimer
-/// can stay descheduled for far longer than any fixed number of yields.
+/// A line being claimed by the process whose [`ProcessKey`] is in the low bits (keys never
+/// use bit 63, and a tagged key is never `LINE_FREE`, `LINE_CLAIMING` or `LINE_PUBLISHED`).
+const CLAIMED_BY: u64 = 1 << 63;
+/// How long a scan waits for a line a live process is claiming (two stores away from
+/// published) before giving up on it (that process is stopped, or it was left mid-claim by a
+/// process whose death cannot be told). A time, not a count of spins: with hundreds of
+/// members starting at once on a few cores, the claimer can stay descheduled for far longer
+/// than any fixed number of yields. A claim whose owner is dead is taken over at once.
 const CLAIM_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+/// While waiting for a claim, the claimer's liveness is read again every this many yields.
+const CLAIM_LIVENESS_EVERY: u32 = 256;
+
+/// Test switches of [`Region::line_for_with`], each breaking or exercising one property.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LineFaults {
+    /// The process SIGKILLs itself between claiming a line and publishing it.
+    pub die_after_claim: bool,
+    /// A line left mid-claim by a dead process is never taken over (scans wait, then give up).
+    pub no_recovery: bool,
+}
 
 /// Per-device counters, one cache line each.
 #[repr(C, align(64))]
@@ -133,6 +153,13 @@ pub struct DeviceLine {
     claim: AtomicU64,
     identity: [AtomicU64; 2],
     _pad: [AtomicU64; 2],
+}
+
+/// Whether the process that left claim word `c` is surely gone (its pid does not exist, is a
+/// zombie, or belongs to a process started at another time). An untagged claim (owner not
+/// recorded) or an unreadable `/proc` entry never reads as dead.
+fn claimer_is_dead(c: u64) -> bool {
+    c & CLAIMED_BY != 0 && ProcessKey::from_word(c & !CLAIMED_BY).is_some_and(ProcessKey::is_dead)
 }
 
 impl DeviceLine {
@@ -596,34 +623,62 @@ impl Region {
     }
 
     /// The line counting device `id`, claiming a free one on first use. `None` when every
-    /// line counts another device (more than [`MAX_DEVICES`] devices in one group) or a
-    /// claim was left half done by a process that died.
+    /// line counts another device (more than [`MAX_DEVICES`] devices in one group), or a line
+    /// stays mid-claim by a live process (stopped) for [`CLAIM_WAIT`]. A line left mid-claim
+    /// by a process that died is taken over.
     pub fn line_for(&self, id: DeviceId) -> Option<usize> {
+        self.line_for_with(id, LineFaults::default())
+    }
+
+    /// [`Region::line_for`] with test switches.
+    pub fn line_for_with(&self, id: DeviceId, faults: LineFaults) -> Option<usize> {
         let want = id.words();
+        let mine = ProcessKey::current().map_or(LINE_CLAIMING, |k| CLAIMED_BY | k.word());
         for (i, line) in self.layout().header.devices.iter().enumerate() {
             let mut waiting_since: Option<std::time::Instant> = None;
+            let mut yields = 0u32;
             loop {
-                match line.claim.load(SeqCst) {
+                let c = line.claim.load(SeqCst);
+                let took = match c {
                     LINE_PUBLISHED => break,
-                    LINE_FREE => {
-                        if line
-                            .claim
-                            .compare_exchange(LINE_FREE, LINE_CLAIMING, SeqCst, SeqCst)
-                            .is_ok()
-                        {
-                            line.identity[0].store(want[0], SeqCst);
-                            line.identity[1].store(want[1], SeqCst);
-                            line.claim.store(LINE_PUBLISHED, SeqCst);
-                            return Some(i);
-                        }
+                    LINE_FREE => line
+                        .claim
+                        .compare_exchange(LINE_FREE, mine, SeqCst, SeqCst)
+                        .is_ok(),
+                    _ if !faults.no_recovery
+                        && yields.is_multiple_of(CLAIM_LIVENESS_EVERY)
+                        && claimer_is_dead(c) =>
+                    {
+                        // Its owner died between claiming and publishing: nothing was charged
+                        // on the line yet, so it is taken over as if it were free.
+                        line.claim.compare_exchange(c, mine, SeqCst, SeqCst).is_ok()
                     }
                     _ => {
                         let since = *waiting_since.get_or_insert_with(std::time::Instant::now);
                         if since.elapsed() > CLAIM_WAIT {
                             return None;
                         }
+                        yields = yields.wrapping_add(1);
                         std::thread::yield_now();
+                        false
                     }
+                };
+                if !took {
+                    continue;
+                }
+                if faults.die_after_claim {
+                    sys::kill_self();
+                }
+                line.identity[0].store(want[0], SeqCst);
+                line.identity[1].store(want[1], SeqCst);
+                // A CAS, not a store: had the claim been taken over (its owner judged dead),
+                // the line is the taker's.
+                if line
+                    .claim
+                    .compare_exchange(mine, LINE_PUBLISHED, SeqCst, SeqCst)
+                    .is_ok()
+                {
+                    return Some(i);
                 }
             }
             if line.published_identity() == Some(id) {

@@ -52,6 +52,24 @@ impl ProcessKey {
     }
 }
 
+impl ProcessKey {
+    /// Whether this process surely no longer runs: `/proc/<pid>` does not exist, is a zombie,
+    /// or started at another time. Any other failure to read it (out of descriptors, a
+    /// `/proc` mounted with `hidepid`) reads as alive: where being wrong would let two
+    /// processes write one record, only proof of death counts.
+    pub fn is_dead(self) -> bool {
+        match std::fs::read_to_string(format!("/proc/{}/stat", self.pid())) {
+            Ok(text) => match parse_stat(&text) {
+                Some((start, state)) => {
+                    state == 'Z' || state == 'X' || start & START_MASK != self.start_low()
+                }
+                None => false,
+            },
+            Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+        }
+    }
+}
+
 /// (start time in clock ticks, state) of `pid` from `/proc/<pid>/stat`.
 pub fn stat(pid: u32) -> Option<(u64, char)> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -111,6 +129,24 @@ mod tests {
             "without the start-time check the pid alone fools it"
         );
         assert!(!ProcessKey::new(u32::MAX - 1, 0).alive(true));
+    }
+
+    #[test]
+    fn only_proof_of_death_reads_as_dead() {
+        let me = ProcessKey::current().unwrap();
+        assert!(!me.is_dead());
+        assert!(ProcessKey::new(me.pid(), me.start_low() + 1).is_dead());
+        let mut child = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let (start, _) = stat(pid).unwrap();
+        let key = ProcessKey::new(pid, start);
+        assert!(!key.is_dead(), "a running child");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(key.is_dead(), "a reaped child");
     }
 
     #[test]

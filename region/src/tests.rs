@@ -192,6 +192,58 @@ fn lines_are_claimed_once_per_device_in_order() {
     assert_eq!(r.line_for(gpu(3)), Some(1), "known devices keep their line");
 }
 
+fn set_claim(r: &Region, line: usize, word: u64) {
+    r.layout().header.devices[line].claim.store(word, SeqCst);
+}
+
+/// A line left mid-claim by a process that died (its key recorded in the claim) is taken over
+/// by the next scan, at once; with recovery off (`LineFaults::no_recovery`) the scan waits and
+/// gives up, and the device has no line (its allocations would be refused). A claim that
+/// names no owner is never taken over either.
+#[test]
+fn a_line_left_mid_claim_by_a_dead_process_is_taken_over() {
+    let r = Region::anonymous(&caps("1GiB")).unwrap();
+    set_claim(&r, 0, CLAIMED_BY | ghost(1).word());
+    r.layout().header.devices[0].identity[0].store(12345, SeqCst);
+    let stuck = LineFaults {
+        no_recovery: true,
+        ..LineFaults::default()
+    };
+    assert_eq!(r.line_for_with(gpu(5), stuck), None, "recovery off: stuck");
+    assert_eq!(r.line_for(gpu(5)), Some(0), "taken over");
+    assert_eq!(r.snapshot().identities[0], Some(gpu(5)));
+    assert_eq!(r.line_for(gpu(6)), Some(1));
+    // A reused pid (another start time) is not the claimer.
+    let me = me();
+    let impostor = ProcessKey::new(me.pid(), me.start_low() + 1);
+    set_claim(&r, 2, CLAIMED_BY | impostor.word());
+    assert_eq!(r.line_for(gpu(7)), Some(2));
+    // No owner recorded: never taken over.
+    set_claim(&r, 3, LINE_CLAIMING);
+    assert_eq!(r.line_for(gpu(8)), None);
+}
+
+/// A claim by a live process is waited for, never taken over: the claimer's device gets the
+/// line, the waiter's the next one.
+#[test]
+fn a_live_claim_is_waited_for() {
+    let r = Arc::new(Region::anonymous(&caps("1GiB")).unwrap());
+    set_claim(&r, 0, CLAIMED_BY | me().word());
+    let r2 = r.clone();
+    let publisher = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let line = &r2.layout().header.devices[0];
+        let w = gpu(1).words();
+        line.identity[0].store(w[0], SeqCst);
+        line.identity[1].store(w[1], SeqCst);
+        line.claim.store(LINE_PUBLISHED, SeqCst);
+    });
+    assert_eq!(r.line_for(gpu(2)), Some(1));
+    publisher.join().unwrap();
+    assert_eq!(r.line_for(gpu(1)), Some(0));
+    assert_eq!(r.snapshot().identities[0], Some(gpu(1)));
+}
+
 /// Threads of many "processes" asking for the lines of the same few devices at once agree on
 /// one line per device (no device gets two budgets).
 #[test]

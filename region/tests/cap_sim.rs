@@ -1402,3 +1402,210 @@ fn blocks_cached_by_the_driver_pool_stay_within_the_cap() {
         assert!(hw > cap / 2, "the cap is used: {hw}");
     }
 }
+
+// ------------------------------------------------------------------ the pool's pages
+
+/// `key=value` pairs of one line of the probe's output.
+type Fields = Vec<(String, String)>;
+
+/// The probe's `poolmix` under a cap with the pool on: the `info` and `poolmix` lines and the
+/// simulated device's high-water mark.
+fn poolmix(cap: u64, ctx: u64, fault: Option<&str>) -> (Fields, Fields, u64) {
+    let sim = unique_name("cap-poolmix");
+    let mut c = sim_command(probe(), "cap-poolmix");
+    c.env("VRAMSIM_NAME", &sim)
+        .env("VRAMSIM_CONTEXT_OVERHEAD", ctx.to_string())
+        .env("LD_PRELOAD", lib())
+        .env("VRAMSHIM_CAP", cap.to_string())
+        .env("VRAMSHIM_POOL", "stitch")
+        .args([
+            "poolmix",
+            &(40 * MIB).to_string(),
+            &(2 * MIB).to_string(),
+            "1000",
+        ]);
+    if let Some(f) = fault {
+        c.env("VRAMSHIM_CAP_FAULT", f);
+    }
+    let out = run(&mut c);
+    let dev = vramsim_devstate::DeviceState::open(&sim).unwrap();
+    let (hw, used) = (dev.high_water(0), dev.used(0));
+    drop(dev);
+    let _ = std::fs::remove_file(vramsim_devstate::DeviceState::path(&sim));
+    out.assert_success();
+    assert_eq!(used, 0, "the device is empty after");
+    (fields(&out, "info", ""), fields(&out, "poolmix", ""), hw)
+}
+
+/// With the pool on (`VRAMSHIM_POOL=stitch`) the pages the pool holds, cached or live, are
+/// charged: 40 MiB of pages the pool keeps cached after a cudaFree, beside allocations the
+/// pool does not serve (cuMemAllocPitch), with no context charge and with a 16 MiB one. The
+/// simulated device never holds more than the cap; memory queries count the cached pages; the
+/// unpooled allocations get the whole cap (the pool gives its cached pages back before the cap
+/// refuses); the pooled request after them is refused with the out-of-memory code. With
+/// `VRAMSHIM_CAP_FAULT=pool-live-bytes` (pooled requests charged their live bytes, the pages
+/// bounded by the process's own capped total only) the device passes the cap.
+#[test]
+fn the_pools_pages_count_against_the_cap() {
+    let cap = 64 * MIB;
+    let pooled = 40 * MIB;
+    for ctx in [0, 16 * MIB] {
+        let (info, f, hw) = poolmix(cap, ctx, None);
+        assert!(hw <= cap, "ctx {ctx}: device high water {hw} > cap {cap}");
+        assert_eq!(num(&f, "first"), 0, "{f:?}");
+        for k in ["cuda_free", "cu_free", "nvml_free", "nvml2_free"] {
+            assert_eq!(
+                num(&info, k),
+                cap - ctx - pooled,
+                "ctx {ctx}: {k} counts the pool's cached pages: {info:?}"
+            );
+        }
+        assert_eq!(num(&info, "nvml_used"), ctx + pooled, "{info:?}");
+        assert_eq!(
+            (num(&f, "ok"), num(&f, "refused"), num(&f, "other")),
+            ((cap - ctx) / (2 * MIB), 1, 0),
+            "ctx {ctx}: the unpooled allocations fill the cap: {f:?}"
+        );
+        assert_eq!(hw, cap, "ctx {ctx}");
+        assert_eq!(num(&f, "free"), 0);
+        assert_eq!(num(&f, "again"), 2, "the cap is full: refused");
+
+        let (_, f, hw) = poolmix(cap, ctx, Some("pool-live-bytes"));
+        assert!(
+            hw > cap,
+            "ctx {ctx}: pool-live-bytes lets the device pass the cap: {hw} ({f:?})"
+        );
+    }
+}
+
+/// Two members of a group, pool on: the first keeps 40 MiB of pages cached by its pool, the
+/// second fills the rest of the shared 64 MiB cap with pooled requests. The cached pages count
+/// for the group, so the simulated device never holds more than the cap; with
+/// `VRAMSHIM_CAP_FAULT=pool-live-bytes` it holds the first member's cache on top of the cap.
+#[test]
+fn a_members_cached_pool_pages_count_for_the_group() {
+    for fault in [None, Some("pool-live-bytes")] {
+        let g = Group::new("poolgroup", 64 * MIB);
+        let mut extra = vec![("VRAMSHIM_POOL", "stitch")];
+        if let Some(f) = fault {
+            extra.push(("VRAMSHIM_CAP_FAULT", f));
+        }
+        let mut a = g.spawn(
+            &["poolmix", &(40 * MIB).to_string(), "0", "0", "60"],
+            &extra,
+        );
+        let mut line = String::new();
+        let mut r = BufReader::new(a.stdout.take().unwrap());
+        while !line.starts_with("poolmix") {
+            line.clear();
+            assert!(
+                r.read_line(&mut line).unwrap() > 0,
+                "the first member ended"
+            );
+        }
+        assert!(line.contains("first=0"), "{line}");
+        let out = run(&mut g.command(&["fill", &(2 * MIB).to_string(), "1000"], &extra));
+        kill(&mut a);
+        out.assert_success();
+        let f = fields(&out, "fill", "");
+        let hw = g.device().high_water(0);
+        if fault.is_some() {
+            assert!(
+                hw > g.cap,
+                "the fault lets the group pass its cap: {hw} ({f:?})"
+            );
+            continue;
+        }
+        assert!(hw <= g.cap, "device high water {hw} > cap {}", g.cap);
+        let refusals: Vec<_> = our_lines(&out)
+            .into_iter()
+            .filter(|l| l.contains("refused"))
+            .collect();
+        assert!(
+            refusals.len() == 1 && refusals[0].contains("VRAMSHIM_SHARED"),
+            "the pool's refusal is the cap's, said once: {refusals:?}"
+        );
+        assert_eq!(
+            (num(&f, "ok"), num(&f, "refused"), num(&f, "other")),
+            (12, 1, 0),
+            "24 MiB left beside the first member's cached 40 MiB: {f:?}\n{}",
+            out.stderr
+        );
+        assert_eq!(g.region_in_use(), 0);
+        assert_eq!(g.device().used(0), 0);
+    }
+}
+
+// ------------------------------------------------------------------ a line left mid-claim
+
+/// A member SIGKILLed between claiming a device line of the shared region and publishing it
+/// (`VRAMSHIM_CAP_FAULT=die-claiming-line`) leaves the line mid-claim. The next member takes
+/// it over (the claim names a dead process) and is served in full, with no line about it, for
+/// a group run as root and as `nobody`. With `no-claim-recovery` the next member waits for the
+/// line, gives up, and its capped allocations on the device are refused.
+#[test]
+fn a_member_killed_claiming_a_line_does_not_block_the_group() {
+    use std::os::unix::process::ExitStatusExt;
+    for as_nobody in job_users() {
+        for (fault, recovers) in [(None, true), (Some("no-claim-recovery"), false)] {
+            let job_uid = if as_nobody { NOBODY } else { uid() };
+            let shared = unique_name("claim-kill");
+            let sim = unique_name("claim-kill");
+            let member = |args: &[&str], fault: Option<&str>| -> RunOutput {
+                let mut c = if as_nobody {
+                    let mut c = sim_command("setpriv", "claim-kill");
+                    c.args(["--reuid=nobody", "--regid=nogroup", "--clear-groups"])
+                        .arg(probe());
+                    c
+                } else {
+                    sim_command(probe(), "claim-kill")
+                };
+                c.env("VRAMSIM_NAME", &sim)
+                    .env("VRAMSIM_CONTEXT_OVERHEAD", "0")
+                    .env("LD_PRELOAD", lib())
+                    .env("VRAMSHIM_CAP", (64 * MIB).to_string())
+                    .env("VRAMSHIM_SHARED", &shared)
+                    .args(args);
+                if let Some(f) = fault {
+                    c.env("VRAMSHIM_CAP_FAULT", f);
+                }
+                run(&mut c)
+            };
+            let what = format!("uid {job_uid}, {fault:?}");
+            let victim = member(
+                &["hold", &(2 * MIB).to_string(), "0"],
+                Some("die-claiming-line"),
+            );
+            assert_eq!(
+                victim.status.signal(),
+                Some(9),
+                "{what}: the member dies mid-claim\n{}",
+                victim.stderr
+            );
+            let next = member(&["fill", &(2 * MIB).to_string(), "4"], fault);
+            let _ = std::fs::remove_file(format!("/dev/shm/vramshim-{job_uid}-{shared}"));
+            let _ = std::fs::remove_file(format!("/dev/shm/vramsim-{job_uid}-{sim}"));
+            next.assert_success();
+            let f = fields(&next, "fill", "");
+            let stuck_line = our_lines(&next)
+                .into_iter()
+                .any(|l| l.contains("mid-claim"));
+            if recovers {
+                assert_eq!(
+                    (num(&f, "ok"), num(&f, "refused")),
+                    (4, 0),
+                    "{what}: the next member is served: {f:?}\n{}",
+                    next.stderr
+                );
+                assert!(!stuck_line, "{what}: {}", next.stderr);
+            } else {
+                assert_eq!(
+                    (num(&f, "ok"), num(&f, "refused")),
+                    (0, 1),
+                    "{what}: without recovery the line stays stuck: {f:?}"
+                );
+                assert!(stuck_line, "{what}: one line says why\n{}", next.stderr);
+            }
+        }
+    }
+}

@@ -42,6 +42,16 @@ pub enum Fault {
     AsyncUncharge,
     /// The context's footprint is charged without checking the cap.
     UncheckedContext,
+    /// With the pool on, pooled requests are charged their live bytes and the pool's pages
+    /// are not charged (bounded only by the process's own capped total): cached pages, the
+    /// context, unpooled allocations and other members go unseen by that bound.
+    PoolLiveBytes,
+    /// A member SIGKILLs itself between claiming a line of the shared region and publishing
+    /// it (the line is left mid-claim, as by a member killed there).
+    DieClaimingLine,
+    /// A line left mid-claim by a dead member is never taken over: scans wait for it, then
+    /// give up (the device is refused).
+    NoClaimRecovery,
 }
 
 /// What the variables asked for.
@@ -91,9 +101,12 @@ pub fn parse(get: &dyn Fn(&str) -> Option<String>, uid: u32) -> (Option<Settings
         Some("requested-bytes") => Fault::RequestedBytes,
         Some("unchecked-context") => Fault::UncheckedContext,
         Some("async-uncharge") => Fault::AsyncUncharge,
+        Some("pool-live-bytes") => Fault::PoolLiveBytes,
+        Some("die-claiming-line") => Fault::DieClaimingLine,
+        Some("no-claim-recovery") => Fault::NoClaimRecovery,
         Some(v) => {
             lines.push(format!(
-                "vramshim: VRAMSHIM_CAP_FAULT=\"{}\" is not valid (a test-only switch); accepted: racy-charge, no-reclaim, pid-only, ordinal-lines, squat-pass-through, slots-uncapped, requested-bytes, unchecked-context, async-uncharge; ignoring it",
+                "vramshim: VRAMSHIM_CAP_FAULT=\"{}\" is not valid (a test-only switch); accepted: racy-charge, no-reclaim, pid-only, ordinal-lines, squat-pass-through, slots-uncapped, requested-bytes, unchecked-context, async-uncharge, pool-live-bytes, die-claiming-line, no-claim-recovery; ignoring it",
                 v.escape_debug()
             ));
             Fault::None

@@ -4,11 +4,11 @@
 
 use std::ffi::c_int;
 
-use crate::ffi_types::{
+use crate::cuda::real;
+use crate::cuda::types::{
     CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
     CUDA_ERROR_NOT_INITIALIZED, CUDA_SUCCESS, CUstream,
 };
-use crate::real;
 
 type PfnCuInit = unsafe extern "C" fn(u32) -> c_int;
 type PfnCuDeviceGetCount = unsafe extern "C" fn(*mut c_int) -> c_int;
@@ -75,6 +75,23 @@ pub fn uuid(device: i32) -> Option<[u8; 16]> {
     with_init(|| unsafe { f(&mut id, device) }).then_some(id)
 }
 
+/// Whether `stream` or the legacy stream is capturing, or the driver cannot say (an error
+/// counts as capturing: never synchronize when unsure). False without the query.
+pub fn capturing(stream: u64) -> bool {
+    let Some(query) = real::cuStreamIsCapturing() else {
+        return false;
+    };
+    for s in [stream, 0] {
+        let mut status: c_int = 0;
+        // SAFETY: valid out-pointer; the stream is the request's own (or the legacy one).
+        let rc = unsafe { query(s as usize as CUstream, &mut status) };
+        if rc != CUDA_SUCCESS || status != 0 {
+            return true;
+        }
+    }
+    false
+}
+
 /// `nvmlProcessInfo_t` (v2/v3 layout).
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
@@ -116,7 +133,7 @@ pub fn process_used(device: i32) -> Option<u64> {
     if unsafe { init() } != 0 {
         return None;
     }
-    let dev = crate::hooks::context::nvml_handle(device)?;
+    let dev = crate::cuda::nvml::handle(device)?;
     // As many entries as the device has processes (a machine can run hundreds): NVML says
     // how many when the buffer is too small.
     const INSUFFICIENT_SIZE: i32 = 7;
@@ -167,18 +184,13 @@ fn nvml_handle() -> Option<*mut std::ffi::c_void> {
 /// an error of the query counts as a capture), when `device` is not the current context's,
 /// or when the driver lacks a function.
 pub fn settle_pools(device: i32, stream: u64) -> Option<u64> {
-    let capturing = real::cuStreamIsCapturing()?;
+    real::cuStreamIsCapturing()?;
     let get_device = real::cuCtxGetDevice()?;
     let sync = real::cuCtxSynchronize()?;
     let trim = real::cuMemPoolTrimTo()?;
     let attr = real::cuMemPoolGetAttribute()?;
-    for s in [stream, 0] {
-        let mut status: c_int = 0;
-        // SAFETY: valid out-pointer; the stream is the request's own (or the legacy one).
-        let rc = unsafe { capturing(s as CUstream, &mut status) };
-        if rc != CUDA_SUCCESS || status != 0 {
-            return None;
-        }
+    if capturing(stream) {
+        return None;
     }
     let mut current: c_int = -1;
     // SAFETY: valid out-pointer.
@@ -190,7 +202,7 @@ pub fn settle_pools(device: i32, stream: u64) -> Option<u64> {
         return None;
     }
     let mut cached = 0u64;
-    for pool in crate::hooks::mempool::pools_of(device) {
+    for pool in crate::cuda::mempools::pools_of(device) {
         // SAFETY: a pool handle the driver gave; a stale one answers an error, skipped.
         if unsafe { trim(pool, 0) } != CUDA_SUCCESS {
             continue;

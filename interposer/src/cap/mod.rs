@@ -29,10 +29,13 @@
 
 pub mod config;
 mod driver;
+mod packed;
+mod pages;
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Mutex, OnceLock};
+
+use packed::{PackedGuard, PackedTable};
 
 use vramshim_trace::footprint::{DEVICE_PAGE, Footprint, footprint, page_of};
 
@@ -43,6 +46,9 @@ use vramshim_region::{
 use vramshim_trace::Api;
 
 pub use config::{ContextMode, Fault, Settings};
+pub use pages::{
+    charge_pool_page, charges_pool_pages, clear_pool_refusal, take_pool_refusal, uncharge_pool_page,
+};
 
 /// Why a request was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -111,7 +117,7 @@ const RECLAIM_EVERY_NS: u64 = 5_000_000;
 /// VMM sizes, or the requested bytes, which are never `u64::MAX`).
 pub const PACKED_CHARGE: u64 = u64::MAX;
 /// Tries at the packed-page table's lock before charging a packed allocation its own page
-/// (never blocks: a fork child may find the lock held by a thread that does not exist there).
+/// instead (over-counts, never blocks an allocation behind a busy table).
 const PACKED_LOCK_TRIES: u32 = 64;
 
 /// One cap instance (the process has one, [`global`]; tests make their own).
@@ -138,7 +144,7 @@ pub struct Cap {
     refuse_all: AtomicBool,
     /// Live packed allocations per (device, 2 MiB page): a page is charged once, while any
     /// of them lives.
-    packed: Mutex<HashMap<(usize, u64), u32>>,
+    packed: PackedTable,
     /// Context measurement per device: attempts made (0..CTX_TRIES), CTX_BUSY, or CTX_DONE.
     ctx_state: [AtomicU8; MAX_DEVICES],
     slot: AtomicUsize,
@@ -199,7 +205,7 @@ impl Cap {
             ctx_pending: [const { AtomicU64::new(0) }; MAX_DEVICES],
             pool_cached: [const { AtomicU64::new(0) }; MAX_DEVICES],
             refuse_all: AtomicBool::new(false),
-            packed: Mutex::new(HashMap::new()),
+            packed: PackedTable::new(),
             ctx_state: [const { AtomicU8::new(0) }; MAX_DEVICES],
             slot: AtomicUsize::new(NO_SLOT),
             lines: [const { AtomicU8::new(LINE_UNKNOWN) }; MAX_DEVICES],
@@ -462,14 +468,20 @@ impl Cap {
             Some(d)
         } else {
             let id = (self.queries().uuid)(d as i32).map_or_else(|| DeviceId::ordinal(d), DeviceId);
-            r.line_for(id)
+            r.line_for_with(
+                id,
+                vramshim_region::LineFaults {
+                    die_after_claim: self.settings.fault == Fault::DieClaimingLine,
+                    no_recovery: self.settings.fault == Fault::NoClaimRecovery,
+                },
+            )
         };
         match line {
             Some(l) => self.lines[d].store(l as u8 + 1, Relaxed),
             None => {
                 self.lines[d].store(LINE_NONE, Relaxed);
                 (self.log)(&format!(
-                    "vramshim: the shared cap region {} counts {} other devices already (or a member died claiming a line); capped allocations on device {d} of this process are refused (the group's cap could not be kept otherwise)",
+                    "vramshim: the shared cap region {} counts {} other devices already (or a stopped member holds a line mid-claim); capped allocations on device {d} of this process are refused (the group's cap could not be kept otherwise)",
                     r.path()
                         .map(|p| p.display().to_string())
                         .unwrap_or_default(),
@@ -582,8 +594,16 @@ impl Cap {
         let Some(d) = device_index(device) else {
             return Ok(());
         };
+        self.reserve_checked(d, bytes, stream)
+            .map_err(|r| self.refused(d, bytes, r.in_use, r.cap, api))
+    }
+
+    /// The charge of [`Cap::try_charge_on`] on device `d`, saying nothing when it is refused
+    /// (what was in use, the context footprint still waiting included, and the cap).
+    #[inline]
+    fn reserve_checked(&self, d: usize, bytes: u64, stream: u64) -> Result<(), Refusal> {
         if self.refuse_all.load(Relaxed) {
-            return Err(self.refused(d, bytes, 0, 0, api));
+            return Err(Refusal { in_use: 0, cap: 0 });
         }
         if self.ctx_state[d].load(Relaxed) < CTX_TRIES {
             self.measure_context(d);
@@ -612,7 +632,10 @@ impl Cap {
                 if ctx > 0 {
                     self.ctx_pending[d].fetch_add(ctx, AcqRel);
                 }
-                Err(self.refused(d, bytes, in_use.saturating_add(ctx), cap, api))
+                Err(Refusal {
+                    in_use: in_use.saturating_add(ctx),
+                    cap,
+                })
             }
         }
     }
@@ -692,6 +715,34 @@ impl Cap {
             .map(|()| bytes)
     }
 
+    /// [`Cap::charge_alloc_on`], where a refusal first asks `release_cached` to give back
+    /// memory charged but not in use (true: some was) and tries once more; only the final
+    /// refusal is reported.
+    pub fn charge_alloc_or(
+        &self,
+        device: i32,
+        size: u64,
+        api: Api,
+        stream: u64,
+        release_cached: impl FnOnce() -> bool,
+    ) -> Result<u64, Refusal> {
+        let bytes = self.charge_of(size, api).worst_case();
+        if !self.ready() {
+            return Ok(bytes);
+        }
+        let Some(d) = device_index(device) else {
+            return Ok(bytes);
+        };
+        let r = match self.reserve_checked(d, bytes, stream) {
+            Err(_) if !self.refuse_all.load(Relaxed) && release_cached() => {
+                self.reserve_checked(d, bytes, stream)
+            }
+            r => r,
+        };
+        r.map(|()| bytes)
+            .map_err(|r| self.refused(d, bytes, r.in_use, r.cap, api))
+    }
+
     fn charge_of(&self, size: u64, api: Api) -> Footprint {
         if self.settings.fault == Fault::RequestedBytes {
             return Footprint::Own(size);
@@ -738,18 +789,8 @@ impl Cap {
         Some(*n == 1)
     }
 
-    fn packed_lock(
-        &self,
-        tries: u32,
-    ) -> Option<std::sync::MutexGuard<'_, HashMap<(usize, u64), u32>>> {
-        for _ in 0..tries {
-            match self.packed.try_lock() {
-                Ok(g) => return Some(g),
-                Err(std::sync::TryLockError::Poisoned(p)) => return Some(p.into_inner()),
-                Err(std::sync::TryLockError::WouldBlock) => std::thread::yield_now(),
-            }
-        }
-        None
+    fn packed_lock(&self, tries: u32) -> Option<PackedGuard<'_>> {
+        self.packed.lock(tries)
     }
 
     /// Gives back what a live-table entry recorded ([`Cap::settle_alloc`]) for the allocation
@@ -782,8 +823,9 @@ impl Cap {
         let Some(d) = device_index(device) else {
             return;
         };
-        // The lock is only ever held for a map update: wait for it long enough that only a
-        // lock orphaned by a fork stays busy (then the page stays charged: over-counting).
+        // The lock is only ever held for a map update (and a fork child resets it): wait for
+        // it long enough that it cannot stay busy short of a bug (then the page stays
+        // charged: over-counting, never under).
         let Some(mut g) = self.packed_lock(PACKED_LOCK_TRIES * 1000) else {
             return;
         };
@@ -1100,9 +1142,7 @@ impl Cap {
             self.ctx_state[d].store(0, Relaxed);
             self.pool_cached[d].store(0, Relaxed);
         }
-        if let Some(mut g) = self.packed_lock(PACKED_LOCK_TRIES) {
-            g.clear();
-        }
+        self.packed.reset_in_child();
         self.last_slot_try_ns.store(0, Relaxed);
         self.refused_once.store(false, Relaxed);
         self.slots_full_once.store(false, Relaxed);
@@ -1129,7 +1169,7 @@ fn build_global() -> Option<Cap> {
     // Lossy: a value that is not UTF-8 is then reported as not valid (with the accepted
     // forms) instead of reading as unset.
     let (settings, lines) = config::parse(
-        &|k| crate::env::raw(k).map(|v| String::from_utf8_lossy(v).into_owned()),
+        &|k| crate::config::raw(k).map(|v| String::from_utf8_lossy(v).into_owned()),
         uid,
     );
     for l in &lines {
@@ -1187,6 +1227,28 @@ pub fn charge_alloc(device: i32, size: u64, api: Api, stream: u64) -> Result<u64
         Some(c) => c.charge_alloc_on(device, size, api, stream),
         None => Ok(0),
     }
+}
+
+/// [`charge_alloc`], where a refusal first asks `release_cached` to give back memory that is
+/// charged but not in use (the pool's cached pages; true: some was) and tries once more.
+#[inline]
+pub fn charge_alloc_or(
+    device: i32,
+    size: u64,
+    api: Api,
+    stream: u64,
+    release_cached: impl FnOnce() -> bool,
+) -> Result<u64, Refusal> {
+    match global() {
+        Some(c) => c.charge_alloc_or(device, size, api, stream, release_cached),
+        None => Ok(0),
+    }
+}
+
+/// Whether `stream` (or the legacy stream) is capturing, or the driver cannot say: nothing
+/// may synchronize the device then.
+pub fn stream_capturing(stream: u64) -> bool {
+    driver::capturing(stream)
 }
 
 /// Settle a charge once the allocation is made (see [`Cap::settle_alloc`]).

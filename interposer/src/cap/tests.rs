@@ -293,6 +293,95 @@ fn fork_child_starts_empty() {
     );
 }
 
+/// The pool's pages are charged quietly (the pool may still place the request by dissolving
+/// its cache); an unpooled request the cap would refuse first has the cached pages given back
+/// (`release_cached`) and is served without a line; only a final refusal prints one.
+#[test]
+fn pool_pages_and_unpooled_requests_share_the_cap() {
+    take_lines();
+    let c = private("8MiB");
+    let page = 2 << 20;
+    for _ in 0..3 {
+        assert!(c.charge_page(0, page, 0).is_ok());
+    }
+    assert_eq!(
+        c.charge_page(0, 4 * page, 0),
+        Err(Refusal {
+            in_use: 3 * page,
+            cap: 8 << 20
+        })
+    );
+    assert!(take_lines().is_empty(), "a refused page says nothing");
+    // 4 MiB unpooled: refused until the pool gives two cached pages back.
+    let mut asked = 0;
+    let got = c.charge_alloc_or(0, 4 << 20, Api::CudaMallocPitch, 0, || {
+        asked += 1;
+        c.uncharge(0, 2 * page);
+        true
+    });
+    assert_eq!((got, asked), (Ok(4 << 20), 1));
+    assert!(take_lines().is_empty(), "served after the trim: no line");
+    assert_eq!(c.in_use(0), 3 * page);
+    // Nothing left to give back: refused, one line.
+    let got = c.charge_alloc_or(0, 4 << 20, Api::CudaMallocPitch, 0, || false);
+    assert!(got.is_err());
+    assert_eq!(take_lines().len(), 1);
+    // A pool refusal reported by the dispatcher counts as the first refusal's line only once.
+    c.pool_refused(0, 4 << 20, got.unwrap_err(), Api::CudaMalloc);
+    assert!(take_lines().is_empty());
+}
+
+/// A fork while another thread holds the packed-page table's lock: in the child (where that
+/// thread does not exist) the table starts empty and unlocked, so packed allocations are
+/// charged and given back by page as in any process, without waiting on the lock.
+#[test]
+fn fork_child_gets_a_free_packed_table() {
+    const ADDR: u64 = 0x7000_0000_0000;
+    let c = Arc::new(private("64MiB"));
+    let ch = c.charge_alloc(0, 1024, Api::CudaMalloc).unwrap();
+    assert_eq!(
+        c.settle_alloc(0, ADDR, 1024, ch, Api::CudaMalloc),
+        PACKED_CHARGE
+    );
+    let (held_tx, held_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let c2 = c.clone();
+    let holder = std::thread::spawn(move || {
+        let g = c2.packed_lock(u32::MAX).unwrap();
+        held_tx.send(()).unwrap();
+        go_rx.recv().unwrap();
+        drop(g);
+    });
+    held_rx.recv().unwrap();
+    // SAFETY: fork has no memory preconditions; the child runs only the checks below (no
+    // panics, no locks of the test harness) and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        c.on_fork_child();
+        let ok = (|| {
+            c.packed_lock(PACKED_LOCK_TRIES)?;
+            let ch = c.charge_alloc(0, 1024, Api::CudaMalloc).ok()?;
+            let e = c.settle_alloc(0, ADDR, 1024, ch, Api::CudaMalloc);
+            (e == PACKED_CHARGE && c.in_use(0) == DEVICE_PAGE).then_some(())?;
+            c.uncharge_entry(0, ADDR, e);
+            (c.in_use(0) == 0).then_some(())
+        })()
+        .is_some();
+        // SAFETY: ends the child without running the parent's atexit handlers.
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) }
+    }
+    go_tx.send(()).unwrap();
+    holder.join().unwrap();
+    let mut status = 0;
+    // SAFETY: our own child; a valid out-pointer.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "the child's packed table was not usable (status {status:#x})"
+    );
+}
+
 fn hammer_private(c: Arc<Cap>, threads: usize, iters: usize) -> u64 {
     let cap = c.cap_bytes(0);
     let device = Arc::new(AtomicU64::new(0));

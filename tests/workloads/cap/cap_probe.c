@@ -26,6 +26,16 @@
  *                                      cuMemAlloc in turn) until one is refused; prints
  *                                      "fill ok=N refused=R other=O free=F" (F: cudaMemGetInfo
  *                                      free while they are held), then frees them
+ *   cap_probe poolmix POOLED UNPOOLED COUNT [HOLD_SECONDS]
+ *                                      one cudaMalloc of POOLED, cudaFree, cudaDeviceSynchronize
+ *                                      (with VRAMSHIM_POOL=stitch the pool keeps its pages
+ *                                      cached), then the "info" line, then up to COUNT
+ *                                      cuMemAllocPitch of UNPOOLED bytes (never pooled) until
+ *                                      one is refused, then (UNPOOLED > 0) one cudaMalloc of
+ *                                      POOLED again (again=-1 when not tried);
+ *                                      prints "poolmix first=RC ok=N refused=R other=O free=F
+ *                                      again=RC" (F: cudaMemGetInfo free after the fill);
+ *                                      HOLD_SECONDS: then sleeps, holding everything
  *   cap_probe forks N SIZE             forks N children before any CUDA call; each makes one
  *                                      cudaMalloc of SIZE and holds it until all have tried;
  *                                      prints "forks ok=N refused=R other=O"
@@ -377,6 +387,44 @@ int main(int argc, char **argv) {
         printf("fill ok=%ld refused=%ld other=%ld free=%zu\n", ok, refused, other, f);
         fflush(stdout);
         for (long i = 0; i < ok; i++) CK(cudaFree(held[i]));
+        free(held);
+        return 0;
+    }
+    if (!strcmp(cmd, "poolmix") && argc >= 5) {
+        size_t pooled = strtoull(argv[2], NULL, 0), unpooled = strtoull(argv[3], NULL, 0);
+        long count = atol(argv[4]);
+        double hold = argc > 5 ? atof(argv[5]) : 0;
+        setup(0);
+        void *p = NULL;
+        int first = cudaMalloc(&p, pooled);
+        if (!first) CK(cudaFree(p));
+        else cudaGetLastError();
+        CK(cudaDeviceSynchronize());
+        info(0);
+        CUdeviceptr *held = calloc((size_t)(count > 0 ? count : 1), sizeof *held);
+        EXPECT(held != NULL);
+        long ok = 0, refused = 0, other = 0;
+        for (long i = 0; i < count; i++) {
+            size_t pitch = 0;
+            int rc = d_pitch(&held[ok], &pitch, 1 << 20, unpooled >> 20, 16);
+            if (!rc) ok++;
+            else if (rc == 2) { refused++; break; }
+            else { other++; break; }
+        }
+        size_t f = 0, t = 0;
+        CK(cudaMemGetInfo(&f, &t));
+        void *q = NULL;
+        int again = -1;
+        if (unpooled > 0) {
+            again = cudaMalloc(&q, pooled);
+            if (again) cudaGetLastError();
+        }
+        printf("poolmix first=%d ok=%ld refused=%ld other=%ld free=%zu again=%d\n", first, ok,
+               refused, other, f, again);
+        fflush(stdout);
+        if (hold > 0) usleep((useconds_t)(hold * 1e6));
+        if (again == 0) CK(cudaFree(q));
+        for (long i = 0; i < ok; i++) EXPECT_EQ(d_free(held[i]), CUDA_SUCCESS);
         free(held);
         return 0;
     }

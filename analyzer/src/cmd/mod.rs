@@ -1,0 +1,36 @@
+//! The `vramshim` subcommands, one module each with its own `Args` and `main`, over the
+//! library (`vramshim_analyzer`). Helpers shared by several subcommands live here too
+//! (`pytorch_route`: how a PyTorch job is routed; `replay_live`, `replay_torch`: the two
+//! live replays behind `vramshim replay --live`).
+
+use std::process::ExitCode;
+
+pub(crate) mod demo;
+pub(crate) mod diff;
+pub(crate) mod export;
+pub(crate) mod import;
+pub(crate) mod python_hook;
+pub(crate) mod pytorch_route;
+pub(crate) mod replay;
+pub(crate) mod replay_live;
+pub(crate) mod replay_torch;
+pub(crate) mod report;
+pub(crate) mod run;
+pub(crate) mod summary;
+pub(crate) mod synth;
+pub(crate) mod top;
+
+/// The exit status after the output is written: 3 when an input was torn (its last frame cut;
+/// everything before it was used and the problem was named on stderr), else 0.
+pub(crate) fn input_status(reports: &[vramshim_analyzer::TraceReport], torn: bool) -> ExitCode {
+    if torn {
+        for r in reports.iter().filter(|r| r.torn) {
+            for w in &r.warnings {
+                eprintln!("vramshim: {w}");
+            }
+        }
+        ExitCode::from(3)
+    } else {
+        ExitCode::SUCCESS
+    }
+}

@@ -1,0 +1,974 @@
+//! The dispatcher: runs one decoded [`Request`] through the layers, outermost first:
+//! cap (`crate::cap`), pool (`crate::pool`), the real function; then records the outcome
+//! in the live table and counters, and hands one event to the tracer (`crate::tracer`).
+//!
+//! One request = one call count = one charge = one event: hooks reached again while an
+//! outer hook runs on the same thread are passed straight through (see [`run_hook`]).
+
+use crate::cuda::request::Request;
+use crate::pool::{self, PoolRequest};
+use crate::state::counters;
+use crate::state::live_table::{ALLOCS, Entry, LiveTable};
+use crate::sys::ids;
+use crate::sys::thread::Token;
+use crate::{cap, tracer};
+use std::ffi::c_int;
+use std::panic::AssertUnwindSafe;
+use vramshim_trace::{AllocKind, Api, Event, MemOp, flags};
+
+/// Which layer decided a request's outcome (for the debug log).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layer {
+    Cap,
+    Pool,
+    Real,
+}
+
+impl Layer {
+    fn name(self) -> &'static str {
+        match self {
+            Layer::Cap => "cap refused",
+            Layer::Pool => "pool",
+            Layer::Real => "real",
+        }
+    }
+}
+
+/// The outcome of an allocation request.
+#[derive(Clone, Copy, Debug)]
+pub struct Outcome {
+    /// The code the process sees.
+    pub rc: c_int,
+    /// The pointer (or handle); 0 on failure.
+    pub addr: u64,
+    /// Who decided.
+    pub layer: Layer,
+}
+
+/// Run a hook body: the outermost hook on this thread runs `body`; a nested one runs `pass`
+/// (straight to the real function, unaccounted). A panic in either is caught and turned
+/// into `panic_code` (never unwinds into C, never aborts).
+#[inline(always)]
+pub fn run_hook(
+    name: &'static str,
+    panic_code: c_int,
+    pass: impl FnOnce() -> c_int,
+    body: impl FnOnce(&Token) -> c_int,
+) -> c_int {
+    let Some(tok) = crate::sys::thread::enter() else {
+        return match std::panic::catch_unwind(AssertUnwindSafe(pass)) {
+            Ok(rc) => rc,
+            Err(_) => panicked(name, panic_code),
+        };
+    };
+    let r = std::panic::catch_unwind(AssertUnwindSafe(|| body(&tok)));
+    tok.leave();
+    match r {
+        Ok(rc) => rc,
+        Err(_) => panicked(name, panic_code),
+    }
+}
+
+/// [`run_hook`] for hooks whose pass-through and body share one real call: `call` goes to
+/// whichever branch runs (moved, not borrowed, so that the body reaches its arguments
+/// without a second indirection).
+#[inline(always)]
+pub fn run_hook_with<C>(
+    name: &'static str,
+    panic_code: c_int,
+    call: C,
+    pass: impl FnOnce(C) -> c_int,
+    body: impl FnOnce(&Token, C) -> c_int,
+) -> c_int {
+    let Some(tok) = crate::sys::thread::enter() else {
+        return match std::panic::catch_unwind(AssertUnwindSafe(move || pass(call))) {
+            Ok(rc) => rc,
+            Err(_) => panicked(name, panic_code),
+        };
+    };
+    let r = std::panic::catch_unwind(AssertUnwindSafe(|| body(&tok, call)));
+    tok.leave();
+    match r {
+        Ok(rc) => rc,
+        Err(_) => panicked(name, panic_code),
+    }
+}
+
+/// Run a lookup or query hook that is never nested-guarded, catching panics.
+#[inline(always)]
+pub fn run_unguarded<T>(name: &'static str, on_panic: T, body: impl FnOnce() -> T) -> T {
+    match std::panic::catch_unwind(AssertUnwindSafe(body)) {
+        Ok(v) => v,
+        Err(_) => {
+            counters::panic_caught();
+            crate::warn!("internal error (panic) in {name}; returning an error code");
+            on_panic
+        }
+    }
+}
+
+#[cold]
+fn panicked(name: &'static str, code: c_int) -> c_int {
+    counters::panic_caught();
+    crate::warn!("internal error (panic) in {name}; returning CUDA error {code}");
+    code
+}
+
+/// What the real call reported: its code, the pointer/handle it produced, and the size
+/// actually allocated (pitched allocations are only known afterwards).
+#[derive(Clone, Copy, Debug)]
+pub struct RealResult {
+    pub rc: c_int,
+    pub addr: u64,
+    pub size: u64,
+}
+
+/// The layers a request meets, read once per request by the hook ([`mode`]) and handed
+/// down, so that no layer's switch is read twice on one request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mode(u8);
+
+impl Mode {
+    /// The configuration was read (never 0 once read: 0 means "read it").
+    const KNOWN: u8 = 1;
+    const CAP: u8 = 2;
+    const POOL: u8 = 4;
+    const DEBUG: u8 = 8;
+    const TRACE: u8 = 16;
+    /// `VRAMSHIM_LAYERS_FAULT=no-light`: never the light path (see [`Mode::light`]).
+    const NO_LIGHT: u8 = 32;
+    /// `VRAMSHIM_LAYERS_FAULT=light-no-pitch`: a broken light path, for the test that
+    /// compares it with the layered one: it never settles a charge to the allocation's
+    /// footprint (a pitched allocation's padding, a packed allocation's shared page).
+    const FAULT_NO_PITCH: u8 = 64;
+
+    /// Nothing but pass-through: the hooks take [`alloc_passed`] / [`free_passed`].
+    #[inline(always)]
+    pub fn pass_through(self) -> bool {
+        self.0 == Self::KNOWN
+    }
+    #[inline(always)]
+    fn cap(self) -> bool {
+        self.0 & Self::CAP != 0
+    }
+    #[inline(always)]
+    fn pool(self) -> bool {
+        self.0 & Self::POOL != 0
+    }
+    #[inline(always)]
+    fn traced(self) -> bool {
+        self.0 & Self::TRACE != 0
+    }
+}
+
+/// The layers on for this request: one relaxed load once they were read.
+#[inline(always)]
+pub fn mode() -> Mode {
+    let m = crate::config::layers::cached();
+    if m != 0 {
+        return Mode(m);
+    }
+    Mode(layers_slow())
+}
+
+#[cold]
+#[inline(never)]
+fn layers_slow() -> u8 {
+    loop {
+        let traced = tracer::enabled_seqcst();
+        let mut m = Mode::KNOWN;
+        if traced {
+            m |= Mode::TRACE;
+        }
+        if crate::sys::log::enabled(crate::sys::log::Level::Debug) {
+            m |= Mode::DEBUG;
+        }
+        if pool::enabled() {
+            m |= Mode::POOL;
+        }
+        if cap::global().is_some() {
+            m |= Mode::CAP;
+        }
+        if m != Mode::KNOWN {
+            m |= fault_bits();
+        }
+        crate::config::layers::store(m);
+        // The tracer switches (SeqCst) before it clears the bits: had it switched since we
+        // read it, we see that here, and read again rather than keep stale bits.
+        if tracer::enabled_seqcst() == traced {
+            return m;
+        }
+    }
+}
+
+/// `VRAMSHIM_LAYERS_FAULT`: `no-light` (layered requests never take the light path) or
+/// `light-no-pitch` (the light path never settles a charge to the allocation's footprint:
+/// a test must notice). Read with the layers, never per request.
+fn fault_bits() -> u8 {
+    match crate::config::var("VRAMSHIM_LAYERS_FAULT").map(str::trim) {
+        Some("no-light") => Mode::NO_LIGHT,
+        Some("light-no-pitch") => Mode::FAULT_NO_PITCH,
+        _ => 0,
+    }
+}
+
+/// A pass-through allocation's real call returned `rc`: count the request and record a
+/// success (`read` gives the pointer and the size) in the live table and counters.
+#[inline(always)]
+pub fn alloc_passed(
+    tok: &Token,
+    req: &Request,
+    table: &LiveTable,
+    rc: c_int,
+    read: impl FnOnce() -> (u64, u64),
+) {
+    counters::call_in(tok, req.api);
+    if rc != 0 {
+        counters::alloc_failure();
+        return;
+    }
+    let (addr, size) = read();
+    let r = RealResult { rc, addr, size };
+    record_alloc(tok, req, table, &r, req.kind, req.flags, 0);
+}
+
+/// A pass-through free of a non-null `key`: claim the entry, call the real function,
+/// settle (as [`free`]).
+#[inline(always)]
+pub fn free_passed(
+    tok: &Token,
+    api: Api,
+    key: u64,
+    table: &LiveTable,
+    real: impl FnOnce() -> c_int,
+) -> c_int {
+    counters::call_in(tok, api);
+    let entry = table.remove_in(tok, key);
+    let rc = real();
+    match (rc, entry) {
+        (0, Some(e)) => {
+            counters::free_in(tok, e.device, e.kind, e.size);
+            if e.charged > 0 {
+                cap::uncharge_entry(e.device, key, e.charged);
+            }
+        }
+        (_, Some(e)) => {
+            table.insert_in(tok, key, e);
+        }
+        (_, None) => counters::unknown_free(),
+    }
+    rc
+}
+
+/// Record a finished allocation: a success goes into the live table (and its counters); a
+/// failure gives back what the cap charged for it.
+#[inline(always)]
+fn record_alloc(
+    tok: &Token,
+    req: &Request,
+    table: &LiveTable,
+    r: &RealResult,
+    kind: AllocKind,
+    fl: u8,
+    charged: u64,
+) {
+    if r.rc != 0 || r.addr == 0 {
+        if charged > 0 {
+            cap::uncharge(req.device, charged);
+        }
+        if r.rc != 0 {
+            counters::alloc_failure();
+        }
+        return;
+    }
+    let e = Entry {
+        size: r.size,
+        kind,
+        device: req.device,
+        stream: req.stream,
+        api: req.api,
+        flags: fl,
+        charged,
+    };
+    if let Some(stale) = table.insert_in(tok, r.addr, e) {
+        // The address was handed out again without us seeing its free.
+        forget(r.addr, stale);
+    }
+    counters::alloc_in(tok, req.device, kind, r.size);
+}
+
+/// An entry left the table without a free we passed on (stale, or dropped by a reset).
+/// By value: a reference would keep the insert's result in memory on every request.
+#[cold]
+#[inline(never)]
+fn forget(addr: u64, e: Entry) {
+    counters::free(e.device, e.kind, e.size);
+    if e.charged > 0 {
+        cap::uncharge_entry(e.device, addr, e.charged);
+    }
+}
+
+/// Run an allocation request through the layers of `mode` (not pass-through): cap, pool,
+/// real; debug log and trace. `pool_ok`: the pool may serve it (plain linear allocations
+/// with a valid out-pointer). `real` performs the real call (writing the caller's
+/// out-pointers itself). The hook writes `Outcome::addr` to the caller only when
+/// `layer == Pool`.
+#[inline(never)]
+pub fn alloc(
+    tok: &Token,
+    req: &Request,
+    table: &LiveTable,
+    pool_ok: bool,
+    mode: Mode,
+    real: impl FnOnce() -> RealResult,
+) -> Outcome {
+    counters::call_in(tok, req.api);
+    let traced = mode.traced();
+    let t0 = if traced {
+        tracer::stamp()
+    } else {
+        tracer::Stamp::NONE
+    };
+
+    // ---- cap
+    let mut charged = 0u64;
+    // A request the pool may serve is charged nothing here: the pool's pages are charged
+    // when it creates them (cap::pages). Anything else is charged the device's footprint.
+    let poolable = mode.pool() && pool_ok && pool::enabled();
+    let capped = mode.cap() && req.charged() && req.size > 0;
+    let pages_charged = poolable && capped && cap::charges_pool_pages();
+    if capped && !pages_charged {
+        let r = if poolable {
+            // VRAMSHIM_CAP_FAULT=pool-live-bytes: the request's live bytes.
+            cap::try_charge(req.device, req.size, req.api).map(|()| req.size)
+        } else {
+            charge_unpooled(req)
+        };
+        match r {
+            Ok(c) => charged = c,
+            Err(refusal) => {
+                cap_refused(req, &refusal, traced, t0);
+                return Outcome {
+                    rc: vramshim_trace::codes::OUT_OF_MEMORY,
+                    addr: 0,
+                    layer: Layer::Cap,
+                };
+            }
+        }
+    }
+
+    // ---- pool
+    let mut layer = Layer::Real;
+    let mut kind = req.kind;
+    let mut fl = req.flags;
+    let mut res = None;
+    if poolable {
+        let preq = PoolRequest {
+            api: req.api,
+            kind: req.kind,
+            device: req.device,
+            stream: req.stream,
+            size: req.size,
+            flags: req.flags,
+        };
+        match pool::alloc(&preq) {
+            Some(Ok(p)) => {
+                layer = Layer::Pool;
+                kind = AllocKind::Pool;
+                fl |= flags::POOLED;
+                counters::pooled();
+                res = Some(RealResult {
+                    rc: 0,
+                    addr: p,
+                    size: req.size,
+                });
+            }
+            Some(Err(code)) => {
+                if pages_charged
+                    && let Some(refusal) = cap::take_pool_refusal(req.device, req.size, req.api)
+                {
+                    // The cap refused the pages the request needed (after the pool
+                    // dissolved what it caches): a cap refusal.
+                    cap_refused(req, &refusal, traced, t0);
+                    return Outcome {
+                        rc: vramshim_trace::codes::OUT_OF_MEMORY,
+                        addr: 0,
+                        layer: Layer::Cap,
+                    };
+                }
+                layer = Layer::Pool;
+                res = Some(RealResult {
+                    rc: code,
+                    addr: 0,
+                    size: req.size,
+                });
+            }
+            None => {}
+        }
+    }
+    // Not served by the pool after all (it fell back to pass-through): charged as any
+    // unpooled allocation.
+    if res.is_none() && pages_charged {
+        match charge_unpooled(req) {
+            Ok(c) => charged = c,
+            Err(refusal) => {
+                cap_refused(req, &refusal, traced, t0);
+                return Outcome {
+                    rc: vramshim_trace::codes::OUT_OF_MEMORY,
+                    addr: 0,
+                    layer: Layer::Cap,
+                };
+            }
+        }
+    }
+
+    // ---- real
+    let r = match res {
+        Some(r) => r,
+        None => real(),
+    };
+
+    // The charge becomes the allocation's footprint (pitched padding, packed pages).
+    if r.rc == 0 && r.addr != 0 && charged > 0 && layer == Layer::Real {
+        charged = cap::settle_alloc(req.device, r.addr, r.size, charged, req.api);
+    }
+    record_alloc(tok, req, table, &r, kind, fl, charged);
+
+    crate::debug!(
+        "{} size={} dev={} stream={:#x} -> {} addr={:#x} [{}]",
+        api_name(req),
+        r.size,
+        req.device,
+        req.stream,
+        r.rc,
+        if r.rc == 0 { r.addr } else { 0 },
+        layer.name()
+    );
+    if traced {
+        emit_op(
+            req,
+            true,
+            fl,
+            if r.rc == 0 { r.addr } else { 0 },
+            r.size,
+            r.rc,
+            t0,
+        );
+        if layer == Layer::Pool {
+            // The pool may have mapped or released pages for this request.
+            tracer::pool_held(req.device, pool::held(req.device));
+        }
+    }
+    Outcome {
+        rc: r.rc,
+        addr: if r.rc == 0 { r.addr } else { 0 },
+        layer,
+    }
+}
+
+/// Charges an allocation the pool does not serve its footprint. With the pool on, a refusal
+/// first makes the pool give back the pages it caches (they are charged too), then the
+/// charge is tried once more; never while the request's stream captures (the pool's trim
+/// synchronizes).
+#[inline]
+fn charge_unpooled(req: &Request) -> Result<u64, cap::Refusal> {
+    let stream = driver_stream(req);
+    cap::charge_alloc_or(req.device, req.size, req.api, stream, || {
+        pool::enabled()
+            && cap::charges_pool_pages()
+            && !cap::stream_capturing(stream)
+            && pool::trim() > 0
+    })
+}
+
+/// The driver's handle of the request's stream (the per-thread default stream for a `_ptsz`
+/// call on stream 0), for the cap's capture check before it empties the driver's pools.
+#[inline(always)]
+fn driver_stream(req: &Request) -> u64 {
+    const CU_STREAM_PER_THREAD: u64 = 2;
+    if req.stream == 0 && req.flags & vramshim_trace::flags::PER_THREAD_STREAM != 0 {
+        CU_STREAM_PER_THREAD
+    } else {
+        req.stream
+    }
+}
+
+/// The cap refused `req`: count it, make the runtime's last error say so, log and trace it.
+#[cold]
+#[inline(never)]
+fn cap_refused(req: &Request, refusal: &cap::Refusal, traced: bool, t0: tracer::Stamp) {
+    counters::cap_refusal();
+    static FIRST: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+    if crate::sys::log::enabled(crate::sys::log::Level::Info)
+        && FIRST.swap(false, std::sync::atomic::Ordering::Relaxed)
+    {
+        let context = cap::global().map_or(0, |c| c.context_charged(req.device));
+        crate::info!(
+            "cap: first refusal on device {}: {} bytes asked; {} charged = {} of the CUDA context + {} of allocations; cap {}; later refusals are counted in the trace (VRAMSHIM_LOG=debug prints each)",
+            req.device,
+            req.size,
+            refusal.in_use,
+            context,
+            refusal.in_use.saturating_sub(context),
+            refusal.cap
+        );
+    }
+    if is_runtime(req.api) {
+        runtime_set_last_error_oom();
+    }
+    crate::debug!(
+        "{} size={} dev={} stream={:#x} -> {} [cap refused: in use {} + {} > cap {}]",
+        api_name(req),
+        req.size,
+        req.device,
+        req.stream,
+        vramshim_trace::codes::OUT_OF_MEMORY,
+        refusal.in_use,
+        req.size,
+        refusal.cap
+    );
+    if traced {
+        tracer::emit(Event::CapRefusal {
+            t_ns: t0.ns,
+            tid: ids::tid(),
+            device: req.device,
+            api: req.api,
+            size: req.size,
+            in_use: refusal.in_use,
+            cap: refusal.cap,
+        });
+        emit_op(
+            req,
+            true,
+            req.flags | flags::CAP_REFUSED,
+            0,
+            req.size,
+            2,
+            t0,
+        );
+    }
+}
+
+// ------------------------------------------------------------------ light path
+//
+// With only the cap and/or the tracer on (no pool, no debug log: `Mode::light`), requests
+// take the shape of pass-through ([`alloc_passed`], [`free_passed`]: the real call's result
+// read where it is, no `Outcome`/`RealResult`/`FreeRequest` built and copied through an
+// out-of-line layered function) with the charge and the event added. What they do is what
+// [`alloc`] / [`free`] do with those layers; `VRAMSHIM_LAYERS_FAULT=no-light` sends every
+// layered request through [`alloc`] / [`free`] instead (interposer/tests/layers.rs compares
+// the traces and the answers of the two).
+
+impl Mode {
+    /// Only the cap and/or the tracer: the hooks take [`alloc_light`] / [`free_light`].
+    #[inline(always)]
+    pub fn light(self) -> bool {
+        self.0 & (Self::POOL | Self::DEBUG | Self::NO_LIGHT) == 0
+    }
+}
+
+/// An allocation with only the cap and/or the tracer on (see [`Mode::light`]). `call`
+/// makes the real call; `read` gives the pointer and size it produced (after a success).
+/// Out of line: inlined, it would make every hook's frame (and pass-through) bigger.
+#[inline(never)]
+pub fn alloc_light(
+    tok: &Token,
+    make_req: impl FnOnce() -> Request,
+    table: &LiveTable,
+    mode: Mode,
+    call: impl FnOnce() -> c_int,
+    read: impl FnOnce() -> (u64, u64),
+) -> c_int {
+    let req = &make_req();
+    counters::call_in(tok, req.api);
+    let traced = mode.traced();
+    let t0 = if traced {
+        tracer::stamp()
+    } else {
+        tracer::Stamp::NONE
+    };
+    let mut charged = 0u64;
+    if mode.cap() && req.charged() && req.size > 0 {
+        match cap::charge_alloc(req.device, req.size, req.api, driver_stream(req)) {
+            Ok(c) => charged = c,
+            Err(refusal) => {
+                cap_refused(req, &refusal, traced, t0);
+                return vramshim_trace::codes::OUT_OF_MEMORY;
+            }
+        }
+    }
+    let rc = call();
+    let (addr, size) = if rc == 0 { read() } else { (0, req.size) };
+    // The charge becomes the allocation's footprint (pitched padding, packed pages).
+    if rc == 0 && addr != 0 && charged > 0 && mode.0 & Mode::FAULT_NO_PITCH == 0 {
+        charged = cap::settle_alloc(req.device, addr, size, charged, req.api);
+    }
+    let r = RealResult { rc, addr, size };
+    record_alloc(tok, req, table, &r, req.kind, req.flags, charged);
+    if traced {
+        emit_op(
+            req,
+            true,
+            req.flags,
+            if rc == 0 { addr } else { 0 },
+            size,
+            rc,
+            t0,
+        );
+    }
+    rc
+}
+
+/// A free of a non-null `key` with only the cap and/or the tracer on (see [`Mode::light`]):
+/// claim the entry, call the real function, settle, trace.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub fn free_light(
+    tok: &Token,
+    api: Api,
+    key: u64,
+    stream: Option<u64>,
+    fl: u8,
+    table: &LiveTable,
+    mode: Mode,
+    real: impl FnOnce() -> c_int,
+) -> c_int {
+    counters::call_in(tok, api);
+    let traced = mode.traced();
+    let t0 = if traced {
+        tracer::stamp()
+    } else {
+        tracer::Stamp::NONE
+    };
+    let entry = table.remove_in(tok, key);
+    let rc = real();
+    let (dev, kind, size, efl) = match entry {
+        Some(e) if rc == 0 => {
+            counters::free_in(tok, e.device, e.kind, e.size);
+            if e.charged > 0 {
+                cap::uncharge_freed(e.device, key, e.charged, e.kind == AllocKind::Async);
+            }
+            (e.device, e.kind, e.size, e.flags)
+        }
+        Some(e) => {
+            table.insert_in(tok, key, e);
+            (e.device, e.kind, 0, e.flags)
+        }
+        None => {
+            counters::unknown_free();
+            (-1, AllocKind::Runtime, 0, 0)
+        }
+    };
+    if traced {
+        tracer::emit_memop(
+            false,
+            &MemOp {
+                t_ns: t0.ns,
+                tid: ids::tid(),
+                api,
+                kind,
+                flags: fl | (efl & flags::POOLED),
+                device: dev,
+                stream: stream.unwrap_or(0),
+                addr: key,
+                size,
+                result: rc,
+                latency_ns: t0.latency_ns(),
+                stack: 0,
+            },
+        );
+    }
+    rc
+}
+
+/// A free request.
+#[derive(Clone, Copy, Debug)]
+pub struct FreeRequest {
+    pub api: Api,
+    /// Pointer or handle.
+    pub key: u64,
+    /// `Some(stream)` for stream-ordered frees.
+    pub stream: Option<u64>,
+    pub flags: u8,
+}
+
+/// Run a free through the layers of `mode` (or any free of a null pointer): the table
+/// entry is removed first (so a concurrent allocation that gets the same address cannot be
+/// confused with it), the pool or the real function frees, and on failure the entry is
+/// restored. Unknown pointers go to the real function; its code comes back unchanged.
+#[inline(always)]
+pub fn free(
+    tok: &Token,
+    req: &FreeRequest,
+    table: &LiveTable,
+    mode: Mode,
+    real: impl FnOnce() -> c_int,
+) -> c_int {
+    counters::call_in(tok, req.api);
+    free_layered(tok, req, table, mode, real)
+}
+
+/// The table and counters after a free returned `rc`: a success forgets the entry for good
+/// (and gives back its charge); a failure puts it back; an unknown pointer is counted.
+#[inline(always)]
+fn settle_free(tok: &Token, req: &FreeRequest, table: &LiveTable, rc: c_int, entry: Option<Entry>) {
+    match (rc, entry) {
+        (0, Some(e)) => {
+            counters::free_in(tok, e.device, e.kind, e.size);
+            if e.charged > 0 {
+                cap::uncharge_freed(e.device, req.key, e.charged, e.kind == AllocKind::Async);
+            }
+        }
+        (_, Some(e)) => {
+            table.insert_in(tok, req.key, e);
+        }
+        (_, None) => counters::unknown_free(),
+    }
+}
+
+/// [`free`] with the layers: pool, real; debug log and trace.
+#[inline(never)]
+fn free_layered(
+    tok: &Token,
+    req: &FreeRequest,
+    table: &LiveTable,
+    mode: Mode,
+    real: impl FnOnce() -> c_int,
+) -> c_int {
+    let traced = mode.traced();
+    let t0 = if traced {
+        tracer::stamp()
+    } else {
+        tracer::Stamp::NONE
+    };
+    if req.key == 0 {
+        // cudaFree(NULL) & co.: a no-op (or context initialization) for CUDA.
+        let rc = real();
+        crate::debug!("{}(NULL) -> {} [real]", req.api.name(), rc);
+        return rc;
+    }
+    let entry = table.remove_in(tok, req.key);
+    let mut layer = Layer::Real;
+    let pooled =
+        if mode.pool() && pool::enabled() && entry.is_none_or(|e| e.kind == AllocKind::Pool) {
+            pool::free(
+                req.key,
+                req.stream.map(|s| pool::pool_stream_id(s, req.flags)),
+                entry.map(|e| (e.device, e.size)),
+            )
+        } else {
+            None
+        };
+    let rc = match pooled {
+        Some(rc) => {
+            layer = Layer::Pool;
+            rc
+        }
+        None => real(),
+    };
+    settle_free(tok, req, table, rc, entry);
+    let (dev, kind, size, efl) = match entry {
+        Some(e) if rc == 0 => (e.device, e.kind, e.size, e.flags),
+        Some(e) => (e.device, e.kind, 0, e.flags),
+        None => (-1, AllocKind::Runtime, 0, 0),
+    };
+    crate::debug!(
+        "{} addr={:#x} size={} dev={} -> {} [{}{}]",
+        req.api.name(),
+        req.key,
+        size,
+        dev,
+        rc,
+        layer.name(),
+        if entry.is_none() {
+            ", unknown pointer"
+        } else {
+            ""
+        }
+    );
+    if traced {
+        let fl = req.flags | (efl & flags::POOLED);
+        tracer::emit_memop(
+            false,
+            &MemOp {
+                t_ns: t0.ns,
+                tid: ids::tid(),
+                api: req.api,
+                kind,
+                flags: fl,
+                device: dev,
+                stream: req.stream.unwrap_or(0),
+                addr: req.key,
+                size,
+                result: rc,
+                latency_ns: t0.latency_ns(),
+                stack: 0,
+            },
+        );
+    }
+    rc
+}
+
+/// A memory-information query: `real` fills the caller's out-values and returns its code
+/// and the (free, total) it wrote (None for NULL out-pointers); the cap adjusts them by API:
+/// `cudaMemGetInfo`/`cuMemGetInfo_v2` with `cap::adjust_meminfo`, `cuDeviceTotalMem_v2` and
+/// `totalGlobalMem` with `cap::total_for`; NVML hooks adjust in `write` themselves
+/// (`cap::nvml_adjust*`). `write(device, free, total)` stores the answer back.
+pub fn meminfo(
+    tok: &Token,
+    api: Api,
+    device: impl FnOnce() -> Option<i32>,
+    real: impl FnOnce() -> (c_int, Option<u64>, Option<u64>),
+    write: impl FnOnce(i32, u64, u64),
+) -> c_int {
+    counters::call_in(tok, api);
+    let (rc, f, t) = real();
+    if rc != 0 {
+        crate::debug!("{} -> {} [real]", api.name(), rc);
+        return rc;
+    }
+    let dev = device().unwrap_or(-1);
+    let (rf, rt) = (f.unwrap_or(0), t.unwrap_or(0));
+    let (af, at) = if dev < 0 {
+        (rf, rt)
+    } else {
+        match api {
+            Api::CudaMemGetInfo | Api::CuMemGetInfo => cap::adjust_meminfo(dev, rf, rt),
+            Api::CuDeviceTotalMem | Api::CudaGetDeviceProperties => {
+                if t.is_some() {
+                    cap::note_device_total(dev, rt);
+                }
+                (rf, cap::total_for(dev, rt))
+            }
+            _ => (rf, rt),
+        }
+    };
+    write(dev, af, at);
+    crate::debug!(
+        "{} dev={} real free={} total={} -> free={} total={} [{}]",
+        api.name(),
+        dev,
+        rf,
+        rt,
+        af,
+        at,
+        if (af, at) == (rf, rt) {
+            "real"
+        } else {
+            "cap adjusted"
+        }
+    );
+    if tracer::enabled() {
+        tracer::emit(Event::MemInfo {
+            t_ns: tracer::now_ns(),
+            tid: ids::tid(),
+            api,
+            device: dev,
+            free: af,
+            total: at,
+            result: rc,
+        });
+    }
+    rc
+}
+
+/// `cudaDeviceReset` succeeded on `device`: everything the context held is gone.
+pub fn device_reset(device: i32) {
+    let dropped = ALLOCS.drain_where(|e| e.device == device && e.kind != AllocKind::VmmHandle);
+    let traced = tracer::enabled();
+    let mut bytes = 0u64;
+    for (addr, e) in &dropped {
+        forget(*addr, *e);
+        bytes = bytes.saturating_add(e.size);
+        if traced {
+            tracer::emit(Event::Free(MemOp {
+                t_ns: tracer::now_ns(),
+                tid: ids::tid(),
+                api: Api::CudaDeviceReset,
+                kind: e.kind,
+                flags: e.flags,
+                device: e.device,
+                stream: e.stream,
+                addr: *addr,
+                size: e.size,
+                result: 0,
+                latency_ns: 0,
+                stack: 0,
+            }));
+        }
+    }
+    crate::debug!(
+        "cudaDeviceReset dev={} -> 0 [real; dropped {} live allocations, {} bytes]",
+        device,
+        dropped.len(),
+        bytes
+    );
+}
+
+#[inline(always)]
+fn emit_op(
+    req: &Request,
+    is_alloc: bool,
+    fl: u8,
+    addr: u64,
+    size: u64,
+    rc: c_int,
+    t0: tracer::Stamp,
+) {
+    let op = MemOp {
+        t_ns: t0.ns,
+        tid: ids::tid(),
+        api: req.api,
+        kind: req.kind,
+        flags: fl,
+        device: req.device,
+        stream: req.stream,
+        addr,
+        size,
+        result: rc,
+        latency_ns: t0.latency_ns(),
+        stack: 0,
+    };
+    tracer::emit_memop(is_alloc, &op);
+}
+
+fn is_runtime(api: Api) -> bool {
+    (api as u16) < 20 || api == Api::CudaGetDeviceProperties
+}
+
+fn api_name(req: &Request) -> &'static str {
+    req.api.name()
+}
+
+/// Make the runtime's sticky "last error" say cudaErrorMemoryAllocation, as it would had
+/// the device refused: ask the real runtime for an impossible allocation.
+fn runtime_set_last_error_oom() {
+    if let Some(f) = crate::cuda::real::cudaMalloc() {
+        let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
+        // SAFETY: p is a valid out-pointer; the size cannot be satisfied.
+        let rc = unsafe { f(&mut p, usize::MAX) };
+        if rc == 0
+            && !p.is_null()
+            && let Some(free) = crate::cuda::real::cudaFree()
+        {
+            // SAFETY: p was just allocated by the runtime.
+            unsafe { free(p) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn panics_become_error_codes_and_nesting_passes_through() {
+        // Quiet the default panic message for this deliberate panic.
+        let rc = run_hook("test", 999, || 1, |_| panic!("deliberate"));
+        assert_eq!(rc, 999);
+        // The guard was released: the next hook is outermost again.
+        let rc = run_hook("outer", 999, || 1, |_| run_hook("inner", 999, || 7, |_| 8));
+        assert_eq!(rc, 7, "a hook inside a hook passes straight through");
+        assert_eq!(run_unguarded("lookup", 5, || -> i32 { panic!("x") }), 5);
+    }
+}

@@ -1,0 +1,464 @@
+//! The pool's `Device` over the CUDA driver's virtual-memory API (the real functions the
+//! interposer resolved; never our hooks). One per device ordinal.
+
+use crate::cuda::real;
+use crate::cuda::types::*;
+use std::cell::Cell;
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::{c_int, c_uint};
+use vramshim_pool::{CallCounts, Device, DeviceError, EventId, Handle, Stream};
+
+/// `CU_MEM_ALLOCATION_TYPE_PINNED`.
+const CU_MEM_ALLOCATION_TYPE_PINNED: c_int = 1;
+/// `CU_MEM_ACCESS_FLAGS_PROT_READWRITE`.
+const CU_MEM_ACCESS_FLAGS_PROT_READWRITE: c_int = 3;
+/// `CU_MEM_ALLOC_GRANULARITY_MINIMUM`.
+const CU_MEM_ALLOC_GRANULARITY_MINIMUM: c_int = 0;
+/// `CU_EVENT_DISABLE_TIMING`.
+const CU_EVENT_DISABLE_TIMING: c_uint = 2;
+
+fn code(rc: CUresult) -> DeviceError {
+    match rc {
+        CUDA_ERROR_OUT_OF_MEMORY => DeviceError::OutOfMemory,
+        c => DeviceError::Driver(c),
+    }
+}
+
+fn ok(rc: CUresult) -> Result<(), DeviceError> {
+    if rc == CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(code(rc))
+    }
+}
+
+/// Every driver function the pool needs, resolved once.
+#[derive(Clone, Copy)]
+struct Fns {
+    reserve: PfnCuMemAddressReserve,
+    unreserve: PfnCuMemAddressFree,
+    create: PfnCuMemCreate,
+    release: PfnCuMemRelease,
+    map: PfnCuMemMap,
+    unmap: PfnCuMemUnmap,
+    set_access: PfnCuMemSetAccess,
+    granularity: PfnCuMemGetAllocationGranularity,
+    sync: PfnCuCtxSynchronize,
+    ev_create: PfnCuEventCreate,
+    ev_record: PfnCuEventRecord,
+    ev_query: PfnCuEventQuery,
+    ev_destroy: PfnCuEventDestroy,
+    wait: PfnCuStreamWaitEvent,
+    capturing: Option<PfnCuStreamIsCapturing>,
+}
+
+impl Fns {
+    fn resolve() -> Option<Fns> {
+        Some(Fns {
+            reserve: real::cuMemAddressReserve()?,
+            unreserve: real::cuMemAddressFree()?,
+            create: real::cuMemCreate()?,
+            release: real::cuMemRelease()?,
+            map: real::cuMemMap()?,
+            unmap: real::cuMemUnmap()?,
+            set_access: real::cuMemSetAccess()?,
+            granularity: real::cuMemGetAllocationGranularity()?,
+            sync: real::cuCtxSynchronize()?,
+            ev_create: real::cuEventCreate()?,
+            ev_record: real::cuEventRecord()?,
+            ev_query: real::cuEventQuery()?,
+            ev_destroy: real::cuEventDestroy_v2()?,
+            wait: real::cuStreamWaitEvent()?,
+            capturing: real::cuStreamIsCapturing(),
+        })
+    }
+}
+
+/// The CUDA backend for one device.
+pub struct CudaDevice {
+    fns: Fns,
+    ordinal: c_int,
+    gran: u64,
+    /// The stream of the request being served (capture checks).
+    stream: Stream,
+    /// The request being served came through the runtime API: make sure the thread has the
+    /// runtime's primary context current before a driver call (as the real call would).
+    runtime: bool,
+    /// The capture query's answer for the request being served: the pool asks before each
+    /// synchronization it considers, and the answer cannot change within one call (a
+    /// capture begins only in a call of the program's own), so one query per call suffices.
+    capturing: Cell<Option<bool>>,
+    /// Recycled events.
+    free_events: Vec<usize>,
+    /// Every page is charged to the cap when created and given back when released (see
+    /// `cap::pages`): what the device holds for the pool counts against the cap together
+    /// with everything else the cap charges. A refused charge is refused growth, and the
+    /// pool dissolves cached blocks instead.
+    charge: bool,
+    /// Bytes of pages charged to the cap and not given back.
+    charged: u64,
+    /// Under `VRAMSHIM_CAP_FAULT=pool-live-bytes` only (pages not charged): physical bytes the
+    /// pool may hold, the process's capped total.
+    limit: Option<u64>,
+    /// Physical bytes held (handles created and not released).
+    held: u64,
+    pub calls: CallCounts,
+    /// Bit `d`: device `d` has peer access to this device; every mapping is made accessible
+    /// from it too.
+    peers: u64,
+    /// Pages mapped now (start addresses), and the reservations (start -> size): what a new
+    /// peer must be granted access to, in runs that stay inside one reservation.
+    mapped: BTreeSet<u64>,
+    reservations: BTreeMap<u64, u64>,
+}
+
+// SAFETY: the raw handles inside are plain integers/addresses owned by this process's CUDA
+// context; the pool is only used behind a lock.
+unsafe impl Send for CudaDevice {}
+
+impl CudaDevice {
+    fn prop(ordinal: c_int) -> CUmemAllocationProp {
+        CUmemAllocationProp {
+            type_: CU_MEM_ALLOCATION_TYPE_PINNED,
+            requested_handle_types: 0,
+            location: CUmemLocation {
+                type_: CU_MEM_LOCATION_TYPE_DEVICE,
+                id: ordinal,
+            },
+            win32_handle_meta_data: std::ptr::null_mut(),
+            alloc_flags: CUmemAllocFlags::default(),
+        }
+    }
+
+    /// `Err(why)` when the virtual-memory API is missing or refuses (fall back).
+    pub fn new(ordinal: c_int, peers: u64) -> Result<CudaDevice, String> {
+        let fns = Fns::resolve().ok_or_else(|| {
+            "the CUDA driver has no virtual-memory API (cuMemCreate/cuMemMap/...)".to_string()
+        })?;
+        let prop = Self::prop(ordinal);
+        let mut g: usize = 0;
+        // SAFETY: valid out-pointer and property struct.
+        let rc = unsafe { (fns.granularity)(&mut g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) };
+        if rc != CUDA_SUCCESS || g == 0 || !g.is_power_of_two() || g < 512 {
+            return Err(format!(
+                "cuMemGetAllocationGranularity failed on device {ordinal} (code {rc}, granularity {g})"
+            ));
+        }
+        let charge = (super::cap_view().charges_pages)();
+        let mut limit = None;
+        if !charge && let Some(total) = real::cuDeviceTotalMem_v2() {
+            let mut t: usize = 0;
+            // SAFETY: valid out-pointer.
+            if unsafe { total(&mut t, ordinal) } == CUDA_SUCCESS && t > 0 {
+                let capped = (super::cap_view().visible_total)(ordinal, t as u64);
+                if capped < t as u64 {
+                    limit = Some(capped);
+                }
+            }
+        }
+        Ok(CudaDevice {
+            fns,
+            ordinal,
+            gran: g as u64,
+            stream: 0,
+            runtime: false,
+            capturing: Cell::new(None),
+            free_events: Vec::new(),
+            charge,
+            charged: 0,
+            limit,
+            held: 0,
+            calls: CallCounts::default(),
+            peers: peers & !(1 << ordinal),
+            mapped: BTreeSet::new(),
+            reservations: BTreeMap::new(),
+        })
+    }
+
+    fn cu_stream(s: Stream) -> CUstream {
+        if s == vramshim_pool::ANY_STREAM {
+            std::ptr::null_mut()
+        } else if s & super::PTDS_BASE != 0 && s != vramshim_pool::ANY_STREAM {
+            // Another thread's per-thread default stream has no handle here. The legacy
+            // stream orders after all prior work of every blocking stream (per-thread
+            // default streams are blocking), so events recorded and waited on it are a
+            // conservative stand-in.
+            0x1 as CUstream
+        } else {
+            s as usize as CUstream
+        }
+    }
+}
+
+impl CudaDevice {
+    /// A new request is served (on `stream`; `runtime`: through the runtime API).
+    #[inline]
+    pub fn begin(&mut self, stream: Stream, runtime: bool) {
+        self.stream = stream;
+        self.runtime = runtime;
+        self.capturing.set(None);
+        if self.charge {
+            (super::cap_view().clear_refusal)();
+        }
+    }
+
+    /// Is the request's stream capturing? (One driver query.)
+    fn query_capture(&self) -> bool {
+        self.enter();
+        let Some(f) = self.fns.capturing else {
+            return false;
+        };
+        let mut status: c_int = 0;
+        // SAFETY: valid out-pointer; the stream is the caller's.
+        let rc = unsafe { f(Self::cu_stream(self.stream), &mut status) };
+        // an error here (e.g. an illegal query during a global-mode capture) counts as
+        // capturing: never synchronize when unsure
+        rc != CUDA_SUCCESS || status != 0
+    }
+
+    #[inline]
+    fn enter(&self) {
+        if self.runtime {
+            super::ensure_context_once(self.ordinal);
+        }
+    }
+}
+
+impl CudaDevice {
+    /// Read-write for the owner and every peer.
+    fn set_access_raw(&self, va: u64, size: u64) -> Result<(), DeviceError> {
+        let desc = |id: c_int| CUmemAccessDesc {
+            location: CUmemLocation {
+                type_: CU_MEM_LOCATION_TYPE_DEVICE,
+                id,
+            },
+            flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        let mut descs = vec![desc(self.ordinal)];
+        descs.extend(
+            (0..64)
+                .filter(|d| self.peers & (1 << d) != 0)
+                .map(|d| desc(d as c_int)),
+        );
+        // SAFETY: a range we mapped; `descs.len()` descriptors.
+        ok(unsafe { (self.fns.set_access)(va, size as usize, descs.as_ptr(), descs.len()) })
+    }
+
+    /// New peers (`peers`, a device bit set): grant them access to every page mapped now, in
+    /// runs of contiguous pages inside one reservation (one call per run); later mappings
+    /// include them.
+    pub fn grant_peers(&mut self, peers: u64) -> Result<(), DeviceError> {
+        let peers = peers & !(1 << self.ordinal);
+        if peers & !self.peers == 0 {
+            return Ok(());
+        }
+        self.peers |= peers;
+        let mut run: Option<(u64, u64)> = None;
+        let mut first_err = Ok(());
+        let pages: Vec<u64> = self.mapped.iter().copied().collect();
+        for p in pages {
+            let joins = run.is_some_and(|(s, n)| s + n == p && !self.reservations.contains_key(&p));
+            if joins {
+                if let Some((_, n)) = run.as_mut() {
+                    *n += self.gran;
+                }
+                continue;
+            }
+            if let Some((s, n)) = run.replace((p, self.gran)) {
+                first_err = first_err.and(self.set_access_counted(s, n));
+            }
+        }
+        if let Some((s, n)) = run {
+            first_err = first_err.and(self.set_access_counted(s, n));
+        }
+        first_err
+    }
+
+    fn set_access_counted(&mut self, va: u64, size: u64) -> Result<(), DeviceError> {
+        self.enter();
+        self.calls.set_access += 1;
+        self.set_access_raw(va, size)
+    }
+}
+
+/// The pool is forgotten without releasing its pages (`cudaDeviceReset` destroyed them with
+/// the context): their charges go back. A forked child forgets its pools without dropping
+/// them (the parent's charges are not the child's).
+impl Drop for CudaDevice {
+    fn drop(&mut self) {
+        if self.charged > 0 {
+            (super::cap_view().uncharge_pages)(self.ordinal, self.charged);
+            self.charged = 0;
+        }
+    }
+}
+
+impl Device for CudaDevice {
+    fn granularity(&self) -> u64 {
+        self.gran
+    }
+
+    fn reserve(&mut self, size: u64) -> Result<u64, DeviceError> {
+        self.enter();
+        self.calls.reserve += 1;
+        let mut p: CUdeviceptr = 0;
+        // SAFETY: valid out-pointer.
+        ok(unsafe { (self.fns.reserve)(&mut p, size as usize, self.gran as usize, 0, 0) })?;
+        self.reservations.insert(p, size);
+        Ok(p)
+    }
+
+    fn unreserve(&mut self, va: u64, size: u64) -> Result<(), DeviceError> {
+        self.enter();
+        self.calls.unreserve += 1;
+        // SAFETY: a range returned by reserve.
+        ok(unsafe { (self.fns.unreserve)(va, size as usize) })?;
+        self.reservations.remove(&va);
+        Ok(())
+    }
+
+    fn create(&mut self) -> Result<Handle, DeviceError> {
+        if self.limit.is_some_and(|l| self.held + self.gran > l) {
+            return Err(DeviceError::CapExceeded);
+        }
+        // Charged before it exists, so the device never holds more than the cap allows.
+        if self.charge
+            && !(super::cap_view().charge_page)(
+                self.ordinal,
+                self.gran,
+                Self::cu_stream(self.stream) as usize as u64,
+            )
+        {
+            return Err(DeviceError::CapExceeded);
+        }
+        self.enter();
+        self.calls.create += 1;
+        let prop = Self::prop(self.ordinal);
+        let mut h: CUmemGenericAllocationHandle = 0;
+        // SAFETY: valid out-pointer and property struct.
+        let rc = ok(unsafe { (self.fns.create)(&mut h, self.gran as usize, &prop, 0) });
+        if let Err(e) = rc {
+            if self.charge {
+                (super::cap_view().uncharge_pages)(self.ordinal, self.gran);
+            }
+            return Err(e);
+        }
+        self.held += self.gran;
+        if self.charge {
+            self.charged += self.gran;
+        }
+        Ok(h)
+    }
+
+    fn release(&mut self, handle: Handle) -> Result<(), DeviceError> {
+        self.enter();
+        self.calls.release += 1;
+        // SAFETY: a handle returned by create.
+        ok(unsafe { (self.fns.release)(handle) })?;
+        self.held -= self.gran;
+        if self.charge && self.charged >= self.gran {
+            self.charged -= self.gran;
+            (super::cap_view().uncharge_pages)(self.ordinal, self.gran);
+        }
+        Ok(())
+    }
+
+    fn map(&mut self, va: u64, handle: Handle) -> Result<(), DeviceError> {
+        self.enter();
+        self.calls.map += 1;
+        // SAFETY: va lies in a reservation of ours; handle from create.
+        ok(unsafe { (self.fns.map)(va, self.gran as usize, 0, handle, 0) })?;
+        self.mapped.insert(va);
+        Ok(())
+    }
+
+    fn unmap(&mut self, va: u64, size: u64) -> Result<(), DeviceError> {
+        self.enter();
+        self.calls.unmap += 1;
+        // SAFETY: a range we mapped.
+        ok(unsafe { (self.fns.unmap)(va, size as usize) })?;
+        let gone: Vec<u64> = self.mapped.range(va..va + size).copied().collect();
+        for p in gone {
+            self.mapped.remove(&p);
+        }
+        Ok(())
+    }
+
+    fn set_access(&mut self, va: u64, size: u64) -> Result<(), DeviceError> {
+        self.enter();
+        self.calls.set_access += 1;
+        self.set_access_raw(va, size)
+    }
+
+    fn malloc(&mut self, _size: u64) -> Result<u64, DeviceError> {
+        Err(DeviceError::Unsupported)
+    }
+
+    fn free(&mut self, _ptr: u64) -> Result<(), DeviceError> {
+        Err(DeviceError::Unsupported)
+    }
+
+    fn synchronize(&mut self) -> Result<(), DeviceError> {
+        self.enter();
+        self.calls.synchronize += 1;
+        if self.is_capturing() {
+            return Err(DeviceError::NotPermitted);
+        }
+        // SAFETY: no arguments.
+        ok(unsafe { (self.fns.sync)() })
+    }
+
+    fn is_capturing(&self) -> bool {
+        if let Some(c) = self.capturing.get() {
+            return c;
+        }
+        let c = self.query_capture();
+        self.capturing.set(Some(c));
+        c
+    }
+    fn record_event(&mut self, stream: Stream) -> Result<EventId, DeviceError> {
+        self.enter();
+        self.calls.event_record += 1;
+        let ev = match self.free_events.pop() {
+            Some(e) => e,
+            None => {
+                let mut e: CUevent = std::ptr::null_mut();
+                // SAFETY: valid out-pointer.
+                ok(unsafe { (self.fns.ev_create)(&mut e, CU_EVENT_DISABLE_TIMING) })?;
+                e as usize
+            }
+        };
+        // SAFETY: an event of ours, the caller's stream.
+        let rc = unsafe { (self.fns.ev_record)(ev as CUevent, Self::cu_stream(stream)) };
+        if rc != CUDA_SUCCESS {
+            self.free_events.push(ev);
+            return Err(code(rc));
+        }
+        Ok(ev as EventId)
+    }
+
+    fn event_done(&mut self, event: EventId) -> bool {
+        self.enter();
+        self.calls.event_query += 1;
+        // SAFETY: an event of ours.
+        unsafe { (self.fns.ev_query)(event as usize as CUevent) == CUDA_SUCCESS }
+    }
+
+    fn stream_wait_event(&mut self, stream: Stream, event: EventId) -> Result<(), DeviceError> {
+        self.enter();
+        self.calls.stream_wait += 1;
+        // SAFETY: an event of ours, the caller's stream.
+        ok(unsafe { (self.fns.wait)(Self::cu_stream(stream), event as usize as CUevent, 0) })
+    }
+
+    fn destroy_event(&mut self, event: EventId) {
+        self.calls.event_destroy += 1;
+        if self.free_events.len() < 256 {
+            self.free_events.push(event as usize);
+        } else {
+            self.enter();
+            // SAFETY: an event of ours, no longer referenced.
+            unsafe { (self.fns.ev_destroy)(event as usize as CUevent) };
+        }
+    }
+}

@@ -1,0 +1,716 @@
+//! Pool layer (owner: pool). `VRAMSHIM_POOL=stitch` (default `off`) serves plain device
+//! allocations (`cudaMalloc`, `cuMemAlloc_v2`, `cudaMallocAsync`, `cuMemAllocAsync` and their
+//! `_ptsz` forms) from `vramshim_pool::stitch::Stitch` over the CUDA virtual-memory API
+//! ([`cuda_device::CudaDevice`], one pool per device ordinal, one lock around all of them;
+//! a thread serves its own same-stream reuse of `cudaFreeAsync`d blocks from a small cache
+//! of its own without that lock, see [`tcache`]).
+//!
+//! Semantics (DESIGN.md section 4): `cudaFree`d blocks wait for a synchronization (batched,
+//! the process's own syncs count through [`note_process_sync`]); `cudaFreeAsync(p, s)` blocks
+//! are reusable at once on `s` and on other streams behind an event; requests that are not
+//! stream-ordered (`cudaMalloc`) only get memory a synchronization covers; no synchronizing
+//! call during stream capture; pointers the pool does not own go to the real function; if
+//! the virtual-memory API is missing the layer falls back to pass-through with one warning.
+//! A device refusal (real out-of-memory) makes the pool dissolve its cached blocks and retry
+//! before the process sees `CUDA_ERROR_OUT_OF_MEMORY` / `cudaErrorMemoryAllocation`.
+//!
+//! Cap: the pool's pages are charged to the cap where [`cuda_device::CudaDevice`] creates
+//! them and given back where it releases them (`cap::pages`), and the dispatcher charges the
+//! requests the pool serves nothing more: what the device holds for the pool, cached or live,
+//! counts against the cap. A refused page is refused growth, and the pool dissolves cached
+//! blocks instead (as at a device refusal).
+//!
+//! Tight pool: `VRAMSHIM_POOL=stitch-tight`, or `VRAMSHIM_POOL_BUDGET=RATIO` beside
+//! `stitch`, bounds what the pool keeps cached to a budget over its recent peak of live bytes
+//! and gives idle pages back (`vramshim_pool::stitch::Budget`; see [`budget_setting`]).
+
+pub mod c_stats;
+mod cuda_device;
+mod tcache;
+#[cfg(test)]
+mod tests;
+
+use crate::cuda::types::*;
+use cuda_device::CudaDevice;
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use vramshim_pool::stitch::{Budget, Stitch};
+use vramshim_pool::{ANY_STREAM, DeviceError, FreeMode, Policy, PoolError, Request, Stats};
+use vramshim_trace::{AllocKind, Api};
+
+/// One request as the dispatcher hands it to the pool.
+#[derive(Clone, Copy, Debug)]
+pub struct PoolRequest {
+    pub api: Api,
+    pub kind: AllocKind,
+    pub device: i32,
+    /// Stream the allocation is ordered on (0 = legacy default stream).
+    pub stream: u64,
+    pub size: u64,
+    /// `vramshim_trace::flags` bits (`PER_THREAD_STREAM` for `_ptsz` entry points).
+    pub flags: u8,
+}
+
+/// Pool stream ids at or above this are per-thread default streams: `PTDS_BASE | tid`.
+pub const PTDS_BASE: u64 = 1 << 62;
+const CU_STREAM_LEGACY: u64 = 0x1;
+const CU_STREAM_PER_THREAD: u64 = 0x2;
+
+/// The stream a stream-ordered request is ordered on, as the pool keys its free lists.
+/// Handle 0 means the per-thread default stream when a `_ptsz` entry point was called, and
+/// `CU_STREAM_PER_THREAD` always does: each thread's is a different stream, so two threads
+/// must not share a free list (reuse "on the same stream" would be unordered).
+pub fn pool_stream_id(stream: u64, flags: u8) -> u64 {
+    let per_thread = stream == CU_STREAM_PER_THREAD
+        || (stream == 0 && flags & vramshim_trace::flags::PER_THREAD_STREAM != 0);
+    if per_thread {
+        PTDS_BASE | u64::from(crate::sys::ids::tid())
+    } else if stream == CU_STREAM_LEGACY {
+        0
+    } else {
+        stream
+    }
+}
+
+const UNREAD: u8 = 0;
+const OFF: u8 = 1;
+const ON: u8 = 2;
+/// Configured on, but the virtual-memory API is missing: pass-through.
+const FALLBACK: u8 = 3;
+
+static MODE: AtomicU8 = AtomicU8::new(UNREAD);
+
+/// What the pool asks of the cap about its pages. The cap stands beside the pool, not
+/// below it, so the layer that wires the layers together (`lifecycle`) hands these in at
+/// load; until then, and in a process without a cap, the answers of no cap.
+pub struct CapView {
+    /// Whether each page is charged to the cap as the pool creates it.
+    pub charges_pages: fn() -> bool,
+    /// Charge a page of `bytes` on `device`, for a request ordered on `stream`; false:
+    /// refused.
+    pub charge_page: fn(i32, u64, u64) -> bool,
+    /// Give back `bytes` of pages on `device`.
+    pub uncharge_pages: fn(i32, u64),
+    /// Forget the calling thread's last refused page.
+    pub clear_refusal: fn(),
+    /// What the process may see of a device's memory, given its real total.
+    pub visible_total: fn(i32, u64) -> u64,
+}
+
+static CAP_VIEW: std::sync::OnceLock<CapView> = std::sync::OnceLock::new();
+
+/// Wire in the cap (see [`CapView`]).
+pub fn set_cap_view(v: CapView) {
+    let _ = CAP_VIEW.set(v);
+}
+
+fn cap_view() -> &'static CapView {
+    const NO_CAP: CapView = CapView {
+        charges_pages: || false,
+        charge_page: |_, _, _| true,
+        uncharge_pages: |_, _| {},
+        clear_refusal: || {},
+        visible_total: |_, total| total,
+    };
+    CAP_VIEW.get().unwrap_or(&NO_CAP)
+}
+
+/// The tight pool's budget ratio (`None`: the default stitch), read once.
+static BUDGET_RATIO: std::sync::OnceLock<Option<f64>> = std::sync::OnceLock::new();
+
+/// The budget ratio the pool runs with: `VRAMSHIM_POOL_BUDGET` when set (a bad value: one
+/// warning, then `tight`'s default), else the default budget when `tight`, else none.
+fn budget_setting(tight: bool) -> Option<f64> {
+    let default = tight.then_some(Budget::default().ratio);
+    match crate::config::var("VRAMSHIM_POOL_BUDGET").map(str::trim) {
+        None | Some("") => default,
+        Some(v) => match Budget::parse_ratio(v) {
+            Ok(r) => r,
+            Err(accepted) => {
+                let fallback = Budget::default().ratio;
+                crate::warn!(
+                    "VRAMSHIM_POOL_BUDGET={v:?} is not understood (accepted: {accepted}); the pool keeps {:.0}% over its recent peak",
+                    fallback * 100.0
+                );
+                Some(fallback)
+            }
+        },
+    }
+}
+
+/// The budget the pools are made with (`None`: the default stitch); the first call reads the
+/// variables (and warns once about a bad value).
+fn configured_budget() -> Option<Budget> {
+    let ratio = *BUDGET_RATIO.get_or_init(|| {
+        budget_setting(crate::config::var("VRAMSHIM_POOL").map(str::trim) == Some("stitch-tight"))
+    });
+    ratio.map(|ratio| Budget {
+        ratio,
+        ..Budget::default()
+    })
+}
+
+/// Device ordinals served (others pass through).
+const MAX_DEVICES: usize = 64;
+
+/// Is the pool on? (One relaxed load once the configuration was read.)
+#[inline]
+pub fn enabled() -> bool {
+    match MODE.load(Ordering::Relaxed) {
+        ON => true,
+        UNREAD => read_mode(),
+        _ => false,
+    }
+}
+
+#[cold]
+fn read_mode() -> bool {
+    let m = match crate::config::var("VRAMSHIM_POOL").map(str::trim) {
+        None | Some("") | Some("off") => OFF,
+        Some("stitch") | Some("stitch-tight") => {
+            // read (and judged) now, not at the first allocation
+            let _ = configured_budget();
+            ON
+        }
+        Some(other) => {
+            crate::warn!(
+                "VRAMSHIM_POOL={other:?} is not understood (accepted: stitch, stitch-tight, off); the pool stays off"
+            );
+            OFF
+        }
+    };
+    if m == ON {
+        // per-thread caches of stream-ordered frees: off under the pool's fault switches
+        // (their tests exercise the pool's own rules)
+        match crate::config::var("VRAMSHIM_POOL_DEBUG").map(str::trim) {
+            None | Some("") => {}
+            Some("tcache-any-stream") => {
+                // testing only: break stream order in the thread caches
+                crate::warn!(
+                    "VRAMSHIM_POOL_DEBUG=tcache-any-stream: freed blocks are reused on any stream (testing only)"
+                );
+                tcache::configure(true, true, false);
+            }
+            Some("tcache-no-drain") => {
+                // testing only: the pool never sees the threads' freed blocks
+                crate::warn!(
+                    "VRAMSHIM_POOL_DEBUG=tcache-no-drain: the thread caches are never drained (testing only)"
+                );
+                tcache::configure(true, false, true);
+            }
+            Some(_) => tcache::configure(false, false, false),
+        }
+    }
+    let _ = MODE.compare_exchange(UNREAD, m, Ordering::Relaxed, Ordering::Relaxed);
+    MODE.load(Ordering::Relaxed) == ON
+}
+
+#[cold]
+fn fall_back(why: &str) {
+    if MODE.swap(FALLBACK, Ordering::Relaxed) == ON {
+        crate::warn!("VRAMSHIM_POOL=stitch: {why}; the pool is off (pass-through)");
+    }
+}
+
+struct DevicePool {
+    policy: Stitch,
+    dev: CudaDevice,
+}
+
+struct Pools {
+    devs: Vec<Option<DevicePool>>,
+}
+
+/// A lock that a forked child can reset (the thread holding it in the parent does not exist
+/// in the child).
+struct Lock {
+    locked: AtomicBool,
+    pools: UnsafeCell<Pools>,
+}
+
+// SAFETY: `pools` is only touched while `locked` is held (see `with_pools`).
+unsafe impl Sync for Lock {}
+
+static POOLS: Lock = Lock {
+    locked: AtomicBool::new(false),
+    pools: UnsafeCell::new(Pools { devs: Vec::new() }),
+};
+
+fn with_pools<R>(f: impl FnOnce(&mut Pools) -> R) -> R {
+    let mut spins = 0u32;
+    while POOLS
+        .locked
+        .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+        .is_err()
+    {
+        spins += 1;
+        if spins < 64 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
+    }
+    struct Unlock;
+    impl Drop for Unlock {
+        fn drop(&mut self) {
+            POOLS.locked.store(false, Ordering::Release);
+        }
+    }
+    let _u = Unlock;
+    // SAFETY: exclusive access while the lock is held.
+    f(unsafe { &mut *POOLS.pools.get() })
+}
+
+/// The pool stream for a request, or `None` if the pool does not serve this kind.
+fn pool_stream(req: &PoolRequest) -> Option<u64> {
+    if req.size == 0 || req.device < 0 || req.device as usize >= MAX_DEVICES {
+        return None;
+    }
+    match req.api {
+        Api::CudaMalloc | Api::CuMemAlloc => Some(ANY_STREAM),
+        Api::CudaMallocAsync | Api::CuMemAllocAsync => Some(pool_stream_id(req.stream, req.flags)),
+        _ => None,
+    }
+}
+
+fn is_runtime(api: Api) -> bool {
+    matches!(api, Api::CudaMalloc | Api::CudaMallocAsync)
+}
+
+/// Runtime requests may arrive before the runtime made its primary context current on this
+/// thread (it would do so inside the real call): do what it would do, once per thread, before
+/// the pool's first driver call for such a request ([`CudaDevice`] calls it; a cache hit
+/// makes no driver call and needs no context).
+fn ensure_context_once(device: i32) {
+    thread_local! {
+        static CTX_CHECKED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+    if !CTX_CHECKED.with(|c| c.replace(true)) {
+        ensure_context(device);
+    }
+}
+
+fn ensure_context(device: i32) {
+    let (Some(get), Some(retain), Some(set)) = (
+        crate::cuda::real::cuCtxGetCurrent(),
+        crate::cuda::real::cuDevicePrimaryCtxRetain(),
+        crate::cuda::real::cuCtxSetCurrent(),
+    ) else {
+        return;
+    };
+    let mut cur: CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out-pointers; the primary context is retained for the process lifetime,
+    // as the runtime does.
+    unsafe {
+        if get(&mut cur) == CUDA_SUCCESS && cur.is_null() {
+            let mut ctx: CUcontext = std::ptr::null_mut();
+            if retain(&mut ctx, device) == CUDA_SUCCESS && !ctx.is_null() {
+                set(ctx);
+            }
+        }
+    }
+}
+
+/// Bytes each device's pool holds from the device (its mapped pages), as of the pool's last
+/// decision that could change it: what the trace records, exactly when it changes.
+static HELD: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+/// The most each device's pool ever held (inside one decision it may map pages and release
+/// others).
+static HELD_PEAK: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+
+/// Bytes `device`'s pool holds from the device now and at most so far (0: none, or no pool).
+pub fn held(device: i32) -> (u64, u64) {
+    let Some(d) = usize::try_from(device).ok().filter(|&d| d < MAX_DEVICES) else {
+        return (0, 0);
+    };
+    (
+        HELD[d].load(Ordering::Relaxed),
+        HELD_PEAK[d].load(Ordering::Relaxed),
+    )
+}
+
+fn publish_held(d: usize, p: &DevicePool) {
+    if d < MAX_DEVICES {
+        let s = p.policy.stats();
+        HELD[d].store(s.reserved, Ordering::Relaxed);
+        HELD_PEAK[d].fetch_max(s.peak_reserved, Ordering::Relaxed);
+    }
+}
+
+/// `None`: not for the pool, take the real path. `Some(Ok(ptr))` / `Some(Err(cuda_code))` otherwise.
+pub fn alloc(req: &PoolRequest) -> Option<Result<u64, i32>> {
+    let stream = pool_stream(req)?;
+    if MODE.load(Ordering::Relaxed) != ON {
+        return None;
+    }
+    if stream != ANY_STREAM
+        && let Some(addr) = tcache::take(req.device, req.size, stream)
+    {
+        return Some(Ok(addr));
+    }
+    let r = with_pools(|pools| {
+        let d = req.device as usize;
+        if !matches!(pools.devs.get(d), Some(Some(_))) {
+            create_pool(pools, req)?;
+        }
+        let Some(Some(p)) = pools.devs.get_mut(d) else {
+            return Err("internal error: no pool after its creation".to_string());
+        };
+        if let Some(addr) = p.policy.alloc_cached(req.size, stream) {
+            return Ok(Ok(vramshim_pool::Alloc {
+                addr,
+                size: req.size,
+            }));
+        }
+        // anything but an exact hit: the pool decides with every freed block in view
+        drain_tcaches(pools);
+        let Some(Some(p)) = pools.devs.get_mut(d) else {
+            return Err("internal error: no pool after its creation".to_string());
+        };
+        p.dev.begin(stream, is_runtime(req.api));
+        let r = p.policy.alloc(
+            &mut p.dev,
+            Request {
+                size: req.size,
+                stream,
+            },
+        );
+        publish_held(d, p);
+        Ok(r)
+    });
+    let r = match r {
+        Ok(r) => r,
+        Err(why) => {
+            fall_back(&why);
+            return None;
+        }
+    };
+    match r {
+        Ok(a) => Some(Ok(a.addr)),
+        Err(e) => refused(req, e),
+    }
+}
+
+/// The pool refused `req`: the code the process sees (`None`: pass through after all).
+#[cold]
+#[inline(never)]
+fn refused(req: &PoolRequest, e: PoolError) -> Option<Result<u64, i32>> {
+    crate::debug!("pool: {} bytes on device {}: {e}", req.size, req.device);
+    let code = match e {
+        PoolError::OutOfMemory { .. } => CUDA_ERROR_OUT_OF_MEMORY,
+        PoolError::Device(DeviceError::Unsupported) => {
+            fall_back("the virtual-memory API refused (unsupported)");
+            return None;
+        }
+        _ if is_runtime(req.api) => cudaErrorMemoryAllocation,
+        PoolError::Device(DeviceError::Driver(c)) => c,
+        PoolError::Device(_) => CUDA_ERROR_OUT_OF_MEMORY,
+        PoolError::UnknownPointer(_) => CUDA_ERROR_INVALID_VALUE,
+    };
+    if is_runtime(req.api) && code == cudaErrorMemoryAllocation {
+        runtime_set_last_error_oom();
+    }
+    Some(Err(code))
+}
+
+/// The first request for device `req.device`: make its pool (or say why not).
+#[cold]
+#[inline(never)]
+fn create_pool(pools: &mut Pools, req: &PoolRequest) -> Result<(), String> {
+    let d = req.device as usize;
+    if pools.devs.len() <= d {
+        pools.devs.resize_with(d + 1, || None);
+    }
+    if pools.devs[d].is_none() {
+        if is_runtime(req.api) {
+            ensure_context_once(req.device);
+        }
+        match CudaDevice::new(req.device, peers_of(req.device)) {
+            Ok(dev) => {
+                let mut policy = Stitch::new();
+                if crate::config::var("VRAMSHIM_POOL_DEBUG") == Some("lazy-sync") {
+                    // testing only: the old synchronization choices (looser packing), to
+                    // prove the tightness test can fail
+                    crate::warn!(
+                        "VRAMSHIM_POOL_DEBUG=lazy-sync: the pool packs as before its tightness fix (testing only)"
+                    );
+                    policy.set_faults(vramshim_pool::stitch::Faults {
+                        lazy_sync: true,
+                        ..Default::default()
+                    });
+                }
+                if crate::config::var("VRAMSHIM_POOL_DEBUG") == Some("reuse-early") {
+                    // testing only: break the reuse rules to prove the tests can fail
+                    crate::warn!(
+                        "VRAMSHIM_POOL_DEBUG=reuse-early: the pool reuses freed memory too early (testing only)"
+                    );
+                    policy.set_faults(vramshim_pool::stitch::Faults {
+                        reuse_sync_frees_early: true,
+                        ignore_streams: true,
+                        ..Default::default()
+                    });
+                }
+                if crate::config::var("VRAMSHIM_POOL_DEBUG") == Some("ignore-budget") {
+                    // testing only: grow and cache as if there were no budget, to prove the
+                    // tight pool's test can fail
+                    crate::warn!(
+                        "VRAMSHIM_POOL_DEBUG=ignore-budget: the pool ignores its budget (testing only)"
+                    );
+                    policy.set_faults(vramshim_pool::stitch::Faults {
+                        ignore_budget: true,
+                        ..Default::default()
+                    });
+                }
+                let policy = policy.with_budget(configured_budget());
+                pools.devs[d] = Some(DevicePool { policy, dev });
+                HAS_POOL.fetch_or(1 << d, Ordering::Relaxed);
+            }
+            Err(why) => return Err(why),
+        }
+    }
+    Ok(())
+}
+
+/// The runtime's sticky last error says `cudaErrorMemoryAllocation` after a refused
+/// `cudaMalloc`, and `cudaGetLastError` returns it once: make the real runtime record it, by
+/// asking it for an allocation no device can satisfy (the dispatcher does the same for a cap
+/// refusal). Called with no pool lock held.
+fn runtime_set_last_error_oom() {
+    let Some(f) = crate::cuda::real::cudaMalloc() else {
+        return;
+    };
+    let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer; the size cannot be satisfied.
+    let rc = unsafe { f(&mut p, usize::MAX) };
+    if rc == CUDA_SUCCESS
+        && !p.is_null()
+        && let Some(free) = crate::cuda::real::cudaFree()
+    {
+        // SAFETY: p was just allocated by the runtime.
+        unsafe { free(p) };
+    }
+}
+
+/// Bit `d`: device `d` has a pool (set when made, cleared when reset).
+static HAS_POOL: AtomicU64 = AtomicU64::new(0);
+
+/// Free every block the threads keep into its pool (pool lock held); blocks of a device
+/// whose pool is gone are dropped.
+fn drain_tcaches(pools: &mut Pools) {
+    if !tcache::any() {
+        return;
+    }
+    tcache::drain(|f| {
+        if let Some(Some(p)) = pools.devs.get_mut(f.device as usize) {
+            p.dev.begin(f.stream, false);
+            let _ = p
+                .policy
+                .free(&mut p.dev, f.addr, FreeMode::Async { stream: f.stream });
+        }
+    });
+}
+
+/// `None`: not pool memory, take the real path. `stream` is `Some` for stream-ordered frees.
+/// `pooled`: `(device, requested size)` when the dispatcher's live table says `ptr` is a
+/// live pool block (a stream-ordered free of one may stay with the thread, see `tcache`).
+pub fn free(ptr: u64, stream: Option<u64>, pooled: Option<(i32, u64)>) -> Option<i32> {
+    if MODE.load(Ordering::Relaxed) != ON {
+        return None;
+    }
+    if let (Some(s), Some((device, size))) = (stream, pooled)
+        && (0..MAX_DEVICES as i32).contains(&device)
+        && HAS_POOL.load(Ordering::Relaxed) & (1 << device) != 0
+        && tcache::put(tcache::Freed {
+            device,
+            addr: ptr,
+            size,
+            stream: s,
+        })
+    {
+        return Some(CUDA_SUCCESS);
+    }
+    with_pools(|pools| {
+        let mode = match stream {
+            Some(s) => FreeMode::Async { stream: s },
+            None => FreeMode::Sync,
+        };
+        if pooled.is_none() {
+            // not a live pool block by the live table (an unknown pointer, or one freed
+            // twice): the pool must not take a block a thread keeps as freed for live
+            drain_tcaches(pools);
+        }
+        // `free` answers UnknownPointer for a block it does not own, without touching
+        // anything: one lookup per pool instead of `owns` then `free`
+        for p in pools.devs.iter_mut().flatten() {
+            p.dev.begin(stream.unwrap_or(ANY_STREAM), false);
+            match p.policy.free(&mut p.dev, ptr, mode) {
+                Ok(_) => return Some(CUDA_SUCCESS),
+                Err(PoolError::UnknownPointer(_)) => continue,
+                Err(_) => return Some(CUDA_ERROR_INVALID_VALUE),
+            }
+        }
+        None
+    })
+}
+
+/// Does `addr` lie in memory the pool holds (live or cached)? For refusing legacy IPC
+/// (`cudaIpcGetMemHandle`) and similar unsupported uses of pool memory.
+pub fn owns_address(addr: u64) -> bool {
+    if MODE.load(Ordering::Relaxed) != ON {
+        return false;
+    }
+    with_pools(|pools| pools.devs.iter().flatten().any(|p| p.policy.contains(addr)))
+}
+
+/// `Some(code)`: refuse `cudaIpcGetMemHandle`/`cuIpcGetMemHandle` on `addr`, a pool address
+/// (a legacy IPC handle of a stitched mapping would expose the wrong memory). Warns once.
+pub fn refuse_ipc(addr: u64) -> Option<i32> {
+    if !owns_address(addr) {
+        return None;
+    }
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    if !WARNED.swap(true, Ordering::Relaxed) {
+        crate::warn!(
+            "legacy IPC (cudaIpcGetMemHandle) on memory of VRAMSHIM_POOL=stitch is not supported; \
+             run this process with VRAMSHIM_POOL=off to share its memory"
+        );
+    }
+    Some(CUDA_ERROR_INVALID_VALUE)
+}
+
+/// The process synchronized the whole device itself (`cudaDeviceSynchronize`,
+/// `cuCtxSynchronize`): every pending `cudaFree`d block is reusable.
+pub fn note_process_sync() {
+    if MODE.load(Ordering::Relaxed) != ON {
+        return;
+    }
+    with_pools(|pools| {
+        for p in pools.devs.iter_mut().flatten() {
+            p.policy.note_process_sync();
+        }
+    })
+}
+
+/// Give every cached page back (before a real allocation is retried after an
+/// out-of-memory, or when asked). Returns the bytes released.
+pub fn trim() -> u64 {
+    if MODE.load(Ordering::Relaxed) != ON {
+        return 0;
+    }
+    with_pools(|pools| {
+        drain_tcaches(pools);
+        let mut n = 0;
+        for (d, p) in pools.devs.iter_mut().enumerate() {
+            if let Some(p) = p {
+                p.dev.begin(ANY_STREAM, false);
+                n += p.policy.trim(&mut p.dev).unwrap_or(0);
+                publish_held(d, p);
+            }
+        }
+        n
+    })
+}
+
+/// `cudaDeviceReset` (or a primary-context reset) destroyed `device`'s memory: forget its
+/// pool without driver calls.
+pub fn on_device_reset(device: i32) {
+    if MODE.load(Ordering::Relaxed) != ON || device < 0 {
+        return;
+    }
+    with_pools(|pools| {
+        // the context and its peer grants are gone
+        if let Some(p) = PEERS.get(device as usize) {
+            p.store(0, Ordering::Relaxed);
+        }
+        for p in &PEERS {
+            p.fetch_and(!(1u64 << device.min(63)), Ordering::Relaxed);
+        }
+        // the thread caches' blocks of other devices go back to their pools; this
+        // device's are dropped with its pool
+        if let Some(slot) = pools.devs.get_mut(device as usize)
+            && let Some(p) = slot.take()
+        {
+            HAS_POOL.fetch_and(!(1u64 << device.min(63)), Ordering::Relaxed);
+            drain_tcaches(pools);
+            let mut p = p;
+            p.policy.reset();
+            if let Some(h) = HELD.get(device as usize) {
+                h.store(0, Ordering::Relaxed);
+            }
+        }
+    })
+}
+
+/// `PEERS[o]` bit `a`: the program granted device `a` peer access to device `o`'s memory
+/// (`cudaDeviceEnablePeerAccess`, `cuCtxEnablePeerAccess`). Kept whether or not `o` has a
+/// pool yet, so a pool created later maps for its peers from the start.
+static PEERS: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+
+/// The devices (besides the owner) every mapping of `owner`'s pool must be accessible from.
+fn peers_of(owner: i32) -> u64 {
+    PEERS
+        .get(owner as usize)
+        .map_or(0, |p| p.load(Ordering::Relaxed))
+}
+
+/// Device `accessor` was granted peer access to `owner`'s memory: a pool mapping is virtual
+/// memory, which peer access does not reach (only `cuMemSetAccess` does), so grant it on
+/// every range `owner`'s pool has mapped, and on every future mapping.
+pub fn on_peer_access(owner: i32, accessor: i32) {
+    if MODE.load(Ordering::Relaxed) != ON
+        || owner == accessor
+        || !(0..MAX_DEVICES as i32).contains(&owner)
+        || !(0..64).contains(&accessor)
+    {
+        return;
+    }
+    if crate::config::var("VRAMSHIM_POOL_DEBUG") == Some("no-peer") {
+        // testing only: ignore the grant, to prove the peer-access test can fail
+        crate::warn!("VRAMSHIM_POOL_DEBUG=no-peer: the pool ignores peer access (testing only)");
+        return;
+    }
+    let bit = 1u64 << accessor;
+    if PEERS[owner as usize].fetch_or(bit, Ordering::Relaxed) & bit != 0 {
+        return;
+    }
+    with_pools(|pools| {
+        if let Some(Some(p)) = pools.devs.get_mut(owner as usize)
+            && let Err(e) = p.dev.grant_peers(peers_of(owner))
+        {
+            crate::warn!(
+                "pool: granting device {accessor} access to device {owner}'s pool failed ({e:?}); \
+                 its kernels may not reach pooled memory"
+            );
+        }
+    });
+    crate::debug!("pool: device {accessor} may access device {owner}'s pool");
+}
+
+/// Statistics of `device`'s pool, if it has one.
+pub fn stats(device: i32) -> Option<Stats> {
+    if MODE.load(Ordering::Relaxed) != ON || device < 0 {
+        return None;
+    }
+    with_pools(|pools| {
+        pools
+            .devs
+            .get(device as usize)
+            .and_then(|s| s.as_ref())
+            .map(|p| p.policy.stats())
+    })
+}
+
+/// Called in a forked child before it does anything else: the parent's device memory is
+/// not the child's; forget every pool (no driver call) and reset the lock.
+pub fn on_fork_child() {
+    POOLS.locked.store(false, Ordering::Release);
+    HAS_POOL.store(0, Ordering::Relaxed);
+    tcache::on_fork_child();
+    for p in &PEERS {
+        p.store(0, Ordering::Relaxed);
+    }
+    with_pools(|pools| {
+        let old = std::mem::take(&mut pools.devs);
+        std::mem::forget(old);
+    })
+}

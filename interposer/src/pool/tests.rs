@@ -1,0 +1,765 @@
+//! Integration tests of `VRAMSHIM_POOL=stitch` on cuda-sim (real processes under the preload):
+//! the log-replay workload with pattern checking on every shipped trace, a device too small
+//! for the driver alone, delayed stream "kernels" writing into freed blocks (and the forced
+//! early-reuse variant proving the test can fail, also through the per-thread caches), the
+//! thread caches' blocks serving another thread under the cap, and injected driver faults.
+
+use std::path::PathBuf;
+use vramshim_testkit::{
+    Link, RunOutput, compile_c, interposer_lib, replay_exe, run_with_preload, trace_file,
+};
+
+fn lib() -> PathBuf {
+    let l = interposer_lib();
+    assert!(
+        l.exists(),
+        "{} is not built: cargo build --release -p vramshim-interposer",
+        l.display()
+    );
+    l
+}
+
+fn run(exe: &std::path::Path, args: &[&str], env: &[(&str, &str)], name: &str) -> RunOutput {
+    run_with_preload(exe, args, env, Some(&lib()), name)
+}
+
+fn field(out: &str, key: &str) -> i64 {
+    let k = format!("{key}=");
+    let i = out
+        .rfind(&k)
+        .unwrap_or_else(|| panic!("no {key}= in {out}"));
+    out[i + k.len()..]
+        .split(|c: char| !(c.is_ascii_digit() || c == '-'))
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn replays_every_trace_with_patterns_through_the_pool() {
+    let exe = replay_exe();
+    for t in [
+        "vit_train.rmm.csv",
+        "bert_serve.rmm.csv",
+        "t5_train.rmm.csv",
+    ] {
+        let trace = trace_file(t);
+        let trace = trace.to_str().unwrap();
+        for mode in [None, Some("--async")] {
+            let mut args = vec!["--pattern", "memcpy"];
+            args.extend(mode);
+            args.push(trace);
+            let o = run(
+                &exe,
+                &args,
+                &[("VRAMSHIM_POOL", "stitch"), ("VRAMSHIM_LOG", "debug")],
+                "pool-replay",
+            );
+            assert_eq!(
+                o.code(),
+                Some(0),
+                "{t} {mode:?}: {}\n{}",
+                o.stdout,
+                tail(&o.stderr)
+            );
+            assert_eq!(field(&o.stdout, "mismatches"), 0, "{t}");
+            assert_eq!(field(&o.stdout, "failed"), 0, "{t}");
+            let pooled = o.stderr.lines().filter(|l| l.ends_with("[pool]")).count() as i64;
+            assert_eq!(
+                pooled,
+                2 * field(&o.stdout, "allocs"),
+                "{t}: every alloc and free pooled"
+            );
+        }
+    }
+}
+
+fn tail(s: &str) -> String {
+    let v: Vec<&str> = s.lines().collect();
+    v[v.len().saturating_sub(15)..].join("\n")
+}
+
+#[test]
+fn pool_fits_where_the_driver_alone_does_not() {
+    let exe = replay_exe();
+    let trace = trace_file("vit_train.rmm.csv");
+    let trace = trace.to_str().unwrap();
+    // peak live 160.5 MiB: the driver alone (sub-page packing, whole pages above) needs
+    // about 260 MiB on cuda-sim; the pool needs 172 MiB
+    let env = |pool| {
+        vec![
+            ("VRAMSIM_MEMORY", "180MiB"),
+            ("VRAMSIM_CONTEXT_OVERHEAD", "0"),
+            ("VRAMSHIM_POOL", pool),
+        ]
+    };
+    let o = run(&exe, &["--quiet", trace], &env("stitch"), "pool-tight");
+    assert_eq!(o.code(), Some(0), "{}\n{}", o.stdout, tail(&o.stderr));
+    let o = run(&exe, &["--quiet", trace], &env("off"), "pool-tight-off");
+    assert_eq!(o.code(), Some(2), "{}", o.stdout);
+    assert!(field(&o.stdout, "failed") > 0);
+}
+
+#[test]
+fn delayed_kernels_never_write_into_a_reused_block() {
+    let exe = compile_c(
+        "pool_early_reuse",
+        &["tests/workloads/pool/early_reuse.c"],
+        Link::SharedRuntime,
+    );
+    for mode in ["async", "sync"] {
+        let o = run(
+            &exe,
+            &[mode, "3"],
+            &[("VRAMSHIM_POOL", "stitch")],
+            "pool-early",
+        );
+        assert_eq!(
+            o.code(),
+            Some(0),
+            "{mode}: {}\n{}",
+            o.stdout,
+            tail(&o.stderr)
+        );
+        assert_eq!(field(&o.stdout, "foreign"), 0);
+        if mode == "async" {
+            // cross-stream reuse happens (behind an event), without a foreign byte
+            assert!(field(&o.stdout, "same_address") > 0, "{}", o.stdout);
+        }
+        // the same workload with reuse forced early does see foreign bytes: the test can fail
+        let o = run(
+            &exe,
+            &[mode, "3"],
+            &[
+                ("VRAMSHIM_POOL", "stitch"),
+                ("VRAMSHIM_POOL_DEBUG", "reuse-early"),
+            ],
+            "pool-early-forced",
+        );
+        assert_eq!(
+            o.code(),
+            Some(1),
+            "{mode} forced: {}\n{}",
+            o.stdout,
+            tail(&o.stderr)
+        );
+        assert!(field(&o.stdout, "foreign") > 0);
+        if mode == "async" {
+            // and so does a thread cache that hands a block freed on one stream to a
+            // request on another without ordering: the thread caches keep stream order
+            let o = run(
+                &exe,
+                &[mode, "3"],
+                &[
+                    ("VRAMSHIM_POOL", "stitch"),
+                    ("VRAMSHIM_POOL_DEBUG", "tcache-any-stream"),
+                ],
+                "pool-early-tcache",
+            );
+            assert_eq!(
+                o.code(),
+                Some(1),
+                "tcache-any-stream: {}\n{}",
+                o.stdout,
+                tail(&o.stderr)
+            );
+            assert!(field(&o.stdout, "foreign") > 0);
+        }
+    }
+}
+
+#[test]
+fn injected_driver_faults_fail_cleanly_and_later_requests_succeed() {
+    let exe = compile_c(
+        "pool_faults",
+        &["tests/workloads/pool/faults.c"],
+        Link::SharedRuntime,
+    );
+    for spec in ["cuMemCreate:nth=3", "cuMemMap:nth=4", "cuMemCreate:nth=2"] {
+        let o = run(
+            &exe,
+            &["10"],
+            &[("VRAMSHIM_POOL", "stitch"), ("VRAMSIM_FAIL", spec)],
+            "pool-faults",
+        );
+        assert_eq!(
+            o.code(),
+            Some(0),
+            "{spec}: {}\n{}",
+            o.stdout,
+            tail(&o.stderr)
+        );
+        assert_eq!(field(&o.stdout, "other_errors"), 0, "{spec}");
+        assert_eq!(field(&o.stdout, "mismatches"), 0, "{spec}");
+        assert!(field(&o.stdout, "ok") > 0, "{spec}: {}", o.stdout);
+        if field(&o.stdout, "failed") > 0 {
+            assert!(field(&o.stdout, "recovered") > 0, "{spec}: {}", o.stdout);
+        }
+    }
+}
+
+#[test]
+fn unknown_pool_setting_warns_once_and_passes_through() {
+    let exe = compile_c(
+        "pool_faults",
+        &["tests/workloads/pool/faults.c"],
+        Link::SharedRuntime,
+    );
+    let o = run(&exe, &["2"], &[("VRAMSHIM_POOL", "bogus")], "pool-bogus");
+    assert_eq!(o.code(), Some(0), "{}", o.stderr);
+    assert_eq!(o.stderr.matches("VRAMSHIM_POOL").count(), 1, "{}", o.stderr);
+}
+
+#[test]
+fn cached_pages_stay_under_the_cap() {
+    // vit: peak live 160.5 MiB; the pool caches up to ~230 MiB when nothing limits it. Under
+    // VRAMSHIM_CAP=172MiB its physical growth stops at the cap and it dissolves cached blocks
+    // instead: the replay completes with every pattern intact (the cap charges live bytes,
+    // the pool never refuses below them).
+    let exe = replay_exe();
+    let trace = trace_file("vit_train.rmm.csv");
+    let o = run(
+        &exe,
+        &["--quiet", "--pattern", "memcpy", trace.to_str().unwrap()],
+        &[
+            ("VRAMSHIM_POOL", "stitch"),
+            ("VRAMSHIM_CAP", "172MiB"),
+            ("VRAMSIM_MEMORY", "1GiB"),
+            ("VRAMSIM_CONTEXT_OVERHEAD", "0"),
+        ],
+        "pool-cap",
+    );
+    assert_eq!(o.code(), Some(0), "{}\n{}", o.stdout, tail(&o.stderr));
+    assert_eq!(field(&o.stdout, "mismatches"), 0);
+}
+
+/// Two threads' per-thread default streams are different streams: if they shared one free
+/// list, a block freed on thread A's stream could be reused at once on thread B's while A's
+/// work still uses it.
+#[test]
+fn per_thread_default_streams_get_their_own_pool_stream() {
+    use vramshim_trace::flags::PER_THREAD_STREAM;
+    let here = super::pool_stream_id(0, PER_THREAD_STREAM);
+    assert_eq!(
+        here,
+        super::pool_stream_id(0x2, 0),
+        "CU_STREAM_PER_THREAD is this thread's"
+    );
+    let there = std::thread::spawn(|| super::pool_stream_id(0, PER_THREAD_STREAM))
+        .join()
+        .unwrap();
+    assert_ne!(here, there);
+    assert_ne!(here, 0);
+    assert_eq!(
+        super::pool_stream_id(0, 0),
+        0,
+        "handle 0 without _ptsz is the legacy stream"
+    );
+    assert_eq!(
+        super::pool_stream_id(0x1, 0),
+        0,
+        "CU_STREAM_LEGACY is the legacy stream"
+    );
+    assert_eq!(super::pool_stream_id(0xdead0, PER_THREAD_STREAM), 0xdead0);
+}
+
+/// Peak live bytes of a shipped log (the physical limit), as the pool crate computes it.
+fn peak_live(trace: &std::path::Path) -> u64 {
+    let t = vramshim_pool::rmm_csv::parse_file(trace).unwrap();
+    vramshim_pool::replay::peak_live(&t.events)
+}
+
+/// The number after `"key":` in a JSON text (the first occurrence), as a string.
+fn json_value(text: &str, key: &str) -> Option<String> {
+    let k = format!("\"{key}\"");
+    let i = text.find(&k)? + k.len();
+    let rest = text[i..].trim_start_matches([' ', ':', '[', '"']);
+    Some(
+        rest.chars()
+            .take_while(|c| *c != '"' && *c != ',' && *c != ']' && *c != '}')
+            .collect::<String>()
+            .trim()
+            .to_string(),
+    )
+}
+
+/// The simulated device's own high-water mark of device 0 (every page the pool created),
+/// read with vramsim-smi; the device is removed afterwards.
+fn sim_high_water(name: &str) -> u64 {
+    let smi = vramshim_testkit::profile_dir().join("vramsim-smi");
+    assert!(
+        smi.exists(),
+        "{} is not built: cargo build --release -p vramsim-smi",
+        smi.display()
+    );
+    let o = std::process::Command::new(&smi).arg(name).output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    if let Some(f) = json_value(&out, "file") {
+        let _ = std::fs::remove_file(f);
+    }
+    json_value(&out, "high_water")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("vramsim-smi {name}: no high_water in {out}"))
+}
+
+/// The log-replay workload pooled (under `cap`, context excluded, as `vramshim demo` runs
+/// it): the run and the device's high-water mark.
+fn pooled_run(
+    trace: &std::path::Path,
+    cap: Option<u64>,
+    env: &[(&str, &str)],
+    args: &[&str],
+) -> (RunOutput, u64) {
+    let exe = replay_exe();
+    let mut c = vramshim_testkit::sim_command(&exe, "pool-cap");
+    let name = c
+        .get_envs()
+        .find(|(k, _)| *k == "VRAMSIM_NAME")
+        .and_then(|(_, v)| v)
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    c.args(args)
+        .arg(trace)
+        .env("VRAMSHIM_POOL", "stitch")
+        .env("VRAMSHIM_CAP_CONTEXT", "exclude")
+        .env("VRAMSIM_CONTEXT_OVERHEAD", "0");
+    if let Some(cap) = cap {
+        c.env("VRAMSHIM_CAP", cap.to_string());
+    }
+    c.envs(env.iter().copied());
+    vramshim_testkit::preload(&mut c, &lib());
+    let o = vramshim_testkit::run(&mut c);
+    let hw = sim_high_water(&name);
+    (o, hw)
+}
+
+fn pooled_under_cap(trace: &str, cap: u64, debug: Option<&str>) -> (RunOutput, u64) {
+    let env: Vec<(&str, &str)> = debug
+        .map(|d| ("VRAMSHIM_POOL_DEBUG", d))
+        .into_iter()
+        .collect();
+    pooled_run(
+        &trace_file(trace),
+        Some(cap),
+        &env,
+        &["--pattern", "memcpy", "--stop-on-failure", "--quiet"],
+    )
+}
+
+#[test]
+fn live_pool_completes_every_trace_under_a_cap_5_percent_above_peak_live() {
+    // The cap bounds the pool's physical pages (the device's own high-water mark shows it)
+    // and the live bytes; 1.05 x peak live is issue 6's tightness target, met live.
+    for t in [
+        "vit_train.rmm.csv",
+        "bert_serve.rmm.csv",
+        "t5_train.rmm.csv",
+    ] {
+        let live = peak_live(&trace_file(t));
+        let cap = live + live / 20;
+        let (o, hw) = pooled_under_cap(t, cap, None);
+        assert_eq!(
+            o.code(),
+            Some(0),
+            "{t}: refused under cap {cap} (peak live {live}): {}\n{}",
+            o.stdout,
+            tail(&o.stderr)
+        );
+        assert_eq!(field(&o.stdout, "mismatches"), 0, "{t}");
+        assert!(
+            hw <= cap && hw >= live,
+            "{t}: device high water {hw} B, cap {cap} B, peak live {live} B"
+        );
+        eprintln!(
+            "{t}: completed under 1.05 x peak live; pool pages peak at {:.4} x peak live",
+            hw as f64 / live as f64
+        );
+    }
+    // the old synchronization choices (a cudaFree'd twin waits while the request is placed
+    // elsewhere) scatter vit's blocks over shared pages: refused at the same cap
+    let t = "vit_train.rmm.csv";
+    let live = peak_live(&trace_file(t));
+    let (o, _) = pooled_under_cap(t, live + live / 20, Some("lazy-sync"));
+    assert_eq!(o.code(), Some(2), "{t} lazy-sync: {}", o.stdout);
+    assert!(field(&o.stdout, "failed") > 0);
+}
+
+/// Memory-management driver calls in the simulated driver's call log (VRAMSIM_DEBUG=1).
+fn sim_memory_calls(stderr: &str) -> u64 {
+    const MEM: [&str; 7] = [
+        "cuMemAddressReserve",
+        "cuMemAddressFree",
+        "cuMemCreate",
+        "cuMemRelease",
+        "cuMemMap",
+        "cuMemUnmap",
+        "cuMemSetAccess",
+    ];
+    stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("vramsim: "))
+        .filter_map(|l| l.split_once(" -> ").map(|(n, _)| n))
+        .filter(|n| MEM.contains(n) || n.starts_with("cuMemAlloc") || n.starts_with("cuMemFree"))
+        .filter(|n| !n.contains("Host"))
+        .count() as u64
+}
+
+#[test]
+fn vramshim_replay_agrees_with_the_live_pool_on_every_shared_trace() {
+    // issue 7's proof: `vramshim replay --pool stitch` (the pool crate on its accounting
+    // device) and the interposer's pool on cuda-sim, fed the same log (the log-replay
+    // workload's cudaMalloc/cudaFree), reserve the same peak (within one page) and make the
+    // same driver calls, with no cap and under a cap 5% above peak live.
+    let vramshim = vramshim_testkit::profile_dir().join("vramshim");
+    assert!(
+        vramshim.exists(),
+        "{} is not built: cargo build --release -p vramshim-analyzer",
+        vramshim.display()
+    );
+    const PAGE: u64 = 2 << 20;
+    for trace in vramshim_testkit::shipped_traces() {
+        let name = trace.file_name().unwrap().to_string_lossy().into_owned();
+        let live = peak_live(&trace);
+        for cap in [None, Some(live + live / 20)] {
+            let mut cmd = std::process::Command::new(&vramshim);
+            cmd.args(["replay", "--pool", "stitch", "--json"])
+                .env("VRAMSHIM_NO_PROGRESS", "1");
+            if let Some(c) = cap {
+                cmd.args(["--cap", &c.to_string()]);
+            }
+            let out = cmd.arg(&trace).output().unwrap();
+            let json = String::from_utf8_lossy(&out.stdout);
+            assert!(out.status.success(), "{name}: {json}");
+            let policies = &json[json.find("\"policies\"").unwrap()..];
+            let model: u64 = json_value(policies, "peak_reserved")
+                .unwrap()
+                .parse()
+                .unwrap();
+            let model_calls: u64 = json_value(policies, "driver_calls")
+                .unwrap()
+                .parse()
+                .unwrap();
+            assert_eq!(json_value(policies, "completed").as_deref(), Some("true"));
+            let (o, hw) = pooled_run(&trace, cap, &[("VRAMSIM_DEBUG", "1")], &["--quiet"]);
+            assert_eq!(o.code(), Some(0), "{name} cap {cap:?}: {}", o.stdout);
+            let calls = sim_memory_calls(&o.stderr);
+            eprintln!(
+                "{name} cap {cap:?}: peak reserved replay {model} B, live {hw} B; driver calls replay {model_calls}, live {calls}"
+            );
+            assert!(
+                model.abs_diff(hw) <= PAGE,
+                "{name} cap {cap:?}: replay reserves {model} B at its peak, the live pool {hw} B"
+            );
+            assert_eq!(model_calls, calls, "{name} cap {cap:?}: driver calls");
+        }
+    }
+}
+
+/// Memory driver calls of the log-replay workload pooled with `--repeat passes` (a loop).
+fn driver_calls_repeated(trace: &std::path::Path, passes: u32, debug: Option<&str>) -> u64 {
+    let mut env = vec![("VRAMSIM_DEBUG", "1")];
+    env.extend(debug.map(|d| ("VRAMSHIM_POOL_DEBUG", d)));
+    let n = passes.to_string();
+    let (o, _) = pooled_run(trace, None, &env, &["--quiet", "--repeat", &n]);
+    assert_eq!(o.code(), Some(0), "{}: {}", trace.display(), o.stdout);
+    sim_memory_calls(&o.stderr)
+}
+
+#[test]
+fn live_pool_makes_no_driver_call_after_the_first_pass() {
+    // issue 6's steady state, live: a log replayed three times in a row (cudaMalloc and
+    // cudaFree, each pass freeing what it left) makes every driver call in its first pass
+    for trace in vramshim_testkit::shipped_traces() {
+        let one = driver_calls_repeated(&trace, 1, None);
+        let three = driver_calls_repeated(&trace, 3, None);
+        eprintln!(
+            "{}: driver calls 1 pass {one}, 3 passes {three}",
+            trace.display()
+        );
+        assert!(one > 0);
+        assert_eq!(
+            one,
+            three,
+            "{}: driver calls after the first pass",
+            trace.display()
+        );
+    }
+    // the old synchronization choices re-pack t5's blocks in every pass
+    let t5 = trace_file("t5_train.rmm.csv");
+    let one = driver_calls_repeated(&t5, 1, Some("lazy-sync"));
+    let three = driver_calls_repeated(&t5, 3, Some("lazy-sync"));
+    assert!(three > one, "lazy-sync: {one} then {three}");
+}
+
+#[test]
+fn a_pool_refusal_sets_the_runtime_last_error_once() {
+    // 1 GiB on a 256 MiB device: the cap (none) admits it, the pool's pages are refused by
+    // the device; the process must see it as CUDA reports an out-of-memory
+    let exe = compile_c(
+        "pool_oom_error",
+        &["tests/workloads/pool/oom_error.c"],
+        Link::SharedRuntime,
+    );
+    let o = run(
+        &exe,
+        &["1073741824"],
+        &[
+            ("VRAMSHIM_POOL", "stitch"),
+            ("VRAMSIM_MEMORY", "256MiB"),
+            ("VRAMSHIM_LOG", "debug"),
+        ],
+        "pool-oom-error",
+    );
+    assert!(
+        o.stderr.contains("[pool]") || o.stderr.contains("pool:"),
+        "the pool must have served the requests: {}",
+        tail(&o.stderr)
+    );
+    assert_eq!(o.code(), Some(0), "{}\n{}", o.stdout, tail(&o.stderr));
+}
+
+/// Peer access granted by the program reaches pool memory mapped before and after the grant
+/// (through `cudaDeviceEnablePeerAccess` and through `cuCtxEnablePeerAccess` from the
+/// entry-point table); without the pool the sim enforces the same rule on cuMemAlloc memory,
+/// and with the pool's grant switched off (`VRAMSHIM_POOL_DEBUG=no-peer`) the test fails.
+#[test]
+fn peer_access_applies_to_pool_mappings() {
+    let exe = compile_c(
+        "pool_peer_access",
+        &["tests/workloads/pool/peer_access.c"],
+        Link::SharedRuntime,
+    );
+    for path in ["runtime", "driver"] {
+        for (pool, debug, expect) in [("off", "", 0), ("stitch", "", 0), ("stitch", "no-peer", 1)] {
+            let o = run(
+                &exe,
+                &[path],
+                &[
+                    ("VRAMSIM_DEVICES", "2"),
+                    ("VRAMSHIM_POOL", pool),
+                    ("VRAMSHIM_POOL_DEBUG", debug),
+                    ("VRAMSHIM_LOG", "debug"),
+                ],
+                "pool-peer-access",
+            );
+            let what = format!("{path} pool={pool} debug={debug:?}");
+            if pool == "stitch" {
+                assert!(
+                    o.stderr.contains("[pool]"),
+                    "{what}: the pool must have served the requests: {}",
+                    tail(&o.stderr)
+                );
+            }
+            assert!(
+                o.stdout.contains("before=1 "),
+                "{what}: device 1 reached device 0's memory without peer access: {}",
+                o.stdout
+            );
+            assert_eq!(
+                o.code(),
+                Some(expect),
+                "{what}: {}\n{}",
+                o.stdout,
+                tail(&o.stderr)
+            );
+        }
+    }
+}
+
+#[test]
+fn blocks_a_thread_keeps_serve_other_threads_under_the_cap() {
+    // a helper thread frees 48 MiB with cudaFreeAsync (its thread cache keeps some of those
+    // blocks, live to the pool) and waits; the main thread's 40 MiB cudaMalloc under a 64 MiB
+    // cap fits only in the helper's freed pages: the pool must drain the thread caches
+    let exe = vramshim_testkit::temp_dir("pool_tcache_drain").join("pool_tcache_drain");
+    vramshim_testkit::compile_c_to(
+        &exe,
+        &["tests/workloads/pool/tcache_drain.c"],
+        Link::SharedRuntime,
+        &["-lpthread"],
+    );
+    let env = |debug: Option<&'static str>| {
+        let mut e = vec![
+            ("VRAMSHIM_POOL", "stitch"),
+            ("VRAMSHIM_CAP", "64MiB"),
+            ("VRAMSHIM_CAP_CONTEXT", "exclude"),
+            ("VRAMSIM_MEMORY", "1GiB"),
+            ("VRAMSIM_CONTEXT_OVERHEAD", "0"),
+        ];
+        if let Some(d) = debug {
+            e.push(("VRAMSHIM_POOL_DEBUG", d));
+        }
+        e
+    };
+    let o = run(&exe, &[], &env(None), "pool-tcache-drain");
+    assert_eq!(o.code(), Some(0), "{}\n{}", o.stdout, tail(&o.stderr));
+    // the same with the caches never drained is refused: the test can fail
+    let o = run(
+        &exe,
+        &[],
+        &env(Some("tcache-no-drain")),
+        "pool-tcache-no-drain",
+    );
+    assert_eq!(o.code(), Some(1), "{}\n{}", o.stdout, tail(&o.stderr));
+}
+
+#[test]
+fn pool_budget_values_parse_as_documented() {
+    let parse = vramshim_pool::stitch::Budget::parse_ratio;
+    assert_eq!(parse("0.05"), Ok(Some(0.05)));
+    assert_eq!(parse(" 5% "), Ok(Some(0.05)));
+    assert_eq!(parse("0"), Ok(Some(0.0)));
+    assert_eq!(parse("OFF"), Ok(None));
+    for bad in ["", "-0.1", "nan", "inf", "5%%", "five", "0.05x", "%"] {
+        let e = parse(bad).unwrap_err();
+        assert!(e.contains("0.05") && e.contains("5%"), "{bad:?}: {e}");
+    }
+}
+
+/// The tight pool under the interposer: each shared trace replayed with its patterns checked
+/// on a device far larger than it needs, and the device's own high-water mark (every page the
+/// pool held at once) within 1.10 x the trace's peak live bytes, where the default stitch
+/// keeps up to 3.5 x (bert). `VRAMSHIM_POOL=stitch-tight` and `VRAMSHIM_POOL_BUDGET` beside
+/// `stitch` are the same pool; with the budget ignored (`VRAMSHIM_POOL_DEBUG=ignore-budget`)
+/// bert's high water is far above the bound: the test can fail.
+#[test]
+fn tight_pool_keeps_reserved_near_live_on_every_trace() {
+    let bound = |live: u64| live + live / 10;
+    let args = ["--pattern", "memcpy", "--stop-on-failure", "--quiet"];
+    let device = [("VRAMSIM_MEMORY", "8GiB")];
+    for trace in vramshim_testkit::shipped_traces() {
+        let name = trace.file_name().unwrap().to_string_lossy().into_owned();
+        let live = peak_live(&trace);
+        let settings: [&[(&str, &str)]; 2] = [
+            &[("VRAMSHIM_POOL", "stitch-tight")],
+            &[("VRAMSHIM_POOL_BUDGET", "5%")],
+        ];
+        for (i, env) in settings.iter().enumerate() {
+            let mut e = device.to_vec();
+            e.extend_from_slice(env);
+            let mut a = args.to_vec();
+            if i == 1 {
+                a.push("--async");
+            }
+            let (o, hw) = pooled_run(&trace, None, &e, &a);
+            assert_eq!(
+                o.code(),
+                Some(0),
+                "{name} {env:?}: {}\n{}",
+                o.stdout,
+                tail(&o.stderr)
+            );
+            assert_eq!(field(&o.stdout, "mismatches"), 0, "{name}");
+            eprintln!(
+                "{name} {env:?} {a:?}: high water {:.3} x peak live",
+                hw as f64 / live as f64
+            );
+            assert!(
+                hw >= live && hw <= bound(live),
+                "{name} {env:?}: device high water {hw} B, peak live {live} B"
+            );
+        }
+    }
+    let t = trace_file("bert_serve.rmm.csv");
+    let live = peak_live(&t);
+    let (o, hw) = pooled_run(
+        &t,
+        None,
+        &[
+            ("VRAMSIM_MEMORY", "8GiB"),
+            ("VRAMSHIM_POOL", "stitch-tight"),
+            ("VRAMSHIM_POOL_DEBUG", "ignore-budget"),
+        ],
+        &args,
+    );
+    assert_eq!(o.code(), Some(0), "{}", o.stdout);
+    assert!(
+        hw > bound(live),
+        "ignore-budget: high water {hw} B within the bound of peak live {live} B"
+    );
+}
+
+#[test]
+fn a_bad_pool_budget_warns_once_and_keeps_the_default_budget() {
+    let t = trace_file("bert_serve.rmm.csv");
+    let live = peak_live(&t);
+    let (o, hw) = pooled_run(
+        &t,
+        None,
+        &[("VRAMSIM_MEMORY", "8GiB"), ("VRAMSHIM_POOL_BUDGET", "lots")],
+        &["--quiet"],
+    );
+    assert_eq!(o.code(), Some(0), "{}\n{}", o.stdout, tail(&o.stderr));
+    let lines: Vec<&str> = o
+        .stderr
+        .lines()
+        .filter(|l| l.contains("VRAMSHIM_POOL_BUDGET"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{}", o.stderr);
+    assert!(
+        lines[0].contains("0.05") && lines[0].contains("5%"),
+        "{}",
+        lines[0]
+    );
+    assert!(
+        hw <= live + live / 10,
+        "high water {hw} B, peak live {live} B"
+    );
+}
+
+/// The pool's own statistics, read by the program (`vramshim_pool_stats` and
+/// `vramshim_pool_stat`, found with `dlsym`) and written at exit (`pools` in
+/// `VRAMSHIM_STATS`): with three blocks live the pool holds at least their bytes and at most
+/// its budget, every field by name agrees with the array, an unknown name is -1; once they are
+/// freed nothing is live and their bytes are cached or pending. Without the pool the functions
+/// answer "no pool".
+#[test]
+fn pool_statistics_are_readable_in_process_and_at_exit() {
+    let dir = vramshim_testkit::temp_dir("pool_stats");
+    let exe = dir.join("pool_stats");
+    vramshim_testkit::compile_c_to(
+        &exe,
+        &["tests/workloads/pool/pool_stats.c"],
+        Link::SharedRuntime,
+        &["-ldl"],
+    );
+    let json = dir.join("stats.json");
+    let _ = std::fs::remove_file(&json);
+    let o = run(
+        &exe,
+        &[],
+        &[
+            ("VRAMSHIM_POOL", "stitch-tight"),
+            ("VRAMSHIM_STATS", json.to_str().unwrap()),
+        ],
+        "pool-stats",
+    );
+    assert_eq!(o.code(), Some(0), "{}\n{}", o.stdout, tail(&o.stderr));
+    let line = |stage: &str| {
+        o.stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("pool_stats {stage} ")))
+            .unwrap_or_else(|| panic!("no {stage} line in {}", o.stdout))
+            .to_string()
+    };
+    let blocks = (5 << 20) + (3 << 20) + 512 + (7 << 20);
+    let l = line("live");
+    assert_eq!(field(&l, " n"), 16, "{l}");
+    assert_eq!(field(&l, " live"), blocks, "{l}");
+    let reserved = field(&l, " reserved");
+    assert!(reserved >= blocks && reserved <= field(&l, "budget"), "{l}");
+    assert_eq!(field(&l, "byname_reserved"), reserved, "{l}");
+    assert_eq!(field(&l, "unknown"), -1, "{l}");
+    let l = line("freed");
+    assert_eq!(field(&l, " live"), 0, "{l}");
+    assert_eq!(field(&l, "cached") + field(&l, "pending"), blocks, "{l}");
+    let j = std::fs::read_to_string(&json).unwrap();
+    assert!(j.contains("\"pools\":{\"0\":{\"reserved\":"), "{j}");
+    assert!(j.contains("\"budget\":"), "{j}");
+    // the pool off: the functions are there and say so
+    let o = run(&exe, &[], &[("VRAMSHIM_POOL", "off")], "pool-stats-off");
+    assert_eq!(o.code(), Some(0), "{}\n{}", o.stdout, tail(&o.stderr));
+    assert!(o.stdout.contains("pool_stats: no pool"), "{}", o.stdout);
+}

@@ -1,0 +1,60 @@
+//! Cheap identities: the caller's kernel thread id (cached per thread) and the monotonic
+//! clock in nanoseconds (`clock_gettime(CLOCK_MONOTONIC)`, served by the vDSO).
+
+/// Kernel thread id of the caller (`gettid`), cached after the first call on each thread in
+/// the hooks' thread state (`guard`: initial-exec TLS, no `__tls_get_addr`, no destructor,
+/// valid during thread exit too).
+#[inline]
+pub fn tid() -> u32 {
+    let st = crate::sys::thread::state();
+    let v = st.tid.get();
+    if v != 0 {
+        return v;
+    }
+    tid_slow(st)
+}
+
+#[cold]
+fn tid_slow(st: &crate::sys::thread::State) -> u32 {
+    // SAFETY: gettid has no preconditions.
+    let v = unsafe { libc::gettid() } as u32;
+    st.tid.set(v);
+    v
+}
+
+/// Monotonic time in nanoseconds (`CLOCK_MONOTONIC`).
+#[inline]
+pub fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
+
+/// Process id (not cached: cheap, and correct after fork).
+#[inline]
+pub fn pid() -> u32 {
+    // SAFETY: getpid has no preconditions.
+    unsafe { libc::getpid() as u32 }
+}
+
+/// Forget the cached thread id (the forking thread has a new tid in the child).
+pub(crate) fn on_fork_child() {
+    crate::sys::thread::state().tid.set(0);
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn tid_is_stable_and_clock_moves() {
+        assert_eq!(super::tid(), super::tid());
+        let a = super::now_ns();
+        let b = super::now_ns();
+        assert!(b >= a && a > 0);
+    }
+}
