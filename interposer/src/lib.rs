@@ -1,51 +1,30 @@
-//! libvramshim.so. Layers, outermost first (RMM adaptor style: each does one thing and calls
-//! the one below): hooks decode a C call into a `Request`; the dispatcher runs it through the
-//! cap, the pool, or the real function; the tracer records the outcome.
+//! libvramshim.so, in layers that each import only from the layers below them (RMM adaptor
+//! style: each does one thing and calls the one below), bottom first:
 //!
-//! Shared infrastructure for every layer: [`env`] (configuration read once at load),
-//! [`log`] (`warn!`/`info!`/`debug!` to stderr without allocation), [`real`] (the real CUDA
-//! functions), [`ids`] (thread id, monotonic clock), [`counters`] and [`live_table`]
-//! (what the process holds), [`stats`] (reading them from tests).
+//! * [`config`]: the `VRAMSHIM_*` environment read once, and the cached layer switches;
+//! * [`sys`]: thread state and re-entry, ids and clock, memory barriers, the log;
+//! * [`cuda`]: ABI types, the real CUDA and NVML functions, the decoded request;
+//! * [`cap`], [`pool`], [`tracer`], [`state`] (live tables, counters): side by side, none
+//!   importing another;
+//! * [`pipeline`]: one request through the cap, the pool or the real function, recorded in
+//!   the state and handed to the tracer;
+//! * [`hooks`]: the exported C entry points, decoding calls for the pipeline;
+//! * [`lifecycle`]: the constructor, and what each layer does at fork and at exit.
+//!
+//! `tests/layering.rs` checks the order on every `crate::` path of every module.
 
-pub mod env;
-pub mod ffi_types;
-pub mod ids;
+pub mod config;
 #[macro_use]
-pub mod log;
-pub mod real;
-
-pub mod counters;
-pub mod dispatch;
-pub mod guard;
-pub mod hooks;
-pub mod live_table;
-pub mod membarrier;
-pub mod request;
-pub mod stats;
+pub mod sys;
+pub mod cuda;
 
 pub mod cap;
-pub mod pooling;
+pub mod pool;
+pub mod state;
 pub mod tracer;
 
-mod init;
+pub mod pipeline;
 
-/// Everything a forked child resets before it does anything else (atfork child handler):
-/// the child's own memory starts empty.
-fn fork_child_hooks() {
-    guard::on_fork_child();
-    live_table::ALLOCS.reset_leak();
-    live_table::HANDLES.reset_leak();
-    counters::reset();
-    hooks::context::on_fork_child();
-    hooks::mempool::on_fork_child();
-    cap::on_fork_child();
-    pooling::on_fork_child();
-    tracer::on_fork_child();
-}
+pub mod hooks;
 
-/// Process exit (atexit handler).
-fn at_exit_hooks() {
-    stats::on_exit();
-    hooks::context::record_startup_failure();
-    tracer::on_exit();
-}
+mod lifecycle;

@@ -388,7 +388,7 @@ fn short_timing_column_is_a_corrupt_record_not_a_panic() {
     );
 }
 
-/// The pool's statistics record (tag 20) reads back as written, and a reader that does not
+/// The pool's statistics record (tag 23) reads back as written, and a reader that does not
 /// know its tag (every reader before it) skips it whole and reads on with the same times (the
 /// record carries its time in full, so skipping it leaves the delta state as the writer's).
 #[test]
@@ -411,7 +411,7 @@ fn pool_stats_records_round_trip_and_are_skipped_by_older_readers() {
         e.push(&stats);
         e.push(&lost);
         let (mut raw, st) = e.take();
-        assert_eq!(raw[start], 20, "PoolStats is tag 20");
+        assert_eq!(raw[start], 23, "PoolStats is tag 23");
         if unknown {
             // as a reader that predates the record sees it: a tag it does not know
             raw[start] = 250;

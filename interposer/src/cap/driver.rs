@@ -4,11 +4,11 @@
 
 use std::ffi::c_int;
 
-use crate::ffi_types::{
+use crate::cuda::real;
+use crate::cuda::types::{
     CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
     CUDA_ERROR_NOT_INITIALIZED, CUDA_SUCCESS, CUstream,
 };
-use crate::real;
 
 type PfnCuInit = unsafe extern "C" fn(u32) -> c_int;
 type PfnCuDeviceGetCount = unsafe extern "C" fn(*mut c_int) -> c_int;
@@ -133,7 +133,7 @@ pub fn process_used(device: i32) -> Option<u64> {
     if unsafe { init() } != 0 {
         return None;
     }
-    let dev = crate::hooks::context::nvml_handle(device)?;
+    let dev = crate::cuda::nvml::handle(device)?;
     // As many entries as the device has processes (a machine can run hundreds): NVML says
     // how many when the buffer is too small.
     const INSUFFICIENT_SIZE: i32 = 7;
@@ -202,7 +202,7 @@ pub fn settle_pools(device: i32, stream: u64) -> Option<u64> {
         return None;
     }
     let mut cached = 0u64;
-    for pool in crate::hooks::mempool::pools_of(device) {
+    for pool in crate::cuda::mempools::pools_of(device) {
         // SAFETY: a pool handle the driver gave; a stale one answers an error, skipped.
         if unsafe { trim(pool, 0) } != CUDA_SUCCESS {
             continue;

@@ -1169,7 +1169,7 @@ fn build_global() -> Option<Cap> {
     // Lossy: a value that is not UTF-8 is then reported as not valid (with the accepted
     // forms) instead of reading as unset.
     let (settings, lines) = config::parse(
-        &|k| crate::env::raw(k).map(|v| String::from_utf8_lossy(v).into_owned()),
+        &|k| crate::config::raw(k).map(|v| String::from_utf8_lossy(v).into_owned()),
         uid,
     );
     for l in &lines {

@@ -9,12 +9,13 @@
 //! depth-guarded: the runtime creates its context inside our outer `cudaMalloc`. The CUDA
 //! device is found in NVML by its PCI bus id (falling back to the same index).
 
-use crate::ffi_types::*;
-use crate::{cap, real};
-use std::ffi::{c_char, c_int, c_uint};
+use crate::cap;
+use crate::cuda::types::*;
+use crate::cuda::{nvml, real};
+use std::ffi::{c_int, c_uint};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
-const MAX: usize = crate::counters::MAX_DEVICES;
+const MAX: usize = crate::cuda::MAX_DEVICES;
 /// This process has a context on the device (as far as we saw).
 static PRESENT: [AtomicBool; MAX] = [const { AtomicBool::new(false) }; MAX];
 /// Primary-context retains minus releases we saw, per device.
@@ -22,46 +23,6 @@ static REFS: [AtomicI64; MAX] = [const { AtomicI64::new(0) }; MAX];
 
 fn idx(dev: CUdevice) -> Option<usize> {
     (dev >= 0 && (dev as usize) < MAX).then_some(dev as usize)
-}
-
-/// NVML's handle for CUDA device `dev`: by PCI bus id (what CUDA and NVML agree on whatever
-/// the enumeration order and `CUDA_VISIBLE_DEVICES`), else by index. NVML initialized.
-pub(crate) fn nvml_handle(dev: CUdevice) -> Option<nvmlDevice_t> {
-    let mut h: nvmlDevice_t = std::ptr::null_mut();
-    if let (Some(bus), Some(by_bus)) = (
-        real::cuDeviceGetPCIBusId(),
-        real::nvmlDeviceGetHandleByPciBusId_v2(),
-    ) {
-        let mut id = [0 as c_char; 64];
-        // SAFETY: id holds 64 bytes; h is a valid out-pointer.
-        unsafe {
-            if bus(id.as_mut_ptr(), id.len() as c_int, dev) == CUDA_SUCCESS
-                && by_bus(id.as_ptr(), &mut h) == NVML_SUCCESS
-            {
-                return Some(h);
-            }
-        }
-    }
-    let by_index = real::nvmlDeviceGetHandleByIndex_v2()?;
-    // SAFETY: h is a valid out-pointer.
-    (unsafe { by_index(dev as c_uint, &mut h) } == NVML_SUCCESS).then_some(h)
-}
-
-/// The device's free memory as NVML reports it (no context needed).
-fn nvml_free(dev: CUdevice) -> Option<u64> {
-    let init = real::nvmlInit_v2()?;
-    let shutdown = real::nvmlShutdown()?;
-    let info = real::nvmlDeviceGetMemoryInfo()?;
-    // SAFETY: plain NVML calls with valid out-pointers; init/shutdown are balanced.
-    unsafe {
-        if init() != NVML_SUCCESS {
-            return None;
-        }
-        let mut m = nvmlMemory_t::default();
-        let ok = nvml_handle(dev).is_some_and(|h| info(h, &mut m) == NVML_SUCCESS);
-        shutdown();
-        ok.then_some(m.free)
-    }
 }
 
 /// At exit, when tracing is on and the process loaded the driver: if the driver's start-up
@@ -105,13 +66,13 @@ fn creating(name: &str, dev: CUdevice, create: impl FnOnce() -> c_int) -> c_int 
         return rc;
     };
     let first = !PRESENT[i].load(Ordering::Acquire) && cap::global().is_some();
-    let before = if first { nvml_free(dev) } else { None };
+    let before = if first { nvml::free_bytes(dev) } else { None };
     let rc = create();
     if rc != CUDA_SUCCESS {
         crate::tracer::call_failed(name, dev, rc);
     }
     if rc == CUDA_SUCCESS && !PRESENT[i].swap(true, Ordering::AcqRel) {
-        let after = before.and_then(|_| nvml_free(dev));
+        let after = before.and_then(|_| nvml::free_bytes(dev));
         match (before, after) {
             (Some(b), Some(a)) => {
                 crate::debug!(
@@ -152,7 +113,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUd
     let Some(f) = real::cuDevicePrimaryCtxRetain() else {
         return super::NO_DRIVER;
     };
-    crate::dispatch::run_unguarded("cuDevicePrimaryCtxRetain", CUDA_ERROR_UNKNOWN, || {
+    crate::pipeline::run_unguarded("cuDevicePrimaryCtxRetain", CUDA_ERROR_UNKNOWN, || {
         // SAFETY: forwarding the caller's arguments unchanged.
         let rc = creating("cuDevicePrimaryCtxRetain", dev, || unsafe { f(pctx, dev) });
         if rc == CUDA_SUCCESS
@@ -171,7 +132,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> c_int {
     let Some(f) = real::cuDevicePrimaryCtxRelease_v2() else {
         return super::NO_DRIVER;
     };
-    crate::dispatch::run_unguarded("cuDevicePrimaryCtxRelease_v2", CUDA_ERROR_UNKNOWN, || {
+    crate::pipeline::run_unguarded("cuDevicePrimaryCtxRelease_v2", CUDA_ERROR_UNKNOWN, || {
         // SAFETY: forwarding the caller's arguments unchanged.
         let rc = unsafe { f(dev) };
         if rc == CUDA_SUCCESS
@@ -191,12 +152,12 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> c_int {
     let Some(f) = real::cuDevicePrimaryCtxReset_v2() else {
         return super::NO_DRIVER;
     };
-    crate::dispatch::run_unguarded("cuDevicePrimaryCtxReset_v2", CUDA_ERROR_UNKNOWN, || {
+    crate::pipeline::run_unguarded("cuDevicePrimaryCtxReset_v2", CUDA_ERROR_UNKNOWN, || {
         // SAFETY: forwarding the caller's arguments unchanged.
         let rc = unsafe { f(dev) };
         if rc == CUDA_SUCCESS {
             // Everything the primary context held is gone.
-            crate::dispatch::device_reset(dev);
+            crate::pipeline::device_reset(dev);
             super::pool_glue::on_device_reset(dev);
             destroyed(dev);
         }
@@ -217,7 +178,7 @@ pub unsafe extern "C" fn cuCtxCreate_v2(
     };
     // The new context becomes current: the runtime device may change.
     super::current::forget();
-    let rc = crate::dispatch::run_unguarded("cuCtxCreate_v2", CUDA_ERROR_UNKNOWN, || {
+    let rc = crate::pipeline::run_unguarded("cuCtxCreate_v2", CUDA_ERROR_UNKNOWN, || {
         // SAFETY: forwarding the caller's arguments unchanged.
         creating("cuCtxCreate", dev, || unsafe { f(pctx, flags, dev) })
     });
@@ -258,10 +219,10 @@ pub unsafe extern "C" fn cuCtxEnablePeerAccess(peer: CUcontext, flags: c_uint) -
     let Some(f) = real::cuCtxEnablePeerAccess() else {
         return super::NO_DRIVER;
     };
-    crate::dispatch::run_unguarded("cuCtxEnablePeerAccess", CUDA_ERROR_UNKNOWN, || {
+    crate::pipeline::run_unguarded("cuCtxEnablePeerAccess", CUDA_ERROR_UNKNOWN, || {
         // SAFETY: forwarding the caller's arguments unchanged.
         let rc = unsafe { f(peer, flags) };
-        if (rc == CUDA_SUCCESS || rc == PEER_ACCESS_ALREADY_ENABLED) && crate::pooling::enabled() {
+        if (rc == CUDA_SUCCESS || rc == PEER_ACCESS_ALREADY_ENABLED) && crate::pool::enabled() {
             let mut me: CUdevice = -1;
             let accessor = real::cuCtxGetDevice()
                 // SAFETY: valid out-pointer.
@@ -284,11 +245,11 @@ pub unsafe extern "C" fn cudaDeviceEnablePeerAccess(peer_device: c_int, flags: c
     let Some(f) = real::cudaDeviceEnablePeerAccess() else {
         return super::NO_RUNTIME;
     };
-    crate::dispatch::run_unguarded("cudaDeviceEnablePeerAccess", cudaErrorUnknown, || {
+    crate::pipeline::run_unguarded("cudaDeviceEnablePeerAccess", cudaErrorUnknown, || {
         // SAFETY: forwarding the caller's arguments unchanged.
         let rc = unsafe { f(peer_device, flags) };
         if (rc == CUDA_SUCCESS || rc == PEER_ACCESS_ALREADY_ENABLED)
-            && crate::pooling::enabled()
+            && crate::pool::enabled()
             && let Some(me) = real::current_runtime_device()
         {
             super::pool_glue::on_peer_access(peer_device, me);

@@ -14,14 +14,14 @@
 //! device on every request. Context changes go through the driver's exported functions or
 //! through `cuGetProcAddress` / `cudaGetDriverEntryPoint`, which hand out these hooks.
 
-use crate::ffi_types::*;
-use crate::real;
+use crate::cuda::real;
+use crate::cuda::types::*;
 use std::ffi::c_int;
 
 /// The runtime's current device for the calling thread, or -1.
 #[inline(always)]
 pub(crate) fn rt_device() -> i32 {
-    let c = &crate::guard::state().rt_device;
+    let c = &crate::sys::thread::state().rt_device;
     match c.get() {
         0 => ask(c),
         d => d - 1,
@@ -45,13 +45,13 @@ pub(crate) fn forget() {
     if fault_stale() {
         return;
     }
-    crate::guard::state().rt_device.set(0);
+    crate::sys::thread::state().rt_device.set(0);
 }
 
 /// Test-only switch (`VRAMSHIM_DEVICE_FAULT=stale`): never forget, so allocations after a
 /// device switch are charged to the old device (the device-switch test must catch it).
 fn fault_stale() -> bool {
-    matches!(crate::env::var("VRAMSHIM_DEVICE_FAULT"), Some("stale"))
+    matches!(crate::config::var("VRAMSHIM_DEVICE_FAULT"), Some("stale"))
 }
 
 /// Pass a call that may change the current device on, forgetting the device around it.

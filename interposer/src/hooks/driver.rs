@@ -7,8 +7,8 @@ use super::{
     NO_DRIVER, alloc_hook, async_alloc_hook, async_free_hook, drv_device, free_hook, read_ptr,
     read_u64, req, variant, write_ptr, write_u64,
 };
-use crate::ffi_types::*;
-use crate::real;
+use crate::cuda::real;
+use crate::cuda::types::*;
 use std::ffi::{c_int, c_uint, c_void};
 use vramshim_trace::{AllocKind, Api};
 
@@ -17,7 +17,7 @@ use vramshim_trace::{AllocKind, Api};
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> c_int {
     // Reached by the runtime's cudaMalloc through our lookup hooks: straight to the driver.
-    if let Some(f) = crate::guard::nested_real(real::known::cuMemAlloc_v2) {
+    if let Some(f) = crate::sys::thread::nested_real(real::known::cuMemAlloc_v2) {
         // SAFETY: forwarding the caller's arguments unchanged.
         return unsafe { f(dptr, size) };
     }
@@ -43,7 +43,7 @@ fn mem_alloc(dptr: *mut CUdeviceptr, size: usize) -> c_int {
 /// C ABI: `cuMemFree_v2`'s contract.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> c_int {
-    if let Some(f) = crate::guard::nested_real(real::known::cuMemFree_v2) {
+    if let Some(f) = crate::sys::thread::nested_real(real::known::cuMemFree_v2) {
         // SAFETY: forwarding the caller's arguments unchanged.
         return unsafe { f(dptr) };
     }
@@ -219,7 +219,7 @@ fn alloc_from_pool(
             real::cuMemAllocFromPoolAsync_ptsz,
         ),
         Api::CuMemAllocFromPoolAsync,
-        || super::mempool::device_of(pool).unwrap_or_else(drv_device),
+        || crate::cuda::mempools::device_of(pool).unwrap_or_else(drv_device),
         s as u64,
         size,
         false, // the process chose a specific pool

@@ -13,9 +13,9 @@
 //! `cudaMalloc` and its lookups must still be substituted.
 
 use super::{HOOKS, Hook, NO_DRIVER, NO_RUNTIME, by_name, is_our_hook, is_our_prefix};
-use crate::dispatch::run_unguarded;
-use crate::ffi_types::*;
-use crate::real;
+use crate::cuda::real;
+use crate::cuda::types::*;
+use crate::pipeline::run_unguarded;
 use std::ffi::{CStr, c_char, c_int, c_uint, c_ulonglong, c_void};
 
 // ------------------------------------------------------------------------------ dlsym
@@ -43,7 +43,7 @@ extern "C" fn dlsym_decide(handle: *mut c_void, symbol: *const c_char) -> usize 
         if found == 0 {
             return 0; // absent: glibc says so (and sets dlerror)
         }
-        if found != h.addr.0 as usize {
+        if !is_our_hook(found) {
             h.slot.record(found);
         }
         crate::debug!(
@@ -83,7 +83,7 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
         "2:",
         "ret",
         decide = sym dlsym_decide,
-        real = sym crate::real::REAL_DLSYM,
+        real = sym crate::cuda::real::REAL_DLSYM,
     )
 }
 

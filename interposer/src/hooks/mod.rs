@@ -12,13 +12,14 @@ mod pool_glue;
 pub mod process;
 pub mod runtime;
 pub mod sync;
+pub mod torch;
 pub mod vmm;
 
-use crate::dispatch::{self, FreeRequest, Layer, RealResult, run_hook};
-use crate::ffi_types::*;
-use crate::live_table::LiveTable;
-use crate::real::{self, Slot};
-use crate::request::Request;
+use crate::cuda::real::{self, Slot};
+use crate::cuda::request::Request;
+use crate::cuda::types::*;
+use crate::pipeline::{self, FreeRequest, Layer, RealResult, run_hook};
+use crate::state::live_table::LiveTable;
 use std::ffi::{CStr, c_int};
 use vramshim_trace::{AllocKind, Api, flags};
 
@@ -201,7 +202,7 @@ pub(crate) fn alloc_hook<F: Copy>(
         name,
         missing,
         slot,
-        &crate::live_table::ALLOCS,
+        &crate::state::live_table::ALLOCS,
         make_req,
         pool_ok,
         call,
@@ -227,24 +228,24 @@ pub(crate) fn alloc_hook_in<F: Copy>(
     let Some(f) = slot() else {
         return no_real(name, missing);
     };
-    dispatch::run_hook_with(
+    pipeline::run_hook_with(
         name,
         CUDA_ERROR_UNKNOWN,
         (call, make_req, read, write_pool),
         move |(call, ..)| call(f),
         move |tok, (call, make_req, read, write_pool)| {
-            let mode = dispatch::mode();
+            let mode = pipeline::mode();
             if mode.pass_through() {
                 let req = make_req();
                 let rc = call(f);
-                dispatch::alloc_passed(tok, &req, table, rc, read);
+                pipeline::alloc_passed(tok, &req, table, rc, read);
                 return rc;
             }
             if mode.light() {
                 // The request is built inside (out of line), where its constant fields fold.
                 // `move`: a closure borrowing `call` and `f` made every request (pass-through
                 // too) store them on the stack before the mode check.
-                return dispatch::alloc_light(tok, make_req, table, mode, move || call(f), read);
+                return pipeline::alloc_light(tok, make_req, table, mode, move || call(f), read);
             }
             alloc_layered(
                 tok, mode, f, table, make_req, pool_ok, call, read, write_pool,
@@ -260,8 +261,8 @@ pub(crate) fn alloc_hook_in<F: Copy>(
 #[allow(clippy::too_many_arguments)]
 #[inline(never)]
 fn alloc_layered<F: Copy>(
-    tok: &crate::guard::Token,
-    mode: dispatch::Mode,
+    tok: &crate::sys::thread::Token,
+    mode: pipeline::Mode,
     f: F,
     table: &'static LiveTable,
     make_req: impl FnOnce() -> Request,
@@ -271,7 +272,7 @@ fn alloc_layered<F: Copy>(
     write_pool: impl FnOnce(u64),
 ) -> c_int {
     let req = make_req();
-    let out = dispatch::alloc(tok, &req, table, pool_ok, mode, || {
+    let out = pipeline::alloc(tok, &req, table, pool_ok, mode, || {
         let rc = call(f);
         let (addr, size) = if rc == 0 { read() } else { (0, req.size) };
         RealResult { rc, addr, size }
@@ -299,7 +300,7 @@ pub(crate) fn free_hook<F: Copy>(
         name,
         missing,
         slot,
-        &crate::live_table::ALLOCS,
+        &crate::state::live_table::ALLOCS,
         api,
         key,
         stream,
@@ -325,18 +326,18 @@ pub(crate) fn free_hook_in<F: Copy>(
     let Some(f) = slot() else {
         return no_real(name, missing);
     };
-    dispatch::run_hook_with(
+    pipeline::run_hook_with(
         name,
         CUDA_ERROR_UNKNOWN,
         call,
         move |call| call(f),
         move |tok, call| {
-            let mode = dispatch::mode();
+            let mode = pipeline::mode();
             if key != 0 && mode.pass_through() {
-                return dispatch::free_passed(tok, api, key, table, move || call(f));
+                return pipeline::free_passed(tok, api, key, table, move || call(f));
             }
             if key != 0 && mode.light() {
-                return dispatch::free_light(
+                return pipeline::free_light(
                     tok,
                     api,
                     key,
@@ -357,8 +358,8 @@ pub(crate) fn free_hook_in<F: Copy>(
 #[allow(clippy::too_many_arguments)]
 #[inline(never)]
 fn free_layered<F: Copy>(
-    tok: &crate::guard::Token,
-    mode: dispatch::Mode,
+    tok: &crate::sys::thread::Token,
+    mode: pipeline::Mode,
     f: F,
     table: &'static LiveTable,
     api: Api,
@@ -373,7 +374,7 @@ fn free_layered<F: Copy>(
         stream,
         flags,
     };
-    dispatch::free(tok, &req, table, mode, || call(f))
+    pipeline::free(tok, &req, table, mode, || call(f))
 }
 
 // ------------------------------------------------------------------------ hook table
@@ -518,7 +519,7 @@ pub(crate) fn meminfo_hook(
     total: *mut usize,
 ) -> c_int {
     run_hook(name, panic_code, &real_query, |tok| {
-        dispatch::meminfo(
+        pipeline::meminfo(
             tok,
             api,
             device,
@@ -546,7 +547,7 @@ pub(crate) fn total_mem_hook(
     total: *mut usize,
 ) -> c_int {
     run_hook(name, panic_code, &real_query, |tok| {
-        dispatch::meminfo(
+        pipeline::meminfo(
             tok,
             api,
             || Some(device),

@@ -3,37 +3,12 @@
 //! `dlsym` hook (dlopen + dlsym, which is what pynvml and nvidia-smi do). NVML is never
 //! linked: the real functions come from the already-loaded `libnvidia-ml.so.1`.
 
-use crate::dispatch::run_hook;
-use crate::ffi_types::*;
-use crate::{cap, dispatch, real};
-use std::ffi::{c_int, c_uint};
+use crate::cuda::real;
+use crate::cuda::types::*;
+use crate::pipeline::run_hook;
+use crate::{cap, pipeline};
+use std::ffi::c_int;
 use vramshim_trace::Api;
-
-/// The CUDA ordinal of an NVML device handle. NVML indexes every physical device; CUDA
-/// ordinals number the devices visible to this process (`CUDA_VISIBLE_DEVICES`), in CUDA's
-/// order: the two agree on PCI bus ids, so the answer is the CUDA device whose bus id names
-/// this handle (None: a device this process cannot use, answered unadjusted). Only when the
-/// driver cannot tell (not initialized yet: nothing is charged anywhere) is NVML's own index
-/// taken.
-fn cuda_ordinal_of(device: nvmlDevice_t) -> Option<i32> {
-    if let Some(count) = real::cuDeviceGetCount() {
-        let mut n: c_int = 0;
-        // SAFETY: n is a valid out-pointer.
-        if unsafe { count(&mut n) } == CUDA_SUCCESS {
-            let max = crate::counters::MAX_DEVICES as c_int;
-            return (0..n.min(max)).find(|&d| super::context::nvml_handle(d) == Some(device));
-        }
-    }
-    nvml_index(device)
-}
-
-fn nvml_index(device: nvmlDevice_t) -> Option<i32> {
-    let f = real::nvmlDeviceGetIndex()?;
-    let mut i: c_uint = 0;
-    // SAFETY: i is a valid out-pointer; device is the caller's handle.
-    let rc = unsafe { f(device, &mut i) };
-    (rc == NVML_SUCCESS).then_some(i as i32)
-}
 
 /// # Safety
 /// C ABI: `nvmlDeviceGetMemoryInfo`'s contract.
@@ -52,10 +27,10 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
         || unsafe { f(device, mem) },
         |tok| {
             let used_real = std::cell::Cell::new(0u64);
-            dispatch::meminfo(
+            pipeline::meminfo(
                 tok,
                 Api::NvmlDeviceGetMemoryInfo,
-                || cuda_ordinal_of(device),
+                || crate::cuda::nvml::cuda_ordinal_of(device),
                 || {
                     // SAFETY: forwarding the caller's arguments unchanged.
                     let rc = unsafe { f(device, mem) };
@@ -98,10 +73,10 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
         // SAFETY: forwarding the caller's arguments unchanged.
         || unsafe { f(device, mem) },
         |tok| {
-            dispatch::meminfo(
+            pipeline::meminfo(
                 tok,
                 Api::NvmlDeviceGetMemoryInfoV2,
-                || cuda_ordinal_of(device),
+                || crate::cuda::nvml::cuda_ordinal_of(device),
                 || {
                     // SAFETY: forwarding the caller's arguments unchanged.
                     let rc = unsafe { f(device, mem) };

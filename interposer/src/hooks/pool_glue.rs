@@ -5,23 +5,23 @@
 /// The process synchronized the whole device itself.
 #[inline]
 pub(crate) fn note_process_sync() {
-    crate::pooling::note_process_sync();
+    crate::pool::note_process_sync();
 }
 
 /// `Some(code)`: refuse legacy IPC on this address (pool memory).
 #[inline]
 pub(crate) fn refuse_ipc(addr: u64) -> Option<i32> {
-    crate::pooling::refuse_ipc(addr)
+    crate::pool::refuse_ipc(addr)
 }
 
 /// Everything `device`'s context held is gone.
 #[inline]
 pub(crate) fn on_device_reset(device: i32) {
-    crate::pooling::on_device_reset(device);
+    crate::pool::on_device_reset(device);
 }
 
 /// Device `accessor` was granted peer access to `owner`'s memory.
 #[inline]
 pub(crate) fn on_peer_access(owner: i32, accessor: i32) {
-    crate::pooling::on_peer_access(owner, accessor);
+    crate::pool::on_peer_access(owner, accessor);
 }

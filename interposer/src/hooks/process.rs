@@ -10,7 +10,8 @@
 
 use std::ffi::c_int;
 
-use crate::{real, tracer};
+use crate::cuda::real;
+use crate::tracer;
 use vramshim_trace::Event;
 
 type ForkFn = unsafe extern "C" fn() -> libc::pid_t;

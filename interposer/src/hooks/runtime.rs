@@ -6,9 +6,9 @@ use super::{
     NO_RUNTIME, alloc_hook, async_alloc_hook, async_free_hook, free_hook, read_ptr, req, rt_device,
     variant, write_ptr,
 };
-use crate::dispatch::{self, run_hook};
-use crate::ffi_types::*;
-use crate::real;
+use crate::cuda::real;
+use crate::cuda::types::*;
+use crate::pipeline::{self, run_hook};
 use std::ffi::{c_int, c_uint, c_void};
 use vramshim_trace::{AllocKind, Api};
 
@@ -135,7 +135,7 @@ fn malloc_from_pool(
             real::cudaMallocFromPoolAsync_ptsz,
         ),
         Api::CudaMallocFromPoolAsync,
-        || super::mempool::device_of(pool).unwrap_or_else(rt_device),
+        || crate::cuda::mempools::device_of(pool).unwrap_or_else(rt_device),
         stream as u64,
         size,
         false, // the process chose a specific pool
@@ -363,14 +363,14 @@ pub unsafe extern "C" fn cudaDeviceReset() -> c_int {
         // SAFETY: no arguments.
         || unsafe { f() },
         |tok| {
-            crate::counters::call_in(tok, Api::CudaDeviceReset);
+            crate::state::counters::call_in(tok, Api::CudaDeviceReset);
             let dev = real::current_runtime_device();
             // SAFETY: no arguments.
             let rc = unsafe { f() };
             if rc == 0
                 && let Some(d) = dev
             {
-                dispatch::device_reset(d);
+                pipeline::device_reset(d);
                 super::pool_glue::on_device_reset(d);
                 super::context::destroyed(d);
             }

@@ -1,15 +1,17 @@
 //! Synchronization and IPC: what the pool needs to see (a device-wide synchronization the
-//! process makes itself releases every pending `cudaFree`d block: `pooling::note_process_sync`;
-//! legacy IPC on pool memory is refused with a clear error: `pooling::refuse_ipc`) and what the
+//! process makes itself releases every pending `cudaFree`d block: `pool::note_process_sync`;
+//! legacy IPC on pool memory is refused with a clear error: `pool::refuse_ipc`) and what the
 //! trace records (`Sync` events of the process: device, stream, event).
 //!
 //! Depth-guarded like allocations: `cudaDeviceSynchronize` reaching our `cuCtxSynchronize`
 //! is one synchronization.
 
 use super::NO_DRIVER;
-use crate::dispatch::run_hook;
-use crate::ffi_types::*;
-use crate::{ids, pooling, real, tracer};
+use crate::cuda::real;
+use crate::cuda::types::*;
+use crate::pipeline::run_hook;
+use crate::sys::ids;
+use crate::{pool, tracer};
 use std::ffi::{c_int, c_void};
 use vramshim_trace::{Event, SyncKind};
 
@@ -25,7 +27,7 @@ fn sync(
         let traced = tracer::enabled();
         let t0 = traced.then(tracer::stamp);
         let rc = f();
-        if rc == CUDA_SUCCESS && device_wide && pooling::enabled() {
+        if rc == CUDA_SUCCESS && device_wide && pool::enabled() {
             super::pool_glue::note_process_sync();
         }
         crate::debug!("{name} stream={stream:#x} -> {rc}");
@@ -142,7 +144,7 @@ fn ipc(
     // SAFETY: forwarding the caller's arguments unchanged.
     let call = || unsafe { f(handle, ptr) };
     run_hook(name, CUDA_ERROR_UNKNOWN, call, |_| {
-        if pooling::enabled()
+        if pool::enabled()
             && let Some(code) = super::pool_glue::refuse_ipc(ptr)
         {
             crate::debug!("{name} addr={ptr:#x} -> {code} [pool refused]");

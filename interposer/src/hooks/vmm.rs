@@ -5,10 +5,10 @@
 //! mapped many times.
 
 use super::{NO_DRIVER, alloc_hook_in, free_hook_in, read_u64};
-use crate::ffi_types::*;
-use crate::live_table::HANDLES;
-use crate::real;
-use crate::request::Request;
+use crate::cuda::real;
+use crate::cuda::request::Request;
+use crate::cuda::types::*;
+use crate::state::live_table::HANDLES;
 use std::ffi::{c_int, c_ulonglong};
 use vramshim_trace::{AllocKind, Api};
 

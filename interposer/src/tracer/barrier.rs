@@ -28,7 +28,7 @@ pub fn init() {
     if available() || super::config_var("VRAMSHIM_TRACE_LOCKS").is_some_and(|v| v.trim() == "1") {
         return;
     }
-    if crate::membarrier::available() {
+    if crate::sys::membarrier::available() {
         AVAILABLE.store(true, Ordering::Release);
     }
 }
@@ -43,11 +43,11 @@ pub fn light() {
 /// The writer's side: a full barrier on every running thread of the process. False when the
 /// kernel refused (then the writer must not rely on the protocol).
 pub fn heavy() -> bool {
-    crate::membarrier::all_threads()
+    crate::sys::membarrier::all_threads()
 }
 
 /// Forked child: a new address space, not registered.
 pub fn on_fork_child() {
     AVAILABLE.store(false, Ordering::Relaxed);
-    crate::membarrier::on_fork_child();
+    crate::sys::membarrier::on_fork_child();
 }

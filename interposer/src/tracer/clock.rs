@@ -455,9 +455,9 @@ pub fn init() {
         return;
     }
     let want_mono =
-        crate::env::var("VRAMSHIM_TRACE_CLOCK").is_some_and(|v| v.trim() == "monotonic");
+        crate::config::var("VRAMSHIM_TRACE_CLOCK").is_some_and(|v| v.trim() == "monotonic");
     FAULT_DRIFT.store(
-        crate::env::var("VRAMSHIM_TRACE_CLOCK_FAULT").is_some_and(|v| v.trim() == "drift"),
+        crate::config::var("VRAMSHIM_TRACE_CLOCK_FAULT").is_some_and(|v| v.trim() == "drift"),
         Ordering::Relaxed,
     );
     let mode = if !want_mono && tsc_usable() && calibrate() {
@@ -532,7 +532,7 @@ pub fn on_fork_child() {
 
 #[inline]
 fn mono_ns() -> u64 {
-    crate::ids::now_ns()
+    crate::sys::ids::now_ns()
 }
 
 #[cfg(target_arch = "x86_64")]

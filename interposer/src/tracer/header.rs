@@ -74,7 +74,7 @@ pub fn expand(pattern: &str, pid: u32, wall_ns: u64, forked_child: bool) -> Stri
 pub fn build(wall: u64, mono: u64) -> Header {
     Header {
         format_version: FORMAT_VERSION,
-        pid: crate::ids::pid(),
+        pid: crate::sys::ids::pid(),
         // SAFETY: getppid has no preconditions.
         ppid: unsafe { libc::getppid() } as u32,
         host: host(),
@@ -83,7 +83,7 @@ pub fn build(wall: u64, mono: u64) -> Header {
         start_mono_ns: mono,
         devices: devices(),
         // The environment in force, and which clock the timestamps come from.
-        config: crate::env::all()
+        config: crate::config::all()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .chain([("trace.clock".to_string(), super::clock::name().to_string())])
             .collect(),
@@ -98,18 +98,18 @@ type CuDeviceGetUuid = unsafe extern "C" fn(*mut [u8; 16], c_int) -> c_int;
 /// Devices, from the real driver, only if the process already loaded and initialised it
 /// (empty otherwise; the writer retries and emits `Device` records later).
 pub fn devices() -> Vec<DeviceInfo> {
-    if crate::real::libcuda_if_loaded().is_null() {
+    if crate::cuda::real::libcuda_if_loaded().is_null() {
         return Vec::new();
     }
-    let count = crate::real::driver_symbol(c"cuDeviceGetCount");
-    let get = crate::real::driver_symbol(c"cuDeviceGet");
-    let name = crate::real::driver_symbol(c"cuDeviceGetName");
+    let count = crate::cuda::real::driver_symbol(c"cuDeviceGetCount");
+    let get = crate::cuda::real::driver_symbol(c"cuDeviceGet");
+    let name = crate::cuda::real::driver_symbol(c"cuDeviceGetName");
     // `_v2` gives a MIG instance its own UUID; plain `cuDeviceGetUuid` the parent GPU's.
-    let uuid = match crate::real::driver_symbol(c"cuDeviceGetUuid_v2") {
-        0 => crate::real::driver_symbol(c"cuDeviceGetUuid"),
+    let uuid = match crate::cuda::real::driver_symbol(c"cuDeviceGetUuid_v2") {
+        0 => crate::cuda::real::driver_symbol(c"cuDeviceGetUuid"),
         a => a,
     };
-    let Some(total) = crate::real::cuDeviceTotalMem_v2() else {
+    let Some(total) = crate::cuda::real::cuDeviceTotalMem_v2() else {
         return Vec::new();
     };
     if count == 0 || get == 0 || name == 0 {

@@ -42,10 +42,12 @@
 
 mod barrier;
 mod clock;
+mod elf_syms;
 mod header;
 mod modules;
 mod slots;
 mod stacks;
+pub mod torch;
 mod writer;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -62,13 +64,42 @@ static ENABLED: AtomicBool = AtomicBool::new(false);
 /// Frames per call stack (0 = no stacks).
 static STACK_DEPTH: AtomicU32 = AtomicU32::new(0);
 
+/// What the writer reads of the layers beside this one for its per-device `Counter`
+/// records. Set at load by the layer that wires the others together (`lifecycle`), as this
+/// layer imports neither the pool nor the cap; until then, no pool and no cap.
+pub struct DeviceView {
+    /// Bytes the pool holds from the device (`None`: no pool serves it).
+    pub pool_reserved: fn(i32) -> Option<u64>,
+    /// The pool's figures for `PoolStats` records: reserved, live, cached, pending, budget,
+    /// releases (`None`: no pool serves the device).
+    pub pool_stats: fn(i32) -> Option<[u64; 6]>,
+    /// The device's cap, given its real total (0: not capped).
+    pub cap: fn(i32, u64) -> u64,
+}
+
+static DEVICE_VIEW: std::sync::OnceLock<DeviceView> = std::sync::OnceLock::new();
+
+/// Wire in the pool's and the cap's view of each device (see [`DeviceView`]).
+pub fn set_device_view(v: DeviceView) {
+    let _ = DEVICE_VIEW.set(v);
+}
+
+fn device_view() -> &'static DeviceView {
+    const NONE: DeviceView = DeviceView {
+        pool_reserved: |_| None,
+        pool_stats: |_| None,
+        cap: |_, _| 0,
+    };
+    DEVICE_VIEW.get().unwrap_or(&NONE)
+}
+
 /// One relaxed atomic load on the hot path.
 #[inline]
 pub fn enabled() -> bool {
     ENABLED.load(Ordering::Relaxed)
 }
 
-/// [`enabled`], ordered with [`crate::dispatch::layers_changed`] (the dispatcher's check
+/// [`enabled`], ordered with [`crate::config::layers::changed`] (the dispatcher's check
 /// that the layer bits it cached are not stale; not for the hot path).
 pub(crate) fn enabled_seqcst() -> bool {
     ENABLED.load(Ordering::SeqCst)
@@ -174,7 +205,7 @@ pub fn call_failed(name: &str, device: i32, result: i32) {
     }
     emit(Event::CallFailed {
         t_ns: stamp().ns,
-        tid: crate::ids::tid(),
+        tid: crate::sys::ids::tid(),
         device,
         name: name.to_string(),
         result,
@@ -202,7 +233,7 @@ fn pattern() -> Option<&'static str> {
 }
 
 fn config_var(name: &str) -> Option<&'static str> {
-    crate::env::var(name)
+    crate::config::var(name)
 }
 
 /// Reads the configuration (once, at load: our own constructor).
@@ -217,14 +248,14 @@ fn init() {
                 crate::warn!(
                     "VRAMSHIM_STACKS={v:?} asks for more frames than the {} kept; {}; keeping {}",
                     stacks::MAX_FRAMES,
-                    crate::env::forms("VRAMSHIM_STACKS"),
+                    crate::config::forms("VRAMSHIM_STACKS"),
                     stacks::MAX_FRAMES
                 );
                 STACK_DEPTH.store(n.min(stacks::MAX_FRAMES as u32), Ordering::Relaxed)
             }
             Err(_) => crate::warn!(
                 "VRAMSHIM_STACKS={v:?} is not a number of frames; {}; stacks are off",
-                crate::env::forms("VRAMSHIM_STACKS")
+                crate::config::forms("VRAMSHIM_STACKS")
             ),
         }
     }
@@ -240,7 +271,7 @@ fn init() {
         {
             crate::warn!(
                 "{name}={v:?} is not understood; {}; using the default",
-                crate::env::forms(name)
+                crate::config::forms(name)
             );
         }
     }
@@ -252,7 +283,7 @@ fn init() {
 /// Turn tracing on or off, and tell the dispatcher, which caches which layers are on.
 fn set_enabled(on: bool) {
     ENABLED.store(on, Ordering::SeqCst);
-    crate::dispatch::layers_changed();
+    crate::config::layers::changed();
 }
 
 extern "C" fn tracer_constructor() {

@@ -218,7 +218,12 @@ fn time_of(e: &mut Event) -> Option<&mut u64> {
         | Event::PoolStats { t_ns, .. }
         | Event::Lost { t_ns, .. }
         | Event::CallFailed { t_ns, .. } => Some(t_ns),
-        Event::Module { .. } | Event::Stack { .. } | Event::Device(_) => None,
+        Event::Torch(op) => Some(&mut op.t_ns),
+        Event::Module { .. }
+        | Event::Stack { .. }
+        | Event::Device(_)
+        | Event::PyCode { .. }
+        | Event::PyStack { .. } => None,
     }
 }
 
@@ -266,7 +271,7 @@ static HEAD: AtomicPtr<Slot> = AtomicPtr::new(ptr::null_mut());
 /// TLS reached without a `__tls_get_addr` call, zero in every new thread, no destructor).
 #[inline(always)]
 fn my_slot_ptr() -> &'static std::cell::Cell<*const ()> {
-    &crate::guard::state().trace_slot
+    &crate::sys::thread::state().trace_slot
 }
 
 /// Exclusive access to a slot's buffer.
@@ -466,7 +471,7 @@ fn claim(tid: u32) -> &'static Slot {
 fn my_slot() -> &'static Slot {
     let p = my_slot_ptr().get() as *const Slot;
     if p.is_null() {
-        return claim(crate::ids::tid());
+        return claim(crate::sys::ids::tid());
     }
     // SAFETY: slots are leaked and never freed.
     unsafe { &*p }
@@ -679,7 +684,7 @@ fn hand_over(inner: &mut Inner) {
 /// the channel is full ever gets here.
 #[cold]
 fn throttle(mut buf: Buf) -> Result<(), Buf> {
-    let deadline = crate::ids::now_ns() + THROTTLE_NS;
+    let deadline = crate::sys::ids::now_ns() + THROTTLE_NS;
     loop {
         let ts = libc::timespec {
             tv_sec: 0,
@@ -691,7 +696,7 @@ fn throttle(mut buf: Buf) -> Result<(), Buf> {
             Ok(()) => return Ok(()),
             Err(back) => buf = back,
         }
-        if crate::ids::now_ns() > deadline {
+        if crate::sys::ids::now_ns() > deadline {
             return Err(buf);
         }
     }
@@ -700,8 +705,8 @@ fn throttle(mut buf: Buf) -> Result<(), Buf> {
 /// The writer is far behind: sleep (bounded) until its backlog is under the high-water mark.
 #[cold]
 fn wait_for_writer() {
-    let deadline = crate::ids::now_ns() + THROTTLE_NS;
-    while writer::backlog() > HIGH_WATER && crate::ids::now_ns() < deadline {
+    let deadline = crate::sys::ids::now_ns() + THROTTLE_NS;
+    while writer::backlog() > HIGH_WATER && crate::sys::ids::now_ns() < deadline {
         let ts = libc::timespec {
             tv_sec: 0,
             tv_nsec: 200_000,

@@ -421,7 +421,7 @@ static FAULT_NO_CACHE: std::sync::atomic::AtomicBool = std::sync::atomic::Atomic
 
 pub fn init() {
     FAULT_NO_CACHE.store(
-        crate::env::var("VRAMSHIM_STACKS_FAULT").is_some_and(|v| v.trim() == "nocache"),
+        crate::config::var("VRAMSHIM_STACKS_FAULT").is_some_and(|v| v.trim() == "nocache"),
         Ordering::Relaxed,
     );
 }

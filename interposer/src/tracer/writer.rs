@@ -158,9 +158,9 @@ fn start() -> bool {
     let Some(pat) = pattern() else {
         return false;
     };
-    let mono = crate::ids::now_ns();
+    let mono = crate::sys::ids::now_ns();
     let wall = super::header::wall_ns();
-    let pid = crate::ids::pid();
+    let pid = crate::sys::ids::pid();
     let path = super::header::expand(&pat, pid, wall, FORKED.load(Ordering::Relaxed));
     let Some((file, path)) = open_trace(path, pid) else {
         return false;
@@ -270,7 +270,7 @@ fn live_writer(f: &File, me: u32) -> Option<u32> {
 /// (read by path to find a live writer, then create-and-truncate, following symlinks and
 /// blocking on FIFOs), to show that the hostile-path tests catch it.
 fn fault_unsafe_open() -> bool {
-    crate::env::var("VRAMSHIM_TRACE_FAULT").is_some_and(|v| v.trim() == "unsafe-open")
+    crate::config::var("VRAMSHIM_TRACE_FAULT").is_some_and(|v| v.trim() == "unsafe-open")
 }
 
 fn open_trace_unsafely(mut path: String, pid: u32) -> Option<(File, String)> {
@@ -305,7 +305,7 @@ fn block_signals() {
 /// The drain period: `TICK`, or an hour under `VRAMSHIM_TRACE_FAULT=no-tick` (the periodic
 /// drain switched off, to show that the SIGKILL test catches a writer that does not drain).
 fn tick_period() -> Duration {
-    match crate::env::var("VRAMSHIM_TRACE_FAULT") {
+    match crate::config::var("VRAMSHIM_TRACE_FAULT") {
         Some("no-tick") => Duration::from_secs(3600),
         _ => TICK,
     }
@@ -511,39 +511,30 @@ fn tick_locked(
         let live = v.max(0) as u64;
         // Reserved: what vramshim's pool holds from the device, when it serves this device;
         // otherwise the process's live bytes are what the device holds for it.
-        let pool = crate::pooling::stats(d as i32);
+        let view = super::device_view();
+        let pool = (view.pool_reserved)(d as i32);
         // Only devices that exist: a cap applies to every ordinal, but a device shows up in
         // the trace when the driver described it or the process used it.
         if live == 0 && out.dev_totals.get(d).is_none_or(|&t| t == 0) && pool.is_none() {
             continue;
         }
-        let reserved = pool.map_or(live, |st| st.reserved);
-        let cap = crate::cap::global()
-            .filter(|c| c.is_capped(d as i32))
-            .map_or(0, |c| c.total_for(d as i32, out.dev_totals[d]));
+        let reserved = pool.unwrap_or(live);
+        let cap = (view.cap)(d as i32, out.dev_totals[d]);
         // the pool's own figures (why it holds what it holds), when they changed
-        if let Some(st) = pool {
-            let v = [
-                st.reserved,
-                st.live,
-                st.cached,
-                st.pending,
-                st.budget,
-                st.releases,
-            ];
-            if v != out.pool_stats[d] {
-                out.pool_stats[d] = v;
-                out.events.push(Event::PoolStats {
-                    t_ns: now,
-                    device: d as i32,
-                    reserved: v[0],
-                    live: v[1],
-                    cached: v[2],
-                    pending: v[3],
-                    budget: v[4],
-                    releases: v[5],
-                });
-            }
+        if let Some(v) = (view.pool_stats)(d as i32)
+            && v != out.pool_stats[d]
+        {
+            out.pool_stats[d] = v;
+            out.events.push(Event::PoolStats {
+                t_ns: now,
+                device: d as i32,
+                reserved: v[0],
+                live: v[1],
+                cached: v[2],
+                pending: v[3],
+                budget: v[4],
+                releases: v[5],
+            });
         }
         let c = (live, reserved, cap);
         if c != out.counters[d] {
@@ -653,7 +644,7 @@ pub fn running() -> bool {
 /// may be the one a signal handler interrupted). True when the end record was written.
 pub fn finish_before_exit() -> bool {
     if STATE.load(Ordering::Acquire) != RUNNING
-        || OWNER.load(Ordering::Relaxed) != crate::ids::pid()
+        || OWNER.load(Ordering::Relaxed) != crate::sys::ids::pid()
     {
         return false;
     }

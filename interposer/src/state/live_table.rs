@@ -23,8 +23,8 @@
 //! leaked, never touched again: its locks may be held by threads that do not exist in the
 //! child).
 
-use crate::guard::Token;
-use crate::membarrier;
+use crate::sys::membarrier;
+use crate::sys::thread::Token;
 use std::cell::UnsafeCell;
 use std::sync::atomic::{
     AtomicBool, AtomicPtr, AtomicUsize, Ordering, Ordering::Relaxed, compiler_fence,
@@ -59,7 +59,7 @@ const EMPTY: u64 = 0;
 /// Initial slots per part (a power of two); a part doubles when half full.
 const INITIAL_BITS: u32 = 5;
 /// Thread-local cache slots for per-thread tables (`guard::State::parts`).
-pub(crate) const CACHE_SLOTS: usize = 2;
+pub(crate) const CACHE_SLOTS: usize = crate::sys::thread::PARTS;
 const _: () = assert!(CACHE_SLOTS.is_power_of_two());
 
 #[inline(always)]
@@ -326,7 +326,10 @@ fn fault_no_barrier() -> bool {
     if cfg!(test) {
         return TEST_FAULT.load(Relaxed);
     }
-    matches!(crate::env::var("VRAMSHIM_TABLE_FAULT"), Some("no-barrier"))
+    matches!(
+        crate::config::var("VRAMSHIM_TABLE_FAULT"),
+        Some("no-barrier")
+    )
 }
 
 /// The unit tests' fault switch.
@@ -508,8 +511,8 @@ impl LiveTable {
     }
 
     #[cold]
-    fn own_slow(&self, st: &crate::guard::State, c: usize) -> Option<&Part> {
-        if st.exited.get() || !crate::counters::thread_exit_registered(st) {
+    fn own_slow(&self, st: &crate::sys::thread::State, c: usize) -> Option<&Part> {
+        if !crate::sys::thread::at_thread_exit(st, release_parts) {
             return None;
         }
         let p = self.root().claim();
@@ -681,14 +684,14 @@ impl LiveTable {
     pub fn reset_leak(&self) {
         self.root.0.store(std::ptr::null_mut(), Ordering::Release);
         if let Some(c) = self.cache {
-            crate::guard::with_state(|s| s.parts[c].set(std::ptr::null()));
+            crate::sys::thread::with_state(|s| s.parts[c].set(std::ptr::null()));
             membarrier::on_fork_child();
         }
     }
 }
 
 /// The calling thread is exiting: its parts go back to the pool (their entries stay).
-pub(crate) fn release_parts(st: &crate::guard::State) {
+fn release_parts(st: &crate::sys::thread::State) {
     for c in st.parts.iter() {
         let p = c.replace(std::ptr::null());
         // SAFETY: parts are leaked, never freed.
@@ -708,7 +711,7 @@ static HANDLES_ROOT: TableRoot = TableRoot::new();
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::counters::{SLOTS, slot};
+    use crate::state::counters::{SLOTS, slot};
 
     /// Bytes of the live entries in a counter slot (a scan).
     fn bytes(t: &LiveTable, s: usize) -> u64 {
@@ -783,7 +786,7 @@ mod tests {
             for t in 0..THREADS {
                 let (bar, failure) = (&bar, &failure);
                 s.spawn(move || {
-                    let tok = crate::guard::enter().expect("outermost");
+                    let tok = crate::sys::thread::enter().expect("outermost");
                     for r in 0..rounds {
                         for i in 0..KEYS {
                             assert!(T.insert_in(&tok, key(t, i, r), e(i + 1)).is_none());
@@ -862,7 +865,7 @@ mod tests {
         static R2: TableRoot = TableRoot::new();
         static T2: LiveTable = LiveTable::per_thread(1, &R2);
         std::thread::spawn(|| {
-            let tok = crate::guard::enter().unwrap();
+            let tok = crate::sys::thread::enter().unwrap();
             for i in 1..=100u64 {
                 T2.insert_in(&tok, i << 12, e(i));
             }
@@ -872,7 +875,7 @@ mod tests {
         .unwrap();
         assert_eq!(T2.len(), 100);
         std::thread::spawn(|| {
-            let tok = crate::guard::enter().unwrap();
+            let tok = crate::sys::thread::enter().unwrap();
             for i in (1..=100u64).rev() {
                 assert_eq!(T2.remove_in(&tok, i << 12).map(|x| x.size), Some(i));
                 assert!(T2.remove_in(&tok, i << 12).is_none(), "removed twice");

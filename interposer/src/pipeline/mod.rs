@@ -1,22 +1,19 @@
 //! The dispatcher: runs one decoded [`Request`] through the layers, outermost first:
-//! cap (`crate::cap`), pool (`crate::pooling`), the real function; then records the outcome
+//! cap (`crate::cap`), pool (`crate::pool`), the real function; then records the outcome
 //! in the live table and counters, and hands one event to the tracer (`crate::tracer`).
 //!
 //! One request = one call count = one charge = one event: hooks reached again while an
 //! outer hook runs on the same thread are passed straight through (see [`run_hook`]).
 
-use crate::counters;
-use crate::guard::Token;
-use crate::live_table::{ALLOCS, Entry, LiveTable};
-use crate::pooling::{self, PoolRequest};
-use crate::request::Request;
-use crate::{cap, ids, tracer};
+use crate::cuda::request::Request;
+use crate::pool::{self, PoolRequest};
+use crate::state::counters;
+use crate::state::live_table::{ALLOCS, Entry, LiveTable};
+use crate::sys::ids;
+use crate::sys::thread::Token;
+use crate::{cap, tracer};
 use std::ffi::c_int;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{
-    AtomicU8,
-    Ordering::{Relaxed, SeqCst},
-};
 use vramshim_trace::{AllocKind, Api, Event, MemOp, flags};
 
 /// Which layer decided a request's outcome (for the debug log).
@@ -58,7 +55,7 @@ pub fn run_hook(
     pass: impl FnOnce() -> c_int,
     body: impl FnOnce(&Token) -> c_int,
 ) -> c_int {
-    let Some(tok) = crate::guard::enter() else {
+    let Some(tok) = crate::sys::thread::enter() else {
         return match std::panic::catch_unwind(AssertUnwindSafe(pass)) {
             Ok(rc) => rc,
             Err(_) => panicked(name, panic_code),
@@ -83,7 +80,7 @@ pub fn run_hook_with<C>(
     pass: impl FnOnce(C) -> c_int,
     body: impl FnOnce(&Token, C) -> c_int,
 ) -> c_int {
-    let Some(tok) = crate::guard::enter() else {
+    let Some(tok) = crate::sys::thread::enter() else {
         return match std::panic::catch_unwind(AssertUnwindSafe(move || pass(call))) {
             Ok(rc) => rc,
             Err(_) => panicked(name, panic_code),
@@ -167,19 +164,12 @@ impl Mode {
 /// The layers on for this request: one relaxed load once they were read.
 #[inline(always)]
 pub fn mode() -> Mode {
-    let m = LAYERS.load(Relaxed);
+    let m = crate::config::layers::cached();
     if m != 0 {
         return Mode(m);
     }
     Mode(layers_slow())
 }
-
-/// The bits of [`Mode`] (0 = read them again). The cap and the pool read their
-/// configuration once, the first time they are asked, and afterwards only ever turn off
-/// (each still checks itself when its bit sends a request to it); the tracer (which turns
-/// on at load, and off when its file fails or at exit) and the log level clear this through
-/// [`layers_changed`] whenever they change.
-static LAYERS: AtomicU8 = AtomicU8::new(0);
 
 #[cold]
 #[inline(never)]
@@ -190,10 +180,10 @@ fn layers_slow() -> u8 {
         if traced {
             m |= Mode::TRACE;
         }
-        if crate::log::enabled(crate::log::Level::Debug) {
+        if crate::sys::log::enabled(crate::sys::log::Level::Debug) {
             m |= Mode::DEBUG;
         }
-        if pooling::enabled() {
+        if pool::enabled() {
             m |= Mode::POOL;
         }
         if cap::global().is_some() {
@@ -202,7 +192,7 @@ fn layers_slow() -> u8 {
         if m != Mode::KNOWN {
             m |= fault_bits();
         }
-        LAYERS.store(m, SeqCst);
+        crate::config::layers::store(m);
         // The tracer switches (SeqCst) before it clears the bits: had it switched since we
         // read it, we see that here, and read again rather than keep stale bits.
         if tracer::enabled_seqcst() == traced {
@@ -215,16 +205,11 @@ fn layers_slow() -> u8 {
 /// `light-no-pitch` (the light path never settles a charge to the allocation's footprint:
 /// a test must notice). Read with the layers, never per request.
 fn fault_bits() -> u8 {
-    match crate::env::var("VRAMSHIM_LAYERS_FAULT").map(str::trim) {
+    match crate::config::var("VRAMSHIM_LAYERS_FAULT").map(str::trim) {
         Some("no-light") => Mode::NO_LIGHT,
         Some("light-no-pitch") => Mode::FAULT_NO_PITCH,
         _ => 0,
     }
-}
-
-/// A layer's switch changed: read the layers again on the next request.
-pub(crate) fn layers_changed() {
-    LAYERS.store(0, SeqCst);
 }
 
 /// A pass-through allocation's real call returned `rc`: count the request and record a
@@ -349,7 +334,7 @@ pub fn alloc(
     let mut charged = 0u64;
     // A request the pool may serve is charged nothing here: the pool's pages are charged
     // when it creates them (cap::pages). Anything else is charged the device's footprint.
-    let poolable = mode.pool() && pool_ok && pooling::enabled();
+    let poolable = mode.pool() && pool_ok && pool::enabled();
     let capped = mode.cap() && req.charged() && req.size > 0;
     let pages_charged = poolable && capped && cap::charges_pool_pages();
     if capped && !pages_charged {
@@ -386,7 +371,7 @@ pub fn alloc(
             size: req.size,
             flags: req.flags,
         };
-        match pooling::alloc(&preq) {
+        match pool::alloc(&preq) {
             Some(Ok(p)) => {
                 layer = Layer::Pool;
                 kind = AllocKind::Pool;
@@ -471,7 +456,7 @@ pub fn alloc(
         );
         if layer == Layer::Pool {
             // The pool may have mapped or released pages for this request.
-            tracer::pool_held(req.device, pooling::held(req.device));
+            tracer::pool_held(req.device, pool::held(req.device));
         }
     }
     Outcome {
@@ -489,7 +474,10 @@ pub fn alloc(
 fn charge_unpooled(req: &Request) -> Result<u64, cap::Refusal> {
     let stream = driver_stream(req);
     cap::charge_alloc_or(req.device, req.size, req.api, stream, || {
-        pooling::enabled() && !cap::stream_capturing(stream) && pooling::trim() > 0
+        pool::enabled()
+            && cap::charges_pool_pages()
+            && !cap::stream_capturing(stream)
+            && pool::trim() > 0
     })
 }
 
@@ -511,7 +499,7 @@ fn driver_stream(req: &Request) -> u64 {
 fn cap_refused(req: &Request, refusal: &cap::Refusal, traced: bool, t0: tracer::Stamp) {
     counters::cap_refusal();
     static FIRST: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
-    if crate::log::enabled(crate::log::Level::Info)
+    if crate::sys::log::enabled(crate::sys::log::Level::Info)
         && FIRST.swap(false, std::sync::atomic::Ordering::Relaxed)
     {
         let context = cap::global().map_or(0, |c| c.context_charged(req.device));
@@ -762,10 +750,10 @@ fn free_layered(
     let entry = table.remove_in(tok, req.key);
     let mut layer = Layer::Real;
     let pooled =
-        if mode.pool() && pooling::enabled() && entry.is_none_or(|e| e.kind == AllocKind::Pool) {
-            pooling::free(
+        if mode.pool() && pool::enabled() && entry.is_none_or(|e| e.kind == AllocKind::Pool) {
+            pool::free(
                 req.key,
-                req.stream.map(|s| pooling::pool_stream_id(s, req.flags)),
+                req.stream.map(|s| pool::pool_stream_id(s, req.flags)),
                 entry.map(|e| (e.device, e.size)),
             )
         } else {
@@ -955,13 +943,13 @@ fn api_name(req: &Request) -> &'static str {
 /// Make the runtime's sticky "last error" say cudaErrorMemoryAllocation, as it would had
 /// the device refused: ask the real runtime for an impossible allocation.
 fn runtime_set_last_error_oom() {
-    if let Some(f) = crate::real::cudaMalloc() {
+    if let Some(f) = crate::cuda::real::cudaMalloc() {
         let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
         // SAFETY: p is a valid out-pointer; the size cannot be satisfied.
         let rc = unsafe { f(&mut p, usize::MAX) };
         if rc == 0
             && !p.is_null()
-            && let Some(free) = crate::real::cudaFree()
+            && let Some(free) = crate::cuda::real::cudaFree()
         {
             // SAFETY: p was just allocated by the runtime.
             unsafe { free(p) };

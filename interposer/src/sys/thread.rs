@@ -6,20 +6,29 @@
 //!   `cudaMalloc`), hooks it reaches again (the runtime's `cuMemAlloc_v2` through our own
 //!   `cuGetProcAddress` substitution) pass straight through to the real function;
 //! * how many hooks this thread passed through that way;
-//! * this thread's block of call counters (`counters::CallBlock`), its live-table parts
-//!   (`live_table`) and its remembered runtime device (`hooks::current`).
+//! * opaque pointers to what the layers above keep per thread (the call-counter block, the
+//!   live-table parts, the trace buffer) and its remembered runtime device: this layer
+//!   names none of their types;
+//! * the thread-exit handler that gives those back ([`at_thread_exit`]).
 
 use std::cell::Cell;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Per-thread parts a live table may cache in the state (see `state::live_table`).
+pub(crate) const PARTS: usize = 2;
 
 #[repr(C)]
 pub(crate) struct State {
     depth: Cell<u32>,
     /// Set by the thread-exit destructor: do not claim a block again on this thread.
     pub(crate) exited: Cell<bool>,
+    /// This thread's exit handler is registered (see [`at_thread_exit`]).
+    exit_registered: Cell<bool>,
     nested: Cell<u64>,
-    /// This thread's call-counter block; null until its first counted call, and again after
-    /// its thread-exit destructor ran.
-    pub(crate) calls: Cell<*const crate::counters::CallBlock>,
+    /// This thread's call-counter block (`state::counters`); null until its first counted
+    /// call, and again after its thread-exit handler ran.
+    pub(crate) calls: Cell<*const ()>,
     /// The runtime's current device + 1 as last asked (0: ask again; `hooks::current`).
     pub(crate) rt_device: Cell<i32>,
     /// This thread's kernel id, 0 until asked (`ids::tid`): here rather than in a
@@ -29,7 +38,7 @@ pub(crate) struct State {
     /// the same reason.
     pub(crate) trace_slot: Cell<*const ()>,
     /// This thread's parts of the per-thread live tables (`live_table::LiveTable::own`).
-    pub(crate) parts: [Cell<*const ()>; crate::live_table::CACHE_SLOTS],
+    pub(crate) parts: [Cell<*const ()>; PARTS],
 }
 
 /// The state lives in this library's static TLS block, reached with the initial-exec model:
@@ -86,12 +95,13 @@ mod tls {
             State {
                 depth: Cell::new(0),
                 exited: Cell::new(false),
+                exit_registered: Cell::new(false),
                 nested: Cell::new(0),
                 calls: Cell::new(std::ptr::null()),
                 rt_device: Cell::new(0),
                 tid: Cell::new(0),
                 trace_slot: Cell::new(std::ptr::null()),
-                parts: [const { Cell::new(std::ptr::null()) }; crate::live_table::CACHE_SLOTS],
+                parts: [const { Cell::new(std::ptr::null()) }; super::PARTS],
             }
         };
     }
@@ -176,6 +186,82 @@ pub fn active() -> bool {
 /// Run `f` on this thread's state (counters' registration and thread-exit handling).
 pub(crate) fn with_state<R>(f: impl FnOnce(&State) -> R) -> Option<R> {
     Some(f(st()))
+}
+
+// ------------------------------------------------------------------- thread exit
+
+/// What runs when a registered thread exits: the release functions of the layers that keep
+/// per-thread resources in the state (each added once, by its first registration).
+static EXIT_FNS: [AtomicUsize; 4] = [const { AtomicUsize::new(0) }; 4];
+/// pthread key + 1 (0 = not created yet, usize::MAX = creation failed).
+static KEY: AtomicUsize = AtomicUsize::new(0);
+
+extern "C" fn on_thread_exit(_: *mut c_void) {
+    // Late calls on this thread (TLS destructors freeing memory) take the shared paths.
+    let s = st();
+    s.exited.set(true);
+    for f in &EXIT_FNS {
+        let a = f.load(Ordering::Acquire);
+        if a != 0 {
+            // SAFETY: only `at_thread_exit` stores here, and only addresses of `fn(&State)`.
+            let f = unsafe { std::mem::transmute::<usize, fn(&State)>(a) };
+            f(s);
+        }
+    }
+}
+
+fn key() -> Option<libc::pthread_key_t> {
+    let k = KEY.load(Ordering::Acquire);
+    if k == usize::MAX {
+        return None;
+    }
+    if k != 0 {
+        return Some((k - 1) as libc::pthread_key_t);
+    }
+    let mut key: libc::pthread_key_t = 0;
+    // SAFETY: key is a valid out-pointer; the destructor is a plain extern "C" fn.
+    let rc = unsafe { libc::pthread_key_create(&mut key, Some(on_thread_exit)) };
+    let v = if rc == 0 {
+        key as usize + 1
+    } else {
+        usize::MAX
+    };
+    match KEY.compare_exchange(0, v, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => (rc == 0).then_some(key),
+        Err(cur) => {
+            if rc == 0 {
+                // SAFETY: we created this key and nobody else has seen it.
+                unsafe { libc::pthread_key_delete(key) };
+            }
+            (cur != usize::MAX).then(|| (cur - 1) as libc::pthread_key_t)
+        }
+    }
+}
+
+/// Make sure `release` runs when the calling thread exits, so that what a layer keeps for
+/// this thread in `st` goes back. False once the thread is exiting (its handler ran or
+/// runs): keep nothing for it then.
+#[cold]
+pub(crate) fn at_thread_exit(st: &State, release: fn(&State)) -> bool {
+    if st.exited.get() {
+        return false;
+    }
+    let a = release as usize;
+    for f in &EXIT_FNS {
+        match f.compare_exchange(0, a, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => break,
+            Err(cur) if cur == a => break,
+            Err(_) => {}
+        }
+    }
+    if !st.exit_registered.get() {
+        st.exit_registered.set(true);
+        if let Some(k) = key() {
+            // SAFETY: k is a valid key; any non-null value makes the destructor run.
+            unsafe { libc::pthread_setspecific(k, st as *const State as *const c_void) };
+        }
+    }
+    true
 }
 
 /// Reset after fork (the forking thread is the child's only thread).

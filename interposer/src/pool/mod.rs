@@ -14,11 +14,11 @@
 //! A device refusal (real out-of-memory) makes the pool dissolve its cached blocks and retry
 //! before the process sees `CUDA_ERROR_OUT_OF_MEMORY` / `cudaErrorMemoryAllocation`.
 //!
-//! Cap: the dispatcher charges every pooled request's size to the cap before the pool is
-//! asked (live bytes), so the pool's physical pages are not charged a second time; instead
-//! the pool's physical growth is bounded by the cap itself (`CudaDevice::create` refuses
-//! beyond it and the pool dissolves cached blocks), so cached pages never take the process
-//! over its cap.
+//! Cap: the pool's pages are charged to the cap where [`cuda_device::CudaDevice`] creates
+//! them and given back where it releases them (`cap::pages`), and the dispatcher charges the
+//! requests the pool serves nothing more: what the device holds for the pool, cached or live,
+//! counts against the cap. A refused page is refused growth, and the pool dissolves cached
+//! blocks instead (as at a device refusal).
 //!
 //! Tight pool: `VRAMSHIM_POOL=stitch-tight`, or `VRAMSHIM_POOL_BUDGET=RATIO` beside
 //! `stitch`, bounds what the pool keeps cached to a budget over its recent peak of live bytes
@@ -30,7 +30,7 @@ mod tcache;
 #[cfg(test)]
 mod tests;
 
-use crate::ffi_types::*;
+use crate::cuda::types::*;
 use cuda_device::CudaDevice;
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
@@ -64,7 +64,7 @@ pub fn pool_stream_id(stream: u64, flags: u8) -> u64 {
     let per_thread = stream == CU_STREAM_PER_THREAD
         || (stream == 0 && flags & vramshim_trace::flags::PER_THREAD_STREAM != 0);
     if per_thread {
-        PTDS_BASE | u64::from(crate::ids::tid())
+        PTDS_BASE | u64::from(crate::sys::ids::tid())
     } else if stream == CU_STREAM_LEGACY {
         0
     } else {
@@ -80,6 +80,41 @@ const FALLBACK: u8 = 3;
 
 static MODE: AtomicU8 = AtomicU8::new(UNREAD);
 
+/// What the pool asks of the cap about its pages. The cap stands beside the pool, not
+/// below it, so the layer that wires the layers together (`lifecycle`) hands these in at
+/// load; until then, and in a process without a cap, the answers of no cap.
+pub struct CapView {
+    /// Whether each page is charged to the cap as the pool creates it.
+    pub charges_pages: fn() -> bool,
+    /// Charge a page of `bytes` on `device`, for a request ordered on `stream`; false:
+    /// refused.
+    pub charge_page: fn(i32, u64, u64) -> bool,
+    /// Give back `bytes` of pages on `device`.
+    pub uncharge_pages: fn(i32, u64),
+    /// Forget the calling thread's last refused page.
+    pub clear_refusal: fn(),
+    /// What the process may see of a device's memory, given its real total.
+    pub visible_total: fn(i32, u64) -> u64,
+}
+
+static CAP_VIEW: std::sync::OnceLock<CapView> = std::sync::OnceLock::new();
+
+/// Wire in the cap (see [`CapView`]).
+pub fn set_cap_view(v: CapView) {
+    let _ = CAP_VIEW.set(v);
+}
+
+fn cap_view() -> &'static CapView {
+    const NO_CAP: CapView = CapView {
+        charges_pages: || false,
+        charge_page: |_, _, _| true,
+        uncharge_pages: |_, _| {},
+        clear_refusal: || {},
+        visible_total: |_, total| total,
+    };
+    CAP_VIEW.get().unwrap_or(&NO_CAP)
+}
+
 /// The tight pool's budget ratio (`None`: the default stitch), read once.
 static BUDGET_RATIO: std::sync::OnceLock<Option<f64>> = std::sync::OnceLock::new();
 
@@ -87,7 +122,7 @@ static BUDGET_RATIO: std::sync::OnceLock<Option<f64>> = std::sync::OnceLock::new
 /// warning, then `tight`'s default), else the default budget when `tight`, else none.
 fn budget_setting(tight: bool) -> Option<f64> {
     let default = tight.then_some(Budget::default().ratio);
-    match crate::env::var("VRAMSHIM_POOL_BUDGET").map(str::trim) {
+    match crate::config::var("VRAMSHIM_POOL_BUDGET").map(str::trim) {
         None | Some("") => default,
         Some(v) => match Budget::parse_ratio(v) {
             Ok(r) => r,
@@ -107,7 +142,7 @@ fn budget_setting(tight: bool) -> Option<f64> {
 /// variables (and warns once about a bad value).
 fn configured_budget() -> Option<Budget> {
     let ratio = *BUDGET_RATIO.get_or_init(|| {
-        budget_setting(crate::env::var("VRAMSHIM_POOL").map(str::trim) == Some("stitch-tight"))
+        budget_setting(crate::config::var("VRAMSHIM_POOL").map(str::trim) == Some("stitch-tight"))
     });
     ratio.map(|ratio| Budget {
         ratio,
@@ -130,7 +165,7 @@ pub fn enabled() -> bool {
 
 #[cold]
 fn read_mode() -> bool {
-    let m = match crate::env::var("VRAMSHIM_POOL").map(str::trim) {
+    let m = match crate::config::var("VRAMSHIM_POOL").map(str::trim) {
         None | Some("") | Some("off") => OFF,
         Some("stitch") | Some("stitch-tight") => {
             // read (and judged) now, not at the first allocation
@@ -147,7 +182,7 @@ fn read_mode() -> bool {
     if m == ON {
         // per-thread caches of stream-ordered frees: off under the pool's fault switches
         // (their tests exercise the pool's own rules)
-        match crate::env::var("VRAMSHIM_POOL_DEBUG").map(str::trim) {
+        match crate::config::var("VRAMSHIM_POOL_DEBUG").map(str::trim) {
             None | Some("") => {}
             Some("tcache-any-stream") => {
                 // testing only: break stream order in the thread caches
@@ -257,9 +292,9 @@ fn ensure_context_once(device: i32) {
 
 fn ensure_context(device: i32) {
     let (Some(get), Some(retain), Some(set)) = (
-        crate::real::cuCtxGetCurrent(),
-        crate::real::cuDevicePrimaryCtxRetain(),
-        crate::real::cuCtxSetCurrent(),
+        crate::cuda::real::cuCtxGetCurrent(),
+        crate::cuda::real::cuDevicePrimaryCtxRetain(),
+        crate::cuda::real::cuCtxSetCurrent(),
     ) else {
         return;
     };
@@ -393,7 +428,7 @@ fn create_pool(pools: &mut Pools, req: &PoolRequest) -> Result<(), String> {
         match CudaDevice::new(req.device, peers_of(req.device)) {
             Ok(dev) => {
                 let mut policy = Stitch::new();
-                if crate::env::var("VRAMSHIM_POOL_DEBUG") == Some("lazy-sync") {
+                if crate::config::var("VRAMSHIM_POOL_DEBUG") == Some("lazy-sync") {
                     // testing only: the old synchronization choices (looser packing), to
                     // prove the tightness test can fail
                     crate::warn!(
@@ -404,7 +439,7 @@ fn create_pool(pools: &mut Pools, req: &PoolRequest) -> Result<(), String> {
                         ..Default::default()
                     });
                 }
-                if crate::env::var("VRAMSHIM_POOL_DEBUG") == Some("reuse-early") {
+                if crate::config::var("VRAMSHIM_POOL_DEBUG") == Some("reuse-early") {
                     // testing only: break the reuse rules to prove the tests can fail
                     crate::warn!(
                         "VRAMSHIM_POOL_DEBUG=reuse-early: the pool reuses freed memory too early (testing only)"
@@ -415,7 +450,7 @@ fn create_pool(pools: &mut Pools, req: &PoolRequest) -> Result<(), String> {
                         ..Default::default()
                     });
                 }
-                if crate::env::var("VRAMSHIM_POOL_DEBUG") == Some("ignore-budget") {
+                if crate::config::var("VRAMSHIM_POOL_DEBUG") == Some("ignore-budget") {
                     // testing only: grow and cache as if there were no budget, to prove the
                     // tight pool's test can fail
                     crate::warn!(
@@ -441,7 +476,7 @@ fn create_pool(pools: &mut Pools, req: &PoolRequest) -> Result<(), String> {
 /// asking it for an allocation no device can satisfy (the dispatcher does the same for a cap
 /// refusal). Called with no pool lock held.
 fn runtime_set_last_error_oom() {
-    let Some(f) = crate::real::cudaMalloc() else {
+    let Some(f) = crate::cuda::real::cudaMalloc() else {
         return;
     };
     let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
@@ -449,7 +484,7 @@ fn runtime_set_last_error_oom() {
     let rc = unsafe { f(&mut p, usize::MAX) };
     if rc == CUDA_SUCCESS
         && !p.is_null()
-        && let Some(free) = crate::real::cudaFree()
+        && let Some(free) = crate::cuda::real::cudaFree()
     {
         // SAFETY: p was just allocated by the runtime.
         unsafe { free(p) };
@@ -629,7 +664,7 @@ pub fn on_peer_access(owner: i32, accessor: i32) {
     {
         return;
     }
-    if crate::env::var("VRAMSHIM_POOL_DEBUG") == Some("no-peer") {
+    if crate::config::var("VRAMSHIM_POOL_DEBUG") == Some("no-peer") {
         // testing only: ignore the grant, to prove the peer-access test can fail
         crate::warn!("VRAMSHIM_POOL_DEBUG=no-peer: the pool ignores peer access (testing only)");
         return;

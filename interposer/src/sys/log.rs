@@ -6,7 +6,7 @@
 //! crate::warn!("cap: {} exceeds {}", a, b);
 //! crate::info!("...");
 //! crate::debug!("...");
-//! if crate::log::enabled(crate::log::Level::Debug) { /* expensive explanation */ }
+//! if crate::sys::log::enabled(crate::sys::log::Level::Debug) { /* expensive explanation */ }
 //! ```
 
 use std::fmt::{self, Write as _};
@@ -52,7 +52,7 @@ pub fn level() -> Level {
 
 /// Parse `VRAMSHIM_LOG`. Called from the constructor.
 pub(crate) fn init() {
-    let Some(v) = crate::env::var("VRAMSHIM_LOG") else {
+    let Some(v) = crate::config::var("VRAMSHIM_LOG") else {
         return;
     };
     let lvl = match v.trim().to_ascii_lowercase().as_str() {
@@ -69,13 +69,13 @@ pub(crate) fn init() {
         }
     };
     LEVEL.store(lvl as u8, Ordering::Relaxed);
-    crate::dispatch::layers_changed();
+    crate::config::layers::changed();
 }
 
 /// Set the level at run time (tests).
 pub fn set_level(level: Level) {
     LEVEL.store(level as u8, Ordering::Relaxed);
-    crate::dispatch::layers_changed();
+    crate::config::layers::changed();
 }
 
 struct StackBuf {
@@ -105,7 +105,12 @@ pub fn write(level: Level, args: fmt::Arguments<'_>) {
         len: 0,
         truncated: false,
     };
-    let _ = write!(b, "vramshim[{}] {}: ", crate::ids::pid(), level.label());
+    let _ = write!(
+        b,
+        "vramshim[{}] {}: ",
+        crate::sys::ids::pid(),
+        level.label()
+    );
     let _ = b.write_fmt(args);
     if b.truncated {
         let end = b.buf.len() - 4;
@@ -122,8 +127,8 @@ pub fn write(level: Level, args: fmt::Arguments<'_>) {
 #[macro_export]
 macro_rules! warn {
     ($($arg:tt)*) => {
-        if $crate::log::enabled($crate::log::Level::Warn) {
-            $crate::log::write($crate::log::Level::Warn, format_args!($($arg)*));
+        if $crate::sys::log::enabled($crate::sys::log::Level::Warn) {
+            $crate::sys::log::write($crate::sys::log::Level::Warn, format_args!($($arg)*));
         }
     };
 }
@@ -132,8 +137,8 @@ macro_rules! warn {
 #[macro_export]
 macro_rules! info {
     ($($arg:tt)*) => {
-        if $crate::log::enabled($crate::log::Level::Info) {
-            $crate::log::write($crate::log::Level::Info, format_args!($($arg)*));
+        if $crate::sys::log::enabled($crate::sys::log::Level::Info) {
+            $crate::sys::log::write($crate::sys::log::Level::Info, format_args!($($arg)*));
         }
     };
 }
@@ -142,8 +147,8 @@ macro_rules! info {
 #[macro_export]
 macro_rules! debug {
     ($($arg:tt)*) => {
-        if $crate::log::enabled($crate::log::Level::Debug) {
-            $crate::log::write($crate::log::Level::Debug, format_args!($($arg)*));
+        if $crate::sys::log::enabled($crate::sys::log::Level::Debug) {
+            $crate::sys::log::write($crate::sys::log::Level::Debug, format_args!($($arg)*));
         }
     };
 }

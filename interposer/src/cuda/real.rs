@@ -11,12 +11,12 @@
 //! when the function does not exist (no driver): callers return the error CUDA returns
 //! without a driver.
 //!
-//! For other layers (pool's VMM backend): `if let Some(f) = crate::real::cuMemCreate() {
+//! For other layers (pool's VMM backend): `if let Some(f) = crate::cuda::real::cuMemCreate() {
 //! unsafe { f(&mut handle, size, &prop, 0) } }`. These calls go straight to the driver:
 //! they are not intercepted, counted or traced.
 #![allow(non_snake_case, non_upper_case_globals)]
 
-use crate::ffi_types::*;
+use crate::cuda::types::*;
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -65,10 +65,11 @@ impl Slot {
     }
 
     /// Remember an address the process itself obtained for this name (our `dlsym` or
-    /// lookup hooks saw it). Never stores one of our own hooks; never overwrites a known
-    /// address (a remembered absence it does: the process found what our lookup did not).
+    /// lookup hooks saw it; they never pass one of their own hooks). Never overwrites a
+    /// known address (a remembered absence it does: the process found what our lookup did
+    /// not).
     pub fn record(&self, addr: usize) {
-        if addr == 0 || crate::hooks::is_our_hook(addr) {
+        if addr == 0 {
             return;
         }
         let _ = self
@@ -100,7 +101,7 @@ impl Slot {
     /// Store what a lookup found (`a`, 0 for nothing); with `final_miss`, remember a miss,
     /// so that a process without a driver does not look again on every request.
     fn settle(&self, a: usize, final_miss: bool) -> usize {
-        if a == 0 || crate::hooks::is_our_hook(a) {
+        if a == 0 || in_this_library(a) {
             if a == 0 && final_miss {
                 let _ = self
                     .addr
@@ -126,6 +127,24 @@ impl Slot {
     pub fn clear(&self) {
         self.addr.store(0, Ordering::Release);
     }
+}
+
+/// Whether `addr` lies in this library (our hooks among it): what a lookup of a real
+/// function finds there is never stored as real. Asked of the dynamic linker (`dladdr`),
+/// not of the hooks' table, so that this layer knows nothing of the layers above it; only
+/// asked when a lookup found something (once per function).
+fn in_this_library(addr: usize) -> bool {
+    fn base_of(addr: usize) -> usize {
+        // SAFETY: Dl_info is plain data; all-zero is a valid value for dladdr to fill.
+        let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+        // SAFETY: dladdr only reads the loader's tables; info is a valid out-pointer.
+        if unsafe { libc::dladdr(addr as *const c_void, &mut info) } == 0 {
+            return 0;
+        }
+        info.dli_fbase as usize
+    }
+    let own = base_of(in_this_library as fn(usize) -> bool as usize);
+    own != 0 && base_of(addr) == own
 }
 
 // ------------------------------------------------------------------------- real dlsym
@@ -252,7 +271,7 @@ pub fn driver_symbol(name: &CStr) -> usize {
 
 fn resolve_runtime(name: &CStr) -> usize {
     let p = dlsym_real(libc::RTLD_NEXT, name) as usize;
-    if p != 0 && !crate::hooks::is_our_hook(p) {
+    if p != 0 && !in_this_library(p) {
         return p;
     }
     let h = lib_handle(&LIBCUDART, LIBCUDART_NAMES, false);

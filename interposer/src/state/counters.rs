@@ -14,15 +14,12 @@
 //! peak is then an upper bound within that much. Live bytes are always exact (the sum of
 //! the nets, whatever the publishing); the cap keeps its own exact accounting.
 
-use std::ffi::c_void;
-use std::sync::atomic::{
-    AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering, Ordering::Relaxed,
-};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering, Ordering::Relaxed};
 use vramshim_trace::{AllocKind, Api};
 
 /// Devices 0..MAX_DEVICES have their own slot; then one for host memory and one for device
 /// memory whose device is unknown (a thread with no context).
-pub const MAX_DEVICES: usize = 64;
+pub const MAX_DEVICES: usize = crate::cuda::MAX_DEVICES;
 pub const HOST_SLOT: usize = MAX_DEVICES;
 pub const UNKNOWN_SLOT: usize = MAX_DEVICES + 1;
 pub(crate) const SLOTS: usize = MAX_DEVICES + 2;
@@ -72,7 +69,7 @@ static MISC: Misc = Misc {
 
 #[inline]
 fn stripe() -> &'static Stripe {
-    &STRIPES_[crate::ids::tid() as usize % STRIPES]
+    &STRIPES_[crate::sys::ids::tid() as usize % STRIPES]
 }
 
 /// Counter slot of a device / kind.
@@ -97,14 +94,14 @@ pub fn call(api: Api) {
 /// One request through `api`, counted in the calling thread's own block: a plain load and
 /// store, no atomic read-modify-write (each block has one writer).
 #[inline(always)]
-pub fn call_in(tok: &crate::guard::Token, api: Api) {
+pub fn call_in(tok: &crate::sys::thread::Token, api: Api) {
     let st = tok.state();
     let mut b = st.calls.get();
     if b.is_null() && !st.exited.get() {
         b = register(st);
     }
     // SAFETY: blocks are leaked, never freed; this thread is the block's only writer.
-    if let Some(b) = unsafe { b.as_ref() } {
+    if let Some(b) = unsafe { (b as *const CallBlock).as_ref() } {
         let c = &b.calls[(api as usize) % APIS];
         c.store(c.load(Relaxed).wrapping_add(1), Relaxed);
         return;
@@ -131,8 +128,6 @@ pub struct CallBlock {
 }
 
 static BLOCKS: AtomicPtr<CallBlock> = AtomicPtr::new(std::ptr::null_mut());
-/// pthread key + 1 (0 = not created yet, usize::MAX = creation failed).
-static KEY: AtomicUsize = AtomicUsize::new(0);
 
 fn blocks() -> impl Iterator<Item = &'static CallBlock> {
     let mut p = BLOCKS.load(Ordering::Acquire);
@@ -144,69 +139,22 @@ fn blocks() -> impl Iterator<Item = &'static CallBlock> {
     })
 }
 
-extern "C" fn on_thread_exit(p: *mut c_void) {
-    // Late calls on this thread (TLS destructors freeing memory) use the shared stripes.
-    let _ = crate::guard::with_state(|s| {
-        s.calls.set(std::ptr::null());
-        s.exited.set(true);
-        crate::live_table::release_parts(s);
-    });
-    // SAFETY: p is the CallBlock this thread registered.
+/// The calling thread is exiting (see `sys::thread::at_thread_exit`): publish its block's
+/// bytes and give the block back; late calls on this thread take the shared stripes.
+fn on_thread_exit(st: &crate::sys::thread::State) {
+    let p = st.calls.replace(std::ptr::null());
+    // SAFETY: p is the CallBlock this thread claimed (blocks are leaked, never freed).
     if let Some(b) = unsafe { (p as *const CallBlock).as_ref() } {
         publish_all(b);
         b.in_use.store(false, Ordering::Release);
     }
 }
 
-fn key() -> Option<libc::pthread_key_t> {
-    let k = KEY.load(Ordering::Acquire);
-    if k == usize::MAX {
-        return None;
-    }
-    if k != 0 {
-        return Some((k - 1) as libc::pthread_key_t);
-    }
-    let mut key: libc::pthread_key_t = 0;
-    // SAFETY: key is a valid out-pointer; the destructor is a plain extern "C" fn.
-    let rc = unsafe { libc::pthread_key_create(&mut key, Some(on_thread_exit)) };
-    let v = if rc == 0 {
-        key as usize + 1
-    } else {
-        usize::MAX
-    };
-    match KEY.compare_exchange(0, v, Ordering::AcqRel, Ordering::Acquire) {
-        Ok(_) => (rc == 0).then_some(key),
-        Err(cur) => {
-            if rc == 0 {
-                // SAFETY: we created this key and nobody else has seen it.
-                unsafe { libc::pthread_key_delete(key) };
-            }
-            (cur != usize::MAX).then(|| (cur - 1) as libc::pthread_key_t)
-        }
-    }
-}
-
-/// Whether this thread will run its exit handler (which gives back its live-table parts):
-/// registers its block if it has none yet; false once it is exiting.
 #[cold]
-pub(crate) fn thread_exit_registered(st: &crate::guard::State) -> bool {
-    if st.exited.get() {
-        return false;
-    }
-    if st.calls.get().is_null() {
-        register(st);
-    }
-    true
-}
-
-#[cold]
-fn register(st: &crate::guard::State) -> *const CallBlock {
-    let b = claim();
+fn register(st: &crate::sys::thread::State) -> *const () {
+    let b = claim() as *const ();
     st.calls.set(b);
-    if let Some(k) = key() {
-        // SAFETY: k is a valid key; b outlives the thread.
-        unsafe { libc::pthread_setspecific(k, b as *const c_void) };
-    }
+    crate::sys::thread::at_thread_exit(st, on_thread_exit);
     b
 }
 
@@ -240,9 +188,9 @@ fn claim() -> *const CallBlock {
 
 /// This thread's counter block, if it has one.
 #[inline(always)]
-fn block(tok: &crate::guard::Token) -> Option<&'static CallBlock> {
+fn block(tok: &crate::sys::thread::Token) -> Option<&'static CallBlock> {
     // SAFETY: blocks are leaked, never freed.
-    unsafe { tok.state().calls.get().as_ref() }
+    unsafe { (tok.state().calls.get() as *const CallBlock).as_ref() }
 }
 
 /// Bytes a thread may have freed below what it published before it tells the running total.
@@ -251,7 +199,7 @@ pub const SLACK: u64 = 1 << 20;
 /// A successful allocation became live: counted in this thread's block; published (one
 /// atomic add, and the peak raised) only when the thread goes above what it published.
 #[inline(always)]
-pub fn alloc_in(tok: &crate::guard::Token, device: i32, kind: AllocKind, size: u64) {
+pub fn alloc_in(tok: &crate::sys::thread::Token, device: i32, kind: AllocKind, size: u64) {
     let s = slot(device, kind);
     let Some(b) = block(tok) else {
         return alloc(device, kind, size);
@@ -276,7 +224,7 @@ fn raise(t: &Total, delta: u64) {
 /// A live allocation was freed: counted in this thread's block; published only once the
 /// thread is `SLACK` bytes below what it published.
 #[inline(always)]
-pub fn free_in(tok: &crate::guard::Token, device: i32, kind: AllocKind, size: u64) {
+pub fn free_in(tok: &crate::sys::thread::Token, device: i32, kind: AllocKind, size: u64) {
     let s = slot(device, kind);
     let Some(b) = block(tok) else {
         return free(device, kind, size);
@@ -361,36 +309,6 @@ pub fn peak_bytes(slot: usize) -> u64 {
     TOTALS[slot].peak.load(Relaxed)
 }
 
-/// (entries, bytes) live in a slot, optionally of one kind: a scan of the live tables
-/// (reads only; not for the hot path).
-pub fn live_scan(slot_: usize, kind: Option<AllocKind>) -> (u64, u64) {
-    let (mut n, mut b) = (0u64, 0u64);
-    let mut visit = |_: u64, e: &crate::live_table::Entry| {
-        if slot(e.device, e.kind) == slot_ && kind.is_none_or(|k| k == e.kind) {
-            n += 1;
-            b = b.wrapping_add(e.size);
-        }
-    };
-    crate::live_table::ALLOCS.for_each(&mut visit);
-    crate::live_table::HANDLES.for_each(&mut visit);
-    (n, b)
-}
-
-/// Live bytes of one kind in a slot.
-pub fn live_bytes_kind(slot: usize, kind: AllocKind) -> u64 {
-    live_scan(slot, Some(kind)).1
-}
-
-/// Live entries of one kind in a slot.
-pub fn live_count_kind(slot: usize, kind: AllocKind) -> u64 {
-    live_scan(slot, Some(kind)).0
-}
-
-/// Live entries of a slot (all kinds).
-pub fn live_count(slot: usize) -> u64 {
-    live_scan(slot, None).0
-}
-
 pub fn unknown_frees() -> u64 {
     MISC.unknown_frees.load(Relaxed)
 }
@@ -418,12 +336,12 @@ pub(crate) fn reset() {
         s.calls.iter().for_each(|c| c.store(0, Relaxed));
     }
     // Only the forking thread exists in the child: every other block is free again.
-    let mine = crate::guard::with_state(|s| s.calls.get()).unwrap_or(std::ptr::null());
+    let mine = crate::sys::thread::with_state(|s| s.calls.get()).unwrap_or(std::ptr::null());
     for b in blocks() {
         b.calls.iter().for_each(|c| c.store(0, Relaxed));
         b.net.iter().for_each(|c| c.store(0, Relaxed));
         b.published.iter().for_each(|c| c.store(0, Relaxed));
-        if !std::ptr::eq(b, mine) {
+        if !std::ptr::eq(b as *const CallBlock as *const (), mine) {
             b.in_use.store(false, Relaxed);
         }
     }

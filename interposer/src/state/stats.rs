@@ -10,7 +10,7 @@
 //! `<dev>` is a device ordinal, `host` or `unknown`, and `<kind>` one of
 //! `runtime|driver|async|managed|pitch|vmm-handle|host|pool`; `live_entries`,
 //! `live_handles`, `unknown_frees`, `cap_refusals`, `alloc_failures`, `pooled`, `panics`,
-//! `pool.<dev>.<field>` (the pool's statistics: `pooling::c_stats::FIELDS`),
+//! `pool.<dev>.<field>` (the pool's statistics: `pool::c_stats::FIELDS`),
 //! and `nested` (hooks the *calling thread* passed straight through because an outer hook
 //! was active). Unknown names give -1.
 //!
@@ -18,11 +18,41 @@
 //! when one thread allocates, and an upper bound within `counters::SLACK` per thread
 //! otherwise (see `counters`).
 
-use crate::counters::{self, HOST_SLOT, MAX_DEVICES, UNKNOWN_SLOT};
-use crate::live_table::{ALLOCS, HANDLES};
+use crate::state::counters::{self, HOST_SLOT, MAX_DEVICES, UNKNOWN_SLOT};
+use crate::state::live_table::{self, ALLOCS, HANDLES};
 use std::ffi::{CStr, c_char, c_longlong};
 use std::fmt::Write as _;
 use vramshim_trace::{AllocKind, Api};
+
+/// (entries, bytes) live in a slot, optionally of one kind: a scan of the live tables
+/// (reads only; not for the hot path).
+pub fn live_scan(slot_: usize, kind: Option<AllocKind>) -> (u64, u64) {
+    let (mut n, mut b) = (0u64, 0u64);
+    let mut visit = |_: u64, e: &live_table::Entry| {
+        if counters::slot(e.device, e.kind) == slot_ && kind.is_none_or(|k| k == e.kind) {
+            n += 1;
+            b = b.wrapping_add(e.size);
+        }
+    };
+    ALLOCS.for_each(&mut visit);
+    HANDLES.for_each(&mut visit);
+    (n, b)
+}
+
+/// Live bytes of one kind in a slot.
+pub fn live_bytes_kind(slot: usize, kind: AllocKind) -> u64 {
+    live_scan(slot, Some(kind)).1
+}
+
+/// Live entries of one kind in a slot.
+pub fn live_count_kind(slot: usize, kind: AllocKind) -> u64 {
+    live_scan(slot, Some(kind)).0
+}
+
+/// Live entries of a slot (all kinds).
+pub fn live_count(slot: usize) -> u64 {
+    live_scan(slot, None).0
+}
 
 fn slot_name(s: usize) -> String {
     match s {
@@ -58,31 +88,43 @@ pub fn counter(name: &str) -> Option<u64> {
             counters::calls(Api::ALL.iter().copied().find(|x| x.name() == api)?)
         }
         ("live_bytes", Some(s), None) => counters::live_bytes(parse_slot(s)?),
-        ("live_bytes", Some(s), Some(k)) => {
-            counters::live_bytes_kind(parse_slot(s)?, parse_kind(k)?)
-        }
-        ("live_count", Some(s), None) => counters::live_count(parse_slot(s)?),
-        ("live_count", Some(s), Some(k)) => {
-            counters::live_count_kind(parse_slot(s)?, parse_kind(k)?)
-        }
+        ("live_bytes", Some(s), Some(k)) => live_bytes_kind(parse_slot(s)?, parse_kind(k)?),
+        ("live_count", Some(s), None) => live_count(parse_slot(s)?),
+        ("live_count", Some(s), Some(k)) => live_count_kind(parse_slot(s)?, parse_kind(k)?),
         ("peak_bytes", Some(s), None) => counters::peak_bytes(parse_slot(s)?),
         ("live_entries", None, None) => ALLOCS.len() as u64,
         ("live_handles", None, None) => HANDLES.len() as u64,
         ("unknown_frees", None, None) => counters::unknown_frees(),
-        ("nested", None, None) => crate::guard::nested_on_this_thread(),
+        ("nested", None, None) => crate::sys::thread::nested_on_this_thread(),
         ("cap_refusals", None, None) => counters::cap_refusals(),
         ("alloc_failures", None, None) => counters::alloc_failures(),
         ("pooled", None, None) => counters::pooled_count(),
         ("panics", None, None) => counters::panics(),
-        ("pool", Some(d), Some(f)) => crate::pooling::c_stats::field(d.parse().ok()?, f)?,
+        ("pool", Some(d), Some(f)) => (POOL_VIEW.get()?.field)(d.parse().ok()?, f)?,
         _ => return None,
     })
+}
+
+/// The pool's statistics, read through functions the pool layer provides (wired at start-up:
+/// the pool stands beside this layer, not below it).
+pub struct PoolStatsView {
+    /// One field of one device's pool.
+    pub field: fn(i32, &str) -> Option<u64>,
+    /// Every device's pool as one JSON object.
+    pub json: fn() -> String,
+}
+
+static POOL_VIEW: std::sync::OnceLock<PoolStatsView> = std::sync::OnceLock::new();
+
+/// Install the pool's statistics view (once; later calls are ignored).
+pub fn set_pool_view(view: PoolStatsView) {
+    let _ = POOL_VIEW.set(view);
 }
 
 /// Everything as one JSON object.
 pub fn json() -> String {
     let mut s = String::with_capacity(2048);
-    let _ = write!(s, "{{\"pid\":{},\"calls\":{{", crate::ids::pid());
+    let _ = write!(s, "{{\"pid\":{},\"calls\":{{", crate::sys::ids::pid());
     let mut first = true;
     for api in Api::ALL {
         let n = counters::calls(*api);
@@ -106,16 +148,13 @@ pub fn json() -> String {
             if first { "" } else { "," },
             slot_name(slot),
             counters::live_bytes(slot),
-            counters::live_count(slot),
+            live_count(slot),
             counters::peak_bytes(slot),
         );
         first = false;
         let mut kfirst = true;
         for k in AllocKind::ALL {
-            let (b, c) = (
-                counters::live_bytes_kind(slot, *k),
-                counters::live_count_kind(slot, *k),
-            );
+            let (b, c) = (live_bytes_kind(slot, *k), live_count_kind(slot, *k));
             if b != 0 || c != 0 {
                 let _ = write!(
                     s,
@@ -140,7 +179,9 @@ pub fn json() -> String {
         counters::alloc_failures(),
         counters::pooled_count(),
         counters::panics(),
-        crate::pooling::c_stats::json()
+        POOL_VIEW
+            .get()
+            .map_or_else(|| "{}".to_string(), |v| (v.json)())
     );
     s
 }
@@ -189,12 +230,12 @@ pub unsafe extern "C" fn vramshim_counter(name: *const c_char) -> c_longlong {
 
 /// Expand `%p` (pid) in a path.
 fn expand(path: &str) -> String {
-    path.replace("%p", &crate::ids::pid().to_string())
+    path.replace("%p", &crate::sys::ids::pid().to_string())
 }
 
 /// At exit: `VRAMSHIM_STATS` dump and the debug summary.
 pub(crate) fn on_exit() {
-    if let Some(p) = crate::env::var("VRAMSHIM_STATS").filter(|p| !p.is_empty()) {
+    if let Some(p) = crate::config::var("VRAMSHIM_STATS").filter(|p| !p.is_empty()) {
         let path = expand(p);
         // Only an earlier stats file (or a new one) is written: never a symlink, a FIFO,
         // another user's file or any other file (docs/threat-model.md).
@@ -210,7 +251,7 @@ pub(crate) fn on_exit() {
             crate::warn!("VRAMSHIM_STATS: {path:?} {e}; no stats written");
         }
     }
-    if crate::log::enabled(crate::log::Level::Debug) {
+    if crate::sys::log::enabled(crate::sys::log::Level::Debug) {
         let mut line = String::new();
         for slot in counters::used_slots() {
             let _ = write!(
@@ -218,7 +259,7 @@ pub(crate) fn on_exit() {
                 " [{}: live {} B in {} allocations, peak {} B]",
                 slot_name(slot),
                 counters::live_bytes(slot),
-                counters::live_count(slot),
+                live_count(slot),
                 counters::peak_bytes(slot),
             );
         }

@@ -1,8 +1,8 @@
 //! The pool's `Device` over the CUDA driver's virtual-memory API (the real functions the
 //! interposer resolved; never our hooks). One per device ordinal.
 
-use crate::ffi_types::*;
-use crate::real;
+use crate::cuda::real;
+use crate::cuda::types::*;
 use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::{c_int, c_uint};
@@ -144,13 +144,13 @@ impl CudaDevice {
                 "cuMemGetAllocationGranularity failed on device {ordinal} (code {rc}, granularity {g})"
             ));
         }
-        let charge = crate::cap::charges_pool_pages();
+        let charge = (super::cap_view().charges_pages)();
         let mut limit = None;
         if !charge && let Some(total) = real::cuDeviceTotalMem_v2() {
             let mut t: usize = 0;
             // SAFETY: valid out-pointer.
             if unsafe { total(&mut t, ordinal) } == CUDA_SUCCESS && t > 0 {
-                let capped = crate::cap::total_for(ordinal, t as u64);
+                let capped = (super::cap_view().visible_total)(ordinal, t as u64);
                 if capped < t as u64 {
                     limit = Some(capped);
                 }
@@ -198,7 +198,7 @@ impl CudaDevice {
         self.runtime = runtime;
         self.capturing.set(None);
         if self.charge {
-            crate::cap::clear_pool_refusal();
+            (super::cap_view().clear_refusal)();
         }
     }
 
@@ -287,7 +287,7 @@ impl CudaDevice {
 impl Drop for CudaDevice {
     fn drop(&mut self) {
         if self.charged > 0 {
-            crate::cap::uncharge_pool_page(self.ordinal, self.charged);
+            (super::cap_view().uncharge_pages)(self.ordinal, self.charged);
             self.charged = 0;
         }
     }
@@ -323,7 +323,7 @@ impl Device for CudaDevice {
         }
         // Charged before it exists, so the device never holds more than the cap allows.
         if self.charge
-            && !crate::cap::charge_pool_page(
+            && !(super::cap_view().charge_page)(
                 self.ordinal,
                 self.gran,
                 Self::cu_stream(self.stream) as usize as u64,
@@ -339,7 +339,7 @@ impl Device for CudaDevice {
         let rc = ok(unsafe { (self.fns.create)(&mut h, self.gran as usize, &prop, 0) });
         if let Err(e) = rc {
             if self.charge {
-                crate::cap::uncharge_pool_page(self.ordinal, self.gran);
+                (super::cap_view().uncharge_pages)(self.ordinal, self.gran);
             }
             return Err(e);
         }
@@ -358,7 +358,7 @@ impl Device for CudaDevice {
         self.held -= self.gran;
         if self.charge && self.charged >= self.gran {
             self.charged -= self.gran;
-            crate::cap::uncharge_pool_page(self.ordinal, self.gran);
+            (super::cap_view().uncharge_pages)(self.ordinal, self.gran);
         }
         Ok(())
     }

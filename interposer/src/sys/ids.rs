@@ -6,7 +6,7 @@
 /// valid during thread exit too).
 #[inline]
 pub fn tid() -> u32 {
-    let st = crate::guard::state();
+    let st = crate::sys::thread::state();
     let v = st.tid.get();
     if v != 0 {
         return v;
@@ -15,7 +15,7 @@ pub fn tid() -> u32 {
 }
 
 #[cold]
-fn tid_slow(st: &crate::guard::State) -> u32 {
+fn tid_slow(st: &crate::sys::thread::State) -> u32 {
     // SAFETY: gettid has no preconditions.
     let v = unsafe { libc::gettid() } as u32;
     st.tid.set(v);
@@ -45,7 +45,7 @@ pub fn pid() -> u32 {
 
 /// Forget the cached thread id (the forking thread has a new tid in the child).
 pub(crate) fn on_fork_child() {
-    crate::guard::state().tid.set(0);
+    crate::sys::thread::state().tid.set(0);
 }
 
 #[cfg(test)]

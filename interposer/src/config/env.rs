@@ -1,6 +1,6 @@
 //! `VRAMSHIM_*` configuration, read once from the process environment at load.
 //!
-//! The constructor (`init.rs`) calls [`init`] with the `envp` glibc hands to `.init_array`
+//! The constructor (`lifecycle.rs`) calls [`init`] with the `envp` glibc hands to `.init_array`
 //! functions; any later call to [`var`] before that (another library's constructor calling
 //! CUDA first) initializes from `environ`. The strings are the process's own environment
 //! strings, which glibc never frees, so they are handed out as `&'static str` without
@@ -28,6 +28,7 @@ pub const KNOWN: &[&str] = &[
     "VRAMSHIM_STACKS_FAULT",
     "VRAMSHIM_STATS",
     "VRAMSHIM_TABLE_FAULT",
+    "VRAMSHIM_TORCH_FAULT",
     "VRAMSHIM_TRACE",
     "VRAMSHIM_TRACE_CLOCK",
     "VRAMSHIM_TRACE_CLOCK_FAULT",
@@ -37,7 +38,7 @@ pub const KNOWN: &[&str] = &[
     "VRAMSHIM_TRACE_WRITER_FAULT",
     "VRAMSHIM_ENV_FAULT",
 ];
-const NKNOWN: usize = 24;
+const NKNOWN: usize = 25;
 const _: () = assert!(KNOWN.len() == NKNOWN);
 
 /// At most this many `VRAMSHIM_*` variables are listed (in environment order, for the trace
@@ -193,10 +194,11 @@ pub fn var(name: &str) -> Option<&'static str> {
         .map(|(_, v)| v)
 }
 
-/// One line per problem with the environment itself (run once at load, after the log level
-/// is set): a known variable whose value is not UTF-8 (the cap's own variables are reported
-/// by the cap, which reads them lossily), and variables left out of the listing.
-pub fn report() {
+/// One line per problem with the environment itself, handed to `say` (run once at load, after
+/// the log level is set, with the log's warning as `say`: this layer sits below the log): a
+/// known variable whose value is not UTF-8 (the cap's own variables are reported by the cap,
+/// which reads them lossily), and variables left out of the listing.
+pub fn report(mut say: impl FnMut(std::fmt::Arguments<'_>)) {
     ensure();
     for name in KNOWN {
         if matches!(*name, "VRAMSHIM_CAP" | "VRAMSHIM_SHARED") {
@@ -205,18 +207,18 @@ pub fn report() {
         if let Some(v) = raw(name)
             && std::str::from_utf8(v).is_err()
         {
-            crate::warn!(
+            say(format_args!(
                 "{name}=\"{}\" is not valid UTF-8 text; {}; ignoring it",
                 String::from_utf8_lossy(v).escape_debug(),
                 forms(name)
-            );
+            ));
         }
     }
     let left_out = LEFT_OUT.load(Ordering::Relaxed);
     if left_out > 0 {
-        crate::warn!(
+        say(format_args!(
             "{left_out} VRAMSHIM_* variables past the first {MAX_VARS} are not listed in the trace header (the variables vramshim reads are read wherever they are)"
-        );
+        ));
     }
 }
 

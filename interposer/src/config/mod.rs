@@ -1,0 +1,9 @@
+//! The bottom layer: what the process asked for through its environment, read once at load
+//! ([`env`]), and the cached switches of the layers above ([`layers`]). Imports nothing of
+//! this crate.
+
+mod env;
+pub mod layers;
+
+pub(crate) use env::init;
+pub use env::{KNOWN, all, forms, raw, report, var};

@@ -1,0 +1,13 @@
+//! CUDA as the layers above see it: the ABI types ([`types`]), the real functions resolved
+//! lazily ([`real`]), what a hook decodes a call into ([`request`]), which device a memory
+//! pool lives on ([`mempools`]) and NVML's view of the devices ([`nvml`]). Apart from the
+//! hooks, this is the only place that calls real CUDA or NVML.
+
+pub mod mempools;
+pub mod nvml;
+pub mod real;
+pub mod request;
+pub mod types;
+
+/// Devices 0..MAX_DEVICES are told apart (per-device counters, contexts, NVML mapping).
+pub const MAX_DEVICES: usize = 64;

@@ -1,0 +1,9 @@
+//! What every layer stands on: the per-thread state and re-entry guard ([`thread`]), the
+//! thread id, process id and monotonic clock ([`ids`]), process-wide memory barriers
+//! ([`membarrier`]) and the allocation-free log ([`log`]). Imports only `config`.
+
+pub mod ids;
+#[macro_use]
+pub mod log;
+pub mod membarrier;
+pub mod thread;
