@@ -7,7 +7,7 @@ use vramshim_region::spec::{self, CapSpec};
 
 /// Whether the context's own memory counts against the cap (`VRAMSHIM_CAP_CONTEXT`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ContextMode {
+pub(crate) enum ContextMode {
     /// Default: the context's footprint is charged, so the process stays inside its share.
     Include,
     /// Only allocations are charged.
@@ -17,7 +17,7 @@ pub enum ContextMode {
 /// Test-only switches (`VRAMSHIM_CAP_FAULT`) that break one safety property on purpose, so
 /// the tests can show they catch it. Never set them in production.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Fault {
+pub(crate) enum Fault {
     None,
     /// The reservation becomes load/check/store instead of a CAS.
     RacyCharge,
@@ -56,7 +56,7 @@ pub enum Fault {
 
 /// What the variables asked for.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Settings {
+pub(crate) struct Settings {
     /// The caps from `VRAMSHIM_CAP` (all `None` when it is unset).
     pub spec: CapSpec,
     /// `VRAMSHIM_CAP` as given (None when unset).
@@ -72,7 +72,10 @@ pub struct Settings {
 
 /// Parses the variables. `None` = pass-through (nothing asked, or a bad value); the strings
 /// are the lines to print on stderr (one per problem).
-pub fn parse(get: &dyn Fn(&str) -> Option<String>, uid: u32) -> (Option<Settings>, Vec<String>) {
+pub(crate) fn parse(
+    get: &dyn Fn(&str) -> Option<String>,
+    uid: u32,
+) -> (Option<Settings>, Vec<String>) {
     let mut lines = Vec::new();
     let nonempty = |k: &str| get(k).filter(|v| !v.trim().is_empty());
     let cap_text = nonempty("VRAMSHIM_CAP");
