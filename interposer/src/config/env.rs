@@ -22,6 +22,7 @@ pub const KNOWN: &[&str] = &[
     "VRAMSHIM_POOL",
     "VRAMSHIM_POOL_BUDGET",
     "VRAMSHIM_POOL_DEBUG",
+    "VRAMSHIM_REGISTRY",
     "VRAMSHIM_SHARED",
     "VRAMSHIM_SLOTS_FAULT",
     "VRAMSHIM_STACKS",
@@ -38,7 +39,7 @@ pub const KNOWN: &[&str] = &[
     "VRAMSHIM_TRACE_WRITER_FAULT",
     "VRAMSHIM_ENV_FAULT",
 ];
-const NKNOWN: usize = 25;
+const NKNOWN: usize = 26;
 const _: () = assert!(KNOWN.len() == NKNOWN);
 
 /// At most this many `VRAMSHIM_*` variables are listed (in environment order, for the trace
@@ -236,6 +237,7 @@ pub fn forms(name: &str) -> &'static str {
             "accepted: 0 or 1"
         }
         "VRAMSHIM_CAP_CONTEXT" => "accepted: include or exclude",
+        "VRAMSHIM_REGISTRY" => "accepted: off, or an absolute path",
         _ => "accepted: see docs/configuration.md",
     }
 }
