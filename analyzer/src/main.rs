@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand};
 
 mod cmd;
 
-use cmd::{demo, diff, export, import, replay, report, run, summary, synth, top};
+use cmd::{demo, diff, export, exporter, import, replay, report, run, summary, synth, top};
 
 #[derive(Parser)]
 #[command(
@@ -38,8 +38,10 @@ enum Cmd {
     Replay(replay::Args),
     /// What changed between two runs.
     Diff(diff::Args),
-    /// Live view of a shared cap region.
+    /// Live view of the shared cap regions and of every process on the node.
     Top(top::Args),
+    /// Serve the node registry as Prometheus metrics at /metrics.
+    Exporter(exporter::Args),
     /// Write a deterministic synthetic trace (benchmarks, tests).
     #[command(hide = true)]
     Synth(synth::Args),
@@ -94,6 +96,7 @@ fn main() -> ExitCode {
         Cmd::Replay(a) => replay::main(a),
         Cmd::Diff(a) => diff::main(a),
         Cmd::Top(a) => top::main(a),
+        Cmd::Exporter(a) => exporter::main(a),
         Cmd::Synth(a) => synth::main(a),
     };
     match result {

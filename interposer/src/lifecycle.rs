@@ -137,6 +137,7 @@ fn fork_child_hooks() {
 /// Process exit (atexit handler).
 fn at_exit_hooks() {
     crate::state::stats::on_exit();
+    crate::pipeline::registry::on_exit();
     crate::hooks::context::record_startup_failure();
     crate::tracer::on_exit();
 }

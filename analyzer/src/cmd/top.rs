@@ -1,5 +1,6 @@
 //! `vramshim top`: a live view of the shared cap regions (`VRAMSHIM_SHARED=NAME`): the
-//! processes sharing each, their use per device, the cap, the peak and refusals so far.
+//! processes sharing each, their use per device, the cap, the peak and refusals so far; and
+//! of the node registry: every process under libvramshim.so, by GPU and by group.
 //! Refreshes on a terminal; `--once` (or output to a pipe) prints one snapshot; `--json` prints
 //! one machine-readable snapshot. Looking also reclaims the slots of dead processes (as any
 //! process of the group would), unless `--no-reclaim`.
@@ -31,6 +32,10 @@ pub struct Args {
     /// Only look: do not give dead processes' shares back.
     #[arg(long)]
     pub no_reclaim: bool,
+    /// The node registry to show (default: VRAMSHIM_REGISTRY, else
+    /// /dev/shm/vramshim-registry-<uid>).
+    #[arg(long, value_name = "PATH")]
+    pub registry: Option<PathBuf>,
 }
 
 fn uid() -> u32 {
@@ -242,6 +247,8 @@ fn render_json(views: &[View]) -> Value {
 
 pub fn main(args: Args) -> Result<ExitCode, String> {
     let paths = region_paths(args.name.as_deref())?;
+    let reg_path = super::node::registry_path(args.registry.as_deref())?;
+    let node_text = || super::node::render_text(&reg_path, &super::node::read(&reg_path));
     let snapshot = || -> Vec<View> {
         paths
             .iter()
@@ -251,9 +258,11 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
     let failed = |views: &[View]| args.name.is_some() && views.iter().any(|v| v.snap.is_err());
     if args.json {
         let views = snapshot();
+        let mut j = render_json(&views);
+        j["node"] = super::node::render_json(&reg_path, &super::node::read(&reg_path));
         println!(
             "{}",
-            serde_json::to_string_pretty(&render_json(&views)).map_err(|e| e.to_string())?
+            serde_json::to_string_pretty(&j).map_err(|e| e.to_string())?
         );
         return Ok(if failed(&views) {
             ExitCode::from(1)
@@ -264,7 +273,7 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
     let live = !args.once && std::io::stdout().is_terminal();
     if !live {
         let views = snapshot();
-        print!("{}", render_text(&views));
+        print!("{}{}", render_text(&views), node_text());
         return Ok(if failed(&views) {
             ExitCode::from(1)
         } else {
@@ -285,8 +294,9 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
         let mut out = std::io::stdout().lock();
         let _ = writeln!(
             out,
-            "\x1b[H\x1b[2J{}(refreshing every {:?}; Ctrl-C to quit)",
+            "\x1b[H\x1b[2J{}{}(refreshing every {:?}; Ctrl-C to quit)",
             render_text(&views),
+            node_text(),
             interval
         );
         let _ = out.flush();

@@ -86,9 +86,13 @@ pub(crate) struct Settings {
     pub dmem: Vec<DmemRegion>,
 }
 
+#[cfg(test)]
 /// Parses the variables. `None` = pass-through (nothing asked, or a bad value); the strings
 /// are the lines to print on stderr (one per problem).
-pub(crate) fn parse(get: &dyn Fn(&str) -> Option<String>, uid: u32) -> (Option<Settings>, Vec<String>) {
+pub(crate) fn parse(
+    get: &dyn Fn(&str) -> Option<String>,
+    uid: u32,
+) -> (Option<Settings>, Vec<String>) {
     parse_with(get, uid, Vec::new())
 }
 

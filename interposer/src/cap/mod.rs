@@ -1454,6 +1454,21 @@ pub fn trace_config() -> Vec<(String, String)> {
     out
 }
 
+/// The cap of `device` in bytes as enforced now, for the node registry (None: uncapped, no
+/// cap layer, or a share of a total not known yet).
+pub fn limit(device: i32) -> Option<u64> {
+    let c = global()?;
+    let d = device_index(device)?;
+    c.is_capped(device)
+        .then(|| c.cap_bytes(d))
+        .filter(|&b| b < MAX_BYTES)
+}
+
+/// The driver's UUID of `device`, for the node registry.
+pub fn device_uuid(device: i32) -> Option<[u8; 16]> {
+    driver::uuid(device)
+}
+
 /// Called once at load: parses the variables and prints one line per bad value.
 pub(crate) fn init() {
     let _ = global();

@@ -22,6 +22,7 @@ pub(crate) const KNOWN: &[&str] = &[
     "VRAMSHIM_POOL",
     "VRAMSHIM_POOL_BUDGET",
     "VRAMSHIM_POOL_DEBUG",
+    "VRAMSHIM_REGISTRY",
     "VRAMSHIM_SHARED",
     "VRAMSHIM_SLOTS_FAULT",
     "VRAMSHIM_STACKS",
@@ -60,7 +61,7 @@ pub(crate) const KNOWN: &[&str] = &[
     "GPU_MEMORY_LIMIT",
     "NVIDIA_GPU_MEMORY_LIMIT",
 ];
-const NKNOWN: usize = 45;
+const NKNOWN: usize = 46;
 const _: () = assert!(KNOWN.len() == NKNOWN);
 
 /// At most this many `VRAMSHIM_*` variables are listed (in environment order, for the trace
@@ -274,6 +275,7 @@ pub(crate) fn forms(name: &str) -> &'static str {
             "accepted: 0 or 1"
         }
         "VRAMSHIM_CAP_CONTEXT" => "accepted: include or exclude",
+        "VRAMSHIM_REGISTRY" => "accepted: off, or an absolute path",
         _ => "accepted: see docs/configuration.md",
     }
 }

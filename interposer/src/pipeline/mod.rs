@@ -5,6 +5,8 @@
 //! One request = one call count = one charge = one event: hooks reached again while an
 //! outer hook runs on the same thread are passed straight through (see [`run_hook`]).
 
+pub mod registry;
+
 use crate::cuda::request::Request;
 use crate::pool;
 use crate::state::counters;
@@ -193,6 +195,8 @@ fn layers_slow() -> u8 {
             m |= fault_bits();
         }
         crate::config::layers::store(m);
+        // The first request of the process (and any after a switch changed): cold.
+        registry::start();
         // The tracer switches (SeqCst) before it clears the bits: had it switched since we
         // read it, we see that here, and read again rather than keep stale bits.
         if tracer::enabled_seqcst() == traced {

@@ -1,0 +1,454 @@
+//! `vramshim exporter --listen ADDR:PORT`: the node registry as Prometheus text at `/metrics`
+//! (exposition format 0.0.4, which OpenMetrics scrapers read too). A tiny blocking HTTP/1.1
+//! server on `std::net`: one request per connection, one connection at a time, each bounded
+//! by a timeout and a request-size limit, so a stuck client delays a scrape by at most the
+//! timeout and never grows memory. Each scrape reads the registry once (one pass over its
+//! slots, one `/proc/<pid>/stat` read per registered process) and NVML once per GPU.
+//! Metric names: docs/metrics.md.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use vramshim_region::registry::{FLAG_WAITING, Registered};
+
+use super::node;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Address to serve `/metrics` on, e.g. `127.0.0.1:9400` or `0.0.0.0:9400`.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub listen: Option<String>,
+    /// The node registry (default: VRAMSHIM_REGISTRY, else /dev/shm/vramshim-registry-<uid>).
+    #[arg(long, value_name = "PATH")]
+    pub registry: Option<PathBuf>,
+    /// Print one scrape's text to stdout and exit (no server).
+    #[arg(long)]
+    pub once: bool,
+    /// Leave NVML out (no per-GPU totals from the driver).
+    #[arg(long)]
+    pub no_nvml: bool,
+}
+
+const MAX_REQUEST: usize = 8192;
+const IO_TIMEOUT: Duration = Duration::from_secs(5);
+
+pub fn main(args: Args) -> Result<ExitCode, String> {
+    let reg = node::registry_path(args.registry.as_deref())?;
+    let nvml = if args.no_nvml {
+        None
+    } else {
+        nvml::Nvml::open()
+    };
+    if args.once {
+        print!("{}", scrape(&reg, nvml.as_ref()));
+        return Ok(ExitCode::SUCCESS);
+    }
+    let Some(addr) = args.listen else {
+        return Err("exporter: --listen ADDR:PORT is required (or --once to print one scrape); e.g. --listen 127.0.0.1:9400".into());
+    };
+    let listener = TcpListener::bind(addr.as_str()).map_err(|e| {
+        format!("exporter: cannot listen on {addr:?}: {e}; accepted: ADDR:PORT, e.g. 127.0.0.1:9400 or [::1]:9400")
+    })?;
+    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    eprintln!(
+        "vramshim exporter: serving http://{local}/metrics from {}{}",
+        reg.display(),
+        if nvml.is_some() {
+            ""
+        } else {
+            " (no NVML: per-GPU totals from the driver left out)"
+        }
+    );
+    for conn in listener.incoming() {
+        match conn {
+            Ok(s) => {
+                if let Err(e) = serve(s, &reg, nvml.as_ref()) {
+                    eprintln!("vramshim exporter: {e}");
+                }
+            }
+            Err(e) => eprintln!("vramshim exporter: accept: {e}"),
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One connection: read one request (bounded), answer it, close.
+fn serve(mut s: TcpStream, reg: &std::path::Path, nvml: Option<&nvml::Nvml>) -> Result<(), String> {
+    s.set_read_timeout(Some(IO_TIMEOUT))
+        .map_err(|e| e.to_string())?;
+    s.set_write_timeout(Some(IO_TIMEOUT))
+        .map_err(|e| e.to_string())?;
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 1024];
+    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+        if buf.len() >= MAX_REQUEST {
+            return respond(
+                &mut s,
+                "431 Request Header Fields Too Large",
+                "text/plain",
+                "request too large\n",
+            );
+        }
+        match s.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) => return Err(format!("reading a request: {e}")),
+        }
+    }
+    let line = buf.split(|&b| b == b'\n').next().unwrap_or(&[]);
+    let line = String::from_utf8_lossy(line);
+    let mut parts = line.split_ascii_whitespace();
+    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let path = target.split('?').next().unwrap_or("");
+    match (method, path) {
+        ("GET", "/metrics") => {
+            let body = scrape(reg, nvml);
+            respond(
+                &mut s,
+                "200 OK",
+                "text/plain; version=0.0.4; charset=utf-8",
+                &body,
+            )
+        }
+        ("GET", "/") => respond(
+            &mut s,
+            "200 OK",
+            "text/html; charset=utf-8",
+            "<html><body><a href=\"/metrics\">/metrics</a></body></html>\n",
+        ),
+        ("GET", _) => respond(
+            &mut s,
+            "404 Not Found",
+            "text/plain",
+            "only /metrics is served\n",
+        ),
+        _ => respond(
+            &mut s,
+            "405 Method Not Allowed",
+            "text/plain",
+            "only GET is served\n",
+        ),
+    }
+}
+
+fn respond(s: &mut TcpStream, status: &str, ctype: &str, body: &str) -> Result<(), String> {
+    let head = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes())
+        .and_then(|()| s.write_all(body.as_bytes()))
+        .map_err(|e| format!("writing a response: {e}"))
+}
+
+/// A label value with `\`, `"` and newlines escaped (the exposition format's rule).
+fn esc(v: &str) -> String {
+    let mut o = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => o.push_str("\\\\"),
+            '"' => o.push_str("\\\""),
+            '\n' => o.push_str("\\n"),
+            c => o.push(c),
+        }
+    }
+    o
+}
+
+fn process_labels(p: &Registered) -> String {
+    let c = &p.identity.container;
+    let mut l = format!(
+        "pid=\"{}\",uid=\"{}\",cmd=\"{}\"",
+        p.pid,
+        p.identity.uid,
+        esc(&p.identity.cmd)
+    );
+    if !p.identity.group.is_empty() {
+        let _ = write!(l, ",group=\"{}\"", esc(&p.identity.group));
+    }
+    if !c.id.is_empty() {
+        let _ = write!(l, ",container=\"{}\"", esc(&c.id));
+    }
+    if !c.pod_uid.is_empty() {
+        let _ = write!(l, ",pod_uid=\"{}\"", esc(&c.pod_uid));
+    }
+    if c.runtime != vramshim_region::registry::Runtime::None {
+        let _ = write!(l, ",runtime=\"{}\"", c.runtime.name());
+    }
+    l
+}
+
+struct Family {
+    name: &'static str,
+    kind: &'static str,
+    help: &'static str,
+    lines: String,
+}
+
+impl Family {
+    fn new(name: &'static str, kind: &'static str, help: &'static str) -> Family {
+        Family {
+            name,
+            kind,
+            help,
+            lines: String::new(),
+        }
+    }
+
+    fn add(&mut self, labels: &str, v: u64) {
+        let _ = writeln!(self.lines, "{}{{{labels}}} {v}", self.name);
+    }
+
+    fn write(&self, o: &mut String) {
+        let _ = writeln!(o, "# HELP {} {}", self.name, self.help);
+        let _ = writeln!(o, "# TYPE {} {}", self.name, self.kind);
+        o.push_str(&self.lines);
+    }
+}
+
+/// One scrape's text.
+pub(crate) fn scrape(reg: &std::path::Path, nvml: Option<&nvml::Nvml>) -> String {
+    let t0 = Instant::now();
+    let (procs, error) = match node::read(reg) {
+        Ok(p) => (p, 0),
+        Err(e) => {
+            eprintln!("vramshim exporter: {e}");
+            (Vec::new(), 1)
+        }
+    };
+    let mut used = Family::new(
+        "vramshim_process_used_bytes",
+        "gauge",
+        "Device memory the process holds now (its live allocations, as vramshim counts them).",
+    );
+    let mut peak = Family::new(
+        "vramshim_process_peak_bytes",
+        "gauge",
+        "The most device memory the process held at once so far.",
+    );
+    let mut cap = Family::new(
+        "vramshim_process_cap_bytes",
+        "gauge",
+        "The cap in force on the device for the process (its group's, with VRAMSHIM_SHARED); absent when uncapped.",
+    );
+    let mut pool = Family::new(
+        "vramshim_process_pool_reserved_bytes",
+        "gauge",
+        "Device memory the process's pool reserves from the driver (VRAMSHIM_POOL).",
+    );
+    let mut refusals = Family::new(
+        "vramshim_process_cap_refusals_total",
+        "counter",
+        "Allocations the cap refused in the process.",
+    );
+    let mut ooms = Family::new(
+        "vramshim_process_ooms_total",
+        "counter",
+        "Allocations that failed in the process (the driver's out-of-memory and other failures).",
+    );
+    let mut waiting = Family::new(
+        "vramshim_process_waiting_on_cap",
+        "gauge",
+        "1 while a request of the process waits for its shared cap (VRAMSHIM_ON_CAP=wait).",
+    );
+    // Per GPU: (ordinal seen by the first process, sum of use).
+    let mut gpus: BTreeMap<String, u64> = BTreeMap::new();
+    for p in &procs {
+        let pl = process_labels(p);
+        refusals.add(&pl, p.refusals);
+        ooms.add(&pl, p.ooms);
+        waiting.add(&pl, u64::from(p.flags & FLAG_WAITING != 0));
+        for d in &p.devices {
+            let gpu = node::gpu_name(d);
+            let dl = format!("{pl},device=\"{}\",uuid=\"{}\"", d.ordinal, esc(&gpu));
+            used.add(&dl, d.used);
+            peak.add(&dl, d.peak);
+            if let Some(c) = d.cap {
+                cap.add(&dl, c);
+            }
+            pool.add(&dl, d.pool_reserved);
+            *gpus.entry(gpu).or_default() += d.used + d.pool_reserved;
+        }
+    }
+    let mut gpu_used = Family::new(
+        "vramshim_gpu_used_bytes",
+        "gauge",
+        "Sum over the registered processes of their use and pool reserve on the GPU.",
+    );
+    let mut gpu_total = Family::new(
+        "vramshim_gpu_memory_total_bytes",
+        "gauge",
+        "The GPU's memory as NVML reports it.",
+    );
+    let mut gpu_driver_used = Family::new(
+        "vramshim_gpu_memory_used_bytes",
+        "gauge",
+        "The GPU's memory in use as NVML reports it (every process, vramshim or not, and the driver's own).",
+    );
+    let mut unaccounted = Family::new(
+        "vramshim_gpu_unaccounted_bytes",
+        "gauge",
+        "Memory NVML reports in use that no registered vramshim process accounts for (other processes, contexts, the driver).",
+    );
+    let mut nvml_gpus = BTreeMap::new();
+    if let Some(n) = nvml {
+        for (uuid, total, used_now) in n.devices() {
+            nvml_gpus.insert(uuid.to_ascii_lowercase(), (uuid, total, used_now));
+        }
+    }
+    for (gpu, sum) in &gpus {
+        gpu_used.add(&format!("uuid=\"{}\"", esc(gpu)), *sum);
+    }
+    for (uuid, total, used_now) in nvml_gpus.values() {
+        let l = format!("uuid=\"{}\"", esc(uuid));
+        gpu_total.add(&l, *total);
+        gpu_driver_used.add(&l, *used_now);
+        let ours = gpus
+            .iter()
+            .find(|(g, _)| g.eq_ignore_ascii_case(uuid))
+            .map_or(0, |(_, s)| *s);
+        unaccounted.add(&l, used_now.saturating_sub(ours));
+    }
+    let mut o = String::with_capacity(256 + procs.len() * 1024);
+    for f in [
+        &used,
+        &peak,
+        &cap,
+        &pool,
+        &refusals,
+        &ooms,
+        &waiting,
+        &gpu_used,
+        &gpu_total,
+        &gpu_driver_used,
+        &unaccounted,
+    ] {
+        f.write(&mut o);
+    }
+    let _ = writeln!(
+        o,
+        "# HELP vramshim_registered_processes Processes in the node registry now.\n# TYPE vramshim_registered_processes gauge\nvramshim_registered_processes {}",
+        procs.len()
+    );
+    let _ = writeln!(
+        o,
+        "# HELP vramshim_registry_error 1 when the registry could not be read (the exporter's stderr says why).\n# TYPE vramshim_registry_error gauge\nvramshim_registry_error {error}"
+    );
+    let _ = writeln!(
+        o,
+        "# HELP vramshim_scrape_duration_seconds Time this scrape took to read the registry and NVML.\n# TYPE vramshim_scrape_duration_seconds gauge\nvramshim_scrape_duration_seconds {:.6}",
+        t0.elapsed().as_secs_f64()
+    );
+    o
+}
+
+/// NVML through `dlopen` (the exporter runs on nodes with and without a driver).
+pub(crate) mod nvml {
+    use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+
+    type Init = unsafe extern "C" fn() -> c_int;
+    type Count = unsafe extern "C" fn(*mut c_uint) -> c_int;
+    type Handle = unsafe extern "C" fn(c_uint, *mut *mut c_void) -> c_int;
+    type Uuid = unsafe extern "C" fn(*mut c_void, *mut c_char, c_uint) -> c_int;
+    type MemInfo = unsafe extern "C" fn(*mut c_void, *mut Memory) -> c_int;
+
+    #[repr(C)]
+    #[derive(Default)]
+    pub struct Memory {
+        total: u64,
+        free: u64,
+        used: u64,
+    }
+
+    pub struct Nvml {
+        count: Count,
+        handle: Handle,
+        uuid: Uuid,
+        mem: MemInfo,
+    }
+
+    fn sym(h: *mut c_void, name: &CStr) -> Option<usize> {
+        // SAFETY: h is a live dlopen handle; name is NUL-terminated.
+        let p = unsafe { libc::dlsym(h, name.as_ptr()) };
+        (!p.is_null()).then_some(p as usize)
+    }
+
+    impl Nvml {
+        /// `libnvidia-ml.so.1`, initialised; None where there is none or it fails.
+        pub fn open() -> Option<Nvml> {
+            // SAFETY: dlopen with a NUL-terminated name; the handle is never closed (NVML
+            // stays loaded for the life of the exporter).
+            let h = unsafe {
+                libc::dlopen(
+                    c"libnvidia-ml.so.1".as_ptr(),
+                    libc::RTLD_NOW | libc::RTLD_LOCAL,
+                )
+            };
+            if h.is_null() {
+                return None;
+            }
+            let init = sym(h, c"nvmlInit_v2")?;
+            // SAFETY: each address is NVML's function of that name, whose C signature the
+            // type spells (nvml.h).
+            let n = unsafe {
+                Nvml {
+                    count: std::mem::transmute::<usize, Count>(sym(h, c"nvmlDeviceGetCount_v2")?),
+                    handle: std::mem::transmute::<usize, Handle>(sym(
+                        h,
+                        c"nvmlDeviceGetHandleByIndex_v2",
+                    )?),
+                    uuid: std::mem::transmute::<usize, Uuid>(sym(h, c"nvmlDeviceGetUUID")?),
+                    mem: std::mem::transmute::<usize, MemInfo>(sym(h, c"nvmlDeviceGetMemoryInfo")?),
+                }
+            };
+            // SAFETY: as above; nvmlInit_v2 takes no arguments.
+            let rc = unsafe { std::mem::transmute::<usize, Init>(init)() };
+            (rc == 0).then_some(n)
+        }
+
+        /// (UUID, total, used) of each GPU NVML sees.
+        pub fn devices(&self) -> Vec<(String, u64, u64)> {
+            let mut n: c_uint = 0;
+            // SAFETY: n is a valid out-pointer.
+            if unsafe { (self.count)(&mut n) } != 0 {
+                return Vec::new();
+            }
+            let mut out = Vec::new();
+            for i in 0..n.min(64) {
+                let mut h = std::ptr::null_mut();
+                let mut buf = [0 as c_char; 96];
+                let mut m = Memory::default();
+                // SAFETY: out-pointers valid for the calls; buf's length is passed.
+                let ok = unsafe {
+                    (self.handle)(i, &mut h) == 0
+                        && (self.uuid)(h, buf.as_mut_ptr(), buf.len() as c_uint) == 0
+                        && (self.mem)(h, &mut m) == 0
+                };
+                if ok {
+                    buf[buf.len() - 1] = 0;
+                    // SAFETY: buf is NUL-terminated (forced above).
+                    let uuid = unsafe { CStr::from_ptr(buf.as_ptr()) }
+                        .to_string_lossy()
+                        .into_owned();
+                    out.push((uuid, m.total, m.used));
+                }
+            }
+            out
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escapes_label_values() {
+        assert_eq!(esc("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+}
