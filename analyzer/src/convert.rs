@@ -20,6 +20,7 @@ pub enum ExportFormat {
     ChromeJson,
     MemoryViz,
     RmmCsv,
+    Parquet,
 }
 
 impl ExportFormat {
@@ -29,6 +30,7 @@ impl ExportFormat {
             ExportFormat::ChromeJson => "chrome-json",
             ExportFormat::MemoryViz => "memory-viz",
             ExportFormat::RmmCsv => "rmm-csv",
+            ExportFormat::Parquet => "parquet",
         }
     }
 }
@@ -52,13 +54,13 @@ pub struct ExportStats {
 /// the figure `summary` prints at every instant.
 #[derive(Default)]
 struct ReservedFigures {
-    devices: crate::formats::FastMap<i32, DeviceFigures>,
+    devices: crate::fastmap::FastMap<i32, DeviceFigures>,
 }
 
 #[derive(Default)]
 struct DeviceFigures {
     /// Live allocations: address -> (kind, flags, size).
-    live: crate::formats::FastMap<u64, (AllocKind, u8, u64)>,
+    live: crate::fastmap::FastMap<u64, (AllocKind, u8, u64)>,
     held: Holdings,
     in_use: u64,
     cap: u64,
@@ -147,7 +149,7 @@ fn pump(
     Ok(opened.events.damaged())
 }
 
-pub fn export<W: Write>(
+pub fn export<W: Write + Send>(
     trace: &Path,
     format: ExportFormat,
     w: W,
@@ -192,6 +194,16 @@ pub fn export<W: Write>(
             let n = wr.packets;
             wr.finish().map_err(io)?;
             Ok(ExportStats { records: n, torn })
+        }
+        ExportFormat::Parquet => {
+            // Several traces into one file: `formats::parquet::export`, called by the command.
+            drop(opened);
+            let out = Path::new("the Parquet output");
+            let stats = crate::formats::parquet::export(&[trace.to_path_buf()], w, out)?;
+            Ok(ExportStats {
+                records: stats.rows,
+                torn: stats.damaged,
+            })
         }
         ExportFormat::MemoryViz => {
             let torn = opened.format == Format::VramTrace && {

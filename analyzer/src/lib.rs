@@ -5,11 +5,14 @@
 pub mod analysis;
 pub mod convert;
 pub mod error;
+pub mod fastmap;
 pub mod files;
 pub mod formats;
 pub mod input;
 pub mod progress;
 pub mod render;
+pub mod source;
+pub mod symbols;
 pub mod synth;
 pub mod units;
 pub mod whatif;

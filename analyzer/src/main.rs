@@ -51,7 +51,7 @@ fn spool_inputs(cmd: &mut Cmd) -> Result<Vec<vramshim_analyzer::input::Spooled>,
     let paths: Vec<&mut std::path::PathBuf> = match cmd {
         Cmd::Summary(a) => a.traces.iter_mut().collect(),
         Cmd::Report(a) => a.traces.iter_mut().collect(),
-        Cmd::Export(a) => vec![&mut a.trace],
+        Cmd::Export(a) => a.traces.iter_mut().collect(),
         Cmd::Replay(a) => vec![&mut a.trace],
         Cmd::Diff(a) => vec![&mut a.a, &mut a.b],
         // With --from the import streams its input once; without, the format is guessed from

@@ -11,7 +11,7 @@ use vramshim_trace::{Api, Event, Header, SyncKind, codes};
 
 use crate::analysis::{StitchVerdict, TraceReport};
 use crate::error::InputError;
-use crate::formats::FastMap;
+use crate::fastmap::FastMap;
 use crate::input::{self, Opened};
 use crate::units::bytes;
 

@@ -49,6 +49,10 @@ pub(crate) fn init(envp: *const *const c_char) {
 /// process see), and the trace's per-device
 /// counters carry the pool's reserve and the cap.
 fn wire() {
+    crate::state::stats::set_pool_view(crate::state::stats::PoolStatsView {
+        field: crate::pool::c_stats::field,
+        json: crate::pool::c_stats::json,
+    });
     crate::pool::set_cap_view(crate::pool::CapView {
         charges_pages: crate::cap::charges_pool_pages,
         charge_page: crate::cap::charge_pool_page,

@@ -62,6 +62,7 @@
 //! // Tight stitch: stitch::Stitch::tight() = Stitch::new().with_budget(Some(Budget::default()))
 //! //   (reserved <= recent peak live * (1 + ratio) + slack while anything is cached; cached
 //! //   blocks dissolved and idle pages released beyond it; Stats::{cached, budget, releases})
+//! //   (large blocks carved by address out of one growing mapping, the arena, first)
 //!
 //! // Accounting device: AccountingDevice::new(capacity), set_cap, set_checking,
 //! //   set_capturing, fail_nth(CallKind, n, DeviceError), process_sync, calls() -> CallCounts,

@@ -846,3 +846,96 @@ fn tight_pool_gives_idle_memory_back_after_a_sync() {
     assert_eq!(dev.calls().syncs(), 0, "the pool synchronized");
     assert!(dev.violations().is_empty(), "{:?}", dev.violations());
 }
+
+/// The tight pool's arena (large blocks carved by address out of one growing mapping) keeps
+/// the same rules, and the checker catches each one broken there: blocks of a new shape
+/// placed over live bytes (`skip_take`), over `cudaFree`d bytes before a synchronization
+/// (`reuse_sync_frees_early`), over another stream's freed bytes without ordering
+/// (`ignore_streams`).
+#[test]
+fn checker_catches_broken_rules_in_the_arena() {
+    type Case = (&'static str, fn(bool) -> Faults, FreeMode, u64);
+    let cases: [Case; 3] = [
+        (
+            "overlap",
+            |b| Faults {
+                skip_take: b,
+                ..Faults::default()
+            },
+            FreeMode::Async { stream: 1 },
+            1,
+        ),
+        (
+            "early reuse",
+            |b| Faults {
+                reuse_sync_frees_early: b,
+                ..Faults::default()
+            },
+            FreeMode::Sync,
+            1,
+        ),
+        (
+            "early reuse",
+            |b| Faults {
+                ignore_streams: b,
+                ..Faults::default()
+            },
+            FreeMode::Async { stream: 1 },
+            2,
+        ),
+    ];
+    for (what, faults, mode, stream2) in cases {
+        for broken in [false, true] {
+            let mut dev = one_dev();
+            let mut p = Stitch::tight();
+            p.set_faults(faults(broken));
+            let mut live = Vec::new();
+            // a few shapes live at once, then freed: their bytes go to new shapes (no
+            // exact-size twin), carved out of the arena
+            for (i, size) in [5 * MIB, 3 * MIB + 512, 7 * MIB].into_iter().enumerate() {
+                let a = p.alloc(&mut dev, Request { size, stream: 1 }).unwrap();
+                dev.check_alloc(a.addr, size, 1);
+                live.push((a.addr, size, i));
+            }
+            // one growing mapping holds them all
+            assert!(broken || p.mappings() == 1, "{}", p.mappings());
+            for &(addr, _, i) in &live {
+                if i != 1 {
+                    dev.check_free(addr, mode);
+                    // with overlapping blocks (one address handed out twice) the pool
+                    // knows only one of them
+                    let r = p.free(&mut dev, addr, mode);
+                    assert!(r.is_ok() || broken, "{r:?}");
+                }
+            }
+            for size in [6 * MIB, 4 * MIB + 1024] {
+                let b = p
+                    .alloc(
+                        &mut dev,
+                        Request {
+                            size,
+                            stream: stream2,
+                        },
+                    )
+                    .unwrap();
+                dev.check_alloc(b.addr, size, stream2);
+            }
+            // the new shapes came out of the pages held (no stitched mapping)
+            assert!(broken || p.mappings() == 1, "{}", p.mappings());
+            let found = dev
+                .violations()
+                .iter()
+                .any(|v| v.contains(what) || (what == "overlap" && v.contains("twice")));
+            assert_eq!(
+                found,
+                broken,
+                "{what} (broken {broken}): {:?}",
+                dev.violations()
+            );
+            assert_eq!(
+                p.stats().syncs == 0,
+                !matches!(mode, FreeMode::Sync) || broken
+            );
+        }
+    }
+}

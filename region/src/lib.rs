@@ -26,9 +26,13 @@
 //!   exact layout size, with our magic, version, sizes, uid and pid namespace; anything else is
 //!   refused with a [`RegionError`] whose text is the one line to print.
 //! - Line of a device ([`Region::line_for`]): lines are scanned in order; a published line
-//!   with the identity is the answer; a free line is claimed by CAS (free -> claiming), its
-//!   identity written, then published. Everyone scans in the same order and waits for a line
-//!   being claimed to be published, so two processes never claim two lines for one device.
+//!   with the identity is the answer; a free line is claimed by CAS (free -> claimed by the
+//!   claimer's [`ProcessKey`]), its identity written, then published by CAS (claimed by me ->
+//!   published). Everyone scans in the same order and waits for a line being claimed to be
+//!   published, so two processes never claim two lines for one device. A claim whose owner is
+//!   surely dead (killed between the two steps: no such pid, a zombie, another start time) is
+//!   taken over by CAS and finished by the taker; nothing is charged on a line before it is
+//!   published, so there is nothing to repair.
 //! - Charge: `inflight += 1`; CAS loop on the device total (refused if it would pass the cap);
 //!   `slot.used[dev] += bytes`; `inflight -= 1`. Uncharge: the same bracket, slot first, then
 //!   total (saturating: never below zero).

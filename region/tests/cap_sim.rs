@@ -1517,6 +1517,14 @@ fn a_members_cached_pool_pages_count_for_the_group() {
             continue;
         }
         assert!(hw <= g.cap, "device high water {hw} > cap {}", g.cap);
+        let refusals: Vec<_> = our_lines(&out)
+            .into_iter()
+            .filter(|l| l.contains("refused"))
+            .collect();
+        assert!(
+            refusals.len() == 1 && refusals[0].contains("VRAMSHIM_SHARED"),
+            "the pool's refusal is the cap's, said once: {refusals:?}"
+        );
         assert_eq!(
             (num(&f, "ok"), num(&f, "refused"), num(&f, "other")),
             (12, 1, 0),

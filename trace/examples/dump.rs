@@ -67,6 +67,9 @@ fn main() {
                     Event::Lost { .. } => "Lost",
                     Event::CallFailed { .. } => "CallFailed",
                     Event::Device(_) => "Device",
+                    Event::Torch(_) => "Torch",
+                    Event::PyCode { .. } => "PyCode",
+                    Event::PyStack { .. } => "PyStack",
                 };
                 *counts.entry(name).or_default() += 1;
                 if !quiet {

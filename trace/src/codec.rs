@@ -5,80 +5,9 @@
 //! the beginning of every frame and at every `Context` record, where all delta state resets.
 
 use crate::columns::TimeCursor;
-use crate::event::{AllocKind, Api, DeviceInfo, Event, MemOp, SyncKind};
-
-/// Record type tags. Values are part of the format: never renumber, only append.
-pub mod tag {
-    /// Reset all delta state and set the current thread id. Payload: `tid varint`.
-    pub const CONTEXT: u8 = 1;
-    /// Clean end of trace. Payload: `dt zigzag`.
-    pub const END: u8 = 2;
-    pub const ALLOC: u8 = 3;
-    pub const FREE: u8 = 4;
-    pub const CAP_REFUSAL: u8 = 5;
-    pub const POOL_TRIM: u8 = 6;
-    pub const SYNC: u8 = 7;
-    pub const MEM_INFO: u8 = 8;
-    pub const THREAD_START: u8 = 9;
-    pub const THREAD_EXIT: u8 = 10;
-    pub const FORK: u8 = 11;
-    pub const MODULE: u8 = 12;
-    pub const STACK: u8 = 13;
-    pub const COUNTER: u8 = 14;
-    pub const LOST: u8 = 15;
-    pub const DEVICE: u8 = 16;
-    /// A `Free` of the block in slot `s` of the recent-allocation table (address and size
-    /// taken from there).
-    pub const FREE_REF: u8 = 17;
-    /// An `Alloc` that got the address of one of the last 16 frees (ring index instead of
-    /// the address, and the size omitted when it is the freed block's).
-    pub const ALLOC_REUSE: u8 = 18;
-    /// A failed call that is not an allocation (`Event::CallFailed`).
-    pub const CALL_FAILED: u8 = 19;
-}
-
-/// MemOp presence bits (first payload byte of `ALLOC`/`FREE`).
-pub mod mask {
-    pub const API: u8 = 0x01;
-    pub const KIND: u8 = 0x02;
-    pub const FLAGS: u8 = 0x04;
-    pub const DEVICE: u8 = 0x08;
-    pub const STREAM: u8 = 0x10;
-    pub const RESULT: u8 = 0x20;
-    pub const STACK: u8 = 0x40;
-    pub const TID: u8 = 0x80;
-}
-
-/// Largest stack a `STACK` record may hold (decoder cap).
-pub const MAX_STACK_FRAMES: usize = 1024;
-/// Largest string a record or the header may hold (decoder cap).
-pub const MAX_STRING: usize = 64 * 1024;
-
-#[inline]
-pub(crate) fn put_varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
-}
-
-#[inline]
-pub(crate) fn zigzag(v: i64) -> u64 {
-    ((v << 1) ^ (v >> 63)) as u64
-}
-
-#[inline]
-pub(crate) fn unzigzag(v: u64) -> i64 {
-    ((v >> 1) as i64) ^ -((v & 1) as i64)
-}
-
-pub(crate) fn put_str(out: &mut Vec<u8>, s: &str) {
-    let b = s.as_bytes();
-    let b = &b[..b.len().min(MAX_STRING)];
-    put_varint(out, b.len() as u64);
-    out.extend_from_slice(b);
-}
+use crate::event::{AllocKind, Api, DeviceInfo, Event, MemOp, PyFrame, SyncKind, TorchOp};
+use crate::wire::{Cur, put_str, put_varint, unzigzag, zigzag};
+pub use crate::wire::{MAX_STACK_FRAMES, MAX_STRING, RecordError, mask, tag};
 
 /// Per-slot "previous values" of the MemOp encoding (one slot for allocs, one for frees).
 #[derive(Clone, Copy, Default, Debug)]
@@ -534,6 +463,40 @@ impl RecordEncoder {
                     b.extend_from_slice(u);
                 }
             }
+            Event::Torch(op) => {
+                self.time(op.t_ns);
+                let b = &mut self.buf;
+                put_varint(b, op.tid as u64);
+                b.push(op.action);
+                put_varint(b, zigzag(op.device as i64));
+                put_varint(b, op.addr);
+                put_varint(b, op.size);
+                put_varint(b, op.stream);
+                put_varint(b, op.segment);
+                put_varint(b, op.stack as u64);
+            }
+            Event::PyCode {
+                id,
+                file,
+                function,
+                first_line,
+            } => {
+                let b = &mut self.buf;
+                put_varint(b, *id as u64);
+                put_str(b, file);
+                put_str(b, function);
+                put_varint(b, *first_line as u64);
+            }
+            Event::PyStack { id, frames } => {
+                let b = &mut self.buf;
+                put_varint(b, *id as u64);
+                let frames = &frames[..frames.len().min(MAX_STACK_FRAMES)];
+                put_varint(b, frames.len() as u64);
+                for f in frames {
+                    put_varint(b, f.code as u64);
+                    put_varint(b, f.line as u64);
+                }
+            }
         }
         self.fix_len(at);
     }
@@ -801,161 +764,17 @@ fn record_tag(ev: &Event) -> u8 {
         Event::Lost { .. } => tag::LOST,
         Event::Device(_) => tag::DEVICE,
         Event::CallFailed { .. } => tag::CALL_FAILED,
+        Event::Torch(_) => tag::TORCH,
+        Event::PyCode { .. } => tag::PY_CODE,
+        Event::PyStack { .. } => tag::PY_STACK,
     }
 }
 
 // ---------------------------------------------------------------------------------------
 // Decoding
 
-/// Why a record could not be decoded.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RecordError {
-    /// The record (or its length) runs past the end of the frame.
-    Overrun,
-    /// A varint longer than 10 bytes.
-    BadVarint,
-    /// A field holds a value this reader does not know (e.g. an API number).
-    BadValue(&'static str),
-    /// A columnar frame's timing stream ends before its records do.
-    ColumnOverrun,
-}
-
-impl std::fmt::Display for RecordError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            RecordError::Overrun => write!(f, "record runs past the end of its frame"),
-            RecordError::BadVarint => write!(f, "malformed varint"),
-            RecordError::BadValue(what) => write!(f, "invalid {what}"),
-            RecordError::ColumnOverrun => {
-                write!(f, "timing column ends before the frame's records do")
-            }
-        }
-    }
-}
-
-/// A bounds-checked cursor over a payload.
-pub(crate) struct Cur<'a> {
-    pub b: &'a [u8],
-    pub p: usize,
-}
-
-impl<'a> Cur<'a> {
-    #[inline]
-    pub fn new(b: &'a [u8]) -> Self {
-        Cur { b, p: 0 }
-    }
-    #[inline]
-    pub fn u8(&mut self) -> Result<u8, RecordError> {
-        let v = *self.b.get(self.p).ok_or(RecordError::Overrun)?;
-        self.p += 1;
-        Ok(v)
-    }
-    #[inline(always)]
-    pub fn varint(&mut self) -> Result<u64, RecordError> {
-        if let Some(&first) = self.b.get(self.p) {
-            if first < 0x80 {
-                self.p += 1;
-                return Ok(first as u64);
-            }
-            if let Some(&second) = self.b.get(self.p + 1)
-                && second < 0x80
-            {
-                self.p += 2;
-                return Ok((first & 0x7f) as u64 | (second as u64) << 7);
-            }
-        }
-        self.varint_wide()
-    }
-
-    /// [`Cur::varint`] without the one- and two-byte shortcuts: for fields whose length varies
-    /// from record to record (addresses, sizes), where those branches mispredict.
-    #[inline(always)]
-    pub fn varint_wide(&mut self) -> Result<u64, RecordError> {
-        // Up to 8 bytes at once when 8 are readable (all but a record stream's last bytes):
-        // the 7-bit groups of a little-endian word are packed with three mask-and-shift steps,
-        // with no branch on the length (field lengths vary from record to record).
-        if let Some(w) = self.b.get(self.p..self.p + 8) {
-            let w = u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]);
-            let stops = !w & 0x8080_8080_8080_8080;
-            if stops != 0 {
-                let bits = stops.trailing_zeros() + 1; // through the last byte's top bit
-                let x = w & (u64::MAX >> (64 - bits));
-                let x = x & 0x7f7f_7f7f_7f7f_7f7f;
-                let x = ((x & 0x7f00_7f00_7f00_7f00) >> 1) | (x & 0x007f_007f_007f_007f);
-                let x = ((x & 0x3fff_0000_3fff_0000) >> 2) | (x & 0x0000_3fff_0000_3fff);
-                let x = ((x & 0x0fff_ffff_0000_0000) >> 4) | (x & 0x0000_0000_0fff_ffff);
-                self.p += (bits / 8) as usize;
-                return Ok(x);
-            }
-        }
-        self.varint_slow()
-    }
-
-    #[inline(never)]
-    fn varint_slow(&mut self) -> Result<u64, RecordError> {
-        if let Some(&first) = self.b.get(self.p)
-            && first < 0x80
-        {
-            self.p += 1;
-            return Ok(first as u64);
-        }
-        self.varint_loop()
-    }
-
-    #[inline(never)]
-    fn varint_loop(&mut self) -> Result<u64, RecordError> {
-        let b = self.b;
-        let mut p = self.p;
-        let first = *b.get(p).ok_or(RecordError::Overrun)?;
-        p += 1;
-        if first < 0x80 {
-            self.p = p;
-            return Ok(first as u64);
-        }
-        let mut v = (first & 0x7f) as u64;
-        let mut shift = 7;
-        loop {
-            let x = *b.get(p).ok_or(RecordError::Overrun)?;
-            p += 1;
-            if shift == 63 && x > 1 {
-                return Err(RecordError::BadVarint);
-            }
-            v |= ((x & 0x7f) as u64) << shift;
-            if x < 0x80 {
-                self.p = p;
-                return Ok(v);
-            }
-            shift += 7;
-            if shift > 63 {
-                return Err(RecordError::BadVarint);
-            }
-        }
-    }
-    #[inline]
-    pub fn u32v(&mut self) -> Result<u32, RecordError> {
-        let v = self.varint()?;
-        u32::try_from(v).map_err(|_| RecordError::BadValue("32-bit field"))
-    }
-    #[inline]
-    pub fn i32z(&mut self) -> Result<i32, RecordError> {
-        let v = unzigzag(self.varint()?);
-        i32::try_from(v).map_err(|_| RecordError::BadValue("32-bit signed field"))
-    }
-    pub fn bytes(&mut self, n: usize) -> Result<&'a [u8], RecordError> {
-        let end = self.p.checked_add(n).ok_or(RecordError::Overrun)?;
-        let s = self.b.get(self.p..end).ok_or(RecordError::Overrun)?;
-        self.p = end;
-        Ok(s)
-    }
-    pub fn string(&mut self) -> Result<String, RecordError> {
-        let n = self.varint()?;
-        if n > MAX_STRING as u64 {
-            return Err(RecordError::BadValue("string length"));
-        }
-        let s = self.bytes(n as usize)?;
-        Ok(String::from_utf8_lossy(s).into_owned())
-    }
-}
+// ---------------------------------------------------------------------------------------
+// Decoding
 
 fn api_of(v: u64) -> Result<Api, RecordError> {
     u16::try_from(v)
@@ -1185,6 +1004,47 @@ impl RecordDecoder {
                 });
                 Ok(Decoded::Event)
             }
+            tag::TORCH => {
+                let t_ns = self.time(&mut c)?;
+                *out = Event::Torch(TorchOp {
+                    t_ns,
+                    tid: c.u32v()?,
+                    action: c.u8()?,
+                    device: c.i32z()?,
+                    addr: c.varint()?,
+                    size: c.varint()?,
+                    stream: c.varint()?,
+                    segment: c.varint()?,
+                    stack: c.u32v()?,
+                });
+                Ok(Decoded::Event)
+            }
+            tag::PY_CODE => {
+                *out = Event::PyCode {
+                    id: c.u32v()?,
+                    file: c.string()?,
+                    function: c.string()?,
+                    first_line: c.u32v()?,
+                };
+                Ok(Decoded::Event)
+            }
+            tag::PY_STACK => {
+                let id = c.u32v()?;
+                let n = c.varint()?;
+                // Each frame takes at least two bytes: bounds the allocation by the payload.
+                if n > MAX_STACK_FRAMES as u64 || n as usize > payload.len() / 2 {
+                    return Err(RecordError::BadValue("python stack depth"));
+                }
+                let mut frames = Vec::with_capacity(n as usize);
+                for _ in 0..n {
+                    frames.push(PyFrame {
+                        code: c.u32v()?,
+                        line: c.u32v()?,
+                    });
+                }
+                *out = Event::PyStack { id, frames };
+                Ok(Decoded::Event)
+            }
             _ => Ok(Decoded::Nothing),
         }
     }
@@ -1387,8 +1247,8 @@ mod tests {
             let op = MemOp {
                 t_ns: i,
                 tid: 1,
-                api: crate::Api::CudaMalloc,
-                kind: crate::AllocKind::Runtime,
+                api: Api::CudaMalloc,
+                kind: AllocKind::Runtime,
                 flags: 0,
                 device: 0,
                 stream: 0,
@@ -1405,51 +1265,6 @@ mod tests {
             });
             if enc.len() > 1 << 20 {
                 enc.begin(1);
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod varint_tests {
-    use super::*;
-
-    /// The word-at-a-time path reads every varint (canonical or padded, followed by other
-    /// bytes or at the end of the buffer) exactly as the byte loop does.
-    #[test]
-    fn word_path_matches_the_byte_loop() {
-        let mut x = 0x1234_5678_9abc_def1u64;
-        let mut cases: Vec<Vec<u8>> = Vec::new();
-        for i in 0..20_000u64 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            let v = x >> (i % 64);
-            let mut b = Vec::new();
-            put_varint(&mut b, v);
-            if i % 5 == 0 {
-                // Non-canonical: a padded last group.
-                let last = b.len() - 1;
-                b[last] |= 0x80;
-                b.push(0);
-            }
-            b.extend(std::iter::repeat_n((x >> 8) as u8, (i % 12) as usize));
-            cases.push(b);
-        }
-        cases.push(vec![0xff; 12]);
-        cases.push(vec![0x80; 9]);
-        for b in &cases {
-            let mut fast = Cur::new(b);
-            let mut slow = Cur::new(b);
-            let mut wide = Cur::new(b);
-            let f = fast.varint();
-            let w = wide.varint_wide();
-            let s = slow.varint_loop();
-            assert_eq!(f, s, "{b:02x?}");
-            assert_eq!(w, s, "{b:02x?}");
-            if s.is_ok() {
-                assert_eq!(fast.p, slow.p, "{b:02x?}");
-                assert_eq!(wide.p, slow.p, "{b:02x?}");
             }
         }
     }

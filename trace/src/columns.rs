@@ -11,7 +11,7 @@
 //! path does not change); a buffer it cannot split (only possible for hand-made records)
 //! goes out as a row frame, which v2 readers also accept.
 
-use crate::codec::{Cur, RecordError, mask, put_varint, tag};
+use crate::wire::{Cur, RecordError, mask, put_varint, tag};
 
 /// Number of streams in a columnar frame: the records, then 4 timing streams per class.
 pub const STREAMS: usize = 9;

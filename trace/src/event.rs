@@ -337,6 +337,75 @@ pub enum Event {
     /// initialised; devices are described here once they are known). Same meaning as
     /// `Header::devices`.
     Device(DeviceInfo),
+    /// An event of PyTorch's caching allocator (a tensor's block carved out of, or given back
+    /// to, one of its segments), seen through the allocator's own trace tracker.
+    Torch(TorchOp),
+    /// A Python code object named once (`PyStack` frames refer to its `id`).
+    PyCode {
+        id: u32,
+        file: String,
+        function: String,
+        first_line: u32,
+    },
+    /// A deduplicated Python stack: frames innermost first.
+    PyStack {
+        id: u32,
+        frames: Vec<PyFrame>,
+    },
+}
+
+/// What PyTorch's caching allocator did (its `TraceEntry::Action` numbers).
+pub mod torch_action {
+    pub const ALLOC: u8 = 0;
+    pub const FREE_REQUESTED: u8 = 1;
+    pub const FREE_COMPLETED: u8 = 2;
+    pub const SEGMENT_ALLOC: u8 = 3;
+    pub const SEGMENT_FREE: u8 = 4;
+    pub const SEGMENT_MAP: u8 = 5;
+    pub const SEGMENT_UNMAP: u8 = 6;
+    pub const OOM: u8 = 8;
+
+    /// PyTorch's own name of an action.
+    pub fn name(a: u8) -> &'static str {
+        match a {
+            ALLOC => "alloc",
+            FREE_REQUESTED => "free_requested",
+            FREE_COMPLETED => "free_completed",
+            SEGMENT_ALLOC => "segment_alloc",
+            SEGMENT_FREE => "segment_free",
+            SEGMENT_MAP => "segment_map",
+            SEGMENT_UNMAP => "segment_unmap",
+            7 => "snapshot",
+            OOM => "oom",
+            _ => "other",
+        }
+    }
+}
+
+/// One event of PyTorch's caching allocator.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct TorchOp {
+    pub t_ns: u64,
+    /// Kernel thread id of the thread the allocator ran on.
+    pub tid: u32,
+    /// [`torch_action`] number.
+    pub action: u8,
+    pub device: i32,
+    /// The block's (or segment's) address; for `OOM`, the free bytes the device reported.
+    pub addr: u64,
+    pub size: u64,
+    pub stream: u64,
+    /// Base address of the segment the block lies in (0 when unknown).
+    pub segment: u64,
+    /// `PyStack` id of the Python stack PyTorch captured for the block (0: none).
+    pub stack: u32,
+}
+
+/// One Python frame of a `PyStack`: a `PyCode` id and the line executing in it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct PyFrame {
+    pub code: u32,
+    pub line: u32,
 }
 
 impl Event {
@@ -354,7 +423,12 @@ impl Event {
             | Event::Counter { t_ns, .. }
             | Event::Lost { t_ns, .. }
             | Event::CallFailed { t_ns, .. } => Some(*t_ns),
-            Event::Module { .. } | Event::Stack { .. } | Event::Device(_) => None,
+            Event::Torch(op) => Some(op.t_ns),
+            Event::Module { .. }
+            | Event::Stack { .. }
+            | Event::Device(_)
+            | Event::PyCode { .. }
+            | Event::PyStack { .. } => None,
         }
     }
 }

@@ -1,7 +1,7 @@
 //! File preamble: magic, format version, header length, header payload.
 
-use crate::codec::{Cur, RecordError, put_str, put_varint, unzigzag, zigzag};
 use crate::event::{DeviceInfo, Header};
+use crate::wire::{Cur, RecordError, put_str, put_varint, unzigzag, zigzag};
 
 /// First bytes of every `.vramtrace` file (PNG style: a high byte, the name, CR LF, ^Z, LF).
 pub const MAGIC: [u8; 14] = *b"\x89VRAMTRACE\r\n\x1a\n";

@@ -5,11 +5,11 @@ use std::fs::File;
 use std::io::{self, BufReader, Read};
 use std::path::Path;
 
-use crate::codec::tag;
-use crate::codec::{Cur, Decoded, RecordDecoder, RecordError};
+use crate::codec::{Decoded, RecordDecoder};
 use crate::columns::{STREAMS, TimeCursor, is_memop};
 use crate::event::{Event, Header, MemOp};
 use crate::header::{COLUMNAR_SINCE, FORMAT_VERSION, MAGIC, MAX_HEADER, decode_header};
+use crate::wire::{Cur, RecordError, tag};
 use crate::writer::{
     FRAME_HEADER_LEN, FRAME_MAGIC, FRAME_MAGIC_COLUMNAR, MAX_FRAME_COMPRESSED, MAX_FRAME_RAW,
 };
@@ -406,7 +406,7 @@ impl<R: Read> TraceReader<R> {
         let (len, hl) = match raw.get(1) {
             Some(&b) if b < 0x80 => (b as usize, 2),
             Some(_) => {
-                let mut c = crate::codec::Cur::new(&raw[1..]);
+                let mut c = Cur::new(&raw[1..]);
                 let l = c.varint()?;
                 if l > raw.len() as u64 {
                     return Err(RecordError::Overrun);

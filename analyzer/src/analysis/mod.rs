@@ -4,29 +4,28 @@
 pub mod by_gpu;
 pub mod compare;
 pub mod diff;
-mod elf;
 mod fast;
 mod liveset;
 pub mod report;
 pub mod reserved;
 mod sites;
 pub mod steps;
-pub mod symbols;
 pub mod timeline;
+pub mod torch;
 
 use std::collections::BTreeMap;
 
 use vramshim_trace::{AllocKind, Api, Event, Header, MemOp, SyncKind, codes, flags};
 
 use crate::error::InputError;
-use crate::formats::FastMap;
-use crate::input::{Format, Opened};
+use crate::fastmap::FastMap;
 use crate::progress::Progress;
+use crate::source::{Format, Opened};
+use crate::symbols::{Module, Symbolizer};
 use liveset::LiveSet;
 pub use report::*;
 use reserved::Holdings;
 use sites::SiteTable;
-use symbols::{Module, Symbolizer};
 use timeline::Timeline;
 
 #[derive(Clone, Debug)]
@@ -361,6 +360,8 @@ pub struct Analysis {
     tid_seen: [u32; 64],
     /// The reorder batch of the events being fed (fast path only; see `fast`).
     pub(crate) batch: u64,
+    /// The tensor level (PyTorch's caching allocator), when the trace has one.
+    pub(crate) torch: torch::TorchState,
 }
 
 impl Analysis {
@@ -385,6 +386,7 @@ impl Analysis {
             // Slot i starts with a value whose low bits are not i: matches no thread.
             tid_seen: std::array::from_fn(|i| i as u32 + 1),
             batch: 0,
+            torch: torch::TorchState::default(),
         }
     }
 
@@ -790,9 +792,72 @@ impl Analysis {
                     self.header.devices.push(info);
                 }
             }
+            Event::Torch(op) => {
+                if let Some(snap) = self.torch.op(&op, top) {
+                    self.torch_oom(&op, snap, index, batch);
+                }
+            }
+            Event::PyCode {
+                id, file, function, ..
+            } => self.torch.code(id, file, function),
+            Event::PyStack { id, frames } => self.torch.stack(id, frames),
             Event::Alloc(_) | Event::Free(_) => unreachable!("handled in feed"),
         }
         let _ = index;
+    }
+
+    /// PyTorch raised an out-of-memory error: its tensor snapshot goes to the post-mortem of
+    /// the device allocation that failed just before on the same thread (PyTorch's own
+    /// request to the driver), else to a post-mortem of its own ("pytorch": PyTorch refused
+    /// without a failed device call, e.g. under `set_per_process_memory_fraction`).
+    fn torch_oom(
+        &mut self,
+        op: &vramshim_trace::TorchOp,
+        snap: torch::TorchSnap,
+        index: u64,
+        batch: u64,
+    ) {
+        let top = self.opts.top;
+        let max_pm = self.opts.max_post_mortems;
+        let total = self.device_total(op.device);
+        let d = self.dev(op.device);
+        if let Some(p) = d.post_mortems.iter_mut().rev().find(|p| {
+            p.tid == op.tid
+                && p.pm.torch_snap.is_none()
+                && p.pm.t_ns <= op.t_ns
+                && op.t_ns - p.pm.t_ns < 10_000_000_000
+        }) {
+            p.pm.torch_snap = Some(snap);
+            return;
+        }
+        if d.post_mortems.len() >= max_pm {
+            d.post_mortems_dropped += 1;
+            return;
+        }
+        let dsnap = d.snapshot(top);
+        let mut pm = PostMortem::new(
+            "pytorch",
+            index,
+            op.t_ns,
+            Api::Unknown,
+            None,
+            op.size,
+            0,
+            op.stream,
+            d.in_use,
+            (d.device >= 0).then(|| d.reserved()),
+            d.cap,
+            total,
+            dsnap,
+        );
+        pm.torch_snap = Some(snap);
+        d.post_mortems.push(PendingPm {
+            pm,
+            tid: op.tid,
+            linked: true,
+            batch,
+            alloc_at: (0, 0),
+        });
     }
 
     /// Ends the pass and builds the report.
@@ -804,6 +869,7 @@ impl Analysis {
                 d.peak_pending = false;
             }
         }
+        self.torch.finish(top);
         report::build(self, warnings)
     }
 }

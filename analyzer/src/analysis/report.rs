@@ -148,6 +148,10 @@ pub struct DeviceReport {
     pub ooms: u64,
     pub post_mortems: Vec<PostMortem>,
     pub post_mortems_not_shown: u64,
+    /// PyTorch's tensors at its peak of allocated bytes (traces with tensor-level events;
+    /// absent otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub torch_peak: Option<super::torch::TorchView>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -312,8 +316,13 @@ pub struct PostMortem {
     /// What would have served it with a larger device (device OOMs).
     pub larger_device: Option<LargerCap>,
     pub stitch: Option<StitchVerdict>,
+    /// PyTorch's tensors at the failure (traces with tensor-level events; absent otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub torch: Option<super::torch::TorchView>,
     #[serde(skip)]
     pub(crate) snap: Option<Snapshot>,
+    #[serde(skip)]
+    pub(crate) torch_snap: Option<super::torch::TorchSnap>,
 }
 
 impl PostMortem {
@@ -363,7 +372,9 @@ impl PostMortem {
                 None
             },
             stitch: None,
+            torch: None,
             snap: Some(snap),
+            torch_snap: None,
         }
     }
 }
@@ -551,6 +562,14 @@ pub(crate) fn build(mut a: Analysis, warnings: Vec<String>) -> TraceReport {
                     .collect();
                 pm.top_sites = site_holders(&mut a, &s.top_sites);
             }
+            if let Some(s) = pm.torch_snap.take() {
+                let v = a.torch.view(&s, t0, max_frames);
+                // The Python line that asked names the failure.
+                if let Some(f) = &v.failed {
+                    pm.site = f.site.clone();
+                }
+                pm.torch = Some(v);
+            }
             post_mortems.push(pm);
         }
         devices.push(DeviceReport {
@@ -603,6 +622,10 @@ pub(crate) fn build(mut a: Analysis, warnings: Vec<String>) -> TraceReport {
             ooms: d.ooms,
             post_mortems,
             post_mortems_not_shown: d.post_mortems_dropped,
+            torch_peak: a
+                .torch
+                .peak(d.device)
+                .map(|s| a.torch.view(&s, t0, max_frames)),
         });
         timelines.push((d.device, d.timeline));
         // Only a device with a UUID can be lined up with another trace's: drop the others'

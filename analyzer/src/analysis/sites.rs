@@ -3,7 +3,7 @@
 //! a map. A site exists once it has an allocation or a failure, so all-zero slots are "absent".
 
 use super::SiteAcc;
-use crate::formats::FastMap;
+use crate::fastmap::FastMap;
 
 const DENSE: u32 = 1 << 20;
 

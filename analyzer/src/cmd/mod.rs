@@ -9,6 +9,7 @@ pub(crate) mod demo;
 pub(crate) mod diff;
 pub(crate) mod export;
 pub(crate) mod import;
+pub(crate) mod python_hook;
 pub(crate) mod pytorch_route;
 pub(crate) mod replay;
 pub(crate) mod replay_live;

@@ -65,6 +65,10 @@ pub struct Args {
     /// Same as `--pytorch-route native`.
     #[arg(long, conflicts_with = "pytorch_route")]
     pub keep_torch_caching: bool,
+    /// With --trace, do not load vramshim's Python startup hook (which records PyTorch's
+    /// tensors and their Python lines). Same as VRAMSHIM_PYTHON_HOOK=0.
+    #[arg(long)]
+    pub no_python_hook: bool,
     /// The command and its arguments.
     #[arg(required = true, num_args = 1.., allow_hyphen_values = true, value_name = "CMD")]
     pub cmd: Vec<OsString>,
@@ -145,6 +149,12 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
     if let Some(n) = args.stacks {
         cmd.env("VRAMSHIM_STACKS", n.to_string());
     }
+    // Removed (dropped) once the job has ended.
+    let _hook = if trace.is_some() && super::python_hook::wanted(args.no_python_hook) {
+        super::python_hook::install(&mut cmd)
+    } else {
+        None
+    };
     if let Some(v) = &args.log {
         cmd.env("VRAMSHIM_LOG", v);
     }

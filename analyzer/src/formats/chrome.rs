@@ -6,7 +6,7 @@ use std::io::{self, Write};
 
 use vramshim_trace::{Event, Header, codes};
 
-use super::FastMap;
+use crate::fastmap::FastMap;
 
 pub struct ChromeWriter<W: Write> {
     w: W,

@@ -16,11 +16,11 @@ use std::path::Path;
 
 use vramshim_trace::{AllocKind, Api, Event, Header, MemOp, codes, flags};
 
-use super::FastMap;
 use super::pickle::{self, PickleWriter, Value};
-use crate::analysis::symbols::{Module, Symbolizer};
 use crate::error::InputError;
-use crate::input::{Opened, VecSource};
+use crate::fastmap::FastMap;
+use crate::source::{Opened, VecSource};
+use crate::symbols::{Module, Symbolizer};
 
 struct LiveBlock {
     size: u64,

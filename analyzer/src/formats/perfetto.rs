@@ -18,8 +18,8 @@ use std::io::{self, Write};
 
 use vramshim_trace::{Event, Header, codes};
 
-use super::FastMap;
-use crate::analysis::symbols::{Module, Symbolizer};
+use crate::fastmap::FastMap;
+use crate::symbols::{Module, Symbolizer};
 
 pub const PROCESS_UUID: u64 = 1;
 const THREAD_BASE: u64 = 1 << 32;

@@ -12,9 +12,9 @@ use std::rc::Rc;
 
 use vramshim_trace::{AllocKind, Api, Event, Header, MemOp, codes};
 
-use super::FastMap;
 use crate::error::InputError;
-use crate::input::EventSource;
+use crate::fastmap::FastMap;
+use crate::source::EventSource;
 
 pub const HEADER: &str = "Thread,Time,Action,Pointer,Size,Stream";
 /// The longest line read: RMM writes about 80 bytes a row. Longer means not an RMM log (or
@@ -503,7 +503,7 @@ mod tests {
         let text = format!("{}\n1,2,3\n", header.join(","));
         let count = Rc::new(Cell::new(0));
         let (_, mut src) = open_reader(Path::new("wide.csv"), text.as_bytes(), count).unwrap();
-        use crate::input::EventSource;
+        use crate::source::EventSource;
         assert!(matches!(src.next_event(), Some(Err(_))));
     }
 }

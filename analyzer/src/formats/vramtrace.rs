@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use vramshim_trace::{DecodeErrorKind, Event, Header, TraceReader, TruncationReason};
 
 use crate::error::InputError;
-use crate::input::EventSource;
+use crate::source::EventSource;
 
 /// How far (in trace time) a buffer may lag behind the newest event. The writer flushes every
 /// 100 ms; ten times that is a wide margin.

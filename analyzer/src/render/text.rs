@@ -142,6 +142,14 @@ fn device(d: &DeviceReport, out: &mut String, end_note: Option<String>) {
             );
         }
     }
+    if let Some(t) = &d.torch_peak {
+        let _ = writeln!(
+            out,
+            "  PyTorch's peak of allocated tensors at +{}:",
+            duration_ns(t.offset_ns)
+        );
+        torch_view(t, "then", out);
+    }
     if !p.top_allocations.is_empty() {
         let _ = writeln!(out, "  largest live allocations at the peak:");
         for h in p.top_allocations.iter().take(5) {
@@ -268,12 +276,75 @@ fn device(d: &DeviceReport, out: &mut String, end_note: Option<String>) {
     }
 }
 
+/// PyTorch's tensors at one moment: by Python location, then the largest segments with what
+/// lies in them and what is cached (free) inside them.
+pub fn torch_view(t: &crate::analysis::torch::TorchView, when: &str, out: &mut String) {
+    if let Some(f) = &t.failed {
+        let _ = writeln!(
+            out,
+            "    PyTorch could not allocate {} at {} (device free: {})",
+            bytes(f.size),
+            f.site,
+            bytes(f.device_free)
+        );
+        for fr in f.frames.iter().take(6) {
+            let _ = writeln!(out, "      {fr}");
+        }
+    }
+    let _ = writeln!(
+        out,
+        "    PyTorch {when}: {} allocated in {} tensors; {} reserved in {} segments, of which {} cached (free inside segments)",
+        bytes(t.allocated),
+        t.tensors,
+        bytes(t.reserved),
+        t.segments_total,
+        bytes(t.cached)
+    );
+    if !t.holders.is_empty() {
+        let _ = writeln!(out, "    tensors held, by Python line:");
+        for h in &t.holders {
+            let _ = writeln!(
+                out,
+                "      {:>12} in {:>6} tensors  {}",
+                bytes(h.bytes),
+                h.tensors,
+                h.site
+            );
+        }
+    }
+    if !t.segments.is_empty() {
+        let _ = writeln!(out, "    largest segments:");
+        for sg in t.segments.iter().take(5) {
+            let held: Vec<String> = sg
+                .holders
+                .iter()
+                .take(3)
+                .map(|h| format!("{} {}", bytes(h.bytes), h.site))
+                .collect();
+            let _ = writeln!(
+                out,
+                "      {} {:>10}: {} live{}{}, {} cached",
+                sg.addr,
+                bytes(sg.size),
+                bytes(sg.allocated),
+                if held.is_empty() { "" } else { " (" },
+                if held.is_empty() {
+                    String::new()
+                } else {
+                    held.join(", ") + ")"
+                },
+                bytes(sg.cached)
+            );
+        }
+    }
+}
+
 pub fn post_mortem(n: usize, pm: &PostMortem, out: &mut String) {
     let _ = writeln!(out);
-    let what = if pm.cause == "cap" {
-        "REFUSED by the cap"
-    } else {
-        "OUT OF MEMORY (device)"
+    let what = match pm.cause.as_str() {
+        "cap" => "REFUSED by the cap",
+        "pytorch" => "OUT OF MEMORY (PyTorch)",
+        _ => "OUT OF MEMORY (device)",
     };
     let _ = writeln!(
         out,
@@ -314,6 +385,9 @@ pub fn post_mortem(n: usize, pm: &PostMortem, out: &mut String) {
             s.allocations,
             s.site
         );
+    }
+    if let Some(t) = &pm.torch {
+        torch_view(t, "at the failure", out);
     }
     if let Some(l) = &pm.larger_cap {
         let _ = writeln!(

@@ -3,7 +3,7 @@
 //! The pool holds device memory in whole pages of its own (`cuMemCreate` handles), cached or
 //! live, whatever its requests' sizes: those pages are what the device holds for it. So the
 //! pool's pages are charged where the pool creates them and given back where it releases
-//! them (`pooling::cuda_device`), and the requests it serves are charged nothing more. A page
+//! them (`pool::cuda_device`), and the requests it serves are charged nothing more. A page
 //! the cap refuses makes the pool dissolve its cached blocks and try again, as a device
 //! refusal does; when it still cannot place the request, the request is refused with the
 //! out-of-memory code and [`take_pool_refusal`] tells the dispatcher it was the cap.

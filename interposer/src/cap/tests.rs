@@ -293,6 +293,44 @@ fn fork_child_starts_empty() {
     );
 }
 
+/// The pool's pages are charged quietly (the pool may still place the request by dissolving
+/// its cache); an unpooled request the cap would refuse first has the cached pages given back
+/// (`release_cached`) and is served without a line; only a final refusal prints one.
+#[test]
+fn pool_pages_and_unpooled_requests_share_the_cap() {
+    take_lines();
+    let c = private("8MiB");
+    let page = 2 << 20;
+    for _ in 0..3 {
+        assert!(c.charge_page(0, page, 0).is_ok());
+    }
+    assert_eq!(
+        c.charge_page(0, 4 * page, 0),
+        Err(Refusal {
+            in_use: 3 * page,
+            cap: 8 << 20
+        })
+    );
+    assert!(take_lines().is_empty(), "a refused page says nothing");
+    // 4 MiB unpooled: refused until the pool gives two cached pages back.
+    let mut asked = 0;
+    let got = c.charge_alloc_or(0, 4 << 20, Api::CudaMallocPitch, 0, || {
+        asked += 1;
+        c.uncharge(0, 2 * page);
+        true
+    });
+    assert_eq!((got, asked), (Ok(4 << 20), 1));
+    assert!(take_lines().is_empty(), "served after the trim: no line");
+    assert_eq!(c.in_use(0), 3 * page);
+    // Nothing left to give back: refused, one line.
+    let got = c.charge_alloc_or(0, 4 << 20, Api::CudaMallocPitch, 0, || false);
+    assert!(got.is_err());
+    assert_eq!(take_lines().len(), 1);
+    // A pool refusal reported by the dispatcher counts as the first refusal's line only once.
+    c.pool_refused(0, 4 << 20, got.unwrap_err(), Api::CudaMalloc);
+    assert!(take_lines().is_empty());
+}
+
 /// A fork while another thread holds the packed-page table's lock: in the child (where that
 /// thread does not exist) the table starts empty and unlocked, so packed allocations are
 /// charged and given back by page as in any process, without waiting on the lock.

@@ -28,6 +28,7 @@ pub(crate) const KNOWN: &[&str] = &[
     "VRAMSHIM_STACKS_FAULT",
     "VRAMSHIM_STATS",
     "VRAMSHIM_TABLE_FAULT",
+    "VRAMSHIM_TORCH_FAULT",
     "VRAMSHIM_TRACE",
     "VRAMSHIM_TRACE_CLOCK",
     "VRAMSHIM_TRACE_CLOCK_FAULT",
@@ -37,7 +38,7 @@ pub(crate) const KNOWN: &[&str] = &[
     "VRAMSHIM_TRACE_WRITER_FAULT",
     "VRAMSHIM_ENV_FAULT",
 ];
-const NKNOWN: usize = 24;
+const NKNOWN: usize = 25;
 const _: () = assert!(KNOWN.len() == NKNOWN);
 
 /// At most this many `VRAMSHIM_*` variables are listed (in environment order, for the trace

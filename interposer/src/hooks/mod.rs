@@ -12,6 +12,7 @@ mod pool_glue;
 pub(crate) mod process;
 pub(crate) mod runtime;
 pub(crate) mod sync;
+pub(crate) mod torch;
 pub(crate) mod vmm;
 
 use crate::cuda::real::{self, Slot};

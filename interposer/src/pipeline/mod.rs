@@ -455,7 +455,10 @@ pub(crate) fn alloc(
 fn charge_unpooled(req: &Request) -> Result<u64, cap::Refusal> {
     let stream = driver_stream(req);
     cap::charge_alloc_or(req.device, req.size, req.api, stream, || {
-        pool::enabled() && !cap::stream_capturing(stream) && pool::trim() > 0
+        pool::enabled()
+            && cap::charges_pool_pages()
+            && !cap::stream_capturing(stream)
+            && pool::trim() > 0
     })
 }
 

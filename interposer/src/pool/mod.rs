@@ -14,16 +14,17 @@
 //! A device refusal (real out-of-memory) makes the pool dissolve its cached blocks and retry
 //! before the process sees `CUDA_ERROR_OUT_OF_MEMORY` / `cudaErrorMemoryAllocation`.
 //!
-//! Cap: the dispatcher charges every pooled request's size to the cap before the pool is
-//! asked (live bytes), so the pool's physical pages are not charged a second time; instead
-//! the pool's physical growth is bounded by the cap itself (`CudaDevice::create` refuses
-//! beyond it and the pool dissolves cached blocks), so cached pages never take the process
-//! over its cap.
+//! Cap: the pool's pages are charged to the cap where [`cuda_device::CudaDevice`] creates
+//! them and given back where it releases them (`cap::pages`), and the dispatcher charges the
+//! requests the pool serves nothing more: what the device holds for the pool, cached or live,
+//! counts against the cap. A refused page is refused growth, and the pool dissolves cached
+//! blocks instead (as at a device refusal).
 //!
 //! Tight pool: `VRAMSHIM_POOL=stitch-tight`, or `VRAMSHIM_POOL_BUDGET=RATIO` beside
 //! `stitch`, bounds what the pool keeps cached to a budget over its recent peak of live bytes
 //! and gives idle pages back (`vramshim_pool::stitch::Budget`; see [`budget_setting`]).
 
+pub(crate) mod c_stats;
 mod cuda_device;
 mod tcache;
 #[cfg(test)]

@@ -708,3 +708,58 @@ fn a_bad_pool_budget_warns_once_and_keeps_the_default_budget() {
         "high water {hw} B, peak live {live} B"
     );
 }
+
+/// The pool's own statistics, read by the program (`vramshim_pool_stats` and
+/// `vramshim_pool_stat`, found with `dlsym`) and written at exit (`pools` in
+/// `VRAMSHIM_STATS`): with three blocks live the pool holds at least their bytes and at most
+/// its budget, every field by name agrees with the array, an unknown name is -1; once they are
+/// freed nothing is live and their bytes are cached or pending. Without the pool the functions
+/// answer "no pool".
+#[test]
+fn pool_statistics_are_readable_in_process_and_at_exit() {
+    let dir = vramshim_testkit::temp_dir("pool_stats");
+    let exe = dir.join("pool_stats");
+    vramshim_testkit::compile_c_to(
+        &exe,
+        &["tests/workloads/pool/pool_stats.c"],
+        Link::SharedRuntime,
+        &["-ldl"],
+    );
+    let json = dir.join("stats.json");
+    let _ = std::fs::remove_file(&json);
+    let o = run(
+        &exe,
+        &[],
+        &[
+            ("VRAMSHIM_POOL", "stitch-tight"),
+            ("VRAMSHIM_STATS", json.to_str().unwrap()),
+        ],
+        "pool-stats",
+    );
+    assert_eq!(o.code(), Some(0), "{}\n{}", o.stdout, tail(&o.stderr));
+    let line = |stage: &str| {
+        o.stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("pool_stats {stage} ")))
+            .unwrap_or_else(|| panic!("no {stage} line in {}", o.stdout))
+            .to_string()
+    };
+    let blocks = (5 << 20) + (3 << 20) + 512 + (7 << 20);
+    let l = line("live");
+    assert_eq!(field(&l, " n"), 16, "{l}");
+    assert_eq!(field(&l, " live"), blocks, "{l}");
+    let reserved = field(&l, " reserved");
+    assert!(reserved >= blocks && reserved <= field(&l, "budget"), "{l}");
+    assert_eq!(field(&l, "byname_reserved"), reserved, "{l}");
+    assert_eq!(field(&l, "unknown"), -1, "{l}");
+    let l = line("freed");
+    assert_eq!(field(&l, " live"), 0, "{l}");
+    assert_eq!(field(&l, "cached") + field(&l, "pending"), blocks, "{l}");
+    let j = std::fs::read_to_string(&json).unwrap();
+    assert!(j.contains("\"pools\":{\"0\":{\"reserved\":"), "{j}");
+    assert!(j.contains("\"budget\":"), "{j}");
+    // the pool off: the functions are there and say so
+    let o = run(&exe, &[], &[("VRAMSHIM_POOL", "off")], "pool-stats-off");
+    assert_eq!(o.code(), Some(0), "{}\n{}", o.stdout, tail(&o.stderr));
+    assert!(o.stdout.contains("pool_stats: no pool"), "{}", o.stdout);
+}

@@ -10,6 +10,7 @@
 //! `<dev>` is a device ordinal, `host` or `unknown`, and `<kind>` one of
 //! `runtime|driver|async|managed|pitch|vmm-handle|host|pool`; `live_entries`,
 //! `live_handles`, `unknown_frees`, `cap_refusals`, `alloc_failures`, `pooled`, `panics`,
+//! `pool.<dev>.<field>` (the pool's statistics: `pool::c_stats::FIELDS`),
 //! and `nested` (hooks the *calling thread* passed straight through because an outer hook
 //! was active). Unknown names give -1.
 //!
@@ -99,8 +100,25 @@ pub(crate) fn counter(name: &str) -> Option<u64> {
         ("alloc_failures", None, None) => counters::alloc_failures(),
         ("pooled", None, None) => counters::pooled_count(),
         ("panics", None, None) => counters::panics(),
+        ("pool", Some(d), Some(f)) => (POOL_VIEW.get()?.field)(d.parse().ok()?, f)?,
         _ => return None,
     })
+}
+
+/// The pool's statistics, read through functions the pool layer provides (wired at start-up:
+/// the pool stands beside this layer, not below it).
+pub(crate) struct PoolStatsView {
+    /// One field of one device's pool.
+    pub field: fn(i32, &str) -> Option<u64>,
+    /// Every device's pool as one JSON object.
+    pub json: fn() -> String,
+}
+
+static POOL_VIEW: std::sync::OnceLock<PoolStatsView> = std::sync::OnceLock::new();
+
+/// Install the pool's statistics view (once; later calls are ignored).
+pub(crate) fn set_pool_view(view: PoolStatsView) {
+    let _ = POOL_VIEW.set(view);
 }
 
 /// Everything as one JSON object.
@@ -153,14 +171,17 @@ pub(crate) fn json() -> String {
     }
     let _ = write!(
         s,
-        "}},\"live_entries\":{},\"live_handles\":{},\"unknown_frees\":{},\"cap_refusals\":{},\"alloc_failures\":{},\"pooled\":{},\"panics\":{}}}",
+        "}},\"live_entries\":{},\"live_handles\":{},\"unknown_frees\":{},\"cap_refusals\":{},\"alloc_failures\":{},\"pooled\":{},\"panics\":{},\"pools\":{}}}",
         ALLOCS.len(),
         HANDLES.len(),
         counters::unknown_frees(),
         counters::cap_refusals(),
         counters::alloc_failures(),
         counters::pooled_count(),
-        counters::panics()
+        counters::panics(),
+        POOL_VIEW
+            .get()
+            .map_or_else(|| "{}".to_string(), |v| (v.json)())
     );
     s
 }

@@ -42,10 +42,12 @@
 
 mod barrier;
 mod clock;
+mod elf_syms;
 mod header;
 mod modules;
 mod slots;
 mod stacks;
+pub mod torch;
 mod writer;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};

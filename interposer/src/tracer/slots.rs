@@ -217,7 +217,12 @@ fn time_of(e: &mut Event) -> Option<&mut u64> {
         | Event::Counter { t_ns, .. }
         | Event::Lost { t_ns, .. }
         | Event::CallFailed { t_ns, .. } => Some(t_ns),
-        Event::Module { .. } | Event::Stack { .. } | Event::Device(_) => None,
+        Event::Torch(op) => Some(&mut op.t_ns),
+        Event::Module { .. }
+        | Event::Stack { .. }
+        | Event::Device(_)
+        | Event::PyCode { .. }
+        | Event::PyStack { .. } => None,
     }
 }
 

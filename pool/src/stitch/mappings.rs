@@ -100,27 +100,41 @@ impl Stitch {
         dev: &mut dyn Device,
         pages: Vec<u32>,
     ) -> Result<u32, PoolError> {
+        let len = pages.len() as u64 * self.gran;
+        self.new_mapping_in(dev, pages, len)
+    }
+
+    /// A new mapping of `pages` at the start of a reservation of `reserve` bytes (at least
+    /// the pages' length).
+    pub(super) fn new_mapping_in(
+        &mut self,
+        dev: &mut dyn Device,
+        pages: Vec<u32>,
+        reserve: u64,
+    ) -> Result<u32, PoolError> {
         let g = self.gran;
         let len = pages.len() as u64 * g;
-        let va = dev.reserve(len).map_err(PoolError::Device)?;
+        let reserve = reserve.max(len);
+        let va = dev.reserve(reserve).map_err(PoolError::Device)?;
         for (i, &p) in pages.iter().enumerate() {
             let h = self.page(p).handle;
             if let Err(e) = dev.map(va + i as u64 * g, h) {
                 if i > 0 {
                     let _ = dev.unmap(va, i as u64 * g);
                 }
-                let _ = dev.unreserve(va, len);
+                let _ = dev.unreserve(va, reserve);
                 return Err(PoolError::Device(e));
             }
         }
         if let Err(e) = dev.set_access(va, len) {
             let _ = dev.unmap(va, len);
-            let _ = dev.unreserve(va, len);
+            let _ = dev.unreserve(va, reserve);
             return Err(PoolError::Device(e));
         }
         let n = pages.len();
         let mapping = Mapping {
             va,
+            reserved: reserve,
             pages,
             users: 0,
         };
@@ -150,14 +164,17 @@ impl Stitch {
 
     pub(super) fn drop_mapping(&mut self, dev: &mut dyn Device, m: u32) -> Result<(), PoolError> {
         let g = self.gran;
-        let (va, n) = {
+        let (va, n, reserved) = {
             let mp = self.map(m);
             debug_assert_eq!(mp.users, 0);
-            (mp.va, mp.pages.len())
+            (mp.va, mp.pages.len(), mp.reserved)
         };
         let len = n as u64 * g;
         dev.unmap(va, len).map_err(PoolError::Device)?;
-        let _ = dev.unreserve(va, len);
+        let _ = dev.unreserve(va, reserved);
+        if self.arena == Some(m) {
+            self.arena = None;
+        }
         let mp = self.maps[m as usize].take().unwrap();
         for p in mp.pages {
             let pg = self.page_mut(p);
@@ -185,6 +202,7 @@ impl Stitch {
         for (i, m) in self.maps.iter().enumerate() {
             if let Some(m) = m
                 && m.users == 0
+                && self.arena != Some(i as u32)
                 && !m.pages.iter().any(|&p| self.has_active_fence(p))
             {
                 victims.push(i as u32);

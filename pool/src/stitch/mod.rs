@@ -36,6 +36,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 pub use budget::Budget;
 
+mod arena;
 mod budget;
 mod cache;
 mod fences;
@@ -84,6 +85,8 @@ struct Page {
 
 struct Mapping {
     va: u64,
+    /// bytes of address space reserved at `va` (the arena reserves beyond its pages)
+    reserved: u64,
     pages: Vec<u32>,
     /// blocks (live, pending or cached) placed in this mapping
     users: u32,
@@ -174,6 +177,8 @@ pub struct Stitch {
     /// (None: cache until the device or cap refuses)
     headroom: Option<f64>,
     budget: Option<Budget>,
+    /// the mapping that grows at its end (tight pool; see `arena`)
+    arena: Option<u32>,
     /// the budget in bytes as last computed (u64::MAX: none); a free above it enforces it
     limit_now: u64,
     /// recent peak live of the previous window
@@ -224,6 +229,7 @@ impl Stitch {
             ghosts: FxMap::default(),
             headroom: None,
             budget: None,
+            arena: None,
             limit_now: u64::MAX,
             prev_window_peak: 0,
             next_window: u64::MAX,

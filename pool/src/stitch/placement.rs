@@ -439,7 +439,7 @@ impl Stitch {
 }
 
 /// How many earlier places of one size are remembered.
-const GHOSTS: usize = 4;
+const GHOSTS: usize = 32;
 
 impl Stitch {
     pub(super) fn note_ghost(&mut self, size: u64, m: u32, off: u64) {

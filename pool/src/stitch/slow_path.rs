@@ -93,6 +93,14 @@ impl Stitch {
         {
             return Ok(Slot::Hit(a));
         }
+        // Under a budget a large block comes out of the arena while it fits there (see
+        // `arena`); the steps below are the fallback when the budget forbids its growth.
+        if self.budget.is_some()
+            && self.class_of(size) == LARGE
+            && let Some(slot) = self.arena_place(dev, size, t, req)?
+        {
+            return Ok(slot);
+        }
         // 1. free bytes in existing mappings (no driver call)
         if let Some(x) = self.step_place(dev, size, t, false, false)? {
             return Ok(Slot::New(x.0, x.1));
@@ -199,6 +207,86 @@ impl Stitch {
                 })
             }
         }
+    }
+
+    /// A large block in the arena: a free window, else (once a synchronization released
+    /// its pending twin, if it has one) a window with cached blocks dissolved out of the
+    /// way, else the arena grown at its end within the budget, else the same after one
+    /// synchronization releases the pending blocks. `None`: the budget (or the device)
+    /// refuses; the caller stitches what the pool holds.
+    fn arena_place(
+        &mut self,
+        dev: &mut dyn Device,
+        size: u64,
+        t: Stream,
+        req: u64,
+    ) -> Result<Option<Slot>, PoolError> {
+        // where a block of this size went last, if nothing but cached blocks is there now:
+        // a repeating pattern keeps its layout (and its mappings)
+        for victims_ok in [false, true] {
+            if let Some((m, off, victims)) = self.ghost(size, victims_ok) {
+                for v in victims {
+                    self.dissolve(dev, v);
+                }
+                if let Some(x) = self.try_commit(dev, Plan::Existing { map: m, off }, size, t)? {
+                    return Ok(Some(Slot::New(x.0, x.1)));
+                }
+            }
+        }
+        for round in 0..2 {
+            if let Some((off, _)) = self.arena_window(size, false)
+                && let Some(x) = self.arena_commit(dev, off, size, t)?
+            {
+                return Ok(Some(x));
+            }
+            if round == 0
+                && !self.faults.lazy_sync
+                && self.sizes.has_pending(size)
+                && let Some(a) = self.sync_and_take(dev, size, t, req)?
+            {
+                return Ok(Some(Slot::Hit(a)));
+            }
+            if self.ncached > 0
+                && let Some((off, victims)) = self.arena_window(size, true)
+            {
+                for v in victims {
+                    self.dissolve(dev, v);
+                }
+                if let Some(x) = self.arena_commit(dev, off, size, t)? {
+                    return Ok(Some(x));
+                }
+            }
+            let limit = self.budget_limit(req);
+            if let Some(off) = self.arena_grow(dev, size, limit)?
+                && let Some(x) = self.arena_commit(dev, off, size, t)?
+            {
+                return Ok(Some(x));
+            }
+            if round == 0 {
+                if self.pending.is_empty() || dev.is_capturing() {
+                    break;
+                }
+                if let Some(a) = self.sync_and_take(dev, size, t, req)? {
+                    return Ok(Some(Slot::Hit(a)));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    fn arena_commit(
+        &mut self,
+        dev: &mut dyn Device,
+        off: u64,
+        size: u64,
+        t: Stream,
+    ) -> Result<Option<Slot>, PoolError> {
+        let Some(map) = self.arena else {
+            return Ok(None);
+        };
+        Ok(self
+            .try_commit(dev, Plan::Existing { map, off }, size, t)?
+            .map(|(m, o)| Slot::New(m, o)))
     }
 
     /// Bytes the pool may hold before it prefers dissolving cached blocks to growing.

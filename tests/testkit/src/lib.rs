@@ -25,6 +25,7 @@
 //! `cargo build --release -p vramsim-driver -p vramsim-nvml -p vramsim-runtime12
 //! -p vramsim-runtime13 -p vramsim-runtime-static`.
 
+pub mod layers;
 mod layout;
 mod proc;
 pub mod users;

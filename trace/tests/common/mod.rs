@@ -99,6 +99,13 @@ pub fn event() -> impl Strategy<Value = Event> {
         1 => (u64v(), u64v()).prop_map(|(t_ns, count)| Event::Lost { t_ns, count }),
         1 => (u64v(), any::<u32>(), i32v(), string(), any::<i32>()).prop_map(|(t_ns, tid, device, name, result)| Event::CallFailed { t_ns, tid, device, name, result }),
         1 => (i32v(), string(), u64v(), proptest::option::of(any::<[u8; 16]>())).prop_map(|(index, name, total_bytes, uuid)| Event::Device(DeviceInfo { index, name, total_bytes, uuid })),
+        1 => (u64v(), any::<u32>(), any::<u8>(), i32v(), (u64v(), u64v(), u64v(), u64v()), any::<u32>()).prop_map(
+            |(t_ns, tid, action, device, (addr, size, stream, segment), stack)| Event::Torch(TorchOp { t_ns, tid, action, device, addr, size, stream, segment, stack })
+        ),
+        1 => (any::<u32>(), string(), string(), any::<u32>()).prop_map(|(id, file, function, first_line)| Event::PyCode { id, file, function, first_line }),
+        1 => (any::<u32>(), proptest::collection::vec((any::<u32>(), any::<u32>()), 0..40)).prop_map(
+            |(id, f)| Event::PyStack { id, frames: f.into_iter().map(|(code, line)| PyFrame { code, line }).collect() }
+        ),
     ]
 }
 

@@ -6,6 +6,7 @@
 //! `docs/cuda-sim.md` for what is and is not simulated.
 
 pub mod abi;
+pub mod calls;
 pub mod config;
 pub mod ctx;
 pub mod export_tables;
@@ -30,6 +31,7 @@ use abi::{CUDA_ERROR_UNKNOWN, CUresult, Res};
 /// Body of every exported function: injection, then the work, with panics turned into
 /// CUDA_ERROR_UNKNOWN (unwinding out of `extern "C"` would abort the host process).
 pub fn guard(name: &str, body: impl FnOnce() -> Res) -> CUresult {
+    calls::count(name);
     let rc = match catch_unwind(AssertUnwindSafe(|| {
         inject::on_call(name)?;
         body()

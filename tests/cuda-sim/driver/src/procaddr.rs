@@ -260,6 +260,7 @@ pub static TABLE: LazyLock<Vec<Entry>> = LazyLock::new(|| {
         "vramsimDeviceUsed" 0 vramsimDeviceUsed;
         "vramsimDeviceHighWater" 0 vramsimDeviceHighWater;
         "vramsimDeviceStats" 0 vramsimDeviceStats;
+        "vramsimDriverCalls" 0 vramsimDriverCalls;
         "vramsimSelfTestPanic" 0 vramsimSelfTestPanic;
     }
 });

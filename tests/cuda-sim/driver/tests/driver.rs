@@ -271,6 +271,12 @@ fn stream_ordered_pools() {
 }
 
 #[test]
+fn memory_pool_created_without_a_context() {
+    let d = Device::new("pool-no-ctx");
+    ok(&d, &["pool_no_context"], &[]);
+}
+
+#[test]
 fn fail_injection_nth_and_after() {
     let d = Device::new("inject");
     ok(

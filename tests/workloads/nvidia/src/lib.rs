@@ -9,6 +9,8 @@
 //! The C programs are in `c/`. Build the workspace first (`scripts/test` does): the tests use
 //! the simulated GPU and `libvramshim.so`/`vramshim` from the profile directory.
 
+pub mod models;
+
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -194,8 +196,26 @@ pub fn field(stdout: &str, key: &str) -> u64 {
 /// install panics: the tests then fail instead of skipping.
 pub fn cupy_or_skip() -> Option<(PathBuf, PathBuf)> {
     static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    let dir = DIR.get_or_init(|| {
-        let script = repo_root().join("scripts/setup-cupy");
+    python_packages_or_skip(&DIR, "setup-cupy", "CuPy")
+}
+
+/// RMM and cuda.bindings as `scripts/setup-rmm` installs them (rmm-cu12 depends on
+/// cuda-bindings, so one installation serves both), as [`cupy_or_skip`] does for CuPy.
+pub fn rmm_or_skip() -> Option<(PathBuf, PathBuf)> {
+    static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    python_packages_or_skip(&DIR, "setup-rmm", "RMM and cuda.bindings")
+}
+
+/// A `pip install --target` tree made by `scripts/<script>` (which prints its directory, and
+/// with `--check` only says whether it is installed; the tree holds `python`, the interpreter it
+/// was installed for). Installed when `VRAMSHIM_NVIDIA_TESTS=1`, where a failure panics.
+fn python_packages_or_skip(
+    cell: &OnceLock<Result<PathBuf, String>>,
+    script: &str,
+    what: &str,
+) -> Option<(PathBuf, PathBuf)> {
+    let dir = cell.get_or_init(|| {
+        let script = repo_root().join("scripts").join(script);
         let required = std::env::var("VRAMSHIM_NVIDIA_TESTS").as_deref() == Ok("1");
         let mut c = std::process::Command::new(&script);
         if !required {
@@ -205,13 +225,14 @@ pub fn cupy_or_skip() -> Option<(PathBuf, PathBuf)> {
             .output()
             .unwrap_or_else(|e| panic!("{}: {e}", script.display()));
         let err = String::from_utf8_lossy(&o.stderr);
+        let name = script.file_name().unwrap_or_default().to_string_lossy();
         if o.status.success() {
             Ok(PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()))
         } else if required {
-            panic!("VRAMSHIM_NVIDIA_TESTS=1 but scripts/setup-cupy failed:\n{err}");
+            panic!("VRAMSHIM_NVIDIA_TESTS=1 but scripts/{name} failed:\n{err}");
         } else {
             Err(format!(
-                "{} (run scripts/setup-cupy, or set VRAMSHIM_NVIDIA_TESTS=1 to install it from the tests)",
+                "{} (run scripts/{name}, or set VRAMSHIM_NVIDIA_TESTS=1 to install it from the tests)",
                 err.trim()
             ))
         }
@@ -223,7 +244,7 @@ pub fn cupy_or_skip() -> Option<(PathBuf, PathBuf)> {
             Some((d.clone(), PathBuf::from(python.trim())))
         }
         Err(why) => {
-            eprintln!("SKIP: CuPy is not installed: {why}");
+            eprintln!("SKIP: {what} not installed: {why}");
             None
         }
     }

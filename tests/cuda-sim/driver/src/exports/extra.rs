@@ -91,6 +91,15 @@ cu_api! {
 }
 
 cu_api! {
+    /// Totals of the calls this process made into the driver since it was loaded, by kind
+    /// (`crate::calls`); this function itself is not counted.
+    fn vramsimDriverCalls(out: *mut crate::calls::VramsimDriverCalls) {
+        // SAFETY: C out-pointer.
+        unsafe { put(out, crate::calls::snapshot()) }
+    }
+}
+
+cu_api! {
     /// Panics inside the guard: proves a panic becomes CUDA_ERROR_UNKNOWN (999) instead of
     /// unwinding into C.
     fn vramsimSelfTestPanic() {

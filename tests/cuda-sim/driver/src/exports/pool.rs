@@ -3,7 +3,6 @@
 use std::ffi::{c_int, c_void};
 
 use crate::abi::*;
-use crate::ctx;
 use crate::cu_api;
 use crate::inject;
 use crate::pool;
@@ -52,7 +51,10 @@ cu_api! {
     fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, s: CUstream) { free_async(dptr, s, true) }
 
     fn cuMemPoolCreate(out: *mut CUmemoryPool, props: *const CUmemPoolProps) {
-        ctx::current_device()?;
+        // A pool belongs to the device named in its properties, not to a context: NVIDIA's
+        // runtime (cudaMemPoolCreate, which RMM's CudaAsyncMemoryResource calls first thing)
+        // creates one with no context current, so only an initialized driver is required.
+        crate::state::driver()?;
         // SAFETY: C input struct.
         let props = unsafe { get(props) }?;
         if props.location.type_ != CU_MEM_LOCATION_TYPE_DEVICE || out.is_null() {

@@ -749,6 +749,44 @@ static int pools(void) {
     return 0;
 }
 
+/* A memory pool belongs to the device its properties name, not to a context: NVIDIA's runtime
+ * (cudaMemPoolCreate, RMM's CudaAsyncMemoryResource) creates one before any context is current.
+ * Before cuInit it is refused like every call. */
+static int pool_no_context(void) {
+    CUresult (*create)(CUmemoryPool *, const void *) = get("cuMemPoolCreate", V, 0);
+    CUresult (*destroy)(CUmemoryPool) = get("cuMemPoolDestroy", V, 0);
+    CUresult (*allocP)(CUdeviceptr *, size_t, CUmemoryPool, CUstream) =
+        get("cuMemAllocFromPoolAsync", V, 0);
+    CUresult (*freeA)(CUdeviceptr, CUstream) = get("cuMemFreeAsync", V, 0);
+    CUresult (*sync)(CUstream) = get("cuStreamSynchronize", V, 0);
+    /* CUmemPoolProps: 88 bytes, allocType pinned (1), location {device (1), ordinal} at 8. */
+    struct { int allocType, handleTypes; CUmemLocation location; unsigned char rest[72]; } props;
+    memset(&props, 0, sizeof props);
+    _Static_assert(sizeof props == 88, "CUmemPoolProps is 88 bytes");
+    props.allocType = 1;
+    props.location.type = 1;
+    CUmemoryPool pool;
+    EXPECT_EQ(create(&pool, &props), 3); /* CUDA_ERROR_NOT_INITIALIZED */
+    OK(cuInit(0));
+    OK(create(&pool, &props));
+    props.location.id = 99;
+    CUmemoryPool bad;
+    EXPECT_EQ(create(&bad, &props), 101); /* CUDA_ERROR_INVALID_DEVICE */
+    /* Allocating from it needs a context (the legacy stream is the context's). */
+    CUdeviceptr p;
+    EXPECT_EQ(allocP(&p, MiB, pool, 0), 201); /* CUDA_ERROR_INVALID_CONTEXT */
+    int dev;
+    CUcontext ctx;
+    OK(cuDeviceGet(&dev, 0));
+    OK(cuDevicePrimaryCtxRetain(&ctx, dev));
+    OK(cuCtxSetCurrent(ctx));
+    OK(allocP(&p, MiB, pool, 0));
+    OK(freeA(p, 0));
+    OK(sync(0));
+    OK(destroy(pool));
+    return 0;
+}
+
 /* Holds `MiB` of device memory until stdin closes (for the sharing tests). */
 static int hold(long mib) {
     start();
@@ -929,6 +967,7 @@ int main(int argc, char **argv) {
     if (!strcmp(s, "async")) return async();
     if (!strcmp(s, "capture")) return capture();
     if (!strcmp(s, "pools")) return pools();
+    if (!strcmp(s, "pool_no_context")) return pool_no_context();
     if (!strcmp(s, "hold")) return hold(arg);
     if (!strcmp(s, "probe")) return probe(arg);
     if (!strcmp(s, "inject")) return inject();

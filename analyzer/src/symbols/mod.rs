@@ -4,8 +4,10 @@
 
 use std::collections::HashMap;
 
-use super::elf::ElfFile;
-use crate::formats::FastMap;
+use crate::fastmap::FastMap;
+use elf::ElfFile;
+
+mod elf;
 
 #[derive(Clone, Debug)]
 pub struct Module {

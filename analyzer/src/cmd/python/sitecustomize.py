@@ -1,0 +1,130 @@
+# vramshim's Python startup hook. `vramshim run --trace` puts the directory holding this file
+# first on PYTHONPATH (opt out: --no-python-hook or VRAMSHIM_PYTHON_HOOK=0), so Python imports
+# it at start-up as `sitecustomize`. It imports nothing heavy and changes nothing until the
+# program imports torch.cuda; then it queues, with torch.cuda._lazy_call, a setup that runs
+# when the program initializes CUDA: it asks libvramshim.so to attach its trace tracker to
+# PyTorch's caching allocator (tensor-level events) and switches on PyTorch's own capture of
+# the Python stack of each allocation, which libvramshim.so names in the trace. Any other
+# `sitecustomize` on the path is loaded after this one, as if this one were not there.
+# Nothing here may break the program: every failure is one line on stderr, then nothing.
+import sys
+
+
+def _vramshim_say(msg):
+    try:
+        sys.stderr.write("vramshim: " + msg + "\n")
+    except Exception:
+        pass
+
+
+def _vramshim_setup():
+    # Runs inside torch.cuda's lazy initialization, CUDA just started.
+    try:
+        import atexit
+        import ctypes
+        import threading
+        import time
+
+        import torch
+
+        try:
+            lib = ctypes.PyDLL(None)
+            attach = lib.vramshim_torch_attach
+            drain = lib.vramshim_torch_drain
+        except (OSError, AttributeError):
+            return  # not running under libvramshim.so
+        attach.argtypes = [ctypes.c_char_p]
+        attach.restype = ctypes.c_int
+        drain.argtypes = []
+        drain.restype = ctypes.c_int
+        backend = torch.cuda.get_allocator_backend()
+        if backend != "native":
+            _vramshim_say(
+                "PyTorch tensor-level events off (PyTorch runs its %s allocator; they need "
+                "the native caching allocator); the trace stays at segment level" % backend
+            )
+            return
+        if attach(str(torch.__version__).encode()) != 0:
+            return  # not tracing, or refused (libvramshim.so said why)
+        try:
+            torch.cuda.memory._record_memory_history(
+                "state", context="alloc", stacks="python", max_entries=1
+            )
+        except Exception as e:
+            _vramshim_say(
+                "PyTorch's Python stacks could not be switched on (%s: %s): tensor events "
+                "carry no Python lines" % (type(e).__name__, e)
+            )
+
+        def loop():
+            while True:
+                time.sleep(0.1)
+                drain()
+
+        threading.Thread(target=loop, name="vramshim-drain", daemon=True).start()
+        atexit.register(drain)
+    except Exception as e:
+        _vramshim_say("PyTorch tensor-level events off (%s: %s)" % (type(e).__name__, e))
+
+
+class _VramshimLoader(object):
+    """torch.cuda's own loader, then the setup queued for CUDA's initialization."""
+
+    def __init__(self, inner):
+        self._inner = inner
+
+    def create_module(self, spec):
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module):
+        self._inner.exec_module(module)
+        try:
+            module._lazy_call(_vramshim_setup)
+        except Exception as e:
+            _vramshim_say("PyTorch tensor-level events off (%s: %s)" % (type(e).__name__, e))
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+class _VramshimFinder(object):
+    """Waits for `import torch.cuda` (once), and wraps its loader."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch.cuda":
+            return None
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
+        try:
+            import importlib.util
+
+            spec = importlib.util.find_spec(name)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _VramshimLoader(spec.loader)
+            return spec
+        except Exception as e:
+            _vramshim_say("PyTorch tensor-level events off (%s: %s)" % (type(e).__name__, e))
+            return None
+
+
+def _vramshim_chain():
+    # The next `sitecustomize` on the path (a virtual environment's, the distribution's).
+    import importlib.machinery
+    import importlib.util
+    import os
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    rest = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is None or spec.loader is None:
+        return
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["sitecustomize"] = mod
+    spec.loader.exec_module(mod)
+
+
+if sys.version_info >= (3, 8) and "torch.cuda" not in sys.modules:
+    sys.meta_path.insert(0, _VramshimFinder())
+_vramshim_chain()

@@ -1,0 +1,567 @@
+//! Tensor-level events from PyTorch's native caching allocator (`Torch`, `PyCode` and
+//! `PyStack` records, docs/trace-format.md), for a job that was not changed.
+//!
+//! The Python startup hook that `vramshim run` puts in front of a traced Python program
+//! (`analyzer/src/cmd/python/sitecustomize.py`) calls [`attach`] once the job has initialized CUDA
+//! through `torch.cuda`, after switching on PyTorch's own Python-stack capture. [`attach`]
+//! hands PyTorch's allocator a trace tracker (`attachAllocatorTraceTracker`, a C++ virtual
+//! method that takes a `std::function<void(const TraceEntry&)>`):
+//!
+//! - The virtual slot is verified before it is called: the allocator object's vtable must be
+//!   `NativeCachingAllocator`'s and the slot must hold that class's
+//!   `attachAllocatorTraceTracker` (both local symbols, read from the library's `.symtab`);
+//!   a wheel without `.symtab` is accepted only when its build-id is in [`VERIFIED`]. The
+//!   `TraceEntry` layout is accepted for the PyTorch versions in [`LAYOUTS`]. Anything else:
+//!   one line, no tracker, the trace stays at segment level. A wrong slot would crash the job.
+//! - The tracker runs on the allocating thread under PyTorch's per-device allocator lock and
+//!   never touches Python nor takes the GIL: it copies the entry's fields and, for a Python
+//!   stack PyTorch captured (a `torch::CapturedTraceback`, recognized by its vtable), the
+//!   frames' (code object, last instruction) pairs; a stack seen for the first time gets an
+//!   id and a strong reference on the traceback object that is never dropped (so its code
+//!   objects stay alive and their addresses cannot be reused by other code); the event goes
+//!   into the thread's trace buffer like every other event (streamed every 50 ms).
+//! - [`drain`] (called by the hook's thread every 100 ms and at exit, with the GIL held)
+//!   names each new stack once through CPython's public API (`co_filename`, `co_qualname`,
+//!   `PyCode_Addr2Line`) and writes `PyCode`/`PyStack` records. A stack's record may thus
+//!   follow the first events that refer to it; readers resolve ids over the whole trace.
+//!
+//! `VRAMSHIM_TORCH_FAULT=drop` drops the tensor events (alloc and free), for the test that
+//! shows the attribution depends on them.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::{CStr, CString, c_char, c_int, c_long, c_void};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use super::elf_syms::Elf;
+use vramshim_trace::{Event, PyFrame, TorchOp, torch_action as act};
+
+/// The allocator object pointer (`std::atomic<CUDAAllocator*>`), exported by libc10_cuda.so.
+const ALLOCATOR_SYM: &CStr = c"_ZN3c104cuda20CUDACachingAllocator9allocatorE";
+const NATIVE_PREFIX: &[u8] = b"_ZN3c104cuda20CUDACachingAllocator6Native22NativeCachingAllocator";
+const ATTACH_NAME: &[u8] = b"27attachAllocatorTraceTrackerE";
+const NATIVE_VTABLE: &[u8] =
+    b"_ZTVN3c104cuda20CUDACachingAllocator6Native22NativeCachingAllocatorE";
+/// `torch::CapturedTraceback`'s vtable (exported by libtorch_cpu.so).
+const TRACEBACK_VTABLE: &CStr = c"_ZTVN5torch17CapturedTracebackE";
+
+/// Wheels whose slot was checked against the symbol table (for copies stripped of
+/// `.symtab`): libc10_cuda.so's GNU build-id, the virtual slot.
+pub(crate) const VERIFIED: &[(&str, usize)] = &[
+    // torch 2.15.0 (CUDA 13 build), checked against
+    // NativeCachingAllocator::attachAllocatorTraceTracker in its .symtab.
+    ("ad737ef98186840e3e3101d9321419122cd49754", 50),
+];
+
+/// PyTorch versions (`major.minor`) whose `TraceEntry` layout was checked against their
+/// headers: action (i32) at 0, device (i8) at 4, addr at 8, context (shared_ptr: object,
+/// control block) at 16 and 24, stream at 32, size at 40; `CapturedTraceback`'s frame
+/// vector (begin, end) at 8 and 16, 16 bytes per frame {code object, lasti: i32}.
+pub(crate) const LAYOUTS: &[&str] = &["2.15"];
+
+/// Innermost Python frames kept per stack.
+pub(crate) const MAX_PY_FRAMES: usize = 128;
+/// Distinct Python stacks interned; beyond, events carry no stack (one line says so).
+const MAX_STACKS: usize = 1 << 16;
+
+static ATTACHED: AtomicBool = AtomicBool::new(false);
+/// Address a `CapturedTraceback`'s vptr holds (0: unknown, stacks are not read).
+static TRACEBACK_VPTR: AtomicUsize = AtomicUsize::new(0);
+/// `VRAMSHIM_TORCH_FAULT=drop`: tensor events are dropped.
+static FAULT_DROP: AtomicBool = AtomicBool::new(false);
+
+type Key = Vec<(u64, i32)>;
+
+#[derive(Default)]
+struct State {
+    /// Live segments per device (start -> size), from the tracker's own segment events.
+    segments: BTreeMap<(i32, u64), u64>,
+    stacks: HashMap<Key, u32>,
+    /// Stacks interned but not yet named by [`drain`].
+    pending: Vec<(u32, Key)>,
+    full_said: bool,
+}
+
+static STATE: Mutex<Option<State>> = Mutex::new(None);
+/// Code objects named so far (address -> PyCode id). Held for a whole [`drain`] and only
+/// tried (a drain that finds another one running returns), so no thread ever waits on it
+/// while attached to the interpreter.
+static CODES: Mutex<Option<HashMap<u64, u32>>> = Mutex::new(None);
+
+fn state() -> MutexGuard<'static, Option<State>> {
+    // A panic while holding it (never expected) must not turn every later event into one.
+    STATE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+// ---- libstdc++'s std::function<void(const TraceEntry&)>: {_Any_data, manager, invoker}.
+
+#[repr(C)]
+struct StdFunction {
+    storage: [usize; 2],
+    manager: ManagerFn,
+    invoker: InvokerFn,
+}
+type ManagerFn = unsafe extern "C" fn(*mut [usize; 2], *const [usize; 2], c_int) -> bool;
+type InvokerFn = unsafe extern "C" fn(*const [usize; 2], *const u8);
+type AttachFn = unsafe extern "C" fn(*mut c_void, *mut StdFunction);
+
+/// The functor is empty (all state is static): type info none, its pointer the storage,
+/// clone a copy, destroy nothing (`_Manager_operation` 0..3).
+unsafe extern "C" fn manager(dest: *mut [usize; 2], src: *const [usize; 2], op: c_int) -> bool {
+    // SAFETY: libstdc++ passes two valid _Any_data (16 bytes each).
+    unsafe {
+        match op {
+            0 => (*dest)[0] = 0,
+            1 => (*dest)[0] = src as usize,
+            2 => *dest = *src,
+            _ => {}
+        }
+    }
+    false
+}
+
+unsafe extern "C" fn invoker(_functor: *const [usize; 2], entry: *const u8) {
+    // Nothing may unwind into PyTorch's C++.
+    let _ = std::panic::catch_unwind(|| on_entry(entry));
+}
+
+#[inline]
+fn rd<T: Copy>(p: *const u8, off: usize) -> T {
+    // SAFETY: callers read fields of a TraceEntry (or CapturedTraceback) whose layout was
+    // verified for this PyTorch version (LAYOUTS) at attach time.
+    unsafe { std::ptr::read_unaligned(p.add(off) as *const T) }
+}
+
+fn on_entry(e: *const u8) {
+    if e.is_null() || !super::enabled() {
+        return;
+    }
+    let t_ns = super::now_raw();
+    let action = rd::<i32>(e, 0);
+    let Ok(action) = u8::try_from(action) else {
+        return;
+    };
+    if !matches!(
+        action,
+        act::ALLOC
+            | act::FREE_COMPLETED
+            | act::SEGMENT_ALLOC
+            | act::SEGMENT_FREE
+            | act::SEGMENT_MAP
+            | act::SEGMENT_UNMAP
+            | act::OOM
+    ) {
+        return;
+    }
+    let device = rd::<i8>(e, 4) as i32;
+    let addr = rd::<u64>(e, 8);
+    let ctx = rd::<usize>(e, 16);
+    let ctrl = rd::<usize>(e, 24);
+    let stream = rd::<u64>(e, 32);
+    let size = rd::<u64>(e, 40);
+    let dropped =
+        FAULT_DROP.load(Ordering::Relaxed) && matches!(action, act::ALLOC | act::FREE_COMPLETED);
+    let mut key = [(0u64, 0i32); MAX_PY_FRAMES];
+    let n = if matches!(action, act::ALLOC | act::OOM) && !dropped {
+        frames_of(ctx, &mut key)
+    } else {
+        0
+    };
+    let (segment, stack) = {
+        let mut g = state();
+        let st = g.get_or_insert_with(State::default);
+        let segment = match action {
+            act::SEGMENT_ALLOC | act::SEGMENT_MAP => {
+                st.segments.insert((device, addr), size);
+                addr
+            }
+            act::SEGMENT_FREE | act::SEGMENT_UNMAP => {
+                st.segments.remove(&(device, addr));
+                addr
+            }
+            act::ALLOC | act::FREE_COMPLETED => st
+                .segments
+                .range(..=(device, addr))
+                .next_back()
+                .filter(|((d, s), len)| *d == device && addr < s.saturating_add(**len))
+                .map_or(0, |((_, s), _)| *s),
+            _ => 0,
+        };
+        let stack = if n > 0 {
+            intern(st, &key[..n], ctrl)
+        } else {
+            0
+        };
+        (segment, stack)
+    };
+    if dropped {
+        return;
+    }
+    super::emit(Event::Torch(TorchOp {
+        t_ns,
+        tid: crate::sys::ids::tid(),
+        action,
+        device,
+        addr,
+        size,
+        stream,
+        segment,
+        stack,
+    }));
+}
+
+/// Copies the (code, lasti) pairs of the Python stack `ctx` holds, innermost first, when it
+/// is a `CapturedTraceback`. Returns how many.
+fn frames_of(ctx: usize, out: &mut [(u64, i32); MAX_PY_FRAMES]) -> usize {
+    let vptr = TRACEBACK_VPTR.load(Ordering::Relaxed);
+    if ctx == 0 || vptr == 0 {
+        return 0;
+    }
+    let p = ctx as *const u8;
+    if rd::<usize>(p, 0) != vptr {
+        return 0;
+    }
+    let (begin, end) = (rd::<usize>(p, 8), rd::<usize>(p, 16));
+    if end < begin || (end - begin) % 16 != 0 || begin == 0 {
+        return 0;
+    }
+    let n = ((end - begin) / 16).min(MAX_PY_FRAMES);
+    let f = begin as *const u8;
+    for (i, slot) in out.iter_mut().enumerate().take(n) {
+        *slot = (rd::<u64>(f, 16 * i), rd::<i32>(f, 16 * i + 8));
+    }
+    n
+}
+
+fn intern(st: &mut State, key: &[(u64, i32)], ctrl: usize) -> u32 {
+    if let Some(&id) = st.stacks.get(key) {
+        return id;
+    }
+    if st.stacks.len() >= MAX_STACKS || ctrl == 0 {
+        if !st.full_said && ctrl != 0 {
+            st.full_said = true;
+            crate::warn!(
+                "{MAX_STACKS} distinct Python stacks recorded; later new stacks are not named"
+            );
+        }
+        return 0;
+    }
+    // Keep the traceback (and so its code objects) alive for good: one more strong
+    // reference on its control block (libstdc++'s _Sp_counted_base: use count at +8, an
+    // atomic int under the default lock policy).
+    // SAFETY: `ctrl` is the control block of the shared_ptr the TraceEntry holds, alive for
+    // the duration of this callback.
+    unsafe { (*((ctrl + 8) as *const AtomicI32)).fetch_add(1, Ordering::AcqRel) };
+    let id = st.stacks.len() as u32 + 1;
+    st.stacks.insert(key.to_vec(), id);
+    st.pending.push((id, key.to_vec()));
+    id
+}
+
+// ---- attach
+
+/// Outcome of [`attach`], as the C entry point returns it.
+pub(crate) const ATTACHED_OK: c_int = 0;
+pub(crate) const NOT_TRACING: c_int = 1;
+pub(crate) const REFUSED: c_int = -1;
+
+struct Lib {
+    path: String,
+    base: u64,
+}
+
+fn find_lib(suffix: &str) -> Option<Lib> {
+    struct Find<'a> {
+        suffix: &'a str,
+        found: Option<Lib>,
+    }
+    extern "C" fn visit(info: *mut libc::dl_phdr_info, _size: usize, arg: *mut c_void) -> c_int {
+        // SAFETY: arg is the Find passed below; info is valid during the callback.
+        let (f, info) = unsafe { (&mut *(arg as *mut Find), &*info) };
+        if info.dlpi_name.is_null() {
+            return 0;
+        }
+        // SAFETY: dlpi_name is a NUL-terminated string owned by the loader.
+        let name = unsafe { CStr::from_ptr(info.dlpi_name) }.to_string_lossy();
+        if name.ends_with(f.suffix) {
+            f.found = Some(Lib {
+                path: name.into_owned(),
+                base: info.dlpi_addr,
+            });
+            return 1;
+        }
+        0
+    }
+    let mut f = Find {
+        suffix,
+        found: None,
+    };
+    // SAFETY: the callback only reads the loader's entries; `f` outlives the call.
+    unsafe { libc::dl_iterate_phdr(Some(visit), &mut f as *mut Find as *mut c_void) };
+    f.found
+}
+
+/// `dlsym` of `name` in the already-loaded library at `path` (never loads it).
+fn sym_in(path: &str, name: &CStr) -> usize {
+    let Ok(c) = CString::new(path) else { return 0 };
+    // SAFETY: a NUL-terminated path; RTLD_NOLOAD only finds an object already loaded.
+    let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
+    if h.is_null() {
+        return 0;
+    }
+    let p = crate::cuda::real::dlsym_real(h, name) as usize;
+    // SAFETY: balances the reference RTLD_NOLOAD took; the library stays loaded.
+    unsafe { libc::dlclose(h) };
+    p
+}
+
+fn refuse(why: &str) -> c_int {
+    crate::warn!("PyTorch tensor-level events off ({why}); the trace stays at segment level");
+    REFUSED
+}
+
+/// Attaches the trace tracker to PyTorch's caching allocator (see the module comment).
+/// `version` is `torch.__version__`.
+pub(crate) fn attach(version: &str) -> c_int {
+    if !super::enabled() {
+        return NOT_TRACING;
+    }
+    if ATTACHED.load(Ordering::Acquire) {
+        return ATTACHED_OK;
+    }
+    if crate::config::var("VRAMSHIM_TORCH_FAULT").is_some_and(|v| v.trim() == "drop") {
+        FAULT_DROP.store(true, Ordering::Relaxed);
+    }
+    let mm: String = version
+        .split('.')
+        .take(2)
+        .map(|p| p.trim_end_matches(|c: char| !c.is_ascii_digit()))
+        .collect::<Vec<_>>()
+        .join(".");
+    if !LAYOUTS.contains(&mm.as_str()) {
+        return refuse(&format!(
+            "PyTorch {version}: its allocator's trace entries are checked for {} only",
+            LAYOUTS.join(", ")
+        ));
+    }
+    if !cfg!(all(target_os = "linux", target_pointer_width = "64")) {
+        return refuse("64-bit Linux only");
+    }
+    let Some(lib) = find_lib("/libc10_cuda.so") else {
+        return refuse("libc10_cuda.so is not loaded");
+    };
+    let sym = sym_in(&lib.path, ALLOCATOR_SYM);
+    if sym == 0 {
+        return refuse("libc10_cuda.so exports no allocator");
+    }
+    // SAFETY: `sym` is the address of `std::atomic<CUDAAllocator*>` in libc10_cuda.so.
+    let obj = unsafe { (*(sym as *const AtomicUsize)).load(Ordering::Acquire) };
+    if obj == 0 {
+        return refuse("the CUDA allocator is not set up yet");
+    }
+    // SAFETY: a polymorphic C++ object starts with its vptr.
+    let vptr = unsafe { *(obj as *const usize) };
+    let Some(elf) = Elf::open(&lib.path) else {
+        return refuse("libc10_cuda.so cannot be read");
+    };
+    let slot = match (
+        elf.find_symbol(|n| n == NATIVE_VTABLE),
+        elf.find_symbol(|n| n.starts_with(NATIVE_PREFIX) && has(n, ATTACH_NAME)),
+    ) {
+        (Some(vt), Some(f)) => {
+            let start = lib.base.wrapping_add(vt.value);
+            if vptr as u64 != start + 16 {
+                return refuse("the CUDA allocator is not PyTorch's native caching allocator");
+            }
+            let want = lib.base.wrapping_add(f.value) as usize;
+            let n = (vt.size.saturating_sub(16) / 8) as usize;
+            // SAFETY: the vtable object spans `vt.size` bytes from `start`; its slots follow
+            // the offset-to-top and type-info words.
+            let found = (0..n).find(|&i| unsafe { *((vptr + 8 * i) as *const usize) } == want);
+            match found {
+                Some(i) => i,
+                None => return refuse("attachAllocatorTraceTracker is in no slot of its vtable"),
+            }
+        }
+        _ => {
+            let id = elf.build_id().unwrap_or_default();
+            match VERIFIED.iter().find(|(b, _)| *b == id) {
+                Some(&(_, slot)) => slot,
+                None => {
+                    return refuse(
+                        "libc10_cuda.so has no symbol table and its build is not a verified one",
+                    );
+                }
+            }
+        }
+    };
+    // The Python stacks PyTorch captures: read only from objects with this vptr.
+    let tb = find_lib("/libtorch_cpu.so").map_or(0, |l| sym_in(&l.path, TRACEBACK_VTABLE));
+    if tb == 0 {
+        crate::warn!("PyTorch's traceback type not found: tensor events carry no Python stack");
+    } else {
+        TRACEBACK_VPTR.store(tb + 16, Ordering::Relaxed);
+    }
+    {
+        let mut g = state();
+        g.get_or_insert_with(State::default);
+    }
+    let mut f = StdFunction {
+        storage: [0; 2],
+        manager,
+        invoker,
+    };
+    // SAFETY: `slot` holds NativeCachingAllocator::attachAllocatorTraceTracker, verified
+    // above; a by-value std::function is passed as a pointer to a temporary the caller owns
+    // (Itanium C++ ABI), which the callee moves from. Our functor has nothing to destroy.
+    unsafe {
+        let fp = *((vptr + 8 * slot) as *const usize);
+        let call: AttachFn = std::mem::transmute::<usize, AttachFn>(fp);
+        call(obj as *mut c_void, &mut f);
+    }
+    ATTACHED.store(true, Ordering::Release);
+    crate::info!("PyTorch {version}: tensor-level events on (allocator slot {slot})");
+    ATTACHED_OK
+}
+
+fn has(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+// ---- drain: name new stacks, with the GIL held.
+
+type GilCheckFn = unsafe extern "C" fn() -> c_int;
+type GetAttrFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
+type AsUtf8Fn = unsafe extern "C" fn(*mut c_void, *mut isize) -> *const c_char;
+type AsLongFn = unsafe extern "C" fn(*mut c_void) -> c_long;
+type Addr2LineFn = unsafe extern "C" fn(*mut c_void, c_int) -> c_int;
+type DecRefFn = unsafe extern "C" fn(*mut c_void);
+type ErrClearFn = unsafe extern "C" fn();
+
+struct PyApi {
+    gil_check: GilCheckFn,
+    getattr: GetAttrFn,
+    as_utf8: AsUtf8Fn,
+    as_long: AsLongFn,
+    addr2line: Addr2LineFn,
+    decref: DecRefFn,
+    err_clear: ErrClearFn,
+}
+
+fn py_api() -> Option<PyApi> {
+    let get = |n: &CStr| {
+        let p = crate::cuda::real::dlsym_real(libc::RTLD_DEFAULT, n);
+        (!p.is_null()).then_some(p as usize)
+    };
+    // SAFETY: each address is CPython's public function of that name, with that signature.
+    unsafe {
+        Some(PyApi {
+            gil_check: std::mem::transmute::<usize, GilCheckFn>(get(c"PyGILState_Check")?),
+            getattr: std::mem::transmute::<usize, GetAttrFn>(get(c"PyObject_GetAttrString")?),
+            as_utf8: std::mem::transmute::<usize, AsUtf8Fn>(get(c"PyUnicode_AsUTF8AndSize")?),
+            as_long: std::mem::transmute::<usize, AsLongFn>(get(c"PyLong_AsLong")?),
+            addr2line: std::mem::transmute::<usize, Addr2LineFn>(get(c"PyCode_Addr2Line")?),
+            decref: std::mem::transmute::<usize, DecRefFn>(get(c"Py_DecRef")?),
+            err_clear: std::mem::transmute::<usize, ErrClearFn>(get(c"PyErr_Clear")?),
+        })
+    }
+}
+
+impl PyApi {
+    /// `obj.<name>` as text (None on any error, which is cleared).
+    fn attr_str(&self, obj: *mut c_void, name: &CStr) -> Option<String> {
+        // SAFETY: GIL held (checked by `drain`); obj is a live code object; every new
+        // reference is released.
+        unsafe {
+            let o = (self.getattr)(obj, name.as_ptr());
+            if o.is_null() {
+                (self.err_clear)();
+                return None;
+            }
+            let mut n: isize = 0;
+            let p = (self.as_utf8)(o, &mut n);
+            let s = if p.is_null() || n < 0 {
+                (self.err_clear)();
+                None
+            } else {
+                let b = std::slice::from_raw_parts(p as *const u8, n as usize);
+                Some(String::from_utf8_lossy(b).into_owned())
+            };
+            (self.decref)(o);
+            s
+        }
+    }
+
+    fn attr_int(&self, obj: *mut c_void, name: &CStr) -> c_long {
+        // SAFETY: as in attr_str.
+        unsafe {
+            let o = (self.getattr)(obj, name.as_ptr());
+            if o.is_null() {
+                (self.err_clear)();
+                return 0;
+            }
+            let v = (self.as_long)(o);
+            if v == -1 {
+                (self.err_clear)();
+            }
+            (self.decref)(o);
+            v
+        }
+    }
+}
+
+/// Names the stacks interned since the last call and writes their records. Must be called
+/// with the GIL held (returns -1 without doing anything otherwise); returns how many stacks
+/// were named.
+pub(crate) fn drain() -> c_int {
+    if !ATTACHED.load(Ordering::Acquire) {
+        return 0;
+    }
+    let Some(api) = py_api() else {
+        return -1;
+    };
+    // SAFETY: PyGILState_Check takes no argument and is safe to call from any thread.
+    if unsafe { (api.gil_check)() } != 1 {
+        return -1;
+    }
+    let mut codes = match CODES.try_lock() {
+        Ok(g) => g,
+        Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+        Err(std::sync::TryLockError::WouldBlock) => return 0,
+    };
+    let codes = codes.get_or_insert_with(HashMap::new);
+    let pending = {
+        let mut g = state();
+        let Some(st) = g.as_mut() else { return 0 };
+        std::mem::take(&mut st.pending)
+    };
+    let n = pending.len();
+    for (id, key) in pending {
+        let mut frames = Vec::with_capacity(key.len());
+        for (code, lasti) in key {
+            let next = codes.len() as u32 + 1;
+            let cid = *codes.entry(code).or_insert_with(|| {
+                let o = code as *mut c_void;
+                let function = api
+                    .attr_str(o, c"co_qualname")
+                    .or_else(|| api.attr_str(o, c"co_name"))
+                    .unwrap_or_default();
+                super::emit(Event::PyCode {
+                    id: next,
+                    file: api.attr_str(o, c"co_filename").unwrap_or_default(),
+                    function,
+                    first_line: api.attr_int(o, c"co_firstlineno").max(0) as u32,
+                });
+                next
+            });
+            // SAFETY: GIL held; the code object is alive (its traceback is kept).
+            let line = unsafe { (api.addr2line)(code as *mut c_void, lasti) };
+            frames.push(PyFrame {
+                code: cid,
+                line: line.max(0) as u32,
+            });
+        }
+        super::emit(Event::PyStack { id, frames });
+    }
+    n as c_int
+}

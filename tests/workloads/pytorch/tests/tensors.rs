@@ -1,0 +1,395 @@
+//! Tensor-level events from PyTorch's default caching allocator in an unmodified job started
+//! with `vramshim run --trace` (the Python startup hook, the tracker attached to the
+//! allocator, Python stacks named in the trace), on the simulated GPU with PyTorch 2.15.
+//! Skipped with one line without PyTorch (VRAMSHIM_TORCH_TESTS=1 makes that a failure).
+//!
+//! `VRAMSHIM_TORCH_FAULT=drop` set for the test run (passed on to the jobs) drops the tensor
+//! events: the attribution tests then fail.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use vramshim_pytorch_tests::{torch_or_skip, vramshim_run_command};
+use vramshim_testkit::{RunOutput, run, temp_dir};
+use vramshim_trace::{Event, PyFrame, TorchOp, TraceReader, torch_action as act};
+
+/// What a trace holds at tensor level.
+#[derive(Default)]
+struct Tensors {
+    ops: Vec<TorchOp>,
+    codes: HashMap<u32, (String, String)>,
+    stacks: HashMap<u32, Vec<PyFrame>>,
+    clean_end: bool,
+}
+
+impl Tensors {
+    fn read(file: &Path) -> Tensors {
+        let mut t = Tensors::default();
+        let mut r = TraceReader::open(file).expect("open trace");
+        let mut ev = Event::Lost { t_ns: 0, count: 0 };
+        loop {
+            match r.next_into(&mut ev) {
+                Ok(true) => match std::mem::replace(&mut ev, Event::Lost { t_ns: 0, count: 0 }) {
+                    Event::Torch(op) => t.ops.push(op),
+                    Event::PyCode {
+                        id, file, function, ..
+                    } => {
+                        t.codes.insert(id, (file, function));
+                    }
+                    Event::PyStack { id, frames } => {
+                        t.stacks.insert(id, frames);
+                    }
+                    _ => {}
+                },
+                Ok(false) => break,
+                Err(e) => assert!(e.is_recoverable(), "{e}"),
+            }
+        }
+        t.clean_end = r.end_time().is_some();
+        t
+    }
+
+    /// `function (file:line)` of the innermost frame of `stack` in the test's script.
+    fn site(&self, stack: u32) -> Option<String> {
+        self.stacks.get(&stack)?.iter().find_map(|f| {
+            let (file, func) = self.codes.get(&f.code)?;
+            file.ends_with("job.py").then(|| {
+                // List comprehensions are functions of their own before Python 3.12.
+                let func = func.split(".<locals>").next().unwrap_or(func);
+                format!("{func} (job.py:{})", f.line)
+            })
+        })
+    }
+
+    /// Blocks allocated and not freed, by address.
+    fn live(&self) -> HashMap<(i32, u64), &TorchOp> {
+        let mut live = HashMap::new();
+        for op in &self.ops {
+            match op.action {
+                act::ALLOC => {
+                    live.insert((op.device, op.addr), op);
+                }
+                act::FREE_COMPLETED => {
+                    live.remove(&(op.device, op.addr));
+                }
+                _ => {}
+            }
+        }
+        live
+    }
+}
+
+fn traced(py: &Path, name: &str, script: &str, flags: &[&str]) -> (RunOutput, PathBuf) {
+    let dir = temp_dir(name);
+    let job = dir.join("job.py");
+    std::fs::write(&job, script).expect("write job");
+    let file = dir.join("t.vramtrace");
+    let mut args = vec!["--trace", file.to_str().expect("utf-8 path")];
+    args.extend_from_slice(flags);
+    let mut c = vramshim_run_command(py, name, &args);
+    // The fault switch, set for the test run, is passed on to the job (the test command
+    // starts from an environment without VRAMSHIM_* variables).
+    if let Ok(v) = std::env::var("VRAMSHIM_TORCH_FAULT") {
+        c.env("VRAMSHIM_TORCH_FAULT", v);
+    }
+    c.arg(&job).current_dir(&dir);
+    (run(&mut c), file)
+}
+
+const REUSE: &str = "\
+import torch
+
+def warmup():
+    xs = [torch.empty(1 << 20, dtype=torch.uint8, device='cuda') for _ in range(8)]
+    del xs
+
+def make_activations():
+    return [torch.empty(1 << 20, dtype=torch.uint8, device='cuda') for _ in range(8)]
+
+warmup()
+acts = make_activations()
+print('allocated', torch.cuda.memory_allocated())
+";
+
+/// Tensors that reuse the cached segments `warmup` created are attributed to
+/// `make_activations`, which holds them, with its line; the segments (cudaMalloc'd while
+/// warmup ran) are named in each tensor's event.
+#[test]
+fn tensors_are_attributed_to_the_function_that_holds_them() {
+    let Some(py) = torch_or_skip("tensors_are_attributed_to_the_function_that_holds_them") else {
+        return;
+    };
+    let (out, file) = traced(&py, "torch_tensors_reuse", REUSE, &[]);
+    out.assert_success();
+    assert!(out.stdout.contains("allocated 8388608"), "{}", out.stdout);
+    let t = Tensors::read(&file);
+    assert!(t.clean_end);
+    let live = t.live();
+    assert_eq!(
+        live.len(),
+        8,
+        "8 live tensors expected at exit, found {} ({} tensor events; stderr:\n{})",
+        live.len(),
+        t.ops.len(),
+        out.stderr
+    );
+    for op in live.values() {
+        assert_eq!(op.size, 1 << 20);
+        assert_eq!(
+            t.site(op.stack).as_deref(),
+            Some("make_activations (job.py:8)"),
+            "{op:?}"
+        );
+        assert_ne!(op.segment, 0, "{op:?}");
+    }
+    // Every segment the live tensors lie in was created by warmup's allocations: reused, not
+    // new.
+    let created_by_warmup: Vec<u64> = t
+        .ops
+        .iter()
+        .filter(|o| {
+            o.action == act::ALLOC && t.site(o.stack).as_deref() == Some("warmup (job.py:4)")
+        })
+        .map(|o| o.segment)
+        .collect();
+    assert_eq!(created_by_warmup.len(), 8);
+    for op in live.values() {
+        assert!(created_by_warmup.contains(&op.segment), "{op:?}");
+    }
+    let segments: Vec<_> = t
+        .ops
+        .iter()
+        .filter(|o| o.action == act::SEGMENT_ALLOC)
+        .collect();
+    assert_eq!(segments.len(), 4, "4 segments of 2 MiB: {segments:?}");
+}
+
+/// `--no-python-hook` and `VRAMSHIM_PYTHON_HOOK=0` leave the job at segment level.
+#[test]
+fn the_hook_can_be_turned_off() {
+    let Some(py) = torch_or_skip("the_hook_can_be_turned_off") else {
+        return;
+    };
+    let (out, file) = traced(&py, "torch_tensors_nohook", REUSE, &["--no-python-hook"]);
+    out.assert_success();
+    assert!(Tensors::read(&file).ops.is_empty());
+    let dir = temp_dir("torch_tensors_nohook_var");
+    let job = dir.join("job.py");
+    std::fs::write(&job, REUSE).expect("write job");
+    let file = dir.join("t.vramtrace");
+    let mut c = vramshim_run_command(
+        &py,
+        "torch_tensors_nohook_var",
+        &["--trace", file.to_str().expect("utf-8")],
+    );
+    c.env("VRAMSHIM_PYTHON_HOOK", "0").arg(&job);
+    run(&mut c).assert_success();
+    assert!(Tensors::read(&file).ops.is_empty());
+}
+
+/// Killed with SIGKILL mid-script: the trace read afterwards still has the tensors and the
+/// function that allocated them.
+#[test]
+fn sigkill_keeps_the_named_tensors() {
+    let Some(py) = torch_or_skip("sigkill_keeps_the_named_tensors") else {
+        return;
+    };
+    let script = "\
+import os, signal, time
+import torch
+
+def load_weights():
+    return [torch.empty(3 << 20, dtype=torch.uint8, device='cuda') for _ in range(4)]
+
+w = load_weights()
+time.sleep(0.5)
+os.kill(os.getpid(), signal.SIGKILL)
+";
+    let (out, file) = traced(&py, "torch_tensors_kill", script, &[]);
+    // `vramshim run` exits as a shell does for a job killed by signal 9.
+    assert_eq!(out.code(), Some(128 + 9), "{}", out.stderr);
+    let t = Tensors::read(&file);
+    assert!(!t.clean_end, "a killed process writes no end record");
+    let live = t.live();
+    assert_eq!(live.len(), 4, "{} tensor events", t.ops.len());
+    for op in live.values() {
+        assert_eq!(
+            t.site(op.stack).as_deref(),
+            Some("load_weights (job.py:5)"),
+            "{op:?}"
+        );
+    }
+}
+
+/// A forward and backward pass (autograd runs the backward on its own device thread): the
+/// job ends, and the tensors autograd allocated are in the trace.
+#[test]
+fn backward_pass_is_traced_without_hang() {
+    let Some(py) = torch_or_skip("backward_pass_is_traced_without_hang") else {
+        return;
+    };
+    let script = "\
+import threading
+import torch
+
+def model():
+    return torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)).to('cuda')
+
+def step(m, opt):
+    x = torch.randn(32, 64, device='cuda')
+    y = torch.randint(0, 10, (32,), device='cuda')
+    loss = torch.nn.functional.cross_entropy(m(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+m = model()
+opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+for _ in range(3):
+    step(m, opt)
+torch.cuda.synchronize()
+print('main tid', threading.get_native_id())
+";
+    let (out, file) = traced(&py, "torch_tensors_backward", script, &[]);
+    out.assert_success();
+    let main: u32 = out
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("main tid "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{}", out.stdout));
+    let t = Tensors::read(&file);
+    let allocs: Vec<_> = t.ops.iter().filter(|o| o.action == act::ALLOC).collect();
+    assert!(
+        allocs
+            .iter()
+            .any(|o| t.site(o.stack).is_some_and(|s| s.starts_with("model ("))),
+        "the parameters are attributed to model()"
+    );
+    assert!(
+        allocs
+            .iter()
+            .any(|o| t.site(o.stack).is_some_and(|s| s.starts_with("step ("))),
+        "the forward's activations are attributed to step()"
+    );
+    // Gradients are allocated by autograd's device thread.
+    assert!(
+        allocs.iter().any(|o| o.tid != main),
+        "no allocation from autograd's thread: {:?}",
+        allocs.iter().map(|o| o.tid).collect::<Vec<_>>()
+    );
+}
+
+/// Python programs without CUDA are unaffected: one that never imports torch, and one that
+/// uses torch on the CPU only; a `sitecustomize` of the job's own still runs.
+#[test]
+fn python_without_cuda_is_unaffected() {
+    let Some(py) = torch_or_skip("python_without_cuda_is_unaffected") else {
+        return;
+    };
+    let dir = temp_dir("torch_tensors_nocuda");
+    let own = dir.join("own");
+    std::fs::create_dir_all(&own).unwrap();
+    std::fs::write(
+        own.join("sitecustomize.py"),
+        "import os\nos.environ['OWN_SITE'] = 'yes'\n",
+    )
+    .unwrap();
+    for (name, script, expect) in [
+        (
+            "plain",
+            "import os, sys\nprint('plain', os.environ.get('OWN_SITE'), 'torch' in sys.modules)\n",
+            "plain yes False",
+        ),
+        (
+            "cpu",
+            "import os, torch\nprint('cpu', os.environ.get('OWN_SITE'), int(torch.ones(3).sum()))\n",
+            "cpu yes 3",
+        ),
+    ] {
+        let job = dir.join(format!("{name}.py"));
+        std::fs::write(&job, script).unwrap();
+        let file = dir.join(format!("{name}.vramtrace"));
+        let mut c = vramshim_run_command(
+            &py,
+            &format!("torch_tensors_nocuda_{name}"),
+            &["--trace", file.to_str().unwrap()],
+        );
+        c.env("PYTHONPATH", &own).arg(&job);
+        let out = run(&mut c);
+        out.assert_success();
+        assert_eq!(out.stdout.trim(), expect, "{}", out.stderr);
+        assert!(
+            !out.stderr.contains("tensor-level") && !out.stderr.contains("Traceback"),
+            "{}",
+            out.stderr
+        );
+        assert!(!file.exists() || Tensors::read(&file).ops.is_empty());
+    }
+}
+
+/// Out of memory under a cap: `vramshim summary` names the Python line that asked
+/// (`load_weights`), the function holding the tensors (`make_activations`, in segments
+/// `warmup` created), and what PyTorch cached; the JSON post-mortem's site is that line.
+#[test]
+fn summary_names_the_lines_of_an_oom() {
+    let Some(py) = torch_or_skip("summary_names_the_lines_of_an_oom") else {
+        return;
+    };
+    let script = "\
+import torch
+
+def warmup():
+    xs = [torch.empty(4 << 20, dtype=torch.uint8, device='cuda') for _ in range(8)]
+    del xs
+
+def make_activations():
+    return [torch.empty(4 << 20, dtype=torch.uint8, device='cuda') for _ in range(8)]
+
+def load_weights():
+    return torch.empty(64 << 20, dtype=torch.uint8, device='cuda')
+
+warmup()
+acts = make_activations()
+w = load_weights()
+";
+    let (out, file) = traced(&py, "torch_tensors_oom", script, &["--cap", "64MiB"]);
+    assert_eq!(out.code(), Some(1), "the job dies of OOM: {}", out.stderr);
+    assert!(out.stderr.contains("OutOfMemoryError"), "{}", out.stderr);
+    let exe = vramshim_testkit::profile_dir().join("vramshim");
+    let text = run(std::process::Command::new(&exe).arg("summary").arg(&file));
+    text.assert_success();
+    let s = &text.stdout;
+    assert!(
+        s.contains("PyTorch could not allocate 64.0 MiB at load_weights (job.py:11)"),
+        "{s}"
+    );
+    assert!(
+        s.contains("32.0 MiB in      8 tensors  make_activations (job.py:8)"),
+        "{s}"
+    );
+    assert!(
+        s.contains("of which 8.00 MiB cached (free inside segments)"),
+        "{s}"
+    );
+    let json = run(std::process::Command::new(&exe)
+        .args(["summary", "--json"])
+        .arg(&file));
+    json.assert_success();
+    let j: serde_json::Value = serde_json::from_str(&json.stdout).expect("JSON");
+    let pms = &j["traces"][0]["devices"][0]["post_mortems"];
+    let pm = pms
+        .as_array()
+        .and_then(|a| a.iter().find(|p| !p["torch"].is_null()))
+        .unwrap_or_else(|| panic!("no post-mortem with tensors: {pms}"));
+    assert_eq!(pm["site"], "load_weights (job.py:11)");
+    assert_eq!(
+        pm["torch"]["holders"][0]["site"],
+        "make_activations (job.py:8)"
+    );
+    assert_eq!(pm["torch"]["cached"], 8 << 20);
+    assert_eq!(
+        pm["torch"]["segments"][0]["holders"][0]["site"],
+        "make_activations (job.py:8)"
+    );
+}
