@@ -804,6 +804,9 @@ pub fn trace_summary_lines(path: &Path) -> Result<Vec<String>, String> {
     }
     if let Some(c) = peak.cap {
         let _ = write!(l, "; cap {}", bytes(c));
+        if let Some(s) = &peak.cap_source {
+            let _ = write!(l, " (set by {s})");
+        }
     }
     lines.push(l);
     let (live, leaks) = devs

@@ -75,6 +75,32 @@ pub(crate) fn uuid(device: i32) -> Option<[u8; 16]> {
     with_init(|| unsafe { f(&mut id, device) }).then_some(id)
 }
 
+type PfnCuDeviceGetPciBusId = unsafe extern "C" fn(*mut std::ffi::c_char, c_int, c_int) -> c_int;
+
+/// The device's PCI address as the driver writes it (`0000:01:00.0`), for matching the
+/// cgroup's dmem regions.
+pub(crate) fn pci_bus_id(device: i32) -> Option<String> {
+    let a = real::driver_symbol(c"cuDeviceGetPCIBusId");
+    if a == 0 {
+        return None;
+    }
+    // SAFETY: `a` is the driver's cuDeviceGetPCIBusId, whose ABI is PfnCuDeviceGetPciBusId.
+    let f = unsafe { std::mem::transmute::<usize, PfnCuDeviceGetPciBusId>(a) };
+    let mut buf = [0 as std::ffi::c_char; 32];
+    // SAFETY: buf is a valid out-buffer of the length passed; the driver checks the ordinal
+    // and writes a NUL-terminated string of at most that length.
+    let ok = with_init(|| unsafe { f(buf.as_mut_ptr(), buf.len() as c_int, device) });
+    if !ok {
+        return None;
+    }
+    let bytes: Vec<u8> = buf
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    String::from_utf8(bytes).ok()
+}
+
 /// Whether `stream` or the legacy stream is capturing, or the driver cannot say (an error
 /// counts as capturing: never synchronize when unsure). False without the query.
 pub(crate) fn capturing(stream: u64) -> bool {

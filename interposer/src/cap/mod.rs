@@ -29,6 +29,7 @@
 
 pub(crate) mod config;
 mod driver;
+pub(crate) mod limits;
 mod packed;
 mod pages;
 
@@ -159,6 +160,10 @@ pub(crate) struct Cap {
     /// said once; the device runs uncapped until a total is known.
     unresolved_said: [AtomicBool; MAX_DEVICES],
     last_reclaim_ns: AtomicU64,
+    /// The kernel's limit of each device (cgroup `dmem.max` of the region at its PCI
+    /// address), mapped at setup; and per device whether it, not `spec`, bound the cap.
+    kernel: OnceLock<Vec<Option<limits::Limit>>>,
+    kernel_binds: [AtomicBool; MAX_DEVICES],
 }
 
 fn device_index(device: i32) -> Option<usize> {
@@ -215,6 +220,8 @@ impl Cap {
             last_slot_try_ns: AtomicU64::new(0),
             unresolved_said: [const { AtomicBool::new(false) }; MAX_DEVICES],
             last_reclaim_ns: AtomicU64::new(0),
+            kernel: OnceLock::new(),
+            kernel_binds: [const { AtomicBool::new(false) }; MAX_DEVICES],
         }
     }
 
@@ -277,7 +284,10 @@ impl Cap {
                 theirs
             }
         };
+        // (Other tools' per-device variables past the devices the process sees are ignored,
+        // as HAMi-core ignores them; only a VRAMSHIM_CAP list is checked.)
         if let Some(high) = spec.highest_listed()
+            && (self.settings.cap_text.is_some() || self.settings.shared.is_some())
             && let Some(count) = (self.queries().count)()
             && high >= usize::try_from(count).unwrap_or(0)
         {
@@ -289,8 +299,153 @@ impl Cap {
             ));
             return false;
         }
+        let spec = self.with_kernel_limits(spec);
+        self.announce_source(&spec);
         let _ = self.spec.set(spec);
         true
+    }
+
+    /// Maps the cgroup's dmem regions to the devices (by PCI address) and folds their hard
+    /// limits into `spec`: a device the variables leave uncapped gets the kernel's limit; a
+    /// capped one keeps its value, bounded by the kernel's at resolution.
+    fn with_kernel_limits(&self, mut spec: CapSpec) -> CapSpec {
+        let kernel = self.kernel.get_or_init(|| {
+            if !self.settings.dmem.iter().any(|r| r.max.is_some()) {
+                return Vec::new();
+            }
+            let count = (self.queries().count)()
+                .unwrap_or(0)
+                .clamp(0, MAX_DEVICES as i32);
+            (0..count)
+                .map(|d| {
+                    let addr = driver::pci_bus_id(d).and_then(|b| limits::pci_addr(&b))?;
+                    self.settings
+                        .dmem
+                        .iter()
+                        .filter(|r| limits::pci_addr(&r.region) == Some(addr))
+                        .filter_map(limits::DmemRegion::limit)
+                        .min_by_key(|l| l.bytes)
+                })
+                .collect()
+        });
+        for (d, k) in kernel.iter().enumerate() {
+            if let Some(k) = k
+                && spec.devices[d].is_none()
+            {
+                spec.devices[d] = Some(vramshim_region::CapValue::Bytes(k.bytes.max(1)));
+                spec.all = false;
+            }
+        }
+        spec
+    }
+
+    /// The kernel's limit of device `d`, if any.
+    fn kernel_limit(&self, d: usize) -> Option<&limits::Limit> {
+        self.kernel.get()?.get(d)?.as_ref()
+    }
+
+    /// `v` (the cap `spec` gives device `d`) bounded by the kernel's limit; remembers which
+    /// bound, for messages.
+    fn bounded_by_kernel(&self, d: usize, v: u64) -> u64 {
+        match self.kernel_limit(d) {
+            Some(k) if k.bytes < v || self.settings.origin[d].is_none() => {
+                self.kernel_binds[d].store(true, Relaxed);
+                k.bytes.min(v)
+            }
+            _ => v,
+        }
+    }
+
+    /// What set device `d`'s cap, as messages name it.
+    fn bound_by(&self, d: usize) -> String {
+        if self.kernel_binds[d].load(Relaxed)
+            && let Some(k) = self.kernel_limit(d)
+        {
+            return k.origin.clone();
+        }
+        match (&self.settings.origin[d], &self.settings.cap_text) {
+            (Some(o), _) => o.clone(),
+            (None, Some(t)) => format!("VRAMSHIM_CAP=\"{}\"", t.escape_debug()),
+            (None, None) => "no limit".into(),
+        }
+    }
+
+    /// One line, when the cap is set up, saying where it came from: at `warn` when anything
+    /// but `VRAMSHIM_CAP` is involved (another tool's variable, a kernel limit, or variables
+    /// that `VRAMSHIM_CAP` replaced), else at `info`.
+    fn announce_source(&self, spec: &CapSpec) {
+        let s = &self.settings;
+        let mut parts: Vec<String> = Vec::new();
+        let mut seen: Vec<&str> = Vec::new();
+        for (d, o) in s.origin.iter().enumerate() {
+            let Some(o) = o else { continue };
+            if !seen.contains(&o.as_str()) {
+                seen.push(o);
+                let devs: Vec<String> = s
+                    .origin
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, x)| x.as_deref() == Some(o.as_str()))
+                    .map(|(i, _)| i.to_string())
+                    .collect();
+                let which = if devs.len() == MAX_DEVICES {
+                    "every device".to_string()
+                } else {
+                    format!("device {}", devs.join(", "))
+                };
+                let value = spec.devices[d].map_or_else(String::new, |v| format!(" = {v}"));
+                parts.push(format!("{o}{value} on {which}"));
+            }
+        }
+        let mut kernel_said = false;
+        for (d, k) in self.kernel.get().into_iter().flatten().enumerate() {
+            if let Some(k) = k {
+                kernel_said = true;
+                parts.push(format!("{} bounds device {d}", k.origin));
+            }
+        }
+        for r in &s.dmem {
+            let mapped = self
+                .kernel
+                .get()
+                .is_some_and(|v| v.iter().flatten().any(|k| k.origin.contains(&r.region)));
+            if r.max.is_some() && !mapped {
+                kernel_said = true;
+                parts.push(format!(
+                    "cgroup dmem.max region {} matches no device of this process (not applied)",
+                    r.region
+                ));
+            }
+            if let Some(m) = r.min {
+                kernel_said = true;
+                parts.push(format!(
+                    "cgroup dmem.min {} {} (protected, not a bound)",
+                    r.region,
+                    human_bytes(m)
+                ));
+            }
+        }
+        if !s.replaced.is_empty() {
+            parts.push(format!("VRAMSHIM_CAP replaces {}", s.replaced.join(", ")));
+        }
+        if parts.is_empty() {
+            return;
+        }
+        let line = format!(
+            "vramshim: cap from {}; the smallest bound applies",
+            parts.join("; ")
+        );
+        let loud = kernel_said
+            || !s.replaced.is_empty()
+            || s.origin
+                .iter()
+                .flatten()
+                .any(|o| !o.starts_with("VRAMSHIM_CAP="));
+        if loud {
+            (self.log)(&line);
+        } else {
+            crate::info!("{}", line.strip_prefix("vramshim: ").unwrap_or(&line));
+        }
     }
 
     /// The shared region cannot be used (squatted by another user, foreign, corrupt, of
@@ -323,13 +478,27 @@ impl Cap {
             let _ = self.spec.set(spec);
             return true;
         }
-        match &self.settings.cap_text {
+        let own = match &self.settings.cap_text {
+            Some(t) => Some(format!("VRAMSHIM_CAP=\"{}\"", t.escape_debug())),
+            // Another tool's variables gave the process a cap of its own.
+            None => {
+                let mut o: Vec<&str> = Vec::new();
+                for x in self.settings.origin.iter().flatten() {
+                    if !o.contains(&x.as_str()) {
+                        o.push(x);
+                    }
+                }
+                (!o.is_empty()).then(|| o.join(", "))
+            }
+        };
+        match own {
             Some(t) => {
                 (self.log)(&format!(
-                    "{head}; this process keeps its own cap VRAMSHIM_CAP=\"{}\" (not shared with the group; VRAMSHIM_CAP_STRICT=1 refuses allocations instead)",
-                    t.escape_debug()
+                    "{head}; this process keeps its own cap {t} (not shared with the group; VRAMSHIM_CAP_STRICT=1 refuses allocations instead)"
                 ));
-                let _ = self.spec.set(self.settings.spec.clone());
+                let _ = self
+                    .spec
+                    .set(self.with_kernel_limits(self.settings.spec.clone()));
                 true
             }
             None => {
@@ -375,14 +544,14 @@ impl Cap {
         use vramshim_region::CapValue;
         let v = match self.effective_spec().devices[d] {
             None => MAX_BYTES,
-            Some(CapValue::Bytes(b)) => b.min(MAX_BYTES),
+            Some(CapValue::Bytes(b)) => self.bounded_by_kernel(d, b.min(MAX_BYTES)),
             Some(c @ CapValue::Fraction(_)) => {
                 match real_total
                     .filter(|&t| t > 0)
                     .or_else(|| (self.queries().total)(d as i32))
                 {
                     Some(t) => {
-                        let v = c.resolve(t).min(MAX_BYTES);
+                        let v = self.bounded_by_kernel(d, c.resolve(t).min(MAX_BYTES));
                         if v == 0 && !self.unresolved_said[d].swap(true, Relaxed) {
                             // A share so small it rounds to nothing: enforced (every
                             // allocation refused), but never silently.
@@ -407,7 +576,7 @@ impl Cap {
                                 self.cap_source_text(spec).escape_debug()
                             ));
                         }
-                        return MAX_BYTES;
+                        return self.kernel_limit(d).map_or(MAX_BYTES, |k| k.bytes);
                     }
                 }
             }
@@ -905,14 +1074,23 @@ impl Cap {
                 .as_ref()
                 .filter(|_| self.region.get().is_some())
             {
-                None => format!(
-                    "VRAMSHIM_CAP=\"{}\"",
-                    self.settings
-                        .cap_text
-                        .as_deref()
-                        .unwrap_or("")
-                        .escape_debug()
-                ),
+                None => self.bound_by(d),
+                Some(_) if self.kernel_binds[d].load(Relaxed) => self.bound_by(d),
+                // The group's cap came from this process's own limits of another tool.
+                Some((name, _))
+                    if self.settings.cap_text.is_none()
+                        && self.settings.origin[d].is_some()
+                        && self
+                            .region
+                            .get()
+                            .is_some_and(|r| r.caps() == self.settings.spec) =>
+                {
+                    format!(
+                        "{} of the budget shared by VRAMSHIM_SHARED=\"{}\"",
+                        self.bound_by(d),
+                        name.escape_debug()
+                    )
+                }
                 Some((name, _)) => format!(
                     "VRAMSHIM_CAP=\"{}\" of the budget shared by VRAMSHIM_SHARED=\"{}\"",
                     self.region.get().map(|r| r.cap_text()).unwrap_or_default(),
@@ -1194,10 +1372,19 @@ fn build_global() -> Option<Cap> {
         .unwrap_or(0);
     // Lossy: a value that is not UTF-8 is then reported as not valid (with the accepted
     // forms) instead of reading as unset.
-    let (settings, lines) = config::parse(
-        &|k| crate::config::raw(k).map(|v| String::from_utf8_lossy(v).into_owned()),
-        uid,
-    );
+    let get = |k: &str| crate::config::raw(k).map(|v| String::from_utf8_lossy(v).into_owned());
+    // The kernel's limits: the dmem files of this process's cgroup (a few small reads).
+    // VRAMSHIM_CGROUP_ROOT (tests) stands in for the cgroup v2 mount.
+    let root = get("VRAMSHIM_CGROUP_ROOT")
+        .filter(|v| !v.trim().is_empty())
+        .map_or_else(
+            || std::path::PathBuf::from("/sys/fs/cgroup"),
+            |v| std::path::PathBuf::from(v.trim()),
+        );
+    let dmem = limits::own_cgroup()
+        .map(|cg| limits::dmem(&root, &cg))
+        .unwrap_or_default();
+    let (settings, lines) = config::parse_with(&get, uid, dmem);
     for l in &lines {
         stderr_line(l);
     }
@@ -1215,6 +1402,56 @@ fn build_global() -> Option<Cap> {
 #[inline]
 pub(crate) fn global() -> Option<&'static Cap> {
     GLOBAL.get_or_init(build_global).as_ref()
+}
+
+/// The limits in force, for the trace header's configuration (`cap.limit` entries, one per
+/// source: `devices=all|0,1|pci:0000:01:00.0 bytes=N|fraction=F source=TEXT`), so that the
+/// analyzer names the source of a refusal's cap (the one whose value it is).
+pub(crate) fn trace_config() -> Vec<(String, String)> {
+    let Some(cap) = global() else {
+        return Vec::new();
+    };
+    let s = &cap.settings;
+    let mut out: Vec<(String, String)> = Vec::new();
+    let mut seen: Vec<&str> = Vec::new();
+    for o in s.origin.iter().flatten() {
+        if seen.contains(&o.as_str()) {
+            continue;
+        }
+        seen.push(o);
+        let devs: Vec<usize> = (0..MAX_DEVICES)
+            .filter(|&d| s.origin[d].as_deref() == Some(o.as_str()))
+            .collect();
+        let devices = if devs.len() == MAX_DEVICES {
+            "all".to_string()
+        } else {
+            devs.iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let value = match s.spec.devices[devs[0]] {
+            Some(vramshim_region::CapValue::Bytes(b)) => format!("bytes={b}"),
+            Some(vramshim_region::CapValue::Fraction(f)) => format!("fraction={f}"),
+            None => continue,
+        };
+        out.push((
+            "cap.limit".into(),
+            format!("devices={devices} {value} source={o}"),
+        ));
+    }
+    for r in &s.dmem {
+        if let (Some(l), Some(a)) = (r.limit(), limits::pci_addr(&r.region)) {
+            out.push((
+                "cap.limit".into(),
+                format!(
+                    "devices=pci:{:04x}:{:02x}:{:02x}.{:x} bytes={} source={}",
+                    a.0, a.1, a.2, a.3, l.bytes, l.origin
+                ),
+            ));
+        }
+    }
+    out
 }
 
 /// Called once at load: parses the variables and prints one line per bad value.

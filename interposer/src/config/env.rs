@@ -37,8 +37,30 @@ pub(crate) const KNOWN: &[&str] = &[
     "VRAMSHIM_TRACE_LOCKS",
     "VRAMSHIM_TRACE_WRITER_FAULT",
     "VRAMSHIM_ENV_FAULT",
+    "VRAMSHIM_CGROUP_ROOT",
+    // Other tools' limits, which the cap understands (cap::limits): read like ours, but not
+    // listed in the trace header's configuration by `all` (the cap reports what it used).
+    "CUDA_DEVICE_MEMORY_LIMIT",
+    "CUDA_DEVICE_MEMORY_LIMIT_0",
+    "CUDA_DEVICE_MEMORY_LIMIT_1",
+    "CUDA_DEVICE_MEMORY_LIMIT_2",
+    "CUDA_DEVICE_MEMORY_LIMIT_3",
+    "CUDA_DEVICE_MEMORY_LIMIT_4",
+    "CUDA_DEVICE_MEMORY_LIMIT_5",
+    "CUDA_DEVICE_MEMORY_LIMIT_6",
+    "CUDA_DEVICE_MEMORY_LIMIT_7",
+    "CUDA_DEVICE_MEMORY_LIMIT_8",
+    "CUDA_DEVICE_MEMORY_LIMIT_9",
+    "CUDA_DEVICE_MEMORY_LIMIT_10",
+    "CUDA_DEVICE_MEMORY_LIMIT_11",
+    "CUDA_DEVICE_MEMORY_LIMIT_12",
+    "CUDA_DEVICE_MEMORY_LIMIT_13",
+    "CUDA_DEVICE_MEMORY_LIMIT_14",
+    "CUDA_DEVICE_MEMORY_LIMIT_15",
+    "GPU_MEMORY_LIMIT",
+    "NVIDIA_GPU_MEMORY_LIMIT",
 ];
-const NKNOWN: usize = 25;
+const NKNOWN: usize = 45;
 const _: () = assert!(KNOWN.len() == NKNOWN);
 
 /// At most this many `VRAMSHIM_*` variables are listed (in environment order, for the trace
@@ -77,6 +99,14 @@ fn remember_known(p: *const c_char, entry: &[u8]) {
     {
         KNOWN_VALS[k].store(p as *mut c_char, Ordering::Relaxed);
     }
+}
+
+/// Whether `entry` sets one of the other tools' limit variables in [`KNOWN`].
+fn is_limit_entry(entry: &[u8]) -> bool {
+    (entry.starts_with(b"CUDA_DEVICE_MEMORY_LIMIT")
+        || entry.starts_with(b"GPU_MEMORY_LIMIT=")
+        || entry.starts_with(b"NVIDIA_GPU_MEMORY_LIMIT="))
+        && entry.contains(&b'=')
 }
 
 /// The entries of a NULL-terminated environment array (none for a null array): each entry's
@@ -124,6 +154,9 @@ pub(crate) fn init(envp: *const *const c_char) {
     let (mut n, mut left_out) = (0, 0);
     for (s, bytes) in entries(envp) {
         if !(bytes.starts_with(b"VRAMSHIM_") && bytes.contains(&b'=')) {
+            if is_limit_entry(bytes) {
+                remember_known(s, bytes);
+            }
             continue;
         }
         if n < cap_all {
@@ -201,7 +234,12 @@ pub(crate) fn var(name: &str) -> Option<&'static str> {
 pub(crate) fn report(mut say: impl FnMut(std::fmt::Arguments<'_>)) {
     ensure();
     for name in KNOWN {
-        if matches!(*name, "VRAMSHIM_CAP" | "VRAMSHIM_SHARED") {
+        // The cap reads its own variables lossily and reports them itself.
+        if matches!(
+            *name,
+            "VRAMSHIM_CAP" | "VRAMSHIM_SHARED" | "VRAMSHIM_CGROUP_ROOT"
+        ) || !name.starts_with("VRAMSHIM_")
+        {
             continue;
         }
         if let Some(v) = raw(name)

@@ -86,6 +86,7 @@ pub(crate) fn build(wall: u64, mono: u64) -> Header {
         config: crate::config::all()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .chain([("trace.clock".to_string(), super::clock::name().to_string())])
+            .chain((super::device_view().cap_limits)())
             .collect(),
     }
 }
