@@ -86,9 +86,9 @@ pub(crate) struct Settings {
     pub dmem: Vec<DmemRegion>,
 }
 
-#[cfg(test)]
 /// Parses the variables. `None` = pass-through (nothing asked, or a bad value); the strings
 /// are the lines to print on stderr (one per problem).
+#[cfg(test)]
 pub(crate) fn parse(
     get: &dyn Fn(&str) -> Option<String>,
     uid: u32,

@@ -79,7 +79,7 @@ type PfnCuDeviceGetPciBusId = unsafe extern "C" fn(*mut std::ffi::c_char, c_int,
 
 /// The device's PCI address as the driver writes it (`0000:01:00.0`), for matching the
 /// cgroup's dmem regions.
-pub fn pci_bus_id(device: i32) -> Option<String> {
+pub(crate) fn pci_bus_id(device: i32) -> Option<String> {
     let a = real::driver_symbol(c"cuDeviceGetPCIBusId");
     if a == 0 {
         return None;

@@ -19,15 +19,15 @@ use vramshim_region::spec::{self, human_bytes};
 
 /// HAMi-core's accepted forms (its `get_limit_from_env`: a whole number, optionally followed
 /// by one of the letters k, m, g in either case for KiB, MiB, GiB; 0 means no limit).
-pub const HAMI_FORMS: &str = "accepted (HAMi-core's forms): a whole number of bytes, optionally followed by k, m or g (KiB, MiB, GiB: 1073741824, 256m, 24g); 0 means no limit";
+pub(crate) const HAMI_FORMS: &str = "accepted (HAMi-core's forms): a whole number of bytes, optionally followed by k, m or g (KiB, MiB, GiB: 1073741824, 256m, 24g); 0 means no limit";
 /// The forms of `GPU_MEMORY_LIMIT` and `NVIDIA_GPU_MEMORY_LIMIT`.
-pub const BYTES_FORMS: &str =
+pub(crate) const BYTES_FORMS: &str =
     "accepted: a number of bytes (1073741824) or a size (24GiB, 512MiB, 1.5GB); 0 means no limit";
 
 /// The HAMi-core variable that caps every device, and the prefix of its per-device form.
-pub const HAMI_ALL: &str = "CUDA_DEVICE_MEMORY_LIMIT";
+pub(crate) const HAMI_ALL: &str = "CUDA_DEVICE_MEMORY_LIMIT";
 /// The per-device names, `CUDA_DEVICE_MEMORY_LIMIT_0` to `_15` (the devices a cap describes).
-pub const HAMI_DEVICE: [&str; MAX_DEVICES] = [
+pub(crate) const HAMI_DEVICE: [&str; MAX_DEVICES] = [
     "CUDA_DEVICE_MEMORY_LIMIT_0",
     "CUDA_DEVICE_MEMORY_LIMIT_1",
     "CUDA_DEVICE_MEMORY_LIMIT_2",
@@ -46,14 +46,14 @@ pub const HAMI_DEVICE: [&str; MAX_DEVICES] = [
     "CUDA_DEVICE_MEMORY_LIMIT_15",
 ];
 /// KAI-Scheduler's isolator.
-pub const KAI: &str = "GPU_MEMORY_LIMIT";
+pub(crate) const KAI: &str = "GPU_MEMORY_LIMIT";
 /// NVIDIA's container toolkit (the CDI hook that applies memory limits).
-pub const NVIDIA: &str = "NVIDIA_GPU_MEMORY_LIMIT";
+pub(crate) const NVIDIA: &str = "NVIDIA_GPU_MEMORY_LIMIT";
 
 /// One limit in bytes and where it came from, as messages name it (`NAME="value"`, or the
 /// cgroup file and region).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Limit {
+pub(crate) struct Limit {
     pub bytes: u64,
     pub origin: String,
 }
@@ -61,7 +61,7 @@ pub struct Limit {
 /// A HAMi-core value: digits (or `0x` and hex digits, which its `strtoul(.., 0)` also reads),
 /// then at most one unit letter. `Ok(None)` = 0 = no limit. Forms HAMi-core would misread
 /// (`24Gi`: the unit ignored, 24 bytes; `1.5g`: 1 GiB; `0100m`: octal) are refused.
-pub fn parse_hami(v: &str) -> Result<Option<u64>, String> {
+pub(crate) fn parse_hami(v: &str) -> Result<Option<u64>, String> {
     let t = v.trim();
     if t.is_empty() {
         return Err("empty value".into());
@@ -98,7 +98,7 @@ pub fn parse_hami(v: &str) -> Result<Option<u64>, String> {
 }
 
 /// A `GPU_MEMORY_LIMIT` / `NVIDIA_GPU_MEMORY_LIMIT` value: bytes or a size. `Ok(None)` = 0.
-pub fn parse_bytes(v: &str) -> Result<Option<u64>, String> {
+pub(crate) fn parse_bytes(v: &str) -> Result<Option<u64>, String> {
     let t = v.trim();
     if t.is_empty() {
         return Err("empty value".into());
@@ -113,7 +113,7 @@ fn origin(name: &str, value: &str) -> String {
 
 /// The caps the variables give each device (`None`: no variable applies), and one line per
 /// bad value (the variable is then ignored: the other sources still apply).
-pub fn from_env(
+pub(crate) fn from_env(
     get: &dyn Fn(&str) -> Option<String>,
     lines: &mut Vec<String>,
 ) -> [Option<Limit>; MAX_DEVICES] {
@@ -151,7 +151,7 @@ pub fn from_env(
 
 /// One region of a cgroup's `dmem.max` or `dmem.min`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DmemRegion {
+pub(crate) struct DmemRegion {
     /// As the kernel names it, e.g. `drm/0000:01:00.0/vram0`.
     pub region: String,
     /// The hard limit (the smallest `dmem.max` of the cgroup and its ancestors); None = max.
@@ -168,7 +168,7 @@ const MAX_FILE: u64 = 64 << 10;
 const MAX_DEPTH: usize = 64;
 
 /// The cgroup v2 path of this process (the `0::` line of `/proc/self/cgroup`).
-pub fn own_cgroup() -> Option<String> {
+pub(crate) fn own_cgroup() -> Option<String> {
     let text = read_bounded(Path::new("/proc/self/cgroup"))?;
     text.lines()
         .find_map(|l| l.strip_prefix("0::"))
@@ -202,7 +202,7 @@ fn parse_dmem(text: &str) -> Vec<(String, Option<u64>)> {
 
 /// The dmem limits of cgroup `cgroup` (a path like `/a/b`) under the cgroup v2 mount `root`:
 /// each region's smallest `dmem.max` on the way up to the root, and its own `dmem.min`.
-pub fn dmem(root: &Path, cgroup: &str) -> Vec<DmemRegion> {
+pub(crate) fn dmem(root: &Path, cgroup: &str) -> Vec<DmemRegion> {
     let rel = cgroup.trim_start_matches('/');
     // A path that climbs out of the root (`..`) is not a cgroup path: read nothing.
     if rel.split('/').any(|c| c == "..") {
@@ -263,12 +263,12 @@ pub fn dmem(root: &Path, cgroup: &str) -> Vec<DmemRegion> {
 }
 
 /// A PCI address `domain:bus:device.function` in hex, as numbers.
-pub type PciAddr = (u32, u8, u8, u8);
+pub(crate) type PciAddr = (u32, u8, u8, u8);
 
 /// The first PCI address in `s` (`0000:01:00.0` or the 8-digit-domain `00000000:01:00.0`).
 /// Works on bytes: any text (not only ASCII) is looked through without slicing inside a
 /// character.
-pub fn pci_addr(s: &str) -> Option<PciAddr> {
+pub(crate) fn pci_addr(s: &str) -> Option<PciAddr> {
     let b = s.as_bytes();
     let hex =
         |x: &[u8]| -> Option<u32> { u32::from_str_radix(std::str::from_utf8(x).ok()?, 16).ok() };
@@ -301,7 +301,7 @@ pub fn pci_addr(s: &str) -> Option<PciAddr> {
 
 impl DmemRegion {
     /// The limit this region sets, named for messages (None: no hard limit).
-    pub fn limit(&self) -> Option<Limit> {
+    pub(crate) fn limit(&self) -> Option<Limit> {
         let bytes = self.max?;
         Some(Limit {
             bytes,

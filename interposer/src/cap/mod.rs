@@ -29,7 +29,7 @@
 
 pub(crate) mod config;
 mod driver;
-pub mod limits;
+pub(crate) mod limits;
 mod packed;
 mod pages;
 
@@ -1407,7 +1407,7 @@ pub(crate) fn global() -> Option<&'static Cap> {
 /// The limits in force, for the trace header's configuration (`cap.limit` entries, one per
 /// source: `devices=all|0,1|pci:0000:01:00.0 bytes=N|fraction=F source=TEXT`), so that the
 /// analyzer names the source of a refusal's cap (the one whose value it is).
-pub fn trace_config() -> Vec<(String, String)> {
+pub(crate) fn trace_config() -> Vec<(String, String)> {
     let Some(cap) = global() else {
         return Vec::new();
     };

@@ -15,7 +15,7 @@ use std::ffi::{CStr, c_char, c_int, c_longlong};
 use vramshim_pool::Stats;
 
 /// The fields, in the order `vramshim_pool_stats` writes them (bytes unless said otherwise).
-pub const FIELDS: [&str; 16] = [
+pub(crate) const FIELDS: [&str; 16] = [
     // physical pages held
     "reserved",
     // requested bytes of live blocks
@@ -44,7 +44,7 @@ pub const FIELDS: [&str; 16] = [
 ];
 
 /// The values of [`FIELDS`], in order.
-pub fn values(s: &Stats) -> [u64; FIELDS.len()] {
+pub(crate) fn values(s: &Stats) -> [u64; FIELDS.len()] {
     [
         s.reserved,
         s.live,
@@ -66,13 +66,13 @@ pub fn values(s: &Stats) -> [u64; FIELDS.len()] {
 }
 
 /// One field of `device`'s pool by name.
-pub fn field(device: i32, name: &str) -> Option<u64> {
+pub(crate) fn field(device: i32, name: &str) -> Option<u64> {
     let i = FIELDS.iter().position(|f| *f == name)?;
     super::stats(device).map(|s| values(&s)[i])
 }
 
 /// `{"<device>":{"reserved":...,...},...}` for every device with a pool.
-pub fn json() -> String {
+pub(crate) fn json() -> String {
     use std::fmt::Write as _;
     let mut out = String::from("{");
     let mut first = true;

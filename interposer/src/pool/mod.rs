@@ -24,7 +24,7 @@
 //! `stitch`, bounds what the pool keeps cached to a budget over its recent peak of live bytes
 //! and gives idle pages back (`vramshim_pool::stitch::Budget`; see [`budget_setting`]).
 
-pub mod c_stats;
+pub(crate) mod c_stats;
 mod cuda_device;
 mod tcache;
 #[cfg(test)]

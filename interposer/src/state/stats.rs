@@ -107,7 +107,7 @@ pub(crate) fn counter(name: &str) -> Option<u64> {
 
 /// The pool's statistics, read through functions the pool layer provides (wired at start-up:
 /// the pool stands beside this layer, not below it).
-pub struct PoolStatsView {
+pub(crate) struct PoolStatsView {
     /// One field of one device's pool.
     pub field: fn(i32, &str) -> Option<u64>,
     /// Every device's pool as one JSON object.
@@ -117,7 +117,7 @@ pub struct PoolStatsView {
 static POOL_VIEW: std::sync::OnceLock<PoolStatsView> = std::sync::OnceLock::new();
 
 /// Install the pool's statistics view (once; later calls are ignored).
-pub fn set_pool_view(view: PoolStatsView) {
+pub(crate) fn set_pool_view(view: PoolStatsView) {
     let _ = POOL_VIEW.set(view);
 }
 

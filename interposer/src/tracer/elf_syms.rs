@@ -12,7 +12,7 @@ const MAX_TABLE: u64 = 64 << 20;
 const SHT_SYMTAB: u32 = 2;
 const SHT_NOTE: u32 = 7;
 
-pub struct Elf {
+pub(crate) struct Elf {
     file: File,
     size: u64,
     sections: Vec<Section>,
@@ -29,7 +29,7 @@ struct Section {
 
 /// A symbol found: its value (address relative to the load base) and size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Sym {
+pub(crate) struct Sym {
     pub value: u64,
     pub size: u64,
 }
@@ -45,7 +45,7 @@ fn u64le(b: &[u8], at: usize) -> Option<u64> {
 }
 
 impl Elf {
-    pub fn open(path: &str) -> Option<Elf> {
+    pub(crate) fn open(path: &str) -> Option<Elf> {
         let file = File::open(path).ok()?;
         let size = file.metadata().ok()?.len();
         let mut eh = [0u8; 64];
@@ -94,7 +94,7 @@ impl Elf {
     }
 
     /// The first `.symtab` symbol whose name satisfies `want` (local symbols included).
-    pub fn find_symbol(&self, want: impl Fn(&[u8]) -> bool) -> Option<Sym> {
+    pub(crate) fn find_symbol(&self, want: impl Fn(&[u8]) -> bool) -> Option<Sym> {
         let st = self.sections.iter().find(|s| s.kind == SHT_SYMTAB)?;
         let strtab = self.sections.get(st.link as usize)?;
         if st.entsize < 24 {
@@ -119,7 +119,7 @@ impl Elf {
     }
 
     /// The GNU build-id (`NT_GNU_BUILD_ID` note), as lowercase hex.
-    pub fn build_id(&self) -> Option<String> {
+    pub(crate) fn build_id(&self) -> Option<String> {
         for s in self.sections.iter().filter(|s| s.kind == SHT_NOTE) {
             let Some(b) = self.read(s) else { continue };
             let mut at = 0usize;

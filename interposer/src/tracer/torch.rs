@@ -47,7 +47,7 @@ const TRACEBACK_VTABLE: &CStr = c"_ZTVN5torch17CapturedTracebackE";
 
 /// Wheels whose slot was checked against the symbol table (for copies stripped of
 /// `.symtab`): libc10_cuda.so's GNU build-id, the virtual slot.
-pub const VERIFIED: &[(&str, usize)] = &[
+pub(crate) const VERIFIED: &[(&str, usize)] = &[
     // torch 2.15.0 (CUDA 13 build), checked against
     // NativeCachingAllocator::attachAllocatorTraceTracker in its .symtab.
     ("ad737ef98186840e3e3101d9321419122cd49754", 50),
@@ -57,10 +57,10 @@ pub const VERIFIED: &[(&str, usize)] = &[
 /// headers: action (i32) at 0, device (i8) at 4, addr at 8, context (shared_ptr: object,
 /// control block) at 16 and 24, stream at 32, size at 40; `CapturedTraceback`'s frame
 /// vector (begin, end) at 8 and 16, 16 bytes per frame {code object, lasti: i32}.
-pub const LAYOUTS: &[&str] = &["2.15"];
+pub(crate) const LAYOUTS: &[&str] = &["2.15"];
 
 /// Innermost Python frames kept per stack.
-pub const MAX_PY_FRAMES: usize = 128;
+pub(crate) const MAX_PY_FRAMES: usize = 128;
 /// Distinct Python stacks interned; beyond, events carry no stack (one line says so).
 const MAX_STACKS: usize = 1 << 16;
 
@@ -261,9 +261,9 @@ fn intern(st: &mut State, key: &[(u64, i32)], ctrl: usize) -> u32 {
 // ---- attach
 
 /// Outcome of [`attach`], as the C entry point returns it.
-pub const ATTACHED_OK: c_int = 0;
-pub const NOT_TRACING: c_int = 1;
-pub const REFUSED: c_int = -1;
+pub(crate) const ATTACHED_OK: c_int = 0;
+pub(crate) const NOT_TRACING: c_int = 1;
+pub(crate) const REFUSED: c_int = -1;
 
 struct Lib {
     path: String,
@@ -322,7 +322,7 @@ fn refuse(why: &str) -> c_int {
 
 /// Attaches the trace tracker to PyTorch's caching allocator (see the module comment).
 /// `version` is `torch.__version__`.
-pub fn attach(version: &str) -> c_int {
+pub(crate) fn attach(version: &str) -> c_int {
     if !super::enabled() {
         return NOT_TRACING;
     }
@@ -513,7 +513,7 @@ impl PyApi {
 /// Names the stacks interned since the last call and writes their records. Must be called
 /// with the GIL held (returns -1 without doing anything otherwise); returns how many stacks
 /// were named.
-pub fn drain() -> c_int {
+pub(crate) fn drain() -> c_int {
     if !ATTACHED.load(Ordering::Acquire) {
         return 0;
     }
@@ -564,9 +564,4 @@ pub fn drain() -> c_int {
         super::emit(Event::PyStack { id, frames });
     }
     n as c_int
-}
-
-/// Whether the tracker is attached in this process.
-pub fn attached() -> bool {
-    ATTACHED.load(Ordering::Acquire)
 }
