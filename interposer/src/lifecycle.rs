@@ -29,6 +29,9 @@ pub(crate) fn init(envp: *const *const c_char) {
     crate::config::report(|line| crate::warn!("{line}"));
     // Parse VRAMSHIM_CAP & co. now (one line per bad value); nothing is attached yet.
     crate::cap::init();
+    // Reading two variables and setting two atomics: the tracer starts its writer and file
+    // on the first event, not here.
+    let _ = std::panic::catch_unwind(crate::tracer::init);
     if crate::sys::log::enabled(crate::sys::log::Level::Info) {
         announce();
     }

@@ -12,7 +12,7 @@ use super::limits::{self, DmemRegion};
 
 /// Whether the context's own memory counts against the cap (`VRAMSHIM_CAP_CONTEXT`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ContextMode {
+pub(crate) enum ContextMode {
     /// Default: the context's footprint is charged, so the process stays inside its share.
     Include,
     /// Only allocations are charged.
@@ -22,7 +22,7 @@ pub enum ContextMode {
 /// Test-only switches (`VRAMSHIM_CAP_FAULT`) that break one safety property on purpose, so
 /// the tests can show they catch it. Never set them in production.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Fault {
+pub(crate) enum Fault {
     None,
     /// The reservation becomes load/check/store instead of a CAS.
     RacyCharge,
@@ -64,7 +64,7 @@ pub enum Fault {
 
 /// What the variables asked for.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Settings {
+pub(crate) struct Settings {
     /// The caps from `VRAMSHIM_CAP` (all `None` when it is unset).
     pub spec: CapSpec,
     /// `VRAMSHIM_CAP` as given (None when unset).
@@ -86,14 +86,19 @@ pub struct Settings {
     pub dmem: Vec<DmemRegion>,
 }
 
-/// Parses the variables. `None` = pass-through (nothing asked, or a bad value); the strings
-/// are the lines to print on stderr (one per problem).
-pub fn parse(get: &dyn Fn(&str) -> Option<String>, uid: u32) -> (Option<Settings>, Vec<String>) {
+/// [`parse_with`] without a cgroup (the unit tests).
+#[cfg(test)]
+pub(crate) fn parse(
+    get: &dyn Fn(&str) -> Option<String>,
+    uid: u32,
+) -> (Option<Settings>, Vec<String>) {
     parse_with(get, uid, Vec::new())
 }
 
-/// [`parse`], with the cgroup's dmem regions (`limits::dmem`).
-pub fn parse_with(
+/// Parses the variables, given the cgroup's dmem regions (`limits::dmem`). `None` =
+/// pass-through (nothing asked, or a bad value); the strings are the lines to print on stderr
+/// (one per problem).
+pub(crate) fn parse_with(
     get: &dyn Fn(&str) -> Option<String>,
     uid: u32,
     dmem: Vec<DmemRegion>,

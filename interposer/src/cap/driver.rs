@@ -34,7 +34,7 @@ fn with_init(mut call: impl FnMut() -> c_int) -> bool {
 }
 
 /// Real total memory of `device`.
-pub fn total(device: i32) -> Option<u64> {
+pub(crate) fn total(device: i32) -> Option<u64> {
     let f = real::cuDeviceTotalMem_v2()?;
     let mut bytes: usize = 0;
     // SAFETY: bytes is a valid out-pointer; the driver checks the ordinal.
@@ -43,7 +43,7 @@ pub fn total(device: i32) -> Option<u64> {
 }
 
 /// Number of devices the process sees.
-pub fn count() -> Option<i32> {
+pub(crate) fn count() -> Option<i32> {
     let a = real::driver_symbol(c"cuDeviceGetCount");
     if a == 0 {
         return None;
@@ -59,7 +59,7 @@ pub fn count() -> Option<i32> {
 type PfnCuDeviceGetUuid = unsafe extern "C" fn(*mut [u8; 16], c_int) -> c_int;
 
 /// The device's UUID (`cuDeviceGetUuid_v2`: a MIG instance's own; else `cuDeviceGetUuid`).
-pub fn uuid(device: i32) -> Option<[u8; 16]> {
+pub(crate) fn uuid(device: i32) -> Option<[u8; 16]> {
     let a = match real::driver_symbol(c"cuDeviceGetUuid_v2") {
         0 => real::driver_symbol(c"cuDeviceGetUuid"),
         a => a,
@@ -103,7 +103,7 @@ pub fn pci_bus_id(device: i32) -> Option<String> {
 
 /// Whether `stream` or the legacy stream is capturing, or the driver cannot say (an error
 /// counts as capturing: never synchronize when unsure). False without the query.
-pub fn capturing(stream: u64) -> bool {
+pub(crate) fn capturing(stream: u64) -> bool {
     let Some(query) = real::cuStreamIsCapturing() else {
         return false;
     };
@@ -137,7 +137,7 @@ type PfnNvmlProcesses =
 /// `None` when NVML is missing, or does not list this process (a pid namespace NVML does not
 /// see into, or no context yet). The NVML device is the one with the CUDA device's PCI bus id
 /// (NVML ignores `CUDA_VISIBLE_DEVICES`, so its index is not the CUDA ordinal).
-pub fn process_used(device: i32) -> Option<u64> {
+pub(crate) fn process_used(device: i32) -> Option<u64> {
     let h = nvml_handle()?;
     let sym = |n: &std::ffi::CStr| real::dlsym_real(h, n) as usize;
     let init = sym(c"nvmlInit_v2");
@@ -209,7 +209,7 @@ fn nvml_handle() -> Option<*mut std::ffi::c_void> {
 /// underway on `stream` or the legacy stream (synchronizing then would break the capture;
 /// an error of the query counts as a capture), when `device` is not the current context's,
 /// or when the driver lacks a function.
-pub fn settle_pools(device: i32, stream: u64) -> Option<u64> {
+pub(crate) fn settle_pools(device: i32, stream: u64) -> Option<u64> {
     real::cuStreamIsCapturing()?;
     let get_device = real::cuCtxGetDevice()?;
     let sync = real::cuCtxSynchronize()?;

@@ -27,7 +27,7 @@
 //!   [`set_device_queries`] replaces those queries.
 //! - [`on_fork_child`] in the atfork child handler.
 
-pub mod config;
+pub(crate) mod config;
 mod driver;
 pub mod limits;
 mod packed;
@@ -46,14 +46,14 @@ use vramshim_region::{
 };
 use vramshim_trace::Api;
 
-pub use config::{ContextMode, Fault, Settings};
-pub use pages::{
+pub(crate) use config::{ContextMode, Fault, Settings};
+pub(crate) use pages::{
     charge_pool_page, charges_pool_pages, clear_pool_refusal, take_pool_refusal, uncharge_pool_page,
 };
 
 /// Why a request was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Refusal {
+pub(crate) struct Refusal {
     pub in_use: u64,
     pub cap: u64,
 }
@@ -61,7 +61,7 @@ pub struct Refusal {
 /// How the cap learns about the devices: `total(device)` = real total memory,
 /// `count()` = number of devices the process sees. `None` = not known (yet).
 #[derive(Clone, Copy)]
-pub struct DeviceQueries {
+pub(crate) struct DeviceQueries {
     pub total: fn(i32) -> Option<u64>,
     pub count: fn() -> Option<i32>,
     /// Device memory the process holds on a device per the driver's own accounting (NVML
@@ -90,7 +90,7 @@ fn no_pools(_: i32, _: u64) -> Option<u64> {
 }
 
 impl DeviceQueries {
-    pub const UNKNOWN: DeviceQueries = DeviceQueries {
+    pub(crate) const UNKNOWN: DeviceQueries = DeviceQueries {
         total: unknown_total,
         count: unknown_count,
         process_used: unknown_total,
@@ -116,13 +116,13 @@ const RECLAIM_EVERY_NS: u64 = 5_000_000;
 /// The charge a live-table entry records for a packed (sub-page) allocation: its page is
 /// charged through [`Cap::packed`] instead. Never a real charge (those are whole pages or
 /// VMM sizes, or the requested bytes, which are never `u64::MAX`).
-pub const PACKED_CHARGE: u64 = u64::MAX;
+pub(crate) const PACKED_CHARGE: u64 = u64::MAX;
 /// Tries at the packed-page table's lock before charging a packed allocation its own page
 /// instead (over-counts, never blocks an allocation behind a busy table).
 const PACKED_LOCK_TRIES: u32 = 64;
 
 /// One cap instance (the process has one, [`global`]; tests make their own).
-pub struct Cap {
+pub(crate) struct Cap {
     settings: Settings,
     queries: &'static OnceLock<DeviceQueries>,
     log: fn(&str),
@@ -191,7 +191,7 @@ fn mono_ns() -> u64 {
 }
 
 impl Cap {
-    pub fn new(
+    pub(crate) fn new(
         settings: Settings,
         queries: &'static OnceLock<DeviceQueries>,
         log: fn(&str),
@@ -234,7 +234,7 @@ impl Cap {
 
     /// True when the cap is active (set up on first use); false = pass-through.
     #[inline]
-    pub fn ready(&self) -> bool {
+    pub(crate) fn ready(&self) -> bool {
         match self.status.load(Acquire) {
             SETUP_ACTIVE => true,
             SETUP_OFF => false,
@@ -525,7 +525,7 @@ impl Cap {
     }
 
     /// Whether `device` has a cap.
-    pub fn is_capped(&self, device: i32) -> bool {
+    pub(crate) fn is_capped(&self, device: i32) -> bool {
         self.ready() && self.effective_spec().get(device).is_some()
     }
 
@@ -586,7 +586,7 @@ impl Cap {
     }
 
     /// Tells the cap the real total memory of `device` (resolves a fraction cap).
-    pub fn note_device_total(&self, device: i32, real_total: u64) {
+    pub(crate) fn note_device_total(&self, device: i32, real_total: u64) {
         if let Some(d) = device_index(device)
             && real_total > 0
             && self.ready()
@@ -597,7 +597,7 @@ impl Cap {
     }
 
     /// Bytes charged on `device`: this process's (private cap) or the whole group's (shared).
-    pub fn in_use(&self, device: i32) -> u64 {
+    pub(crate) fn in_use(&self, device: i32) -> u64 {
         let Some(d) = device_index(device) else {
             return 0;
         };
@@ -742,7 +742,7 @@ impl Cap {
     /// Reserve `bytes` on `device` for a request coming through `api` (bytes as given: see
     /// [`Cap::charge_alloc`] for an allocation's footprint).
     #[inline]
-    pub fn try_charge(&self, device: i32, bytes: u64, api: Api) -> Result<(), Refusal> {
+    pub(crate) fn try_charge(&self, device: i32, bytes: u64, api: Api) -> Result<(), Refusal> {
         self.try_charge_on(device, bytes, api, 0)
     }
 
@@ -750,7 +750,7 @@ impl Cap {
     /// refusal, the driver's pools give back what they cache of freed stream-ordered blocks
     /// (never while `stream` captures).
     #[inline]
-    pub fn try_charge_on(
+    pub(crate) fn try_charge_on(
         &self,
         device: i32,
         bytes: u64,
@@ -856,23 +856,25 @@ impl Cap {
         true
     }
 
+    #[cfg(test)]
     /// Charges of freed stream-ordered allocations still held on `device` (see
     /// [`Cap::uncharge_freed`]).
-    pub fn pool_cached(&self, device: i32) -> u64 {
+    pub(crate) fn pool_cached(&self, device: i32) -> u64 {
         device_index(device).map_or(0, |d| self.pool_cached[d].load(Relaxed))
     }
 
+    #[cfg(test)]
     /// Reserves what an allocation of `size` bytes through `api` will cost the device (its
     /// footprint; a packed one may need a page of its own). Returns the charge to hand to
     /// [`Cap::settle_alloc`] once the allocation is made (or to [`Cap::uncharge`] if it fails).
     #[inline]
-    pub fn charge_alloc(&self, device: i32, size: u64, api: Api) -> Result<u64, Refusal> {
+    pub(crate) fn charge_alloc(&self, device: i32, size: u64, api: Api) -> Result<u64, Refusal> {
         self.charge_alloc_on(device, size, api, 0)
     }
 
     /// [`Cap::charge_alloc`] for a request on `stream` (see [`Cap::try_charge_on`]).
     #[inline]
-    pub fn charge_alloc_on(
+    pub(crate) fn charge_alloc_on(
         &self,
         device: i32,
         size: u64,
@@ -887,7 +889,7 @@ impl Cap {
     /// [`Cap::charge_alloc_on`], where a refusal first asks `release_cached` to give back
     /// memory charged but not in use (true: some was) and tries once more; only the final
     /// refusal is reported.
-    pub fn charge_alloc_or(
+    pub(crate) fn charge_alloc_or(
         &self,
         device: i32,
         size: u64,
@@ -923,7 +925,14 @@ impl Cap {
     /// `size` bytes (more than asked for a pitched one): settles the charge to its footprint
     /// and returns what the live table records (to give back with [`Cap::uncharge_entry`]).
     /// A packed allocation in a page this process already pays for gives its page back.
-    pub fn settle_alloc(&self, device: i32, addr: u64, size: u64, charged: u64, api: Api) -> u64 {
+    pub(crate) fn settle_alloc(
+        &self,
+        device: i32,
+        addr: u64,
+        size: u64,
+        charged: u64,
+        api: Api,
+    ) -> u64 {
         if charged == 0 {
             return 0;
         }
@@ -964,7 +973,7 @@ impl Cap {
 
     /// Gives back what a live-table entry recorded ([`Cap::settle_alloc`]) for the allocation
     /// at `addr`: a packed one frees its page's charge when it was the page's last.
-    pub fn uncharge_entry(&self, device: i32, addr: u64, charged: u64) {
+    pub(crate) fn uncharge_entry(&self, device: i32, addr: u64, charged: u64) {
         self.uncharge_freed(device, addr, charged, false);
     }
 
@@ -972,7 +981,13 @@ impl Cap {
     /// driver memory pool (`cudaMallocAsync` & co.), which may keep the block cached after
     /// the free: its charge moves to the device's pool-cached charge instead of going back
     /// (given back when the cap would refuse and the pools are emptied).
-    pub fn uncharge_freed(&self, device: i32, addr: u64, charged: u64, stream_ordered: bool) {
+    pub(crate) fn uncharge_freed(
+        &self,
+        device: i32,
+        addr: u64,
+        charged: u64,
+        stream_ordered: bool,
+    ) {
         let give_back = |bytes: u64| match device_index(device) {
             Some(d)
                 if stream_ordered
@@ -1096,7 +1111,7 @@ impl Cap {
 
     /// Give back a reservation made by `try_charge`.
     #[inline]
-    pub fn uncharge(&self, device: i32, bytes: u64) {
+    pub(crate) fn uncharge(&self, device: i32, bytes: u64) {
         if bytes == 0 || self.status.load(Acquire) != SETUP_ACTIVE {
             return;
         }
@@ -1119,7 +1134,12 @@ impl Cap {
     /// `(free, total)` for a memory-information query: total = cap (at most the real
     /// total), free = cap - in use, clamped to [0, real free].
     #[inline]
-    pub fn adjust_meminfo(&self, device: i32, real_free: u64, real_total: u64) -> (u64, u64) {
+    pub(crate) fn adjust_meminfo(
+        &self,
+        device: i32,
+        real_free: u64,
+        real_total: u64,
+    ) -> (u64, u64) {
         let Some(total) = self.capped_total(device, real_total) else {
             return (real_free, real_total);
         };
@@ -1151,13 +1171,19 @@ impl Cap {
 
     /// Total memory to report for `device` (`cuDeviceTotalMem_v2`, `totalGlobalMem`).
     #[inline]
-    pub fn total_for(&self, device: i32, real_total: u64) -> u64 {
+    pub(crate) fn total_for(&self, device: i32, real_total: u64) -> u64 {
         self.capped_total(device, real_total).unwrap_or(real_total)
     }
 
     /// NVML `nvmlMemory_t` (total, free, used): total = cap, free as in
     /// [`Cap::adjust_meminfo`], used = total - free (so free + used = total, as NVML has it).
-    pub fn nvml_adjust(&self, device: i32, total: u64, free: u64, used: u64) -> (u64, u64, u64) {
+    pub(crate) fn nvml_adjust(
+        &self,
+        device: i32,
+        total: u64,
+        free: u64,
+        used: u64,
+    ) -> (u64, u64, u64) {
         let Some(t) = self.capped_total(device, total) else {
             return (total, free, used);
         };
@@ -1167,7 +1193,7 @@ impl Cap {
 
     /// NVML `nvmlMemory_v2_t` (total, reserved, free, used): as [`Cap::nvml_adjust`], with the
     /// reserved part kept (at most what is not free) and used = total - reserved - free.
-    pub fn nvml_adjust_v2(
+    pub(crate) fn nvml_adjust_v2(
         &self,
         device: i32,
         total: u64,
@@ -1188,7 +1214,7 @@ impl Cap {
     /// refused (the context exists already); it only lowers what allocations may take.
     /// Charged once per context lifetime: a first-touch measurement that got there first
     /// wins, and [`Cap::on_context_destroyed`] starts a new lifetime.
-    pub fn on_context_created(&self, device: i32, free_before: u64, free_after: u64) {
+    pub(crate) fn on_context_created(&self, device: i32, free_before: u64, free_after: u64) {
         let Some(d) = device_index(device) else {
             return;
         };
@@ -1293,7 +1319,7 @@ impl Cap {
     }
 
     /// The context of `device` is gone: give its footprint back.
-    pub fn on_context_destroyed(&self, device: i32) {
+    pub(crate) fn on_context_destroyed(&self, device: i32) {
         if let Some(d) = device_index(device) {
             let fp = self.ctx_charged[d].swap(0, Relaxed);
             self.uncharge(device, fp);
@@ -1306,12 +1332,12 @@ impl Cap {
     }
 
     /// The context footprint charged on `device`.
-    pub fn context_charged(&self, device: i32) -> u64 {
+    pub(crate) fn context_charged(&self, device: i32) -> u64 {
         device_index(device).map_or(0, |d| self.ctx_charged[d].load(Relaxed))
     }
 
     /// In a forked child: the child holds nothing yet and gets its own slot on first charge.
-    pub fn on_fork_child(&self) {
+    pub(crate) fn on_fork_child(&self) {
         self.slot.store(NO_SLOT, Relaxed);
         for d in 0..MAX_DEVICES {
             self.private_used[d].store(0, Relaxed);
@@ -1374,7 +1400,7 @@ fn build_global() -> Option<Cap> {
 
 /// The process's cap (None = pass-through).
 #[inline]
-pub fn global() -> Option<&'static Cap> {
+pub(crate) fn global() -> Option<&'static Cap> {
     GLOBAL.get_or_init(build_global).as_ref()
 }
 
@@ -1429,18 +1455,12 @@ pub fn trace_config() -> Vec<(String, String)> {
 }
 
 /// Called once at load: parses the variables and prints one line per bad value.
-pub fn init() {
+pub(crate) fn init() {
     let _ = global();
 }
 
-/// Replaces the device total / count queries (default: the real driver). Call it before the
-/// first charge.
-pub fn set_device_queries(q: DeviceQueries) {
-    let _ = QUERIES.set(q);
-}
-
 /// Called in a forked child before it does anything else.
-pub fn on_fork_child() {
+pub(crate) fn on_fork_child() {
     if let Some(c) = GLOBAL.get().and_then(Option::as_ref) {
         c.on_fork_child();
     }
@@ -1448,7 +1468,7 @@ pub fn on_fork_child() {
 
 /// Reserve `bytes` on `device` for a request coming through `api`.
 #[inline]
-pub fn try_charge(device: i32, bytes: u64, api: Api) -> Result<(), Refusal> {
+pub(crate) fn try_charge(device: i32, bytes: u64, api: Api) -> Result<(), Refusal> {
     match global() {
         Some(c) => c.try_charge(device, bytes, api),
         None => Ok(()),
@@ -1459,7 +1479,7 @@ pub fn try_charge(device: i32, bytes: u64, api: Api) -> Result<(), Refusal> {
 /// [`Cap::charge_alloc`]); `Ok(0)` when there is no cap.
 /// `stream`: the request's (0 for the legacy stream, and for requests with none).
 #[inline]
-pub fn charge_alloc(device: i32, size: u64, api: Api, stream: u64) -> Result<u64, Refusal> {
+pub(crate) fn charge_alloc(device: i32, size: u64, api: Api, stream: u64) -> Result<u64, Refusal> {
     match global() {
         Some(c) => c.charge_alloc_on(device, size, api, stream),
         None => Ok(0),
@@ -1469,7 +1489,7 @@ pub fn charge_alloc(device: i32, size: u64, api: Api, stream: u64) -> Result<u64
 /// [`charge_alloc`], where a refusal first asks `release_cached` to give back memory that is
 /// charged but not in use (the pool's cached pages; true: some was) and tries once more.
 #[inline]
-pub fn charge_alloc_or(
+pub(crate) fn charge_alloc_or(
     device: i32,
     size: u64,
     api: Api,
@@ -1484,13 +1504,13 @@ pub fn charge_alloc_or(
 
 /// Whether `stream` (or the legacy stream) is capturing, or the driver cannot say: nothing
 /// may synchronize the device then.
-pub fn stream_capturing(stream: u64) -> bool {
+pub(crate) fn stream_capturing(stream: u64) -> bool {
     driver::capturing(stream)
 }
 
 /// Settle a charge once the allocation is made (see [`Cap::settle_alloc`]).
 #[inline]
-pub fn settle_alloc(device: i32, addr: u64, size: u64, charged: u64, api: Api) -> u64 {
+pub(crate) fn settle_alloc(device: i32, addr: u64, size: u64, charged: u64, api: Api) -> u64 {
     match global() {
         Some(c) => c.settle_alloc(device, addr, size, charged, api),
         None => charged,
@@ -1499,7 +1519,7 @@ pub fn settle_alloc(device: i32, addr: u64, size: u64, charged: u64, api: Api) -
 
 /// Give back what a live-table entry recorded for the allocation at `addr`.
 #[inline]
-pub fn uncharge_entry(device: i32, addr: u64, charged: u64) {
+pub(crate) fn uncharge_entry(device: i32, addr: u64, charged: u64) {
     if let Some(c) = global() {
         c.uncharge_entry(device, addr, charged);
     }
@@ -1508,7 +1528,7 @@ pub fn uncharge_entry(device: i32, addr: u64, charged: u64) {
 /// Give back what a live-table entry recorded for the freed allocation at `addr`;
 /// `stream_ordered`: it came from a driver memory pool (see [`Cap::uncharge_freed`]).
 #[inline]
-pub fn uncharge_freed(device: i32, addr: u64, charged: u64, stream_ordered: bool) {
+pub(crate) fn uncharge_freed(device: i32, addr: u64, charged: u64, stream_ordered: bool) {
     if let Some(c) = global() {
         c.uncharge_freed(device, addr, charged, stream_ordered);
     }
@@ -1516,7 +1536,7 @@ pub fn uncharge_freed(device: i32, addr: u64, charged: u64, stream_ordered: bool
 
 /// Give back a reservation made by `try_charge`.
 #[inline]
-pub fn uncharge(device: i32, bytes: u64) {
+pub(crate) fn uncharge(device: i32, bytes: u64) {
     if let Some(c) = global() {
         c.uncharge(device, bytes);
     }
@@ -1524,7 +1544,7 @@ pub fn uncharge(device: i32, bytes: u64) {
 
 /// What a memory-information query should answer given the real numbers: `(free, total)`.
 #[inline]
-pub fn adjust_meminfo(device: i32, real_free: u64, real_total: u64) -> (u64, u64) {
+pub(crate) fn adjust_meminfo(device: i32, real_free: u64, real_total: u64) -> (u64, u64) {
     match global() {
         Some(c) => c.adjust_meminfo(device, real_free, real_total),
         None => (real_free, real_total),
@@ -1533,7 +1553,7 @@ pub fn adjust_meminfo(device: i32, real_free: u64, real_total: u64) -> (u64, u64
 
 /// Total memory to report for `device` (`cuDeviceTotalMem_v2`, `totalGlobalMem`).
 #[inline]
-pub fn total_for(device: i32, real_total: u64) -> u64 {
+pub(crate) fn total_for(device: i32, real_total: u64) -> u64 {
     match global() {
         Some(c) => c.total_for(device, real_total),
         None => real_total,
@@ -1541,7 +1561,7 @@ pub fn total_for(device: i32, real_total: u64) -> u64 {
 }
 
 /// `nvmlDeviceGetMemoryInfo`: `(total, free, used)` adjusted; `device` = CUDA ordinal.
-pub fn nvml_adjust(device: i32, total: u64, free: u64, used: u64) -> (u64, u64, u64) {
+pub(crate) fn nvml_adjust(device: i32, total: u64, free: u64, used: u64) -> (u64, u64, u64) {
     match global() {
         Some(c) => c.nvml_adjust(device, total, free, used),
         None => (total, free, used),
@@ -1549,7 +1569,7 @@ pub fn nvml_adjust(device: i32, total: u64, free: u64, used: u64) -> (u64, u64, 
 }
 
 /// `nvmlDeviceGetMemoryInfo_v2`: `(total, reserved, free, used)` adjusted.
-pub fn nvml_adjust_v2(
+pub(crate) fn nvml_adjust_v2(
     device: i32,
     total: u64,
     reserved: u64,
@@ -1563,21 +1583,21 @@ pub fn nvml_adjust_v2(
 }
 
 /// A context was created on `device` (driver free memory before and after).
-pub fn on_context_created(device: i32, free_before: u64, free_after: u64) {
+pub(crate) fn on_context_created(device: i32, free_before: u64, free_after: u64) {
     if let Some(c) = global() {
         c.on_context_created(device, free_before, free_after);
     }
 }
 
 /// The context of `device` was destroyed.
-pub fn on_context_destroyed(device: i32) {
+pub(crate) fn on_context_destroyed(device: i32) {
     if let Some(c) = global() {
         c.on_context_destroyed(device);
     }
 }
 
 /// Tells the cap a device's real total (resolves fraction caps without a driver query).
-pub fn note_device_total(device: i32, real_total: u64) {
+pub(crate) fn note_device_total(device: i32, real_total: u64) {
     if let Some(c) = global() {
         c.note_device_total(device, real_total);
     }

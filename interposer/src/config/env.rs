@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicUsize, Ordering};
 
 /// Every variable the library reads. Each has a place of its own, filled whatever the
 /// number or position of other `VRAMSHIM_*` variables, so none of them can be crowded out.
-pub const KNOWN: &[&str] = &[
+pub(crate) const KNOWN: &[&str] = &[
     "VRAMSHIM_CAP",
     "VRAMSHIM_CAP_CONTEXT",
     "VRAMSHIM_CAP_FAULT",
@@ -205,7 +205,7 @@ fn entry(i: usize) -> Option<(&'static str, &'static str)> {
 }
 
 /// The raw value of a [`KNOWN`] variable (None when unset or not a known name).
-pub fn raw(name: &str) -> Option<&'static [u8]> {
+pub(crate) fn raw(name: &str) -> Option<&'static [u8]> {
     ensure();
     let k = KNOWN.iter().position(|k| *k == name)?;
     let b = bytes_at(KNOWN_VALS[k].load(Ordering::Relaxed))?;
@@ -215,7 +215,7 @@ pub fn raw(name: &str) -> Option<&'static [u8]> {
 /// The value of `VRAMSHIM_<...>` as it was when the library was loaded (`name` is the full
 /// variable name, e.g. `"VRAMSHIM_CAP"`). Empty values are returned as `Some("")`; a value
 /// that is not UTF-8 reads as unset here ([`report`] says so once; [`raw`] has the bytes).
-pub fn var(name: &str) -> Option<&'static str> {
+pub(crate) fn var(name: &str) -> Option<&'static str> {
     ensure();
     if KNOWN.contains(&name) {
         return raw(name).and_then(|v| std::str::from_utf8(v).ok());
@@ -231,7 +231,7 @@ pub fn var(name: &str) -> Option<&'static str> {
 /// the log level is set, with the log's warning as `say`: this layer sits below the log): a
 /// known variable whose value is not UTF-8 (the cap's own variables are reported by the cap,
 /// which reads them lossily), and variables left out of the listing.
-pub fn report(mut say: impl FnMut(std::fmt::Arguments<'_>)) {
+pub(crate) fn report(mut say: impl FnMut(std::fmt::Arguments<'_>)) {
     ensure();
     for name in KNOWN {
         // The cap reads its own variables lossily and reports them itself.
@@ -261,7 +261,7 @@ pub fn report(mut say: impl FnMut(std::fmt::Arguments<'_>)) {
 }
 
 /// The accepted forms of a known variable, for messages.
-pub fn forms(name: &str) -> &'static str {
+pub(crate) fn forms(name: &str) -> &'static str {
     match name {
         "VRAMSHIM_LOG" => "accepted: off, warn, info, debug",
         "VRAMSHIM_POOL" => "accepted: stitch or off",
@@ -280,7 +280,7 @@ pub fn forms(name: &str) -> &'static str {
 
 /// Every `VRAMSHIM_*` variable that was set at load, in environment order (for the trace
 /// header's configuration list).
-pub fn all() -> impl Iterator<Item = (&'static str, &'static str)> {
+pub(crate) fn all() -> impl Iterator<Item = (&'static str, &'static str)> {
     ensure();
     let n = COUNT.load(Ordering::Relaxed);
     (0..n).filter_map(entry)

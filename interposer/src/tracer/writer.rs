@@ -97,7 +97,7 @@ fn shared() -> Option<&'static Shared> {
     (!p.is_null()).then(|| unsafe { &*p })
 }
 
-pub fn set_pattern_override(p: &str) {
+pub(crate) fn set_pattern_override(p: &str) {
     let b = Box::into_raw(Box::new(p.to_string()));
     PATTERN_OVERRIDE.store(b, Ordering::Release);
 }
@@ -111,22 +111,22 @@ fn pattern() -> Option<String> {
     super::pattern().map(str::to_string)
 }
 
-pub fn lost_total() -> u64 {
+pub(crate) fn lost_total() -> u64 {
     LOST.load(Ordering::Relaxed)
 }
 
-pub fn count_lost(n: u64) {
+pub(crate) fn count_lost(n: u64) {
     LOST.fetch_add(n, Ordering::Relaxed);
 }
 
 /// True when no record was ever made (the writer was never asked to start).
-pub fn never_started() -> bool {
+pub(crate) fn never_started() -> bool {
     STATE.load(Ordering::Acquire) == IDLE
 }
 
 /// True when the writer runs (starting it on the first call).
 #[inline]
-pub fn ensure_started() -> bool {
+pub(crate) fn ensure_started() -> bool {
     STATE.load(Ordering::Acquire) == RUNNING || start_slow()
 }
 
@@ -387,7 +387,7 @@ fn write_raw(out: &mut Out, raw: &mut Buf) {
 }
 
 /// Bytes queued for the writer.
-pub fn backlog() -> usize {
+pub(crate) fn backlog() -> usize {
     QUEUED.load(Ordering::Relaxed)
 }
 
@@ -579,7 +579,7 @@ fn recycle_into(sh: &Shared, mut v: Buf) {
 }
 
 /// A cleared buffer for an application thread (recycled when possible).
-pub fn spare_buffer() -> Buf {
+pub(crate) fn spare_buffer() -> Buf {
     if let Some(sh) = shared()
         && let Ok(v) = sh.spare_rx.try_recv()
     {
@@ -589,7 +589,7 @@ pub fn spare_buffer() -> Buf {
 }
 
 /// Hand a full buffer to the writer without blocking; gives it back when the channel is full.
-pub fn send(raw: Buf) -> Result<(), Buf> {
+pub(crate) fn send(raw: Buf) -> Result<(), Buf> {
     let Some(sh) = shared() else {
         return Err(raw);
     };
@@ -605,7 +605,7 @@ pub fn send(raw: Buf) -> Result<(), Buf> {
 }
 
 /// Exit path, on the exiting thread: drain everything, write the end record, stop tracing.
-pub fn finish() {
+pub(crate) fn finish() {
     if STATE.load(Ordering::Acquire) != RUNNING {
         return;
     }
@@ -616,14 +616,14 @@ pub fn finish() {
 }
 
 /// The writer runs in this process.
-pub fn running() -> bool {
+pub(crate) fn running() -> bool {
     STATE.load(Ordering::Acquire) == RUNNING
 }
 
 /// `_exit` path: [`finish`], but never in a process that does not own the writer (a vfork
 /// child), and giving up when the writer's lock stays taken for 200 ms (the thread holding it
 /// may be the one a signal handler interrupted). True when the end record was written.
-pub fn finish_before_exit() -> bool {
+pub(crate) fn finish_before_exit() -> bool {
     if STATE.load(Ordering::Acquire) != RUNNING
         || OWNER.load(Ordering::Relaxed) != crate::sys::ids::pid()
     {
@@ -650,7 +650,7 @@ pub fn finish_before_exit() -> bool {
 
 /// Forked child: forget the parent's writer (its thread does not exist here, its locks may be
 /// held forever). Plain stores only.
-pub fn on_fork_child() {
+pub(crate) fn on_fork_child() {
     SHARED.store(std::ptr::null_mut(), Ordering::Relaxed);
     OWNER.store(0, Ordering::Relaxed);
     LOST.store(0, Ordering::Relaxed);
