@@ -62,6 +62,13 @@ fn wire() {
     });
     crate::tracer::set_device_view(crate::tracer::DeviceView {
         pool_reserved: |d| crate::pool::stats(d).map(|s| s.reserved),
+        pool_stats: |d| {
+            crate::pool::stats(d).map(|s| {
+                [
+                    s.reserved, s.live, s.cached, s.pending, s.budget, s.releases,
+                ]
+            })
+        },
         cap: |d, total| {
             crate::cap::global()
                 .filter(|c| c.is_capped(d))

@@ -47,6 +47,7 @@
 //! All accounting is safe code over `AtomicU64` views; `mmap` lives in the private `sys` module.
 
 pub mod proc;
+pub mod registry;
 pub mod spec;
 mod sys;
 
@@ -449,50 +450,15 @@ impl Region {
 
     /// Creates and publishes a new region; `None` if another process published one first.
     fn create(path: &Path, caps: &CapSpec) -> Result<Option<Region>, RegionError> {
-        let dir = path
-            .parent()
-            .filter(|d| !d.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
-        let base = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        let tmp = dir.join(format!(".{base}.{}.{nanos}.tmp", std::process::id()));
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&tmp)
-            .map_err(io_err(path, "create it"))?;
-        let result = (|| {
-            file.set_permissions(std::fs::Permissions::from_mode(0o600))
-                .map_err(io_err(path, "set its mode"))?;
-            file.set_len(page_len() as u64)
-                .map_err(io_err(path, "size it"))?;
-            let map = sys::Mapping::file(&file, page_len()).map_err(io_err(path, "map it"))?;
-            let region = Region {
-                map,
-                path: Some(path.to_path_buf()),
-            };
+        let map = create_published(path, page_len(), |m| {
+            let region = Region { map: m, path: None };
             region.init(caps);
-            match std::fs::hard_link(&tmp, path) {
-                Ok(()) => Ok(Some(region)),
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(None),
-                Err(e) => Err(RegionError::Io {
-                    path: path.to_path_buf(),
-                    what: "publish it",
-                    err: e,
-                }),
-            }
-        })();
-        let _ = std::fs::remove_file(&tmp);
-        result
+            region.map
+        })?;
+        Ok(map.map(|map| Region {
+            map,
+            path: Some(path.to_path_buf()),
+        }))
     }
 
     /// A private region in anonymous shared memory (tests, benchmarks; shared with children
@@ -540,60 +506,12 @@ impl Region {
 
     /// Opens an existing region (never creates one), verifying that it is ours and sound.
     pub fn open(path: &Path) -> Result<Region, RegionError> {
-        let pb = || path.to_path_buf();
-        let mut file = match OpenOptions::new()
-            .read(true)
-            .write(true)
-            // Never follow a link another user planted, never block on a FIFO: the type,
-            // owner and mode are checked on the open file below.
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-            .open(path)
-        {
-            Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Err(RegionError::NotFound { path: pb() });
-            }
-            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
-                return Err(RegionError::NotAFile { path: pb() });
-            }
-            Err(e) => {
-                return Err(RegionError::Io {
-                    path: pb(),
-                    what: "open it",
-                    err: e,
-                });
-            }
-        };
-        let meta = file.metadata().map_err(io_err(path, "stat it"))?;
-        if !meta.is_file() {
-            return Err(RegionError::NotAFile { path: pb() });
-        }
-        let me = sys::euid();
-        if meta.uid() != me {
-            return Err(RegionError::NotOwned {
-                path: pb(),
-                owner: meta.uid(),
-                me,
-            });
-        }
-        if meta.mode() & 0o077 != 0 {
-            return Err(RegionError::Mode {
-                path: pb(),
-                mode: meta.mode(),
-            });
-        }
-        if meta.len() != page_len() as u64 {
-            return Err(RegionError::Incompatible {
-                path: pb(),
-                why: describe_foreign(&mut file, meta.len()),
-            });
-        }
-        let map = sys::Mapping::file(&file, page_len()).map_err(io_err(path, "map it"))?;
+        let map = open_owned(path, page_len() as u64, describe_foreign)?;
         let region = Region {
             map,
-            path: Some(pb()),
+            path: Some(path.to_path_buf()),
         };
-        region.verify(me)?;
+        region.verify(sys::euid())?;
         Ok(region)
     }
 
@@ -1059,6 +977,115 @@ impl Region {
             processes,
         }
     }
+}
+
+/// Creates a shared file of `len` bytes at `path` (mode 0600), lets `init` fill it through its
+/// mapping, and publishes it under `path` with `link()` (atomic: nobody ever sees a
+/// half-initialised file). `None` if another process published one first. Used for the cap
+/// region and the node registry alike.
+pub(crate) fn create_published(
+    path: &Path,
+    len: usize,
+    init: impl FnOnce(sys::Mapping) -> sys::Mapping,
+) -> Result<Option<sys::Mapping>, RegionError> {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let base = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let tmp = dir.join(format!(".{base}.{}.{nanos}.tmp", std::process::id()));
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&tmp)
+        .map_err(io_err(path, "create it"))?;
+    let result = (|| {
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))
+            .map_err(io_err(path, "set its mode"))?;
+        file.set_len(len as u64).map_err(io_err(path, "size it"))?;
+        let map = sys::Mapping::file(&file, len).map_err(io_err(path, "map it"))?;
+        let map = init(map);
+        match std::fs::hard_link(&tmp, path) {
+            Ok(()) => Ok(Some(map)),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(None),
+            Err(e) => Err(RegionError::Io {
+                path: path.to_path_buf(),
+                what: "publish it",
+                err: e,
+            }),
+        }
+    })();
+    let _ = std::fs::remove_file(&tmp);
+    result
+}
+
+/// Opens and maps an existing shared file of exactly `len` bytes: never following a link,
+/// never blocking on a FIFO, and refusing anything but a regular file owned by us without
+/// group/other mode bits. `foreign` says why a file of another size is not ours.
+pub(crate) fn open_owned(
+    path: &Path,
+    len: u64,
+    foreign: fn(&mut File, u64) -> String,
+) -> Result<sys::Mapping, RegionError> {
+    let pb = || path.to_path_buf();
+    let mut file = match OpenOptions::new()
+        .read(true)
+        .write(true)
+        // Never follow a link another user planted, never block on a FIFO: the type,
+        // owner and mode are checked on the open file below.
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(RegionError::NotFound { path: pb() });
+        }
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            return Err(RegionError::NotAFile { path: pb() });
+        }
+        Err(e) => {
+            return Err(RegionError::Io {
+                path: pb(),
+                what: "open it",
+                err: e,
+            });
+        }
+    };
+    let meta = file.metadata().map_err(io_err(path, "stat it"))?;
+    if !meta.is_file() {
+        return Err(RegionError::NotAFile { path: pb() });
+    }
+    let me = sys::euid();
+    if meta.uid() != me {
+        return Err(RegionError::NotOwned {
+            path: pb(),
+            owner: meta.uid(),
+            me,
+        });
+    }
+    if meta.mode() & 0o077 != 0 {
+        return Err(RegionError::Mode {
+            path: pb(),
+            mode: meta.mode(),
+        });
+    }
+    if meta.len() != len {
+        return Err(RegionError::Incompatible {
+            path: pb(),
+            why: foreign(&mut file, meta.len()),
+        });
+    }
+    sys::Mapping::file(&file, len as usize).map_err(io_err(path, "map it"))
 }
 
 /// Why a file of the wrong size is not ours: read its first words.

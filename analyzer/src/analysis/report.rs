@@ -35,6 +35,10 @@ pub struct TraceReport {
     /// start-up, a context's creation).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub failed_calls: Vec<FailedCall>,
+    /// vramshim's pool per device as its last `PoolStats` record left it (traces written
+    /// with the pool on; empty otherwise).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub pools: Vec<PoolReport>,
     pub stacks: u64,
     pub config: BTreeMap<String, String>,
     pub devices: Vec<DeviceReport>,
@@ -46,6 +50,23 @@ pub struct TraceReport {
     /// The header's monotonic start, which `start_wall_ns` is the wall-clock time of.
     #[serde(skip)]
     pub start_mono_ns: u64,
+}
+
+/// The pool's statistics on one device, from the trace's last `PoolStats` record of it.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct PoolReport {
+    pub device: i32,
+    /// Bytes of physical pages held.
+    pub reserved: u64,
+    /// The most `reserved` seen in the records.
+    pub peak_reserved: u64,
+    pub live: u64,
+    pub cached: u64,
+    pub pending: u64,
+    /// 0: no budget.
+    pub budget: u64,
+    /// Pages given back to the driver.
+    pub releases: u64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -703,6 +724,7 @@ pub(crate) fn build(mut a: Analysis, warnings: Vec<String>) -> TraceReport {
                 meaning: cuda_error_meaning(*result).to_string(),
             })
             .collect(),
+        pools: a.pools.values().cloned().collect(),
         stacks: a.symbols.stack_count() as u64,
         config: config_map(h),
         devices,

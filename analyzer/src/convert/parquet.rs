@@ -502,6 +502,22 @@ fn row_of(ev: Event, st: &mut TraceState) -> Option<Row> {
             cap: Some(cap),
             ..Row::default()
         },
+        // the pool's own figures: what it holds (reserved) against what is live; the rest
+        // (cached, pending, budget, releases) is in the trace and `summary`
+        Event::PoolStats {
+            t_ns,
+            device,
+            reserved,
+            live,
+            ..
+        } => Row {
+            t_ns,
+            device: Some(device),
+            op: "pool_stats",
+            in_use: Some(live),
+            reserved: Some(reserved),
+            ..Row::default()
+        },
         Event::Lost { t_ns, count } => Row {
             t_ns,
             op: "lost",

@@ -42,9 +42,32 @@ pub fn trace(r: &TraceReport, out: &mut String) {
             f.describe()
         );
     }
+    for p in &r.pools {
+        pool(p, out);
+    }
     for d in &r.devices {
         device(d, out, end_note(r));
     }
+}
+
+/// The pool's last statistics on a device: what it holds and why.
+fn pool(p: &crate::analysis::report::PoolReport, out: &mut String) {
+    let budget = if p.budget == 0 {
+        "no budget".to_string()
+    } else {
+        format!("budget {}", bytes(p.budget))
+    };
+    let _ = writeln!(
+        out,
+        "pool on device {} (last record): reserved {} (peak {}, {budget}), live {}, cached {}, pending {}, {} pages given back",
+        p.device,
+        bytes(p.reserved),
+        bytes(p.peak_reserved),
+        bytes(p.live),
+        bytes(p.cached),
+        bytes(p.pending),
+        p.releases
+    );
 }
 
 /// Why what is live at the end of the trace is not what the process left allocated, if so.

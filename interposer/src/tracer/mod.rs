@@ -71,6 +71,9 @@ static STACK_DEPTH: AtomicU32 = AtomicU32::new(0);
 pub(crate) struct DeviceView {
     /// Bytes the pool holds from the device (`None`: no pool serves it).
     pub pool_reserved: fn(i32) -> Option<u64>,
+    /// The pool's figures for `PoolStats` records: reserved, live, cached, pending, budget,
+    /// releases (`None`: no pool serves the device).
+    pub pool_stats: fn(i32) -> Option<[u64; 6]>,
     /// The device's cap, given its real total (0: not capped).
     pub cap: fn(i32, u64) -> u64,
     /// The cap's limits in force, for the header's configuration (`cap.limit` entries).
@@ -79,6 +82,7 @@ pub(crate) struct DeviceView {
 
 static DEVICE_VIEW: Wired<DeviceView> = Wired::new(DeviceView {
     pool_reserved: |_| None,
+    pool_stats: |_| None,
     cap: |_, _| 0,
     cap_limits: Vec::new,
 });

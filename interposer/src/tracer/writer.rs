@@ -80,6 +80,8 @@ struct Out {
     modules: ModuleMap,
     /// Last (live, reserved, cap) written per device.
     counters: [(u64, u64, u64); MAX_DEV],
+    /// The pool statistics last written per device (a `PoolStats` record when they change).
+    pool_stats: [[u64; 6]; MAX_DEV],
     /// Device sizes, for resolving fractional caps (0 = unknown).
     dev_totals: [u64; MAX_DEV],
     lost_written: u64,
@@ -191,6 +193,7 @@ fn start() -> bool {
         events: Vec::new(),
         modules: ModuleMap::default(),
         counters: [(0, 0, 0); MAX_DEV],
+        pool_stats: [[0; 6]; MAX_DEV],
         dev_totals,
         lost_written: 0,
         devices_known,
@@ -517,6 +520,22 @@ fn tick_locked(
         }
         let reserved = pool.unwrap_or(live);
         let cap = (view.cap)(d as i32, out.dev_totals[d]);
+        // the pool's own figures (why it holds what it holds), when they changed
+        if let Some(v) = (view.pool_stats)(d as i32)
+            && v != out.pool_stats[d]
+        {
+            out.pool_stats[d] = v;
+            out.events.push(Event::PoolStats {
+                t_ns: now,
+                device: d as i32,
+                reserved: v[0],
+                live: v[1],
+                cached: v[2],
+                pending: v[3],
+                budget: v[4],
+                releases: v[5],
+            });
+        }
         let c = (live, reserved, cap);
         if c != out.counters[d] {
             out.counters[d] = c;
