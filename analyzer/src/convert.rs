@@ -1,5 +1,7 @@
 //! Converting traces to and from other tools' formats (the library side of `export`/`import`).
 
+pub mod parquet;
+
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
@@ -196,15 +198,10 @@ pub fn export<W: Write + Send>(
             Ok(ExportStats { records: n, torn })
         }
         ExportFormat::Parquet => {
-            // Several traces into one file: `formats::parquet::export`, called by the command.
+            // Several traces into one file: `convert::parquet::export`, called by the command.
             drop(opened);
             let out = Path::new("the Parquet output");
-            let stats = crate::formats::parquet::export(
-                &[trace.to_path_buf()],
-                &mut |p| input::open(p),
-                w,
-                out,
-            )?;
+            let stats = parquet::export(&[trace.to_path_buf()], w, out)?;
             Ok(ExportStats {
                 records: stats.rows,
                 torn: stats.damaged,

@@ -87,6 +87,8 @@ fn announce() {
             .filter(|v| !v.is_empty())
     };
     let cap = match (set("VRAMSHIM_CAP"), set("VRAMSHIM_SHARED")) {
+        // Limits set for other tools or by the kernel (cap::limits): named when set up.
+        (None, None) if crate::cap::global().is_some() => "from other tools' limits".to_string(),
         (None, None) => "off".to_string(),
         (Some(c), None) => format!("{c:?}"),
         (c, Some(s)) => format!("{:?} shared by {s:?}", c.unwrap_or("")),

@@ -2,7 +2,6 @@
 
 pub mod chrome;
 pub mod memviz;
-pub mod parquet;
 pub mod perfetto;
 pub mod pickle;
 pub mod rmm_csv;

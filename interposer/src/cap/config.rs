@@ -86,8 +86,7 @@ pub(crate) struct Settings {
     pub dmem: Vec<DmemRegion>,
 }
 
-/// Parses the variables. `None` = pass-through (nothing asked, or a bad value); the strings
-/// are the lines to print on stderr (one per problem).
+/// [`parse_with`] without a cgroup (the unit tests).
 #[cfg(test)]
 pub(crate) fn parse(
     get: &dyn Fn(&str) -> Option<String>,
@@ -96,7 +95,9 @@ pub(crate) fn parse(
     parse_with(get, uid, Vec::new())
 }
 
-/// [`parse`], with the cgroup's dmem regions (`limits::dmem`).
+/// Parses the variables, given the cgroup's dmem regions (`limits::dmem`). `None` =
+/// pass-through (nothing asked, or a bad value); the strings are the lines to print on stderr
+/// (one per problem).
 pub(crate) fn parse_with(
     get: &dyn Fn(&str) -> Option<String>,
     uid: u32,

@@ -22,9 +22,10 @@ use arrow_array::builder::{
 use arrow_array::{ArrayRef, RecordBatch};
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use parquet::arrow::ArrowWriter;
-use parquet::basic::{Compression, ZstdLevel};
+use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::file::metadata::{KeyValue, SortingColumn};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use parquet::schema::types::ColumnPath;
 use vramshim_trace::{Event, MemOp, SyncKind, codes, flags};
 
 use crate::error::InputError;
@@ -595,7 +596,28 @@ pub fn export<W: Write + Send>(
 ) -> Result<ParquetStats, String> {
     let schema = schema();
     let col = |name: &str| schema.index_of(name).map(|i| i as i32).unwrap_or(0);
-    let props = WriterProperties::builder()
+    // Columns of (nearly) unique values are not dictionary-encoded (the writer would hash
+    // every value into a dictionary it then abandons); the counters of time and order are
+    // delta-encoded (consecutive rows differ by little).
+    let mut props = WriterProperties::builder();
+    for name in [
+        "seq",
+        "t_ns",
+        "wall_time",
+        "addr",
+        "stream",
+        "latency_ns",
+        "in_use",
+        "reserved",
+        "free_bytes",
+        "total_bytes",
+    ] {
+        props = props.set_column_dictionary_enabled(ColumnPath::from(name), false);
+    }
+    for name in ["seq", "t_ns", "wall_time"] {
+        props = props.set_column_encoding(ColumnPath::from(name), Encoding::DELTA_BINARY_PACKED);
+    }
+    let props = props
         .set_compression(Compression::ZSTD(
             ZstdLevel::try_new(3).map_err(|e| format!("parquet export: {e}"))?,
         ))
