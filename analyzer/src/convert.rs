@@ -199,7 +199,12 @@ pub fn export<W: Write + Send>(
             // Several traces into one file: `formats::parquet::export`, called by the command.
             drop(opened);
             let out = Path::new("the Parquet output");
-            let stats = crate::formats::parquet::export(&[trace.to_path_buf()], w, out)?;
+            let stats = crate::formats::parquet::export(
+                &[trace.to_path_buf()],
+                &mut |p| input::open(p),
+                w,
+                out,
+            )?;
             Ok(ExportStats {
                 records: stats.rows,
                 torn: stats.damaged,

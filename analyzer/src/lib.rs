@@ -35,6 +35,44 @@ pub fn summary_text(r: &TraceReport) -> String {
     s
 }
 
+/// Several traces analyzed together: what `vramshim summary` and `vramshim report` show.
+pub struct Analyzed {
+    pub reports: Vec<TraceReport>,
+    /// The side-by-side comparison, when there are several traces.
+    pub comparison: Option<analysis::compare::Comparison>,
+    /// The traces' devices lined up by the GPU they shared (by UUID).
+    pub gpus: Vec<analysis::by_gpu::GpuGroup>,
+    /// Some input was torn (cut inside its last frame): exit status 3 once the output is out.
+    pub torn: bool,
+}
+
+/// Analyzes each trace (with the stitch what-if filled into post-mortems when `judge`),
+/// compares them when there are several and lines them up by GPU.
+pub fn analyze_traces<P: AsRef<std::path::Path>>(
+    traces: &[P],
+    opts: &Options,
+    judge: bool,
+) -> Result<Analyzed, String> {
+    let mut reports = Vec::with_capacity(traces.len());
+    for p in traces {
+        let p = p.as_ref();
+        let mut r = analysis::analyze(input::open(p)?, opts)?;
+        if judge {
+            whatif::judge_post_mortems(p, &mut r)?;
+        }
+        reports.push(r);
+    }
+    let torn = reports.iter().any(|r| r.torn);
+    let comparison = (reports.len() > 1).then(|| analysis::compare::compare(&reports));
+    let gpus = analysis::by_gpu::by_gpu(&mut reports);
+    Ok(Analyzed {
+        reports,
+        comparison,
+        gpus,
+        torn,
+    })
+}
+
 /// Writes the self-contained HTML report of `traces` to `out` (what `vramshim report` does).
 pub fn write_html_report(
     traces: &[std::path::PathBuf],
@@ -46,18 +84,9 @@ pub fn write_html_report(
         steps: traces.len() > 1,
         ..Options::default()
     };
-    let mut reports = traces
-        .iter()
-        .map(|p| summarize(p, &opts))
-        .collect::<Result<Vec<_>, _>>()?;
-    let gpus = analysis::by_gpu::by_gpu(&mut reports);
-    let cmp = if reports.len() > 1 {
-        Some(analysis::compare::compare(&reports))
-    } else {
-        None
-    };
+    let a = analyze_traces(traces, &opts, true)?;
     files::write_output(
         out,
-        render::html::page(&reports, cmp.as_ref(), &gpus).as_bytes(),
+        render::html::page(&a.reports, a.comparison.as_ref(), &a.gpus).as_bytes(),
     )
 }

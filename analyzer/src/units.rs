@@ -1,25 +1,6 @@
 //! Byte sizes and durations for humans, and size arguments from humans.
 
-/// `1.5 GiB`, `512 B`: binary units, three significant digits.
-pub fn bytes(n: u64) -> String {
-    const U: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
-    if n < 1024 {
-        return format!("{n} B");
-    }
-    let mut v = n as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i < U.len() - 1 {
-        v /= 1024.0;
-        i += 1;
-    }
-    if v >= 100.0 {
-        format!("{v:.0} {}", U[i])
-    } else if v >= 10.0 {
-        format!("{v:.1} {}", U[i])
-    } else {
-        format!("{v:.2} {}", U[i])
-    }
-}
+pub use vramshim_region::spec::bytes;
 
 /// Signed byte difference: `+1.00 MiB`, `-512 B`, `0 B`.
 pub fn bytes_delta(d: i128) -> String {

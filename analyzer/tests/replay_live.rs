@@ -3,22 +3,13 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output};
 
 use common::*;
 
 fn vit() -> PathBuf {
     manifest_dir().join("../tests/workloads/traces/vit_train.rmm.csv")
-}
-
-fn built_library() {
-    let lib = Path::new(exe()).parent().unwrap().join("libvramshim.so");
-    assert!(
-        lib.is_file(),
-        "{} is not built: build the workspace first (cargo build --release --workspace, as scripts/test does)",
-        lib.display()
-    );
 }
 
 fn live(args: &[&str]) -> Output {

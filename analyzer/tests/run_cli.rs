@@ -482,28 +482,25 @@ fn library_and_simulated_gpu_found_in_an_install_layout() {
         let prefix = tmpdir(&format!("layout-{}", libdir.replace('/', "-")));
         let exe = lone_exe(&prefix);
         std::fs::create_dir_all(prefix.join(libdir).join("cuda-sim")).unwrap();
-        std::fs::copy(
-            empty_so("libvramshim.so"),
-            prefix.join(libdir).join("libvramshim.so"),
-        )
-        .unwrap();
-        std::fs::copy(
-            empty_so("libcuda.so.1"),
-            prefix.join(libdir).join("cuda-sim/libcuda.so.1"),
-        )
-        .unwrap();
-        let o = Command::new(&exe)
-            .env_remove("VRAMSHIM_LIB")
-            .env_remove("LD_PRELOAD")
-            .args([
-                "run",
-                "--sim=2GiB",
-                "--",
-                "sh",
-                "-c",
-                "echo \"$LD_PRELOAD\"; echo \"$LD_LIBRARY_PATH\"; echo \"$VRAMSIM_MEMORY\"",
-            ])
-            .retry_output();
+        // An empty library named `name` at `rel` below the library folder.
+        let put = |name: &str, rel: &str| {
+            std::fs::copy(empty_so(name), prefix.join(libdir).join(rel)).unwrap();
+        };
+        // The installed command, with nothing of the test's environment pointing at a library.
+        let run = |args: &[&str], script: &str| {
+            Command::new(&exe)
+                .env_remove("VRAMSHIM_LIB")
+                .env_remove("LD_PRELOAD")
+                .args(args)
+                .args(["--", "sh", "-c", script])
+                .retry_output()
+        };
+        put("libvramshim.so", "libvramshim.so");
+        put("libcuda.so.1", "cuda-sim/libcuda.so.1");
+        let o = run(
+            &["run", "--sim=2GiB"],
+            "echo \"$LD_PRELOAD\"; echo \"$LD_LIBRARY_PATH\"; echo \"$VRAMSIM_MEMORY\"",
+        );
         let out = String::from_utf8_lossy(&o.stdout);
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         let l: Vec<&str> = out.lines().collect();
@@ -530,17 +527,11 @@ fn library_and_simulated_gpu_found_in_an_install_layout() {
         assert_eq!(l[2], "2GiB");
 
         // --preload-runtime: the substitution, cuda-sim first and its runtime preloaded.
-        std::fs::copy(
-            empty_so("libcudart.so.12"),
-            prefix.join(libdir).join("cuda-sim/libcudart.so.12"),
-        )
-        .unwrap();
-        let o = Command::new(&exe)
-            .env_remove("VRAMSHIM_LIB")
-            .env_remove("LD_PRELOAD")
-            .args(["run", "--sim", "--preload-runtime", "--", "sh", "-c"])
-            .arg("echo \"$LD_PRELOAD\"; echo \"$LD_LIBRARY_PATH\"")
-            .retry_output();
+        put("libcudart.so.12", "cuda-sim/libcudart.so.12");
+        let o = run(
+            &["run", "--sim", "--preload-runtime"],
+            "echo \"$LD_PRELOAD\"; echo \"$LD_LIBRARY_PATH\"",
+        );
         let out = String::from_utf8_lossy(&o.stdout);
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         let l: Vec<&str> = out.lines().collect();

@@ -9,15 +9,6 @@ use std::process::Command;
 
 use common::*;
 
-fn built_library() {
-    let lib = Path::new(exe()).parent().unwrap().join("libvramshim.so");
-    assert!(
-        lib.is_file(),
-        "{} is not built: build the workspace first (cargo build --release --workspace, as scripts/test does)",
-        lib.display()
-    );
-}
-
 fn compile(dir: &Path, name: &str, extra: &[&str]) -> PathBuf {
     let out = dir.join(name);
     let st = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))

@@ -13,18 +13,18 @@
 //!
 //! `tests/layering.rs` checks the order on every `crate::` path of every module.
 
-pub mod config;
+pub(crate) mod config;
 #[macro_use]
-pub mod sys;
-pub mod cuda;
+pub(crate) mod sys;
+pub(crate) mod cuda;
 
-pub mod cap;
-pub mod pool;
-pub mod state;
+pub(crate) mod cap;
+pub(crate) mod pool;
+pub(crate) mod state;
 pub mod tracer;
 
-pub mod pipeline;
+pub(crate) mod pipeline;
 
-pub mod hooks;
+pub(crate) mod hooks;
 
 mod lifecycle;

@@ -29,6 +29,9 @@ pub(crate) fn init(envp: *const *const c_char) {
     crate::config::report(|line| crate::warn!("{line}"));
     // Parse VRAMSHIM_CAP & co. now (one line per bad value); nothing is attached yet.
     crate::cap::init();
+    // Reading two variables and setting two atomics: the tracer starts its writer and file
+    // on the first event, not here.
+    let _ = std::panic::catch_unwind(crate::tracer::init);
     if crate::sys::log::enabled(crate::sys::log::Level::Info) {
         announce();
     }
@@ -59,11 +62,19 @@ fn wire() {
     });
     crate::tracer::set_device_view(crate::tracer::DeviceView {
         pool_reserved: |d| crate::pool::stats(d).map(|s| s.reserved),
+        pool_stats: |d| {
+            crate::pool::stats(d).map(|s| {
+                [
+                    s.reserved, s.live, s.cached, s.pending, s.budget, s.releases,
+                ]
+            })
+        },
         cap: |d, total| {
             crate::cap::global()
                 .filter(|c| c.is_capped(d))
                 .map_or(0, |c| c.total_for(d, total))
         },
+        cap_limits: crate::cap::trace_config,
     });
 }
 

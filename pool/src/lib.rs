@@ -55,6 +55,9 @@
 //! rmm_csv::parse_file(path) -> Result<ParsedTrace, ParseError>
 //! struct ParsedTrace { events: Vec<Event>, allocs, frees, skipped_frees, failed_allocs, threads }
 //! struct ParseError { line: usize, msg: String }   // Display: "line N: msg"
+//! rmm_csv::Reader::new(r: impl BufRead) -> Result<Reader, ParseError>  // checks the header
+//! Reader::next_row() -> Option<Result<Row { thread, t_ns, action: Action, ptr, size, stream }, ParseError>>
+//! rmm_csv::HEADER, rmm_csv::format_time(ns, &mut String), rmm_csv::parse_time(s)
 //!
 //! // Configured stitch: stitch::Stitch::new().with_headroom(Some(h)) (soft limit: dissolve
 //! //   cached blocks before growing beyond peak_live * (1 + h); default None = cache until

@@ -433,15 +433,24 @@ pub fn repeat(events: &[Event], times: usize) -> Vec<Event> {
 
 /// Driver calls made during each pass of `repeat(events, passes)` on an unlimited device.
 pub fn driver_calls_per_pass(events: &[Event], policy: PolicyKind, passes: usize) -> Vec<u64> {
-    let one = repeat(events, 1).len();
     let all = as_seen_by(&repeat(events, passes), policy).into_owned();
-    let mut dev = AccountingDevice::new(1 << 50);
-    let mut p = policy.build();
+    calls_of_each_pass(events, &all, passes, policy.build())
+}
+
+/// Driver calls of each of the `passes` passes of `all` (`repeat(events, passes)` with its
+/// frees as the caller wants them) through `p`, on an unlimited device.
+fn calls_of_each_pass(
+    events: &[Event],
+    all: &[Event],
+    passes: usize,
+    mut p: Box<dyn Policy>,
+) -> Vec<u64> {
+    let one = repeat(events, 1).len();
+    let mut dev = AccountingDevice::new(UNLIMITED);
     let mut out = Vec::new();
     for pass in 0..passes {
         let before = dev.calls().driver_calls();
-        let chunk = &all[pass * one..(pass + 1) * one];
-        replay_events(chunk, p.as_mut(), &mut dev);
+        replay_events(&all[pass * one..(pass + 1) * one], p.as_mut(), &mut dev);
         out.push(dev.calls().driver_calls() - before);
     }
     out
@@ -455,17 +464,8 @@ pub fn calls_per_pass_with(
     make: &dyn Fn() -> Box<dyn Policy>,
     passes: usize,
 ) -> Vec<u64> {
-    let one = repeat(events, 1).len();
     let all = frees.apply(&repeat(events, passes));
-    let mut dev = AccountingDevice::new(UNLIMITED);
-    let mut p = make();
-    let mut out = Vec::new();
-    for pass in 0..passes {
-        let before = dev.calls().driver_calls();
-        replay_events(&all[pass * one..(pass + 1) * one], p.as_mut(), &mut dev);
-        out.push(dev.calls().driver_calls() - before);
-    }
-    out
+    calls_of_each_pass(events, &all, passes, make())
 }
 
 /// Driver calls per 1000 allocations in the second half of the stream (by allocation count),

@@ -281,21 +281,41 @@ pub fn shared_path(value: &str, uid: u32) -> Result<std::path::PathBuf, String> 
     )))
 }
 
-/// Bytes as a short human string (`1.5 GiB`, `300 MiB`, `512 B`).
-pub fn human_bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
+const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+
+/// Bytes for humans, the one formatter of every vramshim message and report: binary units,
+/// three significant digits (`512 B`, `1.50 GiB`, `12.5 MiB`, `300 MiB`).
+pub fn bytes(n: u64) -> String {
+    if n < 1024 {
+        return format!("{n} B");
     }
-    if u == 0 {
-        format!("{b} B")
-    } else if v.fract() == 0.0 {
-        format!("{v} {}", UNITS[u])
+    let mut v = n as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i < UNITS.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    if v >= 100.0 {
+        format!("{v:.0} {}", UNITS[i])
+    } else if v >= 10.0 {
+        format!("{v:.1} {}", UNITS[i])
     } else {
-        format!("{v:.2} {}", UNITS[u])
+        format!("{v:.2} {}", UNITS[i])
+    }
+}
+
+/// A size as one sets it (a cap, a request): a whole number of its largest unit as such
+/// (`1 GiB`, `300 MiB`), any other size as [`bytes`] writes it (`1.50 GiB`).
+pub fn human_bytes(b: u64) -> String {
+    let unit = if b == 0 {
+        0
+    } else {
+        ((63 - b.leading_zeros()) / 10) as usize
+    };
+    if unit > 0 && b.is_multiple_of(1u64 << (10 * unit)) {
+        format!("{} {}", b >> (10 * unit), UNITS[unit])
+    } else {
+        bytes(b)
     }
 }
 
@@ -449,5 +469,11 @@ mod tests {
         assert_eq!(human_bytes(512), "512 B");
         assert_eq!(human_bytes(300 << 20), "300 MiB");
         assert_eq!(human_bytes(3 << 29), "1.50 GiB");
+        assert_eq!(human_bytes(1 << 30), "1 GiB");
+        assert_eq!(human_bytes(5 << 50), "5 PiB");
+        assert_eq!(human_bytes(u64::MAX), "16.0 EiB");
+        assert_eq!(bytes(1 << 30), "1.00 GiB");
+        assert_eq!(bytes(0), "0 B");
+        assert_eq!(bytes((25 << 20) / 2), "12.5 MiB");
     }
 }

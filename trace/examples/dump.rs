@@ -64,6 +64,7 @@ fn main() {
                     Event::Module { .. } => "Module",
                     Event::Stack { .. } => "Stack",
                     Event::Counter { .. } => "Counter",
+                    Event::PoolStats { .. } => "PoolStats",
                     Event::Lost { .. } => "Lost",
                     Event::CallFailed { .. } => "CallFailed",
                     Event::Device(_) => "Device",

@@ -436,6 +436,25 @@ impl RecordEncoder {
                 put_varint(b, *reserved_bytes);
                 put_varint(b, *cap);
             }
+            Event::PoolStats {
+                t_ns,
+                device,
+                reserved,
+                live,
+                cached,
+                pending,
+                budget,
+                releases,
+            } => {
+                // the time in full, not a delta: a reader that skips the record (one written
+                // before it existed) keeps the same delta state as the writer
+                let b = &mut self.buf;
+                put_varint(b, *t_ns);
+                put_varint(b, zigzag(*device as i64));
+                for v in [reserved, live, cached, pending, budget, releases] {
+                    put_varint(b, *v);
+                }
+            }
             Event::Lost { t_ns, count } => {
                 self.time(*t_ns);
                 put_varint(&mut self.buf, *count);
@@ -761,6 +780,7 @@ fn record_tag(ev: &Event) -> u8 {
         Event::Module { .. } => tag::MODULE,
         Event::Stack { .. } => tag::STACK,
         Event::Counter { .. } => tag::COUNTER,
+        Event::PoolStats { .. } => tag::POOL_STATS,
         Event::Lost { .. } => tag::LOST,
         Event::Device(_) => tag::DEVICE,
         Event::CallFailed { .. } => tag::CALL_FAILED,
@@ -964,6 +984,21 @@ impl RecordDecoder {
                     live_bytes: c.varint()?,
                     reserved_bytes: c.varint()?,
                     cap: c.varint()?,
+                };
+                Ok(Decoded::Event)
+            }
+            tag::POOL_STATS => {
+                // absolute time: the delta state is left alone (see the encoder)
+                let t_ns = c.varint()?;
+                *out = Event::PoolStats {
+                    t_ns,
+                    device: c.i32z()?,
+                    reserved: c.varint()?,
+                    live: c.varint()?,
+                    cached: c.varint()?,
+                    pending: c.varint()?,
+                    budget: c.varint()?,
+                    releases: c.varint()?,
                 };
                 Ok(Decoded::Event)
             }

@@ -318,6 +318,19 @@ pub enum Event {
         reserved_bytes: u64,
         cap: u64,
     },
+    /// vramshim's pool on `device`: what it holds and why (periodic when it changes, and at
+    /// exit). `budget` 0: no budget (the pool caches until the device or the cap refuses);
+    /// `releases` counts pages given back.
+    PoolStats {
+        t_ns: u64,
+        device: i32,
+        reserved: u64,
+        live: u64,
+        cached: u64,
+        pending: u64,
+        budget: u64,
+        releases: u64,
+    },
     /// Events the writer could not keep up with; counted, never silent.
     Lost {
         t_ns: u64,
@@ -421,6 +434,7 @@ impl Event {
             | Event::ThreadExit { t_ns, .. }
             | Event::Fork { t_ns, .. }
             | Event::Counter { t_ns, .. }
+            | Event::PoolStats { t_ns, .. }
             | Event::Lost { t_ns, .. }
             | Event::CallFailed { t_ns, .. } => Some(*t_ns),
             Event::Torch(op) => Some(op.t_ns),

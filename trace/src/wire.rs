@@ -36,6 +36,8 @@ pub mod tag {
     pub const PY_CODE: u8 = 21;
     /// A deduplicated Python stack (`Event::PyStack`).
     pub const PY_STACK: u8 = 22;
+    /// The pool's statistics (`Event::PoolStats`).
+    pub const POOL_STATS: u8 = 23;
 }
 
 /// MemOp presence bits (first payload byte of `ALLOC`/`FREE`).

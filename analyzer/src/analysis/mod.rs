@@ -2,6 +2,7 @@
 //! a fixed-size timeline; never the event list).
 
 pub mod by_gpu;
+pub mod cap_source;
 pub mod compare;
 pub mod diff;
 mod fast;
@@ -354,6 +355,8 @@ pub struct Analysis {
     pub(crate) forks: Vec<u32>,
     /// `CallFailed` records (the first [`MAX_FAILED_CALLS`]): (time, name, device, result).
     pub(crate) failed_calls: Vec<(u64, String, i32, i32)>,
+    /// The pool's last statistics per device (`PoolStats` records), and the most it held.
+    pub(crate) pools: std::collections::BTreeMap<i32, report::PoolReport>,
     pub(crate) out_of_order: u64,
     /// Thread ids already in `threads`, direct-mapped by the low bits (threads alternate, so
     /// "same as the last one" misses often).
@@ -382,6 +385,7 @@ impl Analysis {
             threads: FastMap::default(),
             forks: Vec::new(),
             failed_calls: Vec::new(),
+            pools: std::collections::BTreeMap::new(),
             out_of_order: 0,
             // Slot i starts with a value whose low bits are not i: matches no thread.
             tid_seen: std::array::from_fn(|i| i as u32 + 1),
@@ -767,6 +771,26 @@ impl Analysis {
                     d.cap = Some(cap);
                     d.timeline.cap(t_ns, cap);
                 }
+            }
+            Event::PoolStats {
+                device,
+                reserved,
+                live,
+                cached,
+                pending,
+                budget,
+                releases,
+                ..
+            } => {
+                let p = self.pools.entry(device).or_default();
+                p.device = device;
+                p.peak_reserved = p.peak_reserved.max(reserved);
+                p.reserved = reserved;
+                p.live = live;
+                p.cached = cached;
+                p.pending = pending;
+                p.budget = budget;
+                p.releases = releases;
             }
             Event::Lost { count, .. } => self.lost += count,
             Event::CallFailed {

@@ -35,6 +35,10 @@ pub struct TraceReport {
     /// start-up, a context's creation).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub failed_calls: Vec<FailedCall>,
+    /// vramshim's pool per device as its last `PoolStats` record left it (traces written
+    /// with the pool on; empty otherwise).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub pools: Vec<PoolReport>,
     pub stacks: u64,
     pub config: BTreeMap<String, String>,
     pub devices: Vec<DeviceReport>,
@@ -46,6 +50,23 @@ pub struct TraceReport {
     /// The header's monotonic start, which `start_wall_ns` is the wall-clock time of.
     #[serde(skip)]
     pub start_mono_ns: u64,
+}
+
+/// The pool's statistics on one device, from the trace's last `PoolStats` record of it.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct PoolReport {
+    pub device: i32,
+    /// Bytes of physical pages held.
+    pub reserved: u64,
+    /// The most `reserved` seen in the records.
+    pub peak_reserved: u64,
+    pub live: u64,
+    pub cached: u64,
+    pub pending: u64,
+    /// 0: no budget.
+    pub budget: u64,
+    /// Pages given back to the driver.
+    pub releases: u64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -134,6 +155,10 @@ pub struct DeviceReport {
     pub peak_reserved: Option<PeakReserved>,
     pub fragmentation: Option<f64>,
     pub cap: Option<u64>,
+    /// What set the cap (`CUDA_DEVICE_MEMORY_LIMIT_0="256m"`, a cgroup's `dmem.max`...), when
+    /// the trace lists its limits.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cap_source: Option<String>,
     pub size_histogram: Vec<SizeBucket>,
     pub lifetimes: Vec<LifetimeBucket>,
     pub short_lived: Churn,
@@ -308,6 +333,9 @@ pub struct PostMortem {
     /// Reserved but not in use (pool cache).
     pub cached: Option<u64>,
     pub cap: Option<u64>,
+    /// What set the cap, when the trace lists its limits.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cap_source: Option<String>,
     pub device_total: Option<u64>,
     pub live_allocations: u64,
     pub top_allocations: Vec<Holder>,
@@ -361,6 +389,7 @@ impl PostMortem {
             reserved,
             cached: reserved.map(|r| r.saturating_sub(in_use)),
             cap,
+            cap_source: None,
             device_total: total,
             live_allocations: snap.live_count,
             top_allocations: vec![],
@@ -553,6 +582,9 @@ pub(crate) fn build(mut a: Analysis, warnings: Vec<String>) -> TraceReport {
             let mut pm = p.pm;
             pm.offset_ns = pm.t_ns.saturating_sub(t0);
             pm.site = a.symbols.label(pm.stack);
+            pm.cap_source = pm
+                .cap
+                .and_then(|c| super::cap_source::cap_source(&a.header, d.device, c));
             pm.frames = a.symbols.frames(pm.stack, max_frames);
             if let Some(s) = pm.snap.take() {
                 pm.top_allocations = s
@@ -598,6 +630,9 @@ pub(crate) fn build(mut a: Analysis, warnings: Vec<String>) -> TraceReport {
             peak_reserved,
             fragmentation,
             cap: d.cap,
+            cap_source: d
+                .cap
+                .and_then(|c| super::cap_source::cap_source(&a.header, d.device, c)),
             size_histogram,
             lifetimes,
             short_lived: Churn {
@@ -689,6 +724,7 @@ pub(crate) fn build(mut a: Analysis, warnings: Vec<String>) -> TraceReport {
                 meaning: cuda_error_meaning(*result).to_string(),
             })
             .collect(),
+        pools: a.pools.values().cloned().collect(),
         stacks: a.symbols.stack_count() as u64,
         config: config_map(h),
         devices,

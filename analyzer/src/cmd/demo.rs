@@ -22,6 +22,8 @@ use vramshim_pool::rmm_csv::{self, ParsedTrace};
 
 use crate::cmd::run;
 use vramshim_analyzer::files;
+use vramshim_analyzer::render::html::esc;
+use vramshim_analyzer::units::bytes;
 
 /// Device size for the what-if model (only the cap limits it).
 const DEVICE_TOTAL: u64 = 16 << 30;
@@ -744,7 +746,7 @@ fn post_mortem(trace: &Path) -> Result<String, String> {
 /// Three lines describing a trace for `vramshim run`: what was allocated, the peak, the end.
 pub fn trace_summary_lines(path: &Path) -> Result<Vec<String>, String> {
     use vramshim_analyzer::analysis::{self, Options};
-    use vramshim_analyzer::units::{bytes, duration_ns};
+    use vramshim_analyzer::units::duration_ns;
     let opts = Options {
         top: 1,
         progress: false,
@@ -802,6 +804,9 @@ pub fn trace_summary_lines(path: &Path) -> Result<Vec<String>, String> {
     }
     if let Some(c) = peak.cap {
         let _ = write!(l, "; cap {}", bytes(c));
+        if let Some(s) = &peak.cap_source {
+            let _ = write!(l, " (set by {s})");
+        }
     }
     lines.push(l);
     let (live, leaks) = devs
@@ -854,21 +859,6 @@ struct CsvStats {
 
 // ---------------------------------------------------------------------------------------------
 // Output.
-
-fn bytes(n: u64) -> String {
-    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i < U.len() - 1 {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", U[i])
-    }
-}
 
 const HEADERS: [&str; 8] = [
     "run",
@@ -949,12 +939,6 @@ fn render_table(rows: &[Row]) -> String {
     out
 }
 
-fn esc(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-}
-
 /// `vramshim-demo.html`: the demo's table, charts and post-mortems, followed by the analyzer's
 /// report (`vramshim report`) of the live runs' traces.
 fn render_html(gpu: &Gpu, rows: &[Row], stats: &CsvStats) -> String {
@@ -987,8 +971,8 @@ fn render_html(gpu: &Gpu, rows: &[Row], stats: &CsvStats) -> String {
 
 /// The analyzer's HTML report of several traces side by side.
 fn analyzer_page(traces: &[&Path]) -> Result<String, String> {
-    use vramshim_analyzer::analysis::{self, Options};
-    use vramshim_analyzer::{input, render, whatif};
+    use vramshim_analyzer::analysis::Options;
+    use vramshim_analyzer::render;
     if traces.is_empty() {
         return Err("no trace was written".into());
     }
@@ -996,13 +980,8 @@ fn analyzer_page(traces: &[&Path]) -> Result<String, String> {
         progress: false,
         ..Options::default()
     };
-    let mut reports = Vec::new();
-    for t in traces {
-        let mut r = analysis::analyze(input::open(t)?, &opts)?;
-        whatif::judge_post_mortems(t, &mut r)?;
-        reports.push(r);
-    }
-    Ok(render::html::page(&reports, None, &[]))
+    let a = vramshim_analyzer::analyze_traces(traces, &opts, true)?;
+    Ok(render::html::page(&a.reports, None, &[]))
 }
 
 fn demo_section(gpu: &Gpu, rows: &[Row], stats: &CsvStats) -> String {
@@ -1195,4 +1174,51 @@ fn calls_chart(rows: &[Row]) -> String {
     }
     svg.push_str("</svg>");
     svg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Text from outside the demo (the GPU's name, a post-mortem naming a file, a run's
+    /// detail) is escaped in its page, quotes included.
+    #[test]
+    fn the_page_escapes_markup_and_quotes() {
+        let gpu = Gpu::Real {
+            name: "<b>\"A100\" & 'x'</b>".into(),
+        };
+        let row = Row {
+            label: "(a)",
+            what: "plain \"what\"".into(),
+            outcome: Cell::Val("completed".into()),
+            peak: Cell::Bytes(1 << 20),
+            reserved: Cell::Bytes(2 << 20),
+            driver_calls: Cell::Num(3),
+            syncs: Cell::Num(1),
+            refusals: Cell::Num(0),
+            time: Cell::Val("1 s".into()),
+            completed: true,
+            cap: None,
+            detail: "detail 'd'".into(),
+            post_mortem: "ran out in \"/tmp/x'y.vramtrace\"".into(),
+            trace: None,
+            stderr: String::new(),
+        };
+        let stats = CsvStats {
+            allocs: 1,
+            peak_live: 1 << 20,
+        };
+        let h = demo_section(&gpu, &[row], &stats);
+        for want in [
+            "real GPU: &lt;b&gt;&quot;A100&quot; &amp; &#39;x&#39;&lt;/b&gt;",
+            "plain &quot;what&quot;",
+            "detail &#39;d&#39;",
+            "ran out in &quot;/tmp/x&#39;y.vramtrace&quot;",
+        ] {
+            assert!(h.contains(want), "{want} not in {h}");
+        }
+        for raw in ["\"A100\"", "\"what\"", "'d'", "x'y"] {
+            assert!(!h.contains(raw), "{raw} unescaped in {h}");
+        }
+    }
 }

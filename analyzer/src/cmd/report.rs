@@ -3,8 +3,8 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use vramshim_analyzer::analysis::{self, Options, compare};
-use vramshim_analyzer::{input, render, whatif};
+use vramshim_analyzer::analysis::Options;
+use vramshim_analyzer::render;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -25,24 +25,9 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
         steps: args.traces.len() > 1,
         ..Options::default()
     };
-    let mut reports = Vec::new();
-    let mut torn = false;
-    for p in &args.traces {
-        let mut r = analysis::analyze(input::open(p)?, &opts)?;
-        if !args.no_whatif {
-            whatif::judge_post_mortems(p, &mut r)?;
-        }
-        torn |= r.torn;
-        reports.push(r);
-    }
-    let comparison = if reports.len() > 1 {
-        Some(compare::compare(&reports))
-    } else {
-        None
-    };
-    let gpus = analysis::by_gpu::by_gpu(&mut reports);
-    let html = render::html::page(&reports, comparison.as_ref(), &gpus);
+    let a = vramshim_analyzer::analyze_traces(&args.traces, &opts, !args.no_whatif)?;
+    let html = render::html::page(&a.reports, a.comparison.as_ref(), &a.gpus);
     vramshim_analyzer::files::write_output(&args.output, html.as_bytes())?;
     eprintln!("wrote {}", args.output.display());
-    Ok(crate::cmd::input_status(&reports, torn))
+    Ok(crate::cmd::input_status(&a.reports, a.torn))
 }

@@ -4,8 +4,8 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use vramshim_analyzer::analysis::{self, Options, by_gpu, compare};
-use vramshim_analyzer::{input, render, whatif};
+use vramshim_analyzer::analysis::{self, Options};
+use vramshim_analyzer::render;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -36,23 +36,12 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
         steps: args.traces.len() > 1,
         ..Options::default()
     };
-    let mut reports = Vec::new();
-    let mut torn = false;
-    for p in &args.traces {
-        let opened = input::open(p)?;
-        let mut r = analysis::analyze(opened, &opts)?;
-        if !args.no_whatif {
-            whatif::judge_post_mortems(p, &mut r)?;
-        }
-        torn |= r.torn;
-        reports.push(r);
-    }
-    let comparison = if reports.len() > 1 {
-        Some(compare::compare(&reports))
-    } else {
-        None
-    };
-    let gpus = by_gpu::by_gpu(&mut reports);
+    let vramshim_analyzer::Analyzed {
+        reports,
+        comparison,
+        gpus,
+        torn,
+    } = vramshim_analyzer::analyze_traces(&args.traces, &opts, !args.no_whatif)?;
     if args.json {
         let mut v = serde_json::json!({
             "schema": analysis::SCHEMA,

@@ -6,6 +6,7 @@ use std::io::{self, Write};
 
 use vramshim_trace::{Event, Header, codes};
 
+use super::InUse;
 use crate::fastmap::FastMap;
 
 pub struct ChromeWriter<W: Write> {
@@ -13,8 +14,7 @@ pub struct ChromeWriter<W: Write> {
     pid: u32,
     t0: Option<u64>,
     first: bool,
-    in_use: FastMap<i32, u64>,
-    live: FastMap<(i32, u64), u64>,
+    in_use: InUse,
     threads: FastMap<u32, ()>,
     pub events: u64,
 }
@@ -41,8 +41,7 @@ impl<W: Write> ChromeWriter<W> {
             pid: h.pid,
             t0: None,
             first: false,
-            in_use: FastMap::default(),
-            live: FastMap::default(),
+            in_use: InUse::default(),
             threads: FastMap::default(),
             events: 0,
         })
@@ -105,20 +104,9 @@ impl<W: Write> ChromeWriter<W> {
                     }
                     return Ok(());
                 }
-                let cur = self.in_use.entry(m.device).or_insert(0);
-                if is_alloc {
-                    if m.addr == 0 {
-                        return Ok(());
-                    }
-                    *cur += m.size;
-                    self.live.insert((m.device, m.addr), m.size);
-                } else {
-                    match self.live.remove(&(m.device, m.addr)) {
-                        Some(s) => *cur -= s,
-                        None => return Ok(()),
-                    }
-                }
-                let v = *cur;
+                let Some(v) = self.in_use.apply(m, is_alloc) else {
+                    return Ok(());
+                };
                 self.sep()?;
                 write!(
                     self.w,

@@ -1,7 +1,11 @@
 //! PyTorch memory snapshots (`torch.cuda.memory._dump_snapshot`), both ways.
 //!
 //! Export: `{"segments": [...], "device_traces": [[entry...] per device], "allocator_settings":
-//! {}}`. Every device allocation becomes `segment_alloc` + `alloc` of the same range, every
+//! {}}`. A trace with tensor-level events (PyTorch's caching allocator) exports PyTorch's own
+//! entries for them (`segment_alloc`, `alloc` with the Python frames PyTorch captured,
+//! `free_requested` + `free_completed`, `segment_free`, `oom`) in place of the device
+//! allocations of its segments, and its segments live at the end with their tensor blocks
+//! (and the free gaps between them, `inactive`). Otherwise: Every device allocation becomes `segment_alloc` + `alloc` of the same range, every
 //! free `free_requested` + `free_completed` + `segment_free`, an out-of-memory failure `oom`;
 //! allocations live at the end appear in `segments` (one segment, one active block each), so
 //! MemoryViz's backward replay finds them. Ints are i64 (BININT or 8-byte LONG1), no category.
@@ -14,7 +18,9 @@ use std::collections::BTreeSet;
 use std::io::{self, Write};
 use std::path::Path;
 
-use vramshim_trace::{AllocKind, Api, Event, Header, MemOp, codes, flags};
+use vramshim_trace::{
+    AllocKind, Api, Event, Header, MemOp, PyFrame, TorchOp, codes, flags, torch_action as act,
+};
 
 use super::pickle::{self, PickleWriter, Value};
 use crate::error::InputError;
@@ -31,12 +37,86 @@ struct LiveBlock {
 /// What one pass over the trace learns before writing: devices and the final live set.
 type LiveSet = FastMap<(i32, u64), LiveBlock>;
 
-fn final_state(opened: Opened) -> Result<(Vec<i32>, LiveSet), InputError> {
+/// The tensor level of a trace (Torch/PyCode/PyStack records): exported in place of the
+/// device allocations PyTorch's segments made, with the Python frames PyTorch captured.
+#[derive(Default)]
+struct TorchLevel {
+    devices: BTreeSet<i32>,
+    /// Every (device, address) a PyTorch segment started at: its device allocation is
+    /// exported as PyTorch's `segment_alloc` instead.
+    segment_addrs: BTreeSet<(i32, u64)>,
+    codes: FastMap<u32, (String, String)>,
+    stacks: FastMap<u32, Vec<PyFrame>>,
+    /// Segments and tensor blocks live at the end.
+    segments: std::collections::BTreeMap<(i32, u64), u64>,
+    blocks: std::collections::BTreeMap<(i32, u64), LiveBlock>,
+}
+
+impl TorchLevel {
+    fn see(&mut self, op: &TorchOp) {
+        self.devices.insert(op.device);
+        match op.action {
+            act::SEGMENT_ALLOC | act::SEGMENT_MAP => {
+                self.segment_addrs.insert((op.device, op.addr));
+                self.segments.insert((op.device, op.addr), op.size);
+            }
+            act::SEGMENT_FREE | act::SEGMENT_UNMAP => {
+                self.segments.remove(&(op.device, op.addr));
+            }
+            act::ALLOC => {
+                self.blocks.insert(
+                    (op.device, op.addr),
+                    LiveBlock {
+                        size: op.size,
+                        stream: op.stream,
+                        stack: op.stack,
+                    },
+                );
+            }
+            act::FREE_COMPLETED => {
+                self.blocks.remove(&(op.device, op.addr));
+            }
+            _ => {}
+        }
+    }
+
+    fn frames<W: Write>(&self, p: &mut PickleWriter<W>, stack: u32) -> io::Result<()> {
+        p.list_begin()?;
+        for f in self.stacks.get(&stack).map(|v| v.as_slice()).unwrap_or(&[]) {
+            let (file, func) = self
+                .codes
+                .get(&f.code)
+                .map(|(a, b)| (a.as_str(), b.as_str()))
+                .unwrap_or(("??", "??"));
+            p.dict_begin()?;
+            p.kv_str("filename", file)?;
+            p.kv_int("line", f.line as i64)?;
+            p.kv_str("name", func)?;
+            p.dict_end()?;
+        }
+        p.list_end()
+    }
+}
+
+fn final_state(opened: Opened) -> Result<(Vec<i32>, LiveSet, TorchLevel), InputError> {
     let mut ev_src = opened.events;
     let mut devices = BTreeSet::new();
     let mut live: FastMap<(i32, u64), LiveBlock> = FastMap::default();
+    let mut torch = TorchLevel::default();
     while let Some(ev) = ev_src.next_event() {
         match ev? {
+            Event::Torch(op) => {
+                devices.insert(op.device);
+                torch.see(&op);
+            }
+            Event::PyCode {
+                id, file, function, ..
+            } => {
+                torch.codes.insert(id, (file, function));
+            }
+            Event::PyStack { id, frames } => {
+                torch.stacks.insert(id, frames);
+            }
             Event::Alloc(m) if m.kind.is_device() && m.device >= 0 => {
                 devices.insert(m.device);
                 if m.result == codes::CUDA_SUCCESS && m.addr != 0 {
@@ -59,7 +139,9 @@ fn final_state(opened: Opened) -> Result<(Vec<i32>, LiveSet), InputError> {
             _ => {}
         }
     }
-    Ok((devices.into_iter().collect(), live))
+    // PyTorch's segments are exported from its own events.
+    live.retain(|k, _| !torch.segment_addrs.contains(k));
+    Ok((devices.into_iter().collect(), live, torch))
 }
 
 fn frames<W: Write>(p: &mut PickleWriter<W>, sym: &mut Symbolizer, stack: u32) -> io::Result<()> {
@@ -74,6 +156,15 @@ fn frames<W: Write>(p: &mut PickleWriter<W>, sym: &mut Symbolizer, stack: u32) -
     p.list_end()
 }
 
+/// Where an entry's frames come from.
+enum Frames<'a> {
+    None,
+    /// A native stack, symbolized.
+    Native(&'a mut Symbolizer, u32),
+    /// A Python stack PyTorch captured.
+    Python(&'a TorchLevel, u32),
+}
+
 fn entry<W: Write>(
     p: &mut PickleWriter<W>,
     action: &str,
@@ -81,7 +172,7 @@ fn entry<W: Write>(
     size: u64,
     stream: u64,
     time_us: i64,
-    sym: Option<(&mut Symbolizer, u32)>,
+    sym: Frames<'_>,
 ) -> io::Result<()> {
     p.dict_begin()?;
     p.kv_str("action", action)?;
@@ -97,9 +188,16 @@ fn entry<W: Write>(
     p.str("stream")?;
     p.uint(stream)?;
     p.kv_int("time_us", time_us)?;
-    if let Some((s, stack)) = sym {
-        p.str("frames")?;
-        frames(p, s, stack)?;
+    match sym {
+        Frames::None => {}
+        Frames::Native(s, stack) => {
+            p.str("frames")?;
+            frames(p, s, stack)?;
+        }
+        Frames::Python(t, stack) => {
+            p.str("frames")?;
+            t.frames(p, stack)?;
+        }
     }
     p.dict_end()
 }
@@ -111,7 +209,7 @@ pub fn export<W: Write>(
 ) -> Result<(W, u64), String> {
     let first = reopen()?;
     let header = first.header.clone();
-    let (devices, live) = final_state(first)?;
+    let (devices, live, torch) = final_state(first)?;
     let wall_minus_mono = header.start_wall_ns as i128 - header.start_mono_ns as i128;
     let time_us = |t: u64| ((t as i128 + wall_minus_mono) / 1000) as i64;
     let werr = |e: io::Error| e.to_string();
@@ -157,24 +255,88 @@ pub fn export<W: Write>(
                         sym.add_stack(*id, frames.clone());
                         Ok(())
                     }
+                    Event::Torch(op) if op.device == dev => {
+                        let t = time_us(op.t_ns);
+                        let name = act::name(op.action);
+                        match op.action {
+                            act::ALLOC | act::OOM => {
+                                entries += 1;
+                                let f = Frames::Python(&torch, op.stack);
+                                entry(&mut p, name, op.addr, op.size, op.stream, t, f)
+                            }
+                            act::FREE_COMPLETED => {
+                                entries += 2;
+                                entry(
+                                    &mut p,
+                                    "free_requested",
+                                    op.addr,
+                                    op.size,
+                                    op.stream,
+                                    t,
+                                    Frames::None,
+                                )
+                                .and_then(|_| {
+                                    entry(
+                                        &mut p,
+                                        name,
+                                        op.addr,
+                                        op.size,
+                                        op.stream,
+                                        t,
+                                        Frames::None,
+                                    )
+                                })
+                            }
+                            act::SEGMENT_ALLOC
+                            | act::SEGMENT_FREE
+                            | act::SEGMENT_MAP
+                            | act::SEGMENT_UNMAP => {
+                                entries += 1;
+                                entry(&mut p, name, op.addr, op.size, op.stream, t, Frames::None)
+                            }
+                            _ => Ok(()),
+                        }
+                    }
+                    Event::Alloc(m)
+                        if m.device == dev
+                            && m.kind.is_device()
+                            && torch.segment_addrs.contains(&(dev, m.addr)) =>
+                    {
+                        Ok(())
+                    }
+                    Event::Free(m)
+                        if m.device == dev
+                            && m.kind.is_device()
+                            && torch.segment_addrs.contains(&(dev, m.addr)) =>
+                    {
+                        Ok(())
+                    }
                     Event::Alloc(m) if m.device == dev && m.kind.is_device() => {
                         let t = time_us(m.t_ns);
                         if m.result == codes::CUDA_SUCCESS && m.addr != 0 {
                             sizes.insert(m.addr, m.size);
                             in_use += m.size;
                             entries += 2;
-                            entry(&mut p, "segment_alloc", m.addr, m.size, m.stream, t, None)
-                                .and_then(|_| {
-                                    entry(
-                                        &mut p,
-                                        "alloc",
-                                        m.addr,
-                                        m.size,
-                                        m.stream,
-                                        t,
-                                        Some((&mut sym, m.stack)),
-                                    )
-                                })
+                            entry(
+                                &mut p,
+                                "segment_alloc",
+                                m.addr,
+                                m.size,
+                                m.stream,
+                                t,
+                                Frames::None,
+                            )
+                            .and_then(|_| {
+                                entry(
+                                    &mut p,
+                                    "alloc",
+                                    m.addr,
+                                    m.size,
+                                    m.stream,
+                                    t,
+                                    Frames::Native(&mut sym, m.stack),
+                                )
+                            })
                         } else if m.result == codes::OUT_OF_MEMORY {
                             entries += 1;
                             let free = total.saturating_sub(in_use);
@@ -185,7 +347,7 @@ pub fn export<W: Write>(
                                 m.size,
                                 m.stream,
                                 t,
-                                Some((&mut sym, m.stack)),
+                                Frames::Native(&mut sym, m.stack),
                             )
                         } else {
                             Ok(())
@@ -201,29 +363,37 @@ pub fn export<W: Write>(
                                 in_use -= size;
                                 let t = time_us(m.t_ns);
                                 entries += 3;
-                                entry(&mut p, "free_requested", m.addr, size, m.stream, t, None)
-                                    .and_then(|_| {
-                                        entry(
-                                            &mut p,
-                                            "free_completed",
-                                            m.addr,
-                                            size,
-                                            m.stream,
-                                            t,
-                                            None,
-                                        )
-                                    })
-                                    .and_then(|_| {
-                                        entry(
-                                            &mut p,
-                                            "segment_free",
-                                            m.addr,
-                                            size,
-                                            m.stream,
-                                            t,
-                                            None,
-                                        )
-                                    })
+                                entry(
+                                    &mut p,
+                                    "free_requested",
+                                    m.addr,
+                                    size,
+                                    m.stream,
+                                    t,
+                                    Frames::None,
+                                )
+                                .and_then(|_| {
+                                    entry(
+                                        &mut p,
+                                        "free_completed",
+                                        m.addr,
+                                        size,
+                                        m.stream,
+                                        t,
+                                        Frames::None,
+                                    )
+                                })
+                                .and_then(|_| {
+                                    entry(
+                                        &mut p,
+                                        "segment_free",
+                                        m.addr,
+                                        size,
+                                        m.stream,
+                                        t,
+                                        Frames::None,
+                                    )
+                                })
                             }
                             None => Ok(()),
                         }
@@ -284,6 +454,81 @@ pub fn export<W: Write>(
             p.str("frames")?;
             frames(&mut p, &mut sym, b.stack)?;
             p.dict_end()?;
+            p.list_end()?;
+            p.dict_end()
+        })();
+        r.map_err(werr)?;
+    }
+    // PyTorch's segments live at the end, with their tensor blocks and the free gaps
+    // between them (inactive: PyTorch's cache).
+    for (&(dev, addr), &size) in &torch.segments {
+        let end = addr.saturating_add(size);
+        let blocks: Vec<(u64, &LiveBlock)> = torch
+            .blocks
+            .range((dev, addr)..(dev, end))
+            .map(|(&(_, a), b)| (a, b))
+            .collect();
+        let allocated: u64 = blocks.iter().map(|(_, b)| b.size).sum();
+        let r: io::Result<()> = (|| {
+            p.dict_begin()?;
+            p.kv_int("device", dev as i64)?;
+            p.str("address")?;
+            p.uint(addr)?;
+            p.str("total_size")?;
+            p.uint(size)?;
+            for k in ["allocated_size", "active_size", "requested_size"] {
+                p.str(k)?;
+                p.uint(allocated)?;
+            }
+            p.str("stream")?;
+            p.uint(blocks.first().map_or(0, |(_, b)| b.stream))?;
+            p.kv_str(
+                "segment_type",
+                if size > (1 << 20) { "large" } else { "small" },
+            )?;
+            p.str("segment_pool_id")?;
+            p.tuple_begin()?;
+            p.int(0)?;
+            p.int(0)?;
+            p.tuple_end()?;
+            p.str("is_expandable")?;
+            p.bool(false)?;
+            p.str("frames")?;
+            p.list_begin()?;
+            p.list_end()?;
+            p.str("blocks")?;
+            p.list_begin()?;
+            let mut at = addr;
+            let gap = |p: &mut PickleWriter<W>, from: u64, to: u64| -> io::Result<()> {
+                if to > from {
+                    p.dict_begin()?;
+                    p.str("address")?;
+                    p.uint(from)?;
+                    p.str("size")?;
+                    p.uint(to - from)?;
+                    p.str("requested_size")?;
+                    p.uint(0)?;
+                    p.kv_str("state", "inactive")?;
+                    p.dict_end()?;
+                }
+                Ok(())
+            };
+            for (a, b) in &blocks {
+                gap(&mut p, at, *a)?;
+                p.dict_begin()?;
+                p.str("address")?;
+                p.uint(*a)?;
+                p.str("size")?;
+                p.uint(b.size)?;
+                p.str("requested_size")?;
+                p.uint(b.size)?;
+                p.kv_str("state", "active_allocated")?;
+                p.str("frames")?;
+                torch.frames(&mut p, b.stack)?;
+                p.dict_end()?;
+                at = at.max(a.saturating_add(b.size));
+            }
+            gap(&mut p, at, end)?;
             p.list_end()?;
             p.dict_end()
         })();

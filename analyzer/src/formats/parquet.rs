@@ -27,9 +27,10 @@ use parquet::file::metadata::{KeyValue, SortingColumn};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use vramshim_trace::{Event, MemOp, SyncKind, codes, flags};
 
+use crate::error::InputError;
 use crate::fastmap::FastMap;
-use crate::input;
 use crate::progress::Progress;
+use crate::source::Opened;
 use crate::symbols::{Module, Symbolizer};
 
 /// Rows per record batch handed to the writer.
@@ -501,6 +502,22 @@ fn row_of(ev: Event, st: &mut TraceState) -> Option<Row> {
             cap: Some(cap),
             ..Row::default()
         },
+        // the pool's own figures: what it holds (reserved) against what is live; the rest
+        // (cached, pending, budget, releases) is in the trace and `summary`
+        Event::PoolStats {
+            t_ns,
+            device,
+            reserved,
+            live,
+            ..
+        } => Row {
+            t_ns,
+            device: Some(device),
+            op: "pool_stats",
+            in_use: Some(live),
+            reserved: Some(reserved),
+            ..Row::default()
+        },
         Event::Lost { t_ns, count } => Row {
             t_ns,
             op: "lost",
@@ -568,9 +585,11 @@ fn row_of(ev: Event, st: &mut TraceState) -> Option<Row> {
 }
 
 /// Writes every event of `traces` (in that order: `rank` is the position in the list) as one
-/// Parquet file into `w`.
+/// Parquet file into `w`; `open` opens each (`input::open`: the readers stand below the
+/// opening by format).
 pub fn export<W: Write + Send>(
     traces: &[PathBuf],
+    open: &mut dyn FnMut(&Path) -> Result<Opened, InputError>,
     w: W,
     out_name: &Path,
 ) -> Result<ParquetStats, String> {
@@ -605,7 +624,7 @@ pub fn export<W: Write + Send>(
     let mut cols = Columns::new();
     let mut stats = ParquetStats::default();
     for (rank, path) in traces.iter().enumerate() {
-        let mut opened = input::open(path)?;
+        let mut opened = open(path)?;
         let h = &opened.header;
         let tc = TraceColumns {
             rank: i32::try_from(rank).unwrap_or(i32::MAX),

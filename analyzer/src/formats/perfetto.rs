@@ -18,6 +18,7 @@ use std::io::{self, Write};
 
 use vramshim_trace::{Event, Header, codes};
 
+use super::InUse;
 use crate::fastmap::FastMap;
 use crate::symbols::{Module, Symbolizer};
 
@@ -65,8 +66,7 @@ pub struct PerfettoWriter<W: Write> {
     pid: u32,
     threads: FastMap<u32, ()>,
     devices: FastMap<i32, ()>,
-    in_use: FastMap<i32, u64>,
-    live: FastMap<(i32, u64), u64>,
+    in_use: InUse,
     symbols: Symbolizer,
     sites: FastMap<u32, String>,
     pub packets: u64,
@@ -85,8 +85,7 @@ impl<W: Write> PerfettoWriter<W> {
             pid: h.pid,
             threads: FastMap::default(),
             devices: FastMap::default(),
-            in_use: FastMap::default(),
-            live: FastMap::default(),
+            in_use: InUse::default(),
             symbols: Symbolizer::default(),
             sites: FastMap::default(),
             packets: 0,
@@ -224,20 +223,9 @@ impl<W: Write> PerfettoWriter<W> {
                     }
                     return Ok(());
                 }
-                let cur = self.in_use.entry(m.device).or_insert(0);
-                if is_alloc {
-                    if m.addr == 0 {
-                        return Ok(());
-                    }
-                    *cur += m.size;
-                    self.live.insert((m.device, m.addr), m.size);
-                } else {
-                    match self.live.remove(&(m.device, m.addr)) {
-                        Some(s) => *cur -= s,
-                        None => return Ok(()),
-                    }
-                }
-                let v = *cur;
+                let Some(v) = self.in_use.apply(m, is_alloc) else {
+                    return Ok(());
+                };
                 self.counter_value(m.t_ns, m.device, 0, v)?;
             }
             Event::Counter {

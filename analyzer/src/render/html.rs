@@ -555,6 +555,14 @@ fn device(r: &TraceReport, d: &DeviceReport, out: &mut String) {
         }
         out.push_str("</table>");
     }
+    if let Some(t) = &d.torch_peak {
+        let _ = write!(
+            out,
+            "<h3>PyTorch's tensors at their peak (+{})</h3>",
+            duration_ns(t.offset_ns)
+        );
+        torch_tables(t, out);
+    }
     out.push_str("<h3>Allocation sizes</h3>");
     histogram_svg(d, out);
     out.push_str("<h3>Top call sites (bytes allocated)</h3>");
@@ -636,10 +644,66 @@ fn device(r: &TraceReport, d: &DeviceReport, out: &mut String) {
                 })
                 .collect();
             hbars(&rows, "pm-live", out);
+            if let Some(t) = &pm.torch {
+                out.push_str("<h4>PyTorch's tensors at the failure</h4>");
+                torch_tables(t, out);
+            }
             out.push_str("</div>");
         }
     }
     out.push_str("</section>");
+}
+
+/// PyTorch's tensors at one moment: a table by Python line (with its frames), and the
+/// largest segments with what lies in them and what is cached inside them.
+fn torch_tables(t: &crate::analysis::torch::TorchView, out: &mut String) {
+    let _ = write!(
+        out,
+        "<p>{} allocated in {} tensors; {} reserved in {} segments, of which <b>{} cached</b> (free inside segments).</p>",
+        bytes(t.allocated),
+        t.tensors,
+        bytes(t.reserved),
+        t.segments_total,
+        bytes(t.cached)
+    );
+    if let Some(f) = &t.failed {
+        let _ = write!(
+            out,
+            "<p class=bad>PyTorch could not allocate {} at <code>{}</code> (device free: {}).</p>",
+            bytes(f.size),
+            esc(&f.site),
+            bytes(f.device_free)
+        );
+    }
+    out.push_str("<table class=\"torch-holders\"><tr><th>bytes</th><th>tensors</th><th>Python line</th><th>stack</th></tr>");
+    for h in &t.holders {
+        let _ = write!(
+            out,
+            "<tr><td class=n>{}</td><td class=n>{}</td><td><code>{}</code></td><td>{}</td></tr>",
+            bytes(h.bytes),
+            h.tensors,
+            esc(&h.site),
+            esc(&h.frames.join(" <- "))
+        );
+    }
+    out.push_str("</table><table class=\"torch-segments\"><tr><th>segment</th><th>size</th><th>live</th><th>cached</th><th>held by</th></tr>");
+    for sg in &t.segments {
+        let held: Vec<String> = sg
+            .holders
+            .iter()
+            .map(|h| format!("{} {}", bytes(h.bytes), h.site))
+            .collect();
+        let _ = write!(
+            out,
+            "<tr><td><code>{}</code></td><td class=n>{}</td><td class=n>{}</td><td class=n>{}</td><td>{}</td></tr>",
+            esc(&sg.addr),
+            bytes(sg.size),
+            bytes(sg.allocated),
+            bytes(sg.cached),
+            esc(&held.join("; "))
+        );
+    }
+    out.push_str("</table>");
 }
 
 /// The whole page for one or more traces.

@@ -42,9 +42,32 @@ pub fn trace(r: &TraceReport, out: &mut String) {
             f.describe()
         );
     }
+    for p in &r.pools {
+        pool(p, out);
+    }
     for d in &r.devices {
         device(d, out, end_note(r));
     }
+}
+
+/// The pool's last statistics on a device: what it holds and why.
+fn pool(p: &crate::analysis::report::PoolReport, out: &mut String) {
+    let budget = if p.budget == 0 {
+        "no budget".to_string()
+    } else {
+        format!("budget {}", bytes(p.budget))
+    };
+    let _ = writeln!(
+        out,
+        "pool on device {} (last record): reserved {} (peak {}, {budget}), live {}, cached {}, pending {}, {} pages given back",
+        p.device,
+        bytes(p.reserved),
+        bytes(p.peak_reserved),
+        bytes(p.live),
+        bytes(p.cached),
+        bytes(p.pending),
+        p.releases
+    );
 }
 
 /// Why what is live at the end of the trace is not what the process left allocated, if so.
@@ -110,7 +133,11 @@ fn device(d: &DeviceReport, out: &mut String, end_note: Option<String>) {
         );
     }
     if let Some(c) = d.cap {
-        let _ = writeln!(out, "  cap {}: {} refusals", bytes(c), d.refusals);
+        let by = d
+            .cap_source
+            .as_ref()
+            .map_or_else(String::new, |s| format!(" (set by {s})"));
+        let _ = writeln!(out, "  cap {}{by}: {} refusals", bytes(c), d.refusals);
     }
     if !d.calls.is_empty() {
         let _ = writeln!(out, "  calls:");
@@ -372,6 +399,9 @@ pub fn post_mortem(n: usize, pm: &PostMortem, out: &mut String) {
     }
     if let Some(c) = pm.cap {
         let _ = write!(state, "; cap {} (charged {})", bytes(c), bytes(pm.charged));
+        if let Some(s) = &pm.cap_source {
+            let _ = write!(state, ", set by {s}");
+        }
     }
     if let Some(t) = pm.device_total {
         let _ = write!(state, "; device {}", bytes(t));

@@ -9,6 +9,16 @@ pub fn exe() -> &'static str {
     env!("CARGO_BIN_EXE_vramshim")
 }
 
+/// Panics with the command to run when `libvramshim.so` is not built beside the command.
+pub fn built_library() {
+    let lib = Path::new(exe()).parent().unwrap().join("libvramshim.so");
+    assert!(
+        lib.is_file(),
+        "{} is not built: build the workspace first (cargo build --release --workspace, as scripts/test does)",
+        lib.display()
+    );
+}
+
 pub fn manifest_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }

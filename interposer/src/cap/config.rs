@@ -1,13 +1,18 @@
 //! The cap's configuration, parsed once from `VRAMSHIM_CAP`, `VRAMSHIM_SHARED`,
-//! `VRAMSHIM_CAP_CONTEXT` and `VRAMSHIM_CAP_FAULT`. Pure: the caller passes the lookup.
+//! `VRAMSHIM_CAP_CONTEXT` and `VRAMSHIM_CAP_FAULT`, and the limits other tools set
+//! ([`super::limits`]: their variables, and the cgroup's `dmem` files, read by the caller).
+//! Pure: the caller passes the lookup.
 
 use std::path::PathBuf;
 
 use vramshim_region::spec::{self, CapSpec};
+use vramshim_region::{CapValue, MAX_DEVICES};
+
+use super::limits::{self, DmemRegion};
 
 /// Whether the context's own memory counts against the cap (`VRAMSHIM_CAP_CONTEXT`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ContextMode {
+pub(crate) enum ContextMode {
     /// Default: the context's footprint is charged, so the process stays inside its share.
     Include,
     /// Only allocations are charged.
@@ -17,7 +22,7 @@ pub enum ContextMode {
 /// Test-only switches (`VRAMSHIM_CAP_FAULT`) that break one safety property on purpose, so
 /// the tests can show they catch it. Never set them in production.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Fault {
+pub(crate) enum Fault {
     None,
     /// The reservation becomes load/check/store instead of a CAS.
     RacyCharge,
@@ -52,11 +57,14 @@ pub enum Fault {
     /// A line left mid-claim by a dead member is never taken over: scans wait for it, then
     /// give up (the device is refused).
     NoClaimRecovery,
+    /// Other tools' limit variables and the kernel's dmem limits are ignored (the process
+    /// runs as if only `VRAMSHIM_*` existed).
+    IgnoreLimits,
 }
 
 /// What the variables asked for.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Settings {
+pub(crate) struct Settings {
     /// The caps from `VRAMSHIM_CAP` (all `None` when it is unset).
     pub spec: CapSpec,
     /// `VRAMSHIM_CAP` as given (None when unset).
@@ -68,11 +76,32 @@ pub struct Settings {
     /// is unusable), every device allocation is refused instead of falling back.
     pub strict: bool,
     pub fault: Fault,
+    /// What set each device's cap in `spec`, as messages name it (`VRAMSHIM_CAP="0.5"`,
+    /// `CUDA_DEVICE_MEMORY_LIMIT_0="256m"`); None where `spec` has no cap.
+    pub origin: [Option<String>; MAX_DEVICES],
+    /// Limits of other tools' variables that `VRAMSHIM_CAP` replaced (said at start).
+    pub replaced: Vec<String>,
+    /// The cgroup's dmem regions (hard limits bound the devices they name, whatever `spec`
+    /// says; mapped to devices by PCI address once the driver can tell).
+    pub dmem: Vec<DmemRegion>,
 }
 
+#[cfg(test)]
 /// Parses the variables. `None` = pass-through (nothing asked, or a bad value); the strings
 /// are the lines to print on stderr (one per problem).
-pub fn parse(get: &dyn Fn(&str) -> Option<String>, uid: u32) -> (Option<Settings>, Vec<String>) {
+pub(crate) fn parse(
+    get: &dyn Fn(&str) -> Option<String>,
+    uid: u32,
+) -> (Option<Settings>, Vec<String>) {
+    parse_with(get, uid, Vec::new())
+}
+
+/// [`parse`], with the cgroup's dmem regions (`limits::dmem`).
+pub(crate) fn parse_with(
+    get: &dyn Fn(&str) -> Option<String>,
+    uid: u32,
+    dmem: Vec<DmemRegion>,
+) -> (Option<Settings>, Vec<String>) {
     let mut lines = Vec::new();
     let nonempty = |k: &str| get(k).filter(|v| !v.trim().is_empty());
     let cap_text = nonempty("VRAMSHIM_CAP");
@@ -104,9 +133,10 @@ pub fn parse(get: &dyn Fn(&str) -> Option<String>, uid: u32) -> (Option<Settings
         Some("pool-live-bytes") => Fault::PoolLiveBytes,
         Some("die-claiming-line") => Fault::DieClaimingLine,
         Some("no-claim-recovery") => Fault::NoClaimRecovery,
+        Some("ignore-limits") => Fault::IgnoreLimits,
         Some(v) => {
             lines.push(format!(
-                "vramshim: VRAMSHIM_CAP_FAULT=\"{}\" is not valid (a test-only switch); accepted: racy-charge, no-reclaim, pid-only, ordinal-lines, squat-pass-through, slots-uncapped, requested-bytes, unchecked-context, async-uncharge, pool-live-bytes, die-claiming-line, no-claim-recovery; ignoring it",
+                "vramshim: VRAMSHIM_CAP_FAULT=\"{}\" is not valid (a test-only switch); accepted: racy-charge, no-reclaim, pid-only, ordinal-lines, squat-pass-through, slots-uncapped, requested-bytes, unchecked-context, async-uncharge, pool-live-bytes, die-claiming-line, no-claim-recovery, ignore-limits; ignoring it",
                 v.escape_debug()
             ));
             Fault::None
@@ -124,15 +154,56 @@ pub fn parse(get: &dyn Fn(&str) -> Option<String>, uid: u32) -> (Option<Settings
             true
         }
     };
-    let spec = match &cap_text {
+    let (vars, dmem) = if fault == Fault::IgnoreLimits {
+        (Default::default(), Vec::new())
+    } else {
+        (limits::from_env(get, &mut lines), dmem)
+    };
+    let has_vars = vars.iter().any(Option::is_some);
+    let has_kernel = dmem.iter().any(|r| r.max.is_some());
+    let mut origin: [Option<String>; MAX_DEVICES] = Default::default();
+    let mut replaced = Vec::new();
+    let mut cap_text = cap_text;
+    let spec = match cap_text.clone() {
         None => CapSpec::none(),
-        Some(t) => match spec::parse_cap(t) {
-            Ok(s) => s,
+        Some(t) => match spec::parse_cap(&t) {
+            Ok(s) => {
+                for (o, c) in origin.iter_mut().zip(&s.devices) {
+                    *o = c.map(|_| format!("VRAMSHIM_CAP=\"{}\"", t.trim().escape_debug()));
+                }
+                for l in vars.iter().flatten() {
+                    if !replaced.contains(&l.origin) {
+                        replaced.push(l.origin.clone());
+                    }
+                }
+                s
+            }
+            Err(reason) if has_vars || has_kernel => {
+                // Fail closed: the other limits set still bound the process.
+                lines.push(spec::cap_error_line(&t, &reason).replace(
+                    "running without a cap (pass-through)",
+                    "using the other limits set instead (docs/cap.md, \"Limits from other tools\")",
+                ));
+                cap_text = None;
+                CapSpec::none()
+            }
             Err(reason) => {
-                lines.push(spec::cap_error_line(t, &reason));
+                lines.push(spec::cap_error_line(&t, &reason));
                 return (None, lines);
             }
         },
+    };
+    let spec = if cap_text.is_none() && has_vars {
+        // The variables' caps, per device (bytes): one value for all devices when they agree.
+        let devices: [Option<CapValue>; MAX_DEVICES] =
+            std::array::from_fn(|d| vars[d].as_ref().map(|l| CapValue::Bytes(l.bytes)));
+        for (o, l) in origin.iter_mut().zip(&vars) {
+            *o = l.as_ref().map(|l| l.origin.clone());
+        }
+        let all = devices.iter().all(|c| c.is_some() && *c == devices[0]);
+        CapSpec { devices, all }
+    } else {
+        spec
     };
     let shared = match &shared_text {
         None => None,
@@ -148,7 +219,7 @@ pub fn parse(get: &dyn Fn(&str) -> Option<String>, uid: u32) -> (Option<Settings
             }
         },
     };
-    if cap_text.is_none() && shared.is_none() {
+    if cap_text.is_none() && shared.is_none() && !has_vars && !has_kernel {
         return (None, lines);
     }
     (
@@ -159,6 +230,9 @@ pub fn parse(get: &dyn Fn(&str) -> Option<String>, uid: u32) -> (Option<Settings
             context,
             strict,
             fault,
+            origin,
+            replaced,
+            dmem,
         }),
         lines,
     )
@@ -227,6 +301,64 @@ mod tests {
         assert!(s.is_none());
         assert_eq!(lines.len(), 1);
         assert!(lines[0].contains("VRAMSHIM_SHARED=\"a/b\""), "{}", lines[0]);
+    }
+
+    /// Other tools' variables alone make a cap (per device, the smallest, named); with
+    /// `VRAMSHIM_CAP` they are replaced (and listed as such); a bad `VRAMSHIM_CAP` falls back
+    /// to them; a kernel limit alone makes the settings exist (mapped at setup).
+    #[test]
+    fn limits_of_other_tools() {
+        let (s, lines) = run(&[
+            ("CUDA_DEVICE_MEMORY_LIMIT", "2g"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_1", "1g"),
+        ]);
+        assert!(lines.is_empty(), "{lines:?}");
+        let s = s.unwrap();
+        assert_eq!(s.cap_text, None);
+        assert_eq!(s.spec.get(0), Some(CapValue::Bytes(2 << 30)));
+        assert_eq!(s.spec.get(1), Some(CapValue::Bytes(1 << 30)));
+        assert!(!s.spec.all);
+        assert_eq!(
+            s.origin[1].as_deref(),
+            Some("CUDA_DEVICE_MEMORY_LIMIT_1=\"1g\"")
+        );
+        // One value for every device: the single-value form.
+        let (s, _) = run(&[("GPU_MEMORY_LIMIT", "1073741824")]);
+        let s = s.unwrap();
+        assert!(s.spec.all && s.spec.get(15) == Some(CapValue::Bytes(1 << 30)));
+
+        let (s, _) = run(&[("VRAMSHIM_CAP", "0.5"), ("GPU_MEMORY_LIMIT", "1g")]);
+        let s = s.unwrap();
+        assert_eq!(s.spec.get(0), Some(CapValue::Fraction(0.5)));
+        assert_eq!(s.origin[0].as_deref(), Some("VRAMSHIM_CAP=\"0.5\""));
+        assert_eq!(s.replaced, vec!["GPU_MEMORY_LIMIT=\"1g\"".to_string()]);
+
+        let (s, lines) = run(&[("VRAMSHIM_CAP", "1.5"), ("GPU_MEMORY_LIMIT", "1g")]);
+        let s = s.unwrap();
+        assert_eq!(s.spec.get(0), Some(CapValue::Bytes(1 << 30)));
+        assert_eq!(lines.len(), 1);
+        assert!(
+            lines[0].contains("using the other limits set instead"),
+            "{}",
+            lines[0]
+        );
+
+        let dmem = vec![DmemRegion {
+            region: "drm/0000:01:00.0/vram0".into(),
+            max: Some(1 << 30),
+            max_file: None,
+            min: None,
+        }];
+        let (s, _) = parse_with(&|_| None, 1000, dmem.clone());
+        let s = s.unwrap();
+        assert_eq!(s.spec, CapSpec::none());
+        assert_eq!(s.dmem, dmem);
+        // The fault switch drops them.
+        let (s, _) = run(&[
+            ("GPU_MEMORY_LIMIT", "1g"),
+            ("VRAMSHIM_CAP_FAULT", "ignore-limits"),
+        ]);
+        assert!(s.is_none());
     }
 
     #[test]

@@ -34,7 +34,7 @@ fn with_init(mut call: impl FnMut() -> c_int) -> bool {
 }
 
 /// Real total memory of `device`.
-pub fn total(device: i32) -> Option<u64> {
+pub(crate) fn total(device: i32) -> Option<u64> {
     let f = real::cuDeviceTotalMem_v2()?;
     let mut bytes: usize = 0;
     // SAFETY: bytes is a valid out-pointer; the driver checks the ordinal.
@@ -43,7 +43,7 @@ pub fn total(device: i32) -> Option<u64> {
 }
 
 /// Number of devices the process sees.
-pub fn count() -> Option<i32> {
+pub(crate) fn count() -> Option<i32> {
     let a = real::driver_symbol(c"cuDeviceGetCount");
     if a == 0 {
         return None;
@@ -59,7 +59,7 @@ pub fn count() -> Option<i32> {
 type PfnCuDeviceGetUuid = unsafe extern "C" fn(*mut [u8; 16], c_int) -> c_int;
 
 /// The device's UUID (`cuDeviceGetUuid_v2`: a MIG instance's own; else `cuDeviceGetUuid`).
-pub fn uuid(device: i32) -> Option<[u8; 16]> {
+pub(crate) fn uuid(device: i32) -> Option<[u8; 16]> {
     let a = match real::driver_symbol(c"cuDeviceGetUuid_v2") {
         0 => real::driver_symbol(c"cuDeviceGetUuid"),
         a => a,
@@ -75,9 +75,35 @@ pub fn uuid(device: i32) -> Option<[u8; 16]> {
     with_init(|| unsafe { f(&mut id, device) }).then_some(id)
 }
 
+type PfnCuDeviceGetPciBusId = unsafe extern "C" fn(*mut std::ffi::c_char, c_int, c_int) -> c_int;
+
+/// The device's PCI address as the driver writes it (`0000:01:00.0`), for matching the
+/// cgroup's dmem regions.
+pub fn pci_bus_id(device: i32) -> Option<String> {
+    let a = real::driver_symbol(c"cuDeviceGetPCIBusId");
+    if a == 0 {
+        return None;
+    }
+    // SAFETY: `a` is the driver's cuDeviceGetPCIBusId, whose ABI is PfnCuDeviceGetPciBusId.
+    let f = unsafe { std::mem::transmute::<usize, PfnCuDeviceGetPciBusId>(a) };
+    let mut buf = [0 as std::ffi::c_char; 32];
+    // SAFETY: buf is a valid out-buffer of the length passed; the driver checks the ordinal
+    // and writes a NUL-terminated string of at most that length.
+    let ok = with_init(|| unsafe { f(buf.as_mut_ptr(), buf.len() as c_int, device) });
+    if !ok {
+        return None;
+    }
+    let bytes: Vec<u8> = buf
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    String::from_utf8(bytes).ok()
+}
+
 /// Whether `stream` or the legacy stream is capturing, or the driver cannot say (an error
 /// counts as capturing: never synchronize when unsure). False without the query.
-pub fn capturing(stream: u64) -> bool {
+pub(crate) fn capturing(stream: u64) -> bool {
     let Some(query) = real::cuStreamIsCapturing() else {
         return false;
     };
@@ -111,7 +137,7 @@ type PfnNvmlProcesses =
 /// `None` when NVML is missing, or does not list this process (a pid namespace NVML does not
 /// see into, or no context yet). The NVML device is the one with the CUDA device's PCI bus id
 /// (NVML ignores `CUDA_VISIBLE_DEVICES`, so its index is not the CUDA ordinal).
-pub fn process_used(device: i32) -> Option<u64> {
+pub(crate) fn process_used(device: i32) -> Option<u64> {
     let h = nvml_handle()?;
     let sym = |n: &std::ffi::CStr| real::dlsym_real(h, n) as usize;
     let init = sym(c"nvmlInit_v2");
@@ -183,7 +209,7 @@ fn nvml_handle() -> Option<*mut std::ffi::c_void> {
 /// underway on `stream` or the legacy stream (synchronizing then would break the capture;
 /// an error of the query counts as a capture), when `device` is not the current context's,
 /// or when the driver lacks a function.
-pub fn settle_pools(device: i32, stream: u64) -> Option<u64> {
+pub(crate) fn settle_pools(device: i32, stream: u64) -> Option<u64> {
     real::cuStreamIsCapturing()?;
     let get_device = real::cuCtxGetDevice()?;
     let sync = real::cuCtxSynchronize()?;

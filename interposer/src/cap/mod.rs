@@ -27,8 +27,9 @@
 //!   [`set_device_queries`] replaces those queries.
 //! - [`on_fork_child`] in the atfork child handler.
 
-pub mod config;
+pub(crate) mod config;
 mod driver;
+pub mod limits;
 mod packed;
 mod pages;
 
@@ -45,14 +46,14 @@ use vramshim_region::{
 };
 use vramshim_trace::Api;
 
-pub use config::{ContextMode, Fault, Settings};
-pub use pages::{
+pub(crate) use config::{ContextMode, Fault, Settings};
+pub(crate) use pages::{
     charge_pool_page, charges_pool_pages, clear_pool_refusal, take_pool_refusal, uncharge_pool_page,
 };
 
 /// Why a request was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Refusal {
+pub(crate) struct Refusal {
     pub in_use: u64,
     pub cap: u64,
 }
@@ -60,7 +61,7 @@ pub struct Refusal {
 /// How the cap learns about the devices: `total(device)` = real total memory,
 /// `count()` = number of devices the process sees. `None` = not known (yet).
 #[derive(Clone, Copy)]
-pub struct DeviceQueries {
+pub(crate) struct DeviceQueries {
     pub total: fn(i32) -> Option<u64>,
     pub count: fn() -> Option<i32>,
     /// Device memory the process holds on a device per the driver's own accounting (NVML
@@ -89,7 +90,7 @@ fn no_pools(_: i32, _: u64) -> Option<u64> {
 }
 
 impl DeviceQueries {
-    pub const UNKNOWN: DeviceQueries = DeviceQueries {
+    pub(crate) const UNKNOWN: DeviceQueries = DeviceQueries {
         total: unknown_total,
         count: unknown_count,
         process_used: unknown_total,
@@ -115,13 +116,13 @@ const RECLAIM_EVERY_NS: u64 = 5_000_000;
 /// The charge a live-table entry records for a packed (sub-page) allocation: its page is
 /// charged through [`Cap::packed`] instead. Never a real charge (those are whole pages or
 /// VMM sizes, or the requested bytes, which are never `u64::MAX`).
-pub const PACKED_CHARGE: u64 = u64::MAX;
+pub(crate) const PACKED_CHARGE: u64 = u64::MAX;
 /// Tries at the packed-page table's lock before charging a packed allocation its own page
 /// instead (over-counts, never blocks an allocation behind a busy table).
 const PACKED_LOCK_TRIES: u32 = 64;
 
 /// One cap instance (the process has one, [`global`]; tests make their own).
-pub struct Cap {
+pub(crate) struct Cap {
     settings: Settings,
     queries: &'static OnceLock<DeviceQueries>,
     log: fn(&str),
@@ -159,6 +160,10 @@ pub struct Cap {
     /// said once; the device runs uncapped until a total is known.
     unresolved_said: [AtomicBool; MAX_DEVICES],
     last_reclaim_ns: AtomicU64,
+    /// The kernel's limit of each device (cgroup `dmem.max` of the region at its PCI
+    /// address), mapped at setup; and per device whether it, not `spec`, bound the cap.
+    kernel: OnceLock<Vec<Option<limits::Limit>>>,
+    kernel_binds: [AtomicBool; MAX_DEVICES],
 }
 
 fn device_index(device: i32) -> Option<usize> {
@@ -186,7 +191,7 @@ fn mono_ns() -> u64 {
 }
 
 impl Cap {
-    pub fn new(
+    pub(crate) fn new(
         settings: Settings,
         queries: &'static OnceLock<DeviceQueries>,
         log: fn(&str),
@@ -215,6 +220,8 @@ impl Cap {
             last_slot_try_ns: AtomicU64::new(0),
             unresolved_said: [const { AtomicBool::new(false) }; MAX_DEVICES],
             last_reclaim_ns: AtomicU64::new(0),
+            kernel: OnceLock::new(),
+            kernel_binds: [const { AtomicBool::new(false) }; MAX_DEVICES],
         }
     }
 
@@ -227,7 +234,7 @@ impl Cap {
 
     /// True when the cap is active (set up on first use); false = pass-through.
     #[inline]
-    pub fn ready(&self) -> bool {
+    pub(crate) fn ready(&self) -> bool {
         match self.status.load(Acquire) {
             SETUP_ACTIVE => true,
             SETUP_OFF => false,
@@ -277,7 +284,10 @@ impl Cap {
                 theirs
             }
         };
+        // (Other tools' per-device variables past the devices the process sees are ignored,
+        // as HAMi-core ignores them; only a VRAMSHIM_CAP list is checked.)
         if let Some(high) = spec.highest_listed()
+            && (self.settings.cap_text.is_some() || self.settings.shared.is_some())
             && let Some(count) = (self.queries().count)()
             && high >= usize::try_from(count).unwrap_or(0)
         {
@@ -289,8 +299,153 @@ impl Cap {
             ));
             return false;
         }
+        let spec = self.with_kernel_limits(spec);
+        self.announce_source(&spec);
         let _ = self.spec.set(spec);
         true
+    }
+
+    /// Maps the cgroup's dmem regions to the devices (by PCI address) and folds their hard
+    /// limits into `spec`: a device the variables leave uncapped gets the kernel's limit; a
+    /// capped one keeps its value, bounded by the kernel's at resolution.
+    fn with_kernel_limits(&self, mut spec: CapSpec) -> CapSpec {
+        let kernel = self.kernel.get_or_init(|| {
+            if !self.settings.dmem.iter().any(|r| r.max.is_some()) {
+                return Vec::new();
+            }
+            let count = (self.queries().count)()
+                .unwrap_or(0)
+                .clamp(0, MAX_DEVICES as i32);
+            (0..count)
+                .map(|d| {
+                    let addr = driver::pci_bus_id(d).and_then(|b| limits::pci_addr(&b))?;
+                    self.settings
+                        .dmem
+                        .iter()
+                        .filter(|r| limits::pci_addr(&r.region) == Some(addr))
+                        .filter_map(limits::DmemRegion::limit)
+                        .min_by_key(|l| l.bytes)
+                })
+                .collect()
+        });
+        for (d, k) in kernel.iter().enumerate() {
+            if let Some(k) = k
+                && spec.devices[d].is_none()
+            {
+                spec.devices[d] = Some(vramshim_region::CapValue::Bytes(k.bytes.max(1)));
+                spec.all = false;
+            }
+        }
+        spec
+    }
+
+    /// The kernel's limit of device `d`, if any.
+    fn kernel_limit(&self, d: usize) -> Option<&limits::Limit> {
+        self.kernel.get()?.get(d)?.as_ref()
+    }
+
+    /// `v` (the cap `spec` gives device `d`) bounded by the kernel's limit; remembers which
+    /// bound, for messages.
+    fn bounded_by_kernel(&self, d: usize, v: u64) -> u64 {
+        match self.kernel_limit(d) {
+            Some(k) if k.bytes < v || self.settings.origin[d].is_none() => {
+                self.kernel_binds[d].store(true, Relaxed);
+                k.bytes.min(v)
+            }
+            _ => v,
+        }
+    }
+
+    /// What set device `d`'s cap, as messages name it.
+    fn bound_by(&self, d: usize) -> String {
+        if self.kernel_binds[d].load(Relaxed)
+            && let Some(k) = self.kernel_limit(d)
+        {
+            return k.origin.clone();
+        }
+        match (&self.settings.origin[d], &self.settings.cap_text) {
+            (Some(o), _) => o.clone(),
+            (None, Some(t)) => format!("VRAMSHIM_CAP=\"{}\"", t.escape_debug()),
+            (None, None) => "no limit".into(),
+        }
+    }
+
+    /// One line, when the cap is set up, saying where it came from: at `warn` when anything
+    /// but `VRAMSHIM_CAP` is involved (another tool's variable, a kernel limit, or variables
+    /// that `VRAMSHIM_CAP` replaced), else at `info`.
+    fn announce_source(&self, spec: &CapSpec) {
+        let s = &self.settings;
+        let mut parts: Vec<String> = Vec::new();
+        let mut seen: Vec<&str> = Vec::new();
+        for (d, o) in s.origin.iter().enumerate() {
+            let Some(o) = o else { continue };
+            if !seen.contains(&o.as_str()) {
+                seen.push(o);
+                let devs: Vec<String> = s
+                    .origin
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, x)| x.as_deref() == Some(o.as_str()))
+                    .map(|(i, _)| i.to_string())
+                    .collect();
+                let which = if devs.len() == MAX_DEVICES {
+                    "every device".to_string()
+                } else {
+                    format!("device {}", devs.join(", "))
+                };
+                let value = spec.devices[d].map_or_else(String::new, |v| format!(" = {v}"));
+                parts.push(format!("{o}{value} on {which}"));
+            }
+        }
+        let mut kernel_said = false;
+        for (d, k) in self.kernel.get().into_iter().flatten().enumerate() {
+            if let Some(k) = k {
+                kernel_said = true;
+                parts.push(format!("{} bounds device {d}", k.origin));
+            }
+        }
+        for r in &s.dmem {
+            let mapped = self
+                .kernel
+                .get()
+                .is_some_and(|v| v.iter().flatten().any(|k| k.origin.contains(&r.region)));
+            if r.max.is_some() && !mapped {
+                kernel_said = true;
+                parts.push(format!(
+                    "cgroup dmem.max region {} matches no device of this process (not applied)",
+                    r.region
+                ));
+            }
+            if let Some(m) = r.min {
+                kernel_said = true;
+                parts.push(format!(
+                    "cgroup dmem.min {} {} (protected, not a bound)",
+                    r.region,
+                    human_bytes(m)
+                ));
+            }
+        }
+        if !s.replaced.is_empty() {
+            parts.push(format!("VRAMSHIM_CAP replaces {}", s.replaced.join(", ")));
+        }
+        if parts.is_empty() {
+            return;
+        }
+        let line = format!(
+            "vramshim: cap from {}; the smallest bound applies",
+            parts.join("; ")
+        );
+        let loud = kernel_said
+            || !s.replaced.is_empty()
+            || s.origin
+                .iter()
+                .flatten()
+                .any(|o| !o.starts_with("VRAMSHIM_CAP="));
+        if loud {
+            (self.log)(&line);
+        } else {
+            crate::info!("{}", line.strip_prefix("vramshim: ").unwrap_or(&line));
+        }
     }
 
     /// The shared region cannot be used (squatted by another user, foreign, corrupt, of
@@ -323,13 +478,27 @@ impl Cap {
             let _ = self.spec.set(spec);
             return true;
         }
-        match &self.settings.cap_text {
+        let own = match &self.settings.cap_text {
+            Some(t) => Some(format!("VRAMSHIM_CAP=\"{}\"", t.escape_debug())),
+            // Another tool's variables gave the process a cap of its own.
+            None => {
+                let mut o: Vec<&str> = Vec::new();
+                for x in self.settings.origin.iter().flatten() {
+                    if !o.contains(&x.as_str()) {
+                        o.push(x);
+                    }
+                }
+                (!o.is_empty()).then(|| o.join(", "))
+            }
+        };
+        match own {
             Some(t) => {
                 (self.log)(&format!(
-                    "{head}; this process keeps its own cap VRAMSHIM_CAP=\"{}\" (not shared with the group; VRAMSHIM_CAP_STRICT=1 refuses allocations instead)",
-                    t.escape_debug()
+                    "{head}; this process keeps its own cap {t} (not shared with the group; VRAMSHIM_CAP_STRICT=1 refuses allocations instead)"
                 ));
-                let _ = self.spec.set(self.settings.spec.clone());
+                let _ = self
+                    .spec
+                    .set(self.with_kernel_limits(self.settings.spec.clone()));
                 true
             }
             None => {
@@ -356,7 +525,7 @@ impl Cap {
     }
 
     /// Whether `device` has a cap.
-    pub fn is_capped(&self, device: i32) -> bool {
+    pub(crate) fn is_capped(&self, device: i32) -> bool {
         self.ready() && self.effective_spec().get(device).is_some()
     }
 
@@ -375,14 +544,14 @@ impl Cap {
         use vramshim_region::CapValue;
         let v = match self.effective_spec().devices[d] {
             None => MAX_BYTES,
-            Some(CapValue::Bytes(b)) => b.min(MAX_BYTES),
+            Some(CapValue::Bytes(b)) => self.bounded_by_kernel(d, b.min(MAX_BYTES)),
             Some(c @ CapValue::Fraction(_)) => {
                 match real_total
                     .filter(|&t| t > 0)
                     .or_else(|| (self.queries().total)(d as i32))
                 {
                     Some(t) => {
-                        let v = c.resolve(t).min(MAX_BYTES);
+                        let v = self.bounded_by_kernel(d, c.resolve(t).min(MAX_BYTES));
                         if v == 0 && !self.unresolved_said[d].swap(true, Relaxed) {
                             // A share so small it rounds to nothing: enforced (every
                             // allocation refused), but never silently.
@@ -407,7 +576,7 @@ impl Cap {
                                 self.cap_source_text(spec).escape_debug()
                             ));
                         }
-                        return MAX_BYTES;
+                        return self.kernel_limit(d).map_or(MAX_BYTES, |k| k.bytes);
                     }
                 }
             }
@@ -417,7 +586,7 @@ impl Cap {
     }
 
     /// Tells the cap the real total memory of `device` (resolves a fraction cap).
-    pub fn note_device_total(&self, device: i32, real_total: u64) {
+    pub(crate) fn note_device_total(&self, device: i32, real_total: u64) {
         if let Some(d) = device_index(device)
             && real_total > 0
             && self.ready()
@@ -428,7 +597,7 @@ impl Cap {
     }
 
     /// Bytes charged on `device`: this process's (private cap) or the whole group's (shared).
-    pub fn in_use(&self, device: i32) -> u64 {
+    pub(crate) fn in_use(&self, device: i32) -> u64 {
         let Some(d) = device_index(device) else {
             return 0;
         };
@@ -573,7 +742,7 @@ impl Cap {
     /// Reserve `bytes` on `device` for a request coming through `api` (bytes as given: see
     /// [`Cap::charge_alloc`] for an allocation's footprint).
     #[inline]
-    pub fn try_charge(&self, device: i32, bytes: u64, api: Api) -> Result<(), Refusal> {
+    pub(crate) fn try_charge(&self, device: i32, bytes: u64, api: Api) -> Result<(), Refusal> {
         self.try_charge_on(device, bytes, api, 0)
     }
 
@@ -581,7 +750,7 @@ impl Cap {
     /// refusal, the driver's pools give back what they cache of freed stream-ordered blocks
     /// (never while `stream` captures).
     #[inline]
-    pub fn try_charge_on(
+    pub(crate) fn try_charge_on(
         &self,
         device: i32,
         bytes: u64,
@@ -687,23 +856,25 @@ impl Cap {
         true
     }
 
+    #[cfg(test)]
     /// Charges of freed stream-ordered allocations still held on `device` (see
     /// [`Cap::uncharge_freed`]).
-    pub fn pool_cached(&self, device: i32) -> u64 {
+    pub(crate) fn pool_cached(&self, device: i32) -> u64 {
         device_index(device).map_or(0, |d| self.pool_cached[d].load(Relaxed))
     }
 
+    #[cfg(test)]
     /// Reserves what an allocation of `size` bytes through `api` will cost the device (its
     /// footprint; a packed one may need a page of its own). Returns the charge to hand to
     /// [`Cap::settle_alloc`] once the allocation is made (or to [`Cap::uncharge`] if it fails).
     #[inline]
-    pub fn charge_alloc(&self, device: i32, size: u64, api: Api) -> Result<u64, Refusal> {
+    pub(crate) fn charge_alloc(&self, device: i32, size: u64, api: Api) -> Result<u64, Refusal> {
         self.charge_alloc_on(device, size, api, 0)
     }
 
     /// [`Cap::charge_alloc`] for a request on `stream` (see [`Cap::try_charge_on`]).
     #[inline]
-    pub fn charge_alloc_on(
+    pub(crate) fn charge_alloc_on(
         &self,
         device: i32,
         size: u64,
@@ -718,7 +889,7 @@ impl Cap {
     /// [`Cap::charge_alloc_on`], where a refusal first asks `release_cached` to give back
     /// memory charged but not in use (true: some was) and tries once more; only the final
     /// refusal is reported.
-    pub fn charge_alloc_or(
+    pub(crate) fn charge_alloc_or(
         &self,
         device: i32,
         size: u64,
@@ -754,7 +925,14 @@ impl Cap {
     /// `size` bytes (more than asked for a pitched one): settles the charge to its footprint
     /// and returns what the live table records (to give back with [`Cap::uncharge_entry`]).
     /// A packed allocation in a page this process already pays for gives its page back.
-    pub fn settle_alloc(&self, device: i32, addr: u64, size: u64, charged: u64, api: Api) -> u64 {
+    pub(crate) fn settle_alloc(
+        &self,
+        device: i32,
+        addr: u64,
+        size: u64,
+        charged: u64,
+        api: Api,
+    ) -> u64 {
         if charged == 0 {
             return 0;
         }
@@ -795,7 +973,7 @@ impl Cap {
 
     /// Gives back what a live-table entry recorded ([`Cap::settle_alloc`]) for the allocation
     /// at `addr`: a packed one frees its page's charge when it was the page's last.
-    pub fn uncharge_entry(&self, device: i32, addr: u64, charged: u64) {
+    pub(crate) fn uncharge_entry(&self, device: i32, addr: u64, charged: u64) {
         self.uncharge_freed(device, addr, charged, false);
     }
 
@@ -803,7 +981,13 @@ impl Cap {
     /// driver memory pool (`cudaMallocAsync` & co.), which may keep the block cached after
     /// the free: its charge moves to the device's pool-cached charge instead of going back
     /// (given back when the cap would refuse and the pools are emptied).
-    pub fn uncharge_freed(&self, device: i32, addr: u64, charged: u64, stream_ordered: bool) {
+    pub(crate) fn uncharge_freed(
+        &self,
+        device: i32,
+        addr: u64,
+        charged: u64,
+        stream_ordered: bool,
+    ) {
         let give_back = |bytes: u64| match device_index(device) {
             Some(d)
                 if stream_ordered
@@ -890,14 +1074,23 @@ impl Cap {
                 .as_ref()
                 .filter(|_| self.region.get().is_some())
             {
-                None => format!(
-                    "VRAMSHIM_CAP=\"{}\"",
-                    self.settings
-                        .cap_text
-                        .as_deref()
-                        .unwrap_or("")
-                        .escape_debug()
-                ),
+                None => self.bound_by(d),
+                Some(_) if self.kernel_binds[d].load(Relaxed) => self.bound_by(d),
+                // The group's cap came from this process's own limits of another tool.
+                Some((name, _))
+                    if self.settings.cap_text.is_none()
+                        && self.settings.origin[d].is_some()
+                        && self
+                            .region
+                            .get()
+                            .is_some_and(|r| r.caps() == self.settings.spec) =>
+                {
+                    format!(
+                        "{} of the budget shared by VRAMSHIM_SHARED=\"{}\"",
+                        self.bound_by(d),
+                        name.escape_debug()
+                    )
+                }
                 Some((name, _)) => format!(
                     "VRAMSHIM_CAP=\"{}\" of the budget shared by VRAMSHIM_SHARED=\"{}\"",
                     self.region.get().map(|r| r.cap_text()).unwrap_or_default(),
@@ -918,7 +1111,7 @@ impl Cap {
 
     /// Give back a reservation made by `try_charge`.
     #[inline]
-    pub fn uncharge(&self, device: i32, bytes: u64) {
+    pub(crate) fn uncharge(&self, device: i32, bytes: u64) {
         if bytes == 0 || self.status.load(Acquire) != SETUP_ACTIVE {
             return;
         }
@@ -941,7 +1134,12 @@ impl Cap {
     /// `(free, total)` for a memory-information query: total = cap (at most the real
     /// total), free = cap - in use, clamped to [0, real free].
     #[inline]
-    pub fn adjust_meminfo(&self, device: i32, real_free: u64, real_total: u64) -> (u64, u64) {
+    pub(crate) fn adjust_meminfo(
+        &self,
+        device: i32,
+        real_free: u64,
+        real_total: u64,
+    ) -> (u64, u64) {
         let Some(total) = self.capped_total(device, real_total) else {
             return (real_free, real_total);
         };
@@ -973,13 +1171,19 @@ impl Cap {
 
     /// Total memory to report for `device` (`cuDeviceTotalMem_v2`, `totalGlobalMem`).
     #[inline]
-    pub fn total_for(&self, device: i32, real_total: u64) -> u64 {
+    pub(crate) fn total_for(&self, device: i32, real_total: u64) -> u64 {
         self.capped_total(device, real_total).unwrap_or(real_total)
     }
 
     /// NVML `nvmlMemory_t` (total, free, used): total = cap, free as in
     /// [`Cap::adjust_meminfo`], used = total - free (so free + used = total, as NVML has it).
-    pub fn nvml_adjust(&self, device: i32, total: u64, free: u64, used: u64) -> (u64, u64, u64) {
+    pub(crate) fn nvml_adjust(
+        &self,
+        device: i32,
+        total: u64,
+        free: u64,
+        used: u64,
+    ) -> (u64, u64, u64) {
         let Some(t) = self.capped_total(device, total) else {
             return (total, free, used);
         };
@@ -989,7 +1193,7 @@ impl Cap {
 
     /// NVML `nvmlMemory_v2_t` (total, reserved, free, used): as [`Cap::nvml_adjust`], with the
     /// reserved part kept (at most what is not free) and used = total - reserved - free.
-    pub fn nvml_adjust_v2(
+    pub(crate) fn nvml_adjust_v2(
         &self,
         device: i32,
         total: u64,
@@ -1010,7 +1214,7 @@ impl Cap {
     /// refused (the context exists already); it only lowers what allocations may take.
     /// Charged once per context lifetime: a first-touch measurement that got there first
     /// wins, and [`Cap::on_context_destroyed`] starts a new lifetime.
-    pub fn on_context_created(&self, device: i32, free_before: u64, free_after: u64) {
+    pub(crate) fn on_context_created(&self, device: i32, free_before: u64, free_after: u64) {
         let Some(d) = device_index(device) else {
             return;
         };
@@ -1115,7 +1319,7 @@ impl Cap {
     }
 
     /// The context of `device` is gone: give its footprint back.
-    pub fn on_context_destroyed(&self, device: i32) {
+    pub(crate) fn on_context_destroyed(&self, device: i32) {
         if let Some(d) = device_index(device) {
             let fp = self.ctx_charged[d].swap(0, Relaxed);
             self.uncharge(device, fp);
@@ -1128,12 +1332,12 @@ impl Cap {
     }
 
     /// The context footprint charged on `device`.
-    pub fn context_charged(&self, device: i32) -> u64 {
+    pub(crate) fn context_charged(&self, device: i32) -> u64 {
         device_index(device).map_or(0, |d| self.ctx_charged[d].load(Relaxed))
     }
 
     /// In a forked child: the child holds nothing yet and gets its own slot on first charge.
-    pub fn on_fork_child(&self) {
+    pub(crate) fn on_fork_child(&self) {
         self.slot.store(NO_SLOT, Relaxed);
         for d in 0..MAX_DEVICES {
             self.private_used[d].store(0, Relaxed);
@@ -1168,10 +1372,19 @@ fn build_global() -> Option<Cap> {
         .unwrap_or(0);
     // Lossy: a value that is not UTF-8 is then reported as not valid (with the accepted
     // forms) instead of reading as unset.
-    let (settings, lines) = config::parse(
-        &|k| crate::config::raw(k).map(|v| String::from_utf8_lossy(v).into_owned()),
-        uid,
-    );
+    let get = |k: &str| crate::config::raw(k).map(|v| String::from_utf8_lossy(v).into_owned());
+    // The kernel's limits: the dmem files of this process's cgroup (a few small reads).
+    // VRAMSHIM_CGROUP_ROOT (tests) stands in for the cgroup v2 mount.
+    let root = get("VRAMSHIM_CGROUP_ROOT")
+        .filter(|v| !v.trim().is_empty())
+        .map_or_else(
+            || std::path::PathBuf::from("/sys/fs/cgroup"),
+            |v| std::path::PathBuf::from(v.trim()),
+        );
+    let dmem = limits::own_cgroup()
+        .map(|cg| limits::dmem(&root, &cg))
+        .unwrap_or_default();
+    let (settings, lines) = config::parse_with(&get, uid, dmem);
     for l in &lines {
         stderr_line(l);
     }
@@ -1187,8 +1400,58 @@ fn build_global() -> Option<Cap> {
 
 /// The process's cap (None = pass-through).
 #[inline]
-pub fn global() -> Option<&'static Cap> {
+pub(crate) fn global() -> Option<&'static Cap> {
     GLOBAL.get_or_init(build_global).as_ref()
+}
+
+/// The limits in force, for the trace header's configuration (`cap.limit` entries, one per
+/// source: `devices=all|0,1|pci:0000:01:00.0 bytes=N|fraction=F source=TEXT`), so that the
+/// analyzer names the source of a refusal's cap (the one whose value it is).
+pub fn trace_config() -> Vec<(String, String)> {
+    let Some(cap) = global() else {
+        return Vec::new();
+    };
+    let s = &cap.settings;
+    let mut out: Vec<(String, String)> = Vec::new();
+    let mut seen: Vec<&str> = Vec::new();
+    for o in s.origin.iter().flatten() {
+        if seen.contains(&o.as_str()) {
+            continue;
+        }
+        seen.push(o);
+        let devs: Vec<usize> = (0..MAX_DEVICES)
+            .filter(|&d| s.origin[d].as_deref() == Some(o.as_str()))
+            .collect();
+        let devices = if devs.len() == MAX_DEVICES {
+            "all".to_string()
+        } else {
+            devs.iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let value = match s.spec.devices[devs[0]] {
+            Some(vramshim_region::CapValue::Bytes(b)) => format!("bytes={b}"),
+            Some(vramshim_region::CapValue::Fraction(f)) => format!("fraction={f}"),
+            None => continue,
+        };
+        out.push((
+            "cap.limit".into(),
+            format!("devices={devices} {value} source={o}"),
+        ));
+    }
+    for r in &s.dmem {
+        if let (Some(l), Some(a)) = (r.limit(), limits::pci_addr(&r.region)) {
+            out.push((
+                "cap.limit".into(),
+                format!(
+                    "devices=pci:{:04x}:{:02x}:{:02x}.{:x} bytes={} source={}",
+                    a.0, a.1, a.2, a.3, l.bytes, l.origin
+                ),
+            ));
+        }
+    }
+    out
 }
 
 /// The cap of `device` in bytes as enforced now, for the node registry (None: uncapped, no
@@ -1207,18 +1470,12 @@ pub fn device_uuid(device: i32) -> Option<[u8; 16]> {
 }
 
 /// Called once at load: parses the variables and prints one line per bad value.
-pub fn init() {
+pub(crate) fn init() {
     let _ = global();
 }
 
-/// Replaces the device total / count queries (default: the real driver). Call it before the
-/// first charge.
-pub fn set_device_queries(q: DeviceQueries) {
-    let _ = QUERIES.set(q);
-}
-
 /// Called in a forked child before it does anything else.
-pub fn on_fork_child() {
+pub(crate) fn on_fork_child() {
     if let Some(c) = GLOBAL.get().and_then(Option::as_ref) {
         c.on_fork_child();
     }
@@ -1226,7 +1483,7 @@ pub fn on_fork_child() {
 
 /// Reserve `bytes` on `device` for a request coming through `api`.
 #[inline]
-pub fn try_charge(device: i32, bytes: u64, api: Api) -> Result<(), Refusal> {
+pub(crate) fn try_charge(device: i32, bytes: u64, api: Api) -> Result<(), Refusal> {
     match global() {
         Some(c) => c.try_charge(device, bytes, api),
         None => Ok(()),
@@ -1237,7 +1494,7 @@ pub fn try_charge(device: i32, bytes: u64, api: Api) -> Result<(), Refusal> {
 /// [`Cap::charge_alloc`]); `Ok(0)` when there is no cap.
 /// `stream`: the request's (0 for the legacy stream, and for requests with none).
 #[inline]
-pub fn charge_alloc(device: i32, size: u64, api: Api, stream: u64) -> Result<u64, Refusal> {
+pub(crate) fn charge_alloc(device: i32, size: u64, api: Api, stream: u64) -> Result<u64, Refusal> {
     match global() {
         Some(c) => c.charge_alloc_on(device, size, api, stream),
         None => Ok(0),
@@ -1247,7 +1504,7 @@ pub fn charge_alloc(device: i32, size: u64, api: Api, stream: u64) -> Result<u64
 /// [`charge_alloc`], where a refusal first asks `release_cached` to give back memory that is
 /// charged but not in use (the pool's cached pages; true: some was) and tries once more.
 #[inline]
-pub fn charge_alloc_or(
+pub(crate) fn charge_alloc_or(
     device: i32,
     size: u64,
     api: Api,
@@ -1262,13 +1519,13 @@ pub fn charge_alloc_or(
 
 /// Whether `stream` (or the legacy stream) is capturing, or the driver cannot say: nothing
 /// may synchronize the device then.
-pub fn stream_capturing(stream: u64) -> bool {
+pub(crate) fn stream_capturing(stream: u64) -> bool {
     driver::capturing(stream)
 }
 
 /// Settle a charge once the allocation is made (see [`Cap::settle_alloc`]).
 #[inline]
-pub fn settle_alloc(device: i32, addr: u64, size: u64, charged: u64, api: Api) -> u64 {
+pub(crate) fn settle_alloc(device: i32, addr: u64, size: u64, charged: u64, api: Api) -> u64 {
     match global() {
         Some(c) => c.settle_alloc(device, addr, size, charged, api),
         None => charged,
@@ -1277,7 +1534,7 @@ pub fn settle_alloc(device: i32, addr: u64, size: u64, charged: u64, api: Api) -
 
 /// Give back what a live-table entry recorded for the allocation at `addr`.
 #[inline]
-pub fn uncharge_entry(device: i32, addr: u64, charged: u64) {
+pub(crate) fn uncharge_entry(device: i32, addr: u64, charged: u64) {
     if let Some(c) = global() {
         c.uncharge_entry(device, addr, charged);
     }
@@ -1286,7 +1543,7 @@ pub fn uncharge_entry(device: i32, addr: u64, charged: u64) {
 /// Give back what a live-table entry recorded for the freed allocation at `addr`;
 /// `stream_ordered`: it came from a driver memory pool (see [`Cap::uncharge_freed`]).
 #[inline]
-pub fn uncharge_freed(device: i32, addr: u64, charged: u64, stream_ordered: bool) {
+pub(crate) fn uncharge_freed(device: i32, addr: u64, charged: u64, stream_ordered: bool) {
     if let Some(c) = global() {
         c.uncharge_freed(device, addr, charged, stream_ordered);
     }
@@ -1294,7 +1551,7 @@ pub fn uncharge_freed(device: i32, addr: u64, charged: u64, stream_ordered: bool
 
 /// Give back a reservation made by `try_charge`.
 #[inline]
-pub fn uncharge(device: i32, bytes: u64) {
+pub(crate) fn uncharge(device: i32, bytes: u64) {
     if let Some(c) = global() {
         c.uncharge(device, bytes);
     }
@@ -1302,7 +1559,7 @@ pub fn uncharge(device: i32, bytes: u64) {
 
 /// What a memory-information query should answer given the real numbers: `(free, total)`.
 #[inline]
-pub fn adjust_meminfo(device: i32, real_free: u64, real_total: u64) -> (u64, u64) {
+pub(crate) fn adjust_meminfo(device: i32, real_free: u64, real_total: u64) -> (u64, u64) {
     match global() {
         Some(c) => c.adjust_meminfo(device, real_free, real_total),
         None => (real_free, real_total),
@@ -1311,7 +1568,7 @@ pub fn adjust_meminfo(device: i32, real_free: u64, real_total: u64) -> (u64, u64
 
 /// Total memory to report for `device` (`cuDeviceTotalMem_v2`, `totalGlobalMem`).
 #[inline]
-pub fn total_for(device: i32, real_total: u64) -> u64 {
+pub(crate) fn total_for(device: i32, real_total: u64) -> u64 {
     match global() {
         Some(c) => c.total_for(device, real_total),
         None => real_total,
@@ -1319,7 +1576,7 @@ pub fn total_for(device: i32, real_total: u64) -> u64 {
 }
 
 /// `nvmlDeviceGetMemoryInfo`: `(total, free, used)` adjusted; `device` = CUDA ordinal.
-pub fn nvml_adjust(device: i32, total: u64, free: u64, used: u64) -> (u64, u64, u64) {
+pub(crate) fn nvml_adjust(device: i32, total: u64, free: u64, used: u64) -> (u64, u64, u64) {
     match global() {
         Some(c) => c.nvml_adjust(device, total, free, used),
         None => (total, free, used),
@@ -1327,7 +1584,7 @@ pub fn nvml_adjust(device: i32, total: u64, free: u64, used: u64) -> (u64, u64, 
 }
 
 /// `nvmlDeviceGetMemoryInfo_v2`: `(total, reserved, free, used)` adjusted.
-pub fn nvml_adjust_v2(
+pub(crate) fn nvml_adjust_v2(
     device: i32,
     total: u64,
     reserved: u64,
@@ -1341,21 +1598,21 @@ pub fn nvml_adjust_v2(
 }
 
 /// A context was created on `device` (driver free memory before and after).
-pub fn on_context_created(device: i32, free_before: u64, free_after: u64) {
+pub(crate) fn on_context_created(device: i32, free_before: u64, free_after: u64) {
     if let Some(c) = global() {
         c.on_context_created(device, free_before, free_after);
     }
 }
 
 /// The context of `device` was destroyed.
-pub fn on_context_destroyed(device: i32) {
+pub(crate) fn on_context_destroyed(device: i32) {
     if let Some(c) = global() {
         c.on_context_destroyed(device);
     }
 }
 
 /// Tells the cap a device's real total (resolves fraction caps without a driver query).
-pub fn note_device_total(device: i32, real_total: u64) {
+pub(crate) fn note_device_total(device: i32, real_total: u64) {
     if let Some(c) = global() {
         c.note_device_total(device, real_total);
     }

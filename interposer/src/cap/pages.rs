@@ -27,7 +27,7 @@ impl Cap {
     /// Whether the pool's pages are charged (and pooled requests charged nothing). False only
     /// under `VRAMSHIM_CAP_FAULT=pool-live-bytes`: requests are charged their live bytes and
     /// the pages are bounded by the process's own capped total alone.
-    pub fn charges_pool_pages(&self) -> bool {
+    pub(crate) fn charges_pool_pages(&self) -> bool {
         self.settings.fault != Fault::PoolLiveBytes
     }
 
@@ -35,7 +35,7 @@ impl Cap {
     /// request's driver stream, for the capture check before the driver's pools are emptied).
     /// Says nothing when refused: the pool may still place the request by dissolving cached
     /// blocks.
-    pub fn charge_page(&self, device: i32, bytes: u64, stream: u64) -> Result<(), Refusal> {
+    pub(crate) fn charge_page(&self, device: i32, bytes: u64, stream: u64) -> Result<(), Refusal> {
         if !self.ready() {
             return Ok(());
         }
@@ -47,7 +47,7 @@ impl Cap {
 
     /// A pool request of `bytes` through `api` was refused because the cap refused the pages
     /// it needed (`r`): say so as for any refusal (the first one prints its line).
-    pub fn pool_refused(&self, device: i32, bytes: u64, r: Refusal, api: Api) {
+    pub(crate) fn pool_refused(&self, device: i32, bytes: u64, r: Refusal, api: Api) {
         if let Some(d) = device_index(device) {
             let _ = self.refused(d, bytes, r.in_use, r.cap, api);
         }
@@ -55,13 +55,13 @@ impl Cap {
 }
 
 /// Whether the pool charges its pages to the cap (no cap: nothing to charge).
-pub fn charges_pool_pages() -> bool {
+pub(crate) fn charges_pool_pages() -> bool {
     global().is_some_and(Cap::charges_pool_pages)
 }
 
 /// Charges a page of `bytes` the pool is about to create on `device`; false: refused (the
 /// refusal is kept for [`take_pool_refusal`]).
-pub fn charge_pool_page(device: i32, bytes: u64, stream: u64) -> bool {
+pub(crate) fn charge_pool_page(device: i32, bytes: u64, stream: u64) -> bool {
     let Some(c) = global() else {
         return true;
     };
@@ -75,7 +75,7 @@ pub fn charge_pool_page(device: i32, bytes: u64, stream: u64) -> bool {
 }
 
 /// Gives back a page the pool released (or failed to create after its charge).
-pub fn uncharge_pool_page(device: i32, bytes: u64) {
+pub(crate) fn uncharge_pool_page(device: i32, bytes: u64) {
     if let Some(c) = global() {
         c.uncharge(device, bytes);
     }
@@ -83,13 +83,13 @@ pub fn uncharge_pool_page(device: i32, bytes: u64) {
 
 /// A new pool request begins on this thread: forget an earlier request's refused page.
 #[inline]
-pub fn clear_pool_refusal() {
+pub(crate) fn clear_pool_refusal() {
     PAGE_REFUSAL.with(|p| p.set(None));
 }
 
 /// The pool refused the request of `bytes` through `api` on `device`: `Some` when a page of
 /// it was refused by the cap (the refusal is then reported as the cap's).
-pub fn take_pool_refusal(device: i32, bytes: u64, api: Api) -> Option<Refusal> {
+pub(crate) fn take_pool_refusal(device: i32, bytes: u64, api: Api) -> Option<Refusal> {
     let r = PAGE_REFUSAL.with(|p| p.take())?;
     if let Some(c) = global() {
         c.pool_refused(device, bytes, r, api);

@@ -56,6 +56,9 @@ fn settings(cap: &str) -> Settings {
         context: ContextMode::Include,
         strict: false,
         fault: Fault::None,
+        origin: std::array::from_fn(|_| Some(format!("VRAMSHIM_CAP=\"{cap}\""))),
+        replaced: Vec::new(),
+        dmem: Vec::new(),
     }
 }
 

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicUsize, Ordering};
 
 /// Every variable the library reads. Each has a place of its own, filled whatever the
 /// number or position of other `VRAMSHIM_*` variables, so none of them can be crowded out.
-pub const KNOWN: &[&str] = &[
+pub(crate) const KNOWN: &[&str] = &[
     "VRAMSHIM_CAP",
     "VRAMSHIM_CAP_CONTEXT",
     "VRAMSHIM_CAP_FAULT",
@@ -38,8 +38,30 @@ pub const KNOWN: &[&str] = &[
     "VRAMSHIM_TRACE_LOCKS",
     "VRAMSHIM_TRACE_WRITER_FAULT",
     "VRAMSHIM_ENV_FAULT",
+    "VRAMSHIM_CGROUP_ROOT",
+    // Other tools' limits, which the cap understands (cap::limits): read like ours, but not
+    // listed in the trace header's configuration by `all` (the cap reports what it used).
+    "CUDA_DEVICE_MEMORY_LIMIT",
+    "CUDA_DEVICE_MEMORY_LIMIT_0",
+    "CUDA_DEVICE_MEMORY_LIMIT_1",
+    "CUDA_DEVICE_MEMORY_LIMIT_2",
+    "CUDA_DEVICE_MEMORY_LIMIT_3",
+    "CUDA_DEVICE_MEMORY_LIMIT_4",
+    "CUDA_DEVICE_MEMORY_LIMIT_5",
+    "CUDA_DEVICE_MEMORY_LIMIT_6",
+    "CUDA_DEVICE_MEMORY_LIMIT_7",
+    "CUDA_DEVICE_MEMORY_LIMIT_8",
+    "CUDA_DEVICE_MEMORY_LIMIT_9",
+    "CUDA_DEVICE_MEMORY_LIMIT_10",
+    "CUDA_DEVICE_MEMORY_LIMIT_11",
+    "CUDA_DEVICE_MEMORY_LIMIT_12",
+    "CUDA_DEVICE_MEMORY_LIMIT_13",
+    "CUDA_DEVICE_MEMORY_LIMIT_14",
+    "CUDA_DEVICE_MEMORY_LIMIT_15",
+    "GPU_MEMORY_LIMIT",
+    "NVIDIA_GPU_MEMORY_LIMIT",
 ];
-const NKNOWN: usize = 26;
+const NKNOWN: usize = 46;
 const _: () = assert!(KNOWN.len() == NKNOWN);
 
 /// At most this many `VRAMSHIM_*` variables are listed (in environment order, for the trace
@@ -78,6 +100,14 @@ fn remember_known(p: *const c_char, entry: &[u8]) {
     {
         KNOWN_VALS[k].store(p as *mut c_char, Ordering::Relaxed);
     }
+}
+
+/// Whether `entry` sets one of the other tools' limit variables in [`KNOWN`].
+fn is_limit_entry(entry: &[u8]) -> bool {
+    (entry.starts_with(b"CUDA_DEVICE_MEMORY_LIMIT")
+        || entry.starts_with(b"GPU_MEMORY_LIMIT=")
+        || entry.starts_with(b"NVIDIA_GPU_MEMORY_LIMIT="))
+        && entry.contains(&b'=')
 }
 
 /// The entries of a NULL-terminated environment array (none for a null array): each entry's
@@ -125,6 +155,9 @@ pub(crate) fn init(envp: *const *const c_char) {
     let (mut n, mut left_out) = (0, 0);
     for (s, bytes) in entries(envp) {
         if !(bytes.starts_with(b"VRAMSHIM_") && bytes.contains(&b'=')) {
+            if is_limit_entry(bytes) {
+                remember_known(s, bytes);
+            }
             continue;
         }
         if n < cap_all {
@@ -173,7 +206,7 @@ fn entry(i: usize) -> Option<(&'static str, &'static str)> {
 }
 
 /// The raw value of a [`KNOWN`] variable (None when unset or not a known name).
-pub fn raw(name: &str) -> Option<&'static [u8]> {
+pub(crate) fn raw(name: &str) -> Option<&'static [u8]> {
     ensure();
     let k = KNOWN.iter().position(|k| *k == name)?;
     let b = bytes_at(KNOWN_VALS[k].load(Ordering::Relaxed))?;
@@ -183,7 +216,7 @@ pub fn raw(name: &str) -> Option<&'static [u8]> {
 /// The value of `VRAMSHIM_<...>` as it was when the library was loaded (`name` is the full
 /// variable name, e.g. `"VRAMSHIM_CAP"`). Empty values are returned as `Some("")`; a value
 /// that is not UTF-8 reads as unset here ([`report`] says so once; [`raw`] has the bytes).
-pub fn var(name: &str) -> Option<&'static str> {
+pub(crate) fn var(name: &str) -> Option<&'static str> {
     ensure();
     if KNOWN.contains(&name) {
         return raw(name).and_then(|v| std::str::from_utf8(v).ok());
@@ -199,10 +232,15 @@ pub fn var(name: &str) -> Option<&'static str> {
 /// the log level is set, with the log's warning as `say`: this layer sits below the log): a
 /// known variable whose value is not UTF-8 (the cap's own variables are reported by the cap,
 /// which reads them lossily), and variables left out of the listing.
-pub fn report(mut say: impl FnMut(std::fmt::Arguments<'_>)) {
+pub(crate) fn report(mut say: impl FnMut(std::fmt::Arguments<'_>)) {
     ensure();
     for name in KNOWN {
-        if matches!(*name, "VRAMSHIM_CAP" | "VRAMSHIM_SHARED") {
+        // The cap reads its own variables lossily and reports them itself.
+        if matches!(
+            *name,
+            "VRAMSHIM_CAP" | "VRAMSHIM_SHARED" | "VRAMSHIM_CGROUP_ROOT"
+        ) || !name.starts_with("VRAMSHIM_")
+        {
             continue;
         }
         if let Some(v) = raw(name)
@@ -224,7 +262,7 @@ pub fn report(mut say: impl FnMut(std::fmt::Arguments<'_>)) {
 }
 
 /// The accepted forms of a known variable, for messages.
-pub fn forms(name: &str) -> &'static str {
+pub(crate) fn forms(name: &str) -> &'static str {
     match name {
         "VRAMSHIM_LOG" => "accepted: off, warn, info, debug",
         "VRAMSHIM_POOL" => "accepted: stitch or off",
@@ -244,7 +282,7 @@ pub fn forms(name: &str) -> &'static str {
 
 /// Every `VRAMSHIM_*` variable that was set at load, in environment order (for the trace
 /// header's configuration list).
-pub fn all() -> impl Iterator<Item = (&'static str, &'static str)> {
+pub(crate) fn all() -> impl Iterator<Item = (&'static str, &'static str)> {
     ensure();
     let n = COUNT.load(Ordering::Relaxed);
     (0..n).filter_map(entry)

@@ -17,16 +17,16 @@ static LAYERS: AtomicU8 = AtomicU8::new(0);
 
 /// The cached bits, 0 when they must be computed again.
 #[inline(always)]
-pub fn cached() -> u8 {
+pub(crate) fn cached() -> u8 {
     LAYERS.load(Relaxed)
 }
 
 /// Store freshly computed bits (never 0).
-pub fn store(bits: u8) {
+pub(crate) fn store(bits: u8) {
     LAYERS.store(bits, SeqCst);
 }
 
 /// A layer's switch changed: compute the bits again on the next request.
-pub fn changed() {
+pub(crate) fn changed() {
     LAYERS.store(0, SeqCst);
 }

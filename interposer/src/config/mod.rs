@@ -3,7 +3,7 @@
 //! this crate.
 
 mod env;
-pub mod layers;
+pub(crate) mod layers;
 
 pub(crate) use env::init;
-pub use env::{KNOWN, all, forms, raw, report, var};
+pub(crate) use env::{all, forms, raw, report, var};

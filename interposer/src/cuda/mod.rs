@@ -3,11 +3,11 @@
 //! pool lives on ([`mempools`]) and NVML's view of the devices ([`nvml`]). Apart from the
 //! hooks, this is the only place that calls real CUDA or NVML.
 
-pub mod mempools;
-pub mod nvml;
-pub mod real;
-pub mod request;
-pub mod types;
+pub(crate) mod mempools;
+pub(crate) mod nvml;
+pub(crate) mod real;
+pub(crate) mod request;
+pub(crate) mod types;
 
 /// Devices 0..MAX_DEVICES are told apart (per-device counters, contexts, NVML mapping).
-pub const MAX_DEVICES: usize = 64;
+pub(crate) const MAX_DEVICES: usize = 64;

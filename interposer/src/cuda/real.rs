@@ -21,7 +21,7 @@ use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Lib {
+pub(crate) enum Lib {
     Runtime,
     Driver,
     Nvml,
@@ -32,14 +32,14 @@ const ABSENT: usize = 1;
 
 /// One real function: its name, its library and its address (0 = not resolved yet,
 /// `ABSENT` = looked up, not there).
-pub struct Slot {
+pub(crate) struct Slot {
     addr: AtomicUsize,
     pub name: &'static CStr,
     pub lib: Lib,
 }
 
 impl Slot {
-    pub const fn new(name: &'static CStr, lib: Lib) -> Slot {
+    pub(crate) const fn new(name: &'static CStr, lib: Lib) -> Slot {
         Slot {
             addr: AtomicUsize::new(0),
             name,
@@ -49,7 +49,7 @@ impl Slot {
 
     /// The real address, resolving it on first use; 0 if it does not exist.
     #[inline]
-    pub fn get(&self) -> usize {
+    pub(crate) fn get(&self) -> usize {
         let a = self.addr.load(Ordering::Acquire);
         if a > ABSENT {
             return a;
@@ -59,7 +59,7 @@ impl Slot {
 
     /// The address if already known, without resolving.
     #[inline]
-    pub fn peek(&self) -> usize {
+    pub(crate) fn peek(&self) -> usize {
         let a = self.addr.load(Ordering::Acquire);
         if a > ABSENT { a } else { 0 }
     }
@@ -68,7 +68,7 @@ impl Slot {
     /// lookup hooks saw it; they never pass one of their own hooks). Never overwrites a
     /// known address (a remembered absence it does: the process found what our lookup did
     /// not).
-    pub fn record(&self, addr: usize) {
+    pub(crate) fn record(&self, addr: usize) {
         if addr == 0 {
             return;
         }
@@ -122,11 +122,6 @@ impl Slot {
             }
         }
     }
-
-    /// Forget the address (tests).
-    pub fn clear(&self) {
-        self.addr.store(0, Ordering::Release);
-    }
 }
 
 /// Whether `addr` lies in this library (our hooks among it): what a lookup of a real
@@ -156,7 +151,7 @@ type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
 /// Address of glibc's `dlsym` (resolved with `dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34")`,
 /// falling back to `GLIBC_2.2.5`). Allocation-free, lock-free, idempotent.
 #[inline]
-pub fn real_dlsym_addr() -> usize {
+pub(crate) fn real_dlsym_addr() -> usize {
     let a = REAL_DLSYM.load(Ordering::Acquire);
     if a != 0 {
         return a;
@@ -180,7 +175,7 @@ pub(crate) extern "C" fn resolve_real_dlsym() -> usize {
 
 /// Call glibc's `dlsym` (never our hook). The caller seen by glibc is this library.
 #[allow(clippy::not_unsafe_ptr_arg_deref)] // the handle is only passed on to dlsym
-pub fn dlsym_real(handle: *mut c_void, name: &CStr) -> *mut c_void {
+pub(crate) fn dlsym_real(handle: *mut c_void, name: &CStr) -> *mut c_void {
     let a = real_dlsym_addr();
     if a == 0 {
         return std::ptr::null_mut();
@@ -251,17 +246,17 @@ fn lib_sym(cache: &AtomicUsize, names: &[&CStr], name: &CStr) -> usize {
 }
 
 /// Handle of `libcuda.so.1` (loaded on demand, never unloaded); null without a driver.
-pub fn libcuda() -> *mut c_void {
+pub(crate) fn libcuda() -> *mut c_void {
     lib_handle(&LIBCUDA, LIBCUDA_NAMES, true)
 }
 
 /// Handle of `libcuda.so.1` only if the process already loaded it.
-pub fn libcuda_if_loaded() -> *mut c_void {
+pub(crate) fn libcuda_if_loaded() -> *mut c_void {
     lib_handle(&LIBCUDA, LIBCUDA_NAMES, false)
 }
 
 /// Real address of a driver symbol by exact name (0 if absent).
-pub fn driver_symbol(name: &CStr) -> usize {
+pub(crate) fn driver_symbol(name: &CStr) -> usize {
     let h = libcuda();
     if h.is_null() {
         return 0;
@@ -286,10 +281,10 @@ fn resolve_runtime(name: &CStr) -> usize {
 macro_rules! real_fns {
     ($( $lib:ident $name:ident : $ty:ty ; )*) => {
         /// The slots themselves (for `record` by the lookup hooks).
-        pub mod slots {
+        pub(crate) mod slots {
             use super::{Lib, Slot};
             $(
-                pub static $name: Slot = Slot::new(
+                pub(crate) static $name: Slot = Slot::new(
                     match std::ffi::CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes()) {
                         Ok(c) => c,
                         Err(_) => panic!("bad name"),
@@ -297,17 +292,18 @@ macro_rules! real_fns {
                     Lib::$lib,
                 );
             )*
-            /// Every slot, for tests and diagnostics.
-            pub static ALL: &[&Slot] = &[$(&$name),*];
         }
         /// The real functions if already resolved, never resolving (no call: a hook that
         /// only jumps on needs no frame; it takes its full path when one is not known yet).
-        pub mod known {
+        // An accessor for every name of the table: which of them a layer calls is its own
+        // business, so the ones nobody calls yet are not warned about.
+        #[allow(dead_code)]
+        pub(crate) mod known {
             use super::*;
             $(
                 #[doc = concat!("The real `", stringify!($name), "` if already resolved.")]
                 #[inline(always)]
-                pub fn $name() -> Option<$ty> {
+                pub(crate) fn $name() -> Option<$ty> {
                     let a = slots::$name.peek();
                     if a == 0 {
                         None
@@ -322,7 +318,7 @@ macro_rules! real_fns {
         $(
             #[doc = concat!("The real `", stringify!($name), "`, or `None` if it does not exist.")]
             #[inline]
-            pub fn $name() -> Option<$ty> {
+            pub(crate) fn $name() -> Option<$ty> {
                 let a = slots::$name.get();
                 if a == 0 {
                     None
@@ -402,15 +398,11 @@ real_fns! {
     Driver cuStreamSynchronize_ptsz: PfnCuStreamSynchronize;
     Driver cuEventCreate: PfnCuEventCreate;
     Driver cuEventRecord: PfnCuEventRecord;
-    Driver cuEventRecord_ptsz: PfnCuEventRecord;
     Driver cuEventQuery: PfnCuEventQuery;
     Driver cuEventSynchronize: PfnCuEventSynchronize;
     Driver cuEventDestroy_v2: PfnCuEventDestroy;
     Driver cuStreamWaitEvent: PfnCuStreamWaitEvent;
-    Driver cuStreamWaitEvent_ptsz: PfnCuStreamWaitEvent;
     Driver cuStreamIsCapturing: PfnCuStreamIsCapturing;
-    Driver cuStreamIsCapturing_ptsz: PfnCuStreamIsCapturing;
-    Driver cuThreadExchangeStreamCaptureMode: PfnCuThreadExchangeStreamCaptureMode;
     Driver cuCtxGetDevice: PfnCuCtxGetDevice;
     Driver cuCtxGetCurrent: PfnCuCtxGetCurrent;
     Driver cuCtxSetCurrent: PfnCuCtxSetCurrent;
@@ -438,14 +430,9 @@ real_fns! {
     Nvml nvmlDeviceGetHandleByPciBusId_v2: PfnNvmlDeviceGetHandleByPciBusId;
 }
 
-/// `cuEventDestroy` under its usual name (the ABI symbol is `cuEventDestroy_v2`).
-pub fn cuEventDestroy() -> Option<PfnCuEventDestroy> {
-    cuEventDestroy_v2()
-}
-
 /// The device of the calling thread's current context, if it has one (never fails loudly:
 /// a thread with no context gets `None`, HAMi's uninitialized-device bug).
-pub fn current_driver_device() -> Option<c_int> {
+pub(crate) fn current_driver_device() -> Option<c_int> {
     let f = cuCtxGetDevice()?;
     let mut d: c_int = -1;
     // SAFETY: d is a valid out-pointer.
@@ -454,12 +441,31 @@ pub fn current_driver_device() -> Option<c_int> {
 }
 
 /// The runtime's current device (`cudaGetDevice`), if the runtime answers.
-pub fn current_runtime_device() -> Option<c_int> {
+pub(crate) fn current_runtime_device() -> Option<c_int> {
     let f = cudaGetDevice()?;
     let mut d: c_int = -1;
     // SAFETY: d is a valid out-pointer.
     let rc = unsafe { f(&mut d) };
     (rc == cudaSuccess && d >= 0).then_some(d)
+}
+
+/// The runtime's sticky last error says `cudaErrorMemoryAllocation` after a refused
+/// `cudaMalloc`, and `cudaGetLastError` returns it once: when the cap or the pool refuses a
+/// runtime request, make the real runtime record it too, by asking it for an allocation no
+/// device can satisfy. Called with no lock held.
+pub(crate) fn runtime_set_last_error_oom() {
+    if let Some(f) = cudaMalloc() {
+        let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
+        // SAFETY: p is a valid out-pointer; the size cannot be satisfied.
+        let rc = unsafe { f(&mut p, usize::MAX) };
+        if rc == 0
+            && !p.is_null()
+            && let Some(free) = cudaFree()
+        {
+            // SAFETY: p was just allocated by the runtime.
+            unsafe { free(p) };
+        }
+    }
 }
 
 #[cfg(test)]

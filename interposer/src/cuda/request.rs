@@ -4,7 +4,7 @@ use vramshim_trace::{AllocKind, Api};
 
 /// One allocation request as decoded from a C call.
 #[derive(Clone, Copy, Debug)]
-pub struct Request {
+pub(crate) struct Request {
     pub api: Api,
     pub kind: AllocKind,
     /// Device ordinal; -1 for host memory or when the calling thread has no device.
@@ -20,7 +20,14 @@ pub struct Request {
 impl Request {
     /// Whether this request is charged against a device.
     #[inline]
-    pub fn charged(&self) -> bool {
+    pub(crate) fn charged(&self) -> bool {
         self.kind.is_device() && self.device >= 0
     }
+}
+
+/// Whether `api` is the runtime's (its errors are `cudaError_t`, and a refusal also sets its
+/// sticky last error); else the driver's or NVML's.
+#[inline]
+pub(crate) fn is_runtime(api: Api) -> bool {
+    (api as u16) < 20 || api == Api::CudaGetDeviceProperties
 }

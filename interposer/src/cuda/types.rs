@@ -5,65 +5,65 @@
 use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
 
 /// `cudaError_t`.
-pub type cudaError_t = c_int;
+pub(crate) type cudaError_t = c_int;
 /// `CUresult`.
-pub type CUresult = c_int;
+pub(crate) type CUresult = c_int;
 /// `nvmlReturn_t`.
-pub type nvmlReturn_t = c_int;
+pub(crate) type nvmlReturn_t = c_int;
 
-pub type CUdevice = c_int;
-pub type CUdeviceptr = c_ulonglong;
-pub type CUmemGenericAllocationHandle = c_ulonglong;
-pub type CUstream = *mut c_void;
-pub type CUevent = *mut c_void;
-pub type CUcontext = *mut c_void;
-pub type CUmemoryPool = *mut c_void;
-pub type cudaStream_t = *mut c_void;
-pub type cudaMemPool_t = *mut c_void;
-pub type nvmlDevice_t = *mut c_void;
+pub(crate) type CUdevice = c_int;
+pub(crate) type CUdeviceptr = c_ulonglong;
+pub(crate) type CUmemGenericAllocationHandle = c_ulonglong;
+pub(crate) type CUstream = *mut c_void;
+pub(crate) type CUevent = *mut c_void;
+pub(crate) type CUcontext = *mut c_void;
+pub(crate) type CUmemoryPool = *mut c_void;
+pub(crate) type cudaStream_t = *mut c_void;
+pub(crate) type cudaMemPool_t = *mut c_void;
+pub(crate) type nvmlDevice_t = *mut c_void;
 
-pub const CUDA_SUCCESS: c_int = 0;
-pub const CUDA_ERROR_INVALID_VALUE: c_int = 1;
+pub(crate) const CUDA_SUCCESS: c_int = 0;
+pub(crate) const CUDA_ERROR_INVALID_VALUE: c_int = 1;
 /// `CUDA_ERROR_OUT_OF_MEMORY` == `cudaErrorMemoryAllocation`.
-pub const CUDA_ERROR_OUT_OF_MEMORY: c_int = 2;
-pub const CUDA_ERROR_NOT_INITIALIZED: c_int = 3;
-pub const CUDA_ERROR_INVALID_CONTEXT: c_int = 201;
-pub const CUDA_ERROR_NOT_FOUND: c_int = 500;
-pub const CUDA_ERROR_UNKNOWN: c_int = 999;
+pub(crate) const CUDA_ERROR_OUT_OF_MEMORY: c_int = 2;
+pub(crate) const CUDA_ERROR_NOT_INITIALIZED: c_int = 3;
+pub(crate) const CUDA_ERROR_INVALID_CONTEXT: c_int = 201;
+pub(crate) const CUDA_ERROR_NOT_FOUND: c_int = 500;
+pub(crate) const CUDA_ERROR_UNKNOWN: c_int = 999;
 
-pub const cudaSuccess: c_int = 0;
-pub const cudaErrorMemoryAllocation: c_int = 2;
+pub(crate) const cudaSuccess: c_int = 0;
+pub(crate) const cudaErrorMemoryAllocation: c_int = 2;
 /// What the real runtime returns for everything when there is no driver.
-pub const cudaErrorInsufficientDriver: c_int = 35;
-pub const cudaErrorUnknown: c_int = 999;
+pub(crate) const cudaErrorInsufficientDriver: c_int = 35;
+pub(crate) const cudaErrorUnknown: c_int = 999;
 
-pub const NVML_SUCCESS: c_int = 0;
-pub const NVML_ERROR_UNINITIALIZED: c_int = 1;
-pub const NVML_ERROR_UNKNOWN: c_int = 999;
+pub(crate) const NVML_SUCCESS: c_int = 0;
+pub(crate) const NVML_ERROR_UNINITIALIZED: c_int = 1;
+pub(crate) const NVML_ERROR_UNKNOWN: c_int = 999;
 
 /// `cuGetProcAddress` flags.
-pub const CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: u64 = 1 << 1;
+pub(crate) const CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: u64 = 1 << 1;
 /// `cudaGetDriverEntryPoint` flags.
-pub const cudaEnablePerThreadDefaultStream: u64 = 0x2;
+pub(crate) const cudaEnablePerThreadDefaultStream: u64 = 0x2;
 
 /// `CUmemLocationType`.
-pub const CU_MEM_LOCATION_TYPE_INVALID: c_int = 0;
-pub const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
-pub const CU_MEM_LOCATION_TYPE_HOST: c_int = 2;
-pub const CU_MEM_LOCATION_TYPE_HOST_NUMA: c_int = 3;
-pub const CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT: c_int = 4;
+pub(crate) const CU_MEM_LOCATION_TYPE_INVALID: c_int = 0;
+pub(crate) const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
+pub(crate) const CU_MEM_LOCATION_TYPE_HOST: c_int = 2;
+pub(crate) const CU_MEM_LOCATION_TYPE_HOST_NUMA: c_int = 3;
+pub(crate) const CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT: c_int = 4;
 
 /// `CUmemLocation` (8 bytes in 12.x and 13.x; 13.2+ wraps `id` in a same-size union).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct CUmemLocation {
+pub(crate) struct CUmemLocation {
     pub type_: c_int,
     pub id: c_int,
 }
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct CUmemAllocFlags {
+pub(crate) struct CUmemAllocFlags {
     pub compression_type: u8,
     pub gpu_direct_rdma_capable: u8,
     pub usage: u16,
@@ -73,7 +73,7 @@ pub struct CUmemAllocFlags {
 /// `CUmemAllocationProp` (32 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
-pub struct CUmemAllocationProp {
+pub(crate) struct CUmemAllocationProp {
     pub type_: c_int,
     pub requested_handle_types: c_int,
     pub location: CUmemLocation,
@@ -84,7 +84,7 @@ pub struct CUmemAllocationProp {
 /// The leading fields of `CUmemPoolProps` (the rest is only passed on, never read).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct CUmemPoolPropsHead {
+pub(crate) struct CUmemPoolPropsHead {
     pub alloc_type: c_int,
     pub handle_types: c_int,
     pub location: CUmemLocation,
@@ -93,7 +93,7 @@ pub struct CUmemPoolPropsHead {
 /// `CUmemAccessDesc` (12 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct CUmemAccessDesc {
+pub(crate) struct CUmemAccessDesc {
     pub location: CUmemLocation,
     pub flags: c_int,
 }
@@ -101,7 +101,7 @@ pub struct CUmemAccessDesc {
 /// `struct cudaPitchedPtr`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
-pub struct cudaPitchedPtr {
+pub(crate) struct cudaPitchedPtr {
     pub ptr: *mut c_void,
     pub pitch: usize,
     pub xsize: usize,
@@ -111,7 +111,7 @@ pub struct cudaPitchedPtr {
 /// `struct cudaExtent` (passed by value to `cudaMalloc3D`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
-pub struct cudaExtent {
+pub(crate) struct cudaExtent {
     pub width: usize,
     pub height: usize,
     pub depth: usize,
@@ -120,7 +120,7 @@ pub struct cudaExtent {
 /// `nvmlMemory_t`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct nvmlMemory_t {
+pub(crate) struct nvmlMemory_t {
     pub total: c_ulonglong,
     pub free: c_ulonglong,
     pub used: c_ulonglong,
@@ -129,7 +129,7 @@ pub struct nvmlMemory_t {
 /// `nvmlMemory_v2_t`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct nvmlMemory_v2_t {
+pub(crate) struct nvmlMemory_v2_t {
     pub version: c_uint,
     pub total: c_ulonglong,
     pub reserved: c_ulonglong,
@@ -139,27 +139,27 @@ pub struct nvmlMemory_v2_t {
 
 /// Offset of `size_t totalGlobalMem` in `struct cudaDeviceProp`, the same in CUDA 12 and 13:
 /// `char name[256]; cudaUUID_t uuid (16); char luid[8]; unsigned luidDeviceNodeMask;` + padding.
-pub const CUDA_DEVICE_PROP_TOTAL_GLOBAL_MEM_OFFSET: usize = 288;
+pub(crate) const CUDA_DEVICE_PROP_TOTAL_GLOBAL_MEM_OFFSET: usize = 288;
 
 // Function-pointer types of the real functions (u32/c_int codes, never Rust enums).
 pub type PfnCudaMalloc = unsafe extern "C" fn(*mut *mut c_void, usize) -> cudaError_t;
 pub type PfnCudaFree = unsafe extern "C" fn(*mut c_void) -> cudaError_t;
-pub type PfnCudaMallocAsync =
+pub(crate) type PfnCudaMallocAsync =
     unsafe extern "C" fn(*mut *mut c_void, usize, cudaStream_t) -> cudaError_t;
 pub type PfnCudaFreeAsync = unsafe extern "C" fn(*mut c_void, cudaStream_t) -> cudaError_t;
-pub type PfnCudaMallocFromPoolAsync =
+pub(crate) type PfnCudaMallocFromPoolAsync =
     unsafe extern "C" fn(*mut *mut c_void, usize, cudaMemPool_t, cudaStream_t) -> cudaError_t;
-pub type PfnCudaMallocPitch =
+pub(crate) type PfnCudaMallocPitch =
     unsafe extern "C" fn(*mut *mut c_void, *mut usize, usize, usize) -> cudaError_t;
 pub type PfnCudaMalloc3D = unsafe extern "C" fn(*mut cudaPitchedPtr, cudaExtent) -> cudaError_t;
-pub type PfnCudaMallocManaged =
+pub(crate) type PfnCudaMallocManaged =
     unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> cudaError_t;
 pub type PfnCudaHostAlloc = unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> cudaError_t;
 pub type PfnCudaMemGetInfo = unsafe extern "C" fn(*mut usize, *mut usize) -> cudaError_t;
 pub type PfnCudaDeviceReset = unsafe extern "C" fn() -> cudaError_t;
 pub type PfnCudaGetDevice = unsafe extern "C" fn(*mut c_int) -> cudaError_t;
 pub type PfnCudaGetDeviceProperties = unsafe extern "C" fn(*mut c_void, c_int) -> cudaError_t;
-pub type PfnCudaGetDriverEntryPoint =
+pub(crate) type PfnCudaGetDriverEntryPoint =
     unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_ulonglong, *mut c_int) -> cudaError_t;
 pub type PfnCudaGetDriverEntryPointByVersion = unsafe extern "C" fn(
     *const c_char,
@@ -171,12 +171,12 @@ pub type PfnCudaGetDriverEntryPointByVersion = unsafe extern "C" fn(
 
 pub type PfnCuMemAlloc = unsafe extern "C" fn(*mut CUdeviceptr, usize) -> CUresult;
 pub type PfnCuMemFree = unsafe extern "C" fn(CUdeviceptr) -> CUresult;
-pub type PfnCuMemAllocPitch =
+pub(crate) type PfnCuMemAllocPitch =
     unsafe extern "C" fn(*mut CUdeviceptr, *mut usize, usize, usize, c_uint) -> CUresult;
 pub type PfnCuMemAllocManaged = unsafe extern "C" fn(*mut CUdeviceptr, usize, c_uint) -> CUresult;
 pub type PfnCuMemAllocAsync = unsafe extern "C" fn(*mut CUdeviceptr, usize, CUstream) -> CUresult;
 pub type PfnCuMemFreeAsync = unsafe extern "C" fn(CUdeviceptr, CUstream) -> CUresult;
-pub type PfnCuMemAllocFromPoolAsync =
+pub(crate) type PfnCuMemAllocFromPoolAsync =
     unsafe extern "C" fn(*mut CUdeviceptr, usize, CUmemoryPool, CUstream) -> CUresult;
 pub type PfnCuMemCreate = unsafe extern "C" fn(
     *mut CUmemGenericAllocationHandle,
@@ -190,9 +190,9 @@ pub type PfnCuDeviceTotalMem = unsafe extern "C" fn(*mut usize, CUdevice) -> CUr
 pub type PfnCuMemAllocHost = unsafe extern "C" fn(*mut *mut c_void, usize) -> CUresult;
 pub type PfnCuMemHostAlloc = unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> CUresult;
 pub type PfnCuMemFreeHost = unsafe extern "C" fn(*mut c_void) -> CUresult;
-pub type PfnCuGetProcAddress =
+pub(crate) type PfnCuGetProcAddress =
     unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64) -> CUresult;
-pub type PfnCuGetProcAddressV2 =
+pub(crate) type PfnCuGetProcAddressV2 =
     unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> CUresult;
 pub type PfnCuMemMap = unsafe extern "C" fn(
     CUdeviceptr,
@@ -202,12 +202,12 @@ pub type PfnCuMemMap = unsafe extern "C" fn(
     c_ulonglong,
 ) -> CUresult;
 pub type PfnCuMemUnmap = unsafe extern "C" fn(CUdeviceptr, usize) -> CUresult;
-pub type PfnCuMemSetAccess =
+pub(crate) type PfnCuMemSetAccess =
     unsafe extern "C" fn(CUdeviceptr, usize, *const CUmemAccessDesc, usize) -> CUresult;
-pub type PfnCuMemAddressReserve =
+pub(crate) type PfnCuMemAddressReserve =
     unsafe extern "C" fn(*mut CUdeviceptr, usize, usize, CUdeviceptr, c_ulonglong) -> CUresult;
 pub type PfnCuMemAddressFree = unsafe extern "C" fn(CUdeviceptr, usize) -> CUresult;
-pub type PfnCuMemGetAllocationGranularity =
+pub(crate) type PfnCuMemGetAllocationGranularity =
     unsafe extern "C" fn(*mut usize, *const CUmemAllocationProp, c_int) -> CUresult;
 pub type PfnCuCtxSynchronize = unsafe extern "C" fn() -> CUresult;
 pub type PfnCuStreamSynchronize = unsafe extern "C" fn(CUstream) -> CUresult;
@@ -228,30 +228,30 @@ pub type PfnCuDevicePrimaryCtxRetain = unsafe extern "C" fn(*mut CUcontext, CUde
 pub type PfnCuDeviceGetCount = unsafe extern "C" fn(*mut c_int) -> CUresult;
 /// `cuDeviceGetMemPool` / `cuDeviceGetDefaultMemPool`.
 pub type PfnCuDeviceGetMemPool = unsafe extern "C" fn(*mut CUmemoryPool, CUdevice) -> CUresult;
-pub type PfnCuMemPoolCreate =
+pub(crate) type PfnCuMemPoolCreate =
     unsafe extern "C" fn(*mut CUmemoryPool, *const CUmemPoolPropsHead) -> CUresult;
 /// `cuMemPoolTrimTo(pool, minBytesToKeep)`.
 pub type PfnCuMemPoolTrimTo = unsafe extern "C" fn(CUmemoryPool, usize) -> CUresult;
 /// `cuMemPoolGetAttribute(pool, attr, value)`.
-pub type PfnCuMemPoolGetAttribute =
+pub(crate) type PfnCuMemPoolGetAttribute =
     unsafe extern "C" fn(CUmemoryPool, c_int, *mut c_void) -> CUresult;
-pub const CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: c_int = 5;
-pub const CU_MEMPOOL_ATTR_USED_MEM_CURRENT: c_int = 7;
+pub(crate) const CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: c_int = 5;
+pub(crate) const CU_MEMPOOL_ATTR_USED_MEM_CURRENT: c_int = 7;
 pub type PfnCuThreadExchangeStreamCaptureMode = unsafe extern "C" fn(*mut c_int) -> CUresult;
 
-pub type PfnNvmlDeviceGetMemoryInfo =
+pub(crate) type PfnNvmlDeviceGetMemoryInfo =
     unsafe extern "C" fn(nvmlDevice_t, *mut nvmlMemory_t) -> nvmlReturn_t;
-pub type PfnNvmlDeviceGetMemoryInfoV2 =
+pub(crate) type PfnNvmlDeviceGetMemoryInfoV2 =
     unsafe extern "C" fn(nvmlDevice_t, *mut nvmlMemory_v2_t) -> nvmlReturn_t;
 /// `cudaIpcGetMemHandle(cudaIpcMemHandle_t*, void*)` / `cuIpcGetMemHandle(CUipcMemHandle*, CUdeviceptr)`.
 pub type PfnIpcGetMemHandle = unsafe extern "C" fn(*mut c_void, u64) -> c_int;
 pub type PfnCuCtxCreate = unsafe extern "C" fn(*mut CUcontext, c_uint, CUdevice) -> CUresult;
 pub type PfnCuDeviceOp = unsafe extern "C" fn(CUdevice) -> CUresult;
 pub type PfnNvmlVoid = unsafe extern "C" fn() -> nvmlReturn_t;
-pub type PfnNvmlDeviceGetHandleByIndex =
+pub(crate) type PfnNvmlDeviceGetHandleByIndex =
     unsafe extern "C" fn(c_uint, *mut nvmlDevice_t) -> nvmlReturn_t;
 pub type PfnCuDeviceGetPCIBusId = unsafe extern "C" fn(*mut c_char, c_int, CUdevice) -> CUresult;
-pub type PfnNvmlDeviceGetHandleByPciBusId =
+pub(crate) type PfnNvmlDeviceGetHandleByPciBusId =
     unsafe extern "C" fn(*const c_char, *mut nvmlDevice_t) -> nvmlReturn_t;
 pub type PfnNvmlDeviceGetIndex = unsafe extern "C" fn(nvmlDevice_t, *mut c_uint) -> nvmlReturn_t;
 

@@ -2,18 +2,18 @@
 //! the dispatcher; lookups (`dlsym`, `cuGetProcAddress`, `cudaGetDriverEntryPoint`)
 //! substitute these hooks for the real functions.
 
-pub mod context;
-pub mod current;
-pub mod driver;
-pub mod lookup;
-pub mod mempool;
-pub mod nvml;
+pub(crate) mod context;
+pub(crate) mod current;
+pub(crate) mod driver;
+pub(crate) mod lookup;
+pub(crate) mod mempool;
+pub(crate) mod nvml;
 mod pool_glue;
-pub mod process;
-pub mod runtime;
-pub mod sync;
-pub mod torch;
-pub mod vmm;
+pub(crate) mod process;
+pub(crate) mod runtime;
+pub(crate) mod sync;
+pub(crate) mod torch;
+pub(crate) mod vmm;
 
 use crate::cuda::real::{self, Slot};
 use crate::cuda::request::Request;
@@ -25,9 +25,9 @@ use vramshim_trace::{AllocKind, Api, flags};
 
 /// What a runtime hook returns when there is no real runtime function (what the real
 /// runtime returns without a driver).
-pub const NO_RUNTIME: c_int = cudaErrorInsufficientDriver;
+pub(crate) const NO_RUNTIME: c_int = cudaErrorInsufficientDriver;
 /// What a driver hook returns when there is no real driver function.
-pub const NO_DRIVER: c_int = CUDA_ERROR_NOT_INITIALIZED;
+pub(crate) const NO_DRIVER: c_int = CUDA_ERROR_NOT_INITIALIZED;
 
 /// The runtime's current device, or -1 (remembered per thread, see [`current`]).
 #[inline(always)]
@@ -381,7 +381,7 @@ fn free_layered<F: Copy>(
 
 /// One exported hook: its C name, its address, the real function it stands for, and the
 /// base name (`cuGetProcAddress` family) it answers to.
-pub struct Hook {
+pub(crate) struct Hook {
     pub name: &'static CStr,
     pub addr: HookAddr,
     pub slot: &'static Slot,
@@ -395,14 +395,14 @@ pub struct Hook {
 }
 
 #[derive(Clone, Copy)]
-pub struct HookAddr(pub *const ());
+pub(crate) struct HookAddr(pub *const ());
 // SAFETY: a code address, immutable.
 unsafe impl Sync for HookAddr {}
 
 macro_rules! hooks {
     ($( $module:ident :: $name:ident, $base:literal, $minv:literal, $ptds:literal; )*) => {
         /// Every hook we export and substitute.
-        pub static HOOKS: &[Hook] = &[
+        pub(crate) static HOOKS: &[Hook] = &[
             $(
                 Hook {
                     name: match CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes()) {
@@ -489,18 +489,18 @@ hooks! {
 }
 
 /// Whether `addr` is one of our exported hooks (never stored as a "real" function).
-pub fn is_our_hook(addr: usize) -> bool {
+pub(crate) fn is_our_hook(addr: usize) -> bool {
     addr != 0 && HOOKS.iter().any(|h| h.addr.0 as usize == addr)
 }
 
 /// The hook exported under exactly this C name.
-pub fn by_name(name: &[u8]) -> Option<&'static Hook> {
+pub(crate) fn by_name(name: &[u8]) -> Option<&'static Hook> {
     HOOKS.iter().find(|h| h.name.to_bytes() == name)
 }
 
 /// Whether a `dlsym` name is one of ours to look at: `cu[A-Z]*`, `cuda[A-Z]*`, `nvml[A-Z]*`.
 #[inline]
-pub fn is_our_prefix(name: &[u8]) -> bool {
+pub(crate) fn is_our_prefix(name: &[u8]) -> bool {
     let upper_at = |i: usize| name.get(i).is_some_and(|c| c.is_ascii_uppercase());
     (name.starts_with(b"cuda") && upper_at(4))
         || (name.starts_with(b"cu") && upper_at(2))

@@ -50,7 +50,7 @@ pub unsafe extern "C" fn fork() -> libc::pid_t {
         let _ = std::panic::catch_unwind(|| {
             if tracer::running() {
                 tracer::emit(Event::Fork {
-                    t_ns: tracer::now_ns(),
+                    t_ns: tracer::now_raw(),
                     child_pid: pid as u32,
                 });
             }

@@ -8,7 +8,7 @@
 pub mod registry;
 
 use crate::cuda::request::Request;
-use crate::pool::{self, PoolRequest};
+use crate::pool;
 use crate::state::counters;
 use crate::state::live_table::{ALLOCS, Entry, LiveTable};
 use crate::sys::ids;
@@ -20,7 +20,7 @@ use vramshim_trace::{AllocKind, Api, Event, MemOp, flags};
 
 /// Which layer decided a request's outcome (for the debug log).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Layer {
+pub(crate) enum Layer {
     Cap,
     Pool,
     Real,
@@ -38,7 +38,7 @@ impl Layer {
 
 /// The outcome of an allocation request.
 #[derive(Clone, Copy, Debug)]
-pub struct Outcome {
+pub(crate) struct Outcome {
     /// The code the process sees.
     pub rc: c_int,
     /// The pointer (or handle); 0 on failure.
@@ -51,7 +51,7 @@ pub struct Outcome {
 /// (straight to the real function, unaccounted). A panic in either is caught and turned
 /// into `panic_code` (never unwinds into C, never aborts).
 #[inline(always)]
-pub fn run_hook(
+pub(crate) fn run_hook(
     name: &'static str,
     panic_code: c_int,
     pass: impl FnOnce() -> c_int,
@@ -75,7 +75,7 @@ pub fn run_hook(
 /// whichever branch runs (moved, not borrowed, so that the body reaches its arguments
 /// without a second indirection).
 #[inline(always)]
-pub fn run_hook_with<C>(
+pub(crate) fn run_hook_with<C>(
     name: &'static str,
     panic_code: c_int,
     call: C,
@@ -98,7 +98,7 @@ pub fn run_hook_with<C>(
 
 /// Run a lookup or query hook that is never nested-guarded, catching panics.
 #[inline(always)]
-pub fn run_unguarded<T>(name: &'static str, on_panic: T, body: impl FnOnce() -> T) -> T {
+pub(crate) fn run_unguarded<T>(name: &'static str, on_panic: T, body: impl FnOnce() -> T) -> T {
     match std::panic::catch_unwind(AssertUnwindSafe(body)) {
         Ok(v) => v,
         Err(_) => {
@@ -119,7 +119,7 @@ fn panicked(name: &'static str, code: c_int) -> c_int {
 /// What the real call reported: its code, the pointer/handle it produced, and the size
 /// actually allocated (pitched allocations are only known afterwards).
 #[derive(Clone, Copy, Debug)]
-pub struct RealResult {
+pub(crate) struct RealResult {
     pub rc: c_int,
     pub addr: u64,
     pub size: u64,
@@ -128,7 +128,7 @@ pub struct RealResult {
 /// The layers a request meets, read once per request by the hook ([`mode`]) and handed
 /// down, so that no layer's switch is read twice on one request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Mode(u8);
+pub(crate) struct Mode(u8);
 
 impl Mode {
     /// The configuration was read (never 0 once read: 0 means "read it").
@@ -146,7 +146,7 @@ impl Mode {
 
     /// Nothing but pass-through: the hooks take [`alloc_passed`] / [`free_passed`].
     #[inline(always)]
-    pub fn pass_through(self) -> bool {
+    pub(crate) fn pass_through(self) -> bool {
         self.0 == Self::KNOWN
     }
     #[inline(always)]
@@ -165,7 +165,7 @@ impl Mode {
 
 /// The layers on for this request: one relaxed load once they were read.
 #[inline(always)]
-pub fn mode() -> Mode {
+pub(crate) fn mode() -> Mode {
     let m = crate::config::layers::cached();
     if m != 0 {
         return Mode(m);
@@ -219,7 +219,7 @@ fn fault_bits() -> u8 {
 /// A pass-through allocation's real call returned `rc`: count the request and record a
 /// success (`read` gives the pointer and the size) in the live table and counters.
 #[inline(always)]
-pub fn alloc_passed(
+pub(crate) fn alloc_passed(
     tok: &Token,
     req: &Request,
     table: &LiveTable,
@@ -239,7 +239,7 @@ pub fn alloc_passed(
 /// A pass-through free of a non-null `key`: claim the entry, call the real function,
 /// settle (as [`free`]).
 #[inline(always)]
-pub fn free_passed(
+pub(crate) fn free_passed(
     tok: &Token,
     api: Api,
     key: u64,
@@ -249,18 +249,7 @@ pub fn free_passed(
     counters::call_in(tok, api);
     let entry = table.remove_in(tok, key);
     let rc = real();
-    match (rc, entry) {
-        (0, Some(e)) => {
-            counters::free_in(tok, e.device, e.kind, e.size);
-            if e.charged > 0 {
-                cap::uncharge_entry(e.device, key, e.charged);
-            }
-        }
-        (_, Some(e)) => {
-            table.insert_in(tok, key, e);
-        }
-        (_, None) => counters::unknown_free(),
-    }
+    settle_free(tok, key, table, rc, entry);
     rc
 }
 
@@ -318,7 +307,7 @@ fn forget(addr: u64, e: Entry) {
 /// out-pointers itself). The hook writes `Outcome::addr` to the caller only when
 /// `layer == Pool`.
 #[inline(never)]
-pub fn alloc(
+pub(crate) fn alloc(
     tok: &Token,
     req: &Request,
     table: &LiveTable,
@@ -367,15 +356,7 @@ pub fn alloc(
     let mut fl = req.flags;
     let mut res = None;
     if poolable {
-        let preq = PoolRequest {
-            api: req.api,
-            kind: req.kind,
-            device: req.device,
-            stream: req.stream,
-            size: req.size,
-            flags: req.flags,
-        };
-        match pool::alloc(&preq) {
+        match pool::alloc(req) {
             Some(Ok(p)) => {
                 layer = Layer::Pool;
                 kind = AllocKind::Pool;
@@ -517,8 +498,8 @@ fn cap_refused(req: &Request, refusal: &cap::Refusal, traced: bool, t0: tracer::
             refusal.cap
         );
     }
-    if is_runtime(req.api) {
-        runtime_set_last_error_oom();
+    if crate::cuda::request::is_runtime(req.api) {
+        crate::cuda::real::runtime_set_last_error_oom();
     }
     crate::debug!(
         "{} size={} dev={} stream={:#x} -> {} [cap refused: in use {} + {} > cap {}]",
@@ -566,7 +547,7 @@ fn cap_refused(req: &Request, refusal: &cap::Refusal, traced: bool, t0: tracer::
 impl Mode {
     /// Only the cap and/or the tracer: the hooks take [`alloc_light`] / [`free_light`].
     #[inline(always)]
-    pub fn light(self) -> bool {
+    pub(crate) fn light(self) -> bool {
         self.0 & (Self::POOL | Self::DEBUG | Self::NO_LIGHT) == 0
     }
 }
@@ -575,7 +556,7 @@ impl Mode {
 /// makes the real call; `read` gives the pointer and size it produced (after a success).
 /// Out of line: inlined, it would make every hook's frame (and pass-through) bigger.
 #[inline(never)]
-pub fn alloc_light(
+pub(crate) fn alloc_light(
     tok: &Token,
     make_req: impl FnOnce() -> Request,
     table: &LiveTable,
@@ -627,7 +608,7 @@ pub fn alloc_light(
 /// claim the entry, call the real function, settle, trace.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-pub fn free_light(
+pub(crate) fn free_light(
     tok: &Token,
     api: Api,
     key: u64,
@@ -646,48 +627,16 @@ pub fn free_light(
     };
     let entry = table.remove_in(tok, key);
     let rc = real();
-    let (dev, kind, size, efl) = match entry {
-        Some(e) if rc == 0 => {
-            counters::free_in(tok, e.device, e.kind, e.size);
-            if e.charged > 0 {
-                cap::uncharge_freed(e.device, key, e.charged, e.kind == AllocKind::Async);
-            }
-            (e.device, e.kind, e.size, e.flags)
-        }
-        Some(e) => {
-            table.insert_in(tok, key, e);
-            (e.device, e.kind, 0, e.flags)
-        }
-        None => {
-            counters::unknown_free();
-            (-1, AllocKind::Runtime, 0, 0)
-        }
-    };
+    settle_free(tok, key, table, rc, entry);
     if traced {
-        tracer::emit_memop(
-            false,
-            &MemOp {
-                t_ns: t0.ns,
-                tid: ids::tid(),
-                api,
-                kind,
-                flags: fl | (efl & flags::POOLED),
-                device: dev,
-                stream: stream.unwrap_or(0),
-                addr: key,
-                size,
-                result: rc,
-                latency_ns: t0.latency_ns(),
-                stack: 0,
-            },
-        );
+        emit_free(api, key, stream, fl, entry, rc, t0);
     }
     rc
 }
 
 /// A free request.
 #[derive(Clone, Copy, Debug)]
-pub struct FreeRequest {
+pub(crate) struct FreeRequest {
     pub api: Api,
     /// Pointer or handle.
     pub key: u64,
@@ -701,7 +650,7 @@ pub struct FreeRequest {
 /// confused with it), the pool or the real function frees, and on failure the entry is
 /// restored. Unknown pointers go to the real function; its code comes back unchanged.
 #[inline(always)]
-pub fn free(
+pub(crate) fn free(
     tok: &Token,
     req: &FreeRequest,
     table: &LiveTable,
@@ -712,22 +661,64 @@ pub fn free(
     free_layered(tok, req, table, mode, real)
 }
 
-/// The table and counters after a free returned `rc`: a success forgets the entry for good
-/// (and gives back its charge); a failure puts it back; an unknown pointer is counted.
+/// The table and counters after a free of `key` returned `rc`: a success forgets the entry
+/// for good (and gives back its charge); a failure puts it back; an unknown pointer is
+/// counted. Every free path settles here.
 #[inline(always)]
-fn settle_free(tok: &Token, req: &FreeRequest, table: &LiveTable, rc: c_int, entry: Option<Entry>) {
+fn settle_free(tok: &Token, key: u64, table: &LiveTable, rc: c_int, entry: Option<Entry>) {
     match (rc, entry) {
         (0, Some(e)) => {
             counters::free_in(tok, e.device, e.kind, e.size);
             if e.charged > 0 {
-                cap::uncharge_freed(e.device, req.key, e.charged, e.kind == AllocKind::Async);
+                cap::uncharge_freed(e.device, key, e.charged, e.kind == AllocKind::Async);
             }
         }
         (_, Some(e)) => {
-            table.insert_in(tok, req.key, e);
+            table.insert_in(tok, key, e);
         }
         (_, None) => counters::unknown_free(),
     }
+}
+
+/// What a free's event says of the entry it settled: its device, kind and flags, and the
+/// bytes the free gave back (0 when it failed or the pointer was unknown).
+#[inline(always)]
+fn freed(entry: Option<Entry>, rc: c_int) -> (i32, AllocKind, u64, u8) {
+    match entry {
+        Some(e) if rc == 0 => (e.device, e.kind, e.size, e.flags),
+        Some(e) => (e.device, e.kind, 0, e.flags),
+        None => (-1, AllocKind::Runtime, 0, 0),
+    }
+}
+
+/// Trace a finished free of `key` (`stream`: `Some` for stream-ordered frees).
+#[inline(always)]
+fn emit_free(
+    api: Api,
+    key: u64,
+    stream: Option<u64>,
+    fl: u8,
+    entry: Option<Entry>,
+    rc: c_int,
+    t0: tracer::Stamp,
+) {
+    let (device, kind, size, efl) = freed(entry, rc);
+    let op = memop(
+        t0.ns,
+        api,
+        kind,
+        fl | (efl & flags::POOLED),
+        device,
+        stream.unwrap_or(0),
+    );
+    let op = MemOp {
+        addr: key,
+        size,
+        result: rc,
+        latency_ns: t0.latency_ns(),
+        ..op
+    };
+    tracer::emit_memop(false, &op);
 }
 
 /// [`free`] with the layers: pool, real; debug log and trace.
@@ -770,12 +761,8 @@ fn free_layered(
         }
         None => real(),
     };
-    settle_free(tok, req, table, rc, entry);
-    let (dev, kind, size, efl) = match entry {
-        Some(e) if rc == 0 => (e.device, e.kind, e.size, e.flags),
-        Some(e) => (e.device, e.kind, 0, e.flags),
-        None => (-1, AllocKind::Runtime, 0, 0),
-    };
+    settle_free(tok, req.key, table, rc, entry);
+    let (dev, _, size, _) = freed(entry, rc);
     crate::debug!(
         "{} addr={:#x} size={} dev={} -> {} [{}{}]",
         req.api.name(),
@@ -791,24 +778,7 @@ fn free_layered(
         }
     );
     if traced {
-        let fl = req.flags | (efl & flags::POOLED);
-        tracer::emit_memop(
-            false,
-            &MemOp {
-                t_ns: t0.ns,
-                tid: ids::tid(),
-                api: req.api,
-                kind,
-                flags: fl,
-                device: dev,
-                stream: req.stream.unwrap_or(0),
-                addr: req.key,
-                size,
-                result: rc,
-                latency_ns: t0.latency_ns(),
-                stack: 0,
-            },
-        );
+        emit_free(req.api, req.key, req.stream, req.flags, entry, rc, t0);
     }
     rc
 }
@@ -818,7 +788,7 @@ fn free_layered(
 /// `cudaMemGetInfo`/`cuMemGetInfo_v2` with `cap::adjust_meminfo`, `cuDeviceTotalMem_v2` and
 /// `totalGlobalMem` with `cap::total_for`; NVML hooks adjust in `write` themselves
 /// (`cap::nvml_adjust*`). `write(device, free, total)` stores the answer back.
-pub fn meminfo(
+pub(crate) fn meminfo(
     tok: &Token,
     api: Api,
     device: impl FnOnce() -> Option<i32>,
@@ -864,7 +834,7 @@ pub fn meminfo(
     );
     if tracer::enabled() {
         tracer::emit(Event::MemInfo {
-            t_ns: tracer::now_ns(),
+            t_ns: tracer::now_raw(),
             tid: ids::tid(),
             api,
             device: dev,
@@ -877,7 +847,7 @@ pub fn meminfo(
 }
 
 /// `cudaDeviceReset` succeeded on `device`: everything the context held is gone.
-pub fn device_reset(device: i32) {
+pub(crate) fn device_reset(device: i32) {
     let dropped = ALLOCS.drain_where(|e| e.device == device && e.kind != AllocKind::VmmHandle);
     let traced = tracer::enabled();
     let mut bytes = 0u64;
@@ -885,19 +855,18 @@ pub fn device_reset(device: i32) {
         forget(*addr, *e);
         bytes = bytes.saturating_add(e.size);
         if traced {
+            let op = memop(
+                tracer::now_raw(),
+                Api::CudaDeviceReset,
+                e.kind,
+                e.flags,
+                e.device,
+                e.stream,
+            );
             tracer::emit(Event::Free(MemOp {
-                t_ns: tracer::now_ns(),
-                tid: ids::tid(),
-                api: Api::CudaDeviceReset,
-                kind: e.kind,
-                flags: e.flags,
-                device: e.device,
-                stream: e.stream,
                 addr: *addr,
                 size: e.size,
-                result: 0,
-                latency_ns: 0,
-                stack: 0,
+                ..op
             }));
         }
     }
@@ -919,46 +888,39 @@ fn emit_op(
     rc: c_int,
     t0: tracer::Stamp,
 ) {
+    let op = memop(t0.ns, req.api, req.kind, fl, req.device, req.stream);
     let op = MemOp {
-        t_ns: t0.ns,
-        tid: ids::tid(),
-        api: req.api,
-        kind: req.kind,
-        flags: fl,
-        device: req.device,
-        stream: req.stream,
         addr,
         size,
         result: rc,
         latency_ns: t0.latency_ns(),
-        stack: 0,
+        ..op
     };
     tracer::emit_memop(is_alloc, &op);
 }
 
-fn is_runtime(api: Api) -> bool {
-    (api as u16) < 20 || api == Api::CudaGetDeviceProperties
+/// The one place an event of a request is built: what every event of the pipeline shares
+/// (the calling thread), with no address, size, result or latency yet.
+#[inline(always)]
+fn memop(t_ns: u64, api: Api, kind: AllocKind, flags: u8, device: i32, stream: u64) -> MemOp {
+    MemOp {
+        t_ns,
+        tid: ids::tid(),
+        api,
+        kind,
+        flags,
+        device,
+        stream,
+        addr: 0,
+        size: 0,
+        result: 0,
+        latency_ns: 0,
+        stack: 0,
+    }
 }
 
 fn api_name(req: &Request) -> &'static str {
     req.api.name()
-}
-
-/// Make the runtime's sticky "last error" say cudaErrorMemoryAllocation, as it would had
-/// the device refused: ask the real runtime for an impossible allocation.
-fn runtime_set_last_error_oom() {
-    if let Some(f) = crate::cuda::real::cudaMalloc() {
-        let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
-        // SAFETY: p is a valid out-pointer; the size cannot be satisfied.
-        let rc = unsafe { f(&mut p, usize::MAX) };
-        if rc == 0
-            && !p.is_null()
-            && let Some(free) = crate::cuda::real::cudaFree()
-        {
-            // SAFETY: p was just allocated by the runtime.
-            unsafe { free(p) };
-        }
-    }
 }
 
 #[cfg(test)]

@@ -75,7 +75,7 @@ impl Fns {
 }
 
 /// The CUDA backend for one device.
-pub struct CudaDevice {
+pub(crate) struct CudaDevice {
     fns: Fns,
     ordinal: c_int,
     gran: u64,
@@ -131,7 +131,7 @@ impl CudaDevice {
     }
 
     /// `Err(why)` when the virtual-memory API is missing or refuses (fall back).
-    pub fn new(ordinal: c_int, peers: u64) -> Result<CudaDevice, String> {
+    pub(crate) fn new(ordinal: c_int, peers: u64) -> Result<CudaDevice, String> {
         let fns = Fns::resolve().ok_or_else(|| {
             "the CUDA driver has no virtual-memory API (cuMemCreate/cuMemMap/...)".to_string()
         })?;
@@ -193,7 +193,7 @@ impl CudaDevice {
 impl CudaDevice {
     /// A new request is served (on `stream`; `runtime`: through the runtime API).
     #[inline]
-    pub fn begin(&mut self, stream: Stream, runtime: bool) {
+    pub(crate) fn begin(&mut self, stream: Stream, runtime: bool) {
         self.stream = stream;
         self.runtime = runtime;
         self.capturing.set(None);
@@ -247,7 +247,7 @@ impl CudaDevice {
     /// New peers (`peers`, a device bit set): grant them access to every page mapped now, in
     /// runs of contiguous pages inside one reservation (one call per run); later mappings
     /// include them.
-    pub fn grant_peers(&mut self, peers: u64) -> Result<(), DeviceError> {
+    pub(crate) fn grant_peers(&mut self, peers: u64) -> Result<(), DeviceError> {
         let peers = peers & !(1 << self.ordinal);
         if peers & !self.peers == 0 {
             return Ok(());

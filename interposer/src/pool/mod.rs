@@ -30,29 +30,18 @@ mod tcache;
 #[cfg(test)]
 mod tests;
 
+use crate::cuda::request::{self, is_runtime};
 use crate::cuda::types::*;
+use crate::sys::wired::Wired;
 use cuda_device::CudaDevice;
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use vramshim_pool::stitch::{Budget, Stitch};
 use vramshim_pool::{ANY_STREAM, DeviceError, FreeMode, Policy, PoolError, Request, Stats};
-use vramshim_trace::{AllocKind, Api};
-
-/// One request as the dispatcher hands it to the pool.
-#[derive(Clone, Copy, Debug)]
-pub struct PoolRequest {
-    pub api: Api,
-    pub kind: AllocKind,
-    pub device: i32,
-    /// Stream the allocation is ordered on (0 = legacy default stream).
-    pub stream: u64,
-    pub size: u64,
-    /// `vramshim_trace::flags` bits (`PER_THREAD_STREAM` for `_ptsz` entry points).
-    pub flags: u8,
-}
+use vramshim_trace::Api;
 
 /// Pool stream ids at or above this are per-thread default streams: `PTDS_BASE | tid`.
-pub const PTDS_BASE: u64 = 1 << 62;
+pub(crate) const PTDS_BASE: u64 = 1 << 62;
 const CU_STREAM_LEGACY: u64 = 0x1;
 const CU_STREAM_PER_THREAD: u64 = 0x2;
 
@@ -60,7 +49,7 @@ const CU_STREAM_PER_THREAD: u64 = 0x2;
 /// Handle 0 means the per-thread default stream when a `_ptsz` entry point was called, and
 /// `CU_STREAM_PER_THREAD` always does: each thread's is a different stream, so two threads
 /// must not share a free list (reuse "on the same stream" would be unordered).
-pub fn pool_stream_id(stream: u64, flags: u8) -> u64 {
+pub(crate) fn pool_stream_id(stream: u64, flags: u8) -> u64 {
     let per_thread = stream == CU_STREAM_PER_THREAD
         || (stream == 0 && flags & vramshim_trace::flags::PER_THREAD_STREAM != 0);
     if per_thread {
@@ -83,7 +72,7 @@ static MODE: AtomicU8 = AtomicU8::new(UNREAD);
 /// What the pool asks of the cap about its pages. The cap stands beside the pool, not
 /// below it, so the layer that wires the layers together (`lifecycle`) hands these in at
 /// load; until then, and in a process without a cap, the answers of no cap.
-pub struct CapView {
+pub(crate) struct CapView {
     /// Whether each page is charged to the cap as the pool creates it.
     pub charges_pages: fn() -> bool,
     /// Charge a page of `bytes` on `device`, for a request ordered on `stream`; false:
@@ -97,22 +86,21 @@ pub struct CapView {
     pub visible_total: fn(i32, u64) -> u64,
 }
 
-static CAP_VIEW: std::sync::OnceLock<CapView> = std::sync::OnceLock::new();
+static CAP_VIEW: Wired<CapView> = Wired::new(CapView {
+    charges_pages: || false,
+    charge_page: |_, _, _| true,
+    uncharge_pages: |_, _| {},
+    clear_refusal: || {},
+    visible_total: |_, total| total,
+});
 
 /// Wire in the cap (see [`CapView`]).
-pub fn set_cap_view(v: CapView) {
-    let _ = CAP_VIEW.set(v);
+pub(crate) fn set_cap_view(v: CapView) {
+    CAP_VIEW.set(v);
 }
 
 fn cap_view() -> &'static CapView {
-    const NO_CAP: CapView = CapView {
-        charges_pages: || false,
-        charge_page: |_, _, _| true,
-        uncharge_pages: |_, _| {},
-        clear_refusal: || {},
-        visible_total: |_, total| total,
-    };
-    CAP_VIEW.get().unwrap_or(&NO_CAP)
+    CAP_VIEW.get()
 }
 
 /// The tight pool's budget ratio (`None`: the default stitch), read once.
@@ -155,7 +143,7 @@ const MAX_DEVICES: usize = 64;
 
 /// Is the pool on? (One relaxed load once the configuration was read.)
 #[inline]
-pub fn enabled() -> bool {
+pub(crate) fn enabled() -> bool {
     match MODE.load(Ordering::Relaxed) {
         ON => true,
         UNREAD => read_mode(),
@@ -262,7 +250,7 @@ fn with_pools<R>(f: impl FnOnce(&mut Pools) -> R) -> R {
 }
 
 /// The pool stream for a request, or `None` if the pool does not serve this kind.
-fn pool_stream(req: &PoolRequest) -> Option<u64> {
+fn pool_stream(req: &request::Request) -> Option<u64> {
     if req.size == 0 || req.device < 0 || req.device as usize >= MAX_DEVICES {
         return None;
     }
@@ -271,10 +259,6 @@ fn pool_stream(req: &PoolRequest) -> Option<u64> {
         Api::CudaMallocAsync | Api::CuMemAllocAsync => Some(pool_stream_id(req.stream, req.flags)),
         _ => None,
     }
-}
-
-fn is_runtime(api: Api) -> bool {
-    matches!(api, Api::CudaMalloc | Api::CudaMallocAsync)
 }
 
 /// Runtime requests may arrive before the runtime made its primary context current on this
@@ -319,7 +303,7 @@ static HELD: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICE
 static HELD_PEAK: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
 
 /// Bytes `device`'s pool holds from the device now and at most so far (0: none, or no pool).
-pub fn held(device: i32) -> (u64, u64) {
+pub(crate) fn held(device: i32) -> (u64, u64) {
     let Some(d) = usize::try_from(device).ok().filter(|&d| d < MAX_DEVICES) else {
         return (0, 0);
     };
@@ -338,7 +322,7 @@ fn publish_held(d: usize, p: &DevicePool) {
 }
 
 /// `None`: not for the pool, take the real path. `Some(Ok(ptr))` / `Some(Err(cuda_code))` otherwise.
-pub fn alloc(req: &PoolRequest) -> Option<Result<u64, i32>> {
+pub(crate) fn alloc(req: &request::Request) -> Option<Result<u64, i32>> {
     let stream = pool_stream(req)?;
     if MODE.load(Ordering::Relaxed) != ON {
         return None;
@@ -394,7 +378,7 @@ pub fn alloc(req: &PoolRequest) -> Option<Result<u64, i32>> {
 /// The pool refused `req`: the code the process sees (`None`: pass through after all).
 #[cold]
 #[inline(never)]
-fn refused(req: &PoolRequest, e: PoolError) -> Option<Result<u64, i32>> {
+fn refused(req: &request::Request, e: PoolError) -> Option<Result<u64, i32>> {
     crate::debug!("pool: {} bytes on device {}: {e}", req.size, req.device);
     let code = match e {
         PoolError::OutOfMemory { .. } => CUDA_ERROR_OUT_OF_MEMORY,
@@ -408,7 +392,7 @@ fn refused(req: &PoolRequest, e: PoolError) -> Option<Result<u64, i32>> {
         PoolError::UnknownPointer(_) => CUDA_ERROR_INVALID_VALUE,
     };
     if is_runtime(req.api) && code == cudaErrorMemoryAllocation {
-        runtime_set_last_error_oom();
+        crate::cuda::real::runtime_set_last_error_oom();
     }
     Some(Err(code))
 }
@@ -416,7 +400,7 @@ fn refused(req: &PoolRequest, e: PoolError) -> Option<Result<u64, i32>> {
 /// The first request for device `req.device`: make its pool (or say why not).
 #[cold]
 #[inline(never)]
-fn create_pool(pools: &mut Pools, req: &PoolRequest) -> Result<(), String> {
+fn create_pool(pools: &mut Pools, req: &request::Request) -> Result<(), String> {
     let d = req.device as usize;
     if pools.devs.len() <= d {
         pools.devs.resize_with(d + 1, || None);
@@ -471,26 +455,6 @@ fn create_pool(pools: &mut Pools, req: &PoolRequest) -> Result<(), String> {
     Ok(())
 }
 
-/// The runtime's sticky last error says `cudaErrorMemoryAllocation` after a refused
-/// `cudaMalloc`, and `cudaGetLastError` returns it once: make the real runtime record it, by
-/// asking it for an allocation no device can satisfy (the dispatcher does the same for a cap
-/// refusal). Called with no pool lock held.
-fn runtime_set_last_error_oom() {
-    let Some(f) = crate::cuda::real::cudaMalloc() else {
-        return;
-    };
-    let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
-    // SAFETY: a valid out-pointer; the size cannot be satisfied.
-    let rc = unsafe { f(&mut p, usize::MAX) };
-    if rc == CUDA_SUCCESS
-        && !p.is_null()
-        && let Some(free) = crate::cuda::real::cudaFree()
-    {
-        // SAFETY: p was just allocated by the runtime.
-        unsafe { free(p) };
-    }
-}
-
 /// Bit `d`: device `d` has a pool (set when made, cleared when reset).
 static HAS_POOL: AtomicU64 = AtomicU64::new(0);
 
@@ -513,7 +477,7 @@ fn drain_tcaches(pools: &mut Pools) {
 /// `None`: not pool memory, take the real path. `stream` is `Some` for stream-ordered frees.
 /// `pooled`: `(device, requested size)` when the dispatcher's live table says `ptr` is a
 /// live pool block (a stream-ordered free of one may stay with the thread, see `tcache`).
-pub fn free(ptr: u64, stream: Option<u64>, pooled: Option<(i32, u64)>) -> Option<i32> {
+pub(crate) fn free(ptr: u64, stream: Option<u64>, pooled: Option<(i32, u64)>) -> Option<i32> {
     if MODE.load(Ordering::Relaxed) != ON {
         return None;
     }
@@ -555,7 +519,7 @@ pub fn free(ptr: u64, stream: Option<u64>, pooled: Option<(i32, u64)>) -> Option
 
 /// Does `addr` lie in memory the pool holds (live or cached)? For refusing legacy IPC
 /// (`cudaIpcGetMemHandle`) and similar unsupported uses of pool memory.
-pub fn owns_address(addr: u64) -> bool {
+pub(crate) fn owns_address(addr: u64) -> bool {
     if MODE.load(Ordering::Relaxed) != ON {
         return false;
     }
@@ -564,7 +528,7 @@ pub fn owns_address(addr: u64) -> bool {
 
 /// `Some(code)`: refuse `cudaIpcGetMemHandle`/`cuIpcGetMemHandle` on `addr`, a pool address
 /// (a legacy IPC handle of a stitched mapping would expose the wrong memory). Warns once.
-pub fn refuse_ipc(addr: u64) -> Option<i32> {
+pub(crate) fn refuse_ipc(addr: u64) -> Option<i32> {
     if !owns_address(addr) {
         return None;
     }
@@ -580,7 +544,7 @@ pub fn refuse_ipc(addr: u64) -> Option<i32> {
 
 /// The process synchronized the whole device itself (`cudaDeviceSynchronize`,
 /// `cuCtxSynchronize`): every pending `cudaFree`d block is reusable.
-pub fn note_process_sync() {
+pub(crate) fn note_process_sync() {
     if MODE.load(Ordering::Relaxed) != ON {
         return;
     }
@@ -593,7 +557,7 @@ pub fn note_process_sync() {
 
 /// Give every cached page back (before a real allocation is retried after an
 /// out-of-memory, or when asked). Returns the bytes released.
-pub fn trim() -> u64 {
+pub(crate) fn trim() -> u64 {
     if MODE.load(Ordering::Relaxed) != ON {
         return 0;
     }
@@ -613,7 +577,7 @@ pub fn trim() -> u64 {
 
 /// `cudaDeviceReset` (or a primary-context reset) destroyed `device`'s memory: forget its
 /// pool without driver calls.
-pub fn on_device_reset(device: i32) {
+pub(crate) fn on_device_reset(device: i32) {
     if MODE.load(Ordering::Relaxed) != ON || device < 0 {
         return;
     }
@@ -656,7 +620,7 @@ fn peers_of(owner: i32) -> u64 {
 /// Device `accessor` was granted peer access to `owner`'s memory: a pool mapping is virtual
 /// memory, which peer access does not reach (only `cuMemSetAccess` does), so grant it on
 /// every range `owner`'s pool has mapped, and on every future mapping.
-pub fn on_peer_access(owner: i32, accessor: i32) {
+pub(crate) fn on_peer_access(owner: i32, accessor: i32) {
     if MODE.load(Ordering::Relaxed) != ON
         || owner == accessor
         || !(0..MAX_DEVICES as i32).contains(&owner)
@@ -687,7 +651,7 @@ pub fn on_peer_access(owner: i32, accessor: i32) {
 }
 
 /// Statistics of `device`'s pool, if it has one.
-pub fn stats(device: i32) -> Option<Stats> {
+pub(crate) fn stats(device: i32) -> Option<Stats> {
     if MODE.load(Ordering::Relaxed) != ON || device < 0 {
         return None;
     }
@@ -702,7 +666,7 @@ pub fn stats(device: i32) -> Option<Stats> {
 
 /// Called in a forked child before it does anything else: the parent's device memory is
 /// not the child's; forget every pool (no driver call) and reset the lock.
-pub fn on_fork_child() {
+pub(crate) fn on_fork_child() {
     POOLS.locked.store(false, Ordering::Release);
     HAS_POOL.store(0, Ordering::Relaxed);
     tcache::on_fork_child();

@@ -22,7 +22,7 @@ const SLOTS: usize = 8;
 const CACHES: usize = 64;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Freed {
+pub(crate) struct Freed {
     pub device: i32,
     pub addr: u64,
     /// the size the program asked for (the pool's accounting of the block)
@@ -93,7 +93,7 @@ thread_local! {
     static MINE: Mine = const { Mine(Cell::new(UNCLAIMED)) };
 }
 
-pub fn configure(on: bool, any_stream: bool, no_drain: bool) {
+pub(crate) fn configure(on: bool, any_stream: bool, no_drain: bool) {
     ON.store(on, Ordering::Relaxed);
     ANY_STREAM.store(any_stream, Ordering::Relaxed);
     NO_DRAIN.store(no_drain, Ordering::Relaxed);
@@ -154,7 +154,7 @@ impl Cache {
 
 /// A cached block for `size` bytes on `device`, pool stream `stream`, freed on that stream.
 #[inline]
-pub fn take(device: i32, size: u64, stream: u64) -> Option<u64> {
+pub(crate) fn take(device: i32, size: u64, stream: u64) -> Option<u64> {
     if !ON.load(Ordering::Relaxed) {
         return None;
     }
@@ -177,7 +177,7 @@ pub fn take(device: i32, size: u64, stream: u64) -> Option<u64> {
 /// Keep a block freed on pool stream `f.stream`. False: the cache is full (or off); the
 /// caller frees it into the pool.
 #[inline]
-pub fn put(f: Freed) -> bool {
+pub(crate) fn put(f: Freed) -> bool {
     if !ON.load(Ordering::Relaxed) {
         return false;
     }
@@ -202,14 +202,14 @@ pub fn put(f: Freed) -> bool {
 
 /// May any cache hold a free?
 #[inline]
-pub fn any() -> bool {
+pub(crate) fn any() -> bool {
     NONEMPTY.load(Ordering::Acquire) != 0 && !NO_DRAIN.load(Ordering::Relaxed)
 }
 
 /// Empty every cache, handing each block to `f` (called with the pool lock held; the lock
 /// order is pool, then cache, and an owner never takes the pool lock while holding its
 /// cache).
-pub fn drain(mut f: impl FnMut(Freed)) {
+pub(crate) fn drain(mut f: impl FnMut(Freed)) {
     if NO_DRAIN.load(Ordering::Relaxed) {
         return;
     }
@@ -229,7 +229,7 @@ pub fn drain(mut f: impl FnMut(Freed)) {
 
 /// In a forked child: the parent's blocks are not the child's; forget them all (no pool
 /// call) and every claim but this thread's.
-pub fn on_fork_child() {
+pub(crate) fn on_fork_child() {
     let me = MINE.try_with(|m| m.0.get()).unwrap_or(UNCLAIMED);
     for (i, c) in CACHE.iter().enumerate() {
         c.locked.store(false, Ordering::Release);

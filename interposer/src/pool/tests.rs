@@ -726,13 +726,16 @@ fn pool_statistics_are_readable_in_process_and_at_exit() {
         &["-ldl"],
     );
     let json = dir.join("stats.json");
+    let trace = dir.join("pool.vramtrace");
     let _ = std::fs::remove_file(&json);
+    let _ = std::fs::remove_file(&trace);
     let o = run(
         &exe,
         &[],
         &[
             ("VRAMSHIM_POOL", "stitch-tight"),
             ("VRAMSHIM_STATS", json.to_str().unwrap()),
+            ("VRAMSHIM_TRACE", trace.to_str().unwrap()),
         ],
         "pool-stats",
     );
@@ -758,6 +761,42 @@ fn pool_statistics_are_readable_in_process_and_at_exit() {
     let j = std::fs::read_to_string(&json).unwrap();
     assert!(j.contains("\"pools\":{\"0\":{\"reserved\":"), "{j}");
     assert!(j.contains("\"budget\":"), "{j}");
+    // the trace: PoolStats records, the last (written at exit) with nothing live and the
+    // three blocks' bytes cached or pending, under a budget
+    let mut r = vramshim_trace::TraceReader::open(&trace).unwrap();
+    let mut e = vramshim_trace::Event::Lost { t_ns: 0, count: 0 };
+    let mut seen = Vec::new();
+    while r.next_into(&mut e).unwrap() {
+        if let vramshim_trace::Event::PoolStats {
+            device,
+            reserved,
+            live,
+            cached,
+            pending,
+            budget,
+            ..
+        } = e
+        {
+            assert_eq!(device, 0);
+            seen.push((reserved, live, cached + pending, budget));
+        }
+    }
+    let last = *seen.last().expect("no PoolStats record in the trace");
+    assert_eq!((last.1, last.2), (0, blocks as u64), "{seen:?}");
+    assert!(last.3 > 0 && last.0 <= last.3, "{seen:?}");
+    // and the summary says it
+    let vramshim = vramshim_testkit::profile_dir().join("vramshim");
+    let out = std::process::Command::new(&vramshim)
+        .arg("summary")
+        .arg(&trace)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("pool on device 0 (last record): reserved") && text.contains("budget"),
+        "{text}"
+    );
     // the pool off: the functions are there and say so
     let o = run(&exe, &[], &[("VRAMSHIM_POOL", "off")], "pool-stats-off");
     assert_eq!(o.code(), Some(0), "{}\n{}", o.stdout, tail(&o.stderr));

@@ -19,9 +19,9 @@ use vramshim_trace::{AllocKind, Api};
 
 /// Devices 0..MAX_DEVICES have their own slot; then one for host memory and one for device
 /// memory whose device is unknown (a thread with no context).
-pub const MAX_DEVICES: usize = crate::cuda::MAX_DEVICES;
-pub const HOST_SLOT: usize = MAX_DEVICES;
-pub const UNKNOWN_SLOT: usize = MAX_DEVICES + 1;
+pub(crate) const MAX_DEVICES: usize = crate::cuda::MAX_DEVICES;
+pub(crate) const HOST_SLOT: usize = MAX_DEVICES;
+pub(crate) const UNKNOWN_SLOT: usize = MAX_DEVICES + 1;
 pub(crate) const SLOTS: usize = MAX_DEVICES + 2;
 const STRIPES: usize = 8;
 const APIS: usize = 64;
@@ -74,7 +74,7 @@ fn stripe() -> &'static Stripe {
 
 /// Counter slot of a device / kind.
 #[inline]
-pub fn slot(device: i32, kind: AllocKind) -> usize {
+pub(crate) fn slot(device: i32, kind: AllocKind) -> usize {
     if !kind.is_device() {
         HOST_SLOT
     } else if device >= 0 && (device as usize) < MAX_DEVICES {
@@ -87,14 +87,14 @@ pub fn slot(device: i32, kind: AllocKind) -> usize {
 /// One request through `api` (counted once, however many of our hooks it crossed), from a
 /// thread without a hook token (rare paths).
 #[inline]
-pub fn call(api: Api) {
+pub(crate) fn call(api: Api) {
     stripe().calls[(api as usize) % APIS].fetch_add(1, Relaxed);
 }
 
 /// One request through `api`, counted in the calling thread's own block: a plain load and
 /// store, no atomic read-modify-write (each block has one writer).
 #[inline(always)]
-pub fn call_in(tok: &crate::sys::thread::Token, api: Api) {
+pub(crate) fn call_in(tok: &crate::sys::thread::Token, api: Api) {
     let st = tok.state();
     let mut b = st.calls.get();
     if b.is_null() && !st.exited.get() {
@@ -116,7 +116,7 @@ pub fn call_in(tok: &crate::sys::thread::Token, api: Api) {
 /// destructor), so there are at most as many blocks as threads ever alive at once. Counts
 /// stay in the block when it changes hands: totals remain exact.
 #[repr(align(64))]
-pub struct CallBlock {
+pub(crate) struct CallBlock {
     calls: [AtomicU64; APIS],
     /// This thread's net bytes per slot (allocations minus frees; wrapping: a thread that
     /// frees what others allocated goes below zero).
@@ -194,12 +194,12 @@ fn block(tok: &crate::sys::thread::Token) -> Option<&'static CallBlock> {
 }
 
 /// Bytes a thread may have freed below what it published before it tells the running total.
-pub const SLACK: u64 = 1 << 20;
+pub(crate) const SLACK: u64 = 1 << 20;
 
 /// A successful allocation became live: counted in this thread's block; published (one
 /// atomic add, and the peak raised) only when the thread goes above what it published.
 #[inline(always)]
-pub fn alloc_in(tok: &crate::sys::thread::Token, device: i32, kind: AllocKind, size: u64) {
+pub(crate) fn alloc_in(tok: &crate::sys::thread::Token, device: i32, kind: AllocKind, size: u64) {
     let s = slot(device, kind);
     let Some(b) = block(tok) else {
         return alloc(device, kind, size);
@@ -224,7 +224,7 @@ fn raise(t: &Total, delta: u64) {
 /// A live allocation was freed: counted in this thread's block; published only once the
 /// thread is `SLACK` bytes below what it published.
 #[inline(always)]
-pub fn free_in(tok: &crate::sys::thread::Token, device: i32, kind: AllocKind, size: u64) {
+pub(crate) fn free_in(tok: &crate::sys::thread::Token, device: i32, kind: AllocKind, size: u64) {
     let s = slot(device, kind);
     let Some(b) = block(tok) else {
         return free(device, kind, size);
@@ -252,7 +252,7 @@ fn publish_all(b: &CallBlock) {
 
 /// An allocation became live outside a hook (no thread block at hand).
 #[inline]
-pub fn alloc(device: i32, kind: AllocKind, size: u64) {
+pub(crate) fn alloc(device: i32, kind: AllocKind, size: u64) {
     let s = slot(device, kind);
     EXTRA[s].fetch_add(size, Relaxed);
     raise(&TOTALS[s], size);
@@ -261,32 +261,32 @@ pub fn alloc(device: i32, kind: AllocKind, size: u64) {
 /// A live allocation was freed or dropped outside the hot path (stale entries, device
 /// reset): taken off the running total at once.
 #[inline]
-pub fn free(device: i32, kind: AllocKind, size: u64) {
+pub(crate) fn free(device: i32, kind: AllocKind, size: u64) {
     let s = slot(device, kind);
     EXTRA[s].fetch_sub(size, Relaxed);
     TOTALS[s].live.fetch_sub(size, Relaxed);
 }
 
-pub fn unknown_free() {
+pub(crate) fn unknown_free() {
     MISC.unknown_frees.fetch_add(1, Relaxed);
 }
-pub fn cap_refusal() {
+pub(crate) fn cap_refusal() {
     MISC.cap_refusals.fetch_add(1, Relaxed);
 }
-pub fn alloc_failure() {
+pub(crate) fn alloc_failure() {
     MISC.alloc_failures.fetch_add(1, Relaxed);
 }
-pub fn pooled() {
+pub(crate) fn pooled() {
     MISC.pooled.fetch_add(1, Relaxed);
 }
-pub fn panic_caught() {
+pub(crate) fn panic_caught() {
     MISC.panics.fetch_add(1, Relaxed);
 }
 
 // ------------------------------------------------------------------------------ reads
 
 /// Requests through `api`.
-pub fn calls(api: Api) -> u64 {
+pub(crate) fn calls(api: Api) -> u64 {
     let i = (api as usize) % APIS;
     STRIPES_
         .iter()
@@ -298,35 +298,35 @@ pub fn calls(api: Api) -> u64 {
 /// Live bytes of a slot (all kinds): every thread's net bytes plus those counted outside
 /// the blocks, exact whenever no request is in flight (each entry that enters or leaves the
 /// live tables is counted exactly once, by the thread that moved it).
-pub fn live_bytes(slot: usize) -> u64 {
+pub(crate) fn live_bytes(slot: usize) -> u64 {
     blocks()
         .map(|b| b.net[slot].load(Relaxed))
         .fold(EXTRA[slot].load(Relaxed), u64::wrapping_add)
 }
 
 /// Peak live bytes of a slot.
-pub fn peak_bytes(slot: usize) -> u64 {
+pub(crate) fn peak_bytes(slot: usize) -> u64 {
     TOTALS[slot].peak.load(Relaxed)
 }
 
-pub fn unknown_frees() -> u64 {
+pub(crate) fn unknown_frees() -> u64 {
     MISC.unknown_frees.load(Relaxed)
 }
-pub fn cap_refusals() -> u64 {
+pub(crate) fn cap_refusals() -> u64 {
     MISC.cap_refusals.load(Relaxed)
 }
-pub fn alloc_failures() -> u64 {
+pub(crate) fn alloc_failures() -> u64 {
     MISC.alloc_failures.load(Relaxed)
 }
-pub fn pooled_count() -> u64 {
+pub(crate) fn pooled_count() -> u64 {
     MISC.pooled.load(Relaxed)
 }
-pub fn panics() -> u64 {
+pub(crate) fn panics() -> u64 {
     MISC.panics.load(Relaxed)
 }
 
 /// Slots that have held anything.
-pub fn used_slots() -> impl Iterator<Item = usize> {
+pub(crate) fn used_slots() -> impl Iterator<Item = usize> {
     (0..SLOTS).filter(|s| peak_bytes(*s) != 0 || live_bytes(*s) != 0)
 }
 

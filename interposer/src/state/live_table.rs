@@ -33,7 +33,7 @@ use vramshim_trace::{AllocKind, Api};
 
 /// One live allocation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Entry {
+pub(crate) struct Entry {
     pub size: u64,
     pub kind: AllocKind,
     pub device: i32,
@@ -416,14 +416,14 @@ impl Root {
 /// Immutable itself (its one changing word, the root pointer, lives in a [`TableRoot`] it
 /// refers to): so that in a `static` table the compiler folds `cache` and the root's
 /// address into the hooks' code instead of loading and testing them on every request.
-pub struct LiveTable {
+pub(crate) struct LiveTable {
     /// This table's slot in the thread-local part cache; `None`: only the shared part.
     cache: Option<usize>,
     root: &'static TableRoot,
 }
 
 /// The published root of a [`LiveTable`] (null until first used, replaced on fork).
-pub struct TableRoot(AtomicPtr<Root>);
+pub(crate) struct TableRoot(AtomicPtr<Root>);
 
 impl Default for TableRoot {
     fn default() -> Self {
@@ -432,20 +432,20 @@ impl Default for TableRoot {
 }
 
 impl TableRoot {
-    pub const fn new() -> TableRoot {
+    pub(crate) const fn new() -> TableRoot {
         TableRoot(AtomicPtr::new(std::ptr::null_mut()))
     }
 }
 
 impl LiveTable {
     /// A table whose operations all go through one locked part.
-    pub const fn new(root: &'static TableRoot) -> LiveTable {
+    pub(crate) const fn new(root: &'static TableRoot) -> LiveTable {
         LiveTable { cache: None, root }
     }
 
     /// A table with a part per thread, cached in thread-local slot `cache`
     /// (`< CACHE_SLOTS`; one table per slot in the process).
-    pub const fn per_thread(cache: usize, root: &'static TableRoot) -> LiveTable {
+    pub(crate) const fn per_thread(cache: usize, root: &'static TableRoot) -> LiveTable {
         assert!(cache < CACHE_SLOTS);
         LiveTable {
             cache: Some(cache),
@@ -524,7 +524,7 @@ impl LiveTable {
     /// previously recorded at `key` in that part (a free we never saw), whose bytes are no
     /// longer counted live.
     #[inline(always)]
-    pub fn insert_in(&self, tok: &Token, key: u64, e: Entry) -> Option<Entry> {
+    pub(crate) fn insert_in(&self, tok: &Token, key: u64, e: Entry) -> Option<Entry> {
         if key == EMPTY {
             return None;
         }
@@ -538,8 +538,9 @@ impl LiveTable {
         r
     }
 
+    #[cfg(test)]
     /// Insert from outside a hook (the shared part).
-    pub fn insert(&self, key: u64, e: Entry) -> Option<Entry> {
+    pub(crate) fn insert(&self, key: u64, e: Entry) -> Option<Entry> {
         if key == EMPTY {
             return None;
         }
@@ -559,7 +560,7 @@ impl LiveTable {
     /// (all parts held: exclusive against every owner and every other remover). A thread
     /// that has no part yet has nothing of its own to look in: no part is claimed here.
     #[inline(always)]
-    pub fn remove_in(&self, tok: &Token, key: u64) -> Option<Entry> {
+    pub(crate) fn remove_in(&self, tok: &Token, key: u64) -> Option<Entry> {
         if key == EMPTY {
             return None;
         }
@@ -593,8 +594,9 @@ impl LiveTable {
         }
     }
 
+    #[cfg(test)]
     /// Remove from outside a hook.
-    pub fn remove(&self, key: u64) -> Option<Entry> {
+    pub(crate) fn remove(&self, key: u64) -> Option<Entry> {
         if key == EMPTY {
             return None;
         }
@@ -617,8 +619,9 @@ impl LiveTable {
         out
     }
 
+    #[cfg(test)]
     /// The entry at `key`, if live.
-    pub fn get(&self, key: u64) -> Option<Entry> {
+    pub(crate) fn get(&self, key: u64) -> Option<Entry> {
         if key == EMPTY {
             return None;
         }
@@ -632,7 +635,7 @@ impl LiveTable {
     }
 
     /// Remove every entry matching `pred`, returning them.
-    pub fn drain_where(&self, mut pred: impl FnMut(&Entry) -> bool) -> Vec<(u64, Entry)> {
+    pub(crate) fn drain_where(&self, mut pred: impl FnMut(&Entry) -> bool) -> Vec<(u64, Entry)> {
         let mut out = Vec::new();
         let Some(root) = self.published() else {
             return out;
@@ -655,7 +658,7 @@ impl LiveTable {
     }
 
     /// Visit every live entry (an atomic snapshot: all parts held).
-    pub fn for_each(&self, mut f: impl FnMut(u64, &Entry)) {
+    pub(crate) fn for_each(&self, mut f: impl FnMut(u64, &Entry)) {
         let Some(root) = self.published() else {
             return;
         };
@@ -669,19 +672,20 @@ impl LiveTable {
     }
 
     /// Number of live entries (exact when no request is in flight).
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.published()
             .map_or(0, |r| r.each().map(Part::len).sum())
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// Start over with an empty table without touching the old one (fork child: its locks
     /// may be held by threads that no longer exist). The old table is leaked. Only when no
     /// other thread uses the table (the calling thread's cached part is dropped).
-    pub fn reset_leak(&self) {
+    pub(crate) fn reset_leak(&self) {
         self.root.0.store(std::ptr::null_mut(), Ordering::Release);
         if let Some(c) = self.cache {
             crate::sys::thread::with_state(|s| s.parts[c].set(std::ptr::null()));
@@ -702,10 +706,10 @@ fn release_parts(st: &crate::sys::thread::State) {
 }
 
 /// Device pointers (and host pointers of `cudaMallocHost` & co.).
-pub static ALLOCS: LiveTable = LiveTable::per_thread(0, &ALLOCS_ROOT);
+pub(crate) static ALLOCS: LiveTable = LiveTable::per_thread(0, &ALLOCS_ROOT);
 static ALLOCS_ROOT: TableRoot = TableRoot::new();
 /// VMM handles of `cuMemCreate`, keyed by handle value (rare: one shared part).
-pub static HANDLES: LiveTable = LiveTable::new(&HANDLES_ROOT);
+pub(crate) static HANDLES: LiveTable = LiveTable::new(&HANDLES_ROOT);
 static HANDLES_ROOT: TableRoot = TableRoot::new();
 
 #[cfg(test)]

@@ -2,6 +2,6 @@
 //! call and byte counters ([`counters`]) and their reading for tests and at exit
 //! ([`stats`]). Beside `cap`, `pool` and `tracer`: none of the four imports another.
 
-pub mod counters;
-pub mod live_table;
-pub mod stats;
+pub(crate) mod counters;
+pub(crate) mod live_table;
+pub(crate) mod stats;

@@ -26,7 +26,7 @@ use vramshim_trace::{AllocKind, Api};
 
 /// (entries, bytes) live in a slot, optionally of one kind: a scan of the live tables
 /// (reads only; not for the hot path).
-pub fn live_scan(slot_: usize, kind: Option<AllocKind>) -> (u64, u64) {
+pub(crate) fn live_scan(slot_: usize, kind: Option<AllocKind>) -> (u64, u64) {
     let (mut n, mut b) = (0u64, 0u64);
     let mut visit = |_: u64, e: &live_table::Entry| {
         if counters::slot(e.device, e.kind) == slot_ && kind.is_none_or(|k| k == e.kind) {
@@ -40,17 +40,17 @@ pub fn live_scan(slot_: usize, kind: Option<AllocKind>) -> (u64, u64) {
 }
 
 /// Live bytes of one kind in a slot.
-pub fn live_bytes_kind(slot: usize, kind: AllocKind) -> u64 {
+pub(crate) fn live_bytes_kind(slot: usize, kind: AllocKind) -> u64 {
     live_scan(slot, Some(kind)).1
 }
 
 /// Live entries of one kind in a slot.
-pub fn live_count_kind(slot: usize, kind: AllocKind) -> u64 {
+pub(crate) fn live_count_kind(slot: usize, kind: AllocKind) -> u64 {
     live_scan(slot, Some(kind)).0
 }
 
 /// Live entries of a slot (all kinds).
-pub fn live_count(slot: usize) -> u64 {
+pub(crate) fn live_count(slot: usize) -> u64 {
     live_scan(slot, None).0
 }
 
@@ -75,7 +75,7 @@ fn parse_kind(s: &str) -> Option<AllocKind> {
 }
 
 /// One counter by name; `None` for unknown names.
-pub fn counter(name: &str) -> Option<u64> {
+pub(crate) fn counter(name: &str) -> Option<u64> {
     let mut parts = name.split('.');
     let head = parts.next()?;
     let a = parts.next();
@@ -122,7 +122,7 @@ pub fn set_pool_view(view: PoolStatsView) {
 }
 
 /// Everything as one JSON object.
-pub fn json() -> String {
+pub(crate) fn json() -> String {
     let mut s = String::with_capacity(2048);
     let _ = write!(s, "{{\"pid\":{},\"calls\":{{", crate::sys::ids::pid());
     let mut first = true;

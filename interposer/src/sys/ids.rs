@@ -5,7 +5,7 @@
 /// the hooks' thread state (`guard`: initial-exec TLS, no `__tls_get_addr`, no destructor,
 /// valid during thread exit too).
 #[inline]
-pub fn tid() -> u32 {
+pub(crate) fn tid() -> u32 {
     let st = crate::sys::thread::state();
     let v = st.tid.get();
     if v != 0 {
@@ -24,7 +24,7 @@ fn tid_slow(st: &crate::sys::thread::State) -> u32 {
 
 /// Monotonic time in nanoseconds (`CLOCK_MONOTONIC`).
 #[inline]
-pub fn now_ns() -> u64 {
+pub(crate) fn now_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -38,7 +38,7 @@ pub fn now_ns() -> u64 {
 
 /// Process id (not cached: cheap, and correct after fork).
 #[inline]
-pub fn pid() -> u32 {
+pub(crate) fn pid() -> u32 {
     // SAFETY: getpid has no preconditions.
     unsafe { libc::getpid() as u32 }
 }

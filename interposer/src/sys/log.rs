@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 #[repr(u8)]
-pub enum Level {
+pub(crate) enum Level {
     Off = 0,
     Warn = 1,
     Info = 2,
@@ -36,18 +36,8 @@ static LEVEL: AtomicU8 = AtomicU8::new(Level::Warn as u8);
 
 /// Whether messages of `level` are written. One relaxed load.
 #[inline(always)]
-pub fn enabled(level: Level) -> bool {
+pub(crate) fn enabled(level: Level) -> bool {
     level as u8 <= LEVEL.load(Ordering::Relaxed)
-}
-
-/// The current level.
-pub fn level() -> Level {
-    match LEVEL.load(Ordering::Relaxed) {
-        0 => Level::Off,
-        1 => Level::Warn,
-        2 => Level::Info,
-        _ => Level::Debug,
-    }
 }
 
 /// Parse `VRAMSHIM_LOG`. Called from the constructor.
@@ -72,12 +62,6 @@ pub(crate) fn init() {
     crate::config::layers::changed();
 }
 
-/// Set the level at run time (tests).
-pub fn set_level(level: Level) {
-    LEVEL.store(level as u8, Ordering::Relaxed);
-    crate::config::layers::changed();
-}
-
 struct StackBuf {
     buf: [u8; 1024],
     len: usize,
@@ -99,7 +83,7 @@ impl fmt::Write for StackBuf {
 
 /// Write one line `vramshim[pid] level: message` to stderr (unconditionally; the macros
 /// check the level first).
-pub fn write(level: Level, args: fmt::Arguments<'_>) {
+pub(crate) fn write(level: Level, args: fmt::Arguments<'_>) {
     let mut b = StackBuf {
         buf: [0; 1024],
         len: 0,

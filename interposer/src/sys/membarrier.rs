@@ -30,7 +30,7 @@ fn call(cmd: libc::c_long) -> libc::c_long {
 
 /// Registers this process for the expedited barrier on first use; whether it can be used
 /// (false on kernels without it and under seccomp filters that refuse it).
-pub fn available() -> bool {
+pub(crate) fn available() -> bool {
     match STATE.load(Relaxed) {
         REGISTERED => true,
         UNAVAILABLE => false,
@@ -48,12 +48,12 @@ pub fn available() -> bool {
 /// A full barrier on every thread of the process that runs right now (the others pass one
 /// when they are next scheduled). Falls back to the global (slow) command if the expedited
 /// one is refused; false when neither worked, so the caller must not rely on it.
-pub fn all_threads() -> bool {
+pub(crate) fn all_threads() -> bool {
     call(CMD_PRIVATE_EXPEDITED) == 0 || call(CMD_GLOBAL) == 0
 }
 
 /// Forked child: register again on next use.
-pub fn on_fork_child() {
+pub(crate) fn on_fork_child() {
     STATE.store(UNASKED, Relaxed);
 }
 

@@ -2,8 +2,9 @@
 //! thread id, process id and monotonic clock ([`ids`]), process-wide memory barriers
 //! ([`membarrier`]) and the allocation-free log ([`log`]). Imports only `config`.
 
-pub mod ids;
+pub(crate) mod ids;
 #[macro_use]
-pub mod log;
-pub mod membarrier;
-pub mod thread;
+pub(crate) mod log;
+pub(crate) mod membarrier;
+pub(crate) mod thread;
+pub(crate) mod wired;

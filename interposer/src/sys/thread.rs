@@ -126,12 +126,12 @@ fn st() -> &'static State {
 /// Proof of being the outermost hook on this thread; hand it back with [`Token::leave`].
 /// Holds this thread's state (valid while the thread lives, and only used on this thread:
 /// `State` is not `Sync`, so neither is the token).
-pub struct Token(&'static State);
+pub(crate) struct Token(&'static State);
 
 impl Token {
     /// Leave the outermost hook.
     #[inline(always)]
-    pub fn leave(self) {
+    pub(crate) fn leave(self) {
         self.0.depth.set(0);
     }
 
@@ -145,7 +145,7 @@ impl Token {
 /// Enter a hook: `Some(token)` if this is the outermost hook on this thread (give the token
 /// back with [`Token::leave`]); `None` if nested: pass straight through.
 #[inline(always)]
-pub fn enter() -> Option<Token> {
+pub(crate) fn enter() -> Option<Token> {
     let s = st();
     if s.depth.get() == 0 {
         s.depth.set(1);
@@ -162,7 +162,7 @@ pub fn enter() -> Option<Token> {
 /// take the hook's full path (which passes through, and counts, by [`enter`] when nested).
 /// Checked first, before any frame is set up.
 #[inline(always)]
-pub fn nested_real<F>(real: impl FnOnce() -> Option<F>) -> Option<F> {
+pub(crate) fn nested_real<F>(real: impl FnOnce() -> Option<F>) -> Option<F> {
     let s = st();
     if s.depth.get() == 0 {
         return None;
@@ -173,14 +173,8 @@ pub fn nested_real<F>(real: impl FnOnce() -> Option<F>) -> Option<F> {
 }
 
 /// Hooks the calling thread passed straight through so far.
-pub fn nested_on_this_thread() -> u64 {
+pub(crate) fn nested_on_this_thread() -> u64 {
     st().nested.get()
-}
-
-/// Whether a hook is active on this thread.
-#[inline]
-pub fn active() -> bool {
-    st().depth.get() > 0
 }
 
 /// Run `f` on this thread's state (counters' registration and thread-exit handling).

@@ -18,13 +18,13 @@ static AVAILABLE: AtomicBool = AtomicBool::new(false);
 
 /// The asymmetric protocol may be used (registered in this process).
 #[inline]
-pub fn available() -> bool {
+pub(crate) fn available() -> bool {
     AVAILABLE.load(Ordering::Relaxed)
 }
 
 /// Enable the protocol where the process can use `membarrier` (once per process; a forked
 /// child again). `VRAMSHIM_TRACE_LOCKS=1` keeps the locked hand-off.
-pub fn init() {
+pub(crate) fn init() {
     if available() || super::config_var("VRAMSHIM_TRACE_LOCKS").is_some_and(|v| v.trim() == "1") {
         return;
     }
@@ -36,18 +36,18 @@ pub fn init() {
 /// The application thread's side: keep the compiler from moving the `claim` load above the
 /// `busy` store (the CPU may; [`heavy`] covers that).
 #[inline(always)]
-pub fn light() {
+pub(crate) fn light() {
     compiler_fence(Ordering::SeqCst);
 }
 
 /// The writer's side: a full barrier on every running thread of the process. False when the
 /// kernel refused (then the writer must not rely on the protocol).
-pub fn heavy() -> bool {
+pub(crate) fn heavy() -> bool {
     crate::sys::membarrier::all_threads()
 }
 
 /// Forked child: a new address space, not registered.
-pub fn on_fork_child() {
+pub(crate) fn on_fork_child() {
     AVAILABLE.store(false, Ordering::Relaxed);
     crate::sys::membarrier::on_fork_child();
 }

@@ -112,7 +112,7 @@ pub struct Stamp {
 
 impl Stamp {
     /// Placeholder where tracing is off (never emitted).
-    pub const NONE: Stamp = Stamp {
+    pub(crate) const NONE: Stamp = Stamp {
         ns: 0,
         tsc: 0,
         rate: 0,
@@ -171,7 +171,7 @@ pub fn stamp() -> Stamp {
 /// (the newest whose anchor is not after it), as [`now_ns`] would have converted it then.
 /// Times older than every kept set use the oldest, backward. Remembers the last set found,
 /// so a buffer's times cost one lookup per set.
-pub struct ToNs {
+pub(crate) struct ToNs {
     tsc: bool,
     p: Option<Snapshot>,
     /// `p` holds for raw times in `lo..hi`.
@@ -186,7 +186,7 @@ impl Default for ToNs {
 }
 
 impl ToNs {
-    pub fn new() -> ToNs {
+    pub(crate) fn new() -> ToNs {
         ToNs {
             tsc: MODE.load(Ordering::Relaxed) == MODE_TSC,
             p: None,
@@ -196,7 +196,7 @@ impl ToNs {
     }
 
     #[inline]
-    pub fn get(&mut self, raw: u64) -> u64 {
+    pub(crate) fn get(&mut self, raw: u64) -> u64 {
         if !self.tsc {
             return raw;
         }
@@ -389,7 +389,7 @@ fn anchor() -> Option<(u64, u64)> {
 }
 
 /// Take a new anchor and publish parameters that steer onto it (one thread at a time).
-pub fn recalibrate() {
+pub(crate) fn recalibrate() {
     if MODE.load(Ordering::Relaxed) != MODE_TSC
         || RECALIBRATING
             .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
@@ -450,7 +450,7 @@ fn recalibrate_locked() {
 }
 
 /// Chooses the clock and calibrates the TSC (~1 ms, only when tracing is configured).
-pub fn init() {
+pub(crate) fn init() {
     if MODE.load(Ordering::Relaxed) != MODE_UNSET {
         return;
     }
@@ -469,7 +469,7 @@ pub fn init() {
 }
 
 /// Which clock the trace uses ("tsc" or "monotonic"), for the header's configuration.
-pub fn name() -> &'static str {
+pub(crate) fn name() -> &'static str {
     if MODE.load(Ordering::Relaxed) == MODE_TSC {
         "tsc"
     } else {
@@ -519,7 +519,7 @@ fn calibrate() -> bool {
 
 /// Forked child: a re-anchoring the parent's other threads had under way is never finished
 /// here; the parameters themselves stay valid (same TSC, same clock).
-pub fn on_fork_child() {
+pub(crate) fn on_fork_child() {
     RECALIBRATING.store(false, Ordering::Relaxed);
     for s in &SETS {
         let q = s.seq.load(Ordering::Relaxed);

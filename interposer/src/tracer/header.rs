@@ -4,7 +4,7 @@ use std::ffi::{c_char, c_int};
 
 use vramshim_trace::{DeviceInfo, FORMAT_VERSION, Header};
 
-pub fn wall_ns() -> u64 {
+pub(crate) fn wall_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -16,7 +16,7 @@ pub fn wall_ns() -> u64 {
         .saturating_add(ts.tv_nsec as u64)
 }
 
-pub fn host() -> String {
+pub(crate) fn host() -> String {
     let mut buf = [0u8; 256];
     // SAFETY: buf is writable for its length.
     let r = unsafe { libc::gethostname(buf.as_mut_ptr() as *mut c_char, buf.len() - 1) };
@@ -40,7 +40,7 @@ fn cmdline() -> Vec<String> {
 
 /// Expands `%p` (pid), `%h` (host), `%t` (start time, Unix seconds) and `%%`. A forked child
 /// whose pattern has no `%p` gets `.<pid>` appended, so it never clobbers its parent's file.
-pub fn expand(pattern: &str, pid: u32, wall_ns: u64, forked_child: bool) -> String {
+pub(crate) fn expand(pattern: &str, pid: u32, wall_ns: u64, forked_child: bool) -> String {
     let mut out = String::with_capacity(pattern.len() + 16);
     let mut it = pattern.chars();
     let mut has_pid = false;
@@ -71,7 +71,7 @@ pub fn expand(pattern: &str, pid: u32, wall_ns: u64, forked_child: bool) -> Stri
     out
 }
 
-pub fn build(wall: u64, mono: u64) -> Header {
+pub(crate) fn build(wall: u64, mono: u64) -> Header {
     Header {
         format_version: FORMAT_VERSION,
         pid: crate::sys::ids::pid(),
@@ -86,6 +86,7 @@ pub fn build(wall: u64, mono: u64) -> Header {
         config: crate::config::all()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .chain([("trace.clock".to_string(), super::clock::name().to_string())])
+            .chain((super::device_view().cap_limits)())
             .collect(),
     }
 }
@@ -97,7 +98,7 @@ type CuDeviceGetUuid = unsafe extern "C" fn(*mut [u8; 16], c_int) -> c_int;
 
 /// Devices, from the real driver, only if the process already loaded and initialised it
 /// (empty otherwise; the writer retries and emits `Device` records later).
-pub fn devices() -> Vec<DeviceInfo> {
+pub(crate) fn devices() -> Vec<DeviceInfo> {
     if crate::cuda::real::libcuda_if_loaded().is_null() {
         return Vec::new();
     }

@@ -52,11 +52,12 @@ mod writer;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
+use crate::sys::wired::Wired;
 use vramshim_trace::Event;
 
 /// Trace time now for an event handed to [`emit`] (raw TSC where that is the trace clock;
 /// the writer converts it to ns: see `clock`).
-pub use clock::now_raw as now_ns;
+pub use clock::now_raw;
 pub use clock::{Stamp, stamp};
 
 /// Tracing is configured and not finished. Read with one relaxed load.
@@ -67,26 +68,32 @@ static STACK_DEPTH: AtomicU32 = AtomicU32::new(0);
 /// What the writer reads of the layers beside this one for its per-device `Counter`
 /// records. Set at load by the layer that wires the others together (`lifecycle`), as this
 /// layer imports neither the pool nor the cap; until then, no pool and no cap.
-pub struct DeviceView {
+pub(crate) struct DeviceView {
     /// Bytes the pool holds from the device (`None`: no pool serves it).
     pub pool_reserved: fn(i32) -> Option<u64>,
+    /// The pool's figures for `PoolStats` records: reserved, live, cached, pending, budget,
+    /// releases (`None`: no pool serves the device).
+    pub pool_stats: fn(i32) -> Option<[u64; 6]>,
     /// The device's cap, given its real total (0: not capped).
     pub cap: fn(i32, u64) -> u64,
+    /// The cap's limits in force, for the header's configuration (`cap.limit` entries).
+    pub cap_limits: fn() -> Vec<(String, String)>,
 }
 
-static DEVICE_VIEW: std::sync::OnceLock<DeviceView> = std::sync::OnceLock::new();
+static DEVICE_VIEW: Wired<DeviceView> = Wired::new(DeviceView {
+    pool_reserved: |_| None,
+    pool_stats: |_| None,
+    cap: |_, _| 0,
+    cap_limits: Vec::new,
+});
 
 /// Wire in the pool's and the cap's view of each device (see [`DeviceView`]).
-pub fn set_device_view(v: DeviceView) {
-    let _ = DEVICE_VIEW.set(v);
+pub(crate) fn set_device_view(v: DeviceView) {
+    DEVICE_VIEW.set(v);
 }
 
-fn device_view() -> &'static DeviceView {
-    const NONE: DeviceView = DeviceView {
-        pool_reserved: |_| None,
-        cap: |_, _| 0,
-    };
-    DEVICE_VIEW.get().unwrap_or(&NONE)
+pub(crate) fn device_view() -> &'static DeviceView {
+    DEVICE_VIEW.get()
 }
 
 /// One relaxed atomic load on the hot path.
@@ -102,7 +109,7 @@ pub(crate) fn enabled_seqcst() -> bool {
 }
 
 /// Append one event to the calling thread's buffer. Its times must be trace times
-/// ([`now_ns`], [`stamp`]): the writer converts them to ns when it encodes the event.
+/// ([`now_raw`], [`stamp`]): the writer converts them to ns when it encodes the event.
 #[inline]
 pub fn emit(ev: Event) {
     if !enabled() {
@@ -115,7 +122,7 @@ pub fn emit(ev: Event) {
 /// of `Event::Alloc(*m)` / `Event::Free(*m)` without building or moving an `Event` (the
 /// dispatcher's hot path).
 #[inline(always)]
-pub fn emit_memop(alloc: bool, m: &vramshim_trace::MemOp) {
+pub(crate) fn emit_memop(alloc: bool, m: &vramshim_trace::MemOp) {
     if !enabled() {
         return;
     }
@@ -130,7 +137,7 @@ pub fn emit_memop(alloc: bool, m: &vramshim_trace::MemOp) {
 
 /// Called in a forked child before it does anything else: touch no lock, forget the parent's
 /// writer and buffers; the child starts its own file on its first event.
-pub fn on_fork_child() {
+pub(crate) fn on_fork_child() {
     clock::on_fork_child();
     barrier::on_fork_child();
     writer::on_fork_child();
@@ -144,7 +151,7 @@ pub fn on_exit() {
 }
 
 /// Whether tracing is on and nothing was recorded yet.
-pub fn nothing_recorded() -> bool {
+pub(crate) fn nothing_recorded() -> bool {
     enabled() && writer::never_started()
 }
 
@@ -152,7 +159,7 @@ pub fn nothing_recorded() -> bool {
 /// far, which one decision may pass through): `Counter` records when either changed, so the
 /// trace's reserved figure is exact at every change, peak included, not only at the writer's
 /// periodic samples.
-pub fn pool_held(device: i32, (held, peak): (u64, u64)) {
+pub(crate) fn pool_held(device: i32, (held, peak): (u64, u64)) {
     use std::sync::atomic::AtomicU64;
     static SHOWN: [AtomicU64; slots::MAX_DEV] = [const { AtomicU64::new(0) }; slots::MAX_DEV];
     static SHOWN_PEAK: [AtomicU64; slots::MAX_DEV] = [const { AtomicU64::new(0) }; slots::MAX_DEV];
@@ -182,7 +189,7 @@ pub fn pool_held(device: i32, (held, peak): (u64, u64)) {
 }
 
 /// Starts the writer now (a trace with no event yet), when tracing is on.
-pub fn start_now() {
+pub(crate) fn start_now() {
     if enabled() {
         writer::ensure_started();
     }
@@ -190,7 +197,7 @@ pub fn start_now() {
 
 /// Records a failed call that explains what followed (the driver's start-up, a context's
 /// creation), and says it at `VRAMSHIM_LOG=info`.
-pub fn call_failed(name: &str, device: i32, result: i32) {
+pub(crate) fn call_failed(name: &str, device: i32, result: i32) {
     if device >= 0 {
         crate::info!("{name} failed on device {device}: CUDA error {result}");
     } else {
@@ -211,7 +218,7 @@ pub fn call_failed(name: &str, device: i32, result: i32) {
 /// Called by the `_exit`/`_Exit` hooks: the same flush, but only in the process that owns the
 /// writer (never in a vfork child), with a bounded wait for the writer's lock, and not at all
 /// with `VRAMSHIM_TRACE_EXIT_FLUSH=0`.
-pub fn on_quick_exit() {
+pub(crate) fn on_quick_exit() {
     if config_var("VRAMSHIM_TRACE_EXIT_FLUSH").is_some_and(|v| v.trim() == "0") {
         return;
     }
@@ -219,7 +226,7 @@ pub fn on_quick_exit() {
 }
 
 /// Tracing is on and this process's writer already runs (so a record costs no new file).
-pub fn running() -> bool {
+pub(crate) fn running() -> bool {
     enabled() && writer::running()
 }
 
@@ -232,8 +239,8 @@ fn config_var(name: &str) -> Option<&'static str> {
     crate::config::var(name)
 }
 
-/// Reads the configuration (once, at load: our own constructor).
-fn init() {
+/// Reads the configuration (once, at load: the library's constructor in `lifecycle`).
+pub(crate) fn init() {
     if pattern().is_none() {
         return;
     }
@@ -281,15 +288,6 @@ fn set_enabled(on: bool) {
     ENABLED.store(on, Ordering::SeqCst);
     crate::config::layers::changed();
 }
-
-extern "C" fn tracer_constructor() {
-    let _ = std::panic::catch_unwind(init);
-}
-
-// Reading two variables and setting two atomics: nothing else happens at load.
-#[used]
-#[unsafe(link_section = ".init_array")]
-static TRACER_INIT: extern "C" fn() = tracer_constructor;
 
 /// Stop tracing for good (unusable output file, or finished).
 fn disable() {

@@ -7,7 +7,7 @@ use vramshim_trace::Event;
 
 /// Executable segments already written (by load address).
 #[derive(Default)]
-pub struct ModuleMap {
+pub(crate) struct ModuleMap {
     seen: Vec<(u64, u64)>,
     /// glibc's load/unload counters at the last scan (`dlpi_adds`, `dlpi_subs`).
     adds: u64,
@@ -73,7 +73,7 @@ extern "C" fn visit(info: *mut libc::dl_phdr_info, _size: usize, arg: *mut c_voi
 impl ModuleMap {
     /// Appends a `Module` event for every executable segment not written yet. Cheap when
     /// nothing was loaded since the last call (`force` = scan anyway).
-    pub fn scan(&mut self, out: &mut Vec<Event>, force: bool) {
+    pub(crate) fn scan(&mut self, out: &mut Vec<Event>, force: bool) {
         if !force && !self.changed() {
             return;
         }
@@ -105,7 +105,7 @@ impl ModuleMap {
 }
 
 /// The executable segment range `[lo, hi)` of the object that contains `addr`.
-pub fn text_range_of(addr: u64) -> Option<(u64, u64)> {
+pub(crate) fn text_range_of(addr: u64) -> Option<(u64, u64)> {
     struct Find {
         addr: u64,
         found: Option<(u64, u64)>,

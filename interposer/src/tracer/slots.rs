@@ -19,12 +19,12 @@ use vramshim_trace::{AllocKind, Api, Event, MemOp, RecordEncoder};
 use super::{barrier, stacks, writer};
 
 /// Devices whose live bytes the slots count for `Counter` records.
-pub const MAX_DEV: usize = 16;
+pub(crate) const MAX_DEV: usize = 16;
 /// A buffer of this many entries (64 KiB) is handed to the writer.
-pub const SEND_AT: usize = (64 << 10) / std::mem::size_of::<Raw>();
+pub(crate) const SEND_AT: usize = (64 << 10) / std::mem::size_of::<Raw>();
 /// If the writer cannot take buffers, a thread keeps at most this many entries (4 MiB), then
 /// throttles.
-pub const MAX_BUF: usize = (4 << 20) / std::mem::size_of::<Raw>();
+pub(crate) const MAX_BUF: usize = (4 << 20) / std::mem::size_of::<Raw>();
 /// A buffer the writer could not take is offered again after this many more entries.
 const RETRY_AFTER: usize = SEND_AT / 4;
 /// Longest a thread yields to the writer (channel full, buffer at `MAX_BUF`) before dropping
@@ -39,7 +39,7 @@ const HIGH_WATER: usize = 8 << 20;
 /// into the buffer with a few wide moves (an enum holding an `Event` is built on the stack
 /// and copied).
 #[repr(C)]
-pub struct Raw {
+pub(crate) struct Raw {
     kind: Kind,
     op: MemOp,
 }
@@ -59,13 +59,13 @@ enum Kind {
 /// `Context` (the thread whose events follow), as an encoded run of records starts with a
 /// `Context` record; [`encode`] turns one into the other.
 #[derive(Default)]
-pub struct Buf {
+pub(crate) struct Buf {
     raw: Vec<Raw>,
     others: Vec<Event>,
 }
 
 impl Buf {
-    pub fn with_capacity(n: usize) -> Buf {
+    pub(crate) fn with_capacity(n: usize) -> Buf {
         Buf {
             raw: Vec::with_capacity(n),
             others: Vec::new(),
@@ -73,19 +73,19 @@ impl Buf {
     }
 
     /// Entries (the backlog's and the hand-over's measure).
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.raw.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.raw.is_empty()
     }
 
-    pub fn capacity(&self) -> usize {
+    pub(crate) fn capacity(&self) -> usize {
         self.raw.capacity()
     }
 
-    pub fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         self.raw.clear();
         self.others.clear();
     }
@@ -171,7 +171,7 @@ fn blank_op(tid: u32) -> MemOp {
 /// Encodes a thread's buffer into whole records (starting with a `Context` record): the
 /// bytes the calling thread's encoder wrote before the encoding moved to the writer. Event
 /// times are raw trace times until here ([`super::clock::ToNs`]).
-pub fn encode(enc: &mut RecordEncoder, b: &mut Buf) {
+pub(crate) fn encode(enc: &mut RecordEncoder, b: &mut Buf) {
     enc.clear();
     let mut ns = super::clock::ToNs::new();
     let mut live = [0i64; MAX_DEV];
@@ -215,6 +215,7 @@ fn time_of(e: &mut Event) -> Option<&mut u64> {
         | Event::ThreadExit { t_ns, .. }
         | Event::Fork { t_ns, .. }
         | Event::Counter { t_ns, .. }
+        | Event::PoolStats { t_ns, .. }
         | Event::Lost { t_ns, .. }
         | Event::CallFailed { t_ns, .. } => Some(t_ns),
         Event::Torch(op) => Some(&mut op.t_ns),
@@ -241,7 +242,7 @@ fn events_in(b: &Buf) -> u64 {
     (ops + others) as u64
 }
 
-pub struct Slot {
+pub(crate) struct Slot {
     next: AtomicPtr<Slot>,
     lock: AtomicBool,
     /// The owner is inside `emit` without the lock (asymmetric protocol).
@@ -394,7 +395,7 @@ impl Drop for Guard<'_> {
 }
 
 /// Iterate over all slots of this process's registry.
-pub fn for_each(mut f: impl FnMut(&'static Slot)) {
+pub(crate) fn for_each(mut f: impl FnMut(&'static Slot)) {
     let mut p = HEAD.load(Ordering::Acquire);
     while !p.is_null() {
         // SAFETY: slots are leaked and never freed.
@@ -478,7 +479,7 @@ fn my_slot() -> &'static Slot {
 
 /// The hot path: append `ev` to the caller's buffer.
 #[inline]
-pub fn emit(mut ev: Event) {
+pub(crate) fn emit(mut ev: Event) {
     if !writer::ensure_started() {
         return;
     }
@@ -519,7 +520,7 @@ fn stack_event(id: u32, frames: &stacks::Frames) -> Event {
 /// in the buffer, no hand-over due) makes no call, so the function saves no registers; every
 /// other case goes to [`emit_memop_slow`] as a tail call, before anything is written.
 #[inline(never)]
-pub fn emit_memop<const ALLOC: bool>(m: &MemOp) {
+pub(crate) fn emit_memop<const ALLOC: bool>(m: &MemOp) {
     if !writer::running() || super::stack_depth() > 0 || !barrier::available() {
         return emit_memop_slow::<ALLOC>(m);
     }
@@ -716,7 +717,7 @@ fn wait_for_writer() {
 }
 
 /// Writer side: take every slot's partial buffer. `f` gets each (to [`encode`]).
-pub fn drain_all(f: impl FnMut(Buf), spins: u32) {
+pub(crate) fn drain_all(f: impl FnMut(Buf), spins: u32) {
     let mut all = Vec::new();
     for_each(|s| all.push(s));
     drain(&all, f, spins);
@@ -751,12 +752,12 @@ fn drain(slots: &[&'static Slot], mut f: impl FnMut(Buf), spins: u32) {
 }
 
 /// Live bytes per device of every event encoded (or dropped) so far.
-pub fn live_totals() -> [i64; MAX_DEV] {
+pub(crate) fn live_totals() -> [i64; MAX_DEV] {
     std::array::from_fn(|d| LIVE[d].load(Ordering::Relaxed))
 }
 
 /// Free the slots of threads that no longer exist (after draining them). Returns their tids.
-pub fn reap_dead(pid: u32, mut on_dead: impl FnMut(u32)) {
+pub(crate) fn reap_dead(pid: u32, mut on_dead: impl FnMut(u32)) {
     for_each(|s| {
         let tid = s.owner.load(Ordering::Relaxed);
         if tid == 0 || tid == pid {
@@ -785,7 +786,7 @@ pub fn reap_dead(pid: u32, mut on_dead: impl FnMut(u32)) {
 
 /// Forked child: the parent's slots belong to threads that do not exist here and may be
 /// locked forever. Forget them all (leaked), without touching their locks.
-pub fn on_fork_child() {
+pub(crate) fn on_fork_child() {
     HEAD.store(ptr::null_mut(), Ordering::Relaxed);
     for c in &LIVE {
         c.store(0, Ordering::Relaxed);

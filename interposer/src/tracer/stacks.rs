@@ -6,19 +6,19 @@ use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// Most frames `VRAMSHIM_STACKS` may ask for.
-pub const MAX_FRAMES: usize = 64;
+pub(crate) const MAX_FRAMES: usize = 64;
 
 /// Captured return addresses, innermost first.
-pub struct Frames {
+pub(crate) struct Frames {
     ips: [u64; MAX_FRAMES],
     len: usize,
 }
 
 impl Frames {
-    pub fn as_slice(&self) -> &[u64] {
+    pub(crate) fn as_slice(&self) -> &[u64] {
         &self.ips[..self.len]
     }
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len == 0
     }
 }
@@ -111,7 +111,7 @@ fn own_range() -> (u64, u64) {
 
 /// Test hook: skip no frame as libvramshim's own (a benchmark that links the tracer into its
 /// own binary would otherwise skip all of its frames).
-pub fn keep_own_frames() {
+pub(crate) fn keep_own_frames() {
     OWN_HI.store(1, Ordering::Relaxed);
     OWN_LO.store(1, Ordering::Relaxed);
 }
@@ -419,7 +419,7 @@ fn forget_walks() {
 /// Fault switch (`VRAMSHIM_STACKS_FAULT=nocache`): every capture walks (benchmarks the walk).
 static FAULT_NO_CACHE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-pub fn init() {
+pub(crate) fn init() {
     FAULT_NO_CACHE.store(
         crate::config::var("VRAMSHIM_STACKS_FAULT").is_some_and(|v| v.trim() == "nocache"),
         Ordering::Relaxed,
@@ -430,7 +430,7 @@ pub fn init() {
 /// id, and its frames when this is the stack's first appearance (write a `Stack` record).
 /// `None` when no frame could be captured.
 #[inline(never)]
-pub fn capture_interned(depth: usize) -> Option<(u32, Option<Frames>)> {
+pub(crate) fn capture_interned(depth: usize) -> Option<(u32, Option<Frames>)> {
     let sp = stack_pointer();
     let want = depth.clamp(1, MAX_FRAMES);
     if let Some(id) = cached(sp, want) {
@@ -518,7 +518,7 @@ fn lookup(h: u64) -> Option<u32> {
 }
 
 /// Stack id for `frames`, and whether this is its first appearance (emit a `Stack` record).
-pub fn intern(frames: &Frames) -> (u32, bool) {
+pub(crate) fn intern(frames: &Frames) -> (u32, bool) {
     let h = hash(frames.as_slice());
     let mut i = (h >> (64 - TABLE_BITS)) as usize;
     for _ in 0..PROBES {
@@ -555,7 +555,7 @@ fn wait_id(i: usize) -> u32 {
 }
 
 /// Forked child: its file starts empty, so every stack must be written again.
-pub fn on_fork_child() {
+pub(crate) fn on_fork_child() {
     if super::stack_depth() == 0 {
         return;
     }

@@ -136,7 +136,7 @@ fn on_entry(e: *const u8) {
     if e.is_null() || !super::enabled() {
         return;
     }
-    let t_ns = super::now_ns();
+    let t_ns = super::clock::now_ns();
     let action = rd::<i32>(e, 0);
     let Ok(action) = u8::try_from(action) else {
         return;

@@ -80,6 +80,8 @@ struct Out {
     modules: ModuleMap,
     /// Last (live, reserved, cap) written per device.
     counters: [(u64, u64, u64); MAX_DEV],
+    /// The pool statistics last written per device (a `PoolStats` record when they change).
+    pool_stats: [[u64; 6]; MAX_DEV],
     /// Device sizes, for resolving fractional caps (0 = unknown).
     dev_totals: [u64; MAX_DEV],
     lost_written: u64,
@@ -97,7 +99,7 @@ fn shared() -> Option<&'static Shared> {
     (!p.is_null()).then(|| unsafe { &*p })
 }
 
-pub fn set_pattern_override(p: &str) {
+pub(crate) fn set_pattern_override(p: &str) {
     let b = Box::into_raw(Box::new(p.to_string()));
     PATTERN_OVERRIDE.store(b, Ordering::Release);
 }
@@ -111,22 +113,22 @@ fn pattern() -> Option<String> {
     super::pattern().map(str::to_string)
 }
 
-pub fn lost_total() -> u64 {
+pub(crate) fn lost_total() -> u64 {
     LOST.load(Ordering::Relaxed)
 }
 
-pub fn count_lost(n: u64) {
+pub(crate) fn count_lost(n: u64) {
     LOST.fetch_add(n, Ordering::Relaxed);
 }
 
 /// True when no record was ever made (the writer was never asked to start).
-pub fn never_started() -> bool {
+pub(crate) fn never_started() -> bool {
     STATE.load(Ordering::Acquire) == IDLE
 }
 
 /// True when the writer runs (starting it on the first call).
 #[inline]
-pub fn ensure_started() -> bool {
+pub(crate) fn ensure_started() -> bool {
     STATE.load(Ordering::Acquire) == RUNNING || start_slow()
 }
 
@@ -191,6 +193,7 @@ fn start() -> bool {
         events: Vec::new(),
         modules: ModuleMap::default(),
         counters: [(0, 0, 0); MAX_DEV],
+        pool_stats: [[0; 6]; MAX_DEV],
         dev_totals,
         lost_written: 0,
         devices_known,
@@ -387,7 +390,7 @@ fn write_raw(out: &mut Out, raw: &mut Buf) {
 }
 
 /// Bytes queued for the writer.
-pub fn backlog() -> usize {
+pub(crate) fn backlog() -> usize {
     QUEUED.load(Ordering::Relaxed)
 }
 
@@ -517,6 +520,22 @@ fn tick_locked(
         }
         let reserved = pool.unwrap_or(live);
         let cap = (view.cap)(d as i32, out.dev_totals[d]);
+        // the pool's own figures (why it holds what it holds), when they changed
+        if let Some(v) = (view.pool_stats)(d as i32)
+            && v != out.pool_stats[d]
+        {
+            out.pool_stats[d] = v;
+            out.events.push(Event::PoolStats {
+                t_ns: now,
+                device: d as i32,
+                reserved: v[0],
+                live: v[1],
+                cached: v[2],
+                pending: v[3],
+                budget: v[4],
+                releases: v[5],
+            });
+        }
         let c = (live, reserved, cap);
         if c != out.counters[d] {
             out.counters[d] = c;
@@ -579,7 +598,7 @@ fn recycle_into(sh: &Shared, mut v: Buf) {
 }
 
 /// A cleared buffer for an application thread (recycled when possible).
-pub fn spare_buffer() -> Buf {
+pub(crate) fn spare_buffer() -> Buf {
     if let Some(sh) = shared()
         && let Ok(v) = sh.spare_rx.try_recv()
     {
@@ -589,7 +608,7 @@ pub fn spare_buffer() -> Buf {
 }
 
 /// Hand a full buffer to the writer without blocking; gives it back when the channel is full.
-pub fn send(raw: Buf) -> Result<(), Buf> {
+pub(crate) fn send(raw: Buf) -> Result<(), Buf> {
     let Some(sh) = shared() else {
         return Err(raw);
     };
@@ -605,7 +624,7 @@ pub fn send(raw: Buf) -> Result<(), Buf> {
 }
 
 /// Exit path, on the exiting thread: drain everything, write the end record, stop tracing.
-pub fn finish() {
+pub(crate) fn finish() {
     if STATE.load(Ordering::Acquire) != RUNNING {
         return;
     }
@@ -616,14 +635,14 @@ pub fn finish() {
 }
 
 /// The writer runs in this process.
-pub fn running() -> bool {
+pub(crate) fn running() -> bool {
     STATE.load(Ordering::Acquire) == RUNNING
 }
 
 /// `_exit` path: [`finish`], but never in a process that does not own the writer (a vfork
 /// child), and giving up when the writer's lock stays taken for 200 ms (the thread holding it
 /// may be the one a signal handler interrupted). True when the end record was written.
-pub fn finish_before_exit() -> bool {
+pub(crate) fn finish_before_exit() -> bool {
     if STATE.load(Ordering::Acquire) != RUNNING
         || OWNER.load(Ordering::Relaxed) != crate::sys::ids::pid()
     {
@@ -650,7 +669,7 @@ pub fn finish_before_exit() -> bool {
 
 /// Forked child: forget the parent's writer (its thread does not exist here, its locks may be
 /// held forever). Plain stores only.
-pub fn on_fork_child() {
+pub(crate) fn on_fork_child() {
     SHARED.store(std::ptr::null_mut(), Ordering::Relaxed);
     OWNER.store(0, Ordering::Relaxed);
     LOST.store(0, Ordering::Relaxed);

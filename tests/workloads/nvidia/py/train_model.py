@@ -55,7 +55,11 @@ batch0 = a.batch if a.batch is not None else (32 if a.model == "mlp" else 4)
 torch.manual_seed(0)
 native = torch.cuda.get_allocator_backend() == "native"
 if a.history and native:
-    torch.cuda.memory._record_memory_history(max_entries=1_000_000)
+    # After CUDA's initialization, so that nothing queued for it (`vramshim run --trace`'s
+    # Python hook sets PyTorch's history to its own needs there) overrides this setting.
+    torch.cuda.init()
+    torch.cuda.memory._record_memory_history(
+        "all", context="alloc", stacks="python", max_entries=1_000_000)
 
 SEQ = 32
 VOCAB = 512

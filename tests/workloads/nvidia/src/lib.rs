@@ -206,6 +206,13 @@ pub fn rmm_or_skip() -> Option<(PathBuf, PathBuf)> {
     python_packages_or_skip(&DIR, "setup-rmm", "RMM and cuda.bindings")
 }
 
+/// JAX with its CUDA 12 plugin as `scripts/setup-jax` installs it, as [`cupy_or_skip`] does for
+/// CuPy.
+pub fn jax_or_skip() -> Option<(PathBuf, PathBuf)> {
+    static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    python_packages_or_skip(&DIR, "setup-jax", "JAX")
+}
+
 /// A `pip install --target` tree made by `scripts/<script>` (which prints its directory, and
 /// with `--check` only says whether it is installed; the tree holds `python`, the interpreter it
 /// was installed for). Installed when `VRAMSHIM_NVIDIA_TESTS=1`, where a failure panics.

@@ -102,7 +102,9 @@ pub fn pairs(stdout: &str, prefix: &str) -> Vec<(u64, u64)> {
         .collect()
 }
 
-/// One `step K allocs A frees F device_allocs D syncs S cpu_ns C wall_ns W` line.
+/// One `step K allocs A frees F device_allocs D syncs S cpu_ns C wall_ns W [driver_calls N
+/// driver_syncs N driver_allocs N driver_frees N launches N]` line (the driver's counts only on
+/// cuda-sim).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Step {
     pub allocs: u64,
@@ -111,6 +113,17 @@ pub struct Step {
     pub syncs: u64,
     pub cpu_ns: u64,
     pub wall_ns: u64,
+    pub driver: Option<DriverCounts>,
+}
+
+/// cuda-sim's counts of one step's driver calls (`vramsimDriverCalls`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DriverCounts {
+    pub calls: u64,
+    pub syncs: u64,
+    pub allocs: u64,
+    pub frees: u64,
+    pub launches: u64,
 }
 
 /// The `step ...` lines of a `--step-stats` run, in order.
@@ -131,6 +144,13 @@ pub fn steps(stdout: &str) -> Vec<Step> {
                 syncs: get("syncs")?,
                 cpu_ns: get("cpu_ns")?,
                 wall_ns: get("wall_ns")?,
+                driver: get("driver_calls").map(|calls| DriverCounts {
+                    calls,
+                    syncs: get("driver_syncs").unwrap_or(u64::MAX),
+                    allocs: get("driver_allocs").unwrap_or(u64::MAX),
+                    frees: get("driver_frees").unwrap_or(u64::MAX),
+                    launches: get("launches").unwrap_or(u64::MAX),
+                }),
             })
         })
         .collect()

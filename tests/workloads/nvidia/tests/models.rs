@@ -5,8 +5,8 @@
 //! trace's runtime allocations and frees are exactly those: counts and bytes equal
 //! torch.cuda.memory_stats()); capped (a torch.OutOfMemoryError in the middle of training, and
 //! vramshim's post-mortem of the refusal in `vramshim summary`); and pooled (every tensor
-//! served by the pool, and with a modelled kernel time no pool synchronization in a
-//! steady-state step).
+//! served by the pool, and with a modelled kernel time no synchronization and no device
+//! memory from the driver in a steady-state step, by the simulated driver's own counts).
 //!
 //! Kernels do not run; the allocations, streams and library calls (cuBLAS, cuDNN) are real.
 //! Skipped without PyTorch (scripts/setup-torch) and transformers
@@ -14,11 +14,11 @@
 
 use std::path::{Path, PathBuf};
 
-use vramshim_nvidia_tests::models::{pairs, train_model, transformers_or_skip};
+use vramshim_nvidia_tests::models::{pairs, steps, train_model, transformers_or_skip};
 use vramshim_nvidia_tests::{field, mapped};
 use vramshim_pytorch_tests::torch_or_skip;
 use vramshim_testkit::{RunOutput, profile_dir, run, sim_command, temp_dir};
-use vramshim_trace::{Api, Event, SyncKind, TraceReader, flags};
+use vramshim_trace::{Api, Event, MemOp, TraceReader, flags};
 
 fn setup(test: &str) -> Option<(PathBuf, PathBuf)> {
     let python = torch_or_skip(test)?;
@@ -259,28 +259,30 @@ fn vit_capped_runs_out_mid_training() {
 
 /// Under `--pool stitch` (PyTorch routed through backend:cudaMallocAsync) the model trains,
 /// every tensor is served by the pool, and with kernels taking modelled time
-/// (VRAMSIM_KERNEL_NS) the pool synchronizes nothing in the steady-state steps (after the
-/// first two; the script's own `torch.cuda.synchronize()` ends each step).
+/// (VRAMSIM_KERNEL_NS) nothing synchronizes in the steady-state steps (after the first two):
+/// the simulated driver's own count of `cuCtx/Stream/EventSynchronize` calls made during each
+/// step (`--step-stats`; the script's closing `torch.cuda.synchronize()` is not counted), which
+/// sees the pool's synchronizations as it sees PyTorch's; and no device memory reaches the
+/// driver in those steps.
 fn pooled(model: &str) {
     let test = format!("{model}_pooled_trains");
     let Some((python, tf)) = setup(&test) else {
         return;
     };
     let trace = temp_dir(&test).join("t.vramtrace");
-    let steps = 5;
+    let n = 5;
     let out = train_model(
         &python,
         &tf,
         &test,
         Some(&["--pool", "stitch", "--trace", trace.to_str().unwrap()]),
         &[("VRAMSIM_KERNEL_NS", "20000")],
-        &[model, "--steps", &steps.to_string()],
+        &[model, "--steps", &n.to_string(), "--step-stats"],
     );
     ok(&out, "pooled");
     assert_real_stack(&out, model);
-    let evs = events(&trace);
-    let tensors: Vec<_> = evs
-        .iter()
+    let tensors: Vec<MemOp> = events(&trace)
+        .into_iter()
         .filter_map(|e| match e {
             Event::Alloc(m) if m.result == 0 && m.api == Api::CudaMallocAsync => Some(m),
             _ => None,
@@ -291,44 +293,24 @@ fn pooled(model: &str) {
         "PyTorch's tensors reach the pool one by one: {} cudaMallocAsync",
         tensors.len()
     );
-    let unpooled: Vec<_> = tensors
+    let unpooled: Vec<&MemOp> = tensors
         .iter()
         .filter(|m| m.flags & flags::POOLED == 0)
         .collect();
     assert!(unpooled.is_empty(), "every tensor pooled: {unpooled:?}");
-    // Step ends: the script's cudaDeviceSynchronize, one per step.
-    let ends: Vec<usize> = evs
-        .iter()
-        .enumerate()
-        .filter(|(_, e)| {
-            matches!(
-                e,
-                Event::Sync {
-                    kind: SyncKind::ProcessDevice,
-                    ..
-                }
-            )
-        })
-        .map(|(i, _)| i)
-        .collect();
-    assert!(ends.len() >= steps, "one device sync per step: {ends:?}");
-    let pool_syncs: Vec<&Event> = evs[ends[1]..ends[steps - 1]]
-        .iter()
-        .filter(|e| {
-            matches!(
-                e,
-                Event::Sync {
-                    kind: SyncKind::PoolDevice | SyncKind::PoolEvent,
-                    ..
-                }
-            )
-        })
-        .collect();
-    assert!(
-        pool_syncs.is_empty(),
-        "the pool synchronizes nothing in steps 2..{}: {pool_syncs:?}",
-        steps - 1
-    );
+    let st = steps(&out.stdout);
+    assert_eq!(st.len(), n, "{}", out.stdout);
+    for (i, s) in st.iter().enumerate().skip(2) {
+        let d = s
+            .driver
+            .unwrap_or_else(|| panic!("no driver counts (not cuda-sim's driver?): {}", out.stdout));
+        assert!(d.launches > 0, "step {i} launched kernels: {d:?}");
+        assert_eq!(
+            (d.syncs, d.allocs, d.frees),
+            (0, 0, 0),
+            "step {i}: no synchronization and no device memory from the driver in a steady-state step: {d:?}"
+        );
+    }
 }
 
 #[test]

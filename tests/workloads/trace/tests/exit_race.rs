@@ -20,7 +20,7 @@ fn a_buffer_handed_over_just_before_exit_is_written() {
     let tid = unsafe { libc::gettid() } as u32;
     for i in 0..EVENTS {
         tracer::emit(Event::Alloc(MemOp {
-            t_ns: tracer::now_ns(),
+            t_ns: tracer::now_raw(),
             tid,
             api: Api::CudaMalloc,
             kind: AllocKind::Runtime,

@@ -22,7 +22,7 @@ fn sixteen_threads_a_million_events_each() {
                 let tid = unsafe { libc::gettid() } as u32;
                 for i in 0..PER_THREAD {
                     let m = MemOp {
-                        t_ns: tracer::now_ns(),
+                        t_ns: tracer::now_raw(),
                         tid,
                         api: Api::CudaMalloc,
                         kind: AllocKind::Runtime,
