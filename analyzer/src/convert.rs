@@ -201,7 +201,7 @@ pub fn export<W: Write + Send>(
             // Several traces into one file: `convert::parquet::export`, called by the command.
             drop(opened);
             let out = Path::new("the Parquet output");
-            let stats = parquet::export(&[trace.to_path_buf()], w, out)?;
+            let stats = parquet::export(&[trace.to_path_buf()], &mut |p| input::open(p), w, out)?;
             Ok(ExportStats {
                 records: stats.rows,
                 torn: stats.damaged,

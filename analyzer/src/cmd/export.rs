@@ -43,7 +43,13 @@ pub fn main(a: Args) -> Result<ExitCode, String> {
     let f = vramshim_analyzer::files::create_output(&a.output)?;
     let w = BufWriter::with_capacity(1 << 20, f);
     let result = if a.format == ExportFormat::Parquet {
-        vramshim_analyzer::convert::parquet::export(&a.traces, w, &a.output).map(|s| ExportStats {
+        vramshim_analyzer::convert::parquet::export(
+            &a.traces,
+            &mut |p| vramshim_analyzer::input::open(p),
+            w,
+            &a.output,
+        )
+        .map(|s| ExportStats {
             records: s.rows,
             torn: s.damaged,
         })

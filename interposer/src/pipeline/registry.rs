@@ -104,18 +104,6 @@ pub fn start() {
     }
 }
 
-/// Sets or clears a flag of this process's entry at once (for `vramshim top`).
-pub fn set_flag(bit: u64, on: bool) {
-    if on {
-        FLAGS.fetch_or(bit, Relaxed);
-    } else {
-        FLAGS.fetch_and(!bit, Relaxed);
-    }
-    if let Some(e) = ENTRY.get() {
-        e.reg.set_flag(e.slot, bit, on);
-    }
-}
-
 fn publisher() {
     let Some(e) = ENTRY.get() else {
         return;
@@ -129,22 +117,22 @@ fn publisher() {
 
 fn publish(e: &Entry, uuids: &mut [Option<DeviceId>; counters::MAX_DEVICES]) {
     let mut line = 0;
-    for d in 0..counters::MAX_DEVICES {
+    for (d, uuid) in uuids.iter_mut().enumerate() {
         let (used, peak) = (counters::live_bytes(d), counters::peak_bytes(d));
         let ordinal = d as i32;
         let (reserved, _) = pool::held(ordinal);
         if used == 0 && peak == 0 && reserved == 0 {
             continue;
         }
-        if uuids[d].is_none() {
-            uuids[d] = cap::device_uuid(ordinal).map(DeviceId);
+        if uuid.is_none() {
+            *uuid = cap::device_uuid(ordinal).map(DeviceId);
         }
         e.reg.publish_device(
             e.slot,
             line,
             &DeviceRecord {
                 ordinal: d as u32,
-                uuid: uuids[d],
+                uuid: *uuid,
                 cap: cap::limit(ordinal),
                 used,
                 peak,
