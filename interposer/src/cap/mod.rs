@@ -284,10 +284,11 @@ impl Cap {
                 theirs
             }
         };
-        // (Other tools' per-device variables past the devices the process sees are ignored,
-        // as HAMi-core ignores them; only a VRAMSHIM_CAP list is checked.)
+        // Only the process's own VRAMSHIM_CAP list is checked against the devices it sees:
+        // other tools' per-device variables past them are ignored, as HAMi-core ignores them,
+        // and a group's cap (which may come from such variables) never lifts a member's.
         if let Some(high) = spec.highest_listed()
-            && (self.settings.cap_text.is_some() || self.settings.shared.is_some())
+            && self.settings.cap_text.is_some()
             && let Some(count) = (self.queries().count)()
             && high >= usize::try_from(count).unwrap_or(0)
         {

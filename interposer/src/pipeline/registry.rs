@@ -23,6 +23,9 @@ use crate::{cap, pool};
 const PERIOD: Duration = Duration::from_millis(200);
 
 static STARTED: AtomicBool = AtomicBool::new(false);
+/// Set at exit, before the entry is given back: the publisher stops writing into a slot that
+/// another process may take next.
+static STOPPED: AtomicBool = AtomicBool::new(false);
 static ENTRY: OnceLock<Entry> = OnceLock::new();
 /// Flags the pipeline raises between publications (e.g. waiting on a shared cap).
 static FLAGS: AtomicU64 = AtomicU64::new(0);
@@ -109,7 +112,7 @@ fn publisher() {
         return;
     };
     let mut uuids: [Option<DeviceId>; counters::MAX_DEVICES] = [None; counters::MAX_DEVICES];
-    loop {
+    while !STOPPED.load(Relaxed) {
         publish(e, &mut uuids);
         std::thread::sleep(PERIOD);
     }
@@ -149,9 +152,13 @@ fn publish(e: &Entry, uuids: &mut [Option<DeviceId>; counters::MAX_DEVICES]) {
     );
 }
 
-/// Process exit: the entry goes (a killed process's entry reads as dead instead).
+/// Process exit: the entry goes (a killed process's entry reads as dead instead). A forked
+/// child inherits the parent's entry but is not registered: its exit leaves the parent's.
 pub fn on_exit() {
-    if let Some(e) = ENTRY.get() {
+    if let Some(e) = ENTRY.get()
+        && ProcessKey::current() == Some(e.me)
+    {
+        STOPPED.store(true, Relaxed);
         e.reg.unregister(e.slot, e.me);
     }
 }
