@@ -85,7 +85,15 @@ fn serve(mut s: TcpStream, reg: &std::path::Path, nvml: Option<&nvml::Nvml>) -> 
         .map_err(|e| e.to_string())?;
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
+    // One deadline for the whole request, not per read: a client trickling a byte at a time
+    // would otherwise hold the one connection the server serves for hours.
+    let deadline = std::time::Instant::now() + IO_TIMEOUT;
     while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err("reading a request: timed out".to_string());
+        }
+        s.set_read_timeout(Some(left)).map_err(|e| e.to_string())?;
         if buf.len() >= MAX_REQUEST {
             return respond(
                 &mut s,
