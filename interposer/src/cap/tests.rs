@@ -785,3 +785,36 @@ fn stream_ordered_frees_stay_charged_until_the_pools_are_emptied() {
     c.on_context_destroyed(0);
     assert_eq!((c.in_use(0), c.pool_cached(0)), (0, 0));
 }
+
+/// Other tools' per-device limits can name devices the process does not see (HAMi's
+/// `CUDA_DEVICE_MEMORY_LIMIT_15` on a 2-GPU node): with a shared group they still cap the
+/// process; only a `VRAMSHIM_CAP` list of its own is checked against the devices it sees.
+#[test]
+fn other_tools_limits_past_the_devices_seen_still_cap_a_group_member() {
+    take_lines();
+    let path = tmp("tool-limits");
+    let list: Vec<String> = (0..16)
+        .map(|d| format!("{d}={}GiB", if d == 0 { 4 } else { 8 }))
+        .collect();
+    let mut s = settings(&list.join(","));
+    s.cap_text = None;
+    s.origin = std::array::from_fn(|d| {
+        Some(if d == 0 {
+            "CUDA_DEVICE_MEMORY_LIMIT_0=\"4g\"".to_string()
+        } else {
+            "GPU_MEMORY_LIMIT=\"8g\"".to_string()
+        })
+    });
+    s.shared = Some(("test".into(), path.to_path_buf()));
+    let c = Cap::new(s, queries(SIM2), capture);
+    assert!(c.try_charge(0, 4 * GIB, Api::CudaMalloc).is_ok());
+    assert!(
+        c.try_charge(0, 1, Api::CudaMalloc).is_err(),
+        "a group member ran uncapped: {:?}",
+        take_lines()
+    );
+    assert!(
+        !take_lines().iter().any(|l| l.contains("pass-through")),
+        "no pass-through line expected"
+    );
+}
