@@ -183,13 +183,6 @@ fn image_id() -> u64 {
     h.finish() | 1
 }
 
-fn mono_ns() -> u64 {
-    static BASE: OnceLock<std::time::Instant> = OnceLock::new();
-    BASE.get_or_init(std::time::Instant::now)
-        .elapsed()
-        .as_nanos() as u64
-}
-
 impl Cap {
     pub(crate) fn new(
         settings: Settings,
@@ -678,7 +671,7 @@ impl Cap {
         if self.slots_full_once.load(Relaxed) {
             // No slot could be had: its capped allocations are refused (said once). Try again
             // now and then (members that exit free theirs), not on every allocation.
-            let now = mono_ns();
+            let now = crate::sys::clock::now_ns();
             let last = self.last_slot_try_ns.load(Relaxed);
             if now.saturating_sub(last) < RECLAIM_EVERY_NS {
                 return None;
@@ -706,7 +699,8 @@ impl Cap {
         }
         let Some(i) = got else {
             if !self.slots_full_once.swap(true, Relaxed) {
-                self.last_slot_try_ns.store(mono_ns().max(1), Relaxed);
+                self.last_slot_try_ns
+                    .store(crate::sys::clock::now_ns().max(1), Relaxed);
                 let what = if self.settings.fault == Fault::SlotsUncapped {
                     "this process runs without a cap"
                 } else {
@@ -1041,7 +1035,7 @@ impl Cap {
         bytes: u64,
         cap: u64,
     ) -> Option<u64> {
-        let now = mono_ns();
+        let now = crate::sys::clock::now_ns();
         let last = self.last_reclaim_ns.load(Relaxed);
         if last != 0 && now.saturating_sub(last) < RECLAIM_EVERY_NS {
             return None;

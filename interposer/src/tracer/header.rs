@@ -4,18 +4,6 @@ use std::ffi::c_char;
 
 use vramshim_trace::{DeviceInfo, FORMAT_VERSION, Header};
 
-pub(crate) fn wall_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: ts is a valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
-    (ts.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(ts.tv_nsec as u64)
-}
-
 pub(crate) fn host() -> String {
     let mut buf = [0u8; 256];
     // SAFETY: buf is writable for its length.
