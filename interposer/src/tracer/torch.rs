@@ -539,8 +539,9 @@ pub(crate) fn drain() -> c_int {
     for (id, key) in pending {
         let mut frames = Vec::with_capacity(key.len());
         for (code, lasti) in key {
-            let next = codes.len() as u32 + 1;
             let cid = *codes.entry(code).or_insert_with(|| {
+                // Ids shared with the Python frames of native stacks.
+                let next = super::pyframes::next_code_id();
                 let o = code as *mut c_void;
                 let function = api
                     .attr_str(o, c"co_qualname")
