@@ -20,6 +20,7 @@ impl PackedTable {
 
     /// The table, after at most `tries` attempts (spinning, then yielding); `None` when it
     /// stayed busy. The lock is only ever held for one map update.
+    #[inline]
     pub(super) fn lock(&self, tries: u32) -> Option<PackedGuard<'_>> {
         self.0.lock_within(tries)
     }

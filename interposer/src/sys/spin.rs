@@ -52,6 +52,7 @@ impl<T> SpinLock<T> {
     }
 
     /// The lock after at most `attempts` attempts; `None` when it stayed busy.
+    #[inline]
     pub(crate) fn lock_within(&self, attempts: u32) -> Option<SpinGuard<'_, T>> {
         for attempt in 0..attempts {
             if self.try_acquire() {
