@@ -675,7 +675,7 @@ fn hand_over(inner: &mut Inner) {
 /// the channel is full ever gets here.
 #[cold]
 fn throttle(mut buf: Buf) -> Result<(), Buf> {
-    let deadline = crate::sys::ids::now_ns() + THROTTLE_NS;
+    let deadline = crate::sys::clock::now_ns() + THROTTLE_NS;
     loop {
         let ts = libc::timespec {
             tv_sec: 0,
@@ -687,7 +687,7 @@ fn throttle(mut buf: Buf) -> Result<(), Buf> {
             Ok(()) => return Ok(()),
             Err(back) => buf = back,
         }
-        if crate::sys::ids::now_ns() > deadline {
+        if crate::sys::clock::now_ns() > deadline {
             return Err(buf);
         }
     }
@@ -696,8 +696,8 @@ fn throttle(mut buf: Buf) -> Result<(), Buf> {
 /// The writer is far behind: sleep (bounded) until its backlog is under the high-water mark.
 #[cold]
 fn wait_for_writer() {
-    let deadline = crate::sys::ids::now_ns() + THROTTLE_NS;
-    while writer::backlog() > HIGH_WATER && crate::sys::ids::now_ns() < deadline {
+    let deadline = crate::sys::clock::now_ns() + THROTTLE_NS;
+    while writer::backlog() > HIGH_WATER && crate::sys::clock::now_ns() < deadline {
         let ts = libc::timespec {
             tv_sec: 0,
             tv_nsec: 200_000,
