@@ -136,7 +136,9 @@ fn on_entry(e: *const u8) {
     if e.is_null() || !super::enabled() {
         return;
     }
-    let t_ns = super::clock::now_ns();
+    // A trace time (raw where the trace clock is the TSC): the writer converts it, like
+    // every event's time.
+    let t_ns = super::now_raw();
     let action = rd::<i32>(e, 0);
     let Ok(action) = u8::try_from(action) else {
         return;

@@ -263,6 +263,19 @@ fn python_frames_in_native_stacks_on_every_cpython() {
             frames[0] & PY_BIT == 0,
             "Python {ver}: the innermost frame is native"
         );
+        // The analyzer names each site by its innermost Python frame in the job's code.
+        let exe = vramshim_testkit::profile_dir().join("vramshim");
+        let o = run(Command::new(&exe).arg("summary").arg("--json").arg(&file));
+        o.assert_success();
+        let j: serde_json::Value = serde_json::from_str(&o.stdout).expect("summary JSON");
+        let sites: BTreeSet<&str> = j["traces"][0]["devices"][0]["leaks"]["top_allocations"]
+            .as_array()
+            .expect("top allocations")
+            .iter()
+            .filter_map(|a| a["site"].as_str())
+            .collect();
+        let leaf = format!("leaf (job.py:{})", l("@leaf"));
+        assert_eq!(sites, BTreeSet::from([leaf.as_str()]), "Python {ver}");
     }
 }
 
