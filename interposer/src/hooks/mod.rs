@@ -18,7 +18,7 @@ pub(crate) mod vmm;
 use crate::cuda::real::{self, Slot};
 use crate::cuda::request::Request;
 use crate::cuda::types::*;
-use crate::pipeline::{self, FreeRequest, Layer, RealResult, run_hook};
+use crate::pipeline::{self, AllocCall, FreeRequest, Layered, Light, Passed, run_hook};
 use crate::state::live_table::LiveTable;
 use std::ffi::{CStr, c_int};
 use vramshim_trace::{AllocKind, Api, flags};
@@ -211,7 +211,9 @@ pub(crate) fn alloc_hook<F: Copy>(
     )
 }
 
-/// [`alloc_hook`] with an explicit table (VMM handles live in their own).
+/// [`alloc_hook`] with an explicit table (VMM handles live in their own). The mode read
+/// once picks the path: pass-through inline, the paths that meet layers out of line (see
+/// [`pipeline::Path`]).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub(crate) fn alloc_hook_in<F: Copy>(
@@ -234,53 +236,25 @@ pub(crate) fn alloc_hook_in<F: Copy>(
         (call, make_req, read, write_pool),
         move |(call, ..)| call(f),
         move |tok, (call, make_req, read, write_pool)| {
+            // `move`: a closure borrowing `call` and `f` made every request (pass-through
+            // too) store them on the stack before the mode check.
+            let a = move || AllocCall {
+                make_req,
+                pool_ok,
+                call: move || call(f),
+                read,
+                write_pool,
+            };
             let mode = pipeline::mode();
             if mode.pass_through() {
-                let req = make_req();
-                let rc = call(f);
-                pipeline::alloc_passed(tok, &req, table, rc, read);
-                return rc;
+                pipeline::alloc::<Passed>(tok, mode, table, a())
+            } else if mode.light() {
+                pipeline::alloc_outlined::<Light>(tok, mode, table, a())
+            } else {
+                pipeline::alloc_outlined::<Layered>(tok, mode, table, a())
             }
-            if mode.light() {
-                // The request is built inside (out of line), where its constant fields fold.
-                // `move`: a closure borrowing `call` and `f` made every request (pass-through
-                // too) store them on the stack before the mode check.
-                return pipeline::alloc_light(tok, make_req, table, mode, move || call(f), read);
-            }
-            alloc_layered(
-                tok, mode, f, table, make_req, pool_ok, call, read, write_pool,
-            )
         },
     )
-}
-
-/// The layered path of [`alloc_hook_in`] (pool, debug log, `VRAMSHIM_LAYERS_FAULT=no-light`).
-/// Out of line, so that the closures it hands on by reference are only spilled to the
-/// stack here, not on every pass-through request (inline, the compiler hoisted those
-/// stores above the mode check: +16 instructions per pass-through pair).
-#[allow(clippy::too_many_arguments)]
-#[inline(never)]
-fn alloc_layered<F: Copy>(
-    tok: &crate::sys::thread::Token,
-    mode: pipeline::Mode,
-    f: F,
-    table: &'static LiveTable,
-    make_req: impl FnOnce() -> Request,
-    pool_ok: bool,
-    call: impl Fn(F) -> c_int,
-    read: impl FnOnce() -> (u64, u64),
-    write_pool: impl FnOnce(u64),
-) -> c_int {
-    let req = make_req();
-    let out = pipeline::alloc(tok, &req, table, pool_ok, mode, || {
-        let rc = call(f);
-        let (addr, size) = if rc == 0 { read() } else { (0, req.size) };
-        RealResult { rc, addr, size }
-    });
-    if out.layer == Layer::Pool && out.rc == 0 {
-        write_pool(out.addr);
-    }
-    out.rc
 }
 
 /// The common shape of a free hook.
@@ -309,7 +283,8 @@ pub(crate) fn free_hook<F: Copy>(
     )
 }
 
-/// [`free_hook`] with an explicit table.
+/// [`free_hook`] with an explicit table; the path as in [`alloc_hook_in`] (the light one
+/// inline too: it adds little to the hook's frame).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub(crate) fn free_hook_in<F: Copy>(
@@ -332,49 +307,24 @@ pub(crate) fn free_hook_in<F: Copy>(
         call,
         move |call| call(f),
         move |tok, call| {
+            // Built in each branch: built before the mode check, it was stored to the
+            // stack on every request.
+            let req = move || FreeRequest {
+                api,
+                key,
+                stream,
+                flags,
+            };
             let mode = pipeline::mode();
-            if key != 0 && mode.pass_through() {
-                return pipeline::free_passed(tok, api, key, table, move || call(f));
+            if mode.pass_through() {
+                pipeline::free::<Passed>(tok, mode, table, req(), move || call(f))
+            } else if mode.light() {
+                pipeline::free::<Light>(tok, mode, table, req(), move || call(f))
+            } else {
+                pipeline::free_outlined::<Layered>(tok, mode, table, req(), move || call(f))
             }
-            if key != 0 && mode.light() {
-                return pipeline::free_light(
-                    tok,
-                    api,
-                    key,
-                    stream,
-                    flags,
-                    table,
-                    mode,
-                    move || call(f),
-                );
-            }
-            free_layered(tok, mode, f, table, api, key, stream, flags, call)
         },
     )
-}
-
-/// The layered part of [`free_hook_in`] (and frees of NULL), out of line for the same
-/// reason as [`alloc_layered`].
-#[allow(clippy::too_many_arguments)]
-#[inline(never)]
-fn free_layered<F: Copy>(
-    tok: &crate::sys::thread::Token,
-    mode: pipeline::Mode,
-    f: F,
-    table: &'static LiveTable,
-    api: Api,
-    key: u64,
-    stream: Option<u64>,
-    flags: u8,
-    call: impl Fn(F) -> c_int,
-) -> c_int {
-    let req = FreeRequest {
-        api,
-        key,
-        stream,
-        flags,
-    };
-    pipeline::free(tok, &req, table, mode, || call(f))
 }
 
 // ------------------------------------------------------------------------ hook table
