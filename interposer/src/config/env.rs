@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicUsize, Ordering};
 pub(crate) const KNOWN: &[&str] = &KNOWN_NAMES;
 const NKNOWN: usize = OURS.len() + 1 + HAMI_DEVICE_LIMITS.len() + 2;
 const KNOWN_NAMES: [&str; NKNOWN] = join([
-    &OURS,
+    OURS,
     // Other tools' limits, which the cap understands (cap::limits): read like ours, but not
     // listed in the trace header's configuration by `all` (the cap reports what it used).
     &["CUDA_DEVICE_MEMORY_LIMIT"],
@@ -22,7 +22,7 @@ const KNOWN_NAMES: [&str; NKNOWN] = join([
     &["GPU_MEMORY_LIMIT", "NVIDIA_GPU_MEMORY_LIMIT"],
 ]);
 
-const OURS: [&str; 27] = [
+const OURS: &[&str] = &[
     "VRAMSHIM_CAP",
     "VRAMSHIM_CAP_CONTEXT",
     "VRAMSHIM_CAP_FAULT",
@@ -38,6 +38,8 @@ const OURS: [&str; 27] = [
     "VRAMSHIM_SLOTS_FAULT",
     "VRAMSHIM_STACKS",
     "VRAMSHIM_STACKS_FAULT",
+    "VRAMSHIM_PY_STACKS",
+    "VRAMSHIM_PYFRAMES_FAULT",
     "VRAMSHIM_STATS",
     "VRAMSHIM_TABLE_FAULT",
     "VRAMSHIM_TORCH_FAULT",

@@ -35,6 +35,7 @@ use crate::cuda::types::*;
 use crate::sys::spin::SpinLock;
 use crate::sys::wired::Wired;
 use cuda_device::CudaDevice;
+use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use vramshim_pool::stitch::{Budget, Stitch};
 use vramshim_pool::{ANY_STREAM, DeviceError, FreeMode, Policy, PoolError, Request, Stats};
@@ -101,6 +102,30 @@ pub(crate) fn set_cap_view(v: CapView) {
 
 fn cap_view() -> &'static CapView {
     CAP_VIEW.get()
+}
+
+/// What the pool tells the trace of its own waits. The tracer stands beside the pool, so
+/// `lifecycle` hands this in at load; until then, and in an untraced process, a wait is only
+/// made. Without it a pooled job's trace would count only the program's own
+/// synchronizations, and `summary` would miss the ones the pool adds.
+pub(crate) struct WaitView {
+    /// Make a wait of the pool's on `device` (`run`; its CUDA result is returned) and record
+    /// it: a device-wide synchronization (`on_event` false), or stream `stream` made to wait
+    /// on an event before it reuses bytes another stream freed (`on_event` true).
+    pub wait: fn(device: i32, on_event: bool, stream: u64, run: &mut dyn FnMut() -> c_int) -> c_int,
+}
+
+static WAIT_VIEW: Wired<WaitView> = Wired::new(WaitView {
+    wait: |_, _, _, run| run(),
+});
+
+/// Wire in the trace's record of the pool's waits (see [`WaitView`]).
+pub(crate) fn set_wait_view(v: WaitView) {
+    WAIT_VIEW.set(v);
+}
+
+fn wait_view() -> &'static WaitView {
+    WAIT_VIEW.get()
 }
 
 /// The tight pool's budget ratio (`None`: the default stitch), read once.
