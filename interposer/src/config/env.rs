@@ -27,6 +27,8 @@ pub(crate) const KNOWN: &[&str] = &[
     "VRAMSHIM_SLOTS_FAULT",
     "VRAMSHIM_STACKS",
     "VRAMSHIM_STACKS_FAULT",
+    "VRAMSHIM_PY_STACKS",
+    "VRAMSHIM_PYFRAMES_FAULT",
     "VRAMSHIM_STATS",
     "VRAMSHIM_TABLE_FAULT",
     "VRAMSHIM_TORCH_FAULT",
@@ -61,7 +63,7 @@ pub(crate) const KNOWN: &[&str] = &[
     "GPU_MEMORY_LIMIT",
     "NVIDIA_GPU_MEMORY_LIMIT",
 ];
-const NKNOWN: usize = 46;
+const NKNOWN: usize = 48;
 const _: () = assert!(KNOWN.len() == NKNOWN);
 
 /// At most this many `VRAMSHIM_*` variables are listed (in environment order, for the trace
