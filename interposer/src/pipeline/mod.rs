@@ -260,8 +260,8 @@ pub(crate) struct AllocCall<Q, C, R, W> {
 }
 
 /// An allocation request on path `P` (see [`Path`]): cap, pool, real; the live table and
-/// counters; debug log and trace. Inlined where the path is chosen; [`alloc_outlined`] is
-/// the out-of-line instance for the paths that meet layers.
+/// counters; debug log and trace. Inlined where the path is chosen ([`outlined`] for the
+/// paths that meet layers).
 #[inline(always)]
 pub(crate) fn alloc<P: Path>(
     tok: &Token,
@@ -395,22 +395,12 @@ pub(crate) fn alloc<P: Path>(
     rc
 }
 
-/// [`alloc`] out of line, for the paths that meet layers: inlined, it would make every
-/// hook's frame (pass-through's too) bigger, and the closures it is handed would be stored
-/// to the stack before the mode check.
+/// `f` out of line: the paths that meet layers run their [`alloc`] / [`free`] through it.
+/// Inlined, they would make every hook's frame (pass-through's too) bigger, and the closures
+/// they are handed would be stored to the stack before the mode check.
 #[inline(never)]
-pub(crate) fn alloc_outlined<P: Path>(
-    tok: &Token,
-    mode: Mode,
-    table: &LiveTable,
-    a: AllocCall<
-        impl FnOnce() -> Request,
-        impl FnOnce() -> c_int,
-        impl FnOnce() -> (u64, u64),
-        impl FnOnce(u64),
-    >,
-) -> c_int {
-    alloc::<P>(tok, mode, table, a)
+pub(crate) fn outlined<T>(f: impl FnOnce() -> T) -> T {
+    f()
 }
 
 /// Record a finished allocation: a success goes into the live table (and its counters); a
@@ -566,8 +556,7 @@ pub(crate) struct FreeRequest {
 /// A free on path `P` (see [`Path`]): the table entry is removed first (so a concurrent
 /// allocation that gets the same address cannot be confused with it), the pool or the real
 /// function (`call`) frees, and on failure the entry is restored. Unknown pointers go to the
-/// real function; its code comes back unchanged. [`free_outlined`] is the out-of-line
-/// instance for the layered path.
+/// real function; its code comes back unchanged.
 #[inline(always)]
 pub(crate) fn free<P: Path>(
     tok: &Token,
@@ -627,19 +616,6 @@ pub(crate) fn free<P: Path>(
         emit_free(req.api, req.key, req.stream, req.flags, entry, rc, t0);
     }
     rc
-}
-
-/// [`free`] out of line, for the layered path (the pool's and the log's code stays out of
-/// the hooks' frames).
-#[inline(never)]
-pub(crate) fn free_outlined<P: Path>(
-    tok: &Token,
-    mode: Mode,
-    table: &LiveTable,
-    req: FreeRequest,
-    call: impl FnOnce() -> c_int,
-) -> c_int {
-    free::<P>(tok, mode, table, req, call)
 }
 
 /// A free of NULL: the real function's business alone. Out of line: no path's frame pays
