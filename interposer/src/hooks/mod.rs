@@ -5,7 +5,7 @@
 use crate::cuda::real::{self, Lib, Slot};
 use crate::cuda::request::Request;
 use crate::cuda::types::*;
-use crate::pipeline::{self, AllocCall, FreeRequest, Layered, Light, Passed, run_hook};
+use crate::pipeline::{self, AllocCall, FreeCall, Layered, Light, Passed, run_hook};
 use crate::state::live_table::LiveTable;
 use std::ffi::{CStr, c_int};
 use vramshim_trace::{AllocKind, Api, flags};
@@ -226,11 +226,11 @@ impl<F: Copy> Site<F> {
                 };
                 let mode = pipeline::mode();
                 if mode.pass_through() {
-                    pipeline::alloc::<Passed>(tok, mode, table, a())
+                    a().run::<Passed>(tok, mode, table)
                 } else if mode.light() {
-                    pipeline::outlined(move || pipeline::alloc::<Light>(tok, mode, table, a()))
+                    a().run_outlined::<Light>(tok, mode, table)
                 } else {
-                    pipeline::outlined(move || pipeline::alloc::<Layered>(tok, mode, table, a()))
+                    a().run_outlined::<Layered>(tok, mode, table)
                 }
             },
         )
@@ -260,21 +260,20 @@ impl<F: Copy> Site<F> {
             move |tok, call| {
                 // Built in each branch: built before the mode check, it was stored to the
                 // stack on every request.
-                let req = move || FreeRequest {
+                let req = move || FreeCall {
                     api,
                     key,
                     stream,
                     flags,
+                    call: move || call(f),
                 };
                 let mode = pipeline::mode();
                 if mode.pass_through() {
-                    pipeline::free::<Passed>(tok, mode, table, req(), move || call(f))
+                    req().run::<Passed>(tok, mode, table)
                 } else if mode.light() {
-                    pipeline::free::<Light>(tok, mode, table, req(), move || call(f))
+                    req().run::<Light>(tok, mode, table)
                 } else {
-                    pipeline::outlined(move || {
-                        pipeline::free::<Layered>(tok, mode, table, req(), move || call(f))
-                    })
+                    req().run_outlined::<Layered>(tok, mode, table)
                 }
             },
         )
