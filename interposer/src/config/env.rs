@@ -19,6 +19,7 @@ pub(crate) const KNOWN: &[&str] = &[
     "VRAMSHIM_DEVICE_FAULT",
     "VRAMSHIM_LAYERS_FAULT",
     "VRAMSHIM_LOG",
+    "VRAMSHIM_ON_CAP",
     "VRAMSHIM_POOL",
     "VRAMSHIM_POOL_BUDGET",
     "VRAMSHIM_POOL_DEBUG",
@@ -61,7 +62,7 @@ pub(crate) const KNOWN: &[&str] = &[
     "GPU_MEMORY_LIMIT",
     "NVIDIA_GPU_MEMORY_LIMIT",
 ];
-const NKNOWN: usize = 46;
+const NKNOWN: usize = 47;
 const _: () = assert!(KNOWN.len() == NKNOWN);
 
 /// At most this many `VRAMSHIM_*` variables are listed (in environment order, for the trace
@@ -276,6 +277,7 @@ pub(crate) fn forms(name: &str) -> &'static str {
         }
         "VRAMSHIM_CAP_CONTEXT" => "accepted: include or exclude",
         "VRAMSHIM_REGISTRY" => "accepted: off, or an absolute path",
+        "VRAMSHIM_ON_CAP" => "accepted: fail, wait, wait:TIMEOUT (e.g. wait:30s) or wait:forever",
         _ => "accepted: see docs/configuration.md",
     }
 }
