@@ -28,6 +28,8 @@ pub(crate) const KNOWN: &[&str] = &[
     "VRAMSHIM_SLOTS_FAULT",
     "VRAMSHIM_STACKS",
     "VRAMSHIM_STACKS_FAULT",
+    "VRAMSHIM_PY_STACKS",
+    "VRAMSHIM_PYFRAMES_FAULT",
     "VRAMSHIM_STATS",
     "VRAMSHIM_TABLE_FAULT",
     "VRAMSHIM_TORCH_FAULT",
@@ -62,7 +64,7 @@ pub(crate) const KNOWN: &[&str] = &[
     "GPU_MEMORY_LIMIT",
     "NVIDIA_GPU_MEMORY_LIMIT",
 ];
-const NKNOWN: usize = 47;
+const NKNOWN: usize = 49;
 const _: () = assert!(KNOWN.len() == NKNOWN);
 
 /// At most this many `VRAMSHIM_*` variables are listed (in environment order, for the trace

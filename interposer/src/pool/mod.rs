@@ -32,9 +32,10 @@ mod tests;
 
 use crate::cuda::request::{self, is_runtime};
 use crate::cuda::types::*;
+use crate::sys::spin::SpinLock;
 use crate::sys::wired::Wired;
 use cuda_device::CudaDevice;
-use std::cell::UnsafeCell;
+use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use vramshim_pool::stitch::{Budget, Stitch};
 use vramshim_pool::{ANY_STREAM, DeviceError, FreeMode, Policy, PoolError, Request, Stats};
@@ -101,6 +102,30 @@ pub(crate) fn set_cap_view(v: CapView) {
 
 fn cap_view() -> &'static CapView {
     CAP_VIEW.get()
+}
+
+/// What the pool tells the trace of its own waits. The tracer stands beside the pool, so
+/// `lifecycle` hands this in at load; until then, and in an untraced process, a wait is only
+/// made. Without it a pooled job's trace would count only the program's own
+/// synchronizations, and `summary` would miss the ones the pool adds.
+pub(crate) struct WaitView {
+    /// Make a wait of the pool's on `device` (`run`; its CUDA result is returned) and record
+    /// it: a device-wide synchronization (`on_event` false), or stream `stream` made to wait
+    /// on an event before it reuses bytes another stream freed (`on_event` true).
+    pub wait: fn(device: i32, on_event: bool, stream: u64, run: &mut dyn FnMut() -> c_int) -> c_int,
+}
+
+static WAIT_VIEW: Wired<WaitView> = Wired::new(WaitView {
+    wait: |_, _, _, run| run(),
+});
+
+/// Wire in the trace's record of the pool's waits (see [`WaitView`]).
+pub(crate) fn set_wait_view(v: WaitView) {
+    WAIT_VIEW.set(v);
+}
+
+fn wait_view() -> &'static WaitView {
+    WAIT_VIEW.get()
 }
 
 /// The tight pool's budget ratio (`None`: the default stitch), read once.
@@ -209,44 +234,11 @@ struct Pools {
     devs: Vec<Option<DevicePool>>,
 }
 
-/// A lock that a forked child can reset (the thread holding it in the parent does not exist
-/// in the child).
-struct Lock {
-    locked: AtomicBool,
-    pools: UnsafeCell<Pools>,
-}
-
-// SAFETY: `pools` is only touched while `locked` is held (see `with_pools`).
-unsafe impl Sync for Lock {}
-
-static POOLS: Lock = Lock {
-    locked: AtomicBool::new(false),
-    pools: UnsafeCell::new(Pools { devs: Vec::new() }),
-};
+/// Every device's pool, behind a lock a forked child can take back.
+static POOLS: SpinLock<Pools> = SpinLock::new(Pools { devs: Vec::new() });
 
 fn with_pools<R>(f: impl FnOnce(&mut Pools) -> R) -> R {
-    let mut spins = 0u32;
-    while POOLS
-        .locked
-        .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
-        .is_err()
-    {
-        spins += 1;
-        if spins < 64 {
-            std::hint::spin_loop();
-        } else {
-            std::thread::yield_now();
-        }
-    }
-    struct Unlock;
-    impl Drop for Unlock {
-        fn drop(&mut self) {
-            POOLS.locked.store(false, Ordering::Release);
-        }
-    }
-    let _u = Unlock;
-    // SAFETY: exclusive access while the lock is held.
-    f(unsafe { &mut *POOLS.pools.get() })
+    f(&mut POOLS.lock())
 }
 
 /// The pool stream for a request, or `None` if the pool does not serve this kind.
@@ -667,14 +659,13 @@ pub(crate) fn stats(device: i32) -> Option<Stats> {
 /// Called in a forked child before it does anything else: the parent's device memory is
 /// not the child's; forget every pool (no driver call) and reset the lock.
 pub(crate) fn on_fork_child() {
-    POOLS.locked.store(false, Ordering::Release);
+    // SAFETY: the atfork child handler runs on the child's only thread, holding no guard.
+    let pools = unsafe { POOLS.reset_in_child() };
+    // The parent's map may be mid-update: moved out and forgotten, never read or dropped.
+    std::mem::forget(std::mem::take(&mut pools.devs));
     HAS_POOL.store(0, Ordering::Relaxed);
     tcache::on_fork_child();
     for p in &PEERS {
         p.store(0, Ordering::Relaxed);
     }
-    with_pools(|pools| {
-        let old = std::mem::take(&mut pools.devs);
-        std::mem::forget(old);
-    })
 }

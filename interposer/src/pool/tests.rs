@@ -802,3 +802,64 @@ fn pool_statistics_are_readable_in_process_and_at_exit() {
     assert_eq!(o.code(), Some(0), "{}\n{}", o.stdout, tail(&o.stderr));
     assert!(o.stdout.contains("pool_stats: no pool"), "{}", o.stdout);
 }
+
+/// The pool's own synchronizations are in the trace as the pool's (`SyncKind::PoolDevice`),
+/// one record per synchronization the pool made (its `syncs` statistic, at exit in
+/// `VRAMSHIM_STATS`), and `vramshim summary` counts them: a `cudaMalloc`/`cudaFree` replay
+/// makes the pool synchronize to release the freed blocks. Without the record (the wait view
+/// not wired) the trace holds no pool synchronization and the test fails.
+#[test]
+fn the_pools_own_synchronizations_are_in_the_trace() {
+    let dir = vramshim_testkit::temp_dir("pool_syncs");
+    let json = dir.join("stats.json");
+    let trace = dir.join("pool.vramtrace");
+    let _ = std::fs::remove_file(&json);
+    let _ = std::fs::remove_file(&trace);
+    let (o, _) = pooled_run(
+        &trace_file("vit_train.rmm.csv"),
+        None,
+        &[
+            ("VRAMSHIM_STATS", json.to_str().unwrap()),
+            ("VRAMSHIM_TRACE", trace.to_str().unwrap()),
+        ],
+        &["--quiet"],
+    );
+    assert_eq!(o.code(), Some(0), "{}\n{}", o.stdout, tail(&o.stderr));
+    let j = std::fs::read_to_string(&json).unwrap();
+    let pools = &j[j.find("\"pools\"").expect("no pools in the stats")..];
+    let made: u64 = json_value(pools, "syncs").unwrap().parse().unwrap();
+    assert!(made > 0, "the pool made no synchronization: {pools}");
+    let mut r = vramshim_trace::TraceReader::open(&trace).unwrap();
+    let mut e = vramshim_trace::Event::Lost { t_ns: 0, count: 0 };
+    let (mut pool_device, mut process) = (0u64, 0u64);
+    while r.next_into(&mut e).unwrap() {
+        if let vramshim_trace::Event::Sync { kind, device, .. } = e {
+            match kind {
+                vramshim_trace::SyncKind::PoolDevice => {
+                    assert_eq!(device, 0);
+                    pool_device += 1;
+                }
+                vramshim_trace::SyncKind::PoolEvent => panic!("one stream: no event wait"),
+                _ => process += 1,
+            }
+        }
+    }
+    assert_eq!(
+        pool_device, made,
+        "pool syncs in the trace vs the pool's count"
+    );
+    let vramshim = vramshim_testkit::profile_dir().join("vramshim");
+    let out = std::process::Command::new(&vramshim)
+        .args(["summary", "--json"])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert_eq!(
+        json_value(&text, "pool-device").and_then(|v| v.parse::<u64>().ok()),
+        Some(made),
+        "{text}"
+    );
+    let _ = process;
+}
