@@ -39,9 +39,12 @@ def _vramshim_setup():
         drain.restype = ctypes.c_int
         backend = torch.cuda.get_allocator_backend()
         if backend != "native":
+            # cudaMallocAsync has no trace tracker nor history (PyTorch refuses both), but
+            # it asks the driver for every tensor: each is an allocation in the trace.
             _vramshim_say(
-                "PyTorch tensor-level events off (PyTorch runs its %s allocator; they need "
-                "the native caching allocator); the trace stays at segment level" % backend
+                "PyTorch tensor-level events off (PyTorch runs its %s allocator, which has no "
+                "trace tracker): each tensor is its own device allocation in the trace; "
+                "--stacks N names their Python lines" % backend
             )
             return
         if attach(str(torch.__version__).encode()) != 0:

@@ -312,6 +312,44 @@ fn history_turned_off_by_the_job_keeps_the_lines() {
     );
 }
 
+/// Under `--pool stitch` PyTorch runs its cudaMallocAsync allocator, which has no trace
+/// tracker (one line says so), but asks the driver for every tensor: with `--stacks`, each
+/// live tensor is named by the Python line that allocated it.
+#[test]
+fn async_allocator_tensors_are_named_by_their_stacks() {
+    let Some(py) = torch_or_skip("async_allocator_tensors_are_named_by_their_stacks") else {
+        return;
+    };
+    let flags = ["--pool", "stitch", "--stacks", "16"];
+    let (out, file) = traced(&py, "torch_tensors_async", REUSE, &flags);
+    out.assert_success();
+    assert!(
+        out.stderr.contains("which has no trace tracker"),
+        "{}",
+        out.stderr
+    );
+    let exe = vramshim_testkit::profile_dir().join("vramshim");
+    let o = run(std::process::Command::new(&exe)
+        .arg("summary")
+        .arg("--json")
+        .arg(&file));
+    o.assert_success();
+    let j: serde_json::Value = serde_json::from_str(&o.stdout).expect("summary JSON");
+    let leaks = &j["traces"][0]["devices"][0]["leaks"]["top_allocations"];
+    let sites: Vec<&str> = leaks
+        .as_array()
+        .expect("live allocations at exit")
+        .iter()
+        .filter(|a| a["size"].as_u64() == Some(1 << 20))
+        .filter_map(|a| a["site"].as_str())
+        .collect();
+    assert_eq!(sites.len(), 8, "{leaks}");
+    assert!(
+        sites.iter().all(|s| *s == "make_activations (job.py:8)"),
+        "{sites:?}"
+    );
+}
+
 /// `--no-python-hook` and `VRAMSHIM_PYTHON_HOOK=0` leave the job at segment level.
 #[test]
 fn the_hook_can_be_turned_off() {
