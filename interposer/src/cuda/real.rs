@@ -359,7 +359,7 @@ real_fns! {
     Runtime cudaStreamSynchronize: PfnCuStreamSynchronize;
     Runtime cudaStreamSynchronize_ptsz: PfnCuStreamSynchronize;
     Runtime cudaEventSynchronize: PfnCuEventSynchronize;
-    Runtime cudaIpcGetMemHandle: PfnIpcGetMemHandle;
+    Runtime cudaIpcGetMemHandle: PfnCudaIpcGetMemHandle;
     Runtime cudaGetDriverEntryPoint: PfnCudaGetDriverEntryPoint;
     Runtime cudaGetDriverEntryPoint_ptsz: PfnCudaGetDriverEntryPoint;
     Runtime cudaGetDriverEntryPointByVersion: PfnCudaGetDriverEntryPointByVersion;

@@ -7,5 +7,6 @@ pub(crate) mod ids;
 #[macro_use]
 pub(crate) mod log;
 pub(crate) mod membarrier;
+pub(crate) mod spin;
 pub(crate) mod thread;
 pub(crate) mod wired;

@@ -121,6 +121,9 @@ pub struct Faults {
     /// Grow and cache as if there were no budget (while still publishing it): proves the
     /// budget test can fail.
     pub ignore_budget: bool,
+    /// Re-form only mappings that blocks still use for a new block (remapping some of their
+    /// pages: the bytes of those blocks move under them).
+    pub repair_used: bool,
 }
 
 impl Faults {
@@ -130,6 +133,7 @@ impl Faults {
             || self.skip_take
             || self.lazy_sync
             || self.ignore_budget
+            || self.repair_used
     }
 }
 
@@ -183,6 +187,8 @@ pub struct Stitch {
     limit_now: u64,
     /// recent peak live of the previous window
     prev_window_peak: u64,
+    /// mappings re-formed by remapping some of their pages (see `Stitch::repairable`)
+    repairs: u64,
     /// allocation count at which the budget's window rolls
     next_window: u64,
     /// (epoch, free pages, mappings) of the last scan for idle pages that found the rest
@@ -232,6 +238,7 @@ impl Stitch {
             arena: None,
             limit_now: u64::MAX,
             prev_window_peak: 0,
+            repairs: 0,
             next_window: u64::MAX,
             idle_scan: None,
             stats: Stats::default(),
@@ -260,6 +267,11 @@ impl Stitch {
     /// Mappings held.
     pub fn mappings(&self) -> u64 {
         self.nmaps
+    }
+
+    /// Mappings re-formed for a new block by remapping only the pages that differed.
+    pub fn repairs(&self) -> u64 {
+        self.repairs
     }
 
     /// Blocks freed and kept formed for reuse.
