@@ -35,7 +35,9 @@
 //!
 //! `VRAMSHIM_PY_STACKS=0` leaves Python frames out. `VRAMSHIM_PYFRAMES_FAULT=noident`
 //! deduplicates and names on the code object's address alone (the reuse check off), for the
-//! test that shows a reused address is then named wrongly.
+//! test that shows a reused address is then named wrongly; `layout` shifts the offset of a
+//! frame's code object (the checked walks must refuse it), `layout-unchecked` does too and
+//! reads without checking first (what the check prevents).
 
 use std::cell::UnsafeCell;
 use std::collections::HashMap;
@@ -353,10 +355,8 @@ fn find_py() -> Option<Py> {
         STATE.store(OFF, Ordering::Release);
         return None;
     }
-    FAULT_NOIDENT.store(
-        crate::config::var("VRAMSHIM_PYFRAMES_FAULT").is_some_and(|v| v.trim() == "noident"),
-        Ordering::Relaxed,
-    );
+    let fault = crate::config::var("VRAMSHIM_PYFRAMES_FAULT").map(str::trim);
+    FAULT_NOIDENT.store(fault == Some("noident"), Ordering::Relaxed);
     let runtime = sym(c"_PyRuntime");
     let gts = sym(c"PyGILState_GetThisThreadState");
     let eval = sym(c"_PyEval_EvalFrameDefault");
@@ -372,7 +372,7 @@ fn find_py() -> Option<Py> {
         Some(v) => v,
         None => return off("the Python version cannot be read"),
     };
-    let l = if major == 3 && minor == 13 {
+    let mut l = if major == 3 && minor == 13 {
         match debug_layout(runtime, minor) {
             Ok(l) => l,
             Err(e) => return off(&format!("Python 3.{minor}: {e}")),
@@ -399,7 +399,17 @@ fn find_py() -> Option<Py> {
     if eval.is_empty() {
         crate::info!("the eval loop's extent is unknown: Python frames follow the native ones");
     }
-    STATE.store(CHECKING, Ordering::Release);
+    if matches!(fault, Some("layout" | "layout-unchecked")) {
+        // A wrong offset of a frame's code object: what the checked walks must catch.
+        l.f_code += 8;
+    }
+    // `layout-unchecked`: plain reads from the start, as if the layout were verified.
+    let first = if fault == Some("layout-unchecked") {
+        ON
+    } else {
+        CHECKING
+    };
+    STATE.store(first, Ordering::Release);
     Some(Py {
         l,
         get_tstate,

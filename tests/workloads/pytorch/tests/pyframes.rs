@@ -356,3 +356,32 @@ fn python_frames_can_be_turned_off() {
     );
     assert!(t.codes.is_empty());
 }
+
+/// Offsets that do not fit the interpreter (`VRAMSHIM_PYFRAMES_FAULT=layout` shifts one) are
+/// caught by the first walks, which read through the kernel and check what they find: one
+/// line, native frames only, the job unharmed. (`VRAMSHIM_PYFRAMES_FAULT=layout-unchecked`
+/// for the test run skips that check: no line, and the test fails.)
+#[test]
+fn a_wrong_frame_layout_is_refused_with_one_line() {
+    let fault = std::env::var("VRAMSHIM_PYFRAMES_FAULT")
+        .ok()
+        .filter(|v| v.starts_with("layout"))
+        .unwrap_or_else(|| "layout".into());
+    for (ver, py) in pythons() {
+        let name = format!("pyframes_layout_{}", ver.replace('.', "_"));
+        let (out, file) = traced(&py, &name, JOB, &[("VRAMSHIM_PYFRAMES_FAULT", &fault)]);
+        out.assert_success();
+        assert_eq!(
+            out.stderr.matches("Python frames off").count(),
+            1,
+            "Python {ver}: {}",
+            out.stderr
+        );
+        let t = Trace::read(&file);
+        assert_eq!(t.allocs.len(), 6, "Python {ver}");
+        assert!(
+            t.stacks.values().flatten().all(|f| f & PY_BIT == 0),
+            "Python {ver}: a Python frame read with a wrong layout"
+        );
+    }
+}
