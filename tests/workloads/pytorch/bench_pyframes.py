@@ -35,7 +35,8 @@ import time
 DEPTHS = tuple(int(d) for d in os.environ.get("BENCH_DEPTHS", "1,4,16,64").split(","))
 PAIRS = int(os.environ.get("BENCH_PAIRS", "20000"))
 TENSOR_PAIRS = 10000
-STEPS = 100
+STEPS = int(os.environ.get("BENCH_STEPS", "100"))
+STEP_REPS = int(os.environ.get("BENCH_STEP_REPS", "5"))
 
 
 def nest(d, f, *a):
@@ -113,7 +114,7 @@ def step_job():
         step()
     torch.cuda.synchronize()
     reps = []
-    for _ in range(5):
+    for _ in range(STEP_REPS):
         t = time.process_time_ns()
         for _ in range(STEPS):
             step()
