@@ -115,8 +115,8 @@ pub(crate) fn reset(dev: CUdevice) {
 }
 
 hooks! {
-    ["cuDevicePrimaryCtxRetain", 7000]
-    fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) |h| {
+    ["cuDevicePrimaryCtxRetain", 7000] cuDevicePrimaryCtxRetain,
+    fn(pctx: *mut CUcontext, dev: CUdevice) |h| {
         h.unguarded(|f| {
             // SAFETY: forwarding the caller's arguments unchanged.
             let rc = creating(h.name, dev, || unsafe { f(pctx, dev) });
@@ -129,8 +129,8 @@ hooks! {
         })
     }
 
-    ["cuDevicePrimaryCtxRelease", 11000]
-    fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) |h| {
+    ["cuDevicePrimaryCtxRelease", 11000] cuDevicePrimaryCtxRelease_v2,
+    fn(dev: CUdevice) |h| {
         h.unguarded(|f| {
             // SAFETY: forwarding the caller's arguments unchanged.
             let rc = unsafe { f(dev) };
@@ -144,8 +144,8 @@ hooks! {
         })
     }
 
-    ["cuDevicePrimaryCtxReset", 11000]
-    fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) |h| {
+    ["cuDevicePrimaryCtxReset", 11000] cuDevicePrimaryCtxReset_v2,
+    fn(dev: CUdevice) |h| {
         h.unguarded(|f| {
             // SAFETY: forwarding the caller's arguments unchanged.
             let rc = unsafe { f(dev) };
@@ -156,8 +156,8 @@ hooks! {
         })
     }
 
-    ["cuCtxCreate", 3020]
-    fn cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) |h| {
+    ["cuCtxCreate", 3020] cuCtxCreate_v2,
+    fn(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) |h| {
         // The new context becomes current: the runtime device may change.
         super::current::changing(h, |f| {
             crate::pipeline::run_unguarded(h.name, CUDA_ERROR_UNKNOWN, || {
@@ -169,8 +169,8 @@ hooks! {
 
     /// The current context's device gains access to `peer`'s memory: the pool grants it on
     /// its mappings of that device too.
-    ["cuCtxEnablePeerAccess", 4000]
-    fn cuCtxEnablePeerAccess(peer: CUcontext, flags: c_uint) |h| {
+    ["cuCtxEnablePeerAccess", 4000] cuCtxEnablePeerAccess,
+    fn(peer: CUcontext, flags: c_uint) |h| {
         h.unguarded(|f| {
             // SAFETY: forwarding the caller's arguments unchanged.
             let rc = unsafe { f(peer, flags) };
@@ -191,8 +191,8 @@ hooks! {
     /// The runtime's current device gains access to `peer_device`'s memory (the real
     /// runtime may also reach our `cuCtxEnablePeerAccess`; telling the pool twice is
     /// harmless).
-    ["cudaDeviceEnablePeerAccess", 0]
-    fn cudaDeviceEnablePeerAccess(peer_device: c_int, flags: c_uint) |h| {
+    ["cudaDeviceEnablePeerAccess", 0] cudaDeviceEnablePeerAccess,
+    fn(peer_device: c_int, flags: c_uint) |h| {
         h.unguarded(|f| {
             // SAFETY: forwarding the caller's arguments unchanged.
             let rc = unsafe { f(peer_device, flags) };

@@ -68,33 +68,23 @@ pub(super) fn changing<F: Copy>(h: Site<F>, call: impl FnOnce(F) -> c_int) -> c_
 }
 
 hooks! {
-    ["cudaSetDevice", 0]
-    fn cudaSetDevice(device: c_int) |h| {
+    ["cudaSetDevice", 0] cudaSetDevice,
+    fn(device: c_int) |h| {
         // SAFETY: forwarding the caller's arguments unchanged.
         changing(h, |f| unsafe { f(device) })
     }
 
-    ["cuCtxSetCurrent", 4000]
-    fn cuCtxSetCurrent(ctx: CUcontext) |h| {
+    ["cuCtxSetCurrent", 4000] cuCtxSetCurrent,
+    ["cuCtxPushCurrent", 4000] cuCtxPushCurrent_v2,
+    ["cuCtxDestroy", 4000] cuCtxDestroy_v2,
+    fn(ctx: CUcontext) |h| {
         // SAFETY: forwarding the caller's arguments unchanged.
         changing(h, |f| unsafe { f(ctx) })
     }
 
-    ["cuCtxPushCurrent", 4000]
-    fn cuCtxPushCurrent_v2(ctx: CUcontext) |h| {
-        // SAFETY: forwarding the caller's arguments unchanged.
-        changing(h, |f| unsafe { f(ctx) })
-    }
-
-    ["cuCtxPopCurrent", 4000]
-    fn cuCtxPopCurrent_v2(pctx: *mut CUcontext) |h| {
+    ["cuCtxPopCurrent", 4000] cuCtxPopCurrent_v2,
+    fn(pctx: *mut CUcontext) |h| {
         // SAFETY: forwarding the caller's arguments unchanged.
         changing(h, |f| unsafe { f(pctx) })
-    }
-
-    ["cuCtxDestroy", 4000]
-    fn cuCtxDestroy_v2(ctx: CUcontext) |h| {
-        // SAFETY: forwarding the caller's arguments unchanged.
-        changing(h, |f| unsafe { f(ctx) })
     }
 }

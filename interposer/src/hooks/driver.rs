@@ -12,8 +12,8 @@ use vramshim_trace::{AllocKind, Api};
 
 hooks! {
     /// The pool may serve it.
-    ["cuMemAlloc", 3020]
-    fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) |h| {
+    ["cuMemAlloc", 3020] cuMemAlloc_v2,
+    fn(dptr: *mut CUdeviceptr, size: usize) |h| {
         // Reached by the runtime's cudaMalloc through our lookup hooks: straight to the driver.
         if let Some(f) = crate::sys::thread::nested_real(real::known::cuMemAlloc_v2) {
             // SAFETY: forwarding the caller's arguments unchanged.
@@ -22,8 +22,8 @@ hooks! {
         mem_alloc(h, dptr, size)
     }
 
-    ["cuMemFree", 3020]
-    fn cuMemFree_v2(dptr: CUdeviceptr) |h| {
+    ["cuMemFree", 3020] cuMemFree_v2,
+    fn(dptr: CUdeviceptr) |h| {
         if let Some(f) = crate::sys::thread::nested_real(real::known::cuMemFree_v2) {
             // SAFETY: forwarding the caller's arguments unchanged.
             return unsafe { f(dptr) };
@@ -32,8 +32,8 @@ hooks! {
     }
 
     /// Charged width x height; the footprint is pitch x height (known after the call).
-    ["cuMemAllocPitch", 3020]
-    fn cuMemAllocPitch_v2(
+    ["cuMemAllocPitch", 3020] cuMemAllocPitch_v2,
+    fn(
         dptr: *mut CUdeviceptr,
         pitch: *mut usize,
         width: usize,
@@ -54,35 +54,28 @@ hooks! {
         )
     }
 
-    ["cuMemAllocManaged", 6000]
-    fn cuMemAllocManaged(dptr: *mut CUdeviceptr, size: usize, fl: c_uint) |h| {
+    ["cuMemAllocManaged", 6000] cuMemAllocManaged,
+    fn(dptr: *mut CUdeviceptr, size: usize, fl: c_uint) |h| {
         let r = || req(Api::CuMemAllocManaged, AllocKind::Managed, drv_device(), 0, size, 0);
         // SAFETY: forwarding the caller's arguments unchanged.
         h.linear(dptr, size, false, r, move |f| unsafe { f(dptr, size, fl) })
     }
 
-    ["cuMemAllocAsync", 11020]
-    fn cuMemAllocAsync(dptr: *mut CUdeviceptr, size: usize, s: CUstream) |h| {
+    ["cuMemAllocAsync", 11020] cuMemAllocAsync,
+    ["cuMemAllocAsync", 11020, ptds] cuMemAllocAsync_ptsz,
+    fn(dptr: *mut CUdeviceptr, size: usize, s: CUstream) |h| {
         alloc_async(h, dptr, size, s)
     }
 
-    ["cuMemAllocAsync", 11020, ptds]
-    fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, s: CUstream) |h| {
-        alloc_async(h, dptr, size, s)
-    }
-
-    ["cuMemFreeAsync", 11020]
-    fn cuMemFreeAsync(dptr: CUdeviceptr, s: CUstream) |h| {
+    ["cuMemFreeAsync", 11020] cuMemFreeAsync,
+    ["cuMemFreeAsync", 11020, ptds] cuMemFreeAsync_ptsz,
+    fn(dptr: CUdeviceptr, s: CUstream) |h| {
         free_async(h, dptr, s)
     }
 
-    ["cuMemFreeAsync", 11020, ptds]
-    fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, s: CUstream) |h| {
-        free_async(h, dptr, s)
-    }
-
-    ["cuMemAllocFromPoolAsync", 11020]
-    fn cuMemAllocFromPoolAsync(
+    ["cuMemAllocFromPoolAsync", 11020] cuMemAllocFromPoolAsync,
+    ["cuMemAllocFromPoolAsync", 11020, ptds] cuMemAllocFromPoolAsync_ptsz,
+    fn(
         dptr: *mut CUdeviceptr,
         size: usize,
         pool: CUmemoryPool,
@@ -91,47 +84,37 @@ hooks! {
         alloc_from_pool(h, dptr, size, pool, s)
     }
 
-    ["cuMemAllocFromPoolAsync", 11020, ptds]
-    fn cuMemAllocFromPoolAsync_ptsz(
-        dptr: *mut CUdeviceptr,
-        size: usize,
-        pool: CUmemoryPool,
-        s: CUstream,
-    ) |h| {
-        alloc_from_pool(h, dptr, size, pool, s)
-    }
-
-    ["cuMemGetInfo", 3020]
-    fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) |h| {
+    ["cuMemGetInfo", 3020] cuMemGetInfo_v2,
+    fn(free: *mut usize, total: *mut usize) |h| {
         // SAFETY: forwarding the caller's arguments unchanged.
         super::meminfo_hook(h, Api::CuMemGetInfo, real::current_driver_device, free, total, |f| unsafe { f(free, total) })
     }
 
     /// Reports the cap.
-    ["cuDeviceTotalMem", 3020]
-    fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) |h| {
+    ["cuDeviceTotalMem", 3020] cuDeviceTotalMem_v2,
+    fn(bytes: *mut usize, dev: CUdevice) |h| {
         // SAFETY: forwarding the caller's arguments unchanged.
         super::total_mem_hook(h, Api::CuDeviceTotalMem, dev, bytes, |f| unsafe { f(bytes, dev) })
     }
 
     /// Traced, never charged.
-    ["cuMemAllocHost", 3020]
-    fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) |h| {
+    ["cuMemAllocHost", 3020] cuMemAllocHost_v2,
+    fn(pp: *mut *mut c_void, size: usize) |h| {
         let r = || req(Api::CuMemAllocHost, AllocKind::Host, -1, 0, size, 0);
         // SAFETY: forwarding the caller's arguments unchanged.
         h.linear(pp, size, false, r, move |f| unsafe { f(pp, size) })
     }
 
     /// Traced, never charged.
-    ["cuMemHostAlloc", 2020]
-    fn cuMemHostAlloc(pp: *mut *mut c_void, size: usize, fl: c_uint) |h| {
+    ["cuMemHostAlloc", 2020] cuMemHostAlloc,
+    fn(pp: *mut *mut c_void, size: usize, fl: c_uint) |h| {
         let r = || req(Api::CuMemHostAlloc, AllocKind::Host, -1, 0, size, 0);
         // SAFETY: forwarding the caller's arguments unchanged.
         h.linear(pp, size, false, r, move |f| unsafe { f(pp, size, fl) })
     }
 
-    ["cuMemFreeHost", 2000]
-    fn cuMemFreeHost(p: *mut c_void) |h| {
+    ["cuMemFreeHost", 2000] cuMemFreeHost,
+    fn(p: *mut c_void) |h| {
         // SAFETY: forwarding the caller's arguments unchanged.
         h.free(&ALLOCS, Api::CuMemFreeHost, p as u64, None, move |f| unsafe { f(p) })
     }

@@ -289,13 +289,13 @@ fn version_of(version: c_uint) -> c_int {
 }
 
 hooks! {
-    ["cuGetProcAddress", 11030]
-    fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64) |h| {
+    ["cuGetProcAddress", 11030] cuGetProcAddress,
+    fn(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64) |h| {
         proc_address(h, false, symbol, pfn, version, flags, std::ptr::null_mut())
     }
 
-    ["cuGetProcAddress", 12000]
-    fn cuGetProcAddress_v2(
+    ["cuGetProcAddress", 12000] cuGetProcAddress_v2,
+    fn(
         symbol: *const c_char,
         pfn: *mut *mut c_void,
         version: c_int,
@@ -305,19 +305,9 @@ hooks! {
         proc_address(h, true, symbol, pfn, version, flags, status)
     }
 
-    ["cudaGetDriverEntryPoint", 0]
-    fn cudaGetDriverEntryPoint(
-        symbol: *const c_char,
-        func: *mut *mut c_void,
-        flags: c_ulonglong,
-        status: *mut c_int,
-    ) |h| {
-        // SAFETY: forwarding the caller's arguments unchanged.
-        entry_point(h, symbol, func, c_int::MAX, flags, |f| unsafe { f(symbol, func, flags, status) })
-    }
-
-    ["cudaGetDriverEntryPoint", 0, ptds]
-    fn cudaGetDriverEntryPoint_ptsz(
+    ["cudaGetDriverEntryPoint", 0] cudaGetDriverEntryPoint,
+    ["cudaGetDriverEntryPoint", 0, ptds] cudaGetDriverEntryPoint_ptsz,
+    fn(
         symbol: *const c_char,
         func: *mut *mut c_void,
         flags: c_ulonglong,
@@ -328,21 +318,9 @@ hooks! {
     }
 
     /// PyTorch's: version 12000, `cudaEnableDefault`.
-    ["cudaGetDriverEntryPointByVersion", 0]
-    fn cudaGetDriverEntryPointByVersion(
-        symbol: *const c_char,
-        func: *mut *mut c_void,
-        version: c_uint,
-        flags: c_ulonglong,
-        status: *mut c_int,
-    ) |h| {
-        let v = version_of(version);
-        // SAFETY: forwarding the caller's arguments unchanged.
-        entry_point(h, symbol, func, v, flags, |f| unsafe { f(symbol, func, version, flags, status) })
-    }
-
-    ["cudaGetDriverEntryPointByVersion", 0, ptds]
-    fn cudaGetDriverEntryPointByVersion_ptsz(
+    ["cudaGetDriverEntryPointByVersion", 0] cudaGetDriverEntryPointByVersion,
+    ["cudaGetDriverEntryPointByVersion", 0, ptds] cudaGetDriverEntryPointByVersion_ptsz,
+    fn(
         symbol: *const c_char,
         func: *mut *mut c_void,
         version: c_uint,

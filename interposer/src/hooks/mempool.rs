@@ -7,8 +7,8 @@ use crate::cuda::types::*;
 hooks! {
     /// Not an allocation: nothing is counted; the pool's device is recorded even when
     /// reached from inside another hook.
-    ["cuMemPoolCreate", 11020]
-    fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CUmemPoolPropsHead) |h| {
+    ["cuMemPoolCreate", 11020] cuMemPoolCreate,
+    fn(pool: *mut CUmemoryPool, props: *const CUmemPoolPropsHead) |h| {
         let f = match h.real() {
             Ok(f) => f,
             Err(missing) => return missing,

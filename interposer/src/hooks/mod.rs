@@ -5,7 +5,7 @@
 use crate::cuda::real::{self, Lib, Slot};
 use crate::cuda::request::Request;
 use crate::cuda::types::*;
-use crate::pipeline::{self, AllocCall, FreeRequest, Layered, Light, Passed, run_hook};
+use crate::pipeline::{self, AllocCall, FreeCall, Layered, Light, Passed, run_hook};
 use crate::state::live_table::LiveTable;
 use std::ffi::{CStr, c_int};
 use vramshim_trace::{AllocKind, Api, flags};
@@ -226,11 +226,11 @@ impl<F: Copy> Site<F> {
                 };
                 let mode = pipeline::mode();
                 if mode.pass_through() {
-                    pipeline::alloc::<Passed>(tok, mode, table, a())
+                    a().run::<Passed>(tok, mode, table)
                 } else if mode.light() {
-                    pipeline::alloc_outlined::<Light>(tok, mode, table, a())
+                    a().run_outlined::<Light>(tok, mode, table)
                 } else {
-                    pipeline::alloc_outlined::<Layered>(tok, mode, table, a())
+                    a().run_outlined::<Layered>(tok, mode, table)
                 }
             },
         )
@@ -260,19 +260,20 @@ impl<F: Copy> Site<F> {
             move |tok, call| {
                 // Built in each branch: built before the mode check, it was stored to the
                 // stack on every request.
-                let req = move || FreeRequest {
+                let req = move || FreeCall {
                     api,
                     key,
                     stream,
                     flags,
+                    call: move || call(f),
                 };
                 let mode = pipeline::mode();
                 if mode.pass_through() {
-                    pipeline::free::<Passed>(tok, mode, table, req(), move || call(f))
+                    req().run::<Passed>(tok, mode, table)
                 } else if mode.light() {
-                    pipeline::free::<Light>(tok, mode, table, req(), move || call(f))
+                    req().run::<Light>(tok, mode, table)
                 } else {
-                    pipeline::free_outlined::<Layered>(tok, mode, table, req(), move || call(f))
+                    req().run_outlined::<Layered>(tok, mode, table)
                 }
             },
         )
@@ -314,36 +315,24 @@ pub(crate) struct HookAddr(pub *const ());
 // SAFETY: a code address, immutable.
 unsafe impl Sync for HookAddr {}
 
-/// Declares exported hooks, each once: `[base, version(, ptds)] fn name(args) |site| body`
-/// makes the C entry point `name` (`#[no_mangle]`, so the C name is the Rust name), its
-/// entry in the module's `TABLE` for the lookups ([`Hook`]: the C name, the address, the
-/// real slot of the same name, the `cuGetProcAddress` base name, the version that introduced
-/// it, whether it is the `_ptsz` variant), and the [`Site`] its body gets. The entry point
+/// Declares exported hooks, each once: `[base, version(, ptds)] name, ... fn(args) |site|
+/// body` makes, for each name, the C entry point `name` (`#[no_mangle]`, so the C name is the
+/// Rust name) running `body`, its entry in the module's `TABLE` for the lookups ([`Hook`]:
+/// the C name, the address, the real slot of the same name, the `cuGetProcAddress` base
+/// name, the version that introduced it, whether it is the `_ptsz` variant), and the
+/// [`Site`] its body gets. Variants with the same arguments share one body. Each entry point
 /// must have the ABI of the real function of the same name (checked at compile time).
 macro_rules! hooks {
     ($(
         $(#[doc = $doc:literal])*
-        [$base:literal, $minv:literal $(, $ptds:ident)?]
-        fn $name:ident($($arg:ident: $ty:ty),* $(,)?) |$site:ident| $body:block
+        $([$base:literal, $minv:literal $(, $ptds:ident)?] $name:ident,)+
+        fn $args:tt |$site:ident| $body:block
     )*) => {
         $(
-            $(#[doc = $doc])*
-            ///
-            /// # Safety
-            /// C ABI: the contract of the real function of the same name.
-            #[unsafe(no_mangle)]
-            pub unsafe extern "C" fn $name($($arg: $ty),*) -> std::ffi::c_int {
-                let $site = $crate::hooks::Site {
-                    name: stringify!($name),
-                    real: $crate::cuda::real::$name,
-                    slot: &$crate::cuda::real::slots::$name,
-                    ptds: hooks!(@ptds $($ptds)?),
-                };
-                $body
-            }
+            hooks!(@entry [$(#[doc = $doc])*] $args $site $body $([$($ptds)?] $name)+);
         )*
         /// This module's hooks, for the lookups.
-        pub(super) const TABLE: &[$crate::hooks::Hook] = &[$(
+        pub(super) const TABLE: &[$crate::hooks::Hook] = &[$($(
             $crate::hooks::Hook {
                 name: match std::ffi::CStr::from_bytes_with_nul(
                     concat!(stringify!($name), "\0").as_bytes(),
@@ -357,11 +346,31 @@ macro_rules! hooks {
                 min_version: $minv,
                 ptds: hooks!(@ptds $($ptds)?),
             },
-        )*];
+        )+)*];
         // Each hook has the ABI of its real function.
-        const _: () = {$(
+        const _: () = {$($(
             $crate::hooks::same_abi($crate::cuda::real::$name, $name);
-        )*};
+        )+)*};
+    };
+    // One entry point per name of an entry, all with the entry's docs and body.
+    (@entry $docs:tt $args:tt $site:ident $body:block $([$($ptds:ident)?] $name:ident)+) => {
+        $(hooks!(@fn $docs [$($ptds)?] $name $args $site $body);)+
+    };
+    (@fn [$($doc:tt)*] [$($ptds:ident)?] $name:ident $args:tt $site:ident $body:block) => {
+        $($doc)*
+        ///
+        /// # Safety
+        /// C ABI: the contract of the real function of the same name.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name $args -> std::ffi::c_int {
+            let $site = $crate::hooks::Site {
+                name: stringify!($name),
+                real: $crate::cuda::real::$name,
+                slot: &$crate::cuda::real::slots::$name,
+                ptds: hooks!(@ptds $($ptds)?),
+            };
+            $body
+        }
     };
     (@ptds ptds) => { true };
     (@ptds) => { false };
@@ -418,9 +427,39 @@ pub(crate) fn is_our_prefix(name: &[u8]) -> bool {
         || (name.starts_with(b"nvml") && upper_at(4))
 }
 
-/// The shared body of `cudaMemGetInfo` and `cuMemGetInfo_v2`: the real query (`call`),
-/// then what the cap says the process should see, written through the caller's (possibly
-/// NULL) pointers.
+/// The shared body of the memory queries: the real query (`call`), then what the cap says
+/// the process should see of `device` (see [`pipeline::meminfo`]): `read` gives the (free,
+/// total) the real query wrote, `write` writes the answer back over it.
+pub(crate) fn query_hook<F: Copy>(
+    h: Site<F>,
+    api: Api,
+    device: impl FnOnce() -> Option<c_int>,
+    call: impl Fn(F) -> c_int,
+    read: impl FnOnce() -> (Option<u64>, Option<u64>),
+    write: impl FnOnce(i32, u64, u64),
+) -> c_int {
+    let f = match h.real() {
+        Ok(f) => f,
+        Err(missing) => return missing,
+    };
+    // 999 is the unknown error of the runtime, the driver and NVML alike.
+    run_hook(
+        h.name,
+        CUDA_ERROR_UNKNOWN,
+        || call(f),
+        |tok| {
+            let real = || {
+                let rc = call(f);
+                let (free, total) = if rc == 0 { read() } else { (None, None) };
+                (rc, free, total)
+            };
+            pipeline::meminfo(tok, api, device, real, write)
+        },
+    )
+}
+
+/// `cudaMemGetInfo` and `cuMemGetInfo_v2`: the cap's view written through the caller's
+/// (possibly NULL) pointers.
 pub(crate) fn meminfo_hook<F: Copy>(
     h: Site<F>,
     api: Api,
@@ -429,31 +468,16 @@ pub(crate) fn meminfo_hook<F: Copy>(
     total: *mut usize,
     call: impl Fn(F) -> c_int,
 ) -> c_int {
-    let f = match h.real() {
-        Ok(f) => f,
-        Err(missing) => return missing,
+    let read = || (read_usize(free), read_usize(total));
+    let write = |_, af, at| {
+        write_usize(free, af);
+        write_usize(total, at);
     };
-    let real_query = || call(f);
-    run_hook(h.name, CUDA_ERROR_UNKNOWN, real_query, |tok| {
-        pipeline::meminfo(
-            tok,
-            api,
-            device,
-            || {
-                let rc = real_query();
-                (rc, read_usize(free), read_usize(total))
-            },
-            |_, af, at| {
-                write_usize(free, af);
-                write_usize(total, at);
-            },
-        )
-    })
+    query_hook(h, api, device, call, read, write)
 }
 
-/// The shared body of the total-memory queries (`cuDeviceTotalMem_v2`, `totalGlobalMem` of
-/// `cudaGetDeviceProperties`): the real query (`call`) fills `*total`, then the cap's
-/// answer for `device` replaces it.
+/// The total-memory queries (`cuDeviceTotalMem_v2`, `totalGlobalMem` of
+/// `cudaGetDeviceProperties`): the cap's answer for `device` written over `*total`.
 pub(crate) fn total_mem_hook<F: Copy>(
     h: Site<F>,
     api: Api,
@@ -461,24 +485,9 @@ pub(crate) fn total_mem_hook<F: Copy>(
     total: *mut usize,
     call: impl Fn(F) -> c_int,
 ) -> c_int {
-    let f = match h.real() {
-        Ok(f) => f,
-        Err(missing) => return missing,
-    };
-    let real_query = || call(f);
-    run_hook(h.name, CUDA_ERROR_UNKNOWN, real_query, |tok| {
-        pipeline::meminfo(
-            tok,
-            api,
-            || Some(device),
-            || {
-                let rc = real_query();
-                let t = read_usize(total);
-                (rc, t, t)
-            },
-            |_, _, at| write_usize(total, at),
-        )
-    })
+    let read = || (read_usize(total), read_usize(total));
+    let write = |_, _, at| write_usize(total, at);
+    query_hook(h, api, || Some(device), call, read, write)
 }
 
 #[cfg(test)]

@@ -4,9 +4,8 @@
 //! linked: the real functions come from the already-loaded `libnvidia-ml.so.1`.
 
 use super::Site;
+use crate::cap;
 use crate::cuda::types::*;
-use crate::pipeline::run_hook;
-use crate::{cap, pipeline};
 use std::ffi::c_int;
 use vramshim_trace::Api;
 
@@ -48,48 +47,33 @@ fn memory_info<F: Copy, M: NvmlMemory>(
     mem: *mut M,
     call: impl Fn(F) -> c_int,
 ) -> c_int {
-    let f = match h.real() {
-        Ok(f) => f,
-        Err(missing) => return missing,
+    let read = || {
+        if mem.is_null() {
+            return (None, None);
+        }
+        // SAFETY: non-null struct the real call just filled.
+        let (free, total) = unsafe { *mem }.free_total();
+        (Some(free), Some(total))
     };
-    run_hook(
-        h.name,
-        NVML_ERROR_UNKNOWN,
-        || call(f),
-        |tok| {
-            pipeline::meminfo(
-                tok,
-                api,
-                || crate::cuda::nvml::cuda_ordinal_of(device),
-                || {
-                    let rc = call(f);
-                    if rc != NVML_SUCCESS || mem.is_null() {
-                        return (rc, None, None);
-                    }
-                    // SAFETY: non-null struct the real call just filled.
-                    let (free, total) = unsafe { *mem }.free_total();
-                    (rc, Some(free), Some(total))
-                },
-                |dev, _, _| {
-                    if !mem.is_null() && dev >= 0 {
-                        // SAFETY: non-null struct supplied by the caller, just filled.
-                        unsafe { &mut *mem }.adjust(dev);
-                    }
-                },
-            )
-        },
-    )
+    let write = |dev: i32, _, _| {
+        if !mem.is_null() && dev >= 0 {
+            // SAFETY: non-null struct supplied by the caller, just filled.
+            unsafe { &mut *mem }.adjust(dev);
+        }
+    };
+    let device = || crate::cuda::nvml::cuda_ordinal_of(device);
+    super::query_hook(h, api, device, call, read, write)
 }
 
 hooks! {
-    ["nvmlDeviceGetMemoryInfo", 0]
-    fn nvmlDeviceGetMemoryInfo(device: nvmlDevice_t, mem: *mut nvmlMemory_t) |h| {
+    ["nvmlDeviceGetMemoryInfo", 0] nvmlDeviceGetMemoryInfo,
+    fn(device: nvmlDevice_t, mem: *mut nvmlMemory_t) |h| {
         // SAFETY: forwarding the caller's arguments unchanged.
         memory_info(h, Api::NvmlDeviceGetMemoryInfo, device, mem, |f| unsafe { f(device, mem) })
     }
 
-    ["nvmlDeviceGetMemoryInfo_v2", 0]
-    fn nvmlDeviceGetMemoryInfo_v2(device: nvmlDevice_t, mem: *mut nvmlMemory_v2_t) |h| {
+    ["nvmlDeviceGetMemoryInfo_v2", 0] nvmlDeviceGetMemoryInfo_v2,
+    fn(device: nvmlDevice_t, mem: *mut nvmlMemory_v2_t) |h| {
         // SAFETY: forwarding the caller's arguments unchanged.
         memory_info(h, Api::NvmlDeviceGetMemoryInfoV2, device, mem, |f| unsafe { f(device, mem) })
     }

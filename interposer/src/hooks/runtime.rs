@@ -12,51 +12,34 @@ use vramshim_trace::{AllocKind, Api};
 
 hooks! {
     /// The pool may serve it.
-    ["cudaMalloc", 0]
-    fn cudaMalloc(dev_ptr: *mut *mut c_void, size: usize) |h| {
+    ["cudaMalloc", 0] cudaMalloc,
+    fn(dev_ptr: *mut *mut c_void, size: usize) |h| {
         let r = || req(Api::CudaMalloc, AllocKind::Runtime, rt_device(), 0, size, 0);
         // SAFETY: forwarding the caller's arguments unchanged.
         h.linear(dev_ptr, size, true, r, move |f| unsafe { f(dev_ptr, size) })
     }
 
-    ["cudaFree", 0]
-    fn cudaFree(dev_ptr: *mut c_void) |h| {
+    ["cudaFree", 0] cudaFree,
+    fn(dev_ptr: *mut c_void) |h| {
         // SAFETY: forwarding the caller's arguments unchanged.
         h.free(&ALLOCS, Api::CudaFree, dev_ptr as u64, None, move |f| unsafe { f(dev_ptr) })
     }
 
-    ["cudaMallocAsync", 0]
-    fn cudaMallocAsync(dev_ptr: *mut *mut c_void, size: usize, stream: cudaStream_t) |h| {
+    ["cudaMallocAsync", 0] cudaMallocAsync,
+    ["cudaMallocAsync", 0, ptds] cudaMallocAsync_ptsz,
+    fn(dev_ptr: *mut *mut c_void, size: usize, stream: cudaStream_t) |h| {
         malloc_async(h, dev_ptr, size, stream)
     }
 
-    ["cudaMallocAsync", 0, ptds]
-    fn cudaMallocAsync_ptsz(dev_ptr: *mut *mut c_void, size: usize, stream: cudaStream_t) |h| {
-        malloc_async(h, dev_ptr, size, stream)
-    }
-
-    ["cudaFreeAsync", 0]
-    fn cudaFreeAsync(dev_ptr: *mut c_void, stream: cudaStream_t) |h| {
+    ["cudaFreeAsync", 0] cudaFreeAsync,
+    ["cudaFreeAsync", 0, ptds] cudaFreeAsync_ptsz,
+    fn(dev_ptr: *mut c_void, stream: cudaStream_t) |h| {
         free_async(h, dev_ptr, stream)
     }
 
-    ["cudaFreeAsync", 0, ptds]
-    fn cudaFreeAsync_ptsz(dev_ptr: *mut c_void, stream: cudaStream_t) |h| {
-        free_async(h, dev_ptr, stream)
-    }
-
-    ["cudaMallocFromPoolAsync", 0]
-    fn cudaMallocFromPoolAsync(
-        ptr: *mut *mut c_void,
-        size: usize,
-        pool: cudaMemPool_t,
-        stream: cudaStream_t,
-    ) |h| {
-        malloc_from_pool(h, ptr, size, pool, stream)
-    }
-
-    ["cudaMallocFromPoolAsync", 0, ptds]
-    fn cudaMallocFromPoolAsync_ptsz(
+    ["cudaMallocFromPoolAsync", 0] cudaMallocFromPoolAsync,
+    ["cudaMallocFromPoolAsync", 0, ptds] cudaMallocFromPoolAsync_ptsz,
+    fn(
         ptr: *mut *mut c_void,
         size: usize,
         pool: cudaMemPool_t,
@@ -66,8 +49,8 @@ hooks! {
     }
 
     /// Charged width x height; the footprint is pitch x height (known after the call).
-    ["cudaMallocPitch", 0]
-    fn cudaMallocPitch(
+    ["cudaMallocPitch", 0] cudaMallocPitch,
+    fn(
         dev_ptr: *mut *mut c_void,
         pitch: *mut usize,
         width: usize,
@@ -88,8 +71,8 @@ hooks! {
     }
 
     /// `extent` by value.
-    ["cudaMalloc3D", 0]
-    fn cudaMalloc3D(pitched: *mut cudaPitchedPtr, extent: cudaExtent) |h| {
+    ["cudaMalloc3D", 0] cudaMalloc3D,
+    fn(pitched: *mut cudaPitchedPtr, extent: cudaExtent) |h| {
         let rows = extent.height.max(1).saturating_mul(extent.depth.max(1));
         h.alloc(
             &ALLOCS,
@@ -109,44 +92,44 @@ hooks! {
         )
     }
 
-    ["cudaMallocManaged", 0]
-    fn cudaMallocManaged(dev_ptr: *mut *mut c_void, size: usize, fl: c_uint) |h| {
+    ["cudaMallocManaged", 0] cudaMallocManaged,
+    fn(dev_ptr: *mut *mut c_void, size: usize, fl: c_uint) |h| {
         let r = || req(Api::CudaMallocManaged, AllocKind::Managed, rt_device(), 0, size, 0);
         // SAFETY: forwarding the caller's arguments unchanged.
         h.linear(dev_ptr, size, false, r, move |f| unsafe { f(dev_ptr, size, fl) })
     }
 
     /// Traced, never charged.
-    ["cudaMallocHost", 0]
-    fn cudaMallocHost(ptr: *mut *mut c_void, size: usize) |h| {
+    ["cudaMallocHost", 0] cudaMallocHost,
+    fn(ptr: *mut *mut c_void, size: usize) |h| {
         let r = || req(Api::CudaMallocHost, AllocKind::Host, -1, 0, size, 0);
         // SAFETY: forwarding the caller's arguments unchanged.
         h.linear(ptr, size, false, r, move |f| unsafe { f(ptr, size) })
     }
 
     /// Traced, never charged.
-    ["cudaHostAlloc", 0]
-    fn cudaHostAlloc(ptr: *mut *mut c_void, size: usize, fl: c_uint) |h| {
+    ["cudaHostAlloc", 0] cudaHostAlloc,
+    fn(ptr: *mut *mut c_void, size: usize, fl: c_uint) |h| {
         let r = || req(Api::CudaHostAlloc, AllocKind::Host, -1, 0, size, 0);
         // SAFETY: forwarding the caller's arguments unchanged.
         h.linear(ptr, size, false, r, move |f| unsafe { f(ptr, size, fl) })
     }
 
-    ["cudaFreeHost", 0]
-    fn cudaFreeHost(ptr: *mut c_void) |h| {
+    ["cudaFreeHost", 0] cudaFreeHost,
+    fn(ptr: *mut c_void) |h| {
         // SAFETY: forwarding the caller's arguments unchanged.
         h.free(&ALLOCS, Api::CudaFreeHost, ptr as u64, None, move |f| unsafe { f(ptr) })
     }
 
     /// NULL out-pointers are the runtime's business.
-    ["cudaMemGetInfo", 0]
-    fn cudaMemGetInfo(free: *mut usize, total: *mut usize) |h| {
+    ["cudaMemGetInfo", 0] cudaMemGetInfo,
+    fn(free: *mut usize, total: *mut usize) |h| {
         // SAFETY: forwarding the caller's arguments unchanged.
         super::meminfo_hook(h, Api::CudaMemGetInfo, real::current_runtime_device, free, total, |f| unsafe { f(free, total) })
     }
 
-    ["cudaDeviceReset", 0]
-    fn cudaDeviceReset() |h| {
+    ["cudaDeviceReset", 0] cudaDeviceReset,
+    fn() |h| {
         let f = match h.real() {
             Ok(f) => f,
             Err(missing) => return missing,
@@ -172,14 +155,9 @@ hooks! {
     }
 
     /// `totalGlobalMem` reports the cap.
-    ["cudaGetDeviceProperties", 0]
-    fn cudaGetDeviceProperties(prop: *mut c_void, device: c_int) |h| {
-        device_properties(h, prop, device)
-    }
-
-    /// What CUDA 12 headers call.
-    ["cudaGetDeviceProperties", 0]
-    fn cudaGetDeviceProperties_v2(prop: *mut c_void, device: c_int) |h| {
+    ["cudaGetDeviceProperties", 0] cudaGetDeviceProperties,
+    ["cudaGetDeviceProperties", 0] cudaGetDeviceProperties_v2,
+    fn(prop: *mut c_void, device: c_int) |h| {
         device_properties(h, prop, device)
     }
 }

@@ -113,64 +113,39 @@ fn ipc<F: Copy>(h: Site<F>, ptr: u64, call: impl Fn(F) -> c_int) -> c_int {
 }
 
 hooks! {
-    ["cudaDeviceSynchronize", 0]
-    fn cudaDeviceSynchronize() |h| {
+    ["cudaDeviceSynchronize", 0] cudaDeviceSynchronize,
+    ["cuCtxSynchronize", 2000] cuCtxSynchronize,
+    fn() |h| {
         // SAFETY: no arguments.
         sync(h, SyncKind::ProcessDevice, 0, true, |f| unsafe { f() })
     }
 
-    ["cuCtxSynchronize", 2000]
-    fn cuCtxSynchronize() |h| {
-        // SAFETY: no arguments.
-        sync(h, SyncKind::ProcessDevice, 0, true, |f| unsafe { f() })
-    }
-
-    ["cudaStreamSynchronize", 0]
-    fn cudaStreamSynchronize(s: CUstream) |h| {
+    ["cudaStreamSynchronize", 0] cudaStreamSynchronize,
+    ["cudaStreamSynchronize", 0, ptds] cudaStreamSynchronize_ptsz,
+    ["cuStreamSynchronize", 2000] cuStreamSynchronize,
+    ["cuStreamSynchronize", 7000, ptds] cuStreamSynchronize_ptsz,
+    fn(s: CUstream) |h| {
         // SAFETY: forwarding the caller's argument unchanged.
         sync(h, SyncKind::ProcessStream, s as u64, false, |f| unsafe { f(s) })
     }
 
-    ["cudaStreamSynchronize", 0, ptds]
-    fn cudaStreamSynchronize_ptsz(s: CUstream) |h| {
-        // SAFETY: forwarding the caller's argument unchanged.
-        sync(h, SyncKind::ProcessStream, s as u64, false, |f| unsafe { f(s) })
-    }
-
-    ["cuStreamSynchronize", 2000]
-    fn cuStreamSynchronize(s: CUstream) |h| {
-        // SAFETY: forwarding the caller's argument unchanged.
-        sync(h, SyncKind::ProcessStream, s as u64, false, |f| unsafe { f(s) })
-    }
-
-    ["cuStreamSynchronize", 7000, ptds]
-    fn cuStreamSynchronize_ptsz(s: CUstream) |h| {
-        // SAFETY: forwarding the caller's argument unchanged.
-        sync(h, SyncKind::ProcessStream, s as u64, false, |f| unsafe { f(s) })
-    }
-
-    ["cudaEventSynchronize", 0]
-    fn cudaEventSynchronize(e: CUevent) |h| {
-        // SAFETY: forwarding the caller's argument unchanged.
-        sync(h, SyncKind::ProcessEvent, 0, false, |f| unsafe { f(e) })
-    }
-
-    ["cuEventSynchronize", 2000]
-    fn cuEventSynchronize(e: CUevent) |h| {
+    ["cudaEventSynchronize", 0] cudaEventSynchronize,
+    ["cuEventSynchronize", 2000] cuEventSynchronize,
+    fn(e: CUevent) |h| {
         // SAFETY: forwarding the caller's argument unchanged.
         sync(h, SyncKind::ProcessEvent, 0, false, |f| unsafe { f(e) })
     }
 
     /// `cudaIpcGetMemHandle(cudaIpcMemHandle_t*, void*)`.
-    ["cudaIpcGetMemHandle", 0]
-    fn cudaIpcGetMemHandle(handle: *mut c_void, dev_ptr: *mut c_void) |h| {
+    ["cudaIpcGetMemHandle", 0] cudaIpcGetMemHandle,
+    fn(handle: *mut c_void, dev_ptr: *mut c_void) |h| {
         // SAFETY: forwarding the caller's arguments unchanged.
         ipc(h, dev_ptr as u64, |f| unsafe { f(handle, dev_ptr) })
     }
 
     /// `cuIpcGetMemHandle(CUipcMemHandle*, CUdeviceptr)`.
-    ["cuIpcGetMemHandle", 4010]
-    fn cuIpcGetMemHandle(handle: *mut c_void, dptr: CUdeviceptr) |h| {
+    ["cuIpcGetMemHandle", 4010] cuIpcGetMemHandle,
+    fn(handle: *mut c_void, dptr: CUdeviceptr) |h| {
         // SAFETY: forwarding the caller's arguments unchanged.
         ipc(h, dptr, |f| unsafe { f(handle, dptr) })
     }

@@ -29,8 +29,8 @@ fn classify(prop: *const CUmemAllocationProp) -> (AllocKind, i32) {
 }
 
 hooks! {
-    ["cuMemCreate", 10020]
-    fn cuMemCreate(
+    ["cuMemCreate", 10020] cuMemCreate,
+    fn(
         handle: *mut CUmemGenericAllocationHandle,
         size: usize,
         prop: *const CUmemAllocationProp,
@@ -51,8 +51,8 @@ hooks! {
         )
     }
 
-    ["cuMemRelease", 10020]
-    fn cuMemRelease(handle: CUmemGenericAllocationHandle) |h| {
+    ["cuMemRelease", 10020] cuMemRelease,
+    fn(handle: CUmemGenericAllocationHandle) |h| {
         // SAFETY: forwarding the caller's arguments unchanged.
         h.free(&HANDLES, Api::CuMemRelease, handle, None, move |f| unsafe { f(handle) })
     }

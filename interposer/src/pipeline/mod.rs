@@ -196,7 +196,7 @@ fn fault_bits() -> u8 {
 
 // ------------------------------------------------------------------ one alloc, one free
 //
-// Every allocation runs [`alloc`] and every free [`free`]; what differs between requests is
+// Every allocation runs [`AllocCall::run`] and every free [`FreeCall::run`]; what differs between requests is
 // which layers they can meet, and that is a type, [`Path`], so that each path is the same
 // body with the layers it never meets compiled out:
 // * [`Passed`]: nothing on (pass-through): the request is counted and recorded, no more;
@@ -259,158 +259,153 @@ pub(crate) struct AllocCall<Q, C, R, W> {
     pub write_pool: W,
 }
 
-/// An allocation request on path `P` (see [`Path`]): cap, pool, real; the live table and
-/// counters; debug log and trace. Inlined where the path is chosen; [`alloc_outlined`] is
-/// the out-of-line instance for the paths that meet layers.
-#[inline(always)]
-pub(crate) fn alloc<P: Path>(
-    tok: &Token,
-    mode: Mode,
-    table: &LiveTable,
-    a: AllocCall<
-        impl FnOnce() -> Request,
-        impl FnOnce() -> c_int,
-        impl FnOnce() -> (u64, u64),
-        impl FnOnce(u64),
-    >,
-) -> c_int {
-    let req = &(a.make_req)();
-    // Counted before any layer can refuse it; on pass-through after the real call, which
-    // keeps fewer values alive across it.
-    if P::CAP_TRACE {
-        counters::call_in(tok, req.api);
-    }
-    let traced = P::CAP_TRACE && mode.traced();
-    let t0 = if traced {
-        tracer::stamp()
-    } else {
-        tracer::Stamp::NONE
-    };
-
-    // ---- cap
-    let mut charged = 0u64;
-    // A request the pool may serve is charged nothing here: the pool's pages are charged
-    // when it creates them (cap::pages). Anything else is charged the device's footprint.
-    let poolable = P::LAYERED && mode.pool() && a.pool_ok && pool::enabled();
-    let capped = P::CAP_TRACE && mode.cap() && req.charged() && req.size > 0;
-    let pages_charged = poolable && capped && cap::charges_pool_pages();
-    if capped && !pages_charged {
-        let r = if poolable {
-            // VRAMSHIM_CAP_FAULT=pool-live-bytes: the request's live bytes.
-            cap::try_charge(req.device, req.size, req.api).map(|()| req.size)
+impl<Q, C, R, W> AllocCall<Q, C, R, W>
+where
+    Q: FnOnce() -> Request,
+    C: FnOnce() -> c_int,
+    R: FnOnce() -> (u64, u64),
+    W: FnOnce(u64),
+{
+    /// The allocation on path `P` (see [`Path`]): cap, pool, real; the live table and
+    /// counters; debug log and trace. Inlined where the path is chosen.
+    #[inline(always)]
+    pub(crate) fn run<P: Path>(self, tok: &Token, mode: Mode, table: &LiveTable) -> c_int {
+        let req = &(self.make_req)();
+        // Counted before any layer can refuse it; on pass-through after the real call, which
+        // keeps fewer values alive across it.
+        if P::CAP_TRACE {
+            counters::call_in(tok, req.api);
+        }
+        let traced = P::CAP_TRACE && mode.traced();
+        let t0 = if traced {
+            tracer::stamp()
         } else {
-            charge_unpooled::<P>(req)
+            tracer::Stamp::NONE
         };
-        match r {
-            Ok(c) => charged = c,
-            Err(refusal) => return cap_refused(req, &refusal, traced, t0),
-        }
-    }
 
-    // ---- pool
-    let mut layer = Layer::Real;
-    let mut kind = req.kind;
-    let mut fl = req.flags;
-    let mut served = None;
-    if poolable {
-        match pool::alloc(req) {
-            Some(Ok(p)) => {
-                layer = Layer::Pool;
-                kind = AllocKind::Pool;
-                fl |= flags::POOLED;
-                counters::pooled();
-                served = Some((0, p));
-            }
-            Some(Err(code)) => {
-                if pages_charged
-                    && let Some(refusal) = cap::take_pool_refusal(req.device, req.size, req.api)
-                {
-                    // The cap refused the pages the request needed (after the pool
-                    // dissolved what it caches): a cap refusal.
-                    return cap_refused(req, &refusal, traced, t0);
-                }
-                layer = Layer::Pool;
-                served = Some((code, 0));
-            }
-            None => {}
-        }
-        // Not served by the pool after all (it fell back to pass-through): charged as any
-        // unpooled allocation.
-        if served.is_none() && pages_charged {
-            match charge_unpooled::<P>(req) {
+        // ---- cap
+        let mut charged = 0u64;
+        // A request the pool may serve is charged nothing here: the pool's pages are charged
+        // when it creates them (cap::pages). Anything else is charged the device's footprint.
+        let poolable = P::LAYERED && mode.pool() && self.pool_ok && pool::enabled();
+        let capped = P::CAP_TRACE && mode.cap() && req.charged() && req.size > 0;
+        let pages_charged = poolable && capped && cap::charges_pool_pages();
+        if capped && !pages_charged {
+            let r = if poolable {
+                // VRAMSHIM_CAP_FAULT=pool-live-bytes: the request's live bytes.
+                cap::try_charge(req.device, req.size, req.api).map(|()| req.size)
+            } else {
+                charge_unpooled::<P>(req)
+            };
+            match r {
                 Ok(c) => charged = c,
                 Err(refusal) => return cap_refused(req, &refusal, traced, t0),
             }
         }
-    }
 
-    // ---- real
-    let (rc, addr, size) = match served {
-        Some((rc, addr)) => (rc, addr, req.size),
-        None => {
-            let rc = (a.call)();
-            if !P::CAP_TRACE {
-                counters::call_in(tok, req.api);
+        // ---- pool
+        let mut layer = Layer::Real;
+        let mut kind = req.kind;
+        let mut fl = req.flags;
+        let mut served = None;
+        if poolable {
+            match pool::alloc(req) {
+                Some(Ok(p)) => {
+                    layer = Layer::Pool;
+                    kind = AllocKind::Pool;
+                    fl |= flags::POOLED;
+                    counters::pooled();
+                    served = Some((0, p));
+                }
+                Some(Err(code)) => {
+                    if pages_charged
+                        && let Some(refusal) = cap::take_pool_refusal(req.device, req.size, req.api)
+                    {
+                        // The cap refused the pages the request needed (after the pool
+                        // dissolved what it caches): a cap refusal.
+                        return cap_refused(req, &refusal, traced, t0);
+                    }
+                    layer = Layer::Pool;
+                    served = Some((code, 0));
+                }
+                None => {}
             }
-            let (addr, size) = if rc == 0 { (a.read)() } else { (0, req.size) };
-            (rc, addr, size)
+            // Not served by the pool after all (it fell back to pass-through): charged as any
+            // unpooled allocation.
+            if served.is_none() && pages_charged {
+                match charge_unpooled::<P>(req) {
+                    Ok(c) => charged = c,
+                    Err(refusal) => return cap_refused(req, &refusal, traced, t0),
+                }
+            }
         }
-    };
 
-    // The charge becomes the allocation's footprint (pitched padding, packed pages); never
-    // on a light path broken on purpose (`VRAMSHIM_LAYERS_FAULT=light-no-pitch`).
-    if rc == 0
-        && addr != 0
-        && charged > 0
-        && layer == Layer::Real
-        && (P::LAYERED || mode.0 & Mode::FAULT_NO_PITCH == 0)
-    {
-        charged = cap::settle_alloc(req.device, addr, size, charged, req.api);
-    }
-    record_alloc(tok, req, table, rc, addr, size, kind, fl, charged);
-    let addr = if rc == 0 { addr } else { 0 };
+        // ---- real
+        let (rc, addr, size) = match served {
+            Some((rc, addr)) => (rc, addr, req.size),
+            None => {
+                let rc = (self.call)();
+                if !P::CAP_TRACE {
+                    counters::call_in(tok, req.api);
+                    if rc != 0 {
+                        // No layer to tell: a failure is only counted.
+                        counters::alloc_failure();
+                        return rc;
+                    }
+                }
+                let (addr, size) = if rc == 0 {
+                    (self.read)()
+                } else {
+                    (0, req.size)
+                };
+                (rc, addr, size)
+            }
+        };
 
-    if P::LAYERED {
-        crate::debug!(
-            "{} size={} dev={} stream={:#x} -> {} addr={:#x} [{}]",
-            req.api.name(),
-            size,
-            req.device,
-            req.stream,
-            rc,
-            addr,
-            layer.name()
-        );
-    }
-    if traced {
-        emit_op(req, true, fl, addr, size, rc, t0);
-        if layer == Layer::Pool {
-            // The pool may have mapped or released pages for this request.
-            tracer::pool_held(req.device, pool::held(req.device));
+        // The charge becomes the allocation's footprint (pitched padding, packed pages); never
+        // on a light path broken on purpose (`VRAMSHIM_LAYERS_FAULT=light-no-pitch`).
+        if rc == 0
+            && addr != 0
+            && charged > 0
+            && layer == Layer::Real
+            && (P::LAYERED || mode.0 & Mode::FAULT_NO_PITCH == 0)
+        {
+            charged = cap::settle_alloc(req.device, addr, size, charged, req.api);
         }
-    }
-    if layer == Layer::Pool && rc == 0 {
-        (a.write_pool)(addr);
-    }
-    rc
-}
+        record_alloc(tok, req, table, rc, addr, size, kind, fl, charged);
+        let addr = if rc == 0 { addr } else { 0 };
 
-/// [`alloc`] out of line, for the paths that meet layers: inlined, it would make every
-/// hook's frame (pass-through's too) bigger, and the closures it is handed would be stored
-/// to the stack before the mode check.
-#[inline(never)]
-pub(crate) fn alloc_outlined<P: Path>(
-    tok: &Token,
-    mode: Mode,
-    table: &LiveTable,
-    a: AllocCall<
-        impl FnOnce() -> Request,
-        impl FnOnce() -> c_int,
-        impl FnOnce() -> (u64, u64),
-        impl FnOnce(u64),
-    >,
-) -> c_int {
-    alloc::<P>(tok, mode, table, a)
+        if P::LAYERED {
+            crate::debug!(
+                "{} size={} dev={} stream={:#x} -> {} addr={:#x} [{}]",
+                req.api.name(),
+                size,
+                req.device,
+                req.stream,
+                rc,
+                addr,
+                layer.name()
+            );
+        }
+        if traced {
+            emit_op(req, true, fl, addr, size, rc, t0);
+            if layer == Layer::Pool {
+                // The pool may have mapped or released pages for this request.
+                tracer::pool_held(req.device, pool::held(req.device));
+            }
+        }
+        if layer == Layer::Pool && rc == 0 {
+            (self.write_pool)(addr);
+        }
+        rc
+    }
+
+    /// [`AllocCall::run`] out of line, for the paths that meet layers: inlined, it would
+    /// make every hook's frame (pass-through's too) bigger.
+    #[inline(never)]
+    pub(crate) fn run_outlined<P: Path>(self, tok: &Token, mode: Mode, table: &LiveTable) -> c_int {
+        self.run::<P>(tok, mode, table)
+    }
 }
 
 /// Record a finished allocation: a success goes into the live table (and its counters); a
@@ -552,94 +547,84 @@ fn cap_refused(req: &Request, refusal: &cap::Refusal, traced: bool, t0: tracer::
     vramshim_trace::codes::OUT_OF_MEMORY
 }
 
-/// A free request.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct FreeRequest {
+/// A free a hook hands the pipeline, with its real call.
+pub(crate) struct FreeCall<C> {
     pub api: Api,
     /// Pointer or handle.
     pub key: u64,
     /// `Some(stream)` for stream-ordered frees.
     pub stream: Option<u64>,
     pub flags: u8,
+    /// The real call.
+    pub call: C,
 }
 
-/// A free on path `P` (see [`Path`]): the table entry is removed first (so a concurrent
-/// allocation that gets the same address cannot be confused with it), the pool or the real
-/// function (`call`) frees, and on failure the entry is restored. Unknown pointers go to the
-/// real function; its code comes back unchanged. [`free_outlined`] is the out-of-line
-/// instance for the layered path.
-#[inline(always)]
-pub(crate) fn free<P: Path>(
-    tok: &Token,
-    mode: Mode,
-    table: &LiveTable,
-    req: FreeRequest,
-    call: impl FnOnce() -> c_int,
-) -> c_int {
-    counters::call_in(tok, req.api);
-    if req.key == 0 {
-        // cudaFree(NULL) & co.: a no-op (or context initialization) for CUDA.
-        return free_null(req.api, call);
+impl<C: FnOnce() -> c_int> FreeCall<C> {
+    /// The free on path `P` (see [`Path`]): the table entry is removed first (so a
+    /// concurrent allocation that gets the same address cannot be confused with it), the
+    /// pool or the real function frees, and on failure the entry is restored. Unknown
+    /// pointers go to the real function; its code comes back unchanged.
+    #[inline(always)]
+    pub(crate) fn run<P: Path>(self, tok: &Token, mode: Mode, table: &LiveTable) -> c_int {
+        counters::call_in(tok, self.api);
+        if self.key == 0 {
+            // cudaFree(NULL) & co.: a no-op (or context initialization) for CUDA.
+            return free_null(self.api, self.call);
+        }
+        let traced = P::CAP_TRACE && mode.traced();
+        let t0 = if traced {
+            tracer::stamp()
+        } else {
+            tracer::Stamp::NONE
+        };
+        let entry = table.remove_in(tok, self.key);
+        let pooled = if P::LAYERED
+            && mode.pool()
+            && pool::enabled()
+            && entry.is_none_or(|e| e.kind == AllocKind::Pool)
+        {
+            pool::free(
+                self.key,
+                self.stream.map(|s| pool::pool_stream_id(s, self.flags)),
+                entry.map(|e| (e.device, e.size)),
+            )
+        } else {
+            None
+        };
+        let (rc, layer) = match pooled {
+            Some(rc) => (rc, Layer::Pool),
+            None => ((self.call)(), Layer::Real),
+        };
+        settle_free(tok, self.key, table, rc, entry);
+        if P::LAYERED {
+            let (dev, _, size, _) = freed(entry, rc);
+            crate::debug!(
+                "{} addr={:#x} size={} dev={} -> {} [{}{}]",
+                self.api.name(),
+                self.key,
+                size,
+                dev,
+                rc,
+                layer.name(),
+                if entry.is_none() {
+                    ", unknown pointer"
+                } else {
+                    ""
+                }
+            );
+        }
+        if traced {
+            emit_free(self.api, self.key, self.stream, self.flags, entry, rc, t0);
+        }
+        rc
     }
-    let traced = P::CAP_TRACE && mode.traced();
-    let t0 = if traced {
-        tracer::stamp()
-    } else {
-        tracer::Stamp::NONE
-    };
-    let entry = table.remove_in(tok, req.key);
-    let pooled = if P::LAYERED
-        && mode.pool()
-        && pool::enabled()
-        && entry.is_none_or(|e| e.kind == AllocKind::Pool)
-    {
-        pool::free(
-            req.key,
-            req.stream.map(|s| pool::pool_stream_id(s, req.flags)),
-            entry.map(|e| (e.device, e.size)),
-        )
-    } else {
-        None
-    };
-    let (rc, layer) = match pooled {
-        Some(rc) => (rc, Layer::Pool),
-        None => (call(), Layer::Real),
-    };
-    settle_free(tok, req.key, table, rc, entry);
-    if P::LAYERED {
-        let (dev, _, size, _) = freed(entry, rc);
-        crate::debug!(
-            "{} addr={:#x} size={} dev={} -> {} [{}{}]",
-            req.api.name(),
-            req.key,
-            size,
-            dev,
-            rc,
-            layer.name(),
-            if entry.is_none() {
-                ", unknown pointer"
-            } else {
-                ""
-            }
-        );
-    }
-    if traced {
-        emit_free(req.api, req.key, req.stream, req.flags, entry, rc, t0);
-    }
-    rc
-}
 
-/// [`free`] out of line, for the layered path (the pool's and the log's code stays out of
-/// the hooks' frames).
-#[inline(never)]
-pub(crate) fn free_outlined<P: Path>(
-    tok: &Token,
-    mode: Mode,
-    table: &LiveTable,
-    req: FreeRequest,
-    call: impl FnOnce() -> c_int,
-) -> c_int {
-    free::<P>(tok, mode, table, req, call)
+    /// [`FreeCall::run`] out of line, for the layered path (the pool's and the log's code
+    /// stays out of the hooks' frames).
+    #[inline(never)]
+    pub(crate) fn run_outlined<P: Path>(self, tok: &Token, mode: Mode, table: &LiveTable) -> c_int {
+        self.run::<P>(tok, mode, table)
+    }
 }
 
 /// A free of NULL: the real function's business alone. Out of line: no path's frame pays

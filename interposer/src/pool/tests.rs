@@ -84,6 +84,20 @@ fn tail(s: &str) -> String {
     v[v.len().saturating_sub(15)..].join("\n")
 }
 
+/// `vramshim summary ARGS TRACE`'s output (it must succeed).
+fn summary(trace: &std::path::Path, args: &[&str]) -> String {
+    let vramshim = vramshim_testkit::profile_dir().join("vramshim");
+    let out = std::process::Command::new(&vramshim)
+        .arg("summary")
+        .args(args)
+        .arg(trace)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{text}");
+    text
+}
+
 /// The run ended with `code`; else its output (stdout, the end of stderr), after `what`.
 #[track_caller]
 fn assert_exit(o: &RunOutput, code: i32, what: &str) {
@@ -743,14 +757,7 @@ fn pool_statistics_are_readable_in_process_and_at_exit() {
     assert_eq!((last.1, last.2), (0, blocks as u64), "{seen:?}");
     assert!(last.3 > 0 && last.0 <= last.3, "{seen:?}");
     // and the summary says it
-    let vramshim = vramshim_testkit::profile_dir().join("vramshim");
-    let out = std::process::Command::new(&vramshim)
-        .arg("summary")
-        .arg(&trace)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}");
+    let text = summary(&trace, &[]);
     assert!(
         text.contains("pool on device 0 (last record): reserved") && text.contains("budget"),
         "{text}"
@@ -806,14 +813,7 @@ fn the_pools_own_synchronizations_are_in_the_trace() {
         pool_device, made,
         "pool syncs in the trace vs the pool's count"
     );
-    let vramshim = vramshim_testkit::profile_dir().join("vramshim");
-    let out = std::process::Command::new(&vramshim)
-        .args(["summary", "--json"])
-        .arg(&trace)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}");
+    let text = summary(&trace, &["--json"]);
     assert_eq!(
         json_value(&text, "pool-device").and_then(|v| v.parse::<u64>().ok()),
         Some(made),
