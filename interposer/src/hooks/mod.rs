@@ -5,8 +5,9 @@
 use crate::cuda::real::{self, Lib, Slot};
 use crate::cuda::request::Request;
 use crate::cuda::types::*;
-use crate::pipeline::{self, AllocCall, FreeCall, Layered, Light, Passed, run_hook};
+use crate::pipeline::{self, AllocCall, FreeCall, run_hook};
 use crate::state::live_table::LiveTable;
+use crate::sys::thread::Token;
 use std::ffi::{CStr, c_int};
 use vramshim_trace::{AllocKind, Api, flags};
 
@@ -224,14 +225,7 @@ impl<F: Copy> Site<F> {
                     read,
                     write_pool,
                 };
-                let mode = pipeline::mode();
-                if mode.pass_through() {
-                    a().run::<Passed>(tok, mode, table)
-                } else if mode.light() {
-                    a().run_outlined::<Light>(tok, mode, table)
-                } else {
-                    a().run_outlined::<Layered>(tok, mode, table)
-                }
+                pipeline::run(tok, table, a)
             },
         )
     }
@@ -258,8 +252,6 @@ impl<F: Copy> Site<F> {
             call,
             move |call| call(f),
             move |tok, call| {
-                // Built in each branch: built before the mode check, it was stored to the
-                // stack on every request.
                 let req = move || FreeCall {
                     api,
                     key,
@@ -267,16 +259,27 @@ impl<F: Copy> Site<F> {
                     flags,
                     call: move || call(f),
                 };
-                let mode = pipeline::mode();
-                if mode.pass_through() {
-                    req().run::<Passed>(tok, mode, table)
-                } else if mode.light() {
-                    req().run::<Light>(tok, mode, table)
-                } else {
-                    req().run_outlined::<Layered>(tok, mode, table)
-                }
+                pipeline::run(tok, table, req)
             },
         )
+    }
+
+    /// A depth-guarded hook beyond allocations (queries, synchronizations): a nested call
+    /// goes straight to the real function (`call`); the outermost runs `body` with the
+    /// thread's token and the real call.
+    #[inline(always)]
+    pub(crate) fn guarded(
+        self,
+        call: impl Fn(F) -> c_int,
+        body: impl FnOnce(&Token, &dyn Fn() -> c_int) -> c_int,
+    ) -> c_int {
+        let f = match self.real() {
+            Ok(f) => f,
+            Err(missing) => return missing,
+        };
+        let real = || call(f);
+        // 999 is the unknown error of the runtime, the driver and NVML alike.
+        run_hook(self.name, CUDA_ERROR_UNKNOWN, real, |tok| body(tok, &real))
     }
 
     /// A hook that is never depth-guarded (lookups, context lifetime): the real function
@@ -438,24 +441,14 @@ pub(crate) fn query_hook<F: Copy>(
     read: impl FnOnce() -> (Option<u64>, Option<u64>),
     write: impl FnOnce(i32, u64, u64),
 ) -> c_int {
-    let f = match h.real() {
-        Ok(f) => f,
-        Err(missing) => return missing,
-    };
-    // 999 is the unknown error of the runtime, the driver and NVML alike.
-    run_hook(
-        h.name,
-        CUDA_ERROR_UNKNOWN,
-        || call(f),
-        |tok| {
-            let real = || {
-                let rc = call(f);
-                let (free, total) = if rc == 0 { read() } else { (None, None) };
-                (rc, free, total)
-            };
-            pipeline::meminfo(tok, api, device, real, write)
-        },
-    )
+    h.guarded(call, |tok, call| {
+        let real = || {
+            let rc = call();
+            let (free, total) = if rc == 0 { read() } else { (None, None) };
+            (rc, free, total)
+        };
+        pipeline::meminfo(tok, api, device, real, write)
+    })
 }
 
 /// `cudaMemGetInfo` and `cuMemGetInfo_v2`: the cap's view written through the caller's

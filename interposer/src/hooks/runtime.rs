@@ -5,7 +5,6 @@
 use super::{OutPtr, Site, req, rt_device};
 use crate::cuda::real;
 use crate::cuda::types::*;
-use crate::pipeline;
 use crate::state::live_table::ALLOCS;
 use std::ffi::{c_int, c_uint, c_void};
 use vramshim_trace::{AllocKind, Api};
@@ -130,28 +129,18 @@ hooks! {
 
     ["cudaDeviceReset", 0] cudaDeviceReset,
     fn() |h| {
-        let f = match h.real() {
-            Ok(f) => f,
-            Err(missing) => return missing,
-        };
-        pipeline::run_hook(
-            h.name,
-            cudaErrorUnknown,
-            // SAFETY: no arguments.
-            || unsafe { f() },
-            |tok| {
-                crate::state::counters::call_in(tok, Api::CudaDeviceReset);
-                let dev = real::current_runtime_device();
-                // SAFETY: no arguments.
-                let rc = unsafe { f() };
-                if rc == 0
-                    && let Some(d) = dev
-                {
-                    super::context::reset(d);
-                }
-                rc
-            },
-        )
+        // SAFETY: no arguments.
+        h.guarded(|f| unsafe { f() }, |tok, call| {
+            crate::state::counters::call_in(tok, Api::CudaDeviceReset);
+            let dev = real::current_runtime_device();
+            let rc = call();
+            if rc == 0
+                && let Some(d) = dev
+            {
+                super::context::reset(d);
+            }
+            rc
+        })
     }
 
     /// `totalGlobalMem` reports the cap.
