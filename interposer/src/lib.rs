@@ -2,8 +2,9 @@
 //! style: each does one thing and calls the one below), bottom first:
 //!
 //! * [`config`]: the `VRAMSHIM_*` environment read once, and the cached layer switches;
-//! * [`sys`]: thread state and re-entry, ids and clock, memory barriers, the log;
-//! * [`cuda`]: ABI types, the real CUDA and NVML functions, the decoded request;
+//! * [`sys`]: thread state and re-entry, ids, the one clock, memory barriers, the log;
+//! * [`cuda`]: ABI types, the real CUDA and NVML functions and the queries made of them, the
+//!   decoded request;
 //! * [`cap`], [`pool`], [`tracer`], [`state`] (live tables, counters): side by side, none
 //!   importing another;
 //! * [`pipeline`]: one request through the cap, the pool or the real function, recorded in

@@ -47,7 +47,7 @@ pub(crate) fn init(envp: *const *const c_char) {
 /// Hand the layers side by side what they read of each other, so that none imports another:
 /// the pool's pages are charged to the cap (and it maps no more than the cap lets the
 /// process see), and the trace's per-device
-/// counters carry the pool's reserve and the cap.
+/// counters carry the pool's reserve and the cap, and the pool's own waits are recorded.
 fn wire() {
     crate::state::stats::set_pool_view(crate::state::stats::PoolStatsView {
         field: crate::pool::c_stats::field,
@@ -59,6 +59,9 @@ fn wire() {
         uncharge_pages: crate::cap::uncharge_pool_page,
         clear_refusal: crate::cap::clear_pool_refusal,
         visible_total: crate::cap::total_for,
+    });
+    crate::pool::set_wait_view(crate::pool::WaitView {
+        wait: crate::hooks::sync::pool_wait,
     });
     crate::tracer::set_device_view(crate::tracer::DeviceView {
         pool_reserved: |d| crate::pool::stats(d).map(|s| s.reserved),

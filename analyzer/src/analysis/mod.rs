@@ -823,7 +823,10 @@ impl Analysis {
             }
             Event::PyCode {
                 id, file, function, ..
-            } => self.torch.code(id, file, function),
+            } => {
+                self.symbols.add_pycode(id, &file, &function);
+                self.torch.code(id, file, function)
+            }
             Event::PyStack { id, frames } => self.torch.stack(id, frames),
             Event::Alloc(_) | Event::Free(_) => unreachable!("handled in feed"),
         }

@@ -334,7 +334,7 @@ fn is_stdlib(file: &str) -> bool {
 
 /// `outer.<locals>.<listcomp>` (a comprehension is a function of its own before Python
 /// 3.12) is named after the function it is in.
-fn short_function(f: &str) -> &str {
+pub fn short_function(f: &str) -> &str {
     match f.find(".<locals>.<") {
         Some(i) => &f[..i],
         None => f,

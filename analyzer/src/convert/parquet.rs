@@ -570,7 +570,13 @@ fn row_of(ev: Event, st: &mut TraceState) -> Option<Row> {
             stream: Some(t.stream),
             ..Row::default()
         },
-        Event::PyCode { .. } | Event::PyStack { .. } => return None,
+        Event::PyCode {
+            id, file, function, ..
+        } => {
+            st.symbols.add_pycode(id, &file, &function);
+            return None;
+        }
+        Event::PyStack { .. } => return None,
         Event::Stack { id, frames } => {
             st.symbols.add_stack(id, frames);
             st.sites.remove(&id);

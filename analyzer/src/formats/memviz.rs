@@ -255,6 +255,12 @@ pub fn export<W: Write>(
                         sym.add_stack(*id, frames.clone());
                         Ok(())
                     }
+                    Event::PyCode {
+                        id, file, function, ..
+                    } => {
+                        sym.add_pycode(*id, file, function);
+                        Ok(())
+                    }
                     Event::Torch(op) if op.device == dev => {
                         let t = time_us(op.t_ns);
                         let name = act::name(op.action);

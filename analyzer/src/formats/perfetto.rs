@@ -288,6 +288,9 @@ impl<W: Write> PerfettoWriter<W> {
                 self.sites.remove(id);
                 self.symbols.add_stack(*id, frames.clone());
             }
+            Event::PyCode {
+                id, file, function, ..
+            } => self.symbols.add_pycode(*id, file, function),
             _ => {}
         }
         Ok(())

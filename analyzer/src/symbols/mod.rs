@@ -1,6 +1,8 @@
 //! Call stacks from the trace's `Stack` and `Module` records. A frame is named from the module's
 //! ELF file when it is still on this machine and unchanged (`func (file.c:12)` with DWARF line
-//! tables, `func (module)` with only a symbol table), else as `module+0xoffset`.
+//! tables, `func (module)` with only a symbol table), else as `module+0xoffset`. A Python
+//! frame (bit 63 set: a `PyCode` id and a line, docs/trace-format.md) is named from the
+//! trace's `PyCode` records as `function (file.py:line)`.
 
 use std::collections::HashMap;
 
@@ -39,7 +41,14 @@ pub struct Symbolizer {
     trace_start_wall_ns: u64,
     files: HashMap<String, Option<ElfFile>>,
     cache: FastMap<u64, Resolved>,
+    /// `PyCode` id -> (file, function).
+    pycodes: FastMap<u32, (String, String)>,
 }
+
+/// Marks a Python frame in a `Stack` record.
+pub const PY_FRAME_BIT: u64 = 1 << 63;
+/// The module name Python frames are shown with.
+pub const PYTHON_MODULE: &str = "[python]";
 
 impl Default for Symbolizer {
     fn default() -> Self {
@@ -51,6 +60,7 @@ impl Default for Symbolizer {
             trace_start_wall_ns: 0,
             files: HashMap::new(),
             cache: FastMap::default(),
+            pycodes: FastMap::default(),
         }
     }
 }
@@ -75,6 +85,12 @@ impl Symbolizer {
         self.sorted = false;
         self.cache.clear();
     }
+    /// A `PyCode` record: names the Python frames that refer to `id`.
+    pub fn add_pycode(&mut self, id: u32, file: &str, function: &str) {
+        self.pycodes
+            .insert(id, (file.to_string(), function.to_string()));
+    }
+
     pub fn add_stack(&mut self, id: u32, frames: Vec<u64>) {
         self.stacks.insert(id, frames);
     }
@@ -106,6 +122,9 @@ impl Symbolizer {
 
     /// One address, named.
     pub fn resolve(&mut self, addr: u64) -> Resolved {
+        if addr & PY_FRAME_BIT != 0 {
+            return self.resolve_python(addr);
+        }
         if let Some(r) = self.cache.get(&addr) {
             return r.clone();
         }
@@ -153,6 +172,30 @@ impl Symbolizer {
         }
     }
 
+    fn resolve_python(&self, frame: u64) -> Resolved {
+        let id = ((frame >> 32) & 0x7fff_ffff) as u32;
+        let line = frame as u32;
+        let Some((file, function)) = self.pycodes.get(&id) else {
+            return Resolved {
+                module: PYTHON_MODULE.into(),
+                text: format!("[Python code {id} not in trace] (line {line})"),
+                line: Some(line),
+                ..Resolved::default()
+            };
+        };
+        Resolved {
+            module: PYTHON_MODULE.into(),
+            text: format!(
+                "{} ({}:{line})",
+                crate::analysis::torch::short_function(function),
+                base_name(file)
+            ),
+            function: Some(function.clone()),
+            file: Some(file.clone()),
+            line: Some(line),
+        }
+    }
+
     /// One address as text.
     pub fn frame(&mut self, addr: u64) -> String {
         self.resolve(addr).text
@@ -184,16 +227,73 @@ impl Symbolizer {
         addrs.iter().take(max).map(|&a| self.resolve(a)).collect()
     }
 
-    /// A short name for a call site: its first frame outside CUDA and vramshim.
+    /// A short name for a call site: its innermost Python frame in the job's own code (else
+    /// its innermost Python frame) when it has Python frames, else its first frame outside
+    /// CUDA and vramshim.
     pub fn label(&mut self, id: u32) -> String {
-        let frames = self.resolved_frames(id, 64);
+        let frames = self.resolved_frames(id, usize::MAX);
         if frames.is_empty() {
             return "(no stack recorded)".into();
+        }
+        let python = |f: &&Resolved| f.module == PYTHON_MODULE;
+        if let Some(f) = frames
+            .iter()
+            .filter(python)
+            .find(|f| {
+                f.file
+                    .as_deref()
+                    .is_some_and(crate::analysis::torch::is_user_file)
+            })
+            .or_else(|| frames.iter().find(python))
+        {
+            return f.text.clone();
         }
         let i = frames
             .iter()
             .position(|f| !MACHINERY.iter().any(|m| f.module.starts_with(m)))
             .unwrap_or(0);
         frames[i].text.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn py(code: u32, line: u32) -> u64 {
+        PY_FRAME_BIT | (code as u64) << 32 | line as u64
+    }
+
+    /// Python frames are named from `PyCode` records; a call site is the innermost Python
+    /// frame in the job's own code, else the innermost Python frame, else the first native
+    /// frame outside the CUDA libraries.
+    #[test]
+    fn python_frames_name_the_call_site() {
+        let mut s = Symbolizer::default();
+        s.add_module(Module {
+            base: 0x1000,
+            size: 0x1000,
+            file_offset: 0,
+            path: "/x/libcudart.so.12".into(),
+        });
+        s.add_pycode(
+            1,
+            "/venv/lib/python3.11/site-packages/torch/nn/linear.py",
+            "Linear.forward",
+        );
+        s.add_pycode(2, "/job/train.py", "step.<locals>.<listcomp>");
+        s.add_pycode(3, "/usr/lib/python3.11/threading.py", "Thread.run");
+        s.add_stack(1, vec![0x1010, py(1, 7), py(2, 40), 0x2_0000]);
+        s.add_stack(2, vec![0x1010, py(1, 7), py(3, 9)]);
+        s.add_stack(3, vec![0x1010, 0x2_0000]);
+        s.add_stack(4, vec![0x1010, py(9, 3)]);
+        assert_eq!(s.label(1), "step (train.py:40)");
+        assert_eq!(s.label(2), "Linear.forward (linear.py:7)");
+        assert_eq!(s.label(3), "0x20000");
+        assert_eq!(s.label(4), "[Python code 9 not in trace] (line 3)");
+        let f = s.resolved_frames(1, 8);
+        assert_eq!(f[1].function.as_deref(), Some("Linear.forward"));
+        assert_eq!(f[2].line, Some(40));
+        assert_eq!(f[2].module, PYTHON_MODULE);
     }
 }

@@ -57,6 +57,9 @@ pub(crate) enum Fault {
     /// A line left mid-claim by a dead member is never taken over: scans wait for it, then
     /// give up (the device is refused).
     NoClaimRecovery,
+    /// The cap's set-up panics before it reads the cgroup (shows that a panic there leaves
+    /// the process running, uncapped, with one line).
+    PanicAtSetup,
     /// Other tools' limit variables and the kernel's dmem limits are ignored (the process
     /// runs as if only `VRAMSHIM_*` existed).
     IgnoreLimits,
@@ -135,9 +138,10 @@ pub(crate) fn parse_with(
         Some("die-claiming-line") => Fault::DieClaimingLine,
         Some("no-claim-recovery") => Fault::NoClaimRecovery,
         Some("ignore-limits") => Fault::IgnoreLimits,
+        Some("panic-at-setup") => Fault::PanicAtSetup,
         Some(v) => {
             lines.push(format!(
-                "vramshim: VRAMSHIM_CAP_FAULT=\"{}\" is not valid (a test-only switch); accepted: racy-charge, no-reclaim, pid-only, ordinal-lines, squat-pass-through, slots-uncapped, requested-bytes, unchecked-context, async-uncharge, pool-live-bytes, die-claiming-line, no-claim-recovery, ignore-limits; ignoring it",
+                "vramshim: VRAMSHIM_CAP_FAULT=\"{}\" is not valid (a test-only switch); accepted: racy-charge, no-reclaim, pid-only, ordinal-lines, squat-pass-through, slots-uncapped, requested-bytes, unchecked-context, async-uncharge, pool-live-bytes, die-claiming-line, no-claim-recovery, ignore-limits, panic-at-setup; ignoring it",
                 v.escape_debug()
             ));
             Fault::None

@@ -28,7 +28,6 @@
 //! - [`on_fork_child`] in the atfork child handler.
 
 pub(crate) mod config;
-mod driver;
 pub(crate) mod limits;
 mod packed;
 mod pages;
@@ -36,6 +35,7 @@ mod pages;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Mutex, OnceLock};
 
+use crate::cuda::driver;
 use packed::{PackedGuard, PackedTable};
 
 use vramshim_trace::footprint::{DEVICE_PAGE, Footprint, footprint, page_of};
@@ -181,13 +181,6 @@ fn image_id() -> u64 {
             .map_or(0, |d| d.as_nanos()),
     );
     h.finish() | 1
-}
-
-fn mono_ns() -> u64 {
-    static BASE: OnceLock<std::time::Instant> = OnceLock::new();
-    BASE.get_or_init(std::time::Instant::now)
-        .elapsed()
-        .as_nanos() as u64
 }
 
 impl Cap {
@@ -678,7 +671,7 @@ impl Cap {
         if self.slots_full_once.load(Relaxed) {
             // No slot could be had: its capped allocations are refused (said once). Try again
             // now and then (members that exit free theirs), not on every allocation.
-            let now = mono_ns();
+            let now = crate::sys::clock::now_ns();
             let last = self.last_slot_try_ns.load(Relaxed);
             if now.saturating_sub(last) < RECLAIM_EVERY_NS {
                 return None;
@@ -706,7 +699,8 @@ impl Cap {
         }
         let Some(i) = got else {
             if !self.slots_full_once.swap(true, Relaxed) {
-                self.last_slot_try_ns.store(mono_ns().max(1), Relaxed);
+                self.last_slot_try_ns
+                    .store(crate::sys::clock::now_ns().max(1), Relaxed);
                 let what = if self.settings.fault == Fault::SlotsUncapped {
                     "this process runs without a cap"
                 } else {
@@ -1041,7 +1035,7 @@ impl Cap {
         bytes: u64,
         cap: u64,
     ) -> Option<u64> {
-        let now = mono_ns();
+        let now = crate::sys::clock::now_ns();
         let last = self.last_reclaim_ns.load(Relaxed);
         if last != 0 && now.saturating_sub(last) < RECLAIM_EVERY_NS {
             return None;
@@ -1374,6 +1368,9 @@ fn build_global() -> Option<Cap> {
     // Lossy: a value that is not UTF-8 is then reported as not valid (with the accepted
     // forms) instead of reading as unset.
     let get = |k: &str| crate::config::raw(k).map(|v| String::from_utf8_lossy(v).into_owned());
+    if get("VRAMSHIM_CAP_FAULT").is_some_and(|v| v.trim() == "panic-at-setup") {
+        panic!("VRAMSHIM_CAP_FAULT=panic-at-setup");
+    }
     // The kernel's limits: the dmem files of this process's cgroup (a few small reads).
     // VRAMSHIM_CGROUP_ROOT (tests) stands in for the cgroup v2 mount.
     let root = get("VRAMSHIM_CGROUP_ROOT")
@@ -1392,7 +1389,7 @@ fn build_global() -> Option<Cap> {
     let _ = QUERIES.set(DeviceQueries {
         total: driver::total,
         count: driver::count,
-        process_used: driver::process_used,
+        process_used: crate::cuda::nvml::process_used,
         uuid: driver::uuid,
         settle_pools: driver::settle_pools,
     });
@@ -1402,7 +1399,31 @@ fn build_global() -> Option<Cap> {
 /// The process's cap (None = pass-through).
 #[inline]
 pub(crate) fn global() -> Option<&'static Cap> {
-    GLOBAL.get_or_init(build_global).as_ref()
+    GLOBAL.get_or_init(build_global_or_off).as_ref()
+}
+
+/// [`build_global`], where a panic (a bug, or a cgroup file read at load in every process)
+/// leaves the process uncapped with one line: it runs at load, where an unwinding panic
+/// would abort the user's job before it starts.
+/// Rust's own report of the panic (several lines, a backtrace with `RUST_BACKTRACE`) is held
+/// back for the while: the one line names the panic's message instead.
+#[cold]
+fn build_global_or_off() -> Option<Cap> {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let r = std::panic::catch_unwind(build_global);
+    std::panic::set_hook(report);
+    r.unwrap_or_else(|p| {
+        let msg = p
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| p.downcast_ref::<String>().map(String::as_str))
+            .unwrap_or("?");
+        stderr_line(&format!(
+            "internal error (panic: {msg}) while setting up the cap; running without a cap"
+        ));
+        None
+    })
 }
 
 /// The limits in force, for the trace header's configuration (`cap.limit` entries, one per

@@ -1,8 +1,10 @@
 //! CUDA as the layers above see it: the ABI types ([`types`]), the real functions resolved
 //! lazily ([`real`]), what a hook decodes a call into ([`request`]), which device a memory
-//! pool lives on ([`mempools`]) and NVML's view of the devices ([`nvml`]). Apart from the
+//! pool lives on ([`mempools`]), the driver's answers about the devices ([`driver`]) and
+//! NVML's view of them ([`nvml`]). Apart from the
 //! hooks, this is the only place that calls real CUDA or NVML.
 
+pub(crate) mod driver;
 pub(crate) mod mempools;
 pub(crate) mod nvml;
 pub(crate) mod real;

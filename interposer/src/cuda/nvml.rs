@@ -1,8 +1,9 @@
 //! NVML as the layers see it: the NVML device of a CUDA device and back (they agree on
 //! PCI bus ids, whatever the enumeration order and `CUDA_VISIBLE_DEVICES`), and the
-//! device's free memory without a context. Real calls only, never our hooks.
+//! device's free memory without a context, and this process's use of a device by NVML's
+//! accounting. Real calls only, never our hooks.
 
-use crate::cuda::real;
+use crate::cuda::real::{self, Lib, Slot};
 use crate::cuda::types::*;
 use std::ffi::{c_char, c_int, c_uint};
 
@@ -70,4 +71,65 @@ fn nvml_index(device: nvmlDevice_t) -> Option<i32> {
     // SAFETY: i is a valid out-pointer; device is the caller's handle.
     let rc = unsafe { f(device, &mut i) };
     (rc == NVML_SUCCESS).then_some(i as i32)
+}
+
+/// `nvmlProcessInfo_t` (v2/v3 layout).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct ProcessInfo {
+    pid: u32,
+    used_gpu_memory: u64,
+    gpu_instance_id: u32,
+    compute_instance_id: u32,
+}
+
+type PfnNvmlProcesses = unsafe extern "C" fn(nvmlDevice_t, *mut u32, *mut ProcessInfo) -> c_int;
+
+// Only this query calls them, resolved like the hooks' (`real::Slot`).
+static NVML_PROCESSES_V3: Slot = Slot::new(c"nvmlDeviceGetComputeRunningProcesses_v3", Lib::Nvml);
+static NVML_PROCESSES_V2: Slot = Slot::new(c"nvmlDeviceGetComputeRunningProcesses_v2", Lib::Nvml);
+
+/// Device memory this process holds on `device` according to NVML's per-process accounting
+/// (context, modules and allocations alike): how the cap measures a context's footprint.
+/// `None` when NVML is missing, or does not list this process (a pid namespace NVML does not
+/// see into, or no context yet). The NVML device is the one with the CUDA device's PCI bus id
+/// (NVML ignores `CUDA_VISIBLE_DEVICES`, so its index is not the CUDA ordinal).
+pub(crate) fn process_used(device: i32) -> Option<u64> {
+    let init = real::nvmlInit_v2()?;
+    let procs = match NVML_PROCESSES_V3.get() {
+        0 => NVML_PROCESSES_V2.get(),
+        a => a,
+    };
+    if procs == 0 {
+        return None;
+    }
+    // SAFETY: the address is NVML's function of that name, with this ABI.
+    let procs = unsafe { std::mem::transmute::<usize, PfnNvmlProcesses>(procs) };
+    // SAFETY: nvmlInit_v2 takes no arguments (reference-counted, harmless to repeat).
+    if unsafe { init() } != NVML_SUCCESS {
+        return None;
+    }
+    let dev = handle(device)?;
+    // As many entries as the device has processes (a machine can run hundreds): NVML says
+    // how many when the buffer is too small.
+    const INSUFFICIENT_SIZE: i32 = 7;
+    let mut infos = vec![ProcessInfo::default(); 128];
+    let mut n = infos.len() as u32;
+    for _ in 0..3 {
+        // SAFETY: n is the capacity of infos, both valid.
+        match unsafe { procs(dev, &mut n, infos.as_mut_ptr()) } {
+            0 => break,
+            INSUFFICIENT_SIZE if (n as usize) > infos.len() && n <= 1 << 16 => {
+                infos = vec![ProcessInfo::default(); n as usize + 16];
+                n = infos.len() as u32;
+            }
+            _ => return None,
+        }
+    }
+    let me = std::process::id();
+    infos[..(n as usize).min(infos.len())]
+        .iter()
+        .find(|p| p.pid == me)
+        .map(|p| p.used_gpu_memory)
+        .filter(|&u| u > 0 && u != u64::MAX)
 }

@@ -48,6 +48,37 @@ fn sync<F: Copy>(
     })
 }
 
+/// A wait the pool makes itself (`run`), recorded in the trace as the pool's: a device-wide
+/// synchronization, or `stream` made to wait on an event (`on_event`). Wired into the pool by
+/// `lifecycle` (the pool does not import the tracer).
+pub(crate) fn pool_wait(
+    device: i32,
+    on_event: bool,
+    stream: u64,
+    run: &mut dyn FnMut() -> c_int,
+) -> c_int {
+    if !tracer::enabled() {
+        return run();
+    }
+    let t0 = tracer::stamp();
+    let rc = run();
+    if rc == CUDA_SUCCESS {
+        tracer::emit(Event::Sync {
+            t_ns: t0.ns,
+            tid: ids::tid(),
+            device,
+            kind: if on_event {
+                SyncKind::PoolEvent
+            } else {
+                SyncKind::PoolDevice
+            },
+            stream,
+            latency_ns: t0.latency_ns(),
+        });
+    }
+    rc
+}
+
 /// Legacy IPC: refused with a clear error on pool memory.
 fn ipc<F: Copy>(h: Site<F>, ptr: u64, call: impl Fn(F) -> c_int) -> c_int {
     let name = h.name;

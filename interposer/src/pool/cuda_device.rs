@@ -404,8 +404,14 @@ impl Device for CudaDevice {
         if self.is_capturing() {
             return Err(DeviceError::NotPermitted);
         }
+        let f = self.fns.sync;
         // SAFETY: no arguments.
-        ok(unsafe { (self.fns.sync)() })
+        ok((super::wait_view().wait)(
+            self.ordinal,
+            false,
+            0,
+            &mut || unsafe { f() },
+        ))
     }
 
     fn is_capturing(&self) -> bool {
@@ -447,8 +453,18 @@ impl Device for CudaDevice {
     fn stream_wait_event(&mut self, stream: Stream, event: EventId) -> Result<(), DeviceError> {
         self.enter();
         self.calls.stream_wait += 1;
+        let (f, s, e) = (
+            self.fns.wait,
+            Self::cu_stream(stream),
+            event as usize as CUevent,
+        );
         // SAFETY: an event of ours, the caller's stream.
-        ok(unsafe { (self.fns.wait)(Self::cu_stream(stream), event as usize as CUevent, 0) })
+        ok((super::wait_view().wait)(
+            self.ordinal,
+            true,
+            s as u64,
+            &mut || unsafe { f(s, e, 0) },
+        ))
     }
 
     fn destroy_event(&mut self, event: EventId) {

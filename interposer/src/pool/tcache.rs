@@ -13,8 +13,10 @@
 //! drained into it ([`drain`]), so the pool's decisions see every freed block, as before.
 //! Only exact matches are served: same device, same requested size, same pool stream.
 
-use std::cell::{Cell, UnsafeCell};
+use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use crate::sys::spin::SpinLock;
 
 /// Frees a thread keeps.
 const SLOTS: usize = 8;
@@ -32,21 +34,17 @@ pub(crate) struct Freed {
 }
 
 struct Cache {
-    /// held by the owner thread around its own get/put, and by a drain
-    locked: AtomicBool,
     /// a thread owns this cache
     claimed: AtomicBool,
-    slots: UnsafeCell<([Freed; SLOTS], usize)>,
+    /// The frees and how many; locked by the owner thread around its own get/put, and by a
+    /// drain.
+    slots: SpinLock<([Freed; SLOTS], usize)>,
 }
-
-// SAFETY: `slots` is only touched while `locked` is held.
-unsafe impl Sync for Cache {}
 
 static CACHE: [Cache; CACHES] = [const {
     Cache {
-        locked: AtomicBool::new(false),
         claimed: AtomicBool::new(false),
-        slots: UnsafeCell::new((
+        slots: SpinLock::new((
             [Freed {
                 device: 0,
                 addr: 0,
@@ -129,26 +127,10 @@ fn claim() -> u8 {
 }
 
 impl Cache {
+    /// Only a drain competes with the owner, briefly (unless it was preempted).
     #[inline]
     fn with<R>(&self, f: impl FnOnce(&mut ([Freed; SLOTS], usize)) -> R) -> R {
-        let mut spins = 0u32;
-        while self
-            .locked
-            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            // only a drain competes with the owner, briefly (unless it was preempted)
-            spins += 1;
-            if spins < 64 {
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
-            }
-        }
-        // SAFETY: exclusive while `locked` is held.
-        let r = f(unsafe { &mut *self.slots.get() });
-        self.locked.store(false, Ordering::Release);
-        r
+        f(&mut self.slots.lock())
     }
 }
 
@@ -232,9 +214,8 @@ pub(crate) fn drain(mut f: impl FnMut(Freed)) {
 pub(crate) fn on_fork_child() {
     let me = MINE.try_with(|m| m.0.get()).unwrap_or(UNCLAIMED);
     for (i, c) in CACHE.iter().enumerate() {
-        c.locked.store(false, Ordering::Release);
-        // SAFETY: a forked child runs one thread; nothing else touches the caches now.
-        unsafe { (*c.slots.get()).1 = 0 };
+        // SAFETY: a forked child runs one thread, which holds no cache's lock here.
+        unsafe { c.slots.reset_in_child() }.1 = 0;
         if i != me as usize {
             c.claimed.store(false, Ordering::Release);
         }

@@ -1,5 +1,4 @@
-//! Cheap identities: the caller's kernel thread id (cached per thread) and the monotonic
-//! clock in nanoseconds (`clock_gettime(CLOCK_MONOTONIC)`, served by the vDSO).
+//! Cheap identities: the caller's kernel thread id (cached per thread) and the process id.
 
 /// Kernel thread id of the caller (`gettid`), cached after the first call on each thread in
 /// the hooks' thread state (`guard`: initial-exec TLS, no `__tls_get_addr`, no destructor,
@@ -22,20 +21,6 @@ fn tid_slow(st: &crate::sys::thread::State) -> u32 {
     v
 }
 
-/// Monotonic time in nanoseconds (`CLOCK_MONOTONIC`).
-#[inline]
-pub(crate) fn now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: ts is a valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(ts.tv_nsec as u64)
-}
-
 /// Process id (not cached: cheap, and correct after fork).
 #[inline]
 pub(crate) fn pid() -> u32 {
@@ -51,10 +36,7 @@ pub(crate) fn on_fork_child() {
 #[cfg(test)]
 mod tests {
     #[test]
-    fn tid_is_stable_and_clock_moves() {
+    fn tid_is_stable() {
         assert_eq!(super::tid(), super::tid());
-        let a = super::now_ns();
-        let b = super::now_ns();
-        assert!(b >= a && a > 0);
     }
 }

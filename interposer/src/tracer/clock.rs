@@ -1,4 +1,5 @@
-//! The trace clock: `CLOCK_MONOTONIC` nanoseconds, read on the hot path from the TSC.
+//! The trace clock: the process's one clock (`sys::clock`, `CLOCK_MONOTONIC` nanoseconds),
+//! read on the hot path from the TSC that this module calibrates against it.
 //!
 //! `clock_gettime` costs ~25-30 ns on this kind of VM and a traced call needs two (entry time
 //! and latency); `rdtsc` costs ~12. Where the TSC is invariant and is the kernel's clocksource
@@ -23,7 +24,9 @@
 //! `VRAMSHIM_TRACE_CLOCK=monotonic`) every read is a plain `clock_gettime(CLOCK_MONOTONIC)`,
 //! and [`ToNs`] is the identity.
 
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering, fence};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
+
+use crate::sys::clock::{now_ns as mono_ns, tsc, tsc_usable};
 
 /// Re-anchor on the monotonic clock this often.
 const RECAL_NS: u64 = 50_000_000;
@@ -38,11 +41,16 @@ const FIRST_CALIBRATION_NS: u64 = 1_000_000;
 /// Fixed-point shift of the rates (ns per tick).
 const SHIFT: u32 = 32;
 
-const MODE_UNSET: u8 = 0;
-const MODE_TSC: u8 = 1;
-const MODE_MONO: u8 = 2;
+/// Whether the trace reads the calibrated TSC (else `clock_gettime` on every read).
+static TSC: AtomicBool = AtomicBool::new(false);
+/// [`init`] has chosen the clock.
+static CHOSEN: AtomicBool = AtomicBool::new(false);
 
-static MODE: AtomicU8 = AtomicU8::new(MODE_UNSET);
+/// Whether the trace reads the TSC (one relaxed load: the hot path's check).
+#[inline(always)]
+fn tsc_mode() -> bool {
+    TSC.load(Ordering::Relaxed)
+}
 
 /// Parameter sets kept: the newest is what `now_ns` uses; older ones convert the raw times
 /// of events still in buffers when a re-anchoring happened (`ToNs`).
@@ -122,7 +130,7 @@ impl Stamp {
     #[inline]
     pub fn latency_ns(&self) -> u32 {
         let d = if self.rate != 0 {
-            let ticks = rdtsc().wrapping_sub(self.tsc);
+            let ticks = tsc().wrapping_sub(self.tsc);
             if ticks as i64 <= 0 {
                 0
             } else {
@@ -151,8 +159,8 @@ pub fn now_raw() -> u64 {
 /// the writer's, [`ToNs`]). Always inlined: a call would cost as much as the rest of it.
 #[inline(always)]
 pub fn stamp() -> Stamp {
-    if MODE.load(Ordering::Relaxed) == MODE_TSC {
-        let tsc = rdtsc();
+    if tsc_mode() {
+        let tsc = tsc();
         return Stamp {
             ns: tsc,
             tsc,
@@ -188,7 +196,7 @@ impl Default for ToNs {
 impl ToNs {
     pub(crate) fn new() -> ToNs {
         ToNs {
-            tsc: MODE.load(Ordering::Relaxed) == MODE_TSC,
+            tsc: tsc_mode(),
             p: None,
             lo: 0,
             hi: 0,
@@ -269,8 +277,8 @@ fn read_set(generation: u64) -> Option<Snapshot> {
 /// not done it for a while).
 #[inline]
 fn stamp_ns() -> Stamp {
-    if MODE.load(Ordering::Relaxed) == MODE_TSC {
-        let tsc = rdtsc();
+    if tsc_mode() {
+        let tsc = tsc();
         if let Some(p) = snapshot() {
             // Negative: read before a re-anchoring another thread just published; fine.
             if (tsc.wrapping_sub(p.base_tsc) as i64) < p.stale_ticks as i64 {
@@ -294,7 +302,7 @@ fn stamp_ns() -> Stamp {
 #[cold]
 #[inline(never)]
 fn stamp_slow(tsc: u64) -> Stamp {
-    if MODE.load(Ordering::Relaxed) == MODE_TSC {
+    if tsc_mode() {
         recalibrate();
         if let Some(p) = snapshot() {
             return Stamp {
@@ -364,9 +372,9 @@ fn publish(p: Snapshot) {
 fn anchor() -> Option<(u64, u64)> {
     let mut best: Option<(u64, u64, u64)> = None;
     for _ in 0..4 {
-        let a = rdtsc();
+        let a = tsc();
         let ns = mono_ns();
-        let b = rdtsc();
+        let b = tsc();
         if b < a {
             continue;
         }
@@ -390,7 +398,7 @@ fn anchor() -> Option<(u64, u64)> {
 
 /// Take a new anchor and publish parameters that steer onto it (one thread at a time).
 pub(crate) fn recalibrate() {
-    if MODE.load(Ordering::Relaxed) != MODE_TSC
+    if !tsc_mode()
         || RECALIBRATING
             .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
             .is_err()
@@ -451,7 +459,7 @@ fn recalibrate_locked() {
 
 /// Chooses the clock and calibrates the TSC (~1 ms, only when tracing is configured).
 pub(crate) fn init() {
-    if MODE.load(Ordering::Relaxed) != MODE_UNSET {
+    if CHOSEN.load(Ordering::Relaxed) {
         return;
     }
     let want_mono =
@@ -460,21 +468,13 @@ pub(crate) fn init() {
         crate::config::var("VRAMSHIM_TRACE_CLOCK_FAULT").is_some_and(|v| v.trim() == "drift"),
         Ordering::Relaxed,
     );
-    let mode = if !want_mono && tsc_usable() && calibrate() {
-        MODE_TSC
-    } else {
-        MODE_MONO
-    };
-    MODE.store(mode, Ordering::Relaxed);
+    TSC.store(!want_mono && tsc_usable() && calibrate(), Ordering::Relaxed);
+    CHOSEN.store(true, Ordering::Relaxed);
 }
 
 /// Which clock the trace uses ("tsc" or "monotonic"), for the header's configuration.
 pub(crate) fn name() -> &'static str {
-    if MODE.load(Ordering::Relaxed) == MODE_TSC {
-        "tsc"
-    } else {
-        "monotonic"
-    }
+    if tsc_mode() { "tsc" } else { "monotonic" }
 }
 
 /// First rate: two anchors `FIRST_CALIBRATION_NS` apart.
@@ -530,44 +530,6 @@ pub(crate) fn on_fork_child() {
     }
 }
 
-#[inline]
-fn mono_ns() -> u64 {
-    crate::sys::ids::now_ns()
-}
-
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn rdtsc() -> u64 {
-    // SAFETY: rdtsc has no preconditions (x86-64 always has it).
-    unsafe { std::arch::x86_64::_rdtsc() }
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-#[inline(always)]
-fn rdtsc() -> u64 {
-    0
-}
-
-/// Invariant TSC (CPUID 0x8000_0007 EDX bit 8) and the kernel's clocksource is `tsc` (which
-/// the kernel only keeps when the TSCs of all CPUs agree).
-#[cfg(target_arch = "x86_64")]
-fn tsc_usable() -> bool {
-    use std::arch::x86_64::__cpuid;
-    // Leaf 0x8000_0000 gives the highest extended leaf, checked before 0x8000_0007.
-    let invariant =
-        __cpuid(0x8000_0000).eax >= 0x8000_0007 && __cpuid(0x8000_0007).edx & (1 << 8) != 0;
-    invariant
-        && std::fs::read_to_string(
-            "/sys/devices/system/clocksource/clocksource0/current_clocksource",
-        )
-        .is_ok_and(|s| s.trim() == "tsc")
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-fn tsc_usable() -> bool {
-    false
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -599,15 +561,7 @@ mod tests {
                         let b = mono_ns();
                         assert!(t >= prev, "time went backward: {t} after {prev}");
                         prev = t;
-                        // Outside [a, b] by how much (preemption only widens the window).
-                        let off = if t < a {
-                            (a - t) as i64
-                        } else if t > b {
-                            (t - b) as i64
-                        } else {
-                            0
-                        };
-                        worst = worst.max(off);
+                        worst = worst.max(outside(t, a, b));
                         n += 1;
                         if n.is_multiple_of(64) {
                             let a = mono_ns();
@@ -627,14 +581,7 @@ mod tests {
                         let t = conv.get(r);
                         assert!(t >= prev, "converted time went backward: {t} after {prev}");
                         prev = t;
-                        let off = if t < a {
-                            (a - t) as i64
-                        } else if t > b {
-                            (t - b) as i64
-                        } else {
-                            0
-                        };
-                        worst = worst.max(off);
+                        worst = worst.max(outside(t, a, b));
                     }
                     worst
                 })
@@ -650,6 +597,12 @@ mod tests {
             worst <= BOUND_NS,
             "trace clock off CLOCK_MONOTONIC by {worst} ns (bound {BOUND_NS})"
         );
+    }
+
+    /// How far `t` lies outside `[a, b]`, the monotonic clock read around it (preemption only
+    /// widens the window).
+    fn outside(t: u64, a: u64, b: u64) -> i64 {
+        a.saturating_sub(t).max(t.saturating_sub(b)) as i64
     }
 
     /// What the docs promise: within 10 us of `CLOCK_MONOTONIC` (typically < 100 ns).

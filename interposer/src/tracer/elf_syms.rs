@@ -11,6 +11,7 @@ use std::os::unix::fs::FileExt;
 const MAX_TABLE: u64 = 64 << 20;
 const SHT_SYMTAB: u32 = 2;
 const SHT_NOTE: u32 = 7;
+const SHT_DYNSYM: u32 = 11;
 
 pub(crate) struct Elf {
     file: File,
@@ -95,7 +96,18 @@ impl Elf {
 
     /// The first `.symtab` symbol whose name satisfies `want` (local symbols included).
     pub(crate) fn find_symbol(&self, want: impl Fn(&[u8]) -> bool) -> Option<Sym> {
-        let st = self.sections.iter().find(|s| s.kind == SHT_SYMTAB)?;
+        self.find_in(SHT_SYMTAB, want)
+    }
+
+    /// The first symbol whose name satisfies `want`, in `.symtab` or else in `.dynsym` (a
+    /// stripped executable still exports its dynamic symbols, with their sizes).
+    pub(crate) fn find_any_symbol(&self, want: impl Fn(&[u8]) -> bool) -> Option<Sym> {
+        self.find_in(SHT_SYMTAB, &want)
+            .or_else(|| self.find_in(SHT_DYNSYM, &want))
+    }
+
+    fn find_in(&self, kind: u32, want: impl Fn(&[u8]) -> bool) -> Option<Sym> {
+        let st = self.sections.iter().find(|s| s.kind == kind)?;
         let strtab = self.sections.get(st.link as usize)?;
         if st.entsize < 24 {
             return None;

@@ -45,6 +45,7 @@ mod clock;
 mod elf_syms;
 mod header;
 mod modules;
+mod pyframes;
 mod slots;
 mod stacks;
 pub mod torch;

@@ -485,31 +485,30 @@ pub(crate) fn emit(mut ev: Event) {
     }
     let slot = my_slot();
     let depth = super::stack_depth();
-    let mut new_stack: Option<(u32, stacks::Frames)> = None;
+    let mut records = Vec::new();
     if depth > 0
         && let Event::Alloc(m) | Event::Free(m) = &mut ev
         && m.stack == 0
-        && let Some((id, frames)) = stacks::capture_interned(depth)
+        && let Some((id, new)) = stacks::capture(depth)
     {
         m.stack = id;
-        new_stack = frames.map(|f| (id, f));
+        records = new;
     }
+    put_after(slot, records, ev);
+}
+
+/// Appends `records` (a newly seen call stack's), then `ev`, to `slot`'s buffer, and hands
+/// the buffer over when due.
+#[inline]
+fn put_after(slot: &'static Slot, records: Vec<Event>, ev: Event) {
     let g = slot.enter();
     let inner = g.inner();
-    if let Some((id, frames)) = new_stack {
-        inner.buf.put(slot, stack_event(id, &frames));
+    for r in records {
+        inner.buf.put(slot, r);
     }
     inner.buf.put(slot, ev);
     if inner.buf.len() >= inner.next_try {
         hand_over(inner);
-    }
-}
-
-/// A new stack's record (allocates: once per distinct stack).
-fn stack_event(id: u32, frames: &stacks::Frames) -> Event {
-    Event::Stack {
-        id,
-        frames: frames.as_slice().to_vec(),
     }
 }
 
@@ -580,28 +579,17 @@ fn emit_memop_slow<const ALLOC: bool>(m: &MemOp) {
 #[inline(never)]
 fn emit_memop_stack(slot: &'static Slot, alloc: bool, m: &MemOp) {
     let mut with = MemOp { ..*m };
-    let mut new_stack: Option<(u32, stacks::Frames)> = None;
-    if let Some((id, frames)) = stacks::capture_interned(super::stack_depth()) {
+    let mut records = Vec::new();
+    if let Some((id, new)) = stacks::capture(super::stack_depth()) {
         with.stack = id;
-        new_stack = frames.map(|f| (id, f));
+        records = new;
     }
-    let stack_ev = new_stack.map(|(id, frames)| stack_event(id, &frames));
-    let g = slot.enter();
-    let inner = g.inner();
-    if let Some(ev) = stack_ev {
-        inner.buf.put(slot, ev);
-    }
-    inner.buf.put(
-        slot,
-        if alloc {
-            Event::Alloc(with)
-        } else {
-            Event::Free(with)
-        },
-    );
-    if inner.buf.len() >= inner.next_try {
-        hand_over(inner);
-    }
+    let ev = if alloc {
+        Event::Alloc(with)
+    } else {
+        Event::Free(with)
+    };
+    put_after(slot, records, ev);
 }
 
 /// Live device bytes (allocated minus freed) per device, for `Counter` records: counted
@@ -684,7 +672,7 @@ fn hand_over(inner: &mut Inner) {
 /// the channel is full ever gets here.
 #[cold]
 fn throttle(mut buf: Buf) -> Result<(), Buf> {
-    let deadline = crate::sys::ids::now_ns() + THROTTLE_NS;
+    let deadline = crate::sys::clock::now_ns() + THROTTLE_NS;
     loop {
         let ts = libc::timespec {
             tv_sec: 0,
@@ -696,7 +684,7 @@ fn throttle(mut buf: Buf) -> Result<(), Buf> {
             Ok(()) => return Ok(()),
             Err(back) => buf = back,
         }
-        if crate::sys::ids::now_ns() > deadline {
+        if crate::sys::clock::now_ns() > deadline {
             return Err(buf);
         }
     }
@@ -705,8 +693,8 @@ fn throttle(mut buf: Buf) -> Result<(), Buf> {
 /// The writer is far behind: sleep (bounded) until its backlog is under the high-water mark.
 #[cold]
 fn wait_for_writer() {
-    let deadline = crate::sys::ids::now_ns() + THROTTLE_NS;
-    while writer::backlog() > HIGH_WATER && crate::sys::ids::now_ns() < deadline {
+    let deadline = crate::sys::clock::now_ns() + THROTTLE_NS;
+    while writer::backlog() > HIGH_WATER && crate::sys::clock::now_ns() < deadline {
         let ts = libc::timespec {
             tv_sec: 0,
             tv_nsec: 200_000,

@@ -5,6 +5,8 @@
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
+use vramshim_trace::Event;
+
 /// Most frames `VRAMSHIM_STACKS` may ask for.
 pub(crate) const MAX_FRAMES: usize = 64;
 
@@ -52,6 +54,28 @@ struct Walk {
     seen: usize,
     /// The walk stopped because it had `want` frames (not at the end of the stack).
     full: bool,
+}
+
+impl Walk {
+    /// A walk for up to `want` frames, skipping the innermost ones in `own` (libvramshim).
+    /// Only data: the walk's first frame stays its caller's (see `seen`).
+    #[inline(always)]
+    fn new(want: usize, own: (u64, u64)) -> Walk {
+        Walk {
+            frames: Frames {
+                ips: [0; MAX_FRAMES],
+                len: 0,
+            },
+            want,
+            skipping: true,
+            own,
+            prev_cfa: 0,
+            last_ip: 0,
+            second_cfa: 0,
+            seen: 0,
+            full: false,
+        }
+    }
 }
 
 extern "C" fn step(ctx: *mut c_void, arg: *mut c_void) -> c_int {
@@ -449,20 +473,7 @@ pub(crate) fn capture_interned(depth: usize) -> Option<(u32, Option<Frames>)> {
         remember(sp, want, &t, id);
         return Some((id, None));
     }
-    let mut w = Walk {
-        frames: Frames {
-            ips: [0; MAX_FRAMES],
-            len: 0,
-        },
-        want,
-        skipping: true,
-        own,
-        prev_cfa: 0,
-        last_ip: 0,
-        second_cfa: 0,
-        seen: 0,
-        full: false,
-    };
+    let mut w = Walk::new(want, own);
     // SAFETY: `step` matches the callback ABI; `w` outlives the call.
     let rc = unsafe { _Unwind_Backtrace(step, &mut w as *mut Walk as *mut c_void) };
     // The walk ended by itself (end of stack, or libgcc found no unwind info past the last
@@ -481,6 +492,63 @@ pub(crate) fn capture_interned(depth: usize) -> Option<(u32, Option<Frames>)> {
     }
     let (id, is_new) = intern(&w.frames);
     Some((id, is_new.then_some(w.frames)))
+}
+
+/// [`capture_interned`] with the calling thread's Python frames merged in when it runs
+/// Python code (`pyframes`): the stack's id, and the records to write before the event that
+/// refers to it (new `PyCode`s, new `Stack`s; empty for a stack seen before).
+#[inline(never)]
+pub(crate) fn capture(depth: usize) -> Option<(u32, Vec<Event>)> {
+    if !super::pyframes::active() {
+        let (id, frames) = capture_interned(depth)?;
+        return Some((
+            id,
+            frames
+                .map(|f| vec![record(id, f.as_slice())])
+                .unwrap_or_default(),
+        ));
+    }
+    let mut py = super::pyframes::PyWalk::new();
+    super::pyframes::walk(&mut py);
+    let (nid, nframes) = capture_interned(depth)?;
+    let mut records = Vec::new();
+    if let Some(f) = &nframes {
+        // The native stack on its own: later events of threads without Python may use it.
+        records.push(record(nid, f.as_slice()));
+    }
+    if py.is_empty() {
+        return Some((nid, records));
+    }
+    let key = (py.hash() ^ (nid as u64).wrapping_mul(0xff51_afd7_ed55_8ccd)) | 1;
+    if let Some(id) = lookup(key) {
+        return Some((id, records));
+    }
+    let native = match nframes {
+        Some(f) => f.as_slice().to_vec(),
+        None => unwind(depth.clamp(1, MAX_FRAMES)).as_slice().to_vec(),
+    };
+    let merged = super::pyframes::merge(&native, &py, &mut records);
+    let (id, is_new) = intern_hash(key);
+    if is_new {
+        records.push(record(id, &merged));
+    }
+    Some((id, records))
+}
+
+fn record(id: u32, frames: &[u64]) -> Event {
+    Event::Stack {
+        id,
+        frames: frames.to_vec(),
+    }
+}
+
+/// A full libgcc walk of the caller's stack (libvramshim's frames skipped), not interned.
+#[inline(never)]
+fn unwind(want: usize) -> Frames {
+    let mut w = Walk::new(want, own_range());
+    // SAFETY: `step` matches the callback ABI; `w` outlives the call.
+    unsafe { _Unwind_Backtrace(step, &mut w as *mut Walk as *mut c_void) };
+    w.frames
 }
 
 const TABLE_BITS: u32 = 16;
@@ -519,7 +587,11 @@ fn lookup(h: u64) -> Option<u32> {
 
 /// Stack id for `frames`, and whether this is its first appearance (emit a `Stack` record).
 pub(crate) fn intern(frames: &Frames) -> (u32, bool) {
-    let h = hash(frames.as_slice());
+    intern_hash(hash(frames.as_slice()))
+}
+
+/// Stack id for the stack that hashes to `h` (never 0), and whether it is new.
+fn intern_hash(h: u64) -> (u32, bool) {
     let mut i = (h >> (64 - TABLE_BITS)) as usize;
     for _ in 0..PROBES {
         let cur = HASHES[i].load(Ordering::Acquire);
@@ -565,6 +637,7 @@ pub(crate) fn on_fork_child() {
         id.store(0, Ordering::Relaxed);
     }
     NEXT_ID.store(1, Ordering::Relaxed);
+    super::pyframes::on_fork_child();
 }
 
 #[cfg(test)]

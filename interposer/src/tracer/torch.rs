@@ -136,7 +136,9 @@ fn on_entry(e: *const u8) {
     if e.is_null() || !super::enabled() {
         return;
     }
-    let t_ns = super::clock::now_ns();
+    // A trace time (raw where the trace clock is the TSC): the writer converts it, like
+    // every event's time.
+    let t_ns = super::now_raw();
     let action = rd::<i32>(e, 0);
     let Ok(action) = u8::try_from(action) else {
         return;
@@ -539,8 +541,9 @@ pub(crate) fn drain() -> c_int {
     for (id, key) in pending {
         let mut frames = Vec::with_capacity(key.len());
         for (code, lasti) in key {
-            let next = codes.len() as u32 + 1;
             let cid = *codes.entry(code).or_insert_with(|| {
+                // Ids shared with the Python frames of native stacks.
+                let next = super::pyframes::next_code_id();
                 let o = code as *mut c_void;
                 let function = api
                     .attr_str(o, c"co_qualname")

@@ -34,12 +34,24 @@ const REAP_EVERY: u32 = 20;
 /// far faster than any CUDA process allocates.
 const LEVEL: i32 = 3;
 
-const IDLE: u8 = 0;
-const STARTING: u8 = 1;
-const RUNNING: u8 = 2;
-const DONE: u8 = 3;
+/// The writer's life, held in `STATE` as `u8`: idle until the first event starts it, done
+/// once the trace is finished (or could not start); a forked child begins idle again.
+#[repr(u8)]
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Life {
+    Idle,
+    Starting,
+    Running,
+    Done,
+}
+use Life::{Done, Idle, Running, Starting};
 
-static STATE: AtomicU8 = AtomicU8::new(IDLE);
+static STATE: AtomicU8 = AtomicU8::new(Idle as u8);
+
+#[inline]
+fn life_is(l: Life) -> bool {
+    STATE.load(Ordering::Acquire) == l as u8
+}
 static SHARED: AtomicPtr<Shared> = AtomicPtr::new(std::ptr::null_mut());
 static LOST: AtomicU64 = AtomicU64::new(0);
 /// Bytes handed to the writer and not yet written (back-pressure signal).
@@ -123,31 +135,35 @@ pub(crate) fn count_lost(n: u64) {
 
 /// True when no record was ever made (the writer was never asked to start).
 pub(crate) fn never_started() -> bool {
-    STATE.load(Ordering::Acquire) == IDLE
+    life_is(Idle)
 }
 
 /// True when the writer runs (starting it on the first call).
 #[inline]
 pub(crate) fn ensure_started() -> bool {
-    STATE.load(Ordering::Acquire) == RUNNING || start_slow()
+    life_is(Running) || start_slow()
 }
 
 #[cold]
 #[inline(never)]
 fn start_slow() -> bool {
     loop {
-        match STATE.compare_exchange(IDLE, STARTING, Ordering::AcqRel, Ordering::Acquire) {
+        match STATE.compare_exchange(
+            Idle as u8,
+            Starting as u8,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
             Ok(_) => {
                 let ok = start();
-                STATE.store(if ok { RUNNING } else { DONE }, Ordering::Release);
+                STATE.store(if ok { Running } else { Done } as u8, Ordering::Release);
                 if !ok {
                     super::disable();
                 }
                 return ok;
             }
-            Err(STARTING) => std::thread::yield_now(),
-            Err(RUNNING) => return true,
-            Err(_) => return false,
+            Err(s) if s == Starting as u8 => std::thread::yield_now(),
+            Err(s) => return s == Running as u8,
         }
     }
 }
@@ -158,8 +174,8 @@ fn start() -> bool {
     let Some(pat) = pattern() else {
         return false;
     };
-    let mono = crate::sys::ids::now_ns();
-    let wall = super::header::wall_ns();
+    let mono = crate::sys::clock::now_ns();
+    let wall = crate::sys::clock::wall_ns();
     let pid = crate::sys::ids::pid();
     let path = super::header::expand(&pat, pid, wall, FORKED.load(Ordering::Relaxed));
     let Some((file, path)) = open_trace(path, pid) else {
@@ -625,27 +641,25 @@ pub(crate) fn send(raw: Buf) -> Result<(), Buf> {
 
 /// Exit path, on the exiting thread: drain everything, write the end record, stop tracing.
 pub(crate) fn finish() {
-    if STATE.load(Ordering::Acquire) != RUNNING {
+    if !life_is(Running) {
         return;
     }
     let Some(sh) = shared() else { return };
     tick(sh, true);
     super::disable();
-    STATE.store(DONE, Ordering::Release);
+    STATE.store(Done as u8, Ordering::Release);
 }
 
 /// The writer runs in this process.
 pub(crate) fn running() -> bool {
-    STATE.load(Ordering::Acquire) == RUNNING
+    life_is(Running)
 }
 
 /// `_exit` path: [`finish`], but never in a process that does not own the writer (a vfork
 /// child), and giving up when the writer's lock stays taken for 200 ms (the thread holding it
 /// may be the one a signal handler interrupted). True when the end record was written.
 pub(crate) fn finish_before_exit() -> bool {
-    if STATE.load(Ordering::Acquire) != RUNNING
-        || OWNER.load(Ordering::Relaxed) != crate::sys::ids::pid()
-    {
+    if !life_is(Running) || OWNER.load(Ordering::Relaxed) != crate::sys::ids::pid() {
         return false;
     }
     let Some(sh) = shared() else { return false };
@@ -663,7 +677,7 @@ pub(crate) fn finish_before_exit() -> bool {
     let ok = tick_locked(sh, &mut g, true);
     drop(g);
     super::disable();
-    STATE.store(DONE, Ordering::Release);
+    STATE.store(Done as u8, Ordering::Release);
     ok
 }
 
@@ -675,8 +689,8 @@ pub(crate) fn on_fork_child() {
     LOST.store(0, Ordering::Relaxed);
     QUEUED.store(0, Ordering::Relaxed);
     FORKED.store(true, Ordering::Relaxed);
-    if STATE.load(Ordering::Relaxed) != IDLE {
-        STATE.store(IDLE, Ordering::Relaxed);
+    if STATE.load(Ordering::Relaxed) != Idle as u8 {
+        STATE.store(Idle as u8, Ordering::Relaxed);
     }
     // Tracing stays enabled if it was configured: the child starts its own file lazily.
     if super::pattern().is_some() || !PATTERN_OVERRIDE.load(Ordering::Relaxed).is_null() {

@@ -1,10 +1,10 @@
-//! A crate's modules import only downward: the check behind the `layers` tests of the
-//! analyzer and trace crates.
+//! A crate's modules import only downward: the check behind the layering tests of the
+//! interposer, analyzer and trace crates.
 //!
 //! Each source file below `src/` belongs to the module named by the first component of its
 //! path (`src/analysis/report.rs` is `analysis`). Every `crate::` path in its code (a `use`
-//! line, a grouped `use crate::{a, b::{c, d}}` over several lines, a path written inline)
-//! must name its own module or one in a lower layer. Modules in one layer stand side by side
+//! line, a grouped `use crate::{a, b::{c, d}}` over several lines, a path written inline, a
+//! `$crate::` path in a macro) must name its own module or one in a lower layer. Modules in one layer stand side by side
 //! and import none of each other. Comments are not read: prose may name any module. The
 //! crate root (`lib.rs`) is the top and is not checked.
 
@@ -75,14 +75,26 @@ pub fn imported(code: &str) -> BTreeSet<String> {
 }
 
 /// Every import of `code` (a file of module `module`) against the order `layers` (bottom
-/// first; the modules of one entry stand side by side), as `"module -> target"`.
-pub fn violations(layers: &[&[&str]], module: &str, code: &str) -> Vec<String> {
+/// first; the modules of one entry stand side by side), as `"module -> target"`. `aliases`
+/// names the module that a name reached through the crate root belongs to (a
+/// `#[macro_export]` macro invoked as `crate::warn!` lives in, say, `sys`).
+pub fn violations(
+    layers: &[&[&str]],
+    aliases: &[(&str, &str)],
+    module: &str,
+    code: &str,
+) -> Vec<String> {
     let rank = |m: &str| layers.iter().position(|l| l.contains(&m));
     let Some(own) = rank(module) else {
         return vec![format!("{module}: in no layer (add it to the layer list)")];
     };
     let mut out = Vec::new();
     for name in imported(code) {
+        let name = aliases
+            .iter()
+            .find(|(a, _)| *a == name)
+            .map_or(name.as_str(), |(_, m)| m)
+            .to_string();
         if name == module || name == "self" || name == "super" {
             continue;
         }
@@ -115,6 +127,17 @@ fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
 /// `src`: files or folders of another crate, such as a binary's). Returns the violations as
 /// `"file: module -> target"` and the number of files read.
 pub fn check(src: &Path, layers: &[&[&str]], skip: &[&str]) -> (Vec<String>, usize) {
+    check_with_aliases(src, layers, &[], skip)
+}
+
+/// [`check`], with names reached through the crate root assigned to modules (see
+/// [`violations`]).
+pub fn check_with_aliases(
+    src: &Path,
+    layers: &[&[&str]],
+    aliases: &[(&str, &str)],
+    skip: &[&str],
+) -> (Vec<String>, usize) {
     let mut files = Vec::new();
     sources(src, &mut files);
     let mut found = Vec::new();
@@ -129,7 +152,7 @@ pub fn check(src: &Path, layers: &[&[&str]], skip: &[&str]) -> (Vec<String>, usi
         let module = first.strip_suffix(".rs").unwrap_or(first);
         let code = std::fs::read_to_string(f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
         read += 1;
-        for v in violations(layers, module, &code) {
+        for v in violations(layers, aliases, module, &code) {
             found.push(format!("{}: {v}", rel.display()));
         }
     }
@@ -144,25 +167,41 @@ mod tests {
 
     #[test]
     fn every_form_of_import_is_seen() {
-        assert_eq!(violations(L, "low", "use crate::mid::X;"), ["low -> mid"]);
         assert_eq!(
-            violations(L, "mid", "use crate::{low, side};"),
+            violations(L, &[], "low", "use crate::mid::X;"),
+            ["low -> mid"]
+        );
+        assert_eq!(
+            violations(L, &[], "mid", "use crate::{low, side};"),
             ["mid -> side"]
         );
         assert_eq!(
-            violations(L, "mid", "use crate::{\n    low::{a, b},\n    top::c,\n};"),
+            violations(
+                L,
+                &[],
+                "mid",
+                "use crate::{\n    low::{a, b},\n    top::c,\n};"
+            ),
             ["mid -> top"]
         );
         assert_eq!(
-            violations(L, "mid", "  let x = crate::top::f(1);"),
+            violations(L, &[], "mid", "  let x = crate::top::f(1);"),
             ["mid -> top"]
         );
         assert_eq!(
-            violations(L, "low", "use crate::Thing;"),
+            violations(L, &[], "low", "use crate::Thing;"),
             ["low -> Thing (through the crate root)"]
         );
         assert_eq!(
-            violations(L, "gone", ""),
+            violations(L, &[("warn", "mid")], "low", "    crate::warn!(\"x\");"),
+            ["low -> mid"]
+        );
+        assert_eq!(
+            violations(L, &[], "low", "        $crate::top::f();"),
+            ["low -> top"]
+        );
+        assert_eq!(
+            violations(L, &[], "gone", ""),
             ["gone: in no layer (add it to the layer list)"]
         );
     }
@@ -172,8 +211,9 @@ mod tests {
         let code = "use crate::low::{a, b};\nuse super::x;\nuse self::y;\n\
                     /// See [`crate::top::f`].\nlet a = other_crate::top::g(); // crate::top\n\
                     use crate::mid::z;";
-        assert!(violations(L, "top", code).is_empty());
-        assert!(violations(L, "mid", "use crate::mid::q; use crate::low::r;").is_empty());
-        assert!(violations(L, "mid", code).is_empty());
+        assert!(violations(L, &[], "top", code).is_empty());
+        assert!(violations(L, &[], "mid", "use crate::mid::q; use crate::low::r;").is_empty());
+        assert!(violations(L, &[], "mid", code).is_empty());
+        assert!(violations(L, &[("warn", "low")], "mid", "crate::warn!(\"x\");").is_empty());
     }
 }

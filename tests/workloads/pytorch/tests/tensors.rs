@@ -164,6 +164,70 @@ fn tensors_are_attributed_to_the_function_that_holds_them() {
     assert_eq!(segments.len(), 4, "4 segments of 2 MiB: {segments:?}");
 }
 
+/// With `--stacks`, the segments PyTorch asks the driver for carry the Python frames of the
+/// request that made PyTorch grow (warmup's), merged with the native frames; and the tensor
+/// events' times lie within the trace (they are trace times, like every event's).
+#[test]
+fn segments_carry_python_frames_with_stacks() {
+    let Some(py) = torch_or_skip("segments_carry_python_frames_with_stacks") else {
+        return;
+    };
+    let (out, file) = traced(&py, "torch_tensors_stacks", REUSE, &["--stacks", "16"]);
+    out.assert_success();
+    let mut r = TraceReader::open(&file).expect("open trace");
+    let mut ev = Event::Lost { t_ns: 0, count: 0 };
+    let (mut segs, mut stacks, mut codes, mut torch_times) =
+        (Vec::new(), HashMap::new(), HashMap::new(), Vec::new());
+    loop {
+        match r.next_into(&mut ev) {
+            Ok(true) => match std::mem::replace(&mut ev, Event::Lost { t_ns: 0, count: 0 }) {
+                Event::Alloc(m) if m.size == 2 << 20 => segs.push(m),
+                Event::Stack { id, frames } => {
+                    stacks.insert(id, frames);
+                }
+                Event::PyCode {
+                    id, file, function, ..
+                } => {
+                    codes.insert(id, (file, function));
+                }
+                Event::Torch(op) => torch_times.push(op.t_ns),
+                _ => {}
+            },
+            Ok(false) => break,
+            Err(e) => assert!(e.is_recoverable(), "{e}"),
+        }
+    }
+    let end = r.end_time().expect("a complete trace");
+    assert_eq!(segs.len(), 4, "4 segments of 2 MiB");
+    for m in &segs {
+        let frames = stacks.get(&m.stack).expect("the segment's stack");
+        let python: Vec<String> = frames
+            .iter()
+            .filter(|&&f| f >> 63 == 1)
+            .filter_map(|&f| {
+                let (file, func) = codes.get(&(((f >> 32) & 0x7fff_ffff) as u32))?;
+                file.ends_with("job.py").then(|| {
+                    let func = func.split(".<locals>").next().unwrap_or(func);
+                    format!("{func} (job.py:{})", f as u32)
+                })
+            })
+            .collect();
+        assert_eq!(
+            python.first().map(String::as_str),
+            Some("warmup (job.py:4)"),
+            "{python:?}"
+        );
+        assert!(frames[0] >> 63 == 0, "native frames first");
+    }
+    assert!(!torch_times.is_empty());
+    for t in torch_times {
+        assert!(
+            t <= end,
+            "a tensor event at {t} ns, after the trace's end at {end} ns"
+        );
+    }
+}
+
 /// `--no-python-hook` and `VRAMSHIM_PYTHON_HOOK=0` leave the job at segment level.
 #[test]
 fn the_hook_can_be_turned_off() {
@@ -250,7 +314,8 @@ for _ in range(3):
 torch.cuda.synchronize()
 print('main tid', threading.get_native_id())
 ";
-    let (out, file) = traced(&py, "torch_tensors_backward", script, &[]);
+    // With call stacks: autograd's threads (no Python frames) walk theirs too.
+    let (out, file) = traced(&py, "torch_tensors_backward", script, &["--stacks", "16"]);
     out.assert_success();
     let main: u32 = out
         .stdout

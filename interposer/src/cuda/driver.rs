@@ -1,20 +1,31 @@
-//! The default [`DeviceQueries`](super::DeviceQueries): the real driver (never our hooks),
-//! initialised with `cuInit(0)` if the process has not done it yet (the runtime does the
-//! same on its first call; calling it twice is harmless).
+//! What the cap asks of the devices, from the real driver (never our hooks): total memory,
+//! device count, UUID, PCI address, whether a stream captures, and the settling of the
+//! driver's memory pools. Each query initialises the driver with `cuInit(0)` if the process
+//! has not done it yet (the runtime does the same on its first call; calling it twice is
+//! harmless).
 
-use std::ffi::c_int;
+use std::ffi::{c_char, c_int};
 
-use crate::cuda::real;
+use crate::cuda::real::{self, Lib, Slot};
 use crate::cuda::types::{
     CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
     CUDA_ERROR_NOT_INITIALIZED, CUDA_SUCCESS, CUstream,
 };
 
 type PfnCuInit = unsafe extern "C" fn(u32) -> c_int;
-type PfnCuDeviceGetCount = unsafe extern "C" fn(*mut c_int) -> c_int;
+type PfnCuDeviceGetUuid = unsafe extern "C" fn(*mut [u8; 16], c_int) -> c_int;
+type PfnCuDeviceGet = unsafe extern "C" fn(*mut c_int, c_int) -> c_int;
+type PfnCuDeviceGetName = unsafe extern "C" fn(*mut c_char, c_int, c_int) -> c_int;
+
+// Functions only these queries call, resolved like the hooks' (`real::Slot`).
+static CU_INIT: Slot = Slot::new(c"cuInit", Lib::Driver);
+static CU_DEVICE_GET_UUID_V2: Slot = Slot::new(c"cuDeviceGetUuid_v2", Lib::Driver);
+static CU_DEVICE_GET_UUID: Slot = Slot::new(c"cuDeviceGetUuid", Lib::Driver);
+static CU_DEVICE_GET: Slot = Slot::new(c"cuDeviceGet", Lib::Driver);
+static CU_DEVICE_GET_NAME: Slot = Slot::new(c"cuDeviceGetName", Lib::Driver);
 
 fn cu_init() -> bool {
-    let a = real::driver_symbol(c"cuInit");
+    let a = CU_INIT.get();
     if a == 0 {
         return false;
     }
@@ -44,49 +55,37 @@ pub(crate) fn total(device: i32) -> Option<u64> {
 
 /// Number of devices the process sees.
 pub(crate) fn count() -> Option<i32> {
-    let a = real::driver_symbol(c"cuDeviceGetCount");
-    if a == 0 {
-        return None;
-    }
-    // SAFETY: `a` is the driver's cuDeviceGetCount, whose ABI is PfnCuDeviceGetCount.
-    let f = unsafe { std::mem::transmute::<usize, PfnCuDeviceGetCount>(a) };
+    let f = real::cuDeviceGetCount()?;
     let mut n: c_int = 0;
     // SAFETY: n is a valid out-pointer.
     let ok = with_init(|| unsafe { f(&mut n) });
     ok.then_some(n)
 }
 
-type PfnCuDeviceGetUuid = unsafe extern "C" fn(*mut [u8; 16], c_int) -> c_int;
-
-/// The device's UUID (`cuDeviceGetUuid_v2`: a MIG instance's own; else `cuDeviceGetUuid`).
+/// The device's UUID (`cuDeviceGetUuid_v2`: a MIG instance's own; else `cuDeviceGetUuid`,
+/// the parent GPU's).
 pub(crate) fn uuid(device: i32) -> Option<[u8; 16]> {
-    let a = match real::driver_symbol(c"cuDeviceGetUuid_v2") {
-        0 => real::driver_symbol(c"cuDeviceGetUuid"),
-        a => a,
-    };
-    if a == 0 {
-        return None;
-    }
-    // SAFETY: `a` is the driver's cuDeviceGetUuid(_v2), whose ABI is PfnCuDeviceGetUuid
-    // (CUuuid is 16 bytes).
-    let f = unsafe { std::mem::transmute::<usize, PfnCuDeviceGetUuid>(a) };
+    let f = uuid_fn()?;
     let mut id = [0u8; 16];
     // SAFETY: id is a valid 16-byte out-pointer; the driver checks the ordinal.
     with_init(|| unsafe { f(&mut id, device) }).then_some(id)
 }
 
-type PfnCuDeviceGetPciBusId = unsafe extern "C" fn(*mut std::ffi::c_char, c_int, c_int) -> c_int;
+fn uuid_fn() -> Option<PfnCuDeviceGetUuid> {
+    let a = match CU_DEVICE_GET_UUID_V2.get() {
+        0 => CU_DEVICE_GET_UUID.get(),
+        a => a,
+    };
+    // SAFETY: `a` is the driver's cuDeviceGetUuid(_v2), whose ABI is PfnCuDeviceGetUuid
+    // (CUuuid is 16 bytes).
+    (a != 0).then(|| unsafe { std::mem::transmute::<usize, PfnCuDeviceGetUuid>(a) })
+}
 
 /// The device's PCI address as the driver writes it (`0000:01:00.0`), for matching the
 /// cgroup's dmem regions.
 pub(crate) fn pci_bus_id(device: i32) -> Option<String> {
-    let a = real::driver_symbol(c"cuDeviceGetPCIBusId");
-    if a == 0 {
-        return None;
-    }
-    // SAFETY: `a` is the driver's cuDeviceGetPCIBusId, whose ABI is PfnCuDeviceGetPciBusId.
-    let f = unsafe { std::mem::transmute::<usize, PfnCuDeviceGetPciBusId>(a) };
-    let mut buf = [0 as std::ffi::c_char; 32];
+    let f = real::cuDeviceGetPCIBusId()?;
+    let mut buf = [0 as c_char; 32];
     // SAFETY: buf is a valid out-buffer of the length passed; the driver checks the ordinal
     // and writes a NUL-terminated string of at most that length.
     let ok = with_init(|| unsafe { f(buf.as_mut_ptr(), buf.len() as c_int, device) });
@@ -116,90 +115,6 @@ pub(crate) fn capturing(stream: u64) -> bool {
         }
     }
     false
-}
-
-/// `nvmlProcessInfo_t` (v2/v3 layout).
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct ProcessInfo {
-    pid: u32,
-    used_gpu_memory: u64,
-    gpu_instance_id: u32,
-    compute_instance_id: u32,
-}
-
-type PfnNvmlInit = unsafe extern "C" fn() -> c_int;
-type PfnNvmlProcesses =
-    unsafe extern "C" fn(*mut std::ffi::c_void, *mut u32, *mut ProcessInfo) -> c_int;
-
-/// Device memory this process holds on `device` according to NVML's per-process accounting
-/// (context, modules and allocations alike): how the cap measures a context's footprint.
-/// `None` when NVML is missing, or does not list this process (a pid namespace NVML does not
-/// see into, or no context yet). The NVML device is the one with the CUDA device's PCI bus id
-/// (NVML ignores `CUDA_VISIBLE_DEVICES`, so its index is not the CUDA ordinal).
-pub(crate) fn process_used(device: i32) -> Option<u64> {
-    let h = nvml_handle()?;
-    let sym = |n: &std::ffi::CStr| real::dlsym_real(h, n) as usize;
-    let init = sym(c"nvmlInit_v2");
-    let procs = match sym(c"nvmlDeviceGetComputeRunningProcesses_v3") {
-        0 => sym(c"nvmlDeviceGetComputeRunningProcesses_v2"),
-        a => a,
-    };
-    if init == 0 || procs == 0 {
-        return None;
-    }
-    // SAFETY: the addresses are NVML's functions of those names, with these ABIs.
-    let (init, procs) = unsafe {
-        (
-            std::mem::transmute::<usize, PfnNvmlInit>(init),
-            std::mem::transmute::<usize, PfnNvmlProcesses>(procs),
-        )
-    };
-    // SAFETY: nvmlInit_v2 takes no arguments (reference-counted, harmless to repeat).
-    if unsafe { init() } != 0 {
-        return None;
-    }
-    let dev = crate::cuda::nvml::handle(device)?;
-    // As many entries as the device has processes (a machine can run hundreds): NVML says
-    // how many when the buffer is too small.
-    const INSUFFICIENT_SIZE: i32 = 7;
-    let mut infos = vec![ProcessInfo::default(); 128];
-    let mut n = infos.len() as u32;
-    for _ in 0..3 {
-        // SAFETY: n is the capacity of infos, both valid.
-        match unsafe { procs(dev, &mut n, infos.as_mut_ptr()) } {
-            0 => break,
-            INSUFFICIENT_SIZE if (n as usize) > infos.len() && n <= 1 << 16 => {
-                infos = vec![ProcessInfo::default(); n as usize + 16];
-                n = infos.len() as u32;
-            }
-            _ => return None,
-        }
-    }
-    let me = std::process::id();
-    infos[..(n as usize).min(infos.len())]
-        .iter()
-        .find(|p| p.pid == me)
-        .map(|p| p.used_gpu_memory)
-        .filter(|&u| u > 0 && u != u64::MAX)
-}
-
-fn nvml_handle() -> Option<*mut std::ffi::c_void> {
-    for name in [c"libnvidia-ml.so.1", c"libnvidia-ml.so"] {
-        for flags in [
-            libc::RTLD_NOW | libc::RTLD_NOLOAD,
-            libc::RTLD_NOW | libc::RTLD_NODELETE,
-        ] {
-            // SAFETY: dlopen with a valid name; NODELETE keeps the handle valid for the process.
-            let h = unsafe { libc::dlopen(name.as_ptr(), flags) };
-            if !h.is_null() {
-                return Some(h);
-            }
-        }
-    }
-    // SAFETY: clears the dlerror state our failed dlopen left behind.
-    unsafe { libc::dlerror() };
-    None
 }
 
 /// Empties the driver's memory pools of `device` of the blocks they keep cached: waits for
@@ -253,4 +168,73 @@ pub(crate) fn settle_pools(device: i32, stream: u64) -> Option<u64> {
         cached = cached.saturating_add(reserved.saturating_sub(used));
     }
     Some(cached)
+}
+
+/// A device as the trace header describes it.
+pub(crate) struct Device {
+    pub index: i32,
+    pub name: String,
+    /// 0 when the driver did not say.
+    pub total_bytes: u64,
+    pub uuid: Option<[u8; 16]>,
+}
+
+/// The devices, only if the process already loaded and initialised the driver (empty
+/// otherwise: this never loads or initialises it).
+pub(crate) fn devices_if_initialised() -> Vec<Device> {
+    if real::libcuda_if_loaded().is_null() {
+        return Vec::new();
+    }
+    let (Some(count), Some(total)) = (real::cuDeviceGetCount(), real::cuDeviceTotalMem_v2()) else {
+        return Vec::new();
+    };
+    let (get, name) = (CU_DEVICE_GET.get(), CU_DEVICE_GET_NAME.get());
+    if get == 0 || name == 0 {
+        return Vec::new();
+    }
+    // SAFETY: the addresses are the real driver functions of these names, with these ABIs.
+    let (get, name) = unsafe {
+        (
+            std::mem::transmute::<usize, PfnCuDeviceGet>(get),
+            std::mem::transmute::<usize, PfnCuDeviceGetName>(name),
+        )
+    };
+    let uuid = uuid_fn();
+    let mut n: c_int = 0;
+    // SAFETY: n is a valid out-pointer.
+    if unsafe { count(&mut n) } != CUDA_SUCCESS {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for i in 0..n.clamp(0, super::MAX_DEVICES as c_int) {
+        let mut dev: c_int = -1;
+        // SAFETY: dev is a valid out-pointer.
+        if unsafe { get(&mut dev, i) } != CUDA_SUCCESS {
+            continue;
+        }
+        let mut buf = [0u8; 256];
+        // SAFETY: buf is writable for the length passed.
+        let rc = unsafe { name(buf.as_mut_ptr() as *mut c_char, buf.len() as c_int - 1, dev) };
+        let nm = if rc == CUDA_SUCCESS {
+            let k = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+            String::from_utf8_lossy(&buf[..k]).into_owned()
+        } else {
+            String::new()
+        };
+        let mut bytes: usize = 0;
+        // SAFETY: bytes is a valid out-pointer.
+        let rc = unsafe { total(&mut bytes, dev) };
+        let id = uuid.and_then(|f| {
+            let mut id = [0u8; 16];
+            // SAFETY: id is a valid 16-byte out-pointer; the driver checks the ordinal.
+            (unsafe { f(&mut id, dev) } == CUDA_SUCCESS).then_some(id)
+        });
+        out.push(Device {
+            index: i,
+            name: nm,
+            total_bytes: if rc == CUDA_SUCCESS { bytes as u64 } else { 0 },
+            uuid: id,
+        });
+    }
+    out
 }

@@ -1,0 +1,925 @@
+//! Python frames in native call stacks (`VRAMSHIM_STACKS`): when the allocating thread runs
+//! CPython code, the stack recorded for its allocation holds its Python frames (file,
+//! function, line) in place of the interpreter's eval-loop frames that ran them.
+//!
+//! Safety rules (the hook runs inside any CUDA call, on any thread, with or without the GIL):
+//! nothing here calls into CPython beyond `PyGILState_GetThisThreadState` (a thread-local
+//! read), allocates a Python object, touches a reference count or the GIL. The frames read
+//! are the calling thread's own: only that thread pushes or pops them, and it is inside this
+//! call, so the chain and the code objects it references stay put while they are read, GIL
+//! or not. Everything is read at the addresses of the interpreter's own structures, whose
+//! layout is per version:
+//!
+//! - 3.13 publishes `_Py_DebugOffsets` at the start of `_PyRuntime` (cookie `xdebugpy`, its
+//!   version): the offsets come from there. A free-threaded build is refused with one line.
+//! - 3.10, 3.11 and 3.12 use the offsets in [`layout`], taken from each version's headers.
+//! - Any other version: one line, native frames only.
+//!
+//! Before any plain read, the first walks of the process read through `process_vm_readv`
+//! (a wrong address is an error there, not a crash) and must find what the layout promises
+//! (each frame's code object of type `PyCode_Type`, its file name a `str`, its line table
+//! `bytes`); else one line and no Python frames for the rest of the process. Every later walk
+//! still stops at a frame whose code object is not of that type.
+//!
+//! A walk yields, per frame, the code object's address, the instruction offset and what
+//! names the code object (its file name and function name, by address and cached hash, its
+//! line table by address and length, its first line). Stacks are deduplicated on all of
+//! these: a code object freed and another created at its address is a new stack unless it
+//! is named the same. A new stack is
+//! named at once, still without the GIL: its code objects' names are copied from their
+//! `str` objects (immutable once created) and the line of each frame decoded from the code
+//! object's line table, so nothing waits for a later pass that would need the code objects
+//! alive. Each code object (by those same addresses) is written once as a `PyCode` record;
+//! the stack's `Stack` record holds each Python frame as [`PY_FRAME_BIT`] | code id << 32 |
+//! line, in the place of the eval-loop frame that ran it (docs/trace-format.md).
+//!
+//! `VRAMSHIM_PY_STACKS=0` leaves Python frames out. `VRAMSHIM_PYFRAMES_FAULT=noident`
+//! deduplicates and names on the code object's address alone (the reuse check off), for the
+//! test that shows a reused address is then named wrongly.
+
+use std::cell::UnsafeCell;
+use std::collections::HashMap;
+use std::ffi::{CStr, c_char, c_void};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering};
+
+use vramshim_trace::Event;
+
+/// Python frames kept per stack (innermost first).
+pub(crate) const MAX_PY: usize = 64;
+/// Interpreter frames looked at per walk (C-stack shim frames included).
+const MAX_STEPS: usize = 3 * MAX_PY;
+/// Marks a Python frame among a `Stack` record's frames (user-space addresses never have it).
+pub(crate) const PY_FRAME_BIT: u64 = 1 << 63;
+/// Longest line table read (bytes) and longest name copied (characters).
+const MAX_TABLE: usize = 1 << 20;
+const MAX_NAME: usize = 4096;
+
+#[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub(crate) struct RawFrame {
+    code: u64,
+    /// Offset of the executing instruction, in code units (negative: not started).
+    lasti: i32,
+    /// What names the code object (see [`walk_with`]); its address alone with
+    /// `VRAMSHIM_PYFRAMES_FAULT=noident`.
+    ident: u64,
+    filename: u64,
+    name: u64,
+    linetable: u64,
+    /// The outermost frame of one run of the interpreter's eval loop.
+    entry: bool,
+}
+
+/// One thread's Python frames, innermost first.
+pub(crate) struct PyWalk {
+    frames: [RawFrame; MAX_PY],
+    n: usize,
+}
+
+impl PyWalk {
+    pub(crate) fn new() -> PyWalk {
+        PyWalk {
+            frames: [RawFrame::default(); MAX_PY],
+            n: 0,
+        }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    /// What identifies the stack (code objects, instruction offsets, naming objects).
+    pub(crate) fn hash(&self) -> u64 {
+        let mut h: u64 = 0x8422_2325_cbf2_9ce4 ^ self.n as u64;
+        for f in &self.frames[..self.n] {
+            h = mix(h, f.ident);
+            h = mix(h, f.lasti as u32 as u64 | (f.entry as u64) << 32);
+        }
+        h
+    }
+}
+
+#[inline]
+fn mix(h: u64, v: u64) -> u64 {
+    (h.rotate_left(5) ^ v).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+// ---- layouts
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Gen {
+    /// 3.10: `PyFrameObject`s, `f_lasti` an instruction index (i32).
+    Frames,
+    /// 3.11, 3.12: `_PyInterpreterFrame`s reached through `tstate->cframe`.
+    CFrame,
+    /// 3.13: `tstate->current_frame`.
+    Current,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Layout {
+    minor: u32,
+    kind: Gen,
+    /// `tstate->cframe` (CFrame), then the current frame in it; or the current frame in the
+    /// thread state.
+    ts_cframe: usize,
+    cur_frame: usize,
+    f_back: usize,
+    f_code: usize,
+    /// 3.10: `f_lasti`; later: the instruction pointer.
+    f_instr: usize,
+    /// `owner` (3.12+: 3 is a C-stack shim frame), 0 when unused.
+    f_owner: usize,
+    /// `is_entry` (3.11), 0 when unused.
+    f_is_entry: usize,
+    co_filename: usize,
+    co_name: usize,
+    co_linetable: usize,
+    co_firstlineno: usize,
+    /// `co_code_adaptive` (3.11+).
+    co_code: usize,
+    /// Where a compact `str`'s characters start: ASCII, other.
+    str_ascii: usize,
+    str_compact: usize,
+    rt_finalizing: usize,
+}
+
+const OWNED_BY_CSTACK: u8 = 3;
+
+/// The offsets of CPython 3.10-3.12 (x86-64 and aarch64 Linux builds, from each version's
+/// `Include/internal` headers; checked at run time before use, see the module comment).
+fn layout(minor: u32) -> Option<Layout> {
+    Some(match minor {
+        10 => Layout {
+            minor,
+            kind: Gen::Frames,
+            ts_cframe: 0,
+            cur_frame: 24,
+            f_back: 24,
+            f_code: 32,
+            f_instr: 96,
+            f_owner: 0,
+            f_is_entry: 0,
+            co_filename: 104,
+            co_name: 112,
+            co_linetable: 120,
+            co_firstlineno: 40,
+            co_code: 0,
+            str_ascii: 48,
+            str_compact: 72,
+            rt_finalizing: 16,
+        },
+        11 => Layout {
+            minor,
+            kind: Gen::CFrame,
+            ts_cframe: 56,
+            cur_frame: 8,
+            f_back: 48,
+            f_code: 32,
+            f_instr: 56,
+            f_owner: 0,
+            f_is_entry: 68,
+            co_filename: 112,
+            co_name: 128, // co_qualname
+            co_linetable: 136,
+            co_firstlineno: 72,
+            co_code: 184,
+            str_ascii: 48,
+            str_compact: 72,
+            rt_finalizing: 24,
+        },
+        12 => Layout {
+            minor,
+            kind: Gen::CFrame,
+            ts_cframe: 56,
+            cur_frame: 0,
+            f_back: 8,
+            f_code: 0,
+            f_instr: 56,
+            f_owner: 70,
+            f_is_entry: 0,
+            co_filename: 112,
+            co_name: 128, // co_qualname
+            co_linetable: 136,
+            co_firstlineno: 68,
+            co_code: 192,
+            str_ascii: 40,
+            str_compact: 56,
+            rt_finalizing: 24,
+        },
+        _ => return None,
+    })
+}
+
+/// The layout `_Py_DebugOffsets` (at the start of `_PyRuntime`, 3.13) describes, or why not.
+fn debug_layout(rt: u64, minor: u32) -> Result<Layout, String> {
+    let mut d = [0u64; 48];
+    let bytes = d.len() * 8;
+    // SAFETY: `d` is a local buffer of `bytes` bytes.
+    let buf = unsafe { std::slice::from_raw_parts_mut(d.as_mut_ptr() as *mut u8, bytes) };
+    if !checked_read(rt, buf) {
+        return Err("its runtime state cannot be read".into());
+    }
+    if &d[0].to_le_bytes() != b"xdebugpy" {
+        return Err("its runtime state has no debug offsets".into());
+    }
+    if d[1] >> 24 != 3 || (d[1] >> 16) & 0xff != minor as u64 {
+        return Err(format!(
+            "its debug offsets are for another version ({:#x})",
+            d[1]
+        ));
+    }
+    if d[2] != 0 {
+        return Err("a free-threaded build: frames are not read without the GIL there".into());
+    }
+    let u = |i: usize| -> Result<usize, String> {
+        let v = d[i];
+        if v >= 1 << 16 {
+            return Err(format!("debug offset {i} is implausible ({v})"));
+        }
+        Ok(v as usize)
+    };
+    Ok(Layout {
+        minor,
+        kind: Gen::Current,
+        ts_cframe: 0,
+        cur_frame: u(23)?, // thread_state.current_frame
+        f_back: u(29)?,    // interpreter_frame.previous
+        f_code: u(30)?,    // interpreter_frame.executable
+        f_instr: u(31)?,   // interpreter_frame.instr_ptr
+        f_owner: u(33)?,   // interpreter_frame.owner
+        f_is_entry: 0,
+        co_filename: u(35)?,  // code_object.filename
+        co_name: u(37)?,      // code_object.qualname
+        co_linetable: u(38)?, // code_object.linetable
+        co_firstlineno: u(39)?,
+        co_code: u(43)?, // code_object.co_code_adaptive
+        str_ascii: 40,
+        str_compact: 56,
+        rt_finalizing: u(4)?, // runtime_state.finalizing
+    })
+}
+
+// ---- memory
+
+/// Reads `buf.len()` bytes at `addr` of this process through the kernel: a bad address is an
+/// error, never a fault.
+fn checked_read(addr: u64, buf: &mut [u8]) -> bool {
+    if addr == 0 {
+        return false;
+    }
+    let local = libc::iovec {
+        iov_base: buf.as_mut_ptr() as *mut c_void,
+        iov_len: buf.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: addr as *mut c_void,
+        iov_len: buf.len(),
+    };
+    // SAFETY: both vectors describe valid ranges of their address space (ours: `buf`); the
+    // kernel checks the remote one.
+    let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    n == buf.len() as isize
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum How {
+    /// Through the kernel (before the layout is verified).
+    Checked,
+    /// Plain loads (verified layout; the calling thread's own frames).
+    Direct,
+}
+
+#[inline]
+fn rd<const N: usize>(how: How, addr: u64) -> Option<[u8; N]> {
+    if addr < 4096 {
+        return None;
+    }
+    let mut b = [0u8; N];
+    match how {
+        How::Checked => checked_read(addr, &mut b).then_some(b),
+        How::Direct => {
+            // SAFETY: `addr` is a field of an object the calling thread's interpreter frames
+            // reference (alive while this thread is inside this call), at an offset of a
+            // verified layout.
+            unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, b.as_mut_ptr(), N) };
+            Some(b)
+        }
+    }
+}
+
+#[inline]
+fn rd_u64(how: How, addr: u64) -> Option<u64> {
+    rd::<8>(how, addr).map(u64::from_le_bytes)
+}
+#[inline]
+fn rd_i32(how: How, addr: u64) -> Option<i32> {
+    rd::<4>(how, addr).map(i32::from_le_bytes)
+}
+#[inline]
+fn rd_u8(how: How, addr: u64) -> Option<u8> {
+    rd::<1>(how, addr).map(|b| b[0])
+}
+
+// ---- the runtime found in this process
+
+type GetTstateFn = unsafe extern "C" fn() -> *mut c_void;
+
+struct Py {
+    l: Layout,
+    get_tstate: GetTstateFn,
+    runtime: u64,
+    code_type: u64,
+    str_type: u64,
+    bytes_type: u64,
+    /// The eval loop's code ranges (`_PyEval_EvalFrameDefault` and its cold part).
+    eval: Vec<(u64, u64)>,
+}
+
+const UNKNOWN: u8 = 0;
+const CHECKING: u8 = 1;
+const ON: u8 = 2;
+const OFF: u8 = 3;
+static STATE: AtomicU8 = AtomicU8::new(UNKNOWN);
+/// Walks through the kernel that found frames as the layout promises; plain reads after 2.
+static CHECKED_OK: AtomicU32 = AtomicU32::new(0);
+static PY: OnceLock<Option<Py>> = OnceLock::new();
+static FAULT_NOIDENT: AtomicBool = AtomicBool::new(false);
+
+fn sym(name: &CStr) -> u64 {
+    crate::cuda::real::dlsym_real(libc::RTLD_DEFAULT, name) as u64
+}
+
+fn off(why: &str) -> Option<Py> {
+    crate::warn!("Python frames off ({why}); call stacks have native frames only");
+    STATE.store(OFF, Ordering::Release);
+    None
+}
+
+fn find_py() -> Option<Py> {
+    if crate::config::var("VRAMSHIM_PY_STACKS").is_some_and(|v| v.trim() == "0") {
+        STATE.store(OFF, Ordering::Release);
+        return None;
+    }
+    FAULT_NOIDENT.store(
+        crate::config::var("VRAMSHIM_PYFRAMES_FAULT").is_some_and(|v| v.trim() == "noident"),
+        Ordering::Relaxed,
+    );
+    let runtime = sym(c"_PyRuntime");
+    let gts = sym(c"PyGILState_GetThisThreadState");
+    let eval = sym(c"_PyEval_EvalFrameDefault");
+    if runtime == 0 || gts == 0 || eval == 0 {
+        // Not a Python process (or an interpreter loaded privately): nothing to say.
+        STATE.store(OFF, Ordering::Release);
+        return None;
+    }
+    if !cfg!(all(target_os = "linux", target_pointer_width = "64")) {
+        return off("64-bit Linux only");
+    }
+    let (major, minor) = match version() {
+        Some(v) => v,
+        None => return off("the Python version cannot be read"),
+    };
+    let l = if major == 3 && minor == 13 {
+        match debug_layout(runtime, minor) {
+            Ok(l) => l,
+            Err(e) => return off(&format!("Python 3.{minor}: {e}")),
+        }
+    } else if major == 3
+        && let Some(l) = layout(minor)
+    {
+        l
+    } else {
+        return off(&format!(
+            "Python {major}.{minor}: frame layouts are known for 3.10 to 3.13"
+        ));
+    };
+    let code_type = sym(c"PyCode_Type");
+    let str_type = sym(c"PyUnicode_Type");
+    let bytes_type = sym(c"PyBytes_Type");
+    if code_type == 0 || str_type == 0 || bytes_type == 0 {
+        return off("the interpreter's type objects are not exported");
+    }
+    // SAFETY: the address is CPython's `PyGILState_GetThisThreadState`, which takes nothing
+    // and reads this thread's thread-local state.
+    let get_tstate = unsafe { std::mem::transmute::<u64, GetTstateFn>(gts) };
+    let eval = eval_ranges(eval);
+    if eval.is_empty() {
+        crate::info!("the eval loop's extent is unknown: Python frames follow the native ones");
+    }
+    STATE.store(CHECKING, Ordering::Release);
+    Some(Py {
+        l,
+        get_tstate,
+        runtime,
+        code_type,
+        str_type,
+        bytes_type,
+        eval,
+    })
+}
+
+/// (major, minor) of the running interpreter: `Py_Version` (3.11+), else `Py_GetVersion()`.
+fn version() -> Option<(u32, u32)> {
+    let v = sym(c"Py_Version");
+    if v != 0 {
+        let hex = u32::from_le_bytes(rd::<4>(How::Checked, v)?);
+        return Some((hex >> 24, (hex >> 16) & 0xff));
+    }
+    let f = sym(c"Py_GetVersion");
+    if f == 0 {
+        return None;
+    }
+    // SAFETY: CPython's `Py_GetVersion` (before 3.11): formats constants into a static
+    // buffer and returns it; no Python object, no lock.
+    let s = unsafe {
+        let f = std::mem::transmute::<u64, unsafe extern "C" fn() -> *const c_char>(f);
+        let p = f();
+        if p.is_null() {
+            return None;
+        }
+        CStr::from_ptr(p).to_string_lossy().into_owned()
+    };
+    let mut it = s.split(|c: char| !c.is_ascii_digit());
+    Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
+}
+
+/// `[start, end)` of the eval loop function (and its `.cold` part where the symbol table
+/// has one), from the object file that holds `eval`.
+fn eval_ranges(eval: u64) -> Vec<(u64, u64)> {
+    let mut info: libc::Dl_info = unsafe_zeroed();
+    // SAFETY: `info` is a valid out-parameter; `eval` is an address in a loaded object.
+    if unsafe { libc::dladdr(eval as *const c_void, &mut info) } == 0 || info.dli_fname.is_null() {
+        return Vec::new();
+    }
+    // SAFETY: dli_fname is the loader's NUL-terminated path of the object.
+    let path = unsafe { CStr::from_ptr(info.dli_fname) }.to_string_lossy();
+    let base = info.dli_fbase as u64;
+    let path = if path.is_empty() || !path.contains('/') {
+        std::fs::read_link("/proc/self/exe")
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    } else {
+        path.into_owned()
+    };
+    let Some(elf) = super::elf_syms::Elf::open(&path) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for name in [
+        &b"_PyEval_EvalFrameDefault"[..],
+        b"_PyEval_EvalFrameDefault.cold",
+    ] {
+        if let Some(s) = elf.find_any_symbol(|n| n == name)
+            && s.size > 0
+        {
+            let start = base.wrapping_add(s.value);
+            out.push((start, start + s.size));
+        }
+    }
+    // The symbol found must be the function dlsym gave.
+    if !out.iter().any(|&(s, _)| s == eval) {
+        return Vec::new();
+    }
+    out
+}
+
+fn unsafe_zeroed<T: Copy>() -> T {
+    // SAFETY: only used for plain C structs (all-zero is a valid value).
+    unsafe { std::mem::zeroed() }
+}
+
+#[inline]
+fn py() -> Option<&'static Py> {
+    match STATE.load(Ordering::Acquire) {
+        OFF => None,
+        _ => PY.get_or_init(find_py).as_ref(),
+    }
+}
+
+/// Whether Python frames may be recorded in this process (cheap after the first call).
+#[inline]
+pub(crate) fn active() -> bool {
+    STATE.load(Ordering::Relaxed) != OFF && py().is_some()
+}
+
+/// The calling thread's Python frames, innermost first, into `out` (empty when it runs no
+/// Python code, or Python frames are off).
+pub(crate) fn walk(out: &mut PyWalk) {
+    out.n = 0;
+    let Some(py) = py() else { return };
+    let state = STATE.load(Ordering::Acquire);
+    if state == OFF {
+        return;
+    }
+    let how = if state == ON {
+        How::Direct
+    } else {
+        How::Checked
+    };
+    match walk_with(py, how, out) {
+        Ok(()) => {
+            if how == How::Checked && out.n > 0 && CHECKED_OK.fetch_add(1, Ordering::AcqRel) >= 1 {
+                STATE.store(ON, Ordering::Release);
+            }
+        }
+        Err(why) => {
+            out.n = 0;
+            if how == How::Checked && STATE.swap(OFF, Ordering::AcqRel) != OFF {
+                crate::warn!(
+                    "Python frames off (Python 3.{}: {why}: its frames are not laid out as \
+                     expected); call stacks have native frames only",
+                    py.l.minor
+                );
+            }
+        }
+    }
+}
+
+fn walk_with(py: &Py, how: How, out: &mut PyWalk) -> Result<(), &'static str> {
+    let l = &py.l;
+    // An interpreter shutting down frees other threads' states.
+    if rd_u64(how, py.runtime + l.rt_finalizing as u64).ok_or("runtime unreadable")? != 0 {
+        return Ok(());
+    }
+    // SAFETY: see Py::get_tstate (a thread-local read).
+    let ts = unsafe { (py.get_tstate)() } as u64;
+    if ts == 0 {
+        return Ok(());
+    }
+    let mut frame = match l.kind {
+        Gen::CFrame => {
+            let cf = rd_u64(how, ts + l.ts_cframe as u64).ok_or("thread state unreadable")?;
+            if cf == 0 {
+                return Ok(());
+            }
+            rd_u64(how, cf + l.cur_frame as u64).ok_or("frame pointer unreadable")?
+        }
+        Gen::Frames | Gen::Current => {
+            rd_u64(how, ts + l.cur_frame as u64).ok_or("thread state unreadable")?
+        }
+    };
+    let strict = how == How::Checked;
+    let noident = FAULT_NOIDENT.load(Ordering::Relaxed);
+    for _ in 0..MAX_STEPS {
+        if frame == 0 || out.n >= MAX_PY {
+            break;
+        }
+        let code = rd_u64(how, frame + l.f_code as u64).ok_or("frame unreadable")?;
+        let back = rd_u64(how, frame + l.f_back as u64).ok_or("frame unreadable")?;
+        if l.f_owner != 0
+            && rd_u8(how, frame + l.f_owner as u64).ok_or("frame unreadable")? == OWNED_BY_CSTACK
+        {
+            // The shim an eval-loop run starts with: the frame before it was that run's first.
+            if out.n > 0 {
+                out.frames[out.n - 1].entry = true;
+            }
+            frame = back;
+            continue;
+        }
+        if code == 0 || rd_u64(how, code + 8) != Some(py.code_type) {
+            if strict {
+                return Err("a frame's code is not a code object");
+            }
+            break;
+        }
+        let lasti = match l.kind {
+            Gen::Frames => rd_i32(how, frame + l.f_instr as u64).ok_or("frame unreadable")?,
+            _ => {
+                let ip = rd_u64(how, frame + l.f_instr as u64).ok_or("frame unreadable")?;
+                let start = code + l.co_code as u64;
+                if ip < start {
+                    -1
+                } else {
+                    i32::try_from((ip - start) / 2).unwrap_or(i32::MAX)
+                }
+            }
+        };
+        let filename = rd_u64(how, code + l.co_filename as u64).ok_or("code unreadable")?;
+        let name = rd_u64(how, code + l.co_name as u64).ok_or("code unreadable")?;
+        let linetable = rd_u64(how, code + l.co_linetable as u64).ok_or("code unreadable")?;
+        if strict
+            && (rd_u64(how, filename + 8) != Some(py.str_type)
+                || rd_u64(how, name + 8) != Some(py.str_type)
+                || rd_u64(how, linetable + 8) != Some(py.bytes_type))
+        {
+            return Err("a code object's names are not strings");
+        }
+        // The code object is known by its address and what names it: its file name and
+        // function name (address and cached hash: a freed name's address may be reused by
+        // a string with other characters, whose hash differs), its line table (address and
+        // length) and first line. A code object freed and another created at its address
+        // shares all of these only when it is named the same.
+        let ident = if noident {
+            code
+        } else {
+            let first = rd_i32(how, code + l.co_firstlineno as u64).ok_or("code unreadable")?;
+            let mut h = mix(code, filename);
+            h = mix(h, rd_u64(how, filename + 24).ok_or("name unreadable")?);
+            h = mix(h, name);
+            h = mix(h, rd_u64(how, name + 24).ok_or("name unreadable")?);
+            h = mix(h, linetable);
+            h = mix(
+                h,
+                rd_u64(how, linetable + 16).ok_or("line table unreadable")?,
+            );
+            mix(h, first as u32 as u64)
+        };
+        let entry = match l.kind {
+            Gen::Frames => true,
+            _ if l.f_is_entry != 0 => {
+                rd_u8(how, frame + l.f_is_entry as u64).ok_or("frame unreadable")? != 0
+            }
+            _ => false,
+        };
+        out.frames[out.n] = RawFrame {
+            code,
+            lasti,
+            ident,
+            filename,
+            name,
+            linetable,
+            entry,
+        };
+        out.n += 1;
+        frame = back;
+    }
+    Ok(())
+}
+
+// ---- naming (new stacks only)
+
+/// Code objects named so far (by [`RawFrame::ident`]) -> `PyCode` id. A plain
+/// spin lock (reset in a forked child, which a held `Mutex` would deadlock).
+struct Codes {
+    busy: AtomicBool,
+    map: UnsafeCell<Option<HashMap<u64, u32>>>,
+}
+// SAFETY: `map` is only touched with `busy` held (see `with_codes`).
+unsafe impl Sync for Codes {}
+
+static CODES: Codes = Codes {
+    busy: AtomicBool::new(false),
+    map: UnsafeCell::new(None),
+};
+/// `PyCode` ids, shared with the tensor-level route's (`torch::drain`).
+static NEXT_CODE: AtomicU32 = AtomicU32::new(1);
+
+pub(crate) fn next_code_id() -> u32 {
+    NEXT_CODE.fetch_add(1, Ordering::Relaxed)
+}
+
+fn with_codes<R>(f: impl FnOnce(&mut HashMap<u64, u32>) -> R) -> R {
+    while CODES
+        .busy
+        .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+        .is_err()
+    {
+        std::hint::spin_loop();
+    }
+    // SAFETY: `busy` is held: no other thread touches the map.
+    let r = f(unsafe { &mut *CODES.map.get() }.get_or_insert_with(HashMap::new));
+    CODES.busy.store(false, Ordering::Release);
+    r
+}
+
+/// Forked child: its trace starts empty, so every code object is named again. Touches no
+/// lock (another thread of the parent may have held it).
+pub(crate) fn on_fork_child() {
+    CODES.busy.store(false, Ordering::Relaxed);
+    // SAFETY: the child has one thread; the old map (maybe half-updated) is leaked.
+    unsafe { std::ptr::write(CODES.map.get(), None) };
+}
+
+fn read_str(py: &Py, s: u64) -> String {
+    let h = How::Direct;
+    if rd_u64(h, s + 8) != Some(py.str_type) {
+        return String::from("?");
+    }
+    let (Some(state), Some(len)) = (rd::<4>(h, s + 32), rd_u64(h, s + 16)) else {
+        return String::from("?");
+    };
+    let state = u32::from_le_bytes(state);
+    let (kind, compact, ascii) = ((state >> 2) & 7, (state >> 5) & 1, (state >> 6) & 1);
+    if compact == 0 || !matches!(kind, 1 | 2 | 4) {
+        return String::from("?");
+    }
+    let len = (len as usize).min(MAX_NAME);
+    let data = s + if ascii == 1 {
+        py.l.str_ascii
+    } else {
+        py.l.str_compact
+    } as u64;
+    let k = kind as usize;
+    let mut raw = vec![0u8; len * k];
+    // SAFETY: a compact str of `len` characters of `k` bytes stores them at `data`; the
+    // string is referenced by a live code object of this thread's frames and never changes.
+    unsafe { std::ptr::copy_nonoverlapping(data as *const u8, raw.as_mut_ptr(), raw.len()) };
+    raw.chunks_exact(k)
+        .map(|c| {
+            let cp = match k {
+                1 => c[0] as u32,
+                2 => u16::from_le_bytes([c[0], c[1]]) as u32,
+                _ => u32::from_le_bytes([c[0], c[1], c[2], c[3]]),
+            };
+            char::from_u32(cp).unwrap_or('\u{fffd}')
+        })
+        .collect()
+}
+
+fn read_bytes(py: &Py, b: u64) -> Vec<u8> {
+    let h = How::Direct;
+    if rd_u64(h, b + 8) != Some(py.bytes_type) {
+        return Vec::new();
+    }
+    let len = rd_u64(h, b + 16).unwrap_or(0) as usize;
+    if len > MAX_TABLE {
+        return Vec::new();
+    }
+    let mut v = vec![0u8; len];
+    // SAFETY: a bytes object of `len` bytes holds them at offset 32; immutable, alive (its
+    // code object is referenced by this thread's frames).
+    unsafe { std::ptr::copy_nonoverlapping((b + 32) as *const u8, v.as_mut_ptr(), len) };
+    v
+}
+
+/// The source line of code unit `unit` (3.10: `addr` is a byte offset), per the version's
+/// line table format; `first` for an instruction not started, 0 when unknown.
+pub(crate) fn line_of(minor: u32, table: &[u8], first: i32, unit: i32) -> i32 {
+    if unit < 0 {
+        return first;
+    }
+    if minor <= 10 {
+        // PEP 626 pairs: (byte delta: u8, line delta: i8, -128 = no line).
+        let addr = unit as i64 * 2;
+        let (mut line, mut end) = (first as i64, 0i64);
+        for p in table.chunks_exact(2) {
+            let start = end;
+            end += p[0] as i64;
+            let d = p[1] as i8;
+            let this = if d == -128 {
+                -1
+            } else {
+                line += d as i64;
+                line
+            };
+            if start <= addr && addr < end {
+                return this.max(0) as i32;
+            }
+        }
+        return 0;
+    }
+    // 3.11+ location table: entries start with a byte with bit 7 set: code in bits 3-6,
+    // length - 1 (code units) in bits 0-2.
+    let (mut line, mut at, mut i) = (first as i64, 0i64, 0usize);
+    while i < table.len() {
+        let b = table[i];
+        let code = (b >> 3) & 15;
+        let len = (b & 7) as i64 + 1;
+        let delta = match code {
+            13 | 14 => svarint(&table[i + 1..]),
+            10..=12 => code as i64 - 10,
+            _ => 0,
+        };
+        line += delta;
+        let this = if code == 15 { -1 } else { line };
+        if at <= unit as i64 && (unit as i64) < at + len {
+            return this.max(0) as i32;
+        }
+        at += len;
+        i += 1;
+        while i < table.len() && table[i] & 128 == 0 {
+            i += 1;
+        }
+    }
+    0
+}
+
+fn svarint(b: &[u8]) -> i64 {
+    let (mut v, mut shift) = (0u64, 0u32);
+    for &x in b.iter().take(10) {
+        v |= ((x & 63) as u64) << shift;
+        shift += 6;
+        if x & 64 == 0 {
+            break;
+        }
+    }
+    if v & 1 == 1 {
+        -((v >> 1) as i64)
+    } else {
+        (v >> 1) as i64
+    }
+}
+
+/// The merged frames of a new stack: `native` (innermost first) with each eval-loop frame
+/// replaced by the Python frames of that run of the loop, the rest after the native ones.
+/// New code objects' `PyCode` records go to `records`.
+pub(crate) fn merge(native: &[u64], walk: &PyWalk, records: &mut Vec<Event>) -> Vec<u64> {
+    let Some(py) = py() else {
+        return native.to_vec();
+    };
+    let mut tagged = Vec::with_capacity(walk.n);
+    let mut ends = Vec::new();
+    for (i, f) in walk.frames[..walk.n].iter().enumerate() {
+        let key = f.ident;
+        let first = rd_i32(How::Direct, f.code + py.l.co_firstlineno as u64).unwrap_or(0);
+        let id = with_codes(|m| m.get(&key).copied());
+        let id = match id {
+            Some(id) => id,
+            None => {
+                let file = read_str(py, f.filename);
+                let function = read_str(py, f.name);
+                let (id, new) = with_codes(|m| match m.get(&key) {
+                    Some(&id) => (id, false),
+                    None => {
+                        let id = next_code_id();
+                        m.insert(key, id);
+                        (id, true)
+                    }
+                });
+                if new {
+                    records.push(Event::PyCode {
+                        id,
+                        file,
+                        function,
+                        first_line: first.max(0) as u32,
+                    });
+                }
+                id
+            }
+        };
+        let line = line_of(py.l.minor, &read_bytes(py, f.linetable), first, f.lasti);
+        tagged.push(PY_FRAME_BIT | (id as u64 & 0x7fff_ffff) << 32 | line.max(0) as u32 as u64);
+        if f.entry {
+            ends.push(i + 1);
+        }
+    }
+    if ends.last() != Some(&walk.n) {
+        ends.push(walk.n);
+    }
+    let in_eval = |ip: u64| {
+        let ip = ip.wrapping_sub(1);
+        py.eval.iter().any(|&(s, e)| ip >= s && ip < e)
+    };
+    let mut out = Vec::with_capacity(native.len() + tagged.len());
+    let (mut seg, mut from) = (0usize, 0usize);
+    for &ip in native {
+        if seg < ends.len() && in_eval(ip) {
+            out.extend_from_slice(&tagged[from..ends[seg]]);
+            from = ends[seg];
+            seg += 1;
+        } else {
+            out.push(ip);
+        }
+    }
+    out.extend_from_slice(&tagged[from..]);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn location_table_lines() {
+        // first line 10; entries: short form (same line, 2 units), one-line+1 (1 unit),
+        // no-columns -3 (svarint 7 = -3) (3 units), no location (1 unit).
+        let t = [
+            0x80 | 1,
+            0x00,
+            0x80 | (11 << 3),
+            0,
+            0,
+            0x80 | (13 << 3) | 2,
+            7,
+            0xf8,
+        ];
+        assert_eq!(line_of(11, &t, 10, 0), 10);
+        assert_eq!(line_of(11, &t, 10, 1), 10);
+        assert_eq!(line_of(11, &t, 10, 2), 11);
+        assert_eq!(line_of(11, &t, 10, 3), 8);
+        assert_eq!(line_of(11, &t, 10, 5), 8);
+        assert_eq!(line_of(11, &t, 10, 6), 0);
+        assert_eq!(line_of(11, &t, 10, -1), 10);
+    }
+
+    #[test]
+    fn pep626_lines() {
+        // first line 5: bytes 0-3 line 6, 4-5 no line, 6-9 line 4.
+        let t = [4u8, 1, 2, 0x80, 4, (-2i8) as u8];
+        assert_eq!(line_of(10, &t, 5, 0), 6);
+        assert_eq!(line_of(10, &t, 5, 1), 6);
+        assert_eq!(line_of(10, &t, 5, 2), 0);
+        assert_eq!(line_of(10, &t, 5, 4), 4);
+        assert_eq!(line_of(10, &t, 5, 9), 0);
+    }
+
+    #[test]
+    fn checked_reads_refuse_bad_addresses() {
+        let mut b = [0u8; 8];
+        assert!(!checked_read(8, &mut b));
+        let x = 0x1122_3344_5566_7788u64;
+        assert!(checked_read(&x as *const u64 as u64, &mut b));
+        assert_eq!(u64::from_le_bytes(b), x);
+    }
+}

@@ -1,0 +1,349 @@
+//! Python frames in native call stacks (`VRAMSHIM_STACKS`, interposer/src/tracer/pyframes.rs):
+//! a Python program that allocates through the CUDA runtime (ctypes, which releases the GIL
+//! around the call, as PyTorch's operators do) gets its Python frames (function, file, line)
+//! in the stack of each allocation, in place of the interpreter's eval-loop frames, on every
+//! CPython installed on this machine (3.10 to 3.13; see `pythons`).
+//!
+//! `VRAMSHIM_PYFRAMES_FAULT=noident` set for the test run (passed on to the jobs) names code
+//! objects by their address alone: `reused_code_addresses_are_named_again` then fails.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use vramshim_testkit::{RunOutput, interposer_lib, run, sim_command, sim_dir, temp_dir};
+use vramshim_trace::{Event, TraceReader};
+
+const PY_BIT: u64 = 1 << 63;
+
+/// Every CPython 3.10+ found here: `python3.X` on PATH and in /usr/bin, pyenv's versions,
+/// the PyTorch environment's. (version "3.X", path), one per distinct executable.
+fn pythons() -> Vec<(String, PathBuf)> {
+    let mut cands: Vec<PathBuf> = Vec::new();
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    for dir in std::env::split_paths(&path).chain([PathBuf::from("/usr/bin")]) {
+        for m in 10..=14 {
+            cands.push(dir.join(format!("python3.{m}")));
+        }
+    }
+    let pyenv = std::env::var_os("PYENV_ROOT")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".pyenv")));
+    if let Some(Ok(rd)) = pyenv.map(|p| std::fs::read_dir(p.join("versions"))) {
+        for e in rd.flatten() {
+            cands.push(e.path().join("bin/python3"));
+        }
+    }
+    if let Ok(p) = vramshim_pytorch_tests::torch_python() {
+        cands.push(p);
+    }
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::new();
+    for c in cands {
+        if !c.exists() {
+            continue;
+        }
+        let o = Command::new(&c)
+            .args([
+                "-c",
+                "import os, sys, sysconfig; print('%d.%d %s %s' % (sys.version_info[:2] + \
+                 (sysconfig.get_config_var('Py_GIL_DISABLED') or 0, \
+                 os.path.realpath(sys.executable))))",
+            ])
+            .env_remove("PYTHONPATH")
+            .output();
+        let Ok(o) = o else { continue };
+        let v = String::from_utf8_lossy(&o.stdout).trim().to_string();
+        let mut it = v.splitn(3, ' ');
+        let (Some(ver), Some(ft), Some(real)) = (it.next(), it.next(), it.next()) else {
+            continue;
+        };
+        let minor: u32 = ver
+            .strip_prefix("3.")
+            .and_then(|m| m.parse().ok())
+            .unwrap_or(0);
+        // A venv's python or a shim runs a base interpreter already listed.
+        if minor < 10 || ft != "0" || !seen.insert(real.to_string()) {
+            continue;
+        }
+        out.push((ver.to_string(), c));
+    }
+    out.sort();
+    assert!(!out.is_empty(), "no CPython 3.10+ found");
+    out
+}
+
+/// What a trace holds: allocations (size, stack id), stacks, code objects.
+#[derive(Default)]
+struct Trace {
+    allocs: Vec<(u64, u32)>,
+    stacks: HashMap<u32, Vec<u64>>,
+    codes: HashMap<u32, (String, String)>,
+}
+
+impl Trace {
+    fn read(file: &Path) -> Trace {
+        let mut t = Trace::default();
+        let mut r = TraceReader::open(file).expect("open trace");
+        let mut ev = Event::Lost { t_ns: 0, count: 0 };
+        loop {
+            match r.next_into(&mut ev) {
+                Ok(true) => match std::mem::replace(&mut ev, Event::Lost { t_ns: 0, count: 0 }) {
+                    Event::Alloc(m) => t.allocs.push((m.size, m.stack)),
+                    Event::Stack { id, frames } => {
+                        t.stacks.insert(id, frames);
+                    }
+                    Event::PyCode {
+                        id, file, function, ..
+                    } => {
+                        t.codes.insert(id, (file, function));
+                    }
+                    _ => {}
+                },
+                Ok(false) => break,
+                Err(e) => assert!(e.is_recoverable(), "{e}"),
+            }
+        }
+        t
+    }
+
+    /// The Python frames of the stack of the allocation of `size` bytes, innermost first:
+    /// (function's last name part, file's base name, line).
+    fn py_frames(&self, size: u64) -> Vec<(String, String, u32)> {
+        let (_, stack) = self
+            .allocs
+            .iter()
+            .find(|(s, _)| *s == size)
+            .unwrap_or_else(|| panic!("no allocation of {size} bytes"));
+        let frames = self.stacks.get(stack).expect("stack record");
+        frames
+            .iter()
+            .filter(|&&f| f & PY_BIT != 0)
+            .map(|&f| {
+                let id = ((f >> 32) & 0x7fff_ffff) as u32;
+                let (file, func) = self.codes.get(&id).expect("PyCode record");
+                let func = func.rsplit('.').next().unwrap_or(func).to_string();
+                let base = file.rsplit('/').next().unwrap_or(file).to_string();
+                (func, base, (f & 0xffff_ffff) as u32)
+            })
+            .collect()
+    }
+}
+
+fn traced(py: &Path, name: &str, script: &str, env: &[(&str, &str)]) -> (RunOutput, PathBuf) {
+    let dir = temp_dir(name);
+    let job = dir.join("job.py");
+    std::fs::write(&job, script).expect("write job");
+    let file = dir.join("t.vramtrace");
+    let mut c = sim_command(py, name);
+    c.env("LD_PRELOAD", interposer_lib())
+        .env("VRAMSHIM_TRACE", &file)
+        .env("VRAMSHIM_STACKS", "16")
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env_remove("PYTHONPATH");
+    if let Ok(v) = std::env::var("VRAMSHIM_PYFRAMES_FAULT") {
+        c.env("VRAMSHIM_PYFRAMES_FAULT", v);
+    }
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.arg(&job)
+        .arg(sim_dir().join("libcudart.so.12"))
+        .current_dir(&dir);
+    (run(&mut c), file)
+}
+
+/// The line of `script` that holds `marker`.
+fn line(script: &str, marker: &str) -> u32 {
+    script
+        .lines()
+        .position(|l| l.contains(marker))
+        .unwrap_or_else(|| panic!("{marker} not in the script")) as u32
+        + 1
+}
+
+const JOB: &str = "\
+import ctypes, sys, threading
+rt = ctypes.CDLL(sys.argv[1])
+rt.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+held = []
+
+def leaf(n):
+    p = ctypes.c_void_p()
+    rc = rt.cudaMalloc(ctypes.byref(p), n)  # @leaf
+    assert rc == 0, rc
+    held.append(p)
+
+def middle(n):
+    leaf(n)  # @middle
+
+def outer():
+    for _ in range(3):
+        middle(1 << 20)  # @outer-middle
+    leaf(2 << 20)  # @outer-leaf
+
+def gen():
+    leaf(3 << 20)  # @gen
+    yield 1
+
+def in_thread():
+    leaf(4 << 20)  # @thread
+
+outer()  # @main-outer
+list(gen())  # @main-gen
+t = threading.Thread(target=in_thread)
+t.start()
+t.join()
+print('ok')
+";
+
+/// On every CPython here: each allocation's stack holds its Python frames, innermost first,
+/// with their lines, after the native frames of the runtime (in a generator, and on a thread
+/// of `threading` too).
+#[test]
+fn python_frames_in_native_stacks_on_every_cpython() {
+    let l = |m| line(JOB, m);
+    for (ver, py) in pythons() {
+        eprintln!("Python {ver}: {}", py.display());
+        let name = format!("pyframes_{}", ver.replace('.', "_"));
+        let (out, file) = traced(&py, &name, JOB, &[]);
+        out.assert_success();
+        assert!(
+            !out.stderr.contains("Python frames off"),
+            "{ver}: {}",
+            out.stderr
+        );
+        let t = Trace::read(&file);
+        let job = |f: &str, n: u32| (f.to_string(), "job.py".to_string(), n);
+        let want = [
+            (
+                1u64 << 20,
+                vec![
+                    job("leaf", l("@leaf")),
+                    job("middle", l("@middle")),
+                    job("outer", l("@outer-middle")),
+                    job("<module>", l("@main-outer")),
+                ],
+            ),
+            (
+                2 << 20,
+                vec![
+                    job("leaf", l("@leaf")),
+                    job("outer", l("@outer-leaf")),
+                    job("<module>", l("@main-outer")),
+                ],
+            ),
+            (
+                3 << 20,
+                vec![
+                    job("leaf", l("@leaf")),
+                    job("gen", l("@gen")),
+                    job("<module>", l("@main-gen")),
+                ],
+            ),
+        ];
+        for (size, frames) in want {
+            assert_eq!(t.py_frames(size), frames, "Python {ver} ({})", py.display());
+        }
+        // The thread: leaf, in_thread, then threading's own frames.
+        let th = t.py_frames(4 << 20);
+        assert_eq!(
+            th[..2],
+            [job("leaf", l("@leaf")), job("in_thread", l("@thread"))],
+            "Python {ver}: {th:?}"
+        );
+        assert!(
+            th[2..].iter().all(|(_, f, _)| f == "threading.py") && th.len() > 2,
+            "Python {ver}: {th:?}"
+        );
+        // Python frames follow the native frames of the runtime's cudaMalloc.
+        let (_, sid) = t.allocs.iter().find(|(s, _)| *s == 1 << 20).unwrap();
+        let frames = &t.stacks[sid];
+        assert!(
+            frames[0] & PY_BIT == 0,
+            "Python {ver}: the innermost frame is native"
+        );
+        // The analyzer names each site by its innermost Python frame in the job's code.
+        let exe = vramshim_testkit::profile_dir().join("vramshim");
+        let o = run(Command::new(&exe).arg("summary").arg("--json").arg(&file));
+        o.assert_success();
+        let j: serde_json::Value = serde_json::from_str(&o.stdout).expect("summary JSON");
+        let sites: BTreeSet<&str> = j["traces"][0]["devices"][0]["leaks"]["top_allocations"]
+            .as_array()
+            .expect("top allocations")
+            .iter()
+            .filter_map(|a| a["site"].as_str())
+            .collect();
+        let leaf = format!("leaf (job.py:{})", l("@leaf"));
+        assert_eq!(sites, BTreeSet::from([leaf.as_str()]), "Python {ver}");
+    }
+}
+
+const REUSE: &str = "\
+import ctypes, gc, sys
+rt = ctypes.CDLL(sys.argv[1])
+rt.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+
+def alloc(n):
+    p = ctypes.c_void_p()
+    assert rt.cudaMalloc(ctypes.byref(p), n) == 0
+
+seen, reused = set(), 0
+for i in range(64):
+    ns = {'alloc': alloc}
+    exec(compile('def f_%02d(n):\\n    alloc(n)\\n' % i, 'gen.py', 'exec'), ns)
+    f = ns['f_%02d' % i]
+    reused += id(f.__code__) in seen
+    seen.add(id(f.__code__))
+    f((i + 1) << 16)
+    del f, ns
+    gc.collect()  # the function and its globals form a cycle
+print('reused', reused)
+";
+
+/// Functions created and freed in a loop, whose code objects come back at the same
+/// addresses: each allocation is still named after the function that made it.
+#[test]
+fn reused_code_addresses_are_named_again() {
+    for (ver, py) in pythons() {
+        let name = format!("pyframes_reuse_{}", ver.replace('.', "_"));
+        let (out, file) = traced(&py, &name, REUSE, &[]);
+        out.assert_success();
+        let reused: u32 = out
+            .stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("reused "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{}", out.stdout));
+        assert!(
+            reused > 0,
+            "Python {ver}: no code object came back at a freed one's address: the test \
+             shows nothing"
+        );
+        let t = Trace::read(&file);
+        for i in 0..64u64 {
+            let f = t.py_frames((i + 1) << 16);
+            assert_eq!(
+                f.get(1).map(|f| (f.0.as_str(), f.1.as_str(), f.2)),
+                Some((format!("f_{i:02}").as_str(), "gen.py", 2)),
+                "Python {ver}: allocation {i}: {f:?}"
+            );
+        }
+    }
+}
+
+/// `VRAMSHIM_PY_STACKS=0`: native frames only; a program that is not Python is unaffected
+/// (the C workloads' stacks are checked by the trace tests).
+#[test]
+fn python_frames_can_be_turned_off() {
+    let (_, py) = pythons().remove(0);
+    let (out, file) = traced(&py, "pyframes_off", JOB, &[("VRAMSHIM_PY_STACKS", "0")]);
+    out.assert_success();
+    let t = Trace::read(&file);
+    assert!(!t.allocs.is_empty());
+    assert!(
+        t.stacks.values().flatten().all(|f| f & PY_BIT == 0),
+        "a Python frame with VRAMSHIM_PY_STACKS=0"
+    );
+    assert!(t.codes.is_empty());
+}
