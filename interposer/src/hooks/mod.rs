@@ -140,13 +140,13 @@ fn no_real(name: &'static str, lib: Lib) -> c_int {
 // ------------------------------------------------------------------------ hook sites
 
 /// What a hook's body knows of itself, made by [`hooks!`] from the hook's one declaration:
-/// its C name (for messages), the real function of that name, typed, and whether it is the
-/// per-thread-default-stream (`_ptsz`) variant.
+/// its C name (for messages), the real function of that name, typed, and its library, and
+/// whether it is the per-thread-default-stream (`_ptsz`) variant.
 #[derive(Clone, Copy)]
 pub(crate) struct Site<F> {
     pub name: &'static str,
     pub real: fn() -> Option<F>,
-    pub slot: &'static Slot,
+    pub lib: Lib,
     pub ptds: bool,
 }
 
@@ -156,7 +156,18 @@ impl<F: Copy> Site<F> {
     pub(crate) fn real(self) -> Result<F, c_int> {
         match (self.real)() {
             Some(f) => Ok(f),
-            None => Err(no_real(self.name, self.slot.lib)),
+            None => Err(no_real(self.name, self.lib)),
+        }
+    }
+
+    /// `runtime` for a runtime hook, else `driver` (families of the two APIs that share a
+    /// body).
+    #[inline(always)]
+    pub(crate) fn by_lib<T>(self, runtime: T, driver: T) -> T {
+        if self.lib == Lib::Runtime {
+            runtime
+        } else {
+            driver
         }
     }
 
@@ -189,6 +200,33 @@ impl<F: Copy> Site<F> {
             move || (out.get(), size as u64),
             move |p| out.set(p),
         )
+    }
+
+    /// A stream-ordered allocation of `size` bytes into `out`: from the process's own
+    /// `pool` when it names one (charged to that pool's device when known; never served by
+    /// our pool: the process chose that one), else from the device's current pool
+    /// (`device()`; our pool may serve it).
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    pub(crate) fn stream_ordered(
+        self,
+        api: Api,
+        device: impl Fn() -> i32,
+        out: impl OutPtr,
+        size: usize,
+        stream: u64,
+        pool: Option<CUmemoryPool>,
+        call: impl Fn(F) -> c_int,
+    ) -> c_int {
+        let fl = self.stream_flags();
+        let r = move || {
+            let dev = match pool {
+                Some(p) => crate::cuda::mempools::device_of(p).unwrap_or_else(&device),
+                None => device(),
+            };
+            req(api, AllocKind::Async, dev, stream, size, fl)
+        };
+        self.linear(out, size, pool.is_none(), r, call)
     }
 
     /// The common shape of an allocation hook: `make_req` decodes the request, `call` makes
@@ -369,7 +407,7 @@ macro_rules! hooks {
             let $site = $crate::hooks::Site {
                 name: stringify!($name),
                 real: $crate::cuda::real::$name,
-                slot: &$crate::cuda::real::slots::$name,
+                lib: $crate::cuda::real::libs::$name,
                 ptds: hooks!(@ptds $($ptds)?),
             };
             $body
@@ -383,6 +421,7 @@ macro_rules! hooks {
 pub(crate) mod context;
 pub(crate) mod current;
 pub(crate) mod driver;
+pub(crate) mod host;
 pub(crate) mod lookup;
 pub(crate) mod mempool;
 pub(crate) mod nvml;
@@ -394,9 +433,10 @@ pub(crate) mod torch;
 pub(crate) mod vmm;
 
 /// Every hook we export and substitute, by module.
-static HOOKS: [&[Hook]; 9] = [
+static HOOKS: [&[Hook]; 10] = [
     runtime::TABLE,
     driver::TABLE,
+    host::TABLE,
     vmm::TABLE,
     mempool::TABLE,
     context::TABLE,
