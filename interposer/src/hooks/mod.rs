@@ -142,12 +142,28 @@ fn no_real(name: &'static str, lib: Lib) -> c_int {
 /// What a hook's body knows of itself, made by [`hooks!`] from the hook's one declaration:
 /// its C name (for messages), the real function of that name, typed, and its library, and
 /// whether it is the per-thread-default-stream (`_ptsz`) variant.
+///
+/// Two words (its constant part behind a reference): passed in registers, so a hook that
+/// hands it to an out-of-line body needs no stack frame on the paths that return early.
 #[derive(Clone, Copy)]
 pub(crate) struct Site<F> {
-    pub name: &'static str,
+    about: &'static SiteInfo,
     pub real: fn() -> Option<F>,
+}
+
+/// The constant part of a [`Site`].
+pub(crate) struct SiteInfo {
+    pub name: &'static str,
     pub lib: Lib,
     pub ptds: bool,
+}
+
+impl<F> std::ops::Deref for Site<F> {
+    type Target = SiteInfo;
+    #[inline(always)]
+    fn deref(&self) -> &SiteInfo {
+        self.about
+    }
 }
 
 impl<F: Copy> Site<F> {
@@ -405,10 +421,12 @@ macro_rules! hooks {
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name $args -> std::ffi::c_int {
             let $site = $crate::hooks::Site {
-                name: stringify!($name),
+                about: &$crate::hooks::SiteInfo {
+                    name: stringify!($name),
+                    lib: $crate::cuda::real::libs::$name,
+                    ptds: hooks!(@ptds $($ptds)?),
+                },
                 real: $crate::cuda::real::$name,
-                lib: $crate::cuda::real::libs::$name,
-                ptds: hooks!(@ptds $($ptds)?),
             };
             $body
         }
