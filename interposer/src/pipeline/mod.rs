@@ -802,6 +802,12 @@ fn emit_op(
     rc: c_int,
     t0: tracer::Stamp,
 ) {
+    // A request that waited for room on a shared cap says so (VRAMSHIM_ON_CAP=wait).
+    let fl = if is_alloc {
+        fl | cap::waited_flag()
+    } else {
+        fl
+    };
     let op = memop(t0.ns, req.api, req.kind, fl, req.device, req.stream);
     let op = MemOp {
         addr,
