@@ -1,7 +1,7 @@
 //! The tight pool over repeated passes: peak reserved / peak live after each pass, and where
 //! the pool grew past its earlier high-water mark.
 //!
-//! `cargo run --release -p vramshim-pool --example pool_creep -- TRACE.csv [PASSES] [sync|async] [-v]`
+//! `cargo run --release -p vramshim-pool --example pool_creep -- TRACE.csv [PASSES] [sync|async] [-v]`; also the driver calls of the second half of the allocations, by kind
 
 use vramshim_pool::replay::{self, Event, Frees};
 use vramshim_pool::stitch::Stitch;
@@ -33,7 +33,18 @@ fn main() {
     let mut ids = std::collections::HashMap::new();
     let (mut live, mut peak_live, mut hw) = (0u64, 0u64, 0u64);
     let mut sizes = std::collections::HashMap::new();
+    let allocs = all
+        .iter()
+        .filter(|e| matches!(e, Event::Alloc { .. }))
+        .count();
+    let (mut seen, mut half) = (0, None);
     for (i, ev) in all.iter().enumerate() {
+        if matches!(ev, Event::Alloc { .. }) {
+            seen += 1;
+            if seen == allocs / 2 + 1 {
+                half = Some(dev.calls());
+            }
+        }
         match *ev {
             Event::Alloc { id, size, stream } => {
                 let before = p.stats().reserved;
@@ -79,5 +90,18 @@ fn main() {
                 dev.calls().driver_calls()
             );
         }
+    }
+    if let Some(h) = half {
+        let e = dev.calls();
+        println!(
+            "second half of the allocations: create {} release {} map {} unmap {} reserve {} unreserve {} set_access {}",
+            e.create - h.create,
+            e.release - h.release,
+            e.map - h.map,
+            e.unmap - h.unmap,
+            e.reserve - h.reserve,
+            e.unreserve - h.unreserve,
+            e.set_access - h.set_access
+        );
     }
 }
