@@ -784,12 +784,31 @@ impl Cap {
         let Some(d) = device_index(device) else {
             return Ok(());
         };
-        self.reserve_checked(d, bytes, stream)
-            .or_else(|r| match wait {
-                true => self.wait_for_room(d, bytes, stream, r),
-                false => Err(r),
-            })
-            .map_err(|r| self.refused(d, bytes, r.in_use, r.cap, api))
+        match self.reserve_checked(d, bytes, stream) {
+            Ok(()) => Ok(()),
+            Err(r) => self.after_refusal(d, bytes, api, stream, r, wait),
+        }
+    }
+
+    /// A charge of [`Cap::charge_on`] did not fit: wait for room if asked (`wait`), else (or
+    /// when the wait ends in vain) say so. Out of line: the charge's path stays as it was.
+    #[cold]
+    #[inline(never)]
+    fn after_refusal(
+        &self,
+        d: usize,
+        bytes: u64,
+        api: Api,
+        stream: u64,
+        r: Refusal,
+        wait: bool,
+    ) -> Result<(), Refusal> {
+        let r = if wait {
+            self.wait_for_room(d, bytes, stream, r)
+        } else {
+            Err(r)
+        };
+        r.map_err(|r| self.refused(d, bytes, r.in_use, r.cap, api))
     }
 
     /// The charge of [`Cap::try_charge_on`] on device `d`, saying nothing when it is refused
