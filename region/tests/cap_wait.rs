@@ -116,6 +116,15 @@ impl Member {
     }
 }
 
+/// A member left running by a failed test (it may wait for a file never written, or for
+/// ten minutes) is killed with it.
+impl Drop for Member {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 impl Group {
     fn new(tag: &str) -> Group {
         let shared = unique_name(tag);
