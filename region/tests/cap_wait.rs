@@ -116,6 +116,15 @@ impl Member {
     }
 }
 
+/// A member left running by a failed test (it may wait for a file never written, or for
+/// ten minutes) is killed with it.
+impl Drop for Member {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 impl Group {
     fn new(tag: &str) -> Group {
         let shared = unique_name(tag);
@@ -131,7 +140,19 @@ impl Group {
     }
 
     fn start(&self, args: &[&str], env: &[(&str, &str)]) -> Member {
-        let mut c = sim_command(probe(), "unused");
+        self.start_as(probe(), args, env)
+    }
+
+    /// The probe under `vramshim run --on-cap ON_CAP` (the launcher's flag).
+    fn start_run(&self, on_cap: &str, args: &[&str]) -> Member {
+        let probe = probe();
+        let mut a = vec!["run", "--on-cap", on_cap, "--", probe.to_str().unwrap()];
+        a.extend_from_slice(args);
+        self.start_as(profile_dir().join("vramshim"), &a, &[])
+    }
+
+    fn start_as(&self, exe: PathBuf, args: &[&str], env: &[(&str, &str)]) -> Member {
+        let mut c = sim_command(exe, "unused");
         c.env("VRAMSIM_NAME", &self.sim)
             .env("VRAMSIM_CONTEXT_OVERHEAD", "0")
             .env("LD_PRELOAD", interposer_lib())
@@ -365,17 +386,15 @@ fn when_every_member_waits_the_last_one_fails_at_once() {
     assert!(g.device().high_water(0) <= GIB);
 }
 
-/// A member killed while holding memory wakes nobody: the waiter notices on its timer,
-/// reclaims the dead member's share and is served.
+/// A member killed while holding memory wakes nobody: the waiter (started with `vramshim run
+/// --on-cap wait:600s`) notices on its timer, reclaims the dead member's share and is served.
 #[test]
 fn a_killed_holder_lets_the_waiter_in() {
     let g = Group::new("wait-kill");
     let mut holder = g.start(&["hold", &(800 * MIB).to_string(), "600"], &[]);
     assert_eq!(holder.until("hold"), "hold rc=0");
-    let mut waiter = g.start(
-        &["waitpair", "0", &(500 * MIB).to_string(), "0", "0"],
-        &[("VRAMSHIM_ON_CAP", LONG)],
-    );
+    // Through the launcher's flag this time.
+    let mut waiter = g.start_run(LONG, &["waitpair", "0", &(500 * MIB).to_string(), "0", "0"]);
     g.until_waiting(1);
     holder.child.kill().unwrap();
     let _ = holder.child.wait();

@@ -28,6 +28,7 @@
 //! - [`on_fork_child`] in the atfork child handler.
 
 pub(crate) mod config;
+mod device_total;
 pub(crate) mod limits;
 mod packed;
 mod pages;
@@ -167,6 +168,8 @@ pub(crate) struct Cap {
     kernel_binds: [AtomicBool; MAX_DEVICES],
     /// Requests waiting for room (`VRAMSHIM_ON_CAP=wait`, see `wait`).
     waits: wait::Waits,
+    /// Per device: a cap above the device's own memory was said (`device_total`).
+    above_device_said: [AtomicBool; MAX_DEVICES],
 }
 
 fn device_index(device: i32) -> Option<usize> {
@@ -219,6 +222,7 @@ impl Cap {
             kernel: OnceLock::new(),
             kernel_binds: [const { AtomicBool::new(false) }; MAX_DEVICES],
             waits: wait::Waits::new(),
+            above_device_said: [const { AtomicBool::new(false) }; MAX_DEVICES],
         }
     }
 
@@ -543,7 +547,11 @@ impl Cap {
         use vramshim_region::CapValue;
         let v = match self.effective_spec().devices[d] {
             None => MAX_BYTES,
-            Some(CapValue::Bytes(b)) => self.bounded_by_kernel(d, b.min(MAX_BYTES)),
+            Some(CapValue::Bytes(b)) => {
+                let v = self.bounded_by_kernel(d, b.min(MAX_BYTES));
+                self.note_device_bound(d, v, real_total);
+                v
+            }
             Some(c @ CapValue::Fraction(_)) => {
                 match real_total
                     .filter(|&t| t > 0)
@@ -776,12 +784,31 @@ impl Cap {
         let Some(d) = device_index(device) else {
             return Ok(());
         };
-        self.reserve_checked(d, bytes, stream)
-            .or_else(|r| match wait {
-                true => self.wait_for_room(d, bytes, stream, r),
-                false => Err(r),
-            })
-            .map_err(|r| self.refused(d, bytes, r.in_use, r.cap, api))
+        match self.reserve_checked(d, bytes, stream) {
+            Ok(()) => Ok(()),
+            Err(r) => self.after_refusal(d, bytes, api, stream, r, wait),
+        }
+    }
+
+    /// A charge of [`Cap::charge_on`] did not fit: wait for room if asked (`wait`), else (or
+    /// when the wait ends in vain) say so. Out of line: the charge's path stays as it was.
+    #[cold]
+    #[inline(never)]
+    fn after_refusal(
+        &self,
+        d: usize,
+        bytes: u64,
+        api: Api,
+        stream: u64,
+        r: Refusal,
+        wait: bool,
+    ) -> Result<(), Refusal> {
+        let r = if wait {
+            self.wait_for_room(d, bytes, stream, r)
+        } else {
+            Err(r)
+        };
+        r.map_err(|r| self.refused(d, bytes, r.in_use, r.cap, api))
     }
 
     /// The charge of [`Cap::try_charge_on`] on device `d`, saying nothing when it is refused

@@ -420,7 +420,8 @@ where
             );
         }
         if traced {
-            emit_op(req, true, fl, addr, size, rc, t0);
+            // `WAITED_ON_CAP` when the charge waited for room (VRAMSHIM_ON_CAP=wait).
+            emit_op(req, true, fl | cap::waited_flag(), addr, size, rc, t0);
             if layer == Layer::Pool {
                 // The pool may have mapped or released pages for this request.
                 tracer::pool_held(req.device, pool::held(req.device));
@@ -567,7 +568,7 @@ fn cap_refused(req: &Request, refusal: &cap::Refusal, traced: bool, t0: tracer::
         emit_op(
             req,
             true,
-            req.flags | flags::CAP_REFUSED,
+            req.flags | flags::CAP_REFUSED | cap::waited_flag(),
             0,
             req.size,
             2,
@@ -833,12 +834,6 @@ fn emit_op(
     rc: c_int,
     t0: tracer::Stamp,
 ) {
-    // A request that waited for room on a shared cap says so (VRAMSHIM_ON_CAP=wait).
-    let fl = if is_alloc {
-        fl | cap::waited_flag()
-    } else {
-        fl
-    };
     let op = memop(t0.ns, req.api, req.kind, fl, req.device, req.stream);
     let op = MemOp {
         addr,
