@@ -1,7 +1,8 @@
 //! What every layer stands on: the per-thread state and re-entry guard ([`thread`]), the
 //! thread id and process id ([`ids`]), the one clock ([`clock`]), process-wide memory barriers
-//! ([`membarrier`]) and the allocation-free log ([`log`]). Imports only `config`.
+//! ([`membarrier`]), the one spin lock ([`spin`]) and biased lock ([`biased`]) and the allocation-free log ([`log`]). Imports only `config`.
 
+pub(crate) mod biased;
 pub(crate) mod clock;
 pub(crate) mod ids;
 #[macro_use]
