@@ -7,40 +7,38 @@ mod common;
 use common::{both, build, preloaded};
 use vramshim_testkit::Link;
 
+/// `alloc_suite.c` built with `link` (and `flags`) runs the same with and without the
+/// preload, and the preloaded run was interposed.
+fn all_paths(exe: &str, link: Link, flags: &[&str], sim: &str) {
+    let exe = build(exe, "alloc_suite.c", link, flags);
+    let (_, pre) = both(&exe, &[], &[], sim);
+    assert!(pre.stderr.contains("preloaded=1"), "{}", pre.stderr);
+}
+
 #[test]
 fn shared_runtime_all_paths() {
-    let exe = build(
+    all_paths(
         "alloc_suite_shared",
-        "alloc_suite.c",
         Link::SharedRuntime,
         &["-DLAYER_RUNTIME=1"],
+        "ip-shared",
     );
-    let (_, pre) = both(&exe, &[], &[], "ip-shared");
-    assert!(pre.stderr.contains("preloaded=1"), "{}", pre.stderr);
 }
 
 #[test]
 fn static_runtime_all_paths() {
-    let exe = build(
+    all_paths(
         "alloc_suite_static",
-        "alloc_suite.c",
         Link::StaticRuntime,
         &["-DLAYER_RUNTIME=0"],
+        "ip-static",
     );
-    let (_, pre) = both(&exe, &[], &[], "ip-static");
-    assert!(pre.stderr.contains("preloaded=1"), "{}", pre.stderr);
 }
 
 #[test]
 fn dlopen_runtime_all_paths() {
-    let exe = build(
-        "alloc_suite_dl",
-        "alloc_suite.c",
-        Link::Dl,
-        &["-DLAYER_RUNTIME=1", "-DUSE_DLOPEN"],
-    );
-    let (_, pre) = both(&exe, &[], &[], "ip-dlopen");
-    assert!(pre.stderr.contains("preloaded=1"), "{}", pre.stderr);
+    let flags = ["-DLAYER_RUNTIME=1", "-DUSE_DLOPEN"];
+    all_paths("alloc_suite_dl", Link::Dl, &flags, "ip-dlopen");
 }
 
 /// The device each allocation is charged to follows cudaSetDevice (through the PLT and
@@ -130,24 +128,20 @@ fn cap_sees_every_path() {
     );
     out.assert_success();
     let cap = (64u64 << 20).to_string();
-    for line in [
-        format!("cudaMemGetInfo total={cap} free<=total 1"),
-        format!("totalGlobalMem={cap}"),
-        format!("cuDeviceTotalMem={cap}"),
-        format!("nvml total={cap} used+free==total 1"),
-        "second 40MiB -> 2".to_string(),
-        "last error -> 2".to_string(),
-        "driver 40MiB -> 2".to_string(),
-        "free after 40MiB <= 24MiB 1".to_string(),
-        "cap_wiring: ok".to_string(),
-    ] {
-        assert!(
-            out.stdout.contains(&line),
-            "missing {line:?} in\n{}\n{}",
-            out.stdout,
-            out.stderr
-        );
-    }
+    common::assert_lines(
+        &out,
+        &[
+            &format!("cudaMemGetInfo total={cap} free<=total 1"),
+            &format!("totalGlobalMem={cap}"),
+            &format!("cuDeviceTotalMem={cap}"),
+            &format!("nvml total={cap} used+free==total 1"),
+            "second 40MiB -> 2",
+            "last error -> 2",
+            "driver 40MiB -> 2",
+            "free after 40MiB <= 24MiB 1",
+            "cap_wiring: ok",
+        ],
+    );
 }
 
 #[test]
@@ -248,18 +242,14 @@ fn nvml_answers_follow_the_cuda_device_not_the_nvml_index() {
     );
     out.assert_success();
     let expect = |out: &vramshim_testkit::RunOutput| {
-        for line in [
-            "cuda 0: total=1024MiB used=64MiB v2 total=1024MiB used+reserved=64MiB",
-            "cuda 1: total=1024MiB used=0MiB v2 total=1024MiB used+reserved=0MiB",
-            "nvml_order: ok",
-        ] {
-            assert!(
-                out.stdout.contains(line),
-                "missing {line:?} in\n{}\n{}",
-                out.stdout,
-                out.stderr
-            );
-        }
+        common::assert_lines(
+            out,
+            &[
+                "cuda 0: total=1024MiB used=64MiB v2 total=1024MiB used+reserved=64MiB",
+                "cuda 1: total=1024MiB used=0MiB v2 total=1024MiB used+reserved=0MiB",
+                "nvml_order: ok",
+            ],
+        )
     };
     expect(&out);
     // The same with the simulator's own CUDA_VISIBLE_DEVICES (CUDA's device 0 is physical

@@ -95,20 +95,17 @@ fn no_driver_no_runtime_gives_cuda_codes() {
         .env("LD_PRELOAD", common::lib());
     let out = vramshim_testkit::run(&mut c);
     out.assert_success();
-    for line in [
-        "cudaMalloc -> 35",
-        "cudaFree -> 35",
-        "cudaMemGetInfo -> 35",
-        "cuMemAlloc_v2 -> 3",
-        "cuMemGetInfo_v2 -> 3",
-        "cuGetProcAddress_v2 -> 3",
-        "nvmlDeviceGetMemoryInfo -> 1",
-    ] {
-        assert!(
-            out.stdout.contains(line),
-            "missing {line:?}:\n{}",
-            out.stdout
-        );
-    }
+    common::assert_lines(
+        &out,
+        &[
+            "cudaMalloc -> 35",
+            "cudaFree -> 35",
+            "cudaMemGetInfo -> 35",
+            "cuMemAlloc_v2 -> 3",
+            "cuMemGetInfo_v2 -> 3",
+            "cuGetProcAddress_v2 -> 3",
+            "nvmlDeviceGetMemoryInfo -> 1",
+        ],
+    );
     assert_eq!(out.stderr, "", "nothing on stderr");
 }

@@ -1,7 +1,8 @@
-//! `vramshim export TRACE... --format perfetto|chrome-json|memory-viz|rmm-csv|parquet -o FILE`.
+//! `vramshim export TRACE... --format perfetto|chrome-json|memory-viz|rmm-csv|parquet -o FILE`
+//! (`-o -`: standard output).
 
-use std::io::BufWriter;
-use std::path::PathBuf;
+use std::io::{BufWriter, IsTerminal, Write};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use vramshim_analyzer::convert::{self as export, ExportFormat, ExportStats};
@@ -17,7 +18,8 @@ pub struct Args {
     /// parquet (one row per event, for DuckDB, Spark, Trino).
     #[arg(long, short = 'f', value_enum)]
     pub format: ExportFormat,
-    /// Output file.
+    /// Output file; `-` writes to standard output (binary formats only when it is not a
+    /// terminal).
     #[arg(short, long)]
     pub output: PathBuf,
     /// Only this device (rmm-csv writes one device per file, as RMM does).
@@ -40,30 +42,34 @@ pub fn main(a: Args) -> Result<ExitCode, String> {
                 .into(),
         );
     }
-    let f = vramshim_analyzer::files::create_output(&a.output)?;
-    let w = BufWriter::with_capacity(1 << 20, f);
-    let result = if a.format == ExportFormat::Parquet {
-        vramshim_analyzer::convert::parquet::export(
-            &a.traces,
-            &mut |p| vramshim_analyzer::input::open(p),
-            w,
-            &a.output,
-        )
-        .map(|s| ExportStats {
-            records: s.rows,
-            torn: s.damaged,
-        })
+    let to_stdout = a.output.as_os_str() == "-";
+    let result = if to_stdout {
+        let stdout = std::io::stdout();
+        if binary(a.format) && stdout.is_terminal() {
+            return Err(format!(
+                "export: --format {} is binary and standard output is a terminal: redirect it \
+                 (-o - > FILE, or into a pipe) or name a file with -o FILE (text to a terminal: \
+                 chrome-json, rmm-csv)",
+                a.format.name()
+            ));
+        }
+        write(&a, stdout, Path::new("standard output"))
     } else {
-        export::export(&a.traces[0], a.format, w, a.device)
+        let f = vramshim_analyzer::files::create_output(&a.output)?;
+        write(&a, f, &a.output).inspect_err(|_| {
+            let _ = std::fs::remove_file(&a.output);
+        })
     };
-    let stats = result.inspect_err(|_| {
-        let _ = std::fs::remove_file(&a.output);
-    })?;
+    let stats = result?;
     eprintln!(
         "wrote {} ({} records) to {}",
         a.format.name(),
         stats.records,
-        a.output.display()
+        if to_stdout {
+            "standard output".to_string()
+        } else {
+            a.output.display().to_string()
+        }
     );
     if stats.torn {
         eprintln!(
@@ -78,4 +84,30 @@ pub fn main(a: Args) -> Result<ExitCode, String> {
         return Ok(ExitCode::from(3));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The formats whose bytes are not text (a terminal would show garbage and may act on escape
+/// sequences in it).
+fn binary(f: ExportFormat) -> bool {
+    !matches!(f, ExportFormat::ChromeJson | ExportFormat::RmmCsv)
+}
+
+/// The export into `out` (a file, or standard output), flushed; `out_name` names it in
+/// messages.
+fn write<W: Write + Send>(a: &Args, out: W, out_name: &Path) -> Result<ExportStats, String> {
+    let w = BufWriter::with_capacity(1 << 20, out);
+    if a.format == ExportFormat::Parquet {
+        vramshim_analyzer::convert::parquet::export(
+            &a.traces,
+            &mut |p| vramshim_analyzer::input::open(p),
+            w,
+            out_name,
+        )
+        .map(|s| ExportStats {
+            records: s.rows,
+            torn: s.damaged,
+        })
+    } else {
+        export::export(&a.traces[0], a.format, w, a.device)
+    }
 }

@@ -31,6 +31,7 @@ pub(crate) mod config;
 pub(crate) mod limits;
 mod packed;
 mod pages;
+mod wait;
 
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Mutex, OnceLock};
@@ -164,6 +165,8 @@ pub(crate) struct Cap {
     /// address), mapped at setup; and per device whether it, not `spec`, bound the cap.
     kernel: OnceLock<Vec<Option<limits::Limit>>>,
     kernel_binds: [AtomicBool; MAX_DEVICES],
+    /// Requests waiting for room (`VRAMSHIM_ON_CAP=wait`, see `wait`).
+    waits: wait::Waits,
 }
 
 fn device_index(device: i32) -> Option<usize> {
@@ -215,6 +218,7 @@ impl Cap {
             last_reclaim_ns: AtomicU64::new(0),
             kernel: OnceLock::new(),
             kernel_binds: [const { AtomicBool::new(false) }; MAX_DEVICES],
+            waits: wait::Waits::new(),
         }
     }
 
@@ -273,6 +277,7 @@ impl Cap {
                 if let Some(me) = ProcessKey::current() {
                     self.reclaim(&region, me);
                 }
+                region.set_no_wake(self.settings.fault == Fault::NoWake);
                 let _ = self.region.set(region);
                 theirs
             }
@@ -752,6 +757,19 @@ impl Cap {
         api: Api,
         stream: u64,
     ) -> Result<(), Refusal> {
+        self.charge_on(device, bytes, api, stream, false)
+    }
+
+    /// [`Cap::try_charge_on`]; `wait`: a refusal may wait for room (`VRAMSHIM_ON_CAP`).
+    #[inline]
+    fn charge_on(
+        &self,
+        device: i32,
+        bytes: u64,
+        api: Api,
+        stream: u64,
+        wait: bool,
+    ) -> Result<(), Refusal> {
         if !self.ready() {
             return Ok(());
         }
@@ -759,6 +777,10 @@ impl Cap {
             return Ok(());
         };
         self.reserve_checked(d, bytes, stream)
+            .or_else(|r| match wait {
+                true => self.wait_for_room(d, bytes, stream, r),
+                false => Err(r),
+            })
             .map_err(|r| self.refused(d, bytes, r.in_use, r.cap, api))
     }
 
@@ -877,7 +899,7 @@ impl Cap {
         stream: u64,
     ) -> Result<u64, Refusal> {
         let bytes = self.charge_of(size, api).worst_case();
-        self.try_charge_on(device, bytes, api, stream)
+        self.charge_on(device, bytes, api, stream, true)
             .map(|()| bytes)
     }
 
@@ -905,7 +927,8 @@ impl Cap {
             }
             r => r,
         };
-        r.map(|()| bytes)
+        r.or_else(|r| self.wait_for_room(d, bytes, stream, r))
+            .map(|()| bytes)
             .map_err(|r| self.refused(d, bytes, r.in_use, r.cap, api))
     }
 
@@ -1062,6 +1085,16 @@ impl Cap {
         // Refused outright (strict mode, or no slot in the region): its line is out already.
         let said =
             self.refuse_all.load(Relaxed) || (self.region.get().is_some() && slot == NO_SLOT);
+        let first = capped && !said && !self.refused_once.load(Relaxed);
+        // Why a wait (VRAMSHIM_ON_CAP=wait) ended in this refusal, said once per reason.
+        let waited = self.wait_note(first).map(|n| format!("; {n}"));
+        if !first && let Some(n) = &waited {
+            (self.log)(&format!(
+                "vramshim: {} of {} on device {d} refused{n}",
+                api.name(),
+                human_bytes(bytes)
+            ));
+        }
         if capped && !said && !self.refused_once.swap(true, Relaxed) {
             let who = match self
                 .settings
@@ -1093,12 +1126,13 @@ impl Cap {
                 ),
             };
             (self.log)(&format!(
-                "vramshim: {} of {} ({bytes} bytes) on device {d} refused: {} in use + {} > cap {} (set by {who}); further refusals are not printed",
+                "vramshim: {} of {} ({bytes} bytes) on device {d} refused: {} in use + {} > cap {} (set by {who}){}; further refusals are not printed",
                 api.name(),
                 human_bytes(bytes),
                 human_bytes(in_use),
                 human_bytes(bytes),
                 human_bytes(cap),
+                waited.as_deref().unwrap_or(""),
             ));
         }
         Refusal { in_use, cap }
@@ -1342,6 +1376,7 @@ impl Cap {
             self.pool_cached[d].store(0, Relaxed);
         }
         self.packed.reset_in_child();
+        self.waits.reset_in_child();
         self.last_slot_try_ns.store(0, Relaxed);
         self.refused_once.store(false, Relaxed);
         self.slots_full_once.store(false, Relaxed);
@@ -1489,6 +1524,26 @@ pub fn limit(device: i32) -> Option<u64> {
 /// The driver's UUID of `device`, for the node registry.
 pub fn device_uuid(device: i32) -> Option<[u8; 16]> {
     driver::uuid(device)
+}
+
+/// Whether a request of the process waits for room on a shared cap now (the node
+/// registry's `FLAG_WAITING`).
+pub(crate) fn waiting_now() -> bool {
+    GLOBAL
+        .get()
+        .and_then(Option::as_ref)
+        .is_some_and(|c| c.waiting() > 0)
+}
+
+/// `flags::WAITED_ON_CAP` when the allocation this thread is making waited on the cap (read
+/// once, for its trace event), else 0.
+#[inline]
+pub(crate) fn waited_flag() -> u8 {
+    if wait::take_waited() {
+        vramshim_trace::flags::WAITED_ON_CAP
+    } else {
+        0
+    }
 }
 
 /// Called once at load: parses the variables and prints one line per bad value.

@@ -59,6 +59,7 @@ fn settings(cap: &str) -> Settings {
         origin: std::array::from_fn(|_| Some(format!("VRAMSHIM_CAP=\"{cap}\""))),
         replaced: Vec::new(),
         dmem: Vec::new(),
+        on_cap: wait::OnCap::Fail,
     }
 }
 

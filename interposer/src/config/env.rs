@@ -30,6 +30,7 @@ const OURS: &[&str] = &[
     "VRAMSHIM_DEVICE_FAULT",
     "VRAMSHIM_LAYERS_FAULT",
     "VRAMSHIM_LOG",
+    "VRAMSHIM_ON_CAP",
     "VRAMSHIM_POOL",
     "VRAMSHIM_POOL_BUDGET",
     "VRAMSHIM_POOL_DEBUG",
@@ -304,6 +305,7 @@ pub(crate) fn forms(name: &str) -> &'static str {
         }
         "VRAMSHIM_CAP_CONTEXT" => "accepted: include or exclude",
         "VRAMSHIM_REGISTRY" => "accepted: off, or an absolute path",
+        "VRAMSHIM_ON_CAP" => "accepted: fail, wait, wait:TIMEOUT (e.g. wait:30s) or wait:forever",
         _ => "accepted: see docs/configuration.md",
     }
 }

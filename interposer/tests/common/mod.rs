@@ -56,6 +56,19 @@ pub fn preloaded(exe: &Path, args: &[&str], env: &[(&str, &str)], name: &str) ->
     run_with_preload(exe, args, env, Some(&lib()), name)
 }
 
+/// Every one of `lines` is in the run's stdout.
+#[track_caller]
+pub fn assert_lines(out: &RunOutput, lines: &[&str]) {
+    for line in lines {
+        assert!(
+            out.stdout.contains(line),
+            "missing {line:?} in\n{}\n{}",
+            out.stdout,
+            out.stderr
+        );
+    }
+}
+
 /// A `"key":number` value from a stats JSON dump.
 pub fn json_num(json: &str, key: &str) -> Option<u64> {
     let pat = format!("\"{key}\":");

@@ -121,6 +121,12 @@ pub struct Faults {
     /// Grow and cache as if there were no budget (while still publishing it): proves the
     /// budget test can fail.
     pub ignore_budget: bool,
+    /// Give back at once the pages the pool was forced to take past its budget (not a
+    /// safety fault: it proves the test of keeping them can fail).
+    pub release_forced: bool,
+    /// Re-form only mappings that blocks still use for a new block (remapping some of their
+    /// pages: the bytes of those blocks move under them).
+    pub repair_used: bool,
 }
 
 impl Faults {
@@ -130,6 +136,8 @@ impl Faults {
             || self.skip_take
             || self.lazy_sync
             || self.ignore_budget
+            || self.repair_used
+            || self.release_forced
     }
 }
 
@@ -183,6 +191,11 @@ pub struct Stitch {
     limit_now: u64,
     /// recent peak live of the previous window
     prev_window_peak: u64,
+    /// the most the pool held past its budget in this window and in the previous one
+    forced: u64,
+    prev_forced: u64,
+    /// mappings re-formed by remapping some of their pages (see `Stitch::repairable`)
+    repairs: u64,
     /// allocation count at which the budget's window rolls
     next_window: u64,
     /// (epoch, free pages, mappings) of the last scan for idle pages that found the rest
@@ -232,6 +245,9 @@ impl Stitch {
             arena: None,
             limit_now: u64::MAX,
             prev_window_peak: 0,
+            forced: 0,
+            prev_forced: 0,
+            repairs: 0,
             next_window: u64::MAX,
             idle_scan: None,
             stats: Stats::default(),
@@ -260,6 +276,11 @@ impl Stitch {
     /// Mappings held.
     pub fn mappings(&self) -> u64 {
         self.nmaps
+    }
+
+    /// Mappings re-formed for a new block by remapping only the pages that differed.
+    pub fn repairs(&self) -> u64 {
+        self.repairs
     }
 
     /// Blocks freed and kept formed for reuse.
@@ -354,6 +375,7 @@ impl Policy for Stitch {
         if self.gran == 0 {
             self.gran = dev.granularity();
         }
+        let reserved_before = self.stats.reserved;
         let t = req.stream;
         let size = round_up(req.size.max(1), ALIGN);
         if self.faults.reuse_sync_frees_early && !self.pending.is_empty() {
@@ -421,6 +443,8 @@ impl Policy for Stitch {
         self.stats.allocs += 1;
         self.stats.add_live(req.size);
         if self.budget.is_some() {
+            self.refresh_budget(0);
+            self.note_forced(reserved_before);
             // a synchronization on the way may have moved pending blocks into the cache
             self.keep_budget(dev);
         }

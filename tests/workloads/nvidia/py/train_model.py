@@ -5,7 +5,7 @@ library calls are real. The transformers models are built from a config object w
 weights: nothing is downloaded.
 
 Usage: train_model.py MODEL [--steps N] [--batch B] [--growth G] [--history] [--empty-cache]
-                             [--step-stats]
+                             [--step-stats] [--callgrind LIB]
 
   MODEL          mlp | gpt2 (2 layers) | vit (2 layers, 32x32 images) | bert (2 layers)
   --steps N      training steps (default 4)
@@ -22,6 +22,10 @@ Usage: train_model.py MODEL [--steps N] [--batch B] [--growth G] [--history] [--
                  driver_frees N launches N` (the driver's own counts, vramsimDriverCalls, of
                  the step's calls up to the script's closing torch.cuda.synchronize(), which is
                  not counted)
+  --callgrind LIB  under valgrind's callgrind started with --instr-atstart=no: LIB's
+                 cg_start() (counting on) runs as step 2 begins and cg_stop() (counting off,
+                 counts written) after the last step, so the counts are the steady-state
+                 steps' alone (scripts/bench-models builds LIB)
 
 Prints `model NAME params N`, then after training the allocator's totals from
 torch.cuda.memory_stats(): `segments` (cudaMalloc calls: segment.all.allocated),
@@ -49,6 +53,7 @@ p.add_argument("--vary", action="store_true")
 p.add_argument("--history", action="store_true")
 p.add_argument("--empty-cache", action="store_true")
 p.add_argument("--step-stats", action="store_true")
+p.add_argument("--callgrind", metavar="LIB")
 a = p.parse_args()
 batch0 = a.batch if a.batch is not None else (32 if a.model == "mlp" else 4)
 
@@ -61,6 +66,8 @@ if a.history and native:
     torch.cuda.memory._record_memory_history(
         "all", context="alloc", stacks="python", max_entries=1_000_000)
 
+# --callgrind: the steps counted (instructions executed by every thread) start here.
+CG_FROM = 2
 SEQ = 32
 VOCAB = 512
 
@@ -166,7 +173,10 @@ try:
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     driver = driver_counter() if a.step_stats else None
+    cg = ctypes.CDLL(a.callgrind) if a.callgrind else None
     for step in range(a.steps):
+        if cg is not None and step == CG_FROM:
+            cg.cg_start()
         before = stats()
         drv0 = driver() if driver else None
         cpu0, wall0 = time.process_time_ns(), time.perf_counter_ns()
@@ -193,6 +203,8 @@ try:
                          f" driver_frees {drv1['frees'] - drv0['frees']}"
                          f" launches {drv1['launches'] - drv0['launches']}")
             print(line, flush=True)
+    if cg is not None:
+        cg.cg_stop()
 except torch.OutOfMemoryError as e:
     print(f"oom at step {step}: {str(e).splitlines()[0]}", flush=True)
     sys.exit(3)
