@@ -45,9 +45,15 @@ fn dlopen_runtime_all_paths() {
 /// through dlsym), per thread.
 #[test]
 fn allocations_follow_device_switches() {
-    let exe = build("device_switch", "device_switch.c", Link::SharedRuntime, &[]);
-    let (_, pre) = both(&exe, &[], &[("VRAMSIM_DEVICES", "2")], "ip-devswitch");
-    assert!(pre.stdout.contains("device_switch: ok"), "{}", pre.stdout);
+    let (_, pre) = common::build_both(
+        "device_switch",
+        "device_switch.c",
+        Link::SharedRuntime,
+        &[],
+        &[("VRAMSIM_DEVICES", "2")],
+        "ip-devswitch",
+    );
+    common::assert_lines(&pre, &["device_switch: ok"]);
 }
 
 /// The same test catches a remembered device that is not forgotten on a switch.
@@ -75,43 +81,57 @@ fn device_switch_test_catches_a_stale_device() {
 
 #[test]
 fn driver_api_via_cugetprocaddress() {
-    let exe = build("driver_api", "driver_api.c", Link::Dl, &[]);
-    let (plain, _) = both(&exe, &[], &[], "ip-driver");
-    // A thread without a context gets the driver's own error, not a crash.
-    assert!(
-        plain.stdout.contains("no-context cuMemAlloc -> 201"),
-        "{}",
-        plain.stdout
+    let (plain, _) = common::build_both(
+        "driver_api",
+        "driver_api.c",
+        Link::Dl,
+        &[],
+        &[],
+        "ip-driver",
     );
+    // A thread without a context gets the driver's own error, not a crash.
+    common::assert_lines(&plain, &["no-context cuMemAlloc -> 201"]);
 }
 
 #[test]
 fn vmm_charged_by_handle_and_location() {
-    let exe = build("vmm", "vmm.c", Link::Dl, &[]);
-    both(&exe, &[], &[], "ip-vmm");
+    common::build_both("vmm", "vmm.c", Link::Dl, &[], &[], "ip-vmm");
 }
 
 #[test]
 fn async_alloc_on_several_streams() {
-    let exe = build("async_streams", "async_streams.c", Link::SharedRuntime, &[]);
-    both(&exe, &[], &[], "ip-async");
+    common::build_both(
+        "async_streams",
+        "async_streams.c",
+        Link::SharedRuntime,
+        &[],
+        &[],
+        "ip-async",
+    );
 }
 
 #[test]
 fn pool_allocations_charged_to_the_pools_device() {
-    let exe = build(
+    common::build_both(
         "pool_device",
         "pool_device.c",
         Link::SharedRuntime,
         &["-l:libcuda.so.1"],
+        &[("VRAMSIM_DEVICES", "2")],
+        "ip-pooldev",
     );
-    both(&exe, &[], &[("VRAMSIM_DEVICES", "2")], "ip-pooldev");
 }
 
 #[test]
 fn driver_entry_points_as_pytorch_makes_them() {
-    let exe = build("entry_points", "entry_points.c", Link::SharedRuntime, &[]);
-    both(&exe, &[], &[], "ip-entry");
+    common::build_both(
+        "entry_points",
+        "entry_points.c",
+        Link::SharedRuntime,
+        &[],
+        &[],
+        "ip-entry",
+    );
 }
 
 #[test]
@@ -183,27 +203,13 @@ fn pool_layer_wiring() {
     let exe = build("pool_wiring", "pool_wiring.c", Link::SharedRuntime, &[]);
     // Without the pool: plain CUDA, identical either way.
     let (plain, _) = both(&exe, &[], &[], "ip-pool-off");
-    assert!(
-        plain.stdout.contains("pool_wiring: ok pooled=no"),
-        "{}",
-        plain.stdout
-    );
+    common::assert_lines(&plain, &["pool_wiring: ok pooled=no"]);
     // With it (once the pool layer serves requests): pooled, IPC refused, data intact.
     let out = common::preloaded(&exe, &[], &[("VRAMSHIM_POOL", "stitch")], "ip-pool-on");
     out.assert_success();
-    assert!(
-        out.stdout.contains("pool_wiring: ok"),
-        "{}\n{}",
-        out.stdout,
-        out.stderr
-    );
+    common::assert_lines(&out, &["pool_wiring: ok"]);
     if out.stdout.contains("pooled=yes") {
-        assert!(
-            out.stdout.contains("ipc=refused"),
-            "{}\n{}",
-            out.stdout,
-            out.stderr
-        );
+        common::assert_lines(&out, &["ipc=refused"]);
     }
 }
 

@@ -304,6 +304,15 @@ macro_rules! real_fns {
                 );
             )*
         }
+        /// The library of each real function, known at compile time (for the hooks: which
+        /// of them a layer asks is its own business, as with `known`).
+        #[allow(dead_code)]
+        pub(crate) mod libs {
+            use super::Lib;
+            $(
+                pub(crate) const $name: Lib = Lib::$lib;
+            )*
+        }
         /// The real functions if already resolved, never resolving (no call: a hook that
         /// only jumps on needs no frame; it takes its full path when one is not known yet).
         // An accessor for every name of the table: which of them a layer calls is its own

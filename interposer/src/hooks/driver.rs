@@ -7,7 +7,7 @@ use super::{OutPtr, Site, drv_device, req};
 use crate::cuda::real;
 use crate::cuda::types::*;
 use crate::state::live_table::ALLOCS;
-use std::ffi::{c_int, c_uint, c_void};
+use std::ffi::{c_int, c_uint};
 use vramshim_trace::{AllocKind, Api};
 
 hooks! {
@@ -64,13 +64,15 @@ hooks! {
     ["cuMemAllocAsync", 11020] cuMemAllocAsync,
     ["cuMemAllocAsync", 11020, ptds] cuMemAllocAsync_ptsz,
     fn(dptr: *mut CUdeviceptr, size: usize, s: CUstream) |h| {
-        alloc_async(h, dptr, size, s)
+        // SAFETY: forwarding the caller's arguments unchanged.
+        h.stream_ordered(Api::CuMemAllocAsync, drv_device, dptr, size, s as u64, None, move |f| unsafe { f(dptr, size, s) })
     }
 
     ["cuMemFreeAsync", 11020] cuMemFreeAsync,
     ["cuMemFreeAsync", 11020, ptds] cuMemFreeAsync_ptsz,
     fn(dptr: CUdeviceptr, s: CUstream) |h| {
-        free_async(h, dptr, s)
+        // SAFETY: forwarding the caller's arguments unchanged.
+        h.free(&ALLOCS, Api::CuMemFreeAsync, dptr, Some(s as u64), move |f| unsafe { f(dptr, s) })
     }
 
     ["cuMemAllocFromPoolAsync", 11020] cuMemAllocFromPoolAsync,
@@ -81,7 +83,8 @@ hooks! {
         pool: CUmemoryPool,
         s: CUstream,
     ) |h| {
-        alloc_from_pool(h, dptr, size, pool, s)
+        // SAFETY: forwarding the caller's arguments unchanged.
+        h.stream_ordered(Api::CuMemAllocFromPoolAsync, drv_device, dptr, size, s as u64, Some(pool), move |f| unsafe { f(dptr, size, pool, s) })
     }
 
     ["cuMemGetInfo", 3020] cuMemGetInfo_v2,
@@ -95,28 +98,6 @@ hooks! {
     fn(bytes: *mut usize, dev: CUdevice) |h| {
         // SAFETY: forwarding the caller's arguments unchanged.
         super::total_mem_hook(h, Api::CuDeviceTotalMem, dev, bytes, |f| unsafe { f(bytes, dev) })
-    }
-
-    /// Traced, never charged.
-    ["cuMemAllocHost", 3020] cuMemAllocHost_v2,
-    fn(pp: *mut *mut c_void, size: usize) |h| {
-        let r = || req(Api::CuMemAllocHost, AllocKind::Host, -1, 0, size, 0);
-        // SAFETY: forwarding the caller's arguments unchanged.
-        h.linear(pp, size, false, r, move |f| unsafe { f(pp, size) })
-    }
-
-    /// Traced, never charged.
-    ["cuMemHostAlloc", 2020] cuMemHostAlloc,
-    fn(pp: *mut *mut c_void, size: usize, fl: c_uint) |h| {
-        let r = || req(Api::CuMemHostAlloc, AllocKind::Host, -1, 0, size, 0);
-        // SAFETY: forwarding the caller's arguments unchanged.
-        h.linear(pp, size, false, r, move |f| unsafe { f(pp, size, fl) })
-    }
-
-    ["cuMemFreeHost", 2000] cuMemFreeHost,
-    fn(p: *mut c_void) |h| {
-        // SAFETY: forwarding the caller's arguments unchanged.
-        h.free(&ALLOCS, Api::CuMemFreeHost, p as u64, None, move |f| unsafe { f(p) })
     }
 }
 
@@ -132,64 +113,5 @@ fn mem_free(h: Site<PfnCuMemFree>, dptr: CUdeviceptr) -> c_int {
     // SAFETY: forwarding the caller's arguments unchanged.
     h.free(&ALLOCS, Api::CuMemFree, dptr, None, move |f| unsafe {
         f(dptr)
-    })
-}
-
-fn alloc_async(
-    h: Site<PfnCuMemAllocAsync>,
-    dptr: *mut CUdeviceptr,
-    size: usize,
-    s: CUstream,
-) -> c_int {
-    let fl = h.stream_flags();
-    let r = move || {
-        req(
-            Api::CuMemAllocAsync,
-            AllocKind::Async,
-            drv_device(),
-            s as u64,
-            size,
-            fl,
-        )
-    };
-    // SAFETY: forwarding the caller's arguments unchanged.
-    h.linear(dptr, size, true, r, move |f| unsafe { f(dptr, size, s) })
-}
-
-fn free_async(h: Site<PfnCuMemFreeAsync>, dptr: CUdeviceptr, s: CUstream) -> c_int {
-    // SAFETY: forwarding the caller's arguments unchanged.
-    h.free(
-        &ALLOCS,
-        Api::CuMemFreeAsync,
-        dptr,
-        Some(s as u64),
-        move |f| unsafe { f(dptr, s) },
-    )
-}
-
-/// The pool's device, or the current one; the pool never serves it (the process chose a
-/// specific pool).
-fn alloc_from_pool(
-    h: Site<PfnCuMemAllocFromPoolAsync>,
-    dptr: *mut CUdeviceptr,
-    size: usize,
-    pool: CUmemoryPool,
-    s: CUstream,
-) -> c_int {
-    let fl = h.stream_flags();
-    let dev = move || crate::cuda::mempools::device_of(pool).unwrap_or_else(drv_device);
-    let r = move || {
-        req(
-            Api::CuMemAllocFromPoolAsync,
-            AllocKind::Async,
-            dev(),
-            s as u64,
-            size,
-            fl,
-        )
-    };
-    // SAFETY: forwarding the caller's arguments unchanged.
-    h.linear(dptr, size, false, r, move |f| unsafe {
-        f(dptr, size, pool, s)
     })
 }

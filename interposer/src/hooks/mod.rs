@@ -5,8 +5,9 @@
 use crate::cuda::real::{self, Lib, Slot};
 use crate::cuda::request::Request;
 use crate::cuda::types::*;
-use crate::pipeline::{self, AllocCall, FreeCall, Layered, Light, Passed, run_hook};
+use crate::pipeline::{self, AllocCall, FreeCall, run_hook};
 use crate::state::live_table::LiveTable;
+use crate::sys::thread::Token;
 use std::ffi::{CStr, c_int};
 use vramshim_trace::{AllocKind, Api, flags};
 
@@ -139,14 +140,30 @@ fn no_real(name: &'static str, lib: Lib) -> c_int {
 // ------------------------------------------------------------------------ hook sites
 
 /// What a hook's body knows of itself, made by [`hooks!`] from the hook's one declaration:
-/// its C name (for messages), the real function of that name, typed, and whether it is the
-/// per-thread-default-stream (`_ptsz`) variant.
+/// its C name (for messages), the real function of that name, typed, and its library, and
+/// whether it is the per-thread-default-stream (`_ptsz`) variant.
+///
+/// Two words (its constant part behind a reference): passed in registers, so a hook that
+/// hands it to an out-of-line body needs no stack frame on the paths that return early.
 #[derive(Clone, Copy)]
 pub(crate) struct Site<F> {
-    pub name: &'static str,
+    about: &'static SiteInfo,
     pub real: fn() -> Option<F>,
-    pub slot: &'static Slot,
+}
+
+/// The constant part of a [`Site`].
+pub(crate) struct SiteInfo {
+    pub name: &'static str,
+    pub lib: Lib,
     pub ptds: bool,
+}
+
+impl<F> std::ops::Deref for Site<F> {
+    type Target = SiteInfo;
+    #[inline(always)]
+    fn deref(&self) -> &SiteInfo {
+        self.about
+    }
 }
 
 impl<F: Copy> Site<F> {
@@ -155,7 +172,18 @@ impl<F: Copy> Site<F> {
     pub(crate) fn real(self) -> Result<F, c_int> {
         match (self.real)() {
             Some(f) => Ok(f),
-            None => Err(no_real(self.name, self.slot.lib)),
+            None => Err(no_real(self.name, self.lib)),
+        }
+    }
+
+    /// `runtime` for a runtime hook, else `driver` (families of the two APIs that share a
+    /// body).
+    #[inline(always)]
+    pub(crate) fn by_lib<T>(self, runtime: T, driver: T) -> T {
+        if self.lib == Lib::Runtime {
+            runtime
+        } else {
+            driver
         }
     }
 
@@ -188,6 +216,33 @@ impl<F: Copy> Site<F> {
             move || (out.get(), size as u64),
             move |p| out.set(p),
         )
+    }
+
+    /// A stream-ordered allocation of `size` bytes into `out`: from the process's own
+    /// `pool` when it names one (charged to that pool's device when known; never served by
+    /// our pool: the process chose that one), else from the device's current pool
+    /// (`device()`; our pool may serve it).
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    pub(crate) fn stream_ordered(
+        self,
+        api: Api,
+        device: impl Fn() -> i32,
+        out: impl OutPtr,
+        size: usize,
+        stream: u64,
+        pool: Option<CUmemoryPool>,
+        call: impl Fn(F) -> c_int,
+    ) -> c_int {
+        let fl = self.stream_flags();
+        let r = move || {
+            let dev = match pool {
+                Some(p) => crate::cuda::mempools::device_of(p).unwrap_or_else(&device),
+                None => device(),
+            };
+            req(api, AllocKind::Async, dev, stream, size, fl)
+        };
+        self.linear(out, size, pool.is_none(), r, call)
     }
 
     /// The common shape of an allocation hook: `make_req` decodes the request, `call` makes
@@ -224,14 +279,7 @@ impl<F: Copy> Site<F> {
                     read,
                     write_pool,
                 };
-                let mode = pipeline::mode();
-                if mode.pass_through() {
-                    a().run::<Passed>(tok, mode, table)
-                } else if mode.light() {
-                    a().run_outlined::<Light>(tok, mode, table)
-                } else {
-                    a().run_outlined::<Layered>(tok, mode, table)
-                }
+                pipeline::run(tok, table, a)
             },
         )
     }
@@ -258,8 +306,6 @@ impl<F: Copy> Site<F> {
             call,
             move |call| call(f),
             move |tok, call| {
-                // Built in each branch: built before the mode check, it was stored to the
-                // stack on every request.
                 let req = move || FreeCall {
                     api,
                     key,
@@ -267,16 +313,27 @@ impl<F: Copy> Site<F> {
                     flags,
                     call: move || call(f),
                 };
-                let mode = pipeline::mode();
-                if mode.pass_through() {
-                    req().run::<Passed>(tok, mode, table)
-                } else if mode.light() {
-                    req().run::<Light>(tok, mode, table)
-                } else {
-                    req().run_outlined::<Layered>(tok, mode, table)
-                }
+                pipeline::run(tok, table, req)
             },
         )
+    }
+
+    /// A depth-guarded hook beyond allocations (queries, synchronizations): a nested call
+    /// goes straight to the real function (`call`); the outermost runs `body` with the
+    /// thread's token and the real call.
+    #[inline(always)]
+    pub(crate) fn guarded(
+        self,
+        call: impl Fn(F) -> c_int,
+        body: impl FnOnce(&Token, &dyn Fn() -> c_int) -> c_int,
+    ) -> c_int {
+        let f = match self.real() {
+            Ok(f) => f,
+            Err(missing) => return missing,
+        };
+        let real = || call(f);
+        // 999 is the unknown error of the runtime, the driver and NVML alike.
+        run_hook(self.name, CUDA_ERROR_UNKNOWN, real, |tok| body(tok, &real))
     }
 
     /// A hook that is never depth-guarded (lookups, context lifetime): the real function
@@ -364,10 +421,12 @@ macro_rules! hooks {
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name $args -> std::ffi::c_int {
             let $site = $crate::hooks::Site {
-                name: stringify!($name),
+                about: &$crate::hooks::SiteInfo {
+                    name: stringify!($name),
+                    lib: $crate::cuda::real::libs::$name,
+                    ptds: hooks!(@ptds $($ptds)?),
+                },
                 real: $crate::cuda::real::$name,
-                slot: &$crate::cuda::real::slots::$name,
-                ptds: hooks!(@ptds $($ptds)?),
             };
             $body
         }
@@ -380,6 +439,7 @@ macro_rules! hooks {
 pub(crate) mod context;
 pub(crate) mod current;
 pub(crate) mod driver;
+pub(crate) mod host;
 pub(crate) mod lookup;
 pub(crate) mod mempool;
 pub(crate) mod nvml;
@@ -391,9 +451,10 @@ pub(crate) mod torch;
 pub(crate) mod vmm;
 
 /// Every hook we export and substitute, by module.
-static HOOKS: [&[Hook]; 9] = [
+static HOOKS: [&[Hook]; 10] = [
     runtime::TABLE,
     driver::TABLE,
+    host::TABLE,
     vmm::TABLE,
     mempool::TABLE,
     context::TABLE,
@@ -438,24 +499,14 @@ pub(crate) fn query_hook<F: Copy>(
     read: impl FnOnce() -> (Option<u64>, Option<u64>),
     write: impl FnOnce(i32, u64, u64),
 ) -> c_int {
-    let f = match h.real() {
-        Ok(f) => f,
-        Err(missing) => return missing,
-    };
-    // 999 is the unknown error of the runtime, the driver and NVML alike.
-    run_hook(
-        h.name,
-        CUDA_ERROR_UNKNOWN,
-        || call(f),
-        |tok| {
-            let real = || {
-                let rc = call(f);
-                let (free, total) = if rc == 0 { read() } else { (None, None) };
-                (rc, free, total)
-            };
-            pipeline::meminfo(tok, api, device, real, write)
-        },
-    )
+    h.guarded(call, |tok, call| {
+        let real = || {
+            let rc = call();
+            let (free, total) = if rc == 0 { read() } else { (None, None) };
+            (rc, free, total)
+        };
+        pipeline::meminfo(tok, api, device, real, write)
+    })
 }
 
 /// `cudaMemGetInfo` and `cuMemGetInfo_v2`: the cap's view written through the caller's

@@ -5,7 +5,6 @@
 use super::{OutPtr, Site, req, rt_device};
 use crate::cuda::real;
 use crate::cuda::types::*;
-use crate::pipeline;
 use crate::state::live_table::ALLOCS;
 use std::ffi::{c_int, c_uint, c_void};
 use vramshim_trace::{AllocKind, Api};
@@ -28,13 +27,17 @@ hooks! {
     ["cudaMallocAsync", 0] cudaMallocAsync,
     ["cudaMallocAsync", 0, ptds] cudaMallocAsync_ptsz,
     fn(dev_ptr: *mut *mut c_void, size: usize, stream: cudaStream_t) |h| {
-        malloc_async(h, dev_ptr, size, stream)
+        let s = stream as u64;
+        // SAFETY: forwarding the caller's arguments unchanged.
+        h.stream_ordered(Api::CudaMallocAsync, rt_device, dev_ptr, size, s, None, move |f| unsafe { f(dev_ptr, size, stream) })
     }
 
     ["cudaFreeAsync", 0] cudaFreeAsync,
     ["cudaFreeAsync", 0, ptds] cudaFreeAsync_ptsz,
     fn(dev_ptr: *mut c_void, stream: cudaStream_t) |h| {
-        free_async(h, dev_ptr, stream)
+        let (key, s) = (dev_ptr as u64, Some(stream as u64));
+        // SAFETY: forwarding the caller's arguments unchanged.
+        h.free(&ALLOCS, Api::CudaFreeAsync, key, s, move |f| unsafe { f(dev_ptr, stream) })
     }
 
     ["cudaMallocFromPoolAsync", 0] cudaMallocFromPoolAsync,
@@ -45,7 +48,9 @@ hooks! {
         pool: cudaMemPool_t,
         stream: cudaStream_t,
     ) |h| {
-        malloc_from_pool(h, ptr, size, pool, stream)
+        let s = stream as u64;
+        // SAFETY: forwarding the caller's arguments unchanged.
+        h.stream_ordered(Api::CudaMallocFromPoolAsync, rt_device, ptr, size, s, Some(pool), move |f| unsafe { f(ptr, size, pool, stream) })
     }
 
     /// Charged width x height; the footprint is pitch x height (known after the call).
@@ -99,28 +104,6 @@ hooks! {
         h.linear(dev_ptr, size, false, r, move |f| unsafe { f(dev_ptr, size, fl) })
     }
 
-    /// Traced, never charged.
-    ["cudaMallocHost", 0] cudaMallocHost,
-    fn(ptr: *mut *mut c_void, size: usize) |h| {
-        let r = || req(Api::CudaMallocHost, AllocKind::Host, -1, 0, size, 0);
-        // SAFETY: forwarding the caller's arguments unchanged.
-        h.linear(ptr, size, false, r, move |f| unsafe { f(ptr, size) })
-    }
-
-    /// Traced, never charged.
-    ["cudaHostAlloc", 0] cudaHostAlloc,
-    fn(ptr: *mut *mut c_void, size: usize, fl: c_uint) |h| {
-        let r = || req(Api::CudaHostAlloc, AllocKind::Host, -1, 0, size, 0);
-        // SAFETY: forwarding the caller's arguments unchanged.
-        h.linear(ptr, size, false, r, move |f| unsafe { f(ptr, size, fl) })
-    }
-
-    ["cudaFreeHost", 0] cudaFreeHost,
-    fn(ptr: *mut c_void) |h| {
-        // SAFETY: forwarding the caller's arguments unchanged.
-        h.free(&ALLOCS, Api::CudaFreeHost, ptr as u64, None, move |f| unsafe { f(ptr) })
-    }
-
     /// NULL out-pointers are the runtime's business.
     ["cudaMemGetInfo", 0] cudaMemGetInfo,
     fn(free: *mut usize, total: *mut usize) |h| {
@@ -130,28 +113,18 @@ hooks! {
 
     ["cudaDeviceReset", 0] cudaDeviceReset,
     fn() |h| {
-        let f = match h.real() {
-            Ok(f) => f,
-            Err(missing) => return missing,
-        };
-        pipeline::run_hook(
-            h.name,
-            cudaErrorUnknown,
-            // SAFETY: no arguments.
-            || unsafe { f() },
-            |tok| {
-                crate::state::counters::call_in(tok, Api::CudaDeviceReset);
-                let dev = real::current_runtime_device();
-                // SAFETY: no arguments.
-                let rc = unsafe { f() };
-                if rc == 0
-                    && let Some(d) = dev
-                {
-                    super::context::reset(d);
-                }
-                rc
-            },
-        )
+        // SAFETY: no arguments.
+        h.guarded(|f| unsafe { f() }, |tok, call| {
+            crate::state::counters::call_in(tok, Api::CudaDeviceReset);
+            let dev = real::current_runtime_device();
+            let rc = call();
+            if rc == 0
+                && let Some(d) = dev
+            {
+                super::context::reset(d);
+            }
+            rc
+        })
     }
 
     /// `totalGlobalMem` reports the cap.
@@ -160,64 +133,6 @@ hooks! {
     fn(prop: *mut c_void, device: c_int) |h| {
         device_properties(h, prop, device)
     }
-}
-
-fn malloc_async(
-    h: Site<PfnCudaMallocAsync>,
-    dev_ptr: *mut *mut c_void,
-    size: usize,
-    stream: cudaStream_t,
-) -> c_int {
-    let fl = h.stream_flags();
-    let r = move || {
-        req(
-            Api::CudaMallocAsync,
-            AllocKind::Async,
-            rt_device(),
-            stream as u64,
-            size,
-            fl,
-        )
-    };
-    // SAFETY: forwarding the caller's arguments unchanged.
-    h.linear(dev_ptr, size, true, r, move |f| unsafe {
-        f(dev_ptr, size, stream)
-    })
-}
-
-fn free_async(h: Site<PfnCudaFreeAsync>, dev_ptr: *mut c_void, stream: cudaStream_t) -> c_int {
-    let (key, s) = (dev_ptr as u64, Some(stream as u64));
-    // SAFETY: forwarding the caller's arguments unchanged.
-    h.free(&ALLOCS, Api::CudaFreeAsync, key, s, move |f| unsafe {
-        f(dev_ptr, stream)
-    })
-}
-
-/// The pool's device, or the current one; the pool never serves it (the process chose a
-/// specific pool).
-fn malloc_from_pool(
-    h: Site<PfnCudaMallocFromPoolAsync>,
-    ptr: *mut *mut c_void,
-    size: usize,
-    pool: cudaMemPool_t,
-    stream: cudaStream_t,
-) -> c_int {
-    let fl = h.stream_flags();
-    let dev = move || crate::cuda::mempools::device_of(pool).unwrap_or_else(rt_device);
-    let r = move || {
-        req(
-            Api::CudaMallocFromPoolAsync,
-            AllocKind::Async,
-            dev(),
-            stream as u64,
-            size,
-            fl,
-        )
-    };
-    // SAFETY: forwarding the caller's arguments unchanged.
-    h.linear(ptr, size, false, r, move |f| unsafe {
-        f(ptr, size, pool, stream)
-    })
 }
 
 fn device_properties(

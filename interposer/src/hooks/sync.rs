@@ -9,7 +9,6 @@
 use super::Site;
 use crate::cuda::real;
 use crate::cuda::types::*;
-use crate::pipeline::run_hook;
 use crate::sys::ids;
 use crate::{pool, tracer};
 use std::ffi::{c_int, c_void};
@@ -24,38 +23,29 @@ fn sync<F: Copy>(
     device_wide: bool,
     call: impl Fn(F) -> c_int,
 ) -> c_int {
-    let f = match h.real() {
-        Ok(f) => f,
-        Err(missing) => return missing,
-    };
     let name = h.name;
-    run_hook(
-        name,
-        CUDA_ERROR_UNKNOWN,
-        || call(f),
-        |_| {
-            let traced = tracer::enabled();
-            let t0 = traced.then(tracer::stamp);
-            let rc = call(f);
-            if rc == CUDA_SUCCESS && device_wide && pool::enabled() {
-                super::pool_glue::note_process_sync();
-            }
-            crate::debug!("{name} stream={stream:#x} -> {rc}");
-            if let Some(t0) = t0
-                && rc == CUDA_SUCCESS
-            {
-                tracer::emit(Event::Sync {
-                    t_ns: t0.ns,
-                    tid: ids::tid(),
-                    device: real::current_driver_device().unwrap_or(-1),
-                    kind,
-                    stream,
-                    latency_ns: t0.latency_ns(),
-                });
-            }
-            rc
-        },
-    )
+    h.guarded(call, |_, call| {
+        let traced = tracer::enabled();
+        let t0 = traced.then(tracer::stamp);
+        let rc = call();
+        if rc == CUDA_SUCCESS && device_wide && pool::enabled() {
+            super::pool_glue::note_process_sync();
+        }
+        crate::debug!("{name} stream={stream:#x} -> {rc}");
+        if let Some(t0) = t0
+            && rc == CUDA_SUCCESS
+        {
+            tracer::emit(Event::Sync {
+                t_ns: t0.ns,
+                tid: ids::tid(),
+                device: real::current_driver_device().unwrap_or(-1),
+                kind,
+                stream,
+                latency_ns: t0.latency_ns(),
+            });
+        }
+        rc
+    })
 }
 
 /// A wait the pool makes itself (`run`), recorded in the trace as the pool's: a device-wide
@@ -91,25 +81,16 @@ pub(crate) fn pool_wait(
 
 /// Legacy IPC: refused with a clear error on pool memory.
 fn ipc<F: Copy>(h: Site<F>, ptr: u64, call: impl Fn(F) -> c_int) -> c_int {
-    let f = match h.real() {
-        Ok(f) => f,
-        Err(missing) => return missing,
-    };
     let name = h.name;
-    run_hook(
-        name,
-        CUDA_ERROR_UNKNOWN,
-        || call(f),
-        |_| {
-            if pool::enabled()
-                && let Some(code) = super::pool_glue::refuse_ipc(ptr)
-            {
-                crate::debug!("{name} addr={ptr:#x} -> {code} [pool refused]");
-                return code;
-            }
-            call(f)
-        },
-    )
+    h.guarded(call, |_, call| {
+        if pool::enabled()
+            && let Some(code) = super::pool_glue::refuse_ipc(ptr)
+        {
+            crate::debug!("{name} addr={ptr:#x} -> {code} [pool refused]");
+            return code;
+        }
+        call()
+    })
 }
 
 hooks! {

@@ -196,7 +196,7 @@ fn fault_bits() -> u8 {
 
 // ------------------------------------------------------------------ one alloc, one free
 //
-// Every allocation runs [`AllocCall::run`] and every free [`FreeCall::run`]; what differs between requests is
+// Every allocation runs [`AllocCall`]'s `run` and every free [`FreeCall`]'s; what differs between requests is
 // which layers they can meet, and that is a type, [`Path`], so that each path is the same
 // body with the layers it never meets compiled out:
 // * [`Passed`]: nothing on (pass-through): the request is counted and recorded, no more;
@@ -244,6 +244,36 @@ impl Mode {
     }
 }
 
+/// A request a hook hands the pipeline ([`AllocCall`], [`FreeCall`]): run on the path its
+/// mode picks by [`run`].
+pub(crate) trait Call: Sized {
+    /// The light path is inlined into the hook (else it runs out of line, as the layered
+    /// one always does).
+    const LIGHT_INLINE: bool;
+    /// The request on path `P`, inlined where the path is chosen.
+    fn run<P: Path>(self, tok: &Token, mode: Mode, table: &LiveTable) -> c_int;
+    /// [`Call::run`] out of line: inlined, the paths that meet layers would make every
+    /// hook's frame (pass-through's too) bigger.
+    fn run_outlined<P: Path>(self, tok: &Token, mode: Mode, table: &LiveTable) -> c_int;
+}
+
+/// Run the request `make` builds on the path the mode read once picks: pass-through inline,
+/// the paths that meet layers as [`Call`] says. Built in each branch: built before the mode
+/// check, the request (and the closures in it) was stored to the stack on every request.
+#[inline(always)]
+pub(crate) fn run<C: Call>(tok: &Token, table: &LiveTable, make: impl FnOnce() -> C) -> c_int {
+    let mode = mode();
+    if mode.pass_through() {
+        make().run::<Passed>(tok, mode, table)
+    } else if mode.light() && C::LIGHT_INLINE {
+        make().run::<Light>(tok, mode, table)
+    } else if mode.light() {
+        make().run_outlined::<Light>(tok, mode, table)
+    } else {
+        make().run_outlined::<Layered>(tok, mode, table)
+    }
+}
+
 /// What an allocation hook hands the pipeline: how to build its request, make the real call
 /// and read what it produced, and how to give the caller a pool pointer.
 pub(crate) struct AllocCall<Q, C, R, W> {
@@ -259,17 +289,19 @@ pub(crate) struct AllocCall<Q, C, R, W> {
     pub write_pool: W,
 }
 
-impl<Q, C, R, W> AllocCall<Q, C, R, W>
+impl<Q, C, R, W> Call for AllocCall<Q, C, R, W>
 where
     Q: FnOnce() -> Request,
     C: FnOnce() -> c_int,
     R: FnOnce() -> (u64, u64),
     W: FnOnce(u64),
 {
+    const LIGHT_INLINE: bool = false;
+
     /// The allocation on path `P` (see [`Path`]): cap, pool, real; the live table and
-    /// counters; debug log and trace. Inlined where the path is chosen.
+    /// counters; debug log and trace.
     #[inline(always)]
-    pub(crate) fn run<P: Path>(self, tok: &Token, mode: Mode, table: &LiveTable) -> c_int {
+    fn run<P: Path>(self, tok: &Token, mode: Mode, table: &LiveTable) -> c_int {
         let req = &(self.make_req)();
         // Counted before any layer can refuse it; on pass-through after the real call, which
         // keeps fewer values alive across it.
@@ -400,10 +432,8 @@ where
         rc
     }
 
-    /// [`AllocCall::run`] out of line, for the paths that meet layers: inlined, it would
-    /// make every hook's frame (pass-through's too) bigger.
     #[inline(never)]
-    pub(crate) fn run_outlined<P: Path>(self, tok: &Token, mode: Mode, table: &LiveTable) -> c_int {
+    fn run_outlined<P: Path>(self, tok: &Token, mode: Mode, table: &LiveTable) -> c_int {
         self.run::<P>(tok, mode, table)
     }
 }
@@ -559,13 +589,16 @@ pub(crate) struct FreeCall<C> {
     pub call: C,
 }
 
-impl<C: FnOnce() -> c_int> FreeCall<C> {
+impl<C: FnOnce() -> c_int> Call for FreeCall<C> {
+    /// Inline: it adds little to the hook's frame.
+    const LIGHT_INLINE: bool = true;
+
     /// The free on path `P` (see [`Path`]): the table entry is removed first (so a
     /// concurrent allocation that gets the same address cannot be confused with it), the
     /// pool or the real function frees, and on failure the entry is restored. Unknown
     /// pointers go to the real function; its code comes back unchanged.
     #[inline(always)]
-    pub(crate) fn run<P: Path>(self, tok: &Token, mode: Mode, table: &LiveTable) -> c_int {
+    fn run<P: Path>(self, tok: &Token, mode: Mode, table: &LiveTable) -> c_int {
         counters::call_in(tok, self.api);
         if self.key == 0 {
             // cudaFree(NULL) & co.: a no-op (or context initialization) for CUDA.
@@ -619,10 +652,8 @@ impl<C: FnOnce() -> c_int> FreeCall<C> {
         rc
     }
 
-    /// [`FreeCall::run`] out of line, for the layered path (the pool's and the log's code
-    /// stays out of the hooks' frames).
     #[inline(never)]
-    pub(crate) fn run_outlined<P: Path>(self, tok: &Token, mode: Mode, table: &LiveTable) -> c_int {
+    fn run_outlined<P: Path>(self, tok: &Token, mode: Mode, table: &LiveTable) -> c_int {
         self.run::<P>(tok, mode, table)
     }
 }

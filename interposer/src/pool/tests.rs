@@ -821,3 +821,61 @@ fn the_pools_own_synchronizations_are_in_the_trace() {
     );
     let _ = process;
 }
+
+/// A block freed stream-ordered on one stream and reused on another makes the pool order the
+/// second stream after an event recorded at the free (no host synchronization): the trace
+/// records each such wait as the pool's (`SyncKind::PoolEvent`, on the waiting stream), and
+/// `summary` counts them.
+#[test]
+fn the_pools_event_waits_are_in_the_trace() {
+    let exe = compile_c(
+        "pool_early_reuse",
+        &["tests/workloads/pool/early_reuse.c"],
+        Link::SharedRuntime,
+    );
+    let dir = vramshim_testkit::temp_dir("pool_event_waits");
+    let trace = dir.join("pool.vramtrace");
+    let _ = std::fs::remove_file(&trace);
+    let o = run(
+        &exe,
+        &["async", "3"],
+        &[
+            ("VRAMSHIM_POOL", "stitch"),
+            ("VRAMSHIM_TRACE", trace.to_str().unwrap()),
+        ],
+        "pool-event-waits",
+    );
+    assert_eq!(o.code(), Some(0), "{}\n{}", o.stdout, tail(&o.stderr));
+    assert!(field(&o.stdout, "same_address") > 0, "{}", o.stdout);
+    let mut r = vramshim_trace::TraceReader::open(&trace).unwrap();
+    let mut e = vramshim_trace::Event::Lost { t_ns: 0, count: 0 };
+    let mut waits = 0u64;
+    while r.next_into(&mut e).unwrap() {
+        if let vramshim_trace::Event::Sync {
+            kind: vramshim_trace::SyncKind::PoolEvent,
+            stream,
+            ..
+        } = e
+        {
+            assert_ne!(
+                stream, 0,
+                "the waiting stream is the program's second stream"
+            );
+            waits += 1;
+        }
+    }
+    assert!(waits > 0, "no pool event wait in the trace");
+    let vramshim = vramshim_testkit::profile_dir().join("vramshim");
+    let out = std::process::Command::new(&vramshim)
+        .args(["summary", "--json"])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert_eq!(
+        json_value(&text, "pool-event").and_then(|v| v.parse::<u64>().ok()),
+        Some(waits),
+        "{text}"
+    );
+}

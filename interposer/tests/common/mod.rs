@@ -50,6 +50,20 @@ pub fn both(exe: &Path, args: &[&str], env: &[(&str, &str)], name: &str) -> (Run
     (plain, pre)
 }
 
+/// Build `file` as `name` and run it with and without the preload ([`both`]).
+#[track_caller]
+pub fn build_both(
+    name: &str,
+    file: &str,
+    link: Link,
+    extra: &[&str],
+    env: &[(&str, &str)],
+    sim: &str,
+) -> (RunOutput, RunOutput) {
+    let exe = build(name, file, link, extra);
+    both(&exe, &[], env, sim)
+}
+
 /// Run with the preload only.
 #[track_caller]
 pub fn preloaded(exe: &Path, args: &[&str], env: &[(&str, &str)], name: &str) -> RunOutput {
