@@ -77,8 +77,22 @@ fn spool_inputs(cmd: &mut Cmd) -> Result<Vec<vramshim_analyzer::input::Spooled>,
     Ok(held)
 }
 
+/// A command whose output is read by another program ends quietly, as other Unix tools do,
+/// when that reader goes away (`vramshim summary --json | head`): Rust ignores SIGPIPE, so
+/// the next write would fail and print! would panic. The exporter keeps ignoring it (a scraper
+/// that hangs up must not end the server), and so do the commands that launch a job (the job
+/// inherits the disposition it would have had without vramshim).
+fn end_quietly_when_the_reader_leaves(cmd: &Cmd) {
+    if matches!(cmd, Cmd::Run(_) | Cmd::Demo(_) | Cmd::Exporter(_)) {
+        return;
+    }
+    // SAFETY: setting a signal's disposition to its default at start, before any thread.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+}
+
 fn main() -> ExitCode {
     let mut cli = Cli::parse();
+    end_quietly_when_the_reader_leaves(&cli.cmd);
     let _spooled = match spool_inputs(&mut cli.cmd) {
         Ok(s) => s,
         Err(msg) => {

@@ -115,3 +115,42 @@ fn dash_refuses_binary_formats_to_a_terminal_and_writes_text_ones() {
         assert!(!d.join("-").exists(), "{f}: no file named '-'");
     }
 }
+
+/// A reader that goes away (`vramshim summary --json | head -c0`) ends the command as it ends
+/// other Unix tools: quietly, never with a panic's message.
+#[test]
+fn a_reader_that_leaves_ends_the_output_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let d = scratch("reader-leaves");
+    let trace = synth(&d, "t.vramtrace", &[]);
+    for args in [
+        vec!["summary", "--json", trace.to_str().unwrap()],
+        vec![
+            "export",
+            trace.to_str().unwrap(),
+            "-f",
+            "chrome-json",
+            "-o",
+            "-",
+        ],
+    ] {
+        let mut child = Command::new(exe())
+            .args(&args)
+            .current_dir(&d)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The read end closes before the command writes (or, on a slow machine, after it
+        // wrote everything into the pipe's buffer: then it ends normally).
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked"), "{args:?}: no panic: {err}");
+        assert!(
+            out.status.success() || out.status.signal() == Some(libc::SIGPIPE),
+            "{args:?}: ends by SIGPIPE or normally, not {:?}: {err}",
+            out.status
+        );
+    }
+}

@@ -7,49 +7,53 @@ mod common;
 use common::{both, build, preloaded};
 use vramshim_testkit::Link;
 
+/// `alloc_suite.c` built with `link` (and `flags`) runs the same with and without the
+/// preload, and the preloaded run was interposed.
+fn all_paths(exe: &str, link: Link, flags: &[&str], sim: &str) {
+    let exe = build(exe, "alloc_suite.c", link, flags);
+    let (_, pre) = both(&exe, &[], &[], sim);
+    assert!(pre.stderr.contains("preloaded=1"), "{}", pre.stderr);
+}
+
 #[test]
 fn shared_runtime_all_paths() {
-    let exe = build(
+    all_paths(
         "alloc_suite_shared",
-        "alloc_suite.c",
         Link::SharedRuntime,
         &["-DLAYER_RUNTIME=1"],
+        "ip-shared",
     );
-    let (_, pre) = both(&exe, &[], &[], "ip-shared");
-    assert!(pre.stderr.contains("preloaded=1"), "{}", pre.stderr);
 }
 
 #[test]
 fn static_runtime_all_paths() {
-    let exe = build(
+    all_paths(
         "alloc_suite_static",
-        "alloc_suite.c",
         Link::StaticRuntime,
         &["-DLAYER_RUNTIME=0"],
+        "ip-static",
     );
-    let (_, pre) = both(&exe, &[], &[], "ip-static");
-    assert!(pre.stderr.contains("preloaded=1"), "{}", pre.stderr);
 }
 
 #[test]
 fn dlopen_runtime_all_paths() {
-    let exe = build(
-        "alloc_suite_dl",
-        "alloc_suite.c",
-        Link::Dl,
-        &["-DLAYER_RUNTIME=1", "-DUSE_DLOPEN"],
-    );
-    let (_, pre) = both(&exe, &[], &[], "ip-dlopen");
-    assert!(pre.stderr.contains("preloaded=1"), "{}", pre.stderr);
+    let flags = ["-DLAYER_RUNTIME=1", "-DUSE_DLOPEN"];
+    all_paths("alloc_suite_dl", Link::Dl, &flags, "ip-dlopen");
 }
 
 /// The device each allocation is charged to follows cudaSetDevice (through the PLT and
 /// through dlsym), per thread.
 #[test]
 fn allocations_follow_device_switches() {
-    let exe = build("device_switch", "device_switch.c", Link::SharedRuntime, &[]);
-    let (_, pre) = both(&exe, &[], &[("VRAMSIM_DEVICES", "2")], "ip-devswitch");
-    assert!(pre.stdout.contains("device_switch: ok"), "{}", pre.stdout);
+    let (_, pre) = common::build_both(
+        "device_switch",
+        "device_switch.c",
+        Link::SharedRuntime,
+        &[],
+        &[("VRAMSIM_DEVICES", "2")],
+        "ip-devswitch",
+    );
+    common::assert_lines(&pre, &["device_switch: ok"]);
 }
 
 /// The same test catches a remembered device that is not forgotten on a switch.
@@ -77,43 +81,57 @@ fn device_switch_test_catches_a_stale_device() {
 
 #[test]
 fn driver_api_via_cugetprocaddress() {
-    let exe = build("driver_api", "driver_api.c", Link::Dl, &[]);
-    let (plain, _) = both(&exe, &[], &[], "ip-driver");
-    // A thread without a context gets the driver's own error, not a crash.
-    assert!(
-        plain.stdout.contains("no-context cuMemAlloc -> 201"),
-        "{}",
-        plain.stdout
+    let (plain, _) = common::build_both(
+        "driver_api",
+        "driver_api.c",
+        Link::Dl,
+        &[],
+        &[],
+        "ip-driver",
     );
+    // A thread without a context gets the driver's own error, not a crash.
+    common::assert_lines(&plain, &["no-context cuMemAlloc -> 201"]);
 }
 
 #[test]
 fn vmm_charged_by_handle_and_location() {
-    let exe = build("vmm", "vmm.c", Link::Dl, &[]);
-    both(&exe, &[], &[], "ip-vmm");
+    common::build_both("vmm", "vmm.c", Link::Dl, &[], &[], "ip-vmm");
 }
 
 #[test]
 fn async_alloc_on_several_streams() {
-    let exe = build("async_streams", "async_streams.c", Link::SharedRuntime, &[]);
-    both(&exe, &[], &[], "ip-async");
+    common::build_both(
+        "async_streams",
+        "async_streams.c",
+        Link::SharedRuntime,
+        &[],
+        &[],
+        "ip-async",
+    );
 }
 
 #[test]
 fn pool_allocations_charged_to_the_pools_device() {
-    let exe = build(
+    common::build_both(
         "pool_device",
         "pool_device.c",
         Link::SharedRuntime,
         &["-l:libcuda.so.1"],
+        &[("VRAMSIM_DEVICES", "2")],
+        "ip-pooldev",
     );
-    both(&exe, &[], &[("VRAMSIM_DEVICES", "2")], "ip-pooldev");
 }
 
 #[test]
 fn driver_entry_points_as_pytorch_makes_them() {
-    let exe = build("entry_points", "entry_points.c", Link::SharedRuntime, &[]);
-    both(&exe, &[], &[], "ip-entry");
+    common::build_both(
+        "entry_points",
+        "entry_points.c",
+        Link::SharedRuntime,
+        &[],
+        &[],
+        "ip-entry",
+    );
 }
 
 #[test]
@@ -130,24 +148,20 @@ fn cap_sees_every_path() {
     );
     out.assert_success();
     let cap = (64u64 << 20).to_string();
-    for line in [
-        format!("cudaMemGetInfo total={cap} free<=total 1"),
-        format!("totalGlobalMem={cap}"),
-        format!("cuDeviceTotalMem={cap}"),
-        format!("nvml total={cap} used+free==total 1"),
-        "second 40MiB -> 2".to_string(),
-        "last error -> 2".to_string(),
-        "driver 40MiB -> 2".to_string(),
-        "free after 40MiB <= 24MiB 1".to_string(),
-        "cap_wiring: ok".to_string(),
-    ] {
-        assert!(
-            out.stdout.contains(&line),
-            "missing {line:?} in\n{}\n{}",
-            out.stdout,
-            out.stderr
-        );
-    }
+    common::assert_lines(
+        &out,
+        &[
+            &format!("cudaMemGetInfo total={cap} free<=total 1"),
+            &format!("totalGlobalMem={cap}"),
+            &format!("cuDeviceTotalMem={cap}"),
+            &format!("nvml total={cap} used+free==total 1"),
+            "second 40MiB -> 2",
+            "last error -> 2",
+            "driver 40MiB -> 2",
+            "free after 40MiB <= 24MiB 1",
+            "cap_wiring: ok",
+        ],
+    );
 }
 
 #[test]
@@ -189,27 +203,13 @@ fn pool_layer_wiring() {
     let exe = build("pool_wiring", "pool_wiring.c", Link::SharedRuntime, &[]);
     // Without the pool: plain CUDA, identical either way.
     let (plain, _) = both(&exe, &[], &[], "ip-pool-off");
-    assert!(
-        plain.stdout.contains("pool_wiring: ok pooled=no"),
-        "{}",
-        plain.stdout
-    );
+    common::assert_lines(&plain, &["pool_wiring: ok pooled=no"]);
     // With it (once the pool layer serves requests): pooled, IPC refused, data intact.
     let out = common::preloaded(&exe, &[], &[("VRAMSHIM_POOL", "stitch")], "ip-pool-on");
     out.assert_success();
-    assert!(
-        out.stdout.contains("pool_wiring: ok"),
-        "{}\n{}",
-        out.stdout,
-        out.stderr
-    );
+    common::assert_lines(&out, &["pool_wiring: ok"]);
     if out.stdout.contains("pooled=yes") {
-        assert!(
-            out.stdout.contains("ipc=refused"),
-            "{}\n{}",
-            out.stdout,
-            out.stderr
-        );
+        common::assert_lines(&out, &["ipc=refused"]);
     }
 }
 
@@ -248,18 +248,14 @@ fn nvml_answers_follow_the_cuda_device_not_the_nvml_index() {
     );
     out.assert_success();
     let expect = |out: &vramshim_testkit::RunOutput| {
-        for line in [
-            "cuda 0: total=1024MiB used=64MiB v2 total=1024MiB used+reserved=64MiB",
-            "cuda 1: total=1024MiB used=0MiB v2 total=1024MiB used+reserved=0MiB",
-            "nvml_order: ok",
-        ] {
-            assert!(
-                out.stdout.contains(line),
-                "missing {line:?} in\n{}\n{}",
-                out.stdout,
-                out.stderr
-            );
-        }
+        common::assert_lines(
+            out,
+            &[
+                "cuda 0: total=1024MiB used=64MiB v2 total=1024MiB used+reserved=64MiB",
+                "cuda 1: total=1024MiB used=0MiB v2 total=1024MiB used+reserved=0MiB",
+                "nvml_order: ok",
+            ],
+        )
     };
     expect(&out);
     // The same with the simulator's own CUDA_VISIBLE_DEVICES (CUDA's device 0 is physical

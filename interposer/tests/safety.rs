@@ -19,16 +19,14 @@ fn sixteen_threads_exact_counts_no_deadlock() {
 fn cross_thread_frees_exact() {
     let exe = build("cross_free", "cross_free.c", Link::SharedRuntime, &[]);
     let (_, pre) = both(&exe, &["40"], &[], "ip-cross-free");
-    assert!(pre.stdout.contains("cross_free: ok"), "{}", pre.stdout);
+    common::assert_lines(&pre, &["cross_free: ok"]);
 }
 
 #[test]
 fn fork_child_starts_clean_parent_continues() {
     let exe = build("fork_exec", "fork_exec.c", Link::SharedRuntime, &[]);
     let (plain, _) = both(&exe, &["fork"], &[], "ip-fork");
-    assert!(plain.stdout.contains("child A exit=0"), "{}", plain.stdout);
-    assert!(plain.stdout.contains("child B exit=0"), "{}", plain.stdout);
-    assert!(plain.stdout.contains("parent: ok"), "{}", plain.stdout);
+    common::assert_lines(&plain, &["child A exit=0", "child B exit=0", "parent: ok"]);
 }
 
 #[test]
@@ -36,18 +34,19 @@ fn exec_child_inherits_the_preload() {
     let exe = build("fork_exec_x", "fork_exec.c", Link::SharedRuntime, &[]);
     let out = preloaded(&exe, &["exec"], &[], "ip-exec");
     out.assert_success();
-    assert!(
-        out.stdout.contains("child: ok interposed=1"),
-        "{}",
-        out.stdout
-    );
-    assert!(out.stdout.contains("parent: ok"), "{}", out.stdout);
+    common::assert_lines(&out, &["child: ok interposed=1", "parent: ok"]);
 }
 
 #[test]
 fn bad_input_same_codes_as_without_preload() {
-    let exe = build("bad_input", "bad_input.c", Link::SharedRuntime, &[]);
-    both(&exe, &[], &[], "ip-bad");
+    common::build_both(
+        "bad_input",
+        "bad_input.c",
+        Link::SharedRuntime,
+        &[],
+        &[],
+        "ip-bad",
+    );
 }
 
 #[test]
@@ -95,20 +94,17 @@ fn no_driver_no_runtime_gives_cuda_codes() {
         .env("LD_PRELOAD", common::lib());
     let out = vramshim_testkit::run(&mut c);
     out.assert_success();
-    for line in [
-        "cudaMalloc -> 35",
-        "cudaFree -> 35",
-        "cudaMemGetInfo -> 35",
-        "cuMemAlloc_v2 -> 3",
-        "cuMemGetInfo_v2 -> 3",
-        "cuGetProcAddress_v2 -> 3",
-        "nvmlDeviceGetMemoryInfo -> 1",
-    ] {
-        assert!(
-            out.stdout.contains(line),
-            "missing {line:?}:\n{}",
-            out.stdout
-        );
-    }
+    common::assert_lines(
+        &out,
+        &[
+            "cudaMalloc -> 35",
+            "cudaFree -> 35",
+            "cudaMemGetInfo -> 35",
+            "cuMemAlloc_v2 -> 3",
+            "cuMemGetInfo_v2 -> 3",
+            "cuGetProcAddress_v2 -> 3",
+            "nvmlDeviceGetMemoryInfo -> 1",
+        ],
+    );
     assert_eq!(out.stderr, "", "nothing on stderr");
 }

@@ -2,7 +2,7 @@
 //! charge allocations against one budget shared by every process with that name) and by
 //! `vramshim top` (to show it). Also the `VRAMSHIM_CAP` parser ([`spec`]), shared with the CLI.
 //!
-//! # Layout (version 2)
+//! # Layout (version 3)
 //! One file, `/dev/shm/vramshim-<uid>-<name>` (mode 0600, owned by the user), mapped shared:
 //! - a header: magic, version, layout size, number of devices and slots, creator uid, pid
 //!   namespace, creation time, the cap of each device (none / bytes / fraction) and the text it
@@ -10,13 +10,16 @@
 //! - [`MAX_DEVICES`] device lines, one cache line each: which physical device the line counts
 //!   (its 16-byte identity, the driver's UUID, claimed by the first process that charges it),
 //!   the total charged (bytes in the low 44 bits, a modification counter in the high 20), the
-//!   peak and the refusals. Lines are keyed by identity, not by CUDA ordinal, because
+//!   peak, the refusals, and for `VRAMSHIM_ON_CAP=wait` a wake-up generation (a futex word)
+//!   and the number of members waiting on the line. Lines are keyed by identity, not by CUDA ordinal, because
 //!   processes of one group may see the same device under different ordinals
 //!   (`CUDA_VISIBLE_DEVICES=1` in one, `0,1` in another: both mean physical device 1);
 //!   version 1 keyed them by ordinal and charged such processes against the wrong budget;
+//!   version 2 had no waiting (its members would neither wake nor see waiters);
 //! - [`MAX_SLOTS`] per-process slots, one cache-line group each: the owner's [`ProcessKey`]
 //!   (pid + start time; bit 63 set while a dead owner's slot is being reclaimed), an in-flight
-//!   counter, refusals, the full start time, and the bytes it holds per device.
+//!   counter, refusals, the full start time, the bytes it holds per device, and which lines
+//!   it has a request waiting on (with when it began waiting).
 //!
 //! # Protocol (no lock anywhere)
 //! - Create: a temporary file is created with `O_EXCL`, sized, initialised, its magic written
@@ -36,6 +39,11 @@
 //! - Charge: `inflight += 1`; CAS loop on the device total (refused if it would pass the cap);
 //!   `slot.used[dev] += bytes`; `inflight -= 1`. Uncharge: the same bracket, slot first, then
 //!   total (saturating: never below zero).
+//! - Wait (`VRAMSHIM_ON_CAP=wait`, the [`wait`] module): a refused member marks its slot and
+//!   the line's waiter count, reads the line's generation, retries, and sleeps on the
+//!   generation (futex) with a bounded timeout; whoever gives bytes back on a line with
+//!   waiters (uncharge, a clean exit, a reclaim, a recount) bumps the generation and wakes
+//!   them. A dead waiter's marks go with its slot when it is reclaimed.
 //! - Reclaim (at attach, after a refusal, by `vramshim top`): a slot whose owner is dead (no
 //!   such pid, a zombie, or a different start time) is taken over by CAS of its key to
 //!   `REAP | reclaimer`; if its in-flight counter is 0 its bytes are subtracted exactly,
@@ -50,6 +58,7 @@ pub mod proc;
 pub mod registry;
 pub mod spec;
 mod sys;
+pub mod wait;
 
 use std::fmt;
 use std::fs::{File, OpenOptions};
@@ -64,7 +73,7 @@ pub use spec::{CapSpec, CapValue, MAX_DEVICES};
 /// "VRSHMCAP", little-endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"VRSHMCAP");
 /// Layout version; a region of another version is refused, never reinterpreted.
-pub const VERSION: u64 = 2;
+pub const VERSION: u64 = 3;
 /// Processes that can share one region at a time.
 pub const MAX_SLOTS: usize = 256;
 /// Bits of a device total that hold bytes (the rest count modifications, against ABA).
@@ -152,7 +161,12 @@ pub struct DeviceLine {
     refusals: AtomicU64,
     claim: AtomicU64,
     identity: [AtomicU64; 2],
-    _pad: [AtomicU64; 2],
+    /// Bumped (and its low half woken as a futex) when bytes come back while members wait.
+    wake: AtomicU64,
+    /// Members with a request waiting on this line (a hint for the free path: it may read
+    /// low, never high, after a waiter is killed mid-bookkeeping; waiters also wake on a
+    /// timer).
+    waiters: AtomicU64,
 }
 
 /// Whether the process that left claim word `c` is surely gone (its pid does not exist, is a
@@ -198,6 +212,10 @@ pub struct Slot {
     /// the pid and start time stay, the image (and its device memory) is new.
     image: AtomicU64,
     used: [AtomicU64; MAX_DEVICES],
+    /// Bit `l`: a request of the owner waits on line `l` (`VRAMSHIM_ON_CAP=wait`).
+    waiting: AtomicU64,
+    /// CLOCK_MONOTONIC ns when the owner began waiting (orders the group's waiters).
+    wait_since: AtomicU64,
 }
 
 #[repr(C)]
@@ -328,6 +346,8 @@ pub struct ProcessSnapshot {
     pub alive: bool,
     pub used: [u64; MAX_DEVICES],
     pub refusals: u64,
+    /// The lines a request of the process waits on (bit per line; 0: not waiting).
+    pub waiting: u64,
 }
 
 /// A consistent-enough copy of the region for display.
@@ -349,6 +369,8 @@ pub struct Snapshot {
 pub struct Region {
     map: sys::Mapping,
     path: Option<PathBuf>,
+    /// Test switch: this process's frees never wake waiters ([`Region::set_no_wake`]).
+    no_wake: std::sync::atomic::AtomicBool,
 }
 
 fn bytes_of(w: u64) -> u64 {
@@ -451,23 +473,28 @@ impl Region {
     /// Creates and publishes a new region; `None` if another process published one first.
     fn create(path: &Path, caps: &CapSpec) -> Result<Option<Region>, RegionError> {
         let map = create_published(path, page_len(), |m| {
-            let region = Region { map: m, path: None };
+            let region = Region::with_map(m, None);
             region.init(caps);
             region.map
         })?;
-        Ok(map.map(|map| Region {
-            map,
-            path: Some(path.to_path_buf()),
-        }))
+        Ok(map.map(|map| Region::with_map(map, Some(path.to_path_buf()))))
     }
 
     /// A private region in anonymous shared memory (tests, benchmarks; shared with children
     /// forked afterwards).
     pub fn anonymous(caps: &CapSpec) -> io::Result<Region> {
         let map = sys::Mapping::anonymous(page_len())?;
-        let region = Region { map, path: None };
+        let region = Region::with_map(map, None);
         region.init(caps);
         Ok(region)
+    }
+
+    fn with_map(map: sys::Mapping, path: Option<PathBuf>) -> Region {
+        Region {
+            map,
+            path,
+            no_wake: std::sync::atomic::AtomicBool::new(false),
+        }
     }
 
     fn init(&self, caps: &CapSpec) {
@@ -507,10 +534,7 @@ impl Region {
     /// Opens an existing region (never creates one), verifying that it is ours and sound.
     pub fn open(path: &Path) -> Result<Region, RegionError> {
         let map = open_owned(path, page_len() as u64, describe_foreign)?;
-        let region = Region {
-            map,
-            path: Some(path.to_path_buf()),
-        };
+        let region = Region::with_map(map, Some(path.to_path_buf()));
         region.verify(sys::euid())?;
         Ok(region)
     }
@@ -712,6 +736,8 @@ impl Region {
             {
                 s.start_ticks.store(start_ticks, Relaxed);
                 s.refusals.store(0, Relaxed);
+                s.waiting.store(0, SeqCst);
+                s.wait_since.store(0, Relaxed);
                 return Some(SlotIndex(i));
             }
         }
@@ -755,9 +781,13 @@ impl Region {
     pub fn release_slot(&self, s: SlotIndex) {
         let slot = self.slot(s);
         slot.inflight.fetch_add(1, SeqCst);
+        self.drop_waits(slot);
         for (d, u) in slot.used.iter().enumerate() {
             let b = u.swap(0, SeqCst);
             release(&self.device(d).total, b);
+            if b > 0 {
+                self.wake_line(d);
+            }
         }
         slot.inflight.store(0, SeqCst);
         slot.image.store(0, SeqCst);
@@ -805,6 +835,10 @@ impl Region {
         let taken = prev.min(bytes);
         release(&line.total, taken);
         slot.inflight.fetch_sub(1, SeqCst);
+        // One load of a word on the line just written; a syscall only while members wait.
+        if line.waiters.load(SeqCst) != 0 {
+            self.wake_line(dev);
+        }
         taken
     }
 
@@ -859,6 +893,8 @@ impl Region {
     /// Frees slot `s` that the caller took over (its key was `k`), giving its bytes back.
     fn reap(&self, s: &Slot, k: u64, out: &mut Reclaimed) {
         let lay = self.layout();
+        // A waiter killed while waiting: its marks go (its wait is over).
+        self.drop_waits(s);
         if s.inflight.load(SeqCst) == 0 && k & REAP_FLAG == 0 {
             // The owner finished every operation: its slot is exact.
             s.inflight.store(1, SeqCst);
@@ -867,6 +903,7 @@ impl Region {
                 if b > 0 {
                     release(&lay.header.devices[d].total, b);
                     out.bytes += b;
+                    self.wake_line(d);
                 }
             }
         } else {
@@ -927,6 +964,7 @@ impl Region {
                 .is_ok()
             {
                 lay.header.needs_recount.fetch_and(!(1 << d), SeqCst);
+                self.wake_line(d);
             }
         }
         lay.header.needs_recount.load(SeqCst)
@@ -952,6 +990,7 @@ impl Region {
                 alive: k.alive(true),
                 used,
                 refusals: s.refusals.load(Relaxed),
+                waiting: s.waiting.load(Relaxed),
             });
         }
         let per = |f: &dyn Fn(&DeviceLine) -> u64| {

@@ -1,9 +1,12 @@
-//! The FFI edge: `mmap`/`munmap`, `geteuid` and `raise`. Every `unsafe` of the crate is here.
+//! The FFI edge: `mmap`/`munmap`, `geteuid`, `raise`, `futex` and the monotonic clock. Every
+//! `unsafe` of the crate is here.
 
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::ptr::NonNull;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
 
 /// A shared read-write mapping, unmapped on drop.
 pub struct Mapping {
@@ -102,4 +105,68 @@ pub fn kill_self() -> ! {
         libc::raise(libc::SIGKILL);
     }
     std::process::abort()
+}
+
+/// The address of the low 32 bits of `w` (a futex word must be a 4-byte integer).
+fn low_half(w: &AtomicU64) -> *const u32 {
+    let p = w.as_ptr().cast::<u32>().cast_const();
+    if cfg!(target_endian = "big") {
+        p.wrapping_add(1)
+    } else {
+        p
+    }
+}
+
+/// Sleeps while the low 32 bits of `w` equal `expected`, at most `timeout`, or until a
+/// [`futex_wake`] on `w` from any process mapping the same memory. Returns early on a signal
+/// or a changed value; the caller re-reads what it waits for either way.
+pub fn futex_wait(w: &AtomicU64, expected: u32, timeout: Duration) {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs().min(i64::MAX as u64) as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: the address is 4-byte aligned and inside a live mapping (`w` borrows it); a
+    // shared (not private) futex, since other processes map the same file; the timeout is a
+    // valid relative timespec. The kernel only reads the word.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            low_half(w),
+            libc::FUTEX_WAIT,
+            expected,
+            &ts as *const libc::timespec,
+            std::ptr::null::<u32>(),
+            0u32,
+        );
+    }
+}
+
+/// Wakes every process sleeping in [`futex_wait`] on `w`.
+pub fn futex_wake(w: &AtomicU64) {
+    // SAFETY: as in `futex_wait`; FUTEX_WAKE only reads the address to find the waiters.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            low_half(w),
+            libc::FUTEX_WAKE,
+            i32::MAX,
+            std::ptr::null::<libc::timespec>(),
+            std::ptr::null::<u32>(),
+            0u32,
+        );
+    }
+}
+
+/// CLOCK_MONOTONIC in nanoseconds: one clock for every process of the machine, so that the
+/// members of a group can order their waits.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out-pointer; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
 }

@@ -110,7 +110,7 @@ fn foreign_or_broken_files_are_refused() {
     let e = Region::open(&p).err().unwrap();
     assert!(
         e.to_string()
-            .contains("layout version 1, this library reads version 2"),
+            .contains("layout version 1, this library reads version 3"),
         "{e}"
     );
     // A corrupt cap record.

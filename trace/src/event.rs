@@ -188,6 +188,9 @@ pub mod flags {
     pub const POOLED: u8 = 4;
     /// The call was made during stream capture.
     pub const CAPTURING: u8 = 8;
+    /// The request waited for members of its group to free (`VRAMSHIM_ON_CAP=wait`); its
+    /// latency includes the wait, its result says whether it was served in the end.
+    pub const WAITED_ON_CAP: u8 = 16;
 }
 
 /// One allocation or free, as the process saw it.

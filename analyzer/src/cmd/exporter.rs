@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use vramshim_region::registry::{FLAG_WAITING, Registered};
 
-use super::node;
+use super::{kube, node};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -32,6 +32,10 @@ pub struct Args {
     /// Leave NVML out (no per-GPU totals from the driver).
     #[arg(long)]
     pub no_nvml: bool,
+    /// The kubelet's log root, whose `pods/` and `containers/` directories name the pods and
+    /// containers of the processes' cgroups (pod, namespace, container_name labels).
+    #[arg(long, value_name = "DIR", default_value = super::kube::DEFAULT_ROOT)]
+    pub kube_logs: PathBuf,
 }
 
 const MAX_REQUEST: usize = 8192;
@@ -45,7 +49,7 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
         nvml::Nvml::open()
     };
     if args.once {
-        print!("{}", scrape(&reg, nvml.as_ref()));
+        print!("{}", scrape(&reg, nvml.as_ref(), &args.kube_logs));
         return Ok(ExitCode::SUCCESS);
     }
     let Some(addr) = args.listen else {
@@ -67,7 +71,7 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
     for conn in listener.incoming() {
         match conn {
             Ok(s) => {
-                if let Err(e) = serve(s, &reg, nvml.as_ref()) {
+                if let Err(e) = serve(s, &reg, nvml.as_ref(), &args.kube_logs) {
                     eprintln!("vramshim exporter: {e}");
                 }
             }
@@ -78,7 +82,12 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
 }
 
 /// One connection: read one request (bounded), answer it, close.
-fn serve(mut s: TcpStream, reg: &std::path::Path, nvml: Option<&nvml::Nvml>) -> Result<(), String> {
+fn serve(
+    mut s: TcpStream,
+    reg: &std::path::Path,
+    nvml: Option<&nvml::Nvml>,
+    kube: &std::path::Path,
+) -> Result<(), String> {
     s.set_read_timeout(Some(IO_TIMEOUT))
         .map_err(|e| e.to_string())?;
     s.set_write_timeout(Some(IO_TIMEOUT))
@@ -115,7 +124,7 @@ fn serve(mut s: TcpStream, reg: &std::path::Path, nvml: Option<&nvml::Nvml>) -> 
     let path = target.split('?').next().unwrap_or("");
     match (method, path) {
         ("GET", "/metrics") => {
-            let body = scrape(reg, nvml);
+            let body = scrape(reg, nvml, kube);
             respond(
                 &mut s,
                 "200 OK",
@@ -168,7 +177,7 @@ fn esc(v: &str) -> String {
     o
 }
 
-fn process_labels(p: &Registered) -> String {
+fn process_labels(p: &Registered, names: &kube::Names) -> String {
     let c = &p.identity.container;
     let mut l = format!(
         "pid=\"{}\",uid=\"{}\",cmd=\"{}\"",
@@ -182,8 +191,19 @@ fn process_labels(p: &Registered) -> String {
     if !c.id.is_empty() {
         let _ = write!(l, ",container=\"{}\"", esc(&c.id));
     }
+    if let Some(name) = names.container(&c.id) {
+        let _ = write!(l, ",container_name=\"{}\"", esc(name));
+    }
     if !c.pod_uid.is_empty() {
         let _ = write!(l, ",pod_uid=\"{}\"", esc(&c.pod_uid));
+    }
+    if let Some(pod) = names.pod(&c.pod_uid) {
+        let _ = write!(
+            l,
+            ",pod=\"{}\",namespace=\"{}\"",
+            esc(&pod.name),
+            esc(&pod.namespace)
+        );
     }
     if c.runtime != vramshim_region::registry::Runtime::None {
         let _ = write!(l, ",runtime=\"{}\"", c.runtime.name());
@@ -220,8 +240,19 @@ impl Family {
 }
 
 /// One scrape's text.
-pub(crate) fn scrape(reg: &std::path::Path, nvml: Option<&nvml::Nvml>) -> String {
+pub(crate) fn scrape(
+    reg: &std::path::Path,
+    nvml: Option<&nvml::Nvml>,
+    kube_root: &std::path::Path,
+) -> String {
     let t0 = Instant::now();
+    let (names, said) = kube::read(kube_root);
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !said.is_empty() && !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        for l in said {
+            eprintln!("vramshim exporter: {l}");
+        }
+    }
     let (procs, error) = match node::read(reg) {
         Ok(p) => (p, 0),
         Err(e) => {
@@ -267,7 +298,7 @@ pub(crate) fn scrape(reg: &std::path::Path, nvml: Option<&nvml::Nvml>) -> String
     // Per GPU: (ordinal seen by the first process, sum of use).
     let mut gpus: BTreeMap<String, u64> = BTreeMap::new();
     for p in &procs {
-        let pl = process_labels(p);
+        let pl = process_labels(p, &names);
         refusals.add(&pl, p.refusals);
         ooms.add(&pl, p.ooms);
         waiting.add(&pl, u64::from(p.flags & FLAG_WAITING != 0));
@@ -458,5 +489,61 @@ mod tests {
     #[test]
     fn escapes_label_values() {
         assert_eq!(esc("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+
+    /// A process in a pod (its cgroup gave the pod UID and the container id) gets the pod's
+    /// name and namespace and the container's name from the kubelet's directories (a fake
+    /// tree here); without them, only the UID and the id.
+    #[test]
+    fn pod_namespace_and_container_names_from_the_kubelet() {
+        use std::os::unix::fs::PermissionsExt;
+        use vramshim_region::registry::{Container, Identity, Registry, Runtime};
+        const UID: &str = "0b7d8f3c-5a1e-4c2b-9d6f-1e2a3b4c5d6e";
+        const CID: &str = "4f1e2d3c4b5a69788796a5b4c3d2e1f0a1b2c3d4e5f60718293a4b5c6d7e8f90";
+        let dir = std::env::temp_dir().join(format!("vramshim-exp-kube-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let logs = dir.join("log");
+        std::fs::create_dir_all(logs.join(format!("pods/ml_trainer-0_{UID}/pytorch"))).unwrap();
+        std::fs::create_dir_all(logs.join("containers")).unwrap();
+        for d in ["pods", "containers"] {
+            std::fs::set_permissions(logs.join(d), std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        std::os::unix::fs::symlink(
+            logs.join(format!("pods/ml_trainer-0_{UID}/pytorch/0.log")),
+            logs.join(format!("containers/trainer-0_ml_pytorch-{CID}.log")),
+        )
+        .unwrap();
+        let reg_path = dir.join("registry");
+        let reg = Registry::open_or_create(&reg_path).unwrap();
+        let me = vramshim_region::ProcessKey::current().unwrap();
+        let id = Identity {
+            uid: 1000,
+            start_ticks: vramshim_region::proc::stat(me.pid()).unwrap().0,
+            cmd: "python".into(),
+            group: String::new(),
+            container: Container {
+                runtime: Runtime::Containerd,
+                id: CID.into(),
+                pod_uid: UID.into(),
+            },
+        };
+        reg.register(me, &id).unwrap();
+        let text = scrape(&reg_path, None, &logs);
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("vramshim_process_cap_refusals_total{"))
+            .unwrap_or_else(|| panic!("{text}"));
+        assert!(
+            line.contains(&format!(
+                "container=\"{CID}\",container_name=\"pytorch\",pod_uid=\"{UID}\",pod=\"trainer-0\",namespace=\"ml\""
+            )),
+            "{line}"
+        );
+        let text = scrape(&reg_path, None, &dir.join("no-such-dir"));
+        assert!(
+            !text.contains("namespace=") && text.contains(&format!("pod_uid=\"{UID}\"")),
+            "{text}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

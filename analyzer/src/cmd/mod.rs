@@ -10,6 +10,7 @@ pub(crate) mod diff;
 pub(crate) mod export;
 pub(crate) mod exporter;
 pub(crate) mod import;
+pub(crate) mod kube;
 pub(crate) mod node;
 pub(crate) mod python_hook;
 pub(crate) mod pytorch_route;

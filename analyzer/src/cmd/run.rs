@@ -31,6 +31,11 @@ pub struct Args {
     /// Share one cap budget with every process using the same NAME. Sets VRAMSHIM_SHARED.
     #[arg(long, value_name = "NAME")]
     pub shared: Option<String>,
+    /// What a request refused by the shared cap does: `fail` (default), or `wait[:TIMEOUT]`
+    /// for members of the group to free (`wait:30s`, `wait:forever`; `wait` = 60 s). Sets
+    /// VRAMSHIM_ON_CAP.
+    #[arg(long, value_name = "fail|wait[:TIMEOUT]")]
+    pub on_cap: Option<String>,
     /// Allocation pool: `stitch` (defragmenting pool), `stitch-tight` (the same, holding at
     /// most a budget over its recent peak of live bytes) or `off`. Sets VRAMSHIM_POOL.
     #[arg(long, value_name = "POLICY", value_parser = ["stitch", "stitch-tight", "off"])]
@@ -131,6 +136,16 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
     }
     if let Some(v) = &args.shared {
         cmd.env("VRAMSHIM_SHARED", v);
+    }
+    if let Some(v) = &args.on_cap {
+        if let Err(why) = vramshim_region::wait::parse_on_cap(v) {
+            return Err(format!(
+                "--on-cap \"{}\" is not valid ({why}); {}",
+                v.escape_debug(),
+                vramshim_region::wait::FORMS
+            ));
+        }
+        cmd.env("VRAMSHIM_ON_CAP", v);
     }
     let pool = pool_setting(&args)?;
     if let Some(v) = &pool {

@@ -1,5 +1,6 @@
 //! `vramshim top`: a live view of the shared cap regions (`VRAMSHIM_SHARED=NAME`): the
-//! processes sharing each, their use per device, the cap, the peak and refusals so far; and
+//! processes sharing each, their use per device, the cap, the peak and refusals so far, who
+//! waits for room (`VRAMSHIM_ON_CAP=wait`); and
 //! of the node registry: every process under libvramshim.so, by GPU and by group.
 //! Refreshes on a terminal; `--once` (or output to a pipe) prints one snapshot; `--json` prints
 //! one machine-readable snapshot. Looking also reclaims the slots of dead processes (as any
@@ -167,17 +168,18 @@ fn render_text(views: &[View]) -> String {
         ));
         let devs = devices(s);
         o.push_str(&format!(
-            "  {:<12} {:>16} {:>12} {:>12} {:>9}\n",
-            "DEVICE", "CAP", "IN USE", "PEAK", "REFUSED"
+            "  {:<12} {:>16} {:>12} {:>12} {:>9} {:>8}\n",
+            "DEVICE", "CAP", "IN USE", "PEAK", "REFUSED", "WAITING"
         ));
         for &d in &devs {
             o.push_str(&format!(
-                "  {:<12} {:>16} {:>12} {:>12} {:>9}\n",
+                "  {:<12} {:>16} {:>12} {:>12} {:>9} {:>8}\n",
                 device_label(s, d),
                 line_cap_text(s, d),
                 human_bytes(s.totals[d]),
                 human_bytes(s.peaks[d]),
-                s.refusals[d]
+                s.refusals[d],
+                waiting_on(s, d)
             ));
         }
         if !s.processes.is_empty() {
@@ -185,7 +187,7 @@ fn render_text(views: &[View]) -> String {
             for &d in &devs {
                 o.push_str(&format!(" {:>12}", device_label(s, d)));
             }
-            o.push_str(&format!(" {:>9}\n", "REFUSED"));
+            o.push_str(&format!(" {:>9} {:>8}\n", "REFUSED", "WAITING"));
             for p in &s.processes {
                 let comm = if p.alive {
                     vramshim_region::proc::comm(p.pid).unwrap_or_default()
@@ -196,12 +198,25 @@ fn render_text(views: &[View]) -> String {
                 for &d in &devs {
                     o.push_str(&format!(" {:>12}", human_bytes(p.used[d])));
                 }
-                o.push_str(&format!(" {:>9}\n", p.refusals));
+                let waiting = if p.alive && p.waiting != 0 {
+                    "yes"
+                } else {
+                    "-"
+                };
+                o.push_str(&format!(" {:>9} {:>8}\n", p.refusals, waiting));
             }
         }
         o.push('\n');
     }
     o
+}
+
+/// Live members with a request waiting for room on line `d` (`VRAMSHIM_ON_CAP=wait`).
+fn waiting_on(s: &Snapshot, d: usize) -> usize {
+    s.processes
+        .iter()
+        .filter(|p| p.alive && p.waiting & (1 << d) != 0)
+        .count()
 }
 
 fn cap_json(c: Option<CapValue>) -> Value {
@@ -229,6 +244,7 @@ fn render_json(views: &[View]) -> Value {
                     "in_use": s.totals[d],
                     "peak": s.peaks[d],
                     "refusals": s.refusals[d],
+                    "waiting": waiting_on(s, d),
                 })).collect::<Vec<_>>(),
                 "in_use": s.totals.to_vec(),
                 "processes": s.processes.iter().map(|p| json!({
@@ -238,6 +254,7 @@ fn render_json(views: &[View]) -> Value {
                     "start_ticks": p.start_ticks,
                     "used": p.used.to_vec(),
                     "refusals": p.refusals,
+                    "waiting": p.alive && p.waiting != 0,
                 })).collect::<Vec<_>>(),
             }),
         })
@@ -323,6 +340,7 @@ mod tests {
         assert_eq!(r.line_for(gpu), Some(0));
         r.charge(s, 0, 3 << 30, 4 << 30, Check::Atomic).unwrap();
         r.note_refusal(s, 0);
+        r.begin_wait(s, 0);
         let dead = r.claim_slot(ProcessKey::new(u32::MAX - 9, 1), 0).unwrap();
         r.charge(dead, 1, 1 << 20, u64::MAX, Check::Atomic).unwrap();
         let v = look("job", &path, true);
@@ -347,6 +365,8 @@ mod tests {
         );
         assert_eq!(reg["processes"].as_array().unwrap().len(), 1);
         assert_eq!(reg["devices"][0]["refusals"], 1);
+        assert_eq!(reg["devices"][0]["waiting"], 1);
+        assert_eq!(reg["processes"][0]["waiting"], true);
         assert_eq!(reg["devices"][0]["id"], "GPU-abababab");
         assert_eq!(
             reg["devices"][0]["cap"],

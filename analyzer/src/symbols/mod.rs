@@ -10,6 +10,8 @@ use crate::fastmap::FastMap;
 use elf::ElfFile;
 
 mod elf;
+mod python;
+pub use python::{is_user_file, short_function};
 
 #[derive(Clone, Debug)]
 pub struct Module {
@@ -185,11 +187,7 @@ impl Symbolizer {
         };
         Resolved {
             module: PYTHON_MODULE.into(),
-            text: format!(
-                "{} ({}:{line})",
-                crate::analysis::torch::short_function(function),
-                base_name(file)
-            ),
+            text: format!("{} ({}:{line})", short_function(function), base_name(file)),
             function: Some(function.clone()),
             file: Some(file.clone()),
             line: Some(line),
@@ -239,11 +237,7 @@ impl Symbolizer {
         if let Some(f) = frames
             .iter()
             .filter(python)
-            .find(|f| {
-                f.file
-                    .as_deref()
-                    .is_some_and(crate::analysis::torch::is_user_file)
-            })
+            .find(|f| f.file.as_deref().is_some_and(is_user_file))
             .or_else(|| frames.iter().find(python))
         {
             return f.text.clone();

@@ -9,6 +9,7 @@ use vramshim_region::spec::{self, CapSpec};
 use vramshim_region::{CapValue, MAX_DEVICES};
 
 use super::limits::{self, DmemRegion};
+use super::wait::{self, OnCap};
 
 /// Whether the context's own memory counts against the cap (`VRAMSHIM_CAP_CONTEXT`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,6 +64,13 @@ pub(crate) enum Fault {
     /// Other tools' limit variables and the kernel's dmem limits are ignored (the process
     /// runs as if only `VRAMSHIM_*` existed).
     IgnoreLimits,
+    /// `VRAMSHIM_ON_CAP=wait` is ignored: refused requests fail at once.
+    NoWait,
+    /// A waiter never checks whether the whole group waits (so a group whose holders all
+    /// wait hangs until its timeout).
+    WaitDeadlock,
+    /// Frees never wake waiters (they notice room on their timer only).
+    NoWake,
 }
 
 /// What the variables asked for.
@@ -87,6 +95,8 @@ pub(crate) struct Settings {
     /// The cgroup's dmem regions (hard limits bound the devices they name, whatever `spec`
     /// says; mapped to devices by PCI address once the driver can tell).
     pub dmem: Vec<DmemRegion>,
+    /// `VRAMSHIM_ON_CAP`: what a request refused by a shared cap does.
+    pub on_cap: OnCap,
 }
 
 /// [`parse_with`] without a cgroup (the unit tests).
@@ -138,10 +148,13 @@ pub(crate) fn parse_with(
         Some("die-claiming-line") => Fault::DieClaimingLine,
         Some("no-claim-recovery") => Fault::NoClaimRecovery,
         Some("ignore-limits") => Fault::IgnoreLimits,
+        Some("no-wait") => Fault::NoWait,
+        Some("wait-deadlock") => Fault::WaitDeadlock,
+        Some("no-wake") => Fault::NoWake,
         Some("panic-at-setup") => Fault::PanicAtSetup,
         Some(v) => {
             lines.push(format!(
-                "vramshim: VRAMSHIM_CAP_FAULT=\"{}\" is not valid (a test-only switch); accepted: racy-charge, no-reclaim, pid-only, ordinal-lines, squat-pass-through, slots-uncapped, requested-bytes, unchecked-context, async-uncharge, pool-live-bytes, die-claiming-line, no-claim-recovery, ignore-limits, panic-at-setup; ignoring it",
+                "vramshim: VRAMSHIM_CAP_FAULT=\"{}\" is not valid (a test-only switch); accepted: racy-charge, no-reclaim, pid-only, ordinal-lines, squat-pass-through, slots-uncapped, requested-bytes, unchecked-context, async-uncharge, pool-live-bytes, die-claiming-line, no-claim-recovery, ignore-limits, no-wait, wait-deadlock, no-wake, panic-at-setup; ignoring it",
                 v.escape_debug()
             ));
             Fault::None
@@ -158,6 +171,20 @@ pub(crate) fn parse_with(
             ));
             true
         }
+    };
+    let on_cap = match nonempty("VRAMSHIM_ON_CAP") {
+        None => OnCap::Fail,
+        Some(v) => match wait::parse(&v) {
+            Ok(o) => o,
+            Err(why) => {
+                lines.push(format!(
+                    "vramshim: VRAMSHIM_ON_CAP=\"{}\" is not valid ({why}); {}; refusing at once",
+                    v.escape_debug(),
+                    wait::FORMS
+                ));
+                OnCap::Fail
+            }
+        },
     };
     let (vars, dmem) = if fault == Fault::IgnoreLimits {
         (Default::default(), Vec::new())
@@ -227,6 +254,11 @@ pub(crate) fn parse_with(
     if cap_text.is_none() && shared.is_none() && !has_vars && !has_kernel {
         return (None, lines);
     }
+    if on_cap != OnCap::Fail && shared.is_none() {
+        lines.push(
+            "vramshim: VRAMSHIM_ON_CAP=wait has no effect without VRAMSHIM_SHARED (only the members of a group can free what a refused request waits for); refusing at once".into(),
+        );
+    }
     (
         Some(Settings {
             spec,
@@ -238,6 +270,7 @@ pub(crate) fn parse_with(
             origin,
             replaced,
             dmem,
+            on_cap,
         }),
         lines,
     )

@@ -27,24 +27,7 @@ pub(crate) const BYTES_FORMS: &str =
 /// The HAMi-core variable that caps every device, and the prefix of its per-device form.
 pub(crate) const HAMI_ALL: &str = "CUDA_DEVICE_MEMORY_LIMIT";
 /// The per-device names, `CUDA_DEVICE_MEMORY_LIMIT_0` to `_15` (the devices a cap describes).
-pub(crate) const HAMI_DEVICE: [&str; MAX_DEVICES] = [
-    "CUDA_DEVICE_MEMORY_LIMIT_0",
-    "CUDA_DEVICE_MEMORY_LIMIT_1",
-    "CUDA_DEVICE_MEMORY_LIMIT_2",
-    "CUDA_DEVICE_MEMORY_LIMIT_3",
-    "CUDA_DEVICE_MEMORY_LIMIT_4",
-    "CUDA_DEVICE_MEMORY_LIMIT_5",
-    "CUDA_DEVICE_MEMORY_LIMIT_6",
-    "CUDA_DEVICE_MEMORY_LIMIT_7",
-    "CUDA_DEVICE_MEMORY_LIMIT_8",
-    "CUDA_DEVICE_MEMORY_LIMIT_9",
-    "CUDA_DEVICE_MEMORY_LIMIT_10",
-    "CUDA_DEVICE_MEMORY_LIMIT_11",
-    "CUDA_DEVICE_MEMORY_LIMIT_12",
-    "CUDA_DEVICE_MEMORY_LIMIT_13",
-    "CUDA_DEVICE_MEMORY_LIMIT_14",
-    "CUDA_DEVICE_MEMORY_LIMIT_15",
-];
+pub(crate) const HAMI_DEVICE: [&str; MAX_DEVICES] = crate::config::HAMI_DEVICE_LIMITS;
 /// KAI-Scheduler's isolator.
 pub(crate) const KAI: &str = "GPU_MEMORY_LIMIT";
 /// NVIDIA's container toolkit (the CDI hook that applies memory limits).

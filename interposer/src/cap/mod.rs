@@ -28,9 +28,11 @@
 //! - [`on_fork_child`] in the atfork child handler.
 
 pub(crate) mod config;
+mod device_total;
 pub(crate) mod limits;
 mod packed;
 mod pages;
+mod wait;
 
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Mutex, OnceLock};
@@ -164,6 +166,10 @@ pub(crate) struct Cap {
     /// address), mapped at setup; and per device whether it, not `spec`, bound the cap.
     kernel: OnceLock<Vec<Option<limits::Limit>>>,
     kernel_binds: [AtomicBool; MAX_DEVICES],
+    /// Requests waiting for room (`VRAMSHIM_ON_CAP=wait`, see `wait`).
+    waits: wait::Waits,
+    /// Per device: a cap above the device's own memory was said (`device_total`).
+    above_device_said: [AtomicBool; MAX_DEVICES],
 }
 
 fn device_index(device: i32) -> Option<usize> {
@@ -215,6 +221,8 @@ impl Cap {
             last_reclaim_ns: AtomicU64::new(0),
             kernel: OnceLock::new(),
             kernel_binds: [const { AtomicBool::new(false) }; MAX_DEVICES],
+            waits: wait::Waits::new(),
+            above_device_said: [const { AtomicBool::new(false) }; MAX_DEVICES],
         }
     }
 
@@ -273,6 +281,7 @@ impl Cap {
                 if let Some(me) = ProcessKey::current() {
                     self.reclaim(&region, me);
                 }
+                region.set_no_wake(self.settings.fault == Fault::NoWake);
                 let _ = self.region.set(region);
                 theirs
             }
@@ -538,7 +547,11 @@ impl Cap {
         use vramshim_region::CapValue;
         let v = match self.effective_spec().devices[d] {
             None => MAX_BYTES,
-            Some(CapValue::Bytes(b)) => self.bounded_by_kernel(d, b.min(MAX_BYTES)),
+            Some(CapValue::Bytes(b)) => {
+                let v = self.bounded_by_kernel(d, b.min(MAX_BYTES));
+                self.note_device_bound(d, v, real_total);
+                v
+            }
             Some(c @ CapValue::Fraction(_)) => {
                 match real_total
                     .filter(|&t| t > 0)
@@ -752,14 +765,50 @@ impl Cap {
         api: Api,
         stream: u64,
     ) -> Result<(), Refusal> {
+        self.charge_on(device, bytes, api, stream, false)
+    }
+
+    /// [`Cap::try_charge_on`]; `wait`: a refusal may wait for room (`VRAMSHIM_ON_CAP`).
+    #[inline]
+    fn charge_on(
+        &self,
+        device: i32,
+        bytes: u64,
+        api: Api,
+        stream: u64,
+        wait: bool,
+    ) -> Result<(), Refusal> {
         if !self.ready() {
             return Ok(());
         }
         let Some(d) = device_index(device) else {
             return Ok(());
         };
-        self.reserve_checked(d, bytes, stream)
-            .map_err(|r| self.refused(d, bytes, r.in_use, r.cap, api))
+        match self.reserve_checked(d, bytes, stream) {
+            Ok(()) => Ok(()),
+            Err(r) => self.after_refusal(d, bytes, api, stream, r, wait),
+        }
+    }
+
+    /// A charge of [`Cap::charge_on`] did not fit: wait for room if asked (`wait`), else (or
+    /// when the wait ends in vain) say so. Out of line: the charge's path stays as it was.
+    #[cold]
+    #[inline(never)]
+    fn after_refusal(
+        &self,
+        d: usize,
+        bytes: u64,
+        api: Api,
+        stream: u64,
+        r: Refusal,
+        wait: bool,
+    ) -> Result<(), Refusal> {
+        let r = if wait {
+            self.wait_for_room(d, bytes, stream, r)
+        } else {
+            Err(r)
+        };
+        r.map_err(|r| self.refused(d, bytes, r.in_use, r.cap, api))
     }
 
     /// The charge of [`Cap::try_charge_on`] on device `d`, saying nothing when it is refused
@@ -877,7 +926,7 @@ impl Cap {
         stream: u64,
     ) -> Result<u64, Refusal> {
         let bytes = self.charge_of(size, api).worst_case();
-        self.try_charge_on(device, bytes, api, stream)
+        self.charge_on(device, bytes, api, stream, true)
             .map(|()| bytes)
     }
 
@@ -905,7 +954,8 @@ impl Cap {
             }
             r => r,
         };
-        r.map(|()| bytes)
+        r.or_else(|r| self.wait_for_room(d, bytes, stream, r))
+            .map(|()| bytes)
             .map_err(|r| self.refused(d, bytes, r.in_use, r.cap, api))
     }
 
@@ -1062,6 +1112,16 @@ impl Cap {
         // Refused outright (strict mode, or no slot in the region): its line is out already.
         let said =
             self.refuse_all.load(Relaxed) || (self.region.get().is_some() && slot == NO_SLOT);
+        let first = capped && !said && !self.refused_once.load(Relaxed);
+        // Why a wait (VRAMSHIM_ON_CAP=wait) ended in this refusal, said once per reason.
+        let waited = self.wait_note(first).map(|n| format!("; {n}"));
+        if !first && let Some(n) = &waited {
+            (self.log)(&format!(
+                "vramshim: {} of {} on device {d} refused{n}",
+                api.name(),
+                human_bytes(bytes)
+            ));
+        }
         if capped && !said && !self.refused_once.swap(true, Relaxed) {
             let who = match self
                 .settings
@@ -1093,12 +1153,13 @@ impl Cap {
                 ),
             };
             (self.log)(&format!(
-                "vramshim: {} of {} ({bytes} bytes) on device {d} refused: {} in use + {} > cap {} (set by {who}); further refusals are not printed",
+                "vramshim: {} of {} ({bytes} bytes) on device {d} refused: {} in use + {} > cap {} (set by {who}){}; further refusals are not printed",
                 api.name(),
                 human_bytes(bytes),
                 human_bytes(in_use),
                 human_bytes(bytes),
                 human_bytes(cap),
+                waited.as_deref().unwrap_or(""),
             ));
         }
         Refusal { in_use, cap }
@@ -1342,6 +1403,7 @@ impl Cap {
             self.pool_cached[d].store(0, Relaxed);
         }
         self.packed.reset_in_child();
+        self.waits.reset_in_child();
         self.last_slot_try_ns.store(0, Relaxed);
         self.refused_once.store(false, Relaxed);
         self.slots_full_once.store(false, Relaxed);
@@ -1489,6 +1551,26 @@ pub fn limit(device: i32) -> Option<u64> {
 /// The driver's UUID of `device`, for the node registry.
 pub fn device_uuid(device: i32) -> Option<[u8; 16]> {
     driver::uuid(device)
+}
+
+/// Whether a request of the process waits for room on a shared cap now (the node
+/// registry's `FLAG_WAITING`).
+pub(crate) fn waiting_now() -> bool {
+    GLOBAL
+        .get()
+        .and_then(Option::as_ref)
+        .is_some_and(|c| c.waiting() > 0)
+}
+
+/// `flags::WAITED_ON_CAP` when the allocation this thread is making waited on the cap (read
+/// once, for its trace event), else 0.
+#[inline]
+pub(crate) fn waited_flag() -> u8 {
+    if wait::take_waited() {
+        vramshim_trace::flags::WAITED_ON_CAP
+    } else {
+        0
+    }
 }
 
 /// Called once at load: parses the variables and prints one line per bad value.

@@ -59,6 +59,7 @@ fn settings(cap: &str) -> Settings {
         origin: std::array::from_fn(|_| Some(format!("VRAMSHIM_CAP=\"{cap}\""))),
         replaced: Vec::new(),
         dmem: Vec::new(),
+        on_cap: wait::OnCap::Fail,
     }
 }
 
@@ -664,12 +665,15 @@ fn ctx_300m(_: i32) -> Option<u64> {
     Some(300 << 20)
 }
 
+/// SIM2's devices, where the driver says a context holds 300 MiB.
+const CTX_300M: DeviceQueries = DeviceQueries {
+    process_used: ctx_300m,
+    ..SIM2
+};
+
 #[test]
 fn context_footprint_is_measured_on_first_touch() {
-    let q = DeviceQueries {
-        process_used: ctx_300m,
-        ..SIM2
-    };
+    let q = CTX_300M;
     let c = Cap::new(settings("4GiB"), queries(q), capture);
     assert_eq!(
         c.adjust_meminfo(0, 15 * GIB, 16 * GIB),
@@ -694,10 +698,7 @@ fn context_footprint_is_measured_on_first_touch() {
 
 #[test]
 fn a_context_is_charged_once_whoever_measures_it() {
-    let q = DeviceQueries {
-        process_used: ctx_300m,
-        ..SIM2
-    };
+    let q = CTX_300M;
     let c = Cap::new(settings("4GiB"), queries(q), capture);
     c.try_charge(0, GIB, Api::CudaMalloc).unwrap();
     c.on_context_created(0, 10 * GIB, 10 * GIB - (300 << 20));

@@ -11,7 +11,18 @@ use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicUsize, Ordering};
 
 /// Every variable the library reads. Each has a place of its own, filled whatever the
 /// number or position of other `VRAMSHIM_*` variables, so none of them can be crowded out.
-pub(crate) const KNOWN: &[&str] = &[
+pub(crate) const KNOWN: &[&str] = &KNOWN_NAMES;
+const NKNOWN: usize = OURS.len() + 1 + HAMI_DEVICE_LIMITS.len() + 2;
+const KNOWN_NAMES: [&str; NKNOWN] = join([
+    OURS,
+    // Other tools' limits, which the cap understands (cap::limits): read like ours, but not
+    // listed in the trace header's configuration by `all` (the cap reports what it used).
+    &["CUDA_DEVICE_MEMORY_LIMIT"],
+    &HAMI_DEVICE_LIMITS,
+    &["GPU_MEMORY_LIMIT", "NVIDIA_GPU_MEMORY_LIMIT"],
+]);
+
+const OURS: &[&str] = &[
     "VRAMSHIM_CAP",
     "VRAMSHIM_CAP_CONTEXT",
     "VRAMSHIM_CAP_FAULT",
@@ -19,6 +30,7 @@ pub(crate) const KNOWN: &[&str] = &[
     "VRAMSHIM_DEVICE_FAULT",
     "VRAMSHIM_LAYERS_FAULT",
     "VRAMSHIM_LOG",
+    "VRAMSHIM_ON_CAP",
     "VRAMSHIM_POOL",
     "VRAMSHIM_POOL_BUDGET",
     "VRAMSHIM_POOL_DEBUG",
@@ -41,9 +53,11 @@ pub(crate) const KNOWN: &[&str] = &[
     "VRAMSHIM_TRACE_WRITER_FAULT",
     "VRAMSHIM_ENV_FAULT",
     "VRAMSHIM_CGROUP_ROOT",
-    // Other tools' limits, which the cap understands (cap::limits): read like ours, but not
-    // listed in the trace header's configuration by `all` (the cap reports what it used).
-    "CUDA_DEVICE_MEMORY_LIMIT",
+];
+
+/// HAMi-core's per-device limits, `CUDA_DEVICE_MEMORY_LIMIT_0` to `_15` (the devices a cap
+/// describes), which the cap reads (`cap::limits`).
+pub(crate) const HAMI_DEVICE_LIMITS: [&str; 16] = [
     "CUDA_DEVICE_MEMORY_LIMIT_0",
     "CUDA_DEVICE_MEMORY_LIMIT_1",
     "CUDA_DEVICE_MEMORY_LIMIT_2",
@@ -60,11 +74,24 @@ pub(crate) const KNOWN: &[&str] = &[
     "CUDA_DEVICE_MEMORY_LIMIT_13",
     "CUDA_DEVICE_MEMORY_LIMIT_14",
     "CUDA_DEVICE_MEMORY_LIMIT_15",
-    "GPU_MEMORY_LIMIT",
-    "NVIDIA_GPU_MEMORY_LIMIT",
 ];
-const NKNOWN: usize = 48;
-const _: () = assert!(KNOWN.len() == NKNOWN);
+
+/// The names of `parts`, in order, as one array of exactly `N`.
+const fn join<const N: usize>(parts: [&[&'static str]; 4]) -> [&'static str; N] {
+    let mut out = [""; N];
+    let (mut n, mut p) = (0, 0);
+    while p < parts.len() {
+        let mut i = 0;
+        while i < parts[p].len() {
+            out[n] = parts[p][i];
+            n += 1;
+            i += 1;
+        }
+        p += 1;
+    }
+    assert!(n == N);
+    out
+}
 
 /// At most this many `VRAMSHIM_*` variables are listed (in environment order, for the trace
 /// header); beyond it one line says how many were left out. Lookups of [`KNOWN`] names never
@@ -278,6 +305,7 @@ pub(crate) fn forms(name: &str) -> &'static str {
         }
         "VRAMSHIM_CAP_CONTEXT" => "accepted: include or exclude",
         "VRAMSHIM_REGISTRY" => "accepted: off, or an absolute path",
+        "VRAMSHIM_ON_CAP" => "accepted: fail, wait, wait:TIMEOUT (e.g. wait:30s) or wait:forever",
         _ => "accepted: see docs/configuration.md",
     }
 }

@@ -5,5 +5,5 @@
 mod env;
 pub(crate) mod layers;
 
-pub(crate) use env::init;
+pub(crate) use env::{HAMI_DEVICE_LIMITS, init};
 pub(crate) use env::{all, forms, raw, report, var};

@@ -278,6 +278,17 @@ fn resolve_runtime(name: &CStr) -> usize {
 
 // ------------------------------------------------------------------------- slots
 
+/// The function at address `a` (0: none) as the function-pointer type `F`.
+///
+/// # Safety
+/// `a` is 0 or the address of a function whose ABI is `F`, a function-pointer type.
+#[inline(always)]
+unsafe fn typed<F: Copy>(a: usize) -> Option<F> {
+    const { assert!(size_of::<F>() == size_of::<usize>()) };
+    // SAFETY: the caller's; F is pointer-sized.
+    (a != 0).then(|| unsafe { std::mem::transmute_copy::<usize, F>(&a) })
+}
+
 macro_rules! real_fns {
     ($( $lib:ident $name:ident : $ty:ty ; )*) => {
         /// The slots themselves (for `record` by the lookup hooks).
@@ -293,6 +304,15 @@ macro_rules! real_fns {
                 );
             )*
         }
+        /// The library of each real function, known at compile time (for the hooks: which
+        /// of them a layer asks is its own business, as with `known`).
+        #[allow(dead_code)]
+        pub(crate) mod libs {
+            use super::Lib;
+            $(
+                pub(crate) const $name: Lib = Lib::$lib;
+            )*
+        }
         /// The real functions if already resolved, never resolving (no call: a hook that
         /// only jumps on needs no frame; it takes its full path when one is not known yet).
         // An accessor for every name of the table: which of them a layer calls is its own
@@ -304,14 +324,9 @@ macro_rules! real_fns {
                 #[doc = concat!("The real `", stringify!($name), "` if already resolved.")]
                 #[inline(always)]
                 pub(crate) fn $name() -> Option<$ty> {
-                    let a = slots::$name.peek();
-                    if a == 0 {
-                        None
-                    } else {
-                        // SAFETY: the slot holds the address of the C function of that
-                        // name, whose ABI is `$ty`.
-                        Some(unsafe { std::mem::transmute::<usize, $ty>(a) })
-                    }
+                    // SAFETY: the slot holds the address of the C function of that name,
+                    // whose ABI is `$ty`.
+                    unsafe { typed::<$ty>(slots::$name.peek()) }
                 }
             )*
         }
@@ -319,14 +334,8 @@ macro_rules! real_fns {
             #[doc = concat!("The real `", stringify!($name), "`, or `None` if it does not exist.")]
             #[inline]
             pub(crate) fn $name() -> Option<$ty> {
-                let a = slots::$name.get();
-                if a == 0 {
-                    None
-                } else {
-                    // SAFETY: the slot holds the address of the C function of that name,
-                    // whose ABI is `$ty`.
-                    Some(unsafe { std::mem::transmute::<usize, $ty>(a) })
-                }
+                // SAFETY: as in `known`.
+                unsafe { typed::<$ty>(slots::$name.get()) }
             }
         )*
     };
@@ -359,7 +368,7 @@ real_fns! {
     Runtime cudaStreamSynchronize: PfnCuStreamSynchronize;
     Runtime cudaStreamSynchronize_ptsz: PfnCuStreamSynchronize;
     Runtime cudaEventSynchronize: PfnCuEventSynchronize;
-    Runtime cudaIpcGetMemHandle: PfnIpcGetMemHandle;
+    Runtime cudaIpcGetMemHandle: PfnCudaIpcGetMemHandle;
     Runtime cudaGetDriverEntryPoint: PfnCudaGetDriverEntryPoint;
     Runtime cudaGetDriverEntryPoint_ptsz: PfnCudaGetDriverEntryPoint;
     Runtime cudaGetDriverEntryPointByVersion: PfnCudaGetDriverEntryPointByVersion;

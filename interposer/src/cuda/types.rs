@@ -243,8 +243,10 @@ pub(crate) type PfnNvmlDeviceGetMemoryInfo =
     unsafe extern "C" fn(nvmlDevice_t, *mut nvmlMemory_t) -> nvmlReturn_t;
 pub(crate) type PfnNvmlDeviceGetMemoryInfoV2 =
     unsafe extern "C" fn(nvmlDevice_t, *mut nvmlMemory_v2_t) -> nvmlReturn_t;
-/// `cudaIpcGetMemHandle(cudaIpcMemHandle_t*, void*)` / `cuIpcGetMemHandle(CUipcMemHandle*, CUdeviceptr)`.
+/// `cuIpcGetMemHandle(CUipcMemHandle*, CUdeviceptr)`.
 pub type PfnIpcGetMemHandle = unsafe extern "C" fn(*mut c_void, u64) -> c_int;
+/// `cudaIpcGetMemHandle(cudaIpcMemHandle_t*, void*)`.
+pub type PfnCudaIpcGetMemHandle = unsafe extern "C" fn(*mut c_void, *mut c_void) -> c_int;
 pub type PfnCuCtxCreate = unsafe extern "C" fn(*mut CUcontext, c_uint, CUdevice) -> CUresult;
 pub type PfnCuDeviceOp = unsafe extern "C" fn(CUdevice) -> CUresult;
 pub type PfnNvmlVoid = unsafe extern "C" fn() -> nvmlReturn_t;

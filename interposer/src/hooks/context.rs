@@ -106,84 +106,109 @@ pub(crate) fn on_fork_child() {
     }
 }
 
-/// # Safety
-/// C ABI: `cuDevicePrimaryCtxRetain`'s contract.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> c_int {
-    let Some(f) = real::cuDevicePrimaryCtxRetain() else {
-        return super::NO_DRIVER;
-    };
-    crate::pipeline::run_unguarded("cuDevicePrimaryCtxRetain", CUDA_ERROR_UNKNOWN, || {
-        // SAFETY: forwarding the caller's arguments unchanged.
-        let rc = creating("cuDevicePrimaryCtxRetain", dev, || unsafe { f(pctx, dev) });
-        if rc == CUDA_SUCCESS
-            && let Some(i) = idx(dev)
-        {
-            REFS[i].fetch_add(1, Ordering::AcqRel);
-        }
-        rc
-    })
+/// Everything the context of `dev` held is gone (`cudaDeviceReset`,
+/// `cuDevicePrimaryCtxReset_v2`): its allocations, the pool's mappings, the cap's context.
+pub(crate) fn reset(dev: CUdevice) {
+    crate::pipeline::device_reset(dev);
+    super::pool_glue::on_device_reset(dev);
+    destroyed(dev);
 }
 
-/// # Safety
-/// C ABI: `cuDevicePrimaryCtxRelease_v2`'s contract.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> c_int {
-    let Some(f) = real::cuDevicePrimaryCtxRelease_v2() else {
-        return super::NO_DRIVER;
-    };
-    crate::pipeline::run_unguarded("cuDevicePrimaryCtxRelease_v2", CUDA_ERROR_UNKNOWN, || {
-        // SAFETY: forwarding the caller's arguments unchanged.
-        let rc = unsafe { f(dev) };
-        if rc == CUDA_SUCCESS
-            && let Some(i) = idx(dev)
-            && REFS[i].fetch_sub(1, Ordering::AcqRel) == 1
-        {
-            destroyed(dev);
-        }
-        rc
-    })
+hooks! {
+    ["cuDevicePrimaryCtxRetain", 7000] cuDevicePrimaryCtxRetain,
+    fn(pctx: *mut CUcontext, dev: CUdevice) |h| {
+        h.unguarded(|f| {
+            // SAFETY: forwarding the caller's arguments unchanged.
+            let rc = creating(h.name, dev, || unsafe { f(pctx, dev) });
+            if rc == CUDA_SUCCESS
+                && let Some(i) = idx(dev)
+            {
+                REFS[i].fetch_add(1, Ordering::AcqRel);
+            }
+            rc
+        })
+    }
+
+    ["cuDevicePrimaryCtxRelease", 11000] cuDevicePrimaryCtxRelease_v2,
+    fn(dev: CUdevice) |h| {
+        h.unguarded(|f| {
+            // SAFETY: forwarding the caller's arguments unchanged.
+            let rc = unsafe { f(dev) };
+            if rc == CUDA_SUCCESS
+                && let Some(i) = idx(dev)
+                && REFS[i].fetch_sub(1, Ordering::AcqRel) == 1
+            {
+                destroyed(dev);
+            }
+            rc
+        })
+    }
+
+    ["cuDevicePrimaryCtxReset", 11000] cuDevicePrimaryCtxReset_v2,
+    fn(dev: CUdevice) |h| {
+        h.unguarded(|f| {
+            // SAFETY: forwarding the caller's arguments unchanged.
+            let rc = unsafe { f(dev) };
+            if rc == CUDA_SUCCESS {
+                reset(dev);
+            }
+            rc
+        })
+    }
+
+    ["cuCtxCreate", 3020] cuCtxCreate_v2,
+    fn(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) |h| {
+        // The new context becomes current: the runtime device may change.
+        super::current::changing(h, |f| {
+            crate::pipeline::run_unguarded(h.name, CUDA_ERROR_UNKNOWN, || {
+                // SAFETY: forwarding the caller's arguments unchanged.
+                creating("cuCtxCreate", dev, || unsafe { f(pctx, flags, dev) })
+            })
+        })
+    }
+
+    /// The current context's device gains access to `peer`'s memory: the pool grants it on
+    /// its mappings of that device too.
+    ["cuCtxEnablePeerAccess", 4000] cuCtxEnablePeerAccess,
+    fn(peer: CUcontext, flags: c_uint) |h| {
+        h.unguarded(|f| {
+            // SAFETY: forwarding the caller's arguments unchanged.
+            let rc = unsafe { f(peer, flags) };
+            if granted(rc) {
+                let mut me: CUdevice = -1;
+                let accessor = real::cuCtxGetDevice()
+                    // SAFETY: valid out-pointer.
+                    .filter(|get| unsafe { get(&mut me) } == CUDA_SUCCESS)
+                    .map(|_| me);
+                if let (Some(a), Some(o)) = (accessor, device_of_context(peer)) {
+                    super::pool_glue::on_peer_access(o, a);
+                }
+            }
+            rc
+        })
+    }
+
+    /// The runtime's current device gains access to `peer_device`'s memory (the real
+    /// runtime may also reach our `cuCtxEnablePeerAccess`; telling the pool twice is
+    /// harmless).
+    ["cudaDeviceEnablePeerAccess", 0] cudaDeviceEnablePeerAccess,
+    fn(peer_device: c_int, flags: c_uint) |h| {
+        h.unguarded(|f| {
+            // SAFETY: forwarding the caller's arguments unchanged.
+            let rc = unsafe { f(peer_device, flags) };
+            if granted(rc)
+                && let Some(me) = real::current_runtime_device()
+            {
+                super::pool_glue::on_peer_access(peer_device, me);
+            }
+            rc
+        })
+    }
 }
 
-/// # Safety
-/// C ABI: `cuDevicePrimaryCtxReset_v2`'s contract.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> c_int {
-    let Some(f) = real::cuDevicePrimaryCtxReset_v2() else {
-        return super::NO_DRIVER;
-    };
-    crate::pipeline::run_unguarded("cuDevicePrimaryCtxReset_v2", CUDA_ERROR_UNKNOWN, || {
-        // SAFETY: forwarding the caller's arguments unchanged.
-        let rc = unsafe { f(dev) };
-        if rc == CUDA_SUCCESS {
-            // Everything the primary context held is gone.
-            crate::pipeline::device_reset(dev);
-            super::pool_glue::on_device_reset(dev);
-            destroyed(dev);
-        }
-        rc
-    })
-}
-
-/// # Safety
-/// C ABI: `cuCtxCreate_v2`'s contract.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCtxCreate_v2(
-    pctx: *mut CUcontext,
-    flags: c_uint,
-    dev: CUdevice,
-) -> c_int {
-    let Some(f) = real::cuCtxCreate_v2() else {
-        return super::NO_DRIVER;
-    };
-    // The new context becomes current: the runtime device may change.
-    super::current::forget();
-    let rc = crate::pipeline::run_unguarded("cuCtxCreate_v2", CUDA_ERROR_UNKNOWN, || {
-        // SAFETY: forwarding the caller's arguments unchanged.
-        creating("cuCtxCreate", dev, || unsafe { f(pctx, flags, dev) })
-    });
-    super::current::forget();
-    rc
+/// Whether a peer-access call left the grant standing, and the pool must honour it.
+fn granted(rc: c_int) -> bool {
+    (rc == CUDA_SUCCESS || rc == PEER_ACCESS_ALREADY_ENABLED) && crate::pool::enabled()
 }
 
 /// `cudaErrorPeerAccessAlreadyEnabled` / `CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED`: the grant
@@ -209,51 +234,4 @@ fn device_of_context(ctx: CUcontext) -> Option<CUdevice> {
         pop(&mut popped);
         (rc == CUDA_SUCCESS && dev >= 0).then_some(dev)
     }
-}
-
-/// # Safety
-/// C ABI: `cuCtxEnablePeerAccess`' contract. The current context's device gains access to
-/// `peer`'s memory: the pool grants it on its mappings of that device too.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCtxEnablePeerAccess(peer: CUcontext, flags: c_uint) -> c_int {
-    let Some(f) = real::cuCtxEnablePeerAccess() else {
-        return super::NO_DRIVER;
-    };
-    crate::pipeline::run_unguarded("cuCtxEnablePeerAccess", CUDA_ERROR_UNKNOWN, || {
-        // SAFETY: forwarding the caller's arguments unchanged.
-        let rc = unsafe { f(peer, flags) };
-        if (rc == CUDA_SUCCESS || rc == PEER_ACCESS_ALREADY_ENABLED) && crate::pool::enabled() {
-            let mut me: CUdevice = -1;
-            let accessor = real::cuCtxGetDevice()
-                // SAFETY: valid out-pointer.
-                .filter(|get| unsafe { get(&mut me) } == CUDA_SUCCESS)
-                .map(|_| me);
-            if let (Some(a), Some(o)) = (accessor, device_of_context(peer)) {
-                super::pool_glue::on_peer_access(o, a);
-            }
-        }
-        rc
-    })
-}
-
-/// # Safety
-/// C ABI: `cudaDeviceEnablePeerAccess`' contract. The runtime's current device gains access
-/// to `peer_device`'s memory (the real runtime may also reach our `cuCtxEnablePeerAccess`;
-/// telling the pool twice is harmless).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cudaDeviceEnablePeerAccess(peer_device: c_int, flags: c_uint) -> c_int {
-    let Some(f) = real::cudaDeviceEnablePeerAccess() else {
-        return super::NO_RUNTIME;
-    };
-    crate::pipeline::run_unguarded("cudaDeviceEnablePeerAccess", cudaErrorUnknown, || {
-        // SAFETY: forwarding the caller's arguments unchanged.
-        let rc = unsafe { f(peer_device, flags) };
-        if (rc == CUDA_SUCCESS || rc == PEER_ACCESS_ALREADY_ENABLED)
-            && crate::pool::enabled()
-            && let Some(me) = real::current_runtime_device()
-        {
-            super::pool_glue::on_peer_access(peer_device, me);
-        }
-        rc
-    })
 }

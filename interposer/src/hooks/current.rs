@@ -14,6 +14,7 @@
 //! device on every request. Context changes go through the driver's exported functions or
 //! through `cuGetProcAddress` / `cudaGetDriverEntryPoint`, which hand out these hooks.
 
+use super::Site;
 use crate::cuda::real;
 use crate::cuda::types::*;
 use std::ffi::c_int;
@@ -56,62 +57,34 @@ fn fault_stale() -> bool {
 
 /// Pass a call that may change the current device on, forgetting the device around it.
 #[inline(always)]
-fn changing<F>(slot: fn() -> Option<F>, missing: c_int, call: impl FnOnce(F) -> c_int) -> c_int {
+pub(super) fn changing<F: Copy>(h: Site<F>, call: impl FnOnce(F) -> c_int) -> c_int {
     forget();
-    let rc = match slot() {
-        Some(f) => call(f),
-        None => missing,
+    let rc = match h.real() {
+        Ok(f) => call(f),
+        Err(missing) => missing,
     };
     forget();
     rc
 }
 
-/// # Safety
-/// C ABI: `cudaSetDevice`'s contract.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cudaSetDevice(device: c_int) -> c_int {
-    // SAFETY: forwarding the caller's arguments unchanged.
-    changing(real::cudaSetDevice, super::NO_RUNTIME, |f| unsafe {
-        f(device)
-    })
-}
+hooks! {
+    ["cudaSetDevice", 0] cudaSetDevice,
+    fn(device: c_int) |h| {
+        // SAFETY: forwarding the caller's arguments unchanged.
+        changing(h, |f| unsafe { f(device) })
+    }
 
-/// # Safety
-/// C ABI: `cuCtxSetCurrent`'s contract.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> c_int {
-    // SAFETY: forwarding the caller's arguments unchanged.
-    changing(real::cuCtxSetCurrent, super::NO_DRIVER, |f| unsafe {
-        f(ctx)
-    })
-}
+    ["cuCtxSetCurrent", 4000] cuCtxSetCurrent,
+    ["cuCtxPushCurrent", 4000] cuCtxPushCurrent_v2,
+    ["cuCtxDestroy", 4000] cuCtxDestroy_v2,
+    fn(ctx: CUcontext) |h| {
+        // SAFETY: forwarding the caller's arguments unchanged.
+        changing(h, |f| unsafe { f(ctx) })
+    }
 
-/// # Safety
-/// C ABI: `cuCtxPushCurrent_v2`'s contract.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCtxPushCurrent_v2(ctx: CUcontext) -> c_int {
-    // SAFETY: forwarding the caller's arguments unchanged.
-    changing(real::cuCtxPushCurrent_v2, super::NO_DRIVER, |f| unsafe {
-        f(ctx)
-    })
-}
-
-/// # Safety
-/// C ABI: `cuCtxPopCurrent_v2`'s contract.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCtxPopCurrent_v2(pctx: *mut CUcontext) -> c_int {
-    // SAFETY: forwarding the caller's arguments unchanged.
-    changing(real::cuCtxPopCurrent_v2, super::NO_DRIVER, |f| unsafe {
-        f(pctx)
-    })
-}
-
-/// # Safety
-/// C ABI: `cuCtxDestroy_v2`'s contract.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> c_int {
-    // SAFETY: forwarding the caller's arguments unchanged.
-    changing(real::cuCtxDestroy_v2, super::NO_DRIVER, |f| unsafe {
-        f(ctx)
-    })
+    ["cuCtxPopCurrent", 4000] cuCtxPopCurrent_v2,
+    fn(pctx: *mut CUcontext) |h| {
+        // SAFETY: forwarding the caller's arguments unchanged.
+        changing(h, |f| unsafe { f(pctx) })
+    }
 }

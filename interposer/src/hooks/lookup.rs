@@ -12,7 +12,7 @@
 //! Lookups are never depth-guarded: the runtime initializes itself inside our outer
 //! `cudaMalloc` and its lookups must still be substituted.
 
-use super::{HOOKS, Hook, NO_DRIVER, NO_RUNTIME, by_name, is_our_hook, is_our_prefix};
+use super::{Hook, NO_DRIVER, Site, all, by_name, is_our_hook, is_our_prefix};
 use crate::cuda::real;
 use crate::cuda::types::*;
 use crate::pipeline::run_unguarded;
@@ -127,9 +127,7 @@ const ABI_CONFLICT_BASES: &[&[u8]] = &[
 ];
 
 fn family(name: &[u8]) -> impl Iterator<Item = &'static Hook> + '_ {
-    HOOKS
-        .iter()
-        .filter(move |h| h.base.as_bytes() == name || h.name.to_bytes() == name)
+    all().filter(move |h| h.base.as_bytes() == name || h.name.to_bytes() == name)
 }
 
 /// Replace `*pfn` (what the real resolver returned for `symbol`) by our hook for exactly
@@ -210,64 +208,45 @@ fn real_lookup(base: &str, version: c_int, ptds: bool) -> usize {
 
 // ------------------------------------------------------------------------- cuGetProcAddress
 
-/// # Safety
-/// C ABI: `cuGetProcAddress` (4 arguments, CUDA 11.3+).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGetProcAddress(
-    symbol: *const c_char,
-    pfn: *mut *mut c_void,
-    version: c_int,
-    flags: u64,
-) -> c_int {
-    run_unguarded("cuGetProcAddress", CUDA_ERROR_UNKNOWN, || {
-        let rc = if let Some(f) = real::cuGetProcAddress() {
-            // SAFETY: forwarding the caller's arguments unchanged.
-            unsafe { f(symbol, pfn, version, flags) }
-        } else if let Some(f) = real::cuGetProcAddress_v2() {
-            // SAFETY: as above; the status out-pointer is optional.
-            unsafe { f(symbol, pfn, version, flags, std::ptr::null_mut()) }
-        } else {
-            return NO_DRIVER;
-        };
-        if rc == CUDA_SUCCESS {
-            substitute(
-                symbol,
-                pfn,
-                version,
-                flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM != 0,
-            );
-        }
-        rc
-    })
-}
-
-/// # Safety
-/// C ABI: `cuGetProcAddress_v2` (5 arguments, CUDA 12.0+; what `cuda.h` calls
-/// `cuGetProcAddress`).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGetProcAddress_v2(
+/// The shared body of `cuGetProcAddress` (4 arguments, CUDA 11.3+) and `_v2` (5 arguments,
+/// CUDA 12.0+; what `cuda.h` calls `cuGetProcAddress`): the real resolver of the hook's own
+/// variant (`v2`), else the other one (`status`, when asked for, said from the answer),
+/// then the substitution.
+fn proc_address<F>(
+    h: Site<F>,
+    v2: bool,
     symbol: *const c_char,
     pfn: *mut *mut c_void,
     version: c_int,
     flags: u64,
     status: *mut c_int,
 ) -> c_int {
-    run_unguarded("cuGetProcAddress_v2", CUDA_ERROR_UNKNOWN, || {
-        let rc = if let Some(f) = real::cuGetProcAddress_v2() {
-            // SAFETY: forwarding the caller's arguments unchanged.
+    run_unguarded(h.name, CUDA_ERROR_UNKNOWN, || {
+        let use_v2 = if v2 {
+            real::cuGetProcAddress_v2().is_some()
+        } else {
+            real::cuGetProcAddress().is_none()
+        };
+        let rc = if use_v2 {
+            let Some(f) = real::cuGetProcAddress_v2() else {
+                return NO_DRIVER;
+            };
+            // SAFETY: forwarding the caller's arguments unchanged (the status out-pointer
+            // is optional).
             unsafe { f(symbol, pfn, version, flags, status) }
-        } else if let Some(f) = real::cuGetProcAddress() {
-            // SAFETY: as above.
+        } else {
+            let Some(f) = real::cuGetProcAddress() else {
+                return NO_DRIVER;
+            };
+            // SAFETY: forwarding the caller's arguments unchanged.
             let rc = unsafe { f(symbol, pfn, version, flags) };
             if !status.is_null() {
-                // SAFETY: non-null out-pointer supplied by the caller.
+                // SAFETY: non-null out-pointers supplied by the caller.
                 let found = rc == 0 && !pfn.is_null() && !unsafe { *pfn }.is_null();
                 // SAFETY: as above.
                 unsafe { *status = if found { 0 } else { 1 } };
             }
             rc
-        } else {
-            return NO_DRIVER;
         };
         if rc == CUDA_SUCCESS {
             substitute(
@@ -283,142 +262,73 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
 
 // --------------------------------------------------------------- cudaGetDriverEntryPoint
 
-fn entry_point(
-    name: &'static str,
-    ptsz_variant: bool,
-    real_fn: Option<PfnCudaGetDriverEntryPoint>,
+/// The shared body of the runtime's lookups (`cudaGetDriverEntryPoint`, `ByVersion`, and
+/// their `_ptsz` variants, which ask for the per-thread default stream when `flags` is 0):
+/// the real lookup (`call`), then the substitution at `version`.
+fn entry_point<F: Copy>(
+    h: Site<F>,
     symbol: *const c_char,
     func: *mut *mut c_void,
+    version: c_int,
     flags: c_ulonglong,
-    status: *mut c_int,
+    call: impl FnOnce(F) -> c_int,
 ) -> c_int {
-    run_unguarded(name, cudaErrorUnknown, || {
-        let Some(f) = real_fn else {
-            return NO_RUNTIME;
-        };
-        // SAFETY: forwarding the caller's arguments unchanged.
-        let rc = unsafe { f(symbol, func, flags, status) };
+    h.unguarded(|f| {
+        let rc = call(f);
         if rc == 0 {
-            let ptds =
-                flags & cudaEnablePerThreadDefaultStream != 0 || (ptsz_variant && flags == 0);
-            substitute(symbol, func, c_int::MAX, ptds);
+            let ptds = flags & cudaEnablePerThreadDefaultStream != 0 || (h.ptds && flags == 0);
+            substitute(symbol, func, version, ptds);
         }
         rc
     })
 }
 
-/// # Safety
-/// C ABI: `cudaGetDriverEntryPoint`'s contract.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cudaGetDriverEntryPoint(
-    symbol: *const c_char,
-    func: *mut *mut c_void,
-    flags: c_ulonglong,
-    status: *mut c_int,
-) -> c_int {
-    entry_point(
-        "cudaGetDriverEntryPoint",
-        false,
-        real::cudaGetDriverEntryPoint(),
-        symbol,
-        func,
-        flags,
-        status,
-    )
+/// The caller's version for [`substitute`].
+fn version_of(version: c_uint) -> c_int {
+    version.min(c_int::MAX as c_uint) as c_int
 }
 
-/// # Safety
-/// C ABI: `cudaGetDriverEntryPoint_ptsz`'s contract.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cudaGetDriverEntryPoint_ptsz(
-    symbol: *const c_char,
-    func: *mut *mut c_void,
-    flags: c_ulonglong,
-    status: *mut c_int,
-) -> c_int {
-    entry_point(
-        "cudaGetDriverEntryPoint_ptsz",
-        true,
-        real::cudaGetDriverEntryPoint_ptsz(),
-        symbol,
-        func,
-        flags,
-        status,
-    )
-}
+hooks! {
+    ["cuGetProcAddress", 11030] cuGetProcAddress,
+    fn(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64) |h| {
+        proc_address(h, false, symbol, pfn, version, flags, std::ptr::null_mut())
+    }
 
-#[allow(clippy::too_many_arguments)]
-fn entry_point_by_version(
-    name: &'static str,
-    ptsz_variant: bool,
-    real_fn: Option<PfnCudaGetDriverEntryPointByVersion>,
-    symbol: *const c_char,
-    func: *mut *mut c_void,
-    version: c_uint,
-    flags: c_ulonglong,
-    status: *mut c_int,
-) -> c_int {
-    run_unguarded(name, cudaErrorUnknown, || {
-        let Some(f) = real_fn else {
-            return NO_RUNTIME;
-        };
+    ["cuGetProcAddress", 12000] cuGetProcAddress_v2,
+    fn(
+        symbol: *const c_char,
+        pfn: *mut *mut c_void,
+        version: c_int,
+        flags: u64,
+        status: *mut c_int,
+    ) |h| {
+        proc_address(h, true, symbol, pfn, version, flags, status)
+    }
+
+    ["cudaGetDriverEntryPoint", 0] cudaGetDriverEntryPoint,
+    ["cudaGetDriverEntryPoint", 0, ptds] cudaGetDriverEntryPoint_ptsz,
+    fn(
+        symbol: *const c_char,
+        func: *mut *mut c_void,
+        flags: c_ulonglong,
+        status: *mut c_int,
+    ) |h| {
         // SAFETY: forwarding the caller's arguments unchanged.
-        let rc = unsafe { f(symbol, func, version, flags, status) };
-        if rc == 0 {
-            let ptds =
-                flags & cudaEnablePerThreadDefaultStream != 0 || (ptsz_variant && flags == 0);
-            substitute(
-                symbol,
-                func,
-                version.min(c_int::MAX as c_uint) as c_int,
-                ptds,
-            );
-        }
-        rc
-    })
-}
+        entry_point(h, symbol, func, c_int::MAX, flags, |f| unsafe { f(symbol, func, flags, status) })
+    }
 
-/// # Safety
-/// C ABI: `cudaGetDriverEntryPointByVersion`'s contract (PyTorch: version 12000,
-/// `cudaEnableDefault`).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cudaGetDriverEntryPointByVersion(
-    symbol: *const c_char,
-    func: *mut *mut c_void,
-    version: c_uint,
-    flags: c_ulonglong,
-    status: *mut c_int,
-) -> c_int {
-    entry_point_by_version(
-        "cudaGetDriverEntryPointByVersion",
-        false,
-        real::cudaGetDriverEntryPointByVersion(),
-        symbol,
-        func,
-        version,
-        flags,
-        status,
-    )
-}
-
-/// # Safety
-/// C ABI: `cudaGetDriverEntryPointByVersion_ptsz`'s contract.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cudaGetDriverEntryPointByVersion_ptsz(
-    symbol: *const c_char,
-    func: *mut *mut c_void,
-    version: c_uint,
-    flags: c_ulonglong,
-    status: *mut c_int,
-) -> c_int {
-    entry_point_by_version(
-        "cudaGetDriverEntryPointByVersion_ptsz",
-        true,
-        real::cudaGetDriverEntryPointByVersion_ptsz(),
-        symbol,
-        func,
-        version,
-        flags,
-        status,
-    )
+    /// PyTorch's: version 12000, `cudaEnableDefault`.
+    ["cudaGetDriverEntryPointByVersion", 0] cudaGetDriverEntryPointByVersion,
+    ["cudaGetDriverEntryPointByVersion", 0, ptds] cudaGetDriverEntryPointByVersion_ptsz,
+    fn(
+        symbol: *const c_char,
+        func: *mut *mut c_void,
+        version: c_uint,
+        flags: c_ulonglong,
+        status: *mut c_int,
+    ) |h| {
+        let v = version_of(version);
+        // SAFETY: forwarding the caller's arguments unchanged.
+        entry_point(h, symbol, func, v, flags, |f| unsafe { f(symbol, func, version, flags, status) })
+    }
 }

@@ -2,24 +2,12 @@
 //! the dispatcher; lookups (`dlsym`, `cuGetProcAddress`, `cudaGetDriverEntryPoint`)
 //! substitute these hooks for the real functions.
 
-pub(crate) mod context;
-pub(crate) mod current;
-pub(crate) mod driver;
-pub(crate) mod lookup;
-pub(crate) mod mempool;
-pub(crate) mod nvml;
-mod pool_glue;
-pub(crate) mod process;
-pub(crate) mod runtime;
-pub(crate) mod sync;
-pub(crate) mod torch;
-pub(crate) mod vmm;
-
-use crate::cuda::real::{self, Slot};
+use crate::cuda::real::{self, Lib, Slot};
 use crate::cuda::request::Request;
 use crate::cuda::types::*;
-use crate::pipeline::{self, FreeRequest, Layer, RealResult, run_hook};
+use crate::pipeline::{self, AllocCall, FreeCall, run_hook};
 use crate::state::live_table::LiveTable;
+use crate::sys::thread::Token;
 use std::ffi::{CStr, c_int};
 use vramshim_trace::{AllocKind, Api, flags};
 
@@ -42,39 +30,56 @@ pub(crate) fn drv_device() -> i32 {
     real::current_driver_device().unwrap_or(-1)
 }
 
-#[inline]
-pub(crate) fn read_ptr<T>(p: *mut *mut T) -> u64 {
-    if p.is_null() {
-        0
-    } else {
-        // SAFETY: non-null out-pointer the real call just filled.
-        unsafe { *p as u64 }
+/// A caller's out-pointer for an address or a handle (`void **`, `CUdeviceptr *`, a VMM
+/// handle), possibly NULL.
+pub(crate) trait OutPtr: Copy {
+    /// What the real call wrote (0 for NULL).
+    fn get(self) -> u64;
+    /// Writes `v` (nothing for NULL).
+    fn set(self, v: u64);
+    /// Whether it is NULL (the pool never serves a request it could not hand back).
+    fn is_null(self) -> bool;
+}
+
+impl<T> OutPtr for *mut *mut T {
+    #[inline]
+    fn get(self) -> u64 {
+        // SAFETY: a non-null out-pointer of the caller's, which the real call just filled.
+        if self.is_null() {
+            0
+        } else {
+            unsafe { *self as u64 }
+        }
+    }
+    #[inline]
+    fn set(self, v: u64) {
+        if !self.is_null() {
+            // SAFETY: non-null out-pointer supplied by the caller.
+            unsafe { *self = v as *mut T };
+        }
+    }
+    #[inline(always)]
+    fn is_null(self) -> bool {
+        <*mut *mut T>::is_null(self)
     }
 }
 
-#[inline]
-pub(crate) fn write_ptr<T>(p: *mut *mut T, v: u64) {
-    if !p.is_null() {
-        // SAFETY: non-null out-pointer supplied by the caller.
-        unsafe { *p = v as *mut T };
+impl OutPtr for *mut u64 {
+    #[inline]
+    fn get(self) -> u64 {
+        // SAFETY: a non-null out-pointer of the caller's, which the real call just filled.
+        if self.is_null() { 0 } else { unsafe { *self } }
     }
-}
-
-#[inline]
-pub(crate) fn read_u64(p: *mut u64) -> u64 {
-    if p.is_null() {
-        0
-    } else {
-        // SAFETY: non-null out-pointer the real call just filled.
-        unsafe { *p }
+    #[inline]
+    fn set(self, v: u64) {
+        if !self.is_null() {
+            // SAFETY: non-null out-pointer supplied by the caller.
+            unsafe { *self = v };
+        }
     }
-}
-
-#[inline]
-pub(crate) fn write_u64(p: *mut u64, v: u64) {
-    if !p.is_null() {
-        // SAFETY: non-null out-pointer supplied by the caller.
-        unsafe { *p = v };
+    #[inline(always)]
+    fn is_null(self) -> bool {
+        <*mut u64>::is_null(self)
     }
 }
 
@@ -116,266 +121,234 @@ pub(crate) fn req(
     }
 }
 
-/// The plain or the per-thread-default-stream (`_ptsz`) variant of a real function, with the
-/// flag its requests carry.
-#[inline(always)]
-pub(crate) fn variant<F>(
-    ptsz: bool,
-    plain: fn() -> Option<F>,
-    per_thread: fn() -> Option<F>,
-) -> (fn() -> Option<F>, u8) {
-    if ptsz {
-        (per_thread, flags::PER_THREAD_STREAM)
-    } else {
-        (plain, 0)
-    }
-}
-
-/// A hook whose real function is missing: `missing`, logged. Out of line, by value: the
-/// log's arguments are references, and inline they made every hook store its name and code
-/// on the stack before it even looked at the real function.
+/// A hook whose real function is missing: the code the C call gets without it (what the
+/// real library's absence means to its callers), logged. Out of line, by value: the log's
+/// arguments are references, and inline they made every hook store its name and code on
+/// the stack before it even looked at the real function.
 #[cold]
 #[inline(never)]
-fn no_real(name: &'static str, missing: c_int) -> c_int {
+fn no_real(name: &'static str, lib: Lib) -> c_int {
+    let missing = match lib {
+        Lib::Runtime => NO_RUNTIME,
+        Lib::Driver => NO_DRIVER,
+        Lib::Nvml => NVML_ERROR_UNINITIALIZED,
+    };
     crate::debug!("{name}: no real function -> {missing}");
     missing
 }
 
-/// The common shape of a stream-ordered allocation hook (`cudaMallocAsync`,
-/// `cuMemAllocFromPoolAsync` & co., plain or `_ptsz`): an `Async` request on `stream`.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-pub(crate) fn async_alloc_hook<F: Copy>(
-    name: &'static str,
-    missing: c_int,
-    (slot, fl): (fn() -> Option<F>, u8),
-    api: Api,
-    device: impl FnOnce() -> i32,
-    stream: u64,
-    size: usize,
-    pool_ok: bool,
-    call: impl Fn(F) -> c_int,
-    read: impl FnOnce() -> (u64, u64),
-    write_pool: impl FnOnce(u64),
-) -> c_int {
-    alloc_hook(
-        name,
-        missing,
-        slot,
-        || req(api, AllocKind::Async, device(), stream, size, fl),
-        pool_ok,
-        call,
-        read,
-        write_pool,
-    )
+// ------------------------------------------------------------------------ hook sites
+
+/// What a hook's body knows of itself, made by [`hooks!`] from the hook's one declaration:
+/// its C name (for messages), the real function of that name, typed, and its library, and
+/// whether it is the per-thread-default-stream (`_ptsz`) variant.
+///
+/// Two words (its constant part behind a reference): passed in registers, so a hook that
+/// hands it to an out-of-line body needs no stack frame on the paths that return early.
+#[derive(Clone, Copy)]
+pub(crate) struct Site<F> {
+    about: &'static SiteInfo,
+    pub real: fn() -> Option<F>,
 }
 
-/// The common shape of a stream-ordered free hook (`cudaFreeAsync`, `cuMemFreeAsync`,
-/// plain or `_ptsz`).
-#[inline(always)]
-pub(crate) fn async_free_hook<F: Copy>(
-    name: &'static str,
-    missing: c_int,
-    (slot, fl): (fn() -> Option<F>, u8),
-    api: Api,
-    key: u64,
-    stream: u64,
-    call: impl Fn(F) -> c_int,
-) -> c_int {
-    free_hook(name, missing, slot, api, key, Some(stream), fl, call)
+/// The constant part of a [`Site`].
+pub(crate) struct SiteInfo {
+    pub name: &'static str,
+    pub lib: Lib,
+    pub ptds: bool,
 }
 
-/// The common shape of an allocation hook.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-pub(crate) fn alloc_hook<F: Copy>(
-    name: &'static str,
-    missing: c_int,
-    slot: fn() -> Option<F>,
-    make_req: impl FnOnce() -> Request,
-    pool_ok: bool,
-    call: impl Fn(F) -> c_int,
-    read: impl FnOnce() -> (u64, u64),
-    write_pool: impl FnOnce(u64),
-) -> c_int {
-    alloc_hook_in(
-        name,
-        missing,
-        slot,
-        &crate::state::live_table::ALLOCS,
-        make_req,
-        pool_ok,
-        call,
-        read,
-        write_pool,
-    )
+impl<F> std::ops::Deref for Site<F> {
+    type Target = SiteInfo;
+    #[inline(always)]
+    fn deref(&self) -> &SiteInfo {
+        self.about
+    }
 }
 
-/// [`alloc_hook`] with an explicit table (VMM handles live in their own).
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-pub(crate) fn alloc_hook_in<F: Copy>(
-    name: &'static str,
-    missing: c_int,
-    slot: fn() -> Option<F>,
-    table: &'static LiveTable,
-    make_req: impl FnOnce() -> Request,
-    pool_ok: bool,
-    call: impl Fn(F) -> c_int,
-    read: impl FnOnce() -> (u64, u64),
-    write_pool: impl FnOnce(u64),
-) -> c_int {
-    let Some(f) = slot() else {
-        return no_real(name, missing);
-    };
-    pipeline::run_hook_with(
-        name,
-        CUDA_ERROR_UNKNOWN,
-        (call, make_req, read, write_pool),
-        move |(call, ..)| call(f),
-        move |tok, (call, make_req, read, write_pool)| {
-            let mode = pipeline::mode();
-            if mode.pass_through() {
-                let req = make_req();
-                let rc = call(f);
-                pipeline::alloc_passed(tok, &req, table, rc, read);
-                return rc;
-            }
-            if mode.light() {
-                // The request is built inside (out of line), where its constant fields fold.
+impl<F: Copy> Site<F> {
+    /// The real function, or the code the C call returns without it.
+    #[inline(always)]
+    pub(crate) fn real(self) -> Result<F, c_int> {
+        match (self.real)() {
+            Some(f) => Ok(f),
+            None => Err(no_real(self.name, self.lib)),
+        }
+    }
+
+    /// `runtime` for a runtime hook, else `driver` (families of the two APIs that share a
+    /// body).
+    #[inline(always)]
+    pub(crate) fn by_lib<T>(self, runtime: T, driver: T) -> T {
+        if self.lib == Lib::Runtime {
+            runtime
+        } else {
+            driver
+        }
+    }
+
+    /// The trace flags of this variant's requests.
+    #[inline(always)]
+    pub(crate) fn stream_flags(self) -> u8 {
+        if self.ptds {
+            flags::PER_THREAD_STREAM
+        } else {
+            0
+        }
+    }
+
+    /// An allocation of `size` bytes whose address the real call writes through `out`
+    /// (which the pool writes instead when it serves the request; `pool_ok`: it may).
+    #[inline(always)]
+    pub(crate) fn linear(
+        self,
+        out: impl OutPtr,
+        size: usize,
+        pool_ok: bool,
+        make_req: impl FnOnce() -> Request,
+        call: impl Fn(F) -> c_int,
+    ) -> c_int {
+        self.alloc(
+            &crate::state::live_table::ALLOCS,
+            make_req,
+            pool_ok && !out.is_null(),
+            call,
+            move || (out.get(), size as u64),
+            move |p| out.set(p),
+        )
+    }
+
+    /// A stream-ordered allocation of `size` bytes into `out`: from the process's own
+    /// `pool` when it names one (charged to that pool's device when known; never served by
+    /// our pool: the process chose that one), else from the device's current pool
+    /// (`device()`; our pool may serve it).
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    pub(crate) fn stream_ordered(
+        self,
+        api: Api,
+        device: impl Fn() -> i32,
+        out: impl OutPtr,
+        size: usize,
+        stream: u64,
+        pool: Option<CUmemoryPool>,
+        call: impl Fn(F) -> c_int,
+    ) -> c_int {
+        let fl = self.stream_flags();
+        let r = move || {
+            let dev = match pool {
+                Some(p) => crate::cuda::mempools::device_of(p).unwrap_or_else(&device),
+                None => device(),
+            };
+            req(api, AllocKind::Async, dev, stream, size, fl)
+        };
+        self.linear(out, size, pool.is_none(), r, call)
+    }
+
+    /// The common shape of an allocation hook: `make_req` decodes the request, `call` makes
+    /// the real call, `read` gives the address and size it produced, `write_pool` writes an
+    /// address the pool served. The mode read once picks the path: pass-through inline, the
+    /// paths that meet layers out of line (see [`pipeline::Path`]).
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    pub(crate) fn alloc(
+        self,
+        table: &'static LiveTable,
+        make_req: impl FnOnce() -> Request,
+        pool_ok: bool,
+        call: impl Fn(F) -> c_int,
+        read: impl FnOnce() -> (u64, u64),
+        write_pool: impl FnOnce(u64),
+    ) -> c_int {
+        let f = match self.real() {
+            Ok(f) => f,
+            Err(missing) => return missing,
+        };
+        pipeline::run_hook_with(
+            self.name,
+            CUDA_ERROR_UNKNOWN,
+            (call, make_req, read, write_pool),
+            move |(call, ..)| call(f),
+            move |tok, (call, make_req, read, write_pool)| {
                 // `move`: a closure borrowing `call` and `f` made every request (pass-through
                 // too) store them on the stack before the mode check.
-                return pipeline::alloc_light(tok, make_req, table, mode, move || call(f), read);
-            }
-            alloc_layered(
-                tok, mode, f, table, make_req, pool_ok, call, read, write_pool,
-            )
-        },
-    )
-}
-
-/// The layered path of [`alloc_hook_in`] (pool, debug log, `VRAMSHIM_LAYERS_FAULT=no-light`).
-/// Out of line, so that the closures it hands on by reference are only spilled to the
-/// stack here, not on every pass-through request (inline, the compiler hoisted those
-/// stores above the mode check: +16 instructions per pass-through pair).
-#[allow(clippy::too_many_arguments)]
-#[inline(never)]
-fn alloc_layered<F: Copy>(
-    tok: &crate::sys::thread::Token,
-    mode: pipeline::Mode,
-    f: F,
-    table: &'static LiveTable,
-    make_req: impl FnOnce() -> Request,
-    pool_ok: bool,
-    call: impl Fn(F) -> c_int,
-    read: impl FnOnce() -> (u64, u64),
-    write_pool: impl FnOnce(u64),
-) -> c_int {
-    let req = make_req();
-    let out = pipeline::alloc(tok, &req, table, pool_ok, mode, || {
-        let rc = call(f);
-        let (addr, size) = if rc == 0 { read() } else { (0, req.size) };
-        RealResult { rc, addr, size }
-    });
-    if out.layer == Layer::Pool && out.rc == 0 {
-        write_pool(out.addr);
+                let a = move || AllocCall {
+                    make_req,
+                    pool_ok,
+                    call: move || call(f),
+                    read,
+                    write_pool,
+                };
+                pipeline::run(tok, table, a)
+            },
+        )
     }
-    out.rc
-}
 
-/// The common shape of a free hook.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-pub(crate) fn free_hook<F: Copy>(
-    name: &'static str,
-    missing: c_int,
-    slot: fn() -> Option<F>,
-    api: Api,
-    key: u64,
-    stream: Option<u64>,
-    flags: u8,
-    call: impl Fn(F) -> c_int,
-) -> c_int {
-    free_hook_in(
-        name,
-        missing,
-        slot,
-        &crate::state::live_table::ALLOCS,
-        api,
-        key,
-        stream,
-        flags,
-        call,
-    )
-}
-
-/// [`free_hook`] with an explicit table.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-pub(crate) fn free_hook_in<F: Copy>(
-    name: &'static str,
-    missing: c_int,
-    slot: fn() -> Option<F>,
-    table: &'static LiveTable,
-    api: Api,
-    key: u64,
-    stream: Option<u64>,
-    flags: u8,
-    call: impl Fn(F) -> c_int,
-) -> c_int {
-    let Some(f) = slot() else {
-        return no_real(name, missing);
-    };
-    pipeline::run_hook_with(
-        name,
-        CUDA_ERROR_UNKNOWN,
-        call,
-        move |call| call(f),
-        move |tok, call| {
-            let mode = pipeline::mode();
-            if key != 0 && mode.pass_through() {
-                return pipeline::free_passed(tok, api, key, table, move || call(f));
-            }
-            if key != 0 && mode.light() {
-                return pipeline::free_light(
-                    tok,
+    /// The common shape of a free hook (`stream`: `Some` for stream-ordered frees); the path
+    /// as in [`Site::alloc`] (the light one inline too: it adds little to the hook's frame).
+    #[inline(always)]
+    pub(crate) fn free(
+        self,
+        table: &'static LiveTable,
+        api: Api,
+        key: u64,
+        stream: Option<u64>,
+        call: impl Fn(F) -> c_int,
+    ) -> c_int {
+        let f = match self.real() {
+            Ok(f) => f,
+            Err(missing) => return missing,
+        };
+        let flags = self.stream_flags();
+        pipeline::run_hook_with(
+            self.name,
+            CUDA_ERROR_UNKNOWN,
+            call,
+            move |call| call(f),
+            move |tok, call| {
+                let req = move || FreeCall {
                     api,
                     key,
                     stream,
                     flags,
-                    table,
-                    mode,
-                    move || call(f),
-                );
-            }
-            free_layered(tok, mode, f, table, api, key, stream, flags, call)
-        },
-    )
+                    call: move || call(f),
+                };
+                pipeline::run(tok, table, req)
+            },
+        )
+    }
+
+    /// A depth-guarded hook beyond allocations (queries, synchronizations): a nested call
+    /// goes straight to the real function (`call`); the outermost runs `body` with the
+    /// thread's token and the real call.
+    #[inline(always)]
+    pub(crate) fn guarded(
+        self,
+        call: impl Fn(F) -> c_int,
+        body: impl FnOnce(&Token, &dyn Fn() -> c_int) -> c_int,
+    ) -> c_int {
+        let f = match self.real() {
+            Ok(f) => f,
+            Err(missing) => return missing,
+        };
+        let real = || call(f);
+        // 999 is the unknown error of the runtime, the driver and NVML alike.
+        run_hook(self.name, CUDA_ERROR_UNKNOWN, real, |tok| body(tok, &real))
+    }
+
+    /// A hook that is never depth-guarded (lookups, context lifetime): the real function
+    /// called by `body`, a panic turned into an error code.
+    #[inline(always)]
+    pub(crate) fn unguarded(self, body: impl FnOnce(F) -> c_int) -> c_int {
+        match self.real() {
+            Ok(f) => pipeline::run_unguarded(self.name, CUDA_ERROR_UNKNOWN, || body(f)),
+            Err(missing) => missing,
+        }
+    }
 }
 
-/// The layered part of [`free_hook_in`] (and frees of NULL), out of line for the same
-/// reason as [`alloc_layered`].
-#[allow(clippy::too_many_arguments)]
-#[inline(never)]
-fn free_layered<F: Copy>(
-    tok: &crate::sys::thread::Token,
-    mode: pipeline::Mode,
-    f: F,
-    table: &'static LiveTable,
-    api: Api,
-    key: u64,
-    stream: Option<u64>,
-    flags: u8,
-    call: impl Fn(F) -> c_int,
-) -> c_int {
-    let req = FreeRequest {
-        api,
-        key,
-        stream,
-        flags,
-    };
-    pipeline::free(tok, &req, table, mode, || call(f))
-}
+/// A compile-time check that a hook has the ABI of the real function it stands for.
+pub(crate) const fn same_abi<F: Copy>(_real: fn() -> Option<F>, _hook: F) {}
 
 // ------------------------------------------------------------------------ hook table
 
@@ -399,103 +372,111 @@ pub(crate) struct HookAddr(pub *const ());
 // SAFETY: a code address, immutable.
 unsafe impl Sync for HookAddr {}
 
+/// Declares exported hooks, each once: `[base, version(, ptds)] name, ... fn(args) |site|
+/// body` makes, for each name, the C entry point `name` (`#[no_mangle]`, so the C name is the
+/// Rust name) running `body`, its entry in the module's `TABLE` for the lookups ([`Hook`]:
+/// the C name, the address, the real slot of the same name, the `cuGetProcAddress` base
+/// name, the version that introduced it, whether it is the `_ptsz` variant), and the
+/// [`Site`] its body gets. Variants with the same arguments share one body. Each entry point
+/// must have the ABI of the real function of the same name (checked at compile time).
 macro_rules! hooks {
-    ($( $module:ident :: $name:ident, $base:literal, $minv:literal, $ptds:literal; )*) => {
-        /// Every hook we export and substitute.
-        pub(crate) static HOOKS: &[Hook] = &[
-            $(
-                Hook {
-                    name: match CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes()) {
-                        Ok(c) => c,
-                        Err(_) => panic!("bad name"),
-                    },
-                    addr: HookAddr($module::$name as *const ()),
-                    slot: &real::slots::$name,
-                    base: $base,
-                    min_version: $minv,
-                    ptds: $ptds,
+    ($(
+        $(#[doc = $doc:literal])*
+        $([$base:literal, $minv:literal $(, $ptds:ident)?] $name:ident,)+
+        fn $args:tt |$site:ident| $body:block
+    )*) => {
+        $(
+            hooks!(@entry [$(#[doc = $doc])*] $args $site $body $([$($ptds)?] $name)+);
+        )*
+        /// This module's hooks, for the lookups.
+        pub(super) const TABLE: &[$crate::hooks::Hook] = &[$($(
+            $crate::hooks::Hook {
+                name: match std::ffi::CStr::from_bytes_with_nul(
+                    concat!(stringify!($name), "\0").as_bytes(),
+                ) {
+                    Ok(c) => c,
+                    Err(_) => panic!("bad name"),
                 },
-            )*
-        ];
+                addr: $crate::hooks::HookAddr($name as *const ()),
+                slot: &$crate::cuda::real::slots::$name,
+                base: $base,
+                min_version: $minv,
+                ptds: hooks!(@ptds $($ptds)?),
+            },
+        )+)*];
+        // Each hook has the ABI of its real function.
+        const _: () = {$($(
+            $crate::hooks::same_abi($crate::cuda::real::$name, $name);
+        )+)*};
     };
+    // One entry point per name of an entry, all with the entry's docs and body.
+    (@entry $docs:tt $args:tt $site:ident $body:block $([$($ptds:ident)?] $name:ident)+) => {
+        $(hooks!(@fn $docs [$($ptds)?] $name $args $site $body);)+
+    };
+    (@fn [$($doc:tt)*] [$($ptds:ident)?] $name:ident $args:tt $site:ident $body:block) => {
+        $($doc)*
+        ///
+        /// # Safety
+        /// C ABI: the contract of the real function of the same name.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name $args -> std::ffi::c_int {
+            let $site = $crate::hooks::Site {
+                about: &$crate::hooks::SiteInfo {
+                    name: stringify!($name),
+                    lib: $crate::cuda::real::libs::$name,
+                    ptds: hooks!(@ptds $($ptds)?),
+                },
+                real: $crate::cuda::real::$name,
+            };
+            $body
+        }
+    };
+    (@ptds ptds) => { true };
+    (@ptds) => { false };
 }
 
-hooks! {
-    runtime::cudaMalloc, "cudaMalloc", 0, false;
-    runtime::cudaFree, "cudaFree", 0, false;
-    runtime::cudaMallocAsync, "cudaMallocAsync", 0, false;
-    runtime::cudaMallocAsync_ptsz, "cudaMallocAsync", 0, true;
-    runtime::cudaFreeAsync, "cudaFreeAsync", 0, false;
-    runtime::cudaFreeAsync_ptsz, "cudaFreeAsync", 0, true;
-    runtime::cudaMallocFromPoolAsync, "cudaMallocFromPoolAsync", 0, false;
-    runtime::cudaMallocFromPoolAsync_ptsz, "cudaMallocFromPoolAsync", 0, true;
-    runtime::cudaMallocPitch, "cudaMallocPitch", 0, false;
-    runtime::cudaMalloc3D, "cudaMalloc3D", 0, false;
-    runtime::cudaMallocManaged, "cudaMallocManaged", 0, false;
-    runtime::cudaMallocHost, "cudaMallocHost", 0, false;
-    runtime::cudaHostAlloc, "cudaHostAlloc", 0, false;
-    runtime::cudaFreeHost, "cudaFreeHost", 0, false;
-    runtime::cudaMemGetInfo, "cudaMemGetInfo", 0, false;
-    runtime::cudaDeviceReset, "cudaDeviceReset", 0, false;
-    context::cudaDeviceEnablePeerAccess, "cudaDeviceEnablePeerAccess", 0, false;
-    runtime::cudaGetDeviceProperties, "cudaGetDeviceProperties", 0, false;
-    runtime::cudaGetDeviceProperties_v2, "cudaGetDeviceProperties", 0, false;
-    lookup::cudaGetDriverEntryPoint, "cudaGetDriverEntryPoint", 0, false;
-    lookup::cudaGetDriverEntryPoint_ptsz, "cudaGetDriverEntryPoint", 0, true;
-    lookup::cudaGetDriverEntryPointByVersion, "cudaGetDriverEntryPointByVersion", 0, false;
-    lookup::cudaGetDriverEntryPointByVersion_ptsz, "cudaGetDriverEntryPointByVersion", 0, true;
-    driver::cuMemAlloc_v2, "cuMemAlloc", 3020, false;
-    driver::cuMemFree_v2, "cuMemFree", 3020, false;
-    driver::cuMemAllocPitch_v2, "cuMemAllocPitch", 3020, false;
-    driver::cuMemAllocManaged, "cuMemAllocManaged", 6000, false;
-    driver::cuMemAllocAsync, "cuMemAllocAsync", 11020, false;
-    driver::cuMemAllocAsync_ptsz, "cuMemAllocAsync", 11020, true;
-    driver::cuMemFreeAsync, "cuMemFreeAsync", 11020, false;
-    driver::cuMemFreeAsync_ptsz, "cuMemFreeAsync", 11020, true;
-    driver::cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", 11020, false;
-    driver::cuMemAllocFromPoolAsync_ptsz, "cuMemAllocFromPoolAsync", 11020, true;
-    vmm::cuMemCreate, "cuMemCreate", 10020, false;
-    vmm::cuMemRelease, "cuMemRelease", 10020, false;
-    mempool::cuMemPoolCreate, "cuMemPoolCreate", 11020, false;
-    driver::cuMemGetInfo_v2, "cuMemGetInfo", 3020, false;
-    driver::cuDeviceTotalMem_v2, "cuDeviceTotalMem", 3020, false;
-    driver::cuMemAllocHost_v2, "cuMemAllocHost", 3020, false;
-    driver::cuMemHostAlloc, "cuMemHostAlloc", 2020, false;
-    driver::cuMemFreeHost, "cuMemFreeHost", 2000, false;
-    context::cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 7000, false;
-    context::cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease", 11000, false;
-    context::cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset", 11000, false;
-    context::cuCtxCreate_v2, "cuCtxCreate", 3020, false;
-    current::cudaSetDevice, "cudaSetDevice", 0, false;
-    current::cuCtxSetCurrent, "cuCtxSetCurrent", 4000, false;
-    current::cuCtxPushCurrent_v2, "cuCtxPushCurrent", 4000, false;
-    current::cuCtxPopCurrent_v2, "cuCtxPopCurrent", 4000, false;
-    current::cuCtxDestroy_v2, "cuCtxDestroy", 4000, false;
-    context::cuCtxEnablePeerAccess, "cuCtxEnablePeerAccess", 4000, false;
-    sync::cudaDeviceSynchronize, "cudaDeviceSynchronize", 0, false;
-    sync::cudaStreamSynchronize, "cudaStreamSynchronize", 0, false;
-    sync::cudaStreamSynchronize_ptsz, "cudaStreamSynchronize", 0, true;
-    sync::cudaEventSynchronize, "cudaEventSynchronize", 0, false;
-    sync::cudaIpcGetMemHandle, "cudaIpcGetMemHandle", 0, false;
-    sync::cuCtxSynchronize, "cuCtxSynchronize", 2000, false;
-    sync::cuStreamSynchronize, "cuStreamSynchronize", 2000, false;
-    sync::cuStreamSynchronize_ptsz, "cuStreamSynchronize", 7000, true;
-    sync::cuEventSynchronize, "cuEventSynchronize", 2000, false;
-    sync::cuIpcGetMemHandle, "cuIpcGetMemHandle", 4010, false;
-    lookup::cuGetProcAddress, "cuGetProcAddress", 11030, false;
-    lookup::cuGetProcAddress_v2, "cuGetProcAddress", 12000, false;
-    nvml::nvmlDeviceGetMemoryInfo, "nvmlDeviceGetMemoryInfo", 0, false;
-    nvml::nvmlDeviceGetMemoryInfo_v2, "nvmlDeviceGetMemoryInfo_v2", 0, false;
+// The hook modules, after the macro they declare their hooks with.
+pub(crate) mod context;
+pub(crate) mod current;
+pub(crate) mod driver;
+pub(crate) mod host;
+pub(crate) mod lookup;
+pub(crate) mod mempool;
+pub(crate) mod nvml;
+mod pool_glue;
+pub(crate) mod process;
+pub(crate) mod runtime;
+pub(crate) mod sync;
+pub(crate) mod torch;
+pub(crate) mod vmm;
+
+/// Every hook we export and substitute, by module.
+static HOOKS: [&[Hook]; 10] = [
+    runtime::TABLE,
+    driver::TABLE,
+    host::TABLE,
+    vmm::TABLE,
+    mempool::TABLE,
+    context::TABLE,
+    current::TABLE,
+    sync::TABLE,
+    lookup::TABLE,
+    nvml::TABLE,
+];
+
+/// Every hook we export and substitute.
+pub(crate) fn all() -> impl Iterator<Item = &'static Hook> {
+    HOOKS.iter().flat_map(|t| t.iter())
 }
 
 /// Whether `addr` is one of our exported hooks (never stored as a "real" function).
 pub(crate) fn is_our_hook(addr: usize) -> bool {
-    addr != 0 && HOOKS.iter().any(|h| h.addr.0 as usize == addr)
+    addr != 0 && all().any(|h| h.addr.0 as usize == addr)
 }
 
 /// The hook exported under exactly this C name.
 pub(crate) fn by_name(name: &[u8]) -> Option<&'static Hook> {
-    HOOKS.iter().find(|h| h.name.to_bytes() == name)
+    all().find(|h| h.name.to_bytes() == name)
 }
 
 /// Whether a `dlsym` name is one of ours to look at: `cu[A-Z]*`, `cuda[A-Z]*`, `nvml[A-Z]*`.
@@ -507,58 +488,57 @@ pub(crate) fn is_our_prefix(name: &[u8]) -> bool {
         || (name.starts_with(b"nvml") && upper_at(4))
 }
 
-/// The shared body of `cudaMemGetInfo` and `cuMemGetInfo_v2`: the real query, then what the
-/// cap says the process should see, written through the caller's (possibly NULL) pointers.
-pub(crate) fn meminfo_hook(
-    name: &'static str,
-    panic_code: c_int,
+/// The shared body of the memory queries: the real query (`call`), then what the cap says
+/// the process should see of `device` (see [`pipeline::meminfo`]): `read` gives the (free,
+/// total) the real query wrote, `write` writes the answer back over it.
+pub(crate) fn query_hook<F: Copy>(
+    h: Site<F>,
     api: Api,
-    device: fn() -> Option<c_int>,
-    real_query: impl Fn() -> c_int,
-    free: *mut usize,
-    total: *mut usize,
+    device: impl FnOnce() -> Option<c_int>,
+    call: impl Fn(F) -> c_int,
+    read: impl FnOnce() -> (Option<u64>, Option<u64>),
+    write: impl FnOnce(i32, u64, u64),
 ) -> c_int {
-    run_hook(name, panic_code, &real_query, |tok| {
-        pipeline::meminfo(
-            tok,
-            api,
-            device,
-            || {
-                let rc = real_query();
-                (rc, read_usize(free), read_usize(total))
-            },
-            |_, af, at| {
-                write_usize(free, af);
-                write_usize(total, at);
-            },
-        )
+    h.guarded(call, |tok, call| {
+        let real = || {
+            let rc = call();
+            let (free, total) = if rc == 0 { read() } else { (None, None) };
+            (rc, free, total)
+        };
+        pipeline::meminfo(tok, api, device, real, write)
     })
 }
 
-/// The shared body of the total-memory queries (`cuDeviceTotalMem_v2`, `totalGlobalMem` of
-/// `cudaGetDeviceProperties`): the real query fills `*total`, then the cap's answer for
-/// `device` replaces it.
-pub(crate) fn total_mem_hook(
-    name: &'static str,
-    panic_code: c_int,
+/// `cudaMemGetInfo` and `cuMemGetInfo_v2`: the cap's view written through the caller's
+/// (possibly NULL) pointers.
+pub(crate) fn meminfo_hook<F: Copy>(
+    h: Site<F>,
+    api: Api,
+    device: fn() -> Option<c_int>,
+    free: *mut usize,
+    total: *mut usize,
+    call: impl Fn(F) -> c_int,
+) -> c_int {
+    let read = || (read_usize(free), read_usize(total));
+    let write = |_, af, at| {
+        write_usize(free, af);
+        write_usize(total, at);
+    };
+    query_hook(h, api, device, call, read, write)
+}
+
+/// The total-memory queries (`cuDeviceTotalMem_v2`, `totalGlobalMem` of
+/// `cudaGetDeviceProperties`): the cap's answer for `device` written over `*total`.
+pub(crate) fn total_mem_hook<F: Copy>(
+    h: Site<F>,
     api: Api,
     device: c_int,
-    real_query: impl Fn() -> c_int,
     total: *mut usize,
+    call: impl Fn(F) -> c_int,
 ) -> c_int {
-    run_hook(name, panic_code, &real_query, |tok| {
-        pipeline::meminfo(
-            tok,
-            api,
-            || Some(device),
-            || {
-                let rc = real_query();
-                let t = read_usize(total);
-                (rc, t, t)
-            },
-            |_, _, at| write_usize(total, at),
-        )
-    })
+    let read = || (read_usize(total), read_usize(total));
+    let write = |_, _, at| write_usize(total, at);
+    query_hook(h, api, || Some(device), call, read, write)
 }
 
 #[cfg(test)]

@@ -3,103 +3,78 @@
 //! `dlsym` hook (dlopen + dlsym, which is what pynvml and nvidia-smi do). NVML is never
 //! linked: the real functions come from the already-loaded `libnvidia-ml.so.1`.
 
-use crate::cuda::real;
+use super::Site;
+use crate::cap;
 use crate::cuda::types::*;
-use crate::pipeline::run_hook;
-use crate::{cap, pipeline};
 use std::ffi::c_int;
 use vramshim_trace::Api;
 
-/// # Safety
-/// C ABI: `nvmlDeviceGetMemoryInfo`'s contract.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
-    device: nvmlDevice_t,
-    mem: *mut nvmlMemory_t,
-) -> c_int {
-    let Some(f) = real::nvmlDeviceGetMemoryInfo() else {
-        return NVML_ERROR_UNINITIALIZED;
-    };
-    run_hook(
-        "nvmlDeviceGetMemoryInfo",
-        NVML_ERROR_UNKNOWN,
-        // SAFETY: forwarding the caller's arguments unchanged.
-        || unsafe { f(device, mem) },
-        |tok| {
-            let used_real = std::cell::Cell::new(0u64);
-            pipeline::meminfo(
-                tok,
-                Api::NvmlDeviceGetMemoryInfo,
-                || crate::cuda::nvml::cuda_ordinal_of(device),
-                || {
-                    // SAFETY: forwarding the caller's arguments unchanged.
-                    let rc = unsafe { f(device, mem) };
-                    if rc != NVML_SUCCESS || mem.is_null() {
-                        return (rc, None, None);
-                    }
-                    // SAFETY: non-null struct the real call just filled.
-                    let m = unsafe { *mem };
-                    used_real.set(m.used);
-                    (rc, Some(m.free), Some(m.total))
-                },
-                |dev, _, _| {
-                    if !mem.is_null() && dev >= 0 {
-                        // SAFETY: non-null struct supplied by the caller, just filled.
-                        let m = unsafe { &mut *mem };
-                        let (t, f, u) = cap::nvml_adjust(dev, m.total, m.free, used_real.get());
-                        m.total = t;
-                        m.free = f;
-                        m.used = u;
-                    }
-                },
-            )
-        },
-    )
+/// The NVML memory structures: what the real call reports, and the cap's answer written
+/// back in place.
+trait NvmlMemory: Copy {
+    /// (free, total) as the real call reported them.
+    fn free_total(&self) -> (u64, u64);
+    /// Replace the figures the real call wrote with the cap's view of `dev`.
+    fn adjust(&mut self, dev: i32);
 }
 
-/// # Safety
-/// C ABI: `nvmlDeviceGetMemoryInfo_v2`'s contract.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
+impl NvmlMemory for nvmlMemory_t {
+    fn free_total(&self) -> (u64, u64) {
+        (self.free, self.total)
+    }
+    fn adjust(&mut self, dev: i32) {
+        (self.total, self.free, self.used) =
+            cap::nvml_adjust(dev, self.total, self.free, self.used);
+    }
+}
+
+impl NvmlMemory for nvmlMemory_v2_t {
+    fn free_total(&self) -> (u64, u64) {
+        (self.free, self.total)
+    }
+    fn adjust(&mut self, dev: i32) {
+        (self.total, self.reserved, self.free, self.used) =
+            cap::nvml_adjust_v2(dev, self.total, self.reserved, self.free, self.used);
+    }
+}
+
+/// The shared body of the memory-information hooks: the real query (`call`), then the
+/// cap's view of the CUDA device with the handle's PCI bus id written over it.
+fn memory_info<F: Copy, M: NvmlMemory>(
+    h: Site<F>,
+    api: Api,
     device: nvmlDevice_t,
-    mem: *mut nvmlMemory_v2_t,
+    mem: *mut M,
+    call: impl Fn(F) -> c_int,
 ) -> c_int {
-    let Some(f) = real::nvmlDeviceGetMemoryInfo_v2() else {
-        return NVML_ERROR_UNINITIALIZED;
+    let read = || {
+        if mem.is_null() {
+            return (None, None);
+        }
+        // SAFETY: non-null struct the real call just filled.
+        let (free, total) = unsafe { *mem }.free_total();
+        (Some(free), Some(total))
     };
-    run_hook(
-        "nvmlDeviceGetMemoryInfo_v2",
-        NVML_ERROR_UNKNOWN,
+    let write = |dev: i32, _, _| {
+        if !mem.is_null() && dev >= 0 {
+            // SAFETY: non-null struct supplied by the caller, just filled.
+            unsafe { &mut *mem }.adjust(dev);
+        }
+    };
+    let device = || crate::cuda::nvml::cuda_ordinal_of(device);
+    super::query_hook(h, api, device, call, read, write)
+}
+
+hooks! {
+    ["nvmlDeviceGetMemoryInfo", 0] nvmlDeviceGetMemoryInfo,
+    fn(device: nvmlDevice_t, mem: *mut nvmlMemory_t) |h| {
         // SAFETY: forwarding the caller's arguments unchanged.
-        || unsafe { f(device, mem) },
-        |tok| {
-            pipeline::meminfo(
-                tok,
-                Api::NvmlDeviceGetMemoryInfoV2,
-                || crate::cuda::nvml::cuda_ordinal_of(device),
-                || {
-                    // SAFETY: forwarding the caller's arguments unchanged.
-                    let rc = unsafe { f(device, mem) };
-                    if rc != NVML_SUCCESS || mem.is_null() {
-                        return (rc, None, None);
-                    }
-                    // SAFETY: non-null struct the real call just filled.
-                    let m = unsafe { *mem };
-                    (rc, Some(m.free), Some(m.total))
-                },
-                |dev, _, _| {
-                    if !mem.is_null() && dev >= 0 {
-                        // SAFETY: non-null struct supplied by the caller, just filled.
-                        let m = unsafe { &mut *mem };
-                        let (t, r, f, u) =
-                            cap::nvml_adjust_v2(dev, m.total, m.reserved, m.free, m.used);
-                        m.total = t;
-                        m.reserved = r;
-                        m.free = f;
-                        m.used = u;
-                    }
-                },
-            )
-        },
-    )
+        memory_info(h, Api::NvmlDeviceGetMemoryInfo, device, mem, |f| unsafe { f(device, mem) })
+    }
+
+    ["nvmlDeviceGetMemoryInfo_v2", 0] nvmlDeviceGetMemoryInfo_v2,
+    fn(device: nvmlDevice_t, mem: *mut nvmlMemory_v2_t) |h| {
+        // SAFETY: forwarding the caller's arguments unchanged.
+        memory_info(h, Api::NvmlDeviceGetMemoryInfoV2, device, mem, |f| unsafe { f(device, mem) })
+    }
 }

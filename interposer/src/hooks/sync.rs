@@ -6,27 +6,28 @@
 //! Depth-guarded like allocations: `cudaDeviceSynchronize` reaching our `cuCtxSynchronize`
 //! is one synchronization.
 
-use super::NO_DRIVER;
+use super::Site;
 use crate::cuda::real;
 use crate::cuda::types::*;
-use crate::pipeline::run_hook;
 use crate::sys::ids;
 use crate::{pool, tracer};
 use std::ffi::{c_int, c_void};
 use vramshim_trace::{Event, SyncKind};
 
-/// Run a synchronizing call `f`, then tell the pool (device-wide) and the tracer.
-fn sync(
-    name: &'static str,
+/// Run a synchronizing call (`call` on the real function), then tell the pool
+/// (device-wide) and the tracer.
+fn sync<F: Copy>(
+    h: Site<F>,
     kind: SyncKind,
     stream: u64,
     device_wide: bool,
-    f: impl Fn() -> c_int,
+    call: impl Fn(F) -> c_int,
 ) -> c_int {
-    run_hook(name, CUDA_ERROR_UNKNOWN, &f, |_| {
+    let name = h.name;
+    h.guarded(call, |_, call| {
         let traced = tracer::enabled();
         let t0 = traced.then(tracer::stamp);
-        let rc = f();
+        let rc = call();
         if rc == CUDA_SUCCESS && device_wide && pool::enabled() {
             super::pool_glue::note_process_sync();
         }
@@ -78,103 +79,10 @@ pub(crate) fn pool_wait(
     rc
 }
 
-/// # Safety
-/// C ABI: `cudaDeviceSynchronize`'s contract.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cudaDeviceSynchronize() -> c_int {
-    let Some(f) = real::cudaDeviceSynchronize() else {
-        return super::NO_RUNTIME;
-    };
-    // SAFETY: no arguments.
-    sync(
-        "cudaDeviceSynchronize",
-        SyncKind::ProcessDevice,
-        0,
-        true,
-        || unsafe { f() },
-    )
-}
-
-/// # Safety
-/// C ABI: `cuCtxSynchronize`'s contract.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCtxSynchronize() -> c_int {
-    let Some(f) = real::cuCtxSynchronize() else {
-        return NO_DRIVER;
-    };
-    // SAFETY: no arguments.
-    sync(
-        "cuCtxSynchronize",
-        SyncKind::ProcessDevice,
-        0,
-        true,
-        || unsafe { f() },
-    )
-}
-
-macro_rules! stream_sync {
-    ($name:ident, $missing:expr) => {
-        /// # Safety
-        /// C ABI: the real function's contract.
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name(s: CUstream) -> c_int {
-            let Some(f) = real::$name() else {
-                return $missing;
-            };
-            // SAFETY: forwarding the caller's argument unchanged.
-            sync(
-                stringify!($name),
-                SyncKind::ProcessStream,
-                s as u64,
-                false,
-                || unsafe { f(s) },
-            )
-        }
-    };
-}
-
-stream_sync!(cudaStreamSynchronize, super::NO_RUNTIME);
-stream_sync!(cudaStreamSynchronize_ptsz, super::NO_RUNTIME);
-stream_sync!(cuStreamSynchronize, NO_DRIVER);
-stream_sync!(cuStreamSynchronize_ptsz, NO_DRIVER);
-
-macro_rules! event_sync {
-    ($name:ident, $missing:expr) => {
-        /// # Safety
-        /// C ABI: the real function's contract.
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name(e: CUevent) -> c_int {
-            let Some(f) = real::$name() else {
-                return $missing;
-            };
-            // SAFETY: forwarding the caller's argument unchanged.
-            sync(
-                stringify!($name),
-                SyncKind::ProcessEvent,
-                0,
-                false,
-                || unsafe { f(e) },
-            )
-        }
-    };
-}
-
-event_sync!(cudaEventSynchronize, super::NO_RUNTIME);
-event_sync!(cuEventSynchronize, NO_DRIVER);
-
-fn ipc(
-    name: &'static str,
-    f: Option<PfnIpcGetMemHandle>,
-    missing: c_int,
-    handle: *mut c_void,
-    ptr: u64,
-) -> c_int {
-    let Some(f) = f else {
-        return missing;
-    };
-    // SAFETY: forwarding the caller's arguments unchanged.
-    let call = || unsafe { f(handle, ptr) };
-    run_hook(name, CUDA_ERROR_UNKNOWN, call, |_| {
+/// Legacy IPC: refused with a clear error on pool memory.
+fn ipc<F: Copy>(h: Site<F>, ptr: u64, call: impl Fn(F) -> c_int) -> c_int {
+    let name = h.name;
+    h.guarded(call, |_, call| {
         if pool::enabled()
             && let Some(code) = super::pool_glue::refuse_ipc(ptr)
         {
@@ -185,28 +93,41 @@ fn ipc(
     })
 }
 
-/// # Safety
-/// C ABI: `cudaIpcGetMemHandle(cudaIpcMemHandle_t*, void*)`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cudaIpcGetMemHandle(handle: *mut c_void, dev_ptr: *mut c_void) -> c_int {
-    ipc(
-        "cudaIpcGetMemHandle",
-        real::cudaIpcGetMemHandle(),
-        super::NO_RUNTIME,
-        handle,
-        dev_ptr as u64,
-    )
-}
+hooks! {
+    ["cudaDeviceSynchronize", 0] cudaDeviceSynchronize,
+    ["cuCtxSynchronize", 2000] cuCtxSynchronize,
+    fn() |h| {
+        // SAFETY: no arguments.
+        sync(h, SyncKind::ProcessDevice, 0, true, |f| unsafe { f() })
+    }
 
-/// # Safety
-/// C ABI: `cuIpcGetMemHandle(CUipcMemHandle*, CUdeviceptr)`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuIpcGetMemHandle(handle: *mut c_void, dptr: CUdeviceptr) -> c_int {
-    ipc(
-        "cuIpcGetMemHandle",
-        real::cuIpcGetMemHandle(),
-        NO_DRIVER,
-        handle,
-        dptr,
-    )
+    ["cudaStreamSynchronize", 0] cudaStreamSynchronize,
+    ["cudaStreamSynchronize", 0, ptds] cudaStreamSynchronize_ptsz,
+    ["cuStreamSynchronize", 2000] cuStreamSynchronize,
+    ["cuStreamSynchronize", 7000, ptds] cuStreamSynchronize_ptsz,
+    fn(s: CUstream) |h| {
+        // SAFETY: forwarding the caller's argument unchanged.
+        sync(h, SyncKind::ProcessStream, s as u64, false, |f| unsafe { f(s) })
+    }
+
+    ["cudaEventSynchronize", 0] cudaEventSynchronize,
+    ["cuEventSynchronize", 2000] cuEventSynchronize,
+    fn(e: CUevent) |h| {
+        // SAFETY: forwarding the caller's argument unchanged.
+        sync(h, SyncKind::ProcessEvent, 0, false, |f| unsafe { f(e) })
+    }
+
+    /// `cudaIpcGetMemHandle(cudaIpcMemHandle_t*, void*)`.
+    ["cudaIpcGetMemHandle", 0] cudaIpcGetMemHandle,
+    fn(handle: *mut c_void, dev_ptr: *mut c_void) |h| {
+        // SAFETY: forwarding the caller's arguments unchanged.
+        ipc(h, dev_ptr as u64, |f| unsafe { f(handle, dev_ptr) })
+    }
+
+    /// `cuIpcGetMemHandle(CUipcMemHandle*, CUdeviceptr)`.
+    ["cuIpcGetMemHandle", 4010] cuIpcGetMemHandle,
+    fn(handle: *mut c_void, dptr: CUdeviceptr) |h| {
+        // SAFETY: forwarding the caller's arguments unchanged.
+        ipc(h, dptr, |f| unsafe { f(handle, dptr) })
+    }
 }

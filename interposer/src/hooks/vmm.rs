@@ -4,12 +4,10 @@
 //! Mapping calls (`cuMemMap`, `cuMemAddressReserve`, ...) are not hooked: one handle can be
 //! mapped many times.
 
-use super::{NO_DRIVER, alloc_hook_in, free_hook_in, read_u64};
-use crate::cuda::real;
-use crate::cuda::request::Request;
+use super::{OutPtr, req};
 use crate::cuda::types::*;
 use crate::state::live_table::HANDLES;
-use std::ffi::{c_int, c_ulonglong};
+use std::ffi::c_ulonglong;
 use vramshim_trace::{AllocKind, Api};
 
 /// (kind, device) of a `cuMemCreate` from its properties.
@@ -30,55 +28,34 @@ fn classify(prop: *const CUmemAllocationProp) -> (AllocKind, i32) {
     }
 }
 
-/// # Safety
-/// C ABI: `cuMemCreate`'s contract.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemCreate(
-    handle: *mut CUmemGenericAllocationHandle,
-    size: usize,
-    prop: *const CUmemAllocationProp,
-    fl: c_ulonglong,
-) -> c_int {
-    alloc_hook_in(
-        "cuMemCreate",
-        NO_DRIVER,
-        real::cuMemCreate,
-        &HANDLES,
-        || {
+hooks! {
+    ["cuMemCreate", 10020] cuMemCreate,
+    fn(
+        handle: *mut CUmemGenericAllocationHandle,
+        size: usize,
+        prop: *const CUmemAllocationProp,
+        fl: c_ulonglong,
+    ) |h| {
+        let r = || {
             let (kind, device) = classify(prop);
-            Request {
-                api: Api::CuMemCreate,
-                kind,
-                device,
-                stream: 0,
-                size: size as u64,
-                flags: 0,
-            }
-        },
-        false,
-        // SAFETY: forwarding the caller's arguments unchanged.
-        move |f| unsafe { f(handle, size, prop, fl) },
-        move || (read_u64(handle), size as u64),
-        |_| {},
-    )
-}
+            req(Api::CuMemCreate, kind, device, 0, size, 0)
+        };
+        h.alloc(
+            &HANDLES,
+            r,
+            false,
+            // SAFETY: forwarding the caller's arguments unchanged.
+            move |f| unsafe { f(handle, size, prop, fl) },
+            move || (handle.get(), size as u64),
+            |_| {},
+        )
+    }
 
-/// # Safety
-/// C ABI: `cuMemRelease`'s contract.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> c_int {
-    free_hook_in(
-        "cuMemRelease",
-        NO_DRIVER,
-        real::cuMemRelease,
-        &HANDLES,
-        Api::CuMemRelease,
-        handle,
-        None,
-        0,
+    ["cuMemRelease", 10020] cuMemRelease,
+    fn(handle: CUmemGenericAllocationHandle) |h| {
         // SAFETY: forwarding the caller's arguments unchanged.
-        move |f| unsafe { f(handle) },
-    )
+        h.free(&HANDLES, Api::CuMemRelease, handle, None, move |f| unsafe { f(handle) })
+    }
 }
 
 #[cfg(test)]

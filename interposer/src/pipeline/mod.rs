@@ -18,10 +18,9 @@ use std::ffi::c_int;
 use std::panic::AssertUnwindSafe;
 use vramshim_trace::{AllocKind, Api, Event, MemOp, flags};
 
-/// Which layer decided a request's outcome (for the debug log).
+/// Which layer served a request (for the debug log; the cap's refusals return early).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Layer {
-    Cap,
+enum Layer {
     Pool,
     Real,
 }
@@ -29,22 +28,10 @@ pub(crate) enum Layer {
 impl Layer {
     fn name(self) -> &'static str {
         match self {
-            Layer::Cap => "cap refused",
             Layer::Pool => "pool",
             Layer::Real => "real",
         }
     }
-}
-
-/// The outcome of an allocation request.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Outcome {
-    /// The code the process sees.
-    pub rc: c_int,
-    /// The pointer (or handle); 0 on failure.
-    pub addr: u64,
-    /// Who decided.
-    pub layer: Layer,
 }
 
 /// Run a hook body: the outermost hook on this thread runs `body`; a nested one runs `pass`
@@ -116,15 +103,6 @@ fn panicked(name: &'static str, code: c_int) -> c_int {
     code
 }
 
-/// What the real call reported: its code, the pointer/handle it produced, and the size
-/// actually allocated (pitched allocations are only known afterwards).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct RealResult {
-    pub rc: c_int,
-    pub addr: u64,
-    pub size: u64,
-}
-
 /// The layers a request meets, read once per request by the hook ([`mode`]) and handed
 /// down, so that no layer's switch is read twice on one request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -144,7 +122,7 @@ impl Mode {
     /// footprint (a pitched allocation's padding, a packed allocation's shared page).
     const FAULT_NO_PITCH: u8 = 64;
 
-    /// Nothing but pass-through: the hooks take [`alloc_passed`] / [`free_passed`].
+    /// Nothing but pass-through: the hooks take the [`Passed`] path.
     #[inline(always)]
     pub(crate) fn pass_through(self) -> bool {
         self.0 == Self::KNOWN
@@ -216,66 +194,277 @@ fn fault_bits() -> u8 {
     }
 }
 
-/// A pass-through allocation's real call returned `rc`: count the request and record a
-/// success (`read` gives the pointer and the size) in the live table and counters.
-#[inline(always)]
-pub(crate) fn alloc_passed(
-    tok: &Token,
-    req: &Request,
-    table: &LiveTable,
-    rc: c_int,
-    read: impl FnOnce() -> (u64, u64),
-) {
-    counters::call_in(tok, req.api);
-    if rc != 0 {
-        counters::alloc_failure();
-        return;
-    }
-    let (addr, size) = read();
-    let r = RealResult { rc, addr, size };
-    record_alloc(tok, req, table, &r, req.kind, req.flags, 0);
+// ------------------------------------------------------------------ one alloc, one free
+//
+// Every allocation runs [`AllocCall`]'s `run` and every free [`FreeCall`]'s; what differs between requests is
+// which layers they can meet, and that is a type, [`Path`], so that each path is the same
+// body with the layers it never meets compiled out:
+// * [`Passed`]: nothing on (pass-through): the request is counted and recorded, no more;
+// * [`Light`]: only the cap and/or the tracer (no pool, no debug log): charge and event
+//   added, the real call's result read where it is;
+// * [`Layered`]: anything (the pool, the debug log, `VRAMSHIM_LAYERS_FAULT=no-light`).
+// A light request does what a layered one does with those layers; interposer/tests/layers.rs
+// compares the traces and the answers of the two (`no-light` sends every request through
+// [`Layered`]).
+
+/// Which layers a path may meet (see the section above). Each is a unit type; the
+/// constants fold, so a path pays only for its own layers.
+pub(crate) trait Path {
+    /// The cap and the tracer may be on (whether they are is read from the [`Mode`]).
+    const CAP_TRACE: bool;
+    /// The pool and the debug log may be on.
+    const LAYERED: bool;
 }
 
-/// A pass-through free of a non-null `key`: claim the entry, call the real function,
-/// settle (as [`free`]).
+/// Pass-through: no layer is on ([`Mode::pass_through`]).
+pub(crate) struct Passed;
+/// Only the cap and/or the tracer ([`Mode::light`]).
+pub(crate) struct Light;
+/// Any layer.
+pub(crate) struct Layered;
+
+impl Path for Passed {
+    const CAP_TRACE: bool = false;
+    const LAYERED: bool = false;
+}
+impl Path for Light {
+    const CAP_TRACE: bool = true;
+    const LAYERED: bool = false;
+}
+impl Path for Layered {
+    const CAP_TRACE: bool = true;
+    const LAYERED: bool = true;
+}
+
+impl Mode {
+    /// Only the cap and/or the tracer: the hooks take the [`Light`] path.
+    #[inline(always)]
+    pub(crate) fn light(self) -> bool {
+        self.0 & (Self::POOL | Self::DEBUG | Self::NO_LIGHT) == 0
+    }
+}
+
+/// A request a hook hands the pipeline ([`AllocCall`], [`FreeCall`]): run on the path its
+/// mode picks by [`run`].
+pub(crate) trait Call: Sized {
+    /// The light path is inlined into the hook (else it runs out of line, as the layered
+    /// one always does).
+    const LIGHT_INLINE: bool;
+    /// The request on path `P`, inlined where the path is chosen.
+    fn run<P: Path>(self, tok: &Token, mode: Mode, table: &LiveTable) -> c_int;
+    /// [`Call::run`] out of line: inlined, the paths that meet layers would make every
+    /// hook's frame (pass-through's too) bigger.
+    fn run_outlined<P: Path>(self, tok: &Token, mode: Mode, table: &LiveTable) -> c_int;
+}
+
+/// Run the request `make` builds on the path the mode read once picks: pass-through inline,
+/// the paths that meet layers as [`Call`] says. Built in each branch: built before the mode
+/// check, the request (and the closures in it) was stored to the stack on every request.
 #[inline(always)]
-pub(crate) fn free_passed(
-    tok: &Token,
-    api: Api,
-    key: u64,
-    table: &LiveTable,
-    real: impl FnOnce() -> c_int,
-) -> c_int {
-    counters::call_in(tok, api);
-    let entry = table.remove_in(tok, key);
-    let rc = real();
-    settle_free(tok, key, table, rc, entry);
-    rc
+pub(crate) fn run<C: Call>(tok: &Token, table: &LiveTable, make: impl FnOnce() -> C) -> c_int {
+    let mode = mode();
+    if mode.pass_through() {
+        make().run::<Passed>(tok, mode, table)
+    } else if mode.light() && C::LIGHT_INLINE {
+        make().run::<Light>(tok, mode, table)
+    } else if mode.light() {
+        make().run_outlined::<Light>(tok, mode, table)
+    } else {
+        make().run_outlined::<Layered>(tok, mode, table)
+    }
+}
+
+/// What an allocation hook hands the pipeline: how to build its request, make the real call
+/// and read what it produced, and how to give the caller a pool pointer.
+pub(crate) struct AllocCall<Q, C, R, W> {
+    /// Builds the request (inside the path, where its constant fields fold).
+    pub make_req: Q,
+    /// The pool may serve it (plain linear allocations with a valid out-pointer).
+    pub pool_ok: bool,
+    /// The real call (writing the caller's out-pointers itself).
+    pub call: C,
+    /// The pointer and size the real call produced (after a success).
+    pub read: R,
+    /// Writes a pointer the pool served through the caller's out-pointer.
+    pub write_pool: W,
+}
+
+impl<Q, C, R, W> Call for AllocCall<Q, C, R, W>
+where
+    Q: FnOnce() -> Request,
+    C: FnOnce() -> c_int,
+    R: FnOnce() -> (u64, u64),
+    W: FnOnce(u64),
+{
+    const LIGHT_INLINE: bool = false;
+
+    /// The allocation on path `P` (see [`Path`]): cap, pool, real; the live table and
+    /// counters; debug log and trace.
+    #[inline(always)]
+    fn run<P: Path>(self, tok: &Token, mode: Mode, table: &LiveTable) -> c_int {
+        let req = &(self.make_req)();
+        // Counted before any layer can refuse it; on pass-through after the real call, which
+        // keeps fewer values alive across it.
+        if P::CAP_TRACE {
+            counters::call_in(tok, req.api);
+        }
+        let traced = P::CAP_TRACE && mode.traced();
+        let t0 = if traced {
+            tracer::stamp()
+        } else {
+            tracer::Stamp::NONE
+        };
+
+        // ---- cap
+        let mut charged = 0u64;
+        // A request the pool may serve is charged nothing here: the pool's pages are charged
+        // when it creates them (cap::pages). Anything else is charged the device's footprint.
+        let poolable = P::LAYERED && mode.pool() && self.pool_ok && pool::enabled();
+        let capped = P::CAP_TRACE && mode.cap() && req.charged() && req.size > 0;
+        let pages_charged = poolable && capped && cap::charges_pool_pages();
+        if capped && !pages_charged {
+            let r = if poolable {
+                // VRAMSHIM_CAP_FAULT=pool-live-bytes: the request's live bytes.
+                cap::try_charge(req.device, req.size, req.api).map(|()| req.size)
+            } else {
+                charge_unpooled::<P>(req)
+            };
+            match r {
+                Ok(c) => charged = c,
+                Err(refusal) => return cap_refused(req, &refusal, traced, t0),
+            }
+        }
+
+        // ---- pool
+        let mut layer = Layer::Real;
+        let mut kind = req.kind;
+        let mut fl = req.flags;
+        let mut served = None;
+        if poolable {
+            match pool::alloc(req) {
+                Some(Ok(p)) => {
+                    layer = Layer::Pool;
+                    kind = AllocKind::Pool;
+                    fl |= flags::POOLED;
+                    counters::pooled();
+                    served = Some((0, p));
+                }
+                Some(Err(code)) => {
+                    if pages_charged
+                        && let Some(refusal) = cap::take_pool_refusal(req.device, req.size, req.api)
+                    {
+                        // The cap refused the pages the request needed (after the pool
+                        // dissolved what it caches): a cap refusal.
+                        return cap_refused(req, &refusal, traced, t0);
+                    }
+                    layer = Layer::Pool;
+                    served = Some((code, 0));
+                }
+                None => {}
+            }
+            // Not served by the pool after all (it fell back to pass-through): charged as any
+            // unpooled allocation.
+            if served.is_none() && pages_charged {
+                match charge_unpooled::<P>(req) {
+                    Ok(c) => charged = c,
+                    Err(refusal) => return cap_refused(req, &refusal, traced, t0),
+                }
+            }
+        }
+
+        // ---- real
+        let (rc, addr, size) = match served {
+            Some((rc, addr)) => (rc, addr, req.size),
+            None => {
+                let rc = (self.call)();
+                if !P::CAP_TRACE {
+                    counters::call_in(tok, req.api);
+                    if rc != 0 {
+                        // No layer to tell: a failure is only counted.
+                        counters::alloc_failure();
+                        return rc;
+                    }
+                }
+                let (addr, size) = if rc == 0 {
+                    (self.read)()
+                } else {
+                    (0, req.size)
+                };
+                (rc, addr, size)
+            }
+        };
+
+        // The charge becomes the allocation's footprint (pitched padding, packed pages); never
+        // on a light path broken on purpose (`VRAMSHIM_LAYERS_FAULT=light-no-pitch`).
+        if rc == 0
+            && addr != 0
+            && charged > 0
+            && layer == Layer::Real
+            && (P::LAYERED || mode.0 & Mode::FAULT_NO_PITCH == 0)
+        {
+            charged = cap::settle_alloc(req.device, addr, size, charged, req.api);
+        }
+        record_alloc(tok, req, table, rc, addr, size, kind, fl, charged);
+        let addr = if rc == 0 { addr } else { 0 };
+
+        if P::LAYERED {
+            crate::debug!(
+                "{} size={} dev={} stream={:#x} -> {} addr={:#x} [{}]",
+                req.api.name(),
+                size,
+                req.device,
+                req.stream,
+                rc,
+                addr,
+                layer.name()
+            );
+        }
+        if traced {
+            // `WAITED_ON_CAP` when the charge waited for room (VRAMSHIM_ON_CAP=wait).
+            emit_op(req, true, fl | cap::waited_flag(), addr, size, rc, t0);
+            if layer == Layer::Pool {
+                // The pool may have mapped or released pages for this request.
+                tracer::pool_held(req.device, pool::held(req.device));
+            }
+        }
+        if layer == Layer::Pool && rc == 0 {
+            (self.write_pool)(addr);
+        }
+        rc
+    }
+
+    #[inline(never)]
+    fn run_outlined<P: Path>(self, tok: &Token, mode: Mode, table: &LiveTable) -> c_int {
+        self.run::<P>(tok, mode, table)
+    }
 }
 
 /// Record a finished allocation: a success goes into the live table (and its counters); a
 /// failure gives back what the cap charged for it.
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn record_alloc(
     tok: &Token,
     req: &Request,
     table: &LiveTable,
-    r: &RealResult,
+    rc: c_int,
+    addr: u64,
+    size: u64,
     kind: AllocKind,
     fl: u8,
     charged: u64,
 ) {
-    if r.rc != 0 || r.addr == 0 {
+    if rc != 0 || addr == 0 {
         if charged > 0 {
             cap::uncharge(req.device, charged);
         }
-        if r.rc != 0 {
+        if rc != 0 {
             counters::alloc_failure();
         }
         return;
     }
     let e = Entry {
-        size: r.size,
+        size,
         kind,
         device: req.device,
         stream: req.stream,
@@ -283,11 +472,11 @@ fn record_alloc(
         flags: fl,
         charged,
     };
-    if let Some(stale) = table.insert_in(tok, r.addr, e) {
+    if let Some(stale) = table.insert_in(tok, addr, e) {
         // The address was handed out again without us seeing its free.
-        forget(r.addr, stale);
+        forget(addr, stale);
     }
-    counters::alloc_in(tok, req.device, kind, r.size);
+    counters::alloc_in(tok, req.device, kind, size);
 }
 
 /// An entry left the table without a free we passed on (stale, or dropped by a reset).
@@ -301,163 +490,16 @@ fn forget(addr: u64, e: Entry) {
     }
 }
 
-/// Run an allocation request through the layers of `mode` (not pass-through): cap, pool,
-/// real; debug log and trace. `pool_ok`: the pool may serve it (plain linear allocations
-/// with a valid out-pointer). `real` performs the real call (writing the caller's
-/// out-pointers itself). The hook writes `Outcome::addr` to the caller only when
-/// `layer == Pool`.
-#[inline(never)]
-pub(crate) fn alloc(
-    tok: &Token,
-    req: &Request,
-    table: &LiveTable,
-    pool_ok: bool,
-    mode: Mode,
-    real: impl FnOnce() -> RealResult,
-) -> Outcome {
-    counters::call_in(tok, req.api);
-    let traced = mode.traced();
-    let t0 = if traced {
-        tracer::stamp()
-    } else {
-        tracer::Stamp::NONE
-    };
-
-    // ---- cap
-    let mut charged = 0u64;
-    // A request the pool may serve is charged nothing here: the pool's pages are charged
-    // when it creates them (cap::pages). Anything else is charged the device's footprint.
-    let poolable = mode.pool() && pool_ok && pool::enabled();
-    let capped = mode.cap() && req.charged() && req.size > 0;
-    let pages_charged = poolable && capped && cap::charges_pool_pages();
-    if capped && !pages_charged {
-        let r = if poolable {
-            // VRAMSHIM_CAP_FAULT=pool-live-bytes: the request's live bytes.
-            cap::try_charge(req.device, req.size, req.api).map(|()| req.size)
-        } else {
-            charge_unpooled(req)
-        };
-        match r {
-            Ok(c) => charged = c,
-            Err(refusal) => {
-                cap_refused(req, &refusal, traced, t0);
-                return Outcome {
-                    rc: vramshim_trace::codes::OUT_OF_MEMORY,
-                    addr: 0,
-                    layer: Layer::Cap,
-                };
-            }
-        }
-    }
-
-    // ---- pool
-    let mut layer = Layer::Real;
-    let mut kind = req.kind;
-    let mut fl = req.flags;
-    let mut res = None;
-    if poolable {
-        match pool::alloc(req) {
-            Some(Ok(p)) => {
-                layer = Layer::Pool;
-                kind = AllocKind::Pool;
-                fl |= flags::POOLED;
-                counters::pooled();
-                res = Some(RealResult {
-                    rc: 0,
-                    addr: p,
-                    size: req.size,
-                });
-            }
-            Some(Err(code)) => {
-                if pages_charged
-                    && let Some(refusal) = cap::take_pool_refusal(req.device, req.size, req.api)
-                {
-                    // The cap refused the pages the request needed (after the pool
-                    // dissolved what it caches): a cap refusal.
-                    cap_refused(req, &refusal, traced, t0);
-                    return Outcome {
-                        rc: vramshim_trace::codes::OUT_OF_MEMORY,
-                        addr: 0,
-                        layer: Layer::Cap,
-                    };
-                }
-                layer = Layer::Pool;
-                res = Some(RealResult {
-                    rc: code,
-                    addr: 0,
-                    size: req.size,
-                });
-            }
-            None => {}
-        }
-    }
-    // Not served by the pool after all (it fell back to pass-through): charged as any
-    // unpooled allocation.
-    if res.is_none() && pages_charged {
-        match charge_unpooled(req) {
-            Ok(c) => charged = c,
-            Err(refusal) => {
-                cap_refused(req, &refusal, traced, t0);
-                return Outcome {
-                    rc: vramshim_trace::codes::OUT_OF_MEMORY,
-                    addr: 0,
-                    layer: Layer::Cap,
-                };
-            }
-        }
-    }
-
-    // ---- real
-    let r = match res {
-        Some(r) => r,
-        None => real(),
-    };
-
-    // The charge becomes the allocation's footprint (pitched padding, packed pages).
-    if r.rc == 0 && r.addr != 0 && charged > 0 && layer == Layer::Real {
-        charged = cap::settle_alloc(req.device, r.addr, r.size, charged, req.api);
-    }
-    record_alloc(tok, req, table, &r, kind, fl, charged);
-
-    crate::debug!(
-        "{} size={} dev={} stream={:#x} -> {} addr={:#x} [{}]",
-        api_name(req),
-        r.size,
-        req.device,
-        req.stream,
-        r.rc,
-        if r.rc == 0 { r.addr } else { 0 },
-        layer.name()
-    );
-    if traced {
-        emit_op(
-            req,
-            true,
-            fl,
-            if r.rc == 0 { r.addr } else { 0 },
-            r.size,
-            r.rc,
-            t0,
-        );
-        if layer == Layer::Pool {
-            // The pool may have mapped or released pages for this request.
-            tracer::pool_held(req.device, pool::held(req.device));
-        }
-    }
-    Outcome {
-        rc: r.rc,
-        addr: if r.rc == 0 { r.addr } else { 0 },
-        layer,
-    }
-}
-
-/// Charges an allocation the pool does not serve its footprint. With the pool on, a refusal
-/// first makes the pool give back the pages it caches (they are charged too), then the
-/// charge is tried once more; never while the request's stream captures (the pool's trim
-/// synchronizes).
+/// Charges an allocation the pool does not serve its footprint. On a layered path (the pool
+/// may be on) a refusal first makes the pool give back the pages it caches (they are
+/// charged too), then the charge is tried once more; never while the request's stream
+/// captures (the pool's trim synchronizes).
 #[inline]
-fn charge_unpooled(req: &Request) -> Result<u64, cap::Refusal> {
+fn charge_unpooled<P: Path>(req: &Request) -> Result<u64, cap::Refusal> {
     let stream = driver_stream(req);
+    if !P::LAYERED {
+        return cap::charge_alloc(req.device, req.size, req.api, stream);
+    }
     cap::charge_alloc_or(req.device, req.size, req.api, stream, || {
         pool::enabled()
             && cap::charges_pool_pages()
@@ -479,9 +521,10 @@ fn driver_stream(req: &Request) -> u64 {
 }
 
 /// The cap refused `req`: count it, make the runtime's last error say so, log and trace it.
+/// Returns the code the process sees.
 #[cold]
 #[inline(never)]
-fn cap_refused(req: &Request, refusal: &cap::Refusal, traced: bool, t0: tracer::Stamp) {
+fn cap_refused(req: &Request, refusal: &cap::Refusal, traced: bool, t0: tracer::Stamp) -> c_int {
     counters::cap_refusal();
     static FIRST: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
     if crate::sys::log::enabled(crate::sys::log::Level::Info)
@@ -503,7 +546,7 @@ fn cap_refused(req: &Request, refusal: &cap::Refusal, traced: bool, t0: tracer::
     }
     crate::debug!(
         "{} size={} dev={} stream={:#x} -> {} [cap refused: in use {} + {} > cap {}]",
-        api_name(req),
+        req.api.name(),
         req.size,
         req.device,
         req.stream,
@@ -525,140 +568,105 @@ fn cap_refused(req: &Request, refusal: &cap::Refusal, traced: bool, t0: tracer::
         emit_op(
             req,
             true,
-            req.flags | flags::CAP_REFUSED,
+            req.flags | flags::CAP_REFUSED | cap::waited_flag(),
             0,
             req.size,
             2,
             t0,
         );
     }
+    vramshim_trace::codes::OUT_OF_MEMORY
 }
 
-// ------------------------------------------------------------------ light path
-//
-// With only the cap and/or the tracer on (no pool, no debug log: `Mode::light`), requests
-// take the shape of pass-through ([`alloc_passed`], [`free_passed`]: the real call's result
-// read where it is, no `Outcome`/`RealResult`/`FreeRequest` built and copied through an
-// out-of-line layered function) with the charge and the event added. What they do is what
-// [`alloc`] / [`free`] do with those layers; `VRAMSHIM_LAYERS_FAULT=no-light` sends every
-// layered request through [`alloc`] / [`free`] instead (interposer/tests/layers.rs compares
-// the traces and the answers of the two).
-
-impl Mode {
-    /// Only the cap and/or the tracer: the hooks take [`alloc_light`] / [`free_light`].
-    #[inline(always)]
-    pub(crate) fn light(self) -> bool {
-        self.0 & (Self::POOL | Self::DEBUG | Self::NO_LIGHT) == 0
-    }
-}
-
-/// An allocation with only the cap and/or the tracer on (see [`Mode::light`]). `call`
-/// makes the real call; `read` gives the pointer and size it produced (after a success).
-/// Out of line: inlined, it would make every hook's frame (and pass-through) bigger.
-#[inline(never)]
-pub(crate) fn alloc_light(
-    tok: &Token,
-    make_req: impl FnOnce() -> Request,
-    table: &LiveTable,
-    mode: Mode,
-    call: impl FnOnce() -> c_int,
-    read: impl FnOnce() -> (u64, u64),
-) -> c_int {
-    let req = &make_req();
-    counters::call_in(tok, req.api);
-    let traced = mode.traced();
-    let t0 = if traced {
-        tracer::stamp()
-    } else {
-        tracer::Stamp::NONE
-    };
-    let mut charged = 0u64;
-    if mode.cap() && req.charged() && req.size > 0 {
-        match cap::charge_alloc(req.device, req.size, req.api, driver_stream(req)) {
-            Ok(c) => charged = c,
-            Err(refusal) => {
-                cap_refused(req, &refusal, traced, t0);
-                return vramshim_trace::codes::OUT_OF_MEMORY;
-            }
-        }
-    }
-    let rc = call();
-    let (addr, size) = if rc == 0 { read() } else { (0, req.size) };
-    // The charge becomes the allocation's footprint (pitched padding, packed pages).
-    if rc == 0 && addr != 0 && charged > 0 && mode.0 & Mode::FAULT_NO_PITCH == 0 {
-        charged = cap::settle_alloc(req.device, addr, size, charged, req.api);
-    }
-    let r = RealResult { rc, addr, size };
-    record_alloc(tok, req, table, &r, req.kind, req.flags, charged);
-    if traced {
-        emit_op(
-            req,
-            true,
-            req.flags,
-            if rc == 0 { addr } else { 0 },
-            size,
-            rc,
-            t0,
-        );
-    }
-    rc
-}
-
-/// A free of a non-null `key` with only the cap and/or the tracer on (see [`Mode::light`]):
-/// claim the entry, call the real function, settle, trace.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-pub(crate) fn free_light(
-    tok: &Token,
-    api: Api,
-    key: u64,
-    stream: Option<u64>,
-    fl: u8,
-    table: &LiveTable,
-    mode: Mode,
-    real: impl FnOnce() -> c_int,
-) -> c_int {
-    counters::call_in(tok, api);
-    let traced = mode.traced();
-    let t0 = if traced {
-        tracer::stamp()
-    } else {
-        tracer::Stamp::NONE
-    };
-    let entry = table.remove_in(tok, key);
-    let rc = real();
-    settle_free(tok, key, table, rc, entry);
-    if traced {
-        emit_free(api, key, stream, fl, entry, rc, t0);
-    }
-    rc
-}
-
-/// A free request.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct FreeRequest {
+/// A free a hook hands the pipeline, with its real call.
+pub(crate) struct FreeCall<C> {
     pub api: Api,
     /// Pointer or handle.
     pub key: u64,
     /// `Some(stream)` for stream-ordered frees.
     pub stream: Option<u64>,
     pub flags: u8,
+    /// The real call.
+    pub call: C,
 }
 
-/// Run a free through the layers of `mode` (or any free of a null pointer): the table
-/// entry is removed first (so a concurrent allocation that gets the same address cannot be
-/// confused with it), the pool or the real function frees, and on failure the entry is
-/// restored. Unknown pointers go to the real function; its code comes back unchanged.
-#[inline(always)]
-pub(crate) fn free(
-    tok: &Token,
-    req: &FreeRequest,
-    table: &LiveTable,
-    mode: Mode,
-    real: impl FnOnce() -> c_int,
-) -> c_int {
-    counters::call_in(tok, req.api);
-    free_layered(tok, req, table, mode, real)
+impl<C: FnOnce() -> c_int> Call for FreeCall<C> {
+    /// Inline: it adds little to the hook's frame.
+    const LIGHT_INLINE: bool = true;
+
+    /// The free on path `P` (see [`Path`]): the table entry is removed first (so a
+    /// concurrent allocation that gets the same address cannot be confused with it), the
+    /// pool or the real function frees, and on failure the entry is restored. Unknown
+    /// pointers go to the real function; its code comes back unchanged.
+    #[inline(always)]
+    fn run<P: Path>(self, tok: &Token, mode: Mode, table: &LiveTable) -> c_int {
+        counters::call_in(tok, self.api);
+        if self.key == 0 {
+            // cudaFree(NULL) & co.: a no-op (or context initialization) for CUDA.
+            return free_null(self.api, self.call);
+        }
+        let traced = P::CAP_TRACE && mode.traced();
+        let t0 = if traced {
+            tracer::stamp()
+        } else {
+            tracer::Stamp::NONE
+        };
+        let entry = table.remove_in(tok, self.key);
+        let pooled = if P::LAYERED
+            && mode.pool()
+            && pool::enabled()
+            && entry.is_none_or(|e| e.kind == AllocKind::Pool)
+        {
+            pool::free(
+                self.key,
+                self.stream.map(|s| pool::pool_stream_id(s, self.flags)),
+                entry.map(|e| (e.device, e.size)),
+            )
+        } else {
+            None
+        };
+        let (rc, layer) = match pooled {
+            Some(rc) => (rc, Layer::Pool),
+            None => ((self.call)(), Layer::Real),
+        };
+        settle_free(tok, self.key, table, rc, entry);
+        if P::LAYERED {
+            let (dev, _, size, _) = freed(entry, rc);
+            crate::debug!(
+                "{} addr={:#x} size={} dev={} -> {} [{}{}]",
+                self.api.name(),
+                self.key,
+                size,
+                dev,
+                rc,
+                layer.name(),
+                if entry.is_none() {
+                    ", unknown pointer"
+                } else {
+                    ""
+                }
+            );
+        }
+        if traced {
+            emit_free(self.api, self.key, self.stream, self.flags, entry, rc, t0);
+        }
+        rc
+    }
+
+    #[inline(never)]
+    fn run_outlined<P: Path>(self, tok: &Token, mode: Mode, table: &LiveTable) -> c_int {
+        self.run::<P>(tok, mode, table)
+    }
+}
+
+/// A free of NULL: the real function's business alone. Out of line: no path's frame pays
+/// for it.
+#[cold]
+#[inline(never)]
+fn free_null(api: Api, call: impl FnOnce() -> c_int) -> c_int {
+    let rc = call();
+    crate::debug!("{}(NULL) -> {} [real]", api.name(), rc);
+    rc
 }
 
 /// The table and counters after a free of `key` returned `rc`: a success forgets the entry
@@ -719,68 +727,6 @@ fn emit_free(
         ..op
     };
     tracer::emit_memop(false, &op);
-}
-
-/// [`free`] with the layers: pool, real; debug log and trace.
-#[inline(never)]
-fn free_layered(
-    tok: &Token,
-    req: &FreeRequest,
-    table: &LiveTable,
-    mode: Mode,
-    real: impl FnOnce() -> c_int,
-) -> c_int {
-    let traced = mode.traced();
-    let t0 = if traced {
-        tracer::stamp()
-    } else {
-        tracer::Stamp::NONE
-    };
-    if req.key == 0 {
-        // cudaFree(NULL) & co.: a no-op (or context initialization) for CUDA.
-        let rc = real();
-        crate::debug!("{}(NULL) -> {} [real]", req.api.name(), rc);
-        return rc;
-    }
-    let entry = table.remove_in(tok, req.key);
-    let mut layer = Layer::Real;
-    let pooled =
-        if mode.pool() && pool::enabled() && entry.is_none_or(|e| e.kind == AllocKind::Pool) {
-            pool::free(
-                req.key,
-                req.stream.map(|s| pool::pool_stream_id(s, req.flags)),
-                entry.map(|e| (e.device, e.size)),
-            )
-        } else {
-            None
-        };
-    let rc = match pooled {
-        Some(rc) => {
-            layer = Layer::Pool;
-            rc
-        }
-        None => real(),
-    };
-    settle_free(tok, req.key, table, rc, entry);
-    let (dev, _, size, _) = freed(entry, rc);
-    crate::debug!(
-        "{} addr={:#x} size={} dev={} -> {} [{}{}]",
-        req.api.name(),
-        req.key,
-        size,
-        dev,
-        rc,
-        layer.name(),
-        if entry.is_none() {
-            ", unknown pointer"
-        } else {
-            ""
-        }
-    );
-    if traced {
-        emit_free(req.api, req.key, req.stream, req.flags, entry, rc, t0);
-    }
-    rc
 }
 
 /// A memory-information query: `real` fills the caller's out-values and returns its code
@@ -917,10 +863,6 @@ fn memop(t_ns: u64, api: Api, kind: AllocKind, flags: u8, device: i32, stream: u
         latency_ns: 0,
         stack: 0,
     }
-}
-
-fn api_name(req: &Request) -> &'static str {
-    req.api.name()
 }
 
 #[cfg(test)]

@@ -144,11 +144,16 @@ fn publish(e: &Entry, uuids: &mut [Option<DeviceId>; counters::MAX_DEVICES]) {
         );
         line += 1;
     }
+    let waiting = if cap::waiting_now() {
+        registry::FLAG_WAITING
+    } else {
+        0
+    };
     e.reg.publish_process(
         e.slot,
         counters::cap_refusals(),
         counters::alloc_failures(),
-        FLAGS.load(Relaxed),
+        FLAGS.load(Relaxed) | waiting,
     );
 }
 

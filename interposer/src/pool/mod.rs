@@ -404,38 +404,8 @@ fn create_pool(pools: &mut Pools, req: &request::Request) -> Result<(), String> 
         match CudaDevice::new(req.device, peers_of(req.device)) {
             Ok(dev) => {
                 let mut policy = Stitch::new();
-                if crate::config::var("VRAMSHIM_POOL_DEBUG") == Some("lazy-sync") {
-                    // testing only: the old synchronization choices (looser packing), to
-                    // prove the tightness test can fail
-                    crate::warn!(
-                        "VRAMSHIM_POOL_DEBUG=lazy-sync: the pool packs as before its tightness fix (testing only)"
-                    );
-                    policy.set_faults(vramshim_pool::stitch::Faults {
-                        lazy_sync: true,
-                        ..Default::default()
-                    });
-                }
-                if crate::config::var("VRAMSHIM_POOL_DEBUG") == Some("reuse-early") {
-                    // testing only: break the reuse rules to prove the tests can fail
-                    crate::warn!(
-                        "VRAMSHIM_POOL_DEBUG=reuse-early: the pool reuses freed memory too early (testing only)"
-                    );
-                    policy.set_faults(vramshim_pool::stitch::Faults {
-                        reuse_sync_frees_early: true,
-                        ignore_streams: true,
-                        ..Default::default()
-                    });
-                }
-                if crate::config::var("VRAMSHIM_POOL_DEBUG") == Some("ignore-budget") {
-                    // testing only: grow and cache as if there were no budget, to prove the
-                    // tight pool's test can fail
-                    crate::warn!(
-                        "VRAMSHIM_POOL_DEBUG=ignore-budget: the pool ignores its budget (testing only)"
-                    );
-                    policy.set_faults(vramshim_pool::stitch::Faults {
-                        ignore_budget: true,
-                        ..Default::default()
-                    });
+                if let Some(faults) = debug_faults() {
+                    policy.set_faults(faults);
                 }
                 let policy = policy.with_budget(configured_budget());
                 pools.devs[d] = Some(DevicePool { policy, dev });
@@ -445,6 +415,43 @@ fn create_pool(pools: &mut Pools, req: &request::Request) -> Result<(), String> 
         }
     }
     Ok(())
+}
+
+/// Testing only (`VRAMSHIM_POOL_DEBUG`): the pool's rules broken on purpose, to prove the
+/// tests that check them can fail; said once per pool made.
+fn debug_faults() -> Option<vramshim_pool::stitch::Faults> {
+    use vramshim_pool::stitch::Faults;
+    let v = crate::config::var("VRAMSHIM_POOL_DEBUG")?;
+    let (faults, what) = match v {
+        // The old synchronization choices (looser packing): the tightness test.
+        "lazy-sync" => (
+            Faults {
+                lazy_sync: true,
+                ..Default::default()
+            },
+            "packs as before its tightness fix",
+        ),
+        // The reuse rules: the early-reuse tests.
+        "reuse-early" => (
+            Faults {
+                reuse_sync_frees_early: true,
+                ignore_streams: true,
+                ..Default::default()
+            },
+            "reuses freed memory too early",
+        ),
+        // Grows and caches as if there were no budget: the tight pool's test.
+        "ignore-budget" => (
+            Faults {
+                ignore_budget: true,
+                ..Default::default()
+            },
+            "ignores its budget",
+        ),
+        _ => return None,
+    };
+    crate::warn!("VRAMSHIM_POOL_DEBUG={v}: the pool {what} (testing only)");
+    Some(faults)
 }
 
 /// Bit `d`: device `d` has a pool (set when made, cleared when reset).

@@ -19,6 +19,16 @@ fn lib() -> PathBuf {
     l
 }
 
+/// `tests/workloads/pool/<name>.c`, built against the shared runtime.
+fn workload(name: &str) -> PathBuf {
+    let src = format!("tests/workloads/pool/{name}.c");
+    compile_c(
+        &format!("pool_{name}"),
+        &[src.as_str()],
+        Link::SharedRuntime,
+    )
+}
+
 fn run(exe: &std::path::Path, args: &[&str], env: &[(&str, &str)], name: &str) -> RunOutput {
     run_with_preload(exe, args, env, Some(&lib()), name)
 }
@@ -56,13 +66,7 @@ fn replays_every_trace_with_patterns_through_the_pool() {
                 &[("VRAMSHIM_POOL", "stitch"), ("VRAMSHIM_LOG", "debug")],
                 "pool-replay",
             );
-            assert_eq!(
-                o.code(),
-                Some(0),
-                "{t} {mode:?}: {}\n{}",
-                o.stdout,
-                tail(&o.stderr)
-            );
+            assert_exit(&o, 0, &format!("{t} {mode:?}"));
             assert_eq!(field(&o.stdout, "mismatches"), 0, "{t}");
             assert_eq!(field(&o.stdout, "failed"), 0, "{t}");
             let pooled = o.stderr.lines().filter(|l| l.ends_with("[pool]")).count() as i64;
@@ -80,6 +84,32 @@ fn tail(s: &str) -> String {
     v[v.len().saturating_sub(15)..].join("\n")
 }
 
+/// `vramshim summary ARGS TRACE`'s output (it must succeed).
+fn summary(trace: &std::path::Path, args: &[&str]) -> String {
+    let vramshim = vramshim_testkit::profile_dir().join("vramshim");
+    let out = std::process::Command::new(&vramshim)
+        .arg("summary")
+        .args(args)
+        .arg(trace)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{text}");
+    text
+}
+
+/// The run ended with `code`; else its output (stdout, the end of stderr), after `what`.
+#[track_caller]
+fn assert_exit(o: &RunOutput, code: i32, what: &str) {
+    assert_eq!(
+        o.code(),
+        Some(code),
+        "{what}: {}\n{}",
+        o.stdout,
+        tail(&o.stderr)
+    );
+}
+
 #[test]
 fn pool_fits_where_the_driver_alone_does_not() {
     let exe = replay_exe();
@@ -95,7 +125,7 @@ fn pool_fits_where_the_driver_alone_does_not() {
         ]
     };
     let o = run(&exe, &["--quiet", trace], &env("stitch"), "pool-tight");
-    assert_eq!(o.code(), Some(0), "{}\n{}", o.stdout, tail(&o.stderr));
+    assert_exit(&o, 0, "");
     let o = run(&exe, &["--quiet", trace], &env("off"), "pool-tight-off");
     assert_eq!(o.code(), Some(2), "{}", o.stdout);
     assert!(field(&o.stdout, "failed") > 0);
@@ -103,11 +133,7 @@ fn pool_fits_where_the_driver_alone_does_not() {
 
 #[test]
 fn delayed_kernels_never_write_into_a_reused_block() {
-    let exe = compile_c(
-        "pool_early_reuse",
-        &["tests/workloads/pool/early_reuse.c"],
-        Link::SharedRuntime,
-    );
+    let exe = workload("early_reuse");
     for mode in ["async", "sync"] {
         let o = run(
             &exe,
@@ -115,13 +141,7 @@ fn delayed_kernels_never_write_into_a_reused_block() {
             &[("VRAMSHIM_POOL", "stitch")],
             "pool-early",
         );
-        assert_eq!(
-            o.code(),
-            Some(0),
-            "{mode}: {}\n{}",
-            o.stdout,
-            tail(&o.stderr)
-        );
+        assert_exit(&o, 0, mode);
         assert_eq!(field(&o.stdout, "foreign"), 0);
         if mode == "async" {
             // cross-stream reuse happens (behind an event), without a foreign byte
@@ -137,13 +157,7 @@ fn delayed_kernels_never_write_into_a_reused_block() {
             ],
             "pool-early-forced",
         );
-        assert_eq!(
-            o.code(),
-            Some(1),
-            "{mode} forced: {}\n{}",
-            o.stdout,
-            tail(&o.stderr)
-        );
+        assert_exit(&o, 1, &format!("{mode} forced"));
         assert!(field(&o.stdout, "foreign") > 0);
         if mode == "async" {
             // and so does a thread cache that hands a block freed on one stream to a
@@ -157,13 +171,7 @@ fn delayed_kernels_never_write_into_a_reused_block() {
                 ],
                 "pool-early-tcache",
             );
-            assert_eq!(
-                o.code(),
-                Some(1),
-                "tcache-any-stream: {}\n{}",
-                o.stdout,
-                tail(&o.stderr)
-            );
+            assert_exit(&o, 1, "tcache-any-stream");
             assert!(field(&o.stdout, "foreign") > 0);
         }
     }
@@ -171,11 +179,7 @@ fn delayed_kernels_never_write_into_a_reused_block() {
 
 #[test]
 fn injected_driver_faults_fail_cleanly_and_later_requests_succeed() {
-    let exe = compile_c(
-        "pool_faults",
-        &["tests/workloads/pool/faults.c"],
-        Link::SharedRuntime,
-    );
+    let exe = workload("faults");
     for spec in ["cuMemCreate:nth=3", "cuMemMap:nth=4", "cuMemCreate:nth=2"] {
         let o = run(
             &exe,
@@ -183,13 +187,7 @@ fn injected_driver_faults_fail_cleanly_and_later_requests_succeed() {
             &[("VRAMSHIM_POOL", "stitch"), ("VRAMSIM_FAIL", spec)],
             "pool-faults",
         );
-        assert_eq!(
-            o.code(),
-            Some(0),
-            "{spec}: {}\n{}",
-            o.stdout,
-            tail(&o.stderr)
-        );
+        assert_exit(&o, 0, spec);
         assert_eq!(field(&o.stdout, "other_errors"), 0, "{spec}");
         assert_eq!(field(&o.stdout, "mismatches"), 0, "{spec}");
         assert!(field(&o.stdout, "ok") > 0, "{spec}: {}", o.stdout);
@@ -201,11 +199,7 @@ fn injected_driver_faults_fail_cleanly_and_later_requests_succeed() {
 
 #[test]
 fn unknown_pool_setting_warns_once_and_passes_through() {
-    let exe = compile_c(
-        "pool_faults",
-        &["tests/workloads/pool/faults.c"],
-        Link::SharedRuntime,
-    );
+    let exe = workload("faults");
     let o = run(&exe, &["2"], &[("VRAMSHIM_POOL", "bogus")], "pool-bogus");
     assert_eq!(o.code(), Some(0), "{}", o.stderr);
     assert_eq!(o.stderr.matches("VRAMSHIM_POOL").count(), 1, "{}", o.stderr);
@@ -230,7 +224,7 @@ fn cached_pages_stay_under_the_cap() {
         ],
         "pool-cap",
     );
-    assert_eq!(o.code(), Some(0), "{}\n{}", o.stdout, tail(&o.stderr));
+    assert_exit(&o, 0, "");
     assert_eq!(field(&o.stdout, "mismatches"), 0);
 }
 
@@ -360,12 +354,10 @@ fn live_pool_completes_every_trace_under_a_cap_5_percent_above_peak_live() {
         let live = peak_live(&trace_file(t));
         let cap = live + live / 20;
         let (o, hw) = pooled_under_cap(t, cap, None);
-        assert_eq!(
-            o.code(),
-            Some(0),
-            "{t}: refused under cap {cap} (peak live {live}): {}\n{}",
-            o.stdout,
-            tail(&o.stderr)
+        assert_exit(
+            &o,
+            0,
+            &format!("{t}: refused under cap {cap} (peak live {live})"),
         );
         assert_eq!(field(&o.stdout, "mismatches"), 0, "{t}");
         assert!(
@@ -497,11 +489,7 @@ fn live_pool_makes_no_driver_call_after_the_first_pass() {
 fn a_pool_refusal_sets_the_runtime_last_error_once() {
     // 1 GiB on a 256 MiB device: the cap (none) admits it, the pool's pages are refused by
     // the device; the process must see it as CUDA reports an out-of-memory
-    let exe = compile_c(
-        "pool_oom_error",
-        &["tests/workloads/pool/oom_error.c"],
-        Link::SharedRuntime,
-    );
+    let exe = workload("oom_error");
     let o = run(
         &exe,
         &["1073741824"],
@@ -517,7 +505,7 @@ fn a_pool_refusal_sets_the_runtime_last_error_once() {
         "the pool must have served the requests: {}",
         tail(&o.stderr)
     );
-    assert_eq!(o.code(), Some(0), "{}\n{}", o.stdout, tail(&o.stderr));
+    assert_exit(&o, 0, "");
 }
 
 /// Peer access granted by the program reaches pool memory mapped before and after the grant
@@ -526,11 +514,7 @@ fn a_pool_refusal_sets_the_runtime_last_error_once() {
 /// and with the pool's grant switched off (`VRAMSHIM_POOL_DEBUG=no-peer`) the test fails.
 #[test]
 fn peer_access_applies_to_pool_mappings() {
-    let exe = compile_c(
-        "pool_peer_access",
-        &["tests/workloads/pool/peer_access.c"],
-        Link::SharedRuntime,
-    );
+    let exe = workload("peer_access");
     for path in ["runtime", "driver"] {
         for (pool, debug, expect) in [("off", "", 0), ("stitch", "", 0), ("stitch", "no-peer", 1)] {
             let o = run(
@@ -557,13 +541,7 @@ fn peer_access_applies_to_pool_mappings() {
                 "{what}: device 1 reached device 0's memory without peer access: {}",
                 o.stdout
             );
-            assert_eq!(
-                o.code(),
-                Some(expect),
-                "{what}: {}\n{}",
-                o.stdout,
-                tail(&o.stderr)
-            );
+            assert_exit(&o, expect, &what);
         }
     }
 }
@@ -594,7 +572,7 @@ fn blocks_a_thread_keeps_serve_other_threads_under_the_cap() {
         e
     };
     let o = run(&exe, &[], &env(None), "pool-tcache-drain");
-    assert_eq!(o.code(), Some(0), "{}\n{}", o.stdout, tail(&o.stderr));
+    assert_exit(&o, 0, "");
     // the same with the caches never drained is refused: the test can fail
     let o = run(
         &exe,
@@ -602,7 +580,7 @@ fn blocks_a_thread_keeps_serve_other_threads_under_the_cap() {
         &env(Some("tcache-no-drain")),
         "pool-tcache-no-drain",
     );
-    assert_eq!(o.code(), Some(1), "{}\n{}", o.stdout, tail(&o.stderr));
+    assert_exit(&o, 1, "");
 }
 
 #[test]
@@ -644,13 +622,7 @@ fn tight_pool_keeps_reserved_near_live_on_every_trace() {
                 a.push("--async");
             }
             let (o, hw) = pooled_run(&trace, None, &e, &a);
-            assert_eq!(
-                o.code(),
-                Some(0),
-                "{name} {env:?}: {}\n{}",
-                o.stdout,
-                tail(&o.stderr)
-            );
+            assert_exit(&o, 0, &format!("{name} {env:?}"));
             assert_eq!(field(&o.stdout, "mismatches"), 0, "{name}");
             eprintln!(
                 "{name} {env:?} {a:?}: high water {:.3} x peak live",
@@ -691,7 +663,7 @@ fn a_bad_pool_budget_warns_once_and_keeps_the_default_budget() {
         &[("VRAMSIM_MEMORY", "8GiB"), ("VRAMSHIM_POOL_BUDGET", "lots")],
         &["--quiet"],
     );
-    assert_eq!(o.code(), Some(0), "{}\n{}", o.stdout, tail(&o.stderr));
+    assert_exit(&o, 0, "");
     let lines: Vec<&str> = o
         .stderr
         .lines()
@@ -739,7 +711,7 @@ fn pool_statistics_are_readable_in_process_and_at_exit() {
         ],
         "pool-stats",
     );
-    assert_eq!(o.code(), Some(0), "{}\n{}", o.stdout, tail(&o.stderr));
+    assert_exit(&o, 0, "");
     let line = |stage: &str| {
         o.stdout
             .lines()
@@ -785,21 +757,14 @@ fn pool_statistics_are_readable_in_process_and_at_exit() {
     assert_eq!((last.1, last.2), (0, blocks as u64), "{seen:?}");
     assert!(last.3 > 0 && last.0 <= last.3, "{seen:?}");
     // and the summary says it
-    let vramshim = vramshim_testkit::profile_dir().join("vramshim");
-    let out = std::process::Command::new(&vramshim)
-        .arg("summary")
-        .arg(&trace)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}");
+    let text = summary(&trace, &[]);
     assert!(
         text.contains("pool on device 0 (last record): reserved") && text.contains("budget"),
         "{text}"
     );
     // the pool off: the functions are there and say so
     let o = run(&exe, &[], &[("VRAMSHIM_POOL", "off")], "pool-stats-off");
-    assert_eq!(o.code(), Some(0), "{}\n{}", o.stdout, tail(&o.stderr));
+    assert_exit(&o, 0, "");
     assert!(o.stdout.contains("pool_stats: no pool"), "{}", o.stdout);
 }
 
@@ -848,6 +813,58 @@ fn the_pools_own_synchronizations_are_in_the_trace() {
         pool_device, made,
         "pool syncs in the trace vs the pool's count"
     );
+    let text = summary(&trace, &["--json"]);
+    assert_eq!(
+        json_value(&text, "pool-device").and_then(|v| v.parse::<u64>().ok()),
+        Some(made),
+        "{text}"
+    );
+    let _ = process;
+}
+
+/// A block freed stream-ordered on one stream and reused on another makes the pool order the
+/// second stream after an event recorded at the free (no host synchronization): the trace
+/// records each such wait as the pool's (`SyncKind::PoolEvent`, on the waiting stream), and
+/// `summary` counts them.
+#[test]
+fn the_pools_event_waits_are_in_the_trace() {
+    let exe = compile_c(
+        "pool_early_reuse",
+        &["tests/workloads/pool/early_reuse.c"],
+        Link::SharedRuntime,
+    );
+    let dir = vramshim_testkit::temp_dir("pool_event_waits");
+    let trace = dir.join("pool.vramtrace");
+    let _ = std::fs::remove_file(&trace);
+    let o = run(
+        &exe,
+        &["async", "3"],
+        &[
+            ("VRAMSHIM_POOL", "stitch"),
+            ("VRAMSHIM_TRACE", trace.to_str().unwrap()),
+        ],
+        "pool-event-waits",
+    );
+    assert_eq!(o.code(), Some(0), "{}\n{}", o.stdout, tail(&o.stderr));
+    assert!(field(&o.stdout, "same_address") > 0, "{}", o.stdout);
+    let mut r = vramshim_trace::TraceReader::open(&trace).unwrap();
+    let mut e = vramshim_trace::Event::Lost { t_ns: 0, count: 0 };
+    let mut waits = 0u64;
+    while r.next_into(&mut e).unwrap() {
+        if let vramshim_trace::Event::Sync {
+            kind: vramshim_trace::SyncKind::PoolEvent,
+            stream,
+            ..
+        } = e
+        {
+            assert_ne!(
+                stream, 0,
+                "the waiting stream is the program's second stream"
+            );
+            waits += 1;
+        }
+    }
+    assert!(waits > 0, "no pool event wait in the trace");
     let vramshim = vramshim_testkit::profile_dir().join("vramshim");
     let out = std::process::Command::new(&vramshim)
         .args(["summary", "--json"])
@@ -857,9 +874,8 @@ fn the_pools_own_synchronizations_are_in_the_trace() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
     assert_eq!(
-        json_value(&text, "pool-device").and_then(|v| v.parse::<u64>().ok()),
-        Some(made),
+        json_value(&text, "pool-event").and_then(|v| v.parse::<u64>().ok()),
+        Some(waits),
         "{text}"
     );
-    let _ = process;
 }

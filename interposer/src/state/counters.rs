@@ -196,16 +196,30 @@ fn block(tok: &crate::sys::thread::Token) -> Option<&'static CallBlock> {
 /// Bytes a thread may have freed below what it published before it tells the running total.
 pub(crate) const SLACK: u64 = 1 << 20;
 
+/// This thread's block, the slot of (`device`, `kind`) and its net count after adding
+/// `delta` (wrapping: a free adds the negated size); `None` without a block (the caller counts
+/// in the totals). Plain load and store: only the owner thread writes its block.
+#[inline(always)]
+fn add_net(
+    tok: &crate::sys::thread::Token,
+    device: i32,
+    kind: AllocKind,
+    delta: u64,
+) -> Option<(&'static CallBlock, usize, u64)> {
+    let s = slot(device, kind);
+    let b = block(tok)?;
+    let net = b.net[s].load(Relaxed).wrapping_add(delta);
+    b.net[s].store(net, Relaxed);
+    Some((b, s, net))
+}
+
 /// A successful allocation became live: counted in this thread's block; published (one
 /// atomic add, and the peak raised) only when the thread goes above what it published.
 #[inline(always)]
 pub(crate) fn alloc_in(tok: &crate::sys::thread::Token, device: i32, kind: AllocKind, size: u64) {
-    let s = slot(device, kind);
-    let Some(b) = block(tok) else {
+    let Some((b, s, net)) = add_net(tok, device, kind, size) else {
         return alloc(device, kind, size);
     };
-    let net = b.net[s].load(Relaxed).wrapping_add(size);
-    b.net[s].store(net, Relaxed);
     let up = net.wrapping_sub(b.published[s].load(Relaxed)) as i64;
     if up > 0 {
         b.published[s].store(net, Relaxed);
@@ -225,12 +239,9 @@ fn raise(t: &Total, delta: u64) {
 /// thread is `SLACK` bytes below what it published.
 #[inline(always)]
 pub(crate) fn free_in(tok: &crate::sys::thread::Token, device: i32, kind: AllocKind, size: u64) {
-    let s = slot(device, kind);
-    let Some(b) = block(tok) else {
+    let Some((b, s, net)) = add_net(tok, device, kind, size.wrapping_neg()) else {
         return free(device, kind, size);
     };
-    let net = b.net[s].load(Relaxed).wrapping_sub(size);
-    b.net[s].store(net, Relaxed);
     let down = b.published[s].load(Relaxed).wrapping_sub(net) as i64;
     if down > SLACK as i64 {
         b.published[s].store(net, Relaxed);

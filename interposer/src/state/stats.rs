@@ -121,6 +121,15 @@ pub(crate) fn set_pool_view(view: PoolStatsView) {
     let _ = POOL_VIEW.set(view);
 }
 
+/// The separator before a JSON member: none before the first (`first` is then cleared).
+fn sep(first: &mut bool) -> &'static str {
+    if std::mem::replace(first, false) {
+        ""
+    } else {
+        ","
+    }
+}
+
 /// Everything as one JSON object.
 pub(crate) fn json() -> String {
     let mut s = String::with_capacity(2048);
@@ -129,14 +138,7 @@ pub(crate) fn json() -> String {
     for api in Api::ALL {
         let n = counters::calls(*api);
         if n != 0 {
-            let _ = write!(
-                s,
-                "{}\"{}\":{}",
-                if first { "" } else { "," },
-                api.name(),
-                n
-            );
-            first = false;
+            let _ = write!(s, "{}\"{}\":{}", sep(&mut first), api.name(), n);
         }
     }
     s.push_str("},\"devices\":{");
@@ -145,13 +147,12 @@ pub(crate) fn json() -> String {
         let _ = write!(
             s,
             "{}\"{}\":{{\"live_bytes\":{},\"live_count\":{},\"peak_bytes\":{},\"by_kind\":{{",
-            if first { "" } else { "," },
+            sep(&mut first),
             slot_name(slot),
             counters::live_bytes(slot),
             live_count(slot),
             counters::peak_bytes(slot),
         );
-        first = false;
         let mut kfirst = true;
         for k in AllocKind::ALL {
             let (b, c) = (live_bytes_kind(slot, *k), live_count_kind(slot, *k));
@@ -159,12 +160,11 @@ pub(crate) fn json() -> String {
                 let _ = write!(
                     s,
                     "{}\"{}\":{{\"bytes\":{},\"count\":{}}}",
-                    if kfirst { "" } else { "," },
+                    sep(&mut kfirst),
                     k.name(),
                     b,
                     c
                 );
-                kfirst = false;
             }
         }
         s.push_str("}}");

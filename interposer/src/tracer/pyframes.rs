@@ -35,7 +35,9 @@
 //!
 //! `VRAMSHIM_PY_STACKS=0` leaves Python frames out. `VRAMSHIM_PYFRAMES_FAULT=noident`
 //! deduplicates and names on the code object's address alone (the reuse check off), for the
-//! test that shows a reused address is then named wrongly.
+//! test that shows a reused address is then named wrongly; `layout` shifts the offset of a
+//! frame's code object (the checked walks must refuse it), `layout-unchecked` does too and
+//! reads without checking first (what the check prevents).
 
 use std::cell::UnsafeCell;
 use std::collections::HashMap;
@@ -282,43 +284,35 @@ fn checked_read(addr: u64, buf: &mut [u8]) -> bool {
     n == buf.len() as isize
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum How {
-    /// Through the kernel (before the layout is verified).
-    Checked,
-    /// Plain loads (verified layout; the calling thread's own frames).
-    Direct,
-}
-
-#[inline]
-fn rd<const N: usize>(how: How, addr: u64) -> Option<[u8; N]> {
+/// A read of `N` bytes at `addr`: through the kernel when `CHECKED` (before the layout is
+/// verified), else a plain load (a verified layout; the calling thread's own frames).
+#[inline(always)]
+fn rd<const CHECKED: bool, const N: usize>(addr: u64) -> Option<[u8; N]> {
     if addr < 4096 {
         return None;
     }
     let mut b = [0u8; N];
-    match how {
-        How::Checked => checked_read(addr, &mut b).then_some(b),
-        How::Direct => {
-            // SAFETY: `addr` is a field of an object the calling thread's interpreter frames
-            // reference (alive while this thread is inside this call), at an offset of a
-            // verified layout.
-            unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, b.as_mut_ptr(), N) };
-            Some(b)
-        }
+    if CHECKED {
+        return checked_read(addr, &mut b).then_some(b);
     }
+    // SAFETY: `addr` is a field of an object the calling thread's interpreter frames
+    // reference (alive while this thread is inside this call), at an offset of a verified
+    // layout.
+    unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, b.as_mut_ptr(), N) };
+    Some(b)
 }
 
-#[inline]
-fn rd_u64(how: How, addr: u64) -> Option<u64> {
-    rd::<8>(how, addr).map(u64::from_le_bytes)
+#[inline(always)]
+fn rd_u64<const C: bool>(addr: u64) -> Option<u64> {
+    rd::<C, 8>(addr).map(u64::from_le_bytes)
 }
-#[inline]
-fn rd_i32(how: How, addr: u64) -> Option<i32> {
-    rd::<4>(how, addr).map(i32::from_le_bytes)
+#[inline(always)]
+fn rd_i32<const C: bool>(addr: u64) -> Option<i32> {
+    rd::<C, 4>(addr).map(i32::from_le_bytes)
 }
-#[inline]
-fn rd_u8(how: How, addr: u64) -> Option<u8> {
-    rd::<1>(how, addr).map(|b| b[0])
+#[inline(always)]
+fn rd_u8<const C: bool>(addr: u64) -> Option<u8> {
+    rd::<C, 1>(addr).map(|b| b[0])
 }
 
 // ---- the runtime found in this process
@@ -361,10 +355,8 @@ fn find_py() -> Option<Py> {
         STATE.store(OFF, Ordering::Release);
         return None;
     }
-    FAULT_NOIDENT.store(
-        crate::config::var("VRAMSHIM_PYFRAMES_FAULT").is_some_and(|v| v.trim() == "noident"),
-        Ordering::Relaxed,
-    );
+    let fault = crate::config::var("VRAMSHIM_PYFRAMES_FAULT").map(str::trim);
+    FAULT_NOIDENT.store(fault == Some("noident"), Ordering::Relaxed);
     let runtime = sym(c"_PyRuntime");
     let gts = sym(c"PyGILState_GetThisThreadState");
     let eval = sym(c"_PyEval_EvalFrameDefault");
@@ -380,7 +372,7 @@ fn find_py() -> Option<Py> {
         Some(v) => v,
         None => return off("the Python version cannot be read"),
     };
-    let l = if major == 3 && minor == 13 {
+    let mut l = if major == 3 && minor == 13 {
         match debug_layout(runtime, minor) {
             Ok(l) => l,
             Err(e) => return off(&format!("Python 3.{minor}: {e}")),
@@ -407,7 +399,17 @@ fn find_py() -> Option<Py> {
     if eval.is_empty() {
         crate::info!("the eval loop's extent is unknown: Python frames follow the native ones");
     }
-    STATE.store(CHECKING, Ordering::Release);
+    if matches!(fault, Some("layout" | "layout-unchecked")) {
+        // A wrong offset of a frame's code object: what the checked walks must catch.
+        l.f_code += 8;
+    }
+    // `layout-unchecked`: plain reads from the start, as if the layout were verified.
+    let first = if fault == Some("layout-unchecked") {
+        ON
+    } else {
+        CHECKING
+    };
+    STATE.store(first, Ordering::Release);
     Some(Py {
         l,
         get_tstate,
@@ -423,7 +425,7 @@ fn find_py() -> Option<Py> {
 fn version() -> Option<(u32, u32)> {
     let v = sym(c"Py_Version");
     if v != 0 {
-        let hex = u32::from_le_bytes(rd::<4>(How::Checked, v)?);
+        let hex = u32::from_le_bytes(rd::<true, 4>(v)?);
         return Some((hex >> 24, (hex >> 16) & 0xff));
     }
     let f = sym(c"Py_GetVersion");
@@ -512,20 +514,21 @@ pub(crate) fn walk(out: &mut PyWalk) {
     if state == OFF {
         return;
     }
-    let how = if state == ON {
-        How::Direct
+    let checked = state != ON;
+    let r = if checked {
+        walk_with::<true>(py, out)
     } else {
-        How::Checked
+        walk_with::<false>(py, out)
     };
-    match walk_with(py, how, out) {
+    match r {
         Ok(()) => {
-            if how == How::Checked && out.n > 0 && CHECKED_OK.fetch_add(1, Ordering::AcqRel) >= 1 {
+            if checked && out.n > 0 && CHECKED_OK.fetch_add(1, Ordering::AcqRel) >= 1 {
                 STATE.store(ON, Ordering::Release);
             }
         }
         Err(why) => {
             out.n = 0;
-            if how == How::Checked && STATE.swap(OFF, Ordering::AcqRel) != OFF {
+            if checked && STATE.swap(OFF, Ordering::AcqRel) != OFF {
                 crate::warn!(
                     "Python frames off (Python 3.{}: {why}: its frames are not laid out as \
                      expected); call stacks have native frames only",
@@ -536,10 +539,11 @@ pub(crate) fn walk(out: &mut PyWalk) {
     }
 }
 
-fn walk_with(py: &Py, how: How, out: &mut PyWalk) -> Result<(), &'static str> {
+#[inline(always)]
+fn walk_with<const C: bool>(py: &Py, out: &mut PyWalk) -> Result<(), &'static str> {
     let l = &py.l;
     // An interpreter shutting down frees other threads' states.
-    if rd_u64(how, py.runtime + l.rt_finalizing as u64).ok_or("runtime unreadable")? != 0 {
+    if rd_u64::<C>(py.runtime + l.rt_finalizing as u64).ok_or("runtime unreadable")? != 0 {
         return Ok(());
     }
     // SAFETY: see Py::get_tstate (a thread-local read).
@@ -549,26 +553,26 @@ fn walk_with(py: &Py, how: How, out: &mut PyWalk) -> Result<(), &'static str> {
     }
     let mut frame = match l.kind {
         Gen::CFrame => {
-            let cf = rd_u64(how, ts + l.ts_cframe as u64).ok_or("thread state unreadable")?;
+            let cf = rd_u64::<C>(ts + l.ts_cframe as u64).ok_or("thread state unreadable")?;
             if cf == 0 {
                 return Ok(());
             }
-            rd_u64(how, cf + l.cur_frame as u64).ok_or("frame pointer unreadable")?
+            rd_u64::<C>(cf + l.cur_frame as u64).ok_or("frame pointer unreadable")?
         }
         Gen::Frames | Gen::Current => {
-            rd_u64(how, ts + l.cur_frame as u64).ok_or("thread state unreadable")?
+            rd_u64::<C>(ts + l.cur_frame as u64).ok_or("thread state unreadable")?
         }
     };
-    let strict = how == How::Checked;
+    let strict = C;
     let noident = FAULT_NOIDENT.load(Ordering::Relaxed);
     for _ in 0..MAX_STEPS {
         if frame == 0 || out.n >= MAX_PY {
             break;
         }
-        let code = rd_u64(how, frame + l.f_code as u64).ok_or("frame unreadable")?;
-        let back = rd_u64(how, frame + l.f_back as u64).ok_or("frame unreadable")?;
+        let code = rd_u64::<C>(frame + l.f_code as u64).ok_or("frame unreadable")?;
+        let back = rd_u64::<C>(frame + l.f_back as u64).ok_or("frame unreadable")?;
         if l.f_owner != 0
-            && rd_u8(how, frame + l.f_owner as u64).ok_or("frame unreadable")? == OWNED_BY_CSTACK
+            && rd_u8::<C>(frame + l.f_owner as u64).ok_or("frame unreadable")? == OWNED_BY_CSTACK
         {
             // The shim an eval-loop run starts with: the frame before it was that run's first.
             if out.n > 0 {
@@ -577,16 +581,16 @@ fn walk_with(py: &Py, how: How, out: &mut PyWalk) -> Result<(), &'static str> {
             frame = back;
             continue;
         }
-        if code == 0 || rd_u64(how, code + 8) != Some(py.code_type) {
+        if code == 0 || rd_u64::<C>(code + 8) != Some(py.code_type) {
             if strict {
                 return Err("a frame's code is not a code object");
             }
             break;
         }
         let lasti = match l.kind {
-            Gen::Frames => rd_i32(how, frame + l.f_instr as u64).ok_or("frame unreadable")?,
+            Gen::Frames => rd_i32::<C>(frame + l.f_instr as u64).ok_or("frame unreadable")?,
             _ => {
-                let ip = rd_u64(how, frame + l.f_instr as u64).ok_or("frame unreadable")?;
+                let ip = rd_u64::<C>(frame + l.f_instr as u64).ok_or("frame unreadable")?;
                 let start = code + l.co_code as u64;
                 if ip < start {
                     -1
@@ -595,13 +599,13 @@ fn walk_with(py: &Py, how: How, out: &mut PyWalk) -> Result<(), &'static str> {
                 }
             }
         };
-        let filename = rd_u64(how, code + l.co_filename as u64).ok_or("code unreadable")?;
-        let name = rd_u64(how, code + l.co_name as u64).ok_or("code unreadable")?;
-        let linetable = rd_u64(how, code + l.co_linetable as u64).ok_or("code unreadable")?;
+        let filename = rd_u64::<C>(code + l.co_filename as u64).ok_or("code unreadable")?;
+        let name = rd_u64::<C>(code + l.co_name as u64).ok_or("code unreadable")?;
+        let linetable = rd_u64::<C>(code + l.co_linetable as u64).ok_or("code unreadable")?;
         if strict
-            && (rd_u64(how, filename + 8) != Some(py.str_type)
-                || rd_u64(how, name + 8) != Some(py.str_type)
-                || rd_u64(how, linetable + 8) != Some(py.bytes_type))
+            && (rd_u64::<C>(filename + 8) != Some(py.str_type)
+                || rd_u64::<C>(name + 8) != Some(py.str_type)
+                || rd_u64::<C>(linetable + 8) != Some(py.bytes_type))
         {
             return Err("a code object's names are not strings");
         }
@@ -613,22 +617,22 @@ fn walk_with(py: &Py, how: How, out: &mut PyWalk) -> Result<(), &'static str> {
         let ident = if noident {
             code
         } else {
-            let first = rd_i32(how, code + l.co_firstlineno as u64).ok_or("code unreadable")?;
+            let first = rd_i32::<C>(code + l.co_firstlineno as u64).ok_or("code unreadable")?;
             let mut h = mix(code, filename);
-            h = mix(h, rd_u64(how, filename + 24).ok_or("name unreadable")?);
+            h = mix(h, rd_u64::<C>(filename + 24).ok_or("name unreadable")?);
             h = mix(h, name);
-            h = mix(h, rd_u64(how, name + 24).ok_or("name unreadable")?);
+            h = mix(h, rd_u64::<C>(name + 24).ok_or("name unreadable")?);
             h = mix(h, linetable);
             h = mix(
                 h,
-                rd_u64(how, linetable + 16).ok_or("line table unreadable")?,
+                rd_u64::<C>(linetable + 16).ok_or("line table unreadable")?,
             );
             mix(h, first as u32 as u64)
         };
         let entry = match l.kind {
             Gen::Frames => true,
             _ if l.f_is_entry != 0 => {
-                rd_u8(how, frame + l.f_is_entry as u64).ok_or("frame unreadable")? != 0
+                rd_u8::<C>(frame + l.f_is_entry as u64).ok_or("frame unreadable")? != 0
             }
             _ => false,
         };
@@ -692,11 +696,10 @@ pub(crate) fn on_fork_child() {
 }
 
 fn read_str(py: &Py, s: u64) -> String {
-    let h = How::Direct;
-    if rd_u64(h, s + 8) != Some(py.str_type) {
+    if rd_u64::<false>(s + 8) != Some(py.str_type) {
         return String::from("?");
     }
-    let (Some(state), Some(len)) = (rd::<4>(h, s + 32), rd_u64(h, s + 16)) else {
+    let (Some(state), Some(len)) = (rd::<false, 4>(s + 32), rd_u64::<false>(s + 16)) else {
         return String::from("?");
     };
     let state = u32::from_le_bytes(state);
@@ -728,11 +731,10 @@ fn read_str(py: &Py, s: u64) -> String {
 }
 
 fn read_bytes(py: &Py, b: u64) -> Vec<u8> {
-    let h = How::Direct;
-    if rd_u64(h, b + 8) != Some(py.bytes_type) {
+    if rd_u64::<false>(b + 8) != Some(py.bytes_type) {
         return Vec::new();
     }
-    let len = rd_u64(h, b + 16).unwrap_or(0) as usize;
+    let len = rd_u64::<false>(b + 16).unwrap_or(0) as usize;
     if len > MAX_TABLE {
         return Vec::new();
     }
@@ -822,7 +824,7 @@ pub(crate) fn merge(native: &[u64], walk: &PyWalk, records: &mut Vec<Event>) -> 
     let mut ends = Vec::new();
     for (i, f) in walk.frames[..walk.n].iter().enumerate() {
         let key = f.ident;
-        let first = rd_i32(How::Direct, f.code + py.l.co_firstlineno as u64).unwrap_or(0);
+        let first = rd_i32::<false>(f.code + py.l.co_firstlineno as u64).unwrap_or(0);
         let id = with_codes(|m| m.get(&key).copied());
         let id = match id {
             Some(id) => id,

@@ -494,6 +494,13 @@ pub(crate) fn emit(mut ev: Event) {
         m.stack = id;
         records = new;
     }
+    put_after(slot, records, ev);
+}
+
+/// Appends `records` (a newly seen call stack's), then `ev`, to `slot`'s buffer, and hands
+/// the buffer over when due.
+#[inline]
+fn put_after(slot: &'static Slot, records: Vec<Event>, ev: Event) {
     let g = slot.enter();
     let inner = g.inner();
     for r in records {
@@ -577,22 +584,12 @@ fn emit_memop_stack(slot: &'static Slot, alloc: bool, m: &MemOp) {
         with.stack = id;
         records = new;
     }
-    let g = slot.enter();
-    let inner = g.inner();
-    for r in records {
-        inner.buf.put(slot, r);
-    }
-    inner.buf.put(
-        slot,
-        if alloc {
-            Event::Alloc(with)
-        } else {
-            Event::Free(with)
-        },
-    );
-    if inner.buf.len() >= inner.next_try {
-        hand_over(inner);
-    }
+    let ev = if alloc {
+        Event::Alloc(with)
+    } else {
+        Event::Free(with)
+    };
+    put_after(slot, records, ev);
 }
 
 /// Live device bytes (allocated minus freed) per device, for `Counter` records: counted

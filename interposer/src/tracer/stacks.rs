@@ -56,6 +56,28 @@ struct Walk {
     full: bool,
 }
 
+impl Walk {
+    /// A walk for up to `want` frames, skipping the innermost ones in `own` (libvramshim).
+    /// Only data: the walk's first frame stays its caller's (see `seen`).
+    #[inline(always)]
+    fn new(want: usize, own: (u64, u64)) -> Walk {
+        Walk {
+            frames: Frames {
+                ips: [0; MAX_FRAMES],
+                len: 0,
+            },
+            want,
+            skipping: true,
+            own,
+            prev_cfa: 0,
+            last_ip: 0,
+            second_cfa: 0,
+            seen: 0,
+            full: false,
+        }
+    }
+}
+
 extern "C" fn step(ctx: *mut c_void, arg: *mut c_void) -> c_int {
     // SAFETY: `arg` is the `Walk` passed to `_Unwind_Backtrace` by `capture`, alive for the
     // whole walk; `ctx` is the unwinder's context for this frame.
@@ -451,20 +473,7 @@ pub(crate) fn capture_interned(depth: usize) -> Option<(u32, Option<Frames>)> {
         remember(sp, want, &t, id);
         return Some((id, None));
     }
-    let mut w = Walk {
-        frames: Frames {
-            ips: [0; MAX_FRAMES],
-            len: 0,
-        },
-        want,
-        skipping: true,
-        own,
-        prev_cfa: 0,
-        last_ip: 0,
-        second_cfa: 0,
-        seen: 0,
-        full: false,
-    };
+    let mut w = Walk::new(want, own);
     // SAFETY: `step` matches the callback ABI; `w` outlives the call.
     let rc = unsafe { _Unwind_Backtrace(step, &mut w as *mut Walk as *mut c_void) };
     // The walk ended by itself (end of stack, or libgcc found no unwind info past the last
@@ -536,20 +545,7 @@ fn record(id: u32, frames: &[u64]) -> Event {
 /// A full libgcc walk of the caller's stack (libvramshim's frames skipped), not interned.
 #[inline(never)]
 fn unwind(want: usize) -> Frames {
-    let mut w = Walk {
-        frames: Frames {
-            ips: [0; MAX_FRAMES],
-            len: 0,
-        },
-        want,
-        skipping: true,
-        own: own_range(),
-        prev_cfa: 0,
-        last_ip: 0,
-        second_cfa: 0,
-        seen: 0,
-        full: false,
-    };
+    let mut w = Walk::new(want, own_range());
     // SAFETY: `step` matches the callback ABI; `w` outlives the call.
     unsafe { _Unwind_Backtrace(step, &mut w as *mut Walk as *mut c_void) };
     w.frames

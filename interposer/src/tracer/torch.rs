@@ -57,7 +57,14 @@ pub(crate) const VERIFIED: &[(&str, usize)] = &[
 /// headers: action (i32) at 0, device (i8) at 4, addr at 8, context (shared_ptr: object,
 /// control block) at 16 and 24, stream at 32, size at 40; `CapturedTraceback`'s frame
 /// vector (begin, end) at 8 and 16, 16 bytes per frame {code object, lasti: i32}.
-pub(crate) const LAYOUTS: &[&str] = &["2.15"];
+///
+/// - 2.15: checked against its headers and run (tests/workloads/pytorch).
+/// - 2.14: its `c10::CachingDeviceAllocator::TraceEntry` differs from 2.15's only by a string
+///   member after all of these (2.15 added `internal_metadata_`), and its
+///   `torch/csrc/profiler/combined_traceback.h` is the same (compared on the 2.14.1+cu130
+///   wheel's headers); its libc10_cuda.so keeps `.symtab`, so the slot is verified as for
+///   2.15. Not run here (its CUDA libraries are not installed).
+pub(crate) const LAYOUTS: &[&str] = &["2.14", "2.15"];
 
 /// Innermost Python frames kept per stack.
 pub(crate) const MAX_PY_FRAMES: usize = 128;

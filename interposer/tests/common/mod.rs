@@ -50,10 +50,37 @@ pub fn both(exe: &Path, args: &[&str], env: &[(&str, &str)], name: &str) -> (Run
     (plain, pre)
 }
 
+/// Build `file` as `name` and run it with and without the preload ([`both`]).
+#[track_caller]
+pub fn build_both(
+    name: &str,
+    file: &str,
+    link: Link,
+    extra: &[&str],
+    env: &[(&str, &str)],
+    sim: &str,
+) -> (RunOutput, RunOutput) {
+    let exe = build(name, file, link, extra);
+    both(&exe, &[], env, sim)
+}
+
 /// Run with the preload only.
 #[track_caller]
 pub fn preloaded(exe: &Path, args: &[&str], env: &[(&str, &str)], name: &str) -> RunOutput {
     run_with_preload(exe, args, env, Some(&lib()), name)
+}
+
+/// Every one of `lines` is in the run's stdout.
+#[track_caller]
+pub fn assert_lines(out: &RunOutput, lines: &[&str]) {
+    for line in lines {
+        assert!(
+            out.stdout.contains(line),
+            "missing {line:?} in\n{}\n{}",
+            out.stdout,
+            out.stderr
+        );
+    }
 }
 
 /// A `"key":number` value from a stats JSON dump.

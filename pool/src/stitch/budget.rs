@@ -128,10 +128,21 @@ impl Stitch {
             && let Some(b) = self.budget
         {
             self.prev_window_peak = self.stats.recent_peak_live;
+            self.prev_forced = self.forced;
+            self.forced = 0;
             self.stats.recent_peak_live = self.stats.live;
             self.next_window = self.stats.allocs + b.window;
         }
         self.keep_budget(dev);
+    }
+
+    /// After an allocation that found the pool holding `before` bytes: growing past the
+    /// budget means the pool was forced past it (it grows past it only when nothing else
+    /// fits): remember how much, for two windows.
+    pub(super) fn note_forced(&mut self, before: u64) {
+        if self.stats.reserved > before && self.stats.reserved > self.limit_now {
+            self.forced = self.forced.max(self.stats.reserved);
+        }
     }
 
     /// Above the budget: dissolve every cached block and give idle pages back.
@@ -154,9 +165,17 @@ impl Stitch {
         if self.idle_scan == Some(key) {
             return;
         }
+        // pages the pool was forced to take past its budget lately are kept (not cached
+        // blocks: pages), so a workload that needs them every pass does not take and give
+        // them back every pass
+        let keep = if self.faults.release_forced {
+            self.limit_now
+        } else {
+            self.limit_now.max(self.forced.max(self.prev_forced))
+        };
         let candidates: Vec<u32> = self.free_pages.iter().copied().collect();
         for p in candidates {
-            if self.stats.reserved <= self.limit_now {
+            if self.stats.reserved <= keep {
                 break;
             }
             if self.pages[p as usize].is_none() || self.page(p).used != 0 {

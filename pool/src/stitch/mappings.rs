@@ -13,9 +13,12 @@ impl Stitch {
         t: Stream,
     ) -> Result<(u32, u64), PoolError> {
         let cls = self.class_of(size);
-        let (pages, off, existing) = match plan {
-            Plan::Existing { map, off } => (self.map(map).pages.clone(), off, Some(map)),
-            Plan::New { pages, off } => (pages, off, None),
+        let (pages, off, existing, repair) = match plan {
+            Plan::Existing { map, off } => (self.map(map).pages.clone(), off, Some(map), None),
+            Plan::New { pages, off } => match self.repairable(&pages) {
+                Some((m, pages)) => (pages, off, None, Some(m)),
+                None => (pages, off, None, None),
+            },
         };
         let pieces = self.pieces(&pages, off, size);
         // stream safety of the free bytes we are about to take
@@ -65,9 +68,13 @@ impl Stitch {
         if need_sync {
             self.do_sync(dev)?;
         }
-        let map = match existing {
-            Some(m) => m,
-            None => self.new_mapping(dev, pages)?,
+        let map = match (existing, repair) {
+            (Some(m), _) => m,
+            (None, Some(m)) => {
+                self.repair_mapping(dev, m, &pages)?;
+                m
+            }
+            (None, None) => self.new_mapping(dev, pages)?,
         };
         let addr = self.map(map).va + off;
         if !self.faults.skip_take {
@@ -216,5 +223,141 @@ impl Stitch {
                 break;
             }
         }
+    }
+}
+
+impl Stitch {
+    /// Under a budget: an unused mapping of as many pages as `pages` (a new mapping's plan)
+    /// that already maps most of them, and the plan's pages reordered to its slots (whole
+    /// free pages in the middle may go in any order; the first and last stay first and
+    /// last, as their free suffix and prefix are what the block's head and tail take).
+    /// Remapping only the slots that differ costs fewer driver calls than a new mapping:
+    /// a pool whose free pages drift between passes of a repeating workload (a budget keeps
+    /// few spare) re-forms the ranges of its largest blocks out of the ranges it has.
+    pub(super) fn repairable(&self, pages: &[u32]) -> Option<(u32, Vec<u32>)> {
+        self.budget?;
+        let n = pages.len();
+        if n < 3 {
+            return None;
+        }
+        let list = self.maps_by_len.get(&n)?;
+        let inner: crate::fxhash::FxMap<u32, ()> =
+            pages[1..n - 1].iter().map(|&p| (p, ())).collect();
+        // (slots to remap, mapping, its page list for the plan)
+        let mut best: Option<(usize, u32, Vec<u32>)> = None;
+        for &m in list.iter().rev().take(MAP_SCAN) {
+            let mp = self.map(m);
+            // (the fault switch takes only mappings in use: their blocks' bytes would move)
+            if (mp.users != 0) != self.faults.repair_used || self.arena == Some(m) {
+                continue;
+            }
+            // a stream may still touch the mapping's addresses (a block freed through it
+            // stream-ordered, not yet covered): unmapping any of it must wait, as for
+            // dropping a mapping
+            if mp.pages.iter().any(|&q| self.has_active_fence(q)) {
+                continue;
+            }
+            let mut out = vec![u32::MAX; n];
+            out[0] = pages[0];
+            out[n - 1] = pages[n - 1];
+            let mut used = crate::fxhash::FxMap::default();
+            for (slot, &q) in out[1..n - 1].iter_mut().zip(&mp.pages[1..n - 1]) {
+                if inner.contains_key(&q) && used.insert(q, ()).is_none() {
+                    *slot = q;
+                }
+            }
+            let mut rest = pages[1..n - 1].iter().filter(|p| !used.contains_key(p));
+            for slot in out.iter_mut().take(n - 1).skip(1) {
+                if *slot == u32::MAX {
+                    *slot = *rest.next()?;
+                }
+            }
+            let differ = (0..n).filter(|&i| out[i] != mp.pages[i]).count();
+            if best.as_ref().is_none_or(|b| differ < b.0) {
+                best = Some((differ, m, out));
+            }
+        }
+        let (differ, m, out) = best?;
+        // a new mapping costs n + 2 calls; a repair about 2 per slot (unmap, map) + 1
+        (2 * differ + 1 < n + 2).then_some((m, out))
+    }
+
+    /// Remap the slots of unused mapping `m` whose page is not `pages`' (see
+    /// [`Self::repairable`]), then make the mapping accessible again.
+    pub(super) fn repair_mapping(
+        &mut self,
+        dev: &mut dyn Device,
+        m: u32,
+        pages: &[u32],
+    ) -> Result<(), PoolError> {
+        let g = self.gran;
+        let va = self.map(m).va;
+        let old = self.map(m).pages.clone();
+        let mut i = 0;
+        while i < old.len() {
+            if old[i] == pages[i] {
+                i += 1;
+                continue;
+            }
+            let start = i;
+            while i < old.len() && old[i] != pages[i] {
+                i += 1;
+            }
+            dev.unmap(va + start as u64 * g, (i - start) as u64 * g)
+                .map_err(PoolError::Device)?;
+            for (k, &q) in old.iter().enumerate().take(i).skip(start) {
+                self.page_mut(q).maps.retain(|&x| x != m);
+                // keep the books true even if a map below fails: the slot is empty
+                self.map_mut(m).pages[k] = u32::MAX;
+            }
+            for (k, &q) in pages.iter().enumerate().take(i).skip(start) {
+                let h = self.page(q).handle;
+                if let Err(e) = dev.map(va + k as u64 * g, h) {
+                    if k > start {
+                        let _ = dev.unmap(va + start as u64 * g, (k - start) as u64 * g);
+                    }
+                    self.drop_broken_mapping(dev, m);
+                    return Err(PoolError::Device(e));
+                }
+            }
+            for (k, &q) in pages.iter().enumerate().take(i).skip(start) {
+                self.map_mut(m).pages[k] = q;
+                let pg = self.page_mut(q);
+                if !pg.maps.contains(&m) {
+                    pg.maps.push(m);
+                }
+            }
+        }
+        if let Err(e) = dev.set_access(va, old.len() as u64 * g) {
+            self.drop_broken_mapping(dev, m);
+            return Err(PoolError::Device(e));
+        }
+        self.repairs += 1;
+        Ok(())
+    }
+
+    /// A mapping a failed repair left with empty slots: unmap what is mapped and forget it.
+    fn drop_broken_mapping(&mut self, dev: &mut dyn Device, m: u32) {
+        let g = self.gran;
+        let (va, pages, reserved) = {
+            let mp = self.map(m);
+            (mp.va, mp.pages.clone(), mp.reserved)
+        };
+        for (k, &p) in pages.iter().enumerate() {
+            if p != u32::MAX {
+                let _ = dev.unmap(va + k as u64 * g, g);
+                self.page_mut(p).maps.retain(|&x| x != m);
+            }
+        }
+        let _ = dev.unreserve(va, reserved);
+        let n = pages.len();
+        if let Some(l) = self.maps_by_len.get_mut(&n) {
+            l.retain(|&x| x != m);
+        }
+        self.maps[m as usize] = None;
+        self.maps_by_va.remove(&va);
+        self.free_map_slots.push(m);
+        self.nmaps -= 1;
+        self.update_reserved();
     }
 }

@@ -43,6 +43,7 @@ mod fences;
 mod mappings;
 mod pages;
 mod placement;
+mod quiet;
 mod slow_path;
 
 /// How many cached blocks of one size the fast path looks at.
@@ -121,6 +122,15 @@ pub struct Faults {
     /// Grow and cache as if there were no budget (while still publishing it): proves the
     /// budget test can fail.
     pub ignore_budget: bool,
+    /// Give back at once the pages the pool was forced to take past its budget (not a
+    /// safety fault: it proves the test of keeping them can fail).
+    pub release_forced: bool,
+    /// Re-form only mappings that blocks still use for a new block (remapping some of their
+    /// pages: the bytes of those blocks move under them).
+    pub repair_used: bool,
+    /// Keep the layout (cached blocks, earlier places) when nothing is live (not a safety
+    /// fault: it proves the test that the tight pool does not creep over passes can fail).
+    pub keep_layout: bool,
 }
 
 impl Faults {
@@ -130,6 +140,9 @@ impl Faults {
             || self.skip_take
             || self.lazy_sync
             || self.ignore_budget
+            || self.repair_used
+            || self.release_forced
+            || self.keep_layout
     }
 }
 
@@ -183,11 +196,18 @@ pub struct Stitch {
     limit_now: u64,
     /// recent peak live of the previous window
     prev_window_peak: u64,
+    /// the most the pool held past its budget in this window and in the previous one
+    forced: u64,
+    prev_forced: u64,
+    /// mappings re-formed by remapping some of their pages (see `Stitch::repairable`)
+    repairs: u64,
     /// allocation count at which the budget's window rolls
     next_window: u64,
     /// (epoch, free pages, mappings) of the last scan for idle pages that found the rest
     /// pinned: nothing changed, nothing to scan
     idle_scan: Option<(u64, usize, u64)>,
+    /// (allocations, cache hits) when the layout was last forgotten (see `quiet`)
+    layout_mark: (u64, u64),
     stats: Stats,
 }
 
@@ -232,8 +252,12 @@ impl Stitch {
             arena: None,
             limit_now: u64::MAX,
             prev_window_peak: 0,
+            forced: 0,
+            prev_forced: 0,
+            repairs: 0,
             next_window: u64::MAX,
             idle_scan: None,
+            layout_mark: (0, 0),
             stats: Stats::default(),
         }
     }
@@ -260,6 +284,11 @@ impl Stitch {
     /// Mappings held.
     pub fn mappings(&self) -> u64 {
         self.nmaps
+    }
+
+    /// Mappings re-formed for a new block by remapping only the pages that differed.
+    pub fn repairs(&self) -> u64 {
+        self.repairs
     }
 
     /// Blocks freed and kept formed for reuse.
@@ -345,6 +374,9 @@ impl Policy for Stitch {
         if let Some(e) = crate::refuse_oversized(&req, &self.stats) {
             return Err(e);
         }
+        if self.stats.live == 0 && self.budget.is_some() {
+            self.forget_layout(dev);
+        }
         if let Some(addr) = self.alloc_cached(req.size, req.stream) {
             return Ok(Alloc {
                 addr,
@@ -354,6 +386,7 @@ impl Policy for Stitch {
         if self.gran == 0 {
             self.gran = dev.granularity();
         }
+        let reserved_before = self.stats.reserved;
         let t = req.stream;
         let size = round_up(req.size.max(1), ALIGN);
         if self.faults.reuse_sync_frees_early && !self.pending.is_empty() {
@@ -421,6 +454,8 @@ impl Policy for Stitch {
         self.stats.allocs += 1;
         self.stats.add_live(req.size);
         if self.budget.is_some() {
+            self.refresh_budget(0);
+            self.note_forced(reserved_before);
             // a synchronization on the way may have moved pending blocks into the cache
             self.keep_budget(dev);
         }

@@ -36,6 +36,13 @@
  *                                      prints "poolmix first=RC ok=N refused=R other=O free=F
  *                                      again=RC" (F: cudaMemGetInfo free after the fill);
  *                                      HOLD_SECONDS: then sleeps, holding everything
+ *   cap_probe waitpair FIRST SECOND GO HOLD [CAPTURE]
+ *                                      for VRAMSHIM_ON_CAP=wait: one cudaMalloc of FIRST, prints
+ *                                      "first rc=RC"; then waits for GO (seconds, or a path: until
+ *                                      that file exists); then (SECOND > 0) one cudaMalloc of
+ *                                      SECOND (CAPTURE=1: cudaMallocAsync on a stream capturing a
+ *                                      graph) and prints "second rc=RC ms=MS" (MS: how long the
+ *                                      call took); keeps everything HOLD seconds, frees, exits
  *   cap_probe forks N SIZE             forks N children before any CUDA call; each makes one
  *                                      cudaMalloc of SIZE and holds it until all have tried;
  *                                      prints "forks ok=N refused=R other=O"
@@ -426,6 +433,48 @@ int main(int argc, char **argv) {
         if (again == 0) CK(cudaFree(q));
         for (long i = 0; i < ok; i++) EXPECT_EQ(d_free(held[i]), CUDA_SUCCESS);
         free(held);
+        return 0;
+    }
+    if (!strcmp(cmd, "waitpair") && argc >= 6) {
+        size_t first = strtoull(argv[2], NULL, 0), second = strtoull(argv[3], NULL, 0);
+        const char *go = argv[4];
+        double hold = atof(argv[5]);
+        int capture = argc > 6 && atoi(argv[6]) == 1;
+        setup(0);
+        void *p = NULL, *q = NULL;
+        int rc = first ? cudaMalloc(&p, first) : 0;
+        printf("first rc=%d\n", rc);
+        fflush(stdout);
+        if (go[0] == '/') {
+            while (access(go, F_OK) != 0) usleep(10000);
+        } else if (atof(go) > 0) {
+            usleep((useconds_t)(atof(go) * 1e6));
+        }
+        if (second > 0) {
+            struct timespec t0, t1;
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+            int rc2;
+            if (capture) {
+                cudaStream_t s;
+                CK(cudaStreamCreate(&s));
+                CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+                rc2 = cudaMallocAsync(&q, second, s);
+                cudaGraph_t g = NULL;
+                cudaStreamEndCapture(s, &g);
+                if (g) cudaGraphDestroy(g);
+                q = NULL;
+            } else {
+                rc2 = cudaMalloc(&q, second);
+            }
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            long ms = (t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000;
+            printf("second rc=%d ms=%ld\n", rc2, ms);
+            fflush(stdout);
+            if (rc2 != 0) q = NULL;
+        }
+        if (hold > 0) usleep((useconds_t)(hold * 1e6));
+        if (q) CK(cudaFree(q));
+        if (p && rc == 0) CK(cudaFree(p));
         return 0;
     }
     if (!strcmp(cmd, "forks") && argc >= 4) {

@@ -5,7 +5,7 @@ Runs this file itself as the job under `vramshim run --sim --trace`, in three
 configurations, alternating, best of ROUNDS runs each:
   segment:   --no-python-hook (the trace at segment level; the baseline)
   tracker:   the hook, with PyTorch's Python-stack capture switched off again by the job
-             (`_record_memory_history(None)`): vramshim's tracker alone
+             (the `_record_memory_history(None)` the hook wraps): vramshim's tracker alone
   stacks:    the hook as `vramshim run` loads it: tracker + PyTorch's Python stacks
 and measures inside the job, in CPU time (the machine may be loaded: wall time would measure
 the other programs):
@@ -35,7 +35,9 @@ def job(mode):
 
     torch.empty(1, device="cuda")  # CUDA initialized: the hook attached (when loaded)
     if mode == "tracker":
-        torch.cuda.memory._record_memory_history(None)
+        # The hook puts its own capture back after the job's call: call what it wraps.
+        rec = torch.cuda.memory._record_memory_history
+        getattr(rec, "__wrapped__", rec)(None)
 
     def pairs(n):
         for _ in range(n):

@@ -39,22 +39,17 @@ def _vramshim_setup():
         drain.restype = ctypes.c_int
         backend = torch.cuda.get_allocator_backend()
         if backend != "native":
+            # cudaMallocAsync has no trace tracker nor history (PyTorch refuses both), but
+            # it asks the driver for every tensor: each is an allocation in the trace.
             _vramshim_say(
-                "PyTorch tensor-level events off (PyTorch runs its %s allocator; they need "
-                "the native caching allocator); the trace stays at segment level" % backend
+                "PyTorch tensor-level events off (PyTorch runs its %s allocator, which has no "
+                "trace tracker): each tensor is its own device allocation in the trace; "
+                "--stacks N names their Python lines" % backend
             )
             return
         if attach(str(torch.__version__).encode()) != 0:
             return  # not tracing, or refused (libvramshim.so said why)
-        try:
-            torch.cuda.memory._record_memory_history(
-                "state", context="alloc", stacks="python", max_entries=1
-            )
-        except Exception as e:
-            _vramshim_say(
-                "PyTorch's Python stacks could not be switched on (%s: %s): tensor events "
-                "carry no Python lines" % (type(e).__name__, e)
-            )
+        _vramshim_history(torch)
 
         def loop():
             while True:
@@ -65,6 +60,58 @@ def _vramshim_setup():
         atexit.register(drain)
     except Exception as e:
         _vramshim_say("PyTorch tensor-level events off (%s: %s)" % (type(e).__name__, e))
+
+
+def _vramshim_history(torch):
+    # PyTorch's capture of each allocation's Python stack, which the tensor events carry. The
+    # job's own use of PyTorch's memory history comes first: history it turned on before CUDA
+    # started is left as the job set it (it captures the stacks the tracker reads unless the
+    # job asked for none); history it turns off later is turned back on for the tracker alone
+    # (a one-entry ring), so its tensors keep their Python lines.
+    memory = torch.cuda.memory
+    ours = dict(context="alloc", stacks="python", max_entries=1)
+
+    def mine():
+        try:
+            memory._record_memory_history("state", **ours)
+            return True
+        except Exception as e:
+            _vramshim_say(
+                "PyTorch's Python stacks could not be switched on (%s: %s): tensor events "
+                "carry no Python lines" % (type(e).__name__, e)
+            )
+            return False
+
+    try:
+        already = bool(torch._C._cuda_isHistoryEnabled())
+    except Exception:
+        already = False
+    if already:
+        _vramshim_say(
+            "the job records PyTorch's memory history itself: its settings are kept (tensor "
+            "events carry the Python stacks they capture)"
+        )
+    elif not mine():
+        return
+    job_call = memory._record_memory_history
+    original = getattr(job_call, "__wrapped__", job_call)
+
+    def _record_memory_history(enabled="all", *args, **kwargs):
+        r = original(enabled, *args, **kwargs)
+        if enabled is None or enabled is False:
+            try:
+                original("state", **ours)
+            except Exception:
+                pass
+        return r
+
+    _record_memory_history.__wrapped__ = original
+    _record_memory_history.__doc__ = original.__doc__
+    try:
+        _record_memory_history.__signature__ = original.__signature__
+    except AttributeError:
+        pass
+    memory._record_memory_history = _record_memory_history
 
 
 class _VramshimLoader(object):

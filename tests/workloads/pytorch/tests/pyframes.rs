@@ -305,6 +305,7 @@ print('reused', reused)
 /// addresses: each allocation is still named after the function that made it.
 #[test]
 fn reused_code_addresses_are_named_again() {
+    let mut misnamed = Vec::new();
     for (ver, py) in pythons() {
         let name = format!("pyframes_reuse_{}", ver.replace('.', "_"));
         let (out, file) = traced(&py, &name, REUSE, &[]);
@@ -321,15 +322,23 @@ fn reused_code_addresses_are_named_again() {
              shows nothing"
         );
         let t = Trace::read(&file);
-        for i in 0..64u64 {
-            let f = t.py_frames((i + 1) << 16);
-            assert_eq!(
-                f.get(1).map(|f| (f.0.as_str(), f.1.as_str(), f.2)),
-                Some((format!("f_{i:02}").as_str(), "gen.py", 2)),
-                "Python {ver}: allocation {i}: {f:?}"
-            );
+        let wrong: Vec<String> = (0..64u64)
+            .filter_map(|i| {
+                let f = t.py_frames((i + 1) << 16);
+                let got = f.get(1).map(|f| (f.0.clone(), f.1.clone(), f.2));
+                (got != Some((format!("f_{i:02}"), "gen.py".into(), 2)))
+                    .then(|| format!("allocation {i}: {got:?}"))
+            })
+            .collect();
+        if !wrong.is_empty() {
+            misnamed.push(format!(
+                "Python {ver}: {} misnamed, e.g. {}",
+                wrong.len(),
+                wrong[0]
+            ));
         }
     }
+    assert!(misnamed.is_empty(), "{misnamed:#?}");
 }
 
 /// `VRAMSHIM_PY_STACKS=0`: native frames only; a program that is not Python is unaffected
@@ -346,4 +355,33 @@ fn python_frames_can_be_turned_off() {
         "a Python frame with VRAMSHIM_PY_STACKS=0"
     );
     assert!(t.codes.is_empty());
+}
+
+/// Offsets that do not fit the interpreter (`VRAMSHIM_PYFRAMES_FAULT=layout` shifts one) are
+/// caught by the first walks, which read through the kernel and check what they find: one
+/// line, native frames only, the job unharmed. (`VRAMSHIM_PYFRAMES_FAULT=layout-unchecked`
+/// for the test run skips that check: no line, and the test fails.)
+#[test]
+fn a_wrong_frame_layout_is_refused_with_one_line() {
+    let fault = std::env::var("VRAMSHIM_PYFRAMES_FAULT")
+        .ok()
+        .filter(|v| v.starts_with("layout"))
+        .unwrap_or_else(|| "layout".into());
+    for (ver, py) in pythons() {
+        let name = format!("pyframes_layout_{}", ver.replace('.', "_"));
+        let (out, file) = traced(&py, &name, JOB, &[("VRAMSHIM_PYFRAMES_FAULT", &fault)]);
+        out.assert_success();
+        assert_eq!(
+            out.stderr.matches("Python frames off").count(),
+            1,
+            "Python {ver}: {}",
+            out.stderr
+        );
+        let t = Trace::read(&file);
+        assert_eq!(t.allocs.len(), 6, "Python {ver}");
+        assert!(
+            t.stacks.values().flatten().all(|f| f & PY_BIT == 0),
+            "Python {ver}: a Python frame read with a wrong layout"
+        );
+    }
 }

@@ -228,6 +228,128 @@ fn segments_carry_python_frames_with_stacks() {
     }
 }
 
+fn history_job(mode: &str) -> String {
+    format!(
+        "\
+import torch
+MODE = '{mode}'
+
+def first():
+    return [torch.empty(1 << 20, dtype=torch.uint8, device='cuda') for _ in range(8)]
+
+def second():
+    return [torch.empty(1 << 20, dtype=torch.uint8, device='cuda') for _ in range(8)]
+
+if MODE == 'before':
+    torch.cuda.memory._record_memory_history(max_entries=100000)
+a = first()
+if MODE == 'off':
+    torch.cuda.memory._record_memory_history(None)
+b = second()
+s = torch.cuda.memory._snapshot()
+print('entries', sum(len(t) for t in s['device_traces']))
+"
+    )
+}
+
+/// A job that records PyTorch's memory history itself keeps its settings (the hook does not
+/// shrink its ring to one entry; one line says so), and its tensors still carry their lines.
+#[test]
+fn the_jobs_own_memory_history_is_kept() {
+    let Some(py) = torch_or_skip("the_jobs_own_memory_history_is_kept") else {
+        return;
+    };
+    let (out, file) = traced(&py, "torch_history_before", &history_job("before"), &[]);
+    out.assert_success();
+    let entries: usize = out
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("entries "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{}", out.stdout));
+    assert!(
+        entries >= 16,
+        "the job's history holds {entries} entries: its ring was replaced"
+    );
+    assert!(
+        out.stderr
+            .contains("the job records PyTorch's memory history itself"),
+        "{}",
+        out.stderr
+    );
+    let t = Tensors::read(&file);
+    let sites: Vec<_> = t.live().values().map(|o| t.site(o.stack)).collect();
+    assert_eq!(sites.len(), 16);
+    assert!(
+        sites.contains(&Some("first (job.py:5)".into())),
+        "{sites:?}"
+    );
+    assert!(
+        sites.contains(&Some("second (job.py:8)".into())),
+        "{sites:?}"
+    );
+}
+
+/// A job that turns PyTorch's memory history off does not turn off the tensor events'
+/// Python lines.
+#[test]
+fn history_turned_off_by_the_job_keeps_the_lines() {
+    let Some(py) = torch_or_skip("history_turned_off_by_the_job_keeps_the_lines") else {
+        return;
+    };
+    let (out, file) = traced(&py, "torch_history_off", &history_job("off"), &[]);
+    out.assert_success();
+    let t = Tensors::read(&file);
+    let live = t.live();
+    assert_eq!(live.len(), 16);
+    let second = live
+        .values()
+        .filter(|o| t.site(o.stack).as_deref() == Some("second (job.py:8)"))
+        .count();
+    assert_eq!(
+        second, 8,
+        "tensors allocated after the job's _record_memory_history(None)"
+    );
+}
+
+/// Under `--pool stitch` PyTorch runs its cudaMallocAsync allocator, which has no trace
+/// tracker (one line says so), but asks the driver for every tensor: with `--stacks`, each
+/// live tensor is named by the Python line that allocated it.
+#[test]
+fn async_allocator_tensors_are_named_by_their_stacks() {
+    let Some(py) = torch_or_skip("async_allocator_tensors_are_named_by_their_stacks") else {
+        return;
+    };
+    let flags = ["--pool", "stitch", "--stacks", "16"];
+    let (out, file) = traced(&py, "torch_tensors_async", REUSE, &flags);
+    out.assert_success();
+    assert!(
+        out.stderr.contains("which has no trace tracker"),
+        "{}",
+        out.stderr
+    );
+    let exe = vramshim_testkit::profile_dir().join("vramshim");
+    let o = run(std::process::Command::new(&exe)
+        .arg("summary")
+        .arg("--json")
+        .arg(&file));
+    o.assert_success();
+    let j: serde_json::Value = serde_json::from_str(&o.stdout).expect("summary JSON");
+    let leaks = &j["traces"][0]["devices"][0]["leaks"]["top_allocations"];
+    let sites: Vec<&str> = leaks
+        .as_array()
+        .expect("live allocations at exit")
+        .iter()
+        .filter(|a| a["size"].as_u64() == Some(1 << 20))
+        .filter_map(|a| a["site"].as_str())
+        .collect();
+    assert_eq!(sites.len(), 8, "{leaks}");
+    assert!(
+        sites.iter().all(|s| *s == "make_activations (job.py:8)"),
+        "{sites:?}"
+    );
+}
+
 /// `--no-python-hook` and `VRAMSHIM_PYTHON_HOOK=0` leave the job at segment level.
 #[test]
 fn the_hook_can_be_turned_off() {
