@@ -7,8 +7,10 @@ use std::ffi::{CStr, c_char, c_int};
 use crate::tracer::torch;
 
 /// Attaches the trace tracker to PyTorch's native caching allocator. `version` is
-/// `torch.__version__` (NUL-terminated). Returns 0 when attached (or already), 1 when this
-/// process is not tracing, -1 when refused (one line on stderr says why).
+/// `torch.__version__` (NUL-terminated). Returns 0 when attached (or already) with the tensor
+/// events' Python frames read by libvramshim.so itself, 2 when attached but the caller must
+/// switch on PyTorch's own Python-stack capture for them, 1 when this process is not tracing,
+/// -1 when refused (one line on stderr says why).
 ///
 /// # Safety
 /// `version` is null or a NUL-terminated string.

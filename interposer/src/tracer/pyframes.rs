@@ -90,6 +90,16 @@ impl PyWalk {
         self.n == 0
     }
 
+    /// What identifies the stack exactly, frame by frame (what names each code object, the
+    /// instruction offset) into `out`; returns how many.
+    pub(crate) fn key_into(&self, out: &mut [(u64, i32)]) -> usize {
+        let n = self.n.min(out.len());
+        for (o, f) in out.iter_mut().zip(&self.frames[..n]) {
+            *o = (f.ident, f.lasti);
+        }
+        n
+    }
+
     /// What identifies the stack (code objects, instruction offsets, naming objects).
     pub(crate) fn hash(&self) -> u64 {
         let mut h: u64 = 0x8422_2325_cbf2_9ce4 ^ self.n as u64;
@@ -813,6 +823,58 @@ fn svarint(b: &[u8]) -> i64 {
     }
 }
 
+/// The `PyCode` id of `f`'s code object (its record pushed to `records` the first time) and
+/// the line `f` runs. Reads only this thread's live frames' objects (see the module comment).
+fn name_frame(py: &Py, f: &RawFrame, records: &mut Vec<Event>) -> (u32, i32) {
+    let key = f.ident;
+    let first = rd_i32::<false>(f.code + py.l.co_firstlineno as u64).unwrap_or(0);
+    let id = with_codes(|m| m.get(&key).copied());
+    let id = match id {
+        Some(id) => id,
+        None => {
+            let file = read_str(py, f.filename);
+            let function = read_str(py, f.name);
+            let (id, new) = with_codes(|m| match m.get(&key) {
+                Some(&id) => (id, false),
+                None => {
+                    let id = next_code_id();
+                    m.insert(key, id);
+                    (id, true)
+                }
+            });
+            if new {
+                records.push(Event::PyCode {
+                    id,
+                    file,
+                    function,
+                    first_line: first.max(0) as u32,
+                });
+            }
+            id
+        }
+    };
+    let line = line_of(py.l.minor, &read_bytes(py, f.linetable), first, f.lasti);
+    (id, line)
+}
+
+/// The Python frames of `walk` (innermost first), named now like [`merge`]'s: what a
+/// `PyStack` record holds. New code objects' `PyCode` records go to `records`.
+pub(crate) fn py_frames(walk: &PyWalk, records: &mut Vec<Event>) -> Vec<vramshim_trace::PyFrame> {
+    let Some(py) = py() else {
+        return Vec::new();
+    };
+    walk.frames[..walk.n]
+        .iter()
+        .map(|f| {
+            let (code, line) = name_frame(py, f, records);
+            vramshim_trace::PyFrame {
+                code,
+                line: line.max(0) as u32,
+            }
+        })
+        .collect()
+}
+
 /// The merged frames of a new stack: `native` (innermost first) with each eval-loop frame
 /// replaced by the Python frames of that run of the loop, the rest after the native ones.
 /// New code objects' `PyCode` records go to `records`.
@@ -823,34 +885,7 @@ pub(crate) fn merge(native: &[u64], walk: &PyWalk, records: &mut Vec<Event>) -> 
     let mut tagged = Vec::with_capacity(walk.n);
     let mut ends = Vec::new();
     for (i, f) in walk.frames[..walk.n].iter().enumerate() {
-        let key = f.ident;
-        let first = rd_i32::<false>(f.code + py.l.co_firstlineno as u64).unwrap_or(0);
-        let id = with_codes(|m| m.get(&key).copied());
-        let id = match id {
-            Some(id) => id,
-            None => {
-                let file = read_str(py, f.filename);
-                let function = read_str(py, f.name);
-                let (id, new) = with_codes(|m| match m.get(&key) {
-                    Some(&id) => (id, false),
-                    None => {
-                        let id = next_code_id();
-                        m.insert(key, id);
-                        (id, true)
-                    }
-                });
-                if new {
-                    records.push(Event::PyCode {
-                        id,
-                        file,
-                        function,
-                        first_line: first.max(0) as u32,
-                    });
-                }
-                id
-            }
-        };
-        let line = line_of(py.l.minor, &read_bytes(py, f.linetable), first, f.lasti);
+        let (id, line) = name_frame(py, f, records);
         tagged.push(PY_FRAME_BIT | (id as u64 & 0x7fff_ffff) << 32 | line.max(0) as u32 as u64);
         if f.entry {
             ends.push(i + 1);

@@ -3,8 +3,7 @@
 //!
 //! The Python startup hook that `vramshim run` puts in front of a traced Python program
 //! (`analyzer/src/cmd/python/sitecustomize.py`) calls [`attach`] once the job has initialized CUDA
-//! through `torch.cuda`, after switching on PyTorch's own Python-stack capture. [`attach`]
-//! hands PyTorch's allocator a trace tracker (`attachAllocatorTraceTracker`, a C++ virtual
+//! through `torch.cuda`. [`attach`] hands PyTorch's allocator a trace tracker (`attachAllocatorTraceTracker`, a C++ virtual
 //! method that takes a `std::function<void(const TraceEntry&)>`):
 //!
 //! - The virtual slot is verified before it is called: the allocator object's vtable must be
@@ -14,14 +13,20 @@
 //!   `TraceEntry` layout is accepted for the PyTorch versions in [`LAYOUTS`]. Anything else:
 //!   one line, no tracker, the trace stays at segment level. A wrong slot would crash the job.
 //! - The tracker runs on the allocating thread under PyTorch's per-device allocator lock and
-//!   never touches Python nor takes the GIL: it copies the entry's fields and, for a Python
-//!   stack PyTorch captured (a `torch::CapturedTraceback`, recognized by its vtable), the
-//!   frames' (code object, last instruction) pairs; a stack seen for the first time gets an
-//!   id and a strong reference on the traceback object that is never dropped (so its code
-//!   objects stay alive and their addresses cannot be reused by other code); the event goes
-//!   into the thread's trace buffer like every other event (streamed every 50 ms).
+//!   never touches Python nor takes the GIL: it copies the entry's fields and the allocating
+//!   thread's Python stack, then the event goes into the thread's trace buffer like every
+//!   other event (streamed every 50 ms). The stack, by default, is read by `pyframes` from the
+//!   thread's own interpreter frames (PyTorch calls the tracker whether or not its memory
+//!   history is on, so the hook leaves that off: PyTorch's stack capture costs about a third
+//!   of a training step's instructions); a new one is named at once, still without the GIL.
+//!   When the entry carries a Python stack PyTorch captured (the job's own history, or the
+//!   hook's when `pyframes` is off: [`ATTACHED_NEEDS_STACKS`]), a `torch::CapturedTraceback`
+//!   recognized by its vtable, its frames' (code object, last instruction) pairs are copied
+//!   instead; such a stack seen for the first time gets an id and a strong reference on the
+//!   traceback object that is never dropped (so its code objects stay alive and their
+//!   addresses cannot be reused by other code).
 //! - [`drain`] (called by the hook's thread every 100 ms and at exit, with the GIL held)
-//!   names each new stack once through CPython's public API (`co_filename`, `co_qualname`,
+//!   names each new captured stack once through CPython's public API (`co_filename`, `co_qualname`,
 //!   `PyCode_Addr2Line`) and writes `PyCode`/`PyStack` records. A stack's record may thus
 //!   follow the first events that refer to it; readers resolve ids over the whole trace.
 //!
@@ -84,6 +89,11 @@ struct State {
     /// Live segments per device (start -> size), from the tracker's own segment events.
     segments: BTreeMap<(i32, u64), u64>,
     stacks: HashMap<Key, u32>,
+    /// Stacks read by our own frame reader (`pyframes`), by [`super::pyframes::PyWalk::key_into`];
+    /// named when first seen, so they share no pending list.
+    walks: HashMap<Key, u32>,
+    /// Stack ids handed out so far (both maps share them).
+    ids: u32,
     /// Stacks interned but not yet named by [`drain`].
     pending: Vec<(u32, Key)>,
     full_said: bool,
@@ -171,11 +181,26 @@ fn on_entry(e: *const u8) {
     let dropped =
         FAULT_DROP.load(Ordering::Relaxed) && matches!(action, act::ALLOC | act::FREE_COMPLETED);
     let mut key = [(0u64, 0i32); MAX_PY_FRAMES];
-    let n = if matches!(action, act::ALLOC | act::OOM) && !dropped {
+    let wants_stack = matches!(action, act::ALLOC | act::OOM) && !dropped;
+    let n = if wants_stack {
         frames_of(ctx, &mut key)
     } else {
         0
     };
+    // No stack captured by PyTorch (its history off, or on without Python stacks): the
+    // allocating thread's own Python frames, read in place (this callback runs on it).
+    let mut walk_key = [(0u64, 0i32); super::pyframes::MAX_PY];
+    let mut walk = None;
+    let mut wn = 0;
+    if wants_stack && n == 0 && super::pyframes::active() {
+        let mut w = Box::new(super::pyframes::PyWalk::new());
+        super::pyframes::walk(&mut w);
+        if !w.is_empty() {
+            wn = w.key_into(&mut walk_key);
+            walk = Some(w);
+        }
+    }
+    let mut records = Vec::new();
     let (segment, stack) = {
         let mut g = state();
         let st = g.get_or_insert_with(State::default);
@@ -198,11 +223,16 @@ fn on_entry(e: *const u8) {
         };
         let stack = if n > 0 {
             intern(st, &key[..n], ctrl)
+        } else if let Some(w) = &walk {
+            intern_walk(st, &walk_key[..wn], w, &mut records)
         } else {
             0
         };
         (segment, stack)
     };
+    for r in records {
+        super::emit(r);
+    }
     if dropped {
         return;
     }
@@ -246,7 +276,7 @@ fn intern(st: &mut State, key: &[(u64, i32)], ctrl: usize) -> u32 {
     if let Some(&id) = st.stacks.get(key) {
         return id;
     }
-    if st.stacks.len() >= MAX_STACKS || ctrl == 0 {
+    if st.ids as usize >= MAX_STACKS || ctrl == 0 {
         if !st.full_said && ctrl != 0 {
             st.full_said = true;
             crate::warn!(
@@ -261,9 +291,41 @@ fn intern(st: &mut State, key: &[(u64, i32)], ctrl: usize) -> u32 {
     // SAFETY: `ctrl` is the control block of the shared_ptr the TraceEntry holds, alive for
     // the duration of this callback.
     unsafe { (*((ctrl + 8) as *const AtomicI32)).fetch_add(1, Ordering::AcqRel) };
-    let id = st.stacks.len() as u32 + 1;
+    st.ids += 1;
+    let id = st.ids;
     st.stacks.insert(key.to_vec(), id);
     st.pending.push((id, key.to_vec()));
+    id
+}
+
+/// The id of the stack our frame reader found (`key` its [`PyWalk::key_into`]); a new one is
+/// named at once (its `PyCode` and `PyStack` records go to `records`), since its code objects
+/// are alive only while this thread runs them.
+///
+/// [`PyWalk::key_into`]: super::pyframes::PyWalk::key_into
+fn intern_walk(
+    st: &mut State,
+    key: &[(u64, i32)],
+    walk: &super::pyframes::PyWalk,
+    records: &mut Vec<Event>,
+) -> u32 {
+    if let Some(&id) = st.walks.get(key) {
+        return id;
+    }
+    if st.ids as usize >= MAX_STACKS {
+        if !st.full_said {
+            st.full_said = true;
+            crate::warn!(
+                "{MAX_STACKS} distinct Python stacks recorded; later new stacks are not named"
+            );
+        }
+        return 0;
+    }
+    let frames = super::pyframes::py_frames(walk, records);
+    st.ids += 1;
+    let id = st.ids;
+    st.walks.insert(key.to_vec(), id);
+    records.push(Event::PyStack { id, frames });
     id
 }
 
@@ -273,6 +335,9 @@ fn intern(st: &mut State, key: &[(u64, i32)], ctrl: usize) -> u32 {
 pub(crate) const ATTACHED_OK: c_int = 0;
 pub(crate) const NOT_TRACING: c_int = 1;
 pub(crate) const REFUSED: c_int = -1;
+/// Attached, but our own Python frame reader is off (`VRAMSHIM_PY_STACKS=0`, or this Python
+/// is not one it reads): the hook switches on PyTorch's capture of Python stacks instead.
+pub(crate) const ATTACHED_NEEDS_STACKS: c_int = 2;
 
 struct Lib {
     path: String,
@@ -336,7 +401,11 @@ pub(crate) fn attach(version: &str) -> c_int {
         return NOT_TRACING;
     }
     if ATTACHED.load(Ordering::Acquire) {
-        return ATTACHED_OK;
+        return if super::pyframes::active() {
+            ATTACHED_OK
+        } else {
+            ATTACHED_NEEDS_STACKS
+        };
     }
     if crate::config::var("VRAMSHIM_TORCH_FAULT").is_some_and(|v| v.trim() == "drop") {
         FAULT_DROP.store(true, Ordering::Relaxed);
@@ -430,7 +499,11 @@ pub(crate) fn attach(version: &str) -> c_int {
     }
     ATTACHED.store(true, Ordering::Release);
     crate::info!("PyTorch {version}: tensor-level events on (allocator slot {slot})");
-    ATTACHED_OK
+    if super::pyframes::active() {
+        ATTACHED_OK
+    } else {
+        ATTACHED_NEEDS_STACKS
+    }
 }
 
 fn has(hay: &[u8], needle: &[u8]) -> bool {

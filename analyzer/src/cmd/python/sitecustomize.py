@@ -3,8 +3,10 @@
 # it at start-up as `sitecustomize`. It imports nothing heavy and changes nothing until the
 # program imports torch.cuda; then it queues, with torch.cuda._lazy_call, a setup that runs
 # when the program initializes CUDA: it asks libvramshim.so to attach its trace tracker to
-# PyTorch's caching allocator (tensor-level events) and switches on PyTorch's own capture of
-# the Python stack of each allocation, which libvramshim.so names in the trace. Any other
+# PyTorch's caching allocator (tensor-level events); the tracker reads the allocating
+# thread's Python frames itself. PyTorch's memory history stays as the job sets it (its own
+# capture of Python stacks costs about a third of a training step's instructions); only where
+# libvramshim.so cannot read this Python's frames is that capture switched on for the tracker. Any other
 # `sitecustomize` on the path is loaded after this one, as if this one were not there.
 # Nothing here may break the program: every failure is one line on stderr, then nothing.
 import sys
@@ -47,9 +49,17 @@ def _vramshim_setup():
                 "--stacks N names their Python lines" % backend
             )
             return
-        if attach(str(torch.__version__).encode()) != 0:
+        r = attach(str(torch.__version__).encode())
+        if r == 2:
+            # libvramshim.so cannot read this Python's frames: PyTorch captures them.
+            _vramshim_history(torch)
+        elif r != 0:
             return  # not tracing, or refused (libvramshim.so said why)
-        _vramshim_history(torch)
+        elif _vramshim_job_history(torch):
+            _vramshim_say(
+                "the job records PyTorch's memory history itself: its settings are kept "
+                "(tensor events carry the Python stacks it captures, else their own)"
+            )
 
         def loop():
             while True:
@@ -60,6 +70,13 @@ def _vramshim_setup():
         atexit.register(drain)
     except Exception as e:
         _vramshim_say("PyTorch tensor-level events off (%s: %s)" % (type(e).__name__, e))
+
+
+def _vramshim_job_history(torch):
+    try:
+        return bool(torch._C._cuda_isHistoryEnabled())
+    except Exception:
+        return False
 
 
 def _vramshim_history(torch):
