@@ -80,6 +80,16 @@ impl Tensors {
 }
 
 fn traced(py: &Path, name: &str, script: &str, flags: &[&str]) -> (RunOutput, PathBuf) {
+    traced_with(py, name, script, flags, &[])
+}
+
+fn traced_with(
+    py: &Path,
+    name: &str,
+    script: &str,
+    flags: &[&str],
+    env: &[(&str, &str)],
+) -> (RunOutput, PathBuf) {
     let dir = temp_dir(name);
     let job = dir.join("job.py");
     std::fs::write(&job, script).expect("write job");
@@ -91,6 +101,9 @@ fn traced(py: &Path, name: &str, script: &str, flags: &[&str]) -> (RunOutput, Pa
     // starts from an environment without VRAMSHIM_* variables).
     if let Ok(v) = std::env::var("VRAMSHIM_TORCH_FAULT") {
         c.env("VRAMSHIM_TORCH_FAULT", v);
+    }
+    for (k, v) in env {
+        c.env(k, v);
     }
     c.arg(&job).current_dir(&dir);
     (run(&mut c), file)
@@ -224,6 +237,48 @@ fn segments_carry_python_frames_with_stacks() {
         assert!(
             t <= end,
             "a tensor event at {t} ns, after the trace's end at {end} ns"
+        );
+    }
+}
+
+const HISTORY_STATE: &str = "\
+import torch
+
+def make():
+    return [torch.empty(1 << 20, dtype=torch.uint8, device='cuda') for _ in range(8)]
+
+xs = make()
+print('history', torch._C._cuda_isHistoryEnabled())
+";
+
+/// By default the tensors' Python lines come from libvramshim.so's own frame reader:
+/// PyTorch's memory history (and its costly stack capture) stays off. With that reader off
+/// (`VRAMSHIM_PY_STACKS=0`) the hook switches PyTorch's capture on instead, and the lines
+/// are the same.
+#[test]
+fn tensor_lines_without_and_with_pytorchs_stack_capture() {
+    let Some(py) = torch_or_skip("tensor_lines_without_and_with_pytorchs_stack_capture") else {
+        return;
+    };
+    for (name, env, history) in [
+        ("torch_lines_own", &[][..], "history False"),
+        (
+            "torch_lines_pytorch",
+            &[("VRAMSHIM_PY_STACKS", "0")][..],
+            "history True",
+        ),
+    ] {
+        let (out, file) = traced_with(&py, name, HISTORY_STATE, &[], env);
+        out.assert_success();
+        assert!(out.stdout.contains(history), "{name}: {}", out.stdout);
+        let t = Tensors::read(&file);
+        let sites: Vec<_> = t.live().values().map(|o| t.site(o.stack)).collect();
+        assert_eq!(sites.len(), 8, "{name}");
+        assert!(
+            sites
+                .iter()
+                .all(|s| s.as_deref() == Some("make (job.py:4)")),
+            "{name}: {sites:?}"
         );
     }
 }
