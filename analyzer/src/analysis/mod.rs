@@ -107,6 +107,8 @@ pub(crate) struct SiteAcc {
 pub(crate) struct CallAcc {
     pub count: u64,
     pub failed: u64,
+    /// Failures the runtime retried at once and hid (see [`Analysis::retry`]).
+    pub retried: u64,
     pub bytes: u64,
 }
 
@@ -170,6 +172,9 @@ pub(crate) struct DevState {
     pub allocs: u64,
     pub frees: u64,
     pub failed: u64,
+    /// Allocations that failed for want of a current context and succeeded when the same
+    /// thread retried them at once: not in `failed`.
+    pub retried: u64,
     pub bytes: u64,
     pub pooled: u64,
     pub unknown_frees: u64,
@@ -213,6 +218,7 @@ impl DevState {
             allocs: 0,
             frees: 0,
             failed: 0,
+            retried: 0,
             bytes: 0,
             pooled: 0,
             unknown_frees: 0,
@@ -365,7 +371,26 @@ pub struct Analysis {
     pub(crate) batch: u64,
     /// The tensor level (PyTorch's caching allocator), when the trace has one.
     pub(crate) torch: torch::TorchState,
+    /// Per thread (the last [`MAX_RETRY_THREADS`]), its last allocation when that failed with
+    /// `CUDA_ERROR_INVALID_CONTEXT`: a retry of the same request by the same thread next makes
+    /// it a hidden retry rather than a failure.
+    retry_pending: Vec<PendingRetry>,
 }
+
+/// An allocation that failed for want of a current context, awaiting its thread's next one.
+#[derive(Clone, Copy)]
+struct PendingRetry {
+    tid: u32,
+    device: i32,
+    api: Api,
+    kind: AllocKind,
+    size: u64,
+    stack: u32,
+}
+
+const MAX_RETRY_THREADS: usize = 64;
+/// The driver's "no context is current on this thread".
+const CUDA_ERROR_INVALID_CONTEXT: i32 = 201;
 
 impl Analysis {
     pub fn new(opts: Options, header: Header, path: &str, format: Format) -> Analysis {
@@ -391,6 +416,7 @@ impl Analysis {
             tid_seen: std::array::from_fn(|i| i as u32 + 1),
             batch: 0,
             torch: torch::TorchState::default(),
+            retry_pending: Vec::new(),
         }
     }
 
@@ -466,11 +492,17 @@ impl Analysis {
         let max_pm = self.opts.max_post_mortems;
         let timeline = self.opts.timeline;
         let steps = self.opts.steps;
+        let failed = m.result != codes::CUDA_SUCCESS || m.addr == 0;
+        let retry_of = if self.retry_pending.is_empty() && m.result != CUDA_ERROR_INVALID_CONTEXT {
+            None
+        } else {
+            self.retry(m, failed)
+        };
         let d = self.dev(m.device);
         d.touch(m.t_ns);
         let c = &mut d.calls[call_slot(m.api, m.kind, false)];
         c.count += 1;
-        if m.result != codes::CUDA_SUCCESS || m.addr == 0 {
+        if failed {
             c.failed += 1;
             d.failed += 1;
             d.sites.entry(m.stack).failed += 1;
@@ -478,6 +510,17 @@ impl Analysis {
                 self.oom(m, index, top, max_pm);
             }
             return;
+        }
+        if let Some(p) = retry_of {
+            // The failure just before was this request (same call, so same row), retried at
+            // once: the runtime hid it.
+            c.failed -= 1;
+            c.retried += 1;
+            d.failed -= 1;
+            d.retried += 1;
+            if let Some(s) = d.sites.get_mut(p.stack) {
+                s.failed -= 1;
+            }
         }
         c.bytes += m.size;
         d.allocs += 1;
@@ -527,6 +570,40 @@ impl Analysis {
         if steps {
             d.steps.push(m.t_ns, d.in_use);
         }
+    }
+
+    /// NVIDIA's runtime tries some calls before it has made its context current (a
+    /// stream-ordered allocation on the default stream, first thing in a thread): the driver
+    /// answers `CUDA_ERROR_INVALID_CONTEXT` (201), as a real driver does with no current
+    /// context, and the runtime makes its primary context current and makes the same call
+    /// again; the program only sees the retry. Records such a failure, and for the thread's
+    /// next allocation says whether it was that retry (same device, call, kind and size,
+    /// succeeding): then the failure is counted as retried, not failed.
+    #[cold]
+    fn retry(&mut self, m: &MemOp, failed: bool) -> Option<PendingRetry> {
+        let i = self.retry_pending.iter().position(|p| p.tid == m.tid);
+        let prev = i.map(|i| self.retry_pending.swap_remove(i));
+        if failed && m.result == CUDA_ERROR_INVALID_CONTEXT {
+            if self.retry_pending.len() >= MAX_RETRY_THREADS {
+                self.retry_pending.remove(0);
+            }
+            self.retry_pending.push(PendingRetry {
+                tid: m.tid,
+                device: m.device,
+                api: m.api,
+                kind: m.kind,
+                size: m.size,
+                stack: m.stack,
+            });
+            return None;
+        }
+        prev.filter(|p| {
+            !failed
+                && p.device == m.device
+                && p.api == m.api
+                && p.kind == m.kind
+                && p.size == m.size
+        })
     }
 
     #[inline(always)]

@@ -146,6 +146,12 @@ pub struct DeviceReport {
     pub allocs: u64,
     pub frees: u64,
     pub failed_allocs: u64,
+    /// Allocations that failed with CUDA_ERROR_INVALID_CONTEXT (no current context) and that
+    /// the same thread's next allocation repeated successfully: NVIDIA's runtime makes its
+    /// context current and retries, and the program never sees the failure. Not in
+    /// `failed_allocs`.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub retried_allocs: u64,
     pub pooled_allocs: u64,
     pub bytes_allocated: u64,
     pub unknown_frees: u64,
@@ -179,6 +185,10 @@ pub struct DeviceReport {
     pub torch_peak: Option<super::torch::TorchView>,
 }
 
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct CallRow {
     pub api: String,
@@ -187,6 +197,10 @@ pub struct CallRow {
     pub op: String,
     pub count: u64,
     pub failed: u64,
+    /// Failures for want of a current context that the runtime retried at once (not in
+    /// `failed`).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub retried: u64,
     pub bytes: u64,
 }
 
@@ -464,6 +478,7 @@ pub(crate) fn build(mut a: Analysis, warnings: Vec<String>) -> TraceReport {
                 op: if i & 1 == 1 { "free" } else { "alloc" }.to_string(),
                 count: c.count,
                 failed: c.failed,
+                retried: c.retried,
                 bytes: c.bytes,
             });
         }
@@ -621,6 +636,7 @@ pub(crate) fn build(mut a: Analysis, warnings: Vec<String>) -> TraceReport {
             allocs: d.allocs,
             frees: d.frees,
             failed_allocs: d.failed,
+            retried_allocs: d.retried,
             pooled_allocs: d.pooled,
             bytes_allocated: d.bytes,
             unknown_frees: d.unknown_frees,

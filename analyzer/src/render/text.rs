@@ -113,6 +113,15 @@ fn device(d: &DeviceReport, out: &mut String, end_note: Option<String>) {
         d.frees,
         bytes(d.bytes_allocated)
     );
+    if d.retried_allocs > 0 {
+        let _ = writeln!(
+            out,
+            "  retried by the runtime: {} (failed with CUDA_ERROR_INVALID_CONTEXT, no context \
+             current yet, and the same request succeeded right after on the same thread: \
+             the program never saw the failure; not counted as failed)",
+            d.retried_allocs
+        );
+    }
     let p = &d.peak_in_use;
     let _ = writeln!(
         out,
@@ -149,10 +158,11 @@ fn device(d: &DeviceReport, out: &mut String, end_note: Option<String>) {
                 c.op,
                 c.count,
                 bytes(c.bytes),
-                if c.failed > 0 {
-                    format!("  {} failed", c.failed)
-                } else {
-                    String::new()
+                match (c.failed, c.retried) {
+                    (0, 0) => String::new(),
+                    (f, 0) => format!("  {f} failed"),
+                    (0, r) => format!("  {r} retried by the runtime"),
+                    (f, r) => format!("  {f} failed, {r} retried by the runtime"),
                 }
             );
         }

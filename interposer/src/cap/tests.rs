@@ -9,11 +9,12 @@ thread_local! {
     static LINES: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
 }
 
-fn capture(line: &str) {
+/// The cap's log for tests (also the waiting tests'): lines kept per thread.
+pub(super) fn capture(line: &str) {
     LINES.with(|l| l.borrow_mut().push(line.to_string()));
 }
 
-fn take_lines() -> Vec<String> {
+pub(super) fn take_lines() -> Vec<String> {
     LINES.with(|l| std::mem::take(&mut *l.borrow_mut()))
 }
 

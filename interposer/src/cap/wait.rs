@@ -266,25 +266,13 @@ pub(crate) fn take_waited() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cap::tests::{capture, take_lines};
     use crate::cap::{ContextMode, DeviceQueries, Settings};
-    use std::cell::RefCell;
     use std::sync::{Arc, OnceLock};
     use vramshim_region::spec::parse_cap;
     use vramshim_trace::Api;
 
     const MIB: u64 = 1 << 20;
-
-    thread_local! {
-        static LINES: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
-    }
-
-    fn capture(line: &str) {
-        LINES.with(|l| l.borrow_mut().push(line.to_string()));
-    }
-
-    fn take_lines() -> Vec<String> {
-        LINES.with(|l| std::mem::take(&mut *l.borrow_mut()))
-    }
 
     fn total(_: i32) -> Option<u64> {
         Some(16 << 30)

@@ -24,15 +24,21 @@ static CU_DEVICE_GET_UUID: Slot = Slot::new(c"cuDeviceGetUuid", Lib::Driver);
 static CU_DEVICE_GET: Slot = Slot::new(c"cuDeviceGet", Lib::Driver);
 static CU_DEVICE_GET_NAME: Slot = Slot::new(c"cuDeviceGetName", Lib::Driver);
 
-fn cu_init() -> bool {
+/// The real `cuInit(0)`'s answer (None: the driver has no cuInit). Once start-up failed, it
+/// answers that failure again.
+pub(crate) fn init() -> Option<c_int> {
     let a = CU_INIT.get();
     if a == 0 {
-        return false;
+        return None;
     }
     // SAFETY: `a` is the driver's cuInit, whose ABI is PfnCuInit.
     let f = unsafe { std::mem::transmute::<usize, PfnCuInit>(a) };
     // SAFETY: cuInit(0) has no pointer arguments.
-    unsafe { f(0) == CUDA_SUCCESS }
+    Some(unsafe { f(0) })
+}
+
+fn cu_init() -> bool {
+    init() == Some(CUDA_SUCCESS)
 }
 
 /// Runs `call`, initialising the driver and retrying once if it was not initialised.

@@ -245,23 +245,9 @@ fn lib_sym(cache: &AtomicUsize, names: &[&CStr], name: &CStr) -> usize {
     dlsym_real(h, name) as usize
 }
 
-/// Handle of `libcuda.so.1` (loaded on demand, never unloaded); null without a driver.
-pub(crate) fn libcuda() -> *mut c_void {
-    lib_handle(&LIBCUDA, LIBCUDA_NAMES, true)
-}
-
 /// Handle of `libcuda.so.1` only if the process already loaded it.
 pub(crate) fn libcuda_if_loaded() -> *mut c_void {
     lib_handle(&LIBCUDA, LIBCUDA_NAMES, false)
-}
-
-/// Real address of a driver symbol by exact name (0 if absent).
-pub(crate) fn driver_symbol(name: &CStr) -> usize {
-    let h = libcuda();
-    if h.is_null() {
-        return 0;
-    }
-    dlsym_real(h, name) as usize
 }
 
 fn resolve_runtime(name: &CStr) -> usize {

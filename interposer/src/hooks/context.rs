@@ -38,14 +38,9 @@ pub(crate) fn record_startup_failure() {
     if PRESENT.iter().any(|p| p.load(Ordering::Acquire)) {
         return;
     }
-    let a = real::driver_symbol(c"cuInit");
-    if a == 0 {
+    let Some(rc) = crate::cuda::driver::init() else {
         return;
-    }
-    // SAFETY: `a` is the driver's cuInit, whose ABI is `CUresult cuInit(unsigned int)`.
-    let init = unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(c_uint) -> c_int>(a) };
-    // SAFETY: cuInit(0) has no pointer arguments; it returns the first call's error again.
-    let rc = unsafe { init(0) };
+    };
     const CUDA_ERROR_DEINITIALIZED: c_int = 4;
     if rc != CUDA_SUCCESS && rc != CUDA_ERROR_DEINITIALIZED {
         crate::tracer::call_failed("cuInit", -1, rc);

@@ -14,7 +14,8 @@
 //! takes the slow path (the lock itself, an atomic compare-exchange). This is Dekker's
 //! mutual exclusion with the owner's barrier paid by the rare side, so a claim stays
 //! exclusive: of two threads racing to free one pointer exactly one removes its entry.
-//! Without `membarrier` (old kernel, seccomp), owners take the lock every time.
+//! Without `membarrier` (old kernel, seccomp), owners take the lock every time. The protocol
+//! is the one biased lock of `sys::biased`, which the trace's per-thread buffers use too.
 //!
 //! Parts are never freed: a thread gives its part back at exit (its entries stay: the
 //! memory is still live) and a new thread adopts it. A table without a per-thread cache
@@ -23,12 +24,11 @@
 //! leaked, never touched again: its locks may be held by threads that do not exist in the
 //! child).
 
+use crate::sys::biased::BiasedLock;
 use crate::sys::membarrier;
 use crate::sys::thread::Token;
 use std::cell::UnsafeCell;
-use std::sync::atomic::{
-    AtomicBool, AtomicPtr, AtomicUsize, Ordering, Ordering::Relaxed, compiler_fence,
-};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering, Ordering::Relaxed};
 use vramshim_trace::{AllocKind, Api};
 
 /// One live allocation.
@@ -205,10 +205,9 @@ impl Slots {
 
 #[repr(align(64))]
 struct Part {
-    /// Taken (compare-exchange) by anyone but the owner's fast path.
-    lock: AtomicBool,
-    /// The owner is changing the map without the lock.
-    busy: AtomicBool,
+    /// The owner changes the map in its window; anyone else (and the owner without
+    /// membarrier) under the lock.
+    bias: BiasedLock,
     /// Whether the owner may use the `busy` window (membarrier available); else it locks.
     asym: bool,
     /// Claimed by a live thread.
@@ -225,8 +224,7 @@ unsafe impl Sync for Part {}
 impl Part {
     fn new(asym: bool, in_use: bool) -> Part {
         Part {
-            lock: AtomicBool::new(false),
-            busy: AtomicBool::new(false),
+            bias: BiasedLock::new(),
             asym,
             in_use: AtomicBool::new(in_use),
             next: AtomicPtr::new(std::ptr::null_mut()),
@@ -239,27 +237,12 @@ impl Part {
     /// Leave with [`Part::leave`].
     #[inline(always)]
     fn enter(&self) -> bool {
-        if self.asym {
-            self.busy.store(true, Relaxed);
-            // Order the flag before the lock check for the compiler; the CPU's store-load
-            // order is enforced by the other side's membarrier (see `Root::lock_all`).
-            compiler_fence(Ordering::SeqCst);
-            if !self.lock.load(Ordering::Acquire) {
-                return true;
-            }
-            self.busy.store(false, Ordering::Release);
-        }
-        self.lock();
-        false
+        self.bias.owner_enter(self.asym)
     }
 
     #[inline(always)]
     fn leave(&self, window: bool) {
-        if window {
-            self.busy.store(false, Ordering::Release);
-        } else {
-            self.unlock();
-        }
+        self.bias.owner_leave(window);
     }
 
     /// The map, between [`Part::enter`] (or holding the lock as a locker) and leave.
@@ -287,35 +270,16 @@ impl Part {
     }
 
     fn lock(&self) {
-        let mut spins = 0u32;
-        while self.lock.swap(true, Ordering::Acquire) {
-            while self.lock.load(Relaxed) {
-                backoff(&mut spins);
-            }
-        }
+        self.bias.lock();
     }
 
     fn unlock(&self) {
-        self.lock.store(false, Ordering::Release);
+        self.bias.unlock();
     }
 
     /// With the lock held and owners made visible: wait until the owner left its window.
     fn wait_owner(&self) {
-        let mut spins = 0u32;
-        while self.busy.load(Ordering::Acquire) {
-            backoff(&mut spins);
-        }
-    }
-}
-
-#[inline]
-fn backoff(spins: &mut u32) {
-    *spins += 1;
-    if *spins < 64 {
-        std::hint::spin_loop();
-    } else {
-        // SAFETY: sched_yield has no preconditions.
-        unsafe { libc::sched_yield() };
+        self.bias.wait_owner();
     }
 }
 

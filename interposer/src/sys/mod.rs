@@ -1,7 +1,9 @@
 //! What every layer stands on: the per-thread state and re-entry guard ([`thread`]), the
-//! thread id and process id ([`ids`]), the one clock ([`clock`]), process-wide memory barriers
+//! thread id and process id ([`ids`]), the one clock ([`clock`]), the one spin lock
+//! ([`spin`]) and the one biased lock ([`biased`]), process-wide memory barriers
 //! ([`membarrier`]) and the allocation-free log ([`log`]). Imports only `config`.
 
+pub(crate) mod biased;
 pub(crate) mod clock;
 pub(crate) mod ids;
 #[macro_use]

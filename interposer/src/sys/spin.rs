@@ -78,8 +78,9 @@ impl<T> SpinLock<T> {
     }
 }
 
+/// One wait of a spin, the `attempt`-th: a pause instruction first, a yield later.
 #[inline]
-fn back_off(attempt: u32) {
+pub(crate) fn back_off(attempt: u32) {
     if attempt < SPINS {
         std::hint::spin_loop();
     } else {

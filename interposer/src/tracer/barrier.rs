@@ -5,14 +5,12 @@
 //! `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)`: every running thread of the process
 //! executes a full memory barrier before the call returns.
 //!
-//! The protocol (`slots::Slot`): the owner stores `busy = true`, then ([`light`]) loads
-//! `claim`; the writer stores `claim = true`, then ([`heavy`]) loads `busy`. With the heavy
-//! barrier between the writer's store and load, they cannot both miss each other: either the
-//! owner sees the claim (and takes the slot's lock instead), or the writer sees it busy (and
-//! waits for `busy = false`). Without membarrier (old kernel, seccomp) [`available`] is false
-//! and every hand-off takes the lock.
+//! The protocol is the one biased lock (`crate::sys::biased`), held per slot (`slots::Slot`):
+//! the owner checks the slot's lock inside its window; the writer takes the lock, then
+//! ([`heavy`]) runs the barrier and waits for the owner to leave its window. Without
+//! membarrier (old kernel, seccomp) [`available`] is false and every hand-off takes the lock.
 
-use std::sync::atomic::{AtomicBool, Ordering, compiler_fence};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 static AVAILABLE: AtomicBool = AtomicBool::new(false);
 
@@ -31,13 +29,6 @@ pub(crate) fn init() {
     if crate::sys::membarrier::available() {
         AVAILABLE.store(true, Ordering::Release);
     }
-}
-
-/// The application thread's side: keep the compiler from moving the `claim` load above the
-/// `busy` store (the CPU may; [`heavy`] covers that).
-#[inline(always)]
-pub(crate) fn light() {
-    compiler_fence(Ordering::SeqCst);
 }
 
 /// The writer's side: a full barrier on every running thread of the process. False when the

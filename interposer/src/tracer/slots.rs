@@ -12,11 +12,12 @@
 
 use std::cell::UnsafeCell;
 use std::ptr;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicPtr, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicPtr, AtomicU32, Ordering};
 
 use vramshim_trace::{AllocKind, Api, Event, MemOp, RecordEncoder};
 
 use super::{barrier, stacks, writer};
+use crate::sys::biased::BiasedLock;
 
 /// Devices whose live bytes the slots count for `Counter` records.
 pub(crate) const MAX_DEV: usize = 16;
@@ -244,11 +245,9 @@ fn events_in(b: &Buf) -> u64 {
 
 pub(crate) struct Slot {
     next: AtomicPtr<Slot>,
-    lock: AtomicBool,
-    /// The owner is inside `emit` without the lock (asymmetric protocol).
-    busy: AtomicBool,
-    /// The writer, holding the lock, wants the slot: the owner must take the lock too.
-    claim: AtomicBool,
+    /// The owner appends in its window (asymmetric protocol, see [`super::barrier`]); the
+    /// writer takes the buffer under the lock, which the owner then waits for.
+    bias: BiasedLock,
     /// Kernel tid of the owning thread; 0 = free for reuse.
     pub owner: AtomicU32,
     inner: UnsafeCell<Inner>,
@@ -260,9 +259,9 @@ struct Inner {
     next_try: usize,
 }
 
-// SAFETY: `inner` is only accessed through a `Guard`: with `lock` held, or by the owner with
-// `busy` set and no `claim` (the writer then waits for `busy` to clear before touching it;
-// see `super::barrier`); everything else is atomic.
+// SAFETY: `inner` is only accessed through a `Guard`: with the lock held, or by the owner in
+// its window with the lock free (the writer, having locked, waits for the owner to leave the
+// window before touching it; see `super::barrier`); everything else is atomic.
 unsafe impl Sync for Slot {}
 
 static HEAD: AtomicPtr<Slot> = AtomicPtr::new(ptr::null_mut());
@@ -282,42 +281,31 @@ struct Guard<'a> {
 
 #[derive(Clone, Copy, PartialEq)]
 enum Held {
-    /// The owner, by the asymmetric protocol (`busy` set).
-    Busy,
+    /// The owner, in its window.
+    Window,
     /// The lock.
     Lock,
-    /// The writer: the lock, and the claim.
+    /// The writer: the lock, taken while owners use their window (then one
+    /// [`barrier::heavy`] and [`Guard::settle`] before the buffer is touched).
     Claim,
 }
 
 impl Slot {
-    /// The owner's way in: the asymmetric protocol when available, else the lock.
+    /// The owner's way in: its window when the asymmetric protocol is available and the
+    /// writer is not taking the buffer, else the lock.
     #[inline]
     fn enter(&self) -> Guard<'_> {
-        if barrier::available() {
-            self.busy.store(true, Ordering::Relaxed);
-            barrier::light();
-            if !self.claim.load(Ordering::Acquire) {
-                return Guard {
-                    slot: self,
-                    how: Held::Busy,
-                };
-            }
-            // The writer is taking the buffer: wait for it on the lock.
-            self.busy.store(false, Ordering::Release);
-        }
-        self.lock()
+        let how = if self.bias.owner_enter(barrier::available()) {
+            Held::Window
+        } else {
+            Held::Lock
+        };
+        Guard { slot: self, how }
     }
 
     #[inline]
     fn lock(&self) -> Guard<'_> {
-        while self
-            .lock
-            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            std::hint::spin_loop();
-        }
+        self.bias.lock();
         Guard {
             slot: self,
             how: Held::Lock,
@@ -325,48 +313,26 @@ impl Slot {
     }
 
     /// The writer's first step in, bounded (exit path: a thread may have died holding
-    /// nothing, but never block): the lock, and (asymmetric protocol) the claim. The caller
-    /// then runs one [`barrier::heavy`] for all the slots it claimed and [`Guard::settle`]s.
+    /// nothing, but never block): the lock, which owners check before their window. The
+    /// caller then runs one [`barrier::heavy`] for all the slots it claimed and
+    /// [`Guard::settle`]s.
     fn try_claim_for(&self, spins: u32) -> Option<Guard<'_>> {
-        let mut n = 0;
-        while self
-            .lock
-            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            n += 1;
-            if n >= spins {
-                return None;
-            }
-            std::hint::spin_loop();
+        if !self.bias.try_lock(spins) {
+            return None;
         }
-        if barrier::available() {
-            self.claim.store(true, Ordering::Relaxed);
-            return Some(Guard {
-                slot: self,
-                how: Held::Claim,
-            });
-        }
-        Some(Guard {
-            slot: self,
-            how: Held::Lock,
-        })
+        let how = if barrier::available() {
+            Held::Claim
+        } else {
+            Held::Lock
+        };
+        Some(Guard { slot: self, how })
     }
 }
 
 impl Guard<'_> {
-    /// After the heavy barrier: wait (bounded) for an owner still in its busy section.
+    /// After the heavy barrier: wait (bounded) for an owner still in its window.
     fn settle(&self, spins: u32) -> bool {
-        if self.how != Held::Claim {
-            return true;
-        }
-        for _ in 0..spins {
-            if !self.slot.busy.load(Ordering::Acquire) {
-                return true;
-            }
-            std::hint::spin_loop();
-        }
-        false
+        self.how != Held::Claim || self.slot.bias.owner_left_within(spins)
     }
 }
 
@@ -384,12 +350,8 @@ impl Drop for Guard<'_> {
     #[inline]
     fn drop(&mut self) {
         match self.how {
-            Held::Busy => self.slot.busy.store(false, Ordering::Release),
-            Held::Lock => self.slot.lock.store(false, Ordering::Release),
-            Held::Claim => {
-                self.slot.claim.store(false, Ordering::Release);
-                self.slot.lock.store(false, Ordering::Release);
-            }
+            Held::Window => self.slot.bias.leave_window(),
+            Held::Lock | Held::Claim => self.slot.bias.unlock(),
         }
     }
 }
@@ -425,9 +387,7 @@ fn claim(tid: u32) -> &'static Slot {
         None => {
             let s: &'static Slot = Box::leak(Box::new(Slot {
                 next: AtomicPtr::new(ptr::null_mut()),
-                lock: AtomicBool::new(false),
-                busy: AtomicBool::new(false),
-                claim: AtomicBool::new(false),
+                bias: BiasedLock::new(),
                 owner: AtomicU32::new(tid),
                 inner: UnsafeCell::new(Inner {
                     buf: Buf::with_capacity(SEND_AT + RETRY_AFTER),
@@ -530,19 +490,16 @@ pub(crate) fn emit_memop<const ALLOC: bool>(m: &MemOp) {
     // SAFETY: slots are leaked and never freed.
     let slot = unsafe { &*p };
     // The owner's side of the asymmetric protocol (`Slot::enter`), inline.
-    slot.busy.store(true, Ordering::Relaxed);
-    barrier::light();
-    if slot.claim.load(Ordering::Acquire) {
-        slot.busy.store(false, Ordering::Release);
+    if !slot.bias.try_window() {
         return emit_memop_slow::<ALLOC>(m);
     }
-    // SAFETY: `busy` is set and the writer has not claimed the slot: the owner has the
-    // buffer to itself until it clears `busy` (see `Slot`'s Sync note).
+    // SAFETY: in the window, the writer not holding the lock: the owner has the buffer to
+    // itself until it leaves the window (see `Slot`'s Sync note).
     let inner = unsafe { &mut *slot.inner.get() };
     let raw = &mut inner.buf.raw;
     let len = raw.len();
     if len == 0 || len == raw.capacity() || len + 1 >= inner.next_try {
-        slot.busy.store(false, Ordering::Release);
+        slot.bias.leave_window();
         return emit_memop_slow::<ALLOC>(m);
     }
     // SAFETY: len < capacity (checked above), so the entry at `len` lies inside the
@@ -553,7 +510,7 @@ pub(crate) fn emit_memop<const ALLOC: bool>(m: &MemOp) {
         ptr::addr_of_mut!((*e).op).write(MemOp { ..*m });
         raw.set_len(len + 1);
     }
-    slot.busy.store(false, Ordering::Release);
+    slot.bias.leave_window();
 }
 
 /// [`emit_memop`], every case.
@@ -785,13 +742,12 @@ pub(crate) fn on_fork_child() {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::AtomicBool;
 
     fn new_slot() -> &'static Slot {
         Box::leak(Box::new(Slot {
             next: AtomicPtr::new(ptr::null_mut()),
-            lock: AtomicBool::new(false),
-            busy: AtomicBool::new(false),
-            claim: AtomicBool::new(false),
+            bias: BiasedLock::new(),
             owner: AtomicU32::new(1),
             inner: UnsafeCell::new(Inner {
                 buf: Buf::with_capacity(SEND_AT),

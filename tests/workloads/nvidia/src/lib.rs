@@ -10,6 +10,7 @@
 //! the simulated GPU and `libvramshim.so`/`vramshim` from the profile directory.
 
 pub mod models;
+pub mod pyalloc;
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;

@@ -6,76 +6,36 @@
 //! Kernels are not used: CuPy compiles them with NVRTC at run time. Skipped without
 //! `scripts/setup-cupy` (VRAMSHIM_NVIDIA_TESTS=1 installs it, and a failed install fails).
 
-use std::path::Path;
-
+use vramshim_nvidia_tests::pyalloc::{self, DEVICE};
 use vramshim_nvidia_tests::*;
-use vramshim_testkit::{RunOutput, profile_dir, repo_root, run, sim_command, temp_dir};
+use vramshim_testkit::{RunOutput, run, temp_dir};
 use vramshim_trace::{Event, TraceReader};
 
 const MODES: [&str; 3] = ["default", "none", "async"];
-const DEVICE: u64 = 2 << 30;
 
 /// `python cupy_alloc.py MODE N`, under `vramshim run --sim FLAGS` when flags are given, else
 /// on the driver-only directory (what a machine with NVIDIA's driver offers).
 fn cupy(mode: &str, n: u32, flags: Option<&[&str]>) -> RunOutput {
     let (dir, python) = cupy_or_skip().expect("checked by the caller");
-    let name = format!("nv-cupy-{mode}");
-    let mut c = match flags {
-        None => {
-            let mut c = sim_command(&python, &name);
-            c.env("LD_LIBRARY_PATH", driver_only_dir());
-            c
-        }
-        Some(f) => {
-            let mut c = sim_command(profile_dir().join("vramshim"), &name);
-            c.env_remove("LD_LIBRARY_PATH")
-                .arg("run")
-                .arg("--sim")
-                .args(f)
-                .arg("--")
-                .arg(&python);
-            c
-        }
-    };
-    c.env("PYTHONPATH", &dir)
-        .env("VRAMSIM_MEMORY", DEVICE.to_string())
-        .env("VRAMSIM_CONTEXT_OVERHEAD", "0")
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .arg(repo_root().join("tests/workloads/nvidia/py/cupy_alloc.py"))
-        .arg(mode)
-        .arg(n.to_string());
+    let mut c = pyalloc::command(
+        &python,
+        &dir,
+        &format!("nv-cupy-{mode}"),
+        flags,
+        "cupy_alloc.py",
+    );
+    c.arg(mode).arg(n.to_string());
     run(&mut c)
 }
 
 /// Ran to the end with its data intact, on cuda-sim's driver with no runtime library mapped
 /// (CuPy's is linked in) and no cuda-sim runtime.
 fn assert_ran(out: &RunOutput, what: &str) {
-    assert!(
-        out.success() && out.stdout.contains("intact 1") && out.stdout.contains("\ndone"),
-        "{what}: {}\n{}",
-        out.stdout,
-        out.stderr
-    );
-    let maps = mapped(&out.stdout);
-    assert!(
-        !maps
-            .iter()
-            .any(|p| p.contains("libcudart") || p.contains("vramsim_runtime")),
-        "{what}: no runtime library mapped: {maps:?}"
-    );
-    let profile = profile_dir().canonicalize().unwrap();
-    let drivers: Vec<&&str> = maps.iter().filter(|p| p.contains("libcuda.")).collect();
-    assert!(
-        drivers.len() == 1 && Path::new(drivers[0]).starts_with(&profile),
-        "{what}: cuda-sim's driver: {maps:?}"
-    );
+    pyalloc::assert_ran(out, what, &[]);
 }
 
 fn arrays(stdout: &str) -> Vec<u64> {
-    stdout
-        .lines()
-        .filter_map(|l| l.strip_prefix("array ")?.trim().parse().ok())
-        .collect()
+    pyalloc::values(stdout, "array")
 }
 
 #[test]

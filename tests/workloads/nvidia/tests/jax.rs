@@ -9,41 +9,20 @@
 use std::collections::HashMap;
 use std::path::Path;
 
+use vramshim_nvidia_tests::pyalloc::{self, DEVICE};
 use vramshim_nvidia_tests::*;
-use vramshim_testkit::{RunOutput, profile_dir, repo_root, run, sim_command, temp_dir};
+use vramshim_testkit::{RunOutput, run, temp_dir};
 use vramshim_trace::{AllocKind, Event, TraceReader};
 
-const DEVICE: u64 = 2 << 30;
 const MIB: u64 = 1 << 20;
 
 /// `python jax_alloc.py N`, under `vramshim run --sim FLAGS` when flags are given, else on the
 /// driver-only directory.
 fn jax(n: u32, flags: Option<&[&str]>) -> RunOutput {
     let (dir, python) = jax_or_skip().expect("checked by the caller");
-    let mut c = match flags {
-        None => {
-            let mut c = sim_command(&python, "nv-jax");
-            c.env("LD_LIBRARY_PATH", driver_only_dir());
-            c
-        }
-        Some(f) => {
-            let mut c = sim_command(profile_dir().join("vramshim"), "nv-jax");
-            c.env_remove("LD_LIBRARY_PATH")
-                .arg("run")
-                .arg("--sim")
-                .args(f)
-                .arg("--")
-                .arg(&python);
-            c
-        }
-    };
-    c.env("PYTHONPATH", &dir)
-        .env("JAX_PLATFORMS", "cuda")
+    let mut c = pyalloc::command(&python, &dir, "nv-jax", flags, "jax_alloc.py");
+    c.env("JAX_PLATFORMS", "cuda")
         .env("XLA_PYTHON_CLIENT_ALLOCATOR", "platform")
-        .env("VRAMSIM_MEMORY", DEVICE.to_string())
-        .env("VRAMSIM_CONTEXT_OVERHEAD", "0")
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .arg(repo_root().join("tests/workloads/nvidia/py/jax_alloc.py"))
         .arg(n.to_string());
     run(&mut c)
 }
@@ -66,12 +45,7 @@ fn assert_ran(out: &RunOutput, what: &str) {
         !maps.iter().any(|p| p.contains("vramsim_runtime")),
         "{what}: no cuda-sim runtime mapped: {maps:?}"
     );
-    let profile = profile_dir().canonicalize().unwrap();
-    let drivers: Vec<&&str> = maps.iter().filter(|p| p.contains("libcuda.")).collect();
-    assert!(
-        drivers.len() == 1 && Path::new(drivers[0]).starts_with(&profile),
-        "{what}: cuda-sim's driver: {maps:?}"
-    );
+    pyalloc::assert_sim_driver(&maps, what);
 }
 
 fn buffers(stdout: &str) -> usize {

@@ -8,12 +8,12 @@
 
 use std::path::{Path, PathBuf};
 
+use vramshim_nvidia_tests::pyalloc::{self, DEVICE};
 use vramshim_nvidia_tests::*;
-use vramshim_testkit::{RunOutput, profile_dir, repo_root, run, sim_command, temp_dir};
+use vramshim_testkit::{RunOutput, profile_dir, run, temp_dir};
 use vramshim_trace::{AllocKind, Api, Event, TraceReader};
 
 const RESOURCES: [&str; 4] = ["cuda", "pool", "arena", "async"];
-const DEVICE: u64 = 2 << 30;
 const MIB: u64 = 1 << 20;
 
 /// `python rmm_alloc.py RESOURCE N [LOG]`, under `vramshim run --sim FLAGS` when flags are
@@ -21,29 +21,8 @@ const MIB: u64 = 1 << 20;
 fn rmm(resource: &str, n: u32, log: Option<&Path>, flags: Option<&[&str]>) -> RunOutput {
     let (dir, python) = rmm_or_skip().expect("checked by the caller");
     let name = format!("nv-rmm-{resource}");
-    let mut c = match flags {
-        None => {
-            let mut c = sim_command(&python, &name);
-            c.env("LD_LIBRARY_PATH", driver_only_dir());
-            c
-        }
-        Some(f) => {
-            let mut c = sim_command(profile_dir().join("vramshim"), &name);
-            c.env_remove("LD_LIBRARY_PATH")
-                .arg("run")
-                .arg("--sim")
-                .args(f)
-                .arg("--")
-                .arg(&python);
-            c
-        }
-    };
-    c.env("PYTHONPATH", &dir)
-        .env("VRAMSIM_MEMORY", DEVICE.to_string())
-        .env("VRAMSIM_CONTEXT_OVERHEAD", "0")
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .env_remove("RMM_LOG_FILE")
-        .arg(repo_root().join("tests/workloads/nvidia/py/rmm_alloc.py"))
+    let mut c = pyalloc::command(&python, &dir, &name, flags, "rmm_alloc.py");
+    c.env_remove("RMM_LOG_FILE")
         .arg(resource)
         .arg(n.to_string());
     if let Some(l) = log {
@@ -55,28 +34,11 @@ fn rmm(resource: &str, n: u32, log: Option<&Path>, flags: Option<&[&str]>) -> Ru
 /// Ran to the end with its data intact, on cuda-sim's driver with no runtime library mapped
 /// (librmm's is linked in) and no cuda-sim runtime.
 fn assert_ran(out: &RunOutput, what: &str) {
-    assert!(
-        out.success() && out.stdout.contains("intact 1") && out.stdout.contains("\ndone"),
-        "{what}: {}\n{}",
-        out.stdout,
-        out.stderr
-    );
+    pyalloc::assert_ran(out, what, &[]);
     let maps = mapped(&out.stdout);
     assert!(
         maps.iter().any(|p| p.ends_with("/librmm.so")),
         "{what}: librmm is loaded: {maps:?}"
-    );
-    assert!(
-        !maps
-            .iter()
-            .any(|p| p.contains("libcudart") || p.contains("vramsim_runtime")),
-        "{what}: no runtime library mapped: {maps:?}"
-    );
-    let profile = profile_dir().canonicalize().unwrap();
-    let drivers: Vec<&&str> = maps.iter().filter(|p| p.contains("libcuda.")).collect();
-    assert!(
-        drivers.len() == 1 && Path::new(drivers[0]).starts_with(&profile),
-        "{what}: cuda-sim's driver: {maps:?}"
     );
 }
 
