@@ -504,6 +504,8 @@ fn deliver_pending(pid: i32) {
     let bits = PENDING.swap(0, Ordering::SeqCst);
     for sig in 1..64 {
         if bits & (1u64 << sig) != 0 {
+            // SAFETY: kill has no memory preconditions (async-signal-safe; called from the
+            // handler too).
             unsafe { libc::kill(pid, sig) };
         }
     }
@@ -512,11 +514,13 @@ fn deliver_pending(pid: i32) {
 extern "C" fn forward(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
     // A signal the terminal sent (Ctrl-C, Ctrl-\, hangup) went to the whole foreground process
     // group, the child included: forwarding it would deliver it twice.
+    // SAFETY: with SA_SIGINFO the kernel passes a valid siginfo for the handler's duration.
     if !info.is_null() && unsafe { (*info).si_code } == libc::SI_KERNEL {
         return;
     }
     let pid = CHILD.load(Ordering::SeqCst);
     if pid > 0 {
+        // SAFETY: kill has no memory preconditions and is async-signal-safe.
         unsafe { libc::kill(pid, sig) };
     } else if pid == 0 && (0..64).contains(&sig) {
         PENDING.fetch_or(1u64 << sig, Ordering::SeqCst);
@@ -532,6 +536,8 @@ extern "C" fn forward(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut l
 pub fn run_forwarding_signals(cmd: &mut Command) -> std::io::Result<(ExitStatus, u32)> {
     let mut old: Vec<(libc::c_int, libc::sigaction)> = Vec::new();
     for &sig in &FORWARDED {
+        // SAFETY: zeroed sigaction structs are valid; the handler is an extern "C" function
+        // that only touches atomics and calls async-signal-safe kill.
         unsafe {
             let mut sa: libc::sigaction = std::mem::zeroed();
             sa.sa_sigaction = forward as *const () as usize;
@@ -552,6 +558,7 @@ pub fn run_forwarding_signals(cmd: &mut Command) -> std::io::Result<(ExitStatus,
         status.map(|s| (s, pid))
     });
     for (sig, prev) in old {
+        // SAFETY: `prev` is the disposition sigaction returned for this signal.
         unsafe { libc::sigaction(sig, &prev, std::ptr::null_mut()) };
     }
     result

@@ -26,7 +26,6 @@
 //! flags the process (`FLAG_WAITING`, published by the pipeline from [`waiting_now`]).
 
 use std::cell::Cell;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
@@ -34,6 +33,7 @@ use vramshim_region::spec::human_bytes;
 use vramshim_region::{MAX_DEVICES, ProcessKey, Region, SlotIndex};
 
 use super::{Cap, Fault, NO_SLOT, Refusal, driver};
+use crate::sys::spin::SpinLock;
 
 pub(crate) use vramshim_region::wait::{FORMS, OnCap, parse_on_cap as parse};
 
@@ -95,7 +95,9 @@ static EVER_WAITED: AtomicBool = AtomicBool::new(false);
 /// The waits of one cap instance.
 pub(crate) struct Waits {
     /// Requests of this process waiting per region line (the region's mark is set while > 0).
-    per_line: Mutex<[u32; MAX_DEVICES]>,
+    /// A spin lock, not a `Mutex`: a forked child takes it back even when a thread of the
+    /// parent held it at the fork (a `Mutex` would stay locked there for good).
+    per_line: SpinLock<[u32; MAX_DEVICES]>,
     /// Requests of this process waiting now.
     active: AtomicUsize,
     /// Per [`WaitEnd`] kind: its line was printed once (later ones go to the debug log).
@@ -105,15 +107,23 @@ pub(crate) struct Waits {
 impl Waits {
     pub(crate) fn new() -> Waits {
         Waits {
-            per_line: Mutex::new([0; MAX_DEVICES]),
+            per_line: SpinLock::new([0; MAX_DEVICES]),
             active: AtomicUsize::new(0),
             said: [const { AtomicBool::new(false) }; 5],
         }
     }
 
-    /// In a forked child: no request of it waits.
+    #[cfg(test)]
+    /// The per-line counts stay locked, as when a thread of the parent held them at a fork.
+    fn hold_lock_as_at_a_fork(&self) {
+        std::mem::forget(self.per_line.lock());
+    }
+
+    /// In a forked child (the atfork child handler, where the calling thread is the only
+    /// one): no request of it waits.
     pub(crate) fn reset_in_child(&self) {
-        *self.per_line.lock().unwrap_or_else(|e| e.into_inner()) = [0; MAX_DEVICES];
+        // SAFETY: the child's only thread, before any of its code runs: no guard is alive.
+        *unsafe { self.per_line.reset_in_child() } = [0; MAX_DEVICES];
         self.active.store(0, Relaxed);
     }
 }
@@ -204,11 +214,7 @@ impl Cap {
 
     fn enter_wait(&self, region: &Region, slot: SlotIndex, line: usize) {
         self.waits.active.fetch_add(1, Relaxed);
-        let mut n = self
-            .waits
-            .per_line
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut n = self.waits.per_line.lock();
         if n[line] == 0 {
             region.begin_wait(slot, line);
         }
@@ -216,11 +222,7 @@ impl Cap {
     }
 
     fn leave_wait(&self, region: &Region, slot: SlotIndex, line: usize) {
-        let mut n = self
-            .waits
-            .per_line
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut n = self.waits.per_line.lock();
         n[line] = n[line].saturating_sub(1);
         if n[line] == 0 {
             region.end_wait(slot, line);
@@ -397,6 +399,28 @@ mod tests {
             assert_eq!(t.join().unwrap(), Ok(400 * MIB));
             let _ = std::fs::remove_file(&path);
         }
+    }
+
+    /// A child forked while another thread of the parent held the per-line counts (entering
+    /// or leaving a wait) resets them without waiting for that thread, which does not exist
+    /// in the child, and can then wait itself.
+    #[test]
+    fn a_forked_child_takes_the_wait_counts_back() {
+        let path = group("fork");
+        let c = Arc::new(member(&path, wait_for(600), Fault::None, 7));
+        c.waits.hold_lock_as_at_a_fork();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let c2 = Arc::clone(&c);
+        std::thread::spawn(move || {
+            c2.on_fork_child();
+            let _ = tx.send(());
+        });
+        // A hang (the deadline is far above any run's time) fails the test.
+        assert!(
+            rx.recv_timeout(Duration::from_secs(60)).is_ok(),
+            "the child's reset waits for a lock nobody will release"
+        );
+        let _ = std::fs::remove_file(&path);
     }
 
     /// Requests that can never be served by others' frees fail at once, saying why; a

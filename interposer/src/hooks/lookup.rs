@@ -1,6 +1,6 @@
 //! Lookup hooks: `dlsym`, `cuGetProcAddress`/`_v2`, `cudaGetDriverEntryPoint`/`ByVersion`
 //! (+ `_ptsz`). Without them the runtime's own driver calls, statically linked cudart,
-//! frameworks and ctypes all escape (shared/reference/interposers.md 7.1).
+//! frameworks and ctypes all escape.
 //!
 //! Rule for every lookup: the real resolver runs first with the caller's arguments; then,
 //! if the address it returned is the real function of one of our hooks, the hook is handed

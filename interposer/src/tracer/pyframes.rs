@@ -39,11 +39,12 @@
 //! frame's code object (the checked walks must refuse it), `layout-unchecked` does too and
 //! reads without checking first (what the check prevents).
 
-use std::cell::UnsafeCell;
 use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_void};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering};
+
+use crate::sys::spin::SpinLock;
 
 use vramshim_trace::Event;
 
@@ -653,19 +654,10 @@ fn walk_with<const C: bool>(py: &Py, out: &mut PyWalk) -> Result<(), &'static st
 
 // ---- naming (new stacks only)
 
-/// Code objects named so far (by [`RawFrame::ident`]) -> `PyCode` id. A plain
-/// spin lock (reset in a forked child, which a held `Mutex` would deadlock).
-struct Codes {
-    busy: AtomicBool,
-    map: UnsafeCell<Option<HashMap<u64, u32>>>,
-}
-// SAFETY: `map` is only touched with `busy` held (see `with_codes`).
-unsafe impl Sync for Codes {}
-
-static CODES: Codes = Codes {
-    busy: AtomicBool::new(false),
-    map: UnsafeCell::new(None),
-};
+/// Code objects named so far (by [`RawFrame::ident`]) -> `PyCode` id. The process's spin
+/// lock: a forked child takes it back (a held `Mutex` would deadlock there), a contended
+/// holder gets the CPU back (it yields), and a panic in the holder releases it.
+static CODES: SpinLock<Option<HashMap<u64, u32>>> = SpinLock::new(None);
 /// `PyCode` ids, shared with the tensor-level route's (`torch::drain`).
 static NEXT_CODE: AtomicU32 = AtomicU32::new(1);
 
@@ -674,25 +666,15 @@ pub(crate) fn next_code_id() -> u32 {
 }
 
 fn with_codes<R>(f: impl FnOnce(&mut HashMap<u64, u32>) -> R) -> R {
-    while CODES
-        .busy
-        .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
-        .is_err()
-    {
-        std::hint::spin_loop();
-    }
-    // SAFETY: `busy` is held: no other thread touches the map.
-    let r = f(unsafe { &mut *CODES.map.get() }.get_or_insert_with(HashMap::new));
-    CODES.busy.store(false, Ordering::Release);
-    r
+    f(CODES.lock().get_or_insert_with(HashMap::new))
 }
 
 /// Forked child: its trace starts empty, so every code object is named again. Touches no
 /// lock (another thread of the parent may have held it).
 pub(crate) fn on_fork_child() {
-    CODES.busy.store(false, Ordering::Relaxed);
-    // SAFETY: the child has one thread; the old map (maybe half-updated) is leaked.
-    unsafe { std::ptr::write(CODES.map.get(), None) };
+    // SAFETY: called from the atfork child handler: the child's only thread, holding no
+    // guard. The old map (maybe half-updated) is leaked, not dropped.
+    std::mem::forget(unsafe { CODES.reset_in_child() }.take());
 }
 
 fn read_str(py: &Py, s: u64) -> String {
