@@ -1,7 +1,8 @@
 //! Limits set for other tools cap a process that only preloads the library: HAMi-core's
 //! `CUDA_DEVICE_MEMORY_LIMIT` / `CUDA_DEVICE_MEMORY_LIMIT_<N>`, KAI's `GPU_MEMORY_LIMIT`,
-//! NVIDIA's `NVIDIA_GPU_MEMORY_LIMIT` and a cgroup's `dmem.max` (a fake cgroup tree pointed to
-//! by `VRAMSHIM_CGROUP_ROOT`). Each alone caps every allocation path and the memory queries;
+//! NVIDIA's `NVIDIA_GPU_MEMORY_LIMIT`, a cgroup's `dmem.max` (a fake cgroup tree pointed to
+//! by `VRAMSHIM_CGROUP_ROOT`) and NVML's memory limits (`nvmlDeviceGetMemoryLimits_v1`,
+//! set in cuda-sim by `VRAMSIM_NVML_MEMORY_LIMITS`). Each alone caps every allocation path and the memory queries;
 //! with two sources the smallest binds and every message names it; `VRAMSHIM_CAP` replaces the
 //! variables but not a smaller kernel limit. `VRAMSHIM_CAP_FAULT=ignore-limits` (the library
 //! ignores them) is caught by the same checks.
@@ -24,6 +25,7 @@ const LIMIT_VARS: &[&str] = &[
     "CUDA_DEVICE_MEMORY_LIMIT_1",
     "GPU_MEMORY_LIMIT",
     "NVIDIA_GPU_MEMORY_LIMIT",
+    "VRAMSIM_NVML_MEMORY_LIMITS",
 ];
 
 fn lib() -> PathBuf {
@@ -349,6 +351,62 @@ fn a_cgroup_dmem_max_is_honoured_and_named() {
     );
 }
 
+#[test]
+fn an_nvml_hard_limit_is_honoured_and_named() {
+    let nvml = ("VRAMSIM_NVML_MEMORY_LIMITS", "0=192MiB/64MiB");
+    let source = "NVML memory limit (hard) (192 MiB on device 0)";
+    assert_capped(&[nvml], 0, 192 * MIB, source, "lim-nvml-alone");
+    // The start line reports the soft limit; a device NVML gives no limit is not capped.
+    let out = probe_run(&["info", "0"], &[nvml], 1, "lim-nvml-line");
+    assert!(
+        out.stderr
+            .contains("NVML memory limit (soft) of NVML device 0 64 MiB (reported, not a bound)"),
+        "{}",
+        out.stderr
+    );
+    // The second device: NVML's limit of device 1 only.
+    let one = ("VRAMSIM_NVML_MEMORY_LIMITS", "1=160MiB");
+    assert_capped(
+        &[one],
+        1,
+        160 * MIB,
+        "NVML memory limit (hard) (160 MiB on device 1)",
+        "lim-nvml-dev1",
+    );
+    // Smaller than a variable or VRAMSHIM_CAP: NVML's binds and is named.
+    assert_capped(
+        &[nvml, ("CUDA_DEVICE_MEMORY_LIMIT", "1g")],
+        0,
+        192 * MIB,
+        source,
+        "lim-nvml-var",
+    );
+    assert_capped(
+        &[nvml, ("VRAMSHIM_CAP", "512MiB")],
+        0,
+        192 * MIB,
+        source,
+        "lim-nvml-ours",
+    );
+    // Larger than a variable: the variable binds.
+    assert_capped(
+        &[nvml, ("GPU_MEMORY_LIMIT", "134217728")],
+        0,
+        128 * MIB,
+        "GPU_MEMORY_LIMIT=\"134217728\"",
+        "lim-nvml-kai",
+    );
+    // Larger than a cgroup's dmem.max: the kernel's binds.
+    let root = fake_cgroup("lim-nvml-dmem", "drm/0000:01:00.0/vram0 167772160\n", None);
+    assert_capped(
+        &[nvml, ("VRAMSHIM_CGROUP_ROOT", root_str(&root))],
+        0,
+        160 * MIB,
+        "cgroup ",
+        "lim-nvml-dmem",
+    );
+}
+
 /// With the library told to ignore the limits (`VRAMSHIM_CAP_FAULT=ignore-limits`), the same
 /// checks see the process uncapped: they would catch a library that dropped them.
 #[test]
@@ -374,6 +432,11 @@ fn the_checks_catch_a_library_that_ignores_the_limits() {
             vec![("VRAMSHIM_CGROUP_ROOT", root_str(&root))],
             192 * MIB,
             "cgroup ".to_string(),
+        ),
+        (
+            vec![("VRAMSIM_NVML_MEMORY_LIMITS", "0=192MiB")],
+            192 * MIB,
+            "NVML memory limit (hard)".to_string(),
         ),
     ] {
         let mut env = env;

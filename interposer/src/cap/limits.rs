@@ -282,7 +282,43 @@ pub(crate) fn pci_addr(s: &str) -> Option<PciAddr> {
     None
 }
 
+/// How the NVML memory limits read at set-up are kept beside the cgroup's regions: one
+/// region per NVML device, named `nvml device N` (N: NVML's index), so that the rules that
+/// drop them (`VRAMSHIM_CAP_FAULT=ignore-limits`) and report them are the same.
+pub(crate) const NVML_REGION: &str = "nvml device ";
+/// How messages name NVML's hard limit.
+pub(crate) const NVML_HARD: &str = "NVML memory limit (hard)";
+
+/// NVML's `(index, soft, hard)` limits as regions (0 or all ones: none).
+pub(crate) fn nvml_regions(limits: Vec<(u32, u64, u64)>) -> Vec<DmemRegion> {
+    let some = |b: u64| (b != 0 && b != u64::MAX).then_some(b);
+    limits
+        .into_iter()
+        .filter(|&(_, soft, hard)| some(soft).is_some() || some(hard).is_some())
+        .take(MAX_REGIONS)
+        .map(|(i, soft, hard)| DmemRegion {
+            region: format!("{NVML_REGION}{i}"),
+            max: some(hard),
+            max_file: None,
+            min: some(soft),
+        })
+        .collect()
+}
+
+/// NVML's hard limit of CUDA device `d` as a limit (`hard`: bytes; 0 or all ones: none).
+pub(crate) fn nvml_limit(d: usize, hard: u64) -> Option<Limit> {
+    (hard != 0 && hard != u64::MAX).then(|| Limit {
+        bytes: hard,
+        origin: format!("{NVML_HARD} ({} on device {d})", human_bytes(hard)),
+    })
+}
+
 impl DmemRegion {
+    /// Whether this is an NVML device's limits (see [`NVML_REGION`]), not a cgroup region.
+    pub(crate) fn is_nvml(&self) -> bool {
+        self.region.starts_with(NVML_REGION)
+    }
+
     /// The limit this region sets, named for messages (None: no hard limit).
     pub(crate) fn limit(&self) -> Option<Limit> {
         let bytes = self.max?;
@@ -435,5 +471,17 @@ mod tests {
         assert!(dmem(&root, "/../etc").is_empty());
         assert!(dmem(&root, "/none").is_empty());
         let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn nvml_limits_as_regions() {
+        let r = nvml_regions(vec![(0, 0, 0), (1, 1 << 30, 2 << 30), (2, 0, u64::MAX)]);
+        assert_eq!(r.len(), 1);
+        assert!(r[0].is_nvml() && r[0].region == "nvml device 1");
+        assert_eq!((r[0].min, r[0].max), (Some(1 << 30), Some(2 << 30)));
+        assert_eq!(pci_addr(&r[0].region), None);
+        let l = nvml_limit(0, 2 << 30).unwrap();
+        assert_eq!(l.origin, "NVML memory limit (hard) (2 GiB on device 0)");
+        assert!(nvml_limit(0, 0).is_none());
     }
 }

@@ -316,18 +316,31 @@ impl Cap {
             if !self.settings.dmem.iter().any(|r| r.max.is_some()) {
                 return Vec::new();
             }
+            // NVML's hard limits were seen at set-up (by NVML index): ask again per CUDA
+            // device, which NVML finds by PCI bus id.
+            let nvml = self
+                .settings
+                .dmem
+                .iter()
+                .any(|r| r.is_nvml() && r.max.is_some());
             let count = (self.queries().count)()
                 .unwrap_or(0)
                 .clamp(0, MAX_DEVICES as i32);
             (0..count)
                 .map(|d| {
-                    let addr = driver::pci_bus_id(d).and_then(|b| limits::pci_addr(&b))?;
-                    self.settings
+                    let addr = driver::pci_bus_id(d).and_then(|b| limits::pci_addr(&b));
+                    let cgroup = self
+                        .settings
                         .dmem
                         .iter()
-                        .filter(|r| limits::pci_addr(&r.region) == Some(addr))
-                        .filter_map(limits::DmemRegion::limit)
-                        .min_by_key(|l| l.bytes)
+                        .filter(|r| addr.is_some() && limits::pci_addr(&r.region) == addr)
+                        .filter_map(limits::DmemRegion::limit);
+                    let nv = nvml
+                        .then(|| crate::cuda::nvml::memory_limits(d))
+                        .flatten()
+                        .and_then(|(_, hard)| limits::nvml_limit(d as usize, hard));
+                    // The smallest; on a tie the kernel's.
+                    cgroup.chain(nv).min_by_key(|l| l.bytes)
                 })
                 .collect()
         });
@@ -412,6 +425,17 @@ impl Cap {
                 .kernel
                 .get()
                 .is_some_and(|v| v.iter().flatten().any(|k| k.origin.contains(&r.region)));
+            if r.is_nvml() {
+                if let Some(m) = r.min {
+                    kernel_said = true;
+                    parts.push(format!(
+                        "NVML memory limit (soft) of NVML device {} {} (reported, not a bound)",
+                        r.region.trim_start_matches(limits::NVML_REGION),
+                        human_bytes(m)
+                    ));
+                }
+                continue;
+            }
             if r.max.is_some() && !mapped {
                 kernel_said = true;
                 parts.push(format!(
@@ -1441,9 +1465,11 @@ fn build_global() -> Option<Cap> {
             || std::path::PathBuf::from("/sys/fs/cgroup"),
             |v| std::path::PathBuf::from(v.trim()),
         );
-    let dmem = limits::own_cgroup()
+    let mut dmem = limits::own_cgroup()
         .map(|cg| limits::dmem(&root, &cg))
         .unwrap_or_default();
+    // The driver's limits (NVML, r615+): nothing when NVML or the function is missing.
+    dmem.extend(limits::nvml_regions(crate::cuda::nvml::memory_limits_all()));
     let (settings, lines) = config::parse_with(&get, uid, dmem);
     for l in &lines {
         stderr_line(l);

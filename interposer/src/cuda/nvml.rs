@@ -133,3 +133,82 @@ pub(crate) fn process_used(device: i32) -> Option<u64> {
         .map(|p| p.used_gpu_memory)
         .filter(|&u| u > 0 && u != u64::MAX)
 }
+
+/// `nvmlGetMemoryLimits_v1_t` as NVIDIA's bindings lay it out (driver r615+).
+#[repr(C)]
+struct MemoryLimitsV1 {
+    name_space: *mut c_char,
+    soft_limit: u64,
+    hard_limit: u64,
+    current_used: u64,
+}
+
+type PfnNvmlMemoryLimits = unsafe extern "C" fn(nvmlDevice_t, *mut MemoryLimitsV1) -> c_int;
+
+static NVML_MEMORY_LIMITS_V1: Slot = Slot::new(c"nvmlDeviceGetMemoryLimits_v1", Lib::Nvml);
+
+/// NVML's memory limits of the device: `(soft, hard)` in bytes, 0 = none. `nameSpace` is
+/// passed NULL (the device's own limits, not a named namespace's). `None`, silently, when NVML
+/// or the function (drivers before r615) is missing, or NVML answers an error.
+fn limits_of(f: PfnNvmlMemoryLimits, h: nvmlDevice_t) -> Option<(u64, u64)> {
+    let mut l = MemoryLimitsV1 {
+        name_space: std::ptr::null_mut(),
+        soft_limit: 0,
+        hard_limit: 0,
+        current_used: 0,
+    };
+    // SAFETY: l is a valid in/out struct of the layout NVML writes.
+    (unsafe { f(h, &mut l) } == NVML_SUCCESS).then_some((l.soft_limit, l.hard_limit))
+}
+
+fn limits_fn() -> Option<PfnNvmlMemoryLimits> {
+    let a = NVML_MEMORY_LIMITS_V1.get();
+    // SAFETY: the address is NVML's function of that name, with this ABI.
+    (a != 0).then(|| unsafe { std::mem::transmute::<usize, PfnNvmlMemoryLimits>(a) })
+}
+
+/// The memory limits of every NVML device that has one: `(NVML index, soft, hard)`. Needs no
+/// CUDA context (read at set-up).
+pub(crate) fn memory_limits_all() -> Vec<(u32, u64, u64)> {
+    let (Some(f), Some(init), Some(shutdown), Some(by_index)) = (
+        limits_fn(),
+        real::nvmlInit_v2(),
+        real::nvmlShutdown(),
+        real::nvmlDeviceGetHandleByIndex_v2(),
+    ) else {
+        return Vec::new();
+    };
+    // SAFETY: nvmlInit_v2 takes no arguments; balanced by shutdown below.
+    if unsafe { init() } != NVML_SUCCESS {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for i in 0..super::MAX_DEVICES as c_uint {
+        let mut h: nvmlDevice_t = std::ptr::null_mut();
+        // SAFETY: h is a valid out-pointer.
+        if unsafe { by_index(i, &mut h) } != NVML_SUCCESS {
+            break;
+        }
+        if let Some((soft, hard)) = limits_of(f, h) {
+            out.push((i, soft, hard));
+        }
+    }
+    // SAFETY: balances the init above.
+    unsafe { shutdown() };
+    out
+}
+
+/// The memory limits `(soft, hard)` of CUDA device `dev` (its NVML device by PCI bus id).
+pub(crate) fn memory_limits(dev: CUdevice) -> Option<(u64, u64)> {
+    let f = limits_fn()?;
+    let init = real::nvmlInit_v2()?;
+    let shutdown = real::nvmlShutdown()?;
+    // SAFETY: nvmlInit_v2 takes no arguments; balanced by shutdown below.
+    if unsafe { init() } != NVML_SUCCESS {
+        return None;
+    }
+    let r = handle(dev).and_then(|h| limits_of(f, h));
+    // SAFETY: balances the init above.
+    unsafe { shutdown() };
+    r
+}

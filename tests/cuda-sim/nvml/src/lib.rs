@@ -392,5 +392,8 @@ pub extern "C" fn nvmlErrorString(result: NvmlReturn) -> *const c_char {
         .map_or(c"Unknown Error".as_ptr(), |(_, s)| s.as_ptr())
 }
 
+// nvmlDeviceGetMemoryLimits_v1 / nvmlDeviceSetMemoryLimits_v1.
+mod limits;
+
 // PyTorch's required NVML functions (PCI bus id lookup, NvLink/fabric: not supported).
 mod pci;

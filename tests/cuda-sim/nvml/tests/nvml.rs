@@ -127,3 +127,34 @@ fn a_bad_value_is_reported_once_per_process() {
     assert_eq!(err.lines().count(), 1, "{err}");
     let _ = std::fs::remove_file(vramsim_devstate::DeviceState::path(&name));
 }
+
+/// `nvmlDeviceGetMemoryLimits_v1` answers `VRAMSIM_NVML_MEMORY_LIMITS` (NOT_SUPPORTED for a
+/// device without limits, as a driver without the feature would); `nvmlDeviceSetMemoryLimits_v1`
+/// changes them; bad arguments are refused.
+#[test]
+fn memory_limits_are_served_and_set() {
+    let (dir, exe) = setup();
+    let name = format!("nvlimits-{}", std::process::id());
+    let out = Command::new(exe)
+        .arg("limits")
+        .env("LD_LIBRARY_PATH", dir)
+        .env("VRAMSIM_NAME", &name)
+        .env("VRAMSIM_DEVICES", "2")
+        .env("VRAMSIM_NVML_MEMORY_LIMITS", "0=1GiB/512MiB")
+        .env_remove("LD_PRELOAD")
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(vramsim_devstate::DeviceState::path(&name));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "nvcheck: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("get0=0 soft=536870912 hard=1073741824"),
+        "{text}"
+    );
+    assert!(text.contains("get1=3"), "{text}");
+    assert!(text.contains("after soft=1048576 hard=2097152"), "{text}");
+}

@@ -48,12 +48,42 @@ static void hold_memory(long hold) {
     }
 }
 
+/* nvmlGetMemoryLimits_v1_t / nvmlSetMemoryLimits_v1_t, as NVIDIA's bindings lay them out. */
+typedef struct { char *nameSpace; unsigned long long softLimit, hardLimit, currentUsed; } nvmlMemoryLimits_v1_t;
+
+/* nvcheck limits: NVML's memory limits of device 0 and 1, then device 0's after a set. */
+static int limits(void *nv) {
+    int (*init)(void) = sym(nv, "nvmlInit_v2");
+    int (*by_index)(unsigned, void **) = sym(nv, "nvmlDeviceGetHandleByIndex_v2");
+    int (*get)(void *, nvmlMemoryLimits_v1_t *) = sym(nv, "nvmlDeviceGetMemoryLimits_v1");
+    int (*set)(void *, const nvmlMemoryLimits_v1_t *) = sym(nv, "nvmlDeviceSetMemoryLimits_v1");
+    void *h0, *h1;
+    OK(init());
+    OK(by_index(0, &h0));
+    OK(by_index(1, &h1));
+    nvmlMemoryLimits_v1_t l = {0};
+    int rc = get(h0, &l);
+    printf("get0=%d soft=%llu hard=%llu\n", rc, l.softLimit, l.hardLimit);
+    memset(&l, 0, sizeof l);
+    printf("get1=%d\n", get(h1, &l));
+    EXPECT_EQ(get(h0, NULL), 2);
+    nvmlMemoryLimits_v1_t bad = {NULL, 3 << 20, 2 << 20, 0};
+    EXPECT_EQ(set(h0, &bad), 2);
+    nvmlMemoryLimits_v1_t s = {NULL, 1 << 20, 2 << 20, 0};
+    OK(set(h0, &s));
+    memset(&l, 0, sizeof l);
+    OK(get(h0, &l));
+    printf("after soft=%llu hard=%llu\n", l.softLimit, l.hardLimit);
+    return 0;
+}
+
 /* nvcheck HOLD_MIB [nvml-first]: with nvml-first, NVML is initialised before the driver loads. */
 int main(int argc, char **argv) {
     long hold = argc > 1 ? atol(argv[1]) : 0;
     int nvml_first = argc > 2 && !strcmp(argv[2], "nvml-first");
     void *nv = dlopen("libnvidia-ml.so.1", RTLD_NOW);
     if (!nv) { fprintf(stderr, "%s\n", dlerror()); return 1; }
+    if (argc > 1 && !strcmp(argv[1], "limits")) return limits(nv);
     int (*init)(void) = sym(nv, "nvmlInit_v2");
     if (nvml_first) {
         OK(init());
