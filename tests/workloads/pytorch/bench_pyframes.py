@@ -97,18 +97,9 @@ def tensor_job():
 def step_job():
     import torch
 
-    model = torch.nn.Sequential(
-        torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
-        torch.nn.ReLU(), torch.nn.Linear(256, 10)).to("cuda")
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    from mlp_step import mlp_step
 
-    def step():
-        x = torch.randn(32, 64, device="cuda")
-        y = torch.randint(0, 10, (32,), device="cuda")
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    step = mlp_step(torch)
 
     for _ in range(5):
         step()
