@@ -14,7 +14,8 @@
 //!   no rpath) with a [`Link`] mode, [`replay_exe`] (the RMM-CSV replay workload).
 //! * Running on the simulated GPU: [`sim_env`] / [`sim_command`] (LD_LIBRARY_PATH + a unique
 //!   `VRAMSIM_NAME`), [`preload`] (adds a library to `LD_PRELOAD`), [`run`] /
-//!   [`run_with_preload`] returning a [`RunOutput`].
+//!   [`run_with_preload`] returning a [`RunOutput`]; [`PASS_VAR`] (`VRAMSHIM_TEST_PASS`) hands
+//!   fault switches to every program [`sim_command`] starts.
 //! * Scratch space: [`temp_dir`], [`unique_name`]; shipped traces: [`trace_file`].
 //! * NVIDIA's real `libcudart.so.12` (downloaded wheel): [`real_cudart12_dir`]; the pinned
 //!   NVIDIA wheels of scripts/setup-nvidia-wheels: [`nvidia_wheels`].
@@ -32,7 +33,10 @@ pub mod users;
 mod wheel;
 
 pub use layout::{SIM_FILES, lay_out, sim_dir};
-pub use proc::{RunOutput, preload, run, run_with_preload, sim_command, sim_env};
+pub use proc::{
+    PASS_VAR, RunOutput, parse_pass, pass_through, preload, run, run_with_preload, sim_command,
+    sim_env,
+};
 pub use wheel::{CUDART12_WHEEL, nvidia_wheels, real_cudart12_dir};
 
 use std::path::{Path, PathBuf};
