@@ -373,10 +373,6 @@ fn bad_configuration_is_one_line_and_pass_through() {
         (&[("VRAMSHIM_CAP", "abc")], "VRAMSHIM_CAP=\"abc\""),
         (&[("VRAMSHIM_CAP", "0=")], "VRAMSHIM_CAP=\"0=\""),
         (&[("VRAMSHIM_CAP", "0=1GiB,3=1GiB")], "names device 3"),
-        (
-            &[("VRAMSHIM_CAP", "1GiB"), ("VRAMSHIM_SHARED", "bad/name")],
-            "VRAMSHIM_SHARED=\"bad/name\"",
-        ),
     ];
     for (env, needle) in cases {
         let out = capped(&["paths", &below, &above], env, "cap-bad");
@@ -396,6 +392,94 @@ fn bad_configuration_is_one_line_and_pass_through() {
             );
         }
     }
+}
+
+/// A `VRAMSHIM_SHARED` that names no region is a group cap that cannot be kept: it fails
+/// closed as an unusable region does. One line names the value, why and the accepted forms;
+/// the process keeps its own cap (from `VRAMSHIM_CAP` or another tool's limit), or with
+/// `VRAMSHIM_CAP_STRICT=1` is refused everything; without a cap of its own it runs without
+/// one, said in the same line. (`VRAMSHIM_CAP_FAULT=squat-pass-through` makes it pass-through.)
+#[test]
+fn a_bad_shared_name_fails_closed() {
+    let above = (GIB + 16 * MIB).to_string();
+    let below = (512 * MIB).to_string();
+    let args = ["paths", below.as_str(), above.as_str()];
+    let forms = "accepted: a name of 1 to 64 letters, digits";
+    for (env, kept) in [
+        (
+            &[("VRAMSHIM_CAP", "1GiB"), ("VRAMSHIM_SHARED", "bad/name")][..],
+            "keeps its own cap VRAMSHIM_CAP=\"1GiB\"",
+        ),
+        (
+            &[
+                ("GPU_MEMORY_LIMIT", "1GiB"),
+                ("VRAMSHIM_SHARED", "bad/name"),
+            ][..],
+            "keeps its own cap GPU_MEMORY_LIMIT=\"1GiB\"",
+        ),
+    ] {
+        let out = capped(&args, env, "cap-bad-shared");
+        out.assert_success();
+        for p in RUNTIME_PATHS.iter().chain(DRIVER_PATHS) {
+            let f = fields(&out, "path=", &format!("path={p} "));
+            assert_eq!(
+                (num(&f, "below"), num(&f, "above")),
+                (0, 2),
+                "{env:?} {p}: {f:?}"
+            );
+        }
+        let lines = our_lines(&out);
+        let bad: Vec<_> = lines
+            .iter()
+            .filter(|l| l.contains("VRAMSHIM_SHARED=\"bad/name\""))
+            .collect();
+        assert_eq!(bad.len(), 1, "{env:?}: one line:\n{}", out.stderr);
+        assert!(
+            bad[0].contains("not a valid name") && bad[0].contains(forms) && bad[0].contains(kept),
+            "{env:?}: {}",
+            bad[0]
+        );
+    }
+    // Strict: nothing at all is served.
+    let out = capped(
+        &args,
+        &[
+            ("VRAMSHIM_CAP", "1GiB"),
+            ("VRAMSHIM_SHARED", "bad/name"),
+            ("VRAMSHIM_CAP_STRICT", "1"),
+        ],
+        "cap-bad-shared-strict",
+    );
+    out.assert_success();
+    for p in RUNTIME_PATHS.iter().chain(DRIVER_PATHS) {
+        let f = fields(&out, "path=", &format!("path={p} "));
+        assert_eq!((num(&f, "below"), num(&f, "above")), (2, 2), "{p}: {f:?}");
+    }
+    let lines = our_lines(&out);
+    assert_eq!(lines.len(), 1, "{}", out.stderr);
+    assert!(
+        lines[0].contains("VRAMSHIM_SHARED=\"bad/name\"")
+            && lines[0].contains(forms)
+            && lines[0].contains("VRAMSHIM_CAP_STRICT=1: every device allocation"),
+        "{}",
+        lines[0]
+    );
+    // No cap of its own: nothing to keep, and the line says so.
+    let out = capped(
+        &args,
+        &[("VRAMSHIM_SHARED", "x".repeat(65).as_str())],
+        "cap-bad-shared-none",
+    );
+    out.assert_success();
+    let lines = our_lines(&out);
+    assert_eq!(lines.len(), 1, "{}", out.stderr);
+    assert!(
+        lines[0].contains("longer than 64")
+            && lines[0].contains(forms)
+            && lines[0].contains("no VRAMSHIM_CAP of its own to keep"),
+        "{}",
+        lines[0]
+    );
 }
 
 /// A region file that is corrupt, from another version, or not ours is refused, not trusted,
