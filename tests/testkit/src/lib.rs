@@ -7,7 +7,8 @@
 //! out.assert_success();
 //! ```
 //!
-//! * Where things are: [`profile_dir`], [`repo_root`], [`interposer_lib`], [`sim_dir`]
+//! * Where things are: [`profile_dir`], [`repo_root`], [`interposer_lib`] (checked built:
+//!   [`built_interposer_lib`]), [`sim_dir`]
 //!   (the simulated GPU's libraries under their real names, laid out on first use),
 //!   [`workloads_include`].
 //! * Building C programs: [`compile_c`] / [`compile_c_to`] (gcc, `-I tests/workloads/include`,
@@ -68,6 +69,19 @@ pub fn repo_root() -> PathBuf {
 /// Path of the built `libvramshim.so`.
 pub fn interposer_lib() -> PathBuf {
     profile_dir().join("libvramshim.so")
+}
+
+/// [`interposer_lib`], which must be built: a test that preloads it would otherwise run no
+/// interposer at all, or a stale one from another build.
+#[track_caller]
+pub fn built_interposer_lib() -> PathBuf {
+    let l = interposer_lib();
+    assert!(
+        l.exists(),
+        "{} is not built: cargo build --release -p vramshim-interposer",
+        l.display()
+    );
+    l
 }
 
 /// `tests/workloads/include` (holds `cuda_api.h`).
