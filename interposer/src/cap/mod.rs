@@ -34,8 +34,10 @@ mod packed;
 mod pages;
 mod wait;
 
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering::*};
-use std::sync::{Mutex, OnceLock};
+
+use crate::sys::setup::{Setup, SetupCell};
 
 use crate::cuda::driver;
 use packed::{PackedGuard, PackedTable};
@@ -103,9 +105,6 @@ impl DeviceQueries {
 
 const UNRESOLVED: u64 = u64::MAX;
 const NO_SLOT: usize = usize::MAX;
-const SETUP_NONE: u8 = 0;
-const SETUP_ACTIVE: u8 = 1;
-const SETUP_OFF: u8 = 2;
 /// `lines` entries: not looked up yet / no line to be had; otherwise line + 1.
 const LINE_UNKNOWN: u8 = 0;
 const LINE_NONE: u8 = u8::MAX;
@@ -128,10 +127,15 @@ pub(crate) struct Cap {
     settings: Settings,
     queries: &'static OnceLock<DeviceQueries>,
     log: fn(&str),
-    status: AtomicU8,
-    setup_lock: Mutex<()>,
-    region: OnceLock<Region>,
-    spec: OnceLock<CapSpec>,
+    /// Set up on first use: true = the cap is active, false = pass-through. Not a mutex and
+    /// `OnceLock`s: a child forked while another thread was setting up takes it back
+    /// ([`Cap::on_fork_child`]) and sets up again, where those would block it for good.
+    setup: Setup,
+    /// The process that made this cap (`VRAMSHIM_CAP_FAULT=setup-pause` pauses its set-up
+    /// only, not a forked child's).
+    made_in: u32,
+    region: SetupCell<Region>,
+    spec: SetupCell<CapSpec>,
     resolved: [AtomicU64; MAX_DEVICES],
     private_used: [AtomicU64; MAX_DEVICES],
     ctx_charged: [AtomicU64; MAX_DEVICES],
@@ -164,7 +168,7 @@ pub(crate) struct Cap {
     last_reclaim_ns: AtomicU64,
     /// The kernel's limit of each device (cgroup `dmem.max` of the region at its PCI
     /// address), mapped at setup; and per device whether it, not `spec`, bound the cap.
-    kernel: OnceLock<Vec<Option<limits::Limit>>>,
+    kernel: SetupCell<Vec<Option<limits::Limit>>>,
     kernel_binds: [AtomicBool; MAX_DEVICES],
     /// Requests waiting for room (`VRAMSHIM_ON_CAP=wait`, see `wait`).
     waits: wait::Waits,
@@ -199,10 +203,10 @@ impl Cap {
             settings,
             queries,
             log,
-            status: AtomicU8::new(SETUP_NONE),
-            setup_lock: Mutex::new(()),
-            region: OnceLock::new(),
-            spec: OnceLock::new(),
+            setup: Setup::new(),
+            made_in: std::process::id(),
+            region: SetupCell::new(),
+            spec: SetupCell::new(),
             resolved: [const { AtomicU64::new(UNRESOLVED) }; MAX_DEVICES],
             private_used: [const { AtomicU64::new(0) }; MAX_DEVICES],
             ctx_charged: [const { AtomicU64::new(0) }; MAX_DEVICES],
@@ -219,7 +223,7 @@ impl Cap {
             last_slot_try_ns: AtomicU64::new(0),
             unresolved_said: [const { AtomicBool::new(false) }; MAX_DEVICES],
             last_reclaim_ns: AtomicU64::new(0),
-            kernel: OnceLock::new(),
+            kernel: SetupCell::new(),
             kernel_binds: [const { AtomicBool::new(false) }; MAX_DEVICES],
             waits: wait::Waits::new(),
             above_device_said: [const { AtomicBool::new(false) }; MAX_DEVICES],
@@ -236,28 +240,30 @@ impl Cap {
     /// True when the cap is active (set up on first use); false = pass-through.
     #[inline]
     pub(crate) fn ready(&self) -> bool {
-        match self.status.load(Acquire) {
-            SETUP_ACTIVE => true,
-            SETUP_OFF => false,
-            _ => self.setup(),
+        match self.setup.done() {
+            Some(active) => active,
+            None => self.set_up(),
         }
+    }
+
+    /// Whether the cap was set up and is active (never sets it up).
+    #[inline]
+    fn active(&self) -> bool {
+        self.setup.done() == Some(true)
     }
 
     #[cold]
-    fn setup(&self) -> bool {
-        let _g = self.setup_lock.lock().unwrap_or_else(|e| e.into_inner());
-        match self.status.load(Acquire) {
-            SETUP_ACTIVE => return true,
-            SETUP_OFF => return false,
-            _ => {}
-        }
-        let ok = self.setup_locked();
-        self.status
-            .store(if ok { SETUP_ACTIVE } else { SETUP_OFF }, Release);
-        ok
+    fn set_up(&self) -> bool {
+        self.setup.run(|| {
+            if self.settings.fault == Fault::SetupPause && std::process::id() == self.made_in {
+                setup_pause();
+            }
+            self.set_up_now()
+        })
     }
 
-    fn setup_locked(&self) -> bool {
+    /// The set-up itself, run by one thread ([`Setup::run`]).
+    fn set_up_now(&self) -> bool {
         if let Some((name, why)) = &self.settings.shared_invalid {
             return self.region_unusable(name, why);
         }
@@ -548,10 +554,11 @@ impl Cap {
     }
 
     fn effective_spec(&self) -> &CapSpec {
-        static NONE: OnceLock<CapSpec> = OnceLock::new();
-        self.spec
-            .get()
-            .unwrap_or_else(|| NONE.get_or_init(CapSpec::none))
+        static NONE: CapSpec = CapSpec {
+            devices: [None; MAX_DEVICES],
+            all: false,
+        };
+        self.spec.get().unwrap_or(&NONE)
     }
 
     /// Whether `device` has a cap.
@@ -1064,7 +1071,7 @@ impl Cap {
             Some(d)
                 if stream_ordered
                     && self.settings.fault != Fault::AsyncUncharge
-                    && self.status.load(Acquire) == SETUP_ACTIVE =>
+                    && self.active() =>
             {
                 self.pool_cached[d].fetch_add(bytes, AcqRel);
             }
@@ -1195,7 +1202,7 @@ impl Cap {
     /// Give back a reservation made by `try_charge`.
     #[inline]
     pub(crate) fn uncharge(&self, device: i32, bytes: u64) {
-        if bytes == 0 || self.status.load(Acquire) != SETUP_ACTIVE {
+        if bytes == 0 || !self.active() {
             return;
         }
         let Some(d) = device_index(device) else {
@@ -1420,7 +1427,16 @@ impl Cap {
     }
 
     /// In a forked child: the child holds nothing yet and gets its own slot on first charge.
+    /// A set-up another thread of the parent was running is taken back (what it made so far
+    /// forgotten): the child's first capped call sets up again instead of waiting for a
+    /// thread it does not have.
     pub(crate) fn on_fork_child(&self) {
+        if self.setup.reset_in_child() {
+            self.region.forget_in_child();
+            self.spec.forget_in_child();
+            self.kernel.forget_in_child();
+            self.refuse_all.store(false, Relaxed);
+        }
         self.slot.store(NO_SLOT, Relaxed);
         for d in 0..MAX_DEVICES {
             self.private_used[d].store(0, Relaxed);
@@ -1485,6 +1501,20 @@ fn build_global() -> Option<Cap> {
         settle_pools: driver::settle_pools,
     });
     settings.map(|s| Cap::new(s, &QUERIES, stderr_line))
+}
+
+/// `VRAMSHIM_CAP_FAULT=setup-pause`: how long the set-up pauses.
+const SETUP_PAUSE: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// `VRAMSHIM_CAP_FAULT=setup-pause`: one line, then the set-up stops for [`SETUP_PAUSE`],
+/// so that a test can fork while a thread is inside it.
+#[cold]
+fn setup_pause() {
+    crate::warn!(
+        "VRAMSHIM_CAP_FAULT=setup-pause: the cap's set-up pauses for {} s",
+        SETUP_PAUSE.as_secs()
+    );
+    std::thread::sleep(SETUP_PAUSE);
 }
 
 /// The process's cap (None = pass-through).
