@@ -10,13 +10,11 @@
 //! Runs tests/workloads/cap/cap_probe.c on the simulated GPU (build as for cap_sim.rs).
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 
-use vramshim_testkit::{
-    Link, RunOutput, compile_c, interposer_lib, run, sim_command, temp_dir, unique_name,
-};
+use vramshim_testkit::{RunOutput, run, temp_dir, unique_name};
 
-const MIB: u64 = 1 << 20;
+mod common;
+use common::{MIB, fields, lib, num, probe, probe_on_sim};
 
 /// Every variable this file sets, removed from what the test process passes on.
 const LIMIT_VARS: &[&str] = &[
@@ -28,71 +26,22 @@ const LIMIT_VARS: &[&str] = &[
     "VRAMSIM_NVML_MEMORY_LIMITS",
 ];
 
-fn lib() -> PathBuf {
-    let l = interposer_lib();
-    assert!(
-        l.exists(),
-        "{} is not built: cargo build --release -p vramshim-interposer",
-        l.display()
-    );
-    l
-}
-
-fn probe() -> PathBuf {
-    static EXE: OnceLock<PathBuf> = OnceLock::new();
-    EXE.get_or_init(|| {
-        compile_c(
-            "cap_probe",
-            &["tests/workloads/cap/cap_probe.c"],
-            Link::SharedRuntime,
-        )
-    })
-    .clone()
-}
-
 /// The probe with only `LD_PRELOAD` and `env` (no `VRAMSHIM_*` unless given), on a simulated
 /// device of its own (`devices` of them).
 fn probe_run(args: &[&str], env: &[(&str, &str)], devices: u32, name: &str) -> RunOutput {
-    let sim = unique_name(name);
-    let mut c = sim_command(probe(), name);
-    for v in LIMIT_VARS {
-        c.env_remove(v);
-    }
-    // The context's own memory (cuda-sim: 300 MiB by default) would fill these small caps.
-    c.env("VRAMSIM_NAME", &sim)
-        .env("VRAMSIM_CONTEXT_OVERHEAD", "0")
-        .env("VRAMSIM_DEVICES", devices.to_string())
-        .env("LD_PRELOAD", lib())
-        .args(args);
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    let out = run(&mut c);
-    let _ = std::fs::remove_file(vramsim_devstate::DeviceState::path(&sim));
-    out
-}
-
-fn fields(out: &RunOutput, prefix: &str, has: &str) -> Vec<(String, String)> {
-    let line = out
-        .stdout
-        .lines()
-        .find(|l| l.starts_with(prefix) && l.contains(has))
-        .unwrap_or_else(|| panic!("no line {prefix}..{has} in\n{}\n{}", out.stdout, out.stderr));
-    line.split_whitespace()
-        .filter_map(|w| {
-            w.split_once('=')
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-        })
-        .collect()
-}
-
-fn num(f: &[(String, String)], key: &str) -> u64 {
-    f.iter()
-        .find(|(k, _)| k == key)
-        .unwrap_or_else(|| panic!("no {key} in {f:?}"))
-        .1
-        .parse()
-        .unwrap()
+    probe_on_sim(name, |c| {
+        for v in LIMIT_VARS {
+            c.env_remove(v);
+        }
+        // The context's own memory (cuda-sim: 300 MiB by default) would fill these small caps.
+        c.env("VRAMSIM_CONTEXT_OVERHEAD", "0")
+            .env("VRAMSIM_DEVICES", devices.to_string())
+            .env("LD_PRELOAD", lib())
+            .args(args);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+    })
 }
 
 const PATHS: &[&str] = &[

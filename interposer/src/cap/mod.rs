@@ -258,6 +258,9 @@ impl Cap {
     }
 
     fn setup_locked(&self) -> bool {
+        if let Some((name, why)) = &self.settings.shared_invalid {
+            return self.region_unusable(name, why);
+        }
         let spec = match &self.settings.shared {
             None => self.settings.spec.clone(),
             Some((name, path)) => {
@@ -476,7 +479,7 @@ impl Cap {
     }
 
     /// The shared region cannot be used (squatted by another user, foreign, corrupt, of
-    /// another version): the cap fails closed. The process keeps its own cap (the one
+    /// another version, or `VRAMSHIM_SHARED` names none): the cap fails closed. The process keeps its own cap (the one
     /// `VRAMSHIM_CAP` gave it, not shared with the group), or with `VRAMSHIM_CAP_STRICT=1`
     /// every device allocation is refused. One line says which. Returns whether the cap is
     /// active.

@@ -54,6 +54,7 @@ fn settings(cap: &str) -> Settings {
         spec: parse_cap(cap).unwrap(),
         cap_text: Some(cap.to_string()),
         shared: None,
+        shared_invalid: None,
         context: ContextMode::Include,
         strict: false,
         fault: Fault::None,

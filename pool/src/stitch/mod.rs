@@ -35,6 +35,8 @@ use crate::{ALIGN, Alloc, FreeMode, Policy, PoolError, Request, Stats, round_up}
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 pub use budget::Budget;
+#[doc(hidden)]
+pub use pages::PageView;
 
 mod arena;
 mod budget;
