@@ -94,6 +94,9 @@ impl Stitch {
         let size = round_up(req.max(1), ALIGN);
         let l = self.sizes.find(size)?;
         let sl = self.sizes.at_mut(l);
+        if sl.allocs == sl.replay_next {
+            return None;
+        }
         let &id = sl.cached.last()?;
         let b = self.blocks.at_mut(id);
         if b.event.is_some() || !(b.free_stream == t || b.epoch < self.epoch) {

@@ -406,8 +406,19 @@ impl Policy for Stitch {
         if !self.pending.is_empty() && self.flushed_epoch != self.epoch {
             self.flush_pending();
         }
-        let mut hit = self.cache_take(dev, size, t, req.size);
+        // under a budget, the place this allocation had in the previous round comes first
+        // (see `rounds`): a cached block taken instead would let the layout drift
+        let replayed = if self.budget.is_some() {
+            self.round_commit(dev, size, t)?
+        } else {
+            None
+        };
+        let mut hit = None;
+        if replayed.is_none() {
+            hit = self.cache_take(dev, size, t, req.size);
+        }
         if hit.is_none()
+            && replayed.is_none()
             && self.pending_bytes > 0
             && self.pending_bytes >= self.pending_limit()
             && !dev.is_capturing()
@@ -417,9 +428,10 @@ impl Policy for Stitch {
             // (instead of growing while it waits)
             hit = self.cache_take(dev, size, t, req.size);
         }
-        let slot = match hit {
-            Some(a) => Ok(Slot::Hit(a)),
-            None => self.alloc_slow(dev, size, t, req.size),
+        let slot = match (replayed, hit) {
+            (Some((m, off)), _) => Ok(Slot::New(m, off)),
+            (None, Some(a)) => Ok(Slot::Hit(a)),
+            (None, None) => self.alloc_slow(dev, size, t, req.size),
         };
         let addr = match slot {
             Ok(Slot::Hit(a)) => {
@@ -431,6 +443,7 @@ impl Policy for Stitch {
                     let sl = self.sizes.at_mut(l);
                     sl.allocs = sl.allocs.wrapping_add(1);
                 }
+                self.next_replay(size);
                 a
             }
             slot => {
@@ -469,6 +482,7 @@ impl Policy for Stitch {
                 }
                 let sl = self.sizes.at_mut(list);
                 sl.allocs = sl.allocs.wrapping_add(1);
+                self.next_replay(size);
                 self.gc_mappings(dev);
                 addr
             }

@@ -6,17 +6,19 @@
 //! because the pool now holds pages and mappings the first round did not have (a window in
 //! the arena instead of growth, a free page instead of a new one), and where its layout
 //! differs, the largest blocks no longer fit the held ranges and are stitched anew: driver
-//! calls in every round. So the pool remembers where each allocation that missed the fast
-//! cache path went in this round, with its rank among the round's allocations of its size
-//! (fast-path hits count: a hit in one round may be a miss in the next, and the ranks keep
-//! the two rounds aligned); when nothing is live again (see `quiet`) that becomes the
-//! previous round, and the k-th allocation of a size in the new round, if it misses the
-//! fast path, takes the place the k-th had, if no live block is in it now (cached blocks in
-//! the way are dissolved; `cudaFree`d blocks waiting there are released by one
-//! synchronization, as the previous round had them released by then). A round that repeats
+//! calls in every round. So the pool remembers where each allocation that reached its slow
+//! path (a miss of the fast path) went in this round, with its rank among the round's
+//! allocations of its size (fast-path hits count); when nothing is live again (see `quiet`)
+//! that becomes the previous round. In the new round, the allocation of a size whose rank
+//! the previous round placed on its slow path skips the fast path (one comparison there:
+//! `SizeList::replay_next`) and takes, before any cached block, the place the previous round
+//! gave that rank, if no live block is in it now (cached blocks in the way are dissolved;
+//! `cudaFree`d blocks waiting there are released by one synchronization, as the previous
+//! round had them released by then). Taking whichever cached block fits instead, or a hit
+//! where the previous round missed, would let the layouts drift apart. A round that repeats
 //! the previous one then takes exactly its places: no driver call, and no creep (the layout
 //! is the first round's, which fitted the budget). A round that differs falls back to the
-//! placement below wherever a remembered place is taken or missing. The mappings the places
+//! usual placement wherever a remembered place is taken or missing. The mappings the places
 //! are in are not re-formed over other pages (`Stitch::repairable`) while a round names them.
 //!
 //! Bounded: at most `ROUND_PLACES` places are remembered per round (a job that is never
@@ -75,9 +77,32 @@ impl Stitch {
                 self.rounds.maps.insert(m, va);
             }
         }
-        self.rounds.prev = now;
         self.rounds.count = 0;
         self.sizes.reset_allocs();
+        for (&size, v) in &now {
+            if let (Some(l), Some(p)) = (self.sizes.find(size), v.first()) {
+                self.sizes.at_mut(l).replay_next = p.0;
+            }
+        }
+        self.rounds.prev = now;
+    }
+
+    /// After an allocation of `size` on the slow path: the next rank of the size that the
+    /// previous round placed on its slow path.
+    pub(super) fn next_replay(&mut self, size: u64) {
+        let Some(l) = self.sizes.find(size) else {
+            return;
+        };
+        let sl = self.sizes.at(l);
+        if sl.replay_next >= sl.allocs {
+            return;
+        }
+        let k = sl.allocs;
+        let next = self.rounds.prev.get(&size).and_then(|v| {
+            let i = v.partition_point(|p| p.0 < k);
+            v.get(i).map(|p| p.0)
+        });
+        self.sizes.at_mut(l).replay_next = next.unwrap_or(u32::MAX);
     }
 
     /// How many allocations of `size` this round made before the one being served.
@@ -104,7 +129,12 @@ impl Stitch {
         if self.faults.forget_rounds {
             return None;
         }
-        let k = self.rank(size);
+        // only a rank that the previous round placed on its slow path has a place
+        let sl = self.sizes.at(self.sizes.find(size)?);
+        if sl.allocs != sl.replay_next {
+            return None;
+        }
+        let k = sl.allocs;
         let v = self.rounds.prev.get(&size)?;
         let i = v.binary_search_by_key(&k, |p| p.0).ok()?;
         let (_, m, va, off) = v[i];
