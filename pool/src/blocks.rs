@@ -94,6 +94,8 @@ pub(crate) struct SizeList {
     pub cached: Vec<u32>,
     /// pending (`cudaFree`d, waiting for a synchronization) blocks of this size
     pub pending: u32,
+    /// allocations of this size since the tight pool's round began (see `stitch::rounds`)
+    pub allocs: u32,
 }
 
 /// Sizes up to this many `ALIGN` units (32 MiB) find their list by direct indexing, larger
@@ -157,6 +159,13 @@ impl SizeLists {
     #[inline]
     pub fn at_mut(&mut self, l: u32) -> &mut SizeList {
         &mut self.lists[l as usize]
+    }
+
+    /// Start counting the allocations of every size afresh.
+    pub fn reset_allocs(&mut self) {
+        for l in &mut self.lists {
+            l.allocs = 0;
+        }
     }
 
     /// Does a block of `size` wait for a synchronization?

@@ -252,8 +252,12 @@ fn tight_pool_reforms_mappings_safely() {
                 let mut dev = vramshim_pool::AccountingDevice::new(UNLIMITED);
                 dev.set_checking(true);
                 let mut p = Stitch::tight();
+                // the tight pool re-forms no mapping that a place of its current or previous
+                // round is in (a repeated round replays those places); re-forming is what it
+                // does when it keeps no rounds, as here
                 p.set_faults(Faults {
                     repair_used: broken,
+                    forget_rounds: true,
                     ..Faults::default()
                 });
                 let what = format!("{name} {} broken {broken}", frees.name());
@@ -386,4 +390,49 @@ fn tight_pool_does_not_creep_over_passes() {
         worst_kept > 1.10,
         "the broken rule did not creep: {worst_kept:.3}"
     );
+}
+
+/// The tight pool replays the previous round's layout (`stitch::rounds`): a repeated
+/// workload's later rounds take the places of the round before, so from the third pass on
+/// no pass of any trace, under either free semantics, makes a driver call, safely (checking
+/// device, the replay of 4 passes). With the rounds forgotten (`Faults::forget_rounds`) the
+/// later passes of bert stitch ranges anew, which the second half checks, so the first half
+/// can fail.
+#[test]
+fn tight_pool_replays_rounds_without_driver_calls() {
+    use vramshim_pool::replay::Frees;
+    use vramshim_pool::stitch::{Faults, Stitch};
+    let make = |forget_rounds: bool| {
+        move || -> Box<dyn vramshim_pool::Policy> {
+            let mut p = Stitch::tight();
+            p.set_faults(Faults {
+                forget_rounds,
+                ..Faults::default()
+            });
+            Box::new(p)
+        }
+    };
+    let mut forgotten = 0;
+    for (name, ev) in traces() {
+        for frees in Frees::BOTH {
+            let what = format!("{name} {}", frees.name());
+            let passes = replay::calls_per_pass_with(&ev, frees, &make(false), 4);
+            eprintln!("{what}: driver calls per pass {passes:?}");
+            assert!(passes[0] > 0, "{what}: {passes:?}");
+            assert_eq!(&passes[2..], &[0, 0], "{what}: {passes:?}");
+            let mut dev = vramshim_pool::AccountingDevice::new(UNLIMITED);
+            dev.set_checking(true);
+            let mut p = make(false)();
+            let r = replay::run_with(&frees.apply(&replay::repeat(&ev, 4)), p.as_mut(), &mut dev);
+            assert!(r.completed, "{what}: {:?}", r.first_failure);
+            assert!(r.violations.is_empty(), "{what}: {:?}", &r.violations[..1]);
+            assert!(r.leaks.is_empty(), "{what}: {:?}", r.leaks);
+            if name.starts_with("bert") {
+                let passes = replay::calls_per_pass_with(&ev, frees, &make(true), 4);
+                eprintln!("{what}, rounds forgotten: driver calls per pass {passes:?}");
+                forgotten += passes[2..].iter().sum::<u64>();
+            }
+        }
+    }
+    assert!(forgotten > 0, "forgetting the rounds made no driver call");
 }
