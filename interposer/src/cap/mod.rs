@@ -33,6 +33,7 @@ pub(crate) mod limits;
 mod member;
 mod packed;
 mod pages;
+mod trace_config;
 mod wait;
 
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering::*};
@@ -53,6 +54,7 @@ pub(crate) use config::{ContextMode, Fault, Settings};
 pub(crate) use pages::{
     charge_pool_page, charges_pool_pages, clear_pool_refusal, take_pool_refusal, uncharge_pool_page,
 };
+pub(crate) use trace_config::trace_config;
 
 /// Why a request was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1541,56 +1543,6 @@ fn build_global_or_off() -> Option<Cap> {
         ));
         None
     })
-}
-
-/// The limits in force, for the trace header's configuration (`cap.limit` entries, one per
-/// source: `devices=all|0,1|pci:0000:01:00.0 bytes=N|fraction=F source=TEXT`), so that the
-/// analyzer names the source of a refusal's cap (the one whose value it is).
-pub(crate) fn trace_config() -> Vec<(String, String)> {
-    let Some(cap) = global() else {
-        return Vec::new();
-    };
-    let s = &cap.settings;
-    let mut out: Vec<(String, String)> = Vec::new();
-    let mut seen: Vec<&str> = Vec::new();
-    for o in s.origin.iter().flatten() {
-        if seen.contains(&o.as_str()) {
-            continue;
-        }
-        seen.push(o);
-        let devs: Vec<usize> = (0..MAX_DEVICES)
-            .filter(|&d| s.origin[d].as_deref() == Some(o.as_str()))
-            .collect();
-        let devices = if devs.len() == MAX_DEVICES {
-            "all".to_string()
-        } else {
-            devs.iter()
-                .map(|d| d.to_string())
-                .collect::<Vec<_>>()
-                .join(",")
-        };
-        let value = match s.spec.devices[devs[0]] {
-            Some(vramshim_region::CapValue::Bytes(b)) => format!("bytes={b}"),
-            Some(vramshim_region::CapValue::Fraction(f)) => format!("fraction={f}"),
-            None => continue,
-        };
-        out.push((
-            "cap.limit".into(),
-            format!("devices={devices} {value} source={o}"),
-        ));
-    }
-    for r in &s.dmem {
-        if let (Some(l), Some(a)) = (r.limit(), limits::pci_addr(&r.region)) {
-            out.push((
-                "cap.limit".into(),
-                format!(
-                    "devices=pci:{:04x}:{:02x}:{:02x}.{:x} bytes={} source={}",
-                    a.0, a.1, a.2, a.3, l.bytes, l.origin
-                ),
-            ));
-        }
-    }
-    out
 }
 
 /// The cap of `device` in bytes as enforced now, for the node registry (None: uncapped, no
