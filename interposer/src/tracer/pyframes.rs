@@ -58,7 +58,7 @@ pub(crate) const PY_FRAME_BIT: u64 = 1 << 63;
 const MAX_TABLE: usize = 1 << 20;
 const MAX_NAME: usize = 4096;
 
-#[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct RawFrame {
     code: u64,
     /// Offset of the executing instruction, in code units (negative: not started).
@@ -73,16 +73,53 @@ pub(crate) struct RawFrame {
     entry: bool,
 }
 
+const NO_FRAME: RawFrame = RawFrame {
+    code: 0,
+    lasti: 0,
+    ident: 0,
+    filename: 0,
+    name: 0,
+    linetable: 0,
+    entry: false,
+};
+
 /// One thread's Python frames, innermost first.
 pub(crate) struct PyWalk {
     frames: [RawFrame; MAX_PY],
     n: usize,
 }
 
+thread_local! {
+    // const-initialized, not Drop: each thread's walk buffer (3.6 KiB) lives in its TLS
+    // block, so a walk neither allocates nor clears it; only the frames found are written.
+    static WALK: std::cell::RefCell<PyWalk> = const {
+        std::cell::RefCell::new(PyWalk { frames: [NO_FRAME; MAX_PY], n: 0 })
+    };
+}
+
+/// Runs `f` on the calling thread's Python frames (see [`walk`]), read into the thread's
+/// own buffer.
+#[inline]
+pub(crate) fn with_walk<R>(f: impl FnOnce(&PyWalk) -> R) -> R {
+    WALK.with(|w| match w.try_borrow_mut() {
+        Ok(mut w) => {
+            walk(&mut w);
+            f(&w)
+        }
+        // Re-entered on this thread (never expected: nothing below calls back): a buffer
+        // of its own.
+        Err(_) => {
+            let mut w = Box::new(PyWalk::new());
+            walk(&mut w);
+            f(&w)
+        }
+    })
+}
+
 impl PyWalk {
     pub(crate) fn new() -> PyWalk {
         PyWalk {
-            frames: [RawFrame::default(); MAX_PY],
+            frames: [NO_FRAME; MAX_PY],
             n: 0,
         }
     }
@@ -91,14 +128,35 @@ impl PyWalk {
         self.n == 0
     }
 
-    /// What identifies the stack exactly, frame by frame (what names each code object, the
-    /// instruction offset) into `out`; returns how many.
-    pub(crate) fn key_into(&self, out: &mut [(u64, i32)]) -> usize {
-        let n = self.n.min(out.len());
-        for (o, f) in out.iter_mut().zip(&self.frames[..n]) {
-            *o = (f.ident, f.lasti);
+    /// What identifies the stack exactly, frame by frame: what names each code object and
+    /// the instruction offset (the key [`key_hash`](Self::key_hash) hashes and
+    /// [`key_eq`](Self::key_eq) compares).
+    pub(crate) fn key(&self) -> Box<[(u64, i32)]> {
+        self.frames[..self.n]
+            .iter()
+            .map(|f| (f.ident, f.lasti))
+            .collect()
+    }
+
+    /// A fast hash of [`key`](Self::key) (equal keys, equal hashes).
+    #[inline]
+    pub(crate) fn key_hash(&self) -> u64 {
+        let mut h: u64 = 0x8422_2325_cbf2_9ce4 ^ self.n as u64;
+        for f in &self.frames[..self.n] {
+            h = mix(h, f.ident);
+            h = mix(h, f.lasti as u32 as u64);
         }
-        n
+        h
+    }
+
+    /// Whether `key` is this walk's [`key`](Self::key), compared in full.
+    #[inline]
+    pub(crate) fn key_eq(&self, key: &[(u64, i32)]) -> bool {
+        key.len() == self.n
+            && key
+                .iter()
+                .zip(&self.frames[..self.n])
+                .all(|(k, f)| k.0 == f.ident && k.1 == f.lasti)
     }
 
     /// What identifies the stack (code objects, instruction offsets, naming objects).
