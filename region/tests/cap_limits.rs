@@ -11,7 +11,7 @@
 
 use std::path::{Path, PathBuf};
 
-use vramshim_testkit::{RunOutput, run, temp_dir, unique_name};
+use vramshim_testkit::{RunOutput, run, sim_command, temp_dir, unique_name};
 
 mod common;
 use common::{MIB, fields, lib, num, probe, probe_on_sim};
@@ -491,12 +491,8 @@ fn traced_refusal(env: &[(&str, &str)], source: &str, name: &str) -> PathBuf {
     );
     let dir = temp_dir(name);
     let trace = dir.join("t.vramtrace");
-    let mut c = std::process::Command::new(&vramshim);
-    for (k, _) in std::env::vars() {
-        if k.starts_with("VRAMSHIM_") || k.starts_with("VRAMSIM_") || k == "LD_PRELOAD" {
-            c.env_remove(k);
-        }
-    }
+    // A clean environment (with VRAMSHIM_TEST_PASS's switches), as for the probe.
+    let mut c = sim_command(&vramshim, name);
     for v in LIMIT_VARS {
         c.env_remove(v);
     }

@@ -179,7 +179,7 @@ pub(crate) struct Cap {
     above_device_said: [AtomicBool; MAX_DEVICES],
     /// A group member's own caps, where they differ from the group's (`member`), and each
     /// device's in bytes where stricter than the group's (`UNRESOLVED` until asked).
-    member: OnceLock<CapSpec>,
+    member: SetupCell<CapSpec>,
     member_resolved: [AtomicU64; MAX_DEVICES],
 }
 
@@ -234,7 +234,7 @@ impl Cap {
             kernel_binds: [const { AtomicBool::new(false) }; MAX_DEVICES],
             waits: wait::Waits::new(),
             above_device_said: [const { AtomicBool::new(false) }; MAX_DEVICES],
-            member: OnceLock::new(),
+            member: SetupCell::new(),
             member_resolved: [const { AtomicU64::new(UNRESOLVED) }; MAX_DEVICES],
         }
     }
@@ -1463,6 +1463,10 @@ impl Cap {
             self.region.forget_in_child();
             self.spec.forget_in_child();
             self.kernel.forget_in_child();
+            self.member.forget_in_child();
+            for r in &self.member_resolved {
+                r.store(UNRESOLVED, Relaxed);
+            }
             self.refuse_all.store(false, Relaxed);
         }
         self.slot.store(NO_SLOT, Relaxed);
