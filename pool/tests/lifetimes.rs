@@ -139,7 +139,8 @@ proptest! {
         assert_clean(&dev, &p);
     }
 
-    /// With a budget the arena does not look at classes: only the safety rules are checked.
+    /// With a budget the arena and the round replay do not look at classes: only the safety
+    /// rules are checked.
     #[test]
     fn stitch_tight_with_lifetime_classes_is_safe(
         ops in proptest::collection::vec(op(), 1..300),

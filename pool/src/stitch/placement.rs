@@ -7,8 +7,8 @@ impl Stitch {
     /// The lifetime class of the next allocations (0 by default). Blocks of different
     /// classes never share a page: a page takes the class of its first block and, while any
     /// byte of it is used, only blocks of that class (placement, exact-size reuse and mapping
-    /// reuse of the pool without a budget; the arena of a budgeted pool does not look at
-    /// classes yet). A caller that knows which blocks die together (e.g. before the peak of a
+    /// reuse of the pool without a budget; the arena and the round replay of a budgeted pool
+    /// do not look at classes yet). A caller that knows which blocks die together (e.g. before the peak of a
     /// pass) keeps the pages of the short-lived ones whole for the peak: see
     /// `examples/pool_lifetimes.rs`. Set once a class other than 0 was set, the pool leaves
     /// its no-lookup fast path (every cached block's class is checked).
