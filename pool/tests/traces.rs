@@ -252,8 +252,12 @@ fn tight_pool_reforms_mappings_safely() {
                 let mut dev = vramshim_pool::AccountingDevice::new(UNLIMITED);
                 dev.set_checking(true);
                 let mut p = Stitch::tight();
+                // the tight pool re-forms no mapping that a place of its current or previous
+                // round is in (a repeated round replays those places); re-forming is what it
+                // does when it keeps no rounds, as here
                 p.set_faults(Faults {
                     repair_used: broken,
+                    forget_rounds: true,
                     ..Faults::default()
                 });
                 let what = format!("{name} {} broken {broken}", frees.name());
@@ -292,7 +296,10 @@ fn tight_pool_reforms_mappings_safely() {
 /// above the budget, so the promise holds): a repeated workload behind `cudaFree` then stops
 /// taking and giving back the same pages every pass. Passes 2-6 of t5 make fewer driver
 /// calls than with the pages given back at once (vit no more) (`Faults::release_forced`), and the
-/// most the pool holds over the six passes is no more than with them given back.
+/// most the pool holds over the six passes is no more than with them given back. Run with
+/// the rounds forgotten (`Faults::forget_rounds`): replaying the previous round's places, the
+/// later passes force no growth at all (`tight_pool_replays_rounds_without_driver_calls`),
+/// so there are no forced pages to keep; keeping them serves a workload whose rounds differ.
 #[test]
 fn tight_pool_keeps_pages_it_was_forced_to_take() {
     use vramshim_pool::replay::Frees;
@@ -306,6 +313,7 @@ fn tight_pool_keeps_pages_it_was_forced_to_take() {
                 let mut p = Stitch::tight();
                 p.set_faults(Faults {
                     release_forced,
+                    forget_rounds: true,
                     ..Faults::default()
                 });
                 Box::new(p)
@@ -329,6 +337,7 @@ fn tight_pool_keeps_pages_it_was_forced_to_take() {
             let mut p = Stitch::tight();
             p.set_faults(Faults {
                 release_forced,
+                forget_rounds: true,
                 ..Faults::default()
             });
             let r = replay::run_with(&replay::repeat(&ev, 6), &mut p, &mut dev);
@@ -386,4 +395,49 @@ fn tight_pool_does_not_creep_over_passes() {
         worst_kept > 1.10,
         "the broken rule did not creep: {worst_kept:.3}"
     );
+}
+
+/// The tight pool replays the previous round's layout (`stitch::rounds`): a repeated
+/// workload's later rounds take the places of the round before, so from the second pass on
+/// no pass of any trace, under either free semantics, makes a driver call, safely (checking
+/// device, the replay of 4 passes). With the rounds forgotten (`Faults::forget_rounds`) the
+/// later passes of bert stitch ranges anew, which the second half checks, so the first half
+/// can fail.
+#[test]
+fn tight_pool_replays_rounds_without_driver_calls() {
+    use vramshim_pool::replay::Frees;
+    use vramshim_pool::stitch::{Faults, Stitch};
+    let make = |forget_rounds: bool| {
+        move || -> Box<dyn vramshim_pool::Policy> {
+            let mut p = Stitch::tight();
+            p.set_faults(Faults {
+                forget_rounds,
+                ..Faults::default()
+            });
+            Box::new(p)
+        }
+    };
+    let mut forgotten = 0;
+    for (name, ev) in traces() {
+        for frees in Frees::BOTH {
+            let what = format!("{name} {}", frees.name());
+            let passes = replay::calls_per_pass_with(&ev, frees, &make(false), 4);
+            eprintln!("{what}: driver calls per pass {passes:?}");
+            assert!(passes[0] > 0, "{what}: {passes:?}");
+            assert_eq!(&passes[1..], &[0, 0, 0], "{what}: {passes:?}");
+            let mut dev = vramshim_pool::AccountingDevice::new(UNLIMITED);
+            dev.set_checking(true);
+            let mut p = make(false)();
+            let r = replay::run_with(&frees.apply(&replay::repeat(&ev, 4)), p.as_mut(), &mut dev);
+            assert!(r.completed, "{what}: {:?}", r.first_failure);
+            assert!(r.violations.is_empty(), "{what}: {:?}", &r.violations[..1]);
+            assert!(r.leaks.is_empty(), "{what}: {:?}", r.leaks);
+            if name.starts_with("bert") {
+                let passes = replay::calls_per_pass_with(&ev, frees, &make(true), 4);
+                eprintln!("{what}, rounds forgotten: driver calls per pass {passes:?}");
+                forgotten += passes[1..].iter().sum::<u64>();
+            }
+        }
+    }
+    assert!(forgotten > 0, "forgetting the rounds made no driver call");
 }

@@ -10,13 +10,11 @@
 //! Runs tests/workloads/cap/cap_probe.c on the simulated GPU (build as for cap_sim.rs).
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 
-use vramshim_testkit::{
-    Link, RunOutput, compile_c, interposer_lib, run, sim_command, temp_dir, unique_name,
-};
+use vramshim_testkit::{RunOutput, run, temp_dir, unique_name};
 
-const MIB: u64 = 1 << 20;
+mod common;
+use common::{MIB, fields, lib, num, probe, probe_on_sim};
 
 /// Every variable this file sets, removed from what the test process passes on.
 const LIMIT_VARS: &[&str] = &[
@@ -28,71 +26,22 @@ const LIMIT_VARS: &[&str] = &[
     "VRAMSIM_NVML_MEMORY_LIMITS",
 ];
 
-fn lib() -> PathBuf {
-    let l = interposer_lib();
-    assert!(
-        l.exists(),
-        "{} is not built: cargo build --release -p vramshim-interposer",
-        l.display()
-    );
-    l
-}
-
-fn probe() -> PathBuf {
-    static EXE: OnceLock<PathBuf> = OnceLock::new();
-    EXE.get_or_init(|| {
-        compile_c(
-            "cap_probe",
-            &["tests/workloads/cap/cap_probe.c"],
-            Link::SharedRuntime,
-        )
-    })
-    .clone()
-}
-
 /// The probe with only `LD_PRELOAD` and `env` (no `VRAMSHIM_*` unless given), on a simulated
 /// device of its own (`devices` of them).
 fn probe_run(args: &[&str], env: &[(&str, &str)], devices: u32, name: &str) -> RunOutput {
-    let sim = unique_name(name);
-    let mut c = sim_command(probe(), name);
-    for v in LIMIT_VARS {
-        c.env_remove(v);
-    }
-    // The context's own memory (cuda-sim: 300 MiB by default) would fill these small caps.
-    c.env("VRAMSIM_NAME", &sim)
-        .env("VRAMSIM_CONTEXT_OVERHEAD", "0")
-        .env("VRAMSIM_DEVICES", devices.to_string())
-        .env("LD_PRELOAD", lib())
-        .args(args);
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    let out = run(&mut c);
-    let _ = std::fs::remove_file(vramsim_devstate::DeviceState::path(&sim));
-    out
-}
-
-fn fields(out: &RunOutput, prefix: &str, has: &str) -> Vec<(String, String)> {
-    let line = out
-        .stdout
-        .lines()
-        .find(|l| l.starts_with(prefix) && l.contains(has))
-        .unwrap_or_else(|| panic!("no line {prefix}..{has} in\n{}\n{}", out.stdout, out.stderr));
-    line.split_whitespace()
-        .filter_map(|w| {
-            w.split_once('=')
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-        })
-        .collect()
-}
-
-fn num(f: &[(String, String)], key: &str) -> u64 {
-    f.iter()
-        .find(|(k, _)| k == key)
-        .unwrap_or_else(|| panic!("no {key} in {f:?}"))
-        .1
-        .parse()
-        .unwrap()
+    probe_on_sim(name, |c| {
+        for v in LIMIT_VARS {
+            c.env_remove(v);
+        }
+        // The context's own memory (cuda-sim: 300 MiB by default) would fill these small caps.
+        c.env("VRAMSIM_CONTEXT_OVERHEAD", "0")
+            .env("VRAMSIM_DEVICES", devices.to_string())
+            .env("LD_PRELOAD", lib())
+            .args(args);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+    })
 }
 
 const PATHS: &[&str] = &[
@@ -455,13 +404,92 @@ fn the_checks_catch_a_library_that_ignores_the_limits() {
 /// source that bound.
 #[test]
 fn summary_and_the_run_line_name_the_source_that_bound() {
+    let trace = traced_refusal(
+        &[
+            ("CUDA_DEVICE_MEMORY_LIMIT", "512m"),
+            ("GPU_MEMORY_LIMIT", "268435456"),
+        ],
+        "GPU_MEMORY_LIMIT=\"268435456\"",
+        "lim-summary",
+    );
+    assert!(
+        header_limits(&trace).contains(
+            &"devices=all bytes=268435456 kind=tool source=GPU_MEMORY_LIMIT=\"268435456\""
+                .to_string()
+        ),
+        "{:?}",
+        header_limits(&trace)
+    );
+}
+
+/// NVML's hard limit (the driver's, as NVIDIA's container toolkit sets it) and a group's
+/// budget are in the trace's limits too, each with where it came from, and named the same
+/// way.
+#[test]
+fn nvml_limits_and_a_groups_budget_are_named_from_the_trace() {
+    // The header is written with the first event, after the cap's set-up mapped NVML's
+    // limit to the CUDA device (a header written before names NVML's index: `nvml:0`).
+    let nvml = "NVML memory limit (hard) (256 MiB on device 0)";
+    let trace = traced_refusal(
+        &[("VRAMSIM_NVML_MEMORY_LIMITS", "0=256MiB/64MiB")],
+        nvml,
+        "lim-summary-nvml",
+    );
+    let entries = header_limits(&trace);
+    assert!(
+        entries.contains(&format!(
+            "devices=0 bytes=268435456 kind=nvml source={nvml}"
+        )),
+        "{entries:?}"
+    );
+    // A member of a group whose budget (256 MiB) is below its own VRAMSHIM_CAP.
+    let region = temp_dir("lim-summary-group").join("group");
+    vramshim_region::Region::open_or_create(
+        &region,
+        &vramshim_region::spec::parse_cap("256MiB").unwrap(),
+    )
+    .unwrap();
+    let name = region.display().to_string();
+    let group =
+        format!("VRAMSHIM_CAP=\"268435456\" of the budget shared by VRAMSHIM_SHARED=\"{name}\"");
+    let trace = traced_refusal(
+        &[("VRAMSHIM_CAP", "512MiB"), ("VRAMSHIM_SHARED", &name)],
+        &group,
+        "lim-summary-group",
+    );
+    let entries = header_limits(&trace);
+    assert!(
+        entries.contains(&format!(
+            "devices=all bytes=268435456 kind=group source={group}"
+        )) && entries.contains(
+            &"devices=all bytes=536870912 kind=env source=VRAMSHIM_CAP=\"512MiB\"".into()
+        ),
+        "{entries:?}"
+    );
+}
+
+/// The trace header's `cap.limit` entries.
+fn header_limits(trace: &Path) -> Vec<String> {
+    let r = vramshim_trace::TraceReader::open(trace).unwrap();
+    r.header()
+        .config
+        .iter()
+        .filter(|(k, _)| k == "cap.limit")
+        .map(|(_, v)| v.clone())
+        .collect()
+}
+
+/// Runs the probe under `vramshim run --sim --trace` with `env`, a 100 MiB request served and
+/// a 300 MiB one refused by a cap of 256 MiB whose source is `source`; checks that the run
+/// line, `vramshim summary` (text and JSON) name it; returns the trace.
+fn traced_refusal(env: &[(&str, &str)], source: &str, name: &str) -> PathBuf {
     let vramshim = vramshim_testkit::profile_dir().join("vramshim");
     assert!(
         vramshim.exists(),
         "{} is not built: cargo build --release -p vramshim-analyzer",
         vramshim.display()
     );
-    let dir = temp_dir("lim-summary");
+    let dir = temp_dir(name);
     let trace = dir.join("t.vramtrace");
     let mut c = std::process::Command::new(&vramshim);
     for (k, _) in std::env::vars() {
@@ -474,11 +502,10 @@ fn summary_and_the_run_line_name_the_source_that_bound() {
     }
     let below = (100 * MIB).to_string();
     let above = (300 * MIB).to_string();
-    c.env("VRAMSIM_NAME", unique_name("lim-summary"))
+    c.env("VRAMSIM_NAME", unique_name(name))
         .env("VRAMSIM_CONTEXT_OVERHEAD", "0")
         .env("VRAMSHIM_NO_PROGRESS", "1")
-        .env("CUDA_DEVICE_MEMORY_LIMIT", "512m")
-        .env("GPU_MEMORY_LIMIT", "268435456")
+        .envs(env.iter().copied())
         .args(["run", "--sim", "--trace"])
         .arg(&trace)
         .arg("--")
@@ -486,7 +513,6 @@ fn summary_and_the_run_line_name_the_source_that_bound() {
         .args(["paths", &below, &above]);
     let out = run(&mut c);
     out.assert_success();
-    let source = "GPU_MEMORY_LIMIT=\"268435456\"";
     assert!(
         out.stderr
             .contains(&format!("cap 256 MiB (set by {source})")),
@@ -515,10 +541,16 @@ fn summary_and_the_run_line_name_the_source_that_bound() {
         .args(["summary", "--json", "--no-whatif"])
         .arg(&trace));
     json.assert_success();
+    let quoted = json_string(source);
     assert!(
-        json.stdout
-            .contains("\"cap_source\": \"GPU_MEMORY_LIMIT=\\\"268435456\\\"\""),
+        json.stdout.contains(&format!("\"cap_source\": {quoted}")),
         "{}",
         json.stdout
     );
+    trace
+}
+
+/// `s` as a JSON string literal (quotes and backslashes escaped).
+fn json_string(s: &str) -> String {
+    format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
 }

@@ -14,34 +14,10 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use vramshim_region::{ProcessKey, Region};
-use vramshim_testkit::{
-    Link, RunOutput, compile_c, interposer_lib, profile_dir, run, sim_command, unique_name,
-};
+use vramshim_testkit::{Link, RunOutput, compile_c, profile_dir, run, sim_command, unique_name};
 
-const MIB: u64 = 1 << 20;
-const GIB: u64 = 1 << 30;
-
-fn lib() -> PathBuf {
-    let l = interposer_lib();
-    assert!(
-        l.exists(),
-        "{} is not built: cargo build --release -p vramshim-interposer",
-        l.display()
-    );
-    l
-}
-
-fn probe() -> PathBuf {
-    static EXE: OnceLock<PathBuf> = OnceLock::new();
-    EXE.get_or_init(|| {
-        compile_c(
-            "cap_probe",
-            &["tests/workloads/cap/cap_probe.c"],
-            Link::SharedRuntime,
-        )
-    })
-    .clone()
-}
+mod common;
+use common::{GIB, MIB, fields, lib, num, probe, probe_on_sim};
 
 fn capped(args: &[&str], env: &[(&str, &str)], name: &str) -> RunOutput {
     on_sim(args, env, Some(&lib()), name)
@@ -49,42 +25,15 @@ fn capped(args: &[&str], env: &[(&str, &str)], name: &str) -> RunOutput {
 
 /// Runs the probe on a simulated device of its own, removed afterwards.
 fn on_sim(args: &[&str], env: &[(&str, &str)], preload: Option<&Path>, name: &str) -> RunOutput {
-    let sim = unique_name(name);
-    let mut c = sim_command(probe(), name);
-    c.env("VRAMSIM_NAME", &sim).args(args);
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    if let Some(l) = preload {
-        c.env("LD_PRELOAD", l);
-    }
-    let out = run(&mut c);
-    let _ = std::fs::remove_file(vramsim_devstate::DeviceState::path(&sim));
-    out
-}
-
-/// `key=value` pairs of the stdout line starting with `prefix` (and, if given, holding `has`).
-fn fields(out: &RunOutput, prefix: &str, has: &str) -> Vec<(String, String)> {
-    let line = out
-        .stdout
-        .lines()
-        .find(|l| l.starts_with(prefix) && l.contains(has))
-        .unwrap_or_else(|| panic!("no line {prefix}..{has} in\n{}\n{}", out.stdout, out.stderr));
-    line.split_whitespace()
-        .filter_map(|w| {
-            w.split_once('=')
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-        })
-        .collect()
-}
-
-fn num(f: &[(String, String)], key: &str) -> u64 {
-    f.iter()
-        .find(|(k, _)| k == key)
-        .unwrap_or_else(|| panic!("no {key} in {f:?}"))
-        .1
-        .parse()
-        .unwrap()
+    probe_on_sim(name, |c| {
+        c.args(args);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        if let Some(l) = preload {
+            c.env("LD_PRELOAD", l);
+        }
+    })
 }
 
 /// Lines vramshim itself wrote on stderr.
@@ -227,18 +176,21 @@ fn info(env: &[(&str, &str)], dev: u32, name: &str) -> Vec<(String, String)> {
     fields(&out, "info", "")
 }
 
+/// The probe's `info` fields that hold the device's total memory, one per query.
+const TOTALS: &[&str] = &[
+    "cuda_total",
+    "cu_total",
+    "cu_devtotal",
+    "prop_total",
+    "nvml_total",
+    "nvml2_total",
+];
+
 #[test]
 fn memory_information_reports_the_cap_everywhere() {
     for cap in ["4GiB", "0.25", "25%"] {
         let f = info(&[("VRAMSHIM_CAP", cap)], 0, "cap-info");
-        for k in [
-            "cuda_total",
-            "cu_total",
-            "cu_devtotal",
-            "prop_total",
-            "nvml_total",
-            "nvml2_total",
-        ] {
+        for k in TOTALS {
             assert_eq!(num(&f, k), 4 * GIB, "{k} with VRAMSHIM_CAP={cap}: {f:?}");
         }
         for k in ["cuda_free", "cu_free", "nvml_free", "nvml2_free"] {
@@ -373,10 +325,6 @@ fn bad_configuration_is_one_line_and_pass_through() {
         (&[("VRAMSHIM_CAP", "abc")], "VRAMSHIM_CAP=\"abc\""),
         (&[("VRAMSHIM_CAP", "0=")], "VRAMSHIM_CAP=\"0=\""),
         (&[("VRAMSHIM_CAP", "0=1GiB,3=1GiB")], "names device 3"),
-        (
-            &[("VRAMSHIM_CAP", "1GiB"), ("VRAMSHIM_SHARED", "bad/name")],
-            "VRAMSHIM_SHARED=\"bad/name\"",
-        ),
     ];
     for (env, needle) in cases {
         let out = capped(&["paths", &below, &above], env, "cap-bad");
@@ -395,6 +343,73 @@ fn bad_configuration_is_one_line_and_pass_through() {
                 "{env:?} {p}: pass-through"
             );
         }
+    }
+}
+
+/// A `VRAMSHIM_SHARED` that names no region is a group cap that cannot be kept: it fails
+/// closed as an unusable region does. One line names the value, why and the accepted forms;
+/// the process keeps its own cap (from `VRAMSHIM_CAP` or another tool's limit), or with
+/// `VRAMSHIM_CAP_STRICT=1` is refused everything; without a cap of its own it runs without
+/// one, said in the same line. (`VRAMSHIM_CAP_FAULT=squat-pass-through` makes it pass-through.)
+#[test]
+fn a_bad_shared_name_fails_closed() {
+    let above = (GIB + 16 * MIB).to_string();
+    let below = (512 * MIB).to_string();
+    let args = ["paths", below.as_str(), above.as_str()];
+    let forms = "accepted: a name of 1 to 64 letters, digits";
+    let long = "x".repeat(65);
+    let bad = "VRAMSHIM_SHARED=\"bad/name\": not a valid name";
+    // (variables, (below, above) answers on every path, what the one line says)
+    type Case<'a> = (&'a [(&'a str, &'a str)], (u64, u64), &'a [&'a str]);
+    let cases: &[Case] = &[
+        (
+            &[("VRAMSHIM_CAP", "1GiB"), ("VRAMSHIM_SHARED", "bad/name")],
+            (0, 2),
+            &[bad, "keeps its own cap VRAMSHIM_CAP=\"1GiB\""],
+        ),
+        (
+            &[
+                ("GPU_MEMORY_LIMIT", "1GiB"),
+                ("VRAMSHIM_SHARED", "bad/name"),
+            ],
+            (0, 2),
+            &[bad, "keeps its own cap GPU_MEMORY_LIMIT=\"1GiB\""],
+        ),
+        // Strict: nothing at all is served.
+        (
+            &[
+                ("VRAMSHIM_CAP", "1GiB"),
+                ("VRAMSHIM_SHARED", "bad/name"),
+                ("VRAMSHIM_CAP_STRICT", "1"),
+            ],
+            (2, 2),
+            &[bad, "VRAMSHIM_CAP_STRICT=1: every device allocation"],
+        ),
+        // No cap of its own: nothing to keep, and the line says so.
+        (
+            &[("VRAMSHIM_SHARED", long.as_str())],
+            (0, 0),
+            &["longer than 64", "no VRAMSHIM_CAP of its own to keep"],
+        ),
+    ];
+    for (env, answers, says) in cases {
+        let out = capped(&args, env, "cap-bad-shared");
+        out.assert_success();
+        for p in RUNTIME_PATHS.iter().chain(DRIVER_PATHS) {
+            let f = fields(&out, "path=", &format!("path={p} "));
+            let got = (num(&f, "below"), num(&f, "above"));
+            assert_eq!(got, *answers, "{env:?} {p}: {f:?}");
+        }
+        let lines: Vec<_> = our_lines(&out)
+            .into_iter()
+            .filter(|l| l.contains("VRAMSHIM_SHARED="))
+            .collect();
+        assert_eq!(lines.len(), 1, "{env:?}: one line:\n{}", out.stderr);
+        assert!(
+            lines[0].contains(forms) && says.iter().all(|n| lines[0].contains(n)),
+            "{env:?}: {}",
+            lines[0]
+        );
     }
 }
 
@@ -438,6 +453,40 @@ fn corrupt_or_foreign_region_is_refused() {
         );
         assert_eq!(num(&fields(&out, "path=", "path=cudaMalloc "), "above"), 2);
         assert_eq!(num(&fields(&out, "path=", "path=cudaMalloc "), "below"), 0);
+    }
+}
+
+/// A member whose own cap is smaller than its group's keeps it, said in one line: every path
+/// is refused above its own cap although the group has room, the refusal names its own cap,
+/// and every memory query reports its own cap as the total.
+#[test]
+fn a_members_smaller_own_cap_binds() {
+    let dir = vramshim_testkit::temp_dir("cap-member");
+    let region = dir.join("group");
+    Region::open_or_create(&region, &vramshim_region::spec::parse_cap("4GiB").unwrap()).unwrap();
+    let p = region.display().to_string();
+    let env = [("VRAMSHIM_CAP", "1GiB"), ("VRAMSHIM_SHARED", p.as_str())];
+    let above = (GIB + 16 * MIB).to_string();
+    let below = (512 * MIB).to_string();
+    let out = capped(&["paths", &below, &above], &env, "cap-member");
+    check_paths(&out, 0);
+    let lines = our_lines(&out);
+    let said: Vec<_> = lines.iter().filter(|l| l.contains("differs")).collect();
+    assert_eq!(said.len(), 1, "{}", out.stderr);
+    assert!(
+        said[0].contains("VRAMSHIM_CAP=\"1GiB\" differs from the cap of the shared region")
+            && said[0].contains("both apply and the stricter binds"),
+        "{}",
+        said[0]
+    );
+    let refusal = lines.iter().find(|l| l.contains("refused")).unwrap();
+    assert!(
+        refusal.contains("cap 1 GiB (set by VRAMSHIM_CAP=\"1GiB\", this process's own cap"),
+        "{refusal}"
+    );
+    let f = info(&env, 0, "cap-member-info");
+    for k in TOTALS {
+        assert_eq!(num(&f, k), GIB, "{k}: {f:?}");
     }
 }
 

@@ -11,40 +11,20 @@
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
 use std::sync::mpsc::{Receiver, channel};
 use std::time::{Duration, Instant};
 
 use vramshim_region::Region;
-use vramshim_testkit::{
-    Link, compile_c, interposer_lib, profile_dir, run, sim_command, unique_name,
-};
+use vramshim_testkit::{interposer_lib, profile_dir, run, sim_command, unique_name};
 use vramshim_trace::{Event, TraceReader, flags};
 
-const MIB: u64 = 1 << 20;
-const GIB: u64 = 1 << 30;
+mod common;
+use common::{GIB, MIB, probe};
+
 /// Far longer than any test below may take: a wait that does not end at once hangs.
 const LONG: &str = "wait:600s";
 /// What a test allows before calling it a hang.
 const DEADLINE: Duration = Duration::from_secs(120);
-
-fn probe() -> PathBuf {
-    static EXE: OnceLock<PathBuf> = OnceLock::new();
-    EXE.get_or_init(|| {
-        let l = interposer_lib();
-        assert!(
-            l.exists(),
-            "{} is not built: cargo build --release -p vramshim-interposer",
-            l.display()
-        );
-        compile_c(
-            "cap_probe",
-            &["tests/workloads/cap/cap_probe.c"],
-            Link::SharedRuntime,
-        )
-    })
-    .clone()
-}
 
 fn uid() -> u32 {
     use std::os::unix::fs::MetadataExt;

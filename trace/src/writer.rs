@@ -20,21 +20,39 @@ pub const MAX_FRAME_RAW: usize = 16 << 20;
 pub const MAX_FRAME_COMPRESSED: usize = MAX_FRAME_RAW + (MAX_FRAME_RAW >> 7) + (1 << 16);
 /// Default raw size at which [`TraceWriter::write`] closes a frame on its own.
 pub const DEFAULT_FRAME_TARGET: usize = 1 << 20;
-/// Frames with fewer raw bytes are compressed both ways (columnar and rows) and the smaller
-/// is written.
+/// Frames (and columnar streams) with fewer raw bytes are stored, not compressed: a zstd frame
+/// of one raw block with its content checksum ([`store_append`]). zstd's fixed cost per call
+/// (resetting its context, building the predefined FSE tables of every block) is ~13 k
+/// instructions whatever the input, and on a few records it saves a few dozen bytes: the
+/// writer thread's 50 ms tick that finds a handful of events pays ~0.5 k instead.
+pub const STORE_BELOW: usize = 256;
+/// In [`FrameLayout::Auto`], frames with fewer raw bytes are written as rows: the columnar
+/// directory (73 bytes) and one zstd frame per timing stream (up to 9 calls) cost more than
+/// the columns save (measured with `trace/examples/frame_cost.rs`: rows are smaller up to
+/// ~100 MemOps, about 1.2 KiB of records).
+const COLUMNAR_MIN: usize = 1 << 10;
+/// In [`FrameLayout::Auto`], frames from `COLUMNAR_MIN` up to this raw size take the layout
+/// that was smaller for the last such frame; every `RECHECK_EVERY`-th one is compressed both
+/// ways and the smaller written (and remembered). Larger frames are columnar.
 const COMPARE_BELOW: usize = 16 << 10;
+const RECHECK_EVERY: u8 = 8;
+const _: () = assert!(STORE_BELOW <= 256 && STORE_BELOW <= COLUMNAR_MIN);
 /// Default zstd level (single-threaded).
 pub const DEFAULT_LEVEL: i32 = 3;
 
 /// How [`TraceWriter`] lays out frames (format v2 readers accept both in any mix).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum FrameLayout {
-    /// Columnar; frames under 16 KiB raw are compressed both ways and the smaller is kept.
+    /// Columnar for frames of 16 KiB raw and more; rows under 1 KiB or without MemOps; in
+    /// between, the layout that was smaller for the previous such frame (rechecked by
+    /// compressing both ways every 8th one). Frames and streams under 256 bytes are stored
+    /// uncompressed (still zstd frames, [`STORE_BELOW`]).
     #[default]
     Auto,
-    /// Columnar whenever the records split (always, for records from [`RecordEncoder`]).
+    /// Columnar whenever the records split (always, for records from [`RecordEncoder`]);
+    /// every stream compressed, however small.
     Columnar,
-    /// Row frames only.
+    /// Row frames only, every frame compressed, however small.
     Rows,
 }
 
@@ -57,6 +75,10 @@ pub struct TraceWriter<W: Write> {
     has_records: bool,
     /// Records were appended raw: the next `write` must start a new context.
     dirty: bool,
+    /// Auto layout, mid-size frames: rows were smaller last time they were compared.
+    mid_rows: bool,
+    /// Auto layout, mid-size frames: frames until the next comparison of both layouts.
+    mid_recheck: u8,
     last_t: u64,
     stats: WriterStats,
     finished: bool,
@@ -99,6 +121,8 @@ impl<W: Write> TraceWriter<W> {
             frame_target: DEFAULT_FRAME_TARGET,
             has_records: false,
             dirty: true,
+            mid_rows: false,
+            mid_recheck: 0,
             last_t: 0,
             stats: WriterStats {
                 file_bytes: pre.len() as u64,
@@ -197,11 +221,26 @@ impl<W: Write> TraceWriter<W> {
             };
             self.comp_buf.clear();
             let mut raw_len = raw.len();
+            let mid = raw.len() >= COLUMNAR_MIN && raw.len() < COMPARE_BELOW;
+            // The pinned layouts compress everything (their bytes are what the golden file
+            // holds); Auto stores what is too small to be worth a zstd call.
+            let store = self.layout == FrameLayout::Auto;
+            let compare = self.layout == FrameLayout::Auto && mid && self.mid_recheck == 0;
+            let try_columns = match self.layout {
+                FrameLayout::Rows => false,
+                FrameLayout::Columnar => true,
+                FrameLayout::Auto => {
+                    raw.len() >= COLUMNAR_MIN && (compare || !mid || !self.mid_rows)
+                }
+            };
             // Columns take up to one byte more per MemOp than rows: a frame near the raw cap
-            // goes out as rows.
-            let mut magic = if self.layout != FrameLayout::Rows
+            // goes out as rows. In Auto, a frame without MemOps too: its columns are the
+            // records plus a directory.
+            let mut magic = if try_columns
                 && self.cols.split(raw)
                 && self.cols.s.iter().map(|s| s.len()).sum::<usize>() <= MAX_FRAME_RAW
+                && (self.layout == FrameLayout::Columnar
+                    || self.cols.s[1..].iter().any(|s| !s.is_empty()))
             {
                 raw_len = self.cols.s.iter().map(|s| s.len()).sum();
                 // Directory (raw and compressed length of every stream), then the streams.
@@ -210,7 +249,7 @@ impl<W: Write> TraceWriter<W> {
                 for (i, st) in self.cols.s.iter().enumerate() {
                     let at = self.comp_buf.len();
                     if !st.is_empty() {
-                        compress_append(&mut self.comp, st, &mut self.comp_buf)?;
+                        compress_append(&mut self.comp, st, &mut self.comp_buf, store)?;
                     }
                     let n = self.comp_buf.len() - at;
                     let d = 1 + 8 * i;
@@ -219,24 +258,28 @@ impl<W: Write> TraceWriter<W> {
                 }
                 FRAME_MAGIC_COLUMNAR
             } else {
-                self.comp_buf
-                    .reserve(zstd::zstd_safe::compress_bound(raw.len()));
-                compress_append(&mut self.comp, raw, &mut self.comp_buf)?;
+                compress_append(&mut self.comp, raw, &mut self.comp_buf, store)?;
                 FRAME_MAGIC
             };
-            // Small frames (a slow job between flushes): per-stream zstd overhead can outweigh
-            // the gain, so keep whichever encoding is smaller. Cheap: only small frames.
-            if magic == FRAME_MAGIC_COLUMNAR
-                && self.layout == FrameLayout::Auto
-                && raw.len() < COMPARE_BELOW
-            {
-                self.row_buf.clear();
-                compress_append(&mut self.comp, raw, &mut self.row_buf)?;
-                if self.row_buf.len() <= self.comp_buf.len() {
-                    std::mem::swap(&mut self.row_buf, &mut self.comp_buf);
-                    magic = FRAME_MAGIC;
-                    raw_len = raw.len();
+            // Mid-size frames (a slow job between flushes): per-stream zstd overhead can
+            // outweigh the gain. Now and then compress both ways, keep the smaller, and
+            // follow that choice until the next comparison.
+            if self.layout == FrameLayout::Auto && mid {
+                if compare && magic == FRAME_MAGIC_COLUMNAR {
+                    self.row_buf.clear();
+                    compress_append(&mut self.comp, raw, &mut self.row_buf, store)?;
+                    self.mid_rows = self.row_buf.len() <= self.comp_buf.len();
+                    if self.mid_rows {
+                        std::mem::swap(&mut self.row_buf, &mut self.comp_buf);
+                        magic = FRAME_MAGIC;
+                        raw_len = raw.len();
+                    }
                 }
+                self.mid_recheck = if compare {
+                    RECHECK_EVERY - 1
+                } else {
+                    self.mid_recheck - 1
+                };
             }
             let n = self.comp_buf.len();
             self.out.clear();
@@ -320,16 +363,82 @@ impl<W: Write> TraceWriter<W> {
     }
 }
 
-/// Compresses `src` as one zstd frame appended to `dst`; returns its length.
+/// Compresses `src` as one zstd frame appended to `dst` (with `store`, stored when it is
+/// under [`STORE_BELOW`] bytes); returns its length.
 fn compress_append(
     comp: &mut zstd::bulk::Compressor<'static>,
     src: &[u8],
     dst: &mut Vec<u8>,
+    store: bool,
 ) -> io::Result<usize> {
+    if store && src.len() < STORE_BELOW {
+        return Ok(store_append(src, dst));
+    }
     let at = dst.len();
     // zstd's WriteBuf for `[u8]` wants an initialised slice: zero just the room it may use.
     dst.resize(at + zstd::zstd_safe::compress_bound(src.len()), 0);
     let n = comp.compress_to_buffer(src, &mut dst[at..])?;
     dst.truncate(at + n);
     Ok(n)
+}
+
+/// zstd's frame magic number (RFC 8878, 3.1.1), as it appears in the file.
+const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
+
+/// Appends `src` (under 256 bytes) as one zstd frame that stores it uncompressed (RFC 8878):
+/// a frame header with Single_Segment (the window is the content size, given in one byte) and
+/// Content_Checksum set, one Raw block marked last, then the low 32 bits of the XXH64 of
+/// `src` (seed 0). Any zstd decoder reads it and checks the checksum. Returns its length.
+pub(crate) fn store_append(src: &[u8], dst: &mut Vec<u8>) -> usize {
+    assert!(src.len() < 256, "a stored frame's content size is one byte");
+    let at = dst.len();
+    dst.extend_from_slice(&ZSTD_MAGIC);
+    // Frame_Header_Descriptor: FCS_Field_Size 0 (1 byte, with Single_Segment), Single_Segment
+    // (bit 5), Content_Checksum (bit 2), no dictionary.
+    dst.push(0b0010_0100);
+    dst.push(src.len() as u8);
+    // Block header (3 bytes, little-endian): Last_Block (bit 0), Block_Type 0 = Raw (bits
+    // 1-2), Block_Size (bits 3-23).
+    let bh = 1u32 | (src.len() as u32) << 3;
+    dst.extend_from_slice(&bh.to_le_bytes()[..3]);
+    dst.extend_from_slice(src);
+    let sum = twox_hash::XxHash64::oneshot(0, src) as u32;
+    dst.extend_from_slice(&sum.to_le_bytes());
+    dst.len() - at
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stored frame is a zstd frame: zstd decodes it to the bytes, for every length a
+    /// stored frame can have (empty included).
+    #[test]
+    fn stored_frames_decode_with_zstd() {
+        for n in 0..256usize {
+            let src: Vec<u8> = (0..n).map(|i| (i * 37 + n) as u8).collect();
+            let mut f = vec![0xaa];
+            let len = store_append(&src, &mut f);
+            assert_eq!(len, f.len() - 1);
+            assert_eq!(len, 4 + 2 + 3 + n + 4);
+            let out = zstd::bulk::decompress(&f[1..], 256).unwrap();
+            assert_eq!(out, src, "length {n}");
+        }
+    }
+
+    /// Its checksum is checked: one flipped bit of content or checksum and zstd refuses it.
+    #[test]
+    fn stored_frames_carry_a_checked_checksum() {
+        let src = b"records of a 50 ms tick";
+        let mut f = Vec::new();
+        store_append(src, &mut f);
+        for i in 9..f.len() {
+            let mut bad = f.clone();
+            bad[i] ^= 0x10;
+            assert!(
+                zstd::bulk::decompress(&bad, 256).is_err(),
+                "byte {i} flipped went unnoticed"
+            );
+        }
+    }
 }

@@ -100,4 +100,8 @@ fn smallest_trace_matches_the_worked_example() {
     assert_eq!(&b[38..46], &[6, 0, 0, 0, 2, 0, 0, 0]);
     assert_eq!(&b[46..62], &[0; 16]);
     assert_eq!(&b[62..66], &[0x28, 0xb5, 0x2f, 0xfd]);
+    // Stored, not compressed (section 3.1): descriptor, size, raw block header, the records.
+    assert_eq!(&b[34..38], &[19, 0, 0, 0]);
+    assert_eq!(&b[66..77], &[0x24, 6, 0x31, 0, 0, 1, 1, 0, 2, 1, 0]);
+    assert_eq!(b.len(), 62 + 19);
 }

@@ -8,12 +8,15 @@
 //! Only the names are read (`readdir`), never a file and never a link's target, so nothing
 //! is followed. The two directories must be real directories (not links) owned by root or
 //! by the exporter's user and writable by nobody else: entries planted by another user could
-//! otherwise put any names on a process's series. At most [`MAX_ENTRIES`] entries are read
+//! otherwise put any names on a process's series. Each is opened once (`openat` with
+//! `O_NOFOLLOW` under the root), checked on the open descriptor and read through it, so a
+//! directory swapped after the check is not the one read. At most [`MAX_ENTRIES`] entries are read
 //! per directory (bounded memory and time per scrape); names that do not parse are skipped.
 
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
 
 /// The kubelet's log root on a node.
 pub const DEFAULT_ROOT: &str = "/var/log";
@@ -52,51 +55,163 @@ impl Names {
     }
 }
 
-/// Whether `dir` may be trusted for names: a directory (not a link), owned by root or by
-/// us, without write permission for group or others. `Ok(false)`: it does not exist (not a
-/// Kubernetes node). `Err`: the one line saying why it is not used.
-fn trusted(dir: &Path) -> Result<bool, String> {
-    let meta = match std::fs::symlink_metadata(dir) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-        Err(e) => return Err(format!("{}: cannot stat it: {e}", dir.display())),
-    };
-    if !meta.file_type().is_dir() {
-        return Err(format!(
-            "{} is not a directory (a link or a file); not reading pod names from it",
-            dir.display()
-        ));
+/// A directory opened once, for names: `openat(root, name, O_DIRECTORY | O_NOFOLLOW)`, then
+/// checked on the open descriptor (`fstat`) and read through it (`fdopendir`), so what is
+/// checked is what is read: swapping the directory for a link or another directory after
+/// the check changes nothing.
+struct Dir {
+    /// Owns the descriptor it was opened with (`closedir` closes both).
+    dir: std::ptr::NonNull<libc::DIR>,
+}
+
+impl Dir {
+    /// Opens `root/name` (`name`: one path component) and checks it: a directory (not a
+    /// link), owned by root or by us, without write permission for group or others.
+    /// `Ok(None)`: it does not exist (not a Kubernetes node). `Err`: the one line saying why
+    /// it is not used.
+    fn open_trusted(root: &Path, name: &str) -> Result<Option<Dir>, String> {
+        use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
+        let path = root.join(name);
+        let root_dir = match std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+            .open(root)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(format!("{}: cannot open it: {e}", root.display())),
+        };
+        let cname = std::ffi::CString::new(name).map_err(|_| format!("{name:?}: a NUL byte"))?;
+        // SAFETY: the descriptor is open for the call and the name is a NUL-terminated string.
+        let fd = unsafe {
+            libc::openat(
+                root_dir.as_raw_fd(),
+                cname.as_ptr(),
+                libc::O_RDONLY
+                    | libc::O_DIRECTORY
+                    | libc::O_NOFOLLOW
+                    | libc::O_NONBLOCK
+                    | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            let e = std::io::Error::last_os_error();
+            return match e.raw_os_error() {
+                Some(libc::ENOENT) => Ok(None),
+                // O_NOFOLLOW on a link; O_DIRECTORY on anything else.
+                Some(libc::ELOOP) | Some(libc::ENOTDIR) => Err(format!(
+                    "{} is not a directory (a link or a file); not reading pod names from it",
+                    path.display()
+                )),
+                _ => Err(format!("{}: cannot open it: {e}", path.display())),
+            };
+        }
+        // SAFETY: openat returned a new descriptor that nothing else owns.
+        let file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+        let meta = file
+            .metadata()
+            .map_err(|e| format!("{}: cannot stat it: {e}", path.display()))?;
+        trusted(&path, &meta)?;
+        let fd = file.into_raw_fd();
+        // SAFETY: fd is an open directory descriptor that we own; on success the stream owns it.
+        match std::ptr::NonNull::new(unsafe { libc::fdopendir(fd) }) {
+            Some(dir) => Ok(Some(Dir { dir })),
+            None => {
+                let e = std::io::Error::last_os_error();
+                // SAFETY: fdopendir failed, so the descriptor is still ours to close.
+                unsafe { libc::close(fd) };
+                Err(format!("{}: cannot read it: {e}", path.display()))
+            }
+        }
     }
+
+    /// The names of up to [`MAX_ENTRIES`] entries (`dirs_only`: directories only, by the
+    /// entry's own type, never following a link).
+    fn names(&mut self, dirs_only: bool) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut seen = 0;
+        while seen < MAX_ENTRIES {
+            // SAFETY: the stream is open (closed only on drop) and used by this thread only.
+            let ent = unsafe { libc::readdir(self.dir.as_ptr()) };
+            if ent.is_null() {
+                break;
+            }
+            // SAFETY: readdir returned an entry valid until the next call on this stream;
+            // d_name is NUL-terminated.
+            let (name, kind) = unsafe {
+                (
+                    std::ffi::CStr::from_ptr((*ent).d_name.as_ptr()),
+                    (*ent).d_type,
+                )
+            };
+            let name = name.to_bytes();
+            if name == b"." || name == b".." {
+                continue;
+            }
+            seen += 1;
+            if dirs_only && !self.is_dir(name, kind) {
+                continue;
+            }
+            if let Ok(n) = std::str::from_utf8(name) {
+                out.push(n.to_string());
+            }
+        }
+        out
+    }
+
+    /// Whether entry `name` is a directory (not a link to one): its type from `readdir`, or
+    /// where the file system does not give it, `fstatat` without following links.
+    fn is_dir(&self, name: &[u8], kind: u8) -> bool {
+        if kind != libc::DT_UNKNOWN {
+            return kind == libc::DT_DIR;
+        }
+        let Ok(c) = std::ffi::CString::new(name) else {
+            return false;
+        };
+        let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+        // SAFETY: the stream's descriptor is open, the name is NUL-terminated and `st` is
+        // large enough for the answer.
+        let r = unsafe {
+            libc::fstatat(
+                libc::dirfd(self.dir.as_ptr()),
+                c.as_ptr(),
+                st.as_mut_ptr(),
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+        };
+        // SAFETY: fstatat succeeded, so it filled `st`.
+        r == 0 && unsafe { st.assume_init() }.st_mode & libc::S_IFMT == libc::S_IFDIR
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        // SAFETY: the stream was opened by fdopendir and is closed once, here.
+        unsafe { libc::closedir(self.dir.as_ptr()) };
+    }
+}
+
+/// Whether the directory at `path` whose open descriptor gave `meta` may be trusted for
+/// names: owned by root or by us, without write permission for group or others. `Err`: the
+/// one line saying why it is not used.
+fn trusted(path: &Path, meta: &std::fs::Metadata) -> Result<(), String> {
     // SAFETY: geteuid has no preconditions and cannot fail.
     let me = unsafe { libc::geteuid() };
     if meta.uid() != 0 && meta.uid() != me {
         return Err(format!(
             "{} belongs to uid {}, neither root nor this user; not reading pod names from it",
-            dir.display(),
+            path.display(),
             meta.uid()
         ));
     }
     if meta.mode() & 0o022 != 0 {
         return Err(format!(
             "{} is writable by group or others (mode {:o}); not reading pod names from it",
-            dir.display(),
+            path.display(),
             meta.mode() & 0o7777
         ));
     }
-    Ok(true)
-}
-
-/// The names of up to [`MAX_ENTRIES`] entries of `dir` (`dirs_only`: directories only, by
-/// the entry's own type, never following a link).
-fn entries(dir: &Path, dirs_only: bool) -> Vec<String> {
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    rd.take(MAX_ENTRIES)
-        .flatten()
-        .filter(|e| !dirs_only || e.file_type().is_ok_and(|t| t.is_dir()))
-        .filter_map(|e| e.file_name().into_string().ok())
-        .collect()
+    Ok(())
 }
 
 /// `<namespace>_<pod-name>_<pod-uid>`: namespaces and pod names are DNS names (no `_`).
@@ -146,30 +261,36 @@ fn pod_uid(s: &str) -> bool {
 /// Reads the names under `root` (`pods/` and `containers/`). The strings are the lines to say
 /// about directories not used (once, by the caller).
 pub fn read(root: &Path) -> (Names, Vec<String>) {
+    read_with(root, &|_| {})
+}
+
+/// [`read`], calling `between(dir)` after checking each directory and before reading it (the
+/// tests swap the directory there).
+fn read_with(root: &Path, between: &dyn Fn(&str)) -> (Names, Vec<String>) {
     let mut out = Names::default();
     let mut said = Vec::new();
-    let pods: PathBuf = root.join("pods");
-    match trusted(&pods) {
-        Ok(true) => {
-            for n in entries(&pods, true) {
+    match Dir::open_trusted(root, "pods") {
+        Ok(Some(mut d)) => {
+            between("pods");
+            for n in d.names(true) {
                 if let Some((uid, pod)) = parse_pod_dir(&n) {
                     out.pods.insert(uid, pod);
                 }
             }
         }
-        Ok(false) => {}
+        Ok(None) => {}
         Err(e) => said.push(e),
     }
-    let containers = root.join("containers");
-    match trusted(&containers) {
-        Ok(true) => {
-            for n in entries(&containers, false) {
+    match Dir::open_trusted(root, "containers") {
+        Ok(Some(mut d)) => {
+            between("containers");
+            for n in d.names(false) {
                 if let Some((id, name)) = parse_container_log(&n) {
                     out.containers.insert(id, name);
                 }
             }
         }
-        Ok(false) => {}
+        Ok(None) => {}
         Err(e) => said.push(e),
     }
     (out, said)
@@ -179,6 +300,7 @@ pub fn read(root: &Path) -> (Names, Vec<String>) {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+    use std::path::PathBuf;
 
     const UID: &str = "0b7d8f3c-5a1e-4c2b-9d6f-1e2a3b4c5d6e";
     const CID: &str = "4f1e2d3c4b5a69788796a5b4c3d2e1f0a1b2c3d4e5f60718293a4b5c6d7e8f90";
@@ -247,6 +369,37 @@ mod tests {
         assert!(said[1].contains("not a directory"), "{said:?}");
         let (n, said) = read(&root.join("nothing-here"));
         assert_eq!((n, said), (Names::default(), Vec::<String>::new()));
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    /// What is checked is what is read: a directory swapped for a link to another user's
+    /// directory between the check and the reading (the check passed on the real one) puts
+    /// none of the planted names on the series.
+    #[test]
+    fn a_directory_swapped_after_the_check_is_not_read() {
+        let root = tree("swap");
+        std::fs::create_dir_all(root.join(format!("pods/ml-team_trainer_{UID}"))).unwrap();
+        let evil = root.join("evil");
+        let evil_uid = "11111111-2222-3333-4444-555555555555";
+        let evil_cid = "ab".repeat(32);
+        std::fs::create_dir_all(evil.join(format!("attacker_spoofed_{evil_uid}"))).unwrap();
+        std::fs::create_dir_all(evil.join(format!("spoofed_attacker_fake-{evil_cid}.log")))
+            .unwrap();
+        std::fs::write(
+            evil.join(format!("spoofed_attacker_fake-{evil_cid}.log/x")),
+            b"",
+        )
+        .unwrap();
+        // The real directories move away and links to the planted one take their names.
+        let swap = |dir: &str| {
+            std::fs::rename(root.join(dir), root.join(format!("{dir}.old"))).unwrap();
+            std::os::unix::fs::symlink(&evil, root.join(dir)).unwrap();
+        };
+        let (n, said) = read_with(&root, &swap);
+        assert!(said.is_empty(), "{said:?}");
+        assert_eq!(n.pod(evil_uid), None, "planted pod read: {:?}", n.pods);
+        assert_eq!(n.container(&evil_cid), None, "{:?}", n.containers);
+        assert_eq!(n.pod(UID).map(|p| p.name.as_str()), Some("trainer"));
         let _ = std::fs::remove_dir_all(&root);
     }
 

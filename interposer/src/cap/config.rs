@@ -71,6 +71,10 @@ pub(crate) enum Fault {
     WaitDeadlock,
     /// Frees never wake waiters (they notice room on their timer only).
     NoWake,
+    /// The cap's set-up, in the process that loaded the library (not in a forked child),
+    /// says so in one line and pauses for two minutes: a test forks while a thread is inside
+    /// it, and the child must not wait for that thread.
+    SetupPause,
 }
 
 /// What the variables asked for.
@@ -82,6 +86,10 @@ pub(crate) struct Settings {
     pub cap_text: Option<String>,
     /// `VRAMSHIM_SHARED` as given, and the region file it names.
     pub shared: Option<(String, PathBuf)>,
+    /// `VRAMSHIM_SHARED` as given when it names no region, and why (with the accepted
+    /// forms): the group's cap cannot be kept, so the cap fails closed as for a region that
+    /// cannot be used (the process's own cap, or with `VRAMSHIM_CAP_STRICT=1` nothing).
+    pub shared_invalid: Option<(String, String)>,
     pub context: ContextMode,
     /// `VRAMSHIM_CAP_STRICT=1`: where the cap cannot be enforced as asked (the shared region
     /// is unusable), every device allocation is refused instead of falling back.
@@ -152,9 +160,10 @@ pub(crate) fn parse_with(
         Some("wait-deadlock") => Fault::WaitDeadlock,
         Some("no-wake") => Fault::NoWake,
         Some("panic-at-setup") => Fault::PanicAtSetup,
+        Some("setup-pause") => Fault::SetupPause,
         Some(v) => {
             lines.push(format!(
-                "vramshim: VRAMSHIM_CAP_FAULT=\"{}\" is not valid (a test-only switch); accepted: racy-charge, no-reclaim, pid-only, ordinal-lines, squat-pass-through, slots-uncapped, requested-bytes, unchecked-context, async-uncharge, pool-live-bytes, die-claiming-line, no-claim-recovery, ignore-limits, no-wait, wait-deadlock, no-wake, panic-at-setup; ignoring it",
+                "vramshim: VRAMSHIM_CAP_FAULT=\"{}\" is not valid (a test-only switch); accepted: racy-charge, no-reclaim, pid-only, ordinal-lines, squat-pass-through, slots-uncapped, requested-bytes, unchecked-context, async-uncharge, pool-live-bytes, die-claiming-line, no-claim-recovery, ignore-limits, no-wait, wait-deadlock, no-wake, panic-at-setup, setup-pause; ignoring it",
                 v.escape_debug()
             ));
             Fault::None
@@ -237,24 +246,30 @@ pub(crate) fn parse_with(
     } else {
         spec
     };
-    let shared = match &shared_text {
-        None => None,
+    // A name that names no region is a group cap that cannot be kept: it fails closed when
+    // the cap is set up (`Cap::region_unusable` says what is kept, in one line).
+    let (shared, shared_invalid) = match &shared_text {
+        None => (None, None),
         Some(t) => match spec::shared_path(t, uid) {
-            Ok(p) => Some((t.trim().to_string(), p)),
-            Err(reason) => {
-                lines.push(format!(
-                    "vramshim: VRAMSHIM_SHARED=\"{}\" is not valid ({reason}); {}; running without a cap (pass-through)",
-                    t.escape_debug(),
-                    spec::SHARED_FORMS
-                ));
-                return (None, lines);
-            }
+            Ok(p) => (Some((t.trim().to_string(), p)), None),
+            Err(reason) => (
+                None,
+                Some((
+                    t.clone(),
+                    format!("not a valid name ({reason}); {}", spec::SHARED_FORMS),
+                )),
+            ),
         },
     };
-    if cap_text.is_none() && shared.is_none() && !has_vars && !has_kernel {
+    if cap_text.is_none()
+        && shared.is_none()
+        && shared_invalid.is_none()
+        && !has_vars
+        && !has_kernel
+    {
         return (None, lines);
     }
-    if on_cap != OnCap::Fail && shared.is_none() {
+    if on_cap != OnCap::Fail && shared.is_none() && shared_invalid.is_none() {
         lines.push(
             "vramshim: VRAMSHIM_ON_CAP=wait has no effect without VRAMSHIM_SHARED (only the members of a group can free what a refused request waits for); refusing at once".into(),
         );
@@ -264,6 +279,7 @@ pub(crate) fn parse_with(
             spec,
             cap_text,
             shared,
+            shared_invalid,
             context,
             strict,
             fault,
@@ -335,10 +351,45 @@ mod tests {
                 "{l}"
             );
         }
-        let (s, lines) = run(&[("VRAMSHIM_CAP", "0.5"), ("VRAMSHIM_SHARED", "a/b")]);
-        assert!(s.is_none());
-        assert_eq!(lines.len(), 1);
-        assert!(lines[0].contains("VRAMSHIM_SHARED=\"a/b\""), "{}", lines[0]);
+    }
+
+    /// A `VRAMSHIM_SHARED` that names no region is kept as such (with the reason and the
+    /// accepted forms) for the set-up to fail closed on, whatever else is set; nothing said
+    /// at parse time (the set-up says it once, with what the process keeps).
+    #[test]
+    fn a_bad_shared_name_is_kept_to_fail_closed() {
+        for (vars, own) in [
+            (
+                &[("VRAMSHIM_CAP", "0.5"), ("VRAMSHIM_SHARED", "a/b")][..],
+                true,
+            ),
+            (&[("VRAMSHIM_SHARED", "a/b")][..], false),
+            (
+                &[("VRAMSHIM_SHARED", "a/b"), ("VRAMSHIM_CAP_STRICT", "1")][..],
+                false,
+            ),
+            (
+                &[("GPU_MEMORY_LIMIT", "1g"), ("VRAMSHIM_SHARED", "a/b")][..],
+                true,
+            ),
+        ] {
+            let (s, lines) = run(vars);
+            assert!(lines.is_empty(), "{vars:?}: {lines:?}");
+            let s = s.unwrap_or_else(|| panic!("{vars:?}: pass-through"));
+            assert_eq!(s.shared, None);
+            let (name, why) = s.shared_invalid.unwrap();
+            assert_eq!(name, "a/b");
+            assert!(why.contains(spec::SHARED_FORMS), "{why}");
+            assert_eq!(s.spec.get(0).is_some(), own, "{vars:?}");
+        }
+        let (s, _) = run(&[("VRAMSHIM_SHARED", &"x".repeat(65))]);
+        assert!(
+            s.unwrap()
+                .shared_invalid
+                .unwrap()
+                .1
+                .contains("longer than 64")
+        );
     }
 
     /// Other tools' variables alone make a cap (per device, the smallest, named); with

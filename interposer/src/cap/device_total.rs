@@ -90,6 +90,7 @@ mod tests {
                 spec: parse_cap(text).unwrap(),
                 cap_text: None,
                 shared: None,
+                shared_invalid: None,
                 context: ContextMode::Exclude,
                 strict: false,
                 fault: Fault::None,

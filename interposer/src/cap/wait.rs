@@ -305,6 +305,7 @@ mod tests {
                 spec: parse_cap("1GiB").unwrap(),
                 cap_text: Some("1GiB".into()),
                 shared: Some(("waiters".into(), path.to_path_buf())),
+                shared_invalid: None,
                 context: ContextMode::Exclude,
                 strict: false,
                 fault,

@@ -43,7 +43,7 @@ hooks! {
         h.alloc(
             &ALLOCS,
             || req(Api::CuMemAllocPitch, AllocKind::Pitch, drv_device(), 0, width.saturating_mul(height), 0),
-            false,
+            || false,
             // SAFETY: forwarding the caller's arguments unchanged.
             move |f| unsafe { f(dptr, pitch, width, height, elem) },
             || {

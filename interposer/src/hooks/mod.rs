@@ -211,7 +211,7 @@ impl<F: Copy> Site<F> {
         self.alloc(
             &crate::state::live_table::ALLOCS,
             make_req,
-            pool_ok && !out.is_null(),
+            move || pool_ok && !out.is_null(),
             call,
             move || (out.get(), size as u64),
             move |p| out.set(p),
@@ -247,15 +247,17 @@ impl<F: Copy> Site<F> {
 
     /// The common shape of an allocation hook: `make_req` decodes the request, `call` makes
     /// the real call, `read` gives the address and size it produced, `write_pool` writes an
-    /// address the pool served. The mode read once picks the path: pass-through inline, the
-    /// paths that meet layers out of line (see [`pipeline::Path`]).
+    /// address the pool served; `pool_ok` says whether the pool may serve it, asked only where
+    /// the request is built (a value computed before the mode check costs pass-through its
+    /// instructions on every request). The mode read once picks the path: pass-through inline, the paths that meet
+    /// layers out of line (see [`pipeline::Path`]).
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     pub(crate) fn alloc(
         self,
         table: &'static LiveTable,
         make_req: impl FnOnce() -> Request,
-        pool_ok: bool,
+        pool_ok: impl FnOnce() -> bool,
         call: impl Fn(F) -> c_int,
         read: impl FnOnce() -> (u64, u64),
         write_pool: impl FnOnce(u64),
@@ -274,7 +276,7 @@ impl<F: Copy> Site<F> {
                 // too) store them on the stack before the mode check.
                 let a = move || AllocCall {
                     make_req,
-                    pool_ok,
+                    pool_ok: pool_ok(),
                     call: move || call(f),
                     read,
                     write_pool,

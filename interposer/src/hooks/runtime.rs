@@ -64,7 +64,7 @@ hooks! {
         h.alloc(
             &ALLOCS,
             || req(Api::CudaMallocPitch, AllocKind::Pitch, rt_device(), 0, width.saturating_mul(height), 0),
-            false,
+            || false,
             // SAFETY: forwarding the caller's arguments unchanged.
             move |f| unsafe { f(dev_ptr, pitch, width, height) },
             || {
@@ -82,7 +82,7 @@ hooks! {
         h.alloc(
             &ALLOCS,
             || req(Api::CudaMalloc3D, AllocKind::Pitch, rt_device(), 0, extent.width.saturating_mul(rows), 0),
-            false,
+            || false,
             // SAFETY: forwarding the caller's arguments unchanged.
             move |f| unsafe { f(pitched, extent) },
             || {

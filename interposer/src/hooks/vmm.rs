@@ -43,7 +43,7 @@ hooks! {
         h.alloc(
             &HANDLES,
             r,
-            false,
+            || false,
             // SAFETY: forwarding the caller's arguments unchanged.
             move |f| unsafe { f(handle, size, prop, fl) },
             move || (handle.get(), size as u64),

@@ -38,11 +38,12 @@
 
 use std::collections::HashMap;
 use std::ffi::{CStr, CString, c_char, c_int, c_long, c_void};
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use super::elf_syms::Elf;
 use super::stack_keys::{self, Frame, StackKeys};
+use crate::sys::spin::{SpinGuard, SpinLock};
 use vramshim_trace::{Event, PyFrame, TorchOp, torch_action as act};
 
 /// The allocator object pointer (`std::atomic<CUDAAllocator*>`), exported by libc10_cuda.so.
@@ -107,15 +108,31 @@ struct State {
     full_said: bool,
 }
 
-static STATE: Mutex<Option<State>> = Mutex::new(None);
+/// Behind the process's spin lock, not a `Mutex`: a thread of the parent may hold it at a
+/// fork (inside the tracker, on any allocating thread), and a `Mutex` would stay locked in
+/// the child for good: its first tensor event or [`drain`] would block forever. A forked
+/// child takes it back ([`on_fork_child`]); a panic in the holder releases it.
+static STATE: SpinLock<Option<State>> = SpinLock::new(None);
 /// Code objects named so far (address -> PyCode id). Held for a whole [`drain`] and only
 /// tried (a drain that finds another one running returns), so no thread ever waits on it
 /// while attached to the interpreter.
-static CODES: Mutex<Option<HashMap<u64, u32>>> = Mutex::new(None);
+static CODES: SpinLock<Option<HashMap<u64, u32>>> = SpinLock::new(None);
 
-fn state() -> MutexGuard<'static, Option<State>> {
-    // A panic while holding it (never expected) must not turn every later event into one.
-    STATE.lock().unwrap_or_else(|e| e.into_inner())
+fn state() -> SpinGuard<'static, Option<State>> {
+    STATE.lock()
+}
+
+/// Forked child (the atfork child handler: its only thread, holding no guard): its trace
+/// starts empty, so stacks and code objects are named again from the first id; the parent's
+/// maps (maybe half updated by a thread that held the lock at the fork) are forgotten,
+/// never read or freed. The segments go with them: a tensor event of the child in a segment
+/// the parent mapped carries no segment.
+pub(crate) fn on_fork_child() {
+    // SAFETY: the child's only thread, holding no guard of either lock.
+    let (st, codes) = unsafe { (STATE.reset_in_child(), CODES.reset_in_child()) };
+    std::mem::forget(st.take());
+    std::mem::forget(codes.take());
+    PENDING.store(false, Ordering::Relaxed);
 }
 
 // ---- libstdc++'s std::function<void(const TraceEntry&)>: {_Any_data, manager, invoker}.
@@ -710,10 +727,8 @@ pub(crate) fn drain() -> c_int {
     if unsafe { (api.gil_check)() } != 1 {
         return -1;
     }
-    let mut codes = match CODES.try_lock() {
-        Ok(g) => g,
-        Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
-        Err(std::sync::TryLockError::WouldBlock) => return 0,
+    let Some(mut codes) = CODES.lock_within(1) else {
+        return 0;
     };
     let codes = codes.get_or_insert_with(HashMap::new);
     let pending = {
@@ -776,5 +791,65 @@ mod tests {
         assert_eq!(seg(&mut st, act::ALLOC, 0, 0x2800, 16), 0);
         assert_eq!(seg(&mut st, act::ALLOC, 1, 0x2800, 16), 0x2000);
         assert_eq!(st.segments, vec![(0, 0x8000, 0x1000), (1, 0x2000, 0x4000)]);
+    }
+
+    /// Waits for child `pid` at most `limit`; kills it past that. Its exit code, or None when
+    /// it had to be killed (or did not exit normally).
+    fn wait_bounded(pid: libc::pid_t, limit: std::time::Duration) -> Option<i32> {
+        let end = std::time::Instant::now() + limit;
+        let mut status = 0;
+        loop {
+            // SAFETY: our own child; a valid out-pointer.
+            let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+            if r == pid {
+                return libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status));
+            }
+            if std::time::Instant::now() > end {
+                // SAFETY: our own child, not yet reaped.
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                    libc::waitpid(pid, &mut status, 0);
+                }
+                return None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+
+    /// A fork while another thread is inside the tracker (holding its state, as on a tensor
+    /// event): the child, where that thread does not exist, takes the state back at once,
+    /// fresh (its trace names every stack again), instead of waiting for it forever.
+    #[test]
+    fn a_forked_child_takes_the_trackers_state_back() {
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let holder = std::thread::spawn(move || {
+            let mut g = super::state();
+            g.get_or_insert_with(super::State::default).ids = 41;
+            held_tx.send(()).unwrap();
+            let _ = go_rx.recv();
+            g.as_mut().unwrap().ids += 1;
+        });
+        held_rx.recv().unwrap();
+        // SAFETY: fork has no memory preconditions; the child runs only the checks below (no
+        // panics, no locks of the test harness) and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            // What the atfork child handler does.
+            super::on_fork_child();
+            let fresh = super::state().is_none() && super::CODES.lock_within(1).is_some();
+            // SAFETY: ends the child without running the parent's atexit handlers.
+            unsafe { libc::_exit(if fresh { 0 } else { 1 }) }
+        }
+        let code = wait_bounded(pid, std::time::Duration::from_secs(60));
+        go_tx.send(()).unwrap();
+        holder.join().unwrap();
+        assert_eq!(
+            code,
+            Some(0),
+            "the forked child did not take the tracker's state back (None: it hung and was killed after 60 s)"
+        );
+        assert_eq!(super::state().as_ref().map(|s| s.ids), Some(42));
     }
 }

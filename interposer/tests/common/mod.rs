@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use vramshim_testkit::{Link, RunOutput, compile_c_to, interposer_lib, run_with_preload, temp_dir};
+use vramshim_testkit::{Link, RunOutput, compile_c_to, run_with_preload, temp_dir};
 
 /// `tests/workloads/interposer/<file>` relative to the repository root.
 pub fn src(file: &str) -> String {
@@ -25,13 +25,7 @@ pub fn build(name: &str, file: &str, link: Link, extra: &[&str]) -> PathBuf {
 }
 
 pub fn lib() -> PathBuf {
-    let l = interposer_lib();
-    assert!(
-        l.exists(),
-        "{} is not built: cargo build --release -p vramshim-interposer",
-        l.display()
-    );
-    l
+    vramshim_testkit::built_interposer_lib()
 }
 
 /// Run `exe` on the simulated GPU without and with the preload (each on its own simulated

@@ -93,13 +93,17 @@ impl Stitch {
         }
         let size = round_up(req.max(1), ALIGN);
         let l = self.sizes.find(size)?;
-        let list = &mut self.sizes.at_mut(l).cached;
-        let &id = list.last()?;
+        let sl = self.sizes.at_mut(l);
+        if sl.allocs == sl.replay_next {
+            return None;
+        }
+        let &id = sl.cached.last()?;
         let b = self.blocks.at_mut(id);
         if b.event.is_some() || !(b.free_stream == t || b.epoch < self.epoch) {
             return None;
         }
-        list.pop();
+        sl.cached.pop();
+        sl.allocs = sl.allocs.wrapping_add(1);
         let c = if size <= self.gran / 2 { SMALL } else { LARGE };
         if self.lru[c].back() == Some(&(b.seq, b.addr)) {
             self.lru[c].pop_back();

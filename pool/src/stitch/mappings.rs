@@ -248,7 +248,10 @@ impl Stitch {
         for &m in list.iter().rev().take(MAP_SCAN) {
             let mp = self.map(m);
             // (the fault switch takes only mappings in use: their blocks' bytes would move)
-            if (mp.users != 0) != self.faults.repair_used || self.arena == Some(m) {
+            if (mp.users != 0) != self.faults.repair_used
+                || self.arena == Some(m)
+                || self.in_rounds(m)
+            {
                 continue;
             }
             // a stream may still touch the mapping's addresses (a block freed through it

@@ -35,6 +35,8 @@ use crate::{ALIGN, Alloc, FreeMode, Policy, PoolError, Request, Stats, round_up}
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 pub use budget::Budget;
+#[doc(hidden)]
+pub use pages::PageView;
 
 mod arena;
 mod budget;
@@ -44,6 +46,7 @@ mod mappings;
 mod pages;
 mod placement;
 mod quiet;
+mod rounds;
 mod slow_path;
 
 /// How many cached blocks of one size the fast path looks at.
@@ -131,6 +134,9 @@ pub struct Faults {
     /// Keep the layout (cached blocks, earlier places) when nothing is live (not a safety
     /// fault: it proves the test that the tight pool does not creep over passes can fail).
     pub keep_layout: bool,
+    /// Do not replay the previous round's places (not a safety fault: it proves the test
+    /// that a repeated workload's later rounds make no driver call can fail).
+    pub forget_rounds: bool,
 }
 
 impl Faults {
@@ -143,6 +149,7 @@ impl Faults {
             || self.repair_used
             || self.release_forced
             || self.keep_layout
+            || self.forget_rounds
     }
 }
 
@@ -186,6 +193,8 @@ pub struct Stitch {
     /// where blocks of each size were placed last (mapping, its address, offset), most
     /// recent last: a repeating pattern takes the same places again
     ghosts: FxMap<u64, Vec<(u32, u64, u64)>>,
+    /// the places of this round's and the previous round's cache misses (see `rounds`)
+    rounds: rounds::Rounds,
     /// soft limit over peak live beyond which cached blocks are dissolved before growing
     /// (None: cache until the device or cap refuses)
     headroom: Option<f64>,
@@ -247,6 +256,7 @@ impl Stitch {
             events: FxMap::default(),
             faults: Faults::default(),
             ghosts: FxMap::default(),
+            rounds: Default::default(),
             headroom: None,
             budget: None,
             arena: None,
@@ -396,8 +406,19 @@ impl Policy for Stitch {
         if !self.pending.is_empty() && self.flushed_epoch != self.epoch {
             self.flush_pending();
         }
-        let mut hit = self.cache_take(dev, size, t, req.size);
+        // under a budget, the place this allocation had in the previous round comes first
+        // (see `rounds`): a cached block taken instead would let the layout drift
+        let replayed = if self.budget.is_some() {
+            self.round_commit(dev, size, t)?
+        } else {
+            None
+        };
+        let mut hit = None;
+        if replayed.is_none() {
+            hit = self.cache_take(dev, size, t, req.size);
+        }
         if hit.is_none()
+            && replayed.is_none()
             && self.pending_bytes > 0
             && self.pending_bytes >= self.pending_limit()
             && !dev.is_capturing()
@@ -407,13 +428,22 @@ impl Policy for Stitch {
             // (instead of growing while it waits)
             hit = self.cache_take(dev, size, t, req.size);
         }
-        let slot = match hit {
-            Some(a) => Ok(Slot::Hit(a)),
-            None => self.alloc_slow(dev, size, t, req.size),
+        let slot = match (replayed, hit) {
+            (Some((m, off)), _) => Ok(Slot::New(m, off)),
+            (None, Some(a)) => Ok(Slot::Hit(a)),
+            (None, None) => self.alloc_slow(dev, size, t, req.size),
         };
         let addr = match slot {
             Ok(Slot::Hit(a)) => {
                 self.stats.cache_hits += 1;
+                if self.budget.is_some() {
+                    self.note_round(size, a);
+                }
+                if let Some(l) = self.sizes.find(size) {
+                    let sl = self.sizes.at_mut(l);
+                    sl.allocs = sl.allocs.wrapping_add(1);
+                }
+                self.next_replay(size);
                 a
             }
             slot => {
@@ -447,6 +477,12 @@ impl Policy for Stitch {
                     epoch: 0,
                     seq: 0,
                 });
+                if self.budget.is_some() {
+                    self.note_round(size, addr);
+                }
+                let sl = self.sizes.at_mut(list);
+                sl.allocs = sl.allocs.wrapping_add(1);
+                self.next_replay(size);
                 self.gc_mappings(dev);
                 addr
             }

@@ -164,3 +164,56 @@ impl Stitch {
         Ok(())
     }
 }
+
+/// A partly used page as placement sees it (diagnostics, e.g. `examples/pool_fit.rs`).
+#[doc(hidden)]
+#[derive(Clone, Debug)]
+pub struct PageView {
+    pub page: u32,
+    /// first used by a block of at most half a page
+    pub small: bool,
+    pub used: u64,
+    /// free byte ranges `(start, end)`
+    pub free: Vec<(u64, u64)>,
+    /// `(start, end, block address, block size, "live" | "pending" | "cached")`
+    pub blocks: Vec<(u64, u64, u64, u64, &'static str)>,
+}
+
+impl Stitch {
+    /// Every partly used page (diagnostics: where the free bytes a large request cannot use
+    /// lie, and which blocks pin them).
+    #[doc(hidden)]
+    pub fn partial_pages(&self) -> Vec<PageView> {
+        let mut out = Vec::new();
+        for (i, pg) in self.pages.iter().enumerate() {
+            let Some(pg) = pg else { continue };
+            if pg.used == 0 || pg.used == self.gran {
+                continue;
+            }
+            let blocks = pg
+                .occ
+                .iter()
+                .map(|(&s, &(e, a))| {
+                    let (size, state) = self.blocks.get(a).map_or((0, "?"), |b| {
+                        let st = match b.state {
+                            BState::Live => "live",
+                            BState::Pending => "pending",
+                            BState::Cached => "cached",
+                            BState::Vacant => "?",
+                        };
+                        (b.size, st)
+                    });
+                    (s, e, a, size, state)
+                })
+                .collect();
+            out.push(PageView {
+                page: i as u32,
+                small: pg.class == SMALL,
+                used: pg.used,
+                free: pg.free.iter().map(|(&s, &e)| (s, e)).collect(),
+                blocks,
+            });
+        }
+        out
+    }
+}

@@ -8,7 +8,8 @@
 //! peak crept over passes: vit behind `cudaFree` 1.059 / 1.109 / 1.134 x peak live after
 //! 1 / 2 / 6 passes). When nothing is live, every cached block is dissolved and the earlier
 //! places are forgotten; the pages and mappings stay (no driver call), so the next round is
-//! laid out afresh, as compactly as the first, in memory the pool already holds.
+//! laid out afresh, as compactly as the first, in memory the pool already holds: the places
+//! of the round that ended, taken in the order of that round (see `rounds`), not by size.
 //!
 //! Blocks freed with `cudaFree` and still waiting for a synchronization are released by one
 //! synchronization first (nothing is live: every byte of the pool is free once it is made);
@@ -42,6 +43,7 @@ impl Stitch {
         }
         while self.dissolve_some(dev, u64::MAX) {}
         self.ghosts.clear();
+        self.end_round();
         self.layout_mark = (allocs, hits);
     }
 }

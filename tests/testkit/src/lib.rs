@@ -7,14 +7,16 @@
 //! out.assert_success();
 //! ```
 //!
-//! * Where things are: [`profile_dir`], [`repo_root`], [`interposer_lib`], [`sim_dir`]
+//! * Where things are: [`profile_dir`], [`repo_root`], [`interposer_lib`] (checked built:
+//!   [`built_interposer_lib`]), [`sim_dir`]
 //!   (the simulated GPU's libraries under their real names, laid out on first use),
 //!   [`workloads_include`].
 //! * Building C programs: [`compile_c`] / [`compile_c_to`] (gcc, `-I tests/workloads/include`,
 //!   no rpath) with a [`Link`] mode, [`replay_exe`] (the RMM-CSV replay workload).
 //! * Running on the simulated GPU: [`sim_env`] / [`sim_command`] (LD_LIBRARY_PATH + a unique
 //!   `VRAMSIM_NAME`), [`preload`] (adds a library to `LD_PRELOAD`), [`run`] /
-//!   [`run_with_preload`] returning a [`RunOutput`].
+//!   [`run_with_preload`] returning a [`RunOutput`]; [`PASS_VAR`] (`VRAMSHIM_TEST_PASS`) hands
+//!   fault switches to every program [`sim_command`] starts.
 //! * Scratch space: [`temp_dir`], [`unique_name`]; shipped traces: [`trace_file`].
 //! * NVIDIA's real `libcudart.so.12` (downloaded wheel): [`real_cudart12_dir`]; the pinned
 //!   NVIDIA wheels of scripts/setup-nvidia-wheels: [`nvidia_wheels`].
@@ -32,7 +34,10 @@ pub mod users;
 mod wheel;
 
 pub use layout::{SIM_FILES, lay_out, sim_dir};
-pub use proc::{RunOutput, preload, run, run_with_preload, sim_command, sim_env};
+pub use proc::{
+    PASS_VAR, RunOutput, parse_pass, pass_through, preload, run, run_with_preload, sim_command,
+    sim_env,
+};
 pub use wheel::{CUDART12_WHEEL, nvidia_wheels, real_cudart12_dir};
 
 use std::path::{Path, PathBuf};
@@ -64,6 +69,19 @@ pub fn repo_root() -> PathBuf {
 /// Path of the built `libvramshim.so`.
 pub fn interposer_lib() -> PathBuf {
     profile_dir().join("libvramshim.so")
+}
+
+/// [`interposer_lib`], which must be built: a test that preloads it would otherwise run no
+/// interposer at all, or a stale one from another build.
+#[track_caller]
+pub fn built_interposer_lib() -> PathBuf {
+    let l = interposer_lib();
+    assert!(
+        l.exists(),
+        "{} is not built: cargo build --release -p vramshim-interposer",
+        l.display()
+    );
+    l
 }
 
 /// `tests/workloads/include` (holds `cuda_api.h`).

@@ -20,16 +20,71 @@ pub fn sim_env(name: &str) -> Vec<(String, String)> {
     ]
 }
 
+/// The variable whose `NAME=VALUE;NAME=VALUE` pairs [`sim_command`] hands to every program it
+/// starts (after removing the inherited `VRAMSHIM_*`), so that a fault switch reaches the
+/// programs a test spawns: `VRAMSHIM_TEST_PASS="VRAMSHIM_CAP_FAULT=racy-charge" cargo test ...`.
+pub const PASS_VAR: &str = "VRAMSHIM_TEST_PASS";
+
+/// The pairs of a [`PASS_VAR`] value: `NAME=VALUE` separated by `;` (empty parts skipped), each
+/// name a `VRAMSHIM_*` or `VRAMSIM_*` variable. Err: one line saying what is wrong and the
+/// accepted form.
+pub fn parse_pass(value: &str) -> Result<Vec<(String, String)>, String> {
+    let form = "accepted: NAME=VALUE pairs separated by ';', each NAME a VRAMSHIM_* or VRAMSIM_* \
+                variable (VRAMSHIM_CAP_FAULT=racy-charge;VRAMSIM_DEVSTATE_FAULT=pause)";
+    let mut out = Vec::new();
+    for part in value.split(';').map(str::trim).filter(|p| !p.is_empty()) {
+        let Some((k, v)) = part.split_once('=') else {
+            return Err(format!(
+                "{PASS_VAR}=\"{}\": \"{}\" has no '='; {form}",
+                value.escape_debug(),
+                part.escape_debug()
+            ));
+        };
+        let k = k.trim();
+        let named = |p: &str| k.strip_prefix(p).is_some_and(|r| !r.is_empty());
+        let chars = k
+            .bytes()
+            .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_');
+        if !(named("VRAMSHIM_") || named("VRAMSIM_")) || !chars || k == PASS_VAR {
+            return Err(format!(
+                "{PASS_VAR}=\"{}\": \"{}\" is not a VRAMSHIM_* or VRAMSIM_* variable; {form}",
+                value.escape_debug(),
+                k.escape_debug()
+            ));
+        }
+        out.push((k.to_string(), v.to_string()));
+    }
+    Ok(out)
+}
+
+/// The pairs of [`PASS_VAR`] in the test process's environment (none when unset). A value that
+/// cannot be read stops the test with one line: a fault demonstration that silently did not
+/// reach the programs would pass for the wrong reason.
+#[track_caller]
+pub fn pass_through() -> Vec<(String, String)> {
+    match std::env::var_os(PASS_VAR) {
+        None => Vec::new(),
+        Some(v) => match v.to_str().map(parse_pass) {
+            Some(Ok(p)) => p,
+            Some(Err(line)) => panic!("{line}"),
+            None => panic!("{PASS_VAR} is not UTF-8 text: {v:?}"),
+        },
+    }
+}
+
 /// A `Command` for `exe` with [`sim_env`]`(name)` applied and `VRAMSHIM_*`/`LD_PRELOAD`
-/// removed from the inherited environment (tests start from a clean state).
+/// removed from the inherited environment (tests start from a clean state), then the pairs
+/// of [`PASS_VAR`] set (what the test sets itself afterwards wins).
 pub fn sim_command(exe: impl AsRef<OsStr>, name: &str) -> Command {
     let mut c = Command::new(exe);
-    for (k, _) in std::env::vars() {
-        if k.starts_with("VRAMSHIM_") || k.starts_with("VRAMSIM_") || k == "LD_PRELOAD" {
+    for (k, _) in std::env::vars_os() {
+        let n = k.as_encoded_bytes();
+        if n.starts_with(b"VRAMSHIM_") || n.starts_with(b"VRAMSIM_") || n == b"LD_PRELOAD" {
             c.env_remove(k);
         }
     }
     c.envs(sim_env(name));
+    c.envs(pass_through());
     c
 }
 

@@ -1,0 +1,109 @@
+//! The trace writer's cost per frame and per event for small frames: what the interposer's
+//! writer thread pays on a 50 ms tick that finds a few events.
+//!
+//! `frame_cost KIND EVENTS FRAMES`: writes FRAMES frames of EVENTS events each (KIND `sync`:
+//! `Sync` records, as a training step's closing synchronize; `memop`: alloc/free pairs with
+//! noisy nanosecond timings) through `write_records` + `flush_frame`, as the writer thread
+//! does, into memory. Prints CPU ns per frame and the file's bytes per event. Under valgrind's
+//! callgrind, two runs with different FRAMES give instructions per frame by difference
+//! (`scripts/bench writer` does this).
+
+use std::time::Instant;
+
+use vramshim_trace::{
+    AllocKind, Api, Event, FrameLayout, Header, MemOp, RecordEncoder, SyncKind, TraceWriter,
+};
+
+fn events(kind: &str, n: usize, frame: usize) -> Vec<Event> {
+    // A deterministic generator (xorshift) for the timing noise.
+    let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ frame as u64;
+    let mut rnd = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut t = 1_000_000_000 + frame as u64 * 50_000_000;
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        t += 5_000 + rnd() % 200_000;
+        match kind {
+            "sync" => out.push(Event::Sync {
+                t_ns: t,
+                tid: 1000,
+                device: 0,
+                kind: SyncKind::ProcessDevice,
+                stream: 0,
+                latency_ns: 150_000 + (rnd() % 900_000) as u32,
+            }),
+            _ => {
+                let m = MemOp {
+                    t_ns: t,
+                    tid: 1000,
+                    api: Api::CudaMalloc,
+                    kind: AllocKind::Runtime,
+                    flags: 0,
+                    device: 0,
+                    stream: 0,
+                    addr: 0x7f00_0000_0000 + ((i as u64 / 2) % 64) * (2 << 20),
+                    size: 4096 << ((i / 2) % 8),
+                    result: 0,
+                    latency_ns: 2_000 + (rnd() % 30_000) as u32,
+                    stack: 0,
+                };
+                out.push(if i % 2 == 0 {
+                    Event::Alloc(m)
+                } else {
+                    Event::Free(m)
+                });
+            }
+        }
+    }
+    out
+}
+
+fn main() {
+    let a: Vec<String> = std::env::args().collect();
+    if a.len() != 4 || !matches!(a[1].as_str(), "sync" | "memop") {
+        eprintln!("usage: frame_cost sync|memop EVENTS_PER_FRAME FRAMES");
+        std::process::exit(2);
+    }
+    let (kind, n, frames) = (a[1].as_str(), a[2].parse::<usize>(), a[3].parse::<usize>());
+    let (Ok(n), Ok(frames)) = (n, frames) else {
+        eprintln!("frame_cost: EVENTS_PER_FRAME and FRAMES are whole numbers");
+        std::process::exit(2);
+    };
+    // Encoded before timing: the writer thread's encoding is per event, not per frame.
+    let bufs: Vec<_> = (0..frames)
+        .map(|f| {
+            let mut enc = RecordEncoder::with_capacity(64 << 10);
+            enc.begin(1000);
+            for e in events(kind, n, f) {
+                enc.push(&e);
+            }
+            enc.take()
+        })
+        .collect();
+    let mut w = TraceWriter::new(Vec::new(), &Header::default()).unwrap();
+    // FRAME_COST_LAYOUT=rows|columnar: one layout only (default: the writer's own choice).
+    match std::env::var("FRAME_COST_LAYOUT").as_deref() {
+        Ok("rows") => w.set_layout(FrameLayout::Rows),
+        Ok("columnar") => w.set_layout(FrameLayout::Columnar),
+        _ => {}
+    }
+    let t0 = Instant::now();
+    for (b, st) in &bufs {
+        w.write_records(b, *st).unwrap();
+        w.flush_frame().unwrap();
+    }
+    let dt = t0.elapsed().as_nanos() as f64;
+    let st = w.stats();
+    let per_frame = if frames > 0 { dt / frames as f64 } else { 0.0 };
+    let ev = (n * frames).max(1) as f64;
+    println!(
+        "{kind} {n} events/frame, {frames} frames: {per_frame:.0} ns/frame, {:.2} bytes/event ({} frames, {} bytes)",
+        (st.file_bytes as f64) / ev,
+        st.frames,
+        st.file_bytes
+    );
+}
