@@ -132,6 +132,7 @@ pub(crate) fn on_fork_child() {
     let (st, codes) = unsafe { (STATE.reset_in_child(), CODES.reset_in_child()) };
     std::mem::forget(st.take());
     std::mem::forget(codes.take());
+    PENDING.store(false, Ordering::Relaxed);
 }
 
 // ---- libstdc++'s std::function<void(const TraceEntry&)>: {_Any_data, manager, invoker}.
@@ -772,6 +773,26 @@ pub(crate) fn drain() -> c_int {
 mod tests {
     use super::*;
 
+    #[test]
+    fn tensors_are_found_in_their_segments() {
+        let mut st = State::default();
+        let seg = |st: &mut State, a, d, at, n| segment_of(st, a, d, at, n);
+        assert_eq!(seg(&mut st, act::SEGMENT_ALLOC, 0, 0x2000, 0x1000), 0x2000);
+        assert_eq!(seg(&mut st, act::SEGMENT_ALLOC, 0, 0x8000, 0x1000), 0x8000);
+        assert_eq!(seg(&mut st, act::SEGMENT_ALLOC, 1, 0x2000, 0x4000), 0x2000);
+        // Start, middle, just past the end, below every segment, another device.
+        assert_eq!(seg(&mut st, act::ALLOC, 0, 0x2000, 16), 0x2000);
+        assert_eq!(seg(&mut st, act::ALLOC, 0, 0x2800, 16), 0x2000);
+        assert_eq!(seg(&mut st, act::ALLOC, 0, 0x3000, 16), 0);
+        assert_eq!(seg(&mut st, act::FREE_COMPLETED, 0, 0x1000, 16), 0);
+        assert_eq!(seg(&mut st, act::ALLOC, 1, 0x5000, 16), 0x2000);
+        assert_eq!(seg(&mut st, act::ALLOC, 0, 0x8fff, 1), 0x8000);
+        assert_eq!(seg(&mut st, act::SEGMENT_FREE, 0, 0x2000, 0x1000), 0x2000);
+        assert_eq!(seg(&mut st, act::ALLOC, 0, 0x2800, 16), 0);
+        assert_eq!(seg(&mut st, act::ALLOC, 1, 0x2800, 16), 0x2000);
+        assert_eq!(st.segments, vec![(0, 0x8000, 0x1000), (1, 0x2000, 0x4000)]);
+    }
+
     /// Waits for child `pid` at most `limit`; kills it past that. Its exit code, or None when
     /// it had to be killed (or did not exit normally).
     fn wait_bounded(pid: libc::pid_t, limit: std::time::Duration) -> Option<i32> {
@@ -830,25 +851,5 @@ mod tests {
             "the forked child did not take the tracker's state back (None: it hung and was killed after 60 s)"
         );
         assert_eq!(super::state().as_ref().map(|s| s.ids), Some(42));
-    }
-
-    #[test]
-    fn tensors_are_found_in_their_segments() {
-        let mut st = State::default();
-        let seg = |st: &mut State, a, d, at, n| segment_of(st, a, d, at, n);
-        assert_eq!(seg(&mut st, act::SEGMENT_ALLOC, 0, 0x2000, 0x1000), 0x2000);
-        assert_eq!(seg(&mut st, act::SEGMENT_ALLOC, 0, 0x8000, 0x1000), 0x8000);
-        assert_eq!(seg(&mut st, act::SEGMENT_ALLOC, 1, 0x2000, 0x4000), 0x2000);
-        // Start, middle, just past the end, below every segment, another device.
-        assert_eq!(seg(&mut st, act::ALLOC, 0, 0x2000, 16), 0x2000);
-        assert_eq!(seg(&mut st, act::ALLOC, 0, 0x2800, 16), 0x2000);
-        assert_eq!(seg(&mut st, act::ALLOC, 0, 0x3000, 16), 0);
-        assert_eq!(seg(&mut st, act::FREE_COMPLETED, 0, 0x1000, 16), 0);
-        assert_eq!(seg(&mut st, act::ALLOC, 1, 0x5000, 16), 0x2000);
-        assert_eq!(seg(&mut st, act::ALLOC, 0, 0x8fff, 1), 0x8000);
-        assert_eq!(seg(&mut st, act::SEGMENT_FREE, 0, 0x2000, 0x1000), 0x2000);
-        assert_eq!(seg(&mut st, act::ALLOC, 0, 0x2800, 16), 0);
-        assert_eq!(seg(&mut st, act::ALLOC, 1, 0x2800, 16), 0x2000);
-        assert_eq!(st.segments, vec![(0, 0x8000, 0x1000), (1, 0x2000, 0x4000)]);
     }
 }
