@@ -421,7 +421,7 @@ impl Policy for Stitch {
         // under a budget, the place this allocation had in the previous round comes first
         // (see `rounds`): a cached block taken instead would let the layout drift
         let replayed = if self.budget.is_some() {
-            self.round_commit(dev, size, t)?
+            self.round_commit(dev, size, t, req.size)?
         } else {
             None
         };
@@ -441,7 +441,7 @@ impl Policy for Stitch {
             hit = self.cache_take(dev, size, t, req.size);
         }
         let slot = match (replayed, hit) {
-            (Some((m, off)), _) => Ok(Slot::New(m, off)),
+            (Some(slot), _) => Ok(slot),
             (None, Some(a)) => Ok(Slot::Hit(a)),
             (None, None) => self.alloc_slow(dev, size, t, req.size),
         };

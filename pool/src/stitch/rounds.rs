@@ -161,30 +161,93 @@ impl Stitch {
     }
 
     /// Place the allocation of `size` on stream `t` where it was in the previous round, if
-    /// that place is free but for cached blocks (dissolved): `(mapping, offset)`.
+    /// that place is free but for cached blocks: the cached block there when it is one of
+    /// this very size at this very place (a hit, as the previous round may have had), else a
+    /// new block with the cached blocks in the way dissolved.
     pub(super) fn round_commit(
         &mut self,
         dev: &mut dyn Device,
         size: u64,
         t: Stream,
-    ) -> Result<Option<(u32, u64)>, PoolError> {
+        req: u64,
+    ) -> Result<Option<Slot>, PoolError> {
         let Some((m, off, victims)) = self.round_place(dev, size) else {
             return Ok(None);
         };
+        if let [a] = victims[..]
+            && a == self.map(m).va + off
+            && let Some(a) = self.take_cached(dev, a, size, t, req)
+        {
+            return Ok(Some(Slot::Hit(a)));
+        }
         for v in victims {
             self.dissolve(dev, v);
         }
-        self.try_commit(dev, Plan::Existing { map: m, off }, size, t)
+        Ok(self
+            .try_commit(dev, Plan::Existing { map: m, off }, size, t)?
+            .map(|(m, o)| Slot::New(m, o)))
+    }
+
+    /// Take the cached block at `addr` (of `size`) for a request of `req` bytes on stream
+    /// `t`, if it may be handed out on `t` (at once, or behind its free stream's work).
+    fn take_cached(
+        &mut self,
+        dev: &mut dyn Device,
+        addr: u64,
+        size: u64,
+        t: Stream,
+        req: u64,
+    ) -> Option<u64> {
+        let id = self.blocks.id(addr)?;
+        let (epoch, ignore) = (self.epoch, self.faults.ignore_streams);
+        let b = self.blocks.at_mut(id);
+        if b.state != BState::Cached || b.size != size {
+            return None;
+        }
+        let list = b.list;
+        if let Some(s) = Self::compat_at(b, t, epoch, ignore)? {
+            self.order_after(dev, t, s).ok()?;
+        }
+        let cached = &mut self.sizes.at_mut(list).cached;
+        let i = cached.iter().rposition(|&x| x == id)?;
+        cached.remove(i);
+        self.ncached -= 1;
+        self.stats.cached -= size;
+        // its LRU entry goes stale (skipped: the block is no longer cached)
+        let b = self.blocks.at_mut(id);
+        let old_ev = b.event.take();
+        b.state = BState::Live;
+        b.req = req;
+        b.stream = t;
+        if let Some(ev) = old_ev {
+            self.ev_unref(dev, ev);
+        }
+        Some(addr)
     }
 
     /// What holds bytes of `[off, off + size)` of mapping `m` now.
     fn occupants(&self, m: u32, off: u64, size: u64) -> Occupants {
+        // the usual case of a repeated round: the block there is of this very place
+        let at = self.map(m).va + off;
+        if let Some(b) = self.blocks.get(at)
+            && b.map == m
+            && b.off == off
+            && b.size == size
+        {
+            return match b.state {
+                BState::Cached => Occupants::Cached(vec![at]),
+                BState::Pending => Occupants::Pending,
+                BState::Live | BState::Vacant => Occupants::Live,
+            };
+        }
         let mut victims = Vec::new();
         let mut pending = false;
         for (p, s, e) in self.pieces(&self.map(m).pages, off, size) {
-            for (_, &(oe, a)) in self.page(p).occ.range(..e) {
+            // a page's blocks hold disjoint byte ranges: walk back from `e` until one ends
+            // at or before `s`
+            for (_, &(oe, a)) in self.page(p).occ.range(..e).rev() {
                 if oe <= s {
-                    continue;
+                    break;
                 }
                 match self.blocks.get(a).map(|b| b.state) {
                     Some(BState::Cached) => {
