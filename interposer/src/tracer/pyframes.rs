@@ -353,20 +353,23 @@ fn checked_read(addr: u64, buf: &mut [u8]) -> bool {
     n == buf.len() as isize
 }
 
+/// Lowest address an object may have (the first page is never mapped): callers check each
+/// object's address against it before a plain read of its fields ([`rd`]).
+const MIN_ADDR: u64 = 4096;
+
 /// A read of `N` bytes at `addr`: through the kernel when `CHECKED` (before the layout is
-/// verified), else a plain load (a verified layout; the calling thread's own frames).
+/// verified; a bad address is `None`), else a plain load (a verified layout; the calling
+/// thread's own frames), which always succeeds: the caller has checked the address of the
+/// object `addr` lies in against [`MIN_ADDR`] (so no per-field test costs the hot walk).
 #[inline(always)]
 fn rd<const CHECKED: bool, const N: usize>(addr: u64) -> Option<[u8; N]> {
-    if addr < 4096 {
-        return None;
-    }
     let mut b = [0u8; N];
     if CHECKED {
-        return checked_read(addr, &mut b).then_some(b);
+        return (addr >= MIN_ADDR && checked_read(addr, &mut b)).then_some(b);
     }
     // SAFETY: `addr` is a field of an object the calling thread's interpreter frames
-    // reference (alive while this thread is inside this call), at an offset of a verified
-    // layout.
+    // reference (alive while this thread is inside this call; its address checked against
+    // MIN_ADDR by the caller), at an offset of a verified layout.
     unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, b.as_mut_ptr(), N) };
     Some(b)
 }
@@ -620,11 +623,17 @@ fn walk_with<const C: bool>(py: &Py, out: &mut PyWalk) -> Result<(), &'static st
     if ts == 0 {
         return Ok(());
     }
+    if ts < MIN_ADDR {
+        return Err("thread state unreadable");
+    }
     let mut frame = match l.kind {
         Gen::CFrame => {
             let cf = rd_u64::<C>(ts + l.ts_cframe as u64).ok_or("thread state unreadable")?;
             if cf == 0 {
                 return Ok(());
+            }
+            if cf < MIN_ADDR {
+                return Err("frame pointer unreadable");
             }
             rd_u64::<C>(cf + l.cur_frame as u64).ok_or("frame pointer unreadable")?
         }
@@ -638,6 +647,9 @@ fn walk_with<const C: bool>(py: &Py, out: &mut PyWalk) -> Result<(), &'static st
         if frame == 0 || out.n >= MAX_PY {
             break;
         }
+        if frame < MIN_ADDR {
+            return Err("frame unreadable");
+        }
         let code = rd_u64::<C>(frame + l.f_code as u64).ok_or("frame unreadable")?;
         let back = rd_u64::<C>(frame + l.f_back as u64).ok_or("frame unreadable")?;
         if l.f_owner != 0
@@ -650,7 +662,7 @@ fn walk_with<const C: bool>(py: &Py, out: &mut PyWalk) -> Result<(), &'static st
             frame = back;
             continue;
         }
-        if code == 0 || rd_u64::<C>(code + 8) != Some(py.code_type) {
+        if code < MIN_ADDR || rd_u64::<C>(code + 8) != Some(py.code_type) {
             if strict {
                 return Err("a frame's code is not a code object");
             }
@@ -671,6 +683,9 @@ fn walk_with<const C: bool>(py: &Py, out: &mut PyWalk) -> Result<(), &'static st
         let filename = rd_u64::<C>(code + l.co_filename as u64).ok_or("code unreadable")?;
         let name = rd_u64::<C>(code + l.co_name as u64).ok_or("code unreadable")?;
         let linetable = rd_u64::<C>(code + l.co_linetable as u64).ok_or("code unreadable")?;
+        if filename < MIN_ADDR || name < MIN_ADDR || linetable < MIN_ADDR {
+            return Err("a code object's names are unreadable");
+        }
         if strict
             && (rd_u64::<C>(filename + 8) != Some(py.str_type)
                 || rd_u64::<C>(name + 8) != Some(py.str_type)
@@ -746,7 +761,7 @@ pub(crate) fn on_fork_child() {
 }
 
 fn read_str(py: &Py, s: u64) -> String {
-    if rd_u64::<false>(s + 8) != Some(py.str_type) {
+    if s < MIN_ADDR || rd_u64::<false>(s + 8) != Some(py.str_type) {
         return String::from("?");
     }
     let (Some(state), Some(len)) = (rd::<false, 4>(s + 32), rd_u64::<false>(s + 16)) else {
@@ -781,7 +796,7 @@ fn read_str(py: &Py, s: u64) -> String {
 }
 
 fn read_bytes(py: &Py, b: u64) -> Vec<u8> {
-    if rd_u64::<false>(b + 8) != Some(py.bytes_type) {
+    if b < MIN_ADDR || rd_u64::<false>(b + 8) != Some(py.bytes_type) {
         return Vec::new();
     }
     let len = rd_u64::<false>(b + 16).unwrap_or(0) as usize;
