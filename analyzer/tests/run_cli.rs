@@ -407,6 +407,22 @@ fn bad_flag_values_are_refused_before_running() {
     let (rc, _, err) = output(vramshim().args(["run", "--pool", "magic", "--", "true"]));
     assert_ne!(rc, 0);
     assert!(err.contains("stitch"), "{err}");
+    // A group name that names no region: one line with the accepted forms, nothing run.
+    let dir = tmpdir("bad-shared");
+    let ran = dir.join("ran");
+    let (rc, _, err) = output(
+        vramshim()
+            .args(["run", "--shared", "bad/name", "--", "touch"])
+            .arg(&ran),
+    );
+    assert_eq!(rc, 2, "{err}");
+    assert!(
+        err.contains("--shared \"bad/name\" is not valid")
+            && err.contains("accepted: a name of 1 to 64"),
+        "{err}"
+    );
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(!ran.exists(), "the program ran");
 }
 
 /// `output()`, retried while the kernel says "text file busy": a test thread that forks while

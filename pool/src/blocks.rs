@@ -56,6 +56,11 @@ impl Blocks {
     }
 
     #[inline]
+    pub fn at(&self, id: u32) -> &Block {
+        &self.slab[id as usize]
+    }
+
+    #[inline]
     pub fn at_mut(&mut self, id: u32) -> &mut Block {
         &mut self.slab[id as usize]
     }
@@ -88,7 +93,6 @@ impl Blocks {
 }
 
 /// One size of the exact-size cache.
-#[derive(Default)]
 pub(crate) struct SizeList {
     /// cached blocks of this size (slab indices), in free order
     pub cached: Vec<u32>,
@@ -96,6 +100,21 @@ pub(crate) struct SizeList {
     pub pending: u32,
     /// allocations of this size since the tight pool's round began (see `stitch::rounds`)
     pub allocs: u32,
+    /// the rank (value of `allocs`) of the next allocation of this size that the previous
+    /// round placed on its slow path (`u32::MAX`: none): the fast path leaves it to the
+    /// slow path, which takes the previous round's place
+    pub replay_next: u32,
+}
+
+impl Default for SizeList {
+    fn default() -> Self {
+        SizeList {
+            cached: Vec::new(),
+            pending: 0,
+            allocs: 0,
+            replay_next: u32::MAX,
+        }
+    }
 }
 
 /// Sizes up to this many `ALIGN` units (32 MiB) find their list by direct indexing, larger
@@ -161,10 +180,11 @@ impl SizeLists {
         &mut self.lists[l as usize]
     }
 
-    /// Start counting the allocations of every size afresh.
+    /// Start counting the allocations of every size afresh, with nothing to replay.
     pub fn reset_allocs(&mut self) {
         for l in &mut self.lists {
             l.allocs = 0;
+            l.replay_next = u32::MAX;
         }
     }
 

@@ -135,6 +135,14 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
         cmd.env("VRAMSHIM_CAP_STRICT", "1");
     }
     if let Some(v) = &args.shared {
+        // Refused here: the library would keep the process's own cap, not the group's.
+        if let Err(reason) = vramshim_region::spec::shared_path(v, 0) {
+            return Err(format!(
+                "--shared \"{}\" is not valid ({reason}); {}",
+                v.escape_debug(),
+                vramshim_region::spec::SHARED_FORMS
+            ));
+        }
         cmd.env("VRAMSHIM_SHARED", v);
     }
     if let Some(v) = &args.on_cap {

@@ -47,6 +47,7 @@ mod header;
 mod modules;
 mod pyframes;
 mod slots;
+mod stack_keys;
 mod stacks;
 pub mod torch;
 mod writer;

@@ -83,6 +83,8 @@ struct Page {
     occ: BTreeMap<u64, (u64, u64)>,
     /// SMALL or LARGE: which blocks this page was first used for (while partly used)
     class: usize,
+    /// lifetime class of the blocks in this page while it is used (see `set_lifetime_class`)
+    life: u8,
     maps: Vec<u32>,
     fences: Vec<Fence>,
 }
@@ -137,6 +139,9 @@ pub struct Faults {
     /// Do not replay the previous round's places (not a safety fault: it proves the test
     /// that a repeated workload's later rounds make no driver call can fail).
     pub forget_rounds: bool,
+    /// Place blocks of different lifetime classes in the same pages (proves the test of
+    /// `Stitch::set_lifetime_class` can fail).
+    pub mix_lifetimes: bool,
 }
 
 impl Faults {
@@ -150,6 +155,7 @@ impl Faults {
             || self.release_forced
             || self.keep_layout
             || self.forget_rounds
+            || self.mix_lifetimes
     }
 }
 
@@ -208,6 +214,10 @@ pub struct Stitch {
     /// the most the pool held past its budget in this window and in the previous one
     forced: u64,
     prev_forced: u64,
+    /// lifetime class of the next allocations, and whether any class but 0 was ever set
+    /// (see `set_lifetime_class`)
+    life: u8,
+    lives: bool,
     /// mappings re-formed by remapping some of their pages (see `Stitch::repairable`)
     repairs: u64,
     /// allocation count at which the budget's window rolls
@@ -264,6 +274,8 @@ impl Stitch {
             prev_window_peak: 0,
             forced: 0,
             prev_forced: 0,
+            life: 0,
+            lives: false,
             repairs: 0,
             next_window: u64::MAX,
             idle_scan: None,
@@ -406,8 +418,19 @@ impl Policy for Stitch {
         if !self.pending.is_empty() && self.flushed_epoch != self.epoch {
             self.flush_pending();
         }
-        let mut hit = self.cache_take(dev, size, t, req.size);
+        // under a budget, the place this allocation had in the previous round comes first
+        // (see `rounds`): a cached block taken instead would let the layout drift
+        let replayed = if self.budget.is_some() {
+            self.round_commit(dev, size, t, req.size)?
+        } else {
+            None
+        };
+        let mut hit = None;
+        if replayed.is_none() {
+            hit = self.cache_take(dev, size, t, req.size);
+        }
         if hit.is_none()
+            && replayed.is_none()
             && self.pending_bytes > 0
             && self.pending_bytes >= self.pending_limit()
             && !dev.is_capturing()
@@ -417,9 +440,10 @@ impl Policy for Stitch {
             // (instead of growing while it waits)
             hit = self.cache_take(dev, size, t, req.size);
         }
-        let slot = match hit {
-            Some(a) => Ok(Slot::Hit(a)),
-            None => self.alloc_slow(dev, size, t, req.size),
+        let slot = match (replayed, hit) {
+            (Some(slot), _) => Ok(slot),
+            (None, Some(a)) => Ok(Slot::Hit(a)),
+            (None, None) => self.alloc_slow(dev, size, t, req.size),
         };
         let addr = match slot {
             Ok(Slot::Hit(a)) => {
@@ -431,6 +455,7 @@ impl Policy for Stitch {
                     let sl = self.sizes.at_mut(l);
                     sl.allocs = sl.allocs.wrapping_add(1);
                 }
+                self.next_replay(size);
                 a
             }
             slot => {
@@ -469,6 +494,7 @@ impl Policy for Stitch {
                 }
                 let sl = self.sizes.at_mut(list);
                 sl.allocs = sl.allocs.wrapping_add(1);
+                self.next_replay(size);
                 self.gc_mappings(dev);
                 addr
             }

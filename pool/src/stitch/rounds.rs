@@ -6,17 +6,19 @@
 //! because the pool now holds pages and mappings the first round did not have (a window in
 //! the arena instead of growth, a free page instead of a new one), and where its layout
 //! differs, the largest blocks no longer fit the held ranges and are stitched anew: driver
-//! calls in every round. So the pool remembers where each allocation that missed the fast
-//! cache path went in this round, with its rank among the round's allocations of its size
-//! (fast-path hits count: a hit in one round may be a miss in the next, and the ranks keep
-//! the two rounds aligned); when nothing is live again (see `quiet`) that becomes the
-//! previous round, and the k-th allocation of a size in the new round, if it misses the
-//! fast path, takes the place the k-th had, if no live block is in it now (cached blocks in
-//! the way are dissolved; `cudaFree`d blocks waiting there are released by one
-//! synchronization, as the previous round had them released by then). A round that repeats
+//! calls in every round. So the pool remembers where each allocation that reached its slow
+//! path (a miss of the fast path) went in this round, with its rank among the round's
+//! allocations of its size (fast-path hits count); when nothing is live again (see `quiet`)
+//! that becomes the previous round. In the new round, the allocation of a size whose rank
+//! the previous round placed on its slow path skips the fast path (one comparison there:
+//! `SizeList::replay_next`) and takes, before any cached block, the place the previous round
+//! gave that rank, if no live block is in it now (cached blocks in the way are dissolved;
+//! `cudaFree`d blocks waiting there are released by one synchronization, as the previous
+//! round had them released by then). Taking whichever cached block fits instead, or a hit
+//! where the previous round missed, would let the layouts drift apart. A round that repeats
 //! the previous one then takes exactly its places: no driver call, and no creep (the layout
 //! is the first round's, which fitted the budget). A round that differs falls back to the
-//! placement below wherever a remembered place is taken or missing. The mappings the places
+//! usual placement wherever a remembered place is taken or missing. The mappings the places
 //! are in are not re-formed over other pages (`Stitch::repairable`) while a round names them.
 //!
 //! Bounded: at most `ROUND_PLACES` places are remembered per round (a job that is never
@@ -75,9 +77,32 @@ impl Stitch {
                 self.rounds.maps.insert(m, va);
             }
         }
-        self.rounds.prev = now;
         self.rounds.count = 0;
         self.sizes.reset_allocs();
+        for (&size, v) in &now {
+            if let (Some(l), Some(p)) = (self.sizes.find(size), v.first()) {
+                self.sizes.at_mut(l).replay_next = p.0;
+            }
+        }
+        self.rounds.prev = now;
+    }
+
+    /// After an allocation of `size` on the slow path: the next rank of the size that the
+    /// previous round placed on its slow path.
+    pub(super) fn next_replay(&mut self, size: u64) {
+        let Some(l) = self.sizes.find(size) else {
+            return;
+        };
+        let sl = self.sizes.at(l);
+        if sl.replay_next >= sl.allocs {
+            return;
+        }
+        let k = sl.allocs;
+        let next = self.rounds.prev.get(&size).and_then(|v| {
+            let i = v.partition_point(|p| p.0 < k);
+            v.get(i).map(|p| p.0)
+        });
+        self.sizes.at_mut(l).replay_next = next.unwrap_or(u32::MAX);
     }
 
     /// How many allocations of `size` this round made before the one being served.
@@ -104,7 +129,12 @@ impl Stitch {
         if self.faults.forget_rounds {
             return None;
         }
-        let k = self.rank(size);
+        // only a rank that the previous round placed on its slow path has a place
+        let sl = self.sizes.at(self.sizes.find(size)?);
+        if sl.allocs != sl.replay_next {
+            return None;
+        }
+        let k = sl.allocs;
         let v = self.rounds.prev.get(&size)?;
         let i = v.binary_search_by_key(&k, |p| p.0).ok()?;
         let (_, m, va, off) = v[i];
@@ -131,30 +161,93 @@ impl Stitch {
     }
 
     /// Place the allocation of `size` on stream `t` where it was in the previous round, if
-    /// that place is free but for cached blocks (dissolved): `(mapping, offset)`.
+    /// that place is free but for cached blocks: the cached block there when it is one of
+    /// this very size at this very place (a hit, as the previous round may have had), else a
+    /// new block with the cached blocks in the way dissolved.
     pub(super) fn round_commit(
         &mut self,
         dev: &mut dyn Device,
         size: u64,
         t: Stream,
-    ) -> Result<Option<(u32, u64)>, PoolError> {
+        req: u64,
+    ) -> Result<Option<Slot>, PoolError> {
         let Some((m, off, victims)) = self.round_place(dev, size) else {
             return Ok(None);
         };
+        if let [a] = victims[..]
+            && a == self.map(m).va + off
+            && let Some(a) = self.take_cached(dev, a, size, t, req)
+        {
+            return Ok(Some(Slot::Hit(a)));
+        }
         for v in victims {
             self.dissolve(dev, v);
         }
-        self.try_commit(dev, Plan::Existing { map: m, off }, size, t)
+        Ok(self
+            .try_commit(dev, Plan::Existing { map: m, off }, size, t)?
+            .map(|(m, o)| Slot::New(m, o)))
+    }
+
+    /// Take the cached block at `addr` (of `size`) for a request of `req` bytes on stream
+    /// `t`, if it may be handed out on `t` (at once, or behind its free stream's work).
+    fn take_cached(
+        &mut self,
+        dev: &mut dyn Device,
+        addr: u64,
+        size: u64,
+        t: Stream,
+        req: u64,
+    ) -> Option<u64> {
+        let id = self.blocks.id(addr)?;
+        let (epoch, ignore) = (self.epoch, self.faults.ignore_streams);
+        let b = self.blocks.at_mut(id);
+        if b.state != BState::Cached || b.size != size {
+            return None;
+        }
+        let list = b.list;
+        if let Some(s) = Self::compat_at(b, t, epoch, ignore)? {
+            self.order_after(dev, t, s).ok()?;
+        }
+        let cached = &mut self.sizes.at_mut(list).cached;
+        let i = cached.iter().rposition(|&x| x == id)?;
+        cached.remove(i);
+        self.ncached -= 1;
+        self.stats.cached -= size;
+        // its LRU entry goes stale (skipped: the block is no longer cached)
+        let b = self.blocks.at_mut(id);
+        let old_ev = b.event.take();
+        b.state = BState::Live;
+        b.req = req;
+        b.stream = t;
+        if let Some(ev) = old_ev {
+            self.ev_unref(dev, ev);
+        }
+        Some(addr)
     }
 
     /// What holds bytes of `[off, off + size)` of mapping `m` now.
     fn occupants(&self, m: u32, off: u64, size: u64) -> Occupants {
+        // the usual case of a repeated round: the block there is of this very place
+        let at = self.map(m).va + off;
+        if let Some(b) = self.blocks.get(at)
+            && b.map == m
+            && b.off == off
+            && b.size == size
+        {
+            return match b.state {
+                BState::Cached => Occupants::Cached(vec![at]),
+                BState::Pending => Occupants::Pending,
+                BState::Live | BState::Vacant => Occupants::Live,
+            };
+        }
         let mut victims = Vec::new();
         let mut pending = false;
         for (p, s, e) in self.pieces(&self.map(m).pages, off, size) {
-            for (_, &(oe, a)) in self.page(p).occ.range(..e) {
+            // a page's blocks hold disjoint byte ranges: walk back from `e` until one ends
+            // at or before `s`
+            for (_, &(oe, a)) in self.page(p).occ.range(..e).rev() {
                 if oe <= s {
-                    continue;
+                    break;
                 }
                 match self.blocks.get(a).map(|b| b.state) {
                     Some(BState::Cached) => {

@@ -80,12 +80,6 @@ impl Stitch {
         req: u64,
     ) -> Result<Slot, PoolError> {
         let g = self.gran;
-        // Under a budget, the place this allocation had in the previous round (see `rounds`)
-        if self.budget.is_some()
-            && let Some(x) = self.round_commit(dev, size, t)?
-        {
-            return Ok(Slot::New(x.0, x.1));
-        }
         // A block of this very size waits for a synchronization and enough others wait
         // with it: one sync releases them all and the request takes its twin. Exact reuse
         // keeps the layout a repeating workload made (placing the request elsewhere while
