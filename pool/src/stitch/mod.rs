@@ -436,14 +436,7 @@ impl Policy for Stitch {
         let addr = match slot {
             Ok(Slot::Hit(a)) => {
                 self.stats.cache_hits += 1;
-                if self.budget.is_some() {
-                    self.note_round(size, a);
-                }
-                if let Some(l) = self.sizes.find(size) {
-                    let sl = self.sizes.at_mut(l);
-                    sl.allocs = sl.allocs.wrapping_add(1);
-                }
-                self.next_replay(size);
+                self.note_round(size, a);
                 a
             }
             slot => {
@@ -477,12 +470,7 @@ impl Policy for Stitch {
                     epoch: 0,
                     seq: 0,
                 });
-                if self.budget.is_some() {
-                    self.note_round(size, addr);
-                }
-                let sl = self.sizes.at_mut(list);
-                sl.allocs = sl.allocs.wrapping_add(1);
-                self.next_replay(size);
+                self.note_round(size, addr);
                 self.gc_mappings(dev);
                 addr
             }
