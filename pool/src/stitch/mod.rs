@@ -436,7 +436,9 @@ impl Policy for Stitch {
         let addr = match slot {
             Ok(Slot::Hit(a)) => {
                 self.stats.cache_hits += 1;
-                self.note_round(size, a);
+                if self.budget.is_some() {
+                    self.note_round(size, a);
+                }
                 a
             }
             slot => {
@@ -470,7 +472,9 @@ impl Policy for Stitch {
                     epoch: 0,
                     seq: 0,
                 });
-                self.note_round(size, addr);
+                if self.budget.is_some() {
+                    self.note_round(size, addr);
+                }
                 self.gc_mappings(dev);
                 addr
             }

@@ -46,17 +46,16 @@ pub(super) struct Rounds {
 }
 
 impl Stitch {
-    /// After an allocation of `size` that reached the slow path, now a block at `addr`:
-    /// count it, remember its place under its rank (unless the budget is off), and find the
-    /// next rank of the size that has a place to replay.
+    /// Under a budget, after an allocation of `size` that reached the slow path, now a block
+    /// at `addr`: count it, remember its place under its rank, and find the next rank of the
+    /// size that has a place to replay.
     pub(super) fn note_round(&mut self, size: u64, addr: u64) {
         let Some(l) = self.sizes.find(size) else {
             return;
         };
         let k = self.sizes.at(l).allocs;
         let mut next = u32::MAX;
-        if self.budget.is_some()
-            && !self.faults.forget_rounds
+        if !self.faults.forget_rounds
             && let Some(b) = self.blocks.get(addr)
         {
             let (m, off) = (b.map, b.off);
