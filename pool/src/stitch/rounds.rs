@@ -53,7 +53,8 @@ impl Stitch {
         let Some(l) = self.sizes.find(size) else {
             return;
         };
-        let k = self.sizes.at(l).allocs;
+        let sl = self.sizes.at(l);
+        let (k, mut at) = (sl.allocs, sl.replay_at as usize);
         let mut next = u32::MAX;
         if !self.faults.forget_rounds
             && let Some(b) = self.blocks.get(addr)
@@ -61,30 +62,35 @@ impl Stitch {
             let (m, off) = (b.map, b.off);
             let va = self.map(m).va;
             let place = (k, m, va, off);
-            let l = l as usize;
-            if self.rounds.places.len() <= l {
-                self.rounds.places.resize_with(l + 1, Vec::new);
+            let li = l as usize;
+            if self.rounds.places.len() <= li {
+                self.rounds.places.resize_with(li + 1, Vec::new);
             }
-            let v = &mut self.rounds.places[l];
-            let i = v.partition_point(|p| p.0 < k);
+            let v = &mut self.rounds.places[li];
+            // places before `at` are of ranks already served (below `k`), the one at `at`
+            // (if any) of rank `k` or later: ranks come in order
+            let i = at.min(v.len());
+            debug_assert_eq!(i, v.partition_point(|p| p.0 < k));
             if v.get(i).is_some_and(|p| p.0 == k) {
                 if v[i] != place {
                     v[i] = place;
                     self.rounds.maps.insert(m, va);
                 }
-                next = v.get(i + 1).map_or(u32::MAX, |p| p.0);
+                at = i + 1;
             } else if self.rounds.count < ROUND_PLACES {
                 v.insert(i, place);
                 self.rounds.count += 1;
                 self.rounds.maps.insert(m, va);
-                next = v.get(i + 1).map_or(u32::MAX, |p| p.0);
+                at = i + 1;
             } else {
-                next = v.get(i).map_or(u32::MAX, |p| p.0);
+                at = i;
             }
+            next = v.get(at).map_or(u32::MAX, |p| p.0);
         }
         let sl = self.sizes.at_mut(l);
         sl.allocs = sl.allocs.wrapping_add(1);
         sl.replay_next = next;
+        sl.replay_at = at as u32;
     }
 
     /// Nothing is live and the layout is forgotten: this round's places are the ones the
@@ -126,10 +132,12 @@ impl Stitch {
         if sl.allocs != sl.replay_next {
             return None;
         }
-        let k = sl.allocs;
+        let (k, i) = (sl.allocs, sl.replay_at as usize);
         let v = self.rounds.places.get(self.sizes.find(size)? as usize)?;
-        let i = v.binary_search_by_key(&k, |p| p.0).ok()?;
-        let (_, m, va, off) = v[i];
+        let &(rank, m, va, off) = v.get(i)?;
+        if rank != k {
+            return None;
+        }
         let mp = self.maps.get(m as usize)?.as_ref()?;
         if mp.va != va || off + size > mp.pages.len() as u64 * self.gran {
             return None;
