@@ -137,6 +137,9 @@ pub struct Faults {
     /// Do not replay the previous round's places (not a safety fault: it proves the test
     /// that a repeated workload's later rounds make no driver call can fail).
     pub forget_rounds: bool,
+    /// Take the previous round's place even where a live block is (the new block overlaps
+    /// it): proves the safety checks of replayed places can fail.
+    pub replay_over_live: bool,
 }
 
 impl Faults {
@@ -150,6 +153,7 @@ impl Faults {
             || self.release_forced
             || self.keep_layout
             || self.forget_rounds
+            || self.replay_over_live
     }
 }
 
@@ -294,6 +298,11 @@ impl Stitch {
     /// Mappings held.
     pub fn mappings(&self) -> u64 {
         self.nmaps
+    }
+
+    /// Allocations placed where their rank had its place in the previous round.
+    pub fn replays(&self) -> u64 {
+        self.rounds.replays()
     }
 
     /// Mappings re-formed for a new block by remapping only the pages that differed.

@@ -43,6 +43,14 @@ pub(super) struct Rounds {
     count: usize,
     /// mappings (and their addresses) that places are in, or were in during this round
     maps: FxMap<u32, u64>,
+    /// allocations served at a replayed place
+    replays: u64,
+}
+
+impl Rounds {
+    pub(super) fn replays(&self) -> u64 {
+        self.replays
+    }
 }
 
 impl Stitch {
@@ -144,6 +152,9 @@ impl Stitch {
         }
         match self.occupants(m, off, size) {
             o @ (Occupants::Cached(_) | Occupants::Exact(_)) => Some((m, off, o)),
+            Occupants::Live if self.faults.replay_over_live => {
+                Some((m, off, Occupants::Cached(Vec::new())))
+            }
             Occupants::Live => None,
             Occupants::Pending => {
                 // blocks freed with `cudaFree` wait there: the previous round had them
@@ -174,6 +185,7 @@ impl Stitch {
         let Some((m, off, occupants)) = self.round_place(dev, size) else {
             return Ok(None);
         };
+        self.rounds.replays += 1;
         let victims = match occupants {
             Occupants::Exact(a) => {
                 if let Some(a) = self.take_cached(dev, a, size, t, req) {
