@@ -129,15 +129,17 @@ fn report(p: &Stitch, born: &HashMap<u64, usize>, verbose: bool) {
         .filter_map(|v| v.free.first().filter(|r| r.0 == 0).map(|r| r.1))
         .max()
         .unwrap_or(0);
+    let free_pages = p.pages() - p.used_pages().len() as u64;
     println!(
-        "pool: {} pages held, {} partly used ({} KiB free in them; small-block pages {small}, {} KiB free), largest free head {} KiB, tail {} KiB, {} cached blocks",
+        "pool: {} pages held ({free_pages} free), {} partly used ({} KiB free in them; small-block pages {small}, {} KiB free), largest free head {} KiB, tail {} KiB, {} cached blocks, {} KiB pending a synchronization",
         p.pages(),
         pages.len(),
         free / 1024,
         small_free / 1024,
         head / 1024,
         tail / 1024,
-        p.cached_blocks()
+        p.cached_blocks(),
+        p.stats().pending / 1024
     );
     if !verbose {
         return;

@@ -56,6 +56,11 @@ impl Blocks {
     }
 
     #[inline]
+    pub fn at(&self, id: u32) -> &Block {
+        &self.slab[id as usize]
+    }
+
+    #[inline]
     pub fn at_mut(&mut self, id: u32) -> &mut Block {
         &mut self.slab[id as usize]
     }

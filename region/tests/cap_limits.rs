@@ -11,7 +11,7 @@
 
 use std::path::{Path, PathBuf};
 
-use vramshim_testkit::{RunOutput, run, temp_dir, unique_name};
+use vramshim_testkit::{RunOutput, run, sim_command, temp_dir, unique_name};
 
 mod common;
 use common::{MIB, fields, lib, num, probe, probe_on_sim};
@@ -404,30 +404,118 @@ fn the_checks_catch_a_library_that_ignores_the_limits() {
 /// source that bound.
 #[test]
 fn summary_and_the_run_line_name_the_source_that_bound() {
+    let (trace, _) = traced_refusal(
+        &[
+            ("CUDA_DEVICE_MEMORY_LIMIT", "512m"),
+            ("GPU_MEMORY_LIMIT", "268435456"),
+        ],
+        "GPU_MEMORY_LIMIT=\"268435456\"",
+        "lim-summary",
+    );
+    assert!(
+        header_limits(&trace).contains(
+            &"devices=all bytes=268435456 kind=tool source=GPU_MEMORY_LIMIT=\"268435456\""
+                .to_string()
+        ),
+        "{:?}",
+        header_limits(&trace)
+    );
+}
+
+/// NVML's hard limit (the driver's, as NVIDIA's container toolkit sets it) and a group's
+/// budget are in the trace's limits too, each with where it came from, and named the same
+/// way.
+#[test]
+fn nvml_limits_and_a_groups_budget_are_named_from_the_trace() {
+    // The header is written with the first event, after the cap's set-up mapped NVML's
+    // limit to the CUDA device (a header written before names NVML's index: `nvml:0`).
+    let nvml = "NVML memory limit (hard) (256 MiB on device 0)";
+    let (trace, text) = traced_refusal(
+        &[("VRAMSIM_NVML_MEMORY_LIMITS", "0=256MiB/64MiB")],
+        nvml,
+        "lim-summary-nvml",
+    );
+    assert!(
+        text.contains(&format!(
+            "cap limit from NVML (the driver): 256 MiB on device 0 ({nvml})"
+        )),
+        "{text}"
+    );
+    let entries = header_limits(&trace);
+    assert!(
+        entries.contains(&format!(
+            "devices=0 bytes=268435456 kind=nvml source={nvml}"
+        )),
+        "{entries:?}"
+    );
+    // A member of a group whose budget (256 MiB) is below its own VRAMSHIM_CAP.
+    let region = temp_dir("lim-summary-group").join("group");
+    vramshim_region::Region::open_or_create(
+        &region,
+        &vramshim_region::spec::parse_cap("256MiB").unwrap(),
+    )
+    .unwrap();
+    let name = region.display().to_string();
+    let group =
+        format!("VRAMSHIM_CAP=\"268435456\" of the budget shared by VRAMSHIM_SHARED=\"{name}\"");
+    let (trace, text) = traced_refusal(
+        &[("VRAMSHIM_CAP", "512MiB"), ("VRAMSHIM_SHARED", &name)],
+        &group,
+        "lim-summary-group",
+    );
+    assert!(
+        text.contains(&format!(
+            "cap limit from the group's budget: 256 MiB on every device ({group})"
+        )) && text.contains(
+            "cap limit from VRAMSHIM_CAP: 512 MiB on every device (VRAMSHIM_CAP=\"512MiB\")"
+        ),
+        "{text}"
+    );
+    let entries = header_limits(&trace);
+    assert!(
+        entries.contains(&format!(
+            "devices=all bytes=268435456 kind=group source={group}"
+        )) && entries.contains(
+            &"devices=all bytes=536870912 kind=env source=VRAMSHIM_CAP=\"512MiB\"".into()
+        ),
+        "{entries:?}"
+    );
+}
+
+/// The trace header's `cap.limit` entries.
+fn header_limits(trace: &Path) -> Vec<String> {
+    let r = vramshim_trace::TraceReader::open(trace).unwrap();
+    r.header()
+        .config
+        .iter()
+        .filter(|(k, _)| k == "cap.limit")
+        .map(|(_, v)| v.clone())
+        .collect()
+}
+
+/// Runs the probe under `vramshim run --sim --trace` with `env`, a 100 MiB request served and
+/// a 300 MiB one refused by a cap of 256 MiB whose source is `source`; checks that the run
+/// line, `vramshim summary` (text and JSON) name it; returns the trace and the summary text.
+fn traced_refusal(env: &[(&str, &str)], source: &str, name: &str) -> (PathBuf, String) {
     let vramshim = vramshim_testkit::profile_dir().join("vramshim");
     assert!(
         vramshim.exists(),
         "{} is not built: cargo build --release -p vramshim-analyzer",
         vramshim.display()
     );
-    let dir = temp_dir("lim-summary");
+    let dir = temp_dir(name);
     let trace = dir.join("t.vramtrace");
-    let mut c = std::process::Command::new(&vramshim);
-    for (k, _) in std::env::vars() {
-        if k.starts_with("VRAMSHIM_") || k.starts_with("VRAMSIM_") || k == "LD_PRELOAD" {
-            c.env_remove(k);
-        }
-    }
+    // A clean environment (with VRAMSHIM_TEST_PASS's switches), as for the probe.
+    let mut c = sim_command(&vramshim, name);
     for v in LIMIT_VARS {
         c.env_remove(v);
     }
     let below = (100 * MIB).to_string();
     let above = (300 * MIB).to_string();
-    c.env("VRAMSIM_NAME", unique_name("lim-summary"))
+    c.env("VRAMSIM_NAME", unique_name(name))
         .env("VRAMSIM_CONTEXT_OVERHEAD", "0")
         .env("VRAMSHIM_NO_PROGRESS", "1")
-        .env("CUDA_DEVICE_MEMORY_LIMIT", "512m")
-        .env("GPU_MEMORY_LIMIT", "268435456")
+        .envs(env.iter().copied())
         .args(["run", "--sim", "--trace"])
         .arg(&trace)
         .arg("--")
@@ -435,7 +523,6 @@ fn summary_and_the_run_line_name_the_source_that_bound() {
         .args(["paths", &below, &above]);
     let out = run(&mut c);
     out.assert_success();
-    let source = "GPU_MEMORY_LIMIT=\"268435456\"";
     assert!(
         out.stderr
             .contains(&format!("cap 256 MiB (set by {source})")),
@@ -464,10 +551,16 @@ fn summary_and_the_run_line_name_the_source_that_bound() {
         .args(["summary", "--json", "--no-whatif"])
         .arg(&trace));
     json.assert_success();
+    let quoted = json_string(source);
     assert!(
-        json.stdout
-            .contains("\"cap_source\": \"GPU_MEMORY_LIMIT=\\\"268435456\\\"\""),
+        json.stdout.contains(&format!("\"cap_source\": {quoted}")),
         "{}",
         json.stdout
     );
+    (trace, text.stdout)
+}
+
+/// `s` as a JSON string literal (quotes and backslashes escaped).
+fn json_string(s: &str) -> String {
+    format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
 }

@@ -176,18 +176,21 @@ fn info(env: &[(&str, &str)], dev: u32, name: &str) -> Vec<(String, String)> {
     fields(&out, "info", "")
 }
 
+/// The probe's `info` fields that hold the device's total memory, one per query.
+const TOTALS: &[&str] = &[
+    "cuda_total",
+    "cu_total",
+    "cu_devtotal",
+    "prop_total",
+    "nvml_total",
+    "nvml2_total",
+];
+
 #[test]
 fn memory_information_reports_the_cap_everywhere() {
     for cap in ["4GiB", "0.25", "25%"] {
         let f = info(&[("VRAMSHIM_CAP", cap)], 0, "cap-info");
-        for k in [
-            "cuda_total",
-            "cu_total",
-            "cu_devtotal",
-            "prop_total",
-            "nvml_total",
-            "nvml2_total",
-        ] {
+        for k in TOTALS {
             assert_eq!(num(&f, k), 4 * GIB, "{k} with VRAMSHIM_CAP={cap}: {f:?}");
         }
         for k in ["cuda_free", "cu_free", "nvml_free", "nvml2_free"] {
@@ -450,6 +453,40 @@ fn corrupt_or_foreign_region_is_refused() {
         );
         assert_eq!(num(&fields(&out, "path=", "path=cudaMalloc "), "above"), 2);
         assert_eq!(num(&fields(&out, "path=", "path=cudaMalloc "), "below"), 0);
+    }
+}
+
+/// A member whose own cap is smaller than its group's keeps it, said in one line: every path
+/// is refused above its own cap although the group has room, the refusal names its own cap,
+/// and every memory query reports its own cap as the total.
+#[test]
+fn a_members_smaller_own_cap_binds() {
+    let dir = vramshim_testkit::temp_dir("cap-member");
+    let region = dir.join("group");
+    Region::open_or_create(&region, &vramshim_region::spec::parse_cap("4GiB").unwrap()).unwrap();
+    let p = region.display().to_string();
+    let env = [("VRAMSHIM_CAP", "1GiB"), ("VRAMSHIM_SHARED", p.as_str())];
+    let above = (GIB + 16 * MIB).to_string();
+    let below = (512 * MIB).to_string();
+    let out = capped(&["paths", &below, &above], &env, "cap-member");
+    check_paths(&out, 0);
+    let lines = our_lines(&out);
+    let said: Vec<_> = lines.iter().filter(|l| l.contains("differs")).collect();
+    assert_eq!(said.len(), 1, "{}", out.stderr);
+    assert!(
+        said[0].contains("VRAMSHIM_CAP=\"1GiB\" differs from the cap of the shared region")
+            && said[0].contains("both apply and the stricter binds"),
+        "{}",
+        said[0]
+    );
+    let refusal = lines.iter().find(|l| l.contains("refused")).unwrap();
+    assert!(
+        refusal.contains("cap 1 GiB (set by VRAMSHIM_CAP=\"1GiB\", this process's own cap"),
+        "{refusal}"
+    );
+    let f = info(&env, 0, "cap-member-info");
+    for k in TOTALS {
+        assert_eq!(num(&f, k), GIB, "{k}: {f:?}");
     }
 }
 

@@ -71,6 +71,10 @@ pub(crate) enum Fault {
     WaitDeadlock,
     /// Frees never wake waiters (they notice room on their timer only).
     NoWake,
+    /// The cap's set-up, in the process that loaded the library (not in a forked child),
+    /// says so in one line and pauses for two minutes: a test forks while a thread is inside
+    /// it, and the child must not wait for that thread.
+    SetupPause,
 }
 
 /// What the variables asked for.
@@ -156,9 +160,10 @@ pub(crate) fn parse_with(
         Some("wait-deadlock") => Fault::WaitDeadlock,
         Some("no-wake") => Fault::NoWake,
         Some("panic-at-setup") => Fault::PanicAtSetup,
+        Some("setup-pause") => Fault::SetupPause,
         Some(v) => {
             lines.push(format!(
-                "vramshim: VRAMSHIM_CAP_FAULT=\"{}\" is not valid (a test-only switch); accepted: racy-charge, no-reclaim, pid-only, ordinal-lines, squat-pass-through, slots-uncapped, requested-bytes, unchecked-context, async-uncharge, pool-live-bytes, die-claiming-line, no-claim-recovery, ignore-limits, no-wait, wait-deadlock, no-wake, panic-at-setup; ignoring it",
+                "vramshim: VRAMSHIM_CAP_FAULT=\"{}\" is not valid (a test-only switch); accepted: racy-charge, no-reclaim, pid-only, ordinal-lines, squat-pass-through, slots-uncapped, requested-bytes, unchecked-context, async-uncharge, pool-live-bytes, die-claiming-line, no-claim-recovery, ignore-limits, no-wait, wait-deadlock, no-wake, panic-at-setup, setup-pause; ignoring it",
                 v.escape_debug()
             ));
             Fault::None

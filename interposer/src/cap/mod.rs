@@ -30,12 +30,16 @@
 pub(crate) mod config;
 mod device_total;
 pub(crate) mod limits;
+mod member;
 mod packed;
 mod pages;
+mod trace_config;
 mod wait;
 
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering::*};
-use std::sync::{Mutex, OnceLock};
+
+use crate::sys::setup::{Setup, SetupCell};
 
 use crate::cuda::driver;
 use packed::{PackedGuard, PackedTable};
@@ -52,6 +56,7 @@ pub(crate) use config::{ContextMode, Fault, Settings};
 pub(crate) use pages::{
     charge_pool_page, charges_pool_pages, clear_pool_refusal, take_pool_refusal, uncharge_pool_page,
 };
+pub(crate) use trace_config::trace_config;
 
 /// Why a request was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -103,9 +108,6 @@ impl DeviceQueries {
 
 const UNRESOLVED: u64 = u64::MAX;
 const NO_SLOT: usize = usize::MAX;
-const SETUP_NONE: u8 = 0;
-const SETUP_ACTIVE: u8 = 1;
-const SETUP_OFF: u8 = 2;
 /// `lines` entries: not looked up yet / no line to be had; otherwise line + 1.
 const LINE_UNKNOWN: u8 = 0;
 const LINE_NONE: u8 = u8::MAX;
@@ -128,10 +130,15 @@ pub(crate) struct Cap {
     settings: Settings,
     queries: &'static OnceLock<DeviceQueries>,
     log: fn(&str),
-    status: AtomicU8,
-    setup_lock: Mutex<()>,
-    region: OnceLock<Region>,
-    spec: OnceLock<CapSpec>,
+    /// Set up on first use: true = the cap is active, false = pass-through. Not a mutex and
+    /// `OnceLock`s: a child forked while another thread was setting up takes it back
+    /// ([`Cap::on_fork_child`]) and sets up again, where those would block it for good.
+    setup: Setup,
+    /// The process that made this cap (`VRAMSHIM_CAP_FAULT=setup-pause` pauses its set-up
+    /// only, not a forked child's).
+    made_in: u32,
+    region: SetupCell<Region>,
+    spec: SetupCell<CapSpec>,
     resolved: [AtomicU64; MAX_DEVICES],
     private_used: [AtomicU64; MAX_DEVICES],
     ctx_charged: [AtomicU64; MAX_DEVICES],
@@ -164,12 +171,16 @@ pub(crate) struct Cap {
     last_reclaim_ns: AtomicU64,
     /// The kernel's limit of each device (cgroup `dmem.max` of the region at its PCI
     /// address), mapped at setup; and per device whether it, not `spec`, bound the cap.
-    kernel: OnceLock<Vec<Option<limits::Limit>>>,
+    kernel: SetupCell<Vec<Option<limits::Limit>>>,
     kernel_binds: [AtomicBool; MAX_DEVICES],
     /// Requests waiting for room (`VRAMSHIM_ON_CAP=wait`, see `wait`).
     waits: wait::Waits,
     /// Per device: a cap above the device's own memory was said (`device_total`).
     above_device_said: [AtomicBool; MAX_DEVICES],
+    /// A group member's own caps, where they differ from the group's (`member`), and each
+    /// device's in bytes where stricter than the group's (`UNRESOLVED` until asked).
+    member: SetupCell<CapSpec>,
+    member_resolved: [AtomicU64; MAX_DEVICES],
 }
 
 fn device_index(device: i32) -> Option<usize> {
@@ -199,10 +210,10 @@ impl Cap {
             settings,
             queries,
             log,
-            status: AtomicU8::new(SETUP_NONE),
-            setup_lock: Mutex::new(()),
-            region: OnceLock::new(),
-            spec: OnceLock::new(),
+            setup: Setup::new(),
+            made_in: std::process::id(),
+            region: SetupCell::new(),
+            spec: SetupCell::new(),
             resolved: [const { AtomicU64::new(UNRESOLVED) }; MAX_DEVICES],
             private_used: [const { AtomicU64::new(0) }; MAX_DEVICES],
             ctx_charged: [const { AtomicU64::new(0) }; MAX_DEVICES],
@@ -219,10 +230,12 @@ impl Cap {
             last_slot_try_ns: AtomicU64::new(0),
             unresolved_said: [const { AtomicBool::new(false) }; MAX_DEVICES],
             last_reclaim_ns: AtomicU64::new(0),
-            kernel: OnceLock::new(),
+            kernel: SetupCell::new(),
             kernel_binds: [const { AtomicBool::new(false) }; MAX_DEVICES],
             waits: wait::Waits::new(),
             above_device_said: [const { AtomicBool::new(false) }; MAX_DEVICES],
+            member: SetupCell::new(),
+            member_resolved: [const { AtomicU64::new(UNRESOLVED) }; MAX_DEVICES],
         }
     }
 
@@ -236,28 +249,30 @@ impl Cap {
     /// True when the cap is active (set up on first use); false = pass-through.
     #[inline]
     pub(crate) fn ready(&self) -> bool {
-        match self.status.load(Acquire) {
-            SETUP_ACTIVE => true,
-            SETUP_OFF => false,
-            _ => self.setup(),
+        match self.setup.done() {
+            Some(active) => active,
+            None => self.set_up(),
         }
+    }
+
+    /// Whether the cap was set up and is active (never sets it up).
+    #[inline]
+    fn active(&self) -> bool {
+        self.setup.done() == Some(true)
     }
 
     #[cold]
-    fn setup(&self) -> bool {
-        let _g = self.setup_lock.lock().unwrap_or_else(|e| e.into_inner());
-        match self.status.load(Acquire) {
-            SETUP_ACTIVE => return true,
-            SETUP_OFF => return false,
-            _ => {}
-        }
-        let ok = self.setup_locked();
-        self.status
-            .store(if ok { SETUP_ACTIVE } else { SETUP_OFF }, Release);
-        ok
+    fn set_up(&self) -> bool {
+        self.setup.run(|| {
+            if self.settings.fault == Fault::SetupPause && std::process::id() == self.made_in {
+                setup_pause();
+            }
+            self.set_up_now()
+        })
     }
 
-    fn setup_locked(&self) -> bool {
+    /// The set-up itself, run by one thread ([`Setup::run`]).
+    fn set_up_now(&self) -> bool {
         if let Some((name, why)) = &self.settings.shared_invalid {
             return self.region_unusable(name, why);
         }
@@ -269,18 +284,7 @@ impl Cap {
                     Err(e) => return self.region_unusable(name, &e.to_string()),
                 };
                 let theirs = region.caps();
-                if self.settings.cap_text.is_some() && theirs != self.settings.spec {
-                    (self.log)(&format!(
-                        "vramshim: VRAMSHIM_CAP=\"{}\" differs from the cap of the shared region VRAMSHIM_SHARED=\"{}\" (\"{}\", set by the process that created it); using the region's cap",
-                        self.settings
-                            .cap_text
-                            .as_deref()
-                            .unwrap_or("")
-                            .escape_debug(),
-                        name.escape_debug(),
-                        region.cap_text()
-                    ));
-                }
+                self.keep_member_cap(name, &theirs, &region.cap_text());
                 if let Some(me) = ProcessKey::current() {
                     self.reclaim(&region, me);
                 }
@@ -508,20 +512,8 @@ impl Cap {
             let _ = self.spec.set(spec);
             return true;
         }
-        let own = match &self.settings.cap_text {
-            Some(t) => Some(format!("VRAMSHIM_CAP=\"{}\"", t.escape_debug())),
-            // Another tool's variables gave the process a cap of its own.
-            None => {
-                let mut o: Vec<&str> = Vec::new();
-                for x in self.settings.origin.iter().flatten() {
-                    if !o.contains(&x.as_str()) {
-                        o.push(x);
-                    }
-                }
-                (!o.is_empty()).then(|| o.join(", "))
-            }
-        };
-        match own {
+        // Its VRAMSHIM_CAP, or another tool's variables that gave it a cap of its own.
+        match self.own_cap_source() {
             Some(t) => {
                 (self.log)(&format!(
                     "{head}; this process keeps its own cap {t} (not shared with the group; VRAMSHIM_CAP_STRICT=1 refuses allocations instead)"
@@ -548,10 +540,11 @@ impl Cap {
     }
 
     fn effective_spec(&self) -> &CapSpec {
-        static NONE: OnceLock<CapSpec> = OnceLock::new();
-        self.spec
-            .get()
-            .unwrap_or_else(|| NONE.get_or_init(CapSpec::none))
+        static NONE: CapSpec = CapSpec {
+            devices: [None; MAX_DEVICES],
+            all: false,
+        };
+        self.spec.get().unwrap_or(&NONE)
     }
 
     /// Whether `device` has a cap.
@@ -868,45 +861,59 @@ impl Cap {
                 }
                 Ok(())
             }
-            Err(in_use) => {
+            Err(r) => {
                 if ctx > 0 {
                     self.ctx_pending[d].fetch_add(ctx, AcqRel);
                 }
                 Err(Refusal {
-                    in_use: in_use.saturating_add(ctx),
-                    cap,
+                    in_use: r.in_use.saturating_add(ctx),
+                    cap: r.cap,
                 })
             }
         }
     }
 
     /// Reserves `want` bytes on device `d` under `cap` (the process's counter or its slot in
-    /// the shared region): the new total, or what was in use when it did not fit.
+    /// the shared region, a member's own cap first): the new total, or what was in use when
+    /// it did not fit and the cap that refused.
     #[inline]
-    fn reserve(&self, d: usize, want: u64, cap: u64) -> Result<u64, u64> {
+    fn reserve(&self, d: usize, want: u64, cap: u64) -> Result<u64, Refusal> {
+        let refused = |in_use| Refusal { in_use, cap };
         match self.region.get() {
             None => match self.check() {
                 Check::Atomic => vramshim_region::reserve(&self.private_used[d], want, cap),
                 Check::Racy => vramshim_region::reserve_racy(&self.private_used[d], want, cap),
-            },
-            Some(region) => match (self.my_slot(region), self.line(region, d)) {
-                (Some(slot), Some(line)) => {
-                    match region.charge(slot, line, want, cap, self.check()) {
-                        Ok(t) => Ok(t),
-                        Err(in_use) => self
-                            .retry_after_reclaim(region, slot, line, want, cap)
-                            .ok_or(in_use),
-                    }
+            }
+            .map_err(refused),
+            Some(region) => {
+                self.member_reserve(d, want)?;
+                let r = self.reserve_shared(region, d, want, cap);
+                if r.is_err() {
+                    self.member_release(d, want);
                 }
-                // No slot or no line: the group's total cannot hold this process's bytes,
-                // so a capped device refuses (fail closed).
-                _ if self.effective_spec().devices[d].is_none()
-                    || self.settings.fault == Fault::SlotsUncapped =>
-                {
-                    Ok(0)
-                }
-                _ => Err(0),
+                r.map_err(refused)
+            }
+        }
+    }
+
+    /// [`Cap::reserve`] on the group's total.
+    #[inline]
+    fn reserve_shared(&self, region: &Region, d: usize, want: u64, cap: u64) -> Result<u64, u64> {
+        match (self.my_slot(region), self.line(region, d)) {
+            (Some(slot), Some(line)) => match region.charge(slot, line, want, cap, self.check()) {
+                Ok(t) => Ok(t),
+                Err(in_use) => self
+                    .retry_after_reclaim(region, slot, line, want, cap)
+                    .ok_or(in_use),
             },
+            // No slot or no line: the group's total cannot hold this process's bytes,
+            // so a capped device refuses (fail closed).
+            _ if self.effective_spec().devices[d].is_none()
+                || self.settings.fault == Fault::SlotsUncapped =>
+            {
+                Ok(0)
+            }
+            _ => Err(0),
         }
     }
 
@@ -1064,7 +1071,7 @@ impl Cap {
             Some(d)
                 if stream_ordered
                     && self.settings.fault != Fault::AsyncUncharge
-                    && self.status.load(Acquire) == SETUP_ACTIVE =>
+                    && self.active() =>
             {
                 self.pool_cached[d].fetch_add(bytes, AcqRel);
             }
@@ -1157,6 +1164,12 @@ impl Cap {
                 .filter(|_| self.region.get().is_some())
             {
                 None => self.bound_by(d),
+                Some((name, _)) if self.member_binds(d, cap) => format!(
+                    "{}, this process's own cap inside the budget shared by VRAMSHIM_SHARED=\"{}\" (VRAMSHIM_CAP=\"{}\" for the group)",
+                    self.own_cap_source().unwrap_or_default(),
+                    name.escape_debug(),
+                    self.region.get().map(|r| r.cap_text()).unwrap_or_default(),
+                ),
                 Some(_) if self.kernel_binds[d].load(Relaxed) => self.bound_by(d),
                 // The group's cap came from this process's own limits of another tool.
                 Some((name, _))
@@ -1195,7 +1208,7 @@ impl Cap {
     /// Give back a reservation made by `try_charge`.
     #[inline]
     pub(crate) fn uncharge(&self, device: i32, bytes: u64) {
-        if bytes == 0 || self.status.load(Acquire) != SETUP_ACTIVE {
+        if bytes == 0 || !self.active() {
             return;
         }
         let Some(d) = device_index(device) else {
@@ -1204,6 +1217,7 @@ impl Cap {
         match self.region.get() {
             None => vramshim_region::release(&self.private_used[d], bytes),
             Some(region) => {
+                self.member_release(d, bytes);
                 let s = self.slot.load(Acquire);
                 if s != NO_SLOT
                     && let Some(line) = self.line(region, d)
@@ -1231,8 +1245,18 @@ impl Cap {
         {
             self.measure_context(d);
         }
-        let free = total.saturating_sub(self.held(device)).min(real_free);
-        (free, total)
+        let (total, free) = self.cap_view(device, total);
+        (free.min(real_free), total)
+    }
+
+    /// `(total, free)` under the cap whose total is `total` ([`Cap::capped_total`]): free is
+    /// the total less what is held; a group member's own cap bounds both.
+    fn cap_view(&self, device: i32, total: u64) -> (u64, u64) {
+        let free = total.saturating_sub(self.held(device));
+        match device_index(device) {
+            Some(d) => self.member_view(d, total, free),
+            None => (total, free),
+        }
     }
 
     /// The capped total (None when the device has no cap).
@@ -1255,7 +1279,10 @@ impl Cap {
     /// Total memory to report for `device` (`cuDeviceTotalMem_v2`, `totalGlobalMem`).
     #[inline]
     pub(crate) fn total_for(&self, device: i32, real_total: u64) -> u64 {
-        self.capped_total(device, real_total).unwrap_or(real_total)
+        match (self.capped_total(device, real_total), device_index(device)) {
+            (Some(t), Some(d)) => t.min(self.member_cap(d)),
+            (t, _) => t.unwrap_or(real_total),
+        }
     }
 
     /// NVML `nvmlMemory_t` (total, free, used): total = cap, free as in
@@ -1270,7 +1297,8 @@ impl Cap {
         let Some(t) = self.capped_total(device, total) else {
             return (total, free, used);
         };
-        let f = t.saturating_sub(self.held(device)).min(free);
+        let (t, f) = self.cap_view(device, t);
+        let f = f.min(free);
         (t, f, t - f)
     }
 
@@ -1287,7 +1315,8 @@ impl Cap {
         let Some(t) = self.capped_total(device, total) else {
             return (total, reserved, free, used);
         };
-        let f = t.saturating_sub(self.held(device)).min(free);
+        let (t, f) = self.cap_view(device, t);
+        let f = f.min(free);
         let r = reserved.min(t - f);
         (t, r, f, t - f - r)
     }
@@ -1388,9 +1417,15 @@ impl Cap {
         let ok = match self.region.get() {
             None => vramshim_region::reserve(&self.private_used[d], footprint, cap).is_ok(),
             Some(region) => match (self.my_slot(region), self.line(region, d)) {
-                (Some(slot), Some(line)) => region
-                    .charge(slot, line, footprint, cap, Check::Atomic)
-                    .is_ok(),
+                (Some(slot), Some(line)) if self.member_reserve(d, footprint).is_ok() => {
+                    let ok = region
+                        .charge(slot, line, footprint, cap, Check::Atomic)
+                        .is_ok();
+                    if !ok {
+                        self.member_release(d, footprint);
+                    }
+                    ok
+                }
                 _ => false,
             },
         };
@@ -1420,7 +1455,20 @@ impl Cap {
     }
 
     /// In a forked child: the child holds nothing yet and gets its own slot on first charge.
+    /// A set-up another thread of the parent was running is taken back (what it made so far
+    /// forgotten): the child's first capped call sets up again instead of waiting for a
+    /// thread it does not have.
     pub(crate) fn on_fork_child(&self) {
+        if self.setup.reset_in_child() {
+            self.region.forget_in_child();
+            self.spec.forget_in_child();
+            self.kernel.forget_in_child();
+            self.member.forget_in_child();
+            for r in &self.member_resolved {
+                r.store(UNRESOLVED, Relaxed);
+            }
+            self.refuse_all.store(false, Relaxed);
+        }
         self.slot.store(NO_SLOT, Relaxed);
         for d in 0..MAX_DEVICES {
             self.private_used[d].store(0, Relaxed);
@@ -1487,6 +1535,20 @@ fn build_global() -> Option<Cap> {
     settings.map(|s| Cap::new(s, &QUERIES, stderr_line))
 }
 
+/// `VRAMSHIM_CAP_FAULT=setup-pause`: how long the set-up pauses.
+const SETUP_PAUSE: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// `VRAMSHIM_CAP_FAULT=setup-pause`: one line, then the set-up stops for [`SETUP_PAUSE`],
+/// so that a test can fork while a thread is inside it.
+#[cold]
+fn setup_pause() {
+    crate::warn!(
+        "VRAMSHIM_CAP_FAULT=setup-pause: the cap's set-up pauses for {} s",
+        SETUP_PAUSE.as_secs()
+    );
+    std::thread::sleep(SETUP_PAUSE);
+}
+
 /// The process's cap (None = pass-through).
 #[inline]
 pub(crate) fn global() -> Option<&'static Cap> {
@@ -1515,56 +1577,6 @@ fn build_global_or_off() -> Option<Cap> {
         ));
         None
     })
-}
-
-/// The limits in force, for the trace header's configuration (`cap.limit` entries, one per
-/// source: `devices=all|0,1|pci:0000:01:00.0 bytes=N|fraction=F source=TEXT`), so that the
-/// analyzer names the source of a refusal's cap (the one whose value it is).
-pub(crate) fn trace_config() -> Vec<(String, String)> {
-    let Some(cap) = global() else {
-        return Vec::new();
-    };
-    let s = &cap.settings;
-    let mut out: Vec<(String, String)> = Vec::new();
-    let mut seen: Vec<&str> = Vec::new();
-    for o in s.origin.iter().flatten() {
-        if seen.contains(&o.as_str()) {
-            continue;
-        }
-        seen.push(o);
-        let devs: Vec<usize> = (0..MAX_DEVICES)
-            .filter(|&d| s.origin[d].as_deref() == Some(o.as_str()))
-            .collect();
-        let devices = if devs.len() == MAX_DEVICES {
-            "all".to_string()
-        } else {
-            devs.iter()
-                .map(|d| d.to_string())
-                .collect::<Vec<_>>()
-                .join(",")
-        };
-        let value = match s.spec.devices[devs[0]] {
-            Some(vramshim_region::CapValue::Bytes(b)) => format!("bytes={b}"),
-            Some(vramshim_region::CapValue::Fraction(f)) => format!("fraction={f}"),
-            None => continue,
-        };
-        out.push((
-            "cap.limit".into(),
-            format!("devices={devices} {value} source={o}"),
-        ));
-    }
-    for r in &s.dmem {
-        if let (Some(l), Some(a)) = (r.limit(), limits::pci_addr(&r.region)) {
-            out.push((
-                "cap.limit".into(),
-                format!(
-                    "devices=pci:{:04x}:{:02x}:{:02x}.{:x} bytes={} source={}",
-                    a.0, a.1, a.2, a.3, l.bytes, l.origin
-                ),
-            ));
-        }
-    }
-    out
 }
 
 /// The cap of `device` in bytes as enforced now, for the node registry (None: uncapped, no

@@ -452,24 +452,30 @@ fn racy_fault_is_caught_by_the_thread_test() {
     assert!(caught);
 }
 
+/// Two members of the group at `path` (the first creates it), with these caps: two
+/// "processes" in one, with the same pid, so they get one image (else the second would free
+/// the first's slot as the leftover of an exec).
+fn two_members(path: &std::path::Path, first: &str, second: &str) -> (Cap, Cap) {
+    take_lines();
+    let a = shared(Some(first), path);
+    let mut b = shared(Some(second), path);
+    b.image = a.image;
+    (a, b)
+}
+
 #[test]
 fn shared_budget_across_two_caps() {
-    take_lines();
     let path = tmp("shared");
-    // Two "processes" in one: same pid, so give them one image (else the second would free
-    // the first's slot as the leftover of an exec).
-    let a = shared(Some("1GiB"), &path);
-    let mut b = shared(Some("2GiB"), &path);
-    b.image = a.image;
+    let (a, b) = two_members(&path, "1GiB", "2GiB");
     a.try_charge(0, GIB / 2, Api::CudaMalloc).unwrap();
-    // b's VRAMSHIM_CAP differs: warned, the region's cap is used.
+    // b's VRAMSHIM_CAP differs: warned; the region's cap, the stricter, binds.
     assert!(b.try_charge(0, GIB / 2 + 1, Api::CudaMalloc).is_err());
     let lines = take_lines();
     assert!(
         lines
             .iter()
             .any(|l| l.contains("differs from the cap of the shared region")
-                && l.contains("using the region's cap")),
+                && l.contains("both apply and the stricter binds")),
         "{lines:?}"
     );
     assert!(
@@ -491,6 +497,81 @@ fn shared_budget_across_two_caps() {
     assert!(take_lines().is_empty());
     let snap = Region::open(&path).unwrap().snapshot();
     assert_eq!(snap.refusals[0], 1);
+}
+
+/// A member whose own cap is smaller than the group's keeps it: the group's cap bounds the
+/// group's total, the member's its own bytes (charges, the context, memory queries), and a
+/// refusal names the one that bound. A member whose own cap comes from another tool's
+/// variable keeps it the same way.
+#[test]
+fn a_members_smaller_own_cap_still_binds() {
+    let path = tmp("member");
+    let (a, b) = two_members(&path, "4GiB", "1GiB");
+    a.try_charge(0, GIB, Api::CudaMalloc).unwrap();
+    let lines = take_lines();
+    b.try_charge(0, GIB / 2, Api::CudaMalloc).unwrap();
+    let said = take_lines();
+    assert!(lines.is_empty(), "{lines:?}");
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert!(
+        said[0].contains("VRAMSHIM_CAP=\"1GiB\" differs from the cap of the shared region")
+            && said[0].contains("(\"4294967296\", set by the process that created it)")
+            && said[0].contains("both apply and the stricter binds"),
+        "{}",
+        said[0]
+    );
+    // Its own 1 GiB binds although the group has 2.5 GiB left.
+    assert_eq!(
+        b.try_charge(0, GIB / 2 + 1, Api::CudaMalloc),
+        Err(Refusal {
+            in_use: GIB / 2,
+            cap: GIB
+        })
+    );
+    let refusal = take_lines();
+    assert!(
+        refusal[0].contains("cap 1 GiB (set by VRAMSHIM_CAP=\"1GiB\", this process's own cap inside the budget shared by VRAMSHIM_SHARED=\"test\""),
+        "{refusal:?}"
+    );
+    // A refused charge leaves nothing behind, in the group or its own.
+    assert_eq!(b.in_use(0), GIB + GIB / 2);
+    b.try_charge(0, GIB / 2, Api::CudaMalloc).unwrap();
+    // Memory queries: its own cap is its total, its own room its free memory.
+    assert_eq!(b.adjust_meminfo(0, 15 * GIB, 16 * GIB), (0, GIB));
+    assert_eq!(b.total_for(0, 16 * GIB), GIB);
+    assert_eq!(a.adjust_meminfo(0, 15 * GIB, 16 * GIB), (2 * GIB, 4 * GIB));
+    b.uncharge(0, GIB / 2);
+    assert_eq!(b.adjust_meminfo(0, 15 * GIB, 16 * GIB), (GIB / 2, GIB));
+    let (total, free, used) = b.nvml_adjust(0, 16 * GIB, 15 * GIB, GIB);
+    assert_eq!((total, free, used), (GIB, GIB / 2, GIB / 2));
+    // The group's cap still binds the member when the group is fuller than its own cap.
+    a.try_charge(0, 2 * GIB + GIB / 4, Api::CudaMalloc).unwrap();
+    assert_eq!(
+        b.try_charge(0, GIB / 2, Api::CudaMalloc).map_err(|r| r.cap),
+        Err(4 * GIB)
+    );
+    assert_eq!(b.adjust_meminfo(0, 15 * GIB, 16 * GIB), (GIB / 4, GIB));
+    b.uncharge(0, GIB / 2);
+    a.uncharge(0, 3 * GIB + GIB / 4);
+    assert_eq!(a.in_use(0), 0);
+    // Another tool's limit as the member's own cap.
+    let mut s = settings("512MiB");
+    s.cap_text = None;
+    s.origin = std::array::from_fn(|_| Some("GPU_MEMORY_LIMIT=\"512MiB\"".to_string()));
+    s.shared = Some(("test".into(), path.clone()));
+    let mut c = Cap::new(s, queries(SIM2), capture);
+    c.image = a.image;
+    assert!(c.try_charge(0, GIB, Api::CudaMalloc).is_err());
+    let lines = take_lines();
+    assert!(
+        lines[0].contains("GPU_MEMORY_LIMIT=\"512MiB\" differs from the cap"),
+        "{lines:?}"
+    );
+    assert_eq!(
+        a.in_use(0),
+        0,
+        "a refused member's charge stayed in the group"
+    );
 }
 
 /// A region that cannot be used never leaves the process uncapped: it keeps its own cap

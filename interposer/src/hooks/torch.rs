@@ -1,6 +1,8 @@
 //! C entry points for the Python startup hook (`vramshim run` on a traced Python program):
 //! attach the tensor-level tracker to PyTorch's caching allocator, and name new Python stacks.
-//! Both are called through `ctypes.PyDLL` (the GIL held for the whole call).
+//! Both are called through `ctypes.PyDLL` (the GIL held for the whole call); the hook's
+//! thread waits for stacks to name with `vramshim_torch_wait`, through `ctypes.CDLL` (the GIL
+//! released while it waits).
 
 use std::ffi::{CStr, c_char, c_int};
 
@@ -28,8 +30,16 @@ pub unsafe extern "C" fn vramshim_torch_attach(version: *const c_char) -> c_int 
 }
 
 /// Names the Python stacks seen since the last call (writes their records). Call with the
-/// GIL held; returns how many stacks were named, -1 without the GIL.
+/// GIL held; returns how many stacks were named, -1 without the GIL (when there are some).
 #[unsafe(no_mangle)]
 pub extern "C" fn vramshim_torch_drain() -> c_int {
     std::panic::catch_unwind(torch::drain).unwrap_or(-1)
+}
+
+/// Blocks until Python stacks PyTorch captured wait to be named by `vramshim_torch_drain`
+/// (returns 1), or `timeout_ms` ran out (returns 0; a negative timeout waits with no limit).
+/// Call without the GIL.
+#[unsafe(no_mangle)]
+pub extern "C" fn vramshim_torch_wait(timeout_ms: c_int) -> c_int {
+    std::panic::catch_unwind(|| torch::wait(timeout_ms)).unwrap_or(-1)
 }

@@ -1,7 +1,8 @@
 //! What every layer stands on: the per-thread state and re-entry guard ([`thread`]), the
 //! thread id and process id ([`ids`]), the one clock ([`clock`]), the one spin lock
 //! ([`spin`]) and the one biased lock ([`biased`]), process-wide memory barriers
-//! ([`membarrier`]) and the allocation-free log ([`log`]). Imports only `config`.
+//! ([`membarrier`]), the allocation-free log ([`log`]) and one-time set-up that a forked
+//! child can take back ([`setup`]). Imports only `config`.
 
 pub(crate) mod biased;
 pub(crate) mod clock;
@@ -9,6 +10,7 @@ pub(crate) mod ids;
 #[macro_use]
 pub(crate) mod log;
 pub(crate) mod membarrier;
+pub(crate) mod setup;
 pub(crate) mod spin;
 pub(crate) mod thread;
 pub(crate) mod wired;

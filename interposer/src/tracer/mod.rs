@@ -47,6 +47,7 @@ mod header;
 mod modules;
 mod pyframes;
 mod slots;
+mod stack_keys;
 mod stacks;
 pub mod torch;
 mod writer;
@@ -144,6 +145,7 @@ pub(crate) fn on_fork_child() {
     writer::on_fork_child();
     slots::on_fork_child();
     stacks::on_fork_child();
+    torch::on_fork_child();
 }
 
 /// Called at process exit: flush everything and write the end record on this thread.

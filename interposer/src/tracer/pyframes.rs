@@ -58,7 +58,7 @@ pub(crate) const PY_FRAME_BIT: u64 = 1 << 63;
 const MAX_TABLE: usize = 1 << 20;
 const MAX_NAME: usize = 4096;
 
-#[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct RawFrame {
     code: u64,
     /// Offset of the executing instruction, in code units (negative: not started).
@@ -73,16 +73,53 @@ pub(crate) struct RawFrame {
     entry: bool,
 }
 
+const NO_FRAME: RawFrame = RawFrame {
+    code: 0,
+    lasti: 0,
+    ident: 0,
+    filename: 0,
+    name: 0,
+    linetable: 0,
+    entry: false,
+};
+
 /// One thread's Python frames, innermost first.
 pub(crate) struct PyWalk {
     frames: [RawFrame; MAX_PY],
     n: usize,
 }
 
+thread_local! {
+    // const-initialized, not Drop: each thread's walk buffer (3.6 KiB) lives in its TLS
+    // block, so a walk neither allocates nor clears it; only the frames found are written.
+    static WALK: std::cell::RefCell<PyWalk> = const {
+        std::cell::RefCell::new(PyWalk { frames: [NO_FRAME; MAX_PY], n: 0 })
+    };
+}
+
+/// Runs `f` on the calling thread's Python frames (see [`walk`]), read into the thread's
+/// own buffer.
+#[inline]
+pub(crate) fn with_walk<R>(f: impl FnOnce(&PyWalk) -> R) -> R {
+    WALK.with(|w| match w.try_borrow_mut() {
+        Ok(mut w) => {
+            walk(&mut w);
+            f(&w)
+        }
+        // Re-entered on this thread (never expected: nothing below calls back): a buffer
+        // of its own.
+        Err(_) => {
+            let mut w = Box::new(PyWalk::new());
+            walk(&mut w);
+            f(&w)
+        }
+    })
+}
+
 impl PyWalk {
     pub(crate) fn new() -> PyWalk {
         PyWalk {
-            frames: [RawFrame::default(); MAX_PY],
+            frames: [NO_FRAME; MAX_PY],
             n: 0,
         }
     }
@@ -91,14 +128,35 @@ impl PyWalk {
         self.n == 0
     }
 
-    /// What identifies the stack exactly, frame by frame (what names each code object, the
-    /// instruction offset) into `out`; returns how many.
-    pub(crate) fn key_into(&self, out: &mut [(u64, i32)]) -> usize {
-        let n = self.n.min(out.len());
-        for (o, f) in out.iter_mut().zip(&self.frames[..n]) {
-            *o = (f.ident, f.lasti);
+    /// What identifies the stack exactly, frame by frame: what names each code object and
+    /// the instruction offset (the key [`key_hash`](Self::key_hash) hashes and
+    /// [`key_eq`](Self::key_eq) compares).
+    pub(crate) fn key(&self) -> Box<[(u64, i32)]> {
+        self.frames[..self.n]
+            .iter()
+            .map(|f| (f.ident, f.lasti))
+            .collect()
+    }
+
+    /// A fast hash of [`key`](Self::key) (equal keys, equal hashes).
+    #[inline]
+    pub(crate) fn key_hash(&self) -> u64 {
+        let mut h: u64 = 0x8422_2325_cbf2_9ce4 ^ self.n as u64;
+        for f in &self.frames[..self.n] {
+            h = mix(h, f.ident);
+            h = mix(h, f.lasti as u32 as u64);
         }
-        n
+        h
+    }
+
+    /// Whether `key` is this walk's [`key`](Self::key), compared in full.
+    #[inline]
+    pub(crate) fn key_eq(&self, key: &[(u64, i32)]) -> bool {
+        key.len() == self.n
+            && key
+                .iter()
+                .zip(&self.frames[..self.n])
+                .all(|(k, f)| k.0 == f.ident && k.1 == f.lasti)
     }
 
     /// What identifies the stack (code objects, instruction offsets, naming objects).
@@ -295,20 +353,23 @@ fn checked_read(addr: u64, buf: &mut [u8]) -> bool {
     n == buf.len() as isize
 }
 
+/// Lowest address an object may have (the first page is never mapped): callers check each
+/// object's address against it before a plain read of its fields ([`rd`]).
+const MIN_ADDR: u64 = 4096;
+
 /// A read of `N` bytes at `addr`: through the kernel when `CHECKED` (before the layout is
-/// verified), else a plain load (a verified layout; the calling thread's own frames).
+/// verified; a bad address is `None`), else a plain load (a verified layout; the calling
+/// thread's own frames), which always succeeds: the caller has checked the address of the
+/// object `addr` lies in against [`MIN_ADDR`] (so no per-field test costs the hot walk).
 #[inline(always)]
 fn rd<const CHECKED: bool, const N: usize>(addr: u64) -> Option<[u8; N]> {
-    if addr < 4096 {
-        return None;
-    }
     let mut b = [0u8; N];
     if CHECKED {
-        return checked_read(addr, &mut b).then_some(b);
+        return (addr >= MIN_ADDR && checked_read(addr, &mut b)).then_some(b);
     }
     // SAFETY: `addr` is a field of an object the calling thread's interpreter frames
-    // reference (alive while this thread is inside this call), at an offset of a verified
-    // layout.
+    // reference (alive while this thread is inside this call; its address checked against
+    // MIN_ADDR by the caller), at an offset of a verified layout.
     unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, b.as_mut_ptr(), N) };
     Some(b)
 }
@@ -562,11 +623,17 @@ fn walk_with<const C: bool>(py: &Py, out: &mut PyWalk) -> Result<(), &'static st
     if ts == 0 {
         return Ok(());
     }
+    if ts < MIN_ADDR {
+        return Err("thread state unreadable");
+    }
     let mut frame = match l.kind {
         Gen::CFrame => {
             let cf = rd_u64::<C>(ts + l.ts_cframe as u64).ok_or("thread state unreadable")?;
             if cf == 0 {
                 return Ok(());
+            }
+            if cf < MIN_ADDR {
+                return Err("frame pointer unreadable");
             }
             rd_u64::<C>(cf + l.cur_frame as u64).ok_or("frame pointer unreadable")?
         }
@@ -580,6 +647,9 @@ fn walk_with<const C: bool>(py: &Py, out: &mut PyWalk) -> Result<(), &'static st
         if frame == 0 || out.n >= MAX_PY {
             break;
         }
+        if frame < MIN_ADDR {
+            return Err("frame unreadable");
+        }
         let code = rd_u64::<C>(frame + l.f_code as u64).ok_or("frame unreadable")?;
         let back = rd_u64::<C>(frame + l.f_back as u64).ok_or("frame unreadable")?;
         if l.f_owner != 0
@@ -592,7 +662,7 @@ fn walk_with<const C: bool>(py: &Py, out: &mut PyWalk) -> Result<(), &'static st
             frame = back;
             continue;
         }
-        if code == 0 || rd_u64::<C>(code + 8) != Some(py.code_type) {
+        if code < MIN_ADDR || rd_u64::<C>(code + 8) != Some(py.code_type) {
             if strict {
                 return Err("a frame's code is not a code object");
             }
@@ -613,6 +683,9 @@ fn walk_with<const C: bool>(py: &Py, out: &mut PyWalk) -> Result<(), &'static st
         let filename = rd_u64::<C>(code + l.co_filename as u64).ok_or("code unreadable")?;
         let name = rd_u64::<C>(code + l.co_name as u64).ok_or("code unreadable")?;
         let linetable = rd_u64::<C>(code + l.co_linetable as u64).ok_or("code unreadable")?;
+        if filename < MIN_ADDR || name < MIN_ADDR || linetable < MIN_ADDR {
+            return Err("a code object's names are unreadable");
+        }
         if strict
             && (rd_u64::<C>(filename + 8) != Some(py.str_type)
                 || rd_u64::<C>(name + 8) != Some(py.str_type)
@@ -688,7 +761,7 @@ pub(crate) fn on_fork_child() {
 }
 
 fn read_str(py: &Py, s: u64) -> String {
-    if rd_u64::<false>(s + 8) != Some(py.str_type) {
+    if s < MIN_ADDR || rd_u64::<false>(s + 8) != Some(py.str_type) {
         return String::from("?");
     }
     let (Some(state), Some(len)) = (rd::<false, 4>(s + 32), rd_u64::<false>(s + 16)) else {
@@ -723,7 +796,7 @@ fn read_str(py: &Py, s: u64) -> String {
 }
 
 fn read_bytes(py: &Py, b: u64) -> Vec<u8> {
-    if rd_u64::<false>(b + 8) != Some(py.bytes_type) {
+    if b < MIN_ADDR || rd_u64::<false>(b + 8) != Some(py.bytes_type) {
         return Vec::new();
     }
     let len = rd_u64::<false>(b + 16).unwrap_or(0) as usize;

@@ -508,8 +508,11 @@ pub(crate) fn capture(depth: usize) -> Option<(u32, Vec<Event>)> {
                 .unwrap_or_default(),
         ));
     }
-    let mut py = super::pyframes::PyWalk::new();
-    super::pyframes::walk(&mut py);
+    super::pyframes::with_walk(|py| capture_with(depth, py))
+}
+
+/// [`capture`] with the calling thread's Python frames `py`.
+fn capture_with(depth: usize, py: &super::pyframes::PyWalk) -> Option<(u32, Vec<Event>)> {
     let (nid, nframes) = capture_interned(depth)?;
     let mut records = Vec::new();
     if let Some(f) = &nframes {
@@ -527,7 +530,7 @@ pub(crate) fn capture(depth: usize) -> Option<(u32, Vec<Event>)> {
         Some(f) => f.as_slice().to_vec(),
         None => unwind(depth.clamp(1, MAX_FRAMES)).as_slice().to_vec(),
     };
-    let merged = super::pyframes::merge(&native, &py, &mut records);
+    let merged = super::pyframes::merge(&native, py, &mut records);
     let (id, is_new) = intern_hash(key);
     if is_new {
         records.push(record(id, &merged));

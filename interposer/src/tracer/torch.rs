@@ -25,7 +25,10 @@
 //!   instead; such a stack seen for the first time gets an id and a strong reference on the
 //!   traceback object that is never dropped (so its code objects stay alive and their
 //!   addresses cannot be reused by other code).
-//! - [`drain`] (called by the hook's thread every 100 ms and at exit, with the GIL held)
+//! - [`drain`] (called by the hook's thread, with the GIL held, when [`wait`] returns because
+//!   such a stack is new, at most 10 times a second, and at exit; the thread sleeps in
+//!   [`wait`] without the GIL otherwise, so it never wakes while every stack is read by
+//!   `pyframes`)
 //!   names each new captured stack once through CPython's public API (`co_filename`, `co_qualname`,
 //!   `PyCode_Addr2Line`) and writes `PyCode`/`PyStack` records. A stack's record may thus
 //!   follow the first events that refer to it; readers resolve ids over the whole trace.
@@ -33,12 +36,14 @@
 //! `VRAMSHIM_TORCH_FAULT=drop` drops the tensor events (alloc and free), for the test that
 //! shows the attribution depends on them.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::ffi::{CStr, CString, c_char, c_int, c_long, c_void};
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
 
 use super::elf_syms::Elf;
+use super::stack_keys::{self, Frame, StackKeys};
+use crate::sys::spin::{SpinGuard, SpinLock};
 use vramshim_trace::{Event, PyFrame, TorchOp, torch_action as act};
 
 /// The allocator object pointer (`std::atomic<CUDAAllocator*>`), exported by libc10_cuda.so.
@@ -81,33 +86,53 @@ static ATTACHED: AtomicBool = AtomicBool::new(false);
 static TRACEBACK_VPTR: AtomicUsize = AtomicUsize::new(0);
 /// `VRAMSHIM_TORCH_FAULT=drop`: tensor events are dropped.
 static FAULT_DROP: AtomicBool = AtomicBool::new(false);
-
-type Key = Vec<(u64, i32)>;
+/// Captured stacks wait for [`drain`] (set with `State::pending` filled, under its lock).
+static PENDING: AtomicBool = AtomicBool::new(false);
+/// The thread that waits in [`wait`] for stacks to name (the hook's), woken by [`intern`].
+static WAITER: OnceLock<std::thread::Thread> = OnceLock::new();
 
 #[derive(Default)]
 struct State {
-    /// Live segments per device (start -> size), from the tracker's own segment events.
-    segments: BTreeMap<(i32, u64), u64>,
-    stacks: HashMap<Key, u32>,
-    /// Stacks read by our own frame reader (`pyframes`), by [`super::pyframes::PyWalk::key_into`];
+    /// Live segments (device, start, size), sorted, from the tracker's own segment events
+    /// (few, and changed rarely: a binary search finds a tensor's).
+    segments: Vec<(i32, u64, u64)>,
+    /// Stacks PyTorch captured, by their frames' (code object, instruction offset).
+    stacks: StackKeys,
+    /// Stacks read by our own frame reader (`pyframes`), by [`super::pyframes::PyWalk::key`];
     /// named when first seen, so they share no pending list.
-    walks: HashMap<Key, u32>,
-    /// Stack ids handed out so far (both maps share them).
+    walks: StackKeys,
+    /// Stack ids handed out so far (both tables share them).
     ids: u32,
     /// Stacks interned but not yet named by [`drain`].
-    pending: Vec<(u32, Key)>,
+    pending: Vec<(u32, Box<[Frame]>)>,
     full_said: bool,
 }
 
-static STATE: Mutex<Option<State>> = Mutex::new(None);
+/// Behind the process's spin lock, not a `Mutex`: a thread of the parent may hold it at a
+/// fork (inside the tracker, on any allocating thread), and a `Mutex` would stay locked in
+/// the child for good: its first tensor event or [`drain`] would block forever. A forked
+/// child takes it back ([`on_fork_child`]); a panic in the holder releases it.
+static STATE: SpinLock<Option<State>> = SpinLock::new(None);
 /// Code objects named so far (address -> PyCode id). Held for a whole [`drain`] and only
 /// tried (a drain that finds another one running returns), so no thread ever waits on it
 /// while attached to the interpreter.
-static CODES: Mutex<Option<HashMap<u64, u32>>> = Mutex::new(None);
+static CODES: SpinLock<Option<HashMap<u64, u32>>> = SpinLock::new(None);
 
-fn state() -> MutexGuard<'static, Option<State>> {
-    // A panic while holding it (never expected) must not turn every later event into one.
-    STATE.lock().unwrap_or_else(|e| e.into_inner())
+fn state() -> SpinGuard<'static, Option<State>> {
+    STATE.lock()
+}
+
+/// Forked child (the atfork child handler: its only thread, holding no guard): its trace
+/// starts empty, so stacks and code objects are named again from the first id; the parent's
+/// maps (maybe half updated by a thread that held the lock at the fork) are forgotten,
+/// never read or freed. The segments go with them: a tensor event of the child in a segment
+/// the parent mapped carries no segment.
+pub(crate) fn on_fork_child() {
+    // SAFETY: the child's only thread, holding no guard of either lock.
+    let (st, codes) = unsafe { (STATE.reset_in_child(), CODES.reset_in_child()) };
+    std::mem::forget(st.take());
+    std::mem::forget(codes.take());
+    PENDING.store(false, Ordering::Relaxed);
 }
 
 // ---- libstdc++'s std::function<void(const TraceEntry&)>: {_Any_data, manager, invoker}.
@@ -153,9 +178,6 @@ fn on_entry(e: *const u8) {
     if e.is_null() || !super::enabled() {
         return;
     }
-    // A trace time (raw where the trace clock is the TSC): the writer converts it, like
-    // every event's time.
-    let t_ns = super::now_raw();
     let action = rd::<i32>(e, 0);
     let Ok(action) = u8::try_from(action) else {
         return;
@@ -172,6 +194,9 @@ fn on_entry(e: *const u8) {
     ) {
         return;
     }
+    // A trace time (raw where the trace clock is the TSC): the writer converts it, like
+    // every event's time.
+    let t_ns = super::now_raw();
     let device = rd::<i8>(e, 4) as i32;
     let addr = rd::<u64>(e, 8);
     let ctx = rd::<usize>(e, 16);
@@ -180,55 +205,32 @@ fn on_entry(e: *const u8) {
     let size = rd::<u64>(e, 40);
     let dropped =
         FAULT_DROP.load(Ordering::Relaxed) && matches!(action, act::ALLOC | act::FREE_COMPLETED);
-    let mut key = [(0u64, 0i32); MAX_PY_FRAMES];
     let wants_stack = matches!(action, act::ALLOC | act::OOM) && !dropped;
-    let n = if wants_stack {
-        frames_of(ctx, &mut key)
-    } else {
-        0
-    };
-    // No stack captured by PyTorch (its history off, or on without Python stacks): the
-    // allocating thread's own Python frames, read in place (this callback runs on it).
-    let mut walk_key = [(0u64, 0i32); super::pyframes::MAX_PY];
-    let mut walk = None;
-    let mut wn = 0;
-    if wants_stack && n == 0 && super::pyframes::active() {
-        let mut w = Box::new(super::pyframes::PyWalk::new());
-        super::pyframes::walk(&mut w);
-        if !w.is_empty() {
-            wn = w.key_into(&mut walk_key);
-            walk = Some(w);
-        }
-    }
     let mut records = Vec::new();
-    let (segment, stack) = {
+    let locked = |stack: &mut dyn FnMut(&mut State) -> u32| {
         let mut g = state();
         let st = g.get_or_insert_with(State::default);
-        let segment = match action {
-            act::SEGMENT_ALLOC | act::SEGMENT_MAP => {
-                st.segments.insert((device, addr), size);
-                addr
+        (segment_of(st, action, device, addr, size), stack(st))
+    };
+    let (segment, stack) = if !wants_stack {
+        // Frees and segment events: no stack.
+        locked(&mut |_| 0)
+    } else if let Some(tb) = captured(ctx) {
+        // The Python stack PyTorch captured for this entry.
+        let h = tb.hash();
+        locked(&mut |st| intern(st, h, &tb, ctrl))
+    } else if super::pyframes::active() {
+        // No stack captured by PyTorch (its history off, or on without Python stacks): the
+        // allocating thread's own Python frames, read in place (this callback runs on it).
+        super::pyframes::with_walk(|w| {
+            if w.is_empty() {
+                return locked(&mut |_| 0);
             }
-            act::SEGMENT_FREE | act::SEGMENT_UNMAP => {
-                st.segments.remove(&(device, addr));
-                addr
-            }
-            act::ALLOC | act::FREE_COMPLETED => st
-                .segments
-                .range(..=(device, addr))
-                .next_back()
-                .filter(|((d, s), len)| *d == device && addr < s.saturating_add(**len))
-                .map_or(0, |((_, s), _)| *s),
-            _ => 0,
-        };
-        let stack = if n > 0 {
-            intern(st, &key[..n], ctrl)
-        } else if let Some(w) = &walk {
-            intern_walk(st, &walk_key[..wn], w, &mut records)
-        } else {
-            0
-        };
-        (segment, stack)
+            let h = w.key_hash();
+            locked(&mut |st| intern_walk(st, h, w, &mut records))
+        })
+    } else {
+        locked(&mut |_| 0)
     };
     for r in records {
         super::emit(r);
@@ -249,31 +251,98 @@ fn on_entry(e: *const u8) {
     }));
 }
 
-/// Copies the (code, lasti) pairs of the Python stack `ctx` holds, innermost first, when it
-/// is a `CapturedTraceback`. Returns how many.
-fn frames_of(ctx: usize, out: &mut [(u64, i32); MAX_PY_FRAMES]) -> usize {
+/// The segment an event concerns: the one it creates or frees, or the one a tensor lies in
+/// (0 when none is known).
+fn segment_of(st: &mut State, action: u8, device: i32, addr: u64, size: u64) -> u64 {
+    let segs = &mut st.segments;
+    let at = segs.partition_point(|&(d, s, _)| (d, s) < (device, addr));
+    let same = segs
+        .get(at)
+        .is_some_and(|&(d, s, _)| (d, s) == (device, addr));
+    match action {
+        act::SEGMENT_ALLOC | act::SEGMENT_MAP => {
+            if same {
+                segs[at].2 = size;
+            } else {
+                segs.insert(at, (device, addr, size));
+            }
+            addr
+        }
+        act::SEGMENT_FREE | act::SEGMENT_UNMAP => {
+            if same {
+                segs.remove(at);
+            }
+            addr
+        }
+        act::ALLOC | act::FREE_COMPLETED => {
+            // The last segment starting at or below `addr`.
+            let i = if same { Some(at) } else { at.checked_sub(1) };
+            i.map(|i| segs[i])
+                .filter(|&(d, s, len)| d == device && addr < s.saturating_add(len))
+                .map_or(0, |(_, s, _)| s)
+        }
+        _ => 0,
+    }
+}
+
+/// The frames of a Python stack PyTorch captured (a `CapturedTraceback`), read in place:
+/// 16 bytes per frame {code object, lasti: i32}, innermost first.
+struct Captured {
+    frames: *const u8,
+    n: usize,
+}
+
+impl Captured {
+    #[inline]
+    fn frame(&self, i: usize) -> Frame {
+        (
+            rd::<u64>(self.frames, 16 * i),
+            rd::<i32>(self.frames, 16 * i + 8),
+        )
+    }
+
+    fn hash(&self) -> u64 {
+        let mut h: u64 = 0x8422_2325_cbf2_9ce4 ^ self.n as u64;
+        for i in 0..self.n {
+            let (code, lasti) = self.frame(i);
+            h = stack_keys::mix(h, code);
+            h = stack_keys::mix(h, lasti as u32 as u64);
+        }
+        h
+    }
+
+    fn eq(&self, key: &[Frame]) -> bool {
+        key.len() == self.n && key.iter().enumerate().all(|(i, k)| *k == self.frame(i))
+    }
+
+    fn key(&self) -> Box<[Frame]> {
+        (0..self.n).map(|i| self.frame(i)).collect()
+    }
+}
+
+/// The Python stack `ctx` holds, when it is a `CapturedTraceback` with frames (its
+/// innermost [`MAX_PY_FRAMES`]).
+fn captured(ctx: usize) -> Option<Captured> {
     let vptr = TRACEBACK_VPTR.load(Ordering::Relaxed);
     if ctx == 0 || vptr == 0 {
-        return 0;
+        return None;
     }
     let p = ctx as *const u8;
     if rd::<usize>(p, 0) != vptr {
-        return 0;
+        return None;
     }
     let (begin, end) = (rd::<usize>(p, 8), rd::<usize>(p, 16));
-    if end < begin || (end - begin) % 16 != 0 || begin == 0 {
-        return 0;
+    if end <= begin || (end - begin) % 16 != 0 || begin == 0 {
+        return None;
     }
-    let n = ((end - begin) / 16).min(MAX_PY_FRAMES);
-    let f = begin as *const u8;
-    for (i, slot) in out.iter_mut().enumerate().take(n) {
-        *slot = (rd::<u64>(f, 16 * i), rd::<i32>(f, 16 * i + 8));
-    }
-    n
+    Some(Captured {
+        frames: begin as *const u8,
+        n: ((end - begin) / 16).min(MAX_PY_FRAMES),
+    })
 }
 
-fn intern(st: &mut State, key: &[(u64, i32)], ctrl: usize) -> u32 {
-    if let Some(&id) = st.stacks.get(key) {
+fn intern(st: &mut State, h: u64, tb: &Captured, ctrl: usize) -> u32 {
+    if let Some(id) = st.stacks.get(h, |k| tb.eq(k)) {
         return id;
     }
     if st.ids as usize >= MAX_STACKS || ctrl == 0 {
@@ -293,23 +362,32 @@ fn intern(st: &mut State, key: &[(u64, i32)], ctrl: usize) -> u32 {
     unsafe { (*((ctrl + 8) as *const AtomicI32)).fetch_add(1, Ordering::AcqRel) };
     st.ids += 1;
     let id = st.ids;
-    st.stacks.insert(key.to_vec(), id);
-    st.pending.push((id, key.to_vec()));
+    let key = tb.key();
+    st.stacks.insert(h, key.clone(), id);
+    st.pending.push((id, key));
+    if !PENDING.swap(true, Ordering::SeqCst) {
+        // Pairs with the fence in `wait`.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if let Some(t) = WAITER.get() {
+            // The hook's thread names it soon (a futex wake; never blocks).
+            t.unpark();
+        }
+    }
     id
 }
 
-/// The id of the stack our frame reader found (`key` its [`PyWalk::key_into`]); a new one is
-/// named at once (its `PyCode` and `PyStack` records go to `records`), since its code objects
-/// are alive only while this thread runs them.
+/// The id of the stack our frame reader found (`h` its [`PyWalk::key_hash`]); a new one is
+/// named at once (its `PyCode` and `PyStack` records go to `records`), since its code
+/// objects are alive only while this thread runs them.
 ///
-/// [`PyWalk::key_into`]: super::pyframes::PyWalk::key_into
+/// [`PyWalk::key_hash`]: super::pyframes::PyWalk::key_hash
 fn intern_walk(
     st: &mut State,
-    key: &[(u64, i32)],
+    h: u64,
     walk: &super::pyframes::PyWalk,
     records: &mut Vec<Event>,
 ) -> u32 {
-    if let Some(&id) = st.walks.get(key) {
+    if let Some(id) = st.walks.get(h, |k| walk.key_eq(k)) {
         return id;
     }
     if st.ids as usize >= MAX_STACKS {
@@ -324,7 +402,7 @@ fn intern_walk(
     let frames = super::pyframes::py_frames(walk, records);
     st.ids += 1;
     let id = st.ids;
-    st.walks.insert(key.to_vec(), id);
+    st.walks.insert(h, walk.key(), id);
     records.push(Event::PyStack { id, frames });
     id
 }
@@ -530,7 +608,12 @@ struct PyApi {
     err_clear: ErrClearFn,
 }
 
-fn py_api() -> Option<PyApi> {
+fn py_api() -> Option<&'static PyApi> {
+    static API: OnceLock<Option<PyApi>> = OnceLock::new();
+    API.get_or_init(find_py_api).as_ref()
+}
+
+fn find_py_api() -> Option<PyApi> {
     let get = |n: &CStr| {
         let p = crate::cuda::real::dlsym_real(libc::RTLD_DEFAULT, n);
         (!p.is_null()).then_some(p as usize)
@@ -592,11 +675,49 @@ impl PyApi {
     }
 }
 
+/// Waits until captured stacks wait to be named (returns 1), at most `timeout_ms` (< 0: no
+/// limit; returns 0 when it ran out). Called by the hook's thread without the GIL, so that
+/// it runs [`drain`] only when there is work: nothing wakes it while every stack is named
+/// at once (`pyframes`); [`intern`] wakes it when PyTorch captured a new one.
+pub(crate) fn wait(timeout_ms: c_int) -> c_int {
+    let me = std::thread::current();
+    let registered = WAITER.get_or_init(|| me.clone()).id() == me.id();
+    // Pairs with the fence in `intern`: either that thread sees this waiter, or this one
+    // sees its PENDING.
+    std::sync::atomic::fence(Ordering::SeqCst);
+    let deadline = u64::try_from(timeout_ms)
+        .ok()
+        .map(|ms| std::time::Instant::now() + std::time::Duration::from_millis(ms));
+    loop {
+        if PENDING.load(Ordering::Acquire) {
+            return 1;
+        }
+        let left = match deadline {
+            Some(d) => match d.checked_duration_since(std::time::Instant::now()) {
+                Some(left) if !left.is_zero() => Some(left),
+                _ => return 0,
+            },
+            None => None,
+        };
+        match (registered, left) {
+            // An unpark that came before the park makes it return at once: none is lost.
+            (true, None) => std::thread::park(),
+            (true, Some(left)) => std::thread::park_timeout(left),
+            // Another thread waiting too (never the hook's case): it polls.
+            (false, left) => {
+                std::thread::sleep(left.map_or(std::time::Duration::from_millis(100), |l| {
+                    l.min(std::time::Duration::from_millis(100))
+                }))
+            }
+        }
+    }
+}
+
 /// Names the stacks interned since the last call and writes their records. Must be called
-/// with the GIL held (returns -1 without doing anything otherwise); returns how many stacks
-/// were named.
+/// with the GIL held (returns -1 without doing anything otherwise, when there is something
+/// to name); returns how many stacks were named.
 pub(crate) fn drain() -> c_int {
-    if !ATTACHED.load(Ordering::Acquire) {
+    if !ATTACHED.load(Ordering::Acquire) || !PENDING.load(Ordering::Acquire) {
         return 0;
     }
     let Some(api) = py_api() else {
@@ -606,15 +727,14 @@ pub(crate) fn drain() -> c_int {
     if unsafe { (api.gil_check)() } != 1 {
         return -1;
     }
-    let mut codes = match CODES.try_lock() {
-        Ok(g) => g,
-        Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
-        Err(std::sync::TryLockError::WouldBlock) => return 0,
+    let Some(mut codes) = CODES.lock_within(1) else {
+        return 0;
     };
     let codes = codes.get_or_insert_with(HashMap::new);
     let pending = {
         let mut g = state();
         let Some(st) = g.as_mut() else { return 0 };
+        PENDING.store(false, Ordering::Release);
         std::mem::take(&mut st.pending)
     };
     let n = pending.len();
@@ -647,4 +767,89 @@ pub(crate) fn drain() -> c_int {
         super::emit(Event::PyStack { id, frames });
     }
     n as c_int
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tensors_are_found_in_their_segments() {
+        let mut st = State::default();
+        let seg = |st: &mut State, a, d, at, n| segment_of(st, a, d, at, n);
+        assert_eq!(seg(&mut st, act::SEGMENT_ALLOC, 0, 0x2000, 0x1000), 0x2000);
+        assert_eq!(seg(&mut st, act::SEGMENT_ALLOC, 0, 0x8000, 0x1000), 0x8000);
+        assert_eq!(seg(&mut st, act::SEGMENT_ALLOC, 1, 0x2000, 0x4000), 0x2000);
+        // Start, middle, just past the end, below every segment, another device.
+        assert_eq!(seg(&mut st, act::ALLOC, 0, 0x2000, 16), 0x2000);
+        assert_eq!(seg(&mut st, act::ALLOC, 0, 0x2800, 16), 0x2000);
+        assert_eq!(seg(&mut st, act::ALLOC, 0, 0x3000, 16), 0);
+        assert_eq!(seg(&mut st, act::FREE_COMPLETED, 0, 0x1000, 16), 0);
+        assert_eq!(seg(&mut st, act::ALLOC, 1, 0x5000, 16), 0x2000);
+        assert_eq!(seg(&mut st, act::ALLOC, 0, 0x8fff, 1), 0x8000);
+        assert_eq!(seg(&mut st, act::SEGMENT_FREE, 0, 0x2000, 0x1000), 0x2000);
+        assert_eq!(seg(&mut st, act::ALLOC, 0, 0x2800, 16), 0);
+        assert_eq!(seg(&mut st, act::ALLOC, 1, 0x2800, 16), 0x2000);
+        assert_eq!(st.segments, vec![(0, 0x8000, 0x1000), (1, 0x2000, 0x4000)]);
+    }
+
+    /// Waits for child `pid` at most `limit`; kills it past that. Its exit code, or None when
+    /// it had to be killed (or did not exit normally).
+    fn wait_bounded(pid: libc::pid_t, limit: std::time::Duration) -> Option<i32> {
+        let end = std::time::Instant::now() + limit;
+        let mut status = 0;
+        loop {
+            // SAFETY: our own child; a valid out-pointer.
+            let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+            if r == pid {
+                return libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status));
+            }
+            if std::time::Instant::now() > end {
+                // SAFETY: our own child, not yet reaped.
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                    libc::waitpid(pid, &mut status, 0);
+                }
+                return None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+
+    /// A fork while another thread is inside the tracker (holding its state, as on a tensor
+    /// event): the child, where that thread does not exist, takes the state back at once,
+    /// fresh (its trace names every stack again), instead of waiting for it forever.
+    #[test]
+    fn a_forked_child_takes_the_trackers_state_back() {
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let holder = std::thread::spawn(move || {
+            let mut g = super::state();
+            g.get_or_insert_with(super::State::default).ids = 41;
+            held_tx.send(()).unwrap();
+            let _ = go_rx.recv();
+            g.as_mut().unwrap().ids += 1;
+        });
+        held_rx.recv().unwrap();
+        // SAFETY: fork has no memory preconditions; the child runs only the checks below (no
+        // panics, no locks of the test harness) and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            // What the atfork child handler does.
+            super::on_fork_child();
+            let fresh = super::state().is_none() && super::CODES.lock_within(1).is_some();
+            // SAFETY: ends the child without running the parent's atexit handlers.
+            unsafe { libc::_exit(if fresh { 0 } else { 1 }) }
+        }
+        let code = wait_bounded(pid, std::time::Duration::from_secs(60));
+        go_tx.send(()).unwrap();
+        holder.join().unwrap();
+        assert_eq!(
+            code,
+            Some(0),
+            "the forked child did not take the tracker's state back (None: it hung and was killed after 60 s)"
+        );
+        assert_eq!(super::state().as_ref().map(|s| s.ids), Some(42));
+    }
 }

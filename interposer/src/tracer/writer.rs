@@ -9,10 +9,10 @@ use std::path::Path;
 use std::sync::atomic::{
     AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering,
 };
-use std::sync::{Mutex, MutexGuard, TryLockError};
+use std::sync::{Mutex, MutexGuard, OnceLock, TryLockError};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Select, Sender, TrySendError, bounded};
+use crossbeam_channel::{Receiver, Sender, TrySendError, bounded};
 use vramshim_trace::output_file::{self, Opened, Refusal, TRACE};
 use vramshim_trace::{DeviceInfo, Event, RecordEncoder, TraceWriter};
 
@@ -77,6 +77,8 @@ struct Shared {
     spare_tx: Sender<Buf>,
     spare_rx: Receiver<Buf>,
     out: Mutex<Option<Out>>,
+    /// The writer thread, unparked by [`send`] when it hands over a full buffer.
+    writer: OnceLock<std::thread::Thread>,
 }
 
 struct Out {
@@ -228,6 +230,7 @@ fn start() -> bool {
         spare_tx,
         spare_rx,
         out: Mutex::new(Some(out)),
+        writer: OnceLock::new(),
     }));
     OWNER.store(pid, Ordering::Relaxed);
     SHARED.store(sh as *const Shared as *mut Shared, Ordering::Release);
@@ -330,7 +333,10 @@ fn tick_period() -> Duration {
 fn writer_main(sh: &'static Shared) {
     // Process-directed signals must go to the application's threads, not to us.
     block_signals();
+    // Senders before this point find no thread to unpark: the next tick takes their buffers.
+    let _ = sh.writer.set(std::thread::current());
     let period = tick_period();
+    let hold = fault_hold();
     let mut next = Instant::now() + period;
     loop {
         let now = Instant::now();
@@ -344,7 +350,7 @@ fn writer_main(sh: &'static Shared) {
         // Wait for a buffer without taking it, and take it only under the lock: a buffer in
         // this thread's hands while the exit path holds the lock and finishes the trace
         // would be lost without a trace (seen: one buffer of 10M events).
-        if fault_hold() {
+        if hold {
             // The loop as it was: a buffer taken, then the lock awaited.
             if let Ok(c) = sh.rx.recv_timeout(next - now) {
                 std::thread::sleep(Duration::from_millis(200));
@@ -357,9 +363,14 @@ fn writer_main(sh: &'static Shared) {
             }
             continue;
         }
-        let mut sel = Select::new();
-        sel.recv(&sh.rx);
-        if sel.ready_timeout(next - now).is_ok() {
+        // `send` unparks this thread after queueing a buffer (an unpark that comes before
+        // the park makes it return at once), so parking until the tick misses nothing, and
+        // costs a few hundred instructions where a channel wait (`Select`, registering and
+        // unregistering a waker) costs ~2 k, on every tick.
+        if sh.rx.is_empty() {
+            std::thread::park_timeout(next - now);
+        }
+        if !sh.rx.is_empty() {
             let mut g = lock(sh);
             let Some(out) = g.as_mut() else { return };
             if out.finished {
@@ -631,7 +642,12 @@ pub(crate) fn send(raw: Buf) -> Result<(), Buf> {
     let n = raw_bytes(raw.len());
     QUEUED.fetch_add(n, Ordering::Relaxed);
     match sh.tx.try_send(Chunk { raw }) {
-        Ok(()) => Ok(()),
+        Ok(()) => {
+            if let Some(t) = sh.writer.get() {
+                t.unpark();
+            }
+            Ok(())
+        }
         Err(TrySendError::Full(c)) | Err(TrySendError::Disconnected(c)) => {
             QUEUED.fetch_sub(n, Ordering::Relaxed);
             Err(c.raw)

@@ -83,6 +83,8 @@ struct Page {
     occ: BTreeMap<u64, (u64, u64)>,
     /// SMALL or LARGE: which blocks this page was first used for (while partly used)
     class: usize,
+    /// lifetime class of the blocks in this page while it is used (see `set_lifetime_class`)
+    life: u8,
     maps: Vec<u32>,
     fences: Vec<Fence>,
 }
@@ -140,6 +142,9 @@ pub struct Faults {
     /// Take the previous round's place even where a live block is (the new block overlaps
     /// it): proves the safety checks of replayed places can fail.
     pub replay_over_live: bool,
+    /// Place blocks of different lifetime classes in the same pages (proves the test of
+    /// `Stitch::set_lifetime_class` can fail).
+    pub mix_lifetimes: bool,
 }
 
 impl Faults {
@@ -154,6 +159,7 @@ impl Faults {
             || self.keep_layout
             || self.forget_rounds
             || self.replay_over_live
+            || self.mix_lifetimes
     }
 }
 
@@ -212,6 +218,10 @@ pub struct Stitch {
     /// the most the pool held past its budget in this window and in the previous one
     forced: u64,
     prev_forced: u64,
+    /// lifetime class of the next allocations, and whether any class but 0 was ever set
+    /// (see `set_lifetime_class`)
+    life: u8,
+    lives: bool,
     /// mappings re-formed by remapping some of their pages (see `Stitch::repairable`)
     repairs: u64,
     /// allocation count at which the budget's window rolls
@@ -268,6 +278,8 @@ impl Stitch {
             prev_window_peak: 0,
             forced: 0,
             prev_forced: 0,
+            life: 0,
+            lives: false,
             repairs: 0,
             next_window: u64::MAX,
             idle_scan: None,

@@ -33,12 +33,16 @@ def _vramshim_setup():
             lib = ctypes.PyDLL(None)
             attach = lib.vramshim_torch_attach
             drain = lib.vramshim_torch_drain
+            # Called without the GIL (CDLL): it blocks until there are stacks to name.
+            wait = ctypes.CDLL(None).vramshim_torch_wait
         except (OSError, AttributeError):
             return  # not running under libvramshim.so
         attach.argtypes = [ctypes.c_char_p]
         attach.restype = ctypes.c_int
         drain.argtypes = []
         drain.restype = ctypes.c_int
+        wait.argtypes = [ctypes.c_int]
+        wait.restype = ctypes.c_int
         backend = torch.cuda.get_allocator_backend()
         if backend != "native":
             # cudaMallocAsync has no trace tracker nor history (PyTorch refuses both), but
@@ -62,9 +66,12 @@ def _vramshim_setup():
             )
 
         def loop():
+            # Wakes only when PyTorch captured a stack that is not named yet (never while
+            # libvramshim.so names every stack itself), at most 10 times a second.
             while True:
-                time.sleep(0.1)
+                wait(-1)
                 drain()
+                time.sleep(0.1)
 
         threading.Thread(target=loop, name="vramshim-drain", daemon=True).start()
         atexit.register(drain)

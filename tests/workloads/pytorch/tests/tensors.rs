@@ -99,8 +99,10 @@ fn traced_with(
     let mut c = vramshim_run_command(py, name, &args);
     // The fault switch, set for the test run, is passed on to the job (the test command
     // starts from an environment without VRAMSHIM_* variables).
-    if let Ok(v) = std::env::var("VRAMSHIM_TORCH_FAULT") {
-        c.env("VRAMSHIM_TORCH_FAULT", v);
+    for fault in ["VRAMSHIM_TORCH_FAULT", "VRAMSHIM_PYFRAMES_FAULT"] {
+        if let Ok(v) = std::env::var(fault) {
+            c.env(fault, v);
+        }
     }
     for (k, v) in env {
         c.env(k, v);
@@ -175,6 +177,61 @@ fn tensors_are_attributed_to_the_function_that_holds_them() {
         .filter(|o| o.action == act::SEGMENT_ALLOC)
         .collect();
     assert_eq!(segments.len(), 4, "4 segments of 2 MiB: {segments:?}");
+}
+
+const REUSED_CODE: &str = "\
+import gc
+import torch
+
+seen, reused, keep = set(), 0, []
+for i in range(32):
+    ns = {'torch': torch}
+    src = 'def f_%02d():\\n    return torch.empty(%d, dtype=torch.uint8, device=\"cuda\")\\n'
+    exec(compile(src % (i, (i + 1) << 10), 'job.py', 'exec'), ns)
+    f = ns['f_%02d' % i]
+    reused += id(f.__code__) in seen
+    seen.add(id(f.__code__))
+    keep.append(f())
+    del f, ns
+    gc.collect()  # the function and its globals form a cycle
+print('reused', reused)
+";
+
+/// Functions created and freed in a loop, whose code objects come back at the same
+/// addresses (and run in frames at the same place, at the same instruction): each tensor
+/// is still named after the function that allocated it, so the tracker's table of stacks
+/// seen never takes one stack for another (`VRAMSHIM_PYFRAMES_FAULT=noident`, which
+/// identifies code objects by address alone, makes this fail).
+#[test]
+fn tensors_of_reused_code_addresses_are_named_again() {
+    let Some(py) = torch_or_skip("tensors_of_reused_code_addresses_are_named_again") else {
+        return;
+    };
+    let (out, file) = traced(&py, "torch_tensors_code_reuse", REUSED_CODE, &[]);
+    out.assert_success();
+    let reused: u32 = out
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("reused "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{}", out.stdout));
+    assert!(
+        reused > 0,
+        "no code object came back at a freed one's address: the test shows nothing"
+    );
+    let t = Tensors::read(&file);
+    let live = t.live();
+    assert_eq!(live.len(), 32, "{} tensor events", t.ops.len());
+    let wrong: Vec<String> = live
+        .values()
+        .filter_map(|op| {
+            let want = format!("f_{:02} (job.py:2)", (op.size >> 10) - 1);
+            let got = t.site(op.stack);
+            (got.as_deref() != Some(want.as_str()))
+                .then(|| format!("{} bytes: {got:?}, not {want}", op.size))
+        })
+        .collect();
+    assert!(wrong.is_empty(), "{} misnamed: {wrong:#?}", wrong.len());
 }
 
 /// With `--stacks`, the segments PyTorch asks the driver for carry the Python frames of the
@@ -429,7 +486,9 @@ fn the_hook_can_be_turned_off() {
 }
 
 /// Killed with SIGKILL mid-script: the trace read afterwards still has the tensors and the
-/// function that allocated them.
+/// function that allocated them, whether their stacks were read by libvramshim.so (named at
+/// once) or captured by PyTorch (`VRAMSHIM_PY_STACKS=0`: named by the hook's thread, which
+/// must wake for them while the job runs: at exit it is too late).
 #[test]
 fn sigkill_keeps_the_named_tensors() {
     let Some(py) = torch_or_skip("sigkill_keeps_the_named_tensors") else {
@@ -442,23 +501,37 @@ import torch
 def load_weights():
     return [torch.empty(3 << 20, dtype=torch.uint8, device='cuda') for _ in range(4)]
 
+# CUDA started and the hook's thread waiting before the tensors come.
+torch.cuda.init()
+time.sleep(0.5)
 w = load_weights()
 time.sleep(0.5)
 os.kill(os.getpid(), signal.SIGKILL)
 ";
-    let (out, file) = traced(&py, "torch_tensors_kill", script, &[]);
-    // `vramshim run` exits as a shell does for a job killed by signal 9.
-    assert_eq!(out.code(), Some(128 + 9), "{}", out.stderr);
-    let t = Tensors::read(&file);
-    assert!(!t.clean_end, "a killed process writes no end record");
-    let live = t.live();
-    assert_eq!(live.len(), 4, "{} tensor events", t.ops.len());
-    for op in live.values() {
-        assert_eq!(
-            t.site(op.stack).as_deref(),
-            Some("load_weights (job.py:5)"),
-            "{op:?}"
+    for (name, env) in [
+        ("torch_tensors_kill", &[][..]),
+        (
+            "torch_tensors_kill_captured",
+            &[("VRAMSHIM_PY_STACKS", "0")][..],
+        ),
+    ] {
+        let (out, file) = traced_with(&py, name, script, &[], env);
+        // `vramshim run` exits as a shell does for a job killed by signal 9.
+        assert_eq!(out.code(), Some(128 + 9), "{name}: {}", out.stderr);
+        let t = Tensors::read(&file);
+        assert!(
+            !t.clean_end,
+            "{name}: a killed process writes no end record"
         );
+        let live = t.live();
+        assert_eq!(live.len(), 4, "{name}: {} tensor events", t.ops.len());
+        for op in live.values() {
+            assert_eq!(
+                t.site(op.stack).as_deref(),
+                Some("load_weights (job.py:5)"),
+                "{name}: {op:?}"
+            );
+        }
     }
 }
 
