@@ -4,9 +4,11 @@
 //!
 //! `cargo run --release -p vramshim-pool --example pool_creep -- TRACE.csv [PASSES] [sync|async] [-v]`; also the driver calls of the second half of the allocations, by kind
 
+mod common;
+
 use vramshim_pool::replay::{self, Event, Frees};
 use vramshim_pool::stitch::Stitch;
-use vramshim_pool::{AccountingDevice, Policy, Request, rmm_csv};
+use vramshim_pool::{AccountingDevice, Policy, Request};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -20,13 +22,7 @@ fn main() {
         _ => Frees::CudaFree,
     };
     let verbose = args.iter().any(|a| a == "-v");
-    let t = match rmm_csv::parse_file(std::path::Path::new(path)) {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("{path}: {e}");
-            std::process::exit(1);
-        }
-    };
+    let t = common::read_trace(std::path::Path::new(path));
     let one = replay::repeat(&t.events, 1).len();
     let all = frees.apply(&replay::repeat(&t.events, passes));
     let mut dev = AccountingDevice::new(replay::UNLIMITED);
