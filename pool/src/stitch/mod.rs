@@ -142,6 +142,10 @@ pub struct Faults {
     /// Place blocks of different lifetime classes in the same pages (proves the test of
     /// `Stitch::set_lifetime_class` can fail).
     pub mix_lifetimes: bool,
+    /// The tight pool's round replay takes a remembered place that blocks freed with
+    /// `cudaFree` still hold without the synchronization that releases them (proves the
+    /// test that a replayed place is never reused early can fail).
+    pub replay_unsynced: bool,
 }
 
 impl Faults {
@@ -156,6 +160,7 @@ impl Faults {
             || self.keep_layout
             || self.forget_rounds
             || self.mix_lifetimes
+            || self.replay_unsynced
     }
 }
 
