@@ -444,3 +444,43 @@ fn tight_pool_replays_rounds_without_driver_calls() {
     }
     assert!(forgotten > 0, "forgetting the rounds made no driver call");
 }
+
+/// The round replay never takes a remembered place before what holds it may be reused: where
+/// blocks freed with `cudaFree` still wait there, it synchronizes first (checking device, the
+/// traces replayed 3 times behind `cudaFree`). With the synchronization left out
+/// (`Faults::replay_unsynced`) the device sees those blocks' bytes reused early.
+#[test]
+fn tight_pool_replays_no_place_before_its_sync() {
+    use vramshim_pool::replay::Frees;
+    use vramshim_pool::stitch::{Faults, Stitch};
+    let mut caught = 0;
+    for (name, ev) in traces() {
+        let ev = Frees::CudaFree.apply(&replay::repeat(&ev, 3));
+        for broken in [false, true] {
+            let mut dev = vramshim_pool::AccountingDevice::new(UNLIMITED);
+            dev.set_checking(true);
+            let mut p = Stitch::tight();
+            p.set_faults(Faults {
+                replay_unsynced: broken,
+                ..Faults::default()
+            });
+            let r = replay::run_with(&ev, &mut p, &mut dev);
+            let what = format!("{name} broken {broken}");
+            assert!(r.completed, "{what}: {:?}", r.first_failure);
+            if broken {
+                caught += r
+                    .violations
+                    .iter()
+                    .filter(|v| v.contains("early reuse"))
+                    .count();
+            } else {
+                assert!(r.violations.is_empty(), "{what}: {:?}", &r.violations[..1]);
+                assert!(r.leaks.is_empty(), "{what}: {:?}", r.leaks);
+            }
+        }
+    }
+    assert!(
+        caught > 0,
+        "a replay without its synchronization went unnoticed"
+    );
+}

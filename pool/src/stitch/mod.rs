@@ -145,6 +145,10 @@ pub struct Faults {
     /// Place blocks of different lifetime classes in the same pages (proves the test of
     /// `Stitch::set_lifetime_class` can fail).
     pub mix_lifetimes: bool,
+    /// The tight pool's round replay takes a remembered place that blocks freed with
+    /// `cudaFree` still hold without the synchronization that releases them (proves the
+    /// test that a replayed place is never reused early can fail).
+    pub replay_unsynced: bool,
 }
 
 impl Faults {
@@ -160,6 +164,7 @@ impl Faults {
             || self.forget_rounds
             || self.replay_over_live
             || self.mix_lifetimes
+            || self.replay_unsynced
     }
 }
 
