@@ -1,5 +1,6 @@
-//! The tight pool over repeated passes: peak reserved / peak live after each pass, and where
-//! the pool grew past its earlier high-water mark.
+//! The tight pool over repeated passes: peak reserved / peak live, driver calls and
+//! synchronizations so far after each pass, and where the pool grew past its earlier
+//! high-water mark.
 //!
 //! `cargo run --release -p vramshim-pool --example pool_creep -- TRACE.csv [PASSES] [sync|async] [-v]`; also the driver calls of the second half of the allocations, by kind
 
@@ -80,10 +81,11 @@ fn main() {
         }
         if (i + 1) % one == 0 {
             println!(
-                "after pass {}: held {:.3} x peak live, driver calls {}",
+                "after pass {}: held {:.3} x peak live, driver calls {}, syncs {}",
                 (i + 1) / one,
                 dev.peak_used() as f64 / peak_live as f64,
-                dev.calls().driver_calls()
+                dev.calls().driver_calls(),
+                dev.calls().syncs()
             );
         }
     }
