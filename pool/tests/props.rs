@@ -4,6 +4,9 @@
 //! trim. Deterministic tests with fault switches show the checker does catch each broken
 //! property.
 
+mod common;
+
+use common::{assert_clean, free_all_and_trim, mode};
 use proptest::prelude::*;
 use vramshim_pool::accounting::CallKind;
 use vramshim_pool::stitch::{Budget, Faults, Stitch};
@@ -34,13 +37,6 @@ fn size() -> impl Strategy<Value = u64> {
         4 => 4096u64..MIB,
         3 => MIB..8 * MIB,
         1 => 8 * MIB..300 * MIB,
-    ]
-}
-
-fn mode() -> impl Strategy<Value = FreeMode> {
-    prop_oneof![
-        1 => Just(FreeMode::Sync),
-        3 => (0u64..3).prop_map(|stream| FreeMode::Async { stream }),
     ]
 }
 
@@ -109,28 +105,8 @@ fn exercise_with(
         after(&*policy, &dev, live_bytes);
     }
     dev.set_capturing(false);
-    for (addr, _, stream) in live.drain(..) {
-        let mode = if stream == vramshim_pool::ANY_STREAM {
-            FreeMode::Sync
-        } else {
-            FreeMode::Async { stream }
-        };
-        dev.check_free(addr, mode);
-        policy.free(&mut dev, addr, mode).unwrap();
-    }
-    policy.trim(&mut dev).unwrap();
+    free_all_and_trim(policy, &mut dev, &mut live);
     dev
-}
-
-fn assert_clean(dev: &AccountingDevice, policy: &dyn Policy) {
-    assert!(
-        dev.violations().is_empty(),
-        "violations: {:#?}",
-        &dev.violations()[..dev.violations().len().min(5)]
-    );
-    assert_eq!(dev.leaks(), Vec::<String>::new(), "leaks");
-    assert_eq!(policy.stats().live, 0);
-    assert_eq!(policy.stats().reserved, 0, "reserved after trim");
 }
 
 proptest! {

@@ -400,9 +400,9 @@ fn tight_pool_does_not_creep_over_passes() {
 /// The tight pool replays the previous round's layout (`stitch::rounds`): a repeated
 /// workload's later rounds take the places of the round before, so from the second pass on
 /// no pass of any trace, under either free semantics, makes a driver call, safely (checking
-/// device, the replay of 4 passes). With the rounds forgotten (`Faults::forget_rounds`) the
-/// later passes of bert stitch ranges anew, which the second half checks, so the first half
-/// can fail.
+/// device, the replay of 4 passes; no synchronization behind stream-ordered frees). With the
+/// rounds forgotten (`Faults::forget_rounds`) the later passes of bert stitch ranges anew,
+/// which the second half checks, so the first half can fail.
 #[test]
 fn tight_pool_replays_rounds_without_driver_calls() {
     use vramshim_pool::replay::Frees;
@@ -432,6 +432,9 @@ fn tight_pool_replays_rounds_without_driver_calls() {
             assert!(r.completed, "{what}: {:?}", r.first_failure);
             assert!(r.violations.is_empty(), "{what}: {:?}", &r.violations[..1]);
             assert!(r.leaks.is_empty(), "{what}: {:?}", r.leaks);
+            if frees == Frees::StreamOrdered {
+                assert_eq!(r.syncs, 0, "{what}");
+            }
             if name.starts_with("bert") {
                 let passes = replay::calls_per_pass_with(&ev, frees, &make(true), 4);
                 eprintln!("{what}, rounds forgotten: driver calls per pass {passes:?}");

@@ -249,16 +249,13 @@ impl Cap {
     /// True when the cap is active (set up on first use); false = pass-through.
     #[inline]
     pub(crate) fn ready(&self) -> bool {
-        match self.setup.done() {
-            Some(active) => active,
-            None => self.set_up(),
-        }
+        self.setup.answer(|| self.set_up())
     }
 
     /// Whether the cap was set up and is active (never sets it up).
     #[inline]
     fn active(&self) -> bool {
-        self.setup.done() == Some(true)
+        self.setup.is_on()
     }
 
     #[cold]
