@@ -544,9 +544,12 @@ impl Cap {
         self.spec.get().unwrap_or(&NONE)
     }
 
-    /// Whether `device` has a cap.
+    /// Whether `device` has a cap: the process's (or its group's), or a group member's own
+    /// where the group's leaves the device uncapped.
     pub(crate) fn is_capped(&self, device: i32) -> bool {
-        self.ready() && self.effective_spec().get(device).is_some()
+        self.ready()
+            && (self.effective_spec().get(device).is_some()
+                || device_index(device).is_some_and(|d| self.member_cap(d) < MAX_BYTES))
     }
 
     /// The cap of device `d` in bytes (`MAX_BYTES` when uncapped or not known yet).

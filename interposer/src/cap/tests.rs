@@ -597,7 +597,10 @@ fn a_members_own_cap_on_a_device_the_group_leaves_uncapped() {
     );
     // The device's own free memory still bounds it.
     assert_eq!(b.adjust_meminfo(1, GIB / 4, 16 * GIB), (GIB / 4, GIB));
+    // The trace header's device cap (what `is_capped` and `total_for` give) says so too.
+    assert!(b.is_capped(1) && b.is_capped(0) && a.is_capped(0));
     // The group member without a cap of its own sees the device as it is.
+    assert!(!a.is_capped(1));
     assert_eq!(
         a.adjust_meminfo(1, 15 * GIB, 16 * GIB),
         (15 * GIB, 16 * GIB)
