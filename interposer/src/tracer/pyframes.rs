@@ -41,9 +41,9 @@
 
 use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_void};
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering};
 
+use crate::sys::setup::{Setup, SetupCell};
 use crate::sys::spin::SpinLock;
 
 use vramshim_trace::Event;
@@ -353,20 +353,23 @@ fn checked_read(addr: u64, buf: &mut [u8]) -> bool {
     n == buf.len() as isize
 }
 
+/// Lowest address an object may have (the first page is never mapped): callers check each
+/// object's address against it before a plain read of its fields ([`rd`]).
+const MIN_ADDR: u64 = 4096;
+
 /// A read of `N` bytes at `addr`: through the kernel when `CHECKED` (before the layout is
-/// verified), else a plain load (a verified layout; the calling thread's own frames).
+/// verified; a bad address is `None`), else a plain load (a verified layout; the calling
+/// thread's own frames), which always succeeds: the caller has checked the address of the
+/// object `addr` lies in against [`MIN_ADDR`] (so no per-field test costs the hot walk).
 #[inline(always)]
 fn rd<const CHECKED: bool, const N: usize>(addr: u64) -> Option<[u8; N]> {
-    if addr < 4096 {
-        return None;
-    }
     let mut b = [0u8; N];
     if CHECKED {
-        return checked_read(addr, &mut b).then_some(b);
+        return (addr >= MIN_ADDR && checked_read(addr, &mut b)).then_some(b);
     }
     // SAFETY: `addr` is a field of an object the calling thread's interpreter frames
-    // reference (alive while this thread is inside this call), at an offset of a verified
-    // layout.
+    // reference (alive while this thread is inside this call; its address checked against
+    // MIN_ADDR by the caller), at an offset of a verified layout.
     unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, b.as_mut_ptr(), N) };
     Some(b)
 }
@@ -406,7 +409,11 @@ const OFF: u8 = 3;
 static STATE: AtomicU8 = AtomicU8::new(UNKNOWN);
 /// Walks through the kernel that found frames as the layout promises; plain reads after 2.
 static CHECKED_OK: AtomicU32 = AtomicU32::new(0);
-static PY: OnceLock<Option<Py>> = OnceLock::new();
+/// The runtime, found on first use by one thread ([`find_py`]). Not a `OnceLock`: a child
+/// forked while another thread was finding it would wait for that thread forever on its
+/// first walk; it looks again instead ([`reset_in_child`]).
+static PY_FOUND: Setup = Setup::new();
+static PY: SetupCell<Py> = SetupCell::new();
 static FAULT_NOIDENT: AtomicBool = AtomicBool::new(false);
 
 fn sym(name: &CStr) -> u64 {
@@ -562,9 +569,26 @@ fn unsafe_zeroed<T: Copy>() -> T {
 
 #[inline]
 fn py() -> Option<&'static Py> {
-    match STATE.load(Ordering::Acquire) {
-        OFF => None,
-        _ => PY.get_or_init(find_py).as_ref(),
+    if STATE.load(Ordering::Acquire) == OFF {
+        return None;
+    }
+    if PY_FOUND.answer(|| PY_FOUND.run(find_and_keep)) {
+        PY.get()
+    } else {
+        None
+    }
+}
+
+/// The set-up of [`PY_FOUND`]: whether this process runs a Python whose frames we read.
+fn find_and_keep() -> bool {
+    find_py().is_some_and(|p| PY.set(p).is_ok())
+}
+
+/// Forked child (the atfork child handler): a search for the runtime another thread of the
+/// parent was making is made again here (what it found so far is forgotten).
+pub(crate) fn reset_in_child() {
+    if PY_FOUND.reset_in_child() {
+        PY.forget_in_child();
     }
 }
 
@@ -620,11 +644,17 @@ fn walk_with<const C: bool>(py: &Py, out: &mut PyWalk) -> Result<(), &'static st
     if ts == 0 {
         return Ok(());
     }
+    if ts < MIN_ADDR {
+        return Err("thread state unreadable");
+    }
     let mut frame = match l.kind {
         Gen::CFrame => {
             let cf = rd_u64::<C>(ts + l.ts_cframe as u64).ok_or("thread state unreadable")?;
             if cf == 0 {
                 return Ok(());
+            }
+            if cf < MIN_ADDR {
+                return Err("frame pointer unreadable");
             }
             rd_u64::<C>(cf + l.cur_frame as u64).ok_or("frame pointer unreadable")?
         }
@@ -638,6 +668,9 @@ fn walk_with<const C: bool>(py: &Py, out: &mut PyWalk) -> Result<(), &'static st
         if frame == 0 || out.n >= MAX_PY {
             break;
         }
+        if frame < MIN_ADDR {
+            return Err("frame unreadable");
+        }
         let code = rd_u64::<C>(frame + l.f_code as u64).ok_or("frame unreadable")?;
         let back = rd_u64::<C>(frame + l.f_back as u64).ok_or("frame unreadable")?;
         if l.f_owner != 0
@@ -650,7 +683,7 @@ fn walk_with<const C: bool>(py: &Py, out: &mut PyWalk) -> Result<(), &'static st
             frame = back;
             continue;
         }
-        if code == 0 || rd_u64::<C>(code + 8) != Some(py.code_type) {
+        if code < MIN_ADDR || rd_u64::<C>(code + 8) != Some(py.code_type) {
             if strict {
                 return Err("a frame's code is not a code object");
             }
@@ -671,6 +704,9 @@ fn walk_with<const C: bool>(py: &Py, out: &mut PyWalk) -> Result<(), &'static st
         let filename = rd_u64::<C>(code + l.co_filename as u64).ok_or("code unreadable")?;
         let name = rd_u64::<C>(code + l.co_name as u64).ok_or("code unreadable")?;
         let linetable = rd_u64::<C>(code + l.co_linetable as u64).ok_or("code unreadable")?;
+        if filename < MIN_ADDR || name < MIN_ADDR || linetable < MIN_ADDR {
+            return Err("a code object's names are unreadable");
+        }
         if strict
             && (rd_u64::<C>(filename + 8) != Some(py.str_type)
                 || rd_u64::<C>(name + 8) != Some(py.str_type)
@@ -746,7 +782,7 @@ pub(crate) fn on_fork_child() {
 }
 
 fn read_str(py: &Py, s: u64) -> String {
-    if rd_u64::<false>(s + 8) != Some(py.str_type) {
+    if s < MIN_ADDR || rd_u64::<false>(s + 8) != Some(py.str_type) {
         return String::from("?");
     }
     let (Some(state), Some(len)) = (rd::<false, 4>(s + 32), rd_u64::<false>(s + 16)) else {
@@ -781,7 +817,7 @@ fn read_str(py: &Py, s: u64) -> String {
 }
 
 fn read_bytes(py: &Py, b: u64) -> Vec<u8> {
-    if rd_u64::<false>(b + 8) != Some(py.bytes_type) {
+    if b < MIN_ADDR || rd_u64::<false>(b + 8) != Some(py.bytes_type) {
         return Vec::new();
     }
     let len = rd_u64::<false>(b + 16).unwrap_or(0) as usize;
@@ -989,6 +1025,42 @@ mod tests {
         assert_eq!(line_of(10, &t, 5, 2), 0);
         assert_eq!(line_of(10, &t, 5, 4), 4);
         assert_eq!(line_of(10, &t, 5, 9), 0);
+    }
+
+    /// A fork while another thread is finding the runtime (inside the set-up): the child,
+    /// where that thread does not exist, looks for it itself instead of waiting forever.
+    #[test]
+    fn a_forked_child_finds_the_runtime_itself() {
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let finder = std::thread::spawn(move || {
+            PY_FOUND.run(|| {
+                held_tx.send(()).unwrap();
+                let _ = go_rx.recv();
+                find_and_keep()
+            })
+        });
+        held_rx.recv().unwrap();
+        // SAFETY: fork has no memory preconditions; the child runs only the checks below (no
+        // panics, no locks of the test harness) and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            // What the atfork child handler does.
+            reset_in_child();
+            // Not a Python process: the child's own search answers "none".
+            let ok = py().is_none() && PY_FOUND.done() == Some(false);
+            // SAFETY: ends the child without running the parent's atexit handlers.
+            unsafe { libc::_exit(if ok { 0 } else { 1 }) }
+        }
+        let code = crate::sys::setup::wait_child_bounded(pid, std::time::Duration::from_secs(60));
+        go_tx.send(()).unwrap();
+        assert!(!finder.join().unwrap());
+        assert_eq!(
+            code,
+            Some(0),
+            "the forked child did not find the runtime itself (None: it hung and was killed after 60 s)"
+        );
     }
 
     #[test]

@@ -36,10 +36,10 @@
 //! `VRAMSHIM_TORCH_FAULT=drop` drops the tensor events (alloc and free), for the test that
 //! shows the attribution depends on them.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::ffi::{CStr, CString, c_char, c_int, c_long, c_void};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 
 use super::elf_syms::Elf;
 use super::stack_keys::{self, Frame, StackKeys};
@@ -93,8 +93,9 @@ static WAITER: OnceLock<std::thread::Thread> = OnceLock::new();
 
 #[derive(Default)]
 struct State {
-    /// Live segments per device (start -> size), from the tracker's own segment events.
-    segments: BTreeMap<(i32, u64), u64>,
+    /// Live segments (device, start, size), sorted, from the tracker's own segment events
+    /// (few, and changed rarely: a binary search finds a tensor's).
+    segments: Vec<(i32, u64, u64)>,
     /// Stacks PyTorch captured, by their frames' (code object, instruction offset).
     stacks: StackKeys,
     /// Stacks read by our own frame reader (`pyframes`), by [`super::pyframes::PyWalk::key`];
@@ -131,6 +132,7 @@ pub(crate) fn on_fork_child() {
     let (st, codes) = unsafe { (STATE.reset_in_child(), CODES.reset_in_child()) };
     std::mem::forget(st.take());
     std::mem::forget(codes.take());
+    PENDING.store(false, Ordering::Relaxed);
 }
 
 // ---- libstdc++'s std::function<void(const TraceEntry&)>: {_Any_data, manager, invoker}.
@@ -252,21 +254,33 @@ fn on_entry(e: *const u8) {
 /// The segment an event concerns: the one it creates or frees, or the one a tensor lies in
 /// (0 when none is known).
 fn segment_of(st: &mut State, action: u8, device: i32, addr: u64, size: u64) -> u64 {
+    let segs = &mut st.segments;
+    let at = segs.partition_point(|&(d, s, _)| (d, s) < (device, addr));
+    let same = segs
+        .get(at)
+        .is_some_and(|&(d, s, _)| (d, s) == (device, addr));
     match action {
         act::SEGMENT_ALLOC | act::SEGMENT_MAP => {
-            st.segments.insert((device, addr), size);
+            if same {
+                segs[at].2 = size;
+            } else {
+                segs.insert(at, (device, addr, size));
+            }
             addr
         }
         act::SEGMENT_FREE | act::SEGMENT_UNMAP => {
-            st.segments.remove(&(device, addr));
+            if same {
+                segs.remove(at);
+            }
             addr
         }
-        act::ALLOC | act::FREE_COMPLETED => st
-            .segments
-            .range(..=(device, addr))
-            .next_back()
-            .filter(|((d, s), len)| *d == device && addr < s.saturating_add(**len))
-            .map_or(0, |((_, s), _)| *s),
+        act::ALLOC | act::FREE_COMPLETED => {
+            // The last segment starting at or below `addr`.
+            let i = if same { Some(at) } else { at.checked_sub(1) };
+            i.map(|i| segs[i])
+                .filter(|&(d, s, len)| d == device && addr < s.saturating_add(len))
+                .map_or(0, |(_, s, _)| s)
+        }
         _ => 0,
     }
 }
@@ -757,27 +771,26 @@ pub(crate) fn drain() -> c_int {
 
 #[cfg(test)]
 mod tests {
-    /// Waits for child `pid` at most `limit`; kills it past that. Its exit code, or None when
-    /// it had to be killed (or did not exit normally).
-    fn wait_bounded(pid: libc::pid_t, limit: std::time::Duration) -> Option<i32> {
-        let end = std::time::Instant::now() + limit;
-        let mut status = 0;
-        loop {
-            // SAFETY: our own child; a valid out-pointer.
-            let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-            if r == pid {
-                return libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status));
-            }
-            if std::time::Instant::now() > end {
-                // SAFETY: our own child, not yet reaped.
-                unsafe {
-                    libc::kill(pid, libc::SIGKILL);
-                    libc::waitpid(pid, &mut status, 0);
-                }
-                return None;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
+    use super::*;
+
+    #[test]
+    fn tensors_are_found_in_their_segments() {
+        let mut st = State::default();
+        let seg = |st: &mut State, a, d, at, n| segment_of(st, a, d, at, n);
+        assert_eq!(seg(&mut st, act::SEGMENT_ALLOC, 0, 0x2000, 0x1000), 0x2000);
+        assert_eq!(seg(&mut st, act::SEGMENT_ALLOC, 0, 0x8000, 0x1000), 0x8000);
+        assert_eq!(seg(&mut st, act::SEGMENT_ALLOC, 1, 0x2000, 0x4000), 0x2000);
+        // Start, middle, just past the end, below every segment, another device.
+        assert_eq!(seg(&mut st, act::ALLOC, 0, 0x2000, 16), 0x2000);
+        assert_eq!(seg(&mut st, act::ALLOC, 0, 0x2800, 16), 0x2000);
+        assert_eq!(seg(&mut st, act::ALLOC, 0, 0x3000, 16), 0);
+        assert_eq!(seg(&mut st, act::FREE_COMPLETED, 0, 0x1000, 16), 0);
+        assert_eq!(seg(&mut st, act::ALLOC, 1, 0x5000, 16), 0x2000);
+        assert_eq!(seg(&mut st, act::ALLOC, 0, 0x8fff, 1), 0x8000);
+        assert_eq!(seg(&mut st, act::SEGMENT_FREE, 0, 0x2000, 0x1000), 0x2000);
+        assert_eq!(seg(&mut st, act::ALLOC, 0, 0x2800, 16), 0);
+        assert_eq!(seg(&mut st, act::ALLOC, 1, 0x2800, 16), 0x2000);
+        assert_eq!(st.segments, vec![(0, 0x8000, 0x1000), (1, 0x2000, 0x4000)]);
     }
 
     /// A fork while another thread is inside the tracker (holding its state, as on a tensor
@@ -806,7 +819,7 @@ mod tests {
             // SAFETY: ends the child without running the parent's atexit handlers.
             unsafe { libc::_exit(if fresh { 0 } else { 1 }) }
         }
-        let code = wait_bounded(pid, std::time::Duration::from_secs(60));
+        let code = crate::sys::setup::wait_child_bounded(pid, std::time::Duration::from_secs(60));
         go_tx.send(()).unwrap();
         holder.join().unwrap();
         assert_eq!(
