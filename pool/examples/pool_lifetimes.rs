@@ -8,21 +8,16 @@
 //! `cargo run --release -p vramshim-pool --example pool_lifetimes -- [DIR_OR_FILES...]`
 //! (default: tests/workloads/traces).
 
+mod common;
+
 use std::collections::HashMap;
 use vramshim_pool::replay::{self, Event, Frees};
-use vramshim_pool::stitch::Stitch;
-use vramshim_pool::{AccountingDevice, MIB, Policy, Request, rmm_csv};
+use vramshim_pool::{MIB, Policy, Request};
 
 /// Does the stream complete on `cap` bytes? `class[i]`: lifetime class of event `i`'s
 /// allocation (None: no classes).
 fn completes(events: &[Event], class: Option<&[u8]>, cap: u64, tight: bool) -> bool {
-    let mut dev = AccountingDevice::new(cap);
-    dev.set_checking(true);
-    let mut p = if tight {
-        Stitch::tight()
-    } else {
-        Stitch::new()
-    };
+    let (mut dev, mut p) = common::checking_stitch(cap, tight);
     let mut ids: HashMap<u64, u64> = HashMap::new();
     for (i, ev) in events.iter().enumerate() {
         match *ev {
@@ -71,42 +66,13 @@ fn min_device(events: &[Event], class: Option<&[u8]>, tight: bool) -> u64 {
 }
 
 fn main() {
-    let mut files = Vec::new();
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let roots = if args.is_empty() {
-        vec![concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/workloads/traces").to_string()]
-    } else {
-        args
-    };
-    for r in roots {
-        let p = std::path::Path::new(&r);
-        if p.is_dir() {
-            let Ok(d) = std::fs::read_dir(p) else {
-                eprintln!("{}: cannot read the directory", p.display());
-                std::process::exit(1);
-            };
-            let mut v: Vec<_> = d
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.to_string_lossy().ends_with(".csv"))
-                .collect();
-            v.sort();
-            files.extend(v);
-        } else {
-            files.push(p.to_path_buf());
-        }
-    }
+    let files = common::trace_files(std::env::args().skip(1).collect());
     println!(
         "| trace | frees | pool | peak live MiB | min device MiB | min/peak live | with lifetime classes (oracle) MiB | min/peak live |"
     );
     println!("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |");
     for f in files {
-        let t = match rmm_csv::parse_file(&f) {
-            Ok(t) => t,
-            Err(e) => {
-                eprintln!("{}: {e}", f.display());
-                std::process::exit(1);
-            }
-        };
+        let t = common::read_trace(&f);
         let name = f
             .file_name()
             .unwrap_or_default()

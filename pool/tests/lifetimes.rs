@@ -4,8 +4,11 @@
 //! no page ever holds blocks of two classes; with `Faults::mix_lifetimes` the class check
 //! fails, so it can.
 
+mod common;
+
 use std::collections::HashMap;
 
+use common::{assert_clean, free_all_and_trim, free_at, mode};
 use proptest::prelude::*;
 use vramshim_pool::stitch::{Budget, Faults, Stitch};
 use vramshim_pool::{AccountingDevice, FreeMode, KIB, MIB, Policy, PoolError, Request};
@@ -25,13 +28,9 @@ fn op() -> impl Strategy<Value = Op> {
         3 => MIB..8 * MIB,
         1 => 8 * MIB..64 * MIB,
     ];
-    let mode = prop_oneof![
-        1 => Just(FreeMode::Sync),
-        3 => (0u64..3).prop_map(|stream| FreeMode::Async { stream }),
-    ];
     prop_oneof![
         10 => (size, 0u64..3, 0u8..3).prop_map(|(size, stream, class)| Op::Alloc { size, stream, class }),
-        8 => (any::<usize>(), mode).prop_map(|(idx, mode)| Op::Free { idx, mode }),
+        8 => (any::<usize>(), mode()).prop_map(|(idx, mode)| Op::Free { idx, mode }),
         1 => Just(Op::ProcessSync),
         1 => Just(Op::Trim),
     ]
@@ -86,12 +85,9 @@ fn run(
                 }
             }
             Op::Free { idx, mode } => {
-                if live.is_empty() {
+                if !free_at(p, &mut dev, &mut live, idx, mode) {
                     continue;
                 }
-                let (addr, size, _) = live.swap_remove(idx % live.len());
-                dev.check_free(addr, mode);
-                assert_eq!(p.free(&mut dev, addr, mode).unwrap(), size);
             }
             Op::ProcessSync => {
                 dev.process_sync();
@@ -106,24 +102,9 @@ fn run(
             return Err(format!("page {page} holds blocks of classes {classes:?}"));
         }
     }
-    for (addr, _, stream) in live.drain(..) {
-        let mode = FreeMode::Async { stream };
-        dev.check_free(addr, mode);
-        p.free(&mut dev, addr, mode).unwrap();
-    }
-    p.trim(&mut dev).unwrap();
+    // Streams 0 to 2 only: every block is freed stream-ordered on its stream.
+    free_all_and_trim(p, &mut dev, &mut live);
     Ok(dev)
-}
-
-fn assert_clean(dev: &AccountingDevice, p: &Stitch) {
-    assert!(
-        dev.violations().is_empty(),
-        "violations: {:#?}",
-        &dev.violations()[..dev.violations().len().min(5)]
-    );
-    assert_eq!(dev.leaks(), Vec::<String>::new(), "leaks");
-    assert_eq!(p.stats().live, 0);
-    assert_eq!(p.stats().reserved, 0, "reserved after trim");
 }
 
 proptest! {

@@ -428,8 +428,9 @@ fn summary_and_the_run_line_name_the_source_that_bound() {
 #[test]
 fn nvml_limits_and_a_groups_budget_are_named_from_the_trace() {
     // The header is written with the first event, after the cap's set-up mapped NVML's
-    // limit to the CUDA device (a header written before names NVML's index: `nvml:0`).
-    let nvml = "NVML memory limit (hard) (256 MiB on device 0)";
+    // limit to the CUDA device; it still names NVML's index, as a header written before
+    // the set-up does (one rule: the trace names a limit the same way whenever written).
+    let nvml = "NVML memory limit (hard) (256 MiB on NVML device 0)";
     let (trace, text) = traced_refusal(
         &[("VRAMSIM_NVML_MEMORY_LIMITS", "0=256MiB/64MiB")],
         nvml,
@@ -437,14 +438,14 @@ fn nvml_limits_and_a_groups_budget_are_named_from_the_trace() {
     );
     assert!(
         text.contains(&format!(
-            "cap limit from NVML (the driver): 256 MiB on device 0 ({nvml})"
+            "cap limit from NVML (the driver): 256 MiB on NVML device 0 ({nvml})"
         )),
         "{text}"
     );
     let entries = header_limits(&trace);
     assert!(
         entries.contains(&format!(
-            "devices=0 bytes=268435456 kind=nvml source={nvml}"
+            "devices=nvml:0 bytes=268435456 kind=nvml source={nvml}"
         )),
         "{entries:?}"
     );

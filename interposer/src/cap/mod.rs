@@ -544,9 +544,12 @@ impl Cap {
         self.spec.get().unwrap_or(&NONE)
     }
 
-    /// Whether `device` has a cap.
+    /// Whether `device` has a cap: the process's (or its group's), or a group member's own
+    /// where the group's leaves the device uncapped.
     pub(crate) fn is_capped(&self, device: i32) -> bool {
-        self.ready() && self.effective_spec().get(device).is_some()
+        self.ready()
+            && (self.effective_spec().get(device).is_some()
+                || device_index(device).is_some_and(|d| self.member_cap(d) < MAX_BYTES))
     }
 
     /// The cap of device `d` in bytes (`MAX_BYTES` when uncapped or not known yet).
@@ -1248,20 +1251,34 @@ impl Cap {
     }
 
     /// `(total, free)` under the cap whose total is `total` ([`Cap::capped_total`]): free is
-    /// the total less what is held; a group member's own cap bounds both.
+    /// the total less what is held; a group member's own cap bounds both (alone where the
+    /// group's cap leaves the device uncapped: what the group holds there bounds nothing).
     fn cap_view(&self, device: i32, total: u64) -> (u64, u64) {
-        let free = total.saturating_sub(self.held(device));
         match device_index(device) {
-            Some(d) => self.member_view(d, total, free),
-            None => (total, free),
+            Some(d) if self.effective_spec().devices[d].is_none() => {
+                self.member_view(d, total, total)
+            }
+            Some(d) => self.member_view(d, total, total.saturating_sub(self.held(device))),
+            None => (total, total.saturating_sub(self.held(device))),
         }
     }
 
-    /// The capped total (None when the device has no cap).
+    /// The capped total (None when the device has no cap): the cap's, or on a device the
+    /// group's cap leaves uncapped a group member's own, at most the real total.
     fn capped_total(&self, device: i32, real_total: u64) -> Option<u64> {
         let d = device_index(device)?;
-        if !self.ready() || self.effective_spec().devices[d].is_none() {
+        if !self.ready() {
             return None;
+        }
+        if self.effective_spec().devices[d].is_none() {
+            let own = self.member_cap(d);
+            return (own < MAX_BYTES).then(|| {
+                if real_total > 0 {
+                    own.min(real_total)
+                } else {
+                    own
+                }
+            });
         }
         let cap = match self.resolved[d].load(Relaxed) {
             UNRESOLVED => self.resolve(d, Some(real_total)),

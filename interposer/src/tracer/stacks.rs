@@ -508,12 +508,20 @@ pub(crate) fn capture(depth: usize) -> Option<(u32, Vec<Event>)> {
                 .unwrap_or_default(),
         ));
     }
-    super::pyframes::with_walk(|py| capture_with(depth, py))
+    // The native walk first, from this frame: libgcc's unwinding of every frame between here
+    // and the caller costs hundreds of instructions each, so none is added in between.
+    let (nid, nframes) = capture_interned(depth)?;
+    super::pyframes::with_walk(|py| capture_with(depth, py, nid, nframes))
 }
 
-/// [`capture`] with the calling thread's Python frames `py`.
-fn capture_with(depth: usize, py: &super::pyframes::PyWalk) -> Option<(u32, Vec<Event>)> {
-    let (nid, nframes) = capture_interned(depth)?;
+/// [`capture`] with the calling thread's Python frames `py` and its native stack's id
+/// `nid` (with its frames when that stack is new).
+fn capture_with(
+    depth: usize,
+    py: &super::pyframes::PyWalk,
+    nid: u32,
+    nframes: Option<Frames>,
+) -> Option<(u32, Vec<Event>)> {
     let mut records = Vec::new();
     if let Some(f) = &nframes {
         // The native stack on its own: later events of threads without Python may use it.

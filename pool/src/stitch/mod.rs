@@ -139,9 +139,16 @@ pub struct Faults {
     /// Do not replay the previous round's places (not a safety fault: it proves the test
     /// that a repeated workload's later rounds make no driver call can fail).
     pub forget_rounds: bool,
+    /// Take the previous round's place even where a live block is (the new block overlaps
+    /// it): proves the safety checks of replayed places can fail.
+    pub replay_over_live: bool,
     /// Place blocks of different lifetime classes in the same pages (proves the test of
     /// `Stitch::set_lifetime_class` can fail).
     pub mix_lifetimes: bool,
+    /// The tight pool's round replay takes a remembered place that blocks freed with
+    /// `cudaFree` still hold without the synchronization that releases them (proves the
+    /// test that a replayed place is never reused early can fail).
+    pub replay_unsynced: bool,
 }
 
 impl Faults {
@@ -155,7 +162,9 @@ impl Faults {
             || self.release_forced
             || self.keep_layout
             || self.forget_rounds
+            || self.replay_over_live
             || self.mix_lifetimes
+            || self.replay_unsynced
     }
 }
 
@@ -308,6 +317,11 @@ impl Stitch {
         self.nmaps
     }
 
+    /// Allocations placed where their rank had its place in the previous round.
+    pub fn replays(&self) -> u64 {
+        self.rounds.replays()
+    }
+
     /// Mappings re-formed for a new block by remapping only the pages that differed.
     pub fn repairs(&self) -> u64 {
         self.repairs
@@ -451,11 +465,6 @@ impl Policy for Stitch {
                 if self.budget.is_some() {
                     self.note_round(size, a);
                 }
-                if let Some(l) = self.sizes.find(size) {
-                    let sl = self.sizes.at_mut(l);
-                    sl.allocs = sl.allocs.wrapping_add(1);
-                }
-                self.next_replay(size);
                 a
             }
             slot => {
@@ -492,9 +501,6 @@ impl Policy for Stitch {
                 if self.budget.is_some() {
                     self.note_round(size, addr);
                 }
-                let sl = self.sizes.at_mut(list);
-                sl.allocs = sl.allocs.wrapping_add(1);
-                self.next_replay(size);
                 self.gc_mappings(dev);
                 addr
             }

@@ -34,7 +34,7 @@ import time
 
 DEPTHS = tuple(int(d) for d in os.environ.get("BENCH_DEPTHS", "1,4,16,64").split(","))
 PAIRS = int(os.environ.get("BENCH_PAIRS", "20000"))
-TENSOR_PAIRS = 10000
+TENSOR_PAIRS = int(os.environ.get("BENCH_TENSOR_PAIRS", "10000"))
 STEPS = int(os.environ.get("BENCH_STEPS", "100"))
 STEP_REPS = int(os.environ.get("BENCH_STEP_REPS", "5"))
 
