@@ -1,11 +1,14 @@
-//! The tight pool over repeated passes: peak reserved / peak live after each pass, and where
-//! the pool grew past its earlier high-water mark.
+//! The tight pool over repeated passes: peak reserved / peak live, driver calls and
+//! synchronizations so far after each pass, and where the pool grew past its earlier
+//! high-water mark.
 //!
 //! `cargo run --release -p vramshim-pool --example pool_creep -- TRACE.csv [PASSES] [sync|async] [-v]`; also the driver calls of the second half of the allocations, by kind
 
+mod common;
+
 use vramshim_pool::replay::{self, Event, Frees};
 use vramshim_pool::stitch::Stitch;
-use vramshim_pool::{AccountingDevice, Policy, Request, rmm_csv};
+use vramshim_pool::{AccountingDevice, Policy, Request};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -19,13 +22,7 @@ fn main() {
         _ => Frees::CudaFree,
     };
     let verbose = args.iter().any(|a| a == "-v");
-    let t = match rmm_csv::parse_file(std::path::Path::new(path)) {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("{path}: {e}");
-            std::process::exit(1);
-        }
-    };
+    let t = common::read_trace(std::path::Path::new(path));
     let one = replay::repeat(&t.events, 1).len();
     let all = frees.apply(&replay::repeat(&t.events, passes));
     let mut dev = AccountingDevice::new(replay::UNLIMITED);
@@ -84,10 +81,11 @@ fn main() {
         }
         if (i + 1) % one == 0 {
             println!(
-                "after pass {}: held {:.3} x peak live, driver calls {}",
+                "after pass {}: held {:.3} x peak live, driver calls {}, syncs {}",
                 (i + 1) / one,
                 dev.peak_used() as f64 / peak_live as f64,
-                dev.calls().driver_calls()
+                dev.calls().driver_calls(),
+                dev.calls().syncs()
             );
         }
     }

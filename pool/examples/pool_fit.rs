@@ -7,10 +7,12 @@
 //! `cargo run --release -p vramshim-pool --example pool_fit -- TRACE.csv [sync|async]
 //! [stitch|tight] [MiB] [-v]` (default: sync, stitch, one page below the smallest device).
 
+mod common;
+
 use std::collections::HashMap;
 use vramshim_pool::replay::{self, Event, Frees};
 use vramshim_pool::stitch::Stitch;
-use vramshim_pool::{AccountingDevice, MIB, Policy, Request, rmm_csv};
+use vramshim_pool::{MIB, Policy, Request};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -39,21 +41,9 @@ fn main() {
             },
         }
     }
-    let t = match rmm_csv::parse_file(std::path::Path::new(path)) {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("{path}: {e}");
-            std::process::exit(1);
-        }
-    };
+    let t = common::read_trace(std::path::Path::new(path));
     let events = frees.apply(&t.events);
-    let make = move || -> Box<dyn Policy> {
-        Box::new(if tight {
-            Stitch::tight()
-        } else {
-            Stitch::new()
-        })
-    };
+    let make = move || -> Box<dyn Policy> { Box::new(common::stitch(tight)) };
     let live = replay::peak_live(&events);
     let min = replay::min_capacity_with(&events, &make);
     println!(
@@ -63,13 +53,7 @@ fn main() {
         min as f64 / live as f64
     );
     let cap = device.unwrap_or(min.saturating_sub(2 * MIB));
-    let mut dev = AccountingDevice::new(cap);
-    dev.set_checking(true);
-    let mut p = if tight {
-        Stitch::tight()
-    } else {
-        Stitch::new()
-    };
+    let (mut dev, mut p) = common::checking_stitch(cap, tight);
     let mut ids: HashMap<u64, (u64, u64)> = HashMap::new();
     let mut born: HashMap<u64, usize> = HashMap::new();
     let mut now = 0u64;
@@ -129,15 +113,17 @@ fn report(p: &Stitch, born: &HashMap<u64, usize>, verbose: bool) {
         .filter_map(|v| v.free.first().filter(|r| r.0 == 0).map(|r| r.1))
         .max()
         .unwrap_or(0);
+    let free_pages = p.pages() - p.used_pages().len() as u64;
     println!(
-        "pool: {} pages held, {} partly used ({} KiB free in them; small-block pages {small}, {} KiB free), largest free head {} KiB, tail {} KiB, {} cached blocks",
+        "pool: {} pages held ({free_pages} free), {} partly used ({} KiB free in them; small-block pages {small}, {} KiB free), largest free head {} KiB, tail {} KiB, {} cached blocks, {} KiB pending a synchronization",
         p.pages(),
         pages.len(),
         free / 1024,
         small_free / 1024,
         head / 1024,
         tail / 1024,
-        p.cached_blocks()
+        p.cached_blocks(),
+        p.stats().pending / 1024
     );
     if !verbose {
         return;

@@ -4,9 +4,11 @@
 //! `cargo run --release -p vramshim-pool --example pool_traces -- [DIR_OR_FILES...]`
 //! (default: tests/workloads/traces).
 
+mod common;
+
 use vramshim_pool::replay::{self, Frees};
 use vramshim_pool::stitch::Stitch;
-use vramshim_pool::{AccountingDevice, MIB, Policy, PolicyKind, rmm_csv};
+use vramshim_pool::{AccountingDevice, MIB, Policy, PolicyKind};
 
 fn mib(b: u64) -> String {
     format!("{:.1}", b as f64 / MIB as f64)
@@ -27,44 +29,13 @@ fn policies() -> Vec<(&'static str, Make)> {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut files = Vec::new();
-    let roots = if args.is_empty() {
-        vec![concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/workloads/traces").to_string()]
-    } else {
-        args
-    };
-    for r in roots {
-        let p = std::path::Path::new(&r);
-        if p.is_dir() {
-            let mut v: Vec<_> = match std::fs::read_dir(p) {
-                Ok(d) => d
-                    .filter_map(|e| e.ok().map(|e| e.path()))
-                    .filter(|p| p.to_string_lossy().ends_with(".csv"))
-                    .collect(),
-                Err(e) => {
-                    eprintln!("{}: {e}", p.display());
-                    std::process::exit(1);
-                }
-            };
-            v.sort();
-            files.extend(v);
-        } else {
-            files.push(p.to_path_buf());
-        }
-    }
+    let files = common::trace_files(std::env::args().skip(1).collect());
     println!(
         "| trace | frees | policy | peak live MiB | min device MiB | min/peak live | peak reserved MiB (80 GiB device) | reserved/live | driver calls | syncs | 2nd-pass driver calls | driver calls /1000 allocs, 2nd half |"
     );
     println!("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     for f in files {
-        let t = match rmm_csv::parse_file(&f) {
-            Ok(t) => t,
-            Err(e) => {
-                eprintln!("{}: {e}", f.display());
-                std::process::exit(1);
-            }
-        };
+        let t = common::read_trace(&f);
         let name = f.file_name().unwrap().to_string_lossy().to_string();
         let live = replay::peak_live(&t.events);
         for frees in Frees::BOTH {

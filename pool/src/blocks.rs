@@ -56,6 +56,11 @@ impl Blocks {
     }
 
     #[inline]
+    pub fn at(&self, id: u32) -> &Block {
+        &self.slab[id as usize]
+    }
+
+    #[inline]
     pub fn at_mut(&mut self, id: u32) -> &mut Block {
         &mut self.slab[id as usize]
     }
@@ -99,6 +104,9 @@ pub(crate) struct SizeList {
     /// round placed on its slow path (`u32::MAX`: none): the fast path leaves it to the
     /// slow path, which takes the previous round's place
     pub replay_next: u32,
+    /// index, in the tight pool's places of this size, of the first place of a rank not
+    /// served yet in this round
+    pub replay_at: u32,
 }
 
 impl Default for SizeList {
@@ -108,6 +116,7 @@ impl Default for SizeList {
             pending: 0,
             allocs: 0,
             replay_next: u32::MAX,
+            replay_at: 0,
         }
     }
 }
@@ -180,6 +189,7 @@ impl SizeLists {
         for l in &mut self.lists {
             l.allocs = 0;
             l.replay_next = u32::MAX;
+            l.replay_at = 0;
         }
     }
 

@@ -4,6 +4,9 @@
 //! trim. Deterministic tests with fault switches show the checker does catch each broken
 //! property.
 
+mod common;
+
+use common::{assert_clean, free_all_and_trim, free_at, mode};
 use proptest::prelude::*;
 use vramshim_pool::accounting::CallKind;
 use vramshim_pool::stitch::{Budget, Faults, Stitch};
@@ -34,13 +37,6 @@ fn size() -> impl Strategy<Value = u64> {
         4 => 4096u64..MIB,
         3 => MIB..8 * MIB,
         1 => 8 * MIB..300 * MIB,
-    ]
-}
-
-fn mode() -> impl Strategy<Value = FreeMode> {
-    prop_oneof![
-        1 => Just(FreeMode::Sync),
-        3 => (0u64..3).prop_map(|stream| FreeMode::Async { stream }),
     ]
 }
 
@@ -85,12 +81,9 @@ fn exercise_with(
                 Err(e) => panic!("unexpected error {e}"),
             },
             Op::Free { idx, mode } => {
-                if live.is_empty() {
+                if !free_at(policy, &mut dev, &mut live, idx, mode) {
                     continue;
                 }
-                let (addr, size, _) = live.swap_remove(idx % live.len());
-                dev.check_free(addr, mode);
-                assert_eq!(policy.free(&mut dev, addr, mode).unwrap(), size);
             }
             Op::ProcessSync => {
                 if !dev.is_capturing() {
@@ -109,28 +102,8 @@ fn exercise_with(
         after(&*policy, &dev, live_bytes);
     }
     dev.set_capturing(false);
-    for (addr, _, stream) in live.drain(..) {
-        let mode = if stream == vramshim_pool::ANY_STREAM {
-            FreeMode::Sync
-        } else {
-            FreeMode::Async { stream }
-        };
-        dev.check_free(addr, mode);
-        policy.free(&mut dev, addr, mode).unwrap();
-    }
-    policy.trim(&mut dev).unwrap();
+    free_all_and_trim(policy, &mut dev, &mut live);
     dev
-}
-
-fn assert_clean(dev: &AccountingDevice, policy: &dyn Policy) {
-    assert!(
-        dev.violations().is_empty(),
-        "violations: {:#?}",
-        &dev.violations()[..dev.violations().len().min(5)]
-    );
-    assert_eq!(dev.leaks(), Vec::<String>::new(), "leaks");
-    assert_eq!(policy.stats().live, 0);
-    assert_eq!(policy.stats().reserved, 0, "reserved after trim");
 }
 
 proptest! {
@@ -220,6 +193,140 @@ fn budget_kept(b: Budget) -> impl FnMut(&dyn Policy, &AccountingDevice, u64) {
         );
         assert_eq!(s.reserved, dev.used(), "reserved is the device's count");
     }
+}
+
+// ---------------------------------------------------------------- repeated rounds
+
+/// Sizes a repeated workload makes again and again (the tight pool replays the places of the
+/// previous round per size and rank: a size seen once is never replayed).
+fn round_size() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        Just(4 * KIB),
+        Just(100 * KIB),
+        Just(MIB),
+        Just(3 * MIB + 300 * KIB),
+        Just(7 * MIB),
+        Just(20 * MIB),
+        Just(45 * MIB),
+    ]
+}
+
+/// One round: allocations and frees, then everything freed (the tight pool ends its round
+/// when nothing is live).
+fn round() -> impl Strategy<Value = Vec<Op>> {
+    let step = prop_oneof![
+        10 => (round_size(), 0u64..3).prop_map(|(size, stream)| Op::Alloc { size, stream }),
+        7 => (any::<usize>(), mode()).prop_map(|(idx, mode)| Op::Free { idx, mode }),
+        1 => Just(Op::ProcessSync),
+        1 => any::<bool>().prop_map(Op::Capture),
+    ];
+    (proptest::collection::vec(step, 1..80), mode()).prop_map(|(mut ops, mode)| {
+        ops.push(Op::Capture(false));
+        // enough frees for every allocation of the round (a free with nothing live is skipped)
+        ops.extend((0..80).map(|_| Op::Free { idx: 0, mode }));
+        ops
+    })
+}
+
+/// `base` as a later round makes it, not quite the same: `bits` drop some allocations, move
+/// some to another stream and change some frees' semantics.
+fn varied(base: &[Op], bits: &[u8]) -> Vec<Op> {
+    base.iter()
+        .zip(bits.iter().cycle())
+        .filter_map(|(op, &b)| match (op, b % 8) {
+            (Op::Alloc { .. }, 0) => None,
+            (&Op::Alloc { size, stream }, 1) => Some(Op::Alloc {
+                size,
+                stream: (stream + 1) % 3,
+            }),
+            (&Op::Free { idx, .. }, 2) => Some(Op::Free {
+                idx,
+                mode: FreeMode::Sync,
+            }),
+            (&Op::Free { idx, .. }, 3) => Some(Op::Free {
+                idx,
+                mode: FreeMode::Async {
+                    stream: u64::from(b / 8) % 3,
+                },
+            }),
+            (op, _) => Some(op.clone()),
+        })
+        .collect()
+}
+
+/// A repeated workload: one round made `repeats` times, every third time varied.
+fn rounds() -> impl Strategy<Value = Vec<Op>> {
+    (
+        round(),
+        4usize..12,
+        proptest::collection::vec(any::<u8>(), 1..64),
+    )
+        .prop_map(|(base, repeats, bits)| {
+            let mut ops = Vec::new();
+            for r in 0..repeats {
+                if r % 3 == 2 {
+                    let shifted: Vec<u8> = bits.iter().map(|b| b.wrapping_add(r as u8)).collect();
+                    ops.extend(varied(&base, &shifted));
+                } else {
+                    ops.extend(base.iter().cloned());
+                }
+            }
+            ops
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// The tight pool's round replay (a later round takes the places of the round before,
+    /// dissolving cached blocks there and synchronizing for `cudaFree`d ones) is as safe as
+    /// the rest of the pool on rounds that repeat and rounds that differ: no overlap, no early
+    /// reuse, the device and the budget kept. `Faults::replay_unsynced` shows the checks
+    /// catch a replay that skips its synchronization
+    /// (`checker_catches_a_replay_without_its_synchronization`).
+    #[test]
+    fn stitch_tight_replays_rounds_safely(ops in rounds(), cap_mib in 128u64..1024) {
+        let mut p = Stitch::tight();
+        let dev = exercise_with(&mut p, &ops, cap_mib * MIB, &mut budget_kept(Budget::default()));
+        assert_clean(&dev, &p);
+    }
+}
+
+/// The rounds of `stitch_tight_replays_rounds_safely`, drawn from a fixed seed, through a
+/// tight pool whose replay takes places that `cudaFree`d blocks hold without synchronizing:
+/// the checking device sees early reuse in some of them (and none without the fault).
+#[test]
+fn checker_catches_a_replay_without_its_synchronization() {
+    use proptest::strategy::ValueTree;
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    let (mut caught, mut clean) = (0, 0);
+    for _ in 0..64 {
+        let ops = rounds().new_tree(&mut runner).unwrap().current();
+        for broken in [false, true] {
+            let mut p = Stitch::tight();
+            p.set_faults(Faults {
+                replay_unsynced: broken,
+                ..Faults::default()
+            });
+            let dev = exercise(&mut p, &ops, GIB);
+            let early = dev
+                .violations()
+                .iter()
+                .filter(|v| v.contains("early reuse"))
+                .count();
+            if broken {
+                caught += usize::from(early > 0);
+            } else {
+                assert!(dev.violations().is_empty(), "{:?}", &dev.violations()[..1]);
+                clean += 1;
+            }
+        }
+    }
+    assert_eq!(clean, 64);
+    assert!(
+        caught > 0,
+        "no replay without its synchronization was caught"
+    );
 }
 
 // ---------------------------------------------------------------- the checker can fail

@@ -400,9 +400,9 @@ fn tight_pool_does_not_creep_over_passes() {
 /// The tight pool replays the previous round's layout (`stitch::rounds`): a repeated
 /// workload's later rounds take the places of the round before, so from the second pass on
 /// no pass of any trace, under either free semantics, makes a driver call, safely (checking
-/// device, the replay of 4 passes). With the rounds forgotten (`Faults::forget_rounds`) the
-/// later passes of bert stitch ranges anew, which the second half checks, so the first half
-/// can fail.
+/// device, the replay of 4 passes; no synchronization behind stream-ordered frees). With the
+/// rounds forgotten (`Faults::forget_rounds`) the later passes of bert stitch ranges anew,
+/// which the second half checks, so the first half can fail.
 #[test]
 fn tight_pool_replays_rounds_without_driver_calls() {
     use vramshim_pool::replay::Frees;
@@ -432,6 +432,9 @@ fn tight_pool_replays_rounds_without_driver_calls() {
             assert!(r.completed, "{what}: {:?}", r.first_failure);
             assert!(r.violations.is_empty(), "{what}: {:?}", &r.violations[..1]);
             assert!(r.leaks.is_empty(), "{what}: {:?}", r.leaks);
+            if frees == Frees::StreamOrdered {
+                assert_eq!(r.syncs, 0, "{what}");
+            }
             if name.starts_with("bert") {
                 let passes = replay::calls_per_pass_with(&ev, frees, &make(true), 4);
                 eprintln!("{what}, rounds forgotten: driver calls per pass {passes:?}");
@@ -440,4 +443,44 @@ fn tight_pool_replays_rounds_without_driver_calls() {
         }
     }
     assert!(forgotten > 0, "forgetting the rounds made no driver call");
+}
+
+/// The round replay never takes a remembered place before what holds it may be reused: where
+/// blocks freed with `cudaFree` still wait there, it synchronizes first (checking device, the
+/// traces replayed 3 times behind `cudaFree`). With the synchronization left out
+/// (`Faults::replay_unsynced`) the device sees those blocks' bytes reused early.
+#[test]
+fn tight_pool_replays_no_place_before_its_sync() {
+    use vramshim_pool::replay::Frees;
+    use vramshim_pool::stitch::{Faults, Stitch};
+    let mut caught = 0;
+    for (name, ev) in traces() {
+        let ev = Frees::CudaFree.apply(&replay::repeat(&ev, 3));
+        for broken in [false, true] {
+            let mut dev = vramshim_pool::AccountingDevice::new(UNLIMITED);
+            dev.set_checking(true);
+            let mut p = Stitch::tight();
+            p.set_faults(Faults {
+                replay_unsynced: broken,
+                ..Faults::default()
+            });
+            let r = replay::run_with(&ev, &mut p, &mut dev);
+            let what = format!("{name} broken {broken}");
+            assert!(r.completed, "{what}: {:?}", r.first_failure);
+            if broken {
+                caught += r
+                    .violations
+                    .iter()
+                    .filter(|v| v.contains("early reuse"))
+                    .count();
+            } else {
+                assert!(r.violations.is_empty(), "{what}: {:?}", &r.violations[..1]);
+                assert!(r.leaks.is_empty(), "{what}: {:?}", r.leaks);
+            }
+        }
+    }
+    assert!(
+        caught > 0,
+        "a replay without its synchronization went unnoticed"
+    );
 }

@@ -11,7 +11,7 @@
 
 use std::path::{Path, PathBuf};
 
-use vramshim_testkit::{RunOutput, run, temp_dir, unique_name};
+use vramshim_testkit::{RunOutput, run, sim_command, temp_dir, unique_name};
 
 mod common;
 use common::{MIB, fields, lib, num, probe, probe_on_sim};
@@ -404,7 +404,7 @@ fn the_checks_catch_a_library_that_ignores_the_limits() {
 /// source that bound.
 #[test]
 fn summary_and_the_run_line_name_the_source_that_bound() {
-    let trace = traced_refusal(
+    let (trace, _) = traced_refusal(
         &[
             ("CUDA_DEVICE_MEMORY_LIMIT", "512m"),
             ("GPU_MEMORY_LIMIT", "268435456"),
@@ -428,17 +428,24 @@ fn summary_and_the_run_line_name_the_source_that_bound() {
 #[test]
 fn nvml_limits_and_a_groups_budget_are_named_from_the_trace() {
     // The header is written with the first event, after the cap's set-up mapped NVML's
-    // limit to the CUDA device (a header written before names NVML's index: `nvml:0`).
-    let nvml = "NVML memory limit (hard) (256 MiB on device 0)";
-    let trace = traced_refusal(
+    // limit to the CUDA device; it still names NVML's index, as a header written before
+    // the set-up does (one rule: the trace names a limit the same way whenever written).
+    let nvml = "NVML memory limit (hard) (256 MiB on NVML device 0)";
+    let (trace, text) = traced_refusal(
         &[("VRAMSIM_NVML_MEMORY_LIMITS", "0=256MiB/64MiB")],
         nvml,
         "lim-summary-nvml",
     );
+    assert!(
+        text.contains(&format!(
+            "cap limit from NVML (the driver): 256 MiB on NVML device 0 ({nvml})"
+        )),
+        "{text}"
+    );
     let entries = header_limits(&trace);
     assert!(
         entries.contains(&format!(
-            "devices=0 bytes=268435456 kind=nvml source={nvml}"
+            "devices=nvml:0 bytes=268435456 kind=nvml source={nvml}"
         )),
         "{entries:?}"
     );
@@ -452,10 +459,18 @@ fn nvml_limits_and_a_groups_budget_are_named_from_the_trace() {
     let name = region.display().to_string();
     let group =
         format!("VRAMSHIM_CAP=\"268435456\" of the budget shared by VRAMSHIM_SHARED=\"{name}\"");
-    let trace = traced_refusal(
+    let (trace, text) = traced_refusal(
         &[("VRAMSHIM_CAP", "512MiB"), ("VRAMSHIM_SHARED", &name)],
         &group,
         "lim-summary-group",
+    );
+    assert!(
+        text.contains(&format!(
+            "cap limit from the group's budget: 256 MiB on every device ({group})"
+        )) && text.contains(
+            "cap limit from VRAMSHIM_CAP: 512 MiB on every device (VRAMSHIM_CAP=\"512MiB\")"
+        ),
+        "{text}"
     );
     let entries = header_limits(&trace);
     assert!(
@@ -481,8 +496,8 @@ fn header_limits(trace: &Path) -> Vec<String> {
 
 /// Runs the probe under `vramshim run --sim --trace` with `env`, a 100 MiB request served and
 /// a 300 MiB one refused by a cap of 256 MiB whose source is `source`; checks that the run
-/// line, `vramshim summary` (text and JSON) name it; returns the trace.
-fn traced_refusal(env: &[(&str, &str)], source: &str, name: &str) -> PathBuf {
+/// line, `vramshim summary` (text and JSON) name it; returns the trace and the summary text.
+fn traced_refusal(env: &[(&str, &str)], source: &str, name: &str) -> (PathBuf, String) {
     let vramshim = vramshim_testkit::profile_dir().join("vramshim");
     assert!(
         vramshim.exists(),
@@ -491,12 +506,8 @@ fn traced_refusal(env: &[(&str, &str)], source: &str, name: &str) -> PathBuf {
     );
     let dir = temp_dir(name);
     let trace = dir.join("t.vramtrace");
-    let mut c = std::process::Command::new(&vramshim);
-    for (k, _) in std::env::vars() {
-        if k.starts_with("VRAMSHIM_") || k.starts_with("VRAMSIM_") || k == "LD_PRELOAD" {
-            c.env_remove(k);
-        }
-    }
+    // A clean environment (with VRAMSHIM_TEST_PASS's switches), as for the probe.
+    let mut c = sim_command(&vramshim, name);
     for v in LIMIT_VARS {
         c.env_remove(v);
     }
@@ -547,7 +558,7 @@ fn traced_refusal(env: &[(&str, &str)], source: &str, name: &str) -> PathBuf {
         "{}",
         json.stdout
     );
-    trace
+    (trace, text.stdout)
 }
 
 /// `s` as a JSON string literal (quotes and backslashes escaped).

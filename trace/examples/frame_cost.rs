@@ -5,13 +5,14 @@
 //! `Sync` records, as a training step's closing synchronize; `memop`: alloc/free pairs with
 //! noisy nanosecond timings) through `write_records` + `flush_frame`, as the writer thread
 //! does, into memory. Prints CPU ns per frame and the file's bytes per event. Under valgrind's
-//! callgrind, two runs with different FRAMES give instructions per frame by difference
-//! (`scripts/bench writer` does this).
+//! callgrind with `--toggle-collect='*one_frame*'`, the count divided by FRAMES is the
+//! instructions per frame (`scripts/bench writer` does this).
 
 use std::time::Instant;
 
 use vramshim_trace::{
-    AllocKind, Api, Event, FrameLayout, Header, MemOp, RecordEncoder, SyncKind, TraceWriter,
+    AllocKind, Api, Event, FrameLayout, Header, MemOp, RecordEncoder, RecordStats, SyncKind,
+    TraceWriter,
 };
 
 fn events(kind: &str, n: usize, frame: usize) -> Vec<Event> {
@@ -62,6 +63,15 @@ fn events(kind: &str, n: usize, frame: usize) -> Vec<Event> {
     out
 }
 
+/// One frame as the writer thread makes it on a tick: the records appended, then compressed
+/// and written. Not inlined: `valgrind --tool=callgrind --toggle-collect='*one_frame*'`
+/// counts exactly this.
+#[inline(never)]
+fn one_frame(w: &mut TraceWriter<Vec<u8>>, b: &[u8], st: RecordStats) {
+    w.write_records(b, st).unwrap();
+    w.flush_frame().unwrap();
+}
+
 fn main() {
     let a: Vec<String> = std::env::args().collect();
     if a.len() != 4 || !matches!(a[1].as_str(), "sync" | "memop") {
@@ -85,6 +95,13 @@ fn main() {
         })
         .collect();
     let mut w = TraceWriter::new(Vec::new(), &Header::default()).unwrap();
+    // FRAME_COST_LEVEL=N: that zstd level instead of the default.
+    if let Some(l) = std::env::var("FRAME_COST_LEVEL")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        w.set_level(l).unwrap();
+    }
     // FRAME_COST_LAYOUT=rows|columnar: one layout only (default: the writer's own choice).
     match std::env::var("FRAME_COST_LAYOUT").as_deref() {
         Ok("rows") => w.set_layout(FrameLayout::Rows),
@@ -93,8 +110,7 @@ fn main() {
     }
     let t0 = Instant::now();
     for (b, st) in &bufs {
-        w.write_records(b, *st).unwrap();
-        w.flush_frame().unwrap();
+        one_frame(&mut w, b, *st);
     }
     let dt = t0.elapsed().as_nanos() as f64;
     let st = w.stats();

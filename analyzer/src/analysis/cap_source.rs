@@ -65,6 +65,79 @@ fn parse(v: &str) -> Option<Entry<'_>> {
     Some(e)
 }
 
+/// One limit in force as the trace header lists it (`summary` shows them, `--json` has them
+/// as `cap_limits`).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct CapLimit {
+    /// `all`, ordinals (`0,1`), `pci:ADDR` (a cgroup's region) or `nvml:N` (NVML's index), as
+    /// the library wrote it.
+    pub devices: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fraction: Option<f64>,
+    /// Where it came from: `group`, `env`, `tool`, `cgroup`, `nvml` (None: a trace written
+    /// before the library said).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    pub source: String,
+}
+
+impl CapLimit {
+    /// Where it came from, in words.
+    pub fn origin(&self) -> &'static str {
+        match self.kind.as_deref() {
+            Some("group") => "the group's budget",
+            Some("env") => "VRAMSHIM_CAP",
+            Some("tool") => "another tool's variable",
+            Some("cgroup") => "the cgroup",
+            Some("nvml") => "NVML (the driver)",
+            _ => "the library",
+        }
+    }
+
+    /// The devices it bounds, in words.
+    pub fn devices_text(&self) -> String {
+        let d = self.devices.as_str();
+        if d == "all" {
+            "every device".into()
+        } else if let Some(a) = d.strip_prefix("pci:") {
+            format!("the device at PCI {a}")
+        } else if let Some(n) = d.strip_prefix("nvml:") {
+            format!("NVML device {n}")
+        } else if d.contains(',') {
+            format!("devices {}", d.replace(',', ", "))
+        } else {
+            format!("device {d}")
+        }
+    }
+}
+
+/// The header's `cap.limit` entries, in order (entries that do not parse are left out).
+pub fn limits(header: &Header) -> Vec<CapLimit> {
+    header
+        .config
+        .iter()
+        .filter(|(k, _)| k == "cap.limit")
+        .filter_map(|(_, v)| {
+            let e = parse(v)?;
+            let head = v.split_once(" source=")?.0;
+            let field = |name: &str| {
+                head.split_whitespace()
+                    .find_map(|p| p.strip_prefix(name))
+                    .map(str::to_string)
+            };
+            Some(CapLimit {
+                devices: field("devices=")?,
+                bytes: e.bytes,
+                fraction: field("fraction=").and_then(|f| f.parse().ok()),
+                kind: e.kind.map(str::to_string),
+                source: e.source.to_string(),
+            })
+        })
+        .collect()
+}
+
 /// The source of cap `cap` (bytes) on `device`, when the trace lists its limits.
 pub fn cap_source(header: &Header, device: i32, cap: u64) -> Option<String> {
     let entries: Vec<Entry> = header
@@ -129,6 +202,40 @@ mod tests {
             Some("VRAMSHIM_CAP=\"0.5\"")
         );
         assert_eq!(cap_source(&Header::default(), 0, 1), None);
+    }
+
+    #[test]
+    fn the_limits_as_listed() {
+        let h = header(&[
+            "devices=all bytes=268435456 kind=group source=VRAMSHIM_CAP=\"268435456\" of the budget shared by VRAMSHIM_SHARED=\"job\"",
+            "devices=0,1 fraction=0.5 kind=env source=VRAMSHIM_CAP=\"0=0.5,1=0.5\"",
+            "devices=nvml:0 bytes=201326592 kind=nvml source=NVML memory limit (hard) (192 MiB on NVML device 0)",
+            "devices=pci:0000:01:00.0 bytes=1 source=cgroup /x/dmem.max (drm/0000:01:00.0/vram0 1 B)",
+            "garbage",
+        ]);
+        let l = limits(&h);
+        assert_eq!(l.len(), 4, "{l:?}");
+        assert_eq!(
+            (l[0].origin(), l[0].devices_text(), l[0].bytes),
+            (
+                "the group's budget",
+                "every device".to_string(),
+                Some(256 << 20)
+            )
+        );
+        assert_eq!(
+            (l[1].devices_text(), l[1].fraction, l[1].bytes),
+            ("devices 0, 1".to_string(), Some(0.5), None)
+        );
+        assert_eq!(
+            (l[2].origin(), l[2].devices_text()),
+            ("NVML (the driver)", "NVML device 0".to_string())
+        );
+        assert_eq!((l[3].origin(), l[3].kind.as_deref()), ("the library", None));
+        assert!(
+            l[3].devices_text()
+                .starts_with("the device at PCI 0000:01:00.0")
+        );
     }
 
     /// NVML's limits (by NVML index before the cap mapped them, by ordinal after) and a

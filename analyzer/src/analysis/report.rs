@@ -41,6 +41,10 @@ pub struct TraceReport {
     pub pools: Vec<PoolReport>,
     pub stacks: u64,
     pub config: BTreeMap<String, String>,
+    /// The cap's limits in force as the header lists them (`config` keeps one value per
+    /// name, so only the last of them).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub cap_limits: Vec<super::cap_source::CapLimit>,
     pub devices: Vec<DeviceReport>,
     #[serde(skip)]
     pub timelines: Vec<(i32, Timeline)>,
@@ -743,6 +747,7 @@ pub(crate) fn build(mut a: Analysis, warnings: Vec<String>) -> TraceReport {
         pools: a.pools.values().cloned().collect(),
         stacks: a.symbols.stack_count() as u64,
         config: config_map(h),
+        cap_limits: super::cap_source::limits(h),
         devices,
         timelines,
         steps,

@@ -135,6 +135,14 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
         cmd.env("VRAMSHIM_CAP_STRICT", "1");
     }
     if let Some(v) = &args.shared {
+        // Refused here: the library would keep the process's own cap, not the group's.
+        if let Err(reason) = vramshim_region::spec::shared_path(v, 0) {
+            return Err(format!(
+                "--shared \"{}\" is not valid ({reason}); {}",
+                v.escape_debug(),
+                vramshim_region::spec::SHARED_FORMS
+            ));
+        }
         cmd.env("VRAMSHIM_SHARED", v);
     }
     if let Some(v) = &args.on_cap {
@@ -494,21 +502,84 @@ const FORWARDED: [libc::c_int; 6] = [
     libc::SIGUSR2,
 ];
 
-/// The child's pid while it runs; 0 before it is spawned, -1 once it has been reaped.
+/// The child's pid while it runs; 0 before it is spawned, -1 from just before it is reaped
+/// (a signal that lands later must not reach another process that gets the pid).
 static CHILD: AtomicI32 = AtomicI32::new(0);
+/// A pidfd of the child (-1: none, the kernel has no `pidfd_open` or refused it): signals go
+/// through it, so that a signal handled on another thread, which read the pid before it was
+/// cleared, reaches the child or nothing (the pidfd names that process, never a later one with
+/// its pid). Kept open for the rest of the process: a handler may still hold the number.
+static CHILD_FD: AtomicI32 = AtomicI32::new(-1);
 /// Signals that arrived before the child's pid was known (bit = signal number), delivered as
 /// soon as it is: a child can start and be signalled before `spawn` returns here.
 static PENDING: AtomicU64 = AtomicU64::new(0);
+
+/// Sends `sig` to the child: through its pidfd where there is one, else to `pid`.
+/// Async-signal-safe (called from the handler).
+fn signal_child(pid: i32, sig: libc::c_int) {
+    let fd = CHILD_FD.load(Ordering::SeqCst);
+    if fd >= 0 {
+        // SAFETY: a raw system call with no memory arguments (siginfo NULL: as kill would).
+        unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                fd,
+                sig,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        };
+    } else {
+        // SAFETY: kill has no memory preconditions and is async-signal-safe.
+        unsafe { libc::kill(pid, sig) };
+    }
+}
 
 fn deliver_pending(pid: i32) {
     let bits = PENDING.swap(0, Ordering::SeqCst);
     for sig in 1..64 {
         if bits & (1u64 << sig) != 0 {
-            // SAFETY: kill has no memory preconditions (async-signal-safe; called from the
-            // handler too).
-            unsafe { libc::kill(pid, sig) };
+            signal_child(pid, sig);
         }
     }
+}
+
+/// A pidfd of `pid` (our unreaped child: the pid cannot have been reused), or -1.
+fn pidfd_of(pid: i32) -> i32 {
+    // SAFETY: a raw system call with no memory arguments.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    i32::try_from(fd).unwrap_or(-1)
+}
+
+/// Waits until child `pid` has ended, leaving it unreaped (its pid stays taken); false on an
+/// error (then the caller reaps at once).
+fn wait_unreaped(pid: i32) -> bool {
+    loop {
+        // SAFETY: zeroed siginfo_t is valid; a valid out-pointer.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: as above; WNOWAIT leaves the child to be reaped by `Child::wait`.
+        let r = unsafe {
+            libc::waitid(
+                libc::P_PID,
+                pid as libc::id_t,
+                &mut info,
+                libc::WEXITED | libc::WNOWAIT,
+            )
+        };
+        if r == 0 {
+            return true;
+        }
+        if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return false;
+        }
+    }
+}
+
+/// `VRAMSHIM_RUN_FAULT=late-clear`: the child is reaped while its pid is still the signals'
+/// target, and the launcher then waits 3 s with forwarding on (one line on stderr says when),
+/// for the test that a signal landing there reaches no process that got the pid since.
+fn late_clear() -> bool {
+    std::env::var_os("VRAMSHIM_RUN_FAULT").is_some_and(|v| v == "late-clear")
 }
 
 extern "C" fn forward(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
@@ -520,8 +591,7 @@ extern "C" fn forward(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut l
     }
     let pid = CHILD.load(Ordering::SeqCst);
     if pid > 0 {
-        // SAFETY: kill has no memory preconditions and is async-signal-safe.
-        unsafe { libc::kill(pid, sig) };
+        signal_child(pid, sig);
     } else if pid == 0 && (0..64).contains(&sig) {
         PENDING.fetch_or(1u64 << sig, Ordering::SeqCst);
         // The pid may have been published meanwhile (its publisher may already have looked).
@@ -549,11 +619,25 @@ pub fn run_forwarding_signals(cmd: &mut Command) -> std::io::Result<(ExitStatus,
             }
         }
     }
+    let late = late_clear();
     let result = cmd.spawn().and_then(|mut child| {
         let pid = child.id();
+        CHILD_FD.store(pidfd_of(pid as i32), Ordering::SeqCst);
         CHILD.store(pid as i32, Ordering::SeqCst);
         deliver_pending(pid as i32);
+        // The pid is the signals' target until the child has ended, and no longer once it is
+        // reaped (another process may get it then): cleared in between, while the ended child
+        // still holds it. A handler that read it before, on another thread, signals through
+        // the pidfd (where the kernel has them).
+        if !late {
+            wait_unreaped(pid as i32);
+            CHILD.store(-1, Ordering::SeqCst);
+        }
         let status = child.wait();
+        if late {
+            eprintln!("vramshim: run: VRAMSHIM_RUN_FAULT=late-clear: child {pid} reaped");
+            std::thread::sleep(std::time::Duration::from_secs(3));
+        }
         CHILD.store(-1, Ordering::SeqCst);
         status.map(|s| (s, pid))
     });

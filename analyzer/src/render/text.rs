@@ -31,6 +31,21 @@ pub fn trace(r: &TraceReport, out: &mut String) {
         r.threads,
         r.stacks
     );
+    for l in &r.cap_limits {
+        let value = match (l.bytes, l.fraction) {
+            (Some(b), _) => bytes(b),
+            (None, Some(f)) => format!("{f} of the device"),
+            (None, None) => "?".into(),
+        };
+        let _ = writeln!(
+            out,
+            "cap limit from {}: {} on {} ({})",
+            l.origin(),
+            value,
+            l.devices_text(),
+            l.source
+        );
+    }
     for w in &r.warnings {
         let _ = writeln!(out, "warning: {w}");
     }

@@ -574,6 +574,43 @@ fn a_members_smaller_own_cap_still_binds() {
     );
 }
 
+/// A member's own cap on a device the group's cap leaves uncapped binds its charges there,
+/// and its memory queries say so (its cap as the total, its own room as free), as on a
+/// device the group caps.
+#[test]
+fn a_members_own_cap_on_a_device_the_group_leaves_uncapped() {
+    let path = tmp("member-uncapped");
+    let (a, b) = two_members(&path, "0=4GiB", "1GiB");
+    a.try_charge(0, GIB, Api::CudaMalloc).unwrap();
+    b.try_charge(1, GIB / 2, Api::CudaMalloc).unwrap();
+    assert_eq!(
+        b.try_charge(1, GIB / 2 + 1, Api::CudaMalloc)
+            .map_err(|r| r.cap),
+        Err(GIB)
+    );
+    let _ = take_lines();
+    assert_eq!(b.adjust_meminfo(1, 15 * GIB, 16 * GIB), (GIB / 2, GIB));
+    assert_eq!(b.total_for(1, 16 * GIB), GIB);
+    assert_eq!(
+        b.nvml_adjust(1, 16 * GIB, 15 * GIB, GIB),
+        (GIB, GIB / 2, GIB / 2)
+    );
+    // The device's own free memory still bounds it.
+    assert_eq!(b.adjust_meminfo(1, GIB / 4, 16 * GIB), (GIB / 4, GIB));
+    // The trace header's device cap (what `is_capped` and `total_for` give) says so too.
+    assert!(b.is_capped(1) && b.is_capped(0) && a.is_capped(0));
+    // The group member without a cap of its own sees the device as it is.
+    assert!(!a.is_capped(1));
+    assert_eq!(
+        a.adjust_meminfo(1, 15 * GIB, 16 * GIB),
+        (15 * GIB, 16 * GIB)
+    );
+    assert_eq!(a.total_for(1, 16 * GIB), 16 * GIB);
+    b.uncharge(1, GIB / 2);
+    assert_eq!(b.adjust_meminfo(1, 15 * GIB, 16 * GIB), (GIB, GIB));
+    a.uncharge(0, GIB);
+}
+
 /// A region that cannot be used never leaves the process uncapped: it keeps its own cap
 /// (one line says so), or refuses everything in strict mode.
 #[test]

@@ -8,9 +8,13 @@
 //! - `cgroup`: a cgroup's `dmem.max`; `nvml`: NVML's hard memory limit (the driver's, as
 //!   NVIDIA's container toolkit sets it).
 //!
-//! Kernel and driver limits are named by CUDA ordinal once the cap has mapped them to the
-//! process's devices (its set-up); a header written before names them by PCI address (the
-//! cgroup's) or NVML index (NVML's), which do not say the ordinal.
+//! NVML's limits are always named by NVML's index (`nvml:N`, as `nvidia-smi` and the
+//! container toolkit's hook that sets them number the devices), whether the header is
+//! written before or after the cap's set-up: only the index is known at every moment (the
+//! CUDA ordinal needs the driver's device list, which a header may precede), and a trace
+//! names a limit the same way whenever it was written. A cgroup's limits are named by CUDA
+//! ordinal once the cap has mapped them to the process's devices (its set-up), else by PCI
+//! address.
 
 use vramshim_region::spec::human_bytes;
 use vramshim_region::{CapSpec, CapValue, MAX_DEVICES, Region};
@@ -58,36 +62,36 @@ pub(crate) fn trace_config() -> Vec<(String, String)> {
         };
         push(&devices, &value, kind, &source);
     }
-    // Kernel and driver limits: per CUDA device once mapped, else as read.
+    // NVML's limits, as read at the cap's start (by NVML index).
+    for r in s.dmem.iter().filter(|r| r.is_nvml()) {
+        if let Some(hard) = r.max {
+            let index = r.region.trim_start_matches(NVML_REGION);
+            push(
+                &format!("nvml:{index}"),
+                &format!("bytes={hard}"),
+                "nvml",
+                &format!("{NVML_HARD} ({} on NVML device {index})", human_bytes(hard)),
+            );
+        }
+    }
+    // The cgroup's limits: per CUDA device once mapped (the smaller of a device's cgroup and
+    // NVML limits, so only the cgroup's are listed here), else as read.
     match cap.kernel.get() {
         Some(mapped) => {
             for (d, l) in mapped.iter().enumerate() {
-                if let Some(l) = l {
-                    let kind = if l.origin.starts_with(NVML_HARD) {
-                        "nvml"
-                    } else {
-                        "cgroup"
-                    };
+                if let Some(l) = l.as_ref().filter(|l| !l.origin.starts_with(NVML_HARD)) {
                     push(
                         &d.to_string(),
                         &format!("bytes={}", l.bytes),
-                        kind,
+                        "cgroup",
                         &l.origin,
                     );
                 }
             }
         }
         None => {
-            for r in &s.dmem {
-                if let (true, Some(hard)) = (r.is_nvml(), r.max) {
-                    let index = r.region.trim_start_matches(NVML_REGION);
-                    push(
-                        &format!("nvml:{index}"),
-                        &format!("bytes={hard}"),
-                        "nvml",
-                        &format!("{NVML_HARD} ({} on NVML device {index})", human_bytes(hard)),
-                    );
-                } else if let (Some(l), Some(a)) = (r.limit(), limits::pci_addr(&r.region)) {
+            for r in s.dmem.iter().filter(|r| !r.is_nvml()) {
+                if let (Some(l), Some(a)) = (r.limit(), limits::pci_addr(&r.region)) {
                     push(
                         &format!("pci:{:04x}:{:02x}:{:02x}.{:x}", a.0, a.1, a.2, a.3),
                         &format!("bytes={}", l.bytes),

@@ -6,18 +6,8 @@
 
 use std::path::PathBuf;
 use vramshim_testkit::{
-    Link, RunOutput, compile_c, interposer_lib, replay_exe, run_with_preload, trace_file,
+    Link, RunOutput, built_interposer_lib, compile_c, replay_exe, run_with_preload, trace_file,
 };
-
-fn lib() -> PathBuf {
-    let l = interposer_lib();
-    assert!(
-        l.exists(),
-        "{} is not built: cargo build --release -p vramshim-interposer",
-        l.display()
-    );
-    l
-}
 
 /// `tests/workloads/pool/<name>.c`, built against the shared runtime.
 fn workload(name: &str) -> PathBuf {
@@ -30,7 +20,7 @@ fn workload(name: &str) -> PathBuf {
 }
 
 fn run(exe: &std::path::Path, args: &[&str], env: &[(&str, &str)], name: &str) -> RunOutput {
-    run_with_preload(exe, args, env, Some(&lib()), name)
+    run_with_preload(exe, args, env, Some(&built_interposer_lib()), name)
 }
 
 fn field(out: &str, key: &str) -> i64 {
@@ -323,7 +313,7 @@ fn pooled_run(
         c.env("VRAMSHIM_CAP", cap.to_string());
     }
     c.envs(env.iter().copied());
-    vramshim_testkit::preload(&mut c, &lib());
+    vramshim_testkit::preload(&mut c, &built_interposer_lib());
     let o = vramshim_testkit::run(&mut c);
     let hw = sim_high_water(&name);
     (o, hw)

@@ -39,9 +39,27 @@ impl Setup {
         }
     }
 
-    /// The set-up's answer once it is done (one acquire load: what it wrote before it
-    /// answered is visible); `None` before.
+    /// The set-up's answer: once it is done, one acquire load (what it wrote before it
+    /// answered is visible); before, what `set_up` says (which calls [`Setup::run`], out of
+    /// line). Two compares of the one word: an `Option<bool>` made of it compiled to a dozen
+    /// instructions on every capped request.
     #[inline(always)]
+    pub(crate) fn answer(&self, set_up: impl FnOnce() -> bool) -> bool {
+        match self.state.load(Ordering::Acquire) {
+            ON => true,
+            OFF => false,
+            _ => set_up(),
+        }
+    }
+
+    /// Whether the set-up is done and answered true (never runs it).
+    #[inline(always)]
+    pub(crate) fn is_on(&self) -> bool {
+        self.state.load(Ordering::Acquire) == ON
+    }
+
+    /// The answer once done, `None` before.
+    #[cfg(test)]
     pub(crate) fn done(&self) -> Option<bool> {
         match self.state.load(Ordering::Acquire) {
             ON => Some(true),
@@ -195,6 +213,31 @@ impl<T> Drop for SetupCell<T> {
 unsafe impl<T: Send + Sync> Sync for SetupCell<T> {}
 // SAFETY: as above; the cell owns its box.
 unsafe impl<T: Send> Send for SetupCell<T> {}
+
+/// For the tests that fork while a thread is inside something a child must take back: waits
+/// for child `pid` at most `limit` and kills it past that. Its exit code, or None when it had
+/// to be killed (it hung) or did not exit normally.
+#[cfg(test)]
+pub(crate) fn wait_child_bounded(pid: libc::pid_t, limit: std::time::Duration) -> Option<i32> {
+    let end = std::time::Instant::now() + limit;
+    let mut status = 0;
+    loop {
+        // SAFETY: the caller's own child; a valid out-pointer.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if r == pid {
+            return libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status));
+        }
+        if std::time::Instant::now() > end {
+            // SAFETY: the caller's own child, not yet reaped.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -146,6 +146,7 @@ pub(crate) fn on_fork_child() {
     slots::on_fork_child();
     stacks::on_fork_child();
     torch::on_fork_child();
+    pyframes::reset_in_child();
 }
 
 /// Called at process exit: flush everything and write the end record on this thread.

@@ -41,9 +41,9 @@
 
 use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_void};
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering};
 
+use crate::sys::setup::{Setup, SetupCell};
 use crate::sys::spin::SpinLock;
 
 use vramshim_trace::Event;
@@ -409,7 +409,11 @@ const OFF: u8 = 3;
 static STATE: AtomicU8 = AtomicU8::new(UNKNOWN);
 /// Walks through the kernel that found frames as the layout promises; plain reads after 2.
 static CHECKED_OK: AtomicU32 = AtomicU32::new(0);
-static PY: OnceLock<Option<Py>> = OnceLock::new();
+/// The runtime, found on first use by one thread ([`find_py`]). Not a `OnceLock`: a child
+/// forked while another thread was finding it would wait for that thread forever on its
+/// first walk; it looks again instead ([`reset_in_child`]).
+static PY_FOUND: Setup = Setup::new();
+static PY: SetupCell<Py> = SetupCell::new();
 static FAULT_NOIDENT: AtomicBool = AtomicBool::new(false);
 
 fn sym(name: &CStr) -> u64 {
@@ -565,9 +569,26 @@ fn unsafe_zeroed<T: Copy>() -> T {
 
 #[inline]
 fn py() -> Option<&'static Py> {
-    match STATE.load(Ordering::Acquire) {
-        OFF => None,
-        _ => PY.get_or_init(find_py).as_ref(),
+    if STATE.load(Ordering::Acquire) == OFF {
+        return None;
+    }
+    if PY_FOUND.answer(|| PY_FOUND.run(find_and_keep)) {
+        PY.get()
+    } else {
+        None
+    }
+}
+
+/// The set-up of [`PY_FOUND`]: whether this process runs a Python whose frames we read.
+fn find_and_keep() -> bool {
+    find_py().is_some_and(|p| PY.set(p).is_ok())
+}
+
+/// Forked child (the atfork child handler): a search for the runtime another thread of the
+/// parent was making is made again here (what it found so far is forgotten).
+pub(crate) fn reset_in_child() {
+    if PY_FOUND.reset_in_child() {
+        PY.forget_in_child();
     }
 }
 
@@ -1004,6 +1025,42 @@ mod tests {
         assert_eq!(line_of(10, &t, 5, 2), 0);
         assert_eq!(line_of(10, &t, 5, 4), 4);
         assert_eq!(line_of(10, &t, 5, 9), 0);
+    }
+
+    /// A fork while another thread is finding the runtime (inside the set-up): the child,
+    /// where that thread does not exist, looks for it itself instead of waiting forever.
+    #[test]
+    fn a_forked_child_finds_the_runtime_itself() {
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let finder = std::thread::spawn(move || {
+            PY_FOUND.run(|| {
+                held_tx.send(()).unwrap();
+                let _ = go_rx.recv();
+                find_and_keep()
+            })
+        });
+        held_rx.recv().unwrap();
+        // SAFETY: fork has no memory preconditions; the child runs only the checks below (no
+        // panics, no locks of the test harness) and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            // What the atfork child handler does.
+            reset_in_child();
+            // Not a Python process: the child's own search answers "none".
+            let ok = py().is_none() && PY_FOUND.done() == Some(false);
+            // SAFETY: ends the child without running the parent's atexit handlers.
+            unsafe { libc::_exit(if ok { 0 } else { 1 }) }
+        }
+        let code = crate::sys::setup::wait_child_bounded(pid, std::time::Duration::from_secs(60));
+        go_tx.send(()).unwrap();
+        assert!(!finder.join().unwrap());
+        assert_eq!(
+            code,
+            Some(0),
+            "the forked child did not find the runtime itself (None: it hung and was killed after 60 s)"
+        );
     }
 
     #[test]

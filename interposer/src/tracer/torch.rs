@@ -793,29 +793,6 @@ mod tests {
         assert_eq!(st.segments, vec![(0, 0x8000, 0x1000), (1, 0x2000, 0x4000)]);
     }
 
-    /// Waits for child `pid` at most `limit`; kills it past that. Its exit code, or None when
-    /// it had to be killed (or did not exit normally).
-    fn wait_bounded(pid: libc::pid_t, limit: std::time::Duration) -> Option<i32> {
-        let end = std::time::Instant::now() + limit;
-        let mut status = 0;
-        loop {
-            // SAFETY: our own child; a valid out-pointer.
-            let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-            if r == pid {
-                return libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status));
-            }
-            if std::time::Instant::now() > end {
-                // SAFETY: our own child, not yet reaped.
-                unsafe {
-                    libc::kill(pid, libc::SIGKILL);
-                    libc::waitpid(pid, &mut status, 0);
-                }
-                return None;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-    }
-
     /// A fork while another thread is inside the tracker (holding its state, as on a tensor
     /// event): the child, where that thread does not exist, takes the state back at once,
     /// fresh (its trace names every stack again), instead of waiting for it forever.
@@ -842,7 +819,7 @@ mod tests {
             // SAFETY: ends the child without running the parent's atexit handlers.
             unsafe { libc::_exit(if fresh { 0 } else { 1 }) }
         }
-        let code = wait_bounded(pid, std::time::Duration::from_secs(60));
+        let code = crate::sys::setup::wait_child_bounded(pid, std::time::Duration::from_secs(60));
         go_tx.send(()).unwrap();
         holder.join().unwrap();
         assert_eq!(

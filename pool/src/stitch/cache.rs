@@ -16,11 +16,15 @@ impl Stitch {
         // are slab indices (disjoint fields borrowed together)
         let (epoch, ignore) = (self.epoch, self.faults.ignore_streams);
         let l = self.sizes.find(size)?;
-        let list = &mut self.sizes.at_mut(l).cached;
-        let n = list.len();
+        let n = self.sizes.at(l).cached.len();
         let mut found = None;
         for i in (n.saturating_sub(FAST_SCAN)..n).rev() {
-            let id = list[i];
+            let id = self.sizes.at(l).cached[i];
+            // with lifetime classes, a block is reused only by its own class
+            if self.lives && !self.block_life_ok(id) {
+                continue;
+            }
+            let list = &mut self.sizes.at_mut(l).cached;
             let b = self.blocks.at_mut(id);
             match Self::compat_at(b, t, epoch, ignore) {
                 Some(None) => {
@@ -86,6 +90,7 @@ impl Stitch {
     #[inline]
     pub fn alloc_cached(&mut self, req: u64, t: Stream) -> Option<u64> {
         if self.gran == 0
+            || self.lives
             || self.faults.any()
             || (!self.pending.is_empty() && self.flushed_epoch != self.epoch)
         {

@@ -83,6 +83,8 @@ struct Page {
     occ: BTreeMap<u64, (u64, u64)>,
     /// SMALL or LARGE: which blocks this page was first used for (while partly used)
     class: usize,
+    /// lifetime class of the blocks in this page while it is used (see `set_lifetime_class`)
+    life: u8,
     maps: Vec<u32>,
     fences: Vec<Fence>,
 }
@@ -137,6 +139,16 @@ pub struct Faults {
     /// Do not replay the previous round's places (not a safety fault: it proves the test
     /// that a repeated workload's later rounds make no driver call can fail).
     pub forget_rounds: bool,
+    /// Take the previous round's place even where a live block is (the new block overlaps
+    /// it): proves the safety checks of replayed places can fail.
+    pub replay_over_live: bool,
+    /// Place blocks of different lifetime classes in the same pages (proves the test of
+    /// `Stitch::set_lifetime_class` can fail).
+    pub mix_lifetimes: bool,
+    /// The tight pool's round replay takes a remembered place that blocks freed with
+    /// `cudaFree` still hold without the synchronization that releases them (proves the
+    /// test that a replayed place is never reused early can fail).
+    pub replay_unsynced: bool,
 }
 
 impl Faults {
@@ -150,6 +162,9 @@ impl Faults {
             || self.release_forced
             || self.keep_layout
             || self.forget_rounds
+            || self.replay_over_live
+            || self.mix_lifetimes
+            || self.replay_unsynced
     }
 }
 
@@ -208,6 +223,10 @@ pub struct Stitch {
     /// the most the pool held past its budget in this window and in the previous one
     forced: u64,
     prev_forced: u64,
+    /// lifetime class of the next allocations, and whether any class but 0 was ever set
+    /// (see `set_lifetime_class`)
+    life: u8,
+    lives: bool,
     /// mappings re-formed by remapping some of their pages (see `Stitch::repairable`)
     repairs: u64,
     /// allocation count at which the budget's window rolls
@@ -264,6 +283,8 @@ impl Stitch {
             prev_window_peak: 0,
             forced: 0,
             prev_forced: 0,
+            life: 0,
+            lives: false,
             repairs: 0,
             next_window: u64::MAX,
             idle_scan: None,
@@ -294,6 +315,11 @@ impl Stitch {
     /// Mappings held.
     pub fn mappings(&self) -> u64 {
         self.nmaps
+    }
+
+    /// Allocations placed where their rank had its place in the previous round.
+    pub fn replays(&self) -> u64 {
+        self.rounds.replays()
     }
 
     /// Mappings re-formed for a new block by remapping only the pages that differed.
@@ -409,7 +435,7 @@ impl Policy for Stitch {
         // under a budget, the place this allocation had in the previous round comes first
         // (see `rounds`): a cached block taken instead would let the layout drift
         let replayed = if self.budget.is_some() {
-            self.round_commit(dev, size, t)?
+            self.round_commit(dev, size, t, req.size)?
         } else {
             None
         };
@@ -429,7 +455,7 @@ impl Policy for Stitch {
             hit = self.cache_take(dev, size, t, req.size);
         }
         let slot = match (replayed, hit) {
-            (Some((m, off)), _) => Ok(Slot::New(m, off)),
+            (Some(slot), _) => Ok(slot),
             (None, Some(a)) => Ok(Slot::Hit(a)),
             (None, None) => self.alloc_slow(dev, size, t, req.size),
         };
@@ -439,11 +465,6 @@ impl Policy for Stitch {
                 if self.budget.is_some() {
                     self.note_round(size, a);
                 }
-                if let Some(l) = self.sizes.find(size) {
-                    let sl = self.sizes.at_mut(l);
-                    sl.allocs = sl.allocs.wrapping_add(1);
-                }
-                self.next_replay(size);
                 a
             }
             slot => {
@@ -480,9 +501,6 @@ impl Policy for Stitch {
                 if self.budget.is_some() {
                     self.note_round(size, addr);
                 }
-                let sl = self.sizes.at_mut(list);
-                sl.allocs = sl.allocs.wrapping_add(1);
-                self.next_replay(size);
                 self.gc_mappings(dev);
                 addr
             }

@@ -51,9 +51,11 @@ impl Stitch {
     /// Mark `[s, e)` of page `p` used (must be free).
     pub(super) fn take(&mut self, p: u32, s: u64, e: u64, class: usize) {
         self.unindex(p);
+        let life = self.life;
         let pg = self.page_mut(p);
         if pg.used == 0 {
             pg.class = class;
+            pg.life = life;
         }
         let (&fs, &fe) = pg.free.range(..=s).next_back().expect("take: not free");
         debug_assert!(fs <= s && e <= fe, "take: range not free");
@@ -133,6 +135,7 @@ impl Stitch {
             used: 0,
             occ: BTreeMap::new(),
             class: LARGE,
+            life: 0,
             maps: Vec::new(),
             fences: Vec::new(),
         };
@@ -177,6 +180,8 @@ pub struct PageView {
     pub free: Vec<(u64, u64)>,
     /// `(start, end, block address, block size, "live" | "pending" | "cached")`
     pub blocks: Vec<(u64, u64, u64, u64, &'static str)>,
+    /// lifetime class of its blocks (see `Stitch::set_lifetime_class`)
+    pub life: u8,
 }
 
 impl Stitch {
@@ -184,10 +189,20 @@ impl Stitch {
     /// lie, and which blocks pin them).
     #[doc(hidden)]
     pub fn partial_pages(&self) -> Vec<PageView> {
+        self.page_views(false)
+    }
+
+    /// Every page with a used byte, full ones included (diagnostics and tests).
+    #[doc(hidden)]
+    pub fn used_pages(&self) -> Vec<PageView> {
+        self.page_views(true)
+    }
+
+    fn page_views(&self, full: bool) -> Vec<PageView> {
         let mut out = Vec::new();
         for (i, pg) in self.pages.iter().enumerate() {
             let Some(pg) = pg else { continue };
-            if pg.used == 0 || pg.used == self.gran {
+            if pg.used == 0 || (pg.used == self.gran && !full) {
                 continue;
             }
             let blocks = pg
@@ -210,6 +225,7 @@ impl Stitch {
                 page: i as u32,
                 small: pg.class == SMALL,
                 used: pg.used,
+                life: pg.life,
                 free: pg.free.iter().map(|(&s, &e)| (s, e)).collect(),
                 blocks,
             });

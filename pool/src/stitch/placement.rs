@@ -4,6 +4,49 @@
 use super::*;
 
 impl Stitch {
+    /// The lifetime class of the next allocations (0 by default). Blocks of different
+    /// classes never share a page: a page takes the class of its first block and, while any
+    /// byte of it is used, only blocks of that class (placement, exact-size reuse and mapping
+    /// reuse of the pool without a budget; the arena and the round replay of a budgeted pool
+    /// do not look at classes yet). A caller that knows which blocks die together (e.g. before the peak of a
+    /// pass) keeps the pages of the short-lived ones whole for the peak: see
+    /// `examples/pool_lifetimes.rs`. Set once a class other than 0 was set, the pool leaves
+    /// its no-lookup fast path (every cached block's class is checked).
+    #[doc(hidden)]
+    pub fn set_lifetime_class(&mut self, class: u8) {
+        if class != 0 && !self.faults.mix_lifetimes {
+            self.lives = true;
+        }
+        self.life = class;
+    }
+
+    /// Page `p` may take a block of the current lifetime class (a used page of another class
+    /// may not; a free page may).
+    pub(super) fn life_ok(&self, p: u32) -> bool {
+        let pg = self.page(p);
+        !self.lives || pg.used == 0 || pg.life == self.life
+    }
+
+    /// The cached block `id` lies in pages of the current lifetime class.
+    pub(super) fn block_life_ok(&self, id: u32) -> bool {
+        let b = self.blocks.at(id);
+        let pages = &self.map(b.map).pages;
+        let first = (b.off / self.gran) as usize;
+        let last = ((b.off + b.size - 1) / self.gran) as usize;
+        pages[first..=last]
+            .iter()
+            .all(|&p| self.page(p).life == self.life)
+    }
+
+    /// Every used page under `[off, off + size)` of mapping `m` is of the current class.
+    fn window_life_ok(&self, m: u32, off: u64, size: u64) -> bool {
+        !self.lives
+            || self
+                .pieces(&self.map(m).pages, off, size)
+                .iter()
+                .all(|&(p, _, _)| self.life_ok(p))
+    }
+
     /// Best placement of `size` bytes with the pages held now, or None. `mix`: also use the
     /// other class's shared pages.
     pub(super) fn place(&self, size: u64, mix: bool, allow_new: bool) -> Option<Plan> {
@@ -22,7 +65,7 @@ impl Stitch {
                 .filter_map(|&c| {
                     sets[c]
                         .range((min, 0)..)
-                        .find(|x| Some(x.1) != not)
+                        .find(|x| Some(x.1) != not && self.life_ok(x.1))
                         .copied()
                 })
                 .min()
@@ -30,7 +73,7 @@ impl Stitch {
         let largest = |sets: &[BTreeSet<(u64, u32)>; 2]| {
             classes
                 .iter()
-                .filter_map(|&c| sets[c].iter().next_back().copied())
+                .filter_map(|&c| sets[c].iter().rev().find(|x| self.life_ok(x.1)).copied())
                 .max()
         };
         // A. existing mappings (no driver call)
@@ -38,7 +81,12 @@ impl Stitch {
             // best-fit free range of a shared page (always mapped somewhere)
             let r = classes
                 .iter()
-                .filter_map(|&c| self.ranges[c].range((size, 0, 0)..).next().copied())
+                .filter_map(|&c| {
+                    self.ranges[c]
+                        .range((size, 0, 0)..)
+                        .find(|x| self.life_ok(x.1))
+                        .copied()
+                })
                 .min();
             if let Some((len, p, s)) = r
                 && let Some(&m) = self.page(p).maps.first()
@@ -212,6 +260,9 @@ impl Stitch {
             };
             'maps: for &m in list.iter().rev().take(MAP_SCAN) {
                 let mp = self.map(m);
+                if self.lives && !mp.pages.iter().all(|&p| self.life_ok(p)) {
+                    continue;
+                }
                 let off = if n == 1 {
                     // a gap between pinned blocks of the page
                     let pg = self.page(mp.pages[0]);
@@ -291,6 +342,9 @@ impl Stitch {
         };
         let mut best: Option<(u64, u32, u64)> = None; // (gap len, page, offset)
         for &p in &self.small_pages {
+            if !self.life_ok(p) {
+                continue;
+            }
             let pg = self.page(p);
             let mut prev_end = 0u64;
             let consider = |s: u64, e: u64, best: &mut Option<(u64, u32, u64)>| {
@@ -333,6 +387,9 @@ impl Stitch {
             return None;
         }
         let ends = [mp.pages[0], mp.pages[n as usize - 1]];
+        if ends.iter().any(|&p| !self.life_ok(p)) {
+            return None;
+        }
         if ends.iter().any(|&p| {
             let pg = self.page(p);
             pg.used != 0 && !classes.contains(&pg.class)
@@ -406,6 +463,9 @@ impl Stitch {
         let mut best: Option<(u64, u64, u32, u64, Vec<u64>)> = None;
         for (m, s, e) in gaps {
             for off in [s, e - size] {
+                if !self.window_life_ok(m, off, size) {
+                    continue;
+                }
                 let (bytes, victims) = if victims_ok {
                     self.victims_at(m, off, size)
                 } else {
@@ -483,6 +543,9 @@ impl Stitch {
                         victims.push(a);
                     }
                 }
+            }
+            if !self.window_life_ok(m, off, size) {
+                continue;
             }
             return Some((m, off, victims));
         }

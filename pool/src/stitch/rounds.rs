@@ -33,81 +33,91 @@ const ROUND_PLACES: usize = 1 << 16;
 /// the mapping's address, offset).
 type Place = (u32, u32, u64, u64);
 
-/// The places of this round and of the previous one.
+/// The places of the rounds, updated in place: a rank this round has served holds this
+/// round's place, a rank it has not reached yet the previous round's.
 #[derive(Default)]
 pub(super) struct Rounds {
-    /// this round's allocations that reached the slow path: size -> (how many of the size
-    /// came before it in the round, mapping, its address, offset), in order
-    now: FxMap<u64, Vec<Place>>,
-    /// places remembered in this round
+    /// per size list (`SizeLists` index): places by rank
+    places: Vec<Vec<Place>>,
+    /// places held
     count: usize,
-    /// the previous round's
-    prev: FxMap<u64, Vec<Place>>,
-    /// mappings (and their addresses) that places of either round are in
+    /// mappings (and their addresses) that places are in, or were in during this round
     maps: FxMap<u32, u64>,
+    /// allocations served at a replayed place
+    replays: u64,
+}
+
+impl Rounds {
+    pub(super) fn replays(&self) -> u64 {
+        self.replays
+    }
 }
 
 impl Stitch {
-    /// Remember where a request of `size` that missed the fast path went (a block at `addr`).
+    /// Under a budget, after an allocation of `size` that reached the slow path, now a block
+    /// at `addr`: count it, remember its place under its rank, and find the next rank of the
+    /// size that has a place to replay.
     pub(super) fn note_round(&mut self, size: u64, addr: u64) {
-        if self.rounds.count >= ROUND_PLACES || self.faults.forget_rounds {
-            return;
-        }
-        let Some(b) = self.blocks.get(addr) else {
-            return;
-        };
-        let (m, off) = (b.map, b.off);
-        let va = self.map(m).va;
-        let k = self.rank(size);
-        self.rounds
-            .now
-            .entry(size)
-            .or_default()
-            .push((k, m, va, off));
-        self.rounds.maps.insert(m, va);
-        self.rounds.count += 1;
-    }
-
-    /// Nothing is live and the layout is forgotten: this round becomes the previous one.
-    pub(super) fn end_round(&mut self) {
-        let now = std::mem::take(&mut self.rounds.now);
-        self.rounds.maps.clear();
-        for v in now.values() {
-            for &(_, m, va, _) in v {
-                self.rounds.maps.insert(m, va);
-            }
-        }
-        self.rounds.count = 0;
-        self.sizes.reset_allocs();
-        for (&size, v) in &now {
-            if let (Some(l), Some(p)) = (self.sizes.find(size), v.first()) {
-                self.sizes.at_mut(l).replay_next = p.0;
-            }
-        }
-        self.rounds.prev = now;
-    }
-
-    /// After an allocation of `size` on the slow path: the next rank of the size that the
-    /// previous round placed on its slow path.
-    pub(super) fn next_replay(&mut self, size: u64) {
         let Some(l) = self.sizes.find(size) else {
             return;
         };
         let sl = self.sizes.at(l);
-        if sl.replay_next >= sl.allocs {
-            return;
+        let (k, mut at) = (sl.allocs, sl.replay_at as usize);
+        let mut next = u32::MAX;
+        if !self.faults.forget_rounds
+            && let Some(b) = self.blocks.get(addr)
+        {
+            let (m, off) = (b.map, b.off);
+            let va = self.map(m).va;
+            let place = (k, m, va, off);
+            let li = l as usize;
+            if self.rounds.places.len() <= li {
+                self.rounds.places.resize_with(li + 1, Vec::new);
+            }
+            let v = &mut self.rounds.places[li];
+            // places before `at` are of ranks already served (below `k`), the one at `at`
+            // (if any) of rank `k` or later: ranks come in order
+            let i = at.min(v.len());
+            debug_assert_eq!(i, v.partition_point(|p| p.0 < k));
+            if v.get(i).is_some_and(|p| p.0 == k) {
+                if v[i] != place {
+                    v[i] = place;
+                    self.rounds.maps.insert(m, va);
+                }
+                at = i + 1;
+            } else if self.rounds.count < ROUND_PLACES {
+                v.insert(i, place);
+                self.rounds.count += 1;
+                self.rounds.maps.insert(m, va);
+                at = i + 1;
+            } else {
+                at = i;
+            }
+            next = v.get(at).map_or(u32::MAX, |p| p.0);
         }
-        let k = sl.allocs;
-        let next = self.rounds.prev.get(&size).and_then(|v| {
-            let i = v.partition_point(|p| p.0 < k);
-            v.get(i).map(|p| p.0)
-        });
-        self.sizes.at_mut(l).replay_next = next.unwrap_or(u32::MAX);
+        let sl = self.sizes.at_mut(l);
+        sl.allocs = sl.allocs.wrapping_add(1);
+        sl.replay_next = next;
+        sl.replay_at = at as u32;
     }
 
-    /// How many allocations of `size` this round made before the one being served.
-    fn rank(&self, size: u64) -> u32 {
-        self.sizes.find(size).map_or(0, |l| self.sizes.at(l).allocs)
+    /// Nothing is live and the layout is forgotten: this round's places are the ones the
+    /// next round replays (ranks this round did not reach are dropped).
+    pub(super) fn end_round(&mut self) {
+        self.rounds.maps.clear();
+        self.rounds.count = 0;
+        for (l, v) in self.rounds.places.iter_mut().enumerate() {
+            let reached = self.sizes.at(l as u32).allocs;
+            v.truncate(v.partition_point(|p| p.0 < reached));
+        }
+        self.sizes.reset_allocs();
+        for (l, v) in self.rounds.places.iter().enumerate() {
+            self.sizes.at_mut(l as u32).replay_next = v.first().map_or(u32::MAX, |p| p.0);
+            self.rounds.count += v.len();
+            for &(_, m, va, _) in v {
+                self.rounds.maps.insert(m, va);
+            }
+        }
     }
 
     /// Whether a place of this round or the previous one is in mapping `m` (re-forming it
@@ -120,12 +130,8 @@ impl Stitch {
 
     /// The place the allocation of `size` now being served had in the previous round (the
     /// k-th allocation of a size takes the previous round's k-th), if only cached blocks
-    /// are in it now: `(mapping, offset, cached blocks to dissolve)`.
-    pub(super) fn round_place(
-        &mut self,
-        dev: &mut dyn Device,
-        size: u64,
-    ) -> Option<(u32, u64, Vec<u64>)> {
+    /// are in it now: `(mapping, offset, the cached blocks in it)`.
+    fn round_place(&mut self, dev: &mut dyn Device, size: u64) -> Option<(u32, u64, Occupants)> {
         if self.faults.forget_rounds {
             return None;
         }
@@ -134,26 +140,37 @@ impl Stitch {
         if sl.allocs != sl.replay_next {
             return None;
         }
-        let k = sl.allocs;
-        let v = self.rounds.prev.get(&size)?;
-        let i = v.binary_search_by_key(&k, |p| p.0).ok()?;
-        let (_, m, va, off) = v[i];
+        let (k, i) = (sl.allocs, sl.replay_at as usize);
+        let v = self.rounds.places.get(self.sizes.find(size)? as usize)?;
+        let &(rank, m, va, off) = v.get(i)?;
+        if rank != k {
+            return None;
+        }
         let mp = self.maps.get(m as usize)?.as_ref()?;
         if mp.va != va || off + size > mp.pages.len() as u64 * self.gran {
             return None;
         }
         match self.occupants(m, off, size) {
-            Occupants::Cached(victims) => Some((m, off, victims)),
+            o @ (Occupants::Cached(_) | Occupants::Exact(_)) => Some((m, off, o)),
+            Occupants::Live if self.faults.replay_over_live => {
+                Some((m, off, Occupants::Cached(Vec::new())))
+            }
             Occupants::Live => None,
             Occupants::Pending => {
                 // blocks freed with `cudaFree` wait there: the previous round had them
                 // released by then; one synchronization releases every pending block
-                if dev.is_capturing() || self.do_sync(dev).is_err() {
+                if dev.is_capturing() {
+                    return None;
+                }
+                if self.faults.replay_unsynced {
+                    // the pending blocks released as if a synchronization had been made
+                    self.epoch += 1;
+                } else if self.do_sync(dev).is_err() {
                     return None;
                 }
                 self.flush_pending();
                 match self.occupants(m, off, size) {
-                    Occupants::Cached(victims) => Some((m, off, victims)),
+                    o @ (Occupants::Cached(_) | Occupants::Exact(_)) => Some((m, off, o)),
                     _ => None,
                 }
             }
@@ -161,30 +178,98 @@ impl Stitch {
     }
 
     /// Place the allocation of `size` on stream `t` where it was in the previous round, if
-    /// that place is free but for cached blocks (dissolved): `(mapping, offset)`.
+    /// that place is free but for cached blocks: the cached block there when it is one of
+    /// this very size at this very place (a hit, as the previous round may have had), else a
+    /// new block with the cached blocks in the way dissolved.
     pub(super) fn round_commit(
         &mut self,
         dev: &mut dyn Device,
         size: u64,
         t: Stream,
-    ) -> Result<Option<(u32, u64)>, PoolError> {
-        let Some((m, off, victims)) = self.round_place(dev, size) else {
+        req: u64,
+    ) -> Result<Option<Slot>, PoolError> {
+        let Some((m, off, occupants)) = self.round_place(dev, size) else {
             return Ok(None);
+        };
+        self.rounds.replays += 1;
+        let victims = match occupants {
+            Occupants::Exact(a) => {
+                if let Some(a) = self.take_cached(dev, a, size, t, req) {
+                    return Ok(Some(Slot::Hit(a)));
+                }
+                vec![a]
+            }
+            Occupants::Cached(v) => v,
+            Occupants::Live | Occupants::Pending => return Ok(None),
         };
         for v in victims {
             self.dissolve(dev, v);
         }
-        self.try_commit(dev, Plan::Existing { map: m, off }, size, t)
+        Ok(self
+            .try_commit(dev, Plan::Existing { map: m, off }, size, t)?
+            .map(|(m, o)| Slot::New(m, o)))
+    }
+
+    /// Take the cached block at `addr` (of `size`) for a request of `req` bytes on stream
+    /// `t`, if it may be handed out on `t` (at once, or behind its free stream's work).
+    fn take_cached(
+        &mut self,
+        dev: &mut dyn Device,
+        addr: u64,
+        size: u64,
+        t: Stream,
+        req: u64,
+    ) -> Option<u64> {
+        let id = self.blocks.id(addr)?;
+        let (epoch, ignore) = (self.epoch, self.faults.ignore_streams);
+        let b = self.blocks.at_mut(id);
+        if b.state != BState::Cached || b.size != size {
+            return None;
+        }
+        let list = b.list;
+        if let Some(s) = Self::compat_at(b, t, epoch, ignore)? {
+            self.order_after(dev, t, s).ok()?;
+        }
+        let cached = &mut self.sizes.at_mut(list).cached;
+        let i = cached.iter().rposition(|&x| x == id)?;
+        cached.remove(i);
+        self.ncached -= 1;
+        self.stats.cached -= size;
+        // its LRU entry goes stale (skipped: the block is no longer cached)
+        let b = self.blocks.at_mut(id);
+        let old_ev = b.event.take();
+        b.state = BState::Live;
+        b.req = req;
+        b.stream = t;
+        if let Some(ev) = old_ev {
+            self.ev_unref(dev, ev);
+        }
+        Some(addr)
     }
 
     /// What holds bytes of `[off, off + size)` of mapping `m` now.
     fn occupants(&self, m: u32, off: u64, size: u64) -> Occupants {
+        // the usual case of a repeated round: the block there is of this very place
+        let at = self.map(m).va + off;
+        if let Some(b) = self.blocks.get(at)
+            && b.map == m
+            && b.off == off
+            && b.size == size
+        {
+            return match b.state {
+                BState::Cached => Occupants::Exact(at),
+                BState::Pending => Occupants::Pending,
+                BState::Live | BState::Vacant => Occupants::Live,
+            };
+        }
         let mut victims = Vec::new();
         let mut pending = false;
         for (p, s, e) in self.pieces(&self.map(m).pages, off, size) {
-            for (_, &(oe, a)) in self.page(p).occ.range(..e) {
+            // a page's blocks hold disjoint byte ranges: walk back from `e` until one ends
+            // at or before `s`
+            for (_, &(oe, a)) in self.page(p).occ.range(..e).rev() {
                 if oe <= s {
-                    continue;
+                    break;
                 }
                 match self.blocks.get(a).map(|b| b.state) {
                     Some(BState::Cached) => {
@@ -206,6 +291,8 @@ impl Stitch {
 }
 
 enum Occupants {
+    /// the cached block of this very place (of this size)
+    Exact(u64),
     /// only cached blocks (these), or nothing
     Cached(Vec<u64>),
     /// a live block

@@ -1,0 +1,69 @@
+//! What the pool's examples share: the traces named on the command line (read, or the
+//! process ends with the reason) and the checking device with a stitch pool they replay on.
+//! A folder with `mod.rs`, so that Cargo does not take it for an example of its own.
+
+#![allow(dead_code)] // each example uses part of it
+
+use std::path::{Path, PathBuf};
+
+use vramshim_pool::AccountingDevice;
+use vramshim_pool::rmm_csv::{self, ParsedTrace};
+use vramshim_pool::stitch::Stitch;
+
+/// The RMM CSV traces `args` name: a file as given, a directory's `.csv` files in name order;
+/// no arguments: the repository's `tests/workloads/traces`. A directory that cannot be read
+/// ends the process (status 1) with the reason.
+pub fn trace_files(args: Vec<String>) -> Vec<PathBuf> {
+    let roots = if args.is_empty() {
+        vec![concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/workloads/traces").to_string()]
+    } else {
+        args
+    };
+    let mut files = Vec::new();
+    for r in roots {
+        let p = Path::new(&r);
+        if p.is_dir() {
+            let mut v: Vec<_> = match std::fs::read_dir(p) {
+                Ok(d) => d
+                    .filter_map(|e| e.ok().map(|e| e.path()))
+                    .filter(|p| p.to_string_lossy().ends_with(".csv"))
+                    .collect(),
+                Err(e) => {
+                    eprintln!("{}: {e}", p.display());
+                    std::process::exit(1);
+                }
+            };
+            v.sort();
+            files.extend(v);
+        } else {
+            files.push(p.to_path_buf());
+        }
+    }
+    files
+}
+
+/// The trace at `path`; one that cannot be read or parsed ends the process (status 1) with
+/// the reason.
+pub fn read_trace(path: &Path) -> ParsedTrace {
+    rmm_csv::parse_file(path).unwrap_or_else(|e| {
+        eprintln!("{}: {e}", path.display());
+        std::process::exit(1);
+    })
+}
+
+/// The stitch pool, tight (`Stitch::tight`) or not.
+pub fn stitch(tight: bool) -> Stitch {
+    if tight {
+        Stitch::tight()
+    } else {
+        Stitch::new()
+    }
+}
+
+/// A checking accounting device of `cap` bytes (it records overlaps and early reuse) and a
+/// new stitch pool to replay on it.
+pub fn checking_stitch(cap: u64, tight: bool) -> (AccountingDevice, Stitch) {
+    let mut dev = AccountingDevice::new(cap);
+    dev.set_checking(true);
+    (dev, stitch(tight))
+}

@@ -1,0 +1,63 @@
+//! What the pool's property tests share: the free modes they draw, the end of a run (every
+//! live block freed, then trim) and the checks that a run left nothing behind.
+
+use proptest::prelude::*;
+use vramshim_pool::{AccountingDevice, FreeMode, Policy};
+
+/// A free mode: synchronous, or stream-ordered on one of streams 0 to 2.
+pub fn mode() -> impl Strategy<Value = FreeMode> {
+    prop_oneof![
+        1 => Just(FreeMode::Sync),
+        3 => (0u64..3).prop_map(|stream| FreeMode::Async { stream }),
+    ]
+}
+
+/// Frees the block of `live` (`(addr, size, stream)`) at `idx % live.len()` in `mode`, checked
+/// by the device; the pool must answer the size it was asked for. False when nothing is live.
+pub fn free_at(
+    policy: &mut dyn Policy,
+    dev: &mut AccountingDevice,
+    live: &mut Vec<(u64, u64, u64)>,
+    idx: usize,
+    mode: FreeMode,
+) -> bool {
+    if live.is_empty() {
+        return false;
+    }
+    let (addr, size, _) = live.swap_remove(idx % live.len());
+    dev.check_free(addr, mode);
+    assert_eq!(policy.free(dev, addr, mode).unwrap(), size);
+    true
+}
+
+/// Frees every block of `live` (`(addr, size, stream)`: stream-ordered on its stream, a
+/// block of `ANY_STREAM` synchronously), each checked by the device, then trims the pool.
+pub fn free_all_and_trim(
+    policy: &mut dyn Policy,
+    dev: &mut AccountingDevice,
+    live: &mut Vec<(u64, u64, u64)>,
+) {
+    for (addr, _, stream) in live.drain(..) {
+        let mode = if stream == vramshim_pool::ANY_STREAM {
+            FreeMode::Sync
+        } else {
+            FreeMode::Async { stream }
+        };
+        dev.check_free(addr, mode);
+        policy.free(dev, addr, mode).unwrap();
+    }
+    policy.trim(dev).unwrap();
+}
+
+/// No violation recorded by the checking device, no leak, and nothing live or reserved in
+/// the pool (after [`free_all_and_trim`]).
+pub fn assert_clean(dev: &AccountingDevice, policy: &dyn Policy) {
+    assert!(
+        dev.violations().is_empty(),
+        "violations: {:#?}",
+        &dev.violations()[..dev.violations().len().min(5)]
+    );
+    assert_eq!(dev.leaks(), Vec::<String>::new(), "leaks");
+    assert_eq!(policy.stats().live, 0);
+    assert_eq!(policy.stats().reserved, 0, "reserved after trim");
+}
