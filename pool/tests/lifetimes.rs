@@ -8,7 +8,7 @@ mod common;
 
 use std::collections::HashMap;
 
-use common::{assert_clean, free_all_and_trim, mode};
+use common::{assert_clean, free_all_and_trim, free_at, mode};
 use proptest::prelude::*;
 use vramshim_pool::stitch::{Budget, Faults, Stitch};
 use vramshim_pool::{AccountingDevice, FreeMode, KIB, MIB, Policy, PoolError, Request};
@@ -85,12 +85,9 @@ fn run(
                 }
             }
             Op::Free { idx, mode } => {
-                if live.is_empty() {
+                if !free_at(p, &mut dev, &mut live, idx, mode) {
                     continue;
                 }
-                let (addr, size, _) = live.swap_remove(idx % live.len());
-                dev.check_free(addr, mode);
-                assert_eq!(p.free(&mut dev, addr, mode).unwrap(), size);
             }
             Op::ProcessSync => {
                 dev.process_sync();

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{assert_clean, free_all_and_trim, mode};
+use common::{assert_clean, free_all_and_trim, free_at, mode};
 use proptest::prelude::*;
 use vramshim_pool::accounting::CallKind;
 use vramshim_pool::stitch::{Budget, Faults, Stitch};
@@ -81,12 +81,9 @@ fn exercise_with(
                 Err(e) => panic!("unexpected error {e}"),
             },
             Op::Free { idx, mode } => {
-                if live.is_empty() {
+                if !free_at(policy, &mut dev, &mut live, idx, mode) {
                     continue;
                 }
-                let (addr, size, _) = live.swap_remove(idx % live.len());
-                dev.check_free(addr, mode);
-                assert_eq!(policy.free(&mut dev, addr, mode).unwrap(), size);
             }
             Op::ProcessSync => {
                 if !dev.is_capturing() {

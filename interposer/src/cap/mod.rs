@@ -875,8 +875,9 @@ impl Cap {
 
     /// Reserves `want` bytes on device `d` under `cap` (the process's counter or its slot in
     /// the shared region, a member's own cap first): the new total, or what was in use when
-    /// it did not fit and the cap that refused.
-    #[inline]
+    /// it did not fit and the cap that refused. Inlined: out of line, its three-word result
+    /// went back through memory, 15 instructions on every capped request.
+    #[inline(always)]
     fn reserve(&self, d: usize, want: u64, cap: u64) -> Result<u64, Refusal> {
         let refused = |in_use| Refusal { in_use, cap };
         match self.region.get() {

@@ -12,6 +12,24 @@ pub fn mode() -> impl Strategy<Value = FreeMode> {
     ]
 }
 
+/// Frees the block of `live` (`(addr, size, stream)`) at `idx % live.len()` in `mode`, checked
+/// by the device; the pool must answer the size it was asked for. False when nothing is live.
+pub fn free_at(
+    policy: &mut dyn Policy,
+    dev: &mut AccountingDevice,
+    live: &mut Vec<(u64, u64, u64)>,
+    idx: usize,
+    mode: FreeMode,
+) -> bool {
+    if live.is_empty() {
+        return false;
+    }
+    let (addr, size, _) = live.swap_remove(idx % live.len());
+    dev.check_free(addr, mode);
+    assert_eq!(policy.free(dev, addr, mode).unwrap(), size);
+    true
+}
+
 /// Frees every block of `live` (`(addr, size, stream)`: stream-ordered on its stream, a
 /// block of `ANY_STREAM` synchronously), each checked by the device, then trims the pool.
 pub fn free_all_and_trim(

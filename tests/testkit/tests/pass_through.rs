@@ -31,7 +31,7 @@ fn pass_through_reaches_spawned_programs() {
         return;
     }
     let me = std::env::current_exe().unwrap();
-    let o = Command::new(me)
+    let o = run(Command::new(me)
         .args([
             "--exact",
             "pass_through_reaches_spawned_programs",
@@ -42,16 +42,9 @@ fn pass_through_reaches_spawned_programs() {
             PASS_VAR,
             "VRAMSHIM_CAP_FAULT=racy-charge; VRAMSIM_DEVSTATE_FAULT=pause",
         )
-        .env("VRAMSHIM_LOG", "debug")
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    assert!(String::from_utf8_lossy(&o.stdout).contains("1 passed"));
+        .env("VRAMSHIM_LOG", "debug"));
+    o.assert_success();
+    assert!(o.stdout.contains("1 passed"), "{}", o.stdout);
 }
 
 #[test]

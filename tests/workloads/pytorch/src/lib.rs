@@ -206,6 +206,18 @@ pub fn replay_json(stdout: &str) -> serde_json::Value {
     serde_json::from_str(line).unwrap_or_else(|e| panic!("bad JSON line {line}: {e}"))
 }
 
+/// The value a script printed on its first stdout line that starts with `key` (with its
+/// separating space, e.g. `"reused "`); none, or one that does not parse, panics with the
+/// whole output.
+#[track_caller]
+pub fn printed<T: std::str::FromStr>(stdout: &str, key: &str) -> T {
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{stdout}"))
+}
+
 /// The shipped traces (tests/workloads/traces/*.rmm.csv).
 pub const TRACES: [&str; 3] = [
     "bert_serve.rmm.csv",

@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use vramshim_pytorch_tests::{torch_or_skip, vramshim_run_command};
+use vramshim_pytorch_tests::{printed, torch_or_skip, vramshim_run_command};
 use vramshim_testkit::{RunOutput, run, temp_dir};
 use vramshim_trace::{Event, PyFrame, TorchOp, TraceReader, torch_action as act};
 
@@ -209,12 +209,7 @@ fn tensors_of_reused_code_addresses_are_named_again() {
     };
     let (out, file) = traced(&py, "torch_tensors_code_reuse", REUSED_CODE, &[]);
     out.assert_success();
-    let reused: u32 = out
-        .stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("reused "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("{}", out.stdout));
+    let reused: u32 = printed(&out.stdout, "reused ");
     assert!(
         reused > 0,
         "no code object came back at a freed one's address: the test shows nothing"
@@ -373,12 +368,7 @@ fn the_jobs_own_memory_history_is_kept() {
     };
     let (out, file) = traced(&py, "torch_history_before", &history_job("before"), &[]);
     out.assert_success();
-    let entries: usize = out
-        .stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("entries "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("{}", out.stdout));
+    let entries: usize = printed(&out.stdout, "entries ");
     assert!(
         entries >= 16,
         "the job's history holds {entries} entries: its ring was replaced"
@@ -567,12 +557,7 @@ print('main tid', threading.get_native_id())
     // With call stacks: autograd's threads (no Python frames) walk theirs too.
     let (out, file) = traced(&py, "torch_tensors_backward", script, &["--stacks", "16"]);
     out.assert_success();
-    let main: u32 = out
-        .stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("main tid "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("{}", out.stdout));
+    let main: u32 = printed(&out.stdout, "main tid ");
     let t = Tensors::read(&file);
     let allocs: Vec<_> = t.ops.iter().filter(|o| o.action == act::ALLOC).collect();
     assert!(
