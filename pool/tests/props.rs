@@ -220,10 +220,10 @@ fn round() -> impl Strategy<Value = Vec<Op>> {
         1 => Just(Op::ProcessSync),
         1 => any::<bool>().prop_map(Op::Capture),
     ];
-    (proptest::collection::vec(step, 1..80), mode()).prop_map(|(mut ops, mode)| {
+    (proptest::collection::vec(step, 60..200), mode()).prop_map(|(mut ops, mode)| {
         ops.push(Op::Capture(false));
         // enough frees for every allocation of the round (a free with nothing live is skipped)
-        ops.extend((0..80).map(|_| Op::Free { idx: 0, mode }));
+        ops.extend((0..200).map(|_| Op::Free { idx: 0, mode }));
         ops
     })
 }
@@ -258,7 +258,7 @@ fn varied(base: &[Op], bits: &[u8]) -> Vec<Op> {
 fn rounds() -> impl Strategy<Value = Vec<Op>> {
     (
         round(),
-        4usize..12,
+        6usize..14,
         proptest::collection::vec(any::<u8>(), 1..64),
     )
         .prop_map(|(base, repeats, bits)| {
@@ -294,12 +294,13 @@ proptest! {
 
 /// The rounds of `stitch_tight_replays_rounds_safely`, drawn from a fixed seed, through a
 /// tight pool whose replay takes places that `cudaFree`d blocks hold without synchronizing:
-/// the checking device sees early reuse in some of them (and none without the fault).
+/// the checking device sees early reuse in some of them (and none without the fault, where
+/// most of them replay places: `Stitch::replays`).
 #[test]
 fn checker_catches_a_replay_without_its_synchronization() {
     use proptest::strategy::ValueTree;
     let mut runner = proptest::test_runner::TestRunner::deterministic();
-    let (mut caught, mut clean) = (0, 0);
+    let (mut caught, mut clean, mut replayed) = (0, 0, 0);
     for _ in 0..64 {
         let ops = rounds().new_tree(&mut runner).unwrap().current();
         for broken in [false, true] {
@@ -319,10 +320,14 @@ fn checker_catches_a_replay_without_its_synchronization() {
             } else {
                 assert!(dev.violations().is_empty(), "{:?}", &dev.violations()[..1]);
                 clean += 1;
+                replayed += usize::from(p.replays() > 0);
             }
         }
     }
+    eprintln!("{replayed} of 64 replayed a place, {caught} caught with the fault");
     assert_eq!(clean, 64);
+    // the rounds exercise the replay: most of them replay places
+    assert!(replayed > 32, "{replayed} of 64 replayed a place");
     assert!(
         caught > 0,
         "no replay without its synchronization was caught"

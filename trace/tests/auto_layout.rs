@@ -97,6 +97,12 @@ fn frames_without_memops_or_under_1k_are_rows() {
     assert!(f[0].2 > 4096 && f[0].1 < f[0].2, "{:?}", f[0]);
     assert_eq!(&f[1].0, b"VRFR");
     assert!(f[1].2 > 256 && f[1].2 < 1024, "{:?}", f[1]);
+    // Compressed at the small frames' level, still with its content checksum: the zstd
+    // frame header's descriptor has Content_Checksum (bit 2) set.
+    let hl = u32::from_le_bytes(b[18..22].try_into().unwrap()) as usize;
+    let second = 22 + hl + 32 + f[0].1;
+    assert_eq!(&b[second + 32..second + 36], &[0x28, 0xb5, 0x2f, 0xfd]);
+    assert_ne!(b[second + 36] & 0x04, 0, "no content checksum");
 }
 
 #[test]

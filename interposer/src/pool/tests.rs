@@ -441,8 +441,16 @@ fn vramshim_replay_agrees_with_the_live_pool_on_every_shared_trace() {
 
 /// Memory driver calls of the log-replay workload pooled with `--repeat passes` (a loop).
 fn driver_calls_repeated(trace: &std::path::Path, passes: u32, debug: Option<&str>) -> u64 {
+    let env: Vec<(&str, &str)> = debug
+        .map(|d| ("VRAMSHIM_POOL_DEBUG", d))
+        .into_iter()
+        .collect();
+    driver_calls_repeated_with(trace, passes, &env)
+}
+
+fn driver_calls_repeated_with(trace: &std::path::Path, passes: u32, extra: &[(&str, &str)]) -> u64 {
     let mut env = vec![("VRAMSIM_DEBUG", "1")];
-    env.extend(debug.map(|d| ("VRAMSHIM_POOL_DEBUG", d)));
+    env.extend_from_slice(extra);
     let n = passes.to_string();
     let (o, _) = pooled_run(trace, None, &env, &["--quiet", "--repeat", &n]);
     assert_eq!(o.code(), Some(0), "{}: {}", trace.display(), o.stdout);
@@ -868,4 +876,29 @@ fn the_pools_event_waits_are_in_the_trace() {
         Some(waits),
         "{text}"
     );
+}
+
+/// The tight pool's steady state, live: each shipped log replayed three times in a row with
+/// `VRAMSHIM_POOL=stitch-tight` (`cudaFree`) makes every driver call in its first pass, as the
+/// model (`pool_creep`) does. The pool's fast path, which the interposer tries before the
+/// general one, must not serve the allocation that ends a round (nothing live): t5 made 38
+/// calls in passes 2-3 when it did.
+#[test]
+fn tight_live_pool_makes_no_driver_call_after_the_first_pass() {
+    let tight = [("VRAMSHIM_POOL", "stitch-tight")];
+    for trace in vramshim_testkit::shipped_traces() {
+        let one = driver_calls_repeated_with(&trace, 1, &tight);
+        let three = driver_calls_repeated_with(&trace, 3, &tight);
+        eprintln!(
+            "{} stitch-tight: driver calls 1 pass {one}, 3 passes {three}",
+            trace.display()
+        );
+        assert!(one > 0);
+        assert_eq!(
+            one,
+            three,
+            "{} stitch-tight: driver calls after the first pass",
+            trace.display()
+        );
+    }
 }

@@ -43,6 +43,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 
 use super::elf_syms::Elf;
 use super::stack_keys::{self, Frame, StackKeys};
+use crate::sys::setup::{Setup, SetupCell};
 use crate::sys::spin::{SpinGuard, SpinLock};
 use vramshim_trace::{Event, PyFrame, TorchOp, torch_action as act};
 
@@ -133,6 +134,9 @@ pub(crate) fn on_fork_child() {
     std::mem::forget(st.take());
     std::mem::forget(codes.take());
     PENDING.store(false, Ordering::Relaxed);
+    if API_FOUND.reset_in_child() {
+        API.forget_in_child();
+    }
 }
 
 // ---- libstdc++'s std::function<void(const TraceEntry&)>: {_Any_data, manager, invoker}.
@@ -608,9 +612,24 @@ struct PyApi {
     err_clear: ErrClearFn,
 }
 
+/// CPython's API, found on first use by one thread ([`py_api`]). Not a `OnceLock`: a child
+/// forked while another thread was finding it would wait for that thread forever on its first
+/// [`drain`] (the atexit one of a forked Python child); it looks again instead
+/// ([`on_fork_child`]).
+static API_FOUND: Setup = Setup::new();
+static API: SetupCell<PyApi> = SetupCell::new();
+
 fn py_api() -> Option<&'static PyApi> {
-    static API: OnceLock<Option<PyApi>> = OnceLock::new();
-    API.get_or_init(find_py_api).as_ref()
+    if API_FOUND.answer(|| API_FOUND.run(find_and_keep_api)) {
+        API.get()
+    } else {
+        None
+    }
+}
+
+/// The set-up of [`API_FOUND`]: whether CPython's API is there.
+fn find_and_keep_api() -> bool {
+    find_py_api().is_some_and(|a| API.set(a).is_ok())
 }
 
 fn find_py_api() -> Option<PyApi> {
@@ -791,6 +810,42 @@ mod tests {
         assert_eq!(seg(&mut st, act::ALLOC, 0, 0x2800, 16), 0);
         assert_eq!(seg(&mut st, act::ALLOC, 1, 0x2800, 16), 0x2000);
         assert_eq!(st.segments, vec![(0, 0x8000, 0x1000), (1, 0x2000, 0x4000)]);
+    }
+
+    /// A fork while another thread is finding CPython's API (inside its set-up): the child,
+    /// where that thread does not exist, looks for it itself instead of waiting forever.
+    #[test]
+    fn a_forked_child_finds_the_python_api_itself() {
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let finder = std::thread::spawn(move || {
+            API_FOUND.run(|| {
+                held_tx.send(()).unwrap();
+                let _ = go_rx.recv();
+                find_and_keep_api()
+            })
+        });
+        held_rx.recv().unwrap();
+        // SAFETY: fork has no memory preconditions; the child runs only the checks below (no
+        // panics, no locks of the test harness) and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            // What the atfork child handler does.
+            on_fork_child();
+            // Not a Python process: the child's own search answers "none".
+            let ok = py_api().is_none() && API_FOUND.done() == Some(false);
+            // SAFETY: ends the child without running the parent's atexit handlers.
+            unsafe { libc::_exit(if ok { 0 } else { 1 }) }
+        }
+        let code = crate::sys::setup::wait_child_bounded(pid, std::time::Duration::from_secs(60));
+        go_tx.send(()).unwrap();
+        assert!(!finder.join().unwrap());
+        assert_eq!(
+            code,
+            Some(0),
+            "the forked child did not find the API itself (None: it hung and was killed after 60 s)"
+        );
     }
 
     /// A fork while another thread is inside the tracker (holding its state, as on a tensor

@@ -87,8 +87,21 @@ impl Stitch {
     /// handed out on stream `t` at once with no device call (freed on `t`, or released by a
     /// synchronization since, and no event to drop). `None`: the general path decides (it
     /// would take the same block in this case; this is only the short way to it).
+    ///
+    /// Not when a tight pool's round ends with this allocation (nothing live, see `quiet`):
+    /// [`Policy::alloc`] forgets the layout first, and a block taken here would carry the
+    /// ended round's layout into the next one, which then is not the round the pool replays.
     #[inline]
     pub fn alloc_cached(&mut self, req: u64, t: Stream) -> Option<u64> {
+        if self.stats.live == 0 && self.layout_due() {
+            return None;
+        }
+        self.alloc_hit(req, t)
+    }
+
+    /// [`Stitch::alloc_cached`] once a round that ends has been seen to.
+    #[inline]
+    pub(super) fn alloc_hit(&mut self, req: u64, t: Stream) -> Option<u64> {
         if self.gran == 0
             || self.lives
             || self.faults.any()

@@ -413,7 +413,7 @@ impl Policy for Stitch {
         if self.stats.live == 0 && self.budget.is_some() {
             self.forget_layout(dev);
         }
-        if let Some(addr) = self.alloc_cached(req.size, req.stream) {
+        if let Some(addr) = self.alloc_hit(req.size, req.stream) {
             return Ok(Alloc {
                 addr,
                 size: round_up(req.size.max(1), ALIGN),

@@ -27,14 +27,10 @@ impl Stitch {
     #[cold]
     #[inline(never)]
     pub(super) fn forget_layout(&mut self, dev: &mut dyn Device) {
-        if self.faults.keep_layout || self.gran == 0 {
+        if !self.layout_due() {
             return;
         }
         let (allocs, hits) = (self.stats.allocs, self.stats.cache_hits);
-        let (a0, h0) = self.layout_mark;
-        if allocs < a0 + MIN_ALLOCS || allocs - a0 == hits - h0 {
-            return;
-        }
         if !self.pending.is_empty() && self.flushed_epoch != self.epoch {
             self.flush_pending();
         }
@@ -45,5 +41,18 @@ impl Stitch {
         self.ghosts.clear();
         self.end_round();
         self.layout_mark = (allocs, hits);
+    }
+
+    /// Whether an allocation that finds nothing live forgets the layout (under a budget,
+    /// at most once per `MIN_ALLOCS` allocations, and only when some allocation since the
+    /// last time missed the cache).
+    #[inline]
+    pub(super) fn layout_due(&self) -> bool {
+        if self.budget.is_none() || self.faults.keep_layout || self.gran == 0 {
+            return false;
+        }
+        let (allocs, hits) = (self.stats.allocs, self.stats.cache_hits);
+        let (a0, h0) = self.layout_mark;
+        allocs >= a0 + MIN_ALLOCS && allocs - a0 != hits - h0
     }
 }

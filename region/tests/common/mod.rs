@@ -16,7 +16,7 @@ use vramshim_testkit::{
 pub const MIB: u64 = 1 << 20;
 pub const GIB: u64 = 1 << 30;
 
-/// The built `libvramshim.so` (the tests would run stale or no code without it).
+/// The built `libvramshim.so`, which must exist (checked; whether it is up to date is not).
 pub fn lib() -> PathBuf {
     built_interposer_lib()
 }
