@@ -214,6 +214,40 @@ unsafe impl<T: Send + Sync> Sync for SetupCell<T> {}
 // SAFETY: as above; the cell owns its box.
 unsafe impl<T: Send> Send for SetupCell<T> {}
 
+/// For the tests of a set-up a forked child must take back: a thread runs `setup` with `f`,
+/// paused inside it while this thread forks; the child runs `child` (the atfork reset, then
+/// its checks: true when they hold) and exits. Returns the child's exit code (None: it hung
+/// and was killed after 60 s) and the parent's answer once `f` went on.
+#[cfg(test)]
+pub(crate) fn fork_during_setup(
+    setup: &'static Setup,
+    f: fn() -> bool,
+    child: fn() -> bool,
+) -> (Option<i32>, bool) {
+    let (held_tx, held_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let finder = std::thread::spawn(move || {
+        setup.run(|| {
+            held_tx.send(()).unwrap();
+            let _ = go_rx.recv();
+            f()
+        })
+    });
+    held_rx.recv().unwrap();
+    // SAFETY: fork has no memory preconditions; the child runs only `child` (no panics, no
+    // locks of the test harness) and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        let ok = child();
+        // SAFETY: ends the child without running the parent's atexit handlers.
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) }
+    }
+    let code = wait_child_bounded(pid, std::time::Duration::from_secs(60));
+    go_tx.send(()).unwrap();
+    (code, finder.join().unwrap())
+}
+
 /// For the tests that fork while a thread is inside something a child must take back: waits
 /// for child `pid` at most `limit` and kills it past that. Its exit code, or None when it had
 /// to be killed (it hung) or did not exit normally.

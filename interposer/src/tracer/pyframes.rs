@@ -1031,31 +1031,14 @@ mod tests {
     /// where that thread does not exist, looks for it itself instead of waiting forever.
     #[test]
     fn a_forked_child_finds_the_runtime_itself() {
-        let (held_tx, held_rx) = std::sync::mpsc::channel();
-        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
-        let finder = std::thread::spawn(move || {
-            PY_FOUND.run(|| {
-                held_tx.send(()).unwrap();
-                let _ = go_rx.recv();
-                find_and_keep()
-            })
-        });
-        held_rx.recv().unwrap();
-        // SAFETY: fork has no memory preconditions; the child runs only the checks below (no
-        // panics, no locks of the test harness) and leaves with _exit.
-        let pid = unsafe { libc::fork() };
-        assert!(pid >= 0);
-        if pid == 0 {
+        let (code, found) = crate::sys::setup::fork_during_setup(&PY_FOUND, find_and_keep, || {
             // What the atfork child handler does.
             reset_in_child();
-            // Not a Python process: the child's own search answers "none".
-            let ok = py().is_none() && PY_FOUND.done() == Some(false);
-            // SAFETY: ends the child without running the parent's atexit handlers.
-            unsafe { libc::_exit(if ok { 0 } else { 1 }) }
-        }
-        let code = crate::sys::setup::wait_child_bounded(pid, std::time::Duration::from_secs(60));
-        go_tx.send(()).unwrap();
-        assert!(!finder.join().unwrap());
+            // Not a Python process: the child's own search answers "none". The set-up is
+            // asked directly: `py()` answers at once when the frames are already off.
+            !PY_FOUND.answer(|| PY_FOUND.run(find_and_keep)) && PY_FOUND.done() == Some(false)
+        });
+        assert!(!found);
         assert_eq!(
             code,
             Some(0),

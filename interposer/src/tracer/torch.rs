@@ -816,31 +816,14 @@ mod tests {
     /// where that thread does not exist, looks for it itself instead of waiting forever.
     #[test]
     fn a_forked_child_finds_the_python_api_itself() {
-        let (held_tx, held_rx) = std::sync::mpsc::channel();
-        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
-        let finder = std::thread::spawn(move || {
-            API_FOUND.run(|| {
-                held_tx.send(()).unwrap();
-                let _ = go_rx.recv();
-                find_and_keep_api()
-            })
-        });
-        held_rx.recv().unwrap();
-        // SAFETY: fork has no memory preconditions; the child runs only the checks below (no
-        // panics, no locks of the test harness) and leaves with _exit.
-        let pid = unsafe { libc::fork() };
-        assert!(pid >= 0);
-        if pid == 0 {
-            // What the atfork child handler does.
-            on_fork_child();
-            // Not a Python process: the child's own search answers "none".
-            let ok = py_api().is_none() && API_FOUND.done() == Some(false);
-            // SAFETY: ends the child without running the parent's atexit handlers.
-            unsafe { libc::_exit(if ok { 0 } else { 1 }) }
-        }
-        let code = crate::sys::setup::wait_child_bounded(pid, std::time::Duration::from_secs(60));
-        go_tx.send(()).unwrap();
-        assert!(!finder.join().unwrap());
+        let (code, found) =
+            crate::sys::setup::fork_during_setup(&API_FOUND, find_and_keep_api, || {
+                // What the atfork child handler does.
+                on_fork_child();
+                // Not a Python process: the child's own search answers "none".
+                py_api().is_none() && API_FOUND.done() == Some(false)
+            });
+        assert!(!found);
         assert_eq!(
             code,
             Some(0),
