@@ -73,6 +73,19 @@ pub(crate) struct RawFrame {
     entry: bool,
 }
 
+impl RawFrame {
+    /// What identifies the frame within a stack: what names its code object, and its
+    /// instruction offset with whether it entered the eval loop (where a merged stack's
+    /// Python frames sit among the native ones).
+    #[inline(always)]
+    fn words(&self) -> [u64; 2] {
+        [
+            self.ident,
+            self.lasti as u32 as u64 | (self.entry as u64) << 32,
+        ]
+    }
+}
+
 const NO_FRAME: RawFrame = RawFrame {
     code: 0,
     lasti: 0,
@@ -159,14 +172,30 @@ impl PyWalk {
                 .all(|(k, f)| k.0 == f.ident && k.1 == f.lasti)
     }
 
-    /// What identifies the stack (code objects, instruction offsets, naming objects).
+    /// A hash of [`words`](Self::words): what identifies the stack (code objects,
+    /// instruction offsets, naming objects).
     pub(crate) fn hash(&self) -> u64 {
         let mut h: u64 = 0x8422_2325_cbf2_9ce4 ^ self.n as u64;
         for f in &self.frames[..self.n] {
-            h = mix(h, f.ident);
-            h = mix(h, f.lasti as u32 as u64 | (f.entry as u64) << 32);
+            let [a, b] = f.words();
+            h = mix(h, a);
+            h = mix(h, b);
         }
         h
+    }
+
+    /// What identifies the stack exactly, two words per frame (see [`RawFrame::words`]).
+    pub(crate) fn words(&self) -> impl Iterator<Item = u64> + '_ {
+        self.frames[..self.n].iter().flat_map(RawFrame::words)
+    }
+
+    /// Whether `key` is [`words`](Self::words), compared in full.
+    pub(crate) fn words_eq(&self, key: &[u64]) -> bool {
+        key.len() == 2 * self.n
+            && key
+                .chunks_exact(2)
+                .zip(&self.frames[..self.n])
+                .all(|(k, f)| *k == f.words())
     }
 }
 
