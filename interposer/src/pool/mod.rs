@@ -128,8 +128,14 @@ fn wait_view() -> &'static WaitView {
     WAIT_VIEW.get()
 }
 
-/// The tight pool's budget ratio (`None`: the default stitch), read once.
-static BUDGET_RATIO: std::sync::OnceLock<Option<f64>> = std::sync::OnceLock::new();
+/// Reads the tight pool's budget ratio once: a [`Setup`](crate::sys::setup::Setup), not a
+/// `OnceLock`, because a thread may be reading it (the environment, maybe a warning) while
+/// another forks, and a child's `OnceLock` would then stay "being initialized" for good: its
+/// first pool would wait forever. The child reads it again ([`on_fork_child`]).
+static BUDGET_READ: crate::sys::setup::Setup = crate::sys::setup::Setup::new();
+/// The ratio read (`None`: the default stitch).
+static BUDGET_RATIO: crate::sys::setup::SetupCell<Option<f64>> =
+    crate::sys::setup::SetupCell::new();
 
 /// The budget ratio the pool runs with: `VRAMSHIM_POOL_BUDGET` when set (a bad value: one
 /// warning, then `tight`'s default), else the default budget when `tight`, else none.
@@ -154,13 +160,19 @@ fn budget_setting(tight: bool) -> Option<f64> {
 /// The budget the pools are made with (`None`: the default stitch); the first call reads the
 /// variables (and warns once about a bad value).
 fn configured_budget() -> Option<Budget> {
-    let ratio = *BUDGET_RATIO.get_or_init(|| {
-        budget_setting(crate::config::var("VRAMSHIM_POOL").map(str::trim) == Some("stitch-tight"))
-    });
+    BUDGET_READ.answer(|| BUDGET_READ.run(read_budget));
+    let ratio = BUDGET_RATIO.get().copied().flatten();
     ratio.map(|ratio| Budget {
         ratio,
         ..Budget::default()
     })
+}
+
+/// The set-up of [`BUDGET_READ`]: reads the variables (and warns once about a bad value).
+fn read_budget() -> bool {
+    let tight = crate::config::var("VRAMSHIM_POOL").map(str::trim) == Some("stitch-tight");
+    let _ = BUDGET_RATIO.set(budget_setting(tight));
+    true
 }
 
 /// Device ordinals served (others pass through).
@@ -671,6 +683,9 @@ pub(crate) fn on_fork_child() {
     // The parent's map may be mid-update: moved out and forgotten, never read or dropped.
     std::mem::forget(std::mem::take(&mut pools.devs));
     HAS_POOL.store(0, Ordering::Relaxed);
+    if BUDGET_READ.reset_in_child() {
+        BUDGET_RATIO.forget_in_child();
+    }
     tcache::on_fork_child();
     for p in &PEERS {
         p.store(0, Ordering::Relaxed);

@@ -2,7 +2,8 @@
 //! the log-replay workload with pattern checking on every shipped trace, a device too small
 //! for the driver alone, delayed stream "kernels" writing into freed blocks (and the forced
 //! early-reuse variant proving the test can fail, also through the per-thread caches), the
-//! thread caches' blocks serving another thread under the cap, and injected driver faults.
+//! thread caches' blocks serving another thread under the cap, and injected driver faults;
+//! and, in process, a fork while a thread reads the pool's budget.
 
 use std::path::PathBuf;
 use vramshim_testkit::{
@@ -901,4 +902,23 @@ fn tight_live_pool_makes_no_driver_call_after_the_first_pass() {
             trace.display()
         );
     }
+}
+
+/// A fork while another thread reads the pool's budget (inside its set-up): the child, where
+/// that thread does not exist, reads it itself instead of waiting forever at its first pool.
+#[test]
+fn a_forked_child_reads_the_pool_budget_itself() {
+    let (code, read) =
+        crate::sys::setup::fork_during_setup(&super::BUDGET_READ, super::read_budget, || {
+            // What the atfork child handler does.
+            super::on_fork_child();
+            // No VRAMSHIM_POOL here: the default stitch, no budget.
+            super::configured_budget().is_none() && super::BUDGET_READ.done() == Some(true)
+        });
+    assert!(read);
+    assert_eq!(
+        code,
+        Some(0),
+        "the forked child did not read the budget itself (None: it hung and was killed after 60 s)"
+    );
 }
