@@ -552,6 +552,25 @@ impl Cap {
                 || device_index(device).is_some_and(|d| self.member_cap(d) < MAX_BYTES))
     }
 
+    /// The cap that binds the process on `device` in bytes: its own, or in a group the
+    /// smaller of the group's and the member's own (None: uncapped, or a share of a total not
+    /// known yet).
+    pub(crate) fn binding_limit(&self, device: i32) -> Option<u64> {
+        let d = device_index(device)?;
+        self.is_capped(device)
+            .then(|| self.cap_bytes(d).min(self.member_cap(d)))
+            .filter(|&b| b < MAX_BYTES)
+    }
+
+    /// The cap of the process's `VRAMSHIM_SHARED` group on `device` in bytes (None: not in a
+    /// group, the group's cap leaves the device uncapped, or a share of a total not known yet).
+    pub(crate) fn group_limit(&self, device: i32) -> Option<u64> {
+        let d = device_index(device)?;
+        (self.ready() && self.region.get().is_some() && self.effective_spec().devices[d].is_some())
+            .then(|| self.cap_bytes(d))
+            .filter(|&b| b < MAX_BYTES)
+    }
+
     /// The cap of device `d` in bytes (`MAX_BYTES` when uncapped or not known yet).
     #[inline]
     fn cap_bytes(&self, d: usize) -> u64 {
@@ -1594,14 +1613,16 @@ fn build_global_or_off() -> Option<Cap> {
     })
 }
 
-/// The cap of `device` in bytes as enforced now, for the node registry (None: uncapped, no
-/// cap layer, or a share of a total not known yet).
+/// The cap that binds the process on `device` in bytes, for the node registry (see
+/// [`Cap::binding_limit`]).
 pub fn limit(device: i32) -> Option<u64> {
-    let c = global()?;
-    let d = device_index(device)?;
-    c.is_capped(device)
-        .then(|| c.cap_bytes(d))
-        .filter(|&b| b < MAX_BYTES)
+    global()?.binding_limit(device)
+}
+
+/// The cap of the process's `VRAMSHIM_SHARED` group on `device` in bytes, for the node
+/// registry (see [`Cap::group_limit`]).
+pub fn group_limit(device: i32) -> Option<u64> {
+    global()?.group_limit(device)
 }
 
 /// The driver's UUID of `device`, for the node registry.

@@ -141,6 +141,7 @@ fn publish(e: &Entry, uuids: &mut [Option<DeviceId>; counters::MAX_DEVICES]) {
                 ordinal: d as u32,
                 uuid: *uuid,
                 cap: cap::limit(ordinal),
+                group_cap: cap::group_limit(ordinal),
                 used,
                 peak,
                 pool_reserved: reserved,
