@@ -7,7 +7,8 @@
 //! `bench_pool.c` keeps one through the interposer, so the pool never sees nothing live; or
 //! nothing else is live (*idle*), so every pair ends what a tight pool takes for a round
 //! (see `stitch::rounds`). Each allocation goes through `Stitch::alloc_cached` and then, on a
-//! miss, `Policy::alloc`: the interposer's sequence.
+//! miss, `Stitch::alloc_missed` (`Policy::alloc` less the fast path it just tried): the
+//! interposer's sequence.
 //!
 //! `cargo run --release -p vramshim-pool --example pool_pair -- [PAIRS] [RUNS]`: one markdown
 //! table, CPU ns per pair (thread CPU time / pairs, median of RUNS), with the driver calls
@@ -87,7 +88,10 @@ impl Bench {
                     size,
                     stream: self.stream,
                 };
-                self.p.alloc(&mut self.dev, req).expect("allocation").addr
+                self.p
+                    .alloc_missed(&mut self.dev, req)
+                    .expect("allocation")
+                    .addr
             }
         };
         self.p.free(&mut self.dev, addr, self.mode).expect("free");
