@@ -351,18 +351,22 @@ pub(crate) fn alloc(req: &request::Request) -> Option<Result<u64, i32>> {
             }));
         }
         // anything but an exact hit: the pool decides with every freed block in view
+        let drained = tcache::any();
         drain_tcaches(pools);
         let Some(Some(p)) = pools.devs.get_mut(d) else {
             return Err("internal error: no pool after its creation".to_string());
         };
         p.dev.begin(stream, is_runtime(req.api));
-        let r = p.policy.alloc(
-            &mut p.dev,
-            Request {
-                size: req.size,
-                stream,
-            },
-        );
+        let r = Request {
+            size: req.size,
+            stream,
+        };
+        // blocks drained from the thread caches may be the hit the fast path lacked
+        let r = if drained {
+            p.policy.alloc(&mut p.dev, r)
+        } else {
+            p.policy.alloc_missed(&mut p.dev, r)
+        };
         publish_held(d, p);
         Ok(r)
     });
