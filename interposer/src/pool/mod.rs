@@ -216,6 +216,14 @@ fn read_mode() -> bool {
                 );
                 tcache::configure(true, true, false);
             }
+            Some("tcache-no-round-end") => {
+                // testing only: rounds of a tight pool end only where the caches are drained
+                // for another reason
+                crate::warn!(
+                    "VRAMSHIM_POOL_DEBUG=tcache-no-round-end: the thread caches are not given back at a round end (testing only)"
+                );
+                tcache::configure_no_round_end();
+            }
             Some("tcache-no-drain") => {
                 // testing only: the pool never sees the threads' freed blocks
                 crate::warn!(
@@ -325,6 +333,44 @@ fn publish_held(d: usize, p: &DevicePool) {
     }
 }
 
+/// Per device: the live bytes at which the pool's round could end
+/// (`Stitch::round_end_watch`, `u64::MAX`: none), as of the pool's last operation. A
+/// stream-ordered free kept by the thread's cache compares the bytes the caches keep with it
+/// (see `tcache`, "Round ends").
+static ROUND_WATCH: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(u64::MAX) }; MAX_DEVICES];
+
+#[inline]
+fn publish_watch(d: usize, p: &DevicePool) {
+    if let Some(w) = ROUND_WATCH.get(d) {
+        w.store(p.policy.round_end_watch(), Ordering::Relaxed);
+    }
+}
+
+/// A free kept by this thread's cache left it keeping `kept` bytes: if the caches keep
+/// everything the pool has live and the pool's round could end, give them back, so that the
+/// next allocation finds nothing live.
+#[inline]
+fn watch_round_end(device: i32, kept: u64) {
+    let watch = ROUND_WATCH[device as usize].load(Ordering::Relaxed);
+    if watch == u64::MAX || !tcache::round_ends() {
+        return;
+    }
+    if kept >= watch || (tcache::others_nonempty() && kept + tcache::others_kept() >= watch) {
+        end_round(device);
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn end_round(device: i32) {
+    with_pools(|pools| {
+        drain_tcaches(pools);
+        if let Some(Some(p)) = pools.devs.get(device as usize) {
+            publish_watch(device as usize, p);
+        }
+    });
+}
+
 /// `None`: not for the pool, take the real path. `Some(Ok(ptr))` / `Some(Err(cuda_code))` otherwise.
 pub(crate) fn alloc(req: &request::Request) -> Option<Result<u64, i32>> {
     let stream = pool_stream(req)?;
@@ -341,33 +387,29 @@ pub(crate) fn alloc(req: &request::Request) -> Option<Result<u64, i32>> {
         if !matches!(pools.devs.get(d), Some(Some(_))) {
             create_pool(pools, req)?;
         }
+        // the pool decides as it would without the threads' caches: with every block they
+        // keep given back and every request they served counted (see `tcache`, "Round
+        // ends"); nothing to do in a program whose frees all reach the pool
+        drain_tcaches(pools);
         let Some(Some(p)) = pools.devs.get_mut(d) else {
             return Err("internal error: no pool after its creation".to_string());
         };
         if let Some(addr) = p.policy.alloc_cached(req.size, stream) {
+            publish_watch(d, p);
             return Ok(Ok(vramshim_pool::Alloc {
                 addr,
                 size: req.size,
             }));
         }
-        // anything but an exact hit: the pool decides with every freed block in view
-        let drained = tcache::any();
-        drain_tcaches(pools);
-        let Some(Some(p)) = pools.devs.get_mut(d) else {
-            return Err("internal error: no pool after its creation".to_string());
-        };
         p.dev.begin(stream, is_runtime(req.api));
         let r = Request {
             size: req.size,
             stream,
         };
-        // blocks drained from the thread caches may be the hit the fast path lacked
-        let r = if drained {
-            p.policy.alloc(&mut p.dev, r)
-        } else {
-            p.policy.alloc_missed(&mut p.dev, r)
-        };
+        // the threads' caches were drained before the fast path declined: nothing changed since
+        let r = p.policy.alloc_missed(&mut p.dev, r);
         publish_held(d, p);
+        publish_watch(d, p);
         Ok(r)
     });
     let r = match r {
@@ -485,6 +527,7 @@ fn drain_tcaches(pools: &mut Pools) {
             let _ = p
                 .policy
                 .free(&mut p.dev, f.addr, FreeMode::Async { stream: f.stream });
+            publish_watch(f.device as usize, p);
         }
     });
 }
@@ -499,13 +542,14 @@ pub(crate) fn free(ptr: u64, stream: Option<u64>, pooled: Option<(i32, u64)>) ->
     if let (Some(s), Some((device, size))) = (stream, pooled)
         && (0..MAX_DEVICES as i32).contains(&device)
         && HAS_POOL.load(Ordering::Relaxed) & (1 << device) != 0
-        && tcache::put(tcache::Freed {
+        && let Some(kept) = tcache::put(tcache::Freed {
             device,
             addr: ptr,
             size,
             stream: s,
         })
     {
+        watch_round_end(device, kept);
         return Some(CUDA_SUCCESS);
     }
     with_pools(|pools| {
@@ -513,17 +557,21 @@ pub(crate) fn free(ptr: u64, stream: Option<u64>, pooled: Option<(i32, u64)>) ->
             Some(s) => FreeMode::Async { stream: s },
             None => FreeMode::Sync,
         };
-        if pooled.is_none() {
-            // not a live pool block by the live table (an unknown pointer, or one freed
-            // twice): the pool must not take a block a thread keeps as freed for live
-            drain_tcaches(pools);
-        }
+        // the blocks the threads keep reach the pool first, in the order they were freed
+        // (the pool dissolves its cache least recently freed first); and for a pointer that
+        // is not a live pool block by the live table (an unknown pointer, or one freed twice)
+        // the pool must not take a block a thread keeps as freed for live
+        drain_tcaches(pools);
         // `free` answers UnknownPointer for a block it does not own, without touching
         // anything: one lookup per pool instead of `owns` then `free`
-        for p in pools.devs.iter_mut().flatten() {
+        for (d, p) in pools.devs.iter_mut().enumerate() {
+            let Some(p) = p else { continue };
             p.dev.begin(stream.unwrap_or(ANY_STREAM), false);
             match p.policy.free(&mut p.dev, ptr, mode) {
-                Ok(_) => return Some(CUDA_SUCCESS),
+                Ok(_) => {
+                    publish_watch(d, p);
+                    return Some(CUDA_SUCCESS);
+                }
                 Err(PoolError::UnknownPointer(_)) => continue,
                 Err(_) => return Some(CUDA_ERROR_INVALID_VALUE),
             }
@@ -610,6 +658,9 @@ pub(crate) fn on_device_reset(device: i32) {
             && let Some(p) = slot.take()
         {
             HAS_POOL.fetch_and(!(1u64 << device.min(63)), Ordering::Relaxed);
+            if let Some(w) = ROUND_WATCH.get(device as usize) {
+                w.store(u64::MAX, Ordering::Relaxed);
+            }
             drain_tcaches(pools);
             let mut p = p;
             p.policy.reset();
@@ -689,6 +740,9 @@ pub(crate) fn on_fork_child() {
     HAS_POOL.store(0, Ordering::Relaxed);
     if BUDGET_READ.reset_in_child() {
         BUDGET_RATIO.forget_in_child();
+    }
+    for w in &ROUND_WATCH {
+        w.store(u64::MAX, Ordering::Relaxed);
     }
     tcache::on_fork_child();
     for p in &PEERS {
