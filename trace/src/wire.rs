@@ -38,6 +38,25 @@ pub mod tag {
     pub const PY_STACK: u8 = 22;
     /// The pool's statistics (`Event::PoolStats`).
     pub const POOL_STATS: u8 = 23;
+    /// An event of PyTorch's caching allocator (`Event::Torch`), its fields as deltas from
+    /// the context's previous one ([`super::torch_head`]); written instead of `TORCH` since
+    /// format version 3.
+    pub const TORCH_DELTA: u8 = 24;
+}
+
+/// Head byte of a `TORCH_DELTA` record: the action in the low 4 bits (15: an action byte
+/// follows), then presence bits for the fields that differ from the context's state.
+pub mod torch_head {
+    /// Low bits: the action; this value means "an action byte follows".
+    pub const ACTION_ESCAPE: u8 = 0x0f;
+    /// `tid: varint` follows (and becomes the context's thread).
+    pub const TID: u8 = 0x10;
+    /// `device: zigzag`, `stream: varint` follow (and become the context's).
+    pub const PLACE: u8 = 0x20;
+    /// `segment: zigzag` delta from the context's previous segment follows.
+    pub const SEGMENT: u8 = 0x40;
+    /// `stack: varint` follows (else 0, none).
+    pub const STACK: u8 = 0x80;
 }
 
 /// MemOp presence bits (first payload byte of `ALLOC`/`FREE`).
