@@ -20,9 +20,11 @@
 //! counts against the cap. A refused page is refused growth, and the pool dissolves cached
 //! blocks instead (as at a device refusal).
 //!
-//! Tight pool: `VRAMSHIM_POOL=stitch-tight`, or `VRAMSHIM_POOL_BUDGET=RATIO` beside
-//! `stitch`, bounds what the pool keeps cached to a budget over its recent peak of live bytes
-//! and gives idle pages back (`vramshim_pool::stitch::Budget`; see [`budget_setting`]).
+//! Budget: the pool bounds what it keeps cached to a budget over its recent peak of live bytes
+//! and gives idle pages back (`vramshim_pool::stitch::Budget`, 5% by default;
+//! `VRAMSHIM_POOL_BUDGET=RATIO` sets another, `off` none: the pool then caches until the
+//! device or the cap refuses; see [`budget_setting`]). `VRAMSHIM_POOL=stitch-tight` is the
+//! same pool as `stitch` (the name it had while the budget was not the default).
 
 pub(crate) mod c_stats;
 mod cuda_device;
@@ -128,19 +130,19 @@ fn wait_view() -> &'static WaitView {
     WAIT_VIEW.get()
 }
 
-/// Reads the tight pool's budget ratio once: a [`Setup`](crate::sys::setup::Setup), not a
+/// Reads the pool's budget ratio once: a [`Setup`](crate::sys::setup::Setup), not a
 /// `OnceLock`, because a thread may be reading it (the environment, maybe a warning) while
 /// another forks, and a child's `OnceLock` would then stay "being initialized" for good: its
 /// first pool would wait forever. The child reads it again ([`on_fork_child`]).
 static BUDGET_READ: crate::sys::setup::Setup = crate::sys::setup::Setup::new();
-/// The ratio read (`None`: the default stitch).
+/// The ratio read (`None`: no budget, `VRAMSHIM_POOL_BUDGET=off`).
 static BUDGET_RATIO: crate::sys::setup::SetupCell<Option<f64>> =
     crate::sys::setup::SetupCell::new();
 
 /// The budget ratio the pool runs with: `VRAMSHIM_POOL_BUDGET` when set (a bad value: one
-/// warning, then `tight`'s default), else the default budget when `tight`, else none.
-fn budget_setting(tight: bool) -> Option<f64> {
-    let default = tight.then_some(Budget::default().ratio);
+/// warning, then the default), else the default budget.
+fn budget_setting() -> Option<f64> {
+    let default = Some(Budget::default().ratio);
     match crate::config::var("VRAMSHIM_POOL_BUDGET").map(str::trim) {
         None | Some("") => default,
         Some(v) => match Budget::parse_ratio(v) {
@@ -157,8 +159,8 @@ fn budget_setting(tight: bool) -> Option<f64> {
     }
 }
 
-/// The budget the pools are made with (`None`: the default stitch); the first call reads the
-/// variables (and warns once about a bad value).
+/// The budget the pools are made with (`None`: none); the first call reads the variable (and
+/// warns once about a bad value).
 fn configured_budget() -> Option<Budget> {
     BUDGET_READ.answer(|| BUDGET_READ.run(read_budget));
     let ratio = BUDGET_RATIO.get().copied().flatten();
@@ -170,8 +172,7 @@ fn configured_budget() -> Option<Budget> {
 
 /// The set-up of [`BUDGET_READ`]: reads the variables (and warns once about a bad value).
 fn read_budget() -> bool {
-    let tight = crate::config::var("VRAMSHIM_POOL").map(str::trim) == Some("stitch-tight");
-    let _ = BUDGET_RATIO.set(budget_setting(tight));
+    let _ = BUDGET_RATIO.set(budget_setting());
     true
 }
 
@@ -498,7 +499,16 @@ fn debug_faults() -> Option<vramshim_pool::stitch::Faults> {
             },
             "reuses freed memory too early",
         ),
-        // Grows and caches as if there were no budget: the tight pool's test.
+        // Lays a repeated round out afresh instead of replaying the previous round's places:
+        // the steady-state test (no driver call after the first pass).
+        "forget-rounds" => (
+            Faults {
+                forget_rounds: true,
+                ..Default::default()
+            },
+            "does not replay a repeated round's places",
+        ),
+        // Grows and caches as if there were no budget: the budget's test.
         "ignore-budget" => (
             Faults {
                 ignore_budget: true,
