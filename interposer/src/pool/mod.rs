@@ -135,7 +135,7 @@ fn wait_view() -> &'static WaitView {
 /// another forks, and a child's `OnceLock` would then stay "being initialized" for good: its
 /// first pool would wait forever. The child reads it again ([`on_fork_child`]).
 static BUDGET_READ: crate::sys::setup::Setup = crate::sys::setup::Setup::new();
-/// The ratio read (`None`: no budget, `VRAMSHIM_POOL_BUDGET=off`).
+/// The ratio read (`None`: no budget).
 static BUDGET_RATIO: crate::sys::setup::SetupCell<Option<f64>> =
     crate::sys::setup::SetupCell::new();
 

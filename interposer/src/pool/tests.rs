@@ -126,17 +126,26 @@ fn pool_fits_where_the_driver_alone_does_not() {
 fn delayed_kernels_never_write_into_a_reused_block() {
     let exe = workload("early_reuse");
     for mode in ["async", "sync"] {
-        let o = run(
-            &exe,
-            &[mode, "3"],
-            &[("VRAMSHIM_POOL", "stitch")],
-            "pool-early",
-        );
-        assert_exit(&o, 0, mode);
-        assert_eq!(field(&o.stdout, "foreign"), 0);
-        if mode == "async" {
-            // cross-stream reuse happens (behind an event), without a foreign byte
-            assert!(field(&o.stdout, "same_address") > 0, "{}", o.stdout);
+        // with the budget (alone, and with a block live throughout, which keeps freed blocks
+        // in the threads' caches), and without
+        for (budget, extra) in [("5%", None), ("5%", Some("anchor")), ("off", None)] {
+            let mut args = vec![mode, "3"];
+            args.extend(extra);
+            let o = run(
+                &exe,
+                &args,
+                &[
+                    ("VRAMSHIM_POOL", "stitch"),
+                    ("VRAMSHIM_POOL_BUDGET", budget),
+                ],
+                "pool-early",
+            );
+            assert_exit(&o, 0, &format!("{mode} budget {budget} {extra:?}"));
+            assert_eq!(field(&o.stdout, "foreign"), 0);
+            if mode == "async" {
+                // cross-stream reuse happens (behind an event), without a foreign byte
+                assert!(field(&o.stdout, "same_address") > 0, "{}", o.stdout);
+            }
         }
         // the same workload with reuse forced early does see foreign bytes: the test can fail
         let o = run(
@@ -152,18 +161,26 @@ fn delayed_kernels_never_write_into_a_reused_block() {
         assert!(field(&o.stdout, "foreign") > 0);
         if mode == "async" {
             // and so does a thread cache that hands a block freed on one stream to a
-            // request on another without ordering: the thread caches keep stream order
-            let o = run(
-                &exe,
-                &[mode, "3"],
-                &[
-                    ("VRAMSHIM_POOL", "stitch"),
-                    ("VRAMSHIM_POOL_DEBUG", "tcache-any-stream"),
-                ],
-                "pool-early-tcache",
-            );
-            assert_exit(&o, 1, "tcache-any-stream");
-            assert!(field(&o.stdout, "foreign") > 0);
+            // request on another without ordering: the thread caches keep stream order.
+            // With the budget only while another block is live: where the freed block is all
+            // the pool has live, the cache gives it back at once (a round end, see `tcache`)
+            // and the pool, not the cache, serves the other stream's request.
+            for (budget, extra) in [("5%", Some("anchor")), ("off", None)] {
+                let mut args = vec![mode, "3"];
+                args.extend(extra);
+                let o = run(
+                    &exe,
+                    &args,
+                    &[
+                        ("VRAMSHIM_POOL", "stitch"),
+                        ("VRAMSHIM_POOL_BUDGET", budget),
+                        ("VRAMSHIM_POOL_DEBUG", "tcache-any-stream"),
+                    ],
+                    "pool-early-tcache",
+                );
+                assert_exit(&o, 1, &format!("tcache-any-stream, budget {budget}"));
+                assert!(field(&o.stdout, "foreign") > 0);
+            }
         }
     }
 }
@@ -898,8 +915,10 @@ fn a_forked_child_reads_the_pool_budget_itself() {
         crate::sys::setup::fork_during_setup(&super::BUDGET_READ, super::read_budget, || {
             // What the atfork child handler does.
             super::on_fork_child();
-            // No VRAMSHIM_POOL here: the default stitch, no budget.
-            super::configured_budget().is_none() && super::BUDGET_READ.done() == Some(true)
+            // No VRAMSHIM_POOL_BUDGET here: the default budget.
+            super::configured_budget()
+                .is_some_and(|b| b.ratio == vramshim_pool::stitch::Budget::default().ratio)
+                && super::BUDGET_READ.done() == Some(true)
         });
     assert!(read);
     assert_eq!(
