@@ -273,7 +273,12 @@ pub(crate) fn scrape(
     let mut cap = Family::new(
         "vramshim_process_cap_bytes",
         "gauge",
-        "The cap in force on the device for the process (its group's, with VRAMSHIM_SHARED); absent when uncapped.",
+        "The cap that binds the process on the device: its own, or with VRAMSHIM_SHARED the smaller of the group's and the member's own; absent when uncapped.",
+    );
+    let mut group_cap = Family::new(
+        "vramshim_process_group_cap_bytes",
+        "gauge",
+        "The cap of the process's VRAMSHIM_SHARED group on the device (its members' total); absent outside a group or when the group is uncapped.",
     );
     let mut pool = Family::new(
         "vramshim_process_pool_reserved_bytes",
@@ -309,6 +314,9 @@ pub(crate) fn scrape(
             peak.add(&dl, d.peak);
             if let Some(c) = d.cap {
                 cap.add(&dl, c);
+            }
+            if let Some(c) = d.group_cap {
+                group_cap.add(&dl, c);
             }
             pool.add(&dl, d.pool_reserved);
             *gpus.entry(gpu).or_default() += d.used + d.pool_reserved;
@@ -358,6 +366,7 @@ pub(crate) fn scrape(
         &used,
         &peak,
         &cap,
+        &group_cap,
         &pool,
         &refusals,
         &ooms,
@@ -485,6 +494,55 @@ pub(crate) mod nvml {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A group member whose own cap is stricter than the group's: its cap series is its own
+    /// (the one that binds it), the group's cap has its own series beside it.
+    #[test]
+    fn a_members_binding_cap_and_its_groups_cap() {
+        use vramshim_region::DeviceId;
+        use vramshim_region::registry::{DeviceRecord, Identity, Registry};
+        let dir = std::env::temp_dir().join(format!("vramshim-exp-cap-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let reg_path = dir.join("registry");
+        let reg = Registry::open_or_create(&reg_path).unwrap();
+        let me = vramshim_region::ProcessKey::current().unwrap();
+        let id = Identity {
+            uid: 1000,
+            start_ticks: vramshim_region::proc::stat(me.pid()).unwrap().0,
+            cmd: "python".into(),
+            group: "job".into(),
+            container: Default::default(),
+        };
+        let s = reg.register(me, &id).unwrap();
+        let rec = DeviceRecord {
+            ordinal: 0,
+            uuid: Some(DeviceId([0x22; 16])),
+            cap: Some(1 << 30),
+            group_cap: Some(4 << 30),
+            used: 1 << 20,
+            ..DeviceRecord::default()
+        };
+        reg.publish_device(s, 0, &rec);
+        let text = scrape(&reg_path, None, &dir.join("no-such-dir"));
+        let value = |name: &str| {
+            text.lines()
+                .find(|l| l.starts_with(&format!("{name}{{")) && l.contains("group=\"job\""))
+                .and_then(|l| l.rsplit(' ').next())
+                .map(str::to_string)
+                .unwrap_or_else(|| panic!("no {name}: {text}"))
+        };
+        assert_eq!(
+            value("vramshim_process_cap_bytes"),
+            (1u64 << 30).to_string()
+        );
+        assert_eq!(
+            value("vramshim_process_group_cap_bytes"),
+            (4u64 << 30).to_string()
+        );
+        reg.unregister(s, me);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn escapes_label_values() {

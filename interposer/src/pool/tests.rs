@@ -2,7 +2,8 @@
 //! the log-replay workload with pattern checking on every shipped trace, a device too small
 //! for the driver alone, delayed stream "kernels" writing into freed blocks (and the forced
 //! early-reuse variant proving the test can fail, also through the per-thread caches), the
-//! thread caches' blocks serving another thread under the cap, and injected driver faults.
+//! thread caches' blocks serving another thread under the cap, and injected driver faults;
+//! and, in process, a fork while a thread reads the pool's budget.
 
 use std::path::PathBuf;
 use vramshim_testkit::{
@@ -901,4 +902,83 @@ fn tight_live_pool_makes_no_driver_call_after_the_first_pass() {
             trace.display()
         );
     }
+}
+
+/// A fork while another thread reads the pool's budget (inside its set-up): the child, where
+/// that thread does not exist, reads it itself instead of waiting forever at its first pool.
+#[test]
+fn a_forked_child_reads_the_pool_budget_itself() {
+    let (code, read) =
+        crate::sys::setup::fork_during_setup(&super::BUDGET_READ, super::read_budget, || {
+            // What the atfork child handler does.
+            super::on_fork_child();
+            // No VRAMSHIM_POOL here: the default stitch, no budget.
+            super::configured_budget().is_none() && super::BUDGET_READ.done() == Some(true)
+        });
+    assert!(read);
+    assert_eq!(
+        code,
+        Some(0),
+        "the forked child did not read the budget itself (None: it hung and was killed after 60 s)"
+    );
+}
+
+/// Driver calls of `passes` passes of `trace` with stream-ordered frees through the tight
+/// pool on the accounting device (the model the live pool must equal).
+fn model_calls_stream_ordered(trace: &std::path::Path, passes: usize) -> u64 {
+    use vramshim_pool::replay::{self, Frees};
+    let t = vramshim_pool::rmm_csv::parse_file(trace).unwrap();
+    let make =
+        || -> Box<dyn vramshim_pool::Policy> { Box::new(vramshim_pool::stitch::Stitch::tight()) };
+    replay::calls_per_pass_with(&t.events, Frees::StreamOrdered, &make, passes)
+        .iter()
+        .sum()
+}
+
+/// Issue 17, live with stream-ordered frees: the tight pool behind the threads' caches of
+/// `cudaFreeAsync`d blocks makes exactly the model's driver calls, in one pass and in three
+/// (a pass end, and t5's and vit's quiet points within a pass, are round ends only if the
+/// caches give back what they keep when it is all that is live; and the pool decides as the
+/// model only if it sees the caches' blocks before anything it serves, in free order, and
+/// every free while it is above its budget). With the round ends not watched
+/// (`VRAMSHIM_POOL_DEBUG=tcache-no-round-end`) the live pool leaves the model.
+#[test]
+fn tight_live_pool_with_thread_caches_makes_the_models_driver_calls() {
+    let tight = [("VRAMSHIM_POOL", "stitch-tight")];
+    let broken = [
+        ("VRAMSHIM_POOL", "stitch-tight"),
+        ("VRAMSHIM_POOL_DEBUG", "tcache-no-round-end"),
+    ];
+    let mut differs_broken = false;
+    for trace in vramshim_testkit::shipped_traces() {
+        let live = |env: &[(&str, &str)], n: u32| {
+            let mut e = vec![("VRAMSIM_DEBUG", "1")];
+            e.extend_from_slice(env);
+            let n = n.to_string();
+            let (o, _) = pooled_run(&trace, None, &e, &["--quiet", "--async", "--repeat", &n]);
+            assert_eq!(o.code(), Some(0), "{}: {}", trace.display(), o.stdout);
+            sim_memory_calls(&o.stderr)
+        };
+        let (m1, m3) = (
+            model_calls_stream_ordered(&trace, 1),
+            model_calls_stream_ordered(&trace, 3),
+        );
+        let (l1, l3) = (live(&tight, 1), live(&tight, 3));
+        let (b1, b3) = (live(&broken, 1), live(&broken, 3));
+        eprintln!(
+            "{} stitch-tight, stream-ordered: model {m1} / {m3}, live {l1} / {l3}, tcache-no-round-end {b1} / {b3}",
+            trace.display()
+        );
+        assert_eq!(
+            (l1, l3),
+            (m1, m3),
+            "{}: live driver calls in 1 / 3 passes against the model's",
+            trace.display()
+        );
+        differs_broken |= (b1, b3) != (m1, m3);
+    }
+    assert!(
+        differs_broken,
+        "tcache-no-round-end: the live pool still made the model's calls on every trace"
+    );
 }

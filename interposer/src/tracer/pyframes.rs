@@ -163,9 +163,9 @@ impl PyWalk {
         key == &self.keys[..self.n]
     }
 
-    /// What identifies the stack (code objects, instruction offsets, naming objects) and
-    /// where each run of the eval loop starts: [`key_hash`](Self::key_hash) and the places
-    /// of the entry frames.
+    /// A hash of [`words`](Self::words): what identifies the stack (code objects,
+    /// instruction offsets, naming objects) and where each run of the eval loop starts:
+    /// [`key_hash`](Self::key_hash) and the places of the entry frames.
     pub(crate) fn hash(&self) -> u64 {
         let mut h = self.key_hash;
         for (i, f) in self.frames[..self.n].iter().enumerate() {
@@ -174,6 +174,29 @@ impl PyWalk {
             }
         }
         h
+    }
+
+    /// What identifies frame `i` within a stack: its key (what names its code object, its
+    /// instruction offset) with whether it entered the eval loop (where a merged stack's
+    /// Python frames sit among the native ones).
+    #[inline(always)]
+    fn frame_words(&self, i: usize) -> [u64; 2] {
+        let [ident, lasti] = self.keys[i];
+        [ident, lasti | (self.frames[i].entry as u64) << 32]
+    }
+
+    /// What identifies the stack exactly, two words per frame (see [`Self::frame_words`]).
+    pub(crate) fn words(&self) -> impl Iterator<Item = u64> + '_ {
+        (0..self.n).flat_map(|i| self.frame_words(i))
+    }
+
+    /// Whether `key` is [`words`](Self::words), compared in full.
+    pub(crate) fn words_eq(&self, key: &[u64]) -> bool {
+        key.len() == 2 * self.n
+            && key
+                .chunks_exact(2)
+                .enumerate()
+                .all(|(i, k)| *k == self.frame_words(i))
     }
 }
 
