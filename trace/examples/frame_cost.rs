@@ -7,6 +7,12 @@
 //! does, into memory. Prints CPU ns per frame and the file's bytes per event. Under valgrind's
 //! callgrind with `--toggle-collect='*one_frame*'`, the count divided by FRAMES is the
 //! instructions per frame (`scripts/bench writer` does this).
+//!
+//! `frame_cost trace:FILE EVENTS FRAMES`: the events of a real trace (FILE, e.g. a GPT-2 run's
+//! tensor-level trace: its `Torch` records), in their order and cycled, EVENTS a frame; here
+//! `one_frame` also encodes them (`RecordEncoder::push`, as the writer thread encodes a
+//! thread's buffer), so the count is the writer's whole cost per frame of such events;
+//! `--toggle-collect='*encode_events*'` counts the encoding alone.
 
 use std::time::Instant;
 
@@ -63,6 +69,42 @@ fn events(kind: &str, n: usize, frame: usize) -> Vec<Event> {
     out
 }
 
+/// The events of the trace at `path` (header records, `Module`s and the like included), or
+/// one line and exit 2.
+fn trace_events(path: &str) -> Vec<Event> {
+    let r = match vramshim_trace::TraceReader::open(path) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("frame_cost: {path}: {e}");
+            std::process::exit(2);
+        }
+    };
+    let ev: Vec<Event> = r.filter_map(Result::ok).collect();
+    if ev.is_empty() {
+        eprintln!("frame_cost: {path}: no events");
+        std::process::exit(2);
+    }
+    ev
+}
+
+/// Encodes `ev` into records as the writer thread encodes a thread's buffer. Not inlined:
+/// `--toggle-collect='*encode_events*'` counts exactly this.
+#[inline(never)]
+fn encode_events(enc: &mut RecordEncoder, ev: &[Event]) {
+    enc.begin(1000);
+    for e in ev {
+        enc.push(e);
+    }
+}
+
+/// A frame of a real trace's events: encoded, then appended, compressed and written.
+#[inline(never)]
+fn one_frame_encoded(w: &mut TraceWriter<Vec<u8>>, enc: &mut RecordEncoder, ev: &[Event]) {
+    encode_events(enc, ev);
+    w.write_records(enc.bytes(), enc.stats()).unwrap();
+    w.flush_frame().unwrap();
+}
+
 /// One frame as the writer thread makes it on a tick: the records appended, then compressed
 /// and written. Not inlined: `valgrind --tool=callgrind --toggle-collect='*one_frame*'`
 /// counts exactly this.
@@ -74,8 +116,8 @@ fn one_frame(w: &mut TraceWriter<Vec<u8>>, b: &[u8], st: RecordStats) {
 
 fn main() {
     let a: Vec<String> = std::env::args().collect();
-    if a.len() != 4 || !matches!(a[1].as_str(), "sync" | "memop") {
-        eprintln!("usage: frame_cost sync|memop EVENTS_PER_FRAME FRAMES");
+    if a.len() != 4 || !(matches!(a[1].as_str(), "sync" | "memop") || a[1].starts_with("trace:")) {
+        eprintln!("usage: frame_cost sync|memop|trace:FILE EVENTS_PER_FRAME FRAMES");
         std::process::exit(2);
     }
     let (kind, n, frames) = (a[1].as_str(), a[2].parse::<usize>(), a[3].parse::<usize>());
@@ -83,8 +125,10 @@ fn main() {
         eprintln!("frame_cost: EVENTS_PER_FRAME and FRAMES are whole numbers");
         std::process::exit(2);
     };
+    let from_file = kind.strip_prefix("trace:").map(trace_events);
     // Encoded before timing: the writer thread's encoding is per event, not per frame.
     let bufs: Vec<_> = (0..frames)
+        .filter(|_| from_file.is_none())
         .map(|f| {
             let mut enc = RecordEncoder::with_capacity(64 << 10);
             enc.begin(1000);
@@ -108,18 +152,35 @@ fn main() {
         Ok("columnar") => w.set_layout(FrameLayout::Columnar),
         _ => {}
     }
+    // Real events: FRAMES frames of EVENTS each, the file's events in order, cycled.
+    let frames_ev: Vec<Vec<Event>> = match &from_file {
+        Some(all) => (0..frames)
+            .map(|f| {
+                (0..n)
+                    .map(|i| all[(f * n + i) % all.len()].clone())
+                    .collect()
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    let mut enc = RecordEncoder::with_capacity(64 << 10);
     let t0 = Instant::now();
     for (b, st) in &bufs {
         one_frame(&mut w, b, *st);
+    }
+    for ev in &frames_ev {
+        one_frame_encoded(&mut w, &mut enc, ev);
     }
     let dt = t0.elapsed().as_nanos() as f64;
     let st = w.stats();
     let per_frame = if frames > 0 { dt / frames as f64 } else { 0.0 };
     let ev = (n * frames).max(1) as f64;
     println!(
-        "{kind} {n} events/frame, {frames} frames: {per_frame:.0} ns/frame, {:.2} bytes/event ({} frames, {} bytes)",
+        "{} {n} events/frame, {frames} frames: {per_frame:.0} ns/frame, {:.2} bytes/event ({} frames, {} bytes; {:.2} raw bytes/event)",
+        if from_file.is_some() { "trace" } else { kind },
         (st.file_bytes as f64) / ev,
         st.frames,
-        st.file_bytes
+        st.file_bytes,
+        st.raw_bytes as f64 / ev
     );
 }

@@ -6,7 +6,7 @@ use crate::wire::{Cur, RecordError, put_str, put_varint, unzigzag, zigzag};
 /// First bytes of every `.vramtrace` file (PNG style: a high byte, the name, CR LF, ^Z, LF).
 pub const MAGIC: [u8; 14] = *b"\x89VRAMTRACE\r\n\x1a\n";
 /// The format version this crate writes, and the newest it reads.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 /// Format version that introduced columnar frames (`VRFC`).
 pub const COLUMNAR_SINCE: u32 = 2;
 /// Largest header payload a reader accepts.

@@ -1,10 +1,11 @@
 //! Golden files: the fixture trace (every record type, several frames) as written by format
-//! v1 (`tests/golden/small.vramtrace`, row frames) must keep decoding to `small.txt`; as
-//! written by today's writer (`small-v2.vramtrace`, columnar frames) it must decode to
-//! `small-v2.txt` and today's writer must still produce it byte for byte. Regenerate the v2
-//! pair deliberately with `VRAMSHIM_BLESS=1 cargo test -p vramshim-trace --test golden`
-//! (a format change also needs a new FORMAT_VERSION and docs/trace-format.md). The v1 pair is
-//! frozen: no writer produces it any more.
+//! v1 (`tests/golden/small.vramtrace`, row frames) must keep decoding to `small.txt`, and as
+//! written by format v2 (`small-v2.vramtrace`, columnar frames, `Torch` records) to
+//! `small-v2.txt`; as written by today's writer (`small-v3.vramtrace`, `TorchDelta` records)
+//! it must decode to `small-v3.txt` and today's writer must still produce it byte for byte.
+//! Regenerate the v3 pair deliberately with `VRAMSHIM_BLESS=1 cargo test -p vramshim-trace
+//! --test golden` (a format change also needs a new FORMAT_VERSION and docs/trace-format.md).
+//! The v1 and v2 pairs are frozen: no writer produces them any more.
 
 mod common;
 
@@ -38,10 +39,17 @@ fn golden_v1_still_decodes() {
 }
 
 #[test]
+fn golden_v2_still_decodes() {
+    let bin = dir().join("small-v2.vramtrace");
+    let want_txt = std::fs::read_to_string(dir().join("small-v2.txt")).unwrap();
+    assert_eq!(dump(&bin), want_txt, "decoding the v2 golden file changed");
+}
+
+#[test]
 fn golden_small_trace() {
     let (_, _, bytes) = small_trace();
-    let bin = dir().join("small-v2.vramtrace");
-    let txt = dir().join("small-v2.txt");
+    let bin = dir().join("small-v3.vramtrace");
+    let txt = dir().join("small-v3.txt");
     if std::env::var_os("VRAMSHIM_BLESS").is_some() {
         std::fs::write(&bin, &bytes).unwrap();
         std::fs::write(&txt, dump(&bin)).unwrap();
@@ -58,7 +66,11 @@ fn golden_small_trace() {
 #[test]
 fn golden_events_match_fixture() {
     let (h, ev, _) = small_trace();
-    for (file, version) in [("small.vramtrace", 1), ("small-v2.vramtrace", 2)] {
+    for (file, version) in [
+        ("small.vramtrace", 1),
+        ("small-v2.vramtrace", 2),
+        ("small-v3.vramtrace", 3),
+    ] {
         let (h2, got, errs, trunc) = read_all(&std::fs::read(dir().join(file)).unwrap()).unwrap();
         assert_eq!(h2.format_version, version, "{file}");
         assert_eq!(
@@ -76,14 +88,13 @@ fn golden_events_match_fixture() {
 }
 
 #[test]
-fn golden_v2_has_columnar_and_row_frames() {
-    let b = std::fs::read(dir().join("small-v2.vramtrace")).unwrap();
-    let count = |m: &[u8]| b.windows(4).filter(|w| *w == m).count();
-    assert!(
-        count(b"VRFC") >= 2,
-        "too few columnar frames in the v2 golden file"
-    );
-    assert!(count(b"VRFR") >= 1, "no row frame in the v2 golden file");
+fn golden_v2_and_v3_have_columnar_and_row_frames() {
+    for f in ["small-v2.vramtrace", "small-v3.vramtrace"] {
+        let b = std::fs::read(dir().join(f)).unwrap();
+        let count = |m: &[u8]| b.windows(4).filter(|w| *w == m).count();
+        assert!(count(b"VRFC") >= 2, "too few columnar frames in {f}");
+        assert!(count(b"VRFR") >= 1, "no row frame in {f}");
+    }
 }
 
 #[test]
@@ -94,7 +105,7 @@ fn smallest_trace_matches_the_worked_example() {
         .finish()
         .unwrap();
     assert_eq!(&b[..14], b"\x89VRAMTRACE\r\n\x1a\n");
-    assert_eq!(&b[14..22], &[2, 0, 0, 0, 8, 0, 0, 0]);
+    assert_eq!(&b[14..22], &[3, 0, 0, 0, 8, 0, 0, 0]);
     assert_eq!(&b[22..30], &[0; 8]);
     assert_eq!(&b[30..34], b"VRFR");
     assert_eq!(&b[38..46], &[6, 0, 0, 0, 2, 0, 0, 0]);

@@ -20,9 +20,11 @@
 //! counts against the cap. A refused page is refused growth, and the pool dissolves cached
 //! blocks instead (as at a device refusal).
 //!
-//! Tight pool: `VRAMSHIM_POOL=stitch-tight`, or `VRAMSHIM_POOL_BUDGET=RATIO` beside
-//! `stitch`, bounds what the pool keeps cached to a budget over its recent peak of live bytes
-//! and gives idle pages back (`vramshim_pool::stitch::Budget`; see [`budget_setting`]).
+//! Budget: the pool bounds what it keeps cached to a budget over its recent peak of live bytes
+//! and gives idle pages back (`vramshim_pool::stitch::Budget`, 5% by default;
+//! `VRAMSHIM_POOL_BUDGET=RATIO` sets another, `off` none: the pool then caches until the
+//! device or the cap refuses; see [`budget_setting`]). `VRAMSHIM_POOL=stitch-tight` is the
+//! same pool as `stitch` (the name it had while the budget was not the default).
 
 pub(crate) mod c_stats;
 mod cuda_device;
@@ -128,13 +130,19 @@ fn wait_view() -> &'static WaitView {
     WAIT_VIEW.get()
 }
 
-/// The tight pool's budget ratio (`None`: the default stitch), read once.
-static BUDGET_RATIO: std::sync::OnceLock<Option<f64>> = std::sync::OnceLock::new();
+/// Reads the pool's budget ratio once: a [`Setup`](crate::sys::setup::Setup), not a
+/// `OnceLock`, because a thread may be reading it (the environment, maybe a warning) while
+/// another forks, and a child's `OnceLock` would then stay "being initialized" for good: its
+/// first pool would wait forever. The child reads it again ([`on_fork_child`]).
+static BUDGET_READ: crate::sys::setup::Setup = crate::sys::setup::Setup::new();
+/// The ratio read (`None`: no budget).
+static BUDGET_RATIO: crate::sys::setup::SetupCell<Option<f64>> =
+    crate::sys::setup::SetupCell::new();
 
 /// The budget ratio the pool runs with: `VRAMSHIM_POOL_BUDGET` when set (a bad value: one
-/// warning, then `tight`'s default), else the default budget when `tight`, else none.
-fn budget_setting(tight: bool) -> Option<f64> {
-    let default = tight.then_some(Budget::default().ratio);
+/// warning, then the default), else the default budget.
+fn budget_setting() -> Option<f64> {
+    let default = Some(Budget::default().ratio);
     match crate::config::var("VRAMSHIM_POOL_BUDGET").map(str::trim) {
         None | Some("") => default,
         Some(v) => match Budget::parse_ratio(v) {
@@ -151,16 +159,21 @@ fn budget_setting(tight: bool) -> Option<f64> {
     }
 }
 
-/// The budget the pools are made with (`None`: the default stitch); the first call reads the
-/// variables (and warns once about a bad value).
+/// The budget the pools are made with (`None`: none); the first call reads the variable (and
+/// warns once about a bad value).
 fn configured_budget() -> Option<Budget> {
-    let ratio = *BUDGET_RATIO.get_or_init(|| {
-        budget_setting(crate::config::var("VRAMSHIM_POOL").map(str::trim) == Some("stitch-tight"))
-    });
+    BUDGET_READ.answer(|| BUDGET_READ.run(read_budget));
+    let ratio = BUDGET_RATIO.get().copied().flatten();
     ratio.map(|ratio| Budget {
         ratio,
         ..Budget::default()
     })
+}
+
+/// The set-up of [`BUDGET_READ`]: reads the variables (and warns once about a bad value).
+fn read_budget() -> bool {
+    let _ = BUDGET_RATIO.set(budget_setting());
+    true
 }
 
 /// Device ordinals served (others pass through).
@@ -399,13 +412,12 @@ pub(crate) fn alloc(req: &request::Request) -> Option<Result<u64, i32>> {
             }));
         }
         p.dev.begin(stream, is_runtime(req.api));
-        let r = p.policy.alloc(
-            &mut p.dev,
-            Request {
-                size: req.size,
-                stream,
-            },
-        );
+        let r = Request {
+            size: req.size,
+            stream,
+        };
+        // the threads' caches were drained before the fast path declined: nothing changed since
+        let r = p.policy.alloc_missed(&mut p.dev, r);
         publish_held(d, p);
         publish_watch(d, p);
         Ok(r)
@@ -501,7 +513,16 @@ fn debug_faults() -> Option<vramshim_pool::stitch::Faults> {
             },
             "reuses freed memory too early",
         ),
-        // Grows and caches as if there were no budget: the tight pool's test.
+        // Lays a repeated round out afresh instead of replaying the previous round's places:
+        // the steady-state test (no driver call after the first pass).
+        "forget-rounds" => (
+            Faults {
+                forget_rounds: true,
+                ..Default::default()
+            },
+            "does not replay a repeated round's places",
+        ),
+        // Grows and caches as if there were no budget: the budget's test.
         "ignore-budget" => (
             Faults {
                 ignore_budget: true,
@@ -749,6 +770,9 @@ pub(crate) fn on_fork_child() {
     // The parent's map may be mid-update: moved out and forgotten, never read or dropped.
     std::mem::forget(std::mem::take(&mut pools.devs));
     HAS_POOL.store(0, Ordering::Relaxed);
+    if BUDGET_READ.reset_in_child() {
+        BUDGET_RATIO.forget_in_child();
+    }
     for w in &ROUND_WATCH {
         w.store(u64::MAX, Ordering::Relaxed);
     }
