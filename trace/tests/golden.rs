@@ -153,17 +153,7 @@ fn tensor_frames() -> Vec<Vec<Event>> {
         frames: vec![PyFrame { code: 1, line: 42 }, PyFrame { code: 2, line: 90 }],
     });
     let torch = |t_ns: u64, action: u8, addr: u64, size: u64, segment: u64, stack: u32| {
-        Event::Torch(TorchOp {
-            t_ns,
-            tid: 7,
-            action,
-            device: 0,
-            addr,
-            size,
-            stream: 0,
-            segment,
-            stack,
-        })
+        torch_event(t_ns, 7, action, addr, size, segment, stack)
     };
     let seg = [
         0x7f10_0000_0000u64,

@@ -2,20 +2,13 @@
 //! fields as deltas from the context's previous one); format v2's `Torch` records (tag 20,
 //! plain varints) are still read.
 
+mod common;
+
+use common::torch_event;
 use vramshim_trace::*;
 
 fn torch(t_ns: u64, action: u8, addr: u64, size: u64, segment: u64, stack: u32) -> Event {
-    Event::Torch(TorchOp {
-        t_ns,
-        tid: 4242,
-        action,
-        device: 0,
-        addr,
-        size,
-        stream: 0,
-        segment,
-        stack,
-    })
+    torch_event(t_ns, 4242, action, addr, size, segment, stack)
 }
 
 /// Events as a training step makes them: blocks carved out of two segments, freed, stacks on

@@ -162,6 +162,29 @@ pub fn op(t: u64, tid: u32, api: Api, addr: u64, size: u64) -> MemOp {
     }
 }
 
+/// A PyTorch allocator event of thread `tid` on device 0, stream 0.
+pub fn torch_event(
+    t_ns: u64,
+    tid: u32,
+    action: u8,
+    addr: u64,
+    size: u64,
+    segment: u64,
+    stack: u32,
+) -> Event {
+    Event::Torch(TorchOp {
+        t_ns,
+        tid,
+        action,
+        device: 0,
+        addr,
+        size,
+        stream: 0,
+        segment,
+        stack,
+    })
+}
+
 /// A small trace with every record type, in several frames.
 /// The header every sample trace of these tests carries.
 pub fn sample_header() -> Header {
