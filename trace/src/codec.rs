@@ -6,7 +6,10 @@
 
 use crate::columns::TimeCursor;
 use crate::event::{AllocKind, Api, DeviceInfo, Event, MemOp, PyFrame, SyncKind, TorchOp};
-use crate::wire::{Cur, put_str, put_varint, unzigzag, zigzag};
+use crate::wire::{
+    Cur, put_str, put_varint, torch_offset, torch_offset_of, torch_size, torch_size_of, unzigzag,
+    zigzag,
+};
 pub use crate::wire::{MAX_STACK_FRAMES, MAX_STRING, RecordError, mask, tag, torch_head};
 
 /// Per-slot "previous values" of the MemOp encoding (one slot for allocs, one for frees).
@@ -54,8 +57,9 @@ pub(crate) struct DeltaState {
     /// The last `FREED` frees (address, size), newest at `freed_head - 1`.
     freed: [LiveEnt; FREED],
     freed_head: usize,
-    /// `TorchDelta` records: the previous one's segment, device and stream.
-    torch_segment: u64,
+    /// `TorchDelta` records: the three most recent segments (most recent first), and the
+    /// previous record's device and stream.
+    torch_segments: [u64; 3],
     torch_device: i32,
     torch_stream: u64,
 }
@@ -73,7 +77,7 @@ impl Default for DeltaState {
             live: [LiveEnt::default(); LIVE_TABLE],
             freed: [LiveEnt::default(); FREED],
             freed_head: 0,
-            torch_segment: 0,
+            torch_segments: [0; 3],
             torch_device: 0,
             torch_stream: 0,
         }
@@ -81,6 +85,18 @@ impl Default for DeltaState {
 }
 
 impl DeltaState {
+    /// Makes recent segment `k` (or, for `k` = 3, the new segment `seg`) the most recent.
+    #[inline]
+    fn torch_segment_used(&mut self, k: u8, seg: u64) {
+        let s = &mut self.torch_segments;
+        match k {
+            0 => {}
+            1 => s.swap(0, 1),
+            2 => *s = [s[2], s[0], s[1]],
+            _ => *s = [seg, s[0], s[1]],
+        }
+    }
+
     #[inline]
     fn note_free(&mut self, addr: u64, size: u64) {
         if addr != 0 {
@@ -116,7 +132,7 @@ impl DeltaState {
         self.device = 0;
         self.stream = 0;
         self.slots = [OpSlot::default(); 2];
-        self.torch_segment = 0;
+        self.torch_segments = [0; 3];
         self.torch_device = 0;
         self.torch_stream = 0;
         // Invalidate the table without touching its 6 KiB.
@@ -334,24 +350,38 @@ impl RecordEncoder {
     }
 
     /// Appends the record of a PyTorch allocator event: a `TorchDelta` record (tag 24), whose
-    /// fields are deltas from the context's previous one (the thread, device and stream only
-    /// when they changed, the segment as a difference, the address as an offset into its
-    /// segment). Written in place with fixed-size stores like a MemOp: ~10 bytes where the
-    /// `Torch` record's plain varints took ~27, which is most of what the writer thread then
-    /// spends compressing it.
+    /// fields are deltas from the context's state (the thread, device and stream only when
+    /// they changed, the segment as one of the three most recent or as a difference, the
+    /// address as an offset into its segment, offset and size in PyTorch's granules when
+    /// they are whole). Written in place with fixed-size stores like a MemOp: ~11 bytes where
+    /// the `Torch` record's plain varints took ~27, which is most of what the writer thread
+    /// then spends compressing it. Offsets and sizes no `TorchDelta` can hold (from 2^62)
+    /// get a `Torch` record.
     #[inline]
     pub fn push_torch(&mut self, op: &TorchOp) {
         let st = &mut self.st;
-        let seg_delta = op.segment.wrapping_sub(st.torch_segment);
-        let mut head = op.action.min(torch_head::ACTION_ESCAPE);
+        let (Some(off), Some(size)) = (
+            torch_offset(op.addr.wrapping_sub(op.segment)),
+            torch_size(op.size),
+        ) else {
+            return self.push_torch_v2(op);
+        };
+        let segs = st.torch_segments;
+        let k = if op.segment == segs[0] {
+            0
+        } else if op.segment == segs[1] {
+            1
+        } else if op.segment == segs[2] {
+            2
+        } else {
+            torch_head::SEGMENT_NEW
+        };
+        let mut head = op.action.min(torch_head::ACTION_ESCAPE) | k << torch_head::SEGMENT_SHIFT;
         if op.tid != st.tid {
             head |= torch_head::TID;
         }
         if op.device != st.torch_device || op.stream != st.torch_stream {
             head |= torch_head::PLACE;
-        }
-        if seg_delta != 0 {
-            head |= torch_head::SEGMENT;
         }
         if op.stack != 0 {
             head |= torch_head::STACK;
@@ -366,20 +396,21 @@ impl RecordEncoder {
         b[0] = tag::TORCH_DELTA;
         b[2] = head;
         let mut n = 3;
-        if head & torch_head::ACTION_ESCAPE == torch_head::ACTION_ESCAPE {
-            b[n % REC] = op.action;
-            n += 1;
+        if head & (torch_head::TID | torch_head::PLACE) != 0
+            || head & torch_head::ACTION_ESCAPE == torch_head::ACTION_ESCAPE
+        {
+            n = torch_changed(b, n, head, op);
         }
-        if head & (torch_head::TID | torch_head::PLACE | torch_head::SEGMENT) != 0 {
-            n = torch_changed(b, n, head, op, seg_delta);
+        if k == torch_head::SEGMENT_NEW {
+            n = wv(b, n, zigzag(op.segment.wrapping_sub(segs[0]) as i64));
         }
         if head & torch_head::STACK != 0 {
             n = wv(b, n, op.stack as u64);
         }
         // The noisy fields last (as in a MemOp): the repetitive ones above then repeat as
         // one match for zstd.
-        n = wv(b, n, zigzag(op.addr.wrapping_sub(op.segment) as i64));
-        n = wv(b, n, op.size);
+        n = wv(b, n, off);
+        n = wv(b, n, size);
         n = wv(b, n, zigzag(op.t_ns.wrapping_sub(st.t) as i64));
         b[1] = (n - 2) as u8;
         self.buf.truncate(at + n);
@@ -387,7 +418,7 @@ impl RecordEncoder {
         st.tid = op.tid;
         st.torch_device = op.device;
         st.torch_stream = op.stream;
-        st.torch_segment = op.segment;
+        st.torch_segment_used(k, op.segment);
         st.t = op.t_ns;
         if op.t_ns < self.t_min {
             self.t_min = op.t_ns;
@@ -395,6 +426,28 @@ impl RecordEncoder {
         if op.t_ns > self.t_max {
             self.t_max = op.t_ns;
         }
+    }
+
+    /// A `Torch` record (tag 20, every field in full): for the events a `TorchDelta` cannot
+    /// hold. Leaves the `TorchDelta` state alone, as its decoder does.
+    #[cold]
+    #[inline(never)]
+    fn push_torch_v2(&mut self, op: &TorchOp) {
+        self.records += 1;
+        self.buf.push(tag::TORCH);
+        let at = self.buf.len();
+        self.buf.push(0);
+        self.time(op.t_ns);
+        let b = &mut self.buf;
+        put_varint(b, op.tid as u64);
+        b.push(op.action);
+        put_varint(b, zigzag(op.device as i64));
+        put_varint(b, op.addr);
+        put_varint(b, op.size);
+        put_varint(b, op.stream);
+        put_varint(b, op.segment);
+        put_varint(b, op.stack as u64);
+        self.fix_len(at);
     }
 
     /// Every record but the MemOps (rare: kept out of line).
@@ -780,20 +833,21 @@ fn find_freed(
     None
 }
 
-/// The fields of a `TorchDelta` record that differ from the context's (thread, device and
-/// stream, segment), from `b[n]` on; returns the new position. Out of line: most records
-/// carry none.
+/// The action byte and the fields of a `TorchDelta` record that differ from the context's
+/// (thread, device and stream), from `b[n]` on; returns the new position. Out of line: most
+/// records carry none.
 #[inline(never)]
-fn torch_changed(b: &mut [u8; REC], mut n: usize, head: u8, op: &TorchOp, seg_delta: u64) -> usize {
+fn torch_changed(b: &mut [u8; REC], mut n: usize, head: u8, op: &TorchOp) -> usize {
+    if head & torch_head::ACTION_ESCAPE == torch_head::ACTION_ESCAPE {
+        b[n % REC] = op.action;
+        n += 1;
+    }
     if head & torch_head::TID != 0 {
         n = wv(b, n, op.tid as u64);
     }
     if head & torch_head::PLACE != 0 {
         n = wv(b, n, zigzag(op.device as i64));
         n = wv(b, n, op.stream);
-    }
-    if head & torch_head::SEGMENT != 0 {
-        n = wv(b, n, zigzag(seg_delta as i64));
     }
     n
 }
@@ -1158,16 +1212,20 @@ impl RecordDecoder {
                     st.torch_device = c.i32z()?;
                     st.torch_stream = c.varint()?;
                 }
-                if head & torch_head::SEGMENT != 0 {
-                    st.torch_segment = st.torch_segment.wrapping_add(unzigzag(c.varint()?) as u64);
-                }
+                let k = (head & torch_head::SEGMENT_MASK) >> torch_head::SEGMENT_SHIFT;
+                let seg = if k == torch_head::SEGMENT_NEW {
+                    st.torch_segments[0].wrapping_add(unzigzag(c.varint()?) as u64)
+                } else {
+                    st.torch_segments[k as usize]
+                };
+                st.torch_segment_used(k, seg);
                 let stack = if head & torch_head::STACK != 0 {
                     c.u32v()?
                 } else {
                     0
                 };
-                let addr = st.torch_segment.wrapping_add(unzigzag(c.varint()?) as u64);
-                let size = c.varint()?;
+                let addr = seg.wrapping_add(torch_offset_of(c.varint()?));
+                let size = torch_size_of(c.varint()?);
                 let t_ns = self.time(&mut c)?;
                 let st = &self.st;
                 *out = Event::Torch(TorchOp {
@@ -1178,7 +1236,7 @@ impl RecordDecoder {
                     addr,
                     size,
                     stream: st.torch_stream,
-                    segment: st.torch_segment,
+                    segment: seg,
                     stack,
                 });
                 Ok(Decoded::Event)

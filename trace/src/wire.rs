@@ -44,19 +44,62 @@ pub mod tag {
     pub const TORCH_DELTA: u8 = 24;
 }
 
-/// Head byte of a `TORCH_DELTA` record: the action in the low 4 bits (15: an action byte
-/// follows), then presence bits for the fields that differ from the context's state.
+/// Head byte of a `TORCH_DELTA` record: the action in the low 3 bits (7: an action byte
+/// follows), which recent segment the block lies in (2 bits), then presence bits for the
+/// fields that differ from the context's state.
 pub mod torch_head {
-    /// Low bits: the action; this value means "an action byte follows".
-    pub const ACTION_ESCAPE: u8 = 0x0f;
+    /// Low 3 bits: the action (0-6); this value means "an action byte follows".
+    pub const ACTION_ESCAPE: u8 = 0x07;
+    /// Bits 3-4: the segment is the context's most recent one (0), second (1) or third (2)
+    /// most recent, or a new one whose delta from the most recent follows (3).
+    pub const SEGMENT_SHIFT: u8 = 3;
+    pub const SEGMENT_MASK: u8 = 0x18;
+    pub const SEGMENT_NEW: u8 = 3;
     /// `tid: varint` follows (and becomes the context's thread).
-    pub const TID: u8 = 0x10;
+    pub const TID: u8 = 0x20;
     /// `device: zigzag`, `stream: varint` follow (and become the context's).
-    pub const PLACE: u8 = 0x20;
-    /// `segment: zigzag` delta from the context's previous segment follows.
-    pub const SEGMENT: u8 = 0x40;
+    pub const PLACE: u8 = 0x40;
     /// `stack: varint` follows (else 0, none).
     pub const STACK: u8 = 0x80;
+}
+
+/// A `TORCH_DELTA` record's block offset (address minus segment): the varint `v` holds
+/// `zigzag(offset / 512) << 1` when the offset is a multiple of 512 (PyTorch's blocks are),
+/// else `zigzag(offset) << 1 | 1`. None when the offset does not fit (|offset| >= 2^62).
+#[inline]
+pub(crate) fn torch_offset(off: u64) -> Option<u64> {
+    let q = off as i64;
+    if q & 511 == 0 {
+        Some(zigzag(q >> 9) << 1)
+    } else {
+        let z = zigzag(q);
+        (z >> 63 == 0).then_some(z << 1 | 1)
+    }
+}
+
+#[inline]
+pub(crate) fn torch_offset_of(v: u64) -> u64 {
+    if v & 1 == 0 {
+        (unzigzag(v >> 1) << 9) as u64
+    } else {
+        unzigzag(v >> 1) as u64
+    }
+}
+
+/// A `TORCH_DELTA` record's size: `(size / 256) << 1` when a multiple of 256, else
+/// `size << 1 | 1`. None when it does not fit (an odd size of 2^63 or more).
+#[inline]
+pub(crate) fn torch_size(size: u64) -> Option<u64> {
+    if size & 255 == 0 {
+        Some(size >> 7)
+    } else {
+        (size >> 63 == 0).then_some(size << 1 | 1)
+    }
+}
+
+#[inline]
+pub(crate) fn torch_size_of(v: u64) -> u64 {
+    if v & 1 == 0 { v << 7 } else { v >> 1 }
 }
 
 /// MemOp presence bits (first payload byte of `ALLOC`/`FREE`).

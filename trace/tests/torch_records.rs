@@ -21,7 +21,9 @@ fn torch(t_ns: u64, action: u8, addr: u64, size: u64, segment: u64, stack: u32) 
 /// Events as a training step makes them: blocks carved out of two segments, freed, stacks on
 /// the allocations, a segment event, and every rarer case: another thread, another device
 /// and stream, an action above 14 (the escape byte), an `oom` (segment 0, `addr` the free
-/// bytes), addresses below their segment and at the ends of the u64 range.
+/// bytes), addresses below their segment, offsets and sizes that are not whole granules, and
+/// values at the ends of the u64 range (offsets and sizes a `TorchDelta` cannot hold: a
+/// `Torch` record then).
 fn sequence() -> Vec<Event> {
     let (s1, s2) = (0x7fd0_0aa0_0000u64, 0x7fd0_0a00_0000u64);
     let mut ev = vec![torch(1_000, 3, s1, 2 << 20, s1, 0)];
@@ -58,6 +60,16 @@ fn sequence() -> Vec<Event> {
     ev.push(torch(t + 20, 15, s1, 512, s1, 0));
     ev.push(torch(t + 30, 8, 123 << 20, 1 << 40, 0, 0));
     ev.push(torch(t + 40, 0, s1 - 512, 512, s1, 0));
+    ev.push(torch(t + 45, 0, s1 + 100, 100, s1, 0));
+    ev.push(torch(t + 46, 0, s2 - 3, 1 << 62, s2, 0));
+    ev.push(torch(
+        t + 47,
+        0,
+        s2.wrapping_add(1 << 62),
+        (1 << 63) + 256,
+        s2,
+        0,
+    ));
     ev.push(torch(t + 50, 0, u64::MAX, u64::MAX, 0, u32::MAX));
     ev.push(torch(u64::MAX, 4, 0, 0, u64::MAX, 1));
     ev

@@ -135,7 +135,7 @@ fn wait_view() -> &'static WaitView {
 /// another forks, and a child's `OnceLock` would then stay "being initialized" for good: its
 /// first pool would wait forever. The child reads it again ([`on_fork_child`]).
 static BUDGET_READ: crate::sys::setup::Setup = crate::sys::setup::Setup::new();
-/// The ratio read (`None`: no budget).
+/// The ratio read (`None`: no budget, `VRAMSHIM_POOL_BUDGET=off`).
 static BUDGET_RATIO: crate::sys::setup::SetupCell<Option<f64>> =
     crate::sys::setup::SetupCell::new();
 
@@ -340,11 +340,35 @@ fn publish_held(d: usize, p: &DevicePool) {
 /// (see `tcache`, "Round ends").
 static ROUND_WATCH: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(u64::MAX) }; MAX_DEVICES];
 
+/// Whether a thread cache has kept a block. Until one does nothing reads [`ROUND_WATCH`], so
+/// the pool's operations skip publishing it (a `cudaMalloc`/`cudaFree` program pays nothing
+/// for it); the first one publishes every pool's (see [`start_watch`]). Set and cleared under
+/// the pool lock.
+static WATCHED: AtomicBool = AtomicBool::new(false);
+
 #[inline]
 fn publish_watch(d: usize, p: &DevicePool) {
+    if !WATCHED.load(Ordering::Relaxed) {
+        return;
+    }
     if let Some(w) = ROUND_WATCH.get(d) {
         w.store(p.policy.round_end_watch(), Ordering::Relaxed);
     }
+}
+
+/// The first block a thread cache keeps: from now on every pool operation publishes its
+/// watch; the pools' current ones first (under the lock, so no operation falls between).
+#[cold]
+#[inline(never)]
+fn start_watch() {
+    with_pools(|pools| {
+        WATCHED.store(true, Ordering::Relaxed);
+        for (d, p) in pools.devs.iter().enumerate() {
+            if let Some(p) = p {
+                publish_watch(d, p);
+            }
+        }
+    });
 }
 
 /// A free kept by this thread's cache left it keeping `kept` bytes: if the caches keep
@@ -527,10 +551,17 @@ static HAS_POOL: AtomicU64 = AtomicU64::new(0);
 
 /// Free every block the threads keep into its pool (pool lock held); blocks of a device
 /// whose pool is gone are dropped.
+#[inline]
 fn drain_tcaches(pools: &mut Pools) {
-    if !tcache::any() {
-        return;
+    // every pool call comes here: the usual answer (nothing kept) without a call
+    if tcache::any() {
+        drain_tcaches_now(pools);
     }
+}
+
+#[cold]
+#[inline(never)]
+fn drain_tcaches_now(pools: &mut Pools) {
     tcache::drain(|f| {
         if let Some(Some(p)) = pools.devs.get_mut(f.device as usize) {
             p.dev.begin(f.stream, false);
@@ -559,6 +590,11 @@ pub(crate) fn free(ptr: u64, stream: Option<u64>, pooled: Option<(i32, u64)>) ->
             stream: s,
         })
     {
+        if !WATCHED.load(Ordering::Relaxed) {
+            // the first block a thread cache keeps: the watch it is compared with is current
+            // once published, and every operation publishes it from now on
+            start_watch();
+        }
         watch_round_end(device, kept);
         return Some(CUDA_SUCCESS);
     }
@@ -754,6 +790,7 @@ pub(crate) fn on_fork_child() {
     for w in &ROUND_WATCH {
         w.store(u64::MAX, Ordering::Relaxed);
     }
+    WATCHED.store(false, Ordering::Relaxed);
     tcache::on_fork_child();
     for p in &PEERS {
         p.store(0, Ordering::Relaxed);

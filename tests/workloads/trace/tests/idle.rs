@@ -22,6 +22,16 @@ fn frame_count(bytes: &[u8]) -> usize {
 /// `trace_idle SECONDS [PERIOD_US]` traced; returns the trace's frames, its events and the
 /// number of synchronizations the program says it made.
 fn traced(tag: &str, args: &[&str]) -> (usize, Vec<Event>, usize) {
+    let (frames, events, made, _) = traced_env(tag, args, &[]);
+    (frames, events, made)
+}
+
+/// [`traced`] with more environment; also returns the program's stderr.
+fn traced_env(
+    tag: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (usize, Vec<Event>, usize, String) {
     let exe = compile_c(
         "trace_idle",
         &[&source("trace_idle.c")],
@@ -32,6 +42,7 @@ fn traced(tag: &str, args: &[&str]) -> (usize, Vec<Event>, usize) {
     let mut cmd = sim_command(&exe, tag);
     cmd.args(args);
     preload(&mut cmd, &interposer_lib()).env("VRAMSHIM_TRACE", &path);
+    cmd.envs(env.iter().copied());
     let out = run(&mut cmd);
     out.assert_success();
     let made = out
@@ -43,7 +54,12 @@ fn traced(tag: &str, args: &[&str]) -> (usize, Vec<Event>, usize) {
     let r = read(&path);
     assert!(r.errors.is_empty(), "{:?}", r.errors);
     assert!(r.end.is_some(), "no end record");
-    (frame_count(&std::fs::read(&path).unwrap()), r.events, made)
+    (
+        frame_count(&std::fs::read(&path).unwrap()),
+        r.events,
+        made,
+        out.stderr,
+    )
 }
 
 /// 2 s asleep after one allocation is 40 ticks of the writer: it writes the allocation (and
@@ -69,4 +85,57 @@ fn a_slow_program_loses_no_event_between_ticks() {
     assert!(made > 0);
     assert_eq!(syncs, made, "syncs traced / made");
     assert!(frames >= 2, "{frames} frames");
+}
+
+/// `VRAMSHIM_TRACE_TICK_MS` (a benchmark switch) stretches the drain period: a program that
+/// synchronizes every 5 ms for 1 s gets a frame per 400 ms tick at most (plus the first
+/// events' and the end's), where 50 ms ticks write one every tick; every event still reaches
+/// the file.
+#[test]
+fn the_tick_switch_sets_the_drain_period() {
+    let t0 = std::time::Instant::now();
+    let (frames, events, made, err) = traced_env(
+        "trace_tick",
+        &["1", "5000"],
+        &[("VRAMSHIM_TRACE_TICK_MS", "400")],
+    );
+    let ticks = t0.elapsed().as_millis() as usize / 400;
+    let syncs = events
+        .iter()
+        .filter(|e| matches!(e, Event::Sync { .. }))
+        .count();
+    assert_eq!(syncs, made, "syncs traced / made");
+    assert!(
+        frames <= ticks + 3,
+        "{frames} frames in {ticks} ticks of 400 ms"
+    );
+    assert!(!err.contains("VRAMSHIM_TRACE_TICK_MS"), "{err}");
+}
+
+/// A value it does not accept: one line that names the variable and the accepted values,
+/// and the default period; the trace is whole.
+#[test]
+fn a_bad_tick_switch_is_one_line() {
+    for bad in ["0", "abc", "60001", "-5"] {
+        let (_, events, made, err) = traced_env(
+            "trace_tick_bad",
+            &["1", "20000"],
+            &[("VRAMSHIM_TRACE_TICK_MS", bad)],
+        );
+        let lines: Vec<&str> = err
+            .lines()
+            .filter(|l| l.contains("VRAMSHIM_TRACE_TICK_MS"))
+            .collect();
+        assert_eq!(lines.len(), 1, "{bad}: {err}");
+        assert!(
+            lines[0].contains("from 1 to 60000") && lines[0].contains("50 ms"),
+            "{}",
+            lines[0]
+        );
+        let syncs = events
+            .iter()
+            .filter(|e| matches!(e, Event::Sync { .. }))
+            .count();
+        assert_eq!(syncs, made, "{bad}: syncs traced / made");
+    }
 }
