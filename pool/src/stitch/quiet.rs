@@ -62,12 +62,7 @@ impl Stitch {
         if self.stats.reserved > self.limit_now {
             return 0;
         }
-        if self.faults.keep_layout {
-            return u64::MAX;
-        }
-        let (allocs, hits) = (self.stats.allocs, self.stats.cache_hits);
-        let (a0, h0) = self.layout_mark;
-        if allocs - a0 != hits - h0 {
+        if self.layout_due() {
             self.stats.live
         } else {
             u64::MAX
