@@ -23,8 +23,8 @@
 //! Budget: the pool bounds what it keeps cached to a budget over its recent peak of live bytes
 //! and gives idle pages back (`vramshim_pool::stitch::Budget`, 5% by default;
 //! `VRAMSHIM_POOL_BUDGET=RATIO` sets another, `off` none: the pool then caches until the
-//! device or the cap refuses; see [`budget_setting`]). `VRAMSHIM_POOL=stitch-tight` is the
-//! same pool as `stitch` (the name it had while the budget was not the default).
+//! device or the cap refuses; see [`budget_setting`]). `VRAMSHIM_POOL=stitch-tight` is
+//! accepted as another name of `stitch`.
 
 pub(crate) mod c_stats;
 mod cuda_device;

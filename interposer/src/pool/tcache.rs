@@ -10,11 +10,12 @@
 //! To the pool a block here is still live (its bytes stay put, its physical pages stay
 //! held); the cap was already given back by the dispatcher at the free. Before the pool
 //! serves anything (an allocation, its cache hits included, a free, a trim), every cache is
-//! drained into it ([`drain`]) in the order the blocks were freed, so the pool decides as it
-//! would with no cache here: it sees every freed block, and dissolves its cached blocks in
-//! the order the program freed them. Only exact matches are served: same device, same
-//! requested size, same pool stream; what a cache serves is what the pool's own fast path
-//! would have served (the block of that size freed last).
+//! drained into it ([`drain`]), each thread's blocks in the order that thread freed them (the
+//! caches one after another), so the pool decides as it would with no cache here: it sees
+//! every freed block, and dissolves its cached blocks in the order the program freed them
+//! (with several freeing threads, in each thread's order). Only exact matches are served:
+//! same device, same requested size, same pool stream; what a cache serves is what the
+//! pool's own fast path would have served (the block of that size freed last).
 //!
 //! Round ends: a tight pool ends a round (forgets its layout, see `vramshim_pool::stitch`)
 //! at an allocation that finds nothing live. Blocks kept here are live to it, so a program
@@ -272,9 +273,9 @@ pub(crate) fn any() -> bool {
     NONEMPTY.load(Ordering::Acquire) != 0 && !NO_DRAIN.load(Ordering::Relaxed)
 }
 
-/// Empty every cache, handing each block to `f` in the order it was freed (called with the
-/// pool lock held; the lock order is pool, then cache, and an owner never takes the pool
-/// lock while holding its cache).
+/// Empty every cache, handing each cache's blocks to `f` in the order its thread freed them
+/// (called with the pool lock held; the lock order is pool, then cache, and an owner never
+/// takes the pool lock while holding its cache).
 pub(crate) fn drain(mut f: impl FnMut(Freed)) {
     if NO_DRAIN.load(Ordering::Relaxed) {
         return;
