@@ -849,6 +849,44 @@ mod tests {
         assert_eq!(lookup(h, &a[..2]), None, "a prefix is another stack");
     }
 
+    /// Threads interning the same new stacks at once, 300 hashes shared by 20 stacks each
+    /// (within one probe sequence): every thread gets one id per stack, and different stacks
+    /// different ids.
+    #[test]
+    fn concurrent_interning_of_colliding_stacks_agrees_on_ids() {
+        const N: u64 = 6000;
+        let key = |k: u64| [0x7f00_0000 + k, 0x7f10_0000, 0x7f20_0000 + k % 7];
+        // Home slots 0xd0 apart: each hash's 20 stacks fill their own run of slots.
+        let h = |k: u64| (0xd0 * (k % 300)) << 48 | 0x0de5_0101;
+        let start = std::sync::Arc::new(std::sync::Barrier::new(4));
+        let per_thread: Vec<Vec<u32>> = (0..4)
+            .map(|_| {
+                let start = start.clone();
+                std::thread::spawn(move || {
+                    start.wait();
+                    // All in one order, so that they meet on every new stack.
+                    (0..N).map(|k| intern_key(h(k), &key(k)).0).collect()
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|j| j.join().unwrap())
+            .collect();
+        for ids in &per_thread[1..] {
+            assert_eq!(
+                ids, &per_thread[0],
+                "two threads got different ids for one stack"
+            );
+        }
+        let mut distinct = per_thread[0].clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(distinct.len(), N as usize, "two stacks share an id");
+        for k in 0..N {
+            assert_eq!(lookup(h(k), &key(k)), Some(per_thread[0][k as usize]));
+        }
+    }
+
     #[inline(never)]
     fn nest(depth: u32, want: usize, out: &mut Option<(u32, Option<Frames>)>) {
         if depth == 0 {
