@@ -20,9 +20,11 @@
 //! counts against the cap. A refused page is refused growth, and the pool dissolves cached
 //! blocks instead (as at a device refusal).
 //!
-//! Tight pool: `VRAMSHIM_POOL=stitch-tight`, or `VRAMSHIM_POOL_BUDGET=RATIO` beside
-//! `stitch`, bounds what the pool keeps cached to a budget over its recent peak of live bytes
-//! and gives idle pages back (`vramshim_pool::stitch::Budget`; see [`budget_setting`]).
+//! Budget: the pool bounds what it keeps cached to a budget over its recent peak of live bytes
+//! and gives idle pages back (`vramshim_pool::stitch::Budget`, 5% by default;
+//! `VRAMSHIM_POOL_BUDGET=RATIO` sets another, `off` none: the pool then caches until the
+//! device or the cap refuses; see [`budget_setting`]). `VRAMSHIM_POOL=stitch-tight` is
+//! accepted as another name of `stitch`.
 
 pub(crate) mod c_stats;
 mod cuda_device;
@@ -128,19 +130,19 @@ fn wait_view() -> &'static WaitView {
     WAIT_VIEW.get()
 }
 
-/// Reads the tight pool's budget ratio once: a [`Setup`](crate::sys::setup::Setup), not a
+/// Reads the pool's budget ratio once: a [`Setup`](crate::sys::setup::Setup), not a
 /// `OnceLock`, because a thread may be reading it (the environment, maybe a warning) while
 /// another forks, and a child's `OnceLock` would then stay "being initialized" for good: its
 /// first pool would wait forever. The child reads it again ([`on_fork_child`]).
 static BUDGET_READ: crate::sys::setup::Setup = crate::sys::setup::Setup::new();
-/// The ratio read (`None`: the default stitch).
+/// The ratio read (`None`: no budget).
 static BUDGET_RATIO: crate::sys::setup::SetupCell<Option<f64>> =
     crate::sys::setup::SetupCell::new();
 
 /// The budget ratio the pool runs with: `VRAMSHIM_POOL_BUDGET` when set (a bad value: one
-/// warning, then `tight`'s default), else the default budget when `tight`, else none.
-fn budget_setting(tight: bool) -> Option<f64> {
-    let default = tight.then_some(Budget::default().ratio);
+/// warning, then the default), else the default budget.
+fn budget_setting() -> Option<f64> {
+    let default = Some(Budget::default().ratio);
     match crate::config::var("VRAMSHIM_POOL_BUDGET").map(str::trim) {
         None | Some("") => default,
         Some(v) => match Budget::parse_ratio(v) {
@@ -157,8 +159,8 @@ fn budget_setting(tight: bool) -> Option<f64> {
     }
 }
 
-/// The budget the pools are made with (`None`: the default stitch); the first call reads the
-/// variables (and warns once about a bad value).
+/// The budget the pools are made with (`None`: none); the first call reads the variable (and
+/// warns once about a bad value).
 fn configured_budget() -> Option<Budget> {
     BUDGET_READ.answer(|| BUDGET_READ.run(read_budget));
     let ratio = BUDGET_RATIO.get().copied().flatten();
@@ -170,8 +172,7 @@ fn configured_budget() -> Option<Budget> {
 
 /// The set-up of [`BUDGET_READ`]: reads the variables (and warns once about a bad value).
 fn read_budget() -> bool {
-    let tight = crate::config::var("VRAMSHIM_POOL").map(str::trim) == Some("stitch-tight");
-    let _ = BUDGET_RATIO.set(budget_setting(tight));
+    let _ = BUDGET_RATIO.set(budget_setting());
     true
 }
 
@@ -248,6 +249,8 @@ fn fall_back(why: &str) {
 struct DevicePool {
     policy: Stitch,
     dev: CudaDevice,
+    /// The policy has a budget (only then can its rounds end: see [`publish_watch`]).
+    tight: bool,
 }
 
 struct Pools {
@@ -341,20 +344,25 @@ static ROUND_WATCH: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(u64::MAX)
 
 #[inline]
 fn publish_watch(d: usize, p: &DevicePool) {
-    if let Some(w) = ROUND_WATCH.get(d) {
+    // a program that never kept a free in a thread's cache never reads it
+    if p.tight
+        && tcache::used()
+        && let Some(w) = ROUND_WATCH.get(d)
+    {
         w.store(p.policy.round_end_watch(), Ordering::Relaxed);
     }
 }
 
-/// A free kept by this thread's cache left it keeping `kept` bytes: if the caches keep
-/// everything the pool has live and the pool's round could end, give them back, so that the
-/// next allocation finds nothing live.
-#[inline]
-fn watch_round_end(device: i32, kept: u64) {
-    let watch = ROUND_WATCH[device as usize].load(Ordering::Relaxed);
-    if watch == u64::MAX || !tcache::round_ends() {
+/// A free was kept by this thread's cache while the device's pool could end its round when
+/// `watch` bytes are all it has live: if the caches keep that much, everything live is kept
+/// there: give them back, so that the next allocation finds nothing live.
+#[cold]
+#[inline(never)]
+fn watch_round_end(device: i32, watch: u64) {
+    if !tcache::round_ends() {
         return;
     }
+    let kept = tcache::kept_mine();
     if kept >= watch || (tcache::others_nonempty() && kept + tcache::others_kept() >= watch) {
         end_round(device);
     }
@@ -387,9 +395,11 @@ pub(crate) fn alloc(req: &request::Request) -> Option<Result<u64, i32>> {
         if !matches!(pools.devs.get(d), Some(Some(_))) {
             create_pool(pools, req)?;
         }
-        // the pool decides as it would without the threads' caches: with every block they
-        // keep given back and every request they served counted (see `tcache`, "Round
-        // ends"); nothing to do in a program whose frees all reach the pool
+        // The pool decides as it would with no thread caches: every block they keep is given
+        // back first, in the order it was freed (the pool's cache hits are decided with them
+        // in view, and its cached blocks dissolve in free order); nothing to give back in a
+        // program whose frees all reach the pool. (A tight pool then sees its round ends as
+        // without the caches: see `tcache`, "Round ends".)
         drain_tcaches(pools);
         let Some(Some(p)) = pools.devs.get_mut(d) else {
             return Err("internal error: no pool after its creation".to_string());
@@ -465,8 +475,13 @@ fn create_pool(pools: &mut Pools, req: &request::Request) -> Result<(), String> 
                 if let Some(faults) = debug_faults() {
                     policy.set_faults(faults);
                 }
-                let policy = policy.with_budget(configured_budget());
-                pools.devs[d] = Some(DevicePool { policy, dev });
+                let budget = configured_budget();
+                let policy = policy.with_budget(budget);
+                pools.devs[d] = Some(DevicePool {
+                    policy,
+                    dev,
+                    tight: budget.is_some(),
+                });
                 HAS_POOL.fetch_or(1 << d, Ordering::Relaxed);
             }
             Err(why) => return Err(why),
@@ -498,7 +513,16 @@ fn debug_faults() -> Option<vramshim_pool::stitch::Faults> {
             },
             "reuses freed memory too early",
         ),
-        // Grows and caches as if there were no budget: the tight pool's test.
+        // Lays a repeated round out afresh instead of replaying the previous round's places:
+        // the steady-state test (no driver call after the first pass).
+        "forget-rounds" => (
+            Faults {
+                forget_rounds: true,
+                ..Default::default()
+            },
+            "does not replay a repeated round's places",
+        ),
+        // Grows and caches as if there were no budget: the budget's test.
         "ignore-budget" => (
             Faults {
                 ignore_budget: true,
@@ -517,10 +541,15 @@ static HAS_POOL: AtomicU64 = AtomicU64::new(0);
 
 /// Free every block the threads keep into its pool (pool lock held); blocks of a device
 /// whose pool is gone are dropped.
+#[inline]
 fn drain_tcaches(pools: &mut Pools) {
-    if !tcache::any() {
-        return;
+    if tcache::any() {
+        drain_tcaches_now(pools);
     }
+}
+
+#[inline(never)]
+fn drain_tcaches_now(pools: &mut Pools) {
     tcache::drain(|f| {
         if let Some(Some(p)) = pools.devs.get_mut(f.device as usize) {
             p.dev.begin(f.stream, false);
@@ -542,14 +571,17 @@ pub(crate) fn free(ptr: u64, stream: Option<u64>, pooled: Option<(i32, u64)>) ->
     if let (Some(s), Some((device, size))) = (stream, pooled)
         && (0..MAX_DEVICES as i32).contains(&device)
         && HAS_POOL.load(Ordering::Relaxed) & (1 << device) != 0
-        && let Some(kept) = tcache::put(tcache::Freed {
+        && tcache::put(tcache::Freed {
             device,
             addr: ptr,
             size,
             stream: s,
         })
     {
-        watch_round_end(device, kept);
+        let watch = ROUND_WATCH[device as usize].load(Ordering::Relaxed);
+        if watch != u64::MAX {
+            watch_round_end(device, watch);
+        }
         return Some(CUDA_SUCCESS);
     }
     with_pools(|pools| {
@@ -558,9 +590,9 @@ pub(crate) fn free(ptr: u64, stream: Option<u64>, pooled: Option<(i32, u64)>) ->
             None => FreeMode::Sync,
         };
         // the blocks the threads keep reach the pool first, in the order they were freed
-        // (the pool dissolves its cache least recently freed first); and for a pointer that
-        // is not a live pool block by the live table (an unknown pointer, or one freed twice)
-        // the pool must not take a block a thread keeps as freed for live
+        // (as in `alloc`); and for a pointer that is not a live pool block by the live table
+        // (an unknown pointer, or one freed twice) no pool may take a block a thread keeps as
+        // freed for live
         drain_tcaches(pools);
         // `free` answers UnknownPointer for a block it does not own, without touching
         // anything: one lookup per pool instead of `owns` then `free`

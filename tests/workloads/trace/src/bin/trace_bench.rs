@@ -389,7 +389,7 @@ fn main() {
             );
             println!();
             println!(
-                "bytes/event: the real traces replayed through libvramshim.so on cuda-sim (replay workload, VRAMSHIM_TRACE, zstd level 3)"
+                "bytes/event: the real traces replayed through libvramshim.so on cuda-sim (replay workload, VRAMSHIM_TRACE, zstd level 1 for frames of 1 KiB and more)"
             );
             print!("{}", sub(&["replay"]));
         }
