@@ -5,7 +5,9 @@
 //! pin it (size, state, index of the allocating event).
 //!
 //! `cargo run --release -p vramshim-pool --example pool_fit -- TRACE.csv [sync|async]
-//! [stitch|tight] [MiB] [-v]` (default: sync, stitch, one page below the smallest device).
+//! [stitch|no-budget] [MiB] [-v]` (default: sync, stitch, one page below the smallest device;
+//! `stitch` is the pool with its budget, `Stitch::tight()`, also accepted as `tight`;
+//! `no-budget` is `Stitch::new()`).
 
 mod common;
 
@@ -16,21 +18,21 @@ use vramshim_pool::{MIB, Policy, Request};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let usage = "usage: pool_fit TRACE.csv [sync|async] [stitch|tight] [MiB] [-v]";
+    let usage = "usage: pool_fit TRACE.csv [sync|async] [stitch|no-budget] [MiB] [-v]";
     let Some(path) = args.first() else {
         eprintln!("{usage}");
         std::process::exit(2);
     };
     let mut frees = Frees::CudaFree;
-    let mut tight = false;
+    let mut tight = true;
     let mut device: Option<u64> = None;
     let mut verbose = false;
     for a in &args[1..] {
         match a.as_str() {
             "sync" => frees = Frees::CudaFree,
             "async" => frees = Frees::StreamOrdered,
-            "stitch" => tight = false,
-            "tight" => tight = true,
+            "stitch" | "tight" => tight = true,
+            "no-budget" => tight = false,
             "-v" => verbose = true,
             n => match n.parse::<u64>() {
                 Ok(m) => device = Some(m * MIB),

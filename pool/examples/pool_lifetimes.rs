@@ -106,7 +106,7 @@ fn main() {
                 }
             }
             let class: Vec<u8> = death.iter().map(|&d| u8::from(d < at)).collect();
-            for (label, tight) in [("stitch", false), ("stitch tight", true)] {
+            for (label, tight) in [("stitch, budget off", false), ("stitch", true)] {
                 let plain = min_device(&events, None, tight);
                 let told = min_device(&events, Some(&class), tight);
                 println!(

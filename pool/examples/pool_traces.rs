@@ -1,5 +1,5 @@
-//! Replay every RMM CSV trace through stitch (default and tight), caching and direct, side
-//! by side, under both free semantics (every free a `cudaFree`, every free stream-ordered).
+//! Replay every RMM CSV trace through stitch (with its budget, the default, and without),
+//! caching and direct, side by side, under both free semantics (every free a `cudaFree`, every free stream-ordered).
 //!
 //! `cargo run --release -p vramshim-pool --example pool_traces -- [DIR_OR_FILES...]`
 //! (default: tests/workloads/traces).
@@ -20,8 +20,8 @@ fn policies() -> Vec<(&'static str, Make)> {
     vec![
         ("stitch", Box::new(|| PolicyKind::Stitch.build())),
         (
-            "stitch tight",
-            Box::new(|| -> Box<dyn Policy> { Box::new(Stitch::tight()) }),
+            "stitch, budget off",
+            Box::new(|| -> Box<dyn Policy> { Box::new(Stitch::new()) }),
         ),
         ("caching", Box::new(|| PolicyKind::Caching.build())),
         ("direct", Box::new(|| PolicyKind::Direct.build())),

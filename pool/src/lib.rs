@@ -18,6 +18,7 @@
 //!     fn reset(&mut self);                          // forget all (device reset, fork child)
 //! }
 //! enum PolicyKind { Stitch, Caching, Direct }       // FromStr "stitch"|"caching"|"direct"
+//!                                                   // Stitch builds Stitch::tight()
 //! PolicyKind::build(self) -> Box<dyn Policy>
 //! PolicyKind::ALL: [PolicyKind; 3]
 //!
@@ -62,7 +63,9 @@
 //! // Configured stitch: stitch::Stitch::new().with_headroom(Some(h)) (soft limit: dissolve
 //! //   cached blocks before growing beyond peak_live * (1 + h); default None = cache until
 //! //   the device or cap refuses)
-//! // Tight stitch: stitch::Stitch::tight() = Stitch::new().with_budget(Some(Budget::default()))
+//! // Tight stitch (PolicyKind::Stitch, the interposer's VRAMSHIM_POOL=stitch):
+//! //   stitch::Stitch::tight() = Stitch::new().with_budget(Some(Budget::default()));
+//! //   Stitch::new() alone has no budget (VRAMSHIM_POOL_BUDGET=off)
 //! //   (reserved <= recent peak live * (1 + ratio) + slack while anything is cached; cached
 //! //   blocks dissolved and idle pages released beyond it; Stats::{cached, budget, releases})
 //! //   (large blocks carved by address out of one growing mapping, the arena, first)
@@ -273,7 +276,8 @@ impl PolicyKind {
     /// A fresh policy with default settings.
     pub fn build(self) -> Box<dyn Policy> {
         match self {
-            PolicyKind::Stitch => Box::new(stitch::Stitch::new()),
+            // the budget keeps reserved bytes near live ones whatever the device's size
+            PolicyKind::Stitch => Box::new(stitch::Stitch::tight()),
             PolicyKind::Caching => Box::new(caching::Caching::new()),
             PolicyKind::Direct => Box::new(direct::Direct::new()),
         }

@@ -35,6 +35,13 @@ fn every_policy_replays_every_trace_safely() {
 fn stitch_fits_within_5_percent_of_peak_live() {
     for (name, ev) in traces() {
         let live = replay::peak_live(&ev);
+        // without its budget too
+        let (_, no_budget) = stitch_pools()[1];
+        let plain = replay::min_capacity_with(&ev, &no_budget);
+        assert!(
+            plain as f64 <= live as f64 * 1.05,
+            "{name}: stitch without a budget needs {plain} B for {live} B live"
+        );
         let stitch = replay::min_capacity(&ev, PolicyKind::Stitch);
         let caching = replay::min_capacity(&ev, PolicyKind::Caching);
         let direct = replay::min_capacity(&ev, PolicyKind::Direct);
@@ -114,12 +121,32 @@ fn training_loop(steps: u64) -> Vec<Event> {
     ev
 }
 
+/// Makes a new pool.
+type Make = fn() -> Box<dyn vramshim_pool::Policy>;
+
+/// The stitch pool as `PolicyKind::Stitch` builds it (with its budget) and without a budget
+/// (`Stitch::new()`, `VRAMSHIM_POOL_BUDGET=off`).
+fn stitch_pools() -> [(&'static str, Make); 2] {
+    [
+        ("stitch", || PolicyKind::Stitch.build()),
+        ("stitch, budget off", || {
+            Box::new(vramshim_pool::stitch::Stitch::new())
+        }),
+    ]
+}
+
 #[test]
 fn steady_state_makes_no_driver_calls() {
+    for (label, make) in stitch_pools() {
+        steady_state_of(label, make);
+    }
+}
+
+fn steady_state_of(label: &str, make: Make) {
     // a repeating loop: after the first step (two shapes: two steps) no driver call at all
     let ev = training_loop(20);
     let mut dev = vramshim_pool::AccountingDevice::new(UNLIMITED);
-    let mut p = PolicyKind::Stitch.build();
+    let mut p = make();
     let mut ids = std::collections::HashMap::new();
     let mut calls_after_warmup = None;
     let mut allocs = 0;
@@ -143,15 +170,15 @@ fn steady_state_makes_no_driver_calls() {
         }
     }
     let c = dev.calls().since(&calls_after_warmup.unwrap());
-    assert_eq!(c.driver_calls(), 0, "{c:?}");
-    assert_eq!(c.syncs(), 0);
+    assert_eq!(c.driver_calls(), 0, "{label}: {c:?}");
+    assert_eq!(c.syncs(), 0, "{label}");
     // real traces replayed as a loop (cudaMalloc/cudaFree, as the log-replay workload
     // issues them): from the second pass on, no driver call at all
     for (name, ev) in traces() {
-        let passes = replay::driver_calls_per_pass(&ev, PolicyKind::Stitch, 3);
-        eprintln!("{name}: driver calls per pass {passes:?}");
-        assert!(passes[0] > 0, "{name}: {passes:?}");
-        assert_eq!(&passes[1..], &[0, 0], "{name}: {passes:?}");
+        let passes = replay::calls_per_pass_with(&ev, replay::Frees::CudaFree, &make, 3);
+        eprintln!("{name} {label}: driver calls per pass {passes:?}");
+        assert!(passes[0] > 0, "{name} {label}: {passes:?}");
+        assert_eq!(&passes[1..], &[0, 0], "{name} {label}: {passes:?}");
     }
 }
 

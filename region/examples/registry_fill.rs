@@ -52,6 +52,7 @@ fn main() {
                 ordinal: 0,
                 uuid: Some(DeviceId(uuid)),
                 cap: Some(8 << 30),
+                group_cap: None,
                 used: (n + 1) << 20,
                 peak: (n + 2) << 20,
                 pool_reserved: 0,

@@ -65,7 +65,9 @@ struct RegDevice {
     used: AtomicU64,
     peak: AtomicU64,
     pool_reserved: AtomicU64,
-    _pad: AtomicU64,
+    /// The group's cap + 1 (0: none, or a writer from before this word was used: it was
+    /// padding, always 0).
+    group_cap: AtomicU64,
 }
 
 #[repr(C, align(64))]
@@ -266,8 +268,12 @@ pub struct DeviceRecord {
     pub ordinal: u32,
     /// The driver's UUID (None: not known yet).
     pub uuid: Option<DeviceId>,
-    /// The cap in bytes (None: uncapped).
+    /// The cap that binds the process, in bytes (None: uncapped): its own, or in a
+    /// `VRAMSHIM_SHARED` group the smaller of the group's and the member's own.
     pub cap: Option<u64>,
+    /// The cap of the process's `VRAMSHIM_SHARED` group, in bytes (None: not in a group, or
+    /// the group is uncapped on the device).
+    pub group_cap: Option<u64>,
     pub used: u64,
     pub peak: u64,
     pub pool_reserved: u64,
@@ -536,6 +542,8 @@ impl Registry {
         d.uuid[1].store(b, Relaxed);
         d.cap
             .store(rec.cap.map_or(0, |c| c.saturating_add(1)), Relaxed);
+        d.group_cap
+            .store(rec.group_cap.map_or(0, |c| c.saturating_add(1)), Relaxed);
         d.used.store(rec.used, Relaxed);
         d.peak.store(rec.peak, Relaxed);
         d.pool_reserved.store(rec.pool_reserved, Relaxed);
@@ -595,10 +603,12 @@ impl Registry {
                 }
                 let w = [d.uuid[0].load(Relaxed), d.uuid[1].load(Relaxed)];
                 let cap = d.cap.load(Relaxed);
+                let group_cap = d.group_cap.load(Relaxed);
                 devices.push(DeviceRecord {
                     ordinal: (o - 1).min(u64::from(u32::MAX)) as u32,
                     uuid: (w != [0, 0]).then(|| DeviceId::from_words(w)),
                     cap: (cap != 0).then(|| cap - 1),
+                    group_cap: (group_cap != 0).then(|| group_cap - 1),
                     used: d.used.load(Relaxed),
                     peak: d.peak.load(Relaxed),
                     pool_reserved: d.pool_reserved.load(Relaxed),

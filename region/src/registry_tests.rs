@@ -47,6 +47,7 @@ fn register_publish_read_and_leave() {
         ordinal: 1,
         uuid: Some(uuid),
         cap: Some(1 << 30),
+        group_cap: Some(4 << 30),
         used: 800 << 20,
         peak: 900 << 20,
         pool_reserved: 64 << 20,

@@ -449,6 +449,31 @@ fn nvml_limits_and_a_groups_budget_are_named_from_the_trace() {
         )),
         "{entries:?}"
     );
+    // NVML's limit binds; the cgroup's larger one on the same device is listed beside it
+    // (by CUDA ordinal: the header follows the set-up), both named by source, so that a
+    // reader sees every limit on the device, not only the smaller.
+    let root = fake_cgroup(
+        "lim-summary-nvml-dmem",
+        "drm/0000:01:00.0/vram0 536870912\n",
+        None,
+    );
+    let (trace, _) = traced_refusal(
+        &[
+            ("VRAMSIM_NVML_MEMORY_LIMITS", "0=256MiB/64MiB"),
+            ("VRAMSHIM_CGROUP_ROOT", root_str(&root)),
+        ],
+        nvml,
+        "lim-summary-nvml-dmem",
+    );
+    let entries = header_limits(&trace);
+    assert!(
+        entries.contains(&format!(
+            "devices=nvml:0 bytes=268435456 kind=nvml source={nvml}"
+        )) && entries.iter().any(|e| e
+            .starts_with("devices=0 bytes=536870912 kind=cgroup source=cgroup ")
+            && e.ends_with("(drm/0000:01:00.0/vram0 512 MiB)")),
+        "{entries:?}"
+    );
     // A member of a group whose budget (256 MiB) is below its own VRAMSHIM_CAP.
     let region = temp_dir("lim-summary-group").join("group");
     vramshim_region::Region::open_or_create(

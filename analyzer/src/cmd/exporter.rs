@@ -273,7 +273,12 @@ pub(crate) fn scrape(
     let mut cap = Family::new(
         "vramshim_process_cap_bytes",
         "gauge",
-        "The cap in force on the device for the process (its group's, with VRAMSHIM_SHARED); absent when uncapped.",
+        "The cap that binds the process on the device: its own, or with VRAMSHIM_SHARED the smaller of the group's and the member's own; absent when uncapped.",
+    );
+    let mut group_cap = Family::new(
+        "vramshim_process_group_cap_bytes",
+        "gauge",
+        "The cap of the process's VRAMSHIM_SHARED group on the device (its members' total); absent outside a group or when the group is uncapped.",
     );
     let mut pool = Family::new(
         "vramshim_process_pool_reserved_bytes",
@@ -309,6 +314,9 @@ pub(crate) fn scrape(
             peak.add(&dl, d.peak);
             if let Some(c) = d.cap {
                 cap.add(&dl, c);
+            }
+            if let Some(c) = d.group_cap {
+                group_cap.add(&dl, c);
             }
             pool.add(&dl, d.pool_reserved);
             *gpus.entry(gpu).or_default() += d.used + d.pool_reserved;
@@ -358,6 +366,7 @@ pub(crate) fn scrape(
         &used,
         &peak,
         &cap,
+        &group_cap,
         &pool,
         &refusals,
         &ooms,
@@ -486,6 +495,71 @@ pub(crate) mod nvml {
 mod tests {
     use super::*;
 
+    /// A registry at `path` with this process registered in it (as `python`, in `group` and
+    /// `container`): the registry, the process's key and its slot.
+    fn register_me(
+        path: &std::path::Path,
+        group: &str,
+        container: vramshim_region::registry::Container,
+    ) -> (
+        vramshim_region::registry::Registry,
+        vramshim_region::ProcessKey,
+        vramshim_region::registry::RegSlotIndex,
+    ) {
+        use vramshim_region::registry::{Identity, Registry};
+        let reg = Registry::open_or_create(path).unwrap();
+        let me = vramshim_region::ProcessKey::current().unwrap();
+        let id = Identity {
+            uid: 1000,
+            start_ticks: vramshim_region::proc::stat(me.pid()).unwrap().0,
+            cmd: "python".into(),
+            group: group.into(),
+            container,
+        };
+        let slot = reg.register(me, &id).unwrap();
+        (reg, me, slot)
+    }
+
+    /// A group member whose own cap is stricter than the group's: its cap series is its own
+    /// (the one that binds it), the group's cap has its own series beside it.
+    #[test]
+    fn a_members_binding_cap_and_its_groups_cap() {
+        use vramshim_region::DeviceId;
+        use vramshim_region::registry::DeviceRecord;
+        let dir = std::env::temp_dir().join(format!("vramshim-exp-cap-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let reg_path = dir.join("registry");
+        let (reg, me, s) = register_me(&reg_path, "job", Default::default());
+        let rec = DeviceRecord {
+            ordinal: 0,
+            uuid: Some(DeviceId([0x22; 16])),
+            cap: Some(1 << 30),
+            group_cap: Some(4 << 30),
+            used: 1 << 20,
+            ..DeviceRecord::default()
+        };
+        reg.publish_device(s, 0, &rec);
+        let text = scrape(&reg_path, None, &dir.join("no-such-dir"));
+        let value = |name: &str| {
+            text.lines()
+                .find(|l| l.starts_with(&format!("{name}{{")) && l.contains("group=\"job\""))
+                .and_then(|l| l.rsplit(' ').next())
+                .map(str::to_string)
+                .unwrap_or_else(|| panic!("no {name}: {text}"))
+        };
+        assert_eq!(
+            value("vramshim_process_cap_bytes"),
+            (1u64 << 30).to_string()
+        );
+        assert_eq!(
+            value("vramshim_process_group_cap_bytes"),
+            (4u64 << 30).to_string()
+        );
+        reg.unregister(s, me);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn escapes_label_values() {
         assert_eq!(esc("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
@@ -497,7 +571,7 @@ mod tests {
     #[test]
     fn pod_namespace_and_container_names_from_the_kubelet() {
         use std::os::unix::fs::PermissionsExt;
-        use vramshim_region::registry::{Container, Identity, Registry, Runtime};
+        use vramshim_region::registry::{Container, Runtime};
         const UID: &str = "0b7d8f3c-5a1e-4c2b-9d6f-1e2a3b4c5d6e";
         const CID: &str = "4f1e2d3c4b5a69788796a5b4c3d2e1f0a1b2c3d4e5f60718293a4b5c6d7e8f90";
         let dir = std::env::temp_dir().join(format!("vramshim-exp-kube-{}", std::process::id()));
@@ -514,20 +588,12 @@ mod tests {
         )
         .unwrap();
         let reg_path = dir.join("registry");
-        let reg = Registry::open_or_create(&reg_path).unwrap();
-        let me = vramshim_region::ProcessKey::current().unwrap();
-        let id = Identity {
-            uid: 1000,
-            start_ticks: vramshim_region::proc::stat(me.pid()).unwrap().0,
-            cmd: "python".into(),
-            group: String::new(),
-            container: Container {
-                runtime: Runtime::Containerd,
-                id: CID.into(),
-                pod_uid: UID.into(),
-            },
+        let container = Container {
+            runtime: Runtime::Containerd,
+            id: CID.into(),
+            pod_uid: UID.into(),
         };
-        reg.register(me, &id).unwrap();
+        let _registered = register_me(&reg_path, "", container);
         let text = scrape(&reg_path, None, &logs);
         let line = text
             .lines()

@@ -167,7 +167,9 @@ pub(crate) fn render_text(path: &Path, procs: &Result<Vec<Registered>, String>) 
             for d in &p.devices {
                 let e = per.entry(gpu_name(d)).or_insert((0, None));
                 e.0 += d.used;
-                e.1 = e.1.max(d.cap);
+                // The group's cap; a member's own stricter cap is on its row. (A registry
+                // written before the group's cap was published has only the member's.)
+                e.1 = e.1.max(d.group_cap.or(d.cap));
             }
         }
         let gpus: Vec<String> = per
@@ -209,6 +211,7 @@ pub(crate) fn render_json(path: &Path, procs: &Result<Vec<Registered>, String>) 
                     "ordinal": d.ordinal,
                     "gpu": gpu_name(d),
                     "cap": d.cap,
+                    "group_cap": d.group_cap,
                     "used": d.used,
                     "peak": d.peak,
                     "pool_reserved": d.pool_reserved,
@@ -254,7 +257,9 @@ mod tests {
             &DeviceRecord {
                 ordinal: 0,
                 uuid: Some(DeviceId([0x11; 16])),
+                // Its own 1 GiB binds inside the group's 4 GiB.
                 cap: Some(1 << 30),
+                group_cap: Some(4 << 30),
                 used: 800 << 20,
                 peak: 900 << 20,
                 pool_reserved: 0,
@@ -276,9 +281,15 @@ mod tests {
             text.contains(&format!("group job: pids {}; GPU-11111111", me.pid())),
             "{text}"
         );
-        assert!(text.contains("800 MiB of 1 GiB"), "{text}");
+        assert!(text.contains("800 MiB of 4 GiB"), "{text}");
+        assert!(
+            text.contains("1 GiB"),
+            "the member's own cap on its row: {text}"
+        );
         let j = render_json(&path, &procs);
         assert_eq!(j["processes"][0]["devices"][0]["used"], 800u64 << 20);
+        assert_eq!(j["processes"][0]["devices"][0]["cap"], 1u64 << 30);
+        assert_eq!(j["processes"][0]["devices"][0]["group_cap"], 4u64 << 30);
         assert_eq!(j["processes"][0]["runtime"], "docker");
         r.unregister(s, me);
         assert!(read(&path).unwrap().is_empty());

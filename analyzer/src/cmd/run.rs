@@ -36,12 +36,14 @@ pub struct Args {
     /// VRAMSHIM_ON_CAP.
     #[arg(long, value_name = "fail|wait[:TIMEOUT]")]
     pub on_cap: Option<String>,
-    /// Allocation pool: `stitch` (defragmenting pool), `stitch-tight` (the same, holding at
-    /// most a budget over its recent peak of live bytes) or `off`. Sets VRAMSHIM_POOL.
+    /// Allocation pool: `stitch` (defragmenting pool, holding at most a budget over its recent
+    /// peak of live bytes: see --pool-budget), `stitch-tight` (the same) or `off`. Sets
+    /// VRAMSHIM_POOL.
     #[arg(long, value_name = "POLICY", value_parser = ["stitch", "stitch-tight", "off"])]
     pub pool: Option<String>,
-    /// Tight pool: what it may hold over its recent peak of live bytes, a ratio (0.05) or a
-    /// percentage (5%), or `off`; implies `--pool stitch`. Sets VRAMSHIM_POOL_BUDGET.
+    /// What the pool may hold over its recent peak of live bytes: a ratio (0.05) or a
+    /// percentage (5%, the default), or `off` (no budget: it caches until the device or the cap
+    /// refuses); implies `--pool stitch`. Sets VRAMSHIM_POOL_BUDGET.
     #[arg(long, value_name = "RATIO")]
     pub pool_budget: Option<String>,
     /// Write a trace (`%p` = pid, `%h` = host, `%t` = start time). Sets VRAMSHIM_TRACE.

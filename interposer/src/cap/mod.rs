@@ -172,6 +172,9 @@ pub(crate) struct Cap {
     /// The kernel's limit of each device (cgroup `dmem.max` of the region at its PCI
     /// address), mapped at setup; and per device whether it, not `spec`, bound the cap.
     kernel: SetupCell<Vec<Option<limits::Limit>>>,
+    /// Every cgroup limit of each device, mapped with `kernel` (the trace header lists them
+    /// all: a larger one than NVML's still bounds the device).
+    kernel_cgroup: SetupCell<Vec<Vec<limits::Limit>>>,
     kernel_binds: [AtomicBool; MAX_DEVICES],
     /// Requests waiting for room (`VRAMSHIM_ON_CAP=wait`, see `wait`).
     waits: wait::Waits,
@@ -231,6 +234,7 @@ impl Cap {
             unresolved_said: [const { AtomicBool::new(false) }; MAX_DEVICES],
             last_reclaim_ns: AtomicU64::new(0),
             kernel: SetupCell::new(),
+            kernel_cgroup: SetupCell::new(),
             kernel_binds: [const { AtomicBool::new(false) }; MAX_DEVICES],
             waits: wait::Waits::new(),
             above_device_said: [const { AtomicBool::new(false) }; MAX_DEVICES],
@@ -330,23 +334,27 @@ impl Cap {
             let count = (self.queries().count)()
                 .unwrap_or(0)
                 .clamp(0, MAX_DEVICES as i32);
-            (0..count)
+            let (binding, cgroups): (Vec<_>, Vec<_>) = (0..count)
                 .map(|d| {
                     let addr = driver::pci_bus_id(d).and_then(|b| limits::pci_addr(&b));
-                    let cgroup = self
+                    let cgroup: Vec<limits::Limit> = self
                         .settings
                         .dmem
                         .iter()
                         .filter(|r| addr.is_some() && limits::pci_addr(&r.region) == addr)
-                        .filter_map(limits::DmemRegion::limit);
+                        .filter_map(limits::DmemRegion::limit)
+                        .collect();
                     let nv = nvml
                         .then(|| crate::cuda::nvml::memory_limits(d))
                         .flatten()
                         .and_then(|(_, hard)| limits::nvml_limit(d as usize, hard));
                     // The smallest; on a tie the kernel's.
-                    cgroup.chain(nv).min_by_key(|l| l.bytes)
+                    let binding = cgroup.iter().cloned().chain(nv).min_by_key(|l| l.bytes);
+                    (binding, cgroup)
                 })
-                .collect()
+                .unzip();
+            let _ = self.kernel_cgroup.set(cgroups);
+            binding
         });
         for (d, k) in kernel.iter().enumerate() {
             if let Some(k) = k
@@ -550,6 +558,25 @@ impl Cap {
         self.ready()
             && (self.effective_spec().get(device).is_some()
                 || device_index(device).is_some_and(|d| self.member_cap(d) < MAX_BYTES))
+    }
+
+    /// The cap that binds the process on `device` in bytes: its own, or in a group the
+    /// smaller of the group's and the member's own (None: uncapped, or a share of a total not
+    /// known yet).
+    pub(crate) fn binding_limit(&self, device: i32) -> Option<u64> {
+        let d = device_index(device)?;
+        self.is_capped(device)
+            .then(|| self.cap_bytes(d).min(self.member_cap(d)))
+            .filter(|&b| b < MAX_BYTES)
+    }
+
+    /// The cap of the process's `VRAMSHIM_SHARED` group on `device` in bytes (None: not in a
+    /// group, the group's cap leaves the device uncapped, or a share of a total not known yet).
+    pub(crate) fn group_limit(&self, device: i32) -> Option<u64> {
+        let d = device_index(device)?;
+        (self.ready() && self.region.get().is_some() && self.effective_spec().devices[d].is_some())
+            .then(|| self.cap_bytes(d))
+            .filter(|&b| b < MAX_BYTES)
     }
 
     /// The cap of device `d` in bytes (`MAX_BYTES` when uncapped or not known yet).
@@ -1478,6 +1505,7 @@ impl Cap {
             self.region.forget_in_child();
             self.spec.forget_in_child();
             self.kernel.forget_in_child();
+            self.kernel_cgroup.forget_in_child();
             self.member.forget_in_child();
             for r in &self.member_resolved {
                 r.store(UNRESOLVED, Relaxed);
@@ -1594,14 +1622,16 @@ fn build_global_or_off() -> Option<Cap> {
     })
 }
 
-/// The cap of `device` in bytes as enforced now, for the node registry (None: uncapped, no
-/// cap layer, or a share of a total not known yet).
+/// The cap that binds the process on `device` in bytes, for the node registry (see
+/// [`Cap::binding_limit`]).
 pub fn limit(device: i32) -> Option<u64> {
-    let c = global()?;
-    let d = device_index(device)?;
-    c.is_capped(device)
-        .then(|| c.cap_bytes(d))
-        .filter(|&b| b < MAX_BYTES)
+    global()?.binding_limit(device)
+}
+
+/// The cap of the process's `VRAMSHIM_SHARED` group on `device` in bytes, for the node
+/// registry (see [`Cap::group_limit`]).
+pub fn group_limit(device: i32) -> Option<u64> {
+    global()?.group_limit(device)
 }
 
 /// The driver's UUID of `device`, for the node registry.

@@ -540,6 +540,17 @@ fn a_members_smaller_own_cap_still_binds() {
     assert_eq!(b.adjust_meminfo(0, 15 * GIB, 16 * GIB), (0, GIB));
     assert_eq!(b.total_for(0, 16 * GIB), GIB);
     assert_eq!(a.adjust_meminfo(0, 15 * GIB, 16 * GIB), (2 * GIB, 4 * GIB));
+    // The cap the registry publishes for each (`vramshim_process_cap_bytes`): the one that
+    // binds it.
+    assert_eq!(
+        (a.binding_limit(0), b.binding_limit(0)),
+        (Some(4 * GIB), Some(GIB))
+    );
+    // And the group's, beside it.
+    assert_eq!(
+        (a.group_limit(0), b.group_limit(0)),
+        (Some(4 * GIB), Some(4 * GIB))
+    );
     b.uncharge(0, GIB / 2);
     assert_eq!(b.adjust_meminfo(0, 15 * GIB, 16 * GIB), (GIB / 2, GIB));
     let (total, free, used) = b.nvml_adjust(0, 16 * GIB, 15 * GIB, GIB);
@@ -591,6 +602,8 @@ fn a_members_own_cap_on_a_device_the_group_leaves_uncapped() {
     let _ = take_lines();
     assert_eq!(b.adjust_meminfo(1, 15 * GIB, 16 * GIB), (GIB / 2, GIB));
     assert_eq!(b.total_for(1, 16 * GIB), GIB);
+    assert_eq!((a.binding_limit(1), b.binding_limit(1)), (None, Some(GIB)));
+    assert_eq!((a.group_limit(1), b.group_limit(1)), (None, None));
     assert_eq!(
         b.nvml_adjust(1, 16 * GIB, 15 * GIB, GIB),
         (GIB, GIB / 2, GIB / 2)

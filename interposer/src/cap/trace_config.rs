@@ -14,7 +14,7 @@
 //! CUDA ordinal needs the driver's device list, which a header may precede), and a trace
 //! names a limit the same way whenever it was written. A cgroup's limits are named by CUDA
 //! ordinal once the cap has mapped them to the process's devices (its set-up), else by PCI
-//! address.
+//! address. Every limit is listed, whichever of a device's limits is the smallest.
 
 use vramshim_region::spec::human_bytes;
 use vramshim_region::{CapSpec, CapValue, MAX_DEVICES, Region};
@@ -74,12 +74,13 @@ pub(crate) fn trace_config() -> Vec<(String, String)> {
             );
         }
     }
-    // The cgroup's limits: per CUDA device once mapped (the smaller of a device's cgroup and
-    // NVML limits, so only the cgroup's are listed here), else as read.
-    match cap.kernel.get() {
+    // The cgroup's limits: per CUDA device once mapped, else as read. Every one, also where
+    // NVML's limit of the device is smaller: both bound it, and a reader explaining a refusal
+    // sees both (the refusal's value names the one that bound).
+    match cap.kernel_cgroup.get() {
         Some(mapped) => {
-            for (d, l) in mapped.iter().enumerate() {
-                if let Some(l) = l.as_ref().filter(|l| !l.origin.starts_with(NVML_HARD)) {
+            for (d, ls) in mapped.iter().enumerate() {
+                for l in ls {
                     push(
                         &d.to_string(),
                         &format!("bytes={}", l.bytes),

@@ -26,6 +26,10 @@ static STARTED: AtomicBool = AtomicBool::new(false);
 /// Set at exit, before the entry is given back: the publisher stops writing into a slot that
 /// another process may take next.
 static STOPPED: AtomicBool = AtomicBool::new(false);
+/// A `OnceLock` a fork cannot leave waiting: only `set` (once, behind [`STARTED`]) and `get`,
+/// neither of which waits; a child forked in the middle of the `set` reads none. A forked
+/// child stays unregistered ([`STARTED`] is inherited): its parent made a request before the
+/// fork, so CUDA was set up there, and CUDA cannot be used in such a child.
 static ENTRY: OnceLock<Entry> = OnceLock::new();
 /// Flags the pipeline raises between publications (e.g. waiting on a shared cap).
 static FLAGS: AtomicU64 = AtomicU64::new(0);
@@ -137,6 +141,7 @@ fn publish(e: &Entry, uuids: &mut [Option<DeviceId>; counters::MAX_DEVICES]) {
                 ordinal: d as u32,
                 uuid: *uuid,
                 cap: cap::limit(ordinal),
+                group_cap: cap::group_limit(ordinal),
                 used,
                 peak,
                 pool_reserved: reserved,

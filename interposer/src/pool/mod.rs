@@ -20,9 +20,11 @@
 //! counts against the cap. A refused page is refused growth, and the pool dissolves cached
 //! blocks instead (as at a device refusal).
 //!
-//! Tight pool: `VRAMSHIM_POOL=stitch-tight`, or `VRAMSHIM_POOL_BUDGET=RATIO` beside
-//! `stitch`, bounds what the pool keeps cached to a budget over its recent peak of live bytes
-//! and gives idle pages back (`vramshim_pool::stitch::Budget`; see [`budget_setting`]).
+//! Budget: the pool bounds what it keeps cached to a budget over its recent peak of live bytes
+//! and gives idle pages back (`vramshim_pool::stitch::Budget`, 5% by default;
+//! `VRAMSHIM_POOL_BUDGET=RATIO` sets another, `off` none: the pool then caches until the
+//! device or the cap refuses; see [`budget_setting`]). `VRAMSHIM_POOL=stitch-tight` is the
+//! same pool as `stitch` (the name it had while the budget was not the default).
 
 pub(crate) mod c_stats;
 mod cuda_device;
@@ -128,13 +130,19 @@ fn wait_view() -> &'static WaitView {
     WAIT_VIEW.get()
 }
 
-/// The tight pool's budget ratio (`None`: the default stitch), read once.
-static BUDGET_RATIO: std::sync::OnceLock<Option<f64>> = std::sync::OnceLock::new();
+/// Reads the pool's budget ratio once: a [`Setup`](crate::sys::setup::Setup), not a
+/// `OnceLock`, because a thread may be reading it (the environment, maybe a warning) while
+/// another forks, and a child's `OnceLock` would then stay "being initialized" for good: its
+/// first pool would wait forever. The child reads it again ([`on_fork_child`]).
+static BUDGET_READ: crate::sys::setup::Setup = crate::sys::setup::Setup::new();
+/// The ratio read (`None`: no budget).
+static BUDGET_RATIO: crate::sys::setup::SetupCell<Option<f64>> =
+    crate::sys::setup::SetupCell::new();
 
 /// The budget ratio the pool runs with: `VRAMSHIM_POOL_BUDGET` when set (a bad value: one
-/// warning, then `tight`'s default), else the default budget when `tight`, else none.
-fn budget_setting(tight: bool) -> Option<f64> {
-    let default = tight.then_some(Budget::default().ratio);
+/// warning, then the default), else the default budget.
+fn budget_setting() -> Option<f64> {
+    let default = Some(Budget::default().ratio);
     match crate::config::var("VRAMSHIM_POOL_BUDGET").map(str::trim) {
         None | Some("") => default,
         Some(v) => match Budget::parse_ratio(v) {
@@ -151,16 +159,21 @@ fn budget_setting(tight: bool) -> Option<f64> {
     }
 }
 
-/// The budget the pools are made with (`None`: the default stitch); the first call reads the
-/// variables (and warns once about a bad value).
+/// The budget the pools are made with (`None`: none); the first call reads the variable (and
+/// warns once about a bad value).
 fn configured_budget() -> Option<Budget> {
-    let ratio = *BUDGET_RATIO.get_or_init(|| {
-        budget_setting(crate::config::var("VRAMSHIM_POOL").map(str::trim) == Some("stitch-tight"))
-    });
+    BUDGET_READ.answer(|| BUDGET_READ.run(read_budget));
+    let ratio = BUDGET_RATIO.get().copied().flatten();
     ratio.map(|ratio| Budget {
         ratio,
         ..Budget::default()
     })
+}
+
+/// The set-up of [`BUDGET_READ`]: reads the variables (and warns once about a bad value).
+fn read_budget() -> bool {
+    let _ = BUDGET_RATIO.set(budget_setting());
+    true
 }
 
 /// Device ordinals served (others pass through).
@@ -203,6 +216,14 @@ fn read_mode() -> bool {
                     "VRAMSHIM_POOL_DEBUG=tcache-any-stream: freed blocks are reused on any stream (testing only)"
                 );
                 tcache::configure(true, true, false);
+            }
+            Some("tcache-no-round-end") => {
+                // testing only: rounds of a tight pool end only where the caches are drained
+                // for another reason
+                crate::warn!(
+                    "VRAMSHIM_POOL_DEBUG=tcache-no-round-end: the thread caches are not given back at a round end (testing only)"
+                );
+                tcache::configure_no_round_end();
             }
             Some("tcache-no-drain") => {
                 // testing only: the pool never sees the threads' freed blocks
@@ -313,6 +334,44 @@ fn publish_held(d: usize, p: &DevicePool) {
     }
 }
 
+/// Per device: the live bytes at which the pool's round could end
+/// (`Stitch::round_end_watch`, `u64::MAX`: none), as of the pool's last operation. A
+/// stream-ordered free kept by the thread's cache compares the bytes the caches keep with it
+/// (see `tcache`, "Round ends").
+static ROUND_WATCH: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(u64::MAX) }; MAX_DEVICES];
+
+#[inline]
+fn publish_watch(d: usize, p: &DevicePool) {
+    if let Some(w) = ROUND_WATCH.get(d) {
+        w.store(p.policy.round_end_watch(), Ordering::Relaxed);
+    }
+}
+
+/// A free kept by this thread's cache left it keeping `kept` bytes: if the caches keep
+/// everything the pool has live and the pool's round could end, give them back, so that the
+/// next allocation finds nothing live.
+#[inline]
+fn watch_round_end(device: i32, kept: u64) {
+    let watch = ROUND_WATCH[device as usize].load(Ordering::Relaxed);
+    if watch == u64::MAX || !tcache::round_ends() {
+        return;
+    }
+    if kept >= watch || (tcache::others_nonempty() && kept + tcache::others_kept() >= watch) {
+        end_round(device);
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn end_round(device: i32) {
+    with_pools(|pools| {
+        drain_tcaches(pools);
+        if let Some(Some(p)) = pools.devs.get(device as usize) {
+            publish_watch(device as usize, p);
+        }
+    });
+}
+
 /// `None`: not for the pool, take the real path. `Some(Ok(ptr))` / `Some(Err(cuda_code))` otherwise.
 pub(crate) fn alloc(req: &request::Request) -> Option<Result<u64, i32>> {
     let stream = pool_stream(req)?;
@@ -329,29 +388,29 @@ pub(crate) fn alloc(req: &request::Request) -> Option<Result<u64, i32>> {
         if !matches!(pools.devs.get(d), Some(Some(_))) {
             create_pool(pools, req)?;
         }
+        // the pool decides as it would without the threads' caches: with every block they
+        // keep given back and every request they served counted (see `tcache`, "Round
+        // ends"); nothing to do in a program whose frees all reach the pool
+        drain_tcaches(pools);
         let Some(Some(p)) = pools.devs.get_mut(d) else {
             return Err("internal error: no pool after its creation".to_string());
         };
         if let Some(addr) = p.policy.alloc_cached(req.size, stream) {
+            publish_watch(d, p);
             return Ok(Ok(vramshim_pool::Alloc {
                 addr,
                 size: req.size,
             }));
         }
-        // anything but an exact hit: the pool decides with every freed block in view
-        drain_tcaches(pools);
-        let Some(Some(p)) = pools.devs.get_mut(d) else {
-            return Err("internal error: no pool after its creation".to_string());
-        };
         p.dev.begin(stream, is_runtime(req.api));
-        let r = p.policy.alloc(
-            &mut p.dev,
-            Request {
-                size: req.size,
-                stream,
-            },
-        );
+        let r = Request {
+            size: req.size,
+            stream,
+        };
+        // the threads' caches were drained before the fast path declined: nothing changed since
+        let r = p.policy.alloc_missed(&mut p.dev, r);
         publish_held(d, p);
+        publish_watch(d, p);
         Ok(r)
     });
     let r = match r {
@@ -440,7 +499,16 @@ fn debug_faults() -> Option<vramshim_pool::stitch::Faults> {
             },
             "reuses freed memory too early",
         ),
-        // Grows and caches as if there were no budget: the tight pool's test.
+        // Lays a repeated round out afresh instead of replaying the previous round's places:
+        // the steady-state test (no driver call after the first pass).
+        "forget-rounds" => (
+            Faults {
+                forget_rounds: true,
+                ..Default::default()
+            },
+            "does not replay a repeated round's places",
+        ),
+        // Grows and caches as if there were no budget: the budget's test.
         "ignore-budget" => (
             Faults {
                 ignore_budget: true,
@@ -469,6 +537,7 @@ fn drain_tcaches(pools: &mut Pools) {
             let _ = p
                 .policy
                 .free(&mut p.dev, f.addr, FreeMode::Async { stream: f.stream });
+            publish_watch(f.device as usize, p);
         }
     });
 }
@@ -483,13 +552,14 @@ pub(crate) fn free(ptr: u64, stream: Option<u64>, pooled: Option<(i32, u64)>) ->
     if let (Some(s), Some((device, size))) = (stream, pooled)
         && (0..MAX_DEVICES as i32).contains(&device)
         && HAS_POOL.load(Ordering::Relaxed) & (1 << device) != 0
-        && tcache::put(tcache::Freed {
+        && let Some(kept) = tcache::put(tcache::Freed {
             device,
             addr: ptr,
             size,
             stream: s,
         })
     {
+        watch_round_end(device, kept);
         return Some(CUDA_SUCCESS);
     }
     with_pools(|pools| {
@@ -497,17 +567,21 @@ pub(crate) fn free(ptr: u64, stream: Option<u64>, pooled: Option<(i32, u64)>) ->
             Some(s) => FreeMode::Async { stream: s },
             None => FreeMode::Sync,
         };
-        if pooled.is_none() {
-            // not a live pool block by the live table (an unknown pointer, or one freed
-            // twice): the pool must not take a block a thread keeps as freed for live
-            drain_tcaches(pools);
-        }
+        // the blocks the threads keep reach the pool first, in the order they were freed
+        // (the pool dissolves its cache least recently freed first); and for a pointer that
+        // is not a live pool block by the live table (an unknown pointer, or one freed twice)
+        // the pool must not take a block a thread keeps as freed for live
+        drain_tcaches(pools);
         // `free` answers UnknownPointer for a block it does not own, without touching
         // anything: one lookup per pool instead of `owns` then `free`
-        for p in pools.devs.iter_mut().flatten() {
+        for (d, p) in pools.devs.iter_mut().enumerate() {
+            let Some(p) = p else { continue };
             p.dev.begin(stream.unwrap_or(ANY_STREAM), false);
             match p.policy.free(&mut p.dev, ptr, mode) {
-                Ok(_) => return Some(CUDA_SUCCESS),
+                Ok(_) => {
+                    publish_watch(d, p);
+                    return Some(CUDA_SUCCESS);
+                }
                 Err(PoolError::UnknownPointer(_)) => continue,
                 Err(_) => return Some(CUDA_ERROR_INVALID_VALUE),
             }
@@ -594,6 +668,9 @@ pub(crate) fn on_device_reset(device: i32) {
             && let Some(p) = slot.take()
         {
             HAS_POOL.fetch_and(!(1u64 << device.min(63)), Ordering::Relaxed);
+            if let Some(w) = ROUND_WATCH.get(device as usize) {
+                w.store(u64::MAX, Ordering::Relaxed);
+            }
             drain_tcaches(pools);
             let mut p = p;
             p.policy.reset();
@@ -671,6 +748,12 @@ pub(crate) fn on_fork_child() {
     // The parent's map may be mid-update: moved out and forgotten, never read or dropped.
     std::mem::forget(std::mem::take(&mut pools.devs));
     HAS_POOL.store(0, Ordering::Relaxed);
+    if BUDGET_READ.reset_in_child() {
+        BUDGET_RATIO.forget_in_child();
+    }
+    for w in &ROUND_WATCH {
+        w.store(u64::MAX, Ordering::Relaxed);
+    }
     tcache::on_fork_child();
     for p in &PEERS {
         p.store(0, Ordering::Relaxed);

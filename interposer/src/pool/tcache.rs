@@ -8,10 +8,22 @@
 //! without queueing on one lock.
 //!
 //! To the pool a block here is still live (its bytes stay put, its physical pages stay
-//! held); the cap was already given back by the dispatcher at the free. Before the pool does
-//! anything but an exact-size hit (placement, growth, dissolving, trim), every cache is
-//! drained into it ([`drain`]), so the pool's decisions see every freed block, as before.
-//! Only exact matches are served: same device, same requested size, same pool stream.
+//! held); the cap was already given back by the dispatcher at the free. Before the pool
+//! serves anything (an allocation, its cache hits included, a free, a trim), every cache is
+//! drained into it ([`drain`]) in the order the blocks were freed, so the pool decides as it
+//! would with no cache here: it sees every freed block, and dissolves its cached blocks in
+//! the order the program freed them. Only exact matches are served: same device, same
+//! requested size, same pool stream; what a cache serves is what the pool's own fast path
+//! would have served (the block of that size freed last).
+//!
+//! Round ends: a tight pool ends a round (forgets its layout, see `vramshim_pool::stitch`)
+//! at an allocation that finds nothing live. Blocks kept here are live to it, so a program
+//! whose last frees of a pass all land here would never end a round. Each cache counts the
+//! bytes it keeps ([`put`] returns them); when the bytes kept reach what the pool has live
+//! (`Stitch::round_end_watch`; [`others_kept`] adds the other threads' caches), everything
+//! live is kept here and the caller gives every cache back to the pool, which then sees the
+//! round end as it would without the caches. The same watch is 0 while a tight pool holds
+//! more than its budget: every free then reaches the pool, which dissolves its cache.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -36,6 +48,9 @@ pub(crate) struct Freed {
 struct Cache {
     /// a thread owns this cache
     claimed: AtomicBool,
+    /// Bytes (as the program asked) of the frees held: written under `slots`' lock, read
+    /// without it by other threads' round-end checks (an estimate there; the drain decides).
+    kept: AtomicU64,
     /// The frees and how many; locked by the owner thread around its own get/put, and by a
     /// drain.
     slots: SpinLock<([Freed; SLOTS], usize)>,
@@ -44,6 +59,7 @@ struct Cache {
 static CACHE: [Cache; CACHES] = [const {
     Cache {
         claimed: AtomicBool::new(false),
+        kept: AtomicU64::new(0),
         slots: SpinLock::new((
             [Freed {
                 device: 0,
@@ -71,6 +87,9 @@ static ANY_STREAM: AtomicBool = AtomicBool::new(false);
 /// drain test can fail).
 static NO_DRAIN: AtomicBool = AtomicBool::new(false);
 
+/// See [`configure_no_round_end`].
+static NO_ROUND_END: AtomicBool = AtomicBool::new(false);
+
 const UNCLAIMED: u8 = u8::MAX;
 const NONE: u8 = u8::MAX - 1;
 
@@ -95,6 +114,18 @@ pub(crate) fn configure(on: bool, any_stream: bool, no_drain: bool) {
     ON.store(on, Ordering::Relaxed);
     ANY_STREAM.store(any_stream, Ordering::Relaxed);
     NO_DRAIN.store(no_drain, Ordering::Relaxed);
+}
+
+/// Testing only: never give the caches back at a round end (to prove the test that the live
+/// pool ends its rounds as the model does can fail).
+pub(crate) fn configure_no_round_end() {
+    NO_ROUND_END.store(true, Ordering::Relaxed);
+}
+
+/// Whether round ends are watched at all.
+#[inline]
+pub(crate) fn round_ends() -> bool {
+    !NO_ROUND_END.load(Ordering::Relaxed)
 }
 
 #[inline]
@@ -141,7 +172,8 @@ pub(crate) fn take(device: i32, size: u64, stream: u64) -> Option<u64> {
         return None;
     }
     let any = ANY_STREAM.load(Ordering::Relaxed);
-    CACHE[mine()?].with(|(slots, n)| {
+    let c = &CACHE[mine()?];
+    c.with(|(slots, n)| {
         // newest first: the block freed last is the likeliest twin
         let i = (0..*n).rev().find(|&i| {
             let f = &slots[i];
@@ -152,34 +184,61 @@ pub(crate) fn take(device: i32, size: u64, stream: u64) -> Option<u64> {
         if i < *n {
             slots.copy_within(i + 1..=*n, i);
         }
+        // the owner writes it under the lock: no read-modify-write needed
+        let kept = c.kept.load(Ordering::Relaxed).saturating_sub(size);
+        c.kept.store(kept, Ordering::Relaxed);
         Some(a)
     })
 }
 
-/// Keep a block freed on pool stream `f.stream`. False: the cache is full (or off); the
-/// caller frees it into the pool.
+/// Keep a block freed on pool stream `f.stream`: `Some(bytes this thread's cache keeps
+/// now)`. `None`: the cache is full (or off); the caller frees it into the pool.
 #[inline]
-pub(crate) fn put(f: Freed) -> bool {
+pub(crate) fn put(f: Freed) -> Option<u64> {
     if !ON.load(Ordering::Relaxed) {
-        return false;
+        return None;
     }
-    let Some(i) = mine() else {
-        return false;
-    };
-    CACHE[i].with(|(slots, n)| {
+    let i = mine()?;
+    let c = &CACHE[i];
+    c.with(|(slots, n)| {
         if *n == SLOTS {
-            return false;
+            return None;
         }
         slots[*n] = f;
         *n += 1;
+        let kept = c.kept.load(Ordering::Relaxed) + f.size;
+        c.kept.store(kept, Ordering::Relaxed);
         // under the cache's lock: a drain that cleared the bit before this point takes
         // the block when it gets the lock; one that clears it later sees it set
         let bit = 1u64 << i;
         if NONEMPTY.load(Ordering::Relaxed) & bit == 0 {
             NONEMPTY.fetch_or(bit, Ordering::AcqRel);
         }
-        true
+        Some(kept)
     })
+}
+
+/// Bytes the other threads' caches keep (an estimate: read without their locks). Only
+/// caches that may hold frees are read; none in a program with one allocating thread.
+#[cold]
+#[inline(never)]
+pub(crate) fn others_kept() -> u64 {
+    let me = mine().map_or(0, |i| 1u64 << i);
+    let mut bits = NONEMPTY.load(Ordering::Acquire) & !me;
+    let mut sum = 0;
+    while bits != 0 {
+        let i = bits.trailing_zeros() as usize;
+        bits &= bits - 1;
+        sum += CACHE[i].kept.load(Ordering::Relaxed);
+    }
+    sum
+}
+
+/// Whether other threads' caches may hold frees.
+#[inline]
+pub(crate) fn others_nonempty() -> bool {
+    let me = mine().map_or(0, |i| 1u64 << i);
+    NONEMPTY.load(Ordering::Relaxed) & !me != 0
 }
 
 /// May any cache hold a free?
@@ -188,9 +247,9 @@ pub(crate) fn any() -> bool {
     NONEMPTY.load(Ordering::Acquire) != 0 && !NO_DRAIN.load(Ordering::Relaxed)
 }
 
-/// Empty every cache, handing each block to `f` (called with the pool lock held; the lock
-/// order is pool, then cache, and an owner never takes the pool lock while holding its
-/// cache).
+/// Empty every cache, handing each block to `f` in the order it was freed (called with the
+/// pool lock held; the lock order is pool, then cache, and an owner never takes the pool
+/// lock while holding its cache).
 pub(crate) fn drain(mut f: impl FnMut(Freed)) {
     if NO_DRAIN.load(Ordering::Relaxed) {
         return;
@@ -199,8 +258,10 @@ pub(crate) fn drain(mut f: impl FnMut(Freed)) {
     while bits != 0 {
         let i = bits.trailing_zeros() as usize;
         bits &= bits - 1;
-        let (got, k) = CACHE[i].with(|(slots, n)| {
+        let c = &CACHE[i];
+        let (got, k) = c.with(|(slots, n)| {
             let k = std::mem::take(n);
+            c.kept.store(0, Ordering::Relaxed);
             (*slots, k)
         });
         for fr in &got[..k] {
@@ -216,6 +277,7 @@ pub(crate) fn on_fork_child() {
     for (i, c) in CACHE.iter().enumerate() {
         // SAFETY: a forked child runs one thread, which holds no cache's lock here.
         unsafe { c.slots.reset_in_child() }.1 = 0;
+        c.kept.store(0, Ordering::Relaxed);
         if i != me as usize {
             c.claimed.store(false, Ordering::Release);
         }

@@ -137,6 +137,16 @@ pub(crate) fn emit_memop(alloc: bool, m: &vramshim_trace::MemOp) {
     }
 }
 
+/// Append one `Torch` event (PyTorch's allocator, `torch`) to the calling thread's buffer:
+/// [`emit`] of `Event::Torch(*t)` without building or moving an `Event`.
+#[inline]
+pub(crate) fn emit_torch(t: &vramshim_trace::TorchOp) {
+    if !enabled() {
+        return;
+    }
+    slots::emit_torch(t);
+}
+
 /// Called in a forked child before it does anything else: touch no lock, forget the parent's
 /// writer and buffers; the child starts its own file on its first event.
 pub(crate) fn on_fork_child() {

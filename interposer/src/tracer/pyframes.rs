@@ -73,6 +73,19 @@ pub(crate) struct RawFrame {
     entry: bool,
 }
 
+impl RawFrame {
+    /// What identifies the frame within a stack: what names its code object, and its
+    /// instruction offset with whether it entered the eval loop (where a merged stack's
+    /// Python frames sit among the native ones).
+    #[inline(always)]
+    fn words(&self) -> [u64; 2] {
+        [
+            self.ident,
+            self.lasti as u32 as u64 | (self.entry as u64) << 32,
+        ]
+    }
+}
+
 const NO_FRAME: RawFrame = RawFrame {
     code: 0,
     lasti: 0,
@@ -159,14 +172,30 @@ impl PyWalk {
                 .all(|(k, f)| k.0 == f.ident && k.1 == f.lasti)
     }
 
-    /// What identifies the stack (code objects, instruction offsets, naming objects).
+    /// A hash of [`words`](Self::words): what identifies the stack (code objects,
+    /// instruction offsets, naming objects).
     pub(crate) fn hash(&self) -> u64 {
         let mut h: u64 = 0x8422_2325_cbf2_9ce4 ^ self.n as u64;
         for f in &self.frames[..self.n] {
-            h = mix(h, f.ident);
-            h = mix(h, f.lasti as u32 as u64 | (f.entry as u64) << 32);
+            let [a, b] = f.words();
+            h = mix(h, a);
+            h = mix(h, b);
         }
         h
+    }
+
+    /// What identifies the stack exactly, two words per frame (see [`RawFrame::words`]).
+    pub(crate) fn words(&self) -> impl Iterator<Item = u64> + '_ {
+        self.frames[..self.n].iter().flat_map(RawFrame::words)
+    }
+
+    /// Whether `key` is [`words`](Self::words), compared in full.
+    pub(crate) fn words_eq(&self, key: &[u64]) -> bool {
+        key.len() == 2 * self.n
+            && key
+                .chunks_exact(2)
+                .zip(&self.frames[..self.n])
+                .all(|(k, f)| *k == f.words())
     }
 }
 
@@ -187,7 +216,7 @@ enum Gen {
     Current,
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Layout {
     minor: u32,
     kind: Gen,
@@ -219,7 +248,7 @@ const OWNED_BY_CSTACK: u8 = 3;
 
 /// The offsets of CPython 3.10-3.12 (x86-64 and aarch64 Linux builds, from each version's
 /// `Include/internal` headers; checked at run time before use, see the module comment).
-fn layout(minor: u32) -> Option<Layout> {
+const fn layout(minor: u32) -> Option<Layout> {
     Some(match minor {
         10 => Layout {
             minor,
@@ -278,6 +307,56 @@ fn layout(minor: u32) -> Option<Layout> {
             str_compact: 56,
             rt_finalizing: 24,
         },
+        _ => return None,
+    })
+}
+
+/// The layout 3.13's `_Py_DebugOffsets` describes in the 3.13.0 build (x86-64 Linux): the
+/// walk compiled for it is taken when a 3.13 interpreter's own offsets are these
+/// ([`compiled_walk`]); any other 3.13 is read with the offsets it describes.
+const LAYOUT_313: Layout = Layout {
+    minor: 13,
+    kind: Gen::Current,
+    ts_cframe: 0,
+    cur_frame: 72,
+    f_back: 8,
+    f_code: 0,
+    f_instr: 56,
+    f_owner: 70,
+    f_is_entry: 0,
+    co_filename: 112,
+    co_name: 128,
+    co_linetable: 136,
+    co_firstlineno: 68,
+    co_code: 200,
+    str_ascii: 40,
+    str_compact: 56,
+    rt_finalizing: 608,
+};
+
+/// The layout [`walk_with`] is compiled for when its `M` is `minor` (10 to 13; with `M` = 0
+/// the walk reads `py.l`, and this value is not used).
+const fn fixed(minor: u32) -> Layout {
+    match layout(minor) {
+        Some(l) => l,
+        None => LAYOUT_313,
+    }
+}
+
+/// A walk of the calling thread's frames with plain reads (a verified layout).
+type Walker = fn(&Py, &mut PyWalk) -> Result<(), &'static str>;
+
+/// The walk compiled for `l`, with its offsets as constants (no offset loaded per frame, no
+/// branch on the frame kind), where `l` is one of the layouts known at build time.
+fn compiled_walk(l: &Layout) -> Option<Walker> {
+    if FAULT_NOIDENT.load(Ordering::Relaxed) {
+        return None;
+    }
+    Some(match l.minor {
+        10 if *l == fixed(10) => walk_with::<false, 10>,
+        11 if *l == fixed(11) => walk_with::<false, 11>,
+        12 if *l == fixed(12) => walk_with::<false, 12>,
+        13 if *l == fixed(13) => walk_with::<false, 13>,
         _ => return None,
     })
 }
@@ -393,6 +472,8 @@ type GetTstateFn = unsafe extern "C" fn() -> *mut c_void;
 
 struct Py {
     l: Layout,
+    /// The plain walk for `l` ([`compiled_walk`], else the one that reads `l`), picked once.
+    walk: Walker,
     get_tstate: GetTstateFn,
     runtime: u64,
     code_type: u64,
@@ -485,9 +566,19 @@ fn find_py() -> Option<Py> {
     } else {
         CHECKING
     };
+    let walk = compiled_walk(&l);
+    crate::debug!(
+        "Python 3.{minor}: frames read by {}",
+        if walk.is_some() {
+            "the walk compiled for its layout"
+        } else {
+            "the walk that loads its offsets"
+        }
+    );
     STATE.store(first, Ordering::Release);
     Some(Py {
         l,
+        walk: walk.unwrap_or(walk_with::<false, 0>),
         get_tstate,
         runtime,
         code_type,
@@ -609,9 +700,9 @@ pub(crate) fn walk(out: &mut PyWalk) {
     }
     let checked = state != ON;
     let r = if checked {
-        walk_with::<true>(py, out)
+        walk_with::<true, 0>(py, out)
     } else {
-        walk_with::<false>(py, out)
+        (py.walk)(py, out)
     };
     match r {
         Ok(()) => {
@@ -632,9 +723,10 @@ pub(crate) fn walk(out: &mut PyWalk) {
     }
 }
 
-#[inline(always)]
-fn walk_with<const C: bool>(py: &Py, out: &mut PyWalk) -> Result<(), &'static str> {
-    let l = &py.l;
+/// The walk itself: `C` reads through the kernel (before the layout is verified); `M` is
+/// the minor version whose layout ([`fixed`]) it is compiled for, 0 for `py.l`'s.
+fn walk_with<const C: bool, const M: u32>(py: &Py, out: &mut PyWalk) -> Result<(), &'static str> {
+    let l = &if M == 0 { py.l } else { const { fixed(M) } };
     // An interpreter shutting down frees other threads' states.
     if rd_u64::<C>(py.runtime + l.rt_finalizing as u64).ok_or("runtime unreadable")? != 0 {
         return Ok(());
@@ -663,9 +755,13 @@ fn walk_with<const C: bool>(py: &Py, out: &mut PyWalk) -> Result<(), &'static st
         }
     };
     let strict = C;
-    let noident = FAULT_NOIDENT.load(Ordering::Relaxed);
+    // The fault switch is read by the walk that loads its offsets only ([`compiled_walk`]
+    // is not taken with it).
+    let noident = M == 0 && FAULT_NOIDENT.load(Ordering::Relaxed);
+    // Frames found so far, kept in a register (`out.n` is written once, at the end).
+    let mut n = 0;
     for _ in 0..MAX_STEPS {
-        if frame == 0 || out.n >= MAX_PY {
+        if frame == 0 || n >= MAX_PY {
             break;
         }
         if frame < MIN_ADDR {
@@ -677,8 +773,8 @@ fn walk_with<const C: bool>(py: &Py, out: &mut PyWalk) -> Result<(), &'static st
             && rd_u8::<C>(frame + l.f_owner as u64).ok_or("frame unreadable")? == OWNED_BY_CSTACK
         {
             // The shim an eval-loop run starts with: the frame before it was that run's first.
-            if out.n > 0 {
-                out.frames[out.n - 1].entry = true;
+            if n > 0 {
+                out.frames[n - 1].entry = true;
             }
             frame = back;
             continue;
@@ -741,7 +837,7 @@ fn walk_with<const C: bool>(py: &Py, out: &mut PyWalk) -> Result<(), &'static st
             }
             _ => false,
         };
-        out.frames[out.n] = RawFrame {
+        out.frames[n] = RawFrame {
             code,
             lasti,
             ident,
@@ -750,9 +846,10 @@ fn walk_with<const C: bool>(py: &Py, out: &mut PyWalk) -> Result<(), &'static st
             linetable,
             entry,
         };
-        out.n += 1;
+        n += 1;
         frame = back;
     }
+    out.n = n;
     Ok(())
 }
 

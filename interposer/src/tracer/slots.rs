@@ -14,7 +14,7 @@ use std::cell::UnsafeCell;
 use std::ptr;
 use std::sync::atomic::{AtomicI64, AtomicPtr, AtomicU32, Ordering};
 
-use vramshim_trace::{AllocKind, Api, Event, MemOp, RecordEncoder};
+use vramshim_trace::{AllocKind, Api, Event, MemOp, RecordEncoder, TorchOp};
 
 use super::{barrier, stacks, writer};
 use crate::sys::biased::BiasedLock;
@@ -54,6 +54,8 @@ enum Kind {
     Free,
     /// The next event of [`Buf::others`] (a `Stack` just before the MemOp that refers to it).
     Other,
+    /// A `Torch` event, its fields in the `MemOp`'s places ([`torch_entry`]).
+    Torch,
 }
 
 /// A thread's events, in order, not yet encoded. A buffer in use always starts with a
@@ -138,6 +140,21 @@ impl Buf {
         }
     }
 
+    /// [`Buf::put`] of a `Torch` event, stored as [`torch_entry`] lays it out.
+    #[inline(always)]
+    fn put_torch(&mut self, slot: &Slot, m: MemOp) {
+        if self.raw.is_empty() {
+            self.start(slot);
+        }
+        if self.raw.len() == self.raw.capacity() {
+            self.grow();
+        }
+        self.raw.push(Raw {
+            kind: Kind::Torch,
+            op: m,
+        });
+    }
+
     #[cold]
     #[inline(never)]
     fn start(&mut self, slot: &Slot) {
@@ -192,6 +209,11 @@ pub(crate) fn encode(enc: &mut RecordEncoder, b: &mut Buf) {
                 op.t_ns = ns.get(op.t_ns);
                 enc.push_memop(r.kind == Kind::Alloc, &op);
             }
+            Kind::Torch => {
+                let mut t = torch_of(&r.op);
+                t.t_ns = ns.get(t.t_ns);
+                enc.push(&Event::Torch(t));
+            }
             Kind::Other => {
                 if let Some(e) = others.next() {
                     if let Some(t) = time_of(e) {
@@ -233,7 +255,7 @@ fn events_in(b: &Buf) -> u64 {
     let ops = b
         .raw
         .iter()
-        .filter(|r| matches!(r.kind, Kind::Alloc | Kind::Free))
+        .filter(|r| matches!(r.kind, Kind::Alloc | Kind::Free | Kind::Torch))
         .count();
     let others = b
         .others
@@ -549,6 +571,96 @@ fn emit_memop_stack(slot: &'static Slot, alloc: bool, m: &MemOp) {
     put_after(slot, records, ev);
 }
 
+/// A `Torch` event as a buffer entry: its fields in a `MemOp`'s places (the action in
+/// `flags`, the segment's base in `result` and `latency_ns`, its low and high halves), so
+/// the allocating thread stores it with the same few moves as an allocation, and builds,
+/// moves and drops no `Event` ([`emit_torch`]). [`torch_of`] reads it back.
+#[inline(always)]
+fn torch_entry(t: &TorchOp) -> MemOp {
+    MemOp {
+        t_ns: t.t_ns,
+        tid: t.tid,
+        api: Api::CudaMalloc,
+        kind: AllocKind::Runtime,
+        flags: t.action,
+        device: t.device,
+        stream: t.stream,
+        addr: t.addr,
+        size: t.size,
+        result: t.segment as u32 as i32,
+        latency_ns: (t.segment >> 32) as u32,
+        stack: t.stack,
+    }
+}
+
+/// The `Torch` event [`torch_entry`] stored.
+fn torch_of(m: &MemOp) -> TorchOp {
+    TorchOp {
+        t_ns: m.t_ns,
+        tid: m.tid,
+        action: m.flags,
+        device: m.device,
+        addr: m.addr,
+        size: m.size,
+        stream: m.stream,
+        segment: m.result as u32 as u64 | (m.latency_ns as u64) << 32,
+        stack: m.stack,
+    }
+}
+
+/// [`emit`] of `Event::Torch(*t)`: one entry in the caller's buffer ([`torch_entry`]),
+/// nothing in [`Buf::others`]. Such an event carries no native stack (its `stack` is the
+/// Python stack the tracker found), so the common case is [`emit_memop`]'s: no call, a
+/// few stores in the owner's window; every other case goes to [`emit_torch_slow`].
+#[inline(never)]
+pub(crate) fn emit_torch(t: &TorchOp) {
+    if !writer::running() || !barrier::available() {
+        return emit_torch_slow(t);
+    }
+    let p = my_slot_ptr().get() as *const Slot;
+    if p.is_null() {
+        return emit_torch_slow(t);
+    }
+    // SAFETY: slots are leaked and never freed.
+    let slot = unsafe { &*p };
+    if !slot.bias.try_window() {
+        return emit_torch_slow(t);
+    }
+    // SAFETY: in the window, the writer not holding the lock: the owner has the buffer to
+    // itself until it leaves the window (see `Slot`'s Sync note).
+    let inner = unsafe { &mut *slot.inner.get() };
+    let raw = &mut inner.buf.raw;
+    let len = raw.len();
+    if len == 0 || len == raw.capacity() || len + 1 >= inner.next_try {
+        slot.bias.leave_window();
+        return emit_torch_slow(t);
+    }
+    // SAFETY: len < capacity (checked above), so the entry at `len` lies inside the
+    // allocation; both fields are written before the length counts it.
+    unsafe {
+        let e = raw.as_mut_ptr().add(len);
+        ptr::addr_of_mut!((*e).kind).write(Kind::Torch);
+        ptr::addr_of_mut!((*e).op).write(torch_entry(t));
+        raw.set_len(len + 1);
+    }
+    slot.bias.leave_window();
+}
+
+/// [`emit_torch`], every case.
+#[inline(never)]
+fn emit_torch_slow(t: &TorchOp) {
+    if !writer::ensure_started() {
+        return;
+    }
+    let slot = my_slot();
+    let g = slot.enter();
+    let inner = g.inner();
+    inner.buf.put_torch(slot, torch_entry(t));
+    if inner.buf.len() >= inner.next_try {
+        hand_over(inner);
+    }
+}
+
 /// Live device bytes (allocated minus freed) per device, for `Counter` records: counted
 /// where the events are encoded (and where a buffer is dropped), not on the hot path.
 static LIVE: [AtomicI64; MAX_DEV] = [const { AtomicI64::new(0) }; MAX_DEV];
@@ -843,5 +955,68 @@ mod tests {
         }
         assert_eq!(next, N, "events decoded after {drains} drains");
         assert!(drains > 10, "the drains raced the owner ({drains})");
+    }
+
+    /// A `Torch` event stored as a buffer entry ([`torch_entry`]) decodes to the event a
+    /// generic `emit` would have written, every field (the segment's high half included),
+    /// in its place among the other entries.
+    #[test]
+    fn torch_entries_decode_to_their_events() {
+        let t = TorchOp {
+            t_ns: 0,
+            tid: 77,
+            action: vramshim_trace::torch_action::OOM,
+            device: -3,
+            addr: 0xdead_beef_0123,
+            size: u64::MAX - 5,
+            stream: 0x7f00_0000_1234,
+            segment: 0xffff_8000_0000_0001,
+            stack: u32::MAX,
+        };
+        assert_eq!(torch_of(&torch_entry(&t)), t);
+        let slot = new_slot();
+        let mut b = Buf::with_capacity(8);
+        b.put_torch(slot, torch_entry(&t));
+        b.put(
+            slot,
+            Event::Torch(TorchOp {
+                stack: 1,
+                ..t.clone()
+            }),
+        );
+        b.put_torch(
+            slot,
+            torch_entry(&TorchOp {
+                stack: 2,
+                ..t.clone()
+            }),
+        );
+        assert_eq!(events_in(&b), 3);
+        let mut file = Vec::new();
+        {
+            let mut w = vramshim_trace::TraceWriter::new(&mut file, &Default::default()).unwrap();
+            let mut enc = RecordEncoder::new();
+            encode(&mut enc, &mut b);
+            w.write_records(enc.bytes(), enc.stats()).unwrap();
+            w.finish().unwrap();
+        }
+        let mut r = vramshim_trace::TraceReader::from_reader(std::io::Cursor::new(file)).unwrap();
+        let mut e = Event::Lost { t_ns: 0, count: 0 };
+        let mut got = Vec::new();
+        while r.next_into(&mut e).unwrap() {
+            if let Event::Torch(op) = &e {
+                got.push(TorchOp {
+                    t_ns: 0,
+                    ..op.clone()
+                });
+            }
+        }
+        let want: Vec<TorchOp> = (0..3)
+            .map(|s| TorchOp {
+                stack: [u32::MAX, 1, 2][s],
+                ..t.clone()
+            })
+            .collect();
+        assert_eq!(got, want);
     }
 }

@@ -1,8 +1,8 @@
-//! The tensor-level route's table of Python stacks seen (`torch`): each stack's exact key
-//! (per frame what names the code object and the instruction offset) -> its id, found by a
-//! fast hash the caller computes once per event (no SipHash over the key: the key's hash is
-//! already a mix of well-spread values), and always compared in full on a hit, so two
-//! stacks whose hashes collide keep their own ids.
+//! Tables of stacks seen: each stack's exact key -> its id, found by a fast hash the caller
+//! computes once per event (no SipHash over the key: the key's hash is already a mix of
+//! well-spread values), and always compared in full on a hit, so two stacks whose hashes
+//! collide keep their own ids. The tensor-level route (`torch`) keys Python stacks by
+//! [`Frame`]s; `--stacks` keys merged native+Python stacks by words (`stacks`).
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -36,19 +36,26 @@ pub(crate) fn mix(h: u64, v: u64) -> u64 {
 }
 
 /// The stacks with one hash (almost always one) and their ids.
-type Bucket = Vec<(Box<[Frame]>, u32)>;
+type Bucket<F> = Vec<(Box<[F]>, u32)>;
 
-/// Hash -> the stacks with that hash.
-#[derive(Default)]
-pub(crate) struct StackKeys {
-    map: HashMap<u64, Bucket, BuildHasherDefault<Prehashed>>,
+/// Hash -> the stacks with that hash (keys made of `F`s).
+pub(crate) struct StackKeys<F = Frame> {
+    map: HashMap<u64, Bucket<F>, BuildHasherDefault<Prehashed>>,
 }
 
-impl StackKeys {
+impl<F> Default for StackKeys<F> {
+    fn default() -> Self {
+        StackKeys {
+            map: HashMap::default(),
+        }
+    }
+}
+
+impl<F> StackKeys<F> {
     /// The id of the stack with hash `h` for which `eq` (an exact comparison with the
     /// caller's key) holds.
     #[inline]
-    pub(crate) fn get(&self, h: u64, eq: impl Fn(&[Frame]) -> bool) -> Option<u32> {
+    pub(crate) fn get(&self, h: u64, eq: impl Fn(&[F]) -> bool) -> Option<u32> {
         self.map
             .get(&h)?
             .iter()
@@ -57,7 +64,7 @@ impl StackKeys {
     }
 
     /// Records `key` (hash `h`, not present) as stack `id`.
-    pub(crate) fn insert(&mut self, h: u64, key: Box<[Frame]>, id: u32) {
+    pub(crate) fn insert(&mut self, h: u64, key: Box<[F]>, id: u32) {
         self.map.entry(h).or_default().push((key, id));
     }
 }

@@ -1,11 +1,15 @@
 //! Call stacks: captured with libgcc's `_Unwind_Backtrace` (DWARF CFI, so it works for code
 //! built without frame pointers), innermost frames inside libvramshim skipped, deduplicated
-//! at capture through a fixed-size lock-free hash table (no allocation, no lock).
+//! at capture through a fixed-size lock-free hash table (no allocation, no lock). Stacks
+//! with Python frames merged in are interned apart, by their exact key (see [`MERGED`]).
 
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use vramshim_trace::Event;
+
+use super::stack_keys::StackKeys;
+use crate::sys::spin::SpinLock;
 
 /// Most frames `VRAMSHIM_STACKS` may ask for.
 pub(crate) const MAX_FRAMES: usize = 64;
@@ -530,8 +534,9 @@ fn capture_with(
     if py.is_empty() {
         return Some((nid, records));
     }
-    let key = (py.hash() ^ (nid as u64).wrapping_mul(0xff51_afd7_ed55_8ccd)) | 1;
-    if let Some(id) = lookup(key) {
+    let h = py.hash() ^ (nid as u64).wrapping_mul(0xff51_afd7_ed55_8ccd);
+    let same = |k: &[u64]| k.first() == Some(&(nid as u64)) && py.words_eq(&k[1..]);
+    if let Some(id) = merged_get(h, same) {
         return Some((id, records));
     }
     let native = match nframes {
@@ -539,11 +544,60 @@ fn capture_with(
         None => unwind(depth.clamp(1, MAX_FRAMES)).as_slice().to_vec(),
     };
     let merged = super::pyframes::merge(&native, py, &mut records);
-    let (id, is_new) = intern_hash(key);
+    let (id, is_new) = merged_intern(h, same, || {
+        std::iter::once(nid as u64).chain(py.words()).collect()
+    });
     if is_new {
         records.push(record(id, &merged));
     }
     Some((id, records))
+}
+
+/// Merged stacks seen, by their exact key: the native stack's id, then the Python frames'
+/// [`words`](super::pyframes::PyWalk::words) (which fix the merged frames). A hash alone
+/// would give two different stacks whose hashes collide one id, and name one of them wrongly
+/// in the trace. Behind the spin lock a forked child takes back ([`on_fork_child`]).
+static MERGED: SpinLock<Option<Merged>> = SpinLock::new(None);
+
+#[derive(Default)]
+struct Merged {
+    keys: StackKeys<u64>,
+    /// Bytes the remembered keys take, about (bounds the table's memory).
+    bytes: usize,
+}
+
+/// Most bytes of merged keys remembered; later new stacks get fresh ids, not remembered
+/// (still correct, only not deduplicated, like a full native table).
+const MERGED_BYTES: usize = 16 << 20;
+/// Bytes counted per remembered key besides its words (map entry, bucket, allocation).
+const MERGED_ENTRY_BYTES: usize = 64;
+
+/// The id of the merged stack with hash `h` whose key `eq` accepts.
+fn merged_get(h: u64, eq: impl Fn(&[u64]) -> bool) -> Option<u32> {
+    MERGED.lock().as_ref()?.keys.get(h, eq)
+}
+
+/// The id of the merged stack with hash `h` whose key `eq` accepts, or a new id for the key
+/// `key()` builds (which `eq` accepts), and whether it is new.
+fn merged_intern(
+    h: u64,
+    eq: impl Fn(&[u64]) -> bool,
+    key: impl FnOnce() -> Box<[u64]>,
+) -> (u32, bool) {
+    let mut g = MERGED.lock();
+    let m = g.get_or_insert_with(Merged::default);
+    // Another thread may have added it since `merged_get`.
+    if let Some(id) = m.keys.get(h, eq) {
+        return (id, false);
+    }
+    let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+    let key = key();
+    let cost = key.len() * 8 + MERGED_ENTRY_BYTES;
+    if m.bytes + cost <= MERGED_BYTES {
+        m.bytes += cost;
+        m.keys.insert(h, key, id);
+    }
+    (id, true)
 }
 
 fn record(id: u32, frames: &[u64]) -> Event {
@@ -648,12 +702,32 @@ pub(crate) fn on_fork_child() {
         id.store(0, Ordering::Relaxed);
     }
     NEXT_ID.store(1, Ordering::Relaxed);
+    // SAFETY: the atfork child handler: the process's only thread, holding no guard. The
+    // parent's map (maybe half updated by a thread that held the lock) is never read or freed.
+    std::mem::forget(unsafe { MERGED.reset_in_child() }.take());
     super::pyframes::on_fork_child();
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two different merged stacks whose hashes collide keep their own ids; the same key
+    /// finds its id again.
+    #[test]
+    fn merged_stacks_with_one_hash_keep_their_own_ids() {
+        let h = 0x5eed_c011_1de5_0001;
+        let a: &[u64] = &[7, 100, 3, 200, 5];
+        let b: &[u64] = &[7, 100, 3, 200, 6];
+        let (ia, new_a) = merged_intern(h, |k| k == a, || a.into());
+        assert!(new_a);
+        assert_eq!(merged_get(h, |k| k == b), None, "a hit needs the same key");
+        let (ib, new_b) = merged_intern(h, |k| k == b, || b.into());
+        assert!(new_b, "a colliding stack was taken for another");
+        assert_ne!(ia, ib);
+        assert_eq!(merged_intern(h, |k| k == a, || a.into()), (ia, false));
+        assert_eq!(merged_get(h, |k| k == b), Some(ib));
+    }
 
     #[inline(never)]
     fn recurse(depth: u32, out: &mut Option<(u32, Option<Frames>)>) {

@@ -242,7 +242,7 @@ fn on_entry(e: *const u8) {
     if dropped {
         return;
     }
-    super::emit(Event::Torch(TorchOp {
+    super::emit_torch(&TorchOp {
         t_ns,
         tid: crate::sys::ids::tid(),
         action,
@@ -252,7 +252,7 @@ fn on_entry(e: *const u8) {
         stream,
         segment,
         stack,
-    }));
+    });
 }
 
 /// The segment an event concerns: the one it creates or frees, or the one a tensor lies in

@@ -117,6 +117,35 @@ impl Stitch {
         self.limit_now = self.budget_limit(extra);
         let published = self.budget_bytes(extra);
         self.stats.budget = if published == u64::MAX { 0 } else { published };
+        self.limit_key = if extra == 0 {
+            (self.budget_peak(), self.gran)
+        } else {
+            (u64::MAX, 0)
+        };
+    }
+
+    /// The peak of live bytes the budget is computed over (with no extra bytes).
+    #[inline]
+    fn budget_peak(&self) -> u64 {
+        self.stats
+            .recent_peak_live
+            .max(self.prev_window_peak)
+            .max(self.stats.live)
+    }
+
+    /// After an allocation under a budget that found the pool holding `before` bytes: the
+    /// budget recomputed only if the peak it follows moved (the same bytes otherwise: every
+    /// slow-path allocation comes here), a growth past it noted, and the budget kept.
+    #[inline]
+    pub(super) fn after_alloc_budget(&mut self, dev: &mut dyn Device, before: u64) {
+        if self.limit_key != (self.budget_peak(), self.gran) {
+            self.refresh_budget(0);
+        }
+        self.note_forced(before);
+        // a synchronization on the way may have moved pending blocks into the cache
+        if self.stats.reserved > self.limit_now {
+            self.keep_budget(dev);
+        }
     }
 
     /// After a free: roll the window, and above the budget dissolve the cache and give idle
@@ -146,6 +175,8 @@ impl Stitch {
     }
 
     /// Above the budget: dissolve every cached block and give idle pages back.
+    #[cold]
+    #[inline(never)]
     pub(super) fn keep_budget(&mut self, dev: &mut dyn Device) {
         self.refresh_budget(0);
         if self.stats.reserved <= self.limit_now || self.gran == 0 {

@@ -45,6 +45,7 @@ impl Stitch {
                     b.req = req;
                     b.stream = t;
                     let a = b.addr;
+                    self.last_taken = Some((a, b.map, b.off));
                     self.ncached -= 1;
                     self.stats.cached -= size;
                     if let Some(ev) = old_ev {
@@ -77,6 +78,7 @@ impl Stitch {
         b.req = req;
         b.stream = t;
         let a = b.addr;
+        self.last_taken = Some((a, b.map, b.off));
         if let Some(ev) = old_ev {
             self.ev_unref(dev, ev);
         }
@@ -104,7 +106,7 @@ impl Stitch {
     pub(super) fn alloc_hit(&mut self, req: u64, t: Stream) -> Option<u64> {
         if self.gran == 0
             || self.lives
-            || self.faults.any()
+            || self.faults_on
             || (!self.pending.is_empty() && self.flushed_epoch != self.epoch)
         {
             return None;

@@ -205,6 +205,11 @@ pub struct Stitch {
     frees_since_sync: bool,
     events: FxMap<EventId, u32>,
     faults: Faults,
+    /// `faults.any()`, kept for the fast path
+    faults_on: bool,
+    /// (address, mapping, offset) of the block the exact-size cache handed out last (see
+    /// `rounds`: the place of a slow-path hit is recorded without a lookup)
+    last_taken: Option<(u64, u32, u64)>,
     /// where blocks of each size were placed last (mapping, its address, offset), most
     /// recent last: a repeating pattern takes the same places again
     ghosts: FxMap<u64, Vec<(u32, u64, u64)>>,
@@ -218,6 +223,8 @@ pub struct Stitch {
     arena: Option<u32>,
     /// the budget in bytes as last computed (u64::MAX: none); a free above it enforces it
     limit_now: u64,
+    /// (recent peak, page size) `limit_now` was computed for (see `refresh_budget`)
+    limit_key: (u64, u64),
     /// recent peak live of the previous window
     prev_window_peak: u64,
     /// the most the pool held past its budget in this window and in the previous one
@@ -274,12 +281,15 @@ impl Stitch {
             frees_since_sync: false,
             events: FxMap::default(),
             faults: Faults::default(),
+            faults_on: false,
+            last_taken: None,
             ghosts: FxMap::default(),
             rounds: Default::default(),
             headroom: None,
             budget: None,
             arena: None,
             limit_now: u64::MAX,
+            limit_key: (u64::MAX, 0),
             prev_window_peak: 0,
             forced: 0,
             prev_forced: 0,
@@ -305,6 +315,7 @@ impl Stitch {
     /// Break safety rules on purpose (tests only).
     pub fn set_faults(&mut self, f: Faults) {
         self.faults = f;
+        self.faults_on = f.any();
     }
 
     /// Physical pages held.
@@ -407,113 +418,7 @@ impl Policy for Stitch {
     }
 
     fn alloc(&mut self, dev: &mut dyn Device, req: Request) -> Result<Alloc, PoolError> {
-        if let Some(e) = crate::refuse_oversized(&req, &self.stats) {
-            return Err(e);
-        }
-        if self.stats.live == 0 && self.budget.is_some() {
-            self.forget_layout(dev);
-        }
-        if let Some(addr) = self.alloc_hit(req.size, req.stream) {
-            return Ok(Alloc {
-                addr,
-                size: round_up(req.size.max(1), ALIGN),
-            });
-        }
-        if self.gran == 0 {
-            self.gran = dev.granularity();
-        }
-        let reserved_before = self.stats.reserved;
-        let t = req.stream;
-        let size = round_up(req.size.max(1), ALIGN);
-        if self.faults.reuse_sync_frees_early && !self.pending.is_empty() {
-            self.epoch += 1;
-            self.flush_pending();
-        }
-        if !self.pending.is_empty() && self.flushed_epoch != self.epoch {
-            self.flush_pending();
-        }
-        // under a budget, the place this allocation had in the previous round comes first
-        // (see `rounds`): a cached block taken instead would let the layout drift
-        let replayed = if self.budget.is_some() {
-            self.round_commit(dev, size, t, req.size)?
-        } else {
-            None
-        };
-        let mut hit = None;
-        if replayed.is_none() {
-            hit = self.cache_take(dev, size, t, req.size);
-        }
-        if hit.is_none()
-            && replayed.is_none()
-            && self.pending_bytes > 0
-            && self.pending_bytes >= self.pending_limit()
-            && !dev.is_capturing()
-            && self.do_sync(dev).is_ok()
-        {
-            // enough cudaFree'd memory waits for a synchronization: one sync releases it all
-            // (instead of growing while it waits)
-            hit = self.cache_take(dev, size, t, req.size);
-        }
-        let slot = match (replayed, hit) {
-            (Some(slot), _) => Ok(slot),
-            (None, Some(a)) => Ok(Slot::Hit(a)),
-            (None, None) => self.alloc_slow(dev, size, t, req.size),
-        };
-        let addr = match slot {
-            Ok(Slot::Hit(a)) => {
-                self.stats.cache_hits += 1;
-                if self.budget.is_some() {
-                    self.note_round(size, a);
-                }
-                a
-            }
-            slot => {
-                let (map, off) = match slot {
-                    Ok(Slot::Hit(_)) => unreachable!(),
-                    Ok(Slot::New(m, o)) => (m, o),
-                    Err(PoolError::OutOfMemory { why, .. }) => {
-                        return Err(PoolError::OutOfMemory {
-                            requested: req.size,
-                            reserved: self.stats.reserved,
-                            live: self.stats.live,
-                            why,
-                        });
-                    }
-                    Err(e) => return Err(e),
-                };
-                let addr = self.map(map).va + off;
-                self.note_ghost(size, map, off);
-                let list = self.sizes.intern(size);
-                self.blocks.insert(Block {
-                    addr,
-                    list,
-                    size,
-                    req: req.size,
-                    map,
-                    off,
-                    stream: t,
-                    state: BState::Live,
-                    free_stream: t,
-                    event: None,
-                    epoch: 0,
-                    seq: 0,
-                });
-                if self.budget.is_some() {
-                    self.note_round(size, addr);
-                }
-                self.gc_mappings(dev);
-                addr
-            }
-        };
-        self.stats.allocs += 1;
-        self.stats.add_live(req.size);
-        if self.budget.is_some() {
-            self.refresh_budget(0);
-            self.note_forced(reserved_before);
-            // a synchronization on the way may have moved pending blocks into the cache
-            self.keep_budget(dev);
-        }
-        Ok(Alloc { addr, size })
+        self.alloc_general(dev, req, true)
     }
 
     fn free(&mut self, dev: &mut dyn Device, addr: u64, mode: FreeMode) -> Result<u64, PoolError> {
@@ -625,7 +530,7 @@ impl Policy for Stitch {
         let stats = self.stats;
         let (faults, headroom, budget) = (self.faults, self.headroom, self.budget);
         *self = Stitch::new().with_headroom(headroom).with_budget(budget);
-        self.faults = faults;
+        self.set_faults(faults);
         self.stats = Stats {
             reserved: 0,
             live: 0,
@@ -636,5 +541,131 @@ impl Policy for Stitch {
             budget: self.stats.budget,
             ..stats
         };
+    }
+}
+
+impl Stitch {
+    /// [`Policy::alloc`] for a request that [`Stitch::alloc_cached`] has just declined, with
+    /// nothing changed since: the same decisions, without asking the fast path again (the
+    /// interposer's sequence; it would decline again).
+    pub fn alloc_missed(&mut self, dev: &mut dyn Device, req: Request) -> Result<Alloc, PoolError> {
+        // with nothing live the decline may have been the round's end, which the general
+        // path sees to first
+        let ask = self.stats.live == 0;
+        self.alloc_general(dev, req, ask)
+    }
+
+    fn alloc_general(
+        &mut self,
+        dev: &mut dyn Device,
+        req: Request,
+        ask_hit: bool,
+    ) -> Result<Alloc, PoolError> {
+        if let Some(e) = crate::refuse_oversized(&req, &self.stats) {
+            return Err(e);
+        }
+        if self.stats.live == 0 && self.budget.is_some() {
+            self.forget_layout(dev);
+        }
+        // set by the cache when it hands a block out during this allocation
+        self.last_taken = None;
+        if ask_hit && let Some(addr) = self.alloc_hit(req.size, req.stream) {
+            return Ok(Alloc {
+                addr,
+                size: round_up(req.size.max(1), ALIGN),
+            });
+        }
+        if self.gran == 0 {
+            self.gran = dev.granularity();
+        }
+        let reserved_before = self.stats.reserved;
+        let t = req.stream;
+        let size = round_up(req.size.max(1), ALIGN);
+        if self.faults.reuse_sync_frees_early && !self.pending.is_empty() {
+            self.epoch += 1;
+            self.flush_pending();
+        }
+        if !self.pending.is_empty() && self.flushed_epoch != self.epoch {
+            self.flush_pending();
+        }
+        // under a budget, the place this allocation had in the previous round comes first
+        // (see `rounds`): a cached block taken instead would let the layout drift
+        let replayed = if self.budget.is_some() {
+            self.round_commit(dev, size, t, req.size)?
+        } else {
+            None
+        };
+        let mut hit = None;
+        if replayed.is_none() {
+            hit = self.cache_take(dev, size, t, req.size);
+        }
+        if hit.is_none()
+            && replayed.is_none()
+            && self.pending_bytes > 0
+            && self.pending_bytes >= self.pending_limit()
+            && !dev.is_capturing()
+            && self.do_sync(dev).is_ok()
+        {
+            // enough cudaFree'd memory waits for a synchronization: one sync releases it all
+            // (instead of growing while it waits)
+            hit = self.cache_take(dev, size, t, req.size);
+        }
+        let slot = match (replayed, hit) {
+            (Some(slot), _) => Ok(slot),
+            (None, Some(a)) => Ok(Slot::Hit(a)),
+            (None, None) => self.alloc_slow(dev, size, t, req.size),
+        };
+        let addr = match slot {
+            Ok(Slot::Hit(a)) => {
+                self.stats.cache_hits += 1;
+                if self.budget.is_some() {
+                    self.note_round(size, a);
+                }
+                a
+            }
+            slot => {
+                let (map, off) = match slot {
+                    Ok(Slot::Hit(_)) => unreachable!(),
+                    Ok(Slot::New(m, o)) => (m, o),
+                    Err(PoolError::OutOfMemory { why, .. }) => {
+                        return Err(PoolError::OutOfMemory {
+                            requested: req.size,
+                            reserved: self.stats.reserved,
+                            live: self.stats.live,
+                            why,
+                        });
+                    }
+                    Err(e) => return Err(e),
+                };
+                let addr = self.map(map).va + off;
+                self.note_ghost(size, map, off);
+                let list = self.sizes.intern(size);
+                self.blocks.insert(Block {
+                    addr,
+                    list,
+                    size,
+                    req: req.size,
+                    map,
+                    off,
+                    stream: t,
+                    state: BState::Live,
+                    free_stream: t,
+                    event: None,
+                    epoch: 0,
+                    seq: 0,
+                });
+                if self.budget.is_some() {
+                    self.note_round(size, addr);
+                }
+                self.gc_mappings(dev);
+                addr
+            }
+        };
+        self.stats.allocs += 1;
+        self.stats.add_live(req.size);
+        if self.budget.is_some() {
+            self.after_alloc_budget(dev, reserved_before);
+        }
+        Ok(Alloc { addr, size })
     }
 }

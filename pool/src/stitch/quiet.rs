@@ -43,6 +43,37 @@ impl Stitch {
         self.layout_mark = (allocs, hits);
     }
 
+    /// For a caller that keeps some freed blocks aside before giving them back (the
+    /// interposer's per-thread caches of stream-ordered frees, which stay live to the pool
+    /// while kept) and serves some allocations from them itself: the live bytes at which
+    /// the caller must give back what it keeps, `u64::MAX` when it need not. When the blocks
+    /// kept aside reach it, everything live is kept aside: given back, the next allocation
+    /// finds nothing live and ends the round as it would have without them. 0 while the
+    /// pool holds more than its budget (a free then dissolves the cache at once). Lenient
+    /// (the allocation count since the last round end is not asked); [`Policy::alloc`]
+    /// decides. With [`Stitch::replay_bits`] and [`Stitch::note_hits`], such a caller makes
+    /// the pool's decisions those it makes without one.
+    #[inline]
+    pub fn round_end_watch(&self) -> u64 {
+        if self.budget.is_none() || self.gran == 0 {
+            return u64::MAX;
+        }
+        // above its budget the pool enforces it at each free: nothing may be kept aside
+        if self.stats.reserved > self.limit_now {
+            return 0;
+        }
+        if self.faults.keep_layout {
+            return u64::MAX;
+        }
+        let (allocs, hits) = (self.stats.allocs, self.stats.cache_hits);
+        let (a0, h0) = self.layout_mark;
+        if allocs - a0 != hits - h0 {
+            self.stats.live
+        } else {
+            u64::MAX
+        }
+    }
+
     /// Whether an allocation that finds nothing live forgets the layout (under a budget,
     /// at most once per `MIN_ALLOCS` allocations, and only when some allocation since the
     /// last time missed the cache).

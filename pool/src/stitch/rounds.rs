@@ -45,11 +45,23 @@ pub(super) struct Rounds {
     maps: FxMap<u32, u64>,
     /// allocations served at a replayed place
     replays: u64,
+    /// the (mapping, address) last put in `maps` since it was rebuilt: a round's places
+    /// are mostly in few mappings, so most places need no hash insert
+    last_map: Option<(u32, u64)>,
 }
 
 impl Rounds {
     pub(super) fn replays(&self) -> u64 {
         self.replays
+    }
+}
+
+/// Note in `maps` that a place is in mapping `m` at `va` (`last`: the entry put there last).
+#[inline]
+fn note_map(maps: &mut FxMap<u32, u64>, last: &mut Option<(u32, u64)>, m: u32, va: u64) {
+    if *last != Some((m, va)) {
+        maps.insert(m, va);
+        *last = Some((m, va));
     }
 }
 
@@ -65,16 +77,16 @@ impl Stitch {
         let (k, mut at) = (sl.allocs, sl.replay_at as usize);
         let mut next = u32::MAX;
         if !self.faults.forget_rounds
-            && let Some(b) = self.blocks.get(addr)
+            && let Some((m, off)) = self.taken_place(addr)
         {
-            let (m, off) = (b.map, b.off);
             let va = self.map(m).va;
             let place = (k, m, va, off);
             let li = l as usize;
-            if self.rounds.places.len() <= li {
-                self.rounds.places.resize_with(li + 1, Vec::new);
+            let r = &mut self.rounds;
+            if r.places.len() <= li {
+                r.places.resize_with(li + 1, Vec::new);
             }
-            let v = &mut self.rounds.places[li];
+            let v = &mut r.places[li];
             // places before `at` are of ranks already served (below `k`), the one at `at`
             // (if any) of rank `k` or later: ranks come in order
             let i = at.min(v.len());
@@ -82,13 +94,17 @@ impl Stitch {
             if v.get(i).is_some_and(|p| p.0 == k) {
                 if v[i] != place {
                     v[i] = place;
-                    self.rounds.maps.insert(m, va);
+                    note_map(&mut r.maps, &mut r.last_map, m, va);
                 }
                 at = i + 1;
-            } else if self.rounds.count < ROUND_PLACES {
-                v.insert(i, place);
-                self.rounds.count += 1;
-                self.rounds.maps.insert(m, va);
+            } else if r.count < ROUND_PLACES {
+                if i == v.len() {
+                    v.push(place);
+                } else {
+                    v.insert(i, place);
+                }
+                r.count += 1;
+                note_map(&mut r.maps, &mut r.last_map, m, va);
                 at = i + 1;
             } else {
                 at = i;
@@ -101,21 +117,33 @@ impl Stitch {
         sl.replay_at = at as u32;
     }
 
+    /// The (mapping, offset) of the block at `addr`: the block the cache handed out last
+    /// (the usual case: no lookup) or any other.
+    #[inline]
+    fn taken_place(&mut self, addr: u64) -> Option<(u32, u64)> {
+        match self.last_taken.take() {
+            Some((a, m, off)) if a == addr => Some((m, off)),
+            _ => self.blocks.get(addr).map(|b| (b.map, b.off)),
+        }
+    }
+
     /// Nothing is live and the layout is forgotten: this round's places are the ones the
     /// next round replays (ranks this round did not reach are dropped).
     pub(super) fn end_round(&mut self) {
         self.rounds.maps.clear();
+        self.rounds.last_map = None;
         self.rounds.count = 0;
         for (l, v) in self.rounds.places.iter_mut().enumerate() {
             let reached = self.sizes.at(l as u32).allocs;
             v.truncate(v.partition_point(|p| p.0 < reached));
         }
         self.sizes.reset_allocs();
-        for (l, v) in self.rounds.places.iter().enumerate() {
+        let r = &mut self.rounds;
+        for (l, v) in r.places.iter().enumerate() {
             self.sizes.at_mut(l as u32).replay_next = v.first().map_or(u32::MAX, |p| p.0);
-            self.rounds.count += v.len();
+            r.count += v.len();
             for &(_, m, va, _) in v {
-                self.rounds.maps.insert(m, va);
+                note_map(&mut r.maps, &mut r.last_map, m, va);
             }
         }
     }

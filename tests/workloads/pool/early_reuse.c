@@ -3,14 +3,16 @@
  * handed out before that kernel is done (cuda-sim runs vramsimKernelFill on the stream's worker
  * after its delay, so a too-early reuse really lets the late write land in the new block).
  *
- *   early_reuse MODE ROUNDS
+ *   early_reuse MODE ROUNDS [anchor]
  *
  * MODE: async - cudaMallocAsync(s1) + cudaFreeAsync(s1); the next block is cudaMallocAsync(s2)
  *       sync  - cudaMalloc + cudaFree; the next block is cudaMalloc
  * Each round, for several sizes (sub-page, page, multi-page with tails): allocate A, enqueue a
  * fill of A with 0xAA delayed by 30 ms on s1, free A (as MODE says), allocate B (same size),
  * fill B with 0x55 on s2 (no delay), synchronize everything, read B back: any byte that is not
- * 0x55 is a foreign byte (the late write into A landed in B).
+ * 0x55 is a foreign byte (the late write into A landed in B). With "anchor", a 4 KiB block
+ * stays allocated throughout, so a freed block is never all a pool has live (a tight pool's
+ * round end).
  * Output: one line "early_reuse: mode=M blocks=N same_address=N foreign=N" (same_address:
  * blocks that got A's address back). Exit 1 if foreign > 0, 2 on a CUDA error.
  */
@@ -30,8 +32,8 @@
     } while (0)
 
 int main(int argc, char **argv) {
-    if (argc < 3) {
-        fprintf(stderr, "usage: early_reuse async|sync ROUNDS\n");
+    if (argc < 3 || (argc > 3 && strcmp(argv[3], "anchor") != 0)) {
+        fprintf(stderr, "usage: early_reuse async|sync ROUNDS [anchor]\n");
         return 2;
     }
     int async = strcmp(argv[1], "async") == 0;
@@ -41,6 +43,8 @@ int main(int argc, char **argv) {
     cudaStream_t s1, s2;
     CHECK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
     CHECK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+    void *anchor = NULL;
+    if (argc > 3) CHECK(cudaMalloc(&anchor, 4096));
     unsigned char *host = malloc(9 << 20);
     long blocks = 0, same = 0, foreign = 0;
     for (int r = 0; r < rounds; r++) {
@@ -77,6 +81,7 @@ int main(int argc, char **argv) {
             CHECK(cudaDeviceSynchronize());
         }
     }
+    if (anchor) CHECK(cudaFree(anchor));
     printf("early_reuse: mode=%s blocks=%ld same_address=%ld foreign=%ld\n", argv[1], blocks, same, foreign);
     return foreign > 0 ? 1 : 0;
 }

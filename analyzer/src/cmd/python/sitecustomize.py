@@ -6,8 +6,10 @@
 # PyTorch's caching allocator (tensor-level events); the tracker reads the allocating
 # thread's Python frames itself. PyTorch's memory history stays as the job sets it (its own
 # capture of Python stacks costs about a third of a training step's instructions); only where
-# libvramshim.so cannot read this Python's frames is that capture switched on for the tracker. Any other
-# `sitecustomize` on the path is loaded after this one, as if this one were not there.
+# libvramshim.so cannot read this Python's frames is that capture switched on for the tracker.
+# At exit, before the interpreter finalizes, it waits (GIL released, at most 5 s) until PyTorch's
+# autograd device threads are idle: see _vramshim_settle_autograd. Any other `sitecustomize` on
+# the path is loaded after this one, as if this one were not there.
 # Nothing here may break the program: every failure is one line on stderr, then nothing.
 import sys
 
@@ -138,6 +140,112 @@ def _vramshim_history(torch):
     memory._record_memory_history = _record_memory_history
 
 
+# The futex system call's number, by machine (`/proc/<tid>/syscall` names calls by number).
+_VRAMSHIM_FUTEX = {"x86_64": 202, "aarch64": 98}
+# FUTEX_WAIT_BITSET, the operation of a condition variable's wait (glibc), flags masked out.
+_VRAMSHIM_FUTEX_WAIT_BITSET = 9
+# Longest wait at exit for PyTorch's autograd device threads (seconds).
+_VRAMSHIM_SETTLE_S = 5.0
+
+
+def _vramshim_settle_autograd(pid):
+    # PyTorch (2.15) carries the Python context (a `contextvars.Context`) to its autograd
+    # device threads in each backward pass's graph task. The device thread that finishes a
+    # pass wakes the calling thread, then drops its own reference to the task; when it is
+    # descheduled in between (a loaded machine), the calling thread returns first and the
+    # device thread drops the last reference later. Releasing the context takes the GIL; if
+    # the interpreter has started finalizing by then, CPython ends the thread from inside a
+    # C++ destructor that may not throw, and the process aborts ("terminate called without an
+    # active exception", exit 134) instead of exiting with the job's status. A job that exits
+    # right after backward() (an out-of-memory error in backward, then sys.exit) hits it.
+    # This runs at exit, before finalization starts: it sleeps (the GIL released, so a device
+    # thread waiting for it gets it) until every autograd device thread is idle in its
+    # queue's wait, holding no task, or until _VRAMSHIM_SETTLE_S has passed.
+    try:
+        import os
+        import time
+
+        if os.getpid() != pid:
+            return  # a forked child: PyTorch's threads are not its own
+        if os.environ.get("VRAMSHIM_PYTHON_HOOK_FAULT", "").strip() == "no-settle":
+            return
+        tids = _vramshim_autograd_threads()
+        if not tids:
+            return
+        futex = _VRAMSHIM_FUTEX.get(os.uname().machine)
+        deadline = time.monotonic() + _VRAMSHIM_SETTLE_S
+        last = {}
+        while True:
+            settled = True
+            for tid in tids:
+                now = _vramshim_thread_idle(tid, futex)
+                before = last.get(tid)
+                last[tid] = now
+                # Gone, or idle now and at the previous look with no switch in between.
+                if now is not None and not (now[0] and before == now):
+                    settled = False
+            if settled or time.monotonic() >= deadline:
+                return
+            time.sleep(0.005)
+    except Exception:
+        pass
+
+
+def _vramshim_autograd_threads():
+    # PyTorch names its autograd device threads (and their reentrant pool) pt_autograd_<N>.
+    import os
+
+    found = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open("/proc/self/task/%s/comm" % tid) as f:
+                if f.read().startswith("pt_autograd"):
+                    found.append(tid)
+        except OSError:
+            pass
+    return found
+
+
+def _vramshim_thread_idle(tid, futex):
+    # (idle, context switches) of one thread, None when it is gone. Idle: asleep, and where
+    # the system call it sleeps in can be read, in a condition variable's wait with no time
+    # limit (an autograd thread waiting for work; its wait for the GIL has a time limit).
+    base = "/proc/self/task/%s/" % tid
+    try:
+        with open(base + "status") as f:
+            fields = dict(
+                line.split(":", 1) for line in f.read().splitlines() if ":" in line
+            )
+    except OSError:
+        return None
+    try:
+        state = fields["State"].split()[0]
+        switches = int(fields["voluntary_ctxt_switches"]) + int(
+            fields["nonvoluntary_ctxt_switches"]
+        )
+    except (KeyError, IndexError, ValueError):
+        return (False, 0)
+    if state != "S":
+        return (False, switches)
+    if futex is not None:
+        try:
+            with open(base + "syscall") as f:
+                words = f.read().split()
+        except OSError:
+            words = []
+        # "NR ARG0 .. ARG5 SP PC" while in a call ("running", or "-1 SP PC" otherwise).
+        if len(words) >= 5:
+            try:
+                nr, op, timeout = int(words[0]), int(words[2], 16), int(words[4], 16)
+            except ValueError:
+                return (False, switches)
+            if nr != futex or op & 0x7F != _VRAMSHIM_FUTEX_WAIT_BITSET or timeout != 0:
+                return (False, switches)
+        elif words:
+            return (False, switches)
+    return (True, switches)
+
+
 class _VramshimLoader(object):
     """torch.cuda's own loader, then the setup queued for CUDA's initialization."""
 
@@ -153,6 +261,15 @@ class _VramshimLoader(object):
             module._lazy_call(_vramshim_setup)
         except Exception as e:
             _vramshim_say("PyTorch tensor-level events off (%s: %s)" % (type(e).__name__, e))
+        try:
+            import atexit
+            import os
+
+            # Registered while torch imports, before the job's own handlers: atexit runs
+            # handlers last-registered first, so this one runs after them.
+            atexit.register(_vramshim_settle_autograd, os.getpid())
+        except Exception:
+            pass
 
     def __getattr__(self, name):
         return getattr(self._inner, name)

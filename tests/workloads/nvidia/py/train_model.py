@@ -207,13 +207,6 @@ try:
         cg.cg_stop()
 except torch.OutOfMemoryError as e:
     print(f"oom at step {step}: {str(e).splitlines()[0]}", flush=True)
-    # PyTorch's autograd device thread drops the last step's graph task on its own after
-    # backward() returns. If it does so while the interpreter finalizes, the task's
-    # thread-local state takes the GIL from a noexcept destructor and the process aborts
-    # ("terminate called without an active exception"; seen under load with vramshim's
-    # tensor-level hook attached, cause not found). Leave it time before exiting.
-    del e
-    time.sleep(1.0)
     sys.exit(3)
 
 if a.empty_cache:

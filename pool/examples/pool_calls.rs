@@ -1,0 +1,97 @@
+//! Where a trace's driver calls go: every allocation (or free) that makes driver calls on the
+//! tight pool, with its index, size, live and held bytes, and the calls by kind.
+//!
+//! `cargo run --release -p vramshim-pool --example pool_calls -- TRACE.csv [sync|async] [FROM]`
+//! (`FROM`: the first allocation index listed; default: the second half).
+
+mod common;
+
+use vramshim_pool::replay::{Event, Frees};
+use vramshim_pool::stitch::Stitch;
+use vramshim_pool::{AccountingDevice, CallCounts, MIB, Policy, Request};
+
+fn kinds(c: &CallCounts) -> String {
+    let mut s = String::new();
+    for (n, v) in [
+        ("create", c.create),
+        ("release", c.release),
+        ("map", c.map),
+        ("unmap", c.unmap),
+        ("reserve", c.reserve),
+        ("unreserve", c.unreserve),
+        ("set_access", c.set_access),
+    ] {
+        if v > 0 {
+            s.push_str(&format!(" {n} {v}"));
+        }
+    }
+    s
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some(path) = args.first() else {
+        eprintln!("usage: pool_calls TRACE.csv [sync|async] [FROM]");
+        std::process::exit(2);
+    };
+    let frees = match args.get(1).map(String::as_str) {
+        Some("sync") => Frees::CudaFree,
+        _ => Frees::StreamOrdered,
+    };
+    let t = common::read_trace(std::path::Path::new(path));
+    let ev = frees.apply(&t.events);
+    let allocs = ev
+        .iter()
+        .filter(|e| matches!(e, Event::Alloc { .. }))
+        .count();
+    let from: usize = args
+        .get(2)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(allocs / 2);
+    let mut dev = AccountingDevice::new(80 << 30);
+    dev.set_checking(true);
+    let mut p = Stitch::tight();
+    let mut ids = std::collections::HashMap::new();
+    let mut n = 0usize;
+    let mut total = 0u64;
+    for e in &ev {
+        let before = dev.calls();
+        let what = match *e {
+            Event::Alloc { id, size, stream } => {
+                n += 1;
+                let a = p.alloc(&mut dev, Request { size, stream }).expect("alloc");
+                dev.check_alloc(a.addr, size, stream);
+                ids.insert(id, a.addr);
+                format!("alloc {n} size {:.2} MiB", size as f64 / MIB as f64)
+            }
+            Event::Free { id, mode } => {
+                let Some(a) = ids.remove(&id) else { continue };
+                dev.check_free(a, mode);
+                p.free(&mut dev, a, mode).expect("free");
+                format!("free after alloc {n}")
+            }
+            Event::ProcessSync => {
+                dev.process_sync();
+                p.note_process_sync();
+                continue;
+            }
+        };
+        let d = dev.calls().since(&before);
+        if d.driver_calls() > 0 && n > from {
+            total += d.driver_calls();
+            let s = p.stats();
+            println!(
+                "{what}: live {:.1} held {:.1} budget {:.1} MiB:{}",
+                s.live as f64 / MIB as f64,
+                s.reserved as f64 / MIB as f64,
+                s.budget as f64 / MIB as f64,
+                kinds(&d)
+            );
+        }
+    }
+    println!(
+        "driver calls after allocation {from}: {total} ({:.1} per 1000 allocations); violations {:?}",
+        total as f64 * 1000.0 / (allocs - from).max(1) as f64,
+        dev.violations().first()
+    );
+}
