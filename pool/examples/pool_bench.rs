@@ -1,5 +1,5 @@
 //! CPU cost of an allocate+free pair that hits the pool's cache, in-process on the
-//! accounting device: single-threaded, and 16 threads sharing one pool behind a mutex (as
+//! accounting device (stitch with its budget, the default; stitch without one; caching): single-threaded, and 16 threads sharing one pool behind a mutex (as
 //! the interposer does).
 //!
 //! `cargo run --release -p vramshim-pool --example pool_bench -- [PAIRS] [RUNS]`
@@ -8,6 +8,7 @@
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
+use vramshim_pool::stitch::Stitch;
 use vramshim_pool::{AccountingDevice, FreeMode, GIB, Policy, PolicyKind, Request};
 
 /// CPU time of the calling thread in ns (/proc/thread-self/schedstat: time on CPU).
@@ -28,7 +29,7 @@ fn sizes() -> [u64; 8] {
 }
 
 /// ns per pair (cpu, wall) for `threads` threads doing `pairs` pairs each.
-fn run(kind: PolicyKind, threads: usize, pairs: usize) -> (f64, f64) {
+fn run(kind: Kind, threads: usize, pairs: usize) -> (f64, f64) {
     let shared = Arc::new(Mutex::new(Shared {
         policy: kind.build(),
         dev: AccountingDevice::new(64 * GIB),
@@ -79,6 +80,30 @@ fn run(kind: PolicyKind, threads: usize, pairs: usize) -> (f64, f64) {
     let n = (threads * pairs) as f64;
     (cpu as f64 / n, wall / n)
 }
+/// The policies measured: stitch (with its budget, the default), stitch without a budget
+/// (`Stitch::new()`), caching.
+#[derive(Clone, Copy)]
+enum Kind {
+    Policy(PolicyKind),
+    StitchNoBudget,
+}
+
+impl Kind {
+    fn build(self) -> Box<dyn Policy> {
+        match self {
+            Kind::Policy(k) => k.build(),
+            Kind::StitchNoBudget => Box::new(Stitch::new()),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Policy(k) => k.name(),
+            Kind::StitchNoBudget => "stitch, budget off",
+        }
+    }
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     v[v.len() / 2]
@@ -95,7 +120,11 @@ fn main() {
         "| policy | threads | pairs/thread | CPU ns/pair (median of {runs}) | wall ns/pair | driver calls during the timed loop |"
     );
     println!("| --- | ---: | ---: | ---: | ---: | ---: |");
-    for kind in [PolicyKind::Stitch, PolicyKind::Caching] {
+    for kind in [
+        Kind::Policy(PolicyKind::Stitch),
+        Kind::StitchNoBudget,
+        Kind::Policy(PolicyKind::Caching),
+    ] {
         for threads in [1usize, 16] {
             let per = if threads == 1 { pairs } else { pairs / 10 };
             let mut cpu = Vec::new();
@@ -124,7 +153,8 @@ fn main() {
                 dev.calls().driver_calls() - before
             };
             println!(
-                "| {kind} | {threads} | {per} | {:.0} | {:.0} | {calls} |",
+                "| {} | {threads} | {per} | {:.0} | {:.0} | {calls} |",
+                kind.name(),
                 median(cpu),
                 median(wall)
             );

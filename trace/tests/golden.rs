@@ -1,11 +1,13 @@
-//! Golden files: the fixture trace (every record type, several frames) as written by format
-//! v1 (`tests/golden/small.vramtrace`, row frames) must keep decoding to `small.txt`, and as
-//! written by format v2 (`small-v2.vramtrace`, columnar frames, `Torch` records) to
-//! `small-v2.txt`; as written by today's writer (`small-v3.vramtrace`, `TorchDelta` records)
-//! it must decode to `small-v3.txt` and today's writer must still produce it byte for byte.
-//! Regenerate the v3 pair deliberately with `VRAMSHIM_BLESS=1 cargo test -p vramshim-trace
-//! --test golden` (a format change also needs a new FORMAT_VERSION and docs/trace-format.md).
-//! The v1 and v2 pairs are frozen: no writer produces them any more.
+//! Golden files: the fixture trace (every event kind up to `Device`, tag 16; several frames) as
+//! written by format v1 (`tests/golden/small.vramtrace`, row frames) must keep decoding to
+//! `small.txt`, and as written by format v2 (`small-v2.vramtrace`, columnar frames) to
+//! `small-v2.txt`; as written by today's writer (`small-v3.vramtrace`) it must decode to
+//! `small-v3.txt` and today's writer must still produce it byte for byte. The records that
+//! fixture predates (tags 19-24: PyTorch allocator events as `TorchDelta` records, Python
+//! stacks, pool statistics) are in a second fixture, `tensors-v3.vramtrace` / `.txt`, held to
+//! the same rules. Regenerate the v3 files deliberately with `VRAMSHIM_BLESS=1 cargo test -p
+//! vramshim-trace --test golden` (a format change also needs a new FORMAT_VERSION and
+//! docs/trace-format.md). The v1 and v2 pairs are frozen: no writer produces them any more.
 
 mod common;
 
@@ -13,6 +15,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use common::*;
+use vramshim_trace::codec::{tag, torch_head};
 use vramshim_trace::*;
 
 fn dir() -> PathBuf {
@@ -115,4 +118,298 @@ fn smallest_trace_matches_the_worked_example() {
     assert_eq!(&b[34..38], &[19, 0, 0, 0]);
     assert_eq!(&b[66..77], &[0x24, 6, 0x31, 0, 0, 1, 1, 0, 2, 1, 0]);
     assert_eq!(b.len(), 62 + 19);
+}
+
+/// The records the small fixture predates (tags 19 to 24), in three frames: a failed call and
+/// Python code and stacks (columnar); PyTorch allocator events in every `TorchDelta` form (the
+/// segment as one of the three most recent or a new one, the action escaped, the thread,
+/// device and stream changed, offsets and sizes in granules and not, a stack or none) and the
+/// `Torch` record written for what a `TorchDelta` cannot hold, among MemOps that share the
+/// thread state (columnar); the pool's statistics (rows). Returns the frames' events.
+fn tensor_frames() -> Vec<Vec<Event>> {
+    let t0 = 5_000_001_000u64;
+    let mut first = sample_prelude();
+    first.push(Event::CallFailed {
+        t_ns: t0,
+        tid: 7,
+        device: 0,
+        name: "cuCtxCreate_v2".into(),
+        result: 2,
+    });
+    first.push(Event::PyCode {
+        id: 1,
+        file: "train.py".into(),
+        function: "Model.forward".into(),
+        first_line: 40,
+    });
+    first.push(Event::PyCode {
+        id: 2,
+        file: "train.py".into(),
+        function: "<module>".into(),
+        first_line: 1,
+    });
+    first.push(Event::PyStack {
+        id: 1,
+        frames: vec![PyFrame { code: 1, line: 42 }, PyFrame { code: 2, line: 90 }],
+    });
+    let torch = |t_ns: u64, action: u8, addr: u64, size: u64, segment: u64, stack: u32| {
+        Event::Torch(TorchOp {
+            t_ns,
+            tid: 7,
+            action,
+            device: 0,
+            addr,
+            size,
+            stream: 0,
+            segment,
+            stack,
+        })
+    };
+    let seg = [
+        0x7f10_0000_0000u64,
+        0x7f10_0400_0000,
+        0x7f10_0800_0000,
+        0x7f10_0c00_0000,
+    ];
+    let mut t = t0 + 100;
+    let mut next = |dt: u64| {
+        t += dt;
+        t
+    };
+    let mut ev = Vec::new();
+    // Segments 0, 1 and 2 made (each new to the state), blocks carved out of each.
+    for &s in &seg[..3] {
+        ev.push(torch(
+            next(50),
+            torch_action::SEGMENT_ALLOC,
+            s,
+            20 << 20,
+            s,
+            0,
+        ));
+    }
+    for i in 0..6u64 {
+        let s = seg[(i % 3) as usize];
+        ev.push(torch(
+            next(30),
+            torch_action::ALLOC,
+            s + (i << 20),
+            512 << i,
+            s,
+            1,
+        ));
+    }
+    // An allocation the interposer saw among them on another thread (the thread state is
+    // shared with MemOps).
+    ev.push(Event::Alloc(op(
+        next(10),
+        8,
+        Api::CudaMalloc,
+        0x7f20_0000_0000,
+        2 << 20,
+    )));
+    // Back on thread 7: the most recent segment, then the third most recent.
+    ev.push(torch(
+        next(600),
+        torch_action::FREE_COMPLETED,
+        seg[2] + (5 << 20),
+        512 << 5,
+        seg[2],
+        0,
+    ));
+    ev.push(torch(
+        next(20),
+        torch_action::FREE_COMPLETED,
+        seg[0] + (3 << 20),
+        512 << 3,
+        seg[0],
+        0,
+    ));
+    // A fourth segment, an escaped action.
+    ev.push(torch(
+        next(20),
+        torch_action::SEGMENT_MAP,
+        seg[3],
+        2 << 20,
+        seg[3],
+        0,
+    ));
+    ev.push(torch(next(20), 9, seg[3], 0, seg[3], 0));
+    // The second most recent segment.
+    ev.push(torch(
+        next(20),
+        torch_action::FREE_COMPLETED,
+        seg[0],
+        512,
+        seg[0],
+        0,
+    ));
+    // A segment out of the three recent ones, below the most recent (a negative delta); an
+    // offset and a size that are not whole granules.
+    ev.push(torch(
+        next(20),
+        torch_action::ALLOC,
+        seg[1] + 100,
+        100,
+        seg[1],
+        1,
+    ));
+    // Another thread, device and stream.
+    ev.push(Event::Torch(TorchOp {
+        t_ns: next(20),
+        tid: 9,
+        action: torch_action::ALLOC,
+        device: 1,
+        addr: seg[2] + (8 << 20),
+        size: 1 << 20,
+        stream: 0xdead_beef,
+        segment: seg[2],
+        stack: 0,
+    }));
+    // An offset a `TorchDelta` cannot hold: a `Torch` record.
+    ev.push(torch(
+        next(20),
+        torch_action::ALLOC,
+        seg[0].wrapping_add((1 << 62) + 3),
+        256,
+        seg[0],
+        0,
+    ));
+    // PyTorch's out-of-memory event: no segment, the free bytes as the address.
+    ev.push(torch(next(20), torch_action::OOM, 123 << 20, 1 << 40, 0, 1));
+    ev.push(Event::Free(op(
+        next(100),
+        8,
+        Api::CudaFree,
+        0x7f20_0000_0000,
+        2 << 20,
+    )));
+    let last = vec![
+        Event::PoolStats {
+            t_ns: next(100),
+            device: 0,
+            reserved: 64 << 20,
+            live: 40 << 20,
+            cached: 8 << 20,
+            pending: 2 << 20,
+            budget: 66 << 20,
+            releases: 3,
+        },
+        Event::ThreadExit {
+            t_ns: next(100),
+            tid: 7,
+        },
+    ];
+    vec![first, ev, last]
+}
+
+/// The tensor fixture written: columnar frames, then rows.
+fn tensor_trace() -> Vec<u8> {
+    let mut w = TraceWriter::new(Vec::new(), &sample_header()).unwrap();
+    let frames = tensor_frames();
+    for (i, f) in frames.iter().enumerate() {
+        w.set_layout(if i + 1 < frames.len() {
+            FrameLayout::Columnar
+        } else {
+            FrameLayout::Rows
+        });
+        for e in f {
+            w.write(e).unwrap();
+        }
+        w.flush_frame().unwrap();
+    }
+    w.finish().unwrap()
+}
+
+/// Today's writer produces `tensors-v3.vramtrace` byte for byte (so a change to the
+/// `TorchDelta` layout, or to another record the small fixture lacks, cannot pass
+/// unnoticed); it decodes to `tensors-v3.txt` and to the fixture's events. Regenerate it
+/// deliberately with `VRAMSHIM_BLESS=1` (see the top of this file).
+#[test]
+fn golden_tensor_trace() {
+    let bytes = tensor_trace();
+    let bin = dir().join("tensors-v3.vramtrace");
+    let txt = dir().join("tensors-v3.txt");
+    if std::env::var_os("VRAMSHIM_BLESS").is_some() {
+        std::fs::write(&bin, &bytes).unwrap();
+        std::fs::write(&txt, dump(&bin)).unwrap();
+    }
+    let want_txt = std::fs::read_to_string(&txt).unwrap();
+    assert_eq!(
+        dump(&bin),
+        want_txt,
+        "decoding the tensor golden file changed"
+    );
+    let golden = std::fs::read(&bin).unwrap();
+    let (h, got, errs, trunc) = read_all(&golden).unwrap();
+    assert_eq!(h, sample_header());
+    assert_eq!(
+        got,
+        tensor_frames().concat(),
+        "the tensor golden file's events"
+    );
+    assert!(errs.is_empty() && trunc.is_none(), "{errs:?} {trunc:?}");
+    assert!(
+        golden.windows(4).any(|w| w == b"VRFC") && golden.windows(4).any(|w| w == b"VRFR"),
+        "both frame layouts"
+    );
+    assert_eq!(
+        golden, bytes,
+        "the writer no longer produces the tensor golden bytes"
+    );
+}
+
+/// The tensor fixture's frame of PyTorch events, as the writer's encoder makes its records
+/// (one context from its start: a frame's records begin with a `Context`), holds every form
+/// it means to pin.
+#[test]
+fn tensor_fixture_holds_every_torch_record_form() {
+    let frame = &tensor_frames()[1];
+    let mut enc = RecordEncoder::new();
+    enc.begin(0);
+    for e in frame {
+        enc.push(e);
+    }
+    // Row records: tag, one length byte (these payloads are under 128 bytes), payload.
+    let (b, mut at, mut heads, mut tags) = (enc.bytes(), 0, Vec::new(), Vec::new());
+    while at < b.len() {
+        let (t, len) = (b[at], b[at + 1] as usize);
+        assert!(len < 0x80);
+        if t == tag::TORCH_DELTA {
+            heads.push(b[at + 2]);
+        }
+        tags.push(t);
+        at += 2 + len;
+    }
+    for k in 0..4u8 {
+        assert!(
+            heads
+                .iter()
+                .any(|h| (h & torch_head::SEGMENT_MASK) >> torch_head::SEGMENT_SHIFT == k),
+            "no TorchDelta with segment reference {k}: {heads:x?}"
+        );
+    }
+    for (bit, what) in [
+        (torch_head::TID, "thread"),
+        (torch_head::PLACE, "device and stream"),
+        (torch_head::STACK, "stack"),
+    ] {
+        assert!(
+            heads.iter().any(|h| h & bit != 0),
+            "no TorchDelta with a {what}"
+        );
+        assert!(
+            heads.iter().any(|h| h & bit == 0),
+            "every TorchDelta with a {what}"
+        );
+    }
+    assert!(
+        heads
+            .iter()
+            .any(|h| h & torch_head::ACTION_ESCAPE == torch_head::ACTION_ESCAPE),
+        "no TorchDelta with an escaped action"
+    );
+    for t in [tag::TORCH, tag::ALLOC, tag::FREE_REF] {
+        assert!(tags.contains(&t), "no record with tag {t}: {tags:?}");
+    }
 }

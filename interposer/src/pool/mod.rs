@@ -23,8 +23,8 @@
 //! Budget: the pool bounds what it keeps cached to a budget over its recent peak of live bytes
 //! and gives idle pages back (`vramshim_pool::stitch::Budget`, 5% by default;
 //! `VRAMSHIM_POOL_BUDGET=RATIO` sets another, `off` none: the pool then caches until the
-//! device or the cap refuses; see [`budget_setting`]). `VRAMSHIM_POOL=stitch-tight` is the
-//! same pool as `stitch` (the name it had while the budget was not the default).
+//! device or the cap refuses; see [`budget_setting`]). `VRAMSHIM_POOL=stitch-tight` is
+//! accepted as another name of `stitch`.
 
 pub(crate) mod c_stats;
 mod cuda_device;
@@ -249,6 +249,8 @@ fn fall_back(why: &str) {
 struct DevicePool {
     policy: Stitch,
     dev: CudaDevice,
+    /// The policy has a budget (only then can its rounds end: see [`publish_watch`]).
+    tight: bool,
 }
 
 struct Pools {
@@ -342,20 +344,25 @@ static ROUND_WATCH: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(u64::MAX)
 
 #[inline]
 fn publish_watch(d: usize, p: &DevicePool) {
-    if let Some(w) = ROUND_WATCH.get(d) {
+    // a program that never kept a free in a thread's cache never reads it
+    if p.tight
+        && tcache::used()
+        && let Some(w) = ROUND_WATCH.get(d)
+    {
         w.store(p.policy.round_end_watch(), Ordering::Relaxed);
     }
 }
 
-/// A free kept by this thread's cache left it keeping `kept` bytes: if the caches keep
-/// everything the pool has live and the pool's round could end, give them back, so that the
-/// next allocation finds nothing live.
-#[inline]
-fn watch_round_end(device: i32, kept: u64) {
-    let watch = ROUND_WATCH[device as usize].load(Ordering::Relaxed);
-    if watch == u64::MAX || !tcache::round_ends() {
+/// A free was kept by this thread's cache while the device's pool could end its round when
+/// `watch` bytes are all it has live: if the caches keep that much, everything live is kept
+/// there: give them back, so that the next allocation finds nothing live.
+#[cold]
+#[inline(never)]
+fn watch_round_end(device: i32, watch: u64) {
+    if !tcache::round_ends() {
         return;
     }
+    let kept = tcache::kept_mine();
     if kept >= watch || (tcache::others_nonempty() && kept + tcache::others_kept() >= watch) {
         end_round(device);
     }
@@ -388,9 +395,11 @@ pub(crate) fn alloc(req: &request::Request) -> Option<Result<u64, i32>> {
         if !matches!(pools.devs.get(d), Some(Some(_))) {
             create_pool(pools, req)?;
         }
-        // the pool decides as it would without the threads' caches: with every block they
-        // keep given back and every request they served counted (see `tcache`, "Round
-        // ends"); nothing to do in a program whose frees all reach the pool
+        // The pool decides as it would with no thread caches: every block they keep is given
+        // back first, in the order it was freed (the pool's cache hits are decided with them
+        // in view, and its cached blocks dissolve in free order); nothing to give back in a
+        // program whose frees all reach the pool. (A tight pool then sees its round ends as
+        // without the caches: see `tcache`, "Round ends".)
         drain_tcaches(pools);
         let Some(Some(p)) = pools.devs.get_mut(d) else {
             return Err("internal error: no pool after its creation".to_string());
@@ -466,8 +475,13 @@ fn create_pool(pools: &mut Pools, req: &request::Request) -> Result<(), String> 
                 if let Some(faults) = debug_faults() {
                     policy.set_faults(faults);
                 }
-                let policy = policy.with_budget(configured_budget());
-                pools.devs[d] = Some(DevicePool { policy, dev });
+                let budget = configured_budget();
+                let policy = policy.with_budget(budget);
+                pools.devs[d] = Some(DevicePool {
+                    policy,
+                    dev,
+                    tight: budget.is_some(),
+                });
                 HAS_POOL.fetch_or(1 << d, Ordering::Relaxed);
             }
             Err(why) => return Err(why),
@@ -527,10 +541,15 @@ static HAS_POOL: AtomicU64 = AtomicU64::new(0);
 
 /// Free every block the threads keep into its pool (pool lock held); blocks of a device
 /// whose pool is gone are dropped.
+#[inline]
 fn drain_tcaches(pools: &mut Pools) {
-    if !tcache::any() {
-        return;
+    if tcache::any() {
+        drain_tcaches_now(pools);
     }
+}
+
+#[inline(never)]
+fn drain_tcaches_now(pools: &mut Pools) {
     tcache::drain(|f| {
         if let Some(Some(p)) = pools.devs.get_mut(f.device as usize) {
             p.dev.begin(f.stream, false);
@@ -552,14 +571,17 @@ pub(crate) fn free(ptr: u64, stream: Option<u64>, pooled: Option<(i32, u64)>) ->
     if let (Some(s), Some((device, size))) = (stream, pooled)
         && (0..MAX_DEVICES as i32).contains(&device)
         && HAS_POOL.load(Ordering::Relaxed) & (1 << device) != 0
-        && let Some(kept) = tcache::put(tcache::Freed {
+        && tcache::put(tcache::Freed {
             device,
             addr: ptr,
             size,
             stream: s,
         })
     {
-        watch_round_end(device, kept);
+        let watch = ROUND_WATCH[device as usize].load(Ordering::Relaxed);
+        if watch != u64::MAX {
+            watch_round_end(device, watch);
+        }
         return Some(CUDA_SUCCESS);
     }
     with_pools(|pools| {
@@ -568,9 +590,9 @@ pub(crate) fn free(ptr: u64, stream: Option<u64>, pooled: Option<(i32, u64)>) ->
             None => FreeMode::Sync,
         };
         // the blocks the threads keep reach the pool first, in the order they were freed
-        // (the pool dissolves its cache least recently freed first); and for a pointer that
-        // is not a live pool block by the live table (an unknown pointer, or one freed twice)
-        // the pool must not take a block a thread keeps as freed for live
+        // (as in `alloc`); and for a pointer that is not a live pool block by the live table
+        // (an unknown pointer, or one freed twice) no pool may take a block a thread keeps as
+        // freed for live
         drain_tcaches(pools);
         // `free` answers UnknownPointer for a block it does not own, without touching
         // anything: one lookup per pool instead of `owns` then `free`

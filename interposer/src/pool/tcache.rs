@@ -10,16 +10,18 @@
 //! To the pool a block here is still live (its bytes stay put, its physical pages stay
 //! held); the cap was already given back by the dispatcher at the free. Before the pool
 //! serves anything (an allocation, its cache hits included, a free, a trim), every cache is
-//! drained into it ([`drain`]) in the order the blocks were freed, so the pool decides as it
-//! would with no cache here: it sees every freed block, and dissolves its cached blocks in
-//! the order the program freed them. Only exact matches are served: same device, same
-//! requested size, same pool stream; what a cache serves is what the pool's own fast path
-//! would have served (the block of that size freed last).
+//! drained into it ([`drain`]), each thread's blocks in the order that thread freed them (the
+//! caches one after another), so the pool decides as it would with no cache here: it sees
+//! every freed block, and dissolves its cached blocks in the order the program freed them
+//! (with several freeing threads, in each thread's order). Only exact matches are served:
+//! same device, same requested size, same pool stream; what a cache serves is what the
+//! pool's own fast path would have served (the block of that size freed last).
 //!
 //! Round ends: a tight pool ends a round (forgets its layout, see `vramshim_pool::stitch`)
 //! at an allocation that finds nothing live. Blocks kept here are live to it, so a program
 //! whose last frees of a pass all land here would never end a round. Each cache counts the
-//! bytes it keeps ([`put`] returns them); when the bytes kept reach what the pool has live
+//! bytes it keeps ([`kept_mine`], after a free it kept while the pool's round could end);
+//! when the bytes kept reach what the pool has live
 //! (`Stitch::round_end_watch`; [`others_kept`] adds the other threads' caches), everything
 //! live is kept here and the caller gives every cache back to the pool, which then sees the
 //! round end as it would without the caches. The same watch is 0 while a tight pool holds
@@ -48,8 +50,9 @@ pub(crate) struct Freed {
 struct Cache {
     /// a thread owns this cache
     claimed: AtomicBool,
-    /// Bytes (as the program asked) of the frees held: written under `slots`' lock, read
-    /// without it by other threads' round-end checks (an estimate there; the drain decides).
+    /// Bytes (as the program asked) of the frees held, as [`kept_mine`] last counted them (0
+    /// after a drain): read by other threads' round-end checks (an estimate; the drain
+    /// decides).
     kept: AtomicU64,
     /// The frees and how many; locked by the owner thread around its own get/put, and by a
     /// drain.
@@ -172,8 +175,7 @@ pub(crate) fn take(device: i32, size: u64, stream: u64) -> Option<u64> {
         return None;
     }
     let any = ANY_STREAM.load(Ordering::Relaxed);
-    let c = &CACHE[mine()?];
-    c.with(|(slots, n)| {
+    CACHE[mine()?].with(|(slots, n)| {
         // newest first: the block freed last is the likeliest twin
         let i = (0..*n).rev().find(|&i| {
             let f = &slots[i];
@@ -184,37 +186,52 @@ pub(crate) fn take(device: i32, size: u64, stream: u64) -> Option<u64> {
         if i < *n {
             slots.copy_within(i + 1..=*n, i);
         }
-        // the owner writes it under the lock: no read-modify-write needed
-        let kept = c.kept.load(Ordering::Relaxed).saturating_sub(size);
-        c.kept.store(kept, Ordering::Relaxed);
         Some(a)
     })
 }
 
-/// Keep a block freed on pool stream `f.stream`: `Some(bytes this thread's cache keeps
-/// now)`. `None`: the cache is full (or off); the caller frees it into the pool.
+/// Keep a block freed on pool stream `f.stream`. False: the cache is full (or off); the
+/// caller frees it into the pool.
 #[inline]
-pub(crate) fn put(f: Freed) -> Option<u64> {
+pub(crate) fn put(f: Freed) -> bool {
     if !ON.load(Ordering::Relaxed) {
-        return None;
+        return false;
     }
-    let i = mine()?;
-    let c = &CACHE[i];
-    c.with(|(slots, n)| {
+    let Some(i) = mine() else {
+        return false;
+    };
+    CACHE[i].with(|(slots, n)| {
         if *n == SLOTS {
-            return None;
+            return false;
         }
         slots[*n] = f;
         *n += 1;
-        let kept = c.kept.load(Ordering::Relaxed) + f.size;
-        c.kept.store(kept, Ordering::Relaxed);
         // under the cache's lock: a drain that cleared the bit before this point takes
         // the block when it gets the lock; one that clears it later sees it set
         let bit = 1u64 << i;
         if NONEMPTY.load(Ordering::Relaxed) & bit == 0 {
             NONEMPTY.fetch_or(bit, Ordering::AcqRel);
+            if !USED.load(Ordering::Relaxed) {
+                USED.store(true, Ordering::Relaxed);
+            }
         }
-        Some(kept)
+        true
+    })
+}
+
+/// Bytes this thread's cache keeps (as the program asked), also published for the other
+/// threads' round-end checks ([`others_kept`]).
+#[cold]
+#[inline(never)]
+pub(crate) fn kept_mine() -> u64 {
+    let Some(i) = mine() else {
+        return 0;
+    };
+    let c = &CACHE[i];
+    c.with(|(slots, n)| {
+        let kept = slots[..*n].iter().map(|f| f.size).sum();
+        c.kept.store(kept, Ordering::Relaxed);
+        kept
     })
 }
 
@@ -241,15 +258,24 @@ pub(crate) fn others_nonempty() -> bool {
     NONEMPTY.load(Ordering::Relaxed) & !me != 0
 }
 
+/// Some cache kept a free once (sticky).
+static USED: AtomicBool = AtomicBool::new(false);
+
+/// Has any cache ever kept a free?
+#[inline]
+pub(crate) fn used() -> bool {
+    USED.load(Ordering::Relaxed)
+}
+
 /// May any cache hold a free?
 #[inline]
 pub(crate) fn any() -> bool {
     NONEMPTY.load(Ordering::Acquire) != 0 && !NO_DRAIN.load(Ordering::Relaxed)
 }
 
-/// Empty every cache, handing each block to `f` in the order it was freed (called with the
-/// pool lock held; the lock order is pool, then cache, and an owner never takes the pool
-/// lock while holding its cache).
+/// Empty every cache, handing each cache's blocks to `f` in the order its thread freed them
+/// (called with the pool lock held; the lock order is pool, then cache, and an owner never
+/// takes the pool lock while holding its cache).
 pub(crate) fn drain(mut f: impl FnMut(Freed)) {
     if NO_DRAIN.load(Ordering::Relaxed) {
         return;

@@ -58,14 +58,10 @@ pub(crate) const PY_FRAME_BIT: u64 = 1 << 63;
 const MAX_TABLE: usize = 1 << 20;
 const MAX_NAME: usize = 4096;
 
+/// One frame of a walk beside its key ([`PyWalk::keys`]): where to read its names.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct RawFrame {
     code: u64,
-    /// Offset of the executing instruction, in code units (negative: not started).
-    lasti: i32,
-    /// What names the code object (see [`walk_with`]); its address alone with
-    /// `VRAMSHIM_PYFRAMES_FAULT=noident`.
-    ident: u64,
     filename: u64,
     name: u64,
     linetable: u64,
@@ -73,23 +69,8 @@ pub(crate) struct RawFrame {
     entry: bool,
 }
 
-impl RawFrame {
-    /// What identifies the frame within a stack: what names its code object, and its
-    /// instruction offset with whether it entered the eval loop (where a merged stack's
-    /// Python frames sit among the native ones).
-    #[inline(always)]
-    fn words(&self) -> [u64; 2] {
-        [
-            self.ident,
-            self.lasti as u32 as u64 | (self.entry as u64) << 32,
-        ]
-    }
-}
-
 const NO_FRAME: RawFrame = RawFrame {
     code: 0,
-    lasti: 0,
-    ident: 0,
     filename: 0,
     name: 0,
     linetable: 0,
@@ -98,15 +79,35 @@ const NO_FRAME: RawFrame = RawFrame {
 
 /// One thread's Python frames, innermost first.
 pub(crate) struct PyWalk {
+    /// Per frame, what identifies it: what names its code object (see [`walk_with`]; the
+    /// code object's address alone with `VRAMSHIM_PYFRAMES_FAULT=noident`) and the offset
+    /// of the executing instruction in code units (an `i32`, negative: not started), as
+    /// `u64`s side by side, so that a whole stack's key is compared as one block of memory.
+    keys: [Frame; MAX_PY],
     frames: [RawFrame; MAX_PY],
     n: usize,
+    /// [`key_hash`](Self::key_hash), computed by the walk as it reads the frames.
+    key_hash: u64,
 }
 
+/// One frame of a stack's key ([`PyWalk::keys`]).
+pub(crate) type Frame = [u64; 2];
+
+/// The instruction offset a key's frame holds.
+#[inline]
+pub(crate) fn key_lasti(k: &Frame) -> i32 {
+    k[1] as u32 as i32
+}
+
+/// The hash of a walk's keys: a running [`mix`] over each frame's two words, then the
+/// number of frames ([`PyWalk::key_hash`]).
+const KEY_SEED: u64 = 0x8422_2325_cbf2_9ce4;
+
 thread_local! {
-    // const-initialized, not Drop: each thread's walk buffer (3.6 KiB) lives in its TLS
+    // const-initialized, not Drop: each thread's walk buffer (4.6 KiB) lives in its TLS
     // block, so a walk neither allocates nor clears it; only the frames found are written.
     static WALK: std::cell::RefCell<PyWalk> = const {
-        std::cell::RefCell::new(PyWalk { frames: [NO_FRAME; MAX_PY], n: 0 })
+        std::cell::RefCell::new(PyWalk::new())
     };
 }
 
@@ -130,10 +131,12 @@ pub(crate) fn with_walk<R>(f: impl FnOnce(&PyWalk) -> R) -> R {
 }
 
 impl PyWalk {
-    pub(crate) fn new() -> PyWalk {
+    pub(crate) const fn new() -> PyWalk {
         PyWalk {
+            keys: [[0; 2]; MAX_PY],
             frames: [NO_FRAME; MAX_PY],
             n: 0,
+            key_hash: 0,
         }
     }
 
@@ -144,49 +147,47 @@ impl PyWalk {
     /// What identifies the stack exactly, frame by frame: what names each code object and
     /// the instruction offset (the key [`key_hash`](Self::key_hash) hashes and
     /// [`key_eq`](Self::key_eq) compares).
-    pub(crate) fn key(&self) -> Box<[(u64, i32)]> {
-        self.frames[..self.n]
-            .iter()
-            .map(|f| (f.ident, f.lasti))
-            .collect()
+    pub(crate) fn key(&self) -> Box<[Frame]> {
+        self.keys[..self.n].into()
     }
 
-    /// A fast hash of [`key`](Self::key) (equal keys, equal hashes).
+    /// A fast hash of [`key`](Self::key) (equal keys, equal hashes), computed by the walk.
     #[inline]
     pub(crate) fn key_hash(&self) -> u64 {
-        let mut h: u64 = 0x8422_2325_cbf2_9ce4 ^ self.n as u64;
-        for f in &self.frames[..self.n] {
-            h = mix(h, f.ident);
-            h = mix(h, f.lasti as u32 as u64);
-        }
-        h
+        self.key_hash
     }
 
     /// Whether `key` is this walk's [`key`](Self::key), compared in full.
     #[inline]
-    pub(crate) fn key_eq(&self, key: &[(u64, i32)]) -> bool {
-        key.len() == self.n
-            && key
-                .iter()
-                .zip(&self.frames[..self.n])
-                .all(|(k, f)| k.0 == f.ident && k.1 == f.lasti)
+    pub(crate) fn key_eq(&self, key: &[Frame]) -> bool {
+        key == &self.keys[..self.n]
     }
 
     /// A hash of [`words`](Self::words): what identifies the stack (code objects,
-    /// instruction offsets, naming objects).
+    /// instruction offsets, naming objects) and where each run of the eval loop starts:
+    /// [`key_hash`](Self::key_hash) and the places of the entry frames.
     pub(crate) fn hash(&self) -> u64 {
-        let mut h: u64 = 0x8422_2325_cbf2_9ce4 ^ self.n as u64;
-        for f in &self.frames[..self.n] {
-            let [a, b] = f.words();
-            h = mix(h, a);
-            h = mix(h, b);
+        let mut h = self.key_hash;
+        for (i, f) in self.frames[..self.n].iter().enumerate() {
+            if f.entry {
+                h = mix(h, i as u64);
+            }
         }
         h
     }
 
-    /// What identifies the stack exactly, two words per frame (see [`RawFrame::words`]).
+    /// What identifies frame `i` within a stack: its key (what names its code object, its
+    /// instruction offset) with whether it entered the eval loop (where a merged stack's
+    /// Python frames sit among the native ones).
+    #[inline(always)]
+    fn frame_words(&self, i: usize) -> [u64; 2] {
+        let [ident, lasti] = self.keys[i];
+        [ident, lasti | (self.frames[i].entry as u64) << 32]
+    }
+
+    /// What identifies the stack exactly, two words per frame (see [`Self::frame_words`]).
     pub(crate) fn words(&self) -> impl Iterator<Item = u64> + '_ {
-        self.frames[..self.n].iter().flat_map(RawFrame::words)
+        (0..self.n).flat_map(|i| self.frame_words(i))
     }
 
     /// Whether `key` is [`words`](Self::words), compared in full.
@@ -194,8 +195,8 @@ impl PyWalk {
         key.len() == 2 * self.n
             && key
                 .chunks_exact(2)
-                .zip(&self.frames[..self.n])
-                .all(|(k, f)| *k == f.words())
+                .enumerate()
+                .all(|(i, k)| *k == self.frame_words(i))
     }
 }
 
@@ -758,8 +759,10 @@ fn walk_with<const C: bool, const M: u32>(py: &Py, out: &mut PyWalk) -> Result<(
     // The fault switch is read by the walk that loads its offsets only ([`compiled_walk`]
     // is not taken with it).
     let noident = M == 0 && FAULT_NOIDENT.load(Ordering::Relaxed);
-    // Frames found so far, kept in a register (`out.n` is written once, at the end).
+    // Frames found so far and the hash of their keys, kept in registers (written to `out`
+    // once, at the end).
     let mut n = 0;
+    let mut kh = KEY_SEED;
     for _ in 0..MAX_STEPS {
         if frame == 0 || n >= MAX_PY {
             break;
@@ -837,10 +840,11 @@ fn walk_with<const C: bool, const M: u32>(py: &Py, out: &mut PyWalk) -> Result<(
             }
             _ => false,
         };
+        let lasti = lasti as u32 as u64;
+        kh = mix(mix(kh, ident), lasti);
+        out.keys[n] = [ident, lasti];
         out.frames[n] = RawFrame {
             code,
-            lasti,
-            ident,
             filename,
             name,
             linetable,
@@ -850,6 +854,7 @@ fn walk_with<const C: bool, const M: u32>(py: &Py, out: &mut PyWalk) -> Result<(
         frame = back;
     }
     out.n = n;
+    out.key_hash = mix(kh, n as u64);
     Ok(())
 }
 
@@ -997,9 +1002,10 @@ fn svarint(b: &[u8]) -> i64 {
 }
 
 /// The `PyCode` id of `f`'s code object (its record pushed to `records` the first time) and
-/// the line `f` runs. Reads only this thread's live frames' objects (see the module comment).
-fn name_frame(py: &Py, f: &RawFrame, records: &mut Vec<Event>) -> (u32, i32) {
-    let key = f.ident;
+/// the line `f` runs (`k` its key). Reads only this thread's live frames' objects (see the
+/// module comment).
+fn name_frame(py: &Py, f: &RawFrame, k: &Frame, records: &mut Vec<Event>) -> (u32, i32) {
+    let key = k[0];
     let first = rd_i32::<false>(f.code + py.l.co_firstlineno as u64).unwrap_or(0);
     let id = with_codes(|m| m.get(&key).copied());
     let id = match id {
@@ -1026,7 +1032,12 @@ fn name_frame(py: &Py, f: &RawFrame, records: &mut Vec<Event>) -> (u32, i32) {
             id
         }
     };
-    let line = line_of(py.l.minor, &read_bytes(py, f.linetable), first, f.lasti);
+    let line = line_of(
+        py.l.minor,
+        &read_bytes(py, f.linetable),
+        first,
+        key_lasti(k),
+    );
     (id, line)
 }
 
@@ -1038,8 +1049,9 @@ pub(crate) fn py_frames(walk: &PyWalk, records: &mut Vec<Event>) -> Vec<vramshim
     };
     walk.frames[..walk.n]
         .iter()
-        .map(|f| {
-            let (code, line) = name_frame(py, f, records);
+        .zip(&walk.keys)
+        .map(|(f, k)| {
+            let (code, line) = name_frame(py, f, k, records);
             vramshim_trace::PyFrame {
                 code,
                 line: line.max(0) as u32,
@@ -1057,8 +1069,8 @@ pub(crate) fn merge(native: &[u64], walk: &PyWalk, records: &mut Vec<Event>) -> 
     };
     let mut tagged = Vec::with_capacity(walk.n);
     let mut ends = Vec::new();
-    for (i, f) in walk.frames[..walk.n].iter().enumerate() {
-        let (id, line) = name_frame(py, f, records);
+    for (i, (f, k)) in walk.frames[..walk.n].iter().zip(&walk.keys).enumerate() {
+        let (id, line) = name_frame(py, f, k, records);
         tagged.push(PY_FRAME_BIT | (id as u64 & 0x7fff_ffff) << 32 | line.max(0) as u32 as u64);
         if f.entry {
             ends.push(i + 1);

@@ -7,8 +7,9 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
-/// One frame of a key: what names the code object (or its address), instruction offset.
-pub(crate) type Frame = (u64, i32);
+/// One frame of a key: what names the code object (or its address), and the instruction
+/// offset (an `i32` as `u32`).
+pub(crate) use super::pyframes::Frame;
 
 /// Hashes a `u64` key that is already a hash: the value itself.
 #[derive(Default)]
@@ -76,8 +77,8 @@ mod tests {
     #[test]
     fn colliding_hashes_keep_their_own_ids() {
         let mut t = StackKeys::default();
-        let a: Box<[Frame]> = vec![(1, 2), (3, 4)].into();
-        let b: Box<[Frame]> = vec![(1, 2), (3, 5)].into();
+        let a: Box<[Frame]> = vec![[1, 2], [3, 4]].into();
+        let b: Box<[Frame]> = vec![[1, 2], [3, 5]].into();
         t.insert(7, a.clone(), 1);
         assert_eq!(t.get(7, |k| k == &b[..]), None, "a hit needs the same key");
         t.insert(7, b.clone(), 2);

@@ -299,18 +299,18 @@ struct Captured {
 impl Captured {
     #[inline]
     fn frame(&self, i: usize) -> Frame {
-        (
+        [
             rd::<u64>(self.frames, 16 * i),
-            rd::<i32>(self.frames, 16 * i + 8),
-        )
+            rd::<i32>(self.frames, 16 * i + 8) as u32 as u64,
+        ]
     }
 
     fn hash(&self) -> u64 {
         let mut h: u64 = 0x8422_2325_cbf2_9ce4 ^ self.n as u64;
         for i in 0..self.n {
-            let (code, lasti) = self.frame(i);
+            let [code, lasti] = self.frame(i);
             h = stack_keys::mix(h, code);
-            h = stack_keys::mix(h, lasti as u32 as u64);
+            h = stack_keys::mix(h, lasti);
         }
         h
     }
@@ -759,7 +759,8 @@ pub(crate) fn drain() -> c_int {
     let n = pending.len();
     for (id, key) in pending {
         let mut frames = Vec::with_capacity(key.len());
-        for (code, lasti) in key {
+        for k in key {
+            let (code, lasti) = (k[0], super::pyframes::key_lasti(&k));
             let cid = *codes.entry(code).or_insert_with(|| {
                 // Ids shared with the Python frames of native stacks.
                 let next = super::pyframes::next_code_id();

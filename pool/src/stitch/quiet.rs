@@ -49,10 +49,10 @@ impl Stitch {
     /// the caller must give back what it keeps, `u64::MAX` when it need not. When the blocks
     /// kept aside reach it, everything live is kept aside: given back, the next allocation
     /// finds nothing live and ends the round as it would have without them. 0 while the
-    /// pool holds more than its budget (a free then dissolves the cache at once). Lenient
-    /// (the allocation count since the last round end is not asked); [`Policy::alloc`]
-    /// decides. With [`Stitch::replay_bits`] and [`Stitch::note_hits`], such a caller makes
-    /// the pool's decisions those it makes without one.
+    /// pool holds more than its budget (a free then dissolves the cache at once). Asked with
+    /// the rule an allocation that finds nothing live follows (`layout_due`), so a
+    /// caller that gives back what it keeps at this point, and before the pool serves
+    /// anything, lets the pool end its rounds where it would without the caller.
     #[inline]
     pub fn round_end_watch(&self) -> u64 {
         if self.budget.is_none() || self.gran == 0 {
@@ -62,12 +62,7 @@ impl Stitch {
         if self.stats.reserved > self.limit_now {
             return 0;
         }
-        if self.faults.keep_layout {
-            return u64::MAX;
-        }
-        let (allocs, hits) = (self.stats.allocs, self.stats.cache_hits);
-        let (a0, h0) = self.layout_mark;
-        if allocs - a0 != hits - h0 {
+        if self.layout_due() {
             self.stats.live
         } else {
             u64::MAX

@@ -142,8 +142,9 @@ def _vramshim_history(torch):
 
 # The futex system call's number, by machine (`/proc/<tid>/syscall` names calls by number).
 _VRAMSHIM_FUTEX = {"x86_64": 202, "aarch64": 98}
-# FUTEX_WAIT_BITSET, the operation of a condition variable's wait (glibc), flags masked out.
-_VRAMSHIM_FUTEX_WAIT_BITSET = 9
+# FUTEX_WAIT and FUTEX_WAIT_BITSET (flags masked out): a condition variable's wait is the
+# latter in glibc, the former in musl.
+_VRAMSHIM_FUTEX_WAITS = (0, 9)
 # Longest wait at exit for PyTorch's autograd device threads (seconds).
 _VRAMSHIM_SETTLE_S = 5.0
 
@@ -153,11 +154,12 @@ def _vramshim_settle_autograd(pid):
     # device threads in each backward pass's graph task. The device thread that finishes a
     # pass wakes the calling thread, then drops its own reference to the task; when it is
     # descheduled in between (a loaded machine), the calling thread returns first and the
-    # device thread drops the last reference later. Releasing the context takes the GIL; if
-    # the interpreter has started finalizing by then, CPython ends the thread from inside a
-    # C++ destructor that may not throw, and the process aborts ("terminate called without an
-    # active exception", exit 134) instead of exiting with the job's status. A job that exits
-    # right after backward() (an out-of-memory error in backward, then sys.exit) hits it.
+    # device thread drops the last reference later. Releasing the context takes the GIL; a
+    # device thread still waiting for it when the interpreter starts finalizing is ended by
+    # CPython from inside a C++ destructor that may not throw, and the process aborts
+    # ("terminate called without an active exception", exit 134) instead of exiting with the
+    # job's status. A job that exits right after backward() (an out-of-memory error in
+    # backward, then sys.exit) can meet that on a loaded machine.
     # This runs at exit, before finalization starts: it sleeps (the GIL released, so a device
     # thread waiting for it gets it) until every autograd device thread is idle in its
     # queue's wait, holding no task, or until _VRAMSHIM_SETTLE_S has passed.
@@ -208,8 +210,9 @@ def _vramshim_autograd_threads():
 
 def _vramshim_thread_idle(tid, futex):
     # (idle, context switches) of one thread, None when it is gone. Idle: asleep, and where
-    # the system call it sleeps in can be read, in a condition variable's wait with no time
-    # limit (an autograd thread waiting for work; its wait for the GIL has a time limit).
+    # the system call it sleeps in can be read, in a futex wait with no time limit (an
+    # autograd thread waiting for work; its wait for the GIL has a time limit, so it is never
+    # taken for idle).
     base = "/proc/self/task/%s/" % tid
     try:
         with open(base + "status") as f:
@@ -239,7 +242,7 @@ def _vramshim_thread_idle(tid, futex):
                 nr, op, timeout = int(words[0]), int(words[2], 16), int(words[4], 16)
             except ValueError:
                 return (False, switches)
-            if nr != futex or op & 0x7F != _VRAMSHIM_FUTEX_WAIT_BITSET or timeout != 0:
+            if nr != futex or op & 0x7F not in _VRAMSHIM_FUTEX_WAITS or timeout != 0:
                 return (False, switches)
         elif words:
             return (False, switches)

@@ -8,6 +8,8 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use vramshim_pytorch_tests::{printed, torch_or_skip, vramshim_run_command};
 use vramshim_testkit::{RunOutput, run, temp_dir};
@@ -24,8 +26,24 @@ struct Tensors {
 
 impl Tensors {
     fn read(file: &Path) -> Tensors {
+        Tensors::read_with(file, true).expect("read trace")
+    }
+
+    /// What a trace its process is still writing holds so far: None while it cannot be
+    /// opened, and up to the first error.
+    fn read_so_far(file: &Path) -> Option<Tensors> {
+        Tensors::read_with(file, false)
+    }
+
+    /// `strict`: a trace that cannot be opened or has an error a reader cannot go on after
+    /// panics (else: None, or what came before the error).
+    fn read_with(file: &Path, strict: bool) -> Option<Tensors> {
         let mut t = Tensors::default();
-        let mut r = TraceReader::open(file).expect("open trace");
+        let mut r = match TraceReader::open(file) {
+            Ok(r) => r,
+            Err(e) if strict => panic!("open trace {}: {e}", file.display()),
+            Err(_) => return None,
+        };
         let mut ev = Event::Lost { t_ns: 0, count: 0 };
         loop {
             match r.next_into(&mut ev) {
@@ -42,11 +60,12 @@ impl Tensors {
                     _ => {}
                 },
                 Ok(false) => break,
-                Err(e) => assert!(e.is_recoverable(), "{e}"),
+                Err(e) if strict => assert!(e.is_recoverable(), "{e}"),
+                Err(_) => break,
             }
         }
         t.clean_end = r.end_time().is_some();
-        t
+        Some(t)
     }
 
     /// `function (file:line)` of the innermost frame of `stack` in the test's script.
@@ -90,6 +109,19 @@ fn traced_with(
     flags: &[&str],
     env: &[(&str, &str)],
 ) -> (RunOutput, PathBuf) {
+    let (mut c, file) = traced_command(py, name, script, flags, env);
+    (run(&mut c), file)
+}
+
+/// The command [`traced_with`] runs (the job in a directory of its own, its working
+/// directory), and the trace it writes.
+fn traced_command(
+    py: &Path,
+    name: &str,
+    script: &str,
+    flags: &[&str],
+    env: &[(&str, &str)],
+) -> (Command, PathBuf) {
     let dir = temp_dir(name);
     let job = dir.join("job.py");
     std::fs::write(&job, script).expect("write job");
@@ -108,7 +140,7 @@ fn traced_with(
         c.env(k, v);
     }
     c.arg(&job).current_dir(&dir);
-    (run(&mut c), file)
+    (c, file)
 }
 
 const REUSE: &str = "\
@@ -484,6 +516,8 @@ fn sigkill_keeps_the_named_tensors() {
     let Some(py) = torch_or_skip("sigkill_keeps_the_named_tensors") else {
         return;
     };
+    // The job kills itself once the test, reading the trace while it is written, finds the
+    // tensors named there (it creates `go` in the job's directory).
     let script = "\
 import os, signal, time
 import torch
@@ -495,9 +529,21 @@ def load_weights():
 torch.cuda.init()
 time.sleep(0.5)
 w = load_weights()
-time.sleep(0.5)
+deadline = time.monotonic() + 120
+while not os.path.exists('go'):
+    if time.monotonic() > deadline:
+        print('no go after 120 s', flush=True)
+        raise SystemExit(1)
+    time.sleep(0.01)
 os.kill(os.getpid(), signal.SIGKILL)
 ";
+    let named = |t: &Tensors| {
+        let live = t.live();
+        live.len() == 4
+            && live
+                .values()
+                .all(|op| t.site(op.stack).as_deref() == Some("load_weights (job.py:5)"))
+    };
     for (name, env) in [
         ("torch_tensors_kill", &[][..]),
         (
@@ -505,9 +551,35 @@ os.kill(os.getpid(), signal.SIGKILL)
             &[("VRAMSHIM_PY_STACKS", "0")][..],
         ),
     ] {
-        let (out, file) = traced_with(&py, name, script, &[], env);
+        let (mut c, file) = traced_command(&py, name, script, &[], env);
+        let dir = file.parent().expect("the job's directory").to_path_buf();
+        let log = |n: &str| std::fs::File::create(dir.join(n)).expect("log file");
+        let mut child = c
+            .stdin(Stdio::null())
+            .stdout(log("stdout"))
+            .stderr(log("stderr"))
+            .spawn()
+            .expect("start vramshim run");
+        // Bounded: a trace that never names them fails below, with what it holds.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut running = true;
+        while Instant::now() < deadline {
+            if Tensors::read_so_far(&file).is_some_and(|t| named(&t)) {
+                break;
+            }
+            if child.try_wait().expect("wait for vramshim run").is_some() {
+                running = false;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::fs::write(dir.join("go"), b"").expect("write go");
+        let status = child.wait().expect("wait for vramshim run");
+        let out = |n: &str| std::fs::read_to_string(dir.join(n)).unwrap_or_default();
+        let (stdout, stderr) = (out("stdout"), out("stderr"));
+        assert!(running, "{name}: the job ended early: {stdout}\n{stderr}");
         // `vramshim run` exits as a shell does for a job killed by signal 9.
-        assert_eq!(out.code(), Some(128 + 9), "{name}: {}", out.stderr);
+        assert_eq!(status.code(), Some(128 + 9), "{name}: {stdout}\n{stderr}");
         let t = Tensors::read(&file);
         assert!(
             !t.clean_end,
