@@ -15,6 +15,10 @@
 //! - 3.10, 3.11 and 3.12 use the offsets in [`layout`], taken from each version's headers.
 //! - Any other version: one line, native frames only.
 //!
+//! The walk is compiled once per known layout (3.10-3.12's, and 3.13.0's debug offsets), its
+//! offsets constants, and picked at set-up ([`compiled_walk`]); a layout that is none of
+//! these is read by the walk that loads its offsets.
+//!
 //! Before any plain read, the first walks of the process read through `process_vm_readv`
 //! (a wrong address is an error there, not a crash) and must find what the layout promises
 //! (each frame's code object of type `PyCode_Type`, its file name a `str`, its line table

@@ -1,10 +1,11 @@
 //! Call stacks: captured with libgcc's `_Unwind_Backtrace` (DWARF CFI, so it works for code
 //! built without frame pointers), innermost frames inside libvramshim skipped, deduplicated
-//! at capture through a fixed-size lock-free hash table (no allocation, no lock). Stacks
+//! at capture through a fixed-size lock-free hash table that keeps every stack's frames and
+//! compares them in full on a hash hit (no allocation, no lock; see [`lookup`]). Stacks
 //! with Python frames merged in are interned apart, by their exact key (see [`MERGED`]).
 
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use vramshim_trace::Event;
 
@@ -343,7 +344,9 @@ fn fast_walk(sp: u64, want: usize, own: (u64, u64), t: &mut Trail) -> Option<()>
 // stack pointer and the words it reads (the rules are fixed once learned), so when every
 // slot of a remembered walk still holds the same return address, the walk would give the
 // same frames, and the remembered stack id is the answer: ~20 independent loads instead of a
-// dependent chain of loads and table probes, and no hashing.
+// dependent chain of loads and table probes, and no hashing. Exact by construction: every
+// word the walk depended on is compared, and the id is the one the shared table (below) gave
+// those frames after comparing them in full; nothing is matched by a hash here.
 
 /// Walks remembered per thread.
 const CACHED_WALKS: usize = 4;
@@ -472,7 +475,7 @@ pub(crate) fn capture_interned(depth: usize) -> Option<(u32, Option<Frames>)> {
         skip: 0,
     };
     if fast_walk(sp, want, own, &mut t).is_some()
-        && let Some(id) = lookup(hash(t.frames()))
+        && let Some(id) = lookup(hash(t.frames()), t.frames())
     {
         remember(sp, want, &t, id);
         return Some((id, None));
@@ -616,15 +619,53 @@ fn unwind(want: usize) -> Frames {
     w.frames
 }
 
+// ---- the shared table of native stacks: hash -> id, lock-free, every key kept and compared.
+//
+// What is matched where: the per-thread cache above compares a walk's inputs exactly (the same
+// stack pointer, the same return address in every stack slot the remembered walk read), so it
+// stands for the frames that walk gave, and its id is the one this table gave those frames.
+// This table finds a stack by its hash, then compares the frames in full against the key the
+// slot keeps: two stacks whose hashes collide keep their own ids (a hash alone would name one
+// of them wrongly in every post-mortem). The fast walk's frames are only used on such an
+// exact hit, so a wrong fast walk costs a fallback to libgcc, never a wrong stack.
+
 const TABLE_BITS: u32 = 16;
 const TABLE: usize = 1 << TABLE_BITS;
 const PROBES: usize = 32;
 
+/// A slot's hash (0 = empty). Claimed first; the entry follows.
 static HASHES: [AtomicU64; TABLE] = [const { AtomicU64::new(0) }; TABLE];
-static IDS: [AtomicU32; TABLE] = [const { AtomicU32::new(0) }; TABLE];
+/// A slot's entry: `id << 32 | key offset << LEN_BITS | key length` (0 = its inserting
+/// thread has not published it yet; ids start at 1, so a published entry is never 0).
+static ENTRIES: [AtomicU64; TABLE] = [const { AtomicU64::new(0) }; TABLE];
 static NEXT_ID: AtomicU32 = AtomicU32::new(1);
 
+/// Bits of an entry that hold the key's length (at most [`MAX_FRAMES`]).
+const LEN_BITS: u32 = 7;
+/// Words of keys kept: 16 MiB, as for merged stacks. Past that, new stacks get fresh ids
+/// without being remembered (still correct, only not deduplicated). Zero pages until used.
+const KEY_WORDS: usize = (16 << 20) / 8;
+/// The keys' frames, appended once (bump allocated) and never changed until a fork resets.
+static KEYS: [AtomicU64; KEY_WORDS] = [const { AtomicU64::new(0) }; KEY_WORDS];
+/// Words of [`KEYS`] handed out.
+static KEYS_USED: AtomicUsize = AtomicUsize::new(0);
+
+const _: () = assert!(MAX_FRAMES < 1 << LEN_BITS && KEY_WORDS <= 1 << (32 - LEN_BITS));
+
+#[cfg(test)]
+thread_local! {
+    /// Test hook: every stack this thread hashes gets this hash (0 = the real one).
+    static FORCED_HASH: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
 fn hash(frames: &[u64]) -> u64 {
+    #[cfg(test)]
+    {
+        let h = FORCED_HASH.with(|c| c.get());
+        if h != 0 {
+            return h;
+        }
+    }
     let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ frames.len() as u64;
     for &f in frames {
         h = (h.rotate_left(5) ^ f).wrapping_mul(0x9e37_79b9_7f4a_7c15);
@@ -633,17 +674,39 @@ fn hash(frames: &[u64]) -> u64 {
     h | 1 // never 0 (0 = empty slot)
 }
 
-/// The id of an already interned stack with this hash.
-fn lookup(h: u64) -> Option<u32> {
+/// Whether the published entry `e`'s key is `frames`, word for word.
+#[inline]
+fn key_is(e: u64, frames: &[u64]) -> bool {
+    let len = (e & ((1 << LEN_BITS) - 1)) as usize;
+    let off = ((e as u32) >> LEN_BITS) as usize;
+    if len != frames.len() || off + len > KEY_WORDS {
+        return false;
+    }
+    // The words were stored before the entry was published (Release), and read after it
+    // (Acquire): these loads see them.
+    let mut diff = 0u64;
+    for (k, &f) in KEYS[off..off + len].iter().zip(frames) {
+        diff |= k.load(Ordering::Relaxed) ^ f;
+    }
+    diff == 0
+}
+
+/// The id of the already interned stack `frames` (hash `h`).
+fn lookup(h: u64, frames: &[u64]) -> Option<u32> {
     let mut i = (h >> (64 - TABLE_BITS)) as usize;
     for _ in 0..PROBES {
         let cur = HASHES[i].load(Ordering::Acquire);
-        if cur == h {
-            let id = IDS[i].load(Ordering::Acquire);
-            return (id != 0).then_some(id);
-        }
         if cur == 0 {
             return None;
+        }
+        if cur == h {
+            let e = ENTRIES[i].load(Ordering::Acquire);
+            if e == 0 {
+                return None; // being inserted: a miss (the libgcc walk then waits for it)
+            }
+            if key_is(e, frames) {
+                return Some((e >> 32) as u32);
+            }
         }
         i = (i + 1) & (TABLE - 1);
     }
@@ -652,26 +715,44 @@ fn lookup(h: u64) -> Option<u32> {
 
 /// Stack id for `frames`, and whether this is its first appearance (emit a `Stack` record).
 pub(crate) fn intern(frames: &Frames) -> (u32, bool) {
-    intern_hash(hash(frames.as_slice()))
+    intern_key(hash(frames.as_slice()), frames.as_slice())
 }
 
-/// Stack id for the stack that hashes to `h` (never 0), and whether it is new.
-fn intern_hash(h: u64) -> (u32, bool) {
+/// Stack id for the stack `frames` with hash `h` (never 0), and whether it is new.
+fn intern_key(h: u64, frames: &[u64]) -> (u32, bool) {
     let mut i = (h >> (64 - TABLE_BITS)) as usize;
+    // Where this key's words went, once stored (only when an empty slot is reached).
+    let mut key: Option<u64> = None;
     for _ in 0..PROBES {
-        let cur = HASHES[i].load(Ordering::Acquire);
-        if cur == h {
-            return (wait_id(i), false);
-        }
+        let mut cur = HASHES[i].load(Ordering::Acquire);
         if cur == 0 {
+            // Slots are only ever filled: an empty one ends the probe sequence, so the
+            // stack is not in the table. Its key goes into the arena before the slot is
+            // claimed, so that a reader who sees the hash only waits for the entry.
+            let k = match key {
+                Some(k) => k,
+                None => match store_key(frames) {
+                    Some(k) => *key.insert(k),
+                    // Keys full: a fresh id, not remembered.
+                    None => return (NEXT_ID.fetch_add(1, Ordering::Relaxed), true),
+                },
+            };
             match HASHES[i].compare_exchange(0, h, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => {
                     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-                    IDS[i].store(id, Ordering::Release);
+                    ENTRIES[i].store((id as u64) << 32 | k, Ordering::Release);
                     return (id, true);
                 }
-                Err(other) if other == h => return (wait_id(i), false),
-                Err(_) => {}
+                // Another thread claimed it first: compare with its stack below. (Its key
+                // may be this one: the words stored here are then left unused, which only
+                // happens when two threads meet one new stack at once.)
+                Err(other) => cur = other,
+            }
+        }
+        if cur == h {
+            let e = wait_entry(i);
+            if key_is(e, frames) {
+                return ((e >> 32) as u32, false);
             }
         }
         i = (i + 1) & (TABLE - 1);
@@ -680,12 +761,30 @@ fn intern_hash(h: u64) -> (u32, bool) {
     (NEXT_ID.fetch_add(1, Ordering::Relaxed), true)
 }
 
-fn wait_id(i: usize) -> u32 {
-    // The inserting thread stores the id right after winning the slot.
+/// Copies `frames` into [`KEYS`]: their place as an entry's low bits, or `None` when the
+/// keys' words are spent.
+fn store_key(frames: &[u64]) -> Option<u64> {
+    let len = frames.len();
+    if len >= 1 << LEN_BITS {
+        return None;
+    }
+    let off = KEYS_USED
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| {
+            (u + len <= KEY_WORDS).then_some(u + len)
+        })
+        .ok()?;
+    for (k, &f) in KEYS[off..off + len].iter().zip(frames) {
+        k.store(f, Ordering::Relaxed);
+    }
+    Some(((off as u64) << LEN_BITS) | len as u64)
+}
+
+fn wait_entry(i: usize) -> u64 {
+    // The inserting thread publishes the entry right after winning the slot.
     loop {
-        let id = IDS[i].load(Ordering::Acquire);
-        if id != 0 {
-            return id;
+        let e = ENTRIES[i].load(Ordering::Acquire);
+        if e != 0 {
+            return e;
         }
         std::hint::spin_loop();
     }
@@ -697,10 +796,11 @@ pub(crate) fn on_fork_child() {
         return;
     }
     forget_walks();
-    for (h, id) in HASHES.iter().zip(IDS.iter()) {
+    for (h, e) in HASHES.iter().zip(ENTRIES.iter()) {
         h.store(0, Ordering::Relaxed);
-        id.store(0, Ordering::Relaxed);
+        e.store(0, Ordering::Relaxed);
     }
+    KEYS_USED.store(0, Ordering::Relaxed);
     NEXT_ID.store(1, Ordering::Relaxed);
     // SAFETY: the atfork child handler: the process's only thread, holding no guard. The
     // parent's map (maybe half updated by a thread that held the lock) is never read or freed.
@@ -727,6 +827,106 @@ mod tests {
         assert_ne!(ia, ib);
         assert_eq!(merged_intern(h, |k| k == a, || a.into()), (ia, false));
         assert_eq!(merged_get(h, |k| k == b), Some(ib));
+    }
+
+    /// Two different native stacks whose hashes collide keep their own ids; each finds its
+    /// own id again, and a lookup needs the same frames, not only the same hash.
+    #[test]
+    fn native_stacks_with_one_hash_keep_their_own_ids() {
+        let h = 0x5eed_c011_1de5_0003;
+        let a: &[u64] = &[0x40_1000, 0x40_2000, 0x40_3000];
+        let b: &[u64] = &[0x40_1000, 0x40_2000, 0x40_3008];
+        let (ia, new_a) = intern_key(h, a);
+        assert!(new_a);
+        assert_eq!(lookup(h, b), None, "a hit needs the same frames");
+        let (ib, new_b) = intern_key(h, b);
+        assert!(new_b, "a colliding stack was taken for another");
+        assert_ne!(ia, ib);
+        assert_eq!(intern_key(h, a), (ia, false));
+        assert_eq!(intern_key(h, b), (ib, false));
+        assert_eq!(lookup(h, a), Some(ia));
+        assert_eq!(lookup(h, b), Some(ib));
+        assert_eq!(lookup(h, &a[..2]), None, "a prefix is another stack");
+    }
+
+    /// Threads interning the same new stacks at once, 300 hashes shared by 20 stacks each
+    /// (within one probe sequence): every thread gets one id per stack, and different stacks
+    /// different ids.
+    #[test]
+    fn concurrent_interning_of_colliding_stacks_agrees_on_ids() {
+        const N: u64 = 6000;
+        let key = |k: u64| [0x7f00_0000 + k, 0x7f10_0000, 0x7f20_0000 + k % 7];
+        // Home slots 0xd0 apart: each hash's 20 stacks fill their own run of slots.
+        let h = |k: u64| (0xd0 * (k % 300)) << 48 | 0x0de5_0101;
+        let start = std::sync::Arc::new(std::sync::Barrier::new(4));
+        let per_thread: Vec<Vec<u32>> = (0..4)
+            .map(|_| {
+                let start = start.clone();
+                std::thread::spawn(move || {
+                    start.wait();
+                    // All in one order, so that they meet on every new stack.
+                    (0..N).map(|k| intern_key(h(k), &key(k)).0).collect()
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|j| j.join().unwrap())
+            .collect();
+        for ids in &per_thread[1..] {
+            assert_eq!(
+                ids, &per_thread[0],
+                "two threads got different ids for one stack"
+            );
+        }
+        let mut distinct = per_thread[0].clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(distinct.len(), N as usize, "two stacks share an id");
+        for k in 0..N {
+            assert_eq!(lookup(h(k), &key(k)), Some(per_thread[0][k as usize]));
+        }
+    }
+
+    #[inline(never)]
+    fn nest(depth: u32, want: usize, out: &mut Option<(u32, Option<Frames>)>) {
+        if depth == 0 {
+            *out = capture_interned(want);
+        } else {
+            nest(depth - 1, want, out);
+        }
+        std::hint::black_box(depth);
+    }
+
+    /// End to end through `capture_interned` (libgcc walk, fast walk, remembered walks):
+    /// two call paths whose stacks are forced onto one hash get two ids, and each keeps its
+    /// own on later captures.
+    #[test]
+    fn captured_stacks_with_one_hash_keep_their_own_ids() {
+        keep_own_frames();
+        std::thread::spawn(|| {
+            FORCED_HASH.with(|c| c.set(0x5eed_c011_1de5_0005));
+            let capture = |depth| {
+                let mut out = None;
+                nest(depth, MAX_FRAMES, &mut out);
+                out.map(|(id, f)| (id, f.map(|f| f.as_slice().to_vec())))
+                    .expect("a stack")
+            };
+            // One call site for every capture: the stacks differ only by `nest`'s depth.
+            let got: Vec<_> = [2, 3, 2, 3, 2, 3].into_iter().map(capture).collect();
+            let (ia, fa) = got[0].clone();
+            let (ib, fb) = got[1].clone();
+            let (fa, fb) = (fa.expect("new: frames"), fb.expect("new: frames"));
+            assert_ne!(fa, fb);
+            assert_ne!(
+                ia, ib,
+                "a different stack with the same hash was given its id"
+            );
+            for pair in got[2..].chunks(2) {
+                assert_eq!(pair, [(ia, None), (ib, None)]);
+            }
+        })
+        .join()
+        .unwrap();
     }
 
     #[inline(never)]
