@@ -252,6 +252,13 @@ pub trait Policy: Send {
     /// Forget everything without device calls (the device was reset, or this is a forked
     /// child whose device state is gone).
     fn reset(&mut self);
+    /// Whether the policy holds cached blocks above its budget because no page it holds
+    /// could be given back even with its cache dissolved (checks of a budget: such a cache
+    /// holds no byte more than none). Recomputed from the pool's state on each call.
+    #[doc(hidden)]
+    fn pinned_above_budget(&self) -> bool {
+        false
+    }
 }
 
 /// The policies, by name.

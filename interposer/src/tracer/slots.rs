@@ -212,7 +212,7 @@ pub(crate) fn encode(enc: &mut RecordEncoder, b: &mut Buf) {
             Kind::Torch => {
                 let mut t = torch_of(&r.op);
                 t.t_ns = ns.get(t.t_ns);
-                enc.push(&Event::Torch(t));
+                enc.push_torch(&t);
             }
             Kind::Other => {
                 if let Some(e) = others.next() {

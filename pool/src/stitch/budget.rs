@@ -6,14 +6,18 @@
 //! allocations, so a job whose use shrinks for good gets its memory back after two windows
 //! while a job that repeats a pattern keeps the memory its pattern needs (and its cache).
 //! The promise, checked by the property tests: whenever the pool holds more than its budget,
-//! it holds no cached block (every byte above the budget is in pages that live or pending
-//! blocks pin). So:
+//! it holds no cached block, or no page it holds could be given back even with its cache
+//! dissolved (every byte above the budget is in pages that live or pending blocks, or mappings
+//! in use and stream conditions of this epoch, pin: dissolving would free nothing, so the
+//! cache stays and serves exact repeats). So:
 //! - below the budget, a request that misses the cache may grow the pool (cached blocks stay
 //!   formed for exact reuse, as a caching allocator);
 //! - a growth that would cross the budget first dissolves cached blocks and places the
 //!   request in the bytes the pool holds (carved out of a held mapping, or free pages
 //!   stitched into a new one);
-//! - a free while the pool is above its budget dissolves the cache, and pages left with no
+//! - a free while the pool is above its budget dissolves the cache (unless that would give
+//!   nothing back; a request that then misses the cache dissolves it before it is placed,
+//!   so placement is as if it had been dissolved), and pages left with no
 //!   byte in use are given back (unmapped and released) when no stream may still use them:
 //!   after a synchronization (the process's own, like CUDA's pool release threshold, which
 //!   trims at synchronizations), never by synchronizing for it.
@@ -174,12 +178,21 @@ impl Stitch {
         }
     }
 
-    /// Above the budget: dissolve every cached block and give idle pages back.
+    /// Above the budget: dissolve every cached block and give idle pages back, unless no page
+    /// could be given back even with the cache dissolved (see `release_possible`): then the
+    /// cache stays, as dissolving it would free no byte of the device.
     #[cold]
     #[inline(never)]
     pub(super) fn keep_budget(&mut self, dev: &mut dyn Device) {
         self.refresh_budget(0);
         if self.stats.reserved <= self.limit_now || self.gran == 0 {
+            return;
+        }
+        if self.ncached > 0
+            && !dev.is_capturing()
+            && !self.faults.dissolve_when_stuck
+            && !self.release_possible()
+        {
             return;
         }
         while self.ncached > 0 && self.dissolve_some(dev, u64::MAX) {}
@@ -199,11 +212,7 @@ impl Stitch {
         // pages the pool was forced to take past its budget lately are kept (not cached
         // blocks: pages), so a workload that needs them every pass does not take and give
         // them back every pass
-        let keep = if self.faults.release_forced {
-            self.limit_now
-        } else {
-            self.limit_now.max(self.forced.max(self.prev_forced))
-        };
+        let keep = self.release_keep();
         let candidates: Vec<u32> = self.free_pages.iter().copied().collect();
         for p in candidates {
             if self.stats.reserved <= keep {
@@ -234,5 +243,105 @@ impl Stitch {
             self.stats.releases += 1;
         }
         self.idle_scan = Some((self.epoch, self.free_pages.len(), self.nmaps));
+    }
+
+    /// The bytes `release_idle` keeps: the budget, or more while the pool was lately forced
+    /// past it.
+    pub(super) fn release_keep(&self) -> u64 {
+        // pages the pool was forced to take past its budget lately are kept (not cached
+        // blocks: pages), so a workload that needs them every pass does not take and give
+        // them back every pass
+        if self.faults.release_forced {
+            self.limit_now
+        } else {
+            self.limit_now.max(self.forced.max(self.prev_forced))
+        }
+    }
+
+    /// A request that found neither its cached twin nor its place of the previous round while the pool is above its budget and
+    /// kept its cache (nothing could be given back): the cache is dissolved first, so the
+    /// request is placed in the bytes the pool holds as if every earlier free had dissolved
+    /// its block. Kept blocks serve exact repeats only; placing around them would stitch
+    /// new mappings (driver calls) where their bytes would have done.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn miss_above_budget(&mut self, dev: &mut dyn Device) {
+        while self.ncached > 0 && self.dissolve_some(dev, u64::MAX) {}
+    }
+
+    /// Whether `release_idle` would give back at least one page if every cached block were
+    /// dissolved first. A page goes back only when no block uses a byte of it and every
+    /// mapping it is in is unused and carries no stream condition of this epoch; dissolving
+    /// a block freed in this epoch puts such a condition on its pages. So a pool above its
+    /// budget whose idle pages sit in a mapping that live blocks or this epoch's frees pin
+    /// (the arena, between two synchronizations) gains nothing by dissolving its cache: it
+    /// keeps it, and the next synchronization, growth or mapping change asks again.
+    ///
+    /// The answer is remembered for (epoch, pages, mappings, repairs, bytes kept): within
+    /// one epoch, a page can only become releasable through a change of these. A block
+    /// freed later in the epoch fences its pages when dissolved, a `cudaFree`d one waits for
+    /// the next epoch, and new blocks only take bytes.
+    fn release_possible(&mut self) -> bool {
+        let keep = self.release_keep();
+        if self.stats.reserved <= keep {
+            return false;
+        }
+        let key = (self.epoch, self.npages, self.nmaps, self.repairs, keep);
+        if self.stuck_key == Some(key) {
+            return false;
+        }
+        let possible = self.releasable_page();
+        if !possible {
+            self.stuck_key = Some(key);
+        }
+        possible
+    }
+
+    /// Whether some page would be given back by `release_idle` once every cached block were
+    /// dissolved (see `release_possible`), computed afresh.
+    pub(super) fn releasable_page(&self) -> bool {
+        let epoch = self.epoch;
+        // per mapping: its cached blocks; per page: cached bytes, and whether dissolving
+        // would fence it
+        let mut cached_users: FxMap<u32, u32> = FxMap::default();
+        let mut cached_bytes: FxMap<u32, u64> = FxMap::default();
+        let mut fenced: FxMap<u32, ()> = FxMap::default();
+        for c in [SMALL, LARGE] {
+            for &(seq, a) in &self.lru[c] {
+                let Some(b) = self.blocks.get(a) else {
+                    continue;
+                };
+                if b.state != BState::Cached || b.seq != seq {
+                    continue;
+                }
+                *cached_users.entry(b.map).or_default() += 1;
+                for (p, s, e) in self.pieces(&self.map(b.map).pages, b.off, b.size) {
+                    *cached_bytes.entry(p).or_default() += e - s;
+                    if b.epoch >= epoch {
+                        fenced.insert(p, ());
+                    }
+                }
+            }
+        }
+        let fenced_page = |p: u32| fenced.contains_key(&p) || self.has_active_fence(p);
+        let movable: Vec<bool> = self
+            .maps
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                m.as_ref().is_some_and(|mp| {
+                    mp.users == cached_users.get(&(i as u32)).copied().unwrap_or(0)
+                        && !mp.pages.iter().any(|&q| fenced_page(q))
+                })
+            })
+            .collect();
+        self.pages.iter().enumerate().any(|(i, pg)| {
+            let p = i as u32;
+            pg.as_ref().is_some_and(|pg| {
+                pg.used <= cached_bytes.get(&p).copied().unwrap_or(0)
+                    && !fenced_page(p)
+                    && pg.maps.iter().all(|&m| movable[m as usize])
+            })
+        })
     }
 }

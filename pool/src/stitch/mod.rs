@@ -149,6 +149,10 @@ pub struct Faults {
     /// `cudaFree` still hold without the synchronization that releases them (proves the
     /// test that a replayed place is never reused early can fail).
     pub replay_unsynced: bool,
+    /// Above the budget, dissolve the cache even when no page could be given back (not a
+    /// safety fault: it proves the test that a pool stuck above its budget keeps caching
+    /// can fail).
+    pub dissolve_when_stuck: bool,
 }
 
 impl Faults {
@@ -165,6 +169,7 @@ impl Faults {
             || self.replay_over_live
             || self.mix_lifetimes
             || self.replay_unsynced
+            || self.dissolve_when_stuck
     }
 }
 
@@ -241,6 +246,9 @@ pub struct Stitch {
     /// (epoch, free pages, mappings) of the last scan for idle pages that found the rest
     /// pinned: nothing changed, nothing to scan
     idle_scan: Option<(u64, usize, u64)>,
+    /// (epoch, pages, mappings, repairs, bytes kept) at which dissolving the cache was found
+    /// to free no page (see `budget::release_possible`)
+    stuck_key: Option<(u64, u64, u64, u64, u64)>,
     /// (allocations, cache hits) when the layout was last forgotten (see `quiet`)
     layout_mark: (u64, u64),
     stats: Stats,
@@ -298,6 +306,7 @@ impl Stitch {
             repairs: 0,
             next_window: u64::MAX,
             idle_scan: None,
+            stuck_key: None,
             layout_mark: (0, 0),
             stats: Stats::default(),
         }
@@ -526,6 +535,13 @@ impl Policy for Stitch {
         }
     }
 
+    fn pinned_above_budget(&self) -> bool {
+        self.ncached > 0
+            && self.gran > 0
+            && self.stats.reserved > self.limit_now
+            && (self.stats.reserved <= self.release_keep() || !self.releasable_page())
+    }
+
     fn reset(&mut self) {
         let stats = self.stats;
         let (faults, headroom, budget) = (self.faults, self.headroom, self.budget);
@@ -596,6 +612,9 @@ impl Stitch {
             None
         };
         let mut hit = None;
+        if replayed.is_none() && self.stats.reserved > self.limit_now && self.ncached > 0 {
+            self.miss_above_budget(dev);
+        }
         if replayed.is_none() {
             hit = self.cache_take(dev, size, t, req.size);
         }
