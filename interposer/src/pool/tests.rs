@@ -630,7 +630,7 @@ fn pool_budget_values_parse_as_documented() {
 /// The pool's budget under the interposer: each shared trace replayed with its patterns
 /// checked on a device far larger than it needs, and the device's own high-water mark (every
 /// page the pool held at once) within 1.10 x the trace's peak live bytes, where the pool
-/// without a budget keeps up to 3.5 x (bert). `VRAMSHIM_POOL=stitch-tight` (the old name) is
+/// without a budget keeps up to 3.5 x (bert). `VRAMSHIM_POOL=stitch-tight` (another name for it) is
 /// the same pool; with the budget ignored (`VRAMSHIM_POOL_DEBUG=ignore-budget`) bert's high
 /// water is far above the bound: the test can fail.
 #[test]

@@ -142,9 +142,18 @@ def _vramshim_history(torch):
 
 # The futex system call's number, by machine (`/proc/<tid>/syscall` names calls by number).
 _VRAMSHIM_FUTEX = {"x86_64": 202, "aarch64": 98}
-# FUTEX_WAIT and FUTEX_WAIT_BITSET (flags masked out): a condition variable's wait is the
-# latter in glibc, the former in musl.
-_VRAMSHIM_FUTEX_WAITS = (0, 9)
+# The futex operation of a condition variable's wait (flags masked out): FUTEX_WAIT_BITSET in
+# glibc, FUTEX_WAIT in musl. Only that one counts as idle: glibc also waits on a contended mutex
+# with FUTEX_WAIT and no time limit, and a device thread blocked on a mutex is not done.
+def _vramshim_futex_waits():
+    try:
+        import os
+
+        if (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc"):
+            return (9,)
+    except (ValueError, OSError, AttributeError):
+        pass
+    return (0, 9)
 # Longest wait at exit for PyTorch's autograd device threads (seconds).
 _VRAMSHIM_SETTLE_S = 5.0
 
@@ -175,12 +184,13 @@ def _vramshim_settle_autograd(pid):
         if not tids:
             return
         futex = _VRAMSHIM_FUTEX.get(os.uname().machine)
+        waits = _vramshim_futex_waits()
         deadline = time.monotonic() + _VRAMSHIM_SETTLE_S
         last = {}
         while True:
             settled = True
             for tid in tids:
-                now = _vramshim_thread_idle(tid, futex)
+                now = _vramshim_thread_idle(tid, futex, waits)
                 before = last.get(tid)
                 last[tid] = now
                 # Gone, or idle now and at the previous look with no switch in between.
@@ -208,7 +218,7 @@ def _vramshim_autograd_threads():
     return found
 
 
-def _vramshim_thread_idle(tid, futex):
+def _vramshim_thread_idle(tid, futex, waits):
     # (idle, context switches) of one thread, None when it is gone. Idle: asleep, and where
     # the system call it sleeps in can be read, in a futex wait with no time limit (an
     # autograd thread waiting for work; its wait for the GIL has a time limit, so it is never
@@ -242,7 +252,7 @@ def _vramshim_thread_idle(tid, futex):
                 nr, op, timeout = int(words[0]), int(words[2], 16), int(words[4], 16)
             except ValueError:
                 return (False, switches)
-            if nr != futex or op & 0x7F not in _VRAMSHIM_FUTEX_WAITS or timeout != 0:
+            if nr != futex or op & 0x7F not in waits or timeout != 0:
                 return (False, switches)
         elif words:
             return (False, switches)
