@@ -354,9 +354,6 @@ type Walker = fn(&Py, &mut PyWalk) -> Result<(), &'static str>;
 /// The walk compiled for `l`, with its offsets as constants (no offset loaded per frame, no
 /// branch on the frame kind), where `l` is one of the layouts known at build time.
 fn compiled_walk(l: &Layout) -> Option<Walker> {
-    if FAULT_NOIDENT.load(Ordering::Relaxed) {
-        return None;
-    }
     Some(match l.minor {
         10 if *l == fixed(10) => walk_with::<false, 10>,
         11 if *l == fixed(11) => walk_with::<false, 11>,
@@ -760,9 +757,8 @@ fn walk_with<const C: bool, const M: u32>(py: &Py, out: &mut PyWalk) -> Result<(
         }
     };
     let strict = C;
-    // The fault switch is read by the walk that loads its offsets only ([`compiled_walk`]
-    // is not taken with it).
-    let noident = M == 0 && FAULT_NOIDENT.load(Ordering::Relaxed);
+    // Read once a walk, in every walk, so that the fault breaks the walk jobs really run.
+    let noident = FAULT_NOIDENT.load(Ordering::Relaxed);
     // Frames found so far and the hash of their keys, kept in registers (written to `out`
     // once, at the end).
     let mut n = 0;
