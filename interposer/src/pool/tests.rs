@@ -125,21 +125,22 @@ fn pool_fits_where_the_driver_alone_does_not() {
 #[test]
 fn delayed_kernels_never_write_into_a_reused_block() {
     let exe = workload("early_reuse");
+    // the workload in `mode` under the pool with `budget`, `extra` its optional argument
+    let early = |mode: &str, budget: &str, extra: Option<&str>, debug: Option<&str>| {
+        let mut args = vec![mode, "3"];
+        args.extend(extra);
+        let mut env = vec![
+            ("VRAMSHIM_POOL", "stitch"),
+            ("VRAMSHIM_POOL_BUDGET", budget),
+        ];
+        env.extend(debug.map(|d| ("VRAMSHIM_POOL_DEBUG", d)));
+        run(&exe, &args, &env, "pool-early")
+    };
     for mode in ["async", "sync"] {
         // with the budget (alone, and with a block live throughout, which keeps freed blocks
         // in the threads' caches), and without
         for (budget, extra) in [("5%", None), ("5%", Some("anchor")), ("off", None)] {
-            let mut args = vec![mode, "3"];
-            args.extend(extra);
-            let o = run(
-                &exe,
-                &args,
-                &[
-                    ("VRAMSHIM_POOL", "stitch"),
-                    ("VRAMSHIM_POOL_BUDGET", budget),
-                ],
-                "pool-early",
-            );
+            let o = early(mode, budget, extra, None);
             assert_exit(&o, 0, &format!("{mode} budget {budget} {extra:?}"));
             assert_eq!(field(&o.stdout, "foreign"), 0);
             if mode == "async" {
@@ -166,18 +167,7 @@ fn delayed_kernels_never_write_into_a_reused_block() {
             // the pool has live, the cache gives it back at once (a round end, see `tcache`)
             // and the pool, not the cache, serves the other stream's request.
             for (budget, extra) in [("5%", Some("anchor")), ("off", None)] {
-                let mut args = vec![mode, "3"];
-                args.extend(extra);
-                let o = run(
-                    &exe,
-                    &args,
-                    &[
-                        ("VRAMSHIM_POOL", "stitch"),
-                        ("VRAMSHIM_POOL_BUDGET", budget),
-                        ("VRAMSHIM_POOL_DEBUG", "tcache-any-stream"),
-                    ],
-                    "pool-early-tcache",
-                );
+                let o = early(mode, budget, extra, Some("tcache-any-stream"));
                 assert_exit(&o, 1, &format!("tcache-any-stream, budget {budget}"));
                 assert!(field(&o.stdout, "foreign") > 0);
             }
