@@ -162,19 +162,28 @@ pub(crate) fn render_text(path: &Path, procs: &Result<Vec<Registered>, String>) 
         by_group.entry(&p.identity.group).or_default().push(p);
     }
     for (g, members) in &by_group {
-        let mut per: BTreeMap<String, (u64, Option<u64>)> = BTreeMap::new();
+        // Per GPU: the members' use, and the group's cap as the members whose library
+        // publishes it say (None: none of them does; Some(None): uncapped). A member's own
+        // stricter cap is on its row: it is never the group's.
+        let mut per: BTreeMap<String, (u64, Option<Option<u64>>)> = BTreeMap::new();
         for p in members {
             for d in &p.devices {
                 let e = per.entry(gpu_name(d)).or_insert((0, None));
                 e.0 += d.used;
-                // The group's cap; a member's own stricter cap is on its row. (A registry
-                // written before the group's cap was published has only the member's.)
-                e.1 = e.1.max(d.group_cap.or(d.cap));
+                if p.group_cap_known() {
+                    e.1 = Some(e.1.flatten().max(d.group_cap));
+                }
             }
         }
         let gpus: Vec<String> = per
             .iter()
-            .map(|(gpu, (u, c))| format!("{gpu} {} of {}", human_bytes(*u), opt_bytes(*c)))
+            .map(|(gpu, (u, c))| {
+                let cap = c.map_or_else(
+                    || "an unknown cap (its members' libvramshim.so predates the group cap)".into(),
+                    opt_bytes,
+                );
+                format!("{gpu} {} of {cap}", human_bytes(*u))
+            })
             .collect();
         let pids: Vec<String> = members.iter().map(|p| p.pid.to_string()).collect();
         o.push_str(&format!(
@@ -205,6 +214,7 @@ pub(crate) fn render_json(path: &Path, procs: &Result<Vec<Registered>, String>) 
                 "container": p.identity.container.id,
                 "pod_uid": p.identity.container.pod_uid,
                 "waiting": p.flags & FLAG_WAITING != 0,
+                "group_cap_known": p.group_cap_known(),
                 "refusals": p.refusals,
                 "ooms": p.ooms,
                 "devices": p.devices.iter().map(|d| json!({
@@ -297,6 +307,53 @@ mod tests {
         std::fs::write(dir.join("bad"), b"x").unwrap();
         let e = read(&dir.join("bad")).unwrap_err();
         assert!(e.starts_with("node registry "), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A member with its own 1 GiB cap in a group that leaves the GPU uncapped: the group's
+    /// line says the group is uncapped (the 1 GiB is the member's, on its row). A member whose
+    /// library predates the group cap says nothing of it: the group's cap reads as unknown,
+    /// not as its own cap nor as uncapped.
+    #[test]
+    fn a_members_own_cap_is_not_its_groups() {
+        let dir = std::env::temp_dir().join(format!("vramshim-node-gc-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("reg");
+        let r = Registry::open_or_create(&path).unwrap();
+        let me = ProcessKey::current().unwrap();
+        let id = Identity {
+            uid: uid(),
+            start_ticks: 1,
+            cmd: "trainer".into(),
+            group: "job".into(),
+            container: Default::default(),
+        };
+        let s = r.register(me, &id).unwrap();
+        let rec = DeviceRecord {
+            ordinal: 0,
+            uuid: Some(DeviceId([0x11; 16])),
+            cap: Some(1 << 30),
+            group_cap: None,
+            used: 800 << 20,
+            peak: 900 << 20,
+            pool_reserved: 0,
+        };
+        r.publish_device(s, 0, &rec);
+        let text = render_text(&path, &read(&path));
+        assert!(text.contains("800 MiB of none"), "{text}");
+        assert!(!text.contains("of 1 GiB"), "{text}");
+        let j = render_json(&path, &read(&path));
+        assert_eq!(j["processes"][0]["group_cap_known"], true);
+        assert_eq!(j["processes"][0]["devices"][0]["group_cap"], Value::Null);
+        // The same record as an older library writes it.
+        r.set_flag(s, registry::FLAG_GROUP_CAP, false);
+        let text = render_text(&path, &read(&path));
+        assert!(text.contains("800 MiB of an unknown cap"), "{text}");
+        assert!(!text.contains("of 1 GiB"), "{text}");
+        let j = render_json(&path, &read(&path));
+        assert_eq!(j["processes"][0]["group_cap_known"], false);
+        r.unregister(s, me);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
