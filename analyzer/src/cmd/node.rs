@@ -238,43 +238,57 @@ mod tests {
     use vramshim_region::ProcessKey;
     use vramshim_region::registry::{DeviceRecord, Identity};
 
-    #[test]
-    fn renders_the_node_by_gpu_and_by_group() {
-        let dir = std::env::temp_dir().join(format!("vramshim-node-{}", std::process::id()));
+    /// A fresh registry in a directory of its own (`tag`), with this process registered in it
+    /// as `trainer` of group `job`: (directory, registry path, registry, key, slot).
+    fn trainer_in_job(
+        tag: &str,
+        container: registry::Container,
+    ) -> (
+        PathBuf,
+        PathBuf,
+        Registry,
+        ProcessKey,
+        registry::RegSlotIndex,
+    ) {
+        let dir = std::env::temp_dir().join(format!("vramshim-node-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("reg");
         let r = Registry::open_or_create(&path).unwrap();
         let me = ProcessKey::current().unwrap();
-        let s = r
-            .register(
-                me,
-                &Identity {
-                    uid: uid(),
-                    start_ticks: 1,
-                    cmd: "trainer".into(),
-                    group: "job".into(),
-                    container: registry::parse_cgroup(&format!(
-                        "0::/system.slice/docker-{}.scope",
-                        "ab".repeat(32)
-                    )),
-                },
-            )
-            .unwrap();
-        r.publish_device(
-            s,
-            0,
-            &DeviceRecord {
-                ordinal: 0,
-                uuid: Some(DeviceId([0x11; 16])),
-                // Its own 1 GiB binds inside the group's 4 GiB.
-                cap: Some(1 << 30),
-                group_cap: Some(4 << 30),
-                used: 800 << 20,
-                peak: 900 << 20,
-                pool_reserved: 0,
-            },
-        );
+        let id = Identity {
+            uid: uid(),
+            start_ticks: 1,
+            cmd: "trainer".into(),
+            group: "job".into(),
+            container,
+        };
+        let s = r.register(me, &id).unwrap();
+        (dir, path, r, me, s)
+    }
+
+    /// 800 MiB in use under its own 1 GiB cap, in a group of cap `group_cap`.
+    fn own_cap_1gib(group_cap: Option<u64>) -> DeviceRecord {
+        DeviceRecord {
+            ordinal: 0,
+            uuid: Some(DeviceId([0x11; 16])),
+            cap: Some(1 << 30),
+            group_cap,
+            used: 800 << 20,
+            peak: 900 << 20,
+            pool_reserved: 0,
+        }
+    }
+
+    #[test]
+    fn renders_the_node_by_gpu_and_by_group() {
+        let docker = registry::parse_cgroup(&format!(
+            "0::/system.slice/docker-{}.scope",
+            "ab".repeat(32)
+        ));
+        let (dir, path, r, me, s) = trainer_in_job("render", docker);
+        // Its own 1 GiB binds inside the group's 4 GiB.
+        r.publish_device(s, 0, &own_cap_1gib(Some(4 << 30)));
         r.set_flag(s, FLAG_WAITING, true);
         let procs = read(&path);
         let text = render_text(&path, &procs);
@@ -316,30 +330,8 @@ mod tests {
     /// not as its own cap nor as uncapped.
     #[test]
     fn a_members_own_cap_is_not_its_groups() {
-        let dir = std::env::temp_dir().join(format!("vramshim-node-gc-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("reg");
-        let r = Registry::open_or_create(&path).unwrap();
-        let me = ProcessKey::current().unwrap();
-        let id = Identity {
-            uid: uid(),
-            start_ticks: 1,
-            cmd: "trainer".into(),
-            group: "job".into(),
-            container: Default::default(),
-        };
-        let s = r.register(me, &id).unwrap();
-        let rec = DeviceRecord {
-            ordinal: 0,
-            uuid: Some(DeviceId([0x11; 16])),
-            cap: Some(1 << 30),
-            group_cap: None,
-            used: 800 << 20,
-            peak: 900 << 20,
-            pool_reserved: 0,
-        };
-        r.publish_device(s, 0, &rec);
+        let (dir, path, r, me, s) = trainer_in_job("group-cap", Default::default());
+        r.publish_device(s, 0, &own_cap_1gib(None));
         let text = render_text(&path, &read(&path));
         assert!(text.contains("800 MiB of none"), "{text}");
         assert!(!text.contains("of 1 GiB"), "{text}");

@@ -568,8 +568,25 @@ mod tests {
     /// The tests that rewrite the kept sets or time the clock, one at a time.
     static SERIAL: Mutex<()> = Mutex::new(());
 
-    fn serial() -> std::sync::MutexGuard<'static, ()> {
-        SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+    /// The TSC clock chosen, and this test alone on it (None: no usable TSC here, said once).
+    fn tsc_or_skip() -> Option<std::sync::MutexGuard<'static, ()>> {
+        let s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        init();
+        if name() != "tsc" {
+            eprintln!("no usable TSC here: the trace clock is clock_gettime itself");
+            return None;
+        }
+        Some(s)
+    }
+
+    /// Becomes the one thread that re-anchors (as `recalibrate` does, but waiting its turn).
+    fn hold_recalibration() {
+        while RECALIBRATING
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            std::thread::yield_now();
+        }
     }
 
     thread_local! {
@@ -593,12 +610,7 @@ mod tests {
         if !race {
             return;
         }
-        while RECALIBRATING
-            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            std::thread::yield_now();
-        }
+        hold_recalibration();
         if let Some(p) = snapshot() {
             for _ in 0..SETS_KEPT {
                 publish(p);
@@ -621,12 +633,7 @@ mod tests {
     /// converts with the set in force: the time of the event, not the time of the conversion.
     #[test]
     fn a_lookup_overtaken_by_a_rewrite_walks_again() {
-        let _s = serial();
-        init();
-        if name() != "tsc" {
-            eprintln!("no usable TSC here: the trace clock is clock_gettime itself");
-            return;
-        }
+        let Some(_s) = tsc_or_skip() else { return };
         let (a, r, b) = raw_then_wait();
         RACES.with(|x| x.set(1));
         WALKS.with(|w| w.set(0));
@@ -648,12 +655,7 @@ mod tests {
     /// after `LOOKUP_TRIES` walks with the monotonic clock's now: it never spins unboundedly.
     #[test]
     fn a_lookup_always_overtaken_gives_up_after_bounded_walks() {
-        let _s = serial();
-        init();
-        if name() != "tsc" {
-            eprintln!("no usable TSC here: the trace clock is clock_gettime itself");
-            return;
-        }
+        let Some(_s) = tsc_or_skip() else { return };
         let (a, r, _) = raw_then_wait();
         RACES.with(|x| x.set(u32::MAX));
         WALKS.with(|w| w.set(0));
@@ -669,19 +671,9 @@ mod tests {
     /// must then read whole, or every conversion in the child that needs it would fail.
     #[test]
     fn a_set_cut_off_by_a_fork_reads_once_the_child_fills_it() {
-        let _s = serial();
-        init();
-        if name() != "tsc" {
-            eprintln!("no usable TSC here: the trace clock is clock_gettime itself");
-            return;
-        }
+        let Some(_s) = tsc_or_skip() else { return };
         for half_written in [false, true] {
-            while RECALIBRATING
-                .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-                .is_err()
-            {
-                std::thread::yield_now();
-            }
+            hold_recalibration();
             let p = snapshot().expect("calibrated");
             let g = GEN.load(Ordering::Relaxed) + 1;
             // The parent's publish of generation g, cut off by the fork.
@@ -692,12 +684,7 @@ mod tests {
             }
             // The child.
             on_fork_child();
-            while RECALIBRATING
-                .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-                .is_err()
-            {
-                std::thread::yield_now();
-            }
+            hold_recalibration();
             publish(p);
             let now = GEN.load(Ordering::Relaxed);
             let read = read_set(now).is_some();
@@ -715,12 +702,7 @@ mod tests {
     /// way).
     #[test]
     fn tsc_times_track_the_monotonic_clock() {
-        let _s = serial();
-        init();
-        if name() != "tsc" {
-            eprintln!("no usable TSC here: the trace clock is clock_gettime itself");
-            return;
-        }
+        let Some(_s) = tsc_or_skip() else { return };
         let threads: Vec<_> = (0..3)
             .map(|_| {
                 std::thread::spawn(|| {
@@ -786,7 +768,7 @@ mod tests {
 
     #[test]
     fn latency_matches_the_monotonic_clock() {
-        let _s = serial();
+        let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         init();
         // The monotonic clock read around the stamp and around the latency: a thread
         // descheduled between any two reads only widens the window the latency must fall

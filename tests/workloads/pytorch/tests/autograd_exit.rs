@@ -11,20 +11,29 @@
 //! Without the hook (`--no-python-hook`, or no `--trace`) there is no wait: the job ends as
 //! it does without vramshim, PyTorch's abort included (docs/pytorch.md, "At exit").
 
+use std::path::PathBuf;
 use vramshim_pytorch_tests::{printed, torch_or_skip, torch_sim_command, vramshim_run_command};
+
 use vramshim_testkit::{repo_root, run, sim_dir, temp_dir};
 
 /// Runs of the job: each aborts without the hook's wait.
 const RUNS: usize = 4;
 
+/// PyTorch's python, the job and a fresh directory for test `test` (None: no PyTorch, said).
+fn job_or_skip(test: &str, dir: &str) -> Option<(PathBuf, PathBuf, PathBuf)> {
+    let py = torch_or_skip(test)?;
+    let script = repo_root().join("tests/workloads/pytorch/exit_after_backward.py");
+    Some((py, script, temp_dir(dir)))
+}
+
 #[test]
 fn a_job_exiting_after_an_oom_in_backward_keeps_its_status() {
-    let test = "a_job_exiting_after_an_oom_in_backward_keeps_its_status";
-    let Some(py) = torch_or_skip(test) else {
+    let Some((py, script, dir)) = job_or_skip(
+        "a_job_exiting_after_an_oom_in_backward_keeps_its_status",
+        "torch_autograd_exit",
+    ) else {
         return;
     };
-    let script = repo_root().join("tests/workloads/pytorch/exit_after_backward.py");
-    let dir = temp_dir("torch_autograd_exit");
     for i in 0..RUNS {
         let trace = dir.join(format!("t{i}.vramtrace"));
         let mut c = vramshim_run_command(
@@ -62,12 +71,12 @@ fn a_job_exiting_after_an_oom_in_backward_keeps_its_status() {
 /// as without vramshim (with PyTorch 2.15, its abort: what docs/pytorch.md says of such runs).
 #[test]
 fn without_the_hook_the_job_ends_as_without_vramshim() {
-    let test = "without_the_hook_the_job_ends_as_without_vramshim";
-    let Some(py) = torch_or_skip(test) else {
+    let Some((py, script, dir)) = job_or_skip(
+        "without_the_hook_the_job_ends_as_without_vramshim",
+        "torch_autograd_exit_nohook",
+    ) else {
         return;
     };
-    let script = repo_root().join("tests/workloads/pytorch/exit_after_backward.py");
-    let dir = temp_dir("torch_autograd_exit_nohook");
     let trace = dir.join("t.vramtrace");
     let mut hookless = vramshim_run_command(
         &py,
