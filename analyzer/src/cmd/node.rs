@@ -70,6 +70,14 @@ fn short_id(id: &str) -> &str {
     id.get(..12).unwrap_or(id)
 }
 
+/// A name a process chose (its command name, `VRAMSHIM_SHARED`, its cgroup's words) as a
+/// terminal line may show it: control characters (escape sequences, line breaks) as `?`.
+pub(crate) fn shown(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
+}
+
 fn opt_bytes(c: Option<u64>) -> String {
     c.map_or_else(|| "none".into(), human_bytes)
 }
@@ -78,7 +86,8 @@ fn opt_bytes(c: Option<u64>) -> String {
 pub(crate) fn render_text(path: &Path, procs: &Result<Vec<Registered>, String>) -> String {
     let procs = match procs {
         Ok(p) => p,
-        Err(e) => return format!("node registry: {e}\n"),
+        // The reason names the registry already ("node registry PATH ...").
+        Err(e) => return format!("{e}\n"),
     };
     let mut o = format!(
         "node registry {}  {} process{}\n",
@@ -131,9 +140,9 @@ pub(crate) fn render_text(path: &Path, procs: &Result<Vec<Registered>, String>) 
             o.push_str(&format!(
                 "    {:<8} {:<16} {:<16} {:<12} {:>12} {:>12} {:>12} {:>12} {:>8} {:>5} {}\n",
                 p.pid,
-                p.identity.cmd,
-                group,
-                container,
+                shown(&p.identity.cmd),
+                shown(group),
+                shown(container),
                 human_bytes(d.used),
                 human_bytes(d.peak),
                 opt_bytes(d.cap),
@@ -151,7 +160,7 @@ pub(crate) fn render_text(path: &Path, procs: &Result<Vec<Registered>, String>) 
     let idle: Vec<String> = procs
         .iter()
         .filter(|p| p.devices.is_empty())
-        .map(|p| format!("{} ({})", p.pid, p.identity.cmd))
+        .map(|p| format!("{} ({})", p.pid, shown(&p.identity.cmd)))
         .collect();
     if !idle.is_empty() {
         o.push_str(&format!("  no device memory yet: {}\n", idle.join(", ")));
@@ -187,7 +196,8 @@ pub(crate) fn render_text(path: &Path, procs: &Result<Vec<Registered>, String>) 
             .collect();
         let pids: Vec<String> = members.iter().map(|p| p.pid.to_string()).collect();
         o.push_str(&format!(
-            "  group {g}: pids {}; {}\n",
+            "  group {}: pids {}; {}\n",
+            shown(g),
             pids.join(" "),
             if gpus.is_empty() {
                 "no device memory yet".to_string()
@@ -319,8 +329,15 @@ mod tests {
         assert!(read(&path).unwrap().is_empty());
         assert!(read(&dir.join("absent")).unwrap().is_empty());
         std::fs::write(dir.join("bad"), b"x").unwrap();
-        let e = read(&dir.join("bad")).unwrap_err();
+        let bad = read(&dir.join("bad"));
+        let e = bad.clone().unwrap_err();
         assert!(e.starts_with("node registry "), "{e}");
+        let text = render_text(&dir.join("bad"), &bad);
+        assert_eq!(
+            text,
+            format!("{e}\n"),
+            "said once, naming the registry once"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -328,6 +345,31 @@ mod tests {
     /// line says the group is uncapped (the 1 GiB is the member's, on its row). A member whose
     /// library predates the group cap says nothing of it: the group's cap reads as unknown,
     /// not as its own cap nor as uncapped.
+    /// A process's own words (its command name, which it may set to anything, and its group)
+    /// reach the terminal without their control characters: no escape sequence is passed
+    /// through, no line is broken.
+    #[test]
+    fn names_reach_the_terminal_without_control_characters() {
+        let (dir, path, r, me, s) = trainer_in_job("names", Default::default());
+        let id = Identity {
+            uid: uid(),
+            start_ticks: 1,
+            cmd: "a\x1b]0;t\x07\n".into(),
+            group: "g\x1b[2J".into(),
+            container: Default::default(),
+        };
+        assert_eq!(r.register(me, &id), Some(s));
+        r.publish_device(s, 0, &own_cap_1gib(None));
+        let text = render_text(&path, &read(&path));
+        assert!(!text.contains('\x1b') && !text.contains('\x07'), "{text:?}");
+        assert!(text.contains("a?]0;t??"), "{text:?}");
+        assert!(text.contains("group g?[2J: pids"), "{text:?}");
+        // Rows and group lines only: a broken line would add one.
+        assert_eq!(text.lines().count(), 5, "{text:?}");
+        r.unregister(s, me);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn a_members_own_cap_is_not_its_groups() {
         let (dir, path, r, me, s) = trainer_in_job("group-cap", Default::default());
