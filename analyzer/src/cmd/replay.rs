@@ -171,7 +171,7 @@ pub fn main(a: Args) -> Result<ExitCode, String> {
             c.syncs
         );
     }
-    print!("{o}");
+    print!("{}", vramshim_analyzer::render::for_terminal(&o));
     Ok(damage_status(&r.damage))
 }
 
