@@ -14,19 +14,7 @@ const PAGE: u64 = 2 * MIB;
 fn traces() -> Vec<(String, Vec<Event>)> {
     let mut files = vramshim_testkit::shipped_traces();
     let gpu = vramshim_testkit::repo_root().join("tests/workloads/traces/gpu");
-    let mut more: Vec<_> = std::fs::read_dir(&gpu)
-        .unwrap_or_else(|e| panic!("{}: {e}", gpu.display()))
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.to_string_lossy().ends_with(".rmm.csv"))
-        .collect();
-    more.sort();
-    assert!(
-        more.len() >= 3,
-        "expected the GPU recordings in {}",
-        gpu.display()
-    );
-    files.extend(more);
+    files.extend(vramshim_testkit::rmm_logs_in(&gpu, "the GPU recordings"));
     files
         .into_iter()
         .map(|p| {
