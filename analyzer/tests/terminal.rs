@@ -104,3 +104,40 @@ fn trace_strings_reach_the_terminal_without_control_characters() {
     );
     assert!(text.contains("\\r\\nFORGED: no leaks"), "{text}");
 }
+
+/// A trace file another user named: its name's control characters do not reach the terminal
+/// in the one message about it, whether it is refused (not a trace) or read but torn.
+#[test]
+fn file_names_reach_the_terminal_without_control_characters() {
+    let d = scratch("terminal-names");
+    let name = "t\u{1b}]0;pwned\u{7}\nFORGED.vramtrace";
+    std::fs::write(d.join(name), b"not a trace at all").unwrap();
+    let torn = "torn\u{1b}[2J.vramtrace";
+    write(&d.join("whole.vramtrace"), 1 << 20);
+    let bytes = std::fs::read(d.join("whole.vramtrace")).unwrap();
+    std::fs::write(d.join(torn), &bytes[..bytes.len() - 8]).unwrap();
+    for (file, code) in [(name, 2), (torn, 3)] {
+        for args in [
+            vec!["summary", file],
+            vec!["export", file, "--format", "chrome-json", "-o", "out.json"],
+            vec!["replay", file],
+            vec!["report", file, "-o", "out.html"],
+            vec!["diff", file, "whole.vramtrace"],
+        ] {
+            let out = run_in(&d, &args);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(code), "vramshim {args:?}: {err}");
+            for c in ['\u{1b}', '\u{7}'] {
+                assert!(
+                    !err.contains(c),
+                    "vramshim {args:?} printed {c:?} from the file's name:\n{err}"
+                );
+            }
+            assert!(
+                !err.lines().any(|l| l.starts_with("FORGED")),
+                "vramshim {args:?}: {err}"
+            );
+            assert!(err.contains("\\u{1b}"), "the name, escaped: {err}");
+        }
+    }
+}
