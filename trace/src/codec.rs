@@ -423,20 +423,13 @@ impl RecordEncoder {
         };
         let m = self.model.get_or_insert_with(Box::default);
         let st = &mut self.st;
-        let n = torch_run::encode(
-            m,
-            torch_run::Ctx {
-                tid: &mut st.tid,
-                device: &mut st.torch_device,
-                stream: &mut st.torch_stream,
-                segments: &mut st.torch_segments,
-                t: &mut st.t,
-            },
-            op,
-            off,
-            size,
-            b,
-        );
+        let mut cx = torch_run::Ctx {
+            tid: st.tid,
+            t: st.t,
+        };
+        let n = torch_run::encode(m, &mut cx, op, off, size, b);
+        st.tid = cx.tid;
+        st.t = cx.t;
         self.buf.truncate(start + n);
         let len = self.buf.len() - self.run_at - RUN_HEAD;
         let h = &mut self.buf[self.run_at + 1..self.run_at + RUN_HEAD];
@@ -1028,17 +1021,14 @@ impl RecordDecoder {
     pub fn torch_run_event(&mut self, c: &mut Cur, out: &mut Event) -> Result<(), RecordError> {
         let m = self.model.get_or_insert_with(Box::default);
         let st = &mut self.st;
-        let op = torch_run::decode(
-            m,
-            torch_run::Ctx {
-                tid: &mut st.tid,
-                device: &mut st.torch_device,
-                stream: &mut st.torch_stream,
-                segments: &mut st.torch_segments,
-                t: &mut st.t,
-            },
-            c,
-        )?;
+        let mut cx = torch_run::Ctx {
+            tid: st.tid,
+            t: st.t,
+        };
+        let r = torch_run::decode(m, &mut cx, c);
+        st.tid = cx.tid;
+        st.t = cx.t;
+        let op = r?;
         match out {
             Event::Torch(o) => *o = op,
             _ => *out = Event::Torch(op),

@@ -41,13 +41,21 @@ pub(crate) const CTRL_PLACE_SHIFT: u8 = 3;
 /// Time form 3: a zigzag varint (negative or 2^24 ns and more); 0-2: 1-3 bytes.
 pub(crate) const TIME_VARINT: u8 = 3;
 
+/// A prediction: the size, and the stack, action and the model's epoch packed in one word
+/// (stack in bits 0-31, action in 32-39, epoch in 40-63), so a probe is two compares.
 #[derive(Clone, Copy, Default, Debug)]
 struct Pred {
     size: u64,
-    stack: u32,
-    epoch: u32,
-    action: u8,
+    meta: u64,
 }
+
+#[inline(always)]
+fn meta(stack: u32, action: u8, epoch: u32) -> u64 {
+    stack as u64 | (action as u64) << 32 | (epoch as u64) << 40
+}
+
+/// Epochs live in 24 bits of [`Pred::meta`]; the table is cleared when they wrap.
+const EPOCH_MASK: u32 = (1 << 24) - 1;
 
 #[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
 struct Place {
@@ -68,6 +76,11 @@ pub(crate) struct Model {
     counts: [u32; 2],
     /// Encoder only: per ring, the newest sequence number at which an address was pushed.
     find: [[(u64, u32); 1 << FIND_BITS]; 2],
+    /// The previous event's device and stream, and the three most recent segments of
+    /// explicit places (most recent first).
+    device: i32,
+    stream: u64,
+    segments: [u64; 3],
 }
 
 impl Default for Model {
@@ -79,6 +92,9 @@ impl Default for Model {
             rings: [[Place::default(); RING]; 2],
             counts: [0; 2],
             find: [[(0, 0); 1 << FIND_BITS]; 2],
+            device: 0,
+            stream: 0,
+            segments: [0; 3],
         }
     }
 }
@@ -102,13 +118,16 @@ fn ring_of(action: u8) -> usize {
 impl Model {
     /// Forgets everything (a new context): the table by generation, the rings by count.
     pub fn reset(&mut self) {
-        self.epoch = self.epoch.wrapping_add(1);
+        self.epoch = (self.epoch + 1) & EPOCH_MASK;
         if self.epoch == 0 {
             self.table = [Pred::default(); TABLE];
             self.epoch = 1;
         }
         self.hist = [0; 3];
         self.counts = [0; 2];
+        self.device = 0;
+        self.stream = 0;
+        self.segments = [0; 3];
     }
 
     #[inline(always)]
@@ -119,13 +138,8 @@ impl Model {
 
     /// After an event: the prediction for its context, the history, the rings.
     #[inline(always)]
-    fn learn(&mut self, slot: usize, action: u8, size: u64, stack: u32, place: Place) {
-        self.table[slot] = Pred {
-            size,
-            stack,
-            epoch: self.epoch,
-            action,
-        };
+    fn learn(&mut self, slot: usize, mt: u64, size: u64, stack: u32, action: u8, place: Place) {
+        self.table[slot] = Pred { size, meta: mt };
         self.hist = [key_hash(action, size, stack), self.hist[0], self.hist[1]];
         let r = match action {
             0 => 1,
@@ -154,14 +168,13 @@ impl Model {
     }
 }
 
-/// The context state a run's events are coded against besides the model (the delta state's
-/// thread, device, stream, segments and time), borrowed from the codec.
-pub(crate) struct Ctx<'a> {
-    pub tid: &'a mut u32,
-    pub device: &'a mut i32,
-    pub stream: &'a mut u64,
-    pub segments: &'a mut [u64; 3],
-    pub t: &'a mut u64,
+/// The delta state's thread and time, which `TorchRun` events share with the context's
+/// other records: copied in and out by the codec, so that the coder works on registers. (The
+/// device, stream and recent segments are the model's own.)
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Ctx {
+    pub tid: u32,
+    pub t: u64,
 }
 
 /// Scratch size of one coded event (its largest form is 68 bytes).
@@ -174,6 +187,11 @@ fn wv(b: &mut [u8; EV_MAX], mut n: usize, mut v: u64) -> usize {
     if v < 0x80 {
         b[n % EV_MAX] = v as u8;
         return n + 1;
+    }
+    if v < 0x4000 {
+        b[n % EV_MAX] = (v as u8) | 0x80;
+        b[(n + 1) % EV_MAX] = (v >> 7) as u8;
+        return n + 2;
     }
     while v >= 0x80 {
         b[n % EV_MAX] = (v as u8) | 0x80;
@@ -189,7 +207,7 @@ fn wv(b: &mut [u8; EV_MAX], mut n: usize, mut v: u64) -> usize {
 #[inline(always)]
 pub(crate) fn encode(
     m: &mut Model,
-    cx: Ctx,
+    cx: &mut Ctx,
     op: &TorchOp,
     off: u64,
     size: u64,
@@ -197,18 +215,15 @@ pub(crate) fn encode(
 ) -> usize {
     let slot = m.slot();
     let p = m.table[slot];
-    let same_place = op.tid == *cx.tid && op.device == *cx.device && op.stream == *cx.stream;
-    let predicted = p.epoch == m.epoch
-        && p.size == op.size
-        && p.stack == op.stack
-        && p.action == op.action
-        && same_place;
+    let mt = meta(op.stack, op.action, m.epoch);
+    let same_place = op.tid == cx.tid && op.device == m.device && op.stream == m.stream;
+    let predicted = p.meta == mt && p.size == op.size && same_place;
     let place = Place {
         addr: op.addr,
         seg: op.segment,
     };
     let found = m.find(op.action, place);
-    let dt = op.t_ns.wrapping_sub(*cx.t);
+    let dt = op.t_ns.wrapping_sub(cx.t);
     let tf = if dt < 1 << 8 {
         0
     } else if dt < 1 << 16 {
@@ -218,52 +233,47 @@ pub(crate) fn encode(
     } else {
         TIME_VARINT
     };
-    let segs = *cx.segments;
-    // (Unused when the place was found in a ring.)
-    let k = if found.is_some() || op.segment == segs[0] {
-        0
-    } else if op.segment == segs[1] {
-        1
-    } else if op.segment == segs[2] {
-        2
-    } else {
-        torch_head::SEGMENT_NEW
-    };
-    let pc = found.unwrap_or(RING_REFS + k);
-    b[0] = tf | (!predicted as u8) << 2 | pc << CTRL_PLACE_SHIFT;
     let mut n = 1;
     if !predicted {
-        n = explicit_fields(b, op, size, same_place, cx.tid, cx.device, cx.stream);
+        n = explicit_fields(b, op, size, cx, m);
     }
-    if found.is_none() {
-        if k == torch_head::SEGMENT_NEW {
-            n = wv(
-                b,
-                n,
-                crate::wire::zigzag(op.segment.wrapping_sub(segs[0]) as i64),
-            );
+    let pc = match found {
+        Some(j) => j,
+        None => {
+            let s = &mut m.segments;
+            let k = if op.segment == s[0] {
+                0
+            } else if op.segment == s[1] {
+                s.swap(0, 1);
+                1
+            } else if op.segment == s[2] {
+                *s = [s[2], s[0], s[1]];
+                2
+            } else {
+                n = wv(
+                    b,
+                    n,
+                    crate::wire::zigzag(op.segment.wrapping_sub(s[0]) as i64),
+                );
+                *s = [op.segment, s[0], s[1]];
+                torch_head::SEGMENT_NEW
+            };
+            n = wv(b, n, off);
+            RING_REFS + k
         }
-        n = wv(b, n, off);
-        let s = cx.segments;
-        match k {
-            0 => {}
-            1 => s.swap(0, 1),
-            2 => *s = [s[2], s[0], s[1]],
-            _ => *s = [op.segment, s[0], s[1]],
-        }
-    }
+    };
+    b[0] = tf | (!predicted as u8) << 2 | pc << CTRL_PLACE_SHIFT;
     if tf == TIME_VARINT {
         n = wv(b, n, crate::wire::zigzag(dt as i64));
     } else {
-        // Four bytes stored, 1-3 kept: one store instead of a loop.
-        let w = (dt as u32).to_le_bytes();
-        for (i, x) in w.iter().enumerate() {
-            b[(n + i) % EV_MAX] = *x;
+        // Four bytes stored, 1-3 kept: one store. (n <= 52 here: never past the scratch.)
+        if let Some(w) = b.get_mut(n..n + 4) {
+            w.copy_from_slice(&(dt as u32).to_le_bytes());
         }
         n += tf as usize + 1;
     }
-    *cx.t = op.t_ns;
-    m.learn(slot, op.action, op.size, op.stack, place);
+    cx.t = op.t_ns;
+    m.learn(slot, mt, op.size, op.stack, op.action, place);
     n
 }
 
@@ -275,16 +285,14 @@ fn explicit_fields(
     b: &mut [u8; EV_MAX],
     op: &TorchOp,
     size: u64,
-    same_place: bool,
-    tid: &mut u32,
-    device: &mut i32,
-    stream: &mut u64,
+    cx: &mut Ctx,
+    m: &mut Model,
 ) -> usize {
     let mut head = op.action.min(torch_head::ACTION_ESCAPE);
-    if op.tid != *tid {
+    if op.tid != cx.tid {
         head |= torch_head::TID;
     }
-    if !same_place && (op.device != *device || op.stream != *stream) {
+    if op.device != m.device || op.stream != m.stream {
         head |= torch_head::PLACE;
     }
     if op.stack != 0 {
@@ -306,9 +314,9 @@ fn explicit_fields(
     if head & torch_head::STACK != 0 {
         n = wv(b, n, op.stack as u64);
     }
-    *tid = op.tid;
-    *device = op.device;
-    *stream = op.stream;
+    cx.tid = op.tid;
+    m.device = op.device;
+    m.stream = op.stream;
     wv(b, n, size)
 }
 
@@ -316,7 +324,7 @@ fn explicit_fields(
 /// [`encode`], with every reference checked (an empty ring entry, a prediction the model
 /// does not have, reserved bits: a corrupt record, never a panic).
 #[inline]
-pub(crate) fn decode(m: &mut Model, cx: Ctx, c: &mut Cur) -> Result<TorchOp, RecordError> {
+pub(crate) fn decode(m: &mut Model, cx: &mut Ctx, c: &mut Cur) -> Result<TorchOp, RecordError> {
     let ctrl = c.u8()?;
     let slot = m.slot();
     let (action, size, stack) = if ctrl & CTRL_EXPLICIT != 0 {
@@ -329,11 +337,11 @@ pub(crate) fn decode(m: &mut Model, cx: Ctx, c: &mut Cur) -> Result<TorchOp, Rec
             a => a,
         };
         if head & torch_head::TID != 0 {
-            *cx.tid = c.u32v()?;
+            cx.tid = c.u32v()?;
         }
         if head & torch_head::PLACE != 0 {
-            *cx.device = c.i32z()?;
-            *cx.stream = c.varint()?;
+            m.device = c.i32z()?;
+            m.stream = c.varint()?;
         }
         let stack = if head & torch_head::STACK != 0 {
             c.u32v()?
@@ -344,12 +352,12 @@ pub(crate) fn decode(m: &mut Model, cx: Ctx, c: &mut Cur) -> Result<TorchOp, Rec
         (action, size, stack)
     } else {
         let p = m.table[slot];
-        if p.epoch != m.epoch {
+        if p.meta >> 40 != m.epoch as u64 {
             return Err(RecordError::BadValue(
                 "torch run event predicted where nothing was learnt",
             ));
         }
-        (p.action, p.size, p.stack)
+        ((p.meta >> 32) as u8, p.size, p.meta as u32)
     };
     let pc = ctrl >> CTRL_PLACE_SHIFT;
     let place = if pc < RING_REFS {
@@ -363,7 +371,7 @@ pub(crate) fn decode(m: &mut Model, cx: Ctx, c: &mut Cur) -> Result<TorchOp, Rec
         m.rings[r][(n - 1 - pc as u32) as usize % RING]
     } else {
         let k = pc - RING_REFS;
-        let s = cx.segments;
+        let s = &mut m.segments;
         let seg = if k == torch_head::SEGMENT_NEW {
             s[0].wrapping_add(unzigzag(c.varint()?) as u64)
         } else {
@@ -390,16 +398,23 @@ pub(crate) fn decode(m: &mut Model, cx: Ctx, c: &mut Cur) -> Result<TorchOp, Rec
         u64::from_le_bytes(w)
     };
     let t_ns = cx.t.wrapping_add(dt);
-    *cx.t = t_ns;
-    m.learn(slot, action, size, stack, place);
+    cx.t = t_ns;
+    m.learn(
+        slot,
+        meta(stack, action, m.epoch),
+        size,
+        stack,
+        action,
+        place,
+    );
     Ok(TorchOp {
         t_ns,
-        tid: *cx.tid,
+        tid: cx.tid,
         action,
-        device: *cx.device,
+        device: m.device,
         addr: place.addr,
         size,
-        stream: *cx.stream,
+        stream: m.stream,
         segment: place.seg,
         stack,
     })
