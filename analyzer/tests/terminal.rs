@@ -67,6 +67,21 @@ fn write(path: &Path, size: u64) {
     std::fs::write(path, w.finish().unwrap()).unwrap();
 }
 
+/// What `vramshim ARGS` printed holds none of the hostile strings' control characters, and no
+/// line of it starts with their forged text.
+fn clean(args: &[&str], text: &str) {
+    for c in ['\u{1b}', '\u{7}', '\u{9b}', '\r'] {
+        assert!(
+            !text.contains(c),
+            "vramshim {args:?} printed {c:?} it was given:\n{text}"
+        );
+    }
+    assert!(
+        !text.lines().any(|l| l.starts_with("FORGED")),
+        "vramshim {args:?} let its input forge a line:\n{text}"
+    );
+}
+
 #[test]
 fn trace_strings_reach_the_terminal_without_control_characters() {
     let d = scratch("terminal");
@@ -80,16 +95,7 @@ fn trace_strings_reach_the_terminal_without_control_characters() {
     ] {
         let out = ok(&d, &args);
         let text = String::from_utf8_lossy(&out.stdout);
-        for c in ['\u{1b}', '\u{7}', '\u{9b}', '\r'] {
-            assert!(
-                !text.contains(c),
-                "vramshim {args:?} printed {c:?} from the trace:\n{text}"
-            );
-        }
-        assert!(
-            !text.lines().any(|l| l.starts_with("FORGED")),
-            "vramshim {args:?} let the trace forge a line:\n{text}"
-        );
+        clean(&args, &text);
         assert!(
             text.contains("FORGED") || args[0] == "replay",
             "vramshim {args:?} does not show the trace's strings at all:\n{text}"
@@ -127,16 +133,7 @@ fn file_names_reach_the_terminal_without_control_characters() {
             let out = run_in(&d, &args);
             let err = String::from_utf8_lossy(&out.stderr);
             assert_eq!(out.status.code(), Some(code), "vramshim {args:?}: {err}");
-            for c in ['\u{1b}', '\u{7}'] {
-                assert!(
-                    !err.contains(c),
-                    "vramshim {args:?} printed {c:?} from the file's name:\n{err}"
-                );
-            }
-            assert!(
-                !err.lines().any(|l| l.starts_with("FORGED")),
-                "vramshim {args:?}: {err}"
-            );
+            clean(&args, &err);
             assert!(err.contains("\\u{1b}"), "the name, escaped: {err}");
         }
     }
