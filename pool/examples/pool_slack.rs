@@ -1,4 +1,5 @@
-//! The tight pool's budget slack against its driver calls: for each budget (ratio, slack),
+//! The tight pool's budget slack against its driver calls: for each budget (ratio, slack,
+//! and whether the arena grows by runs of pages under one handle, `Stitch::with_runs`),
 //! every trace under both free semantics, the peak reserved over peak live on an 80 GiB
 //! device, the driver calls of passes 2 and 3 of a 3-pass loop, and the calls per 1000
 //! allocations in the second half of one pass. Then, per trace, the bound of a pool that never
@@ -7,7 +8,7 @@
 //! in whole pages over peak live. A pool that serves every new shape without a driver call
 //! needs at least about that much memory.
 //!
-//! `cargo run --release -p vramshim-pool --example pool_slack -- [RATIO:SLACK_MIB ...] -- [DIR_OR_FILES...]`
+//! `cargo run --release -p vramshim-pool --example pool_slack -- [RATIO:SLACK_MIB[:runs] ...] -- [DIR_OR_FILES...]`
 //! (default budgets: 0.05:2 0.075:2 0.10:0 0.05:16 0.05:32).
 
 mod common;
@@ -83,27 +84,40 @@ fn arena_only(events: &[Event]) -> u64 {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let split = args.iter().position(|a| a == "--").unwrap_or(args.len());
-    let mut budgets: Vec<(f64, u64)> = Vec::new();
+    let mut budgets: Vec<(f64, u64, bool)> = Vec::new();
     for a in &args[..split] {
-        let parsed = a
+        let (spec, runs) = match a.strip_suffix(":runs") {
+            Some(s) => (s, true),
+            None => (a.as_str(), false),
+        };
+        let parsed = spec
             .split_once(':')
             .and_then(|(r, s)| Some((r.parse::<f64>().ok()?, s.parse::<u64>().ok()?)));
         match parsed {
-            Some((r, s)) if r.is_finite() && r >= 0.0 => budgets.push((r, s)),
+            Some((r, s)) if r.is_finite() && r >= 0.0 => budgets.push((r, s, runs)),
             _ => {
-                eprintln!("pool_slack: budget `{a}`: expected RATIO:SLACK_MIB such as 0.05:2");
+                eprintln!(
+                    "pool_slack: budget `{a}`: expected RATIO:SLACK_MIB[:runs] such as 0.05:2 or 0.05:2:runs"
+                );
                 std::process::exit(2);
             }
         }
     }
     if budgets.is_empty() {
-        budgets = vec![(0.05, 2), (0.075, 2), (0.10, 0), (0.05, 16), (0.05, 32)];
+        budgets = vec![
+            (0.05, 2, false),
+            (0.075, 2, false),
+            (0.10, 0, false),
+            (0.05, 16, false),
+            (0.05, 32, false),
+            (0.05, 2, true),
+        ];
     }
     let files = common::trace_files(args.get(split + 1..).unwrap_or(&[]).to_vec());
     println!(
-        "| trace | frees | budget | reserved/live | driver calls | passes 2, 3 calls | calls /1000 allocs, 2nd half |"
+        "| trace | frees | budget | reserved/live | min device / peak live | driver calls | passes 2, 3 calls | calls /1000 allocs, 2nd half |"
     );
-    println!("| --- | --- | --- | ---: | ---: | ---: | ---: |");
+    println!("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |");
     let mut bounds = Vec::new();
     for f in files {
         let t = common::read_trace(&f);
@@ -111,13 +125,17 @@ fn main() {
         let live = replay::peak_live(&t.events);
         for frees in Frees::BOTH {
             let stream = frees.apply(&t.events);
-            for &(ratio, slack) in &budgets {
+            for &(ratio, slack, runs) in &budgets {
                 let make = move || -> Box<dyn Policy> {
-                    Box::new(Stitch::new().with_budget(Some(Budget {
-                        ratio,
-                        slack: slack * MIB,
-                        ..Budget::default()
-                    })))
+                    Box::new(
+                        Stitch::new()
+                            .with_budget(Some(Budget {
+                                ratio,
+                                slack: slack * MIB,
+                                ..Budget::default()
+                            }))
+                            .with_runs(runs),
+                    )
                 };
                 let mut dev = AccountingDevice::new(80 << 30);
                 let mut p = make();
@@ -125,11 +143,14 @@ fn main() {
                 assert!(r.completed, "{name}: {:?}", r.first_failure);
                 let passes = replay::calls_per_pass_with(&t.events, frees, &make, 3);
                 let half = replay::second_half_calls_per_1000(&t.events, frees, &make);
+                let min = replay::min_capacity_with(&stream, &make);
                 println!(
-                    "| {name} | {} | {:.1}% + {slack} MiB | {:.3} | {} | {}, {} | {:.1} |",
+                    "| {name} | {} | {:.1}% + {slack} MiB{} | {:.3} | {:.3} | {} | {}, {} | {:.1} |",
                     frees.name(),
                     ratio * 100.0,
+                    if runs { ", runs" } else { "" },
                     r.peak_device_used as f64 / live as f64,
+                    min as f64 / live as f64,
                     r.driver_calls,
                     passes[1],
                     passes[2],

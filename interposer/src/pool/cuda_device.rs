@@ -102,6 +102,9 @@ pub(crate) struct CudaDevice {
     limit: Option<u64>,
     /// Physical bytes held (handles created and not released).
     held: u64,
+    /// The device's memory as the process may see it (the cap's share when one applies),
+    /// 0 when unknown: what `room` is counted from.
+    total: u64,
     pub calls: CallCounts,
     /// Bit `d`: device `d` has peer access to this device; every mapping is made accessible
     /// from it too.
@@ -146,12 +149,14 @@ impl CudaDevice {
         }
         let charge = (super::cap_view().charges_pages)();
         let mut limit = None;
-        if !charge && let Some(total) = real::cuDeviceTotalMem_v2() {
+        let mut visible = 0;
+        if let Some(total) = real::cuDeviceTotalMem_v2() {
             let mut t: usize = 0;
             // SAFETY: valid out-pointer.
             if unsafe { total(&mut t, ordinal) } == CUDA_SUCCESS && t > 0 {
                 let capped = (super::cap_view().visible_total)(ordinal, t as u64);
-                if capped < t as u64 {
+                visible = capped.min(t as u64);
+                if !charge && capped < t as u64 {
                     limit = Some(capped);
                 }
             }
@@ -168,6 +173,7 @@ impl CudaDevice {
             charged: 0,
             limit,
             held: 0,
+            total: visible,
             calls: CallCounts::default(),
             peers: peers & !(1 << ordinal),
             mapped: BTreeSet::new(),
@@ -317,15 +323,21 @@ impl Device for CudaDevice {
         Ok(())
     }
 
-    fn create(&mut self) -> Result<Handle, DeviceError> {
-        if self.limit.is_some_and(|l| self.held + self.gran > l) {
+    fn create(&mut self, pages: u64) -> Result<Handle, DeviceError> {
+        let Some(bytes) = pages.checked_mul(self.gran).filter(|&b| b > 0) else {
+            return Err(DeviceError::Driver(CUDA_ERROR_INVALID_VALUE));
+        };
+        if self
+            .limit
+            .is_some_and(|l| self.held.saturating_add(bytes) > l)
+        {
             return Err(DeviceError::CapExceeded);
         }
         // Charged before it exists, so the device never holds more than the cap allows.
         if self.charge
             && !(super::cap_view().charge_page)(
                 self.ordinal,
-                self.gran,
+                bytes,
                 Self::cu_stream(self.stream) as usize as u64,
             )
         {
@@ -336,40 +348,54 @@ impl Device for CudaDevice {
         let prop = Self::prop(self.ordinal);
         let mut h: CUmemGenericAllocationHandle = 0;
         // SAFETY: valid out-pointer and property struct.
-        let rc = ok(unsafe { (self.fns.create)(&mut h, self.gran as usize, &prop, 0) });
+        let rc = ok(unsafe { (self.fns.create)(&mut h, bytes as usize, &prop, 0) });
         if let Err(e) = rc {
             if self.charge {
-                (super::cap_view().uncharge_pages)(self.ordinal, self.gran);
+                (super::cap_view().uncharge_pages)(self.ordinal, bytes);
             }
             return Err(e);
         }
-        self.held += self.gran;
+        self.held += bytes;
         if self.charge {
-            self.charged += self.gran;
+            self.charged += bytes;
         }
         Ok(h)
     }
 
-    fn release(&mut self, handle: Handle) -> Result<(), DeviceError> {
+    fn release(&mut self, handle: Handle, pages: u64) -> Result<(), DeviceError> {
+        let bytes = pages.saturating_mul(self.gran);
         self.enter();
         self.calls.release += 1;
         // SAFETY: a handle returned by create.
         ok(unsafe { (self.fns.release)(handle) })?;
-        self.held -= self.gran;
-        if self.charge && self.charged >= self.gran {
-            self.charged -= self.gran;
-            (super::cap_view().uncharge_pages)(self.ordinal, self.gran);
+        self.held = self.held.saturating_sub(bytes);
+        if self.charge && self.charged >= bytes {
+            self.charged -= bytes;
+            (super::cap_view().uncharge_pages)(self.ordinal, bytes);
         }
         Ok(())
     }
 
-    fn map(&mut self, va: u64, handle: Handle) -> Result<(), DeviceError> {
+    fn map(&mut self, va: u64, handle: Handle, pages: u64) -> Result<(), DeviceError> {
+        let bytes = pages.saturating_mul(self.gran);
         self.enter();
         self.calls.map += 1;
-        // SAFETY: va lies in a reservation of ours; handle from create.
-        ok(unsafe { (self.fns.map)(va, self.gran as usize, 0, handle, 0) })?;
-        self.mapped.insert(va);
+        // SAFETY: va lies in a reservation of ours with `bytes` free after it; handle from
+        // create, of exactly `pages` pages (mapped whole, at offset 0 into it).
+        ok(unsafe { (self.fns.map)(va, bytes as usize, 0, handle, 0) })?;
+        for i in 0..pages {
+            self.mapped.insert(va + i * self.gran);
+        }
         Ok(())
+    }
+
+    fn room(&self) -> u64 {
+        let total = match self.limit {
+            Some(l) => l,
+            None if self.total > 0 => self.total,
+            None => return u64::MAX,
+        };
+        total.saturating_sub(self.held)
     }
 
     fn unmap(&mut self, va: u64, size: u64) -> Result<(), DeviceError> {
