@@ -526,13 +526,6 @@ impl Device for AccountingDevice {
         Ok(h)
     }
 
-    fn room(&self) -> u64 {
-        let limit = self
-            .cap_pages
-            .map_or(self.capacity_pages, |c| c.min(self.capacity_pages));
-        limit.saturating_sub(self.used_pages) * self.gran
-    }
-
     fn release(&mut self, handle: Handle, pages: u64) -> Result<(), DeviceError> {
         self.calls.release += 1;
         match self.handles.get(&handle) {
@@ -765,6 +758,13 @@ impl Device for AccountingDevice {
 
     fn is_capturing(&self) -> bool {
         self.capturing
+    }
+
+    fn room(&self) -> Option<u64> {
+        let limit = self
+            .cap_pages
+            .map_or(self.capacity_pages, |c| c.min(self.capacity_pages));
+        Some(limit.saturating_sub(self.used_pages) * self.gran)
     }
 
     fn record_event(&mut self, stream: Stream) -> Result<EventId, DeviceError> {

@@ -143,12 +143,6 @@ pub trait Device {
     /// Make `[va, va + size)` readable and writable by the device (and its peers).
     fn set_access(&mut self, va: u64, size: u64) -> Result<(), DeviceError>;
 
-    /// Bytes the device (and the cap) would still give, as far as the device knows
-    /// (`u64::MAX`: no known limit). A hint: creating may still fail.
-    fn room(&self) -> u64 {
-        u64::MAX
-    }
-
     // ---- plain face ----
     /// `cuMemAlloc`: a contiguous allocation with the driver's rounding.
     fn malloc(&mut self, size: u64) -> Result<u64, DeviceError>;
@@ -168,4 +162,11 @@ pub trait Device {
     fn stream_wait_event(&mut self, stream: Stream, event: EventId) -> Result<(), DeviceError>;
     /// Destroy an event returned by `record_event`.
     fn destroy_event(&mut self, event: EventId);
+
+    /// Bytes of physical memory `create` may still take (the device's free memory, within
+    /// the cap), if known. `None` (the default): unknown, and a pool never takes the device
+    /// for nearly full (see `stitch`'s pressure rule).
+    fn room(&self) -> Option<u64> {
+        None
+    }
 }

@@ -1,7 +1,7 @@
 //! Runs: the tight pool's arena grown by one handle of several pages (`Stitch::with_runs`)
 //! instead of a handle per page. On every shared trace and GPU recording, under both free
 //! semantics, on the checking device: fewer driver calls in all and in the second half of a
-//! pass, the same smallest device (a pool that would hold more than half of what the device
+//! pass, the same smallest device (a pool that would hold more than a quarter of what the device
 //! could give grows a handle per page), at most 1.10 x peak live on an 80 GiB device, and no
 //! driver call after the first pass where the pool without runs makes none. Broken on
 //! purpose: grown a handle per page (`Faults::page_handles`) the calls are the old ones, so

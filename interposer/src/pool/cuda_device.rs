@@ -102,9 +102,6 @@ pub(crate) struct CudaDevice {
     limit: Option<u64>,
     /// Physical bytes held (handles created and not released).
     held: u64,
-    /// The device's memory as the process may see it (the cap's share when one applies),
-    /// 0 when unknown: what `room` is counted from.
-    total: u64,
     pub calls: CallCounts,
     /// Bit `d`: device `d` has peer access to this device; every mapping is made accessible
     /// from it too.
@@ -149,14 +146,12 @@ impl CudaDevice {
         }
         let charge = (super::cap_view().charges_pages)();
         let mut limit = None;
-        let mut visible = 0;
-        if let Some(total) = real::cuDeviceTotalMem_v2() {
+        if !charge && let Some(total) = real::cuDeviceTotalMem_v2() {
             let mut t: usize = 0;
             // SAFETY: valid out-pointer.
             if unsafe { total(&mut t, ordinal) } == CUDA_SUCCESS && t > 0 {
                 let capped = (super::cap_view().visible_total)(ordinal, t as u64);
-                visible = capped.min(t as u64);
-                if !charge && capped < t as u64 {
+                if capped < t as u64 {
                     limit = Some(capped);
                 }
             }
@@ -173,7 +168,6 @@ impl CudaDevice {
             charged: 0,
             limit,
             held: 0,
-            total: visible,
             calls: CallCounts::default(),
             peers: peers & !(1 << ordinal),
             mapped: BTreeSet::new(),
@@ -387,15 +381,6 @@ impl Device for CudaDevice {
             self.mapped.insert(va + i * self.gran);
         }
         Ok(())
-    }
-
-    fn room(&self) -> u64 {
-        let total = match self.limit {
-            Some(l) => l,
-            None if self.total > 0 => self.total,
-            None => return u64::MAX,
-        };
-        total.saturating_sub(self.held)
     }
 
     fn unmap(&mut self, va: u64, size: u64) -> Result<(), DeviceError> {

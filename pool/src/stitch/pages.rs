@@ -208,11 +208,15 @@ impl Stitch {
     }
 
     /// Whether `create` new pages may come as one run: the pool would then hold at most
-    /// `RUN_ROOM` of what the device could give it (the pages held and the device's room).
+    /// 1 / `RUN_ROOM` of what the device could give it (the pages held and the device's
+    /// room; a device that does not know its room is taken for a roomy one).
     pub(super) fn roomy(&self, dev: &dyn Device, create: u64) -> bool {
+        let Some(room) = dev.room() else {
+            return true;
+        };
         let g = self.gran;
         let held = self.npages.saturating_mul(g);
-        let could = held.saturating_add(dev.room());
+        let could = held.saturating_add(room);
         held.saturating_add(create.saturating_mul(g)) <= could / RUN_ROOM
     }
 
