@@ -1,6 +1,7 @@
 //! `stitch`: virtual-memory stitching with packed page tails.
 //!
-//! Physical memory is held in granularity-sized pages (one handle each). A block is a byte
+//! Physical memory is held in granularity-sized pages (one handle each, or runs of pages under
+//! one handle: see `pages`, "Runs"). A block is a byte
 //! range `[off, off + size)` of a *mapping*: a reserved address range with a list of pages
 //! mapped one after another. Any free page can back any block, so there is no external
 //! fragmentation above a page. Page tails are packed: every page has a byte-range
