@@ -1,7 +1,7 @@
 //! The smallest device per trace for the default pool (stitch with its budget), with the
-//! near-the-limit rule (`stitch/pressure.rs`: the pool re-forms its rounds' mappings when
-//! the device is nearly full) and without it (`Faults::pressure_off`, the pool as before the
-//! rule), side by side, under both free semantics: the smallest device, its ratio to peak
+//! near-the-limit rules (`stitch/pressure.rs`: when the device is nearly full the pool
+//! re-forms its rounds' mappings and dissolves cached blocks before it grows) and without them
+//! (`Faults::pressure_off`, the pool as before the rules), side by side, under both free semantics: the smallest device, its ratio to peak
 //! live, and on that device the driver calls, synchronizations and round mappings re-formed
 //! under pressure; then whether the trace completes on the whole-page device of 1.03 x peak
 //! live.
@@ -51,7 +51,7 @@ fn main() {
                 println!(
                     "| {name} | {} | {} | {:.1} | {} | {:.3} | {} | {} | {reforms} | {} | {} |",
                     frees.name(),
-                    if rule { "near-limit re-forming" } else { "off" },
+                    if rule { "near-limit rules" } else { "off" },
                     live as f64 / MIB as f64,
                     min / MIB,
                     min as f64 / live as f64,
