@@ -50,7 +50,6 @@ struct Fns {
     ev_destroy: PfnCuEventDestroy,
     wait: PfnCuStreamWaitEvent,
     capturing: Option<PfnCuStreamIsCapturing>,
-    mem_info: Option<PfnCuMemGetInfo>,
 }
 
 impl Fns {
@@ -71,7 +70,6 @@ impl Fns {
             ev_destroy: real::cuEventDestroy_v2()?,
             wait: real::cuStreamWaitEvent()?,
             capturing: real::cuStreamIsCapturing(),
-            mem_info: real::cuMemGetInfo_v2(),
         })
     }
 }
@@ -300,6 +298,17 @@ impl Device for CudaDevice {
         self.gran
     }
 
+    /// What the cap still allows (pages charged as created), or under the uncharged fault
+    /// what the process's capped total leaves; unknown without a cap (the device's own free
+    /// memory would cost a driver query on every new mapping).
+    fn room(&self) -> Option<u64> {
+        if self.charge {
+            (super::cap_view().headroom)(self.ordinal)
+        } else {
+            self.limit.map(|l| l.saturating_sub(self.held))
+        }
+    }
+
     fn reserve(&mut self, size: u64) -> Result<u64, DeviceError> {
         self.enter();
         self.calls.reserve += 1;
@@ -478,25 +487,5 @@ impl Device for CudaDevice {
             // SAFETY: an event of ours, no longer referenced.
             unsafe { (self.fns.ev_destroy)(event as usize as CUevent) };
         }
-    }
-
-    /// What the process may still take: the device's free memory as the cap shows it to
-    /// the program (`cudaMemGetInfo` under the cap: the cap less what the process holds, at
-    /// most the device's real free memory). Asked only when the pool is about to make a new
-    /// mapping, so a query per such placement, beside its several driver calls.
-    fn room(&self) -> Option<u64> {
-        if let Some(l) = self.limit {
-            return Some(l.saturating_sub(self.held));
-        }
-        let info = self.fns.mem_info?;
-        self.enter();
-        let (mut free, mut total) = (0usize, 0usize);
-        // SAFETY: valid out-pointers; the real driver function, with the device's context
-        // current (`enter`).
-        if unsafe { info(&mut free, &mut total) } != CUDA_SUCCESS || total == 0 {
-            return None;
-        }
-        let (free, _) = (super::cap_view().meminfo)(self.ordinal, free as u64, total as u64);
-        Some(free)
     }
 }

@@ -393,8 +393,8 @@ fn live_pool_completes_every_trace_under_a_cap_5_percent_above_peak_live() {
 fn live_pool_completes_bert_under_a_cap_of_1_03_x_peak_live() {
     // Issue 17's smallest device, live: bert's log replayed (cudaMalloc/cudaFree, memcpy
     // patterns checked) under a cap of the whole pages within 1.03 x its peak live (214 MiB,
-    // 1.023 x). The pool asks the device's room as the cap shows it (`cudaMemGetInfo` under
-    // the cap) and, that close to the limit, re-forms its rounds' mappings; the simulated
+    // 1.023 x). The pool asks the device's room (what the cap still allows) and, that close
+    // to the limit, re-forms its rounds' mappings; the simulated
     // device's own high-water mark stays under the cap. Without the rule
     // (`VRAMSHIM_POOL_DEBUG=pressure-off`) the same run is refused (exit 2), as the model
     // says (216 MiB then).
