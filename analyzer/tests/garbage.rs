@@ -238,3 +238,70 @@ fn torn_trace_is_used_and_reported() {
         assert!(!err.contains("panicked"), "{err}");
     }
 }
+
+#[test]
+fn garbage_after_the_last_frame_is_used_and_reported_once() {
+    let d = scratch("garbage-tail");
+    let good = synth(&d, "good.vramtrace", &["--events", "3000"]);
+    let mut bytes = std::fs::read(&good).unwrap();
+    let good_len = bytes.len();
+    // A crash-proof trace with garbage after its last good frame.
+    bytes.extend((0..5000u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8));
+    std::fs::write(d.join("tail.vramtrace"), &bytes).unwrap();
+    let clean = run_in(&d, &["summary", "--json", "good.vramtrace"]);
+    assert_eq!(clean.status.code(), Some(0));
+    let clean: serde_json::Value = serde_json::from_slice(&clean.stdout).unwrap();
+    let events = &clean["traces"][0]["events"];
+    let where_ = format!("byte {good_len}");
+    for args in [
+        vec!["summary", "tail.vramtrace"],
+        vec!["summary", "--json", "tail.vramtrace"],
+        vec!["report", "tail.vramtrace", "-o", "t.html"],
+        vec![
+            "export",
+            "tail.vramtrace",
+            "--format",
+            "rmm-csv",
+            "-o",
+            "t.csv",
+        ],
+        vec!["replay", "tail.vramtrace"],
+    ] {
+        let out = run_in(&d, &args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked"), "{err}");
+        assert_eq!(
+            out.status.code(),
+            Some(3),
+            "{args:?}: read up to the damage, output made, damage reported: {err}"
+        );
+        assert_eq!(
+            err.matches("trace damaged").count(),
+            1,
+            "{args:?}: said once: {err}"
+        );
+        assert!(
+            err.contains("tail.vramtrace")
+                && err.contains(&where_)
+                && err.contains("frame ")
+                && err.contains("skipped 5000 bytes"),
+            "{args:?}: names where and what was skipped: {err}"
+        );
+    }
+    // Every event before the damage, and the result marked cut like a killed process's trace.
+    let out = run_in(&d, &["summary", "--json", "tail.vramtrace"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(&v["traces"][0]["events"], events);
+    assert_eq!(v["traces"][0]["torn"], true);
+    let out = run_in(&d, &["summary", "tail.vramtrace"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("the trace is cut off"), "{text}");
+    assert!(
+        text.contains("cap 20.0 GiB: 1 refusals"),
+        "the refusal before the damage is explained: {text}"
+    );
+    // Garbage from the first byte is still not a trace.
+    std::fs::write(d.join("noise.vramtrace"), &bytes[good_len..]).unwrap();
+    let out = run_in(&d, &["summary", "noise.vramtrace"]);
+    assert_eq!(out.status.code(), Some(2));
+}

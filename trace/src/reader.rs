@@ -31,7 +31,9 @@ pub enum DecodeErrorKind {
     TruncatedHeader,
     /// The header is malformed.
     BadHeader(String),
-    /// A frame envelope is malformed (bad magic or impossible lengths); reading stops.
+    /// A frame envelope is malformed (bad magic or impossible lengths). The reader no longer
+    /// returns it: it ends the trace there with [`TruncationReason::Damaged`] instead, so the
+    /// frames before the damage stay readable.
     BadFrame(String),
     /// A frame's zstd data does not decompress (corrupt); the frame is skipped.
     CorruptFrame(String),
@@ -120,6 +122,15 @@ pub enum TruncationReason {
     /// All frames are complete but the trace has no end record: the process was killed
     /// between flushes (or is still running). Events after the last flush are missing.
     NoEndRecord,
+    /// What follows the last good frame is not a frame (garbage, or a frame envelope with
+    /// bad magic or impossible lengths): reading stopped there. `frame` is the 1-based number
+    /// of the frame that should have started at the offset, `skipped` the bytes from there to
+    /// the end of the file, `what` what was wrong with them.
+    Damaged {
+        frame: u64,
+        skipped: u64,
+        what: String,
+    },
 }
 
 /// Where and why a trace ends without its end record.
@@ -130,9 +141,17 @@ pub struct Truncation {
     pub reason: TruncationReason,
 }
 
+impl Truncation {
+    /// True when bytes of the file were not read (a torn last frame, or damage after the last
+    /// good frame); false when the trace merely lacks its end record.
+    pub fn is_damage(&self) -> bool {
+        !matches!(self.reason, TruncationReason::NoEndRecord)
+    }
+}
+
 impl fmt::Display for Truncation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.reason {
+        match &self.reason {
             TruncationReason::TornFrame { have, need } => write!(
                 f,
                 "trace truncated at byte {}: last frame torn ({have} of {need} bytes); \
@@ -144,6 +163,18 @@ impl fmt::Display for Truncation {
                 "trace ends at byte {} without an end record (process killed, or still \
                  running); events after the last flush are missing",
                 self.offset
+            ),
+            TruncationReason::Damaged {
+                frame,
+                skipped,
+                what,
+            } => write!(
+                f,
+                "trace damaged at byte {} (frame {frame}): {what}; skipped {skipped} bytes \
+                 from there to the end of the file; everything before it ({} frame{}) was read",
+                self.offset,
+                frame.saturating_sub(1),
+                if *frame == 2 { "" } else { "s" }
             ),
         }
     }
@@ -498,6 +529,33 @@ impl<R: Read> TraceReader<R> {
         }
     }
 
+    /// Ends the trace at `off`, where the bytes are not a frame (`read` of them already
+    /// consumed): the rest of the stream is counted in fixed-size chunks, never held, so the
+    /// message can say how much was skipped.
+    #[cold]
+    fn damaged(&mut self, off: u64, read: usize, what: String) {
+        let mut skipped = read as u64;
+        let mut buf = [0u8; 8192];
+        loop {
+            match self.r.read(&mut buf) {
+                Ok(0) => break,
+                Ok(k) => skipped += k as u64,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                // The count is informative only: what was read is kept either way.
+                Err(_) => break,
+            }
+        }
+        self.pos = off + skipped;
+        self.stop(Some(Truncation {
+            offset: off,
+            reason: TruncationReason::Damaged {
+                frame: self.frames + 1,
+                skipped,
+                what,
+            },
+        }));
+    }
+
     /// Reads the next frame envelope and body into `raw`. Sets `Done` at the end.
     fn load_frame(&mut self) -> Result<(), DecodeError> {
         // `raw` keeps the previous frame's bytes (reused by columnar frames); only
@@ -531,11 +589,12 @@ impl<R: Read> TraceReader<R> {
         let columnar =
             self.version >= COLUMNAR_SINCE && env[..n.min(4)] == FRAME_MAGIC_COLUMNAR[..n.min(4)];
         if !columnar && env[..n.min(4)] != FRAME_MAGIC[..n.min(4)] {
-            self.stop(None);
-            return Err(DecodeError::at(
+            self.damaged(
                 off,
-                DecodeErrorKind::BadFrame("no frame magic (garbage after the last frame?)".into()),
-            ));
+                n,
+                "no frame magic (garbage after the last frame?)".into(),
+            );
+            return Ok(());
         }
         if n < FRAME_HEADER_LEN {
             self.stop(Some(Truncation {
@@ -564,13 +623,10 @@ impl<R: Read> TraceReader<R> {
         let clen = info.compressed_len as usize;
         let rlen = info.raw_len as usize;
         if clen > MAX_FRAME_COMPRESSED || rlen > MAX_FRAME_RAW || clen == 0 {
-            self.stop(None);
-            return Err(DecodeError::at(
-                off,
-                DecodeErrorKind::BadFrame(format!(
-                    "impossible lengths (compressed {clen}, raw {rlen})"
-                )),
-            ));
+            let what =
+                format!("frame envelope with impossible lengths (compressed {clen}, raw {rlen})");
+            self.damaged(off, n, what);
+            return Ok(());
         }
         let got = match read_exactish(&mut self.r, &mut self.comp, clen) {
             Ok(g) => g,

@@ -107,6 +107,66 @@ fn torn_frame_reports_offset_and_keeps_earlier_frames() {
     assert!(got.len() < ev.len() && !got.is_empty());
 }
 
+/// The frames of `bytes` (a whole trace): their offsets, read back.
+fn frame_offsets(bytes: &[u8]) -> Vec<u64> {
+    let mut r = TraceReader::from_reader(bytes).unwrap();
+    let mut offsets = Vec::new();
+    let mut e = Event::Lost { t_ns: 0, count: 0 };
+    while r.next_into(&mut e).unwrap() {
+        let f = r.current_frame().unwrap();
+        if offsets.last() != Some(&f.offset) {
+            offsets.push(f.offset);
+        }
+    }
+    offsets
+}
+
+#[test]
+fn garbage_after_the_last_frame_keeps_every_frame_before_it() {
+    let (_, ev, bytes) = small_trace();
+    let frames = frame_offsets(&bytes).len() as u64;
+    let mut noise = Vec::new();
+    let mut x: u32 = 0x9e37_79b9;
+    for _ in 0..5000 {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        noise.push(x as u8);
+    }
+    // Garbage, zeros (a preallocated or half-flushed file), and a torn frame's own first
+    // bytes repeated in the wrong place: each after every good frame.
+    let torn_copy = bytes[frame_offsets(&bytes)[0] as usize..][..40].to_vec();
+    let mut wrong_len = torn_copy.clone();
+    wrong_len[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+    for tail in [noise.clone(), vec![0u8; 70_000], b"\n".to_vec(), wrong_len] {
+        let mut b = bytes.clone();
+        b.extend_from_slice(&tail);
+        let (_, got, errs, trunc) = read_all(&b).unwrap();
+        assert!(errs.is_empty(), "{errs:?}");
+        assert_eq!(got, ev, "every event before the damage is read");
+        let t = trunc.expect("the trace is marked cut");
+        assert_eq!(t.offset, bytes.len() as u64);
+        match &t.reason {
+            TruncationReason::Damaged { frame, skipped, .. } => {
+                assert_eq!(*frame, frames + 1);
+                assert_eq!(*skipped, tail.len() as u64);
+            }
+            r => panic!("{r:?}"),
+        }
+        assert!(t.is_damage());
+        let msg = t.to_string();
+        assert!(
+            msg.contains(&format!("byte {}", bytes.len()))
+                && msg.contains(&format!("frame {}", frames + 1))
+                && msg.contains(&format!("skipped {} bytes", tail.len())),
+            "{msg}"
+        );
+    }
+    // Still refused whole: a file that is not a trace at all.
+    let e = read_all(&noise).unwrap_err();
+    assert_eq!(e.kind, DecodeErrorKind::NotATrace);
+}
+
 #[test]
 fn not_a_trace_empty_future_version() {
     let e = read_all(b"").unwrap_err();
@@ -245,13 +305,17 @@ fn hostile_lengths_do_not_allocate() {
         trunc.unwrap().reason,
         TruncationReason::TornFrame { .. }
     ));
-    // Frame claims more than the maximum: a clear error.
+    // Frame claims more than the maximum: the trace ends there, damaged, named clearly.
     let mut b = bytes.clone();
     b[first + 4..first + 8].copy_from_slice(&u32::MAX.to_le_bytes());
-    let (_, _, errs, _) = read_all(&b).unwrap();
+    let (_, got, errs, trunc) = read_all(&b).unwrap();
+    assert!(got.is_empty() && errs.is_empty(), "{errs:?}");
+    let t = trunc.unwrap();
+    assert_eq!(t.offset, first as u64);
     assert!(
-        matches!(errs[0].kind, DecodeErrorKind::BadFrame(_)),
-        "{errs:?}"
+        matches!(&t.reason, TruncationReason::Damaged { frame: 1, skipped, what }
+            if *skipped == (b.len() - first) as u64 && what.contains("impossible lengths")),
+        "{t:?}"
     );
     assert!(PEAK.load(Ordering::Relaxed) < ALLOC_BOUND);
 }

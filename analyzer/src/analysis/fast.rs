@@ -19,7 +19,7 @@
 
 use std::path::Path;
 
-use vramshim_trace::{DecodeErrorKind, Event, MemOp, TraceReader, TruncationReason, Visitor};
+use vramshim_trace::{DecodeErrorKind, Event, MemOp, TraceReader, Visitor};
 
 use super::Analysis;
 use crate::error::InputError;
@@ -189,7 +189,7 @@ pub(super) fn analyze(
     let cut_off = reader.truncation().is_some();
     if let Some(t) = reader.truncation() {
         warnings.push(format!("{}: {t}", path.display()));
-        torn |= matches!(t.reason, TruncationReason::TornFrame { .. });
+        torn |= t.is_damage();
     }
     let mut devices = std::mem::take(&mut f.a.devices);
     for d in &mut devices {

@@ -73,8 +73,9 @@ pub fn main(a: Args) -> Result<ExitCode, String> {
     );
     if stats.torn {
         eprintln!(
-            "vramshim: {}: a trace is damaged (a torn last frame or a frame that failed its \
-             checksum, named above); everything else was exported",
+            "vramshim: {}: a trace is damaged (a torn last frame, a frame that failed its \
+             checksum, or bytes after the last good frame that are not a frame; named above); \
+             everything else was exported",
             vramshim_analyzer::render::one_line(
                 &a.traces
                     .iter()

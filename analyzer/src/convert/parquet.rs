@@ -46,8 +46,8 @@ pub const SCHEMA_VERSION: &str = "1";
 pub struct ParquetStats {
     pub rows: u64,
     pub files: usize,
-    /// Some input was damaged (a torn last frame or a frame that failed its checksum; named on
-    /// stderr as a warning): everything else was exported.
+    /// Some input was damaged (a torn last frame, a frame that failed its checksum, or damage
+    /// after the last good frame; named on stderr as a warning): everything else was exported.
     pub damaged: bool,
 }
 

@@ -10,7 +10,7 @@ use std::fs::File;
 use std::io::BufReader;
 use std::path::{Path, PathBuf};
 
-use vramshim_trace::{DecodeErrorKind, Event, Header, TraceReader, TruncationReason};
+use vramshim_trace::{DecodeErrorKind, Event, Header, TraceReader};
 
 use crate::error::InputError;
 use crate::source::EventSource;
@@ -131,7 +131,7 @@ impl VramTraceSource {
         {
             self.warnings.push(format!("{}: {t}", self.path.display()));
             self.cut_off = true;
-            if matches!(t.reason, TruncationReason::TornFrame { .. }) {
+            if t.is_damage() {
                 self.damaged = true;
             }
         }
