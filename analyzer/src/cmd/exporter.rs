@@ -49,8 +49,14 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
         nvml::Nvml::open()
     };
     if args.once {
-        print!("{}", scrape(&reg, nvml.as_ref(), &args.kube_logs));
-        return Ok(ExitCode::SUCCESS);
+        // The text still goes out (its `vramshim_registry_error 1` included, for a collector
+        // that reads it), but a script must not take a node it could not read for an empty one.
+        let (text, error) = scrape_checked(&reg, nvml.as_ref(), &args.kube_logs);
+        print!("{text}");
+        return match error {
+            None => Ok(ExitCode::SUCCESS),
+            Some(e) => Err(format!("exporter --once: {e}")),
+        };
     }
     let Some(addr) = args.listen else {
         return Err("exporter: --listen ADDR:PORT is required (or --once to print one scrape); e.g. --listen 127.0.0.1:9400".into());
@@ -254,12 +260,29 @@ impl Family {
     }
 }
 
-/// One scrape's text.
+/// One scrape's text; a registry that cannot be read is said on stderr (the long-running
+/// exporter goes on serving, with `vramshim_registry_error 1`).
 pub(crate) fn scrape(
     reg: &std::path::Path,
     nvml: Option<&nvml::Nvml>,
     kube_root: &std::path::Path,
 ) -> String {
+    let (text, error) = scrape_checked(reg, nvml, kube_root);
+    if let Some(e) = error {
+        eprintln!(
+            "vramshim exporter: {}",
+            vramshim_analyzer::render::one_line(&e)
+        );
+    }
+    text
+}
+
+/// One scrape's text, and why the registry could not be read when it could not.
+fn scrape_checked(
+    reg: &std::path::Path,
+    nvml: Option<&nvml::Nvml>,
+    kube_root: &std::path::Path,
+) -> (String, Option<String>) {
     let t0 = Instant::now();
     let (names, said) = kube::read(kube_root);
     static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -268,13 +291,11 @@ pub(crate) fn scrape(
             eprintln!("vramshim exporter: {l}");
         }
     }
-    let (procs, error) = match node::read(reg) {
-        Ok(p) => (p, 0),
-        Err(e) => {
-            eprintln!("vramshim exporter: {e}");
-            (Vec::new(), 1)
-        }
+    let (procs, failure) = match node::read(reg) {
+        Ok(p) => (p, None),
+        Err(e) => (Vec::new(), Some(e)),
     };
+    let error = u8::from(failure.is_some());
     let mut used = Family::new(
         "vramshim_process_used_bytes",
         "gauge",
@@ -416,7 +437,7 @@ pub(crate) fn scrape(
         "# HELP vramshim_scrape_duration_seconds Time this scrape took to read the registry and NVML.\n# TYPE vramshim_scrape_duration_seconds gauge\nvramshim_scrape_duration_seconds {:.6}",
         t0.elapsed().as_secs_f64()
     );
-    o
+    (o, failure)
 }
 
 /// NVML through `dlopen` (the exporter runs on nodes with and without a driver).
