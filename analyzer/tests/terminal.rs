@@ -138,3 +138,26 @@ fn file_names_reach_the_terminal_without_control_characters() {
         }
     }
 }
+
+/// `vramshim import`'s "imported ... from FILE into OUT" line: both names escaped.
+#[test]
+fn import_names_reach_the_terminal_without_control_characters() {
+    let d = scratch("terminal-import");
+    let csv = "log\u{1b}]0;pwned\u{7}\nFORGED.csv";
+    std::fs::write(
+        d.join(csv),
+        "Thread,Time,Action,Pointer,Size,Stream\n1,00:00:00.000001,allocate,0x10,64,0\n1,00:00:00.000002,free,0x10,64,0\n",
+    )
+    .unwrap();
+    let out_name = "out\u{1b}[2J.vramtrace";
+    let args = ["import", csv, "--from", "rmm-csv", "-o", out_name];
+    let out = run_in(&d, &args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("imported 2 events"), "{err}");
+    clean(&args, &err);
+    assert!(
+        err.contains("log\\u{1b}]0;pwned\\u{7}\\nFORGED.csv") && err.contains("out\\u{1b}[2J"),
+        "the names, escaped: {err}"
+    );
+}

@@ -20,10 +20,13 @@ pub struct Args {
 
 pub fn main(a: Args) -> Result<ExitCode, String> {
     let n = export::import(&a.file, a.from, &a.output)?;
+    let show = |p: &std::path::Path| {
+        vramshim_analyzer::render::one_line(&p.display().to_string()).into_owned()
+    };
     eprintln!(
         "imported {n} events from {} into {}",
-        a.file.display(),
-        a.output.display()
+        show(&a.file),
+        show(&a.output)
     );
     Ok(ExitCode::SUCCESS)
 }

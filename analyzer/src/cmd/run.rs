@@ -12,6 +12,8 @@ use std::process::{Command, ExitCode, ExitStatus};
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::time::SystemTime;
 
+use vramshim_analyzer::render::one_line;
+
 /// Name of the preload library.
 pub const LIB_NAME: &str = "libvramshim.so";
 /// Directory name of the simulated CUDA stack's layout.
@@ -190,7 +192,7 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
         Err(e) => {
             eprintln!(
                 "vramshim: run: cannot start {}: {e}",
-                args.cmd[0].to_string_lossy()
+                one_line(&args.cmd[0].to_string_lossy())
             );
             return Ok(ExitCode::from(
                 if e.kind() == std::io::ErrorKind::NotFound {
@@ -727,36 +729,80 @@ fn matches_pattern(pattern: &str, name: &str) -> bool {
 }
 
 fn report_traces(pattern: &Path, since: SystemTime) {
+    for l in trace_report(pattern, since) {
+        eprintln!("{l}");
+    }
+}
+
+/// The lines `vramshim run` prints after a traced run. Each is made safe for the terminal: the
+/// files matched in the pattern's directory may be named by anyone who can write there, and
+/// the summary quotes strings the trace carries.
+fn trace_report(pattern: &Path, since: SystemTime) -> Vec<String> {
+    let show = |p: &Path| one_line(&p.display().to_string()).into_owned();
     let files = find_traces(pattern, since);
     if files.is_empty() {
-        eprintln!(
+        return vec![format!(
             "vramshim: no trace was written at {}: the program never loaded the CUDA driver (libcuda.so.1), the library was not preloaded into it (a static or setuid program), or it was killed before it ended; --log info says what the library did",
-            pattern.display()
-        );
-        return;
+            show(pattern)
+        )];
     }
+    let mut out = Vec::new();
     for f in &files {
         let bytes = std::fs::metadata(f).map(|m| m.len()).unwrap_or(0);
-        eprintln!("vramshim: trace: {} ({bytes} bytes)", f.display());
+        out.push(format!("vramshim: trace: {} ({bytes} bytes)", show(f)));
         match crate::cmd::demo::trace_summary_lines(f) {
             Ok(lines) => {
                 for l in lines {
-                    eprintln!("vramshim:   {l}");
+                    out.push(format!("vramshim:   {}", one_line(&l)));
                 }
             }
-            Err(e) => eprintln!("vramshim:   (cannot summarize: {e})"),
+            Err(e) => out.push(format!("vramshim:   (cannot summarize: {})", one_line(&e))),
         }
     }
-    eprintln!(
+    out.push(format!(
         "vramshim: more: vramshim summary {} ; vramshim report {} -o report.html",
-        files[0].display(),
-        files[0].display()
-    );
+        show(&files[0]),
+        show(&files[0])
+    ));
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_post_run_summary_escapes_planted_names() {
+        // A file another user planted where the pattern matches, named to retitle the
+        // terminal and clear the screen.
+        let dir = std::env::temp_dir().join(format!("vramshim-run-names-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let planted = dir.join("job-\u{1b}]0;owned\u{7}\u{1b}[2J-1.vramtrace");
+        let o = vramshim_analyzer::synth::SynthOptions {
+            events: 200,
+            ..Default::default()
+        };
+        vramshim_analyzer::synth::write(std::fs::File::create(&planted).unwrap(), &o).unwrap();
+        let since = SystemTime::now() - std::time::Duration::from_secs(60);
+        let lines = trace_report(&dir.join("job-%p.vramtrace"), since);
+        let _ = std::fs::remove_dir_all(&dir);
+        let text = lines.join("\n");
+        assert!(
+            lines.len() > 2,
+            "the trace was found and summarized: {text}"
+        );
+        assert!(
+            !text.contains('\u{1b}') && !text.contains('\u{7}'),
+            "{text:?}"
+        );
+        assert!(text.contains("job-\\u{1b}]0;owned\\u{7}"), "{text}");
+        // No trace at all: the pattern, as typed, is escaped too.
+        let none = trace_report(Path::new("/nonexistent-\u{1b}[2J/%p.t"), since);
+        assert!(
+            !none[0].contains('\u{1b}') && none[0].contains("\\u{1b}[2J"),
+            "{none:?}"
+        );
+    }
 
     #[test]
     fn pattern_matching() {
