@@ -410,6 +410,74 @@ impl AccountingDevice {
         }
     }
 
+    /// The physical pages (handles) a policy could give back now, if it first dissolved every
+    /// freed block it keeps, by this device's own record (checking on), not the policy's:
+    /// a page qualifies when
+    /// - no live block has a byte in it;
+    /// - none of its freed bytes may still be in use by a stream (freed with no
+    ///   synchronization or completed event since) and, with `sync_frees_pin`, none was
+    ///   freed with `FreeMode::Sync` (a policy keeps such a block pending until it sees a
+    ///   synchronization: the caller says when it cannot have seen one yet);
+    /// - every reservation it is mapped in holds no live block and no such freed bytes, and
+    ///   none of the pages mapped there holds freed bytes a stream may still use (the whole
+    ///   mapping must go before the page can, and no mapping is unmapped while a stream may
+    ///   still use it).
+    ///
+    /// The budget check of the property tests compares this with what a policy holds above
+    /// its budget, so that a policy's own opinion of what it could give back is not trusted.
+    pub fn releasable_pages(&self, sync_frees_pin: bool) -> Vec<Handle> {
+        let g = self.gran;
+        let pins = |rec: &FreeRec| !self.host_safe(rec) || (sync_frees_pin && rec.stream.is_none());
+        let page_pinned = |h: Handle| {
+            self.phys_live.get(&h).is_some_and(|m| !m.is_empty())
+                || self
+                    .phys_freed
+                    .get(&h)
+                    .is_some_and(|m| m.values().any(|(_, rec)| pins(rec)))
+        };
+        let fenced = |h: Handle| {
+            self.phys_freed
+                .get(&h)
+                .is_some_and(|m| m.values().any(|(_, rec)| !self.host_safe(rec)))
+        };
+        // reservations that cannot go: a live block or a pinning freed range in them, or a
+        // mapped page of theirs a stream may still use
+        let res_pinned = |va: u64, len: u64| {
+            let end = va + len;
+            self.live.range(va..end).next().is_some()
+                || self
+                    .va_freed
+                    .range(..end)
+                    .any(|(&s, &(e, rec))| e > va && s < end && pins(&rec))
+                || (va / g..end / g).any(|p| self.mapped.get(&p).is_some_and(|&h| fenced(h)))
+        };
+        let mut maps_of: HashMap<Handle, Vec<u64>> = HashMap::new();
+        for (&p, &h) in &self.mapped {
+            let va = p * g;
+            if let Some((&s, _)) = self.reservations.range(..=va).next_back() {
+                maps_of.entry(h).or_default().push(s);
+            }
+        }
+        let mut pinned_res: HashMap<u64, bool> = HashMap::new();
+        let mut out: Vec<Handle> = self
+            .handles
+            .keys()
+            .copied()
+            .filter(|&h| {
+                !page_pinned(h)
+                    && maps_of.get(&h).is_none_or(|rs| {
+                        rs.iter().all(|&s| {
+                            !*pinned_res
+                                .entry(s)
+                                .or_insert_with(|| res_pinned(s, self.reservations[&s]))
+                        })
+                    })
+            })
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
     fn check_host_safe_phys(&mut self, ph: u64, what: &str) {
         if !self.checking {
             return;
