@@ -82,6 +82,9 @@ pub struct AccountingDevice {
     phys_freed: HashMap<u64, BTreeMap<u64, (u64, FreeRec)>>,
     /// freed address ranges (a stream may still access them through this address)
     va_freed: BTreeMap<u64, (u64, FreeRec)>,
+    /// per physical page: the sequence number of the last free of bytes in it (kept when
+    /// the bytes are handed out again; see `releasable_pages`)
+    last_free: HashMap<u64, u64>,
 }
 
 impl AccountingDevice {
@@ -123,6 +126,7 @@ impl AccountingDevice {
             phys_live: HashMap::new(),
             phys_freed: HashMap::new(),
             va_freed: BTreeMap::new(),
+            last_free: HashMap::new(),
         }
     }
 
@@ -407,6 +411,7 @@ impl AccountingDevice {
             let f = self.phys_freed.entry(ph).or_default();
             remove_range(f, s, e);
             f.insert(s, (e, rec));
+            self.last_free.insert(ph, rec.seq);
         }
     }
 
@@ -419,26 +424,33 @@ impl AccountingDevice {
     ///   freed with `FreeMode::Sync` (a policy keeps such a block pending until it sees a
     ///   synchronization: the caller says when it cannot have seen one yet);
     /// - every reservation it is mapped in holds no live block and no such freed bytes, and
-    ///   none of the pages mapped there holds freed bytes a stream may still use (the whole
-    ///   mapping must go before the page can, and no mapping is unmapped while a stream may
-    ///   still use it).
+    ///   no page mapped there had bytes freed since the last synchronization (the whole
+    ///   mapping must go before the page can; a page whose freed bytes a stream may still use
+    ///   keeps every mapping it is in, as a policy's per-page stream condition does, even
+    ///   where those bytes were handed out again since: coarser than unmapping needs, which
+    ///   is about the addresses the stream uses, but it is the rule a policy promises).
     ///
     /// The budget check of the property tests compares this with what a policy holds above
     /// its budget, so that a policy's own opinion of what it could give back is not trusted.
     pub fn releasable_pages(&self, sync_frees_pin: bool) -> Vec<Handle> {
         let g = self.gran;
         let pins = |rec: &FreeRec| !self.host_safe(rec) || (sync_frees_pin && rec.stream.is_none());
+        let fenced = |h: Handle| {
+            self.last_free
+                .get(&h)
+                .is_some_and(|&seq| seq > self.last_sync_seq)
+                || self
+                    .phys_freed
+                    .get(&h)
+                    .is_some_and(|m| m.values().any(|(_, rec)| !self.host_safe(rec)))
+        };
         let page_pinned = |h: Handle| {
-            self.phys_live.get(&h).is_some_and(|m| !m.is_empty())
+            fenced(h)
+                || self.phys_live.get(&h).is_some_and(|m| !m.is_empty())
                 || self
                     .phys_freed
                     .get(&h)
                     .is_some_and(|m| m.values().any(|(_, rec)| pins(rec)))
-        };
-        let fenced = |h: Handle| {
-            self.phys_freed
-                .get(&h)
-                .is_some_and(|m| m.values().any(|(_, rec)| !self.host_safe(rec)))
         };
         // reservations that cannot go: a live block or a pinning freed range in them, or a
         // mapped page of theirs a stream may still use
@@ -598,6 +610,7 @@ impl Device for AccountingDevice {
                 self.check_host_safe_phys(handle, "release");
                 self.handles.remove(&handle);
                 self.phys_freed.remove(&handle);
+                self.last_free.remove(&handle);
                 self.used_pages -= 1;
                 Ok(())
             }

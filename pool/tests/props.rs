@@ -207,6 +207,10 @@ struct BudgetCheck {
     /// `cudaFree` are still pending to it (the pool sees a process's synchronization at its
     /// next allocation, or at a synchronization of its own)
     unseen_sync: bool,
+    /// the process synchronized and the pool has not freed since: the pool gives pages
+    /// back when it enforces its budget (at a free, or an allocation that misses its cache),
+    /// so pages a process's synchronization let go may still be held until then
+    unacted_sync: bool,
     /// the device's synchronizations after the previous operation
     syncs: u64,
 }
@@ -219,6 +223,7 @@ impl BudgetCheck {
             used_before: 0,
             forced: 0,
             unseen_sync: false,
+            unacted_sync: false,
             syncs: 0,
         }
     }
@@ -257,16 +262,23 @@ impl BudgetCheck {
         self.used_before = used;
         let syncs = dev.calls().syncs();
         match op {
-            Op::ProcessSync if !dev.is_capturing() => self.unseen_sync = true,
-            Op::Alloc { .. } | Op::Trim => self.unseen_sync = false,
-            _ if syncs != self.syncs => self.unseen_sync = false,
+            Op::ProcessSync if !dev.is_capturing() => {
+                self.unseen_sync = true;
+                self.unacted_sync = true;
+            }
+            Op::Alloc { .. } => self.unseen_sync = false,
+            Op::Free { .. } | Op::Trim => self.unacted_sync = false,
             _ => {}
+        }
+        if matches!(op, Op::Trim) || syncs != self.syncs {
+            // the pool's own synchronization (or a trim's) releases its pending blocks at once
+            self.unseen_sync = false;
         }
         self.syncs = syncs;
         // above the budget (and above what it was lately forced to take) the pool caches only
         // where dissolving its cache would give nothing back
         let keep = budget.max(self.forced);
-        if used > keep && s.cached > 0 {
+        if used > keep && s.cached > 0 && !self.unacted_sync {
             let idle = dev.releasable_pages(self.unseen_sync);
             assert!(
                 idle.is_empty(),
