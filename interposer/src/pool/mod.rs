@@ -87,6 +87,8 @@ pub(crate) struct CapView {
     pub clear_refusal: fn(),
     /// What the process may see of a device's memory, given its real total.
     pub visible_total: fn(i32, u64) -> u64,
+    /// Bytes the cap still allows on a device (None: uncapped there).
+    pub headroom: fn(i32) -> Option<u64>,
 }
 
 static CAP_VIEW: Wired<CapView> = Wired::new(CapView {
@@ -95,6 +97,7 @@ static CAP_VIEW: Wired<CapView> = Wired::new(CapView {
     uncharge_pages: |_, _| {},
     clear_refusal: || {},
     visible_total: |_, total| total,
+    headroom: |_| None,
 });
 
 /// Wire in the cap (see [`CapView`]).
