@@ -9,7 +9,9 @@
 //!   after an event recorded on `s` after the free was seen complete, or on a stream that
 //!   waited on such an event;
 //! - nothing is unmapped or released while a stream may still use it, nothing is released
-//!   while mapped, no range is mapped twice.
+//!   while mapped, no range is mapped twice;
+//! - a handle (a run of pages) is mapped whole, unmapped whole and released whole, as CUDA
+//!   requires.
 //!
 //! The harness (e.g. [`crate::replay`]) reports each allocation and free with
 //! [`AccountingDevice::check_alloc`] / [`AccountingDevice::check_free`].
@@ -36,6 +38,12 @@ struct FreeRec {
 }
 
 const MALLOC_PHYS: u64 = 1 << 62;
+/// Physical page ids of handles: `handle << PHYS_IDX_BITS | page index in the handle`.
+const PHYS_IDX_BITS: u32 = 24;
+
+fn phys(h: Handle, idx: u64) -> u64 {
+    (h << PHYS_IDX_BITS) | idx
+}
 
 /// (physical page id, start, end)
 type Piece = (u64, u64, u64);
@@ -52,10 +60,10 @@ pub struct AccountingDevice {
     next_va: u64,
     reservations: BTreeMap<u64, u64>,
     next_handle: Handle,
-    /// handle -> number of pages where it is mapped
-    handles: HashMap<Handle, u32>,
-    /// va page index -> handle
-    mapped: HashMap<u64, Handle>,
+    /// handle -> (its pages, how many times it is mapped)
+    handles: HashMap<Handle, (u64, u32)>,
+    /// va page index -> (handle, page index in the handle)
+    mapped: HashMap<u64, (Handle, u64)>,
     // plain face
     next_malloc_va: u64,
     /// large allocations and small pages: start -> len
@@ -283,8 +291,8 @@ impl AccountingDevice {
             let page = a / g;
             let off = a % g;
             let take = (g - off).min(end - a);
-            if let Some(&h) = self.mapped.get(&page) {
-                out.push((h, off, off + take));
+            if let Some(&(h, i)) = self.mapped.get(&page) {
+                out.push((phys(h, i), off, off + take));
             } else if let Some((&s, &l)) = self.malloc_regions.range(..=a).next_back()
                 && a < s + l
             {
@@ -415,45 +423,48 @@ impl AccountingDevice {
         }
     }
 
-    /// The physical pages (handles) a policy could give back now, if it first dissolved every
-    /// freed block it keeps, by this device's own record (checking on), not the policy's:
-    /// a page qualifies when
+    /// The physical handles (each a run of pages, given back whole) a policy could give back
+    /// now, if it first dissolved every freed block it keeps, by this device's own record
+    /// (checking on), not the policy's: a handle qualifies when each of its pages does:
     /// - no live block has a byte in it;
     /// - none of its freed bytes may still be in use by a stream (freed with no
     ///   synchronization or completed event since) and, with `sync_frees_pin`, none was
     ///   freed with `FreeMode::Sync` (a policy keeps such a block pending until it sees a
     ///   synchronization: the caller says when it cannot have seen one yet);
-    /// - every reservation it is mapped in holds no live block and no such freed bytes, and
-    ///   no page mapped there had bytes freed since the last synchronization (the whole
-    ///   mapping must go before the page can; a page whose freed bytes a stream may still use
-    ///   keeps every mapping it is in, as a policy's per-page stream condition does, even
-    ///   where those bytes were handed out again since: coarser than unmapping needs, which
-    ///   is about the addresses the stream uses, but it is the rule a policy promises).
+    /// - no byte of it was freed since the last synchronization;
+    ///
+    /// and every reservation it is mapped in holds no live block and no such freed bytes, and
+    /// no page mapped there had bytes freed since the last synchronization (the whole mapping
+    /// must go before the handle can; a page whose freed bytes a stream may still use keeps
+    /// every mapping it is in, as a policy's per-page stream condition does, even where those
+    /// bytes were handed out again since: coarser than unmapping needs, which is about the
+    /// addresses the stream uses, but it is the rule a policy promises).
     ///
     /// The budget check of the property tests compares this with what a policy holds above
     /// its budget, so that a policy's own opinion of what it could give back is not trusted.
     pub fn releasable_pages(&self, sync_frees_pin: bool) -> Vec<Handle> {
         let g = self.gran;
         let pins = |rec: &FreeRec| !self.host_safe(rec) || (sync_frees_pin && rec.stream.is_none());
-        let fenced = |h: Handle| {
+        // `ph`: a physical page id
+        let fenced = |ph: u64| {
             self.last_free
-                .get(&h)
+                .get(&ph)
                 .is_some_and(|&seq| seq > self.last_sync_seq)
                 || self
                     .phys_freed
-                    .get(&h)
+                    .get(&ph)
                     .is_some_and(|m| m.values().any(|(_, rec)| !self.host_safe(rec)))
         };
-        let page_pinned = |h: Handle| {
-            fenced(h)
-                || self.phys_live.get(&h).is_some_and(|m| !m.is_empty())
+        let page_pinned = |ph: u64| {
+            fenced(ph)
+                || self.phys_live.get(&ph).is_some_and(|m| !m.is_empty())
                 || self
                     .phys_freed
-                    .get(&h)
+                    .get(&ph)
                     .is_some_and(|m| m.values().any(|(_, rec)| pins(rec)))
         };
         // reservations that cannot go: a live block or a pinning freed range in them, or a
-        // mapped page of theirs a stream may still use
+        // mapped page of theirs freed into since the last synchronization
         let res_pinned = |va: u64, len: u64| {
             let end = va + len;
             self.live.range(va..end).next().is_some()
@@ -461,22 +472,28 @@ impl AccountingDevice {
                     .va_freed
                     .range(..end)
                     .any(|(&s, &(e, rec))| e > va && s < end && pins(&rec))
-                || (va / g..end / g).any(|p| self.mapped.get(&p).is_some_and(|&h| fenced(h)))
+                || (va / g..end / g).any(|p| {
+                    self.mapped
+                        .get(&p)
+                        .is_some_and(|&(h, i)| fenced(phys(h, i)))
+                })
         };
         let mut maps_of: HashMap<Handle, Vec<u64>> = HashMap::new();
-        for (&p, &h) in &self.mapped {
+        for (&p, &(h, _)) in &self.mapped {
             let va = p * g;
             if let Some((&s, _)) = self.reservations.range(..=va).next_back() {
-                maps_of.entry(h).or_default().push(s);
+                let v = maps_of.entry(h).or_default();
+                if !v.contains(&s) {
+                    v.push(s);
+                }
             }
         }
         let mut pinned_res: HashMap<u64, bool> = HashMap::new();
         let mut out: Vec<Handle> = self
             .handles
-            .keys()
-            .copied()
-            .filter(|&h| {
-                !page_pinned(h)
+            .iter()
+            .filter(|&(&h, &(k, _))| {
+                (0..k).all(|i| !page_pinned(phys(h, i)))
                     && maps_of.get(&h).is_none_or(|rs| {
                         rs.iter().all(|&s| {
                             !*pinned_res
@@ -485,6 +502,7 @@ impl AccountingDevice {
                         })
                     })
             })
+            .map(|(&h, _)| h)
             .collect();
         out.sort_unstable();
         out
@@ -577,72 +595,94 @@ impl Device for AccountingDevice {
         Ok(())
     }
 
-    fn create(&mut self) -> Result<Handle, DeviceError> {
+    fn create(&mut self, pages: u64) -> Result<Handle, DeviceError> {
+        if pages == 0 || pages >= 1 << PHYS_IDX_BITS {
+            return Err(DeviceError::Driver(1));
+        }
         // vramshim's cap refuses a new page before the driver is called (the interposer's
         // device does), so such a refusal is no driver call
         if let Some(c) = self.cap_pages
-            && self.used_pages + 1 > c
-            && self.used_pages < self.capacity_pages
+            && self.used_pages + pages > c
+            && self.used_pages + pages <= self.capacity_pages
         {
             return Err(DeviceError::CapExceeded);
         }
         self.calls.create += 1;
         self.fault(CallKind::Create)?;
-        self.charge(1)?;
+        self.charge(pages)?;
         let h = self.next_handle;
         self.next_handle += 1;
-        self.handles.insert(h, 0);
+        self.handles.insert(h, (pages, 0));
         Ok(h)
     }
 
-    fn release(&mut self, handle: Handle) -> Result<(), DeviceError> {
+    fn release(&mut self, handle: Handle, pages: u64) -> Result<(), DeviceError> {
         self.calls.release += 1;
         match self.handles.get(&handle) {
             None => {
                 self.violation(format!("release of unknown handle {handle}"));
                 Err(DeviceError::Driver(1))
             }
-            Some(&n) if n > 0 => {
+            Some(&(_, n)) if n > 0 => {
                 self.violation(format!("release of handle {handle} while mapped {n} times"));
                 Err(DeviceError::Driver(1))
             }
-            Some(_) => {
-                self.check_host_safe_phys(handle, "release");
+            Some(&(k, _)) if k != pages => {
+                self.violation(format!(
+                    "release of handle {handle} as {pages} pages: it has {k}"
+                ));
+                Err(DeviceError::Driver(1))
+            }
+            Some(&(k, _)) => {
+                for i in 0..k {
+                    self.check_host_safe_phys(phys(handle, i), "release");
+                    self.phys_freed.remove(&phys(handle, i));
+                    self.last_free.remove(&phys(handle, i));
+                }
                 self.handles.remove(&handle);
-                self.phys_freed.remove(&handle);
-                self.last_free.remove(&handle);
-                self.used_pages -= 1;
+                self.used_pages -= k;
                 Ok(())
             }
         }
     }
 
-    fn map(&mut self, va: u64, handle: Handle) -> Result<(), DeviceError> {
+    fn map(&mut self, va: u64, handle: Handle, pages: u64) -> Result<(), DeviceError> {
         self.calls.map += 1;
         self.fault(CallKind::Map)?;
         let g = self.gran;
         if !va.is_multiple_of(g) {
             return Err(DeviceError::Driver(1));
         }
+        let Some(&(k, _)) = self.handles.get(&handle) else {
+            self.violation(format!("map of unknown handle {handle}"));
+            return Err(DeviceError::Driver(1));
+        };
+        if k != pages {
+            self.violation(format!(
+                "map of handle {handle} as {pages} pages at {va:#x}: it has {k} (a handle is mapped whole)"
+            ));
+            return Err(DeviceError::Driver(1));
+        }
+        let len = k * g;
         let inside = self
             .reservations
             .range(..=va)
             .next_back()
-            .is_some_and(|(&s, &l)| va + g <= s + l);
+            .is_some_and(|(&s, &l)| va + len <= s + l);
         if !inside {
-            self.violation(format!("map at {va:#x} outside any reservation"));
+            self.violation(format!("map at {va:#x}+{len} outside any reservation"));
             return Err(DeviceError::Driver(1));
         }
-        if self.mapped.contains_key(&(va / g)) {
-            self.violation(format!("map at {va:#x}: already mapped"));
+        if (va / g..va / g + k).any(|p| self.mapped.contains_key(&p)) {
+            self.violation(format!("map at {va:#x}+{len}: already mapped"));
             return Err(DeviceError::Driver(1));
         }
-        let Some(n) = self.handles.get_mut(&handle) else {
-            self.violation(format!("map of unknown handle {handle}"));
-            return Err(DeviceError::Driver(1));
-        };
-        *n += 1;
-        self.mapped.insert(va / g, handle);
+        if let Some(e) = self.handles.get_mut(&handle) {
+            e.1 += 1;
+        }
+        for i in 0..k {
+            self.mapped.insert(va / g + i, (handle, i));
+        }
         Ok(())
     }
 
@@ -675,11 +715,22 @@ impl Device for AccountingDevice {
             }
             remove_range(&mut self.va_freed, va, va + size);
         }
-        for p in va / g..(va + size) / g {
+        let (first, end) = (va / g, (va + size) / g);
+        for p in first..end {
             match self.mapped.remove(&p) {
-                Some(h) => {
-                    if let Some(n) = self.handles.get_mut(&h) {
-                        *n -= 1;
+                Some((h, i)) => {
+                    let k = self.handles.get(&h).map_or(1, |e| e.0);
+                    // a mapping of handle h spans [p - i, p - i + k)
+                    if p - i < first || p - i + k > end {
+                        self.violation(format!(
+                            "unmap of {va:#x}+{size} cuts through the mapping of handle {h} ({k} pages at {:#x})",
+                            (p - i) * g
+                        ));
+                    }
+                    if i == 0
+                        && let Some(e) = self.handles.get_mut(&h)
+                    {
+                        e.1 -= 1;
                     }
                 }
                 None => {

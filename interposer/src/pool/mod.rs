@@ -495,11 +495,13 @@ fn create_pool(pools: &mut Pools, req: &request::Request) -> Result<(), String> 
         match CudaDevice::new(req.device, peers_of(req.device)) {
             Ok(dev) => {
                 let mut policy = Stitch::new();
-                if let Some(faults) = debug_faults() {
+                let mut runs = false;
+                if let Some((faults, r)) = debug_faults() {
                     policy.set_faults(faults);
+                    runs = r;
                 }
                 let budget = configured_budget();
-                let policy = policy.with_budget(budget);
+                let policy = policy.with_budget(budget).with_runs(runs);
                 pools.devs[d] = Some(DevicePool {
                     policy,
                     dev,
@@ -515,10 +517,32 @@ fn create_pool(pools: &mut Pools, req: &request::Request) -> Result<(), String> 
 
 /// Testing only (`VRAMSHIM_POOL_DEBUG`): the pool's rules broken on purpose, to prove the
 /// tests that check them can fail; said once per pool made.
-fn debug_faults() -> Option<vramshim_pool::stitch::Faults> {
+/// Also says whether the arena grows by runs of pages under one handle
+/// (`Stitch::with_runs`, off by default: `runs` turns it on to test the multi-page handles
+/// live, `stitch-run-pages` with the rule that such a page is mapped only with its run broken).
+fn debug_faults() -> Option<(vramshim_pool::stitch::Faults, bool)> {
     use vramshim_pool::stitch::Faults;
     let v = crate::config::var("VRAMSHIM_POOL_DEBUG")?;
+    let mut runs = false;
     let (faults, what) = match v {
+        // The arena grows by runs (one handle of several pages): the multi-page handles'
+        // live tests.
+        "runs" => {
+            runs = true;
+            (Faults::default(), "grows its arena by runs of pages")
+        }
+        // ... and maps a page of a run alone (the handle's first page, in fact): the test
+        // that a run is only ever mapped whole.
+        "stitch-run-pages" => {
+            runs = true;
+            (
+                Faults {
+                    stitch_run_pages: true,
+                    ..Default::default()
+                },
+                "maps pages of a run alone",
+            )
+        }
         // The old synchronization choices (looser packing): the tightness test.
         "lazy-sync" => (
             Faults {
@@ -556,7 +580,7 @@ fn debug_faults() -> Option<vramshim_pool::stitch::Faults> {
         _ => return None,
     };
     crate::warn!("VRAMSHIM_POOL_DEBUG={v}: the pool {what} (testing only)");
-    Some(faults)
+    Some((faults, runs))
 }
 
 /// Bit `d`: device `d` has a pool (set when made, cleared when reset).

@@ -978,6 +978,64 @@ fn tight_live_pool_with_thread_caches_makes_the_models_driver_calls() {
     );
 }
 
+/// The model of `trace` (one pass, frees as `frees`) through the tight pool growing its arena
+/// by runs: (driver calls, peak bytes the device held for it).
+fn model_with_runs(trace: &std::path::Path, frees: vramshim_pool::replay::Frees) -> (u64, u64) {
+    use vramshim_pool::replay;
+    let t = vramshim_pool::rmm_csv::parse_file(trace).unwrap();
+    let mut dev = vramshim_pool::AccountingDevice::new(replay::UNLIMITED);
+    let mut p = vramshim_pool::stitch::Stitch::tight().with_runs(true);
+    let r = replay::run_with(&frees.apply(&t.events), &mut p, &mut dev);
+    assert!(r.completed, "{}", trace.display());
+    (r.driver_calls, r.peak_device_used)
+}
+
+/// Handles of several pages live (`VRAMSHIM_POOL_DEBUG=runs`: the arena grows by runs, one
+/// `cuMemCreate` and one `cuMemMap` each): every shared trace, behind `cudaFree` and
+/// stream-ordered, keeps its memcpy patterns and makes the model's driver calls, with the
+/// simulated device's high-water mark within a page of the model's peak. With a page of a
+/// run mapped alone (`stitch-run-pages`: the driver maps the handle's first page there, so
+/// two blocks share bytes) some trace's patterns break.
+#[test]
+fn live_pool_grows_by_runs_of_pages_as_the_model() {
+    use vramshim_pool::replay::Frees;
+    const PAGE: u64 = 2 << 20;
+    let mut broken_caught = false;
+    for trace in vramshim_testkit::shipped_traces() {
+        let name = trace.file_name().unwrap().to_string_lossy().into_owned();
+        for frees in Frees::BOTH {
+            let mut args = vec!["--pattern", "memcpy", "--quiet"];
+            if frees == Frees::StreamOrdered {
+                args.push("--async");
+            }
+            let env = [("VRAMSIM_DEBUG", "1"), ("VRAMSHIM_POOL_DEBUG", "runs")];
+            let (o, hw) = pooled_run(&trace, None, &env, &args);
+            assert_exit(&o, 0, &format!("{name} {}", frees.name()));
+            assert_eq!(field(&o.stdout, "mismatches"), 0, "{name}");
+            let calls = sim_memory_calls(&o.stderr);
+            let (model_calls, model_peak) = model_with_runs(&trace, frees);
+            eprintln!(
+                "{name} {}: runs, driver calls model {model_calls}, live {calls}; peak model {model_peak} B, live {hw} B",
+                frees.name()
+            );
+            assert_eq!(calls, model_calls, "{name} {}", frees.name());
+            assert!(
+                model_peak.abs_diff(hw) <= PAGE,
+                "{name}: {model_peak} vs {hw}"
+            );
+            let env = [("VRAMSHIM_POOL_DEBUG", "stitch-run-pages")];
+            let (o, _) = pooled_run(&trace, None, &env, &args);
+            let bad = o.code() != Some(0) || field(&o.stdout, "mismatches") > 0;
+            eprintln!("{name} {}: stitch-run-pages broke it: {bad}", frees.name());
+            broken_caught |= bad;
+        }
+    }
+    assert!(
+        broken_caught,
+        "stitch-run-pages: every trace kept its patterns"
+    );
+}
+
 /// The model of `tests/workloads/pool/round_end.c` (the tight pool on the accounting device,
 /// every free reaching it): its statistics after the last allocation, as the program prints
 /// them.

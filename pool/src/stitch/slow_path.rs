@@ -299,11 +299,13 @@ impl Stitch {
 
     pub(super) fn release_unused(&mut self, dev: &mut dyn Device, created: &[u32]) {
         for &p in created {
-            if self.pages[p as usize].is_some() {
-                let pg = self.page(p);
-                if pg.used == 0 && pg.maps.is_empty() && pg.fences.is_empty() {
-                    let _ = self.release_page(dev, p);
-                }
+            if self.pages[p as usize].is_some()
+                && self.run_all(p, |q| {
+                    let pg = self.page(q);
+                    pg.used == 0 && pg.maps.is_empty() && pg.fences.is_empty()
+                })
+            {
+                let _ = self.release_page(dev, p);
             }
         }
     }
