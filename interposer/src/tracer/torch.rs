@@ -96,9 +96,9 @@ struct State {
     /// Live segments (device, start, size), sorted, from the tracker's own segment events
     /// (few, and changed rarely: a binary search finds a tensor's).
     segments: Vec<(i32, u64, u64)>,
-    /// The index in `segments` of the segment the last tensor was found in (`usize::MAX`
-    /// after segments were added or removed).
-    last_segment: usize,
+    /// The indexes in `segments` of the two segments the last tensors were found in, the
+    /// latest first (`usize::MAX` after segments were added or removed: none).
+    recent: [usize; 2],
     /// Stacks PyTorch captured, by their frames' (code object, instruction offset).
     stacks: StackKeys,
     /// Stacks read by our own frame reader (`pyframes`), by [`super::pyframes::PyWalk::key`];
@@ -115,7 +115,7 @@ impl Default for State {
     fn default() -> Self {
         State {
             segments: Vec::new(),
-            last_segment: usize::MAX,
+            recent: [usize::MAX; 2],
             stacks: StackKeys::default(),
             walks: StackKeys::default(),
             ids: 0,
@@ -183,27 +183,16 @@ unsafe extern "C" fn manager(dest: *mut [usize; 2], src: *const [usize; 2], op: 
 }
 
 unsafe extern "C" fn invoker(_functor: *const [usize; 2], entry: *const u8) {
-    // Nothing may unwind into PyTorch's C++.
-    let _ = std::panic::catch_unwind(|| on_entry(entry));
-}
-
-#[inline]
-fn rd<T: Copy>(p: *const u8, off: usize) -> T {
-    // SAFETY: callers read fields of a TraceEntry (or CapturedTraceback) whose layout was
-    // verified for this PyTorch version (LAYOUTS) at attach time.
-    unsafe { std::ptr::read_unaligned(p.add(off) as *const T) }
-}
-
-fn on_entry(e: *const u8) {
-    if e.is_null() {
+    if entry.is_null() {
         return;
     }
-    let action = rd::<i32>(e, 0);
+    // PyTorch also calls with the free requests (FREE_REQUESTED, one a tensor: the
+    // completed free follows) and with snapshots: nothing is kept of them, so they leave
+    // here, before any register is saved.
+    let action = rd::<i32>(entry, 0);
     let Ok(action) = u8::try_from(action) else {
         return;
     };
-    // PyTorch also calls with the free requests (FREE_REQUESTED, one a tensor: the
-    // completed free follows), and with snapshots: nothing is kept of them.
     if !matches!(
         action,
         act::ALLOC
@@ -217,6 +206,20 @@ fn on_entry(e: *const u8) {
     {
         return;
     }
+    // Nothing may unwind into PyTorch's C++.
+    let _ = std::panic::catch_unwind(|| on_entry(entry, action));
+}
+
+#[inline]
+fn rd<T: Copy>(p: *const u8, off: usize) -> T {
+    // SAFETY: callers read fields of a TraceEntry (or CapturedTraceback) whose layout was
+    // verified for this PyTorch version (LAYOUTS) at attach time.
+    unsafe { std::ptr::read_unaligned(p.add(off) as *const T) }
+}
+
+/// A kept entry (`action`, checked by [`invoker`]).
+#[inline(never)]
+fn on_entry(e: *const u8, action: u8) {
     // A trace time (raw where the trace clock is the TSC): the writer converts it, like
     // every event's time.
     let t_ns = super::now_raw();
@@ -285,8 +288,10 @@ fn with_stack(e: *const u8, action: u8, device: i32, addr: u64, size: u64) -> (u
         (segment_of(st, action, device, addr, size), stack)
     });
     // A new stack's records (its `PyCode`s and `PyStack`), after the state's lock.
-    for r in records {
-        super::emit(r);
+    if !records.is_empty() {
+        for r in records {
+            super::emit(r);
+        }
     }
     found.unwrap_or_else(|| {
         (
@@ -297,17 +302,33 @@ fn with_stack(e: *const u8, action: u8, device: i32, addr: u64, size: u64) -> (u
 }
 
 /// The segment an event concerns: the one it creates or frees, or the one a tensor lies in
-/// (0 when none is known). A tensor's is looked for first where the previous tensor's was
-/// (consecutive tensors mostly share one).
+/// (0 when none is known). A tensor's is looked for first in the two segments the last
+/// tensors were found in (consecutive tensors mostly share one, or alternate between a
+/// small and a large block's).
+#[inline(always)]
 fn segment_of(st: &mut State, action: u8, device: i32, addr: u64, size: u64) -> u64 {
-    if matches!(action, act::ALLOC | act::FREE_COMPLETED)
-        && let Some(&(d, s, len)) = st.segments.get(st.last_segment)
-        && d == device
-        && s <= addr
-        && addr - s < len
-    {
-        return s;
+    if matches!(action, act::ALLOC | act::FREE_COMPLETED) {
+        let within = |i: usize| {
+            st.segments
+                .get(i)
+                .filter(|&&(d, s, len)| d == device && s <= addr && addr - s < len)
+                .map(|&(_, s, _)| s)
+        };
+        let [a, b] = st.recent;
+        if let Some(s) = within(a) {
+            return s;
+        }
+        if let Some(s) = within(b) {
+            st.recent = [b, a];
+            return s;
+        }
     }
+    segment_search(st, action, device, addr, size)
+}
+
+/// [`segment_of`] by a binary search (and the segment events' changes).
+#[inline(never)]
+fn segment_search(st: &mut State, action: u8, device: i32, addr: u64, size: u64) -> u64 {
     let segs = &mut st.segments;
     let at = segs.partition_point(|&(d, s, _)| (d, s) < (device, addr));
     let same = segs
@@ -320,14 +341,14 @@ fn segment_of(st: &mut State, action: u8, device: i32, addr: u64, size: u64) -> 
             } else {
                 segs.insert(at, (device, addr, size));
                 // The indexes after it moved.
-                st.last_segment = usize::MAX;
+                st.recent = [usize::MAX; 2];
             }
             addr
         }
         act::SEGMENT_FREE | act::SEGMENT_UNMAP => {
             if same {
                 segs.remove(at);
-                st.last_segment = usize::MAX;
+                st.recent = [usize::MAX; 2];
             }
             addr
         }
@@ -339,7 +360,7 @@ fn segment_of(st: &mut State, action: u8, device: i32, addr: u64, size: u64) -> 
                 d == device && addr - s < len
             }) {
                 Some(i) => {
-                    st.last_segment = i;
+                    st.recent = [i, st.recent[0]];
                     segs[i].1
                 }
                 None => 0,
@@ -874,6 +895,44 @@ mod tests {
         assert_eq!(seg(&mut st, act::ALLOC, 0, 0x2800, 16), 0);
         assert_eq!(seg(&mut st, act::ALLOC, 1, 0x2800, 16), 0x2000);
         assert_eq!(st.segments, vec![(0, 0x8000, 0x1000), (1, 0x2000, 0x4000)]);
+    }
+
+    /// The segments the last tensors were found in are tried first: what they answer is
+    /// what the search answers, as tensors come and go, segments are added before and after
+    /// them, resized and freed.
+    #[test]
+    fn recent_segments_answer_as_the_search() {
+        let mut st = State::default();
+        let seg = |st: &mut State, a, d, at, n| segment_of(st, a, d, at, n);
+        assert_eq!(seg(&mut st, act::SEGMENT_ALLOC, 0, 0x2000, 0x1000), 0x2000);
+        assert_eq!(seg(&mut st, act::SEGMENT_ALLOC, 0, 0x8000, 0x1000), 0x8000);
+        // Alternating between two segments, then a third, on the same device.
+        for _ in 0..3 {
+            assert_eq!(seg(&mut st, act::ALLOC, 0, 0x2100, 16), 0x2000);
+            assert_eq!(seg(&mut st, act::ALLOC, 0, 0x8100, 16), 0x8000);
+        }
+        // Just past the recent ones' ends, below them, on another device: none.
+        assert_eq!(seg(&mut st, act::ALLOC, 0, 0x3000, 16), 0);
+        assert_eq!(seg(&mut st, act::ALLOC, 0, 0x9000, 16), 0);
+        assert_eq!(seg(&mut st, act::FREE_COMPLETED, 0, 0x1fff, 16), 0);
+        assert_eq!(seg(&mut st, act::ALLOC, 1, 0x2100, 16), 0);
+        // A segment added before both: the recent indexes moved.
+        assert_eq!(seg(&mut st, act::SEGMENT_ALLOC, 0, 0x1000, 0x800), 0x1000);
+        assert_eq!(seg(&mut st, act::ALLOC, 0, 0x8100, 16), 0x8000);
+        assert_eq!(seg(&mut st, act::ALLOC, 0, 0x1100, 16), 0x1000);
+        assert_eq!(seg(&mut st, act::ALLOC, 0, 0x2100, 16), 0x2000);
+        // A recent segment grown in place, then freed: its tensors' addresses are in none.
+        assert_eq!(seg(&mut st, act::SEGMENT_ALLOC, 0, 0x2000, 0x2000), 0x2000);
+        assert_eq!(seg(&mut st, act::ALLOC, 0, 0x3100, 16), 0x2000);
+        assert_eq!(seg(&mut st, act::SEGMENT_FREE, 0, 0x2000, 0x2000), 0x2000);
+        assert_eq!(seg(&mut st, act::FREE_COMPLETED, 0, 0x2100, 16), 0);
+        assert_eq!(seg(&mut st, act::ALLOC, 0, 0x3100, 16), 0);
+        assert_eq!(seg(&mut st, act::ALLOC, 0, 0x8100, 16), 0x8000);
+        assert_eq!(seg(&mut st, act::ALLOC, 0, 0x1100, 16), 0x1000);
+        // A segment mapped over a freed one's place, on the recent segments' device.
+        assert_eq!(seg(&mut st, act::SEGMENT_MAP, 0, 0x2000, 0x200), 0x2000);
+        assert_eq!(seg(&mut st, act::ALLOC, 0, 0x2100, 16), 0x2000);
+        assert_eq!(seg(&mut st, act::ALLOC, 0, 0x2200, 16), 0);
     }
 
     /// A fork while another thread is finding CPython's API (inside its set-up): the child,
