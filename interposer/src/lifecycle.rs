@@ -59,6 +59,7 @@ fn wire() {
         uncharge_pages: crate::cap::uncharge_pool_page,
         clear_refusal: crate::cap::clear_pool_refusal,
         visible_total: crate::cap::total_for,
+        headroom: crate::cap::pool_headroom,
     });
     crate::pool::set_wait_view(crate::pool::WaitView {
         wait: crate::hooks::sync::pool_wait,

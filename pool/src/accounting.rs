@@ -719,6 +719,13 @@ impl Device for AccountingDevice {
         self.capturing
     }
 
+    fn room(&self) -> Option<u64> {
+        let limit = self
+            .cap_pages
+            .map_or(self.capacity_pages, |c| c.min(self.capacity_pages));
+        Some(limit.saturating_sub(self.used_pages) * self.gran)
+    }
+
     fn record_event(&mut self, stream: Stream) -> Result<EventId, DeviceError> {
         self.calls.event_record += 1;
         self.seq += 1;

@@ -158,4 +158,11 @@ pub trait Device {
     fn stream_wait_event(&mut self, stream: Stream, event: EventId) -> Result<(), DeviceError>;
     /// Destroy an event returned by `record_event`.
     fn destroy_event(&mut self, event: EventId);
+
+    /// Bytes of physical memory `create` may still take (the device's free memory, within
+    /// the cap), if known. `None` (the default): unknown, and a pool never takes the device
+    /// for nearly full (see `stitch`'s pressure rule).
+    fn room(&self) -> Option<u64> {
+        None
+    }
 }

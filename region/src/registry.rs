@@ -6,8 +6,9 @@
 //! A header (magic, version, layout size, slot count, creator uid, pid namespace, creation
 //! time) and [`REG_SLOTS`] slots of one process each: its [`ProcessKey`] (pid + start time), uid,
 //! command name, shared group (`VRAMSHIM_SHARED`), container/pod identity (from its cgroup), the
-//! process-wide refusal and OOM counts, and one line per device it used (CUDA ordinal, UUID,
-//! cap, bytes in use, peak, bytes the pool reserves).
+//! process-wide refusal and OOM counts, flags, and one line per device it used (CUDA ordinal,
+//! UUID, cap, its group's cap, bytes in use, peak, bytes the pool reserves). The group's cap
+//! came after the rest, in a padding word: [`FLAG_GROUP_CAP`] says a slot's writer fills it.
 //!
 //! # Protocol (no lock; nothing on the allocation path)
 //! - Register: a slot whose key is this process (a previous program image after `exec`), else
@@ -42,6 +43,12 @@ pub const REG_SLOTS: usize = 1024;
 const CLAIMING: u64 = REAP_FLAG;
 /// Bit of [`Registered::flags`]: a request of the process is waiting for its shared cap.
 pub const FLAG_WAITING: u64 = 1;
+/// Bit of [`Registered::flags`]: the slot's writer publishes each device's group cap
+/// ([`DeviceRecord::group_cap`]). A library from before that word was used never sets this bit
+/// (it stores 0 at registration and only [`FLAG_WAITING`] after), nor writes the word, which
+/// may then hold a previous owner's value: without the bit the group cap is unknown, not
+/// absent. [`Registry::register`] and [`Registry::publish_process`] set it themselves.
+pub const FLAG_GROUP_CAP: u64 = 2;
 
 #[repr(C, align(64))]
 struct RegHeader {
@@ -65,8 +72,8 @@ struct RegDevice {
     used: AtomicU64,
     peak: AtomicU64,
     pool_reserved: AtomicU64,
-    /// The group's cap + 1 (0: none, or a writer from before this word was used: it was
-    /// padding, always 0).
+    /// The group's cap + 1 (0: none). Padding to a writer from before this word was used,
+    /// which neither writes nor clears it: read only where the slot has [`FLAG_GROUP_CAP`].
     group_cap: AtomicU64,
 }
 
@@ -272,7 +279,8 @@ pub struct DeviceRecord {
     /// `VRAMSHIM_SHARED` group the smaller of the group's and the member's own.
     pub cap: Option<u64>,
     /// The cap of the process's `VRAMSHIM_SHARED` group, in bytes (None: not in a group, or
-    /// the group is uncapped on the device).
+    /// the group is uncapped on the device; as read, also where the writer does not say, see
+    /// [`Registered::group_cap_known`]).
     pub group_cap: Option<u64>,
     pub used: u64,
     pub peak: u64,
@@ -290,6 +298,14 @@ pub struct Registered {
     pub ooms: u64,
     pub updated_ms: u64,
     pub devices: Vec<DeviceRecord>,
+}
+
+impl Registered {
+    /// Whether the devices' [`DeviceRecord::group_cap`] says the truth: false for a process
+    /// whose library predates the group cap (its `None` there means unknown, not uncapped).
+    pub fn group_cap_known(&self) -> bool {
+        self.flags & FLAG_GROUP_CAP != 0
+    }
 }
 
 /// A slot this process holds.
@@ -505,7 +521,7 @@ impl Registry {
         let s = &slots[pick];
         s.start_ticks.store(id.start_ticks, Relaxed);
         s.uid.store(u64::from(id.uid), Relaxed);
-        s.flags.store(0, Relaxed);
+        s.flags.store(FLAG_GROUP_CAP, Relaxed);
         s.refusals.store(0, Relaxed);
         s.ooms.store(0, Relaxed);
         s.updated_ms.store(now_ms(), Relaxed);
@@ -523,6 +539,7 @@ impl Registry {
                 &d.used,
                 &d.peak,
                 &d.pool_reserved,
+                &d.group_cap,
             ] {
                 w.store(0, Relaxed);
             }
@@ -555,7 +572,7 @@ impl Registry {
         let slot = &self.layout().slots[s.0];
         slot.refusals.store(refusals, Relaxed);
         slot.ooms.store(ooms, Relaxed);
-        slot.flags.store(flags, Relaxed);
+        slot.flags.store(flags | FLAG_GROUP_CAP, Relaxed);
         slot.updated_ms.store(now_ms(), Relaxed);
     }
 
@@ -595,6 +612,8 @@ impl Registry {
             if !alive(key) {
                 continue;
             }
+            let flags = s.flags.load(Relaxed);
+            let group_cap_known = flags & FLAG_GROUP_CAP != 0;
             let mut devices = Vec::new();
             for d in &s.devices {
                 let o = d.ordinal.load(Relaxed);
@@ -608,7 +627,7 @@ impl Registry {
                     ordinal: (o - 1).min(u64::from(u32::MAX)) as u32,
                     uuid: (w != [0, 0]).then(|| DeviceId::from_words(w)),
                     cap: (cap != 0).then(|| cap - 1),
-                    group_cap: (group_cap != 0).then(|| group_cap - 1),
+                    group_cap: (group_cap_known && group_cap != 0).then(|| group_cap - 1),
                     used: d.used.load(Relaxed),
                     peak: d.peak.load(Relaxed),
                     pool_reserved: d.pool_reserved.load(Relaxed),
@@ -628,7 +647,7 @@ impl Registry {
                         pod_uid: load_text(&s.pod),
                     },
                 },
-                flags: s.flags.load(Relaxed),
+                flags,
                 refusals: s.refusals.load(Relaxed),
                 ooms: s.ooms.load(Relaxed),
                 updated_ms: s.updated_ms.load(Relaxed),

@@ -61,7 +61,11 @@ fn register_publish_read_and_leave() {
     assert_eq!(p.pid, std::process::id());
     assert_eq!(p.identity, id);
     assert_eq!(p.devices, vec![rec]);
-    assert_eq!((p.refusals, p.ooms, p.flags), (3, 1, FLAG_WAITING));
+    assert_eq!(
+        (p.refusals, p.ooms, p.flags),
+        (3, 1, FLAG_WAITING | FLAG_GROUP_CAP)
+    );
+    assert!(p.group_cap_known());
     // An uncapped device with no UUID yet reads back as such (0 is not a cap of 0 bytes).
     let bare = DeviceRecord {
         ordinal: 0,
@@ -79,6 +83,50 @@ fn register_publish_read_and_leave() {
     );
     r.unregister(s, me());
     assert!(r.snapshot().is_empty());
+}
+
+/// A library from before the group cap word neither sets [`FLAG_GROUP_CAP`] nor writes the
+/// word, which may still hold the slot's previous owner's group cap: that value is not read,
+/// and the group cap reads as unknown, not as uncapped.
+#[test]
+fn an_older_writers_group_cap_is_unknown_not_a_stale_value() {
+    let r = Registry::anonymous().unwrap();
+    let s = r.register(me(), &ident("python3", "job")).unwrap();
+    let rec = DeviceRecord {
+        ordinal: 0,
+        cap: Some(1 << 30),
+        group_cap: Some(4 << 30),
+        used: 1 << 20,
+        ..DeviceRecord::default()
+    };
+    r.publish_device(s, 0, &rec);
+    // A new writer's uncapped group reads as known and uncapped.
+    r.publish_device(
+        s,
+        0,
+        &DeviceRecord {
+            group_cap: None,
+            ..rec
+        },
+    );
+    let p = &r.snapshot()[0];
+    assert!(p.group_cap_known());
+    assert_eq!(p.devices[0].group_cap, None);
+    // The slot as an older library leaves it: its registration stored flags 0 over the
+    // previous owner's, and the word keeps the previous owner's 4 GiB.
+    r.publish_device(s, 0, &rec);
+    r.set_flag(s, FLAG_GROUP_CAP, false);
+    let p = &r.snapshot()[0];
+    assert!(!p.group_cap_known());
+    assert_eq!(
+        p.devices[0].group_cap, None,
+        "a previous owner's value read"
+    );
+    assert_eq!(p.devices[0].cap, Some(1 << 30));
+    // A registration of this library clears the word and says it fills it.
+    assert_eq!(r.register(me(), &ident("python3", "job")), Some(s));
+    assert!(r.snapshot()[0].group_cap_known());
+    r.unregister(s, me());
 }
 
 #[test]

@@ -101,7 +101,7 @@ fn encode_events(enc: &mut RecordEncoder, ev: &[Event]) {
 #[inline(never)]
 fn one_frame_encoded(w: &mut TraceWriter<Vec<u8>>, enc: &mut RecordEncoder, ev: &[Event]) {
     encode_events(enc, ev);
-    w.write_records(enc.bytes(), enc.stats()).unwrap();
+    w.write_encoded(enc).unwrap();
     w.flush_frame().unwrap();
 }
 

@@ -6,6 +6,7 @@
 
 use crate::columns::TimeCursor;
 use crate::event::{AllocKind, Api, DeviceInfo, Event, MemOp, PyFrame, SyncKind, TorchOp};
+use crate::torch_run::{self, Model};
 use crate::wire::{
     Cur, put_str, put_varint, torch_offset, torch_offset_of, torch_size, torch_size_of, unzigzag,
     zigzag,
@@ -165,6 +166,14 @@ pub struct RecordEncoder {
     freed_addr: [u64; FREED],
     /// Tag of entry `k` in byte `k % 8` of word `k / 8`.
     freed_tag: [u64; 2],
+    /// The `TorchRun` model of the context (allocated at its first PyTorch event).
+    model: Option<Box<Model>>,
+    /// The open `TorchRun` record: where its tag is, and the buffer's length after its last
+    /// event (a new record starts a new run: the buffer then no longer ends there).
+    run_at: usize,
+    run_end: usize,
+    /// Bytes of `TorchRun` payloads in the buffer (the writer stores them uncompressed).
+    torch_bytes: usize,
 }
 
 /// A finished run of records, as produced by [`RecordEncoder`].
@@ -191,12 +200,17 @@ impl RecordEncoder {
             t_max: 0,
             freed_addr: [0; FREED],
             freed_tag: [0; 2],
+            model: None,
+            run_at: 0,
+            run_end: 0,
+            torch_bytes: 0,
         }
     }
 
     /// Clears the buffer and starts a new context for thread `tid` (writes a `Context` record).
     pub fn begin(&mut self, tid: u32) {
         self.buf.clear();
+        self.torch_bytes = 0;
         self.records = 0;
         self.t_min = u64::MAX;
         self.t_max = 0;
@@ -213,7 +227,21 @@ impl RecordEncoder {
         self.st.reset(tid);
         self.freed_addr = [0; FREED];
         self.freed_tag = [0; 2];
+        self.reset_model();
         self.records += 1;
+    }
+
+    #[inline]
+    fn reset_model(&mut self) {
+        if let Some(m) = &mut self.model {
+            m.reset();
+        }
+        self.run_end = 0;
+    }
+
+    /// Bytes of `TorchRun` payloads (coded PyTorch allocator events) in the buffer.
+    pub fn torch_bytes(&self) -> usize {
+        self.torch_bytes
     }
 
     /// Bytes encoded so far (whole records only).
@@ -247,6 +275,8 @@ impl RecordEncoder {
         self.records = 0;
         self.t_min = u64::MAX;
         self.t_max = 0;
+        self.torch_bytes = 0;
+        self.run_end = 0;
         (std::mem::take(&mut self.buf), stats)
     }
 
@@ -254,6 +284,8 @@ impl RecordEncoder {
     pub fn set_buffer(&mut self, mut buf: Vec<u8>) {
         buf.clear();
         self.buf = buf;
+        self.torch_bytes = 0;
+        self.run_end = 0;
         self.records = 0;
         self.t_min = u64::MAX;
         self.t_max = 0;
@@ -265,24 +297,35 @@ impl RecordEncoder {
         self.records = 0;
         self.t_min = u64::MAX;
         self.t_max = 0;
+        self.torch_bytes = 0;
         self.st.reset(0);
         self.freed_addr = [0; FREED];
         self.freed_tag = [0; 2];
+        self.reset_model();
     }
 
     /// Appends whole records encoded by another `RecordEncoder` (starting with a `Context`).
     /// The caller must write a `Context` before pushing more events (the delta state of the
     /// appended records is unknown here).
     pub fn append_raw(&mut self, bytes: &[u8], stats: RecordStats) {
+        self.run_end = 0;
         self.buf.extend_from_slice(bytes);
         self.records += stats.records;
         self.t_min = self.t_min.min(stats.t_min);
         self.t_max = self.t_max.max(stats.t_max);
     }
 
+    /// [`RecordEncoder::append_raw`] of everything `other` encoded (its records start with a
+    /// `Context`), keeping count of its `TorchRun` payloads.
+    pub fn append_encoded(&mut self, other: &RecordEncoder) {
+        self.append_raw(&other.buf, other.stats());
+        self.torch_bytes += other.torch_bytes;
+    }
+
     /// Puts back a buffer taken with [`RecordEncoder::take`] (when it could not be handed
     /// over), keeping the delta state, so encoding continues where it left off.
     pub fn restore(&mut self, buf: Vec<u8>, stats: RecordStats) {
+        self.run_end = 0;
         self.buf = buf;
         self.records = stats.records;
         self.t_min = stats.t_min;
@@ -349,77 +392,53 @@ impl RecordEncoder {
         }
     }
 
-    /// Appends the record of a PyTorch allocator event: a `TorchDelta` record (tag 24), whose
-    /// fields are deltas from the context's state (the thread, device and stream only when
-    /// they changed, the segment as one of the three most recent or as a difference, the
-    /// address as an offset into its segment, offset and size in PyTorch's granules when
-    /// they are whole). Written in place with fixed-size stores like a MemOp: ~11 bytes where
-    /// the `Torch` record's plain varints took ~27, which is most of what the writer thread
-    /// then spends compressing it. Offsets and sizes no `TorchDelta` can hold (from 2^62)
-    /// get a `Torch` record.
+    /// Appends a PyTorch allocator event to the context's open `TorchRun` record (tag 25;
+    /// a new one when the last record is not one): coded against the context's model of the
+    /// events before it ([`crate::torch_run`]): predicted (action, size, stack), the address
+    /// as a distance into a ring of recent places, the time in 1-3 bytes; ~5 bytes an event
+    /// on a training loop, written in place with fixed-size stores. The writer stores these
+    /// bytes as they are (no zstd). Offsets and sizes no `TorchRun` can hold (from 2^62) get
+    /// a `Torch` record.
     #[inline]
     pub fn push_torch(&mut self, op: &TorchOp) {
-        let st = &mut self.st;
         let (Some(off), Some(size)) = (
             torch_offset(op.addr.wrapping_sub(op.segment)),
             torch_size(op.size),
         ) else {
             return self.push_torch_v2(op);
         };
-        let segs = st.torch_segments;
-        let k = if op.segment == segs[0] {
-            0
-        } else if op.segment == segs[1] {
-            1
-        } else if op.segment == segs[2] {
-            2
-        } else {
-            torch_head::SEGMENT_NEW
-        };
-        let mut head = op.action.min(torch_head::ACTION_ESCAPE) | k << torch_head::SEGMENT_SHIFT;
-        if op.tid != st.tid {
-            head |= torch_head::TID;
-        }
-        if op.device != st.torch_device || op.stream != st.torch_stream {
-            head |= torch_head::PLACE;
-        }
-        if op.stack != 0 {
-            head |= torch_head::STACK;
-        }
-        // At most 2 + 67 bytes (head, action, tid 5, device 5, stream 10, segment 10, stack 5,
-        // offset 10, size 10, time 10): one length byte; written like a MemOp record.
         let at = self.buf.len();
-        self.buf.extend_from_slice(&[0u8; REC]);
-        let Ok(b) = <&mut [u8; REC]>::try_from(&mut self.buf[at..at + REC]) else {
+        // The run's length is a varint padded to 3 bytes, rewritten after every event.
+        if self.run_end != at || at - self.run_at > RUN_MAX {
+            self.buf
+                .extend_from_slice(&[tag::TORCH_RUN, 0x80, 0x80, 0x00]);
+            self.run_at = at;
+        }
+        let start = self.buf.len();
+        self.buf.extend_from_slice(&[0u8; torch_run::EV_MAX]);
+        let Ok(b) = <&mut [u8; torch_run::EV_MAX]>::try_from(
+            &mut self.buf[start..start + torch_run::EV_MAX],
+        ) else {
             return;
         };
-        b[0] = tag::TORCH_DELTA;
-        b[2] = head;
-        let mut n = 3;
-        if head & (torch_head::TID | torch_head::PLACE) != 0
-            || head & torch_head::ACTION_ESCAPE == torch_head::ACTION_ESCAPE
-        {
-            n = torch_changed(b, n, head, op);
-        }
-        if k == torch_head::SEGMENT_NEW {
-            n = wv(b, n, zigzag(op.segment.wrapping_sub(segs[0]) as i64));
-        }
-        if head & torch_head::STACK != 0 {
-            n = wv(b, n, op.stack as u64);
-        }
-        // The noisy fields last (as in a MemOp): the repetitive ones above then repeat as
-        // one match for zstd.
-        n = wv(b, n, off);
-        n = wv(b, n, size);
-        n = wv(b, n, zigzag(op.t_ns.wrapping_sub(st.t) as i64));
-        b[1] = (n - 2) as u8;
-        self.buf.truncate(at + n);
+        let m = self.model.get_or_insert_with(Box::default);
+        let st = &mut self.st;
+        let mut cx = torch_run::Ctx {
+            tid: st.tid,
+            t: st.t,
+        };
+        let n = torch_run::encode(m, &mut cx, op, off, size, b);
+        st.tid = cx.tid;
+        st.t = cx.t;
+        self.buf.truncate(start + n);
+        let len = self.buf.len() - self.run_at - RUN_HEAD;
+        let h = &mut self.buf[self.run_at + 1..self.run_at + RUN_HEAD];
+        h[0] = len as u8 | 0x80;
+        h[1] = (len >> 7) as u8 | 0x80;
+        h[2] = (len >> 14) as u8;
+        self.run_end = self.buf.len();
+        self.torch_bytes += n;
         self.records += 1;
-        st.tid = op.tid;
-        st.torch_device = op.device;
-        st.torch_stream = op.stream;
-        st.torch_segment_used(k, op.segment);
-        st.t = op.t_ns;
         if op.t_ns < self.t_min {
             self.t_min = op.t_ns;
         }
@@ -833,25 +852,6 @@ fn find_freed(
     None
 }
 
-/// The action byte and the fields of a `TorchDelta` record that differ from the context's
-/// (thread, device and stream), from `b[n]` on; returns the new position. Out of line: most
-/// records carry none.
-#[inline(never)]
-fn torch_changed(b: &mut [u8; REC], mut n: usize, head: u8, op: &TorchOp) -> usize {
-    if head & torch_head::ACTION_ESCAPE == torch_head::ACTION_ESCAPE {
-        b[n % REC] = op.action;
-        n += 1;
-    }
-    if head & torch_head::TID != 0 {
-        n = wv(b, n, op.tid as u64);
-    }
-    if head & torch_head::PLACE != 0 {
-        n = wv(b, n, zigzag(op.device as i64));
-        n = wv(b, n, op.stream);
-    }
-    n
-}
-
 /// The fields a MemOp's mask says changed, from `b[3]` on; returns the new position.
 #[inline(never)]
 fn changed_fields(b: &mut [u8; REC], mk: u8, m: &MemOp) -> usize {
@@ -884,6 +884,11 @@ fn changed_fields(b: &mut [u8; REC], mk: u8, m: &MemOp) -> usize {
     }
     n
 }
+
+/// A `TorchRun` record's header: the tag, then its length as a varint padded to 3 bytes.
+const RUN_HEAD: usize = 4;
+/// A run is closed before its payload could pass what 3 varint bytes hold (2^21 - 1).
+const RUN_MAX: usize = (1 << 21) - 2 * torch_run::EV_MAX;
 
 /// Scratch size of one MemOp record (a power of two above its largest size, 73 bytes).
 const REC: usize = 128;
@@ -928,7 +933,7 @@ fn record_tag(ev: &Event) -> u8 {
         Event::Lost { .. } => tag::LOST,
         Event::Device(_) => tag::DEVICE,
         Event::CallFailed { .. } => tag::CALL_FAILED,
-        Event::Torch(_) => tag::TORCH_DELTA,
+        Event::Torch(_) => tag::TORCH_RUN,
         Event::PyCode { .. } => tag::PY_CODE,
         Event::PyStack { .. } => tag::PY_STACK,
     }
@@ -952,6 +957,24 @@ fn kind_of(v: u8) -> Result<AllocKind, RecordError> {
     AllocKind::from_u8(v).ok_or(RecordError::BadValue("allocation kind"))
 }
 
+/// The control byte and (for an event the model did not predict) the head byte of every
+/// event in `payload`: the `TorchRun` payloads of one context, concatenated in order, decoded
+/// from a fresh context. For tests that check which forms a fixture holds.
+#[doc(hidden)]
+pub fn torch_run_layout(payload: &[u8]) -> Result<Vec<(u8, Option<u8>)>, RecordError> {
+    let mut d = RecordDecoder::default();
+    let mut c = Cur::new(payload);
+    let mut out = Event::Lost { t_ns: 0, count: 0 };
+    let mut v = Vec::new();
+    while c.p < payload.len() {
+        let ctrl = payload[c.p];
+        let head = (ctrl & torch_run::CTRL_EXPLICIT != 0).then(|| payload.get(c.p + 1).copied());
+        d.torch_run_event(&mut c, &mut out)?;
+        v.push((ctrl, head.flatten()));
+    }
+    Ok(v)
+}
+
 /// Outcome of decoding one record.
 pub(crate) enum Decoded {
     /// An event was written into the output.
@@ -969,6 +992,8 @@ pub(crate) struct RecordDecoder {
     /// state): records that carry neither field skip the lookups.
     typed: [(Api, AllocKind); 2],
     typed_ok: [bool; 2],
+    /// The context's `TorchRun` model (allocated at its first run).
+    model: Option<Box<Model>>,
 }
 
 impl Default for RecordDecoder {
@@ -977,6 +1002,7 @@ impl Default for RecordDecoder {
             st: DeltaState::default(),
             typed: [(Api::Unknown, AllocKind::Runtime); 2],
             typed_ok: [false; 2],
+            model: None,
         }
     }
 }
@@ -985,6 +1011,29 @@ impl RecordDecoder {
     pub fn reset(&mut self) {
         self.st.reset(0);
         self.typed_ok = [false; 2];
+        if let Some(m) = &mut self.model {
+            m.reset();
+        }
+    }
+
+    /// Decodes the `TorchRun` event at `c` (inside a run's payload) into `out`.
+    #[inline]
+    pub fn torch_run_event(&mut self, c: &mut Cur, out: &mut Event) -> Result<(), RecordError> {
+        let m = self.model.get_or_insert_with(Box::default);
+        let st = &mut self.st;
+        let mut cx = torch_run::Ctx {
+            tid: st.tid,
+            t: st.t,
+        };
+        let r = torch_run::decode(m, &mut cx, c);
+        st.tid = cx.tid;
+        st.t = cx.t;
+        let op = r?;
+        match out {
+            Event::Torch(o) => *o = op,
+            _ => *out = Event::Torch(op),
+        }
+        Ok(())
     }
 
     #[inline]
@@ -1011,8 +1060,8 @@ impl RecordDecoder {
             }
             tag::CONTEXT => {
                 let tid = c.u32v()?;
-                self.st.reset(tid);
-                self.typed_ok = [false; 2];
+                self.reset();
+                self.st.tid = tid;
                 Ok(Decoded::Nothing)
             }
             tag::END => Ok(Decoded::End(self.time(&mut c)?)),

@@ -13,8 +13,14 @@
 
 use crate::wire::{Cur, RecordError, mask, put_varint, tag};
 
-/// Number of streams in a columnar frame: the records, then 4 timing streams per class.
-pub const STREAMS: usize = 9;
+/// Number of streams in a columnar frame: the records, 4 timing streams per class, then
+/// (format v4) the torch stream: the payloads of `TorchRun` records, stored uncompressed
+/// (they are coded already).
+pub const STREAMS: usize = 10;
+/// Streams of a version 2 or 3 columnar frame (no torch stream).
+pub const STREAMS_V2: usize = 9;
+/// The torch stream's index.
+pub const TORCH_STREAM: usize = 9;
 
 /// Timing stream index of (class, field): class 0 = Alloc/AllocReuse, 1 = Free/FreeRef;
 /// field 0 = gap low byte, 1 = gap high varint, 2 = latency low byte, 3 = latency high varint.
@@ -105,6 +111,13 @@ impl Columns {
             else {
                 return false;
             };
+            if t == tag::TORCH_RUN {
+                // The header stays in the records, the coded events go to the torch stream.
+                self.s[0].extend_from_slice(&raw[start..body]);
+                self.s[TORCH_STREAM].extend_from_slice(&raw[body..end]);
+                c.p = end;
+                continue;
+            }
             if !is_memop(t) {
                 self.s[0].extend_from_slice(&raw[start..end]);
                 c.p = end;

@@ -6,9 +6,11 @@ use std::io::{self, BufReader, Read};
 use std::path::Path;
 
 use crate::codec::{Decoded, RecordDecoder};
-use crate::columns::{STREAMS, TimeCursor, is_memop};
+use crate::columns::{STREAMS, STREAMS_V2, TORCH_STREAM, TimeCursor, is_memop};
 use crate::event::{Event, Header, MemOp};
-use crate::header::{COLUMNAR_SINCE, FORMAT_VERSION, MAGIC, MAX_HEADER, decode_header};
+use crate::header::{
+    COLUMNAR_SINCE, FORMAT_VERSION, MAGIC, MAX_HEADER, TORCH_RUN_SINCE, decode_header,
+};
 use crate::wire::{Cur, RecordError, tag};
 use crate::writer::{
     FRAME_HEADER_LEN, FRAME_MAGIC, FRAME_MAGIC_COLUMNAR, MAX_FRAME_COMPRESSED, MAX_FRAME_RAW,
@@ -195,6 +197,11 @@ pub struct TraceReader<R: Read> {
     /// The current frame is columnar; `tc` walks its timing streams.
     columnar: bool,
     tc: TimeCursor,
+    /// Inside a `TorchRun` record: its events' bytes are `raw[run_p..run_end]` (in the
+    /// record, or in a columnar frame's torch stream); `run_rec` is the record's offset.
+    run_p: usize,
+    run_end: usize,
+    run_rec: usize,
     version: u32,
     frame: Option<FrameInfo>,
     dec: RecordDecoder,
@@ -312,6 +319,9 @@ impl<R: Read> TraceReader<R> {
             rend: 0,
             columnar: false,
             tc: TimeCursor::default(),
+            run_p: 0,
+            run_end: 0,
+            run_rec: 0,
             version,
             frame: None,
             dec: RecordDecoder::default(),
@@ -364,8 +374,8 @@ impl<R: Read> TraceReader<R> {
     #[inline]
     pub fn next_into(&mut self, out: &mut Event) -> Result<bool, DecodeError> {
         loop {
-            if self.rp < self.rend {
-                let at = self.rp;
+            if self.rp < self.rend || self.run_p < self.run_end {
+                let at = self.record_offset();
                 match self.record(out) {
                     Ok(true) => {
                         self.events += 1;
@@ -374,6 +384,7 @@ impl<R: Read> TraceReader<R> {
                     Ok(false) => continue,
                     Err(e) => {
                         self.rp = self.rend;
+                        self.run_end = 0;
                         return Err(DecodeError {
                             offset: self.frame.map(|f| f.offset).unwrap_or(0),
                             record_offset: Some(at as u64),
@@ -389,9 +400,27 @@ impl<R: Read> TraceReader<R> {
         }
     }
 
-    /// Decodes one record at `rp`. Ok(true) = event in `out`.
+    /// Where the next record (or the run it continues) starts, for errors.
+    #[inline]
+    fn record_offset(&self) -> usize {
+        if self.run_p < self.run_end {
+            self.run_rec
+        } else {
+            self.rp
+        }
+    }
+
+    /// Decodes one record at `rp` (or the next event of the open `TorchRun`). Ok(true) =
+    /// event in `out`.
     #[inline]
     fn record(&mut self, out: &mut Event) -> Result<bool, RecordError> {
+        if self.run_p < self.run_end {
+            let mut c = Cur::new(&self.raw[..self.run_end]);
+            c.p = self.run_p;
+            self.dec.torch_run_event(&mut c, out)?;
+            self.run_p = c.p;
+            return Ok(true);
+        }
         let raw = &self.raw[self.rp..self.rend];
         let tag = raw[0];
         if self.columnar && is_memop(tag) {
@@ -408,13 +437,42 @@ impl<R: Read> TraceReader<R> {
             Some(_) => {
                 let mut c = Cur::new(&raw[1..]);
                 let l = c.varint()?;
-                if l > raw.len() as u64 {
+                // (A columnar frame's `TorchRun` has its payload in the torch stream.)
+                if l > raw.len() as u64 && !(self.columnar && tag == tag::TORCH_RUN) {
                     return Err(RecordError::Overrun);
                 }
                 (l as usize, 1 + c.p)
             }
             None => return Err(RecordError::Overrun),
         };
+        if tag == tag::TORCH_RUN {
+            // The run's events are decoded one per call from here on.
+            let (p, end) = if self.columnar {
+                let p = self.tc.pos[TORCH_STREAM];
+                let end = p.checked_add(len).ok_or(RecordError::ColumnOverrun)?;
+                if len > MAX_FRAME_RAW {
+                    return Err(RecordError::ColumnOverrun);
+                }
+                if end > self.tc.end[TORCH_STREAM] {
+                    return Err(RecordError::ColumnOverrun);
+                }
+                self.tc.pos[TORCH_STREAM] = end;
+                self.run_rec = self.rp;
+                self.rp += hl;
+                (p, end)
+            } else {
+                if hl + len > raw.len() {
+                    return Err(RecordError::Overrun);
+                }
+                let p = self.rp + hl;
+                self.run_rec = self.rp;
+                self.rp = p + len;
+                (p, p + len)
+            };
+            self.run_p = p;
+            self.run_end = end;
+            return Ok(false);
+        }
         let payload = raw.get(hl..hl + len).ok_or(RecordError::Overrun)?;
         let r = self.dec.decode(tag, payload, out)?;
         self.rp += hl + len;
@@ -433,6 +491,8 @@ impl<R: Read> TraceReader<R> {
         self.raw.clear();
         self.rp = 0;
         self.rend = 0;
+        self.run_p = 0;
+        self.run_end = 0;
         if self.truncation.is_none() {
             self.truncation = reason;
         }
@@ -444,6 +504,8 @@ impl<R: Read> TraceReader<R> {
         // `rp..rend` is ever read.
         self.rp = 0;
         self.rend = 0;
+        self.run_p = 0;
+        self.run_end = 0;
         let off = self.pos;
         let mut env = [0u8; FRAME_HEADER_LEN];
         let n = match read_full(&mut self.r, &mut env) {
@@ -567,17 +629,30 @@ impl<R: Read> TraceReader<R> {
     /// every stream as its own zstd frame, laid out back to back.
     fn load_columns(&mut self, clen: usize, rlen: usize) -> Result<(), String> {
         let body = &self.comp[..clen];
-        let dir_len = 1 + 8 * STREAMS;
-        if body.len() < dir_len || body[0] as usize != STREAMS {
+        // Version 4 added the torch stream; earlier frames have 9 streams.
+        let want = if self.version >= TORCH_RUN_SINCE {
+            STREAMS
+        } else {
+            STREAMS_V2
+        };
+        let count = body.first().map_or(0, |&c| c as usize);
+        if count != want && count != STREAMS_V2 {
             return Err(format!(
-                "columnar frame: bad stream directory (expected {STREAMS} streams)"
+                "columnar frame: bad stream directory ({count} streams; expected {want})"
+            ));
+        }
+        let dir_len = 1 + 8 * count;
+        if body.len() < dir_len {
+            return Err(format!(
+                "columnar frame: stream directory cut short ({} of {dir_len} bytes)",
+                body.len()
             ));
         }
         let le32 = |i: usize| {
             u32::from_le_bytes([body[i], body[i + 1], body[i + 2], body[i + 3]]) as usize
         };
         let (mut raw_sum, mut comp_sum) = (0usize, dir_len);
-        for i in 0..STREAMS {
+        for i in 0..count {
             raw_sum += le32(1 + 8 * i);
             comp_sum += le32(5 + 8 * i);
         }
@@ -593,7 +668,12 @@ impl<R: Read> TraceReader<R> {
         self.raw.resize(rlen, 0);
         let (mut rp, mut cp) = (0usize, dir_len);
         for i in 0..STREAMS {
-            let (r, c) = (le32(1 + 8 * i), le32(5 + 8 * i));
+            // A 9-stream frame's torch stream is empty.
+            let (r, c) = if i < count {
+                (le32(1 + 8 * i), le32(5 + 8 * i))
+            } else {
+                (0, 0)
+            };
             if r > 0 || c > 0 {
                 let k = self
                     .dctx
@@ -631,7 +711,7 @@ impl<R: Read> TraceReader<R> {
     /// decode loop. `Ok(false)` at the end of the trace; a recoverable error skips the rest of
     /// its frame, after the events before it were visited.
     pub fn visit_frame<V: Visitor>(&mut self, v: &mut V) -> Result<bool, DecodeError> {
-        while self.rp >= self.rend {
+        while self.rp >= self.rend && self.run_p >= self.run_end {
             match self.state {
                 State::Done => return Ok(false),
                 State::Frames => self.load_frame()?,
@@ -641,7 +721,7 @@ impl<R: Read> TraceReader<R> {
         let rend = self.rend;
         let mut n = 0u64;
         let r = 'records: loop {
-            if self.columnar {
+            if self.columnar && self.run_p >= self.run_end {
                 // A run of MemOp records: one cursor over the record stream, no re-slicing.
                 let (recs, raw) = (&self.raw[..rend], &self.raw[..]);
                 let mut c = Cur::new(recs);
@@ -664,10 +744,11 @@ impl<R: Read> TraceReader<R> {
                 }
                 rp = c.p;
             }
-            if rp >= rend {
+            if rp >= rend && self.run_p >= self.run_end {
                 break Ok(());
             }
             self.rp = rp;
+            let at = self.record_offset();
             let mut ev = std::mem::replace(&mut self.scratch, Event::Lost { t_ns: 0, count: 0 });
             match self.record(&mut ev) {
                 Ok(true) => {
@@ -679,7 +760,7 @@ impl<R: Read> TraceReader<R> {
                     }
                 }
                 Ok(false) => self.scratch = ev,
-                Err(e) => break Err((rp, e)),
+                Err(e) => break Err((at, e)),
             }
             rp = self.rp;
         };
@@ -691,6 +772,7 @@ impl<R: Read> TraceReader<R> {
             }
             Err((at, e)) => {
                 self.rp = self.rend;
+                self.run_end = 0;
                 Err(DecodeError {
                     offset: self.frame.map(|f| f.offset).unwrap_or(0),
                     record_offset: Some(at as u64),

@@ -42,6 +42,10 @@ pub mod tag {
     /// the context's previous one ([`super::torch_head`]); written instead of `TORCH` since
     /// format version 3.
     pub const TORCH_DELTA: u8 = 24;
+    /// A run of PyTorch allocator events (`Event::Torch`) coded against the context's model
+    /// of the events before them (`crate::torch_run`); written instead of `TORCH_DELTA` since
+    /// format version 4. In a columnar frame its payload is in the torch stream.
+    pub const TORCH_RUN: u8 = 25;
 }
 
 /// Head byte of a `TORCH_DELTA` record: the action in the low 3 bits (7: an action byte

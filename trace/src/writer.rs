@@ -3,7 +3,7 @@
 use std::io::{self, Write};
 
 use crate::codec::{RecordEncoder, RecordStats};
-use crate::columns::{Columns, STREAMS};
+use crate::columns::{Columns, STREAMS, TORCH_STREAM};
 use crate::event::{Event, Header};
 use crate::header::encode_preamble;
 
@@ -222,6 +222,37 @@ impl<W: Write> TraceWriter<W> {
         Ok(())
     }
 
+    /// [`TraceWriter::write_records`] of everything `enc` encoded (which started with
+    /// `begin(tid)`): also tells the writer how much of it is `TorchRun` payload, which it
+    /// stores as it is instead of compressing it.
+    pub fn write_encoded(&mut self, enc: &RecordEncoder) -> io::Result<()> {
+        self.check_open()?;
+        let bytes = enc.bytes();
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        if bytes.len() > MAX_FRAME_RAW {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "record buffer larger than the maximum frame",
+            ));
+        }
+        if self.enc.len() + bytes.len() > MAX_FRAME_RAW {
+            self.flush_frame()?;
+        }
+        let stats = enc.stats();
+        self.enc.append_encoded(enc);
+        self.has_records = true;
+        self.dirty = true;
+        if stats.records > 0 && stats.t_max >= stats.t_min {
+            self.last_t = self.last_t.max(stats.t_max);
+        }
+        if self.enc.len() >= self.frame_target {
+            self.flush_frame()?;
+        }
+        Ok(())
+    }
+
     /// Compresses the open frame (if it holds any record), writes it, and flushes `W`.
     pub fn flush_frame(&mut self) -> io::Result<()> {
         if self.has_records {
@@ -247,17 +278,25 @@ impl<W: Write> TraceWriter<W> {
                 self.comp.set_compression_level(level)?;
                 self.comp_level = level;
             }
-            let compare = self.layout == FrameLayout::Auto && mid && self.mid_recheck == 0;
+            // Frames mostly of coded PyTorch allocator events (`TorchRun` payloads) are
+            // columnar whatever their size: the payloads go to the torch stream, stored as
+            // they are, and zstd sees only the rest. No comparison of both layouts for them
+            // (the row layout would compress what is coded already).
+            let torchy = self.layout == FrameLayout::Auto
+                && raw.len() >= STORE_BELOW
+                && self.enc.torch_bytes() * 2 >= raw.len();
+            let compare =
+                self.layout == FrameLayout::Auto && mid && !torchy && self.mid_recheck == 0;
             let try_columns = match self.layout {
                 FrameLayout::Rows => false,
                 FrameLayout::Columnar => true,
                 FrameLayout::Auto => {
-                    raw.len() >= COLUMNAR_MIN && (compare || !mid || !self.mid_rows)
+                    torchy || raw.len() >= COLUMNAR_MIN && (compare || !mid || !self.mid_rows)
                 }
             };
             // Columns take up to one byte more per MemOp than rows: a frame near the raw cap
-            // goes out as rows. In Auto, a frame without MemOps too: its columns are the
-            // records plus a directory.
+            // goes out as rows. In Auto, a frame without MemOps or torch runs too: its
+            // columns are the records plus a directory.
             let mut magic = if try_columns
                 && self.cols.split(raw)
                 && self.cols.s.iter().map(|s| s.len()).sum::<usize>() <= MAX_FRAME_RAW
@@ -270,7 +309,11 @@ impl<W: Write> TraceWriter<W> {
                 self.comp_buf[0] = STREAMS as u8;
                 for (i, st) in self.cols.s.iter().enumerate() {
                     let at = self.comp_buf.len();
-                    if !st.is_empty() {
+                    if i == TORCH_STREAM {
+                        if !st.is_empty() {
+                            store_any(st, &mut self.comp_buf);
+                        }
+                    } else if !st.is_empty() {
                         compress_append(&mut self.comp, st, &mut self.comp_buf, store)?;
                     }
                     let n = self.comp_buf.len() - at;
@@ -286,7 +329,7 @@ impl<W: Write> TraceWriter<W> {
             // Mid-size frames (a slow job between flushes): per-stream zstd overhead can
             // outweigh the gain. Now and then compress both ways, keep the smaller, and
             // follow that choice until the next comparison.
-            if self.layout == FrameLayout::Auto && mid {
+            if self.layout == FrameLayout::Auto && mid && !torchy {
                 if compare && magic == FRAME_MAGIC_COLUMNAR {
                     self.row_buf.clear();
                     compress_append(&mut self.comp, raw, &mut self.row_buf, store)?;
@@ -429,9 +472,78 @@ pub(crate) fn store_append(src: &[u8], dst: &mut Vec<u8>) -> usize {
     dst.len() - at
 }
 
+/// Largest block of a zstd frame (RFC 8878, 3.1.1.2.4: Block_Maximum_Size).
+const ZSTD_BLOCK_MAX: usize = 128 << 10;
+
+/// Appends `src` (any length up to 4 GiB) as one zstd frame that stores it uncompressed:
+/// [`store_append`]'s frame with a 1-, 2- or 4-byte content size and as many Raw blocks of at
+/// most 128 KiB as it takes. For bytes coded already (the torch stream): what a zstd call
+/// would cost ~36 instructions a byte for, this costs a copy and the checksum.
+pub(crate) fn store_any(src: &[u8], dst: &mut Vec<u8>) -> usize {
+    if src.len() < 256 {
+        return store_append(src, dst);
+    }
+    let at = dst.len();
+    dst.extend_from_slice(&ZSTD_MAGIC);
+    let n = src.len();
+    if n < 256 + 65536 {
+        // FCS_Field_Size 1 (2 bytes, the size minus 256), Single_Segment, Content_Checksum.
+        dst.push(0b0110_0100);
+        dst.extend_from_slice(&((n - 256) as u16).to_le_bytes());
+    } else {
+        // FCS_Field_Size 2 (4 bytes).
+        dst.push(0b1010_0100);
+        dst.extend_from_slice(&(n as u32).to_le_bytes());
+    }
+    let mut chunks = src.chunks(ZSTD_BLOCK_MAX).peekable();
+    while let Some(c) = chunks.next() {
+        let last = chunks.peek().is_none() as u32;
+        let bh = last | (c.len() as u32) << 3;
+        dst.extend_from_slice(&bh.to_le_bytes()[..3]);
+        dst.extend_from_slice(c);
+    }
+    let sum = twox_hash::XxHash64::oneshot(0, src) as u32;
+    dst.extend_from_slice(&sum.to_le_bytes());
+    dst.len() - at
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Stored frames of every size class decode with zstd to their bytes (one block, several
+    /// blocks, each content-size width).
+    #[test]
+    fn stored_frames_of_any_size_decode_with_zstd() {
+        for n in [
+            0usize,
+            1,
+            255,
+            256,
+            257,
+            1000,
+            65791,
+            65792,
+            131071,
+            131072,
+            131073,
+            400_000,
+            1 << 20,
+        ] {
+            let src: Vec<u8> = (0..n).map(|i| (i * 131 + n / 7) as u8).collect();
+            let mut f = vec![0x55];
+            let len = store_any(&src, &mut f);
+            assert_eq!(len, f.len() - 1);
+            let out = zstd::bulk::decompress(&f[1..], n.max(1)).unwrap();
+            assert_eq!(out, src, "length {n}");
+            if n > 0 {
+                let mut bad = f.clone();
+                let last = bad.len() - 5;
+                bad[last] ^= 1;
+                assert!(zstd::bulk::decompress(&bad[1..], n).is_err(), "length {n}");
+            }
+        }
+    }
 
     /// A stored frame is a zstd frame: zstd decodes it to the bytes, for every length a
     /// stored frame can have (empty included).

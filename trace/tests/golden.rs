@@ -1,13 +1,17 @@
 //! Golden files: the fixture trace (every event kind up to `Device`, tag 16; several frames) as
 //! written by format v1 (`tests/golden/small.vramtrace`, row frames) must keep decoding to
 //! `small.txt`, and as written by format v2 (`small-v2.vramtrace`, columnar frames) to
-//! `small-v2.txt`; as written by today's writer (`small-v3.vramtrace`) it must decode to
-//! `small-v3.txt` and today's writer must still produce it byte for byte. The records that
-//! fixture predates (tags 19-24: PyTorch allocator events as `TorchDelta` records, Python
-//! stacks, pool statistics) are in a second fixture, `tensors-v3.vramtrace` / `.txt`, held to
-//! the same rules. Regenerate the v3 files deliberately with `VRAMSHIM_BLESS=1 cargo test -p
-//! vramshim-trace --test golden` (a format change also needs a new FORMAT_VERSION and
-//! docs/trace-format.md). The v1 and v2 pairs are frozen: no writer produces them any more.
+//! `small-v2.txt`, and as written by format v3 (`small-v3.vramtrace`) to `small-v3.txt`; as
+//! written by today's writer (`small-v4.vramtrace`) it must decode to `small-v4.txt` and
+//! today's writer must still produce it byte for byte. The records that fixture predates
+//! (tags 19-25: PyTorch allocator events, Python stacks, pool statistics) are in a second
+//! fixture: as format v3 wrote it (`TorchDelta` records), `tensors-v3.vramtrace` / `.txt`,
+//! frozen; as today's writer writes it (`TorchRun` records, with a frame of repeating steps
+//! that exercises every form of their events), `tensors-v4.vramtrace` / `.txt`, held to the
+//! same rules as `small-v4`. Regenerate the v4 files deliberately with `VRAMSHIM_BLESS=1 cargo
+//! test -p vramshim-trace --test golden` (a format change also needs a new FORMAT_VERSION and
+//! docs/trace-format.md). The v1, v2 and v3 files are frozen: no writer produces them any
+//! more.
 
 mod common;
 
@@ -49,10 +53,17 @@ fn golden_v2_still_decodes() {
 }
 
 #[test]
+fn golden_v3_still_decodes() {
+    let bin = dir().join("small-v3.vramtrace");
+    let want_txt = std::fs::read_to_string(dir().join("small-v3.txt")).unwrap();
+    assert_eq!(dump(&bin), want_txt, "decoding the v3 golden file changed");
+}
+
+#[test]
 fn golden_small_trace() {
     let (_, _, bytes) = small_trace();
-    let bin = dir().join("small-v3.vramtrace");
-    let txt = dir().join("small-v3.txt");
+    let bin = dir().join("small-v4.vramtrace");
+    let txt = dir().join("small-v4.txt");
     if std::env::var_os("VRAMSHIM_BLESS").is_some() {
         std::fs::write(&bin, &bytes).unwrap();
         std::fs::write(&txt, dump(&bin)).unwrap();
@@ -73,6 +84,7 @@ fn golden_events_match_fixture() {
         ("small.vramtrace", 1),
         ("small-v2.vramtrace", 2),
         ("small-v3.vramtrace", 3),
+        ("small-v4.vramtrace", 4),
     ] {
         let (h2, got, errs, trunc) = read_all(&std::fs::read(dir().join(file)).unwrap()).unwrap();
         assert_eq!(h2.format_version, version, "{file}");
@@ -91,8 +103,12 @@ fn golden_events_match_fixture() {
 }
 
 #[test]
-fn golden_v2_and_v3_have_columnar_and_row_frames() {
-    for f in ["small-v2.vramtrace", "small-v3.vramtrace"] {
+fn golden_v2_to_v4_have_columnar_and_row_frames() {
+    for f in [
+        "small-v2.vramtrace",
+        "small-v3.vramtrace",
+        "small-v4.vramtrace",
+    ] {
         let b = std::fs::read(dir().join(f)).unwrap();
         let count = |m: &[u8]| b.windows(4).filter(|w| *w == m).count();
         assert!(count(b"VRFC") >= 2, "too few columnar frames in {f}");
@@ -108,7 +124,7 @@ fn smallest_trace_matches_the_worked_example() {
         .finish()
         .unwrap();
     assert_eq!(&b[..14], b"\x89VRAMTRACE\r\n\x1a\n");
-    assert_eq!(&b[14..22], &[3, 0, 0, 0, 8, 0, 0, 0]);
+    assert_eq!(&b[14..22], &[4, 0, 0, 0, 8, 0, 0, 0]);
     assert_eq!(&b[22..30], &[0; 8]);
     assert_eq!(&b[30..34], b"VRFR");
     assert_eq!(&b[38..46], &[6, 0, 0, 0, 2, 0, 0, 0]);
@@ -293,10 +309,84 @@ fn tensor_frames() -> Vec<Vec<Event>> {
     vec![first, ev, last]
 }
 
+/// The tensor fixture as format v4 holds it: the v3 fixture's frames, then a frame of three
+/// repeating training steps on two threads' contexts (predicted events, places found in the
+/// rings, every time form; `run_frame`).
+fn tensor_frames_v4() -> Vec<Vec<Event>> {
+    let mut f = tensor_frames();
+    f.insert(f.len() - 1, run_frame());
+    f
+}
+
+/// Three steps of a training loop: each allocates blocks of a repeating sequence of sizes
+/// (with stacks), frees them in another order and allocates some again at the addresses it
+/// freed; the gaps take one to three bytes and, once, a varint (a gap past 2^24 ns, then one
+/// going backward); a second thread's events in between.
+fn run_frame() -> Vec<Event> {
+    let seg = 0x7f10_0000_0000u64;
+    let mut t = 9_000_000_000u64;
+    let mut ev = Vec::new();
+    let torch = |t: u64, tid: u32, action: u8, addr: u64, size: u64, stack: u32| {
+        Event::Torch(TorchOp {
+            t_ns: t,
+            tid,
+            action,
+            device: 0,
+            addr,
+            size,
+            stream: 0,
+            segment: seg,
+            stack,
+        })
+    };
+    for step in 0..3u64 {
+        let base = seg + step * 0x10_0000;
+        for i in 0..6u64 {
+            t += [40, 700, 90_000, 3_000][(i % 4) as usize];
+            ev.push(torch(
+                t,
+                11,
+                0,
+                base + i * 0x4000,
+                512 << i,
+                1 + i as u32 % 2,
+            ));
+        }
+        for i in [3u64, 1, 5, 0] {
+            t += 200;
+            ev.push(torch(t, 11, 2, base + i * 0x4000, 512 << i, 0));
+        }
+        for i in [0u64, 5] {
+            t += 300;
+            ev.push(torch(t, 11, 0, base + i * 0x4000, 512 << i, 3));
+        }
+        t += 2_000;
+        ev.push(torch(t, 12, 0, base + 0x8_0000, 1 << 20, 0));
+        t += 100;
+        ev.push(torch(t, 11, 2, base + 0x4000 * 2, 512 << 2, 0));
+    }
+    t += 1 << 25;
+    ev.push(torch(t, 11, 0, seg + 0x40_0000, 256, 0));
+    ev.push(torch(t - 10, 11, 2, seg + 0x40_0000, 256, 0));
+    // Blocks of another segment, then of this one again (the second most recent), twice.
+    let other = seg + (64 << 20);
+    for i in 0..2u64 {
+        t += 50;
+        let mut e = torch(t, 11, 0, other + 512 * i, 512, 0);
+        if let Event::Torch(op) = &mut e {
+            op.segment = other;
+        }
+        ev.push(e);
+        t += 50;
+        ev.push(torch(t, 11, 0, seg + 0x50_0000 + 512 * i, 512, 0));
+    }
+    ev
+}
+
 /// The tensor fixture written: columnar frames, then rows.
 fn tensor_trace() -> Vec<u8> {
     let mut w = TraceWriter::new(Vec::new(), &sample_header()).unwrap();
-    let frames = tensor_frames();
+    let frames = tensor_frames_v4();
     for (i, f) in frames.iter().enumerate() {
         w.set_layout(if i + 1 < frames.len() {
             FrameLayout::Columnar
@@ -311,15 +401,32 @@ fn tensor_trace() -> Vec<u8> {
     w.finish().unwrap()
 }
 
-/// Today's writer produces `tensors-v3.vramtrace` byte for byte (so a change to the
-/// `TorchDelta` layout, or to another record the small fixture lacks, cannot pass
-/// unnoticed); it decodes to `tensors-v3.txt` and to the fixture's events. Regenerate it
+/// The tensor fixture as format v3 wrote it (`TorchDelta` records) still decodes: to its text
+/// and to the fixture's events.
+#[test]
+fn golden_tensor_v3_still_decodes() {
+    let bin = dir().join("tensors-v3.vramtrace");
+    let want_txt = std::fs::read_to_string(dir().join("tensors-v3.txt")).unwrap();
+    assert_eq!(
+        dump(&bin),
+        want_txt,
+        "decoding the v3 tensor golden file changed"
+    );
+    let (h, got, errs, trunc) = read_all(&std::fs::read(&bin).unwrap()).unwrap();
+    assert_eq!(h.format_version, 3);
+    assert_eq!(got, tensor_frames().concat());
+    assert!(errs.is_empty() && trunc.is_none(), "{errs:?} {trunc:?}");
+}
+
+/// Today's writer produces `tensors-v4.vramtrace` byte for byte (so a change to the
+/// `TorchRun` coding, or to another record the small fixture lacks, cannot pass
+/// unnoticed); it decodes to `tensors-v4.txt` and to the fixture's events. Regenerate it
 /// deliberately with `VRAMSHIM_BLESS=1` (see the top of this file).
 #[test]
 fn golden_tensor_trace() {
     let bytes = tensor_trace();
-    let bin = dir().join("tensors-v3.vramtrace");
-    let txt = dir().join("tensors-v3.txt");
+    let bin = dir().join("tensors-v4.vramtrace");
+    let txt = dir().join("tensors-v4.txt");
     if std::env::var_os("VRAMSHIM_BLESS").is_some() {
         std::fs::write(&bin, &bytes).unwrap();
         std::fs::write(&txt, dump(&bin)).unwrap();
@@ -335,7 +442,7 @@ fn golden_tensor_trace() {
     assert_eq!(h, sample_header());
     assert_eq!(
         got,
-        tensor_frames().concat(),
+        tensor_frames_v4().concat(),
         "the tensor golden file's events"
     );
     assert!(errs.is_empty() && trunc.is_none(), "{errs:?} {trunc:?}");
@@ -349,34 +456,53 @@ fn golden_tensor_trace() {
     );
 }
 
-/// The tensor fixture's frame of PyTorch events, as the writer's encoder makes its records
-/// (one context from its start: a frame's records begin with a `Context`), holds every form
-/// it means to pin.
+/// The tensor fixture's frames of PyTorch events, as the writer's encoder makes their
+/// records (one context per frame, as a frame's records begin with a `Context`), hold every
+/// form of a `TorchRun` event they mean to pin: predicted and explicit, a place found in the
+/// ring and an explicit one in each recent segment or a new one, every time form, a changed
+/// thread, device and stream, a stack, an escaped action; and a `Torch` record for what a
+/// `TorchRun` cannot hold, among MemOps.
 #[test]
 fn tensor_fixture_holds_every_torch_record_form() {
-    let frame = &tensor_frames()[1];
-    let mut enc = RecordEncoder::new();
-    enc.begin(0);
-    for e in frame {
-        enc.push(e);
-    }
-    // Row records: tag, one length byte (these payloads are under 128 bytes), payload.
-    let (b, mut at, mut heads, mut tags) = (enc.bytes(), 0, Vec::new(), Vec::new());
-    while at < b.len() {
-        let (t, len) = (b[at], b[at + 1] as usize);
-        assert!(len < 0x80);
-        if t == tag::TORCH_DELTA {
-            heads.push(b[at + 2]);
+    let frames = tensor_frames_v4();
+    let (mut ctrls, mut heads, mut tags) = (Vec::new(), Vec::new(), Vec::new());
+    for frame in [&frames[1], &frames[2]] {
+        let mut enc = RecordEncoder::new();
+        enc.begin(0);
+        for e in frame {
+            enc.push(e);
         }
-        tags.push(t);
-        at += 2 + len;
+        let b = enc.bytes();
+        let mut at = 0;
+        // The runs' events of the context, in order (its model runs on through them).
+        let mut runs = Vec::new();
+        while at < b.len() {
+            let t = b[at];
+            tags.push(t);
+            if t == tag::TORCH_RUN {
+                let len = b[at + 1] as usize & 0x7f
+                    | (b[at + 2] as usize & 0x7f) << 7
+                    | (b[at + 3] as usize) << 14;
+                runs.extend_from_slice(&b[at + 4..at + 4 + len]);
+                at += 4 + len;
+            } else {
+                let len = b[at + 1] as usize;
+                assert!(len < 0x80);
+                at += 2 + len;
+            }
+        }
+        ctrls.extend(run_controls(&runs, &mut heads));
     }
+    let explicit = |c: &u8| c & 0x04 != 0;
+    assert!(ctrls.iter().any(explicit) && !ctrls.iter().all(explicit));
+    for tf in 0..4u8 {
+        assert!(ctrls.iter().any(|c| c & 3 == tf), "no time form {tf}");
+    }
+    assert!(ctrls.iter().any(|c| c >> 3 < 28), "no place from a ring");
     for k in 0..4u8 {
         assert!(
-            heads
-                .iter()
-                .any(|h| (h & torch_head::SEGMENT_MASK) >> torch_head::SEGMENT_SHIFT == k),
-            "no TorchDelta with segment reference {k}: {heads:x?}"
+            ctrls.iter().any(|c| c >> 3 == 28 + k),
+            "no explicit place in recent segment {k}"
         );
     }
     for (bit, what) in [
@@ -384,22 +510,33 @@ fn tensor_fixture_holds_every_torch_record_form() {
         (torch_head::PLACE, "device and stream"),
         (torch_head::STACK, "stack"),
     ] {
-        assert!(
-            heads.iter().any(|h| h & bit != 0),
-            "no TorchDelta with a {what}"
-        );
+        assert!(heads.iter().any(|h| h & bit != 0), "no event with a {what}");
         assert!(
             heads.iter().any(|h| h & bit == 0),
-            "every TorchDelta with a {what}"
+            "every event with a {what}"
         );
     }
     assert!(
         heads
             .iter()
             .any(|h| h & torch_head::ACTION_ESCAPE == torch_head::ACTION_ESCAPE),
-        "no TorchDelta with an escaped action"
+        "no event with an escaped action"
     );
-    for t in [tag::TORCH, tag::ALLOC, tag::FREE_REF] {
+    for t in [tag::TORCH, tag::ALLOC, tag::FREE_REF, tag::TORCH_RUN] {
         assert!(tags.contains(&t), "no record with tag {t}: {tags:?}");
     }
+}
+
+/// The control bytes (and the head bytes of explicit events) of a context's run events.
+fn run_controls(run: &[u8], heads: &mut Vec<u8>) -> Vec<u8> {
+    vramshim_trace::codec::torch_run_layout(run)
+        .expect("the run decodes")
+        .into_iter()
+        .map(|(ctrl, head)| {
+            if let Some(h) = head {
+                heads.push(h);
+            }
+            ctrl
+        })
+        .collect()
 }

@@ -321,8 +321,10 @@ fn edit_column(bytes: &[u8], k: usize, f: impl Fn(&mut Vec<u8>)) -> Vec<u8> {
     let body = &bytes[first + 32..first + 32 + clen];
     let le = |i: usize| u32::from_le_bytes(body[i..i + 4].try_into().unwrap()) as usize;
     let mut streams = Vec::new();
-    let mut at = 73;
-    for i in 0..9 {
+    // The directory: a stream count (9, or 10 with format v4's torch stream), then lengths.
+    let count = body[0] as usize;
+    let mut at = 1 + 8 * count;
+    for i in 0..count {
         let (r, c) = (le(1 + 8 * i), le(5 + 8 * i));
         let raw = if c == 0 {
             Vec::new()
@@ -333,7 +335,7 @@ fn edit_column(bytes: &[u8], k: usize, f: impl Fn(&mut Vec<u8>)) -> Vec<u8> {
         at += c;
     }
     f(&mut streams[k]);
-    let mut nb = vec![9u8];
+    let mut nb = vec![count as u8];
     let mut data = Vec::new();
     for s in &streams {
         let c = if s.is_empty() {

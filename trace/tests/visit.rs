@@ -103,11 +103,14 @@ fn edit_streams(bytes: &[u8], f: impl Fn(usize, usize, &mut Vec<u8>)) -> Vec<u8>
         }
         let body = &bytes[at + 32..end];
         let le = |i: usize| u32::from_le_bytes(body[i..i + 4].try_into().unwrap()) as usize;
-        let mut p = 73;
-        let mut nb = vec![9u8];
+        // The directory: a stream count (9, or 10 with format v4's torch stream), then
+        // (raw, compressed) lengths.
+        let count = body[0] as usize;
+        let mut p = 1 + 8 * count;
+        let mut nb = vec![count as u8];
         let mut data = Vec::new();
         let mut raw_total = 0;
-        for k in 0..9 {
+        for k in 0..count {
             let (r, c) = (le(1 + 8 * k), le(5 + 8 * k));
             let mut s = if c == 0 {
                 Vec::new()

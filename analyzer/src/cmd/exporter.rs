@@ -278,7 +278,12 @@ pub(crate) fn scrape(
     let mut group_cap = Family::new(
         "vramshim_process_group_cap_bytes",
         "gauge",
-        "The cap of the process's VRAMSHIM_SHARED group on the device (its members' total); absent outside a group or when the group is uncapped.",
+        "The cap of the process's VRAMSHIM_SHARED group on the device (its members' total); absent outside a group, when the group is uncapped, or when vramshim_process_group_cap_known is 0.",
+    );
+    let mut group_cap_known = Family::new(
+        "vramshim_process_group_cap_known",
+        "gauge",
+        "For a VRAMSHIM_SHARED member: 1 where its libvramshim.so publishes its group's cap, 0 where the library predates it (the group's cap is then unknown, not absent).",
     );
     let mut pool = Family::new(
         "vramshim_process_pool_reserved_bytes",
@@ -317,6 +322,9 @@ pub(crate) fn scrape(
             }
             if let Some(c) = d.group_cap {
                 group_cap.add(&dl, c);
+            }
+            if !p.identity.group.is_empty() {
+                group_cap_known.add(&dl, u64::from(p.group_cap_known()));
             }
             pool.add(&dl, d.pool_reserved);
             *gpus.entry(gpu).or_default() += d.used + d.pool_reserved;
@@ -367,6 +375,7 @@ pub(crate) fn scrape(
         &peak,
         &cap,
         &group_cap,
+        &group_cap_known,
         &pool,
         &refusals,
         &ooms,
@@ -555,6 +564,20 @@ mod tests {
         assert_eq!(
             value("vramshim_process_group_cap_bytes"),
             (4u64 << 30).to_string()
+        );
+        assert_eq!(value("vramshim_process_group_cap_known"), "1");
+        // The same member under a library that predates the group cap: no group cap series
+        // (neither its own cap nor a previous owner's value), and it says it does not know.
+        reg.set_flag(s, vramshim_region::registry::FLAG_GROUP_CAP, false);
+        let text = scrape(&reg_path, None, &dir.join("no-such-dir"));
+        assert!(
+            !text.contains("vramshim_process_group_cap_bytes{"),
+            "{text}"
+        );
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("vramshim_process_group_cap_known{") && l.ends_with(" 0")),
+            "{text}"
         );
         reg.unregister(s, me);
         let _ = std::fs::remove_dir_all(&dir);

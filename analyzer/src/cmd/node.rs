@@ -70,6 +70,14 @@ fn short_id(id: &str) -> &str {
     id.get(..12).unwrap_or(id)
 }
 
+/// A name a process chose (its command name, `VRAMSHIM_SHARED`, its cgroup's words) as a
+/// terminal line may show it: control characters (escape sequences, line breaks) as `?`.
+pub(crate) fn shown(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
+}
+
 fn opt_bytes(c: Option<u64>) -> String {
     c.map_or_else(|| "none".into(), human_bytes)
 }
@@ -78,7 +86,8 @@ fn opt_bytes(c: Option<u64>) -> String {
 pub(crate) fn render_text(path: &Path, procs: &Result<Vec<Registered>, String>) -> String {
     let procs = match procs {
         Ok(p) => p,
-        Err(e) => return format!("node registry: {e}\n"),
+        // The reason names the registry already ("node registry PATH ...").
+        Err(e) => return format!("{e}\n"),
     };
     let mut o = format!(
         "node registry {}  {} process{}\n",
@@ -131,9 +140,9 @@ pub(crate) fn render_text(path: &Path, procs: &Result<Vec<Registered>, String>) 
             o.push_str(&format!(
                 "    {:<8} {:<16} {:<16} {:<12} {:>12} {:>12} {:>12} {:>12} {:>8} {:>5} {}\n",
                 p.pid,
-                p.identity.cmd,
-                group,
-                container,
+                shown(&p.identity.cmd),
+                shown(group),
+                shown(container),
                 human_bytes(d.used),
                 human_bytes(d.peak),
                 opt_bytes(d.cap),
@@ -151,7 +160,7 @@ pub(crate) fn render_text(path: &Path, procs: &Result<Vec<Registered>, String>) 
     let idle: Vec<String> = procs
         .iter()
         .filter(|p| p.devices.is_empty())
-        .map(|p| format!("{} ({})", p.pid, p.identity.cmd))
+        .map(|p| format!("{} ({})", p.pid, shown(&p.identity.cmd)))
         .collect();
     if !idle.is_empty() {
         o.push_str(&format!("  no device memory yet: {}\n", idle.join(", ")));
@@ -162,23 +171,33 @@ pub(crate) fn render_text(path: &Path, procs: &Result<Vec<Registered>, String>) 
         by_group.entry(&p.identity.group).or_default().push(p);
     }
     for (g, members) in &by_group {
-        let mut per: BTreeMap<String, (u64, Option<u64>)> = BTreeMap::new();
+        // Per GPU: the members' use, and the group's cap as the members whose library
+        // publishes it say (None: none of them does; Some(None): uncapped). A member's own
+        // stricter cap is on its row: it is never the group's.
+        let mut per: BTreeMap<String, (u64, Option<Option<u64>>)> = BTreeMap::new();
         for p in members {
             for d in &p.devices {
                 let e = per.entry(gpu_name(d)).or_insert((0, None));
                 e.0 += d.used;
-                // The group's cap; a member's own stricter cap is on its row. (A registry
-                // written before the group's cap was published has only the member's.)
-                e.1 = e.1.max(d.group_cap.or(d.cap));
+                if p.group_cap_known() {
+                    e.1 = Some(e.1.flatten().max(d.group_cap));
+                }
             }
         }
         let gpus: Vec<String> = per
             .iter()
-            .map(|(gpu, (u, c))| format!("{gpu} {} of {}", human_bytes(*u), opt_bytes(*c)))
+            .map(|(gpu, (u, c))| {
+                let cap = c.map_or_else(
+                    || "an unknown cap (its members' libvramshim.so predates the group cap)".into(),
+                    opt_bytes,
+                );
+                format!("{gpu} {} of {cap}", human_bytes(*u))
+            })
             .collect();
         let pids: Vec<String> = members.iter().map(|p| p.pid.to_string()).collect();
         o.push_str(&format!(
-            "  group {g}: pids {}; {}\n",
+            "  group {}: pids {}; {}\n",
+            shown(g),
             pids.join(" "),
             if gpus.is_empty() {
                 "no device memory yet".to_string()
@@ -205,6 +224,7 @@ pub(crate) fn render_json(path: &Path, procs: &Result<Vec<Registered>, String>) 
                 "container": p.identity.container.id,
                 "pod_uid": p.identity.container.pod_uid,
                 "waiting": p.flags & FLAG_WAITING != 0,
+                "group_cap_known": p.group_cap_known(),
                 "refusals": p.refusals,
                 "ooms": p.ooms,
                 "devices": p.devices.iter().map(|d| json!({
@@ -228,43 +248,57 @@ mod tests {
     use vramshim_region::ProcessKey;
     use vramshim_region::registry::{DeviceRecord, Identity};
 
-    #[test]
-    fn renders_the_node_by_gpu_and_by_group() {
-        let dir = std::env::temp_dir().join(format!("vramshim-node-{}", std::process::id()));
+    /// A fresh registry in a directory of its own (`tag`), with this process registered in it
+    /// as `trainer` of group `job`: (directory, registry path, registry, key, slot).
+    fn trainer_in_job(
+        tag: &str,
+        container: registry::Container,
+    ) -> (
+        PathBuf,
+        PathBuf,
+        Registry,
+        ProcessKey,
+        registry::RegSlotIndex,
+    ) {
+        let dir = std::env::temp_dir().join(format!("vramshim-node-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("reg");
         let r = Registry::open_or_create(&path).unwrap();
         let me = ProcessKey::current().unwrap();
-        let s = r
-            .register(
-                me,
-                &Identity {
-                    uid: uid(),
-                    start_ticks: 1,
-                    cmd: "trainer".into(),
-                    group: "job".into(),
-                    container: registry::parse_cgroup(&format!(
-                        "0::/system.slice/docker-{}.scope",
-                        "ab".repeat(32)
-                    )),
-                },
-            )
-            .unwrap();
-        r.publish_device(
-            s,
-            0,
-            &DeviceRecord {
-                ordinal: 0,
-                uuid: Some(DeviceId([0x11; 16])),
-                // Its own 1 GiB binds inside the group's 4 GiB.
-                cap: Some(1 << 30),
-                group_cap: Some(4 << 30),
-                used: 800 << 20,
-                peak: 900 << 20,
-                pool_reserved: 0,
-            },
-        );
+        let id = Identity {
+            uid: uid(),
+            start_ticks: 1,
+            cmd: "trainer".into(),
+            group: "job".into(),
+            container,
+        };
+        let s = r.register(me, &id).unwrap();
+        (dir, path, r, me, s)
+    }
+
+    /// 800 MiB in use under its own 1 GiB cap, in a group of cap `group_cap`.
+    fn own_cap_1gib(group_cap: Option<u64>) -> DeviceRecord {
+        DeviceRecord {
+            ordinal: 0,
+            uuid: Some(DeviceId([0x11; 16])),
+            cap: Some(1 << 30),
+            group_cap,
+            used: 800 << 20,
+            peak: 900 << 20,
+            pool_reserved: 0,
+        }
+    }
+
+    #[test]
+    fn renders_the_node_by_gpu_and_by_group() {
+        let docker = registry::parse_cgroup(&format!(
+            "0::/system.slice/docker-{}.scope",
+            "ab".repeat(32)
+        ));
+        let (dir, path, r, me, s) = trainer_in_job("render", docker);
+        // Its own 1 GiB binds inside the group's 4 GiB.
+        r.publish_device(s, 0, &own_cap_1gib(Some(4 << 30)));
         r.set_flag(s, FLAG_WAITING, true);
         let procs = read(&path);
         let text = render_text(&path, &procs);
@@ -295,8 +329,65 @@ mod tests {
         assert!(read(&path).unwrap().is_empty());
         assert!(read(&dir.join("absent")).unwrap().is_empty());
         std::fs::write(dir.join("bad"), b"x").unwrap();
-        let e = read(&dir.join("bad")).unwrap_err();
+        let bad = read(&dir.join("bad"));
+        let e = bad.clone().unwrap_err();
         assert!(e.starts_with("node registry "), "{e}");
+        let text = render_text(&dir.join("bad"), &bad);
+        assert_eq!(
+            text,
+            format!("{e}\n"),
+            "said once, naming the registry once"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A member with its own 1 GiB cap in a group that leaves the GPU uncapped: the group's
+    /// line says the group is uncapped (the 1 GiB is the member's, on its row). A member whose
+    /// library predates the group cap says nothing of it: the group's cap reads as unknown,
+    /// not as its own cap nor as uncapped.
+    /// A process's own words (its command name, which it may set to anything, and its group)
+    /// reach the terminal without their control characters: no escape sequence is passed
+    /// through, no line is broken.
+    #[test]
+    fn names_reach_the_terminal_without_control_characters() {
+        let (dir, path, r, me, s) = trainer_in_job("names", Default::default());
+        let id = Identity {
+            uid: uid(),
+            start_ticks: 1,
+            cmd: "a\x1b]0;t\x07\n".into(),
+            group: "g\x1b[2J".into(),
+            container: Default::default(),
+        };
+        assert_eq!(r.register(me, &id), Some(s));
+        r.publish_device(s, 0, &own_cap_1gib(None));
+        let text = render_text(&path, &read(&path));
+        assert!(!text.contains('\x1b') && !text.contains('\x07'), "{text:?}");
+        assert!(text.contains("a?]0;t??"), "{text:?}");
+        assert!(text.contains("group g?[2J: pids"), "{text:?}");
+        // Rows and group lines only: a broken line would add one.
+        assert_eq!(text.lines().count(), 5, "{text:?}");
+        r.unregister(s, me);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_members_own_cap_is_not_its_groups() {
+        let (dir, path, r, me, s) = trainer_in_job("group-cap", Default::default());
+        r.publish_device(s, 0, &own_cap_1gib(None));
+        let text = render_text(&path, &read(&path));
+        assert!(text.contains("800 MiB of none"), "{text}");
+        assert!(!text.contains("of 1 GiB"), "{text}");
+        let j = render_json(&path, &read(&path));
+        assert_eq!(j["processes"][0]["group_cap_known"], true);
+        assert_eq!(j["processes"][0]["devices"][0]["group_cap"], Value::Null);
+        // The same record as an older library writes it.
+        r.set_flag(s, registry::FLAG_GROUP_CAP, false);
+        let text = render_text(&path, &read(&path));
+        assert!(text.contains("800 MiB of an unknown cap"), "{text}");
+        assert!(!text.contains("of 1 GiB"), "{text}");
+        let j = render_json(&path, &read(&path));
+        assert_eq!(j["processes"][0]["group_cap_known"], false);
+        r.unregister(s, me);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

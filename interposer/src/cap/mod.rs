@@ -54,7 +54,8 @@ use vramshim_trace::Api;
 
 pub(crate) use config::{ContextMode, Fault, Settings};
 pub(crate) use pages::{
-    charge_pool_page, charges_pool_pages, clear_pool_refusal, take_pool_refusal, uncharge_pool_page,
+    charge_pool_page, charges_pool_pages, clear_pool_refusal, pool_headroom, take_pool_refusal,
+    uncharge_pool_page,
 };
 pub(crate) use trace_config::trace_config;
 

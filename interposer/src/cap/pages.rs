@@ -74,6 +74,14 @@ pub(crate) fn charge_pool_page(device: i32, bytes: u64, stream: u64) -> bool {
     }
 }
 
+/// Bytes the cap still lets the process take on `device` (None: no cap binds it there): the
+/// pool's `Device::room`, so that near the cap it takes the tightest layout.
+pub(crate) fn pool_headroom(device: i32) -> Option<u64> {
+    let c = global()?;
+    let limit = c.binding_limit(device)?;
+    Some(limit.saturating_sub(c.in_use(device)))
+}
+
 /// Gives back a page the pool released (or failed to create after its charge).
 pub(crate) fn uncharge_pool_page(device: i32, bytes: u64) {
     if let Some(c) = global() {

@@ -298,6 +298,17 @@ impl Device for CudaDevice {
         self.gran
     }
 
+    /// What the cap still allows (pages charged as created), or under the uncharged fault
+    /// what the process's capped total leaves; unknown without a cap (the device's own free
+    /// memory would cost a driver query on every new mapping).
+    fn room(&self) -> Option<u64> {
+        if self.charge {
+            (super::cap_view().headroom)(self.ordinal)
+        } else {
+            self.limit.map(|l| l.saturating_sub(self.held))
+        }
+    }
+
     fn reserve(&mut self, size: u64) -> Result<u64, DeviceError> {
         self.enter();
         self.calls.reserve += 1;

@@ -87,6 +87,8 @@ pub(crate) struct CapView {
     pub clear_refusal: fn(),
     /// What the process may see of a device's memory, given its real total.
     pub visible_total: fn(i32, u64) -> u64,
+    /// Bytes the cap still allows on a device (None: uncapped there).
+    pub headroom: fn(i32) -> Option<u64>,
 }
 
 static CAP_VIEW: Wired<CapView> = Wired::new(CapView {
@@ -95,6 +97,7 @@ static CAP_VIEW: Wired<CapView> = Wired::new(CapView {
     uncharge_pages: |_, _| {},
     clear_refusal: || {},
     visible_total: |_, total| total,
+    headroom: |_| None,
 });
 
 /// Wire in the cap (see [`CapView`]).
@@ -344,13 +347,33 @@ static ROUND_WATCH: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(u64::MAX)
 
 #[inline]
 fn publish_watch(d: usize, p: &DevicePool) {
-    // a program that never kept a free in a thread's cache never reads it
-    if p.tight
-        && tcache::used()
+    // a program that never kept a free in a thread's cache never reads it (that global
+    // test first: it is what a program of plain `cudaMalloc`/`cudaFree` pairs stops at)
+    if tcache::used()
+        && p.tight
         && let Some(w) = ROUND_WATCH.get(d)
     {
         w.store(p.policy.round_end_watch(), Ordering::Relaxed);
     }
+}
+
+/// The first free a thread cache kept (see `tcache::Kept::First`): until now no pool published
+/// its round watch (a program whose frees all reach the pool never reads it); publish every
+/// tight pool's now, then mark the caches used, so that this free is compared with it.
+#[cold]
+#[inline(never)]
+fn first_kept() {
+    with_pools(|pools| {
+        for (d, p) in pools.devs.iter().enumerate() {
+            if let Some(p) = p
+                && p.tight
+                && let Some(w) = ROUND_WATCH.get(d)
+            {
+                w.store(p.policy.round_end_watch(), Ordering::Relaxed);
+            }
+        }
+        tcache::set_used();
+    });
 }
 
 /// A free was kept by this thread's cache while the device's pool could end its round when
@@ -571,13 +594,16 @@ pub(crate) fn free(ptr: u64, stream: Option<u64>, pooled: Option<(i32, u64)>) ->
     if let (Some(s), Some((device, size))) = (stream, pooled)
         && (0..MAX_DEVICES as i32).contains(&device)
         && HAS_POOL.load(Ordering::Relaxed) & (1 << device) != 0
-        && tcache::put(tcache::Freed {
+        && let kept @ (tcache::Kept::Yes | tcache::Kept::First) = tcache::put(tcache::Freed {
             device,
             addr: ptr,
             size,
             stream: s,
         })
     {
+        if kept == tcache::Kept::First {
+            first_kept();
+        }
         let watch = ROUND_WATCH[device as usize].load(Ordering::Relaxed);
         if watch != u64::MAX {
             watch_round_end(device, watch);

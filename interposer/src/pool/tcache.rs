@@ -190,19 +190,32 @@ pub(crate) fn take(device: i32, size: u64, stream: u64) -> Option<u64> {
     })
 }
 
-/// Keep a block freed on pool stream `f.stream`. False: the cache is full (or off); the
-/// caller frees it into the pool.
+/// What [`put`] did with a freed block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kept {
+    /// Not kept (the cache is full, or off): the caller frees it into the pool.
+    No,
+    /// Kept.
+    Yes,
+    /// Kept, and no cache was known to keep frees before ([`used`] is still false): the
+    /// pool does not publish its round watch yet, so the caller publishes it and marks the
+    /// caches used ([`set_used`]) before it compares the bytes kept with the watch (else a
+    /// round that ends at this free would be missed).
+    First,
+}
+
+/// Keep a block freed on pool stream `f.stream` (see [`Kept`]).
 #[inline]
-pub(crate) fn put(f: Freed) -> bool {
+pub(crate) fn put(f: Freed) -> Kept {
     if !ON.load(Ordering::Relaxed) {
-        return false;
+        return Kept::No;
     }
     let Some(i) = mine() else {
-        return false;
+        return Kept::No;
     };
     CACHE[i].with(|(slots, n)| {
         if *n == SLOTS {
-            return false;
+            return Kept::No;
         }
         slots[*n] = f;
         *n += 1;
@@ -211,11 +224,13 @@ pub(crate) fn put(f: Freed) -> bool {
         let bit = 1u64 << i;
         if NONEMPTY.load(Ordering::Relaxed) & bit == 0 {
             NONEMPTY.fetch_or(bit, Ordering::AcqRel);
-            if !USED.load(Ordering::Relaxed) {
-                USED.store(true, Ordering::Relaxed);
+            // A cache is one thread's: its next put comes after this one's caller marked
+            // the caches used, so only the first put after a drain need ask.
+            if !USED.load(Ordering::Acquire) {
+                return Kept::First;
             }
         }
-        true
+        Kept::Yes
     })
 }
 
@@ -265,6 +280,12 @@ static USED: AtomicBool = AtomicBool::new(false);
 #[inline]
 pub(crate) fn used() -> bool {
     USED.load(Ordering::Relaxed)
+}
+
+/// A cache kept its first free ([`Kept::First`]); called with the pool lock held, after
+/// every pool's round watch was published.
+pub(crate) fn set_used() {
+    USED.store(true, Ordering::Release);
 }
 
 /// May any cache hold a free?

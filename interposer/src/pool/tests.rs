@@ -977,3 +977,70 @@ fn tight_live_pool_with_thread_caches_makes_the_models_driver_calls() {
         "tcache-no-round-end: the live pool still made the model's calls on every trace"
     );
 }
+
+/// The model of `tests/workloads/pool/round_end.c` (the tight pool on the accounting device,
+/// every free reaching it): its statistics after the last allocation, as the program prints
+/// them.
+fn round_end_model() -> String {
+    use vramshim_pool::{ANY_STREAM, AccountingDevice, FreeMode, MIB, Policy, Request};
+    let mut p = vramshim_pool::stitch::Stitch::tight();
+    let mut dev = AccountingDevice::new(80 << 30);
+    let anchor = p
+        .alloc(
+            &mut dev,
+            Request {
+                size: 256 << 10,
+                stream: ANY_STREAM,
+            },
+        )
+        .unwrap();
+    for i in 0..300u64 {
+        let size = (1 + i % 8) * MIB;
+        let a = p
+            .alloc(
+                &mut dev,
+                Request {
+                    size,
+                    stream: ANY_STREAM,
+                },
+            )
+            .unwrap();
+        p.free(&mut dev, a.addr, FreeMode::Sync).unwrap();
+    }
+    let (x, s) = (3 * MIB + 512, 7);
+    let a = p.alloc(&mut dev, Request { size: x, stream: s }).unwrap();
+    p.free(&mut dev, anchor.addr, FreeMode::Sync).unwrap();
+    p.free(&mut dev, a.addr, FreeMode::Async { stream: s })
+        .unwrap();
+    p.alloc(&mut dev, Request { size: x, stream: s }).unwrap();
+    let t = p.stats();
+    format!(
+        "round_end allocs={} frees={} cache_hits={} cached={} live={} reserved={} syncs={}",
+        t.allocs, t.frees, t.cache_hits, t.cached, t.live, t.reserved, t.syncs
+    )
+}
+
+/// A thread cache's first kept free can end the tight pool's round: 300 `cudaMalloc` /
+/// `cudaFree` pairs beside a block live throughout (no cache keeps those frees, and no round
+/// ends), then one block allocated stream-ordered, the long-lived one freed, the new one freed
+/// stream-ordered (the first free any cache keeps, with nothing else live: the round's end)
+/// and the same size again on that stream. The pool must end its round there as the model does (every free reaching it): same
+/// allocations, cache hits, cached, live and reserved bytes, synchronizations. Missed (the
+/// round watch unpublished at that free), the cache hands the block back itself and the pool
+/// counts one allocation fewer and keeps the old round's cache.
+#[test]
+fn a_round_that_ends_at_the_first_kept_free_ends_as_in_the_model() {
+    let exe = workload("round_end");
+    let o = run(&exe, &[], &[("VRAMSHIM_POOL", "stitch")], "pool-round-end");
+    assert_exit(&o, 0, "");
+    let line = o
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("round_end allocs="))
+        .unwrap_or_else(|| panic!("no statistics in {}", o.stdout));
+    assert_eq!(
+        line,
+        round_end_model(),
+        "live pool (left) against the model"
+    );
+}

@@ -55,6 +55,10 @@ fn tsc_mode() -> bool {
 /// Parameter sets kept: the newest is what `now_ns` uses; older ones convert the raw times
 /// of events still in buffers when a re-anchoring happened (`ToNs`).
 const SETS_KEPT: usize = 64;
+/// Reads of the newest set a reader tries before it does without (a read fails only when
+/// the reader was preempted through `SETS_KEPT - 1` re-anchorings; each try reads the new
+/// newest, so the second succeeds but under a pathological schedule).
+const LOOKUP_TRIES: u32 = 4;
 
 /// Conversion parameters, in `SETS_KEPT` sets (a reader uses the newest, or the one in force
 /// at its TSC; the writer of new parameters fills the oldest, never the one readers are on,
@@ -217,13 +221,32 @@ impl ToNs {
         self.lookup(raw)
     }
 
+    /// Finds the set for `raw`. A walk that reads no set at all lost the newest one to a
+    /// rewrite (this thread was preempted through `SETS_KEPT - 1` re-anchorings between
+    /// reading `GEN` and the set): walk again from the new newest, at most `LOOKUP_TRIES`
+    /// times (this can run on an application thread, which must never spin unboundedly),
+    /// then give the monotonic clock's now, the one time left that is on the trace's clock.
     #[inline(never)]
     fn lookup(&mut self, raw: u64) -> u64 {
+        for _ in 0..LOOKUP_TRIES {
+            if let Some(ns) = self.walk(raw) {
+                return ns;
+            }
+        }
+        self.p = None;
+        mono_ns()
+    }
+
+    /// One walk over the kept sets from the newest (None: not even the newest read whole).
+    fn walk(&mut self, raw: u64) -> Option<u64> {
         let g = GEN.load(Ordering::Acquire);
+        #[cfg(test)]
+        tests::rewrite_race();
         let mut found: Option<Snapshot> = None;
         let mut hi = u64::MAX;
         // The oldest slot may be refilled under us: leave it out.
         for k in 0..(SETS_KEPT as u64 - 1).min(g) {
+            // Unreadable: refilled since `GEN` was read, and so are all older ones.
             let Some(p) = read_set(g - k) else { break };
             if let Some(newer) = found {
                 hi = newer.base_tsc;
@@ -233,15 +256,12 @@ impl ToNs {
                 self.p = found;
                 self.lo = p.base_tsc;
                 self.hi = hi;
-                return convert(&p, raw);
+                return Some(convert(&p, raw));
             }
         }
-        // Older than every set kept (or none readable): the oldest found, backward.
+        // Older than every set still kept: the oldest found, backward.
         self.p = None;
-        match found {
-            Some(p) => convert(&p, raw),
-            None => now_ns(),
-        }
+        found.map(|p| convert(&p, raw))
     }
 }
 
@@ -264,13 +284,17 @@ impl Params {
     }
 }
 
+/// The seq of generation `generation`'s slot once it is written: generation `generation`
+/// (from 1) is its slot's `((generation - 1) / SETS_KEPT + 1)`-th fill, 2 per fill (odd
+/// while one is being written).
+fn filled_seq(generation: u64) -> u64 {
+    2 * ((generation.max(1) - 1) / SETS_KEPT as u64 + 1)
+}
+
 /// Set `generation`, if it is still that generation's (not refilled since) and calibrated.
 fn read_set(generation: u64) -> Option<Snapshot> {
     let (s1, snap, s2) = SETS[(generation % SETS_KEPT as u64) as usize].read();
-    // Each fill adds 2 to the slot's seq; generation `generation` (from 1) is its slot's
-    // ((generation - 1) / SETS_KEPT + 1)-th fill.
-    let fills = (generation - 1) / SETS_KEPT as u64 + 1;
-    (s1 == s2 && s1 == 2 * fills && snap.rate != 0).then_some(snap)
+    (s1 == s2 && s1 == filled_seq(generation) && snap.rate != 0).then_some(snap)
 }
 
 /// [`stamp`] converted at once (the re-anchoring falls to the caller when the writer has
@@ -336,25 +360,37 @@ fn convert(p: &Snapshot, tsc: u64) -> u64 {
     p.base_ns.wrapping_add(lin).wrapping_add(corr as u64)
 }
 
-/// The newest parameters (None before calibration).
+/// The newest parameters (None before calibration, or when `LOOKUP_TRIES` reads were each
+/// overtaken by a refill: the callers then read the monotonic clock itself).
 #[inline]
 fn snapshot() -> Option<Snapshot> {
-    loop {
+    for _ in 0..LOOKUP_TRIES {
         let g = GEN.load(Ordering::Acquire);
         let (s1, snap, s2) = SETS[(g % SETS_KEPT as u64) as usize].read();
         if s1 == s2 && s1.is_multiple_of(2) {
             return (snap.rate != 0).then_some(snap);
         }
-        // This set is being refilled: this reader was preempted for 3 re-anchorings.
+        // This set is being refilled: this reader was preempted for `SETS_KEPT - 1`
+        // re-anchorings.
         std::hint::spin_loop();
     }
+    None
 }
 
 fn publish(p: Snapshot) {
     let g = GEN.load(Ordering::Relaxed).wrapping_add(1);
+    fill(g, p);
+    GEN.store(g, Ordering::Release);
+    RATE.store(p.rate, Ordering::Relaxed);
+}
+
+/// Writes generation `g`'s set. Its seq comes from `g`, not from the slot's last seq: a child
+/// forked while its parent was in here (the slot half written, or written but `GEN` not yet
+/// moved) fills the same generation again, and must leave the seq [`read_set`] expects.
+fn fill(g: u64, p: Snapshot) {
     let s = &SETS[(g % SETS_KEPT as u64) as usize];
-    let seq = s.seq.load(Ordering::Relaxed);
-    s.seq.store(seq.wrapping_add(1), Ordering::Relaxed);
+    let seq = filled_seq(g);
+    s.seq.store(seq - 1, Ordering::Relaxed);
     fence(Ordering::Release);
     s.base_tsc.store(p.base_tsc, Ordering::Relaxed);
     s.base_ns.store(p.base_ns, Ordering::Relaxed);
@@ -362,9 +398,7 @@ fn publish(p: Snapshot) {
     s.corr.store(p.corr as u64, Ordering::Relaxed);
     s.corr_ticks.store(p.corr_ticks, Ordering::Relaxed);
     s.stale_ticks.store(p.stale_ticks, Ordering::Relaxed);
-    s.seq.store(seq.wrapping_add(2), Ordering::Release);
-    GEN.store(g, Ordering::Release);
-    RATE.store(p.rate, Ordering::Relaxed);
+    s.seq.store(seq, Ordering::Release);
 }
 
 /// A (tsc, monotonic ns) pair: the midpoint of two TSC reads around `clock_gettime`, the
@@ -518,21 +552,149 @@ fn calibrate() -> bool {
 }
 
 /// Forked child: a re-anchoring the parent's other threads had under way is never finished
-/// here; the parameters themselves stay valid (same TSC, same clock).
+/// here; the parameters themselves stay valid (same TSC, same clock). A set it left half
+/// written is the one after `GEN`'s, read by nobody until the child's own next re-anchoring
+/// fills it again ([`fill`]).
 pub(crate) fn on_fork_child() {
     RECALIBRATING.store(false, Ordering::Relaxed);
-    for s in &SETS {
-        let q = s.seq.load(Ordering::Relaxed);
-        if !q.is_multiple_of(2) {
-            // Torn mid-update (never the newest set): make it readable, it is not used.
-            s.seq.store(q.wrapping_add(1), Ordering::Relaxed);
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::cell::Cell;
+    use std::sync::Mutex;
+
+    /// The tests that rewrite the kept sets or time the clock, one at a time.
+    static SERIAL: Mutex<()> = Mutex::new(());
+
+    /// The TSC clock chosen, and this test alone on it (None: no usable TSC here, said once).
+    fn tsc_or_skip() -> Option<std::sync::MutexGuard<'static, ()>> {
+        let s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        init();
+        if name() != "tsc" {
+            eprintln!("no usable TSC here: the trace clock is clock_gettime itself");
+            return None;
+        }
+        Some(s)
+    }
+
+    /// Becomes the one thread that re-anchors (as `recalibrate` does, but waiting its turn).
+    fn hold_recalibration() {
+        while RECALIBRATING
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            std::thread::yield_now();
+        }
+    }
+
+    thread_local! {
+        /// Rewrite races to force on this thread's next walks (see [`rewrite_race`]).
+        static RACES: Cell<u32> = const { Cell::new(0) };
+        /// Walks this thread made.
+        static WALKS: Cell<u32> = const { Cell::new(0) };
+    }
+
+    /// The test hook at the top of [`ToNs::walk`], after it read `GEN`: where this thread has
+    /// races to force, every kept set is refilled (with the newest parameters again, so that
+    /// other threads' times do not move) before the walk reads any, as if this thread were
+    /// preempted through `SETS_KEPT` re-anchorings.
+    pub(super) fn rewrite_race() {
+        WALKS.with(|w| w.set(w.get() + 1));
+        let race = RACES.with(|r| {
+            let n = r.get();
+            r.set(n.saturating_sub(1));
+            n > 0
+        });
+        if !race {
+            return;
+        }
+        hold_recalibration();
+        if let Some(p) = snapshot() {
+            for _ in 0..SETS_KEPT {
+                publish(p);
+            }
+        }
+        RECALIBRATING.store(false, Ordering::Release);
+    }
+
+    /// A raw time taken now, with the monotonic clock read around it; then 20 ms pass, so that
+    /// a conversion that answers "now" instead lies far outside.
+    fn raw_then_wait() -> (u64, u64, u64) {
+        let a = mono_ns();
+        let r = now_raw();
+        let b = mono_ns();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        (a, r, b)
+    }
+
+    /// A conversion whose first walk finds every set rewritten under it walks again and
+    /// converts with the set in force: the time of the event, not the time of the conversion.
+    #[test]
+    fn a_lookup_overtaken_by_a_rewrite_walks_again() {
+        let Some(_s) = tsc_or_skip() else { return };
+        let (a, r, b) = raw_then_wait();
+        RACES.with(|x| x.set(1));
+        WALKS.with(|w| w.set(0));
+        let t = ToNs::new().get(r);
+        assert_eq!(RACES.with(Cell::get), 0, "the race was not forced");
+        assert!(
+            outside(t, a, b) <= BOUND_NS,
+            "converted {t}, the event was between {a} and {b} (off by {} ns)",
+            outside(t, a, b)
+        );
+        assert_eq!(
+            WALKS.with(Cell::get),
+            2,
+            "one walk overtaken, one that read"
+        );
+    }
+
+    /// Overtaken on every walk (a schedule that never lets it read), a conversion gives up
+    /// after `LOOKUP_TRIES` walks with the monotonic clock's now: it never spins unboundedly.
+    #[test]
+    fn a_lookup_always_overtaken_gives_up_after_bounded_walks() {
+        let Some(_s) = tsc_or_skip() else { return };
+        let (a, r, _) = raw_then_wait();
+        RACES.with(|x| x.set(u32::MAX));
+        WALKS.with(|w| w.set(0));
+        let t = ToNs::new().get(r);
+        let c = mono_ns();
+        RACES.with(|x| x.set(0));
+        assert_eq!(WALKS.with(Cell::get), LOOKUP_TRIES);
+        assert!(t >= a && t <= c, "{t} outside [{a}, {c}]");
+    }
+
+    /// A child forked while its parent was publishing a set (half written, or written with
+    /// `GEN` not yet moved) publishes that generation again at its next re-anchoring: the set
+    /// must then read whole, or every conversion in the child that needs it would fail.
+    #[test]
+    fn a_set_cut_off_by_a_fork_reads_once_the_child_fills_it() {
+        let Some(_s) = tsc_or_skip() else { return };
+        for half_written in [false, true] {
+            hold_recalibration();
+            let p = snapshot().expect("calibrated");
+            let g = GEN.load(Ordering::Relaxed) + 1;
+            // The parent's publish of generation g, cut off by the fork.
+            fill(g, p);
+            let slot = &SETS[(g % SETS_KEPT as u64) as usize];
+            if half_written {
+                slot.seq.fetch_sub(1, Ordering::Relaxed);
+            }
+            // The child.
+            on_fork_child();
+            hold_recalibration();
+            publish(p);
+            let now = GEN.load(Ordering::Relaxed);
+            let read = read_set(now).is_some();
+            RECALIBRATING.store(false, Ordering::Release);
+            assert!(
+                read,
+                "generation {now} unreadable after the child filled it (half written: {half_written})"
+            );
+        }
+    }
 
     /// Converted TSC times match `clock_gettime(CLOCK_MONOTONIC)` read around them, over
     /// several re-anchorings, on every thread, and never go backward on a thread: converted
@@ -540,11 +702,7 @@ mod tests {
     /// way).
     #[test]
     fn tsc_times_track_the_monotonic_clock() {
-        init();
-        if name() != "tsc" {
-            eprintln!("no usable TSC here: the trace clock is clock_gettime itself");
-            return;
-        }
+        let Some(_s) = tsc_or_skip() else { return };
         let threads: Vec<_> = (0..3)
             .map(|_| {
                 std::thread::spawn(|| {
@@ -610,6 +768,7 @@ mod tests {
 
     #[test]
     fn latency_matches_the_monotonic_clock() {
+        let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         init();
         // The monotonic clock read around the stamp and around the latency: a thread
         // descheduled between any two reads only widens the window the latency must fall

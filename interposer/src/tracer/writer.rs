@@ -432,7 +432,7 @@ fn write_raw(out: &mut Out, raw: &mut Buf) {
         return;
     }
     slots::encode(&mut out.renc, raw);
-    if let Err(e) = out.w.write_records(out.renc.bytes(), out.renc.stats()) {
+    if let Err(e) = out.w.write_encoded(&out.renc) {
         write_failed(out, e);
     }
 }

@@ -15,10 +15,13 @@ impl Stitch {
         let cls = self.class_of(size);
         let (pages, off, existing, repair) = match plan {
             Plan::Existing { map, off } => (self.map(map).pages.clone(), off, Some(map), None),
-            Plan::New { pages, off } => match self.repairable(&pages) {
-                Some((m, pages)) => (pages, off, None, Some(m)),
-                None => (pages, off, None, None),
-            },
+            Plan::New { pages, off } => {
+                let pressure = self.under_pressure(dev, size);
+                match self.repairable(&pages, pressure) {
+                    Some((m, pages, round)) => (pages, off, None, Some((m, round))),
+                    None => (pages, off, None, None),
+                }
+            }
         };
         let pieces = self.pieces(&pages, off, size);
         // stream safety of the free bytes we are about to take
@@ -70,8 +73,11 @@ impl Stitch {
         }
         let map = match (existing, repair) {
             (Some(m), _) => m,
-            (None, Some(m)) => {
+            (None, Some((m, round))) => {
                 self.repair_mapping(dev, m, &pages)?;
+                if round {
+                    self.pressure_reforms += 1;
+                }
                 m
             }
             (None, None) => self.new_mapping(dev, pages)?,
@@ -228,13 +234,21 @@ impl Stitch {
 
 impl Stitch {
     /// Under a budget: an unused mapping of as many pages as `pages` (a new mapping's plan)
-    /// that already maps most of them, and the plan's pages reordered to its slots (whole
-    /// free pages in the middle may go in any order; the first and last stay first and
-    /// last, as their free suffix and prefix are what the block's head and tail take).
+    /// that already maps most of them, the plan's pages reordered to its slots (whole free
+    /// pages in the middle may go in any order; the first and last stay first and last, as
+    /// their free suffix and prefix are what the block's head and tail take), and whether it
+    /// is a mapping that a round's places are in.
     /// Remapping only the slots that differ costs fewer driver calls than a new mapping:
     /// a pool whose free pages drift between passes of a repeating workload (a budget keeps
     /// few spare) re-forms the ranges of its largest blocks out of the ranges it has.
-    pub(super) fn repairable(&self, pages: &[u32]) -> Option<(u32, Vec<u32>)> {
+    ///
+    /// `pressure` (the device is nearly full, see `pressure`): mappings that a round's
+    /// places are in may be re-formed too.
+    pub(super) fn repairable(
+        &self,
+        pages: &[u32],
+        pressure: bool,
+    ) -> Option<(u32, Vec<u32>, bool)> {
         self.budget?;
         let n = pages.len();
         if n < 3 {
@@ -245,19 +259,24 @@ impl Stitch {
             pages[1..n - 1].iter().map(|&p| (p, ())).collect();
         // (slots to remap, mapping, its page list for the plan)
         let mut best: Option<(usize, u32, Vec<u32>)> = None;
+        // (mapping, whether it is a round's: re-formed only under pressure)
+        let mut best_round = false;
         for &m in list.iter().rev().take(MAP_SCAN) {
             let mp = self.map(m);
+            let round = self.in_rounds(m);
+            if round && !pressure {
+                continue;
+            }
+            // the fault switch under pressure: a round's mapping whatever uses it
+            let unchecked = round && self.faults.pressure_reform_used;
             // (the fault switch takes only mappings in use: their blocks' bytes would move)
-            if (mp.users != 0) != self.faults.repair_used
-                || self.arena == Some(m)
-                || self.in_rounds(m)
-            {
+            if !unchecked && ((mp.users != 0) != self.faults.repair_used || self.arena == Some(m)) {
                 continue;
             }
             // a stream may still touch the mapping's addresses (a block freed through it
             // stream-ordered, not yet covered): unmapping any of it must wait, as for
             // dropping a mapping
-            if mp.pages.iter().any(|&q| self.has_active_fence(q)) {
+            if !unchecked && mp.pages.iter().any(|&q| self.has_active_fence(q)) {
                 continue;
             }
             let mut out = vec![u32::MAX; n];
@@ -278,11 +297,12 @@ impl Stitch {
             let differ = (0..n).filter(|&i| out[i] != mp.pages[i]).count();
             if best.as_ref().is_none_or(|b| differ < b.0) {
                 best = Some((differ, m, out));
+                best_round = round;
             }
         }
         let (differ, m, out) = best?;
         // a new mapping costs n + 2 calls; a repair about 2 per slot (unmap, map) + 1
-        (2 * differ + 1 < n + 2).then_some((m, out))
+        (2 * differ + 1 < n + 2).then_some((m, out, best_round))
     }
 
     /// Remap the slots of unused mapping `m` whose page is not `pages`' (see

@@ -45,6 +45,7 @@ mod fences;
 mod mappings;
 mod pages;
 mod placement;
+mod pressure;
 mod quiet;
 mod rounds;
 mod slow_path;
@@ -153,6 +154,13 @@ pub struct Faults {
     /// safety fault: it proves the test that a pool stuck above its budget keeps caching
     /// can fail).
     pub dissolve_when_stuck: bool,
+    /// Never look at the device's room (not a safety fault: it proves the test that the
+    /// pool completes bert on a device of 1.03 x its peak live can fail).
+    pub pressure_off: bool,
+    /// Under pressure, re-form a round's mapping even while blocks use it or a stream may
+    /// still touch it (their bytes move under them): proves the checks of re-forming under
+    /// pressure can fail.
+    pub pressure_reform_used: bool,
 }
 
 impl Faults {
@@ -170,6 +178,8 @@ impl Faults {
             || self.mix_lifetimes
             || self.replay_unsynced
             || self.dissolve_when_stuck
+        // (`pressure_off` and `pressure_reform_used` act only where a new mapping is made,
+        // never on the fast path, which they leave on)
     }
 }
 
@@ -241,6 +251,8 @@ pub struct Stitch {
     lives: bool,
     /// mappings re-formed by remapping some of their pages (see `Stitch::repairable`)
     repairs: u64,
+    /// of them, mappings of a round's places re-formed near the device's limit (`pressure`)
+    pressure_reforms: u64,
     /// allocation count at which the budget's window rolls
     next_window: u64,
     /// (epoch, free pages, mappings) of the last scan for idle pages that found the rest
@@ -304,6 +316,7 @@ impl Stitch {
             life: 0,
             lives: false,
             repairs: 0,
+            pressure_reforms: 0,
             next_window: u64::MAX,
             idle_scan: None,
             stuck_key: None,

@@ -7,21 +7,33 @@
 //! docstring); `VRAMSHIM_TEST_PASS="VRAMSHIM_PYTHON_HOOK_FAULT=no-settle"` switches the
 //! hook's wait off, and every run then aborts. Skipped with one line without PyTorch
 //! (VRAMSHIM_TORCH_TESTS=1 makes that a failure).
+//!
+//! Without the hook (`--no-python-hook`, or no `--trace`) there is no wait: the job ends as
+//! it does without vramshim, PyTorch's abort included (docs/pytorch.md, "At exit").
 
-use vramshim_pytorch_tests::{printed, torch_or_skip, vramshim_run_command};
-use vramshim_testkit::{repo_root, run, temp_dir};
+use std::path::PathBuf;
+use vramshim_pytorch_tests::{printed, torch_or_skip, torch_sim_command, vramshim_run_command};
+
+use vramshim_testkit::{repo_root, run, sim_dir, temp_dir};
 
 /// Runs of the job: each aborts without the hook's wait.
 const RUNS: usize = 4;
 
+/// PyTorch's python, the job and a fresh directory for test `test` (None: no PyTorch, said).
+fn job_or_skip(test: &str, dir: &str) -> Option<(PathBuf, PathBuf, PathBuf)> {
+    let py = torch_or_skip(test)?;
+    let script = repo_root().join("tests/workloads/pytorch/exit_after_backward.py");
+    Some((py, script, temp_dir(dir)))
+}
+
 #[test]
 fn a_job_exiting_after_an_oom_in_backward_keeps_its_status() {
-    let test = "a_job_exiting_after_an_oom_in_backward_keeps_its_status";
-    let Some(py) = torch_or_skip(test) else {
+    let Some((py, script, dir)) = job_or_skip(
+        "a_job_exiting_after_an_oom_in_backward_keeps_its_status",
+        "torch_autograd_exit",
+    ) else {
         return;
     };
-    let script = repo_root().join("tests/workloads/pytorch/exit_after_backward.py");
-    let dir = temp_dir("torch_autograd_exit");
     for i in 0..RUNS {
         let trace = dir.join(format!("t{i}.vramtrace"));
         let mut c = vramshim_run_command(
@@ -53,4 +65,66 @@ fn a_job_exiting_after_an_oom_in_backward_keeps_its_status() {
         );
         assert_eq!(out.code(), Some(3), "the job's own exit status: {what}");
     }
+}
+
+/// Without the hook, vramshim changes nothing at exit: the same job ends with the same status
+/// as without vramshim (with PyTorch 2.15, its abort: what docs/pytorch.md says of such runs).
+#[test]
+fn without_the_hook_the_job_ends_as_without_vramshim() {
+    let Some((py, script, dir)) = job_or_skip(
+        "without_the_hook_the_job_ends_as_without_vramshim",
+        "torch_autograd_exit_nohook",
+    ) else {
+        return;
+    };
+    let trace = dir.join("t.vramtrace");
+    let mut hookless = vramshim_run_command(
+        &py,
+        "autograd_exit_nohook",
+        &[
+            "--cap",
+            "256MiB",
+            "--trace",
+            trace.to_str().expect("utf-8 path"),
+            "--no-python-hook",
+        ],
+    );
+    // The same job without vramshim, as `run --sim` starts it (PyTorch's own runtime on
+    // cuda-sim's driver), the device's own size in place of the cap.
+    let mut plain = torch_sim_command(&py, "autograd_exit_plain");
+    plain
+        .env_remove("LD_PRELOAD")
+        .env("LD_LIBRARY_PATH", sim_dir().join("driver"))
+        .env("VRAMSIM_MEMORY", "256MiB");
+    let mut codes = Vec::new();
+    for (what, c) in [
+        ("--no-python-hook", &mut hookless),
+        ("no vramshim", &mut plain),
+    ] {
+        c.arg(&script).current_dir(&dir);
+        let out = run(c);
+        let said = format!(
+            "{what}: {:?}\n--- stdout\n{}\n--- stderr\n{}",
+            out.status, out.stdout, out.stderr
+        );
+        assert!(
+            out.stdout
+                .contains("\noom in backward: CUDA out of memory."),
+            "the backward pass ran out of memory: {said}"
+        );
+        eprintln!("{what}: {:?}", out.status);
+        // As a shell (and `vramshim run`) reports it: a signal's death is 128 + its number.
+        let status = out.code().or_else(|| {
+            use std::os::unix::process::ExitStatusExt;
+            out.status.signal().map(|s| 128 + s)
+        });
+        codes.push((status, out.stderr.contains("terminate called"), said));
+    }
+    assert_eq!(
+        (codes[0].0, codes[0].1),
+        (codes[1].0, codes[1].1),
+        "vramshim without its hook changed how the job ended:\n{}\n{}",
+        codes[0].2,
+        codes[1].2
+    );
 }

@@ -1,0 +1,421 @@
+//! `TorchRun` records (format v4, tag 25): runs of PyTorch allocator events coded against a
+//! model of the context's earlier events, instead of records that zstd then compresses.
+//!
+//! A training step repeats: the same sequence of (action, size, Python stack) recurs each
+//! step (and each layer within a step), and a block is usually freed soon after it was
+//! allocated and reallocated soon after it was freed. The model keeps, per context (it resets
+//! with the delta state, at every frame start and `Context` record):
+//!
+//! * a table indexed by a hash of the last three events' (action, size, stack), holding the
+//!   (action, size, stack) that followed that context last time: a *predicted* event takes
+//!   none of those fields;
+//! * two rings of the last 32 places (address, segment): of blocks freed (where an
+//!   allocation looks for its address) and of blocks allocated (where every other action
+//!   looks): an address found among the newest 28 is written as its distance, in the
+//!   control byte's spare bits.
+//!
+//! The time is the only field written for every event, as 1-3 little-endian bytes (its length
+//! in the control byte). Measured on a GPT-2 run's events: ~5 bytes an event, against ~12
+//! raw bytes for a `TorchDelta` record that zstd brought to ~7. See `docs/trace-format.md`,
+//! "TorchRun" for the layout; the coder is written so that an event costs a few dozen
+//! instructions: fixed-size stores, one table probe, one ring probe.
+
+use crate::event::TorchOp;
+use crate::wire::{Cur, RecordError, torch_head, unzigzag};
+
+/// Places per ring (a power of two), and how many of the newest a control byte can name.
+const RING: usize = 32;
+pub(crate) const RING_REFS: u8 = 28;
+/// Prediction table: 2^TABLE_BITS entries.
+const TABLE_BITS: u32 = 10;
+const TABLE: usize = 1 << TABLE_BITS;
+/// Encoder-side index of each ring (address hash -> ring sequence number).
+const FIND_BITS: u32 = 6;
+
+/// Control byte: bits 0-1 the time's form, bit 2 the event is not predicted (its fields
+/// follow), bits 3-7 the place: a ring distance (0-27) or `RING_REFS + k` (an explicit
+/// address in recent segment k, k = 3 a new segment).
+pub(crate) const CTRL_TIME: u8 = 0x03;
+pub(crate) const CTRL_EXPLICIT: u8 = 0x04;
+pub(crate) const CTRL_PLACE_SHIFT: u8 = 3;
+/// Time form 3: a zigzag varint (negative or 2^24 ns and more); 0-2: 1-3 bytes.
+pub(crate) const TIME_VARINT: u8 = 3;
+
+/// A prediction: the size, and the stack, action and the model's epoch packed in one word
+/// (stack in bits 0-31, action in 32-39, epoch in 40-63), so a probe is two compares.
+#[derive(Clone, Copy, Default, Debug)]
+struct Pred {
+    size: u64,
+    meta: u64,
+}
+
+#[inline(always)]
+fn meta(stack: u32, action: u8, epoch: u32) -> u64 {
+    stack as u64 | (action as u64) << 32 | (epoch as u64) << 40
+}
+
+/// Epochs live in 24 bits of [`Pred::meta`]; the table is cleared when they wrap.
+const EPOCH_MASK: u32 = (1 << 24) - 1;
+
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
+struct Place {
+    addr: u64,
+    seg: u64,
+}
+
+/// The model both sides keep (boxed: ~27 KiB, allocated at a context's first PyTorch event).
+#[derive(Clone, Debug)]
+pub(crate) struct Model {
+    epoch: u32,
+    table: [Pred; TABLE],
+    /// Key hashes of the last three events, newest first.
+    hist: [u64; 3],
+    /// 0: places of blocks freed (action 2), looked up by allocations (action 0); 1: places
+    /// of blocks allocated, looked up by every other action.
+    rings: [[Place; RING]; 2],
+    counts: [u32; 2],
+    /// Encoder only: per ring, the newest sequence number at which an address was pushed.
+    find: [[(u64, u32); 1 << FIND_BITS]; 2],
+    /// The previous event's device and stream, and the three most recent segments of
+    /// explicit places (most recent first).
+    device: i32,
+    stream: u64,
+    segments: [u64; 3],
+}
+
+impl Default for Model {
+    fn default() -> Self {
+        Model {
+            epoch: 1,
+            table: [Pred::default(); TABLE],
+            hist: [0; 3],
+            rings: [[Place::default(); RING]; 2],
+            counts: [0; 2],
+            find: [[(0, 0); 1 << FIND_BITS]; 2],
+            device: 0,
+            stream: 0,
+            segments: [0; 3],
+        }
+    }
+}
+
+#[inline(always)]
+fn key_hash(action: u8, size: u64, stack: u32) -> u64 {
+    (size ^ (stack as u64) << 40 ^ (action as u64) << 60).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
+#[inline(always)]
+fn find_slot(addr: u64) -> usize {
+    ((addr >> 8).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - FIND_BITS)) as usize
+}
+
+/// The ring an event of `action` looks its place up in.
+#[inline(always)]
+fn ring_of(action: u8) -> usize {
+    (action != 0) as usize
+}
+
+impl Model {
+    /// Forgets everything (a new context): the table by generation, the rings by count.
+    pub fn reset(&mut self) {
+        self.epoch = (self.epoch + 1) & EPOCH_MASK;
+        if self.epoch == 0 {
+            self.table = [Pred::default(); TABLE];
+            self.epoch = 1;
+        }
+        self.hist = [0; 3];
+        self.counts = [0; 2];
+        self.device = 0;
+        self.stream = 0;
+        self.segments = [0; 3];
+    }
+
+    #[inline(always)]
+    fn slot(&self) -> usize {
+        let h = self.hist[0] ^ self.hist[1].rotate_left(21) ^ self.hist[2].rotate_left(42);
+        (h.wrapping_mul(0xD6E8_FEB8_6659_FD93) >> (64 - TABLE_BITS)) as usize
+    }
+
+    /// After an event: the prediction for its context, the history, the rings.
+    #[inline(always)]
+    fn learn(&mut self, slot: usize, mt: u64, size: u64, stack: u32, action: u8, place: Place) {
+        self.table[slot] = Pred { size, meta: mt };
+        self.hist = [key_hash(action, size, stack), self.hist[0], self.hist[1]];
+        let r = match action {
+            0 => 1,
+            2 => 0,
+            _ => return,
+        };
+        let n = self.counts[r];
+        self.rings[r][n as usize % RING] = place;
+        self.find[r][find_slot(place.addr)] = (place.addr, n);
+        self.counts[r] = n.wrapping_add(1);
+    }
+
+    /// Encoder: the distance (0 = newest) of `place` in the ring `action` looks in, when it
+    /// is among the newest `RING_REFS` pushed since the reset.
+    #[inline(always)]
+    fn find(&self, action: u8, place: Place) -> Option<u8> {
+        let r = ring_of(action);
+        let (a, seq) = self.find[r][find_slot(place.addr)];
+        let n = self.counts[r];
+        let j = n.wrapping_sub(seq).wrapping_sub(1);
+        (a == place.addr
+            && seq < n
+            && j < RING_REFS as u32
+            && self.rings[r][seq as usize % RING] == place)
+            .then_some(j as u8)
+    }
+}
+
+/// The delta state's thread and time, which `TorchRun` events share with the context's
+/// other records: copied in and out by the codec, so that the coder works on registers. (The
+/// device, stream and recent segments are the model's own.)
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Ctx {
+    pub tid: u32,
+    pub t: u64,
+}
+
+/// Scratch size of one coded event (its largest form is 68 bytes).
+pub(crate) const EV_MAX: usize = 128;
+
+/// Writes `v` as a varint at `b[n..]` (positions modulo `EV_MAX`: never reached), returns the
+/// new position.
+#[inline(always)]
+fn wv(b: &mut [u8; EV_MAX], mut n: usize, mut v: u64) -> usize {
+    if v < 0x80 {
+        b[n % EV_MAX] = v as u8;
+        return n + 1;
+    }
+    if v < 0x4000 {
+        b[n % EV_MAX] = (v as u8) | 0x80;
+        b[(n + 1) % EV_MAX] = (v >> 7) as u8;
+        return n + 2;
+    }
+    while v >= 0x80 {
+        b[n % EV_MAX] = (v as u8) | 0x80;
+        v >>= 7;
+        n += 1;
+    }
+    b[n % EV_MAX] = v as u8;
+    n + 1
+}
+
+/// Codes `op` (whose offset and size the caller has checked: `off` and `size` are their
+/// `TorchDelta` forms) into `b`; returns its length. Updates the model and the context.
+#[inline(always)]
+pub(crate) fn encode(
+    m: &mut Model,
+    cx: &mut Ctx,
+    op: &TorchOp,
+    off: u64,
+    size: u64,
+    b: &mut [u8; EV_MAX],
+) -> usize {
+    let slot = m.slot();
+    let p = m.table[slot];
+    let mt = meta(op.stack, op.action, m.epoch);
+    let same_place = op.tid == cx.tid && op.device == m.device && op.stream == m.stream;
+    let predicted = p.meta == mt && p.size == op.size && same_place;
+    let place = Place {
+        addr: op.addr,
+        seg: op.segment,
+    };
+    let found = m.find(op.action, place);
+    let dt = op.t_ns.wrapping_sub(cx.t);
+    let tf = if dt < 1 << 8 {
+        0
+    } else if dt < 1 << 16 {
+        1
+    } else if dt < 1 << 24 {
+        2
+    } else {
+        TIME_VARINT
+    };
+    let mut n = 1;
+    if !predicted {
+        n = explicit_fields(b, op, size, cx, m);
+    }
+    let pc = match found {
+        Some(j) => j,
+        None => {
+            let s = &mut m.segments;
+            let k = if op.segment == s[0] {
+                0
+            } else if op.segment == s[1] {
+                s.swap(0, 1);
+                1
+            } else if op.segment == s[2] {
+                *s = [s[2], s[0], s[1]];
+                2
+            } else {
+                n = wv(
+                    b,
+                    n,
+                    crate::wire::zigzag(op.segment.wrapping_sub(s[0]) as i64),
+                );
+                *s = [op.segment, s[0], s[1]];
+                torch_head::SEGMENT_NEW
+            };
+            n = wv(b, n, off);
+            RING_REFS + k
+        }
+    };
+    b[0] = tf | (!predicted as u8) << 2 | pc << CTRL_PLACE_SHIFT;
+    if tf == TIME_VARINT {
+        n = wv(b, n, crate::wire::zigzag(dt as i64));
+    } else {
+        // Four bytes stored, 1-3 kept: one store. (n <= 52 here: never past the scratch.)
+        if let Some(w) = b.get_mut(n..n + 4) {
+            w.copy_from_slice(&(dt as u32).to_le_bytes());
+        }
+        n += tf as usize + 1;
+    }
+    cx.t = op.t_ns;
+    m.learn(slot, mt, op.size, op.stack, op.action, place);
+    n
+}
+
+/// The fields of an event the model did not predict (a `TorchDelta` head byte, then what it
+/// says follows, then the size), from `b[1]`; sets the context's thread and place. Out of
+/// line: the rarer form.
+#[inline(never)]
+fn explicit_fields(
+    b: &mut [u8; EV_MAX],
+    op: &TorchOp,
+    size: u64,
+    cx: &mut Ctx,
+    m: &mut Model,
+) -> usize {
+    let mut head = op.action.min(torch_head::ACTION_ESCAPE);
+    if op.tid != cx.tid {
+        head |= torch_head::TID;
+    }
+    if op.device != m.device || op.stream != m.stream {
+        head |= torch_head::PLACE;
+    }
+    if op.stack != 0 {
+        head |= torch_head::STACK;
+    }
+    b[1] = head;
+    let mut n = 2;
+    if head & torch_head::ACTION_ESCAPE == torch_head::ACTION_ESCAPE {
+        b[n] = op.action;
+        n += 1;
+    }
+    if head & torch_head::TID != 0 {
+        n = wv(b, n, op.tid as u64);
+    }
+    if head & torch_head::PLACE != 0 {
+        n = wv(b, n, crate::wire::zigzag(op.device as i64));
+        n = wv(b, n, op.stream);
+    }
+    if head & torch_head::STACK != 0 {
+        n = wv(b, n, op.stack as u64);
+    }
+    cx.tid = op.tid;
+    m.device = op.device;
+    m.stream = op.stream;
+    wv(b, n, size)
+}
+
+/// Decodes one event of a run from `c` (positioned at its control byte): the inverse of
+/// [`encode`], with every reference checked (an empty ring entry, a prediction the model
+/// does not have, reserved bits: a corrupt record, never a panic).
+#[inline]
+pub(crate) fn decode(m: &mut Model, cx: &mut Ctx, c: &mut Cur) -> Result<TorchOp, RecordError> {
+    let ctrl = c.u8()?;
+    let slot = m.slot();
+    let (action, size, stack) = if ctrl & CTRL_EXPLICIT != 0 {
+        let head = c.u8()?;
+        if head & torch_head::SEGMENT_MASK != 0 {
+            return Err(RecordError::BadValue("torch run event head"));
+        }
+        let action = match head & torch_head::ACTION_ESCAPE {
+            torch_head::ACTION_ESCAPE => c.u8()?,
+            a => a,
+        };
+        if head & torch_head::TID != 0 {
+            cx.tid = c.u32v()?;
+        }
+        if head & torch_head::PLACE != 0 {
+            m.device = c.i32z()?;
+            m.stream = c.varint()?;
+        }
+        let stack = if head & torch_head::STACK != 0 {
+            c.u32v()?
+        } else {
+            0
+        };
+        let size = crate::wire::torch_size_of(c.varint()?);
+        (action, size, stack)
+    } else {
+        let p = m.table[slot];
+        if p.meta >> 40 != m.epoch as u64 {
+            return Err(RecordError::BadValue(
+                "torch run event predicted where nothing was learnt",
+            ));
+        }
+        ((p.meta >> 32) as u8, p.size, p.meta as u32)
+    };
+    let pc = ctrl >> CTRL_PLACE_SHIFT;
+    let place = if pc < RING_REFS {
+        let r = ring_of(action);
+        let n = m.counts[r];
+        if pc as u32 >= n {
+            return Err(RecordError::BadValue(
+                "torch run ring reference (empty entry)",
+            ));
+        }
+        m.rings[r][(n - 1 - pc as u32) as usize % RING]
+    } else {
+        let k = pc - RING_REFS;
+        let s = &mut m.segments;
+        let seg = if k == torch_head::SEGMENT_NEW {
+            s[0].wrapping_add(unzigzag(c.varint()?) as u64)
+        } else {
+            s[k as usize]
+        };
+        match k {
+            0 => {}
+            1 => s.swap(0, 1),
+            2 => *s = [s[2], s[0], s[1]],
+            _ => *s = [seg, s[0], s[1]],
+        }
+        Place {
+            addr: seg.wrapping_add(crate::wire::torch_offset_of(c.varint()?)),
+            seg,
+        }
+    };
+    let tf = ctrl & CTRL_TIME;
+    let dt = if tf == TIME_VARINT {
+        unzigzag(c.varint()?) as u64
+    } else {
+        let b = c.bytes(tf as usize + 1)?;
+        let mut w = [0u8; 8];
+        w[..b.len()].copy_from_slice(b);
+        u64::from_le_bytes(w)
+    };
+    let t_ns = cx.t.wrapping_add(dt);
+    cx.t = t_ns;
+    m.learn(
+        slot,
+        meta(stack, action, m.epoch),
+        size,
+        stack,
+        action,
+        place,
+    );
+    Ok(TorchOp {
+        t_ns,
+        tid: cx.tid,
+        action,
+        device: m.device,
+        addr: place.addr,
+        size,
+        stream: m.stream,
+        segment: place.seg,
+        stack,
+    })
+}
