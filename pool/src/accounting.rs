@@ -9,7 +9,9 @@
 //!   after an event recorded on `s` after the free was seen complete, or on a stream that
 //!   waited on such an event;
 //! - nothing is unmapped or released while a stream may still use it, nothing is released
-//!   while mapped, no range is mapped twice.
+//!   while mapped, no range is mapped twice;
+//! - a handle (a run of pages) is mapped whole, unmapped whole and released whole, as CUDA
+//!   requires.
 //!
 //! The harness (e.g. [`crate::replay`]) reports each allocation and free with
 //! [`AccountingDevice::check_alloc`] / [`AccountingDevice::check_free`].
@@ -36,6 +38,12 @@ struct FreeRec {
 }
 
 const MALLOC_PHYS: u64 = 1 << 62;
+/// Physical page ids of handles: `handle << PHYS_IDX_BITS | page index in the handle`.
+const PHYS_IDX_BITS: u32 = 24;
+
+fn phys(h: Handle, idx: u64) -> u64 {
+    (h << PHYS_IDX_BITS) | idx
+}
 
 /// (physical page id, start, end)
 type Piece = (u64, u64, u64);
@@ -52,10 +60,10 @@ pub struct AccountingDevice {
     next_va: u64,
     reservations: BTreeMap<u64, u64>,
     next_handle: Handle,
-    /// handle -> number of pages where it is mapped
-    handles: HashMap<Handle, u32>,
-    /// va page index -> handle
-    mapped: HashMap<u64, Handle>,
+    /// handle -> (its pages, how many times it is mapped)
+    handles: HashMap<Handle, (u64, u32)>,
+    /// va page index -> (handle, page index in the handle)
+    mapped: HashMap<u64, (Handle, u64)>,
     // plain face
     next_malloc_va: u64,
     /// large allocations and small pages: start -> len
@@ -279,8 +287,8 @@ impl AccountingDevice {
             let page = a / g;
             let off = a % g;
             let take = (g - off).min(end - a);
-            if let Some(&h) = self.mapped.get(&page) {
-                out.push((h, off, off + take));
+            if let Some(&(h, i)) = self.mapped.get(&page) {
+                out.push((phys(h, i), off, off + take));
             } else if let Some((&s, &l)) = self.malloc_regions.range(..=a).next_back()
                 && a < s + l
             {
@@ -497,71 +505,93 @@ impl Device for AccountingDevice {
         Ok(())
     }
 
-    fn create(&mut self) -> Result<Handle, DeviceError> {
+    fn create(&mut self, pages: u64) -> Result<Handle, DeviceError> {
+        if pages == 0 || pages >= 1 << PHYS_IDX_BITS {
+            return Err(DeviceError::Driver(1));
+        }
         // vramshim's cap refuses a new page before the driver is called (the interposer's
         // device does), so such a refusal is no driver call
         if let Some(c) = self.cap_pages
-            && self.used_pages + 1 > c
-            && self.used_pages < self.capacity_pages
+            && self.used_pages + pages > c
+            && self.used_pages + pages <= self.capacity_pages
         {
             return Err(DeviceError::CapExceeded);
         }
         self.calls.create += 1;
         self.fault(CallKind::Create)?;
-        self.charge(1)?;
+        self.charge(pages)?;
         let h = self.next_handle;
         self.next_handle += 1;
-        self.handles.insert(h, 0);
+        self.handles.insert(h, (pages, 0));
         Ok(h)
     }
 
-    fn release(&mut self, handle: Handle) -> Result<(), DeviceError> {
+    fn release(&mut self, handle: Handle, pages: u64) -> Result<(), DeviceError> {
         self.calls.release += 1;
         match self.handles.get(&handle) {
             None => {
                 self.violation(format!("release of unknown handle {handle}"));
                 Err(DeviceError::Driver(1))
             }
-            Some(&n) if n > 0 => {
+            Some(&(_, n)) if n > 0 => {
                 self.violation(format!("release of handle {handle} while mapped {n} times"));
                 Err(DeviceError::Driver(1))
             }
-            Some(_) => {
-                self.check_host_safe_phys(handle, "release");
+            Some(&(k, _)) if k != pages => {
+                self.violation(format!(
+                    "release of handle {handle} as {pages} pages: it has {k}"
+                ));
+                Err(DeviceError::Driver(1))
+            }
+            Some(&(k, _)) => {
+                for i in 0..k {
+                    self.check_host_safe_phys(phys(handle, i), "release");
+                    self.phys_freed.remove(&phys(handle, i));
+                }
                 self.handles.remove(&handle);
-                self.phys_freed.remove(&handle);
-                self.used_pages -= 1;
+                self.used_pages -= k;
                 Ok(())
             }
         }
     }
 
-    fn map(&mut self, va: u64, handle: Handle) -> Result<(), DeviceError> {
+    fn map(&mut self, va: u64, handle: Handle, pages: u64) -> Result<(), DeviceError> {
         self.calls.map += 1;
         self.fault(CallKind::Map)?;
         let g = self.gran;
         if !va.is_multiple_of(g) {
             return Err(DeviceError::Driver(1));
         }
+        let Some(&(k, _)) = self.handles.get(&handle) else {
+            self.violation(format!("map of unknown handle {handle}"));
+            return Err(DeviceError::Driver(1));
+        };
+        if k != pages {
+            self.violation(format!(
+                "map of handle {handle} as {pages} pages at {va:#x}: it has {k} (a handle is mapped whole)"
+            ));
+            return Err(DeviceError::Driver(1));
+        }
+        let len = k * g;
         let inside = self
             .reservations
             .range(..=va)
             .next_back()
-            .is_some_and(|(&s, &l)| va + g <= s + l);
+            .is_some_and(|(&s, &l)| va + len <= s + l);
         if !inside {
-            self.violation(format!("map at {va:#x} outside any reservation"));
+            self.violation(format!("map at {va:#x}+{len} outside any reservation"));
             return Err(DeviceError::Driver(1));
         }
-        if self.mapped.contains_key(&(va / g)) {
-            self.violation(format!("map at {va:#x}: already mapped"));
+        if (va / g..va / g + k).any(|p| self.mapped.contains_key(&p)) {
+            self.violation(format!("map at {va:#x}+{len}: already mapped"));
             return Err(DeviceError::Driver(1));
         }
-        let Some(n) = self.handles.get_mut(&handle) else {
-            self.violation(format!("map of unknown handle {handle}"));
-            return Err(DeviceError::Driver(1));
-        };
-        *n += 1;
-        self.mapped.insert(va / g, handle);
+        if let Some(e) = self.handles.get_mut(&handle) {
+            e.1 += 1;
+        }
+        for i in 0..k {
+            self.mapped.insert(va / g + i, (handle, i));
+        }
         Ok(())
     }
 
@@ -594,11 +624,22 @@ impl Device for AccountingDevice {
             }
             remove_range(&mut self.va_freed, va, va + size);
         }
-        for p in va / g..(va + size) / g {
+        let (first, end) = (va / g, (va + size) / g);
+        for p in first..end {
             match self.mapped.remove(&p) {
-                Some(h) => {
-                    if let Some(n) = self.handles.get_mut(&h) {
-                        *n -= 1;
+                Some((h, i)) => {
+                    let k = self.handles.get(&h).map_or(1, |e| e.0);
+                    // a mapping of handle h spans [p - i, p - i + k)
+                    if p - i < first || p - i + k > end {
+                        self.violation(format!(
+                            "unmap of {va:#x}+{size} cuts through the mapping of handle {h} ({k} pages at {:#x})",
+                            (p - i) * g
+                        ));
+                    }
+                    if i == 0
+                        && let Some(e) = self.handles.get_mut(&h)
+                    {
+                        e.1 -= 1;
                     }
                 }
                 None => {

@@ -2,8 +2,9 @@
 //!
 //! Two faces:
 //! - the virtual-memory face (`reserve`/`unreserve` address ranges, `create`/`release`
-//!   physical handles of exactly one granularity page, `map`/`unmap`, `set_access`), used by
-//!   `stitch`;
+//!   physical handles of a run of granularity pages, `map`/`unmap`, `set_access`), used by
+//!   `stitch`. A handle is mapped whole (CUDA's `cuMemMap` takes no offset into a handle
+//!   but 0) and released whole;
 //! - the plain face (`malloc`/`free`, like `cuMemAlloc`/`cuMemFree`: the driver's own
 //!   rounding and sub-page packing, and `free` implies a device synchronization as `cudaFree`
 //!   does), used by `caching` and `direct`.
@@ -14,7 +15,7 @@
 
 /// A CUDA stream handle as the process sees it (0 = legacy default stream).
 pub type Stream = u64;
-/// An opaque physical-memory handle (one granularity page).
+/// An opaque physical-memory handle (a run of one or more granularity pages).
 pub type Handle = u64;
 /// An opaque event handle.
 pub type EventId = u64;
@@ -120,7 +121,7 @@ impl CallCounts {
 
 /// What a policy may ask of a GPU. Object safe: policies take `&mut dyn Device`.
 pub trait Device {
-    /// Physical granularity in bytes (2 MiB on current GPUs). Handles are one page.
+    /// Physical granularity in bytes (2 MiB on current GPUs). Handles are whole pages.
     fn granularity(&self) -> u64;
 
     // ---- virtual-memory face ----
@@ -128,13 +129,16 @@ pub trait Device {
     fn reserve(&mut self, size: u64) -> Result<u64, DeviceError>;
     /// Free an address range returned by `reserve` (must be unmapped).
     fn unreserve(&mut self, va: u64, size: u64) -> Result<(), DeviceError>;
-    /// Create one physical handle of one granularity page (charged to the device and cap).
-    fn create(&mut self) -> Result<Handle, DeviceError>;
-    /// Release a handle (must be unmapped everywhere).
-    fn release(&mut self, handle: Handle) -> Result<(), DeviceError>;
-    /// Map `handle` (one page) at the page-aligned address `va` inside a reservation.
-    fn map(&mut self, va: u64, handle: Handle) -> Result<(), DeviceError>;
-    /// Unmap every page in `[va, va + size)`. Does not wait for the device.
+    /// Create one physical handle of `pages` (>= 1) granularity pages, charged to the device
+    /// and cap as a whole: one driver call whatever its length.
+    fn create(&mut self, pages: u64) -> Result<Handle, DeviceError>;
+    /// Release a handle of `pages` pages as created (must be unmapped everywhere).
+    fn release(&mut self, handle: Handle, pages: u64) -> Result<(), DeviceError>;
+    /// Map all of `handle` (`pages` pages, as created) at the page-aligned address `va`
+    /// inside a reservation: one driver call.
+    fn map(&mut self, va: u64, handle: Handle, pages: u64) -> Result<(), DeviceError>;
+    /// Unmap every page in `[va, va + size)`, which holds whole handle mappings only. Does
+    /// not wait for the device.
     fn unmap(&mut self, va: u64, size: u64) -> Result<(), DeviceError>;
     /// Make `[va, va + size)` readable and writable by the device (and its peers).
     fn set_access(&mut self, va: u64, size: u64) -> Result<(), DeviceError>;

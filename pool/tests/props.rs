@@ -133,6 +133,17 @@ proptest! {
         assert_clean(&dev, &p);
     }
 
+    /// Growing its arena by runs of pages under one handle, the tight pool is as safe and
+    /// keeps its budget; the checking device also sees every handle mapped, unmapped and
+    /// released whole (`checker_takes_a_handle_of_several_pages_only_whole`; broken on
+    /// purpose in `runs.rs`).
+    #[test]
+    fn stitch_tight_with_runs_is_safe_and_keeps_its_budget(ops in proptest::collection::vec(op(), 1..300), cap_mib in 64u64..1024) {
+        let mut p = Stitch::tight().with_runs(true);
+        let dev = exercise_with(&mut p, &ops, cap_mib * MIB, &mut budget_kept(Budget::default()));
+        assert_clean(&dev, &p);
+    }
+
     #[test]
     fn caching_is_safe(ops in proptest::collection::vec(op(), 1..300), cap_mib in 64u64..1024) {
         let mut p = PolicyKind::Caching.build();
@@ -288,6 +299,14 @@ proptest! {
     #[test]
     fn stitch_tight_replays_rounds_safely(ops in rounds(), cap_mib in 128u64..1024) {
         let mut p = Stitch::tight();
+        let dev = exercise_with(&mut p, &ops, cap_mib * MIB, &mut budget_kept(Budget::default()));
+        assert_clean(&dev, &p);
+    }
+
+    /// The same with the arena grown by runs of pages (`Stitch::with_runs`).
+    #[test]
+    fn stitch_tight_with_runs_replays_rounds_safely(ops in rounds(), cap_mib in 128u64..1024) {
+        let mut p = Stitch::tight().with_runs(true);
         let dev = exercise_with(&mut p, &ops, cap_mib * MIB, &mut budget_kept(Budget::default()));
         assert_clean(&dev, &p);
     }
@@ -726,8 +745,8 @@ fn checker_catches_unmap_while_in_flight() {
     // unmapping memory whose stream-ordered free is not known complete is a violation
     let mut dev = one_dev();
     let va = dev.reserve(2 * MIB).unwrap();
-    let h = dev.create().unwrap();
-    dev.map(va, h).unwrap();
+    let h = dev.create(1).unwrap();
+    dev.map(va, h, 1).unwrap();
     dev.set_access(va, 2 * MIB).unwrap();
     dev.check_alloc(va, MIB, 5);
     dev.check_free(va, FreeMode::Async { stream: 5 });
@@ -737,6 +756,39 @@ fn checker_catches_unmap_while_in_flight() {
         "{:?}",
         dev.violations()
     );
+}
+
+#[test]
+fn checker_takes_a_handle_of_several_pages_only_whole() {
+    // one create and one map for a run of pages; a handle mapped, unmapped or released in
+    // part is a violation (CUDA maps a handle at offset 0 only, and whole)
+    let mut dev = one_dev();
+    let va = dev.reserve(8 * MIB).unwrap();
+    let h = dev.create(3).unwrap();
+    assert_eq!(dev.used(), 6 * MIB);
+    dev.map(va, h, 3).unwrap();
+    dev.set_access(va, 6 * MIB).unwrap();
+    assert_eq!(dev.calls().create + dev.calls().map, 2);
+    dev.check_alloc(va + MIB, 4 * MIB, 0);
+    dev.check_free(va + MIB, FreeMode::Sync);
+    dev.synchronize().unwrap();
+    assert!(dev.violations().is_empty(), "{:?}", dev.violations());
+    dev.unmap(va, 2 * MIB).unwrap();
+    assert!(
+        dev.violations().iter().any(|v| v.contains("cuts through")),
+        "{:?}",
+        dev.violations()
+    );
+    let mut dev = one_dev();
+    let va = dev.reserve(8 * MIB).unwrap();
+    let h = dev.create(3).unwrap();
+    assert!(dev.map(va, h, 1).is_err());
+    assert!(dev.release(h, 1).is_err());
+    let v = dev.violations();
+    assert!(v.iter().any(|v| v.contains("mapped whole")), "{v:?}");
+    assert!(v.iter().any(|v| v.contains("as 1 pages")), "{v:?}");
+    dev.release(h, 3).unwrap();
+    assert_eq!(dev.used(), 0);
 }
 
 #[test]

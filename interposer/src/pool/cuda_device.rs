@@ -328,15 +328,21 @@ impl Device for CudaDevice {
         Ok(())
     }
 
-    fn create(&mut self) -> Result<Handle, DeviceError> {
-        if self.limit.is_some_and(|l| self.held + self.gran > l) {
+    fn create(&mut self, pages: u64) -> Result<Handle, DeviceError> {
+        let Some(bytes) = pages.checked_mul(self.gran).filter(|&b| b > 0) else {
+            return Err(DeviceError::Driver(CUDA_ERROR_INVALID_VALUE));
+        };
+        if self
+            .limit
+            .is_some_and(|l| self.held.saturating_add(bytes) > l)
+        {
             return Err(DeviceError::CapExceeded);
         }
         // Charged before it exists, so the device never holds more than the cap allows.
         if self.charge
             && !(super::cap_view().charge_page)(
                 self.ordinal,
-                self.gran,
+                bytes,
                 Self::cu_stream(self.stream) as usize as u64,
             )
         {
@@ -347,39 +353,44 @@ impl Device for CudaDevice {
         let prop = Self::prop(self.ordinal);
         let mut h: CUmemGenericAllocationHandle = 0;
         // SAFETY: valid out-pointer and property struct.
-        let rc = ok(unsafe { (self.fns.create)(&mut h, self.gran as usize, &prop, 0) });
+        let rc = ok(unsafe { (self.fns.create)(&mut h, bytes as usize, &prop, 0) });
         if let Err(e) = rc {
             if self.charge {
-                (super::cap_view().uncharge_pages)(self.ordinal, self.gran);
+                (super::cap_view().uncharge_pages)(self.ordinal, bytes);
             }
             return Err(e);
         }
-        self.held += self.gran;
+        self.held += bytes;
         if self.charge {
-            self.charged += self.gran;
+            self.charged += bytes;
         }
         Ok(h)
     }
 
-    fn release(&mut self, handle: Handle) -> Result<(), DeviceError> {
+    fn release(&mut self, handle: Handle, pages: u64) -> Result<(), DeviceError> {
+        let bytes = pages.saturating_mul(self.gran);
         self.enter();
         self.calls.release += 1;
         // SAFETY: a handle returned by create.
         ok(unsafe { (self.fns.release)(handle) })?;
-        self.held -= self.gran;
-        if self.charge && self.charged >= self.gran {
-            self.charged -= self.gran;
-            (super::cap_view().uncharge_pages)(self.ordinal, self.gran);
+        self.held = self.held.saturating_sub(bytes);
+        if self.charge && self.charged >= bytes {
+            self.charged -= bytes;
+            (super::cap_view().uncharge_pages)(self.ordinal, bytes);
         }
         Ok(())
     }
 
-    fn map(&mut self, va: u64, handle: Handle) -> Result<(), DeviceError> {
+    fn map(&mut self, va: u64, handle: Handle, pages: u64) -> Result<(), DeviceError> {
+        let bytes = pages.saturating_mul(self.gran);
         self.enter();
         self.calls.map += 1;
-        // SAFETY: va lies in a reservation of ours; handle from create.
-        ok(unsafe { (self.fns.map)(va, self.gran as usize, 0, handle, 0) })?;
-        self.mapped.insert(va);
+        // SAFETY: va lies in a reservation of ours with `bytes` free after it; handle from
+        // create, of exactly `pages` pages (mapped whole, at offset 0 into it).
+        ok(unsafe { (self.fns.map)(va, bytes as usize, 0, handle, 0) })?;
+        for i in 0..pages {
+            self.mapped.insert(va + i * self.gran);
+        }
         Ok(())
     }
 

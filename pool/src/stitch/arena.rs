@@ -145,11 +145,23 @@ impl Stitch {
         }
         let mut pages = spare;
         let mut created = Vec::new();
-        for _ in 0..create {
-            match self.grow(dev) {
-                Ok(p) => {
-                    pages.push(p);
-                    created.push(p);
+        // The shortfall as one run (one create and one map), while the device has room: a
+        // page of a run is stitched elsewhere only with its whole run (see `pages`), which
+        // a pool near the device's limit cannot afford, so there it grows a handle per page
+        // (as with the fault switch).
+        let per = if !self.grow_runs || self.faults.page_handles || !self.roomy(dev, create) {
+            1
+        } else {
+            create
+        };
+        let mut left = create;
+        while left > 0 {
+            let k = left.min(per);
+            left -= k;
+            match self.grow_run(dev, k) {
+                Ok(run) => {
+                    pages.extend_from_slice(&run);
+                    created.extend(run);
                 }
                 Err(e) => {
                     self.release_unused(dev, &created);
@@ -183,14 +195,11 @@ impl Stitch {
             && len + k <= room
         {
             let va = self.map(m).va;
-            for (i, &p) in pages.iter().enumerate() {
-                let at = va + (len + i as u64) * g;
-                if let Err(e) = dev.map(at, self.page(p).handle) {
-                    if i > 0 {
-                        let _ = dev.unmap(va + len * g, i as u64 * g);
-                    }
-                    return Err(PoolError::Device(e));
+            if let Err((e, done)) = self.map_pages(dev, va + len * g, &pages) {
+                if done > 0 {
+                    let _ = dev.unmap(va + len * g, done);
                 }
+                return Err(PoolError::Device(e));
             }
             if let Err(e) = dev.set_access(va + len * g, k * g) {
                 let _ = dev.unmap(va + len * g, k * g);

@@ -205,7 +205,11 @@ impl Stitch {
     /// must be unused and no page of them may carry a stream condition (no synchronization
     /// is made for it; the process's next one lets the rest go).
     pub(super) fn release_idle(&mut self, dev: &mut dyn Device) {
-        let key = (self.epoch, self.free_pages.len(), self.nmaps);
+        let key = (
+            self.epoch,
+            self.free_pages.len() + self.bound_free.len(),
+            self.nmaps,
+        );
         if self.idle_scan == Some(key) {
             return;
         }
@@ -213,7 +217,12 @@ impl Stitch {
         // blocks: pages), so a workload that needs them every pass does not take and give
         // them back every pass
         let keep = self.release_keep();
-        let candidates: Vec<u32> = self.free_pages.iter().copied().collect();
+        let candidates: Vec<u32> = self
+            .free_pages
+            .iter()
+            .chain(self.bound_free.iter())
+            .copied()
+            .collect();
         for p in candidates {
             if self.stats.reserved <= keep {
                 break;
@@ -221,13 +230,25 @@ impl Stitch {
             if self.pages[p as usize].is_none() || self.page(p).used != 0 {
                 continue;
             }
-            self.purge_fences(dev, p);
-            let maps = self.page(p).maps.clone();
+            // a run goes back whole: every page of it idle, every mapping of them unused
+            let run = self.run_of(p);
+            for &q in &run {
+                self.purge_fences(dev, q);
+            }
+            let mut maps: Vec<u32> = Vec::new();
+            for &q in &run {
+                for &m in &self.page(q).maps {
+                    if !maps.contains(&m) {
+                        maps.push(m);
+                    }
+                }
+            }
             let movable = maps.iter().all(|&m| {
                 let mp = self.map(m);
                 mp.users == 0 && !mp.pages.iter().any(|&q| self.has_active_fence(q))
             });
-            if !movable || self.has_active_fence(p) {
+            if !movable || !self.run_all(p, |q| self.page(q).used == 0 && !self.has_active_fence(q))
+            {
                 continue;
             }
             let mut ok = true;
@@ -240,9 +261,13 @@ impl Stitch {
             if !ok || self.release_page(dev, p).is_err() {
                 break;
             }
-            self.stats.releases += 1;
+            self.stats.releases += run.len() as u64;
         }
-        self.idle_scan = Some((self.epoch, self.free_pages.len(), self.nmaps));
+        self.idle_scan = Some((
+            self.epoch,
+            self.free_pages.len() + self.bound_free.len(),
+            self.nmaps,
+        ));
     }
 
     /// The bytes `release_idle` keeps: the budget, or more while the pool was lately forced
@@ -335,13 +360,16 @@ impl Stitch {
                 })
             })
             .collect();
+        let idle = |p: u32| {
+            let pg = self.page(p);
+            pg.used <= cached_bytes.get(&p).copied().unwrap_or(0)
+                && !fenced_page(p)
+                && pg.maps.iter().all(|&m| movable[m as usize])
+        };
+        // a page of a run goes back only with its whole run
         self.pages.iter().enumerate().any(|(i, pg)| {
             let p = i as u32;
-            pg.as_ref().is_some_and(|pg| {
-                pg.used <= cached_bytes.get(&p).copied().unwrap_or(0)
-                    && !fenced_page(p)
-                    && pg.maps.iter().all(|&m| movable[m as usize])
-            })
+            pg.is_some() && self.run_all(p, idle)
         })
     }
 }

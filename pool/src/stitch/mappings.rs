@@ -129,15 +129,12 @@ impl Stitch {
         let len = pages.len() as u64 * g;
         let reserve = reserve.max(len);
         let va = dev.reserve(reserve).map_err(PoolError::Device)?;
-        for (i, &p) in pages.iter().enumerate() {
-            let h = self.page(p).handle;
-            if let Err(e) = dev.map(va + i as u64 * g, h) {
-                if i > 0 {
-                    let _ = dev.unmap(va, i as u64 * g);
-                }
-                let _ = dev.unreserve(va, reserve);
-                return Err(PoolError::Device(e));
+        if let Err((e, done)) = self.map_pages(dev, va, &pages) {
+            if done > 0 {
+                let _ = dev.unmap(va, done);
             }
+            let _ = dev.unreserve(va, reserve);
+            return Err(PoolError::Device(e));
         }
         if let Err(e) = dev.set_access(va, len) {
             let _ = dev.unmap(va, len);
@@ -254,6 +251,10 @@ impl Stitch {
         if n < 3 {
             return None;
         }
+        // slots are remapped one page at a time: pages of runs are mapped only whole
+        if pages.iter().any(|&p| self.page(p).run > 1) {
+            return None;
+        }
         let list = self.maps_by_len.get(&n)?;
         let inner: crate::fxhash::FxMap<u32, ()> =
             pages[1..n - 1].iter().map(|&p| (p, ())).collect();
@@ -270,6 +271,10 @@ impl Stitch {
             // the fault switch under pressure: a round's mapping whatever uses it
             let unchecked = round && self.faults.pressure_reform_used;
             // (the fault switch takes only mappings in use: their blocks' bytes would move)
+            // slots are remapped one page at a time: a mapping of runs is never re-formed
+            if mp.pages.iter().any(|&q| self.page(q).run > 1) {
+                continue;
+            }
             if !unchecked && ((mp.users != 0) != self.faults.repair_used || self.arena == Some(m)) {
                 continue;
             }
@@ -335,7 +340,7 @@ impl Stitch {
             }
             for (k, &q) in pages.iter().enumerate().take(i).skip(start) {
                 let h = self.page(q).handle;
-                if let Err(e) = dev.map(va + k as u64 * g, h) {
+                if let Err(e) = dev.map(va + k as u64 * g, h, 1) {
                     if k > start {
                         let _ = dev.unmap(va + start as u64 * g, (k - start) as u64 * g);
                     }

@@ -1,6 +1,7 @@
 //! `stitch`: virtual-memory stitching with packed page tails.
 //!
-//! Physical memory is held in granularity-sized pages (one handle each). A block is a byte
+//! Physical memory is held in granularity-sized pages (one handle each, or runs of pages under
+//! one handle: see `pages`, "Runs"). A block is a byte
 //! range `[off, off + size)` of a *mapping*: a reserved address range with a list of pages
 //! mapped one after another. Any free page can back any block, so there is no external
 //! fragmentation above a page. Page tails are packed: every page has a byte-range
@@ -50,6 +51,9 @@ mod quiet;
 mod rounds;
 mod slow_path;
 
+/// The arena grows by a run of pages (see `pages`, "Runs") while the pool would hold at
+/// most 1 / RUN_ROOM of what the device could give it.
+const RUN_ROOM: u64 = 4;
 /// How many cached blocks of one size the fast path looks at.
 const FAST_SCAN: usize = 8;
 /// Pending (cudaFree'd) blocks worth a synchronization when one of them is the exact size a
@@ -77,6 +81,10 @@ struct Fence {
 
 struct Page {
     handle: Handle,
+    /// pages of its handle (1: a handle of its own; more: a run, see `runs`), and its index
+    /// in the run
+    run: u32,
+    idx: u32,
     /// free byte ranges start -> end
     free: BTreeMap<u64, u64>,
     used: u64,
@@ -131,6 +139,12 @@ pub struct Faults {
     /// Give back at once the pages the pool was forced to take past its budget (not a
     /// safety fault: it proves the test of keeping them can fail).
     pub release_forced: bool,
+    /// Let a page of a run be stitched into new mappings like a page with a handle of its
+    /// own, mapped alone (proves the check that a handle is mapped whole can fail).
+    pub stitch_run_pages: bool,
+    /// Grow the arena one handle per page, as before runs (not a safety fault: it proves
+    /// the test that growth by a run costs one create and one map can fail).
+    pub page_handles: bool,
     /// Re-form only mappings that blocks still use for a new block (remapping some of their
     /// pages: the bytes of those blocks move under them).
     pub repair_used: bool,
@@ -154,8 +168,9 @@ pub struct Faults {
     /// safety fault: it proves the test that a pool stuck above its budget keeps caching
     /// can fail).
     pub dissolve_when_stuck: bool,
-    /// Never look at the device's room (not a safety fault: it proves the test that the
-    /// pool completes bert on a device of 1.03 x its peak live can fail).
+    /// Never look at the device's room, so never take the near-the-limit choices of
+    /// `pressure` (not a safety fault: it proves the tests of the smallest devices they
+    /// reach can fail).
     pub pressure_off: bool,
     /// Under pressure, re-form a round's mapping even while blocks use it or a stream may
     /// still touch it (their bytes move under them): proves the checks of re-forming under
@@ -164,6 +179,7 @@ pub struct Faults {
 }
 
 impl Faults {
+    /// Any switch the fast path must see (`page_handles` only changes how the arena grows).
     fn any(&self) -> bool {
         self.reuse_sync_frees_early
             || self.ignore_streams
@@ -172,14 +188,15 @@ impl Faults {
             || self.ignore_budget
             || self.repair_used
             || self.release_forced
+            || self.stitch_run_pages
             || self.keep_layout
             || self.forget_rounds
             || self.replay_over_live
             || self.mix_lifetimes
             || self.replay_unsynced
             || self.dissolve_when_stuck
-        // (`pressure_off` and `pressure_reform_used` act only where a new mapping is made,
-        // never on the fast path, which they leave on)
+        // (`pressure_off` and `pressure_reform_used` act only where the slow path would grow
+        // or make a new mapping, never on the fast path, which they leave on)
     }
 }
 
@@ -189,8 +206,14 @@ pub struct Stitch {
     pages: Vec<Option<Page>>,
     free_slots: Vec<u32>,
     npages: u64,
-    /// pages with no used byte
+    /// pages with no used byte that have a handle of their own (any mapping may take them)
     free_pages: BTreeSet<u32>,
+    /// pages with no used byte that are part of a run (mapped only with their whole run)
+    bound_free: BTreeSet<u32>,
+    /// handles of more than one page: their pages in order (see `pages`, "Runs")
+    runs: FxMap<Handle, Vec<u32>>,
+    /// the arena grows by runs (see `with_runs`)
+    grow_runs: bool,
     /// partly or fully used pages of the small class
     small_pages: BTreeSet<u32>,
     /// free ranges of partly used pages, per page class: (len, page, start)
@@ -280,6 +303,9 @@ impl Stitch {
             free_slots: Vec::new(),
             npages: 0,
             free_pages: BTreeSet::new(),
+            bound_free: BTreeSet::new(),
+            runs: FxMap::default(),
+            grow_runs: false,
             small_pages: BTreeSet::new(),
             ranges: Default::default(),
             prefix: Default::default(),
@@ -331,6 +357,17 @@ impl Stitch {
     /// `None`: cache until the device or the cap refuses, then dissolve.
     pub fn with_headroom(mut self, headroom: Option<f64>) -> Self {
         self.headroom = headroom;
+        self
+    }
+
+    /// Grow the arena (a budgeted pool's) by runs of pages under one handle while the device
+    /// has room: one create and one map per growth instead of one each per page (see
+    /// `pages`, "Runs"). Off by default: measured in docs/benchmarks.md ("Tight stitch,
+    /// session 11"), runs cut the driver calls of every trace but hold more on bert_serve
+    /// (pages of a run partly in use are stitched elsewhere only with the whole run), and
+    /// behind the interposer's thread caches a repeated t5 makes calls in its later passes.
+    pub fn with_runs(mut self, on: bool) -> Self {
+        self.grow_runs = on;
         self
     }
 
@@ -512,11 +549,19 @@ impl Policy for Stitch {
         let free: Vec<u32> = self
             .free_pages
             .iter()
+            .chain(self.bound_free.iter())
             .copied()
-            .filter(|&p| self.page(p).maps.is_empty())
             .collect();
         for p in free {
-            self.release_page(dev, p)?;
+            // a run goes back whole, once none of its pages is used or mapped
+            if self.pages[p as usize].is_some()
+                && self.run_all(p, |q| {
+                    let pg = self.page(q);
+                    pg.used == 0 && pg.maps.is_empty()
+                })
+            {
+                self.release_page(dev, p)?;
+            }
         }
         self.stats.releases += before - self.npages;
         Ok((before - self.npages) * self.gran)
@@ -557,8 +602,12 @@ impl Policy for Stitch {
 
     fn reset(&mut self) {
         let stats = self.stats;
-        let (faults, headroom, budget) = (self.faults, self.headroom, self.budget);
-        *self = Stitch::new().with_headroom(headroom).with_budget(budget);
+        let (faults, headroom, budget, runs) =
+            (self.faults, self.headroom, self.budget, self.grow_runs);
+        *self = Stitch::new()
+            .with_headroom(headroom)
+            .with_budget(budget)
+            .with_runs(runs);
         self.set_faults(faults);
         self.stats = Stats {
             reserved: 0,

@@ -1,5 +1,14 @@
 //! Pages: the byte-range sub-allocator inside each physical page, the free-range indexes
 //! the placement searches, and creating and releasing the pages themselves.
+//!
+//! Runs: the arena grows by a run of pages under one handle (one create and one map
+//! whatever its length, where a handle per page costs a create and a map per page). CUDA
+//! maps a handle only whole (`cuMemMap` takes no offset into it but 0) and releases it only
+//! whole, so a page of a run is never stitched into another mapping on its own: its free
+//! bytes are used through the mappings its run is in (the arena), it is indexed apart
+//! (`bound_free`, and no head or tail of a new mapping), and it goes back to the device
+//! only with its whole run, once no page of the run holds a byte and no mapping of them
+//! is in use.
 
 use super::*;
 
@@ -7,20 +16,32 @@ impl Stitch {
     pub(super) fn unindex(&mut self, p: u32) {
         let g = self.gran;
         let pg = self.pages[p as usize].as_ref().unwrap();
+        let bound = pg.run > 1 && !self.faults.stitch_run_pages;
         if pg.used == 0 {
-            self.free_pages.remove(&p);
+            if bound {
+                self.bound_free.remove(&p);
+            } else {
+                self.free_pages.remove(&p);
+            }
             return;
         }
         let c = pg.class;
         if c == SMALL {
             self.small_pages.remove(&p);
         }
+        // a page of a run is a head (its free suffix) only as its run's last page and a tail
+        // (its free prefix) only as its run's first: the new mapping maps the whole run
+        let (head_ok, tail_ok) = if bound {
+            (pg.idx + 1 == pg.run, pg.idx == 0)
+        } else {
+            (true, true)
+        };
         for (&s, &e) in &pg.free {
             self.ranges[c].remove(&(e - s, p, s));
-            if s == 0 {
+            if s == 0 && tail_ok {
                 self.prefix[c].remove(&(e, p));
             }
-            if e == g {
+            if e == g && head_ok {
                 self.suffix[c].remove(&(e - s, p));
             }
         }
@@ -29,20 +50,30 @@ impl Stitch {
     pub(super) fn index(&mut self, p: u32) {
         let g = self.gran;
         let pg = self.pages[p as usize].as_ref().unwrap();
+        let bound = pg.run > 1 && !self.faults.stitch_run_pages;
         if pg.used == 0 {
-            self.free_pages.insert(p);
+            if bound {
+                self.bound_free.insert(p);
+            } else {
+                self.free_pages.insert(p);
+            }
             return;
         }
         let c = pg.class;
         if c == SMALL {
             self.small_pages.insert(p);
         }
+        let (head_ok, tail_ok) = if bound {
+            (pg.idx + 1 == pg.run, pg.idx == 0)
+        } else {
+            (true, true)
+        };
         for (&s, &e) in &pg.free {
             self.ranges[c].insert((e - s, p, s));
-            if s == 0 {
+            if s == 0 && tail_ok {
                 self.prefix[c].insert((e, p));
             }
-            if e == g {
+            if e == g && head_ok {
                 self.suffix[c].insert((e - s, p));
             }
         }
@@ -126,44 +157,146 @@ impl Stitch {
         out
     }
 
+    /// One new page with a handle of its own.
     pub(super) fn grow(&mut self, dev: &mut dyn Device) -> Result<u32, DeviceError> {
-        let h = dev.create()?;
-        let g = self.gran;
-        let page = Page {
-            handle: h,
-            free: BTreeMap::from([(0, g)]),
-            used: 0,
-            occ: BTreeMap::new(),
-            class: LARGE,
-            life: 0,
-            maps: Vec::new(),
-            fences: Vec::new(),
-        };
-        let id = match self.free_slots.pop() {
-            Some(id) => {
-                self.pages[id as usize] = Some(page);
-                id
-            }
-            None => {
-                self.pages.push(Some(page));
-                (self.pages.len() - 1) as u32
-            }
-        };
-        self.free_pages.insert(id);
-        self.npages += 1;
-        self.update_reserved();
-        Ok(id)
+        Ok(self.grow_run(dev, 1)?[0])
     }
 
-    pub(super) fn release_page(&mut self, dev: &mut dyn Device, p: u32) -> Result<(), PoolError> {
-        let h = self.page(p).handle;
-        dev.release(h).map_err(PoolError::Device)?;
-        self.purge_fences_all_of(dev, p);
-        self.free_pages.remove(&p);
-        self.pages[p as usize] = None;
-        self.free_slots.push(p);
-        self.npages -= 1;
+    /// `k` (>= 1) new pages under one handle: one driver call (see "Runs" above).
+    pub(super) fn grow_run(
+        &mut self,
+        dev: &mut dyn Device,
+        k: u64,
+    ) -> Result<Vec<u32>, DeviceError> {
+        let h = dev.create(k)?;
+        let g = self.gran;
+        let mut ids = Vec::with_capacity(k as usize);
+        for i in 0..k {
+            let page = Page {
+                handle: h,
+                run: k as u32,
+                idx: i as u32,
+                free: BTreeMap::from([(0, g)]),
+                used: 0,
+                occ: BTreeMap::new(),
+                class: LARGE,
+                life: 0,
+                maps: Vec::new(),
+                fences: Vec::new(),
+            };
+            let id = match self.free_slots.pop() {
+                Some(id) => {
+                    self.pages[id as usize] = Some(page);
+                    id
+                }
+                None => {
+                    self.pages.push(Some(page));
+                    (self.pages.len() - 1) as u32
+                }
+            };
+            ids.push(id);
+        }
+        if k > 1 {
+            self.runs.insert(h, ids.clone());
+        }
+        for &id in &ids {
+            self.index(id);
+        }
+        self.npages += k;
         self.update_reserved();
+        Ok(ids)
+    }
+
+    /// Whether `create` new pages may come as one run: the pool would then hold at most
+    /// 1 / `RUN_ROOM` of what the device could give it (the pages held and the device's
+    /// room; a device that does not know its room is taken for a roomy one).
+    pub(super) fn roomy(&self, dev: &dyn Device, create: u64) -> bool {
+        let Some(room) = dev.room() else {
+            return true;
+        };
+        let g = self.gran;
+        let held = self.npages.saturating_mul(g);
+        let could = held.saturating_add(room);
+        held.saturating_add(create.saturating_mul(g)) <= could / RUN_ROOM
+    }
+
+    /// The pages of `p`'s handle, in order (`p` alone when it has a handle of its own).
+    pub(super) fn run_of(&self, p: u32) -> Vec<u32> {
+        let pg = self.page(p);
+        if pg.run > 1 {
+            self.runs[&pg.handle].clone()
+        } else {
+            vec![p]
+        }
+    }
+
+    /// Whether `ok` holds for every page of `p`'s run.
+    pub(super) fn run_all(&self, p: u32, ok: impl Fn(u32) -> bool) -> bool {
+        if self.page(p).run <= 1 {
+            return ok(p);
+        }
+        self.runs[&self.page(p).handle].iter().all(|&q| ok(q))
+    }
+
+    /// Give page `p` back to the device, with its whole run (the caller has checked that no
+    /// page of it is used or mapped).
+    pub(super) fn release_page(&mut self, dev: &mut dyn Device, p: u32) -> Result<(), PoolError> {
+        let pg = self.page(p);
+        let (h, k) = (pg.handle, pg.run as u64);
+        dev.release(h, k).map_err(PoolError::Device)?;
+        let pages = if k > 1 {
+            self.runs.remove(&h).unwrap_or_default()
+        } else {
+            vec![p]
+        };
+        for q in pages {
+            if self.pages[q as usize].is_none() {
+                continue;
+            }
+            self.purge_fences_all_of(dev, q);
+            self.free_pages.remove(&q);
+            self.bound_free.remove(&q);
+            self.pages[q as usize] = None;
+            self.free_slots.push(q);
+            self.npages -= 1;
+        }
+        self.update_reserved();
+        Ok(())
+    }
+
+    /// Map `pages` one after another at `va` (whole runs in order: one map per handle).
+    /// `Err((error, bytes mapped from va))`; a page of a run that is not there whole and in
+    /// order is refused (`DeviceError::Unsupported`) before anything is mapped for it.
+    pub(super) fn map_pages(
+        &self,
+        dev: &mut dyn Device,
+        va: u64,
+        pages: &[u32],
+    ) -> Result<(), (DeviceError, u64)> {
+        let g = self.gran;
+        let mut i = 0;
+        while i < pages.len() {
+            let pg = self.page(pages[i]);
+            let mut k = pg.run as usize;
+            if k > 1 {
+                let whole = pg.idx == 0
+                    && pages.len() - i >= k
+                    && self
+                        .runs
+                        .get(&pg.handle)
+                        .is_some_and(|r| r[..] == pages[i..i + k]);
+                if !whole && self.faults.stitch_run_pages {
+                    // the fault: the page mapped as if its handle were its own
+                    k = 1;
+                } else if !whole {
+                    return Err((DeviceError::Unsupported, i as u64 * g));
+                }
+            }
+            if let Err(e) = dev.map(va + i as u64 * g, pg.handle, k as u64) {
+                return Err((e, i as u64 * g));
+            }
+            i += k;
+        }
         Ok(())
     }
 }

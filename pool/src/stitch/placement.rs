@@ -50,6 +50,47 @@ impl Stitch {
     /// Best placement of `size` bytes with the pages held now, or None. `mix`: also use the
     /// other class's shared pages.
     pub(super) fn place(&self, size: u64, mix: bool, allow_new: bool) -> Option<Plan> {
+        match self.place_pages(size, mix, allow_new)? {
+            Plan::New { pages, off } => self.whole_runs(pages, off),
+            plan => Some(plan),
+        }
+    }
+
+    /// A new mapping's pages with its head and tail pages widened to their whole runs (a
+    /// head is the last page of its run, a tail the first: see `index`), the block's offset
+    /// moved by the head run's other pages. None if head and tail are of one run.
+    fn whole_runs(&self, mut pages: Vec<u32>, mut off: u64) -> Option<Plan> {
+        let n = pages.len();
+        // a head or tail holds bytes (pages taken whole come with their whole runs already)
+        let run_of = |p: u32| {
+            let pg = self.page(p);
+            (pg.run > 1 && pg.used > 0 && !self.faults.stitch_run_pages).then_some(pg.handle)
+        };
+        let head = run_of(pages[0]);
+        let tail = if n > 1 { run_of(pages[n - 1]) } else { None };
+        if head.is_none() && tail.is_none() {
+            return Some(Plan::New { pages, off });
+        }
+        if head.is_some() && head == tail {
+            return None;
+        }
+        if let Some(h) = tail {
+            // the tail page is its run's first: the rest of the run follows it
+            pages.pop();
+            pages.extend_from_slice(&self.runs[&h]);
+        }
+        if let Some(h) = head {
+            // the head page is its run's last: the rest of the run comes before it
+            let run = &self.runs[&h];
+            off += (run.len() as u64 - 1) * self.gran;
+            let mut all = run.clone();
+            all.extend_from_slice(&pages[1..]);
+            pages = all;
+        }
+        Some(Plan::New { pages, off })
+    }
+
+    fn place_pages(&self, size: u64, mix: bool, allow_new: bool) -> Option<Plan> {
         let g = self.gran;
         let cls = self.class_of(size);
         let classes: &[usize] = match (mix, cls) {
@@ -142,9 +183,22 @@ impl Stitch {
         // B. new mapping over free resources
         let k0 = size / g;
         let r = size % g;
-        let nfree = self.free_pages.len() as u64;
-        let take_free =
-            |k: u64| -> Vec<u32> { self.free_pages.iter().take(k as usize).copied().collect() };
+        // whole free pages: those with a handle of their own first, then runs with no byte
+        // used, whole and in order (a run is mapped only whole), exactly `k` pages or None
+        let free_runs = self.free_runs();
+        let take_free = |k: u64| -> Option<Vec<u32>> {
+            let mut out: Vec<u32> = self.free_pages.iter().take(k as usize).copied().collect();
+            for run in &free_runs {
+                let need = k as usize - out.len();
+                if need == 0 {
+                    break;
+                }
+                if run.len() <= need {
+                    out.extend_from_slice(run);
+                }
+            }
+            (out.len() as u64 == k).then_some(out)
+        };
         // Tier 1: no new holes. A partly used page's free end is consumed whole (head = its
         // whole free suffix, or tail = its whole free prefix) when that saves a fresh page;
         // the rest comes from fresh pages, whose leftover is again a clean prefix or suffix.
@@ -168,8 +222,7 @@ impl Stitch {
             {
                 let rest = size - len;
                 let n = rest.div_ceil(g);
-                if nfree >= n {
-                    let fresh = take_free(n);
+                if let Some(fresh) = take_free(n) {
                     return Some(if use_head {
                         let mut pages = vec![p];
                         pages.extend(fresh);
@@ -188,25 +241,24 @@ impl Stitch {
                 }
             }
         }
-        if nfree >= size.div_ceil(g) {
-            return Some(Plan::New {
-                pages: take_free(size.div_ceil(g)),
-                off: 0,
-            });
+        if let Some(pages) = take_free(size.div_ceil(g)) {
+            return Some(Plan::New { pages, off: 0 });
         }
         // Tier 2: use partly used pages' free ends even if that leaves a hole.
         if cls == LARGE || mix {
-            if nfree >= k0 && r > 0 {
+            if r > 0
+                && let Some(middle) = take_free(k0)
+            {
                 // tail: best-fit prefix
                 if let Some((_, t)) = best(&self.prefix, r, None) {
-                    let mut pages = take_free(k0);
+                    let mut pages = middle;
                     pages.push(t);
                     return Some(Plan::New { pages, off: 0 });
                 }
                 // head: best-fit suffix
                 if let Some((_, h)) = best(&self.suffix, r, None) {
                     let mut pages = vec![h];
-                    pages.extend(take_free(k0));
+                    pages.extend(middle);
                     return Some(Plan::New { pages, off: g - r });
                 }
                 // split: largest suffix as head, best-fit prefix for the rest
@@ -214,13 +266,15 @@ impl Stitch {
                     let need = r - hl.min(r);
                     if let Some((_, t)) = best(&self.prefix, need, Some(h)) {
                         let mut pages = vec![h];
-                        pages.extend(take_free(k0));
+                        pages.extend(middle);
                         pages.push(t);
                         return Some(Plan::New { pages, off: g - hl });
                     }
                 }
             }
-            if k0 >= 1 && nfree + 1 >= k0 {
+            if k0 >= 1
+                && let Some(middle) = take_free(k0 - 1)
+            {
                 // one page fewer: head + tail make up a page plus the remainder
                 if let Some((hl, h)) = largest(&self.suffix) {
                     let need = r + g - hl; // > r, <= g
@@ -228,7 +282,7 @@ impl Stitch {
                         && let Some((_, t)) = best(&self.prefix, need, Some(h))
                     {
                         let mut pages = vec![h];
-                        pages.extend(take_free(k0 - 1));
+                        pages.extend(middle);
                         pages.push(t);
                         return Some(Plan::New { pages, off: g - hl });
                     }
@@ -236,6 +290,22 @@ impl Stitch {
             }
         }
         None
+    }
+
+    /// Runs of which no page holds a byte, longest first (then by first page, so the order
+    /// is deterministic): whole pages a new mapping may take, each run whole and in order.
+    pub(super) fn free_runs(&self) -> Vec<Vec<u32>> {
+        if self.bound_free.is_empty() {
+            return Vec::new();
+        }
+        let mut out: Vec<Vec<u32>> = self
+            .runs
+            .values()
+            .filter(|r| r.iter().all(|q| self.bound_free.contains(q)))
+            .cloned()
+            .collect();
+        out.sort_by(|a, b| b.len().cmp(&a.len()).then(a[0].cmp(&b[0])));
+        out
     }
 
     pub(super) fn class_of(&self, size: u64) -> usize {

@@ -137,9 +137,11 @@ impl Stitch {
             return Ok(Slot::New(x.0, x.1));
         }
         // Grow-first mode (below the soft limit): keep cached blocks for exact reuse and
-        // take free pages or new pages, like a caching allocator.
+        // take free pages or new pages, like a caching allocator. Not near the device's
+        // limit (see `pressure`): there cached blocks are dissolved and the bytes held are
+        // used before the pool grows, as above its budget.
         let limit = self.soft_limit().min(self.budget_limit(req));
-        if (self.npages + size.div_ceil(g)) * g <= limit {
+        if (self.npages + size.div_ceil(g)) * g <= limit && !self.under_pressure(dev, size) {
             // A block of this very size waits for a synchronization: take it (one sync
             // releases every pending block) rather than place the request elsewhere while
             // its twin waits, which scatters both over shared pages.
@@ -299,11 +301,13 @@ impl Stitch {
 
     pub(super) fn release_unused(&mut self, dev: &mut dyn Device, created: &[u32]) {
         for &p in created {
-            if self.pages[p as usize].is_some() {
-                let pg = self.page(p);
-                if pg.used == 0 && pg.maps.is_empty() && pg.fences.is_empty() {
-                    let _ = self.release_page(dev, p);
-                }
+            if self.pages[p as usize].is_some()
+                && self.run_all(p, |q| {
+                    let pg = self.page(q);
+                    pg.used == 0 && pg.maps.is_empty() && pg.fences.is_empty()
+                })
+            {
+                let _ = self.release_page(dev, p);
             }
         }
     }
