@@ -16,18 +16,23 @@ fn unreadable_registry(d: &std::path::Path) -> std::path::PathBuf {
     p
 }
 
+/// `vramshim exporter --once` on `registry` (no NVML, no kubelet logs).
+fn once(d: &std::path::Path, registry: &std::path::Path) -> std::process::Output {
+    Command::new(exe())
+        .args(["exporter", "--once", "--no-nvml", "--registry"])
+        .arg(registry)
+        .arg("--kube-logs")
+        .arg(d.join("no-logs"))
+        .output()
+        .unwrap()
+}
+
 #[test]
 fn once_fails_with_one_message_when_the_registry_cannot_be_read() {
     let d = scratch("exporter-once");
     let reg = unreadable_registry(&d);
     for bad in [reg.clone(), d.clone()] {
-        let out = Command::new(exe())
-            .args(["exporter", "--once", "--no-nvml", "--registry"])
-            .arg(&bad)
-            .arg("--kube-logs")
-            .arg(d.join("no-logs"))
-            .output()
-            .unwrap();
+        let out = once(&d, &bad);
         let err = String::from_utf8_lossy(&out.stderr);
         let text = String::from_utf8_lossy(&out.stdout);
         assert_eq!(out.status.code(), Some(2), "{}: {err}", bad.display());
@@ -40,13 +45,7 @@ fn once_fails_with_one_message_when_the_registry_cannot_be_read() {
         assert!(text.contains("vramshim_registry_error 1"), "{text}");
     }
     // An absent registry is a node with nothing registered yet: not an error.
-    let out = Command::new(exe())
-        .args(["exporter", "--once", "--no-nvml", "--registry"])
-        .arg(d.join("absent"))
-        .arg("--kube-logs")
-        .arg(d.join("no-logs"))
-        .output()
-        .unwrap();
+    let out = once(&d, &d.join("absent"));
     assert_eq!(
         out.status.code(),
         Some(0),

@@ -200,6 +200,21 @@ fn import_rejects_bad_inputs_too() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("noise.bin"));
 }
 
+/// Runs `vramshim ARGS` on a damaged trace: no panic, exit 3 (everything readable was used,
+/// the output made, the damage reported); its stderr.
+fn used_but_damaged(d: &Path, args: &[&str]) -> String {
+    let out = run_in(d, args);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{args:?}: a damaged trace is read up to the damage, the output made, and the damage \
+         reported: {err}"
+    );
+    err
+}
+
 #[test]
 fn torn_trace_is_used_and_reported() {
     let d = scratch("garbage-torn");
@@ -208,14 +223,7 @@ fn torn_trace_is_used_and_reported() {
         vec!["summary", "torn.vramtrace"],
         vec!["report", "torn.vramtrace", "-o", "t.html"],
     ] {
-        let out = run_in(&d, &args);
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!err.contains("panicked"), "{err}");
-        assert_eq!(
-            out.status.code(),
-            Some(3),
-            "{args:?}: a torn trace is an input problem: {err}"
-        );
+        let err = used_but_damaged(&d, &args);
         assert!(
             err.contains("torn.vramtrace") && err.contains("torn"),
             "{err}"
@@ -267,14 +275,7 @@ fn garbage_after_the_last_frame_is_used_and_reported_once() {
         ],
         vec!["replay", "tail.vramtrace"],
     ] {
-        let out = run_in(&d, &args);
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!err.contains("panicked"), "{err}");
-        assert_eq!(
-            out.status.code(),
-            Some(3),
-            "{args:?}: read up to the damage, output made, damage reported: {err}"
-        );
+        let err = used_but_damaged(&d, &args);
         assert_eq!(
             err.matches("trace damaged").count(),
             1,

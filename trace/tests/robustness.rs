@@ -87,17 +87,7 @@ fn truncated_at_every_offset_gives_prefix_or_clear_error() {
 #[test]
 fn torn_frame_reports_offset_and_keeps_earlier_frames() {
     let (_, ev, bytes) = small_trace();
-    // Find the last frame's offset by reading.
-    let mut r = TraceReader::from_reader(&bytes[..]).unwrap();
-    let mut offsets = Vec::new();
-    let mut e = Event::Lost { t_ns: 0, count: 0 };
-    while r.next_into(&mut e).unwrap() {
-        let f = r.current_frame().unwrap();
-        if offsets.last() != Some(&f.offset) {
-            offsets.push(f.offset);
-        }
-    }
-    let last = *offsets.last().unwrap() as usize;
+    let last = *frame_offsets(&bytes).last().unwrap() as usize;
     let cut = last + 40; // inside the last frame's zstd data
     let (_, got, errs, trunc) = read_all(&bytes[..cut]).unwrap();
     assert!(errs.is_empty());
@@ -125,14 +115,9 @@ fn frame_offsets(bytes: &[u8]) -> Vec<u64> {
 fn garbage_after_the_last_frame_keeps_every_frame_before_it() {
     let (_, ev, bytes) = small_trace();
     let frames = frame_offsets(&bytes).len() as u64;
-    let mut noise = Vec::new();
-    let mut x: u32 = 0x9e37_79b9;
-    for _ in 0..5000 {
-        x ^= x << 13;
-        x ^= x >> 17;
-        x ^= x << 5;
-        noise.push(x as u8);
-    }
+    let noise: Vec<u8> = (0..5000u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
     // Garbage, zeros (a preallocated or half-flushed file), and a torn frame's own first
     // bytes repeated in the wrong place: each after every good frame.
     let torn_copy = bytes[frame_offsets(&bytes)[0] as usize..][..40].to_vec();
