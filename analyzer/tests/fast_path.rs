@@ -10,7 +10,7 @@ use std::path::Path;
 
 use vramshim_analyzer::analysis::{self, Options};
 use vramshim_analyzer::input;
-use vramshim_trace::{AllocKind, Api, DeviceInfo, Event, Header, MemOp, TraceWriter, codes, flags};
+use vramshim_trace::{Api, DeviceInfo, Event, Header, MemOp, TraceWriter, codes, flags};
 
 fn opts() -> Options {
     Options {
@@ -21,18 +21,11 @@ fn opts() -> Options {
 
 fn op(t: u64, tid: u32, device: i32, addr: u64, size: u64, stack: u32, result: i32) -> MemOp {
     MemOp {
-        t_ns: t,
         tid,
-        api: Api::CudaMalloc,
-        kind: AllocKind::Runtime,
-        flags: 0,
         device,
-        stream: 0,
-        addr,
-        size,
-        result,
-        latency_ns: 700,
         stack,
+        latency_ns: 700,
+        ..memop(t, Api::CudaMalloc, addr, size, result)
     }
 }
 

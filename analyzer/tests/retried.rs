@@ -19,18 +19,9 @@ const INVALID_CONTEXT: i32 = 201;
 
 fn op(t: u64, tid: u32, addr: u64, size: u64, result: i32) -> MemOp {
     MemOp {
-        t_ns: t,
         tid,
-        api: Api::CuMemAllocFromPoolAsync,
         kind: AllocKind::Async,
-        flags: 0,
-        device: 0,
-        stream: 0,
-        addr,
-        size,
-        result,
-        latency_ns: 500,
-        stack: 0,
+        ..memop(t, Api::CuMemAllocFromPoolAsync, addr, size, result)
     }
 }
 

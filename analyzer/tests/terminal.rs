@@ -8,7 +8,7 @@ use common::*;
 
 use std::path::Path;
 
-use vramshim_trace::{AllocKind, Api, DeviceInfo, Event, Header, MemOp, TraceWriter, codes};
+use vramshim_trace::{Api, DeviceInfo, Event, Header, MemOp, TraceWriter, codes};
 
 /// ESC (an OSC retitle and a CSI clear), BEL, the 8-bit CSI, a carriage return and a line
 /// break followed by a forged summary line.
@@ -16,18 +16,8 @@ const HOSTILE: &str = "x\u{1b}]0;pwned\u{7}\u{1b}[2J\u{9b}1A\r\nFORGED: no leaks
 
 fn op(t: u64, api: Api, addr: u64, size: u64, result: i32) -> MemOp {
     MemOp {
-        t_ns: t,
-        tid: 1,
-        api,
-        kind: AllocKind::Runtime,
-        flags: 0,
-        device: 0,
-        stream: 0,
-        addr,
-        size,
-        result,
-        latency_ns: 500,
         stack: 1,
+        ..memop(t, api, addr, size, result)
     }
 }
 

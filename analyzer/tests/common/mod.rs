@@ -142,3 +142,28 @@ pub fn compile_c(dir: &Path, name: &str, source: &str) -> PathBuf {
     assert!(st.success(), "cc failed on {}", src.display());
     exe
 }
+
+/// A runtime allocation event of thread 1 on device 0, stream 0, with no stack; tests set what
+/// they need on top (`MemOp { tid, ..memop(..) }`).
+pub fn memop(
+    t: u64,
+    api: vramshim_trace::Api,
+    addr: u64,
+    size: u64,
+    result: i32,
+) -> vramshim_trace::MemOp {
+    vramshim_trace::MemOp {
+        t_ns: t,
+        tid: 1,
+        api,
+        kind: vramshim_trace::AllocKind::Runtime,
+        flags: 0,
+        device: 0,
+        stream: 0,
+        addr,
+        size,
+        result,
+        latency_ns: 500,
+        stack: 0,
+    }
+}
