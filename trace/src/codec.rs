@@ -7,6 +7,7 @@
 use crate::columns::TimeCursor;
 use crate::event::{AllocKind, Api, DeviceInfo, Event, MemOp, PyFrame, SyncKind, TorchOp};
 use crate::torch_run::{self, Model};
+use crate::wire::put_varint_at as wv;
 use crate::wire::{
     Cur, put_str, put_varint, torch_offset, torch_offset_of, torch_size, torch_size_of, unzigzag,
     zigzag,
@@ -895,28 +896,6 @@ const RUN_MAX: usize = (1 << 21) - 2 * torch_run::EV_MAX;
 
 /// Scratch size of one MemOp record (a power of two above its largest size, 73 bytes).
 const REC: usize = 128;
-
-/// Writes `v` as a varint at `b[n..]`, returns the new position.
-#[inline(always)]
-fn wv(b: &mut [u8; REC], mut n: usize, mut v: u64) -> usize {
-    // Most fields take one or two bytes: no loop for those.
-    if v < 0x80 {
-        b[n % REC] = v as u8;
-        return n + 1;
-    }
-    if v < 0x4000 {
-        b[n % REC] = (v as u8) | 0x80;
-        b[(n + 1) % REC] = (v >> 7) as u8;
-        return n + 2;
-    }
-    while v >= 0x80 {
-        b[n % REC] = (v as u8) | 0x80;
-        v >>= 7;
-        n += 1;
-    }
-    b[n % REC] = v as u8;
-    n + 1
-}
 
 fn record_tag(ev: &Event) -> u8 {
     match ev {
