@@ -146,7 +146,7 @@ fn pump(
     }
     progress.finish();
     for w in opened.events.warnings() {
-        eprintln!("warning: {w}");
+        eprintln!("warning: {}", crate::terminal::one_line(&w));
     }
     Ok(opened.events.damaged())
 }

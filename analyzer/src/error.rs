@@ -24,7 +24,8 @@ pub struct InputError {
 impl InputError {
     pub fn new(path: &Path, at: Option<Location>, msg: impl Into<String>) -> Self {
         InputError {
-            path: path.display().to_string(),
+            // Shown on a terminal: a name another user chose carries no control characters.
+            path: crate::terminal::one_line(&path.display().to_string()).into_owned(),
             at,
             msg: msg.into(),
         }
@@ -68,5 +69,8 @@ impl From<InputError> for String {
 
 /// An error while writing an output file.
 pub fn write_error(path: &Path, e: &std::io::Error) -> String {
-    format!("{}: cannot write: {e}", path.display())
+    format!(
+        "{}: cannot write: {e}",
+        crate::terminal::one_line(&path.display().to_string())
+    )
 }

@@ -14,6 +14,7 @@ pub mod render;
 pub mod source;
 pub mod symbols;
 pub mod synth;
+pub mod terminal;
 pub mod units;
 pub mod whatif;
 

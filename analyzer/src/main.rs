@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 mod cmd;
 
 use cmd::{demo, diff, export, exporter, import, replay, report, run, summary, synth, top};
+use vramshim_analyzer::render::{for_terminal, one_line};
 
 #[derive(Parser)]
 #[command(
@@ -67,7 +68,7 @@ fn spool_inputs(cmd: &mut Cmd) -> Result<Vec<vramshim_analyzer::input::Spooled>,
         if s.path() != p.as_path() {
             eprintln!(
                 "vramshim: {} is a pipe or device: reading its copy {}",
-                p.display(),
+                one_line(&p.to_string_lossy()),
                 s.path().display()
             );
         }
@@ -96,7 +97,7 @@ fn main() -> ExitCode {
     let _spooled = match spool_inputs(&mut cli.cmd) {
         Ok(s) => s,
         Err(msg) => {
-            eprintln!("vramshim: {msg}");
+            eprintln!("vramshim: {}", for_terminal(&msg));
             return ExitCode::from(2);
         }
     };
@@ -116,7 +117,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(msg) => {
-            eprintln!("vramshim: {msg}");
+            eprintln!("vramshim: {}", for_terminal(&msg));
             ExitCode::from(2)
         }
     }

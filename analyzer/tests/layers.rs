@@ -7,6 +7,7 @@ use std::path::Path;
 
 /// Bottom first; the modules of one entry import none of each other.
 const LAYERS: &[&[&str]] = &[
+    &["terminal"],
     &["error", "units", "progress", "fastmap"],
     &["files", "source", "symbols"],
     &["formats"],

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use vramshim_analyzer::analysis::{self, Options, diff};
 use vramshim_analyzer::input;
+use vramshim_analyzer::render::{for_terminal, one_line};
 use vramshim_analyzer::units::{bytes, bytes_delta};
 
 #[derive(clap::Args)]
@@ -46,7 +47,7 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
         return Ok(crate::cmd::input_status(&[a, b], torn));
     }
     let mut o = String::new();
-    let _ = writeln!(o, "A: {}\nB: {}", d.a, d.b);
+    let _ = writeln!(o, "A: {}\nB: {}", one_line(&d.a), one_line(&d.b));
     let pct = |r: Option<f64>| {
         r.map(|r| format!("{:+.1}%", r * 100.0))
             .unwrap_or_else(|| "new".into())
@@ -112,12 +113,12 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
                     bytes_delta(c.delta),
                     bytes(c.a as u64),
                     bytes(c.b as u64),
-                    c.what
+                    one_line(&c.what)
                 );
             }
         }
     }
-    print!("{o}");
+    print!("{}", for_terminal(&o));
     let torn = a.torn || b.torn;
     Ok(crate::cmd::input_status(&[a, b], torn))
 }

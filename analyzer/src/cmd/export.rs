@@ -68,18 +68,20 @@ pub fn main(a: Args) -> Result<ExitCode, String> {
         if to_stdout {
             "standard output".to_string()
         } else {
-            a.output.display().to_string()
+            vramshim_analyzer::render::one_line(&a.output.display().to_string()).into_owned()
         }
     );
     if stats.torn {
         eprintln!(
             "vramshim: {}: a trace is damaged (a torn last frame or a frame that failed its \
              checksum, named above); everything else was exported",
-            a.traces
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
+            vramshim_analyzer::render::one_line(
+                &a.traces
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
         );
         return Ok(ExitCode::from(3));
     }

@@ -100,7 +100,10 @@ fn serve(
     while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         if left.is_zero() {
-            return Err("reading a request: timed out".to_string());
+            return Err(format!(
+                "reading a request: timed out after {} s",
+                IO_TIMEOUT.as_secs()
+            ));
         }
         s.set_read_timeout(Some(left)).map_err(|e| e.to_string())?;
         if buf.len() >= MAX_REQUEST {
@@ -114,6 +117,18 @@ fn serve(
         match s.read(&mut chunk) {
             Ok(0) => break,
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            // The read timeout (the deadline) reads as EAGAIN on Linux.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(format!(
+                    "reading a request: timed out after {} s",
+                    IO_TIMEOUT.as_secs()
+                ));
+            }
             Err(e) => return Err(format!("reading a request: {e}")),
         }
     }
@@ -581,6 +596,20 @@ mod tests {
         );
         reg.unregister(s, me);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A client that sends part of a request and stops is dropped at the deadline, and the
+    /// server's line says it timed out (not the system's "Resource temporarily unavailable").
+    #[test]
+    fn a_stalled_request_is_said_to_time_out() {
+        use std::io::Write;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut client = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        client.write_all(b"GET /met").unwrap();
+        let (conn, _) = l.accept().unwrap();
+        let dir = std::env::temp_dir();
+        let e = serve(conn, &dir.join("no-registry"), None, &dir.join("no-logs")).unwrap_err();
+        assert_eq!(e, "reading a request: timed out after 5 s");
     }
 
     #[test]

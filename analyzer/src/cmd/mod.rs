@@ -29,7 +29,7 @@ pub(crate) fn input_status(reports: &[vramshim_analyzer::TraceReport], torn: boo
     if torn {
         for r in reports.iter().filter(|r| r.torn) {
             for w in &r.warnings {
-                eprintln!("vramshim: {w}");
+                eprintln!("vramshim: {}", vramshim_analyzer::render::one_line(w));
             }
         }
         ExitCode::from(3)

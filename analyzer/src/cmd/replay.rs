@@ -171,7 +171,7 @@ pub fn main(a: Args) -> Result<ExitCode, String> {
             c.syncs
         );
     }
-    print!("{o}");
+    print!("{}", vramshim_analyzer::render::for_terminal(&o));
     Ok(damage_status(&r.damage))
 }
 
@@ -179,7 +179,7 @@ pub fn main(a: Args) -> Result<ExitCode, String> {
 /// the replay used everything else, but it is not the whole run.
 fn damage_status(damage: &[String]) -> ExitCode {
     for d in damage {
-        eprintln!("vramshim: {d}");
+        eprintln!("vramshim: {}", vramshim_analyzer::render::one_line(d));
     }
     if damage.is_empty() {
         ExitCode::SUCCESS

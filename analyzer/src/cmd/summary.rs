@@ -100,7 +100,7 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
                 }
             }
         }
-        print!("{out}");
+        print!("{}", render::for_terminal(&out));
     }
     Ok(crate::cmd::input_status(&reports, torn))
 }

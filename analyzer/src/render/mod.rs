@@ -2,3 +2,5 @@
 
 pub mod html;
 pub mod text;
+
+pub use crate::terminal::{for_terminal, one_line};

@@ -7,8 +7,10 @@ use crate::analysis::compare::Comparison;
 use crate::analysis::{DeviceReport, PostMortem, TraceReport};
 use crate::units::{bytes, duration_ns, wall_utc};
 
+use super::one_line as line;
+
 pub fn trace(r: &TraceReport, out: &mut String) {
-    let _ = writeln!(out, "== {} ({})", r.file, r.format);
+    let _ = writeln!(out, "== {} ({})", line(&r.file), r.format);
     if r.process.pid != 0 || !r.process.cmdline.is_empty() {
         let _ = writeln!(
             out,
@@ -16,11 +18,11 @@ pub fn trace(r: &TraceReport, out: &mut String) {
             r.process.pid,
             r.process.ppid,
             if r.process.host.is_empty() {
-                "?"
+                "?".into()
             } else {
-                &r.process.host
+                line(&r.process.host)
             },
-            r.process.cmdline.join(" ")
+            line(&r.process.cmdline.join(" "))
         );
     }
     let _ = writeln!(
@@ -43,11 +45,11 @@ pub fn trace(r: &TraceReport, out: &mut String) {
             l.origin(),
             value,
             l.devices_text(),
-            l.source
+            line(&l.source)
         );
     }
     for w in &r.warnings {
-        let _ = writeln!(out, "warning: {w}");
+        let _ = writeln!(out, "warning: {}", line(w));
     }
     for f in &r.failed_calls {
         let _ = writeln!(
@@ -116,7 +118,7 @@ fn device(d: &DeviceReport, out: &mut String, end_note: Option<String>) {
         if d.device < 0 {
             "host (pinned) memory".to_string()
         } else {
-            d.name.clone()
+            line(&d.name).into_owned()
         }
     );
     let _ = writeln!(
@@ -160,7 +162,7 @@ fn device(d: &DeviceReport, out: &mut String, end_note: Option<String>) {
         let by = d
             .cap_source
             .as_ref()
-            .map_or_else(String::new, |s| format!(" (set by {s})"));
+            .map_or_else(String::new, |s| format!(" (set by {})", line(s)));
         let _ = writeln!(out, "  cap {}{by}: {} refusals", bytes(c), d.refusals);
     }
     if !d.calls.is_empty() {
@@ -190,7 +192,7 @@ fn device(d: &DeviceReport, out: &mut String, end_note: Option<String>) {
                 "    {:>12} in {:>6} allocations  {}",
                 bytes(s.bytes),
                 s.allocations,
-                s.site
+                line(&s.site)
             );
         }
     }
@@ -212,7 +214,7 @@ fn device(d: &DeviceReport, out: &mut String, end_note: Option<String>) {
                 h.addr,
                 h.api,
                 h.stream,
-                h.site
+                line(&h.site)
             );
         }
     }
@@ -279,7 +281,7 @@ fn device(d: &DeviceReport, out: &mut String, end_note: Option<String>) {
             "    {:>12} in {:>6} allocations  {}",
             bytes(s.bytes),
             s.allocations,
-            s.site
+            line(&s.site)
         );
     }
     if !d.top_sites.is_empty() && d.top_sites.iter().any(|s| s.stack != 0) {
@@ -291,7 +293,7 @@ fn device(d: &DeviceReport, out: &mut String, end_note: Option<String>) {
                 bytes(s.peak_bytes),
                 s.allocs,
                 bytes(s.bytes),
-                s.site
+                line(&s.site)
             );
         }
     }
@@ -336,11 +338,11 @@ pub fn torch_view(t: &crate::analysis::torch::TorchView, when: &str, out: &mut S
             out,
             "    PyTorch could not allocate {} at {} (device free: {})",
             bytes(f.size),
-            f.site,
+            line(&f.site),
             bytes(f.device_free)
         );
         for fr in f.frames.iter().take(6) {
-            let _ = writeln!(out, "      {fr}");
+            let _ = writeln!(out, "      {}", line(fr));
         }
     }
     let _ = writeln!(
@@ -360,7 +362,7 @@ pub fn torch_view(t: &crate::analysis::torch::TorchView, when: &str, out: &mut S
                 "      {:>12} in {:>6} tensors  {}",
                 bytes(h.bytes),
                 h.tensors,
-                h.site
+                line(&h.site)
             );
         }
     }
@@ -371,7 +373,7 @@ pub fn torch_view(t: &crate::analysis::torch::TorchView, when: &str, out: &mut S
                 .holders
                 .iter()
                 .take(3)
-                .map(|h| format!("{} {}", bytes(h.bytes), h.site))
+                .map(|h| format!("{} {}", bytes(h.bytes), line(&h.site)))
                 .collect();
             let _ = writeln!(
                 out,
@@ -407,7 +409,7 @@ pub fn post_mortem(n: usize, pm: &PostMortem, out: &mut String) {
         pm.event_index
     );
     if !pm.frames.is_empty() {
-        let _ = writeln!(out, "    from {}", pm.site);
+        let _ = writeln!(out, "    from {}", line(&pm.site));
     }
     let mut state = format!(
         "    live then: {} in {} allocations",
@@ -425,7 +427,7 @@ pub fn post_mortem(n: usize, pm: &PostMortem, out: &mut String) {
     if let Some(c) = pm.cap {
         let _ = write!(state, "; cap {} (charged {})", bytes(c), bytes(pm.charged));
         if let Some(s) = &pm.cap_source {
-            let _ = write!(state, ", set by {s}");
+            let _ = write!(state, ", set by {}", line(s));
         }
     }
     if let Some(t) = pm.device_total {
@@ -438,7 +440,7 @@ pub fn post_mortem(n: usize, pm: &PostMortem, out: &mut String) {
             "      {:>12} in {:>6} allocations  {}",
             bytes(s.bytes),
             s.allocations,
-            s.site
+            line(&s.site)
         );
     }
     if let Some(t) = &pm.torch {
@@ -487,7 +489,7 @@ pub fn comparison(c: &Comparison, out: &mut String) {
         let _ = writeln!(
             out,
             "  {:<32} {:>8} {:>10} {:>12} {:>12} {:>12} {:>8}",
-            name,
+            line(&name),
             r.pid,
             r.allocs,
             bytes(r.bytes_allocated),
@@ -504,7 +506,7 @@ pub fn comparison(c: &Comparison, out: &mut String) {
         let _ = writeln!(
             out,
             "  OUTLIER {}: {} {} is {:+.1}% from the median {}",
-            o.file,
+            line(&o.file),
             o.metric.replace('_', " "),
             bytes(o.value),
             o.deviation * 100.0,
@@ -528,7 +530,7 @@ pub fn by_gpu(groups: &[GpuGroup], out: &mut String) {
             out,
             "{} ({}{total}): {} processes",
             g.uuid,
-            g.name,
+            line(&g.name),
             g.processes.len()
         );
         let who = |k: usize| {
@@ -537,7 +539,7 @@ pub fn by_gpu(groups: &[GpuGroup], out: &mut String) {
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_else(|| m.trace.clone());
-            format!("pid {} ({file}, device {})", m.pid, m.device)
+            format!("pid {} ({}, device {})", m.pid, line(&file), m.device)
         };
         for (k, m) in g.processes.iter().enumerate() {
             let _ = writeln!(out, "  {}: peak in use {}", who(k), bytes(m.peak_in_use));

@@ -516,71 +516,69 @@ fn create_pool(pools: &mut Pools, req: &request::Request) -> Result<(), String> 
 }
 
 /// Testing only (`VRAMSHIM_POOL_DEBUG`): the pool's rules broken on purpose, to prove the
-/// tests that check them can fail; said once per pool made.
+/// tests that check them can fail; said once per pool made. Several may be named, separated
+/// by commas (`lazy-sync,pressure-off`); any name not listed here: none.
 /// Also says whether the arena grows by runs of pages under one handle
 /// (`Stitch::with_runs`, off by default: `runs` turns it on to test the multi-page handles
 /// live, `stitch-run-pages` with the rule that such a page is mapped only with its run broken).
 fn debug_faults() -> Option<(vramshim_pool::stitch::Faults, bool)> {
     use vramshim_pool::stitch::Faults;
     let v = crate::config::var("VRAMSHIM_POOL_DEBUG")?;
+    let mut f = Faults::default();
     let mut runs = false;
-    let (faults, what) = match v {
-        // The arena grows by runs (one handle of several pages): the multi-page handles'
-        // live tests.
-        "runs" => {
-            runs = true;
-            (Faults::default(), "grows its arena by runs of pages")
+    let mut what = String::new();
+    for name in v.split(',').map(str::trim) {
+        let this = match name {
+            // The arena grows by runs (one handle of several pages): the multi-page handles'
+            // live tests.
+            "runs" => {
+                runs = true;
+                "grows its arena by runs of pages"
+            }
+            // ... and maps a page of a run alone (the handle's first page, in fact): the test
+            // that a run is only ever mapped whole.
+            "stitch-run-pages" => {
+                runs = true;
+                f.stitch_run_pages = true;
+                "maps pages of a run alone"
+            }
+            // The old synchronization choices (looser packing): the tightness test.
+            "lazy-sync" => {
+                f.lazy_sync = true;
+                "packs as before its tightness fix"
+            }
+            // The reuse rules: the early-reuse tests.
+            "reuse-early" => {
+                f.reuse_sync_frees_early = true;
+                f.ignore_streams = true;
+                "reuses freed memory too early"
+            }
+            // Lays a repeated round out afresh instead of replaying the previous round's
+            // places: the steady-state test (no driver call after the first pass).
+            "forget-rounds" => {
+                f.forget_rounds = true;
+                "does not replay a repeated round's places"
+            }
+            // Grows and caches as if there were no budget: the budget's test.
+            "ignore-budget" => {
+                f.ignore_budget = true;
+                "ignores its budget"
+            }
+            // Never looks at the device's room: the smallest-device tests (near the limit
+            // the pool re-forms its rounds' mappings and dissolves before it grows).
+            "pressure-off" => {
+                f.pressure_off = true;
+                "ignores how close the device is to full"
+            }
+            _ => return None,
+        };
+        if !what.is_empty() {
+            what.push_str(" and ");
         }
-        // ... and maps a page of a run alone (the handle's first page, in fact): the test
-        // that a run is only ever mapped whole.
-        "stitch-run-pages" => {
-            runs = true;
-            (
-                Faults {
-                    stitch_run_pages: true,
-                    ..Default::default()
-                },
-                "maps pages of a run alone",
-            )
-        }
-        // The old synchronization choices (looser packing): the tightness test.
-        "lazy-sync" => (
-            Faults {
-                lazy_sync: true,
-                ..Default::default()
-            },
-            "packs as before its tightness fix",
-        ),
-        // The reuse rules: the early-reuse tests.
-        "reuse-early" => (
-            Faults {
-                reuse_sync_frees_early: true,
-                ignore_streams: true,
-                ..Default::default()
-            },
-            "reuses freed memory too early",
-        ),
-        // Lays a repeated round out afresh instead of replaying the previous round's places:
-        // the steady-state test (no driver call after the first pass).
-        "forget-rounds" => (
-            Faults {
-                forget_rounds: true,
-                ..Default::default()
-            },
-            "does not replay a repeated round's places",
-        ),
-        // Grows and caches as if there were no budget: the budget's test.
-        "ignore-budget" => (
-            Faults {
-                ignore_budget: true,
-                ..Default::default()
-            },
-            "ignores its budget",
-        ),
-        _ => return None,
-    };
+        what.push_str(this);
+    }
     crate::warn!("VRAMSHIM_POOL_DEBUG={v}: the pool {what} (testing only)");
-    Some((faults, runs))
+    Some((f, runs))
 }
 
 /// Bit `d`: device `d` has a pool (set when made, cleared when reset).

@@ -168,8 +168,9 @@ pub struct Faults {
     /// safety fault: it proves the test that a pool stuck above its budget keeps caching
     /// can fail).
     pub dissolve_when_stuck: bool,
-    /// Never look at the device's room (not a safety fault: it proves the test that the
-    /// pool completes bert on a device of 1.03 x its peak live can fail).
+    /// Never look at the device's room, so never take the near-the-limit choices of
+    /// `pressure` (not a safety fault: it proves the tests of the smallest devices they
+    /// reach can fail).
     pub pressure_off: bool,
     /// Under pressure, re-form a round's mapping even while blocks use it or a stream may
     /// still touch it (their bytes move under them): proves the checks of re-forming under
@@ -194,8 +195,8 @@ impl Faults {
             || self.mix_lifetimes
             || self.replay_unsynced
             || self.dissolve_when_stuck
-        // (`pressure_off` and `pressure_reform_used` act only where a new mapping is made,
-        // never on the fast path, which they leave on)
+        // (`pressure_off` and `pressure_reform_used` act only where the slow path would grow
+        // or make a new mapping, never on the fast path, which they leave on)
     }
 }
 

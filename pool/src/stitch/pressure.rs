@@ -1,30 +1,38 @@
 //! Near the device's limit: the expensive placement only where the cheap one may end in an
 //! out-of-memory answer.
 //!
-//! A tight pool does not re-form (remap over other pages) a mapping that a place of its
-//! current or previous round is in: a repeated round replays those places, so keeping them
-//! is what makes a repeated workload's later rounds cost no driver call (see `rounds`). The
-//! price is room: a new block whose pages an unused round mapping already mostly holds gets
-//! a new mapping instead, and the layout that follows differs from the one re-forming gives.
-//! On the smallest device bert needs (behind `cudaFree`) the layouts part there, and only
-//! the re-formed one completes: 214 MiB (1.023 x peak live) instead of 216 (1.032).
+//! Two choices of the tight pool trade room for driver calls, and are right on a large device
+//! but cost the smallest one a page or two:
+//! - It does not re-form (remap over other pages) a mapping that a place of its current or
+//!   previous round is in: a repeated round replays those places, so keeping them is what
+//!   makes a repeated workload's later rounds cost no driver call (see `rounds`). A new block
+//!   whose pages an unused round mapping already mostly holds then gets a new mapping, and
+//!   the layout that follows differs from the one re-forming gives. On the smallest device
+//!   bert needs behind `cudaFree` the layouts part there, and only the re-formed one
+//!   completes: 214 MiB (1.023 x peak live) instead of 216 (1.032).
+//! - Below its budget it grows before it dissolves cached blocks (they stay formed for exact
+//!   reuse, as in a caching allocator). Near the limit the pages it takes that way are the
+//!   ones a later, larger block needs: t5 with stream-ordered frees completes on 486 MiB
+//!   instead of 488, the GPU recording of ViT on 164 instead of 166.
 //!
 //! So the pool asks the device how much physical memory it may still take (`Device::room`:
-//! the device's free memory and the cap, where known) before it makes a new mapping, and
-//! when what is left is short of the request plus a quarter of what the pool holds, it
-//! re-forms round mappings too. On a large device that never happens (the steady state's
-//! zero driver calls are untouched); near the limit the driver calls of re-forming in later
-//! rounds are the price of completing. Safety is that of any re-forming: only a mapping no
-//! block uses (live, pending or cached) and no stream may still touch (no active fence) is
-//! remapped, so no byte of a block moves (`Faults::pressure_reform_used` breaks exactly
-//! that, for the tests that prove the checks catch it).
+//! the device's free memory and the cap, where known) where it is about to grow or make a new
+//! mapping, and when what is left is short of the request plus a quarter of what the pool
+//! holds, it re-forms round mappings too and dissolves cached blocks before it grows, as it
+//! does above its budget. On a large device that never happens (the steady state's zero
+//! driver calls are untouched); near the limit the driver calls are the price of completing.
+//! Safety is that of the paths it opens, unchanged: only a mapping no block uses (live,
+//! pending or cached) and no stream may still touch (no active fence) is re-formed, so no
+//! byte of a block moves (`Faults::pressure_reform_used` breaks exactly that, for the tests
+//! that prove the checks catch it), and dissolving is the pool's usual path above its budget.
 
 use super::*;
 
 /// Under pressure when the device's room is below the request plus `1 / PRESSURE_SHARE` of
-/// the bytes the pool holds. Measured on the shared traces (`pool_traces`' min device, bert
-/// behind `cudaFree`, the only cell it moves): a half to a fifth of the pool is in time
-/// (214 MiB), a sixth or an eighth is too late (216: the layout that fails is made by then).
+/// the bytes the pool holds. Measured on the shared traces and GPU recordings (`pool_traces`'
+/// min device): bert behind `cudaFree` needs a half to a fifth of the pool (214 MiB; a sixth
+/// or an eighth is too late, 216: the layout that fails is made by then); t5 stream-ordered
+/// (486) and the GPU ViT stream-ordered (164) gain from a half to an eighth alike.
 const PRESSURE_SHARE: u64 = 4;
 
 impl Stitch {

@@ -137,9 +137,11 @@ impl Stitch {
             return Ok(Slot::New(x.0, x.1));
         }
         // Grow-first mode (below the soft limit): keep cached blocks for exact reuse and
-        // take free pages or new pages, like a caching allocator.
+        // take free pages or new pages, like a caching allocator. Not near the device's
+        // limit (see `pressure`): there cached blocks are dissolved and the bytes held are
+        // used before the pool grows, as above its budget.
         let limit = self.soft_limit().min(self.budget_limit(req));
-        if (self.npages + size.div_ceil(g)) * g <= limit {
+        if (self.npages + size.div_ceil(g)) * g <= limit && !self.under_pressure(dev, size) {
             // A block of this very size waits for a synchronization: take it (one sync
             // releases every pending block) rather than place the request elsewhere while
             // its twin waits, which scatters both over shared pages.

@@ -259,17 +259,19 @@ pub fn shipped_traces() -> Vec<PathBuf> {
     } else {
         root.join("tests/workloads/traces")
     };
-    let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
+    rmm_logs_in(&dir, "the shipped traces")
+}
+
+/// The RMM logs (`*.rmm.csv`) of `dir`, sorted; fewer than three fails the test, naming
+/// `what` was expected there.
+pub fn rmm_logs_in(dir: &Path, what: &str) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .flatten()
         .map(|e| e.path())
         .filter(|p| p.to_string_lossy().ends_with(".rmm.csv"))
         .collect();
     v.sort();
-    assert!(
-        v.len() >= 3,
-        "expected the shipped traces in {}",
-        dir.display()
-    );
+    assert!(v.len() >= 3, "expected {what} in {}", dir.display());
     v
 }

@@ -1,0 +1,140 @@
+//! Strings a trace carries (its command line, host, device names, configuration, module paths)
+//! reach the terminal from `summary`, `diff` and `replay` without their control characters: a
+//! trace from someone else cannot send escape sequences to the reader's terminal (retitle it,
+//! move the cursor, clear or rewrite what is shown) nor forge lines of the summary.
+
+mod common;
+use common::*;
+
+use std::path::Path;
+
+use vramshim_trace::{AllocKind, Api, DeviceInfo, Event, Header, MemOp, TraceWriter, codes};
+
+/// ESC (an OSC retitle and a CSI clear), BEL, the 8-bit CSI, a carriage return and a line
+/// break followed by a forged summary line.
+const HOSTILE: &str = "x\u{1b}]0;pwned\u{7}\u{1b}[2J\u{9b}1A\r\nFORGED: no leaks";
+
+fn op(t: u64, api: Api, addr: u64, size: u64, result: i32) -> MemOp {
+    MemOp {
+        t_ns: t,
+        tid: 1,
+        api,
+        kind: AllocKind::Runtime,
+        flags: 0,
+        device: 0,
+        stream: 0,
+        addr,
+        size,
+        result,
+        latency_ns: 500,
+        stack: 1,
+    }
+}
+
+/// The trace; `size` is its allocation's (two sizes make `diff` list the call site).
+fn write(path: &Path, size: u64) {
+    let header = Header {
+        pid: 7,
+        host: HOSTILE.into(),
+        cmdline: vec!["python".into(), "-c".into(), HOSTILE.into()],
+        devices: vec![DeviceInfo {
+            index: 0,
+            name: HOSTILE.into(),
+            total_bytes: 1 << 30,
+            uuid: None,
+        }],
+        config: vec![("VRAMSHIM_CAP".into(), HOSTILE.into())],
+        ..Default::default()
+    };
+    let mut w = TraceWriter::new(Vec::new(), &header).unwrap();
+    for e in [
+        Event::Module {
+            base: 0x1000_0000,
+            size: 0x1000,
+            file_offset: 0,
+            path: format!("/lib/{HOSTILE}.so"),
+        },
+        Event::Stack {
+            id: 1,
+            frames: vec![0x1000_0010],
+        },
+        Event::Alloc(op(1_000, Api::CudaMalloc, 0x7000_0000, size, 0)),
+        Event::Alloc(op(2_000, Api::CudaMalloc, 0, 1 << 31, codes::OUT_OF_MEMORY)),
+        Event::Free(op(3_000, Api::CudaFree, 0x7000_0000, size, 0)),
+    ] {
+        w.write(&e).unwrap();
+    }
+    std::fs::write(path, w.finish().unwrap()).unwrap();
+}
+
+/// What `vramshim ARGS` printed holds none of the hostile strings' control characters, and no
+/// line of it starts with their forged text.
+fn clean(args: &[&str], text: &str) {
+    for c in ['\u{1b}', '\u{7}', '\u{9b}', '\r'] {
+        assert!(
+            !text.contains(c),
+            "vramshim {args:?} printed {c:?} it was given:\n{text}"
+        );
+    }
+    assert!(
+        !text.lines().any(|l| l.starts_with("FORGED")),
+        "vramshim {args:?} let its input forge a line:\n{text}"
+    );
+}
+
+#[test]
+fn trace_strings_reach_the_terminal_without_control_characters() {
+    let d = scratch("terminal");
+    write(&d.join("a.vramtrace"), 1 << 20);
+    write(&d.join("b.vramtrace"), 4 << 20);
+    for args in [
+        vec!["summary", "a.vramtrace"],
+        vec!["summary", "--each", "a.vramtrace", "b.vramtrace"],
+        vec!["diff", "a.vramtrace", "b.vramtrace"],
+        vec!["replay", "a.vramtrace"],
+    ] {
+        let out = ok(&d, &args);
+        let text = String::from_utf8_lossy(&out.stdout);
+        clean(&args, &text);
+        assert!(
+            text.contains("FORGED") || args[0] == "replay",
+            "vramshim {args:?} does not show the trace's strings at all:\n{text}"
+        );
+    }
+    // The command line is still there, its line break shown as an escape.
+    let out = ok(&d, &["summary", "a.vramtrace"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("python -c x\\u{1b}]0;pwned\\u{7}"),
+        "the command line, escaped:\n{text}"
+    );
+    assert!(text.contains("\\r\\nFORGED: no leaks"), "{text}");
+}
+
+/// A trace file another user named: its name's control characters do not reach the terminal
+/// in the one message about it, whether it is refused (not a trace) or read but torn.
+#[test]
+fn file_names_reach_the_terminal_without_control_characters() {
+    let d = scratch("terminal-names");
+    let name = "t\u{1b}]0;pwned\u{7}\nFORGED.vramtrace";
+    std::fs::write(d.join(name), b"not a trace at all").unwrap();
+    let torn = "torn\u{1b}[2J.vramtrace";
+    write(&d.join("whole.vramtrace"), 1 << 20);
+    let bytes = std::fs::read(d.join("whole.vramtrace")).unwrap();
+    std::fs::write(d.join(torn), &bytes[..bytes.len() - 8]).unwrap();
+    for (file, code) in [(name, 2), (torn, 3)] {
+        for args in [
+            vec!["summary", file],
+            vec!["export", file, "--format", "chrome-json", "-o", "out.json"],
+            vec!["replay", file],
+            vec!["report", file, "-o", "out.html"],
+            vec!["diff", file, "whole.vramtrace"],
+        ] {
+            let out = run_in(&d, &args);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(code), "vramshim {args:?}: {err}");
+            clean(&args, &err);
+            assert!(err.contains("\\u{1b}"), "the name, escaped: {err}");
+        }
+    }
+}
