@@ -90,6 +90,9 @@ pub struct AccountingDevice {
     phys_freed: HashMap<u64, BTreeMap<u64, (u64, FreeRec)>>,
     /// freed address ranges (a stream may still access them through this address)
     va_freed: BTreeMap<u64, (u64, FreeRec)>,
+    /// per physical page: the sequence number of the last free of bytes in it (kept when
+    /// the bytes are handed out again; see `releasable_pages`)
+    last_free: HashMap<u64, u64>,
 }
 
 impl AccountingDevice {
@@ -131,6 +134,7 @@ impl AccountingDevice {
             phys_live: HashMap::new(),
             phys_freed: HashMap::new(),
             va_freed: BTreeMap::new(),
+            last_free: HashMap::new(),
         }
     }
 
@@ -415,7 +419,93 @@ impl AccountingDevice {
             let f = self.phys_freed.entry(ph).or_default();
             remove_range(f, s, e);
             f.insert(s, (e, rec));
+            self.last_free.insert(ph, rec.seq);
         }
+    }
+
+    /// The physical handles (each a run of pages, given back whole) a policy could give back
+    /// now, if it first dissolved every freed block it keeps, by this device's own record
+    /// (checking on), not the policy's: a handle qualifies when each of its pages does:
+    /// - no live block has a byte in it;
+    /// - none of its freed bytes may still be in use by a stream (freed with no
+    ///   synchronization or completed event since) and, with `sync_frees_pin`, none was
+    ///   freed with `FreeMode::Sync` (a policy keeps such a block pending until it sees a
+    ///   synchronization: the caller says when it cannot have seen one yet);
+    /// - no byte of it was freed since the last synchronization;
+    ///
+    /// and every reservation it is mapped in holds no live block and no such freed bytes, and
+    /// no page mapped there had bytes freed since the last synchronization (the whole mapping
+    /// must go before the handle can; a page whose freed bytes a stream may still use keeps
+    /// every mapping it is in, as a policy's per-page stream condition does, even where those
+    /// bytes were handed out again since: coarser than unmapping needs, which is about the
+    /// addresses the stream uses, but it is the rule a policy promises).
+    ///
+    /// The budget check of the property tests compares this with what a policy holds above
+    /// its budget, so that a policy's own opinion of what it could give back is not trusted.
+    pub fn releasable_pages(&self, sync_frees_pin: bool) -> Vec<Handle> {
+        let g = self.gran;
+        let pins = |rec: &FreeRec| !self.host_safe(rec) || (sync_frees_pin && rec.stream.is_none());
+        // `ph`: a physical page id
+        let fenced = |ph: u64| {
+            self.last_free
+                .get(&ph)
+                .is_some_and(|&seq| seq > self.last_sync_seq)
+                || self
+                    .phys_freed
+                    .get(&ph)
+                    .is_some_and(|m| m.values().any(|(_, rec)| !self.host_safe(rec)))
+        };
+        let page_pinned = |ph: u64| {
+            fenced(ph)
+                || self.phys_live.get(&ph).is_some_and(|m| !m.is_empty())
+                || self
+                    .phys_freed
+                    .get(&ph)
+                    .is_some_and(|m| m.values().any(|(_, rec)| pins(rec)))
+        };
+        // reservations that cannot go: a live block or a pinning freed range in them, or a
+        // mapped page of theirs freed into since the last synchronization
+        let res_pinned = |va: u64, len: u64| {
+            let end = va + len;
+            self.live.range(va..end).next().is_some()
+                || self
+                    .va_freed
+                    .range(..end)
+                    .any(|(&s, &(e, rec))| e > va && s < end && pins(&rec))
+                || (va / g..end / g).any(|p| {
+                    self.mapped
+                        .get(&p)
+                        .is_some_and(|&(h, i)| fenced(phys(h, i)))
+                })
+        };
+        let mut maps_of: HashMap<Handle, Vec<u64>> = HashMap::new();
+        for (&p, &(h, _)) in &self.mapped {
+            let va = p * g;
+            if let Some((&s, _)) = self.reservations.range(..=va).next_back() {
+                let v = maps_of.entry(h).or_default();
+                if !v.contains(&s) {
+                    v.push(s);
+                }
+            }
+        }
+        let mut pinned_res: HashMap<u64, bool> = HashMap::new();
+        let mut out: Vec<Handle> = self
+            .handles
+            .iter()
+            .filter(|&(&h, &(k, _))| {
+                (0..k).all(|i| !page_pinned(phys(h, i)))
+                    && maps_of.get(&h).is_none_or(|rs| {
+                        rs.iter().all(|&s| {
+                            !*pinned_res
+                                .entry(s)
+                                .or_insert_with(|| res_pinned(s, self.reservations[&s]))
+                        })
+                    })
+            })
+            .map(|(&h, _)| h)
+            .collect();
+        out.sort_unstable();
+        out
     }
 
     fn check_host_safe_phys(&mut self, ph: u64, what: &str) {
@@ -547,6 +637,7 @@ impl Device for AccountingDevice {
                 for i in 0..k {
                     self.check_host_safe_phys(phys(handle, i), "release");
                     self.phys_freed.remove(&phys(handle, i));
+                    self.last_free.remove(&phys(handle, i));
                 }
                 self.handles.remove(&handle);
                 self.used_pages -= k;

@@ -12,7 +12,13 @@
 //! tensor-level trace: its `Torch` records), in their order and cycled, EVENTS a frame; here
 //! `one_frame` also encodes them (`RecordEncoder::push`, as the writer thread encodes a
 //! thread's buffer), so the count is the writer's whole cost per frame of such events;
-//! `--toggle-collect='*encode_events*'` counts the encoding alone.
+//! `--toggle-collect='*encode_events*'` counts the encoding alone. `trace-torch:FILE`: the
+//! same with only the trace's PyTorch allocator events (what a long training run's frames
+//! hold once its one-time records, modules and Python code, are written).
+//!
+//! `FRAME_COST_DECODE=1`: then reads the written trace back (`TraceReader::next_into`, in
+//! `decode_all`: `--toggle-collect='*decode_all*'` counts the decoder) and prints its CPU ns
+//! per event.
 
 use std::time::Instant;
 
@@ -87,6 +93,19 @@ fn trace_events(path: &str) -> Vec<Event> {
     ev
 }
 
+/// Reads every event of `bytes` (a whole trace); returns how many. Not inlined:
+/// `--toggle-collect='*decode_all*'` counts exactly this.
+#[inline(never)]
+fn decode_all(bytes: &[u8]) -> u64 {
+    let mut r = vramshim_trace::TraceReader::from_reader(bytes).unwrap();
+    let mut e = Event::Lost { t_ns: 0, count: 0 };
+    let mut n = 0;
+    while r.next_into(&mut e).unwrap() {
+        n += 1;
+    }
+    n
+}
+
 /// Encodes `ev` into records as the writer thread encodes a thread's buffer. Not inlined:
 /// `--toggle-collect='*encode_events*'` counts exactly this.
 #[inline(never)]
@@ -116,8 +135,14 @@ fn one_frame(w: &mut TraceWriter<Vec<u8>>, b: &[u8], st: RecordStats) {
 
 fn main() {
     let a: Vec<String> = std::env::args().collect();
-    if a.len() != 4 || !(matches!(a[1].as_str(), "sync" | "memop") || a[1].starts_with("trace:")) {
-        eprintln!("usage: frame_cost sync|memop|trace:FILE EVENTS_PER_FRAME FRAMES");
+    if a.len() != 4
+        || !(matches!(a[1].as_str(), "sync" | "memop")
+            || a[1].starts_with("trace:")
+            || a[1].starts_with("trace-torch:"))
+    {
+        eprintln!(
+            "usage: frame_cost sync|memop|trace:FILE|trace-torch:FILE EVENTS_PER_FRAME FRAMES"
+        );
         std::process::exit(2);
     }
     let (kind, n, frames) = (a[1].as_str(), a[2].parse::<usize>(), a[3].parse::<usize>());
@@ -125,7 +150,13 @@ fn main() {
         eprintln!("frame_cost: EVENTS_PER_FRAME and FRAMES are whole numbers");
         std::process::exit(2);
     };
-    let from_file = kind.strip_prefix("trace:").map(trace_events);
+    let from_file = kind.strip_prefix("trace:").map(trace_events).or_else(|| {
+        kind.strip_prefix("trace-torch:").map(|f| {
+            let mut ev = trace_events(f);
+            ev.retain(|e| matches!(e, Event::Torch(_)));
+            ev
+        })
+    });
     // Encoded before timing: the writer thread's encoding is per event, not per frame.
     let bufs: Vec<_> = (0..frames)
         .filter(|_| from_file.is_none())
@@ -173,6 +204,14 @@ fn main() {
     }
     let dt = t0.elapsed().as_nanos() as f64;
     let st = w.stats();
+    if std::env::var_os("FRAME_COST_DECODE").is_some() {
+        let bytes = w.finish().unwrap();
+        let t0 = Instant::now();
+        let n = decode_all(&bytes);
+        let d = t0.elapsed().as_nanos() as f64;
+        println!("decoded {n} events: {:.1} ns/event", d / n.max(1) as f64);
+        return;
+    }
     let per_frame = if frames > 0 { dt / frames as f64 } else { 0.0 };
     let ev = (n * frames).max(1) as f64;
     println!(

@@ -385,8 +385,8 @@ fn watch_round_end(device: i32, watch: u64) {
     if !tcache::round_ends() {
         return;
     }
-    let kept = tcache::kept_mine();
-    if kept >= watch || (tcache::others_nonempty() && kept + tcache::others_kept() >= watch) {
+    let kept = tcache::kept_mine(device);
+    if kept >= watch || (tcache::others_nonempty() && kept + tcache::others_kept(device) >= watch) {
         end_round(device);
     }
 }

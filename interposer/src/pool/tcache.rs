@@ -20,15 +20,15 @@
 //! Round ends: a tight pool ends a round (forgets its layout, see `vramshim_pool::stitch`)
 //! at an allocation that finds nothing live. Blocks kept here are live to it, so a program
 //! whose last frees of a pass all land here would never end a round. Each cache counts the
-//! bytes it keeps ([`kept_mine`], after a free it kept while the pool's round could end);
-//! when the bytes kept reach what the pool has live
+//! bytes it keeps of the device ([`kept_mine`], after a free it kept while the pool's round
+//! could end); when the bytes kept reach what the pool has live
 //! (`Stitch::round_end_watch`; [`others_kept`] adds the other threads' caches), everything
 //! live is kept here and the caller gives every cache back to the pool, which then sees the
 //! round end as it would without the caches. The same watch is 0 while a tight pool holds
 //! more than its budget: every free then reaches the pool, which dissolves its cache.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 
 use crate::sys::spin::SpinLock;
 
@@ -54,6 +54,9 @@ struct Cache {
     /// after a drain): read by other threads' round-end checks (an estimate; the drain
     /// decides).
     kept: AtomicU64,
+    /// The device all the frees [`Cache::kept`] counted were of ([`MIXED`]: several, or
+    /// none).
+    kept_device: AtomicI64,
     /// The frees and how many; locked by the owner thread around its own get/put, and by a
     /// drain.
     slots: SpinLock<([Freed; SLOTS], usize)>,
@@ -63,6 +66,7 @@ static CACHE: [Cache; CACHES] = [const {
     Cache {
         claimed: AtomicBool::new(false),
         kept: AtomicU64::new(0),
+        kept_device: AtomicI64::new(MIXED),
         slots: SpinLock::new((
             [Freed {
                 device: 0,
@@ -234,37 +238,61 @@ pub(crate) fn put(f: Freed) -> Kept {
     })
 }
 
-/// Bytes this thread's cache keeps (as the program asked), also published for the other
-/// threads' round-end checks ([`others_kept`]).
+/// Bytes of `device`'s blocks this thread's cache keeps (as the program asked): a device's
+/// round watch is that device's live bytes, so only its own blocks count. Also published for
+/// the other threads' round-end checks ([`others_kept`]): all the bytes kept, and the one
+/// device they are of (or [`MIXED`]).
 #[cold]
 #[inline(never)]
-pub(crate) fn kept_mine() -> u64 {
+pub(crate) fn kept_mine(device: i32) -> u64 {
     let Some(i) = mine() else {
         return 0;
     };
     let c = &CACHE[i];
     c.with(|(slots, n)| {
-        let kept = slots[..*n].iter().map(|f| f.size).sum();
-        c.kept.store(kept, Ordering::Relaxed);
-        kept
+        let (mut all, mut of_device, mut only) = (0, 0, None);
+        for f in &slots[..*n] {
+            all += f.size;
+            if f.device == device {
+                of_device += f.size;
+            }
+            only = match only {
+                None => Some(i64::from(f.device)),
+                Some(d) if d == i64::from(f.device) => Some(d),
+                Some(_) => Some(MIXED),
+            };
+        }
+        c.kept.store(all, Ordering::Relaxed);
+        c.kept_device
+            .store(only.unwrap_or(MIXED), Ordering::Relaxed);
+        of_device
     })
 }
 
-/// Bytes the other threads' caches keep (an estimate: read without their locks). Only
-/// caches that may hold frees are read; none in a program with one allocating thread.
+/// Bytes of `device`'s blocks the other threads' caches keep (an estimate: read without their
+/// locks, as each owner last counted them). A cache whose blocks were all of another device
+/// adds nothing; one whose blocks were of several devices adds all of them (more than the
+/// device's: at worst the caches are given back when they need not be, never the reverse).
+/// Only caches that may hold frees are read; none in a program with one allocating thread.
 #[cold]
 #[inline(never)]
-pub(crate) fn others_kept() -> u64 {
+pub(crate) fn others_kept(device: i32) -> u64 {
     let me = mine().map_or(0, |i| 1u64 << i);
     let mut bits = NONEMPTY.load(Ordering::Acquire) & !me;
     let mut sum = 0;
     while bits != 0 {
         let i = bits.trailing_zeros() as usize;
         bits &= bits - 1;
-        sum += CACHE[i].kept.load(Ordering::Relaxed);
+        let d = CACHE[i].kept_device.load(Ordering::Relaxed);
+        if d == i64::from(device) || d == MIXED {
+            sum += CACHE[i].kept.load(Ordering::Relaxed);
+        }
     }
     sum
 }
+
+/// [`Cache::kept_device`] of a cache whose blocks are of several devices (or none).
+const MIXED: i64 = -1;
 
 /// Whether other threads' caches may hold frees.
 #[inline]
@@ -309,6 +337,7 @@ pub(crate) fn drain(mut f: impl FnMut(Freed)) {
         let (got, k) = c.with(|(slots, n)| {
             let k = std::mem::take(n);
             c.kept.store(0, Ordering::Relaxed);
+            c.kept_device.store(MIXED, Ordering::Relaxed);
             (*slots, k)
         });
         for fr in &got[..k] {
@@ -325,6 +354,7 @@ pub(crate) fn on_fork_child() {
         // SAFETY: a forked child runs one thread, which holds no cache's lock here.
         unsafe { c.slots.reset_in_child() }.1 = 0;
         c.kept.store(0, Ordering::Relaxed);
+        c.kept_device.store(MIXED, Ordering::Relaxed);
         if i != me as usize {
             c.claimed.store(false, Ordering::Release);
         }

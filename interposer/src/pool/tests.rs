@@ -1137,3 +1137,27 @@ fn a_round_that_ends_at_the_first_kept_free_ends_as_in_the_model() {
         "live pool (left) against the model"
     );
 }
+
+/// A thread cache's blocks of one device do not count toward another device's round end:
+/// device 0 has a block live (its round cannot end), the thread's cache keeps two 4 MiB
+/// blocks of device 1 and then device 0's other block (1 MiB, less than device 0's live
+/// bytes). Counted together (9 MiB against device 0's 1.25 MiB live), the caches would be
+/// given back for nothing: device 1's pool would see its two frees.
+#[test]
+fn a_devices_round_watch_counts_only_its_own_kept_blocks() {
+    let exe = workload("kept_devices");
+    let o = run(
+        &exe,
+        &[],
+        &[("VRAMSHIM_POOL", "stitch"), ("VRAMSIM_DEVICES", "2")],
+        "pool-kept-devices",
+    );
+    assert_exit(&o, 0, "");
+    let line = o
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("kept_devices frees0="))
+        .unwrap_or_else(|| panic!("no statistics in {}", o.stdout));
+    // device 0's pool saw the 300 cudaFree'd blocks only; device 1's none
+    assert_eq!(line, "kept_devices frees0=300 frees1=0");
+}

@@ -92,6 +92,9 @@ pub(crate) struct PyWalk {
     n: usize,
     /// [`key_hash`](Self::key_hash), computed by the walk as it reads the frames.
     key_hash: u64,
+    /// Whether `frames` were written by this walk (a full walk, [`with_walk`]); a walk of
+    /// the keys alone ([`with_keys`]) leaves them as an earlier walk left them.
+    full: bool,
 }
 
 /// One frame of a stack's key ([`PyWalk::keys`]).
@@ -103,8 +106,9 @@ pub(crate) fn key_lasti(k: &Frame) -> i32 {
     k[1] as u32 as i32
 }
 
-/// The hash of a walk's keys: a running [`mix`] over each frame's two words, then the
-/// number of frames ([`PyWalk::key_hash`]).
+/// The hash of a walk's keys: a running [`mix`] over each frame's two words (the offset in
+/// the identity's high half: one step a frame), then the number of frames
+/// ([`PyWalk::key_hash`]).
 const KEY_SEED: u64 = 0x8422_2325_cbf2_9ce4;
 
 thread_local! {
@@ -119,18 +123,35 @@ thread_local! {
 /// own buffer.
 #[inline]
 pub(crate) fn with_walk<R>(f: impl FnOnce(&PyWalk) -> R) -> R {
+    with_buf(|w| {
+        walk(w, true);
+        f(w)
+    })
+}
+
+/// Runs `f` on the keys of the calling thread's Python frames (the tensor tracker's walk):
+/// what identifies each frame and the stack's hash, not where to read its names, which
+/// only a new stack needs ([`py_frames`] reads them then). `None` when Python frames are
+/// off in this process.
+#[inline]
+pub(crate) fn with_keys<R>(f: impl FnOnce(&mut PyWalk) -> R) -> Option<R> {
+    if STATE.load(Ordering::Relaxed) == OFF {
+        return None;
+    }
+    let py = py()?;
+    Some(with_buf(|w| {
+        walk_in(py, w, false);
+        f(w)
+    }))
+}
+
+#[inline]
+fn with_buf<R>(f: impl FnOnce(&mut PyWalk) -> R) -> R {
     WALK.with(|w| match w.try_borrow_mut() {
-        Ok(mut w) => {
-            walk(&mut w);
-            f(&w)
-        }
+        Ok(mut w) => f(&mut w),
         // Re-entered on this thread (never expected: nothing below calls back): a buffer
         // of its own.
-        Err(_) => {
-            let mut w = Box::new(PyWalk::new());
-            walk(&mut w);
-            f(&w)
-        }
+        Err(_) => f(&mut Box::new(PyWalk::new())),
     })
 }
 
@@ -141,6 +162,7 @@ impl PyWalk {
             frames: [NO_FRAME; MAX_PY],
             n: 0,
             key_hash: 0,
+            full: false,
         }
     }
 
@@ -171,6 +193,7 @@ impl PyWalk {
     /// instruction offsets, naming objects) and where each run of the eval loop starts:
     /// [`key_hash`](Self::key_hash) and the places of the entry frames.
     pub(crate) fn hash(&self) -> u64 {
+        debug_assert!(self.full, "a merged stack's hash needs a full walk");
         let mut h = self.key_hash;
         for (i, f) in self.frames[..self.n].iter().enumerate() {
             if f.entry {
@@ -351,14 +374,15 @@ const fn fixed(minor: u32) -> Layout {
 /// A walk of the calling thread's frames with plain reads (a verified layout).
 type Walker = fn(&Py, &mut PyWalk) -> Result<(), &'static str>;
 
-/// The walk compiled for `l`, with its offsets as constants (no offset loaded per frame, no
-/// branch on the frame kind), where `l` is one of the layouts known at build time.
-fn compiled_walk(l: &Layout) -> Option<Walker> {
+/// The walks compiled for `l` (full, keys alone), with its offsets as constants (no offset
+/// loaded per frame, no branch on the frame kind), where `l` is one of the layouts known at
+/// build time.
+fn compiled_walk(l: &Layout) -> Option<[Walker; 2]> {
     Some(match l.minor {
-        10 if *l == fixed(10) => walk_with::<false, 10>,
-        11 if *l == fixed(11) => walk_with::<false, 11>,
-        12 if *l == fixed(12) => walk_with::<false, 12>,
-        13 if *l == fixed(13) => walk_with::<false, 13>,
+        10 if *l == fixed(10) => [walk_with::<false, 10, true>, walk_with::<false, 10, false>],
+        11 if *l == fixed(11) => [walk_with::<false, 11, true>, walk_with::<false, 11, false>],
+        12 if *l == fixed(12) => [walk_with::<false, 12, true>, walk_with::<false, 12, false>],
+        13 if *l == fixed(13) => [walk_with::<false, 13, true>, walk_with::<false, 13, false>],
         _ => return None,
     })
 }
@@ -474,8 +498,9 @@ type GetTstateFn = unsafe extern "C" fn() -> *mut c_void;
 
 struct Py {
     l: Layout,
-    /// The plain walk for `l` ([`compiled_walk`], else the one that reads `l`), picked once.
-    walk: Walker,
+    /// The plain walks for `l` ([`compiled_walk`], else the ones that read `l`), picked
+    /// once: the full walk, and the walk of the keys alone.
+    walk: [Walker; 2],
     get_tstate: GetTstateFn,
     runtime: u64,
     code_type: u64,
@@ -580,7 +605,7 @@ fn find_py() -> Option<Py> {
     STATE.store(first, Ordering::Release);
     Some(Py {
         l,
-        walk: walk.unwrap_or(walk_with::<false, 0>),
+        walk: walk.unwrap_or([walk_with::<false, 0, true>, walk_with::<false, 0, false>]),
         get_tstate,
         runtime,
         code_type,
@@ -692,19 +717,28 @@ pub(crate) fn active() -> bool {
 }
 
 /// The calling thread's Python frames, innermost first, into `out` (empty when it runs no
-/// Python code, or Python frames are off).
-pub(crate) fn walk(out: &mut PyWalk) {
+/// Python code, or Python frames are off); `full`: with where to read each frame's names
+/// (else its key alone).
+pub(crate) fn walk(out: &mut PyWalk, full: bool) {
     out.n = 0;
     let Some(py) = py() else { return };
+    walk_in(py, out, full);
+}
+
+/// [`walk`] in the runtime found.
+#[inline]
+fn walk_in(py: &Py, out: &mut PyWalk, full: bool) {
+    out.n = 0;
     let state = STATE.load(Ordering::Acquire);
     if state == OFF {
         return;
     }
     let checked = state != ON;
+    // The checked walks (the first of the process) are full ones.
     let r = if checked {
-        walk_with::<true, 0>(py, out)
+        walk_with::<true, 0, true>(py, out)
     } else {
-        (py.walk)(py, out)
+        (py.walk[!full as usize])(py, out)
     };
     match r {
         Ok(()) => {
@@ -726,9 +760,17 @@ pub(crate) fn walk(out: &mut PyWalk) {
 }
 
 /// The walk itself: `C` reads through the kernel (before the layout is verified); `M` is
-/// the minor version whose layout ([`fixed`]) it is compiled for, 0 for `py.l`'s.
-fn walk_with<const C: bool, const M: u32>(py: &Py, out: &mut PyWalk) -> Result<(), &'static str> {
+/// the minor version whose layout ([`fixed`]) it is compiled for, 0 for `py.l`'s; `FULL`
+/// also writes where to read each frame's names and whether it entered the eval loop
+/// ([`PyWalk::frames`]), which only a new stack and `--stacks`' merged stacks need: the
+/// tensor tracker's walk of a stack seen before reads what identifies each frame and
+/// stores its key alone.
+fn walk_with<const C: bool, const M: u32, const FULL: bool>(
+    py: &Py,
+    out: &mut PyWalk,
+) -> Result<(), &'static str> {
     let l = &if M == 0 { py.l } else { const { fixed(M) } };
+    out.full = FULL;
     // An interpreter shutting down frees other threads' states.
     if rd_u64::<C>(py.runtime + l.rt_finalizing as u64).ok_or("runtime unreadable")? != 0 {
         return Ok(());
@@ -776,7 +818,7 @@ fn walk_with<const C: bool, const M: u32>(py: &Py, out: &mut PyWalk) -> Result<(
             && rd_u8::<C>(frame + l.f_owner as u64).ok_or("frame unreadable")? == OWNED_BY_CSTACK
         {
             // The shim an eval-loop run starts with: the frame before it was that run's first.
-            if n > 0 {
+            if FULL && n > 0 {
                 out.frames[n - 1].entry = true;
             }
             frame = back;
@@ -792,12 +834,10 @@ fn walk_with<const C: bool, const M: u32>(py: &Py, out: &mut PyWalk) -> Result<(
             Gen::Frames => rd_i32::<C>(frame + l.f_instr as u64).ok_or("frame unreadable")?,
             _ => {
                 let ip = rd_u64::<C>(frame + l.f_instr as u64).ok_or("frame unreadable")?;
-                let start = code + l.co_code as u64;
-                if ip < start {
-                    -1
-                } else {
-                    i32::try_from((ip - start) / 2).unwrap_or(i32::MAX)
-                }
+                // Code units from the first: 3.11 and 3.12 point one unit before it (-1)
+                // until the frame starts. An instruction pointer is always within its code
+                // object's units; were it not, this is some other value, which names no line.
+                (ip.wrapping_sub(code + l.co_code as u64) as i64 >> 1) as i32
             }
         };
         let filename = rd_u64::<C>(code + l.co_filename as u64).ok_or("code unreadable")?;
@@ -833,23 +873,26 @@ fn walk_with<const C: bool, const M: u32>(py: &Py, out: &mut PyWalk) -> Result<(
             );
             mix(h, first as u32 as u64)
         };
-        let entry = match l.kind {
-            Gen::Frames => true,
-            _ if l.f_is_entry != 0 => {
-                rd_u8::<C>(frame + l.f_is_entry as u64).ok_or("frame unreadable")? != 0
-            }
-            _ => false,
-        };
+        if FULL {
+            let entry = match l.kind {
+                Gen::Frames => true,
+                _ if l.f_is_entry != 0 => {
+                    rd_u8::<C>(frame + l.f_is_entry as u64).ok_or("frame unreadable")? != 0
+                }
+                _ => false,
+            };
+            out.frames[n] = RawFrame {
+                code,
+                filename,
+                name,
+                linetable,
+                entry,
+            };
+        }
         let lasti = lasti as u32 as u64;
-        kh = mix(mix(kh, ident), lasti);
+        // One step of the hash a frame: the offset (32 bits) in the identity's high half.
+        kh = mix(kh, ident ^ lasti << 32);
         out.keys[n] = [ident, lasti];
-        out.frames[n] = RawFrame {
-            code,
-            filename,
-            name,
-            linetable,
-            entry,
-        };
         n += 1;
         frame = back;
     }
@@ -1042,28 +1085,42 @@ fn name_frame(py: &Py, f: &RawFrame, k: &Frame, records: &mut Vec<Event>) -> (u3
 }
 
 /// The Python frames of `walk` (innermost first), named now like [`merge`]'s: what a
-/// `PyStack` record holds. New code objects' `PyCode` records go to `records`.
-pub(crate) fn py_frames(walk: &PyWalk, records: &mut Vec<Event>) -> Vec<vramshim_trace::PyFrame> {
-    let Some(py) = py() else {
-        return Vec::new();
-    };
-    walk.frames[..walk.n]
-        .iter()
-        .zip(&walk.keys)
-        .map(|(f, k)| {
-            let (code, line) = name_frame(py, f, k, records);
-            vramshim_trace::PyFrame {
-                code,
-                line: line.max(0) as u32,
-            }
-        })
-        .collect()
+/// `PyStack` record holds. New code objects' `PyCode` records go to `records`. A walk of
+/// the keys alone ([`with_keys`]) is read again in full first (the same frames: this
+/// thread is still inside the call that walked them); `None` if it did not find the same
+/// keys, or Python frames are off.
+pub(crate) fn py_frames(
+    walk: &mut PyWalk,
+    records: &mut Vec<Event>,
+) -> Option<Vec<vramshim_trace::PyFrame>> {
+    let py = py()?;
+    if !walk.full {
+        let key = walk.key();
+        walk_in(py, walk, true);
+        if !walk.key_eq(&key) {
+            return None;
+        }
+    }
+    Some(
+        walk.frames[..walk.n]
+            .iter()
+            .zip(&walk.keys)
+            .map(|(f, k)| {
+                let (code, line) = name_frame(py, f, k, records);
+                vramshim_trace::PyFrame {
+                    code,
+                    line: line.max(0) as u32,
+                }
+            })
+            .collect(),
+    )
 }
 
 /// The merged frames of a new stack: `native` (innermost first) with each eval-loop frame
 /// replaced by the Python frames of that run of the loop, the rest after the native ones.
 /// New code objects' `PyCode` records go to `records`.
 pub(crate) fn merge(native: &[u64], walk: &PyWalk, records: &mut Vec<Event>) -> Vec<u64> {
+    debug_assert!(walk.full, "merging needs a full walk");
     let Some(py) = py() else {
         return native.to_vec();
     };

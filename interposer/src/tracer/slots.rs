@@ -502,18 +502,33 @@ fn put_after(slot: &'static Slot, records: Vec<Event>, ev: Event) {
 /// other case goes to [`emit_memop_slow`] as a tail call, before anything is written.
 #[inline(never)]
 pub(crate) fn emit_memop<const ALLOC: bool>(m: &MemOp) {
-    if !writer::running() || super::stack_depth() > 0 || !barrier::available() {
-        return emit_memop_slow::<ALLOC>(m);
+    if super::stack_depth() > 0
+        || !put_fast(if ALLOC { Kind::Alloc } else { Kind::Free }, || MemOp {
+            ..*m
+        })
+    {
+        emit_memop_slow::<ALLOC>(m)
+    }
+}
+
+/// The owner's fast path of [`emit_memop`] and [`emit_torch`]: appends one `kind` entry
+/// holding `op()` to the caller's buffer when the writer runs, the caller's slot is claimed,
+/// the asymmetric protocol is there ([`Slot::enter`]'s owner side, inline), the buffer has
+/// room and no hand-over is due; else writes nothing and says so (the caller takes its
+/// slow path).
+#[inline(always)]
+fn put_fast(kind: Kind, op: impl FnOnce() -> MemOp) -> bool {
+    if !writer::running() || !barrier::available() {
+        return false;
     }
     let p = my_slot_ptr().get() as *const Slot;
     if p.is_null() {
-        return emit_memop_slow::<ALLOC>(m);
+        return false;
     }
     // SAFETY: slots are leaked and never freed.
     let slot = unsafe { &*p };
-    // The owner's side of the asymmetric protocol (`Slot::enter`), inline.
     if !slot.bias.try_window() {
-        return emit_memop_slow::<ALLOC>(m);
+        return false;
     }
     // SAFETY: in the window, the writer not holding the lock: the owner has the buffer to
     // itself until it leaves the window (see `Slot`'s Sync note).
@@ -522,17 +537,18 @@ pub(crate) fn emit_memop<const ALLOC: bool>(m: &MemOp) {
     let len = raw.len();
     if len == 0 || len == raw.capacity() || len + 1 >= inner.next_try {
         slot.bias.leave_window();
-        return emit_memop_slow::<ALLOC>(m);
+        return false;
     }
     // SAFETY: len < capacity (checked above), so the entry at `len` lies inside the
     // allocation; both fields are written before the length counts it.
     unsafe {
         let e = raw.as_mut_ptr().add(len);
-        ptr::addr_of_mut!((*e).kind).write(if ALLOC { Kind::Alloc } else { Kind::Free });
-        ptr::addr_of_mut!((*e).op).write(MemOp { ..*m });
+        ptr::addr_of_mut!((*e).kind).write(kind);
+        ptr::addr_of_mut!((*e).op).write(op());
         raw.set_len(len + 1);
     }
     slot.bias.leave_window();
+    true
 }
 
 /// [`emit_memop`], every case.
@@ -610,40 +626,14 @@ fn torch_of(m: &MemOp) -> TorchOp {
 
 /// [`emit`] of `Event::Torch(*t)`: one entry in the caller's buffer ([`torch_entry`]),
 /// nothing in [`Buf::others`]. Such an event carries no native stack (its `stack` is the
-/// Python stack the tracker found), so the common case is [`emit_memop`]'s: no call, a
-/// few stores in the owner's window; every other case goes to [`emit_torch_slow`].
+/// Python stack the tracker found), so the common case is [`emit_memop`]'s ([`put_fast`]:
+/// no call, a few stores in the owner's window); every other case goes to
+/// [`emit_torch_slow`].
 #[inline(never)]
 pub(crate) fn emit_torch(t: &TorchOp) {
-    if !writer::running() || !barrier::available() {
-        return emit_torch_slow(t);
+    if !put_fast(Kind::Torch, || torch_entry(t)) {
+        emit_torch_slow(t)
     }
-    let p = my_slot_ptr().get() as *const Slot;
-    if p.is_null() {
-        return emit_torch_slow(t);
-    }
-    // SAFETY: slots are leaked and never freed.
-    let slot = unsafe { &*p };
-    if !slot.bias.try_window() {
-        return emit_torch_slow(t);
-    }
-    // SAFETY: in the window, the writer not holding the lock: the owner has the buffer to
-    // itself until it leaves the window (see `Slot`'s Sync note).
-    let inner = unsafe { &mut *slot.inner.get() };
-    let raw = &mut inner.buf.raw;
-    let len = raw.len();
-    if len == 0 || len == raw.capacity() || len + 1 >= inner.next_try {
-        slot.bias.leave_window();
-        return emit_torch_slow(t);
-    }
-    // SAFETY: len < capacity (checked above), so the entry at `len` lies inside the
-    // allocation; both fields are written before the length counts it.
-    unsafe {
-        let e = raw.as_mut_ptr().add(len);
-        ptr::addr_of_mut!((*e).kind).write(Kind::Torch);
-        ptr::addr_of_mut!((*e).op).write(torch_entry(t));
-        raw.set_len(len + 1);
-    }
-    slot.bias.leave_window();
 }
 
 /// [`emit_torch`], every case.

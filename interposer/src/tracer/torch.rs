@@ -92,11 +92,13 @@ static PENDING: AtomicBool = AtomicBool::new(false);
 /// The thread that waits in [`wait`] for stacks to name (the hook's), woken by [`intern`].
 static WAITER: OnceLock<std::thread::Thread> = OnceLock::new();
 
-#[derive(Default)]
 struct State {
     /// Live segments (device, start, size), sorted, from the tracker's own segment events
     /// (few, and changed rarely: a binary search finds a tensor's).
     segments: Vec<(i32, u64, u64)>,
+    /// The indexes in `segments` of the two segments the last tensors were found in, the
+    /// latest first (`usize::MAX` after segments were added or removed: none).
+    recent: [usize; 2],
     /// Stacks PyTorch captured, by their frames' (code object, instruction offset).
     stacks: StackKeys,
     /// Stacks read by our own frame reader (`pyframes`), by [`super::pyframes::PyWalk::key`];
@@ -107,6 +109,20 @@ struct State {
     /// Stacks interned but not yet named by [`drain`].
     pending: Vec<(u32, Box<[Frame]>)>,
     full_said: bool,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        State {
+            segments: Vec::new(),
+            recent: [usize::MAX; 2],
+            stacks: StackKeys::default(),
+            walks: StackKeys::default(),
+            ids: 0,
+            pending: Vec::new(),
+            full_said: false,
+        }
+    }
 }
 
 /// Behind the process's spin lock, not a `Mutex`: a thread of the parent may hold it at a
@@ -167,22 +183,13 @@ unsafe extern "C" fn manager(dest: *mut [usize; 2], src: *const [usize; 2], op: 
 }
 
 unsafe extern "C" fn invoker(_functor: *const [usize; 2], entry: *const u8) {
-    // Nothing may unwind into PyTorch's C++.
-    let _ = std::panic::catch_unwind(|| on_entry(entry));
-}
-
-#[inline]
-fn rd<T: Copy>(p: *const u8, off: usize) -> T {
-    // SAFETY: callers read fields of a TraceEntry (or CapturedTraceback) whose layout was
-    // verified for this PyTorch version (LAYOUTS) at attach time.
-    unsafe { std::ptr::read_unaligned(p.add(off) as *const T) }
-}
-
-fn on_entry(e: *const u8) {
-    if e.is_null() || !super::enabled() {
+    if entry.is_null() {
         return;
     }
-    let action = rd::<i32>(e, 0);
+    // PyTorch also calls with the free requests (FREE_REQUESTED, one a tensor: the
+    // completed free follows) and with snapshots: nothing is kept of them, so they leave
+    // here, before any register is saved.
+    let action = rd::<i32>(entry, 0);
     let Ok(action) = u8::try_from(action) else {
         return;
     };
@@ -195,50 +202,42 @@ fn on_entry(e: *const u8) {
             | act::SEGMENT_MAP
             | act::SEGMENT_UNMAP
             | act::OOM
-    ) {
+    ) || !super::enabled()
+    {
         return;
     }
+    // Nothing may unwind into PyTorch's C++.
+    let _ = std::panic::catch_unwind(|| on_entry(entry, action));
+}
+
+#[inline]
+fn rd<T: Copy>(p: *const u8, off: usize) -> T {
+    // SAFETY: callers read fields of a TraceEntry (or CapturedTraceback) whose layout was
+    // verified for this PyTorch version (LAYOUTS) at attach time.
+    unsafe { std::ptr::read_unaligned(p.add(off) as *const T) }
+}
+
+/// A kept entry (`action`, checked by [`invoker`]).
+#[inline(never)]
+fn on_entry(e: *const u8, action: u8) {
     // A trace time (raw where the trace clock is the TSC): the writer converts it, like
     // every event's time.
     let t_ns = super::now_raw();
     let device = rd::<i8>(e, 4) as i32;
     let addr = rd::<u64>(e, 8);
-    let ctx = rd::<usize>(e, 16);
-    let ctrl = rd::<usize>(e, 24);
     let stream = rd::<u64>(e, 32);
     let size = rd::<u64>(e, 40);
     let dropped =
         FAULT_DROP.load(Ordering::Relaxed) && matches!(action, act::ALLOC | act::FREE_COMPLETED);
-    let wants_stack = matches!(action, act::ALLOC | act::OOM) && !dropped;
-    let mut records = Vec::new();
-    let locked = |stack: &mut dyn FnMut(&mut State) -> u32| {
-        let mut g = state();
-        let st = g.get_or_insert_with(State::default);
-        (segment_of(st, action, device, addr, size), stack(st))
-    };
-    let (segment, stack) = if !wants_stack {
+    let (segment, stack) = if !matches!(action, act::ALLOC | act::OOM) || dropped {
         // Frees and segment events: no stack.
-        locked(&mut |_| 0)
-    } else if let Some(tb) = captured(ctx) {
-        // The Python stack PyTorch captured for this entry.
-        let h = tb.hash();
-        locked(&mut |st| intern(st, h, &tb, ctrl))
-    } else if super::pyframes::active() {
-        // No stack captured by PyTorch (its history off, or on without Python stacks): the
-        // allocating thread's own Python frames, read in place (this callback runs on it).
-        super::pyframes::with_walk(|w| {
-            if w.is_empty() {
-                return locked(&mut |_| 0);
-            }
-            let h = w.key_hash();
-            locked(&mut |st| intern_walk(st, h, w, &mut records))
-        })
+        (
+            segment_of(state_mut(&mut state()), action, device, addr, size),
+            0,
+        )
     } else {
-        locked(&mut |_| 0)
+        with_stack(e, action, device, addr, size)
     };
-    for r in records {
-        super::emit(r);
-    }
     if dropped {
         return;
     }
@@ -255,9 +254,81 @@ fn on_entry(e: *const u8) {
     });
 }
 
+#[inline]
+fn state_mut<'a>(g: &'a mut SpinGuard<'static, Option<State>>) -> &'a mut State {
+    g.get_or_insert_with(State::default)
+}
+
+/// The segment and the Python stack of an allocation (or an OOM), with the records of a
+/// stack seen for the first time written before it.
+#[inline]
+fn with_stack(e: *const u8, action: u8, device: i32, addr: u64, size: u64) -> (u64, u32) {
+    let (ctx, ctrl) = (rd::<usize>(e, 16), rd::<usize>(e, 24));
+    if let Some(tb) = captured(ctx) {
+        // The Python stack PyTorch captured for this entry.
+        let h = tb.hash();
+        let mut g = state();
+        let st = state_mut(&mut g);
+        return (
+            segment_of(st, action, device, addr, size),
+            intern(st, h, &tb, ctrl),
+        );
+    }
+    // No stack captured by PyTorch (its history off, or on without Python stacks): the
+    // allocating thread's own Python frames, read in place (this callback runs on it).
+    let mut records = Vec::new();
+    let found = super::pyframes::with_keys(|w| {
+        let mut g = state();
+        let st = state_mut(&mut g);
+        let stack = if w.is_empty() {
+            0
+        } else {
+            intern_walk(st, w, &mut records)
+        };
+        (segment_of(st, action, device, addr, size), stack)
+    });
+    // A new stack's records (its `PyCode`s and `PyStack`), after the state's lock.
+    if !records.is_empty() {
+        for r in records {
+            super::emit(r);
+        }
+    }
+    found.unwrap_or_else(|| {
+        (
+            segment_of(state_mut(&mut state()), action, device, addr, size),
+            0,
+        )
+    })
+}
+
 /// The segment an event concerns: the one it creates or frees, or the one a tensor lies in
-/// (0 when none is known).
+/// (0 when none is known). A tensor's is looked for first in the two segments the last
+/// tensors were found in (consecutive tensors mostly share one, or alternate between a
+/// small and a large block's).
+#[inline(always)]
 fn segment_of(st: &mut State, action: u8, device: i32, addr: u64, size: u64) -> u64 {
+    if matches!(action, act::ALLOC | act::FREE_COMPLETED) {
+        let within = |i: usize| {
+            st.segments
+                .get(i)
+                .filter(|&&(d, s, len)| d == device && s <= addr && addr - s < len)
+                .map(|&(_, s, _)| s)
+        };
+        let [a, b] = st.recent;
+        if let Some(s) = within(a) {
+            return s;
+        }
+        if let Some(s) = within(b) {
+            st.recent = [b, a];
+            return s;
+        }
+    }
+    segment_search(st, action, device, addr, size)
+}
+
+/// [`segment_of`] by a binary search (and the segment events' changes).
+#[inline(never)]
+fn segment_search(st: &mut State, action: u8, device: i32, addr: u64, size: u64) -> u64 {
     let segs = &mut st.segments;
     let at = segs.partition_point(|&(d, s, _)| (d, s) < (device, addr));
     let same = segs
@@ -269,21 +340,31 @@ fn segment_of(st: &mut State, action: u8, device: i32, addr: u64, size: u64) -> 
                 segs[at].2 = size;
             } else {
                 segs.insert(at, (device, addr, size));
+                // The indexes after it moved.
+                st.recent = [usize::MAX; 2];
             }
             addr
         }
         act::SEGMENT_FREE | act::SEGMENT_UNMAP => {
             if same {
                 segs.remove(at);
+                st.recent = [usize::MAX; 2];
             }
             addr
         }
         act::ALLOC | act::FREE_COMPLETED => {
             // The last segment starting at or below `addr`.
             let i = if same { Some(at) } else { at.checked_sub(1) };
-            i.map(|i| segs[i])
-                .filter(|&(d, s, len)| d == device && addr < s.saturating_add(len))
-                .map_or(0, |(_, s, _)| s)
+            match i.filter(|&i| {
+                let (d, s, len) = segs[i];
+                d == device && addr - s < len
+            }) {
+                Some(i) => {
+                    st.recent = [i, st.recent[0]];
+                    segs[i].1
+                }
+                None => 0,
+            }
         }
         _ => 0,
     }
@@ -380,17 +461,17 @@ fn intern(st: &mut State, h: u64, tb: &Captured, ctrl: usize) -> u32 {
     id
 }
 
-/// The id of the stack our frame reader found (`h` its [`PyWalk::key_hash`]); a new one is
-/// named at once (its `PyCode` and `PyStack` records go to `records`), since its code
-/// objects are alive only while this thread runs them.
+/// The id of the stack our frame reader found (a walk of its keys, [`with_keys`]); a new
+/// one is named at once (its `PyCode` and `PyStack` records go to `records`), since its
+/// code objects are alive only while this thread runs them.
 ///
-/// [`PyWalk::key_hash`]: super::pyframes::PyWalk::key_hash
+/// [`with_keys`]: super::pyframes::with_keys
 fn intern_walk(
     st: &mut State,
-    h: u64,
-    walk: &super::pyframes::PyWalk,
+    walk: &mut super::pyframes::PyWalk,
     records: &mut Vec<Event>,
 ) -> u32 {
+    let h = walk.key_hash();
     if let Some(id) = st.walks.get(h, |k| walk.key_eq(k)) {
         return id;
     }
@@ -403,10 +484,13 @@ fn intern_walk(
         }
         return 0;
     }
-    let frames = super::pyframes::py_frames(walk, records);
+    let key = walk.key();
+    let Some(frames) = super::pyframes::py_frames(walk, records) else {
+        return 0;
+    };
     st.ids += 1;
     let id = st.ids;
-    st.walks.insert(h, walk.key(), id);
+    st.walks.insert(h, key, id);
     records.push(Event::PyStack { id, frames });
     id
 }
@@ -811,6 +895,44 @@ mod tests {
         assert_eq!(seg(&mut st, act::ALLOC, 0, 0x2800, 16), 0);
         assert_eq!(seg(&mut st, act::ALLOC, 1, 0x2800, 16), 0x2000);
         assert_eq!(st.segments, vec![(0, 0x8000, 0x1000), (1, 0x2000, 0x4000)]);
+    }
+
+    /// The segments the last tensors were found in are tried first: what they answer is
+    /// what the search answers, as tensors come and go, segments are added before and after
+    /// them, resized and freed.
+    #[test]
+    fn recent_segments_answer_as_the_search() {
+        let mut st = State::default();
+        let seg = |st: &mut State, a, d, at, n| segment_of(st, a, d, at, n);
+        assert_eq!(seg(&mut st, act::SEGMENT_ALLOC, 0, 0x2000, 0x1000), 0x2000);
+        assert_eq!(seg(&mut st, act::SEGMENT_ALLOC, 0, 0x8000, 0x1000), 0x8000);
+        // Alternating between two segments, then a third, on the same device.
+        for _ in 0..3 {
+            assert_eq!(seg(&mut st, act::ALLOC, 0, 0x2100, 16), 0x2000);
+            assert_eq!(seg(&mut st, act::ALLOC, 0, 0x8100, 16), 0x8000);
+        }
+        // Just past the recent ones' ends, below them, on another device: none.
+        assert_eq!(seg(&mut st, act::ALLOC, 0, 0x3000, 16), 0);
+        assert_eq!(seg(&mut st, act::ALLOC, 0, 0x9000, 16), 0);
+        assert_eq!(seg(&mut st, act::FREE_COMPLETED, 0, 0x1fff, 16), 0);
+        assert_eq!(seg(&mut st, act::ALLOC, 1, 0x2100, 16), 0);
+        // A segment added before both: the recent indexes moved.
+        assert_eq!(seg(&mut st, act::SEGMENT_ALLOC, 0, 0x1000, 0x800), 0x1000);
+        assert_eq!(seg(&mut st, act::ALLOC, 0, 0x8100, 16), 0x8000);
+        assert_eq!(seg(&mut st, act::ALLOC, 0, 0x1100, 16), 0x1000);
+        assert_eq!(seg(&mut st, act::ALLOC, 0, 0x2100, 16), 0x2000);
+        // A recent segment grown in place, then freed: its tensors' addresses are in none.
+        assert_eq!(seg(&mut st, act::SEGMENT_ALLOC, 0, 0x2000, 0x2000), 0x2000);
+        assert_eq!(seg(&mut st, act::ALLOC, 0, 0x3100, 16), 0x2000);
+        assert_eq!(seg(&mut st, act::SEGMENT_FREE, 0, 0x2000, 0x2000), 0x2000);
+        assert_eq!(seg(&mut st, act::FREE_COMPLETED, 0, 0x2100, 16), 0);
+        assert_eq!(seg(&mut st, act::ALLOC, 0, 0x3100, 16), 0);
+        assert_eq!(seg(&mut st, act::ALLOC, 0, 0x8100, 16), 0x8000);
+        assert_eq!(seg(&mut st, act::ALLOC, 0, 0x1100, 16), 0x1000);
+        // A segment mapped over a freed one's place, on the recent segments' device.
+        assert_eq!(seg(&mut st, act::SEGMENT_MAP, 0, 0x2000, 0x200), 0x2000);
+        assert_eq!(seg(&mut st, act::ALLOC, 0, 0x2100, 16), 0x2000);
+        assert_eq!(seg(&mut st, act::ALLOC, 0, 0x2200, 16), 0);
     }
 
     /// A fork while another thread is finding CPython's API (inside its set-up): the child,

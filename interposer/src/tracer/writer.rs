@@ -32,9 +32,9 @@ const TICK: Duration = Duration::from_millis(50);
 const REAP_EVERY: u32 = 20;
 /// zstd level (single-threaded) of frames of 1 KiB and more (smaller ones take -1 or are
 /// stored: `TraceWriter`). Measured per event in large frames (`trace/examples/frame_cost.rs`
-/// under callgrind): level 1 costs 21% fewer instructions than 3 on a GPT-2 run's PyTorch
-/// allocator events (the writer thread's main work in a training job traced at tensor level)
-/// for 4% more bytes, and 8% fewer on allocation/free records for 1% more bytes.
+/// under callgrind): level 1 costs 8% fewer instructions than 3 on allocation/free records for
+/// 1% more bytes (and cost 21% fewer on PyTorch allocator events while zstd compressed them;
+/// since format v4 their `TorchRun` payloads are stored as coded, not compressed).
 const LEVEL: i32 = 1;
 
 /// The writer's life, held in `STATE` as `u8`: idle until the first event starts it, done

@@ -11,6 +11,11 @@
 //! laid out afresh, as compactly as the first, in memory the pool already holds: the places
 //! of the round that ended, taken in the order of that round (see `rounds`), not by size.
 //!
+//! A round none of whose allocations was placed afresh (each hit the cache or took its
+//! rank's place of the round before) has the previous round's layout: it ends (its places
+//! become the ones the next round replays) without dissolving its cached blocks, which the
+//! next round then takes again at their places.
+//!
 //! Blocks freed with `cudaFree` and still waiting for a synchronization are released by one
 //! synchronization first (nothing is live: every byte of the pool is free once it is made);
 //! never during capture. It is done at most once per `MIN_ALLOCS` allocations and only
@@ -37,8 +42,20 @@ impl Stitch {
         if !self.pending.is_empty() && (dev.is_capturing() || self.do_sync(dev).is_err()) {
             return;
         }
-        while self.dissolve_some(dev, u64::MAX) {}
-        self.ghosts.clear();
+        // A round that took only places the round before had (cache hits, and new blocks at
+        // their rank's place of that round) has not drifted: its cached blocks stay where the
+        // next round takes them again (the replay takes the cached block of a rank's very
+        // place as a hit). Dissolved, each of them would be placed anew in the next round,
+        // which then is due to end too: a rotation of sizes with nothing live between pairs
+        // would dissolve and re-place every size every `MIN_ALLOCS` allocations.
+        let (a0, h0) = self.layout_mark;
+        let fresh = (allocs - a0)
+            .saturating_sub(hits - h0)
+            .saturating_sub(self.rounds.anew_since_end());
+        if fresh > 0 {
+            while self.dissolve_some(dev, u64::MAX) {}
+            self.ghosts.clear();
+        }
         self.end_round();
         self.layout_mark = (allocs, hits);
     }

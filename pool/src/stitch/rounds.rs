@@ -45,6 +45,10 @@ pub(super) struct Rounds {
     maps: FxMap<u32, u64>,
     /// allocations served at a replayed place
     replays: u64,
+    /// of those, the ones served by a new block there (not cache hits), and that count at
+    /// the last round end (see `quiet`)
+    anew: u64,
+    anew_mark: u64,
     /// the (mapping, address) last put in `maps` since it was rebuilt: a round's places
     /// are mostly in few mappings, so most places need no hash insert
     last_map: Option<(u32, u64)>,
@@ -53,6 +57,12 @@ pub(super) struct Rounds {
 impl Rounds {
     pub(super) fn replays(&self) -> u64 {
         self.replays
+    }
+
+    /// Allocations served by a new block at their rank's place of the round before, since
+    /// the last round end.
+    pub(super) fn anew_since_end(&self) -> u64 {
+        self.anew - self.anew_mark
     }
 }
 
@@ -130,6 +140,7 @@ impl Stitch {
     /// Nothing is live and the layout is forgotten: this round's places are the ones the
     /// next round replays (ranks this round did not reach are dropped).
     pub(super) fn end_round(&mut self) {
+        self.rounds.anew_mark = self.rounds.anew;
         self.rounds.maps.clear();
         self.rounds.last_map = None;
         self.rounds.count = 0;
@@ -233,9 +244,13 @@ impl Stitch {
         for v in victims {
             self.dissolve(dev, v);
         }
-        Ok(self
+        let slot = self
             .try_commit(dev, Plan::Existing { map: m, off }, size, t)?
-            .map(|(m, o)| Slot::New(m, o)))
+            .map(|(m, o)| Slot::New(m, o));
+        if slot.is_some() {
+            self.rounds.anew += 1;
+        }
+        Ok(slot)
     }
 
     /// Take the cached block at `addr` (of `size`) for a request of `req` bytes on stream

@@ -1,0 +1,121 @@
+//! The `TorchRun` coder (format v4, tag 25) under arbitrary input, two ways: the bytes as a
+//! run's payload after a `Context` record, in a row frame and in a columnar frame's torch
+//! stream (the decoder must never panic, loop or allocate beyond its caps); and the bytes as
+//! a sequence of PyTorch allocator events drawn from few values (so the model predicts and
+//! finds places in its rings), encoded in buffers of one context each and read back: every
+//! event must come back exactly.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use vramshim_trace::{
+    Event, FrameLayout, Header, RecordEncoder, RecordStats, TorchOp, TraceReader, TraceWriter,
+};
+
+fn drain(bytes: &[u8]) -> Vec<Event> {
+    let mut out = Vec::new();
+    let Ok(mut r) = TraceReader::from_reader(bytes) else {
+        return out;
+    };
+    let mut ev = Event::Lost { t_ns: 0, count: 0 };
+    for _ in 0..10_000_000 {
+        match r.next_into(&mut ev) {
+            Ok(true) => out.push(ev.clone()),
+            Ok(false) => break,
+            Err(e) if e.is_recoverable() => {}
+            Err(_) => break,
+        }
+    }
+    out
+}
+
+/// Events from the input, 8 bytes each: every field chosen among a few values.
+fn events(data: &[u8]) -> Vec<Event> {
+    let mut t = 1_000_000u64;
+    data.chunks_exact(8)
+        .map(|c| {
+            let seg = [
+                0x7f00_0000_0000u64,
+                0x7f00_0200_0000,
+                0x7e00_0000_0000,
+                0,
+                u64::MAX,
+            ][c[0] as usize % 5];
+            let off = match c[1] % 4 {
+                0 => (c[2] as u64) << 9,
+                1 => c[2] as u64,
+                2 => (c[2] as u64).wrapping_neg(),
+                _ => u64::from_le_bytes([c[2], c[3], c[4], c[5], c[6], c[7], c[1], c[0]]),
+            };
+            t = match c[3] % 8 {
+                0 => t.wrapping_sub(c[4] as u64),
+                1 => t.wrapping_add(1 << 30),
+                _ => t.wrapping_add((c[4] as u64) << (c[5] % 24)),
+            };
+            Event::Torch(TorchOp {
+                t_ns: t,
+                tid: [7, 8, 9][c[5] as usize % 3],
+                action: [0, 0, 2, 2, 3, 4, 8, 200][c[6] as usize % 8],
+                device: [0, 1, -1][c[7] as usize % 3],
+                addr: seg.wrapping_add(off),
+                size: match c[6] % 5 {
+                    0 => 512,
+                    1 => 256 << (c[7] % 12),
+                    2 => c[7] as u64,
+                    3 => u64::MAX - c[7] as u64,
+                    _ => 1 << 20,
+                },
+                stream: [0, 0, 0x55][c[4] as usize % 3],
+                segment: seg,
+                stack: [0, 1, 2, u32::MAX][c[2] as usize % 4],
+            })
+        })
+        .collect()
+}
+
+fuzz_target!(|data: &[u8]| {
+    if data.is_empty() || data.len() > 1 << 16 {
+        return;
+    }
+    let layout = if data[0] & 1 == 0 {
+        FrameLayout::Rows
+    } else {
+        FrameLayout::Columnar
+    };
+    // 1. The bytes as a run's payload.
+    let payload = &data[1..];
+    let n = payload.len();
+    let mut recs = vec![1u8, 1, 5, 25];
+    recs.extend_from_slice(&[(n as u8) | 0x80, ((n >> 7) as u8) | 0x80, (n >> 14) as u8]);
+    recs.extend_from_slice(payload);
+    let mut w = TraceWriter::new(Vec::new(), &Header::default()).unwrap();
+    w.set_layout(layout);
+    let st = RecordStats {
+        records: 1,
+        t_min: u64::MAX,
+        t_max: 0,
+    };
+    if w.write_records(&recs, st).is_ok()
+        && let Ok(file) = w.finish()
+    {
+        let got = drain(&file);
+        assert!(got.len() <= n / 2 + 1);
+    }
+    // 2. The bytes as events: encoded in buffers of one context, read back exactly.
+    let ev = events(payload);
+    let mut w = TraceWriter::new(Vec::new(), &Header::default()).unwrap();
+    w.set_layout(layout);
+    let mut enc = RecordEncoder::new();
+    let per = 1 + data[0] as usize / 2;
+    for chunk in ev.chunks(per) {
+        enc.begin(7);
+        for e in chunk {
+            enc.push(e);
+        }
+        w.write_encoded(&enc).unwrap();
+        if data[0] & 2 != 0 {
+            w.flush_frame().unwrap();
+        }
+    }
+    let file = w.finish().unwrap();
+    assert!(drain(&file) == ev, "events did not round trip");
+});
