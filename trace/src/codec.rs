@@ -7,6 +7,7 @@
 use crate::columns::TimeCursor;
 use crate::event::{AllocKind, Api, DeviceInfo, Event, MemOp, PyFrame, SyncKind, TorchOp};
 use crate::torch_run::{self, Model};
+use crate::wire::put_varint_at as wv;
 use crate::wire::{
     Cur, put_str, put_varint, torch_offset, torch_offset_of, torch_size, torch_size_of, unzigzag,
     zigzag,
@@ -169,7 +170,8 @@ pub struct RecordEncoder {
     /// The `TorchRun` model of the context (allocated at its first PyTorch event).
     model: Option<Box<Model>>,
     /// The open `TorchRun` record: where its tag is, and the buffer's length after its last
-    /// event (a new record starts a new run: the buffer then no longer ends there).
+    /// event (a new record starts a new run: the buffer then no longer ends there);
+    /// [`NO_RUN`] when none is open (an empty buffer is no open run).
     run_at: usize,
     run_end: usize,
     /// Bytes of `TorchRun` payloads in the buffer (the writer stores them uncompressed).
@@ -202,7 +204,7 @@ impl RecordEncoder {
             freed_tag: [0; 2],
             model: None,
             run_at: 0,
-            run_end: 0,
+            run_end: NO_RUN,
             torch_bytes: 0,
         }
     }
@@ -236,7 +238,7 @@ impl RecordEncoder {
         if let Some(m) = &mut self.model {
             m.reset();
         }
-        self.run_end = 0;
+        self.run_end = NO_RUN;
     }
 
     /// Bytes of `TorchRun` payloads (coded PyTorch allocator events) in the buffer.
@@ -276,7 +278,7 @@ impl RecordEncoder {
         self.t_min = u64::MAX;
         self.t_max = 0;
         self.torch_bytes = 0;
-        self.run_end = 0;
+        self.run_end = NO_RUN;
         (std::mem::take(&mut self.buf), stats)
     }
 
@@ -285,7 +287,7 @@ impl RecordEncoder {
         buf.clear();
         self.buf = buf;
         self.torch_bytes = 0;
-        self.run_end = 0;
+        self.run_end = NO_RUN;
         self.records = 0;
         self.t_min = u64::MAX;
         self.t_max = 0;
@@ -308,7 +310,7 @@ impl RecordEncoder {
     /// The caller must write a `Context` before pushing more events (the delta state of the
     /// appended records is unknown here).
     pub fn append_raw(&mut self, bytes: &[u8], stats: RecordStats) {
-        self.run_end = 0;
+        self.run_end = NO_RUN;
         self.buf.extend_from_slice(bytes);
         self.records += stats.records;
         self.t_min = self.t_min.min(stats.t_min);
@@ -325,7 +327,7 @@ impl RecordEncoder {
     /// Puts back a buffer taken with [`RecordEncoder::take`] (when it could not be handed
     /// over), keeping the delta state, so encoding continues where it left off.
     pub fn restore(&mut self, buf: Vec<u8>, stats: RecordStats) {
-        self.run_end = 0;
+        self.run_end = NO_RUN;
         self.buf = buf;
         self.records = stats.records;
         self.t_min = stats.t_min;
@@ -887,33 +889,13 @@ fn changed_fields(b: &mut [u8; REC], mk: u8, m: &MemOp) -> usize {
 
 /// A `TorchRun` record's header: the tag, then its length as a varint padded to 3 bytes.
 const RUN_HEAD: usize = 4;
+/// `RecordEncoder::run_end` when no run is open: no buffer ever ends there.
+const NO_RUN: usize = usize::MAX;
 /// A run is closed before its payload could pass what 3 varint bytes hold (2^21 - 1).
 const RUN_MAX: usize = (1 << 21) - 2 * torch_run::EV_MAX;
 
 /// Scratch size of one MemOp record (a power of two above its largest size, 73 bytes).
 const REC: usize = 128;
-
-/// Writes `v` as a varint at `b[n..]`, returns the new position.
-#[inline(always)]
-fn wv(b: &mut [u8; REC], mut n: usize, mut v: u64) -> usize {
-    // Most fields take one or two bytes: no loop for those.
-    if v < 0x80 {
-        b[n % REC] = v as u8;
-        return n + 1;
-    }
-    if v < 0x4000 {
-        b[n % REC] = (v as u8) | 0x80;
-        b[(n + 1) % REC] = (v >> 7) as u8;
-        return n + 2;
-    }
-    while v >= 0x80 {
-        b[n % REC] = (v as u8) | 0x80;
-        v >>= 7;
-        n += 1;
-    }
-    b[n % REC] = v as u8;
-    n + 1
-}
 
 fn record_tag(ev: &Event) -> u8 {
     match ev {

@@ -21,7 +21,7 @@
 //! instructions: fixed-size stores, one table probe, one ring probe.
 
 use crate::event::TorchOp;
-use crate::wire::{Cur, RecordError, torch_head, unzigzag};
+use crate::wire::{Cur, RecordError, put_varint_at as wv, torch_head, unzigzag};
 
 /// Places per ring (a power of two), and how many of the newest a control byte can name.
 const RING: usize = 32;
@@ -179,28 +179,6 @@ pub(crate) struct Ctx {
 
 /// Scratch size of one coded event (its largest form is 68 bytes).
 pub(crate) const EV_MAX: usize = 128;
-
-/// Writes `v` as a varint at `b[n..]` (positions modulo `EV_MAX`: never reached), returns the
-/// new position.
-#[inline(always)]
-fn wv(b: &mut [u8; EV_MAX], mut n: usize, mut v: u64) -> usize {
-    if v < 0x80 {
-        b[n % EV_MAX] = v as u8;
-        return n + 1;
-    }
-    if v < 0x4000 {
-        b[n % EV_MAX] = (v as u8) | 0x80;
-        b[(n + 1) % EV_MAX] = (v >> 7) as u8;
-        return n + 2;
-    }
-    while v >= 0x80 {
-        b[n % EV_MAX] = (v as u8) | 0x80;
-        v >>= 7;
-        n += 1;
-    }
-    b[n % EV_MAX] = v as u8;
-    n + 1
-}
 
 /// Codes `op` (whose offset and size the caller has checked: `off` and `size` are their
 /// `TorchDelta` forms) into `b`; returns its length. Updates the model and the context.

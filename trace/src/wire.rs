@@ -123,6 +123,30 @@ pub const MAX_STACK_FRAMES: usize = 1024;
 /// Largest string a record or the header may hold (decoder cap).
 pub const MAX_STRING: usize = 64 * 1024;
 
+/// Writes `v` as a varint at `b[n..]` of a fixed-size scratch record (positions modulo `N`, a
+/// power of two larger than any record written there: never reached, but no bounds check
+/// is left in the coder), returns the new position. Most fields take one or two bytes: no
+/// loop for those.
+#[inline(always)]
+pub(crate) fn put_varint_at<const N: usize>(b: &mut [u8; N], mut n: usize, mut v: u64) -> usize {
+    if v < 0x80 {
+        b[n % N] = v as u8;
+        return n + 1;
+    }
+    if v < 0x4000 {
+        b[n % N] = (v as u8) | 0x80;
+        b[(n + 1) % N] = (v >> 7) as u8;
+        return n + 2;
+    }
+    while v >= 0x80 {
+        b[n % N] = (v as u8) | 0x80;
+        v >>= 7;
+        n += 1;
+    }
+    b[n % N] = v as u8;
+    n + 1
+}
+
 #[inline]
 pub(crate) fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {

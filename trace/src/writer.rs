@@ -197,51 +197,38 @@ impl<W: Write> TraceWriter<W> {
     /// Appends records encoded elsewhere by a [`RecordEncoder`] (which starts every buffer with
     /// `begin(tid)`, i.e. a `Context` record). `bytes` must hold whole records.
     pub fn write_records(&mut self, bytes: &[u8], stats: RecordStats) -> io::Result<()> {
-        self.check_open()?;
-        if bytes.is_empty() {
-            return Ok(());
-        }
-        if bytes.len() > MAX_FRAME_RAW {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "record buffer larger than the maximum frame",
-            ));
-        }
-        if self.enc.len() + bytes.len() > MAX_FRAME_RAW {
-            self.flush_frame()?;
-        }
-        self.enc.append_raw(bytes, stats);
-        self.has_records = true;
-        self.dirty = true;
-        if stats.records > 0 && stats.t_max >= stats.t_min {
-            self.last_t = self.last_t.max(stats.t_max);
-        }
-        if self.enc.len() >= self.frame_target {
-            self.flush_frame()?;
-        }
-        Ok(())
+        self.append_records(bytes.len(), stats, |e| e.append_raw(bytes, stats))
     }
 
     /// [`TraceWriter::write_records`] of everything `enc` encoded (which started with
     /// `begin(tid)`): also tells the writer how much of it is `TorchRun` payload, which it
     /// stores as it is instead of compressing it.
     pub fn write_encoded(&mut self, enc: &RecordEncoder) -> io::Result<()> {
+        self.append_records(enc.bytes().len(), enc.stats(), |e| e.append_encoded(enc))
+    }
+
+    /// Puts `len` bytes of whole records (`stats`) into the open frame with `append` (a new
+    /// frame first when they would not fit), then closes the frame at its target size.
+    fn append_records(
+        &mut self,
+        len: usize,
+        stats: RecordStats,
+        append: impl FnOnce(&mut RecordEncoder),
+    ) -> io::Result<()> {
         self.check_open()?;
-        let bytes = enc.bytes();
-        if bytes.is_empty() {
+        if len == 0 {
             return Ok(());
         }
-        if bytes.len() > MAX_FRAME_RAW {
+        if len > MAX_FRAME_RAW {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "record buffer larger than the maximum frame",
             ));
         }
-        if self.enc.len() + bytes.len() > MAX_FRAME_RAW {
+        if self.enc.len() + len > MAX_FRAME_RAW {
             self.flush_frame()?;
         }
-        let stats = enc.stats();
-        self.enc.append_encoded(enc);
+        append(&mut self.enc);
         self.has_records = true;
         self.dirty = true;
         if stats.records > 0 && stats.t_max >= stats.t_min {

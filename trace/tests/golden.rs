@@ -327,17 +327,7 @@ fn run_frame() -> Vec<Event> {
     let mut t = 9_000_000_000u64;
     let mut ev = Vec::new();
     let torch = |t: u64, tid: u32, action: u8, addr: u64, size: u64, stack: u32| {
-        Event::Torch(TorchOp {
-            t_ns: t,
-            tid,
-            action,
-            device: 0,
-            addr,
-            size,
-            stream: 0,
-            segment: seg,
-            stack,
-        })
+        torch_event(t, tid, action, addr, size, seg, stack)
     };
     for step in 0..3u64 {
         let base = seg + step * 0x10_0000;

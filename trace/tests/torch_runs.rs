@@ -257,3 +257,46 @@ proptest! {
         }
     }
 }
+
+/// An encoder that never wrote a `Context` (a new one, or one cleared or taken from) still
+/// opens a `TorchRun` record for its first PyTorch event: the run's header is written, not
+/// its length laid over the event's bytes, and the events come back.
+#[test]
+fn first_run_of_an_encoder_without_context_has_its_header() {
+    let ev: Vec<Event> = gpt2_events()
+        .into_iter()
+        .filter(|e| matches!(e, Event::Torch(op) if op.tid == 28283))
+        .take(50)
+        .collect();
+    let check = |enc: &mut RecordEncoder, what: &str| {
+        for e in &ev {
+            enc.push(e);
+        }
+        let b = enc.bytes().to_vec();
+        assert_eq!(b[0], tag::TORCH_RUN, "{what}: the run's tag comes first");
+        let mut records = Vec::new();
+        let mut ctx = RecordEncoder::new();
+        ctx.begin(0);
+        records.extend_from_slice(ctx.bytes());
+        records.extend_from_slice(&b);
+        let (_, got, errs, _) = read_all(&frame_of(&records, FrameLayout::Rows)).unwrap();
+        assert!(errs.is_empty(), "{what}: {errs:?}");
+        let got: Vec<Event> = got
+            .into_iter()
+            .filter(|e| matches!(e, Event::Torch(_)))
+            .collect();
+        assert_eq!(got, ev, "{what}");
+    };
+    check(&mut RecordEncoder::new(), "new encoder");
+    let mut enc = RecordEncoder::new();
+    enc.begin(28283);
+    enc.push(&ev[0]);
+    enc.clear();
+    check(&mut enc, "cleared encoder");
+    let mut enc = RecordEncoder::new();
+    enc.begin(28283);
+    enc.push(&ev[0]);
+    let _ = enc.take();
+    enc.clear();
+    check(&mut enc, "taken, then cleared");
+}

@@ -341,10 +341,6 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
-    /// A member with its own 1 GiB cap in a group that leaves the GPU uncapped: the group's
-    /// line says the group is uncapped (the 1 GiB is the member's, on its row). A member whose
-    /// library predates the group cap says nothing of it: the group's cap reads as unknown,
-    /// not as its own cap nor as uncapped.
     /// A process's own words (its command name, which it may set to anything, and its group)
     /// reach the terminal without their control characters: no escape sequence is passed
     /// through, no line is broken.
@@ -370,6 +366,10 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// A member with its own 1 GiB cap in a group that leaves the GPU uncapped: the group's
+    /// line says the group is uncapped (the 1 GiB is the member's, on its row). A member whose
+    /// library predates the group cap says nothing of it: the group's cap reads as unknown,
+    /// not as its own cap nor as uncapped.
     #[test]
     fn a_members_own_cap_is_not_its_groups() {
         let (dir, path, r, me, s) = trainer_in_job("group-cap", Default::default());

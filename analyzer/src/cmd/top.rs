@@ -12,6 +12,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use vramshim_analyzer::render::one_line;
 use vramshim_region::spec::{self, CapValue, human_bytes};
 use vramshim_region::{MAX_DEVICES, ProcessKey, Region, Snapshot};
 
@@ -150,9 +151,10 @@ fn render_text(views: &[View]) -> String {
             Ok(s) => s,
             Err(e) => {
                 o.push_str(&format!(
-                    "region {} ({}): {e}\n\n",
-                    v.name,
-                    v.path.display()
+                    "region {} ({}): {}\n\n",
+                    one_line(&v.name),
+                    one_line(&v.path.to_string_lossy()),
+                    one_line(e)
                 ));
                 continue;
             }
@@ -160,8 +162,8 @@ fn render_text(views: &[View]) -> String {
         let live = s.processes.iter().filter(|p| p.alive).count();
         o.push_str(&format!(
             "region {} ({})  cap {}  {} process{}\n",
-            v.name,
-            v.path.display(),
+            one_line(&v.name),
+            one_line(&v.path.to_string_lossy()),
             caps_text(s),
             live,
             if live == 1 { "" } else { "es" }
@@ -381,5 +383,34 @@ mod tests {
         assert_eq!(j["regions"][0]["devices"][0]["cap"]["fraction"], 0.5);
         let v = look("missing", &dir.join("none"), true);
         assert!(render_text(&[v]).contains("does not exist"));
+    }
+
+    /// A region's name is the rest of a file name in /dev/shm, where any local user may create
+    /// files of any name, this user's prefix included: shown on one line, its control
+    /// characters escaped, whether the region opens or not (no escape sequence reaches the
+    /// terminal, no line is forged).
+    #[test]
+    fn a_regions_name_reaches_the_terminal_escaped() {
+        let dir = std::env::temp_dir().join(format!("vramshim-top-names-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let name = "x\x1b]0;owned\x07\nregion forged";
+        let path = dir.join(name);
+        let missing = render_text(&[look(name, &path, false)]);
+        Region::open_or_create(&path, &parse_cap("4GiB").unwrap()).unwrap();
+        let opened = render_text(&[look(name, &path, false)]);
+        for text in [missing, opened] {
+            assert!(!text.contains('\x1b') && !text.contains('\x07'), "{text:?}");
+            assert!(
+                text.contains("region x\\u{1b}]0;owned\\u{7}\\nregion forged ("),
+                "{text:?}"
+            );
+            assert_eq!(
+                text.lines().filter(|l| l.starts_with("region ")).count(),
+                1,
+                "{text:?}"
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
