@@ -27,6 +27,14 @@ impl Cap {
     /// Whether the pool's pages are charged (and pooled requests charged nothing). False only
     /// under `VRAMSHIM_CAP_FAULT=pool-live-bytes`: requests are charged their live bytes and
     /// the pages are bounded by the process's own capped total alone.
+    /// Bytes the cap still lets this process take on `device`, as a memory query would say
+    /// (None: uncapped there): the group's room bounded by a member's own (its own cap less
+    /// its own bytes, not less the group's).
+    pub(crate) fn pool_headroom(&self, device: i32) -> Option<u64> {
+        let total = self.capped_total(device, 0)?;
+        Some(self.cap_view(device, total).1)
+    }
+
     pub(crate) fn charges_pool_pages(&self) -> bool {
         self.settings.fault != Fault::PoolLiveBytes
     }
@@ -77,9 +85,7 @@ pub(crate) fn charge_pool_page(device: i32, bytes: u64, stream: u64) -> bool {
 /// Bytes the cap still lets the process take on `device` (None: no cap binds it there): the
 /// pool's `Device::room`, so that near the cap it takes the tightest layout.
 pub(crate) fn pool_headroom(device: i32) -> Option<u64> {
-    let c = global()?;
-    let limit = c.binding_limit(device)?;
-    Some(limit.saturating_sub(c.in_use(device)))
+    global()?.pool_headroom(device)
 }
 
 /// Gives back a page the pool released (or failed to create after its charge).

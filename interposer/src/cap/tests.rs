@@ -585,6 +585,25 @@ fn a_members_smaller_own_cap_still_binds() {
     );
 }
 
+/// The pool's room (what the cap still lets the process take) of a member whose own cap
+/// binds is its own cap less its own bytes, not less the group's: the group's bytes bound it
+/// only where the group's room is the smaller.
+#[test]
+fn a_members_pool_room_is_its_own_where_its_own_cap_binds() {
+    let path = tmp("member-room");
+    let (a, b) = two_members(&path, "4GiB", "1GiB");
+    a.try_charge(0, GIB, Api::CudaMalloc).unwrap();
+    b.try_charge(0, GIB / 2, Api::CudaMalloc).unwrap();
+    take_lines();
+    assert_eq!(b.pool_headroom(0), Some(GIB / 2));
+    assert_eq!(a.pool_headroom(0), Some(2 * GIB + GIB / 2));
+    // The group fuller than the member's own cap leaves: the group's room binds it.
+    a.try_charge(0, 2 * GIB + GIB / 4, Api::CudaMalloc).unwrap();
+    assert_eq!(b.pool_headroom(0), Some(GIB / 4));
+    a.uncharge(0, 3 * GIB + GIB / 4);
+    b.uncharge(0, GIB / 2);
+}
+
 /// A member's own cap on a device the group's cap leaves uncapped binds its charges there,
 /// and its memory queries say so (its cap as the total, its own room as free), as on a
 /// device the group caps.
