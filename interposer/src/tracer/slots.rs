@@ -763,15 +763,23 @@ fn wait_for_writer() {
     }
 }
 
-/// Writer side: take every slot's partial buffer. `f` gets each (to [`encode`]).
-pub(crate) fn drain_all(f: impl FnMut(Buf), spins: u32) {
+/// Writer side: take every slot's partial buffer. `f` gets `None` first, while the slots the
+/// buffers came from are still held (to write the buffers their owners handed over before:
+/// older than the partial ones), then each buffer (to [`encode`]).
+pub(crate) fn drain_all(f: impl FnMut(Option<Buf>), spins: u32) {
     let mut all = Vec::new();
     for_each(|s| all.push(s));
     drain(&all, f, spins);
 }
 
-/// Claim every slot, one barrier for all of them, take each buffer, then hand them to `f`.
-fn drain(slots: &[&'static Slot], mut f: impl FnMut(Buf), spins: u32) {
+/// Claim every slot, one barrier for all of them, take each buffer, then hand them to `f`
+/// (after `f(None)`, see [`drain_all`]).
+///
+/// Order: an owner may hand a full buffer over (into the writer's queue) just before its
+/// partial one is taken here. Writing the partial one first would put a thread's later
+/// events before its earlier ones; so the queue is emptied (`f(None)`) while every slot a
+/// buffer was taken from is still held, when no owner of one can hand anything over.
+fn drain(slots: &[&'static Slot], mut f: impl FnMut(Option<Buf>), spins: u32) {
     let held: Vec<Guard<'static>> = slots
         .iter()
         .filter_map(|s| s.try_claim_for(spins))
@@ -781,6 +789,7 @@ fn drain(slots: &[&'static Slot], mut f: impl FnMut(Buf), spins: u32) {
     }
     // Swap the buffers out quickly (owners that meet a claim wait on the lock), write after.
     let mut taken = Vec::with_capacity(held.len());
+    let mut holding = Vec::with_capacity(held.len());
     for g in held {
         if !g.settle(spins) {
             continue;
@@ -792,9 +801,12 @@ fn drain(slots: &[&'static Slot], mut f: impl FnMut(Buf), spins: u32) {
         let spare = writer::spare_buffer();
         taken.push(std::mem::replace(&mut inner.buf, spare));
         inner.next_try = SEND_AT;
+        holding.push(g);
     }
+    f(None);
+    drop(holding);
     for buf in taken {
-        f(buf);
+        f(Some(buf));
     }
 }
 
@@ -910,7 +922,7 @@ mod tests {
                     }
                 }
             } else {
-                drain(&[slot], |b| chunks.push(b), 1 << 20);
+                drain(&[slot], |b| chunks.extend(b), 1 << 20);
             }
             drains += 1;
             // The writer drains every 50 ms, not back to back: a drainer spinning without
@@ -919,7 +931,7 @@ mod tests {
             std::thread::yield_now();
         }
         owner.join().unwrap();
-        drain(&[slot], |b| chunks.push(b), 1 << 20);
+        drain(&[slot], |b| chunks.extend(b), 1 << 20);
         let mut file = Vec::new();
         {
             let mut w = vramshim_trace::TraceWriter::new(&mut file, &Default::default()).unwrap();

@@ -525,13 +525,26 @@ fn tick_locked(
         write_chunk(sh, out, c);
     }
     let spins = if at_exit { 1 << 20 } else { 1 << 12 };
+    // Handed over since the queue was emptied above and before the partial buffers were
+    // taken: those threads' earlier events, written before the partial buffers. Only taken
+    // off the queue while the slots are held (owners wait meanwhile), written after.
+    let mut older = Vec::new();
     slots::drain_all(
-        |mut raw| {
-            write_raw(out, &mut raw);
-            recycle_into(sh, raw);
+        |b| match b {
+            None => older.extend(sh.rx.try_iter()),
+            Some(mut raw) => {
+                for c in older.drain(..) {
+                    write_chunk(sh, out, c);
+                }
+                write_raw(out, &mut raw);
+                recycle_into(sh, raw);
+            }
         },
         spins,
     );
+    for c in older {
+        write_chunk(sh, out, c);
+    }
     super::clock::recalibrate();
     let now = super::clock::now_ns();
     out.ticks = out.ticks.wrapping_add(1);
