@@ -765,11 +765,12 @@ fn wait_for_writer() {
 
 /// Writer side: take every slot's partial buffer. `f` gets `None` first, while the slots the
 /// buffers came from are still held (to write the buffers their owners handed over before:
-/// older than the partial ones), then each buffer (to [`encode`]).
-pub(crate) fn drain_all(f: impl FnMut(Option<Buf>), spins: u32) {
+/// older than the partial ones), then each buffer (to [`encode`]). False when nothing could
+/// be taken (the barrier failed: the buffers wait for the next time).
+pub(crate) fn drain_all(f: impl FnMut(Option<Buf>), spins: u32) -> bool {
     let mut all = Vec::new();
     for_each(|s| all.push(s));
-    drain(&all, f, spins);
+    drain(&all, f, spins)
 }
 
 /// Claim every slot, one barrier for all of them, take each buffer, then hand them to `f`
@@ -779,13 +780,13 @@ pub(crate) fn drain_all(f: impl FnMut(Option<Buf>), spins: u32) {
 /// partial one is taken here. Writing the partial one first would put a thread's later
 /// events before its earlier ones; so the queue is emptied (`f(None)`) while every slot a
 /// buffer was taken from is still held, when no owner of one can hand anything over.
-fn drain(slots: &[&'static Slot], mut f: impl FnMut(Option<Buf>), spins: u32) {
+fn drain(slots: &[&'static Slot], mut f: impl FnMut(Option<Buf>), spins: u32) -> bool {
     let held: Vec<Guard<'static>> = slots
         .iter()
         .filter_map(|s| s.try_claim_for(spins))
         .collect();
     if held.iter().any(|g| g.how == Held::Claim) && !barrier::heavy() {
-        return; // the guards' drops withdraw the claims; the buffers wait for next time
+        return false; // the guards' drops withdraw the claims; the buffers wait for next time
     }
     // Swap the buffers out quickly (owners that meet a claim wait on the lock), write after.
     let mut taken = Vec::with_capacity(held.len());
@@ -808,6 +809,7 @@ fn drain(slots: &[&'static Slot], mut f: impl FnMut(Option<Buf>), spins: u32) {
     for buf in taken {
         f(Some(buf));
     }
+    true
 }
 
 /// Live bytes per device of every event encoded (or dropped) so far.
@@ -815,8 +817,12 @@ pub(crate) fn live_totals() -> [i64; MAX_DEV] {
     std::array::from_fn(|d| LIVE[d].load(Ordering::Relaxed))
 }
 
-/// Free the slots of threads that no longer exist (after draining them). Returns their tids.
-pub(crate) fn reap_dead(pid: u32, mut on_dead: impl FnMut(u32)) {
+/// The slots of threads that no longer exist, with their tids, for [`free_dead`]. Asked
+/// before the tick takes the buffers: a thread found alive here may append its last events
+/// and exit before they are taken, and its `ThreadExit` record would then be written before
+/// them; its slot waits for the next time instead.
+pub(crate) fn dead_threads(pid: u32) -> Vec<(&'static Slot, u32)> {
+    let mut dead = Vec::new();
     for_each(|s| {
         let tid = s.owner.load(Ordering::Relaxed);
         if tid == 0 || tid == pid {
@@ -832,15 +838,23 @@ pub(crate) fn reap_dead(pid: u32, mut on_dead: impl FnMut(u32)) {
             )
         };
         if r == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
-            // The thread is gone: its buffer was drained by the caller just before.
-            if s.owner
-                .compare_exchange(tid, 0, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-            {
-                on_dead(tid);
-            }
+            dead.push((s, tid));
         }
     });
+    dead
+}
+
+/// Frees the slots [`dead_threads`] found, once their buffers have been taken (their
+/// threads are gone: nothing was appended since). `on_dead` gets each tid freed.
+pub(crate) fn free_dead(dead: &[(&'static Slot, u32)], mut on_dead: impl FnMut(u32)) {
+    for &(s, tid) in dead {
+        if s.owner
+            .compare_exchange(tid, 0, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            on_dead(tid);
+        }
+    }
 }
 
 /// Forked child: the parent's slots belong to threads that do not exist here and may be
