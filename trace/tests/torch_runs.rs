@@ -300,3 +300,52 @@ fn first_run_of_an_encoder_without_context_has_its_header() {
     enc.clear();
     check(&mut enc, "taken, then cleared");
 }
+
+/// Tag 25 is a `TorchRun` only in format 4 and later: a row frame of a version 1, 2 or 3 file
+/// that holds one (its writer never wrote one: damage, or a v4 frame spliced into an older
+/// file) reads as a corrupt record, its events not decoded with v4's rules; a columnar frame
+/// with a torch stream is a corrupt frame there (10 streams where 9 are expected). The same
+/// bytes read as version 4 give the events back.
+#[test]
+fn torch_runs_in_older_versions_are_corrupt_records() {
+    let (_, ev) = run_trace();
+    let (recs, _) = run_records(&ev);
+    for layout in [FrameLayout::Rows, FrameLayout::Columnar] {
+        let bytes = frame_of(&recs, layout);
+        let (_, got, errs, _) = read_all(&bytes).unwrap();
+        assert!(errs.is_empty(), "{errs:?}");
+        assert_eq!(got, ev);
+        // (Columnar frames are format 2 and later: a version 1 reader does not take them.)
+        let first = if layout == FrameLayout::Columnar {
+            2
+        } else {
+            1
+        };
+        for v in first..4u32 {
+            let mut old = bytes.clone();
+            old[14..18].copy_from_slice(&v.to_le_bytes());
+            let (h, got, errs, _) = read_all(&old).unwrap();
+            assert_eq!(h.format_version, v);
+            assert!(
+                got.is_empty(),
+                "version {v}, {layout:?}: {} events",
+                got.len()
+            );
+            let e = errs.first().expect("an error");
+            match layout {
+                FrameLayout::Rows => {
+                    assert_eq!(errs.len(), 1, "version {v}: {errs:?}");
+                    assert!(
+                        matches!(e.kind, DecodeErrorKind::CorruptRecord(_))
+                            && e.to_string().contains("tag 25"),
+                        "version {v}: {e}"
+                    );
+                }
+                _ => assert!(
+                    matches!(e.kind, DecodeErrorKind::CorruptFrame(_)),
+                    "version {v}: {e}"
+                ),
+            }
+        }
+    }
+}
