@@ -497,6 +497,13 @@ impl<R: Read> TraceReader<R> {
             None => return Err(RecordError::Overrun),
         };
         if tag == tag::TORCH_RUN {
+            // Tag 25 is a `TorchRun` only from format v4 on; an older file that holds one is
+            // damaged (its writer never wrote one), not a run to decode with v4's rules.
+            if self.version < TORCH_RUN_SINCE {
+                return Err(RecordError::BadValue(
+                    "record tag 25 (TorchRun) in a trace of format version 1 to 3 (TorchRun records are format 4 and later)",
+                ));
+            }
             // The run's events are decoded one per call from here on.
             let (p, end) = if self.columnar {
                 let p = self.tc.pos[TORCH_STREAM];

@@ -194,11 +194,13 @@ pub(crate) fn encode(enc: &mut RecordEncoder, b: &mut Buf) {
     let mut ns = super::clock::ToNs::new();
     let mut live = [0i64; MAX_DEV];
     let mut others = b.others.iter_mut();
-    for (i, r) in b.raw.iter().enumerate() {
+    let mut i = 0;
+    while let Some(r) = b.raw.get(i) {
         if i == 0 && r.kind != Kind::Context {
             // Never built that way; a run of records must start with a context.
             enc.context(0);
         }
+        i += 1;
         match r.kind {
             Kind::Context => enc.context(r.op.tid),
             Kind::Alloc | Kind::Free => {
@@ -210,9 +212,18 @@ pub(crate) fn encode(enc: &mut RecordEncoder, b: &mut Buf) {
                 enc.push_memop(r.kind == Kind::Alloc, &op);
             }
             Kind::Torch => {
-                let mut t = torch_of(&r.op);
-                t.t_ns = ns.get(t.t_ns);
-                enc.push_torch(&t);
+                // This entry and the `Torch` entries after it, coded in one call (one run
+                // header, the coder's state in registers: `push_torch_all`).
+                let n = b.raw[i..]
+                    .iter()
+                    .position(|r| r.kind != Kind::Torch)
+                    .unwrap_or(b.raw.len() - i);
+                enc.push_torch_all(b.raw[i - 1..i + n].iter().map(|r| {
+                    let mut t = torch_of(&r.op);
+                    t.t_ns = ns.get(t.t_ns);
+                    t
+                }));
+                i += n;
             }
             Kind::Other => {
                 if let Some(e) = others.next() {
@@ -1033,6 +1044,54 @@ mod tests {
                 ..t.clone()
             })
             .collect();
+        assert_eq!(got, want);
+    }
+
+    /// Rows of `Torch` entries (coded in one call each) with other entries between them
+    /// decode to the events in their order, every field.
+    #[test]
+    fn rows_of_torch_entries_decode_in_order() {
+        let slot = new_slot();
+        let mut b = Buf::with_capacity(64);
+        let mut want = Vec::new();
+        for i in 0..40u64 {
+            let t = TorchOp {
+                t_ns: 0,
+                tid: 77,
+                action: (i % 3) as u8,
+                device: 0,
+                addr: 0x7f00_0000_0000 + (i % 7) * 512,
+                size: 512 << (i % 4),
+                stream: 0,
+                segment: 0x7f00_0000_0000,
+                stack: (i % 5) as u32,
+            };
+            if i % 9 == 4 {
+                b.put(slot, Event::Torch(t.clone()));
+            } else {
+                b.put_torch(slot, torch_entry(&t));
+            }
+            want.push(t);
+        }
+        let mut file = Vec::new();
+        {
+            let mut w = vramshim_trace::TraceWriter::new(&mut file, &Default::default()).unwrap();
+            let mut enc = RecordEncoder::new();
+            encode(&mut enc, &mut b);
+            w.write_records(enc.bytes(), enc.stats()).unwrap();
+            w.finish().unwrap();
+        }
+        let mut r = vramshim_trace::TraceReader::from_reader(std::io::Cursor::new(file)).unwrap();
+        let mut e = Event::Lost { t_ns: 0, count: 0 };
+        let mut got = Vec::new();
+        while r.next_into(&mut e).unwrap() {
+            if let Event::Torch(op) = &e {
+                got.push(TorchOp {
+                    t_ns: 0,
+                    ..op.clone()
+                });
+            }
+        }
         assert_eq!(got, want);
     }
 }
