@@ -10,10 +10,7 @@ use crate::columns::TimeCursor;
 use crate::event::{AllocKind, Api, DeviceInfo, Event, MemOp, PyFrame, SyncKind, TorchOp};
 use crate::torch_run::{self, Model};
 use crate::wire::put_varint_at as wv;
-use crate::wire::{
-    Cur, put_str, put_varint, torch_offset, torch_offset_of, torch_size, torch_size_of, unzigzag,
-    zigzag,
-};
+use crate::wire::{Cur, put_str, put_varint, torch_offset_of, torch_size_of, unzigzag, zigzag};
 pub use crate::wire::{MAX_STACK_FRAMES, MAX_STRING, RecordError, mask, tag, torch_head};
 
 /// Per-slot "previous values" of the MemOp encoding (one slot for allocs, one for frees).
@@ -437,10 +434,7 @@ impl RecordEncoder {
         let mut m = self.model.take().unwrap_or_default();
         while let Some(op) = ops.next() {
             let op: &TorchOp = op.borrow();
-            let (Some(off), Some(size)) = (
-                torch_offset(op.addr.wrapping_sub(op.segment)),
-                torch_size(op.size),
-            ) else {
+            if !torch_run::holds(op) {
                 // The rare event no `TorchRun` holds: the run so far closed, a `Torch`
                 // record, and a new run for the events after it.
                 close_run(&mut self.buf, run, pos);
@@ -454,7 +448,7 @@ impl RecordEncoder {
                 cx.t = self.st.t;
                 run = NO_RUN;
                 continue;
-            };
+            }
             if run == NO_RUN || pos - run > RUN_MAX {
                 close_run(&mut self.buf, run, pos);
                 self.buf.truncate(pos);
@@ -475,7 +469,7 @@ impl RecordEncoder {
             else {
                 break;
             };
-            let n = torch_run::encode(&mut m, &mut cx, op, off, size, b);
+            let n = torch_run::encode(&mut m, &mut cx, op, b);
             pos += n;
             coded += n;
             events += 1;
