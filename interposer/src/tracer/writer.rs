@@ -18,6 +18,7 @@ use vramshim_trace::{DeviceInfo, Event, RecordEncoder, TraceWriter};
 
 use super::modules::ModuleMap;
 use super::slots::{self, Buf, MAX_DEV, SEND_AT};
+use super::tick_hook::{self, TickPoint};
 
 /// Buffers in flight between the application threads and the writer (64 KiB each, up to
 /// 4 MiB when the writer lags); `QUEUED` bounds the bytes.
@@ -405,6 +406,41 @@ fn writer_main(sh: &'static Shared) {
     }
 }
 
+/// Order faults (`VRAMSHIM_TRACE_FAULT`), read once per writer: each restores a tick's steps
+/// as they were before a fix, to show that the tests holding a tick in that window
+/// (`tests/workloads/trace/tests/tick_windows.rs`) catch the wrong order.
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum OrderFault {
+    None = 1,
+    /// `partials-first`: the partial buffers are written before the buffers their threads
+    /// handed over while the tick took them (those wait in the queue: after the thread's later
+    /// events, or never at exit).
+    PartialsFirst,
+    /// `late-reap`: exited threads are looked for after their buffers were taken, so a thread
+    /// that appends and exits in between gets its `ThreadExit` record before its last events.
+    LateReap,
+}
+
+static ORDER_FAULT: AtomicU8 = AtomicU8::new(0);
+
+fn order_fault() -> OrderFault {
+    match ORDER_FAULT.load(Ordering::Relaxed) {
+        0 => {
+            let f = match crate::config::var("VRAMSHIM_TRACE_FAULT").map(str::trim) {
+                Some("partials-first") => OrderFault::PartialsFirst,
+                Some("late-reap") => OrderFault::LateReap,
+                _ => OrderFault::None,
+            };
+            ORDER_FAULT.store(f as u8, Ordering::Relaxed);
+            f
+        }
+        2 => OrderFault::PartialsFirst,
+        3 => OrderFault::LateReap,
+        _ => OrderFault::None,
+    }
+}
+
 /// Fault switch (`VRAMSHIM_TRACE_WRITER_FAULT=hold`): the writer thread takes a buffer off
 /// the channel before it has the lock, and holds it 200 ms (proves the exit-race test can
 /// fail).
@@ -524,13 +560,24 @@ fn tick_locked(
     while let Ok(c) = sh.rx.try_recv() {
         write_chunk(sh, out, c);
     }
+    tick_hook::at(TickPoint::BeforeDrain { at_exit });
     let spins = if at_exit { 1 << 20 } else { 1 << 12 };
+    let fault = order_fault();
+    let reaps = !at_exit && out.ticks.wrapping_add(1) % REAP_EVERY == 0;
+    // Threads gone before their buffers are taken (their last events are in what is taken
+    // now, so their `ThreadExit` records, written below, come after them).
+    let mut dead = if reaps && fault != OrderFault::LateReap {
+        slots::dead_threads(out.pid)
+    } else {
+        Vec::new()
+    };
     // Handed over since the queue was emptied above and before the partial buffers were
     // taken: those threads' earlier events, written before the partial buffers. Only taken
     // off the queue while the slots are held (owners wait meanwhile), written after.
     let mut older = Vec::new();
-    slots::drain_all(
+    let drained = slots::drain_all(
         |b| match b {
+            None if fault == OrderFault::PartialsFirst => {}
             None => older.extend(sh.rx.try_iter()),
             Some(mut raw) => {
                 for c in older.drain(..) {
@@ -548,11 +595,17 @@ fn tick_locked(
     super::clock::recalibrate();
     let now = super::clock::now_ns();
     out.ticks = out.ticks.wrapping_add(1);
-    if out.ticks % REAP_EVERY == 0 && !at_exit {
-        let events = &mut out.events;
-        slots::reap_dead(out.pid, |tid| {
-            events.push(Event::ThreadExit { t_ns: now, tid });
-        });
+    if reaps {
+        tick_hook::at(TickPoint::BeforeReap);
+        if fault == OrderFault::LateReap {
+            dead = slots::dead_threads(out.pid);
+        }
+        if drained || fault == OrderFault::LateReap {
+            let events = &mut out.events;
+            slots::free_dead(&dead, |tid| {
+                events.push(Event::ThreadExit { t_ns: now, tid });
+            });
+        }
     }
     out.modules.scan(&mut out.events, false);
     if !out.devices_known && (out.ticks % 4 == 0 || at_exit) {
