@@ -155,6 +155,16 @@ proptest! {
         assert_clean(&dev, &p);
     }
 
+    /// With kept ranges (`Stitch::with_kept`: smaller blocks carved best fit out of the
+    /// places large blocks had), the tight pool is as safe and keeps its budget (a carve
+    /// over a live block is caught: `kept.rs`).
+    #[test]
+    fn stitch_tight_with_kept_is_safe_and_keeps_its_budget(ops in proptest::collection::vec(op(), 1..300), cap_mib in 64u64..1024) {
+        let mut p = Stitch::tight().with_kept(true).with_runs(cap_mib % 2 == 0);
+        let dev = exercise_with(&mut p, &ops, cap_mib * MIB, &mut budget_kept(Budget::default()));
+        assert_clean(&dev, &p);
+    }
+
     #[test]
     fn caching_is_safe(ops in proptest::collection::vec(op(), 1..300), cap_mib in 64u64..1024) {
         let mut p = PolicyKind::Caching.build();
@@ -415,6 +425,14 @@ proptest! {
     #[test]
     fn stitch_tight_replays_rounds_safely(ops in rounds(), cap_mib in 128u64..1024) {
         let mut p = Stitch::tight();
+        let dev = exercise_with(&mut p, &ops, cap_mib * MIB, &mut budget_kept(Budget::default()));
+        assert_clean(&dev, &p);
+    }
+
+    /// The same with kept ranges (`Stitch::with_kept`).
+    #[test]
+    fn stitch_tight_with_kept_replays_rounds_safely(ops in rounds(), cap_mib in 128u64..1024) {
+        let mut p = Stitch::tight().with_kept(true);
         let dev = exercise_with(&mut p, &ops, cap_mib * MIB, &mut budget_kept(Budget::default()));
         assert_clean(&dev, &p);
     }
