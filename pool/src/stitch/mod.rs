@@ -176,6 +176,10 @@ pub struct Faults {
     /// still touch it (their bytes move under them): proves the checks of re-forming under
     /// pressure can fail.
     pub pressure_reform_used: bool,
+    /// Near the device's limit, keep placing large blocks of a pool told lifetime classes in
+    /// the arena, across classes (not a safety fault: it proves the test that the classes
+    /// reach 1.03 x peak live only with the arena set aside can fail).
+    pub arena_mixes_lifetimes: bool,
 }
 
 impl Faults {
@@ -195,8 +199,8 @@ impl Faults {
             || self.mix_lifetimes
             || self.replay_unsynced
             || self.dissolve_when_stuck
-        // (`pressure_off` and `pressure_reform_used` act only where the slow path would grow
-        // or make a new mapping, never on the fast path, which they leave on)
+        // (`pressure_off`, `pressure_reform_used` and `arena_mixes_lifetimes` act only on
+        // the slow path, never on the fast path, which they leave on)
     }
 }
 
