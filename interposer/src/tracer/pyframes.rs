@@ -135,16 +135,41 @@ pub(crate) fn with_walk<R>(f: impl FnOnce(&PyWalk) -> R) -> R {
 /// The keys of the calling thread's Python frames (the tensor tracker's walk), in its own
 /// buffer: what identifies each frame and the stack's hash, not where to read its names,
 /// which only a new stack needs ([`py_frames`] reads them then). `None` when Python frames
-/// are off in this process. Inlined into the caller, which reads the buffer in place.
+/// are off in this process, or (once the layout is verified) this thread has no Python
+/// thread state: asked before the buffer is taken, since autograd's threads, half of a
+/// training step's allocations, have none. Inlined into the caller, which reads the buffer
+/// in place.
 #[inline(always)]
 pub(crate) fn walk_keys() -> Option<WalkBuf> {
     if STATE.load(Ordering::Relaxed) == OFF {
         return None;
     }
     let py = py()?;
+    if STATE.load(Ordering::Acquire) == ON {
+        let ts = thread_state(py)?;
+        let mut w = buf();
+        w.n = 0;
+        if (py.keys_from)(py, ts, &mut w).is_err() {
+            w.n = 0;
+        }
+        return Some(w);
+    }
     let mut w = buf();
     walk_in(py, &mut w, false);
     Some(w)
+}
+
+/// The calling thread's Python thread state, with plain reads (a verified layout); `None`
+/// while the interpreter shuts down (it frees other threads' states) or when the thread has
+/// none.
+#[inline(always)]
+fn thread_state(py: &Py) -> Option<u64> {
+    if rd_u64::<false>(py.runtime + py.l.rt_finalizing as u64) != Some(0) {
+        return None;
+    }
+    // SAFETY: see Py::get_tstate (a thread-local read).
+    let ts = unsafe { (py.get_tstate)() } as u64;
+    (ts != 0).then_some(ts)
 }
 
 #[inline]
@@ -465,17 +490,19 @@ const fn fixed(minor: u32) -> Layout {
 
 /// A walk of the calling thread's frames with plain reads (a verified layout).
 type Walker = fn(&Py, &mut PyWalk) -> Result<(), &'static str>;
+/// The keys walk from a thread state on ([`walk_ts`]), with plain reads.
+type KeysFrom = fn(&Py, u64, &mut PyWalk) -> Result<(), &'static str>;
 
-/// The walks compiled for `l` (full, keys alone), with its offsets as constants (no offset
-/// loaded per frame, no branch on the frame kind), where `l` is one of the layouts known at
-/// build time.
-fn compiled_walk(l: &Layout) -> Option<[Walker; 2]> {
+/// The walks compiled for `l` (the full walk, and the keys walk from a thread state on),
+/// with its offsets as constants (no offset loaded per frame, no branch on the frame kind),
+/// where `l` is one of the layouts known at build time.
+fn compiled_walk(l: &Layout) -> Option<(Walker, KeysFrom)> {
     Some(match l.minor {
-        10 if *l == fixed(10) => [walk_with::<false, 10, true>, walk_with::<false, 10, false>],
-        11 if *l == fixed(11) => [walk_with::<false, 11, true>, walk_with::<false, 11, false>],
-        12 if *l == fixed(12) => [walk_with::<false, 12, true>, walk_with::<false, 12, false>],
-        13 if *l == fixed(13) => [walk_with::<false, 13, true>, walk_with::<false, 13, false>],
-        14 if *l == fixed(14) => [walk_with::<false, 14, true>, walk_with::<false, 14, false>],
+        10 if *l == fixed(10) => (walk_with::<false, 10, true>, walk_ts::<false, 10, false>),
+        11 if *l == fixed(11) => (walk_with::<false, 11, true>, walk_ts::<false, 11, false>),
+        12 if *l == fixed(12) => (walk_with::<false, 12, true>, walk_ts::<false, 12, false>),
+        13 if *l == fixed(13) => (walk_with::<false, 13, true>, walk_ts::<false, 13, false>),
+        14 if *l == fixed(14) => (walk_with::<false, 14, true>, walk_ts::<false, 14, false>),
         _ => return None,
     })
 }
@@ -682,8 +709,9 @@ type GetTstateFn = unsafe extern "C" fn() -> *mut c_void;
 struct Py {
     l: Layout,
     /// The plain walks for `l` ([`compiled_walk`], else the ones that read `l`), picked
-    /// once: the full walk, and the walk of the keys alone.
-    walk: [Walker; 2],
+    /// once: the full walk, and the walk of the keys alone from a thread state on.
+    walk: Walker,
+    keys_from: KeysFrom,
     get_tstate: GetTstateFn,
     runtime: u64,
     code_type: u64,
@@ -788,7 +816,8 @@ fn find_py() -> Option<Py> {
     STATE.store(first, Ordering::Release);
     Some(Py {
         l,
-        walk: walk.unwrap_or([walk_with::<false, 0, true>, walk_with::<false, 0, false>]),
+        walk: walk.map_or(walk_with::<false, 0, true>, |w| w.0),
+        keys_from: walk.map_or(walk_ts::<false, 0, false>, |w| w.1),
         get_tstate,
         runtime,
         code_type,
@@ -920,8 +949,13 @@ fn walk_in(py: &Py, out: &mut PyWalk, full: bool) {
     // The checked walks (the first of the process) are full ones.
     let r = if checked {
         walk_with::<true, 0, true>(py, out)
+    } else if full {
+        (py.walk)(py, out)
     } else {
-        (py.walk[!full as usize])(py, out)
+        match thread_state(py) {
+            Some(ts) => (py.keys_from)(py, ts, out),
+            None => Ok(()),
+        }
     };
     match r {
         Ok(()) => {
@@ -963,6 +997,20 @@ fn walk_with<const C: bool, const M: u32, const FULL: bool>(
     if ts == 0 {
         return Ok(());
     }
+    walk_ts::<C, M, FULL>(py, ts, out)
+}
+
+/// [`walk_with`] from the thread state `ts` (not 0) on: the tensor tracker's keys walk
+/// starts here, having asked for the thread state before taking its buffer
+/// ([`walk_keys`]).
+#[inline(always)]
+fn walk_ts<const C: bool, const M: u32, const FULL: bool>(
+    py: &Py,
+    ts: u64,
+    out: &mut PyWalk,
+) -> Result<(), &'static str> {
+    let l = &if M == 0 { py.l } else { const { fixed(M) } };
+    out.full = FULL;
     if ts < MIN_ADDR {
         return Err("thread state unreadable");
     }
