@@ -1047,6 +1047,34 @@ fn checker_takes_a_handle_of_several_pages_only_whole() {
 }
 
 #[test]
+fn checker_reports_a_cut_mapping_once_per_call() {
+    // an unmap that takes two of a mapping's three pages is one fault, said once; the call
+    // that takes the third page later cuts it again, and is said once too
+    let mut dev = one_dev();
+    let va = dev.reserve(8 * MIB).unwrap();
+    let h = dev.create(3).unwrap();
+    dev.map(va, h, 3).unwrap();
+    let cuts = |dev: &AccountingDevice| {
+        dev.violations()
+            .iter()
+            .filter(|v| v.contains("cuts through"))
+            .count()
+    };
+    dev.unmap(va, 4 * MIB).unwrap();
+    assert_eq!(cuts(&dev), 1, "{:?}", dev.violations());
+    dev.unmap(va + 4 * MIB, 2 * MIB).unwrap();
+    assert_eq!(cuts(&dev), 2, "{:?}", dev.violations());
+    assert_eq!(dev.violations().len(), 2, "{:?}", dev.violations());
+    // two mappings cut by one call: one line each
+    let h2 = dev.create(2).unwrap();
+    let h3 = dev.create(2).unwrap();
+    dev.map(va, h2, 2).unwrap();
+    dev.map(va + 4 * MIB, h3, 2).unwrap();
+    dev.unmap(va + 2 * MIB, 4 * MIB).unwrap();
+    assert_eq!(cuts(&dev), 4, "{:?}", dev.violations());
+}
+
+#[test]
 fn no_sync_during_capture() {
     let mut dev = AccountingDevice::new(4 * MIB);
     dev.set_checking(true);

@@ -391,7 +391,8 @@ impl Drop for Guard<'_> {
 
 /// Iterate over all slots of this process's registry.
 pub(crate) fn for_each(mut f: impl FnMut(&'static Slot)) {
-    let mut p = HEAD.load(Ordering::Acquire);
+    // SeqCst: see `claim` (a slot linked before the exit path's close is listed here).
+    let mut p = HEAD.load(Ordering::SeqCst);
     while !p.is_null() {
         // SAFETY: slots are leaked and never freed.
         let s: &'static Slot = unsafe { &*p };
@@ -433,7 +434,7 @@ fn claim(tid: u32) -> &'static Slot {
                 match HEAD.compare_exchange_weak(
                     head,
                     s as *const Slot as *mut Slot,
-                    Ordering::AcqRel,
+                    Ordering::SeqCst,
                     Ordering::Relaxed,
                 ) {
                     Ok(_) => break,
@@ -447,6 +448,12 @@ fn claim(tid: u32) -> &'static Slot {
     {
         let g = slot.lock();
         let inner = g.inner();
+        // Checked after linking the slot (SeqCst, as the exit path's close): either the exit
+        // path's drain lists this slot, or this sees the writer closing.
+        if !writer::running_seqcst() {
+            writer::refused(1);
+            return slot;
+        }
         // A reused slot may still hold its previous thread's events: a new context either way.
         inner.buf.context(tid);
         inner.buf.put(
@@ -474,6 +481,7 @@ fn my_slot() -> &'static Slot {
 #[inline]
 pub(crate) fn emit(mut ev: Event) {
     if !writer::ensure_started() {
+        writer::refused(1);
         return;
     }
     let slot = my_slot();
@@ -495,6 +503,12 @@ pub(crate) fn emit(mut ev: Event) {
 #[inline]
 fn put_after(slot: &'static Slot, records: Vec<Event>, ev: Event) {
     let g = slot.enter();
+    if !writer::running() {
+        // Checked inside the slot: the exit path may have taken the last buffers since
+        // `ensure_started` (its `Stack` records are not events).
+        writer::refused(1);
+        return;
+    }
     let inner = g.inner();
     for r in records {
         inner.buf.put(slot, r);
@@ -529,7 +543,7 @@ pub(crate) fn emit_memop<const ALLOC: bool>(m: &MemOp) {
 /// slow path).
 #[inline(always)]
 fn put_fast(kind: Kind, op: impl FnOnce() -> MemOp) -> bool {
-    if !writer::running() || !barrier::available() {
+    if !barrier::available() {
         return false;
     }
     let p = my_slot_ptr().get() as *const Slot;
@@ -546,7 +560,10 @@ fn put_fast(kind: Kind, op: impl FnOnce() -> MemOp) -> bool {
     let inner = unsafe { &mut *slot.inner.get() };
     let raw = &mut inner.buf.raw;
     let len = raw.len();
-    if len == 0 || len == raw.capacity() || len + 1 >= inner.next_try {
+    // The writer's state is read inside the window: a window opened after the exit path's
+    // barrier sees it closing (the slow path then counts the event), and one opened before
+    // is waited for by its drain, which takes what it appended.
+    if !writer::running() || len == 0 || len == raw.capacity() || len + 1 >= inner.next_try {
         slot.bias.leave_window();
         return false;
     }
@@ -566,6 +583,7 @@ fn put_fast(kind: Kind, op: impl FnOnce() -> MemOp) -> bool {
 #[inline(never)]
 fn emit_memop_slow<const ALLOC: bool>(m: &MemOp) {
     if !writer::ensure_started() {
+        writer::refused(1);
         return;
     }
     let slot = my_slot();
@@ -573,6 +591,10 @@ fn emit_memop_slow<const ALLOC: bool>(m: &MemOp) {
         return emit_memop_stack(slot, ALLOC, m);
     }
     let g = slot.enter();
+    if !writer::running() {
+        writer::refused(1);
+        return;
+    }
     let inner = g.inner();
     inner.buf.put_op::<ALLOC>(slot, m);
     if inner.buf.len() >= inner.next_try {
@@ -651,10 +673,15 @@ pub(crate) fn emit_torch(t: &TorchOp) {
 #[inline(never)]
 fn emit_torch_slow(t: &TorchOp) {
     if !writer::ensure_started() {
+        writer::refused(1);
         return;
     }
     let slot = my_slot();
     let g = slot.enter();
+    if !writer::running() {
+        writer::refused(1);
+        return;
+    }
     let inner = g.inner();
     inner.buf.put_torch(slot, torch_entry(t));
     if inner.buf.len() >= inner.next_try {
