@@ -415,7 +415,7 @@ impl RecordEncoder {
     pub fn push_torch_all<I>(&mut self, ops: I)
     where
         I: IntoIterator,
-        I::Item: std::borrow::Borrow<TorchOp>,
+        I::Item: Borrow<TorchOp>,
     {
         let mut ops = ops.into_iter();
         let mut pos = self.buf.len();
@@ -430,14 +430,24 @@ impl RecordEncoder {
             t: self.st.t,
         };
         let (mut t_min, mut t_max) = (self.t_min, self.t_max);
-        let (mut events, mut coded) = (0u32, 0usize);
+        let mut events = 0u32;
+        // The open run's bytes that `torch_bytes` counts already.
+        let mut counted = if run == NO_RUN {
+            0
+        } else {
+            pos - run - RUN_HEAD
+        };
         let mut m = self.model.take().unwrap_or_default();
+        // The one test of the usual event: `pos < stop` says a run is open with room for
+        // the event (under `RUN_MAX`) and the buffer has `EV_MAX` bytes of slack at `pos`.
+        let mut stop = 0;
         while let Some(op) = ops.next() {
             let op: &TorchOp = op.borrow();
             if !torch_run::holds(op) {
                 // The rare event no `TorchRun` holds: the run so far closed, a `Torch`
                 // record, and a new run for the events after it.
-                close_run(&mut self.buf, run, pos);
+                self.torch_bytes += close_run(&mut self.buf, run, pos) - counted;
+                counted = 0;
                 self.buf.truncate(pos);
                 self.st.tid = cx.tid;
                 self.st.t = cx.t;
@@ -447,20 +457,25 @@ impl RecordEncoder {
                 pos = self.buf.len();
                 cx.t = self.st.t;
                 run = NO_RUN;
+                stop = 0;
                 continue;
             }
-            if run == NO_RUN || pos - run > RUN_MAX {
-                close_run(&mut self.buf, run, pos);
-                self.buf.truncate(pos);
-                self.buf
-                    .extend_from_slice(&[tag::TORCH_RUN, 0x80, 0x80, 0x00]);
-                run = pos;
-                pos += RUN_HEAD;
-            }
-            if self.buf.len() < pos + torch_run::EV_MAX {
-                // Room for this event and, at about 8 bytes each, for those still to come.
-                let more = ops.size_hint().0.min(SLACK_EVENTS) * 8;
-                self.buf.resize(pos + torch_run::EV_MAX + more, 0);
+            if pos >= stop {
+                if run == NO_RUN || pos - run > RUN_MAX {
+                    self.torch_bytes += close_run(&mut self.buf, run, pos) - counted;
+                    counted = 0;
+                    self.buf.truncate(pos);
+                    self.buf
+                        .extend_from_slice(&[tag::TORCH_RUN, 0x80, 0x80, 0x00]);
+                    run = pos;
+                    pos += RUN_HEAD;
+                }
+                if self.buf.len() < pos + torch_run::EV_MAX {
+                    // Room for this event and, at about 8 bytes each, those still to come.
+                    let more = ops.size_hint().0.min(SLACK_EVENTS) * 8;
+                    self.buf.resize(pos + torch_run::EV_MAX + more, 0);
+                }
+                stop = (run + RUN_MAX + 1).min(self.buf.len() + 1 - torch_run::EV_MAX);
             }
             let Some(b) = self
                 .buf
@@ -469,21 +484,18 @@ impl RecordEncoder {
             else {
                 break;
             };
-            let n = torch_run::encode(&mut m, &mut cx, op, b);
-            pos += n;
-            coded += n;
+            pos += torch_run::encode(&mut m, &mut cx, op, b);
             events += 1;
             t_min = t_min.min(op.t_ns);
             t_max = t_max.max(op.t_ns);
         }
         self.model = Some(m);
-        close_run(&mut self.buf, run, pos);
+        self.torch_bytes += close_run(&mut self.buf, run, pos) - counted;
         self.buf.truncate(pos);
         self.st.tid = cx.tid;
         self.st.t = cx.t;
         self.run_at = run;
         self.run_end = if run == NO_RUN { NO_RUN } else { pos };
-        self.torch_bytes += coded;
         self.records += events;
         self.t_min = t_min;
         self.t_max = t_max;
@@ -938,11 +950,12 @@ const RUN_MAX: usize = (1 << 21) - 2 * torch_run::EV_MAX;
 /// is for at most this many of them (8 bytes each).
 const SLACK_EVENTS: usize = 256;
 
-/// Writes the length of the `TorchRun` record at `run` (if any) whose payload ends at `end`.
+/// Writes the length of the `TorchRun` record at `run` (if any) whose payload ends at `end`;
+/// returns that length (0 without a run).
 #[inline]
-fn close_run(buf: &mut [u8], run: usize, end: usize) {
+fn close_run(buf: &mut [u8], run: usize, end: usize) -> usize {
     if run == NO_RUN {
-        return;
+        return 0;
     }
     let len = end - run - RUN_HEAD;
     if let Some(h) = buf.get_mut(run + 1..run + RUN_HEAD) {
@@ -950,6 +963,7 @@ fn close_run(buf: &mut [u8], run: usize, end: usize) {
         h[1] = (len >> 7) as u8 | 0x80;
         h[2] = (len >> 14) as u8;
     }
+    len
 }
 
 /// Scratch size of one MemOp record (a power of two above its largest size, 73 bytes).

@@ -18,6 +18,7 @@ use vramshim_trace::{AllocKind, Api, Event, MemOp, RecordEncoder, TorchOp};
 
 use super::{barrier, stacks, writer};
 use crate::sys::biased::BiasedLock;
+use crate::sys::life::LifeToken;
 
 /// Devices whose live bytes the slots count for `Counter` records.
 pub(crate) const MAX_DEV: usize = 16;
@@ -283,6 +284,9 @@ pub(crate) struct Slot {
     bias: BiasedLock,
     /// Kernel tid of the owning thread; 0 = free for reuse.
     pub owner: AtomicU32,
+    /// Held by the owning thread for its life: says when *that* thread has ended, where its
+    /// tid may already be another thread's ([`dead_threads`]).
+    life: LifeToken,
     inner: UnsafeCell<Inner>,
 }
 
@@ -391,7 +395,8 @@ impl Drop for Guard<'_> {
 
 /// Iterate over all slots of this process's registry.
 pub(crate) fn for_each(mut f: impl FnMut(&'static Slot)) {
-    let mut p = HEAD.load(Ordering::Acquire);
+    // SeqCst: see `claim` (a slot linked before the exit path's close is listed here).
+    let mut p = HEAD.load(Ordering::SeqCst);
     while !p.is_null() {
         // SAFETY: slots are leaked and never freed.
         let s: &'static Slot = unsafe { &*p };
@@ -422,6 +427,7 @@ fn claim(tid: u32) -> &'static Slot {
                 next: AtomicPtr::new(ptr::null_mut()),
                 bias: BiasedLock::new(),
                 owner: AtomicU32::new(tid),
+                life: LifeToken::new(),
                 inner: UnsafeCell::new(Inner {
                     buf: Buf::with_capacity(SEND_AT + RETRY_AFTER),
                     next_try: SEND_AT,
@@ -433,7 +439,7 @@ fn claim(tid: u32) -> &'static Slot {
                 match HEAD.compare_exchange_weak(
                     head,
                     s as *const Slot as *mut Slot,
-                    Ordering::AcqRel,
+                    Ordering::SeqCst,
                     Ordering::Relaxed,
                 ) {
                     Ok(_) => break,
@@ -444,9 +450,18 @@ fn claim(tid: u32) -> &'static Slot {
         }
     };
     my_slot_ptr().set(slot as *const Slot as *const ());
+    // Unarmed (new, or disarmed when its last thread's slot was freed); if the C library
+    // refuses, the reaper goes by the tid alone.
+    slot.life.arm();
     {
         let g = slot.lock();
         let inner = g.inner();
+        // Checked after linking the slot (SeqCst, as the exit path's close): either the exit
+        // path's drain lists this slot, or this sees the writer closing.
+        if !writer::running_seqcst() {
+            writer::refused(1);
+            return slot;
+        }
         // A reused slot may still hold its previous thread's events: a new context either way.
         inner.buf.context(tid);
         inner.buf.put(
@@ -474,6 +489,7 @@ fn my_slot() -> &'static Slot {
 #[inline]
 pub(crate) fn emit(mut ev: Event) {
     if !writer::ensure_started() {
+        writer::refused(1);
         return;
     }
     let slot = my_slot();
@@ -495,6 +511,12 @@ pub(crate) fn emit(mut ev: Event) {
 #[inline]
 fn put_after(slot: &'static Slot, records: Vec<Event>, ev: Event) {
     let g = slot.enter();
+    if !writer::running() {
+        // Checked inside the slot: the exit path may have taken the last buffers since
+        // `ensure_started` (its `Stack` records are not events).
+        writer::refused(1);
+        return;
+    }
     let inner = g.inner();
     for r in records {
         inner.buf.put(slot, r);
@@ -529,7 +551,7 @@ pub(crate) fn emit_memop<const ALLOC: bool>(m: &MemOp) {
 /// slow path).
 #[inline(always)]
 fn put_fast(kind: Kind, op: impl FnOnce() -> MemOp) -> bool {
-    if !writer::running() || !barrier::available() {
+    if !barrier::available() {
         return false;
     }
     let p = my_slot_ptr().get() as *const Slot;
@@ -546,7 +568,10 @@ fn put_fast(kind: Kind, op: impl FnOnce() -> MemOp) -> bool {
     let inner = unsafe { &mut *slot.inner.get() };
     let raw = &mut inner.buf.raw;
     let len = raw.len();
-    if len == 0 || len == raw.capacity() || len + 1 >= inner.next_try {
+    // The writer's state is read inside the window: a window opened after the exit path's
+    // barrier sees it closing (the slow path then counts the event), and one opened before
+    // is waited for by its drain, which takes what it appended.
+    if !writer::running() || len == 0 || len == raw.capacity() || len + 1 >= inner.next_try {
         slot.bias.leave_window();
         return false;
     }
@@ -566,6 +591,7 @@ fn put_fast(kind: Kind, op: impl FnOnce() -> MemOp) -> bool {
 #[inline(never)]
 fn emit_memop_slow<const ALLOC: bool>(m: &MemOp) {
     if !writer::ensure_started() {
+        writer::refused(1);
         return;
     }
     let slot = my_slot();
@@ -573,6 +599,10 @@ fn emit_memop_slow<const ALLOC: bool>(m: &MemOp) {
         return emit_memop_stack(slot, ALLOC, m);
     }
     let g = slot.enter();
+    if !writer::running() {
+        writer::refused(1);
+        return;
+    }
     let inner = g.inner();
     inner.buf.put_op::<ALLOC>(slot, m);
     if inner.buf.len() >= inner.next_try {
@@ -651,10 +681,15 @@ pub(crate) fn emit_torch(t: &TorchOp) {
 #[inline(never)]
 fn emit_torch_slow(t: &TorchOp) {
     if !writer::ensure_started() {
+        writer::refused(1);
         return;
     }
     let slot = my_slot();
     let g = slot.enter();
+    if !writer::running() {
+        writer::refused(1);
+        return;
+    }
     let inner = g.inner();
     inner.buf.put_torch(slot, torch_entry(t));
     if inner.buf.len() >= inner.next_try {
@@ -832,11 +867,22 @@ pub(crate) fn live_totals() -> [i64; MAX_DEV] {
 /// before the tick takes the buffers: a thread found alive here may append its last events
 /// and exit before they are taken, and its `ThreadExit` record would then be written before
 /// them; its slot waits for the next time instead.
-pub(crate) fn dead_threads(pid: u32) -> Vec<(&'static Slot, u32)> {
+///
+/// A slot's thread is the one holding its [`LifeToken`], not whichever thread has its tid
+/// now: a thread that exited and whose tid a new thread got before this look is found ended
+/// by its token (by the tid it would look alive until the new thread exits, and both
+/// `ThreadExit` records would come then). The tid decides only when the token says nothing
+/// (`by_tid_only`: the fault switch that looks by the tid alone), and a tid that no longer
+/// exists is an ended thread either way. One caller at a time (the writer, under its lock).
+pub(crate) fn dead_threads(pid: u32, by_tid_only: bool) -> Vec<(&'static Slot, u32)> {
     let mut dead = Vec::new();
     for_each(|s| {
-        let tid = s.owner.load(Ordering::Relaxed);
+        let tid = s.owner.load(Ordering::Acquire);
         if tid == 0 || tid == pid {
+            return;
+        }
+        if !by_tid_only && s.life.ended() == Some(true) {
+            dead.push((s, tid));
             return;
         }
         // SAFETY: tgkill with signal 0 only checks that the thread exists.
@@ -859,6 +905,8 @@ pub(crate) fn dead_threads(pid: u32) -> Vec<(&'static Slot, u32)> {
 /// threads are gone: nothing was appended since). `on_dead` gets each tid freed.
 pub(crate) fn free_dead(dead: &[(&'static Slot, u32)], mut on_dead: impl FnMut(u32)) {
     for &(s, tid) in dead {
+        // Its thread has ended: the token goes to the slot's next thread.
+        s.life.disarm();
         if s.owner
             .compare_exchange(tid, 0, Ordering::AcqRel, Ordering::Relaxed)
             .is_ok()
@@ -888,6 +936,7 @@ mod tests {
             next: AtomicPtr::new(ptr::null_mut()),
             bias: BiasedLock::new(),
             owner: AtomicU32::new(1),
+            life: LifeToken::new(),
             inner: UnsafeCell::new(Inner {
                 buf: Buf::with_capacity(SEND_AT),
                 next_try: usize::MAX,

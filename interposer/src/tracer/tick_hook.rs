@@ -17,6 +17,10 @@ pub enum TickPoint {
     /// every thread's partial buffer (`at_exit`: the exit path's tick, on the exiting
     /// thread).
     BeforeDrain { at_exit: bool },
+    /// The tick has taken and written every thread's partial buffer (and what was handed
+    /// over meanwhile), and is about to add its own records (`Lost` among them) and, at exit,
+    /// the end record.
+    AfterDrain { at_exit: bool },
     /// A tick that frees the slots of exited threads (one in 20, never at exit) has taken
     /// and written the partial buffers, and is about to free those slots and write their
     /// `ThreadExit` records.

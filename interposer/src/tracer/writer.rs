@@ -38,17 +38,22 @@ const REAP_EVERY: u32 = 20;
 /// since format v4 their `TorchRun` payloads are stored as coded, not compressed).
 const LEVEL: i32 = 1;
 
-/// The writer's life, held in `STATE` as `u8`: idle until the first event starts it, done
-/// once the trace is finished (or could not start); a forked child begins idle again.
+/// The writer's life, held in `STATE` as `u8`: idle until the first event starts it,
+/// closing while the exit path takes the last buffers, done once the trace is finished (or
+/// could not start); a forked child begins idle again.
 #[repr(u8)]
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Life {
     Idle,
     Starting,
     Running,
+    /// The exit path is taking the last buffers: threads append nothing more, and what they
+    /// would have appended is counted in the `Lost` record that comes before the end record
+    /// ([`refused`]).
+    Closing,
     Done,
 }
-use Life::{Done, Idle, Running, Starting};
+use Life::{Closing, Done, Idle, Running, Starting};
 
 static STATE: AtomicU8 = AtomicU8::new(Idle as u8);
 
@@ -137,6 +142,31 @@ pub(crate) fn lost_total() -> u64 {
 
 pub(crate) fn count_lost(n: u64) {
     LOST.fetch_add(n, Ordering::Relaxed);
+}
+
+/// An application thread did not append `events` events because the writer no longer takes
+/// any (its check inside the slot, [`running`], said so). While the exit path is taking the
+/// last buffers they are counted lost (the `Lost` record before the end record says so);
+/// once the trace is finished they come after its end, like events after `disable`.
+#[cold]
+pub(crate) fn refused(events: u64) {
+    if life_is(Closing) {
+        count_lost(events);
+    }
+}
+
+/// The exit path, before it takes the last buffers: from now on threads append nothing
+/// (they check [`running`] inside their slot, which the drain's claim and barrier order after
+/// this store), so nothing is appended after the drain and left unwritten and uncounted.
+/// SeqCst: a thread linking a new slot checks after linking, and the drain lists the slots
+/// after this store, so either the drain finds the slot or the thread sees the close.
+fn close() {
+    let _ = STATE.compare_exchange(
+        Running as u8,
+        Closing as u8,
+        Ordering::SeqCst,
+        Ordering::SeqCst,
+    );
 }
 
 /// True when no record was ever made (the writer was never asked to start).
@@ -420,6 +450,14 @@ enum OrderFault {
     /// `late-reap`: exited threads are looked for after their buffers were taken, so a thread
     /// that appends and exits in between gets its `ThreadExit` record before its last events.
     LateReap,
+    /// `late-close`: the exit path lets threads append until after the end record (they are
+    /// stopped only then), so what they append after its drain is neither written nor
+    /// counted.
+    LateClose,
+    /// `tid-only`: a slot's thread is looked for by its tid alone, so a thread whose tid a new
+    /// thread got gets its `ThreadExit` record only once that thread exits too (two records
+    /// for one tid then).
+    TidOnly,
 }
 
 static ORDER_FAULT: AtomicU8 = AtomicU8::new(0);
@@ -430,6 +468,8 @@ fn order_fault() -> OrderFault {
             let f = match crate::config::var("VRAMSHIM_TRACE_FAULT").map(str::trim) {
                 Some("partials-first") => OrderFault::PartialsFirst,
                 Some("late-reap") => OrderFault::LateReap,
+                Some("late-close") => OrderFault::LateClose,
+                Some("tid-only") => OrderFault::TidOnly,
                 _ => OrderFault::None,
             };
             ORDER_FAULT.store(f as u8, Ordering::Relaxed);
@@ -437,6 +477,8 @@ fn order_fault() -> OrderFault {
         }
         2 => OrderFault::PartialsFirst,
         3 => OrderFault::LateReap,
+        4 => OrderFault::LateClose,
+        5 => OrderFault::TidOnly,
         _ => OrderFault::None,
     }
 }
@@ -563,11 +605,15 @@ fn tick_locked(
     tick_hook::at(TickPoint::BeforeDrain { at_exit });
     let spins = if at_exit { 1 << 20 } else { 1 << 12 };
     let fault = order_fault();
+    if at_exit && fault != OrderFault::LateClose {
+        close();
+    }
     let reaps = !at_exit && out.ticks.wrapping_add(1) % REAP_EVERY == 0;
     // Threads gone before their buffers are taken (their last events are in what is taken
     // now, so their `ThreadExit` records, written below, come after them).
+    let by_tid = fault == OrderFault::TidOnly;
     let mut dead = if reaps && fault != OrderFault::LateReap {
-        slots::dead_threads(out.pid)
+        slots::dead_threads(out.pid, by_tid)
     } else {
         Vec::new()
     };
@@ -592,13 +638,14 @@ fn tick_locked(
     for c in older {
         write_chunk(sh, out, c);
     }
+    tick_hook::at(TickPoint::AfterDrain { at_exit });
     super::clock::recalibrate();
     let now = super::clock::now_ns();
     out.ticks = out.ticks.wrapping_add(1);
     if reaps {
         tick_hook::at(TickPoint::BeforeReap);
         if fault == OrderFault::LateReap {
-            dead = slots::dead_threads(out.pid);
+            dead = slots::dead_threads(out.pid, by_tid);
         }
         if drained || fault == OrderFault::LateReap {
             let events = &mut out.events;
@@ -753,9 +800,16 @@ pub(crate) fn finish() {
     STATE.store(Done as u8, Ordering::Release);
 }
 
-/// The writer runs in this process.
+/// The writer runs in this process and takes events. Checked by an appending thread inside
+/// its slot (see [`close`]).
+#[inline]
 pub(crate) fn running() -> bool {
     life_is(Running)
+}
+
+/// [`running`], ordered with the slot registry's list (see [`close`]).
+pub(crate) fn running_seqcst() -> bool {
+    STATE.load(Ordering::SeqCst) == Running as u8
 }
 
 /// `_exit` path: [`finish`], but never in a process that does not own the writer (a vfork

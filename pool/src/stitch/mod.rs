@@ -40,6 +40,7 @@ pub use budget::Budget;
 pub use pages::PageView;
 
 mod arena;
+mod aside;
 mod budget;
 mod cache;
 mod fences;
@@ -180,6 +181,10 @@ pub struct Faults {
     /// Carve a smaller block out of a kept range even where a live block lies (the new
     /// block overlaps it): proves the checks of carving from kept ranges can fail.
     pub kept_over_live: bool,
+    /// Near the device's limit, keep placing large blocks of a pool told lifetime classes in
+    /// the arena, across classes (not a safety fault: it proves the test that the classes
+    /// reach 1.03 x peak live only with the arena set aside can fail).
+    pub arena_mixes_lifetimes: bool,
 }
 
 impl Faults {
@@ -200,8 +205,8 @@ impl Faults {
             || self.replay_unsynced
             || self.dissolve_when_stuck
             || self.kept_over_live
-        // (`pressure_off` and `pressure_reform_used` act only where the slow path would grow
-        // or make a new mapping, never on the fast path, which they leave on)
+        // (`pressure_off`, `pressure_reform_used` and `arena_mixes_lifetimes` act only on
+        // the slow path, never on the fast path, which they leave on)
     }
 }
 

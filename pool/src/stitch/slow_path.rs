@@ -95,8 +95,12 @@ impl Stitch {
         }
         // Under a budget a large block comes out of the arena while it fits there (see
         // `arena`); the steps below are the fallback when the budget forbids its growth.
+        // The arena places by address whatever a block's lifetime class, so near the
+        // device's limit a pool told lifetime classes stitches large blocks from pages of
+        // their own class instead (see `lifetimes_near_limit`).
         if self.budget.is_some()
             && self.class_of(size) == LARGE
+            && !self.lifetimes_near_limit(dev, size)
             && let Some(slot) = self.arena_place(dev, size, t, req)?
         {
             return Ok(slot);
