@@ -294,6 +294,9 @@ struct Layout {
     rt_finalizing: usize,
 }
 
+/// The `owner` of the shim frame an eval-loop run starts with: `FRAME_OWNED_BY_CSTACK` (3) in
+/// 3.12 and 3.13; in 3.14 the shim is `FRAME_OWNED_BY_INTERPRETER`, which took the value 3
+/// (its `FRAME_OWNED_BY_CSTACK` is 4 and marks no frame of a thread's chain).
 const OWNED_BY_CSTACK: u8 = 3;
 
 /// The offsets of CPython 3.10-3.12 (x86-64 and aarch64 Linux builds, from each version's
