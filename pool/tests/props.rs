@@ -157,6 +157,16 @@ proptest! {
         exercise_clean_in_budget(&mut Stitch::tight().with_runs(true), &ops, cap_mib * MIB, Budget::default());
     }
 
+    /// With kept ranges (`Stitch::with_kept`: smaller blocks carved best fit out of the
+    /// places large blocks had), the tight pool is as safe and keeps its budget (a carve
+    /// over a live block is caught: `kept.rs`).
+    #[test]
+    fn stitch_tight_with_kept_is_safe_and_keeps_its_budget(ops in proptest::collection::vec(op(), 1..300), cap_mib in 64u64..1024) {
+        let mut p = Stitch::tight().with_kept(true).with_runs(cap_mib % 2 == 0);
+        let dev = exercise_with(&mut p, &ops, cap_mib * MIB, &mut budget_kept(Budget::default()));
+        assert_clean(&dev, &p);
+    }
+
     #[test]
     fn caching_is_safe(ops in proptest::collection::vec(op(), 1..300), cap_mib in 64u64..1024) {
         exercise_clean(PolicyKind::Caching.build().as_mut(), &ops, cap_mib * MIB);
@@ -422,6 +432,14 @@ proptest! {
     #[test]
     fn stitch_tight_replays_rounds_safely(ops in rounds(), cap_mib in 128u64..1024) {
         exercise_clean_in_budget(&mut Stitch::tight(), &ops, cap_mib * MIB, Budget::default());
+    }
+
+    /// The same with kept ranges (`Stitch::with_kept`).
+    #[test]
+    fn stitch_tight_with_kept_replays_rounds_safely(ops in rounds(), cap_mib in 128u64..1024) {
+        let mut p = Stitch::tight().with_kept(true);
+        let dev = exercise_with(&mut p, &ops, cap_mib * MIB, &mut budget_kept(Budget::default()));
+        assert_clean(&dev, &p);
     }
 
     /// The same with the arena grown by runs of pages (`Stitch::with_runs`).

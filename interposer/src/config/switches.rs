@@ -19,6 +19,8 @@ const SWITCHES: &[(&str, &[&str])] = &[(
         "forget-rounds",
         "ignore-budget",
         "pressure-off",
+        "kept",
+        "kept-over-live",
         // Peer access (`pool::on_peer_access`).
         "no-peer",
         // The thread caches (`pool::read_mode`); any name at all, `no-tcache` the usual one,

@@ -502,13 +502,13 @@ fn create_pool(pools: &mut Pools, req: &request::Request) -> Result<(), String> 
         match CudaDevice::new(req.device, peers_of(req.device)) {
             Ok(dev) => {
                 let mut policy = Stitch::new();
-                let mut runs = false;
-                if let Some((faults, r)) = debug_faults() {
+                let (mut runs, mut kept) = (false, false);
+                if let Some((faults, r, k)) = debug_faults() {
                     policy.set_faults(faults);
-                    runs = r;
+                    (runs, kept) = (r, k);
                 }
                 let budget = configured_budget();
-                let policy = policy.with_budget(budget).with_runs(runs);
+                let policy = policy.with_budget(budget).with_runs(runs).with_kept(kept);
                 pools.devs[d] = Some(DevicePool {
                     policy,
                     dev,
@@ -528,13 +528,29 @@ fn create_pool(pools: &mut Pools, req: &request::Request) -> Result<(), String> 
 /// none of these: none.
 /// Also says whether the arena grows by runs of pages under one handle
 /// (`Stitch::with_runs`, off by default: `runs` turns it on to test the multi-page handles
-/// live, `stitch-run-pages` with the rule that such a page is mapped only with its run broken).
-fn debug_faults() -> Option<(vramshim_pool::stitch::Faults, bool)> {
+/// live, `stitch-run-pages` with the rule that such a page is mapped only with its run broken),
+/// and whether smaller blocks are carved out of kept ranges (`Stitch::with_kept`, off by
+/// default: `kept` turns it on to test it live, `kept-over-live` with the rule that a carve
+/// leaves a range's live blocks alone broken).
+fn debug_faults() -> Option<(vramshim_pool::stitch::Faults, bool, bool)> {
     use crate::config::switch_on;
     use vramshim_pool::stitch::Faults;
     let mut f = Faults::default();
     let mut runs = false;
+    let mut kept = false;
     let mut what = Vec::new();
+    // Kept ranges (smaller blocks carved best fit out of the places large blocks had): their
+    // live test.
+    if switch_on("VRAMSHIM_POOL_DEBUG", "kept") {
+        kept = true;
+        what.push("carves blocks out of kept ranges");
+    }
+    // ... and carved over the live blocks of a range: the test that a carve leaves them alone.
+    if switch_on("VRAMSHIM_POOL_DEBUG", "kept-over-live") {
+        kept = true;
+        f.kept_over_live = true;
+        what.push("carves over live blocks of kept ranges");
+    }
     // The arena grows by runs (one handle of several pages): the multi-page handles' live
     // tests.
     if switch_on("VRAMSHIM_POOL_DEBUG", "runs") {
@@ -584,7 +600,7 @@ fn debug_faults() -> Option<(vramshim_pool::stitch::Faults, bool)> {
         crate::config::var("VRAMSHIM_POOL_DEBUG").unwrap_or(""),
         what.join(" and ")
     );
-    Some((f, runs))
+    Some((f, runs, kept))
 }
 
 /// Bit `d`: device `d` has a pool (set when made, cleared when reset).
