@@ -10,14 +10,17 @@
 //! or not. Everything is read at the addresses of the interpreter's own structures, whose
 //! layout is per version:
 //!
-//! - 3.13 publishes `_Py_DebugOffsets` at the start of `_PyRuntime` (cookie `xdebugpy`, its
-//!   version): the offsets come from there. A free-threaded build is refused with one line.
+//! - 3.13 and 3.14 publish `_Py_DebugOffsets` at the start of `_PyRuntime` (cookie
+//!   `xdebugpy`, its version; 3.14's has more fields, [`debug_idx`]): the offsets come from
+//!   there. 3.14's frames hold their code object by a tagged reference (`_PyStackRef`),
+//!   untagged before it is read ([`Layout::code_tag`]). A free-threaded build is refused with
+//!   one line (see [`layout_from_debug`] for why).
 //! - 3.10, 3.11 and 3.12 use the offsets in [`layout`], taken from each version's headers.
 //! - Any other version: one line, native frames only.
 //!
-//! The walk is compiled once per known layout (3.10-3.12's, and 3.13.0's debug offsets), its
-//! offsets constants, and picked at set-up ([`compiled_walk`]); a layout that is none of
-//! these is read by the walk that loads its offsets.
+//! The walk is compiled once per known layout (3.10-3.12's, 3.13.0's and 3.14.10's debug
+//! offsets), its offsets constants, and picked at set-up ([`compiled_walk`]); a layout that
+//! is none of these is read by the walk that loads its offsets.
 //!
 //! Before any plain read, the first walks of the process read through `process_vm_readv`
 //! (a wrong address is an error there, not a crash) and must find what the layout promises
@@ -132,8 +135,9 @@ pub(crate) fn with_walk<R>(f: impl FnOnce(&PyWalk) -> R) -> R {
 /// Runs `f` on the keys of the calling thread's Python frames (the tensor tracker's walk):
 /// what identifies each frame and the stack's hash, not where to read its names, which
 /// only a new stack needs ([`py_frames`] reads them then). `None` when Python frames are
-/// off in this process.
-#[inline]
+/// off in this process. Inlined into its caller with `f`: a call through the thread-local's
+/// `with` cost the tracker ~40 instructions an allocation.
+#[inline(always)]
 pub(crate) fn with_keys<R>(f: impl FnOnce(&mut PyWalk) -> R) -> Option<R> {
     if STATE.load(Ordering::Relaxed) == OFF {
         return None;
@@ -145,14 +149,29 @@ pub(crate) fn with_keys<R>(f: impl FnOnce(&mut PyWalk) -> R) -> Option<R> {
     }))
 }
 
-#[inline]
+#[inline(always)]
 fn with_buf<R>(f: impl FnOnce(&mut PyWalk) -> R) -> R {
-    WALK.with(|w| match w.try_borrow_mut() {
-        Ok(mut w) => f(&mut w),
+    // The thread's buffer by address: `with` of a closure that only takes it is inlined
+    // (one call to the TLS accessor), where `with(f)` of the whole walk was not.
+    let cell: *const std::cell::RefCell<PyWalk> = WALK.with(|w| w as *const _);
+    // SAFETY: a thread-local without a destructor stays valid until its thread exits, and
+    // this thread is inside this call; it is only borrowed through the RefCell.
+    let cell = unsafe { &*cell };
+    let mut own;
+    let mut held;
+    let w: &mut PyWalk = match cell.try_borrow_mut() {
+        Ok(g) => {
+            held = g;
+            &mut held
+        }
         // Re-entered on this thread (never expected: nothing below calls back): a buffer
         // of its own.
-        Err(_) => f(&mut Box::new(PyWalk::new())),
-    })
+        Err(_) => {
+            own = Box::new(PyWalk::new());
+            &mut own
+        }
+    };
+    f(w)
 }
 
 impl PyWalk {
@@ -254,6 +273,9 @@ struct Layout {
     cur_frame: usize,
     f_back: usize,
     f_code: usize,
+    /// The tag bits of a frame's reference to its code object (3.14's `_PyStackRef`), cleared
+    /// before it is read; 0 where it is a plain pointer.
+    code_tag: u64,
     /// 3.10: `f_lasti`; later: the instruction pointer.
     f_instr: usize,
     /// `owner` (3.12+: 3 is a C-stack shim frame), 0 when unused.
@@ -285,6 +307,7 @@ const fn layout(minor: u32) -> Option<Layout> {
             cur_frame: 24,
             f_back: 24,
             f_code: 32,
+            code_tag: 0,
             f_instr: 96,
             f_owner: 0,
             f_is_entry: 0,
@@ -304,6 +327,7 @@ const fn layout(minor: u32) -> Option<Layout> {
             cur_frame: 8,
             f_back: 48,
             f_code: 32,
+            code_tag: 0,
             f_instr: 56,
             f_owner: 0,
             f_is_entry: 68,
@@ -323,6 +347,7 @@ const fn layout(minor: u32) -> Option<Layout> {
             cur_frame: 0,
             f_back: 8,
             f_code: 0,
+            code_tag: 0,
             f_instr: 56,
             f_owner: 70,
             f_is_entry: 0,
@@ -349,6 +374,7 @@ const LAYOUT_313: Layout = Layout {
     cur_frame: 72,
     f_back: 8,
     f_code: 0,
+    code_tag: 0,
     f_instr: 56,
     f_owner: 70,
     f_is_entry: 0,
@@ -362,11 +388,38 @@ const LAYOUT_313: Layout = Layout {
     rt_finalizing: 608,
 };
 
-/// The layout [`walk_with`] is compiled for when its `M` is `minor` (10 to 13; with `M` = 0
+/// The layout 3.14's `_Py_DebugOffsets` describes in the 3.14.10 build (x86-64 Linux, the
+/// interpreter `scripts/setup-cpython314` installs), like [`LAYOUT_313`]. A frame's code
+/// object is a `_PyStackRef` there: its low bits are tags (bit 0: the frame holds no
+/// reference of its own; both set: a tagged integer, never a frame's code), cleared before
+/// it is read (Include/internal/pycore_stackref.h).
+const LAYOUT_314: Layout = Layout {
+    minor: 14,
+    kind: Gen::Current,
+    ts_cframe: 0,
+    cur_frame: 72,
+    f_back: 8,
+    f_code: 0,
+    code_tag: 3,
+    f_instr: 56,
+    f_owner: 74,
+    f_is_entry: 0,
+    co_filename: 112,
+    co_name: 128,
+    co_linetable: 136,
+    co_firstlineno: 68,
+    co_code: 208,
+    str_ascii: 40,
+    str_compact: 56,
+    rt_finalizing: 784,
+};
+
+/// The layout [`walk_with`] is compiled for when its `M` is `minor` (10 to 14; with `M` = 0
 /// the walk reads `py.l`, and this value is not used).
 const fn fixed(minor: u32) -> Layout {
     match layout(minor) {
         Some(l) => l,
+        None if minor == 14 => LAYOUT_314,
         None => LAYOUT_313,
     }
 }
@@ -383,19 +436,91 @@ fn compiled_walk(l: &Layout) -> Option<[Walker; 2]> {
         11 if *l == fixed(11) => [walk_with::<false, 11, true>, walk_with::<false, 11, false>],
         12 if *l == fixed(12) => [walk_with::<false, 12, true>, walk_with::<false, 12, false>],
         13 if *l == fixed(13) => [walk_with::<false, 13, true>, walk_with::<false, 13, false>],
+        14 if *l == fixed(14) => [walk_with::<false, 14, true>, walk_with::<false, 14, false>],
         _ => return None,
     })
 }
 
-/// The layout `_Py_DebugOffsets` (at the start of `_PyRuntime`, 3.13) describes, or why not.
+/// Where the offsets the walk uses sit in `_Py_DebugOffsets` (the index of each 8-byte
+/// word), per version: the struct grew fields between 3.13 and 3.14 (each version's
+/// Include/internal/pycore_debug_offsets.h).
+struct DebugIdx {
+    finalizing: usize,
+    current_frame: usize,
+    previous: usize,
+    executable: usize,
+    instr_ptr: usize,
+    owner: usize,
+    filename: usize,
+    qualname: usize,
+    linetable: usize,
+    firstlineno: usize,
+    co_code_adaptive: usize,
+    /// Offsets the walk and the naming take as fixed (an object's type, a `bytes`' length
+    /// and data, a `str`'s length, state and ASCII data), with the value each must have;
+    /// 3.13's are not checked (its build read in the tests has these).
+    fixed: &'static [(usize, u64)],
+    /// The tag bits of `_PyInterpreterFrame.f_executable` ([`Layout::code_tag`]).
+    code_tag: u64,
+}
+
+const fn debug_idx(minor: u32) -> Option<DebugIdx> {
+    Some(match minor {
+        13 => DebugIdx {
+            finalizing: 4,
+            current_frame: 23,
+            previous: 29,
+            executable: 30,
+            instr_ptr: 31,
+            owner: 33,
+            filename: 35,
+            qualname: 37,
+            linetable: 38,
+            firstlineno: 39,
+            co_code_adaptive: 43,
+            fixed: &[],
+            code_tag: 0,
+        },
+        14 => DebugIdx {
+            finalizing: 4,
+            current_frame: 26,
+            previous: 32,
+            executable: 33,
+            instr_ptr: 34,
+            owner: 36,
+            filename: 40,
+            qualname: 42,
+            linetable: 43,
+            firstlineno: 44,
+            co_code_adaptive: 48,
+            // pyobject.ob_type; bytes_object.ob_size, ob_sval; unicode_object.state, length,
+            // asciiobject_size.
+            fixed: &[(51, 8), (75, 16), (76, 32), (78, 32), (79, 16), (80, 40)],
+            code_tag: 3,
+        },
+        _ => return None,
+    })
+}
+
+/// Words of `_Py_DebugOffsets` read (3.14's has 90).
+const DEBUG_WORDS: usize = 96;
+
+/// The layout `_Py_DebugOffsets` (at the start of `_PyRuntime`, 3.13 and 3.14) describes, or
+/// why not.
 fn debug_layout(rt: u64, minor: u32) -> Result<Layout, String> {
-    let mut d = [0u64; 48];
+    let idx = debug_idx(minor).ok_or("no debug offsets are known for this version")?;
+    let mut d = [0u64; DEBUG_WORDS];
     let bytes = d.len() * 8;
     // SAFETY: `d` is a local buffer of `bytes` bytes.
     let buf = unsafe { std::slice::from_raw_parts_mut(d.as_mut_ptr() as *mut u8, bytes) };
     if !checked_read(rt, buf) {
         return Err("its runtime state cannot be read".into());
     }
+    layout_from_debug(&d, minor, &idx)
+}
+
+/// [`debug_layout`] from the words read.
+fn layout_from_debug(d: &[u64; DEBUG_WORDS], minor: u32, idx: &DebugIdx) -> Result<Layout, String> {
     if &d[0].to_le_bytes() != b"xdebugpy" {
         return Err("its runtime state has no debug offsets".into());
     }
@@ -406,7 +531,17 @@ fn debug_layout(rt: u64, minor: u32) -> Result<Layout, String> {
         ));
     }
     if d[2] != 0 {
-        return Err("a free-threaded build: frames are not read without the GIL there".into());
+        // Its frames hold code objects by deferred references (kept alive by the collector,
+        // which scans thread stacks), but a frame's instruction pointer is in this thread's
+        // own copy of the bytecode, found through the code object's array of copies, which
+        // another thread replaces and frees (delayed until every attached thread has passed
+        // a quiescent point: a thread inside a CUDA call has detached) when it first runs
+        // that code (Objects/codeobject.c, `create_tlbc_lock_held`).
+        return Err(
+            "a free-threaded build: a frame's line is found through an array other threads \
+             replace and free while this thread is in the call"
+                .into(),
+        );
     }
     let u = |i: usize| -> Result<usize, String> {
         let v = d[i];
@@ -415,24 +550,31 @@ fn debug_layout(rt: u64, minor: u32) -> Result<Layout, String> {
         }
         Ok(v as usize)
     };
+    if let Some(&(i, want)) = idx.fixed.iter().find(|&&(i, want)| d[i] != want) {
+        return Err(format!(
+            "its objects are not laid out as expected (debug offset {i} is {}, not {want})",
+            d[i]
+        ));
+    }
     Ok(Layout {
         minor,
         kind: Gen::Current,
         ts_cframe: 0,
-        cur_frame: u(23)?, // thread_state.current_frame
-        f_back: u(29)?,    // interpreter_frame.previous
-        f_code: u(30)?,    // interpreter_frame.executable
-        f_instr: u(31)?,   // interpreter_frame.instr_ptr
-        f_owner: u(33)?,   // interpreter_frame.owner
+        cur_frame: u(idx.current_frame)?,
+        f_back: u(idx.previous)?,
+        f_code: u(idx.executable)?,
+        code_tag: idx.code_tag,
+        f_instr: u(idx.instr_ptr)?,
+        f_owner: u(idx.owner)?,
         f_is_entry: 0,
-        co_filename: u(35)?,  // code_object.filename
-        co_name: u(37)?,      // code_object.qualname
-        co_linetable: u(38)?, // code_object.linetable
-        co_firstlineno: u(39)?,
-        co_code: u(43)?, // code_object.co_code_adaptive
+        co_filename: u(idx.filename)?,
+        co_name: u(idx.qualname)?,
+        co_linetable: u(idx.linetable)?,
+        co_firstlineno: u(idx.firstlineno)?,
+        co_code: u(idx.co_code_adaptive)?,
         str_ascii: 40,
         str_compact: 56,
-        rt_finalizing: u(4)?, // runtime_state.finalizing
+        rt_finalizing: u(idx.finalizing)?,
     })
 }
 
@@ -556,7 +698,7 @@ fn find_py() -> Option<Py> {
         Some(v) => v,
         None => return off("the Python version cannot be read"),
     };
-    let mut l = if major == 3 && minor == 13 {
+    let mut l = if major == 3 && debug_idx(minor).is_some() {
         match debug_layout(runtime, minor) {
             Ok(l) => l,
             Err(e) => return off(&format!("Python 3.{minor}: {e}")),
@@ -567,7 +709,7 @@ fn find_py() -> Option<Py> {
         l
     } else {
         return off(&format!(
-            "Python {major}.{minor}: frame layouts are known for 3.10 to 3.13"
+            "Python {major}.{minor}: frame layouts are known for 3.10 to 3.14"
         ));
     };
     let code_type = sym(c"PyCode_Type");
@@ -812,7 +954,7 @@ fn walk_with<const C: bool, const M: u32, const FULL: bool>(
         if frame < MIN_ADDR {
             return Err("frame unreadable");
         }
-        let code = rd_u64::<C>(frame + l.f_code as u64).ok_or("frame unreadable")?;
+        let code = rd_u64::<C>(frame + l.f_code as u64).ok_or("frame unreadable")? & !l.code_tag;
         let back = rd_u64::<C>(frame + l.f_back as u64).ok_or("frame unreadable")?;
         if l.f_owner != 0
             && rd_u8::<C>(frame + l.f_owner as u64).ok_or("frame unreadable")? == OWNED_BY_CSTACK
@@ -1210,6 +1352,142 @@ mod tests {
             Some(0),
             "the forked child did not find the runtime itself (None: it hung and was killed after 60 s)"
         );
+    }
+
+    /// `_Py_DebugOffsets` of CPython 3.14.10 (x86-64 Linux, Debian's build): the first 90
+    /// words, as its `_PyRuntime` holds them.
+    fn debug_314() -> [u64; DEBUG_WORDS] {
+        let words: [u64; 90] = [
+            u64::from_le_bytes(*b"xdebugpy"),
+            0x030e_0af0,
+            0,
+            316616,
+            784,
+            808,
+            225864,
+            7280,
+            7272,
+            7344,
+            7360,
+            7408,
+            7688,
+            7672,
+            7680,
+            16,
+            7784,
+            0,
+            7800,
+            7792,
+            7992,
+            0,
+            832,
+            0,
+            8,
+            16,
+            72,
+            152,
+            160,
+            232,
+            32,
+            88,
+            8,
+            0,
+            56,
+            80,
+            74,
+            64,
+            0,
+            216,
+            112,
+            120,
+            128,
+            136,
+            68,
+            52,
+            96,
+            104,
+            208,
+            0,
+            16,
+            8,
+            416,
+            24,
+            88,
+            168,
+            40,
+            32,
+            16,
+            40,
+            24,
+            16,
+            200,
+            24,
+            40,
+            32,
+            48,
+            32,
+            40,
+            24,
+            16,
+            32,
+            16,
+            24,
+            40,
+            16,
+            32,
+            64,
+            32,
+            16,
+            40,
+            264,
+            192,
+            160,
+            24,
+            72,
+            67,
+            0,
+            8,
+            24,
+        ];
+        let mut d = [0u64; DEBUG_WORDS];
+        d[..90].copy_from_slice(&words);
+        d
+    }
+
+    #[test]
+    fn debug_offsets_of_3_14() {
+        let idx = debug_idx(14).unwrap();
+        let l = layout_from_debug(&debug_314(), 14, &idx).unwrap();
+        assert_eq!(l, LAYOUT_314);
+        assert!(compiled_walk(&l).is_some());
+        // Another 3.14 whose offsets differ is read by the walk that loads them.
+        let mut d = debug_314();
+        d[36] = 75;
+        let l = layout_from_debug(&d, 14, &idx).unwrap();
+        assert_eq!(l.f_owner, 75);
+        assert!(compiled_walk(&l).is_none());
+    }
+
+    #[test]
+    fn a_free_threaded_3_14_is_refused() {
+        let mut d = debug_314();
+        d[2] = 1;
+        let e = layout_from_debug(&d, 14, &debug_idx(14).unwrap()).unwrap_err();
+        assert!(e.starts_with("a free-threaded build"), "{e}");
+    }
+
+    #[test]
+    fn debug_offsets_that_break_fixed_object_offsets_are_refused() {
+        let idx = debug_idx(14).unwrap();
+        for (i, _) in idx.fixed {
+            let mut d = debug_314();
+            d[*i] += 8;
+            let e = layout_from_debug(&d, 14, &idx).unwrap_err();
+            assert!(e.contains("not laid out as expected"), "{e}");
+        }
+        // The version the offsets are for is checked too.
+        let e = layout_from_debug(&debug_314(), 13, &debug_idx(13).unwrap()).unwrap_err();
+        assert!(e.contains("another version"), "{e}");
     }
 
     #[test]

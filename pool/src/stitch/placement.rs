@@ -40,7 +40,7 @@ impl Stitch {
     }
 
     /// Every used page under `[off, off + size)` of mapping `m` is of the current class.
-    fn window_life_ok(&self, m: u32, off: u64, size: u64) -> bool {
+    pub(super) fn window_life_ok(&self, m: u32, off: u64, size: u64) -> bool {
         !self.lives
             || self
                 .pieces(&self.map(m).pages, off, size)

@@ -245,6 +245,13 @@ impl Stitch {
             {
                 return Ok(Some(x));
             }
+            // with kept ranges on (see `kept`), cached bytes are taken out of the range that
+            // fits the request most tightly rather than wherever the fewest are cached
+            if self.kept_on
+                && let Some(x) = self.kept_place(dev, size, t, true)?
+            {
+                return Ok(Some(x));
+            }
             if round == 0
                 && !self.faults.lazy_sync
                 && self.sizes.has_pending(size)

@@ -2,7 +2,10 @@
 //! a Python program that allocates through the CUDA runtime (ctypes, which releases the GIL
 //! around the call, as PyTorch's operators do) gets its Python frames (function, file, line)
 //! in the stack of each allocation, in place of the interpreter's eval-loop frames, on every
-//! CPython installed on this machine (3.10 to 3.13; see `pythons`).
+//! CPython installed on this machine (3.10 to 3.14; see `pythons`). CPython 3.14 comes from
+//! `scripts/setup-cpython314`: `VRAMSHIM_CPYTHON314` names its interpreter (CI sets it, and a
+//! missing or wrong one then fails the tests), else the one in that script's cache is used
+//! when it is there.
 //!
 //! `VRAMSHIM_PYFRAMES_FAULT=noident` set for the test run (passed on to the jobs) names code
 //! objects by their address alone: `reused_code_addresses_are_named_again` then fails.
@@ -17,9 +20,34 @@ use vramshim_trace::{Event, TraceReader};
 const PY_BIT: u64 = 1 << 63;
 
 /// Every CPython 3.10+ found here: `python3.X` on PATH and in /usr/bin, pyenv's versions,
-/// the PyTorch environment's. (version "3.X", path), one per distinct executable.
+/// the PyTorch environment's, `scripts/setup-cpython314`'s. (version "3.X", path), one per
+/// distinct executable.
 fn pythons() -> Vec<(String, PathBuf)> {
     let mut cands: Vec<PathBuf> = Vec::new();
+    let required_314 = std::env::var_os("VRAMSHIM_CPYTHON314").map(PathBuf::from);
+    if let Some(p) = &required_314 {
+        assert!(
+            p.is_file(),
+            "VRAMSHIM_CPYTHON314={}: no such interpreter (scripts/setup-cpython314 prints it)",
+            p.display()
+        );
+        cands.push(p.clone());
+    } else {
+        let cache = std::env::var_os("VRAMSHIM_CPYTHON_DIR")
+            .map(PathBuf::from)
+            .or_else(|| {
+                std::env::var_os("XDG_CACHE_HOME")
+                    .map(|c| PathBuf::from(c).join("vramshim/cpython"))
+            })
+            .or_else(|| {
+                std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/vramshim/cpython"))
+            });
+        if let Some(Ok(rd)) = cache.map(std::fs::read_dir) {
+            for e in rd.flatten() {
+                cands.push(e.path().join("bin/python3.14"));
+            }
+        }
+    }
     let path = std::env::var_os("PATH").unwrap_or_default();
     for dir in std::env::split_paths(&path).chain([PathBuf::from("/usr/bin")]) {
         for m in 10..=14 {
@@ -70,6 +98,13 @@ fn pythons() -> Vec<(String, PathBuf)> {
     }
     out.sort();
     assert!(!out.is_empty(), "no CPython 3.10+ found");
+    if let Some(p) = required_314 {
+        assert!(
+            out.iter().any(|(v, c)| v == "3.14" && *c == p),
+            "VRAMSHIM_CPYTHON314={} is not a CPython 3.14 (with the GIL) that runs here: {out:?}",
+            p.display()
+        );
+    }
     out
 }
 
@@ -189,11 +224,27 @@ def gen():
 def in_thread():
     leaf(4 << 20)  # @thread
 
+def immortal(f):
+    # 3.14+: the function's code object made immortal, as CPython's own immortal objects are
+    # (a refcount with its high bit set, the immortal flag): a frame then holds it by a
+    # tagged reference (the flag's bit set), which the frame reader must untag.
+    if sys.version_info >= (3, 14):
+        co = f.__code__
+        ctypes.c_uint32.from_address(id(co)).value = 3 << 30
+        ctypes.c_uint16.from_address(id(co) + 6).value |= 1
+        assert sys._is_immortal(co)
+    return f
+
+@immortal
+def pinned():
+    leaf(5 << 20)  # @pinned
+
 outer()  # @main-outer
 list(gen())  # @main-gen
 t = threading.Thread(target=in_thread)
 t.start()
 t.join()
+pinned()  # @main-pinned
 print('ok')
 ";
 
@@ -249,6 +300,14 @@ fn python_frames_in_native_stacks_on_every_cpython() {
                     job("leaf", l("@leaf")),
                     job("gen", l("@gen")),
                     job("<module>", l("@main-gen")),
+                ],
+            ),
+            (
+                5 << 20,
+                vec![
+                    job("leaf", l("@leaf")),
+                    job("pinned", l("@pinned")),
+                    job("<module>", l("@main-pinned")),
                 ],
             ),
         ];
@@ -388,7 +447,7 @@ fn a_wrong_frame_layout_is_refused_with_one_line() {
             out.stderr
         );
         let t = Trace::read(&file);
-        assert_eq!(t.allocs.len(), 6, "Python {ver}");
+        assert_eq!(t.allocs.len(), 7, "Python {ver}");
         assert!(
             t.stacks.values().flatten().all(|f| f & PY_BIT == 0),
             "Python {ver}: a Python frame read with a wrong layout"
