@@ -699,7 +699,7 @@ impl Stitch {
         }
         // under a budget, the place this allocation had in the previous round comes first
         // (see `rounds`): a cached block taken instead would let the layout drift
-        let replayed = if self.budget.is_some() {
+        let replayed = if self.budget.is_some() && self.round_due(size) {
             self.round_commit(dev, size, t, req.size)?
         } else {
             None
