@@ -10,9 +10,9 @@ use std::path::Path;
 
 use vramshim_trace::{Api, DeviceInfo, Event, Header, MemOp, TraceWriter, codes};
 
-/// ESC (an OSC retitle and a CSI clear), BEL, the 8-bit CSI, a carriage return and a line
-/// break followed by a forged summary line.
-const HOSTILE: &str = "x\u{1b}]0;pwned\u{7}\u{1b}[2J\u{9b}1A\r\nFORGED: no leaks";
+/// ESC (an OSC retitle and a CSI clear), BEL, the 8-bit CSI, a right-to-left override, a
+/// line separator, a carriage return and a line break followed by a forged summary line.
+const HOSTILE: &str = "x\u{1b}]0;pwned\u{7}\u{1b}[2J\u{9b}1A\u{202e}\u{2028}\r\nFORGED: no leaks";
 
 fn op(t: u64, api: Api, addr: u64, size: u64, result: i32) -> MemOp {
     MemOp {
@@ -60,7 +60,7 @@ fn write(path: &Path, size: u64) {
 /// What `vramshim ARGS` printed holds none of the hostile strings' control characters, and no
 /// line of it starts with their forged text.
 fn clean(args: &[&str], text: &str) {
-    for c in ['\u{1b}', '\u{7}', '\u{9b}', '\r'] {
+    for c in ['\u{1b}', '\u{7}', '\u{9b}', '\u{202e}', '\u{2028}', '\r'] {
         assert!(
             !text.contains(c),
             "vramshim {args:?} printed {c:?} it was given:\n{text}"

@@ -8,7 +8,7 @@
 //! in whole pages over peak live. A pool that serves every new shape without a driver call
 //! needs at least about that much memory.
 //!
-//! `cargo run --release -p vramshim-pool --example pool_slack -- [RATIO:SLACK_MIB[:runs] ...] -- [DIR_OR_FILES...]`
+//! `cargo run --release -p vramshim-pool --example pool_slack -- [RATIO:SLACK_MIB[:runs][:kept] ...] -- [DIR_OR_FILES...]`
 //! (default budgets: 0.05:2 0.075:2 0.10:0 0.05:16 0.05:32).
 
 mod common;
@@ -84,17 +84,21 @@ fn arena_only(events: &[Event]) -> u64 {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let split = args.iter().position(|a| a == "--").unwrap_or(args.len());
-    let mut budgets: Vec<(f64, u64, bool)> = Vec::new();
+    let mut budgets: Vec<(f64, u64, bool, bool)> = Vec::new();
     for a in &args[..split] {
-        let (spec, runs) = match a.strip_suffix(":runs") {
+        let (spec, kept) = match a.strip_suffix(":kept") {
             Some(s) => (s, true),
             None => (a.as_str(), false),
+        };
+        let (spec, runs) = match spec.strip_suffix(":runs") {
+            Some(s) => (s, true),
+            None => (spec, false),
         };
         let parsed = spec
             .split_once(':')
             .and_then(|(r, s)| Some((r.parse::<f64>().ok()?, s.parse::<u64>().ok()?)));
         match parsed {
-            Some((r, s)) if r.is_finite() && r >= 0.0 => budgets.push((r, s, runs)),
+            Some((r, s)) if r.is_finite() && r >= 0.0 => budgets.push((r, s, runs, kept)),
             _ => {
                 eprintln!(
                     "pool_slack: budget `{a}`: expected RATIO:SLACK_MIB[:runs] such as 0.05:2 or 0.05:2:runs"
@@ -105,12 +109,12 @@ fn main() {
     }
     if budgets.is_empty() {
         budgets = vec![
-            (0.05, 2, false),
-            (0.075, 2, false),
-            (0.10, 0, false),
-            (0.05, 16, false),
-            (0.05, 32, false),
-            (0.05, 2, true),
+            (0.05, 2, false, false),
+            (0.075, 2, false, false),
+            (0.10, 0, false, false),
+            (0.05, 16, false, false),
+            (0.05, 32, false, false),
+            (0.05, 2, true, false),
         ];
     }
     let files = common::trace_files(args.get(split + 1..).unwrap_or(&[]).to_vec());
@@ -125,7 +129,7 @@ fn main() {
         let live = replay::peak_live(&t.events);
         for frees in Frees::BOTH {
             let stream = frees.apply(&t.events);
-            for &(ratio, slack, runs) in &budgets {
+            for &(ratio, slack, runs, kept) in &budgets {
                 let make = move || -> Box<dyn Policy> {
                     Box::new(
                         Stitch::new()
@@ -134,7 +138,8 @@ fn main() {
                                 slack: slack * MIB,
                                 ..Budget::default()
                             }))
-                            .with_runs(runs),
+                            .with_runs(runs)
+                            .with_kept(kept),
                     )
                 };
                 let mut dev = AccountingDevice::new(80 << 30);
@@ -145,10 +150,11 @@ fn main() {
                 let half = replay::second_half_calls_per_1000(&t.events, frees, &make);
                 let min = replay::min_capacity_with(&stream, &make);
                 println!(
-                    "| {name} | {} | {:.1}% + {slack} MiB{} | {:.3} | {:.3} | {} | {}, {} | {:.1} |",
+                    "| {name} | {} | {:.1}% + {slack} MiB{}{} | {:.3} | {:.3} | {} | {}, {} | {:.1} |",
                     frees.name(),
                     ratio * 100.0,
                     if runs { ", runs" } else { "" },
+                    if kept { ", kept" } else { "" },
                     r.peak_device_used as f64 / live as f64,
                     min as f64 / live as f64,
                     r.driver_calls,

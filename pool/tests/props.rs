@@ -155,6 +155,16 @@ proptest! {
         assert_clean(&dev, &p);
     }
 
+    /// With kept ranges (`Stitch::with_kept`: smaller blocks carved best fit out of the
+    /// places large blocks had), the tight pool is as safe and keeps its budget (a carve
+    /// over a live block is caught: `kept.rs`).
+    #[test]
+    fn stitch_tight_with_kept_is_safe_and_keeps_its_budget(ops in proptest::collection::vec(op(), 1..300), cap_mib in 64u64..1024) {
+        let mut p = Stitch::tight().with_kept(true).with_runs(cap_mib % 2 == 0);
+        let dev = exercise_with(&mut p, &ops, cap_mib * MIB, &mut budget_kept(Budget::default()));
+        assert_clean(&dev, &p);
+    }
+
     #[test]
     fn caching_is_safe(ops in proptest::collection::vec(op(), 1..300), cap_mib in 64u64..1024) {
         let mut p = PolicyKind::Caching.build();
@@ -415,6 +425,14 @@ proptest! {
     #[test]
     fn stitch_tight_replays_rounds_safely(ops in rounds(), cap_mib in 128u64..1024) {
         let mut p = Stitch::tight();
+        let dev = exercise_with(&mut p, &ops, cap_mib * MIB, &mut budget_kept(Budget::default()));
+        assert_clean(&dev, &p);
+    }
+
+    /// The same with kept ranges (`Stitch::with_kept`).
+    #[test]
+    fn stitch_tight_with_kept_replays_rounds_safely(ops in rounds(), cap_mib in 128u64..1024) {
+        let mut p = Stitch::tight().with_kept(true);
         let dev = exercise_with(&mut p, &ops, cap_mib * MIB, &mut budget_kept(Budget::default()));
         assert_clean(&dev, &p);
     }
@@ -1026,6 +1044,34 @@ fn checker_takes_a_handle_of_several_pages_only_whole() {
     assert!(v.iter().any(|v| v.contains("as 1 pages")), "{v:?}");
     dev.release(h, 3).unwrap();
     assert_eq!(dev.used(), 0);
+}
+
+#[test]
+fn checker_reports_a_cut_mapping_once_per_call() {
+    // an unmap that takes two of a mapping's three pages is one fault, said once; the call
+    // that takes the third page later cuts it again, and is said once too
+    let mut dev = one_dev();
+    let va = dev.reserve(8 * MIB).unwrap();
+    let h = dev.create(3).unwrap();
+    dev.map(va, h, 3).unwrap();
+    let cuts = |dev: &AccountingDevice| {
+        dev.violations()
+            .iter()
+            .filter(|v| v.contains("cuts through"))
+            .count()
+    };
+    dev.unmap(va, 4 * MIB).unwrap();
+    assert_eq!(cuts(&dev), 1, "{:?}", dev.violations());
+    dev.unmap(va + 4 * MIB, 2 * MIB).unwrap();
+    assert_eq!(cuts(&dev), 2, "{:?}", dev.violations());
+    assert_eq!(dev.violations().len(), 2, "{:?}", dev.violations());
+    // two mappings cut by one call: one line each
+    let h2 = dev.create(2).unwrap();
+    let h3 = dev.create(2).unwrap();
+    dev.map(va, h2, 2).unwrap();
+    dev.map(va + 4 * MIB, h3, 2).unwrap();
+    dev.unmap(va + 2 * MIB, 4 * MIB).unwrap();
+    assert_eq!(cuts(&dev), 4, "{:?}", dev.violations());
 }
 
 #[test]

@@ -24,7 +24,7 @@ use std::time::Instant;
 
 use vramshim_trace::{
     AllocKind, Api, Event, FrameLayout, Header, MemOp, RecordEncoder, RecordStats, SyncKind,
-    TraceWriter,
+    TorchOp, TraceWriter,
 };
 
 fn events(kind: &str, n: usize, frame: usize) -> Vec<Event> {
@@ -106,13 +106,42 @@ fn decode_all(bytes: &[u8]) -> u64 {
     n
 }
 
+/// Never used: the events `encode_events` gives `push_torch_all` are all `Torch`.
+const NO_OP: TorchOp = TorchOp {
+    t_ns: 0,
+    tid: 0,
+    action: 0,
+    device: 0,
+    addr: 0,
+    size: 0,
+    stream: 0,
+    segment: 0,
+    stack: 0,
+};
+
 /// Encodes `ev` into records as the writer thread encodes a thread's buffer. Not inlined:
 /// `--toggle-collect='*encode_events*'` counts exactly this.
 #[inline(never)]
 fn encode_events(enc: &mut RecordEncoder, ev: &[Event]) {
     enc.begin(1000);
-    for e in ev {
-        enc.push(e);
+    let mut i = 0;
+    while let Some(e) = ev.get(i) {
+        if !matches!(e, Event::Torch(_)) {
+            enc.push(e);
+            i += 1;
+            continue;
+        }
+        // A row of PyTorch allocator events in one call, as the writer thread hands over
+        // the entries of a thread's buffer.
+        let n = ev[i..]
+            .iter()
+            .position(|e| !matches!(e, Event::Torch(_)))
+            .unwrap_or(ev.len() - i);
+        enc.push_torch_all(ev[i..i + n].iter().map(|e| match e {
+            Event::Torch(op) => op,
+            _ => &NO_OP,
+        }));
+        i += n;
     }
 }
 

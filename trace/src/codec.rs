@@ -4,14 +4,13 @@
 //! as a zigzag delta from the previous timed record of the same *context*; a context starts at
 //! the beginning of every frame and at every `Context` record, where all delta state resets.
 
+use std::borrow::Borrow;
+
 use crate::columns::TimeCursor;
 use crate::event::{AllocKind, Api, DeviceInfo, Event, MemOp, PyFrame, SyncKind, TorchOp};
 use crate::torch_run::{self, Model};
 use crate::wire::put_varint_at as wv;
-use crate::wire::{
-    Cur, put_str, put_varint, torch_offset, torch_offset_of, torch_size, torch_size_of, unzigzag,
-    zigzag,
-};
+use crate::wire::{Cur, put_str, put_varint, torch_offset_of, torch_size_of, unzigzag, zigzag};
 pub use crate::wire::{MAX_STACK_FRAMES, MAX_STRING, RecordError, mask, tag, torch_head};
 
 /// Per-slot "previous values" of the MemOp encoding (one slot for allocs, one for frees).
@@ -398,55 +397,108 @@ impl RecordEncoder {
     /// a new one when the last record is not one): coded against the context's model of the
     /// events before it ([`crate::torch_run`]): predicted (action, size, stack), the address
     /// as a distance into a ring of recent places, the time in 1-3 bytes; ~5 bytes an event
-    /// on a training loop, written in place with fixed-size stores. The writer stores these
-    /// bytes as they are (no zstd). Offsets and sizes no `TorchRun` can hold (from 2^62) get
-    /// a `Torch` record.
+    /// on a training loop. The writer stores these bytes as they are (no zstd). Offsets and
+    /// sizes no `TorchRun` can hold (from 2^62) get a `Torch` record. A caller with several
+    /// such events in a row gives them to [`Self::push_torch_all`] (the same bytes, fewer
+    /// instructions an event).
     #[inline]
     pub fn push_torch(&mut self, op: &TorchOp) {
-        let (Some(off), Some(size)) = (
-            torch_offset(op.addr.wrapping_sub(op.segment)),
-            torch_size(op.size),
-        ) else {
-            return self.push_torch_v2(op);
+        self.push_torch_all(std::iter::once(op));
+    }
+
+    /// [`Self::push_torch`] of each of `ops`, in order, with the same bytes as a result: the
+    /// run's header is written once (its length patched at the end, not after every event),
+    /// the buffer grows once for many events (the coder writes into slack past the end with
+    /// fixed-size stores; the slack is cut off at the end), and the context's thread, time
+    /// and the record statistics stay in registers meanwhile.
+    #[inline]
+    pub fn push_torch_all<I>(&mut self, ops: I)
+    where
+        I: IntoIterator,
+        I::Item: Borrow<TorchOp>,
+    {
+        let mut ops = ops.into_iter();
+        let mut pos = self.buf.len();
+        // The open run continues when nothing was written after it.
+        let mut run = if self.run_end == pos && pos - self.run_at <= RUN_MAX {
+            self.run_at
+        } else {
+            NO_RUN
         };
-        let at = self.buf.len();
-        // The run's length is a varint padded to 3 bytes, rewritten after every event.
-        if self.run_end != at || at - self.run_at > RUN_MAX {
-            self.buf
-                .extend_from_slice(&[tag::TORCH_RUN, 0x80, 0x80, 0x00]);
-            self.run_at = at;
-        }
-        let start = self.buf.len();
-        self.buf.extend_from_slice(&[0u8; torch_run::EV_MAX]);
-        let Ok(b) = <&mut [u8; torch_run::EV_MAX]>::try_from(
-            &mut self.buf[start..start + torch_run::EV_MAX],
-        ) else {
-            return;
-        };
-        let m = self.model.get_or_insert_with(Box::default);
-        let st = &mut self.st;
         let mut cx = torch_run::Ctx {
-            tid: st.tid,
-            t: st.t,
+            tid: self.st.tid,
+            t: self.st.t,
         };
-        let n = torch_run::encode(m, &mut cx, op, off, size, b);
-        st.tid = cx.tid;
-        st.t = cx.t;
-        self.buf.truncate(start + n);
-        let len = self.buf.len() - self.run_at - RUN_HEAD;
-        let h = &mut self.buf[self.run_at + 1..self.run_at + RUN_HEAD];
-        h[0] = len as u8 | 0x80;
-        h[1] = (len >> 7) as u8 | 0x80;
-        h[2] = (len >> 14) as u8;
-        self.run_end = self.buf.len();
-        self.torch_bytes += n;
-        self.records += 1;
-        if op.t_ns < self.t_min {
-            self.t_min = op.t_ns;
+        let (mut t_min, mut t_max) = (self.t_min, self.t_max);
+        let mut events = 0u32;
+        // The open run's bytes that `torch_bytes` counts already.
+        let mut counted = if run == NO_RUN {
+            0
+        } else {
+            pos - run - RUN_HEAD
+        };
+        let mut m = self.model.take().unwrap_or_default();
+        // The one test of the usual event: `pos < stop` says a run is open with room for
+        // the event (under `RUN_MAX`) and the buffer has `EV_MAX` bytes of slack at `pos`.
+        let mut stop = 0;
+        while let Some(op) = ops.next() {
+            let op: &TorchOp = op.borrow();
+            if !torch_run::holds(op) {
+                // The rare event no `TorchRun` holds: the run so far closed, a `Torch`
+                // record, and a new run for the events after it.
+                self.torch_bytes += close_run(&mut self.buf, run, pos) - counted;
+                counted = 0;
+                self.buf.truncate(pos);
+                self.st.tid = cx.tid;
+                self.st.t = cx.t;
+                (self.t_min, self.t_max) = (t_min, t_max);
+                self.push_torch_v2(op);
+                (t_min, t_max) = (self.t_min, self.t_max);
+                pos = self.buf.len();
+                cx.t = self.st.t;
+                run = NO_RUN;
+                stop = 0;
+                continue;
+            }
+            if pos >= stop {
+                if run == NO_RUN || pos - run > RUN_MAX {
+                    self.torch_bytes += close_run(&mut self.buf, run, pos) - counted;
+                    counted = 0;
+                    self.buf.truncate(pos);
+                    self.buf
+                        .extend_from_slice(&[tag::TORCH_RUN, 0x80, 0x80, 0x00]);
+                    run = pos;
+                    pos += RUN_HEAD;
+                }
+                if self.buf.len() < pos + torch_run::EV_MAX {
+                    // Room for this event and, at about 8 bytes each, those still to come.
+                    let more = ops.size_hint().0.min(SLACK_EVENTS) * 8;
+                    self.buf.resize(pos + torch_run::EV_MAX + more, 0);
+                }
+                stop = (run + RUN_MAX + 1).min(self.buf.len() + 1 - torch_run::EV_MAX);
+            }
+            let Some(b) = self
+                .buf
+                .get_mut(pos..pos + torch_run::EV_MAX)
+                .and_then(|b| <&mut [u8; torch_run::EV_MAX]>::try_from(b).ok())
+            else {
+                break;
+            };
+            pos += torch_run::encode(&mut m, &mut cx, op, b);
+            events += 1;
+            t_min = t_min.min(op.t_ns);
+            t_max = t_max.max(op.t_ns);
         }
-        if op.t_ns > self.t_max {
-            self.t_max = op.t_ns;
-        }
+        self.model = Some(m);
+        self.torch_bytes += close_run(&mut self.buf, run, pos) - counted;
+        self.buf.truncate(pos);
+        self.st.tid = cx.tid;
+        self.st.t = cx.t;
+        self.run_at = run;
+        self.run_end = if run == NO_RUN { NO_RUN } else { pos };
+        self.records += events;
+        self.t_min = t_min;
+        self.t_max = t_max;
     }
 
     /// A `Torch` record (tag 20, every field in full): for the events a `TorchDelta` cannot
@@ -893,6 +945,26 @@ const RUN_HEAD: usize = 4;
 const NO_RUN: usize = usize::MAX;
 /// A run is closed before its payload could pass what 3 varint bytes hold (2^21 - 1).
 const RUN_MAX: usize = (1 << 21) - 2 * torch_run::EV_MAX;
+
+/// Slack the buffer grows by for the events still to come in [`RecordEncoder::push_torch_all`]
+/// is for at most this many of them (8 bytes each).
+const SLACK_EVENTS: usize = 256;
+
+/// Writes the length of the `TorchRun` record at `run` (if any) whose payload ends at `end`;
+/// returns that length (0 without a run).
+#[inline]
+fn close_run(buf: &mut [u8], run: usize, end: usize) -> usize {
+    if run == NO_RUN {
+        return 0;
+    }
+    let len = end - run - RUN_HEAD;
+    if let Some(h) = buf.get_mut(run + 1..run + RUN_HEAD) {
+        h[0] = len as u8 | 0x80;
+        h[1] = (len >> 7) as u8 | 0x80;
+        h[2] = (len >> 14) as u8;
+    }
+    len
+}
 
 /// Scratch size of one MemOp record (a power of two above its largest size, 73 bytes).
 const REC: usize = 128;

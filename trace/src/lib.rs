@@ -74,6 +74,7 @@ pub use codec::{RecordEncoder, RecordStats};
 pub use event::*;
 pub use header::{FORMAT_VERSION, MAGIC};
 pub use reader::{
-    DecodeError, DecodeErrorKind, FrameInfo, TraceReader, Truncation, TruncationReason, Visitor,
+    DAMAGE_COUNT_MAX, DecodeError, DecodeErrorKind, FrameInfo, TraceReader, Truncation,
+    TruncationReason, Visitor,
 };
 pub use writer::{FrameLayout, TraceWriter, WriterStats};

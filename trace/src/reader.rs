@@ -125,10 +125,14 @@ pub enum TruncationReason {
     /// What follows the last good frame is not a frame (garbage, or a frame envelope with
     /// bad magic or impossible lengths): reading stopped there. `frame` is the 1-based number
     /// of the frame that should have started at the offset, `skipped` the bytes from there to
-    /// the end of the file, `what` what was wrong with them.
+    /// the end of the file, `what` what was wrong with them. The rest is never read whole (a
+    /// damaged file may be many GB): a file opened by path is measured by its size; a stream
+    /// of unknown length is counted up to [`DAMAGE_COUNT_MAX`] bytes, and past that
+    /// `skipped_exact` is false and `skipped` is a lower bound.
     Damaged {
         frame: u64,
         skipped: u64,
+        skipped_exact: bool,
         what: String,
     },
 }
@@ -167,12 +171,18 @@ impl fmt::Display for Truncation {
             TruncationReason::Damaged {
                 frame,
                 skipped,
+                skipped_exact,
                 what,
             } => write!(
                 f,
-                "trace damaged at byte {} (frame {frame}): {what}; skipped {skipped} bytes \
+                "trace damaged at byte {} (frame {frame}): {what}; skipped {} bytes \
                  from there to the end of the file; everything before it ({} frame{}) was read",
                 self.offset,
+                if *skipped_exact {
+                    skipped.to_string()
+                } else {
+                    format!("at least {skipped}")
+                },
                 frame.saturating_sub(1),
                 if *frame == 2 { "" } else { "s" }
             ),
@@ -197,6 +207,10 @@ enum State {
     Frames,
     Done,
 }
+
+/// After damage, the most bytes of a stream of unknown length read to count what was skipped
+/// (a file opened by path is measured by its size instead, nothing read).
+pub const DAMAGE_COUNT_MAX: u64 = 1 << 20;
 
 /// Reads a `.vramtrace` stream.
 ///
@@ -238,6 +252,8 @@ pub struct TraceReader<R: Read> {
     dec: RecordDecoder,
     state: State,
     truncation: Option<Truncation>,
+    /// The stream's length, when known (a file opened by path: its size then).
+    len: Option<u64>,
     end: Option<u64>,
     frames: u64,
     events: u64,
@@ -248,9 +264,12 @@ impl TraceReader<BufReader<File>> {
     /// Opens a trace file and reads its header.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, DecodeError> {
         let f = File::open(path.as_ref()).map_err(|e| io_err(0, &e))?;
+        let len = f.metadata().ok().filter(|m| m.is_file()).map(|m| m.len());
         // A frame body larger than the buffer is read past it (no copy): 64 KiB holds the
         // envelopes and small frames.
-        Self::from_reader(BufReader::with_capacity(64 << 10, f))
+        let mut r = Self::from_reader(BufReader::with_capacity(64 << 10, f))?;
+        r.len = len;
+        Ok(r)
     }
 }
 
@@ -358,6 +377,7 @@ impl<R: Read> TraceReader<R> {
             dec: RecordDecoder::default(),
             state: State::Frames,
             truncation: None,
+            len: None,
             end: None,
             frames: 0,
             events: 0,
@@ -477,6 +497,13 @@ impl<R: Read> TraceReader<R> {
             None => return Err(RecordError::Overrun),
         };
         if tag == tag::TORCH_RUN {
+            // Tag 25 is a `TorchRun` only from format v4 on; an older file that holds one is
+            // damaged (its writer never wrote one), not a run to decode with v4's rules.
+            if self.version < TORCH_RUN_SINCE {
+                return Err(RecordError::BadValue(
+                    "record tag 25 (TorchRun) in a trace of format version 1 to 3 (TorchRun records are format 4 and later)",
+                ));
+            }
             // The run's events are decoded one per call from here on.
             let (p, end) = if self.columnar {
                 let p = self.tc.pos[TORCH_STREAM];
@@ -530,30 +557,53 @@ impl<R: Read> TraceReader<R> {
     }
 
     /// Ends the trace at `off`, where the bytes are not a frame (`read` of them already
-    /// consumed): the rest of the stream is counted in fixed-size chunks, never held, so the
-    /// message can say how much was skipped.
+    /// consumed), saying how much was skipped: for a file of known size, the rest of it by
+    /// its size (nothing read: a damaged file may be many GB); else the rest counted in
+    /// fixed-size chunks, never held, up to [`DAMAGE_COUNT_MAX`] bytes (then "at least").
     #[cold]
     fn damaged(&mut self, off: u64, read: usize, what: String) {
-        let mut skipped = read as u64;
-        let mut buf = [0u8; 8192];
-        loop {
-            match self.r.read(&mut buf) {
-                Ok(0) => break,
-                Ok(k) => skipped += k as u64,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                // The count is informative only: what was read is kept either way.
-                Err(_) => break,
-            }
-        }
+        let read = read as u64;
+        let (skipped, skipped_exact) = match self.len {
+            // A file that grew since it was opened is counted like a stream.
+            Some(len) if len >= off + read => (len - off, true),
+            _ => self.count_rest(read),
+        };
         self.pos = off + skipped;
         self.stop(Some(Truncation {
             offset: off,
             reason: TruncationReason::Damaged {
                 frame: self.frames + 1,
                 skipped,
+                skipped_exact,
                 what,
             },
         }));
+    }
+
+    /// The bytes left in the stream, `read` of them already consumed: (count, true) when the
+    /// end came within [`DAMAGE_COUNT_MAX`] bytes, else (what was counted, false).
+    fn count_rest(&mut self, read: u64) -> (u64, bool) {
+        let mut skipped = read;
+        let mut buf = [0u8; 8192];
+        while skipped < DAMAGE_COUNT_MAX {
+            let want = buf.len().min((DAMAGE_COUNT_MAX - skipped) as usize);
+            match self.r.read(&mut buf[..want]) {
+                Ok(0) => return (skipped, true),
+                Ok(k) => skipped += k as u64,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                // The count is informative only: what was read is kept either way.
+                Err(_) => return (skipped, false),
+            }
+        }
+        // The cap reached: one more byte says whether that was the end.
+        loop {
+            match self.r.read(&mut buf[..1]) {
+                Ok(0) => return (skipped, true),
+                Ok(_) => return (skipped + 1, false),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return (skipped, false),
+            }
+        }
     }
 
     /// Reads the next frame envelope and body into `raw`. Sets `Done` at the end.

@@ -21,7 +21,9 @@
 //! instructions: fixed-size stores, one table probe, one ring probe.
 
 use crate::event::TorchOp;
-use crate::wire::{Cur, RecordError, put_varint_at as wv, torch_head, unzigzag};
+use crate::wire::{
+    Cur, RecordError, put_varint_at as wv, torch_head, torch_offset, torch_size, unzigzag,
+};
 
 /// Places per ring (a power of two), and how many of the newest a control byte can name.
 const RING: usize = 32;
@@ -138,7 +140,17 @@ impl Model {
 
     /// After an event: the prediction for its context, the history, the rings.
     #[inline(always)]
-    fn learn(&mut self, slot: usize, mt: u64, size: u64, stack: u32, action: u8, place: Place) {
+    #[allow(clippy::too_many_arguments)]
+    fn learn(
+        &mut self,
+        slot: usize,
+        mt: u64,
+        size: u64,
+        stack: u32,
+        action: u8,
+        place: Place,
+        fs: usize,
+    ) {
         self.table[slot] = Pred { size, meta: mt };
         self.hist = [key_hash(action, size, stack), self.hist[0], self.hist[1]];
         let r = match action {
@@ -148,16 +160,16 @@ impl Model {
         };
         let n = self.counts[r];
         self.rings[r][n as usize % RING] = place;
-        self.find[r][find_slot(place.addr)] = (place.addr, n);
+        self.find[r][fs] = (place.addr, n);
         self.counts[r] = n.wrapping_add(1);
     }
 
     /// Encoder: the distance (0 = newest) of `place` in the ring `action` looks in, when it
-    /// is among the newest `RING_REFS` pushed since the reset.
+    /// is among the newest `RING_REFS` pushed since the reset (`fs`: its [`find_slot`]).
     #[inline(always)]
-    fn find(&self, action: u8, place: Place) -> Option<u8> {
+    fn find(&self, action: u8, place: Place, fs: usize) -> Option<u8> {
         let r = ring_of(action);
-        let (a, seq) = self.find[r][find_slot(place.addr)];
+        let (a, seq) = self.find[r][fs];
         let n = self.counts[r];
         let j = n.wrapping_sub(seq).wrapping_sub(1);
         (a == place.addr
@@ -180,92 +192,97 @@ pub(crate) struct Ctx {
 /// Scratch size of one coded event (its largest form is 68 bytes).
 pub(crate) const EV_MAX: usize = 128;
 
-/// Codes `op` (whose offset and size the caller has checked: `off` and `size` are their
-/// `TorchDelta` forms) into `b`; returns its length. Updates the model and the context.
+/// True when a `TorchRun` event can hold `op`'s offset into its segment and its size (the
+/// caller writes a `Torch` record otherwise). One test for the usual values (a size under
+/// 2^63, an offset of magnitude under 2^62), the exact forms for the rest.
 #[inline(always)]
-pub(crate) fn encode(
-    m: &mut Model,
-    cx: &mut Ctx,
-    op: &TorchOp,
-    off: u64,
-    size: u64,
-    b: &mut [u8; EV_MAX],
-) -> usize {
+pub(crate) fn holds(op: &TorchOp) -> bool {
+    let off = op.addr.wrapping_sub(op.segment);
+    (op.size | off.wrapping_add(1 << 62)) >> 63 == 0
+        || torch_offset(off).is_some() && torch_size(op.size).is_some()
+}
+
+/// Codes `op` (which [`holds`] accepts) into `b`; returns its length. Updates the model and
+/// the context. The usual event (its place in a ring, or predicted) takes no varint: the
+/// offset and size forms are made only where they are written.
+#[inline(always)]
+pub(crate) fn encode(m: &mut Model, cx: &mut Ctx, op: &TorchOp, b: &mut [u8; EV_MAX]) -> usize {
     let slot = m.slot();
     let p = m.table[slot];
     let mt = meta(op.stack, op.action, m.epoch);
-    let same_place = op.tid == cx.tid && op.device == m.device && op.stream == m.stream;
-    let predicted = p.meta == mt && p.size == op.size && same_place;
+    // One test for the prediction: every compared field XORed into one word.
+    let predicted = ((p.meta ^ mt)
+        | (p.size ^ op.size)
+        | (op.tid ^ cx.tid) as u64
+        | (op.device ^ m.device) as u64
+        | (op.stream ^ m.stream))
+        == 0;
     let place = Place {
         addr: op.addr,
         seg: op.segment,
     };
-    let found = m.find(op.action, place);
+    let fs = find_slot(op.addr);
+    let found = m.find(op.action, place, fs);
     let dt = op.t_ns.wrapping_sub(cx.t);
-    let tf = if dt < 1 << 8 {
-        0
-    } else if dt < 1 << 16 {
-        1
-    } else if dt < 1 << 24 {
-        2
-    } else {
-        TIME_VARINT
-    };
     let mut n = 1;
     if !predicted {
-        n = explicit_fields(b, op, size, cx, m);
+        n = explicit_fields(b, op, cx, m);
     }
     let pc = match found {
         Some(j) => j,
-        None => {
-            let s = &mut m.segments;
-            let k = if op.segment == s[0] {
-                0
-            } else if op.segment == s[1] {
-                s.swap(0, 1);
-                1
-            } else if op.segment == s[2] {
-                *s = [s[2], s[0], s[1]];
-                2
-            } else {
-                n = wv(
-                    b,
-                    n,
-                    crate::wire::zigzag(op.segment.wrapping_sub(s[0]) as i64),
-                );
-                *s = [op.segment, s[0], s[1]];
-                torch_head::SEGMENT_NEW
-            };
-            n = wv(b, n, off);
-            RING_REFS + k
-        }
+        None => explicit_place(b, &mut n, op, m),
     };
-    b[0] = tf | (!predicted as u8) << 2 | pc << CTRL_PLACE_SHIFT;
-    if tf == TIME_VARINT {
-        n = wv(b, n, crate::wire::zigzag(dt as i64));
-    } else {
-        // Four bytes stored, 1-3 kept: one store. (n <= 52 here: never past the scratch.)
+    let ctrl = (!predicted as u8) << 2 | pc << CTRL_PLACE_SHIFT;
+    if dt < 1 << 24 {
+        // 1-3 bytes: four stored, the form from the highest set bit. (n <= 52 here: never
+        // past the scratch.)
+        let tf = ((64 - (dt | 1).leading_zeros() as u8 - 1) >> 3).min(2);
+        b[0] = ctrl | tf;
         if let Some(w) = b.get_mut(n..n + 4) {
             w.copy_from_slice(&(dt as u32).to_le_bytes());
         }
         n += tf as usize + 1;
+    } else {
+        b[0] = ctrl | TIME_VARINT;
+        n = wv(b, n, crate::wire::zigzag(dt as i64));
     }
     cx.t = op.t_ns;
-    m.learn(slot, mt, op.size, op.stack, op.action, place);
+    m.learn(slot, mt, op.size, op.stack, op.action, place, fs);
     n
+}
+
+/// An address not found in the rings: its segment as one of the three most recent or as a
+/// difference from the newest, then its offset; returns the control byte's place.
+#[inline(always)]
+fn explicit_place(b: &mut [u8; EV_MAX], n: &mut usize, op: &TorchOp, m: &mut Model) -> u8 {
+    let s = &mut m.segments;
+    let k = if op.segment == s[0] {
+        0
+    } else if op.segment == s[1] {
+        s.swap(0, 1);
+        1
+    } else if op.segment == s[2] {
+        *s = [s[2], s[0], s[1]];
+        2
+    } else {
+        *n = wv(
+            b,
+            *n,
+            crate::wire::zigzag(op.segment.wrapping_sub(s[0]) as i64),
+        );
+        *s = [op.segment, s[0], s[1]];
+        torch_head::SEGMENT_NEW
+    };
+    let off = torch_offset(op.addr.wrapping_sub(op.segment)).unwrap_or(0);
+    *n = wv(b, *n, off);
+    RING_REFS + k
 }
 
 /// The fields of an event the model did not predict (a `TorchDelta` head byte, then what it
 /// says follows, then the size), from `b[1]`; sets the context's thread and place. Out of
 /// line: the rarer form.
 #[inline(never)]
-fn explicit_fields(
-    b: &mut [u8; EV_MAX],
-    op: &TorchOp,
-    size: u64,
-    cx: &mut Ctx,
-    m: &mut Model,
-) -> usize {
+fn explicit_fields(b: &mut [u8; EV_MAX], op: &TorchOp, cx: &mut Ctx, m: &mut Model) -> usize {
     let mut head = op.action.min(torch_head::ACTION_ESCAPE);
     if op.tid != cx.tid {
         head |= torch_head::TID;
@@ -295,7 +312,7 @@ fn explicit_fields(
     cx.tid = op.tid;
     m.device = op.device;
     m.stream = op.stream;
-    wv(b, n, size)
+    wv(b, n, torch_size(op.size).unwrap_or(0))
 }
 
 /// Decodes one event of a run from `c` (positioned at its control byte): the inverse of
@@ -384,6 +401,7 @@ pub(crate) fn decode(m: &mut Model, cx: &mut Ctx, c: &mut Cur) -> Result<TorchOp
         stack,
         action,
         place,
+        find_slot(place.addr),
     );
     Ok(TorchOp {
         t_ns,

@@ -132,9 +132,15 @@ fn garbage_after_the_last_frame_keeps_every_frame_before_it() {
         let t = trunc.expect("the trace is marked cut");
         assert_eq!(t.offset, bytes.len() as u64);
         match &t.reason {
-            TruncationReason::Damaged { frame, skipped, .. } => {
+            TruncationReason::Damaged {
+                frame,
+                skipped,
+                skipped_exact,
+                ..
+            } => {
                 assert_eq!(*frame, frames + 1);
                 assert_eq!(*skipped, tail.len() as u64);
+                assert!(*skipped_exact);
             }
             r => panic!("{r:?}"),
         }
@@ -298,7 +304,7 @@ fn hostile_lengths_do_not_allocate() {
     let t = trunc.unwrap();
     assert_eq!(t.offset, first as u64);
     assert!(
-        matches!(&t.reason, TruncationReason::Damaged { frame: 1, skipped, what }
+        matches!(&t.reason, TruncationReason::Damaged { frame: 1, skipped, skipped_exact: true, what }
             if *skipped == (b.len() - first) as u64 && what.contains("impossible lengths")),
         "{t:?}"
     );

@@ -300,3 +300,127 @@ fn first_run_of_an_encoder_without_context_has_its_header() {
     enc.clear();
     check(&mut enc, "taken, then cleared");
 }
+
+/// Tag 25 is a `TorchRun` only in format 4 and later: a row frame of a version 1, 2 or 3 file
+/// that holds one (its writer never wrote one: damage, or a v4 frame spliced into an older
+/// file) reads as a corrupt record, its events not decoded with v4's rules; a columnar frame
+/// with a torch stream is a corrupt frame there (10 streams where 9 are expected). The same
+/// bytes read as version 4 give the events back.
+#[test]
+fn torch_runs_in_older_versions_are_corrupt_records() {
+    let (_, ev) = run_trace();
+    let (recs, _) = run_records(&ev);
+    for layout in [FrameLayout::Rows, FrameLayout::Columnar] {
+        let bytes = frame_of(&recs, layout);
+        let (_, got, errs, _) = read_all(&bytes).unwrap();
+        assert!(errs.is_empty(), "{errs:?}");
+        assert_eq!(got, ev);
+        // (Columnar frames are format 2 and later: a version 1 reader does not take them.)
+        let first = if layout == FrameLayout::Columnar {
+            2
+        } else {
+            1
+        };
+        for v in first..4u32 {
+            let mut old = bytes.clone();
+            old[14..18].copy_from_slice(&v.to_le_bytes());
+            let (h, got, errs, _) = read_all(&old).unwrap();
+            assert_eq!(h.format_version, v);
+            assert!(
+                got.is_empty(),
+                "version {v}, {layout:?}: {} events",
+                got.len()
+            );
+            let e = errs.first().expect("an error");
+            match layout {
+                FrameLayout::Rows => {
+                    assert_eq!(errs.len(), 1, "version {v}: {errs:?}");
+                    assert!(
+                        matches!(e.kind, DecodeErrorKind::CorruptRecord(_))
+                            && e.to_string().contains("tag 25"),
+                        "version {v}: {e}"
+                    );
+                }
+                _ => assert!(
+                    matches!(e.kind, DecodeErrorKind::CorruptFrame(_)),
+                    "version {v}: {e}"
+                ),
+            }
+        }
+    }
+}
+
+/// `push_torch_all` (the writer thread's call for a row of a thread's `Torch` entries) writes
+/// the bytes that `push_torch` of each event writes, with the same statistics: in rows of
+/// every length, cut anywhere, with events no `TorchRun` holds (a `Torch` record between two
+/// runs) among them, after other records, and across the run's length limit (2^21 bytes).
+#[test]
+fn push_torch_all_writes_what_push_torch_writes() {
+    let ev: Vec<TorchOp> = gpt2_events()
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::Torch(op) => Some(op),
+            _ => None,
+        })
+        .collect();
+    let odd = |op: &TorchOp| TorchOp {
+        size: u64::MAX - 3,
+        ..op.clone()
+    };
+    // The events, with a few no run holds; then as many again, to pass 2^21 bytes of runs.
+    let mut all: Vec<TorchOp> = Vec::new();
+    for (i, op) in ev.iter().enumerate() {
+        all.push(op.clone());
+        if i % 997 == 5 {
+            all.push(odd(op));
+        }
+    }
+    let one = |ops: &[TorchOp], rows: &[usize], sync_every: usize| {
+        let mut a = RecordEncoder::new();
+        let mut b = RecordEncoder::new();
+        a.begin(7);
+        b.begin(7);
+        let mut at = 0;
+        for (k, &n) in rows.iter().cycle().enumerate() {
+            if at >= ops.len() {
+                break;
+            }
+            let row = &ops[at..(at + n).min(ops.len())];
+            for op in row {
+                a.push_torch(op);
+            }
+            b.push_torch_all(row);
+            if k % sync_every == sync_every - 1 {
+                // Another record between rows: the next row opens a new run.
+                let s = Event::Sync {
+                    t_ns: row[0].t_ns,
+                    tid: 7,
+                    device: 0,
+                    kind: SyncKind::ProcessDevice,
+                    stream: 0,
+                    latency_ns: 10,
+                };
+                a.push(&s);
+                b.push(&s);
+            }
+            at += row.len();
+        }
+        assert_eq!(a.bytes(), b.bytes(), "rows {rows:?}");
+        let (sa, sb) = (a.stats(), b.stats());
+        assert_eq!(
+            (sa.records, sa.t_min, sa.t_max, a.torch_bytes()),
+            (sb.records, sb.t_min, sb.t_max, b.torch_bytes())
+        );
+        a.bytes().len()
+    };
+    for rows in [&[1usize][..], &[2, 3], &[7, 1, 64], &[1000], &[100_000]] {
+        one(&all, rows, 5);
+    }
+    // One run of more than 2^21 bytes' worth of events (no other record, no odd event): the
+    // run is closed and a new one opened at the limit, by both.
+    let mut long = Vec::new();
+    while long.len() < 600_000 {
+        long.extend_from_slice(&ev);
+    }
+    assert!(one(&long, &[100_000, 3], usize::MAX) > 1 << 21);
+}

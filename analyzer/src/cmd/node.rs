@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
+use vramshim_analyzer::render::one_line;
 use vramshim_region::registry::{self, FLAG_WAITING, Registered, Registry};
 use vramshim_region::spec::human_bytes;
 
@@ -70,14 +71,6 @@ fn short_id(id: &str) -> &str {
     id.get(..12).unwrap_or(id)
 }
 
-/// A name a process chose (its command name, `VRAMSHIM_SHARED`, its cgroup's words) as a
-/// terminal line may show it: control characters (escape sequences, line breaks) as `?`.
-pub(crate) fn shown(text: &str) -> String {
-    text.chars()
-        .map(|c| if c.is_control() { '?' } else { c })
-        .collect()
-}
-
 fn opt_bytes(c: Option<u64>) -> String {
     c.map_or_else(|| "none".into(), human_bytes)
 }
@@ -140,9 +133,9 @@ pub(crate) fn render_text(path: &Path, procs: &Result<Vec<Registered>, String>) 
             o.push_str(&format!(
                 "    {:<8} {:<16} {:<16} {:<12} {:>12} {:>12} {:>12} {:>12} {:>8} {:>5} {}\n",
                 p.pid,
-                shown(&p.identity.cmd),
-                shown(group),
-                shown(container),
+                one_line(&p.identity.cmd),
+                one_line(group),
+                one_line(container),
                 human_bytes(d.used),
                 human_bytes(d.peak),
                 opt_bytes(d.cap),
@@ -160,7 +153,7 @@ pub(crate) fn render_text(path: &Path, procs: &Result<Vec<Registered>, String>) 
     let idle: Vec<String> = procs
         .iter()
         .filter(|p| p.devices.is_empty())
-        .map(|p| format!("{} ({})", p.pid, shown(&p.identity.cmd)))
+        .map(|p| format!("{} ({})", p.pid, one_line(&p.identity.cmd)))
         .collect();
     if !idle.is_empty() {
         o.push_str(&format!("  no device memory yet: {}\n", idle.join(", ")));
@@ -197,7 +190,7 @@ pub(crate) fn render_text(path: &Path, procs: &Result<Vec<Registered>, String>) 
         let pids: Vec<String> = members.iter().map(|p| p.pid.to_string()).collect();
         o.push_str(&format!(
             "  group {}: pids {}; {}\n",
-            shown(g),
+            one_line(g),
             pids.join(" "),
             if gpus.is_empty() {
                 "no device memory yet".to_string()
@@ -342,8 +335,9 @@ mod tests {
     }
 
     /// A process's own words (its command name, which it may set to anything, and its group)
-    /// reach the terminal without their control characters: no escape sequence is passed
-    /// through, no line is broken.
+    /// reach the terminal escaped as every other string from elsewhere
+    /// (`vramshim_analyzer::terminal`): no escape sequence is passed through, no line is
+    /// broken, no line is shown reversed.
     #[test]
     fn names_reach_the_terminal_without_control_characters() {
         let (dir, path, r, me, s) = trainer_in_job("names", Default::default());
@@ -351,15 +345,19 @@ mod tests {
             uid: uid(),
             start_ticks: 1,
             cmd: "a\x1b]0;t\x07\n".into(),
-            group: "g\x1b[2J".into(),
+            group: "g\x1b[2J\u{202e}x".into(),
             container: Default::default(),
         };
         assert_eq!(r.register(me, &id), Some(s));
         r.publish_device(s, 0, &own_cap_1gib(None));
         let text = render_text(&path, &read(&path));
         assert!(!text.contains('\x1b') && !text.contains('\x07'), "{text:?}");
-        assert!(text.contains("a?]0;t??"), "{text:?}");
-        assert!(text.contains("group g?[2J: pids"), "{text:?}");
+        assert!(text.contains("a\\u{1b}]0;t\\u{7}\\n"), "{text:?}");
+        assert!(
+            text.contains("group g\\u{1b}[2J\\u{202e}x: pids"),
+            "{text:?}"
+        );
+        assert!(!text.contains('\u{202e}'), "{text:?}");
         // Rows and group lines only: a broken line would add one.
         assert_eq!(text.lines().count(), 5, "{text:?}");
         r.unregister(s, me);

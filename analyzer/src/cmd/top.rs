@@ -196,7 +196,7 @@ fn render_text(views: &[View]) -> String {
                 } else {
                     "(dead)".into()
                 };
-                o.push_str(&format!("  {:<8} {:<16}", p.pid, super::node::shown(&comm)));
+                o.push_str(&format!("  {:<8} {:<16}", p.pid, one_line(&comm)));
                 for &d in &devs {
                     o.push_str(&format!(" {:>12}", human_bytes(p.used[d])));
                 }

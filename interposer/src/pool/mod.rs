@@ -210,32 +210,39 @@ fn read_mode() -> bool {
     };
     if m == ON {
         // per-thread caches of stream-ordered frees: off under the pool's fault switches
-        // (their tests exercise the pool's own rules)
-        match crate::config::var("VRAMSHIM_POOL_DEBUG").map(str::trim) {
-            None | Some("") => {}
-            Some("tcache-any-stream") => {
-                // testing only: break stream order in the thread caches
-                crate::warn!(
-                    "VRAMSHIM_POOL_DEBUG=tcache-any-stream: freed blocks are reused on any stream (testing only)"
-                );
-                tcache::configure(true, true, false);
-            }
-            Some("tcache-no-round-end") => {
-                // testing only: rounds of a tight pool end only where the caches are drained
-                // for another reason
-                crate::warn!(
-                    "VRAMSHIM_POOL_DEBUG=tcache-no-round-end: the thread caches are not given back at a round end (testing only)"
-                );
-                tcache::configure_no_round_end();
-            }
-            Some("tcache-no-drain") => {
-                // testing only: the pool never sees the threads' freed blocks
-                crate::warn!(
-                    "VRAMSHIM_POOL_DEBUG=tcache-no-drain: the thread caches are never drained (testing only)"
-                );
-                tcache::configure(true, false, true);
-            }
-            Some(_) => tcache::configure(false, false, false),
+        // (their tests exercise the pool's own rules); the `tcache-*` names break the caches
+        // themselves instead, and may be combined
+        let any_stream = crate::config::switch_on("VRAMSHIM_POOL_DEBUG", "tcache-any-stream");
+        let no_drain = crate::config::switch_on("VRAMSHIM_POOL_DEBUG", "tcache-no-drain");
+        let no_round_end = crate::config::switch_on("VRAMSHIM_POOL_DEBUG", "tcache-no-round-end");
+        if any_stream {
+            // testing only: break stream order in the thread caches
+            crate::warn!(
+                "VRAMSHIM_POOL_DEBUG=tcache-any-stream: freed blocks are reused on any stream (testing only)"
+            );
+        }
+        if no_drain {
+            // testing only: the pool never sees the threads' freed blocks
+            crate::warn!(
+                "VRAMSHIM_POOL_DEBUG=tcache-no-drain: the thread caches are never drained (testing only)"
+            );
+        }
+        if no_round_end {
+            // testing only: rounds of a tight pool end only where the caches are drained
+            // for another reason
+            crate::warn!(
+                "VRAMSHIM_POOL_DEBUG=tcache-no-round-end: the thread caches are not given back at a round end (testing only)"
+            );
+            tcache::configure_no_round_end();
+        }
+        if any_stream || no_drain {
+            tcache::configure(true, any_stream, no_drain);
+        } else if !no_round_end
+            && crate::config::switch_names("VRAMSHIM_POOL_DEBUG")
+                .next()
+                .is_some()
+        {
+            tcache::configure(false, false, false);
         }
     }
     let _ = MODE.compare_exchange(UNREAD, m, Ordering::Relaxed, Ordering::Relaxed);
@@ -495,13 +502,13 @@ fn create_pool(pools: &mut Pools, req: &request::Request) -> Result<(), String> 
         match CudaDevice::new(req.device, peers_of(req.device)) {
             Ok(dev) => {
                 let mut policy = Stitch::new();
-                let mut runs = false;
-                if let Some((faults, r)) = debug_faults() {
+                let (mut runs, mut kept) = (false, false);
+                if let Some((faults, r, k)) = debug_faults() {
                     policy.set_faults(faults);
-                    runs = r;
+                    (runs, kept) = (r, k);
                 }
                 let budget = configured_budget();
-                let policy = policy.with_budget(budget).with_runs(runs);
+                let policy = policy.with_budget(budget).with_runs(runs).with_kept(kept);
                 pools.devs[d] = Some(DevicePool {
                     policy,
                     dev,
@@ -517,68 +524,83 @@ fn create_pool(pools: &mut Pools, req: &request::Request) -> Result<(), String> 
 
 /// Testing only (`VRAMSHIM_POOL_DEBUG`): the pool's rules broken on purpose, to prove the
 /// tests that check them can fail; said once per pool made. Several may be named, separated
-/// by commas (`lazy-sync,pressure-off`); any name not listed here: none.
+/// by commas (`lazy-sync,pressure-off`), with other readers' names (`config::switch_on`);
+/// none of these: none.
 /// Also says whether the arena grows by runs of pages under one handle
 /// (`Stitch::with_runs`, off by default: `runs` turns it on to test the multi-page handles
-/// live, `stitch-run-pages` with the rule that such a page is mapped only with its run broken).
-fn debug_faults() -> Option<(vramshim_pool::stitch::Faults, bool)> {
+/// live, `stitch-run-pages` with the rule that such a page is mapped only with its run broken),
+/// and whether smaller blocks are carved out of kept ranges (`Stitch::with_kept`, off by
+/// default: `kept` turns it on to test it live, `kept-over-live` with the rule that a carve
+/// leaves a range's live blocks alone broken).
+fn debug_faults() -> Option<(vramshim_pool::stitch::Faults, bool, bool)> {
+    use crate::config::switch_on;
     use vramshim_pool::stitch::Faults;
-    let v = crate::config::var("VRAMSHIM_POOL_DEBUG")?;
     let mut f = Faults::default();
     let mut runs = false;
-    let mut what = String::new();
-    for name in v.split(',').map(str::trim) {
-        let this = match name {
-            // The arena grows by runs (one handle of several pages): the multi-page handles'
-            // live tests.
-            "runs" => {
-                runs = true;
-                "grows its arena by runs of pages"
-            }
-            // ... and maps a page of a run alone (the handle's first page, in fact): the test
-            // that a run is only ever mapped whole.
-            "stitch-run-pages" => {
-                runs = true;
-                f.stitch_run_pages = true;
-                "maps pages of a run alone"
-            }
-            // The old synchronization choices (looser packing): the tightness test.
-            "lazy-sync" => {
-                f.lazy_sync = true;
-                "packs as before its tightness fix"
-            }
-            // The reuse rules: the early-reuse tests.
-            "reuse-early" => {
-                f.reuse_sync_frees_early = true;
-                f.ignore_streams = true;
-                "reuses freed memory too early"
-            }
-            // Lays a repeated round out afresh instead of replaying the previous round's
-            // places: the steady-state test (no driver call after the first pass).
-            "forget-rounds" => {
-                f.forget_rounds = true;
-                "does not replay a repeated round's places"
-            }
-            // Grows and caches as if there were no budget: the budget's test.
-            "ignore-budget" => {
-                f.ignore_budget = true;
-                "ignores its budget"
-            }
-            // Never looks at the device's room: the smallest-device tests (near the limit
-            // the pool re-forms its rounds' mappings and dissolves before it grows).
-            "pressure-off" => {
-                f.pressure_off = true;
-                "ignores how close the device is to full"
-            }
-            _ => return None,
-        };
-        if !what.is_empty() {
-            what.push_str(" and ");
-        }
-        what.push_str(this);
+    let mut kept = false;
+    let mut what = Vec::new();
+    // Kept ranges (smaller blocks carved best fit out of the places large blocks had): their
+    // live test.
+    if switch_on("VRAMSHIM_POOL_DEBUG", "kept") {
+        kept = true;
+        what.push("carves blocks out of kept ranges");
     }
-    crate::warn!("VRAMSHIM_POOL_DEBUG={v}: the pool {what} (testing only)");
-    Some((f, runs))
+    // ... and carved over the live blocks of a range: the test that a carve leaves them alone.
+    if switch_on("VRAMSHIM_POOL_DEBUG", "kept-over-live") {
+        kept = true;
+        f.kept_over_live = true;
+        what.push("carves over live blocks of kept ranges");
+    }
+    // The arena grows by runs (one handle of several pages): the multi-page handles' live
+    // tests.
+    if switch_on("VRAMSHIM_POOL_DEBUG", "runs") {
+        runs = true;
+        what.push("grows its arena by runs of pages");
+    }
+    // ... and maps a page of a run alone (the handle's first page, in fact): the test that a
+    // run is only ever mapped whole.
+    if switch_on("VRAMSHIM_POOL_DEBUG", "stitch-run-pages") {
+        runs = true;
+        f.stitch_run_pages = true;
+        what.push("maps pages of a run alone");
+    }
+    // The old synchronization choices (looser packing): the tightness test.
+    if switch_on("VRAMSHIM_POOL_DEBUG", "lazy-sync") {
+        f.lazy_sync = true;
+        what.push("packs as before its tightness fix");
+    }
+    // The reuse rules: the early-reuse tests.
+    if switch_on("VRAMSHIM_POOL_DEBUG", "reuse-early") {
+        f.reuse_sync_frees_early = true;
+        f.ignore_streams = true;
+        what.push("reuses freed memory too early");
+    }
+    // Lays a repeated round out afresh instead of replaying the previous round's places: the
+    // steady-state test (no driver call after the first pass).
+    if switch_on("VRAMSHIM_POOL_DEBUG", "forget-rounds") {
+        f.forget_rounds = true;
+        what.push("does not replay a repeated round's places");
+    }
+    // Grows and caches as if there were no budget: the budget's test.
+    if switch_on("VRAMSHIM_POOL_DEBUG", "ignore-budget") {
+        f.ignore_budget = true;
+        what.push("ignores its budget");
+    }
+    // Never looks at the device's room: the smallest-device tests (near the limit the pool
+    // re-forms its rounds' mappings and dissolves before it grows).
+    if switch_on("VRAMSHIM_POOL_DEBUG", "pressure-off") {
+        f.pressure_off = true;
+        what.push("ignores how close the device is to full");
+    }
+    if what.is_empty() {
+        return None;
+    }
+    crate::warn!(
+        "VRAMSHIM_POOL_DEBUG={}: the pool {} (testing only)",
+        crate::config::var("VRAMSHIM_POOL_DEBUG").unwrap_or(""),
+        what.join(" and ")
+    );
+    Some((f, runs, kept))
 }
 
 /// Bit `d`: device `d` has a pool (set when made, cleared when reset).
@@ -774,7 +796,7 @@ pub(crate) fn on_peer_access(owner: i32, accessor: i32) {
     {
         return;
     }
-    if crate::config::var("VRAMSHIM_POOL_DEBUG") == Some("no-peer") {
+    if crate::config::switch_on("VRAMSHIM_POOL_DEBUG", "no-peer") {
         // testing only: ignore the grant, to prove the peer-access test can fail
         crate::warn!("VRAMSHIM_POOL_DEBUG=no-peer: the pool ignores peer access (testing only)");
         return;

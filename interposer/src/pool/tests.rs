@@ -1071,6 +1071,70 @@ fn live_pool_grows_by_runs_of_pages_as_the_model() {
     );
 }
 
+/// The model of `trace` (one pass, frees as `frees`) through the tight pool with kept
+/// ranges: (driver calls, peak bytes the device held for it, blocks carved from ranges).
+fn model_with_kept(
+    trace: &std::path::Path,
+    frees: vramshim_pool::replay::Frees,
+) -> (u64, u64, u64) {
+    use vramshim_pool::replay;
+    let t = vramshim_pool::rmm_csv::parse_file(trace).unwrap();
+    let mut dev = vramshim_pool::AccountingDevice::new(replay::UNLIMITED);
+    let mut p = vramshim_pool::stitch::Stitch::tight().with_kept(true);
+    let r = replay::run_with(&frees.apply(&t.events), &mut p, &mut dev);
+    assert!(r.completed, "{}", trace.display());
+    (r.driver_calls, r.peak_device_used, p.kept_carves())
+}
+
+/// Kept ranges live (`VRAMSHIM_POOL_DEBUG=kept`: smaller blocks carved best fit out of the
+/// places large blocks had): every shared trace, behind `cudaFree` and stream-ordered, keeps
+/// its memcpy patterns and makes the model's driver calls, with the simulated device's
+/// high-water mark within a page of the model's peak. With a carve that ignores a range's
+/// live blocks (`kept-over-live`: the new block shares their bytes) some trace's patterns
+/// break.
+#[test]
+fn live_pool_carves_kept_ranges_as_the_model() {
+    use vramshim_pool::replay::Frees;
+    const PAGE: u64 = 2 << 20;
+    let mut broken_caught = false;
+    let mut carved = 0;
+    for trace in vramshim_testkit::shipped_traces() {
+        let name = trace.file_name().unwrap().to_string_lossy().into_owned();
+        for frees in Frees::BOTH {
+            let mut args = vec!["--pattern", "memcpy", "--quiet"];
+            if frees == Frees::StreamOrdered {
+                args.push("--async");
+            }
+            let env = [("VRAMSIM_DEBUG", "1"), ("VRAMSHIM_POOL_DEBUG", "kept")];
+            let (o, hw) = pooled_run(&trace, None, &env, &args);
+            assert_exit(&o, 0, &format!("{name} {}", frees.name()));
+            assert_eq!(field(&o.stdout, "mismatches"), 0, "{name}");
+            let calls = sim_memory_calls(&o.stderr);
+            let (model_calls, model_peak, carves) = model_with_kept(&trace, frees);
+            eprintln!(
+                "{name} {}: kept ranges ({carves} carves), driver calls model {model_calls}, live {calls}; peak model {model_peak} B, live {hw} B",
+                frees.name()
+            );
+            carved += carves;
+            assert_eq!(calls, model_calls, "{name} {}", frees.name());
+            assert!(
+                model_peak.abs_diff(hw) <= PAGE,
+                "{name}: {model_peak} vs {hw}"
+            );
+            let env = [("VRAMSHIM_POOL_DEBUG", "kept-over-live")];
+            let (o, _) = pooled_run(&trace, None, &env, &args);
+            let bad = o.code() != Some(0) || field(&o.stdout, "mismatches") > 0;
+            eprintln!("{name} {}: kept-over-live broke it: {bad}", frees.name());
+            broken_caught |= bad;
+        }
+    }
+    assert!(carved > 0, "no trace carved a block out of a kept range");
+    assert!(
+        broken_caught,
+        "kept-over-live: every trace kept its patterns"
+    );
+}
+
 /// The model of `tests/workloads/pool/round_end.c` (the tight pool on the accounting device,
 /// every free reaching it): its statistics after the last allocation, as the program prints
 /// them.

@@ -49,6 +49,7 @@ mod pyframes;
 mod slots;
 mod stack_keys;
 mod stacks;
+mod tick_hook;
 pub mod torch;
 mod writer;
 
@@ -155,6 +156,7 @@ pub(crate) fn on_fork_child() {
     writer::on_fork_child();
     slots::on_fork_child();
     stacks::on_fork_child();
+    tick_hook::on_fork_child();
     torch::on_fork_child();
     pyframes::reset_in_child();
 }
@@ -336,5 +338,21 @@ pub mod testing {
     /// What the writer counted as lost so far.
     pub fn lost() -> u64 {
         writer::lost_total()
+    }
+
+    pub use super::tick_hook::TickPoint;
+
+    /// Calls `hook` at the points of every tick of the trace writer (see [`TickPoint`]), on
+    /// the thread running the tick with the writer's lock held, until it is removed (`None`);
+    /// a test holds a tick there (the hook waits) while its threads act, to hit a window
+    /// between the tick's steps every time. The hook must not emit events or exit.
+    pub fn on_tick(hook: Option<Box<dyn FnMut(TickPoint) + Send>>) {
+        super::tick_hook::set(hook);
+    }
+
+    /// Bytes handed over to the writer and not yet written (a thread's full buffer adds 64 KiB
+    /// when it is handed over).
+    pub fn backlog() -> usize {
+        writer::backlog()
     }
 }

@@ -194,11 +194,13 @@ pub(crate) fn encode(enc: &mut RecordEncoder, b: &mut Buf) {
     let mut ns = super::clock::ToNs::new();
     let mut live = [0i64; MAX_DEV];
     let mut others = b.others.iter_mut();
-    for (i, r) in b.raw.iter().enumerate() {
+    let mut i = 0;
+    while let Some(r) = b.raw.get(i) {
         if i == 0 && r.kind != Kind::Context {
             // Never built that way; a run of records must start with a context.
             enc.context(0);
         }
+        i += 1;
         match r.kind {
             Kind::Context => enc.context(r.op.tid),
             Kind::Alloc | Kind::Free => {
@@ -210,9 +212,18 @@ pub(crate) fn encode(enc: &mut RecordEncoder, b: &mut Buf) {
                 enc.push_memop(r.kind == Kind::Alloc, &op);
             }
             Kind::Torch => {
-                let mut t = torch_of(&r.op);
-                t.t_ns = ns.get(t.t_ns);
-                enc.push_torch(&t);
+                // This entry and the `Torch` entries after it, coded in one call (one run
+                // header, the coder's state in registers: `push_torch_all`).
+                let n = b.raw[i..]
+                    .iter()
+                    .position(|r| r.kind != Kind::Torch)
+                    .unwrap_or(b.raw.len() - i);
+                enc.push_torch_all(b.raw[i - 1..i + n].iter().map(|r| {
+                    let mut t = torch_of(&r.op);
+                    t.t_ns = ns.get(t.t_ns);
+                    t
+                }));
+                i += n;
             }
             Kind::Other => {
                 if let Some(e) = others.next() {
@@ -380,7 +391,8 @@ impl Drop for Guard<'_> {
 
 /// Iterate over all slots of this process's registry.
 pub(crate) fn for_each(mut f: impl FnMut(&'static Slot)) {
-    let mut p = HEAD.load(Ordering::Acquire);
+    // SeqCst: see `claim` (a slot linked before the exit path's close is listed here).
+    let mut p = HEAD.load(Ordering::SeqCst);
     while !p.is_null() {
         // SAFETY: slots are leaked and never freed.
         let s: &'static Slot = unsafe { &*p };
@@ -422,7 +434,7 @@ fn claim(tid: u32) -> &'static Slot {
                 match HEAD.compare_exchange_weak(
                     head,
                     s as *const Slot as *mut Slot,
-                    Ordering::AcqRel,
+                    Ordering::SeqCst,
                     Ordering::Relaxed,
                 ) {
                     Ok(_) => break,
@@ -436,6 +448,12 @@ fn claim(tid: u32) -> &'static Slot {
     {
         let g = slot.lock();
         let inner = g.inner();
+        // Checked after linking the slot (SeqCst, as the exit path's close): either the exit
+        // path's drain lists this slot, or this sees the writer closing.
+        if !writer::running_seqcst() {
+            writer::refused(1);
+            return slot;
+        }
         // A reused slot may still hold its previous thread's events: a new context either way.
         inner.buf.context(tid);
         inner.buf.put(
@@ -463,6 +481,7 @@ fn my_slot() -> &'static Slot {
 #[inline]
 pub(crate) fn emit(mut ev: Event) {
     if !writer::ensure_started() {
+        writer::refused(1);
         return;
     }
     let slot = my_slot();
@@ -484,6 +503,12 @@ pub(crate) fn emit(mut ev: Event) {
 #[inline]
 fn put_after(slot: &'static Slot, records: Vec<Event>, ev: Event) {
     let g = slot.enter();
+    if !writer::running() {
+        // Checked inside the slot: the exit path may have taken the last buffers since
+        // `ensure_started` (its `Stack` records are not events).
+        writer::refused(1);
+        return;
+    }
     let inner = g.inner();
     for r in records {
         inner.buf.put(slot, r);
@@ -518,7 +543,7 @@ pub(crate) fn emit_memop<const ALLOC: bool>(m: &MemOp) {
 /// slow path).
 #[inline(always)]
 fn put_fast(kind: Kind, op: impl FnOnce() -> MemOp) -> bool {
-    if !writer::running() || !barrier::available() {
+    if !barrier::available() {
         return false;
     }
     let p = my_slot_ptr().get() as *const Slot;
@@ -535,7 +560,10 @@ fn put_fast(kind: Kind, op: impl FnOnce() -> MemOp) -> bool {
     let inner = unsafe { &mut *slot.inner.get() };
     let raw = &mut inner.buf.raw;
     let len = raw.len();
-    if len == 0 || len == raw.capacity() || len + 1 >= inner.next_try {
+    // The writer's state is read inside the window: a window opened after the exit path's
+    // barrier sees it closing (the slow path then counts the event), and one opened before
+    // is waited for by its drain, which takes what it appended.
+    if !writer::running() || len == 0 || len == raw.capacity() || len + 1 >= inner.next_try {
         slot.bias.leave_window();
         return false;
     }
@@ -555,6 +583,7 @@ fn put_fast(kind: Kind, op: impl FnOnce() -> MemOp) -> bool {
 #[inline(never)]
 fn emit_memop_slow<const ALLOC: bool>(m: &MemOp) {
     if !writer::ensure_started() {
+        writer::refused(1);
         return;
     }
     let slot = my_slot();
@@ -562,6 +591,10 @@ fn emit_memop_slow<const ALLOC: bool>(m: &MemOp) {
         return emit_memop_stack(slot, ALLOC, m);
     }
     let g = slot.enter();
+    if !writer::running() {
+        writer::refused(1);
+        return;
+    }
     let inner = g.inner();
     inner.buf.put_op::<ALLOC>(slot, m);
     if inner.buf.len() >= inner.next_try {
@@ -640,10 +673,15 @@ pub(crate) fn emit_torch(t: &TorchOp) {
 #[inline(never)]
 fn emit_torch_slow(t: &TorchOp) {
     if !writer::ensure_started() {
+        writer::refused(1);
         return;
     }
     let slot = my_slot();
     let g = slot.enter();
+    if !writer::running() {
+        writer::refused(1);
+        return;
+    }
     let inner = g.inner();
     inner.buf.put_torch(slot, torch_entry(t));
     if inner.buf.len() >= inner.next_try {
@@ -765,11 +803,12 @@ fn wait_for_writer() {
 
 /// Writer side: take every slot's partial buffer. `f` gets `None` first, while the slots the
 /// buffers came from are still held (to write the buffers their owners handed over before:
-/// older than the partial ones), then each buffer (to [`encode`]).
-pub(crate) fn drain_all(f: impl FnMut(Option<Buf>), spins: u32) {
+/// older than the partial ones), then each buffer (to [`encode`]). False when nothing could
+/// be taken (the barrier failed: the buffers wait for the next time).
+pub(crate) fn drain_all(f: impl FnMut(Option<Buf>), spins: u32) -> bool {
     let mut all = Vec::new();
     for_each(|s| all.push(s));
-    drain(&all, f, spins);
+    drain(&all, f, spins)
 }
 
 /// Claim every slot, one barrier for all of them, take each buffer, then hand them to `f`
@@ -779,13 +818,13 @@ pub(crate) fn drain_all(f: impl FnMut(Option<Buf>), spins: u32) {
 /// partial one is taken here. Writing the partial one first would put a thread's later
 /// events before its earlier ones; so the queue is emptied (`f(None)`) while every slot a
 /// buffer was taken from is still held, when no owner of one can hand anything over.
-fn drain(slots: &[&'static Slot], mut f: impl FnMut(Option<Buf>), spins: u32) {
+fn drain(slots: &[&'static Slot], mut f: impl FnMut(Option<Buf>), spins: u32) -> bool {
     let held: Vec<Guard<'static>> = slots
         .iter()
         .filter_map(|s| s.try_claim_for(spins))
         .collect();
     if held.iter().any(|g| g.how == Held::Claim) && !barrier::heavy() {
-        return; // the guards' drops withdraw the claims; the buffers wait for next time
+        return false; // the guards' drops withdraw the claims; the buffers wait for next time
     }
     // Swap the buffers out quickly (owners that meet a claim wait on the lock), write after.
     let mut taken = Vec::with_capacity(held.len());
@@ -808,6 +847,7 @@ fn drain(slots: &[&'static Slot], mut f: impl FnMut(Option<Buf>), spins: u32) {
     for buf in taken {
         f(Some(buf));
     }
+    true
 }
 
 /// Live bytes per device of every event encoded (or dropped) so far.
@@ -815,8 +855,12 @@ pub(crate) fn live_totals() -> [i64; MAX_DEV] {
     std::array::from_fn(|d| LIVE[d].load(Ordering::Relaxed))
 }
 
-/// Free the slots of threads that no longer exist (after draining them). Returns their tids.
-pub(crate) fn reap_dead(pid: u32, mut on_dead: impl FnMut(u32)) {
+/// The slots of threads that no longer exist, with their tids, for [`free_dead`]. Asked
+/// before the tick takes the buffers: a thread found alive here may append its last events
+/// and exit before they are taken, and its `ThreadExit` record would then be written before
+/// them; its slot waits for the next time instead.
+pub(crate) fn dead_threads(pid: u32) -> Vec<(&'static Slot, u32)> {
+    let mut dead = Vec::new();
     for_each(|s| {
         let tid = s.owner.load(Ordering::Relaxed);
         if tid == 0 || tid == pid {
@@ -832,15 +876,23 @@ pub(crate) fn reap_dead(pid: u32, mut on_dead: impl FnMut(u32)) {
             )
         };
         if r == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
-            // The thread is gone: its buffer was drained by the caller just before.
-            if s.owner
-                .compare_exchange(tid, 0, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-            {
-                on_dead(tid);
-            }
+            dead.push((s, tid));
         }
     });
+    dead
+}
+
+/// Frees the slots [`dead_threads`] found, once their buffers have been taken (their
+/// threads are gone: nothing was appended since). `on_dead` gets each tid freed.
+pub(crate) fn free_dead(dead: &[(&'static Slot, u32)], mut on_dead: impl FnMut(u32)) {
+    for &(s, tid) in dead {
+        if s.owner
+            .compare_exchange(tid, 0, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            on_dead(tid);
+        }
+    }
 }
 
 /// Forked child: the parent's slots belong to threads that do not exist here and may be
@@ -1019,6 +1071,54 @@ mod tests {
                 ..t.clone()
             })
             .collect();
+        assert_eq!(got, want);
+    }
+
+    /// Rows of `Torch` entries (coded in one call each) with other entries between them
+    /// decode to the events in their order, every field.
+    #[test]
+    fn rows_of_torch_entries_decode_in_order() {
+        let slot = new_slot();
+        let mut b = Buf::with_capacity(64);
+        let mut want = Vec::new();
+        for i in 0..40u64 {
+            let t = TorchOp {
+                t_ns: 0,
+                tid: 77,
+                action: (i % 3) as u8,
+                device: 0,
+                addr: 0x7f00_0000_0000 + (i % 7) * 512,
+                size: 512 << (i % 4),
+                stream: 0,
+                segment: 0x7f00_0000_0000,
+                stack: (i % 5) as u32,
+            };
+            if i % 9 == 4 {
+                b.put(slot, Event::Torch(t.clone()));
+            } else {
+                b.put_torch(slot, torch_entry(&t));
+            }
+            want.push(t);
+        }
+        let mut file = Vec::new();
+        {
+            let mut w = vramshim_trace::TraceWriter::new(&mut file, &Default::default()).unwrap();
+            let mut enc = RecordEncoder::new();
+            encode(&mut enc, &mut b);
+            w.write_records(enc.bytes(), enc.stats()).unwrap();
+            w.finish().unwrap();
+        }
+        let mut r = vramshim_trace::TraceReader::from_reader(std::io::Cursor::new(file)).unwrap();
+        let mut e = Event::Lost { t_ns: 0, count: 0 };
+        let mut got = Vec::new();
+        while r.next_into(&mut e).unwrap() {
+            if let Event::Torch(op) = &e {
+                got.push(TorchOp {
+                    t_ns: 0,
+                    ..op.clone()
+                });
+            }
+        }
         assert_eq!(got, want);
     }
 }

@@ -217,9 +217,14 @@ fn rd<T: Copy>(p: *const u8, off: usize) -> T {
     unsafe { std::ptr::read_unaligned(p.add(off) as *const T) }
 }
 
-/// A kept entry (`action`, checked by [`invoker`]).
-#[inline(never)]
+/// A kept entry (`action`, checked by [`invoker`]). A tensor's allocation and completed
+/// free (all but a few of PyTorch's calls) take the straight paths ([`tensor_alloc`],
+/// [`segment_locked`]); segment events, OOMs and the fault switch take [`on_other`].
+#[inline(always)]
 fn on_entry(e: *const u8, action: u8) {
+    if !matches!(action, act::ALLOC | act::FREE_COMPLETED) || FAULT_DROP.load(Ordering::Relaxed) {
+        return on_other(e, action);
+    }
     // A trace time (raw where the trace clock is the TSC): the writer converts it, like
     // every event's time.
     let t_ns = super::now_raw();
@@ -227,16 +232,41 @@ fn on_entry(e: *const u8, action: u8) {
     let addr = rd::<u64>(e, 8);
     let stream = rd::<u64>(e, 32);
     let size = rd::<u64>(e, 40);
+    let (segment, stack) = if action == act::ALLOC {
+        tensor_alloc(e, act::ALLOC, device, addr, size)
+    } else {
+        (segment_locked(act::FREE_COMPLETED, device, addr, size), 0)
+    };
+    super::emit_torch(&TorchOp {
+        t_ns,
+        tid: crate::sys::ids::tid(),
+        action,
+        device,
+        addr,
+        size,
+        stream,
+        segment,
+        stack,
+    });
+}
+
+/// [`on_entry`] of a segment event or an OOM, and of every entry while the fault switch
+/// drops tensor events.
+#[cold]
+#[inline(never)]
+fn on_other(e: *const u8, action: u8) {
+    let t_ns = super::now_raw();
+    let device = rd::<i8>(e, 4) as i32;
+    let addr = rd::<u64>(e, 8);
+    let stream = rd::<u64>(e, 32);
+    let size = rd::<u64>(e, 40);
     let dropped =
         FAULT_DROP.load(Ordering::Relaxed) && matches!(action, act::ALLOC | act::FREE_COMPLETED);
-    let (segment, stack) = if !matches!(action, act::ALLOC | act::OOM) || dropped {
+    let (segment, stack) = if action != act::OOM || dropped {
         // Frees and segment events: no stack.
-        (
-            segment_of(state_mut(&mut state()), action, device, addr, size),
-            0,
-        )
+        (segment_locked(action, device, addr, size), 0)
     } else {
-        with_stack(e, action, device, addr, size)
+        tensor_alloc(e, action, device, addr, size)
     };
     if dropped {
         return;
@@ -259,46 +289,74 @@ fn state_mut<'a>(g: &'a mut SpinGuard<'static, Option<State>>) -> &'a mut State 
     g.get_or_insert_with(State::default)
 }
 
-/// The segment and the Python stack of an allocation (or an OOM), with the records of a
-/// stack seen for the first time written before it.
-#[inline]
-fn with_stack(e: *const u8, action: u8, device: i32, addr: u64, size: u64) -> (u64, u32) {
-    let (ctx, ctrl) = (rd::<usize>(e, 16), rd::<usize>(e, 24));
-    if let Some(tb) = captured(ctx) {
-        // The Python stack PyTorch captured for this entry.
-        let h = tb.hash();
-        let mut g = state();
-        let st = state_mut(&mut g);
-        return (
-            segment_of(st, action, device, addr, size),
-            intern(st, h, &tb, ctrl),
-        );
+/// [`segment_of`] under the state's lock.
+#[inline(always)]
+fn segment_locked(action: u8, device: i32, addr: u64, size: u64) -> u64 {
+    segment_of(state_mut(&mut state()), action, device, addr, size)
+}
+
+/// The segment and the Python stack of an allocation (or an OOM): the allocating thread's
+/// own Python frames, read in place (this callback runs on it), or the stack PyTorch
+/// captured for the entry when it carries one ([`with_captured`]).
+#[inline(always)]
+fn tensor_alloc(e: *const u8, action: u8, device: i32, addr: u64, size: u64) -> (u64, u32) {
+    let ctx = rd::<usize>(e, 16);
+    if ctx != 0 && TRACEBACK_VPTR.load(Ordering::Relaxed) != 0 {
+        return with_captured(e, action, ctx, device, addr, size);
     }
-    // No stack captured by PyTorch (its history off, or on without Python stacks): the
-    // allocating thread's own Python frames, read in place (this callback runs on it).
-    let mut records = Vec::new();
-    let found = super::pyframes::with_keys(|w| {
+    // No stack captured by PyTorch (its history off, or on without Python stacks).
+    tensor_walk(action, device, addr, size)
+}
+
+/// [`tensor_alloc`] by the thread's own frames: a walk of their keys
+/// ([`with_keys`](super::pyframes::with_keys)), the stack found by its key in the table, and
+/// the segment, under one lock; a stack seen for the first time is named by [`new_walk`],
+/// its records written (after the lock) before the event.
+#[inline(always)]
+fn tensor_walk(action: u8, device: i32, addr: u64, size: u64) -> (u64, u32) {
+    super::pyframes::with_keys(|w| {
         let mut g = state();
         let st = state_mut(&mut g);
-        let stack = if w.is_empty() {
-            0
-        } else {
-            intern_walk(st, w, &mut records)
-        };
-        (segment_of(st, action, device, addr, size), stack)
-    });
-    // A new stack's records (its `PyCode`s and `PyStack`), after the state's lock.
-    if !records.is_empty() {
+        let segment = segment_of(st, action, device, addr, size);
+        if w.is_empty() {
+            return (segment, 0);
+        }
+        if let Some(id) = st.walks.get(w.key_hash(), |k| w.key_eq(k)) {
+            return (segment, id);
+        }
+        let (stack, records) = new_walk(st, w);
+        drop(g);
         for r in records {
             super::emit(r);
         }
-    }
-    found.unwrap_or_else(|| {
-        (
-            segment_of(state_mut(&mut state()), action, device, addr, size),
-            0,
-        )
+        (segment, stack)
     })
+    .unwrap_or_else(|| (segment_locked(action, device, addr, size), 0))
+}
+
+/// [`tensor_alloc`] of an entry with a context: the Python stack PyTorch captured when the
+/// context is one, else the thread's own frames.
+#[cold]
+#[inline(never)]
+fn with_captured(
+    e: *const u8,
+    action: u8,
+    ctx: usize,
+    device: i32,
+    addr: u64,
+    size: u64,
+) -> (u64, u32) {
+    let Some(tb) = captured(ctx) else {
+        return tensor_walk(action, device, addr, size);
+    };
+    let ctrl = rd::<usize>(e, 24);
+    let h = tb.hash();
+    let mut g = state();
+    let st = state_mut(&mut g);
+    (
+        segment_of(st, action, device, addr, size),
+        intern(st, h, &tb, ctrl),
+    )
 }
 
 /// The segment an event concerns: the one it creates or frees, or the one a tensor lies in
@@ -461,20 +519,13 @@ fn intern(st: &mut State, h: u64, tb: &Captured, ctrl: usize) -> u32 {
     id
 }
 
-/// The id of the stack our frame reader found (a walk of its keys, [`with_keys`]); a new
-/// one is named at once (its `PyCode` and `PyStack` records go to `records`), since its
-/// code objects are alive only while this thread runs them.
-///
-/// [`with_keys`]: super::pyframes::with_keys
-fn intern_walk(
-    st: &mut State,
-    walk: &mut super::pyframes::PyWalk,
-    records: &mut Vec<Event>,
-) -> u32 {
-    let h = walk.key_hash();
-    if let Some(id) = st.walks.get(h, |k| walk.key_eq(k)) {
-        return id;
-    }
+/// A stack our frame reader found that is in no table yet: its id, and its `PyCode` and
+/// `PyStack` records to write. It is named now, since its code objects are alive only
+/// while this thread runs them.
+#[cold]
+#[inline(never)]
+fn new_walk(st: &mut State, walk: &mut super::pyframes::PyWalk) -> (u32, Vec<Event>) {
+    let mut records = Vec::new();
     if st.ids as usize >= MAX_STACKS {
         if !st.full_said {
             st.full_said = true;
@@ -482,17 +533,18 @@ fn intern_walk(
                 "{MAX_STACKS} distinct Python stacks recorded; later new stacks are not named"
             );
         }
-        return 0;
+        return (0, records);
     }
+    let h = walk.key_hash();
     let key = walk.key();
-    let Some(frames) = super::pyframes::py_frames(walk, records) else {
-        return 0;
+    let Some(frames) = super::pyframes::py_frames(walk, &mut records) else {
+        return (0, records);
     };
     st.ids += 1;
     let id = st.ids;
     st.walks.insert(h, key, id);
     records.push(Event::PyStack { id, frames });
-    id
+    (id, records)
 }
 
 // ---- attach

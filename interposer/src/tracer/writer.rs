@@ -18,6 +18,7 @@ use vramshim_trace::{DeviceInfo, Event, RecordEncoder, TraceWriter};
 
 use super::modules::ModuleMap;
 use super::slots::{self, Buf, MAX_DEV, SEND_AT};
+use super::tick_hook::{self, TickPoint};
 
 /// Buffers in flight between the application threads and the writer (64 KiB each, up to
 /// 4 MiB when the writer lags); `QUEUED` bounds the bytes.
@@ -37,17 +38,22 @@ const REAP_EVERY: u32 = 20;
 /// since format v4 their `TorchRun` payloads are stored as coded, not compressed).
 const LEVEL: i32 = 1;
 
-/// The writer's life, held in `STATE` as `u8`: idle until the first event starts it, done
-/// once the trace is finished (or could not start); a forked child begins idle again.
+/// The writer's life, held in `STATE` as `u8`: idle until the first event starts it,
+/// closing while the exit path takes the last buffers, done once the trace is finished (or
+/// could not start); a forked child begins idle again.
 #[repr(u8)]
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Life {
     Idle,
     Starting,
     Running,
+    /// The exit path is taking the last buffers: threads append nothing more, and what they
+    /// would have appended is counted in the `Lost` record that comes before the end record
+    /// ([`refused`]).
+    Closing,
     Done,
 }
-use Life::{Done, Idle, Running, Starting};
+use Life::{Closing, Done, Idle, Running, Starting};
 
 static STATE: AtomicU8 = AtomicU8::new(Idle as u8);
 
@@ -136,6 +142,31 @@ pub(crate) fn lost_total() -> u64 {
 
 pub(crate) fn count_lost(n: u64) {
     LOST.fetch_add(n, Ordering::Relaxed);
+}
+
+/// An application thread did not append `events` events because the writer no longer takes
+/// any (its check inside the slot, [`running`], said so). While the exit path is taking the
+/// last buffers they are counted lost (the `Lost` record before the end record says so);
+/// once the trace is finished they come after its end, like events after `disable`.
+#[cold]
+pub(crate) fn refused(events: u64) {
+    if life_is(Closing) {
+        count_lost(events);
+    }
+}
+
+/// The exit path, before it takes the last buffers: from now on threads append nothing
+/// (they check [`running`] inside their slot, which the drain's claim and barrier order after
+/// this store), so nothing is appended after the drain and left unwritten and uncounted.
+/// SeqCst: a thread linking a new slot checks after linking, and the drain lists the slots
+/// after this store, so either the drain finds the slot or the thread sees the close.
+fn close() {
+    let _ = STATE.compare_exchange(
+        Running as u8,
+        Closing as u8,
+        Ordering::SeqCst,
+        Ordering::SeqCst,
+    );
 }
 
 /// True when no record was ever made (the writer was never asked to start).
@@ -405,6 +436,47 @@ fn writer_main(sh: &'static Shared) {
     }
 }
 
+/// Order faults (`VRAMSHIM_TRACE_FAULT`), read once per writer: each restores a tick's steps
+/// as they were before a fix, to show that the tests holding a tick in that window
+/// (`tests/workloads/trace/tests/tick_windows.rs`) catch the wrong order.
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum OrderFault {
+    None = 1,
+    /// `partials-first`: the partial buffers are written before the buffers their threads
+    /// handed over while the tick took them (those wait in the queue: after the thread's later
+    /// events, or never at exit).
+    PartialsFirst,
+    /// `late-reap`: exited threads are looked for after their buffers were taken, so a thread
+    /// that appends and exits in between gets its `ThreadExit` record before its last events.
+    LateReap,
+    /// `late-close`: the exit path lets threads append until after the end record (they are
+    /// stopped only then), so what they append after its drain is neither written nor
+    /// counted.
+    LateClose,
+}
+
+static ORDER_FAULT: AtomicU8 = AtomicU8::new(0);
+
+fn order_fault() -> OrderFault {
+    match ORDER_FAULT.load(Ordering::Relaxed) {
+        0 => {
+            let f = match crate::config::var("VRAMSHIM_TRACE_FAULT").map(str::trim) {
+                Some("partials-first") => OrderFault::PartialsFirst,
+                Some("late-reap") => OrderFault::LateReap,
+                Some("late-close") => OrderFault::LateClose,
+                _ => OrderFault::None,
+            };
+            ORDER_FAULT.store(f as u8, Ordering::Relaxed);
+            f
+        }
+        2 => OrderFault::PartialsFirst,
+        3 => OrderFault::LateReap,
+        4 => OrderFault::LateClose,
+        _ => OrderFault::None,
+    }
+}
+
 /// Fault switch (`VRAMSHIM_TRACE_WRITER_FAULT=hold`): the writer thread takes a buffer off
 /// the channel before it has the lock, and holds it 200 ms (proves the exit-race test can
 /// fail).
@@ -524,13 +596,27 @@ fn tick_locked(
     while let Ok(c) = sh.rx.try_recv() {
         write_chunk(sh, out, c);
     }
+    tick_hook::at(TickPoint::BeforeDrain { at_exit });
     let spins = if at_exit { 1 << 20 } else { 1 << 12 };
+    let fault = order_fault();
+    if at_exit && fault != OrderFault::LateClose {
+        close();
+    }
+    let reaps = !at_exit && out.ticks.wrapping_add(1) % REAP_EVERY == 0;
+    // Threads gone before their buffers are taken (their last events are in what is taken
+    // now, so their `ThreadExit` records, written below, come after them).
+    let mut dead = if reaps && fault != OrderFault::LateReap {
+        slots::dead_threads(out.pid)
+    } else {
+        Vec::new()
+    };
     // Handed over since the queue was emptied above and before the partial buffers were
     // taken: those threads' earlier events, written before the partial buffers. Only taken
     // off the queue while the slots are held (owners wait meanwhile), written after.
     let mut older = Vec::new();
-    slots::drain_all(
+    let drained = slots::drain_all(
         |b| match b {
+            None if fault == OrderFault::PartialsFirst => {}
             None => older.extend(sh.rx.try_iter()),
             Some(mut raw) => {
                 for c in older.drain(..) {
@@ -545,14 +631,21 @@ fn tick_locked(
     for c in older {
         write_chunk(sh, out, c);
     }
+    tick_hook::at(TickPoint::AfterDrain { at_exit });
     super::clock::recalibrate();
     let now = super::clock::now_ns();
     out.ticks = out.ticks.wrapping_add(1);
-    if out.ticks % REAP_EVERY == 0 && !at_exit {
-        let events = &mut out.events;
-        slots::reap_dead(out.pid, |tid| {
-            events.push(Event::ThreadExit { t_ns: now, tid });
-        });
+    if reaps {
+        tick_hook::at(TickPoint::BeforeReap);
+        if fault == OrderFault::LateReap {
+            dead = slots::dead_threads(out.pid);
+        }
+        if drained || fault == OrderFault::LateReap {
+            let events = &mut out.events;
+            slots::free_dead(&dead, |tid| {
+                events.push(Event::ThreadExit { t_ns: now, tid });
+            });
+        }
     }
     out.modules.scan(&mut out.events, false);
     if !out.devices_known && (out.ticks % 4 == 0 || at_exit) {
@@ -700,9 +793,16 @@ pub(crate) fn finish() {
     STATE.store(Done as u8, Ordering::Release);
 }
 
-/// The writer runs in this process.
+/// The writer runs in this process and takes events. Checked by an appending thread inside
+/// its slot (see [`close`]).
+#[inline]
 pub(crate) fn running() -> bool {
     life_is(Running)
+}
+
+/// [`running`], ordered with the slot registry's list (see [`close`]).
+pub(crate) fn running_seqcst() -> bool {
+    STATE.load(Ordering::SeqCst) == Running as u8
 }
 
 /// `_exit` path: [`finish`], but never in a process that does not own the writer (a vfork

@@ -43,6 +43,7 @@ mod arena;
 mod budget;
 mod cache;
 mod fences;
+mod kept;
 mod mappings;
 mod pages;
 mod placement;
@@ -176,6 +177,13 @@ pub struct Faults {
     /// still touch it (their bytes move under them): proves the checks of re-forming under
     /// pressure can fail.
     pub pressure_reform_used: bool,
+    /// Carve a smaller block out of a kept range even where a live block lies (the new
+    /// block overlaps it): proves the checks of carving from kept ranges can fail.
+    pub kept_over_live: bool,
+    /// Near the device's limit, keep placing large blocks of a pool told lifetime classes in
+    /// the arena, across classes (not a safety fault: it proves the test that the classes
+    /// reach 1.03 x peak live only with the arena set aside can fail).
+    pub arena_mixes_lifetimes: bool,
 }
 
 impl Faults {
@@ -195,8 +203,9 @@ impl Faults {
             || self.mix_lifetimes
             || self.replay_unsynced
             || self.dissolve_when_stuck
-        // (`pressure_off` and `pressure_reform_used` act only where the slow path would grow
-        // or make a new mapping, never on the fast path, which they leave on)
+            || self.kept_over_live
+        // (`pressure_off`, `pressure_reform_used` and `arena_mixes_lifetimes` act only on
+        // the slow path, never on the fast path, which they leave on)
     }
 }
 
@@ -251,6 +260,11 @@ pub struct Stitch {
     /// where blocks of each size were placed last (mapping, its address, offset), most
     /// recent last: a repeating pattern takes the same places again
     ghosts: FxMap<u64, Vec<(u32, u64, u64)>>,
+    /// the places large blocks were given, carved best fit by smaller ones (see `kept`)
+    kept: Vec<kept::Kept>,
+    kept_on: bool,
+    /// blocks carved out of kept ranges
+    kept_carves: u64,
     /// the places of this round's and the previous round's cache misses (see `rounds`)
     rounds: rounds::Rounds,
     /// soft limit over peak live beyond which cached blocks are dissolved before growing
@@ -330,6 +344,9 @@ impl Stitch {
             faults_on: false,
             last_taken: None,
             ghosts: FxMap::default(),
+            kept: Vec::new(),
+            kept_on: false,
+            kept_carves: 0,
             rounds: Default::default(),
             headroom: None,
             budget: None,
@@ -368,6 +385,13 @@ impl Stitch {
     /// behind the interposer's thread caches a repeated t5 makes calls in its later passes.
     pub fn with_runs(mut self, on: bool) -> Self {
         self.grow_runs = on;
+        self
+    }
+
+    /// Keep the places of large blocks as ranges that smaller requests are carved from,
+    /// best fit (see `kept`).
+    pub fn with_kept(mut self, on: bool) -> Self {
+        self.kept_on = on;
         self
     }
 
@@ -602,12 +626,18 @@ impl Policy for Stitch {
 
     fn reset(&mut self) {
         let stats = self.stats;
-        let (faults, headroom, budget, runs) =
-            (self.faults, self.headroom, self.budget, self.grow_runs);
+        let (faults, headroom, budget, runs, kept) = (
+            self.faults,
+            self.headroom,
+            self.budget,
+            self.grow_runs,
+            self.kept_on,
+        );
         *self = Stitch::new()
             .with_headroom(headroom)
             .with_budget(budget)
-            .with_runs(runs);
+            .with_runs(runs)
+            .with_kept(kept);
         self.set_faults(faults);
         self.stats = Stats {
             reserved: 0,
@@ -720,6 +750,7 @@ impl Stitch {
                 };
                 let addr = self.map(map).va + off;
                 self.note_ghost(size, map, off);
+                self.note_kept(size, map, off);
                 let list = self.sizes.intern(size);
                 self.blocks.insert(Block {
                     addr,

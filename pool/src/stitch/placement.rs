@@ -8,7 +8,8 @@ impl Stitch {
     /// classes never share a page: a page takes the class of its first block and, while any
     /// byte of it is used, only blocks of that class (placement, exact-size reuse and mapping
     /// reuse of the pool without a budget; the arena and the round replay of a budgeted pool
-    /// do not look at classes yet). A caller that knows which blocks die together (e.g. before the peak of a
+    /// do not look at classes, so near the device's limit such a pool keeps large blocks out
+    /// of the arena: see `Stitch::lifetimes_near_limit`). A caller that knows which blocks die together (e.g. before the peak of a
     /// pass) keeps the pages of the short-lived ones whole for the peak: see
     /// `examples/pool_lifetimes.rs`. Set once a class other than 0 was set, the pool leaves
     /// its no-lookup fast path (every cached block's class is checked).
@@ -39,7 +40,7 @@ impl Stitch {
     }
 
     /// Every used page under `[off, off + size)` of mapping `m` is of the current class.
-    fn window_life_ok(&self, m: u32, off: u64, size: u64) -> bool {
+    pub(super) fn window_life_ok(&self, m: u32, off: u64, size: u64) -> bool {
         !self.lives
             || self
                 .pieces(&self.map(m).pages, off, size)

@@ -46,6 +46,23 @@ impl Stitch {
             .is_some_and(|room| room < size.saturating_add(self.stats.reserved / PRESSURE_SHARE))
     }
 
+    /// Whether a large block of `size` bytes should skip the arena because the pool was told
+    /// lifetime classes (`Stitch::set_lifetime_class`) and is near the device's limit.
+    ///
+    /// Why: the arena places by address, so blocks that die before the peak and blocks that
+    /// live through it share its pages, and their deaths leave holes inside pages that live
+    /// blocks pin; stitched from pages of their own class (`placement`: free ranges, mappings
+    /// and fresh pages, each checked against the class), the short-lived ones empty whole
+    /// pages together. On a large device the arena keeps its role (a new shape costs no
+    /// driver call). Measured with the oracle classes of `examples/pool_lifetimes.rs` (dies
+    /// before the trace's peak or not): t5 486 -> 482 MiB behind `cudaFree` and 486 -> 480
+    /// stream-ordered (1.023 / 1.019 x peak live), every shared trace and GPU recording at
+    /// or under 1.03 x; with the arena kept (`Faults::arena_mixes_lifetimes`) the classes
+    /// gain nothing on t5. Without classes (every pool but that example's) nothing changes.
+    pub(super) fn lifetimes_near_limit(&self, dev: &dyn Device, size: u64) -> bool {
+        self.lives && !self.faults.arena_mixes_lifetimes && self.under_pressure(dev, size)
+    }
+
     /// Mappings re-formed under pressure that a round's places were in (see the module
     /// documentation).
     pub fn pressure_reforms(&self) -> u64 {

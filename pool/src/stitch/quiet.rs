@@ -55,6 +55,7 @@ impl Stitch {
         if fresh > 0 {
             while self.dissolve_some(dev, u64::MAX) {}
             self.ghosts.clear();
+            self.forget_kept();
         }
         self.end_round();
         self.layout_mark = (allocs, hits);

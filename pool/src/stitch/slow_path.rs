@@ -95,8 +95,12 @@ impl Stitch {
         }
         // Under a budget a large block comes out of the arena while it fits there (see
         // `arena`); the steps below are the fallback when the budget forbids its growth.
+        // The arena places by address whatever a block's lifetime class, so near the
+        // device's limit a pool told lifetime classes stitches large blocks from pages of
+        // their own class instead (see `lifetimes_near_limit`).
         if self.budget.is_some()
             && self.class_of(size) == LARGE
+            && !self.lifetimes_near_limit(dev, size)
             && let Some(slot) = self.arena_place(dev, size, t, req)?
         {
             return Ok(slot);
@@ -238,6 +242,13 @@ impl Stitch {
         for round in 0..2 {
             if let Some((off, _)) = self.arena_window(size, false)
                 && let Some(x) = self.arena_commit(dev, off, size, t)?
+            {
+                return Ok(Some(x));
+            }
+            // with kept ranges on (see `kept`), cached bytes are taken out of the range that
+            // fits the request most tightly rather than wherever the fewest are cached
+            if self.kept_on
+                && let Some(x) = self.kept_place(dev, size, t, true)?
             {
                 return Ok(Some(x));
             }

@@ -7,6 +7,8 @@
 //! -p vramsim-runtime12 -p vramsim-runtime13 -p vramsim-runtime-static`): building this crate
 //! builds the interposer only as a library, not the preload `.so`.
 
+pub mod tick_window;
+
 use std::path::{Path, PathBuf};
 
 use vramshim_trace::{DecodeError, Event, Header, TraceReader, Truncation};

@@ -1,0 +1,166 @@
+//! Test switches whose value is a comma-separated list of names (`VRAMSHIM_POOL_DEBUG=lazy-sync,
+//! pressure-off`), each name read by one part of the library and one variable read by several
+//! parts. [`SWITCHES`] is the one list of every name any reader accepts: a name outside it is
+//! said once at load ([`report`]), so that a misspelt fault switch cannot turn a test that must
+//! fail into one that passes without a word. Readers ask [`switch_on`] for their own names, and
+//! ignore the others'.
+//!
+//! A unit test below checks that every name a reader asks for is listed.
+
+/// Every list switch and the names its readers accept.
+const SWITCHES: &[(&str, &[&str])] = &[(
+    "VRAMSHIM_POOL_DEBUG",
+    &[
+        // The pool's own rules (`pool::debug_faults`).
+        "runs",
+        "stitch-run-pages",
+        "lazy-sync",
+        "reuse-early",
+        "forget-rounds",
+        "ignore-budget",
+        "pressure-off",
+        "kept",
+        "kept-over-live",
+        // Peer access (`pool::on_peer_access`).
+        "no-peer",
+        // The thread caches (`pool::read_mode`); any name at all, `no-tcache` the usual one,
+        // turns them off unless one of the `tcache-*` names is given.
+        "tcache-any-stream",
+        "tcache-no-round-end",
+        "tcache-no-drain",
+        "no-tcache",
+    ],
+)];
+
+/// The names set in the list switch `var` (split at commas, blanks trimmed, empty ones
+/// skipped); none when unset or not UTF-8.
+pub(crate) fn names(var: &str) -> impl Iterator<Item = &'static str> {
+    super::var(var)
+        .unwrap_or("")
+        .split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+}
+
+/// Whether the list switch `var` names `name`.
+pub(crate) fn switch_on(var: &str, name: &str) -> bool {
+    names(var).any(|n| n == name)
+}
+
+/// One line per list switch that names something no reader accepts, handed to `say` (once,
+/// at load, from [`super::report`]). Only a warning: the library is never the reason a job
+/// stops.
+pub(crate) fn report(mut say: impl FnMut(std::fmt::Arguments<'_>)) {
+    for (var, accepted) in SWITCHES {
+        if let Some(line) = unknown_line(var, names(var), accepted) {
+            say(format_args!("{line}"));
+        }
+    }
+}
+
+/// The line for the names in `set` that are not `accepted` (None when there are none): the
+/// variable, the unknown names (escaped: they come from the environment), the accepted ones.
+fn unknown_line<'a>(
+    var: &str,
+    set: impl Iterator<Item = &'a str>,
+    accepted: &[&str],
+) -> Option<String> {
+    let unknown: Vec<String> = set
+        .filter(|n| !accepted.contains(n))
+        .map(|n| format!("\"{}\"", n.escape_debug()))
+        .collect();
+    if unknown.is_empty() {
+        return None;
+    }
+    let (what, verb, them) = if unknown.len() == 1 {
+        ("name", "is", "it")
+    } else {
+        ("names", "are", "them")
+    };
+    Some(format!(
+        "{var}: the {what} {} {verb} read by no part of vramshim (a test-only switch: a comma-separated list); accepted: {}; ignoring {them}",
+        unknown.join(", "),
+        accepted.join(", "),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SWITCHES;
+
+    /// Every `switch_on("VAR", "name")` in the library's sources names a listed switch and one
+    /// of its listed names, so the load-time check never warns about a name a reader takes.
+    #[test]
+    fn every_name_read_is_listed() {
+        fn literal(s: &str) -> Option<(&str, &str)> {
+            let s = s.trim_start().strip_prefix('"')?;
+            let end = s.find('"')?;
+            Some((&s[..end], &s[end + 1..]))
+        }
+        fn scan(dir: &std::path::Path, found: &mut Vec<(String, String, String)>) {
+            for e in std::fs::read_dir(dir).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    scan(&p, found);
+                } else if p.extension().is_some_and(|x| x == "rs") && !p.ends_with("switches.rs") {
+                    let text = std::fs::read_to_string(&p).unwrap();
+                    for part in text.split("switch_on(").skip(1) {
+                        let (var, rest) = literal(part).unwrap_or_else(|| {
+                            panic!("{}: switch_on( without a literal variable", p.display())
+                        });
+                        let rest = rest.trim_start().strip_prefix(',').unwrap();
+                        let (name, _) = literal(rest).unwrap_or_else(|| {
+                            panic!("{}: switch_on({var:?}, without a literal name", p.display())
+                        });
+                        found.push((var.into(), name.into(), p.display().to_string()));
+                    }
+                }
+            }
+        }
+        let mut found = Vec::new();
+        scan(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+            &mut found,
+        );
+        assert!(found.len() >= 11, "the scan found too little: {found:?}");
+        let unlisted: Vec<_> = found
+            .iter()
+            .filter(|(var, name, _)| {
+                !SWITCHES
+                    .iter()
+                    .any(|(v, names)| v == var && names.contains(&name.as_str()))
+            })
+            .collect();
+        assert!(unlisted.is_empty(), "read but not listed: {unlisted:?}");
+    }
+
+    #[test]
+    fn unknown_names_are_said_known_ones_are_not() {
+        let accepted = SWITCHES[0].1;
+        let line = |v: &'static str| {
+            super::unknown_line(
+                "VRAMSHIM_POOL_DEBUG",
+                v.split(',').map(str::trim).filter(|n| !n.is_empty()),
+                accepted,
+            )
+        };
+        assert_eq!(line("lazy-sync, pressure-off,no-peer,,"), None);
+        assert_eq!(line(""), None);
+        let one = line("lazy-sync,lazy-synk").unwrap();
+        assert!(
+            one.starts_with("VRAMSHIM_POOL_DEBUG: the name \"lazy-synk\" is read by no part"),
+            "{one}"
+        );
+        assert!(
+            one.contains("accepted: runs, stitch-run-pages, lazy-sync,"),
+            "{one}"
+        );
+        assert!(one.ends_with("ignoring it"), "{one}");
+        let two = line("x\u{1b}[2J,no-peer,y").unwrap();
+        assert!(
+            two.contains("the names \"x\\u{1b}[2J\", \"y\" are read by no part"),
+            "{two}"
+        );
+        assert!(!two.contains('\u{1b}'), "{two}");
+    }
+}

@@ -1,0 +1,101 @@
+//! List switches (`VRAMSHIM_POOL_DEBUG`, read by several parts of the library) on cuda-sim: a
+//! name no part reads is said in one line at load, with the variable and the accepted names,
+//! and the job goes on; the names that are read still apply, whichever parts read them and
+//! whatever else the list holds.
+
+mod common;
+
+use common::{build, preloaded};
+use vramshim_testkit::{Link, RunOutput};
+
+fn pool_run(debug: &str, pool: &str, sim: &str) -> RunOutput {
+    let exe = build("sw_pool_wiring", "pool_wiring.c", Link::SharedRuntime, &[]);
+    let mut env = vec![("VRAMSHIM_POOL_DEBUG", debug)];
+    if !pool.is_empty() {
+        env.push(("VRAMSHIM_POOL", pool));
+    }
+    let out = preloaded(&exe, &[], &env, sim);
+    // a warning only: the job is never stopped for it
+    out.assert_success();
+    common::assert_lines(&out, &["pool_wiring: ok"]);
+    out
+}
+
+/// The lines of stderr that speak of names no part reads.
+fn unknown_lines(out: &RunOutput) -> Vec<&str> {
+    out.stderr
+        .lines()
+        .filter(|l| l.contains("read by no part of vramshim"))
+        .collect()
+}
+
+#[test]
+fn an_unknown_name_is_said_once_and_the_known_ones_still_apply() {
+    let out = pool_run("lazy-sync, lazy-synk", "stitch", "sw-typo");
+    let lines = unknown_lines(&out);
+    assert_eq!(lines.len(), 1, "one line wanted:\n{}", out.stderr);
+    let line = lines[0];
+    assert!(
+        line.contains("VRAMSHIM_POOL_DEBUG: the name \"lazy-synk\" is read by no part"),
+        "{line}"
+    );
+    // every name any reader takes is offered
+    for name in [
+        "runs",
+        "stitch-run-pages",
+        "lazy-sync",
+        "reuse-early",
+        "forget-rounds",
+        "ignore-budget",
+        "pressure-off",
+        "no-peer",
+        "tcache-any-stream",
+        "tcache-no-round-end",
+        "tcache-no-drain",
+        "no-tcache",
+    ] {
+        assert!(
+            line.contains(&format!(" {name},")) || line.contains(&format!(" {name};")),
+            "{name} not offered: {line}"
+        );
+    }
+    assert!(!line.contains("lazy-sync,lazy-synk"), "{line}");
+    // the known name beside it is not dropped
+    assert!(
+        out.stderr
+            .contains("the pool packs as before its tightness fix"),
+        "lazy-sync was dropped:\n{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn names_of_several_readers_combine() {
+    // the pool's rules, the thread caches and peer access each take their own names
+    let out = pool_run("pressure-off,tcache-no-drain,no-peer", "stitch", "sw-mix");
+    assert!(unknown_lines(&out).is_empty(), "{}", out.stderr);
+    for said in [
+        "the pool ignores how close the device is to full",
+        "the thread caches are never drained",
+    ] {
+        assert!(
+            out.stderr.contains(said),
+            "{said:?} missing:\n{}",
+            out.stderr
+        );
+    }
+}
+
+#[test]
+fn unknown_names_are_said_even_with_the_pool_off() {
+    let out = pool_run("x\u{1b}[2J,,reuse-early,ignore_budget", "", "sw-off");
+    let lines = unknown_lines(&out);
+    assert_eq!(lines.len(), 1, "one line wanted:\n{}", out.stderr);
+    assert!(
+        lines[0].contains("the names \"x\\u{1b}[2J\", \"ignore_budget\" are read by no part"),
+        "{}",
+        lines[0]
+    );
+    // what the environment holds reaches the terminal escaped
+    assert!(!out.stderr.contains('\u{1b}'), "{}", out.stderr);
+}

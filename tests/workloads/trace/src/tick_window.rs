@@ -1,0 +1,123 @@
+//! Helpers of the tests that hold the trace writer's tick in a window between two of its
+//! steps (`tracer::testing::on_tick`) while a thread acts, and then check the thread's events
+//! in the written trace: all of them, in the order it emitted them, and its `ThreadExit`
+//! record (if any) after the last of them.
+
+use std::path::Path;
+
+use vramshim::tracer;
+use vramshim_trace::{AllocKind, Api, Event, MemOp, TraceReader};
+
+/// The calling thread's kernel tid.
+pub fn gettid() -> u32 {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::gettid() as u32 }
+}
+
+/// Emits the `i`-th event of the calling thread (an allocation whose size is `i`), as the
+/// hooks do.
+pub fn emit(tid: u32, i: u64) {
+    tracer::emit(Event::Alloc(MemOp {
+        t_ns: tracer::now_raw(),
+        tid,
+        api: Api::CudaMalloc,
+        kind: AllocKind::Runtime,
+        flags: 0,
+        device: 0,
+        stream: 0,
+        addr: 0x1000 + (i << 8),
+        size: i,
+        result: 0,
+        latency_ns: 0,
+        stack: 0,
+    }));
+}
+
+/// Emits events from `*next` on until the calling thread's buffer has been handed over to
+/// the writer (the backlog grew: the caller holds the writer's tick, so nothing takes it off
+/// the queue meanwhile), then `more` events (the thread's partial buffer).
+pub fn hand_over_then(tid: u32, next: &mut u64, more: u64) {
+    let before = tracer::testing::backlog();
+    // A buffer holds 1024 events: far fewer than this bound.
+    for _ in 0..1_000_000 {
+        emit(tid, *next);
+        *next += 1;
+        if tracer::testing::backlog() > before {
+            break;
+        }
+    }
+    assert!(
+        tracer::testing::backlog() > before,
+        "no buffer was handed over after {next} events"
+    );
+    for _ in 0..more {
+        emit(tid, *next);
+        *next += 1;
+    }
+}
+
+/// What [`check`] found.
+pub struct Checked {
+    /// Events of the thread written (all of them, in order, or [`check`] panicked).
+    pub events: u64,
+    /// `ThreadExit` records of the thread.
+    pub exits: u64,
+    /// Events the trace's `Lost` records count.
+    pub lost: u64,
+}
+
+/// Reads the trace at `path`: thread `tid`'s allocations are `0..n`, each once, in order, and
+/// none comes after the thread's `ThreadExit` record; nothing was lost and the trace is whole.
+pub fn check(path: &Path, tid: u32, n: u64) -> Checked {
+    let c = check_counted(path, tid, n);
+    assert_eq!(c.lost, 0, "events were counted lost");
+    c
+}
+
+/// [`check`], where some of the thread's events may have been counted lost instead of
+/// written: those written are `0..k`, in order, and the trace's `Lost` records (and the
+/// tracer's own count) account for the rest, `n - k`: every event is written or counted.
+pub fn check_counted(path: &Path, tid: u32, n: u64) -> Checked {
+    let mut r = TraceReader::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut e = Event::Lost { t_ns: 0, count: 0 };
+    let mut next = 0u64;
+    let mut exits = 0u64;
+    let mut lost = 0u64;
+    while r.next_into(&mut e).unwrap() {
+        match &e {
+            Event::Alloc(m) if m.tid == tid => {
+                assert_eq!(
+                    exits, 0,
+                    "event {} of thread {tid} written after its ThreadExit record",
+                    m.size
+                );
+                assert_eq!(
+                    m.size, next,
+                    "thread {tid}: event {} written where event {next} was due (its events \
+                     out of order, or some missing)",
+                    m.size
+                );
+                next += 1;
+            }
+            Event::ThreadExit { tid: t, .. } if *t == tid => exits += 1,
+            Event::Lost { count, .. } => lost += count,
+            _ => {}
+        }
+    }
+    assert_eq!(r.truncation(), None);
+    assert_eq!(
+        tracer::testing::lost(),
+        lost,
+        "the tracer counted a different number lost than its Lost records say"
+    );
+    assert_eq!(
+        next + lost,
+        n,
+        "thread {tid}: {next} of its {n} events written and {lost} counted lost"
+    );
+    Checked {
+        events: next,
+        exits,
+        lost,
+    }
+}
