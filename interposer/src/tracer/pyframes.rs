@@ -460,8 +460,8 @@ struct DebugIdx {
     firstlineno: usize,
     co_code_adaptive: usize,
     /// Offsets the walk and the naming take as fixed (an object's type, a `bytes`' length
-    /// and data, a `str`'s length, state and ASCII data), with the value each must have;
-    /// 3.13's are not checked (its build read in the tests has these).
+    /// and data, a `str`'s state, length and ASCII data), with the value each must have: a
+    /// build that differs, or a table of indices that does not fit the struct, is refused.
     fixed: &'static [(usize, u64)],
     /// The tag bits of `_PyInterpreterFrame.f_executable` ([`Layout::code_tag`]).
     code_tag: u64,
@@ -481,7 +481,9 @@ const fn debug_idx(minor: u32) -> Option<DebugIdx> {
             linetable: 38,
             firstlineno: 39,
             co_code_adaptive: 43,
-            fixed: &[],
+            // pyobject.ob_type; bytes_object.ob_size, ob_sval; unicode_object.state, length,
+            // asciiobject_size.
+            fixed: &[(45, 8), (65, 16), (66, 32), (68, 32), (69, 16), (70, 40)],
             code_tag: 0,
         },
         14 => DebugIdx {
