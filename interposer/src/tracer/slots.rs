@@ -669,11 +669,13 @@ fn torch_of(m: &MemOp) -> TorchOp {
 /// nothing in [`Buf::others`]. Such an event carries no native stack (its `stack` is the
 /// Python stack the tracker found), so the common case is [`emit_memop`]'s ([`put_fast`]:
 /// no call, a few stores in the owner's window); every other case goes to
-/// [`emit_torch_slow`].
-#[inline(never)]
+/// [`emit_torch_slow`]. Inlined into the tracker, which then stores the entry's fields
+/// where they are, without a `TorchOp` in between.
+#[inline(always)]
 pub(crate) fn emit_torch(t: &TorchOp) {
     if !put_fast(Kind::Torch, || torch_entry(t)) {
-        emit_torch_slow(t)
+        // A copy made here: the caller's `TorchOp` is then never in memory on the fast path.
+        emit_torch_slow(&t.clone())
     }
 }
 
