@@ -215,16 +215,16 @@ pub(crate) fn encode(enc: &mut RecordEncoder, b: &mut Buf) {
             Kind::Torch => {
                 // This entry and the `Torch` entries after it, coded in one call (one run
                 // header, the coder's state in registers: `push_torch_all`).
-                let n = b.raw[i..]
-                    .iter()
-                    .position(|r| r.kind != Kind::Torch)
-                    .unwrap_or(b.raw.len() - i);
-                enc.push_torch_all(b.raw[i - 1..i + n].iter().map(|r| {
-                    let mut t = torch_of(&r.op);
-                    t.t_ns = ns.get(t.t_ns);
-                    t
+                let mut n = 0;
+                enc.push_torch_all(b.raw[i - 1..].iter().map_while(|r| {
+                    (r.kind == Kind::Torch).then(|| {
+                        n += 1;
+                        let mut t = torch_of(&r.op);
+                        t.t_ns = ns.get(t.t_ns);
+                        t
+                    })
                 }));
-                i += n;
+                i += n - 1;
             }
             Kind::Other => {
                 if let Some(e) = others.next() {
