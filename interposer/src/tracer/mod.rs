@@ -335,6 +335,12 @@ pub mod testing {
         stacks::keep_own_frames();
     }
 
+    /// [`super::emit_memop`] (the dispatcher's way: the owner's window, no `Event` built),
+    /// for tests of what a thread appends that way.
+    pub fn emit_memop(alloc: bool, m: &vramshim_trace::MemOp) {
+        super::emit_memop(alloc, m);
+    }
+
     /// What the writer counted as lost so far.
     pub fn lost() -> u64 {
         writer::lost_total()

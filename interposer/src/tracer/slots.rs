@@ -18,6 +18,7 @@ use vramshim_trace::{AllocKind, Api, Event, MemOp, RecordEncoder, TorchOp};
 
 use super::{barrier, stacks, writer};
 use crate::sys::biased::BiasedLock;
+use crate::sys::life::LifeToken;
 
 /// Devices whose live bytes the slots count for `Counter` records.
 pub(crate) const MAX_DEV: usize = 16;
@@ -283,6 +284,9 @@ pub(crate) struct Slot {
     bias: BiasedLock,
     /// Kernel tid of the owning thread; 0 = free for reuse.
     pub owner: AtomicU32,
+    /// Held by the owning thread for its life: says when *that* thread has ended, where its
+    /// tid may already be another thread's ([`dead_threads`]).
+    life: LifeToken,
     inner: UnsafeCell<Inner>,
 }
 
@@ -423,6 +427,7 @@ fn claim(tid: u32) -> &'static Slot {
                 next: AtomicPtr::new(ptr::null_mut()),
                 bias: BiasedLock::new(),
                 owner: AtomicU32::new(tid),
+                life: LifeToken::new(),
                 inner: UnsafeCell::new(Inner {
                     buf: Buf::with_capacity(SEND_AT + RETRY_AFTER),
                     next_try: SEND_AT,
@@ -445,6 +450,9 @@ fn claim(tid: u32) -> &'static Slot {
         }
     };
     my_slot_ptr().set(slot as *const Slot as *const ());
+    // Unarmed (new, or disarmed when its last thread's slot was freed); if the C library
+    // refuses, the reaper goes by the tid alone.
+    slot.life.arm();
     {
         let g = slot.lock();
         let inner = g.inner();
@@ -859,11 +867,22 @@ pub(crate) fn live_totals() -> [i64; MAX_DEV] {
 /// before the tick takes the buffers: a thread found alive here may append its last events
 /// and exit before they are taken, and its `ThreadExit` record would then be written before
 /// them; its slot waits for the next time instead.
-pub(crate) fn dead_threads(pid: u32) -> Vec<(&'static Slot, u32)> {
+///
+/// A slot's thread is the one holding its [`LifeToken`], not whichever thread has its tid
+/// now: a thread that exited and whose tid a new thread got before this look is found ended
+/// by its token (by the tid it would look alive until the new thread exits, and both
+/// `ThreadExit` records would come then). The tid decides only when the token says nothing
+/// (`by_tid_only`: the fault switch that looks by the tid alone), and a tid that no longer
+/// exists is an ended thread either way. One caller at a time (the writer, under its lock).
+pub(crate) fn dead_threads(pid: u32, by_tid_only: bool) -> Vec<(&'static Slot, u32)> {
     let mut dead = Vec::new();
     for_each(|s| {
-        let tid = s.owner.load(Ordering::Relaxed);
+        let tid = s.owner.load(Ordering::Acquire);
         if tid == 0 || tid == pid {
+            return;
+        }
+        if !by_tid_only && s.life.ended() == Some(true) {
+            dead.push((s, tid));
             return;
         }
         // SAFETY: tgkill with signal 0 only checks that the thread exists.
@@ -886,6 +905,8 @@ pub(crate) fn dead_threads(pid: u32) -> Vec<(&'static Slot, u32)> {
 /// threads are gone: nothing was appended since). `on_dead` gets each tid freed.
 pub(crate) fn free_dead(dead: &[(&'static Slot, u32)], mut on_dead: impl FnMut(u32)) {
     for &(s, tid) in dead {
+        // Its thread has ended: the token goes to the slot's next thread.
+        s.life.disarm();
         if s.owner
             .compare_exchange(tid, 0, Ordering::AcqRel, Ordering::Relaxed)
             .is_ok()
@@ -915,6 +936,7 @@ mod tests {
             next: AtomicPtr::new(ptr::null_mut()),
             bias: BiasedLock::new(),
             owner: AtomicU32::new(1),
+            life: LifeToken::new(),
             inner: UnsafeCell::new(Inner {
                 buf: Buf::with_capacity(SEND_AT),
                 next_try: usize::MAX,

@@ -454,6 +454,10 @@ enum OrderFault {
     /// stopped only then), so what they append after its drain is neither written nor
     /// counted.
     LateClose,
+    /// `tid-only`: a slot's thread is looked for by its tid alone, so a thread whose tid a new
+    /// thread got gets its `ThreadExit` record only once that thread exits too (two records
+    /// for one tid then).
+    TidOnly,
 }
 
 static ORDER_FAULT: AtomicU8 = AtomicU8::new(0);
@@ -465,6 +469,7 @@ fn order_fault() -> OrderFault {
                 Some("partials-first") => OrderFault::PartialsFirst,
                 Some("late-reap") => OrderFault::LateReap,
                 Some("late-close") => OrderFault::LateClose,
+                Some("tid-only") => OrderFault::TidOnly,
                 _ => OrderFault::None,
             };
             ORDER_FAULT.store(f as u8, Ordering::Relaxed);
@@ -473,6 +478,7 @@ fn order_fault() -> OrderFault {
         2 => OrderFault::PartialsFirst,
         3 => OrderFault::LateReap,
         4 => OrderFault::LateClose,
+        5 => OrderFault::TidOnly,
         _ => OrderFault::None,
     }
 }
@@ -605,8 +611,9 @@ fn tick_locked(
     let reaps = !at_exit && out.ticks.wrapping_add(1) % REAP_EVERY == 0;
     // Threads gone before their buffers are taken (their last events are in what is taken
     // now, so their `ThreadExit` records, written below, come after them).
+    let by_tid = fault == OrderFault::TidOnly;
     let mut dead = if reaps && fault != OrderFault::LateReap {
-        slots::dead_threads(out.pid)
+        slots::dead_threads(out.pid, by_tid)
     } else {
         Vec::new()
     };
@@ -638,7 +645,7 @@ fn tick_locked(
     if reaps {
         tick_hook::at(TickPoint::BeforeReap);
         if fault == OrderFault::LateReap {
-            dead = slots::dead_threads(out.pid);
+            dead = slots::dead_threads(out.pid, by_tid);
         }
         if drained || fault == OrderFault::LateReap {
             let events = &mut out.events;
