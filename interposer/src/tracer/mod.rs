@@ -341,6 +341,13 @@ pub mod testing {
         super::emit_memop(alloc, m);
     }
 
+    /// Runs `f` with the calling thread inside its own trace buffer's window (or its lock),
+    /// as a signal handler that interrupted an append there runs: `f` may raise a signal
+    /// whose handler exits (`on_exit`), as a handler that calls `exit()` does.
+    pub fn inside_own_slot(f: impl FnOnce()) {
+        slots::inside_own_slot(f);
+    }
+
     /// What the writer counted as lost so far.
     pub fn lost() -> u64 {
         writer::lost_total()
