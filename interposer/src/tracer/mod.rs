@@ -140,7 +140,7 @@ pub(crate) fn emit_memop(alloc: bool, m: &vramshim_trace::MemOp) {
 
 /// Append one `Torch` event (PyTorch's allocator, `torch`) to the calling thread's buffer:
 /// [`emit`] of `Event::Torch(*t)` without building or moving an `Event`.
-#[inline]
+#[inline(always)]
 pub(crate) fn emit_torch(t: &vramshim_trace::TorchOp) {
     if !enabled() {
         return;

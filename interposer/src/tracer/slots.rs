@@ -226,16 +226,16 @@ pub(crate) fn encode(enc: &mut RecordEncoder, b: &mut Buf) {
             Kind::Torch => {
                 // This entry and the `Torch` entries after it, coded in one call (one run
                 // header, the coder's state in registers: `push_torch_all`).
-                let n = b.raw[i..]
-                    .iter()
-                    .position(|r| r.kind != Kind::Torch)
-                    .unwrap_or(b.raw.len() - i);
-                enc.push_torch_all(b.raw[i - 1..i + n].iter().map(|r| {
-                    let mut t = torch_of(&r.op);
-                    t.t_ns = ns.get(t.t_ns);
-                    t
+                let mut n = 0;
+                enc.push_torch_all(b.raw[i - 1..].iter().map_while(|r| {
+                    (r.kind == Kind::Torch).then(|| {
+                        n += 1;
+                        let mut t = torch_of(&r.op);
+                        t.t_ns = ns.get(t.t_ns);
+                        t
+                    })
                 }));
-                i += n;
+                i += n - 1;
             }
             Kind::Other => {
                 if let Some(e) = others.next() {
@@ -706,11 +706,13 @@ fn torch_of(m: &MemOp) -> TorchOp {
 /// nothing in [`Buf::others`]. Such an event carries no native stack (its `stack` is the
 /// Python stack the tracker found), so the common case is [`emit_memop`]'s ([`put_fast`]:
 /// no call, a few stores in the owner's window); every other case goes to
-/// [`emit_torch_slow`].
-#[inline(never)]
+/// [`emit_torch_slow`]. Inlined into the tracker, which then stores the entry's fields
+/// where they are, without a `TorchOp` in between.
+#[inline(always)]
 pub(crate) fn emit_torch(t: &TorchOp) {
     if !put_fast(Kind::Torch, || torch_entry(t)) {
-        emit_torch_slow(t)
+        // A copy made here: the caller's `TorchOp` is then never in memory on the fast path.
+        emit_torch_slow(&t.clone())
     }
 }
 

@@ -438,7 +438,7 @@ fn writer_main(sh: &'static Shared) {
 
 /// Order faults (`VRAMSHIM_TRACE_FAULT`), read once per writer: each restores a tick's steps
 /// as they were before a fix, to show that the tests holding a tick in that window
-/// (`tests/workloads/trace/tests/tick_windows.rs`) catch the wrong order.
+/// (`tests/workloads/trace/tests/tick_window_*.rs`) catch the wrong order.
 #[derive(Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 enum OrderFault {

@@ -699,17 +699,23 @@ impl Stitch {
         }
         // under a budget, the place this allocation had in the previous round comes first
         // (see `rounds`): a cached block taken instead would let the layout drift
-        let replayed = if self.budget.is_some() {
+        let replayed = if self.budget.is_some() && self.round_due(size) {
             self.round_commit(dev, size, t, req.size)?
         } else {
             None
         };
         let mut hit = None;
-        if replayed.is_none() && self.stats.reserved > self.limit_now && self.ncached > 0 {
-            self.miss_above_budget(dev);
-        }
         if replayed.is_none() {
             hit = self.cache_take(dev, size, t, req.size);
+        }
+        // above the budget a miss dissolves the cache it kept (see `miss_above_budget`); a
+        // twin found there is served first, as the fast path serves it
+        if hit.is_none()
+            && replayed.is_none()
+            && self.stats.reserved > self.limit_now
+            && self.ncached > 0
+        {
+            self.miss_above_budget(dev);
         }
         if hit.is_none()
             && replayed.is_none()
