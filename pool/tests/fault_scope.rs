@@ -1,12 +1,13 @@
-//! A fault switch changes only what it names. Most switches turn the pool's fast path
-//! (`Stitch::alloc_cached`) off, so the general path must choose as the fast path would:
-//! a switch whose rule a run never reaches (kept ranges off, no runs, no lifetime classes)
-//! leaves every count of the run as it is without it. Otherwise a fault demo would break
-//! more than its property (and a test that shows it failing would show something else).
+//! A fault switch changes only what it names: a switch whose rule a run never reaches (kept
+//! ranges off, no runs, no lifetime classes) leaves every block handed out and every count of
+//! the run as it is without it. Otherwise a fault demo would break more than its property
+//! (and a test that shows it failing would show something else): a switch that turned the
+//! pool's fast path (`Stitch::alloc_cached`) off let the general path take other blocks.
 
+use std::collections::HashMap;
 use vramshim_pool::replay::{self, Event, Frees, UNLIMITED};
 use vramshim_pool::stitch::{Faults, Stitch};
-use vramshim_pool::{AccountingDevice, rmm_csv};
+use vramshim_pool::{AccountingDevice, Policy, Request, rmm_csv};
 
 fn traces() -> Vec<(String, Vec<Event>)> {
     vramshim_testkit::shipped_traces()
@@ -18,26 +19,61 @@ fn traces() -> Vec<(String, Vec<Event>)> {
         .collect()
 }
 
-/// (driver calls, syncs, cache hits, peak reserved, stream waits) of a tight pool over `ev`.
-fn counts(ev: &[Event], faults: Faults) -> (u64, u64, u64, u64, u64) {
+/// (driver calls, syncs, cache hits, peak reserved, stream waits, a digest of every address
+/// handed out in order) of a tight pool over `ev`, two passes (the second replays the first
+/// round's places).
+/// `split`: each allocation as the interposer makes it (`Stitch::alloc_cached`, then
+/// `Stitch::alloc_missed` when it declines) instead of `Policy::alloc`.
+fn counts(ev: &[Event], faults: Faults, split: bool) -> (u64, u64, u64, u64, u64, u64) {
     let mut dev = AccountingDevice::new(UNLIMITED);
     dev.set_checking(true);
     let mut p = Stitch::tight();
     p.set_faults(faults);
-    let r = replay::run_with(ev, &mut p, &mut dev);
-    assert!(r.completed);
-    assert!(r.violations.is_empty(), "{:?}", &r.violations[..1]);
+    let ev = replay::repeat(ev, 2);
+    let mut ids: HashMap<u64, u64> = HashMap::new();
+    let mut digest = 0u64;
+    for e in &ev {
+        match *e {
+            Event::Alloc { id, size, stream } => {
+                let req = Request { size, stream };
+                let a = match split.then(|| p.alloc_cached(size, stream)).flatten() {
+                    Some(a) => a,
+                    None if split => p.alloc_missed(&mut dev, req).unwrap().addr,
+                    None => p.alloc(&mut dev, req).unwrap().addr,
+                };
+                dev.check_alloc(a, size, stream);
+                digest = digest.rotate_left(7) ^ a;
+                ids.insert(id, a);
+            }
+            Event::Free { id, mode } => {
+                if let Some(a) = ids.remove(&id) {
+                    dev.check_free(a, mode);
+                    p.free(&mut dev, a, mode).unwrap();
+                }
+            }
+            Event::ProcessSync => {
+                dev.process_sync();
+                p.note_process_sync();
+            }
+        }
+    }
+    assert!(dev.violations().is_empty(), "{:?}", &dev.violations()[..1]);
+    let s = p.stats();
+    let calls = dev.calls();
     (
-        r.driver_calls,
-        r.syncs,
-        r.stats.cache_hits,
-        r.peak_reserved,
-        r.stats.stream_waits,
+        calls.driver_calls(),
+        calls.syncs(),
+        s.cache_hits,
+        s.peak_reserved,
+        s.stream_waits,
+        digest,
     )
 }
 
 /// Switches of rules a default tight pool never takes (kept ranges, runs, lifetime classes
-/// are off): each turns the fast path off and must change nothing else.
+/// are off) change nothing: not the blocks handed out, nor any count. And the interposer's
+/// sequence (fast path, then the general path told it declined) hands out the blocks
+/// `Policy::alloc` does.
 #[test]
 fn unreached_fault_switches_change_nothing() {
     let unreached = [
@@ -62,18 +98,32 @@ fn unreached_fault_switches_change_nothing() {
                 ..Faults::default()
             },
         ),
+        (
+            "arena_mixes_lifetimes",
+            Faults {
+                arena_mixes_lifetimes: true,
+                ..Faults::default()
+            },
+        ),
     ];
     for (name, ev) in traces() {
         for frees in Frees::BOTH {
             let ev = frees.apply(&ev);
-            let want = counts(&ev, Faults::default());
+            let want = counts(&ev, Faults::default(), false);
+            let split = counts(&ev, Faults::default(), true);
+            assert_eq!(
+                split,
+                want,
+                "{name} {}: the interposer's sequence differs from Policy::alloc",
+                frees.name()
+            );
             for (switch, f) in unreached {
-                let got = counts(&ev, f);
+                let got = counts(&ev, f, false);
                 eprintln!("{name} {}: {switch}: {got:?}, none: {want:?}", frees.name());
                 assert_eq!(
                     got,
                     want,
-                    "{name} {}: {switch} (fast path off) changed (calls, syncs, hits, peak, waits)",
+                    "{name} {}: {switch} changed (calls, syncs, hits, peak, waits, addresses)",
                     frees.name()
                 );
             }

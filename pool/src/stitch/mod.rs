@@ -203,26 +203,15 @@ pub struct Faults {
 }
 
 impl Faults {
-    /// Any switch the fast path must see (`page_handles` only changes how the arena grows).
+    /// Any switch the fast path must see: the early release of `cudaFree`d blocks acts
+    /// before an allocation looks at the cache (it moves the epoch, which decides what may be
+    /// handed out at once). Every other switch acts on what the fast path never decides (the
+    /// slow path, placement, replay, frees, the budget, lifetime classes, which turn the fast
+    /// path off themselves), so it leaves the fast path on: a switch changes only what it
+    /// names (the general path takes the block the fast path would, but records it as a
+    /// place of the round, which the fast path does not).
     fn any(&self) -> bool {
         self.reuse_sync_frees_early
-            || self.ignore_streams
-            || self.skip_take
-            || self.lazy_sync
-            || self.ignore_budget
-            || self.repair_used
-            || self.release_forced
-            || self.stitch_run_pages
-            || self.keep_layout
-            || self.forget_rounds
-            || self.replay_over_live
-            || self.mix_lifetimes
-            || self.replay_unsynced
-            || self.dissolve_when_stuck
-            || self.kept_over_live
-        // (`pressure_off`, `pressure_reform_used`, `arena_mixes_lifetimes` and `unmap_busy`
-        // act only on the slow path and at frees, never on the fast path, which they leave
-        // on)
     }
 }
 
