@@ -575,17 +575,21 @@ fn layout_from_debug(d: &[u64; DEBUG_WORDS], minor: u32, idx: &DebugIdx) -> Resu
         ));
     }
     if d[2] != 0 {
-        // Its frames hold code objects by deferred references (kept alive by the collector,
-        // which scans thread stacks), but a frame's instruction pointer is in this thread's
-        // own copy of the bytecode, found through the code object's array of copies, which
-        // another thread replaces and frees (delayed until every attached thread has passed
-        // a quiescent point: a thread inside a CUDA call has detached) when it first runs
-        // that code (Objects/codeobject.c, `create_tlbc_lock_held`).
-        return Err(
+        // 3.14t: its frames hold code objects by deferred references (kept alive by the
+        // collector, which scans thread stacks), but a frame's instruction pointer is in
+        // this thread's own copy of the bytecode, found through the code object's array of
+        // copies, which another thread replaces and frees (delayed until every attached
+        // thread has passed a quiescent point: a thread inside a CUDA call has detached)
+        // when it first runs that code (Objects/codeobject.c, `create_tlbc_lock_held`).
+        // 3.13t has no such copies, but its object header is laid out otherwise (the walk
+        // takes an object's type at offset 8) and no 3.13t could be tested.
+        return Err(if minor >= 14 {
             "a free-threaded build: a frame's line is found through an array other threads \
              replace and free while this thread is in the call"
-                .into(),
-        );
+        } else {
+            "a free-threaded build: its objects are laid out otherwise; not read"
+        }
+        .into());
     }
     let u = |i: usize| -> Result<usize, String> {
         let v = d[i];
@@ -1523,7 +1527,14 @@ mod tests {
         let mut d = debug_314();
         d[2] = 1;
         let e = layout_from_debug(&d, 14, &debug_idx(14).unwrap()).unwrap_err();
-        assert!(e.starts_with("a free-threaded build"), "{e}");
+        assert!(
+            e.starts_with("a free-threaded build: a frame's line"),
+            "{e}"
+        );
+        // 3.13t, refused for its object layout.
+        d[1] = 0x030d_00f0;
+        let e = layout_from_debug(&d, 13, &debug_idx(13).unwrap()).unwrap_err();
+        assert!(e.starts_with("a free-threaded build: its objects"), "{e}");
     }
 
     #[test]
