@@ -220,9 +220,9 @@ impl Faults {
             || self.replay_unsynced
             || self.dissolve_when_stuck
             || self.kept_over_live
-        // (`pressure_off`, `pressure_reform_used`, `arena_mixes_lifetimes` and `unmap_busy`
-        // act only on the slow path and at frees, never on the fast path, which they leave
-        // on)
+        // (`pressure_off`, `pressure_reform_used`, `arena_mixes_lifetimes`, `unmap_busy` and
+        // `page_fenced_maps` act only on the slow path and at frees, never on the fast path,
+        // which they leave on)
     }
 }
 
