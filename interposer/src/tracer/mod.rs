@@ -140,7 +140,7 @@ pub(crate) fn emit_memop(alloc: bool, m: &vramshim_trace::MemOp) {
 
 /// Append one `Torch` event (PyTorch's allocator, `torch`) to the calling thread's buffer:
 /// [`emit`] of `Event::Torch(*t)` without building or moving an `Event`.
-#[inline]
+#[inline(always)]
 pub(crate) fn emit_torch(t: &vramshim_trace::TorchOp) {
     if !enabled() {
         return;
@@ -339,6 +339,13 @@ pub mod testing {
     /// for tests of what a thread appends that way.
     pub fn emit_memop(alloc: bool, m: &vramshim_trace::MemOp) {
         super::emit_memop(alloc, m);
+    }
+
+    /// Runs `f` with the calling thread inside its own trace buffer's window (or its lock),
+    /// as a signal handler that interrupted an append there runs: `f` may raise a signal
+    /// whose handler exits (`on_exit`), as a handler that calls `exit()` does.
+    pub fn inside_own_slot(f: impl FnOnce()) {
+        slots::inside_own_slot(f);
     }
 
     /// What the writer counted as lost so far.

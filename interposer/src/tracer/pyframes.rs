@@ -96,7 +96,7 @@ pub(crate) struct PyWalk {
     /// [`key_hash`](Self::key_hash), computed by the walk as it reads the frames.
     key_hash: u64,
     /// Whether `frames` were written by this walk (a full walk, [`with_walk`]); a walk of
-    /// the keys alone ([`with_keys`]) leaves them as an earlier walk left them.
+    /// the keys alone ([`walk_keys`]) leaves them as an earlier walk left them.
     full: bool,
 }
 
@@ -132,46 +132,85 @@ pub(crate) fn with_walk<R>(f: impl FnOnce(&PyWalk) -> R) -> R {
     })
 }
 
-/// Runs `f` on the keys of the calling thread's Python frames (the tensor tracker's walk):
-/// what identifies each frame and the stack's hash, not where to read its names, which
-/// only a new stack needs ([`py_frames`] reads them then). `None` when Python frames are
-/// off in this process. Inlined into its caller with `f`: a call through the thread-local's
-/// `with` cost the tracker ~40 instructions an allocation.
+/// The keys of the calling thread's Python frames (the tensor tracker's walk), in its own
+/// buffer: what identifies each frame and the stack's hash, not where to read its names,
+/// which only a new stack needs ([`py_frames`] reads them then). `None` when Python frames
+/// are off in this process. Inlined into the caller, which reads the buffer in place.
 #[inline(always)]
-pub(crate) fn with_keys<R>(f: impl FnOnce(&mut PyWalk) -> R) -> Option<R> {
+pub(crate) fn walk_keys() -> Option<WalkBuf> {
     if STATE.load(Ordering::Relaxed) == OFF {
         return None;
     }
     let py = py()?;
-    Some(with_buf(|w| {
-        walk_in(py, w, false);
-        f(w)
-    }))
+    let mut w = buf();
+    walk_in(py, &mut w, false);
+    Some(w)
+}
+
+#[inline]
+fn with_buf<R>(f: impl FnOnce(&mut PyWalk) -> R) -> R {
+    f(&mut buf())
+}
+
+/// The calling thread's walk buffer, borrowed until dropped.
+pub(crate) struct WalkBuf {
+    /// The buffer `_hold` borrows or owns.
+    w: *mut PyWalk,
+    _hold: Hold,
+}
+
+/// What keeps [`WalkBuf::w`] valid (held for its drop alone).
+enum Hold {
+    Tls {
+        _borrow: std::cell::RefMut<'static, PyWalk>,
+    },
+    Own {
+        _buf: Box<PyWalk>,
+    },
+}
+
+impl std::ops::Deref for WalkBuf {
+    type Target = PyWalk;
+    #[inline(always)]
+    fn deref(&self) -> &PyWalk {
+        // SAFETY: `w` points into what `_hold` borrows or owns, alive as long as `self`.
+        unsafe { &*self.w }
+    }
+}
+
+impl std::ops::DerefMut for WalkBuf {
+    #[inline(always)]
+    fn deref_mut(&mut self) -> &mut PyWalk {
+        // SAFETY: as in `deref`; `&mut self` makes this the only reference.
+        unsafe { &mut *self.w }
+    }
 }
 
 #[inline(always)]
-fn with_buf<R>(f: impl FnOnce(&mut PyWalk) -> R) -> R {
+fn buf() -> WalkBuf {
     // The thread's buffer by address: `with` of a closure that only takes it is inlined
-    // (one call to the TLS accessor), where `with(f)` of the whole walk was not.
+    // (one call to the TLS accessor), where `with` of the whole walk was not (~40
+    // instructions an allocation for the tracker).
     let cell: *const std::cell::RefCell<PyWalk> = WALK.with(|w| w as *const _);
     // SAFETY: a thread-local without a destructor stays valid until its thread exits, and
-    // this thread is inside this call; it is only borrowed through the RefCell.
-    let cell = unsafe { &*cell };
-    let mut own;
-    let mut held;
-    let w: &mut PyWalk = match cell.try_borrow_mut() {
-        Ok(g) => {
-            held = g;
-            &mut held
-        }
+    // `WalkBuf` cannot leave this thread (it holds a raw pointer and a `RefMut`, neither
+    // `Send`); the buffer is only reached through the RefCell's borrow.
+    let cell: &'static std::cell::RefCell<PyWalk> = unsafe { &*cell };
+    match cell.try_borrow_mut() {
+        Ok(mut g) => WalkBuf {
+            w: &mut *g as *mut PyWalk,
+            _hold: Hold::Tls { _borrow: g },
+        },
         // Re-entered on this thread (never expected: nothing below calls back): a buffer
         // of its own.
         Err(_) => {
-            own = Box::new(PyWalk::new());
-            &mut own
+            let mut b = Box::new(PyWalk::new());
+            WalkBuf {
+                w: &mut *b as *mut PyWalk,
+                _hold: Hold::Own { _buf: b },
+            }
         }
-    };
-    f(w)
+    }
 }
 
 impl PyWalk {
@@ -294,6 +333,9 @@ struct Layout {
     rt_finalizing: usize,
 }
 
+/// The `owner` of the shim frame an eval-loop run starts with: `FRAME_OWNED_BY_CSTACK` (3) in
+/// 3.12 and 3.13; in 3.14 the shim is `FRAME_OWNED_BY_INTERPRETER`, which took the value 3
+/// (its `FRAME_OWNED_BY_CSTACK` is 4 and marks no frame of a thread's chain).
 const OWNED_BY_CSTACK: u8 = 3;
 
 /// The offsets of CPython 3.10-3.12 (x86-64 and aarch64 Linux builds, from each version's
@@ -457,8 +499,8 @@ struct DebugIdx {
     firstlineno: usize,
     co_code_adaptive: usize,
     /// Offsets the walk and the naming take as fixed (an object's type, a `bytes`' length
-    /// and data, a `str`'s length, state and ASCII data), with the value each must have;
-    /// 3.13's are not checked (its build read in the tests has these).
+    /// and data, a `str`'s state, length and ASCII data), with the value each must have: a
+    /// build that differs, or a table of indices that does not fit the struct, is refused.
     fixed: &'static [(usize, u64)],
     /// The tag bits of `_PyInterpreterFrame.f_executable` ([`Layout::code_tag`]).
     code_tag: u64,
@@ -478,7 +520,9 @@ const fn debug_idx(minor: u32) -> Option<DebugIdx> {
             linetable: 38,
             firstlineno: 39,
             co_code_adaptive: 43,
-            fixed: &[],
+            // pyobject.ob_type; bytes_object.ob_size, ob_sval; unicode_object.state, length,
+            // asciiobject_size.
+            fixed: &[(45, 8), (65, 16), (66, 32), (68, 32), (69, 16), (70, 40)],
             code_tag: 0,
         },
         14 => DebugIdx {
@@ -531,17 +575,21 @@ fn layout_from_debug(d: &[u64; DEBUG_WORDS], minor: u32, idx: &DebugIdx) -> Resu
         ));
     }
     if d[2] != 0 {
-        // Its frames hold code objects by deferred references (kept alive by the collector,
-        // which scans thread stacks), but a frame's instruction pointer is in this thread's
-        // own copy of the bytecode, found through the code object's array of copies, which
-        // another thread replaces and frees (delayed until every attached thread has passed
-        // a quiescent point: a thread inside a CUDA call has detached) when it first runs
-        // that code (Objects/codeobject.c, `create_tlbc_lock_held`).
-        return Err(
+        // 3.14t: its frames hold code objects by deferred references (kept alive by the
+        // collector, which scans thread stacks), but a frame's instruction pointer is in
+        // this thread's own copy of the bytecode, found through the code object's array of
+        // copies, which another thread replaces and frees (delayed until every attached
+        // thread has passed a quiescent point: a thread inside a CUDA call has detached)
+        // when it first runs that code (Objects/codeobject.c, `create_tlbc_lock_held`).
+        // 3.13t has no such copies, but its object header is laid out otherwise (the walk
+        // takes an object's type at offset 8) and no 3.13t could be tested.
+        return Err(if minor >= 14 {
             "a free-threaded build: a frame's line is found through an array other threads \
              replace and free while this thread is in the call"
-                .into(),
-        );
+        } else {
+            "a free-threaded build: its objects are laid out otherwise; not read"
+        }
+        .into());
     }
     let u = |i: usize| -> Result<usize, String> {
         let v = d[i];
@@ -607,7 +655,8 @@ const MIN_ADDR: u64 = 4096;
 /// A read of `N` bytes at `addr`: through the kernel when `CHECKED` (before the layout is
 /// verified; a bad address is `None`), else a plain load (a verified layout; the calling
 /// thread's own frames), which always succeeds: the caller has checked the address of the
-/// object `addr` lies in against [`MIN_ADDR`] (so no per-field test costs the hot walk).
+/// object `addr` lies in against [`MIN_ADDR`], or it is one of the names of a live code
+/// object (so no per-field test costs the hot walk).
 #[inline(always)]
 fn rd<const CHECKED: bool, const N: usize>(addr: u64) -> Option<[u8; N]> {
     let mut b = [0u8; N];
@@ -616,7 +665,8 @@ fn rd<const CHECKED: bool, const N: usize>(addr: u64) -> Option<[u8; N]> {
     }
     // SAFETY: `addr` is a field of an object the calling thread's interpreter frames
     // reference (alive while this thread is inside this call; its address checked against
-    // MIN_ADDR by the caller), at an offset of a verified layout.
+    // MIN_ADDR by the caller, or one a live code object holds), at an offset of a verified
+    // layout.
     unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, b.as_mut_ptr(), N) };
     Some(b)
 }
@@ -985,7 +1035,11 @@ fn walk_with<const C: bool, const M: u32, const FULL: bool>(
         let filename = rd_u64::<C>(code + l.co_filename as u64).ok_or("code unreadable")?;
         let name = rd_u64::<C>(code + l.co_name as u64).ok_or("code unreadable")?;
         let linetable = rd_u64::<C>(code + l.co_linetable as u64).ok_or("code unreadable")?;
-        if filename < MIN_ADDR || name < MIN_ADDR || linetable < MIN_ADDR {
+        // A live code object (its type checked above; its frame holds a reference to it)
+        // always has its names: their addresses are checked by the first walks, through the
+        // kernel, where a layout that is not the one expected would show; the plain walks
+        // rely on that.
+        if C && (filename < MIN_ADDR || name < MIN_ADDR || linetable < MIN_ADDR) {
             return Err("a code object's names are unreadable");
         }
         if strict
@@ -1228,7 +1282,7 @@ fn name_frame(py: &Py, f: &RawFrame, k: &Frame, records: &mut Vec<Event>) -> (u3
 
 /// The Python frames of `walk` (innermost first), named now like [`merge`]'s: what a
 /// `PyStack` record holds. New code objects' `PyCode` records go to `records`. A walk of
-/// the keys alone ([`with_keys`]) is read again in full first (the same frames: this
+/// the keys alone ([`walk_keys`]) is read again in full first (the same frames: this
 /// thread is still inside the call that walked them); `None` if it did not find the same
 /// keys, or Python frames are off.
 pub(crate) fn py_frames(
@@ -1473,7 +1527,14 @@ mod tests {
         let mut d = debug_314();
         d[2] = 1;
         let e = layout_from_debug(&d, 14, &debug_idx(14).unwrap()).unwrap_err();
-        assert!(e.starts_with("a free-threaded build"), "{e}");
+        assert!(
+            e.starts_with("a free-threaded build: a frame's line"),
+            "{e}"
+        );
+        // 3.13t, refused for its object layout.
+        d[1] = 0x030d_00f0;
+        let e = layout_from_debug(&d, 13, &debug_idx(13).unwrap()).unwrap_err();
+        assert!(e.starts_with("a free-threaded build: its objects"), "{e}");
     }
 
     #[test]

@@ -219,8 +219,9 @@ fn rd<T: Copy>(p: *const u8, off: usize) -> T {
 
 /// A kept entry (`action`, checked by [`invoker`]). A tensor's allocation and completed
 /// free (all but a few of PyTorch's calls) take the straight paths ([`tensor_alloc`],
-/// [`segment_locked`]); segment events, OOMs and the fault switch take [`on_other`].
-#[inline(always)]
+/// [`segment_locked`]); segment events, OOMs and the fault switch take [`on_other`]. Not
+/// inlined into [`invoker`], so that a free request leaves before any register is saved.
+#[inline(never)]
 fn on_entry(e: *const u8, action: u8) {
     if !matches!(action, act::ALLOC | act::FREE_COMPLETED) || FAULT_DROP.load(Ordering::Relaxed) {
         return on_other(e, action);
@@ -309,29 +310,29 @@ fn tensor_alloc(e: *const u8, action: u8, device: i32, addr: u64, size: u64) -> 
 }
 
 /// [`tensor_alloc`] by the thread's own frames: a walk of their keys
-/// ([`with_keys`](super::pyframes::with_keys)), the stack found by its key in the table, and
-/// the segment, under one lock; a stack seen for the first time is named by [`new_walk`],
-/// its records written (after the lock) before the event.
+/// ([`walk_keys`](super::pyframes::walk_keys)), the stack found by its key in the table,
+/// and the segment, under one lock; a stack seen for the first time is named by
+/// [`new_walk`], its records written (after the lock) before the event.
 #[inline(always)]
 fn tensor_walk(action: u8, device: i32, addr: u64, size: u64) -> (u64, u32) {
-    super::pyframes::with_keys(|w| {
-        let mut g = state();
-        let st = state_mut(&mut g);
-        let segment = segment_of(st, action, device, addr, size);
-        if w.is_empty() {
-            return (segment, 0);
-        }
-        if let Some(id) = st.walks.get(w.key_hash(), |k| w.key_eq(k)) {
-            return (segment, id);
-        }
-        let (stack, records) = new_walk(st, w);
-        drop(g);
-        for r in records {
-            super::emit(r);
-        }
-        (segment, stack)
-    })
-    .unwrap_or_else(|| (segment_locked(action, device, addr, size), 0))
+    let Some(mut w) = super::pyframes::walk_keys() else {
+        return (segment_locked(action, device, addr, size), 0);
+    };
+    let mut g = state();
+    let st = state_mut(&mut g);
+    let segment = segment_of(st, action, device, addr, size);
+    if w.is_empty() {
+        return (segment, 0);
+    }
+    if let Some(id) = st.walks.get(w.key_hash(), |k| w.key_eq(k)) {
+        return (segment, id);
+    }
+    let (stack, records) = new_walk(st, &mut w);
+    drop(g);
+    for r in records {
+        super::emit(r);
+    }
+    (segment, stack)
 }
 
 /// [`tensor_alloc`] of an entry with a context: the Python stack PyTorch captured when the

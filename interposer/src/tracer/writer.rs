@@ -438,7 +438,7 @@ fn writer_main(sh: &'static Shared) {
 
 /// Order faults (`VRAMSHIM_TRACE_FAULT`), read once per writer: each restores a tick's steps
 /// as they were before a fix, to show that the tests holding a tick in that window
-/// (`tests/workloads/trace/tests/tick_windows.rs`) catch the wrong order.
+/// (`tests/workloads/trace/tests/tick_window_*.rs`) catch the wrong order.
 #[derive(Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 enum OrderFault {
@@ -458,6 +458,10 @@ enum OrderFault {
     /// thread got gets its `ThreadExit` record only once that thread exits too (two records
     /// for one tid then).
     TidOnly,
+    /// `own-wait`: the exit path's drain waits for the exiting thread's own slot like any
+    /// other's (in vain when a signal handler that exits interrupted the thread inside it:
+    /// `1 << 20` attempts), and the slots it gives up on are dropped uncounted.
+    OwnWait,
 }
 
 static ORDER_FAULT: AtomicU8 = AtomicU8::new(0);
@@ -470,6 +474,7 @@ fn order_fault() -> OrderFault {
                 Some("late-reap") => OrderFault::LateReap,
                 Some("late-close") => OrderFault::LateClose,
                 Some("tid-only") => OrderFault::TidOnly,
+                Some("own-wait") => OrderFault::OwnWait,
                 _ => OrderFault::None,
             };
             ORDER_FAULT.store(f as u8, Ordering::Relaxed);
@@ -479,6 +484,7 @@ fn order_fault() -> OrderFault {
         3 => OrderFault::LateReap,
         4 => OrderFault::LateClose,
         5 => OrderFault::TidOnly,
+        6 => OrderFault::OwnWait,
         _ => OrderFault::None,
     }
 }
@@ -634,7 +640,14 @@ fn tick_locked(
             }
         },
         spins,
+        fault == OrderFault::OwnWait,
     );
+    // At exit nothing takes the buffers given up on later: their events are lost, and the
+    // `Lost` record below says how many (at a tick they wait for the next one).
+    if at_exit && fault != OrderFault::OwnWait {
+        count_lost(drained.skipped_events);
+    }
+    let drained = drained.taken;
     for c in older {
         write_chunk(sh, out, c);
     }

@@ -27,7 +27,9 @@
 //! synchronization, or by making that stream wait on an event recorded on `s` when the block
 //! changes streams (it covers the free; `cudaStreamWaitEvent`, no host synchronization, and
 //! no event at all on the same-stream fast path). Bytes of dissolved blocks carry the same
-//! condition as a per-page fence. No synchronization during capture.
+//! condition as a per-page fence, and the mapping such a block was in stays mapped until a
+//! synchronization (its addresses are what the stream may still use; the other mappings of
+//! its pages are not held for it: see `fences`). No synchronization during capture.
 
 use crate::blocks::{BState, Block, Blocks, SizeLists};
 use crate::device::{Device, DeviceError, EventId, Handle, Stream};
@@ -107,6 +109,11 @@ struct Mapping {
     pages: Vec<u32>,
     /// blocks (live, pending or cached) placed in this mapping
     users: u32,
+    /// a block freed through this mapping stream-ordered was given back to its pages in an
+    /// epoch before this one: until a synchronization covers it (the epoch reaches this), a
+    /// stream may still use this mapping's addresses, which therefore stay mapped (see
+    /// `fences`)
+    busy_until: u64,
 }
 
 /// What the slow path found: a cached block (after a synchronization released it), or a
@@ -185,6 +192,14 @@ pub struct Faults {
     /// the arena, across classes (not a safety fault: it proves the test that the classes
     /// reach 1.03 x peak live only with the arena set aside can fail).
     pub arena_mixes_lifetimes: bool,
+    /// Unmap a mapping (drop it, re-form it, or give its pages back) while a stream may still
+    /// use its addresses (a block freed through it stream-ordered, with no synchronization
+    /// since): proves the checks of the per-mapping stream condition can fail.
+    pub unmap_busy: bool,
+    /// Keep every mapping of a page freed into stream-ordered mapped until a
+    /// synchronization, as the per-page condition did (not a safety fault: it proves the
+    /// test that the per-mapping condition gives pages back can fail).
+    pub page_fenced_maps: bool,
 }
 
 impl Faults {
@@ -689,7 +704,7 @@ impl Stitch {
         }
         // under a budget, the place this allocation had in the previous round comes first
         // (see `rounds`): a cached block taken instead would let the layout drift
-        let replayed = if self.budget.is_some() {
+        let replayed = if self.budget.is_some() && self.round_due(size) {
             self.round_commit(dev, size, t, req.size)?
         } else {
             None

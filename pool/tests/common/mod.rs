@@ -1,5 +1,9 @@
-//! What the pool's property tests share: the free modes they draw, the end of a run (every
-//! live block freed, then trim) and the checks that a run left nothing behind.
+//! What the pool's tests share: the free modes the property tests draw, the end of a run
+//! (every live block freed, then trim) and the checks that a run left nothing behind; the
+//! rotation `pool_bench` times ([`rotation`]). Each test file uses a part of it.
+#![allow(dead_code)]
+
+pub mod rotation;
 
 use proptest::prelude::*;
 use vramshim_pool::{AccountingDevice, FreeMode, Policy};
