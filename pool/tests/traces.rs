@@ -323,7 +323,7 @@ fn tight_pool_reforms_mappings_safely() {
 /// above the budget, so the promise holds): a repeated workload behind `cudaFree` then stops
 /// taking and giving back the same pages every pass. Passes 2-6 of bert make fewer driver
 /// calls than with the pages given back at once (vit no more) (`Faults::release_forced`),
-/// t5's six passes fewer in all (its first pass 856 against 928; its passes 2-6 170 against
+/// t5's six passes fewer in all (its first pass 847 against 928; its passes 2-6 170 against
 /// 129: a cache kept over forced pages serves exact repeats, where dissolving it lets later
 /// requests be placed in its bytes), and the most the pool holds over the six passes is no
 /// more than with them given back (t5: within 1.10 x peak live, 1.066 against 1.053). Run with
