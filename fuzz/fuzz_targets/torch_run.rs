@@ -7,9 +7,11 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use vramshim_trace::{
-    Event, FrameLayout, Header, RecordEncoder, RecordStats, TorchOp, TraceReader, TraceWriter,
-};
+use vramshim_trace::{Event, FrameLayout, TorchOp, TraceReader};
+
+/// The trace tests' writers of raw records and encoded buffers.
+#[path = "../../trace/tests/common/frames.rs"]
+mod frames;
 
 fn drain(bytes: &[u8]) -> Vec<Event> {
     let mut out = Vec::new();
@@ -87,35 +89,15 @@ fuzz_target!(|data: &[u8]| {
     let mut recs = vec![1u8, 1, 5, 25];
     recs.extend_from_slice(&[(n as u8) | 0x80, ((n >> 7) as u8) | 0x80, (n >> 14) as u8]);
     recs.extend_from_slice(payload);
-    let mut w = TraceWriter::new(Vec::new(), &Header::default()).unwrap();
-    w.set_layout(layout);
-    let st = RecordStats {
-        records: 1,
-        t_min: u64::MAX,
-        t_max: 0,
-    };
-    if w.write_records(&recs, st).is_ok()
-        && let Ok(file) = w.finish()
-    {
+    if let Ok(file) = frames::records_trace(&recs, layout, false) {
         let got = drain(&file);
         assert!(got.len() <= n / 2 + 1);
     }
-    // 2. The bytes as events: encoded in buffers of one context, read back exactly.
+    // 2. The bytes as events: encoded in buffers of one context, each in a frame of its own
+    // or all in one, read back exactly.
     let ev = events(payload);
-    let mut w = TraceWriter::new(Vec::new(), &Header::default()).unwrap();
-    w.set_layout(layout);
-    let mut enc = RecordEncoder::new();
     let per = 1 + data[0] as usize / 2;
-    for chunk in ev.chunks(per) {
-        enc.begin(7);
-        for e in chunk {
-            enc.push(e);
-        }
-        w.write_encoded(&enc).unwrap();
-        if data[0] & 2 != 0 {
-            w.flush_frame().unwrap();
-        }
-    }
-    let file = w.finish().unwrap();
+    let per_frame = if data[0] & 2 != 0 { 1 } else { usize::MAX };
+    let file = frames::buffers_trace(&ev, layout, per, per_frame, Some(7));
     assert!(drain(&file) == ev, "events did not round trip");
 });

@@ -66,18 +66,12 @@ fn min_device(events: &[Event], class: Option<&[u8]>, tight: bool) -> u64 {
 }
 
 fn main() {
-    let files = common::trace_files(std::env::args().skip(1).collect());
+    let traces = common::traces(std::env::args().skip(1).collect());
     println!(
         "| trace | frees | pool | peak live MiB | min device MiB | min/peak live | with lifetime classes (oracle) MiB | min/peak live |"
     );
     println!("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |");
-    for f in files {
-        let t = common::read_trace(&f);
-        let name = f
-            .file_name()
-            .unwrap_or_default()
-            .to_string_lossy()
-            .to_string();
+    for (name, t, _) in traces {
         for frees in Frees::BOTH {
             let events = frees.apply(&t.events);
             // the peak's event, and each allocation's death: class 1 = freed before the peak

@@ -117,16 +117,13 @@ fn main() {
             (0.05, 2, true, false),
         ];
     }
-    let files = common::trace_files(args.get(split + 1..).unwrap_or(&[]).to_vec());
+    let traces = common::traces(args.get(split + 1..).unwrap_or(&[]).to_vec());
     println!(
         "| trace | frees | budget | reserved/live | min device / peak live | driver calls | passes 2, 3 calls | calls /1000 allocs, 2nd half |"
     );
     println!("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |");
     let mut bounds = Vec::new();
-    for f in files {
-        let t = common::read_trace(&f);
-        let name = f.file_name().unwrap().to_string_lossy().to_string();
-        let live = replay::peak_live(&t.events);
+    for (name, t, live) in traces {
         for frees in Frees::BOTH {
             let stream = frees.apply(&t.events);
             for &(ratio, slack, runs, kept) in &budgets {

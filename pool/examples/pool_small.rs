@@ -25,15 +25,12 @@ fn pool(rule: bool) -> Stitch {
 }
 
 fn main() {
-    let files = common::trace_files(std::env::args().skip(1).collect());
+    let traces = common::traces(std::env::args().skip(1).collect());
     println!(
         "| trace | frees | rule | peak live MiB | min device MiB | min/peak live | driver calls there | syncs there | round mappings re-formed there | 1.03 x device MiB | completes there |"
     );
     println!("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |");
-    for f in files {
-        let t = common::read_trace(&f);
-        let name = f.file_name().unwrap().to_string_lossy().to_string();
-        let live = replay::peak_live(&t.events);
+    for (name, t, live) in traces {
         let small = (live as f64 * 1.03) as u64 / (2 * MIB) * (2 * MIB);
         for frees in Frees::BOTH {
             let stream = frees.apply(&t.events);

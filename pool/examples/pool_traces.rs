@@ -29,15 +29,12 @@ fn policies() -> Vec<(&'static str, Make)> {
 }
 
 fn main() {
-    let files = common::trace_files(std::env::args().skip(1).collect());
+    let traces = common::traces(std::env::args().skip(1).collect());
     println!(
         "| trace | frees | policy | peak live MiB | min device MiB | min/peak live | peak reserved MiB (80 GiB device) | reserved/live | driver calls | syncs | 2nd-pass driver calls | driver calls /1000 allocs, 2nd half |"
     );
     println!("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
-    for f in files {
-        let t = common::read_trace(&f);
-        let name = f.file_name().unwrap().to_string_lossy().to_string();
-        let live = replay::peak_live(&t.events);
+    for (name, t, live) in traces {
         for frees in Frees::BOTH {
             let stream = frees.apply(&t.events);
             for (label, make) in policies() {

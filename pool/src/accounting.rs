@@ -436,9 +436,11 @@ impl AccountingDevice {
     /// and every reservation it is mapped in holds no live block and no such freed bytes, and
     /// no page mapped there had bytes freed since the last synchronization (the whole mapping
     /// must go before the handle can; a page whose freed bytes a stream may still use keeps
-    /// every mapping it is in, as a policy's per-page stream condition does, even where those
-    /// bytes were handed out again since: coarser than unmapping needs, which is about the
-    /// addresses the stream uses, but it is the rule a policy promises).
+    /// every mapping it is in, even where those bytes were handed out again since: coarser
+    /// than unmapping needs, which is about the addresses the stream uses, and than the
+    /// stitch pool's rule, which keeps only the mapping the freed block was in; a handle this
+    /// finds releasable is releasable by the finer rule too, so the budget check holds a pool
+    /// to at least this).
     ///
     /// The budget check of the property tests compares this with what a policy holds above
     /// its budget, so that a policy's own opinion of what it could give back is not trusted.

@@ -7,33 +7,12 @@
 //! Broken on purpose (`Faults::kept_over_live`: a carve ignores the live blocks in a range),
 //! the checking device reports the overlap.
 
-use vramshim_pool::replay::{self, Event, Frees};
-use vramshim_pool::stitch::{Faults, Stitch};
-use vramshim_pool::{AccountingDevice, FreeMode, MIB, Policy, Request, rmm_csv};
+mod common;
 
-fn traces() -> Vec<(String, Vec<Event>)> {
-    let mut files = vramshim_testkit::shipped_traces();
-    let gpu = vramshim_testkit::repo_root().join("tests/workloads/traces/gpu");
-    for n in [
-        "gpt2_train.rmm.csv",
-        "mlp_train.rmm.csv",
-        "vit_train.rmm.csv",
-    ] {
-        files.push(gpu.join(n));
-    }
-    files
-        .into_iter()
-        .map(|p| {
-            let t = rmm_csv::parse_file(&p).unwrap();
-            let name = p
-                .strip_prefix(p.parent().unwrap().parent().unwrap())
-                .unwrap()
-                .to_string_lossy()
-                .into_owned();
-            (name, t.events)
-        })
-        .collect()
-}
+use common::traces;
+use vramshim_pool::replay::{self, Frees};
+use vramshim_pool::stitch::{Faults, Stitch};
+use vramshim_pool::{AccountingDevice, FreeMode, MIB, Policy, Request};
 
 /// Two 8 MiB blocks fill the arena; the first is freed (a kept range with its cached block);
 /// a 3 MiB block is carved at the range's start (no free window elsewhere); a 6 MiB block

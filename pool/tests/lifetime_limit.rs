@@ -83,9 +83,9 @@ fn replay_told(events: &[Event], class: &[u8], p: &mut Stitch, capacity: u64) ->
     Ok(())
 }
 
-/// t5 (both free semantics) on the 1.03 x device; the rule is what does it behind `cudaFree`
-/// there (484 MiB), and stream-ordered (where the classes alone reach 484) on the rule's own
-/// smallest device, 480 MiB (1.019 x).
+/// t5 (both free semantics) on the 1.03 x device (484 MiB); the rule is what does it on its
+/// own smallest devices: behind `cudaFree` 482 MiB (1.023 x; the classes alone reach 484),
+/// stream-ordered 480 MiB (1.019 x; the classes alone reach 484).
 #[test]
 fn lifetime_classes_fit_t5_on_1_03_x_peak_live_with_the_arena_set_aside() {
     let path = vramshim_testkit::repo_root().join("tests/workloads/traces/t5_train.rmm.csv");
@@ -94,7 +94,8 @@ fn lifetime_classes_fit_t5_on_1_03_x_peak_live_with_the_arena_set_aside() {
     assert_eq!(device, 484 * MIB);
     for (frees, mib, kept) in [
         (Frees::CudaFree, 484, false),
-        (Frees::CudaFree, 484, true),
+        (Frees::CudaFree, 482, false),
+        (Frees::CudaFree, 482, true),
         (Frees::StreamOrdered, 484, false),
         (Frees::StreamOrdered, 480, false),
         (Frees::StreamOrdered, 480, true),

@@ -106,21 +106,29 @@ fn exercise_with(
     dev
 }
 
+/// [`exercise`] on a device of `capacity` bytes, then [`assert_clean`].
+fn exercise_clean(policy: &mut dyn Policy, ops: &[Op], capacity: u64) {
+    let dev = exercise(policy, ops, capacity);
+    assert_clean(&dev, policy);
+}
+
+/// [`exercise_clean`] with the budget check ([`budget_kept`]) after every operation.
+fn exercise_clean_in_budget(policy: &mut dyn Policy, ops: &[Op], capacity: u64, b: Budget) {
+    let dev = exercise_with(policy, ops, capacity, &mut budget_kept(b));
+    assert_clean(&dev, policy);
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
 
     #[test]
     fn stitch_is_safe(ops in proptest::collection::vec(op(), 1..300), cap_mib in 64u64..1024) {
-        let mut p = Stitch::new();
-        let dev = exercise(&mut p, &ops, cap_mib * MIB);
-        assert_clean(&dev, &p);
+        exercise_clean(&mut Stitch::new(), &ops, cap_mib * MIB);
     }
 
     #[test]
     fn stitch_with_soft_limit_is_safe(ops in proptest::collection::vec(op(), 1..300), cap_mib in 64u64..1024) {
-        let mut p = Stitch::new().with_headroom(Some(0.0));
-        let dev = exercise(&mut p, &ops, cap_mib * MIB);
-        assert_clean(&dev, &p);
+        exercise_clean(&mut Stitch::new().with_headroom(Some(0.0)), &ops, cap_mib * MIB);
     }
 
     /// The tight pool is as safe, and keeps its promise: whenever the device holds more of
@@ -128,9 +136,7 @@ proptest! {
     /// the all-time peak live counted by the harness * (1 + ratio) + slack), nothing is cached.
     #[test]
     fn stitch_tight_is_safe_and_keeps_its_budget(ops in proptest::collection::vec(op(), 1..300), cap_mib in 64u64..1024) {
-        let mut p = Stitch::tight();
-        let dev = exercise_with(&mut p, &ops, cap_mib * MIB, &mut budget_kept(Budget::default()));
-        assert_clean(&dev, &p);
+        exercise_clean_in_budget(&mut Stitch::tight(), &ops, cap_mib * MIB, Budget::default());
     }
 
     /// The same with a budget window of 16 allocations: the recent peak falls often, the
@@ -139,9 +145,7 @@ proptest! {
     #[test]
     fn stitch_tight_with_short_windows_keeps_its_budget(ops in proptest::collection::vec(op(), 1..300), cap_mib in 64u64..1024) {
         let b = Budget { window: 16, ..Budget::default() };
-        let mut p = Stitch::new().with_budget(Some(b));
-        let dev = exercise_with(&mut p, &ops, cap_mib * MIB, &mut budget_kept(b));
-        assert_clean(&dev, &p);
+        exercise_clean_in_budget(&mut Stitch::new().with_budget(Some(b)), &ops, cap_mib * MIB, b);
     }
 
     /// Growing its arena by runs of pages under one handle, the tight pool is as safe and
@@ -150,9 +154,7 @@ proptest! {
     /// purpose in `runs.rs`).
     #[test]
     fn stitch_tight_with_runs_is_safe_and_keeps_its_budget(ops in proptest::collection::vec(op(), 1..300), cap_mib in 64u64..1024) {
-        let mut p = Stitch::tight().with_runs(true);
-        let dev = exercise_with(&mut p, &ops, cap_mib * MIB, &mut budget_kept(Budget::default()));
-        assert_clean(&dev, &p);
+        exercise_clean_in_budget(&mut Stitch::tight().with_runs(true), &ops, cap_mib * MIB, Budget::default());
     }
 
     /// With kept ranges (`Stitch::with_kept`: smaller blocks carved best fit out of the
@@ -167,16 +169,12 @@ proptest! {
 
     #[test]
     fn caching_is_safe(ops in proptest::collection::vec(op(), 1..300), cap_mib in 64u64..1024) {
-        let mut p = PolicyKind::Caching.build();
-        let dev = exercise(p.as_mut(), &ops, cap_mib * MIB);
-        assert_clean(&dev, p.as_ref());
+        exercise_clean(PolicyKind::Caching.build().as_mut(), &ops, cap_mib * MIB);
     }
 
     #[test]
     fn direct_is_safe(ops in proptest::collection::vec(op(), 1..300), cap_mib in 64u64..1024) {
-        let mut p = PolicyKind::Direct.build();
-        let dev = exercise(p.as_mut(), &ops, cap_mib * MIB);
-        assert_clean(&dev, p.as_ref());
+        exercise_clean(PolicyKind::Direct.build().as_mut(), &ops, cap_mib * MIB);
     }
 
     /// Allocation under memory pressure: whenever stitch refuses, the live bytes plus the
@@ -413,6 +411,15 @@ fn rounds() -> impl Strategy<Value = Vec<Op>> {
         })
 }
 
+/// `n` draws of [`rounds`] from a fixed seed (the same on every run).
+fn drawn_rounds(n: usize) -> Vec<Vec<Op>> {
+    use proptest::strategy::ValueTree;
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    (0..n)
+        .map(|_| rounds().new_tree(&mut runner).unwrap().current())
+        .collect()
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
@@ -424,9 +431,7 @@ proptest! {
     /// (`checker_catches_a_replay_without_its_synchronization`).
     #[test]
     fn stitch_tight_replays_rounds_safely(ops in rounds(), cap_mib in 128u64..1024) {
-        let mut p = Stitch::tight();
-        let dev = exercise_with(&mut p, &ops, cap_mib * MIB, &mut budget_kept(Budget::default()));
-        assert_clean(&dev, &p);
+        exercise_clean_in_budget(&mut Stitch::tight(), &ops, cap_mib * MIB, Budget::default());
     }
 
     /// The same with kept ranges (`Stitch::with_kept`).
@@ -440,9 +445,7 @@ proptest! {
     /// The same with the arena grown by runs of pages (`Stitch::with_runs`).
     #[test]
     fn stitch_tight_with_runs_replays_rounds_safely(ops in rounds(), cap_mib in 128u64..1024) {
-        let mut p = Stitch::tight().with_runs(true);
-        let dev = exercise_with(&mut p, &ops, cap_mib * MIB, &mut budget_kept(Budget::default()));
-        assert_clean(&dev, &p);
+        exercise_clean_in_budget(&mut Stitch::tight().with_runs(true), &ops, cap_mib * MIB, Budget::default());
     }
 }
 
@@ -452,11 +455,8 @@ proptest! {
 /// most of them replay places: `Stitch::replays`).
 #[test]
 fn checker_catches_a_replay_without_its_synchronization() {
-    use proptest::strategy::ValueTree;
-    let mut runner = proptest::test_runner::TestRunner::deterministic();
     let (mut caught, mut clean, mut replayed) = (0, 0, 0);
-    for _ in 0..64 {
-        let ops = rounds().new_tree(&mut runner).unwrap().current();
+    for ops in drawn_rounds(64) {
         for broken in [false, true] {
             let mut p = Stitch::tight();
             p.set_faults(Faults {
@@ -496,9 +496,7 @@ proptest! {
     /// (`stitch/pressure.rs`), and stays as safe, within the device and its budget.
     #[test]
     fn stitch_tight_replays_rounds_safely_near_the_limit(ops in rounds(), cap_mib in 48u64..160) {
-        let mut p = Stitch::tight();
-        let dev = exercise_with(&mut p, &ops, cap_mib * MIB, &mut budget_kept(Budget::default()));
-        assert_clean(&dev, &p);
+        exercise_clean_in_budget(&mut Stitch::tight(), &ops, cap_mib * MIB, Budget::default());
     }
 }
 
@@ -508,11 +506,8 @@ proptest! {
 /// blocks use it) the checking device or the pool's own books catch the moved bytes in some.
 #[test]
 fn checker_catches_reforming_a_used_mapping_under_pressure() {
-    use proptest::strategy::ValueTree;
-    let mut runner = proptest::test_runner::TestRunner::deterministic();
     let (mut caught, mut reformed) = (0, 0);
-    for _ in 0..64 {
-        let ops = rounds().new_tree(&mut runner).unwrap().current();
+    for ops in drawn_rounds(64) {
         for broken in [false, true] {
             let mut p = Stitch::tight();
             p.set_faults(Faults {
@@ -1439,4 +1434,122 @@ fn checker_catches_broken_rules_in_the_arena() {
             );
         }
     }
+}
+
+/// 64 streams of 300 random operations (xorshift from `seed`) of the kind that put a tight
+/// pool with short budget windows above its budget often: blocks of every size on three
+/// streams, frees (stream-ordered, or a quarter with `cudaFree` when `sync_frees`), the
+/// process's synchronizations.
+fn random_streams(mut seed: u64, sync_frees: bool) -> Vec<Vec<Op>> {
+    let mut next = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    (0..64)
+        .map(|_| {
+            (0..300)
+                .map(|_| match next(20) {
+                    0..=9 => Op::Alloc {
+                        size: match next(12) {
+                            0..=3 => 1 + next(4096),
+                            4..=7 => 4096 + next(MIB),
+                            8..=10 => MIB + next(7 * MIB),
+                            _ => 8 * MIB + next(64 * MIB),
+                        },
+                        stream: next(3),
+                    },
+                    10..=17 => Op::Free {
+                        idx: next(1 << 20) as usize,
+                        mode: if sync_frees && next(4) == 0 {
+                            FreeMode::Sync
+                        } else {
+                            FreeMode::Async { stream: next(3) }
+                        },
+                    },
+                    18 => Op::ProcessSync,
+                    _ => Op::Alloc {
+                        size: 4096,
+                        stream: 0,
+                    },
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The stream condition of unmapping is per mapping (a block freed through a mapping
+/// stream-ordered keeps that mapping's addresses mapped until a synchronization), not per
+/// page (the page is in other mappings too, whose addresses no stream used for that block).
+/// Broken on purpose (`Faults::unmap_busy`: a mapping is dropped, re-formed or given back
+/// while a block freed through it may still be used by its stream), the checking device
+/// reports the unmap in random streams of operations of the tight pool with short budget
+/// windows; with the rule kept, none of the same streams shows a violation.
+#[test]
+fn checker_catches_unmapping_a_mapping_a_stream_may_still_use() {
+    let mut caught = 0;
+    for ops in random_streams(0x9e37_79b9_7f4a_7c15, true) {
+        let b = Budget {
+            window: 16,
+            ..Budget::default()
+        };
+        for broken in [false, true] {
+            let mut p = Stitch::new().with_budget(Some(b));
+            p.set_faults(Faults {
+                unmap_busy: broken,
+                ..Faults::default()
+            });
+            let dev = exercise(&mut p, &ops, 1 << 30);
+            let unmaps = dev
+                .violations()
+                .iter()
+                .filter(|v| v.contains("may still be in use by a stream"))
+                .count();
+            if broken {
+                caught += unmaps;
+            } else {
+                assert!(dev.violations().is_empty(), "{:?}", dev.violations());
+            }
+        }
+    }
+    assert!(caught > 0, "no unmap of a busy mapping was caught");
+}
+
+/// The per-mapping condition gives back what the per-page one kept: in random streams of
+/// operations of the tight pool with short budget windows, a page shared with a mapping that
+/// a stream may still use no longer keeps the other mappings it is in (and their pages)
+/// until a synchronization. Summed over the streams, the pool holds fewer bytes after its
+/// operations than with every mapping of such a page kept (`Faults::page_fenced_maps`, the
+/// old rule), safely (checking device).
+#[test]
+fn mappings_of_a_page_freed_into_are_given_back_unless_a_stream_used_them() {
+    let (mut held_new, mut held_old) = (0u128, 0u128);
+    for ops in random_streams(0x2545_f491_4f6c_dd1d, false) {
+        let b = Budget {
+            window: 16,
+            ..Budget::default()
+        };
+        for old in [false, true] {
+            let mut p = Stitch::new().with_budget(Some(b));
+            p.set_faults(Faults {
+                page_fenced_maps: old,
+                ..Faults::default()
+            });
+            let mut held = 0u128;
+            let dev = exercise_with(&mut p, &ops, 1 << 30, &mut |_, dev, _, _| {
+                held += dev.used() as u128;
+            });
+            assert!(dev.violations().is_empty(), "{:?}", dev.violations());
+            if old {
+                held_old += held;
+            } else {
+                held_new += held;
+            }
+        }
+    }
+    eprintln!(
+        "bytes held after each operation, summed: {held_new} per mapping, {held_old} per page"
+    );
+    assert!(held_new < held_old, "{held_new} vs {held_old}");
 }

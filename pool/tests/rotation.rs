@@ -7,49 +7,29 @@
 //! one), and every other allocation hits the cache. Those replays are no drift: the round is
 //! not ended again, and the rotation is served from the cache (no dissolving, no placement).
 
-use vramshim_pool::stitch::Stitch;
-use vramshim_pool::{AccountingDevice, FreeMode, GIB, Policy, Request};
+mod common;
 
-const SIZES: [u64; 8] = [512, 4096, 65536, 1 << 20, 3 << 20, 8 << 20, 1000, 300_000];
-const ASYNC: FreeMode = FreeMode::Async { stream: 0 };
+use common::rotation::{last_hits, warm_up};
+use vramshim_pool::stitch::Stitch;
+use vramshim_pool::{AccountingDevice, GIB};
 
 /// Cache hits over the last 10,000 of `pairs` pairs of the rotation (after a warm-up with
 /// every size live at once), every block checked by the checking device; no driver call
 /// after the warm-up.
-fn last_hits(pairs: usize) -> u64 {
+fn rotation_hits(pairs: usize) -> u64 {
     let mut dev = AccountingDevice::new(64 * GIB);
     dev.set_checking(true);
     let mut p = Stitch::tight();
-    let mut warm = Vec::new();
-    for s in SIZES {
-        let a = p.alloc(&mut dev, Request { size: s, stream: 0 }).unwrap();
-        dev.check_alloc(a.addr, a.size, 0);
-        warm.push(a.addr);
-    }
-    for a in warm {
-        dev.check_free(a, ASYNC);
-        p.free(&mut dev, a, ASYNC).unwrap();
-    }
+    warm_up(&mut p, &mut dev);
     let calls = dev.calls().driver_calls();
-    let last = pairs.saturating_sub(10_000);
-    let mut hits_at_last = 0;
-    for i in 0..pairs {
-        if i == last {
-            hits_at_last = p.stats().cache_hits;
-        }
-        let size = SIZES[i % SIZES.len()];
-        let a = p.alloc(&mut dev, Request { size, stream: 0 }).unwrap();
-        dev.check_alloc(a.addr, a.size, 0);
-        dev.check_free(a.addr, ASYNC);
-        p.free(&mut dev, a.addr, ASYNC).unwrap();
-    }
+    let hits = last_hits(&mut p, &mut dev, pairs);
     assert!(dev.violations().is_empty(), "{:?}", &dev.violations()[..1]);
     assert_eq!(
         dev.calls().driver_calls(),
         calls,
         "driver calls in the rotation"
     );
-    p.stats().cache_hits - hits_at_last
+    hits
 }
 
 /// Before and after the budget's windows roll (131,072 allocations), every allocation of the
@@ -58,6 +38,6 @@ fn last_hits(pairs: usize) -> u64 {
 #[test]
 fn a_rotation_is_one_round_served_from_the_cache() {
     for pairs in [20_000, 150_000] {
-        assert_eq!(last_hits(pairs), 10_000, "{pairs} pairs");
+        assert_eq!(rotation_hits(pairs), 10_000, "{pairs} pairs");
     }
 }

@@ -9,33 +9,12 @@
 //! (`Faults::stitch_run_pages`) is a partial mapping of a handle, which the checking device
 //! reports.
 
+mod common;
+
+use common::traces;
 use vramshim_pool::replay::{self, Event, Frees};
 use vramshim_pool::stitch::{Faults, Stitch};
-use vramshim_pool::{AccountingDevice, Policy, rmm_csv};
-
-fn traces() -> Vec<(String, Vec<Event>)> {
-    let mut files = vramshim_testkit::shipped_traces();
-    let gpu = vramshim_testkit::repo_root().join("tests/workloads/traces/gpu");
-    for n in [
-        "gpt2_train.rmm.csv",
-        "mlp_train.rmm.csv",
-        "vit_train.rmm.csv",
-    ] {
-        files.push(gpu.join(n));
-    }
-    files
-        .into_iter()
-        .map(|p| {
-            let t = rmm_csv::parse_file(&p).unwrap();
-            let name = p
-                .strip_prefix(p.parent().unwrap().parent().unwrap())
-                .unwrap()
-                .to_string_lossy()
-                .into_owned();
-            (name, t.events)
-        })
-        .collect()
-}
+use vramshim_pool::{AccountingDevice, Policy};
 
 type Make = Box<dyn Fn() -> Box<dyn Policy>>;
 

@@ -5,28 +5,16 @@
 //! dissolved before the pool grows, `stitch/pressure.rs`) shown to be what does it, to stay
 //! off a large device, and to be caught when broken.
 
+mod common;
+
+use common::traces;
 use vramshim_pool::replay::{self, Event, Frees};
 use vramshim_pool::stitch::{Faults, Stitch};
-use vramshim_pool::{AccountingDevice, MIB, Policy, PolicyKind, rmm_csv};
+use vramshim_pool::{AccountingDevice, MIB, Policy, PolicyKind};
 
 const PAGE: u64 = 2 * MIB;
 
 /// The shared traces and the GPU recordings: (name, events).
-fn traces() -> Vec<(String, Vec<Event>)> {
-    let mut files = vramshim_testkit::shipped_traces();
-    let gpu = vramshim_testkit::repo_root().join("tests/workloads/traces/gpu");
-    files.extend(vramshim_testkit::rmm_logs_in(&gpu, "the GPU recordings"));
-    files
-        .into_iter()
-        .map(|p| {
-            let t = rmm_csv::parse_file(&p).unwrap();
-            let dir = p.parent().unwrap().file_name().unwrap().to_string_lossy();
-            let name = p.file_name().unwrap().to_string_lossy();
-            (format!("{dir}/{name}"), t.events)
-        })
-        .collect()
-}
-
 /// The largest whole-page device of at most 1.03 x the trace's peak live bytes.
 fn device_1_03(events: &[Event]) -> u64 {
     let live = replay::peak_live(events);

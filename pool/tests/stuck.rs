@@ -5,57 +5,25 @@
 //! at once, so that the budget, two windows on, follows the lower peak and the pool is above it
 //! for good (no synchronization is ever made).
 
+mod common;
+
+use common::rotation::{last_hits, warm_up};
 use vramshim_pool::stitch::{Faults, Stitch};
-use vramshim_pool::{AccountingDevice, FreeMode, GIB, Policy, Request};
+use vramshim_pool::{AccountingDevice, GIB, Policy};
 
-const SIZES: [u64; 8] = [512, 4096, 65536, 1 << 20, 3 << 20, 8 << 20, 1000, 300_000];
-const ASYNC: FreeMode = FreeMode::Async { stream: 0 };
-
-/// (cache hits, blocks cached at the end, device bytes, budget) after `pairs` pairs of the
-/// rotation following the warm-up; every block is checked by the checking device.
+/// (cache hits over the last 10,000 pairs, blocks cached at the end, device bytes, budget)
+/// after `pairs` pairs of the rotation following the warm-up; every block is checked by the
+/// checking device.
 fn rotate(faults: Faults, pairs: usize) -> (u64, usize, u64, u64) {
     let mut dev = AccountingDevice::new(64 * GIB);
     let mut p = Stitch::tight();
     p.set_faults(faults);
-    let mut warm = Vec::new();
-    for s in SIZES {
-        let a = p.alloc(&mut dev, Request { size: s, stream: 0 }).unwrap();
-        dev.check_alloc(a.addr, a.size, 0);
-        warm.push(a.addr);
-    }
-    for a in warm {
-        dev.check_free(a, ASYNC);
-        p.free(&mut dev, a, ASYNC).unwrap();
-    }
-    let hits0 = p.stats().cache_hits;
-    let last = pairs.saturating_sub(10_000);
-    let mut hits_at_last = hits0;
-    for i in 0..pairs {
-        if i == last {
-            hits_at_last = p.stats().cache_hits;
-        }
-        let a = p
-            .alloc(
-                &mut dev,
-                Request {
-                    size: SIZES[i % SIZES.len()],
-                    stream: 0,
-                },
-            )
-            .unwrap();
-        dev.check_alloc(a.addr, a.size, 0);
-        dev.check_free(a.addr, ASYNC);
-        p.free(&mut dev, a.addr, ASYNC).unwrap();
-    }
+    warm_up(&mut p, &mut dev);
+    let hits = last_hits(&mut p, &mut dev, pairs);
     let s = p.stats();
     assert_eq!(dev.calls().syncs(), 0, "the rotation never synchronizes");
     assert_eq!(s.reserved, dev.used(), "reserved is the device's count");
-    (
-        s.cache_hits - hits_at_last,
-        p.cached_blocks(),
-        dev.used(),
-        s.budget,
-    )
+    (hits, p.cached_blocks(), dev.used(), s.budget)
 }
 
 /// Past the budget's two windows (131,072 allocations) the pool is above its budget with

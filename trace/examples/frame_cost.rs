@@ -24,7 +24,7 @@ use std::time::Instant;
 
 use vramshim_trace::{
     AllocKind, Api, Event, FrameLayout, Header, MemOp, RecordEncoder, RecordStats, SyncKind,
-    TorchOp, TraceWriter,
+    TraceWriter,
 };
 
 fn events(kind: &str, n: usize, frame: usize) -> Vec<Event> {
@@ -106,19 +106,6 @@ fn decode_all(bytes: &[u8]) -> u64 {
     n
 }
 
-/// Never used: the events `encode_events` gives `push_torch_all` are all `Torch`.
-const NO_OP: TorchOp = TorchOp {
-    t_ns: 0,
-    tid: 0,
-    action: 0,
-    device: 0,
-    addr: 0,
-    size: 0,
-    stream: 0,
-    segment: 0,
-    stack: 0,
-};
-
 /// Encodes `ev` into records as the writer thread encodes a thread's buffer. Not inlined:
 /// `--toggle-collect='*encode_events*'` counts exactly this.
 #[inline(never)]
@@ -132,14 +119,14 @@ fn encode_events(enc: &mut RecordEncoder, ev: &[Event]) {
             continue;
         }
         // A row of PyTorch allocator events in one call, as the writer thread hands over
-        // the entries of a thread's buffer.
-        let n = ev[i..]
-            .iter()
-            .position(|e| !matches!(e, Event::Torch(_)))
-            .unwrap_or(ev.len() - i);
-        enc.push_torch_all(ev[i..i + n].iter().map(|e| match e {
-            Event::Torch(op) => op,
-            _ => &NO_OP,
+        // the entries of a thread's buffer (the row ends at the first other event).
+        let mut n = 0;
+        enc.push_torch_all(ev[i..].iter().map_while(|e| match e {
+            Event::Torch(op) => {
+                n += 1;
+                Some(op)
+            }
+            _ => None,
         }));
         i += n;
     }

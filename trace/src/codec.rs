@@ -472,7 +472,8 @@ impl RecordEncoder {
                 }
                 if self.buf.len() < pos + torch_run::EV_MAX {
                     // Room for this event and, at about 8 bytes each, those still to come.
-                    let more = ops.size_hint().0.min(SLACK_EVENTS) * 8;
+                    let left = ops.size_hint().1.unwrap_or(SLACK_EVENTS);
+                    let more = left.min(SLACK_EVENTS) * 8;
                     self.buf.resize(pos + torch_run::EV_MAX + more, 0);
                 }
                 stop = (run + RUN_MAX + 1).min(self.buf.len() + 1 - torch_run::EV_MAX);
@@ -948,7 +949,7 @@ const RUN_MAX: usize = (1 << 21) - 2 * torch_run::EV_MAX;
 
 /// Slack the buffer grows by for the events still to come in [`RecordEncoder::push_torch_all`]
 /// is for at most this many of them (8 bytes each).
-const SLACK_EVENTS: usize = 256;
+const SLACK_EVENTS: usize = 32;
 
 /// Writes the length of the `TorchRun` record at `run` (if any) whose payload ends at `end`;
 /// returns that length (0 without a run).

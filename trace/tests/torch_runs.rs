@@ -9,6 +9,7 @@ mod common;
 
 use std::path::PathBuf;
 
+use common::frames::{buffers_trace, records_trace};
 use common::read_all;
 use proptest::prelude::*;
 use vramshim_trace::codec::tag;
@@ -22,33 +23,6 @@ fn gpt2_events() -> Vec<Event> {
     ev
 }
 
-/// The events written as the interposer's writer thread writes them: each thread's events in
-/// buffers of at most `per_buf` (one context each, as a thread's buffer is encoded), the
-/// buffers concatenated into frames of about `per_frame` events.
-fn write(ev: &[Event], layout: FrameLayout, per_buf: usize, per_frame: usize) -> Vec<u8> {
-    let mut w = TraceWriter::new(Vec::new(), &Header::default()).unwrap();
-    w.set_layout(layout);
-    let mut enc = RecordEncoder::new();
-    let mut in_frame = 0;
-    for chunk in ev.chunks(per_buf) {
-        let tid = match &chunk[0] {
-            Event::Torch(op) => op.tid,
-            _ => 1,
-        };
-        enc.begin(tid);
-        for e in chunk {
-            enc.push(e);
-        }
-        w.write_encoded(&enc).unwrap();
-        in_frame += chunk.len();
-        if in_frame >= per_frame {
-            w.flush_frame().unwrap();
-            in_frame = 0;
-        }
-    }
-    w.finish().unwrap()
-}
-
 /// Every event of a GPT-2 run comes back, in order, field for field: buffers of 1 to 1024
 /// events, frames of 30 to 5000, every layout (row frames keep the runs inline, columnar ones
 /// in the torch stream), read event by event and frame by frame.
@@ -57,7 +31,7 @@ fn gpt2_events_round_trip() {
     let ev = gpt2_events();
     for (per_buf, per_frame) in [(1024, 2000), (7, 30), (1024, 430), (300, 5000), (1, 64)] {
         for layout in [FrameLayout::Auto, FrameLayout::Rows, FrameLayout::Columnar] {
-            let bytes = write(&ev, layout, per_buf, per_frame);
+            let bytes = buffers_trace(&ev, layout, per_buf, per_frame, None);
             let (h, got, errs, trunc) = read_all(&bytes).unwrap();
             assert_eq!(h.format_version, FORMAT_VERSION);
             assert!(errs.is_empty() && trunc.is_none(), "{errs:?} {trunc:?}");
@@ -115,7 +89,7 @@ fn gpt2_events_are_small() {
     }
     let per = payload as f64 / n as f64;
     assert!(per < 6.0, "{per:.2} bytes an event");
-    let bytes = write(&ev, FrameLayout::Auto, 1024, 2000);
+    let bytes = buffers_trace(&ev, FrameLayout::Auto, 1024, 2000, None);
     let per = bytes.len() as f64 / ev.len() as f64;
     assert!(per < 6.97, "{per:.2} file bytes an event");
 }
@@ -127,7 +101,7 @@ fn run_trace() -> (Vec<u8>, Vec<Event>) {
         .filter(|e| matches!(e, Event::Torch(op) if op.tid == 28283))
         .take(600)
         .collect();
-    (write(&ev, FrameLayout::Rows, 600, 600), ev)
+    (buffers_trace(&ev, FrameLayout::Rows, 600, 600, None), ev)
 }
 
 /// Where the `TorchRun` record's payload starts in the raw records of `bytes` (one row
@@ -149,18 +123,10 @@ fn run_records(ev: &[Event]) -> (Vec<u8>, std::ops::Range<usize>) {
     (b, at + 4..at + 4 + len)
 }
 
+/// `records` as one frame, the end record in a frame of its own: nothing follows the run in
+/// its frame.
 fn frame_of(records: &[u8], layout: FrameLayout) -> Vec<u8> {
-    let mut w = TraceWriter::new(Vec::new(), &Header::default()).unwrap();
-    w.set_layout(layout);
-    let st = RecordStats {
-        records: 1,
-        t_min: u64::MAX,
-        t_max: 0,
-    };
-    w.write_records(records, st).unwrap();
-    // The end record in a frame of its own: nothing follows the run in its frame.
-    w.flush_frame().unwrap();
-    w.finish().unwrap()
+    records_trace(records, layout, true).unwrap()
 }
 
 /// A run whose length says more than its frame (or the torch stream) holds, or whose last

@@ -334,30 +334,16 @@ mod tests {
     /// or position of other variables can hide it.
     #[test]
     fn every_variable_read_is_known() {
-        fn scan(dir: &std::path::Path, found: &mut Vec<(String, String)>) {
-            for e in std::fs::read_dir(dir).unwrap() {
-                let p = e.unwrap().path();
-                if p.is_dir() {
-                    scan(&p, found);
-                } else if p.extension().is_some_and(|x| x == "rs") && !p.ends_with("env.rs") {
-                    let text = std::fs::read_to_string(&p).unwrap();
-                    for part in text.split("var(\"VRAMSHIM_").skip(1) {
-                        let name: String = part
-                            .chars()
-                            .take_while(|c| {
-                                c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_'
-                            })
-                            .collect();
-                        found.push((format!("VRAMSHIM_{name}"), p.display().to_string()));
-                    }
-                }
+        let mut found = Vec::new();
+        for (p, text) in crate::config::sources("env.rs") {
+            for part in text.split("var(\"VRAMSHIM_").skip(1) {
+                let name: String = part
+                    .chars()
+                    .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
+                    .collect();
+                found.push((format!("VRAMSHIM_{name}"), p.display().to_string()));
             }
         }
-        let mut found = Vec::new();
-        scan(
-            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
-            &mut found,
-        );
         assert!(found.len() > 20, "the scan found too little: {found:?}");
         let unknown: Vec<_> = found
             .iter()

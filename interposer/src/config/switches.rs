@@ -97,31 +97,19 @@ mod tests {
             let end = s.find('"')?;
             Some((&s[..end], &s[end + 1..]))
         }
-        fn scan(dir: &std::path::Path, found: &mut Vec<(String, String, String)>) {
-            for e in std::fs::read_dir(dir).unwrap() {
-                let p = e.unwrap().path();
-                if p.is_dir() {
-                    scan(&p, found);
-                } else if p.extension().is_some_and(|x| x == "rs") && !p.ends_with("switches.rs") {
-                    let text = std::fs::read_to_string(&p).unwrap();
-                    for part in text.split("switch_on(").skip(1) {
-                        let (var, rest) = literal(part).unwrap_or_else(|| {
-                            panic!("{}: switch_on( without a literal variable", p.display())
-                        });
-                        let rest = rest.trim_start().strip_prefix(',').unwrap();
-                        let (name, _) = literal(rest).unwrap_or_else(|| {
-                            panic!("{}: switch_on({var:?}, without a literal name", p.display())
-                        });
-                        found.push((var.into(), name.into(), p.display().to_string()));
-                    }
-                }
+        let mut found = Vec::new();
+        for (p, text) in crate::config::sources("switches.rs") {
+            for part in text.split("switch_on(").skip(1) {
+                let (var, rest) = literal(part).unwrap_or_else(|| {
+                    panic!("{}: switch_on( without a literal variable", p.display())
+                });
+                let rest = rest.trim_start().strip_prefix(',').unwrap();
+                let (name, _) = literal(rest).unwrap_or_else(|| {
+                    panic!("{}: switch_on({var:?}, without a literal name", p.display())
+                });
+                found.push((var.to_string(), name.to_string(), p.display().to_string()));
             }
         }
-        let mut found = Vec::new();
-        scan(
-            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
-            &mut found,
-        );
         assert!(found.len() >= 11, "the scan found too little: {found:?}");
         let unlisted: Vec<_> = found
             .iter()

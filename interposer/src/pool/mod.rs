@@ -597,7 +597,10 @@ fn debug_faults() -> Option<(vramshim_pool::stitch::Faults, bool, bool)> {
     }
     crate::warn!(
         "VRAMSHIM_POOL_DEBUG={}: the pool {} (testing only)",
-        crate::config::var("VRAMSHIM_POOL_DEBUG").unwrap_or(""),
+        // Escaped: it comes from the environment and goes to the job's terminal.
+        crate::config::var("VRAMSHIM_POOL_DEBUG")
+            .unwrap_or("")
+            .escape_debug(),
         what.join(" and ")
     );
     Some((f, runs, kept))

@@ -336,6 +336,36 @@ fn pooled_under_cap(trace: &str, cap: u64, env: &[(&str, &str)]) -> (RunOutput, 
     )
 }
 
+/// `trace` replayed through the pool under `cap` (`what` names the run) completes, its
+/// patterns intact, and the simulated device's high-water mark stays within the cap and at
+/// or above the trace's peak live bytes; the pool pages' peak is said.
+fn completes_under_cap(trace: &str, cap: u64, env: &[(&str, &str)], what: &str) {
+    let live = peak_live(&trace_file(trace));
+    let (o, hw) = pooled_under_cap(trace, cap, env);
+    assert_exit(
+        &o,
+        0,
+        &format!("{what}: refused under cap {cap} (peak live {live})"),
+    );
+    assert_eq!(field(&o.stdout, "mismatches"), 0, "{trace}");
+    assert!(
+        hw <= cap && hw >= live,
+        "{what}: device high water {hw} B, cap {cap} B, peak live {live} B"
+    );
+    eprintln!(
+        "{what}: completed under {cap} B; pool pages peak at {:.4} x peak live",
+        hw as f64 / live as f64
+    );
+}
+
+/// `trace` replayed through the pool under `cap` (`what` names the run) is refused: exit 2,
+/// some request failed.
+fn refused_under_cap(trace: &str, cap: u64, env: &[(&str, &str)], what: &str) {
+    let (o, _) = pooled_under_cap(trace, cap, env);
+    assert_eq!(o.code(), Some(2), "{what}: {}", o.stdout);
+    assert!(field(&o.stdout, "failed") > 0);
+}
+
 /// The pool as it runs by default (with its budget), and without a budget.
 const POOLS: [&[(&str, &str)]; 2] = [&[], &[("VRAMSHIM_POOL_BUDGET", "off")]];
 
@@ -351,22 +381,7 @@ fn live_pool_completes_every_trace_under_a_cap_5_percent_above_peak_live() {
     ] {
         for env in POOLS {
             let live = peak_live(&trace_file(t));
-            let cap = live + live / 20;
-            let (o, hw) = pooled_under_cap(t, cap, env);
-            assert_exit(
-                &o,
-                0,
-                &format!("{t} {env:?}: refused under cap {cap} (peak live {live})"),
-            );
-            assert_eq!(field(&o.stdout, "mismatches"), 0, "{t}");
-            assert!(
-                hw <= cap && hw >= live,
-                "{t} {env:?}: device high water {hw} B, cap {cap} B, peak live {live} B"
-            );
-            eprintln!(
-                "{t} {env:?}: completed under 1.05 x peak live; pool pages peak at {:.4} x peak live",
-                hw as f64 / live as f64
-            );
+            completes_under_cap(t, live + live / 20, env, &format!("{t} {env:?}"));
         }
     }
     // The old synchronization choices (a cudaFree'd twin waits while the request is placed
@@ -383,9 +398,7 @@ fn live_pool_completes_every_trace_under_a_cap_5_percent_above_peak_live() {
         let live = peak_live(&trace_file(t));
         let mut env = env.to_vec();
         env.push(("VRAMSHIM_POOL_DEBUG", faults));
-        let (o, _) = pooled_under_cap(t, live + live / 20, &env);
-        assert_eq!(o.code(), Some(2), "{t} {env:?}: {}", o.stdout);
-        assert!(field(&o.stdout, "failed") > 0);
+        refused_under_cap(t, live + live / 20, &env, &format!("{t} {env:?}"));
     }
 }
 
@@ -402,24 +415,13 @@ fn live_pool_completes_bert_under_a_cap_of_1_03_x_peak_live() {
     let t = "bert_serve.rmm.csv";
     let live = peak_live(&trace_file(t));
     let cap = (live as f64 * 1.03) as u64 / PAGE * PAGE;
-    let (o, hw) = pooled_under_cap(t, cap, &[]);
-    assert_exit(
-        &o,
-        0,
-        &format!("{t}: refused under cap {cap} (peak live {live})"),
+    completes_under_cap(t, cap, &[], t);
+    refused_under_cap(
+        t,
+        cap,
+        &[("VRAMSHIM_POOL_DEBUG", "pressure-off")],
+        &format!("{t} pressure-off"),
     );
-    assert_eq!(field(&o.stdout, "mismatches"), 0, "{t}");
-    assert!(
-        hw <= cap && hw >= live,
-        "{t}: device high water {hw} B, cap {cap} B, peak live {live} B"
-    );
-    eprintln!(
-        "{t}: completed under {cap} B (1.03 x peak live); pool pages peak at {:.4} x peak live",
-        hw as f64 / live as f64
-    );
-    let (o, _) = pooled_under_cap(t, cap, &[("VRAMSHIM_POOL_DEBUG", "pressure-off")]);
-    assert_eq!(o.code(), Some(2), "{t} pressure-off: {}", o.stdout);
-    assert!(field(&o.stdout, "failed") > 0);
 }
 
 /// Memory-management driver calls in the simulated driver's call log (VRAMSIM_DEBUG=1).

@@ -116,6 +116,15 @@ impl BiasedLock {
         }
     }
 
+    /// Asked by the owner about itself: true when it is inside (its window, or the lock),
+    /// which it can only be while running something that interrupted it there (a signal
+    /// handler). Then it cannot leave while it asks: waiting for it would wait for nothing.
+    /// Only meaningful where no other thread takes the lock meanwhile (the exit path holds
+    /// the trace writer's lock, which every other locker holds first).
+    pub(crate) fn owner_is_inside(&self) -> bool {
+        self.busy.load(Ordering::Relaxed) || self.lock.load(Ordering::Relaxed)
+    }
+
     /// [`BiasedLock::wait_owner`] for at most `attempts` attempts; false when the owner
     /// stayed in its window (a thread stopped there: the caller must not touch the data).
     pub(crate) fn owner_left_within(&self, attempts: u32) -> bool {

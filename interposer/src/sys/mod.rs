@@ -1,12 +1,14 @@
 //! What every layer stands on: the per-thread state and re-entry guard ([`thread`]), the
 //! thread id and process id ([`ids`]), the one clock ([`clock`]), the one spin lock
 //! ([`spin`]) and the one biased lock ([`biased`]), process-wide memory barriers
-//! ([`membarrier`]), the allocation-free log ([`log`]) and one-time set-up that a forked
-//! child can take back ([`setup`]). Imports only `config`.
+//! ([`membarrier`]), a thread's end as the kernel marks it ([`life`]), the allocation-free
+//! log ([`log`]) and one-time set-up that a forked child can take back ([`setup`]). Imports
+//! only `config`.
 
 pub(crate) mod biased;
 pub(crate) mod clock;
 pub(crate) mod ids;
+pub(crate) mod life;
 #[macro_use]
 pub(crate) mod log;
 pub(crate) mod membarrier;

@@ -335,6 +335,19 @@ pub mod testing {
         stacks::keep_own_frames();
     }
 
+    /// [`super::emit_memop`] (the dispatcher's way: the owner's window, no `Event` built),
+    /// for tests of what a thread appends that way.
+    pub fn emit_memop(alloc: bool, m: &vramshim_trace::MemOp) {
+        super::emit_memop(alloc, m);
+    }
+
+    /// Runs `f` with the calling thread inside its own trace buffer's window (or its lock),
+    /// as a signal handler that interrupted an append there runs: `f` may raise a signal
+    /// whose handler exits (`on_exit`), as a handler that calls `exit()` does.
+    pub fn inside_own_slot(f: impl FnOnce()) {
+        slots::inside_own_slot(f);
+    }
+
     /// What the writer counted as lost so far.
     pub fn lost() -> u64 {
         writer::lost_total()

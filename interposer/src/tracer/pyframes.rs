@@ -358,6 +358,9 @@ struct Layout {
     rt_finalizing: usize,
 }
 
+/// The `owner` of the shim frame an eval-loop run starts with: `FRAME_OWNED_BY_CSTACK` (3) in
+/// 3.12 and 3.13; in 3.14 the shim is `FRAME_OWNED_BY_INTERPRETER`, which took the value 3
+/// (its `FRAME_OWNED_BY_CSTACK` is 4 and marks no frame of a thread's chain).
 const OWNED_BY_CSTACK: u8 = 3;
 
 /// The offsets of CPython 3.10-3.12 (x86-64 and aarch64 Linux builds, from each version's
@@ -523,8 +526,8 @@ struct DebugIdx {
     firstlineno: usize,
     co_code_adaptive: usize,
     /// Offsets the walk and the naming take as fixed (an object's type, a `bytes`' length
-    /// and data, a `str`'s length, state and ASCII data), with the value each must have;
-    /// 3.13's are not checked (its build read in the tests has these).
+    /// and data, a `str`'s state, length and ASCII data), with the value each must have: a
+    /// build that differs, or a table of indices that does not fit the struct, is refused.
     fixed: &'static [(usize, u64)],
     /// The tag bits of `_PyInterpreterFrame.f_executable` ([`Layout::code_tag`]).
     code_tag: u64,
@@ -544,7 +547,9 @@ const fn debug_idx(minor: u32) -> Option<DebugIdx> {
             linetable: 38,
             firstlineno: 39,
             co_code_adaptive: 43,
-            fixed: &[],
+            // pyobject.ob_type; bytes_object.ob_size, ob_sval; unicode_object.state, length,
+            // asciiobject_size.
+            fixed: &[(45, 8), (65, 16), (66, 32), (68, 32), (69, 16), (70, 40)],
             code_tag: 0,
         },
         14 => DebugIdx {
@@ -597,17 +602,21 @@ fn layout_from_debug(d: &[u64; DEBUG_WORDS], minor: u32, idx: &DebugIdx) -> Resu
         ));
     }
     if d[2] != 0 {
-        // Its frames hold code objects by deferred references (kept alive by the collector,
-        // which scans thread stacks), but a frame's instruction pointer is in this thread's
-        // own copy of the bytecode, found through the code object's array of copies, which
-        // another thread replaces and frees (delayed until every attached thread has passed
-        // a quiescent point: a thread inside a CUDA call has detached) when it first runs
-        // that code (Objects/codeobject.c, `create_tlbc_lock_held`).
-        return Err(
+        // 3.14t: its frames hold code objects by deferred references (kept alive by the
+        // collector, which scans thread stacks), but a frame's instruction pointer is in
+        // this thread's own copy of the bytecode, found through the code object's array of
+        // copies, which another thread replaces and frees (delayed until every attached
+        // thread has passed a quiescent point: a thread inside a CUDA call has detached)
+        // when it first runs that code (Objects/codeobject.c, `create_tlbc_lock_held`).
+        // 3.13t has no such copies, but its object header is laid out otherwise (the walk
+        // takes an object's type at offset 8) and no 3.13t could be tested.
+        return Err(if minor >= 14 {
             "a free-threaded build: a frame's line is found through an array other threads \
              replace and free while this thread is in the call"
-                .into(),
-        );
+        } else {
+            "a free-threaded build: its objects are laid out otherwise; not read"
+        }
+        .into());
     }
     let u = |i: usize| -> Result<usize, String> {
         let v = d[i];
@@ -1566,7 +1575,14 @@ mod tests {
         let mut d = debug_314();
         d[2] = 1;
         let e = layout_from_debug(&d, 14, &debug_idx(14).unwrap()).unwrap_err();
-        assert!(e.starts_with("a free-threaded build"), "{e}");
+        assert!(
+            e.starts_with("a free-threaded build: a frame's line"),
+            "{e}"
+        );
+        // 3.13t, refused for its object layout.
+        d[1] = 0x030d_00f0;
+        let e = layout_from_debug(&d, 13, &debug_idx(13).unwrap()).unwrap_err();
+        assert!(e.starts_with("a free-threaded build: its objects"), "{e}");
     }
 
     #[test]

@@ -18,6 +18,7 @@ use vramshim_trace::{AllocKind, Api, Event, MemOp, RecordEncoder, TorchOp};
 
 use super::{barrier, stacks, writer};
 use crate::sys::biased::BiasedLock;
+use crate::sys::life::LifeToken;
 
 /// Devices whose live bytes the slots count for `Counter` records.
 pub(crate) const MAX_DEV: usize = 16;
@@ -65,6 +66,11 @@ enum Kind {
 pub(crate) struct Buf {
     raw: Vec<Raw>,
     others: Vec<Event>,
+    /// Entries that are not events (`Context`s, and `Other`s holding a `Stack` record): the
+    /// buffer's events are `raw.len() - extra`, known from two lengths without reading an
+    /// entry ([`Slot::events_left`]). Counted where those entries are appended (slow paths
+    /// only: the hot path appends events).
+    extra: usize,
 }
 
 impl Buf {
@@ -72,6 +78,7 @@ impl Buf {
         Buf {
             raw: Vec::with_capacity(n),
             others: Vec::new(),
+            extra: 0,
         }
     }
 
@@ -91,9 +98,11 @@ impl Buf {
     pub(crate) fn clear(&mut self) {
         self.raw.clear();
         self.others.clear();
+        self.extra = 0;
     }
 
     fn context(&mut self, tid: u32) {
+        self.extra += 1;
         self.raw.push(Raw {
             kind: Kind::Context,
             op: blank_op(tid),
@@ -109,6 +118,9 @@ impl Buf {
             Event::Alloc(m) => (Kind::Alloc, m),
             Event::Free(m) => (Kind::Free, m),
             ev => {
+                if matches!(ev, Event::Stack { .. }) {
+                    self.extra += 1;
+                }
                 self.others.push(ev);
                 self.raw.push(Raw {
                     kind: Kind::Other,
@@ -214,16 +226,16 @@ pub(crate) fn encode(enc: &mut RecordEncoder, b: &mut Buf) {
             Kind::Torch => {
                 // This entry and the `Torch` entries after it, coded in one call (one run
                 // header, the coder's state in registers: `push_torch_all`).
-                let n = b.raw[i..]
-                    .iter()
-                    .position(|r| r.kind != Kind::Torch)
-                    .unwrap_or(b.raw.len() - i);
-                enc.push_torch_all(b.raw[i - 1..i + n].iter().map(|r| {
-                    let mut t = torch_of(&r.op);
-                    t.t_ns = ns.get(t.t_ns);
-                    t
+                let mut n = 0;
+                enc.push_torch_all(b.raw[i - 1..].iter().map_while(|r| {
+                    (r.kind == Kind::Torch).then(|| {
+                        n += 1;
+                        let mut t = torch_of(&r.op);
+                        t.t_ns = ns.get(t.t_ns);
+                        t
+                    })
                 }));
-                i += n;
+                i += n - 1;
             }
             Kind::Other => {
                 if let Some(e) = others.next() {
@@ -283,6 +295,9 @@ pub(crate) struct Slot {
     bias: BiasedLock,
     /// Kernel tid of the owning thread; 0 = free for reuse.
     pub owner: AtomicU32,
+    /// Held by the owning thread for its life: says when *that* thread has ended, where its
+    /// tid may already be another thread's ([`dead_threads`]).
+    life: LifeToken,
     inner: UnsafeCell<Inner>,
 }
 
@@ -362,6 +377,32 @@ impl Slot {
     }
 }
 
+impl Slot {
+    /// The events this slot's buffer holds, for one the drain gives up on (its owner inside,
+    /// see [`drain`]): counted from the buffer's two lengths, copied bitwise; no entry is
+    /// read and nothing the buffer points to is touched, so an owner interrupted while its
+    /// buffer grows (its entries being moved, the old ones freed) costs nothing more than a
+    /// count. An append the owner had not finished is not counted (it is not in the buffer).
+    fn events_left(&self) -> u64 {
+        let inner = self.inner.get();
+        // SAFETY: `inner` points into a leaked slot (valid for good); only the `raw` vector's
+        // bytes and `extra` are copied, with volatile reads (not cached from an earlier look,
+        // no reference made to data the owner holds mutably); the copied vector is never
+        // dropped or dereferenced, only its length read. The owner is inside (a signal
+        // handler on its own thread interrupted it there, or it stayed there through every
+        // attempt of the drain): it is not changing them, and were it to, the count would be
+        // off, nothing else.
+        let (len, extra) = unsafe {
+            let raw = ptr::read_volatile(
+                ptr::addr_of!((*inner).buf.raw).cast::<std::mem::MaybeUninit<Vec<Raw>>>(),
+            );
+            let extra = ptr::read_volatile(ptr::addr_of!((*inner).buf.extra));
+            (raw.assume_init_ref().len(), extra)
+        };
+        len.saturating_sub(extra) as u64
+    }
+}
+
 impl Guard<'_> {
     /// After the heavy barrier: wait (bounded) for an owner still in its window.
     fn settle(&self, spins: u32) -> bool {
@@ -423,6 +464,7 @@ fn claim(tid: u32) -> &'static Slot {
                 next: AtomicPtr::new(ptr::null_mut()),
                 bias: BiasedLock::new(),
                 owner: AtomicU32::new(tid),
+                life: LifeToken::new(),
                 inner: UnsafeCell::new(Inner {
                     buf: Buf::with_capacity(SEND_AT + RETRY_AFTER),
                     next_try: SEND_AT,
@@ -445,6 +487,9 @@ fn claim(tid: u32) -> &'static Slot {
         }
     };
     my_slot_ptr().set(slot as *const Slot as *const ());
+    // Unarmed (new, or disarmed when its last thread's slot was freed); if the C library
+    // refuses, the reaper goes by the tid alone.
+    slot.life.arm();
     {
         let g = slot.lock();
         let inner = g.inner();
@@ -805,12 +850,25 @@ fn wait_for_writer() {
 
 /// Writer side: take every slot's partial buffer. `f` gets `None` first, while the slots the
 /// buffers came from are still held (to write the buffers their owners handed over before:
-/// older than the partial ones), then each buffer (to [`encode`]). False when nothing could
-/// be taken (the barrier failed: the buffers wait for the next time).
-pub(crate) fn drain_all(f: impl FnMut(Option<Buf>), spins: u32) -> bool {
+/// older than the partial ones), then each buffer (to [`encode`]). See [`Drained`] for what it
+/// says.
+pub(crate) fn drain_all(f: impl FnMut(Option<Buf>), spins: u32, wait_own: bool) -> Drained {
     let mut all = Vec::new();
     for_each(|s| all.push(s));
-    drain(&all, f, spins)
+    drain(&all, f, spins, wait_own)
+}
+
+/// What [`drain`] did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Drained {
+    /// False when nothing could be taken (the barrier failed: the buffers wait for the next
+    /// time).
+    pub taken: bool,
+    /// Events in the buffers of the slots given up on: the calling thread's own, when it is
+    /// inside it (a signal handler interrupted it there and exits: it will never finish the
+    /// append nor hand the buffer over), and those whose owners stayed inside through every
+    /// attempt. At exit nothing takes them later: the caller counts them lost.
+    pub skipped_events: u64,
 }
 
 /// Claim every slot, one barrier for all of them, take each buffer, then hand them to `f`
@@ -820,19 +878,46 @@ pub(crate) fn drain_all(f: impl FnMut(Option<Buf>), spins: u32) -> bool {
 /// partial one is taken here. Writing the partial one first would put a thread's later
 /// events before its earlier ones; so the queue is emptied (`f(None)`) while every slot a
 /// buffer was taken from is still held, when no owner of one can hand anything over.
-fn drain(slots: &[&'static Slot], mut f: impl FnMut(Option<Buf>), spins: u32) -> bool {
+///
+/// The calling thread's own slot, when it is inside it, is given up at once: it cannot leave
+/// while it runs this (`wait_own`, under the fault switch `own-wait`: it is waited for like
+/// any other, `spins` attempts for the lock or for its window, in vain).
+fn drain(
+    slots: &[&'static Slot],
+    mut f: impl FnMut(Option<Buf>),
+    spins: u32,
+    wait_own: bool,
+) -> Drained {
+    let mine = my_slot_ptr().get() as *const Slot;
+    let mut skipped: Vec<&'static Slot> = Vec::new();
     let held: Vec<Guard<'static>> = slots
         .iter()
-        .filter_map(|s| s.try_claim_for(spins))
+        .filter_map(|&s| {
+            if !wait_own && ptr::eq(s, mine) && s.bias.owner_is_inside() {
+                skipped.push(s);
+                return None;
+            }
+            let g = s.try_claim_for(spins);
+            if g.is_none() {
+                skipped.push(s);
+            }
+            g
+        })
         .collect();
+    let mut skipped_events: u64 = skipped.iter().map(|s| s.events_left()).sum();
     if held.iter().any(|g| g.how == Held::Claim) && !barrier::heavy() {
-        return false; // the guards' drops withdraw the claims; the buffers wait for next time
+        // The guards' drops withdraw the claims; the buffers wait for next time.
+        return Drained {
+            taken: false,
+            skipped_events,
+        };
     }
     // Swap the buffers out quickly (owners that meet a claim wait on the lock), write after.
     let mut taken = Vec::with_capacity(held.len());
     let mut holding = Vec::with_capacity(held.len());
     for g in held {
         if !g.settle(spins) {
+            skipped_events += g.slot.events_left();
             continue;
         }
         let inner = g.inner();
@@ -849,7 +934,21 @@ fn drain(slots: &[&'static Slot], mut f: impl FnMut(Option<Buf>), spins: u32) ->
     for buf in taken {
         f(Some(buf));
     }
-    true
+    Drained {
+        taken: true,
+        skipped_events,
+    }
+}
+
+/// Runs `f` with the calling thread inside its own slot (its window, or the lock where the
+/// window is not available), where a signal handler that interrupted one of its appends runs
+/// (`tracer::testing::inside_own_slot`). Starts the writer and claims a slot if need be.
+pub(crate) fn inside_own_slot(f: impl FnOnce()) {
+    if !writer::ensure_started() {
+        return f();
+    }
+    let _inside = my_slot().enter();
+    f();
 }
 
 /// Live bytes per device of every event encoded (or dropped) so far.
@@ -861,11 +960,22 @@ pub(crate) fn live_totals() -> [i64; MAX_DEV] {
 /// before the tick takes the buffers: a thread found alive here may append its last events
 /// and exit before they are taken, and its `ThreadExit` record would then be written before
 /// them; its slot waits for the next time instead.
-pub(crate) fn dead_threads(pid: u32) -> Vec<(&'static Slot, u32)> {
+///
+/// A slot's thread is the one holding its [`LifeToken`], not whichever thread has its tid
+/// now: a thread that exited and whose tid a new thread got before this look is found ended
+/// by its token (by the tid it would look alive until the new thread exits, and both
+/// `ThreadExit` records would come then). The tid decides only when the token says nothing
+/// (`by_tid_only`: the fault switch that looks by the tid alone), and a tid that no longer
+/// exists is an ended thread either way. One caller at a time (the writer, under its lock).
+pub(crate) fn dead_threads(pid: u32, by_tid_only: bool) -> Vec<(&'static Slot, u32)> {
     let mut dead = Vec::new();
     for_each(|s| {
-        let tid = s.owner.load(Ordering::Relaxed);
+        let tid = s.owner.load(Ordering::Acquire);
         if tid == 0 || tid == pid {
+            return;
+        }
+        if !by_tid_only && s.life.ended() == Some(true) {
+            dead.push((s, tid));
             return;
         }
         // SAFETY: tgkill with signal 0 only checks that the thread exists.
@@ -888,6 +998,8 @@ pub(crate) fn dead_threads(pid: u32) -> Vec<(&'static Slot, u32)> {
 /// threads are gone: nothing was appended since). `on_dead` gets each tid freed.
 pub(crate) fn free_dead(dead: &[(&'static Slot, u32)], mut on_dead: impl FnMut(u32)) {
     for &(s, tid) in dead {
+        // Its thread has ended: the token goes to the slot's next thread.
+        s.life.disarm();
         if s.owner
             .compare_exchange(tid, 0, Ordering::AcqRel, Ordering::Relaxed)
             .is_ok()
@@ -917,6 +1029,7 @@ mod tests {
             next: AtomicPtr::new(ptr::null_mut()),
             bias: BiasedLock::new(),
             owner: AtomicU32::new(1),
+            life: LifeToken::new(),
             inner: UnsafeCell::new(Inner {
                 buf: Buf::with_capacity(SEND_AT),
                 next_try: usize::MAX,
@@ -976,7 +1089,7 @@ mod tests {
                     }
                 }
             } else {
-                drain(&[slot], |b| chunks.extend(b), 1 << 20);
+                drain(&[slot], |b| chunks.extend(b), 1 << 20, false);
             }
             drains += 1;
             // The writer drains every 50 ms, not back to back: a drainer spinning without
@@ -985,7 +1098,7 @@ mod tests {
             std::thread::yield_now();
         }
         owner.join().unwrap();
-        drain(&[slot], |b| chunks.extend(b), 1 << 20);
+        drain(&[slot], |b| chunks.extend(b), 1 << 20, false);
         let mut file = Vec::new();
         {
             let mut w = vramshim_trace::TraceWriter::new(&mut file, &Default::default()).unwrap();
@@ -1122,5 +1235,153 @@ mod tests {
             }
         }
         assert_eq!(got, want);
+    }
+
+    fn alloc(i: u64) -> Event {
+        Event::Alloc(MemOp {
+            t_ns: i,
+            tid: 1,
+            api: Api::CudaMalloc,
+            kind: AllocKind::Runtime,
+            flags: 0,
+            device: 0,
+            stream: 0,
+            addr: 0x1000 + (i << 8),
+            size: i,
+            result: 0,
+            latency_ns: 0,
+            stack: 0,
+        })
+    }
+
+    /// A slot whose buffer holds `n` events (a `ThreadStart`, allocations), with entries that
+    /// are not events among them (two `Context`s, a `Stack` record before each allocation).
+    fn slot_holding(n: u64) -> &'static Slot {
+        let slot = new_slot();
+        let g = slot.lock();
+        let b = &mut g.inner().buf;
+        b.put(slot, Event::ThreadStart { t_ns: 0, tid: 1 });
+        b.context(1);
+        for i in 1..n {
+            b.put(
+                slot,
+                Event::Stack {
+                    id: i as u32,
+                    frames: vec![0x10],
+                },
+            );
+            b.put(slot, alloc(i));
+        }
+        drop(g);
+        slot
+    }
+
+    /// The calling thread's slot is `slot` for the rest of `f`.
+    fn as_mine<R>(slot: &'static Slot, f: impl FnOnce() -> R) -> R {
+        let old = my_slot_ptr().replace(slot as *const Slot as *const ());
+        let r = f();
+        my_slot_ptr().set(old);
+        r
+    }
+
+    fn taken_events(mut bufs: Vec<Buf>) -> u64 {
+        bufs.iter_mut().map(|b| events_in(b)).sum()
+    }
+
+    /// A buffer's events counted from its two lengths are those its entries hold.
+    #[test]
+    fn events_left_counts_events_not_entries() {
+        let slot = slot_holding(9);
+        let g = slot.lock();
+        let b = &g.inner().buf;
+        assert_eq!(events_in(b), 9);
+        assert!(b.len() > 9);
+        drop(g);
+        assert_eq!(slot.events_left(), 9);
+    }
+
+    /// The calling thread inside its own slot (a signal handler that exits interrupted it
+    /// there: here the window or the lock is held by this thread, as the handler would find
+    /// it) is given up at once, its events reported for counting; outside it, its buffer is
+    /// taken like any other's.
+    #[test]
+    fn the_callers_own_slot_is_given_up_while_it_is_inside() {
+        barrier::init();
+        for how in ["window", "lock"] {
+            let slot = slot_holding(7);
+            let mut bufs = Vec::new();
+            let d = as_mine(slot, || {
+                let inside = if how == "window" {
+                    slot.enter()
+                } else {
+                    slot.lock()
+                };
+                // u32::MAX attempts: a drain that waited for this slot would not return.
+                let d = drain(&[slot], |b| bufs.extend(b), u32::MAX, false);
+                drop(inside);
+                d
+            });
+            assert_eq!(
+                d,
+                Drained {
+                    taken: true,
+                    skipped_events: 7
+                },
+                "{how}"
+            );
+            assert!(bufs.is_empty(), "{how}: a buffer was taken");
+            // Out of it, the same thread's slot is drained as usual.
+            let d = as_mine(slot, || drain(&[slot], |b| bufs.extend(b), 1 << 12, false));
+            assert_eq!(
+                d,
+                Drained {
+                    taken: true,
+                    skipped_events: 0
+                },
+                "{how}"
+            );
+            assert_eq!(taken_events(bufs), 7, "{how}");
+        }
+    }
+
+    /// A slot whose owner stays inside (its window or the lock) through every attempt is
+    /// given up, and its events are reported for counting, not dropped silently.
+    #[test]
+    fn a_slot_given_up_after_the_attempts_is_counted() {
+        barrier::init();
+        for how in ["window", "lock"] {
+            let slot = slot_holding(5);
+            let (inside_tx, inside_rx) = std::sync::mpsc::sync_channel::<()>(0);
+            let (done_tx, done_rx) = std::sync::mpsc::sync_channel::<()>(0);
+            let owner = std::thread::spawn(move || {
+                let inside = if how == "window" {
+                    slot.enter()
+                } else {
+                    slot.lock()
+                };
+                inside_tx.send(()).unwrap();
+                done_rx.recv().unwrap();
+                drop(inside);
+            });
+            inside_rx.recv().unwrap();
+            let mut bufs = Vec::new();
+            let d = drain(&[slot], |b| bufs.extend(b), 1 << 8, false);
+            done_tx.send(()).unwrap();
+            owner.join().unwrap();
+            if how == "window" && !barrier::available() {
+                // Without the window the owner took the lock: given up the same way.
+                assert_eq!(d.skipped_events, 5, "{how}");
+                continue;
+            }
+            assert_eq!(
+                d,
+                Drained {
+                    taken: true,
+                    skipped_events: 5
+                },
+                "{how}"
+            );
+            assert!(bufs.is_empty(), "{how}: a buffer was taken");
+        }
     }
 }

@@ -438,7 +438,7 @@ fn writer_main(sh: &'static Shared) {
 
 /// Order faults (`VRAMSHIM_TRACE_FAULT`), read once per writer: each restores a tick's steps
 /// as they were before a fix, to show that the tests holding a tick in that window
-/// (`tests/workloads/trace/tests/tick_windows.rs`) catch the wrong order.
+/// (`tests/workloads/trace/tests/tick_window_*.rs`) catch the wrong order.
 #[derive(Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 enum OrderFault {
@@ -454,6 +454,14 @@ enum OrderFault {
     /// stopped only then), so what they append after its drain is neither written nor
     /// counted.
     LateClose,
+    /// `tid-only`: a slot's thread is looked for by its tid alone, so a thread whose tid a new
+    /// thread got gets its `ThreadExit` record only once that thread exits too (two records
+    /// for one tid then).
+    TidOnly,
+    /// `own-wait`: the exit path's drain waits for the exiting thread's own slot like any
+    /// other's (in vain when a signal handler that exits interrupted the thread inside it:
+    /// `1 << 20` attempts), and the slots it gives up on are dropped uncounted.
+    OwnWait,
 }
 
 static ORDER_FAULT: AtomicU8 = AtomicU8::new(0);
@@ -465,6 +473,8 @@ fn order_fault() -> OrderFault {
                 Some("partials-first") => OrderFault::PartialsFirst,
                 Some("late-reap") => OrderFault::LateReap,
                 Some("late-close") => OrderFault::LateClose,
+                Some("tid-only") => OrderFault::TidOnly,
+                Some("own-wait") => OrderFault::OwnWait,
                 _ => OrderFault::None,
             };
             ORDER_FAULT.store(f as u8, Ordering::Relaxed);
@@ -473,6 +483,8 @@ fn order_fault() -> OrderFault {
         2 => OrderFault::PartialsFirst,
         3 => OrderFault::LateReap,
         4 => OrderFault::LateClose,
+        5 => OrderFault::TidOnly,
+        6 => OrderFault::OwnWait,
         _ => OrderFault::None,
     }
 }
@@ -605,8 +617,9 @@ fn tick_locked(
     let reaps = !at_exit && out.ticks.wrapping_add(1) % REAP_EVERY == 0;
     // Threads gone before their buffers are taken (their last events are in what is taken
     // now, so their `ThreadExit` records, written below, come after them).
+    let by_tid = fault == OrderFault::TidOnly;
     let mut dead = if reaps && fault != OrderFault::LateReap {
-        slots::dead_threads(out.pid)
+        slots::dead_threads(out.pid, by_tid)
     } else {
         Vec::new()
     };
@@ -627,7 +640,14 @@ fn tick_locked(
             }
         },
         spins,
+        fault == OrderFault::OwnWait,
     );
+    // At exit nothing takes the buffers given up on later: their events are lost, and the
+    // `Lost` record below says how many (at a tick they wait for the next one).
+    if at_exit && fault != OrderFault::OwnWait {
+        count_lost(drained.skipped_events);
+    }
+    let drained = drained.taken;
     for c in older {
         write_chunk(sh, out, c);
     }
@@ -638,7 +658,7 @@ fn tick_locked(
     if reaps {
         tick_hook::at(TickPoint::BeforeReap);
         if fault == OrderFault::LateReap {
-            dead = slots::dead_threads(out.pid);
+            dead = slots::dead_threads(out.pid, by_tid);
         }
         if drained || fault == OrderFault::LateReap {
             let events = &mut out.events;

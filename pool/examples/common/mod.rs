@@ -1,5 +1,5 @@
 //! What the pool's examples share: the traces named on the command line (read, or the
-//! process ends with the reason) and the checking device with a stitch pool they replay on.
+//! process ends with the reason; with their names and peaks of live bytes) and the checking device with a stitch pool they replay on.
 //! A folder with `mod.rs`, so that Cargo does not take it for an example of its own.
 
 #![allow(dead_code)] // each example uses part of it
@@ -48,6 +48,21 @@ pub fn read_trace(path: &Path) -> ParsedTrace {
     rmm_csv::parse_file(path).unwrap_or_else(|e| {
         eprintln!("{}: {e}", path.display());
         std::process::exit(1);
+    })
+}
+
+/// The traces `args` name ([`trace_files`], found now), each read when reached
+/// ([`read_trace`]): its file name, the trace, and its peak of live bytes.
+pub fn traces(args: Vec<String>) -> impl Iterator<Item = (String, ParsedTrace, u64)> {
+    trace_files(args).into_iter().map(|f| {
+        let t = read_trace(&f);
+        let name = f
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .to_string();
+        let live = vramshim_pool::replay::peak_live(&t.events);
+        (name, t, live)
     })
 }
 

@@ -201,9 +201,10 @@ impl Stitch {
         }
     }
 
-    /// Give back wholly free pages while the pool is above its budget: each page's mappings
-    /// must be unused and no page of them may carry a stream condition (no synchronization
-    /// is made for it; the process's next one lets the rest go).
+    /// Give back wholly free pages while the pool is above its budget: the page may carry no
+    /// stream condition, and each of its mappings must be unused and used by no stream any
+    /// more (`map_busy`; no synchronization is made for it; the process's next one lets the
+    /// rest go).
     pub(super) fn release_idle(&mut self, dev: &mut dyn Device) {
         let key = (
             self.epoch,
@@ -245,7 +246,7 @@ impl Stitch {
             }
             let movable = maps.iter().all(|&m| {
                 let mp = self.map(m);
-                mp.users == 0 && !mp.pages.iter().any(|&q| self.has_active_fence(q))
+                mp.users == 0 && !self.map_busy(m)
             });
             if !movable || !self.run_all(p, |q| self.page(q).used == 0 && !self.has_active_fence(q))
             {
@@ -295,9 +296,10 @@ impl Stitch {
     }
 
     /// Whether `release_idle` would give back at least one page if every cached block were
-    /// dissolved first. A page goes back only when no block uses a byte of it and every
-    /// mapping it is in is unused and carries no stream condition of this epoch; dissolving
-    /// a block freed in this epoch puts such a condition on its pages. So a pool above its
+    /// dissolved first. A page goes back only when no block uses a byte of it, it carries no
+    /// stream condition of this epoch, and every mapping it is in is unused and used by no
+    /// stream of this epoch (`map_busy`); dissolving a block freed in this epoch puts such
+    /// conditions on its pages and its mapping. So a pool above its
     /// budget whose idle pages sit in a mapping that live blocks or this epoch's frees pin
     /// (the arena, between two synchronizations) gains nothing by dissolving its cache: it
     /// keeps it, and the next synchronization, growth or mapping change asks again.
@@ -326,9 +328,10 @@ impl Stitch {
     /// dissolved (see `release_possible`), computed afresh.
     pub(super) fn releasable_page(&self) -> bool {
         let epoch = self.epoch;
-        // per mapping: its cached blocks; per page: cached bytes, and whether dissolving
-        // would fence it
+        // per mapping: its cached blocks, and whether dissolving one would keep it mapped
+        // (see `map_busy`); per page: cached bytes, and whether dissolving would fence it
         let mut cached_users: FxMap<u32, u32> = FxMap::default();
+        let mut busy: FxMap<u32, ()> = FxMap::default();
         let mut cached_bytes: FxMap<u32, u64> = FxMap::default();
         let mut fenced: FxMap<u32, ()> = FxMap::default();
         for c in [SMALL, LARGE] {
@@ -340,6 +343,9 @@ impl Stitch {
                     continue;
                 }
                 *cached_users.entry(b.map).or_default() += 1;
+                if b.epoch >= epoch {
+                    busy.insert(b.map, ());
+                }
                 for (p, s, e) in self.pieces(&self.map(b.map).pages, b.off, b.size) {
                     *cached_bytes.entry(p).or_default() += e - s;
                     if b.epoch >= epoch {
@@ -355,8 +361,14 @@ impl Stitch {
             .enumerate()
             .map(|(i, m)| {
                 m.as_ref().is_some_and(|mp| {
-                    mp.users == cached_users.get(&(i as u32)).copied().unwrap_or(0)
-                        && !mp.pages.iter().any(|&q| fenced_page(q))
+                    let m = i as u32;
+                    // (the fault switch's old rule: a fenced page keeps every mapping it is in)
+                    let page_rule =
+                        self.faults.page_fenced_maps && mp.pages.iter().any(|&q| fenced_page(q));
+                    mp.users == cached_users.get(&m).copied().unwrap_or(0)
+                        && !self.map_busy(m)
+                        && !busy.contains_key(&m)
+                        && !page_rule
                 })
             })
             .collect();

@@ -155,6 +155,10 @@ impl Stitch {
             epoch: b.epoch,
             seq: b.seq,
         });
+        if fence.is_some() {
+            let mp = self.map_mut(b.map);
+            mp.busy_until = mp.busy_until.max(b.epoch + 1);
+        }
         let pages = self.map(b.map).pages.clone();
         for (p, s, e) in self.pieces(&pages, b.off, b.size) {
             if !self.faults.skip_take {

@@ -1,5 +1,6 @@
 //! Stream conditions: events and per-page fences that say when freed bytes may be reused on
-//! another stream, and the synchronizations that release `cudaFree`d blocks.
+//! another stream, the per-mapping mark that says when a mapping may be unmapped
+//! (`Stitch::map_busy`), and the synchronizations that release `cudaFree`d blocks.
 
 use super::*;
 
@@ -63,6 +64,18 @@ impl Stitch {
         for e in dropped {
             self.ev_unref(dev, e);
         }
+    }
+
+    /// Whether a stream may still use mapping `m`'s addresses: a block freed through it
+    /// stream-ordered was given back to its pages since the last synchronization. Only the
+    /// mapping the block was in: the page fences say when the *bytes* may be reused, and a
+    /// page is in other mappings too, whose addresses no stream used for that block.
+    pub(super) fn map_busy(&self, m: u32) -> bool {
+        let mp = self.map(m);
+        !self.faults.unmap_busy
+            && (mp.busy_until > self.epoch
+                || self.faults.page_fenced_maps
+                    && mp.pages.iter().any(|&p| self.has_active_fence(p)))
     }
 
     pub(super) fn has_active_fence(&self, p: u32) -> bool {

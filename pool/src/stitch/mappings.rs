@@ -151,6 +151,7 @@ impl Stitch {
             reserved: reserve,
             pages,
             users: 0,
+            busy_until: 0,
         };
         let id = match self.free_map_slots.pop() {
             Some(id) => {
@@ -205,8 +206,8 @@ impl Stitch {
     }
 
     /// Unmap cached mappings nobody uses once there are too many of them (bounded VA and
-    /// bookkeeping under a workload whose shapes keep changing). Only mappings whose pages
-    /// carry no pending stream condition are dropped (no synchronization needed).
+    /// bookkeeping under a workload whose shapes keep changing). Only mappings no stream may
+    /// still use are dropped (`map_busy`: no synchronization needed).
     pub(super) fn gc_mappings(&mut self, dev: &mut dyn Device) {
         let limit = 2 * self.npages + 64;
         if self.nmaps <= limit {
@@ -217,7 +218,7 @@ impl Stitch {
             if let Some(m) = m
                 && m.users == 0
                 && self.arena != Some(i as u32)
-                && !m.pages.iter().any(|&p| self.has_active_fence(p))
+                && !self.map_busy(i as u32)
             {
                 victims.push(i as u32);
                 if self.nmaps - (victims.len() as u64) <= self.npages + 32 {
@@ -283,9 +284,9 @@ impl Stitch {
                 continue;
             }
             // a stream may still touch the mapping's addresses (a block freed through it
-            // stream-ordered, not yet covered): unmapping any of it must wait, as for
-            // dropping a mapping
-            if !unchecked && mp.pages.iter().any(|&q| self.has_active_fence(q)) {
+            // stream-ordered, not yet covered: `map_busy`): unmapping any of it must wait, as
+            // for dropping a mapping
+            if !unchecked && self.map_busy(m) {
                 continue;
             }
             let mut out = vec![u32::MAX; n];

@@ -27,7 +27,9 @@
 //! synchronization, or by making that stream wait on an event recorded on `s` when the block
 //! changes streams (it covers the free; `cudaStreamWaitEvent`, no host synchronization, and
 //! no event at all on the same-stream fast path). Bytes of dissolved blocks carry the same
-//! condition as a per-page fence. No synchronization during capture.
+//! condition as a per-page fence, and the mapping such a block was in stays mapped until a
+//! synchronization (its addresses are what the stream may still use; the other mappings of
+//! its pages are not held for it: see `fences`). No synchronization during capture.
 
 use crate::blocks::{BState, Block, Blocks, SizeLists};
 use crate::device::{Device, DeviceError, EventId, Handle, Stream};
@@ -40,6 +42,7 @@ pub use budget::Budget;
 pub use pages::PageView;
 
 mod arena;
+mod aside;
 mod budget;
 mod cache;
 mod fences;
@@ -106,6 +109,11 @@ struct Mapping {
     pages: Vec<u32>,
     /// blocks (live, pending or cached) placed in this mapping
     users: u32,
+    /// a block freed through this mapping stream-ordered was given back to its pages in an
+    /// epoch before this one: until a synchronization covers it (the epoch reaches this), a
+    /// stream may still use this mapping's addresses, which therefore stay mapped (see
+    /// `fences`)
+    busy_until: u64,
 }
 
 /// What the slow path found: a cached block (after a synchronization released it), or a
@@ -184,28 +192,26 @@ pub struct Faults {
     /// the arena, across classes (not a safety fault: it proves the test that the classes
     /// reach 1.03 x peak live only with the arena set aside can fail).
     pub arena_mixes_lifetimes: bool,
+    /// Unmap a mapping (drop it, re-form it, or give its pages back) while a stream may still
+    /// use its addresses (a block freed through it stream-ordered, with no synchronization
+    /// since): proves the checks of the per-mapping stream condition can fail.
+    pub unmap_busy: bool,
+    /// Keep every mapping of a page freed into stream-ordered mapped until a
+    /// synchronization, as the per-page condition did (not a safety fault: it proves the
+    /// test that the per-mapping condition gives pages back can fail).
+    pub page_fenced_maps: bool,
 }
 
 impl Faults {
-    /// Any switch the fast path must see (`page_handles` only changes how the arena grows).
+    /// Any switch the fast path must see: the early release of `cudaFree`d blocks acts
+    /// before an allocation looks at the cache (it moves the epoch, which decides what may be
+    /// handed out at once). Every other switch acts on what the fast path never decides (the
+    /// slow path, placement, replay, frees, the budget, lifetime classes, which turn the fast
+    /// path off themselves), so it leaves the fast path on: a switch changes only what it
+    /// names (the general path takes the block the fast path would, but records it as a
+    /// place of the round, which the fast path does not).
     fn any(&self) -> bool {
         self.reuse_sync_frees_early
-            || self.ignore_streams
-            || self.skip_take
-            || self.lazy_sync
-            || self.ignore_budget
-            || self.repair_used
-            || self.release_forced
-            || self.stitch_run_pages
-            || self.keep_layout
-            || self.forget_rounds
-            || self.replay_over_live
-            || self.mix_lifetimes
-            || self.replay_unsynced
-            || self.dissolve_when_stuck
-            || self.kept_over_live
-        // (`pressure_off`, `pressure_reform_used` and `arena_mixes_lifetimes` act only on
-        // the slow path, never on the fast path, which they leave on)
     }
 }
 
@@ -698,17 +704,23 @@ impl Stitch {
         }
         // under a budget, the place this allocation had in the previous round comes first
         // (see `rounds`): a cached block taken instead would let the layout drift
-        let replayed = if self.budget.is_some() {
+        let replayed = if self.budget.is_some() && self.round_due(size) {
             self.round_commit(dev, size, t, req.size)?
         } else {
             None
         };
         let mut hit = None;
-        if replayed.is_none() && self.stats.reserved > self.limit_now && self.ncached > 0 {
-            self.miss_above_budget(dev);
-        }
         if replayed.is_none() {
             hit = self.cache_take(dev, size, t, req.size);
+        }
+        // above the budget a miss dissolves the cache it kept (see `miss_above_budget`); a
+        // twin found there is served first, as the fast path serves it
+        if hit.is_none()
+            && replayed.is_none()
+            && self.stats.reserved > self.limit_now
+            && self.ncached > 0
+        {
+            self.miss_above_budget(dev);
         }
         if hit.is_none()
             && replayed.is_none()

@@ -89,7 +89,9 @@ impl Stitch {
         if !self.faults.forget_rounds
             && let Some((m, off)) = self.taken_place(addr)
         {
-            let va = self.map(m).va;
+            // a block lies at its mapping's address plus its offset (blocks never move)
+            let va = addr - off;
+            debug_assert_eq!(va, self.map(m).va);
             let place = (k, m, va, off);
             let li = l as usize;
             let r = &mut self.rounds;
@@ -165,6 +167,17 @@ impl Stitch {
     pub(super) fn in_rounds(&self, m: u32) -> bool {
         let va = self.map(m).va;
         self.rounds.maps.get(&m) == Some(&va)
+    }
+
+    /// Whether the allocation of `size` now being served is of a rank the previous round
+    /// placed on its slow path (`round_place`'s first test, made here so that the usual
+    /// answer, no, costs no call).
+    #[inline]
+    pub(super) fn round_due(&self, size: u64) -> bool {
+        self.sizes.find(size).is_some_and(|l| {
+            let sl = self.sizes.at(l);
+            sl.allocs == sl.replay_next
+        })
     }
 
     /// The place the allocation of `size` now being served had in the previous round (the

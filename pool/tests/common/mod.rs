@@ -1,8 +1,14 @@
-//! What the pool's property tests share: the free modes they draw, the end of a run (every
-//! live block freed, then trim) and the checks that a run left nothing behind.
+//! What the pool's tests share: the free modes the property tests draw, the end of a run
+//! (every live block freed, then trim) and the checks that a run left nothing behind; the
+//! rotation `pool_bench` times ([`rotation`]); every shared trace and GPU recording
+//! ([`traces`]). Each test file uses a part of it.
+#![allow(dead_code)]
+
+pub mod rotation;
 
 use proptest::prelude::*;
-use vramshim_pool::{AccountingDevice, FreeMode, Policy};
+use vramshim_pool::replay::Event;
+use vramshim_pool::{AccountingDevice, FreeMode, Policy, rmm_csv};
 
 /// A free mode: synchronous, or stream-ordered on one of streams 0 to 2.
 pub fn mode() -> impl Strategy<Value = FreeMode> {
@@ -60,4 +66,20 @@ pub fn assert_clean(dev: &AccountingDevice, policy: &dyn Policy) {
     assert_eq!(dev.leaks(), Vec::<String>::new(), "leaks");
     assert_eq!(policy.stats().live, 0);
     assert_eq!(policy.stats().reserved, 0, "reserved after trim");
+}
+
+/// Every shared trace and GPU recording, named `directory/file`, with its events.
+pub fn traces() -> Vec<(String, Vec<Event>)> {
+    let mut files = vramshim_testkit::shipped_traces();
+    let gpu = vramshim_testkit::repo_root().join("tests/workloads/traces/gpu");
+    files.extend(vramshim_testkit::rmm_logs_in(&gpu, "the GPU recordings"));
+    files
+        .into_iter()
+        .map(|p| {
+            let t = rmm_csv::parse_file(&p).unwrap();
+            let dir = p.parent().unwrap().file_name().unwrap().to_string_lossy();
+            let name = p.file_name().unwrap().to_string_lossy();
+            (format!("{dir}/{name}"), t.events)
+        })
+        .collect()
 }

@@ -16,20 +16,10 @@
  * Output: one line "early_reuse: mode=M blocks=N same_address=N foreign=N" (same_address:
  * blocks that got A's address back). Exit 1 if foreign > 0, 2 on a CUDA error.
  */
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
-#include "cuda_api.h"
-
-#define CHECK(x)                                                                        \
-    do {                                                                                \
-        cudaError_t e_ = (x);                                                           \
-        if (e_ != cudaSuccess) {                                                        \
-            fprintf(stderr, "early_reuse: %s failed: %d (line %d)\n", #x, (int)e_, __LINE__); \
-            exit(2);                                                                    \
-        }                                                                               \
-    } while (0)
+#define PROG "early_reuse"
+#include "pool_workload.h"
 
 int main(int argc, char **argv) {
     if (argc < 3 || (argc > 3 && strcmp(argv[3], "anchor") != 0)) {

@@ -12,38 +12,17 @@
  * keeps of device 1. Prints "kept_devices frees0=.. frees1=.." (the frees each device's pool
  * has seen), or "kept_devices: no library". Exit 0, or 2 on a CUDA error.
  */
-#include <dlfcn.h>
-#include <stdio.h>
-#include <stdlib.h>
-
-#include "cuda_api.h"
-
-typedef long long (*stat_fn)(int, const char *);
-
-#define CHECK(x)                                                                             \
-    do {                                                                                     \
-        cudaError_t e_ = (x);                                                                \
-        if (e_ != cudaSuccess) {                                                             \
-            fprintf(stderr, "kept_devices: %s failed: %d (line %d)\n", #x, (int)e_, __LINE__); \
-            exit(2);                                                                         \
-        }                                                                                    \
-    } while (0)
+#define PROG "kept_devices"
+#include "pool_workload.h"
 
 int main(void) {
-    stat_fn g = (stat_fn)dlsym(RTLD_DEFAULT, "vramshim_pool_stat");
-    if (!g) {
-        printf("kept_devices: no library\n");
-        return 0;
-    }
+    stat_fn g = pool_stat_or_exit();
     cudaStream_t s0, s1;
-    void *anchor, *p, *x, *b[2];
+    void *anchor, *x, *b[2];
     CHECK(cudaSetDevice(0));
     CHECK(cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking));
     CHECK(cudaMalloc(&anchor, 256u << 10));
-    for (int i = 0; i < 300; i++) {
-        CHECK(cudaMalloc(&p, (size_t)(1 + i % 8) << 20));
-        CHECK(cudaFree(p));
-    }
+    rotating_pairs(300);
     CHECK(cudaMallocAsync(&x, 1u << 20, s0));
     CHECK(cudaSetDevice(1));
     CHECK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));

@@ -12,24 +12,12 @@
  * cached=.. pending=.. budget=.. recent_peak_live=.. releases=.. byname_reserved=.."
  * (STAGE: live, freed). Exit 0, or 2 on a CUDA error.
  */
-#include <dlfcn.h>
 #include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
 
-#include "cuda_api.h"
+#define PROG "pool_stats"
+#include "pool_workload.h"
 
 typedef int (*stats_fn)(int, uint64_t *, size_t);
-typedef long long (*stat_fn)(int, const char *);
-
-#define CHECK(x)                                                                          \
-    do {                                                                                  \
-        cudaError_t e_ = (x);                                                             \
-        if (e_ != cudaSuccess) {                                                          \
-            fprintf(stderr, "pool_stats: %s failed: %d (line %d)\n", #x, (int)e_, __LINE__); \
-            exit(2);                                                                      \
-        }                                                                                 \
-    } while (0)
 
 static void show(const char *stage, stats_fn f, stat_fn g) {
     uint64_t v[64];

@@ -13,37 +13,16 @@
  * "round_end allocs=.. frees=.. cache_hits=.. cached=.. live=.. reserved=.. syncs=..", or
  * "round_end: no library" without libvramshim.so. Exit 0, or 2 on a CUDA error.
  */
-#include <dlfcn.h>
-#include <stdio.h>
-#include <stdlib.h>
-
-#include "cuda_api.h"
-
-typedef long long (*stat_fn)(int, const char *);
-
-#define CHECK(x)                                                                          \
-    do {                                                                                  \
-        cudaError_t e_ = (x);                                                             \
-        if (e_ != cudaSuccess) {                                                          \
-            fprintf(stderr, "round_end: %s failed: %d (line %d)\n", #x, (int)e_, __LINE__); \
-            exit(2);                                                                      \
-        }                                                                                 \
-    } while (0)
+#define PROG "round_end"
+#include "pool_workload.h"
 
 int main(void) {
-    stat_fn g = (stat_fn)dlsym(RTLD_DEFAULT, "vramshim_pool_stat");
-    if (!g) {
-        printf("round_end: no library\n");
-        return 0;
-    }
+    stat_fn g = pool_stat_or_exit();
     cudaStream_t s;
     CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     void *p, *anchor;
     CHECK(cudaMalloc(&anchor, 256u << 10));
-    for (int i = 0; i < 300; i++) {
-        CHECK(cudaMalloc(&p, (size_t)(1 + i % 8) << 20));
-        CHECK(cudaFree(p));
-    }
+    rotating_pairs(300);
     size_t x = (3u << 20) + 512;
     CHECK(cudaMallocAsync(&p, x, s));
     CHECK(cudaFree(anchor));

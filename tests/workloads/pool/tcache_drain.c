@@ -13,23 +13,13 @@
  * 1 if it was refused, 2 on another CUDA error.
  */
 #include <pthread.h>
-#include <stdio.h>
-#include <stdlib.h>
 
-#include "cuda_api.h"
+#define PROG "tcache_drain"
+#include "pool_workload.h"
 
 #define BLOCKS 6
 #define BLOCK (8u << 20)
 #define BIG (40u << 20)
-
-#define CHECK(x)                                                                         \
-    do {                                                                                 \
-        cudaError_t e_ = (x);                                                            \
-        if (e_ != cudaSuccess) {                                                         \
-            fprintf(stderr, "tcache_drain: %s failed: %d (line %d)\n", #x, (int)e_, __LINE__); \
-            exit(2);                                                                     \
-        }                                                                                \
-    } while (0)
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;

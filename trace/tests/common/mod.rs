@@ -1,5 +1,8 @@
-//! Shared strategies and fixtures for the trace tests.
+//! Shared strategies and fixtures for the trace tests; traces of raw records or encoded
+//! buffers ([`frames`]).
 #![allow(dead_code)]
+
+pub mod frames;
 
 use proptest::prelude::*;
 use vramshim_trace::*;

@@ -19,19 +19,36 @@ use vramshim_trace::{Event, TraceReader};
 
 const PY_BIT: u64 = 1 << 63;
 
-/// Every CPython 3.10+ found here: `python3.X` on PATH and in /usr/bin, pyenv's versions,
-/// the PyTorch environment's, `scripts/setup-cpython314`'s. (version "3.X", path), one per
-/// distinct executable.
+/// Every CPython 3.10+ with the GIL found here (see [`all_pythons`]): (version "3.X", path).
 fn pythons() -> Vec<(String, PathBuf)> {
+    let out: Vec<(String, PathBuf)> = all_pythons()
+        .into_iter()
+        .filter(|(_, ft, _)| !ft)
+        .map(|(v, _, p)| (v, p))
+        .collect();
+    assert!(!out.is_empty(), "no CPython 3.10+ found");
+    if let Some(p) = std::env::var_os("VRAMSHIM_CPYTHON314").map(PathBuf::from) {
+        assert!(
+            out.iter().any(|(v, c)| v == "3.14" && *c == p),
+            "VRAMSHIM_CPYTHON314={} is not a CPython 3.14 (with the GIL) that runs here: {out:?}",
+            p.display()
+        );
+    }
+    out
+}
+
+/// Every CPython 3.10+ found here: `python3.X` and `python3.Xt` on PATH and in /usr/bin,
+/// pyenv's versions, the PyTorch environment's, `scripts/setup-cpython314`'s. (version
+/// "3.X", free-threaded, path), one per distinct executable.
+fn all_pythons() -> Vec<(String, bool, PathBuf)> {
     let mut cands: Vec<PathBuf> = Vec::new();
-    let required_314 = std::env::var_os("VRAMSHIM_CPYTHON314").map(PathBuf::from);
-    if let Some(p) = &required_314 {
+    if let Some(p) = std::env::var_os("VRAMSHIM_CPYTHON314").map(PathBuf::from) {
         assert!(
             p.is_file(),
             "VRAMSHIM_CPYTHON314={}: no such interpreter (scripts/setup-cpython314 prints it)",
             p.display()
         );
-        cands.push(p.clone());
+        cands.push(p);
     } else {
         let cache = std::env::var_os("VRAMSHIM_CPYTHON_DIR")
             .map(PathBuf::from)
@@ -52,6 +69,7 @@ fn pythons() -> Vec<(String, PathBuf)> {
     for dir in std::env::split_paths(&path).chain([PathBuf::from("/usr/bin")]) {
         for m in 10..=14 {
             cands.push(dir.join(format!("python3.{m}")));
+            cands.push(dir.join(format!("python3.{m}t")));
         }
     }
     let pyenv = std::env::var_os("PYENV_ROOT")
@@ -91,20 +109,12 @@ fn pythons() -> Vec<(String, PathBuf)> {
             .and_then(|m| m.parse().ok())
             .unwrap_or(0);
         // A venv's python or a shim runs a base interpreter already listed.
-        if minor < 10 || ft != "0" || !seen.insert(real.to_string()) {
+        if minor < 10 || !seen.insert(real.to_string()) {
             continue;
         }
-        out.push((ver.to_string(), c));
+        out.push((ver.to_string(), ft != "0", c));
     }
     out.sort();
-    assert!(!out.is_empty(), "no CPython 3.10+ found");
-    if let Some(p) = required_314 {
-        assert!(
-            out.iter().any(|(v, c)| v == "3.14" && *c == p),
-            "VRAMSHIM_CPYTHON314={} is not a CPython 3.14 (with the GIL) that runs here: {out:?}",
-            p.display()
-        );
-    }
     out
 }
 
@@ -198,7 +208,7 @@ fn line(script: &str, marker: &str) -> u32 {
 }
 
 const JOB: &str = "\
-import ctypes, sys, threading
+import ctypes, sys, sysconfig, threading
 rt = ctypes.CDLL(sys.argv[1])
 rt.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
 held = []
@@ -225,10 +235,11 @@ def in_thread():
     leaf(4 << 20)  # @thread
 
 def immortal(f):
-    # 3.14+: the function's code object made immortal, as CPython's own immortal objects are
-    # (a refcount with its high bit set, the immortal flag): a frame then holds it by a
-    # tagged reference (the flag's bit set), which the frame reader must untag.
-    if sys.version_info >= (3, 14):
+    # 3.14+ (with the GIL: its object header): the function's code object made immortal, as
+    # CPython's own immortal objects are (a refcount with its high bit set, the immortal
+    # flag): a frame then holds it by a tagged reference (the flag's bit set), which the
+    # frame reader must untag.
+    if sys.version_info >= (3, 14) and not sysconfig.get_config_var('Py_GIL_DISABLED'):
         co = f.__code__
         ctypes.c_uint32.from_address(id(co)).value = 3 << 30
         ctypes.c_uint16.from_address(id(co) + 6).value |= 1
@@ -451,6 +462,48 @@ fn a_wrong_frame_layout_is_refused_with_one_line() {
         assert!(
             t.stacks.values().flatten().all(|f| f & PY_BIT == 0),
             "Python {ver}: a Python frame read with a wrong layout"
+        );
+    }
+}
+
+/// A free-threaded CPython (3.13t, 3.14t) is refused with one line: its frames are not read
+/// (docs/configuration.md says why), the job runs unharmed and its stacks are native. Checks
+/// every free-threaded build found here; with none (no package registry serves one for this
+/// machine), one line says so and the refusal is checked by the interposer's unit tests
+/// (`a_free_threaded_3_14_is_refused`) alone.
+#[test]
+fn a_free_threaded_python_is_refused_with_one_line() {
+    let ft: Vec<(String, PathBuf)> = all_pythons()
+        .into_iter()
+        .filter(|(_, ft, _)| *ft)
+        .map(|(v, _, p)| (v, p))
+        .collect();
+    if ft.is_empty() {
+        eprintln!(
+            "a_free_threaded_python_is_refused_with_one_line: no free-threaded CPython here: \
+             nothing to run"
+        );
+    }
+    for (ver, py) in ft {
+        let name = format!("pyframes_ft_{}", ver.replace('.', "_"));
+        let (out, file) = traced(&py, &name, JOB, &[]);
+        out.assert_success();
+        let lines: Vec<&str> = out
+            .stderr
+            .lines()
+            .filter(|l| l.contains("Python frames off"))
+            .collect();
+        assert_eq!(lines.len(), 1, "Python {ver}t: {}", out.stderr);
+        assert!(
+            lines[0].contains("free-threaded"),
+            "Python {ver}t: {}",
+            lines[0]
+        );
+        let t = Trace::read(&file);
+        assert_eq!(t.allocs.len(), 7, "Python {ver}t");
+        assert!(
+            t.stacks.values().flatten().all(|f| f & PY_BIT == 0),
+            "Python {ver}t: a Python frame read from a free-threaded build"
         );
     }
 }

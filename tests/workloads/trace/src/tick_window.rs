@@ -4,8 +4,11 @@
 //! record (if any) after the last of them.
 
 use std::path::Path;
+use std::sync::mpsc::sync_channel;
 
 use vramshim::tracer;
+use vramshim::tracer::testing::TickPoint;
+use vramshim_testkit::temp_dir;
 use vramshim_trace::{AllocKind, Api, Event, MemOp, TraceReader};
 
 /// The calling thread's kernel tid.
@@ -31,6 +34,28 @@ pub fn emit(tid: u32, i: u64) {
         latency_ns: 0,
         stack: 0,
     }));
+}
+
+/// [`emit`] the dispatcher's way (`tracer::emit_memop`: the owner's window, no `Event`
+/// built), as `libvramshim.so`'s hooks emit allocations.
+pub fn emit_memop(tid: u32, i: u64) {
+    tracer::testing::emit_memop(
+        true,
+        &MemOp {
+            t_ns: tracer::now_raw(),
+            tid,
+            api: Api::CudaMalloc,
+            kind: AllocKind::Runtime,
+            flags: 0,
+            device: 0,
+            stream: 0,
+            addr: 0x1000 + (i << 8),
+            size: i,
+            result: 0,
+            latency_ns: 0,
+            stack: 0,
+        },
+    );
 }
 
 /// Emits events from `*next` on until the calling thread's buffer has been handed over to
@@ -120,4 +145,52 @@ pub fn check_counted(path: &Path, tid: u32, n: u64) -> Checked {
         exits,
         lost,
     }
+}
+
+/// Holds the exit path's tick after its drain (`tracer::testing::on_tick`) while a thread
+/// emits (with `emit`) more than a buffer's worth, then checks that every event of the thread
+/// is written or counted lost (the tests `tick_window_exit_late*.rs`, one per way of emitting:
+/// the tracer is set up once per process).
+pub fn events_after_the_exit_drain(name: &str, emit: fn(u32, u64)) {
+    let dir = temp_dir(name);
+    let path = dir.join("window.vramtrace");
+    tracer::testing::enable(path.to_str().unwrap(), 0);
+    let (started_tx, started_rx) = sync_channel::<()>(0);
+    let (held_tx, held_rx) = sync_channel::<()>(0);
+    let (done_tx, done_rx) = sync_channel::<()>(0);
+    let mut fired = false;
+    tracer::testing::on_tick(Some(Box::new(move |p| {
+        if p == (TickPoint::AfterDrain { at_exit: true }) && !fired {
+            fired = true;
+            held_tx.send(()).unwrap();
+            done_rx.recv().unwrap();
+        }
+    })));
+    let t = std::thread::spawn(move || {
+        let tid = gettid();
+        let mut next = 0;
+        for _ in 0..10 {
+            emit(tid, next);
+            next += 1;
+        }
+        started_tx.send(()).unwrap();
+        held_rx.recv().unwrap();
+        // Three buffers' worth (a buffer is handed over at 1024 entries).
+        for _ in 0..3000 {
+            emit(tid, next);
+            next += 1;
+        }
+        done_tx.send(()).unwrap();
+        (tid, next)
+    });
+    started_rx.recv().unwrap();
+    // Holds its tick (on this thread) after the drain until the thread is done.
+    tracer::on_exit();
+    let (tid, n) = t.join().unwrap();
+    tracer::testing::on_tick(None);
+    let c = check_counted(&path, tid, n);
+    assert_eq!(
+        c.events, 10,
+        "thread {tid}: the events before the exit are written"
+    );
 }

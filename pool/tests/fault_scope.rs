@@ -1,0 +1,132 @@
+//! A fault switch changes only what it names: a switch whose rule a run never reaches (kept
+//! ranges off, no runs, no lifetime classes) leaves every block handed out and every count of
+//! the run as it is without it. Otherwise a fault demo would break more than its property
+//! (and a test that shows it failing would show something else): a switch that turned the
+//! pool's fast path (`Stitch::alloc_cached`) off let the general path take other blocks.
+
+use std::collections::HashMap;
+use vramshim_pool::replay::{self, Event, Frees, UNLIMITED};
+use vramshim_pool::stitch::{Faults, Stitch};
+use vramshim_pool::{AccountingDevice, Policy, Request, rmm_csv};
+
+fn traces() -> Vec<(String, Vec<Event>)> {
+    vramshim_testkit::shipped_traces()
+        .into_iter()
+        .map(|p| {
+            let t = rmm_csv::parse_file(&p).unwrap();
+            (p.file_name().unwrap().to_string_lossy().into(), t.events)
+        })
+        .collect()
+}
+
+/// (driver calls, syncs, cache hits, peak reserved, stream waits, a digest of every address
+/// handed out in order) of a tight pool over `ev`, two passes (the second replays the first
+/// round's places).
+/// `split`: each allocation as the interposer makes it (`Stitch::alloc_cached`, then
+/// `Stitch::alloc_missed` when it declines) instead of `Policy::alloc`.
+fn counts(ev: &[Event], faults: Faults, split: bool) -> (u64, u64, u64, u64, u64, u64) {
+    let mut dev = AccountingDevice::new(UNLIMITED);
+    dev.set_checking(true);
+    let mut p = Stitch::tight();
+    p.set_faults(faults);
+    let ev = replay::repeat(ev, 2);
+    let mut ids: HashMap<u64, u64> = HashMap::new();
+    let mut digest = 0u64;
+    for e in &ev {
+        match *e {
+            Event::Alloc { id, size, stream } => {
+                let req = Request { size, stream };
+                let a = match split.then(|| p.alloc_cached(size, stream)).flatten() {
+                    Some(a) => a,
+                    None if split => p.alloc_missed(&mut dev, req).unwrap().addr,
+                    None => p.alloc(&mut dev, req).unwrap().addr,
+                };
+                dev.check_alloc(a, size, stream);
+                digest = digest.rotate_left(7) ^ a;
+                ids.insert(id, a);
+            }
+            Event::Free { id, mode } => {
+                if let Some(a) = ids.remove(&id) {
+                    dev.check_free(a, mode);
+                    p.free(&mut dev, a, mode).unwrap();
+                }
+            }
+            Event::ProcessSync => {
+                dev.process_sync();
+                p.note_process_sync();
+            }
+        }
+    }
+    assert!(dev.violations().is_empty(), "{:?}", &dev.violations()[..1]);
+    let s = p.stats();
+    let calls = dev.calls();
+    (
+        calls.driver_calls(),
+        calls.syncs(),
+        s.cache_hits,
+        s.peak_reserved,
+        s.stream_waits,
+        digest,
+    )
+}
+
+/// Switches of rules a default tight pool never takes (kept ranges, runs, lifetime classes
+/// are off) change nothing: not the blocks handed out, nor any count. And the interposer's
+/// sequence (fast path, then the general path told it declined) hands out the blocks
+/// `Policy::alloc` does.
+#[test]
+fn unreached_fault_switches_change_nothing() {
+    let unreached = [
+        (
+            "kept_over_live",
+            Faults {
+                kept_over_live: true,
+                ..Faults::default()
+            },
+        ),
+        (
+            "stitch_run_pages",
+            Faults {
+                stitch_run_pages: true,
+                ..Faults::default()
+            },
+        ),
+        (
+            "mix_lifetimes",
+            Faults {
+                mix_lifetimes: true,
+                ..Faults::default()
+            },
+        ),
+        (
+            "arena_mixes_lifetimes",
+            Faults {
+                arena_mixes_lifetimes: true,
+                ..Faults::default()
+            },
+        ),
+    ];
+    for (name, ev) in traces() {
+        for frees in Frees::BOTH {
+            let ev = frees.apply(&ev);
+            let want = counts(&ev, Faults::default(), false);
+            let split = counts(&ev, Faults::default(), true);
+            assert_eq!(
+                split,
+                want,
+                "{name} {}: the interposer's sequence differs from Policy::alloc",
+                frees.name()
+            );
+            for (switch, f) in unreached {
+                let got = counts(&ev, f, false);
+                eprintln!("{name} {}: {switch}: {got:?}, none: {want:?}", frees.name());
+                assert_eq!(
+                    got,
+                    want,
+                    "{name} {}: {switch} changed (calls, syncs, hits, peak, waits, addresses)",
+                    frees.name()
+                );
+            }
+        }
+    }
+}

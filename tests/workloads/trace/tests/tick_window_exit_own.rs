@@ -1,0 +1,73 @@
+//! A thread that exits from a signal handler that interrupted it inside its own trace buffer
+//! (its window, or its lock: `tracer::testing::inside_own_slot`) gets the events that buffer
+//! holds counted lost: the exit path's drain recognizes the calling thread's own slot, which
+//! the thread cannot leave while the handler runs, and gives it up at once, counting its
+//! events in the `Lost` record before the end record. The events a tick took before are
+//! written. With `VRAMSHIM_TRACE_FAULT=own-wait` (the drain waits for its own slot like any
+//! other's, `1 << 20` attempts in vain, and drops what it gives up on uncounted, as before)
+//! they are neither written nor counted: this fails.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::sync_channel;
+
+use vramshim::tracer;
+use vramshim::tracer::testing::TickPoint;
+use vramshim_testkit::temp_dir;
+use vramshim_trace_tests::tick_window::{check_counted, emit, gettid};
+
+static HANDLED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn exit_from_handler(_sig: libc::c_int) {
+    // What `exit()` called from a handler runs first (the library's exit hook).
+    tracer::on_exit();
+    HANDLED.store(true, Ordering::SeqCst);
+}
+
+#[test]
+fn a_handler_that_exits_inside_its_own_slot_gets_the_slots_events_counted_lost() {
+    let dir = temp_dir("trace_tick_window_exit_own");
+    let path = dir.join("window.vramtrace");
+    tracer::testing::enable(path.to_str().unwrap(), 0);
+    let tid = gettid();
+    let mut next = 0u64;
+    for _ in 0..10 {
+        emit(tid, next);
+        next += 1;
+    }
+    // A whole tick after these (its drain begun after the hook is set) takes them.
+    let (taken_tx, taken_rx) = sync_channel::<()>(1);
+    let mut began = false;
+    tracer::testing::on_tick(Some(Box::new(move |p| match p {
+        TickPoint::BeforeDrain { at_exit: false } => began = true,
+        TickPoint::AfterDrain { at_exit: false } if began => {
+            let _ = taken_tx.try_send(());
+        }
+        _ => {}
+    })));
+    taken_rx.recv().unwrap();
+    tracer::testing::on_tick(None);
+    // These stay in the thread's buffer.
+    for _ in 0..5 {
+        emit(tid, next);
+        next += 1;
+    }
+    // SAFETY: installs a handler for SIGUSR1 (a plain function) in this test process.
+    let old = unsafe {
+        libc::signal(
+            libc::SIGUSR1,
+            exit_from_handler as extern "C" fn(libc::c_int) as libc::sighandler_t,
+        )
+    };
+    assert_ne!(old, libc::SIG_ERR);
+    tracer::testing::inside_own_slot(|| {
+        // SAFETY: raise delivers SIGUSR1 to this thread before it returns.
+        assert_eq!(unsafe { libc::raise(libc::SIGUSR1) }, 0);
+    });
+    assert!(HANDLED.load(Ordering::SeqCst), "the handler did not run");
+    let c = check_counted(&path, tid, next);
+    assert_eq!(
+        (c.events, c.lost),
+        (10, 5),
+        "the events a tick took are written, those left in the slot counted lost"
+    );
+}

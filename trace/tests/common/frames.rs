@@ -1,0 +1,60 @@
+//! Traces made of raw records or of encoded buffers, as the `TorchRun` tests (torch_runs.rs)
+//! and the `torch_run` fuzz target write them; the fuzz target includes this file by its path,
+//! so it uses nothing but `vramshim_trace`.
+
+use vramshim_trace::{Event, FrameLayout, Header, RecordEncoder, RecordStats, TraceWriter};
+
+/// `records` (raw records, as an encoder's buffer holds them) written as one frame of
+/// `layout` with no time range; with `end_alone` the end record goes in a frame of its own,
+/// so that nothing follows the records in theirs.
+pub fn records_trace(
+    records: &[u8],
+    layout: FrameLayout,
+    end_alone: bool,
+) -> std::io::Result<Vec<u8>> {
+    let mut w = TraceWriter::new(Vec::new(), &Header::default())?;
+    w.set_layout(layout);
+    let st = RecordStats {
+        records: 1,
+        t_min: u64::MAX,
+        t_max: 0,
+    };
+    w.write_records(records, st)?;
+    if end_alone {
+        w.flush_frame()?;
+    }
+    w.finish()
+}
+
+/// `ev` written as the interposer's writer thread writes events: in buffers of at most
+/// `per_buf` events, each encoded as one context (`tid`; by default the thread of the
+/// buffer's first event if it is a tensor event, else 1), the buffers concatenated into
+/// frames of about `per_frame` events (a frame is flushed once it holds that many).
+pub fn buffers_trace(
+    ev: &[Event],
+    layout: FrameLayout,
+    per_buf: usize,
+    per_frame: usize,
+    tid: Option<u32>,
+) -> Vec<u8> {
+    let mut w = TraceWriter::new(Vec::new(), &Header::default()).unwrap();
+    w.set_layout(layout);
+    let mut enc = RecordEncoder::new();
+    let mut in_frame = 0;
+    for chunk in ev.chunks(per_buf) {
+        enc.begin(tid.unwrap_or(match &chunk[0] {
+            Event::Torch(op) => op.tid,
+            _ => 1,
+        }));
+        for e in chunk {
+            enc.push(e);
+        }
+        w.write_encoded(&enc).unwrap();
+        in_frame += chunk.len();
+        if in_frame >= per_frame {
+            w.flush_frame().unwrap();
+            in_frame = 0;
+        }
+    }
+    w.finish().unwrap()
+}
