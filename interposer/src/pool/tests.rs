@@ -1015,126 +1015,81 @@ fn tight_live_pool_with_thread_caches_makes_the_models_driver_calls() {
     );
 }
 
-/// The model of `trace` (one pass, frees as `frees`) through the tight pool growing its arena
-/// by runs: (driver calls, peak bytes the device held for it).
-fn model_with_runs(trace: &std::path::Path, frees: vramshim_pool::replay::Frees) -> (u64, u64) {
-    use vramshim_pool::replay;
-    let t = vramshim_pool::rmm_csv::parse_file(trace).unwrap();
-    let mut dev = vramshim_pool::AccountingDevice::new(replay::UNLIMITED);
-    let mut p = vramshim_pool::stitch::Stitch::tight().with_runs(true);
-    let r = replay::run_with(&frees.apply(&t.events), &mut p, &mut dev);
-    assert!(r.completed, "{}", trace.display());
-    (r.driver_calls, r.peak_device_used)
-}
-
-/// Handles of several pages live (`VRAMSHIM_POOL_DEBUG=runs`: the arena grows by runs, one
-/// `cuMemCreate` and one `cuMemMap` each): every shared trace, behind `cudaFree` and
-/// stream-ordered, keeps its memcpy patterns and makes the model's driver calls, with the
-/// simulated device's high-water mark within a page of the model's peak. With a page of a
-/// run mapped alone (`stitch-run-pages`: the driver maps the handle's first page there, so
-/// two blocks share bytes) some trace's patterns break.
-#[test]
-fn live_pool_grows_by_runs_of_pages_as_the_model() {
-    use vramshim_pool::replay::Frees;
-    const PAGE: u64 = 2 << 20;
-    let mut broken_caught = false;
-    for trace in vramshim_testkit::shipped_traces() {
-        let name = trace.file_name().unwrap().to_string_lossy().into_owned();
-        for frees in Frees::BOTH {
-            let mut args = vec!["--pattern", "memcpy", "--quiet"];
-            if frees == Frees::StreamOrdered {
-                args.push("--async");
-            }
-            let env = [("VRAMSIM_DEBUG", "1"), ("VRAMSHIM_POOL_DEBUG", "runs")];
-            let (o, hw) = pooled_run(&trace, None, &env, &args);
-            assert_exit(&o, 0, &format!("{name} {}", frees.name()));
-            assert_eq!(field(&o.stdout, "mismatches"), 0, "{name}");
-            let calls = sim_memory_calls(&o.stderr);
-            let (model_calls, model_peak) = model_with_runs(&trace, frees);
-            eprintln!(
-                "{name} {}: runs, driver calls model {model_calls}, live {calls}; peak model {model_peak} B, live {hw} B",
-                frees.name()
-            );
-            assert_eq!(calls, model_calls, "{name} {}", frees.name());
-            assert!(
-                model_peak.abs_diff(hw) <= PAGE,
-                "{name}: {model_peak} vs {hw}"
-            );
-            let env = [("VRAMSHIM_POOL_DEBUG", "stitch-run-pages")];
-            let (o, _) = pooled_run(&trace, None, &env, &args);
-            let bad = o.code() != Some(0) || field(&o.stdout, "mismatches") > 0;
-            eprintln!("{name} {}: stitch-run-pages broke it: {bad}", frees.name());
-            broken_caught |= bad;
-        }
-    }
-    assert!(
-        broken_caught,
-        "stitch-run-pages: every trace kept its patterns"
-    );
-}
-
-/// The model of `trace` (one pass, frees as `frees`) through the tight pool with kept
-/// ranges: (driver calls, peak bytes the device held for it, blocks carved from ranges).
-fn model_with_kept(
-    trace: &std::path::Path,
-    frees: vramshim_pool::replay::Frees,
-) -> (u64, u64, u64) {
-    use vramshim_pool::replay;
-    let t = vramshim_pool::rmm_csv::parse_file(trace).unwrap();
-    let mut dev = vramshim_pool::AccountingDevice::new(replay::UNLIMITED);
-    let mut p = vramshim_pool::stitch::Stitch::tight().with_kept(true);
-    let r = replay::run_with(&frees.apply(&t.events), &mut p, &mut dev);
-    assert!(r.completed, "{}", trace.display());
-    (r.driver_calls, r.peak_device_used, p.kept_carves())
-}
-
-/// Kept ranges live (`VRAMSHIM_POOL_DEBUG=kept`: smaller blocks carved best fit out of the
-/// places large blocks had): every shared trace, behind `cudaFree` and stream-ordered, keeps
-/// its memcpy patterns and makes the model's driver calls, with the simulated device's
-/// high-water mark within a page of the model's peak. With a carve that ignores a range's
-/// live blocks (`kept-over-live`: the new block shares their bytes) some trace's patterns
-/// break.
-#[test]
-fn live_pool_carves_kept_ranges_as_the_model() {
-    use vramshim_pool::replay::Frees;
+/// The live pool with `VRAMSHIM_POOL_DEBUG=switch` against its model (`pool`, the tight pool
+/// with what `switch` turns on) on every shared trace, behind `cudaFree` and stream-ordered:
+/// memcpy patterns kept, the model's driver calls, the simulated device's high-water mark
+/// within a page of the model's peak; and with `fault` instead some trace's patterns break.
+/// Returns the blocks the models carved out of kept ranges.
+fn live_pool_as_its_model(
+    switch: &str,
+    fault: &str,
+    pool: fn() -> vramshim_pool::stitch::Stitch,
+) -> u64 {
+    use vramshim_pool::replay::{self, Frees};
     const PAGE: u64 = 2 << 20;
     let mut broken_caught = false;
     let mut carved = 0;
     for trace in vramshim_testkit::shipped_traces() {
         let name = trace.file_name().unwrap().to_string_lossy().into_owned();
+        let t = vramshim_pool::rmm_csv::parse_file(&trace).unwrap();
         for frees in Frees::BOTH {
             let mut args = vec!["--pattern", "memcpy", "--quiet"];
             if frees == Frees::StreamOrdered {
                 args.push("--async");
             }
-            let env = [("VRAMSIM_DEBUG", "1"), ("VRAMSHIM_POOL_DEBUG", "kept")];
+            let env = [("VRAMSIM_DEBUG", "1"), ("VRAMSHIM_POOL_DEBUG", switch)];
             let (o, hw) = pooled_run(&trace, None, &env, &args);
             assert_exit(&o, 0, &format!("{name} {}", frees.name()));
             assert_eq!(field(&o.stdout, "mismatches"), 0, "{name}");
             let calls = sim_memory_calls(&o.stderr);
-            let (model_calls, model_peak, carves) = model_with_kept(&trace, frees);
+            let mut dev = vramshim_pool::AccountingDevice::new(replay::UNLIMITED);
+            let mut p = pool();
+            let r = replay::run_with(&frees.apply(&t.events), &mut p, &mut dev);
+            assert!(r.completed, "{name}");
+            let (model_calls, model_peak) = (r.driver_calls, r.peak_device_used);
             eprintln!(
-                "{name} {}: kept ranges ({carves} carves), driver calls model {model_calls}, live {calls}; peak model {model_peak} B, live {hw} B",
-                frees.name()
+                "{name} {}: {switch} ({} carves), driver calls model {model_calls}, live {calls}; peak model {model_peak} B, live {hw} B",
+                frees.name(),
+                p.kept_carves()
             );
-            carved += carves;
+            carved += p.kept_carves();
             assert_eq!(calls, model_calls, "{name} {}", frees.name());
             assert!(
                 model_peak.abs_diff(hw) <= PAGE,
                 "{name}: {model_peak} vs {hw}"
             );
-            let env = [("VRAMSHIM_POOL_DEBUG", "kept-over-live")];
+            let env = [("VRAMSHIM_POOL_DEBUG", fault)];
             let (o, _) = pooled_run(&trace, None, &env, &args);
             let bad = o.code() != Some(0) || field(&o.stdout, "mismatches") > 0;
-            eprintln!("{name} {}: kept-over-live broke it: {bad}", frees.name());
+            eprintln!("{name} {}: {fault} broke it: {bad}", frees.name());
             broken_caught |= bad;
         }
     }
+    assert!(broken_caught, "{fault}: every trace kept its patterns");
+    carved
+}
+
+/// Handles of several pages live (`VRAMSHIM_POOL_DEBUG=runs`: the arena grows by runs, one
+/// `cuMemCreate` and one `cuMemMap` each) make the model's driver calls with the model's
+/// peak, patterns intact. With a page of a run mapped alone (`stitch-run-pages`: the driver
+/// maps the handle's first page there, so two blocks share bytes) some trace's patterns break.
+#[test]
+fn live_pool_grows_by_runs_of_pages_as_the_model() {
+    live_pool_as_its_model("runs", "stitch-run-pages", || {
+        vramshim_pool::stitch::Stitch::tight().with_runs(true)
+    });
+}
+
+/// Kept ranges live (`VRAMSHIM_POOL_DEBUG=kept`: smaller blocks carved best fit out of the
+/// places large blocks had) make the model's driver calls with the model's peak, patterns
+/// intact. With a carve that ignores a range's live blocks (`kept-over-live`: the new block
+/// shares their bytes) some trace's patterns break.
+#[test]
+fn live_pool_carves_kept_ranges_as_the_model() {
+    let carved = live_pool_as_its_model("kept", "kept-over-live", || {
+        vramshim_pool::stitch::Stitch::tight().with_kept(true)
+    });
     assert!(carved > 0, "no trace carved a block out of a kept range");
-    assert!(
-        broken_caught,
-        "kept-over-live: every trace kept its patterns"
-    );
 }
 
 /// The model of `tests/workloads/pool/round_end.c` (the tight pool on the accounting device,

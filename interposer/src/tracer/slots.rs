@@ -1161,11 +1161,24 @@ mod tests {
             }),
         );
         assert_eq!(events_in(&b), 3);
+        let got = torch_ops_written(&mut b);
+        let want: Vec<TorchOp> = (0..3)
+            .map(|s| TorchOp {
+                stack: [u32::MAX, 1, 2][s],
+                ..t.clone()
+            })
+            .collect();
+        assert_eq!(got, want);
+    }
+
+    /// The `Torch` events of `b` as the writer thread encodes them and a reader reads them
+    /// back (their times zeroed).
+    fn torch_ops_written(b: &mut Buf) -> Vec<TorchOp> {
         let mut file = Vec::new();
         {
             let mut w = vramshim_trace::TraceWriter::new(&mut file, &Default::default()).unwrap();
             let mut enc = RecordEncoder::new();
-            encode(&mut enc, &mut b);
+            encode(&mut enc, b);
             w.write_records(enc.bytes(), enc.stats()).unwrap();
             w.finish().unwrap();
         }
@@ -1180,13 +1193,7 @@ mod tests {
                 });
             }
         }
-        let want: Vec<TorchOp> = (0..3)
-            .map(|s| TorchOp {
-                stack: [u32::MAX, 1, 2][s],
-                ..t.clone()
-            })
-            .collect();
-        assert_eq!(got, want);
+        got
     }
 
     /// Rows of `Torch` entries (coded in one call each) with other entries between them
@@ -1215,25 +1222,7 @@ mod tests {
             }
             want.push(t);
         }
-        let mut file = Vec::new();
-        {
-            let mut w = vramshim_trace::TraceWriter::new(&mut file, &Default::default()).unwrap();
-            let mut enc = RecordEncoder::new();
-            encode(&mut enc, &mut b);
-            w.write_records(enc.bytes(), enc.stats()).unwrap();
-            w.finish().unwrap();
-        }
-        let mut r = vramshim_trace::TraceReader::from_reader(std::io::Cursor::new(file)).unwrap();
-        let mut e = Event::Lost { t_ns: 0, count: 0 };
-        let mut got = Vec::new();
-        while r.next_into(&mut e).unwrap() {
-            if let Event::Torch(op) = &e {
-                got.push(TorchOp {
-                    t_ns: 0,
-                    ..op.clone()
-                });
-            }
-        }
+        let got = torch_ops_written(&mut b);
         assert_eq!(got, want);
     }
 

@@ -4,7 +4,7 @@
 //! record (if any) after the last of them.
 
 use std::path::Path;
-use std::sync::mpsc::sync_channel;
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 
 use vramshim::tracer;
 use vramshim::tracer::testing::TickPoint;
@@ -15,6 +15,23 @@ use vramshim_trace::{AllocKind, Api, Event, MemOp, TraceReader};
 pub fn gettid() -> u32 {
     // SAFETY: gettid has no preconditions.
     unsafe { libc::gettid() as u32 }
+}
+
+/// Holds the tick the first time it reaches `at` until the returned sender is sent to: the
+/// receiver hears when the tick is there (the tick runs on the writer thread or, at exit, on
+/// the exiting one).
+pub fn hold_once(at: TickPoint) -> (Receiver<()>, SyncSender<()>) {
+    let (held_tx, held_rx) = sync_channel::<()>(0);
+    let (done_tx, done_rx) = sync_channel::<()>(0);
+    let mut fired = false;
+    tracer::testing::on_tick(Some(Box::new(move |p| {
+        if p == at && !fired {
+            fired = true;
+            held_tx.send(()).unwrap();
+            done_rx.recv().unwrap();
+        }
+    })));
+    (held_rx, done_tx)
 }
 
 /// Emits the `i`-th event of the calling thread (an allocation whose size is `i`), as the
@@ -156,16 +173,7 @@ pub fn events_after_the_exit_drain(name: &str, emit: fn(u32, u64)) {
     let path = dir.join("window.vramtrace");
     tracer::testing::enable(path.to_str().unwrap(), 0);
     let (started_tx, started_rx) = sync_channel::<()>(0);
-    let (held_tx, held_rx) = sync_channel::<()>(0);
-    let (done_tx, done_rx) = sync_channel::<()>(0);
-    let mut fired = false;
-    tracer::testing::on_tick(Some(Box::new(move |p| {
-        if p == (TickPoint::AfterDrain { at_exit: true }) && !fired {
-            fired = true;
-            held_tx.send(()).unwrap();
-            done_rx.recv().unwrap();
-        }
-    })));
+    let (held_rx, done_tx) = hold_once(TickPoint::AfterDrain { at_exit: true });
     let t = std::thread::spawn(move || {
         let tid = gettid();
         let mut next = 0;

@@ -10,7 +10,7 @@ use std::sync::mpsc::sync_channel;
 use vramshim::tracer;
 use vramshim::tracer::testing::TickPoint;
 use vramshim_testkit::temp_dir;
-use vramshim_trace_tests::tick_window::{check, emit, gettid, hand_over_then};
+use vramshim_trace_tests::tick_window::{check, emit, gettid, hand_over_then, hold_once};
 
 #[test]
 fn a_buffer_handed_over_while_the_exit_tick_drains_is_written() {
@@ -18,16 +18,7 @@ fn a_buffer_handed_over_while_the_exit_tick_drains_is_written() {
     let path = dir.join("window.vramtrace");
     tracer::testing::enable(path.to_str().unwrap(), 0);
     let (started_tx, started_rx) = sync_channel::<()>(0);
-    let (held_tx, held_rx) = sync_channel::<()>(0);
-    let (done_tx, done_rx) = sync_channel::<()>(0);
-    let mut fired = false;
-    tracer::testing::on_tick(Some(Box::new(move |p| {
-        if p == (TickPoint::BeforeDrain { at_exit: true }) && !fired {
-            fired = true;
-            held_tx.send(()).unwrap();
-            done_rx.recv().unwrap();
-        }
-    })));
+    let (held_rx, done_tx) = hold_once(TickPoint::BeforeDrain { at_exit: true });
     let t = std::thread::spawn(move || {
         let tid = gettid();
         let mut next = 0;

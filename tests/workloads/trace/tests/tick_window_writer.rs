@@ -5,28 +5,17 @@
 //! With `VRAMSHIM_TRACE_FAULT=partials-first` (the tick as it was: partial buffers written
 //! before what was handed over meanwhile) the partial buffer's events come first: this fails.
 
-use std::sync::mpsc::sync_channel;
-
 use vramshim::tracer;
 use vramshim::tracer::testing::TickPoint;
 use vramshim_testkit::temp_dir;
-use vramshim_trace_tests::tick_window::{check, emit, gettid, hand_over_then};
+use vramshim_trace_tests::tick_window::{check, emit, gettid, hand_over_then, hold_once};
 
 #[test]
 fn a_buffer_handed_over_while_a_tick_drains_is_written_before_the_partial_one() {
     let dir = temp_dir("trace_tick_window_writer");
     let path = dir.join("window.vramtrace");
     tracer::testing::enable(path.to_str().unwrap(), 0);
-    let (held_tx, held_rx) = sync_channel::<()>(0);
-    let (done_tx, done_rx) = sync_channel::<()>(0);
-    let mut fired = false;
-    tracer::testing::on_tick(Some(Box::new(move |p| {
-        if p == (TickPoint::BeforeDrain { at_exit: false }) && !fired {
-            fired = true;
-            held_tx.send(()).unwrap();
-            done_rx.recv().unwrap();
-        }
-    })));
+    let (held_rx, done_tx) = hold_once(TickPoint::BeforeDrain { at_exit: false });
     let t = std::thread::spawn(move || {
         let tid = gettid();
         let mut next = 0;
