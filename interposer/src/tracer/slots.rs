@@ -488,8 +488,9 @@ fn claim(tid: u32) -> &'static Slot {
     };
     my_slot_ptr().set(slot as *const Slot as *const ());
     // Unarmed (new, or disarmed when its last thread's slot was freed); if the C library
-    // refuses, the reaper goes by the tid alone.
-    slot.life.arm();
+    // refuses, or this runs in a signal handler that interrupted an operation on the thread's
+    // robust list (`sys::life`), the reaper goes by the tid alone.
+    slot.life.arm(fault_arm_in_op());
     {
         let g = slot.lock();
         let inner = g.inner();
@@ -510,6 +511,13 @@ fn claim(tid: u32) -> &'static Slot {
         );
     }
     slot
+}
+
+/// Fault switch (`VRAMSHIM_TRACE_FAULT=arm-in-op`): a slot's life token is armed without
+/// looking whether the thread is inside an operation on its robust list, to show that the
+/// test that interrupts one (`tests/workloads/trace/tests/robust_list.rs`) catches it.
+fn fault_arm_in_op() -> bool {
+    crate::config::var("VRAMSHIM_TRACE_FAULT").is_some_and(|v| v.trim() == "arm-in-op")
 }
 
 #[inline]
