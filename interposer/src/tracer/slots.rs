@@ -875,8 +875,8 @@ pub(crate) struct Drained {
     pub taken: bool,
     /// The slots whose buffers were not taken: the calling thread's own, when it is inside it
     /// (a signal handler interrupted it there and exits: it will never finish the append nor
-    /// hand the buffer over), and those whose owners stayed inside through the drain's
-    /// patience. At exit nothing takes them later: the
+    /// hand the buffer over), those whose owners stayed inside through the drain's patience,
+    /// and every slot claimed when the barrier failed. At exit nothing takes them later: the
     /// caller counts their events lost ([`unaccounted`], once the buffers handed over before
     /// are written).
     pub given_up: Vec<&'static Slot>,
@@ -889,6 +889,13 @@ pub(crate) struct Drained {
 /// No entry is read (see [`Slot::events_left`]).
 pub(crate) fn unaccounted(given_up: &[&'static Slot]) -> u64 {
     given_up.iter().map(|s| s.events_left()).sum()
+}
+
+/// Fault switches of the drain (`VRAMSHIM_SLOTS_FAULT`, read by the tests that show they
+/// catch them): `barrier-drop` gives up no slot when the barrier fails (their buffers,
+/// untaken, are then neither written nor counted at exit).
+fn slots_fault(v: &str) -> bool {
+    crate::config::var("VRAMSHIM_SLOTS_FAULT").is_some_and(|f| f.trim() == v)
 }
 
 /// Claim every slot, one barrier for all of them, take each buffer, then hand them to `f`
@@ -926,7 +933,12 @@ fn drain(
         })
         .collect();
     if held.iter().any(|g| g.how == Held::Claim) && !barrier::heavy() {
-        // The guards' drops withdraw the claims; the buffers wait for next time.
+        // The guards' drops withdraw the claims; the buffers wait for next time, and at exit,
+        // where there is none, they are counted (they cannot be taken without the barrier:
+        // an owner may be in its window unseen).
+        if !slots_fault("barrier-drop") {
+            given_up.extend(held.iter().map(|g| g.slot));
+        }
         return Drained {
             taken: false,
             given_up,
@@ -1490,5 +1502,28 @@ mod tests {
             waits <= Patience::bound(3, 0),
             "{waits} waits past the limit"
         );
+    }
+
+    /// When the barrier fails, the slots the drain claimed are given up, so that at exit
+    /// (where nothing takes them later) their events are counted, not dropped; the next drain
+    /// with a working barrier takes them. With `VRAMSHIM_SLOTS_FAULT=barrier-drop` (none given
+    /// up, as before) their events are neither taken nor counted: this fails.
+    #[test]
+    fn a_failed_barrier_gives_the_claimed_slots_up_counted() {
+        barrier::init();
+        if !barrier::available() {
+            // No window, no barrier: nothing to fail.
+            return;
+        }
+        let slots = [slot_holding(5), slot_holding(4)];
+        let mut bufs = Vec::new();
+        barrier::FAILS.set(true);
+        let d = drain(&slots, |b| bufs.extend(b), patient(), false);
+        barrier::FAILS.set(false);
+        assert_eq!(drained(d), (false, 9), "the claimed slots' events counted");
+        assert!(bufs.is_empty(), "a buffer was taken without the barrier");
+        let d = drain(&slots, |b| bufs.extend(b), patient(), false);
+        assert_eq!(drained(d), (true, 0));
+        assert_eq!(taken_events(bufs), 9);
     }
 }
