@@ -12,7 +12,9 @@
 
 use std::cell::UnsafeCell;
 use std::ptr;
-use std::sync::atomic::{AtomicI64, AtomicPtr, AtomicU32, Ordering};
+use std::sync::atomic::{
+    AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering, compiler_fence,
+};
 
 use vramshim_trace::{AllocKind, Api, Event, MemOp, RecordEncoder, TorchOp};
 
@@ -94,6 +96,11 @@ impl Buf {
 
     pub(crate) fn capacity(&self) -> usize {
         self.raw.capacity()
+    }
+
+    /// Events (entries that are events), from two lengths ([`Buf::extra`]).
+    pub(crate) fn events(&self) -> u64 {
+        self.raw.len().saturating_sub(self.extra) as u64
     }
 
     pub(crate) fn clear(&mut self) {
@@ -299,7 +306,30 @@ pub(crate) struct Slot {
     /// Held by the owning thread for its life: says when *that* thread has ended, where its
     /// tid may already be another thread's ([`dead_threads`]).
     life: LifeToken,
+    /// The hand-over under way (see [`hand_over`]): while the owner has taken its full buffer
+    /// out of the slot to queue it for the writer, that buffer's events plus one (0: none
+    /// out), the one word an exit that interrupts the owner there goes by.
+    out_events: AtomicU64,
+    /// The number of that hand-over (the slot's hand-overs so far).
+    out_seq: AtomicU64,
+    /// The number of the last hand-over the writer has written (or counted lost): a buffer
+    /// out of the slot with a number up to this one is accounted for.
+    done_seq: AtomicU64,
     inner: UnsafeCell<Inner>,
+}
+
+/// A buffer handed over from a slot: which slot, and which of its hand-overs (the writer marks
+/// it written, [`Handed::written`]).
+pub(crate) struct Handed {
+    slot: &'static Slot,
+    seq: u64,
+}
+
+impl Handed {
+    /// The writer has written the buffer, or counted its events lost.
+    pub(crate) fn written(&self) {
+        self.slot.done_seq.fetch_max(self.seq, Ordering::Release);
+    }
 }
 
 struct Inner {
@@ -404,6 +434,24 @@ impl Slot {
     }
 }
 
+impl Slot {
+    /// The events of this slot that nothing writes or counts, for a slot a drain gave up on:
+    /// the buffer its owner is handing over when it is out of the slot (`out`: the fault
+    /// switch `hand-over-uncounted` leaves it out) and not yet written, else the slot's.
+    fn unaccounted(&self, out: bool) -> u64 {
+        let n = self.out_events.load(Ordering::Acquire);
+        if n != 0 && out {
+            let seq = self.out_seq.load(Ordering::Relaxed);
+            return if self.done_seq.load(Ordering::Acquire) >= seq {
+                0
+            } else {
+                n - 1
+            };
+        }
+        self.events_left()
+    }
+}
+
 impl Guard<'_> {
     /// After the heavy barrier: wait (bounded by `patience`) for an owner still in its window.
     fn settle(&self, patience: &mut Patience) -> bool {
@@ -466,6 +514,9 @@ fn claim(tid: u32) -> &'static Slot {
                 bias: BiasedLock::new(),
                 owner: AtomicU32::new(tid),
                 life: LifeToken::new(),
+                out_events: AtomicU64::new(0),
+                out_seq: AtomicU64::new(0),
+                done_seq: AtomicU64::new(0),
                 inner: UnsafeCell::new(Inner {
                     buf: Buf::with_capacity(SEND_AT + RETRY_AFTER),
                     next_try: SEND_AT,
@@ -569,7 +620,7 @@ fn put_after(slot: &'static Slot, records: Vec<Event>, ev: Event) {
     }
     inner.buf.put(slot, ev);
     if inner.buf.len() >= inner.next_try {
-        hand_over(inner);
+        hand_over(slot, inner);
     }
 }
 
@@ -652,7 +703,7 @@ fn emit_memop_slow<const ALLOC: bool>(m: &MemOp) {
     let inner = g.inner();
     inner.buf.put_op::<ALLOC>(slot, m);
     if inner.buf.len() >= inner.next_try {
-        hand_over(inner);
+        hand_over(slot, inner);
     }
 }
 
@@ -741,7 +792,7 @@ fn emit_torch_slow(t: &TorchOp) {
     let inner = g.inner();
     inner.buf.put_torch(slot, torch_entry(t));
     if inner.buf.len() >= inner.next_try {
-        hand_over(inner);
+        hand_over(slot, inner);
     }
 }
 
@@ -785,38 +836,97 @@ fn count_live_of(b: &Buf) {
     add_live(&deltas);
 }
 
+/// Where a hand-over is when it calls the test seam ([`on_hand_over`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HandOverPoint {
+    /// The full buffer is out of the slot, not yet queued for the writer.
+    Taken,
+    /// The buffer is queued; the slot has not yet got its new one.
+    Queued,
+}
+
+/// The test seam's function (`fn(HandOverPoint)`), 0 when unset.
+static HAND_OVER_HOOK: AtomicUsize = AtomicUsize::new(0);
+
+/// Tests: `hook` is called on the owner's thread at the points of every hand-over (None:
+/// removed), where a signal handler may interrupt it.
+pub(crate) fn on_hand_over(hook: Option<fn(HandOverPoint)>) {
+    HAND_OVER_HOOK.store(hook.map_or(0, |f| f as usize), Ordering::Release);
+}
+
+#[inline]
+fn hand_over_at(p: HandOverPoint) {
+    let f = HAND_OVER_HOOK.load(Ordering::Acquire);
+    if f != 0 {
+        // SAFETY: a non-zero value was stored from a `fn(HandOverPoint)` by `on_hand_over`.
+        let f: fn(HandOverPoint) = unsafe { std::mem::transmute::<usize, fn(HandOverPoint)>(f) };
+        f(p);
+    }
+}
+
+/// Hands the slot's full buffer to the writer (or keeps it when the writer is busy).
+///
+/// The buffer is out of the slot meanwhile, on this thread's stack: an exit run by a signal
+/// handler that interrupted this thread here (or one that gives up on the slot of a thread
+/// stopped here) finds its events by `out_events`, set before the buffer leaves the slot and
+/// cleared once the slot has a buffer again, each a single store (the handler sees this
+/// thread's stores in order: `compiler_fence`). Once the buffer is queued, the writer marks it
+/// written (`done_seq`), so an exit that finds it queued and then written does not count it too
+/// ([`Slot::unaccounted`]).
 #[cold]
 #[inline(never)]
-fn hand_over(inner: &mut Inner) {
+fn hand_over(slot: &'static Slot, inner: &mut Inner) {
+    let seq = slot.out_seq.load(Ordering::Relaxed) + 1;
+    slot.out_seq.store(seq, Ordering::Relaxed);
+    slot.out_events
+        .store(inner.buf.events() + 1, Ordering::Release);
+    compiler_fence(Ordering::SeqCst);
     let buf = std::mem::take(&mut inner.buf);
-    match writer::send(buf) {
+    hand_over_at(HandOverPoint::Taken);
+    let from = || Handed { slot, seq };
+    match writer::send(buf, from()) {
         Ok(()) => {
+            hand_over_at(HandOverPoint::Queued);
             inner.buf = writer::spare_buffer();
             inner.next_try = SEND_AT;
+            back_in(slot);
             if writer::backlog() > HIGH_WATER {
                 wait_for_writer();
             }
         }
-        Err(buf) if buf.len() >= MAX_BUF => match throttle(buf) {
+        Err(buf) if buf.len() >= MAX_BUF => match throttle(buf, from) {
             Ok(()) => {
                 inner.buf = writer::spare_buffer();
                 inner.next_try = SEND_AT;
+                back_in(slot);
             }
             Err(mut buf) => {
-                // The writer has not taken anything for a long while: drop, and count it.
+                // The writer has not taken anything for a long while: drop, and count it
+                // (counted before it is marked done: an exit in between counts it twice,
+                // never not at all).
                 writer::count_lost(events_in(&buf));
+                from().written();
                 count_live_of(&buf);
                 buf.clear();
                 inner.buf = buf;
                 inner.next_try = SEND_AT;
+                back_in(slot);
             }
         },
         Err(buf) => {
             // Writer busy: keep the events and try again a little later.
             inner.next_try = buf.len() + RETRY_AFTER;
             inner.buf = buf;
+            back_in(slot);
         }
     }
+}
+
+/// The end of [`hand_over`]: the slot holds its buffer again (whatever it holds is in it).
+#[inline]
+fn back_in(slot: &Slot) {
+    compiler_fence(Ordering::SeqCst);
+    slot.out_events.store(0, Ordering::Release);
 }
 
 /// Many busy threads on few cores starve the writer thread: step aside (short sleeps, at
@@ -824,7 +934,7 @@ fn hand_over(inner: &mut Inner) {
 /// bytehound throttles its producers. Only a thread that has `MAX_BUF` unwritten events while
 /// the channel is full ever gets here.
 #[cold]
-fn throttle(mut buf: Buf) -> Result<(), Buf> {
+fn throttle(mut buf: Buf, from: impl Fn() -> Handed) -> Result<(), Buf> {
     let deadline = crate::sys::clock::now_ns() + THROTTLE_NS;
     loop {
         let ts = libc::timespec {
@@ -833,7 +943,7 @@ fn throttle(mut buf: Buf) -> Result<(), Buf> {
         };
         // SAFETY: ts is a valid timespec; the remainder pointer may be null.
         unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
-        match writer::send(buf) {
+        match writer::send(buf, from()) {
             Ok(()) => return Ok(()),
             Err(back) => buf = back,
         }
@@ -886,14 +996,17 @@ pub(crate) struct Drained {
 }
 
 /// Events that the slots `given_up` by a drain hold and that nothing else will write or count.
-/// No entry is read (see [`Slot::events_left`]).
+/// No entry is read (see [`Slot::unaccounted`]).
 pub(crate) fn unaccounted(given_up: &[&'static Slot]) -> u64 {
-    given_up.iter().map(|s| s.events_left()).sum()
+    let out = !slots_fault("hand-over-uncounted");
+    given_up.iter().map(|s| s.unaccounted(out)).sum()
 }
 
 /// Fault switches of the drain (`VRAMSHIM_SLOTS_FAULT`, read by the tests that show they
 /// catch them): `barrier-drop` gives up no slot when the barrier fails (their buffers,
-/// untaken, are then neither written nor counted at exit).
+/// untaken, are then neither written nor counted at exit); `hand-over-uncounted` counts a
+/// given-up slot's buffer only, not the one its owner was handing over (an exit that
+/// interrupted the hand-over then counts nothing of it).
 fn slots_fault(v: &str) -> bool {
     crate::config::var("VRAMSHIM_SLOTS_FAULT").is_some_and(|f| f.trim() == v)
 }
@@ -1065,6 +1178,9 @@ mod tests {
             bias: BiasedLock::new(),
             owner: AtomicU32::new(1),
             life: LifeToken::new(),
+            out_events: AtomicU64::new(0),
+            out_seq: AtomicU64::new(0),
+            done_seq: AtomicU64::new(0),
             inner: UnsafeCell::new(Inner {
                 buf: Buf::with_capacity(SEND_AT),
                 next_try: usize::MAX,
