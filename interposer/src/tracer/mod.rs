@@ -43,6 +43,7 @@
 mod barrier;
 mod clock;
 mod elf_syms;
+mod entries;
 mod header;
 mod modules;
 mod patience;

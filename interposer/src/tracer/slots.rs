@@ -18,6 +18,7 @@ use std::sync::atomic::{
 
 use vramshim_trace::{AllocKind, Api, Event, MemOp, RecordEncoder, TorchOp};
 
+use super::entries::Entries;
 use super::patience::Patience;
 use super::{barrier, stacks, writer};
 use crate::sys::biased::BiasedLock;
@@ -67,21 +68,36 @@ enum Kind {
 /// `Context` record; [`encode`] turns one into the other.
 #[derive(Default)]
 pub(crate) struct Buf {
-    raw: Vec<Raw>,
+    raw: Entries<Raw>,
     others: Vec<Event>,
-    /// Entries that are not events (`Context`s, and `Other`s holding a `Stack` record): the
-    /// buffer's events are `raw.len() - extra`, known from two lengths without reading an
-    /// entry ([`Slot::events_left`]). Counted where those entries are appended (slow paths
-    /// only: the hot path appends events).
-    extra: usize,
+    /// Entries that are not events (`Context`s, and `Other`s holding a `Stack` record), and
+    /// the index of the last of them, in one word ([`extra_word`]): the buffer's events are
+    /// `raw.len()` less those among its first `raw.len()` entries ([`nonevents`]), known from
+    /// two atomic words without reading an entry ([`Slot::events_left`]). Counted where those
+    /// entries are appended (slow paths only: the hot path appends events), in one store
+    /// before the append, so that a reader that interrupts the append anywhere (a signal
+    /// handler on the owner's thread) or finds the owner stopped in it counts exactly.
+    extra: AtomicU64,
+}
+
+/// The [`Buf::extra`] word: `n` entries that are not events, the last of them at `at`.
+fn extra_word(n: u64, at: usize) -> u64 {
+    n << 32 | (at.min(u32::MAX as usize) as u64)
+}
+
+/// The entries that are not events among the first `len`, from the [`Buf::extra`] word: the
+/// last one counted is not among them until the length includes its index.
+fn nonevents(word: u64, len: usize) -> u64 {
+    let (n, at) = (word >> 32, (word & u32::MAX as u64) as usize);
+    if n > 0 && at >= len { n - 1 } else { n }
 }
 
 impl Buf {
     pub(crate) fn with_capacity(n: usize) -> Buf {
         Buf {
-            raw: Vec::with_capacity(n),
+            raw: Entries::with_capacity(n),
             others: Vec::new(),
-            extra: 0,
+            extra: AtomicU64::new(0),
         }
     }
 
@@ -100,17 +116,26 @@ impl Buf {
 
     /// Events (entries that are events), from two lengths ([`Buf::extra`]).
     pub(crate) fn events(&self) -> u64 {
-        self.raw.len().saturating_sub(self.extra) as u64
+        let len = self.raw.len();
+        (len as u64).saturating_sub(nonevents(self.extra.load(Ordering::Relaxed), len))
     }
 
     pub(crate) fn clear(&mut self) {
         self.raw.clear();
         self.others.clear();
-        self.extra = 0;
+        self.extra.store(0, Ordering::Relaxed);
+    }
+
+    /// Counts an entry that is not an event, appended next (see [`Buf::extra`]).
+    fn nonevent_next(&mut self) {
+        let n = self.extra.load(Ordering::Relaxed) >> 32;
+        self.extra
+            .store(extra_word(n + 1, self.raw.len()), Ordering::Release);
+        compiler_fence(Ordering::SeqCst);
     }
 
     fn context(&mut self, tid: u32) {
-        self.extra += 1;
+        self.nonevent_next();
         self.raw.push(Raw {
             kind: Kind::Context,
             op: blank_op(tid),
@@ -127,7 +152,7 @@ impl Buf {
             Event::Free(m) => (Kind::Free, m),
             ev => {
                 if matches!(ev, Event::Stack { .. }) {
-                    self.extra += 1;
+                    self.nonevent_next();
                 }
                 self.others.push(ev);
                 self.raw.push(Raw {
@@ -410,27 +435,31 @@ impl Slot {
 
 impl Slot {
     /// The events this slot's buffer holds, for one the drain gives up on (its owner inside,
-    /// see [`drain`]): counted from the buffer's two lengths, copied bitwise; no entry is
-    /// read and nothing the buffer points to is touched, so an owner interrupted while its
-    /// buffer grows (its entries being moved, the old ones freed) costs nothing more than a
-    /// count. An append the owner had not finished is not counted (it is not in the buffer).
+    /// see [`drain`]): counted from the buffer's two atomic words, its length and its count
+    /// of entries that are not events ([`Buf::extra`]); no entry is read and nothing the
+    /// buffer points to is touched, so an owner interrupted while its buffer grows (its
+    /// entries being moved, the old ones freed) costs nothing more than a count. Exact for an
+    /// owner that is not running (stopped, or interrupted by the signal handler that runs
+    /// this on its thread): each word is read whole, and every change the owner makes to the
+    /// count is one store of one of them (an append not finished is not counted: it is not in
+    /// the length). An owner still running may change them between the two loads: the count
+    /// is then the one at some point of its appends, give or take the append under way.
     fn events_left(&self) -> u64 {
         let inner = self.inner.get();
-        // SAFETY: `inner` points into a leaked slot (valid for good); only the `raw` vector's
-        // bytes and `extra` are copied, with volatile reads (not cached from an earlier look,
-        // no reference made to data the owner holds mutably); the copied vector is never
-        // dropped or dereferenced, only its length read. The owner is inside (a signal
-        // handler on its own thread interrupted it there, or it stayed there through every
-        // attempt of the drain): it is not changing them, and were it to, the count would be
-        // off, nothing else.
-        let (len, extra) = unsafe {
-            let raw = ptr::read_volatile(
-                ptr::addr_of!((*inner).buf.raw).cast::<std::mem::MaybeUninit<Vec<Raw>>>(),
-            );
-            let extra = ptr::read_volatile(ptr::addr_of!((*inner).buf.extra));
-            (raw.assume_init_ref().len(), extra)
+        // SAFETY: `inner` points into a leaked slot (valid for good); only the two atomic
+        // words are read, through a pointer (no reference to the buffer's other fields, which
+        // the owner may hold mutably), and the buffer (swapped only by the owner's hand-over,
+        // which `unaccounted` reads first, or under the writer's claim, which the caller is)
+        // stays where it is.
+        let (len, word) = unsafe {
+            let buf = ptr::addr_of!((*inner).buf);
+            let len = (*ptr::addr_of!((*buf).raw))
+                .len_word()
+                .load(Ordering::Acquire);
+            let word = (*ptr::addr_of!((*buf).extra)).load(Ordering::Acquire);
+            (len, word)
         };
-        len.saturating_sub(extra) as u64
+        (len as u64).saturating_sub(nonevents(word, len))
     }
 }
 
@@ -828,7 +857,7 @@ fn add_live(deltas: &[i64; MAX_DEV]) {
 /// Counts a buffer that is dropped unencoded (its events are lost, not its live bytes).
 fn count_live_of(b: &Buf) {
     let mut deltas = [0i64; MAX_DEV];
-    for r in &b.raw {
+    for r in b.raw.iter() {
         if let Some((d, v)) = live_delta(r.kind, &r.op) {
             deltas[d] = deltas[d].wrapping_add(v);
         }
@@ -1448,6 +1477,39 @@ mod tests {
         assert!(b.len() > 9);
         drop(g);
         assert_eq!(slot.events_left(), 9);
+    }
+
+    /// An owner stopped, or interrupted by the handler that runs the exit, at any point of
+    /// appending an entry that is not an event (its count stored, the entry not yet in the
+    /// length) is counted exactly: the count is one store, and the length says whether the
+    /// entry it counts is there yet. (Counting it before the length includes it, as a plain
+    /// count of such entries did, undercounts by one there.)
+    #[test]
+    fn a_count_taken_mid_append_is_exact() {
+        let slot = slot_holding(4);
+        let g = slot.lock();
+        let b = &mut g.inner().buf;
+        assert_eq!(slot.events_left(), 4);
+        // Stopped between counting a `Context` and appending it.
+        b.nonevent_next();
+        assert_eq!(slot.events_left(), 4, "counted, not yet appended");
+        b.raw.push(Raw {
+            kind: Kind::Context,
+            op: blank_op(1),
+        });
+        assert_eq!(slot.events_left(), 4, "appended");
+        b.put(
+            slot,
+            Event::Stack {
+                id: 99,
+                frames: vec![0x10],
+            },
+        );
+        assert_eq!(slot.events_left(), 4, "a Stack record is no event");
+        b.put(slot, alloc(99));
+        assert_eq!(slot.events_left(), 5);
+        assert_eq!(events_in(b), 5);
+        drop(g);
     }
 
     /// The calling thread inside its own slot (a signal handler that exits interrupted it
