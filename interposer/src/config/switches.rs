@@ -27,6 +27,7 @@ const SWITCHES: &[(&str, &[&str])] = &[(
         // turns them off unless one of the `tcache-*` names is given.
         "tcache-any-stream",
         "tcache-no-round-end",
+        "tcache-no-hits",
         "tcache-no-drain",
         "no-tcache",
     ],
