@@ -57,21 +57,59 @@ fn an_unknown_name_is_said_once_and_the_known_ones_still_apply() {
     );
 }
 
+/// What each reader of the list says when its name is on.
+const PRESSURE_OFF: &str = "the pool ignores how close the device is to full";
+const NO_DRAIN: &str = "the thread caches are never drained";
+const NO_PEER: &str = "the pool ignores peer access";
+
 #[test]
 fn names_of_several_readers_combine() {
     // the pool's rules, the thread caches and peer access each take their own names
-    let out = pool_run("pressure-off,tcache-no-drain,no-peer", "stitch", "sw-mix");
+    let names = "pressure-off,tcache-no-drain,no-peer";
+    let out = pool_run(names, "stitch", "sw-mix");
     assert!(unknown_lines(&out).is_empty(), "{}", out.stderr);
-    for said in [
-        "the pool ignores how close the device is to full",
-        "the thread caches are never drained",
-    ] {
+    for said in [PRESSURE_OFF, NO_DRAIN] {
         assert!(
             out.stderr.contains(said),
             "{said:?} missing:\n{}",
             out.stderr
         );
     }
+    // pool_wiring grants no peer access, so `no-peer` is checked where a program does
+    // (tests/workloads/pool/peer_access.c, two devices): the pool ignores the grant, so device
+    // 1's fills of device 0's pooled blocks are refused and the program exits 1 (0 with the
+    // grant applied: pool::tests::peer_access_applies_to_pool_mappings)
+    let exe = vramshim_testkit::compile_c(
+        "sw_peer_access",
+        &["tests/workloads/pool/peer_access.c"],
+        Link::SharedRuntime,
+    );
+    let env = [
+        ("VRAMSIM_DEVICES", "2"),
+        ("VRAMSHIM_POOL", "stitch"),
+        ("VRAMSHIM_POOL_DEBUG", names),
+    ];
+    let out = preloaded(&exe, &[], &env, "sw-mix-peer");
+    assert!(unknown_lines(&out).is_empty(), "{}", out.stderr);
+    for said in [PRESSURE_OFF, NO_DRAIN, NO_PEER] {
+        assert!(
+            out.stderr.contains(said),
+            "{said:?} missing:\n{}",
+            out.stderr
+        );
+    }
+    assert!(
+        out.stdout.contains("before=1 ") && out.stdout.contains("enable=0 "),
+        "device 1 reached device 0's memory without peer access, or the grant failed:\n{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.contains("data=BAD") && !out.stdout.contains(" a=0 "),
+        "no-peer did not take effect: the pool granted device 1 access all the same:\n{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
 }
 
 #[test]
