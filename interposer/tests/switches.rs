@@ -125,3 +125,62 @@ fn unknown_names_are_said_even_with_the_pool_off() {
     // what the environment holds reaches the terminal escaped
     assert!(!out.stderr.contains('\u{1b}'), "{}", out.stderr);
 }
+
+/// The single-purpose fault switches (`VRAMSHIM_*_FAULT`) are read the same way: a misspelt
+/// value is said once, in one line naming the variable, the value, the accepted names and the
+/// default taken, and the job goes on untouched; before, it was silently ignored.
+#[test]
+fn a_misspelt_fault_switch_is_said_once_and_the_job_goes_on() {
+    let exe = build("sw_pool_wiring", "pool_wiring.c", Link::SharedRuntime, &[]);
+    let env = [
+        ("VRAMSHIM_TRACE_FAULT", "no-tik"),
+        ("VRAMSHIM_TORCH_FAULT", " drop,dorp\u{202e}"),
+        ("VRAMSHIM_ENV_FAULT", "first32"),
+        ("VRAMSHIM_DEVICE_FAULT", "stale "),
+    ];
+    let out = preloaded(&exe, &[], &env, "sw-fault-typo");
+    out.assert_success();
+    common::assert_lines(&out, &["pool_wiring: ok"]);
+    let lines = unknown_lines(&out);
+    assert_eq!(lines.len(), 3, "three lines wanted:\n{}", out.stderr);
+    for (var, name, accepted) in [
+        (
+            "VRAMSHIM_TRACE_FAULT",
+            "\"no-tik\"",
+            "accepted: unsafe-open, no-tick, partials-first, late-reap, late-close, tid-only, own-wait;",
+        ),
+        (
+            "VRAMSHIM_TORCH_FAULT",
+            "\"dorp\\u{202e}\"",
+            "accepted: drop;",
+        ),
+        ("VRAMSHIM_ENV_FAULT", "\"first32\"", "accepted: first-32;"),
+    ] {
+        let of_var: Vec<_> = lines
+            .iter()
+            .filter(|l| l.contains(&format!("{var}: ")))
+            .collect();
+        assert_eq!(of_var.len(), 1, "{var}: one line wanted:\n{}", out.stderr);
+        let line = of_var[0];
+        assert!(
+            line.contains(&format!(
+                "{var}: the name {name} is read by no part of vramshim"
+            )),
+            "{line}"
+        );
+        assert!(line.contains(accepted), "{line}");
+        assert!(
+            line.contains("ignoring it: no fault is switched on by it (the default)"),
+            "{line}"
+        );
+    }
+    // the known name beside the misspelt one is named with the whole value
+    assert!(
+        out.stderr
+            .contains("the other names of VRAMSHIM_TORCH_FAULT=\"drop,dorp\\u{202e}\" apply"),
+        "{}",
+        out.stderr
+    );
+    // what the environment holds reaches the terminal escaped
+    assert!(!out.stderr.contains('\u{202e}'), "{}", out.stderr);
+}

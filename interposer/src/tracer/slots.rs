@@ -1043,7 +1043,7 @@ mod tests {
     #[test]
     fn drains_racing_the_owner_tear_and_lose_nothing() {
         barrier::init();
-        let broken = std::env::var("VRAMSHIM_SLOTS_FAULT").is_ok_and(|v| v == "nowait");
+        let broken = crate::config::switch_on("VRAMSHIM_SLOTS_FAULT", "nowait");
         let slot = new_slot();
         const N: u64 = 2_000_000;
         let done = std::sync::Arc::new(AtomicBool::new(false));
