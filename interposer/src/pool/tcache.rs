@@ -25,7 +25,9 @@
 //! (`Stitch::round_end_watch`; [`others_kept`] adds the other threads' caches), everything
 //! live is kept here and the caller gives every cache back to the pool, which then sees the
 //! round end as it would without the caches. The same watch is 0 while a tight pool holds
-//! more than its budget: every free then reaches the pool, which dissolves its cache.
+//! more than its budget and the pages it was lately forced to take past it: every free then
+//! reaches the pool, which dissolves its cache (within those pages a free changes nothing in
+//! the pool, which keeps them and its cache, so the caches keep frees there too).
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};

@@ -45,6 +45,7 @@ mod clock;
 mod elf_syms;
 mod header;
 mod modules;
+mod patience;
 mod pyframes;
 mod slots;
 mod stack_keys;

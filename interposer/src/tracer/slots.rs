@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicI64, AtomicPtr, AtomicU32, Ordering};
 
 use vramshim_trace::{AllocKind, Api, Event, MemOp, RecordEncoder, TorchOp};
 
+use super::patience::Patience;
 use super::{barrier, stacks, writer};
 use crate::sys::biased::BiasedLock;
 use crate::sys::life::LifeToken;
@@ -360,12 +361,12 @@ impl Slot {
         }
     }
 
-    /// The writer's first step in, bounded (exit path: a thread may have died holding
-    /// nothing, but never block): the lock, which owners check before their window. The
-    /// caller then runs one [`barrier::heavy`] for all the slots it claimed and
+    /// The writer's first step in, bounded by `patience` (exit path: a thread may have died
+    /// holding nothing, but never block): the lock, which owners check before their window.
+    /// The caller then runs one [`barrier::heavy`] for all the slots it claimed and
     /// [`Guard::settle`]s.
-    fn try_claim_for(&self, spins: u32) -> Option<Guard<'_>> {
-        if !self.bias.try_lock(spins) {
+    fn try_claim(&self, patience: &mut Patience) -> Option<Guard<'_>> {
+        if !self.bias.try_lock_with(|| patience.again()) {
             return None;
         }
         let how = if barrier::available() {
@@ -404,9 +405,9 @@ impl Slot {
 }
 
 impl Guard<'_> {
-    /// After the heavy barrier: wait (bounded) for an owner still in its window.
-    fn settle(&self, spins: u32) -> bool {
-        self.how != Held::Claim || self.slot.bias.owner_left_within(spins)
+    /// After the heavy barrier: wait (bounded by `patience`) for an owner still in its window.
+    fn settle(&self, patience: &mut Patience) -> bool {
+        self.how != Held::Claim || self.slot.bias.owner_left_with(|| patience.again())
     }
 }
 
@@ -488,8 +489,9 @@ fn claim(tid: u32) -> &'static Slot {
     };
     my_slot_ptr().set(slot as *const Slot as *const ());
     // Unarmed (new, or disarmed when its last thread's slot was freed); if the C library
-    // refuses, the reaper goes by the tid alone.
-    slot.life.arm();
+    // refuses, or this runs in a signal handler that interrupted an operation on the thread's
+    // robust list (`sys::life`), the reaper goes by the tid alone.
+    slot.life.arm(fault_arm_in_op());
     {
         let g = slot.lock();
         let inner = g.inner();
@@ -510,6 +512,13 @@ fn claim(tid: u32) -> &'static Slot {
         );
     }
     slot
+}
+
+/// Fault switch (`VRAMSHIM_TRACE_FAULT=arm-in-op`): a slot's life token is armed without
+/// looking whether the thread is inside an operation on its robust list, to show that the
+/// test that interrupts one (`tests/workloads/trace/tests/robust_list.rs`) catches it.
+fn fault_arm_in_op() -> bool {
+    crate::config::var("VRAMSHIM_TRACE_FAULT").is_some_and(|v| v.trim() == "arm-in-op")
 }
 
 #[inline]
@@ -851,24 +860,42 @@ fn wait_for_writer() {
 /// Writer side: take every slot's partial buffer. `f` gets `None` first, while the slots the
 /// buffers came from are still held (to write the buffers their owners handed over before:
 /// older than the partial ones), then each buffer (to [`encode`]). See [`Drained`] for what it
-/// says.
-pub(crate) fn drain_all(f: impl FnMut(Option<Buf>), spins: u32, wait_own: bool) -> Drained {
+/// says. `patience` bounds the waits for owners inside their slots, all slots together.
+pub(crate) fn drain_all(f: impl FnMut(Option<Buf>), patience: Patience, wait_own: bool) -> Drained {
     let mut all = Vec::new();
     for_each(|s| all.push(s));
-    drain(&all, f, spins, wait_own)
+    drain(&all, f, patience, wait_own)
 }
 
 /// What [`drain`] did.
-#[derive(Debug, Default, PartialEq, Eq)]
+#[derive(Default)]
 pub(crate) struct Drained {
     /// False when nothing could be taken (the barrier failed: the buffers wait for the next
     /// time).
     pub taken: bool,
-    /// Events in the buffers of the slots given up on: the calling thread's own, when it is
-    /// inside it (a signal handler interrupted it there and exits: it will never finish the
-    /// append nor hand the buffer over), and those whose owners stayed inside through every
-    /// attempt. At exit nothing takes them later: the caller counts them lost.
-    pub skipped_events: u64,
+    /// The slots whose buffers were not taken: the calling thread's own, when it is inside it
+    /// (a signal handler interrupted it there and exits: it will never finish the append nor
+    /// hand the buffer over), those whose owners stayed inside through the drain's patience,
+    /// and every slot claimed when the barrier failed. At exit nothing takes them later: the
+    /// caller counts their events lost ([`unaccounted`], once the buffers handed over before
+    /// are written).
+    pub given_up: Vec<&'static Slot>,
+    /// Waits made for owners inside their slots (the tests count them).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub waits: u64,
+}
+
+/// Events that the slots `given_up` by a drain hold and that nothing else will write or count.
+/// No entry is read (see [`Slot::events_left`]).
+pub(crate) fn unaccounted(given_up: &[&'static Slot]) -> u64 {
+    given_up.iter().map(|s| s.events_left()).sum()
+}
+
+/// Fault switches of the drain (`VRAMSHIM_SLOTS_FAULT`, read by the tests that show they
+/// catch them): `barrier-drop` gives up no slot when the barrier fails (their buffers,
+/// untaken, are then neither written nor counted at exit).
+fn slots_fault(v: &str) -> bool {
+    crate::config::var("VRAMSHIM_SLOTS_FAULT").is_some_and(|f| f.trim() == v)
 }
 
 /// Claim every slot, one barrier for all of them, take each buffer, then hand them to `f`
@@ -881,43 +908,50 @@ pub(crate) struct Drained {
 ///
 /// The calling thread's own slot, when it is inside it, is given up at once: it cannot leave
 /// while it runs this (`wait_own`, under the fault switch `own-wait`: it is waited for like
-/// any other, `spins` attempts for the lock or for its window, in vain).
+/// any other, through all of `patience`, in vain).
 fn drain(
     slots: &[&'static Slot],
     mut f: impl FnMut(Option<Buf>),
-    spins: u32,
+    mut patience: Patience,
     wait_own: bool,
 ) -> Drained {
     let mine = my_slot_ptr().get() as *const Slot;
-    let mut skipped: Vec<&'static Slot> = Vec::new();
+    let mut given_up: Vec<&'static Slot> = Vec::new();
     let held: Vec<Guard<'static>> = slots
         .iter()
         .filter_map(|&s| {
             if !wait_own && ptr::eq(s, mine) && s.bias.owner_is_inside() {
-                skipped.push(s);
+                given_up.push(s);
                 return None;
             }
-            let g = s.try_claim_for(spins);
+            patience.next_slot();
+            let g = s.try_claim(&mut patience);
             if g.is_none() {
-                skipped.push(s);
+                given_up.push(s);
             }
             g
         })
         .collect();
-    let mut skipped_events: u64 = skipped.iter().map(|s| s.events_left()).sum();
     if held.iter().any(|g| g.how == Held::Claim) && !barrier::heavy() {
-        // The guards' drops withdraw the claims; the buffers wait for next time.
+        // The guards' drops withdraw the claims; the buffers wait for next time, and at exit,
+        // where there is none, they are counted (they cannot be taken without the barrier:
+        // an owner may be in its window unseen).
+        if !slots_fault("barrier-drop") {
+            given_up.extend(held.iter().map(|g| g.slot));
+        }
         return Drained {
             taken: false,
-            skipped_events,
+            given_up,
+            waits: patience.used,
         };
     }
     // Swap the buffers out quickly (owners that meet a claim wait on the lock), write after.
     let mut taken = Vec::with_capacity(held.len());
     let mut holding = Vec::with_capacity(held.len());
     for g in held {
-        if !g.settle(spins) {
-            skipped_events += g.slot.events_left();
+        patience.next_slot();
+        if !g.settle(&mut patience) {
+            given_up.push(g.slot);
             continue;
         }
         let inner = g.inner();
@@ -936,7 +970,8 @@ fn drain(
     }
     Drained {
         taken: true,
-        skipped_events,
+        given_up,
+        waits: patience.used,
     }
 }
 
@@ -1079,7 +1114,7 @@ mod tests {
         while !done.load(Ordering::Acquire) {
             if broken {
                 // The race the protocol prevents: take the buffer while the owner may write.
-                if let Some(g) = slot.try_claim_for(1 << 20) {
+                if let Some(g) = slot.try_claim(&mut patient()) {
                     let inner = g.inner();
                     if !inner.buf.is_empty() {
                         chunks.push(std::mem::replace(
@@ -1089,7 +1124,7 @@ mod tests {
                     }
                 }
             } else {
-                drain(&[slot], |b| chunks.extend(b), 1 << 20, false);
+                drain(&[slot], |b| chunks.extend(b), patient(), false);
             }
             drains += 1;
             // The writer drains every 50 ms, not back to back: a drainer spinning without
@@ -1098,7 +1133,7 @@ mod tests {
             std::thread::yield_now();
         }
         owner.join().unwrap();
-        drain(&[slot], |b| chunks.extend(b), 1 << 20, false);
+        drain(&[slot], |b| chunks.extend(b), patient(), false);
         let mut file = Vec::new();
         {
             let mut w = vramshim_trace::TraceWriter::new(&mut file, &Default::default()).unwrap();
@@ -1273,6 +1308,16 @@ mod tests {
         r
     }
 
+    /// The exit drain's patience without its time limit.
+    fn patient() -> Patience {
+        Patience::new(1 << 20, None)
+    }
+
+    /// A drain's result: whether it took the buffers, and the events of those it gave up on.
+    fn drained(d: Drained) -> (bool, u64) {
+        (d.taken, unaccounted(&d.given_up))
+    }
+
     fn taken_events(mut bufs: Vec<Buf>) -> u64 {
         bufs.iter_mut().map(|b| events_in(b)).sum()
     }
@@ -1305,30 +1350,23 @@ mod tests {
                 } else {
                     slot.lock()
                 };
-                // u32::MAX attempts: a drain that waited for this slot would not return.
-                let d = drain(&[slot], |b| bufs.extend(b), u32::MAX, false);
+                // Endless patience: a drain that waited for this slot would not return.
+                let d = drain(
+                    &[slot],
+                    |b| bufs.extend(b),
+                    Patience::new(u32::MAX, None),
+                    false,
+                );
                 drop(inside);
-                d
+                drained(d)
             });
-            assert_eq!(
-                d,
-                Drained {
-                    taken: true,
-                    skipped_events: 7
-                },
-                "{how}"
-            );
+            assert_eq!(d, (true, 7), "{how}");
             assert!(bufs.is_empty(), "{how}: a buffer was taken");
             // Out of it, the same thread's slot is drained as usual.
-            let d = as_mine(slot, || drain(&[slot], |b| bufs.extend(b), 1 << 12, false));
-            assert_eq!(
-                d,
-                Drained {
-                    taken: true,
-                    skipped_events: 0
-                },
-                "{how}"
-            );
+            let d = as_mine(slot, || {
+                drain(&[slot], |b| bufs.extend(b), patient(), false)
+            });
+            assert_eq!(drained(d), (true, 0), "{how}");
             assert_eq!(taken_events(bufs), 7, "{how}");
         }
     }
@@ -1354,23 +1392,138 @@ mod tests {
             });
             inside_rx.recv().unwrap();
             let mut bufs = Vec::new();
-            let d = drain(&[slot], |b| bufs.extend(b), 1 << 8, false);
+            let d = drain(
+                &[slot],
+                |b| bufs.extend(b),
+                Patience::new(1 << 8, None),
+                false,
+            );
             done_tx.send(()).unwrap();
             owner.join().unwrap();
+            let d = drained(d);
             if how == "window" && !barrier::available() {
                 // Without the window the owner took the lock: given up the same way.
-                assert_eq!(d.skipped_events, 5, "{how}");
+                assert_eq!(d.1, 5, "{how}");
                 continue;
             }
-            assert_eq!(
-                d,
-                Drained {
-                    taken: true,
-                    skipped_events: 5
-                },
-                "{how}"
-            );
+            assert_eq!(d, (true, 5), "{how}");
             assert!(bufs.is_empty(), "{how}: a buffer was taken");
         }
+    }
+
+    /// Owner threads that stay inside their slots (their window or their lock) until told
+    /// to leave; each slot holds `events` events.
+    struct Stuck {
+        slots: Vec<&'static Slot>,
+        leave: Vec<std::sync::mpsc::SyncSender<()>>,
+        owners: Vec<std::thread::JoinHandle<()>>,
+    }
+
+    impl Stuck {
+        fn new(n: usize, events: u64) -> Stuck {
+            let mut st = Stuck {
+                slots: Vec::new(),
+                leave: Vec::new(),
+                owners: Vec::new(),
+            };
+            for i in 0..n {
+                let slot = slot_holding(events);
+                let (inside_tx, inside_rx) = std::sync::mpsc::sync_channel::<()>(0);
+                let (leave_tx, leave_rx) = std::sync::mpsc::sync_channel::<()>(0);
+                st.owners.push(std::thread::spawn(move || {
+                    let inside = if i % 2 == 0 {
+                        slot.enter()
+                    } else {
+                        slot.lock()
+                    };
+                    inside_tx.send(()).unwrap();
+                    leave_rx.recv().unwrap();
+                    drop(inside);
+                }));
+                inside_rx.recv().unwrap();
+                st.slots.push(slot);
+                st.leave.push(leave_tx);
+            }
+            st
+        }
+
+        fn release(self) {
+            for l in self.leave {
+                l.send(()).unwrap();
+            }
+            for o in self.owners {
+                o.join().unwrap();
+            }
+        }
+    }
+
+    /// A drain that finds several threads stuck inside their slots waits for them no longer,
+    /// in all, than its patience allows (each slot's first few waits, then one shared budget),
+    /// not that much for each: an exit with many stopped threads must not take many times the
+    /// wait for one. Their events are counted. With `VRAMSHIM_SLOTS_FAULT=per-slot-wait` (each
+    /// slot gets the whole budget, as before) the count is several budgets: this fails.
+    #[test]
+    fn stuck_slots_share_one_budget() {
+        barrier::init();
+        const WAITS: u32 = 4096;
+        let stuck = Stuck::new(4, 3);
+        let mut bufs = Vec::new();
+        let d = drain(
+            &stuck.slots,
+            |b| bufs.extend(b),
+            Patience::new(WAITS, None),
+            false,
+        );
+        let (waits, given_up) = (d.waits, d.given_up.len());
+        let lost = unaccounted(&d.given_up);
+        stuck.release();
+        assert_eq!(
+            (given_up, lost),
+            (4, 12),
+            "every stuck slot given up and counted"
+        );
+        assert!(bufs.is_empty(), "a buffer was taken");
+        assert!(
+            waits <= Patience::bound(4, WAITS),
+            "{waits} waits for 4 stuck slots with a budget of {WAITS} (at most {})",
+            Patience::bound(4, WAITS)
+        );
+        // Past its time limit a drain waits for no slot beyond its first few.
+        let stuck = Stuck::new(3, 1);
+        let d = drain(
+            &stuck.slots,
+            |_| {},
+            Patience::new(u32::MAX, Some(0)),
+            false,
+        );
+        let waits = d.waits;
+        stuck.release();
+        assert!(
+            waits <= Patience::bound(3, 0),
+            "{waits} waits past the limit"
+        );
+    }
+
+    /// When the barrier fails, the slots the drain claimed are given up, so that at exit
+    /// (where nothing takes them later) their events are counted, not dropped; the next drain
+    /// with a working barrier takes them. With `VRAMSHIM_SLOTS_FAULT=barrier-drop` (none given
+    /// up, as before) their events are neither taken nor counted: this fails.
+    #[test]
+    fn a_failed_barrier_gives_the_claimed_slots_up_counted() {
+        barrier::init();
+        if !barrier::available() {
+            // No window, no barrier: nothing to fail.
+            return;
+        }
+        let slots = [slot_holding(5), slot_holding(4)];
+        let mut bufs = Vec::new();
+        barrier::FAILS.set(true);
+        let d = drain(&slots, |b| bufs.extend(b), patient(), false);
+        barrier::FAILS.set(false);
+        assert_eq!(drained(d), (false, 9), "the claimed slots' events counted");
+        assert!(bufs.is_empty(), "a buffer was taken without the barrier");
+        let d = drain(&slots, |b| bufs.extend(b), patient(), false);
+        assert_eq!(drained(d), (true, 0));
+        assert_eq!(taken_events(bufs), 9);
     }
 }

@@ -17,6 +17,7 @@ use vramshim_trace::output_file::{self, Opened, Refusal, TRACE};
 use vramshim_trace::{DeviceInfo, Event, RecordEncoder, TraceWriter};
 
 use super::modules::ModuleMap;
+use super::patience::Patience;
 use super::slots::{self, Buf, MAX_DEV, SEND_AT};
 use super::tick_hook::{self, TickPoint};
 
@@ -31,6 +32,13 @@ const SPARE_BUFFERS: usize = CHANNEL_BUFFERS;
 const TICK: Duration = Duration::from_millis(50);
 /// Check for exited threads every this many ticks.
 const REAP_EVERY: u32 = 20;
+/// The exit drain's waits for threads inside their slots, all threads together: at most this
+/// many beyond each slot's first few ([`Patience`]), and no longer than `EXIT_WAIT_NS` (an
+/// owner in its window leaves within microseconds unless it is stopped or preempted).
+const EXIT_WAITS: u32 = 1 << 20;
+const EXIT_WAIT_NS: u64 = 100_000_000;
+/// A tick's waits, all threads together (a slot it skips waits for the next tick).
+const TICK_WAITS: u32 = 1 << 12;
 /// zstd level (single-threaded) of frames of 1 KiB and more (smaller ones take -1 or are
 /// stored: `TraceWriter`). Measured per event in large frames (`trace/examples/frame_cost.rs`
 /// under callgrind): level 1 costs 8% fewer instructions than 3 on allocation/free records for
@@ -460,7 +468,7 @@ enum OrderFault {
     TidOnly,
     /// `own-wait`: the exit path's drain waits for the exiting thread's own slot like any
     /// other's (in vain when a signal handler that exits interrupted the thread inside it:
-    /// `1 << 20` attempts), and the slots it gives up on are dropped uncounted.
+    /// the exit drain's whole patience), and the slots it gives up on are dropped uncounted.
     OwnWait,
 }
 
@@ -616,7 +624,13 @@ fn tick_locked(
         write_chunk(sh, out, c);
     }
     tick_hook::at(TickPoint::BeforeDrain { at_exit });
-    let spins = if at_exit { 1 << 20 } else { 1 << 12 };
+    // At exit the waits for threads inside their slots are bounded in all, not per thread:
+    // the library must never be why a job hangs (a tick's skipped slots wait for the next).
+    let patience = if at_exit {
+        Patience::new(EXIT_WAITS, Some(EXIT_WAIT_NS))
+    } else {
+        Patience::new(TICK_WAITS, None)
+    };
     let fault = order_fault();
     if at_exit && fault != OrderFault::LateClose {
         close();
@@ -646,18 +660,19 @@ fn tick_locked(
                 recycle_into(sh, raw);
             }
         },
-        spins,
+        patience,
         fault == OrderFault::OwnWait,
     );
-    // At exit nothing takes the buffers given up on later: their events are lost, and the
-    // `Lost` record below says how many (at a tick they wait for the next one).
-    if at_exit && fault != OrderFault::OwnWait {
-        count_lost(drained.skipped_events);
-    }
-    let drained = drained.taken;
     for c in older {
         write_chunk(sh, out, c);
     }
+    // At exit nothing takes the buffers given up on later: their events are lost, and the
+    // `Lost` record below says how many (at a tick they wait for the next one). Counted once
+    // every buffer handed over before is written.
+    if at_exit && fault != OrderFault::OwnWait {
+        count_lost(slots::unaccounted(&drained.given_up));
+    }
+    let drained = drained.taken;
     tick_hook::at(TickPoint::AfterDrain { at_exit });
     super::clock::recalibrate();
     let now = super::clock::now_ns();

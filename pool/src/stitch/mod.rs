@@ -42,7 +42,6 @@ pub use budget::Budget;
 pub use pages::PageView;
 
 mod arena;
-mod aside;
 mod budget;
 mod cache;
 mod fences;
