@@ -42,7 +42,10 @@ const SWITCHES: &[(&str, &[&str])] = &[
         "VRAMSHIM_PYFRAMES_FAULT",
         &["noident", "layout", "layout-unchecked"],
     ),
-    ("VRAMSHIM_SLOTS_FAULT", &["nowait"]),
+    (
+        "VRAMSHIM_SLOTS_FAULT",
+        &["nowait", "barrier-drop", "per-slot-wait"],
+    ),
     ("VRAMSHIM_STACKS_FAULT", &["nocache"]),
     ("VRAMSHIM_TABLE_FAULT", &["no-barrier"]),
     ("VRAMSHIM_TORCH_FAULT", &["drop"]),
@@ -60,6 +63,8 @@ const SWITCHES: &[(&str, &[&str])] = &[
             "late-close",
             "tid-only",
             "own-wait",
+            // A slot's life token (`tracer::slots::claim`).
+            "arm-in-op",
         ],
     ),
     ("VRAMSHIM_TRACE_WRITER_FAULT", &["hold"]),

@@ -518,7 +518,7 @@ fn claim(tid: u32) -> &'static Slot {
 /// looking whether the thread is inside an operation on its robust list, to show that the
 /// test that interrupts one (`tests/workloads/trace/tests/robust_list.rs`) catches it.
 fn fault_arm_in_op() -> bool {
-    crate::config::var("VRAMSHIM_TRACE_FAULT").is_some_and(|v| v.trim() == "arm-in-op")
+    crate::config::switch_on("VRAMSHIM_TRACE_FAULT", "arm-in-op")
 }
 
 #[inline]
@@ -891,11 +891,11 @@ pub(crate) fn unaccounted(given_up: &[&'static Slot]) -> u64 {
     given_up.iter().map(|s| s.events_left()).sum()
 }
 
-/// Fault switches of the drain (`VRAMSHIM_SLOTS_FAULT`, read by the tests that show they
-/// catch them): `barrier-drop` gives up no slot when the barrier fails (their buffers,
-/// untaken, are then neither written nor counted at exit).
-fn slots_fault(v: &str) -> bool {
-    crate::config::var("VRAMSHIM_SLOTS_FAULT").is_some_and(|f| f.trim() == v)
+/// Fault switch of the drain (`VRAMSHIM_SLOTS_FAULT=barrier-drop`, read by the test that shows
+/// it catches it): no slot is given up when the barrier fails (their buffers, untaken, are
+/// then neither written nor counted at exit).
+fn fault_barrier_drop() -> bool {
+    crate::config::switch_on("VRAMSHIM_SLOTS_FAULT", "barrier-drop")
 }
 
 /// Claim every slot, one barrier for all of them, take each buffer, then hand them to `f`
@@ -936,7 +936,7 @@ fn drain(
         // The guards' drops withdraw the claims; the buffers wait for next time, and at exit,
         // where there is none, they are counted (they cannot be taken without the barrier:
         // an owner may be in its window unseen).
-        if !slots_fault("barrier-drop") {
+        if !fault_barrier_drop() {
             given_up.extend(held.iter().map(|g| g.slot));
         }
         return Drained {
