@@ -598,7 +598,7 @@ fn claim(tid: u32) -> &'static Slot {
 /// looking whether the thread is inside an operation on its robust list, to show that the
 /// test that interrupts one (`tests/workloads/trace/tests/robust_list.rs`) catches it.
 fn fault_arm_in_op() -> bool {
-    crate::config::var("VRAMSHIM_TRACE_FAULT").is_some_and(|v| v.trim() == "arm-in-op")
+    crate::config::switch_on("VRAMSHIM_TRACE_FAULT", "arm-in-op")
 }
 
 #[inline]
@@ -1037,7 +1037,7 @@ pub(crate) fn unaccounted(given_up: &[&'static Slot]) -> u64 {
 /// given-up slot's buffer only, not the one its owner was handing over (an exit that
 /// interrupted the hand-over then counts nothing of it).
 fn slots_fault(v: &str) -> bool {
-    crate::config::var("VRAMSHIM_SLOTS_FAULT").is_some_and(|f| f.trim() == v)
+    crate::config::switch_on("VRAMSHIM_SLOTS_FAULT", v)
 }
 
 /// Claim every slot, one barrier for all of them, take each buffer, then hand them to `f`
@@ -1223,7 +1223,7 @@ mod tests {
     #[test]
     fn drains_racing_the_owner_tear_and_lose_nothing() {
         barrier::init();
-        let broken = std::env::var("VRAMSHIM_SLOTS_FAULT").is_ok_and(|v| v == "nowait");
+        let broken = crate::config::switch_on("VRAMSHIM_SLOTS_FAULT", "nowait");
         let slot = new_slot();
         const N: u64 = 2_000_000;
         let done = std::sync::Arc::new(AtomicBool::new(false));
