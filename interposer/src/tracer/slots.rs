@@ -1032,16 +1032,15 @@ pub(crate) fn unaccounted(given_up: &[&'static Slot]) -> u64 {
 }
 
 /// Fault switch of the drain (`VRAMSHIM_SLOTS_FAULT=barrier-drop`, read by the test that shows
-/// it is caught): no slot is given up when the barrier fails (their buffers, untaken, are then
-/// neither written nor counted at exit). Each switch is read with its name written out, which
-/// `config::switches`' test checks against the list of accepted names.
+/// it catches it): no slot is given up when the barrier fails (their buffers, untaken, are
+/// then neither written nor counted at exit).
 fn fault_barrier_drop() -> bool {
     crate::config::switch_on("VRAMSHIM_SLOTS_FAULT", "barrier-drop")
 }
 
-/// Fault switch `VRAMSHIM_SLOTS_FAULT=hand-over-uncounted`: a given-up slot's buffer only is
-/// counted, not the one its owner was handing over (an exit that interrupted the hand-over
-/// then counts nothing of it).
+/// Fault switch of the drain (`VRAMSHIM_SLOTS_FAULT=hand-over-uncounted`): a given-up slot's
+/// buffer is counted, not the one its owner was handing over (an exit that interrupted the
+/// hand-over then counts nothing of it).
 fn fault_hand_over_uncounted() -> bool {
     crate::config::switch_on("VRAMSHIM_SLOTS_FAULT", "hand-over-uncounted")
 }
