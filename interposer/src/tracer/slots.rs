@@ -214,7 +214,9 @@ pub(crate) fn encode(enc: &mut RecordEncoder, b: &mut Buf) {
         }
         i += 1;
         match r.kind {
-            Kind::Context => enc.context(r.op.tid),
+            // The thread's `TorchRun` model continues from its previous buffer (format v5):
+            // the first events of a buffer are predicted too.
+            Kind::Context => enc.context_chained(r.op.tid),
             Kind::Alloc | Kind::Free => {
                 if let Some((d, v)) = live_delta(r.kind, &r.op) {
                     live[d] = live[d].wrapping_add(v);
