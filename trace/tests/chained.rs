@@ -272,3 +272,87 @@ fn a_cut_anywhere_reads_every_whole_frame_before_it() {
         }
     }
 }
+
+/// A corrupt record in the middle of a chained context's run (the run cut short: its events
+/// up to the cut are read, then the rest of the frame is skipped) leaves the slot's model
+/// half-updated: the chain's next context, in the next frame, is refused as continuing a
+/// model the reader does not have, and none of its events come back. With the reader's
+/// `abandon` of the slot removed, it decodes that context with the half-updated model and
+/// this fails.
+#[test]
+fn a_corrupt_record_inside_a_chained_context_breaks_its_chain() {
+    let ops = gpt2_torch();
+    let a: Vec<Event> = ops[..60].iter().cloned().map(Event::Torch).collect();
+    let b: Vec<Event> = ops[60..120].iter().cloned().map(Event::Torch).collect();
+    let tid = match &a[0] {
+        Event::Torch(op) => op.tid,
+        _ => 0,
+    };
+    let mut enc = RecordEncoder::new();
+    enc.clear();
+    enc.context_chained(tid);
+    for e in &a {
+        enc.push(e);
+    }
+    let b1 = enc.bytes().to_vec();
+    enc.clear();
+    enc.context_chained(tid);
+    for e in &b {
+        enc.push(e);
+    }
+    let b2 = enc.bytes().to_vec();
+    // b1: the context record (tag, len, payload), then one run: tag 25, a 3-byte length, the
+    // events. The run cut short inside an event (the first cut from its middle on that
+    // leaves a partial event: a corrupt record after the events before it).
+    let ctx_len = 2 + b1[1] as usize;
+    assert_eq!(b1[ctx_len], 25);
+    let pay = &b1[ctx_len + 4..];
+    let st = RecordStats {
+        records: 2,
+        t_min: u64::MAX,
+        t_max: 0,
+    };
+    let trace = |h: usize, layout: FrameLayout| {
+        let mut cut = b1[..ctx_len].to_vec();
+        cut.extend_from_slice(&[
+            25,
+            (h as u8) | 0x80,
+            ((h >> 7) as u8) | 0x80,
+            (h >> 14) as u8,
+        ]);
+        cut.extend_from_slice(&pay[..h]);
+        let mut w = TraceWriter::new(Vec::new(), &Header::default()).unwrap();
+        w.set_layout(layout);
+        w.write_records(&cut, st).unwrap();
+        w.flush_frame().unwrap();
+        let first = w.stats().file_bytes;
+        w.write_records(&b2, st).unwrap();
+        w.flush_frame().unwrap();
+        (w.finish().unwrap(), first)
+    };
+    for layout in [FrameLayout::Rows, FrameLayout::Columnar] {
+        let (bytes, first) = (pay.len() / 2..pay.len())
+            .map(|h| trace(h, layout))
+            .find(|(bytes, first)| {
+                let (_, _, errs, _) = read_all(bytes).unwrap();
+                errs.first().is_some_and(|e| e.offset < *first)
+            })
+            .expect("a cut inside an event");
+        let (_, got, errs, _) = read_all(&bytes).unwrap();
+        assert!(
+            !got.is_empty() && got.len() < a.len(),
+            "{layout:?}: {}",
+            got.len()
+        );
+        assert!(
+            got[..] == a[..got.len()],
+            "{layout:?}: the events before the cut"
+        );
+        assert_eq!(errs.len(), 2, "{layout:?}: {errs:?}");
+        assert!(errs[1].offset >= first);
+        assert!(
+            matches!(&errs[1].kind, DecodeErrorKind::CorruptRecord(m) if m.contains("not read whole")),
+            "{layout:?}: {errs:?}"
+        );
+    }
+}
