@@ -249,9 +249,11 @@ pub(crate) fn encode(enc: &mut RecordEncoder, b: &mut Buf) {
         }
         i += 1;
         match r.kind {
+            // The thread's `TorchRun` model continues from its previous buffer (format v5):
+            // the first events of a buffer are predicted too.
             Kind::Context => {
                 tid = r.op.tid;
-                enc.context(tid)
+                enc.context_chained(tid)
             }
             Kind::Alloc | Kind::Free => {
                 if let Some((d, v)) = live_delta(r.kind, &r.op) {
