@@ -74,5 +74,5 @@ impl Patience {
 /// time limit, as before the budget was shared, to show that the test counting a drain's waits
 /// (`slots::tests::stuck_slots_share_one_budget`) catches it.
 fn fault_per_slot() -> bool {
-    crate::config::var("VRAMSHIM_SLOTS_FAULT").is_some_and(|v| v.trim() == "per-slot-wait")
+    crate::config::switch_on("VRAMSHIM_SLOTS_FAULT", "per-slot-wait")
 }

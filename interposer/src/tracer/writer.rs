@@ -333,7 +333,7 @@ fn live_writer(f: &File, me: u32) -> Option<u32> {
 /// (read by path to find a live writer, then create-and-truncate, following symlinks and
 /// blocking on FIFOs), to show that the hostile-path tests catch it.
 fn fault_unsafe_open() -> bool {
-    crate::config::var("VRAMSHIM_TRACE_FAULT").is_some_and(|v| v.trim() == "unsafe-open")
+    crate::config::switch_on("VRAMSHIM_TRACE_FAULT", "unsafe-open")
 }
 
 fn open_trace_unsafely(mut path: String, pid: u32) -> Option<(File, String)> {
@@ -371,7 +371,7 @@ fn block_signals() {
 /// by an instruction counter (valgrind: 50-100x) ticks as often per unit of its work as a
 /// native run does (a SIGKILL then loses up to two such periods).
 fn tick_period() -> Duration {
-    if let Some("no-tick") = crate::config::var("VRAMSHIM_TRACE_FAULT") {
+    if crate::config::switch_on("VRAMSHIM_TRACE_FAULT", "no-tick") {
         return Duration::from_secs(3600);
     }
     match crate::config::var("VRAMSHIM_TRACE_TICK_MS") {
@@ -482,14 +482,22 @@ static ORDER_FAULT: AtomicU8 = AtomicU8::new(0);
 fn order_fault() -> OrderFault {
     match ORDER_FAULT.load(Ordering::Relaxed) {
         0 => {
-            let f = match crate::config::var("VRAMSHIM_TRACE_FAULT").map(str::trim) {
-                Some("partials-first") => OrderFault::PartialsFirst,
-                Some("late-reap") => OrderFault::LateReap,
-                Some("late-close") => OrderFault::LateClose,
-                Some("tid-only") => OrderFault::TidOnly,
-                Some("own-wait") => OrderFault::OwnWait,
-                Some("nested-exit-waits") => OrderFault::NestedExitWaits,
-                _ => OrderFault::None,
+            use crate::config::switch_on;
+            // One at a time: the first named, in this order.
+            let f = if switch_on("VRAMSHIM_TRACE_FAULT", "partials-first") {
+                OrderFault::PartialsFirst
+            } else if switch_on("VRAMSHIM_TRACE_FAULT", "late-reap") {
+                OrderFault::LateReap
+            } else if switch_on("VRAMSHIM_TRACE_FAULT", "late-close") {
+                OrderFault::LateClose
+            } else if switch_on("VRAMSHIM_TRACE_FAULT", "tid-only") {
+                OrderFault::TidOnly
+            } else if switch_on("VRAMSHIM_TRACE_FAULT", "own-wait") {
+                OrderFault::OwnWait
+            } else if switch_on("VRAMSHIM_TRACE_FAULT", "nested-exit-waits") {
+                OrderFault::NestedExitWaits
+            } else {
+                OrderFault::None
             };
             ORDER_FAULT.store(f as u8, Ordering::Relaxed);
             f
@@ -508,7 +516,7 @@ fn order_fault() -> OrderFault {
 /// the channel before it has the lock, and holds it 200 ms (proves the exit-race test can
 /// fail).
 fn fault_hold() -> bool {
-    super::config_var("VRAMSHIM_TRACE_WRITER_FAULT").is_some_and(|v| v.trim() == "hold")
+    crate::config::switch_on("VRAMSHIM_TRACE_WRITER_FAULT", "hold")
 }
 
 fn write_chunk(sh: &Shared, out: &mut Out, mut c: Chunk) {
