@@ -12,11 +12,15 @@ mod common;
 
 use std::collections::HashMap;
 use vramshim_pool::replay::{self, Event, Frees};
-use vramshim_pool::stitch::Stitch;
-use vramshim_pool::{ANY_STREAM, AccountingDevice, FreeMode, Policy, Request};
+use vramshim_pool::stitch::{Budget, Stitch};
+use vramshim_pool::{ANY_STREAM, AccountingDevice, FreeMode, MIB, Policy, Request};
 
 /// Frees a caller keeps, at most (as a thread cache).
 const SLOTS: usize = 8;
+
+/// Hits a caller serves before it gives back what it keeps and counts them into the pool, at
+/// most (as a thread cache).
+const HIT_BATCH: u64 = 4096;
 
 /// (address, requested size, stream freed on)
 type Kept = (u64, u64, u64);
@@ -24,34 +28,62 @@ type Kept = (u64, u64, u64);
 /// How the caller follows the protocol, and the pool it is in front of.
 #[derive(Clone, Copy)]
 struct Caller {
+    /// frees it keeps at most (0: none, every free reaches the pool: the model)
+    slots: usize,
     /// give back what it keeps when the bytes kept reach `Stitch::round_end_watch`
     watch: bool,
+    /// count the hits it serves into the pool (`Stitch::note_aside_hits`) whenever it gives
+    /// back what it keeps, and give it back after [`HIT_BATCH`] hits
+    hits: bool,
     /// the pool's arena grows by runs (`Stitch::with_runs`)
     runs: bool,
 }
 
-/// The caller as the interposer's thread caches are: the watch, in front of the default pool.
+/// The caller as the interposer's thread caches are: the watches, in front of the default
+/// pool.
 const WATCHED: Caller = Caller {
+    slots: SLOTS,
     watch: true,
+    hits: true,
     runs: false,
 };
 
-/// Driver calls of `events` (already given their free semantics) through a tight pool behind
-/// a caller that keeps frees aside, and the frees it kept aside while the pool held more than
-/// its budget (only where the pool, given them, would have kept its cache too); panics on a
-/// violation.
-fn behind_cache(events: &[Event], c: Caller) -> (u64, u64) {
+/// No caller: every free reaches the pool.
+const MODEL: Caller = Caller {
+    slots: 0,
+    ..WATCHED
+};
+
+/// What a stream did to the pool behind a caller.
+#[derive(Debug, PartialEq)]
+struct Outcome {
+    /// driver calls
+    calls: u64,
+    /// bytes the pool held after the last event (before the caller gives back what it keeps)
+    reserved: u64,
+    /// frees the caller kept aside while the pool held more than its budget
+    above: u64,
+}
+
+/// `events` (already given their free semantics) through a tight pool behind a caller that
+/// keeps frees aside; panics on a violation of the checking device.
+fn behind_cache(events: &[Event], c: Caller) -> Outcome {
     let mut dev = AccountingDevice::new(replay::UNLIMITED);
     dev.set_checking(true);
     let mut p = Stitch::tight().with_runs(c.runs);
     let mut above = 0;
     let mut kept: Vec<Kept> = Vec::new();
+    let mut hits = 0;
     let mut ids: HashMap<u64, (u64, u64)> = HashMap::new();
-    let give_back = |p: &mut Stitch, dev: &mut AccountingDevice, kept: &mut Vec<Kept>| {
-        for (a, _, s) in kept.drain(..) {
-            p.free(dev, a, FreeMode::Async { stream: s }).unwrap();
-        }
-    };
+    let give_back =
+        |p: &mut Stitch, dev: &mut AccountingDevice, kept: &mut Vec<Kept>, hits: &mut u64| {
+            if c.hits {
+                p.note_aside_hits(dev, std::mem::take(hits));
+            }
+            for (a, _, s) in kept.drain(..) {
+                p.free(dev, a, FreeMode::Async { stream: s }).unwrap();
+            }
+        };
     for ev in events {
         match *ev {
             Event::Alloc { id, size, stream } => {
@@ -62,9 +94,16 @@ fn behind_cache(events: &[Event], c: Caller) -> (u64, u64) {
                     })
                     .flatten();
                 let addr = match mine {
-                    Some(i) => kept.remove(i).0,
+                    Some(i) => {
+                        hits += 1;
+                        let a = kept.remove(i).0;
+                        if c.hits && hits >= HIT_BATCH {
+                            give_back(&mut p, &mut dev, &mut kept, &mut hits);
+                        }
+                        a
+                    }
                     None => {
-                        give_back(&mut p, &mut dev, &mut kept);
+                        give_back(&mut p, &mut dev, &mut kept, &mut hits);
                         match p.alloc_cached(size, stream) {
                             Some(a) => a,
                             None => p.alloc(&mut dev, Request { size, stream }).unwrap().addr,
@@ -80,13 +119,13 @@ fn behind_cache(events: &[Event], c: Caller) -> (u64, u64) {
                 };
                 dev.check_free(addr, mode);
                 if let FreeMode::Async { stream } = mode
-                    && kept.len() < SLOTS
+                    && kept.len() < c.slots
                 {
                     kept.push((addr, size, stream));
                     let w = p.round_end_watch();
                     let bytes: u64 = kept.iter().map(|k| k.1).sum();
                     if c.watch && w != u64::MAX && bytes >= w {
-                        give_back(&mut p, &mut dev, &mut kept);
+                        give_back(&mut p, &mut dev, &mut kept, &mut hits);
                     } else if p.stats().reserved > p.stats().budget {
                         // above the budget only by the pages it keeps: it keeps its cache
                         assert!(
@@ -97,7 +136,7 @@ fn behind_cache(events: &[Event], c: Caller) -> (u64, u64) {
                     }
                     continue;
                 }
-                give_back(&mut p, &mut dev, &mut kept);
+                give_back(&mut p, &mut dev, &mut kept, &mut hits);
                 p.free(&mut dev, addr, mode).unwrap();
             }
             Event::ProcessSync => {
@@ -106,14 +145,16 @@ fn behind_cache(events: &[Event], c: Caller) -> (u64, u64) {
             }
         }
     }
-    give_back(&mut p, &mut dev, &mut kept);
+    let reserved = p.stats().reserved;
+    give_back(&mut p, &mut dev, &mut kept, &mut hits);
     assert!(dev.violations().is_empty(), "{:?}", dev.violations());
-    (dev.calls().driver_calls(), above)
+    Outcome {
+        calls: dev.calls().driver_calls(),
+        reserved,
+        above,
+    }
 }
 
-/// Every shared trace and GPU recording, in one pass and in three, stream-ordered, in front of
-/// the default tight pool and of one whose arena grows by runs (`Stitch::with_runs`): the
-/// model's driver calls behind the watching caller.
 #[test]
 fn a_caller_keeping_frees_aside_leaves_the_pools_driver_calls_unchanged() {
     let mut differs_unwatched = false;
@@ -128,14 +169,19 @@ fn a_caller_keeping_frees_aside_leaves_the_pools_driver_calls_unchanged() {
                         .iter()
                         .sum();
                 let stream = Frees::StreamOrdered.apply(&replay::repeat(&events, passes));
-                let (watched, above) = behind_cache(&stream, caller);
-                let (unwatched, _) = behind_cache(
+                let Outcome {
+                    calls: watched,
+                    above,
+                    ..
+                } = behind_cache(&stream, caller);
+                let unwatched = behind_cache(
                     &stream,
                     Caller {
                         watch: false,
                         ..caller
                     },
-                );
+                )
+                .calls;
                 eprintln!(
                     "{name} x{passes}{}: model {model}, behind a cache {watched} ({above} frees kept aside above the budget), round ends not watched {unwatched}",
                     if runs { ", runs" } else { "" }
@@ -158,5 +204,77 @@ fn a_caller_keeping_frees_aside_leaves_the_pools_driver_calls_unchanged() {
     assert!(
         kept_above > 0,
         "no free was kept aside above the budget: the watch sends every free to the pool there"
+    );
+}
+
+/// A program whose use shrinks for good to a loop the caller serves whole (one size freed and
+/// asked again on its stream) gets the pages of its old peak back, as it does when every free
+/// reaches the pool: the caller counts its hits into the pool, so the budget's windows end
+/// and the budget follows the new peak. Not counted, the pool never ends a window and keeps
+/// the old peak's pages (checked too, so the test can fail).
+#[test]
+fn a_caller_serving_a_shrunk_loop_lets_the_pool_give_the_old_peak_back() {
+    let mut ev = Vec::new();
+    let peak = 64;
+    for id in 0..peak {
+        ev.push(Event::Alloc {
+            id,
+            size: MIB,
+            stream: 0,
+        });
+    }
+    for id in 0..peak {
+        ev.push(Event::Free {
+            id,
+            mode: FreeMode::Async { stream: 0 },
+        });
+    }
+    // one small block stays live throughout: the loop never finds nothing live
+    ev.push(Event::Alloc {
+        id: peak,
+        size: 4096,
+        stream: 0,
+    });
+    let pairs = 3 * Budget::default().window;
+    for id in peak + 1..peak + 1 + pairs {
+        ev.push(Event::Alloc {
+            id,
+            size: 8192,
+            stream: 0,
+        });
+        ev.push(Event::Free {
+            id,
+            mode: FreeMode::Async { stream: 0 },
+        });
+        // the process synchronizes now and then (pages freed stream-ordered go back then)
+        if id % 1000 == 0 {
+            ev.push(Event::ProcessSync);
+        }
+    }
+    let model = behind_cache(&ev, MODEL);
+    let counted = behind_cache(&ev, WATCHED);
+    let uncounted = behind_cache(
+        &ev,
+        Caller {
+            hits: false,
+            ..WATCHED
+        },
+    );
+    eprintln!(
+        "model {model:?}, behind a caller counting its hits {counted:?}, not counting them {uncounted:?}"
+    );
+    assert!(
+        model.reserved < 8 * MIB,
+        "the model kept {} B of a {peak} MiB peak",
+        model.reserved
+    );
+    assert_eq!(
+        (counted.calls, counted.reserved),
+        (model.calls, model.reserved),
+        "behind the caller counting its hits"
+    );
+    assert!(
+        uncounted.reserved >= peak * MIB,
+        "hits not counted, the pool still gave the old peak back: the test cannot fail"
     );
 }

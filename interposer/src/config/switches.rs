@@ -31,6 +31,7 @@ const SWITCHES: &[(&str, &[&str])] = &[
             // one, turns them off unless one of the `tcache-*` names is given.
             "tcache-any-stream",
             "tcache-no-round-end",
+            "tcache-no-hits",
             "tcache-no-drain",
             "no-tcache",
         ],
@@ -44,7 +45,12 @@ const SWITCHES: &[(&str, &[&str])] = &[
     ),
     (
         "VRAMSHIM_SLOTS_FAULT",
-        &["nowait", "barrier-drop", "per-slot-wait"],
+        &[
+            "nowait",
+            "barrier-drop",
+            "per-slot-wait",
+            "hand-over-uncounted",
+        ],
     ),
     ("VRAMSHIM_STACKS_FAULT", &["nocache"]),
     ("VRAMSHIM_TABLE_FAULT", &["no-barrier"]),

@@ -12,10 +12,13 @@
 
 use std::cell::UnsafeCell;
 use std::ptr;
-use std::sync::atomic::{AtomicI64, AtomicPtr, AtomicU32, Ordering};
+use std::sync::atomic::{
+    AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering, compiler_fence,
+};
 
 use vramshim_trace::{AllocKind, Api, Event, MemOp, RecordEncoder, TorchOp};
 
+use super::entries::Entries;
 use super::patience::Patience;
 use super::{barrier, stacks, writer};
 use crate::sys::biased::BiasedLock;
@@ -65,21 +68,36 @@ enum Kind {
 /// `Context` record; [`encode`] turns one into the other.
 #[derive(Default)]
 pub(crate) struct Buf {
-    raw: Vec<Raw>,
+    raw: Entries<Raw>,
     others: Vec<Event>,
-    /// Entries that are not events (`Context`s, and `Other`s holding a `Stack` record): the
-    /// buffer's events are `raw.len() - extra`, known from two lengths without reading an
-    /// entry ([`Slot::events_left`]). Counted where those entries are appended (slow paths
-    /// only: the hot path appends events).
-    extra: usize,
+    /// Entries that are not events (`Context`s, and `Other`s holding a `Stack` record), and
+    /// the index of the last of them, in one word ([`extra_word`]): the buffer's events are
+    /// `raw.len()` less those among its first `raw.len()` entries ([`nonevents`]), known from
+    /// two atomic words without reading an entry ([`Slot::events_left`]). Counted where those
+    /// entries are appended (slow paths only: the hot path appends events), in one store
+    /// before the append, so that a reader that interrupts the append anywhere (a signal
+    /// handler on the owner's thread) or finds the owner stopped in it counts exactly.
+    extra: AtomicU64,
+}
+
+/// The [`Buf::extra`] word: `n` entries that are not events, the last of them at `at`.
+fn extra_word(n: u64, at: usize) -> u64 {
+    n << 32 | (at.min(u32::MAX as usize) as u64)
+}
+
+/// The entries that are not events among the first `len`, from the [`Buf::extra`] word: the
+/// last one counted is not among them until the length includes its index.
+fn nonevents(word: u64, len: usize) -> u64 {
+    let (n, at) = (word >> 32, (word & u32::MAX as u64) as usize);
+    if n > 0 && at >= len { n - 1 } else { n }
 }
 
 impl Buf {
     pub(crate) fn with_capacity(n: usize) -> Buf {
         Buf {
-            raw: Vec::with_capacity(n),
+            raw: Entries::with_capacity(n),
             others: Vec::new(),
-            extra: 0,
+            extra: AtomicU64::new(0),
         }
     }
 
@@ -96,14 +114,28 @@ impl Buf {
         self.raw.capacity()
     }
 
+    /// Events (entries that are events), from two lengths ([`Buf::extra`]).
+    pub(crate) fn events(&self) -> u64 {
+        let len = self.raw.len();
+        (len as u64).saturating_sub(nonevents(self.extra.load(Ordering::Relaxed), len))
+    }
+
     pub(crate) fn clear(&mut self) {
         self.raw.clear();
         self.others.clear();
-        self.extra = 0;
+        self.extra.store(0, Ordering::Relaxed);
+    }
+
+    /// Counts an entry that is not an event, appended next (see [`Buf::extra`]).
+    fn nonevent_next(&mut self) {
+        let n = self.extra.load(Ordering::Relaxed) >> 32;
+        self.extra
+            .store(extra_word(n + 1, self.raw.len()), Ordering::Release);
+        compiler_fence(Ordering::SeqCst);
     }
 
     fn context(&mut self, tid: u32) {
-        self.extra += 1;
+        self.nonevent_next();
         self.raw.push(Raw {
             kind: Kind::Context,
             op: blank_op(tid),
@@ -120,7 +152,7 @@ impl Buf {
             Event::Free(m) => (Kind::Free, m),
             ev => {
                 if matches!(ev, Event::Stack { .. }) {
-                    self.extra += 1;
+                    self.nonevent_next();
                 }
                 self.others.push(ev);
                 self.raw.push(Raw {
@@ -299,7 +331,30 @@ pub(crate) struct Slot {
     /// Held by the owning thread for its life: says when *that* thread has ended, where its
     /// tid may already be another thread's ([`dead_threads`]).
     life: LifeToken,
+    /// The hand-over under way (see [`hand_over`]): while the owner has taken its full buffer
+    /// out of the slot to queue it for the writer, that buffer's events plus one (0: none
+    /// out), the one word an exit that interrupts the owner there goes by.
+    out_events: AtomicU64,
+    /// The number of that hand-over (the slot's hand-overs so far).
+    out_seq: AtomicU64,
+    /// The number of the last hand-over the writer has written (or counted lost): a buffer
+    /// out of the slot with a number up to this one is accounted for.
+    done_seq: AtomicU64,
     inner: UnsafeCell<Inner>,
+}
+
+/// A buffer handed over from a slot: which slot, and which of its hand-overs (the writer marks
+/// it written, [`Handed::written`]).
+pub(crate) struct Handed {
+    slot: &'static Slot,
+    seq: u64,
+}
+
+impl Handed {
+    /// The writer has written the buffer, or counted its events lost.
+    pub(crate) fn written(&self) {
+        self.slot.done_seq.fetch_max(self.seq, Ordering::Release);
+    }
 }
 
 struct Inner {
@@ -380,27 +435,49 @@ impl Slot {
 
 impl Slot {
     /// The events this slot's buffer holds, for one the drain gives up on (its owner inside,
-    /// see [`drain`]): counted from the buffer's two lengths, copied bitwise; no entry is
-    /// read and nothing the buffer points to is touched, so an owner interrupted while its
-    /// buffer grows (its entries being moved, the old ones freed) costs nothing more than a
-    /// count. An append the owner had not finished is not counted (it is not in the buffer).
+    /// see [`drain`]): counted from the buffer's two atomic words, its length and its count
+    /// of entries that are not events ([`Buf::extra`]); no entry is read and nothing the
+    /// buffer points to is touched, so an owner interrupted while its buffer grows (its
+    /// entries being moved, the old ones freed) costs nothing more than a count. Exact for an
+    /// owner that is not running (stopped, or interrupted by the signal handler that runs
+    /// this on its thread): each word is read whole, and every change the owner makes to the
+    /// count is one store of one of them (an append not finished is not counted: it is not in
+    /// the length). An owner still running may change them between the two loads: the count
+    /// is then the one at some point of its appends, give or take the append under way.
     fn events_left(&self) -> u64 {
         let inner = self.inner.get();
-        // SAFETY: `inner` points into a leaked slot (valid for good); only the `raw` vector's
-        // bytes and `extra` are copied, with volatile reads (not cached from an earlier look,
-        // no reference made to data the owner holds mutably); the copied vector is never
-        // dropped or dereferenced, only its length read. The owner is inside (a signal
-        // handler on its own thread interrupted it there, or it stayed there through every
-        // attempt of the drain): it is not changing them, and were it to, the count would be
-        // off, nothing else.
-        let (len, extra) = unsafe {
-            let raw = ptr::read_volatile(
-                ptr::addr_of!((*inner).buf.raw).cast::<std::mem::MaybeUninit<Vec<Raw>>>(),
-            );
-            let extra = ptr::read_volatile(ptr::addr_of!((*inner).buf.extra));
-            (raw.assume_init_ref().len(), extra)
+        // SAFETY: `inner` points into a leaked slot (valid for good); only the two atomic
+        // words are read, through a pointer (no reference to the buffer's other fields, which
+        // the owner may hold mutably), and the buffer (swapped only by the owner's hand-over,
+        // which `unaccounted` reads first, or under the writer's claim, which the caller is)
+        // stays where it is.
+        let (len, word) = unsafe {
+            let buf = ptr::addr_of!((*inner).buf);
+            let len = (*ptr::addr_of!((*buf).raw))
+                .len_word()
+                .load(Ordering::Acquire);
+            let word = (*ptr::addr_of!((*buf).extra)).load(Ordering::Acquire);
+            (len, word)
         };
-        len.saturating_sub(extra) as u64
+        (len as u64).saturating_sub(nonevents(word, len))
+    }
+}
+
+impl Slot {
+    /// The events of this slot that nothing writes or counts, for a slot a drain gave up on:
+    /// the buffer its owner is handing over when it is out of the slot (`out`: the fault
+    /// switch `hand-over-uncounted` leaves it out) and not yet written, else the slot's.
+    fn unaccounted(&self, out: bool) -> u64 {
+        let n = self.out_events.load(Ordering::Acquire);
+        if n != 0 && out {
+            let seq = self.out_seq.load(Ordering::Relaxed);
+            return if self.done_seq.load(Ordering::Acquire) >= seq {
+                0
+            } else {
+                n - 1
+            };
+        }
+        self.events_left()
     }
 }
 
@@ -466,6 +543,9 @@ fn claim(tid: u32) -> &'static Slot {
                 bias: BiasedLock::new(),
                 owner: AtomicU32::new(tid),
                 life: LifeToken::new(),
+                out_events: AtomicU64::new(0),
+                out_seq: AtomicU64::new(0),
+                done_seq: AtomicU64::new(0),
                 inner: UnsafeCell::new(Inner {
                     buf: Buf::with_capacity(SEND_AT + RETRY_AFTER),
                     next_try: SEND_AT,
@@ -569,7 +649,7 @@ fn put_after(slot: &'static Slot, records: Vec<Event>, ev: Event) {
     }
     inner.buf.put(slot, ev);
     if inner.buf.len() >= inner.next_try {
-        hand_over(inner);
+        hand_over(slot, inner);
     }
 }
 
@@ -652,7 +732,7 @@ fn emit_memop_slow<const ALLOC: bool>(m: &MemOp) {
     let inner = g.inner();
     inner.buf.put_op::<ALLOC>(slot, m);
     if inner.buf.len() >= inner.next_try {
-        hand_over(inner);
+        hand_over(slot, inner);
     }
 }
 
@@ -741,7 +821,7 @@ fn emit_torch_slow(t: &TorchOp) {
     let inner = g.inner();
     inner.buf.put_torch(slot, torch_entry(t));
     if inner.buf.len() >= inner.next_try {
-        hand_over(inner);
+        hand_over(slot, inner);
     }
 }
 
@@ -777,7 +857,7 @@ fn add_live(deltas: &[i64; MAX_DEV]) {
 /// Counts a buffer that is dropped unencoded (its events are lost, not its live bytes).
 fn count_live_of(b: &Buf) {
     let mut deltas = [0i64; MAX_DEV];
-    for r in &b.raw {
+    for r in b.raw.iter() {
         if let Some((d, v)) = live_delta(r.kind, &r.op) {
             deltas[d] = deltas[d].wrapping_add(v);
         }
@@ -785,38 +865,97 @@ fn count_live_of(b: &Buf) {
     add_live(&deltas);
 }
 
+/// Where a hand-over is when it calls the test seam ([`on_hand_over`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HandOverPoint {
+    /// The full buffer is out of the slot, not yet queued for the writer.
+    Taken,
+    /// The buffer is queued; the slot has not yet got its new one.
+    Queued,
+}
+
+/// The test seam's function (`fn(HandOverPoint)`), 0 when unset.
+static HAND_OVER_HOOK: AtomicUsize = AtomicUsize::new(0);
+
+/// Tests: `hook` is called on the owner's thread at the points of every hand-over (None:
+/// removed), where a signal handler may interrupt it.
+pub(crate) fn on_hand_over(hook: Option<fn(HandOverPoint)>) {
+    HAND_OVER_HOOK.store(hook.map_or(0, |f| f as usize), Ordering::Release);
+}
+
+#[inline]
+fn hand_over_at(p: HandOverPoint) {
+    let f = HAND_OVER_HOOK.load(Ordering::Acquire);
+    if f != 0 {
+        // SAFETY: a non-zero value was stored from a `fn(HandOverPoint)` by `on_hand_over`.
+        let f: fn(HandOverPoint) = unsafe { std::mem::transmute::<usize, fn(HandOverPoint)>(f) };
+        f(p);
+    }
+}
+
+/// Hands the slot's full buffer to the writer (or keeps it when the writer is busy).
+///
+/// The buffer is out of the slot meanwhile, on this thread's stack: an exit run by a signal
+/// handler that interrupted this thread here (or one that gives up on the slot of a thread
+/// stopped here) finds its events by `out_events`, set before the buffer leaves the slot and
+/// cleared once the slot has a buffer again, each a single store (the handler sees this
+/// thread's stores in order: `compiler_fence`). Once the buffer is queued, the writer marks it
+/// written (`done_seq`), so an exit that finds it queued and then written does not count it too
+/// ([`Slot::unaccounted`]).
 #[cold]
 #[inline(never)]
-fn hand_over(inner: &mut Inner) {
+fn hand_over(slot: &'static Slot, inner: &mut Inner) {
+    let seq = slot.out_seq.load(Ordering::Relaxed) + 1;
+    slot.out_seq.store(seq, Ordering::Relaxed);
+    slot.out_events
+        .store(inner.buf.events() + 1, Ordering::Release);
+    compiler_fence(Ordering::SeqCst);
     let buf = std::mem::take(&mut inner.buf);
-    match writer::send(buf) {
+    hand_over_at(HandOverPoint::Taken);
+    let from = || Handed { slot, seq };
+    match writer::send(buf, from()) {
         Ok(()) => {
+            hand_over_at(HandOverPoint::Queued);
             inner.buf = writer::spare_buffer();
             inner.next_try = SEND_AT;
+            back_in(slot);
             if writer::backlog() > HIGH_WATER {
                 wait_for_writer();
             }
         }
-        Err(buf) if buf.len() >= MAX_BUF => match throttle(buf) {
+        Err(buf) if buf.len() >= MAX_BUF => match throttle(buf, from) {
             Ok(()) => {
                 inner.buf = writer::spare_buffer();
                 inner.next_try = SEND_AT;
+                back_in(slot);
             }
             Err(mut buf) => {
-                // The writer has not taken anything for a long while: drop, and count it.
+                // The writer has not taken anything for a long while: drop, and count it
+                // (counted before it is marked done: an exit in between counts it twice,
+                // never not at all).
                 writer::count_lost(events_in(&buf));
+                from().written();
                 count_live_of(&buf);
                 buf.clear();
                 inner.buf = buf;
                 inner.next_try = SEND_AT;
+                back_in(slot);
             }
         },
         Err(buf) => {
             // Writer busy: keep the events and try again a little later.
             inner.next_try = buf.len() + RETRY_AFTER;
             inner.buf = buf;
+            back_in(slot);
         }
     }
+}
+
+/// The end of [`hand_over`]: the slot holds its buffer again (whatever it holds is in it).
+#[inline]
+fn back_in(slot: &Slot) {
+    compiler_fence(Ordering::SeqCst);
+    slot.out_events.store(0, Ordering::Release);
 }
 
 /// Many busy threads on few cores starve the writer thread: step aside (short sleeps, at
@@ -824,7 +963,7 @@ fn hand_over(inner: &mut Inner) {
 /// bytehound throttles its producers. Only a thread that has `MAX_BUF` unwritten events while
 /// the channel is full ever gets here.
 #[cold]
-fn throttle(mut buf: Buf) -> Result<(), Buf> {
+fn throttle(mut buf: Buf, from: impl Fn() -> Handed) -> Result<(), Buf> {
     let deadline = crate::sys::clock::now_ns() + THROTTLE_NS;
     loop {
         let ts = libc::timespec {
@@ -833,7 +972,7 @@ fn throttle(mut buf: Buf) -> Result<(), Buf> {
         };
         // SAFETY: ts is a valid timespec; the remainder pointer may be null.
         unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
-        match writer::send(buf) {
+        match writer::send(buf, from()) {
             Ok(()) => return Ok(()),
             Err(back) => buf = back,
         }
@@ -886,16 +1025,19 @@ pub(crate) struct Drained {
 }
 
 /// Events that the slots `given_up` by a drain hold and that nothing else will write or count.
-/// No entry is read (see [`Slot::events_left`]).
+/// No entry is read (see [`Slot::unaccounted`]).
 pub(crate) fn unaccounted(given_up: &[&'static Slot]) -> u64 {
-    given_up.iter().map(|s| s.events_left()).sum()
+    let out = !slots_fault("hand-over-uncounted");
+    given_up.iter().map(|s| s.unaccounted(out)).sum()
 }
 
-/// Fault switch of the drain (`VRAMSHIM_SLOTS_FAULT=barrier-drop`, read by the test that shows
-/// it catches it): no slot is given up when the barrier fails (their buffers, untaken, are
-/// then neither written nor counted at exit).
-fn fault_barrier_drop() -> bool {
-    crate::config::switch_on("VRAMSHIM_SLOTS_FAULT", "barrier-drop")
+/// Fault switches of the drain (`VRAMSHIM_SLOTS_FAULT`, read by the tests that show they
+/// catch them): `barrier-drop` gives up no slot when the barrier fails (their buffers,
+/// untaken, are then neither written nor counted at exit); `hand-over-uncounted` counts a
+/// given-up slot's buffer only, not the one its owner was handing over (an exit that
+/// interrupted the hand-over then counts nothing of it).
+fn slots_fault(v: &str) -> bool {
+    crate::config::switch_on("VRAMSHIM_SLOTS_FAULT", v)
 }
 
 /// Claim every slot, one barrier for all of them, take each buffer, then hand them to `f`
@@ -936,7 +1078,7 @@ fn drain(
         // The guards' drops withdraw the claims; the buffers wait for next time, and at exit,
         // where there is none, they are counted (they cannot be taken without the barrier:
         // an owner may be in its window unseen).
-        if !fault_barrier_drop() {
+        if !slots_fault("barrier-drop") {
             given_up.extend(held.iter().map(|g| g.slot));
         }
         return Drained {
@@ -1065,6 +1207,9 @@ mod tests {
             bias: BiasedLock::new(),
             owner: AtomicU32::new(1),
             life: LifeToken::new(),
+            out_events: AtomicU64::new(0),
+            out_seq: AtomicU64::new(0),
+            done_seq: AtomicU64::new(0),
             inner: UnsafeCell::new(Inner {
                 buf: Buf::with_capacity(SEND_AT),
                 next_try: usize::MAX,
@@ -1332,6 +1477,39 @@ mod tests {
         assert!(b.len() > 9);
         drop(g);
         assert_eq!(slot.events_left(), 9);
+    }
+
+    /// An owner stopped, or interrupted by the handler that runs the exit, at any point of
+    /// appending an entry that is not an event (its count stored, the entry not yet in the
+    /// length) is counted exactly: the count is one store, and the length says whether the
+    /// entry it counts is there yet. (Counting it before the length includes it, as a plain
+    /// count of such entries did, undercounts by one there.)
+    #[test]
+    fn a_count_taken_mid_append_is_exact() {
+        let slot = slot_holding(4);
+        let g = slot.lock();
+        let b = &mut g.inner().buf;
+        assert_eq!(slot.events_left(), 4);
+        // Stopped between counting a `Context` and appending it.
+        b.nonevent_next();
+        assert_eq!(slot.events_left(), 4, "counted, not yet appended");
+        b.raw.push(Raw {
+            kind: Kind::Context,
+            op: blank_op(1),
+        });
+        assert_eq!(slot.events_left(), 4, "appended");
+        b.put(
+            slot,
+            Event::Stack {
+                id: 99,
+                frames: vec![0x10],
+            },
+        );
+        assert_eq!(slot.events_left(), 4, "a Stack record is no event");
+        b.put(slot, alloc(99));
+        assert_eq!(slot.events_left(), 5);
+        assert_eq!(events_in(b), 5);
+        drop(g);
     }
 
     /// The calling thread inside its own slot (a signal handler that exits interrupted it

@@ -80,6 +80,8 @@ static PATTERN_OVERRIDE: AtomicPtr<String> = AtomicPtr::new(std::ptr::null_mut()
 
 struct Chunk {
     raw: Buf,
+    /// Its slot and hand-over, marked written once it is ([`slots::Handed`]).
+    from: slots::Handed,
 }
 
 /// Bytes a buffer of `n` entries holds (the backlog's unit).
@@ -519,6 +521,7 @@ fn write_chunk(sh: &Shared, out: &mut Out, mut c: Chunk) {
         let _ = out.w.set_level(if fast { -1 } else { LEVEL });
     }
     write_raw(out, &mut c.raw);
+    c.from.written();
     QUEUED.fetch_sub(raw_bytes(c.raw.len()), Ordering::Relaxed);
     recycle_into(sh, c.raw);
 }
@@ -527,7 +530,7 @@ fn write_chunk(sh: &Shared, out: &mut Out, mut c: Chunk) {
 /// its events as lost).
 fn write_raw(out: &mut Out, raw: &mut Buf) {
     if out.failed.is_some() {
-        count_lost(raw.len() as u64);
+        count_lost(raw.events());
         return;
     }
     slots::encode(&mut out.renc, raw);
@@ -803,14 +806,15 @@ pub(crate) fn spare_buffer() -> Buf {
     Buf::with_capacity(SEND_AT + (SEND_AT >> 2))
 }
 
-/// Hand a full buffer to the writer without blocking; gives it back when the channel is full.
-pub(crate) fn send(raw: Buf) -> Result<(), Buf> {
+/// Hand a full buffer (`from` a slot) to the writer without blocking; gives it back when the
+/// channel is full.
+pub(crate) fn send(raw: Buf, from: slots::Handed) -> Result<(), Buf> {
     let Some(sh) = shared() else {
         return Err(raw);
     };
     let n = raw_bytes(raw.len());
     QUEUED.fetch_add(n, Ordering::Relaxed);
-    match sh.tx.try_send(Chunk { raw }) {
+    match sh.tx.try_send(Chunk { raw, from }) {
         Ok(()) => {
             if let Some(t) = sh.writer.get() {
                 t.unpark();
