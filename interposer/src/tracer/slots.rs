@@ -1027,17 +1027,22 @@ pub(crate) struct Drained {
 /// Events that the slots `given_up` by a drain hold and that nothing else will write or count.
 /// No entry is read (see [`Slot::unaccounted`]).
 pub(crate) fn unaccounted(given_up: &[&'static Slot]) -> u64 {
-    let out = !slots_fault("hand-over-uncounted");
+    let out = !fault_hand_over_uncounted();
     given_up.iter().map(|s| s.unaccounted(out)).sum()
 }
 
-/// Fault switches of the drain (`VRAMSHIM_SLOTS_FAULT`, read by the tests that show they
-/// catch them): `barrier-drop` gives up no slot when the barrier fails (their buffers,
-/// untaken, are then neither written nor counted at exit); `hand-over-uncounted` counts a
-/// given-up slot's buffer only, not the one its owner was handing over (an exit that
-/// interrupted the hand-over then counts nothing of it).
-fn slots_fault(v: &str) -> bool {
-    crate::config::switch_on("VRAMSHIM_SLOTS_FAULT", v)
+/// Fault switch of the drain (`VRAMSHIM_SLOTS_FAULT=barrier-drop`, read by the test that shows
+/// it catches it): no slot is given up when the barrier fails (their buffers, untaken, are
+/// then neither written nor counted at exit).
+fn fault_barrier_drop() -> bool {
+    crate::config::switch_on("VRAMSHIM_SLOTS_FAULT", "barrier-drop")
+}
+
+/// Fault switch of the drain (`VRAMSHIM_SLOTS_FAULT=hand-over-uncounted`): a given-up slot's
+/// buffer is counted, not the one its owner was handing over (an exit that interrupted the
+/// hand-over then counts nothing of it).
+fn fault_hand_over_uncounted() -> bool {
+    crate::config::switch_on("VRAMSHIM_SLOTS_FAULT", "hand-over-uncounted")
 }
 
 /// Claim every slot, one barrier for all of them, take each buffer, then hand them to `f`
@@ -1078,7 +1083,7 @@ fn drain(
         // The guards' drops withdraw the claims; the buffers wait for next time, and at exit,
         // where there is none, they are counted (they cannot be taken without the barrier:
         // an owner may be in its window unseen).
-        if !slots_fault("barrier-drop") {
+        if !fault_barrier_drop() {
             given_up.extend(held.iter().map(|g| g.slot));
         }
         return Drained {
