@@ -240,6 +240,8 @@ pub(crate) fn encode(enc: &mut RecordEncoder, b: &mut Buf) {
     let mut live = [0i64; MAX_DEV];
     let mut others = b.others.iter_mut();
     let mut i = 0;
+    // The thread of the entries that follow (the last `Context`'s).
+    let mut tid = 0;
     while let Some(r) = b.raw.get(i) {
         if i == 0 && r.kind != Kind::Context {
             // Never built that way; a run of records must start with a context.
@@ -247,7 +249,12 @@ pub(crate) fn encode(enc: &mut RecordEncoder, b: &mut Buf) {
         }
         i += 1;
         match r.kind {
-            Kind::Context => enc.context(r.op.tid),
+            // The thread's `TorchRun` model continues from its previous buffer (format v5):
+            // the first events of a buffer are predicted too.
+            Kind::Context => {
+                tid = r.op.tid;
+                enc.context_chained(tid)
+            }
             Kind::Alloc | Kind::Free => {
                 if let Some((d, v)) = live_delta(r.kind, &r.op) {
                     live[d] = live[d].wrapping_add(v);
@@ -265,6 +272,10 @@ pub(crate) fn encode(enc: &mut RecordEncoder, b: &mut Buf) {
                         n += 1;
                         let mut t = torch_of(&r.op);
                         t.t_ns = ns.get(t.t_ns);
+                        if t.tid == OWN_THREAD {
+                            // The tracker's: this buffer's thread ([`OWN_THREAD`]).
+                            t.tid = tid;
+                        }
                         t
                     })
                 }));
@@ -753,6 +764,11 @@ fn emit_memop_stack(slot: &'static Slot, alloc: bool, m: &MemOp) {
     };
     put_after(slot, records, ev);
 }
+
+/// A `Torch` event's `tid` that stands for the thread whose buffer holds it (the tracker's
+/// events: always its own thread's), filled in by [`encode`] from the buffer's `Context`,
+/// so the allocating thread neither reads nor stores its id (a kernel tid is never 0).
+pub(crate) const OWN_THREAD: u32 = 0;
 
 /// A `Torch` event as a buffer entry: its fields in a `MemOp`'s places (the action in
 /// `flags`, the segment's base in `result` and `latency_ns`, its low and high halves), so
@@ -1354,6 +1370,44 @@ mod tests {
             })
             .collect();
         assert_eq!(got, want);
+    }
+
+    /// The tracker's `Torch` entries carry no thread ([`OWN_THREAD`]): each decodes with the
+    /// thread of the buffer that holds it (its slot's owner, as a buffer taken over by a
+    /// new thread has the new one's), while an event given its own thread keeps it.
+    #[test]
+    fn torch_entries_of_no_thread_are_their_buffers() {
+        let t = TorchOp {
+            t_ns: 0,
+            tid: OWN_THREAD,
+            action: vramshim_trace::torch_action::ALLOC,
+            device: 0,
+            addr: 0x7f00_0000_1000,
+            size: 512,
+            stream: 0,
+            segment: 0x7f00_0000_0000,
+            stack: 3,
+        };
+        let slot = new_slot();
+        slot.owner.store(4242, Ordering::Relaxed);
+        let mut b = Buf::with_capacity(8);
+        b.put_torch(slot, torch_entry(&t));
+        b.put_torch(
+            slot,
+            torch_entry(&TorchOp {
+                tid: 77,
+                ..t.clone()
+            }),
+        );
+        b.put_torch(slot, torch_entry(&t));
+        let tids: Vec<u32> = torch_ops_written(&mut b).iter().map(|o| o.tid).collect();
+        assert_eq!(tids, [4242, 77, 4242]);
+        // The slot's next owner: a buffer started afresh names it.
+        slot.owner.store(4343, Ordering::Relaxed);
+        let mut b = Buf::with_capacity(8);
+        b.put_torch(slot, torch_entry(&t));
+        let tids: Vec<u32> = torch_ops_written(&mut b).iter().map(|o| o.tid).collect();
+        assert_eq!(tids, [4343]);
     }
 
     /// The `Torch` events of `b` as the writer thread encodes them and a reader reads them
