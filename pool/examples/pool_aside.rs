@@ -1,0 +1,218 @@
+//! Where a caller that keeps stream-ordered frees aside (the interposer's thread caches, as
+//! `tests/kept_aside.rs` mirrors them: 8 frees, exact size and stream, the round watch, hits
+//! counted into the pool's windows) leaves the tight pool's driver calls on random repeated
+//! workloads, which `vramshim replay` predicts with every free reaching the pool. Prints, over
+//! 200 random streams (a round of 60-200 events of seven sizes on three streams, a quarter of
+//! the frees `cudaFree`, a third of the stream-ordered ones on another stream, a
+//! synchronization in 18 events; the round made 6-13 times), how many make other driver calls
+//! than the model, and how many hand out another address first at an allocation the caller
+//! served itself; then the same with the caller changed on purpose: giving back what it keeps
+//! at each process synchronization (`--drain-at-sync`), serving nothing itself (`--no-hits`),
+//! or both. `--one-stream`: every block on stream 0, every free stream-ordered there, no
+//! synchronization within a round (what the log-replay workload's `--async` makes).
+//!
+//! `cargo run --release -p vramshim-pool --example pool_aside [-- [SEEDS] [--one-stream]]`
+
+use std::collections::HashMap;
+use vramshim_pool::replay::{self, Event};
+use vramshim_pool::stitch::Stitch;
+use vramshim_pool::{ANY_STREAM, AccountingDevice, FreeMode, KIB, MIB, Policy, Request};
+
+/// Frees the caller keeps at most (as a thread cache).
+const SLOTS: usize = 8;
+
+/// xorshift64: the streams are the same on every run.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// Random stream `seed`: one round (everything freed at its end) made 6-13 times.
+fn stream(seed: u64, one_stream: bool) -> Vec<Event> {
+    let mut r = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let sizes = [
+        4 * KIB,
+        100 * KIB,
+        MIB,
+        3 * MIB + 300 * KIB,
+        7 * MIB,
+        20 * MIB,
+        45 * MIB,
+    ];
+    let mut round = Vec::new();
+    let mut live: Vec<(u64, u64)> = Vec::new();
+    let mut id = 0;
+    for _ in 0..60 + r.below(140) {
+        match r.below(18) {
+            0..10 => {
+                let stream = if one_stream { 0 } else { r.below(3) };
+                let size = sizes[r.below(sizes.len() as u64) as usize];
+                round.push(Event::Alloc { id, size, stream });
+                live.push((id, stream));
+                id += 1;
+            }
+            10..17 if !live.is_empty() => {
+                let (id, s) = live.swap_remove(r.below(live.len() as u64) as usize);
+                let mode = match r.below(12) {
+                    _ if one_stream => FreeMode::Async { stream: s },
+                    0..3 => FreeMode::Sync,
+                    3..6 => FreeMode::Async { stream: r.below(3) },
+                    _ => FreeMode::Async { stream: s },
+                };
+                round.push(Event::Free { id, mode });
+            }
+            10..17 => {}
+            _ if one_stream => {}
+            _ => round.push(Event::ProcessSync),
+        }
+    }
+    for (id, s) in live {
+        round.push(Event::Free {
+            id,
+            mode: FreeMode::Async { stream: s },
+        });
+    }
+    replay::repeat(&round, 6 + r.below(8) as usize)
+}
+
+#[derive(Clone, Copy)]
+struct Caller {
+    slots: usize,
+    drain_at_sync: bool,
+    hits: bool,
+}
+
+/// `events` through a tight pool behind `c` on the checking device: (driver calls, the
+/// address of each allocation, whether the caller served it).
+fn run(events: &[Event], c: Caller) -> (u64, Vec<u64>, Vec<bool>) {
+    let mut dev = AccountingDevice::new(replay::UNLIMITED);
+    dev.set_checking(true);
+    let mut p = Stitch::tight();
+    let mut kept: Vec<(u64, u64, u64)> = Vec::new();
+    let mut hits = 0;
+    let mut ids: HashMap<u64, (u64, u64)> = HashMap::new();
+    let (mut addrs, mut served) = (Vec::new(), Vec::new());
+    let give_back =
+        |p: &mut Stitch, dev: &mut AccountingDevice, kept: &mut Vec<_>, hits: &mut u64| {
+            p.note_aside_hits(dev, std::mem::take(hits));
+            for (a, _, s) in kept.drain(..) {
+                p.free(dev, a, FreeMode::Async { stream: s }).unwrap();
+            }
+        };
+    for ev in events {
+        match *ev {
+            Event::Alloc { id, size, stream } => {
+                let mine = (c.hits && stream != ANY_STREAM)
+                    .then(|| {
+                        kept.iter()
+                            .rposition(|&(_, sz, s)| sz == size && s == stream)
+                    })
+                    .flatten();
+                served.push(mine.is_some());
+                let addr = match mine {
+                    Some(i) => {
+                        hits += 1;
+                        kept.remove(i).0
+                    }
+                    None => {
+                        give_back(&mut p, &mut dev, &mut kept, &mut hits);
+                        match p.alloc_cached(size, stream) {
+                            Some(a) => a,
+                            None => p.alloc(&mut dev, Request { size, stream }).unwrap().addr,
+                        }
+                    }
+                };
+                addrs.push(addr);
+                dev.check_alloc(addr, size, stream);
+                ids.insert(id, (addr, size));
+            }
+            Event::Free { id, mode } => {
+                let Some((addr, size)) = ids.remove(&id) else {
+                    continue;
+                };
+                dev.check_free(addr, mode);
+                if let FreeMode::Async { stream } = mode
+                    && kept.len() < c.slots
+                {
+                    kept.push((addr, size, stream));
+                    let w = p.round_end_watch();
+                    let bytes: u64 = kept.iter().map(|k| k.1).sum();
+                    if w != u64::MAX && bytes >= w {
+                        give_back(&mut p, &mut dev, &mut kept, &mut hits);
+                    }
+                    continue;
+                }
+                give_back(&mut p, &mut dev, &mut kept, &mut hits);
+                p.free(&mut dev, addr, mode).unwrap();
+            }
+            Event::ProcessSync => {
+                if c.drain_at_sync {
+                    give_back(&mut p, &mut dev, &mut kept, &mut hits);
+                }
+                dev.process_sync();
+                p.note_process_sync();
+            }
+        }
+    }
+    give_back(&mut p, &mut dev, &mut kept, &mut hits);
+    assert!(dev.violations().is_empty(), "{:?}", dev.violations());
+    (dev.calls().driver_calls(), addrs, served)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let one_stream = args.iter().any(|a| a == "--one-stream");
+    let seeds: u64 = args.iter().find_map(|s| s.parse().ok()).unwrap_or(200);
+    let streams: Vec<Vec<Event>> = (0..seeds).map(|s| stream(s, one_stream)).collect();
+    let models: Vec<_> = streams
+        .iter()
+        .map(|s| {
+            run(
+                s,
+                Caller {
+                    slots: 0,
+                    drain_at_sync: false,
+                    hits: false,
+                },
+            )
+        })
+        .collect();
+    let total: u64 = models.iter().map(|m| m.0).sum();
+    println!("{seeds} streams, the model (every free reaching the pool): {total} driver calls");
+    for (name, drain_at_sync, hits) in [
+        ("the caller (as the thread caches)", false, true),
+        (
+            "giving back what it keeps at each process synchronization",
+            true,
+            true,
+        ),
+        ("serving nothing itself", false, false),
+        ("both", true, false),
+    ] {
+        let c = Caller {
+            slots: SLOTS,
+            drain_at_sync,
+            hits,
+        };
+        let (mut differ, mut addr_differ, mut first_served, mut calls) = (0, 0, 0, 0);
+        for (s, m) in streams.iter().zip(&models) {
+            let (n, addrs, served) = run(s, c);
+            calls += n;
+            let first = m.1.iter().zip(&addrs).position(|(a, b)| a != b);
+            addr_differ += u64::from(first.is_some());
+            if n != m.0 {
+                differ += 1;
+                first_served += u64::from(first.is_some_and(|i| served[i]));
+            }
+        }
+        println!(
+            "{name}: driver calls differ on {differ} (first other address at a block the caller served: {first_served}), addresses on {addr_differ}; {calls} driver calls"
+        );
+    }
+}
