@@ -11,7 +11,11 @@
 //! or both. `--one-stream`: every block on stream 0, every free stream-ordered there, no
 //! synchronization within a round (what the log-replay workload's `--async` makes).
 //!
-//! `cargo run --release -p vramshim-pool --example pool_aside [-- [SEEDS] [--one-stream]]`
+//! `--csv DIR` (implies `--one-stream`): also each round as an RMM log `DIR/SEED.csv` and
+//! `DIR/expected.txt` (`SEED REPEATS MODEL_CALLS CALLER_CALLS` a line), to run the live pool
+//! on (`replay --async --repeat REPEATS DIR/SEED.csv` under libvramshim.so).
+//!
+//! `cargo run --release -p vramshim-pool --example pool_aside [-- [SEEDS] [--one-stream] [--csv DIR]]`
 
 use std::collections::HashMap;
 use vramshim_pool::replay::{self, Event};
@@ -33,8 +37,9 @@ impl Rng {
     }
 }
 
-/// Random stream `seed`: one round (everything freed at its end) made 6-13 times.
-fn stream(seed: u64, one_stream: bool) -> Vec<Event> {
+/// Random stream `seed`: one round (everything freed at its end), and how many times it is
+/// made (6-13).
+fn stream(seed: u64, one_stream: bool) -> (Vec<Event>, usize) {
     let mut r = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     let sizes = [
         4 * KIB,
@@ -78,7 +83,31 @@ fn stream(seed: u64, one_stream: bool) -> Vec<Event> {
             mode: FreeMode::Async { stream: s },
         });
     }
-    replay::repeat(&round, 6 + r.below(8) as usize)
+    (round, 6 + r.below(8) as usize)
+}
+
+/// `round` as an RMM log (one thread, one stream, an address per id) for the log-replay
+/// workload, which makes it `--repeat` times.
+fn write_csv(path: &std::path::Path, round: &[Event]) {
+    use std::fmt::Write;
+    let mut out = String::from("Thread,Time,Action,Pointer,Size,Stream\n");
+    let mut sizes = HashMap::new();
+    for (i, ev) in round.iter().enumerate() {
+        let (action, id, size) = match *ev {
+            Event::Alloc { id, size, .. } => {
+                sizes.insert(id, size);
+                ("allocate", id, size)
+            }
+            Event::Free { id, .. } => ("free", id, sizes[&id]),
+            Event::ProcessSync => continue,
+        };
+        let _ = writeln!(
+            out,
+            "1,00:00:00.{i:06},{action},{:#x},{size},0",
+            0x1000_0000 + id * 0x1000
+        );
+    }
+    std::fs::write(path, out).unwrap();
 }
 
 #[derive(Clone, Copy)]
@@ -169,7 +198,17 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let one_stream = args.iter().any(|a| a == "--one-stream");
     let seeds: u64 = args.iter().find_map(|s| s.parse().ok()).unwrap_or(200);
-    let streams: Vec<Vec<Event>> = (0..seeds).map(|s| stream(s, one_stream)).collect();
+    let csv = args
+        .iter()
+        .position(|a| a == "--csv")
+        .and_then(|i| args.get(i + 1))
+        .map(std::path::PathBuf::from);
+    let one_stream = one_stream || csv.is_some();
+    let drawn: Vec<(Vec<Event>, usize)> = (0..seeds).map(|s| stream(s, one_stream)).collect();
+    let streams: Vec<Vec<Event>> = drawn
+        .iter()
+        .map(|(round, n)| replay::repeat(round, *n))
+        .collect();
     let models: Vec<_> = streams
         .iter()
         .map(|s| {
@@ -183,6 +222,22 @@ fn main() {
             )
         })
         .collect();
+    if let Some(dir) = &csv {
+        // each round as a log, and what the model and the mirrored caches call the driver
+        // for it made so many times: `SEED REPEATS MODEL CALLER`
+        std::fs::create_dir_all(dir).unwrap();
+        let mut expected = String::new();
+        for (seed, ((round, n), s)) in drawn.iter().zip(&streams).enumerate() {
+            write_csv(&dir.join(format!("{seed}.csv")), round);
+            let c = Caller {
+                slots: SLOTS,
+                drain_at_sync: false,
+                hits: true,
+            };
+            expected += &format!("{seed} {n} {} {}\n", models[seed].0, run(s, c).0);
+        }
+        std::fs::write(dir.join("expected.txt"), expected).unwrap();
+    }
     let total: u64 = models.iter().map(|m| m.0).sum();
     println!("{seeds} streams, the model (every free reaching the pool): {total} driver calls");
     for (name, drain_at_sync, hits) in [
