@@ -1,6 +1,6 @@
 //! Where a caller that keeps stream-ordered frees aside (the interposer's thread caches, as
-//! `tests/kept_aside.rs` mirrors them: 8 frees, exact size and stream, the round watch, hits
-//! counted into the pool's windows) leaves the tight pool's driver calls on random repeated
+//! `vramshim_pool::thread_cache` mirrors them: 8 frees, exact size and stream, the round watch,
+//! hits counted into the pool's windows) leaves the tight pool's driver calls on random repeated
 //! workloads, which `vramshim replay` predicts with every free reaching the pool. Prints, over
 //! 200 random streams (a round of 60-200 events of seven sizes on three streams, a quarter of
 //! the frees `cudaFree`, a third of the stream-ordered ones on another stream, a
@@ -20,10 +20,8 @@
 use std::collections::HashMap;
 use vramshim_pool::replay::{self, Event};
 use vramshim_pool::stitch::Stitch;
-use vramshim_pool::{ANY_STREAM, AccountingDevice, FreeMode, KIB, MIB, Policy, Request};
-
-/// Frees the caller keeps at most (as a thread cache).
-const SLOTS: usize = 8;
+use vramshim_pool::thread_cache::ThreadCache;
+use vramshim_pool::{AccountingDevice, FreeMode, KIB, MIB, Policy, Request};
 
 /// xorshift64: the streams are the same on every run.
 struct Rng(u64);
@@ -110,47 +108,43 @@ fn write_csv(path: &std::path::Path, round: &[Event]) {
     std::fs::write(path, out).unwrap();
 }
 
+/// The cache, or changed on purpose.
 #[derive(Clone, Copy)]
 struct Caller {
-    slots: usize,
+    /// keeps frees (false: every free reaches the pool, the model)
+    keeps: bool,
     drain_at_sync: bool,
     hits: bool,
 }
 
-/// `events` through a tight pool behind `c` on the checking device: (driver calls, the
-/// address of each allocation, whether the caller served it).
+/// `events` through a tight pool behind `c` (a [`ThreadCache`], changed as `c` says) on the
+/// checking device: (driver calls, the address of each allocation, whether the cache served
+/// it).
 fn run(events: &[Event], c: Caller) -> (u64, Vec<u64>, Vec<bool>) {
     let mut dev = AccountingDevice::new(replay::UNLIMITED);
     dev.set_checking(true);
     let mut p = Stitch::tight();
-    let mut kept: Vec<(u64, u64, u64)> = Vec::new();
-    let mut hits = 0;
+    let mut cache = ThreadCache::new();
     let mut ids: HashMap<u64, (u64, u64)> = HashMap::new();
     let (mut addrs, mut served) = (Vec::new(), Vec::new());
-    let give_back =
-        |p: &mut Stitch, dev: &mut AccountingDevice, kept: &mut Vec<_>, hits: &mut u64| {
-            p.note_aside_hits(dev, std::mem::take(hits));
-            for (a, _, s) in kept.drain(..) {
-                p.free(dev, a, FreeMode::Async { stream: s }).unwrap();
-            }
-        };
     for ev in events {
         match *ev {
             Event::Alloc { id, size, stream } => {
-                let mine = (c.hits && stream != ANY_STREAM)
-                    .then(|| {
-                        kept.iter()
-                            .rposition(|&(_, sz, s)| sz == size && s == stream)
-                    })
-                    .flatten();
-                served.push(mine.is_some());
-                let addr = match mine {
-                    Some(i) => {
-                        hits += 1;
-                        kept.remove(i).0
+                let hit = if c.hits {
+                    cache.take(size, stream)
+                } else {
+                    None
+                };
+                served.push(hit.is_some());
+                let addr = match hit {
+                    Some((a, batch)) => {
+                        if batch {
+                            cache.give_back(&mut p, &mut dev).unwrap();
+                        }
+                        a
                     }
                     None => {
-                        give_back(&mut p, &mut dev, &mut kept, &mut hits);
+                        cache.give_back(&mut p, &mut dev).unwrap();
                         match p.alloc_cached(size, stream) {
                             Some(a) => a,
                             None => p.alloc(&mut dev, Request { size, stream }).unwrap().addr,
@@ -167,29 +161,27 @@ fn run(events: &[Event], c: Caller) -> (u64, Vec<u64>, Vec<bool>) {
                 };
                 dev.check_free(addr, mode);
                 if let FreeMode::Async { stream } = mode
-                    && kept.len() < c.slots
+                    && c.keeps
+                    && cache.put(addr, size, stream)
                 {
-                    kept.push((addr, size, stream));
-                    let w = p.round_end_watch();
-                    let bytes: u64 = kept.iter().map(|k| k.1).sum();
-                    if w != u64::MAX && bytes >= w {
-                        give_back(&mut p, &mut dev, &mut kept, &mut hits);
+                    if cache.due(&p) {
+                        cache.give_back(&mut p, &mut dev).unwrap();
                     }
                     continue;
                 }
-                give_back(&mut p, &mut dev, &mut kept, &mut hits);
+                cache.give_back(&mut p, &mut dev).unwrap();
                 p.free(&mut dev, addr, mode).unwrap();
             }
             Event::ProcessSync => {
                 if c.drain_at_sync {
-                    give_back(&mut p, &mut dev, &mut kept, &mut hits);
+                    cache.give_back(&mut p, &mut dev).unwrap();
                 }
                 dev.process_sync();
                 p.note_process_sync();
             }
         }
     }
-    give_back(&mut p, &mut dev, &mut kept, &mut hits);
+    cache.give_back(&mut p, &mut dev).unwrap();
     assert!(dev.violations().is_empty(), "{:?}", dev.violations());
     (dev.calls().driver_calls(), addrs, served)
 }
@@ -215,7 +207,7 @@ fn main() {
             run(
                 s,
                 Caller {
-                    slots: 0,
+                    keeps: false,
                     drain_at_sync: false,
                     hits: false,
                 },
@@ -230,7 +222,7 @@ fn main() {
         for (seed, ((round, n), s)) in drawn.iter().zip(&streams).enumerate() {
             write_csv(&dir.join(format!("{seed}.csv")), round);
             let c = Caller {
-                slots: SLOTS,
+                keeps: true,
                 drain_at_sync: false,
                 hits: true,
             };
@@ -251,7 +243,7 @@ fn main() {
         ("both", true, false),
     ] {
         let c = Caller {
-            slots: SLOTS,
+            keeps: true,
             drain_at_sync,
             hits,
         };

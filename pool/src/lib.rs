@@ -102,6 +102,7 @@ mod fxhash;
 pub mod replay;
 pub mod rmm_csv;
 pub mod stitch;
+pub mod thread_cache;
 
 pub use accounting::AccountingDevice;
 pub use device::{CallCounts, Device, DeviceError, EventId, Handle, Stream};
