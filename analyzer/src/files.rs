@@ -21,7 +21,7 @@ use vramshim_trace::output_file::{self, Replace};
 
 /// The checks are off (`VRAMSHIM_FILES_FAULT=unsafe`; tests only).
 pub fn fault_unsafe() -> bool {
-    std::env::var("VRAMSHIM_FILES_FAULT").is_ok_and(|v| v.trim() == "unsafe")
+    crate::switches::switch_on("VRAMSHIM_FILES_FAULT", "unsafe")
 }
 
 /// The output file `path`, empty, for writing: an own regular file is replaced; a symlink, a

@@ -12,6 +12,7 @@ pub mod input;
 pub mod progress;
 pub mod render;
 pub mod source;
+pub mod switches;
 pub mod symbols;
 pub mod synth;
 pub mod terminal;

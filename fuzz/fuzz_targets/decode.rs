@@ -27,7 +27,11 @@ fuzz_target!(|data: &[u8]| {
     drain(data);
     if data.len() <= 1 << 20 {
         let mut w = TraceWriter::new(Vec::new(), &Header::default()).unwrap();
-        let stats = RecordStats { records: 0, t_min: u64::MAX, t_max: 0 };
+        let stats = RecordStats {
+            records: 0,
+            t_min: u64::MAX,
+            t_max: 0,
+        };
         if w.write_records(data, stats).is_ok()
             && let Ok(file) = w.finish()
         {

@@ -1,9 +1,10 @@
 //! The `TorchRun` coder (format v4, tag 25) under arbitrary input, two ways: the bytes as a
-//! run's payload after a `Context` record, in a row frame and in a columnar frame's torch
-//! stream (the decoder must never panic, loop or allocate beyond its caps); and the bytes as
-//! a sequence of PyTorch allocator events drawn from few values (so the model predicts and
-//! finds places in its rings), encoded in buffers of one context each and read back: every
-//! event must come back exactly.
+//! run's payload after a `Context` record (plain, or chained as format v5 writes it: a model
+//! slot fresh or continued), in a row frame and in a columnar frame's torch stream (the
+//! decoder must never panic, loop or allocate beyond its caps); and the bytes as a sequence
+//! of PyTorch allocator events drawn from few values (so the model predicts and finds places
+//! in its rings), encoded in buffers of one context each, plain or chained across frames,
+//! and read back: every event must come back exactly.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -100,4 +101,28 @@ fuzz_target!(|data: &[u8]| {
     let per_frame = if data[0] & 2 != 0 { 1 } else { usize::MAX };
     let file = frames::buffers_trace(&ev, layout, per, per_frame, Some(7));
     assert!(drain(&file) == ev, "events did not round trip");
+    // 3. (format v5) The payload after a chained `Context` record (its chain field from the
+    // input: a fresh or continued model slot, the latter unknown to the reader), then the
+    // events in chained contexts (each buffer one context of its first event's thread, its
+    // model continued from that thread's previous buffer, across frames): read back exactly.
+    let chain = data[0] & 0x7f;
+    let mut recs = vec![1u8, 2, 5, chain, 25];
+    recs.extend_from_slice(&[(n as u8) | 0x80, ((n >> 7) as u8) | 0x80, (n >> 14) as u8]);
+    recs.extend_from_slice(payload);
+    if let Ok(file) = frames::records_trace(&recs, layout, false) {
+        let got = drain(&file);
+        assert!(got.len() <= n / 2 + 1);
+    }
+    let bufs: Vec<(u32, Vec<Event>)> = ev
+        .chunks(per)
+        .map(|c| {
+            let tid = match &c[0] {
+                Event::Torch(op) => op.tid,
+                _ => 7,
+            };
+            (tid, c.to_vec())
+        })
+        .collect();
+    let (file, _) = frames::chained_trace(&bufs, layout, 1 + (data[0] >> 2) as usize % 4);
+    assert!(drain(&file) == ev, "chained events did not round trip");
 });

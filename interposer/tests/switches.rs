@@ -57,21 +57,59 @@ fn an_unknown_name_is_said_once_and_the_known_ones_still_apply() {
     );
 }
 
+/// What each reader of the list says when its name is on.
+const PRESSURE_OFF: &str = "the pool ignores how close the device is to full";
+const NO_DRAIN: &str = "the thread caches are never drained";
+const NO_PEER: &str = "the pool ignores peer access";
+
 #[test]
 fn names_of_several_readers_combine() {
     // the pool's rules, the thread caches and peer access each take their own names
-    let out = pool_run("pressure-off,tcache-no-drain,no-peer", "stitch", "sw-mix");
+    let names = "pressure-off,tcache-no-drain,no-peer";
+    let out = pool_run(names, "stitch", "sw-mix");
     assert!(unknown_lines(&out).is_empty(), "{}", out.stderr);
-    for said in [
-        "the pool ignores how close the device is to full",
-        "the thread caches are never drained",
-    ] {
+    for said in [PRESSURE_OFF, NO_DRAIN] {
         assert!(
             out.stderr.contains(said),
             "{said:?} missing:\n{}",
             out.stderr
         );
     }
+    // pool_wiring grants no peer access, so `no-peer` is checked where a program does
+    // (tests/workloads/pool/peer_access.c, two devices): the pool ignores the grant, so device
+    // 1's fills of device 0's pooled blocks are refused and the program exits 1 (0 with the
+    // grant applied: pool::tests::peer_access_applies_to_pool_mappings)
+    let exe = vramshim_testkit::compile_c(
+        "sw_peer_access",
+        &["tests/workloads/pool/peer_access.c"],
+        Link::SharedRuntime,
+    );
+    let env = [
+        ("VRAMSIM_DEVICES", "2"),
+        ("VRAMSHIM_POOL", "stitch"),
+        ("VRAMSHIM_POOL_DEBUG", names),
+    ];
+    let out = preloaded(&exe, &[], &env, "sw-mix-peer");
+    assert!(unknown_lines(&out).is_empty(), "{}", out.stderr);
+    for said in [PRESSURE_OFF, NO_DRAIN, NO_PEER] {
+        assert!(
+            out.stderr.contains(said),
+            "{said:?} missing:\n{}",
+            out.stderr
+        );
+    }
+    assert!(
+        out.stdout.contains("before=1 ") && out.stdout.contains("enable=0 "),
+        "device 1 reached device 0's memory without peer access, or the grant failed:\n{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.contains("data=BAD") && !out.stdout.contains(" a=0 "),
+        "no-peer did not take effect: the pool granted device 1 access all the same:\n{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
 }
 
 #[test]
@@ -86,4 +124,63 @@ fn unknown_names_are_said_even_with_the_pool_off() {
     );
     // what the environment holds reaches the terminal escaped
     assert!(!out.stderr.contains('\u{1b}'), "{}", out.stderr);
+}
+
+/// The single-purpose fault switches (`VRAMSHIM_*_FAULT`) are read the same way: a misspelt
+/// value is said once, in one line naming the variable, the value, the accepted names and the
+/// default taken, and the job goes on untouched; before, it was silently ignored.
+#[test]
+fn a_misspelt_fault_switch_is_said_once_and_the_job_goes_on() {
+    let exe = build("sw_pool_wiring", "pool_wiring.c", Link::SharedRuntime, &[]);
+    let env = [
+        ("VRAMSHIM_TRACE_FAULT", "no-tik"),
+        ("VRAMSHIM_TORCH_FAULT", " drop,dorp\u{202e}"),
+        ("VRAMSHIM_ENV_FAULT", "first32"),
+        ("VRAMSHIM_DEVICE_FAULT", "stale "),
+    ];
+    let out = preloaded(&exe, &[], &env, "sw-fault-typo");
+    out.assert_success();
+    common::assert_lines(&out, &["pool_wiring: ok"]);
+    let lines = unknown_lines(&out);
+    assert_eq!(lines.len(), 3, "three lines wanted:\n{}", out.stderr);
+    for (var, name, accepted) in [
+        (
+            "VRAMSHIM_TRACE_FAULT",
+            "\"no-tik\"",
+            "accepted: unsafe-open, no-tick, partials-first, late-reap, late-close, tid-only, own-wait, arm-in-op;",
+        ),
+        (
+            "VRAMSHIM_TORCH_FAULT",
+            "\"dorp\\u{202e}\"",
+            "accepted: drop;",
+        ),
+        ("VRAMSHIM_ENV_FAULT", "\"first32\"", "accepted: first-32;"),
+    ] {
+        let of_var: Vec<_> = lines
+            .iter()
+            .filter(|l| l.contains(&format!("{var}: ")))
+            .collect();
+        assert_eq!(of_var.len(), 1, "{var}: one line wanted:\n{}", out.stderr);
+        let line = of_var[0];
+        assert!(
+            line.contains(&format!(
+                "{var}: the name {name} is read by no part of vramshim"
+            )),
+            "{line}"
+        );
+        assert!(line.contains(accepted), "{line}");
+        assert!(
+            line.contains("ignoring it: no fault is switched on by it (the default)"),
+            "{line}"
+        );
+    }
+    // the known name beside the misspelt one is named with the whole value
+    assert!(
+        out.stderr
+            .contains("the other names of VRAMSHIM_TORCH_FAULT=\"drop,dorp\\u{202e}\" apply"),
+        "{}",
+        out.stderr
+    );
+    // what the environment holds reaches the terminal escaped
+    assert!(!out.stderr.contains('\u{202e}'), "{}", out.stderr);
 }

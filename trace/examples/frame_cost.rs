@@ -16,6 +16,11 @@
 //! same with only the trace's PyTorch allocator events (what a long training run's frames
 //! hold once its one-time records, modules and Python code, are written).
 //!
+//! `FRAME_COST_CHAINED=1` (real events): each frame's events are one chained context of
+//! format v5 (`RecordEncoder::context_chained`), whose model continues from the previous
+//! frame's, as the writer thread codes a thread's consecutive buffers; without it each frame
+//! starts a fresh model, as format v4 did.
+//!
 //! `FRAME_COST_DECODE=1`: then reads the written trace back (`TraceReader::next_into`, in
 //! `decode_all`: `--toggle-collect='*decode_all*'` counts the decoder) and prints its CPU ns
 //! per event.
@@ -109,8 +114,13 @@ fn decode_all(bytes: &[u8]) -> u64 {
 /// Encodes `ev` into records as the writer thread encodes a thread's buffer. Not inlined:
 /// `--toggle-collect='*encode_events*'` counts exactly this.
 #[inline(never)]
-fn encode_events(enc: &mut RecordEncoder, ev: &[Event]) {
-    enc.begin(1000);
+fn encode_events(enc: &mut RecordEncoder, ev: &[Event], chained: bool) {
+    if chained {
+        enc.clear();
+        enc.context_chained(1000);
+    } else {
+        enc.begin(1000);
+    }
     let mut i = 0;
     while let Some(e) = ev.get(i) {
         if !matches!(e, Event::Torch(_)) {
@@ -134,8 +144,13 @@ fn encode_events(enc: &mut RecordEncoder, ev: &[Event]) {
 
 /// A frame of a real trace's events: encoded, then appended, compressed and written.
 #[inline(never)]
-fn one_frame_encoded(w: &mut TraceWriter<Vec<u8>>, enc: &mut RecordEncoder, ev: &[Event]) {
-    encode_events(enc, ev);
+fn one_frame_encoded(
+    w: &mut TraceWriter<Vec<u8>>,
+    enc: &mut RecordEncoder,
+    ev: &[Event],
+    chained: bool,
+) {
+    encode_events(enc, ev, chained);
     w.write_encoded(enc).unwrap();
     w.flush_frame().unwrap();
 }
@@ -211,12 +226,13 @@ fn main() {
         None => Vec::new(),
     };
     let mut enc = RecordEncoder::with_capacity(64 << 10);
+    let chained = std::env::var_os("FRAME_COST_CHAINED").is_some();
     let t0 = Instant::now();
     for (b, st) in &bufs {
         one_frame(&mut w, b, *st);
     }
     for ev in &frames_ev {
-        one_frame_encoded(&mut w, &mut enc, ev);
+        one_frame_encoded(&mut w, &mut enc, ev, chained);
     }
     let dt = t0.elapsed().as_nanos() as f64;
     let st = w.stats();

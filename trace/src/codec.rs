@@ -175,6 +175,36 @@ pub struct RecordEncoder {
     run_end: usize,
     /// Bytes of `TorchRun` payloads in the buffer (the writer stores them uncompressed).
     torch_bytes: usize,
+    /// The models of chained contexts ([`RecordEncoder::context_chained`], format v5), one
+    /// per model slot, and the slot whose model is in `model` now (the context's).
+    chains: Vec<Chain>,
+    chain_cur: Option<usize>,
+    /// Counts chained contexts (which slot was used least recently).
+    chain_clock: u64,
+}
+
+/// Model slots a `Context` record may name (format v5): a reader keeps at most this many
+/// models between frames.
+pub const MODEL_SLOTS: usize = 64;
+/// A chained slot's model starts afresh at least every this many contexts that name it, and
+/// at its first context after it coded this many bytes of `TorchRun` events: what a lost or
+/// damaged frame costs a reader is bounded by them (`docs/trace-format.md` 4.1).
+pub const FRESH_CONTEXTS: u32 = 16;
+pub const FRESH_BYTES: usize = 1 << 20;
+
+/// One model slot of the chained contexts: whose it is and where its chain stands.
+#[derive(Debug, Default)]
+struct Chain {
+    tid: u32,
+    /// Contexts that named this slot so far (the next one's number: never repeats).
+    named: u64,
+    /// Contexts since the model started afresh (0: it must start afresh next).
+    since_fresh: u32,
+    /// `TorchRun` bytes coded since then.
+    bytes: usize,
+    used: u64,
+    /// The slot's model while another context's is in use (`None`: none yet, i.e. fresh).
+    model: Option<Box<Model>>,
 }
 
 /// A finished run of records, as produced by [`RecordEncoder`].
@@ -205,6 +235,9 @@ impl RecordEncoder {
             run_at: 0,
             run_end: NO_RUN,
             torch_bytes: 0,
+            chains: Vec::new(),
+            chain_cur: None,
+            chain_clock: 0,
         }
     }
 
@@ -220,6 +253,7 @@ impl RecordEncoder {
 
     /// Writes a `Context` record: resets the delta state and sets the current thread.
     pub fn context(&mut self, tid: u32) {
+        self.park_model();
         self.buf.push(tag::CONTEXT);
         let at = self.buf.len();
         self.buf.push(0);
@@ -230,6 +264,75 @@ impl RecordEncoder {
         self.freed_tag = [0; 2];
         self.reset_model();
         self.records += 1;
+    }
+
+    /// Writes a `Context` record for thread `tid` whose `TorchRun` model continues the one the
+    /// last context of `tid` from this encoder left (format v5: the record names a model slot
+    /// and its count, `docs/trace-format.md` 4.1), so that a thread's events are predicted
+    /// from its earlier buffers' too. The slot's model starts afresh (the record says so) at
+    /// a thread's first context, at least every [`FRESH_CONTEXTS`] contexts and after
+    /// [`FRESH_BYTES`] of coded events; [`MODEL_SLOTS`] threads at most keep theirs (the
+    /// least recently used slot goes to a new thread). Only for a writer whose contexts reach
+    /// the file in the order encoded (a reader follows the chain in file order).
+    pub fn context_chained(&mut self, tid: u32) {
+        self.park_model();
+        self.chain_clock += 1;
+        let k = match self.chains.iter().position(|c| c.tid == tid) {
+            Some(k) => k,
+            None if self.chains.len() < MODEL_SLOTS => {
+                self.chains.push(Chain {
+                    tid,
+                    ..Chain::default()
+                });
+                self.chains.len() - 1
+            }
+            None => {
+                let k = (0..self.chains.len())
+                    .min_by_key(|&k| self.chains[k].used)
+                    .unwrap_or(0);
+                let c = &mut self.chains[k];
+                c.tid = tid;
+                c.since_fresh = 0;
+                k
+            }
+        };
+        let c = &mut self.chains[k];
+        let fresh = c.since_fresh == 0 || c.since_fresh >= FRESH_CONTEXTS || c.bytes >= FRESH_BYTES;
+        let n = c.named;
+        c.named += 1;
+        c.used = self.chain_clock;
+        if fresh {
+            c.since_fresh = 1;
+            c.bytes = 0;
+            if let Some(m) = &mut c.model {
+                m.reset();
+            }
+        } else {
+            c.since_fresh += 1;
+        }
+        self.buf.push(tag::CONTEXT);
+        let at = self.buf.len();
+        self.buf.push(0);
+        put_varint(&mut self.buf, tid as u64);
+        put_varint(&mut self.buf, n << 7 | (k as u64) << 1 | fresh as u64);
+        self.buf[at] = (self.buf.len() - at - 1) as u8;
+        self.st.reset(tid);
+        self.freed_addr = [0; FREED];
+        self.freed_tag = [0; 2];
+        self.run_end = NO_RUN;
+        std::mem::swap(&mut self.model, &mut self.chains[k].model);
+        self.chain_cur = Some(k);
+        self.records += 1;
+    }
+
+    /// Puts a chained context's model back in its slot (the context ends).
+    #[inline]
+    fn park_model(&mut self) {
+        if let Some(k) = self.chain_cur.take()
+            && let Some(c) = self.chains.get_mut(k)
+        {
+            std::mem::swap(&mut self.model, &mut c.model);
+        }
     }
 
     #[inline]
@@ -294,6 +397,7 @@ impl RecordEncoder {
 
     /// Clears the buffer (keeping its capacity) without writing a `Context` record.
     pub fn clear(&mut self) {
+        self.park_model();
         self.buf.clear();
         self.records = 0;
         self.t_min = u64::MAX;
@@ -418,6 +522,7 @@ impl RecordEncoder {
         I::Item: Borrow<TorchOp>,
     {
         let mut ops = ops.into_iter();
+        let torch_bytes_before = self.torch_bytes;
         let mut pos = self.buf.len();
         // The open run continues when nothing was written after it.
         let mut run = if self.run_end == pos && pos - self.run_at <= RUN_MAX {
@@ -500,6 +605,9 @@ impl RecordEncoder {
         self.records += events;
         self.t_min = t_min;
         self.t_max = t_max;
+        if let Some(c) = self.chain_cur.and_then(|k| self.chains.get_mut(k)) {
+            c.bytes += self.torch_bytes - torch_bytes_before;
+        }
     }
 
     /// A `Torch` record (tag 20, every field in full): for the events a `TorchDelta` cannot
@@ -1049,6 +1157,33 @@ pub(crate) struct RecordDecoder {
     typed_ok: [bool; 2],
     /// The context's `TorchRun` model (allocated at its first run).
     model: Option<Box<Model>>,
+    /// Format v5 and later: a `Context` record may name a model slot (`chain`).
+    chained: bool,
+    /// The models of the slots named so far (at most [`MODEL_SLOTS`]), kept across frames.
+    slots: Vec<SlotModel>,
+    /// Which model the current context's `TorchRun` events use.
+    using: Using,
+}
+
+/// A model slot as the reader follows it (format v5).
+#[derive(Default)]
+struct SlotModel {
+    model: Option<Box<Model>>,
+    /// The count of the last context read that named the slot.
+    last: u64,
+    /// The model is the one the writer had after that context: every context of the chain
+    /// since it started afresh was read whole.
+    ok: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Using {
+    /// The context's own model (reset with it).
+    Own,
+    /// The model of a slot.
+    Slot(usize),
+    /// A slot's model that this reader does not have (a context of its chain was not read).
+    Unknown,
 }
 
 impl Default for RecordDecoder {
@@ -1058,23 +1193,86 @@ impl Default for RecordDecoder {
             typed: [(Api::Unknown, AllocKind::Runtime); 2],
             typed_ok: [false; 2],
             model: None,
+            chained: false,
+            slots: Vec::new(),
+            using: Using::Own,
         }
     }
 }
 
 impl RecordDecoder {
+    /// A decoder for a file whose `Context` records may name a model slot (format v5) or not.
+    pub fn chained(chained: bool) -> Self {
+        RecordDecoder {
+            chained,
+            ..RecordDecoder::default()
+        }
+    }
+
     pub fn reset(&mut self) {
         self.st.reset(0);
         self.typed_ok = [false; 2];
         if let Some(m) = &mut self.model {
             m.reset();
         }
+        self.using = Using::Own;
+    }
+
+    /// A `Context` record's `chain` field (format v5): `count << 7 | slot << 1 | fresh`.
+    fn chain(&mut self, v: u64) {
+        let k = (v >> 1) as usize & (MODEL_SLOTS - 1);
+        let n = v >> 7;
+        if self.slots.len() <= k {
+            self.slots.resize_with(k + 1, SlotModel::default);
+        }
+        let s = &mut self.slots[k];
+        if v & 1 != 0 {
+            if let Some(m) = &mut s.model {
+                m.reset();
+            }
+            s.ok = true;
+            s.last = n;
+            self.using = Using::Slot(k);
+        } else if s.ok && s.last.checked_add(1) == Some(n) {
+            s.last = n;
+            self.using = Using::Slot(k);
+        } else {
+            // A context of this chain was not read (or not whole): its model is unknown until
+            // the chain starts afresh.
+            s.ok = false;
+            self.using = Using::Unknown;
+        }
+    }
+
+    /// The current context's `TorchRun` events cannot be decoded: it continues a model
+    /// this reader does not have.
+    #[inline]
+    pub fn model_unknown(&self) -> bool {
+        self.using == Using::Unknown
+    }
+
+    /// The rest of the current context will not be read (a corrupt record): a slot model it
+    /// was updating is no longer the writer's.
+    pub fn abandon(&mut self) {
+        if let Using::Slot(k) = self.using
+            && let Some(s) = self.slots.get_mut(k)
+        {
+            s.ok = false;
+        }
+        self.using = Using::Own;
     }
 
     /// Decodes the `TorchRun` event at `c` (inside a run's payload) into `out`.
     #[inline]
     pub fn torch_run_event(&mut self, c: &mut Cur, out: &mut Event) -> Result<(), RecordError> {
-        let m = self.model.get_or_insert_with(Box::default);
+        let m = match self.using {
+            Using::Own => self.model.get_or_insert_with(Box::default),
+            Using::Slot(k) => match self.slots.get_mut(k) {
+                Some(s) => s.model.get_or_insert_with(Box::default),
+                None => return Err(RecordError::ModelUnknown),
+            },
+            Using::Unknown => return Err(RecordError::ModelUnknown),
+        };
         let st = &mut self.st;
         let mut cx = torch_run::Ctx {
             tid: st.tid,
@@ -1117,6 +1315,10 @@ impl RecordDecoder {
                 let tid = c.u32v()?;
                 self.reset();
                 self.st.tid = tid;
+                if self.chained && c.p < c.b.len() {
+                    let v = c.varint()?;
+                    self.chain(v);
+                }
                 Ok(Decoded::Nothing)
             }
             tag::END => Ok(Decoded::End(self.time(&mut c)?)),

@@ -6,11 +6,14 @@ use crate::wire::{Cur, RecordError, put_str, put_varint, unzigzag, zigzag};
 /// First bytes of every `.vramtrace` file (PNG style: a high byte, the name, CR LF, ^Z, LF).
 pub const MAGIC: [u8; 14] = *b"\x89VRAMTRACE\r\n\x1a\n";
 /// The format version this crate writes, and the newest it reads.
-pub const FORMAT_VERSION: u32 = 4;
+pub const FORMAT_VERSION: u32 = 5;
 /// Format version that introduced columnar frames (`VRFC`).
 pub const COLUMNAR_SINCE: u32 = 2;
 /// Format version that introduced `TorchRun` records and the torch stream of columnar frames.
 pub const TORCH_RUN_SINCE: u32 = 4;
+/// Format version that introduced chained contexts: a `Context` record that names a model
+/// slot, whose `TorchRun` model continues across frames.
+pub const CHAINED_SINCE: u32 = 5;
 /// Largest header payload a reader accepts.
 pub const MAX_HEADER: usize = 4 << 20;
 /// Largest number of cmdline words, devices or config entries a reader accepts.

@@ -9,7 +9,8 @@ use crate::codec::{Decoded, RecordDecoder};
 use crate::columns::{STREAMS, STREAMS_V2, TORCH_STREAM, TimeCursor, is_memop};
 use crate::event::{Event, Header, MemOp};
 use crate::header::{
-    COLUMNAR_SINCE, FORMAT_VERSION, MAGIC, MAX_HEADER, TORCH_RUN_SINCE, decode_header,
+    CHAINED_SINCE, COLUMNAR_SINCE, FORMAT_VERSION, MAGIC, MAX_HEADER, TORCH_RUN_SINCE,
+    decode_header,
 };
 use crate::wire::{Cur, RecordError, tag};
 use crate::writer::{
@@ -258,6 +259,9 @@ pub struct TraceReader<R: Read> {
     frames: u64,
     events: u64,
     scratch: Event,
+    /// Skipping the rest of a context whose `TorchRun` model is unknown (format v5: it
+    /// continues a model from a context not read), up to the next `Context` record.
+    skip_ctx: bool,
 }
 
 impl TraceReader<BufReader<File>> {
@@ -374,7 +378,7 @@ impl<R: Read> TraceReader<R> {
             run_rec: 0,
             version,
             frame: None,
-            dec: RecordDecoder::default(),
+            dec: RecordDecoder::chained(version >= CHAINED_SINCE),
             state: State::Frames,
             truncation: None,
             len: None,
@@ -382,6 +386,7 @@ impl<R: Read> TraceReader<R> {
             frames: 0,
             events: 0,
             scratch: Event::Lost { t_ns: 0, count: 0 },
+            skip_ctx: false,
         })
     }
 
@@ -434,8 +439,7 @@ impl<R: Read> TraceReader<R> {
                     }
                     Ok(false) => continue,
                     Err(e) => {
-                        self.rp = self.rend;
-                        self.run_end = 0;
+                        self.after_error(&e);
                         return Err(DecodeError {
                             offset: self.frame.map(|f| f.offset).unwrap_or(0),
                             record_offset: Some(at as u64),
@@ -474,6 +478,12 @@ impl<R: Read> TraceReader<R> {
         }
         let raw = &self.raw[self.rp..self.rend];
         let tag = raw[0];
+        if self.skip_ctx {
+            if tag != tag::CONTEXT {
+                return self.skip_record(tag);
+            }
+            self.skip_ctx = false;
+        }
         if self.columnar && is_memop(tag) {
             // No length prefix: the fields delimit themselves; timing comes from the streams.
             let mut c = Cur::new(&raw[1..]);
@@ -503,6 +513,13 @@ impl<R: Read> TraceReader<R> {
                 return Err(RecordError::BadValue(
                     "record tag 25 (TorchRun) in a trace of format version 1 to 3 (TorchRun records are format 4 and later)",
                 ));
+            }
+            // A run of a context whose model this reader does not have: skipped with the rest
+            // of the context (one error; the frame's other contexts are read).
+            if self.dec.model_unknown() {
+                self.skip_ctx = true;
+                self.skip_record(tag)?;
+                return Err(RecordError::ModelUnknown);
             }
             // The run's events are decoded one per call from here on.
             let (p, end) = if self.columnar {
@@ -542,6 +559,55 @@ impl<R: Read> TraceReader<R> {
                 Ok(false)
             }
         }
+    }
+
+    /// After a record error: the rest of the frame is skipped (a slot model the context was
+    /// updating is then unknown), except for [`RecordError::ModelUnknown`], after which the
+    /// reader skips to the next context ([`Self::skip_record`]).
+    fn after_error(&mut self, e: &RecordError) {
+        if *e != RecordError::ModelUnknown {
+            self.rp = self.rend;
+            self.run_end = 0;
+            self.skip_ctx = false;
+            self.dec.abandon();
+        }
+    }
+
+    /// Steps over the record at `rp` (tag `tag`, not a `Context`) without an event: a MemOp of
+    /// a columnar frame is decoded (its timing columns advance), a `TorchRun` skips its
+    /// payload (in the torch stream of a columnar frame), any other record its length.
+    #[cold]
+    fn skip_record(&mut self, tag: u8) -> Result<bool, RecordError> {
+        let raw = &self.raw[self.rp..self.rend];
+        if self.columnar && is_memop(tag) {
+            let mut c = Cur::new(&raw[1..]);
+            let mut scratch = Event::Lost { t_ns: 0, count: 0 };
+            self.dec
+                .decode_memop(tag, &mut c, Some((&self.raw, &mut self.tc)), &mut scratch)?;
+            self.rp += 1 + c.p;
+            return Ok(false);
+        }
+        let mut c = Cur::new(raw.get(1..).unwrap_or_default());
+        let len = c.varint()?;
+        let hl = 1 + c.p;
+        if self.columnar && tag == tag::TORCH_RUN {
+            let p = self.tc.pos[TORCH_STREAM];
+            let end = usize::try_from(len)
+                .ok()
+                .filter(|&l| l <= MAX_FRAME_RAW)
+                .and_then(|l| p.checked_add(l))
+                .filter(|&e| e <= self.tc.end[TORCH_STREAM])
+                .ok_or(RecordError::ColumnOverrun)?;
+            self.tc.pos[TORCH_STREAM] = end;
+            self.rp += hl;
+            return Ok(false);
+        }
+        let len = usize::try_from(len)
+            .ok()
+            .filter(|&l| hl + l <= raw.len())
+            .ok_or(RecordError::Overrun)?;
+        self.rp += hl + len;
+        Ok(false)
     }
 
     fn stop(&mut self, reason: Option<Truncation>) {
@@ -614,6 +680,7 @@ impl<R: Read> TraceReader<R> {
         self.rend = 0;
         self.run_p = 0;
         self.run_end = 0;
+        self.skip_ctx = false;
         let off = self.pos;
         let mut env = [0u8; FRAME_HEADER_LEN];
         let n = match read_full(&mut self.r, &mut env) {
@@ -827,7 +894,7 @@ impl<R: Read> TraceReader<R> {
         let rend = self.rend;
         let mut n = 0u64;
         let r = 'records: loop {
-            if self.columnar && self.run_p >= self.run_end {
+            if self.columnar && self.run_p >= self.run_end && !self.skip_ctx {
                 // A run of MemOp records: one cursor over the record stream, no re-slicing.
                 let (recs, raw) = (&self.raw[..rend], &self.raw[..]);
                 let mut c = Cur::new(recs);
@@ -877,8 +944,7 @@ impl<R: Read> TraceReader<R> {
                 Ok(true)
             }
             Err((at, e)) => {
-                self.rp = self.rend;
-                self.run_end = 0;
+                self.after_error(&e);
                 Err(DecodeError {
                     offset: self.frame.map(|f| f.offset).unwrap_or(0),
                     record_offset: Some(at as u64),

@@ -184,6 +184,9 @@ pub enum RecordError {
     BadValue(&'static str),
     /// A columnar frame's timing stream ends before its records do.
     ColumnOverrun,
+    /// `TorchRun` events of a context that continues a model (format v5) from a context this
+    /// reader did not read whole: the rest of the context is skipped, not the frame.
+    ModelUnknown,
 }
 
 impl std::fmt::Display for RecordError {
@@ -195,6 +198,10 @@ impl std::fmt::Display for RecordError {
             RecordError::ColumnOverrun => {
                 write!(f, "timing column ends before the frame's records do")
             }
+            RecordError::ModelUnknown => write!(
+                f,
+                "PyTorch allocator events coded against a model from an earlier frame that was not read whole (damaged or missing): the rest of their context is skipped, up to the next context"
+            ),
         }
     }
 }

@@ -1,17 +1,20 @@
 //! Golden files: the fixture trace (every event kind up to `Device`, tag 16; several frames) as
 //! written by format v1 (`tests/golden/small.vramtrace`, row frames) must keep decoding to
 //! `small.txt`, and as written by format v2 (`small-v2.vramtrace`, columnar frames) to
-//! `small-v2.txt`, and as written by format v3 (`small-v3.vramtrace`) to `small-v3.txt`; as
-//! written by today's writer (`small-v4.vramtrace`) it must decode to `small-v4.txt` and
-//! today's writer must still produce it byte for byte. The records that fixture predates
-//! (tags 19-25: PyTorch allocator events, Python stacks, pool statistics) are in a second
-//! fixture: as format v3 wrote it (`TorchDelta` records), `tensors-v3.vramtrace` / `.txt`,
-//! frozen; as today's writer writes it (`TorchRun` records, with a frame of repeating steps
-//! that exercises every form of their events), `tensors-v4.vramtrace` / `.txt`, held to the
-//! same rules as `small-v4`. Regenerate the v4 files deliberately with `VRAMSHIM_BLESS=1 cargo
-//! test -p vramshim-trace --test golden` (a format change also needs a new FORMAT_VERSION and
-//! docs/trace-format.md). The v1, v2 and v3 files are frozen: no writer produces them any
-//! more.
+//! `small-v2.txt`, as written by format v3 (`small-v3.vramtrace`) to `small-v3.txt` and by
+//! format v4 (`small-v4.vramtrace`) to `small-v4.txt`; as written by today's writer
+//! (`small-v5.vramtrace`) it must decode to `small-v5.txt` and today's writer must still
+//! produce it byte for byte. The records that fixture predates (tags 19-25: PyTorch allocator
+//! events, Python stacks, pool statistics) are in a second fixture: as format v3 wrote it
+//! (`TorchDelta` records), `tensors-v3.vramtrace` / `.txt`, and as format v4 wrote it
+//! (`TorchRun` records, with a frame of repeating steps that exercises every form of their
+//! events), `tensors-v4.vramtrace` / `.txt`, both frozen; as today's writer writes it (the v4
+//! fixture, then frames of chained contexts: `Context` records that name a model slot, whose
+//! model continues across frames and starts afresh), `tensors-v5.vramtrace` / `.txt`, held to
+//! the same rules as `small-v5`. Regenerate the v5 files deliberately with `VRAMSHIM_BLESS=1
+//! cargo test -p vramshim-trace --test golden` (a format change also needs a new
+//! FORMAT_VERSION and docs/trace-format.md). The v1 to v4 files are frozen: no writer produces
+//! them any more.
 
 mod common;
 
@@ -60,10 +63,17 @@ fn golden_v3_still_decodes() {
 }
 
 #[test]
+fn golden_v4_still_decodes() {
+    let bin = dir().join("small-v4.vramtrace");
+    let want_txt = std::fs::read_to_string(dir().join("small-v4.txt")).unwrap();
+    assert_eq!(dump(&bin), want_txt, "decoding the v4 golden file changed");
+}
+
+#[test]
 fn golden_small_trace() {
     let (_, _, bytes) = small_trace();
-    let bin = dir().join("small-v4.vramtrace");
-    let txt = dir().join("small-v4.txt");
+    let bin = dir().join("small-v5.vramtrace");
+    let txt = dir().join("small-v5.txt");
     if std::env::var_os("VRAMSHIM_BLESS").is_some() {
         std::fs::write(&bin, &bytes).unwrap();
         std::fs::write(&txt, dump(&bin)).unwrap();
@@ -85,6 +95,7 @@ fn golden_events_match_fixture() {
         ("small-v2.vramtrace", 2),
         ("small-v3.vramtrace", 3),
         ("small-v4.vramtrace", 4),
+        ("small-v5.vramtrace", 5),
     ] {
         let (h2, got, errs, trunc) = read_all(&std::fs::read(dir().join(file)).unwrap()).unwrap();
         assert_eq!(h2.format_version, version, "{file}");
@@ -103,11 +114,12 @@ fn golden_events_match_fixture() {
 }
 
 #[test]
-fn golden_v2_to_v4_have_columnar_and_row_frames() {
+fn golden_v2_to_v5_have_columnar_and_row_frames() {
     for f in [
         "small-v2.vramtrace",
         "small-v3.vramtrace",
         "small-v4.vramtrace",
+        "small-v5.vramtrace",
     ] {
         let b = std::fs::read(dir().join(f)).unwrap();
         let count = |m: &[u8]| b.windows(4).filter(|w| *w == m).count();
@@ -124,7 +136,7 @@ fn smallest_trace_matches_the_worked_example() {
         .finish()
         .unwrap();
     assert_eq!(&b[..14], b"\x89VRAMTRACE\r\n\x1a\n");
-    assert_eq!(&b[14..22], &[4, 0, 0, 0, 8, 0, 0, 0]);
+    assert_eq!(&b[14..22], &[5, 0, 0, 0, 8, 0, 0, 0]);
     assert_eq!(&b[22..30], &[0; 8]);
     assert_eq!(&b[30..34], b"VRFR");
     assert_eq!(&b[38..46], &[6, 0, 0, 0, 2, 0, 0, 0]);
@@ -373,7 +385,8 @@ fn run_frame() -> Vec<Event> {
     ev
 }
 
-/// The tensor fixture written: columnar frames, then rows.
+/// The tensor fixture written: columnar frames, then rows; for format v5, the frames of
+/// chained contexts (`chained_frames`) before the last one.
 fn tensor_trace() -> Vec<u8> {
     let mut w = TraceWriter::new(Vec::new(), &sample_header()).unwrap();
     let frames = tensor_frames_v4();
@@ -383,12 +396,115 @@ fn tensor_trace() -> Vec<u8> {
         } else {
             FrameLayout::Rows
         });
+        if i + 1 == frames.len() {
+            write_chained(&mut w, &chained_frames());
+            w.set_layout(FrameLayout::Rows);
+        }
         for e in f {
             w.write(e).unwrap();
         }
         w.flush_frame().unwrap();
     }
     w.finish().unwrap()
+}
+
+/// The events of the tensor fixture as format v5 holds them.
+fn tensor_events_v5() -> Vec<Event> {
+    let mut f = tensor_frames_v4();
+    let last = f.pop().unwrap_or_default();
+    let mut ev: Vec<Event> = f.concat();
+    for frame in chained_frames() {
+        for (_, c) in frame {
+            ev.extend(c);
+        }
+    }
+    ev.extend(last);
+    ev
+}
+
+/// Frames of chained contexts (format v5), as the interposer's writer makes them: each a list
+/// of (thread, its buffer's events). Thread 11's model continues across frames through 17
+/// contexts (the 17th starts afresh: `FRESH_CONTEXTS`), thread 12's through 3, interleaved
+/// with a plain context (the writer's own records) and MemOps; the frames alternate layouts.
+fn chained_frames() -> Vec<Vec<(u32, Vec<Event>)>> {
+    let all = run_frame();
+    let steps: Vec<Vec<Event>> = all.chunks(7).map(<[Event]>::to_vec).collect();
+    let mut frames = Vec::new();
+    let mut k = 0;
+    for f in 0..6 {
+        let mut frame = Vec::new();
+        for _ in 0..3 {
+            let ev: Vec<Event> = steps[k % steps.len()]
+                .iter()
+                .map(|e| match e {
+                    Event::Torch(op) => Event::Torch(TorchOp { tid: 11, ..*op }),
+                    e => e.clone(),
+                })
+                .collect();
+            frame.push((11, ev));
+            k += 1;
+        }
+        if f < 3 {
+            let mut ev = vec![torch_event(
+                9_500_000_000 + f as u64,
+                12,
+                0,
+                0x7f20_0000_0000 + 512 * f as u64,
+                512,
+                0x7f20_0000_0000,
+                4,
+            )];
+            ev.push(Event::Alloc(op(
+                9_500_000_100 + f as u64,
+                12,
+                Api::CudaMalloc,
+                0x7f30_0000_0000,
+                4096,
+            )));
+            frame.push((12, ev));
+        }
+        frames.push(frame);
+    }
+    frames
+}
+
+/// `frames` (of `chained_frames`) written through `w`: each buffer encoded as one chained
+/// context, a plain context of the writer's own records among them.
+fn write_chained(w: &mut TraceWriter<Vec<u8>>, frames: &[Vec<(u32, Vec<Event>)>]) {
+    let mut enc = RecordEncoder::new();
+    for (i, frame) in frames.iter().enumerate() {
+        w.set_layout(if i % 2 == 0 {
+            FrameLayout::Columnar
+        } else {
+            FrameLayout::Rows
+        });
+        for (tid, ev) in frame {
+            enc.clear();
+            enc.context_chained(*tid);
+            for e in ev {
+                enc.push(e);
+            }
+            w.write_encoded(&enc).unwrap();
+        }
+        w.flush_frame().unwrap();
+    }
+}
+
+/// The tensor fixture as format v4 wrote it still decodes: to its text and to the fixture's
+/// events.
+#[test]
+fn golden_tensor_v4_still_decodes() {
+    let bin = dir().join("tensors-v4.vramtrace");
+    let want_txt = std::fs::read_to_string(dir().join("tensors-v4.txt")).unwrap();
+    assert_eq!(
+        dump(&bin),
+        want_txt,
+        "decoding the v4 tensor golden file changed"
+    );
+    let (h, got, errs, trunc) = read_all(&std::fs::read(&bin).unwrap()).unwrap();
+    assert_eq!(h.format_version, 4);
+    assert_eq!(got, tensor_frames_v4().concat());
+    assert!(errs.is_empty() && trunc.is_none(), "{errs:?} {trunc:?}");
 }
 
 /// The tensor fixture as format v3 wrote it (`TorchDelta` records) still decodes: to its text
@@ -408,15 +524,15 @@ fn golden_tensor_v3_still_decodes() {
     assert!(errs.is_empty() && trunc.is_none(), "{errs:?} {trunc:?}");
 }
 
-/// Today's writer produces `tensors-v4.vramtrace` byte for byte (so a change to the
+/// Today's writer produces `tensors-v5.vramtrace` byte for byte (so a change to the
 /// `TorchRun` coding, or to another record the small fixture lacks, cannot pass
 /// unnoticed); it decodes to `tensors-v4.txt` and to the fixture's events. Regenerate it
 /// deliberately with `VRAMSHIM_BLESS=1` (see the top of this file).
 #[test]
 fn golden_tensor_trace() {
     let bytes = tensor_trace();
-    let bin = dir().join("tensors-v4.vramtrace");
-    let txt = dir().join("tensors-v4.txt");
+    let bin = dir().join("tensors-v5.vramtrace");
+    let txt = dir().join("tensors-v5.txt");
     if std::env::var_os("VRAMSHIM_BLESS").is_some() {
         std::fs::write(&bin, &bytes).unwrap();
         std::fs::write(&txt, dump(&bin)).unwrap();
@@ -430,11 +546,7 @@ fn golden_tensor_trace() {
     let golden = std::fs::read(&bin).unwrap();
     let (h, got, errs, trunc) = read_all(&golden).unwrap();
     assert_eq!(h, sample_header());
-    assert_eq!(
-        got,
-        tensor_frames_v4().concat(),
-        "the tensor golden file's events"
-    );
+    assert_eq!(got, tensor_events_v5(), "the tensor golden file's events");
     assert!(errs.is_empty() && trunc.is_none(), "{errs:?} {trunc:?}");
     assert!(
         golden.windows(4).any(|w| w == b"VRFC") && golden.windows(4).any(|w| w == b"VRFR"),
@@ -529,4 +641,52 @@ fn run_controls(run: &[u8], heads: &mut Vec<u8>) -> Vec<u8> {
             ctrl
         })
         .collect()
+}
+
+/// The chained frames of the v5 fixture hold what they mean to pin: thread 11's contexts
+/// continue its model (counts 0 to 16, in slot 0) and the 17th starts afresh; thread 12's
+/// take slot 1; and thread 11's continued contexts predict events (explicit bit clear) that a
+/// fresh model could not.
+#[test]
+fn chained_fixture_continues_and_starts_afresh() {
+    let mut enc = RecordEncoder::new();
+    let mut chains = Vec::new();
+    for frame in chained_frames() {
+        for (tid, ev) in frame {
+            enc.clear();
+            enc.context_chained(tid);
+            let b = enc.bytes();
+            assert_eq!(b[0], tag::CONTEXT);
+            // tag, len, tid (one byte), chain varint
+            let (mut v, mut sh, mut p) = (0u64, 0, 3);
+            loop {
+                v |= ((b[p] & 0x7f) as u64) << sh;
+                sh += 7;
+                p += 1;
+                if b[p - 1] & 0x80 == 0 {
+                    break;
+                }
+            }
+            chains.push((tid, v >> 7, (v >> 1) & 63, v & 1));
+            for e in &ev {
+                enc.push(e);
+            }
+        }
+    }
+    let t11: Vec<_> = chains.iter().filter(|c| c.0 == 11).collect();
+    assert_eq!(t11.len(), 18);
+    for (i, c) in t11.iter().enumerate() {
+        assert_eq!((c.1, c.2), (i as u64, 0), "thread 11's count and slot");
+        let fresh = i == 0 || i == vramshim_trace::codec::FRESH_CONTEXTS as usize;
+        assert_eq!(
+            c.3 == 1,
+            fresh,
+            "context {i} of thread 11 starts afresh or not"
+        );
+    }
+    let t12: Vec<_> = chains.iter().filter(|c| c.0 == 12).collect();
+    assert_eq!(
+        t12.iter().map(|c| (c.1, c.2, c.3)).collect::<Vec<_>>(),
+        [(0, 1, 1), (1, 1, 0), (2, 1, 0)]
+    );
 }

@@ -583,7 +583,7 @@ fn wait_unreaped(pid: i32) -> bool {
 /// target, and the launcher then waits 3 s with forwarding on (one line on stderr says when),
 /// for the test that a signal landing there reaches no process that got the pid since.
 fn late_clear() -> bool {
-    std::env::var_os("VRAMSHIM_RUN_FAULT").is_some_and(|v| v == "late-clear")
+    vramshim_analyzer::switches::switch_on("VRAMSHIM_RUN_FAULT", "late-clear")
 }
 
 extern "C" fn forward(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {

@@ -1,36 +1,80 @@
-//! Test switches whose value is a comma-separated list of names (`VRAMSHIM_POOL_DEBUG=lazy-sync,
-//! pressure-off`), each name read by one part of the library and one variable read by several
-//! parts. [`SWITCHES`] is the one list of every name any reader accepts: a name outside it is
-//! said once at load ([`report`]), so that a misspelt fault switch cannot turn a test that must
-//! fail into one that passes without a word. Readers ask [`switch_on`] for their own names, and
-//! ignore the others'.
+//! Test switches (`VRAMSHIM_*_FAULT`, `VRAMSHIM_POOL_DEBUG`): each value is a comma-separated
+//! list of names (`VRAMSHIM_POOL_DEBUG=lazy-sync,pressure-off`, `VRAMSHIM_TRACE_FAULT=no-tick`),
+//! each name read by one part of the library and one variable possibly read by several parts.
+//! [`SWITCHES`] is the one list of every name any reader accepts: a name outside it is said
+//! once at load ([`report`]), so that a misspelt fault switch cannot turn a test that must fail
+//! into one that passes without a word. Readers ask [`switch_on`] for their own names, and
+//! ignore the others'. (`VRAMSHIM_CAP_FAULT` takes one name and is checked by the cap, which
+//! reads it with the rest of its configuration.)
 //!
-//! A unit test below checks that every name a reader asks for is listed.
+//! Unit tests below check that every name a reader asks for is listed, and that every fault
+//! switch the library knows is read through here.
 
-/// Every list switch and the names its readers accept.
-const SWITCHES: &[(&str, &[&str])] = &[(
-    "VRAMSHIM_POOL_DEBUG",
-    &[
-        // The pool's own rules (`pool::debug_faults`).
-        "runs",
-        "stitch-run-pages",
-        "lazy-sync",
-        "reuse-early",
-        "forget-rounds",
-        "ignore-budget",
-        "pressure-off",
-        "kept",
-        "kept-over-live",
-        // Peer access (`pool::on_peer_access`).
-        "no-peer",
-        // The thread caches (`pool::read_mode`); any name at all, `no-tcache` the usual one,
-        // turns them off unless one of the `tcache-*` names is given.
-        "tcache-any-stream",
-        "tcache-no-round-end",
-        "tcache-no-drain",
-        "no-tcache",
-    ],
-)];
+/// Every test switch and the names its readers accept.
+const SWITCHES: &[(&str, &[&str])] = &[
+    (
+        "VRAMSHIM_POOL_DEBUG",
+        &[
+            // The pool's own rules (`pool::debug_faults`).
+            "runs",
+            "stitch-run-pages",
+            "lazy-sync",
+            "reuse-early",
+            "forget-rounds",
+            "ignore-budget",
+            "pressure-off",
+            "kept",
+            "kept-over-live",
+            // Peer access (`pool::on_peer_access`).
+            "no-peer",
+            // The thread caches (`pool::read_mode`); any name at all, `no-tcache` the usual
+            // one, turns them off unless one of the `tcache-*` names is given.
+            "tcache-any-stream",
+            "tcache-no-round-end",
+            "tcache-no-hits",
+            "tcache-no-drain",
+            "no-tcache",
+        ],
+    ),
+    ("VRAMSHIM_DEVICE_FAULT", &["stale"]),
+    ("VRAMSHIM_ENV_FAULT", &["first-32"]),
+    ("VRAMSHIM_LAYERS_FAULT", &["no-light", "light-no-pitch"]),
+    (
+        "VRAMSHIM_PYFRAMES_FAULT",
+        &["noident", "layout", "layout-unchecked"],
+    ),
+    (
+        "VRAMSHIM_SLOTS_FAULT",
+        &[
+            "nowait",
+            "barrier-drop",
+            "per-slot-wait",
+            "hand-over-uncounted",
+        ],
+    ),
+    ("VRAMSHIM_STACKS_FAULT", &["nocache"]),
+    ("VRAMSHIM_TABLE_FAULT", &["no-barrier"]),
+    ("VRAMSHIM_TORCH_FAULT", &["drop"]),
+    ("VRAMSHIM_TRACE_CLOCK_FAULT", &["drift"]),
+    (
+        "VRAMSHIM_TRACE_FAULT",
+        &[
+            // The trace file's opening (`tracer::writer::open_trace`).
+            "unsafe-open",
+            // The writer's periodic drain (`tracer::writer::tick_period`).
+            "no-tick",
+            // The order of a tick's steps (`tracer::writer::order_fault`).
+            "partials-first",
+            "late-reap",
+            "late-close",
+            "tid-only",
+            "own-wait",
+            // A slot's life token (`tracer::slots::claim`).
+            "arm-in-op",
+        ],
+    ),
+    ("VRAMSHIM_TRACE_WRITER_FAULT", &["hold"]),
+];
 
 /// The names set in the list switch `var` (split at commas, blanks trimmed, empty ones
 /// skipped); none when unset or not UTF-8.
@@ -52,20 +96,20 @@ pub(crate) fn switch_on(var: &str, name: &str) -> bool {
 /// stops.
 pub(crate) fn report(mut say: impl FnMut(std::fmt::Arguments<'_>)) {
     for (var, accepted) in SWITCHES {
-        if let Some(line) = unknown_line(var, names(var), accepted) {
+        if let Some(line) = unknown_line(var, super::var(var).unwrap_or(""), accepted) {
             say(format_args!("{line}"));
         }
     }
 }
 
-/// The line for the names in `set` that are not `accepted` (None when there are none): the
-/// variable, the unknown names (escaped: they come from the environment), the accepted ones.
-fn unknown_line<'a>(
-    var: &str,
-    set: impl Iterator<Item = &'a str>,
-    accepted: &[&str],
-) -> Option<String> {
+/// The line for the names in `value` (the list switch `var`'s) that are not `accepted` (None
+/// when there are none): the variable, the unknown names (escaped: they come from the
+/// environment), the accepted ones, what is done instead (nothing: the default) and the whole
+/// value when it holds other names.
+fn unknown_line(var: &str, value: &str, accepted: &[&str]) -> Option<String> {
+    let set = value.split(',').map(str::trim).filter(|n| !n.is_empty());
     let unknown: Vec<String> = set
+        .clone()
         .filter(|n| !accepted.contains(n))
         .map(|n| format!("\"{}\"", n.escape_debug()))
         .collect();
@@ -77,8 +121,16 @@ fn unknown_line<'a>(
     } else {
         ("names", "are", "them")
     };
+    let rest = if set.count() > unknown.len() {
+        format!(
+            "; the other names of {var}=\"{}\" apply",
+            value.trim().escape_debug()
+        )
+    } else {
+        String::new()
+    };
     Some(format!(
-        "{var}: the {what} {} {verb} read by no part of vramshim (a test-only switch: a comma-separated list); accepted: {}; ignoring {them}",
+        "{var}: the {what} {} {verb} read by no part of vramshim (a test-only switch: a comma-separated list); accepted: {}; ignoring {them}: no fault is switched on by {them} (the default){rest}",
         unknown.join(", "),
         accepted.join(", "),
     ))
@@ -122,16 +174,43 @@ mod tests {
         assert!(unlisted.is_empty(), "read but not listed: {unlisted:?}");
     }
 
+    /// Every fault switch the library knows (`VRAMSHIM_*_FAULT`) is listed here, and no source
+    /// reads one's value itself (with `config::var`), past the check of its names; but the
+    /// cap's, which the cap checks with its other variables.
+    #[test]
+    fn every_fault_switch_is_checked() {
+        let own = |n: &str| n.starts_with("VRAMSHIM_") && n.ends_with("_FAULT");
+        let unlisted: Vec<_> = super::super::env::KNOWN
+            .iter()
+            .filter(|n| own(n) && **n != "VRAMSHIM_CAP_FAULT")
+            .filter(|n| !SWITCHES.iter().any(|(v, _)| v == *n))
+            .collect();
+        assert!(
+            unlisted.is_empty(),
+            "fault switches not listed: {unlisted:?}"
+        );
+        let mut read = Vec::new();
+        for (p, text) in crate::config::sources("switches.rs") {
+            for part in text.split("var(\"").skip(1) {
+                let name: String = part
+                    .chars()
+                    .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
+                    .collect();
+                if own(&name) {
+                    read.push((name, p.display().to_string()));
+                }
+            }
+        }
+        assert!(
+            read.is_empty(),
+            "fault switches read past their check: {read:?}"
+        );
+    }
+
     #[test]
     fn unknown_names_are_said_known_ones_are_not() {
         let accepted = SWITCHES[0].1;
-        let line = |v: &'static str| {
-            super::unknown_line(
-                "VRAMSHIM_POOL_DEBUG",
-                v.split(',').map(str::trim).filter(|n| !n.is_empty()),
-                accepted,
-            )
-        };
+        let line = |v: &'static str| super::unknown_line("VRAMSHIM_POOL_DEBUG", v, accepted);
         assert_eq!(line("lazy-sync, pressure-off,no-peer,,"), None);
         assert_eq!(line(""), None);
         let one = line("lazy-sync,lazy-synk").unwrap();
@@ -143,7 +222,17 @@ mod tests {
             one.contains("accepted: runs, stitch-run-pages, lazy-sync,"),
             "{one}"
         );
-        assert!(one.ends_with("ignoring it"), "{one}");
+        assert!(
+            one.ends_with(
+                "ignoring it: no fault is switched on by it (the default); the other names of VRAMSHIM_POOL_DEBUG=\"lazy-sync,lazy-synk\" apply"
+            ),
+            "{one}"
+        );
+        let alone = super::unknown_line("VRAMSHIM_TRACE_FAULT", " no-tik ", &["no-tick"]).unwrap();
+        assert_eq!(
+            alone,
+            "VRAMSHIM_TRACE_FAULT: the name \"no-tik\" is read by no part of vramshim (a test-only switch: a comma-separated list); accepted: no-tick; ignoring it: no fault is switched on by it (the default)"
+        );
         let two = line("x\u{1b}[2J,no-peer,y").unwrap();
         assert!(
             two.contains("the names \"x\\u{1b}[2J\", \"y\" are read by no part"),

@@ -52,7 +52,7 @@ pub(crate) fn forget() {
 /// Test-only switch (`VRAMSHIM_DEVICE_FAULT=stale`): never forget, so allocations after a
 /// device switch are charged to the old device (the device-switch test must catch it).
 fn fault_stale() -> bool {
-    matches!(crate::config::var("VRAMSHIM_DEVICE_FAULT"), Some("stale"))
+    crate::config::switch_on("VRAMSHIM_DEVICE_FAULT", "stale")
 }
 
 /// Pass a call that may change the current device on, forgetting the device around it.

@@ -187,11 +187,15 @@ fn layers_slow() -> u8 {
 /// `light-no-pitch` (the light path never settles a charge to the allocation's footprint:
 /// a test must notice). Read with the layers, never per request.
 fn fault_bits() -> u8 {
-    match crate::config::var("VRAMSHIM_LAYERS_FAULT").map(str::trim) {
-        Some("no-light") => Mode::NO_LIGHT,
-        Some("light-no-pitch") => Mode::FAULT_NO_PITCH,
-        _ => 0,
+    use crate::config::switch_on;
+    let mut bits = 0;
+    if switch_on("VRAMSHIM_LAYERS_FAULT", "no-light") {
+        bits |= Mode::NO_LIGHT;
     }
+    if switch_on("VRAMSHIM_LAYERS_FAULT", "light-no-pitch") {
+        bits |= Mode::FAULT_NO_PITCH;
+    }
+    bits
 }
 
 // ------------------------------------------------------------------ one alloc, one free

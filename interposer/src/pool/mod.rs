@@ -215,6 +215,7 @@ fn read_mode() -> bool {
         let any_stream = crate::config::switch_on("VRAMSHIM_POOL_DEBUG", "tcache-any-stream");
         let no_drain = crate::config::switch_on("VRAMSHIM_POOL_DEBUG", "tcache-no-drain");
         let no_round_end = crate::config::switch_on("VRAMSHIM_POOL_DEBUG", "tcache-no-round-end");
+        let no_hits = crate::config::switch_on("VRAMSHIM_POOL_DEBUG", "tcache-no-hits");
         if any_stream {
             // testing only: break stream order in the thread caches
             crate::warn!(
@@ -235,9 +236,17 @@ fn read_mode() -> bool {
             );
             tcache::configure_no_round_end();
         }
+        if no_hits {
+            // testing only: the pool's budget windows end only by the allocations it serves
+            crate::warn!(
+                "VRAMSHIM_POOL_DEBUG=tcache-no-hits: the thread caches' hits are not counted into the pool (testing only)"
+            );
+            tcache::configure_no_hits();
+        }
         if any_stream || no_drain {
             tcache::configure(true, any_stream, no_drain);
         } else if !no_round_end
+            && !no_hits
             && crate::config::switch_names("VRAMSHIM_POOL_DEBUG")
                 .next()
                 .is_some()
@@ -416,8 +425,11 @@ pub(crate) fn alloc(req: &request::Request) -> Option<Result<u64, i32>> {
         return None;
     }
     if stream != ANY_STREAM
-        && let Some(addr) = tcache::take(req.device, req.size, stream)
+        && let Some((addr, due)) = tcache::take(req.device, req.size, stream)
     {
+        if due {
+            count_hits();
+        }
         return Some(Ok(addr));
     }
     let r = with_pools(|pools| {
@@ -620,13 +632,39 @@ fn drain_tcaches(pools: &mut Pools) {
 
 #[inline(never)]
 fn drain_tcaches_now(pools: &mut Pools) {
-    tcache::drain(|f| {
-        if let Some(Some(p)) = pools.devs.get_mut(f.device as usize) {
-            p.dev.begin(f.stream, false);
-            let _ = p
-                .policy
-                .free(&mut p.dev, f.addr, FreeMode::Async { stream: f.stream });
-            publish_watch(f.device as usize, p);
+    tcache::drain(|d| match d {
+        tcache::Drained::Freed(f) => {
+            if let Some(Some(p)) = pools.devs.get_mut(f.device as usize) {
+                p.dev.begin(f.stream, false);
+                let _ = p
+                    .policy
+                    .free(&mut p.dev, f.addr, FreeMode::Async { stream: f.stream });
+                publish_watch(f.device as usize, p);
+            }
+        }
+        tcache::Drained::Hits(device, hits) => {
+            if let Some(Some(p)) = pools.devs.get_mut(device as usize) {
+                // a window they complete ends here: above the budget, idle pages go back
+                p.dev.begin(ANY_STREAM, false);
+                p.policy.note_aside_hits(&mut p.dev, hits);
+                publish_held(device as usize, p);
+                publish_watch(device as usize, p);
+            }
+        }
+    });
+}
+
+/// This thread's cache served `tcache::HIT_BATCH` hits since the last drain: every cache's
+/// hits and frees go to the pools.
+#[cold]
+#[inline(never)]
+fn count_hits() {
+    with_pools(|pools| {
+        drain_tcaches(pools);
+        for (d, p) in pools.devs.iter().enumerate() {
+            if let Some(p) = p {
+                publish_watch(d, p);
+            }
         }
     });
 }

@@ -25,7 +25,18 @@
 //! (`Stitch::round_end_watch`; [`others_kept`] adds the other threads' caches), everything
 //! live is kept here and the caller gives every cache back to the pool, which then sees the
 //! round end as it would without the caches. The same watch is 0 while a tight pool holds
-//! more than its budget: every free then reaches the pool, which dissolves its cache.
+//! more than its budget and the pages it was lately forced to take past it: every free then
+//! reaches the pool, which dissolves its cache (within those pages a free changes nothing in
+//! the pool, which keeps them and its cache, so the caches keep frees there too).
+//!
+//! Hits: an allocation a cache serves is one the pool never sees, and the pool's budget ends
+//! its windows by the allocations it counts (`vramshim_pool::stitch::Budget`): a program whose
+//! use shrank to a loop the caches serve whole would keep the budget of its old peak, and its
+//! pages, for good. Each cache counts its hits; a drain hands them to the pool
+//! (`Stitch::note_aside_hits`) with the frees, and a cache that served [`HIT_BATCH`] hits since
+//! the last drain has its thread drain every cache ([`take`] says so): a window of the pool's
+//! budget (65,536 allocations by default) ends at most a batch per thread later than it would
+//! without caches.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
@@ -34,6 +45,9 @@ use crate::sys::spin::SpinLock;
 
 /// Frees a thread keeps.
 const SLOTS: usize = 8;
+/// Hits a cache serves at most before its thread hands every cache's hits to the pool (one
+/// pool lock per this many hits at least).
+pub(crate) const HIT_BATCH: u64 = 4096;
 /// Threads with a cache at one time (others use the pool directly).
 const CACHES: usize = 64;
 
@@ -57,6 +71,11 @@ struct Cache {
     /// The device all the frees [`Cache::kept`] counted were of ([`MIXED`]: several, or
     /// none).
     kept_device: AtomicI64,
+    /// Hits served since the last drain, all of device [`Cache::hits_device`]; written by the
+    /// owner and by a drain, each holding [`Cache::slots`]' lock.
+    hits: AtomicU64,
+    /// The device of [`Cache::hits`] (a hit of another device moves them to [`SPILLED`]).
+    hits_device: AtomicI64,
     /// The frees and how many; locked by the owner thread around its own get/put, and by a
     /// drain.
     slots: SpinLock<([Freed; SLOTS], usize)>,
@@ -67,6 +86,8 @@ static CACHE: [Cache; CACHES] = [const {
         claimed: AtomicBool::new(false),
         kept: AtomicU64::new(0),
         kept_device: AtomicI64::new(MIXED),
+        hits: AtomicU64::new(0),
+        hits_device: AtomicI64::new(0),
         slots: SpinLock::new((
             [Freed {
                 device: 0,
@@ -79,8 +100,19 @@ static CACHE: [Cache; CACHES] = [const {
     }
 }; CACHES];
 
-/// Bit `i`: cache `i` may hold frees (set by a put, cleared by a drain).
+/// Bit `i`: cache `i` may hold frees (set by a put, cleared by a drain). A cache that counted
+/// hits since the last drain has its bit set (it served them from frees a put brought).
 static NONEMPTY: AtomicU64 = AtomicU64::new(0);
+
+/// Per device: hits a cache counted before it served one of another device (a thread
+/// alternating devices), for the next drain; [`SPILLED_DEVICES`] bit `d`: device `d` has some.
+static SPILLED: [AtomicU64; 64] = [const { AtomicU64::new(0) }; 64];
+static SPILLED_DEVICES: AtomicU64 = AtomicU64::new(0);
+
+/// Testing only: hits are not counted (the pool's budget windows then end only by the
+/// allocations it serves itself, to prove the test that a shrunk loop gets its pages back
+/// can fail).
+static NO_HITS: AtomicBool = AtomicBool::new(false);
 
 /// Caches are used at all (off under the pool's fault switches, and with
 /// `VRAMSHIM_POOL_DEBUG=no-tcache`).
@@ -129,6 +161,17 @@ pub(crate) fn configure_no_round_end() {
     NO_ROUND_END.store(true, Ordering::Relaxed);
 }
 
+/// Testing only: never count the caches' hits into the pool.
+pub(crate) fn configure_no_hits() {
+    NO_HITS.store(true, Ordering::Relaxed);
+}
+
+/// Whether the caches' hits are dropped instead of counted (see [`configure_no_hits`]).
+#[inline]
+pub(crate) fn no_hits() -> bool {
+    NO_HITS.load(Ordering::Relaxed)
+}
+
 /// Whether round ends are watched at all.
 #[inline]
 pub(crate) fn round_ends() -> bool {
@@ -172,14 +215,17 @@ impl Cache {
     }
 }
 
-/// A cached block for `size` bytes on `device`, pool stream `stream`, freed on that stream.
+/// A cached block for `size` bytes on `device` (0 to 63), pool stream `stream`, freed on that
+/// stream; and whether this cache's hits reached [`HIT_BATCH`] (the caller then drains every
+/// cache, which hands the hits to the pool).
 #[inline]
-pub(crate) fn take(device: i32, size: u64, stream: u64) -> Option<u64> {
+pub(crate) fn take(device: i32, size: u64, stream: u64) -> Option<(u64, bool)> {
     if !ON.load(Ordering::Relaxed) {
         return None;
     }
     let any = ANY_STREAM.load(Ordering::Relaxed);
-    CACHE[mine()?].with(|(slots, n)| {
+    let c = &CACHE[mine()?];
+    c.with(|(slots, n)| {
         // newest first: the block freed last is the likeliest twin
         let i = (0..*n).rev().find(|&i| {
             let f = &slots[i];
@@ -190,8 +236,29 @@ pub(crate) fn take(device: i32, size: u64, stream: u64) -> Option<u64> {
         if i < *n {
             slots.copy_within(i + 1..=*n, i);
         }
-        Some(a)
+        // under the cache's lock, as a drain reads and clears them
+        let mut h = c.hits.load(Ordering::Relaxed);
+        let d = i64::from(device);
+        if h == 0 {
+            c.hits_device.store(d, Ordering::Relaxed);
+        } else if c.hits_device.load(Ordering::Relaxed) != d {
+            spill(c.hits_device.load(Ordering::Relaxed), h);
+            c.hits_device.store(d, Ordering::Relaxed);
+            h = 0;
+        }
+        c.hits.store(h + 1, Ordering::Relaxed);
+        Some((a, h + 1 >= HIT_BATCH))
     })
+}
+
+/// Hits of device `d` a cache counted, kept for the next drain.
+#[cold]
+#[inline(never)]
+fn spill(d: i64, hits: u64) {
+    if let Some(s) = usize::try_from(d).ok().and_then(|d| SPILLED.get(d)) {
+        s.fetch_add(hits, Ordering::Relaxed);
+        SPILLED_DEVICES.fetch_or(1 << d, Ordering::Release);
+    }
 }
 
 /// What [`put`] did with a freed block.
@@ -322,10 +389,18 @@ pub(crate) fn any() -> bool {
     NONEMPTY.load(Ordering::Acquire) != 0 && !NO_DRAIN.load(Ordering::Relaxed)
 }
 
-/// Empty every cache, handing each cache's blocks to `f` in the order its thread freed them
-/// (called with the pool lock held; the lock order is pool, then cache, and an owner never
-/// takes the pool lock while holding its cache).
-pub(crate) fn drain(mut f: impl FnMut(Freed)) {
+/// What a drain hands over.
+pub(crate) enum Drained {
+    /// A cache served this many hits of this device.
+    Hits(i32, u64),
+    /// A block a cache kept.
+    Freed(Freed),
+}
+
+/// Empty every cache, handing each cache's hits to `f` and then its blocks in the order its
+/// thread freed them (called with the pool lock held; the lock order is pool, then cache, and
+/// an owner never takes the pool lock while holding its cache).
+pub(crate) fn drain(mut f: impl FnMut(Drained)) {
     if NO_DRAIN.load(Ordering::Relaxed) {
         return;
     }
@@ -334,14 +409,29 @@ pub(crate) fn drain(mut f: impl FnMut(Freed)) {
         let i = bits.trailing_zeros() as usize;
         bits &= bits - 1;
         let c = &CACHE[i];
-        let (got, k) = c.with(|(slots, n)| {
+        let (got, k, h, hd) = c.with(|(slots, n)| {
             let k = std::mem::take(n);
             c.kept.store(0, Ordering::Relaxed);
             c.kept_device.store(MIXED, Ordering::Relaxed);
-            (*slots, k)
+            let h = c.hits.swap(0, Ordering::Relaxed);
+            (*slots, k, h, c.hits_device.load(Ordering::Relaxed))
         });
+        if h != 0 && !no_hits() {
+            f(Drained::Hits(hd as i32, h));
+        }
         for fr in &got[..k] {
-            f(*fr);
+            f(Drained::Freed(*fr));
+        }
+    }
+    if SPILLED_DEVICES.load(Ordering::Relaxed) != 0 {
+        let mut devs = SPILLED_DEVICES.swap(0, Ordering::Acquire);
+        while devs != 0 {
+            let d = devs.trailing_zeros() as usize;
+            devs &= devs - 1;
+            let h = SPILLED[d].swap(0, Ordering::Relaxed);
+            if h != 0 && !no_hits() {
+                f(Drained::Hits(d as i32, h));
+            }
         }
     }
 }
@@ -355,9 +445,56 @@ pub(crate) fn on_fork_child() {
         unsafe { c.slots.reset_in_child() }.1 = 0;
         c.kept.store(0, Ordering::Relaxed);
         c.kept_device.store(MIXED, Ordering::Relaxed);
+        c.hits.store(0, Ordering::Relaxed);
         if i != me as usize {
             c.claimed.store(false, Ordering::Release);
         }
     }
+    for s in &SPILLED {
+        s.store(0, Ordering::Relaxed);
+    }
+    SPILLED_DEVICES.store(0, Ordering::Relaxed);
     NONEMPTY.store(0, Ordering::Release);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A thread whose hits alternate between devices: each device's hits reach the drain
+    /// (the other device's through the spill), none lost, none counted twice; a drained
+    /// cache starts again at 0 and says a batch is due only at its `HIT_BATCH`-th hit.
+    #[test]
+    fn hits_of_two_devices_reach_the_drain_each_once() {
+        let freed = |device, addr| Freed {
+            device,
+            addr,
+            size: 4096,
+            stream: 1,
+        };
+        let drained = || {
+            let mut hits = [0u64; 2];
+            let mut frees = 0;
+            drain(|d| match d {
+                Drained::Hits(dev, n) => hits[dev as usize] += n,
+                Drained::Freed(_) => frees += 1,
+            });
+            (hits, frees)
+        };
+        drained();
+        assert_ne!(put(freed(0, 0x1000)), Kept::No);
+        assert_ne!(put(freed(1, 0x2000)), Kept::No);
+        assert_ne!(put(freed(0, 0x3000)), Kept::No);
+        assert_eq!(take(0, 4096, 1), Some((0x3000, false)));
+        assert_eq!(take(1, 4096, 1), Some((0x2000, false)));
+        assert_eq!(take(0, 4096, 1), Some((0x1000, false)));
+        assert_eq!(take(0, 4096, 1), None);
+        assert_eq!(drained(), ([2, 1], 0));
+        assert_eq!(drained(), ([0, 0], 0));
+        for i in 1..=HIT_BATCH {
+            assert_ne!(put(freed(1, 0x4000)), Kept::No);
+            assert_eq!(take(1, 4096, 1), Some((0x4000, i == HIT_BATCH)));
+        }
+        assert_eq!(drained(), ([0, HIT_BATCH], 0));
+    }
 }

@@ -1182,3 +1182,93 @@ fn a_devices_round_watch_counts_only_its_own_kept_blocks() {
     // device 0's pool saw the 300 cudaFree'd blocks only; device 1's none
     assert_eq!(line, "kept_devices frees0=300 frees1=0");
 }
+
+/// The model of `tests/workloads/pool/shrunk_loop.c` (the tight pool on the accounting device,
+/// every free reaching it): reserved bytes and pages given back after the loop.
+fn shrunk_loop_model() -> (u64, u64) {
+    use vramshim_pool::{AccountingDevice, FreeMode, MIB, Policy, Request};
+    let mut p = vramshim_pool::stitch::Stitch::tight();
+    let mut dev = AccountingDevice::new(80 << 30);
+    let (s, freed) = (7, FreeMode::Async { stream: 7 });
+    let big: Vec<u64> = (0..64)
+        .map(|_| {
+            p.alloc(
+                &mut dev,
+                Request {
+                    size: MIB,
+                    stream: s,
+                },
+            )
+            .unwrap()
+            .addr
+        })
+        .collect();
+    for a in big {
+        p.free(&mut dev, a, freed).unwrap();
+    }
+    p.alloc(
+        &mut dev,
+        Request {
+            size: 4096,
+            stream: s,
+        },
+    )
+    .unwrap();
+    for i in 1..=3 * 65536u64 {
+        let a = p
+            .alloc(
+                &mut dev,
+                Request {
+                    size: 8192,
+                    stream: s,
+                },
+            )
+            .unwrap();
+        p.free(&mut dev, a.addr, freed).unwrap();
+        if i % 1000 == 0 {
+            p.note_process_sync();
+        }
+    }
+    let t = p.stats();
+    (t.reserved, t.releases)
+}
+
+/// A program whose use shrinks for good to one stream-ordered pair, which the thread's cache
+/// serves whole, gets the pages of its old peak back as the model does (every free reaching
+/// the pool): the caches count their hits into the pool, whose budget windows then end.
+/// With the hits not counted (`VRAMSHIM_POOL_DEBUG=tcache-no-hits`) the pool keeps the 64 MiB
+/// peak's pages.
+#[test]
+fn a_shrunk_loop_served_by_the_thread_cache_gets_the_old_peak_back() {
+    let exe = workload("shrunk_loop");
+    let (reserved, releases) = shrunk_loop_model();
+    assert!(reserved < 8 << 20, "the model keeps {reserved} B");
+    let live = |env: &[(&str, &str)], name| {
+        let o = run(&exe, &[], env, name);
+        assert_exit(&o, 0, name);
+        (
+            field(&o.stdout, "reserved") as u64,
+            field(&o.stdout, "releases") as u64,
+        )
+    };
+    let counted = live(&[("VRAMSHIM_POOL", "stitch")], "pool-shrunk-loop");
+    let uncounted = live(
+        &[
+            ("VRAMSHIM_POOL", "stitch"),
+            ("VRAMSHIM_POOL_DEBUG", "tcache-no-hits"),
+        ],
+        "pool-shrunk-loop-no-hits",
+    );
+    eprintln!(
+        "model reserved {reserved} releases {releases}; live {counted:?}; hits not counted {uncounted:?}"
+    );
+    assert_eq!(
+        counted,
+        (reserved, releases),
+        "live (left) against the model"
+    );
+    assert!(
+        uncounted.0 >= 64 << 20,
+        "tcache-no-hits: the pool still gave the old peak back: the test cannot fail"
+    );
+}

@@ -290,10 +290,7 @@ fn fault_no_barrier() -> bool {
     if cfg!(test) {
         return TEST_FAULT.load(Relaxed);
     }
-    matches!(
-        crate::config::var("VRAMSHIM_TABLE_FAULT"),
-        Some("no-barrier")
-    )
+    crate::config::switch_on("VRAMSHIM_TABLE_FAULT", "no-barrier")
 }
 
 /// The unit tests' fault switch.

@@ -91,15 +91,17 @@ impl BiasedLock {
         }
     }
 
-    /// Take the lock within `attempts` attempts; false when it stayed held.
-    pub(crate) fn try_lock(&self, attempts: u32) -> bool {
-        for attempt in 0..attempts {
+    /// Take the lock, calling `again` (which waits) after each failed attempt until it says
+    /// to give up (false: the lock stayed held, nothing taken).
+    pub(crate) fn try_lock_with(&self, mut again: impl FnMut() -> bool) -> bool {
+        loop {
             if !self.lock.swap(true, Ordering::Acquire) {
                 return true;
             }
-            back_off(attempt);
+            if !again() {
+                return false;
+            }
         }
-        false
     }
 
     #[inline(always)]
@@ -125,16 +127,18 @@ impl BiasedLock {
         self.busy.load(Ordering::Relaxed) || self.lock.load(Ordering::Relaxed)
     }
 
-    /// [`BiasedLock::wait_owner`] for at most `attempts` attempts; false when the owner
-    /// stayed in its window (a thread stopped there: the caller must not touch the data).
-    pub(crate) fn owner_left_within(&self, attempts: u32) -> bool {
-        for attempt in 0..attempts {
+    /// [`BiasedLock::wait_owner`], calling `again` (which waits) between looks until it says
+    /// to give up (false: the owner stayed in its window; a thread stopped there: the caller
+    /// must not touch the data).
+    pub(crate) fn owner_left_with(&self, mut again: impl FnMut() -> bool) -> bool {
+        loop {
             if !self.busy.load(Ordering::Acquire) {
                 return true;
             }
-            back_off(attempt);
+            if !again() {
+                return false;
+            }
         }
-        false
     }
 }
 
@@ -208,13 +212,26 @@ mod tests {
     #[test]
     fn bounded_ways_in_give_up() {
         let l = BiasedLock::new();
-        assert!(l.try_lock(1));
-        assert!(!l.try_lock(100));
+        let mut asked = 0;
+        assert!(l.try_lock_with(|| unreachable!("the lock was free")));
+        assert!(!l.try_lock_with(|| {
+            asked += 1;
+            asked < 100
+        }));
+        assert_eq!(
+            asked, 100,
+            "asked after each failed attempt until told to stop"
+        );
         assert!(!l.try_window());
         l.unlock();
         assert!(l.try_window());
-        assert!(!l.owner_left_within(100));
+        asked = 0;
+        assert!(!l.owner_left_with(|| {
+            asked += 1;
+            asked < 100
+        }));
+        assert_eq!(asked, 100);
         l.leave_window();
-        assert!(l.owner_left_within(1));
+        assert!(l.owner_left_with(|| unreachable!("the owner had left")));
     }
 }

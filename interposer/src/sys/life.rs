@@ -10,6 +10,19 @@
 //! The robust list is the C library's (glibc and musl keep one per thread and register it with
 //! the kernel at thread start; a forked child starts with an empty one). A token that cannot be
 //! armed (an error from the C library) says nothing, and its user falls back to the id.
+//!
+//! Arming adds the token to that list, and a token is armed on a thread's first traced call,
+//! which may run in a signal handler; the handler may have interrupted the same thread inside
+//! the C library's lock or unlock of another robust mutex, between its reads and writes of the
+//! list: an insertion then would be overwritten or would unlink a neighbour (a mutex left
+//! listed after it was freed: the kernel walks that memory at the thread's exit). Both C
+//! libraries change the list only while the list's `list_op_pending` word (the kernel's
+//! `struct robust_list_head`, the address `get_robust_list` gives) names the mutex being
+//! changed, and clear it after (glibc's `ENQUEUE_MUTEX`/`DEQUEUE_MUTEX` in
+//! `pthread_mutex_lock`/`trylock`/`unlock`, musl's `robust_list.pending`). So [`LifeToken::arm`]
+//! reads that word with every signal blocked and arms only when it is clear: no operation on
+//! the list is under way on this thread, and none can begin until the arming is done. Where the
+//! word is set (or the kernel does not say where the list is) the token stays unarmed.
 
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -44,9 +57,15 @@ impl LifeToken {
 
     /// On the thread that owns the token from now on (an unarmed token: new, or
     /// [`LifeToken::disarm`]ed): make the mutex robust and lock it for the thread's life.
-    /// False when the C library refused (the token then says nothing).
-    pub(crate) fn arm(&self) -> bool {
+    /// False when the C library refused, or when this thread is inside an operation on its
+    /// robust list (a signal handler interrupted it there; see the module's note): the token
+    /// then says nothing. `unchecked` (a fault switch's) arms without looking.
+    pub(crate) fn arm(&self, unchecked: bool) -> bool {
         if self.state.load(Ordering::Acquire) != UNARMED {
+            return false;
+        }
+        let _blocked = BlockSignals::new();
+        if !unchecked && !list_is_idle() {
             return false;
         }
         let m = self.m.get();
@@ -113,6 +132,68 @@ impl LifeToken {
     }
 }
 
+/// The kernel's `struct robust_list_head` (`linux/futex.h`): the list, the offset of a
+/// mutex's futex word from its list entry, and the entry being locked or unlocked.
+#[repr(C)]
+pub(crate) struct RobustListHead {
+    pub list: *mut libc::c_void,
+    pub futex_offset: libc::c_long,
+    pub list_op_pending: *mut libc::c_void,
+}
+
+/// The robust list head the C library registered for the calling thread, if the kernel says.
+pub(crate) fn robust_list_head() -> Option<*mut RobustListHead> {
+    let mut head: *mut RobustListHead = std::ptr::null_mut();
+    let mut len: libc::size_t = 0;
+    // SAFETY: get_robust_list(0, ..) writes the calling thread's head pointer and its size to
+    // the two locals.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_get_robust_list,
+            0 as libc::c_long,
+            &mut head as *mut *mut RobustListHead,
+            &mut len as *mut libc::size_t,
+        )
+    };
+    (r == 0 && !head.is_null() && len == std::mem::size_of::<RobustListHead>()).then_some(head)
+}
+
+/// No operation on the calling thread's robust list is under way: its `list_op_pending` is
+/// clear. Call with signals blocked (nothing on this thread can begin one meanwhile).
+fn list_is_idle() -> bool {
+    let Some(head) = robust_list_head() else {
+        return false;
+    };
+    // SAFETY: the head is the C library's, in the calling thread's descriptor, valid while
+    // the thread lives; only this thread writes it, and it is not running anything else now
+    // (a handler that interrupted a write sees it done or not done, both whole words).
+    let pending = unsafe { std::ptr::read_volatile(std::ptr::addr_of!((*head).list_op_pending)) };
+    pending.is_null()
+}
+
+/// Every signal blocked on the calling thread until dropped (the old mask restored).
+struct BlockSignals(libc::sigset_t);
+
+impl BlockSignals {
+    fn new() -> BlockSignals {
+        // SAFETY: both sets are plain data, filled by sigfillset / pthread_sigmask.
+        unsafe {
+            let mut all: libc::sigset_t = std::mem::zeroed();
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut all);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
+            BlockSignals(old)
+        }
+    }
+}
+
+impl Drop for BlockSignals {
+    fn drop(&mut self) {
+        // SAFETY: restores the mask saved by `new` on this thread.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.0, std::ptr::null_mut()) };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::LifeToken;
@@ -127,7 +208,7 @@ mod tests {
             let (armed_tx, armed_rx) = std::sync::mpsc::channel();
             let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
             let h = std::thread::spawn(move || {
-                armed_tx.send(T.arm()).unwrap();
+                armed_tx.send(T.arm(false)).unwrap();
                 go_rx.recv().unwrap();
             });
             assert!(armed_rx.recv().unwrap(), "armed");

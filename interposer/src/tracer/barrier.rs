@@ -34,7 +34,17 @@ pub(crate) fn init() {
 /// The writer's side: a full barrier on every running thread of the process. False when the
 /// kernel refused (then the writer must not rely on the protocol).
 pub(crate) fn heavy() -> bool {
+    #[cfg(test)]
+    if FAILS.get() {
+        return false;
+    }
     crate::sys::membarrier::all_threads()
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Tests: [`heavy`] fails on this thread (as when the kernel refuses the barrier).
+    pub(crate) static FAILS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// Forked child: a new address space, not registered.

@@ -500,7 +500,7 @@ pub(crate) fn init() {
     let want_mono =
         crate::config::var("VRAMSHIM_TRACE_CLOCK").is_some_and(|v| v.trim() == "monotonic");
     FAULT_DRIFT.store(
-        crate::config::var("VRAMSHIM_TRACE_CLOCK_FAULT").is_some_and(|v| v.trim() == "drift"),
+        crate::config::switch_on("VRAMSHIM_TRACE_CLOCK_FAULT", "drift"),
         Ordering::Relaxed,
     );
     TSC.store(!want_mono && tsc_usable() && calibrate(), Ordering::Relaxed);

@@ -43,8 +43,10 @@
 mod barrier;
 mod clock;
 mod elf_syms;
+mod entries;
 mod header;
 mod modules;
+mod patience;
 mod pyframes;
 mod slots;
 mod stack_keys;
@@ -354,6 +356,15 @@ pub mod testing {
     }
 
     pub use super::tick_hook::TickPoint;
+
+    pub use super::slots::HandOverPoint;
+
+    /// Calls `hook` on the handing thread at the points of every hand-over of a full buffer
+    /// (see [`HandOverPoint`]) until it is removed (`None`): a test raises a signal there whose
+    /// handler exits, as one may interrupt a thread anywhere.
+    pub fn on_hand_over(hook: Option<fn(HandOverPoint)>) {
+        slots::on_hand_over(hook);
+    }
 
     /// Calls `hook` at the points of every tick of the trace writer (see [`TickPoint`]), on
     /// the thread running the tick with the writer's lock held, until it is removed (`None`);

@@ -794,8 +794,12 @@ fn find_py() -> Option<Py> {
         STATE.store(OFF, Ordering::Release);
         return None;
     }
-    let fault = crate::config::var("VRAMSHIM_PYFRAMES_FAULT").map(str::trim);
-    FAULT_NOIDENT.store(fault == Some("noident"), Ordering::Relaxed);
+    use crate::config::switch_on;
+    FAULT_NOIDENT.store(
+        switch_on("VRAMSHIM_PYFRAMES_FAULT", "noident"),
+        Ordering::Relaxed,
+    );
+    let unchecked = switch_on("VRAMSHIM_PYFRAMES_FAULT", "layout-unchecked");
     let runtime = sym(c"_PyRuntime");
     let gts = sym(c"PyGILState_GetThisThreadState");
     let eval = sym(c"_PyEval_EvalFrameDefault");
@@ -838,16 +842,12 @@ fn find_py() -> Option<Py> {
     if eval.is_empty() {
         crate::info!("the eval loop's extent is unknown: Python frames follow the native ones");
     }
-    if matches!(fault, Some("layout" | "layout-unchecked")) {
+    if switch_on("VRAMSHIM_PYFRAMES_FAULT", "layout") || unchecked {
         // A wrong offset of a frame's code object: what the checked walks must catch.
         l.f_code += 8;
     }
     // `layout-unchecked`: plain reads from the start, as if the layout were verified.
-    let first = if fault == Some("layout-unchecked") {
-        ON
-    } else {
-        CHECKING
-    };
+    let first = if unchecked { ON } else { CHECKING };
     let walk = compiled_walk(&l);
     crate::debug!(
         "Python 3.{minor}: frames read by {}",

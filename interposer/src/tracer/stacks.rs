@@ -452,7 +452,7 @@ static FAULT_NO_CACHE: std::sync::atomic::AtomicBool = std::sync::atomic::Atomic
 
 pub(crate) fn init() {
     FAULT_NO_CACHE.store(
-        crate::config::var("VRAMSHIM_STACKS_FAULT").is_some_and(|v| v.trim() == "nocache"),
+        crate::config::switch_on("VRAMSHIM_STACKS_FAULT", "nocache"),
         Ordering::Relaxed,
     );
 }

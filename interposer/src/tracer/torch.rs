@@ -680,7 +680,7 @@ pub(crate) fn attach(version: &str) -> c_int {
             ATTACHED_NEEDS_STACKS
         };
     }
-    if crate::config::var("VRAMSHIM_TORCH_FAULT").is_some_and(|v| v.trim() == "drop") {
+    if crate::config::switch_on("VRAMSHIM_TORCH_FAULT", "drop") {
         FAULT_DROP.store(true, Ordering::Relaxed);
     }
     let mm: String = version

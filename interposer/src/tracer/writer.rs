@@ -17,6 +17,7 @@ use vramshim_trace::output_file::{self, Opened, Refusal, TRACE};
 use vramshim_trace::{DeviceInfo, Event, RecordEncoder, TraceWriter};
 
 use super::modules::ModuleMap;
+use super::patience::Patience;
 use super::slots::{self, Buf, MAX_DEV, SEND_AT};
 use super::tick_hook::{self, TickPoint};
 
@@ -31,6 +32,13 @@ const SPARE_BUFFERS: usize = CHANNEL_BUFFERS;
 const TICK: Duration = Duration::from_millis(50);
 /// Check for exited threads every this many ticks.
 const REAP_EVERY: u32 = 20;
+/// The exit drain's waits for threads inside their slots, all threads together: at most this
+/// many beyond each slot's first few ([`Patience`]), and no longer than `EXIT_WAIT_NS` (an
+/// owner in its window leaves within microseconds unless it is stopped or preempted).
+const EXIT_WAITS: u32 = 1 << 20;
+const EXIT_WAIT_NS: u64 = 100_000_000;
+/// A tick's waits, all threads together (a slot it skips waits for the next tick).
+const TICK_WAITS: u32 = 1 << 12;
 /// zstd level (single-threaded) of frames of 1 KiB and more (smaller ones take -1 or are
 /// stored: `TraceWriter`). Measured per event in large frames (`trace/examples/frame_cost.rs`
 /// under callgrind): level 1 costs 8% fewer instructions than 3 on allocation/free records for
@@ -72,6 +80,8 @@ static PATTERN_OVERRIDE: AtomicPtr<String> = AtomicPtr::new(std::ptr::null_mut()
 
 struct Chunk {
     raw: Buf,
+    /// Its slot and hand-over, marked written once it is ([`slots::Handed`]).
+    from: slots::Handed,
 }
 
 /// Bytes a buffer of `n` entries holds (the backlog's unit).
@@ -323,7 +333,7 @@ fn live_writer(f: &File, me: u32) -> Option<u32> {
 /// (read by path to find a live writer, then create-and-truncate, following symlinks and
 /// blocking on FIFOs), to show that the hostile-path tests catch it.
 fn fault_unsafe_open() -> bool {
-    crate::config::var("VRAMSHIM_TRACE_FAULT").is_some_and(|v| v.trim() == "unsafe-open")
+    crate::config::switch_on("VRAMSHIM_TRACE_FAULT", "unsafe-open")
 }
 
 fn open_trace_unsafely(mut path: String, pid: u32) -> Option<(File, String)> {
@@ -361,7 +371,7 @@ fn block_signals() {
 /// by an instruction counter (valgrind: 50-100x) ticks as often per unit of its work as a
 /// native run does (a SIGKILL then loses up to two such periods).
 fn tick_period() -> Duration {
-    if let Some("no-tick") = crate::config::var("VRAMSHIM_TRACE_FAULT") {
+    if crate::config::switch_on("VRAMSHIM_TRACE_FAULT", "no-tick") {
         return Duration::from_secs(3600);
     }
     match crate::config::var("VRAMSHIM_TRACE_TICK_MS") {
@@ -460,7 +470,7 @@ enum OrderFault {
     TidOnly,
     /// `own-wait`: the exit path's drain waits for the exiting thread's own slot like any
     /// other's (in vain when a signal handler that exits interrupted the thread inside it:
-    /// `1 << 20` attempts), and the slots it gives up on are dropped uncounted.
+    /// the exit drain's whole patience), and the slots it gives up on are dropped uncounted.
     OwnWait,
 }
 
@@ -469,13 +479,20 @@ static ORDER_FAULT: AtomicU8 = AtomicU8::new(0);
 fn order_fault() -> OrderFault {
     match ORDER_FAULT.load(Ordering::Relaxed) {
         0 => {
-            let f = match crate::config::var("VRAMSHIM_TRACE_FAULT").map(str::trim) {
-                Some("partials-first") => OrderFault::PartialsFirst,
-                Some("late-reap") => OrderFault::LateReap,
-                Some("late-close") => OrderFault::LateClose,
-                Some("tid-only") => OrderFault::TidOnly,
-                Some("own-wait") => OrderFault::OwnWait,
-                _ => OrderFault::None,
+            use crate::config::switch_on;
+            // One at a time: the first named, in this order.
+            let f = if switch_on("VRAMSHIM_TRACE_FAULT", "partials-first") {
+                OrderFault::PartialsFirst
+            } else if switch_on("VRAMSHIM_TRACE_FAULT", "late-reap") {
+                OrderFault::LateReap
+            } else if switch_on("VRAMSHIM_TRACE_FAULT", "late-close") {
+                OrderFault::LateClose
+            } else if switch_on("VRAMSHIM_TRACE_FAULT", "tid-only") {
+                OrderFault::TidOnly
+            } else if switch_on("VRAMSHIM_TRACE_FAULT", "own-wait") {
+                OrderFault::OwnWait
+            } else {
+                OrderFault::None
             };
             ORDER_FAULT.store(f as u8, Ordering::Relaxed);
             f
@@ -493,7 +510,7 @@ fn order_fault() -> OrderFault {
 /// the channel before it has the lock, and holds it 200 ms (proves the exit-race test can
 /// fail).
 fn fault_hold() -> bool {
-    super::config_var("VRAMSHIM_TRACE_WRITER_FAULT").is_some_and(|v| v.trim() == "hold")
+    crate::config::switch_on("VRAMSHIM_TRACE_WRITER_FAULT", "hold")
 }
 
 fn write_chunk(sh: &Shared, out: &mut Out, mut c: Chunk) {
@@ -504,6 +521,7 @@ fn write_chunk(sh: &Shared, out: &mut Out, mut c: Chunk) {
         let _ = out.w.set_level(if fast { -1 } else { LEVEL });
     }
     write_raw(out, &mut c.raw);
+    c.from.written();
     QUEUED.fetch_sub(raw_bytes(c.raw.len()), Ordering::Relaxed);
     recycle_into(sh, c.raw);
 }
@@ -512,7 +530,7 @@ fn write_chunk(sh: &Shared, out: &mut Out, mut c: Chunk) {
 /// its events as lost).
 fn write_raw(out: &mut Out, raw: &mut Buf) {
     if out.failed.is_some() {
-        count_lost(raw.len() as u64);
+        count_lost(raw.events());
         return;
     }
     slots::encode(&mut out.renc, raw);
@@ -609,7 +627,13 @@ fn tick_locked(
         write_chunk(sh, out, c);
     }
     tick_hook::at(TickPoint::BeforeDrain { at_exit });
-    let spins = if at_exit { 1 << 20 } else { 1 << 12 };
+    // At exit the waits for threads inside their slots are bounded in all, not per thread:
+    // the library must never be why a job hangs (a tick's skipped slots wait for the next).
+    let patience = if at_exit {
+        Patience::new(EXIT_WAITS, Some(EXIT_WAIT_NS))
+    } else {
+        Patience::new(TICK_WAITS, None)
+    };
     let fault = order_fault();
     if at_exit && fault != OrderFault::LateClose {
         close();
@@ -639,18 +663,19 @@ fn tick_locked(
                 recycle_into(sh, raw);
             }
         },
-        spins,
+        patience,
         fault == OrderFault::OwnWait,
     );
-    // At exit nothing takes the buffers given up on later: their events are lost, and the
-    // `Lost` record below says how many (at a tick they wait for the next one).
-    if at_exit && fault != OrderFault::OwnWait {
-        count_lost(drained.skipped_events);
-    }
-    let drained = drained.taken;
     for c in older {
         write_chunk(sh, out, c);
     }
+    // At exit nothing takes the buffers given up on later: their events are lost, and the
+    // `Lost` record below says how many (at a tick they wait for the next one). Counted once
+    // every buffer handed over before is written.
+    if at_exit && fault != OrderFault::OwnWait {
+        count_lost(slots::unaccounted(&drained.given_up));
+    }
+    let drained = drained.taken;
     tick_hook::at(TickPoint::AfterDrain { at_exit });
     super::clock::recalibrate();
     let now = super::clock::now_ns();
@@ -781,14 +806,15 @@ pub(crate) fn spare_buffer() -> Buf {
     Buf::with_capacity(SEND_AT + (SEND_AT >> 2))
 }
 
-/// Hand a full buffer to the writer without blocking; gives it back when the channel is full.
-pub(crate) fn send(raw: Buf) -> Result<(), Buf> {
+/// Hand a full buffer (`from` a slot) to the writer without blocking; gives it back when the
+/// channel is full.
+pub(crate) fn send(raw: Buf, from: slots::Handed) -> Result<(), Buf> {
     let Some(sh) = shared() else {
         return Err(raw);
     };
     let n = raw_bytes(raw.len());
     QUEUED.fetch_add(n, Ordering::Relaxed);
-    match sh.tx.try_send(Chunk { raw }) {
+    match sh.tx.try_send(Chunk { raw, from }) {
         Ok(()) => {
             if let Some(t) = sh.writer.get() {
                 t.unpark();

@@ -1,49 +1,44 @@
 //! A caller that keeps freed blocks aside and serves some allocations from them itself (the
-//! interposer's per-thread caches, see `round_end_watch` in `quiet`): its hits counted into
-//! the pool's per-size ranks.
+//! interposer's per-thread caches, see `round_end_watch` in `quiet`): its hits counted toward
+//! the budget's windows, so that they end.
 //!
-//! Why: a tight pool replays a round by rank (the k-th allocation of a size takes the k-th's
-//! place of the round before, see `rounds`), and counts its own cache hits into the ranks. A
-//! hit the caller serves from what it keeps is, to the pool, an allocation it never saw: its
-//! k-th allocation of that size is then the model's (k + hits)-th, and takes another rank's
-//! place, which a block of the round may still hold (then it is stitched anew: driver calls in
-//! a repeated round). With the arena grown by runs (`Stitch::with_runs`) a repeated t5 behind
-//! such a caller made calls in its later passes for this reason. So the caller asks first
-//! whether the pool would serve that rank from its own cache at all ([`Stitch::aside_may_serve`]:
-//! not when the rank is one the pool replays, which its own fast path leaves to the slow path
-//! too), and tells the pool of every hit it served ([`Stitch::note_aside_hit`]), which counts
-//! it as its own fast path counts a hit.
+//! Why: the budget follows the peak of live bytes over the current and the previous window of
+//! allocations (`budget`), and a window ends at a free once a window's allocations were made.
+//! A hit the caller serves is an allocation the pool never sees: a program whose use shrank
+//! to a loop the caller serves whole (one size freed and asked again on its stream) would
+//! never end a window, so its budget would stay at the old peak and the pages of that peak
+//! would never go back (a 64 MiB peak, then 196,608 pairs of 8 KiB on one stream: the pool
+//! kept all 64 MiB where the model gave 62 MiB back). So the caller counts its hits and tells
+//! the pool ([`Stitch::note_aside_hits`]) whenever it gives back what it keeps, and after so
+//! many hits at the latest (the interposer's caches: 4096 each); a window they complete
+//! ends there, as at the pool's next free.
+//!
+//! The hits count toward the window only: the pool's statistics (allocations, cache hits)
+//! and its rounds (a round ends where an allocation finds nothing live, at most once per so
+//! many of its own allocations, see `quiet`) stay those of the allocations it serves, as
+//! without the count (counted there, a loop the caller serves with a block live would make
+//! the round watch due at every free the caller keeps, for nothing).
 
 use super::*;
 
 impl Stitch {
-    /// Whether a caller keeping freed blocks aside may serve a request of `req` bytes from
-    /// them: not when the pool's next allocation of that size is a rank whose place it
-    /// replays (it leaves such a rank to its slow path, which takes the place the round
-    /// before gave it). A caller that serves it must call [`Stitch::note_aside_hit`].
+    /// Allocations made in the budget's current window, the caller's hits included.
     #[inline]
-    pub fn aside_may_serve(&self, req: u64) -> bool {
-        let size = round_up(req.max(1), ALIGN);
-        match self.sizes.find(size) {
-            Some(l) => {
-                let sl = self.sizes.at(l);
-                sl.allocs != sl.replay_next
-            }
-            None => true,
-        }
+    pub(super) fn window_allocs(&self) -> u64 {
+        self.stats.allocs.saturating_add(self.aside_hits)
     }
 
-    /// A caller served a request of `req` bytes from a block it kept aside (live to the pool
-    /// throughout): counted as the pool's fast path counts a cache hit (the size's rank, the
-    /// allocations and hits the budget's window and the round's end look at).
-    #[inline]
-    pub fn note_aside_hit(&mut self, req: u64) {
-        let size = round_up(req.max(1), ALIGN);
-        if let Some(l) = self.sizes.find(size) {
-            let sl = self.sizes.at_mut(l);
-            sl.allocs = sl.allocs.wrapping_add(1);
+    /// A caller served `n` allocations from blocks it kept aside (live to the pool
+    /// throughout): counted toward the budget's window, and a window that they complete ends
+    /// now, as it would at the pool's next free (the budget then enforced: above it the cache
+    /// is dissolved and idle pages go back).
+    pub fn note_aside_hits(&mut self, dev: &mut dyn Device, n: u64) {
+        if n == 0 {
+            return;
         }
-        self.stats.allocs += 1;
-        self.stats.cache_hits += 1;
+        self.aside_hits = self.aside_hits.saturating_add(n);
+        if self.budget.is_some() && self.window_allocs() >= self.next_window {
+            self.enforce_budget(dev);
+        }
     }
 }

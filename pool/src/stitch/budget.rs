@@ -157,14 +157,14 @@ impl Stitch {
     #[cold]
     #[inline(never)]
     pub(super) fn enforce_budget(&mut self, dev: &mut dyn Device) {
-        if self.stats.allocs >= self.next_window
+        if self.window_allocs() >= self.next_window
             && let Some(b) = self.budget
         {
             self.prev_window_peak = self.stats.recent_peak_live;
             self.prev_forced = self.forced;
             self.forced = 0;
             self.stats.recent_peak_live = self.stats.live;
-            self.next_window = self.stats.allocs + b.window;
+            self.next_window = self.window_allocs() + b.window;
         }
         self.keep_budget(dev);
     }

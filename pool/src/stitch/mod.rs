@@ -296,8 +296,11 @@ pub struct Stitch {
     repairs: u64,
     /// of them, mappings of a round's places re-formed near the device's limit (`pressure`)
     pressure_reforms: u64,
-    /// allocation count at which the budget's window rolls
+    /// allocation count (`window_allocs`) at which the budget's window rolls
     next_window: u64,
+    /// allocations a caller served from blocks it kept aside (`aside`): they count toward the
+    /// budget's window, not toward the pool's own statistics and rounds
+    aside_hits: u64,
     /// (epoch, free pages, mappings) of the last scan for idle pages that found the rest
     /// pinned: nothing changed, nothing to scan
     idle_scan: Option<(u64, usize, u64)>,
@@ -367,6 +370,7 @@ impl Stitch {
             repairs: 0,
             pressure_reforms: 0,
             next_window: u64::MAX,
+            aside_hits: 0,
             idle_scan: None,
             stuck_key: None,
             layout_mark: (0, 0),
@@ -545,7 +549,7 @@ impl Policy for Stitch {
                 self.compact_lru();
             }
         }
-        if self.stats.reserved > self.limit_now || self.stats.allocs >= self.next_window {
+        if self.stats.reserved > self.limit_now || self.window_allocs() >= self.next_window {
             self.enforce_budget(dev);
         }
         Ok(req)

@@ -67,7 +67,9 @@ impl Stitch {
     /// the caller must give back what it keeps, `u64::MAX` when it need not. When the blocks
     /// kept aside reach it, everything live is kept aside: given back, the next allocation
     /// finds nothing live and ends the round as it would have without them. 0 while the
-    /// pool holds more than its budget (a free then dissolves the cache at once). Asked with
+    /// pool holds more than its budget and the pages it was lately forced to take past it
+    /// (a free then dissolves the cache at once); within those pages a free changes nothing
+    /// (they are kept, and so is the cache: see `budget::release_keep`). Asked with
     /// the rule an allocation that finds nothing live follows (`layout_due`), so a
     /// caller that gives back what it keeps at this point, and before the pool serves
     /// anything, lets the pool end its rounds where it would without the caller.
@@ -77,7 +79,13 @@ impl Stitch {
             return u64::MAX;
         }
         // above its budget the pool enforces it at each free: nothing may be kept aside
-        if self.stats.reserved > self.limit_now {
+        // (but for the pages it keeps, where enforcing it gives nothing back)
+        let keep = if self.faults.dissolve_when_stuck {
+            self.limit_now
+        } else {
+            self.release_keep()
+        };
+        if self.stats.reserved > keep {
             return 0;
         }
         if self.layout_due() {

@@ -58,3 +58,37 @@ pub fn buffers_trace(
     }
     w.finish().unwrap()
 }
+
+/// `bufs` (each a thread and its buffer's events) written as the interposer's writer thread
+/// writes them since format v5: each buffer one chained context
+/// ([`RecordEncoder::context_chained`]), `per_frame` buffers a frame. Returns the file and,
+/// per buffer, whether its context started its model afresh and the frame it went into.
+pub fn chained_trace(
+    bufs: &[(u32, Vec<Event>)],
+    layout: FrameLayout,
+    per_frame: usize,
+) -> (Vec<u8>, Vec<(bool, usize)>) {
+    let mut w = TraceWriter::new(Vec::new(), &Header::default()).unwrap();
+    w.set_layout(layout);
+    let mut enc = RecordEncoder::new();
+    let mut info = Vec::new();
+    for (i, (tid, ev)) in bufs.iter().enumerate() {
+        enc.clear();
+        enc.context_chained(*tid);
+        // The context record: tag, len, tid, then the chain field, whose bit 0 says fresh.
+        let b = enc.bytes();
+        let mut p = 2;
+        while b[p] & 0x80 != 0 {
+            p += 1;
+        }
+        info.push((b[p + 1] & 1 == 1, i / per_frame));
+        for e in ev {
+            enc.push(e);
+        }
+        w.write_encoded(&enc).unwrap();
+        if (i + 1) % per_frame == 0 {
+            w.flush_frame().unwrap();
+        }
+    }
+    (w.finish().unwrap(), info)
+}

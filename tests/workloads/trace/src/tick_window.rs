@@ -202,3 +202,79 @@ pub fn events_after_the_exit_drain(name: &str, emit: fn(u32, u64)) {
         "thread {tid}: the events before the exit are written"
     );
 }
+
+static EXIT_AT: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+static EXITED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn exit_from_handler(_sig: libc::c_int) {
+    // What `exit()` called from a handler runs first (the library's exit hook).
+    tracer::on_exit();
+    EXITED.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+fn point_code(p: tracer::testing::HandOverPoint) -> u8 {
+    match p {
+        tracer::testing::HandOverPoint::Taken => 1,
+        tracer::testing::HandOverPoint::Queued => 2,
+    }
+}
+
+fn raise_at(p: tracer::testing::HandOverPoint) {
+    use std::sync::atomic::Ordering;
+    if EXIT_AT.load(Ordering::SeqCst) == point_code(p) {
+        EXIT_AT.store(0, Ordering::SeqCst);
+        // SAFETY: raise delivers SIGUSR1 (its handler installed) to this thread before it
+        // returns.
+        assert_eq!(unsafe { libc::raise(libc::SIGUSR1) }, 0);
+    }
+}
+
+/// A thread's first events are taken by a whole tick; then it emits until it hands a full
+/// buffer over, and a signal handler that exits (`on_exit`) interrupts it at `at` in that
+/// hand-over. Returns what [`check_counted`] found of the thread's events: each written or
+/// counted lost.
+pub fn exit_in_hand_over(name: &str, at: tracer::testing::HandOverPoint) -> Checked {
+    use std::sync::atomic::Ordering;
+    let dir = temp_dir(name);
+    let path = dir.join("window.vramtrace");
+    tracer::testing::enable(path.to_str().unwrap(), 0);
+    let tid = gettid();
+    let mut next = 0u64;
+    for _ in 0..10 {
+        emit(tid, next);
+        next += 1;
+    }
+    // A whole tick after these (its drain begun after the hook is set) takes them.
+    let (taken_tx, taken_rx) = sync_channel::<()>(1);
+    let mut began = false;
+    tracer::testing::on_tick(Some(Box::new(move |p| match p {
+        TickPoint::BeforeDrain { at_exit: false } => began = true,
+        TickPoint::AfterDrain { at_exit: false } if began => {
+            let _ = taken_tx.try_send(());
+        }
+        _ => {}
+    })));
+    taken_rx.recv().unwrap();
+    tracer::testing::on_tick(None);
+    // SAFETY: installs a handler for SIGUSR1 (a plain function) in this test process.
+    let old = unsafe {
+        libc::signal(
+            libc::SIGUSR1,
+            exit_from_handler as extern "C" fn(libc::c_int) as libc::sighandler_t,
+        )
+    };
+    assert_ne!(old, libc::SIG_ERR);
+    EXIT_AT.store(point_code(at), Ordering::SeqCst);
+    tracer::testing::on_hand_over(Some(raise_at));
+    // A buffer is handed over at about a thousand entries: far fewer than this bound.
+    while !EXITED.load(Ordering::SeqCst) && next < 1_000_000 {
+        emit(tid, next);
+        next += 1;
+    }
+    tracer::testing::on_hand_over(None);
+    assert!(
+        EXITED.load(Ordering::SeqCst),
+        "no hand-over in {next} events"
+    );
+    check_counted(&path, tid, next)
+}

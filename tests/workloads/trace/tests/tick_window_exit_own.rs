@@ -4,7 +4,7 @@
 //! the thread cannot leave while the handler runs, and gives it up at once, counting its
 //! events in the `Lost` record before the end record. The events a tick took before are
 //! written. With `VRAMSHIM_TRACE_FAULT=own-wait` (the drain waits for its own slot like any
-//! other's, `1 << 20` attempts in vain, and drops what it gives up on uncounted, as before)
+//! other's, through all of its patience in vain, and drops what it gives up on uncounted, as before)
 //! they are neither written nor counted: this fails.
 
 use std::sync::atomic::{AtomicBool, Ordering};

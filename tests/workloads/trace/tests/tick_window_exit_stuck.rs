@@ -1,7 +1,8 @@
 //! A thread that stays inside its own trace buffer (its window, or its lock:
-//! `tracer::testing::inside_own_slot`) through all of the exit drain's attempts, as a stopped
+//! `tracer::testing::inside_own_slot`) through all of the exit drain's patience, as a stopped
 //! thread does, gets the events that buffer holds counted lost in the `Lost` record before
-//! the end record: the drain gives its slot up after its attempts (`1 << 20`) and counts what
+//! the end record: the drain gives its slot up when its patience is spent (100 ms at most for
+//! all threads together) and counts what
 //! it could not take. The events a tick took before are written. With
 //! `VRAMSHIM_TRACE_FAULT=own-wait` (slots given up on are dropped uncounted, as before) they are
 //! neither written nor counted: this fails.
