@@ -9,6 +9,7 @@ pub mod fastmap;
 pub mod files;
 pub mod formats;
 pub mod input;
+pub mod json;
 pub mod progress;
 pub mod render;
 pub mod source;

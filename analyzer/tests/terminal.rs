@@ -151,3 +151,127 @@ fn import_names_reach_the_terminal_without_control_characters() {
         "the names, escaped: {err}"
     );
 }
+
+/// Characters that reorder or hide text without being controls: right-to-left override and
+/// embedding, isolates, marks, the Arabic letter mark, a line separator.
+const REORDERING: [char; 9] = [
+    '\u{202e}', '\u{202b}', '\u{2066}', '\u{2067}', '\u{2068}', '\u{2069}', '\u{200f}', '\u{061c}',
+    '\u{2028}',
+];
+
+/// A Python file and a module path that reorder themselves where they are shown:
+/// `train\u{202e}yp.evil` reads as `trainlive.py`.
+const PY_FILE: &str = "/home/u/train\u{202e}yp.evil\u{2066}x\u{2069}\u{200f}\u{061c}";
+const MODULE: &str = "/opt/lib\u{202b}gro\u{2067}s\u{2068}o\u{2028}.so";
+
+/// The trace: an allocation whose stack is a Python frame (of `PY_FILE`) over a native one (of
+/// `MODULE`), then a refused one (a post-mortem), in a process whose command line names both.
+fn write_reordering(path: &Path, size: u64) {
+    let header = Header {
+        pid: 7,
+        host: "h\u{202e}ost".into(),
+        cmdline: vec!["python".into(), PY_FILE.into()],
+        devices: vec![DeviceInfo {
+            index: 0,
+            name: "GPU\u{2066}0\u{2069}".into(),
+            total_bytes: 1 << 30,
+            uuid: None,
+        }],
+        ..Default::default()
+    };
+    let mut w = TraceWriter::new(Vec::new(), &header).unwrap();
+    for e in [
+        Event::Module {
+            base: 0x1000_0000,
+            size: 0x1000,
+            file_offset: 0,
+            path: MODULE.into(),
+        },
+        Event::PyCode {
+            id: 3,
+            file: PY_FILE.into(),
+            function: "step\u{202e}".into(),
+            first_line: 10,
+        },
+        Event::Stack {
+            id: 1,
+            frames: vec![1 << 63 | 3 << 32 | 12, 0x1000_0010],
+        },
+        Event::Alloc(op(1_000, Api::CudaMalloc, 0x7000_0000, size, 0)),
+        Event::Alloc(op(2_000, Api::CudaMalloc, 0, 1 << 31, codes::OUT_OF_MEMORY)),
+        Event::Free(op(3_000, Api::CudaFree, 0x7000_0000, size, 0)),
+    ] {
+        w.write(&e).unwrap();
+    }
+    std::fs::write(path, w.finish().unwrap()).unwrap();
+}
+
+/// The JSON outputs (`summary --json` with its post-mortem, `diff --json`, `replay --json`, the
+/// chrome-json export) write those characters as `\uXXXX` escapes, as the text outputs do
+/// (JSON needs only controls escaped): no name a trace carries reorders what shows the JSON,
+/// and a JSON reader gets the names back as they were.
+#[test]
+fn json_outputs_escape_reordering_characters() {
+    let d = scratch("terminal-json");
+    write_reordering(&d.join("a.vramtrace"), 1 << 20);
+    write_reordering(&d.join("b.vramtrace"), 4 << 20);
+    for args in [
+        vec!["summary", "--json", "a.vramtrace"],
+        vec!["summary", "--json", "a.vramtrace", "b.vramtrace"],
+        vec!["diff", "--json", "a.vramtrace", "b.vramtrace"],
+        vec!["replay", "--json", "a.vramtrace"],
+        vec![
+            "export",
+            "a.vramtrace",
+            "--format",
+            "chrome-json",
+            "-o",
+            "a.json",
+        ],
+    ] {
+        let out = ok(&d, &args);
+        let text = if args[0] == "export" {
+            std::fs::read_to_string(d.join("a.json")).unwrap()
+        } else {
+            String::from_utf8(out.stdout).unwrap()
+        };
+        for c in REORDERING {
+            assert!(
+                !text.contains(c),
+                "vramshim {args:?} wrote {c:?} unescaped:\n{text}"
+            );
+        }
+        let v: serde_json::Value = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("vramshim {args:?}: not JSON ({e}):\n{text}"));
+        // the names are all there, escaped, and read back as they were
+        let back = v.to_string();
+        let wanted: &[&str] = match args[0] {
+            // the command line, and the stacks: the Python frame, the module's file
+            "summary" => &[
+                PY_FILE,
+                "step\u{202e} (train\u{202e}yp.evil\u{2066}x\u{2069}\u{200f}\u{061c}:12)",
+                "lib\u{202b}gro\u{2067}s\u{2068}o\u{2028}.so+0x10",
+            ],
+            "export" => &[PY_FILE],
+            _ => &[],
+        };
+        for s in wanted {
+            assert!(
+                back.contains(s),
+                "vramshim {args:?}: {s:?} missing from\n{text}"
+            );
+        }
+        if args.len() == 3 && args[0] == "summary" {
+            // the post-mortem of the refused allocation, its frames read back whole
+            let pm = &v["traces"][0]["devices"][0]["post_mortems"][0];
+            assert_eq!(pm["frames"][0], wanted[1], "{text}");
+            assert_eq!(pm["frames"][1], wanted[2], "{text}");
+        }
+        if !wanted.is_empty() {
+            assert!(
+                text.contains("train\\u202eyp.evil\\u2066x\\u2069\\u200f\\u061c"),
+                "{text}"
+            );
+        }
+    }
+}

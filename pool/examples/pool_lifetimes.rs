@@ -9,6 +9,8 @@
 //! (default: tests/workloads/traces).
 
 mod common;
+#[path = "../tests/common/lifetimes.rs"]
+mod lifetimes;
 
 use std::collections::HashMap;
 use vramshim_pool::replay::{self, Event, Frees};
@@ -74,32 +76,8 @@ fn main() {
     for (name, t, _) in traces {
         for frees in Frees::BOTH {
             let events = frees.apply(&t.events);
-            // the peak's event, and each allocation's death: class 1 = freed before the peak
-            let (mut live, mut peak, mut at) = (0u64, 0u64, 0usize);
-            let mut open: HashMap<u64, (usize, u64)> = HashMap::new();
-            let mut death = vec![usize::MAX; events.len()];
-            for (i, ev) in events.iter().enumerate() {
-                match *ev {
-                    Event::Alloc { id, size, .. } => {
-                        if let Some((j, s)) = open.insert(id, (i, size)) {
-                            death[j] = i;
-                            live -= s;
-                        }
-                        live += size;
-                        if live > peak {
-                            (peak, at) = (live, i);
-                        }
-                    }
-                    Event::Free { id, .. } => {
-                        if let Some((j, s)) = open.remove(&id) {
-                            death[j] = i;
-                            live -= s;
-                        }
-                    }
-                    Event::ProcessSync => {}
-                }
-            }
-            let class: Vec<u8> = death.iter().map(|&d| u8::from(d < at)).collect();
+            // each allocation's class (1: freed before the peak of live bytes), and the peak
+            let (class, peak) = lifetimes::classes(&events);
             for (label, tight) in [("stitch, budget off", false), ("stitch", true)] {
                 let plain = min_device(&events, None, tight);
                 let told = min_device(&events, Some(&class), tight);

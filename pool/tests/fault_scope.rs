@@ -4,20 +4,12 @@
 //! (and a test that shows it failing would show something else): a switch that turned the
 //! pool's fast path (`Stitch::alloc_cached`) off let the general path take other blocks.
 
+mod common;
+
 use std::collections::HashMap;
 use vramshim_pool::replay::{self, Event, Frees, UNLIMITED};
 use vramshim_pool::stitch::{Faults, Stitch};
-use vramshim_pool::{AccountingDevice, Policy, Request, rmm_csv};
-
-fn traces() -> Vec<(String, Vec<Event>)> {
-    vramshim_testkit::shipped_traces()
-        .into_iter()
-        .map(|p| {
-            let t = rmm_csv::parse_file(&p).unwrap();
-            (p.file_name().unwrap().to_string_lossy().into(), t.events)
-        })
-        .collect()
-}
+use vramshim_pool::{AccountingDevice, Policy, Request};
 
 /// (driver calls, syncs, cache hits, peak reserved, stream waits, a digest of every address
 /// handed out in order) of a tight pool over `ev`, two passes (the second replays the first
@@ -106,7 +98,7 @@ fn unreached_fault_switches_change_nothing() {
             },
         ),
     ];
-    for (name, ev) in traces() {
+    for (name, ev) in common::traces() {
         for frees in Frees::BOTH {
             let ev = frees.apply(&ev);
             let want = counts(&ev, Faults::default(), false);

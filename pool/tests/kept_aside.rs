@@ -200,7 +200,7 @@ fn a_caller_keeping_frees_aside_leaves_the_pools_driver_calls_unchanged() {
     );
     // Above its budget only by the pages it was lately forced to take, which it keeps (and
     // its cache with them), the pool gives nothing back at a free: a caller may keep frees
-    // aside there too (t5 does: 2693 frees a pass). The watch is 0 only above those pages.
+    // aside there too (t5 does: 2693 frees, in its first pass). The watch is 0 only above those pages.
     assert!(
         kept_above > 0,
         "no free was kept aside above the budget: the watch sends every free to the pool there"

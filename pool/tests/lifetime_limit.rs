@@ -8,42 +8,14 @@
 //! (`Stitch::lifetimes_near_limit`): with the arena kept (`Faults::arena_mixes_lifetimes`) the
 //! same replay is refused, so the test can fail.
 
+mod common;
+
 use std::collections::HashMap;
 use vramshim_pool::replay::{self, Event, Frees};
 use vramshim_pool::stitch::{Faults, Stitch};
 use vramshim_pool::{AccountingDevice, MIB, Policy, Request, rmm_csv};
 
 const PAGE: u64 = 2 * MIB;
-
-/// Each event's lifetime class: 1 for an allocation freed before the stream's peak of live
-/// bytes, else 0.
-fn classes(events: &[Event]) -> Vec<u8> {
-    let (mut live, mut peak, mut at) = (0u64, 0u64, 0usize);
-    let mut open: HashMap<u64, (usize, u64)> = HashMap::new();
-    let mut death = vec![usize::MAX; events.len()];
-    for (i, ev) in events.iter().enumerate() {
-        match *ev {
-            Event::Alloc { id, size, .. } => {
-                if let Some((j, s)) = open.insert(id, (i, size)) {
-                    death[j] = i;
-                    live -= s;
-                }
-                live += size;
-                if live > peak {
-                    (peak, at) = (live, i);
-                }
-            }
-            Event::Free { id, .. } => {
-                if let Some((j, s)) = open.remove(&id) {
-                    death[j] = i;
-                    live -= s;
-                }
-            }
-            Event::ProcessSync => {}
-        }
-    }
-    death.iter().map(|&d| u8::from(d < at)).collect()
-}
 
 /// Replay `events` through `p` with the classes told, on a checking device of `capacity`
 /// bytes: `Ok(())` when every allocation is served, `Err(event index)` at the first refused.
@@ -101,7 +73,7 @@ fn lifetime_classes_fit_t5_on_1_03_x_peak_live_with_the_arena_set_aside() {
         (Frees::StreamOrdered, 480, true),
     ] {
         let events = frees.apply(&t.events);
-        let class = classes(&events);
+        let (class, _) = common::lifetimes::classes(&events);
         let mut p = Stitch::tight();
         p.set_faults(Faults {
             arena_mixes_lifetimes: kept,

@@ -479,10 +479,11 @@ impl<R: Read> TraceReader<R> {
         let raw = &self.raw[self.rp..self.rend];
         let tag = raw[0];
         if self.skip_ctx {
-            if tag != tag::CONTEXT {
+            if tag == tag::CONTEXT {
+                self.skip_ctx = false;
+            } else if !defines(tag) {
                 return self.skip_record(tag);
             }
-            self.skip_ctx = false;
         }
         if self.columnar && is_memop(tag) {
             // No length prefix: the fields delimit themselves; timing comes from the streams.
@@ -953,6 +954,18 @@ impl<R: Read> TraceReader<R> {
             }
         }
     }
+}
+
+/// Records that need none of the context's state (untimed, or `PoolStats`, timed in full), among
+/// them those that name something for the rest of the file (`Module`, `Stack`, `Device`,
+/// `PyCode`, `PyStack`: written once a process, referred to by id from any later frame): a
+/// context skipped for a `TorchRun` model the reader lacks still gives them.
+#[inline]
+fn defines(tag: u8) -> bool {
+    matches!(
+        tag,
+        tag::MODULE | tag::STACK | tag::DEVICE | tag::PY_CODE | tag::PY_STACK | tag::POOL_STATS
+    )
 }
 
 impl<R: Read> Iterator for TraceReader<R> {

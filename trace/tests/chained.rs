@@ -356,3 +356,91 @@ fn a_corrupt_record_inside_a_chained_context_breaks_its_chain() {
         );
     }
 }
+
+/// The names a skipped context defines (a chained context whose model the reader lacks after a
+/// damaged frame: `Stack`, `PyCode` and `PyStack` records after its first `TorchRun`, as a
+/// thread's buffer holds them when it meets a new stack mid-buffer) are read all the same:
+/// they are untimed and depend on no state, and they are written once a process, so a later
+/// event that names them (in any later frame, a fresh chain's too) would otherwise lose its
+/// stack for good. Reading them as the skip passes over them, they come back; skipping them
+/// with the rest of the context, this fails.
+#[test]
+fn a_skipped_context_still_defines_its_stacks() {
+    let ops = gpt2_torch();
+    let tid = ops[0].tid;
+    let defs = [
+        Event::PyCode {
+            id: 7,
+            file: "train.py".into(),
+            function: "forward".into(),
+            first_line: 10,
+        },
+        Event::PyStack {
+            id: 9,
+            frames: vec![PyFrame { code: 7, line: 12 }],
+        },
+        Event::Stack {
+            id: 11,
+            frames: vec![0x1000, 0x2000],
+        },
+    ];
+    let mut enc = RecordEncoder::new();
+    let mut buffers = Vec::new();
+    // The first context of the chain (its frame damaged below), then one that continues it
+    // and names a new stack between its runs.
+    enc.clear();
+    enc.context_chained(tid);
+    for op in &ops[..60] {
+        enc.push(&Event::Torch(op.clone()));
+    }
+    buffers.push(enc.bytes().to_vec());
+    enc.clear();
+    enc.context_chained(tid);
+    for op in &ops[60..90] {
+        enc.push(&Event::Torch(op.clone()));
+    }
+    for d in &defs {
+        enc.push(d);
+    }
+    for op in &ops[90..120] {
+        enc.push(&Event::Torch(op.clone()));
+    }
+    buffers.push(enc.bytes().to_vec());
+    let st = RecordStats {
+        records: 1,
+        t_min: u64::MAX,
+        t_max: 0,
+    };
+    for layout in [FrameLayout::Rows, FrameLayout::Columnar] {
+        let mut w = TraceWriter::new(Vec::new(), &Header::default()).unwrap();
+        w.set_layout(layout);
+        for b in &buffers {
+            w.write_records(b, st).unwrap();
+            w.flush_frame().unwrap();
+        }
+        let mut bytes = w.finish().unwrap();
+        let (off, len) = frames(&bytes)[0];
+        for b in &mut bytes[off + 48..off + len.min(200)] {
+            *b ^= 0x5a;
+        }
+        let (_, got, errs, _) = read_all(&bytes).unwrap();
+        assert!(
+            errs.iter().any(|e| matches!(&e.kind, DecodeErrorKind::CorruptRecord(m) if m.contains("not read whole"))),
+            "{layout:?}: the second context is skipped: {errs:?}"
+        );
+        assert!(
+            !got.iter().any(|e| matches!(e, Event::Torch(_))),
+            "{layout:?}: no tensor event of the skipped context comes back"
+        );
+        for d in &defs {
+            assert!(
+                got.contains(d),
+                "{layout:?}: {d:?} lost with the skipped context"
+            );
+        }
+        let visited = collect_visited(&bytes);
+        for d in &defs {
+            assert!(visited.contains(d), "{layout:?} visit_frame: {d:?} lost");
+        }
+    }
+}

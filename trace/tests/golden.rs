@@ -526,7 +526,7 @@ fn golden_tensor_v3_still_decodes() {
 
 /// Today's writer produces `tensors-v5.vramtrace` byte for byte (so a change to the
 /// `TorchRun` coding, or to another record the small fixture lacks, cannot pass
-/// unnoticed); it decodes to `tensors-v4.txt` and to the fixture's events. Regenerate it
+/// unnoticed); it decodes to `tensors-v5.txt` and to the fixture's events. Regenerate it
 /// deliberately with `VRAMSHIM_BLESS=1` (see the top of this file).
 #[test]
 fn golden_tensor_trace() {

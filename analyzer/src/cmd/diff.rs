@@ -39,10 +39,7 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
     let b = analysis::analyze(input::open(&args.b)?, &opts)?;
     let d = diff::diff(&a, &b, args.top);
     if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&d).map_err(|e| e.to_string())?
-        );
+        println!("{}", vramshim_analyzer::json::to_string_pretty(&d)?);
         let torn = a.torn || b.torn;
         return Ok(crate::cmd::input_status(&[a, b], torn));
     }

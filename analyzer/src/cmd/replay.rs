@@ -86,10 +86,7 @@ pub fn main(a: Args) -> Result<ExitCode, String> {
         a.min_capacity,
     )?;
     if a.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&r).map_err(|e| e.to_string())?
-        );
+        println!("{}", vramshim_analyzer::json::to_string_pretty(&r)?);
         return Ok(damage_status(&r.damage));
     }
     let mut o = String::new();

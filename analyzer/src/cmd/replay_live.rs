@@ -93,10 +93,7 @@ pub fn main(a: LiveArgs) -> Result<ExitCode, String> {
     let _ = std::fs::remove_dir_all(&work);
     let report = result?;
     if a.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?
-        );
+        println!("{}", vramshim_analyzer::json::to_string_pretty(&report)?);
     } else {
         print!("{}", text(&report));
     }

@@ -51,10 +51,7 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
         if !gpus.is_empty() {
             v["by_gpu"] = serde_json::to_value(&gpus).map_err(|e| e.to_string())?;
         }
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?
-        );
+        println!("{}", vramshim_analyzer::json::to_string_pretty(&v)?);
     } else {
         let mut out = String::new();
         match &comparison {

@@ -279,10 +279,7 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
         let views = snapshot();
         let mut j = render_json(&views);
         j["node"] = super::node::render_json(&reg_path, &super::node::read(&reg_path));
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&j).map_err(|e| e.to_string())?
-        );
+        println!("{}", vramshim_analyzer::json::to_string_pretty(&j)?);
         return Ok(if failed(&views) {
             ExitCode::from(1)
         } else {

@@ -20,7 +20,7 @@ pub struct ChromeWriter<W: Write> {
 }
 
 fn esc(s: &str) -> String {
-    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
+    crate::json::to_string(s).unwrap_or_else(|_| "\"\"".into())
 }
 
 impl<W: Write> ChromeWriter<W> {

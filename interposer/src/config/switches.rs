@@ -69,6 +69,7 @@ const SWITCHES: &[(&str, &[&str])] = &[
             "late-close",
             "tid-only",
             "own-wait",
+            "nested-exit-waits",
             // A slot's life token (`tracer::slots::claim`).
             "arm-in-op",
         ],

@@ -456,3 +456,45 @@ pub(crate) fn on_fork_child() {
     SPILLED_DEVICES.store(0, Ordering::Relaxed);
     NONEMPTY.store(0, Ordering::Release);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A thread whose hits alternate between devices: each device's hits reach the drain
+    /// (the other device's through the spill), none lost, none counted twice; a drained
+    /// cache starts again at 0 and says a batch is due only at its `HIT_BATCH`-th hit.
+    #[test]
+    fn hits_of_two_devices_reach_the_drain_each_once() {
+        let freed = |device, addr| Freed {
+            device,
+            addr,
+            size: 4096,
+            stream: 1,
+        };
+        let drained = || {
+            let mut hits = [0u64; 2];
+            let mut frees = 0;
+            drain(|d| match d {
+                Drained::Hits(dev, n) => hits[dev as usize] += n,
+                Drained::Freed(_) => frees += 1,
+            });
+            (hits, frees)
+        };
+        drained();
+        assert_ne!(put(freed(0, 0x1000)), Kept::No);
+        assert_ne!(put(freed(1, 0x2000)), Kept::No);
+        assert_ne!(put(freed(0, 0x3000)), Kept::No);
+        assert_eq!(take(0, 4096, 1), Some((0x3000, false)));
+        assert_eq!(take(1, 4096, 1), Some((0x2000, false)));
+        assert_eq!(take(0, 4096, 1), Some((0x1000, false)));
+        assert_eq!(take(0, 4096, 1), None);
+        assert_eq!(drained(), ([2, 1], 0));
+        assert_eq!(drained(), ([0, 0], 0));
+        for i in 1..=HIT_BATCH {
+            assert_ne!(put(freed(1, 0x4000)), Kept::No);
+            assert_eq!(take(1, 4096, 1), Some((0x4000, i == HIT_BATCH)));
+        }
+        assert_eq!(drained(), ([0, HIT_BATCH], 0));
+    }
+}

@@ -91,6 +91,11 @@ pub(crate) struct PyWalk {
     /// of the executing instruction in code units (an `i32`, negative: not started), as
     /// `u64`s side by side, so that a whole stack's key is compared as one block of memory.
     keys: [Frame; MAX_PY],
+    /// Per frame, its key folded into one word, `ident ^ offset << 32` (what the stack's
+    /// hash mixes): written by a walk of the keys alone ([`walk_keys`]), whose stack is
+    /// looked up by these words ([`key_words`](Self::key_words)); a full walk leaves them as
+    /// they were (so [`py_frames`] compares its frames with the keys walk's).
+    words: [u64; MAX_PY],
     frames: [RawFrame; MAX_PY],
     n: usize,
     /// [`key_hash`](Self::key_hash), computed by the walk as it reads the frames.
@@ -109,9 +114,11 @@ pub(crate) fn key_lasti(k: &Frame) -> i32 {
     k[1] as u32 as i32
 }
 
-/// The hash of a walk's keys: a running [`mix`] over each frame's two words (the offset in
-/// the identity's high half: one step a frame), then the number of frames
-/// ([`PyWalk::key_hash`]).
+/// The hash of a walk's keys ([`PyWalk::key_hash`]): each frame's word (its identity, a
+/// mixed 64-bit value, with the offset in its high half) xored into the running value
+/// rotated, then one [`mix`] with the number of frames. The words are already well spread
+/// (the table compares keys in full on a hit; the hash only places them), so a frame
+/// costs no multiply.
 const KEY_SEED: u64 = 0x8422_2325_cbf2_9ce4;
 
 thread_local! {
@@ -135,28 +142,26 @@ pub(crate) fn with_walk<R>(f: impl FnOnce(&PyWalk) -> R) -> R {
 /// The keys of the calling thread's Python frames (the tensor tracker's walk), in its own
 /// buffer: what identifies each frame and the stack's hash, not where to read its names,
 /// which only a new stack needs ([`py_frames`] reads them then). `None` when Python frames
-/// are off in this process, or (once the layout is verified) this thread has no Python
-/// thread state: asked before the buffer is taken, since autograd's threads, half of a
-/// training step's allocations, have none. Inlined into the caller, which reads the buffer
-/// in place.
+/// are off in this process, or this thread has no Python thread state or (once the layout
+/// is verified) no frame: both asked before the buffer is taken, since autograd's threads,
+/// half of a training step's allocations, have a thread state without frames. Inlined into
+/// the caller, which reads the buffer in place.
 #[inline(always)]
 pub(crate) fn walk_keys() -> Option<WalkBuf> {
-    if STATE.load(Ordering::Relaxed) == OFF {
+    let state = STATE.load(Ordering::Acquire);
+    if state == ON {
+        // Plain reads are on once the runtime was found and its first walks checked: it is
+        // there, without asking the set-up again.
+        let py = PY.get()?;
+        return (py.keys_buf)(py, thread_state(py)?);
+    }
+    if state == OFF {
         return None;
     }
     let py = py()?;
-    if STATE.load(Ordering::Acquire) == ON {
-        let ts = thread_state(py)?;
-        let mut w = buf();
-        w.n = 0;
-        if (py.keys_from)(py, ts, &mut w).is_err() {
-            w.n = 0;
-        }
-        return Some(w);
-    }
     let mut w = buf();
     walk_in(py, &mut w, false);
-    Some(w)
+    (!w.is_empty()).then_some(w)
 }
 
 /// The calling thread's Python thread state, with plain reads (a verified layout); `None`
@@ -242,6 +247,7 @@ impl PyWalk {
     pub(crate) const fn new() -> PyWalk {
         PyWalk {
             keys: [[0; 2]; MAX_PY],
+            words: [0; MAX_PY],
             frames: [NO_FRAME; MAX_PY],
             n: 0,
             key_hash: 0,
@@ -253,23 +259,28 @@ impl PyWalk {
         self.n == 0
     }
 
-    /// What identifies the stack exactly, frame by frame: what names each code object and
-    /// the instruction offset (the key [`key_hash`](Self::key_hash) hashes and
-    /// [`key_eq`](Self::key_eq) compares).
-    pub(crate) fn key(&self) -> Box<[Frame]> {
-        self.keys[..self.n].into()
+    /// What identifies the stack a walk of the keys alone ([`walk_keys`]) found, one word a
+    /// frame: what names each code object (a 64-bit hash of it, [`walk_with`]) with the
+    /// instruction offset in its high half, `ident ^ offset << 32`. Two frames with the same
+    /// word have the same identity and offset as surely as two code objects with the same
+    /// identity hash are the same (the offset's 32 bits only move where the identities'
+    /// 64 would have to agree). The key [`key_hash`](Self::key_hash) hashes and
+    /// [`key_eq`](Self::key_eq) compares: half the bytes of (identity, offset) pairs.
+    pub(crate) fn key_words(&self) -> Box<[u64]> {
+        self.words[..self.n].into()
     }
 
-    /// A fast hash of [`key`](Self::key) (equal keys, equal hashes), computed by the walk.
+    /// A fast hash of the stack's frames (equal keys, equal hashes), computed by the walk;
+    /// the same for a keys walk ([`key_words`](Self::key_words)) and a full one.
     #[inline]
     pub(crate) fn key_hash(&self) -> u64 {
         self.key_hash
     }
 
-    /// Whether `key` is this walk's [`key`](Self::key), compared in full.
+    /// Whether `key` is this keys walk's [`key_words`](Self::key_words), compared in full.
     #[inline]
-    pub(crate) fn key_eq(&self, key: &[Frame]) -> bool {
-        key == &self.keys[..self.n]
+    pub(crate) fn key_eq(&self, key: &[u64]) -> bool {
+        key == &self.words[..self.n]
     }
 
     /// A hash of [`words`](Self::words): what identifies the stack (code objects,
@@ -495,17 +506,40 @@ const fn fixed(minor: u32) -> Layout {
 type Walker = fn(&Py, &mut PyWalk) -> Result<(), &'static str>;
 /// The keys walk from a thread state on ([`walk_ts`]), with plain reads.
 type KeysFrom = fn(&Py, u64, &mut PyWalk) -> Result<(), &'static str>;
+/// The tensor tracker's keys walk from a thread state on, in the thread's buffer taken
+/// only when there is a frame ([`keys_buf`]).
+type KeysBuf = fn(&Py, u64) -> Option<WalkBuf>;
 
-/// The walks compiled for `l` (the full walk, and the keys walk from a thread state on),
-/// with its offsets as constants (no offset loaded per frame, no branch on the frame kind),
-/// where `l` is one of the layouts known at build time.
-fn compiled_walk(l: &Layout) -> Option<(Walker, KeysFrom)> {
+/// The walks compiled for `l` (the full walk, and the keys walk from a thread state on, into
+/// a buffer given or the thread's own), with its offsets as constants (no offset loaded per
+/// frame, no branch on the frame kind), where `l` is one of the layouts known at build time.
+fn compiled_walk(l: &Layout) -> Option<(Walker, KeysFrom, KeysBuf)> {
     Some(match l.minor {
-        10 if *l == fixed(10) => (walk_with::<false, 10, true>, walk_ts::<false, 10, false>),
-        11 if *l == fixed(11) => (walk_with::<false, 11, true>, walk_ts::<false, 11, false>),
-        12 if *l == fixed(12) => (walk_with::<false, 12, true>, walk_ts::<false, 12, false>),
-        13 if *l == fixed(13) => (walk_with::<false, 13, true>, walk_ts::<false, 13, false>),
-        14 if *l == fixed(14) => (walk_with::<false, 14, true>, walk_ts::<false, 14, false>),
+        10 if *l == fixed(10) => (
+            walk_with::<false, 10, true>,
+            walk_ts::<false, 10, false>,
+            keys_buf::<10>,
+        ),
+        11 if *l == fixed(11) => (
+            walk_with::<false, 11, true>,
+            walk_ts::<false, 11, false>,
+            keys_buf::<11>,
+        ),
+        12 if *l == fixed(12) => (
+            walk_with::<false, 12, true>,
+            walk_ts::<false, 12, false>,
+            keys_buf::<12>,
+        ),
+        13 if *l == fixed(13) => (
+            walk_with::<false, 13, true>,
+            walk_ts::<false, 13, false>,
+            keys_buf::<13>,
+        ),
+        14 if *l == fixed(14) => (
+            walk_with::<false, 14, true>,
+            walk_ts::<false, 14, false>,
+            keys_buf::<14>,
+        ),
         _ => return None,
     })
 }
@@ -721,6 +755,7 @@ struct Py {
     /// once: the full walk, and the walk of the keys alone from a thread state on.
     walk: Walker,
     keys_from: KeysFrom,
+    keys_buf: KeysBuf,
     get_tstate: GetTstateFn,
     runtime: u64,
     code_type: u64,
@@ -827,6 +862,7 @@ fn find_py() -> Option<Py> {
         l,
         walk: walk.map_or(walk_with::<false, 0, true>, |w| w.0),
         keys_from: walk.map_or(walk_ts::<false, 0, false>, |w| w.1),
+        keys_buf: walk.map_or(keys_buf::<0>, |w| w.2),
         get_tstate,
         runtime,
         code_type,
@@ -968,6 +1004,13 @@ fn walk_in(py: &Py, out: &mut PyWalk, full: bool) {
     };
     match r {
         Ok(()) => {
+            if checked && !full {
+                // Asked for the keys: a checked walk is a full one, whose words are these.
+                for i in 0..out.n {
+                    let [ident, lasti] = out.keys[i];
+                    out.words[i] = ident ^ lasti << 32;
+                }
+            }
             if checked && out.n > 0 && CHECKED_OK.fetch_add(1, Ordering::AcqRel) >= 1 {
                 STATE.store(ON, Ordering::Release);
             }
@@ -1018,16 +1061,23 @@ fn walk_ts<const C: bool, const M: u32, const FULL: bool>(
     ts: u64,
     out: &mut PyWalk,
 ) -> Result<(), &'static str> {
-    let l = &if M == 0 { py.l } else { const { fixed(M) } };
     out.full = FULL;
+    let frame = first_frame::<C, M>(py, ts)?;
+    walk_frames::<C, M, FULL>(py, frame, out)
+}
+
+/// The innermost frame of the thread state `ts` (not 0), 0 when it has none.
+#[inline(always)]
+fn first_frame<const C: bool, const M: u32>(py: &Py, ts: u64) -> Result<u64, &'static str> {
+    let l = &if M == 0 { py.l } else { const { fixed(M) } };
     if ts < MIN_ADDR {
         return Err("thread state unreadable");
     }
-    let mut frame = match l.kind {
+    Ok(match l.kind {
         Gen::CFrame => {
             let cf = rd_u64::<C>(ts + l.ts_cframe as u64).ok_or("thread state unreadable")?;
             if cf == 0 {
-                return Ok(());
+                return Ok(0);
             }
             if cf < MIN_ADDR {
                 return Err("frame pointer unreadable");
@@ -1037,7 +1087,36 @@ fn walk_ts<const C: bool, const M: u32, const FULL: bool>(
         Gen::Frames | Gen::Current => {
             rd_u64::<C>(ts + l.cur_frame as u64).ok_or("thread state unreadable")?
         }
-    };
+    })
+}
+
+/// The tensor tracker's keys walk, compiled per layout like [`walk_ts`]: the calling
+/// thread's buffer with the keys of its frames from the thread state `ts` on, or `None`
+/// when the thread runs no Python code (autograd's threads have a thread state and no
+/// frame: half of a training step's allocations) or its frames cannot be read; the buffer
+/// is taken only when there is a frame to read.
+fn keys_buf<const M: u32>(py: &Py, ts: u64) -> Option<WalkBuf> {
+    let frame = first_frame::<false, M>(py, ts).ok()?;
+    if frame == 0 {
+        return None;
+    }
+    let mut w = buf();
+    w.full = false;
+    if walk_frames::<false, M, false>(py, frame, &mut w).is_err() {
+        w.n = 0;
+    }
+    Some(w)
+}
+
+/// [`walk_ts`] from its first frame (0: none) on.
+#[inline(always)]
+fn walk_frames<const C: bool, const M: u32, const FULL: bool>(
+    py: &Py,
+    mut frame: u64,
+    out: &mut PyWalk,
+) -> Result<(), &'static str> {
+    let l = &if M == 0 { py.l } else { const { fixed(M) } };
+    out.n = 0;
     let strict = C;
     // Read once a walk, in every walk, so that the fault breaks the walk jobs really run.
     let noident = FAULT_NOIDENT.load(Ordering::Relaxed);
@@ -1053,7 +1132,6 @@ fn walk_ts<const C: bool, const M: u32, const FULL: bool>(
             return Err("frame unreadable");
         }
         let code = rd_u64::<C>(frame + l.f_code as u64).ok_or("frame unreadable")? & !l.code_tag;
-        let back = rd_u64::<C>(frame + l.f_back as u64).ok_or("frame unreadable")?;
         if l.f_owner != 0
             && rd_u8::<C>(frame + l.f_owner as u64).ok_or("frame unreadable")? == OWNED_BY_CSTACK
         {
@@ -1061,7 +1139,7 @@ fn walk_ts<const C: bool, const M: u32, const FULL: bool>(
             if FULL && n > 0 {
                 out.frames[n - 1].entry = true;
             }
-            frame = back;
+            frame = rd_u64::<C>(frame + l.f_back as u64).ok_or("frame unreadable")?;
             continue;
         }
         if code < MIN_ADDR || rd_u64::<C>(code + 8) != Some(py.code_type) {
@@ -1077,7 +1155,9 @@ fn walk_ts<const C: bool, const M: u32, const FULL: bool>(
                 // Code units from the first: 3.11 and 3.12 point one unit before it (-1)
                 // until the frame starts. An instruction pointer is always within its code
                 // object's units; were it not, this is some other value, which names no line.
-                (ip.wrapping_sub(code + l.co_code as u64) as i64 >> 1) as i32
+                // In 32 bits (the same for any offset below 2 GiB, and no 64-bit constants
+                // held in registers through the walk's loop).
+                ((ip as u32).wrapping_sub((code as u32).wrapping_add(l.co_code as u32)) as i32) >> 1
             }
         };
         let filename = rd_u64::<C>(code + l.co_filename as u64).ok_or("code unreadable")?;
@@ -1101,21 +1181,23 @@ fn walk_ts<const C: bool, const M: u32, const FULL: bool>(
         // function name (address and cached hash: a freed name's address may be reused by
         // a string with other characters, whose hash differs), its line table (address and
         // length) and first line. A code object freed and another created at its address
-        // shares all of these only when it is named the same.
+        // shares all of these only when it is named the same. Each name enters as its
+        // address xor its hash, one word: two names give the same word only when their
+        // hashes differ exactly as their addresses do (the same address: the same hash),
+        // which for string hashes (SipHash, or -1 not yet computed) is a 64-bit
+        // coincidence, like the identity's own; the line table's length and the first line
+        // share a word (a length < 4 GiB, a line < 2^32: nothing lost).
         let ident = if noident {
             code
         } else {
             let first = rd_i32::<C>(code + l.co_firstlineno as u64).ok_or("code unreadable")?;
-            let mut h = mix(code, filename);
-            h = mix(h, rd_u64::<C>(filename + 24).ok_or("name unreadable")?);
-            h = mix(h, name);
-            h = mix(h, rd_u64::<C>(name + 24).ok_or("name unreadable")?);
+            let fhash = rd_u64::<C>(filename + 24).ok_or("name unreadable")?;
+            let nhash = rd_u64::<C>(name + 24).ok_or("name unreadable")?;
+            let tlen = rd_u64::<C>(linetable + 16).ok_or("line table unreadable")?;
+            let mut h = mix(code, filename ^ fhash);
+            h = mix(h, name ^ nhash);
             h = mix(h, linetable);
-            h = mix(
-                h,
-                rd_u64::<C>(linetable + 16).ok_or("line table unreadable")?,
-            );
-            mix(h, first as u32 as u64)
+            mix(h, tlen << 32 | first as u32 as u64)
         };
         if FULL {
             let entry = match l.kind {
@@ -1134,11 +1216,19 @@ fn walk_ts<const C: bool, const M: u32, const FULL: bool>(
             };
         }
         let lasti = lasti as u32 as u64;
-        // One step of the hash a frame: the offset (32 bits) in the identity's high half.
-        kh = mix(kh, ident ^ lasti << 32);
-        out.keys[n] = [ident, lasti];
+        // One step of the hash a frame: the offset (32 bits) in the identity's high half,
+        // the word a keys walk stores (`PyWalk::words`).
+        let word = ident ^ lasti << 32;
+        kh = kh.rotate_left(5) ^ word;
+        if FULL {
+            out.keys[n] = [ident, lasti];
+        } else {
+            out.words[n] = word;
+        }
         n += 1;
-        frame = back;
+        // The caller's frame, read last: the frame's own register then holds it (no copy a
+        // frame).
+        frame = rd_u64::<C>(frame + l.f_back as u64).ok_or("frame unreadable")?;
     }
     out.n = n;
     out.key_hash = mix(kh, n as u64);
@@ -1339,9 +1429,16 @@ pub(crate) fn py_frames(
 ) -> Option<Vec<vramshim_trace::PyFrame>> {
     let py = py()?;
     if !walk.full {
-        let key = walk.key();
+        // The full walk leaves the keys walk's words as they are: its frames must fold to
+        // them, one by one.
+        let n = walk.n;
         walk_in(py, walk, true);
-        if !walk.key_eq(&key) {
+        if walk.n != n
+            || walk.keys[..n]
+                .iter()
+                .zip(&walk.words[..n])
+                .any(|(&[ident, lasti], &w)| ident ^ lasti << 32 != w)
+        {
             return None;
         }
     }

@@ -240,6 +240,8 @@ pub(crate) fn encode(enc: &mut RecordEncoder, b: &mut Buf) {
     let mut live = [0i64; MAX_DEV];
     let mut others = b.others.iter_mut();
     let mut i = 0;
+    // The thread of the entries that follow (the last `Context`'s).
+    let mut tid = 0;
     while let Some(r) = b.raw.get(i) {
         if i == 0 && r.kind != Kind::Context {
             // Never built that way; a run of records must start with a context.
@@ -249,7 +251,10 @@ pub(crate) fn encode(enc: &mut RecordEncoder, b: &mut Buf) {
         match r.kind {
             // The thread's `TorchRun` model continues from its previous buffer (format v5):
             // the first events of a buffer are predicted too.
-            Kind::Context => enc.context_chained(r.op.tid),
+            Kind::Context => {
+                tid = r.op.tid;
+                enc.context_chained(tid)
+            }
             Kind::Alloc | Kind::Free => {
                 if let Some((d, v)) = live_delta(r.kind, &r.op) {
                     live[d] = live[d].wrapping_add(v);
@@ -267,6 +272,10 @@ pub(crate) fn encode(enc: &mut RecordEncoder, b: &mut Buf) {
                         n += 1;
                         let mut t = torch_of(&r.op);
                         t.t_ns = ns.get(t.t_ns);
+                        if t.tid == OWN_THREAD {
+                            // The tracker's: this buffer's thread ([`OWN_THREAD`]).
+                            t.tid = tid;
+                        }
                         t
                     })
                 }));
@@ -756,6 +765,11 @@ fn emit_memop_stack(slot: &'static Slot, alloc: bool, m: &MemOp) {
     put_after(slot, records, ev);
 }
 
+/// A `Torch` event's `tid` that stands for the thread whose buffer holds it (the tracker's
+/// events: always its own thread's), filled in by [`encode`] from the buffer's `Context`,
+/// so the allocating thread neither reads nor stores its id (a kernel tid is never 0).
+pub(crate) const OWN_THREAD: u32 = 0;
+
 /// A `Torch` event as a buffer entry: its fields in a `MemOp`'s places (the action in
 /// `flags`, the segment's base in `result` and `latency_ns`, its low and high halves), so
 /// the allocating thread stores it with the same few moves as an allocation, and builds,
@@ -1029,17 +1043,22 @@ pub(crate) struct Drained {
 /// Events that the slots `given_up` by a drain hold and that nothing else will write or count.
 /// No entry is read (see [`Slot::unaccounted`]).
 pub(crate) fn unaccounted(given_up: &[&'static Slot]) -> u64 {
-    let out = !slots_fault("hand-over-uncounted");
+    let out = !fault_hand_over_uncounted();
     given_up.iter().map(|s| s.unaccounted(out)).sum()
 }
 
-/// Fault switches of the drain (`VRAMSHIM_SLOTS_FAULT`, read by the tests that show they
-/// catch them): `barrier-drop` gives up no slot when the barrier fails (their buffers,
-/// untaken, are then neither written nor counted at exit); `hand-over-uncounted` counts a
-/// given-up slot's buffer only, not the one its owner was handing over (an exit that
-/// interrupted the hand-over then counts nothing of it).
-fn slots_fault(v: &str) -> bool {
-    crate::config::switch_on("VRAMSHIM_SLOTS_FAULT", v)
+/// Fault switch of the drain (`VRAMSHIM_SLOTS_FAULT=barrier-drop`, read by the test that shows
+/// it catches it): no slot is given up when the barrier fails (their buffers, untaken, are
+/// then neither written nor counted at exit).
+fn fault_barrier_drop() -> bool {
+    crate::config::switch_on("VRAMSHIM_SLOTS_FAULT", "barrier-drop")
+}
+
+/// Fault switch of the drain (`VRAMSHIM_SLOTS_FAULT=hand-over-uncounted`): a given-up slot's
+/// buffer is counted, not the one its owner was handing over (an exit that interrupted the
+/// hand-over then counts nothing of it).
+fn fault_hand_over_uncounted() -> bool {
+    crate::config::switch_on("VRAMSHIM_SLOTS_FAULT", "hand-over-uncounted")
 }
 
 /// Claim every slot, one barrier for all of them, take each buffer, then hand them to `f`
@@ -1080,7 +1099,7 @@ fn drain(
         // The guards' drops withdraw the claims; the buffers wait for next time, and at exit,
         // where there is none, they are counted (they cannot be taken without the barrier:
         // an owner may be in its window unseen).
-        if !slots_fault("barrier-drop") {
+        if !fault_barrier_drop() {
             given_up.extend(held.iter().map(|g| g.slot));
         }
         return Drained {
@@ -1351,6 +1370,44 @@ mod tests {
             })
             .collect();
         assert_eq!(got, want);
+    }
+
+    /// The tracker's `Torch` entries carry no thread ([`OWN_THREAD`]): each decodes with the
+    /// thread of the buffer that holds it (its slot's owner, as a buffer taken over by a
+    /// new thread has the new one's), while an event given its own thread keeps it.
+    #[test]
+    fn torch_entries_of_no_thread_are_their_buffers() {
+        let t = TorchOp {
+            t_ns: 0,
+            tid: OWN_THREAD,
+            action: vramshim_trace::torch_action::ALLOC,
+            device: 0,
+            addr: 0x7f00_0000_1000,
+            size: 512,
+            stream: 0,
+            segment: 0x7f00_0000_0000,
+            stack: 3,
+        };
+        let slot = new_slot();
+        slot.owner.store(4242, Ordering::Relaxed);
+        let mut b = Buf::with_capacity(8);
+        b.put_torch(slot, torch_entry(&t));
+        b.put_torch(
+            slot,
+            torch_entry(&TorchOp {
+                tid: 77,
+                ..t.clone()
+            }),
+        );
+        b.put_torch(slot, torch_entry(&t));
+        let tids: Vec<u32> = torch_ops_written(&mut b).iter().map(|o| o.tid).collect();
+        assert_eq!(tids, [4242, 77, 4242]);
+        // The slot's next owner: a buffer started afresh names it.
+        slot.owner.store(4343, Ordering::Relaxed);
+        let mut b = Buf::with_capacity(8);
+        b.put_torch(slot, torch_entry(&t));
+        let tids: Vec<u32> = torch_ops_written(&mut b).iter().map(|o| o.tid).collect();
+        assert_eq!(tids, [4343]);
     }
 
     /// The `Torch` events of `b` as the writer thread encodes them and a reader reads them

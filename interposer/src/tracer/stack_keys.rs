@@ -26,6 +26,13 @@ pub(crate) struct StackKeys<F = Frame> {
 
 impl<F> Default for StackKeys<F> {
     fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<F> StackKeys<F> {
+    /// An empty table (a `const` one, for a table built in a static).
+    pub(crate) const fn new() -> Self {
         StackKeys {
             slots: Vec::new(),
             keys: Vec::new(),

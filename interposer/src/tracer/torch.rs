@@ -101,9 +101,10 @@ struct State {
     recent: [usize; 2],
     /// Stacks PyTorch captured, by their frames' (code object, instruction offset).
     stacks: StackKeys,
-    /// Stacks read by our own frame reader (`pyframes`), by [`super::pyframes::PyWalk::key`];
-    /// named when first seen, so they share no pending list.
-    walks: StackKeys,
+    /// Stacks read by our own frame reader (`pyframes`), by
+    /// [`super::pyframes::PyWalk::key_words`]; named when first seen, so they share no
+    /// pending list.
+    walks: StackKeys<u64>,
     /// Stack ids handed out so far (both tables share them).
     ids: u32,
     /// Stacks interned but not yet named by [`drain`].
@@ -111,13 +112,14 @@ struct State {
     full_said: bool,
 }
 
-impl Default for State {
-    fn default() -> Self {
+impl State {
+    /// Empty: built in place in [`STATE`] (no first-use check on the tracker's path).
+    const fn new() -> Self {
         State {
             segments: Vec::new(),
             recent: [usize::MAX; 2],
-            stacks: StackKeys::default(),
-            walks: StackKeys::default(),
+            stacks: StackKeys::new(),
+            walks: StackKeys::new(),
             ids: 0,
             pending: Vec::new(),
             full_said: false,
@@ -129,13 +131,14 @@ impl Default for State {
 /// fork (inside the tracker, on any allocating thread), and a `Mutex` would stay locked in
 /// the child for good: its first tensor event or [`drain`] would block forever. A forked
 /// child takes it back ([`on_fork_child`]); a panic in the holder releases it.
-static STATE: SpinLock<Option<State>> = SpinLock::new(None);
+static STATE: SpinLock<State> = SpinLock::new(State::new());
 /// Code objects named so far (address -> PyCode id). Held for a whole [`drain`] and only
 /// tried (a drain that finds another one running returns), so no thread ever waits on it
 /// while attached to the interpreter.
 static CODES: SpinLock<Option<HashMap<u64, u32>>> = SpinLock::new(None);
 
-fn state() -> SpinGuard<'static, Option<State>> {
+#[inline(always)]
+fn state() -> SpinGuard<'static, State> {
     STATE.lock()
 }
 
@@ -147,7 +150,7 @@ fn state() -> SpinGuard<'static, Option<State>> {
 pub(crate) fn on_fork_child() {
     // SAFETY: the child's only thread, holding no guard of either lock.
     let (st, codes) = unsafe { (STATE.reset_in_child(), CODES.reset_in_child()) };
-    std::mem::forget(st.take());
+    std::mem::forget(std::mem::replace(st, State::new()));
     std::mem::forget(codes.take());
     PENDING.store(false, Ordering::Relaxed);
     if API_FOUND.reset_in_child() {
@@ -182,32 +185,36 @@ unsafe extern "C" fn manager(dest: *mut [usize; 2], src: *const [usize; 2], op: 
     false
 }
 
+/// PyTorch's call of our tracker, one per allocator event. A tensor's allocation and
+/// completed free (all but a few of the kept ones) go straight to their functions, as tail
+/// calls: no register is saved here, and the free requests (FREE_REQUESTED, one a tensor:
+/// the completed free follows) and snapshots, of which nothing is kept, leave after a few
+/// compares. Each function it hands over to catches any panic (nothing may unwind into
+/// PyTorch's C++) and checks that tracing is on; they are `extern "C"` (which cannot
+/// unwind) so that this one needs no guard around their calls and can jump to them.
 unsafe extern "C" fn invoker(_functor: *const [usize; 2], entry: *const u8) {
     if entry.is_null() {
         return;
     }
-    // PyTorch also calls with the free requests (FREE_REQUESTED, one a tensor: the
-    // completed free follows) and with snapshots: nothing is kept of them, so they leave
-    // here, before any register is saved.
     let action = rd::<i32>(entry, 0);
-    let Ok(action) = u8::try_from(action) else {
-        return;
-    };
-    if !matches!(
-        action,
-        act::ALLOC
-            | act::FREE_COMPLETED
-            | act::SEGMENT_ALLOC
-            | act::SEGMENT_FREE
-            | act::SEGMENT_MAP
-            | act::SEGMENT_UNMAP
-            | act::OOM
-    ) || !super::enabled()
-    {
-        return;
+    if action == act::ALLOC as i32 {
+        return on_alloc(entry);
     }
-    // Nothing may unwind into PyTorch's C++.
-    let _ = std::panic::catch_unwind(|| on_entry(entry, action));
+    if action == act::FREE_COMPLETED as i32 {
+        return on_free(entry);
+    }
+    if let Ok(action) = u8::try_from(action)
+        && matches!(
+            action,
+            act::SEGMENT_ALLOC
+                | act::SEGMENT_FREE
+                | act::SEGMENT_MAP
+                | act::SEGMENT_UNMAP
+                | act::OOM
+        )
+    {
+        on_other_entry(entry, action);
+    }
 }
 
 #[inline]
@@ -217,14 +224,23 @@ fn rd<T: Copy>(p: *const u8, off: usize) -> T {
     unsafe { std::ptr::read_unaligned(p.add(off) as *const T) }
 }
 
-/// A kept entry (`action`, checked by [`invoker`]). A tensor's allocation and completed
-/// free (all but a few of PyTorch's calls) take the straight paths ([`tensor_alloc`],
-/// [`segment_locked`]); segment events, OOMs and the fault switch take [`on_other`]. Not
-/// inlined into [`invoker`], so that a free request leaves before any register is saved.
+/// A tensor's allocation (most of PyTorch's calls with a tensor's free, [`on_free`]): the
+/// straight path, its segment and Python stack ([`tensor_alloc`]); the fault switch goes
+/// to [`on_other`]. Not inlined into [`invoker`], so that a free request leaves before any
+/// register is saved, and apart from [`on_free`], which then saves only what it uses.
 #[inline(never)]
-fn on_entry(e: *const u8, action: u8) {
-    if !matches!(action, act::ALLOC | act::FREE_COMPLETED) || FAULT_DROP.load(Ordering::Relaxed) {
-        return on_other(e, action);
+extern "C" fn on_alloc(e: *const u8) {
+    if !super::enabled() {
+        return;
+    }
+    // Nothing may unwind into PyTorch's C++.
+    let _ = std::panic::catch_unwind(|| on_alloc_body(e));
+}
+
+#[inline(always)]
+fn on_alloc_body(e: *const u8) {
+    if FAULT_DROP.load(Ordering::Relaxed) {
+        return on_other(e, act::ALLOC);
     }
     // A trace time (raw where the trace clock is the TSC): the writer converts it, like
     // every event's time.
@@ -233,15 +249,13 @@ fn on_entry(e: *const u8, action: u8) {
     let addr = rd::<u64>(e, 8);
     let stream = rd::<u64>(e, 32);
     let size = rd::<u64>(e, 40);
-    let (segment, stack) = if action == act::ALLOC {
-        tensor_alloc(e, act::ALLOC, device, addr, size)
-    } else {
-        (segment_locked(act::FREE_COMPLETED, device, addr, size), 0)
-    };
-    super::emit_torch(&TorchOp {
+    let (segment, stack) = tensor_alloc(e, act::ALLOC, device, addr, size);
+    // Tracing was found on at the entry ([`on_alloc`]): the buffer's own path, without
+    // asking again.
+    super::slots::emit_torch(&TorchOp {
         t_ns,
-        tid: crate::sys::ids::tid(),
-        action,
+        tid: super::slots::OWN_THREAD,
+        action: act::ALLOC,
         device,
         addr,
         size,
@@ -251,8 +265,53 @@ fn on_entry(e: *const u8, action: u8) {
     });
 }
 
-/// [`on_entry`] of a segment event or an OOM, and of every entry while the fault switch
-/// drops tensor events.
+/// A tensor's completed free: its segment, no stack ([`on_alloc`]'s straight path).
+#[inline(never)]
+extern "C" fn on_free(e: *const u8) {
+    if !super::enabled() {
+        return;
+    }
+    // Nothing may unwind into PyTorch's C++.
+    let _ = std::panic::catch_unwind(|| on_free_body(e));
+}
+
+#[inline(always)]
+fn on_free_body(e: *const u8) {
+    if FAULT_DROP.load(Ordering::Relaxed) {
+        return on_other(e, act::FREE_COMPLETED);
+    }
+    let t_ns = super::now_raw();
+    let device = rd::<i8>(e, 4) as i32;
+    let addr = rd::<u64>(e, 8);
+    let stream = rd::<u64>(e, 32);
+    let size = rd::<u64>(e, 40);
+    let segment = segment_locked(act::FREE_COMPLETED, device, addr, size);
+    // Tracing was found on at the entry ([`on_free`]).
+    super::slots::emit_torch(&TorchOp {
+        t_ns,
+        tid: super::slots::OWN_THREAD,
+        action: act::FREE_COMPLETED,
+        device,
+        addr,
+        size,
+        stream,
+        segment,
+        stack: 0,
+    });
+}
+
+/// [`on_other`] from [`invoker`].
+#[cold]
+#[inline(never)]
+extern "C" fn on_other_entry(e: *const u8, action: u8) {
+    if !super::enabled() {
+        return;
+    }
+    // Nothing may unwind into PyTorch's C++.
+    let _ = std::panic::catch_unwind(|| on_other(e, action));
+}
+
+/// A segment event or an OOM, and every entry while the fault switch drops tensor events.
 #[cold]
 #[inline(never)]
 fn on_other(e: *const u8, action: u8) {
@@ -274,7 +333,7 @@ fn on_other(e: *const u8, action: u8) {
     }
     super::emit_torch(&TorchOp {
         t_ns,
-        tid: crate::sys::ids::tid(),
+        tid: super::slots::OWN_THREAD,
         action,
         device,
         addr,
@@ -285,15 +344,10 @@ fn on_other(e: *const u8, action: u8) {
     });
 }
 
-#[inline]
-fn state_mut<'a>(g: &'a mut SpinGuard<'static, Option<State>>) -> &'a mut State {
-    g.get_or_insert_with(State::default)
-}
-
 /// [`segment_of`] under the state's lock.
 #[inline(always)]
 fn segment_locked(action: u8, device: i32, addr: u64, size: u64) -> u64 {
-    segment_of(state_mut(&mut state()), action, device, addr, size)
+    segment_of(&mut state(), action, device, addr, size)
 }
 
 /// The segment and the Python stack of an allocation (or an OOM): the allocating thread's
@@ -319,7 +373,7 @@ fn tensor_walk(action: u8, device: i32, addr: u64, size: u64) -> (u64, u32) {
         return (segment_locked(action, device, addr, size), 0);
     };
     let mut g = state();
-    let st = state_mut(&mut g);
+    let st = &mut *g;
     let segment = segment_of(st, action, device, addr, size);
     if w.is_empty() {
         return (segment, 0);
@@ -353,7 +407,7 @@ fn with_captured(
     let ctrl = rd::<usize>(e, 24);
     let h = tb.hash();
     let mut g = state();
-    let st = state_mut(&mut g);
+    let st = &mut *g;
     (
         segment_of(st, action, device, addr, size),
         intern(st, h, &tb, ctrl),
@@ -537,7 +591,7 @@ fn new_walk(st: &mut State, walk: &mut super::pyframes::PyWalk) -> (u32, Vec<Eve
         return (0, records);
     }
     let h = walk.key_hash();
-    let key = walk.key();
+    let key = walk.key_words();
     let Some(frames) = super::pyframes::py_frames(walk, &mut records) else {
         return (0, records);
     };
@@ -698,10 +752,6 @@ pub(crate) fn attach(version: &str) -> c_int {
         crate::warn!("PyTorch's traceback type not found: tensor events carry no Python stack");
     } else {
         TRACEBACK_VPTR.store(tb + 16, Ordering::Relaxed);
-    }
-    {
-        let mut g = state();
-        g.get_or_insert_with(State::default);
     }
     let mut f = StdFunction {
         storage: [0; 2],
@@ -889,9 +939,8 @@ pub(crate) fn drain() -> c_int {
     let codes = codes.get_or_insert_with(HashMap::new);
     let pending = {
         let mut g = state();
-        let Some(st) = g.as_mut() else { return 0 };
         PENDING.store(false, Ordering::Release);
-        std::mem::take(&mut st.pending)
+        std::mem::take(&mut g.pending)
     };
     let n = pending.len();
     for (id, key) in pending {
@@ -932,7 +981,7 @@ mod tests {
 
     #[test]
     fn tensors_are_found_in_their_segments() {
-        let mut st = State::default();
+        let mut st = State::new();
         let seg = |st: &mut State, a, d, at, n| segment_of(st, a, d, at, n);
         assert_eq!(seg(&mut st, act::SEGMENT_ALLOC, 0, 0x2000, 0x1000), 0x2000);
         assert_eq!(seg(&mut st, act::SEGMENT_ALLOC, 0, 0x8000, 0x1000), 0x8000);
@@ -955,7 +1004,7 @@ mod tests {
     /// them, resized and freed.
     #[test]
     fn recent_segments_answer_as_the_search() {
-        let mut st = State::default();
+        let mut st = State::new();
         let seg = |st: &mut State, a, d, at, n| segment_of(st, a, d, at, n);
         assert_eq!(seg(&mut st, act::SEGMENT_ALLOC, 0, 0x2000, 0x1000), 0x2000);
         assert_eq!(seg(&mut st, act::SEGMENT_ALLOC, 0, 0x8000, 0x1000), 0x8000);
@@ -1016,10 +1065,10 @@ mod tests {
         let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
         let holder = std::thread::spawn(move || {
             let mut g = super::state();
-            g.get_or_insert_with(super::State::default).ids = 41;
+            g.ids = 41;
             held_tx.send(()).unwrap();
             let _ = go_rx.recv();
-            g.as_mut().unwrap().ids += 1;
+            g.ids += 1;
         });
         held_rx.recv().unwrap();
         // SAFETY: fork has no memory preconditions; the child runs only the checks below (no
@@ -1029,7 +1078,7 @@ mod tests {
         if pid == 0 {
             // What the atfork child handler does.
             super::on_fork_child();
-            let fresh = super::state().is_none() && super::CODES.lock_within(1).is_some();
+            let fresh = super::state().ids == 0 && super::CODES.lock_within(1).is_some();
             // SAFETY: ends the child without running the parent's atexit handlers.
             unsafe { libc::_exit(if fresh { 0 } else { 1 }) }
         }
@@ -1041,6 +1090,6 @@ mod tests {
             Some(0),
             "the forked child did not take the tracker's state back (None: it hung and was killed after 60 s)"
         );
-        assert_eq!(super::state().as_ref().map(|s| s.ids), Some(42));
+        assert_eq!(super::state().ids, 42);
     }
 }

@@ -472,6 +472,9 @@ enum OrderFault {
     /// other's (in vain when a signal handler that exits interrupted the thread inside it:
     /// the exit drain's whole patience), and the slots it gives up on are dropped uncounted.
     OwnWait,
+    /// `nested-exit-waits`: an exit run by a signal handler that interrupted the same thread's
+    /// exit path waits for the writer's lock, which that exit path holds: it hangs.
+    NestedExitWaits,
 }
 
 static ORDER_FAULT: AtomicU8 = AtomicU8::new(0);
@@ -491,6 +494,8 @@ fn order_fault() -> OrderFault {
                 OrderFault::TidOnly
             } else if switch_on("VRAMSHIM_TRACE_FAULT", "own-wait") {
                 OrderFault::OwnWait
+            } else if switch_on("VRAMSHIM_TRACE_FAULT", "nested-exit-waits") {
+                OrderFault::NestedExitWaits
             } else {
                 OrderFault::None
             };
@@ -502,6 +507,7 @@ fn order_fault() -> OrderFault {
         4 => OrderFault::LateClose,
         5 => OrderFault::TidOnly,
         6 => OrderFault::OwnWait,
+        7 => OrderFault::NestedExitWaits,
         _ => OrderFault::None,
     }
 }
@@ -828,12 +834,46 @@ pub(crate) fn send(raw: Buf, from: slots::Handed) -> Result<(), Buf> {
     }
 }
 
+/// The thread running the exit path (its kernel tid; 0: none).
+static EXITING: AtomicU32 = AtomicU32::new(0);
+
+/// The calling thread runs the exit path until this is dropped.
+struct ExitMark {
+    mine: bool,
+}
+
+/// Marks the calling thread as running the exit path; `None` when it already is: a signal
+/// handler that exits interrupted its own exit path, which may hold the writer's lock, so
+/// waiting for the lock would wait for itself for ever (the library must never hang a job).
+/// The trace is then left without its end record, as a crash leaves it. Another thread's
+/// exit path is waited for as before (it finishes the trace). Under the fault switch
+/// `nested-exit-waits` the thread waits anyway (and hangs).
+fn enter_exit() -> Option<ExitMark> {
+    let me = crate::sys::ids::tid();
+    if EXITING.load(Ordering::Acquire) == me && order_fault() != OrderFault::NestedExitWaits {
+        return None;
+    }
+    let mine = EXITING
+        .compare_exchange(0, me, Ordering::AcqRel, Ordering::Acquire)
+        .is_ok();
+    Some(ExitMark { mine })
+}
+
+impl Drop for ExitMark {
+    fn drop(&mut self) {
+        if self.mine {
+            EXITING.store(0, Ordering::Release);
+        }
+    }
+}
+
 /// Exit path, on the exiting thread: drain everything, write the end record, stop tracing.
 pub(crate) fn finish() {
     if !life_is(Running) {
         return;
     }
     let Some(sh) = shared() else { return };
+    let Some(_exiting) = enter_exit() else { return };
     tick(sh, true);
     super::disable();
     STATE.store(Done as u8, Ordering::Release);
@@ -859,6 +899,9 @@ pub(crate) fn finish_before_exit() -> bool {
         return false;
     }
     let Some(sh) = shared() else { return false };
+    let Some(_exiting) = enter_exit() else {
+        return false;
+    };
     let deadline = Instant::now() + Duration::from_millis(200);
     let mut g = loop {
         match sh.out.try_lock() {
@@ -881,6 +924,7 @@ pub(crate) fn finish_before_exit() -> bool {
 /// held forever). Plain stores only.
 pub(crate) fn on_fork_child() {
     SHARED.store(std::ptr::null_mut(), Ordering::Relaxed);
+    EXITING.store(0, Ordering::Relaxed);
     OWNER.store(0, Ordering::Relaxed);
     LOST.store(0, Ordering::Relaxed);
     QUEUED.store(0, Ordering::Relaxed);

@@ -190,12 +190,7 @@ impl Stitch {
         let Some((m, off, victims)) = self.kept_carve(size, victims_ok) else {
             return Ok(None);
         };
-        for v in victims {
-            self.dissolve(dev, v);
-        }
-        let slot = self
-            .try_commit(dev, Plan::Existing { map: m, off }, size, t)?
-            .map(|(m, o)| Slot::New(m, o));
+        let slot = self.commit_over(dev, m, off, victims, size, t)?;
         if slot.is_some() {
             self.kept_carves += 1;
         }

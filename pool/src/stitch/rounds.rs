@@ -254,16 +254,30 @@ impl Stitch {
             Occupants::Cached(v) => v,
             Occupants::Live | Occupants::Pending => return Ok(None),
         };
-        for v in victims {
-            self.dissolve(dev, v);
-        }
-        let slot = self
-            .try_commit(dev, Plan::Existing { map: m, off }, size, t)?
-            .map(|(m, o)| Slot::New(m, o));
+        let slot = self.commit_over(dev, m, off, victims, size, t)?;
         if slot.is_some() {
             self.rounds.anew += 1;
         }
         Ok(slot)
+    }
+
+    /// A new block of `size` on stream `t` at `off` in mapping `m`, over the cached blocks
+    /// `victims` there (dissolved first): a round's place replayed, or a kept range's carve.
+    pub(super) fn commit_over(
+        &mut self,
+        dev: &mut dyn Device,
+        m: u32,
+        off: u64,
+        victims: Vec<u64>,
+        size: u64,
+        t: Stream,
+    ) -> Result<Option<Slot>, PoolError> {
+        for v in victims {
+            self.dissolve(dev, v);
+        }
+        Ok(self
+            .try_commit(dev, Plan::Existing { map: m, off }, size, t)?
+            .map(|(m, o)| Slot::New(m, o)))
     }
 
     /// Take the cached block at `addr` (of `size`) for a request of `req` bytes on stream

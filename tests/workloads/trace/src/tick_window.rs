@@ -3,7 +3,7 @@
 //! in the written trace: all of them, in the order it emitted them, and its `ThreadExit`
 //! record (if any) after the last of them.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 
 use vramshim::tracer;
@@ -32,6 +32,36 @@ pub fn hold_once(at: TickPoint) -> (Receiver<()>, SyncSender<()>) {
         }
     })));
     (held_rx, done_tx)
+}
+
+/// Returns once a whole periodic tick (its drain begun after this call) has run: it took
+/// every event appended before the call.
+pub fn whole_tick() {
+    let (taken_tx, taken_rx) = sync_channel::<()>(1);
+    let mut began = false;
+    tracer::testing::on_tick(Some(Box::new(move |p| match p {
+        TickPoint::BeforeDrain { at_exit: false } => began = true,
+        TickPoint::AfterDrain { at_exit: false } if began => {
+            let _ = taken_tx.try_send(());
+        }
+        _ => {}
+    })));
+    taken_rx.recv().unwrap();
+    tracer::testing::on_tick(None);
+}
+
+/// Traces to `window.vramtrace` in a fresh directory named after `name`, and emits the calling
+/// thread's first ten events (`0..10`), which a whole tick then takes: (the trace, the thread's
+/// tid, its next event).
+pub fn ten_taken(name: &str) -> (PathBuf, u32, u64) {
+    let path = temp_dir(name).join("window.vramtrace");
+    tracer::testing::enable(path.to_str().unwrap(), 0);
+    let tid = gettid();
+    for i in 0..10 {
+        emit(tid, i);
+    }
+    whole_tick();
+    (path, tid, 10)
 }
 
 /// Emits the `i`-th event of the calling thread (an allocation whose size is `i`), as the
@@ -235,27 +265,7 @@ fn raise_at(p: tracer::testing::HandOverPoint) {
 /// counted lost.
 pub fn exit_in_hand_over(name: &str, at: tracer::testing::HandOverPoint) -> Checked {
     use std::sync::atomic::Ordering;
-    let dir = temp_dir(name);
-    let path = dir.join("window.vramtrace");
-    tracer::testing::enable(path.to_str().unwrap(), 0);
-    let tid = gettid();
-    let mut next = 0u64;
-    for _ in 0..10 {
-        emit(tid, next);
-        next += 1;
-    }
-    // A whole tick after these (its drain begun after the hook is set) takes them.
-    let (taken_tx, taken_rx) = sync_channel::<()>(1);
-    let mut began = false;
-    tracer::testing::on_tick(Some(Box::new(move |p| match p {
-        TickPoint::BeforeDrain { at_exit: false } => began = true,
-        TickPoint::AfterDrain { at_exit: false } if began => {
-            let _ = taken_tx.try_send(());
-        }
-        _ => {}
-    })));
-    taken_rx.recv().unwrap();
-    tracer::testing::on_tick(None);
+    let (path, tid, mut next) = ten_taken(name);
     // SAFETY: installs a handler for SIGUSR1 (a plain function) in this test process.
     let old = unsafe {
         libc::signal(

@@ -6,7 +6,8 @@
 
 use vramshim::tracer;
 use vramshim_testkit::temp_dir;
-use vramshim_trace::{AllocKind, Api, Event, MemOp, TraceReader};
+use vramshim_trace::{Event, TraceReader};
+use vramshim_trace_tests::tick_window::{emit, gettid};
 
 /// A few buffers' worth (a buffer is handed over at 1024 entries).
 const EVENTS: u64 = 5000;
@@ -16,23 +17,9 @@ fn a_buffer_handed_over_just_before_exit_is_written() {
     let dir = temp_dir("trace_exit_race");
     let path = dir.join("race.vramtrace");
     tracer::testing::enable(path.to_str().unwrap(), 0);
-    // SAFETY: gettid has no preconditions.
-    let tid = unsafe { libc::gettid() } as u32;
+    let tid = gettid();
     for i in 0..EVENTS {
-        tracer::emit(Event::Alloc(MemOp {
-            t_ns: tracer::now_raw(),
-            tid,
-            api: Api::CudaMalloc,
-            kind: AllocKind::Runtime,
-            flags: 0,
-            device: 0,
-            stream: 0,
-            addr: 0x1000 + (i << 8),
-            size: i,
-            result: 0,
-            latency_ns: 0,
-            stack: 0,
-        }));
+        emit(tid, i);
     }
     // Let the writer thread wake for the buffers handed over, then exit.
     std::thread::sleep(std::time::Duration::from_millis(20));

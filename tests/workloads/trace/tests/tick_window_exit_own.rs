@@ -8,12 +8,9 @@
 //! they are neither written nor counted: this fails.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::sync_channel;
 
 use vramshim::tracer;
-use vramshim::tracer::testing::TickPoint;
-use vramshim_testkit::temp_dir;
-use vramshim_trace_tests::tick_window::{check_counted, emit, gettid};
+use vramshim_trace_tests::tick_window::{check_counted, emit, ten_taken};
 
 static HANDLED: AtomicBool = AtomicBool::new(false);
 
@@ -25,27 +22,8 @@ extern "C" fn exit_from_handler(_sig: libc::c_int) {
 
 #[test]
 fn a_handler_that_exits_inside_its_own_slot_gets_the_slots_events_counted_lost() {
-    let dir = temp_dir("trace_tick_window_exit_own");
-    let path = dir.join("window.vramtrace");
-    tracer::testing::enable(path.to_str().unwrap(), 0);
-    let tid = gettid();
-    let mut next = 0u64;
-    for _ in 0..10 {
-        emit(tid, next);
-        next += 1;
-    }
-    // A whole tick after these (its drain begun after the hook is set) takes them.
-    let (taken_tx, taken_rx) = sync_channel::<()>(1);
-    let mut began = false;
-    tracer::testing::on_tick(Some(Box::new(move |p| match p {
-        TickPoint::BeforeDrain { at_exit: false } => began = true,
-        TickPoint::AfterDrain { at_exit: false } if began => {
-            let _ = taken_tx.try_send(());
-        }
-        _ => {}
-    })));
-    taken_rx.recv().unwrap();
-    tracer::testing::on_tick(None);
+    // Its first ten events are taken by a whole tick.
+    let (path, tid, mut next) = ten_taken("trace_tick_window_exit_own");
     // These stay in the thread's buffer.
     for _ in 0..5 {
         emit(tid, next);

@@ -10,9 +10,8 @@
 use std::sync::mpsc::sync_channel;
 
 use vramshim::tracer;
-use vramshim::tracer::testing::TickPoint;
 use vramshim_testkit::temp_dir;
-use vramshim_trace_tests::tick_window::{check_counted, emit, gettid};
+use vramshim_trace_tests::tick_window::{check_counted, emit, gettid, whole_tick};
 
 #[test]
 fn a_slot_whose_thread_stays_inside_through_the_exit_drain_is_counted_lost() {
@@ -44,18 +43,8 @@ fn a_slot_whose_thread_stays_inside_through_the_exit_drain_is_counted_lost() {
         (tid, next)
     });
     emitted_rx.recv().unwrap();
-    // A whole tick after the first events (its drain begun after the hook is set) takes them.
-    let (taken_tx, taken_rx) = sync_channel::<()>(1);
-    let mut began = false;
-    tracer::testing::on_tick(Some(Box::new(move |p| match p {
-        TickPoint::BeforeDrain { at_exit: false } => began = true,
-        TickPoint::AfterDrain { at_exit: false } if began => {
-            let _ = taken_tx.try_send(());
-        }
-        _ => {}
-    })));
-    taken_rx.recv().unwrap();
-    tracer::testing::on_tick(None);
+    // A whole tick after the first events takes them.
+    whole_tick();
     go_on_tx.send(()).unwrap();
     inside_rx.recv().unwrap();
     // The thread stays inside its slot until the trace is finished.
