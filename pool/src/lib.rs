@@ -102,6 +102,7 @@ mod fxhash;
 pub mod replay;
 pub mod rmm_csv;
 pub mod stitch;
+pub mod thread_cache;
 
 pub use accounting::AccountingDevice;
 pub use device::{CallCounts, Device, DeviceError, EventId, Handle, Stream};
@@ -259,6 +260,10 @@ pub trait Policy: Send {
     fn pinned_above_budget(&self) -> bool {
         false
     }
+    /// A caller served `n` allocations from blocks of this policy it kept aside (live to the
+    /// policy throughout): a policy whose budget follows its allocations counts them toward
+    /// its windows (`Stitch::note_aside_hits`); the others have nothing to count them into.
+    fn note_aside_hits(&mut self, _dev: &mut dyn Device, _n: u64) {}
 }
 
 /// The policies, by name.

@@ -29,6 +29,12 @@ enum Op {
     ProcessSync,
     Trim,
     Capture(bool),
+    /// A caller in front of the pool (the interposer's thread caches) served `n` allocations
+    /// from a block it kept aside, live to the pool throughout, and tells the pool
+    /// (`Policy::note_aside_hits`); nothing when no block is live.
+    Hits {
+        n: u64,
+    },
 }
 
 fn size() -> impl Strategy<Value = u64> {
@@ -48,6 +54,9 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::ProcessSync),
         1 => Just(Op::Trim),
         1 => any::<bool>().prop_map(Op::Capture),
+        // a few hits, or a thread cache's batch and more (a default budget window is 65,536
+        // allocations: such batches end windows in a stream of 300 operations)
+        2 => prop_oneof![3 => 1u64..64, 1 => 4096u64..40_000].prop_map(|n| Op::Hits { n }),
     ]
 }
 
@@ -95,6 +104,11 @@ fn exercise_with(
                 policy.trim(&mut dev).unwrap();
             }
             Op::Capture(on) => dev.set_capturing(on),
+            Op::Hits { n } => {
+                if !live.is_empty() {
+                    policy.note_aside_hits(&mut dev, n);
+                }
+            }
         }
         assert!(dev.used() <= dev.capacity(), "device exceeded");
         let live_bytes = live.iter().map(|l| l.1).sum::<u64>();
@@ -224,10 +238,17 @@ struct BudgetCheck {
     /// made since the last roll)
     forced: u64,
     prev_forced: u64,
-    /// allocations made (the harness's count: live bytes grew), and the count at which the
-    /// budget's window rolls
+    /// allocations made (the harness's count: live bytes grew, plus the hits a caller told
+    /// the pool of), and the count at which the budget's window rolls
     allocs: u64,
     next_window: u64,
+    /// allocations the pool itself served (its statistics count these only)
+    pool_allocs: u64,
+    /// the most bytes live in the current budget window and in the one before: the budget
+    /// follows these, so it falls once use shrank for two windows (windows the caller's hits
+    /// end included)
+    win_peak: u64,
+    prev_win_peak: u64,
     /// live bytes after the previous operation
     live_before: u64,
     /// the process synchronized and the pool has not acted on it yet: blocks freed with
@@ -252,6 +273,9 @@ impl BudgetCheck {
             prev_forced: 0,
             allocs: 0,
             next_window: b.window.max(1),
+            pool_allocs: 0,
+            win_peak: 0,
+            prev_win_peak: 0,
             live_before: 0,
             unseen_sync: false,
             unacted_sync: false,
@@ -289,16 +313,43 @@ impl BudgetCheck {
             self.forced = self.forced.max(used);
         }
         self.used_before = used;
-        match op {
-            Op::Alloc { .. } if live > self.live_before => self.allocs += 1,
-            Op::Free { .. } if self.allocs >= self.next_window => {
-                self.prev_forced = self.forced;
-                self.forced = 0;
-                self.next_window = self.allocs + self.b.window.max(1);
+        self.win_peak = self.win_peak.max(live);
+        // a window ends at a free, or at hits a caller told of, once a window's allocations
+        // were made
+        let window_may_end = match *op {
+            Op::Alloc { .. } if live > self.live_before => {
+                self.allocs += 1;
+                self.pool_allocs += 1;
+                false
             }
-            _ => {}
+            Op::Free { .. } => live < self.live_before,
+            Op::Hits { n } if live > 0 => {
+                self.allocs += n;
+                true
+            }
+            _ => false,
+        };
+        let window_ended = window_may_end && self.allocs >= self.next_window;
+        if window_ended {
+            self.prev_forced = self.forced;
+            self.forced = 0;
+            self.prev_win_peak = self.win_peak;
+            self.win_peak = live;
+            self.next_window = self.allocs + self.b.window.max(1);
         }
         self.live_before = live;
+        assert_eq!(
+            s.allocs, self.pool_allocs,
+            "the pool counts {} allocations where it served {} (a caller's hits are no allocations of the pool's)",
+            s.allocs, self.pool_allocs
+        );
+        let recent = self.win_peak.max(self.prev_win_peak).max(live);
+        let recent_promise = (recent as f64 * (1.0 + self.b.ratio)) as u64 + self.b.slack;
+        assert!(
+            s.budget <= recent_promise,
+            "budget {} B above {recent_promise} B (peak live {recent} B over this budget window and the one before)",
+            s.budget
+        );
         let syncs = dev.calls().syncs();
         match op {
             Op::ProcessSync if !dev.is_capturing() => {
@@ -307,6 +358,8 @@ impl BudgetCheck {
             }
             Op::Alloc { .. } => self.unseen_sync = false,
             Op::Free { .. } | Op::Trim => self.unacted_sync = false,
+            // a window the hits end is enforced as at a free
+            Op::Hits { .. } if window_ended => self.unacted_sync = false,
             _ => {}
         }
         if matches!(op, Op::Trim) || syncs != self.syncs {
@@ -578,6 +631,93 @@ fn budget_check_catches_a_pool_over_its_budget() {
                 assert!(msg.contains("budget"), "{msg}");
             }
             (broken, r) => panic!("broken {broken}: {:?}", r.is_ok()),
+        }
+    }
+}
+
+/// A job whose use shrinks to a loop a caller in front of the pool serves whole: four
+/// 64 MiB blocks freed and a synchronization, then one 8 KiB block live while the caller
+/// serves two default budget
+/// windows of hits (its thread cache's batches of 4096, told to the pool as they fill).
+fn shrinking_to_hits() -> Vec<Op> {
+    let mut ops = Vec::new();
+    for _ in 0..4 {
+        ops.push(Op::Alloc {
+            size: 64 * MIB,
+            stream: 0,
+        });
+    }
+    for _ in 0..4 {
+        ops.push(Op::Free {
+            idx: 0,
+            mode: FreeMode::Async { stream: 0 },
+        });
+    }
+    ops.push(Op::ProcessSync);
+    ops.push(Op::Alloc {
+        size: 8 * KIB,
+        stream: 0,
+    });
+    let window = Budget::default().window;
+    for _ in 0..(2 * window).div_ceil(4096) {
+        ops.push(Op::Hits { n: 4096 });
+    }
+    ops
+}
+
+/// Hits that end budget windows are checked as the pool's own allocations are: the pool's
+/// budget falls with them and the pages above it go back (the pool then holds a few MiB
+/// where it held 256), while its statistics count only what it served. A pool that counts
+/// the hits as its allocations, or ends the windows they complete without keeping its
+/// budget, is caught.
+#[test]
+fn budget_check_catches_hits_miscounted_or_unkept() {
+    let cases = [
+        (Faults::default(), ""),
+        (
+            Faults {
+                hits_as_allocs: true,
+                ..Faults::default()
+            },
+            "allocations",
+        ),
+        (
+            Faults {
+                hits_roll_unkept: true,
+                ..Faults::default()
+            },
+            "budget",
+        ),
+    ];
+    for (faults, caught) in cases {
+        let mut p = Stitch::tight();
+        p.set_faults(faults);
+        let mut last_reserved = 0;
+        let mut check = budget_kept(Budget::default());
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            exercise_with(
+                &mut p,
+                &shrinking_to_hits(),
+                GIB,
+                &mut |p, dev, live, op| {
+                    check(p, dev, live, op);
+                    last_reserved = p.stats().reserved;
+                },
+            )
+        }));
+        match (caught, r) {
+            ("", Ok(dev)) => {
+                assert_clean(&dev, &p);
+                assert!(
+                    last_reserved <= 4 * MIB,
+                    "{last_reserved} B held for 8 KiB live"
+                );
+            }
+            (caught, Err(e)) if !caught.is_empty() => {
+                let msg = e.downcast_ref::<String>().cloned().unwrap_or_default();
+                assert!(msg.contains(caught), "{faults:?}: {msg}");
+            }
+            (_, r) => panic!("{faults:?}: ran through: {}", r.is_ok()),
         }
     }
 }

@@ -1015,6 +1015,123 @@ fn tight_live_pool_with_thread_caches_makes_the_models_driver_calls() {
     );
 }
 
+/// A random repeated workload on one stream, as an RMM log the log-replay workload makes
+/// `--repeat` times: one round of 60-200 events (allocations of seven sizes, frees of a random
+/// live block, everything freed at its end), and how many times it is made (6-13).
+fn random_round_log(seed: u64) -> (String, usize) {
+    use std::fmt::Write;
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut below = |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    };
+    const MIB: u64 = 1 << 20;
+    let sizes = [
+        4096,
+        100 << 10,
+        MIB,
+        3 * MIB + (300 << 10),
+        7 * MIB,
+        20 * MIB,
+        45 * MIB,
+    ];
+    let mut log = String::from("Thread,Time,Action,Pointer,Size,Stream\n");
+    let mut live: Vec<(u64, u64)> = Vec::new();
+    let row = |log: &mut String, action: &str, id: u64, size: u64| {
+        let _ = writeln!(
+            log,
+            "1,00:00:00.000000,{action},{:#x},{size},0",
+            0x1000_0000 + id * 0x1000
+        );
+    };
+    let mut id = 0;
+    for _ in 0..60 + below(140) {
+        match below(18) {
+            0..10 => {
+                let size = sizes[below(sizes.len() as u64) as usize];
+                row(&mut log, "allocate", id, size);
+                live.push((id, size));
+                id += 1;
+            }
+            10..17 if !live.is_empty() => {
+                let (i, size) = live.swap_remove(below(live.len() as u64) as usize);
+                row(&mut log, "free", i, size);
+            }
+            _ => {}
+        }
+    }
+    for (i, size) in live {
+        row(&mut log, "free", i, size);
+    }
+    (log, 6 + below(8) as usize)
+}
+
+/// Issue 17, the thread caches on repeated workloads: `vramshim replay`'s model (every free
+/// reaching the pool) is not what the live library does there (a cache's hit takes the block
+/// of that size freed last, where the tight pool may have replayed another place), but the
+/// caches' rules as pure code (`vramshim_pool::thread_cache`) are: on 40 random one-stream
+/// repeated workloads, stream-ordered, the live tight pool makes the mirror's driver calls on
+/// every one, and the model's not on every one. With the caches off
+/// (`VRAMSHIM_POOL_DEBUG=no-tcache`) the live pool is the model and leaves the mirror.
+#[test]
+fn tight_live_pool_makes_the_mirrored_thread_caches_driver_calls_on_repeated_rounds() {
+    use vramshim_pool::replay::{self, Frees};
+    let dir = vramshim_testkit::temp_dir("pool_random_rounds");
+    let (mut model_differs, mut off_differs) = (0, 0);
+    let n = 40;
+    for seed in 0..n {
+        let (log, repeats) = random_round_log(seed);
+        let path = dir.join(format!("{seed}.csv"));
+        std::fs::write(&path, log).unwrap();
+        let t = vramshim_pool::rmm_csv::parse_file(&path).unwrap();
+        let events = Frees::StreamOrdered.apply(&replay::repeat(&t.events, repeats));
+        let mirror = {
+            let mut dev = vramshim_pool::AccountingDevice::new(replay::UNLIMITED);
+            dev.set_checking(true);
+            let mut p = vramshim_pool::stitch::Stitch::tight();
+            vramshim_pool::thread_cache::run(&events, &mut p, &mut dev).unwrap();
+            assert!(
+                dev.violations().is_empty(),
+                "{seed}: {:?}",
+                dev.violations()
+            );
+            dev.calls().driver_calls()
+        };
+        let model = model_calls_stream_ordered(&path, repeats);
+        let live = |debug: Option<&str>| {
+            let mut env = vec![("VRAMSIM_DEBUG", "1"), ("VRAMSHIM_POOL", "stitch-tight")];
+            env.extend(debug.map(|d| ("VRAMSHIM_POOL_DEBUG", d)));
+            let r = repeats.to_string();
+            let (o, _) = pooled_run(&path, None, &env, &["--quiet", "--async", "--repeat", &r]);
+            assert_eq!(o.code(), Some(0), "{seed}: {}", o.stdout);
+            sim_memory_calls(&o.stderr)
+        };
+        let (on, off) = (live(None), live(Some("no-tcache")));
+        eprintln!(
+            "random round {seed} x{repeats}: mirror {mirror}, model {model}, live {on}, live without caches {off}"
+        );
+        assert_eq!(
+            on, mirror,
+            "random round {seed} x{repeats}: live against the mirrored caches"
+        );
+        model_differs += u32::from(model != mirror);
+        off_differs += u32::from(off != mirror);
+    }
+    eprintln!(
+        "of {n}: the model differs on {model_differs}, the live pool without caches on {off_differs}"
+    );
+    assert!(
+        model_differs > 0,
+        "the caches changed no driver call: the test shows nothing"
+    );
+    assert!(
+        off_differs > 0,
+        "no-tcache: the live pool still made the mirror's calls everywhere"
+    );
+}
+
 /// The live pool with `VRAMSHIM_POOL_DEBUG=switch` against its model (`pool`, the tight pool
 /// with what `switch` turns on) on every shared trace, behind `cudaFree` and stream-ordered:
 /// memcpy patterns kept, the model's driver calls, the simulated device's high-water mark

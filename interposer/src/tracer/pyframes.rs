@@ -1132,7 +1132,6 @@ fn walk_frames<const C: bool, const M: u32, const FULL: bool>(
             return Err("frame unreadable");
         }
         let code = rd_u64::<C>(frame + l.f_code as u64).ok_or("frame unreadable")? & !l.code_tag;
-        let back = rd_u64::<C>(frame + l.f_back as u64).ok_or("frame unreadable")?;
         if l.f_owner != 0
             && rd_u8::<C>(frame + l.f_owner as u64).ok_or("frame unreadable")? == OWNED_BY_CSTACK
         {
@@ -1140,7 +1139,7 @@ fn walk_frames<const C: bool, const M: u32, const FULL: bool>(
             if FULL && n > 0 {
                 out.frames[n - 1].entry = true;
             }
-            frame = back;
+            frame = rd_u64::<C>(frame + l.f_back as u64).ok_or("frame unreadable")?;
             continue;
         }
         if code < MIN_ADDR || rd_u64::<C>(code + 8) != Some(py.code_type) {
@@ -1227,7 +1226,9 @@ fn walk_frames<const C: bool, const M: u32, const FULL: bool>(
             out.words[n] = word;
         }
         n += 1;
-        frame = back;
+        // The caller's frame, read last: the frame's own register then holds it (no copy a
+        // frame).
+        frame = rd_u64::<C>(frame + l.f_back as u64).ok_or("frame unreadable")?;
     }
     out.n = n;
     out.key_hash = mix(kh, n as u64);

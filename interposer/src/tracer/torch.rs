@@ -190,7 +190,8 @@ unsafe extern "C" fn manager(dest: *mut [usize; 2], src: *const [usize; 2], op: 
 /// calls: no register is saved here, and the free requests (FREE_REQUESTED, one a tensor:
 /// the completed free follows) and snapshots, of which nothing is kept, leave after a few
 /// compares. Each function it hands over to catches any panic (nothing may unwind into
-/// PyTorch's C++) and checks that tracing is on.
+/// PyTorch's C++) and checks that tracing is on; they are `extern "C"` (which cannot
+/// unwind) so that this one needs no guard around their calls and can jump to them.
 unsafe extern "C" fn invoker(_functor: *const [usize; 2], entry: *const u8) {
     if entry.is_null() {
         return;
@@ -228,7 +229,7 @@ fn rd<T: Copy>(p: *const u8, off: usize) -> T {
 /// to [`on_other`]. Not inlined into [`invoker`], so that a free request leaves before any
 /// register is saved, and apart from [`on_free`], which then saves only what it uses.
 #[inline(never)]
-fn on_alloc(e: *const u8) {
+extern "C" fn on_alloc(e: *const u8) {
     if !super::enabled() {
         return;
     }
@@ -249,7 +250,9 @@ fn on_alloc_body(e: *const u8) {
     let stream = rd::<u64>(e, 32);
     let size = rd::<u64>(e, 40);
     let (segment, stack) = tensor_alloc(e, act::ALLOC, device, addr, size);
-    super::emit_torch(&TorchOp {
+    // Tracing was found on at the entry ([`on_alloc`]): the buffer's own path, without
+    // asking again.
+    super::slots::emit_torch(&TorchOp {
         t_ns,
         tid: super::slots::OWN_THREAD,
         action: act::ALLOC,
@@ -264,7 +267,7 @@ fn on_alloc_body(e: *const u8) {
 
 /// A tensor's completed free: its segment, no stack ([`on_alloc`]'s straight path).
 #[inline(never)]
-fn on_free(e: *const u8) {
+extern "C" fn on_free(e: *const u8) {
     if !super::enabled() {
         return;
     }
@@ -283,7 +286,8 @@ fn on_free_body(e: *const u8) {
     let stream = rd::<u64>(e, 32);
     let size = rd::<u64>(e, 40);
     let segment = segment_locked(act::FREE_COMPLETED, device, addr, size);
-    super::emit_torch(&TorchOp {
+    // Tracing was found on at the entry ([`on_free`]).
+    super::slots::emit_torch(&TorchOp {
         t_ns,
         tid: super::slots::OWN_THREAD,
         action: act::FREE_COMPLETED,
@@ -299,7 +303,7 @@ fn on_free_body(e: *const u8) {
 /// [`on_other`] from [`invoker`].
 #[cold]
 #[inline(never)]
-fn on_other_entry(e: *const u8, action: u8) {
+extern "C" fn on_other_entry(e: *const u8, action: u8) {
     if !super::enabled() {
         return;
     }

@@ -36,9 +36,17 @@ impl Stitch {
         if n == 0 {
             return;
         }
-        self.aside_hits = self.aside_hits.saturating_add(n);
+        if self.faults.hits_as_allocs {
+            self.stats.allocs = self.stats.allocs.saturating_add(n);
+        } else {
+            self.aside_hits = self.aside_hits.saturating_add(n);
+        }
         if self.budget.is_some() && self.window_allocs() >= self.next_window {
-            self.enforce_budget(dev);
+            if self.faults.hits_roll_unkept {
+                self.roll_window();
+            } else {
+                self.enforce_budget(dev);
+            }
         }
     }
 }

@@ -157,6 +157,14 @@ impl Stitch {
     #[cold]
     #[inline(never)]
     pub(super) fn enforce_budget(&mut self, dev: &mut dyn Device) {
+        self.roll_window();
+        self.keep_budget(dev);
+    }
+
+    /// End the budget's window if a window's allocations were made in it: the peak it
+    /// follows becomes the previous window's, and the pages forced past it are kept one
+    /// window more.
+    pub(super) fn roll_window(&mut self) {
         if self.window_allocs() >= self.next_window
             && let Some(b) = self.budget
         {
@@ -166,7 +174,6 @@ impl Stitch {
             self.stats.recent_peak_live = self.stats.live;
             self.next_window = self.window_allocs() + b.window;
         }
-        self.keep_budget(dev);
     }
 
     /// After an allocation that found the pool holding `before` bytes: growing past the

@@ -188,6 +188,14 @@ pub struct Faults {
     /// Carve a smaller block out of a kept range even where a live block lies (the new
     /// block overlaps it): proves the checks of carving from kept ranges can fail.
     pub kept_over_live: bool,
+    /// Count a caller's hits (`Stitch::note_aside_hits`) as the pool's own allocations (its
+    /// statistics and round watch then count allocations it never served): proves the
+    /// property test of hits interleaved with the pool's own traffic can fail.
+    pub hits_as_allocs: bool,
+    /// End a budget window that a caller's hits complete without keeping the budget (no
+    /// budget recomputed, nothing given back): proves the budget check of such windows can
+    /// fail.
+    pub hits_roll_unkept: bool,
     /// Near the device's limit, keep placing large blocks of a pool told lifetime classes in
     /// the arena, across classes (not a safety fault: it proves the test that the classes
     /// reach 1.03 x peak live only with the arena set aside can fail).
@@ -625,6 +633,10 @@ impl Policy for Stitch {
             pending: self.pending_bytes,
             ..self.stats
         }
+    }
+
+    fn note_aside_hits(&mut self, dev: &mut dyn Device, n: u64) {
+        Stitch::note_aside_hits(self, dev, n);
     }
 
     fn pinned_above_budget(&self) -> bool {
