@@ -43,11 +43,11 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 
 use crate::sys::spin::SpinLock;
 
-/// Frees a thread keeps.
-const SLOTS: usize = 8;
-/// Hits a cache serves at most before its thread hands every cache's hits to the pool (one
-/// pool lock per this many hits at least).
-pub(crate) const HIT_BATCH: u64 = 4096;
+// Frees a thread keeps (`SLOTS`), and hits a cache serves at most before its thread hands
+// every cache's hits to the pool (`HIT_BATCH`: one pool lock per this many hits at least):
+// those of the pool's model of these caches (`vramshim_pool::thread_cache`), which the live
+// tests compare with this library, defined once so that the two cannot drift apart.
+pub(crate) use vramshim_pool::thread_cache::{HIT_BATCH, SLOTS};
 /// Threads with a cache at one time (others use the pool directly).
 const CACHES: usize = 64;
 
