@@ -8,7 +8,7 @@ use std::path::Path;
 /// Bottom first; the modules of one entry import none of each other.
 const LAYERS: &[&[&str]] = &[
     &["terminal"],
-    &["error", "units", "progress", "fastmap"],
+    &["error", "units", "progress", "fastmap", "json", "switches"],
     &["files", "source", "symbols"],
     &["formats"],
     &["input"],
