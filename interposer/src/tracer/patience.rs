@@ -73,6 +73,17 @@ impl Patience {
 /// Fault switch (`VRAMSHIM_SLOTS_FAULT=per-slot-wait`): each slot gets the whole budget and no
 /// time limit, as before the budget was shared, to show that the test counting a drain's waits
 /// (`slots::tests::stuck_slots_share_one_budget`) catches it.
+/// Read once: every writer tick makes a `Patience`, and a look-up of the switch scans the
+/// configuration's list of names.
 fn fault_per_slot() -> bool {
-    crate::config::switch_on("VRAMSHIM_SLOTS_FAULT", "per-slot-wait")
+    use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
+    static PER_SLOT: AtomicU8 = AtomicU8::new(0);
+    match PER_SLOT.load(Relaxed) {
+        0 => {
+            let on = crate::config::switch_on("VRAMSHIM_SLOTS_FAULT", "per-slot-wait");
+            PER_SLOT.store(if on { 2 } else { 1 }, Relaxed);
+            on
+        }
+        v => v == 2,
+    }
 }
