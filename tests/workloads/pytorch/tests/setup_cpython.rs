@@ -1,8 +1,9 @@
 //! `scripts/setup-cpython314` runs the interpreter it installs (and the tests run it), so it
 //! refuses a cache directory someone else could have put files in: one owned by another user,
-//! writable by others, a symbolic link, or below a directory others can write that is not
-//! sticky. Each is refused with one line before anything is read from it or downloaded (these
-//! checks need no network); a directory of the user's own below a sticky one (/tmp) is taken.
+//! writable by others, a symbolic link, below a directory others can write that is not sticky,
+//! or below another user's symbolic link. Each is refused with one line before anything is read
+//! from it or downloaded (these checks need no network); a directory of the user's own below a
+//! sticky one (/tmp) is taken.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -98,6 +99,41 @@ fn cache_directories_others_could_write_are_refused() {
             &theirs,
             &format!("belongs to uid {}, not to this user", n.uid),
         );
+
+        // A symbolic link above the cache directory is judged itself, not by what it leads
+        // to: another user's link to a directory of ours could be repointed by that user.
+        let ours = base.join("ours");
+        std::fs::create_dir(&ours).unwrap();
+        mode(&ours, 0o755);
+        std::fs::create_dir(ours.join("mine")).unwrap();
+        mode(&ours.join("mine"), 0o755);
+        let their_link = base.join("their-link");
+        std::os::unix::fs::symlink(&ours, &their_link).unwrap();
+        std::os::unix::fs::lchown(&their_link, Some(n.uid), Some(n.gid)).unwrap();
+        refused(
+            &their_link.join("mine"),
+            &format!(
+                "{}, above the cache directory, belongs to uid {}",
+                their_link.display(),
+                n.uid
+            ),
+        );
     }
+
+    // ... and what a link of ours leads to is judged too.
+    let open_target = base.join("open-target");
+    std::fs::create_dir(&open_target).unwrap();
+    std::fs::create_dir(open_target.join("mine")).unwrap();
+    mode(&open_target.join("mine"), 0o755);
+    mode(&open_target, 0o777);
+    let our_link = base.join("our-link");
+    std::os::unix::fs::symlink(&open_target, &our_link).unwrap();
+    refused(
+        &our_link.join("mine"),
+        &format!(
+            "{}, above the cache directory, is writable by others",
+            open_target.display()
+        ),
+    );
     let _ = std::fs::remove_dir_all(&base);
 }
