@@ -357,12 +357,14 @@ impl BudgetCheck {
                 self.unacted_sync = true;
             }
             Op::Alloc { .. } => self.unseen_sync = false,
-            Op::Free { .. } | Op::Trim => self.unacted_sync = false,
+            Op::Free { .. } => self.unacted_sync = false,
+            // a trim during capture does nothing (it may not synchronize or release)
+            Op::Trim if !dev.is_capturing() => self.unacted_sync = false,
             // a window the hits end is enforced as at a free
             Op::Hits { .. } if window_ended => self.unacted_sync = false,
             _ => {}
         }
-        if matches!(op, Op::Trim) || syncs != self.syncs {
+        if (matches!(op, Op::Trim) && !dev.is_capturing()) || syncs != self.syncs {
             // the pool's own synchronization (or a trim's) releases its pending blocks at once
             self.unseen_sync = false;
         }
