@@ -225,6 +225,9 @@ impl Stitch {
         // blocks: pages), so a workload that needs them every pass does not take and give
         // them back every pass
         let keep = self.release_keep();
+        if self.stats.reserved <= keep {
+            return;
+        }
         let candidates: Vec<u32> = self
             .free_pages
             .iter()
@@ -271,11 +274,16 @@ impl Stitch {
             }
             self.stats.releases += run.len() as u64;
         }
-        self.idle_scan = Some((
-            self.epoch,
-            self.free_pages.len() + self.bound_free.len(),
-            self.nmaps,
-        ));
+        // remembered only when the scan found every idle page left pinned: one that stopped
+        // at the bytes kept left idle pages unexamined, which a lower budget (a window
+        // ended since) gives back
+        self.idle_scan = (self.stats.reserved > keep).then(|| {
+            (
+                self.epoch,
+                self.free_pages.len() + self.bound_free.len(),
+                self.nmaps,
+            )
+        });
     }
 
     /// The bytes `release_idle` keeps: the budget, or more while the pool was lately forced
