@@ -208,6 +208,10 @@ pub struct Faults {
     /// synchronization, as the per-page condition did (not a safety fault: it proves the
     /// test that the per-mapping condition gives pages back can fail).
     pub page_fenced_maps: bool,
+    /// The round watch (`Stitch::round_end_watch`) is never 0 above the budget and the pages
+    /// the pool keeps past it: a caller keeps frees aside there too, and they reach the pool
+    /// late (not a safety fault: it proves the test of that half of the watch can fail).
+    pub watch_never_zero: bool,
 }
 
 impl Faults {
