@@ -201,6 +201,7 @@ impl Stitch {
         self.maps_by_va.remove(&va);
         self.free_map_slots.push(m);
         self.nmaps -= 1;
+        self.idle_gen += 1;
         self.update_reserved();
         Ok(())
     }
@@ -366,6 +367,7 @@ impl Stitch {
             return Err(PoolError::Device(e));
         }
         self.repairs += 1;
+        self.idle_gen += 1;
         Ok(())
     }
 
@@ -391,6 +393,7 @@ impl Stitch {
         self.maps_by_va.remove(&va);
         self.free_map_slots.push(m);
         self.nmaps -= 1;
+        self.idle_gen += 1;
         self.update_reserved();
     }
 }

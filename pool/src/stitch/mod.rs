@@ -313,9 +313,12 @@ pub struct Stitch {
     /// allocations a caller served from blocks it kept aside (`aside`): they count toward the
     /// budget's window, not toward the pool's own statistics and rounds
     aside_hits: u64,
-    /// (epoch, free pages, mappings) of the last scan for idle pages that found the rest
+    /// (epoch, `idle_gen`, pages) of the last scan for idle pages that found the rest
     /// pinned: nothing changed, nothing to scan
-    idle_scan: Option<(u64, usize, u64)>,
+    idle_scan: Option<(u64, u64, u64)>,
+    /// blocks dissolved and mappings dropped or re-formed: what may leave a page releasable
+    /// within an epoch (see `budget::release_idle`)
+    idle_gen: u64,
     /// (epoch, flushed epoch, pages, mappings, repairs, bytes kept) at which dissolving the
     /// cache was found to free no page (see `budget::release_possible`)
     stuck_key: Option<(u64, u64, u64, u64, u64, u64)>,
@@ -384,6 +387,7 @@ impl Stitch {
             next_window: u64::MAX,
             aside_hits: 0,
             idle_scan: None,
+            idle_gen: 0,
             stuck_key: None,
             layout_mark: (0, 0),
             stats: Stats::default(),
