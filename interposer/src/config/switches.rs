@@ -72,6 +72,8 @@ const SWITCHES: &[(&str, &[&str])] = &[
             "nested-exit-waits",
             // A slot's life token (`tracer::slots::claim`).
             "arm-in-op",
+            // The signals blocked across a hand-over's send (`tracer::writer::send`).
+            "send-unmasked",
         ],
     ),
     ("VRAMSHIM_TRACE_WRITER_FAULT", &["hold"]),

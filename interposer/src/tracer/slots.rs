@@ -886,6 +886,9 @@ fn count_live_of(b: &Buf) {
 pub enum HandOverPoint {
     /// The full buffer is out of the slot, not yet queued for the writer.
     Taken,
+    /// Inside the send to the writer ([`writer::send`]), signals blocked, just before the
+    /// channel's own send.
+    Sending,
     /// The buffer is queued; the slot has not yet got its new one.
     Queued,
 }
@@ -900,7 +903,7 @@ pub(crate) fn on_hand_over(hook: Option<fn(HandOverPoint)>) {
 }
 
 #[inline]
-fn hand_over_at(p: HandOverPoint) {
+pub(crate) fn hand_over_at(p: HandOverPoint) {
     let f = HAND_OVER_HOOK.load(Ordering::Acquire);
     if f != 0 {
         // SAFETY: a non-zero value was stored from a `fn(HandOverPoint)` by `on_hand_over`.
@@ -930,9 +933,9 @@ fn hand_over(slot: &'static Slot, inner: &mut Inner) {
     hand_over_at(HandOverPoint::Taken);
     let from = || Handed { slot, seq };
     match writer::send(buf, from()) {
-        Ok(()) => {
+        Ok(spare) => {
             hand_over_at(HandOverPoint::Queued);
-            inner.buf = writer::spare_buffer();
+            inner.buf = spare;
             inner.next_try = SEND_AT;
             back_in(slot);
             if writer::backlog() > HIGH_WATER {
@@ -940,8 +943,8 @@ fn hand_over(slot: &'static Slot, inner: &mut Inner) {
             }
         }
         Err(buf) if buf.len() >= MAX_BUF => match throttle(buf, from) {
-            Ok(()) => {
-                inner.buf = writer::spare_buffer();
+            Ok(spare) => {
+                inner.buf = spare;
                 inner.next_try = SEND_AT;
                 back_in(slot);
             }
@@ -979,7 +982,7 @@ fn back_in(slot: &Slot) {
 /// bytehound throttles its producers. Only a thread that has `MAX_BUF` unwritten events while
 /// the channel is full ever gets here.
 #[cold]
-fn throttle(mut buf: Buf, from: impl Fn() -> Handed) -> Result<(), Buf> {
+fn throttle(mut buf: Buf, from: impl Fn() -> Handed) -> Result<Buf, Buf> {
     let deadline = crate::sys::clock::now_ns() + THROTTLE_NS;
     loop {
         let ts = libc::timespec {
@@ -989,7 +992,7 @@ fn throttle(mut buf: Buf, from: impl Fn() -> Handed) -> Result<(), Buf> {
         // SAFETY: ts is a valid timespec; the remainder pointer may be null.
         unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
         match writer::send(buf, from()) {
-            Ok(()) => return Ok(()),
+            Ok(spare) => return Ok(spare),
             Err(back) => buf = back,
         }
         if crate::sys::clock::now_ns() > deadline {
