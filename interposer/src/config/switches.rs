@@ -48,6 +48,7 @@ const SWITCHES: &[(&str, &[&str])] = &[
         &[
             "nowait",
             "barrier-drop",
+            "barrier-no-settle",
             "per-slot-wait",
             "hand-over-uncounted",
         ],
