@@ -130,7 +130,7 @@ enum Plan {
 }
 
 /// Testing switches that break a safety rule on purpose (to prove the checks can fail).
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Faults {
     /// Hand out blocks freed with `cudaFree` at once, without waiting for a sync.
     pub reuse_sync_frees_early: bool,
@@ -281,6 +281,9 @@ pub struct Stitch {
     /// the places large blocks were given, carved best fit by smaller ones (see `kept`)
     kept: Vec<kept::Kept>,
     kept_on: bool,
+    /// `vramshim replay` runs the live library's thread caches in front (see
+    /// `with_thread_caches`)
+    tcaches: bool,
     /// blocks carved out of kept ranges
     kept_carves: u64,
     /// the places of this round's and the previous round's cache misses (see `rounds`)
@@ -370,6 +373,7 @@ impl Stitch {
             ghosts: FxMap::default(),
             kept: Vec::new(),
             kept_on: false,
+            tcaches: true,
             kept_carves: 0,
             rounds: Default::default(),
             headroom: None,
@@ -418,6 +422,14 @@ impl Stitch {
     /// best fit (see `kept`).
     pub fn with_kept(mut self, on: bool) -> Self {
         self.kept_on = on;
+        self
+    }
+
+    /// Whether `vramshim replay` runs the live library's per-thread caches of stream-ordered
+    /// frees in front of this pool (`vramshim_pool::thread_cache`; on by default). The pool
+    /// itself never sees them; the interposer's caches have switches of their own.
+    pub fn with_thread_caches(mut self, on: bool) -> Self {
+        self.tcaches = on;
         self
     }
 
@@ -647,6 +659,16 @@ impl Policy for Stitch {
         Stitch::note_aside_hits(self, dev, n);
     }
 
+    fn round_end_watch(&self) -> u64 {
+        Stitch::round_end_watch(self)
+    }
+
+    /// As the interposer decides: its caches are off when `VRAMSHIM_POOL_DEBUG` names any of
+    /// the pool's switches (faults, `runs`, `kept`: their tests exercise the pool's own rules).
+    fn thread_caches(&self) -> bool {
+        self.tcaches && self.faults == Faults::default() && !self.grow_runs && !self.kept_on
+    }
+
     fn pinned_above_budget(&self) -> bool {
         self.ncached > 0
             && self.gran > 0
@@ -656,18 +678,20 @@ impl Policy for Stitch {
 
     fn reset(&mut self) {
         let stats = self.stats;
-        let (faults, headroom, budget, runs, kept) = (
+        let (faults, headroom, budget, runs, kept, tcaches) = (
             self.faults,
             self.headroom,
             self.budget,
             self.grow_runs,
             self.kept_on,
+            self.tcaches,
         );
         *self = Stitch::new()
             .with_headroom(headroom)
             .with_budget(budget)
             .with_runs(runs)
-            .with_kept(kept);
+            .with_kept(kept)
+            .with_thread_caches(tcaches);
         self.set_faults(faults);
         self.stats = Stats {
             reserved: 0,
