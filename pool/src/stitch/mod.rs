@@ -2,8 +2,9 @@
 //!
 //! Physical memory is held in granularity-sized pages (one handle each, or runs of pages under
 //! one handle: see `pages`, "Runs"). A block is a byte
-//! range `[off, off + size)` of a *mapping*: a reserved address range with a list of pages
-//! mapped one after another. Any free page can back any block, so there is no external
+//! range `[off, off + size)` of a *mapping*: an address range (the arena's reservation, or a
+//! range of the pool's reserved chunks: see `vas`) with a list of pages mapped one after
+//! another. Any free page can back any block, so there is no external
 //! fragmentation above a page. Page tails are packed: every page has a byte-range
 //! sub-allocator (512-B units), a block may take a shared page's free *suffix* as its head,
 //! whole free pages in the middle and another shared page's free *prefix* as its tail, and
@@ -54,6 +55,7 @@ mod pressure;
 mod quiet;
 mod rounds;
 mod slow_path;
+mod vas;
 
 /// The arena grows by a run of pages (see `pages`, "Runs") while the pool would hold at
 /// most 1 / RUN_ROOM of what the device could give it.
@@ -106,6 +108,9 @@ struct Mapping {
     va: u64,
     /// bytes of address space reserved at `va` (the arena reserves beyond its pages)
     reserved: u64,
+    /// `va` is a reservation of its own (the arena's); else a range of the pool's chunks
+    /// (see `vas`)
+    own_va: bool,
     pages: Vec<u32>,
     /// blocks (live, pending or cached) placed in this mapping
     users: u32,
@@ -212,6 +217,10 @@ pub struct Faults {
     /// the pool keeps past it: a caller keeps frees aside there too, and they reach the pool
     /// late (not a safety fault: it proves the test of that half of the watch can fail).
     pub watch_never_zero: bool,
+    /// Carve stitched mappings' address ranges out of the pool's chunks with no unused page
+    /// after each (an access past a mapping's end then lands in the next mapping's memory):
+    /// proves the test that such an access finds no memory can fail.
+    pub va_no_guard: bool,
 }
 
 impl Faults {
@@ -250,7 +259,8 @@ pub struct Stitch {
     /// partly used pages with a free suffix, per class: (len, page)
     suffix: [BTreeSet<(u64, u32)>; 2],
     maps: Vec<Option<Mapping>>,
-    free_map_slots: Vec<u32>,
+    /// slots of dropped mappings, with the address their last mapping had
+    free_map_slots: Vec<(u32, u64)>,
     nmaps: u64,
     maps_by_len: FxMap<usize, Vec<u32>>,
     maps_by_va: BTreeMap<u64, u32>,
@@ -292,6 +302,8 @@ pub struct Stitch {
     /// (None: cache until the device or cap refuses)
     headroom: Option<f64>,
     budget: Option<Budget>,
+    /// address space for stitched mappings (see `vas`)
+    vas: vas::VaSpace,
     /// the mapping that grows at its end (tight pool; see `arena`)
     arena: Option<u32>,
     /// the budget in bytes as last computed (u64::MAX: none); a free above it enforces it
@@ -378,6 +390,7 @@ impl Stitch {
             rounds: Default::default(),
             headroom: None,
             budget: None,
+            vas: vas::VaSpace::default(),
             arena: None,
             limit_now: u64::MAX,
             limit_key: (u64::MAX, 0),
@@ -608,6 +621,7 @@ impl Policy for Stitch {
         for m in unused {
             self.drop_mapping(dev, m)?;
         }
+        self.va_trim(dev);
         let free: Vec<u32> = self
             .free_pages
             .iter()
