@@ -266,10 +266,8 @@ pub(crate) fn encode(enc: &mut RecordEncoder, b: &mut Buf) {
             Kind::Torch => {
                 // This entry and the `Torch` entries after it, coded in one call (one run
                 // header, the coder's state in registers: `push_torch_all`).
-                let mut n = 0;
-                enc.push_torch_all(b.raw[i - 1..].iter().map_while(|r| {
+                let n = enc.push_torch_all(b.raw[i - 1..].iter().map_while(|r| {
                     (r.kind == Kind::Torch).then(|| {
-                        n += 1;
                         let mut t = torch_of(&r.op);
                         t.t_ns = ns.get(t.t_ns);
                         if t.tid == OWN_THREAD {
@@ -1463,6 +1461,74 @@ mod tests {
         }
         let got = torch_ops_written(&mut b);
         assert_eq!(got, want);
+    }
+
+    /// Not a check, a measure (`scripts/bench writer`): the writer thread's coding of a
+    /// real run's PyTorch events as its buffers hold them (a GPT-2 run's tensor events, each
+    /// thread's in buffers of 245 entries, about a native step's, coded as consecutive
+    /// chained contexts, the whole run 8 times over; times raw TSC values when the trace
+    /// clock runs on the TSC, as in a traced process). Under callgrind with `--toggle-collect='*code_buffers*'`, the count
+    /// divided by the events printed is the writer's instructions an event, from the entry
+    /// in the buffer to the coded bytes.
+    #[test]
+    #[ignore]
+    fn writer_cost_of_gpt2_buffers() {
+        super::super::clock::init();
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../trace/examples/data/gpt2-tensors.vramtrace"
+        );
+        let r = vramshim_trace::TraceReader::open(path).unwrap();
+        let ops: Vec<TorchOp> = r
+            .filter_map(|e| match e.unwrap() {
+                Event::Torch(op) => Some(op),
+                _ => None,
+            })
+            .collect();
+        let raw0 = super::super::clock::now_raw();
+        let t0 = ops[0].t_ns;
+        let mut by_tid: std::collections::BTreeMap<u32, Vec<TorchOp>> = Default::default();
+        for op in &ops {
+            by_tid.entry(op.tid).or_default().push(op.clone());
+        }
+        let slot = new_slot();
+        let (mut bufs, mut events) = (Vec::new(), 0);
+        for (tid, ops) in &by_tid {
+            for chunk in ops.chunks(245) {
+                let mut b = Buf::with_capacity(chunk.len() + 1);
+                b.context(*tid);
+                for op in chunk {
+                    let mut t = op.clone();
+                    // About 2.5 TSC ticks a ns.
+                    t.t_ns = raw0 + op.t_ns.wrapping_sub(t0) * 5 / 2;
+                    b.put_torch(slot, torch_entry(&t));
+                    events += 1;
+                }
+                bufs.push(b);
+            }
+        }
+        let mut enc = RecordEncoder::new();
+        let rounds = 8;
+        let bytes = code_buffers(&mut enc, &mut bufs, rounds);
+        let events = events * rounds;
+        println!(
+            "{events} events in {} buffers, {:.2} bytes an event, TSC clock: {}",
+            bufs.len() * rounds,
+            bytes as f64 / events as f64,
+            super::super::clock::name()
+        );
+    }
+
+    #[inline(never)]
+    fn code_buffers(enc: &mut RecordEncoder, bufs: &mut [Buf], rounds: usize) -> usize {
+        let mut bytes = 0;
+        for _ in 0..rounds {
+            for b in bufs.iter_mut() {
+                encode(enc, b);
+                bytes += enc.bytes().len();
+            }
+        }
+        bytes
     }
 
     fn alloc(i: u64) -> Event {
