@@ -4,11 +4,9 @@
 //! as a zigzag delta from the previous timed record of the same *context*; a context starts at
 //! the beginning of every frame and at every `Context` record, where all delta state resets.
 
-use std::borrow::Borrow;
-
 use crate::columns::TimeCursor;
 use crate::event::{AllocKind, Api, DeviceInfo, Event, MemOp, PyFrame, SyncKind, TorchOp};
-use crate::torch_run::{self, Model};
+use crate::torch_run::{self, Model, TorchFields};
 use crate::wire::put_varint_at as wv;
 use crate::wire::{Cur, put_str, put_varint, torch_offset_of, torch_size_of, unzigzag, zigzag};
 pub use crate::wire::{MAX_STACK_FRAMES, MAX_STRING, RecordError, mask, tag, torch_head};
@@ -516,10 +514,10 @@ impl RecordEncoder {
     /// fixed-size stores; the slack is cut off at the end), and the record statistics stay
     /// in registers meanwhile. Returns how many events it took (all of `ops`).
     #[inline]
-    pub fn push_torch_all<I>(&mut self, ops: I) -> usize
+    pub fn push_torch_all<'a, I, T>(&mut self, ops: I) -> usize
     where
-        I: IntoIterator,
-        I::Item: Borrow<TorchOp>,
+        I: IntoIterator<Item = &'a T>,
+        T: TorchFields + 'a,
     {
         let mut ops = ops.into_iter();
         let torch_bytes_before = self.torch_bytes;
@@ -549,7 +547,6 @@ impl RecordEncoder {
         // the event (under `RUN_MAX`) and the buffer has `EV_MAX` bytes of slack at `pos`.
         let mut stop = 0;
         while let Some(op) = ops.next() {
-            let op: &TorchOp = op.borrow();
             events += 1;
             if !torch_run::holds(op) {
                 // The rare event no `TorchRun` holds: the run so far closed, a `Torch`
@@ -561,7 +558,7 @@ impl RecordEncoder {
                 self.st.t = m.cx.t;
                 (self.t_min, self.t_max) = (t_min, t_max);
                 v2s += 1;
-                self.push_torch_v2(op);
+                self.push_torch_v2(&op.to_op());
                 (t_min, t_max) = (self.t_min, self.t_max);
                 pos = self.buf.len();
                 m.cx.t = self.st.t;
@@ -597,8 +594,8 @@ impl RecordEncoder {
                 break;
             };
             pos += torch_run::encode(&mut m, op, b);
-            t_min = t_min.min(op.t_ns);
-            t_max = t_max.max(op.t_ns);
+            t_min = t_min.min(op.t_ns());
+            t_max = t_max.max(op.t_ns());
         }
         self.torch_bytes += close_run(&mut self.buf, run, pos) - counted;
         self.buf.truncate(pos);

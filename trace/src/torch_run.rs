@@ -221,6 +221,76 @@ pub(crate) struct Ctx {
     pub t: u64,
 }
 
+/// A PyTorch allocator event as the coder reads it: field by field, where it lies (a
+/// [`TorchOp`], or an entry of the interposer's buffers, whose fields sit in other places),
+/// so that the coder's loop reads each field from the event's memory when it needs it
+/// instead of holding a copy in registers it does not have.
+pub trait TorchFields {
+    fn t_ns(&self) -> u64;
+    fn tid(&self) -> u32;
+    fn action(&self) -> u8;
+    fn device(&self) -> i32;
+    fn addr(&self) -> u64;
+    fn size(&self) -> u64;
+    fn stream(&self) -> u64;
+    fn segment(&self) -> u64;
+    fn stack(&self) -> u32;
+    /// The event as a [`TorchOp`].
+    #[inline(always)]
+    fn to_op(&self) -> TorchOp {
+        TorchOp {
+            t_ns: self.t_ns(),
+            tid: self.tid(),
+            action: self.action(),
+            device: self.device(),
+            addr: self.addr(),
+            size: self.size(),
+            stream: self.stream(),
+            segment: self.segment(),
+            stack: self.stack(),
+        }
+    }
+}
+
+impl TorchFields for TorchOp {
+    #[inline(always)]
+    fn t_ns(&self) -> u64 {
+        self.t_ns
+    }
+    #[inline(always)]
+    fn tid(&self) -> u32 {
+        self.tid
+    }
+    #[inline(always)]
+    fn action(&self) -> u8 {
+        self.action
+    }
+    #[inline(always)]
+    fn device(&self) -> i32 {
+        self.device
+    }
+    #[inline(always)]
+    fn addr(&self) -> u64 {
+        self.addr
+    }
+    #[inline(always)]
+    fn size(&self) -> u64 {
+        self.size
+    }
+    #[inline(always)]
+    fn stream(&self) -> u64 {
+        self.stream
+    }
+    #[inline(always)]
+    fn segment(&self) -> u64 {
+        self.segment
+    }
+    #[inline(always)]
+    fn stack(&self) -> u32 {
+        self.stack
+    }
+}
+
 /// Scratch size of one coded event (its largest form is 68 bytes).
 pub(crate) const EV_MAX: usize = 128;
 
@@ -228,43 +298,35 @@ pub(crate) const EV_MAX: usize = 128;
 /// caller writes a `Torch` record otherwise). One test for the usual values (a size under
 /// 2^63, an offset of magnitude under 2^62), the exact forms for the rest.
 #[inline(always)]
-pub(crate) fn holds(op: &TorchOp) -> bool {
-    let off = op.addr.wrapping_sub(op.segment);
-    (op.size | off.wrapping_add(1 << 62)) >> 63 == 0
-        || torch_offset(off).is_some() && torch_size(op.size).is_some()
+pub(crate) fn holds<T: TorchFields>(op: &T) -> bool {
+    let off = op.addr().wrapping_sub(op.segment());
+    (op.size() | off.wrapping_add(1 << 62)) >> 63 == 0
+        || torch_offset(off).is_some() && torch_size(op.size()).is_some()
 }
 
 /// Codes `op` (which [`holds`] accepts) into `b`; returns its length. Updates the model and
 /// the context. The usual event (its place in a ring, or predicted) takes no varint: the
 /// offset and size forms are made only where they are written.
 #[inline(always)]
-pub(crate) fn encode(m: &mut Model, op: &TorchOp, b: &mut [u8; EV_MAX]) -> usize {
-    // Each field read once (the loop around keeps few of them in registers).
-    let TorchOp {
-        t_ns,
-        tid,
-        action,
-        device,
-        addr,
-        size,
-        stream,
-        segment,
-        stack,
-    } = *op;
+pub(crate) fn encode<T: TorchFields>(m: &mut Model, op: &T, b: &mut [u8; EV_MAX]) -> usize {
+    // Each field read where it is used (from the event's memory).
     let slot = m.slot();
     let p = m.table[slot];
-    let mt = meta(stack, action, m.epoch);
+    let mt = meta(op.stack(), op.action(), m.epoch);
     // One test for the prediction: every compared field XORed into one word.
     let predicted = ((p.meta ^ mt)
-        | (p.size ^ size)
-        | (tid ^ m.cx.tid) as u64
-        | (device ^ m.device) as u64
-        | (stream ^ m.stream))
+        | (p.size ^ op.size())
+        | (op.tid() ^ m.cx.tid) as u64
+        | (op.device() ^ m.device) as u64
+        | (op.stream() ^ m.stream))
         == 0;
-    let place = Place { addr, seg: segment };
-    let fs = find_slot(addr);
-    let found = m.find(action, place, fs);
-    let dt = t_ns.wrapping_sub(m.cx.t);
+    let place = Place {
+        addr: op.addr(),
+        seg: op.segment(),
+    };
+    let fs = find_slot(place.addr);
+    let found = m.find(op.action(), place, fs);
+    let dt = op.t_ns().wrapping_sub(m.cx.t);
     let mut n = 1;
     if !predicted {
         n = explicit_fields(b, op, m);
@@ -287,35 +349,40 @@ pub(crate) fn encode(m: &mut Model, op: &TorchOp, b: &mut [u8; EV_MAX]) -> usize
         b[0] = ctrl | TIME_VARINT;
         n = wv(b, n, crate::wire::zigzag(dt as i64));
     }
-    m.cx.t = t_ns;
-    m.learn_pred(slot, mt, size, stack, action);
-    m.learn_find(action, place, fs);
+    m.cx.t = op.t_ns();
+    m.learn_pred(slot, mt, op.size(), op.stack(), op.action());
+    m.learn_find(op.action(), place, fs);
     n
 }
 
 /// An address not found in the rings: its segment as one of the three most recent or as a
 /// difference from the newest, then its offset; returns the control byte's place.
 #[inline(always)]
-fn explicit_place(b: &mut [u8; EV_MAX], n: &mut usize, op: &TorchOp, m: &mut Model) -> u8 {
+fn explicit_place<T: TorchFields>(
+    b: &mut [u8; EV_MAX],
+    n: &mut usize,
+    op: &T,
+    m: &mut Model,
+) -> u8 {
     let s = &mut m.segments;
-    let k = if op.segment == s[0] {
+    let k = if op.segment() == s[0] {
         0
-    } else if op.segment == s[1] {
+    } else if op.segment() == s[1] {
         s.swap(0, 1);
         1
-    } else if op.segment == s[2] {
+    } else if op.segment() == s[2] {
         *s = [s[2], s[0], s[1]];
         2
     } else {
         *n = wv(
             b,
             *n,
-            crate::wire::zigzag(op.segment.wrapping_sub(s[0]) as i64),
+            crate::wire::zigzag(op.segment().wrapping_sub(s[0]) as i64),
         );
-        *s = [op.segment, s[0], s[1]];
+        *s = [op.segment(), s[0], s[1]];
         torch_head::SEGMENT_NEW
     };
-    let off = torch_offset(op.addr.wrapping_sub(op.segment)).unwrap_or(0);
+    let off = torch_offset(op.addr().wrapping_sub(op.segment())).unwrap_or(0);
     *n = wv(b, *n, off);
     RING_REFS + k
 }
@@ -324,37 +391,37 @@ fn explicit_place(b: &mut [u8; EV_MAX], n: &mut usize, op: &TorchOp, m: &mut Mod
 /// says follows, then the size), from `b[1]`; sets the context's thread and place. Out of
 /// line: the rarer form.
 #[inline(never)]
-fn explicit_fields(b: &mut [u8; EV_MAX], op: &TorchOp, m: &mut Model) -> usize {
-    let mut head = op.action.min(torch_head::ACTION_ESCAPE);
-    if op.tid != m.cx.tid {
+fn explicit_fields<T: TorchFields>(b: &mut [u8; EV_MAX], op: &T, m: &mut Model) -> usize {
+    let mut head = op.action().min(torch_head::ACTION_ESCAPE);
+    if op.tid() != m.cx.tid {
         head |= torch_head::TID;
     }
-    if op.device != m.device || op.stream != m.stream {
+    if op.device() != m.device || op.stream() != m.stream {
         head |= torch_head::PLACE;
     }
-    if op.stack != 0 {
+    if op.stack() != 0 {
         head |= torch_head::STACK;
     }
     b[1] = head;
     let mut n = 2;
     if head & torch_head::ACTION_ESCAPE == torch_head::ACTION_ESCAPE {
-        b[n] = op.action;
+        b[n] = op.action();
         n += 1;
     }
     if head & torch_head::TID != 0 {
-        n = wv(b, n, op.tid as u64);
+        n = wv(b, n, op.tid() as u64);
     }
     if head & torch_head::PLACE != 0 {
-        n = wv(b, n, crate::wire::zigzag(op.device as i64));
-        n = wv(b, n, op.stream);
+        n = wv(b, n, crate::wire::zigzag(op.device() as i64));
+        n = wv(b, n, op.stream());
     }
     if head & torch_head::STACK != 0 {
-        n = wv(b, n, op.stack as u64);
+        n = wv(b, n, op.stack() as u64);
     }
-    m.cx.tid = op.tid;
-    m.device = op.device;
-    m.stream = op.stream;
-    wv(b, n, torch_size(op.size).unwrap_or(0))
+    m.cx.tid = op.tid();
+    m.device = op.device();
+    m.stream = op.stream();
+    wv(b, n, torch_size(op.size()).unwrap_or(0))
 }
 
 /// Decodes one event of a run from `c` (positioned at its control byte): the inverse of
