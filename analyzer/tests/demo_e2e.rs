@@ -79,9 +79,7 @@ impl Drop for RefreshCheckoutOnDrop {
 
 #[test]
 fn readme_first_command_on_a_fresh_clone_runs_the_demo() {
-    let tmp = std::env::temp_dir().join(format!("vramshim-e2e-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp).unwrap();
+    let tmp = vramshim_testkit::TempDir::new("e2e");
     let clone = tmp.join("vramshim");
     let st = Command::new("git")
         .args(["clone", "--quiet"])
@@ -122,6 +120,9 @@ fn readme_first_command_on_a_fresh_clone_runs_the_demo() {
         .arg("-c")
         .arg(&cmd)
         .current_dir(&clone)
+        // The demo keeps its traces in a directory of its own in the temporary directory:
+        // this test's, removed after it.
+        .env("TMPDIR", tmp.path())
         .env_remove("CARGO_TARGET_DIR")
         .env_remove("VRAMSHIM_LIB")
         .env_remove("LD_PRELOAD")
@@ -188,5 +189,4 @@ fn readme_first_command_on_a_fresh_clone_runs_the_demo() {
         .expect("vramshim-demo.html written in the working directory");
     assert!(html.contains("<table") && html.contains("refused") && html.contains("completed"));
     assert!(html.contains("<svg"), "the report has charts");
-    let _ = std::fs::remove_dir_all(&tmp);
 }

@@ -13,17 +13,15 @@ use common::compile_c;
 
 const VRAMSHIM: &str = env!("CARGO_BIN_EXE_vramshim");
 
-fn tmpdir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("vramshim-run-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh directory, removed (with the copies of the binary made in it) when dropped.
+fn tmpdir(tag: &str) -> vramshim_testkit::TempDir {
+    vramshim_testkit::TempDir::new(&format!("run-{tag}"))
 }
 
 /// A real (empty) shared object, so LD_PRELOAD loads it without complaint and the tests of
 /// the launcher do not depend on the interposer's state.
 fn empty_so(name: &str) -> PathBuf {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    static DIR: OnceLock<vramshim_testkit::TempDir> = OnceLock::new();
     static LOCK: Mutex<()> = Mutex::new(());
     let dir = DIR.get_or_init(|| tmpdir("so"));
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
@@ -603,7 +601,7 @@ fn library_found_after_install_into_a_temporary_prefix_and_reinstall_is_safe() {
     let install = || {
         let o = Command::new(repo_root().join("scripts/install.sh"))
             .arg("--prefix")
-            .arg(&prefix)
+            .arg(prefix.path())
             .env("CARGO_TARGET_DIR", cargo_target_dir())
             .output()
             .unwrap();
@@ -673,10 +671,11 @@ fn library_found_after_install_into_a_temporary_prefix_and_reinstall_is_safe() {
 /// A small CUDA program (cudart through dlopen, so it needs no headers): four 1 MiB
 /// cudaMalloc, then their cudaFree; exit 2 when an allocation fails.
 fn cuda_program() -> PathBuf {
-    static EXE: OnceLock<PathBuf> = OnceLock::new();
+    // The directory is kept with the program (removed when the test process exits).
+    static EXE: OnceLock<(vramshim_testkit::TempDir, PathBuf)> = OnceLock::new();
     EXE.get_or_init(|| {
         let dir = tmpdir("cudaprog");
-        compile_c(
+        let exe = compile_c(
             &dir,
             "four",
             r#"#include <dlfcn.h>
@@ -696,8 +695,10 @@ int main(void) {
     return rc;
 }
 "#,
-        )
+        );
+        (dir, exe)
     })
+    .1
     .clone()
 }
 

@@ -2,11 +2,9 @@ use std::os::unix::fs::PermissionsExt;
 
 use super::*;
 
-fn tmpdir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("vramshim-registry-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh directory, removed (with what the test made in it) when dropped.
+fn tmpdir(tag: &str) -> vramshim_testkit::TempDir {
+    vramshim_testkit::TempDir::new(&format!("registry-{tag}"))
 }
 
 fn me() -> ProcessKey {
@@ -258,7 +256,6 @@ fn foreign_or_planted_files_are_refused() {
             "{e}"
         );
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

@@ -3,11 +3,9 @@ use std::sync::atomic::AtomicBool;
 
 use super::*;
 
-fn tmpdir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("vramshim-region-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh directory, removed (with what the test made in it) when dropped.
+fn tmpdir(tag: &str) -> vramshim_testkit::TempDir {
+    vramshim_testkit::TempDir::new(&format!("region-{tag}"))
 }
 
 fn gib(n: u64) -> u64 {

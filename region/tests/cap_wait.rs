@@ -38,7 +38,7 @@ struct Group {
     sim: String,
     shared: String,
     region: PathBuf,
-    dir: PathBuf,
+    dir: vramshim_testkit::TempDir,
 }
 
 /// A member started by [`Group::start`], its output read line by line by a thread (so that
@@ -109,8 +109,7 @@ impl Group {
     fn new(tag: &str) -> Group {
         let shared = unique_name(tag);
         let region = vramshim_region::spec::shared_path(&shared, uid()).unwrap();
-        let dir = std::env::temp_dir().join(unique_name(tag));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = vramshim_testkit::TempDir::new(tag);
         Group {
             sim: unique_name(tag),
             shared,
@@ -195,7 +194,6 @@ impl Drop for Group {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.region);
         let _ = std::fs::remove_file(vramsim_devstate::DeviceState::path(&self.sim));
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

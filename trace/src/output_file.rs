@@ -261,12 +261,8 @@ mod tests {
     use super::*;
     use std::os::unix::fs::symlink;
 
-    fn dir(tag: &str) -> std::path::PathBuf {
-        let d =
-            std::env::temp_dir().join(format!("vramshim-output-file-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
+    fn dir(tag: &str) -> vramshim_testkit::TempDir {
+        vramshim_testkit::TempDir::new(&format!("output-file-{tag}"))
     }
 
     #[test]
@@ -281,7 +277,6 @@ mod tests {
         create(&p, TRACE).unwrap();
         std::fs::write(&p, &MAGIC[..3]).unwrap();
         create(&p, TRACE).unwrap();
-        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
@@ -329,6 +324,5 @@ mod tests {
         // The CLI rule: a plain file of ours is replaced.
         create(&victim, Replace::OwnFile).unwrap();
         assert_eq!(std::fs::read(&victim).unwrap().len(), 0);
-        std::fs::remove_dir_all(&d).unwrap();
     }
 }

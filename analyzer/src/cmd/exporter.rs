@@ -571,9 +571,7 @@ mod tests {
     fn a_members_binding_cap_and_its_groups_cap() {
         use vramshim_region::DeviceId;
         use vramshim_region::registry::DeviceRecord;
-        let dir = std::env::temp_dir().join(format!("vramshim-exp-cap-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = vramshim_testkit::TempDir::new("exp-cap");
         let reg_path = dir.join("registry");
         let (reg, me, s) = register_me(&reg_path, "job", Default::default());
         let rec = DeviceRecord {
@@ -616,7 +614,6 @@ mod tests {
             "{text}"
         );
         reg.unregister(s, me);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// A client that sends part of a request and stops is dropped at the deadline, and the
@@ -647,8 +644,7 @@ mod tests {
         use vramshim_region::registry::{Container, Runtime};
         const UID: &str = "0b7d8f3c-5a1e-4c2b-9d6f-1e2a3b4c5d6e";
         const CID: &str = "4f1e2d3c4b5a69788796a5b4c3d2e1f0a1b2c3d4e5f60718293a4b5c6d7e8f90";
-        let dir = std::env::temp_dir().join(format!("vramshim-exp-kube-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = vramshim_testkit::TempDir::new("exp-kube");
         let logs = dir.join("log");
         std::fs::create_dir_all(logs.join(format!("pods/ml_trainer-0_{UID}/pytorch"))).unwrap();
         std::fs::create_dir_all(logs.join("containers")).unwrap();
@@ -683,6 +679,5 @@ mod tests {
             !text.contains("namespace=") && text.contains(&format!("pod_uid=\"{UID}\"")),
             "{text}"
         );
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -300,14 +300,12 @@ fn read_with(root: &Path, between: &dyn Fn(&str)) -> (Names, Vec<String>) {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
-    use std::path::PathBuf;
 
     const UID: &str = "0b7d8f3c-5a1e-4c2b-9d6f-1e2a3b4c5d6e";
     const CID: &str = "4f1e2d3c4b5a69788796a5b4c3d2e1f0a1b2c3d4e5f60718293a4b5c6d7e8f90";
 
-    fn tree(tag: &str) -> PathBuf {
-        let root = std::env::temp_dir().join(format!("vramshim-kube-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
+    fn tree(tag: &str) -> vramshim_testkit::TempDir {
+        let root = vramshim_testkit::TempDir::new(&format!("kube-{tag}"));
         std::fs::create_dir_all(root.join("pods")).unwrap();
         std::fs::create_dir_all(root.join("containers")).unwrap();
         for d in ["pods", "containers"] {
@@ -348,7 +346,6 @@ mod tests {
         assert_eq!(n.pods.len(), 1, "{:?}", n.pods);
         assert_eq!(n.container(CID), Some("pytorch"));
         assert_eq!(n.pod(""), None);
-        let _ = std::fs::remove_dir_all(&root);
     }
 
     /// Directories anyone may write to, or links standing for them, are not read; a missing
@@ -369,7 +366,6 @@ mod tests {
         assert!(said[1].contains("not a directory"), "{said:?}");
         let (n, said) = read(&root.join("nothing-here"));
         assert_eq!((n, said), (Names::default(), Vec::<String>::new()));
-        let _ = std::fs::remove_dir_all(&root);
     }
 
     /// What is checked is what is read: a directory swapped for a link to another user's
@@ -400,7 +396,6 @@ mod tests {
         assert_eq!(n.pod(evil_uid), None, "planted pod read: {:?}", n.pods);
         assert_eq!(n.container(&evil_cid), None, "{:?}", n.containers);
         assert_eq!(n.pod(UID).map(|p| p.name.as_str()), Some("trainer"));
-        let _ = std::fs::remove_dir_all(&root);
     }
 
     #[test]

@@ -247,15 +247,13 @@ mod tests {
         tag: &str,
         container: registry::Container,
     ) -> (
-        PathBuf,
+        vramshim_testkit::TempDir,
         PathBuf,
         Registry,
         ProcessKey,
         registry::RegSlotIndex,
     ) {
-        let dir = std::env::temp_dir().join(format!("vramshim-node-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = vramshim_testkit::TempDir::new(&format!("node-{tag}"));
         let path = dir.join("reg");
         let r = Registry::open_or_create(&path).unwrap();
         let me = ProcessKey::current().unwrap();
@@ -331,7 +329,6 @@ mod tests {
             format!("{e}\n"),
             "said once, naming the registry once"
         );
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// A process's own words (its command name, which it may set to anything, and its group)
@@ -340,7 +337,7 @@ mod tests {
     /// broken, no line is shown reversed.
     #[test]
     fn names_reach_the_terminal_without_control_characters() {
-        let (dir, path, r, me, s) = trainer_in_job("names", Default::default());
+        let (_dir, path, r, me, s) = trainer_in_job("names", Default::default());
         let id = Identity {
             uid: uid(),
             start_ticks: 1,
@@ -361,7 +358,6 @@ mod tests {
         // Rows and group lines only: a broken line would add one.
         assert_eq!(text.lines().count(), 5, "{text:?}");
         r.unregister(s, me);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// A member with its own 1 GiB cap in a group that leaves the GPU uncapped: the group's
@@ -370,7 +366,7 @@ mod tests {
     /// not as its own cap nor as uncapped.
     #[test]
     fn a_members_own_cap_is_not_its_groups() {
-        let (dir, path, r, me, s) = trainer_in_job("group-cap", Default::default());
+        let (_dir, path, r, me, s) = trainer_in_job("group-cap", Default::default());
         r.publish_device(s, 0, &own_cap_1gib(None));
         let text = render_text(&path, &read(&path));
         assert!(text.contains("800 MiB of none"), "{text}");
@@ -386,6 +382,5 @@ mod tests {
         let j = render_json(&path, &read(&path));
         assert_eq!(j["processes"][0]["group_cap_known"], false);
         r.unregister(s, me);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

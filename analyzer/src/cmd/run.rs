@@ -775,8 +775,7 @@ mod tests {
     fn the_post_run_summary_escapes_planted_names() {
         // A file another user planted where the pattern matches, named to retitle the
         // terminal and clear the screen.
-        let dir = std::env::temp_dir().join(format!("vramshim-run-names-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = vramshim_testkit::TempDir::new("run-names");
         let planted = dir.join("job-\u{1b}]0;owned\u{7}\u{1b}[2J-1.vramtrace");
         let o = vramshim_analyzer::synth::SynthOptions {
             events: 200,
@@ -785,7 +784,6 @@ mod tests {
         vramshim_analyzer::synth::write(std::fs::File::create(&planted).unwrap(), &o).unwrap();
         let since = SystemTime::now() - std::time::Duration::from_secs(60);
         let lines = trace_report(&dir.join("job-%p.vramtrace"), since);
-        let _ = std::fs::remove_dir_all(&dir);
         let text = lines.join("\n");
         assert!(
             lines.len() > 2,

@@ -328,9 +328,7 @@ mod tests {
 
     #[test]
     fn renders_a_region() {
-        let dir = std::env::temp_dir().join(format!("vramshim-top-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = vramshim_testkit::TempDir::new("top");
         let path = dir.join("r");
         let (r, _) = Region::open_or_create(&path, &parse_cap("0=4GiB,1=0.5").unwrap()).unwrap();
         let me = ProcessKey::current().unwrap();
@@ -388,9 +386,7 @@ mod tests {
     /// terminal, no line is forged).
     #[test]
     fn a_regions_name_reaches_the_terminal_escaped() {
-        let dir = std::env::temp_dir().join(format!("vramshim-top-names-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = vramshim_testkit::TempDir::new("top-names");
         let name = "x\x1b]0;owned\x07\nregion forged";
         let path = dir.join(name);
         let missing = render_text(&[look(name, &path, false)]);
@@ -408,6 +404,5 @@ mod tests {
                 "{text:?}"
             );
         }
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

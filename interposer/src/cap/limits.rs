@@ -444,8 +444,7 @@ mod tests {
 
     #[test]
     fn dmem_takes_the_smallest_max_up_the_tree() {
-        let root = std::env::temp_dir().join(format!("vramshim-dmem-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
+        let root = vramshim_testkit::TempDir::new("dmem");
         let leaf = root.join("a/b");
         std::fs::create_dir_all(&leaf).unwrap();
         std::fs::write(
@@ -470,7 +469,6 @@ mod tests {
         assert!(two.limit().unwrap().origin.contains("a/b/dmem.max"));
         assert!(dmem(&root, "/../etc").is_empty());
         assert!(dmem(&root, "/none").is_empty());
-        let _ = std::fs::remove_dir_all(&root);
     }
 
     #[test]

@@ -79,11 +79,11 @@ fn shared(cap: Option<&str>, path: &std::path::Path) -> Cap {
     Cap::new(s, queries(SIM2), capture)
 }
 
-fn tmp(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("vramshim-cap-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d.join("region")
+/// A region path in a fresh directory, removed when the returned guard is dropped.
+fn tmp(tag: &str) -> (vramshim_testkit::TempDir, PathBuf) {
+    let d = vramshim_testkit::TempDir::new(&format!("cap-{tag}"));
+    let region = d.join("region");
+    (d, region)
 }
 
 #[test]
@@ -465,7 +465,7 @@ fn two_members(path: &std::path::Path, first: &str, second: &str) -> (Cap, Cap) 
 
 #[test]
 fn shared_budget_across_two_caps() {
-    let path = tmp("shared");
+    let (_dir, path) = tmp("shared");
     let (a, b) = two_members(&path, "1GiB", "2GiB");
     a.try_charge(0, GIB / 2, Api::CudaMalloc).unwrap();
     // b's VRAMSHIM_CAP differs: warned; the region's cap, the stricter, binds.
@@ -505,7 +505,7 @@ fn shared_budget_across_two_caps() {
 /// variable keeps it the same way.
 #[test]
 fn a_members_smaller_own_cap_still_binds() {
-    let path = tmp("member");
+    let (_dir, path) = tmp("member");
     let (a, b) = two_members(&path, "4GiB", "1GiB");
     a.try_charge(0, GIB, Api::CudaMalloc).unwrap();
     let lines = take_lines();
@@ -590,7 +590,7 @@ fn a_members_smaller_own_cap_still_binds() {
 /// only where the group's room is the smaller.
 #[test]
 fn a_members_pool_room_is_its_own_where_its_own_cap_binds() {
-    let path = tmp("member-room");
+    let (_dir, path) = tmp("member-room");
     let (a, b) = two_members(&path, "4GiB", "1GiB");
     a.try_charge(0, GIB, Api::CudaMalloc).unwrap();
     b.try_charge(0, GIB / 2, Api::CudaMalloc).unwrap();
@@ -609,7 +609,7 @@ fn a_members_pool_room_is_its_own_where_its_own_cap_binds() {
 /// device the group caps.
 #[test]
 fn a_members_own_cap_on_a_device_the_group_leaves_uncapped() {
-    let path = tmp("member-uncapped");
+    let (_dir, path) = tmp("member-uncapped");
     let (a, b) = two_members(&path, "0=4GiB", "1GiB");
     a.try_charge(0, GIB, Api::CudaMalloc).unwrap();
     b.try_charge(1, GIB / 2, Api::CudaMalloc).unwrap();
@@ -648,7 +648,7 @@ fn a_members_own_cap_on_a_device_the_group_leaves_uncapped() {
 #[test]
 fn bad_region_keeps_the_own_cap_with_one_line() {
     take_lines();
-    let path = tmp("corrupt");
+    let (_dir, path) = tmp("corrupt");
     std::fs::write(&path, vec![7u8; 100]).unwrap();
     std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let c = shared(Some("1GiB"), &path);
@@ -775,7 +775,7 @@ fn context_charge_never_passes_the_cap() {
 #[test]
 fn a_member_without_a_slot_is_refused() {
     take_lines();
-    let path = tmp("full");
+    let (_dir, path) = tmp("full");
     let r = Region::open_or_create(&path, &parse_cap("1GiB").unwrap())
         .unwrap()
         .0;
@@ -801,7 +801,7 @@ fn a_member_without_a_slot_is_refused() {
 
 #[test]
 fn shared_fork_child_gets_its_own_slot() {
-    let path = tmp("fork");
+    let (_dir, path) = tmp("fork");
     let c = shared(Some("1GiB"), &path);
     c.try_charge(0, GIB / 2, Api::CudaMalloc).unwrap();
     let first = c.slot.load(SeqCst);
@@ -872,7 +872,7 @@ fn a_context_is_charged_once_whoever_measures_it() {
 /// After exec (same pid and start time, new image) the old image's slot is freed.
 #[test]
 fn exec_frees_the_replaced_images_slot() {
-    let path = tmp("exec");
+    let (_dir, path) = tmp("exec");
     let before = shared(Some("1GiB"), &path);
     before.try_charge(0, GIB / 2, Api::CudaMalloc).unwrap();
     let after = shared(Some("1GiB"), &path);
@@ -945,7 +945,7 @@ fn stream_ordered_frees_stay_charged_until_the_pools_are_emptied() {
 #[test]
 fn other_tools_limits_past_the_devices_seen_still_cap_a_group_member() {
     take_lines();
-    let path = tmp("tool-limits");
+    let (_dir, path) = tmp("tool-limits");
     let list: Vec<String> = (0..16)
         .map(|d| format!("{d}={}GiB", if d == 0 { 4 } else { 8 }))
         .collect();

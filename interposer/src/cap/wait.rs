@@ -321,11 +321,11 @@ mod tests {
         c
     }
 
-    fn group(tag: &str) -> std::path::PathBuf {
-        let d = std::env::temp_dir().join(format!("vramshim-wait-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d.join("region")
+    /// A region path in a fresh directory, removed when the returned guard is dropped.
+    fn group(tag: &str) -> (vramshim_testkit::TempDir, std::path::PathBuf) {
+        let d = vramshim_testkit::TempDir::new(&format!("wait-{tag}"));
+        let region = d.join("region");
+        (d, region)
     }
 
     fn wait_for(secs: u64) -> OnCap {
@@ -343,7 +343,7 @@ mod tests {
     /// served once the first frees, flagged as having waited.
     #[test]
     fn a_waiting_request_is_served_when_a_member_frees() {
-        let path = group("served");
+        let (_dir, path) = group("served");
         let holder = member(&path, OnCap::Fail, Fault::None, 7);
         let waiter = Arc::new(member(&path, wait_for(600), Fault::None, 7));
         holder.try_charge(0, 800 * MIB, Api::CudaMalloc).unwrap();
@@ -370,7 +370,7 @@ mod tests {
     #[test]
     fn when_every_holder_waits_the_last_one_fails_at_once() {
         for fault in [Fault::None, Fault::WaitDeadlock] {
-            let path = group(&format!("deadlock-{fault:?}"));
+            let (_dir, path) = group(&format!("deadlock-{fault:?}"));
             let a = Arc::new(member(&path, wait_for(600), fault, 7));
             let b = member(&path, OnCap::Wait(Some(Duration::from_secs(2))), fault, 7);
             a.try_charge(0, 400 * MIB, Api::CudaMalloc).unwrap();
@@ -407,7 +407,7 @@ mod tests {
     /// in the child, and can then wait itself.
     #[test]
     fn a_forked_child_takes_the_wait_counts_back() {
-        let path = group("fork");
+        let (_dir, path) = group("fork");
         let c = Arc::new(member(&path, wait_for(600), Fault::None, 7));
         c.waits.hold_lock_as_at_a_fork();
         let (tx, rx) = std::sync::mpsc::channel();
@@ -428,7 +428,7 @@ mod tests {
     /// timeout ends a wait with a line saying how long it waited; a private cap never waits.
     #[test]
     fn hopeless_waits_fail_at_once_and_timeouts_say_so() {
-        let path = group("hopeless");
+        let (_dir, path) = group("hopeless");
         let a = member(&path, OnCap::Fail, Fault::None, 7);
         let b = member(
             &path,

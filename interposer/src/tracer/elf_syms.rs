@@ -174,7 +174,8 @@ mod tests {
             "main found in .symtab"
         );
         assert!(elf.find_symbol(|n| n == b"no such symbol at all").is_none());
-        let dir = std::env::temp_dir().join(format!("elfsyms-{}", std::process::id()));
+        let tmp = vramshim_testkit::TempDir::new("elfsyms");
+        let dir = tmp.join("short.elf");
         std::fs::write(&dir, b"\x7fELF\x02\x01junk that is far too short").unwrap();
         assert!(Elf::open(dir.to_str().unwrap()).is_none());
         // Section headers claimed past the end of the file.
@@ -185,6 +186,5 @@ mod tests {
         h[0x3C..0x3E].copy_from_slice(&3u16.to_le_bytes());
         std::fs::write(&dir, &h).unwrap();
         assert!(Elf::open(dir.to_str().unwrap()).is_none());
-        let _ = std::fs::remove_file(&dir);
     }
 }

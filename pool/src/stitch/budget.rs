@@ -311,16 +311,27 @@ impl Stitch {
     /// (the arena, between two synchronizations) gains nothing by dissolving its cache: it
     /// keeps it, and the next synchronization, growth or mapping change asks again.
     ///
-    /// The answer is remembered for (epoch, pages, mappings, repairs, bytes kept): within
-    /// one epoch, a page can only become releasable through a change of these. A block
-    /// freed later in the epoch fences its pages when dissolved, a `cudaFree`d one waits for
-    /// the next epoch, and new blocks only take bytes.
+    /// The answer is remembered for (epoch, epoch of the last release of pending blocks,
+    /// pages, mappings, repairs, bytes kept): within one epoch, a page can only become
+    /// releasable through a change of these. A block freed later in the epoch fences its
+    /// pages when dissolved, a `cudaFree`d one waits for the next epoch, and new blocks only
+    /// take bytes. The pending blocks of earlier epochs, though, become cached only when the
+    /// pool next looks at them (`flush_pending`, at its next allocation), which may be well
+    /// into the epoch a process synchronization began: their pages, pinned when the answer
+    /// was remembered, may be given back once they are cached.
     fn release_possible(&mut self) -> bool {
         let keep = self.release_keep();
         if self.stats.reserved <= keep {
             return false;
         }
-        let key = (self.epoch, self.npages, self.nmaps, self.repairs, keep);
+        let key = (
+            self.epoch,
+            self.flushed_epoch,
+            self.npages,
+            self.nmaps,
+            self.repairs,
+            keep,
+        );
         if self.stuck_key == Some(key) {
             return false;
         }

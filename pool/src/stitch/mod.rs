@@ -312,9 +312,9 @@ pub struct Stitch {
     /// (epoch, free pages, mappings) of the last scan for idle pages that found the rest
     /// pinned: nothing changed, nothing to scan
     idle_scan: Option<(u64, usize, u64)>,
-    /// (epoch, pages, mappings, repairs, bytes kept) at which dissolving the cache was found
-    /// to free no page (see `budget::release_possible`)
-    stuck_key: Option<(u64, u64, u64, u64, u64)>,
+    /// (epoch, flushed epoch, pages, mappings, repairs, bytes kept) at which dissolving the
+    /// cache was found to free no page (see `budget::release_possible`)
+    stuck_key: Option<(u64, u64, u64, u64, u64, u64)>,
     /// (allocations, cache hits) when the layout was last forgotten (see `quiet`)
     layout_mark: (u64, u64),
     stats: Stats,

@@ -17,7 +17,9 @@
 //!   `VRAMSIM_NAME`), [`preload`] (adds a library to `LD_PRELOAD`), [`run`] /
 //!   [`run_with_preload`] returning a [`RunOutput`]; [`PASS_VAR`] (`VRAMSHIM_TEST_PASS`) hands
 //!   fault switches to every program [`sim_command`] starts.
-//! * Scratch space: [`temp_dir`], [`unique_name`]; shipped traces: [`trace_file`].
+//! * Scratch space: [`TempDir`] (a private directory in `$TMPDIR`, removed when dropped, also
+//!   when the test panics), [`temp_dir`] (under the target directory, removed when the test
+//!   process exits), [`unique_name`]; shipped traces: [`trace_file`].
 //! * NVIDIA's real `libcudart.so.12` (downloaded wheel): [`real_cudart12_dir`]; the pinned
 //!   NVIDIA wheels of scripts/setup-nvidia-wheels: [`nvidia_wheels`].
 //!
@@ -30,6 +32,7 @@
 pub mod layers;
 mod layout;
 mod proc;
+mod tmp;
 pub mod users;
 mod wheel;
 
@@ -38,6 +41,7 @@ pub use proc::{
     PASS_VAR, RunOutput, parse_pass, pass_through, preload, run, run_with_preload, sim_command,
     sim_env,
 };
+pub use tmp::{TempDir, live_temp_dirs};
 pub use wheel::{CUDART12_WHEEL, nvidia_wheels, real_cudart12_dir};
 
 use std::path::{Path, PathBuf};
@@ -113,14 +117,17 @@ pub fn unique_name(prefix: &str) -> String {
     )
 }
 
-/// A fresh empty directory `<profile>/testkit-tmp/<unique_name(name)>` for one test. The first
-/// call in a process removes the directories of processes that are gone.
+/// A fresh empty directory `<profile>/testkit-tmp/<unique_name(name)>` for one test, removed
+/// when the test process exits (a test that must leave nothing behind sooner holds a
+/// [`TempDir`]). The first call in a process removes the directories of processes that are
+/// gone (killed before their exit).
 pub fn temp_dir(name: &str) -> PathBuf {
     let root = profile_dir().join("testkit-tmp");
     static SWEEP: std::sync::Once = std::sync::Once::new();
     SWEEP.call_once(|| sweep_dead(&root));
     let d = root.join(unique_name(name));
     std::fs::create_dir_all(&d).expect("create temp dir");
+    tmp::track(d.clone());
     d
 }
 
@@ -137,7 +144,7 @@ fn sweep_dead(root: &Path) {
             && pid != std::process::id()
             && !Path::new(&format!("/proc/{pid}")).exists()
         {
-            let _ = std::fs::remove_dir_all(e.path());
+            let _ = tmp::remove_tree(&e.path());
         }
     }
 }

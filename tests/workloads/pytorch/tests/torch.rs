@@ -498,8 +498,12 @@ fn vramshim_replay_live_through_pytorch() {
         return;
     };
     let exe = vramshim_testkit::profile_dir().join("vramshim");
+    // The run's trace goes to a directory of its own in the temporary directory (kept for the
+    // user): this test's, removed after it.
+    let tmp = vramshim_testkit::TempDir::new("torch-cli");
     let mut c = torch_sim_command(&exe, "torch_cli");
     c.env_remove("LD_PRELOAD")
+        .env("TMPDIR", tmp.path())
         .env("VRAMSHIM_TORCH_PYTHON", &py)
         .env("PYTORCH_CUDA_ALLOC_CONF", EXPANDABLE)
         .args([
@@ -554,9 +558,12 @@ fn vramshim_replay_live_through_pytorch_takes_every_format() {
         assert_eq!(out.code(), Some(0), "{args:?}: {}", out.stderr);
     }
     let mut allocs = Vec::new();
+    // Where the runs' traces go (see vramshim_replay_live_through_pytorch).
+    let tmp = vramshim_testkit::TempDir::new("torch-formats");
     for input in [&csv, &vt, &pk] {
         let mut c = torch_sim_command(&exe, "torch_formats");
         c.env_remove("LD_PRELOAD")
+            .env("TMPDIR", tmp.path())
             .env("VRAMSHIM_TORCH_PYTHON", &py)
             .args(["replay", "--live", "--sim", "--through", "pytorch"])
             .arg(input);
