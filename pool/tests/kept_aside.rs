@@ -10,31 +10,18 @@
 
 mod common;
 
-use std::collections::HashMap;
 use vramshim_pool::replay::{self, Event, Frees};
 use vramshim_pool::stitch::{Budget, Stitch};
-use vramshim_pool::{ANY_STREAM, AccountingDevice, FreeMode, MIB, Policy, Request};
+use vramshim_pool::thread_cache::{self, Rules, Step, ThreadCache};
+use vramshim_pool::{AccountingDevice, FreeMode, MIB, Policy};
 
-/// Frees a caller keeps, at most (as a thread cache).
-const SLOTS: usize = 8;
-
-/// Hits a caller serves before it gives back what it keeps and counts them into the pool, at
-/// most (as a thread cache).
-const HIT_BATCH: u64 = 4096;
-
-/// (address, requested size, stream freed on)
-type Kept = (u64, u64, u64);
-
-/// How the caller follows the protocol, and the pool it is in front of.
+/// How the caller follows the protocol (its rules: `thread_cache::Rules`), and the pool it
+/// is in front of.
 #[derive(Clone, Copy)]
 struct Caller {
-    /// frees it keeps at most (0: none, every free reaches the pool: the model)
-    slots: usize,
-    /// give back what it keeps when the bytes kept reach `Stitch::round_end_watch`
-    watch: bool,
-    /// count the hits it serves into the pool (`Stitch::note_aside_hits`) whenever it gives
-    /// back what it keeps, and give it back after [`HIT_BATCH`] hits
-    hits: bool,
+    /// frees it keeps, when the bytes kept reach `Stitch::round_end_watch` it gives them back
+    /// (`round_watch`), it counts the hits it serves into the pool (`count_hits`)
+    rules: Rules,
     /// the pool's arena grows by runs (`Stitch::with_runs`)
     runs: bool,
 }
@@ -42,15 +29,13 @@ struct Caller {
 /// The caller as the interposer's thread caches are: the watches, in front of the default
 /// pool.
 const WATCHED: Caller = Caller {
-    slots: SLOTS,
-    watch: true,
-    hits: true,
+    rules: Rules::LIVE,
     runs: false,
 };
 
 /// No caller: every free reaches the pool.
 const MODEL: Caller = Caller {
-    slots: 0,
+    rules: Rules::NONE,
     ..WATCHED
 };
 
@@ -66,87 +51,27 @@ struct Outcome {
 }
 
 /// `events` (already given their free semantics) through a tight pool behind a caller that
-/// keeps frees aside; panics on a violation of the checking device.
+/// keeps frees aside (`thread_cache::run_observed`); panics on a violation of the checking
+/// device.
 fn behind_cache(events: &[Event], c: Caller) -> Outcome {
     let mut dev = AccountingDevice::new(replay::UNLIMITED);
     dev.set_checking(true);
     let mut p = Stitch::tight().with_runs(c.runs);
     let mut above = 0;
-    let mut kept: Vec<Kept> = Vec::new();
-    let mut hits = 0;
-    let mut ids: HashMap<u64, (u64, u64)> = HashMap::new();
-    let give_back =
-        |p: &mut Stitch, dev: &mut AccountingDevice, kept: &mut Vec<Kept>, hits: &mut u64| {
-            if c.hits {
-                p.note_aside_hits(dev, std::mem::take(hits));
-            }
-            for (a, _, s) in kept.drain(..) {
-                p.free(dev, a, FreeMode::Async { stream: s }).unwrap();
-            }
-        };
-    for ev in events {
-        match *ev {
-            Event::Alloc { id, size, stream } => {
-                let mine = (stream != ANY_STREAM)
-                    .then(|| {
-                        kept.iter()
-                            .rposition(|&(_, sz, s)| sz == size && s == stream)
-                    })
-                    .flatten();
-                let addr = match mine {
-                    Some(i) => {
-                        hits += 1;
-                        let a = kept.remove(i).0;
-                        if c.hits && hits >= HIT_BATCH {
-                            give_back(&mut p, &mut dev, &mut kept, &mut hits);
-                        }
-                        a
-                    }
-                    None => {
-                        give_back(&mut p, &mut dev, &mut kept, &mut hits);
-                        match p.alloc_cached(size, stream) {
-                            Some(a) => a,
-                            None => p.alloc(&mut dev, Request { size, stream }).unwrap().addr,
-                        }
-                    }
-                };
-                dev.check_alloc(addr, size, stream);
-                ids.insert(id, (addr, size));
-            }
-            Event::Free { id, mode } => {
-                let Some((addr, size)) = ids.remove(&id) else {
-                    continue;
-                };
-                dev.check_free(addr, mode);
-                if let FreeMode::Async { stream } = mode
-                    && kept.len() < c.slots
-                {
-                    kept.push((addr, size, stream));
-                    let w = p.round_end_watch();
-                    let bytes: u64 = kept.iter().map(|k| k.1).sum();
-                    if c.watch && w != u64::MAX && bytes >= w {
-                        give_back(&mut p, &mut dev, &mut kept, &mut hits);
-                    } else if p.stats().reserved > p.stats().budget {
-                        // above the budget only by the pages it keeps: it keeps its cache
-                        assert!(
-                            p.cached_blocks() == 0 || p.pinned_above_budget(),
-                            "a free kept aside where the pool would dissolve its cache"
-                        );
-                        above += 1;
-                    }
-                    continue;
-                }
-                give_back(&mut p, &mut dev, &mut kept, &mut hits);
-                p.free(&mut dev, addr, mode).unwrap();
-            }
-            Event::ProcessSync => {
-                dev.process_sync();
-                p.note_process_sync();
-            }
+    let mut cache = ThreadCache::new(c.rules);
+    thread_cache::run_observed(events, &mut p, &mut dev, &mut cache, |step, p| {
+        if step == (Step::Kept { given_back: false }) && p.stats().reserved > p.stats().budget {
+            // above the budget only by the pages it keeps: it keeps its cache
+            assert!(
+                p.cached_blocks() == 0 || p.pinned_above_budget(),
+                "a free kept aside where the pool would dissolve its cache"
+            );
+            above += 1;
         }
-    }
+    })
+    .unwrap();
     let reserved = p.stats().reserved;
-    give_back(&mut p, &mut dev, &mut kept, &mut hits);
+    cache.give_back(&mut p, &mut dev).unwrap();
     assert!(dev.violations().is_empty(), "{:?}", dev.violations());
     Outcome {
         calls: dev.calls().driver_calls(),
@@ -161,7 +86,10 @@ fn a_caller_keeping_frees_aside_leaves_the_pools_driver_calls_unchanged() {
     let mut kept_above = 0;
     for (name, events) in common::traces() {
         for runs in [false, true] {
-            let make = move || -> Box<dyn Policy> { Box::new(Stitch::tight().with_runs(runs)) };
+            // the model: every free reaching the pool (replay without the thread caches)
+            let make = move || -> Box<dyn Policy> {
+                Box::new(Stitch::tight().with_runs(runs).with_thread_caches(false))
+            };
             let caller = Caller { runs, ..WATCHED };
             for passes in [1, 3] {
                 let model: u64 =
@@ -177,7 +105,10 @@ fn a_caller_keeping_frees_aside_leaves_the_pools_driver_calls_unchanged() {
                 let unwatched = behind_cache(
                     &stream,
                     Caller {
-                        watch: false,
+                        rules: Rules {
+                            round_watch: false,
+                            ..caller.rules
+                        },
                         ..caller
                     },
                 )
@@ -256,7 +187,10 @@ fn a_caller_serving_a_shrunk_loop_lets_the_pool_give_the_old_peak_back() {
     let uncounted = behind_cache(
         &ev,
         Caller {
-            hits: false,
+            rules: Rules {
+                count_hits: false,
+                ..Rules::LIVE
+            },
             ..WATCHED
         },
     );

@@ -229,6 +229,7 @@ impl Stitch {
         self.maps_by_va.remove(&va);
         self.free_map_slots.push((m, va));
         self.nmaps -= 1;
+        self.idle_gen += 1;
         self.update_reserved();
         Ok(())
     }
@@ -394,6 +395,7 @@ impl Stitch {
             return Err(PoolError::Device(e));
         }
         self.repairs += 1;
+        self.idle_gen += 1;
         Ok(())
     }
 
@@ -423,6 +425,7 @@ impl Stitch {
         self.maps_by_va.remove(&va);
         self.free_map_slots.push((m, va));
         self.nmaps -= 1;
+        self.idle_gen += 1;
         self.update_reserved();
     }
 }

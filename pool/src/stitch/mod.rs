@@ -135,7 +135,7 @@ enum Plan {
 }
 
 /// Testing switches that break a safety rule on purpose (to prove the checks can fail).
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Faults {
     /// Hand out blocks freed with `cudaFree` at once, without waiting for a sync.
     pub reuse_sync_frees_early: bool,
@@ -213,6 +213,10 @@ pub struct Faults {
     /// synchronization, as the per-page condition did (not a safety fault: it proves the
     /// test that the per-mapping condition gives pages back can fail).
     pub page_fenced_maps: bool,
+    /// The round watch (`Stitch::round_end_watch`) is never 0 above the budget and the pages
+    /// the pool keeps past it: a caller keeps frees aside there too, and they reach the pool
+    /// late (not a safety fault: it proves the test of that half of the watch can fail).
+    pub watch_never_zero: bool,
     /// Carve stitched mappings' address ranges out of the pool's chunks with no unused page
     /// after each (an access past a mapping's end then lands in the next mapping's memory):
     /// proves the test that such an access finds no memory can fail.
@@ -287,6 +291,9 @@ pub struct Stitch {
     /// the places large blocks were given, carved best fit by smaller ones (see `kept`)
     kept: Vec<kept::Kept>,
     kept_on: bool,
+    /// `vramshim replay` runs the live library's thread caches in front (see
+    /// `with_thread_caches`)
+    tcaches: bool,
     /// blocks carved out of kept ranges
     kept_carves: u64,
     /// the places of this round's and the previous round's cache misses (see `rounds`)
@@ -321,9 +328,12 @@ pub struct Stitch {
     /// allocations a caller served from blocks it kept aside (`aside`): they count toward the
     /// budget's window, not toward the pool's own statistics and rounds
     aside_hits: u64,
-    /// (epoch, free pages, mappings) of the last scan for idle pages that found the rest
+    /// (epoch, `idle_gen`, pages) of the last scan for idle pages that found the rest
     /// pinned: nothing changed, nothing to scan
-    idle_scan: Option<(u64, usize, u64)>,
+    idle_scan: Option<(u64, u64, u64)>,
+    /// blocks dissolved and mappings dropped or re-formed: what may leave a page releasable
+    /// within an epoch (see `budget::release_idle`)
+    idle_gen: u64,
     /// (epoch, flushed epoch, pages, mappings, repairs, bytes kept) at which dissolving the
     /// cache was found to free no page (see `budget::release_possible`)
     stuck_key: Option<(u64, u64, u64, u64, u64, u64)>,
@@ -375,6 +385,7 @@ impl Stitch {
             ghosts: FxMap::default(),
             kept: Vec::new(),
             kept_on: false,
+            tcaches: true,
             kept_carves: 0,
             rounds: Default::default(),
             headroom: None,
@@ -393,6 +404,7 @@ impl Stitch {
             next_window: u64::MAX,
             aside_hits: 0,
             idle_scan: None,
+            idle_gen: 0,
             stuck_key: None,
             layout_mark: (0, 0),
             stats: Stats::default(),
@@ -423,6 +435,14 @@ impl Stitch {
     /// best fit (see `kept`).
     pub fn with_kept(mut self, on: bool) -> Self {
         self.kept_on = on;
+        self
+    }
+
+    /// Whether `vramshim replay` runs the live library's per-thread caches of stream-ordered
+    /// frees in front of this pool (`vramshim_pool::thread_cache`; on by default). The pool
+    /// itself never sees them; the interposer's caches have switches of their own.
+    pub fn with_thread_caches(mut self, on: bool) -> Self {
+        self.tcaches = on;
         self
     }
 
@@ -653,6 +673,16 @@ impl Policy for Stitch {
         Stitch::note_aside_hits(self, dev, n);
     }
 
+    fn round_end_watch(&self) -> u64 {
+        Stitch::round_end_watch(self)
+    }
+
+    /// As the interposer decides: its caches are off when `VRAMSHIM_POOL_DEBUG` names any of
+    /// the pool's switches (faults, `runs`, `kept`: their tests exercise the pool's own rules).
+    fn thread_caches(&self) -> bool {
+        self.tcaches && self.faults == Faults::default() && !self.grow_runs && !self.kept_on
+    }
+
     fn pinned_above_budget(&self) -> bool {
         self.ncached > 0
             && self.gran > 0
@@ -662,18 +692,20 @@ impl Policy for Stitch {
 
     fn reset(&mut self) {
         let stats = self.stats;
-        let (faults, headroom, budget, runs, kept) = (
+        let (faults, headroom, budget, runs, kept, tcaches) = (
             self.faults,
             self.headroom,
             self.budget,
             self.grow_runs,
             self.kept_on,
+            self.tcaches,
         );
         *self = Stitch::new()
             .with_headroom(headroom)
             .with_budget(budget)
             .with_runs(runs)
-            .with_kept(kept);
+            .with_kept(kept)
+            .with_thread_caches(tcaches);
         self.set_faults(faults);
         self.stats = Stats {
             reserved: 0,

@@ -246,6 +246,7 @@ fn point_code(p: tracer::testing::HandOverPoint) -> u8 {
     match p {
         tracer::testing::HandOverPoint::Taken => 1,
         tracer::testing::HandOverPoint::Queued => 2,
+        tracer::testing::HandOverPoint::Sending => 3,
     }
 }
 
