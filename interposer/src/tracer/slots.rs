@@ -1806,7 +1806,14 @@ mod tests {
         inside_rx.recv().unwrap();
         let mut bufs = Vec::new();
         barrier::FAILS.set(true);
-        let d = drain(&[slot], |b| bufs.extend(b), patient(), false);
+        // Patience that outlasts the owner's sleep on any machine (`patient()`'s million
+        // yields take 0.1-0.2 s where a yield is a fast system call: about the sleep itself).
+        let d = drain(
+            &[slot],
+            |b| bufs.extend(b),
+            Patience::new(u32::MAX, None),
+            false,
+        );
         barrier::FAILS.set(false);
         let (taken, lost) = drained(d);
         owner.join().unwrap();
