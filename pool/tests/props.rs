@@ -1707,13 +1707,13 @@ fn mappings_of_a_page_freed_into_are_given_back_unless_a_stream_used_them() {
     assert!(held_new < held_old, "{held_new} vs {held_old}");
 }
 
-/// Found by the random short-window test when it drew a caller's hits: hits end two budget
+/// A stream on which hits end two budget
 /// windows (the budget falls to 10 MiB while the pool holds 14 MiB), frees above the budget
 /// find every page pinned by live and `cudaFree`d blocks (the pool remembers that dissolving
 /// its cache would free nothing), then the process synchronizes and the next allocation
 /// caches the `cudaFree`d blocks: 9 MiB cached, 6 pages that could go back. The remembered
 /// answer must not outlive that release (`Stitch` keys it by the epoch of its last release
-/// of pending blocks too); with the key as it was, the pool kept caching above its budget.
+/// of pending blocks too); keyed without it, the pool keeps caching above its budget here.
 #[test]
 fn pending_blocks_a_process_sync_releases_are_given_back_above_the_budget() {
     let ops = vec![

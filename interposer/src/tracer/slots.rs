@@ -1783,7 +1783,7 @@ mod tests {
     /// before it gives them up, so that what such an owner appends (and hands over) is in the
     /// count, not appended after it. Here the owner, in its window when the drain claims its
     /// slot, appends one event a little later. With `VRAMSHIM_SLOTS_FAULT=barrier-no-settle`
-    /// (the slots given up at once, as before) the event is neither taken nor counted: this
+    /// (the slots given up at once) the event is neither taken nor counted: this
     /// fails.
     #[test]
     fn a_failed_barrier_counts_what_an_owner_in_its_window_appends() {
