@@ -648,11 +648,9 @@ fn budget_check_catches_a_pool_over_its_budget() {
     }
 }
 
-/// A job whose use shrinks to a loop a caller in front of the pool serves whole: four
-/// 64 MiB blocks freed and a synchronization, then one 8 KiB block live while the caller
-/// serves two default budget
-/// windows of hits (its thread cache's batches of 4096, told to the pool as they fill).
-fn shrinking_to_hits() -> Vec<Op> {
+/// Where the jobs below begin, before their use shrinks: four 64 MiB blocks, then their frees
+/// (stream-ordered on stream 0).
+fn large_blocks_freed() -> Vec<Op> {
     let mut ops = Vec::new();
     for _ in 0..4 {
         ops.push(Op::Alloc {
@@ -666,6 +664,15 @@ fn shrinking_to_hits() -> Vec<Op> {
             mode: FreeMode::Async { stream: 0 },
         });
     }
+    ops
+}
+
+/// A job whose use shrinks to a loop a caller in front of the pool serves whole: four
+/// 64 MiB blocks freed and a synchronization, then one 8 KiB block live while the caller
+/// serves two default budget
+/// windows of hits (its thread cache's batches of 4096, told to the pool as they fill).
+fn shrinking_to_hits() -> Vec<Op> {
+    let mut ops = large_blocks_freed();
     ops.push(Op::ProcessSync);
     ops.push(Op::Alloc {
         size: 8 * KIB,
@@ -738,19 +745,7 @@ fn budget_check_catches_hits_miscounted_or_unkept() {
 /// A job whose use shrinks: four 64 MiB blocks, then (after a synchronization) two budget
 /// windows of 100 KiB pairs, and a synchronization again.
 fn shrinking_use() -> Vec<Op> {
-    let mut ops = Vec::new();
-    for _ in 0..4 {
-        ops.push(Op::Alloc {
-            size: 64 * MIB,
-            stream: 0,
-        });
-    }
-    for _ in 0..4 {
-        ops.push(Op::Free {
-            idx: 0,
-            mode: FreeMode::Async { stream: 0 },
-        });
-    }
+    let mut ops = large_blocks_freed();
     for round in 0..2 {
         ops.push(Op::ProcessSync);
         for _ in 0..40 {

@@ -17,20 +17,15 @@ use std::time::{Duration, Instant};
 
 use vramshim::tracer;
 use vramshim::tracer::testing::HandOverPoint;
-use vramshim_trace_tests::tick_window::{check_counted, emit, ten_taken};
+use vramshim_trace_tests::tick_window::{
+    check_counted, emit_until_a_handler_exits, ten_taken, watchdog,
+};
 
 /// The trap flag of RFLAGS: a debug exception (SIGTRAP) after every instruction.
 const TF: i64 = 0x100;
 
 static ARMED: AtomicBool = AtomicBool::new(false);
 static CLAIMED: AtomicBool = AtomicBool::new(false);
-static EXITED: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn exit_from_handler(_sig: libc::c_int) {
-    // What `exit()` called from a handler runs first (the library's exit hook).
-    tracer::on_exit();
-    EXITED.store(true, Ordering::SeqCst);
-}
 
 /// After each instruction of the stepped thread: once the send has claimed its place in the
 /// (otherwise empty) channel, stop stepping and raise the signal whose handler exits.
@@ -67,60 +62,30 @@ fn step_the_send(p: HandOverPoint) {
     unsafe { std::arch::asm!("pushfq", "or qword ptr [rsp], 0x100", "popfq") };
 }
 
-fn install(sig: libc::c_int, handler: libc::sighandler_t, siginfo: bool, mask: &[libc::c_int]) {
-    // SAFETY: a zeroed sigaction filled in here; the handlers are plain functions of this test.
-    unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = handler;
-        sa.sa_flags = if siginfo { libc::SA_SIGINFO } else { 0 };
-        libc::sigemptyset(&mut sa.sa_mask);
-        for &s in mask {
-            libc::sigaddset(&mut sa.sa_mask, s);
-        }
-        assert_eq!(libc::sigaction(sig, &sa, std::ptr::null_mut()), 0);
-    }
-}
-
 #[test]
 fn a_handler_that_exits_from_inside_the_send_does_not_hang() {
     let (path, tid, mut next) = ten_taken("trace_tick_window_exit_in_send");
-    install(
-        libc::SIGUSR1,
-        exit_from_handler as extern "C" fn(libc::c_int) as libc::sighandler_t,
-        false,
-        &[],
-    );
-    install(
-        libc::SIGTRAP,
-        on_step as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)
-            as libc::sighandler_t,
-        true,
-        &[libc::SIGUSR1],
-    );
-    // A hang is the failure: fail it instead of waiting for ever (straight to the kernel: an
-    // `exit` would run the library's exit path, which waits for the hung one).
-    std::thread::spawn(|| {
-        std::thread::sleep(Duration::from_secs(120));
-        let msg = b"the exit did not finish in 120 s: it spins on the send it interrupted\n";
-        // SAFETY: writes a static buffer to stderr, then ends the process.
-        unsafe {
-            libc::write(2, msg.as_ptr().cast(), msg.len());
-            libc::syscall(libc::SYS_exit_group, 1 as libc::c_long);
-        }
-    });
-    ARMED.store(true, Ordering::SeqCst);
-    tracer::testing::on_hand_over(Some(step_the_send));
-    // A buffer is handed over at about a thousand entries: far fewer than this bound.
-    while !EXITED.load(Ordering::SeqCst) && next < 1_000_000 {
-        emit(tid, next);
-        next += 1;
+    // SAFETY: a zeroed sigaction filled in here; the handler is a plain function of this test.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_step
+            as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)
+            as libc::sighandler_t;
+        sa.sa_flags = libc::SA_SIGINFO;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaddset(&mut sa.sa_mask, libc::SIGUSR1);
+        assert_eq!(libc::sigaction(libc::SIGTRAP, &sa, std::ptr::null_mut()), 0);
     }
-    tracer::testing::on_hand_over(None);
+    watchdog(
+        120,
+        "the exit did not finish in 120 s: it spins on the send it interrupted",
+    );
+    ARMED.store(true, Ordering::SeqCst);
+    emit_until_a_handler_exits(tid, &mut next, step_the_send);
     assert!(
         CLAIMED.load(Ordering::SeqCst),
         "the send was never seen to claim its place"
     );
-    assert!(EXITED.load(Ordering::SeqCst), "the handler did not exit");
     let c = check_counted(&path, tid, next);
     assert_eq!(c.lost, 0, "the queued buffer is written, not counted lost");
 }
