@@ -18,9 +18,11 @@
 //! counted into the pool's budget windows (`Policy::note_aside_hits`), before the pool serves
 //! an allocation or a free, after [`HIT_BATCH`] hits, and when the bytes kept reach the pool's
 //! round watch (`Policy::round_end_watch`). Every event is one thread's: a replayed stream
-//! carries no thread (see docs/analyzer.md, `replay`). The interposer's caches are lock-free
-//! code of their own (atomics, drains across threads) and share with this only [`SLOTS`] and
-//! [`HIT_BATCH`]; the live tests hold the two equal.
+//! carries no thread (see docs/analyzer.md, `replay`). The interposer's caches keep their
+//! frees in the same [`Slots`] (what is kept, in which order, which free a hit takes) with
+//! the same [`HIT_BATCH`]; around them they are lock-free code of their own (atomics, a spin
+//! lock per cache, drains across threads and devices, the round watch published per device),
+//! which the live tests hold equal to this.
 
 use crate::accounting::AccountingDevice;
 use crate::replay::Event;
@@ -33,12 +35,82 @@ pub const SLOTS: usize = 8;
 /// Hits a cache serves before its thread gives back what it keeps (as the interposer's).
 pub const HIT_BATCH: u64 = 4096;
 
+/// The frees one cache keeps, oldest first (the order they were freed in), at most [`SLOTS`],
+/// and the rule of a hit: the newest that matches. The storage both forms of the caches use:
+/// this model's [`ThreadCache`] and the interposer's lock-free caches (under a spin lock each,
+/// so everything here is plain, inlined code: no allocation, no lock).
+#[derive(Clone, Copy, Debug)]
+pub struct Slots<T: Copy> {
+    items: [T; SLOTS],
+    n: usize,
+}
+
+impl<T: Copy> Slots<T> {
+    /// No free kept (`fill` only fills the unused slots).
+    pub const fn new(fill: T) -> Self {
+        Slots {
+            items: [fill; SLOTS],
+            n: 0,
+        }
+    }
+
+    /// Frees kept.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.n
+    }
+
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    /// Keep `t` as the newest; false: all [`SLOTS`] are taken (nothing changed).
+    #[inline]
+    pub fn push(&mut self, t: T) -> bool {
+        if self.n == SLOTS {
+            return false;
+        }
+        self.items[self.n] = t;
+        self.n += 1;
+        true
+    }
+
+    /// The newest kept free that `matches` (the block freed last is the likeliest twin),
+    /// taken out; the others keep their order.
+    #[inline]
+    pub fn take_newest(&mut self, mut matches: impl FnMut(&T) -> bool) -> Option<T> {
+        let i = (0..self.n).rev().find(|&i| matches(&self.items[i]))?;
+        let t = self.items[i];
+        self.n -= 1;
+        if i < self.n {
+            self.items.copy_within(i + 1..=self.n, i);
+        }
+        Some(t)
+    }
+
+    /// The frees kept, oldest first.
+    #[inline]
+    pub fn as_slice(&self) -> &[T] {
+        &self.items[..self.n]
+    }
+
+    /// Everything kept (oldest first), leaving no free kept.
+    #[inline]
+    pub fn take_all(&mut self) -> Slots<T> {
+        let all = *self;
+        self.n = 0;
+        all
+    }
+}
+
 /// How a cache keeps frees: the live caches' rules ([`Rules::LIVE`]), or changed on purpose
 /// (the interposer's `VRAMSHIM_POOL_DEBUG=tcache-*` and `no-tcache` switches have their
 /// counterparts here, so that the tests and examples that break a rule run this code).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Rules {
-    /// Frees kept at most (0: none, every free reaches the pool; `no-tcache`).
+    /// Frees kept at most (0: none, every free reaches the pool; `no-tcache`; at most
+    /// [`SLOTS`]).
     pub slots: usize,
     /// Requests served from the frees kept (false: frees are only kept, then given back).
     pub serve: bool,
@@ -101,10 +173,10 @@ pub enum Freed {
 
 /// One thread's cache in front of a policy: the frees it keeps in free order, and the hits
 /// served since it last gave back.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ThreadCache {
     rules: Rules,
-    kept: Vec<Kept>,
+    kept: Slots<Kept>,
     /// hits since the cache last gave back
     batch: u64,
     /// hits in all
@@ -114,9 +186,17 @@ pub struct ThreadCache {
 impl ThreadCache {
     /// A cache following `rules`.
     pub fn new(rules: Rules) -> Self {
+        let none = Kept {
+            addr: 0,
+            size: 0,
+            granted: 0,
+            stream: 0,
+        };
         ThreadCache {
             rules,
-            ..Self::default()
+            kept: Slots::new(none),
+            batch: 0,
+            hits: 0,
         }
     }
 
@@ -141,12 +221,10 @@ impl ThreadCache {
     ) -> Result<(Alloc, bool), PoolError> {
         if self.rules.serve
             && req.stream != ANY_STREAM
-            && let Some(i) = self
+            && let Some(k) = self
                 .kept
-                .iter()
-                .rposition(|k| k.size == req.size && k.stream == req.stream)
+                .take_newest(|k| k.size == req.size && k.stream == req.stream)
         {
-            let k = self.kept.remove(i);
             self.batch += 1;
             self.hits += 1;
             if self.batch >= HIT_BATCH {
@@ -177,19 +255,19 @@ impl ThreadCache {
     ) -> Result<Freed, PoolError> {
         if let FreeMode::Async { stream } = mode
             && self.kept.len() < self.rules.slots
-        {
-            self.kept.push(Kept {
+            && self.kept.push(Kept {
                 addr,
                 size,
                 granted,
                 stream,
-            });
+            })
+        {
             // Everything live is kept here (a round could end), or the pool is above its
             // budget and the pages it keeps: it must see the frees now.
             let w = p.round_end_watch();
             let due = self.rules.round_watch
                 && w != u64::MAX
-                && self.kept.iter().map(|k| k.size).sum::<u64>() >= w;
+                && self.kept.as_slice().iter().map(|k| k.size).sum::<u64>() >= w;
             if due {
                 self.give_back(p, dev)?;
             }
@@ -226,7 +304,7 @@ impl ThreadCache {
             p.note_aside_hits(dev, hits);
         }
         let mut first = Ok(());
-        for k in self.kept.drain(..) {
+        for k in self.kept.take_all().as_slice() {
             let r = p.free(dev, k.addr, FreeMode::Async { stream: k.stream });
             if first.is_ok()
                 && let Err(e) = r
@@ -297,4 +375,31 @@ pub fn run<P: Policy + ?Sized>(
     let mut c = ThreadCache::new(Rules::LIVE);
     run_observed(events, p, dev, &mut c, |_, _| {})?;
     c.give_back(p, dev)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A hit is the newest free that matches; the others keep their free order; a full
+    /// cache refuses without changing; everything taken comes out oldest first.
+    #[test]
+    fn slots_keep_free_order_and_hand_out_the_newest_match() {
+        let mut s = Slots::new((0u64, 0u64));
+        for i in 0..SLOTS as u64 {
+            assert!(s.push((i, i % 3)));
+        }
+        assert!(!s.push((99, 0)), "a full cache took a free");
+        assert_eq!(s.len(), SLOTS);
+        // kinds 0,1,2,0,1,2,0,1: the newest of kind 0 is free 6, then 3
+        assert_eq!(s.take_newest(|f| f.1 == 0), Some((6, 0)));
+        assert_eq!(s.take_newest(|f| f.1 == 0), Some((3, 0)));
+        assert_eq!(s.take_newest(|f| f.1 == 9), None);
+        let order: Vec<u64> = s.as_slice().iter().map(|f| f.0).collect();
+        assert_eq!(order, [0, 1, 2, 4, 5, 7]);
+        let all = s.take_all();
+        assert!(s.is_empty());
+        assert_eq!(all.as_slice().len(), 6);
+        assert_eq!(all.as_slice()[3], (4, 1));
+    }
 }

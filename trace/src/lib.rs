@@ -78,4 +78,5 @@ pub use reader::{
     DAMAGE_COUNT_MAX, DecodeError, DecodeErrorKind, FrameInfo, TraceReader, Truncation,
     TruncationReason, Visitor,
 };
+pub use torch_run::TorchFields;
 pub use writer::{FrameLayout, TraceWriter, WriterStats};

@@ -378,3 +378,39 @@ fn push_torch_all_writes_what_push_torch_writes() {
     }
     assert!(one(&long, &[100_000, 3], usize::MAX) > 1 << 21);
 }
+
+/// A ring reference names a place, address and segment: an address that comes back in
+/// another segment (PyTorch gave the segment back and the driver mapped the range again)
+/// is not named by the ring entry of its old segment. The encoder finds places through an
+/// index of its own, not through the decoder's rings; the index compares both.
+#[test]
+fn an_address_in_another_segment_is_not_its_old_place() {
+    let t = |i: u64, action: u8, seg: u64| {
+        Event::Torch(TorchOp {
+            t_ns: 1_000 + i * 100,
+            tid: 7,
+            action,
+            device: 0,
+            addr: 0x7000_0000_1000,
+            size: 4096,
+            stream: 0,
+            segment: seg,
+            stack: 3,
+        })
+    };
+    let (s1, s2) = (0x7000_0000_0000, 0x7000_0000_0800);
+    let mut ev = Vec::new();
+    for round in 0..4u64 {
+        let seg = if round % 2 == 0 { s1 } else { s2 };
+        // Allocated, freed, allocated again at the same address: the last two are found in
+        // the rings when the segment is the same, and must not be when it changed.
+        ev.push(t(round * 3, 0, seg));
+        ev.push(t(round * 3 + 1, 2, seg));
+    }
+    for layout in [FrameLayout::Rows, FrameLayout::Columnar] {
+        let bytes = buffers_trace(&ev, layout, 64, 64, None);
+        let (_, got, errs, trunc) = read_all(&bytes).unwrap();
+        assert!(errs.is_empty() && trunc.is_none(), "{errs:?} {trunc:?}");
+        assert_eq!(got, ev, "{layout:?}");
+    }
+}

@@ -16,7 +16,7 @@ use std::sync::atomic::{
     AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering, compiler_fence,
 };
 
-use vramshim_trace::{AllocKind, Api, Event, MemOp, RecordEncoder, TorchOp};
+use vramshim_trace::{AllocKind, Api, Event, MemOp, RecordEncoder, TorchFields, TorchOp};
 
 use super::entries::Entries;
 use super::patience::Patience;
@@ -264,22 +264,25 @@ pub(crate) fn encode(enc: &mut RecordEncoder, b: &mut Buf) {
                 enc.push_memop(r.kind == Kind::Alloc, &op);
             }
             Kind::Torch => {
-                // This entry and the `Torch` entries after it, coded in one call (one run
-                // header, the coder's state in registers: `push_torch_all`).
-                let mut n = 0;
-                enc.push_torch_all(b.raw[i - 1..].iter().map_while(|r| {
-                    (r.kind == Kind::Torch).then(|| {
-                        n += 1;
-                        let mut t = torch_of(&r.op);
-                        t.t_ns = ns.get(t.t_ns);
-                        if t.tid == OWN_THREAD {
-                            // The tracker's: this buffer's thread ([`OWN_THREAD`]).
-                            t.tid = tid;
-                        }
-                        t
-                    })
-                }));
-                i += n - 1;
+                // This entry and the `Torch` entries after it: their times converted and
+                // their thread filled in where they lie (the buffer is coded once, then
+                // recycled), then coded in one call (one run header, the coder reading each
+                // entry's fields in place: `push_torch_all`).
+                let start = i - 1;
+                let mut end = start;
+                while let Some(r) = b.raw.get_mut(end) {
+                    if r.kind != Kind::Torch {
+                        break;
+                    }
+                    r.op.t_ns = ns.get(r.op.t_ns);
+                    if r.op.tid == OWN_THREAD {
+                        // The tracker's: this buffer's thread ([`OWN_THREAD`]).
+                        r.op.tid = tid;
+                    }
+                    end += 1;
+                }
+                enc.push_torch_all(&b.raw[start..end]);
+                i = end;
             }
             Kind::Other => {
                 if let Some(e) = others.next() {
@@ -773,7 +776,7 @@ pub(crate) const OWN_THREAD: u32 = 0;
 /// A `Torch` event as a buffer entry: its fields in a `MemOp`'s places (the action in
 /// `flags`, the segment's base in `result` and `latency_ns`, its low and high halves), so
 /// the allocating thread stores it with the same few moves as an allocation, and builds,
-/// moves and drops no `Event` ([`emit_torch`]). [`torch_of`] reads it back.
+/// moves and drops no `Event` ([`emit_torch`]). Its [`TorchFields`] read it back.
 #[inline(always)]
 fn torch_entry(t: &TorchOp) -> MemOp {
     MemOp {
@@ -792,18 +795,43 @@ fn torch_entry(t: &TorchOp) -> MemOp {
     }
 }
 
-/// The `Torch` event [`torch_entry`] stored.
-fn torch_of(m: &MemOp) -> TorchOp {
-    TorchOp {
-        t_ns: m.t_ns,
-        tid: m.tid,
-        action: m.flags,
-        device: m.device,
-        addr: m.addr,
-        size: m.size,
-        stream: m.stream,
-        segment: m.result as u32 as u64 | (m.latency_ns as u64) << 32,
-        stack: m.stack,
+/// A `Torch` entry as the coder reads it, field by field ([`torch_entry`]'s places).
+impl TorchFields for Raw {
+    #[inline(always)]
+    fn t_ns(&self) -> u64 {
+        self.op.t_ns
+    }
+    #[inline(always)]
+    fn tid(&self) -> u32 {
+        self.op.tid
+    }
+    #[inline(always)]
+    fn action(&self) -> u8 {
+        self.op.flags
+    }
+    #[inline(always)]
+    fn device(&self) -> i32 {
+        self.op.device
+    }
+    #[inline(always)]
+    fn addr(&self) -> u64 {
+        self.op.addr
+    }
+    #[inline(always)]
+    fn size(&self) -> u64 {
+        self.op.size
+    }
+    #[inline(always)]
+    fn stream(&self) -> u64 {
+        self.op.stream
+    }
+    #[inline(always)]
+    fn segment(&self) -> u64 {
+        self.op.result as u32 as u64 | (self.op.latency_ns as u64) << 32
+    }
+    #[inline(always)]
+    fn stack(&self) -> u32 {
+        self.op.stack
     }
 }
 
@@ -1380,7 +1408,11 @@ mod tests {
             segment: 0xffff_8000_0000_0001,
             stack: u32::MAX,
         };
-        assert_eq!(torch_of(&torch_entry(&t)), t);
+        let raw = Raw {
+            kind: Kind::Torch,
+            op: torch_entry(&t),
+        };
+        assert_eq!(raw.to_op(), t);
         let slot = new_slot();
         let mut b = Buf::with_capacity(8);
         b.put_torch(slot, torch_entry(&t));
@@ -1500,6 +1532,80 @@ mod tests {
         }
         let got = torch_ops_written(&mut b);
         assert_eq!(got, want);
+    }
+
+    /// Not a check, a measure (`scripts/bench writer`): the writer thread's coding of a
+    /// real run's PyTorch events as its buffers hold them (a GPT-2 run's tensor events, each
+    /// thread's in buffers of 245 entries, about a native step's, coded as consecutive
+    /// chained contexts, the whole run 8 times over; times raw TSC values when the trace
+    /// clock runs on the TSC, as in a traced process). Under callgrind with `--toggle-collect='*code_buffers*'`, the count
+    /// divided by the events printed is the writer's instructions an event, from the entry
+    /// in the buffer to the coded bytes.
+    #[test]
+    #[ignore]
+    fn writer_cost_of_gpt2_buffers() {
+        super::super::clock::init();
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../trace/examples/data/gpt2-tensors.vramtrace"
+        );
+        let r = vramshim_trace::TraceReader::open(path).unwrap();
+        let ops: Vec<TorchOp> = r
+            .filter_map(|e| match e.unwrap() {
+                Event::Torch(op) => Some(op),
+                _ => None,
+            })
+            .collect();
+        let raw0 = super::super::clock::now_raw();
+        let t0 = ops[0].t_ns;
+        let mut by_tid: std::collections::BTreeMap<u32, Vec<TorchOp>> = Default::default();
+        for op in &ops {
+            by_tid.entry(op.tid).or_default().push(op.clone());
+        }
+        let slot = new_slot();
+        // The buffers as the writer gets them (it converts their times in place: each
+        // round codes buffers made afresh).
+        let make = || {
+            let (mut bufs, mut events) = (Vec::new(), 0);
+            for (tid, ops) in &by_tid {
+                for chunk in ops.chunks(245) {
+                    let mut b = Buf::with_capacity(chunk.len() + 1);
+                    b.context(*tid);
+                    for op in chunk {
+                        let mut t = op.clone();
+                        // About 2.5 TSC ticks a ns.
+                        t.t_ns = raw0 + op.t_ns.wrapping_sub(t0) * 5 / 2;
+                        b.put_torch(slot, torch_entry(&t));
+                        events += 1;
+                    }
+                    bufs.push(b);
+                }
+            }
+            (bufs, events)
+        };
+        let mut enc = RecordEncoder::new();
+        let (mut bytes, mut events, mut n) = (0, 0, 0);
+        for _ in 0..8 {
+            let (mut bufs, e) = make();
+            bytes += code_buffers(&mut enc, &mut bufs);
+            events += e;
+            n += bufs.len();
+        }
+        println!(
+            "{events} events in {n} buffers, {:.2} bytes an event, TSC clock: {}",
+            bytes as f64 / events as f64,
+            super::super::clock::name()
+        );
+    }
+
+    #[inline(never)]
+    fn code_buffers(enc: &mut RecordEncoder, bufs: &mut [Buf]) -> usize {
+        let mut bytes = 0;
+        for b in bufs.iter_mut() {
+            encode(enc, b);
+            bytes += enc.bytes().len();
+        }
+        bytes
     }
 
     fn alloc(i: u64) -> Event {
