@@ -274,14 +274,15 @@ pub(crate) fn encode(enc: &mut RecordEncoder, b: &mut Buf) {
                     if r.kind != Kind::Torch {
                         break;
                     }
-                    r.op.t_ns = ns.get(r.op.t_ns);
                     if r.op.tid == OWN_THREAD {
                         // The tracker's: this buffer's thread ([`OWN_THREAD`]).
                         r.op.tid = tid;
                     }
                     end += 1;
                 }
-                enc.push_torch_all(&b.raw[start..end]);
+                let row = &mut b.raw[start..end];
+                ns.convert_all(row, |r| &mut r.op.t_ns);
+                enc.push_torch_all(&*row);
                 i = end;
             }
             Kind::Other => {
