@@ -648,11 +648,9 @@ fn budget_check_catches_a_pool_over_its_budget() {
     }
 }
 
-/// A job whose use shrinks to a loop a caller in front of the pool serves whole: four
-/// 64 MiB blocks freed and a synchronization, then one 8 KiB block live while the caller
-/// serves two default budget
-/// windows of hits (its thread cache's batches of 4096, told to the pool as they fill).
-fn shrinking_to_hits() -> Vec<Op> {
+/// Where the jobs below begin, before their use shrinks: four 64 MiB blocks, then their frees
+/// (stream-ordered on stream 0).
+fn large_blocks_freed() -> Vec<Op> {
     let mut ops = Vec::new();
     for _ in 0..4 {
         ops.push(Op::Alloc {
@@ -666,6 +664,15 @@ fn shrinking_to_hits() -> Vec<Op> {
             mode: FreeMode::Async { stream: 0 },
         });
     }
+    ops
+}
+
+/// A job whose use shrinks to a loop a caller in front of the pool serves whole: four
+/// 64 MiB blocks freed and a synchronization, then one 8 KiB block live while the caller
+/// serves two default budget
+/// windows of hits (its thread cache's batches of 4096, told to the pool as they fill).
+fn shrinking_to_hits() -> Vec<Op> {
+    let mut ops = large_blocks_freed();
     ops.push(Op::ProcessSync);
     ops.push(Op::Alloc {
         size: 8 * KIB,
@@ -738,19 +745,7 @@ fn budget_check_catches_hits_miscounted_or_unkept() {
 /// A job whose use shrinks: four 64 MiB blocks, then (after a synchronization) two budget
 /// windows of 100 KiB pairs, and a synchronization again.
 fn shrinking_use() -> Vec<Op> {
-    let mut ops = Vec::new();
-    for _ in 0..4 {
-        ops.push(Op::Alloc {
-            size: 64 * MIB,
-            stream: 0,
-        });
-    }
-    for _ in 0..4 {
-        ops.push(Op::Free {
-            idx: 0,
-            mode: FreeMode::Async { stream: 0 },
-        });
-    }
+    let mut ops = large_blocks_freed();
     for round in 0..2 {
         ops.push(Op::ProcessSync);
         for _ in 0..40 {
@@ -1707,13 +1702,13 @@ fn mappings_of_a_page_freed_into_are_given_back_unless_a_stream_used_them() {
     assert!(held_new < held_old, "{held_new} vs {held_old}");
 }
 
-/// Found by the random short-window test when it drew a caller's hits: hits end two budget
+/// A stream on which hits end two budget
 /// windows (the budget falls to 10 MiB while the pool holds 14 MiB), frees above the budget
 /// find every page pinned by live and `cudaFree`d blocks (the pool remembers that dissolving
 /// its cache would free nothing), then the process synchronizes and the next allocation
 /// caches the `cudaFree`d blocks: 9 MiB cached, 6 pages that could go back. The remembered
 /// answer must not outlive that release (`Stitch` keys it by the epoch of its last release
-/// of pending blocks too); with the key as it was, the pool kept caching above its budget.
+/// of pending blocks too); keyed without it, the pool keeps caching above its budget here.
 #[test]
 fn pending_blocks_a_process_sync_releases_are_given_back_above_the_budget() {
     let ops = vec![

@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use vramshim_pool::replay::Event;
 use vramshim_pool::stitch::{Budget, Faults, Stitch};
-use vramshim_pool::thread_cache::ThreadCache;
+use vramshim_pool::thread_cache::{Rules, ThreadCache};
 use vramshim_pool::{AccountingDevice, FreeMode, KIB, MIB, Policy, Request};
 
 /// What the pool held after each event (device bytes), and whether the pool was above its
@@ -32,8 +32,8 @@ fn run(events: &[Event], cache: bool, faults: Faults) -> Run {
     p.set_faults(faults);
     let mut dev = AccountingDevice::new(1 << 40);
     dev.set_checking(true);
-    let mut c = ThreadCache::new();
-    let mut ids: HashMap<u64, (u64, u64)> = HashMap::new();
+    let mut c = ThreadCache::new(if cache { Rules::LIVE } else { Rules::NONE });
+    let mut ids: HashMap<u64, (u64, u64, u64)> = HashMap::new();
     let mut out = Run {
         held: Vec::new(),
         watched_above: false,
@@ -41,40 +41,16 @@ fn run(events: &[Event], cache: bool, faults: Faults) -> Run {
     for ev in events {
         match *ev {
             Event::Alloc { id, size, stream } => {
-                let addr = match c.take(size, stream) {
-                    Some((a, batch)) => {
-                        if batch {
-                            c.give_back(&mut p, &mut dev).unwrap();
-                        }
-                        a
-                    }
-                    None => {
-                        c.give_back(&mut p, &mut dev).unwrap();
-                        match p.alloc_cached(size, stream) {
-                            Some(a) => a,
-                            None => p.alloc(&mut dev, Request { size, stream }).unwrap().addr,
-                        }
-                    }
-                };
-                dev.check_alloc(addr, size, stream);
-                ids.insert(id, (addr, size));
+                let (a, _) = c.alloc(&mut p, &mut dev, Request { size, stream }).unwrap();
+                dev.check_alloc(a.addr, a.size, stream);
+                ids.insert(id, (a.addr, size, a.size));
             }
             Event::Free { id, mode } => {
-                let (addr, size) = ids.remove(&id).unwrap();
+                let (addr, size, granted) = ids.remove(&id).unwrap();
                 dev.check_free(addr, mode);
                 let s = p.stats();
                 out.watched_above |= s.reserved > s.budget && p.round_end_watch() == 0;
-                if cache
-                    && let FreeMode::Async { stream } = mode
-                    && c.put(addr, size, stream)
-                {
-                    if c.due(&p) {
-                        c.give_back(&mut p, &mut dev).unwrap();
-                    }
-                } else {
-                    c.give_back(&mut p, &mut dev).unwrap();
-                    p.free(&mut dev, addr, mode).unwrap();
-                }
+                c.free(&mut p, &mut dev, addr, size, granted, mode).unwrap();
             }
             Event::ProcessSync => {
                 dev.process_sync();

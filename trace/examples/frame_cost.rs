@@ -130,15 +130,10 @@ fn encode_events(enc: &mut RecordEncoder, ev: &[Event], chained: bool) {
         }
         // A row of PyTorch allocator events in one call, as the writer thread hands over
         // the entries of a thread's buffer (the row ends at the first other event).
-        let mut n = 0;
-        enc.push_torch_all(ev[i..].iter().map_while(|e| match e {
-            Event::Torch(op) => {
-                n += 1;
-                Some(op)
-            }
+        i += enc.push_torch_all(ev[i..].iter().map_while(|e| match e {
+            Event::Torch(op) => Some(op),
             _ => None,
         }));
-        i += n;
     }
 }
 

@@ -4,11 +4,9 @@
 //! as a zigzag delta from the previous timed record of the same *context*; a context starts at
 //! the beginning of every frame and at every `Context` record, where all delta state resets.
 
-use std::borrow::Borrow;
-
 use crate::columns::TimeCursor;
 use crate::event::{AllocKind, Api, DeviceInfo, Event, MemOp, PyFrame, SyncKind, TorchOp};
-use crate::torch_run::{self, Model};
+use crate::torch_run::{self, Model, TorchFields};
 use crate::wire::put_varint_at as wv;
 use crate::wire::{Cur, put_str, put_varint, torch_offset_of, torch_size_of, unzigzag, zigzag};
 pub use crate::wire::{MAX_STACK_FRAMES, MAX_STRING, RecordError, mask, tag, torch_head};
@@ -513,13 +511,13 @@ impl RecordEncoder {
     /// [`Self::push_torch`] of each of `ops`, in order, with the same bytes as a result: the
     /// run's header is written once (its length patched at the end, not after every event),
     /// the buffer grows once for many events (the coder writes into slack past the end with
-    /// fixed-size stores; the slack is cut off at the end), and the context's thread, time
-    /// and the record statistics stay in registers meanwhile.
+    /// fixed-size stores; the slack is cut off at the end), and the record statistics stay
+    /// in registers meanwhile. Returns how many events it took (all of `ops`).
     #[inline]
-    pub fn push_torch_all<I>(&mut self, ops: I)
+    pub fn push_torch_all<'a, I, T>(&mut self, ops: I) -> usize
     where
-        I: IntoIterator,
-        I::Item: Borrow<TorchOp>,
+        I: IntoIterator<Item = &'a T>,
+        T: TorchFields + 'a,
     {
         let mut ops = ops.into_iter();
         let torch_bytes_before = self.torch_bytes;
@@ -530,12 +528,10 @@ impl RecordEncoder {
         } else {
             NO_RUN
         };
-        let mut cx = torch_run::Ctx {
-            tid: self.st.tid,
-            t: self.st.t,
-        };
         let (mut t_min, mut t_max) = (self.t_min, self.t_max);
-        let mut events = 0u32;
+        let mut events = 0usize;
+        // Of them, those not coded in the run (`Torch` records count themselves).
+        let mut v2s = 0usize;
         // The open run's bytes that `torch_bytes` counts already.
         let mut counted = if run == NO_RUN {
             0
@@ -543,24 +539,29 @@ impl RecordEncoder {
             pos - run - RUN_HEAD
         };
         let mut m = self.model.take().unwrap_or_default();
+        m.cx = torch_run::Ctx {
+            tid: self.st.tid,
+            t: self.st.t,
+        };
         // The one test of the usual event: `pos < stop` says a run is open with room for
         // the event (under `RUN_MAX`) and the buffer has `EV_MAX` bytes of slack at `pos`.
         let mut stop = 0;
         while let Some(op) = ops.next() {
-            let op: &TorchOp = op.borrow();
+            events += 1;
             if !torch_run::holds(op) {
                 // The rare event no `TorchRun` holds: the run so far closed, a `Torch`
                 // record, and a new run for the events after it.
                 self.torch_bytes += close_run(&mut self.buf, run, pos) - counted;
                 counted = 0;
                 self.buf.truncate(pos);
-                self.st.tid = cx.tid;
-                self.st.t = cx.t;
+                self.st.tid = m.cx.tid;
+                self.st.t = m.cx.t;
                 (self.t_min, self.t_max) = (t_min, t_max);
-                self.push_torch_v2(op);
+                v2s += 1;
+                self.push_torch_v2(&op.to_op());
                 (t_min, t_max) = (self.t_min, self.t_max);
                 pos = self.buf.len();
-                cx.t = self.st.t;
+                m.cx.t = self.st.t;
                 run = NO_RUN;
                 stop = 0;
                 continue;
@@ -588,26 +589,28 @@ impl RecordEncoder {
                 .get_mut(pos..pos + torch_run::EV_MAX)
                 .and_then(|b| <&mut [u8; torch_run::EV_MAX]>::try_from(b).ok())
             else {
+                // Never: the buffer was grown above. (Taken, not coded.)
+                v2s += 1;
                 break;
             };
-            pos += torch_run::encode(&mut m, &mut cx, op, b);
-            events += 1;
-            t_min = t_min.min(op.t_ns);
-            t_max = t_max.max(op.t_ns);
+            pos += torch_run::encode(&mut m, op, b);
+            t_min = t_min.min(op.t_ns());
+            t_max = t_max.max(op.t_ns());
         }
-        self.model = Some(m);
         self.torch_bytes += close_run(&mut self.buf, run, pos) - counted;
         self.buf.truncate(pos);
-        self.st.tid = cx.tid;
-        self.st.t = cx.t;
+        self.st.tid = m.cx.tid;
+        self.st.t = m.cx.t;
+        self.model = Some(m);
         self.run_at = run;
         self.run_end = if run == NO_RUN { NO_RUN } else { pos };
-        self.records += events;
+        self.records += (events - v2s) as u32;
         self.t_min = t_min;
         self.t_max = t_max;
         if let Some(c) = self.chain_cur.and_then(|k| self.chains.get_mut(k)) {
             c.bytes += self.torch_bytes - torch_bytes_before;
         }
+        events
     }
 
     /// A `Torch` record (tag 20, every field in full): for the events a `TorchDelta` cannot

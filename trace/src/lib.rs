@@ -66,6 +66,7 @@ pub mod footprint;
 pub mod header;
 pub mod output_file;
 pub mod reader;
+pub mod switches;
 mod torch_run;
 mod wire;
 pub mod writer;
@@ -77,4 +78,5 @@ pub use reader::{
     DAMAGE_COUNT_MAX, DecodeError, DecodeErrorKind, FrameInfo, TraceReader, Truncation,
     TruncationReason, Visitor,
 };
+pub use torch_run::TorchFields;
 pub use writer::{FrameLayout, TraceWriter, WriterStats};

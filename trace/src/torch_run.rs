@@ -31,7 +31,7 @@ pub(crate) const RING_REFS: u8 = 28;
 /// Prediction table: 2^TABLE_BITS entries.
 const TABLE_BITS: u32 = 10;
 const TABLE: usize = 1 << TABLE_BITS;
-/// Encoder-side index of each ring (address hash -> ring sequence number).
+/// Encoder-side index of each ring (address hash -> the place and its push number).
 const FIND_BITS: u32 = 6;
 
 /// Control byte: bits 0-1 the time's form, bit 2 the event is not predicted (its fields
@@ -65,6 +65,17 @@ struct Place {
     seg: u64,
 }
 
+/// An encoder's index entry: a place pushed on a ring, and its number among the pushes on
+/// that ring (counted across resets, see [`Model::pushes`]). The encoder needs no ring of its
+/// own: an entry whose number is among the newest [`RING_REFS`] names the place the
+/// decoder's ring holds at that distance.
+#[derive(Clone, Copy, Default, Debug)]
+struct Found {
+    addr: u64,
+    seg: u64,
+    seq: u64,
+}
+
 /// The model both sides keep (boxed: ~27 KiB, allocated at a context's first PyTorch event).
 #[derive(Clone, Debug)]
 pub(crate) struct Model {
@@ -72,17 +83,26 @@ pub(crate) struct Model {
     table: [Pred; TABLE],
     /// Key hashes of the last three events, newest first.
     hist: [u64; 3],
-    /// 0: places of blocks freed (action 2), looked up by allocations (action 0); 1: places
-    /// of blocks allocated, looked up by every other action.
+    /// Decoder only: 0: places of blocks freed (action 2), looked up by allocations (action
+    /// 0); 1: places of blocks allocated, looked up by every other action; and the pushes on
+    /// each since the reset.
     rings: [[Place; RING]; 2],
     counts: [u32; 2],
-    /// Encoder only: per ring, the newest sequence number at which an address was pushed.
-    find: [[(u64, u32); 1 << FIND_BITS]; 2],
+    /// Encoder only: per ring, the newest place pushed whose address hashes to the entry.
+    find: [[Found; 1 << FIND_BITS]; 2],
+    /// Encoder only: per ring, the pushes since the model was made, plus `RING` at every
+    /// reset, so that no place pushed before a reset is among the newest `RING_REFS` after
+    /// it (the index is never cleared).
+    pushes: [u64; 2],
     /// The previous event's device and stream, and the three most recent segments of
     /// explicit places (most recent first).
     device: i32,
     stream: u64,
     segments: [u64; 3],
+    /// Encoder only: the context's thread and time while a row of events is coded (the
+    /// codec's delta state, copied in and out around the row: kept here, in memory, rather
+    /// than in the coder's registers, which the loop needs for the event).
+    pub cx: Ctx,
 }
 
 impl Default for Model {
@@ -93,10 +113,12 @@ impl Default for Model {
             hist: [0; 3],
             rings: [[Place::default(); RING]; 2],
             counts: [0; 2],
-            find: [[(0, 0); 1 << FIND_BITS]; 2],
+            find: [[Found::default(); 1 << FIND_BITS]; 2],
+            pushes: [0; 2],
             device: 0,
             stream: 0,
             segments: [0; 3],
+            cx: Ctx { tid: 0, t: 0 },
         }
     }
 }
@@ -127,6 +149,7 @@ impl Model {
         }
         self.hist = [0; 3];
         self.counts = [0; 2];
+        self.pushes = self.pushes.map(|n| n + RING as u64);
         self.device = 0;
         self.stream = 0;
         self.segments = [0; 3];
@@ -138,21 +161,16 @@ impl Model {
         (h.wrapping_mul(0xD6E8_FEB8_6659_FD93) >> (64 - TABLE_BITS)) as usize
     }
 
-    /// After an event: the prediction for its context, the history, the rings.
+    /// After an event: the prediction for its context and the history.
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    fn learn(
-        &mut self,
-        slot: usize,
-        mt: u64,
-        size: u64,
-        stack: u32,
-        action: u8,
-        place: Place,
-        fs: usize,
-    ) {
+    fn learn_pred(&mut self, slot: usize, mt: u64, size: u64, stack: u32, action: u8) {
         self.table[slot] = Pred { size, meta: mt };
         self.hist = [key_hash(action, size, stack), self.hist[0], self.hist[1]];
+    }
+
+    /// Decoder: after an event, the ring of its action gets its place.
+    #[inline(always)]
+    fn learn_ring(&mut self, action: u8, place: Place) {
         let r = match action {
             0 => 1,
             2 => 0,
@@ -160,23 +178,37 @@ impl Model {
         };
         let n = self.counts[r];
         self.rings[r][n as usize % RING] = place;
-        self.find[r][fs] = (place.addr, n);
         self.counts[r] = n.wrapping_add(1);
     }
 
+    /// Encoder: after an event, the index of its action's ring gets its place (`fs`: its
+    /// [`find_slot`]).
+    #[inline(always)]
+    fn learn_find(&mut self, action: u8, place: Place, fs: usize) {
+        let r = match action {
+            0 => 1,
+            2 => 0,
+            _ => return,
+        };
+        let seq = self.pushes[r];
+        self.find[r][fs] = Found {
+            addr: place.addr,
+            seg: place.seg,
+            seq,
+        };
+        self.pushes[r] = seq + 1;
+    }
+
     /// Encoder: the distance (0 = newest) of `place` in the ring `action` looks in, when it
-    /// is among the newest `RING_REFS` pushed since the reset (`fs`: its [`find_slot`]).
+    /// is among the newest `RING_REFS` pushed since the reset (`fs`: its [`find_slot`]). The
+    /// decoder's ring holds the place at that distance: the entry was its newest push there,
+    /// and a push since the reset (the count jumped by `RING` at the reset).
     #[inline(always)]
     fn find(&self, action: u8, place: Place, fs: usize) -> Option<u8> {
         let r = ring_of(action);
-        let (a, seq) = self.find[r][fs];
-        let n = self.counts[r];
-        let j = n.wrapping_sub(seq).wrapping_sub(1);
-        (a == place.addr
-            && seq < n
-            && j < RING_REFS as u32
-            && self.rings[r][seq as usize % RING] == place)
-            .then_some(j as u8)
+        let e = self.find[r][fs];
+        let j = self.pushes[r].wrapping_sub(e.seq).wrapping_sub(1);
+        (e.addr == place.addr && e.seg == place.seg && j < RING_REFS as u64).then_some(j as u8)
     }
 }
 
@@ -189,6 +221,76 @@ pub(crate) struct Ctx {
     pub t: u64,
 }
 
+/// A PyTorch allocator event as the coder reads it: field by field, where it lies (a
+/// [`TorchOp`], or an entry of the interposer's buffers, whose fields sit in other places),
+/// so that the coder's loop reads each field from the event's memory when it needs it
+/// instead of holding a copy in registers it does not have.
+pub trait TorchFields {
+    fn t_ns(&self) -> u64;
+    fn tid(&self) -> u32;
+    fn action(&self) -> u8;
+    fn device(&self) -> i32;
+    fn addr(&self) -> u64;
+    fn size(&self) -> u64;
+    fn stream(&self) -> u64;
+    fn segment(&self) -> u64;
+    fn stack(&self) -> u32;
+    /// The event as a [`TorchOp`].
+    #[inline(always)]
+    fn to_op(&self) -> TorchOp {
+        TorchOp {
+            t_ns: self.t_ns(),
+            tid: self.tid(),
+            action: self.action(),
+            device: self.device(),
+            addr: self.addr(),
+            size: self.size(),
+            stream: self.stream(),
+            segment: self.segment(),
+            stack: self.stack(),
+        }
+    }
+}
+
+impl TorchFields for TorchOp {
+    #[inline(always)]
+    fn t_ns(&self) -> u64 {
+        self.t_ns
+    }
+    #[inline(always)]
+    fn tid(&self) -> u32 {
+        self.tid
+    }
+    #[inline(always)]
+    fn action(&self) -> u8 {
+        self.action
+    }
+    #[inline(always)]
+    fn device(&self) -> i32 {
+        self.device
+    }
+    #[inline(always)]
+    fn addr(&self) -> u64 {
+        self.addr
+    }
+    #[inline(always)]
+    fn size(&self) -> u64 {
+        self.size
+    }
+    #[inline(always)]
+    fn stream(&self) -> u64 {
+        self.stream
+    }
+    #[inline(always)]
+    fn segment(&self) -> u64 {
+        self.segment
+    }
+    #[inline(always)]
+    fn stack(&self) -> u32 {
+        self.stack
+    }
+}
+
 /// Scratch size of one coded event (its largest form is 68 bytes).
 pub(crate) const EV_MAX: usize = 128;
 
@@ -196,37 +298,38 @@ pub(crate) const EV_MAX: usize = 128;
 /// caller writes a `Torch` record otherwise). One test for the usual values (a size under
 /// 2^63, an offset of magnitude under 2^62), the exact forms for the rest.
 #[inline(always)]
-pub(crate) fn holds(op: &TorchOp) -> bool {
-    let off = op.addr.wrapping_sub(op.segment);
-    (op.size | off.wrapping_add(1 << 62)) >> 63 == 0
-        || torch_offset(off).is_some() && torch_size(op.size).is_some()
+pub(crate) fn holds<T: TorchFields>(op: &T) -> bool {
+    let off = op.addr().wrapping_sub(op.segment());
+    (op.size() | off.wrapping_add(1 << 62)) >> 63 == 0
+        || torch_offset(off).is_some() && torch_size(op.size()).is_some()
 }
 
 /// Codes `op` (which [`holds`] accepts) into `b`; returns its length. Updates the model and
 /// the context. The usual event (its place in a ring, or predicted) takes no varint: the
 /// offset and size forms are made only where they are written.
 #[inline(always)]
-pub(crate) fn encode(m: &mut Model, cx: &mut Ctx, op: &TorchOp, b: &mut [u8; EV_MAX]) -> usize {
+pub(crate) fn encode<T: TorchFields>(m: &mut Model, op: &T, b: &mut [u8; EV_MAX]) -> usize {
+    // Each field read where it is used (from the event's memory).
     let slot = m.slot();
     let p = m.table[slot];
-    let mt = meta(op.stack, op.action, m.epoch);
+    let mt = meta(op.stack(), op.action(), m.epoch);
     // One test for the prediction: every compared field XORed into one word.
     let predicted = ((p.meta ^ mt)
-        | (p.size ^ op.size)
-        | (op.tid ^ cx.tid) as u64
-        | (op.device ^ m.device) as u64
-        | (op.stream ^ m.stream))
+        | (p.size ^ op.size())
+        | (op.tid() ^ m.cx.tid) as u64
+        | (op.device() ^ m.device) as u64
+        | (op.stream() ^ m.stream))
         == 0;
     let place = Place {
-        addr: op.addr,
-        seg: op.segment,
+        addr: op.addr(),
+        seg: op.segment(),
     };
-    let fs = find_slot(op.addr);
-    let found = m.find(op.action, place, fs);
-    let dt = op.t_ns.wrapping_sub(cx.t);
+    let fs = find_slot(place.addr);
+    let found = m.find(op.action(), place, fs);
+    let dt = op.t_ns().wrapping_sub(m.cx.t);
     let mut n = 1;
     if !predicted {
-        n = explicit_fields(b, op, cx, m);
+        n = explicit_fields(b, op, m);
     }
     let pc = match found {
         Some(j) => j,
@@ -246,34 +349,40 @@ pub(crate) fn encode(m: &mut Model, cx: &mut Ctx, op: &TorchOp, b: &mut [u8; EV_
         b[0] = ctrl | TIME_VARINT;
         n = wv(b, n, crate::wire::zigzag(dt as i64));
     }
-    cx.t = op.t_ns;
-    m.learn(slot, mt, op.size, op.stack, op.action, place, fs);
+    m.cx.t = op.t_ns();
+    m.learn_pred(slot, mt, op.size(), op.stack(), op.action());
+    m.learn_find(op.action(), place, fs);
     n
 }
 
 /// An address not found in the rings: its segment as one of the three most recent or as a
 /// difference from the newest, then its offset; returns the control byte's place.
 #[inline(always)]
-fn explicit_place(b: &mut [u8; EV_MAX], n: &mut usize, op: &TorchOp, m: &mut Model) -> u8 {
+fn explicit_place<T: TorchFields>(
+    b: &mut [u8; EV_MAX],
+    n: &mut usize,
+    op: &T,
+    m: &mut Model,
+) -> u8 {
     let s = &mut m.segments;
-    let k = if op.segment == s[0] {
+    let k = if op.segment() == s[0] {
         0
-    } else if op.segment == s[1] {
+    } else if op.segment() == s[1] {
         s.swap(0, 1);
         1
-    } else if op.segment == s[2] {
+    } else if op.segment() == s[2] {
         *s = [s[2], s[0], s[1]];
         2
     } else {
         *n = wv(
             b,
             *n,
-            crate::wire::zigzag(op.segment.wrapping_sub(s[0]) as i64),
+            crate::wire::zigzag(op.segment().wrapping_sub(s[0]) as i64),
         );
-        *s = [op.segment, s[0], s[1]];
+        *s = [op.segment(), s[0], s[1]];
         torch_head::SEGMENT_NEW
     };
-    let off = torch_offset(op.addr.wrapping_sub(op.segment)).unwrap_or(0);
+    let off = torch_offset(op.addr().wrapping_sub(op.segment())).unwrap_or(0);
     *n = wv(b, *n, off);
     RING_REFS + k
 }
@@ -282,37 +391,37 @@ fn explicit_place(b: &mut [u8; EV_MAX], n: &mut usize, op: &TorchOp, m: &mut Mod
 /// says follows, then the size), from `b[1]`; sets the context's thread and place. Out of
 /// line: the rarer form.
 #[inline(never)]
-fn explicit_fields(b: &mut [u8; EV_MAX], op: &TorchOp, cx: &mut Ctx, m: &mut Model) -> usize {
-    let mut head = op.action.min(torch_head::ACTION_ESCAPE);
-    if op.tid != cx.tid {
+fn explicit_fields<T: TorchFields>(b: &mut [u8; EV_MAX], op: &T, m: &mut Model) -> usize {
+    let mut head = op.action().min(torch_head::ACTION_ESCAPE);
+    if op.tid() != m.cx.tid {
         head |= torch_head::TID;
     }
-    if op.device != m.device || op.stream != m.stream {
+    if op.device() != m.device || op.stream() != m.stream {
         head |= torch_head::PLACE;
     }
-    if op.stack != 0 {
+    if op.stack() != 0 {
         head |= torch_head::STACK;
     }
     b[1] = head;
     let mut n = 2;
     if head & torch_head::ACTION_ESCAPE == torch_head::ACTION_ESCAPE {
-        b[n] = op.action;
+        b[n] = op.action();
         n += 1;
     }
     if head & torch_head::TID != 0 {
-        n = wv(b, n, op.tid as u64);
+        n = wv(b, n, op.tid() as u64);
     }
     if head & torch_head::PLACE != 0 {
-        n = wv(b, n, crate::wire::zigzag(op.device as i64));
-        n = wv(b, n, op.stream);
+        n = wv(b, n, crate::wire::zigzag(op.device() as i64));
+        n = wv(b, n, op.stream());
     }
     if head & torch_head::STACK != 0 {
-        n = wv(b, n, op.stack as u64);
+        n = wv(b, n, op.stack() as u64);
     }
-    cx.tid = op.tid;
-    m.device = op.device;
-    m.stream = op.stream;
-    wv(b, n, torch_size(op.size).unwrap_or(0))
+    m.cx.tid = op.tid();
+    m.device = op.device();
+    m.stream = op.stream();
+    wv(b, n, torch_size(op.size()).unwrap_or(0))
 }
 
 /// Decodes one event of a run from `c` (positioned at its control byte): the inverse of
@@ -394,15 +503,8 @@ pub(crate) fn decode(m: &mut Model, cx: &mut Ctx, c: &mut Cur) -> Result<TorchOp
     };
     let t_ns = cx.t.wrapping_add(dt);
     cx.t = t_ns;
-    m.learn(
-        slot,
-        meta(stack, action, m.epoch),
-        size,
-        stack,
-        action,
-        place,
-        find_slot(place.addr),
-    );
+    m.learn_pred(slot, meta(stack, action, m.epoch), size, stack, action);
+    m.learn_ring(action, place);
     Ok(TorchOp {
         t_ns,
         tid: cx.tid,

@@ -5,7 +5,7 @@
 //! without a data race or a torn read (`Slot::events_left`).
 
 use std::alloc::{Layout, alloc, dealloc, handle_alloc_error, realloc};
-use std::ops::Deref;
+use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -120,6 +120,16 @@ impl<T> Deref for Entries<T> {
         // SAFETY: the first `len` entries of the allocation are written (`set_len`'s
         // contract); a dangling pointer with length 0 is a valid empty slice.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len()) }
+    }
+}
+
+impl<T> DerefMut for Entries<T> {
+    /// The entries, to change in place (the writer fills in a buffer's times before it codes
+    /// them: `&mut self` is the buffer's only user then).
+    #[inline]
+    fn deref_mut(&mut self) -> &mut [T] {
+        // SAFETY: as `deref`; `&mut self` excludes every other reference to the entries.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len()) }
     }
 }
 

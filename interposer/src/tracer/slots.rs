@@ -16,7 +16,7 @@ use std::sync::atomic::{
     AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering, compiler_fence,
 };
 
-use vramshim_trace::{AllocKind, Api, Event, MemOp, RecordEncoder, TorchOp};
+use vramshim_trace::{AllocKind, Api, Event, MemOp, RecordEncoder, TorchFields, TorchOp};
 
 use super::entries::Entries;
 use super::patience::Patience;
@@ -264,22 +264,26 @@ pub(crate) fn encode(enc: &mut RecordEncoder, b: &mut Buf) {
                 enc.push_memop(r.kind == Kind::Alloc, &op);
             }
             Kind::Torch => {
-                // This entry and the `Torch` entries after it, coded in one call (one run
-                // header, the coder's state in registers: `push_torch_all`).
-                let mut n = 0;
-                enc.push_torch_all(b.raw[i - 1..].iter().map_while(|r| {
-                    (r.kind == Kind::Torch).then(|| {
-                        n += 1;
-                        let mut t = torch_of(&r.op);
-                        t.t_ns = ns.get(t.t_ns);
-                        if t.tid == OWN_THREAD {
-                            // The tracker's: this buffer's thread ([`OWN_THREAD`]).
-                            t.tid = tid;
-                        }
-                        t
-                    })
-                }));
-                i += n - 1;
+                // This entry and the `Torch` entries after it: their times converted and
+                // their thread filled in where they lie (the buffer is coded once, then
+                // recycled), then coded in one call (one run header, the coder reading each
+                // entry's fields in place: `push_torch_all`).
+                let start = i - 1;
+                let mut end = start;
+                while let Some(r) = b.raw.get_mut(end) {
+                    if r.kind != Kind::Torch {
+                        break;
+                    }
+                    if r.op.tid == OWN_THREAD {
+                        // The tracker's: this buffer's thread ([`OWN_THREAD`]).
+                        r.op.tid = tid;
+                    }
+                    end += 1;
+                }
+                let row = &mut b.raw[start..end];
+                ns.convert_all(row, |r| &mut r.op.t_ns);
+                enc.push_torch_all(&*row);
+                i = end;
             }
             Kind::Other => {
                 if let Some(e) = others.next() {
@@ -773,7 +777,7 @@ pub(crate) const OWN_THREAD: u32 = 0;
 /// A `Torch` event as a buffer entry: its fields in a `MemOp`'s places (the action in
 /// `flags`, the segment's base in `result` and `latency_ns`, its low and high halves), so
 /// the allocating thread stores it with the same few moves as an allocation, and builds,
-/// moves and drops no `Event` ([`emit_torch`]). [`torch_of`] reads it back.
+/// moves and drops no `Event` ([`emit_torch`]). Its [`TorchFields`] read it back.
 #[inline(always)]
 fn torch_entry(t: &TorchOp) -> MemOp {
     MemOp {
@@ -792,18 +796,43 @@ fn torch_entry(t: &TorchOp) -> MemOp {
     }
 }
 
-/// The `Torch` event [`torch_entry`] stored.
-fn torch_of(m: &MemOp) -> TorchOp {
-    TorchOp {
-        t_ns: m.t_ns,
-        tid: m.tid,
-        action: m.flags,
-        device: m.device,
-        addr: m.addr,
-        size: m.size,
-        stream: m.stream,
-        segment: m.result as u32 as u64 | (m.latency_ns as u64) << 32,
-        stack: m.stack,
+/// A `Torch` entry as the coder reads it, field by field ([`torch_entry`]'s places).
+impl TorchFields for Raw {
+    #[inline(always)]
+    fn t_ns(&self) -> u64 {
+        self.op.t_ns
+    }
+    #[inline(always)]
+    fn tid(&self) -> u32 {
+        self.op.tid
+    }
+    #[inline(always)]
+    fn action(&self) -> u8 {
+        self.op.flags
+    }
+    #[inline(always)]
+    fn device(&self) -> i32 {
+        self.op.device
+    }
+    #[inline(always)]
+    fn addr(&self) -> u64 {
+        self.op.addr
+    }
+    #[inline(always)]
+    fn size(&self) -> u64 {
+        self.op.size
+    }
+    #[inline(always)]
+    fn stream(&self) -> u64 {
+        self.op.stream
+    }
+    #[inline(always)]
+    fn segment(&self) -> u64 {
+        self.op.result as u32 as u64 | (self.op.latency_ns as u64) << 32
+    }
+    #[inline(always)]
+    fn stack(&self) -> u32 {
+        self.op.stack
     }
 }
 
@@ -886,6 +915,9 @@ fn count_live_of(b: &Buf) {
 pub enum HandOverPoint {
     /// The full buffer is out of the slot, not yet queued for the writer.
     Taken,
+    /// Inside the send to the writer ([`writer::send`]), signals blocked, just before the
+    /// channel's own send.
+    Sending,
     /// The buffer is queued; the slot has not yet got its new one.
     Queued,
 }
@@ -900,7 +932,7 @@ pub(crate) fn on_hand_over(hook: Option<fn(HandOverPoint)>) {
 }
 
 #[inline]
-fn hand_over_at(p: HandOverPoint) {
+pub(crate) fn hand_over_at(p: HandOverPoint) {
     let f = HAND_OVER_HOOK.load(Ordering::Acquire);
     if f != 0 {
         // SAFETY: a non-zero value was stored from a `fn(HandOverPoint)` by `on_hand_over`.
@@ -930,9 +962,9 @@ fn hand_over(slot: &'static Slot, inner: &mut Inner) {
     hand_over_at(HandOverPoint::Taken);
     let from = || Handed { slot, seq };
     match writer::send(buf, from()) {
-        Ok(()) => {
+        Ok(spare) => {
             hand_over_at(HandOverPoint::Queued);
-            inner.buf = writer::spare_buffer();
+            inner.buf = spare;
             inner.next_try = SEND_AT;
             back_in(slot);
             if writer::backlog() > HIGH_WATER {
@@ -940,8 +972,8 @@ fn hand_over(slot: &'static Slot, inner: &mut Inner) {
             }
         }
         Err(buf) if buf.len() >= MAX_BUF => match throttle(buf, from) {
-            Ok(()) => {
-                inner.buf = writer::spare_buffer();
+            Ok(spare) => {
+                inner.buf = spare;
                 inner.next_try = SEND_AT;
                 back_in(slot);
             }
@@ -979,7 +1011,7 @@ fn back_in(slot: &Slot) {
 /// bytehound throttles its producers. Only a thread that has `MAX_BUF` unwritten events while
 /// the channel is full ever gets here.
 #[cold]
-fn throttle(mut buf: Buf, from: impl Fn() -> Handed) -> Result<(), Buf> {
+fn throttle(mut buf: Buf, from: impl Fn() -> Handed) -> Result<Buf, Buf> {
     let deadline = crate::sys::clock::now_ns() + THROTTLE_NS;
     loop {
         let ts = libc::timespec {
@@ -989,7 +1021,7 @@ fn throttle(mut buf: Buf, from: impl Fn() -> Handed) -> Result<(), Buf> {
         // SAFETY: ts is a valid timespec; the remainder pointer may be null.
         unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
         match writer::send(buf, from()) {
-            Ok(()) => return Ok(()),
+            Ok(spare) => return Ok(spare),
             Err(back) => buf = back,
         }
         if crate::sys::clock::now_ns() > deadline {
@@ -1054,6 +1086,32 @@ fn fault_barrier_drop() -> bool {
     crate::config::switch_on("VRAMSHIM_SLOTS_FAULT", "barrier-drop")
 }
 
+/// Fault switch of the drain (`VRAMSHIM_SLOTS_FAULT=barrier-no-settle`, read by the test that
+/// shows it catches it): when the barrier fails, the claimed slots are given up at once, their
+/// owners not waited for (one in its window then appends after its slot was counted).
+fn fault_barrier_no_settle() -> bool {
+    crate::config::switch_on("VRAMSHIM_SLOTS_FAULT", "barrier-no-settle")
+}
+
+/// The barrier failed: no owner is known to be out of its window (the owner raises its flag
+/// with a plain store, then reads the lock; the barrier is what orders the two for the
+/// drain). Waits a millisecond, after which an owner's flag raised before it read the lock is
+/// in practice visible (store buffers drain in far less; a thread switched out has drained
+/// its own), then, bounded by `patience`, for each claimed slot's owner to leave. An owner
+/// that stays is counted as it is ([`Slot::events_left`]: exact while it does not run).
+fn settle_unseen(held: &[Guard<'static>], patience: &mut Patience) {
+    let ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 1_000_000,
+    };
+    // SAFETY: ts is a valid timespec; the remainder pointer may be null.
+    unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
+    for g in held.iter().filter(|g| g.how == Held::Claim) {
+        patience.next_slot();
+        let _ = g.slot.bias.owner_left_with(|| patience.again());
+    }
+}
+
 /// Fault switch of the drain (`VRAMSHIM_SLOTS_FAULT=hand-over-uncounted`): a given-up slot's
 /// buffer is counted, not the one its owner was handing over (an exit that interrupted the
 /// hand-over then counts nothing of it).
@@ -1100,6 +1158,14 @@ fn drain(
         // where there is none, they are counted (they cannot be taken without the barrier:
         // an owner may be in its window unseen).
         if !fault_barrier_drop() {
+            // Given up once their owners are out: one in its window unseen would otherwise
+            // append (or hand its buffer over) after the count, neither written nor counted.
+            // The claims are still held (an owner that comes now takes the lock, and waits);
+            // then what they handed over meanwhile is taken off the queue (`f(None)`, as below).
+            if !fault_barrier_no_settle() {
+                settle_unseen(&held, &mut patience);
+                f(None);
+            }
             given_up.extend(held.iter().map(|g| g.slot));
         }
         return Drained {
@@ -1343,7 +1409,11 @@ mod tests {
             segment: 0xffff_8000_0000_0001,
             stack: u32::MAX,
         };
-        assert_eq!(torch_of(&torch_entry(&t)), t);
+        let raw = Raw {
+            kind: Kind::Torch,
+            op: torch_entry(&t),
+        };
+        assert_eq!(raw.to_op(), t);
         let slot = new_slot();
         let mut b = Buf::with_capacity(8);
         b.put_torch(slot, torch_entry(&t));
@@ -1463,6 +1533,80 @@ mod tests {
         }
         let got = torch_ops_written(&mut b);
         assert_eq!(got, want);
+    }
+
+    /// Not a check, a measure (`scripts/bench writer`): the writer thread's coding of a
+    /// real run's PyTorch events as its buffers hold them (a GPT-2 run's tensor events, each
+    /// thread's in buffers of 245 entries, about a native step's, coded as consecutive
+    /// chained contexts, the whole run 8 times over; times raw TSC values when the trace
+    /// clock runs on the TSC, as in a traced process). Under callgrind with `--toggle-collect='*code_buffers*'`, the count
+    /// divided by the events printed is the writer's instructions an event, from the entry
+    /// in the buffer to the coded bytes.
+    #[test]
+    #[ignore]
+    fn writer_cost_of_gpt2_buffers() {
+        super::super::clock::init();
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../trace/examples/data/gpt2-tensors.vramtrace"
+        );
+        let r = vramshim_trace::TraceReader::open(path).unwrap();
+        let ops: Vec<TorchOp> = r
+            .filter_map(|e| match e.unwrap() {
+                Event::Torch(op) => Some(op),
+                _ => None,
+            })
+            .collect();
+        let raw0 = super::super::clock::now_raw();
+        let t0 = ops[0].t_ns;
+        let mut by_tid: std::collections::BTreeMap<u32, Vec<TorchOp>> = Default::default();
+        for op in &ops {
+            by_tid.entry(op.tid).or_default().push(op.clone());
+        }
+        let slot = new_slot();
+        // The buffers as the writer gets them (it converts their times in place: each
+        // round codes buffers made afresh).
+        let make = || {
+            let (mut bufs, mut events) = (Vec::new(), 0);
+            for (tid, ops) in &by_tid {
+                for chunk in ops.chunks(245) {
+                    let mut b = Buf::with_capacity(chunk.len() + 1);
+                    b.context(*tid);
+                    for op in chunk {
+                        let mut t = op.clone();
+                        // About 2.5 TSC ticks a ns.
+                        t.t_ns = raw0 + op.t_ns.wrapping_sub(t0) * 5 / 2;
+                        b.put_torch(slot, torch_entry(&t));
+                        events += 1;
+                    }
+                    bufs.push(b);
+                }
+            }
+            (bufs, events)
+        };
+        let mut enc = RecordEncoder::new();
+        let (mut bytes, mut events, mut n) = (0, 0, 0);
+        for _ in 0..8 {
+            let (mut bufs, e) = make();
+            bytes += code_buffers(&mut enc, &mut bufs);
+            events += e;
+            n += bufs.len();
+        }
+        println!(
+            "{events} events in {n} buffers, {:.2} bytes an event, TSC clock: {}",
+            bytes as f64 / events as f64,
+            super::super::clock::name()
+        );
+    }
+
+    #[inline(never)]
+    fn code_buffers(enc: &mut RecordEncoder, bufs: &mut [Buf]) -> usize {
+        let mut bytes = 0;
+        for b in bufs.iter_mut() {
+            encode(enc, b);
+            bytes += enc.bytes().len();
+        }
+        bytes
     }
 
     fn alloc(i: u64) -> Event {
@@ -1739,6 +1883,52 @@ mod tests {
             waits <= Patience::bound(3, 0),
             "{waits} waits past the limit"
         );
+    }
+
+    /// When the barrier fails, an owner may be in its window unseen (the barrier is what makes
+    /// it seen): the drain, still holding the slots it claimed, waits for their owners to leave
+    /// before it gives them up, so that what such an owner appends (and hands over) is in the
+    /// count, not appended after it. Here the owner, in its window when the drain claims its
+    /// slot, appends one event a little later. With `VRAMSHIM_SLOTS_FAULT=barrier-no-settle`
+    /// (the slots given up at once) the event is neither taken nor counted: this
+    /// fails.
+    #[test]
+    fn a_failed_barrier_counts_what_an_owner_in_its_window_appends() {
+        barrier::init();
+        if !barrier::available() {
+            // No window, no barrier: nothing to fail.
+            return;
+        }
+        let slot = slot_holding(5);
+        let (inside_tx, inside_rx) = std::sync::mpsc::sync_channel::<()>(0);
+        let owner = std::thread::spawn(move || {
+            let g = slot.enter();
+            assert!(g.how == Held::Window, "the owner took its window");
+            inside_tx.send(()).unwrap();
+            // Long enough for a drain that does not wait to be done with the slot.
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            g.inner().buf.put(slot, alloc(5));
+            drop(g);
+        });
+        inside_rx.recv().unwrap();
+        let mut bufs = Vec::new();
+        barrier::FAILS.set(true);
+        // Patience that outlasts the owner's sleep on any machine (`patient()`'s million
+        // yields take 0.1-0.2 s where a yield is a fast system call: about the sleep itself).
+        let d = drain(
+            &[slot],
+            |b| bufs.extend(b),
+            Patience::new(u32::MAX, None),
+            false,
+        );
+        barrier::FAILS.set(false);
+        let (taken, lost) = drained(d);
+        owner.join().unwrap();
+        assert!(
+            !taken && bufs.is_empty(),
+            "a buffer was taken without the barrier"
+        );
+        assert_eq!(lost, 6, "the event appended in the window is counted");
     }
 
     /// When the barrier fails, the slots the drain claimed are given up, so that at exit
