@@ -2,10 +2,13 @@
 //! each value is a comma-separated list of names, read as the library reads its own
 //! (`interposer/src/config/switches.rs`). A name no part of the command reads (a misspelling)
 //! is said once per process, in one line on stderr naming the variable, the name, the accepted
-//! names and the default taken, so that a misspelt switch cannot turn a test that must fail
-//! into one that passes without a word; the command goes on.
+//! names and the default taken (the library's line, `vramshim_trace::switches`), so that a
+//! misspelt switch cannot turn a test that must fail into one that passes without a word; the
+//! command goes on.
 
 use std::sync::Once;
+
+use vramshim_trace::switches::names;
 
 /// Every test switch of the command and the names its readers accept.
 const SWITCHES: [(&str, &[&str]); 2] = [
@@ -36,38 +39,13 @@ pub fn switch_on(var: &str, name: &str) -> bool {
     names(&value).any(|n| n == name)
 }
 
-fn names(value: &str) -> impl Iterator<Item = &str> + Clone {
-    value.split(',').map(str::trim).filter(|n| !n.is_empty())
-}
-
 /// The line for the names in `value` (the switch `var`'s) that are not `accepted` (None when
-/// there are none), worded as the library's (`config::switches`).
+/// there are none), in the library's wording ([`vramshim_trace::switches::unknown_line`]); the
+/// names escaped for a terminal ([`crate::terminal::one_line`]).
 fn unknown_line(var: &str, value: &str, accepted: &[&str]) -> Option<String> {
-    let unknown: Vec<String> = names(value)
-        .filter(|n| !accepted.contains(n))
-        .map(|n| format!("\"{}\"", crate::terminal::one_line(n)))
-        .collect();
-    if unknown.is_empty() {
-        return None;
-    }
-    let (what, verb, them) = if unknown.len() == 1 {
-        ("name", "is", "it")
-    } else {
-        ("names", "are", "them")
-    };
-    let rest = if names(value).count() > unknown.len() {
-        format!(
-            "; the other names of {var}=\"{}\" apply",
-            crate::terminal::one_line(value.trim())
-        )
-    } else {
-        String::new()
-    };
-    Some(format!(
-        "{var}: the {what} {} {verb} read by no part of vramshim (a test-only switch: a comma-separated list); accepted: {}; ignoring {them}: no fault is switched on by {them} (the default){rest}",
-        unknown.join(", "),
-        accepted.join(", "),
-    ))
+    vramshim_trace::switches::unknown_line(var, value, accepted, |s| {
+        crate::terminal::one_line(s).into_owned()
+    })
 }
 
 #[cfg(test)]

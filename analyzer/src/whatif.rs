@@ -309,6 +309,9 @@ pub struct PolicyReport {
     pub driver_calls: u64,
     pub syncs: u64,
     pub cache_hits: u64,
+    /// Allocations the live library's per-thread caches of stream-ordered frees served in
+    /// front of the policy (`vramshim_pool::thread_cache`; stitch only), not in `cache_hits`.
+    pub thread_cache_hits: u64,
     /// Smallest device (bytes) on which this policy completes (with --min-capacity).
     pub min_capacity: Option<u64>,
 }
@@ -345,6 +348,8 @@ pub struct SameFreesReport {
     pub peak_device_used: u64,
     pub driver_calls: u64,
     pub syncs: u64,
+    /// See [`PolicyReport::thread_cache_hits`].
+    pub thread_cache_hits: u64,
 }
 
 pub const REPLAY_SCHEMA: &str = "vramshim.replay/1";
@@ -415,6 +420,7 @@ pub fn replay(
             driver_calls: r.driver_calls,
             syncs: r.syncs,
             cache_hits: r.stats.cache_hits,
+            thread_cache_hits: r.thread_cache_hits,
             min_capacity: if min_capacity {
                 Some(replay::min_capacity(&s.ops, p))
             } else {
@@ -432,6 +438,7 @@ pub fn replay(
             peak_device_used: c.result.peak_device_used,
             driver_calls: c.result.driver_calls,
             syncs: c.result.syncs,
+            thread_cache_hits: c.result.thread_cache_hits,
         })
         .collect();
     Ok(ReplayReport {

@@ -31,7 +31,7 @@ fn once(d: &std::path::Path, registry: &std::path::Path) -> std::process::Output
 fn once_fails_with_one_message_when_the_registry_cannot_be_read() {
     let d = scratch("exporter-once");
     let reg = unreadable_registry(&d);
-    for bad in [reg.clone(), d.clone()] {
+    for bad in [reg.clone(), d.to_path_buf()] {
         let out = once(&d, &bad);
         let err = String::from_utf8_lossy(&out.stderr);
         let text = String::from_utf8_lossy(&out.stdout);

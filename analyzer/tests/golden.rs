@@ -5,7 +5,7 @@
 mod common;
 use common::*;
 
-fn setup() -> std::path::PathBuf {
+fn setup() -> vramshim_testkit::TempDir {
     let d = scratch("golden");
     std::fs::copy(data("vit_excerpt.rmm.csv"), d.join("vit.csv")).unwrap();
     synth(&d, "synth.vramtrace", &["--events", "3000"]);

@@ -36,8 +36,7 @@ fn write(path: &Path, size: u64) {
         config: vec![("VRAMSHIM_CAP".into(), HOSTILE.into())],
         ..Default::default()
     };
-    let mut w = TraceWriter::new(Vec::new(), &header).unwrap();
-    for e in [
+    let records = vec![
         Event::Module {
             base: 0x1000_0000,
             size: 0x1000,
@@ -48,11 +47,22 @@ fn write(path: &Path, size: u64) {
             id: 1,
             frames: vec![0x1000_0010],
         },
+    ];
+    write_trace(path, &header, records, size);
+}
+
+/// Writes the trace of `header` to `path`: `records` (the modules, code objects and stacks the
+/// events name), then an allocation of `size` at stack 1, a refused one (a post-mortem) and the
+/// free of the first.
+fn write_trace(path: &Path, header: &Header, records: Vec<Event>, size: u64) {
+    let mut w = TraceWriter::new(Vec::new(), header).unwrap();
+    let events = [
         Event::Alloc(op(1_000, Api::CudaMalloc, 0x7000_0000, size, 0)),
         Event::Alloc(op(2_000, Api::CudaMalloc, 0, 1 << 31, codes::OUT_OF_MEMORY)),
         Event::Free(op(3_000, Api::CudaFree, 0x7000_0000, size, 0)),
-    ] {
-        w.write(&e).unwrap();
+    ];
+    for e in records.iter().chain(&events) {
+        w.write(e).unwrap();
     }
     std::fs::write(path, w.finish().unwrap()).unwrap();
 }
@@ -179,8 +189,7 @@ fn write_reordering(path: &Path, size: u64) {
         }],
         ..Default::default()
     };
-    let mut w = TraceWriter::new(Vec::new(), &header).unwrap();
-    for e in [
+    let records = vec![
         Event::Module {
             base: 0x1000_0000,
             size: 0x1000,
@@ -197,13 +206,8 @@ fn write_reordering(path: &Path, size: u64) {
             id: 1,
             frames: vec![1 << 63 | 3 << 32 | 12, 0x1000_0010],
         },
-        Event::Alloc(op(1_000, Api::CudaMalloc, 0x7000_0000, size, 0)),
-        Event::Alloc(op(2_000, Api::CudaMalloc, 0, 1 << 31, codes::OUT_OF_MEMORY)),
-        Event::Free(op(3_000, Api::CudaFree, 0x7000_0000, size, 0)),
-    ] {
-        w.write(&e).unwrap();
-    }
-    std::fs::write(path, w.finish().unwrap()).unwrap();
+    ];
+    write_trace(path, &header, records, size);
 }
 
 /// The JSON outputs (`summary --json` with its post-mortem, `diff --json`, `replay --json`, the

@@ -15,10 +15,12 @@ const MIB: u64 = 1 << 20;
 /// `alloc I refused (CODE)` and exits 2 at the first refusal. `count` as the only argument:
 /// asks for the number of devices and nothing else (exit 3 when that fails).
 fn program() -> PathBuf {
-    static EXE: OnceLock<PathBuf> = OnceLock::new();
+    // The directory is kept with the program (removed when the test process exits).
+    static EXE: OnceLock<(vramshim_testkit::TempDir, PathBuf)> = OnceLock::new();
     EXE.get_or_init(|| {
-        compile_c(
-            &scratch("truth-prog"),
+        let dir = scratch("truth-prog");
+        let exe = compile_c(
+            &dir,
             "sizes",
             r#"#include <dlfcn.h>
 #include <stdio.h>
@@ -48,8 +50,10 @@ int main(int argc, char **argv) {
     return rc;
 }
 "#,
-        )
+        );
+        (dir, exe)
     })
+    .1
     .clone()
 }
 

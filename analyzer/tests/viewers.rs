@@ -7,7 +7,7 @@ mod common;
 use common::*;
 use std::process::Command;
 
-fn setup() -> std::path::PathBuf {
+fn setup() -> vramshim_testkit::TempDir {
     let d = scratch("viewers");
     synth(&d, "t.vramtrace", &["--events", "4000"]);
     d

@@ -20,8 +20,8 @@
 use std::collections::HashMap;
 use vramshim_pool::replay::{self, Event};
 use vramshim_pool::stitch::Stitch;
-use vramshim_pool::thread_cache::ThreadCache;
-use vramshim_pool::{AccountingDevice, FreeMode, KIB, MIB, Policy, Request};
+use vramshim_pool::thread_cache::{self, Rules, Step, ThreadCache};
+use vramshim_pool::{AccountingDevice, FreeMode, KIB, MIB};
 
 /// xorshift64: the streams are the same on every run.
 struct Rng(u64);
@@ -117,6 +117,17 @@ struct Caller {
     hits: bool,
 }
 
+impl Caller {
+    fn rules(self) -> Rules {
+        Rules {
+            slots: if self.keeps { Rules::LIVE.slots } else { 0 },
+            serve: self.hits,
+            give_back_at_sync: self.drain_at_sync,
+            ..Rules::LIVE
+        }
+    }
+}
+
 /// `events` through a tight pool behind `c` (a [`ThreadCache`], changed as `c` says) on the
 /// checking device: (driver calls, the address of each allocation, whether the cache served
 /// it).
@@ -124,63 +135,15 @@ fn run(events: &[Event], c: Caller) -> (u64, Vec<u64>, Vec<bool>) {
     let mut dev = AccountingDevice::new(replay::UNLIMITED);
     dev.set_checking(true);
     let mut p = Stitch::tight();
-    let mut cache = ThreadCache::new();
-    let mut ids: HashMap<u64, (u64, u64)> = HashMap::new();
+    let mut cache = ThreadCache::new(c.rules());
     let (mut addrs, mut served) = (Vec::new(), Vec::new());
-    for ev in events {
-        match *ev {
-            Event::Alloc { id, size, stream } => {
-                let hit = if c.hits {
-                    cache.take(size, stream)
-                } else {
-                    None
-                };
-                served.push(hit.is_some());
-                let addr = match hit {
-                    Some((a, batch)) => {
-                        if batch {
-                            cache.give_back(&mut p, &mut dev).unwrap();
-                        }
-                        a
-                    }
-                    None => {
-                        cache.give_back(&mut p, &mut dev).unwrap();
-                        match p.alloc_cached(size, stream) {
-                            Some(a) => a,
-                            None => p.alloc(&mut dev, Request { size, stream }).unwrap().addr,
-                        }
-                    }
-                };
-                addrs.push(addr);
-                dev.check_alloc(addr, size, stream);
-                ids.insert(id, (addr, size));
-            }
-            Event::Free { id, mode } => {
-                let Some((addr, size)) = ids.remove(&id) else {
-                    continue;
-                };
-                dev.check_free(addr, mode);
-                if let FreeMode::Async { stream } = mode
-                    && c.keeps
-                    && cache.put(addr, size, stream)
-                {
-                    if cache.due(&p) {
-                        cache.give_back(&mut p, &mut dev).unwrap();
-                    }
-                    continue;
-                }
-                cache.give_back(&mut p, &mut dev).unwrap();
-                p.free(&mut dev, addr, mode).unwrap();
-            }
-            Event::ProcessSync => {
-                if c.drain_at_sync {
-                    cache.give_back(&mut p, &mut dev).unwrap();
-                }
-                dev.process_sync();
-                p.note_process_sync();
-            }
+    thread_cache::run_observed(events, &mut p, &mut dev, &mut cache, |step, _| {
+        if let Step::Alloc { addr, hit } = step {
+            addrs.push(addr);
+            served.push(hit);
         }
-    }
+    })
+    .unwrap();
     cache.give_back(&mut p, &mut dev).unwrap();
     assert!(dev.violations().is_empty(), "{:?}", dev.violations());
     (dev.calls().driver_calls(), addrs, served)

@@ -1,8 +1,9 @@
 //! Where a trace's driver calls go: every allocation (or free) that makes driver calls on the
 //! tight pool, with its index, size, live and held bytes, and the calls by kind.
 //!
-//! `cargo run --release -p vramshim-pool --example pool_calls -- TRACE.csv [sync|async] [FROM]`
-//! (`FROM`: the first allocation index listed; default: the second half).
+//! `cargo run --release -p vramshim-pool --example pool_calls -- TRACE.csv [sync|async] [FROM] [runs]`
+//! (`FROM`: the first allocation index listed; default: the second half; `runs`: the arena
+//! grows by runs of pages, `Stitch::with_runs`).
 
 mod common;
 
@@ -29,9 +30,11 @@ fn kinds(c: &CallCounts) -> String {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let runs = args.iter().any(|a| a == "runs");
+    args.retain(|a| a != "runs");
     let Some(path) = args.first() else {
-        eprintln!("usage: pool_calls TRACE.csv [sync|async] [FROM]");
+        eprintln!("usage: pool_calls TRACE.csv [sync|async] [FROM] [runs]");
         std::process::exit(2);
     };
     let frees = match args.get(1).map(String::as_str) {
@@ -50,7 +53,7 @@ fn main() {
         .unwrap_or(allocs / 2);
     let mut dev = AccountingDevice::new(80 << 30);
     dev.set_checking(true);
-    let mut p = Stitch::tight();
+    let mut p = Stitch::tight().with_runs(runs);
     let mut ids = std::collections::HashMap::new();
     let mut n = 0usize;
     let mut total = 0u64;

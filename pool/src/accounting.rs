@@ -179,6 +179,10 @@ impl AccountingDevice {
     pub fn handles(&self) -> usize {
         self.handles.len()
     }
+    /// Whether the page holding address `va` is mapped.
+    pub fn is_mapped(&self, va: u64) -> bool {
+        self.mapped.contains_key(&(va / self.gran))
+    }
     /// Mapped pages.
     pub fn mapped_pages(&self) -> usize {
         self.mapped.len()

@@ -32,6 +32,10 @@
 //! replay::run(events: &[Event], policy: PolicyKind, device_capacity: u64, cap: Option<u64>) -> ReplayResult
 //! replay::run_checked(events, policy, device_capacity, cap) -> ReplayResult  // + safety checker
 //! replay::run_with(events, policy: &mut dyn Policy, dev: &mut AccountingDevice) -> ReplayResult
+//!                                  // behind the live library's thread caches when
+//!                                  // policy.thread_caches() (Stitch: on unless configured
+//!                                  // with faults, runs or kept ranges, or with_thread_caches(false))
+//! thread_cache::{ThreadCache, Rules, run, run_observed}  // those caches as pure code
 //! replay::as_seen_by(events, policy) -> Cow<[Event]>  // caching: cudaFree = stream-ordered release
 //!                                                    // (run, run_checked, min_capacity apply it)
 //! replay::stream_ordered(events) -> Vec<Event>       // every cudaFree -> cudaFreeAsync on its alloc stream
@@ -48,7 +52,7 @@
 //! replay::repeat(events: &[Event], times: usize) -> Vec<Event>   // loop: frees leftovers per pass
 //! replay::driver_calls_per_pass(events, policy, passes) -> Vec<u64>
 //! struct ReplayResult { policy, completed, allocs_done, first_failure: Option<Failure{index,size,stream,why}>,
-//!                       peak_reserved, peak_live, peak_device_used, driver_calls, syncs,
+//!                       peak_reserved, peak_live, peak_device_used, driver_calls, syncs, thread_cache_hits,
 //!                       calls: CallCounts, stats: Stats, violations: Vec<String>, leaks: Vec<String> }
 //!
 //! // RMM CSV (Thread,Time,Action,Pointer,Size,Stream)
@@ -264,6 +268,19 @@ pub trait Policy: Send {
     /// policy throughout): a policy whose budget follows its allocations counts them toward
     /// its windows (`Stitch::note_aside_hits`); the others have nothing to count them into.
     fn note_aside_hits(&mut self, _dev: &mut dyn Device, _n: u64) {}
+    /// The live bytes at which a caller keeping frees aside must give them back, because
+    /// the policy's next allocation could then find nothing live and end a round (or 0: it
+    /// must see every free now; `u64::MAX`: never). See `Stitch::round_end_watch`.
+    fn round_end_watch(&self) -> u64 {
+        u64::MAX
+    }
+    /// Whether the live library keeps per-thread caches of stream-ordered frees in front of
+    /// this policy as configured ([`thread_cache`]): `replay::run_with` then runs them in
+    /// front of it, so that it predicts what the library does. Only the interposer's pool
+    /// (`Stitch`) has them.
+    fn thread_caches(&self) -> bool {
+        false
+    }
 }
 
 /// The policies, by name.

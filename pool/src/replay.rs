@@ -3,7 +3,8 @@
 use crate::accounting::AccountingDevice;
 use crate::device::{CallCounts, Stream};
 use crate::fxhash::FxMap;
-use crate::{FreeMode, Policy, PolicyKind, Request, Stats};
+use crate::thread_cache::{self, ThreadCache};
+use crate::{Alloc, FreeMode, Policy, PolicyKind, PoolError, Request, Stats};
 
 /// One event of an allocation stream. Ids are chosen by the producer (unique among live
 /// allocations; an id may be reused after its free).
@@ -51,6 +52,10 @@ pub struct ReplayResult {
     pub driver_calls: u64,
     /// Device synchronizations (explicit + implied by `cudaFree`-like frees).
     pub syncs: u64,
+    /// Allocations the live library's thread caches served in front of the policy (0 when
+    /// it has none: [`Policy::thread_caches`]); the policy's own `stats.cache_hits` do not
+    /// count them, as the live pool's do not.
+    pub thread_cache_hits: u64,
     pub calls: CallCounts,
     pub stats: Stats,
     /// Safety violations found by the checker (empty unless checking was on).
@@ -233,14 +238,78 @@ pub fn run_checked(
     run_with(&as_seen_by(events, policy), p.as_mut(), &mut dev)
 }
 
+/// What sits in front of the policy in a replay: the live library's thread caches
+/// ([`thread_cache`]) when the policy says it has them ([`Policy::thread_caches`]), else
+/// nothing (every request and free reaches the policy).
+struct Front(Option<ThreadCache>);
+
+impl Front {
+    fn of(policy: &dyn Policy) -> Front {
+        Front(
+            policy
+                .thread_caches()
+                .then(|| ThreadCache::new(thread_cache::Rules::LIVE)),
+        )
+    }
+
+    fn alloc(
+        &mut self,
+        policy: &mut dyn Policy,
+        dev: &mut AccountingDevice,
+        req: Request,
+    ) -> Result<Alloc, PoolError> {
+        match &mut self.0 {
+            Some(c) => c.alloc(policy, dev, req).map(|(a, _)| a),
+            None => policy.alloc(dev, req),
+        }
+    }
+
+    /// Free a block of `size` requested bytes, `granted` handed out (errors are the
+    /// program's: a replay goes on).
+    fn free(
+        &mut self,
+        policy: &mut dyn Policy,
+        dev: &mut AccountingDevice,
+        addr: u64,
+        (size, granted): (u64, u64),
+        mode: FreeMode,
+    ) {
+        let _ = match &mut self.0 {
+            Some(c) => c.free(policy, dev, addr, size, granted, mode).map(|_| ()),
+            None => policy.free(dev, addr, mode).map(|_| ()),
+        };
+    }
+
+    fn process_sync(&mut self, policy: &mut dyn Policy, dev: &mut AccountingDevice) {
+        if let Some(c) = &mut self.0 {
+            let _ = c.process_sync(policy, dev);
+        }
+        dev.process_sync();
+        policy.note_process_sync();
+    }
+
+    fn give_back(&mut self, policy: &mut dyn Policy, dev: &mut AccountingDevice) {
+        if let Some(c) = &mut self.0 {
+            let _ = c.give_back(policy, dev);
+        }
+    }
+
+    fn hits(&self) -> u64 {
+        self.0.as_ref().map_or(0, ThreadCache::hits)
+    }
+}
+
 /// Replay through a given policy and device (set the device's capacity, cap, checking and
-/// faults before calling).
+/// faults before calling), behind the live library's thread caches where the policy has
+/// them ([`Policy::thread_caches`]: `stitch` as `libvramshim.so` runs it).
 pub fn run_with(
     events: &[Event],
     policy: &mut dyn Policy,
     dev: &mut AccountingDevice,
 ) -> ReplayResult {
-    let mut ids: FxMap<u64, (u64, u64, Stream)> = FxMap::default();
+    let mut front = Front::of(policy);
+    // id -> (address, requested size, size handed out, stream)
+    let mut ids: FxMap<u64, (u64, u64, u64, Stream)> = FxMap::default();
     let mut first_failure = None;
     let mut allocs_done = 0;
     let mut live = 0u64;
@@ -248,13 +317,15 @@ pub fn run_with(
     for (index, ev) in events.iter().enumerate() {
         match *ev {
             Event::Alloc { id, size, stream } => {
-                match policy.alloc(dev, Request { size, stream }) {
+                match front.alloc(policy, dev, Request { size, stream }) {
                     Ok(a) => {
                         dev.check_alloc(a.addr, a.size, stream);
-                        if let Some((old, osz, _)) = ids.insert(id, (a.addr, size, stream)) {
+                        if let Some((old, osz, og, _)) =
+                            ids.insert(id, (a.addr, size, a.size, stream))
+                        {
                             // producer reused a live id: the old block leaks in the process
                             // too; free it so the replay stays bounded.
-                            let _ = policy.free(dev, old, FreeMode::Sync);
+                            front.free(policy, dev, old, (osz, og), FreeMode::Sync);
                             dev.check_free(old, FreeMode::Sync);
                             live = live.saturating_sub(osz);
                         }
@@ -274,22 +345,23 @@ pub fn run_with(
                 }
             }
             Event::Free { id, mode } => {
-                if let Some((addr, size, _)) = ids.remove(&id) {
+                if let Some((addr, size, granted, _)) = ids.remove(&id) {
                     dev.check_free(addr, mode);
-                    let _ = policy.free(dev, addr, mode);
+                    front.free(policy, dev, addr, (size, granted), mode);
                     live = live.saturating_sub(size);
                 }
             }
-            Event::ProcessSync => {
-                dev.process_sync();
-                policy.note_process_sync();
-            }
+            Event::ProcessSync => front.process_sync(policy, dev),
         }
     }
+    // as the live pool's statistics read at the end (the blocks the caches keep are live
+    // to it)
     let stats_at_end = policy.stats();
     let calls = dev.calls();
-    // Clean up: free what is left (in address order, deterministic), trim, look for leaks.
-    let mut rest: Vec<(u64, Stream)> = ids.values().map(|&(a, _, s)| (a, s)).collect();
+    // Clean up: give back what the caches keep, free what is left (in address order,
+    // deterministic), trim, look for leaks.
+    front.give_back(policy, dev);
+    let mut rest: Vec<(u64, Stream)> = ids.values().map(|&(a, _, _, s)| (a, s)).collect();
     rest.sort_unstable();
     for (addr, s) in rest {
         let mode = FreeMode::Async { stream: s };
@@ -308,6 +380,7 @@ pub fn run_with(
         peak_device_used: dev.peak_used(),
         driver_calls: calls.driver_calls(),
         syncs: calls.syncs(),
+        thread_cache_hits: front.hits(),
         calls,
         stats: stats_at_end,
         violations: dev.violations().to_vec(),
@@ -447,10 +520,20 @@ fn calls_of_each_pass(
 ) -> Vec<u64> {
     let one = repeat(events, 1).len();
     let mut dev = AccountingDevice::new(UNLIMITED);
+    // the thread caches, if any, carry over from pass to pass as in the live library
+    let mut front = Front::of(p.as_ref());
     let mut out = Vec::new();
     for pass in 0..passes {
         let before = dev.calls().driver_calls();
-        replay_events(&all[pass * one..(pass + 1) * one], p.as_mut(), &mut dev);
+        // ids are unique within a pass, and nothing stays live across one
+        let mut ids = FxMap::default();
+        replay_into(
+            &all[pass * one..(pass + 1) * one],
+            p.as_mut(),
+            &mut dev,
+            &mut front,
+            &mut ids,
+        );
         out.push(dev.calls().driver_calls() - before);
     }
     out
@@ -493,43 +576,37 @@ pub fn second_half_calls_per_1000(
         .unwrap_or(ev.len());
     let mut dev = AccountingDevice::new(UNLIMITED);
     let mut p = make();
-    let mut ids: FxMap<u64, u64> = FxMap::default();
-    replay_into(&ev[..split], p.as_mut(), &mut dev, &mut ids);
+    let mut front = Front::of(p.as_ref());
+    let mut ids = FxMap::default();
+    replay_into(&ev[..split], p.as_mut(), &mut dev, &mut front, &mut ids);
     let before = dev.calls().driver_calls();
-    replay_into(&ev[split..], p.as_mut(), &mut dev, &mut ids);
+    replay_into(&ev[split..], p.as_mut(), &mut dev, &mut front, &mut ids);
     let n = allocs - allocs / 2;
     (dev.calls().driver_calls() - before) as f64 * 1000.0 / n.max(1) as f64
 }
 
-/// Replay without cleanup (ids must be unique in `events`).
-fn replay_events(events: &[Event], policy: &mut dyn Policy, dev: &mut AccountingDevice) {
-    let mut ids: FxMap<u64, u64> = FxMap::default();
-    replay_into(events, policy, dev, &mut ids);
-}
-
-/// Replay without cleanup, with the live ids (id -> address) carried in `ids`.
+/// Replay without cleanup, behind `front`, with the live ids (id -> address, requested
+/// size, size handed out) carried in `ids`.
 fn replay_into(
     events: &[Event],
     policy: &mut dyn Policy,
     dev: &mut AccountingDevice,
-    ids: &mut FxMap<u64, u64>,
+    front: &mut Front,
+    ids: &mut FxMap<u64, (u64, u64, u64)>,
 ) {
     for ev in events {
         match *ev {
             Event::Alloc { id, size, stream } => {
-                if let Ok(a) = policy.alloc(dev, Request { size, stream }) {
-                    ids.insert(id, a.addr);
+                if let Ok(a) = front.alloc(policy, dev, Request { size, stream }) {
+                    ids.insert(id, (a.addr, size, a.size));
                 }
             }
             Event::Free { id, mode } => {
-                if let Some(a) = ids.remove(&id) {
-                    let _ = policy.free(dev, a, mode);
+                if let Some((a, size, granted)) = ids.remove(&id) {
+                    front.free(policy, dev, a, (size, granted), mode);
                 }
             }
-            Event::ProcessSync => {
-                dev.process_sync();
-                policy.note_process_sync();
-            }
+            Event::ProcessSync => front.process_sync(policy, dev),
         }
     }
 }

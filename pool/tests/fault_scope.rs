@@ -6,10 +6,9 @@
 
 mod common;
 
-use std::collections::HashMap;
 use vramshim_pool::replay::{self, Event, Frees, UNLIMITED};
 use vramshim_pool::stitch::{Faults, Stitch};
-use vramshim_pool::{AccountingDevice, Policy, Request};
+use vramshim_pool::{AccountingDevice, Policy};
 
 /// (driver calls, syncs, cache hits, peak reserved, stream waits, a digest of every address
 /// handed out in order) of a tight pool over `ev`, two passes (the second replays the first
@@ -22,33 +21,26 @@ fn counts(ev: &[Event], faults: Faults, split: bool) -> (u64, u64, u64, u64, u64
     let mut p = Stitch::tight();
     p.set_faults(faults);
     let ev = replay::repeat(ev, 2);
-    let mut ids: HashMap<u64, u64> = HashMap::new();
     let mut digest = 0u64;
-    for e in &ev {
-        match *e {
-            Event::Alloc { id, size, stream } => {
-                let req = Request { size, stream };
-                let a = match split.then(|| p.alloc_cached(size, stream)).flatten() {
-                    Some(a) => a,
-                    None if split => p.alloc_missed(&mut dev, req).unwrap().addr,
-                    None => p.alloc(&mut dev, req).unwrap().addr,
-                };
-                dev.check_alloc(a, size, stream);
-                digest = digest.rotate_left(7) ^ a;
-                ids.insert(id, a);
-            }
-            Event::Free { id, mode } => {
-                if let Some(a) = ids.remove(&id) {
-                    dev.check_free(a, mode);
-                    p.free(&mut dev, a, mode).unwrap();
-                }
-            }
-            Event::ProcessSync => {
-                dev.process_sync();
-                p.note_process_sync();
-            }
-        }
-    }
+    common::checked::replay_checked(
+        &ev,
+        &mut p,
+        &mut dev,
+        |p, dev, _, req| {
+            let a = match split
+                .then(|| p.alloc_cached(req.size, req.stream))
+                .flatten()
+            {
+                Some(a) => a,
+                None if split => p.alloc_missed(dev, req).unwrap().addr,
+                None => p.alloc(dev, req).unwrap().addr,
+            };
+            digest = digest.rotate_left(7) ^ a;
+            Ok::<_, ()>((a, req.size))
+        },
+        |_| {},
+    )
+    .unwrap();
     assert!(dev.violations().is_empty(), "{:?}", &dev.violations()[..1]);
     let s = p.stats();
     let calls = dev.calls();

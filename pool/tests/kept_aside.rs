@@ -6,35 +6,25 @@
 //! kept aside; or the pool is above its budget and the pages it keeps). Checked on every
 //! shared trace and GPU recording, in one pass and in three, with the arena grown a page or a
 //! run at a time, on the checking device (no overlap, no early reuse); without the watch the
-//! pool's rounds do not end where they should and the driver calls differ.
+//! pool's rounds do not end where they should and the driver calls differ. The caller is
+//! `vramshim_pool::thread_cache` (the rules the interposer's caches follow, with the switches
+//! that break them), which `replay::run_with` runs in front of the pool: on repeated random
+//! rounds, where it changes the pool's calls, replay makes its calls.
 
 mod common;
 
-use std::collections::HashMap;
 use vramshim_pool::replay::{self, Event, Frees};
 use vramshim_pool::stitch::{Budget, Stitch};
-use vramshim_pool::{ANY_STREAM, AccountingDevice, FreeMode, MIB, Policy, Request};
+use vramshim_pool::thread_cache::{self, Rules, Step, ThreadCache};
+use vramshim_pool::{AccountingDevice, FreeMode, MIB, Policy};
 
-/// Frees a caller keeps, at most (as a thread cache).
-const SLOTS: usize = 8;
-
-/// Hits a caller serves before it gives back what it keeps and counts them into the pool, at
-/// most (as a thread cache).
-const HIT_BATCH: u64 = 4096;
-
-/// (address, requested size, stream freed on)
-type Kept = (u64, u64, u64);
-
-/// How the caller follows the protocol, and the pool it is in front of.
+/// How the caller follows the protocol (its rules: `thread_cache::Rules`), and the pool it
+/// is in front of.
 #[derive(Clone, Copy)]
 struct Caller {
-    /// frees it keeps at most (0: none, every free reaches the pool: the model)
-    slots: usize,
-    /// give back what it keeps when the bytes kept reach `Stitch::round_end_watch`
-    watch: bool,
-    /// count the hits it serves into the pool (`Stitch::note_aside_hits`) whenever it gives
-    /// back what it keeps, and give it back after [`HIT_BATCH`] hits
-    hits: bool,
+    /// frees it keeps, when the bytes kept reach `Stitch::round_end_watch` it gives them back
+    /// (`round_watch`), it counts the hits it serves into the pool (`count_hits`)
+    rules: Rules,
     /// the pool's arena grows by runs (`Stitch::with_runs`)
     runs: bool,
 }
@@ -42,15 +32,13 @@ struct Caller {
 /// The caller as the interposer's thread caches are: the watches, in front of the default
 /// pool.
 const WATCHED: Caller = Caller {
-    slots: SLOTS,
-    watch: true,
-    hits: true,
+    rules: Rules::LIVE,
     runs: false,
 };
 
 /// No caller: every free reaches the pool.
 const MODEL: Caller = Caller {
-    slots: 0,
+    rules: Rules::NONE,
     ..WATCHED
 };
 
@@ -66,87 +54,27 @@ struct Outcome {
 }
 
 /// `events` (already given their free semantics) through a tight pool behind a caller that
-/// keeps frees aside; panics on a violation of the checking device.
+/// keeps frees aside (`thread_cache::run_observed`); panics on a violation of the checking
+/// device.
 fn behind_cache(events: &[Event], c: Caller) -> Outcome {
     let mut dev = AccountingDevice::new(replay::UNLIMITED);
     dev.set_checking(true);
     let mut p = Stitch::tight().with_runs(c.runs);
     let mut above = 0;
-    let mut kept: Vec<Kept> = Vec::new();
-    let mut hits = 0;
-    let mut ids: HashMap<u64, (u64, u64)> = HashMap::new();
-    let give_back =
-        |p: &mut Stitch, dev: &mut AccountingDevice, kept: &mut Vec<Kept>, hits: &mut u64| {
-            if c.hits {
-                p.note_aside_hits(dev, std::mem::take(hits));
-            }
-            for (a, _, s) in kept.drain(..) {
-                p.free(dev, a, FreeMode::Async { stream: s }).unwrap();
-            }
-        };
-    for ev in events {
-        match *ev {
-            Event::Alloc { id, size, stream } => {
-                let mine = (stream != ANY_STREAM)
-                    .then(|| {
-                        kept.iter()
-                            .rposition(|&(_, sz, s)| sz == size && s == stream)
-                    })
-                    .flatten();
-                let addr = match mine {
-                    Some(i) => {
-                        hits += 1;
-                        let a = kept.remove(i).0;
-                        if c.hits && hits >= HIT_BATCH {
-                            give_back(&mut p, &mut dev, &mut kept, &mut hits);
-                        }
-                        a
-                    }
-                    None => {
-                        give_back(&mut p, &mut dev, &mut kept, &mut hits);
-                        match p.alloc_cached(size, stream) {
-                            Some(a) => a,
-                            None => p.alloc(&mut dev, Request { size, stream }).unwrap().addr,
-                        }
-                    }
-                };
-                dev.check_alloc(addr, size, stream);
-                ids.insert(id, (addr, size));
-            }
-            Event::Free { id, mode } => {
-                let Some((addr, size)) = ids.remove(&id) else {
-                    continue;
-                };
-                dev.check_free(addr, mode);
-                if let FreeMode::Async { stream } = mode
-                    && kept.len() < c.slots
-                {
-                    kept.push((addr, size, stream));
-                    let w = p.round_end_watch();
-                    let bytes: u64 = kept.iter().map(|k| k.1).sum();
-                    if c.watch && w != u64::MAX && bytes >= w {
-                        give_back(&mut p, &mut dev, &mut kept, &mut hits);
-                    } else if p.stats().reserved > p.stats().budget {
-                        // above the budget only by the pages it keeps: it keeps its cache
-                        assert!(
-                            p.cached_blocks() == 0 || p.pinned_above_budget(),
-                            "a free kept aside where the pool would dissolve its cache"
-                        );
-                        above += 1;
-                    }
-                    continue;
-                }
-                give_back(&mut p, &mut dev, &mut kept, &mut hits);
-                p.free(&mut dev, addr, mode).unwrap();
-            }
-            Event::ProcessSync => {
-                dev.process_sync();
-                p.note_process_sync();
-            }
+    let mut cache = ThreadCache::new(c.rules);
+    thread_cache::run_observed(events, &mut p, &mut dev, &mut cache, |step, p| {
+        if step == (Step::Kept { given_back: false }) && p.stats().reserved > p.stats().budget {
+            // above the budget only by the pages it keeps: it keeps its cache
+            assert!(
+                p.cached_blocks() == 0 || p.pinned_above_budget(),
+                "a free kept aside where the pool would dissolve its cache"
+            );
+            above += 1;
         }
-    }
+    })
+    .unwrap();
     let reserved = p.stats().reserved;
-    give_back(&mut p, &mut dev, &mut kept, &mut hits);
+    cache.give_back(&mut p, &mut dev).unwrap();
     assert!(dev.violations().is_empty(), "{:?}", dev.violations());
     Outcome {
         calls: dev.calls().driver_calls(),
@@ -161,7 +89,10 @@ fn a_caller_keeping_frees_aside_leaves_the_pools_driver_calls_unchanged() {
     let mut kept_above = 0;
     for (name, events) in common::traces() {
         for runs in [false, true] {
-            let make = move || -> Box<dyn Policy> { Box::new(Stitch::tight().with_runs(runs)) };
+            // the model: every free reaching the pool (replay without the thread caches)
+            let make = move || -> Box<dyn Policy> {
+                Box::new(Stitch::tight().with_runs(runs).with_thread_caches(false))
+            };
             let caller = Caller { runs, ..WATCHED };
             for passes in [1, 3] {
                 let model: u64 =
@@ -177,7 +108,10 @@ fn a_caller_keeping_frees_aside_leaves_the_pools_driver_calls_unchanged() {
                 let unwatched = behind_cache(
                     &stream,
                     Caller {
-                        watch: false,
+                        rules: Rules {
+                            round_watch: false,
+                            ..caller.rules
+                        },
                         ..caller
                     },
                 )
@@ -256,7 +190,10 @@ fn a_caller_serving_a_shrunk_loop_lets_the_pool_give_the_old_peak_back() {
     let uncounted = behind_cache(
         &ev,
         Caller {
-            hits: false,
+            rules: Rules {
+                count_hits: false,
+                ..Rules::LIVE
+            },
             ..WATCHED
         },
     );
@@ -277,4 +214,103 @@ fn a_caller_serving_a_shrunk_loop_lets_the_pool_give_the_old_peak_back() {
         uncounted.reserved >= peak * MIB,
         "hits not counted, the pool still gave the old peak back: the test cannot fail"
     );
+}
+
+/// `replay::run_with` (what `vramshim replay` runs) replays the tight pool behind the live
+/// library's thread caches: on random one-stream repeated rounds (stream-ordered frees) it
+/// makes the driver calls and reserves the peak of `thread_cache::run`, and without them
+/// (`Stitch::with_thread_caches(false)`) those of a caller that keeps nothing; the two differ
+/// on some rounds (so replay without the caches would leave the live library: the live
+/// tests on cuda-sim show the library makes the first). A pool with a fault switch, runs or
+/// kept ranges has no caches in front, as the interposer turns them off under those switches.
+#[test]
+fn replay_runs_the_thread_caches_in_front_of_the_tight_pool() {
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let mut below = |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    };
+    let sizes = [
+        4096,
+        100 << 10,
+        MIB,
+        3 * MIB + (300 << 10),
+        7 * MIB,
+        20 * MIB,
+    ];
+    let mut differ = 0;
+    for _ in 0..40 {
+        let (mut round, mut live, mut id) = (Vec::new(), Vec::new(), 0);
+        for _ in 0..60 + below(140) {
+            match below(18) {
+                0..10 => {
+                    let size = sizes[below(sizes.len() as u64) as usize];
+                    round.push(Event::Alloc {
+                        id,
+                        size,
+                        stream: 0,
+                    });
+                    live.push(id);
+                    id += 1;
+                }
+                10..17 if !live.is_empty() => {
+                    let id = live.swap_remove(below(live.len() as u64) as usize);
+                    round.push(Event::Free {
+                        id,
+                        mode: FreeMode::Async { stream: 0 },
+                    });
+                }
+                _ => {}
+            }
+        }
+        for id in live {
+            round.push(Event::Free {
+                id,
+                mode: FreeMode::Async { stream: 0 },
+            });
+        }
+        let events = replay::repeat(&round, 6 + below(8) as usize);
+        let replayed = |p: &mut Stitch| {
+            let mut dev = AccountingDevice::new(replay::UNLIMITED);
+            dev.set_checking(true);
+            let r = replay::run_with(&events, p, &mut dev);
+            assert!(r.completed && r.violations.is_empty(), "{:?}", r.violations);
+            (r.driver_calls, r.peak_reserved, r.thread_cache_hits)
+        };
+        let behind = |rules: Rules| {
+            let mut dev = AccountingDevice::new(replay::UNLIMITED);
+            let mut p = Stitch::tight();
+            let mut c = ThreadCache::new(rules);
+            thread_cache::run_observed(&events, &mut p, &mut dev, &mut c, |_, _| {}).unwrap();
+            let peak = p.stats().peak_reserved;
+            c.give_back(&mut p, &mut dev).unwrap();
+            (dev.calls().driver_calls(), peak, c.hits())
+        };
+        let with = replayed(&mut Stitch::tight());
+        let without = replayed(&mut Stitch::tight().with_thread_caches(false));
+        assert_eq!(with, behind(Rules::LIVE));
+        assert_eq!(without, behind(Rules::NONE));
+        assert!(with.2 > 0, "the caches served nothing");
+        assert_eq!(without.2, 0);
+        differ += u32::from(with.0 != without.0);
+    }
+    assert!(differ > 0, "the caches changed no round's driver calls");
+    let mut faulty = Stitch::tight();
+    faulty.set_faults(vramshim_pool::stitch::Faults {
+        forget_rounds: true,
+        ..Default::default()
+    });
+    for (name, p) in [
+        ("tight", Stitch::tight()),
+        ("no budget", Stitch::new()),
+        ("runs", Stitch::tight().with_runs(true)),
+        ("kept", Stitch::tight().with_kept(true)),
+        ("a fault", faulty),
+        ("off", Stitch::tight().with_thread_caches(false)),
+    ] {
+        let on = matches!(name, "tight" | "no budget");
+        assert_eq!(p.thread_caches(), on, "{name}");
+    }
 }

@@ -10,10 +10,9 @@
 
 mod common;
 
-use std::collections::HashMap;
 use vramshim_pool::replay::{self, Event, Frees};
 use vramshim_pool::stitch::{Faults, Stitch};
-use vramshim_pool::{AccountingDevice, MIB, Policy, Request, rmm_csv};
+use vramshim_pool::{AccountingDevice, MIB, Policy, rmm_csv};
 
 const PAGE: u64 = 2 * MIB;
 
@@ -22,31 +21,22 @@ const PAGE: u64 = 2 * MIB;
 fn replay_told(events: &[Event], class: &[u8], p: &mut Stitch, capacity: u64) -> Result<(), usize> {
     let mut dev = AccountingDevice::new(capacity);
     dev.set_checking(true);
-    let mut ids: HashMap<u64, u64> = HashMap::new();
-    for (i, ev) in events.iter().enumerate() {
-        match *ev {
-            Event::Alloc { id, size, stream } => {
-                p.set_lifetime_class(class[i]);
-                let a = p.alloc(&mut dev, Request { size, stream }).map_err(|_| i)?;
-                dev.check_alloc(a.addr, a.size, stream);
-                ids.insert(id, a.addr);
-            }
-            Event::Free { id, mode } => {
-                if let Some(a) = ids.remove(&id) {
-                    dev.check_free(a, mode);
-                    p.free(&mut dev, a, mode).unwrap();
-                }
-            }
-            Event::ProcessSync => {
-                dev.process_sync();
-                p.note_process_sync();
-            }
-        }
-        assert!(
-            dev.used() <= capacity,
-            "the device's own count passed its capacity"
-        );
-    }
+    common::checked::replay_checked(
+        events,
+        p,
+        &mut dev,
+        |p, dev, i, req| {
+            p.set_lifetime_class(class[i]);
+            let a = p.alloc(dev, req).map_err(|_| i)?;
+            Ok::<_, usize>((a.addr, a.size))
+        },
+        |dev| {
+            assert!(
+                dev.used() <= capacity,
+                "the device's own count passed its capacity"
+            )
+        },
+    )?;
     assert!(
         dev.violations().is_empty(),
         "event stream checked: {:?}",

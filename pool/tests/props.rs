@@ -215,8 +215,9 @@ proptest! {
 }
 
 /// The budget check: after every operation, the pages the device holds for the pool are
-/// within the budget the pool promises, or the pool caches nothing, or no page could be given
-/// back even with its cache dissolved. Nothing of it is the pool's own opinion: the budget is
+/// within the budget the pool promises, or no page could be given back even with its cache
+/// dissolved (with nothing cached, this is checked where the pool enforces its budget: after
+/// an allocation it served or a free it took, outside capture). Nothing of it is the pool's own opinion: the budget is
 /// computed from the harness's peak of live bytes, and what could be given back from the
 /// checking device's record of live blocks, freed bytes, mappings and synchronizations
 /// ([`AccountingDevice::releasable_pages`]). The pool's published budget must not exceed
@@ -316,6 +317,13 @@ impl BudgetCheck {
         self.win_peak = self.win_peak.max(live);
         // a window ends at a free, or at hits a caller told of, once a window's allocations
         // were made
+        // an allocation the pool served, or a free it took (a failed allocation changes
+        // nothing)
+        let acted = match *op {
+            Op::Alloc { .. } => live > self.live_before,
+            Op::Free { .. } => live < self.live_before,
+            _ => false,
+        };
         let window_may_end = match *op {
             Op::Alloc { .. } if live > self.live_before => {
                 self.allocs += 1;
@@ -370,13 +378,16 @@ impl BudgetCheck {
         }
         self.syncs = syncs;
         // above the budget (and above what it was lately forced to take) the pool caches only
-        // where dissolving its cache would give nothing back
+        // where dissolving its cache would give nothing back; and with nothing cached, an
+        // allocation it served or a free it took (outside capture, where it may release
+        // nothing) left no page it could give back
         let keep = budget.max(self.forced).max(self.prev_forced);
-        if used > keep && s.cached > 0 && !self.unacted_sync {
+        let enforced = s.cached > 0 || (acted && !dev.is_capturing());
+        if used > keep && enforced && !self.unacted_sync {
             let idle = dev.releasable_pages(self.unseen_sync);
             assert!(
                 idle.is_empty(),
-                "the device holds {used} B for a budget of {budget} B (forced {} B) with {} B cached, and {} of its pages could be given back",
+                "the device holds {used} B for a budget of {budget} B (forced {} B) with {} B cached, and {} of its pages could be given back (after {op:?})",
                 self.forced.max(self.prev_forced),
                 s.cached,
                 idle.len()
@@ -637,11 +648,9 @@ fn budget_check_catches_a_pool_over_its_budget() {
     }
 }
 
-/// A job whose use shrinks to a loop a caller in front of the pool serves whole: four
-/// 64 MiB blocks freed and a synchronization, then one 8 KiB block live while the caller
-/// serves two default budget
-/// windows of hits (its thread cache's batches of 4096, told to the pool as they fill).
-fn shrinking_to_hits() -> Vec<Op> {
+/// Where the jobs below begin, before their use shrinks: four 64 MiB blocks, then their frees
+/// (stream-ordered on stream 0).
+fn large_blocks_freed() -> Vec<Op> {
     let mut ops = Vec::new();
     for _ in 0..4 {
         ops.push(Op::Alloc {
@@ -655,6 +664,15 @@ fn shrinking_to_hits() -> Vec<Op> {
             mode: FreeMode::Async { stream: 0 },
         });
     }
+    ops
+}
+
+/// A job whose use shrinks to a loop a caller in front of the pool serves whole: four
+/// 64 MiB blocks freed and a synchronization, then one 8 KiB block live while the caller
+/// serves two default budget
+/// windows of hits (its thread cache's batches of 4096, told to the pool as they fill).
+fn shrinking_to_hits() -> Vec<Op> {
+    let mut ops = large_blocks_freed();
     ops.push(Op::ProcessSync);
     ops.push(Op::Alloc {
         size: 8 * KIB,
@@ -727,19 +745,7 @@ fn budget_check_catches_hits_miscounted_or_unkept() {
 /// A job whose use shrinks: four 64 MiB blocks, then (after a synchronization) two budget
 /// windows of 100 KiB pairs, and a synchronization again.
 fn shrinking_use() -> Vec<Op> {
-    let mut ops = Vec::new();
-    for _ in 0..4 {
-        ops.push(Op::Alloc {
-            size: 64 * MIB,
-            stream: 0,
-        });
-    }
-    for _ in 0..4 {
-        ops.push(Op::Free {
-            idx: 0,
-            mode: FreeMode::Async { stream: 0 },
-        });
-    }
+    let mut ops = large_blocks_freed();
     for round in 0..2 {
         ops.push(Op::ProcessSync);
         for _ in 0..40 {
@@ -1696,13 +1702,13 @@ fn mappings_of_a_page_freed_into_are_given_back_unless_a_stream_used_them() {
     assert!(held_new < held_old, "{held_new} vs {held_old}");
 }
 
-/// Found by the random short-window test when it drew a caller's hits: hits end two budget
+/// A stream on which hits end two budget
 /// windows (the budget falls to 10 MiB while the pool holds 14 MiB), frees above the budget
 /// find every page pinned by live and `cudaFree`d blocks (the pool remembers that dissolving
 /// its cache would free nothing), then the process synchronizes and the next allocation
 /// caches the `cudaFree`d blocks: 9 MiB cached, 6 pages that could go back. The remembered
 /// answer must not outlive that release (`Stitch` keys it by the epoch of its last release
-/// of pending blocks too); with the key as it was, the pool kept caching above its budget.
+/// of pending blocks too); keyed without it, the pool keeps caching above its budget here.
 #[test]
 fn pending_blocks_a_process_sync_releases_are_given_back_above_the_budget() {
     let ops = vec![
@@ -1828,4 +1834,43 @@ fn pending_blocks_a_process_sync_releases_are_given_back_above_the_budget() {
         ..Budget::default()
     };
     exercise_clean_in_budget(&mut Stitch::new().with_budget(Some(b)), &ops, 275 * MIB, b);
+}
+
+/// A budget that falls in two steps: at the first, the pool gives idle pages back until it is
+/// within the budget and stops there; at the second (the next window's end, nothing else
+/// changed), the idle pages left over the lower budget go back too. Found by the random
+/// short-window test once the budget check also looked at a pool caching nothing: the pool
+/// remembered the first scan as "every idle page left is pinned" although it had stopped at
+/// the budget, and skipped the second (16 MiB held for a 10 MiB budget, 3 idle pages).
+#[test]
+fn idle_pages_go_back_when_the_budget_falls_again() {
+    let mut ops = vec![Op::Alloc {
+        size: 4 * KIB,
+        stream: 0,
+    }];
+    // sixteen 1 MiB blocks; the last eight freed with `cudaFree`
+    ops.extend((0..16).map(|_| Op::Alloc {
+        size: MIB,
+        stream: 0,
+    }));
+    ops.extend((0..8).map(|i| Op::Free {
+        idx: 16 - i,
+        mode: FreeMode::Sync,
+    }));
+    // small `cudaFree`d pairs end windows of 4 allocations: the budget follows the lower use
+    for i in 0..12u64 {
+        ops.push(Op::Alloc {
+            size: 512 * (i + 1),
+            stream: 0,
+        });
+        ops.push(Op::Free {
+            idx: 9,
+            mode: FreeMode::Sync,
+        });
+    }
+    let b = Budget {
+        window: 4,
+        ..Budget::default()
+    };
+    exercise_clean_in_budget(&mut Stitch::new().with_budget(Some(b)), &ops, GIB, b);
 }

@@ -66,6 +66,7 @@ pub mod footprint;
 pub mod header;
 pub mod output_file;
 pub mod reader;
+pub mod switches;
 mod torch_run;
 mod wire;
 pub mod writer;

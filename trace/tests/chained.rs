@@ -69,31 +69,9 @@ fn thread_buffers(per_buf: usize) -> Vec<(u32, Vec<Event>)> {
     out
 }
 
+/// Every event through the visitor, damaged frames passed over.
 fn collect_visited(bytes: &[u8]) -> Vec<Event> {
-    struct Collect(Vec<Event>);
-    impl Visitor for Collect {
-        fn memop(&mut self, alloc: bool, m: &MemOp) {
-            self.0.push(if alloc {
-                Event::Alloc(m.clone())
-            } else {
-                Event::Free(m.clone())
-            });
-        }
-        fn event(&mut self, ev: Event) {
-            self.0.push(ev);
-        }
-    }
-    let mut r = TraceReader::from_reader(bytes).unwrap();
-    let mut c = Collect(Vec::new());
-    loop {
-        match r.visit_frame(&mut c) {
-            Ok(true) => {}
-            Ok(false) => break,
-            Err(e) if e.is_recoverable() => {}
-            Err(e) => panic!("{e}"),
-        }
-    }
-    c.0
+    common::visit_all(bytes, true)
 }
 
 /// Every event comes back, in order, in both layouts and through both read paths, with

@@ -39,24 +39,12 @@ fn gpt2_events_round_trip() {
             for (i, (a, b)) in got.iter().zip(&ev).enumerate() {
                 assert_eq!(a, b, "event {i}, {layout:?}, {per_buf}/{per_frame}");
             }
-            // The visitor sees the same events.
-            struct Collect(Vec<Event>);
-            impl Visitor for Collect {
-                fn memop(&mut self, alloc: bool, m: &MemOp) {
-                    self.0.push(if alloc {
-                        Event::Alloc(m.clone())
-                    } else {
-                        Event::Free(m.clone())
-                    });
-                }
-                fn event(&mut self, ev: Event) {
-                    self.0.push(ev);
-                }
-            }
-            let mut r = TraceReader::from_reader(&bytes[..]).unwrap();
-            let mut c = Collect(Vec::new());
-            while r.visit_frame(&mut c).unwrap() {}
-            assert!(c.0 == ev, "visit_frame, {layout:?}, {per_buf}/{per_frame}");
+            // The visitor sees the same events (any error fails).
+            let visited = common::visit_all(&bytes, false);
+            assert!(
+                visited == ev,
+                "visit_frame, {layout:?}, {per_buf}/{per_frame}"
+            );
         }
     }
 }

@@ -3,7 +3,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::atomic::{AtomicU32, Ordering};
 
 pub fn exe() -> &'static str {
     env!("CARGO_BIN_EXE_vramshim")
@@ -37,18 +36,13 @@ pub fn shared_traces() -> Option<PathBuf> {
     }
 }
 
-/// A fresh scratch directory under the target dir.
-pub fn scratch(name: &str) -> PathBuf {
-    static N: AtomicU32 = AtomicU32::new(0);
-    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-    let d = base.join(format!(
-        "analyzer-{name}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("scratch dir");
-    d
+/// A fresh scratch directory under the target dir, removed (with what the test made in it)
+/// when dropped, also when the test panics.
+pub fn scratch(name: &str) -> vramshim_testkit::TempDir {
+    vramshim_testkit::TempDir::new_in(
+        Path::new(env!("CARGO_TARGET_TMPDIR")),
+        &format!("analyzer-{name}"),
+    )
 }
 
 pub fn run_in(dir: &Path, args: &[&str]) -> Output {

@@ -48,6 +48,7 @@ const SWITCHES: &[(&str, &[&str])] = &[
         &[
             "nowait",
             "barrier-drop",
+            "barrier-no-settle",
             "per-slot-wait",
             "hand-over-uncounted",
         ],
@@ -72,6 +73,8 @@ const SWITCHES: &[(&str, &[&str])] = &[
             "nested-exit-waits",
             // A slot's life token (`tracer::slots::claim`).
             "arm-in-op",
+            // The signals blocked across a hand-over's send (`tracer::writer::send`).
+            "send-unmasked",
         ],
     ),
     ("VRAMSHIM_TRACE_WRITER_FAULT", &["hold"]),
@@ -80,11 +83,7 @@ const SWITCHES: &[(&str, &[&str])] = &[
 /// The names set in the list switch `var` (split at commas, blanks trimmed, empty ones
 /// skipped); none when unset or not UTF-8.
 pub(crate) fn names(var: &str) -> impl Iterator<Item = &'static str> {
-    super::var(var)
-        .unwrap_or("")
-        .split(',')
-        .map(str::trim)
-        .filter(|n| !n.is_empty())
+    vramshim_trace::switches::names(super::var(var).unwrap_or(""))
 }
 
 /// Whether the list switch `var` names `name`.
@@ -104,37 +103,11 @@ pub(crate) fn report(mut say: impl FnMut(std::fmt::Arguments<'_>)) {
 }
 
 /// The line for the names in `value` (the list switch `var`'s) that are not `accepted` (None
-/// when there are none): the variable, the unknown names (escaped: they come from the
-/// environment), the accepted ones, what is done instead (nothing: the default) and the whole
-/// value when it holds other names.
+/// when there are none), in the wording the `vramshim` command uses too
+/// ([`vramshim_trace::switches::unknown_line`]); the names escaped as Rust writes them
+/// (`escape_debug`: they come from the environment).
 fn unknown_line(var: &str, value: &str, accepted: &[&str]) -> Option<String> {
-    let set = value.split(',').map(str::trim).filter(|n| !n.is_empty());
-    let unknown: Vec<String> = set
-        .clone()
-        .filter(|n| !accepted.contains(n))
-        .map(|n| format!("\"{}\"", n.escape_debug()))
-        .collect();
-    if unknown.is_empty() {
-        return None;
-    }
-    let (what, verb, them) = if unknown.len() == 1 {
-        ("name", "is", "it")
-    } else {
-        ("names", "are", "them")
-    };
-    let rest = if set.count() > unknown.len() {
-        format!(
-            "; the other names of {var}=\"{}\" apply",
-            value.trim().escape_debug()
-        )
-    } else {
-        String::new()
-    };
-    Some(format!(
-        "{var}: the {what} {} {verb} read by no part of vramshim (a test-only switch: a comma-separated list); accepted: {}; ignoring {them}: no fault is switched on by {them} (the default){rest}",
-        unknown.join(", "),
-        accepted.join(", "),
-    ))
+    vramshim_trace::switches::unknown_line(var, value, accepted, |s| s.escape_debug().to_string())
 }
 
 #[cfg(test)]

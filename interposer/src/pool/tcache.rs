@@ -43,11 +43,14 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 
 use crate::sys::spin::SpinLock;
 
-// Frees a thread keeps (`SLOTS`), and hits a cache serves at most before its thread hands
-// every cache's hits to the pool (`HIT_BATCH`: one pool lock per this many hits at least):
-// those of the pool's model of these caches (`vramshim_pool::thread_cache`), which the live
-// tests compare with this library, defined once so that the two cannot drift apart.
-pub(crate) use vramshim_pool::thread_cache::{HIT_BATCH, SLOTS};
+// Hits a cache serves at most before its thread hands every cache's hits to the pool
+// (`HIT_BATCH`: one pool lock per this many hits at least), and the frees a thread keeps
+// (`Slots`: `SLOTS` of them, in free order, a hit the newest that matches): those of the
+// pool's model of these caches (`vramshim_pool::thread_cache`, which `vramshim replay` runs
+// and the live tests compare with this library), defined once so that the two cannot drift
+// apart.
+pub(crate) use vramshim_pool::thread_cache::HIT_BATCH;
+use vramshim_pool::thread_cache::Slots;
 /// Threads with a cache at one time (others use the pool directly).
 const CACHES: usize = 64;
 
@@ -76,9 +79,8 @@ struct Cache {
     hits: AtomicU64,
     /// The device of [`Cache::hits`] (a hit of another device moves them to [`SPILLED`]).
     hits_device: AtomicI64,
-    /// The frees and how many; locked by the owner thread around its own get/put, and by a
-    /// drain.
-    slots: SpinLock<([Freed; SLOTS], usize)>,
+    /// The frees; locked by the owner thread around its own get/put, and by a drain.
+    slots: SpinLock<Slots<Freed>>,
 }
 
 static CACHE: [Cache; CACHES] = [const {
@@ -88,15 +90,12 @@ static CACHE: [Cache; CACHES] = [const {
         kept_device: AtomicI64::new(MIXED),
         hits: AtomicU64::new(0),
         hits_device: AtomicI64::new(0),
-        slots: SpinLock::new((
-            [Freed {
-                device: 0,
-                addr: 0,
-                size: 0,
-                stream: 0,
-            }; SLOTS],
-            0,
-        )),
+        slots: SpinLock::new(Slots::new(Freed {
+            device: 0,
+            addr: 0,
+            size: 0,
+            stream: 0,
+        })),
     }
 }; CACHES];
 
@@ -210,7 +209,7 @@ fn claim() -> u8 {
 impl Cache {
     /// Only a drain competes with the owner, briefly (unless it was preempted).
     #[inline]
-    fn with<R>(&self, f: impl FnOnce(&mut ([Freed; SLOTS], usize)) -> R) -> R {
+    fn with<R>(&self, f: impl FnOnce(&mut Slots<Freed>) -> R) -> R {
         f(&mut self.slots.lock())
     }
 }
@@ -225,17 +224,11 @@ pub(crate) fn take(device: i32, size: u64, stream: u64) -> Option<(u64, bool)> {
     }
     let any = ANY_STREAM.load(Ordering::Relaxed);
     let c = &CACHE[mine()?];
-    c.with(|(slots, n)| {
+    c.with(|slots| {
         // newest first: the block freed last is the likeliest twin
-        let i = (0..*n).rev().find(|&i| {
-            let f = &slots[i];
-            f.size == size && f.device == device && (f.stream == stream || any)
-        })?;
-        let a = slots[i].addr;
-        *n -= 1;
-        if i < *n {
-            slots.copy_within(i + 1..=*n, i);
-        }
+        let a = slots
+            .take_newest(|f| f.size == size && f.device == device && (f.stream == stream || any))?
+            .addr;
         // under the cache's lock, as a drain reads and clears them
         let mut h = c.hits.load(Ordering::Relaxed);
         let d = i64::from(device);
@@ -284,12 +277,10 @@ pub(crate) fn put(f: Freed) -> Kept {
     let Some(i) = mine() else {
         return Kept::No;
     };
-    CACHE[i].with(|(slots, n)| {
-        if *n == SLOTS {
+    CACHE[i].with(|slots| {
+        if !slots.push(f) {
             return Kept::No;
         }
-        slots[*n] = f;
-        *n += 1;
         // under the cache's lock: a drain that cleared the bit before this point takes
         // the block when it gets the lock; one that clears it later sees it set
         let bit = 1u64 << i;
@@ -316,9 +307,9 @@ pub(crate) fn kept_mine(device: i32) -> u64 {
         return 0;
     };
     let c = &CACHE[i];
-    c.with(|(slots, n)| {
+    c.with(|slots| {
         let (mut all, mut of_device, mut only) = (0, 0, None);
-        for f in &slots[..*n] {
+        for f in slots.as_slice() {
             all += f.size;
             if f.device == device {
                 of_device += f.size;
@@ -409,17 +400,17 @@ pub(crate) fn drain(mut f: impl FnMut(Drained)) {
         let i = bits.trailing_zeros() as usize;
         bits &= bits - 1;
         let c = &CACHE[i];
-        let (got, k, h, hd) = c.with(|(slots, n)| {
-            let k = std::mem::take(n);
+        let (got, h, hd) = c.with(|slots| {
+            let got = slots.take_all();
             c.kept.store(0, Ordering::Relaxed);
             c.kept_device.store(MIXED, Ordering::Relaxed);
             let h = c.hits.swap(0, Ordering::Relaxed);
-            (*slots, k, h, c.hits_device.load(Ordering::Relaxed))
+            (got, h, c.hits_device.load(Ordering::Relaxed))
         });
         if h != 0 && !no_hits() {
             f(Drained::Hits(hd as i32, h));
         }
-        for fr in &got[..k] {
+        for fr in got.as_slice() {
             f(Drained::Freed(*fr));
         }
     }
@@ -442,7 +433,7 @@ pub(crate) fn on_fork_child() {
     let me = MINE.try_with(|m| m.0.get()).unwrap_or(UNCLAIMED);
     for (i, c) in CACHE.iter().enumerate() {
         // SAFETY: a forked child runs one thread, which holds no cache's lock here.
-        unsafe { c.slots.reset_in_child() }.1 = 0;
+        unsafe { c.slots.reset_in_child() }.take_all();
         c.kept.store(0, Ordering::Relaxed);
         c.kept_device.store(MIXED, Ordering::Relaxed);
         c.hits.store(0, Ordering::Relaxed);

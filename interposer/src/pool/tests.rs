@@ -967,6 +967,31 @@ fn model_calls_stream_ordered(trace: &std::path::Path, passes: usize) -> u64 {
         .sum()
 }
 
+/// What `vramshim replay TRACE --pool stitch --json` predicts with every free stream-ordered
+/// (its `same_frees` row "stream-ordered"): (driver calls, peak reserved bytes).
+fn replay_stream_ordered(trace: &std::path::Path) -> (u64, u64) {
+    let vramshim = vramshim_testkit::profile_dir().join("vramshim");
+    assert!(
+        vramshim.exists(),
+        "{} is not built: cargo build --release -p vramshim-analyzer",
+        vramshim.display()
+    );
+    let out = std::process::Command::new(&vramshim)
+        .args(["replay", "--pool", "stitch", "--json"])
+        .arg(trace)
+        .env("VRAMSHIM_NO_PROGRESS", "1")
+        .output()
+        .unwrap();
+    let json = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}: {json}", trace.display());
+    let row = &json[json
+        .find("\"stream-ordered\"")
+        .expect("a stream-ordered row")..];
+    let num = |k: &str| -> u64 { json_value(row, k).unwrap().parse().unwrap() };
+    assert_eq!(json_value(row, "completed").as_deref(), Some("true"));
+    (num("driver_calls"), num("peak_reserved"))
+}
+
 /// Issue 17, live with stream-ordered frees: the tight pool behind the threads' caches of
 /// `cudaFreeAsync`d blocks makes exactly the model's driver calls, in one pass and in three
 /// (a pass end, and t5's and vit's quiet points within a pass, are round ends only if the
@@ -997,14 +1022,47 @@ fn tight_live_pool_with_thread_caches_makes_the_models_driver_calls() {
         );
         let (l1, l3) = (live(&tight, 1), live(&tight, 3));
         let (b1, b3) = (live(&broken, 1), live(&broken, 3));
+        // what `vramshim replay` itself predicts for one pass, and the simulated device's
+        // high-water mark against its peak reserved
+        let (r1, r_peak) = replay_stream_ordered(&trace);
+        let hw = {
+            let e = [("VRAMSHIM_POOL", "stitch-tight")];
+            let (o, hw) = pooled_run(&trace, None, &e, &["--quiet", "--async"]);
+            assert_eq!(o.code(), Some(0), "{}: {}", trace.display(), o.stdout);
+            hw
+        };
+        // without a budget (`VRAMSHIM_POOL_BUDGET=off`: no round ends, the caches keep
+        // frees all the same)
+        let unbudgeted = [("VRAMSHIM_POOL", "stitch"), ("VRAMSHIM_POOL_BUDGET", "off")];
+        let u1 = live(&unbudgeted, 1);
+        let um1 = {
+            use vramshim_pool::replay::{self, Frees};
+            let t = vramshim_pool::rmm_csv::parse_file(&trace).unwrap();
+            let make = || -> Box<dyn vramshim_pool::Policy> {
+                Box::new(vramshim_pool::stitch::Stitch::new())
+            };
+            replay::calls_per_pass_with(&t.events, Frees::StreamOrdered, &make, 1)[0]
+        };
         eprintln!(
-            "{} stitch-tight, stream-ordered: model {m1} / {m3}, live {l1} / {l3}, tcache-no-round-end {b1} / {b3}",
+            "{} stitch-tight, stream-ordered: model {m1} / {m3}, live {l1} / {l3}, tcache-no-round-end {b1} / {b3}; vramshim replay {r1} calls, peak reserved {r_peak} B, live high-water {hw} B; no budget: model {um1}, live {u1}",
             trace.display()
         );
         assert_eq!(
             (l1, l3),
             (m1, m3),
             "{}: live driver calls in 1 / 3 passes against the model's",
+            trace.display()
+        );
+        assert_eq!(l1, r1, "{}: live against vramshim replay", trace.display());
+        assert!(
+            r_peak.abs_diff(hw) <= 2 << 20,
+            "{}: vramshim replay reserves {r_peak} B at its peak, the live pool {hw} B",
+            trace.display()
+        );
+        assert_eq!(
+            u1,
+            um1,
+            "{}: no budget, live against the model",
             trace.display()
         );
         differs_broken |= (b1, b3) != (m1, m3);
@@ -1068,13 +1126,16 @@ fn random_round_log(seed: u64) -> (String, usize) {
     (log, 6 + below(8) as usize)
 }
 
-/// Issue 17, the thread caches on repeated workloads: `vramshim replay`'s model (every free
-/// reaching the pool) is not what the live library does there (a cache's hit takes the block
-/// of that size freed last, where the tight pool may have replayed another place), but the
-/// caches' rules as pure code (`vramshim_pool::thread_cache`) are: on 40 random one-stream
-/// repeated workloads, stream-ordered, the live tight pool makes the mirror's driver calls on
-/// every one, and the model's not on every one. With the caches off
-/// (`VRAMSHIM_POOL_DEBUG=no-tcache`) the live pool is the model and leaves the mirror.
+/// Issue 17, the thread caches on repeated workloads: a cache's hit takes the block of that
+/// size freed last, where the tight pool may have replayed another place, so a model with
+/// every free reaching the pool is not what the live library does there; `vramshim replay`
+/// runs the caches' rules as pure code (`vramshim_pool::thread_cache`) in front of the pool,
+/// and predicts it. On 40 random one-stream repeated workloads, stream-ordered, the live
+/// tight pool makes the driver calls `vramshim replay` predicts (and the mirror's, run here)
+/// and peaks within a page of its peak reserved, on every one; the replay without the caches
+/// (`Stitch::with_thread_caches(false)`) differs on some, so the test fails without them.
+/// With the live caches off (`VRAMSHIM_POOL_DEBUG=no-tcache`) the live pool is that model
+/// and leaves the prediction.
 #[test]
 fn tight_live_pool_makes_the_mirrored_thread_caches_driver_calls_on_repeated_rounds() {
     use vramshim_pool::replay::{self, Frees};
@@ -1084,7 +1145,11 @@ fn tight_live_pool_makes_the_mirrored_thread_caches_driver_calls_on_repeated_rou
     for seed in 0..n {
         let (log, repeats) = random_round_log(seed);
         let path = dir.join(format!("{seed}.csv"));
-        std::fs::write(&path, log).unwrap();
+        std::fs::write(&path, &log).unwrap();
+        // the same log made `repeats` times in one file, for `vramshim replay`
+        let (head, rows) = log.split_once('\n').unwrap();
+        let all = dir.join(format!("{seed}x{repeats}.csv"));
+        std::fs::write(&all, format!("{head}\n{}", rows.repeat(repeats))).unwrap();
         let t = vramshim_pool::rmm_csv::parse_file(&path).unwrap();
         let events = Frees::StreamOrdered.apply(&replay::repeat(&t.events, repeats));
         let mirror = {
@@ -1099,28 +1164,41 @@ fn tight_live_pool_makes_the_mirrored_thread_caches_driver_calls_on_repeated_rou
             );
             dev.calls().driver_calls()
         };
-        let model = model_calls_stream_ordered(&path, repeats);
+        let (predicted, predicted_peak) = replay_stream_ordered(&all);
+        let model = {
+            let mut dev = vramshim_pool::AccountingDevice::new(replay::UNLIMITED);
+            let mut p = vramshim_pool::stitch::Stitch::tight().with_thread_caches(false);
+            replay::run_with(&events, &mut p, &mut dev).driver_calls
+        };
         let live = |debug: Option<&str>| {
             let mut env = vec![("VRAMSIM_DEBUG", "1"), ("VRAMSHIM_POOL", "stitch-tight")];
             env.extend(debug.map(|d| ("VRAMSHIM_POOL_DEBUG", d)));
             let r = repeats.to_string();
-            let (o, _) = pooled_run(&path, None, &env, &["--quiet", "--async", "--repeat", &r]);
+            let (o, hw) = pooled_run(&path, None, &env, &["--quiet", "--async", "--repeat", &r]);
             assert_eq!(o.code(), Some(0), "{seed}: {}", o.stdout);
-            sim_memory_calls(&o.stderr)
+            (sim_memory_calls(&o.stderr), hw)
         };
-        let (on, off) = (live(None), live(Some("no-tcache")));
+        let ((on, hw), (off, _)) = (live(None), live(Some("no-tcache")));
         eprintln!(
-            "random round {seed} x{repeats}: mirror {mirror}, model {model}, live {on}, live without caches {off}"
+            "random round {seed} x{repeats}: vramshim replay {predicted} calls, peak reserved {predicted_peak} B; mirror {mirror}, without the caches {model}; live {on}, high-water {hw} B, live without caches {off}"
+        );
+        assert_eq!(
+            on, predicted,
+            "random round {seed} x{repeats}: live against vramshim replay's driver calls"
+        );
+        assert!(
+            predicted_peak.abs_diff(hw) <= 2 << 20,
+            "random round {seed} x{repeats}: vramshim replay reserves {predicted_peak} B at its peak, the live pool {hw} B"
         );
         assert_eq!(
             on, mirror,
             "random round {seed} x{repeats}: live against the mirrored caches"
         );
-        model_differs += u32::from(model != mirror);
-        off_differs += u32::from(off != mirror);
+        model_differs += u32::from(model != on);
+        off_differs += u32::from(off != on);
     }
     eprintln!(
-        "of {n}: the model differs on {model_differs}, the live pool without caches on {off_differs}"
+        "of {n}: replay without the caches differs on {model_differs}, the live pool without caches on {off_differs}"
     );
     assert!(
         model_differs > 0,

@@ -172,16 +172,40 @@ fn list_is_idle() -> bool {
 }
 
 /// Every signal blocked on the calling thread until dropped (the old mask restored).
-struct BlockSignals(libc::sigset_t);
+pub(crate) struct BlockSignals(libc::sigset_t);
 
 impl BlockSignals {
-    fn new() -> BlockSignals {
+    pub(crate) fn new() -> BlockSignals {
         // SAFETY: both sets are plain data, filled by sigfillset / pthread_sigmask.
         unsafe {
             let mut all: libc::sigset_t = std::mem::zeroed();
             let mut old: libc::sigset_t = std::mem::zeroed();
             libc::sigfillset(&mut all);
             libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
+            BlockSignals(old)
+        }
+    }
+
+    /// Every signal but those the kernel raises on the thread for what it executes (a fault,
+    /// a trap: blocked, they would end the process instead of reaching their handler) blocked
+    /// until dropped.
+    pub(crate) fn asynchronous() -> BlockSignals {
+        // SAFETY: both sets are plain data, filled by sigfillset / sigdelset / pthread_sigmask.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut set);
+            for s in [
+                libc::SIGSEGV,
+                libc::SIGBUS,
+                libc::SIGILL,
+                libc::SIGFPE,
+                libc::SIGTRAP,
+                libc::SIGSYS,
+            ] {
+                libc::sigdelset(&mut set, s);
+            }
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
             BlockSignals(old)
         }
     }

@@ -379,4 +379,10 @@ pub mod testing {
     pub fn backlog() -> usize {
         writer::backlog()
     }
+
+    /// Buffers in the writer's channel, counting one whose send has claimed its place and
+    /// not yet filled it (the test that interrupts a send there watches this).
+    pub fn queued_buffers() -> usize {
+        writer::queued_buffers()
+    }
 }

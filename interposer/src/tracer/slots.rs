@@ -915,6 +915,9 @@ fn count_live_of(b: &Buf) {
 pub enum HandOverPoint {
     /// The full buffer is out of the slot, not yet queued for the writer.
     Taken,
+    /// Inside the send to the writer ([`writer::send`]), signals blocked, just before the
+    /// channel's own send.
+    Sending,
     /// The buffer is queued; the slot has not yet got its new one.
     Queued,
 }
@@ -929,7 +932,7 @@ pub(crate) fn on_hand_over(hook: Option<fn(HandOverPoint)>) {
 }
 
 #[inline]
-fn hand_over_at(p: HandOverPoint) {
+pub(crate) fn hand_over_at(p: HandOverPoint) {
     let f = HAND_OVER_HOOK.load(Ordering::Acquire);
     if f != 0 {
         // SAFETY: a non-zero value was stored from a `fn(HandOverPoint)` by `on_hand_over`.
@@ -959,9 +962,9 @@ fn hand_over(slot: &'static Slot, inner: &mut Inner) {
     hand_over_at(HandOverPoint::Taken);
     let from = || Handed { slot, seq };
     match writer::send(buf, from()) {
-        Ok(()) => {
+        Ok(spare) => {
             hand_over_at(HandOverPoint::Queued);
-            inner.buf = writer::spare_buffer();
+            inner.buf = spare;
             inner.next_try = SEND_AT;
             back_in(slot);
             if writer::backlog() > HIGH_WATER {
@@ -969,8 +972,8 @@ fn hand_over(slot: &'static Slot, inner: &mut Inner) {
             }
         }
         Err(buf) if buf.len() >= MAX_BUF => match throttle(buf, from) {
-            Ok(()) => {
-                inner.buf = writer::spare_buffer();
+            Ok(spare) => {
+                inner.buf = spare;
                 inner.next_try = SEND_AT;
                 back_in(slot);
             }
@@ -1008,7 +1011,7 @@ fn back_in(slot: &Slot) {
 /// bytehound throttles its producers. Only a thread that has `MAX_BUF` unwritten events while
 /// the channel is full ever gets here.
 #[cold]
-fn throttle(mut buf: Buf, from: impl Fn() -> Handed) -> Result<(), Buf> {
+fn throttle(mut buf: Buf, from: impl Fn() -> Handed) -> Result<Buf, Buf> {
     let deadline = crate::sys::clock::now_ns() + THROTTLE_NS;
     loop {
         let ts = libc::timespec {
@@ -1018,7 +1021,7 @@ fn throttle(mut buf: Buf, from: impl Fn() -> Handed) -> Result<(), Buf> {
         // SAFETY: ts is a valid timespec; the remainder pointer may be null.
         unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
         match writer::send(buf, from()) {
-            Ok(()) => return Ok(()),
+            Ok(spare) => return Ok(spare),
             Err(back) => buf = back,
         }
         if crate::sys::clock::now_ns() > deadline {
@@ -1083,6 +1086,32 @@ fn fault_barrier_drop() -> bool {
     crate::config::switch_on("VRAMSHIM_SLOTS_FAULT", "barrier-drop")
 }
 
+/// Fault switch of the drain (`VRAMSHIM_SLOTS_FAULT=barrier-no-settle`, read by the test that
+/// shows it catches it): when the barrier fails, the claimed slots are given up at once, their
+/// owners not waited for (one in its window then appends after its slot was counted).
+fn fault_barrier_no_settle() -> bool {
+    crate::config::switch_on("VRAMSHIM_SLOTS_FAULT", "barrier-no-settle")
+}
+
+/// The barrier failed: no owner is known to be out of its window (the owner raises its flag
+/// with a plain store, then reads the lock; the barrier is what orders the two for the
+/// drain). Waits a millisecond, after which an owner's flag raised before it read the lock is
+/// in practice visible (store buffers drain in far less; a thread switched out has drained
+/// its own), then, bounded by `patience`, for each claimed slot's owner to leave. An owner
+/// that stays is counted as it is ([`Slot::events_left`]: exact while it does not run).
+fn settle_unseen(held: &[Guard<'static>], patience: &mut Patience) {
+    let ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 1_000_000,
+    };
+    // SAFETY: ts is a valid timespec; the remainder pointer may be null.
+    unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
+    for g in held.iter().filter(|g| g.how == Held::Claim) {
+        patience.next_slot();
+        let _ = g.slot.bias.owner_left_with(|| patience.again());
+    }
+}
+
 /// Fault switch of the drain (`VRAMSHIM_SLOTS_FAULT=hand-over-uncounted`): a given-up slot's
 /// buffer is counted, not the one its owner was handing over (an exit that interrupted the
 /// hand-over then counts nothing of it).
@@ -1129,6 +1158,14 @@ fn drain(
         // where there is none, they are counted (they cannot be taken without the barrier:
         // an owner may be in its window unseen).
         if !fault_barrier_drop() {
+            // Given up once their owners are out: one in its window unseen would otherwise
+            // append (or hand its buffer over) after the count, neither written nor counted.
+            // The claims are still held (an owner that comes now takes the lock, and waits);
+            // then what they handed over meanwhile is taken off the queue (`f(None)`, as below).
+            if !fault_barrier_no_settle() {
+                settle_unseen(&held, &mut patience);
+                f(None);
+            }
             given_up.extend(held.iter().map(|g| g.slot));
         }
         return Drained {
@@ -1846,6 +1883,52 @@ mod tests {
             waits <= Patience::bound(3, 0),
             "{waits} waits past the limit"
         );
+    }
+
+    /// When the barrier fails, an owner may be in its window unseen (the barrier is what makes
+    /// it seen): the drain, still holding the slots it claimed, waits for their owners to leave
+    /// before it gives them up, so that what such an owner appends (and hands over) is in the
+    /// count, not appended after it. Here the owner, in its window when the drain claims its
+    /// slot, appends one event a little later. With `VRAMSHIM_SLOTS_FAULT=barrier-no-settle`
+    /// (the slots given up at once) the event is neither taken nor counted: this
+    /// fails.
+    #[test]
+    fn a_failed_barrier_counts_what_an_owner_in_its_window_appends() {
+        barrier::init();
+        if !barrier::available() {
+            // No window, no barrier: nothing to fail.
+            return;
+        }
+        let slot = slot_holding(5);
+        let (inside_tx, inside_rx) = std::sync::mpsc::sync_channel::<()>(0);
+        let owner = std::thread::spawn(move || {
+            let g = slot.enter();
+            assert!(g.how == Held::Window, "the owner took its window");
+            inside_tx.send(()).unwrap();
+            // Long enough for a drain that does not wait to be done with the slot.
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            g.inner().buf.put(slot, alloc(5));
+            drop(g);
+        });
+        inside_rx.recv().unwrap();
+        let mut bufs = Vec::new();
+        barrier::FAILS.set(true);
+        // Patience that outlasts the owner's sleep on any machine (`patient()`'s million
+        // yields take 0.1-0.2 s where a yield is a fast system call: about the sleep itself).
+        let d = drain(
+            &[slot],
+            |b| bufs.extend(b),
+            Patience::new(u32::MAX, None),
+            false,
+        );
+        barrier::FAILS.set(false);
+        let (taken, lost) = drained(d);
+        owner.join().unwrap();
+        assert!(
+            !taken && bufs.is_empty(),
+            "a buffer was taken without the barrier"
+        );
+        assert_eq!(lost, 6, "the event appended in the window is counted");
     }
 
     /// When the barrier fails, the slots the drain claimed are given up, so that at exit

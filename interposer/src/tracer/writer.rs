@@ -802,36 +802,79 @@ fn recycle_into(sh: &Shared, mut v: Buf) {
     }
 }
 
-/// A cleared buffer for an application thread (recycled when possible).
+/// A cleared buffer for the writer's own use (the drain; recycled when possible).
 pub(crate) fn spare_buffer() -> Buf {
-    if let Some(sh) = shared()
-        && let Ok(v) = sh.spare_rx.try_recv()
-    {
-        return v;
+    match shared() {
+        Some(sh) => spare_of(sh),
+        None => new_buffer(),
     }
+}
+
+fn spare_of(sh: &Shared) -> Buf {
+    sh.spare_rx.try_recv().unwrap_or_else(|_| new_buffer())
+}
+
+fn new_buffer() -> Buf {
     Buf::with_capacity(SEND_AT + (SEND_AT >> 2))
 }
 
-/// Hand a full buffer (`from` a slot) to the writer without blocking; gives it back when the
+/// Hands a full buffer (`from` a slot) to the writer without blocking, and takes a cleared
+/// buffer for the slot in its place: `Ok(that buffer)`, or `Err(the full one back)` when the
 /// channel is full.
-pub(crate) fn send(raw: Buf, from: slots::Handed) -> Result<(), Buf> {
+///
+/// The asynchronous signals are blocked on the calling thread across the two channel
+/// operations. Each
+/// claims a place in its channel, then fills it (or empties it) and marks it done; a thread
+/// that never got from the claim to the mark would leave a place that every later receiver
+/// (or sender, a lap later) of that channel spins on for ever. A signal handler that exits
+/// from inside the send did that: the exit path, and the writer thread holding the lock it
+/// waits for, hung on the half-written place. Blocked, a signal that comes meanwhile is
+/// handled once both operations are done (two system calls per buffer of about a thousand
+/// events). Under the fault switch `VRAMSHIM_TRACE_FAULT=send-unmasked` they are not
+/// blocked.
+pub(crate) fn send(raw: Buf, from: slots::Handed) -> Result<Buf, Buf> {
     let Some(sh) = shared() else {
         return Err(raw);
     };
     let n = raw_bytes(raw.len());
     QUEUED.fetch_add(n, Ordering::Relaxed);
+    let masked = (!fault_send_unmasked()).then(crate::sys::life::BlockSignals::asynchronous);
+    slots::hand_over_at(slots::HandOverPoint::Sending);
     match sh.tx.try_send(Chunk { raw, from }) {
         Ok(()) => {
+            let spare = spare_of(sh);
+            drop(masked);
             if let Some(t) = sh.writer.get() {
                 t.unpark();
             }
-            Ok(())
+            Ok(spare)
         }
         Err(TrySendError::Full(c)) | Err(TrySendError::Disconnected(c)) => {
+            drop(masked);
             QUEUED.fetch_sub(n, Ordering::Relaxed);
             Err(c.raw)
         }
     }
+}
+
+/// Fault switch (`VRAMSHIM_TRACE_FAULT=send-unmasked`): [`send`] leaves signals unblocked, to
+/// show that `tests/workloads/trace/tests/tick_window_exit_in_send.rs` (a handler that exits
+/// from inside the channel's send) catches the hang. Read once: every hand-over asks.
+fn fault_send_unmasked() -> bool {
+    static UNMASKED: AtomicU8 = AtomicU8::new(0);
+    match UNMASKED.load(Ordering::Relaxed) {
+        0 => {
+            let on = crate::config::switch_on("VRAMSHIM_TRACE_FAULT", "send-unmasked");
+            UNMASKED.store(if on { 2 } else { 1 }, Ordering::Relaxed);
+            on
+        }
+        v => v == 2,
+    }
+}
+
+/// Buffers queued for the writer (tests: see `tracer::testing::queued_buffers`).
+pub(crate) fn queued_buffers() -> usize {
+    shared().map_or(0, |sh| sh.tx.len())
 }
 
 /// The thread running the exit path (its kernel tid; 0: none).

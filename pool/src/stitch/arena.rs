@@ -4,7 +4,7 @@
 //!
 //! Why: under a budget, blocks of a new shape must come out of the pages the pool holds. A
 //! pool whose mappings are each as long as the block they were made for can only serve a
-//! new shape by stitching a new mapping (reserve, one map per page, set access), which is
+//! new shape by stitching a new mapping (one map per page, set access), which is
 //! what a shape-varying stream or a repeated workload whose layout drifts pays over and over.
 //! In the arena every free window of the mapped range is usable by any size, so a new shape
 //! costs no driver call while a window fits (after dissolving cached blocks in the way), and

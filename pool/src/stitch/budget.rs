@@ -212,19 +212,26 @@ impl Stitch {
     /// stream condition, and each of its mappings must be unused and used by no stream any
     /// more (`map_busy`; no synchronization is made for it; the process's next one lets the
     /// rest go).
+    ///
+    /// A scan that finds every idle page left pinned is remembered for (epoch, `idle_gen`,
+    /// pages): within one epoch a page becomes releasable only when bytes go back to it or a
+    /// mapping of it is unused, dropped or re-formed (each counted in `idle_gen`), or the pool
+    /// takes new pages. (Counts of free pages and mappings do not tell: an allocation that
+    /// takes as many free pages as a dissolve gave back leaves the count as it was, with
+    /// other pages free.)
     pub(super) fn release_idle(&mut self, dev: &mut dyn Device) {
-        let key = (
-            self.epoch,
-            self.free_pages.len() + self.bound_free.len(),
-            self.nmaps,
-        );
+        let key = (self.epoch, self.idle_gen, self.npages);
         if self.idle_scan == Some(key) {
             return;
         }
+
         // pages the pool was forced to take past its budget lately are kept (not cached
         // blocks: pages), so a workload that needs them every pass does not take and give
         // them back every pass
         let keep = self.release_keep();
+        if self.stats.reserved <= keep {
+            return;
+        }
         let candidates: Vec<u32> = self
             .free_pages
             .iter()
@@ -271,11 +278,11 @@ impl Stitch {
             }
             self.stats.releases += run.len() as u64;
         }
-        self.idle_scan = Some((
-            self.epoch,
-            self.free_pages.len() + self.bound_free.len(),
-            self.nmaps,
-        ));
+        // remembered only when the scan found every idle page left pinned: one that stopped
+        // at the bytes kept left idle pages unexamined, which a lower budget (a window
+        // ended since) gives back
+        self.idle_scan =
+            (self.stats.reserved > keep).then_some((self.epoch, self.idle_gen, self.npages));
     }
 
     /// The bytes `release_idle` keeps: the budget, or more while the pool was lately forced

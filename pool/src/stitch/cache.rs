@@ -173,6 +173,7 @@ impl Stitch {
             self.ev_unref(dev, ev);
         }
         self.map_mut(b.map).users -= 1;
+        self.idle_gen += 1;
     }
 
     /// Dissolve cached blocks, least recently freed first, until `want` bytes were given

@@ -132,28 +132,52 @@ impl Stitch {
         let g = self.gran;
         let len = pages.len() as u64 * g;
         let reserve = reserve.max(len);
-        let va = dev.reserve(reserve).map_err(PoolError::Device)?;
+        // a mapping that grows in place (the arena) has a reservation of its own; the others
+        // take their range from the pool's chunks (see `vas`)
+        let own_va = reserve > len;
+        let va = if own_va {
+            dev.reserve(reserve)
+        } else {
+            self.va_take(dev, len)
+        }
+        .map_err(PoolError::Device)?;
+        let give_back = |s: &mut Self, dev: &mut dyn Device| {
+            if own_va {
+                let _ = dev.unreserve(va, reserve);
+            } else {
+                s.va_put(dev, va, len);
+            }
+        };
         if let Err((e, done)) = self.map_pages(dev, va, &pages) {
             if done > 0 {
                 let _ = dev.unmap(va, done);
             }
-            let _ = dev.unreserve(va, reserve);
+            give_back(self, dev);
             return Err(PoolError::Device(e));
         }
         if let Err(e) = dev.set_access(va, len) {
             let _ = dev.unmap(va, len);
-            let _ = dev.unreserve(va, reserve);
+            give_back(self, dev);
             return Err(PoolError::Device(e));
         }
         let n = pages.len();
         let mapping = Mapping {
             va,
             reserved: reserve,
+            own_va,
             pages,
             users: 0,
             busy_until: 0,
         };
-        let id = match self.free_map_slots.pop() {
+        // Places of blocks are remembered as (slot, address) and recognised by both (see
+        // `ghost`, `rounds`, `kept`): a dropped mapping's address range is taken again (see
+        // `vas`), so a new mapping never gets a slot whose last mapping had its address
+        let slot = self
+            .free_map_slots
+            .iter()
+            .rposition(|&(_, old)| old != va)
+            .map(|i| self.free_map_slots.remove(i).0);
+        let id = match slot {
             Some(id) => {
                 self.maps[id as usize] = Some(mapping);
                 id
@@ -179,14 +203,18 @@ impl Stitch {
 
     pub(super) fn drop_mapping(&mut self, dev: &mut dyn Device, m: u32) -> Result<(), PoolError> {
         let g = self.gran;
-        let (va, n, reserved) = {
+        let (va, n, reserved, own_va) = {
             let mp = self.map(m);
             debug_assert_eq!(mp.users, 0);
-            (mp.va, mp.pages.len(), mp.reserved)
+            (mp.va, mp.pages.len(), mp.reserved, mp.own_va)
         };
         let len = n as u64 * g;
         dev.unmap(va, len).map_err(PoolError::Device)?;
-        let _ = dev.unreserve(va, reserved);
+        if own_va {
+            let _ = dev.unreserve(va, reserved);
+        } else {
+            self.va_put(dev, va, len);
+        }
         if self.arena == Some(m) {
             self.arena = None;
         }
@@ -199,8 +227,9 @@ impl Stitch {
             l.retain(|&x| x != m);
         }
         self.maps_by_va.remove(&va);
-        self.free_map_slots.push(m);
+        self.free_map_slots.push((m, va));
         self.nmaps -= 1;
+        self.idle_gen += 1;
         self.update_reserved();
         Ok(())
     }
@@ -366,15 +395,16 @@ impl Stitch {
             return Err(PoolError::Device(e));
         }
         self.repairs += 1;
+        self.idle_gen += 1;
         Ok(())
     }
 
     /// A mapping a failed repair left with empty slots: unmap what is mapped and forget it.
     fn drop_broken_mapping(&mut self, dev: &mut dyn Device, m: u32) {
         let g = self.gran;
-        let (va, pages, reserved) = {
+        let (va, pages, reserved, own_va) = {
             let mp = self.map(m);
-            (mp.va, mp.pages.clone(), mp.reserved)
+            (mp.va, mp.pages.clone(), mp.reserved, mp.own_va)
         };
         for (k, &p) in pages.iter().enumerate() {
             if p != u32::MAX {
@@ -382,15 +412,20 @@ impl Stitch {
                 self.page_mut(p).maps.retain(|&x| x != m);
             }
         }
-        let _ = dev.unreserve(va, reserved);
+        if own_va {
+            let _ = dev.unreserve(va, reserved);
+        } else {
+            self.va_put(dev, va, pages.len() as u64 * g);
+        }
         let n = pages.len();
         if let Some(l) = self.maps_by_len.get_mut(&n) {
             l.retain(|&x| x != m);
         }
         self.maps[m as usize] = None;
         self.maps_by_va.remove(&va);
-        self.free_map_slots.push(m);
+        self.free_map_slots.push((m, va));
         self.nmaps -= 1;
+        self.idle_gen += 1;
         self.update_reserved();
     }
 }

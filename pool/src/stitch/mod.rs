@@ -2,8 +2,9 @@
 //!
 //! Physical memory is held in granularity-sized pages (one handle each, or runs of pages under
 //! one handle: see `pages`, "Runs"). A block is a byte
-//! range `[off, off + size)` of a *mapping*: a reserved address range with a list of pages
-//! mapped one after another. Any free page can back any block, so there is no external
+//! range `[off, off + size)` of a *mapping*: an address range (the arena's reservation, or a
+//! range of the pool's reserved chunks: see `vas`) with a list of pages mapped one after
+//! another. Any free page can back any block, so there is no external
 //! fragmentation above a page. Page tails are packed: every page has a byte-range
 //! sub-allocator (512-B units), a block may take a shared page's free *suffix* as its head,
 //! whole free pages in the middle and another shared page's free *prefix* as its tail, and
@@ -54,6 +55,7 @@ mod pressure;
 mod quiet;
 mod rounds;
 mod slow_path;
+mod vas;
 
 /// The arena grows by a run of pages (see `pages`, "Runs") while the pool would hold at
 /// most 1 / RUN_ROOM of what the device could give it.
@@ -106,6 +108,9 @@ struct Mapping {
     va: u64,
     /// bytes of address space reserved at `va` (the arena reserves beyond its pages)
     reserved: u64,
+    /// `va` is a reservation of its own (the arena's); else a range of the pool's chunks
+    /// (see `vas`)
+    own_va: bool,
     pages: Vec<u32>,
     /// blocks (live, pending or cached) placed in this mapping
     users: u32,
@@ -130,7 +135,7 @@ enum Plan {
 }
 
 /// Testing switches that break a safety rule on purpose (to prove the checks can fail).
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Faults {
     /// Hand out blocks freed with `cudaFree` at once, without waiting for a sync.
     pub reuse_sync_frees_early: bool,
@@ -208,6 +213,14 @@ pub struct Faults {
     /// synchronization, as the per-page condition did (not a safety fault: it proves the
     /// test that the per-mapping condition gives pages back can fail).
     pub page_fenced_maps: bool,
+    /// The round watch (`Stitch::round_end_watch`) is never 0 above the budget and the pages
+    /// the pool keeps past it: a caller keeps frees aside there too, and they reach the pool
+    /// late (not a safety fault: it proves the test of that half of the watch can fail).
+    pub watch_never_zero: bool,
+    /// Carve stitched mappings' address ranges out of the pool's chunks with no unused page
+    /// after each (an access past a mapping's end then lands in the next mapping's memory):
+    /// proves the test that such an access finds no memory can fail.
+    pub va_no_guard: bool,
 }
 
 impl Faults {
@@ -246,7 +259,8 @@ pub struct Stitch {
     /// partly used pages with a free suffix, per class: (len, page)
     suffix: [BTreeSet<(u64, u32)>; 2],
     maps: Vec<Option<Mapping>>,
-    free_map_slots: Vec<u32>,
+    /// slots of dropped mappings, with the address their last mapping had
+    free_map_slots: Vec<(u32, u64)>,
     nmaps: u64,
     maps_by_len: FxMap<usize, Vec<u32>>,
     maps_by_va: BTreeMap<u64, u32>,
@@ -277,6 +291,9 @@ pub struct Stitch {
     /// the places large blocks were given, carved best fit by smaller ones (see `kept`)
     kept: Vec<kept::Kept>,
     kept_on: bool,
+    /// `vramshim replay` runs the live library's thread caches in front (see
+    /// `with_thread_caches`)
+    tcaches: bool,
     /// blocks carved out of kept ranges
     kept_carves: u64,
     /// the places of this round's and the previous round's cache misses (see `rounds`)
@@ -285,6 +302,8 @@ pub struct Stitch {
     /// (None: cache until the device or cap refuses)
     headroom: Option<f64>,
     budget: Option<Budget>,
+    /// address space for stitched mappings (see `vas`)
+    vas: vas::VaSpace,
     /// the mapping that grows at its end (tight pool; see `arena`)
     arena: Option<u32>,
     /// the budget in bytes as last computed (u64::MAX: none); a free above it enforces it
@@ -309,9 +328,12 @@ pub struct Stitch {
     /// allocations a caller served from blocks it kept aside (`aside`): they count toward the
     /// budget's window, not toward the pool's own statistics and rounds
     aside_hits: u64,
-    /// (epoch, free pages, mappings) of the last scan for idle pages that found the rest
+    /// (epoch, `idle_gen`, pages) of the last scan for idle pages that found the rest
     /// pinned: nothing changed, nothing to scan
-    idle_scan: Option<(u64, usize, u64)>,
+    idle_scan: Option<(u64, u64, u64)>,
+    /// blocks dissolved and mappings dropped or re-formed: what may leave a page releasable
+    /// within an epoch (see `budget::release_idle`)
+    idle_gen: u64,
     /// (epoch, flushed epoch, pages, mappings, repairs, bytes kept) at which dissolving the
     /// cache was found to free no page (see `budget::release_possible`)
     stuck_key: Option<(u64, u64, u64, u64, u64, u64)>,
@@ -363,10 +385,12 @@ impl Stitch {
             ghosts: FxMap::default(),
             kept: Vec::new(),
             kept_on: false,
+            tcaches: true,
             kept_carves: 0,
             rounds: Default::default(),
             headroom: None,
             budget: None,
+            vas: vas::VaSpace::default(),
             arena: None,
             limit_now: u64::MAX,
             limit_key: (u64::MAX, 0),
@@ -380,6 +404,7 @@ impl Stitch {
             next_window: u64::MAX,
             aside_hits: 0,
             idle_scan: None,
+            idle_gen: 0,
             stuck_key: None,
             layout_mark: (0, 0),
             stats: Stats::default(),
@@ -410,6 +435,14 @@ impl Stitch {
     /// best fit (see `kept`).
     pub fn with_kept(mut self, on: bool) -> Self {
         self.kept_on = on;
+        self
+    }
+
+    /// Whether `vramshim replay` runs the live library's per-thread caches of stream-ordered
+    /// frees in front of this pool (`vramshim_pool::thread_cache`; on by default). The pool
+    /// itself never sees them; the interposer's caches have switches of their own.
+    pub fn with_thread_caches(mut self, on: bool) -> Self {
+        self.tcaches = on;
         self
     }
 
@@ -588,6 +621,7 @@ impl Policy for Stitch {
         for m in unused {
             self.drop_mapping(dev, m)?;
         }
+        self.va_trim(dev);
         let free: Vec<u32> = self
             .free_pages
             .iter()
@@ -639,6 +673,16 @@ impl Policy for Stitch {
         Stitch::note_aside_hits(self, dev, n);
     }
 
+    fn round_end_watch(&self) -> u64 {
+        Stitch::round_end_watch(self)
+    }
+
+    /// As the interposer decides: its caches are off when `VRAMSHIM_POOL_DEBUG` names any of
+    /// the pool's switches (faults, `runs`, `kept`: their tests exercise the pool's own rules).
+    fn thread_caches(&self) -> bool {
+        self.tcaches && self.faults == Faults::default() && !self.grow_runs && !self.kept_on
+    }
+
     fn pinned_above_budget(&self) -> bool {
         self.ncached > 0
             && self.gran > 0
@@ -648,18 +692,20 @@ impl Policy for Stitch {
 
     fn reset(&mut self) {
         let stats = self.stats;
-        let (faults, headroom, budget, runs, kept) = (
+        let (faults, headroom, budget, runs, kept, tcaches) = (
             self.faults,
             self.headroom,
             self.budget,
             self.grow_runs,
             self.kept_on,
+            self.tcaches,
         );
         *self = Stitch::new()
             .with_headroom(headroom)
             .with_budget(budget)
             .with_runs(runs)
-            .with_kept(kept);
+            .with_kept(kept)
+            .with_thread_caches(tcaches);
         self.set_faults(faults);
         self.stats = Stats {
             reserved: 0,

@@ -594,7 +594,7 @@ impl Stitch {
             let Some(Some(mp)) = self.maps.get(m as usize) else {
                 continue;
             };
-            if mp.va != va {
+            if mp.va != va || off + size > mp.pages.len() as u64 * self.gran {
                 continue;
             }
             let mut victims = Vec::new();

@@ -85,7 +85,7 @@ impl Stitch {
         } else {
             self.release_keep()
         };
-        if self.stats.reserved > keep {
+        if self.stats.reserved > keep && !self.faults.watch_never_zero {
             return 0;
         }
         if self.layout_due() {

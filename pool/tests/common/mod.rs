@@ -4,6 +4,7 @@
 //! ([`traces`]); each allocation's lifetime class ([`lifetimes`]). Each test file uses a part of it.
 #![allow(dead_code)]
 
+pub mod checked;
 pub mod lifetimes;
 pub mod rotation;
 

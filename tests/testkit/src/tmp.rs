@@ -14,8 +14,8 @@ use std::sync::Mutex;
 /// Directories made here and not yet removed, removed at exit (see [`at_exit`]).
 static LIVE: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 
-/// A fresh empty directory `$TMPDIR/vramshim-<tag>-<pid>-<n>` (mode 0700), removed with its
-/// contents when dropped (also while a panicking test unwinds) or, when never dropped (kept in
+/// A fresh empty directory `$TMPDIR/vramshim-<tag>-<pid>-<n>` (mode 0700; or in another base,
+/// [`TempDir::new_in`]), removed with its contents when dropped (also while a panicking test unwinds) or, when never dropped (kept in
 /// a `static`), when the process exits. Derefs to its [`Path`].
 #[derive(Debug)]
 pub struct TempDir {
@@ -26,8 +26,14 @@ impl TempDir {
     /// Makes the directory; panics (naming it) when it cannot.
     #[track_caller]
     pub fn new(tag: &str) -> TempDir {
+        TempDir::new_in(&std::env::temp_dir(), tag)
+    }
+
+    /// [`TempDir::new`] in `base` (an existing directory) instead of the temporary directory:
+    /// `<base>/vramshim-<tag>-<pid>-<n>`.
+    #[track_caller]
+    pub fn new_in(base: &Path, tag: &str) -> TempDir {
         use std::os::unix::fs::DirBuilderExt;
-        let base = std::env::temp_dir();
         // A name taken already (a dead process that had this pid, or anyone else's entry in a
         // shared /tmp) is passed over, never used nor removed.
         let mut tries = 0;

@@ -368,6 +368,40 @@ pub fn read_all(bytes: &[u8]) -> Result<ReadAll, DecodeError> {
     Ok((r.header().clone(), evs, errs, r.truncation().cloned()))
 }
 
+/// What a visitor of a trace's frames ([`TraceReader::visit_frame`]) is given, in order, as
+/// events.
+pub struct Visited(pub Vec<Event>);
+
+impl Visitor for Visited {
+    fn memop(&mut self, alloc: bool, m: &MemOp) {
+        self.0.push(if alloc {
+            Event::Alloc(m.clone())
+        } else {
+            Event::Free(m.clone())
+        });
+    }
+    fn event(&mut self, ev: Event) {
+        self.0.push(ev);
+    }
+}
+
+/// Every event of `bytes` read frame by frame through [`Visited`]: a frame the reader reports
+/// damaged (a recoverable error) is passed over when `skip_damaged`; any other error, or any
+/// error at all without `skip_damaged`, fails the test.
+pub fn visit_all(bytes: &[u8], skip_damaged: bool) -> Vec<Event> {
+    let mut r = TraceReader::from_reader(bytes).unwrap();
+    let mut c = Visited(Vec::new());
+    loop {
+        match r.visit_frame(&mut c) {
+            Ok(true) => {}
+            Ok(false) => break,
+            Err(e) if skip_damaged && e.is_recoverable() => {}
+            Err(e) => panic!("{e}"),
+        }
+    }
+    c.0
+}
+
 /// MemOps drawn from a few values per field, as a real stream repeats them: most records then
 /// carry no context field (the decoder's one-test path), and api/kind 0 (`Unknown`/`Runtime`,
 /// the slot's initial values, written without a field) follow other values across resets.

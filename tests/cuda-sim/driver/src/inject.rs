@@ -121,6 +121,9 @@ pub fn on_bytes(base: &str, bytes: u64) -> Res {
 }
 
 /// Waits `d`: spinning for short waits (sleep granularity would swamp them), sleeping otherwise.
+/// Never inlined: a profile tells the modelled device time (the spin, whose instruction
+/// count follows wall time) from the work around it by this name (scripts/bench-models).
+#[inline(never)]
 pub fn delay(d: Duration) {
     if d.is_zero() {
         return;

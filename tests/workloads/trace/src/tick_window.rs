@@ -246,6 +246,7 @@ fn point_code(p: tracer::testing::HandOverPoint) -> u8 {
     match p {
         tracer::testing::HandOverPoint::Taken => 1,
         tracer::testing::HandOverPoint::Queued => 2,
+        tracer::testing::HandOverPoint::Sending => 3,
     }
 }
 
@@ -259,13 +260,16 @@ fn raise_at(p: tracer::testing::HandOverPoint) {
     }
 }
 
-/// A thread's first events are taken by a whole tick; then it emits until it hands a full
-/// buffer over, and a signal handler that exits (`on_exit`) interrupts it at `at` in that
-/// hand-over. Returns what [`check_counted`] found of the thread's events: each written or
-/// counted lost.
-pub fn exit_in_hand_over(name: &str, at: tracer::testing::HandOverPoint) -> Checked {
+/// Installs a SIGUSR1 handler that exits (`on_exit`, what `exit()` called from a handler
+/// runs first), then emits the calling thread's events from `*next` on, `hook` called at the
+/// points of every hand-over, until that handler has run; fails the test if it never does
+/// (a buffer is handed over every thousand events or so: far fewer than the bound).
+pub fn emit_until_a_handler_exits(
+    tid: u32,
+    next: &mut u64,
+    hook: fn(tracer::testing::HandOverPoint),
+) {
     use std::sync::atomic::Ordering;
-    let (path, tid, mut next) = ten_taken(name);
     // SAFETY: installs a handler for SIGUSR1 (a plain function) in this test process.
     let old = unsafe {
         libc::signal(
@@ -274,17 +278,40 @@ pub fn exit_in_hand_over(name: &str, at: tracer::testing::HandOverPoint) -> Chec
         )
     };
     assert_ne!(old, libc::SIG_ERR);
-    EXIT_AT.store(point_code(at), Ordering::SeqCst);
-    tracer::testing::on_hand_over(Some(raise_at));
-    // A buffer is handed over at about a thousand entries: far fewer than this bound.
-    while !EXITED.load(Ordering::SeqCst) && next < 1_000_000 {
-        emit(tid, next);
-        next += 1;
+    tracer::testing::on_hand_over(Some(hook));
+    while !EXITED.load(Ordering::SeqCst) && *next < 1_000_000 {
+        emit(tid, *next);
+        *next += 1;
     }
     tracer::testing::on_hand_over(None);
     assert!(
         EXITED.load(Ordering::SeqCst),
-        "no hand-over in {next} events"
+        "no handler exited in {next} events"
     );
+}
+
+/// A thread's first events are taken by a whole tick; then it emits until it hands a full
+/// buffer over, and a signal handler that exits (`on_exit`) interrupts it at `at` in that
+/// hand-over. Returns what [`check_counted`] found of the thread's events: each written or
+/// counted lost.
+pub fn exit_in_hand_over(name: &str, at: tracer::testing::HandOverPoint) -> Checked {
+    let (path, tid, mut next) = ten_taken(name);
+    EXIT_AT.store(point_code(at), std::sync::atomic::Ordering::SeqCst);
+    emit_until_a_handler_exits(tid, &mut next, raise_at);
     check_counted(&path, tid, next)
+}
+
+/// Ends the process, saying `why` on stderr, when it still runs `secs` s from now: the failure
+/// of a test whose failure is a hang (straight to the kernel: an `exit` would run the
+/// library's exit path, which waits for the hung one).
+pub fn watchdog(secs: u64, why: &'static str) {
+    std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_secs(secs));
+        // SAFETY: writes static buffers to stderr, then ends the process.
+        unsafe {
+            libc::write(2, why.as_ptr().cast(), why.len());
+            libc::write(2, b"\n".as_ptr().cast(), 1);
+            libc::syscall(libc::SYS_exit_group, 1 as libc::c_long);
+        }
+    });
 }

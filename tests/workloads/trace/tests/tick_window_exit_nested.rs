@@ -6,12 +6,11 @@
 //! the lock) the handler never returns: the watchdog then fails the test.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
 use vramshim::tracer;
 use vramshim::tracer::testing::TickPoint;
 use vramshim_testkit::temp_dir;
-use vramshim_trace_tests::tick_window::{check, emit, gettid};
+use vramshim_trace_tests::tick_window::{check, emit, gettid, watchdog};
 
 static HANDLED: AtomicBool = AtomicBool::new(false);
 
@@ -45,17 +44,10 @@ fn an_exit_in_a_handler_that_interrupted_the_exit_path_returns() {
             assert_eq!(unsafe { libc::raise(libc::SIGUSR1) }, 0);
         }
     })));
-    // A hang is the failure: fail it instead of waiting for ever (straight to the kernel: an
-    // `exit` would run the library's exit path, which waits for the hung one).
-    std::thread::spawn(|| {
-        std::thread::sleep(Duration::from_secs(120));
-        let msg = b"the nested exit did not return in 120 s: it waits for its own thread\n";
-        // SAFETY: writes a static buffer to stderr, then ends the process.
-        unsafe {
-            libc::write(2, msg.as_ptr().cast(), msg.len());
-            libc::syscall(libc::SYS_exit_group, 1 as libc::c_long);
-        }
-    });
+    watchdog(
+        120,
+        "the nested exit did not return in 120 s: it waits for its own thread",
+    );
     tracer::on_exit();
     tracer::testing::on_tick(None);
     assert!(HANDLED.load(Ordering::SeqCst), "the handler returned");
