@@ -6,7 +6,10 @@
 //! kept aside; or the pool is above its budget and the pages it keeps). Checked on every
 //! shared trace and GPU recording, in one pass and in three, with the arena grown a page or a
 //! run at a time, on the checking device (no overlap, no early reuse); without the watch the
-//! pool's rounds do not end where they should and the driver calls differ.
+//! pool's rounds do not end where they should and the driver calls differ. The caller is
+//! `vramshim_pool::thread_cache` (the rules the interposer's caches follow, with the switches
+//! that break them), which `replay::run_with` runs in front of the pool: on repeated random
+//! rounds, where it changes the pool's calls, replay makes its calls.
 
 mod common;
 
@@ -211,4 +214,103 @@ fn a_caller_serving_a_shrunk_loop_lets_the_pool_give_the_old_peak_back() {
         uncounted.reserved >= peak * MIB,
         "hits not counted, the pool still gave the old peak back: the test cannot fail"
     );
+}
+
+/// `replay::run_with` (what `vramshim replay` runs) replays the tight pool behind the live
+/// library's thread caches: on random one-stream repeated rounds (stream-ordered frees) it
+/// makes the driver calls and reserves the peak of `thread_cache::run`, and without them
+/// (`Stitch::with_thread_caches(false)`) those of a caller that keeps nothing; the two differ
+/// on some rounds (so replay without the caches would leave the live library: the live
+/// tests on cuda-sim show the library makes the first). A pool with a fault switch, runs or
+/// kept ranges has no caches in front, as the interposer turns them off under those switches.
+#[test]
+fn replay_runs_the_thread_caches_in_front_of_the_tight_pool() {
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let mut below = |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    };
+    let sizes = [
+        4096,
+        100 << 10,
+        MIB,
+        3 * MIB + (300 << 10),
+        7 * MIB,
+        20 * MIB,
+    ];
+    let mut differ = 0;
+    for _ in 0..40 {
+        let (mut round, mut live, mut id) = (Vec::new(), Vec::new(), 0);
+        for _ in 0..60 + below(140) {
+            match below(18) {
+                0..10 => {
+                    let size = sizes[below(sizes.len() as u64) as usize];
+                    round.push(Event::Alloc {
+                        id,
+                        size,
+                        stream: 0,
+                    });
+                    live.push(id);
+                    id += 1;
+                }
+                10..17 if !live.is_empty() => {
+                    let id = live.swap_remove(below(live.len() as u64) as usize);
+                    round.push(Event::Free {
+                        id,
+                        mode: FreeMode::Async { stream: 0 },
+                    });
+                }
+                _ => {}
+            }
+        }
+        for id in live {
+            round.push(Event::Free {
+                id,
+                mode: FreeMode::Async { stream: 0 },
+            });
+        }
+        let events = replay::repeat(&round, 6 + below(8) as usize);
+        let replayed = |p: &mut Stitch| {
+            let mut dev = AccountingDevice::new(replay::UNLIMITED);
+            dev.set_checking(true);
+            let r = replay::run_with(&events, p, &mut dev);
+            assert!(r.completed && r.violations.is_empty(), "{:?}", r.violations);
+            (r.driver_calls, r.peak_reserved, r.thread_cache_hits)
+        };
+        let behind = |rules: Rules| {
+            let mut dev = AccountingDevice::new(replay::UNLIMITED);
+            let mut p = Stitch::tight();
+            let mut c = ThreadCache::new(rules);
+            thread_cache::run_observed(&events, &mut p, &mut dev, &mut c, |_, _| {}).unwrap();
+            let peak = p.stats().peak_reserved;
+            c.give_back(&mut p, &mut dev).unwrap();
+            (dev.calls().driver_calls(), peak, c.hits())
+        };
+        let with = replayed(&mut Stitch::tight());
+        let without = replayed(&mut Stitch::tight().with_thread_caches(false));
+        assert_eq!(with, behind(Rules::LIVE));
+        assert_eq!(without, behind(Rules::NONE));
+        assert!(with.2 > 0, "the caches served nothing");
+        assert_eq!(without.2, 0);
+        differ += u32::from(with.0 != without.0);
+    }
+    assert!(differ > 0, "the caches changed no round's driver calls");
+    let mut faulty = Stitch::tight();
+    faulty.set_faults(vramshim_pool::stitch::Faults {
+        forget_rounds: true,
+        ..Default::default()
+    });
+    for (name, p) in [
+        ("tight", Stitch::tight()),
+        ("no budget", Stitch::new()),
+        ("runs", Stitch::tight().with_runs(true)),
+        ("kept", Stitch::tight().with_kept(true)),
+        ("a fault", faulty),
+        ("off", Stitch::tight().with_thread_caches(false)),
+    ] {
+        let on = matches!(name, "tight" | "no budget");
+        assert_eq!(p.thread_caches(), on, "{name}");
+    }
 }

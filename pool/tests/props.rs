@@ -1702,13 +1702,15 @@ fn mappings_of_a_page_freed_into_are_given_back_unless_a_stream_used_them() {
     assert!(held_new < held_old, "{held_new} vs {held_old}");
 }
 
-/// Found by the random short-window test when it drew a caller's hits: hits end two budget
+/// A stream on which hits end two budget
 /// windows (the budget falls to 10 MiB while the pool holds 14 MiB), frees above the budget
 /// find every page pinned by live and `cudaFree`d blocks (the pool remembers that dissolving
 /// its cache would free nothing), then the process synchronizes and the next allocation
 /// caches the `cudaFree`d blocks: 9 MiB cached, 6 pages that could go back. The remembered
 /// answer must not outlive that release (`Stitch` keys it by the epoch of its last release
-/// of pending blocks too); with the key as it was, the pool kept caching above its budget.
+/// of pending blocks too). Since stitched mappings take their addresses from the pool's chunks
+/// this stream no longer reaches that state (it passes with the key reverted);
+/// `a_release_of_pending_blocks_outdates_the_answer_that_nothing_can_go_back` fails then.
 #[test]
 fn pending_blocks_a_process_sync_releases_are_given_back_above_the_budget() {
     let ops = vec![
@@ -1841,7 +1843,9 @@ fn pending_blocks_a_process_sync_releases_are_given_back_above_the_budget() {
 /// changed), the idle pages left over the lower budget go back too. Found by the random
 /// short-window test once the budget check also looked at a pool caching nothing: the pool
 /// remembered the first scan as "every idle page left is pinned" although it had stopped at
-/// the budget, and skipped the second (16 MiB held for a 10 MiB budget, 3 idle pages).
+/// the budget, and skipped the second (16 MiB held for a 10 MiB budget, 3 idle pages). Since
+/// stitched mappings take their addresses from the pool's chunks it passes with that rule
+/// reverted; `an_idle_scan_that_stopped_at_the_bytes_kept_is_not_remembered` fails then.
 #[test]
 fn idle_pages_go_back_when_the_budget_falls_again() {
     let mut ops = vec![Op::Alloc {
@@ -1873,4 +1877,663 @@ fn idle_pages_go_back_when_the_budget_falls_again() {
         ..Budget::default()
     };
     exercise_clean_in_budget(&mut Stitch::new().with_budget(Some(b)), &ops, GIB, b);
+}
+
+/// A stream of the random short-window test (shrunk; found with the fix below reverted) on which
+/// the pool's scan for idle pages stops at the bytes it keeps, and a budget window that ends
+/// later, lower, finds idle pages the scan left unexamined. With the scan remembered however it
+/// ended (`budget::release_idle` setting `idle_scan` unconditionally and scanning within the
+/// bytes kept, a temporary edit) this fails: 288 MiB held for a 6 MiB budget, nothing cached,
+/// 37 pages that could go back.
+#[test]
+fn an_idle_scan_that_stopped_at_the_bytes_kept_is_not_remembered() {
+    let ops = vec![
+        Op::Alloc {
+            size: 14849,
+            stream: 0,
+        },
+        Op::Free {
+            idx: 0,
+            mode: FreeMode::Async { stream: 0 },
+        },
+        Op::Alloc { size: 1, stream: 0 },
+        Op::Alloc { size: 1, stream: 0 },
+        Op::Alloc { size: 1, stream: 0 },
+        Op::Alloc { size: 1, stream: 0 },
+        Op::Alloc {
+            size: 3673,
+            stream: 0,
+        },
+        Op::Alloc {
+            size: 114,
+            stream: 0,
+        },
+        Op::Alloc {
+            size: 2939,
+            stream: 1,
+        },
+        Op::Free {
+            idx: 16854134226397539377,
+            mode: FreeMode::Async { stream: 2 },
+        },
+        Op::Alloc {
+            size: 217098433,
+            stream: 1,
+        },
+        Op::Free {
+            idx: 9931357464084627234,
+            mode: FreeMode::Async { stream: 0 },
+        },
+        Op::Alloc {
+            size: 917,
+            stream: 1,
+        },
+        Op::Alloc {
+            size: 877303,
+            stream: 0,
+        },
+        Op::Alloc {
+            size: 5151278,
+            stream: 1,
+        },
+        Op::Free {
+            idx: 503545846407919875,
+            mode: FreeMode::Async { stream: 2 },
+        },
+        Op::Free {
+            idx: 18054491511055715963,
+            mode: FreeMode::Async { stream: 2 },
+        },
+        Op::Alloc {
+            size: 318325,
+            stream: 2,
+        },
+        Op::Alloc {
+            size: 184484648,
+            stream: 1,
+        },
+        Op::Alloc {
+            size: 320498,
+            stream: vramshim_pool::ANY_STREAM,
+        },
+        Op::Alloc {
+            size: 7186350,
+            stream: 1,
+        },
+        Op::Alloc {
+            size: 554905,
+            stream: 0,
+        },
+        Op::Free {
+            idx: 16961619514046473213,
+            mode: FreeMode::Async { stream: 1 },
+        },
+        Op::Alloc {
+            size: 720380,
+            stream: 1,
+        },
+        Op::Free {
+            idx: 4451353675208480323,
+            mode: FreeMode::Sync,
+        },
+        Op::Alloc {
+            size: 825254,
+            stream: 0,
+        },
+        Op::Free {
+            idx: 10114500218495434895,
+            mode: FreeMode::Async { stream: 0 },
+        },
+        Op::Free {
+            idx: 12476052835609184368,
+            mode: FreeMode::Async { stream: 0 },
+        },
+        Op::Alloc {
+            size: 281734491,
+            stream: 0,
+        },
+        Op::Alloc {
+            size: 1991,
+            stream: 0,
+        },
+        Op::Free {
+            idx: 15659579919939468533,
+            mode: FreeMode::Async { stream: 2 },
+        },
+        Op::Free {
+            idx: 1611021055538505788,
+            mode: FreeMode::Sync,
+        },
+        Op::Alloc {
+            size: 634728,
+            stream: 1,
+        },
+        Op::Alloc {
+            size: 2100,
+            stream: 2,
+        },
+        Op::Free {
+            idx: 6394150506980335449,
+            mode: FreeMode::Async { stream: 2 },
+        },
+        Op::Free {
+            idx: 11262411286061902214,
+            mode: FreeMode::Async { stream: 2 },
+        },
+        Op::Alloc {
+            size: 4030838,
+            stream: 1,
+        },
+        Op::Free {
+            idx: 17712929391611399303,
+            mode: FreeMode::Async { stream: 0 },
+        },
+        Op::Free {
+            idx: 13538869117031490500,
+            mode: FreeMode::Async { stream: 2 },
+        },
+        Op::Alloc {
+            size: 3674,
+            stream: vramshim_pool::ANY_STREAM,
+        },
+        Op::ProcessSync,
+        Op::Free {
+            idx: 4446661154887567018,
+            mode: FreeMode::Async { stream: 2 },
+        },
+        Op::Free {
+            idx: 8188546529624412558,
+            mode: FreeMode::Async { stream: 2 },
+        },
+        Op::Hits { n: 31 },
+        Op::Hits { n: 48 },
+        Op::Alloc {
+            size: 3207,
+            stream: 0,
+        },
+        Op::Free {
+            idx: 3660299789023440163,
+            mode: FreeMode::Async { stream: 0 },
+        },
+        Op::Hits { n: 18 },
+        Op::Free {
+            idx: 6031730958621627445,
+            mode: FreeMode::Async { stream: 0 },
+        },
+        Op::Alloc {
+            size: 2785,
+            stream: vramshim_pool::ANY_STREAM,
+        },
+        Op::Hits { n: 36241 },
+        Op::Alloc {
+            size: 930573,
+            stream: vramshim_pool::ANY_STREAM,
+        },
+    ];
+    let b = Budget {
+        window: 16,
+        ..Budget::default()
+    };
+    exercise_clean_in_budget(&mut Stitch::new().with_budget(Some(b)), &ops, 759 * MIB, b);
+}
+
+/// A stream of the random short-window test (shrunk; found with the fix below reverted) on which
+/// the counts of free pages and mappings are those of the last scan for idle pages while other
+/// pages became idle: the scan must run again. With the scan keyed by (epoch, free pages,
+/// mappings) instead of (epoch, `idle_gen`, pages) (a temporary edit) this fails: 20 MiB held
+/// for an 8 MiB budget, nothing cached, 5 pages that could go back.
+#[test]
+fn the_idle_scan_is_keyed_by_what_can_free_a_page_not_by_counts() {
+    let ops = vec![
+        Op::Alloc { size: 1, stream: 0 },
+        Op::Free {
+            idx: 968255,
+            mode: FreeMode::Async { stream: 0 },
+        },
+        Op::Alloc {
+            size: 8186571,
+            stream: vramshim_pool::ANY_STREAM,
+        },
+        Op::Alloc {
+            size: 941856,
+            stream: 0,
+        },
+        Op::Alloc {
+            size: 2613081,
+            stream: 1,
+        },
+        Op::Alloc {
+            size: 97593,
+            stream: 0,
+        },
+        Op::Free {
+            idx: 2543898374426637275,
+            mode: FreeMode::Async { stream: 0 },
+        },
+        Op::Alloc {
+            size: 3221969,
+            stream: 1,
+        },
+        Op::Alloc {
+            size: 114564,
+            stream: 2,
+        },
+        Op::Alloc {
+            size: 1427,
+            stream: 2,
+        },
+        Op::Free {
+            idx: 11813870922148137865,
+            mode: FreeMode::Async { stream: 2 },
+        },
+        Op::Alloc {
+            size: 88138,
+            stream: vramshim_pool::ANY_STREAM,
+        },
+        Op::Free {
+            idx: 11466436824716095044,
+            mode: FreeMode::Async { stream: 1 },
+        },
+        Op::Alloc {
+            size: 3268,
+            stream: vramshim_pool::ANY_STREAM,
+        },
+        Op::Alloc {
+            size: 3310,
+            stream: 2,
+        },
+        Op::Alloc {
+            size: 65432513,
+            stream: 0,
+        },
+        Op::Alloc {
+            size: 530615,
+            stream: vramshim_pool::ANY_STREAM,
+        },
+        Op::Alloc {
+            size: 434670,
+            stream: vramshim_pool::ANY_STREAM,
+        },
+        Op::Alloc {
+            size: 863000,
+            stream: 1,
+        },
+        Op::Alloc {
+            size: 2386,
+            stream: 1,
+        },
+        Op::Alloc {
+            size: 1687,
+            stream: 2,
+        },
+        Op::Alloc {
+            size: 2896,
+            stream: 0,
+        },
+        Op::Free {
+            idx: 4667770637777871426,
+            mode: FreeMode::Async { stream: 0 },
+        },
+        Op::Free {
+            idx: 13104819070145075953,
+            mode: FreeMode::Sync,
+        },
+        Op::Alloc {
+            size: 430,
+            stream: 0,
+        },
+        Op::Capture(true),
+        Op::Alloc {
+            size: 330817,
+            stream: 0,
+        },
+        Op::Alloc {
+            size: 930285,
+            stream: 0,
+        },
+        Op::Alloc {
+            size: 3079,
+            stream: 1,
+        },
+        Op::Free {
+            idx: 12090088055314611082,
+            mode: FreeMode::Async { stream: 0 },
+        },
+        Op::Free {
+            idx: 13788684752726569192,
+            mode: FreeMode::Async { stream: 1 },
+        },
+        Op::Free {
+            idx: 7988700469131222624,
+            mode: FreeMode::Sync,
+        },
+        Op::Alloc {
+            size: 2333148,
+            stream: vramshim_pool::ANY_STREAM,
+        },
+        Op::Free {
+            idx: 16486028843747749268,
+            mode: FreeMode::Async { stream: 2 },
+        },
+        Op::Free {
+            idx: 16368587247352559242,
+            mode: FreeMode::Async { stream: 2 },
+        },
+        Op::Alloc {
+            size: 1826,
+            stream: 2,
+        },
+        Op::Alloc {
+            size: 3684,
+            stream: 1,
+        },
+        Op::Free {
+            idx: 3974220690848472423,
+            mode: FreeMode::Async { stream: 1 },
+        },
+        Op::Free {
+            idx: 3497868980746992145,
+            mode: FreeMode::Async { stream: 2 },
+        },
+        Op::Free {
+            idx: 7715502518252066449,
+            mode: FreeMode::Async { stream: 1 },
+        },
+        Op::Alloc {
+            size: 695665,
+            stream: 2,
+        },
+        Op::Alloc {
+            size: 493341,
+            stream: 0,
+        },
+        Op::Free {
+            idx: 6849685998671646748,
+            mode: FreeMode::Sync,
+        },
+        Op::Hits { n: 26301 },
+        Op::Alloc {
+            size: 470,
+            stream: 1,
+        },
+        Op::Free {
+            idx: 15688370420909865730,
+            mode: FreeMode::Async { stream: 1 },
+        },
+        Op::Free {
+            idx: 5829178775336113891,
+            mode: FreeMode::Async { stream: 0 },
+        },
+        Op::Alloc {
+            size: 2211,
+            stream: 1,
+        },
+        Op::Free {
+            idx: 1632057000828057405,
+            mode: FreeMode::Async { stream: 1 },
+        },
+        Op::Alloc {
+            size: 758,
+            stream: 2,
+        },
+        Op::Free {
+            idx: 3459706122216970664,
+            mode: FreeMode::Sync,
+        },
+        Op::Free {
+            idx: 2325486580807613505,
+            mode: FreeMode::Async { stream: 2 },
+        },
+        Op::Capture(false),
+        Op::Hits { n: 25 },
+        Op::ProcessSync,
+        Op::Free {
+            idx: 16283328057715737196,
+            mode: FreeMode::Async { stream: 2 },
+        },
+        Op::Alloc {
+            size: 317002,
+            stream: 2,
+        },
+    ];
+    let b = Budget {
+        window: 16,
+        ..Budget::default()
+    };
+    exercise_clean_in_budget(&mut Stitch::new().with_budget(Some(b)), &ops, 99 * MIB, b);
+}
+
+/// A stream of the random short-window test (shrunk; found with the fix below reverted) on which
+/// the pool remembers that dissolving its cache would free no page, and a process
+/// synchronization's `cudaFree`d blocks reach its cache later in the epoch (at its next
+/// allocation): the answer must not outlive that release. With the answer keyed without the
+/// epoch of the last release of pending blocks (`budget::release_possible`'s key, a temporary
+/// edit) this fails: 38 MiB held for a 2 MiB budget, 36 MiB cached, 18 pages that could go
+/// back. (`pending_blocks_a_process_sync_releases_are_given_back_above_the_budget`, the stream
+/// this rule was first found by, passes without it since stitched mappings take their
+/// addresses from the pool's chunks.)
+#[test]
+fn a_release_of_pending_blocks_outdates_the_answer_that_nothing_can_go_back() {
+    let ops = vec![
+        Op::Alloc { size: 1, stream: 0 },
+        Op::Alloc { size: 1, stream: 0 },
+        Op::Alloc { size: 1, stream: 0 },
+        Op::Alloc { size: 1, stream: 0 },
+        Op::Free {
+            idx: 0,
+            mode: FreeMode::Sync,
+        },
+        Op::Free {
+            idx: 0,
+            mode: FreeMode::Sync,
+        },
+        Op::Free {
+            idx: 0,
+            mode: FreeMode::Sync,
+        },
+        Op::Free {
+            idx: 0,
+            mode: FreeMode::Sync,
+        },
+        Op::Free {
+            idx: 0,
+            mode: FreeMode::Sync,
+        },
+        Op::Alloc { size: 1, stream: 0 },
+        Op::Free {
+            idx: 0,
+            mode: FreeMode::Sync,
+        },
+        Op::Free {
+            idx: 0,
+            mode: FreeMode::Sync,
+        },
+        Op::Free {
+            idx: 0,
+            mode: FreeMode::Sync,
+        },
+        Op::Alloc { size: 1, stream: 0 },
+        Op::Alloc {
+            size: 3585,
+            stream: 0,
+        },
+        Op::Free {
+            idx: 0,
+            mode: FreeMode::Sync,
+        },
+        Op::Alloc {
+            size: 318381,
+            stream: 0,
+        },
+        Op::Free {
+            idx: 9253956928696041504,
+            mode: FreeMode::Sync,
+        },
+        Op::Alloc { size: 1, stream: 0 },
+        Op::Free {
+            idx: 0,
+            mode: FreeMode::Sync,
+        },
+        Op::Alloc {
+            size: 27962026,
+            stream: 0,
+        },
+        Op::Free {
+            idx: 7089033974926336580,
+            mode: FreeMode::Sync,
+        },
+        Op::Alloc {
+            size: 8388608,
+            stream: 0,
+        },
+        Op::Alloc {
+            size: 4097,
+            stream: 0,
+        },
+        Op::Alloc { size: 1, stream: 0 },
+        Op::Free {
+            idx: 0,
+            mode: FreeMode::Sync,
+        },
+        Op::Alloc { size: 1, stream: 0 },
+        Op::Free {
+            idx: 1661028685880625645,
+            mode: FreeMode::Sync,
+        },
+        Op::Alloc {
+            size: 4097,
+            stream: 0,
+        },
+        Op::Alloc {
+            size: 1048577,
+            stream: 0,
+        },
+        Op::Alloc { size: 1, stream: 0 },
+        Op::Alloc { size: 1, stream: 0 },
+        Op::Free {
+            idx: 7488949955046512782,
+            mode: FreeMode::Sync,
+        },
+        Op::ProcessSync,
+        Op::Hits { n: 16 },
+        Op::Alloc {
+            size: 3585,
+            stream: 0,
+        },
+    ];
+    let b = Budget {
+        window: 16,
+        ..Budget::default()
+    };
+    exercise_clean_in_budget(&mut Stitch::new().with_budget(Some(b)), &ops, 64 * MIB, b);
+}
+
+/// Found by the random short-window test (seed 12 of 1,500 cases): near the device's limit the
+/// pool re-forms an unused mapping over other pages (`Stitch::repair_mapping`), and one page
+/// moves from slot 3 to slot 0 of it. Its new slot was mapped first, then its old slot unmapped,
+/// which took the mapping off the page's list although the page was still mapped there; a
+/// window the caller's hits ended later gave the page back (`release of handle 1 while mapped
+/// 1 times`, the checking device).
+#[test]
+fn a_page_moved_within_a_reformed_mapping_is_not_released_while_mapped_there() {
+    use FreeMode::*;
+    use Op::*;
+    let ops = vec![
+        Alloc { size: 1, stream: 0 },
+        Free { idx: 0, mode: Sync },
+        Alloc {
+            size: 1997288,
+            stream: 0,
+        },
+        Free { idx: 0, mode: Sync },
+        Alloc {
+            size: 8198657,
+            stream: 0,
+        },
+        Alloc {
+            size: 24065,
+            stream: 0,
+        },
+        Alloc {
+            size: 2561,
+            stream: 0,
+        },
+        Free {
+            idx: 6505941216198666261,
+            mode: Sync,
+        },
+        Free { idx: 0, mode: Sync },
+        Alloc {
+            size: 161793,
+            stream: 0,
+        },
+        Alloc { size: 1, stream: 0 },
+        Alloc {
+            size: 4194817,
+            stream: 0,
+        },
+        Alloc { size: 1, stream: 0 },
+        Alloc {
+            size: 6480385,
+            stream: 0,
+        },
+        Free {
+            idx: 989211930943691068,
+            mode: Sync,
+        },
+        Free {
+            idx: 1360073802747487378,
+            mode: Sync,
+        },
+        Alloc {
+            size: 100828161,
+            stream: 0,
+        },
+        Alloc {
+            size: 2356415,
+            stream: 0,
+        },
+        Alloc { size: 1, stream: 0 },
+        Free {
+            idx: 15853621274391374001,
+            mode: Sync,
+        },
+        Alloc {
+            size: 1907713,
+            stream: 0,
+        },
+        Free {
+            idx: 8663830746510357115,
+            mode: Sync,
+        },
+        Free {
+            idx: 1695267640836312141,
+            mode: Sync,
+        },
+        Alloc { size: 1, stream: 0 },
+        Alloc { size: 1, stream: 0 },
+        Free {
+            idx: 6538882803672451708,
+            mode: Sync,
+        },
+        Free {
+            idx: 7491288849755460819,
+            mode: Sync,
+        },
+        Alloc {
+            size: 6481409,
+            stream: 0,
+        },
+        Free {
+            idx: 5161271353098290855,
+            mode: Async { stream: 0 },
+        },
+        ProcessSync,
+        Hits { n: 15 },
+    ];
+    let b = Budget {
+        window: 16,
+        ..Budget::default()
+    };
+    exercise_clean_in_budget(&mut Stitch::new().with_budget(Some(b)), &ops, 110 * MIB, b);
 }

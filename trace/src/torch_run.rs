@@ -12,7 +12,8 @@
 //! * two rings of the last 32 places (address, segment): of blocks freed (where an
 //!   allocation looks for its address) and of blocks allocated (where every other action
 //!   looks): an address found among the newest 28 is written as its distance, in the
-//!   control byte's spare bits.
+//!   control byte's spare bits. (The decoder keeps the rings; the encoder finds the distance
+//!   through an index of its own, which names the same places: [`Model::find`].)
 //!
 //! The time is the only field written for every event, as 1-3 little-endian bytes (its length
 //! in the control byte). Measured on a GPT-2 run's events: ~5 bytes an event, against ~12

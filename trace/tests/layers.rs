@@ -6,7 +6,7 @@ use std::path::Path;
 
 /// Bottom first; the modules of one entry import none of each other.
 const LAYERS: &[&[&str]] = &[
-    &["event", "wire", "footprint"],
+    &["event", "wire", "footprint", "switches"],
     &["columns", "torch_run"],
     &["codec", "header"],
     &["writer", "output_file"],

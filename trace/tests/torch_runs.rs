@@ -414,3 +414,58 @@ fn an_address_in_another_segment_is_not_its_old_place() {
         assert_eq!(got, ev, "{layout:?}");
     }
 }
+
+/// The records' time range (what a frame's index says it holds) is exactly the least and the
+/// greatest time of the events coded, however the times go (up, back, equal, a jump), with
+/// rows of any length, events no run holds among them and rows that need the buffer to grow.
+/// (The coder takes a row's times in full only where they turn back.)
+#[test]
+fn push_torch_all_keeps_the_exact_time_range() {
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut rnd = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for case in 0..200 {
+        let n = 1 + (rnd() % 300) as usize;
+        let mut t = 1_000_000 + rnd() % 1000;
+        let ops: Vec<TorchOp> = (0..n)
+            .map(|i| {
+                t = match rnd() % 8 {
+                    0 => t.saturating_sub(rnd() % 5000),
+                    1 => t,
+                    2 => t + (rnd() % (1 << 30)),
+                    _ => t + rnd() % 3000,
+                };
+                TorchOp {
+                    t_ns: t,
+                    tid: 9,
+                    action: (rnd() % 3) as u8,
+                    device: 0,
+                    addr: 0x7000_0000_0000 + (i as u64 % 16) * 4096,
+                    // Now and then a size no run holds: a `Torch` record among the row.
+                    size: if rnd() % 40 == 0 { u64::MAX - 1 } else { 4096 },
+                    stream: 0,
+                    segment: 0x7000_0000_0000,
+                    stack: (rnd() % 4) as u32,
+                }
+            })
+            .collect();
+        let mut enc = RecordEncoder::new();
+        enc.begin(9);
+        let mut at = 0;
+        while at < ops.len() {
+            let k = (1 + rnd() % 70) as usize;
+            let row = &ops[at..(at + k).min(ops.len())];
+            assert_eq!(enc.push_torch_all(row), row.len());
+            at += row.len();
+        }
+        let st = enc.stats();
+        let lo = ops.iter().map(|o| o.t_ns).min().unwrap();
+        let hi = ops.iter().map(|o| o.t_ns).max().unwrap();
+        assert_eq!((st.t_min, st.t_max), (lo, hi), "case {case}");
+        assert_eq!(st.records as usize, 1 + ops.len(), "case {case}");
+    }
+}

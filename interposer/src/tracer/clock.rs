@@ -222,6 +222,34 @@ impl ToNs {
         self.lookup(raw)
     }
 
+    /// [`Self::get`] of each time `time` finds in `items`, in place. The set in force for the
+    /// last time converted stays in registers: a time in its range costs the conversion
+    /// alone (a writer's buffer holds a few milliseconds of times, one or two sets').
+    pub(crate) fn convert_all<T>(&mut self, items: &mut [T], time: impl Fn(&mut T) -> &mut u64) {
+        if !self.tsc {
+            return;
+        }
+        let mut it = items.iter_mut();
+        while let Some(item) = it.next() {
+            let t = time(item);
+            *t = self.get(*t);
+            let (Some(p), lo, hi) = (self.p, self.lo, self.hi) else {
+                continue;
+            };
+            // `lo` is `p`'s anchor: a time from it on is `convert`'s forward line.
+            let span = hi.wrapping_sub(lo);
+            for item in it.by_ref() {
+                let t = time(item);
+                let dt = t.wrapping_sub(lo);
+                if dt >= span || dt > i64::MAX as u64 {
+                    *t = self.get(*t);
+                    break;
+                }
+                *t = convert_forward(&p, dt);
+            }
+        }
+    }
+
     /// Finds the set for `raw`. A walk that reads no set at all lost the newest one to a
     /// rewrite (this thread was preempted through `SETS_KEPT - 1` re-anchorings between
     /// reading `GEN` and the set): walk again from the new newest, at most `LOOKUP_TRIES`
@@ -354,7 +382,13 @@ fn convert(p: &Snapshot, tsc: u64) -> u64 {
         let back = ((dt.unsigned_abs() as u128 * p.rate as u128) >> SHIFT) as u64;
         return p.base_ns.saturating_sub(back);
     }
-    let dt = dt as u64;
+    convert_forward(p, dt as u64)
+}
+
+/// [`convert`] of a TSC `dt` ticks after the anchor (`dt` under 2^63; at 0 both lines give
+/// the anchor's ns).
+#[inline(always)]
+fn convert_forward(p: &Snapshot, dt: u64) -> u64 {
     let lin = ((dt as u128 * p.rate as u128) >> SHIFT) as u64;
     let ct = dt.min(p.corr_ticks);
     let corr = ((ct as i128 * p.corr as i128) >> SHIFT) as i64;
@@ -756,6 +790,49 @@ mod tests {
             worst <= BOUND_NS,
             "trace clock off CLOCK_MONOTONIC by {worst} ns (bound {BOUND_NS})"
         );
+    }
+
+    /// A buffer's times converted together (`convert_all`, the writer's way for a row of
+    /// tensor events) are each what `get` gives it: across re-anchorings (several kept
+    /// sets), at the anchors themselves and a tick either side, before every kept set and far
+    /// after the newest, in order, backward and shuffled.
+    #[test]
+    fn times_converted_together_are_each_times_conversion() {
+        let Some(_s) = tsc_or_skip() else { return };
+        let mut raws = vec![0, 1, u64::MAX / 2, u64::MAX - 1];
+        for _ in 0..4 {
+            for _ in 0..20 {
+                raws.push(now_raw());
+            }
+            hold_recalibration();
+            recalibrate_locked();
+            RECALIBRATING.store(false, Ordering::Release);
+            let anchor = LAST_ANCHOR_TSC.load(Ordering::Relaxed);
+            raws.extend([anchor - 1, anchor, anchor + 1]);
+            std::thread::sleep(std::time::Duration::from_millis(11));
+        }
+        raws.push(now_raw() + (1 << 40));
+        let mut orders = vec![raws.clone()];
+        let mut sorted = raws.clone();
+        sorted.sort_unstable();
+        orders.push(sorted.clone());
+        sorted.reverse();
+        orders.push(sorted);
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut shuffled = raws.clone();
+        for i in (1..shuffled.len()).rev() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            shuffled.swap(i, (x % (i as u64 + 1)) as usize);
+        }
+        orders.push(shuffled);
+        for order in orders {
+            let want: Vec<u64> = order.iter().map(|&r| ToNs::new().get(r)).collect();
+            let mut got = order.clone();
+            ToNs::new().convert_all(&mut got, |t| t);
+            assert_eq!(got, want, "raw times {order:?}");
+        }
     }
 
     /// How far `t` lies outside `[a, b]`, the monotonic clock read around it (preemption only

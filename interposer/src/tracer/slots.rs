@@ -274,14 +274,15 @@ pub(crate) fn encode(enc: &mut RecordEncoder, b: &mut Buf) {
                     if r.kind != Kind::Torch {
                         break;
                     }
-                    r.op.t_ns = ns.get(r.op.t_ns);
                     if r.op.tid == OWN_THREAD {
                         // The tracker's: this buffer's thread ([`OWN_THREAD`]).
                         r.op.tid = tid;
                     }
                     end += 1;
                 }
-                enc.push_torch_all(&b.raw[start..end]);
+                let row = &mut b.raw[start..end];
+                ns.convert_all(row, |r| &mut r.op.t_ns);
+                enc.push_torch_all(&*row);
                 i = end;
             }
             Kind::Other => {
@@ -1889,7 +1890,7 @@ mod tests {
     /// before it gives them up, so that what such an owner appends (and hands over) is in the
     /// count, not appended after it. Here the owner, in its window when the drain claims its
     /// slot, appends one event a little later. With `VRAMSHIM_SLOTS_FAULT=barrier-no-settle`
-    /// (the slots given up at once, as before) the event is neither taken nor counted: this
+    /// (the slots given up at once) the event is neither taken nor counted: this
     /// fails.
     #[test]
     fn a_failed_barrier_counts_what_an_owner_in_its_window_appends() {
@@ -1912,7 +1913,14 @@ mod tests {
         inside_rx.recv().unwrap();
         let mut bufs = Vec::new();
         barrier::FAILS.set(true);
-        let d = drain(&[slot], |b| bufs.extend(b), patient(), false);
+        // Patience that outlasts the owner's sleep on any machine (`patient()`'s million
+        // yields take 0.1-0.2 s where a yield is a fast system call: about the sleep itself).
+        let d = drain(
+            &[slot],
+            |b| bufs.extend(b),
+            Patience::new(u32::MAX, None),
+            false,
+        );
         barrier::FAILS.set(false);
         let (taken, lost) = drained(d);
         owner.join().unwrap();

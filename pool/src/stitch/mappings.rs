@@ -390,6 +390,14 @@ impl Stitch {
                 }
             }
         }
+        // a page that moved to another slot of this mapping lost it from its list when its
+        // old slot was unmapped (after its new one was mapped): it is still mapped here
+        for &q in pages {
+            let pg = self.page_mut(q);
+            if !pg.maps.contains(&m) {
+                pg.maps.push(m);
+            }
+        }
         if let Err(e) = dev.set_access(va, old.len() as u64 * g) {
             self.drop_broken_mapping(dev, m);
             return Err(PoolError::Device(e));

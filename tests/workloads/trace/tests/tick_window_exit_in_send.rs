@@ -6,7 +6,7 @@
 //! The signal lands in that window every time: the thread is single-stepped (the x86 trap
 //! flag, a SIGTRAP after each instruction) from just before the send until the channel counts
 //! the claimed place, and the step's handler then raises SIGUSR1, whose handler exits. With
-//! `VRAMSHIM_TRACE_FAULT=send-unmasked` (signals not blocked, as before) the exit spins for
+//! `VRAMSHIM_TRACE_FAULT=send-unmasked` (signals not blocked) the exit spins for
 //! ever on the half-written place (or waits for the writer thread's lock while that thread
 //! spins on it): the watchdog then fails the test.
 
