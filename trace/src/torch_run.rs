@@ -115,7 +115,9 @@ impl Default for Model {
             rings: [[Place::default(); RING]; 2],
             counts: [0; 2],
             find: [[Found::default(); 1 << FIND_BITS]; 2],
-            pushes: [0; 2],
+            // As after a reset: an entry nothing was put in (number 0) is never among the
+            // newest `RING_REFS`, so its empty place is never taken for the ring's.
+            pushes: [RING as u64; 2],
             device: 0,
             stream: 0,
             segments: [0; 3],

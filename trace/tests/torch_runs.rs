@@ -469,3 +469,34 @@ fn push_torch_all_keeps_the_exact_time_range() {
         assert_eq!(st.records as usize, 1 + ops.len(), "case {case}");
     }
 }
+
+/// A place never pushed is never found, however the encoder indexes its rings: after one
+/// allocation pushed its place, a free of the null place (address 0 in segment 0: the fields
+/// an index entry holds before anything was put in it) in another index entry is coded
+/// explicitly, not as the newest place of the ring. (Found by the `torch_run` fuzz target.)
+#[test]
+fn a_place_never_pushed_is_not_found_in_an_unused_index_entry() {
+    let op = |tid: u32, action: u8, addr: u64, seg: u64| {
+        Event::Torch(TorchOp {
+            t_ns: 999_999,
+            tid,
+            action,
+            device: 0,
+            addr,
+            size: 512,
+            stream: 0,
+            segment: seg,
+            stack: 0,
+        })
+    };
+    let seg = 0x7f00_0200_0000;
+    let ev = vec![op(7, 0, seg, seg), op(8, 2, 0, 0)];
+    for layout in [FrameLayout::Rows, FrameLayout::Columnar] {
+        for per_frame in [1, usize::MAX] {
+            let bytes = buffers_trace(&ev, layout, 115, per_frame, Some(7));
+            let (_, got, errs, trunc) = read_all(&bytes).unwrap();
+            assert!(errs.is_empty() && trunc.is_none(), "{errs:?} {trunc:?}");
+            assert_eq!(got, ev, "{layout:?}");
+        }
+    }
+}
