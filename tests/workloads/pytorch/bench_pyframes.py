@@ -172,8 +172,9 @@ def main():
     ratios = [100.0 * (t / s - 1) for s, t in steps]
     for (s, t), r in zip(steps, ratios):
         print("step: segment %.3f ms, tensor %.3f ms: %+.1f%%" % (s, t, r))
-    print("step: median %+.1f%%, spread %+.1f%% .. %+.1f%% over %d rounds" % (
-        statistics.median(ratios), min(ratios), max(ratios), len(ratios)))
+    if ratios:  # --step-rounds 0: the timings by depth alone
+        print("step: median %+.1f%%, spread %+.1f%% .. %+.1f%% over %d rounds" % (
+            statistics.median(ratios), min(ratios), max(ratios), len(ratios)))
 
 
 if __name__ == "__main__":
