@@ -1588,13 +1588,9 @@ fn checker_catches_broken_rules_in_the_arena() {
 /// pool with short budget windows above its budget often: blocks of every size on three
 /// streams, frees (stream-ordered, or a quarter with `cudaFree` when `sync_frees`), the
 /// process's synchronizations.
-fn random_streams(mut seed: u64, sync_frees: bool) -> Vec<Vec<Op>> {
-    let mut next = move |n: u64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % n
-    };
+fn random_streams(seed: u64, sync_frees: bool) -> Vec<Vec<Op>> {
+    let mut r = vramshim_testkit::XorShift(seed);
+    let mut next = move |n: u64| r.below(n);
     (0..64)
         .map(|_| {
             (0..300)
