@@ -12,12 +12,17 @@ impl XorShift {
         XorShift(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
     }
 
-    /// The next number below `n` (`n` > 0).
-    pub fn below(&mut self, n: u64) -> u64 {
+    /// The next number (never 0 from a seed that is not 0).
+    pub fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
-        self.0 % n
+        self.0
+    }
+
+    /// The next number below `n` (`n` > 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
     }
 }
 
