@@ -340,7 +340,11 @@ impl Stitch {
             }
         }
         let (differ, m, out) = best?;
-        // a new mapping costs n + 2 calls; a repair about 2 per slot (unmap, map) + 1
+        // a new mapping costs n + 1 calls (n maps, one access call: its addresses come from
+        // the pool's chunks, see `vas`) and one unmap when it is dropped; a repair about 2 per
+        // slot (unmap, map) + 1. Priced at n + 1 alone, no row of `pool_slack 0.05:2` changes
+        // and two other measurements get worse (docs/benchmarks.md, "The price of a new
+        // mapping")
         (2 * differ + 1 < n + 2).then_some((m, out, best_round))
     }
 
