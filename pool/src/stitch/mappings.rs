@@ -168,6 +168,8 @@ impl Stitch {
             pages,
             users: 0,
             busy_until: 0,
+            busy_on: Vec::new(),
+            busy_sync_only: false,
         };
         // Places of blocks are remembered as (slot, address) and recognised by both (see
         // `ghost`, `rounds`, `kept`): a dropped mapping's address range is taken again (see
@@ -242,6 +244,8 @@ impl Stitch {
         if self.nmaps <= limit {
             return;
         }
+        // mappings whose streams have passed the frees through them may go too
+        self.settle_busy(dev);
         let mut victims = Vec::new();
         for (i, m) in self.maps.iter().enumerate() {
             if let Some(m) = m
