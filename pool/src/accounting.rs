@@ -1,6 +1,7 @@
 //! An accounting device: no memory, deterministic. It counts pages, mappings and calls by
 //! kind, enforces a device capacity and an optional cap, models events and synchronization
-//! (an event completes at the next device synchronization), injects faults, and (when
+//! (an event completes at the next device synchronization, or when the process waited for its
+//! stream: [`AccountingDevice::stream_sync`]), injects faults, and (when
 //! checking is on) verifies what a policy hands out:
 //! - two live blocks never share a PHYSICAL byte (handle, offset), whatever their addresses;
 //! - every live byte is backed (mapped or malloc'd) and every pointer is 512-B aligned;
@@ -78,6 +79,8 @@ pub struct AccountingDevice {
     next_event: EventId,
     events: HashMap<EventId, (Stream, u64)>,
     completed: HashMap<Stream, u64>,
+    /// per stream: the sequence number of the process's last wait for it (`stream_sync`)
+    stream_done: HashMap<Stream, u64>,
     waited: HashMap<(Stream, Stream), u64>,
     /// (kind, calls left before the failing one, error)
     faults: Vec<(CallKind, u64, DeviceError)>,
@@ -125,6 +128,7 @@ impl AccountingDevice {
             next_event: 1,
             events: HashMap::new(),
             completed: HashMap::new(),
+            stream_done: HashMap::new(),
             waited: HashMap::new(),
             faults: Vec::new(),
             fault_counts: HashMap::new(),
@@ -161,6 +165,19 @@ impl AccountingDevice {
     /// The process synchronized the device itself (e.g. `cudaDeviceSynchronize`).
     pub fn process_sync(&mut self) {
         self.sync_point();
+    }
+
+    /// The process waited for `stream` alone (`cudaStreamSynchronize`, a synchronous copy on
+    /// it): everything enqueued on it so far is done, so every event recorded on it so far is
+    /// complete when queried, and its frees so far are past. Not a device synchronization:
+    /// a policy is told of none, and other streams may still be behind.
+    pub fn stream_sync(&mut self, stream: Stream) {
+        self.seq += 1;
+        let c = self.completed.entry(stream).or_insert(0);
+        *c = (*c).max(self.seq);
+        let d = self.stream_done.entry(stream).or_insert(0);
+        *d = (*d).max(self.seq);
+        self.seq += 1;
     }
 
     pub fn calls(&self) -> CallCounts {
@@ -885,7 +902,7 @@ impl Device for AccountingDevice {
             self.violation(format!("query of unknown event {event}"));
             return false;
         };
-        if seq < self.last_sync_seq {
+        if seq < self.last_sync_seq || self.stream_done.get(&s).is_some_and(|&d| seq < d) {
             let c = self.completed.entry(s).or_insert(0);
             *c = (*c).max(seq);
             true

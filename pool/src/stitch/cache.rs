@@ -156,8 +156,7 @@ impl Stitch {
             seq: b.seq,
         });
         if fence.is_some() {
-            let mp = self.map_mut(b.map);
-            mp.busy_until = mp.busy_until.max(b.epoch + 1);
+            self.mark_busy(dev, b.map, b.free_stream, b.seq, b.epoch);
         }
         let pages = self.map(b.map).pages.clone();
         for (p, s, e) in self.pieces(&pages, b.off, b.size) {

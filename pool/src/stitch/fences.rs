@@ -1,6 +1,17 @@
 //! Stream conditions: events and per-page fences that say when freed bytes may be reused on
 //! another stream, the per-mapping mark that says when a mapping may be unmapped
 //! (`Stitch::map_busy`), and the synchronizations that release `cudaFree`d blocks.
+//!
+//! Busy mappings: a block freed stream-ordered and given back to its pages before a
+//! synchronization leaves its mapping busy (its stream may still use those addresses). A
+//! synchronization ends that; so does the stream passing the free, which the pool learns
+//! without one: the mapping remembers the free's stream and number, and when the pool looks
+//! for mappings to drop (`settle_busy`) it records an event on that stream (one in flight per
+//! stream) and, at a later look, asks the device whether it is complete. A process that never
+//! synchronizes the device (it waits for its own stream, or the stream simply runs) would
+//! otherwise keep every such mapping for good. No event is recorded or asked about during a
+//! capture (a query there is capture-unsafe), and a free on no particular stream or during a
+//! capture waits for a synchronization.
 
 use super::*;
 
@@ -187,5 +198,122 @@ impl Stitch {
     /// what the pool holds, at least two pages.
     pub(super) fn pending_limit(&self) -> u64 {
         (self.npages * self.gran / 8).max(2 * self.gran)
+    }
+
+    /// Mapping `m` is busy for a block freed on `stream` (free number `free_seq`, in epoch
+    /// `free_epoch`) whose bytes were just given back: until a synchronization, or until an
+    /// event recorded on `stream` after the free is complete.
+    pub(super) fn mark_busy(
+        &mut self,
+        dev: &mut dyn Device,
+        m: u32,
+        stream: Stream,
+        free_seq: u64,
+        free_epoch: u64,
+    ) {
+        let epoch = self.epoch;
+        let sync_only = stream == crate::ANY_STREAM
+            || self.faults.busy_until_sync
+            // a free captured into a graph is passed when the graph runs, not the stream
+            || dev.is_capturing();
+        let mp = self.map_mut(m);
+        // a mapping no longer busy starts afresh
+        if mp.busy_until <= epoch {
+            mp.busy_on.clear();
+            mp.busy_sync_only = false;
+        }
+        mp.busy_until = mp.busy_until.max(free_epoch + 1);
+        if sync_only {
+            mp.busy_on.clear();
+            mp.busy_sync_only = true;
+        } else if !mp.busy_sync_only {
+            match mp.busy_on.iter_mut().find(|(s, _)| *s == stream) {
+                Some(e) => e.1 = e.1.max(free_seq),
+                None => mp.busy_on.push((stream, free_seq)),
+            }
+            self.busy_unsettled = true;
+        }
+    }
+
+    /// Let unused busy mappings whose streams have passed the frees through them go: each
+    /// stream has at most one event in flight (`marks`), recorded after the frees it covers;
+    /// once the device says it is complete, the mappings it covers are no longer busy on that
+    /// stream, and a new one is recorded for the frees after it. (One in flight: an event
+    /// replaced by a newer one before it completes would never be seen complete on a stream
+    /// that stays behind.) Mappings a synchronization ended forget their streams.
+    pub(super) fn settle_busy(&mut self, dev: &mut dyn Device) {
+        // an event query or record during a capture would break it
+        if !self.busy_unsettled || dev.is_capturing() {
+            return;
+        }
+        let epoch = self.epoch;
+        // per stream: (covered up to this free, if its event is complete), whether a free
+        // after that waits
+        let mut streams: FxMap<Stream, (Option<u64>, bool)> = FxMap::default();
+        for m in 0..self.maps.len() as u32 {
+            let Some(mp) = self.maps[m as usize].as_ref() else {
+                continue;
+            };
+            if mp.busy_on.is_empty() {
+                continue;
+            }
+            if mp.busy_until <= epoch {
+                let mp = self.map_mut(m);
+                mp.busy_on.clear();
+                mp.busy_sync_only = false;
+                continue;
+            }
+            if mp.users != 0 || mp.busy_sync_only {
+                continue;
+            }
+            let mut on = std::mem::take(&mut self.map_mut(m).busy_on);
+            on.retain(|&(s, seq)| {
+                let st = streams.entry(s).or_insert_with(|| {
+                    let done = self.marks.get(&s).and_then(|&(ev, at)| {
+                        (self.faults.busy_done_unasked || dev.event_done(ev)).then_some(at)
+                    });
+                    (done, false)
+                });
+                let covered = st.0.is_some_and(|at| at >= seq);
+                st.1 |= !covered;
+                !covered
+            });
+            let mp = self.map_mut(m);
+            if on.is_empty() {
+                mp.busy_until = 0;
+                self.idle_gen += 1;
+            } else {
+                mp.busy_on = on;
+            }
+        }
+        let mut left = false;
+        for (s, (done, waits)) in streams {
+            // a stream's event in flight stays until it completes
+            if !waits || (self.marks.contains_key(&s) && done.is_none()) {
+                left |= waits;
+                continue;
+            }
+            left = true;
+            if let Ok(ev) = dev.record_event(s) {
+                self.stats.events_recorded += 1;
+                if let Some((old, _)) = self.marks.insert(s, (ev, self.seq)) {
+                    dev.destroy_event(old);
+                }
+            }
+        }
+        // mappings in use are asked about once unused, at a later settle
+        self.busy_unsettled = left || self.maps.iter().flatten().any(|mp| !mp.busy_on.is_empty());
+    }
+
+    /// After a synchronization: no mapping is busy, no event is needed.
+    pub(super) fn drop_busy_events(&mut self, dev: &mut dyn Device) {
+        for mp in self.maps.iter_mut().flatten() {
+            mp.busy_on.clear();
+            mp.busy_sync_only = false;
+        }
+        for (_, (ev, _)) in self.marks.drain() {
+            dev.destroy_event(ev);
+        }
+        self.busy_unsettled = false;
     }
 }

@@ -168,6 +168,8 @@ impl Stitch {
             pages,
             users: 0,
             busy_until: 0,
+            busy_on: Vec::new(),
+            busy_sync_only: false,
         };
         // Places of blocks are remembered as (slot, address) and recognised by both (see
         // `ghost`, `rounds`, `kept`): a dropped mapping's address range is taken again (see
@@ -242,6 +244,8 @@ impl Stitch {
         if self.nmaps <= limit {
             return;
         }
+        // mappings whose streams have passed the frees through them may go too
+        self.settle_busy(dev);
         let mut victims = Vec::new();
         for (i, m) in self.maps.iter().enumerate() {
             if let Some(m) = m
@@ -340,7 +344,11 @@ impl Stitch {
             }
         }
         let (differ, m, out) = best?;
-        // a new mapping costs n + 2 calls; a repair about 2 per slot (unmap, map) + 1
+        // a new mapping costs n + 1 calls (n maps, one access call: its addresses come from
+        // the pool's chunks, see `vas`) and one unmap when it is dropped; a repair about 2 per
+        // slot (unmap, map) + 1. Priced at n + 1 alone, no row of `pool_slack 0.05:2` changes
+        // and two other measurements get worse (docs/benchmarks.md, "The price of a new
+        // mapping")
         (2 * differ + 1 < n + 2).then_some((m, out, best_round))
     }
 

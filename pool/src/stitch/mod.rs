@@ -29,8 +29,9 @@
 //! changes streams (it covers the free; `cudaStreamWaitEvent`, no host synchronization, and
 //! no event at all on the same-stream fast path). Bytes of dissolved blocks carry the same
 //! condition as a per-page fence, and the mapping such a block was in stays mapped until a
-//! synchronization (its addresses are what the stream may still use; the other mappings of
-//! its pages are not held for it: see `fences`). No synchronization during capture.
+//! synchronization, or until an event recorded on the stream after the free is seen complete
+//! (its addresses are what the stream may still use; the other mappings of its pages are not
+//! held for it: see `fences`). No synchronization during capture.
 
 use crate::blocks::{BState, Block, Blocks, SizeLists};
 use crate::device::{Device, DeviceError, EventId, Handle, Stream};
@@ -119,6 +120,13 @@ struct Mapping {
     /// stream may still use this mapping's addresses, which therefore stay mapped (see
     /// `fences`)
     busy_until: u64,
+    /// the streams of those frees and the newest free's number on each (see `fences`, "Busy
+    /// mappings"): once an event recorded on each after that free is complete, no stream uses
+    /// the mapping's addresses any more and it is no longer busy, with no synchronization
+    busy_on: Vec<(Stream, u64)>,
+    /// a free through it was on no particular stream or during a capture: only a
+    /// synchronization ends its busy state
+    busy_sync_only: bool,
 }
 
 /// What the slow path found: a cached block (after a synchronization released it), or a
@@ -221,6 +229,14 @@ pub struct Faults {
     /// after each (an access past a mapping's end then lands in the next mapping's memory):
     /// proves the test that such an access finds no memory can fail.
     pub va_no_guard: bool,
+    /// Keep a mapping busy until a synchronization even when the events recorded after the
+    /// frees through it are complete (the rule before those events; not a safety fault: it
+    /// proves the test that mappings do not pile up without synchronizations can fail).
+    pub busy_until_sync: bool,
+    /// Take a busy mapping's events for complete without asking the device (the mapping may
+    /// then be unmapped while its stream still uses it): proves the check of ending the busy
+    /// state by an event can fail.
+    pub busy_done_unasked: bool,
 }
 
 impl Faults {
@@ -279,6 +295,11 @@ pub struct Stitch {
     seq: u64,
     frees_since_sync: bool,
     events: FxMap<EventId, u32>,
+    /// per stream: the event in flight on it for busy mappings and `seq` when it was
+    /// recorded (it covers every free numbered up to that; see `fences`, "Busy mappings")
+    marks: FxMap<Stream, (EventId, u64)>,
+    /// some mapping is busy on a stream (see `settle_busy`)
+    busy_unsettled: bool,
     faults: Faults,
     /// `faults.any()`, kept for the fast path
     faults_on: bool,
@@ -379,6 +400,8 @@ impl Stitch {
             seq: 0,
             frees_since_sync: false,
             events: FxMap::default(),
+            marks: FxMap::default(),
+            busy_unsettled: false,
             faults: Faults::default(),
             faults_on: false,
             last_taken: None,
@@ -605,6 +628,7 @@ impl Policy for Stitch {
             self.do_sync(dev)?;
         }
         self.flush_pending();
+        self.drop_busy_events(dev);
         while self.dissolve_some(dev, u64::MAX) {}
         let before = self.npages;
         for p in 0..self.pages.len() as u32 {
