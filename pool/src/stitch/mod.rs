@@ -48,6 +48,7 @@ mod budget;
 mod cache;
 mod fences;
 mod kept;
+mod layers;
 mod mappings;
 mod pages;
 mod placement;
@@ -168,8 +169,9 @@ pub struct Faults {
     /// Do not replay the previous round's places (not a safety fault: it proves the test
     /// that a repeated workload's later rounds make no driver call can fail).
     pub forget_rounds: bool,
-    /// Take the previous round's place even where a live block is (the new block overlaps
-    /// it): proves the safety checks of replayed places can fail.
+    /// Take the previous round's place (and, with layers on, the place of a period or two
+    /// before: see `layers`) even where a live block is (the new block overlaps it): proves
+    /// the safety checks of replayed places can fail.
     pub replay_over_live: bool,
     /// Place blocks of different lifetime classes in the same pages (proves the test of
     /// `Stitch::set_lifetime_class` can fail).
@@ -298,6 +300,9 @@ pub struct Stitch {
     kept_carves: u64,
     /// the places of this round's and the previous round's cache misses (see `rounds`)
     rounds: rounds::Rounds,
+    /// the recent large allocations' places, replayed two periods later (see `layers`)
+    layers: layers::Layers,
+    layers_on: bool,
     /// soft limit over peak live beyond which cached blocks are dissolved before growing
     /// (None: cache until the device or cap refuses)
     headroom: Option<f64>,
@@ -388,6 +393,8 @@ impl Stitch {
             tcaches: true,
             kept_carves: 0,
             rounds: Default::default(),
+            layers: Default::default(),
+            layers_on: false,
             headroom: None,
             budget: None,
             vas: vas::VaSpace::default(),
@@ -435,6 +442,13 @@ impl Stitch {
     /// best fit (see `kept`).
     pub fn with_kept(mut self, on: bool) -> Self {
         self.kept_on = on;
+        self
+    }
+
+    /// Give a repeated sequence of large requests within one round the places of the repeat
+    /// before the previous one (see `layers`).
+    pub fn with_layers(mut self, on: bool) -> Self {
+        self.layers_on = on;
         self
     }
 
@@ -692,12 +706,13 @@ impl Policy for Stitch {
 
     fn reset(&mut self) {
         let stats = self.stats;
-        let (faults, headroom, budget, runs, kept, tcaches) = (
+        let (faults, headroom, budget, runs, kept, layers, tcaches) = (
             self.faults,
             self.headroom,
             self.budget,
             self.grow_runs,
             self.kept_on,
+            self.layers_on,
             self.tcaches,
         );
         *self = Stitch::new()
@@ -705,6 +720,7 @@ impl Policy for Stitch {
             .with_budget(budget)
             .with_runs(runs)
             .with_kept(kept)
+            .with_layers(layers)
             .with_thread_caches(tcaches);
         self.set_faults(faults);
         self.stats = Stats {
@@ -771,6 +787,12 @@ impl Stitch {
         } else {
             None
         };
+        // within one round, a repeated sequence of large requests takes the places of two
+        // periods before (see `layers`)
+        let replayed = match replayed {
+            None if self.layers_on => self.layer_commit(dev, size, t, req.size)?,
+            r => r,
+        };
         let mut hit = None;
         if replayed.is_none() {
             hit = self.cache_take(dev, size, t, req.size);
@@ -805,6 +827,7 @@ impl Stitch {
                 self.stats.cache_hits += 1;
                 if self.budget.is_some() {
                     self.note_round(size, a);
+                    self.note_layer(size, a);
                 }
                 a
             }
@@ -842,6 +865,7 @@ impl Stitch {
                 });
                 if self.budget.is_some() {
                     self.note_round(size, addr);
+                    self.note_layer(size, addr);
                 }
                 self.gc_mappings(dev);
                 addr
