@@ -3,8 +3,9 @@
 //! checking device every shared trace and GPU recording, under both free semantics, completes
 //! with no overlap, no early reuse and nothing leaked, within 1.10 x peak live on an 80 GiB
 //! device, on a device no smaller than the pool without it needs, and with no driver call
-//! after the first of three passes where the pool without it makes none; bert_serve behind
-//! `cudaFree` (one long round of repeated layers) makes fewer calls in its second half.
+//! after the first of three passes where the pool without it makes none, and no more calls in
+//! the second half of one pass; bert_serve (one long round of repeated layers) makes fewer
+//! there under both free semantics.
 //! Broken on purpose (`Faults::replay_over_live` with layers on: a remembered place taken over
 //! a live block), the checking device reports the overlap on bert_serve, which the same
 //! switch without layers leaves clean (its one long round has no round to replay).
@@ -66,10 +67,15 @@ fn every_trace_is_safe_with_layers_and_keeps_the_memory_targets() {
             if base == 0 {
                 assert_eq!(l, 0, "{what}: later passes make driver calls");
             }
-            if name.contains("bert_serve") && frees == Frees::CudaFree {
+            assert!(
+                half_l <= half_base,
+                "{what}: second half {half_l:.1} per 1000, without layers {half_base:.1}"
+            );
+            if name.contains("bert_serve") {
+                // 179.9 -> 105.7 behind `cudaFree`, 166.3 -> 129.6 stream-ordered
                 assert!(p.layer_replays() > 0, "{what}: no layer replayed");
                 assert!(
-                    half_l < half_base * 0.7,
+                    half_l < half_base * 0.8,
                     "{what}: second half {half_l:.1} per 1000, without layers {half_base:.1}"
                 );
             }

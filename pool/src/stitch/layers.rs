@@ -14,23 +14,32 @@
 //! k-2, which layer k-2's places kept clear of. Two alternating layouts then repeat with no
 //! driver call.
 //!
-//! The rule: every large allocation (over half a page) of a budgeted pool with layers on
-//! goes through the general path (the fast path declines it: `SizeList::replay_next`), and
-//! its size and place are remembered in order. When the sequence of large sizes has repeated
-//! with some period `p` (at most `MAX_PERIOD`) over the last `2p` allocations, this one
-//! included, the allocation takes the place of the one `2p` before it, if only cached (or
-//! pending) blocks are there now; else the usual placement. Which place is safe is decided
-//! as for the round replay (`Stitch::place_free`): never a live block's bytes, pending ones
-//! released by a synchronization first.
+//! The rule: every allocation of at least a page of a budgeted pool with layers on goes
+//! through the general path (the fast path declines it: `SizeList::replay_next`), and its
+//! size and place are remembered in order. When the sequence of these sizes has repeated
+//! with some period `p` of at least two sizes (at most `MAX_PERIOD` allocations) for the last
+//! `p + 1` allocations, this one included, and the allocation `2p` before had this size too,
+//! the allocation takes the place of the one `2p` before it, else of the one `p` before it
+//! (the first repeats of a new shape, whose layer before the previous one differed), if only
+//! cached (or pending) blocks are there now; else the usual placement. Which place is safe is
+//! decided as for the round replay (`Stitch::place_free`): never a live block's bytes,
+//! pending ones released by a synchronization first. Not near the device's limit
+//! (`roomy`): there the usual placement packs tighter (smaller devices).
+//!
+//! Blocks under a page share pages (their places matter little) and are left to the fast
+//! path. The caller's thread caches (`thread_cache`) are off with layers on: a cache hit is
+//! served where the pool never sees it, so the layer's blocks it serves would neither be
+//! placed by the rule nor remembered.
 
 use super::*;
 
-/// The longest period (in large allocations) looked for.
+/// The longest period (in allocations of at least a page) looked for.
 const MAX_PERIOD: usize = 64;
-/// Large allocations remembered: two periods back from the allocation being served.
+/// Allocations remembered: two periods back from the allocation being served.
 const RING: usize = 2 * MAX_PERIOD + 1;
 
-/// The recent large allocations and how far each candidate period has held.
+/// The recent large allocations (of at least a page) and how far each candidate period has
+/// held.
 pub(super) struct Layers {
     /// (size, mapping, the mapping's address, offset) by large allocation number mod `RING`
     ring: Vec<(u64, u32, u64, u64)>,
@@ -108,11 +117,12 @@ impl Stitch {
     /// Whether the layer replay looks at an allocation of `size`.
     #[inline]
     fn layer_size(&self, size: u64) -> bool {
-        self.layers_on && self.budget.is_some() && self.gran > 0 && size > self.gran / 2
+        self.layers_on && self.budget.is_some() && self.gran > 0 && size >= self.gran
     }
 
     /// Place the allocation of `size` on stream `t` where the large allocation two periods
-    /// before it went, when the sequence repeats and that place is free but for cached blocks.
+    /// (else one period) before it went, when the sequence repeats and that place is free but
+    /// for cached blocks.
     pub(super) fn layer_commit(
         &mut self,
         dev: &mut dyn Device,

@@ -692,9 +692,14 @@ impl Policy for Stitch {
     }
 
     /// As the interposer decides: its caches are off when `VRAMSHIM_POOL_DEBUG` names any of
-    /// the pool's switches (faults, `runs`, `kept`: their tests exercise the pool's own rules).
+    /// the pool's switches (faults, `runs`, `kept`: their tests exercise the pool's own rules),
+    /// and with layers on (see `layers`: the blocks a cache serves would escape the rule).
     fn thread_caches(&self) -> bool {
-        self.tcaches && self.faults == Faults::default() && !self.grow_runs && !self.kept_on
+        self.tcaches
+            && self.faults == Faults::default()
+            && !self.grow_runs
+            && !self.kept_on
+            && !self.layers_on
     }
 
     fn pinned_above_budget(&self) -> bool {
