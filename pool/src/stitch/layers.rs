@@ -123,6 +123,8 @@ impl Stitch {
     /// Place the allocation of `size` on stream `t` where the large allocation two periods
     /// (else one period) before it went, when the sequence repeats and that place is free but
     /// for cached blocks.
+    #[cold]
+    #[inline(never)]
     pub(super) fn layer_commit(
         &mut self,
         dev: &mut dyn Device,
@@ -160,6 +162,8 @@ impl Stitch {
 
     /// After a large allocation of `size` (now a block at `addr`) was served by the general
     /// path: remember its place, and keep the next allocation of its size off the fast path.
+    #[cold]
+    #[inline(never)]
     pub(super) fn note_layer(&mut self, size: u64, addr: u64) {
         if !self.layer_size(size) {
             return;

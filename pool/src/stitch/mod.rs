@@ -787,16 +787,16 @@ impl Stitch {
         }
         // under a budget, the place this allocation had in the previous round comes first
         // (see `rounds`): a cached block taken instead would let the layout drift
+        // (with layers on, every large allocation after its size's first is due here: within
+        // one round, a repeated sequence of them takes the places of two periods before, see
+        // `layers`)
         let replayed = if self.budget.is_some() && self.round_due(size) {
-            self.round_commit(dev, size, t, req.size)?
+            match self.round_commit(dev, size, t, req.size)? {
+                None if self.layers_on => self.layer_commit(dev, size, t, req.size)?,
+                r => r,
+            }
         } else {
             None
-        };
-        // within one round, a repeated sequence of large requests takes the places of two
-        // periods before (see `layers`)
-        let replayed = match replayed {
-            None if self.layers_on => self.layer_commit(dev, size, t, req.size)?,
-            r => r,
         };
         let mut hit = None;
         if replayed.is_none() {
@@ -832,7 +832,9 @@ impl Stitch {
                 self.stats.cache_hits += 1;
                 if self.budget.is_some() {
                     self.note_round(size, a);
-                    self.note_layer(size, a);
+                    if self.layers_on {
+                        self.note_layer(size, a);
+                    }
                 }
                 a
             }
@@ -870,7 +872,9 @@ impl Stitch {
                 });
                 if self.budget.is_some() {
                     self.note_round(size, addr);
-                    self.note_layer(size, addr);
+                    if self.layers_on {
+                        self.note_layer(size, addr);
+                    }
                 }
                 self.gc_mappings(dev);
                 addr
