@@ -4,11 +4,14 @@
 //! decoder must never panic, loop or allocate beyond its caps); and the bytes as a sequence
 //! of PyTorch allocator events drawn from few values (so the model predicts and finds places
 //! in its rings), encoded in buffers of one context each, plain or chained across frames,
-//! and read back: every event must come back exactly.
+//! and read back: every event must come back exactly; and those events, some made
+//! allocations and frees, coded as the interposer's writer codes a buffer (each row of
+//! consecutive tensor events in one `push_torch_all`): the same bytes as event by event,
+//! every event read back exactly.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use vramshim_trace::{Event, FrameLayout, TorchOp, TraceReader};
+use vramshim_trace::{AllocKind, Api, Event, FrameLayout, MemOp, TorchOp, TraceReader};
 
 /// The trace tests' writers of raw records and encoded buffers.
 #[path = "../../trace/tests/common/frames.rs"]
@@ -75,6 +78,40 @@ fn events(data: &[u8]) -> Vec<Event> {
         .collect()
 }
 
+/// `events(data)` with about one in eight made an allocation or a free of the same time,
+/// thread, device, stream, address, size and stack (so that rows of tensor events end where
+/// they do in the writer's buffers, and the coders share the context's time and thread).
+fn mixed(data: &[u8]) -> Vec<Event> {
+    events(data)
+        .into_iter()
+        .zip(data.chunks_exact(8))
+        .map(|(e, c)| match e {
+            Event::Torch(op) if c[1] & 0x1c == 0x1c => {
+                let m = MemOp {
+                    t_ns: op.t_ns,
+                    tid: op.tid,
+                    api: Api::CudaMalloc,
+                    kind: AllocKind::Runtime,
+                    flags: 0,
+                    device: op.device,
+                    stream: op.stream,
+                    addr: op.addr,
+                    size: op.size,
+                    result: 0,
+                    latency_ns: 0,
+                    stack: op.stack,
+                };
+                if c[1] & 0x20 == 0 {
+                    Event::Alloc(m)
+                } else {
+                    Event::Free(m)
+                }
+            }
+            e => e,
+        })
+        .collect()
+}
+
 fuzz_target!(|data: &[u8]| {
     if data.is_empty() || data.len() > 1 << 16 {
         return;
@@ -125,4 +162,26 @@ fuzz_target!(|data: &[u8]| {
         .collect();
     let (file, _) = frames::chained_trace(&bufs, layout, 1 + (data[0] >> 2) as usize % 4);
     assert!(drain(&file) == ev, "chained events did not round trip");
+    // 4. The writer's path: the events, some allocations and frees among them, in chained
+    // contexts, each row of consecutive tensor events coded in one `push_torch_all` (one
+    // run header, the buffer grown for the row and again past 32 events, runs closed at an
+    // event no run holds midway): the bytes of every buffer as those of the events pushed
+    // one by one, and every event read back exactly.
+    let ev = mixed(payload);
+    let bufs: Vec<(u32, Vec<Event>)> = ev
+        .chunks(per)
+        .map(|c| {
+            let tid = match &c[0] {
+                Event::Torch(op) => op.tid,
+                Event::Alloc(m) | Event::Free(m) => m.tid,
+                _ => 7,
+            };
+            (tid, c.to_vec())
+        })
+        .collect();
+    let per_frame = 1 + (data[0] >> 2) as usize % 4;
+    let (file, rows) = frames::rows_trace(&bufs, layout, per_frame, true);
+    let (_, singles) = frames::rows_trace(&bufs, layout, per_frame, false);
+    assert!(rows == singles, "rows coded otherwise than event by event");
+    assert!(drain(&file) == ev, "rows did not round trip");
 });

@@ -1048,10 +1048,17 @@ fn wait_for_writer() {
 /// buffers came from are still held (to write the buffers their owners handed over before:
 /// older than the partial ones), then each buffer (to [`encode`]). See [`Drained`] for what it
 /// says. `patience` bounds the waits for owners inside their slots, all slots together.
-pub(crate) fn drain_all(f: impl FnMut(Option<Buf>), patience: Patience, wait_own: bool) -> Drained {
+/// `probe` (a tick after one whose barrier failed): the barrier is tried alone first, and
+/// while it still fails nothing is claimed ([`drain`]).
+pub(crate) fn drain_all(
+    f: impl FnMut(Option<Buf>),
+    patience: Patience,
+    wait_own: bool,
+    probe: bool,
+) -> Drained {
     let mut all = Vec::new();
     for_each(|s| all.push(s));
-    drain(&all, f, patience, wait_own)
+    drain(&all, f, patience, wait_own, probe)
 }
 
 /// What [`drain`] did.
@@ -1130,12 +1137,22 @@ fn fault_hand_over_uncounted() -> bool {
 /// The calling thread's own slot, when it is inside it, is given up at once: it cannot leave
 /// while it runs this (`wait_own`, under the fault switch `own-wait`: it is waited for like
 /// any other, through all of `patience`, in vain).
+///
+/// `probe`: the barrier is tried alone first, and while it fails nothing is claimed (taken:
+/// false, nothing given up). For a tick after one whose barrier failed: nothing could be
+/// taken, and claiming the slots would make every owner that comes wait through the drain's
+/// settling (a millisecond and more) for nothing; the buffers wait for a tick where the
+/// barrier works. Never at exit, where every slot is claimed and given up counted.
 fn drain(
     slots: &[&'static Slot],
     mut f: impl FnMut(Option<Buf>),
     mut patience: Patience,
     wait_own: bool,
+    probe: bool,
 ) -> Drained {
+    if probe && !barrier::heavy() {
+        return Drained::default();
+    }
     let mine = my_slot_ptr().get() as *const Slot;
     let mut given_up: Vec<&'static Slot> = Vec::new();
     let held: Vec<Guard<'static>> = slots
@@ -1356,7 +1373,7 @@ mod tests {
                     }
                 }
             } else {
-                drain(&[slot], |b| chunks.extend(b), patient(), false);
+                drain(&[slot], |b| chunks.extend(b), patient(), false, false);
             }
             drains += 1;
             // The writer drains every 50 ms, not back to back: a drainer spinning without
@@ -1365,7 +1382,7 @@ mod tests {
             std::thread::yield_now();
         }
         owner.join().unwrap();
-        drain(&[slot], |b| chunks.extend(b), patient(), false);
+        drain(&[slot], |b| chunks.extend(b), patient(), false, false);
         let mut file = Vec::new();
         {
             let mut w = vramshim_trace::TraceWriter::new(&mut file, &Default::default()).unwrap();
@@ -1737,6 +1754,7 @@ mod tests {
                     |b| bufs.extend(b),
                     Patience::new(u32::MAX, None),
                     false,
+                    false,
                 );
                 drop(inside);
                 drained(d)
@@ -1745,7 +1763,7 @@ mod tests {
             assert!(bufs.is_empty(), "{how}: a buffer was taken");
             // Out of it, the same thread's slot is drained as usual.
             let d = as_mine(slot, || {
-                drain(&[slot], |b| bufs.extend(b), patient(), false)
+                drain(&[slot], |b| bufs.extend(b), patient(), false, false)
             });
             assert_eq!(drained(d), (true, 0), "{how}");
             assert_eq!(taken_events(bufs), 7, "{how}");
@@ -1777,6 +1795,7 @@ mod tests {
                 &[slot],
                 |b| bufs.extend(b),
                 Patience::new(1 << 8, None),
+                false,
                 false,
             );
             done_tx.send(()).unwrap();
@@ -1854,6 +1873,7 @@ mod tests {
             |b| bufs.extend(b),
             Patience::new(WAITS, None),
             false,
+            false,
         );
         let (waits, given_up) = (d.waits, d.given_up.len());
         let lost = unaccounted(&d.given_up);
@@ -1875,6 +1895,7 @@ mod tests {
             &stuck.slots,
             |_| {},
             Patience::new(u32::MAX, Some(0)),
+            false,
             false,
         );
         let waits = d.waits;
@@ -1920,6 +1941,7 @@ mod tests {
             |b| bufs.extend(b),
             Patience::new(u32::MAX, None),
             false,
+            false,
         );
         barrier::FAILS.set(false);
         let (taken, lost) = drained(d);
@@ -1945,12 +1967,50 @@ mod tests {
         let slots = [slot_holding(5), slot_holding(4)];
         let mut bufs = Vec::new();
         barrier::FAILS.set(true);
-        let d = drain(&slots, |b| bufs.extend(b), patient(), false);
+        let d = drain(&slots, |b| bufs.extend(b), patient(), false, false);
         barrier::FAILS.set(false);
         assert_eq!(drained(d), (false, 9), "the claimed slots' events counted");
         assert!(bufs.is_empty(), "a buffer was taken without the barrier");
-        let d = drain(&slots, |b| bufs.extend(b), patient(), false);
+        let d = drain(&slots, |b| bufs.extend(b), patient(), false, false);
         assert_eq!(drained(d), (true, 0));
         assert_eq!(taken_events(bufs), 9);
+    }
+
+    /// A tick after one whose barrier failed tries the barrier alone first (`probe`): while
+    /// it still fails, no slot is claimed, so no owner is waited for nor made to wait (an
+    /// owner in its window, another holding its lock: not a single wait), nothing is given
+    /// up and nothing taken; once it works the buffers are taken. Without the probe (broken
+    /// on purpose: the first lines of `drain` removed) the same drain claims the slots,
+    /// waits for both owners and gives them up: this fails.
+    #[test]
+    fn a_tick_after_a_failed_barrier_claims_nothing_while_it_still_fails() {
+        barrier::init();
+        if !barrier::available() {
+            // No window, no barrier: nothing to fail.
+            return;
+        }
+        let stuck = Stuck::new(2, 3);
+        let mut bufs = Vec::new();
+        barrier::FAILS.set(true);
+        let d = drain(
+            &stuck.slots,
+            |b| bufs.extend(b),
+            Patience::new(1 << 8, None),
+            false,
+            true,
+        );
+        barrier::FAILS.set(false);
+        let (waits, given_up, taken) = (d.waits, d.given_up.len(), d.taken);
+        let slots = stuck.slots.clone();
+        stuck.release();
+        assert_eq!(
+            (taken, given_up, waits),
+            (false, 0, 0),
+            "a drain whose probe failed claimed slots"
+        );
+        assert!(bufs.is_empty());
+        let d = drain(&slots, |b| bufs.extend(b), patient(), false, true);
+        assert_eq!(drained(d), (true, 0));
+        assert_eq!(taken_events(bufs), 6);
     }
 }

@@ -120,6 +120,9 @@ struct Out {
     lost_written: u64,
     devices_known: bool,
     ticks: u32,
+    /// The last tick's drain found the barrier failing (the next one tries it alone first:
+    /// [`slots::drain_all`]'s `probe`).
+    barrier_failed: bool,
     pid: u32,
     finished: bool,
     /// Compressing at the fast level (backlog above `FAST_ABOVE`).
@@ -260,6 +263,7 @@ fn start() -> bool {
         lost_written: 0,
         devices_known,
         ticks: 0,
+        barrier_failed: false,
         pid,
         finished: false,
         fast: false,
@@ -657,6 +661,7 @@ fn tick_locked(
     // taken: those threads' earlier events, written before the partial buffers. Only taken
     // off the queue while the slots are held (owners wait meanwhile), written after.
     let mut older = Vec::new();
+    let probe = !at_exit && out.barrier_failed;
     let drained = slots::drain_all(
         |b| match b {
             None if fault == OrderFault::PartialsFirst => {}
@@ -671,6 +676,7 @@ fn tick_locked(
         },
         patience,
         fault == OrderFault::OwnWait,
+        probe,
     );
     for c in older {
         write_chunk(sh, out, c);
@@ -682,6 +688,7 @@ fn tick_locked(
         count_lost(slots::unaccounted(&drained.given_up));
     }
     let drained = drained.taken;
+    out.barrier_failed = !drained;
     tick_hook::at(TickPoint::AfterDrain { at_exit });
     super::clock::recalibrate();
     let now = super::clock::now_ns();

@@ -92,3 +92,50 @@ pub fn chained_trace(
     }
     (w.finish().unwrap(), info)
 }
+
+/// `bufs` written as the interposer's writer thread codes a thread's buffer: each buffer one
+/// chained context, every row of consecutive tensor events given to
+/// [`RecordEncoder::push_torch_all`] at once, the other events pushed one by one;
+/// `per_frame` buffers a frame. With `rows` false every event is pushed by itself (the
+/// bytes must be the same). Returns the file and each buffer's encoded bytes.
+pub fn rows_trace(
+    bufs: &[(u32, Vec<Event>)],
+    layout: FrameLayout,
+    per_frame: usize,
+    rows: bool,
+) -> (Vec<u8>, Vec<Vec<u8>>) {
+    let mut w = TraceWriter::new(Vec::new(), &Header::default()).unwrap();
+    w.set_layout(layout);
+    let mut enc = RecordEncoder::new();
+    let mut coded = Vec::new();
+    let mut ops = Vec::new();
+    for (i, (tid, ev)) in bufs.iter().enumerate() {
+        enc.clear();
+        enc.context_chained(*tid);
+        let mut rest = &ev[..];
+        while let Some(e) = rest.first() {
+            let row = rest
+                .iter()
+                .take_while(|e| rows && matches!(e, Event::Torch(_)))
+                .count();
+            if row == 0 {
+                enc.push(e);
+                rest = &rest[1..];
+                continue;
+            }
+            ops.clear();
+            ops.extend(rest[..row].iter().filter_map(|e| match e {
+                Event::Torch(op) => Some(op.clone()),
+                _ => None,
+            }));
+            assert_eq!(enc.push_torch_all(&ops), row);
+            rest = &rest[row..];
+        }
+        coded.push(enc.bytes().to_vec());
+        w.write_encoded(&enc).unwrap();
+        if (i + 1) % per_frame == 0 {
+            w.flush_frame().unwrap();
+        }
+    }
+    (w.finish().unwrap(), coded)
+}
