@@ -604,6 +604,13 @@ fn debug_faults() -> Option<(vramshim_pool::stitch::Faults, bool, bool)> {
         f.pressure_off = true;
         what.push("ignores how close the device is to full");
     }
+    // Keeps a mapping a block was freed through stream-ordered until a device
+    // synchronization, whatever its stream's events say: the test that such mappings do not
+    // pile up in a process that never synchronizes the device.
+    if switch_on("VRAMSHIM_POOL_DEBUG", "busy-until-sync") {
+        f.busy_until_sync = true;
+        what.push("keeps mappings freed through until a synchronization");
+    }
     if what.is_empty() {
         return None;
     }
