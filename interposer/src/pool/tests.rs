@@ -1573,3 +1573,59 @@ fn mappings_freed_through_stay_bounded_live_without_a_synchronization() {
         }
     }
 }
+
+/// `vramshim replay` keys a recorded allocation and a stream-ordered free on the stream the
+/// live pool does (`vramshim_pool::streams`): any stream for `cudaMalloc`, handle 0's stream
+/// for `cudaStreamLegacy`, the thread's own for `cudaStreamPerThread` and the `_ptsz` entry
+/// points' handle 0. On a traced run mixing them (`mixed_streams`), its predicted driver calls
+/// and synchronizations are the live pool's. (Keyed by the recorded handles, it served a
+/// `cudaMalloc` at once from a block freed on stream 0, which the live pool never does
+/// without a synchronization: 31 driver calls and no synchronization predicted, against 34
+/// and 38 live.)
+#[test]
+fn vramshim_replay_keys_streams_as_the_live_pool_on_a_mixed_trace() {
+    let exe = workload("mixed_streams");
+    let dir = vramshim_testkit::temp_dir("pool_mixed_streams");
+    let trace = dir.join("mixed.vramtrace");
+    let _ = std::fs::remove_file(&trace);
+    let o = run(
+        &exe,
+        &["6"],
+        &[
+            ("VRAMSHIM_POOL", "stitch"),
+            ("VRAMSHIM_TRACE", trace.to_str().unwrap()),
+            ("VRAMSIM_DEBUG", "1"),
+        ],
+        "pool-mixed-streams",
+    );
+    assert_exit(&o, 0, "mixed_streams");
+    let (live_calls, live_syncs) = (
+        sim_memory_calls(&o.stderr),
+        field(&o.stdout, "syncs") as u64,
+    );
+    let vramshim = vramshim_testkit::profile_dir().join("vramshim");
+    let out = std::process::Command::new(&vramshim)
+        .args(["replay", "--pool", "stitch", "--json"])
+        .arg(&trace)
+        .env("VRAMSHIM_NO_PROGRESS", "1")
+        .output()
+        .unwrap();
+    let json = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{json}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let policies = &json[json.find("\"policies\"").unwrap()..];
+    let num = |k: &str| -> u64 { json_value(policies, k).unwrap().parse().unwrap() };
+    let (model_calls, model_syncs) = (num("driver_calls"), num("syncs"));
+    eprintln!(
+        "mixed_streams: driver calls replay {model_calls}, live {live_calls}; syncs replay {model_syncs}, live {live_syncs}"
+    );
+    assert!(live_calls > 0);
+    assert_eq!(
+        (model_calls, model_syncs),
+        (live_calls, live_syncs),
+        "vramshim replay (left) against the live pool: (driver calls, syncs)"
+    );
+}
