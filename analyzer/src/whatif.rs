@@ -21,7 +21,8 @@ pub struct Stream {
     pub ops: Vec<Op>,
     /// For each op: (trace event index, t_ns).
     pub origin: Vec<(u64, u64)>,
-    /// Failed requests (out of memory): trace event index -> (op position, size, stream).
+    /// Failed requests (out of memory): trace event index -> (op position, size, stream the
+    /// pool would order it on).
     pub failures: Vec<(u64, usize, u64, u64)>,
     pub header: Header,
     pub t0: u64,
@@ -32,6 +33,34 @@ pub struct Stream {
 
 fn is_sync_free(api: Api) -> bool {
     !matches!(api, Api::CudaFreeAsync | Api::CuMemFreeAsync)
+}
+
+/// The stream the live pool keys a recorded allocation (`alloc`) or stream-ordered free on
+/// (`vramshim_pool::streams`, which the interposer shares): any stream for an allocation that
+/// is not stream-ordered (`cudaMalloc`, `cuMemAlloc` and their pitched, 3D and managed
+/// kinds), and a stream-ordered call's handle as the interposer translates it (the legacy
+/// handle is stream 0's, the per-thread default stream the calling thread's own). An imported
+/// log's allocation keeps the stream it names.
+fn pool_stream(m: &vramshim_trace::MemOp, alloc: bool) -> u64 {
+    let per_thread = m.flags & vramshim_trace::flags::PER_THREAD_STREAM != 0;
+    let ordered = || vramshim_pool::streams::ordered_on(m.stream, per_thread, || m.tid);
+    if !alloc {
+        return ordered();
+    }
+    match m.api {
+        Api::CudaMalloc
+        | Api::CuMemAlloc
+        | Api::CudaMallocPitch
+        | Api::CudaMalloc3D
+        | Api::CuMemAllocPitch
+        | Api::CudaMallocManaged
+        | Api::CuMemAllocManaged => vramshim_pool::ANY_STREAM,
+        Api::CudaMallocAsync
+        | Api::CuMemAllocAsync
+        | Api::CudaMallocFromPoolAsync
+        | Api::CuMemAllocFromPoolAsync => ordered(),
+        _ => m.stream,
+    }
 }
 
 /// Reads the allocation stream of `device` (None: the device with the most allocations).
@@ -63,11 +92,12 @@ pub fn read_stream(mut opened: Opened, device: Option<i32>) -> Result<Stream, In
                     s.ops.push(Op::Alloc {
                         id: m.addr,
                         size: m.size,
-                        stream: m.stream,
+                        stream: pool_stream(m, true),
                     });
                     s.origin.push((index, m.t_ns));
                 } else if m.result == codes::OUT_OF_MEMORY {
-                    s.failures.push((index, s.ops.len(), m.size, m.stream));
+                    s.failures
+                        .push((index, s.ops.len(), m.size, pool_stream(m, true)));
                 }
             }
             Event::Free(m)
@@ -80,7 +110,9 @@ pub fn read_stream(mut opened: Opened, device: Option<i32>) -> Result<Stream, In
                 let mode = if is_sync_free(m.api) {
                     FreeMode::Sync
                 } else {
-                    FreeMode::Async { stream: m.stream }
+                    FreeMode::Async {
+                        stream: pool_stream(m, false),
+                    }
                 };
                 s.ops.push(Op::Free { id: m.addr, mode });
                 s.origin.push((index, m.t_ns));
@@ -249,17 +281,16 @@ pub fn judge_post_mortems(path: &Path, report: &mut TraceReport) -> Result<(), I
             }
             let idx = pm.alloc_index.unwrap_or(pm.event_index);
             // The failure record, or failing that the first op after the refusal.
-            let pos = stream
-                .failures
-                .iter()
-                .find(|f| f.0 == idx)
+            let failed = stream.failures.iter().find(|f| f.0 == idx);
+            let pos = failed
                 .map(|f| f.1)
                 .unwrap_or_else(|| stream.origin.partition_point(|o| o.0 < idx));
             let mut ops = stream.ops[..pos].to_vec();
             ops.push(Op::Alloc {
                 id: u64::MAX,
                 size: pm.size,
-                stream: pm.stream,
+                // the stream the live pool would order it on, as the ops before it
+                stream: failed.map_or(pm.stream, |f| f.3),
             });
             let r = replay::run(&ops, PolicyKind::Stitch, b.limit, None);
             let served = r.completed;
@@ -291,6 +322,8 @@ pub struct FailureReport {
     pub t_ns: u64,
     pub offset_ns: u64,
     pub size: u64,
+    /// The stream the live pool orders the request on (`vramshim_pool::streams`; u64::MAX:
+    /// any stream, a request that is not stream-ordered).
     pub stream: u64,
     pub why: String,
 }

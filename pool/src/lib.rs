@@ -106,6 +106,7 @@ mod fxhash;
 pub mod replay;
 pub mod rmm_csv;
 pub mod stitch;
+pub mod streams;
 pub mod thread_cache;
 
 pub use accounting::AccountingDevice;

@@ -142,14 +142,18 @@ pub fn main(a: Args) -> Result<ExitCode, String> {
     }
     for p in r.policies.iter().filter(|p| !p.completed) {
         if let Some(f) = &p.first_failure {
+            let on = if f.stream == vramshim_pool::ANY_STREAM {
+                "any stream (not stream-ordered)".to_string()
+            } else {
+                format!("stream {:#x}", f.stream)
+            };
             let _ = writeln!(
                 o,
-                "{}: first failure at event {} (+{}): {} on stream {:#x}: {}",
+                "{}: first failure at event {} (+{}): {} on {on}: {}",
                 p.policy,
                 f.event_index,
                 duration_ns(f.offset_ns),
                 bytes(f.size),
-                f.stream,
                 f.why
             );
         }

@@ -43,25 +43,17 @@ use vramshim_pool::stitch::{Budget, Stitch};
 use vramshim_pool::{ANY_STREAM, DeviceError, FreeMode, Policy, PoolError, Request, Stats};
 use vramshim_trace::Api;
 
-/// Pool stream ids at or above this are per-thread default streams: `PTDS_BASE | tid`.
-pub(crate) const PTDS_BASE: u64 = 1 << 62;
-const CU_STREAM_LEGACY: u64 = 0x1;
-const CU_STREAM_PER_THREAD: u64 = 0x2;
+/// Pool stream ids with this bit are per-thread default streams: `PTDS_BASE | tid`.
+pub(crate) const PTDS_BASE: u64 = vramshim_pool::streams::PER_THREAD_BASE;
 
-/// The stream a stream-ordered request is ordered on, as the pool keys its free lists.
-/// Handle 0 means the per-thread default stream when a `_ptsz` entry point was called, and
-/// `CU_STREAM_PER_THREAD` always does: each thread's is a different stream, so two threads
-/// must not share a free list (reuse "on the same stream" would be unordered).
+/// The stream a stream-ordered request is ordered on, as the pool keys its free lists
+/// (`vramshim_pool::streams::ordered_on`, which `vramshim replay` shares).
 pub(crate) fn pool_stream_id(stream: u64, flags: u8) -> u64 {
-    let per_thread = stream == CU_STREAM_PER_THREAD
-        || (stream == 0 && flags & vramshim_trace::flags::PER_THREAD_STREAM != 0);
-    if per_thread {
-        PTDS_BASE | u64::from(crate::sys::ids::tid())
-    } else if stream == CU_STREAM_LEGACY {
-        0
-    } else {
-        stream
-    }
+    vramshim_pool::streams::ordered_on(
+        stream,
+        flags & vramshim_trace::flags::PER_THREAD_STREAM != 0,
+        crate::sys::ids::tid,
+    )
 }
 
 const UNREAD: u8 = 0;
@@ -603,6 +595,13 @@ fn debug_faults() -> Option<(vramshim_pool::stitch::Faults, bool, bool)> {
     if switch_on("VRAMSHIM_POOL_DEBUG", "pressure-off") {
         f.pressure_off = true;
         what.push("ignores how close the device is to full");
+    }
+    // Keeps a mapping a block was freed through stream-ordered until a device
+    // synchronization, whatever its stream's events say: the test that such mappings do not
+    // pile up in a process that never synchronizes the device.
+    if switch_on("VRAMSHIM_POOL_DEBUG", "busy-until-sync") {
+        f.busy_until_sync = true;
+        what.push("keeps mappings freed through until a synchronization");
     }
     if what.is_empty() {
         return None;

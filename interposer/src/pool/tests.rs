@@ -1446,3 +1446,165 @@ fn a_shrunk_loop_served_by_the_thread_cache_gets_the_old_peak_back() {
         "tcache-no-hits: the pool still gave the old peak back: the test cannot fail"
     );
 }
+
+/// `busy_maps` (tests/workloads/pool/busy_maps.c) on the pool's model: the same requests on
+/// one stream, the process's waits for the stream at the same places, no device
+/// synchronization. (most mappings after an allocation, mappings and pages at the end, the
+/// pool's synchronizations, driver calls)
+fn busy_maps_model(steps: u64, window: usize, wait: u64, old: bool) -> (u64, u64, u64, u64, u64) {
+    use vramshim_pool::stitch::{Faults, Stitch};
+    use vramshim_pool::{AccountingDevice, FreeMode, MIB, Policy, Request};
+    let mut p = Stitch::tight();
+    p.set_faults(Faults {
+        busy_until_sync: old,
+        ..Faults::default()
+    });
+    // cuda-sim's default device
+    let mut dev = AccountingDevice::new(16 << 30);
+    dev.set_checking(true);
+    let (s, freed) = (7, FreeMode::Async { stream: 7 });
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    let mut live = std::collections::VecDeque::new();
+    let mut most = 0;
+    for step in 0..steps {
+        if live.len() >= window {
+            let a = live.pop_front().unwrap();
+            dev.check_free(a, freed);
+            p.free(&mut dev, a, freed).unwrap();
+        }
+        let size = 2 * MIB + next(38 * MIB);
+        let a = p.alloc(&mut dev, Request { size, stream: s }).unwrap().addr;
+        dev.check_alloc(a, size, s);
+        live.push_back(a);
+        most = most.max(p.mappings());
+        if (step + 1) % wait == 0 {
+            dev.stream_sync(s);
+        }
+    }
+    assert!(dev.violations().is_empty(), "{:?}", &dev.violations()[..1]);
+    (
+        most,
+        p.mappings(),
+        p.pages(),
+        p.stats().syncs,
+        dev.calls().driver_calls(),
+    )
+}
+
+/// A serving process that never synchronizes the device (it waits for its stream only) keeps
+/// its mappings near the cleanup limit (2 per page + 64) live as in the model: the pool asks
+/// the stream's events, which cuda-sim completes when the stream passes them (the workload
+/// holds its stream until each wait, so they complete at the waits, as in the model). The
+/// mappings, pages, synchronizations (none) and driver calls equal the model's. With the old
+/// rule (`VRAMSHIM_POOL_DEBUG=busy-until-sync`: busy until a synchronization) the mappings
+/// pile up past the limit, live as in the model.
+#[test]
+fn mappings_freed_through_stay_bounded_live_without_a_synchronization() {
+    let exe = workload("busy_maps");
+    let (steps, window, wait) = (20_000u64, 8usize, 64u64);
+    let args = [steps.to_string(), window.to_string(), wait.to_string()];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    for (old, switch) in [(false, "no-tcache"), (true, "busy-until-sync")] {
+        let (most, maps, pages, syncs, calls) = busy_maps_model(steps, window, wait, old);
+        let name = format!("pool-busy-maps-{switch}");
+        let o = run(
+            &exe,
+            &args,
+            &[
+                ("VRAMSHIM_POOL", "stitch"),
+                // the threads' caches off (any name does): every free reaches the pool at once
+                ("VRAMSHIM_POOL_DEBUG", switch),
+                ("VRAMSIM_DEBUG", "1"),
+                ("VRAMSHIM_CAP_CONTEXT", "exclude"),
+                ("VRAMSIM_CONTEXT_OVERHEAD", "0"),
+            ],
+            &name,
+        );
+        assert_exit(&o, 0, &name);
+        let live = (
+            field(&o.stdout, "most") as u64,
+            field(&o.stdout, "mappings") as u64,
+            field(&o.stdout, "pages") as u64,
+            field(&o.stdout, "syncs") as u64,
+            sim_memory_calls(&o.stderr),
+        );
+        let limit = 2 * pages + 64;
+        eprintln!(
+            "{switch}: model (most, mappings, pages, syncs, driver calls) {:?}, live {live:?}, limit {limit}",
+            (most, maps, pages, syncs, calls)
+        );
+        assert_eq!(
+            live,
+            (most, maps, pages, syncs, calls),
+            "{switch}: live (left) against the model"
+        );
+        assert_eq!(syncs, 0);
+        if old {
+            assert!(most > limit, "{most} mappings, limit {limit}: no pile-up");
+        } else {
+            assert!(most <= limit + 1, "{most} mappings, limit {limit}");
+        }
+    }
+}
+
+/// `vramshim replay` keys a recorded allocation and a stream-ordered free on the stream the
+/// live pool does (`vramshim_pool::streams`): any stream for `cudaMalloc`, handle 0's stream
+/// for `cudaStreamLegacy`, the thread's own for `cudaStreamPerThread` and the `_ptsz` entry
+/// points' handle 0. On a traced run mixing them (`mixed_streams`), its predicted driver calls
+/// and synchronizations are the live pool's. (Keyed by the recorded handles, it served a
+/// `cudaMalloc` at once from a block freed on stream 0, which the live pool never does
+/// without a synchronization: 31 driver calls and no synchronization predicted, against 34
+/// and 38 live.)
+#[test]
+fn vramshim_replay_keys_streams_as_the_live_pool_on_a_mixed_trace() {
+    let exe = workload("mixed_streams");
+    let dir = vramshim_testkit::temp_dir("pool_mixed_streams");
+    let trace = dir.join("mixed.vramtrace");
+    let _ = std::fs::remove_file(&trace);
+    let o = run(
+        &exe,
+        &["6"],
+        &[
+            ("VRAMSHIM_POOL", "stitch"),
+            ("VRAMSHIM_TRACE", trace.to_str().unwrap()),
+            ("VRAMSIM_DEBUG", "1"),
+        ],
+        "pool-mixed-streams",
+    );
+    assert_exit(&o, 0, "mixed_streams");
+    let (live_calls, live_syncs) = (
+        sim_memory_calls(&o.stderr),
+        field(&o.stdout, "syncs") as u64,
+    );
+    let vramshim = vramshim_testkit::profile_dir().join("vramshim");
+    let out = std::process::Command::new(&vramshim)
+        .args(["replay", "--pool", "stitch", "--json"])
+        .arg(&trace)
+        .env("VRAMSHIM_NO_PROGRESS", "1")
+        .output()
+        .unwrap();
+    let json = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{json}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let policies = &json[json.find("\"policies\"").unwrap()..];
+    let num = |k: &str| -> u64 { json_value(policies, k).unwrap().parse().unwrap() };
+    let (model_calls, model_syncs) = (num("driver_calls"), num("syncs"));
+    eprintln!(
+        "mixed_streams: driver calls replay {model_calls}, live {live_calls}; syncs replay {model_syncs}, live {live_syncs}"
+    );
+    assert!(live_calls > 0);
+    assert_eq!(
+        (model_calls, model_syncs),
+        (live_calls, live_syncs),
+        "vramshim replay (left) against the live pool: (driver calls, syncs)"
+    );
+}
