@@ -25,6 +25,8 @@ const SWITCHES: &[(&str, &[&str])] = &[
             "pressure-off",
             "kept",
             "kept-over-live",
+            "layers",
+            "layers-over-live",
             // Peer access (`pool::on_peer_access`).
             "no-peer",
             // The thread caches (`pool::read_mode`); any name at all, `no-tcache` the usual
