@@ -26,6 +26,8 @@ const SWITCHES: &[(&str, &[&str])] = &[
             "kept",
             "kept-over-live",
             "busy-until-sync",
+            "layers",
+            "layers-over-live",
             // Peer access (`pool::on_peer_access`).
             "no-peer",
             // The thread caches (`pool::read_mode`); any name at all, `no-tcache` the usual

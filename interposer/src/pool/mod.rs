@@ -506,13 +506,17 @@ fn create_pool(pools: &mut Pools, req: &request::Request) -> Result<(), String> 
         match CudaDevice::new(req.device, peers_of(req.device)) {
             Ok(dev) => {
                 let mut policy = Stitch::new();
-                let (mut runs, mut kept) = (false, false);
-                if let Some((faults, r, k)) = debug_faults() {
+                let mut rules = DebugRules::default();
+                if let Some((faults, r)) = debug_faults() {
                     policy.set_faults(faults);
-                    (runs, kept) = (r, k);
+                    rules = r;
                 }
                 let budget = configured_budget();
-                let policy = policy.with_budget(budget).with_runs(runs).with_kept(kept);
+                let policy = policy
+                    .with_budget(budget)
+                    .with_runs(rules.runs)
+                    .with_kept(rules.kept)
+                    .with_layers(rules.layers);
                 pools.devs[d] = Some(DevicePool {
                     policy,
                     dev,
@@ -535,14 +539,31 @@ fn create_pool(pools: &mut Pools, req: &request::Request) -> Result<(), String> 
 /// live, `stitch-run-pages` with the rule that such a page is mapped only with its run broken),
 /// and whether smaller blocks are carved out of kept ranges (`Stitch::with_kept`, off by
 /// default: `kept` turns it on to test it live, `kept-over-live` with the rule that a carve
-/// leaves a range's live blocks alone broken).
-fn debug_faults() -> Option<(vramshim_pool::stitch::Faults, bool, bool)> {
+/// leaves a range's live blocks alone broken), and whether repeated layers take the places of
+/// two layers before (`Stitch::with_layers`, off by default: `layers` turns it on to test it
+/// live, `layers-over-live` with the rule that a replayed place holds no live block broken).
+fn debug_faults() -> Option<(vramshim_pool::stitch::Faults, DebugRules)> {
     use crate::config::switch_on;
     use vramshim_pool::stitch::Faults;
     let mut f = Faults::default();
-    let mut runs = false;
-    let mut kept = false;
+    let DebugRules {
+        mut runs,
+        mut kept,
+        mut layers,
+    } = DebugRules::default();
     let mut what = Vec::new();
+    // The layer replay (a repeated sequence of large requests within one round takes the
+    // places of two periods before): its live test.
+    if switch_on("VRAMSHIM_POOL_DEBUG", "layers") {
+        layers = true;
+        what.push("replays repeated layers' places");
+    }
+    // ... and its places taken over live blocks: the test that a replayed place holds none.
+    if switch_on("VRAMSHIM_POOL_DEBUG", "layers-over-live") {
+        layers = true;
+        f.replay_over_live = true;
+        what.push("replays places over live blocks");
+    }
     // Kept ranges (smaller blocks carved best fit out of the places large blocks had): their
     // live test.
     if switch_on("VRAMSHIM_POOL_DEBUG", "kept") {
@@ -614,7 +635,16 @@ fn debug_faults() -> Option<(vramshim_pool::stitch::Faults, bool, bool)> {
             .escape_debug(),
         what.join(" and ")
     );
-    Some((f, runs, kept))
+    Some((f, DebugRules { runs, kept, layers }))
+}
+
+/// The pool's rules that are off by default, turned on by `VRAMSHIM_POOL_DEBUG` for their
+/// live tests (see [`debug_faults`]).
+#[derive(Clone, Copy, Default)]
+struct DebugRules {
+    runs: bool,
+    kept: bool,
+    layers: bool,
 }
 
 /// Bit `d`: device `d` has a pool (set when made, cleared when reset).

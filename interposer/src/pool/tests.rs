@@ -1266,6 +1266,17 @@ fn live_pool_carves_kept_ranges_as_the_model() {
     assert!(carved > 0, "no trace carved a block out of a kept range");
 }
 
+/// The layer replay live (`VRAMSHIM_POOL_DEBUG=layers`: a repeated sequence of large requests
+/// within one round takes the places of two periods before) makes the model's driver calls
+/// with the model's peak, patterns intact. With replayed places taken over live blocks
+/// (`layers-over-live`: the new block shares their bytes) some trace's patterns break.
+#[test]
+fn live_pool_replays_layers_as_the_model() {
+    live_pool_as_its_model("layers", "layers-over-live", || {
+        vramshim_pool::stitch::Stitch::tight().with_layers(true)
+    });
+}
+
 /// The model of `tests/workloads/pool/round_end.c` (the tight pool on the accounting device,
 /// every free reaching it): its statistics after the last allocation, as the program prints
 /// them.
