@@ -22,23 +22,13 @@ use vramshim_pool::replay::{self, Event};
 use vramshim_pool::stitch::Stitch;
 use vramshim_pool::thread_cache::{self, Rules, Step, ThreadCache};
 use vramshim_pool::{AccountingDevice, FreeMode, KIB, MIB};
-
-/// xorshift64: the streams are the same on every run.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
+use vramshim_testkit::XorShift;
 
 /// Random stream `seed`: one round (everything freed at its end), and how many times it is
 /// made (6-13).
 fn stream(seed: u64, one_stream: bool) -> (Vec<Event>, usize) {
-    let mut r = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    // The streams are the same on every run.
+    let mut r = XorShift::seeded(seed);
     let sizes = [
         4 * KIB,
         100 * KIB,

@@ -1,9 +1,9 @@
 //! Where a trace's driver calls go: every allocation (or free) that makes driver calls on the
 //! tight pool, with its index, size, live and held bytes, and the calls by kind.
 //!
-//! `cargo run --release -p vramshim-pool --example pool_calls -- TRACE.csv [sync|async] [FROM] [runs]`
+//! `cargo run --release -p vramshim-pool --example pool_calls -- TRACE.csv [sync|async] [FROM] [runs] [layers]`
 //! (`FROM`: the first allocation index listed; default: the second half; `runs`: the arena
-//! grows by runs of pages, `Stitch::with_runs`).
+//! grows by runs of pages, `Stitch::with_runs`; `layers`: `Stitch::with_layers`).
 
 mod common;
 
@@ -32,9 +32,10 @@ fn kinds(c: &CallCounts) -> String {
 fn main() {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     let runs = args.iter().any(|a| a == "runs");
-    args.retain(|a| a != "runs");
+    let layers = args.iter().any(|a| a == "layers");
+    args.retain(|a| a != "runs" && a != "layers");
     let Some(path) = args.first() else {
-        eprintln!("usage: pool_calls TRACE.csv [sync|async] [FROM] [runs]");
+        eprintln!("usage: pool_calls TRACE.csv [sync|async] [FROM] [runs] [layers]");
         std::process::exit(2);
     };
     let frees = match args.get(1).map(String::as_str) {
@@ -53,7 +54,7 @@ fn main() {
         .unwrap_or(allocs / 2);
     let mut dev = AccountingDevice::new(80 << 30);
     dev.set_checking(true);
-    let mut p = Stitch::tight().with_runs(runs);
+    let mut p = Stitch::tight().with_runs(runs).with_layers(layers);
     let mut ids = std::collections::HashMap::new();
     let mut n = 0usize;
     let mut total = 0u64;
@@ -93,8 +94,9 @@ fn main() {
         }
     }
     println!(
-        "driver calls after allocation {from}: {total} ({:.1} per 1000 allocations); violations {:?}",
+        "driver calls after allocation {from}: {total} ({:.1} per 1000 allocations); violations {:?}; layer replays {}",
         total as f64 * 1000.0 / (allocs - from).max(1) as f64,
-        dev.violations().first()
+        dev.violations().first(),
+        p.layer_replays()
     );
 }

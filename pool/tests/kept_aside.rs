@@ -17,6 +17,7 @@ use vramshim_pool::replay::{self, Event, Frees};
 use vramshim_pool::stitch::{Budget, Stitch};
 use vramshim_pool::thread_cache::{self, Rules, Step, ThreadCache};
 use vramshim_pool::{AccountingDevice, FreeMode, MIB, Policy};
+use vramshim_testkit::{RoundStep, XorShift, one_stream_round};
 
 /// How the caller follows the protocol (its rules: `thread_cache::Rules`), and the pool it
 /// is in front of.
@@ -225,13 +226,7 @@ fn a_caller_serving_a_shrunk_loop_lets_the_pool_give_the_old_peak_back() {
 /// kept ranges has no caches in front, as the interposer turns them off under those switches.
 #[test]
 fn replay_runs_the_thread_caches_in_front_of_the_tight_pool() {
-    let mut x = 0x9E37_79B9_7F4A_7C15u64;
-    let mut below = |n: u64| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x % n
-    };
+    let mut r = XorShift(0x9E37_79B9_7F4A_7C15);
     let sizes = [
         4096,
         100 << 10,
@@ -242,36 +237,21 @@ fn replay_runs_the_thread_caches_in_front_of_the_tight_pool() {
     ];
     let mut differ = 0;
     for _ in 0..40 {
-        let (mut round, mut live, mut id) = (Vec::new(), Vec::new(), 0);
-        for _ in 0..60 + below(140) {
-            match below(18) {
-                0..10 => {
-                    let size = sizes[below(sizes.len() as u64) as usize];
-                    round.push(Event::Alloc {
-                        id,
-                        size,
-                        stream: 0,
-                    });
-                    live.push(id);
-                    id += 1;
-                }
-                10..17 if !live.is_empty() => {
-                    let id = live.swap_remove(below(live.len() as u64) as usize);
-                    round.push(Event::Free {
-                        id,
-                        mode: FreeMode::Async { stream: 0 },
-                    });
-                }
-                _ => {}
-            }
-        }
-        for id in live {
-            round.push(Event::Free {
-                id,
-                mode: FreeMode::Async { stream: 0 },
-            });
-        }
-        let events = replay::repeat(&round, 6 + below(8) as usize);
+        let round: Vec<Event> = one_stream_round(&mut r, &sizes)
+            .into_iter()
+            .map(|s| match s {
+                RoundStep::Alloc { id, size } => Event::Alloc {
+                    id,
+                    size,
+                    stream: 0,
+                },
+                RoundStep::Free { id, .. } => Event::Free {
+                    id,
+                    mode: FreeMode::Async { stream: 0 },
+                },
+            })
+            .collect();
+        let events = replay::repeat(&round, 6 + r.below(8) as usize);
         let replayed = |p: &mut Stitch| {
             let mut dev = AccountingDevice::new(replay::UNLIMITED);
             dev.set_checking(true);

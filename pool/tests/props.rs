@@ -477,6 +477,53 @@ fn rounds() -> impl Strategy<Value = Vec<Op>> {
         })
 }
 
+/// A job that is never idle repeating a layer: one block live throughout (the weights, never
+/// freed: the frees of a layer find a block among the layer's own), then a layer's steps
+/// (allocations of the round sizes, frees of the layer's blocks, some living into the next
+/// layer) repeated, some repeats varied (see `varied`), then everything freed. Within it the
+/// tight pool has one long round, so with `Stitch::with_layers` its layer replay acts.
+fn layers() -> impl Strategy<Value = Vec<Op>> {
+    let step = prop_oneof![
+        10 => (round_size(), 0u64..3).prop_map(|(size, stream)| Op::Alloc { size, stream }),
+        7 => (1usize..64, mode()).prop_map(|(idx, mode)| Op::Free { idx, mode }),
+        1 => Just(Op::ProcessSync),
+    ];
+    (
+        proptest::collection::vec(step, 10..60),
+        4usize..12,
+        proptest::collection::vec(any::<u8>(), 1..64),
+        mode(),
+    )
+        .prop_map(|(body, repeats, bits, mode)| {
+            // the weights: the first live block, kept at index 0 while other blocks live
+            // (`free_at` swaps the last live block into a freed one's index; a free of index
+            // 0 is never drawn, and index `idx % len` is 0 only when `len` divides `idx`)
+            let mut ops = vec![Op::Alloc {
+                size: 20 * MIB,
+                stream: 0,
+            }];
+            for r in 0..repeats {
+                if r % 4 == 3 {
+                    let shifted: Vec<u8> = bits.iter().map(|b| b.wrapping_add(r as u8)).collect();
+                    ops.extend(varied(&body, &shifted));
+                } else {
+                    ops.extend(body.iter().cloned());
+                }
+            }
+            ops.extend((0..200 * repeats).map(|_| Op::Free { idx: 0, mode }));
+            ops
+        })
+}
+
+/// `n` draws of [`layers`] from a fixed seed (the same on every run).
+fn drawn_layers(n: usize) -> Vec<Vec<Op>> {
+    use proptest::strategy::ValueTree;
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    (0..n)
+        .map(|_| layers().new_tree(&mut runner).unwrap().current())
+        .collect()
+}
+
 /// `n` draws of [`rounds`] from a fixed seed (the same on every run).
 fn drawn_rounds(n: usize) -> Vec<Vec<Op>> {
     use proptest::strategy::ValueTree;
@@ -504,6 +551,26 @@ proptest! {
     #[test]
     fn stitch_tight_with_kept_replays_rounds_safely(ops in rounds(), cap_mib in 128u64..1024) {
         let mut p = Stitch::tight().with_kept(true);
+        let dev = exercise_with(&mut p, &ops, cap_mib * MIB, &mut budget_kept(Budget::default()));
+        assert_clean(&dev, &p);
+    }
+
+    /// The layer replay (`Stitch::with_layers`: a repeated sequence of large requests
+    /// within one round takes the places of two periods before, or of one period before)
+    /// is as safe on layers that repeat and layers that differ: no overlap, no early reuse,
+    /// the device and the budget kept (a replayed place taken over a live block is caught:
+    /// `checker_catches_a_layer_place_over_a_live_block`).
+    #[test]
+    fn stitch_tight_with_layers_replays_layers_safely(ops in layers(), cap_mib in 128u64..1024) {
+        let mut p = Stitch::tight().with_layers(true).with_runs(cap_mib % 2 == 0);
+        let dev = exercise_with(&mut p, &ops, cap_mib * MIB, &mut budget_kept(Budget::default()));
+        assert_clean(&dev, &p);
+    }
+
+    /// The same on rounds (the layer replay within each round, the round replay across).
+    #[test]
+    fn stitch_tight_with_layers_replays_rounds_safely(ops in rounds(), cap_mib in 128u64..1024) {
+        let mut p = Stitch::tight().with_layers(true);
         let dev = exercise_with(&mut p, &ops, cap_mib * MIB, &mut budget_kept(Budget::default()));
         assert_clean(&dev, &p);
     }
@@ -551,6 +618,82 @@ fn checker_catches_a_replay_without_its_synchronization() {
     assert!(
         caught > 0,
         "no replay without its synchronization was caught"
+    );
+}
+
+/// `ops` through `policy` on a checking device of `capacity` bytes until the device sees a
+/// block overlap another (a block handed out over a live one: the run stops there, as the
+/// pool's own record of that address is then the new block's); whether it did.
+fn overlaps_before_the_end(policy: &mut dyn Policy, ops: &[Op], capacity: u64) -> bool {
+    let mut dev = AccountingDevice::new(capacity);
+    dev.set_checking(true);
+    let mut live: Vec<(u64, u64, u64)> = Vec::new();
+    let seen = |dev: &AccountingDevice| {
+        dev.violations()
+            .iter()
+            .any(|v| v.contains("overlap") || v.contains("handed out twice"))
+    };
+    for op in ops {
+        match *op {
+            Op::Alloc { size, stream } => {
+                if let Ok(a) = policy.alloc(&mut dev, Request { size, stream }) {
+                    dev.check_alloc(a.addr, a.size, stream);
+                    live.push((a.addr, size, stream));
+                }
+            }
+            Op::Free { idx, mode } => {
+                free_at(policy, &mut dev, &mut live, idx, mode);
+            }
+            Op::ProcessSync => {
+                dev.process_sync();
+                policy.note_process_sync();
+            }
+            _ => {}
+        }
+        if seen(&dev) {
+            return true;
+        }
+    }
+    false
+}
+
+/// Drawn layers (`layers`) through a tight pool with the layer replay, with and without
+/// `Faults::replay_over_live` (a remembered place taken even where a live block lies): with
+/// it the checking device sees overlaps in some of them; without it none, and most of them
+/// replay places of earlier layers (`Stitch::layer_replays`).
+#[test]
+fn checker_catches_a_layer_place_over_a_live_block() {
+    let (mut caught, mut caught_rounds, mut clean, mut replayed) = (0, 0, 0, 0);
+    for ops in drawn_layers(64) {
+        let mut p = Stitch::tight().with_layers(true);
+        let dev = exercise(&mut p, &ops, GIB);
+        assert!(dev.violations().is_empty(), "{:?}", &dev.violations()[..1]);
+        clean += 1;
+        replayed += usize::from(p.layer_replays() > 0);
+        let mut p = Stitch::tight().with_layers(true);
+        p.set_faults(Faults {
+            replay_over_live: true,
+            ..Faults::default()
+        });
+        caught += usize::from(overlaps_before_the_end(&mut p, &ops, GIB));
+        // the same switch without layers: only the round replay's places (rounds end where
+        // the weights happen to be freed) are taken over live blocks
+        let mut p = Stitch::tight();
+        p.set_faults(Faults {
+            replay_over_live: true,
+            ..Faults::default()
+        });
+        caught_rounds += usize::from(overlaps_before_the_end(&mut p, &ops, GIB));
+    }
+    eprintln!(
+        "{replayed} of 64 replayed a layer's place, {caught} caught with the fault \
+         ({caught_rounds} without layers)"
+    );
+    assert_eq!(clean, 64);
+    assert!(replayed > 32, "{replayed} of 64 replayed a layer's place");
+    assert!(
+        caught > caught_rounds,
+        "no layer place over a live block was caught ({caught}, {caught_rounds} without layers)"
     );
 }
 
@@ -1588,13 +1731,9 @@ fn checker_catches_broken_rules_in_the_arena() {
 /// pool with short budget windows above its budget often: blocks of every size on three
 /// streams, frees (stream-ordered, or a quarter with `cudaFree` when `sync_frees`), the
 /// process's synchronizations.
-fn random_streams(mut seed: u64, sync_frees: bool) -> Vec<Vec<Op>> {
-    let mut next = move |n: u64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % n
-    };
+fn random_streams(seed: u64, sync_frees: bool) -> Vec<Vec<Op>> {
+    let mut r = vramshim_testkit::XorShift(seed);
+    let mut next = move |n: u64| r.below(n);
     (0..64)
         .map(|_| {
             (0..300)

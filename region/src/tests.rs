@@ -455,11 +455,9 @@ fn hammer(check: Check, threads: usize, iters: usize, cap: u64) -> (u64, u64) {
             std::thread::spawn(move || {
                 let s = r.claim_slot(ghost(100 + t as u32), 1).unwrap();
                 let mut held: Vec<u64> = Vec::new();
-                let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ t as u64;
+                let mut rng = vramshim_testkit::XorShift(0x9e37_79b9_7f4a_7c15 ^ t as u64);
                 for _ in 0..iters {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
+                    let x = rng.next_u64();
                     if !x.is_multiple_of(3) || held.is_empty() {
                         let b = 1 + x % (cap / 4);
                         if r.charge(s, 0, b, cap, check).is_ok() {

@@ -34,13 +34,8 @@ use vramshim_trace::{
 
 fn events(kind: &str, n: usize, frame: usize) -> Vec<Event> {
     // A deterministic generator (xorshift) for the timing noise.
-    let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ frame as u64;
-    let mut rnd = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut rng = vramshim_testkit::XorShift(0x9e37_79b9_7f4a_7c15 ^ frame as u64);
+    let mut rnd = move || rng.next_u64();
     let mut t = 1_000_000_000 + frame as u64 * 50_000_000;
     let mut out = Vec::with_capacity(n);
     for i in 0..n {

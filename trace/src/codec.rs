@@ -1752,11 +1752,9 @@ mod tests {
     fn freed_mirror_matches_the_ring_walk() {
         let mut enc = RecordEncoder::new();
         enc.begin(1);
-        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut rng = vramshim_testkit::XorShift(0x2545_f491_4f6c_dd1d);
         for i in 0..200_000u64 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            let x = rng.next_u64();
             let addr = if x.is_multiple_of(11) {
                 0
             } else {

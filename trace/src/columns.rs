@@ -345,13 +345,8 @@ mod tests {
     /// oversized varints, both classes interleaved.
     #[test]
     fn blocks_match_value_by_value() {
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let mut rnd = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut rng = vramshim_testkit::XorShift(0x9e37_79b9_7f4a_7c15);
+        let mut rnd = move || rng.next_u64();
         for case in 0..3000 {
             let counts = [rnd() % 700, rnd() % 700];
             let long = rnd() % 4; // how often a high part takes more than one byte

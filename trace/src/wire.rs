@@ -338,12 +338,10 @@ mod varint_tests {
     /// bytes or at the end of the buffer) exactly as the byte loop does.
     #[test]
     fn word_path_matches_the_byte_loop() {
-        let mut x = 0x1234_5678_9abc_def1u64;
+        let mut rng = vramshim_testkit::XorShift(0x1234_5678_9abc_def1);
         let mut cases: Vec<Vec<u8>> = Vec::new();
         for i in 0..20_000u64 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            let x = rng.next_u64();
             let v = x >> (i % 64);
             let mut b = Vec::new();
             put_varint(&mut b, v);

@@ -421,13 +421,8 @@ fn an_address_in_another_segment_is_not_its_old_place() {
 /// (The coder takes a row's times in full only where they turn back.)
 #[test]
 fn push_torch_all_keeps_the_exact_time_range() {
-    let mut x = 0x2545_f491_4f6c_dd1du64;
-    let mut rnd = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut rng = vramshim_testkit::XorShift(0x2545_f491_4f6c_dd1d);
+    let mut rnd = move || rng.next_u64();
     for case in 0..200 {
         let n = 1 + (rnd() % 300) as usize;
         let mut t = 1_000_000 + rnd() % 1000;

@@ -398,11 +398,9 @@ fn hammer_private(c: Arc<Cap>, threads: usize, iters: usize) -> u64 {
                 (Arc::clone(&c), Arc::clone(&device), Arc::clone(&violations));
             std::thread::spawn(move || {
                 let mut held = Vec::new();
-                let mut x = 0x2545_f491_4f6c_dd1du64 ^ (t as u64 + 1);
+                let mut rng = vramshim_testkit::XorShift(0x2545_f491_4f6c_dd1d ^ (t as u64 + 1));
                 for _ in 0..iters {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
+                    let x = rng.next_u64();
                     if !x.is_multiple_of(3) || held.is_empty() {
                         let b = 1 + x % (cap / 3);
                         if c.try_charge(0, b, Api::CudaMalloc).is_ok() {

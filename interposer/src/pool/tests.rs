@@ -1078,13 +1078,7 @@ fn tight_live_pool_with_thread_caches_makes_the_models_driver_calls() {
 /// live block, everything freed at its end), and how many times it is made (6-13).
 fn random_round_log(seed: u64) -> (String, usize) {
     use std::fmt::Write;
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut below = |n: u64| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x % n
-    };
+    use vramshim_testkit::{RoundStep, XorShift};
     const MIB: u64 = 1 << 20;
     let sizes = [
         4096,
@@ -1095,35 +1089,20 @@ fn random_round_log(seed: u64) -> (String, usize) {
         20 * MIB,
         45 * MIB,
     ];
+    let mut r = XorShift::seeded(seed);
     let mut log = String::from("Thread,Time,Action,Pointer,Size,Stream\n");
-    let mut live: Vec<(u64, u64)> = Vec::new();
-    let row = |log: &mut String, action: &str, id: u64, size: u64| {
+    for step in vramshim_testkit::one_stream_round(&mut r, &sizes) {
+        let (action, id, size) = match step {
+            RoundStep::Alloc { id, size } => ("allocate", id, size),
+            RoundStep::Free { id, size } => ("free", id, size),
+        };
         let _ = writeln!(
             log,
             "1,00:00:00.000000,{action},{:#x},{size},0",
             0x1000_0000 + id * 0x1000
         );
-    };
-    let mut id = 0;
-    for _ in 0..60 + below(140) {
-        match below(18) {
-            0..10 => {
-                let size = sizes[below(sizes.len() as u64) as usize];
-                row(&mut log, "allocate", id, size);
-                live.push((id, size));
-                id += 1;
-            }
-            10..17 if !live.is_empty() => {
-                let (i, size) = live.swap_remove(below(live.len() as u64) as usize);
-                row(&mut log, "free", i, size);
-            }
-            _ => {}
-        }
     }
-    for (i, size) in live {
-        row(&mut log, "free", i, size);
-    }
-    (log, 6 + below(8) as usize)
+    (log, 6 + r.below(8) as usize)
 }
 
 /// Issue 17, the thread caches on repeated workloads: a cache's hit takes the block of that

@@ -859,13 +859,8 @@ mod tests {
         use std::collections::HashMap;
         let t = LiveTable::new(Box::leak(Box::new(TableRoot::new())));
         let mut model: HashMap<u64, Entry> = HashMap::new();
-        let mut x = 0x2545_F491_4F6C_DD1Du64;
-        let mut rnd = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut rng = vramshim_testkit::XorShift(0x2545_F491_4F6C_DD1D);
+        let mut rnd = move || rng.next_u64();
         for round in 0..200_000u64 {
             // 3000 distinct keys: shards grow well past their initial size, then shrink.
             let key = ((rnd() % 3000) + 1) << 12;

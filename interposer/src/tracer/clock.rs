@@ -818,13 +818,10 @@ mod tests {
         orders.push(sorted.clone());
         sorted.reverse();
         orders.push(sorted);
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rng = vramshim_testkit::XorShift(0x9e37_79b9_7f4a_7c15);
         let mut shuffled = raws.clone();
         for i in (1..shuffled.len()).rev() {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            shuffled.swap(i, (x % (i as u64 + 1)) as usize);
+            shuffled.swap(i, rng.below(i as u64 + 1) as usize);
         }
         orders.push(shuffled);
         for order in orders {

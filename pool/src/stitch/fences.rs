@@ -93,6 +93,7 @@ impl Stitch {
         self.page(p).fences.iter().any(|f| f.epoch >= self.epoch)
     }
 
+    #[inline(always)]
     pub(super) fn do_sync(&mut self, dev: &mut dyn Device) -> Result<(), PoolError> {
         if dev.is_capturing() {
             return Err(PoolError::Device(DeviceError::NotPermitted));

@@ -85,8 +85,11 @@ impl Stitch {
         let addr = self.map(map).va + off;
         if !self.faults.skip_take {
             for &(p, s, e) in &pieces {
-                // the fault switch's carve over a live block: its bytes are not free
-                if self.faults.kept_over_live && !self.bytes_free(p, s, e) {
+                // the fault switches' carve or replayed place over a live block: its bytes
+                // are not free
+                if (self.faults.kept_over_live || self.faults.replay_over_live)
+                    && !self.bytes_free(p, s, e)
+                {
                     continue;
                 }
                 self.take(p, s, e, cls);

@@ -49,6 +49,7 @@ mod budget;
 mod cache;
 mod fences;
 mod kept;
+mod layers;
 mod mappings;
 mod pages;
 mod placement;
@@ -176,8 +177,9 @@ pub struct Faults {
     /// Do not replay the previous round's places (not a safety fault: it proves the test
     /// that a repeated workload's later rounds make no driver call can fail).
     pub forget_rounds: bool,
-    /// Take the previous round's place even where a live block is (the new block overlaps
-    /// it): proves the safety checks of replayed places can fail.
+    /// Take the previous round's place (and, with layers on, the place of a period or two
+    /// before: see `layers`) even where a live block is (the new block overlaps it): proves
+    /// the safety checks of replayed places can fail.
     pub replay_over_live: bool,
     /// Place blocks of different lifetime classes in the same pages (proves the test of
     /// `Stitch::set_lifetime_class` can fail).
@@ -319,6 +321,9 @@ pub struct Stitch {
     kept_carves: u64,
     /// the places of this round's and the previous round's cache misses (see `rounds`)
     rounds: rounds::Rounds,
+    /// the recent large allocations' places, replayed two periods later (see `layers`)
+    layers: layers::Layers,
+    layers_on: bool,
     /// soft limit over peak live beyond which cached blocks are dissolved before growing
     /// (None: cache until the device or cap refuses)
     headroom: Option<f64>,
@@ -411,6 +416,8 @@ impl Stitch {
             tcaches: true,
             kept_carves: 0,
             rounds: Default::default(),
+            layers: Default::default(),
+            layers_on: false,
             headroom: None,
             budget: None,
             vas: vas::VaSpace::default(),
@@ -458,6 +465,13 @@ impl Stitch {
     /// best fit (see `kept`).
     pub fn with_kept(mut self, on: bool) -> Self {
         self.kept_on = on;
+        self
+    }
+
+    /// Give a repeated sequence of large requests within one round the places of the repeat
+    /// before the previous one (see `layers`).
+    pub fn with_layers(mut self, on: bool) -> Self {
+        self.layers_on = on;
         self
     }
 
@@ -702,9 +716,14 @@ impl Policy for Stitch {
     }
 
     /// As the interposer decides: its caches are off when `VRAMSHIM_POOL_DEBUG` names any of
-    /// the pool's switches (faults, `runs`, `kept`: their tests exercise the pool's own rules).
+    /// the pool's switches (faults, `runs`, `kept`: their tests exercise the pool's own rules),
+    /// and with layers on (see `layers`: the blocks a cache serves would escape the rule).
     fn thread_caches(&self) -> bool {
-        self.tcaches && self.faults == Faults::default() && !self.grow_runs && !self.kept_on
+        self.tcaches
+            && self.faults == Faults::default()
+            && !self.grow_runs
+            && !self.kept_on
+            && !self.layers_on
     }
 
     fn pinned_above_budget(&self) -> bool {
@@ -716,12 +735,13 @@ impl Policy for Stitch {
 
     fn reset(&mut self) {
         let stats = self.stats;
-        let (faults, headroom, budget, runs, kept, tcaches) = (
+        let (faults, headroom, budget, runs, kept, layers, tcaches) = (
             self.faults,
             self.headroom,
             self.budget,
             self.grow_runs,
             self.kept_on,
+            self.layers_on,
             self.tcaches,
         );
         *self = Stitch::new()
@@ -729,6 +749,7 @@ impl Policy for Stitch {
             .with_budget(budget)
             .with_runs(runs)
             .with_kept(kept)
+            .with_layers(layers)
             .with_thread_caches(tcaches);
         self.set_faults(faults);
         self.stats = Stats {
@@ -790,8 +811,14 @@ impl Stitch {
         }
         // under a budget, the place this allocation had in the previous round comes first
         // (see `rounds`): a cached block taken instead would let the layout drift
+        // (with layers on, every large allocation after its size's first is due here: within
+        // one round, a repeated sequence of them takes the places of two periods before, see
+        // `layers`)
         let replayed = if self.budget.is_some() && self.round_due(size) {
-            self.round_commit(dev, size, t, req.size)?
+            match self.round_commit(dev, size, t, req.size)? {
+                None if self.layers_on => self.layer_commit(dev, size, t, req.size)?,
+                r => r,
+            }
         } else {
             None
         };
@@ -829,6 +856,9 @@ impl Stitch {
                 self.stats.cache_hits += 1;
                 if self.budget.is_some() {
                     self.note_round(size, a);
+                    if self.layers_on {
+                        self.note_layer(size, a);
+                    }
                 }
                 a
             }
@@ -866,6 +896,9 @@ impl Stitch {
                 });
                 if self.budget.is_some() {
                     self.note_round(size, addr);
+                    if self.layers_on {
+                        self.note_layer(size, addr);
+                    }
                 }
                 self.gc_mappings(dev);
                 addr

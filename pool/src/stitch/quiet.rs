@@ -58,6 +58,7 @@ impl Stitch {
             self.forget_kept();
         }
         self.end_round();
+        self.layers.clear();
         self.layout_mark = (allocs, hits);
     }
 

@@ -198,6 +198,20 @@ impl Stitch {
         if rank != k {
             return None;
         }
+        self.place_free(dev, m, va, off, size)
+    }
+
+    /// Whether `[off, off + size)` of mapping `m` (still at `va`) holds only cached blocks
+    /// (pending ones are released by one synchronization, as a remembered place's round had
+    /// them released by then): `(mapping, offset, the cached blocks in it)`.
+    pub(super) fn place_free(
+        &mut self,
+        dev: &mut dyn Device,
+        m: u32,
+        va: u64,
+        off: u64,
+        size: u64,
+    ) -> Option<(u32, u64, Occupants)> {
         let mp = self.maps.get(m as usize)?.as_ref()?;
         if mp.va != va || off + size > mp.pages.len() as u64 * self.gran {
             return None;
@@ -209,8 +223,8 @@ impl Stitch {
             }
             Occupants::Live => None,
             Occupants::Pending => {
-                // blocks freed with `cudaFree` wait there: the previous round had them
-                // released by then; one synchronization releases every pending block
+                // blocks freed with `cudaFree` wait there: one synchronization releases
+                // every pending block
                 if dev.is_capturing() {
                     return None;
                 }
@@ -244,6 +258,27 @@ impl Stitch {
             return Ok(None);
         };
         self.rounds.replays += 1;
+        let slot = self.commit_place(dev, m, off, occupants, size, t, req)?;
+        if matches!(slot, Some(Slot::New(..))) {
+            self.rounds.anew += 1;
+        }
+        Ok(slot)
+    }
+
+    /// Serve the allocation of `size` on stream `t` at a free place (`place_free`'s
+    /// answer): the cached block there when it is one of this very size at this very place,
+    /// else a new block with the cached blocks in the way dissolved.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn commit_place(
+        &mut self,
+        dev: &mut dyn Device,
+        m: u32,
+        off: u64,
+        occupants: Occupants,
+        size: u64,
+        t: Stream,
+        req: u64,
+    ) -> Result<Option<Slot>, PoolError> {
         let victims = match occupants {
             Occupants::Exact(a) => {
                 if let Some(a) = self.take_cached(dev, a, size, t, req) {
@@ -254,11 +289,7 @@ impl Stitch {
             Occupants::Cached(v) => v,
             Occupants::Live | Occupants::Pending => return Ok(None),
         };
-        let slot = self.commit_over(dev, m, off, victims, size, t)?;
-        if slot.is_some() {
-            self.rounds.anew += 1;
-        }
-        Ok(slot)
+        self.commit_over(dev, m, off, victims, size, t)
     }
 
     /// A new block of `size` on stream `t` at `off` in mapping `m`, over the cached blocks
@@ -360,7 +391,7 @@ impl Stitch {
     }
 }
 
-enum Occupants {
+pub(super) enum Occupants {
     /// the cached block of this very place (of this size)
     Exact(u64),
     /// only cached blocks (these), or nothing

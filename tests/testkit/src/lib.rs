@@ -20,6 +20,7 @@
 //! * Scratch space: [`TempDir`] (a private directory in `$TMPDIR`, removed when dropped, also
 //!   when the test panics), [`temp_dir`] (under the target directory, removed when the test
 //!   process exits), [`unique_name`]; shipped traces: [`trace_file`].
+//! * Random workloads, the same on every run: [`XorShift`], [`one_stream_round`].
 //! * NVIDIA's real `libcudart.so.12` (downloaded wheel): [`real_cudart12_dir`]; the pinned
 //!   NVIDIA wheels of scripts/setup-nvidia-wheels: [`nvidia_wheels`].
 //!
@@ -32,6 +33,7 @@
 pub mod layers;
 mod layout;
 mod proc;
+mod random;
 mod tmp;
 pub mod users;
 mod wheel;
@@ -41,6 +43,7 @@ pub use proc::{
     PASS_VAR, RunOutput, parse_pass, pass_through, preload, run, run_with_preload, sim_command,
     sim_env,
 };
+pub use random::{RoundStep, XorShift, one_stream_round};
 pub use tmp::{TempDir, live_temp_dirs};
 pub use wheel::{CUDART12_WHEEL, nvidia_wheels, real_cudart12_dir};
 

@@ -163,8 +163,11 @@ impl Stream {
             }
             delay(CONFIG.stream_delay + op.delay);
             (op.work)();
-            let mut q = lock(&self.q);
-            q.completed = op.ticket;
+            lock(&self.q).completed = op.ticket;
+            // Notified with the lock released, as a device wakes its waiters: a waiter woken
+            // with the lock still held would block on it again at once. No wake-up is lost:
+            // a waiter tests `completed` under the lock before it waits, so it either saw
+            // this ticket or was waiting when the notification came.
             self.cv.notify_all();
         }
     }
@@ -225,6 +228,7 @@ impl Stream {
             delay: extra,
             work,
         });
+        drop(q);
         self.cv.notify_all();
         Some(ticket)
     }
@@ -476,11 +480,14 @@ impl Event {
             Vec::new(),
             Duration::ZERO,
             Box::new(move || {
-                let mut st = lock(&e.st);
-                if st.completed < g {
-                    st.completed = g;
-                    st.time = Some(Instant::now());
+                {
+                    let mut st = lock(&e.st);
+                    if st.completed < g {
+                        st.completed = g;
+                        st.time = Some(Instant::now());
+                    }
                 }
+                // Outside the lock, as the stream's own notification.
                 e.cv.notify_all();
             }),
         );
@@ -529,3 +536,67 @@ impl Event {
 /// Host pointers carried to a worker thread.
 #[derive(Clone, Copy)]
 pub struct SendPtr(pub usize);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+
+    /// Many threads waiting on one stream's tickets and on an event recorded on it, while
+    /// its work is submitted and run: every waiter wakes for every ticket it waits for (the
+    /// notifications come after the lock is released, none may be lost).
+    #[test]
+    fn every_waiter_wakes_for_every_ticket() {
+        const OPS: u64 = 400;
+        const WAITERS: u64 = 48;
+        let s = Stream::spawn(0, CU_STREAM_NON_BLOCKING, 0, StreamKind::User);
+        let e = Arc::new(Event {
+            flags: 0,
+            st: Mutex::new(EvState::default()),
+            cv: Condvar::new(),
+        });
+        let ran = Arc::new(AtomicU64::new(0));
+        let (done, woke) = mpsc::channel();
+        for w in 0..WAITERS {
+            let (s, e, ran, done) = (s.clone(), e.clone(), ran.clone(), done.clone());
+            std::thread::spawn(move || {
+                // Each waiter its own tickets: every one, every third, or only the events.
+                let mut t = 1 + w % 3;
+                while t <= OPS {
+                    if w % 4 == 3 {
+                        e.wait_for(t / 2);
+                    } else {
+                        s.wait_for(t);
+                        // The work ops are those of even index: (t + 1) / 2 of the first t.
+                        assert!(ran.load(Ordering::Acquire) >= t.div_ceil(2));
+                    }
+                    t += 1 + w % 3;
+                }
+                done.send(w).unwrap();
+            });
+        }
+        drop(done);
+        for i in 0..OPS {
+            let ran = ran.clone();
+            if i % 2 == 1 {
+                e.record(&s);
+            } else {
+                s.submit(
+                    Vec::new(),
+                    Duration::ZERO,
+                    Box::new(move || {
+                        ran.fetch_add(1, Ordering::AcqRel);
+                    }),
+                );
+            }
+            if i % 16 == 0 {
+                std::thread::yield_now();
+            }
+        }
+        for _ in 0..WAITERS {
+            woke.recv_timeout(Duration::from_secs(30))
+                .expect("a waiter never woke: a notification was lost");
+        }
+        s.close();
+    }
+}

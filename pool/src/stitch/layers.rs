@@ -1,0 +1,187 @@
+//! Layer replay: within one long round, a repeated sequence of large requests takes the
+//! places of the repeat before the previous one (period two).
+//!
+//! Why: a job that is never idle (a server: the model's weights stay live) has one long
+//! round, so the round replay (`rounds`) never acts. Its work still repeats: a transformer
+//! layer makes the same requests in the same order as the layer before it, as long as the
+//! input's shape stays. The layer before cannot lend its places: some of its blocks (its
+//! output, the residual) live into the next layer, so the next layer, laid out afresh, puts
+//! its blocks around them wherever the cache and the arena's windows allow, and a large
+//! block that finds every earlier place of its size holding one of those is stitched anew
+//! (driver calls in every layer). Everything of the layer before the previous one is dead
+//! by the time a layer starts, so layer k can take layer k-2's places exactly: what is live
+//! beside it then (the end of layer k-1) lies where the end of layer k-3 lay beside layer
+//! k-2, which layer k-2's places kept clear of. Two alternating layouts then repeat with no
+//! driver call.
+//!
+//! The rule: every allocation of at least a page of a budgeted pool with layers on goes
+//! through the general path (the fast path declines it: `SizeList::replay_next`), and its
+//! size and place are remembered in order. When the sequence of these sizes has repeated
+//! with some period `p` of at least two sizes (at most `MAX_PERIOD` allocations) for the last
+//! `p + 1` allocations, this one included, and the allocation `2p` before had this size too,
+//! the allocation takes the place of the one `2p` before it, else of the one `p` before it
+//! (the first repeats of a new shape, whose layer before the previous one differed), if only
+//! cached (or pending) blocks are there now; else the usual placement. Which place is safe is
+//! decided as for the round replay (`Stitch::place_free`): never a live block's bytes,
+//! pending ones released by a synchronization first. Not near the device's limit
+//! (`roomy`): there the usual placement packs tighter (smaller devices).
+//!
+//! Blocks under a page share pages (their places matter little) and are left to the fast
+//! path. The caller's thread caches (`thread_cache`) are off with layers on: a cache hit is
+//! served where the pool never sees it, so the layer's blocks it serves would neither be
+//! placed by the rule nor remembered.
+
+use super::*;
+
+/// The longest period (in allocations of at least a page) looked for.
+const MAX_PERIOD: usize = 64;
+/// Allocations remembered: two periods back from the allocation being served.
+const RING: usize = 2 * MAX_PERIOD + 1;
+
+/// The recent large allocations (of at least a page) and how far each candidate period has
+/// held.
+pub(super) struct Layers {
+    /// (size, mapping, the mapping's address, offset) by large allocation number mod `RING`
+    ring: Vec<(u64, u32, u64, u64)>,
+    /// large allocations remembered since the last reset
+    n: u64,
+    /// `run[p]`: how many of the latest large allocations in a row had the size of the one
+    /// `p` before them
+    run: Vec<u32>,
+    /// allocations served at a place of two periods before
+    pub(super) replays: u64,
+}
+
+impl Default for Layers {
+    fn default() -> Self {
+        Layers {
+            ring: vec![(0, 0, 0, 0); RING],
+            n: 0,
+            run: vec![0; MAX_PERIOD + 1],
+            replays: 0,
+        }
+    }
+}
+
+impl Layers {
+    /// Forget the sequence (a round ended: the round replay takes over).
+    pub(super) fn clear(&mut self) {
+        self.n = 0;
+        self.run.iter_mut().for_each(|r| *r = 0);
+    }
+
+    /// The shortest period `p` (of at least two sizes) over which the sequence, with one
+    /// more allocation of `size`, has repeated for the last `p + 1` allocations, when the
+    /// allocation `2p` before had this size too: `p`.
+    fn period(&self, size: u64) -> Option<usize> {
+        for p in 1..=MAX_PERIOD {
+            if (p as u64) * 2 > self.n {
+                return None;
+            }
+            if self.back(p).0 != size || self.back(2 * p).0 != size {
+                continue;
+            }
+            if (self.run[p] as usize) < p {
+                continue;
+            }
+            if (1..p).all(|k| self.back(k).0 == size) {
+                continue;
+            }
+            return Some(p);
+        }
+        None
+    }
+
+    /// The large allocation `k` before the next one.
+    fn back(&self, k: usize) -> (u64, u32, u64, u64) {
+        self.ring[((self.n - k as u64) % RING as u64) as usize]
+    }
+
+    /// Remember a large allocation of `size` placed at `(m, va, off)`.
+    fn push(&mut self, size: u64, m: u32, va: u64, off: u64) {
+        for p in 1..=MAX_PERIOD {
+            let same = (p as u64) <= self.n
+                && self.ring[((self.n - p as u64) % RING as u64) as usize].0 == size;
+            self.run[p] = if same {
+                self.run[p].saturating_add(1)
+            } else {
+                0
+            };
+        }
+        self.ring[(self.n % RING as u64) as usize] = (size, m, va, off);
+        self.n += 1;
+    }
+}
+
+impl Stitch {
+    /// Whether the layer replay looks at an allocation of `size`.
+    #[inline]
+    fn layer_size(&self, size: u64) -> bool {
+        self.layers_on && self.budget.is_some() && self.gran > 0 && size >= self.gran
+    }
+
+    /// Place the allocation of `size` on stream `t` where the large allocation two periods
+    /// (else one period) before it went, when the sequence repeats and that place is free but
+    /// for cached blocks.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn layer_commit(
+        &mut self,
+        dev: &mut dyn Device,
+        size: u64,
+        t: Stream,
+        req: u64,
+    ) -> Result<Option<Slot>, PoolError> {
+        if !self.layer_size(size) {
+            return Ok(None);
+        }
+        // near the device's limit the usual placement packs tighter (see `pressure`)
+        if !self.roomy(dev, 0) {
+            return Ok(None);
+        }
+        let Some(p) = self.layers.period(size) else {
+            return Ok(None);
+        };
+        let mut found = None;
+        for k in [2 * p, p] {
+            let (_, m, va, off) = self.layers.back(k);
+            if let Some(f) = self.place_free(dev, m, va, off, size) {
+                found = Some(f);
+                break;
+            }
+        }
+        let Some((m, off, occupants)) = found else {
+            return Ok(None);
+        };
+        let slot = self.commit_place(dev, m, off, occupants, size, t, req)?;
+        if slot.is_some() {
+            self.layers.replays += 1;
+        }
+        Ok(slot)
+    }
+
+    /// After a large allocation of `size` (now a block at `addr`) was served by the general
+    /// path: remember its place, and keep the next allocation of its size off the fast path.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn note_layer(&mut self, size: u64, addr: u64) {
+        if !self.layer_size(size) {
+            return;
+        }
+        let Some((m, off)) = self.blocks.get(addr).map(|b| (b.map, b.off)) else {
+            return;
+        };
+        let va = self.map(m).va;
+        self.layers.push(size, m, va, off);
+        if let Some(l) = self.sizes.find(size) {
+            let sl = self.sizes.at_mut(l);
+            sl.replay_next = sl.allocs;
+        }
+    }
+
+    /// Allocations served at the place of the allocation two periods of a repeated sequence
+    /// before them (see `layers`).
+    pub fn layer_replays(&self) -> u64 {
+        self.layers.replays
+    }
+}
