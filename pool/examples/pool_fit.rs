@@ -11,6 +11,8 @@
 //! tail making up a page more); and how many pages moving live bytes would free without moving
 //! any address (two partly used pages whose used bytes lie at different offsets can share one
 //! physical page: both mappings' pages are mapped to one of them after its bytes are copied).
+//! The replay runs behind the live library's thread caches, as `replay::run_with` does, so
+//! the request that fails is the one the smallest-device search saw fail.
 //! `at=N` stops before event N instead (it must be an allocation) and prints the same for it.
 //!
 //! `cargo run --release -p vramshim-pool --example pool_fit -- TRACE.csv [sync|async]
@@ -23,6 +25,7 @@ mod common;
 use std::collections::HashMap;
 use vramshim_pool::replay::{self, Event, Frees};
 use vramshim_pool::stitch::Stitch;
+use vramshim_pool::thread_cache::{self, ThreadCache};
 use vramshim_pool::{Device, MIB, Policy, Request};
 
 fn main() {
@@ -76,7 +79,11 @@ fn main() {
     );
     let cap = device.unwrap_or(min.saturating_sub(2 * MIB));
     let (mut dev, mut p) = common::checking_stitch(cap, tight);
-    let mut ids: HashMap<u64, (u64, u64)> = HashMap::new();
+    // in front of the pool, the live library's thread caches, as `replay` runs them
+    let mut front = p
+        .thread_caches()
+        .then(|| ThreadCache::new(thread_cache::Rules::LIVE));
+    let mut ids: HashMap<u64, (u64, u64, u64)> = HashMap::new();
     let mut born: HashMap<u64, usize> = HashMap::new();
     let mut now = 0u64;
     for (i, ev) in events.iter().enumerate() {
@@ -96,9 +103,15 @@ fn main() {
         }
         match *ev {
             Event::Alloc { id, size, stream } => {
-                match p.alloc(&mut dev, Request { size, stream }) {
+                let got = match &mut front {
+                    Some(c) => c
+                        .alloc(&mut p, &mut dev, Request { size, stream })
+                        .map(|x| x.0),
+                    None => p.alloc(&mut dev, Request { size, stream }),
+                };
+                match got {
                     Ok(a) => {
-                        ids.insert(id, (a.addr, size));
+                        ids.insert(id, (a.addr, size, a.size));
                         born.insert(a.addr, i);
                         now += size;
                     }
@@ -115,13 +128,19 @@ fn main() {
                 }
             }
             Event::Free { id, mode } => {
-                if let Some((a, size)) = ids.remove(&id) {
+                if let Some((a, size, granted)) = ids.remove(&id) {
                     born.remove(&a);
-                    let _ = p.free(&mut dev, a, mode);
+                    let _ = match &mut front {
+                        Some(c) => c.free(&mut p, &mut dev, a, size, granted, mode).map(|_| 0),
+                        None => p.free(&mut dev, a, mode),
+                    };
                     now -= size;
                 }
             }
             Event::ProcessSync => {
+                if let Some(c) = &mut front {
+                    let _ = c.process_sync(&mut p, &mut dev);
+                }
                 dev.process_sync();
                 p.note_process_sync();
             }

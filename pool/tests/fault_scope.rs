@@ -55,7 +55,7 @@ fn counts(ev: &[Event], faults: Faults, split: bool) -> (u64, u64, u64, u64, u64
 }
 
 /// Switches of rules a default tight pool never takes (kept ranges, runs, lifetime classes
-/// are off) change nothing: not the blocks handed out, nor any count. And the interposer's
+/// are off; nothing is near the limit of an unlimited device) change nothing: not the blocks handed out, nor any count. And the interposer's
 /// sequence (fast path, then the general path told it declined) hands out the blocks
 /// `Policy::alloc` does.
 #[test]
@@ -86,6 +86,20 @@ fn unreached_fault_switches_change_nothing() {
             "arena_mixes_lifetimes",
             Faults {
                 arena_mixes_lifetimes: true,
+                ..Faults::default()
+            },
+        ),
+        (
+            "ends_off",
+            Faults {
+                ends_off: true,
+                ..Faults::default()
+            },
+        ),
+        (
+            "ends_unsynced",
+            Faults {
+                ends_unsynced: true,
                 ..Faults::default()
             },
         ),
