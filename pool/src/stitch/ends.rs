@@ -47,7 +47,10 @@ const ENDS_SCAN: usize = 16;
 
 impl Stitch {
     /// Whether the allocation of `size` bytes now under way is placed by this rule; keeps
-    /// `near` (and so the fast path) up to date where it asks the device.
+    /// `near` (and so the fast path) up to date where it asks the device. Asked only for a
+    /// block of more than a page or while `near` holds (`ends_first` implies `near`, so a
+    /// request not asked about is never placed by the rule).
+    #[inline(never)]
     pub(super) fn ends_due(&mut self, dev: &dyn Device, size: u64) -> bool {
         let g = self.gran;
         let block =

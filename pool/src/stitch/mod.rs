@@ -790,8 +790,11 @@ impl Stitch {
         // under a budget, the place this allocation had in the previous round comes first
         // (see `rounds`): a cached block taken instead would let the layout drift
         // near the device's limit a block of more than a page takes no twin, no round place
-        // and no held mapping: it is placed on page ends (see `ends`)
-        let ends = self.ends_due(dev, size);
+        // and no held mapping: it is placed on page ends (see `ends`; the mask is a cheap
+        // first look, pages being a power of two bytes, that `ends_due` makes exact)
+        let g = self.gran;
+        let ends =
+            ((size > g && size & g.wrapping_sub(1) != 0) || self.near) && self.ends_due(dev, size);
         let replayed = if !ends && self.budget.is_some() && self.round_due(size) {
             self.round_commit(dev, size, t, req.size)?
         } else {

@@ -87,9 +87,9 @@ impl Stitch {
         // traces replayed through cudaMalloc/cudaFree, and driver calls in every pass);
         // batching keeps it to one sync per SYNC_BATCH cudaFrees at most.
         if !self.faults.lazy_sync
-            && !self.ends_first
             && self.pending.len() >= SYNC_BATCH
             && self.sizes.has_pending(size)
+            && !self.ends_first
             && let Some(a) = self.sync_and_take(dev, size, t, req)?
         {
             return Ok(Slot::Hit(a));
