@@ -702,7 +702,8 @@ proptest! {
 
     /// The same rounds on devices they nearly fill (48-160 MiB for blocks of up to 45 MiB):
     /// the tight pool also re-forms mappings its rounds' places are in there
-    /// (`stitch/pressure.rs`), and stays as safe, within the device and its budget.
+    /// (`stitch/pressure.rs`) and places blocks of more than a page on page ends
+    /// (`stitch/ends.rs`), and stays as safe, within the device and its budget.
     #[test]
     fn stitch_tight_replays_rounds_safely_near_the_limit(ops in rounds(), cap_mib in 48u64..160) {
         exercise_clean_in_budget(&mut Stitch::tight(), &ops, cap_mib * MIB, Budget::default());
@@ -740,6 +741,35 @@ fn checker_catches_reforming_a_used_mapping_under_pressure() {
     );
     assert!(reformed > 0, "no round re-formed a mapping under pressure");
     assert!(caught > 0, "no re-forming of a used mapping was caught");
+}
+
+/// The same drawn rounds on a 96 MiB device: without a fault some place blocks of more than a
+/// page on page ends near the limit (`stitch/ends.rs`, which synchronizes before it reuses
+/// the bytes of `cudaFree`d blocks) and all are clean; with `Faults::ends_unsynced` (those
+/// blocks released without the synchronization) the checking device sees early reuse in
+/// some.
+#[test]
+fn checker_catches_page_ends_reused_before_the_synchronization() {
+    let (mut caught, mut placed) = (0, 0);
+    for ops in drawn_rounds(64) {
+        for broken in [false, true] {
+            let mut p = Stitch::tight();
+            p.set_faults(Faults {
+                ends_unsynced: broken,
+                ..Faults::default()
+            });
+            let dev = exercise(&mut p, &ops, 96 * MIB);
+            if broken {
+                caught += usize::from(!dev.violations().is_empty());
+            } else {
+                assert!(dev.violations().is_empty(), "{:?}", &dev.violations()[..1]);
+                placed += usize::from(p.ends_places() > 0);
+            }
+        }
+    }
+    eprintln!("{placed} of 64 placed blocks on page ends, {caught} caught with the fault");
+    assert!(placed > 0, "no round placed a block on page ends");
+    assert!(caught > 0, "no early reuse of page ends was caught");
 }
 
 // ---------------------------------------------------------------- the checker can fail

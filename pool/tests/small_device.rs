@@ -2,8 +2,9 @@
 //! replayed through the default pool (stitch with its budget) on the checking device of
 //! 1.03 x its peak live, under both free semantics; and the rules that get the pool closer
 //! (near the device's limit a round's mappings may be re-formed and cached blocks are
-//! dissolved before the pool grows, `stitch/pressure.rs`) shown to be what does it, to stay
-//! off a large device, and to be caught when broken.
+//! dissolved before the pool grows, `stitch/pressure.rs`; blocks of more than a page go on
+//! page ends, `stitch/ends.rs`) shown to be what does it, to stay off a large device, and to
+//! be caught when broken.
 
 mod common;
 
@@ -33,27 +34,13 @@ fn run(events: &[Event], pool: &mut dyn Policy, capacity: u64) -> replay::Replay
     r
 }
 
-/// Traces whose default pool does not complete on 1.03 x peak live yet, with the smallest
-/// device it needs now (MiB, `cudaFree` / stream-ordered): t5's peak step is its only long
-/// one (events 27000-28426), laid out in one pass, and at its peak request (16,384,000 B,
-/// 7.8 pages) the pool holds no cached or pending block and no wholly free page, one page
-/// short of the 7 whole pages the request needs; its free bytes are holes inside pages that
-/// live blocks share (docs/benchmarks.md, "Near the device's limit"). Checked so that it
-/// cannot get worse unseen.
-const SHORT: &[(&str, u64, u64)] = &[("t5_train.rmm.csv", 486, 486)];
-
 #[test]
 fn every_trace_completes_on_a_device_of_1_03_x_peak_live() {
     let mut met = 0;
     for (name, ev) in traces() {
         for frees in Frees::BOTH {
             let stream = frees.apply(&ev);
-            let short = SHORT.iter().find(|s| name.ends_with(s.0));
-            let capacity = match (short, frees) {
-                (Some(s), Frees::CudaFree) => s.1 * MIB,
-                (Some(s), Frees::StreamOrdered) => s.2 * MIB,
-                (None, _) => device_1_03(&ev),
-            };
+            let capacity = device_1_03(&ev);
             let mut pool = PolicyKind::Stitch.build();
             let r = run(&stream, pool.as_mut(), capacity);
             let what = format!("{name} {} on {} MiB", frees.name(), capacity / MIB);
@@ -64,12 +51,103 @@ fn every_trace_completes_on_a_device_of_1_03_x_peak_live() {
             assert!(r.completed, "{what}: {:?}", r.first_failure);
             assert!(r.violations.is_empty(), "{what}: {:?}", &r.violations[..1]);
             assert!(r.leaks.is_empty(), "{what}: {:?}", r.leaks);
-            if short.is_none() {
-                met += 1;
+            met += 1;
+        }
+    }
+    assert_eq!(met, 12, "six traces, both free semantics");
+}
+
+/// t5 on its 1.03 x device (484 MiB) is the page-ends rule's (`stitch/ends.rs`): near the
+/// device's limit its blocks of more than a page take no twin's place and their remainders go
+/// on page ends; with the rule off (`Faults::ends_off`) the pool is refused at its peak
+/// request (event 28426, one whole page short), under both free semantics.
+#[test]
+fn t5_fits_1_03_x_peak_live_by_the_page_ends_rule() {
+    let all = traces();
+    let ev = &all
+        .iter()
+        .find(|t| t.0.ends_with("traces/t5_train.rmm.csv"))
+        .unwrap()
+        .1;
+    let capacity = device_1_03(ev);
+    assert_eq!(capacity, 484 * MIB);
+    for frees in Frees::BOTH {
+        let stream = frees.apply(ev);
+        for off in [false, true] {
+            let mut p = Stitch::tight();
+            p.set_faults(Faults {
+                ends_off: off,
+                ..Faults::default()
+            });
+            let r = run(&stream, &mut p, capacity);
+            let what = format!("t5 {} on 484 MiB, rule off {off}", frees.name());
+            eprintln!(
+                "{what}: completed {}, {} blocks on page ends, {} driver calls",
+                r.completed,
+                p.ends_places(),
+                r.driver_calls
+            );
+            assert!(r.violations.is_empty(), "{what}: {:?}", &r.violations[..1]);
+            if off {
+                assert!(!r.completed, "{what}: completes without the rule");
+                assert_eq!(r.first_failure.as_ref().map(|f| f.index), Some(28426));
+                assert_eq!(p.ends_places(), 0);
+            } else {
+                assert!(r.completed, "{what}: {:?}", r.first_failure);
+                assert!(p.ends_places() > 0, "{what}: no block on page ends");
             }
         }
     }
-    assert_eq!(met, 10, "five of six traces, both free semantics");
+}
+
+/// The page-ends rule reuses the bytes of `cudaFree`d blocks only after the synchronization
+/// it makes: every trace, twice, both free semantics, on its 1.03 x device and 2 and 4 pages
+/// more, completes with no overlap, no early reuse and nothing lost, with blocks placed by
+/// the rule. With that synchronization left out (`Faults::ends_unsynced`) the checking
+/// device sees bytes reused before the device finished with them: the test can fail.
+#[test]
+fn page_ends_reuse_nothing_early() {
+    let (mut placed, mut caught) = (0, 0);
+    for (name, ev) in traces() {
+        let base = device_1_03(&ev);
+        for frees in Frees::BOTH {
+            let stream = frees.apply(&replay::repeat(&ev, 2));
+            for extra in [0, 2, 4] {
+                let capacity = base + extra * PAGE;
+                for broken in [false, true] {
+                    let mut p = Stitch::tight();
+                    p.set_faults(Faults {
+                        ends_unsynced: broken,
+                        ..Faults::default()
+                    });
+                    let what = format!(
+                        "{name} {} on {} MiB, broken {broken}",
+                        frees.name(),
+                        capacity / MIB
+                    );
+                    let mut dev = AccountingDevice::new(capacity);
+                    dev.set_checking(true);
+                    let r = replay::run_with(&stream, &mut p, &mut dev);
+                    assert!(
+                        dev.peak_used() <= capacity,
+                        "{what}: device count past capacity"
+                    );
+                    if broken {
+                        if !r.violations.is_empty() {
+                            caught += 1;
+                        }
+                        continue;
+                    }
+                    assert!(r.violations.is_empty(), "{what}: {:?}", &r.violations[..1]);
+                    assert!(r.leaks.is_empty(), "{what}: {:?}", r.leaks);
+                    placed += p.ends_places();
+                }
+            }
+        }
+    }
+    eprintln!("{placed} blocks placed on page ends; the broken rule caught {caught} times");
+    assert!(placed > 0, "no block was placed on page ends");
+    assert!(caught > 0, "the broken rule was never caught");
 }
 
 /// Devices the pool reaches only with the near-the-limit rules (MiB; one page less than
@@ -121,8 +199,8 @@ fn the_near_limit_rules_are_what_fit_these_devices() {
 }
 
 /// On a large device the rules never apply: every trace, both free semantics, two passes on
-/// 80 GiB make exactly the driver calls they make with them switched off, and no round mapping
-/// is re-formed (the steady state's zero calls are the budgeted pool's, untouched).
+/// 80 GiB make exactly the driver calls they make with them switched off, no round mapping
+/// is re-formed and no block placed on page ends (the steady state's zero calls are the budgeted pool's, untouched).
 #[test]
 fn a_large_device_never_sees_pressure() {
     for (name, ev) in traces() {
@@ -133,11 +211,13 @@ fn a_large_device_never_sees_pressure() {
                 let mut p = Stitch::tight();
                 p.set_faults(Faults {
                     pressure_off: off,
+                    ends_off: off,
                     ..Faults::default()
                 });
                 let r = run(&stream, &mut p, 80 << 30);
                 assert!(r.completed, "{name}");
                 assert_eq!(p.pressure_reforms(), 0, "{name} {}", frees.name());
+                assert_eq!(p.ends_places(), 0, "{name} {}", frees.name());
                 calls.push((r.driver_calls, r.syncs, r.peak_device_used));
             }
             assert_eq!(calls[0], calls[1], "{name} {}", frees.name());

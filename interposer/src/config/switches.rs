@@ -23,6 +23,7 @@ const SWITCHES: &[(&str, &[&str])] = &[
             "forget-rounds",
             "ignore-budget",
             "pressure-off",
+            "ends-off",
             "kept",
             "kept-over-live",
             "busy-until-sync",

@@ -424,6 +424,27 @@ fn live_pool_completes_bert_under_a_cap_of_1_03_x_peak_live() {
     );
 }
 
+#[test]
+fn live_pool_completes_t5_under_a_cap_of_1_03_x_peak_live() {
+    // t5's smallest device, live: its log replayed under a cap of the whole pages within
+    // 1.03 x its peak live (484 MiB, 1.028 x). Near the limit its blocks of more than a page
+    // take no twin's place and their remainders go on free page ends (the pool's `ends`
+    // rule); without it (`VRAMSHIM_POOL_DEBUG=ends-off`) the same run is refused (exit 2), as
+    // the model says (486 MiB then).
+    const PAGE: u64 = 2 << 20;
+    let t = "t5_train.rmm.csv";
+    let live = peak_live(&trace_file(t));
+    let cap = (live as f64 * 1.03) as u64 / PAGE * PAGE;
+    assert_eq!(cap, 484 << 20);
+    completes_under_cap(t, cap, &[], t);
+    refused_under_cap(
+        t,
+        cap,
+        &[("VRAMSHIM_POOL_DEBUG", "ends-off")],
+        &format!("{t} ends-off"),
+    );
+}
+
 /// Memory-management driver calls in the simulated driver's call log (VRAMSIM_DEBUG=1).
 fn sim_memory_calls(stderr: &str) -> u64 {
     const MEM: [&str; 7] = [

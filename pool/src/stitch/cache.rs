@@ -105,8 +105,7 @@ impl Stitch {
     #[inline]
     pub(super) fn alloc_hit(&mut self, req: u64, t: Stream) -> Option<u64> {
         if self.gran == 0
-            || self.lives
-            || self.faults_on
+            || self.slow_only
             || (!self.pending.is_empty() && self.flushed_epoch != self.epoch)
         {
             return None;

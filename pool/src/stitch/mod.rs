@@ -47,6 +47,7 @@ mod arena;
 mod aside;
 mod budget;
 mod cache;
+mod ends;
 mod fences;
 mod kept;
 mod layers;
@@ -227,6 +228,14 @@ pub struct Faults {
     /// the pool keeps past it: a caller keeps frees aside there too, and they reach the pool
     /// late (not a safety fault: it proves the test of that half of the watch can fail).
     pub watch_never_zero: bool,
+    /// Near the device's limit, place blocks of more than a page as before (their twins'
+    /// places, the arena, held mappings) instead of on page ends (see `ends`; not a safety
+    /// fault: it proves the test of the smallest device that rule reaches can fail).
+    pub ends_off: bool,
+    /// Near the device's limit, release the `cudaFree`d blocks into the bytes a block of more
+    /// than a page is placed in without the synchronization (see `ends`): proves the checks
+    /// of that rule's early reuse can fail.
+    pub ends_unsynced: bool,
     /// Carve stitched mappings' address ranges out of the pool's chunks with no unused page
     /// after each (an access past a mapping's end then lands in the next mapping's memory):
     /// proves the test that such an access finds no memory can fail.
@@ -366,6 +375,15 @@ pub struct Stitch {
     /// (allocations, cache hits) when the layout was last forgotten (see `quiet`)
     layout_mark: (u64, u64),
     stats: Stats,
+    /// the device was near its limit at the last allocation the general path made while a
+    /// block of the `ends` rule was asked for or this was set (see `ends`)
+    near: bool,
+    /// the fast path declines: `lives`, `faults_on` or `near`
+    slow_only: bool,
+    /// the allocation under way is placed by the `ends` rule
+    ends_first: bool,
+    /// blocks placed by the `ends` rule
+    ends_places: u64,
 }
 
 impl Default for Stitch {
@@ -438,6 +456,10 @@ impl Stitch {
             stuck_key: None,
             layout_mark: (0, 0),
             stats: Stats::default(),
+            near: false,
+            slow_only: false,
+            ends_first: false,
+            ends_places: 0,
         }
     }
 
@@ -487,6 +509,7 @@ impl Stitch {
     pub fn set_faults(&mut self, f: Faults) {
         self.faults = f;
         self.faults_on = f.any();
+        self.update_slow_only();
     }
 
     /// Physical pages held.
@@ -813,8 +836,13 @@ impl Stitch {
         // (see `rounds`): a cached block taken instead would let the layout drift
         // (with layers on, every large allocation after its size's first is due here: within
         // one round, a repeated sequence of them takes the places of two periods before, see
-        // `layers`)
-        let replayed = if self.budget.is_some() && self.round_due(size) {
+        // `layers`); near the device's limit a block of more than a page takes no twin, no
+        // round place and no held mapping: it is placed on page ends (see `ends`; the mask is
+        // a cheap first look, pages being a power of two bytes, that `ends_due` makes exact)
+        let g = self.gran;
+        let ends =
+            ((size > g && size & g.wrapping_sub(1) != 0) || self.near) && self.ends_due(dev, size);
+        let replayed = if !ends && self.budget.is_some() && self.round_due(size) {
             match self.round_commit(dev, size, t, req.size)? {
                 None if self.layers_on => self.layer_commit(dev, size, t, req.size)?,
                 r => r,
@@ -823,7 +851,7 @@ impl Stitch {
             None
         };
         let mut hit = None;
-        if replayed.is_none() {
+        if replayed.is_none() && !ends {
             hit = self.cache_take(dev, size, t, req.size);
         }
         // above the budget a miss dissolves the cache it kept (see `miss_above_budget`); a
@@ -837,6 +865,7 @@ impl Stitch {
         }
         if hit.is_none()
             && replayed.is_none()
+            && !ends
             && self.pending_bytes > 0
             && self.pending_bytes >= self.pending_limit()
             && !dev.is_capturing()

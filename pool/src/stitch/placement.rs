@@ -17,6 +17,7 @@ impl Stitch {
     pub fn set_lifetime_class(&mut self, class: u8) {
         if class != 0 && !self.faults.mix_lifetimes {
             self.lives = true;
+            self.update_slow_only();
         }
         self.life = class;
     }
@@ -165,7 +166,7 @@ impl Stitch {
                 }
             }
         }
-        if cls == LARGE {
+        if cls == LARGE && !self.ends_first {
             let n_min = size.div_ceil(g) as usize;
             for n in [n_min.max(2), n_min.max(2) + 1] {
                 let Some(list) = self.maps_by_len.get(&n) else {
@@ -200,6 +201,14 @@ impl Stitch {
             }
             (out.len() as u64 == k).then_some(out)
         };
+        // Near the device's limit, a remainder of half a page or more from page ends (see
+        // `ends`)
+        if self.ends_first
+            && r >= g / 2
+            && let Some(plan) = self.ends_plan(size, classes, &take_free)
+        {
+            return Some(plan);
+        }
         // Tier 1: no new holes. A partly used page's free end is consumed whole (head = its
         // whole free suffix, or tail = its whole free prefix) when that saves a fresh page;
         // the rest comes from fresh pages, whose leftover is again a clean prefix or suffix.
@@ -211,12 +220,25 @@ impl Stitch {
                 (Some(h), Some(t)) => Some(if h.0 <= t.0 { (h, true) } else { (t, false) }),
                 (Some(h), None) => Some((h, true)),
                 (None, Some(t)) => Some((t, false)),
-                (None, None) => match (largest(&self.suffix), largest(&self.prefix)) {
-                    (Some(h), Some(t)) => Some(if h.0 >= t.0 { (h, true) } else { (t, false) }),
-                    (Some(h), None) => Some((h, true)),
-                    (None, Some(t)) => Some((t, false)),
-                    (None, None) => None,
-                },
+                (None, None) => {
+                    let pick = |h: Option<(u64, u32)>, t: Option<(u64, u32)>| match (h, t) {
+                        (Some(h), Some(t)) => Some(if h.0 >= t.0 { (h, true) } else { (t, false) }),
+                        (Some(h), None) => Some((h, true)),
+                        (None, Some(t)) => Some((t, false)),
+                        (None, None) => None,
+                    };
+                    let any = pick(largest(&self.suffix), largest(&self.prefix));
+                    // near the limit, an end of a page no other block of a page or more
+                    // holds, where that costs no fresh page more (see `ends`)
+                    match self
+                        .ends_first
+                        .then(|| self.own_end(size, classes, any))
+                        .flatten()
+                    {
+                        Some(own) => Some(own),
+                        None => any,
+                    }
+                }
             };
             if let Some(((len, p), use_head)) = pick
                 && len < size

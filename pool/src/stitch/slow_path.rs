@@ -89,9 +89,16 @@ impl Stitch {
         if !self.faults.lazy_sync
             && self.pending.len() >= SYNC_BATCH
             && self.sizes.has_pending(size)
+            && !self.ends_first
             && let Some(a) = self.sync_and_take(dev, size, t, req)?
         {
             return Ok(Slot::Hit(a));
+        }
+        // Near the device's limit, a block of more than a page goes on page ends (see `ends`)
+        if self.ends_first
+            && let Some(slot) = self.ends_place(dev, size, t)?
+        {
+            return Ok(slot);
         }
         // Under a budget a large block comes out of the arena while it fits there (see
         // `arena`); the steps below are the fallback when the budget forbids its growth.
