@@ -15,9 +15,10 @@ const CU_STREAM_PER_THREAD: u64 = 0x2;
 
 /// The stream of a stream-ordered call (`cudaMallocAsync`, `cudaFreeAsync` and their driver
 /// forms) on handle `stream`, made by the thread `tid` names (asked only for a per-thread
-/// stream) through a per-thread entry point (`_ptsz`) or not. Handle 0 means the per-thread default stream when a `_ptsz` entry point was
-/// called, and `CU_STREAM_PER_THREAD` always does: each thread's is a different stream, so
-/// two threads must not share a free list (reuse "on the same stream" would be unordered).
+/// stream) through a per-thread entry point (`_ptsz`) or not. Handle 0 means the per-thread
+/// default stream when a `_ptsz` entry point was called, and `CU_STREAM_PER_THREAD` always
+/// does: each thread's is a different stream, so two threads must not share a free list
+/// (reuse "on the same stream" would be unordered).
 /// `CU_STREAM_LEGACY` is handle 0's stream.
 pub fn ordered_on(stream: u64, per_thread_entry: bool, tid: impl FnOnce() -> u32) -> Stream {
     let per_thread = stream == CU_STREAM_PER_THREAD || (stream == 0 && per_thread_entry);

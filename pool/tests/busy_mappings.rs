@@ -63,8 +63,8 @@ fn serve(
 
 /// The pile-up and its end, on the tight pool (the default) and on stitch with no budget: 20,000
 /// allocations of changing shapes on one stream, the process waiting for its stream every 64
-/// allocations and never synchronizing the device. With the rule before events
-/// (`Faults::busy_until_sync`) every mapping a block was freed through stays mapped: the
+/// allocations and never synchronizing the device. With busy mappings ended only by a
+/// synchronization (`Faults::busy_until_sync`) every mapping a block was freed through stays mapped: the
 /// mappings pass the cleanup limit (2 per page + 64) and keep growing. With the events, the
 /// pool sees the stream past those frees and keeps its mappings near the limit (the tight
 /// pool one over, while its first event is in flight; with no budget, the mappings made over
@@ -87,7 +87,7 @@ fn mappings_freed_through_do_not_pile_up_without_a_synchronization() {
             let (most, pages, dev, _) = serve(&mut p, device, window, 20_000, WAIT as usize);
             let limit = 2 * pages + 64;
             eprintln!(
-                "tight {tight}, rule before events {old}: most mappings {most}, at the end {}, pages {pages} (limit {limit}); events recorded {}, queried {}",
+                "tight {tight}, busy until a sync {old}: most mappings {most}, at the end {}, pages {pages} (limit {limit}); events recorded {}, queried {}",
                 p.mappings(),
                 dev.calls().event_record,
                 dev.calls().event_query

@@ -56,9 +56,9 @@ fn counts(ev: &[Event], faults: Faults, split: bool) -> (u64, u64, u64, u64, u64
 
 /// Switches of rules a default tight pool never takes (kept ranges, runs, lifetime classes
 /// are off; no trace has it look past its mappings' limit while some are busy; nothing is near
-/// the limit of an unlimited device) change nothing: not the blocks handed out, nor any count. And the interposer's
-/// sequence (fast path, then the general path told it declined) hands out the blocks
-/// `Policy::alloc` does.
+/// the limit of an unlimited device) change nothing: not the blocks handed out, nor any count.
+/// And the interposer's sequence (fast path, then the general path told it declined) hands
+/// out the blocks `Policy::alloc` does.
 #[test]
 fn unreached_fault_switches_change_nothing() {
     let unreached = [

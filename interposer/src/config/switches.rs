@@ -185,6 +185,28 @@ mod tests {
         );
     }
 
+    /// Every listed switch and name is documented in docs/configuration.md (as `` `name` `` or
+    /// `` `VAR=name` ``), so a new switch cannot be added without saying what it breaks.
+    #[test]
+    fn every_listed_name_is_documented() {
+        let doc = include_str!("../../../docs/configuration.md");
+        let mut missing = Vec::new();
+        for (var, names) in SWITCHES {
+            if !doc.contains(var) {
+                missing.push(var.to_string());
+            }
+            for n in *names {
+                if !doc.contains(&format!("`{n}`")) && !doc.contains(&format!("={n}`")) {
+                    missing.push(format!("{var}={n}"));
+                }
+            }
+        }
+        assert!(
+            missing.is_empty(),
+            "switches not in docs/configuration.md: {missing:?}"
+        );
+    }
+
     #[test]
     fn unknown_names_are_said_known_ones_are_not() {
         let accepted = SWITCHES[0].1;

@@ -241,7 +241,7 @@ pub struct Faults {
     /// proves the test that such an access finds no memory can fail.
     pub va_no_guard: bool,
     /// Keep a mapping busy until a synchronization even when the events recorded after the
-    /// frees through it are complete (the rule before those events; not a safety fault: it
+    /// frees through it are complete (the rule without those events; not a safety fault: it
     /// proves the test that mappings do not pile up without synchronizations can fail).
     pub busy_until_sync: bool,
     /// Take a busy mapping's events for complete without asking the device (the mapping may
