@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::traces;
+use common::{later_pass_calls, run_clean_within_1_10, traces};
 use vramshim_pool::replay::{self, Frees};
 use vramshim_pool::stitch::{Faults, Stitch};
 use vramshim_pool::{AccountingDevice, Policy};
@@ -31,20 +31,9 @@ fn every_trace_is_safe_with_layers_and_keeps_the_memory_targets() {
         for frees in Frees::BOTH {
             let what = format!("{name} {}", frees.name());
             let stream = frees.apply(&ev);
-            let mut dev = AccountingDevice::new(80 << 30);
-            dev.set_checking(true);
             let mut p = Stitch::tight().with_layers(true);
-            let r = replay::run_with(&stream, &mut p, &mut dev);
-            assert!(r.completed, "{what}: {:?}", r.first_failure);
-            assert!(r.violations.is_empty(), "{what}: {:?}", &r.violations[..1]);
-            assert!(r.leaks.is_empty(), "{what}: {:?}", &r.leaks[..1]);
-            let held = r.peak_device_used as f64 / r.peak_live as f64;
-            assert!(held <= 1.10, "{what}: {held:.3} x peak live");
-            let later = |m: &dyn Fn() -> Box<dyn Policy>| -> u64 {
-                replay::calls_per_pass_with(&ev, frees, m, 3)[1..]
-                    .iter()
-                    .sum()
-            };
+            let held = run_clean_within_1_10(&stream, &mut p, &what);
+            let later = |m: &dyn Fn() -> Box<dyn Policy>| later_pass_calls(&ev, frees, m);
             let (l, base) = (later(&layered), later(&plain));
             let (min_l, min_base) = (
                 replay::min_capacity_with(&stream, &layered),

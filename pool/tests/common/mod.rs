@@ -9,7 +9,7 @@ pub mod lifetimes;
 pub mod rotation;
 
 use proptest::prelude::*;
-use vramshim_pool::replay::Event;
+use vramshim_pool::replay::{self, Event, Frees};
 use vramshim_pool::{AccountingDevice, FreeMode, Policy, rmm_csv};
 
 /// A free mode: synchronous, or stream-ordered on one of streams 0 to 2.
@@ -84,4 +84,26 @@ pub fn traces() -> Vec<(String, Vec<Event>)> {
             (format!("{dir}/{name}"), t.events)
         })
         .collect()
+}
+
+/// One pass of `stream` through `p` on a checking 80 GiB device: it completes with no overlap,
+/// no early reuse and nothing leaked, within 1.10 x peak live (the targets of every pool
+/// variant); returns its peak device use over peak live.
+pub fn run_clean_within_1_10(stream: &[Event], p: &mut dyn Policy, what: &str) -> f64 {
+    let mut dev = AccountingDevice::new(80 << 30);
+    dev.set_checking(true);
+    let r = replay::run_with(stream, p, &mut dev);
+    assert!(r.completed, "{what}: {:?}", r.first_failure);
+    assert!(r.violations.is_empty(), "{what}: {:?}", &r.violations[..1]);
+    assert!(r.leaks.is_empty(), "{what}: {:?}", &r.leaks[..1]);
+    let held = r.peak_device_used as f64 / r.peak_live as f64;
+    assert!(held <= 1.10, "{what}: {held:.3} x peak live");
+    held
+}
+
+/// Driver calls of passes 2 and 3 of `ev` repeated three times under `frees`.
+pub fn later_pass_calls(ev: &[Event], frees: Frees, make: &dyn Fn() -> Box<dyn Policy>) -> u64 {
+    replay::calls_per_pass_with(ev, frees, make, 3)[1..]
+        .iter()
+        .sum()
 }
