@@ -133,7 +133,7 @@ fn exercise_clean_in_budget(policy: &mut dyn Policy, ops: &[Op], capacity: u64, 
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+    #![proptest_config(vramshim_testkit::props::config(96))]
 
     #[test]
     fn stitch_is_safe(ops in proptest::collection::vec(op(), 1..300), cap_mib in 64u64..1024) {
@@ -534,7 +534,7 @@ fn drawn_rounds(n: usize) -> Vec<Vec<Op>> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #![proptest_config(vramshim_testkit::props::config(64))]
 
     /// The tight pool's round replay (a later round takes the places of the round before,
     /// dissolving cached blocks there and synchronizing for `cudaFree`d ones) is as safe as
@@ -698,7 +698,7 @@ fn checker_catches_a_layer_place_over_a_live_block() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #![proptest_config(vramshim_testkit::props::config(64))]
 
     /// The same rounds on devices they nearly fill (48-160 MiB for blocks of up to 45 MiB):
     /// the tight pool also re-forms mappings its rounds' places are in there

@@ -20,7 +20,9 @@
 //! * Scratch space: [`TempDir`] (a private directory in `$TMPDIR`, removed when dropped, also
 //!   when the test panics), [`temp_dir`] (under the target directory, removed when the test
 //!   process exits), [`unique_name`]; shipped traces: [`trace_file`].
-//! * Random workloads, the same on every run: [`XorShift`], [`one_stream_round`].
+//! * Random workloads, the same on every run: [`XorShift`], [`one_stream_round`]; property
+//!   tests' configuration ([`props::config`]: a known seed, said on every run; new failures
+//!   kept under the target directory).
 //! * NVIDIA's real `libcudart.so.12` (downloaded wheel): [`real_cudart12_dir`]; the pinned
 //!   NVIDIA wheels of scripts/setup-nvidia-wheels: [`nvidia_wheels`].
 //!
@@ -33,6 +35,7 @@
 pub mod layers;
 mod layout;
 mod proc;
+pub mod props;
 mod random;
 mod tmp;
 pub mod users;
