@@ -1485,7 +1485,7 @@ fn a_shrunk_loop_served_by_the_thread_cache_gets_the_old_peak_back() {
 /// pool's synchronizations, driver calls)
 fn busy_maps_model(steps: u64, window: usize, wait: u64, old: bool) -> (u64, u64, u64, u64, u64) {
     use vramshim_pool::stitch::{Faults, Stitch};
-    use vramshim_pool::{AccountingDevice, FreeMode, MIB, Policy, Request};
+    use vramshim_pool::{AccountingDevice, Policy};
     let mut p = Stitch::tight();
     p.set_faults(Faults {
         busy_until_sync: old,
@@ -1494,31 +1494,7 @@ fn busy_maps_model(steps: u64, window: usize, wait: u64, old: bool) -> (u64, u64
     // cuda-sim's default device
     let mut dev = AccountingDevice::new(16 << 30);
     dev.set_checking(true);
-    let (s, freed) = (7, FreeMode::Async { stream: 7 });
-    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move |n: u64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % n
-    };
-    let mut live = std::collections::VecDeque::new();
-    let mut most = 0;
-    for step in 0..steps {
-        if live.len() >= window {
-            let a = live.pop_front().unwrap();
-            dev.check_free(a, freed);
-            p.free(&mut dev, a, freed).unwrap();
-        }
-        let size = 2 * MIB + next(38 * MIB);
-        let a = p.alloc(&mut dev, Request { size, stream: s }).unwrap().addr;
-        dev.check_alloc(a, size, s);
-        live.push_back(a);
-        most = most.max(p.mappings());
-        if (step + 1) % wait == 0 {
-            dev.stream_sync(s);
-        }
-    }
+    let (most, _) = vramshim_testkit::busy_maps::serve(&mut p, &mut dev, steps, window, wait);
     assert!(dev.violations().is_empty(), "{:?}", &dev.violations()[..1]);
     (
         most,
