@@ -353,6 +353,13 @@ pub mod testing {
         slots::inside_own_slot(f);
     }
 
+    /// What the `_exit`/`_Exit` hooks run before the real call (the writer thread finishes
+    /// the trace while the calling thread waits): for a signal handler in a test that exits
+    /// that way without ending the test process.
+    pub fn quick_exit() {
+        super::on_quick_exit();
+    }
+
     /// What the writer counted as lost so far.
     pub fn lost() -> u64 {
         writer::lost_total()
