@@ -79,6 +79,11 @@ fn main() {
                 p.note_process_sync();
                 continue;
             }
+            Event::StreamRetired { stream } => {
+                p.retire_stream(&mut dev, stream);
+                dev.retire_stream(stream);
+                continue;
+            }
         };
         let d = dev.calls().since(&before);
         if d.driver_calls() > 0 && n > from {

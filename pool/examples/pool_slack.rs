@@ -75,7 +75,7 @@ fn arena_only(events: &[Event]) -> u64 {
                 free.insert(s, fe);
                 by_len.insert((fe - s, s));
             }
-            Event::ProcessSync => {}
+            Event::ProcessSync | Event::StreamRetired { .. } => {}
         }
     }
     peak.div_ceil(g) * g

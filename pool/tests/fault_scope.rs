@@ -105,6 +105,14 @@ fn unreached_fault_switches_change_nothing() {
                 ..Faults::default()
             },
         ),
+        // no trace destroys a stream
+        (
+            "ignore_retired",
+            Faults {
+                ignore_retired: true,
+                ..Faults::default()
+            },
+        ),
         (
             "ends_off",
             Faults {

@@ -43,6 +43,8 @@ impl Stitch {
                             waits.push(ev)
                         }
                     }
+                    // a retired stream's handle may name another stream now
+                    None if is_retired(f.stream) => need_sync = true,
                     None => {
                         if !order.contains(&f.stream) {
                             order.push(f.stream)

@@ -39,6 +39,8 @@ use crate::fxhash::FxMap;
 use crate::{ALIGN, Alloc, FreeMode, Policy, PoolError, Request, Stats, round_up};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
+use fences::{Reuse, is_retired};
+
 pub use budget::Budget;
 #[doc(hidden)]
 pub use pages::PageView;
@@ -248,6 +250,11 @@ pub struct Faults {
     /// then be unmapped while its stream still uses it): proves the check of ending the busy
     /// state by an event can fail.
     pub busy_done_unasked: bool,
+    /// Take no notice of a stream's retirement (`Stitch::retire_stream`): blocks and bytes
+    /// freed on it stay reusable at once on a request that names its handle, which may be a
+    /// new stream with no order to the old one's work: proves the checks of retired streams
+    /// can fail.
+    pub ignore_retired: bool,
 }
 
 impl Faults {
@@ -311,6 +318,8 @@ pub struct Stitch {
     marks: FxMap<Stream, (EventId, u64)>,
     /// some mapping is busy on a stream (see `settle_busy`)
     busy_unsettled: bool,
+    /// streams retired so far (see `fences`, "Retired streams"): the next retired id
+    retired: u64,
     faults: Faults,
     /// `faults.any()`, kept for the fast path
     faults_on: bool,
@@ -425,6 +434,7 @@ impl Stitch {
             events: FxMap::default(),
             marks: FxMap::default(),
             busy_unsettled: false,
+            retired: 0,
             faults: Faults::default(),
             faults_on: false,
             last_taken: None,
@@ -732,6 +742,10 @@ impl Policy for Stitch {
 
     fn note_aside_hits(&mut self, dev: &mut dyn Device, n: u64) {
         Stitch::note_aside_hits(self, dev, n);
+    }
+
+    fn retire_stream(&mut self, dev: &mut dyn Device, stream: Stream) {
+        Stitch::retire_stream(self, dev, stream);
     }
 
     fn round_end_watch(&self) -> u64 {
