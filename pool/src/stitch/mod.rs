@@ -49,6 +49,7 @@ mod budget;
 mod cache;
 mod ends;
 mod fences;
+mod grow;
 mod kept;
 mod layers;
 mod mappings;
@@ -109,7 +110,8 @@ struct Page {
 
 struct Mapping {
     va: u64,
-    /// bytes of address space reserved at `va` (the arena reserves beyond its pages)
+    /// bytes of address space reserved at `va` (the arena reserves beyond its pages; with
+    /// `grow` on, a stitched mapping's range has room after its pages to grow into)
     reserved: u64,
     /// `va` is a reservation of its own (the arena's); else a range of the pool's chunks
     /// (see `vas`)
@@ -248,6 +250,10 @@ pub struct Faults {
     /// then be unmapped while its stream still uses it): proves the check of ending the busy
     /// state by an event can fail.
     pub busy_done_unasked: bool,
+    /// Grow a mapping in place (see `grow`) over the live or pending blocks in its pages,
+    /// as if they were cached (the new block overlaps them): proves the checks of growing
+    /// in place can fail.
+    pub grow_over_live: bool,
 }
 
 impl Faults {
@@ -333,6 +339,11 @@ pub struct Stitch {
     /// the recent large allocations' places, replayed two periods later (see `layers`)
     layers: layers::Layers,
     layers_on: bool,
+    /// stitched mappings keep address room after their pages and a larger request extends
+    /// one in place (see `grow`)
+    grow_on: bool,
+    /// blocks placed in mappings grown in place
+    grows: u64,
     /// soft limit over peak live beyond which cached blocks are dissolved before growing
     /// (None: cache until the device or cap refuses)
     headroom: Option<f64>,
@@ -436,6 +447,8 @@ impl Stitch {
             rounds: Default::default(),
             layers: Default::default(),
             layers_on: false,
+            grow_on: false,
+            grows: 0,
             headroom: None,
             budget: None,
             vas: vas::VaSpace::default(),
@@ -495,6 +508,18 @@ impl Stitch {
     pub fn with_layers(mut self, on: bool) -> Self {
         self.layers_on = on;
         self
+    }
+
+    /// Keep address room after every stitched mapping and serve a request larger than an
+    /// unused mapping by mapping only the pages missing at its end (see `grow`).
+    pub fn with_grow(mut self, on: bool) -> Self {
+        self.grow_on = on;
+        self
+    }
+
+    /// Blocks placed in mappings grown in place (see `grow`).
+    pub fn grows(&self) -> u64 {
+        self.grows
     }
 
     /// Whether `vramshim replay` runs the live library's per-thread caches of stream-ordered
@@ -767,12 +792,14 @@ impl Policy for Stitch {
             self.layers_on,
             self.tcaches,
         );
+        let grow = self.grow_on;
         *self = Stitch::new()
             .with_headroom(headroom)
             .with_budget(budget)
             .with_runs(runs)
             .with_kept(kept)
             .with_layers(layers)
+            .with_grow(grow)
             .with_thread_caches(tcaches);
         self.set_faults(faults);
         self.stats = Stats {
