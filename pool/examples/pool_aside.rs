@@ -87,7 +87,7 @@ fn write_csv(path: &std::path::Path, round: &[Event]) {
                 ("allocate", id, size)
             }
             Event::Free { id, .. } => ("free", id, sizes[&id]),
-            Event::ProcessSync => continue,
+            Event::ProcessSync | Event::StreamRetired { .. } => continue,
         };
         let _ = writeln!(
             out,

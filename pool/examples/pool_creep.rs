@@ -78,6 +78,10 @@ fn main() {
                 dev.process_sync();
                 p.note_process_sync();
             }
+            Event::StreamRetired { stream } => {
+                p.retire_stream(&mut dev, stream);
+                dev.retire_stream(stream);
+            }
         }
         if (i + 1) % one == 0 {
             println!(

@@ -144,6 +144,15 @@ fn main() {
                 dev.process_sync();
                 p.note_process_sync();
             }
+            Event::StreamRetired { stream } => {
+                match &mut front {
+                    Some(c) => {
+                        let _ = c.retire_stream(&mut p, &mut dev, stream);
+                    }
+                    None => p.retire_stream(&mut dev, stream),
+                }
+                dev.retire_stream(stream);
+            }
         }
     }
     println!(

@@ -45,6 +45,10 @@ fn completes(events: &[Event], class: Option<&[u8]>, cap: u64, tight: bool) -> b
                 dev.process_sync();
                 p.note_process_sync();
             }
+            Event::StreamRetired { stream } => {
+                p.retire_stream(&mut dev, stream);
+                dev.retire_stream(stream);
+            }
         }
     }
     assert!(dev.violations().is_empty(), "{:?}", &dev.violations()[..1]);

@@ -39,6 +39,9 @@ struct FreeRec {
 }
 
 const MALLOC_PHYS: u64 = 1 << 62;
+/// Ids of retired streams (see [`AccountingDevice::retire_stream`]): this mark and a count,
+/// never a stream handle.
+const RETIRED_STREAMS: Stream = 0xdead << 48;
 /// Physical page ids of handles: `handle << PHYS_IDX_BITS | page index in the handle`.
 const PHYS_IDX_BITS: u32 = 24;
 
@@ -96,6 +99,8 @@ pub struct AccountingDevice {
     /// per physical page: the sequence number of the last free of bytes in it (kept when
     /// the bytes are handed out again; see `releasable_pages`)
     last_free: HashMap<u64, u64>,
+    /// streams retired so far
+    retired: u64,
 }
 
 impl AccountingDevice {
@@ -139,6 +144,7 @@ impl AccountingDevice {
             phys_freed: HashMap::new(),
             va_freed: BTreeMap::new(),
             last_free: HashMap::new(),
+            retired: 0,
         }
     }
 
@@ -178,6 +184,47 @@ impl AccountingDevice {
         let d = self.stream_done.entry(stream).or_insert(0);
         *d = (*d).max(self.seq);
         self.seq += 1;
+    }
+
+    /// The process destroyed `stream` (after the policy was told: `Policy::retire_stream`):
+    /// its handle value may name a new stream from now on, which is not ordered after
+    /// anything the old one was given. Everything this device knows of the old stream (its
+    /// frees, events, completions and waits) moves to an id of its own, so that the checks see
+    /// a request on the new stream as on another stream.
+    pub fn retire_stream(&mut self, stream: Stream) {
+        self.retired += 1;
+        let r = RETIRED_STREAMS | self.retired;
+        let re = |s: &mut Stream| {
+            if *s == stream {
+                *s = r;
+            }
+        };
+        for (s, _) in self.events.values_mut() {
+            re(s);
+        }
+        for m in [&mut self.completed, &mut self.stream_done] {
+            if let Some(v) = m.remove(&stream) {
+                m.insert(r, v);
+            }
+        }
+        self.waited = std::mem::take(&mut self.waited)
+            .into_iter()
+            .map(|((mut a, mut b), v)| {
+                re(&mut a);
+                re(&mut b);
+                ((a, b), v)
+            })
+            .collect();
+        let recs = self
+            .phys_freed
+            .values_mut()
+            .flat_map(|m| m.values_mut())
+            .chain(self.va_freed.values_mut());
+        for (_, rec) in recs {
+            if let Some(s) = &mut rec.stream {
+                re(s);
+            }
+        }
     }
 
     pub fn calls(&self) -> CallCounts {

@@ -81,6 +81,15 @@ impl Blocks {
         id
     }
 
+    /// Indices of the cached blocks (freed and kept formed), in no particular order.
+    pub fn cached_ids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.slab
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.state == BState::Cached)
+            .map(|(i, _)| i as u32)
+    }
+
     /// Remove the block at `addr`: `(its former index, the block)`.
     pub fn remove(&mut self, addr: u64) -> Option<(u32, Block)> {
         let id = self.index.remove(&addr)?;

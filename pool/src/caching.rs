@@ -459,6 +459,30 @@ impl Policy for Caching {
         Ok(req)
     }
 
+    /// Free blocks of `stream` return to it only once an event recorded on it now is
+    /// complete (or a synchronization): a stream that gets its handle later is not it.
+    fn retire_stream(&mut self, dev: &mut dyn Device, stream: Stream) {
+        let free: Vec<u64> = self
+            .small
+            .iter()
+            .chain(self.large.iter())
+            .filter(|k| k.0 == stream)
+            .map(|k| k.2)
+            .collect();
+        let capturing = dev.is_capturing();
+        for addr in free {
+            self.remove_free(addr);
+            self.blocks.get_mut(&addr).unwrap().state = State::Pending;
+            match (!capturing).then(|| dev.record_event(stream)) {
+                Some(Ok(ev)) => {
+                    self.stats.events_recorded += 1;
+                    self.pending_events.push((addr, ev));
+                }
+                _ => self.pending_sync.push((addr, self.epoch)),
+            }
+        }
+    }
+
     fn trim(&mut self, dev: &mut dyn Device) -> Result<u64, PoolError> {
         self.stats.trims += 1;
         Ok(self.release_cached_blocks(dev))

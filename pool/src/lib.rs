@@ -12,6 +12,7 @@
 //!     fn free(&mut self, dev: &mut dyn Device, addr: u64, mode: FreeMode) -> Result<u64, PoolError>;
 //!     fn trim(&mut self, dev: &mut dyn Device) -> Result<u64, PoolError>;
 //!     fn note_process_sync(&mut self);
+//!     fn retire_stream(&mut self, dev: &mut dyn Device, stream: Stream);  // cudaStreamDestroy
 //!     fn owns(&self, addr: u64) -> bool;            // addr is the base of a live block
 //!     fn contains(&self, addr: u64) -> bool;        // addr lies in memory the pool holds
 //!     fn stats(&self) -> Stats;
@@ -28,7 +29,8 @@
 //! const ANY_STREAM: Stream = u64::MAX
 //!
 //! // Replay (deterministic)
-//! enum replay::Event { Alloc { id, size, stream }, Free { id, mode: FreeMode }, ProcessSync }
+//! enum replay::Event { Alloc { id, size, stream }, Free { id, mode: FreeMode }, ProcessSync,
+//!                     StreamRetired { stream } }
 //! replay::run(events: &[Event], policy: PolicyKind, device_capacity: u64, cap: Option<u64>) -> ReplayResult
 //! replay::run_checked(events, policy, device_capacity, cap) -> ReplayResult  // + safety checker
 //! replay::run_with(events, policy: &mut dyn Policy, dev: &mut AccountingDevice) -> ReplayResult
@@ -96,6 +98,9 @@
 //! recorded on `s` (stitch records it when the block changes streams, so it covers the free;
 //! caching records it at the free, as PyTorch's `record_stream`). Requests on [`ANY_STREAM`]
 //! only get memory a synchronization covers. No policy synchronizes during stream capture.
+//! A destroyed stream's handle may name a new stream later ([`Policy::retire_stream`]): what
+//! was freed on the old one is then ordered by an event recorded on it before it went, never
+//! reused on the new one as "the same stream".
 
 pub mod accounting;
 mod blocks;
@@ -275,6 +280,13 @@ pub trait Policy: Send {
     fn round_end_watch(&self) -> u64 {
         u64::MAX
     }
+    /// The program destroys stream `stream` (told just before the driver's destroy, while
+    /// the handle still names it): the destroy returns while its work may still run, and a
+    /// stream created later may get the same handle value, so nothing freed on it may be
+    /// reused "on the same stream" by a request naming that handle from now on. Policies
+    /// that key freed memory on streams order it by an event recorded on `stream` now (or
+    /// leave it to a synchronization).
+    fn retire_stream(&mut self, _dev: &mut dyn Device, _stream: Stream) {}
     /// Whether the live library keeps per-thread caches of stream-ordered frees in front of
     /// this policy as configured ([`thread_cache`]): `replay::run_with` then runs them in
     /// front of it, so that it predicts what the library does. Only the interposer's pool

@@ -21,6 +21,11 @@ pub enum Event {
     },
     /// The process synchronized the device itself (`cudaDeviceSynchronize`).
     ProcessSync,
+    /// The process destroyed a stream (`cudaStreamDestroy`): a stream created later may get
+    /// its handle value (see `Policy::retire_stream`).
+    StreamRetired {
+        stream: Stream,
+    },
 }
 
 /// The first allocation that failed.
@@ -288,6 +293,23 @@ impl Front {
         policy.note_process_sync();
     }
 
+    /// The process destroyed `stream`: the caches give back what they keep (as the live
+    /// library drains them before it tells its pools), the policy and then the device are told.
+    fn retire_stream(
+        &mut self,
+        policy: &mut dyn Policy,
+        dev: &mut AccountingDevice,
+        stream: Stream,
+    ) {
+        match &mut self.0 {
+            Some(c) => {
+                let _ = c.retire_stream(policy, dev, stream);
+            }
+            None => policy.retire_stream(dev, stream),
+        }
+        dev.retire_stream(stream);
+    }
+
     fn give_back(&mut self, policy: &mut dyn Policy, dev: &mut AccountingDevice) {
         if let Some(c) = &mut self.0 {
             let _ = c.give_back(policy, dev);
@@ -352,6 +374,7 @@ pub fn run_with(
                 }
             }
             Event::ProcessSync => front.process_sync(policy, dev),
+            Event::StreamRetired { stream } => front.retire_stream(policy, dev, stream),
         }
     }
     // as the live pool's statistics read at the end (the blocks the caches keep are live
@@ -407,7 +430,7 @@ pub fn peak_live(events: &[Event]) -> u64 {
                     live = live.saturating_sub(s);
                 }
             }
-            Event::ProcessSync => {}
+            Event::ProcessSync | Event::StreamRetired { .. } => {}
         }
     }
     peak
@@ -460,7 +483,7 @@ pub fn repeat(events: &[Event], times: usize) -> Vec<Event> {
         .iter()
         .filter_map(|e| match e {
             Event::Alloc { id, .. } | Event::Free { id, .. } => Some(*id),
-            Event::ProcessSync => None,
+            Event::ProcessSync | Event::StreamRetired { .. } => None,
         })
         .max()
         .unwrap_or(0)
@@ -487,7 +510,7 @@ pub fn repeat(events: &[Event], times: usize) -> Vec<Event> {
                     }
                     out.push(Event::Free { id: id + off, mode });
                 }
-                Event::ProcessSync => out.push(Event::ProcessSync),
+                e @ (Event::ProcessSync | Event::StreamRetired { .. }) => out.push(e),
             }
         }
         for (id, _stream) in live {
@@ -607,6 +630,7 @@ fn replay_into(
                 }
             }
             Event::ProcessSync => front.process_sync(policy, dev),
+            Event::StreamRetired { stream } => front.retire_stream(policy, dev, stream),
         }
     }
 }

@@ -123,6 +123,10 @@ pub struct Rules {
     /// Give back what is kept at each process synchronization (not a live rule: what would
     /// make the caches' frees reach the pool before the synchronization).
     pub give_back_at_sync: bool,
+    /// Give back what is kept when the process destroys a stream, before the pool is told
+    /// (false: `tcache-keep-retired`; a free kept on the destroyed stream is then served to a
+    /// request on a new stream that got its handle, unordered).
+    pub give_back_at_retire: bool,
 }
 
 impl Rules {
@@ -133,6 +137,7 @@ impl Rules {
         round_watch: true,
         count_hits: true,
         give_back_at_sync: false,
+        give_back_at_retire: true,
     };
 
     /// No cache: every free reaches the pool (what the live library runs with under the
@@ -292,6 +297,25 @@ impl ThreadCache {
         Ok(())
     }
 
+    /// The process destroys `stream`: what is kept is given back (under
+    /// [`Rules::give_back_at_retire`]: it may hold frees of that stream, which a request on a
+    /// new stream with its handle must not take), then the pool is told. The caller tells the
+    /// device.
+    pub fn retire_stream<P: Policy + ?Sized>(
+        &mut self,
+        p: &mut P,
+        dev: &mut dyn Device,
+        stream: Stream,
+    ) -> Result<(), PoolError> {
+        let r = if self.rules.give_back_at_retire {
+            self.give_back(p, dev)
+        } else {
+            Ok(())
+        };
+        p.retire_stream(dev, stream);
+        r
+    }
+
     /// Give the hits (under [`Rules::count_hits`]) and every kept free back to the pool, in
     /// free order. Err: the pool's first (the rest are still given back).
     pub fn give_back<P: Policy + ?Sized>(
@@ -359,6 +383,10 @@ pub fn run_observed<P: Policy + ?Sized>(
                 cache.process_sync(p, dev)?;
                 dev.process_sync();
                 p.note_process_sync();
+            }
+            Event::StreamRetired { stream } => {
+                cache.retire_stream(p, dev, stream)?;
+                dev.retire_stream(stream);
             }
         }
     }

@@ -105,6 +105,14 @@ fn unreached_fault_switches_change_nothing() {
                 ..Faults::default()
             },
         ),
+        // no trace destroys a stream
+        (
+            "ignore_retired",
+            Faults {
+                ignore_retired: true,
+                ..Faults::default()
+            },
+        ),
         (
             "ends_off",
             Faults {
@@ -116,6 +124,14 @@ fn unreached_fault_switches_change_nothing() {
             "ends_unsynced",
             Faults {
                 ends_unsynced: true,
+                ..Faults::default()
+            },
+        ),
+        // mappings grow in place only with `Stitch::with_grow`
+        (
+            "grow_over_live",
+            Faults {
+                grow_over_live: true,
                 ..Faults::default()
             },
         ),

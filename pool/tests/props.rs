@@ -36,6 +36,9 @@ enum Op {
     Hits {
         n: u64,
     },
+    /// The process destroys this stream (`Policy::retire_stream`, then the device); later
+    /// requests on its handle are on a new stream.
+    Retire(u64),
 }
 
 impl std::fmt::Debug for Op {
@@ -132,6 +135,7 @@ fn op() -> impl Strategy<Value = Op> {
         // a few hits, or a thread cache's batch and more (a default budget window is 65,536
         // allocations: such batches end windows in a stream of 300 operations)
         2 => prop_oneof![3 => 1u64..64, 1 => 4096u64..40_000].prop_map(|n| Op::Hits { n }),
+        1 => (1u64..3).prop_map(Op::Retire),
     ]
 }
 
@@ -183,6 +187,10 @@ fn exercise_with(
                 if !live.is_empty() {
                     policy.note_aside_hits(&mut dev, n);
                 }
+            }
+            Op::Retire(stream) => {
+                policy.retire_stream(&mut dev, stream);
+                dev.retire_stream(stream);
             }
         }
         assert!(dev.used() <= dev.capacity(), "device exceeded");

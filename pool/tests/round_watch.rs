@@ -56,6 +56,10 @@ fn run(events: &[Event], cache: bool, faults: Faults) -> Run {
                 dev.process_sync();
                 p.note_process_sync();
             }
+            Event::StreamRetired { stream } => {
+                c.retire_stream(&mut p, &mut dev, stream).unwrap();
+                dev.retire_stream(stream);
+            }
         }
         assert_eq!(
             p.stats().reserved,

@@ -166,7 +166,7 @@ fn steady_state_of(label: &str, make: Make) {
             Event::Free { id, mode } => {
                 p.free(&mut dev, ids.remove(&id).unwrap(), mode).unwrap();
             }
-            Event::ProcessSync => {}
+            Event::ProcessSync | Event::StreamRetired { .. } => {}
         }
     }
     let c = dev.calls().since(&calls_after_warmup.unwrap());

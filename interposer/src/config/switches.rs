@@ -27,6 +27,7 @@ const SWITCHES: &[(&str, &[&str])] = &[
             "kept",
             "kept-over-live",
             "busy-until-sync",
+            "ignore-retired",
             "layers",
             "layers-over-live",
             // Peer access (`pool::on_peer_access`).
@@ -37,6 +38,7 @@ const SWITCHES: &[(&str, &[&str])] = &[
             "tcache-no-round-end",
             "tcache-no-hits",
             "tcache-no-drain",
+            "tcache-keep-retired",
             "no-tcache",
         ],
     ),

@@ -354,6 +354,7 @@ real_fns! {
     Runtime cudaStreamSynchronize: PfnCuStreamSynchronize;
     Runtime cudaStreamSynchronize_ptsz: PfnCuStreamSynchronize;
     Runtime cudaEventSynchronize: PfnCuEventSynchronize;
+    Runtime cudaStreamDestroy: PfnCuStreamDestroy;
     Runtime cudaIpcGetMemHandle: PfnCudaIpcGetMemHandle;
     Runtime cudaGetDriverEntryPoint: PfnCudaGetDriverEntryPoint;
     Runtime cudaGetDriverEntryPoint_ptsz: PfnCudaGetDriverEntryPoint;
@@ -380,6 +381,8 @@ real_fns! {
     Driver cuMemPoolCreate: PfnCuMemPoolCreate;
     Driver cuGetProcAddress: PfnCuGetProcAddress;
     Driver cuGetProcAddress_v2: PfnCuGetProcAddressV2;
+    Driver cuStreamDestroy: PfnCuStreamDestroy;
+    Driver cuStreamDestroy_v2: PfnCuStreamDestroy;
     // ---- driver: used by other layers (pool VMM backend), never hooked
     Driver cuMemMap: PfnCuMemMap;
     Driver cuMemUnmap: PfnCuMemUnmap;

@@ -211,6 +211,7 @@ pub(crate) type PfnCuMemGetAllocationGranularity =
     unsafe extern "C" fn(*mut usize, *const CUmemAllocationProp, c_int) -> CUresult;
 pub type PfnCuCtxSynchronize = unsafe extern "C" fn() -> CUresult;
 pub type PfnCuStreamSynchronize = unsafe extern "C" fn(CUstream) -> CUresult;
+pub type PfnCuStreamDestroy = unsafe extern "C" fn(CUstream) -> CUresult;
 pub type PfnCuEventCreate = unsafe extern "C" fn(*mut CUevent, c_uint) -> CUresult;
 pub type PfnCuEventRecord = unsafe extern "C" fn(CUevent, CUstream) -> CUresult;
 pub type PfnCuEventQuery = unsafe extern "C" fn(CUevent) -> CUresult;

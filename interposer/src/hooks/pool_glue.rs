@@ -14,6 +14,12 @@ pub(crate) fn refuse_ipc(addr: u64) -> Option<i32> {
     crate::pool::refuse_ipc(addr)
 }
 
+/// The process destroys stream `stream` (before the real destroy).
+#[inline]
+pub(crate) fn retire_stream(stream: u64) {
+    crate::pool::retire_stream(stream);
+}
+
 /// Everything `device`'s context held is gone.
 #[inline]
 pub(crate) fn on_device_reset(device: i32) {

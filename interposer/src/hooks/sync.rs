@@ -1,7 +1,9 @@
-//! Synchronization and IPC: what the pool needs to see (a device-wide synchronization the
-//! process makes itself releases every pending `cudaFree`d block: `pool::note_process_sync`;
-//! legacy IPC on pool memory is refused with a clear error: `pool::refuse_ipc`) and what the
-//! trace records (`Sync` events of the process: device, stream, event).
+//! Synchronization, stream lifetime and IPC: what the pool needs to see (a device-wide
+//! synchronization the process makes itself releases every pending `cudaFree`d block:
+//! `pool::note_process_sync`; a stream the process destroys is retired first, since its
+//! handle value may name a new stream afterwards: `pool::retire_stream`; legacy IPC on pool
+//! memory is refused with a clear error: `pool::refuse_ipc`) and what the trace records
+//! (`Sync` events of the process: device, stream, event).
 //!
 //! Depth-guarded like allocations: `cudaDeviceSynchronize` reaching our `cuCtxSynchronize`
 //! is one synchronization.
@@ -79,6 +81,22 @@ pub(crate) fn pool_wait(
     rc
 }
 
+/// `cudaStreamDestroy`, `cuStreamDestroy[_v2]`: the pool retires the stream while its handle
+/// still names it (it records an event on it for what was freed on it), then the real destroy.
+/// The default streams' handles (0, legacy, per-thread) are no stream a program destroys:
+/// the real call answers them.
+fn stream_destroy<F: Copy>(h: Site<F>, stream: u64, call: impl Fn(F) -> c_int) -> c_int {
+    let name = h.name;
+    h.guarded(call, |_, call| {
+        if stream > 2 && pool::enabled() {
+            super::pool_glue::retire_stream(stream);
+        }
+        let rc = call();
+        crate::debug!("{name} stream={stream:#x} -> {rc}");
+        rc
+    })
+}
+
 /// Legacy IPC: refused with a clear error on pool memory.
 fn ipc<F: Copy>(h: Site<F>, ptr: u64, call: impl Fn(F) -> c_int) -> c_int {
     let name = h.name;
@@ -108,6 +126,14 @@ hooks! {
     fn(s: CUstream) |h| {
         // SAFETY: forwarding the caller's argument unchanged.
         sync(h, SyncKind::ProcessStream, s as u64, false, |f| unsafe { f(s) })
+    }
+
+    ["cudaStreamDestroy", 0] cudaStreamDestroy,
+    ["cuStreamDestroy", 2000] cuStreamDestroy,
+    ["cuStreamDestroy", 4000] cuStreamDestroy_v2,
+    fn(s: CUstream) |h| {
+        // SAFETY: forwarding the caller's argument unchanged.
+        stream_destroy(h, s as u64, |f| unsafe { f(s) })
     }
 
     ["cudaEventSynchronize", 0] cudaEventSynchronize,

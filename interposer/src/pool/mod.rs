@@ -208,6 +208,7 @@ fn read_mode() -> bool {
         let no_drain = crate::config::switch_on("VRAMSHIM_POOL_DEBUG", "tcache-no-drain");
         let no_round_end = crate::config::switch_on("VRAMSHIM_POOL_DEBUG", "tcache-no-round-end");
         let no_hits = crate::config::switch_on("VRAMSHIM_POOL_DEBUG", "tcache-no-hits");
+        let keep_retired = crate::config::switch_on("VRAMSHIM_POOL_DEBUG", "tcache-keep-retired");
         if any_stream {
             // testing only: break stream order in the thread caches
             crate::warn!(
@@ -235,10 +236,18 @@ fn read_mode() -> bool {
             );
             tcache::configure_no_hits();
         }
+        if keep_retired {
+            // testing only: a destroyed stream's frees stay in the thread caches
+            crate::warn!(
+                "VRAMSHIM_POOL_DEBUG=tcache-keep-retired: the thread caches keep their frees when a stream is destroyed (testing only)"
+            );
+            KEEP_RETIRED.store(true, Ordering::Relaxed);
+        }
         if any_stream || no_drain {
             tcache::configure(true, any_stream, no_drain);
         } else if !no_round_end
             && !no_hits
+            && !keep_retired
             && crate::config::switch_names("VRAMSHIM_POOL_DEBUG")
                 .next()
                 .is_some()
@@ -624,6 +633,13 @@ fn debug_faults() -> Option<(vramshim_pool::stitch::Faults, DebugRules)> {
         f.busy_until_sync = true;
         what.push("keeps mappings freed through until a synchronization");
     }
+    // Takes no notice of a destroyed stream: what was freed on it stays reusable at once by a
+    // request on its handle, which may name a new stream: the test that such a stream never
+    // gets the old one's freed memory unordered.
+    if switch_on("VRAMSHIM_POOL_DEBUG", "ignore-retired") {
+        f.ignore_retired = true;
+        what.push("ignores destroyed streams");
+    }
     // Places blocks of more than a page near the limit as far from it: the test of the
     // smallest device the page-ends rule reaches (t5 on 1.03 x its peak live).
     if switch_on("VRAMSHIM_POOL_DEBUG", "ends-off") {
@@ -755,6 +771,34 @@ pub(crate) fn free(ptr: u64, stream: Option<u64>, pooled: Option<(i32, u64)>) ->
             }
         }
         None
+    })
+}
+
+/// Testing only (`VRAMSHIM_POOL_DEBUG=tcache-keep-retired`): [`retire_stream`] leaves the
+/// thread caches' frees where they are.
+static KEEP_RETIRED: AtomicBool = AtomicBool::new(false);
+
+/// The process destroys stream `stream` (called before the real destroy, while the handle
+/// still names it): a stream created later may get the same handle value, and the destroyed
+/// one's work may still run. Every thread cache gives its frees to the pools first (some may
+/// be of that stream, which a cache would hand to the new stream as "the same stream"), then
+/// each pool retires the stream (`Stitch::retire_stream`: what was freed on it becomes ordered
+/// by an event recorded on it now).
+pub(crate) fn retire_stream(stream: u64) {
+    if MODE.load(Ordering::Relaxed) != ON {
+        return;
+    }
+    with_pools(|pools| {
+        if !KEEP_RETIRED.load(Ordering::Relaxed) {
+            drain_tcaches(pools);
+        }
+        for (d, p) in pools.devs.iter_mut().enumerate() {
+            let Some(p) = p else { continue };
+            p.dev.begin(stream, false);
+            p.policy.retire_stream(&mut p.dev, stream);
+            publish_held(d, p);
+            publish_watch(d, p);
+        }
     })
 }
 

@@ -175,6 +175,54 @@ fn delayed_kernels_never_write_into_a_reused_block() {
     }
 }
 
+/// A block freed stream-ordered on a stream the program then destroys, while a delayed
+/// "kernel" still writes into it, never reaches the stream created next (cuda-sim gives it the
+/// destroyed one's handle value) before that kernel is done: through each destroy entry point
+/// (the runtime's, the driver's by `dlsym`, the driver's through `cudaGetDriverEntryPoint`),
+/// with and without the budget, through the pool and through the thread caches (a block live
+/// throughout keeps the frees there). With the pool's notice ignored (`ignore-retired`), or the
+/// thread caches keeping their frees across the destroy (`tcache-keep-retired`), the late write
+/// lands in the new stream's block: the test can fail.
+#[test]
+fn a_destroyed_stream_s_handle_never_gets_its_freed_blocks_early() {
+    let exe = workload("stream_retire");
+    let go = |mode: &str, budget: &str, extra: Option<&str>, debug: Option<&str>| {
+        let mut args = vec![mode, "2"];
+        args.extend(extra);
+        let mut env = vec![
+            ("VRAMSHIM_POOL", "stitch"),
+            ("VRAMSHIM_POOL_BUDGET", budget),
+        ];
+        env.extend(debug.map(|d| ("VRAMSHIM_POOL_DEBUG", d)));
+        run(&exe, &args, &env, "pool-retire")
+    };
+    for mode in ["runtime", "driver", "lookup"] {
+        for (budget, extra) in [("5%", None), ("5%", Some("anchor")), ("off", None)] {
+            let what = format!("{mode} budget {budget} {extra:?}");
+            let o = go(mode, budget, extra, None);
+            assert_exit(&o, 0, &what);
+            assert_eq!(field(&o.stdout, "foreign"), 0, "{what}");
+            // every new stream got the destroyed one's handle, and its block back behind
+            // the event recorded before the destroy
+            assert_eq!(
+                field(&o.stdout, "same_handle"),
+                field(&o.stdout, "blocks"),
+                "{what}"
+            );
+            assert!(field(&o.stdout, "same_address") > 0, "{what}: {}", o.stdout);
+        }
+    }
+    for (extra, debug) in [
+        (None, "ignore-retired"),
+        (Some("anchor"), "ignore-retired"),
+        (Some("anchor"), "tcache-keep-retired"),
+    ] {
+        let o = go("runtime", "5%", extra, Some(debug));
+        assert_exit(&o, 1, &format!("{debug} {extra:?}"));
+        assert!(field(&o.stdout, "foreign") > 0, "{debug}");
+    }
+}
+
 #[test]
 fn injected_driver_faults_fail_cleanly_and_later_requests_succeed() {
     let exe = workload("faults");

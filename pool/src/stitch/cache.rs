@@ -27,7 +27,7 @@ impl Stitch {
             let list = &mut self.sizes.at_mut(l).cached;
             let b = self.blocks.at_mut(id);
             match Self::compat_at(b, t, epoch, ignore) {
-                Some(None) => {
+                Some(Reuse::Now) => {
                     // at once: take it here
                     if i + 1 == n {
                         list.pop();
@@ -53,19 +53,19 @@ impl Stitch {
                     }
                     return Some(a);
                 }
-                Some(Some(s)) => {
-                    found = Some((i, id, s));
+                Some(r) => {
+                    found = Some((i, id, r));
                     break;
                 }
                 None => {}
             }
         }
         // behind another stream's work: order `t` after it first
-        let (i, id, s) = found?;
+        let (i, id, r) = found?;
         self.sizes.at_mut(l).cached.remove(i);
         self.ncached -= 1;
         self.stats.cached -= size;
-        if self.order_after(dev, t, s).is_err() {
+        if self.reuse_on(dev, t, r).is_err() {
             // cannot order: put it back and let the slow path decide
             self.sizes.at_mut(l).cached.insert(i, id);
             self.ncached += 1;

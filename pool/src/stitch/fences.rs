@@ -12,8 +12,35 @@
 //! otherwise keep every such mapping for good. No event is recorded or asked about during a
 //! capture (a query there is capture-unsafe), and a free on no particular stream or during a
 //! capture waits for a synchronization.
+//!
+//! Retired streams: a stream the program destroys may still run the work it was given (the
+//! destroy returns at once), and a stream created later may get the same handle value (a
+//! handle is the address of a driver object, and freed addresses are reused). Whatever is
+//! keyed on the old stream (cached blocks freed on it, page fences, busy mappings and their
+//! events) is re-keyed at the destroy ([`Stitch::retire_stream`]) on a retired id no request
+//! names, ordered by an event recorded on the old stream just before it goes: a request on
+//! the new stream waits on that event, never takes such a block "on the same stream". If no
+//! event can be recorded (during a capture, or the driver refuses), only a synchronization
+//! covers them.
 
 use super::*;
+
+/// Retired stream ids: this bit (no stream handle, per-thread stream id or `ANY_STREAM` has
+/// it alone) and a count.
+const RETIRED: Stream = 1 << 63;
+
+/// Whether `s` is a retired stream's id (see "Retired streams").
+pub(super) fn is_retired(s: Stream) -> bool {
+    s & RETIRED != 0 && s != crate::ANY_STREAM
+}
+
+/// How a cached block may be handed out on a stream (see [`Stitch::compat_at`]).
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Reuse {
+    Now,
+    After(Stream),
+    Wait(EventId),
+}
 
 impl Stitch {
     pub(super) fn ev_ref(&mut self, ev: EventId) {
@@ -135,23 +162,43 @@ impl Stitch {
         }
     }
 
-    /// May a cached block be handed out on stream `t`? `Some(None)`: at once;
-    /// `Some(Some(s))`: after ordering `t` behind stream `s`'s work (an event recorded on `s`
-    /// now, which covers the free, and `cudaStreamWaitEvent(t)`: no host synchronization);
-    /// `None`: not without a synchronization.
-    pub(super) fn compat_at(
-        b: &Block,
-        t: Stream,
-        epoch: u64,
-        ignore: bool,
-    ) -> Option<Option<Stream>> {
+    /// May a cached block be handed out on stream `t`? `Some(Reuse::Now)`: at once;
+    /// `Some(Reuse::After(s))`: after ordering `t` behind stream `s`'s work (an event recorded
+    /// on `s` now, which covers the free, and `cudaStreamWaitEvent(t)`: no host
+    /// synchronization); `Some(Reuse::Wait(e))`: after `t` waits on the event `e` recorded
+    /// after the free (a retired stream's, see "Retired streams"); `None`: not without a
+    /// synchronization.
+    pub(super) fn compat_at(b: &Block, t: Stream, epoch: u64, ignore: bool) -> Option<Reuse> {
         if b.free_stream == t || b.epoch < epoch || ignore {
-            Some(None)
+            Some(Reuse::Now)
         } else if t == crate::ANY_STREAM || b.free_stream == crate::ANY_STREAM {
             // no stream to order: only memory a synchronization covers
             None
+        } else if let Some(ev) = b.event {
+            Some(Reuse::Wait(ev))
+        } else if is_retired(b.free_stream) {
+            // no event was recorded before it went: only a synchronization covers it
+            None
         } else {
-            Some(Some(b.free_stream))
+            Some(Reuse::After(b.free_stream))
+        }
+    }
+
+    /// Order stream `t` as `r` says (see [`Stitch::compat_at`]).
+    pub(super) fn reuse_on(
+        &mut self,
+        dev: &mut dyn Device,
+        t: Stream,
+        r: Reuse,
+    ) -> Result<(), DeviceError> {
+        match r {
+            Reuse::Now => Ok(()),
+            Reuse::After(s) => self.order_after(dev, t, s),
+            Reuse::Wait(ev) => {
+                dev.stream_wait_event(t, ev)?;
+                self.stats.stream_waits += 1;
+                Ok(())
+            }
         }
     }
 
@@ -215,6 +262,8 @@ impl Stitch {
         let epoch = self.epoch;
         let sync_only = stream == crate::ANY_STREAM
             || self.faults.busy_until_sync
+            // a retired stream gets no new event: only the one recorded before it went
+            || (is_retired(stream) && !self.marks.contains_key(&stream))
             // a free captured into a graph is passed when the graph runs, not the stream
             || dev.is_capturing();
         let mp = self.map_mut(m);
@@ -292,9 +341,23 @@ impl Stitch {
             // a stream's event in flight stays until it completes
             if !waits || (self.marks.contains_key(&s) && done.is_none()) {
                 left |= waits;
+                if is_retired(s)
+                    && !waits
+                    && done.is_some()
+                    && let Some((ev, _)) = self.marks.remove(&s)
+                {
+                    // nothing more will be asked of it (a later busy mark of the retired
+                    // stream waits for a synchronization instead)
+                    dev.destroy_event(ev);
+                }
                 continue;
             }
             left = true;
+            if is_retired(s) {
+                // its handle may name another stream now (never reached: a retired stream's
+                // mark covers every free on it, see `retire_stream`)
+                continue;
+            }
             if let Ok(ev) = dev.record_event(s) {
                 self.stats.events_recorded += 1;
                 if let Some((old, _)) = self.marks.insert(s, (ev, self.seq)) {
@@ -316,5 +379,110 @@ impl Stitch {
             dev.destroy_event(ev);
         }
         self.busy_unsettled = false;
+    }
+
+    /// The program destroys stream `s` (called just before the driver's destroy, while `s`
+    /// still names it): see "Retired streams". Whatever the pool keys on `s` and no
+    /// synchronization covers yet is re-keyed on a retired id, ordered by one event recorded
+    /// on `s` now (blocks and page fences) and, for busy mappings, by the stream's mark (a
+    /// second event, so that a mark in flight is replaced by one that covers every free).
+    pub fn retire_stream(&mut self, dev: &mut dyn Device, s: Stream) {
+        if self.faults.ignore_retired || s == crate::ANY_STREAM || is_retired(s) {
+            return;
+        }
+        let epoch = self.epoch;
+        let blocks: Vec<u32> = self
+            .blocks
+            .cached_ids()
+            .filter(|&id| {
+                let b = self.blocks.at(id);
+                b.free_stream == s && b.epoch >= epoch
+            })
+            .collect();
+        let fenced: Vec<u32> = (0..self.pages.len() as u32)
+            .filter(|&p| {
+                self.pages[p as usize]
+                    .as_ref()
+                    .is_some_and(|pg| pg.fences.iter().any(|f| f.stream == s && f.epoch >= epoch))
+            })
+            .collect();
+        let busy = self
+            .maps
+            .iter()
+            .flatten()
+            .any(|mp| mp.busy_until > epoch && mp.busy_on.iter().any(|&(x, _)| x == s));
+        if blocks.is_empty() && fenced.is_empty() && !busy {
+            if let Some((ev, _)) = self.marks.remove(&s) {
+                dev.destroy_event(ev);
+            }
+            return;
+        }
+        self.retired += 1;
+        let r = RETIRED | self.retired;
+        // an event query or record during a capture would break it
+        let capturing = dev.is_capturing();
+        let mut record = |st: &mut Stats| {
+            let ev = (!capturing).then(|| dev.record_event(s).ok()).flatten();
+            if ev.is_some() {
+                st.events_recorded += 1;
+            }
+            ev
+        };
+        let ev = if blocks.is_empty() && fenced.is_empty() {
+            None
+        } else {
+            record(&mut self.stats)
+        };
+        let mark = if busy { record(&mut self.stats) } else { None };
+        for id in blocks {
+            let b = self.blocks.at_mut(id);
+            b.free_stream = r;
+            debug_assert!(
+                b.event.is_none(),
+                "a block keyed on a live stream has no event"
+            );
+            b.event = ev;
+            if let Some(ev) = ev {
+                self.ev_ref(ev);
+            }
+        }
+        for p in fenced {
+            let pg = self.page_mut(p);
+            let mut n = 0;
+            for f in pg.fences.iter_mut() {
+                if f.stream == s && f.epoch >= epoch {
+                    f.stream = r;
+                    debug_assert!(f.event.is_none());
+                    f.event = ev;
+                    n += 1;
+                }
+            }
+            if let Some(ev) = ev {
+                for _ in 0..n {
+                    self.ev_ref(ev);
+                }
+            }
+        }
+        if let Some((old, _)) = self.marks.remove(&s) {
+            dev.destroy_event(old);
+        }
+        if let Some(m) = mark {
+            self.marks.insert(r, (m, self.seq));
+        }
+        for mp in self.maps.iter_mut().flatten() {
+            if mp.busy_until <= epoch {
+                continue;
+            }
+            if mark.is_some() {
+                for e in mp.busy_on.iter_mut() {
+                    if e.0 == s {
+                        e.0 = r;
+                    }
+                }
+            } else if mp.busy_on.iter().any(|&(x, _)| x == s) {
+                mp.busy_on.clear();
+                mp.busy_sync_only = true;
+            }
+        }
     }
 }

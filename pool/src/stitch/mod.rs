@@ -39,6 +39,8 @@ use crate::fxhash::FxMap;
 use crate::{ALIGN, Alloc, FreeMode, Policy, PoolError, Request, Stats, round_up};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
+use fences::{Reuse, is_retired};
+
 pub use budget::Budget;
 #[doc(hidden)]
 pub use pages::PageView;
@@ -49,6 +51,7 @@ mod budget;
 mod cache;
 mod ends;
 mod fences;
+mod grow;
 mod kept;
 mod layers;
 mod mappings;
@@ -109,7 +112,8 @@ struct Page {
 
 struct Mapping {
     va: u64,
-    /// bytes of address space reserved at `va` (the arena reserves beyond its pages)
+    /// bytes of address space reserved at `va` (the arena reserves beyond its pages; with
+    /// `grow` on, a stitched mapping's range has room after its pages to grow into)
     reserved: u64,
     /// `va` is a reservation of its own (the arena's); else a range of the pool's chunks
     /// (see `vas`)
@@ -248,6 +252,15 @@ pub struct Faults {
     /// then be unmapped while its stream still uses it): proves the check of ending the busy
     /// state by an event can fail.
     pub busy_done_unasked: bool,
+    /// Take no notice of a stream's retirement (`Stitch::retire_stream`): blocks and bytes
+    /// freed on it stay reusable at once on a request that names its handle, which may be a
+    /// new stream with no order to the old one's work: proves the checks of retired streams
+    /// can fail.
+    pub ignore_retired: bool,
+    /// Grow a mapping in place (see `grow`) over the live or pending blocks in its pages,
+    /// as if they were cached (the new block overlaps them): proves the checks of growing
+    /// in place can fail.
+    pub grow_over_live: bool,
 }
 
 impl Faults {
@@ -311,6 +324,8 @@ pub struct Stitch {
     marks: FxMap<Stream, (EventId, u64)>,
     /// some mapping is busy on a stream (see `settle_busy`)
     busy_unsettled: bool,
+    /// streams retired so far (see `fences`, "Retired streams"): the next retired id
+    retired: u64,
     faults: Faults,
     /// `faults.any()`, kept for the fast path
     faults_on: bool,
@@ -333,6 +348,11 @@ pub struct Stitch {
     /// the recent large allocations' places, replayed two periods later (see `layers`)
     layers: layers::Layers,
     layers_on: bool,
+    /// stitched mappings keep address room after their pages and a larger request extends
+    /// one in place (see `grow`)
+    grow_on: bool,
+    /// blocks placed in mappings grown in place
+    grows: u64,
     /// soft limit over peak live beyond which cached blocks are dissolved before growing
     /// (None: cache until the device or cap refuses)
     headroom: Option<f64>,
@@ -425,6 +445,7 @@ impl Stitch {
             events: FxMap::default(),
             marks: FxMap::default(),
             busy_unsettled: false,
+            retired: 0,
             faults: Faults::default(),
             faults_on: false,
             last_taken: None,
@@ -436,6 +457,8 @@ impl Stitch {
             rounds: Default::default(),
             layers: Default::default(),
             layers_on: false,
+            grow_on: false,
+            grows: 0,
             headroom: None,
             budget: None,
             vas: vas::VaSpace::default(),
@@ -495,6 +518,18 @@ impl Stitch {
     pub fn with_layers(mut self, on: bool) -> Self {
         self.layers_on = on;
         self
+    }
+
+    /// Keep address room after every stitched mapping and serve a request larger than an
+    /// unused mapping by mapping only the pages missing at its end (see `grow`).
+    pub fn with_grow(mut self, on: bool) -> Self {
+        self.grow_on = on;
+        self
+    }
+
+    /// Blocks placed in mappings grown in place (see `grow`).
+    pub fn grows(&self) -> u64 {
+        self.grows
     }
 
     /// Whether `vramshim replay` runs the live library's per-thread caches of stream-ordered
@@ -734,6 +769,10 @@ impl Policy for Stitch {
         Stitch::note_aside_hits(self, dev, n);
     }
 
+    fn retire_stream(&mut self, dev: &mut dyn Device, stream: Stream) {
+        Stitch::retire_stream(self, dev, stream);
+    }
+
     fn round_end_watch(&self) -> u64 {
         Stitch::round_end_watch(self)
     }
@@ -767,12 +806,14 @@ impl Policy for Stitch {
             self.layers_on,
             self.tcaches,
         );
+        let grow = self.grow_on;
         *self = Stitch::new()
             .with_headroom(headroom)
             .with_budget(budget)
             .with_runs(runs)
             .with_kept(kept)
             .with_layers(layers)
+            .with_grow(grow)
             .with_thread_caches(tcaches);
         self.set_faults(faults);
         self.stats = Stats {

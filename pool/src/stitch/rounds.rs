@@ -328,9 +328,8 @@ impl Stitch {
             return None;
         }
         let list = b.list;
-        if let Some(s) = Self::compat_at(b, t, epoch, ignore)? {
-            self.order_after(dev, t, s).ok()?;
-        }
+        let r = Self::compat_at(b, t, epoch, ignore)?;
+        self.reuse_on(dev, t, r).ok()?;
         let cached = &mut self.sizes.at_mut(list).cached;
         let i = cached.iter().rposition(|&x| x == id)?;
         cached.remove(i);

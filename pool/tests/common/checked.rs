@@ -37,6 +37,10 @@ pub fn replay_checked<E>(
                 dev.process_sync();
                 p.note_process_sync();
             }
+            Event::StreamRetired { stream } => {
+                p.retire_stream(dev, stream);
+                dev.retire_stream(stream);
+            }
         }
         after(dev);
     }

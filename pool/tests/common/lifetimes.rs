@@ -30,7 +30,7 @@ pub fn classes(events: &[Event]) -> (Vec<u8>, u64) {
                     live -= s;
                 }
             }
-            Event::ProcessSync => {}
+            Event::ProcessSync | Event::StreamRetired { .. } => {}
         }
     }
     (death.iter().map(|&d| u8::from(d < at)).collect(), peak)

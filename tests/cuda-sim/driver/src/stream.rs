@@ -95,6 +95,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 struct Registry {
     streams: HashMap<usize, Arc<Stream>>,
+    /// Destroyed streams whose work may still run: a device-wide synchronization waits for
+    /// it, and the legacy stream orders after it (dropped once idle).
+    retiring: Vec<Arc<Stream>>,
+    /// Handle values of destroyed streams, the most recent last: a new stream takes the last
+    /// one, as a driver's freed stream object's address is reused (a program must never take
+    /// a handle value for a stream's identity beyond its destroy).
+    free_handles: Vec<usize>,
     legacy: HashMap<i32, Arc<Stream>>,
     per_thread: HashMap<(i32, i32), Arc<Stream>>,
     events: HashMap<usize, Arc<Event>>,
@@ -103,6 +110,8 @@ struct Registry {
 static REG: LazyLock<Mutex<Registry>> = LazyLock::new(|| {
     Mutex::new(Registry {
         streams: HashMap::new(),
+        retiring: Vec::new(),
+        free_handles: Vec::new(),
         legacy: HashMap::new(),
         per_thread: HashMap::new(),
         events: HashMap::new(),
@@ -123,8 +132,19 @@ fn tid() -> i32 {
 impl Stream {
     fn spawn(dev: i32, flags: u32, priority: i32, kind: StreamKind) -> Arc<Stream> {
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed) as usize;
+        Self::spawn_as(STREAM_BASE + id * STEP, id, dev, flags, priority, kind)
+    }
+
+    fn spawn_as(
+        handle: usize,
+        id: usize,
+        dev: i32,
+        flags: u32,
+        priority: i32,
+        kind: StreamKind,
+    ) -> Arc<Stream> {
         let s = Arc::new(Stream {
-            handle: STREAM_BASE + id * STEP,
+            handle,
             dev,
             flags,
             priority,
@@ -250,21 +270,25 @@ impl Stream {
 }
 
 fn blocking_streams(dev: i32) -> Vec<Arc<Stream>> {
-    let r = lock(&REG);
+    let mut r = lock(&REG);
+    r.retiring.retain(|s| !s.idle());
     r.streams
         .values()
         .chain(r.per_thread.values())
+        .chain(r.retiring.iter())
         .filter(|s| s.dev == dev && s.blocking())
         .cloned()
         .collect()
 }
 
 fn all_streams() -> Vec<Arc<Stream>> {
-    let r = lock(&REG);
+    let mut r = lock(&REG);
+    r.retiring.retain(|s| !s.idle());
     r.streams
         .values()
         .chain(r.per_thread.values())
         .chain(r.legacy.values())
+        .chain(r.retiring.iter())
         .cloned()
         .collect()
 }
@@ -302,14 +326,19 @@ pub fn resolve(h: CUstream, ptds: bool) -> Result<Arc<Stream>, CUresult> {
 
 pub fn create(flags: u32, priority: i32) -> Result<CUstream, CUresult> {
     let dev = ctx::current_device()?;
-    let s = Stream::spawn(dev, flags, priority.clamp(-5, 0), StreamKind::User);
-    let h = s.handle;
-    lock(&REG).streams.insert(h, s);
+    let mut r = lock(&REG);
+    let id = NEXT_ID.fetch_add(1, Ordering::Relaxed) as usize;
+    let h = r.free_handles.pop().unwrap_or(STREAM_BASE + id * STEP);
+    let s = Stream::spawn_as(h, id, dev, flags, priority.clamp(-5, 0), StreamKind::User);
+    r.streams.insert(h, s);
     Ok(h as CUstream)
 }
 
+/// Returns at once, as CUDA's does: the stream's work still runs (on its worker, which ends
+/// after it), and its handle value may be given to the next stream created.
 pub fn destroy(h: CUstream) -> Res {
-    let s = lock(&REG)
+    let mut r = lock(&REG);
+    let s = r
         .streams
         .remove(&(h as usize))
         .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
@@ -317,6 +346,10 @@ pub fn destroy(h: CUstream) -> Res {
         ACTIVE_CAPTURES.fetch_sub(1, Ordering::AcqRel);
     }
     s.close();
+    r.free_handles.push(h as usize);
+    if !s.idle() {
+        r.retiring.push(s);
+    }
     Ok(())
 }
 

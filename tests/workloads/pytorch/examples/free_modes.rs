@@ -27,7 +27,7 @@ fn stream_ordered(events: &[Event]) -> Vec<Event> {
                     stream: streams.get(&id).copied().unwrap_or(0),
                 },
             },
-            Event::ProcessSync => *e,
+            Event::ProcessSync | Event::StreamRetired { .. } => *e,
         })
         .collect()
 }
@@ -52,7 +52,7 @@ fn uncached(events: &[Event], sync_each: bool) -> Vec<Event> {
                     out.push(Event::ProcessSync);
                 }
             }
-            Event::ProcessSync => out.push(Event::ProcessSync),
+            e @ (Event::ProcessSync | Event::StreamRetired { .. }) => out.push(e),
         }
     }
     out
