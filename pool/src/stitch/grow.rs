@@ -1,5 +1,5 @@
-//! Mappings that grow in place: a request larger than an unused stitched mapping is served by
-//! mapping only the pages missing at that mapping's end.
+//! Mappings that grow in place: a request larger than a stitched mapping whose bytes are free
+//! or cached is served by mapping only the pages missing at that mapping's end.
 //!
 //! Why: CUDA maps a handle only whole and every new mapping needs an access call, so a
 //! stitched mapping of n single-page handles costs n maps + 1 access, whatever part of it the
@@ -8,8 +8,9 @@
 //! cached: stitching the larger block afresh pays for every page again. With `grow` on, every
 //! stitched mapping's address range is carved out of the pool's chunks (see `vas`) with room
 //! after its pages (address space, no device memory), and before the slow path stitches a
-//! new mapping for a large request it looks for an unused stitched mapping whose pages past
-//! a head offset hold only free or cached bytes and whose room fits the rest: the cached
+//! new mapping for a large request it looks for a stitched mapping whose pages hold no live
+//! or pending block but in a prefix of its first page (the block's head starts after it) and
+//! whose room fits the rest: the cached
 //! blocks there are dissolved, the missing pages (free pages, the last one possibly a page's
 //! free prefix) are mapped after its end and made accessible (k maps + 1 access for k
 //! missing pages), and the block is placed at the head offset. A mapping only grows (nothing
@@ -43,9 +44,10 @@ impl Stitch {
         if self.grow_on { len * ROOM } else { len }
     }
 
-    /// Place a large block of `size` bytes by growing an unused stitched mapping in place
-    /// (see the module documentation). `None`: no mapping fits, or no free pages for the
-    /// missing ones; nothing changed.
+    /// Place a large block of `size` bytes by growing a stitched mapping in place (see the
+    /// module documentation). `None`: no mapping fits, or too few free pages for the missing
+    /// ones (nothing changed), or the grown mapping's bytes need a synchronization that a
+    /// capture forbids (the mapping stays grown, its cached blocks dissolved).
     pub(super) fn grow_place(
         &mut self,
         dev: &mut dyn Device,
@@ -112,7 +114,7 @@ impl Stitch {
         Ok(placed)
     }
 
-    /// The unused stitched mapping that grows by the fewest pages for `size` bytes (then the
+    /// The stitched mapping that grows by the fewest pages for `size` bytes (then the
     /// fewest cached bytes dissolved).
     fn grow_candidate(&self, size: u64) -> Option<Candidate> {
         let g = self.gran;
