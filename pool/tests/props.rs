@@ -64,7 +64,7 @@ impl std::fmt::Debug for Op {
             Op::Trim => write!(f, "t"),
             Op::Capture(on) => write!(f, "c{}", u8::from(*on)),
             Op::Hits { n } => write!(f, "h{n}"),
-            Op::Retire(s) => write!(f, "r{}", stream(*s)),
+            Op::Retire(s) => write!(f, "r{s}"),
         }
     }
 }
@@ -73,7 +73,8 @@ impl std::fmt::Debug for Op {
 /// how a failing case's `Op`s print): `a<size>:<stream>` an allocation (`*`: any stream),
 /// `f<idx>` a `cudaFree` and `f<idx>:<stream>` a stream-ordered free of the live block at
 /// `idx % live`, `p` a process synchronization, `t` a trim, `c1` / `c0` a capture's start /
-/// end, `h<n>` `n` hits served aside, `r<stream>` the stream destroyed. Blanks, commas and brackets separate tokens.
+/// end, `h<n>` `n` hits served aside, `r<stream>` the stream destroyed. Blanks, commas and
+/// brackets separate tokens.
 fn stream(text: &str) -> Vec<Op> {
     let num = |t: &str, v: &str| -> u64 {
         v.parse()
@@ -110,7 +111,7 @@ fn stream(text: &str) -> Vec<Op> {
                 ("t", None) if value.is_empty() => Op::Trim,
                 ("c", None) if value == "0" || value == "1" => Op::Capture(value == "1"),
                 ("h", None) => Op::Hits { n: num(t, value) },
-                ("r", None) => Op::Retire(stream_of(t, value)),
+                ("r", None) => Op::Retire(num(t, value)),
                 _ => panic!("{t:?} is not an op of `stream`"),
             }
         })
