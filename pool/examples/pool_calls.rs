@@ -103,9 +103,10 @@ fn main() {
         }
     }
     println!(
-        "driver calls after allocation {from}: {total} ({:.1} per 1000 allocations); violations {:?}; layer replays {}",
+        "driver calls after allocation {from}: {total} ({:.1} per 1000 allocations); violations {:?}; layer replays {}; grown in place {}",
         total as f64 * 1000.0 / (allocs - from).max(1) as f64,
         dev.violations().first(),
-        p.layer_replays()
+        p.layer_replays(),
+        p.grows()
     );
 }
