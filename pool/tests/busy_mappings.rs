@@ -5,7 +5,7 @@
 //! mapping may be dropped or re-formed with no synchronization.
 
 use vramshim_pool::stitch::{Faults, Stitch};
-use vramshim_pool::{AccountingDevice, FreeMode, Policy};
+use vramshim_pool::{AccountingDevice, FreeMode, MIB, Policy};
 use vramshim_testkit::busy_maps::{self, STREAM};
 
 /// Allocations between two waits for the stream.
@@ -126,4 +126,90 @@ fn trim_leaves_no_event_behind() {
     p.trim(&mut dev).unwrap();
     assert!(dev.violations().is_empty(), "{:?}", &dev.violations()[..1]);
     assert_eq!(dev.leaks(), Vec::<String>::new());
+}
+
+/// A serving run whose live bytes shrink: 20,000 stream-ordered allocations of 2-40 MiB on
+/// one stream, the oldest of 8 live blocks freed before each, then of 2 from the 10,000th on;
+/// the process waits for its stream every `wait` allocations (never when 0) and never
+/// synchronizes the device; a tight pool whose budget window is 2,048 allocations (so that it
+/// follows the shrink within the run). Returns (pages at the end, most pages, budget at the
+/// end, events recorded) and the device.
+fn shrinking(faults: Faults, wait: u64) -> ((u64, u64, u64, u64), AccountingDevice) {
+    let mut p = Stitch::new().with_budget(Some(vramshim_pool::stitch::Budget {
+        window: 2048,
+        ..Default::default()
+    }));
+    p.set_faults(faults);
+    let mut dev = AccountingDevice::new(1 << 30);
+    dev.set_checking(true);
+    let most =
+        busy_maps::serve_shrinking(&mut p, &mut dev, 20_000, (8, 10_000, 2), wait).most_pages;
+    let r = (p.pages(), most, p.stats().budget, dev.calls().event_record);
+    assert_eq!(p.stats().syncs, 0, "the pool synchronized");
+    (r, dev)
+}
+
+/// The bytes of blocks freed stream-ordered and dissolved before a synchronization carry a
+/// per-page fence; a page with one was kept until a synchronization, so a process that never
+/// synchronizes the device kept, above its budget, every page such bytes touched. The events
+/// the pool records on the free's stream for busy mappings now clear those fences too: pages
+/// go back once the device says the stream passed the frees (checking device: no page given
+/// back, and no byte reused on another stream, while the stream may still use it). With the
+/// fences kept until a synchronization (`Faults::fences_until_sync`) the pool holds more pages
+/// at the end.
+#[test]
+fn pages_of_dissolved_stream_ordered_bytes_go_back_without_a_synchronization() {
+    let ((pages, most, budget, events), dev) = shrinking(Faults::default(), WAIT);
+    let ((old_pages, old_most, _, old_events), old_dev) = shrinking(
+        Faults {
+            fences_until_sync: true,
+            ..Faults::default()
+        },
+        WAIT,
+    );
+    eprintln!(
+        "events: pages at the end {pages}, most {most}, budget {} MiB, events recorded {events}; \
+         fences until a sync: pages at the end {old_pages}, most {old_most}, events recorded {old_events}",
+        budget / MIB
+    );
+    assert!(dev.violations().is_empty(), "{:?}", &dev.violations()[..1]);
+    assert!(
+        old_dev.violations().is_empty(),
+        "{:?}",
+        &old_dev.violations()[..1]
+    );
+    assert!(
+        pages + 16 <= old_pages,
+        "{pages} pages at the end, {old_pages} with fences until a sync"
+    );
+}
+
+/// Never waiting for its stream, the process never lets the device say the stream passed the
+/// frees: the fences stay (no page they hold goes back), and taking the events for complete
+/// without asking (`Faults::busy_done_unasked`) is caught as pages given back, or bytes reused,
+/// while the stream may still use them.
+#[test]
+fn a_fence_is_cleared_only_when_the_device_says_its_event_is_complete() {
+    for broken in [false, true] {
+        let ((pages, most, ..), dev) = shrinking(
+            Faults {
+                busy_done_unasked: broken,
+                ..Faults::default()
+            },
+            0,
+        );
+        let early = dev
+            .violations()
+            .iter()
+            .filter(|v| {
+                v.contains("freed without a synchronization") || v.starts_with("early reuse")
+            })
+            .count();
+        eprintln!("broken {broken}: pages at the end {pages}, most {most}, caught {early}");
+        if broken {
+            assert!(early > 0, "{:?}", dev.violations().first());
+        } else {
+            assert!(dev.violations().is_empty(), "{:?}", &dev.violations()[..1]);
+        }
+    }
 }

@@ -671,6 +671,25 @@ proptest! {
         assert_clean(&dev, &p);
     }
 
+    /// Mappings that grow in place (`Stitch::with_grow`: a larger request maps only the
+    /// pages missing at an unused mapping's end) are as safe on layers and on rounds: no
+    /// overlap, no early reuse, the device and the budget kept (a mapping grown over a live
+    /// block is caught: `checker_catches_a_mapping_grown_over_a_live_block`).
+    #[test]
+    fn stitch_tight_growing_in_place_is_safe_on_layers(ops in layers(), cap_mib in 128u64..1024) {
+        let mut p = Stitch::tight().with_grow(true).with_layers(cap_mib % 2 == 0);
+        let dev = exercise_with(&mut p, &ops, cap_mib * MIB, &mut budget_kept(Budget::default()));
+        assert_clean(&dev, &p);
+    }
+
+    /// The same on rounds.
+    #[test]
+    fn stitch_tight_growing_in_place_is_safe_on_rounds(ops in rounds(), cap_mib in 128u64..1024) {
+        let mut p = Stitch::tight().with_grow(true);
+        let dev = exercise_with(&mut p, &ops, cap_mib * MIB, &mut budget_kept(Budget::default()));
+        assert_clean(&dev, &p);
+    }
+
     /// The same with the arena grown by runs of pages (`Stitch::with_runs`).
     #[test]
     fn stitch_tight_with_runs_replays_rounds_safely(ops in rounds(), cap_mib in 128u64..1024) {
@@ -791,6 +810,40 @@ fn checker_catches_a_layer_place_over_a_live_block() {
         caught > caught_rounds,
         "no layer place over a live block was caught ({caught}, {caught_rounds} without layers)"
     );
+}
+
+/// Drawn layers and rounds through a tight pool growing mappings in place, with and without
+/// `Faults::grow_over_live` (live and pending blocks in a mapping's pages taken for cached
+/// ones): without it all are clean and some grow a mapping (`Stitch::grows`); with it the
+/// checking device sees overlaps in some, and in none with the rule off.
+#[test]
+fn checker_catches_a_mapping_grown_over_a_live_block() {
+    let (mut caught, mut caught_off, mut clean, mut grown) = (0, 0, 0, 0);
+    let broken = Faults {
+        grow_over_live: true,
+        ..Faults::default()
+    };
+    for ops in drawn_layers(64).into_iter().chain(drawn_rounds(64)) {
+        let mut p = Stitch::tight().with_grow(true);
+        let dev = exercise(&mut p, &ops, GIB);
+        assert!(dev.violations().is_empty(), "{:?}", &dev.violations()[..1]);
+        clean += 1;
+        grown += usize::from(p.grows() > 0);
+        let mut p = Stitch::tight().with_grow(true);
+        p.set_faults(broken);
+        caught += usize::from(overlaps_before_the_end(&mut p, &ops, GIB));
+        let mut p = Stitch::tight();
+        p.set_faults(broken);
+        caught_off += usize::from(overlaps_before_the_end(&mut p, &ops, GIB));
+    }
+    eprintln!(
+        "{grown} of 128 grew a mapping in place, {caught} caught with the fault \
+         ({caught_off} with the rule off)"
+    );
+    assert_eq!(clean, 128);
+    assert!(grown > 0, "no draw grew a mapping in place");
+    assert_eq!(caught_off, 0, "the fault acted with the rule off");
+    assert!(caught > 0, "no mapping grown over a live block was caught");
 }
 
 proptest! {

@@ -28,6 +28,7 @@ const SWITCHES: &[(&str, &[&str])] = &[
             "kept-over-live",
             "busy-until-sync",
             "ignore-retired",
+            "fences-until-sync",
             "layers",
             "layers-over-live",
             // Peer access (`pool::on_peer_access`).

@@ -633,6 +633,13 @@ fn debug_faults() -> Option<(vramshim_pool::stitch::Faults, DebugRules)> {
         f.busy_until_sync = true;
         what.push("keeps mappings freed through until a synchronization");
     }
+    // Keeps the page fences of dissolved stream-ordered bytes until a device synchronization,
+    // whatever the events recorded on their streams say: the test that such pages go back
+    // under the budget in a process that never synchronizes the device.
+    if switch_on("VRAMSHIM_POOL_DEBUG", "fences-until-sync") {
+        f.fences_until_sync = true;
+        what.push("keeps pages of stream-ordered frees until a synchronization");
+    }
     // Takes no notice of a destroyed stream: what was freed on it stays reusable at once by a
     // request on its handle, which may name a new stream: the test that such a stream never
     // gets the old one's freed memory unordered.

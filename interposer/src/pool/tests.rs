@@ -1532,24 +1532,48 @@ fn a_shrunk_loop_served_by_the_thread_cache_gets_the_old_peak_back() {
 /// synchronization. (most mappings after an allocation, mappings and pages at the end, the
 /// pool's synchronizations, driver calls)
 fn busy_maps_model(steps: u64, window: usize, wait: u64, old: bool) -> (u64, u64, u64, u64, u64) {
-    use vramshim_pool::stitch::{Faults, Stitch};
+    let faults = vramshim_pool::stitch::Faults {
+        busy_until_sync: old,
+        ..Default::default()
+    };
+    let (r, _) = busy_maps_model_with(steps, (window, steps, window), wait, faults);
+    r
+}
+
+/// [`busy_maps_model`] with the pool's `faults`, `(window, from this allocation on, shrunk
+/// window)` as the workload's `WINDOW SHRINK_AT SHRUNK`; also the most pages held after an
+/// allocation.
+fn busy_maps_model_with(
+    steps: u64,
+    (window, shrink_at, shrunk): (usize, u64, usize),
+    wait: u64,
+    faults: vramshim_pool::stitch::Faults,
+) -> ((u64, u64, u64, u64, u64), u64) {
+    use vramshim_pool::stitch::Stitch;
     use vramshim_pool::{AccountingDevice, Policy};
     let mut p = Stitch::tight();
-    p.set_faults(Faults {
-        busy_until_sync: old,
-        ..Faults::default()
-    });
+    p.set_faults(faults);
     // cuda-sim's default device
     let mut dev = AccountingDevice::new(16 << 30);
     dev.set_checking(true);
-    let (most, _) = vramshim_testkit::busy_maps::serve(&mut p, &mut dev, steps, window, wait);
+    let run = vramshim_testkit::busy_maps::serve_shrinking(
+        &mut p,
+        &mut dev,
+        steps,
+        (window, shrink_at, shrunk),
+        wait,
+    );
+    let (most, most_pages) = (run.most_mappings, run.most_pages);
     assert!(dev.violations().is_empty(), "{:?}", &dev.violations()[..1]);
     (
-        most,
-        p.mappings(),
-        p.pages(),
-        p.stats().syncs,
-        dev.calls().driver_calls(),
+        (
+            most,
+            p.mappings(),
+            p.pages(),
+            p.stats().syncs,
+            dev.calls().driver_calls(),
+        ),
+        most_pages,
     )
 }
 
@@ -1607,6 +1631,66 @@ fn mappings_freed_through_stay_bounded_live_without_a_synchronization() {
             assert!(most <= limit + 1, "{most} mappings, limit {limit}");
         }
     }
+}
+
+/// Pages of dissolved stream-ordered bytes go back under the budget without a device
+/// synchronization, live as in the model: `busy_maps` with its live bytes shrinking (8 blocks
+/// live, then 2 from allocation 60,000 on; 140,000 allocations, so that the default budget's
+/// 65,536-allocation windows roll past the shrink), the process waiting for its stream only.
+/// The events the pool records on the stream end the page fences as they end busy mappings;
+/// with the fences kept until a synchronization (`VRAMSHIM_POOL_DEBUG=fences-until-sync`) the
+/// pool holds more pages at the end, live as in the model.
+#[test]
+fn pages_of_dissolved_stream_ordered_bytes_go_back_live_without_a_synchronization() {
+    let exe = workload("busy_maps");
+    let (steps, window, wait, shrink_at, shrunk) = (140_000u64, 8usize, 64u64, 60_000u64, 2usize);
+    let args = [steps, window as u64, wait, shrink_at, shrunk as u64].map(|v| v.to_string());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut pages_at_end = Vec::new();
+    for (old, switch) in [(false, "no-tcache"), (true, "fences-until-sync")] {
+        let faults = vramshim_pool::stitch::Faults {
+            fences_until_sync: old,
+            ..Default::default()
+        };
+        let (model, most_pages) =
+            busy_maps_model_with(steps, (window, shrink_at, shrunk), wait, faults);
+        let name = format!("pool-busy-pages-{switch}");
+        let o = run(
+            &exe,
+            &args,
+            &[
+                ("VRAMSHIM_POOL", "stitch"),
+                // the threads' caches off (any name does): every free reaches the pool at once
+                ("VRAMSHIM_POOL_DEBUG", switch),
+                ("VRAMSIM_DEBUG", "1"),
+                ("VRAMSHIM_CAP_CONTEXT", "exclude"),
+                ("VRAMSIM_CONTEXT_OVERHEAD", "0"),
+            ],
+            &name,
+        );
+        assert_exit(&o, 0, &name);
+        let live = (
+            field(&o.stdout, "most") as u64,
+            field(&o.stdout, "mappings") as u64,
+            field(&o.stdout, "pages") as u64,
+            field(&o.stdout, "syncs") as u64,
+            sim_memory_calls(&o.stderr),
+        );
+        let live_most_pages = field(&o.stdout, "most_pages") as u64;
+        eprintln!(
+            "{switch}: model (most mappings, mappings, pages, syncs, driver calls) {model:?}, most pages {most_pages}; live {live:?}, most pages {live_most_pages}"
+        );
+        assert_eq!(live, model, "{switch}: live (left) against the model");
+        assert_eq!(live_most_pages, most_pages, "{switch}: most pages");
+        assert_eq!(model.3, 0, "the pool synchronized");
+        pages_at_end.push(model.2);
+    }
+    assert!(
+        pages_at_end[0] + 16 <= pages_at_end[1],
+        "pages at the end: {} with the events, {} with fences until a sync",
+        pages_at_end[0],
+        pages_at_end[1]
+    );
 }
 
 /// `vramshim replay` keys a recorded allocation and a stream-ordered free on the stream the

@@ -24,6 +24,10 @@
 
 use super::*;
 
+/// Allocations and frees above the budget between two asks whether the streams of busy
+/// mappings and page fences passed their frees (see `keep_budget`).
+const SETTLE_EVERY: u64 = 64;
+
 /// See the module documentation. `Budget::default()`: 5% over the recent peak plus 2 MiB,
 /// over windows of 65536 allocations.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -195,6 +199,14 @@ impl Stitch {
         if self.stats.reserved <= self.limit_now || self.gran == 0 {
             return;
         }
+        // the streams of busy mappings and page fences may have passed their frees: asked
+        // (and events recorded) at most once per SETTLE_EVERY allocations and frees, each ask
+        // a scan of the pool's mappings and pages
+        let n = self.stats.allocs + self.stats.frees;
+        if self.busy_unsettled && n >= self.next_settle && !dev.is_capturing() {
+            self.next_settle = n + SETTLE_EVERY;
+            self.settle_busy(dev);
+        }
         if self.ncached > 0
             && !dev.is_capturing()
             && !self.faults.dissolve_when_stuck
@@ -338,6 +350,7 @@ impl Stitch {
             self.nmaps,
             self.repairs,
             keep,
+            self.settled,
         );
         if self.stuck_key == Some(key) {
             return false;

@@ -13,6 +13,16 @@
 //! capture (a query there is capture-unsafe), and a free on no particular stream or during a
 //! capture waits for a synchronization.
 //!
+//! Page fences: the bytes of a block freed stream-ordered and dissolved before a
+//! synchronization carry a fence on each page they lie in (another stream must be ordered
+//! behind the free before it reuses them, and the page may not go back to the device while the
+//! stream may still use them). A synchronization ends them; so do the same events: each
+//! settle (`settle_busy`, at the mapping limit and, throttled, above the budget) also asks
+//! about the streams of fences no event was yet seen past, records an event where none is in
+//! flight, and once the device says a stream's event is complete, remembers the newest free
+//! it covers (`passed`): fences up to it are no conditions any more, so a process that never
+//! synchronizes the device still gets such pages back under its budget.
+//!
 //! Retired streams: a stream the program destroys may still run the work it was given (the
 //! destroy returns at once), and a stream created later may get the same handle value (a
 //! handle is the address of a driver object, and freed addresses are reused). Whatever is
@@ -80,6 +90,10 @@ impl Stitch {
         if let Some(ev) = f.event {
             self.ev_ref(ev);
         }
+        if f.stream != crate::ANY_STREAM && self.fences_by_events() {
+            // a settle may learn that its stream passed it (see "Page fences")
+            self.busy_unsettled = true;
+        }
         for e in dropped {
             self.ev_unref(dev, e);
         }
@@ -87,13 +101,16 @@ impl Stitch {
 
     pub(super) fn purge_fences(&mut self, dev: &mut dyn Device, p: u32) {
         let epoch = self.epoch;
-        let pg = self.page_mut(p);
-        if pg.fences.is_empty() {
+        if self.page(p).fences.is_empty() {
             return;
         }
+        let passed = &self.passed;
+        let until_sync = !self.fences_by_events();
+        let pg = self.pages[p as usize].as_mut().unwrap();
         let mut dropped: Vec<EventId> = Vec::new();
         pg.fences.retain(|o| {
-            let keep = o.epoch >= epoch;
+            let keep = o.epoch >= epoch
+                && (until_sync || passed.get(&o.stream).is_none_or(|&at| at < o.seq));
             if !keep && let Some(e) = o.event {
                 dropped.push(e);
             }
@@ -117,7 +134,10 @@ impl Stitch {
     }
 
     pub(super) fn has_active_fence(&self, p: u32) -> bool {
-        self.page(p).fences.iter().any(|f| f.epoch >= self.epoch)
+        self.page(p)
+            .fences
+            .iter()
+            .any(|f| f.epoch >= self.epoch && !self.fence_passed(f))
     }
 
     #[inline(always)]
@@ -128,6 +148,8 @@ impl Stitch {
         dev.synchronize().map_err(PoolError::Device)?;
         self.stats.syncs += 1;
         self.epoch += 1;
+        // every fence and busy mark is of an earlier epoch now
+        self.passed.clear();
         self.frees_since_sync = false;
         self.flush_pending();
         Ok(())
@@ -260,6 +282,10 @@ impl Stitch {
         free_epoch: u64,
     ) {
         let epoch = self.epoch;
+        if self.fences_by_events() && self.passed.get(&stream).is_some_and(|&at| at >= free_seq) {
+            // the stream is known past the free already: its addresses are unused
+            return;
+        }
         let sync_only = stream == crate::ANY_STREAM
             || self.faults.busy_until_sync
             // a retired stream gets no new event: only the one recorded before it went
@@ -290,7 +316,8 @@ impl Stitch {
     /// once the device says it is complete, the mappings it covers are no longer busy on that
     /// stream, and a new one is recorded for the frees after it. (One in flight: an event
     /// replaced by a newer one before it completes would never be seen complete on a stream
-    /// that stays behind.) Mappings a synchronization ended forget their streams.
+    /// that stays behind.) Mappings a synchronization ended forget their streams. The page
+    /// fences of dissolved bytes are settled by the same events (see "Page fences").
     pub(super) fn settle_busy(&mut self, dev: &mut dyn Device) {
         // an event query or record during a capture would break it
         if !self.busy_unsettled || dev.is_capturing() {
@@ -332,9 +359,54 @@ impl Stitch {
             if on.is_empty() {
                 mp.busy_until = 0;
                 self.idle_gen += 1;
+                self.settled += 1;
             } else {
                 mp.busy_on = on;
             }
+        }
+        // the page fences of dissolved bytes: the same events say when their streams passed
+        // the frees (see "Page fences")
+        let by_events = self.fences_by_events();
+        for pg in self.pages.iter().flatten().filter(|_| by_events) {
+            for f in &pg.fences {
+                if f.epoch < epoch
+                    || f.stream == crate::ANY_STREAM
+                    || self.passed.get(&f.stream).is_some_and(|&at| at >= f.seq)
+                    || (is_retired(f.stream) && !self.marks.contains_key(&f.stream))
+                {
+                    continue;
+                }
+                let st = streams.entry(f.stream).or_insert_with(|| {
+                    let done = self.marks.get(&f.stream).and_then(|&(ev, at)| {
+                        (self.faults.busy_done_unasked || dev.event_done(ev)).then_some(at)
+                    });
+                    (done, false)
+                });
+                st.1 |= st.0.is_none_or(|at| at < f.seq);
+            }
+        }
+        let mut learned = false;
+        for (&s, &(done, _)) in &streams {
+            if let Some(at) = done {
+                let p = self.passed.entry(s).or_insert(0);
+                if *p < at {
+                    *p = at;
+                    learned = true;
+                }
+            }
+        }
+        if learned && self.fences_by_events() {
+            // fences the streams passed are no conditions any more
+            for p in 0..self.pages.len() as u32 {
+                if self.pages[p as usize]
+                    .as_ref()
+                    .is_some_and(|pg| !pg.fences.is_empty())
+                {
+                    self.purge_fences(dev, p);
+                }
+            }
+            self.idle_gen += 1;
+            self.settled += 1;
         }
         let mut left = false;
         for (s, (done, waits)) in streams {
@@ -366,7 +438,23 @@ impl Stitch {
             }
         }
         // mappings in use are asked about once unused, at a later settle
-        self.busy_unsettled = left || self.maps.iter().flatten().any(|mp| !mp.busy_on.is_empty());
+        self.busy_unsettled = left
+            || self.maps.iter().flatten().any(|mp| !mp.busy_on.is_empty())
+            || (by_events
+                && (0..self.pages.len() as u32)
+                    .any(|p| self.pages[p as usize].is_some() && self.has_active_fence(p)));
+    }
+
+    /// Whether stream `f.stream` is known to have passed the free that fence `f` stands for
+    /// (an event recorded on it after the free was seen complete: see "Page fences").
+    pub(super) fn fence_passed(&self, f: &Fence) -> bool {
+        self.fences_by_events() && self.passed.get(&f.stream).is_some_and(|&at| at >= f.seq)
+    }
+
+    /// Whether the events recorded on streams clear page fences (and spare busy marks of
+    /// frees known passed): off under either switch of the rules before those events.
+    fn fences_by_events(&self) -> bool {
+        !self.faults.fences_until_sync && !self.faults.busy_until_sync
     }
 
     /// After a synchronization: no mapping is busy, no event is needed.
@@ -378,6 +466,7 @@ impl Stitch {
         for (_, (ev, _)) in self.marks.drain() {
             dev.destroy_event(ev);
         }
+        self.passed.clear();
         self.busy_unsettled = false;
     }
 
@@ -415,6 +504,7 @@ impl Stitch {
             if let Some((ev, _)) = self.marks.remove(&s) {
                 dev.destroy_event(ev);
             }
+            self.passed.remove(&s);
             return;
         }
         self.retired += 1;
@@ -433,7 +523,9 @@ impl Stitch {
         } else {
             record(&mut self.stats)
         };
-        let mark = if busy { record(&mut self.stats) } else { None };
+        // the stream's mark covers everything keyed on it: busy mappings, and the fences of
+        // its blocks and bytes once it is seen complete (see "Page fences")
+        let mark = record(&mut self.stats);
         for id in blocks {
             let b = self.blocks.at_mut(id);
             b.free_stream = r;
@@ -466,8 +558,11 @@ impl Stitch {
         if let Some((old, _)) = self.marks.remove(&s) {
             dev.destroy_event(old);
         }
+        // what was learned of the old stream says nothing of a new one with its handle
+        self.passed.remove(&s);
         if let Some(m) = mark {
             self.marks.insert(r, (m, self.seq));
+            self.busy_unsettled = true;
         }
         for mp in self.maps.iter_mut().flatten() {
             if mp.busy_until <= epoch {

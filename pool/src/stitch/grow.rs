@@ -136,15 +136,22 @@ impl Stitch {
             if mp.pages.iter().any(|&q| self.page(q).run > 1) {
                 continue;
             }
-            // the head: after the last block of the first page that stays
-            let p0 = self.page(mp.pages[0]);
-            let kept_end = p0
-                .occ
-                .iter()
-                .filter(|(_, (_, a))| stays(*a))
-                .map(|(_, &(e, _))| e)
-                .max();
-            if kept_end.is_some() && p0.class != LARGE {
+            // the block starts after the last block of its first page that stays (a page of
+            // large blocks); no other page of the mapping holds a block that stays
+            let mut kept_end = None;
+            let mut others = false;
+            for (i, &q) in mp.pages.iter().enumerate() {
+                for &(e, a) in self.page(q).occ.values() {
+                    if stays(a) {
+                        if i == 0 {
+                            kept_end = kept_end.max(Some(e));
+                        } else {
+                            others = true;
+                        }
+                    }
+                }
+            }
+            if others || kept_end.is_some() && self.page(mp.pages[0]).class != LARGE {
                 continue;
             }
             let off = round_up(kept_end.unwrap_or(0), ALIGN);
@@ -159,21 +166,14 @@ impl Stitch {
             if best.as_ref().is_some_and(|b| b.missing < missing) {
                 continue;
             }
-            // every other page: free or cached bytes only
+            // the cached blocks after the head are dissolved
             let mut victims: Vec<u64> = Vec::new();
             let mut bytes = 0;
-            let mut ok = true;
-            for (k, &q) in mp.pages.iter().enumerate() {
-                let from = if k == 0 { off } else { 0 };
+            for (i, &q) in mp.pages.iter().enumerate() {
+                let from = if i == 0 { off } else { 0 };
                 for &(e, a) in self.page(q).occ.values() {
-                    if e <= from {
-                        continue;
-                    }
-                    if stays(a) {
-                        ok = false;
-                        break;
-                    }
-                    if !victims.contains(&a)
+                    if e > from
+                        && !victims.contains(&a)
                         && self
                             .blocks
                             .get(a)
@@ -183,12 +183,6 @@ impl Stitch {
                         bytes += self.blocks.get(a).map_or(0, |b| b.size);
                     }
                 }
-                if !ok {
-                    break;
-                }
-            }
-            if !ok {
-                continue;
             }
             if best
                 .as_ref()

@@ -28,10 +28,10 @@
 //! synchronization, or by making that stream wait on an event recorded on `s` when the block
 //! changes streams (it covers the free; `cudaStreamWaitEvent`, no host synchronization, and
 //! no event at all on the same-stream fast path). Bytes of dissolved blocks carry the same
-//! condition as a per-page fence, and the mapping such a block was in stays mapped until a
+//! condition as a per-page fence, and the mapping such a block was in stays mapped, until a
 //! synchronization, or until an event recorded on the stream after the free is seen complete
-//! (its addresses are what the stream may still use; the other mappings of its pages are not
-//! held for it: see `fences`). No synchronization during capture.
+//! (the mapping's addresses are what the stream may still use; the other mappings of its pages
+//! are not held for it: see `fences`). No synchronization during capture.
 
 use crate::blocks::{BState, Block, Blocks, SizeLists};
 use crate::device::{Device, DeviceError, EventId, Handle, Stream};
@@ -261,6 +261,11 @@ pub struct Faults {
     /// as if they were cached (the new block overlaps them): proves the checks of growing
     /// in place can fail.
     pub grow_over_live: bool,
+    /// Keep the page fences of dissolved stream-ordered bytes (and the busy marks of frees
+    /// whose stream is known past them) until a synchronization, whatever the events recorded
+    /// on their streams say (the rule before those events cleared them; not a safety fault:
+    /// it proves the test that such pages go back without a synchronization can fail).
+    pub fences_until_sync: bool,
 }
 
 impl Faults {
@@ -326,6 +331,15 @@ pub struct Stitch {
     busy_unsettled: bool,
     /// streams retired so far (see `fences`, "Retired streams"): the next retired id
     retired: u64,
+    /// per stream: the newest free it is known to have passed (an event recorded after it
+    /// seen complete, see `fences`, "Page fences"), in this epoch
+    passed: FxMap<Stream, u64>,
+    /// busy mappings ended and fences passed by events so far (what may leave a page
+    /// releasable within an epoch besides `budget::release_possible`'s key)
+    settled: u64,
+    /// the count of allocations and frees at which the budget next asks about them (see
+    /// `keep_budget`)
+    next_settle: u64,
     faults: Faults,
     /// `faults.any()`, kept for the fast path
     faults_on: bool,
@@ -391,7 +405,7 @@ pub struct Stitch {
     idle_gen: u64,
     /// (epoch, flushed epoch, pages, mappings, repairs, bytes kept) at which dissolving the
     /// cache was found to free no page (see `budget::release_possible`)
-    stuck_key: Option<(u64, u64, u64, u64, u64, u64)>,
+    stuck_key: Option<(u64, u64, u64, u64, u64, u64, u64)>,
     /// (allocations, cache hits) when the layout was last forgotten (see `quiet`)
     layout_mark: (u64, u64),
     stats: Stats,
@@ -446,6 +460,9 @@ impl Stitch {
             marks: FxMap::default(),
             busy_unsettled: false,
             retired: 0,
+            passed: FxMap::default(),
+            settled: 0,
+            next_settle: 0,
             faults: Faults::default(),
             faults_on: false,
             last_taken: None,
@@ -742,6 +759,8 @@ impl Policy for Stitch {
     fn note_process_sync(&mut self) {
         self.stats.process_syncs += 1;
         self.epoch += 1;
+        // every fence and busy mark is of an earlier epoch now
+        self.passed.clear();
         self.frees_since_sync = false;
     }
 

@@ -25,12 +25,37 @@ pub fn serve(
     window: usize,
     wait_every: u64,
 ) -> (u64, Vec<u64>) {
+    let run = serve_shrinking(p, dev, steps, (window, steps, window), wait_every);
+    (run.most_mappings, run.live)
+}
+
+/// What [`serve_shrinking`] saw.
+pub struct Served {
+    /// the most mappings the pool held after an allocation
+    pub most_mappings: u64,
+    /// the most pages the pool held after an allocation
+    pub most_pages: u64,
+    /// the blocks still live, oldest first
+    pub live: Vec<u64>,
+}
+
+/// [`serve`] whose live window shrinks: `(window, shrink_at, shrunk)` frees the oldest of
+/// `window` live blocks before each allocation, and of `shrunk` from allocation `shrink_at`
+/// on (`busy_maps.c`'s `WINDOW SHRINK_AT SHRUNK`).
+pub fn serve_shrinking(
+    p: &mut Stitch,
+    dev: &mut AccountingDevice,
+    steps: u64,
+    (window, shrink_at, shrunk): (usize, u64, usize),
+    wait_every: u64,
+) -> Served {
     let freed = FreeMode::Async { stream: STREAM };
     let mut sizes = XorShift(SEED);
-    let mut most = 0;
+    let (mut most_mappings, mut most_pages) = (0, 0);
     let mut live = std::collections::VecDeque::new();
     for step in 0..steps {
-        if live.len() >= window {
+        let w = if step < shrink_at { window } else { shrunk };
+        while live.len() >= w {
             let a = live.pop_front().unwrap();
             dev.check_free(a, freed);
             p.free(dev, a, freed).unwrap();
@@ -48,10 +73,15 @@ pub fn serve(
             .addr;
         dev.check_alloc(a, size, STREAM);
         live.push_back(a);
-        most = most.max(p.mappings());
+        most_mappings = most_mappings.max(p.mappings());
+        most_pages = most_pages.max(p.pages());
         if wait_every > 0 && (step + 1) % wait_every == 0 {
             dev.stream_sync(STREAM);
         }
     }
-    (most, live.into())
+    Served {
+        most_mappings,
+        most_pages,
+        live: live.into(),
+    }
 }
