@@ -1030,8 +1030,14 @@ pub(crate) fn finish_before_exit() -> bool {
     if WRITER_GONE.load(Ordering::Acquire) {
         return false;
     }
-    EXIT_ASKER.store(slots::own_slot().into_raw(), Ordering::Release);
-    // A second thread's `_exit` meanwhile waits for the first one's answer.
+    // A second thread's `_exit` meanwhile waits for the first one's answer (the first one's
+    // slot is the one the drain gives up at once).
+    let _ = EXIT_ASKER.compare_exchange(
+        std::ptr::null_mut(),
+        slots::own_slot().into_raw(),
+        Ordering::AcqRel,
+        Ordering::Acquire,
+    );
     let _ = EXIT_ASK.compare_exchange(ASK_NONE, ASK_WAITING, Ordering::AcqRel, Ordering::Acquire);
     if let Some(t) = sh.writer.get() {
         t.unpark();
