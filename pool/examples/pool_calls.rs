@@ -1,9 +1,10 @@
 //! Where a trace's driver calls go: every allocation (or free) that makes driver calls on the
 //! tight pool, with its index, size, live and held bytes, and the calls by kind.
 //!
-//! `cargo run --release -p vramshim-pool --example pool_calls -- TRACE.csv [sync|async] [FROM] [runs] [layers]`
+//! `cargo run --release -p vramshim-pool --example pool_calls -- TRACE.csv [sync|async] [FROM] [runs] [nolayers]`
 //! (`FROM`: the first allocation index listed; default: the second half; `runs`: the arena
-//! grows by runs of pages, `Stitch::with_runs`; `layers`: `Stitch::with_layers`).
+//! grows by runs of pages, `Stitch::with_runs`; `nolayers`: `Stitch::with_layers(false)`, the
+//! layer replay being on by default). Every free reaches the pool (no thread caches).
 
 mod common;
 
@@ -32,10 +33,10 @@ fn kinds(c: &CallCounts) -> String {
 fn main() {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     let runs = args.iter().any(|a| a == "runs");
-    let layers = args.iter().any(|a| a == "layers");
-    args.retain(|a| a != "runs" && a != "layers");
+    let layers = !args.iter().any(|a| a == "nolayers");
+    args.retain(|a| a != "runs" && a != "layers" && a != "nolayers");
     let Some(path) = args.first() else {
-        eprintln!("usage: pool_calls TRACE.csv [sync|async] [FROM] [runs] [layers]");
+        eprintln!("usage: pool_calls TRACE.csv [sync|async] [FROM] [runs] [nolayers]");
         std::process::exit(2);
     };
     let frees = match args.get(1).map(String::as_str) {

@@ -8,8 +8,9 @@
 //! in whole pages over peak live. A pool that serves every new shape without a driver call
 //! needs at least about that much memory.
 //!
-//! `cargo run --release -p vramshim-pool --example pool_slack -- [RATIO:SLACK_MIB[:runs][:kept][:layers] ...] -- [DIR_OR_FILES...]`
-//! (default budgets: 0.05:2 0.075:2 0.10:0 0.05:16 0.05:32).
+//! `cargo run --release -p vramshim-pool --example pool_slack -- [RATIO:SLACK_MIB[:runs][:kept][:nolayers] ...] -- [DIR_OR_FILES...]`
+//! (default budgets: 0.05:2 0.075:2 0.10:0 0.05:16 0.05:32 0.05:2:runs; `:nolayers`: without
+//! the layer replay, `Stitch::with_layers(false)`, which is on by default).
 
 mod common;
 
@@ -86,9 +87,11 @@ fn main() {
     let split = args.iter().position(|a| a == "--").unwrap_or(args.len());
     let mut budgets: Vec<(f64, u64, bool, bool, bool)> = Vec::new();
     for a in &args[..split] {
-        let (spec, layers) = match a.strip_suffix(":layers") {
-            Some(s) => (s, true),
-            None => (a.as_str(), false),
+        // layers are on by default: `:nolayers` turns them off (`:layers` is the default)
+        let (spec, layers) = match (a.strip_suffix(":nolayers"), a.strip_suffix(":layers")) {
+            (Some(s), _) => (s, false),
+            (None, Some(s)) => (s, true),
+            (None, None) => (a.as_str(), true),
         };
         let (spec, kept) = match spec.strip_suffix(":kept") {
             Some(s) => (s, true),
@@ -105,7 +108,7 @@ fn main() {
             Some((r, s)) if r.is_finite() && r >= 0.0 => budgets.push((r, s, runs, kept, layers)),
             _ => {
                 eprintln!(
-                    "pool_slack: budget `{a}`: expected RATIO:SLACK_MIB[:runs][:kept][:layers] such as 0.05:2 or 0.05:2:runs"
+                    "pool_slack: budget `{a}`: expected RATIO:SLACK_MIB[:runs][:kept][:nolayers] such as 0.05:2 or 0.05:2:runs"
                 );
                 std::process::exit(2);
             }
@@ -113,12 +116,12 @@ fn main() {
     }
     if budgets.is_empty() {
         budgets = vec![
-            (0.05, 2, false, false, false),
-            (0.075, 2, false, false, false),
-            (0.10, 0, false, false, false),
-            (0.05, 16, false, false, false),
-            (0.05, 32, false, false, false),
-            (0.05, 2, true, false, false),
+            (0.05, 2, false, false, true),
+            (0.075, 2, false, false, true),
+            (0.10, 0, false, false, true),
+            (0.05, 16, false, false, true),
+            (0.05, 32, false, false, true),
+            (0.05, 2, true, false, true),
         ];
     }
     let traces = common::traces(args.get(split + 1..).unwrap_or(&[]).to_vec());
@@ -157,7 +160,7 @@ fn main() {
                     ratio * 100.0,
                     if runs { ", runs" } else { "" },
                     if kept { ", kept" } else { "" },
-                    if layers { ", layers" } else { "" },
+                    if layers { "" } else { ", no layers" },
                     r.peak_device_used as f64 / live as f64,
                     min as f64 / live as f64,
                     r.driver_calls,
