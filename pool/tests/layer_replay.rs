@@ -154,3 +154,72 @@ fn thread_caches_leave_large_frees_to_the_layer_replay() {
         live.0
     );
 }
+
+/// A loop of one large size (a run longer than any period the layer replay looks for) takes
+/// the fast path again: the pool declines it only for the first allocations of the run. When
+/// another size breaks the run, the loop's size is kept off the fast path again, so a layered
+/// sequence of the two sizes after the loop is remembered whole and replayed. On the checking
+/// device: no overlap, no early reuse.
+#[test]
+fn a_loop_of_one_large_size_takes_the_fast_path_and_layers_after_it_replay() {
+    use vramshim_pool::{FreeMode, MIB, Request};
+    let mut dev = AccountingDevice::new(80 << 30);
+    dev.set_checking(true);
+    let mut p = Stitch::tight();
+    let free = FreeMode::Async { stream: 0 };
+    let alloc = |p: &mut Stitch, dev: &mut AccountingDevice, size: u64| -> (u64, bool) {
+        let (a, fast) = match p.alloc_cached(size, 0) {
+            Some(a) => (a, true),
+            None => (
+                p.alloc_missed(dev, Request { size, stream: 0 })
+                    .unwrap()
+                    .addr,
+                false,
+            ),
+        };
+        dev.check_alloc(a, size, 0);
+        (a, fast)
+    };
+    // a block live throughout: no round ends
+    let _anchor = alloc(&mut p, &mut dev, 4096);
+    // four at a time: four freed blocks of the loop's size stay cached after it, which the
+    // fast path would keep handing to the layers below if the size were not kept off it again
+    let mut declined = 0;
+    for _ in 0..125 {
+        let mut four = Vec::new();
+        for _ in 0..4 {
+            let (a, fast) = alloc(&mut p, &mut dev, 8 * MIB);
+            declined += u32::from(!fast);
+            four.push(a);
+        }
+        for a in four {
+            dev.check_free(a, free);
+            p.free(&mut dev, a, free).unwrap();
+        }
+    }
+    // layers of two sizes, the second block of each living into the next layer
+    let mut prev: Option<u64> = None;
+    for _ in 0..12 {
+        let (a, _) = alloc(&mut p, &mut dev, 6 * MIB);
+        let (b, _) = alloc(&mut p, &mut dev, 8 * MIB);
+        for x in prev.into_iter().chain([a]) {
+            dev.check_free(x, free);
+            p.free(&mut dev, x, free).unwrap();
+        }
+        prev = Some(b);
+    }
+    eprintln!(
+        "the loop's 500 allocations: {declined} declined by the fast path; then {} layer replays",
+        p.layer_replays()
+    );
+    assert!(
+        dev.violations().is_empty(),
+        "{:?}",
+        dev.violations().first()
+    );
+    assert!(declined < 100, "{declined} of 500 declined");
+    assert!(
+        p.layer_replays() > 0,
+        "the layers after the loop were not replayed"
+    );
+}

@@ -47,6 +47,9 @@ pub(super) struct Layers {
     n: u64,
     /// how many of the latest large allocations in a row had the size of the one before them
     same: u32,
+    /// the size of that run when it is too long for any period of two sizes or more: its
+    /// next allocation may take the fast path (see `note_layer`)
+    loose: Option<u64>,
     /// allocations served at a place of two periods before
     pub(super) replays: u64,
 }
@@ -57,6 +60,7 @@ impl Default for Layers {
             ring: vec![(0, 0, 0, 0); RING],
             n: 0,
             same: 0,
+            loose: None,
             replays: 0,
         }
     }
@@ -67,6 +71,7 @@ impl Layers {
     pub(super) fn clear(&mut self) {
         self.n = 0;
         self.same = 0;
+        self.loose = None;
     }
 
     /// The shortest period `p` (of at least two sizes) over which the sequence, with one
@@ -174,6 +179,25 @@ impl Stitch {
         };
         let va = self.map(m).va;
         self.layers.push(size, m, va, off);
+        // A run of one size longer than any period looked for (a loop of one large request):
+        // its next allocation of this size cannot be given a layer's place (`period` starts
+        // past the run), so it may take the fast path unremembered, until another size breaks
+        // the run and its size is kept off the fast path again (a loop of the pool's
+        // benchmarks: 8 MiB pairs would each take the general path).
+        if self.layers.same == 0
+            && let Some(run) = self.layers.loose.take()
+        {
+            self.next_off_fast_path(run);
+        }
+        if self.layers.same as usize + 3 > MAX_PERIOD {
+            self.layers.loose = Some(size);
+        } else {
+            self.next_off_fast_path(size);
+        }
+    }
+
+    /// The next allocation of `size` goes through the general path.
+    fn next_off_fast_path(&mut self, size: u64) {
         if let Some(l) = self.sizes.find(size) {
             let sl = self.sizes.at_mut(l);
             sl.replay_next = sl.allocs;
