@@ -135,10 +135,12 @@ fn trim_leaves_no_event_behind() {
 /// follows the shrink within the run). Returns (pages at the end, most pages, budget at the
 /// end, events recorded) and the device.
 fn shrinking(faults: Faults, wait: u64) -> ((u64, u64, u64, u64), AccountingDevice) {
-    let mut p = Stitch::new().with_budget(Some(vramshim_pool::stitch::Budget {
-        window: 2048,
-        ..Default::default()
-    }));
+    let mut p = Stitch::new()
+        .with_budget(Some(vramshim_pool::stitch::Budget {
+            window: 2048,
+            ..Default::default()
+        }))
+        .with_event_settles(true);
     p.set_faults(faults);
     let mut dev = AccountingDevice::new(1 << 30);
     dev.set_checking(true);

@@ -98,11 +98,14 @@ fn unreached_fault_switches_change_nothing() {
                 ..Faults::default()
             },
         ),
-        // (`busy_done_unasked` is reached: above its budget the pool asks about the events of
-        // its page fences, and t5's stream-ordered run, one stream, takes one driver call
-        // fewer with them taken for complete unasked)
-        // no trace waits for a stream alone: the events recorded on streams complete only at
-        // a synchronization, which ends every fence itself
+        (
+            "busy_done_unasked",
+            Faults {
+                busy_done_unasked: true,
+                ..Faults::default()
+            },
+        ),
+        // the events of page fences are asked only with `Stitch::with_event_settles`
         (
             "fences_until_sync",
             Faults {

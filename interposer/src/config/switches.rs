@@ -29,6 +29,7 @@ const SWITCHES: &[(&str, &[&str])] = &[
             "busy-until-sync",
             "ignore-retired",
             "fences-until-sync",
+            "event-settles",
             "no-layers",
             "layers-over-live",
             // Peer access (`pool::on_peer_access`).

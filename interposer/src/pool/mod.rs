@@ -531,7 +531,8 @@ fn create_pool(pools: &mut Pools, req: &request::Request) -> Result<(), String> 
                     .with_budget(budget)
                     .with_runs(rules.runs)
                     .with_kept(rules.kept)
-                    .with_layers(!rules.no_layers);
+                    .with_layers(!rules.no_layers)
+                    .with_event_settles(rules.event_settles);
                 pools.devs[d] = Some(DevicePool {
                     policy,
                     dev,
@@ -566,8 +567,15 @@ fn debug_faults() -> Option<(vramshim_pool::stitch::Faults, DebugRules)> {
         mut runs,
         mut kept,
         mut no_layers,
+        mut event_settles,
     } = DebugRules::default();
     let mut what = Vec::new();
+    // Above its budget the pool asks its streams' events whether they passed the frees of
+    // busy mappings and page fences (`Stitch::with_event_settles`, off by default).
+    if switch_on("VRAMSHIM_POOL_DEBUG", "event-settles") {
+        event_settles = true;
+        what.push("asks its streams' events above its budget");
+    }
     // The layer replay (a repeated sequence of large requests within one round takes the
     // places of two periods before) off: the pool as before it, thread caches kept.
     if switch_on("VRAMSHIM_POOL_DEBUG", "no-layers") {
@@ -676,6 +684,7 @@ fn debug_faults() -> Option<(vramshim_pool::stitch::Faults, DebugRules)> {
             runs,
             kept,
             no_layers,
+            event_settles,
         },
     ))
 }
@@ -687,6 +696,7 @@ struct DebugRules {
     runs: bool,
     kept: bool,
     no_layers: bool,
+    event_settles: bool,
 }
 
 /// Bit `d`: device `d` has a pool (set when made, cleared when reset).

@@ -1574,22 +1574,24 @@ fn busy_maps_model(steps: u64, window: usize, wait: u64, old: bool) -> (u64, u64
         busy_until_sync: old,
         ..Default::default()
     };
-    let (r, _) = busy_maps_model_with(steps, (window, steps, window), wait, faults);
+    let (r, _) = busy_maps_model_with(steps, (window, steps, window), wait, faults, false);
     r
 }
 
 /// [`busy_maps_model`] with the pool's `faults`, `(window, from this allocation on, shrunk
-/// window)` as the workload's `WINDOW SHRINK_AT SHRUNK`; also the most pages held after an
-/// allocation.
+/// window)` as the workload's `WINDOW SHRINK_AT SHRUNK`, with the pool asking its streams'
+/// events above its budget or not (`Stitch::with_event_settles`); also the most pages held
+/// after an allocation.
 fn busy_maps_model_with(
     steps: u64,
     (window, shrink_at, shrunk): (usize, u64, usize),
     wait: u64,
     faults: vramshim_pool::stitch::Faults,
+    event_settles: bool,
 ) -> ((u64, u64, u64, u64, u64), u64) {
     use vramshim_pool::stitch::Stitch;
     use vramshim_pool::{AccountingDevice, Policy};
-    let mut p = Stitch::tight();
+    let mut p = Stitch::tight().with_event_settles(event_settles);
     p.set_faults(faults);
     // cuda-sim's default device
     let mut dev = AccountingDevice::new(16 << 30);
@@ -1685,13 +1687,16 @@ fn pages_of_dissolved_stream_ordered_bytes_go_back_live_without_a_synchronizatio
     let args = [steps, window as u64, wait, shrink_at, shrunk as u64].map(|v| v.to_string());
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut pages_at_end = Vec::new();
-    for (old, switch) in [(false, "no-tcache"), (true, "fences-until-sync")] {
+    for (old, switch) in [
+        (false, "event-settles"),
+        (true, "event-settles,fences-until-sync"),
+    ] {
         let faults = vramshim_pool::stitch::Faults {
             fences_until_sync: old,
             ..Default::default()
         };
         let (model, most_pages) =
-            busy_maps_model_with(steps, (window, shrink_at, shrunk), wait, faults);
+            busy_maps_model_with(steps, (window, shrink_at, shrunk), wait, faults, true);
         let name = format!("pool-busy-pages-{switch}");
         let o = run(
             &exe,

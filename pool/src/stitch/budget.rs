@@ -203,7 +203,8 @@ impl Stitch {
         // (and events recorded) at most once per SETTLE_EVERY allocations and frees, each ask
         // a scan of the pool's mappings and pages
         let n = self.stats.allocs + self.stats.frees;
-        if self.busy_unsettled && n >= self.next_settle && !dev.is_capturing() {
+        if self.event_settles && self.busy_unsettled && n >= self.next_settle && !dev.is_capturing()
+        {
             self.next_settle = n + SETTLE_EVERY;
             self.settle_busy(dev);
         }

@@ -452,9 +452,10 @@ impl Stitch {
     }
 
     /// Whether the events recorded on streams clear page fences (and spare busy marks of
-    /// frees known passed): off under either switch of the rules before those events.
+    /// frees known passed): only with `Stitch::with_event_settles`, and off under either
+    /// switch of the rules before those events.
     fn fences_by_events(&self) -> bool {
-        !self.faults.fences_until_sync && !self.faults.busy_until_sync
+        self.event_settles && !self.faults.fences_until_sync && !self.faults.busy_until_sync
     }
 
     /// After a synchronization: no mapping is busy, no event is needed.

@@ -340,6 +340,9 @@ pub struct Stitch {
     /// the count of allocations and frees at which the budget next asks about them (see
     /// `keep_budget`)
     next_settle: u64,
+    /// above the budget, ask the streams' events (throttled) whether they passed the frees
+    /// of busy mappings and page fences (`with_event_settles`)
+    event_settles: bool,
     faults: Faults,
     /// `faults.any()`, kept for the fast path
     faults_on: bool,
@@ -463,6 +466,7 @@ impl Stitch {
             passed: FxMap::default(),
             settled: 0,
             next_settle: 0,
+            event_settles: false,
             faults: Faults::default(),
             faults_on: false,
             last_taken: None,
@@ -541,6 +545,19 @@ impl Stitch {
     /// unused mapping by mapping only the pages missing at its end (see `grow`).
     pub fn with_grow(mut self, on: bool) -> Self {
         self.grow_on = on;
+        self
+    }
+
+    /// Above its budget, ask (at most once per 64 allocations and frees) the events recorded
+    /// on the streams of busy mappings and page fences whether the streams passed those frees,
+    /// and let the answers end the busy marks and clear the fences (see `fences`, "Page
+    /// fences"): a process that never synchronizes the device then gives such pages back.
+    /// Off by default: the answers depend on how far the device has run, so the driver calls
+    /// of a run would no longer follow from its requests alone (`vramshim replay`'s model
+    /// completes an event only at a synchronization; on cuda-sim t5's stream-ordered replay
+    /// makes one call fewer live than modelled with it on).
+    pub fn with_event_settles(mut self, on: bool) -> Self {
+        self.event_settles = on;
         self
     }
 
