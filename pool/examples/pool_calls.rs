@@ -1,9 +1,11 @@
 //! Where a trace's driver calls go: every allocation (or free) that makes driver calls on the
 //! tight pool, with its index, size, live and held bytes, and the calls by kind.
 //!
-//! `cargo run --release -p vramshim-pool --example pool_calls -- TRACE.csv [sync|async] [FROM] [runs] [layers] [grow]`
+//! `cargo run --release -p vramshim-pool --example pool_calls -- TRACE.csv [sync|async] [FROM] [runs] [nolayers] [grow]`
 //! (`FROM`: the first allocation index listed; default: the second half; `runs`: the arena
-//! grows by runs of pages, `Stitch::with_runs`; `layers`: `Stitch::with_layers`; `grow`: `Stitch::with_grow`).
+//! grows by runs of pages, `Stitch::with_runs`; `nolayers`: `Stitch::with_layers(false)`, the
+//! layer replay being on by default; `grow`: `Stitch::with_grow`). Every free reaches the pool
+//! (no thread caches).
 
 mod common;
 
@@ -32,11 +34,11 @@ fn kinds(c: &CallCounts) -> String {
 fn main() {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     let runs = args.iter().any(|a| a == "runs");
-    let layers = args.iter().any(|a| a == "layers");
+    let layers = !args.iter().any(|a| a == "nolayers");
     let grow = args.iter().any(|a| a == "grow");
-    args.retain(|a| a != "runs" && a != "layers" && a != "grow");
+    args.retain(|a| a != "runs" && a != "layers" && a != "nolayers" && a != "grow");
     let Some(path) = args.first() else {
-        eprintln!("usage: pool_calls TRACE.csv [sync|async] [FROM] [runs] [layers] [grow]");
+        eprintln!("usage: pool_calls TRACE.csv [sync|async] [FROM] [runs] [nolayers] [grow]");
         std::process::exit(2);
     };
     let frees = match args.get(1).map(String::as_str) {

@@ -13,7 +13,7 @@
 //! `cargo run --release -p vramshim-pool --example pool_pair -- [PAIRS] [RUNS]`: one markdown
 //! table, CPU ns per pair (thread CPU time / pairs, median of RUNS), with the driver calls
 //! and pool synchronizations per 1000 pairs of the timed loop.
-//! `pool_pair --one tight|no-budget sync|async live|idle PAIRS`: one cell, no output (for
+//! `pool_pair --one tight|no-budget|tight-nolayers sync|async live|idle PAIRS`: one cell, no output (for
 //! `valgrind --tool=callgrind`: instructions per pair = (Ir of a long run - Ir of a short
 //! run) / the difference in pairs; `scripts/bench pool` prints it).
 
@@ -21,8 +21,9 @@ use vramshim_pool::stitch::Stitch;
 use vramshim_pool::{ANY_STREAM, AccountingDevice, FreeMode, GIB, Policy, Request, Stream};
 
 const SIZES: [u64; 3] = [4096, 1 << 20, 8 << 20];
-/// `tight`: `Stitch::tight()` (a budget over live bytes); `no-budget`: `Stitch::new()`.
-const POOLS: [&str; 2] = ["tight", "no-budget"];
+/// `tight`: `Stitch::tight()` (a budget over live bytes); `no-budget`: `Stitch::new()`;
+/// `tight-nolayers`: the tight pool without its layer replay (`Stitch::with_layers(false)`).
+const POOLS: [&str; 3] = ["tight", "no-budget", "tight-nolayers"];
 
 /// CPU time of the calling thread in ns (/proc/thread-self/schedstat: time on CPU).
 fn thread_cpu_ns() -> u128 {
@@ -35,6 +36,7 @@ fn thread_cpu_ns() -> u128 {
 fn pool(name: &str) -> Stitch {
     match name {
         "no-budget" => Stitch::new(),
+        "tight-nolayers" => Stitch::tight().with_layers(false),
         _ => Stitch::tight(),
     }
 }
@@ -105,7 +107,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: pool_pair [PAIRS] [RUNS]\n       pool_pair --one tight|no-budget sync|async live|idle PAIRS"
+        "usage: pool_pair [PAIRS] [RUNS]\n       pool_pair --one tight|no-budget|tight-nolayers sync|async live|idle PAIRS"
     );
     std::process::exit(2);
 }

@@ -8,8 +8,10 @@
 //! in whole pages over peak live. A pool that serves every new shape without a driver call
 //! needs at least about that much memory.
 //!
-//! `cargo run --release -p vramshim-pool --example pool_slack -- [RATIO:SLACK_MIB[:runs][:kept][:layers][:grow] ...] -- [DIR_OR_FILES...]`
-//! (default budgets: 0.05:2 0.075:2 0.10:0 0.05:16 0.05:32).
+//! `cargo run --release -p vramshim-pool --example pool_slack -- [RATIO:SLACK_MIB[:runs][:kept][:nolayers][:grow] ...] -- [DIR_OR_FILES...]`
+//! (default budgets: 0.05:2 0.075:2 0.10:0 0.05:16 0.05:32 0.05:2:runs; `:nolayers`: without
+//! the layer replay, `Stitch::with_layers(false)`, which is on by default; `:grow`:
+//! `Stitch::with_grow`).
 
 mod common;
 
@@ -90,9 +92,11 @@ fn main() {
             Some(s) => (s, true),
             None => (a.as_str(), false),
         };
-        let (spec, layers) = match spec.strip_suffix(":layers") {
-            Some(s) => (s, true),
-            None => (spec, false),
+        // layers are on by default: `:nolayers` turns them off (`:layers` is the default)
+        let (spec, layers) = match (spec.strip_suffix(":nolayers"), spec.strip_suffix(":layers")) {
+            (Some(s), _) => (s, false),
+            (None, Some(s)) => (s, true),
+            (None, None) => (spec, true),
         };
         let (spec, kept) = match spec.strip_suffix(":kept") {
             Some(s) => (s, true),
@@ -111,7 +115,7 @@ fn main() {
             }
             _ => {
                 eprintln!(
-                    "pool_slack: budget `{a}`: expected RATIO:SLACK_MIB[:runs][:kept][:layers][:grow] such as 0.05:2 or 0.05:2:runs"
+                    "pool_slack: budget `{a}`: expected RATIO:SLACK_MIB[:runs][:kept][:nolayers][:grow] such as 0.05:2 or 0.05:2:runs"
                 );
                 std::process::exit(2);
             }
@@ -119,12 +123,12 @@ fn main() {
     }
     if budgets.is_empty() {
         budgets = vec![
-            (0.05, 2, false, false, false, false),
-            (0.075, 2, false, false, false, false),
-            (0.10, 0, false, false, false, false),
-            (0.05, 16, false, false, false, false),
-            (0.05, 32, false, false, false, false),
-            (0.05, 2, true, false, false, false),
+            (0.05, 2, false, false, true, false),
+            (0.075, 2, false, false, true, false),
+            (0.10, 0, false, false, true, false),
+            (0.05, 16, false, false, true, false),
+            (0.05, 32, false, false, true, false),
+            (0.05, 2, true, false, true, false),
         ];
     }
     let traces = common::traces(args.get(split + 1..).unwrap_or(&[]).to_vec());
@@ -164,7 +168,7 @@ fn main() {
                     ratio * 100.0,
                     if runs { ", runs" } else { "" },
                     if kept { ", kept" } else { "" },
-                    if layers { ", layers" } else { "" },
+                    if layers { "" } else { ", no layers" },
                     if grow { ", grow" } else { "" },
                     r.peak_device_used as f64 / live as f64,
                     min as f64 / live as f64,

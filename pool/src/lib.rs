@@ -287,6 +287,12 @@ pub trait Policy: Send {
     /// that key freed memory on streams order it by an event recorded on `stream` now (or
     /// leave it to a synchronization).
     fn retire_stream(&mut self, _dev: &mut dyn Device, _stream: Stream) {}
+    /// The requested sizes a caller keeping frees aside may keep: those under this (see
+    /// [`thread_cache`]); `u64::MAX`: any. `Stitch` with its layer replay acting asks to see
+    /// every free of a page or more (`Stitch::aside_below`).
+    fn aside_below(&self) -> u64 {
+        u64::MAX
+    }
     /// Whether the live library keeps per-thread caches of stream-ordered frees in front of
     /// this policy as configured ([`thread_cache`]): `replay::run_with` then runs them in
     /// front of it, so that it predicts what the library does. Only the interposer's pool

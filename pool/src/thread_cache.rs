@@ -12,7 +12,9 @@
 //! thread caches differ").
 //!
 //! The rules ([`Rules::LIVE`]) are the live caches': a cache keeps [`SLOTS`] frees, only
-//! stream-ordered ones (`cudaFreeAsync`), and serves only stream-ordered requests
+//! stream-ordered ones (`cudaFreeAsync`) of a requested size the pool lets a caller keep
+//! ([`may_keep`] with `Policy::aside_below`: under a page while the tight pool's layer replay
+//! acts, which must see every large allocation), and serves only stream-ordered requests
 //! (`cudaMallocAsync`: never one on [`ANY_STREAM`]); a hit is the newest kept free of the same
 //! requested size and stream; everything kept is given back, in free order, with the hits
 //! counted into the pool's budget windows (`Policy::note_aside_hits`), before the pool serves
@@ -34,6 +36,13 @@ pub const SLOTS: usize = 8;
 
 /// Hits a cache serves before its thread gives back what it keeps (as the interposer's).
 pub const HIT_BATCH: u64 = 4096;
+
+/// Whether a cache may keep a free of `size` requested bytes, the pool letting a caller keep
+/// those under `below` (`Policy::aside_below`): the rule both forms of the caches apply.
+#[inline(always)]
+pub fn may_keep(size: u64, below: u64) -> bool {
+    size < below
+}
 
 /// The frees one cache keeps, oldest first (the order they were freed in), at most [`SLOTS`],
 /// and the rule of a hit: the newest that matches. The storage both forms of the caches use:
@@ -127,6 +136,10 @@ pub struct Rules {
     /// (false: `tcache-keep-retired`; a free kept on the destroyed stream is then served to a
     /// request on a new stream that got its handle, unordered).
     pub give_back_at_retire: bool,
+    /// Keep frees of any size, also those the pool asks to see (`Policy::aside_below`; not a
+    /// live rule: what the caches did before the tight pool's layer replay needed every
+    /// large free, kept to measure and to prove the tests of that limit can fail).
+    pub keep_large: bool,
 }
 
 impl Rules {
@@ -138,6 +151,7 @@ impl Rules {
         count_hits: true,
         give_back_at_sync: false,
         give_back_at_retire: true,
+        keep_large: false,
     };
 
     /// No cache: every free reaches the pool (what the live library runs with under the
@@ -246,9 +260,10 @@ impl ThreadCache {
     }
 
     /// Free the block at `addr` (`size` requested, `granted` handed out) as the live library
-    /// does: a stream-ordered free is kept while there is room (and everything kept is given
-    /// back at once if its bytes reach the pool's round watch); any other free reaches the
-    /// pool after the cache gave back what it kept. Err: the pool's.
+    /// does: a stream-ordered free of a size the pool lets a caller keep ([`may_keep`]) is
+    /// kept while there is room (and everything kept is given back at once if its bytes reach
+    /// the pool's round watch); any other free reaches the pool after the cache gave back what
+    /// it kept. Err: the pool's.
     pub fn free<P: Policy + ?Sized>(
         &mut self,
         p: &mut P,
@@ -260,6 +275,7 @@ impl ThreadCache {
     ) -> Result<Freed, PoolError> {
         if let FreeMode::Async { stream } = mode
             && self.kept.len() < self.rules.slots
+            && (self.rules.keep_large || may_keep(size, p.aside_below()))
             && self.kept.push(Kept {
                 addr,
                 size,

@@ -235,7 +235,7 @@ fn replay_runs_the_thread_caches_in_front_of_the_tight_pool() {
         7 * MIB,
         20 * MIB,
     ];
-    let mut differ = 0;
+    let (mut differ, mut served) = (0, 0);
     for _ in 0..40 {
         let round: Vec<Event> = one_stream_round(&mut r, &sizes)
             .into_iter()
@@ -272,10 +272,14 @@ fn replay_runs_the_thread_caches_in_front_of_the_tight_pool() {
         let without = replayed(&mut Stitch::tight().with_thread_caches(false));
         assert_eq!(with, behind(Rules::LIVE));
         assert_eq!(without, behind(Rules::NONE));
-        assert!(with.2 > 0, "the caches served nothing");
+        // (with the layer replay the caches keep only frees under a page: a round whose small
+        // blocks never meet their twins on the stream gets no hit)
+        served += u32::from(with.2 > 0);
         assert_eq!(without.2, 0);
         differ += u32::from(with.0 != without.0);
     }
+    eprintln!("of 40 rounds: the caches served {served}, changed the calls of {differ}");
+    assert!(served > 0, "the caches served nothing");
     assert!(differ > 0, "the caches changed no round's driver calls");
     let mut faulty = Stitch::tight();
     faulty.set_faults(vramshim_pool::stitch::Faults {

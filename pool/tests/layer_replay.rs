@@ -1,5 +1,6 @@
-//! The layer replay (`Stitch::with_layers`): within one round, a repeated sequence of large
-//! requests takes the places of two periods before (else of one period before). On the
+//! The layer replay (`Stitch::with_layers`, on by default): within one round, a repeated
+//! sequence of large requests takes the places of two periods before (else of one period
+//! before). On the
 //! checking device every shared trace and GPU recording, under both free semantics, completes
 //! with no overlap, no early reuse and nothing leaked, within 1.10 x peak live on an 80 GiB
 //! device, on a device no smaller than the pool without it needs, and with no driver call
@@ -9,12 +10,15 @@
 //! Broken on purpose (`Faults::replay_over_live` with layers on: a remembered place taken over
 //! a live block), the checking device reports the overlap on bert_serve, which the same
 //! switch without layers leaves clean (its one long round has no round to replay).
+//! The thread caches keep only frees under a page while it acts (`Policy::aside_below`): on
+//! bert_serve stream-ordered, caches that keep every size (`Rules::keep_large`) make more calls.
 
 mod common;
 
 use common::{later_pass_calls, run_clean_within_1_10, traces};
 use vramshim_pool::replay::{self, Frees};
 use vramshim_pool::stitch::{Faults, Stitch};
+use vramshim_pool::thread_cache::{self, Rules, ThreadCache};
 use vramshim_pool::{AccountingDevice, Policy};
 
 fn layered() -> Box<dyn Policy> {
@@ -22,7 +26,7 @@ fn layered() -> Box<dyn Policy> {
 }
 
 fn plain() -> Box<dyn Policy> {
-    Box::new(Stitch::tight())
+    Box::new(Stitch::tight().with_layers(false))
 }
 
 #[test]
@@ -100,5 +104,122 @@ fn checker_catches_a_layer_place_over_a_live_block_on_bert() {
             .any(|v| v.contains("overlap") || v.contains("handed out twice")),
         "{:?}",
         with.first()
+    );
+}
+
+/// bert_serve stream-ordered, one pass on the checking device behind one thread's cache
+/// following `rules`: (driver calls, layer replays, hits).
+fn bert_behind(rules: Rules) -> (u64, u64, u64) {
+    let (_, ev) = traces()
+        .into_iter()
+        .find(|(n, _)| n.contains("bert_serve"))
+        .expect("bert_serve");
+    let stream = Frees::StreamOrdered.apply(&ev);
+    let mut dev = AccountingDevice::new(80 << 30);
+    dev.set_checking(true);
+    let mut p = Stitch::tight();
+    let mut c = ThreadCache::new(rules);
+    thread_cache::run_observed(&stream, &mut p, &mut dev, &mut c, |_, _| {}).unwrap();
+    c.give_back(&mut p, &mut dev).unwrap();
+    assert!(
+        dev.violations().is_empty(),
+        "{:?}",
+        dev.violations().first()
+    );
+    (dev.calls().driver_calls(), p.layer_replays(), c.hits())
+}
+
+/// With the layer replay acting, a thread's cache keeps only frees under a page: every large
+/// allocation reaches the pool, so behind the live caches bert_serve stream-ordered makes the
+/// calls it makes with every free reaching the pool (491 a pass), while caches keeping every
+/// size serve the large blocks of layers the rule never sees (620, the pool without layers
+/// making 622). The small blocks are still served by the caches.
+#[test]
+fn thread_caches_leave_large_frees_to_the_layer_replay() {
+    let live = bert_behind(Rules::LIVE);
+    let none = bert_behind(Rules::NONE);
+    let large = bert_behind(Rules {
+        keep_large: true,
+        ..Rules::LIVE
+    });
+    eprintln!(
+        "bert_serve stream-ordered (calls, layer replays, hits): live caches {live:?}, no caches {none:?}, caches keeping every size {large:?}"
+    );
+    assert!(live.2 > 0, "the caches served nothing");
+    assert_eq!(live.0, none.0, "live caches against no caches");
+    assert!(
+        live.0 < large.0,
+        "caches keeping every size: {} calls, under a page: {}",
+        large.0,
+        live.0
+    );
+}
+
+/// A loop of one large size (a run longer than any period the layer replay looks for) takes
+/// the fast path again: the pool declines it only for the first allocations of the run. When
+/// another size breaks the run, the loop's size is kept off the fast path again, so a layered
+/// sequence of the two sizes after the loop is remembered whole and replayed. On the checking
+/// device: no overlap, no early reuse.
+#[test]
+fn a_loop_of_one_large_size_takes_the_fast_path_and_layers_after_it_replay() {
+    use vramshim_pool::{FreeMode, MIB, Request};
+    let mut dev = AccountingDevice::new(80 << 30);
+    dev.set_checking(true);
+    let mut p = Stitch::tight();
+    let free = FreeMode::Async { stream: 0 };
+    let alloc = |p: &mut Stitch, dev: &mut AccountingDevice, size: u64| -> (u64, bool) {
+        let (a, fast) = match p.alloc_cached(size, 0) {
+            Some(a) => (a, true),
+            None => (
+                p.alloc_missed(dev, Request { size, stream: 0 })
+                    .unwrap()
+                    .addr,
+                false,
+            ),
+        };
+        dev.check_alloc(a, size, 0);
+        (a, fast)
+    };
+    // a block live throughout: no round ends
+    let _anchor = alloc(&mut p, &mut dev, 4096);
+    // four at a time: four freed blocks of the loop's size stay cached after it, which the
+    // fast path would keep handing to the layers below if the size were not kept off it again
+    let mut declined = 0;
+    for _ in 0..125 {
+        let mut four = Vec::new();
+        for _ in 0..4 {
+            let (a, fast) = alloc(&mut p, &mut dev, 8 * MIB);
+            declined += u32::from(!fast);
+            four.push(a);
+        }
+        for a in four {
+            dev.check_free(a, free);
+            p.free(&mut dev, a, free).unwrap();
+        }
+    }
+    // layers of two sizes, the second block of each living into the next layer
+    let mut prev: Option<u64> = None;
+    for _ in 0..12 {
+        let (a, _) = alloc(&mut p, &mut dev, 6 * MIB);
+        let (b, _) = alloc(&mut p, &mut dev, 8 * MIB);
+        for x in prev.into_iter().chain([a]) {
+            dev.check_free(x, free);
+            p.free(&mut dev, x, free).unwrap();
+        }
+        prev = Some(b);
+    }
+    eprintln!(
+        "the loop's 500 allocations: {declined} declined by the fast path; then {} layer replays",
+        p.layer_replays()
+    );
+    assert!(
+        dev.violations().is_empty(),
+        "{:?}",
+        dev.violations().first()
+    );
+    assert!(declined < 100, "{declined} of 500 declined");
+    assert!(
+        p.layer_replays() > 0,
+        "the layers after the loop were not replayed"
     );
 }

@@ -793,7 +793,7 @@ fn checker_catches_a_layer_place_over_a_live_block() {
         caught += usize::from(overlaps_before_the_end(&mut p, &ops, GIB));
         // the same switch without layers: only the round replay's places (rounds end where
         // the weights happen to be freed) are taken over live blocks
-        let mut p = Stitch::tight();
+        let mut p = Stitch::tight().with_layers(false);
         p.set_faults(Faults {
             replay_over_live: true,
             ..Faults::default()

@@ -278,10 +278,10 @@ fn tight_pool_reforms_mappings_safely() {
             for broken in [false, true] {
                 let mut dev = vramshim_pool::AccountingDevice::new(UNLIMITED);
                 dev.set_checking(true);
-                let mut p = Stitch::tight();
                 // the tight pool re-forms no mapping that a place of its current or previous
-                // round is in (a repeated round replays those places); re-forming is what it
-                // does when it keeps no rounds, as here
+                // round, or of its layers, is in (a repeated round or layer replays those
+                // places); re-forming is what it does when it keeps neither, as here
+                let mut p = Stitch::tight().with_layers(false);
                 p.set_faults(Faults {
                     repair_used: broken,
                     forget_rounds: true,
@@ -330,6 +330,7 @@ fn tight_pool_reforms_mappings_safely() {
 /// the rounds forgotten (`Faults::forget_rounds`): replaying the previous round's places, the
 /// later passes force no growth at all (`tight_pool_replays_rounds_without_driver_calls`),
 /// so there are no forced pages to keep; keeping them serves a workload whose rounds differ.
+/// Likewise without the layer replay, which takes bert's layers' earlier places instead.
 #[test]
 fn tight_pool_keeps_pages_it_was_forced_to_take() {
     use vramshim_pool::replay::Frees;
@@ -337,7 +338,7 @@ fn tight_pool_keeps_pages_it_was_forced_to_take() {
     for (name, ev) in traces() {
         let calls = |release_forced: bool| {
             let make = || -> Box<dyn vramshim_pool::Policy> {
-                let mut p = Stitch::tight();
+                let mut p = Stitch::tight().with_layers(false);
                 p.set_faults(Faults {
                     release_forced,
                     forget_rounds: true,
@@ -368,7 +369,7 @@ fn tight_pool_keeps_pages_it_was_forced_to_take() {
         let peak = |release_forced: bool| {
             let mut dev = vramshim_pool::AccountingDevice::new(UNLIMITED);
             dev.set_checking(true);
-            let mut p = Stitch::tight();
+            let mut p = Stitch::tight().with_layers(false);
             p.set_faults(Faults {
                 release_forced,
                 forget_rounds: true,

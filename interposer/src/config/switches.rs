@@ -29,12 +29,13 @@ const SWITCHES: &[(&str, &[&str])] = &[
             "busy-until-sync",
             "ignore-retired",
             "fences-until-sync",
-            "layers",
+            "no-layers",
             "layers-over-live",
             // Peer access (`pool::on_peer_access`).
             "no-peer",
-            // The thread caches (`pool::read_mode`); any name at all, `no-tcache` the usual
-            // one, turns them off unless one of the `tcache-*` names is given.
+            // The thread caches (`pool::read_mode`); any name at all but `no-layers`,
+            // `no-tcache` the usual one, turns them off unless one of the `tcache-*` names is
+            // given.
             "tcache-any-stream",
             "tcache-no-round-end",
             "tcache-no-hits",

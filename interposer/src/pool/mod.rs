@@ -243,14 +243,13 @@ fn read_mode() -> bool {
             );
             KEEP_RETIRED.store(true, Ordering::Relaxed);
         }
+        // `no-layers` alone leaves them on: the pool as it was before its layer replay
         if any_stream || no_drain {
             tcache::configure(true, any_stream, no_drain);
         } else if !no_round_end
             && !no_hits
             && !keep_retired
-            && crate::config::switch_names("VRAMSHIM_POOL_DEBUG")
-                .next()
-                .is_some()
+            && crate::config::switch_names("VRAMSHIM_POOL_DEBUG").any(|n| n != "no-layers")
         {
             tcache::configure(false, false, false);
         }
@@ -355,6 +354,12 @@ fn publish_held(d: usize, p: &DevicePool) {
         HELD_PEAK[d].fetch_max(s.peak_reserved, Ordering::Relaxed);
     }
 }
+
+/// Per device: the requested sizes a thread's cache may keep when freed, those under this
+/// (`Policy::aside_below`: under a page while the tight pool's layer replay acts, which must
+/// see every large allocation), as of the pool's last allocation it served itself (the first
+/// is one: no block of the device is freed before it).
+static KEEP_BELOW: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(u64::MAX) }; MAX_DEVICES];
 
 /// Per device: the live bytes at which the pool's round could end
 /// (`Stitch::round_end_watch`, `u64::MAX`: none), as of the pool's last operation. A
@@ -461,6 +466,7 @@ pub(crate) fn alloc(req: &request::Request) -> Option<Result<u64, i32>> {
         };
         // the threads' caches were drained before the fast path declined: nothing changed since
         let r = p.policy.alloc_missed(&mut p.dev, r);
+        KEEP_BELOW[d].store(p.policy.aside_below(), Ordering::Relaxed);
         publish_held(d, p);
         publish_watch(d, p);
         Ok(r)
@@ -525,7 +531,7 @@ fn create_pool(pools: &mut Pools, req: &request::Request) -> Result<(), String> 
                     .with_budget(budget)
                     .with_runs(rules.runs)
                     .with_kept(rules.kept)
-                    .with_layers(rules.layers);
+                    .with_layers(!rules.no_layers);
                 pools.devs[d] = Some(DevicePool {
                     policy,
                     dev,
@@ -549,8 +555,9 @@ fn create_pool(pools: &mut Pools, req: &request::Request) -> Result<(), String> 
 /// and whether smaller blocks are carved out of kept ranges (`Stitch::with_kept`, off by
 /// default: `kept` turns it on to test it live, `kept-over-live` with the rule that a carve
 /// leaves a range's live blocks alone broken), and whether repeated layers take the places of
-/// two layers before (`Stitch::with_layers`, off by default: `layers` turns it on to test it
-/// live, `layers-over-live` with the rule that a replayed place holds no live block broken).
+/// two layers before (`Stitch::with_layers`, on by default: `no-layers` turns it off, the pool
+/// as it was before it, `layers-over-live` breaks the rule that a replayed place holds no
+/// live block).
 fn debug_faults() -> Option<(vramshim_pool::stitch::Faults, DebugRules)> {
     use crate::config::switch_on;
     use vramshim_pool::stitch::Faults;
@@ -558,18 +565,17 @@ fn debug_faults() -> Option<(vramshim_pool::stitch::Faults, DebugRules)> {
     let DebugRules {
         mut runs,
         mut kept,
-        mut layers,
+        mut no_layers,
     } = DebugRules::default();
     let mut what = Vec::new();
     // The layer replay (a repeated sequence of large requests within one round takes the
-    // places of two periods before): its live test.
-    if switch_on("VRAMSHIM_POOL_DEBUG", "layers") {
-        layers = true;
-        what.push("replays repeated layers' places");
+    // places of two periods before) off: the pool as before it, thread caches kept.
+    if switch_on("VRAMSHIM_POOL_DEBUG", "no-layers") {
+        no_layers = true;
+        what.push("does not replay repeated layers' places");
     }
-    // ... and its places taken over live blocks: the test that a replayed place holds none.
+    // Its places taken over live blocks: the test that a replayed place holds none.
     if switch_on("VRAMSHIM_POOL_DEBUG", "layers-over-live") {
-        layers = true;
         f.replay_over_live = true;
         what.push("replays places over live blocks");
     }
@@ -664,16 +670,23 @@ fn debug_faults() -> Option<(vramshim_pool::stitch::Faults, DebugRules)> {
             .escape_debug(),
         what.join(" and ")
     );
-    Some((f, DebugRules { runs, kept, layers }))
+    Some((
+        f,
+        DebugRules {
+            runs,
+            kept,
+            no_layers,
+        },
+    ))
 }
 
 /// The pool's rules that are off by default, turned on by `VRAMSHIM_POOL_DEBUG` for their
-/// live tests (see [`debug_faults`]).
+/// live tests, and the layer replay, on by default, turned off (see [`debug_faults`]).
 #[derive(Clone, Copy, Default)]
 struct DebugRules {
     runs: bool,
     kept: bool,
-    layers: bool,
+    no_layers: bool,
 }
 
 /// Bit `d`: device `d` has a pool (set when made, cleared when reset).
@@ -737,6 +750,10 @@ pub(crate) fn free(ptr: u64, stream: Option<u64>, pooled: Option<(i32, u64)>) ->
     if let (Some(s), Some((device, size))) = (stream, pooled)
         && (0..MAX_DEVICES as i32).contains(&device)
         && HAS_POOL.load(Ordering::Relaxed) & (1 << device) != 0
+        && vramshim_pool::thread_cache::may_keep(
+            size,
+            KEEP_BELOW[device as usize].load(Ordering::Relaxed),
+        )
         && let kept @ (tcache::Kept::Yes | tcache::Kept::First) = tcache::put(tcache::Freed {
             device,
             addr: ptr,

@@ -677,7 +677,9 @@ fn peer_access_applies_to_pool_mappings() {
 fn blocks_a_thread_keeps_serve_other_threads_under_the_cap() {
     // a helper thread frees 48 MiB with cudaFreeAsync (its thread cache keeps some of those
     // blocks, live to the pool) and waits; the main thread's 40 MiB cudaMalloc under a 64 MiB
-    // cap fits only in the helper's freed pages: the pool must drain the thread caches
+    // cap fits only in the helper's freed pages: the pool must drain the thread caches. The
+    // blocks are of several pages, which the caches keep only without the layer replay
+    // (`no-layers`: with it every free of a page or more reaches the pool at once).
     let exe = vramshim_testkit::temp_dir("pool_tcache_drain").join("pool_tcache_drain");
     vramshim_testkit::compile_c_to(
         &exe,
@@ -685,26 +687,23 @@ fn blocks_a_thread_keeps_serve_other_threads_under_the_cap() {
         Link::SharedRuntime,
         &["-lpthread"],
     );
-    let env = |debug: Option<&'static str>| {
-        let mut e = vec![
+    let env = |debug: &'static str| {
+        [
             ("VRAMSHIM_POOL", "stitch"),
             ("VRAMSHIM_CAP", "64MiB"),
             ("VRAMSHIM_CAP_CONTEXT", "exclude"),
             ("VRAMSIM_MEMORY", "1GiB"),
             ("VRAMSIM_CONTEXT_OVERHEAD", "0"),
-        ];
-        if let Some(d) = debug {
-            e.push(("VRAMSHIM_POOL_DEBUG", d));
-        }
-        e
+            ("VRAMSHIM_POOL_DEBUG", debug),
+        ]
     };
-    let o = run(&exe, &[], &env(None), "pool-tcache-drain");
+    let o = run(&exe, &[], &env("no-layers"), "pool-tcache-drain");
     assert_exit(&o, 0, "");
     // the same with the caches never drained is refused: the test can fail
     let o = run(
         &exe,
         &[],
-        &env(Some("tcache-no-drain")),
+        &env("no-layers,tcache-no-drain"),
         "pool-tcache-no-drain",
     );
     assert_exit(&o, 1, "");
@@ -1258,8 +1257,9 @@ fn tight_live_pool_makes_the_mirrored_thread_caches_driver_calls_on_repeated_rou
     );
 }
 
-/// The live pool with `VRAMSHIM_POOL_DEBUG=switch` against its model (`pool`, the tight pool
-/// with what `switch` turns on) on every shared trace, behind `cudaFree` and stream-ordered:
+/// The live pool with `VRAMSHIM_POOL_DEBUG=switch` (none if empty: the default) against its
+/// model (`pool`, the tight pool with what `switch` turns on) on every shared trace, behind
+/// `cudaFree` and stream-ordered:
 /// memcpy patterns kept, the model's driver calls, the simulated device's high-water mark
 /// within a page of the model's peak; and with `fault` instead some trace's patterns break.
 /// Returns the blocks the models carved out of kept ranges.
@@ -1280,7 +1280,10 @@ fn live_pool_as_its_model(
             if frees == Frees::StreamOrdered {
                 args.push("--async");
             }
-            let env = [("VRAMSIM_DEBUG", "1"), ("VRAMSHIM_POOL_DEBUG", switch)];
+            let mut env = vec![("VRAMSIM_DEBUG", "1")];
+            if !switch.is_empty() {
+                env.push(("VRAMSHIM_POOL_DEBUG", switch));
+            }
             let (o, hw) = pooled_run(&trace, None, &env, &args);
             assert_exit(&o, 0, &format!("{name} {}", frees.name()));
             assert_eq!(field(&o.stdout, "mismatches"), 0, "{name}");
@@ -1335,15 +1338,45 @@ fn live_pool_carves_kept_ranges_as_the_model() {
     assert!(carved > 0, "no trace carved a block out of a kept range");
 }
 
-/// The layer replay live (`VRAMSHIM_POOL_DEBUG=layers`: a repeated sequence of large requests
-/// within one round takes the places of two periods before) makes the model's driver calls
-/// with the model's peak, patterns intact. With replayed places taken over live blocks
-/// (`layers-over-live`: the new block shares their bytes) some trace's patterns break.
+/// The layer replay live, as by default (a repeated sequence of large requests within one
+/// round takes the places of two periods before; the thread caches keep only frees under a
+/// page meanwhile) makes the model's driver calls with the model's peak, patterns intact. With
+/// replayed places taken over live blocks (`layers-over-live`: the new block shares their
+/// bytes) some trace's patterns break. Its off switch (`no-layers`, the thread caches kept)
+/// makes the calls of the model without it on bert_serve, which differ from the default's.
 #[test]
 fn live_pool_replays_layers_as_the_model() {
-    live_pool_as_its_model("layers", "layers-over-live", || {
-        vramshim_pool::stitch::Stitch::tight().with_layers(true)
-    });
+    live_pool_as_its_model("", "layers-over-live", vramshim_pool::stitch::Stitch::tight);
+    use vramshim_pool::replay::{self, Frees};
+    let trace = vramshim_testkit::shipped_traces()
+        .into_iter()
+        .find(|t| t.to_string_lossy().contains("bert_serve"))
+        .expect("bert_serve");
+    let t = vramshim_pool::rmm_csv::parse_file(&trace).unwrap();
+    for frees in Frees::BOTH {
+        let mut args = vec!["--quiet"];
+        if frees == Frees::StreamOrdered {
+            args.push("--async");
+        }
+        let model = |layers: bool| {
+            let mut dev = vramshim_pool::AccountingDevice::new(replay::UNLIMITED);
+            let mut p = vramshim_pool::stitch::Stitch::tight().with_layers(layers);
+            let r = replay::run_with(&frees.apply(&t.events), &mut p, &mut dev);
+            assert!(r.completed);
+            (r.driver_calls, p.layer_replays())
+        };
+        let ((on, replays), (off, none)) = (model(true), model(false));
+        let env = [("VRAMSIM_DEBUG", "1"), ("VRAMSHIM_POOL_DEBUG", "no-layers")];
+        let (o, _) = pooled_run(&trace, None, &env, &args);
+        assert_exit(&o, 0, &format!("bert_serve {} no-layers", frees.name()));
+        let live_off = sim_memory_calls(&o.stderr);
+        eprintln!(
+            "bert_serve {}: model {on} calls ({replays} layer replays), without layers {off} ({none}); live no-layers {live_off}",
+            frees.name()
+        );
+        assert!(replays > 0 && none == 0 && on < off, "{}", frees.name());
+        assert_eq!(live_off, off, "bert_serve {}: no-layers", frees.name());
+    }
 }
 
 /// The model of `tests/workloads/pool/round_end.c` (the tight pool on the accounting device,
@@ -1417,14 +1450,19 @@ fn a_round_that_ends_at_the_first_kept_free_ends_as_in_the_model() {
 /// device 0 has a block live (its round cannot end), the thread's cache keeps two 4 MiB
 /// blocks of device 1 and then device 0's other block (1 MiB, less than device 0's live
 /// bytes). Counted together (9 MiB against device 0's 1.25 MiB live), the caches would be
-/// given back for nothing: device 1's pool would see its two frees.
+/// given back for nothing: device 1's pool would see its two frees. (The 4 MiB blocks are kept
+/// only without the layer replay, `no-layers`: with it they reach device 1's pool at once.)
 #[test]
 fn a_devices_round_watch_counts_only_its_own_kept_blocks() {
     let exe = workload("kept_devices");
     let o = run(
         &exe,
         &[],
-        &[("VRAMSHIM_POOL", "stitch"), ("VRAMSIM_DEVICES", "2")],
+        &[
+            ("VRAMSHIM_POOL", "stitch"),
+            ("VRAMSIM_DEVICES", "2"),
+            ("VRAMSHIM_POOL_DEBUG", "no-layers"),
+        ],
         "pool-kept-devices",
     );
     assert_exit(&o, 0, "");

@@ -27,27 +27,29 @@
 //! (`roomy`): there the usual placement packs tighter (smaller devices).
 //!
 //! Blocks under a page share pages (their places matter little) and are left to the fast
-//! path. The caller's thread caches (`thread_cache`) are off with layers on: a cache hit is
-//! served where the pool never sees it, so the layer's blocks it serves would neither be
-//! placed by the rule nor remembered.
+//! path. A caller's thread caches (`thread_cache`) keep only frees under a page while the
+//! rule acts (`Stitch::aside_below`): a cache hit is served where the pool never sees it, so
+//! a layer's block a cache served would neither be placed by the rule nor remembered.
 
 use super::*;
 
 /// The longest period (in allocations of at least a page) looked for.
 const MAX_PERIOD: usize = 64;
-/// Allocations remembered: two periods back from the allocation being served.
-const RING: usize = 2 * MAX_PERIOD + 1;
+/// Allocations remembered: at least two periods back from the allocation being served (a
+/// power of two: an index is a mask, not a division).
+const RING: usize = (2 * MAX_PERIOD + 1).next_power_of_two();
 
-/// The recent large allocations (of at least a page) and how far each candidate period has
-/// held.
+/// The recent large allocations (of at least a page).
 pub(super) struct Layers {
     /// (size, mapping, the mapping's address, offset) by large allocation number mod `RING`
     ring: Vec<(u64, u32, u64, u64)>,
     /// large allocations remembered since the last reset
     n: u64,
-    /// `run[p]`: how many of the latest large allocations in a row had the size of the one
-    /// `p` before them
-    run: Vec<u32>,
+    /// how many of the latest large allocations in a row had the size of the one before them
+    same: u32,
+    /// the size of that run when it is too long for any period of two sizes or more: its
+    /// next allocation may take the fast path (see `note_layer`)
+    loose: Option<u64>,
     /// allocations served at a place of two periods before
     pub(super) replays: u64,
 }
@@ -57,7 +59,8 @@ impl Default for Layers {
         Layers {
             ring: vec![(0, 0, 0, 0); RING],
             n: 0,
-            run: vec![0; MAX_PERIOD + 1],
+            same: 0,
+            loose: None,
             replays: 0,
         }
     }
@@ -67,48 +70,51 @@ impl Layers {
     /// Forget the sequence (a round ended: the round replay takes over).
     pub(super) fn clear(&mut self) {
         self.n = 0;
-        self.run.iter_mut().for_each(|r| *r = 0);
+        self.same = 0;
+        self.loose = None;
     }
 
     /// The shortest period `p` (of at least two sizes) over which the sequence, with one
     /// more allocation of `size`, has repeated for the last `p + 1` allocations, when the
     /// allocation `2p` before had this size too: `p`.
     fn period(&self, size: u64) -> Option<usize> {
-        for p in 1..=MAX_PERIOD {
+        // The latest `same` allocations had this size: a period of at most `same + 1` would
+        // repeat this size alone, not a sequence of two sizes or more. Starting past it keeps
+        // a long run of one size (a loop of one large request) from testing every period at
+        // every allocation.
+        let same = if self.n > 0 && self.back(1).0 == size {
+            self.same as usize + 1
+        } else {
+            0
+        };
+        for p in same + 2..=MAX_PERIOD {
             if (p as u64) * 2 > self.n {
                 return None;
             }
             if self.back(p).0 != size || self.back(2 * p).0 != size {
                 continue;
             }
-            if (self.run[p] as usize) < p {
-                continue;
+            // each of the latest `p` had the size of the one `p` before it
+            if (1..p).all(|k| self.back(k).0 == self.back(k + p).0) {
+                return Some(p);
             }
-            if (1..p).all(|k| self.back(k).0 == size) {
-                continue;
-            }
-            return Some(p);
         }
         None
     }
 
     /// The large allocation `k` before the next one.
     fn back(&self, k: usize) -> (u64, u32, u64, u64) {
-        self.ring[((self.n - k as u64) % RING as u64) as usize]
+        self.ring[(self.n - k as u64) as usize & (RING - 1)]
     }
 
     /// Remember a large allocation of `size` placed at `(m, va, off)`.
     fn push(&mut self, size: u64, m: u32, va: u64, off: u64) {
-        for p in 1..=MAX_PERIOD {
-            let same = (p as u64) <= self.n
-                && self.ring[((self.n - p as u64) % RING as u64) as usize].0 == size;
-            self.run[p] = if same {
-                self.run[p].saturating_add(1)
-            } else {
-                0
-            };
-        }
-        self.ring[(self.n % RING as u64) as usize] = (size, m, va, off);
+        self.same = if self.n > 0 && self.back(1).0 == size {
+            self.same.saturating_add(1)
+        } else {
+            0
+        };
+        self.ring[self.n as usize & (RING - 1)] = (size, m, va, off);
         self.n += 1;
     }
 }
@@ -173,9 +179,39 @@ impl Stitch {
         };
         let va = self.map(m).va;
         self.layers.push(size, m, va, off);
+        // A run of one size longer than any period looked for (a loop of one large request):
+        // its next allocation of this size cannot be given a layer's place (`period` starts
+        // past the run), so it may take the fast path unremembered, until another size breaks
+        // the run and its size is kept off the fast path again (a loop of the pool's
+        // benchmarks: 8 MiB pairs would each take the general path).
+        if self.layers.same == 0
+            && let Some(run) = self.layers.loose.take()
+        {
+            self.next_off_fast_path(run);
+        }
+        if self.layers.same as usize + 3 > MAX_PERIOD {
+            self.layers.loose = Some(size);
+        } else {
+            self.next_off_fast_path(size);
+        }
+    }
+
+    /// The next allocation of `size` goes through the general path.
+    fn next_off_fast_path(&mut self, size: u64) {
         if let Some(l) = self.sizes.find(size) {
             let sl = self.sizes.at_mut(l);
             sl.replay_next = sl.allocs;
+        }
+    }
+
+    /// The requested sizes a caller may keep aside when freed (`Policy::aside_below`): with
+    /// the layer replay acting, those under a page, so that every allocation the rule looks at
+    /// reaches the pool; else any.
+    pub fn aside_below(&self) -> u64 {
+        if self.layer_size(self.gran) {
+            self.gran
+        } else {
+            u64::MAX
         }
     }
 

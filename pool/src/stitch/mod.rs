@@ -473,7 +473,7 @@ impl Stitch {
             kept_carves: 0,
             rounds: Default::default(),
             layers: Default::default(),
-            layers_on: false,
+            layers_on: true,
             grow_on: false,
             grows: 0,
             headroom: None,
@@ -531,7 +531,7 @@ impl Stitch {
     }
 
     /// Give a repeated sequence of large requests within one round the places of the repeat
-    /// before the previous one (see `layers`).
+    /// before the previous one (see `layers`). On by default (it acts only under a budget).
     pub fn with_layers(mut self, on: bool) -> Self {
         self.layers_on = on;
         self
@@ -796,15 +796,15 @@ impl Policy for Stitch {
         Stitch::round_end_watch(self)
     }
 
+    fn aside_below(&self) -> u64 {
+        Stitch::aside_below(self)
+    }
+
     /// As the interposer decides: its caches are off when `VRAMSHIM_POOL_DEBUG` names any of
-    /// the pool's switches (faults, `runs`, `kept`: their tests exercise the pool's own rules),
-    /// and with layers on (see `layers`: the blocks a cache serves would escape the rule).
+    /// the pool's switches (faults, `runs`, `kept`: their tests exercise the pool's own rules).
+    /// With layers on they keep only blocks under a page (`Stitch::aside_below`).
     fn thread_caches(&self) -> bool {
-        self.tcaches
-            && self.faults == Faults::default()
-            && !self.grow_runs
-            && !self.kept_on
-            && !self.layers_on
+        self.tcaches && self.faults == Faults::default() && !self.grow_runs && !self.kept_on
     }
 
     fn pinned_above_budget(&self) -> bool {
