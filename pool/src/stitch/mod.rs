@@ -537,8 +537,9 @@ impl Stitch {
         self
     }
 
-    /// Keep address room after every stitched mapping and serve a request larger than an
-    /// unused mapping by mapping only the pages missing at its end (see `grow`).
+    /// Keep address room after every stitched mapping and serve a request larger than a
+    /// stitched mapping whose bytes are free or cached (but for a head in its first page) by
+    /// mapping only the pages missing at its end (see `grow`).
     pub fn with_grow(mut self, on: bool) -> Self {
         self.grow_on = on;
         self
