@@ -35,7 +35,9 @@ fn same_size() -> Vec<Event> {
     same_size_of(4 * MIB)
 }
 
-/// [`same_size`] with a block of `size` bytes (a 64 KiB block stays live throughout).
+/// [`same_size`] with a block of `size` bytes (a 64 KiB block stays live throughout; the thread
+/// caches keep only blocks under a page while the tight pool's layer replay acts, as by
+/// default).
 fn same_size_of(size: u64) -> Vec<Event> {
     vec![
         alloc(1, size),
