@@ -152,9 +152,9 @@ fn shrinking(faults: Faults, wait: u64) -> ((u64, u64, u64, u64), AccountingDevi
 }
 
 /// The bytes of blocks freed stream-ordered and dissolved before a synchronization carry a
-/// per-page fence; a page with one was kept until a synchronization, so a process that never
-/// synchronizes the device kept, above its budget, every page such bytes touched. The events
-/// the pool records on the free's stream for busy mappings now clear those fences too: pages
+/// per-page fence; kept until a synchronization, such a fence would keep, above the budget,
+/// every page those bytes touched in a process that never synchronizes the device. The events
+/// the pool records on the free's stream for busy mappings clear those fences too: pages
 /// go back once the device says the stream passed the frees (checking device: no page given
 /// back, and no byte reused on another stream, while the stream may still use it). With the
 /// fences kept until a synchronization (`Faults::fences_until_sync`) the pool holds more pages

@@ -35,8 +35,9 @@ fn same_size() -> Vec<Event> {
     same_size_of(4 * MIB)
 }
 
-/// [`same_size`] with blocks of `size` (the thread caches keep only blocks under a page while
-/// the tight pool's layer replay acts, as by default).
+/// [`same_size`] with a block of `size` bytes (a 64 KiB block stays live throughout; the thread
+/// caches keep only blocks under a page while the tight pool's layer replay acts, as by
+/// default).
 fn same_size_of(size: u64) -> Vec<Event> {
     vec![
         alloc(1, size),
@@ -126,41 +127,52 @@ fn bytes_dissolved_after_a_retirement_carry_its_event() {
     );
 }
 
+/// The caches keep frees of the sizes the pool lets them (`Policy::aside_below`): under a page
+/// with the layer replay on (the default), any size without it. Each case with a block they
+/// keep.
 #[test]
 fn the_thread_caches_give_back_before_a_retirement() {
-    for rules in [
-        Rules::LIVE,
-        Rules {
-            give_back_at_retire: false,
-            ..Rules::LIVE
-        },
-    ] {
-        let mut p = Stitch::tight();
-        let mut dev = AccountingDevice::new(1 << 40);
-        dev.set_checking(true);
-        let mut c = ThreadCache::new(rules);
-        let mut hits = 0;
-        thread_cache::run_observed(&same_size_of(MIB), &mut p, &mut dev, &mut c, |s, _| {
-            hits += u64::from(matches!(s, thread_cache::Step::Alloc { hit: true, .. }));
-        })
-        .unwrap();
-        let early = dev
-            .violations()
-            .iter()
-            .any(|v| v.starts_with("early reuse"));
-        if rules.give_back_at_retire {
-            assert!(!early, "{:?}", dev.violations());
-            assert_eq!(hits, 0, "a cache served a block of the retired stream");
-        } else {
-            assert!(early, "a cache keeping its frees is not caught");
-            assert_eq!(hits, 1);
+    for (size, layers) in [(256 * 1024, true), (4 * MIB, false)] {
+        for rules in [
+            Rules::LIVE,
+            Rules {
+                give_back_at_retire: false,
+                ..Rules::LIVE
+            },
+        ] {
+            let what = format!("{size} bytes, layers {layers}");
+            let mut p = Stitch::tight().with_layers(layers);
+            let mut dev = AccountingDevice::new(1 << 40);
+            dev.set_checking(true);
+            let mut c = ThreadCache::new(rules);
+            let mut hits = 0;
+            thread_cache::run_observed(&same_size_of(size), &mut p, &mut dev, &mut c, |s, _| {
+                hits += u64::from(matches!(s, thread_cache::Step::Alloc { hit: true, .. }));
+            })
+            .unwrap();
+            let early = dev
+                .violations()
+                .iter()
+                .any(|v| v.starts_with("early reuse"));
+            if rules.give_back_at_retire {
+                assert!(!early, "{what}: {:?}", dev.violations());
+                assert_eq!(
+                    hits, 0,
+                    "{what}: a cache served a block of the retired stream"
+                );
+            } else {
+                assert!(early, "{what}: a cache keeping its frees is not caught");
+                assert_eq!(hits, 1, "{what}");
+            }
         }
     }
     // `replay::run_with` runs the live caches in front of the default tight pool
-    let mut p = PolicyKind::Stitch.build();
-    assert!(p.thread_caches());
-    let v = violations(&same_size_of(MIB), p.as_mut(), 1 << 40);
-    assert!(v.is_empty(), "{v:?}");
+    for size in [256 * 1024, 4 * MIB] {
+        let mut p = PolicyKind::Stitch.build();
+        assert!(p.thread_caches());
+        let v = violations(&same_size_of(size), p.as_mut(), 1 << 40);
+        assert!(v.is_empty(), "{size} bytes: {v:?}");
+    }
 }
 
 #[test]

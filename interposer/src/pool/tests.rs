@@ -1617,6 +1617,42 @@ fn busy_maps_model_with(
     )
 }
 
+/// `busy_maps ARGS` live on the stitch pool with `VRAMSHIM_POOL_DEBUG=switch` (any name turns
+/// the threads' caches off: every free reaches the pool at once), exiting 0: (most mappings,
+/// mappings, pages, syncs, driver calls), as [`busy_maps_model`] returns them, and the most
+/// pages held after an allocation.
+fn busy_maps_live(
+    exe: &std::path::Path,
+    args: &[&str],
+    switch: &str,
+    name: &str,
+) -> ((u64, u64, u64, u64, u64), u64) {
+    let o = run(
+        exe,
+        args,
+        &[
+            ("VRAMSHIM_POOL", "stitch"),
+            ("VRAMSHIM_POOL_DEBUG", switch),
+            ("VRAMSIM_DEBUG", "1"),
+            ("VRAMSHIM_CAP_CONTEXT", "exclude"),
+            ("VRAMSIM_CONTEXT_OVERHEAD", "0"),
+        ],
+        name,
+    );
+    assert_exit(&o, 0, name);
+    let n = |key| field(&o.stdout, key) as u64;
+    (
+        (
+            n("most"),
+            n("mappings"),
+            n("pages"),
+            n("syncs"),
+            sim_memory_calls(&o.stderr),
+        ),
+        n("most_pages"),
+    )
+}
+
 /// A serving process that never synchronizes the device (it waits for its stream only) keeps
 /// its mappings near the cleanup limit (2 per page + 64) live as in the model: the pool asks
 /// the stream's events, which cuda-sim completes when the stream passes them (the workload
@@ -1632,28 +1668,7 @@ fn mappings_freed_through_stay_bounded_live_without_a_synchronization() {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     for (old, switch) in [(false, "no-tcache"), (true, "busy-until-sync")] {
         let (most, maps, pages, syncs, calls) = busy_maps_model(steps, window, wait, old);
-        let name = format!("pool-busy-maps-{switch}");
-        let o = run(
-            &exe,
-            &args,
-            &[
-                ("VRAMSHIM_POOL", "stitch"),
-                // the threads' caches off (any name does): every free reaches the pool at once
-                ("VRAMSHIM_POOL_DEBUG", switch),
-                ("VRAMSIM_DEBUG", "1"),
-                ("VRAMSHIM_CAP_CONTEXT", "exclude"),
-                ("VRAMSIM_CONTEXT_OVERHEAD", "0"),
-            ],
-            &name,
-        );
-        assert_exit(&o, 0, &name);
-        let live = (
-            field(&o.stdout, "most") as u64,
-            field(&o.stdout, "mappings") as u64,
-            field(&o.stdout, "pages") as u64,
-            field(&o.stdout, "syncs") as u64,
-            sim_memory_calls(&o.stderr),
-        );
+        let (live, _) = busy_maps_live(&exe, &args, switch, &format!("pool-busy-maps-{switch}"));
         let limit = 2 * pages + 64;
         eprintln!(
             "{switch}: model (most, mappings, pages, syncs, driver calls) {:?}, live {live:?}, limit {limit}",
@@ -1697,29 +1712,8 @@ fn pages_of_dissolved_stream_ordered_bytes_go_back_live_without_a_synchronizatio
         };
         let (model, most_pages) =
             busy_maps_model_with(steps, (window, shrink_at, shrunk), wait, faults, true);
-        let name = format!("pool-busy-pages-{switch}");
-        let o = run(
-            &exe,
-            &args,
-            &[
-                ("VRAMSHIM_POOL", "stitch"),
-                // the threads' caches off (any name does): every free reaches the pool at once
-                ("VRAMSHIM_POOL_DEBUG", switch),
-                ("VRAMSIM_DEBUG", "1"),
-                ("VRAMSHIM_CAP_CONTEXT", "exclude"),
-                ("VRAMSIM_CONTEXT_OVERHEAD", "0"),
-            ],
-            &name,
-        );
-        assert_exit(&o, 0, &name);
-        let live = (
-            field(&o.stdout, "most") as u64,
-            field(&o.stdout, "mappings") as u64,
-            field(&o.stdout, "pages") as u64,
-            field(&o.stdout, "syncs") as u64,
-            sim_memory_calls(&o.stderr),
-        );
-        let live_most_pages = field(&o.stdout, "most_pages") as u64;
+        let (live, live_most_pages) =
+            busy_maps_live(&exe, &args, switch, &format!("pool-busy-pages-{switch}"));
         eprintln!(
             "{switch}: model (most mappings, mappings, pages, syncs, driver calls) {model:?}, most pages {most_pages}; live {live:?}, most pages {live_most_pages}"
         );

@@ -1010,9 +1010,9 @@ fn serve_exit(sh: &'static Shared) {
 /// own the writer (a vfork child). True when the end record was written.
 ///
 /// On the writer thread itself (whose signals are blocked), and under the fault switch
-/// `VRAMSHIM_TRACE_FAULT=exit-inline`, the calling thread flushes as before the hand-off,
-/// waiting at most 200 ms for the writer's lock (and, under the fault, hanging when a handler
-/// interrupted the allocator).
+/// `VRAMSHIM_TRACE_FAULT=exit-inline`, the calling thread flushes the trace itself
+/// ([`finish_here`]), waiting at most 200 ms for the writer's lock (and, under the fault,
+/// hanging when a handler interrupted the allocator: that flush allocates).
 pub(crate) fn finish_before_exit() -> bool {
     if !life_is(Running) || OWNER.load(Ordering::Relaxed) != crate::sys::ids::pid() {
         return false;

@@ -263,8 +263,8 @@ pub struct Faults {
     pub grow_over_live: bool,
     /// Keep the page fences of dissolved stream-ordered bytes (and the busy marks of frees
     /// whose stream is known past them) until a synchronization, whatever the events recorded
-    /// on their streams say (the rule before those events cleared them; not a safety fault:
-    /// it proves the test that such pages go back without a synchronization can fail).
+    /// on their streams say (not a safety fault: it proves the test that such pages go back
+    /// without a synchronization can fail).
     pub fences_until_sync: bool,
 }
 
@@ -541,8 +541,9 @@ impl Stitch {
         self
     }
 
-    /// Keep address room after every stitched mapping and serve a request larger than an
-    /// unused mapping by mapping only the pages missing at its end (see `grow`).
+    /// Keep address room after every stitched mapping and serve a request larger than a
+    /// stitched mapping whose bytes are free or cached (but for a head in its first page) by
+    /// mapping only the pages missing at its end (see `grow`).
     pub fn with_grow(mut self, on: bool) -> Self {
         self.grow_on = on;
         self

@@ -64,6 +64,38 @@ pub fn ten_taken(name: &str) -> (PathBuf, u32, u64) {
     (path, tid, 10)
 }
 
+/// A thread whose signal handler exits (`handler`: an exit hook, then `handled` set) having
+/// interrupted it inside its own trace buffer (`tracer::testing::inside_own_slot`): its first
+/// ten events are taken by a whole tick, five more stay in the buffer; the trace (written to
+/// a directory named after `name`) holds the ten and counts the five lost.
+pub fn exit_inside_own_slot(
+    name: &str,
+    handler: extern "C" fn(libc::c_int),
+    handled: &std::sync::atomic::AtomicBool,
+) {
+    use std::sync::atomic::Ordering;
+    let (path, tid, mut next) = ten_taken(name);
+    // These stay in the thread's buffer.
+    for _ in 0..5 {
+        emit(tid, next);
+        next += 1;
+    }
+    // SAFETY: installs a handler for SIGUSR1 (a plain function) in this test process.
+    let old = unsafe { libc::signal(libc::SIGUSR1, handler as libc::sighandler_t) };
+    assert_ne!(old, libc::SIG_ERR);
+    tracer::testing::inside_own_slot(|| {
+        // SAFETY: raise delivers SIGUSR1 to this thread before it returns.
+        assert_eq!(unsafe { libc::raise(libc::SIGUSR1) }, 0);
+    });
+    assert!(handled.load(Ordering::SeqCst), "the handler did not run");
+    let c = check_counted(&path, tid, next);
+    assert_eq!(
+        (c.events, c.lost),
+        (10, 5),
+        "the events a tick took are written, those left in the slot counted lost"
+    );
+}
+
 /// Emits the `i`-th event of the calling thread (an allocation whose size is `i`), as the
 /// hooks do.
 pub fn emit(tid: u32, i: u64) {

@@ -9,8 +9,8 @@
 //! holds every event.
 //!
 //! With `VRAMSHIM_TRACE_FAULT=exit-inline` (passed on with `VRAMSHIM_TEST_PASS`) the exiting
-//! thread flushes the trace itself, as the hook did before: a run hangs in `malloc` inside the
-//! flush and the watchdog fails the first test.
+//! thread flushes the trace itself (which allocates): a run hangs in `malloc` inside the flush
+//! and the watchdog fails the first test.
 
 use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};

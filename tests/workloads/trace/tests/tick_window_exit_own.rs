@@ -10,7 +10,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use vramshim::tracer;
-use vramshim_trace_tests::tick_window::{check_counted, emit, ten_taken};
+use vramshim_trace_tests::tick_window::exit_inside_own_slot;
 
 static HANDLED: AtomicBool = AtomicBool::new(false);
 
@@ -22,30 +22,5 @@ extern "C" fn exit_from_handler(_sig: libc::c_int) {
 
 #[test]
 fn a_handler_that_exits_inside_its_own_slot_gets_the_slots_events_counted_lost() {
-    // Its first ten events are taken by a whole tick.
-    let (path, tid, mut next) = ten_taken("trace_tick_window_exit_own");
-    // These stay in the thread's buffer.
-    for _ in 0..5 {
-        emit(tid, next);
-        next += 1;
-    }
-    // SAFETY: installs a handler for SIGUSR1 (a plain function) in this test process.
-    let old = unsafe {
-        libc::signal(
-            libc::SIGUSR1,
-            exit_from_handler as extern "C" fn(libc::c_int) as libc::sighandler_t,
-        )
-    };
-    assert_ne!(old, libc::SIG_ERR);
-    tracer::testing::inside_own_slot(|| {
-        // SAFETY: raise delivers SIGUSR1 to this thread before it returns.
-        assert_eq!(unsafe { libc::raise(libc::SIGUSR1) }, 0);
-    });
-    assert!(HANDLED.load(Ordering::SeqCst), "the handler did not run");
-    let c = check_counted(&path, tid, next);
-    assert_eq!(
-        (c.events, c.lost),
-        (10, 5),
-        "the events a tick took are written, those left in the slot counted lost"
-    );
+    exit_inside_own_slot("trace_tick_window_exit_own", exit_from_handler, &HANDLED);
 }
