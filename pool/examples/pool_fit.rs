@@ -14,9 +14,12 @@
 //! The replay runs behind the live library's thread caches, as `replay::run_with` does, so
 //! the request that fails is the one the smallest-device search saw fail.
 //! `at=N` stops before event N instead (it must be an allocation) and prints the same for it.
+//! `passes=N` replays N passes of the trace with the pool kept across them (`replay::repeat`:
+//! each pass `cudaFree`s what it left live), as `pool_passes` does; event indices count from
+//! the first pass's start.
 //!
 //! `cargo run --release -p vramshim-pool --example pool_fit -- TRACE.csv [sync|async]
-//! [stitch|no-budget] [MiB] [at=N] [-v]` (default: sync, stitch, one page below the smallest
+//! [stitch|no-budget] [MiB] [at=N] [passes=N] [-v]` (default: sync, stitch, one page below the smallest
 //! device; `stitch` is the pool with its budget, `Stitch::tight()`, also accepted as `tight`;
 //! `no-budget` is `Stitch::new()`).
 
@@ -30,7 +33,8 @@ use vramshim_pool::{Device, MIB, Policy, Request};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let usage = "usage: pool_fit TRACE.csv [sync|async] [stitch|no-budget] [MiB] [at=N] [-v]";
+    let usage =
+        "usage: pool_fit TRACE.csv [sync|async] [stitch|no-budget] [MiB] [at=N] [passes=N] [-v]";
     let Some(path) = args.first() else {
         eprintln!("{usage}");
         std::process::exit(2);
@@ -40,7 +44,18 @@ fn main() {
     let mut device: Option<u64> = None;
     let mut verbose = false;
     let mut at: Option<usize> = None;
+    let mut passes = 1usize;
     for a in &args[1..] {
+        if let Some(n) = a.strip_prefix("passes=") {
+            match n.parse::<usize>() {
+                Ok(n) if n >= 1 => passes = n,
+                _ => {
+                    eprintln!("pool_fit: passes= takes a count of at least 1, not {n:?}; {usage}");
+                    std::process::exit(2);
+                }
+            }
+            continue;
+        }
         if let Some(n) = a.strip_prefix("at=") {
             match n.parse::<usize>() {
                 Ok(n) => at = Some(n),
@@ -67,7 +82,7 @@ fn main() {
         }
     }
     let t = common::read_trace(std::path::Path::new(path));
-    let events = frees.apply(&t.events);
+    let events = frees.apply(&replay::repeat(&t.events, passes));
     let make = move || -> Box<dyn Policy> { Box::new(common::stitch(tight)) };
     let live = replay::peak_live(&events);
     let min = replay::min_capacity_with(&events, &make);

@@ -456,7 +456,13 @@ pub fn min_capacity_with(events: &[Event], make: &dyn Fn() -> Box<dyn Policy>) -
         // cannot complete at any size (should not happen for valid streams)
         return u64::MAX;
     }
-    let mut hi = unlimited.peak_device_used.div_ceil(gran).max(1); // completes
+    let mut hi = unlimited.peak_device_used.div_ceil(gran).max(1);
+    // A pool that reads the device's room (near-the-limit rules) lays blocks out otherwise on
+    // a device its unlimited run just fits than on an unlimited one, and may be refused
+    // there: the search starts from a size that completes.
+    while !try_cap(hi * gran).completed {
+        hi += 1;
+    }
     let mut lo = peak_live(events) / gran; // lo * gran <= peak live: fails unless 0
     if lo >= hi {
         return hi * gran;
