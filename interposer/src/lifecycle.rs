@@ -37,6 +37,9 @@ pub(crate) fn init(envp: *const *const c_char) {
     }
     // Resolve glibc's dlsym now, while nothing else runs (it is also resolved lazily).
     crate::cuda::real::real_dlsym_addr();
+    // And glibc's `_exit`, which the `_exit` hook must not look up (it may run in a signal
+    // handler, where `dlsym` is not safe).
+    crate::hooks::process::init();
     // SAFETY: registering plain extern "C" functions with libc.
     unsafe {
         libc::atexit(at_exit);

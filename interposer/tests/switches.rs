@@ -147,7 +147,7 @@ fn a_misspelt_fault_switch_is_said_once_and_the_job_goes_on() {
         (
             "VRAMSHIM_TRACE_FAULT",
             "\"no-tik\"",
-            "accepted: unsafe-open, no-tick, partials-first, late-reap, late-close, tid-only, own-wait, nested-exit-waits, arm-in-op, send-unmasked;",
+            "accepted: unsafe-open, no-tick, partials-first, late-reap, late-close, tid-only, own-wait, nested-exit-waits, arm-in-op, send-unmasked, exit-inline;",
         ),
         (
             "VRAMSHIM_TORCH_FAULT",

@@ -1,9 +1,9 @@
 //! Where a trace's driver calls go: every allocation (or free) that makes driver calls on the
 //! tight pool, with its index, size, live and held bytes, and the calls by kind.
 //!
-//! `cargo run --release -p vramshim-pool --example pool_calls -- TRACE.csv [sync|async] [FROM] [runs] [layers]`
+//! `cargo run --release -p vramshim-pool --example pool_calls -- TRACE.csv [sync|async] [FROM] [runs] [layers] [grow]`
 //! (`FROM`: the first allocation index listed; default: the second half; `runs`: the arena
-//! grows by runs of pages, `Stitch::with_runs`; `layers`: `Stitch::with_layers`).
+//! grows by runs of pages, `Stitch::with_runs`; `layers`: `Stitch::with_layers`; `grow`: `Stitch::with_grow`).
 
 mod common;
 
@@ -33,9 +33,10 @@ fn main() {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     let runs = args.iter().any(|a| a == "runs");
     let layers = args.iter().any(|a| a == "layers");
-    args.retain(|a| a != "runs" && a != "layers");
+    let grow = args.iter().any(|a| a == "grow");
+    args.retain(|a| a != "runs" && a != "layers" && a != "grow");
     let Some(path) = args.first() else {
-        eprintln!("usage: pool_calls TRACE.csv [sync|async] [FROM] [runs] [layers]");
+        eprintln!("usage: pool_calls TRACE.csv [sync|async] [FROM] [runs] [layers] [grow]");
         std::process::exit(2);
     };
     let frees = match args.get(1).map(String::as_str) {
@@ -54,7 +55,10 @@ fn main() {
         .unwrap_or(allocs / 2);
     let mut dev = AccountingDevice::new(80 << 30);
     dev.set_checking(true);
-    let mut p = Stitch::tight().with_runs(runs).with_layers(layers);
+    let mut p = Stitch::tight()
+        .with_runs(runs)
+        .with_layers(layers)
+        .with_grow(grow);
     let mut ids = std::collections::HashMap::new();
     let mut n = 0usize;
     let mut total = 0u64;
@@ -99,9 +103,10 @@ fn main() {
         }
     }
     println!(
-        "driver calls after allocation {from}: {total} ({:.1} per 1000 allocations); violations {:?}; layer replays {}",
+        "driver calls after allocation {from}: {total} ({:.1} per 1000 allocations); violations {:?}; layer replays {}; grown in place {}",
         total as f64 * 1000.0 / (allocs - from).max(1) as f64,
         dev.violations().first(),
-        p.layer_replays()
+        p.layer_replays(),
+        p.grows()
     );
 }

@@ -8,7 +8,7 @@
 //! in whole pages over peak live. A pool that serves every new shape without a driver call
 //! needs at least about that much memory.
 //!
-//! `cargo run --release -p vramshim-pool --example pool_slack -- [RATIO:SLACK_MIB[:runs][:kept][:layers] ...] -- [DIR_OR_FILES...]`
+//! `cargo run --release -p vramshim-pool --example pool_slack -- [RATIO:SLACK_MIB[:runs][:kept][:layers][:grow] ...] -- [DIR_OR_FILES...]`
 //! (default budgets: 0.05:2 0.075:2 0.10:0 0.05:16 0.05:32).
 
 mod common;
@@ -84,11 +84,15 @@ fn arena_only(events: &[Event]) -> u64 {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let split = args.iter().position(|a| a == "--").unwrap_or(args.len());
-    let mut budgets: Vec<(f64, u64, bool, bool, bool)> = Vec::new();
+    let mut budgets: Vec<(f64, u64, bool, bool, bool, bool)> = Vec::new();
     for a in &args[..split] {
-        let (spec, layers) = match a.strip_suffix(":layers") {
+        let (spec, grow) = match a.strip_suffix(":grow") {
             Some(s) => (s, true),
             None => (a.as_str(), false),
+        };
+        let (spec, layers) = match spec.strip_suffix(":layers") {
+            Some(s) => (s, true),
+            None => (spec, false),
         };
         let (spec, kept) = match spec.strip_suffix(":kept") {
             Some(s) => (s, true),
@@ -102,10 +106,12 @@ fn main() {
             .split_once(':')
             .and_then(|(r, s)| Some((r.parse::<f64>().ok()?, s.parse::<u64>().ok()?)));
         match parsed {
-            Some((r, s)) if r.is_finite() && r >= 0.0 => budgets.push((r, s, runs, kept, layers)),
+            Some((r, s)) if r.is_finite() && r >= 0.0 => {
+                budgets.push((r, s, runs, kept, layers, grow))
+            }
             _ => {
                 eprintln!(
-                    "pool_slack: budget `{a}`: expected RATIO:SLACK_MIB[:runs][:kept][:layers] such as 0.05:2 or 0.05:2:runs"
+                    "pool_slack: budget `{a}`: expected RATIO:SLACK_MIB[:runs][:kept][:layers][:grow] such as 0.05:2 or 0.05:2:runs"
                 );
                 std::process::exit(2);
             }
@@ -113,12 +119,12 @@ fn main() {
     }
     if budgets.is_empty() {
         budgets = vec![
-            (0.05, 2, false, false, false),
-            (0.075, 2, false, false, false),
-            (0.10, 0, false, false, false),
-            (0.05, 16, false, false, false),
-            (0.05, 32, false, false, false),
-            (0.05, 2, true, false, false),
+            (0.05, 2, false, false, false, false),
+            (0.075, 2, false, false, false, false),
+            (0.10, 0, false, false, false, false),
+            (0.05, 16, false, false, false, false),
+            (0.05, 32, false, false, false, false),
+            (0.05, 2, true, false, false, false),
         ];
     }
     let traces = common::traces(args.get(split + 1..).unwrap_or(&[]).to_vec());
@@ -130,7 +136,7 @@ fn main() {
     for (name, t, live) in traces {
         for frees in Frees::BOTH {
             let stream = frees.apply(&t.events);
-            for &(ratio, slack, runs, kept, layers) in &budgets {
+            for &(ratio, slack, runs, kept, layers, grow) in &budgets {
                 let make = move || -> Box<dyn Policy> {
                     Box::new(
                         Stitch::new()
@@ -141,7 +147,8 @@ fn main() {
                             }))
                             .with_runs(runs)
                             .with_kept(kept)
-                            .with_layers(layers),
+                            .with_layers(layers)
+                            .with_grow(grow),
                     )
                 };
                 let mut dev = AccountingDevice::new(80 << 30);
@@ -152,12 +159,13 @@ fn main() {
                 let half = replay::second_half_calls_per_1000(&t.events, frees, &make);
                 let min = replay::min_capacity_with(&stream, &make);
                 println!(
-                    "| {name} | {} | {:.1}% + {slack} MiB{}{}{} | {:.3} | {:.3} | {} | {}, {} | {:.1} |",
+                    "| {name} | {} | {:.1}% + {slack} MiB{}{}{}{} | {:.3} | {:.3} | {} | {}, {} | {:.1} |",
                     frees.name(),
                     ratio * 100.0,
                     if runs { ", runs" } else { "" },
                     if kept { ", kept" } else { "" },
                     if layers { ", layers" } else { "" },
+                    if grow { ", grow" } else { "" },
                     r.peak_device_used as f64 / live as f64,
                     min as f64 / live as f64,
                     r.driver_calls,

@@ -5,17 +5,18 @@
 //! mapping may be dropped or re-formed with no synchronization.
 
 use vramshim_pool::stitch::{Faults, Stitch};
-use vramshim_pool::{AccountingDevice, FreeMode, MIB, Policy, Request};
+use vramshim_pool::{AccountingDevice, FreeMode, MIB, Policy};
+use vramshim_testkit::busy_maps::{self, STREAM};
 
-const STREAM: u64 = 7;
 /// Allocations between two waits for the stream.
 const WAIT: u64 = 64;
 
-/// A long stream-ordered run on one stream whose shapes keep changing (blocks of 2-40 MiB, the
-/// oldest of `window` live blocks freed on the stream before each allocation) on a device of
-/// `device` bytes, with no device synchronization; the process waits for its stream every
-/// `wait_every` allocations (never when 0). Returns the most mappings the pool held, its pages
-/// at the end, the device (checking on) and the blocks still live.
+/// The busy-mappings workload (`vramshim_testkit::busy_maps`: blocks of 2-40 MiB on one
+/// stream, the oldest of `window` live blocks freed on the stream before each allocation) run
+/// for `steps` allocations on a device of `device` bytes, with no device synchronization; the
+/// process waits for its stream every `wait_every` allocations (never when 0). Returns the
+/// most mappings the pool held, its pages at the end, the device (checking on) and the blocks
+/// still live.
 fn serve(
     p: &mut Stitch,
     device: u64,
@@ -25,40 +26,8 @@ fn serve(
 ) -> (u64, u64, AccountingDevice, Vec<u64>) {
     let mut dev = AccountingDevice::new(device);
     dev.set_checking(true);
-    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move |n: u64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % n
-    };
-    let mut most = 0;
-    let mut live = std::collections::VecDeque::new();
-    for step in 0..steps {
-        if live.len() >= window {
-            let a = live.pop_front().unwrap();
-            dev.check_free(a, FreeMode::Async { stream: STREAM });
-            p.free(&mut dev, a, FreeMode::Async { stream: STREAM })
-                .unwrap();
-        }
-        let size = 2 * MIB + next(38 * MIB);
-        let a = p
-            .alloc(
-                &mut dev,
-                Request {
-                    size,
-                    stream: STREAM,
-                },
-            )
-            .unwrap();
-        dev.check_alloc(a.addr, size, STREAM);
-        live.push_back(a.addr);
-        most = most.max(p.mappings());
-        if wait_every > 0 && (step + 1) % wait_every == 0 {
-            dev.stream_sync(STREAM);
-        }
-    }
-    (most, p.pages(), dev, live.into())
+    let (most, live) = busy_maps::serve(p, &mut dev, steps as u64, window, wait_every as u64);
+    (most, p.pages(), dev, live)
 }
 
 /// The pile-up and its end, on the tight pool (the default) and on stitch with no budget: 20,000
@@ -173,36 +142,8 @@ fn shrinking(faults: Faults, wait: u64) -> ((u64, u64, u64, u64), AccountingDevi
     p.set_faults(faults);
     let mut dev = AccountingDevice::new(1 << 30);
     dev.set_checking(true);
-    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-    let (mut most, mut live) = (0, std::collections::VecDeque::new());
-    for step in 0..20_000u64 {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        let window = if step < 10_000 { 8 } else { 2 };
-        while live.len() >= window {
-            let a = live.pop_front().unwrap();
-            dev.check_free(a, FreeMode::Async { stream: STREAM });
-            p.free(&mut dev, a, FreeMode::Async { stream: STREAM })
-                .unwrap();
-        }
-        let size = 2 * MIB + seed % (38 * MIB);
-        let a = p
-            .alloc(
-                &mut dev,
-                Request {
-                    size,
-                    stream: STREAM,
-                },
-            )
-            .unwrap();
-        dev.check_alloc(a.addr, size, STREAM);
-        live.push_back(a.addr);
-        most = most.max(p.pages());
-        if wait > 0 && (step + 1) % wait == 0 {
-            dev.stream_sync(STREAM);
-        }
-    }
+    let most =
+        busy_maps::serve_shrinking(&mut p, &mut dev, 20_000, (8, 10_000, 2), wait).most_pages;
     let r = (p.pages(), most, p.stats().budget, dev.calls().event_record);
     assert_eq!(p.stats().syncs, 0, "the pool synchronized");
     (r, dev)

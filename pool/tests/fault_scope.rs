@@ -132,6 +132,14 @@ fn unreached_fault_switches_change_nothing() {
                 ..Faults::default()
             },
         ),
+        // mappings grow in place only with `Stitch::with_grow`
+        (
+            "grow_over_live",
+            Faults {
+                grow_over_live: true,
+                ..Faults::default()
+            },
+        ),
     ];
     for (name, ev) in common::traces() {
         for frees in Frees::BOTH {

@@ -108,7 +108,7 @@ fn run(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+    #![proptest_config(vramshim_testkit::props::config(96))]
 
     #[test]
     fn stitch_keeps_lifetime_classes_apart_and_is_safe(

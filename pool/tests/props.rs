@@ -15,7 +15,8 @@ use vramshim_pool::{
     Request,
 };
 
-#[derive(Clone, Debug)]
+/// Printed in the notation of [`stream`], so that a shrunk failing case pastes into a test.
+#[derive(Clone, PartialEq)]
 enum Op {
     Alloc {
         size: u64,
@@ -38,6 +39,83 @@ enum Op {
     /// The process destroys this stream (`Policy::retire_stream`, then the device); later
     /// requests on its handle are on a new stream.
     Retire(u64),
+}
+
+impl std::fmt::Debug for Op {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let stream = |s: u64| {
+            if s == vramshim_pool::ANY_STREAM {
+                "*".to_string()
+            } else {
+                s.to_string()
+            }
+        };
+        match self {
+            Op::Alloc { size, stream: s } => write!(f, "a{size}:{}", stream(*s)),
+            Op::Free {
+                idx,
+                mode: FreeMode::Sync,
+            } => write!(f, "f{idx}"),
+            Op::Free {
+                idx,
+                mode: FreeMode::Async { stream: s },
+            } => write!(f, "f{idx}:{}", stream(*s)),
+            Op::ProcessSync => write!(f, "p"),
+            Op::Trim => write!(f, "t"),
+            Op::Capture(on) => write!(f, "c{}", u8::from(*on)),
+            Op::Hits { n } => write!(f, "h{n}"),
+            Op::Retire(s) => write!(f, "r{s}"),
+        }
+    }
+}
+
+/// A request stream written one token an [`Op`] (the shrunk streams of the tests below, and
+/// how a failing case's `Op`s print): `a<size>:<stream>` an allocation (`*`: any stream),
+/// `f<idx>` a `cudaFree` and `f<idx>:<stream>` a stream-ordered free of the live block at
+/// `idx % live`, `p` a process synchronization, `t` a trim, `c1` / `c0` a capture's start /
+/// end, `h<n>` `n` hits served aside, `r<stream>` the stream destroyed. Blanks, commas and
+/// brackets separate tokens.
+fn stream(text: &str) -> Vec<Op> {
+    let num = |t: &str, v: &str| -> u64 {
+        v.parse()
+            .unwrap_or_else(|_| panic!("{t:?}: {v:?} is not a number"))
+    };
+    let stream_of = |t: &str, v: &str| match v {
+        "*" => vramshim_pool::ANY_STREAM,
+        v => num(t, v),
+    };
+    text.split(|c: char| c.is_whitespace() || matches!(c, ',' | '[' | ']'))
+        .filter(|t| !t.is_empty())
+        .map(|t| {
+            let (head, rest) = t.split_at(1);
+            let (value, on) = match rest.split_once(':') {
+                Some((v, s)) => (v, Some(s)),
+                None => (rest, None),
+            };
+            match (head, on) {
+                ("a", Some(s)) => Op::Alloc {
+                    size: num(t, value),
+                    stream: stream_of(t, s),
+                },
+                ("f", None) => Op::Free {
+                    idx: num(t, value) as usize,
+                    mode: FreeMode::Sync,
+                },
+                ("f", Some(s)) => Op::Free {
+                    idx: num(t, value) as usize,
+                    mode: FreeMode::Async {
+                        stream: stream_of(t, s),
+                    },
+                },
+                ("p", None) if value.is_empty() => Op::ProcessSync,
+                ("t", None) if value.is_empty() => Op::Trim,
+                ("c", None) if value == "0" || value == "1" => Op::Capture(value == "1"),
+                ("h", None) => Op::Hits { n: num(t, value) },
+                ("r", None) => Op::Retire(num(t, value)),
+                _ => panic!("{t:?} is not an op of `stream`"),
+            }
+        })
+        .collect()
 }
 
 fn size() -> impl Strategy<Value = u64> {
@@ -140,8 +218,19 @@ fn exercise_clean_in_budget(policy: &mut dyn Policy, ops: &[Op], capacity: u64, 
     assert_clean(&dev, policy);
 }
 
+/// One case of the random short-window test (`stitch_tight_with_short_windows_keeps_its_budget`,
+/// and the shrunk streams it found): stitch with the budget of a 16-allocation window, on a
+/// device of `capacity` bytes, clean and within its budget throughout.
+fn short_window_case(ops: &[Op], capacity: u64) {
+    let b = Budget {
+        window: 16,
+        ..Budget::default()
+    };
+    exercise_clean_in_budget(&mut Stitch::new().with_budget(Some(b)), ops, capacity, b);
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+    #![proptest_config(vramshim_testkit::props::config(96))]
 
     #[test]
     fn stitch_is_safe(ops in proptest::collection::vec(op(), 1..300), cap_mib in 64u64..1024) {
@@ -166,8 +255,7 @@ proptest! {
     /// decides what it could from the device's own record, not the pool's).
     #[test]
     fn stitch_tight_with_short_windows_keeps_its_budget(ops in proptest::collection::vec(op(), 1..300), cap_mib in 64u64..1024) {
-        let b = Budget { window: 16, ..Budget::default() };
-        exercise_clean_in_budget(&mut Stitch::new().with_budget(Some(b)), &ops, cap_mib * MIB, b);
+        short_window_case(&ops, cap_mib * MIB);
     }
 
     /// Growing its arena by runs of pages under one handle, the tight pool is as safe and
@@ -542,7 +630,7 @@ fn drawn_rounds(n: usize) -> Vec<Vec<Op>> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #![proptest_config(vramshim_testkit::props::config(64))]
 
     /// The tight pool's round replay (a later round takes the places of the round before,
     /// dissolving cached blocks there and synchronizing for `cudaFree`d ones) is as safe as
@@ -579,6 +667,25 @@ proptest! {
     #[test]
     fn stitch_tight_with_layers_replays_rounds_safely(ops in rounds(), cap_mib in 128u64..1024) {
         let mut p = Stitch::tight().with_layers(true);
+        let dev = exercise_with(&mut p, &ops, cap_mib * MIB, &mut budget_kept(Budget::default()));
+        assert_clean(&dev, &p);
+    }
+
+    /// Mappings that grow in place (`Stitch::with_grow`: a larger request maps only the
+    /// pages missing at an unused mapping's end) are as safe on layers and on rounds: no
+    /// overlap, no early reuse, the device and the budget kept (a mapping grown over a live
+    /// block is caught: `checker_catches_a_mapping_grown_over_a_live_block`).
+    #[test]
+    fn stitch_tight_growing_in_place_is_safe_on_layers(ops in layers(), cap_mib in 128u64..1024) {
+        let mut p = Stitch::tight().with_grow(true).with_layers(cap_mib % 2 == 0);
+        let dev = exercise_with(&mut p, &ops, cap_mib * MIB, &mut budget_kept(Budget::default()));
+        assert_clean(&dev, &p);
+    }
+
+    /// The same on rounds.
+    #[test]
+    fn stitch_tight_growing_in_place_is_safe_on_rounds(ops in rounds(), cap_mib in 128u64..1024) {
+        let mut p = Stitch::tight().with_grow(true);
         let dev = exercise_with(&mut p, &ops, cap_mib * MIB, &mut budget_kept(Budget::default()));
         assert_clean(&dev, &p);
     }
@@ -705,8 +812,42 @@ fn checker_catches_a_layer_place_over_a_live_block() {
     );
 }
 
+/// Drawn layers and rounds through a tight pool growing mappings in place, with and without
+/// `Faults::grow_over_live` (live and pending blocks in a mapping's pages taken for cached
+/// ones): without it all are clean and some grow a mapping (`Stitch::grows`); with it the
+/// checking device sees overlaps in some, and in none with the rule off.
+#[test]
+fn checker_catches_a_mapping_grown_over_a_live_block() {
+    let (mut caught, mut caught_off, mut clean, mut grown) = (0, 0, 0, 0);
+    let broken = Faults {
+        grow_over_live: true,
+        ..Faults::default()
+    };
+    for ops in drawn_layers(64).into_iter().chain(drawn_rounds(64)) {
+        let mut p = Stitch::tight().with_grow(true);
+        let dev = exercise(&mut p, &ops, GIB);
+        assert!(dev.violations().is_empty(), "{:?}", &dev.violations()[..1]);
+        clean += 1;
+        grown += usize::from(p.grows() > 0);
+        let mut p = Stitch::tight().with_grow(true);
+        p.set_faults(broken);
+        caught += usize::from(overlaps_before_the_end(&mut p, &ops, GIB));
+        let mut p = Stitch::tight();
+        p.set_faults(broken);
+        caught_off += usize::from(overlaps_before_the_end(&mut p, &ops, GIB));
+    }
+    eprintln!(
+        "{grown} of 128 grew a mapping in place, {caught} caught with the fault \
+         ({caught_off} with the rule off)"
+    );
+    assert_eq!(clean, 128);
+    assert!(grown > 0, "no draw grew a mapping in place");
+    assert_eq!(caught_off, 0, "the fault acted with the rule off");
+    assert!(caught > 0, "no mapping grown over a live block was caught");
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #![proptest_config(vramshim_testkit::props::config(64))]
 
     /// The same rounds on devices they nearly fill (48-160 MiB for blocks of up to 45 MiB):
     /// the tight pool also re-forms mappings its rounds' places are in there
@@ -1890,129 +2031,15 @@ fn mappings_of_a_page_freed_into_are_given_back_unless_a_stream_used_them() {
 /// `a_release_of_pending_blocks_outdates_the_answer_that_nothing_can_go_back` fails then.
 #[test]
 fn pending_blocks_a_process_sync_releases_are_given_back_above_the_budget() {
-    let ops = vec![
-        Op::Alloc { size: 1, stream: 0 },
-        Op::Alloc {
-            size: 9986438,
-            stream: 0,
-        },
-        Op::Free {
-            idx: 5461228491454272122,
-            mode: FreeMode::Async { stream: 1 },
-        },
-        Op::Free {
-            idx: 8363633106852936054,
-            mode: FreeMode::Async { stream: 1 },
-        },
-        Op::Alloc {
-            size: 981980,
-            stream: 0,
-        },
-        Op::Free {
-            idx: 12697520934868491854,
-            mode: FreeMode::Async { stream: 1 },
-        },
-        Op::Alloc {
-            size: 6762143,
-            stream: 0,
-        },
-        Op::Alloc {
-            size: 542102,
-            stream: 0,
-        },
-        Op::Alloc {
-            size: 2775,
-            stream: 2,
-        },
-        Op::Alloc {
-            size: 4001250,
-            stream: 18446744073709551615,
-        },
-        Op::Free {
-            idx: 7560477481768055968,
-            mode: FreeMode::Async { stream: 0 },
-        },
-        Op::Free {
-            idx: 15176509230140336603,
-            mode: FreeMode::Async { stream: 1 },
-        },
-        Op::Alloc {
-            size: 171092,
-            stream: 0,
-        },
-        Op::Free {
-            idx: 16133305533954728011,
-            mode: FreeMode::Sync,
-        },
-        Op::Alloc {
-            size: 2324,
-            stream: 2,
-        },
-        Op::Alloc {
-            size: 3024,
-            stream: 1,
-        },
-        Op::Alloc {
-            size: 6903591,
-            stream: 1,
-        },
-        Op::Free {
-            idx: 11872999117671438335,
-            mode: FreeMode::Async { stream: 1 },
-        },
-        Op::Alloc {
-            size: 1533,
-            stream: 2,
-        },
-        Op::Free {
-            idx: 5399215596994423618,
-            mode: FreeMode::Async { stream: 2 },
-        },
-        Op::Alloc {
-            size: 2769,
-            stream: 0,
-        },
-        Op::Alloc {
-            size: 1997878,
-            stream: 2,
-        },
-        Op::Hits { n: 45 },
-        Op::Hits { n: 37 },
-        Op::Free {
-            idx: 8209207302156498437,
-            mode: FreeMode::Sync,
-        },
-        Op::Free {
-            idx: 11878329210488162334,
-            mode: FreeMode::Async { stream: 2 },
-        },
-        Op::Free {
-            idx: 8669283101544884110,
-            mode: FreeMode::Sync,
-        },
-        Op::Free {
-            idx: 3070851867124967821,
-            mode: FreeMode::Async { stream: 0 },
-        },
-        Op::Free {
-            idx: 15786390639728793754,
-            mode: FreeMode::Sync,
-        },
-        Op::ProcessSync,
-        Op::Free {
-            idx: 4720397894211475227,
-            mode: FreeMode::Async { stream: 0 },
-        },
-        Op::Alloc {
-            size: 2879,
-            stream: 0,
-        },
-    ];
-    let b = Budget {
-        window: 16,
-        ..Budget::default()
-    };
-    exercise_clean_in_budget(&mut Stitch::new().with_budget(Some(b)), &ops, 275 * MIB, b);
+    let ops = stream(concat!(
+        "a1:0 a9986438:0 f5461228491454272122:1 f8363633106852936054:1 a981980:0 ",
+        "f12697520934868491854:1 a6762143:0 a542102:0 a2775:2 a4001250:* ",
+        "f7560477481768055968:0 f15176509230140336603:1 a171092:0 f16133305533954728011 a2324:2 ",
+        "a3024:1 a6903591:1 f11872999117671438335:1 a1533:2 f5399215596994423618:2 a2769:0 ",
+        "a1997878:2 h45 h37 f8209207302156498437 f11878329210488162334:2 f8669283101544884110 ",
+        "f3070851867124967821:0 f15786390639728793754 p f4720397894211475227:0 a2879:0",
+    ));
+    short_window_case(&ops, 275 * MIB);
 }
 
 /// A budget that falls in two steps: at the first, the pool gives idle pages back until it is
@@ -2064,194 +2091,18 @@ fn idle_pages_go_back_when_the_budget_falls_again() {
 /// 37 pages that could go back.
 #[test]
 fn an_idle_scan_that_stopped_at_the_bytes_kept_is_not_remembered() {
-    let ops = vec![
-        Op::Alloc {
-            size: 14849,
-            stream: 0,
-        },
-        Op::Free {
-            idx: 0,
-            mode: FreeMode::Async { stream: 0 },
-        },
-        Op::Alloc { size: 1, stream: 0 },
-        Op::Alloc { size: 1, stream: 0 },
-        Op::Alloc { size: 1, stream: 0 },
-        Op::Alloc { size: 1, stream: 0 },
-        Op::Alloc {
-            size: 3673,
-            stream: 0,
-        },
-        Op::Alloc {
-            size: 114,
-            stream: 0,
-        },
-        Op::Alloc {
-            size: 2939,
-            stream: 1,
-        },
-        Op::Free {
-            idx: 16854134226397539377,
-            mode: FreeMode::Async { stream: 2 },
-        },
-        Op::Alloc {
-            size: 217098433,
-            stream: 1,
-        },
-        Op::Free {
-            idx: 9931357464084627234,
-            mode: FreeMode::Async { stream: 0 },
-        },
-        Op::Alloc {
-            size: 917,
-            stream: 1,
-        },
-        Op::Alloc {
-            size: 877303,
-            stream: 0,
-        },
-        Op::Alloc {
-            size: 5151278,
-            stream: 1,
-        },
-        Op::Free {
-            idx: 503545846407919875,
-            mode: FreeMode::Async { stream: 2 },
-        },
-        Op::Free {
-            idx: 18054491511055715963,
-            mode: FreeMode::Async { stream: 2 },
-        },
-        Op::Alloc {
-            size: 318325,
-            stream: 2,
-        },
-        Op::Alloc {
-            size: 184484648,
-            stream: 1,
-        },
-        Op::Alloc {
-            size: 320498,
-            stream: vramshim_pool::ANY_STREAM,
-        },
-        Op::Alloc {
-            size: 7186350,
-            stream: 1,
-        },
-        Op::Alloc {
-            size: 554905,
-            stream: 0,
-        },
-        Op::Free {
-            idx: 16961619514046473213,
-            mode: FreeMode::Async { stream: 1 },
-        },
-        Op::Alloc {
-            size: 720380,
-            stream: 1,
-        },
-        Op::Free {
-            idx: 4451353675208480323,
-            mode: FreeMode::Sync,
-        },
-        Op::Alloc {
-            size: 825254,
-            stream: 0,
-        },
-        Op::Free {
-            idx: 10114500218495434895,
-            mode: FreeMode::Async { stream: 0 },
-        },
-        Op::Free {
-            idx: 12476052835609184368,
-            mode: FreeMode::Async { stream: 0 },
-        },
-        Op::Alloc {
-            size: 281734491,
-            stream: 0,
-        },
-        Op::Alloc {
-            size: 1991,
-            stream: 0,
-        },
-        Op::Free {
-            idx: 15659579919939468533,
-            mode: FreeMode::Async { stream: 2 },
-        },
-        Op::Free {
-            idx: 1611021055538505788,
-            mode: FreeMode::Sync,
-        },
-        Op::Alloc {
-            size: 634728,
-            stream: 1,
-        },
-        Op::Alloc {
-            size: 2100,
-            stream: 2,
-        },
-        Op::Free {
-            idx: 6394150506980335449,
-            mode: FreeMode::Async { stream: 2 },
-        },
-        Op::Free {
-            idx: 11262411286061902214,
-            mode: FreeMode::Async { stream: 2 },
-        },
-        Op::Alloc {
-            size: 4030838,
-            stream: 1,
-        },
-        Op::Free {
-            idx: 17712929391611399303,
-            mode: FreeMode::Async { stream: 0 },
-        },
-        Op::Free {
-            idx: 13538869117031490500,
-            mode: FreeMode::Async { stream: 2 },
-        },
-        Op::Alloc {
-            size: 3674,
-            stream: vramshim_pool::ANY_STREAM,
-        },
-        Op::ProcessSync,
-        Op::Free {
-            idx: 4446661154887567018,
-            mode: FreeMode::Async { stream: 2 },
-        },
-        Op::Free {
-            idx: 8188546529624412558,
-            mode: FreeMode::Async { stream: 2 },
-        },
-        Op::Hits { n: 31 },
-        Op::Hits { n: 48 },
-        Op::Alloc {
-            size: 3207,
-            stream: 0,
-        },
-        Op::Free {
-            idx: 3660299789023440163,
-            mode: FreeMode::Async { stream: 0 },
-        },
-        Op::Hits { n: 18 },
-        Op::Free {
-            idx: 6031730958621627445,
-            mode: FreeMode::Async { stream: 0 },
-        },
-        Op::Alloc {
-            size: 2785,
-            stream: vramshim_pool::ANY_STREAM,
-        },
-        Op::Hits { n: 36241 },
-        Op::Alloc {
-            size: 930573,
-            stream: vramshim_pool::ANY_STREAM,
-        },
-    ];
-    let b = Budget {
-        window: 16,
-        ..Budget::default()
-    };
-    exercise_clean_in_budget(&mut Stitch::new().with_budget(Some(b)), &ops, 759 * MIB, b);
+    let ops = stream(concat!(
+        "a14849:0 f0:0 a1:0 a1:0 a1:0 a1:0 a3673:0 a114:0 a2939:1 f16854134226397539377:2 ",
+        "a217098433:1 f9931357464084627234:0 a917:1 a877303:0 a5151278:1 f503545846407919875:2 ",
+        "f18054491511055715963:2 a318325:2 a184484648:1 a320498:* a7186350:1 a554905:0 ",
+        "f16961619514046473213:1 a720380:1 f4451353675208480323 a825254:0 f10114500218495434895:0 ",
+        "f12476052835609184368:0 a281734491:0 a1991:0 f15659579919939468533:2 ",
+        "f1611021055538505788 a634728:1 a2100:2 f6394150506980335449:2 f11262411286061902214:2 ",
+        "a4030838:1 f17712929391611399303:0 f13538869117031490500:2 a3674:* p ",
+        "f4446661154887567018:2 f8188546529624412558:2 h31 h48 a3207:0 f3660299789023440163:0 h18 ",
+        "f6031730958621627445:0 a2785:* h36241 a930573:*",
+    ));
+    short_window_case(&ops, 759 * MIB);
 }
 
 /// A stream of the random short-window test (shrunk; found with the fix below reverted) on which
@@ -2261,223 +2112,19 @@ fn an_idle_scan_that_stopped_at_the_bytes_kept_is_not_remembered() {
 /// for an 8 MiB budget, nothing cached, 5 pages that could go back.
 #[test]
 fn the_idle_scan_is_keyed_by_what_can_free_a_page_not_by_counts() {
-    let ops = vec![
-        Op::Alloc { size: 1, stream: 0 },
-        Op::Free {
-            idx: 968255,
-            mode: FreeMode::Async { stream: 0 },
-        },
-        Op::Alloc {
-            size: 8186571,
-            stream: vramshim_pool::ANY_STREAM,
-        },
-        Op::Alloc {
-            size: 941856,
-            stream: 0,
-        },
-        Op::Alloc {
-            size: 2613081,
-            stream: 1,
-        },
-        Op::Alloc {
-            size: 97593,
-            stream: 0,
-        },
-        Op::Free {
-            idx: 2543898374426637275,
-            mode: FreeMode::Async { stream: 0 },
-        },
-        Op::Alloc {
-            size: 3221969,
-            stream: 1,
-        },
-        Op::Alloc {
-            size: 114564,
-            stream: 2,
-        },
-        Op::Alloc {
-            size: 1427,
-            stream: 2,
-        },
-        Op::Free {
-            idx: 11813870922148137865,
-            mode: FreeMode::Async { stream: 2 },
-        },
-        Op::Alloc {
-            size: 88138,
-            stream: vramshim_pool::ANY_STREAM,
-        },
-        Op::Free {
-            idx: 11466436824716095044,
-            mode: FreeMode::Async { stream: 1 },
-        },
-        Op::Alloc {
-            size: 3268,
-            stream: vramshim_pool::ANY_STREAM,
-        },
-        Op::Alloc {
-            size: 3310,
-            stream: 2,
-        },
-        Op::Alloc {
-            size: 65432513,
-            stream: 0,
-        },
-        Op::Alloc {
-            size: 530615,
-            stream: vramshim_pool::ANY_STREAM,
-        },
-        Op::Alloc {
-            size: 434670,
-            stream: vramshim_pool::ANY_STREAM,
-        },
-        Op::Alloc {
-            size: 863000,
-            stream: 1,
-        },
-        Op::Alloc {
-            size: 2386,
-            stream: 1,
-        },
-        Op::Alloc {
-            size: 1687,
-            stream: 2,
-        },
-        Op::Alloc {
-            size: 2896,
-            stream: 0,
-        },
-        Op::Free {
-            idx: 4667770637777871426,
-            mode: FreeMode::Async { stream: 0 },
-        },
-        Op::Free {
-            idx: 13104819070145075953,
-            mode: FreeMode::Sync,
-        },
-        Op::Alloc {
-            size: 430,
-            stream: 0,
-        },
-        Op::Capture(true),
-        Op::Alloc {
-            size: 330817,
-            stream: 0,
-        },
-        Op::Alloc {
-            size: 930285,
-            stream: 0,
-        },
-        Op::Alloc {
-            size: 3079,
-            stream: 1,
-        },
-        Op::Free {
-            idx: 12090088055314611082,
-            mode: FreeMode::Async { stream: 0 },
-        },
-        Op::Free {
-            idx: 13788684752726569192,
-            mode: FreeMode::Async { stream: 1 },
-        },
-        Op::Free {
-            idx: 7988700469131222624,
-            mode: FreeMode::Sync,
-        },
-        Op::Alloc {
-            size: 2333148,
-            stream: vramshim_pool::ANY_STREAM,
-        },
-        Op::Free {
-            idx: 16486028843747749268,
-            mode: FreeMode::Async { stream: 2 },
-        },
-        Op::Free {
-            idx: 16368587247352559242,
-            mode: FreeMode::Async { stream: 2 },
-        },
-        Op::Alloc {
-            size: 1826,
-            stream: 2,
-        },
-        Op::Alloc {
-            size: 3684,
-            stream: 1,
-        },
-        Op::Free {
-            idx: 3974220690848472423,
-            mode: FreeMode::Async { stream: 1 },
-        },
-        Op::Free {
-            idx: 3497868980746992145,
-            mode: FreeMode::Async { stream: 2 },
-        },
-        Op::Free {
-            idx: 7715502518252066449,
-            mode: FreeMode::Async { stream: 1 },
-        },
-        Op::Alloc {
-            size: 695665,
-            stream: 2,
-        },
-        Op::Alloc {
-            size: 493341,
-            stream: 0,
-        },
-        Op::Free {
-            idx: 6849685998671646748,
-            mode: FreeMode::Sync,
-        },
-        Op::Hits { n: 26301 },
-        Op::Alloc {
-            size: 470,
-            stream: 1,
-        },
-        Op::Free {
-            idx: 15688370420909865730,
-            mode: FreeMode::Async { stream: 1 },
-        },
-        Op::Free {
-            idx: 5829178775336113891,
-            mode: FreeMode::Async { stream: 0 },
-        },
-        Op::Alloc {
-            size: 2211,
-            stream: 1,
-        },
-        Op::Free {
-            idx: 1632057000828057405,
-            mode: FreeMode::Async { stream: 1 },
-        },
-        Op::Alloc {
-            size: 758,
-            stream: 2,
-        },
-        Op::Free {
-            idx: 3459706122216970664,
-            mode: FreeMode::Sync,
-        },
-        Op::Free {
-            idx: 2325486580807613505,
-            mode: FreeMode::Async { stream: 2 },
-        },
-        Op::Capture(false),
-        Op::Hits { n: 25 },
-        Op::ProcessSync,
-        Op::Free {
-            idx: 16283328057715737196,
-            mode: FreeMode::Async { stream: 2 },
-        },
-        Op::Alloc {
-            size: 317002,
-            stream: 2,
-        },
-    ];
-    let b = Budget {
-        window: 16,
-        ..Budget::default()
-    };
-    exercise_clean_in_budget(&mut Stitch::new().with_budget(Some(b)), &ops, 99 * MIB, b);
+    let ops = stream(concat!(
+        "a1:0 f968255:0 a8186571:* a941856:0 a2613081:1 a97593:0 f2543898374426637275:0 ",
+        "a3221969:1 a114564:2 a1427:2 f11813870922148137865:2 a88138:* f11466436824716095044:1 ",
+        "a3268:* a3310:2 a65432513:0 a530615:* a434670:* a863000:1 a2386:1 a1687:2 a2896:0 ",
+        "f4667770637777871426:0 f13104819070145075953 a430:0 c1 a330817:0 a930285:0 a3079:1 ",
+        "f12090088055314611082:0 f13788684752726569192:1 f7988700469131222624 a2333148:* ",
+        "f16486028843747749268:2 f16368587247352559242:2 a1826:2 a3684:1 f3974220690848472423:1 ",
+        "f3497868980746992145:2 f7715502518252066449:1 a695665:2 a493341:0 f6849685998671646748 ",
+        "h26301 a470:1 f15688370420909865730:1 f5829178775336113891:0 a2211:1 ",
+        "f1632057000828057405:1 a758:2 f3459706122216970664 f2325486580807613505:2 c0 h25 p ",
+        "f16283328057715737196:2 a317002:2",
+    ));
+    short_window_case(&ops, 99 * MIB);
 }
 
 /// A stream of the random short-window test (shrunk; found with the fix below reverted) on which
@@ -2491,118 +2138,13 @@ fn the_idle_scan_is_keyed_by_what_can_free_a_page_not_by_counts() {
 /// addresses from the pool's chunks.)
 #[test]
 fn a_release_of_pending_blocks_outdates_the_answer_that_nothing_can_go_back() {
-    let ops = vec![
-        Op::Alloc { size: 1, stream: 0 },
-        Op::Alloc { size: 1, stream: 0 },
-        Op::Alloc { size: 1, stream: 0 },
-        Op::Alloc { size: 1, stream: 0 },
-        Op::Free {
-            idx: 0,
-            mode: FreeMode::Sync,
-        },
-        Op::Free {
-            idx: 0,
-            mode: FreeMode::Sync,
-        },
-        Op::Free {
-            idx: 0,
-            mode: FreeMode::Sync,
-        },
-        Op::Free {
-            idx: 0,
-            mode: FreeMode::Sync,
-        },
-        Op::Free {
-            idx: 0,
-            mode: FreeMode::Sync,
-        },
-        Op::Alloc { size: 1, stream: 0 },
-        Op::Free {
-            idx: 0,
-            mode: FreeMode::Sync,
-        },
-        Op::Free {
-            idx: 0,
-            mode: FreeMode::Sync,
-        },
-        Op::Free {
-            idx: 0,
-            mode: FreeMode::Sync,
-        },
-        Op::Alloc { size: 1, stream: 0 },
-        Op::Alloc {
-            size: 3585,
-            stream: 0,
-        },
-        Op::Free {
-            idx: 0,
-            mode: FreeMode::Sync,
-        },
-        Op::Alloc {
-            size: 318381,
-            stream: 0,
-        },
-        Op::Free {
-            idx: 9253956928696041504,
-            mode: FreeMode::Sync,
-        },
-        Op::Alloc { size: 1, stream: 0 },
-        Op::Free {
-            idx: 0,
-            mode: FreeMode::Sync,
-        },
-        Op::Alloc {
-            size: 27962026,
-            stream: 0,
-        },
-        Op::Free {
-            idx: 7089033974926336580,
-            mode: FreeMode::Sync,
-        },
-        Op::Alloc {
-            size: 8388608,
-            stream: 0,
-        },
-        Op::Alloc {
-            size: 4097,
-            stream: 0,
-        },
-        Op::Alloc { size: 1, stream: 0 },
-        Op::Free {
-            idx: 0,
-            mode: FreeMode::Sync,
-        },
-        Op::Alloc { size: 1, stream: 0 },
-        Op::Free {
-            idx: 1661028685880625645,
-            mode: FreeMode::Sync,
-        },
-        Op::Alloc {
-            size: 4097,
-            stream: 0,
-        },
-        Op::Alloc {
-            size: 1048577,
-            stream: 0,
-        },
-        Op::Alloc { size: 1, stream: 0 },
-        Op::Alloc { size: 1, stream: 0 },
-        Op::Free {
-            idx: 7488949955046512782,
-            mode: FreeMode::Sync,
-        },
-        Op::ProcessSync,
-        Op::Hits { n: 16 },
-        Op::Alloc {
-            size: 3585,
-            stream: 0,
-        },
-    ];
-    let b = Budget {
-        window: 16,
-        ..Budget::default()
-    };
-    exercise_clean_in_budget(&mut Stitch::new().with_budget(Some(b)), &ops, 64 * MIB, b);
+    let ops = stream(concat!(
+        "a1:0 a1:0 a1:0 a1:0 f0 f0 f0 f0 f0 a1:0 f0 f0 f0 a1:0 a3585:0 f0 a318381:0 ",
+        "f9253956928696041504 a1:0 f0 a27962026:0 f7089033974926336580 a8388608:0 a4097:0 a1:0 f0 ",
+        "a1:0 f1661028685880625645 a4097:0 a1048577:0 a1:0 a1:0 f7488949955046512782 p h16 ",
+        "a3585:0",
+    ));
+    short_window_case(&ops, 64 * MIB);
 }
 
 /// Found by the random short-window test (seed 12 of 1,500 cases): near the device's limit the
@@ -2613,104 +2155,12 @@ fn a_release_of_pending_blocks_outdates_the_answer_that_nothing_can_go_back() {
 /// 1 times`, the checking device).
 #[test]
 fn a_page_moved_within_a_reformed_mapping_is_not_released_while_mapped_there() {
-    use FreeMode::*;
-    use Op::*;
-    let ops = vec![
-        Alloc { size: 1, stream: 0 },
-        Free { idx: 0, mode: Sync },
-        Alloc {
-            size: 1997288,
-            stream: 0,
-        },
-        Free { idx: 0, mode: Sync },
-        Alloc {
-            size: 8198657,
-            stream: 0,
-        },
-        Alloc {
-            size: 24065,
-            stream: 0,
-        },
-        Alloc {
-            size: 2561,
-            stream: 0,
-        },
-        Free {
-            idx: 6505941216198666261,
-            mode: Sync,
-        },
-        Free { idx: 0, mode: Sync },
-        Alloc {
-            size: 161793,
-            stream: 0,
-        },
-        Alloc { size: 1, stream: 0 },
-        Alloc {
-            size: 4194817,
-            stream: 0,
-        },
-        Alloc { size: 1, stream: 0 },
-        Alloc {
-            size: 6480385,
-            stream: 0,
-        },
-        Free {
-            idx: 989211930943691068,
-            mode: Sync,
-        },
-        Free {
-            idx: 1360073802747487378,
-            mode: Sync,
-        },
-        Alloc {
-            size: 100828161,
-            stream: 0,
-        },
-        Alloc {
-            size: 2356415,
-            stream: 0,
-        },
-        Alloc { size: 1, stream: 0 },
-        Free {
-            idx: 15853621274391374001,
-            mode: Sync,
-        },
-        Alloc {
-            size: 1907713,
-            stream: 0,
-        },
-        Free {
-            idx: 8663830746510357115,
-            mode: Sync,
-        },
-        Free {
-            idx: 1695267640836312141,
-            mode: Sync,
-        },
-        Alloc { size: 1, stream: 0 },
-        Alloc { size: 1, stream: 0 },
-        Free {
-            idx: 6538882803672451708,
-            mode: Sync,
-        },
-        Free {
-            idx: 7491288849755460819,
-            mode: Sync,
-        },
-        Alloc {
-            size: 6481409,
-            stream: 0,
-        },
-        Free {
-            idx: 5161271353098290855,
-            mode: Async { stream: 0 },
-        },
-        ProcessSync,
-        Hits { n: 15 },
-    ];
-    let b = Budget {
-        window: 16,
-        ..Budget::default()
-    };
-    exercise_clean_in_budget(&mut Stitch::new().with_budget(Some(b)), &ops, 110 * MIB, b);
+    let ops = stream(concat!(
+        "a1:0 f0 a1997288:0 f0 a8198657:0 a24065:0 a2561:0 f6505941216198666261 f0 a161793:0 a1:0 ",
+        "a4194817:0 a1:0 a6480385:0 f989211930943691068 f1360073802747487378 a100828161:0 ",
+        "a2356415:0 a1:0 f15853621274391374001 a1907713:0 f8663830746510357115 ",
+        "f1695267640836312141 a1:0 a1:0 f6538882803672451708 f7491288849755460819 a6481409:0 ",
+        "f5161271353098290855:0 p h15",
+    ));
+    short_window_case(&ops, 110 * MIB);
 }

@@ -120,7 +120,7 @@ fn run(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(vramshim_testkit::props::config(48))]
 
     /// Rounds that repeat with changes: replayed places never overlap a live block, never
     /// reuse memory early, and everything is given back.

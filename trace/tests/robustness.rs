@@ -331,7 +331,7 @@ fn mutate(bytes: &[u8], ops: &[(usize, u8, u8)]) -> Vec<u8> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+    #![proptest_config(vramshim_testkit::props::config(2000))]
 
     /// Fuzz-like: mutated real traces (mostly past the header, where frames live).
     #[test]

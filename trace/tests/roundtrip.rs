@@ -8,7 +8,7 @@ use proptest::prelude::*;
 use vramshim_trace::*;
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #![proptest_config(vramshim_testkit::props::config(256))]
 
     #[test]
     fn writer_round_trip(

@@ -177,7 +177,7 @@ fn unresolvable_references_are_corrupt_records() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+    #![proptest_config(vramshim_testkit::props::config(300))]
 
     /// Random damage to a run's bytes (in a row frame and in the torch stream of a columnar
     /// frame): the reader ends, never panics, and at most reports the frame's rest corrupt.

@@ -193,7 +193,7 @@ fn damaged_timing_and_record_streams_agree() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(200))]
+    #![proptest_config(vramshim_testkit::props::config(200))]
 
     #[test]
     fn random_traces_and_damage_agree(

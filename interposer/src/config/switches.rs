@@ -82,6 +82,8 @@ const SWITCHES: &[(&str, &[&str])] = &[
             "arm-in-op",
             // The signals blocked across a hand-over's send (`tracer::writer::send`).
             "send-unmasked",
+            // `_exit`'s flush on the exiting thread (`tracer::writer::finish_before_exit`).
+            "exit-inline",
         ],
     ),
     ("VRAMSHIM_TRACE_WRITER_FAULT", &["hold"]),

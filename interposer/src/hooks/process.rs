@@ -5,10 +5,13 @@
 //!
 //! Limits (docs/trace-format.md section 9): `vfork`, `clone` and `posix_spawn` children are
 //! not recorded (they exec at once); `_exit` in a vfork child never touches the parent's
-//! trace; `_exit` called from a signal handler that interrupted `malloc` on the same thread
-//! could block in the flush (it allocates): `VRAMSHIM_TRACE_EXIT_FLUSH=0` turns the flush off.
+//! trace. `_exit` is async-signal-safe, and so is its hook: the exiting thread neither
+//! allocates nor locks (a signal handler may have interrupted `malloc` on it); the writer
+//! thread finishes the trace, waited for a bounded time (`tracer::on_quick_exit`), and glibc's
+//! `_exit` is looked up at load, not here (`dlsym` is not async-signal-safe).
 
 use std::ffi::c_int;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::cuda::real;
 use crate::tracer;
@@ -17,8 +20,21 @@ use vramshim_trace::Event;
 type ForkFn = unsafe extern "C" fn() -> libc::pid_t;
 type ExitFn = unsafe extern "C" fn(c_int) -> !;
 
-fn real_exit(code: c_int) -> ! {
+/// glibc's `_exit` (0: not looked up yet), resolved by [`init`].
+static REAL_EXIT: AtomicUsize = AtomicUsize::new(0);
+
+/// Looks up glibc's `_exit` (at load, from the library's constructor).
+pub(crate) fn init() {
     let p = real::dlsym_real(libc::RTLD_NEXT, c"_exit");
+    REAL_EXIT.store(p as usize, Ordering::Release);
+}
+
+fn real_exit(code: c_int) -> ! {
+    let mut p = REAL_EXIT.load(Ordering::Acquire) as *mut libc::c_void;
+    if p.is_null() {
+        // Only before the constructor ran (another library's constructor calling `_exit`).
+        p = real::dlsym_real(libc::RTLD_NEXT, c"_exit");
+    }
     if !p.is_null() {
         // SAFETY: glibc's `_exit`, with the caller's argument.
         unsafe { std::mem::transmute::<*mut libc::c_void, ExitFn>(p)(code) }

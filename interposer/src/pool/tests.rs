@@ -1550,39 +1550,20 @@ fn busy_maps_model_with(
     faults: vramshim_pool::stitch::Faults,
 ) -> ((u64, u64, u64, u64, u64), u64) {
     use vramshim_pool::stitch::Stitch;
-    use vramshim_pool::{AccountingDevice, FreeMode, MIB, Policy, Request};
+    use vramshim_pool::{AccountingDevice, Policy};
     let mut p = Stitch::tight();
     p.set_faults(faults);
     // cuda-sim's default device
     let mut dev = AccountingDevice::new(16 << 30);
     dev.set_checking(true);
-    let (s, freed) = (7, FreeMode::Async { stream: 7 });
-    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move |n: u64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % n
-    };
-    let mut live = std::collections::VecDeque::new();
-    let (mut most, mut most_pages) = (0, 0);
-    for step in 0..steps {
-        let w = if step < shrink_at { window } else { shrunk };
-        while live.len() >= w {
-            let a = live.pop_front().unwrap();
-            dev.check_free(a, freed);
-            p.free(&mut dev, a, freed).unwrap();
-        }
-        let size = 2 * MIB + next(38 * MIB);
-        let a = p.alloc(&mut dev, Request { size, stream: s }).unwrap().addr;
-        dev.check_alloc(a, size, s);
-        live.push_back(a);
-        most = most.max(p.mappings());
-        most_pages = most_pages.max(p.pages());
-        if (step + 1) % wait == 0 {
-            dev.stream_sync(s);
-        }
-    }
+    let run = vramshim_testkit::busy_maps::serve_shrinking(
+        &mut p,
+        &mut dev,
+        steps,
+        (window, shrink_at, shrunk),
+        wait,
+    );
+    let (most, most_pages) = (run.most_mappings, run.most_pages);
     assert!(dev.violations().is_empty(), "{:?}", &dev.violations()[..1]);
     (
         (

@@ -20,10 +20,12 @@
 //!   dropped and its events counted in a `Lost` record.
 //! - At exit (`atexit`, which also covers `exit()` from any thread and the end of `main`) the
 //!   exiting thread takes the writer, drains everything and writes the `End` record itself.
-//!   `_exit`/`_Exit` (which skip atexit) do the same from their hooks (`hooks/process.rs`),
-//!   except in a vfork child (the writer belongs to the parent), when the writer's lock cannot
-//!   be had within 200 ms, or with `VRAMSHIM_TRACE_EXIT_FLUSH=0`; then the periodic flush
-//!   bounds what is lost to the last 50–100 ms.
+//!   `_exit`/`_Exit` (which skip atexit, and may be called from a signal handler) hand that
+//!   work to the writer thread from their hooks (`hooks/process.rs`) and wait for it without
+//!   allocating or locking, except in a vfork child (the writer belongs to the parent); the
+//!   wait ends when the writer makes no step for 500 ms (it may need a lock the interrupted
+//!   code holds), and there is none with `VRAMSHIM_TRACE_EXIT_FLUSH=0`; then the periodic
+//!   flush bounds what is lost to the last 50–100 ms.
 //! - `fork()` in a traced process writes a `Fork` record (child pid) to the parent's trace.
 //! - A forked child ([`on_fork_child`]) forgets the parent's writer, channel and buffers
 //!   without touching any lock, and lazily starts its own writer and file on its first event.
@@ -233,9 +235,10 @@ pub(crate) fn call_failed(name: &str, device: i32, result: i32) {
     });
 }
 
-/// Called by the `_exit`/`_Exit` hooks: the same flush, but only in the process that owns the
-/// writer (never in a vfork child), with a bounded wait for the writer's lock, and not at all
-/// with `VRAMSHIM_TRACE_EXIT_FLUSH=0`.
+/// Called by the `_exit`/`_Exit` hooks: the same flush, run by the writer thread while the
+/// exiting thread waits (bounded, and async-signal-safe: no allocation, no lock), only in the
+/// process that owns the writer (never in a vfork child), and not at all with
+/// `VRAMSHIM_TRACE_EXIT_FLUSH=0`.
 pub(crate) fn on_quick_exit() {
     if config_var("VRAMSHIM_TRACE_EXIT_FLUSH").is_some_and(|v| v.trim() == "0") {
         return;
@@ -348,6 +351,13 @@ pub mod testing {
     /// whose handler exits (`on_exit`), as a handler that calls `exit()` does.
     pub fn inside_own_slot(f: impl FnOnce()) {
         slots::inside_own_slot(f);
+    }
+
+    /// What the `_exit`/`_Exit` hooks run before the real call (the writer thread finishes
+    /// the trace while the calling thread waits): for a signal handler in a test that exits
+    /// that way without ending the test process.
+    pub fn quick_exit() {
+        super::on_quick_exit();
     }
 
     /// What the writer counted as lost so far.

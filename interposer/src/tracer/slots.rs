@@ -1050,15 +1050,39 @@ fn wait_for_writer() {
 /// says. `patience` bounds the waits for owners inside their slots, all slots together.
 /// `probe` (a tick after one whose barrier failed): the barrier is tried alone first, and
 /// while it still fails nothing is claimed ([`drain`]).
+/// `exiting`: the slot of the thread whose exit this drain serves (given up at once when that
+/// thread is inside it, see [`drain`]); the calling thread's own ([`own_slot`]) but for the
+/// writer thread finishing the trace for an `_exit`.
 pub(crate) fn drain_all(
     f: impl FnMut(Option<Buf>),
     patience: Patience,
     wait_own: bool,
     probe: bool,
+    exiting: SlotRef,
 ) -> Drained {
     let mut all = Vec::new();
     for_each(|s| all.push(s));
-    drain(&all, f, patience, wait_own, probe)
+    drain_for(&all, f, patience, wait_own, probe, exiting.0.cast())
+}
+
+/// A thread's slot as a plain address (null: the thread has none), for naming one thread's
+/// slot to a drain run by another ([`drain_all`]'s `exiting`).
+#[derive(Clone, Copy)]
+pub(crate) struct SlotRef(*const ());
+
+impl SlotRef {
+    pub(crate) fn from_raw(p: *mut ()) -> SlotRef {
+        SlotRef(p)
+    }
+
+    pub(crate) fn into_raw(self) -> *mut () {
+        self.0.cast_mut()
+    }
+}
+
+/// The calling thread's slot (one thread-local load).
+pub(crate) fn own_slot() -> SlotRef {
+    SlotRef(my_slot_ptr().get())
 }
 
 /// What [`drain`] did.
@@ -1126,6 +1150,19 @@ fn fault_hand_over_uncounted() -> bool {
     crate::config::switch_on("VRAMSHIM_SLOTS_FAULT", "hand-over-uncounted")
 }
 
+/// [`drain_for`] with the calling thread's own slot as the exiting one (the unit tests' way).
+#[cfg(test)]
+fn drain(
+    slots: &[&'static Slot],
+    f: impl FnMut(Option<Buf>),
+    patience: Patience,
+    wait_own: bool,
+    probe: bool,
+) -> Drained {
+    let mine = my_slot_ptr().get() as *const Slot;
+    drain_for(slots, f, patience, wait_own, probe, mine)
+}
+
 /// Claim every slot, one barrier for all of them, take each buffer, then hand them to `f`
 /// (after `f(None)`, see [`drain_all`]).
 ///
@@ -1134,26 +1171,27 @@ fn fault_hand_over_uncounted() -> bool {
 /// events before its earlier ones; so the queue is emptied (`f(None)`) while every slot a
 /// buffer was taken from is still held, when no owner of one can hand anything over.
 ///
-/// The calling thread's own slot, when it is inside it, is given up at once: it cannot leave
-/// while it runs this (`wait_own`, under the fault switch `own-wait`: it is waited for like
-/// any other, through all of `patience`, in vain).
+/// The exiting thread's slot (`mine`: the calling thread's own, or the one of the thread whose
+/// `_exit` the writer thread serves), when that thread is inside it, is given up at once: it
+/// cannot leave while it runs or waits for this (`wait_own`, under the fault switch
+/// `own-wait`: it is waited for like any other, through all of `patience`, in vain).
 ///
 /// `probe`: the barrier is tried alone first, and while it fails nothing is claimed (taken:
 /// false, nothing given up). For a tick after one whose barrier failed: nothing could be
 /// taken, and claiming the slots would make every owner that comes wait through the drain's
 /// settling (a millisecond and more) for nothing; the buffers wait for a tick where the
 /// barrier works. Never at exit, where every slot is claimed and given up counted.
-fn drain(
+fn drain_for(
     slots: &[&'static Slot],
     mut f: impl FnMut(Option<Buf>),
     mut patience: Patience,
     wait_own: bool,
     probe: bool,
+    mine: *const Slot,
 ) -> Drained {
     if probe && !barrier::heavy() {
         return Drained::default();
     }
-    let mine = my_slot_ptr().get() as *const Slot;
     let mut given_up: Vec<&'static Slot> = Vec::new();
     let held: Vec<Guard<'static>> = slots
         .iter()

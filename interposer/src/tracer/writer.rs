@@ -399,12 +399,18 @@ const TICK_MS_MAX: u64 = 60_000;
 fn writer_main(sh: &'static Shared) {
     // Process-directed signals must go to the application's threads, not to us.
     block_signals();
+    WRITER_TID.store(crate::sys::ids::tid(), Ordering::Release);
+    let _gone = WriterGone;
     // Senders before this point find no thread to unpark: the next tick takes their buffers.
     let _ = sh.writer.set(std::thread::current());
     let period = tick_period();
     let hold = fault_hold();
     let mut next = Instant::now() + period;
     loop {
+        if EXIT_ASK.load(Ordering::Acquire) == ASK_WAITING {
+            serve_exit(sh);
+            return;
+        }
         let now = Instant::now();
         if now >= next {
             if !tick(sh, false) {
@@ -524,6 +530,7 @@ fn fault_hold() -> bool {
 }
 
 fn write_chunk(sh: &Shared, out: &mut Out, mut c: Chunk) {
+    PROGRESS.fetch_add(1, Ordering::Relaxed);
     // Under back-pressure, trade ratio for speed (the level applies from the next frame).
     let fast = QUEUED.load(Ordering::Relaxed) > FAST_ABOVE;
     if fast != out.fast {
@@ -539,6 +546,7 @@ fn write_chunk(sh: &Shared, out: &mut Out, mut c: Chunk) {
 /// Encode a thread's buffer and add its records to the frame (after a failed write: count
 /// its events as lost).
 fn write_raw(out: &mut Out, raw: &mut Buf) {
+    PROGRESS.fetch_add(1, Ordering::Relaxed);
     if out.failed.is_some() {
         count_lost(raw.events());
         return;
@@ -619,13 +627,17 @@ fn finish_failed(out: &mut Out, now: u64) -> bool {
 /// One flush cycle. Returns false once the trace is finished.
 fn tick(sh: &'static Shared, at_exit: bool) -> bool {
     let mut g = lock(sh);
-    tick_locked(sh, &mut g, at_exit)
+    tick_locked(sh, &mut g, at_exit, slots::own_slot())
 }
 
+/// One flush cycle with the writer's lock held. `exiting`: the slot of the thread that is
+/// exiting (its own when it runs this; the asking thread's when the writer finishes the trace
+/// for an `_exit`), given up at once when that thread is inside it.
 fn tick_locked(
     sh: &'static Shared,
     g: &mut MutexGuard<'static, Option<Out>>,
     at_exit: bool,
+    exiting: slots::SlotRef,
 ) -> bool {
     let Some(out) = g.as_mut() else {
         return false;
@@ -677,7 +689,9 @@ fn tick_locked(
         patience,
         fault == OrderFault::OwnWait,
         probe,
+        exiting,
     );
+    PROGRESS.fetch_add(1, Ordering::Relaxed);
     for c in older {
         write_chunk(sh, out, c);
     }
@@ -941,9 +955,64 @@ pub(crate) fn running_seqcst() -> bool {
     STATE.load(Ordering::SeqCst) == Running as u8
 }
 
-/// `_exit` path: [`finish`], but never in a process that does not own the writer (a vfork
-/// child), and giving up when the writer's lock stays taken for 200 ms (the thread holding it
-/// may be the one a signal handler interrupted). True when the end record was written.
+/// The `_exit` hand-off ([`finish_before_exit`] asks, the writer thread serves): nothing
+/// asked, asked, served with the end record written, served without it.
+static EXIT_ASK: AtomicU8 = AtomicU8::new(ASK_NONE);
+const ASK_NONE: u8 = 0;
+const ASK_WAITING: u8 = 1;
+const ASK_ENDED: u8 = 2;
+const ASK_NOT_ENDED: u8 = 3;
+/// The slot of the thread that asked (see [`tick_locked`]'s `exiting`).
+static EXIT_ASKER: AtomicPtr<()> = AtomicPtr::new(std::ptr::null_mut());
+/// Counts the writer's steps (a buffer written, a drain done, an ask taken up): an `_exit`
+/// waiting for the writer gives up once this stops moving for `EXIT_STALL_NS`.
+static PROGRESS: AtomicU64 = AtomicU64::new(0);
+/// The writer thread's kernel tid (0: not started yet).
+static WRITER_TID: AtomicU32 = AtomicU32::new(0);
+/// The writer thread has returned (the trace is finished, or could not go on).
+static WRITER_GONE: AtomicBool = AtomicBool::new(false);
+/// How long an `_exit` waits for a writer that makes no step: longer than the exit drain's
+/// own bound on its waits for threads inside their slots (`EXIT_WAIT_NS`), so a drain that
+/// waits is not taken for a stuck writer.
+const EXIT_STALL_NS: u64 = 500_000_000;
+
+/// Marks the writer thread gone when it returns (or unwinds).
+struct WriterGone;
+
+impl Drop for WriterGone {
+    fn drop(&mut self) {
+        WRITER_GONE.store(true, Ordering::Release);
+    }
+}
+
+/// On the writer thread: finish the trace for the thread that asked in
+/// [`finish_before_exit`], then say how it went.
+fn serve_exit(sh: &'static Shared) {
+    let exiting = slots::SlotRef::from_raw(EXIT_ASKER.load(Ordering::Acquire));
+    let ended = {
+        let mut g = lock(sh);
+        PROGRESS.fetch_add(1, Ordering::Relaxed);
+        tick_locked(sh, &mut g, true, exiting)
+    };
+    super::disable();
+    STATE.store(Done as u8, Ordering::Release);
+    let said = if ended { ASK_ENDED } else { ASK_NOT_ENDED };
+    EXIT_ASK.store(said, Ordering::Release);
+}
+
+/// `_exit` path: what [`finish`] does, but async-signal-safe on the calling thread, for
+/// `_exit` is (a signal handler may call it having interrupted `malloc` or `free` on this
+/// thread, with the allocator's lock held: a flush here, which allocates, would wait for that
+/// lock for ever). So this thread only asks the writer thread to finish the trace (atomics
+/// and a futex wake) and sleeps until it has, giving up when the writer makes no step for
+/// `EXIT_STALL_NS` (it may itself wait for a lock the interrupted code holds): the trace then
+/// ends at the writer's last flush, without its end record. Never in a process that does not
+/// own the writer (a vfork child). True when the end record was written.
+///
+/// On the writer thread itself (whose signals are blocked), and under the fault switch
+/// `VRAMSHIM_TRACE_FAULT=exit-inline`, the calling thread flushes as before the hand-off,
+/// waiting at most 200 ms for the writer's lock (and, under the fault, hanging when a handler
+/// interrupted the allocator).
 pub(crate) fn finish_before_exit() -> bool {
     if !life_is(Running) || OWNER.load(Ordering::Relaxed) != crate::sys::ids::pid() {
         return false;
@@ -952,6 +1021,68 @@ pub(crate) fn finish_before_exit() -> bool {
     let Some(_exiting) = enter_exit() else {
         return false;
     };
+    let me = crate::sys::ids::tid();
+    if WRITER_TID.load(Ordering::Acquire) == me
+        || crate::config::switch_on("VRAMSHIM_TRACE_FAULT", "exit-inline")
+    {
+        return finish_here(sh);
+    }
+    if WRITER_GONE.load(Ordering::Acquire) {
+        return false;
+    }
+    // A second thread's `_exit` meanwhile waits for the first one's answer (the first one's
+    // slot is the one the drain gives up at once).
+    let _ = EXIT_ASKER.compare_exchange(
+        std::ptr::null_mut(),
+        slots::own_slot().into_raw(),
+        Ordering::AcqRel,
+        Ordering::Acquire,
+    );
+    let _ = EXIT_ASK.compare_exchange(ASK_NONE, ASK_WAITING, Ordering::AcqRel, Ordering::Acquire);
+    if let Some(t) = sh.writer.get() {
+        t.unpark();
+    }
+    wait_for_the_writer()
+}
+
+/// Sleeps until the writer answers the `_exit`'s ask, or stops making steps (see
+/// [`finish_before_exit`]). Plain loads, `nanosleep` and `clock_gettime`: nothing that
+/// allocates or locks.
+fn wait_for_the_writer() -> bool {
+    let answer = || match EXIT_ASK.load(Ordering::Acquire) {
+        ASK_ENDED => Some(true),
+        ASK_NOT_ENDED => Some(false),
+        _ => None,
+    };
+    let mut seen = PROGRESS.load(Ordering::Relaxed);
+    let mut since = crate::sys::clock::now_ns();
+    loop {
+        if let Some(ended) = answer() {
+            return ended;
+        }
+        if WRITER_GONE.load(Ordering::Acquire) {
+            // Gone after answering, or before it saw the ask.
+            return answer().unwrap_or(false);
+        }
+        let ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 500_000,
+        };
+        // SAFETY: ts is a valid timespec; the remainder pointer may be null.
+        unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
+        let now = crate::sys::clock::now_ns();
+        let p = PROGRESS.load(Ordering::Relaxed);
+        if p != seen {
+            seen = p;
+            since = now;
+        } else if now.saturating_sub(since) > EXIT_STALL_NS {
+            return false;
+        }
+    }
+}
+
+/// The calling thread finishes the trace itself (see [`finish_before_exit`]).
+fn finish_here(sh: &'static Shared) -> bool {
     let deadline = Instant::now() + Duration::from_millis(200);
     let mut g = loop {
         match sh.out.try_lock() {
@@ -963,7 +1094,7 @@ pub(crate) fn finish_before_exit() -> bool {
             Err(TryLockError::WouldBlock) => return false,
         }
     };
-    let ok = tick_locked(sh, &mut g, true);
+    let ok = tick_locked(sh, &mut g, true, slots::own_slot());
     drop(g);
     super::disable();
     STATE.store(Done as u8, Ordering::Release);
@@ -975,6 +1106,10 @@ pub(crate) fn finish_before_exit() -> bool {
 pub(crate) fn on_fork_child() {
     SHARED.store(std::ptr::null_mut(), Ordering::Relaxed);
     EXITING.store(0, Ordering::Relaxed);
+    EXIT_ASK.store(ASK_NONE, Ordering::Relaxed);
+    EXIT_ASKER.store(std::ptr::null_mut(), Ordering::Relaxed);
+    WRITER_TID.store(0, Ordering::Relaxed);
+    WRITER_GONE.store(false, Ordering::Relaxed);
     OWNER.store(0, Ordering::Relaxed);
     LOST.store(0, Ordering::Relaxed);
     QUEUED.store(0, Ordering::Relaxed);

@@ -89,7 +89,9 @@ impl Stitch {
             for &(p, s, e) in &pieces {
                 // the fault switches' carve or replayed place over a live block: its bytes
                 // are not free
-                if (self.faults.kept_over_live || self.faults.replay_over_live)
+                if (self.faults.kept_over_live
+                    || self.faults.replay_over_live
+                    || self.faults.grow_over_live)
                     && !self.bytes_free(p, s, e)
                 {
                     continue;
@@ -140,17 +142,19 @@ impl Stitch {
         // a mapping that grows in place (the arena) has a reservation of its own; the others
         // take their range from the pool's chunks (see `vas`)
         let own_va = reserve > len;
+        // a stitched range with room to grow into, with `grow` on
+        let carve = if own_va { len } else { self.grow_room(len) };
         let va = if own_va {
             dev.reserve(reserve)
         } else {
-            self.va_take(dev, len)
+            self.va_take(dev, carve)
         }
         .map_err(PoolError::Device)?;
         let give_back = |s: &mut Self, dev: &mut dyn Device| {
             if own_va {
                 let _ = dev.unreserve(va, reserve);
             } else {
-                s.va_put(dev, va, len);
+                s.va_put(dev, va, carve);
             }
         };
         if let Err((e, done)) = self.map_pages(dev, va, &pages) {
@@ -168,7 +172,7 @@ impl Stitch {
         let n = pages.len();
         let mapping = Mapping {
             va,
-            reserved: reserve,
+            reserved: if own_va { reserve } else { carve },
             own_va,
             pages,
             users: 0,
@@ -220,7 +224,7 @@ impl Stitch {
         if own_va {
             let _ = dev.unreserve(va, reserved);
         } else {
-            self.va_put(dev, va, len);
+            self.va_put(dev, va, reserved);
         }
         if self.arena == Some(m) {
             self.arena = None;
@@ -436,7 +440,7 @@ impl Stitch {
         if own_va {
             let _ = dev.unreserve(va, reserved);
         } else {
-            self.va_put(dev, va, pages.len() as u64 * g);
+            self.va_put(dev, va, reserved);
         }
         let n = pages.len();
         if let Some(l) = self.maps_by_len.get_mut(&n) {

@@ -51,6 +51,7 @@ mod budget;
 mod cache;
 mod ends;
 mod fences;
+mod grow;
 mod kept;
 mod layers;
 mod mappings;
@@ -111,7 +112,8 @@ struct Page {
 
 struct Mapping {
     va: u64,
-    /// bytes of address space reserved at `va` (the arena reserves beyond its pages)
+    /// bytes of address space reserved at `va` (the arena reserves beyond its pages; with
+    /// `grow` on, a stitched mapping's range has room after its pages to grow into)
     reserved: u64,
     /// `va` is a reservation of its own (the arena's); else a range of the pool's chunks
     /// (see `vas`)
@@ -255,6 +257,10 @@ pub struct Faults {
     /// new stream with no order to the old one's work: proves the checks of retired streams
     /// can fail.
     pub ignore_retired: bool,
+    /// Grow a mapping in place (see `grow`) over the live or pending blocks in its pages,
+    /// as if they were cached (the new block overlaps them): proves the checks of growing
+    /// in place can fail.
+    pub grow_over_live: bool,
     /// Keep the page fences of dissolved stream-ordered bytes (and the busy marks of frees
     /// whose stream is known past them) until a synchronization, whatever the events recorded
     /// on their streams say (the rule before those events cleared them; not a safety fault:
@@ -356,6 +362,11 @@ pub struct Stitch {
     /// the recent large allocations' places, replayed two periods later (see `layers`)
     layers: layers::Layers,
     layers_on: bool,
+    /// stitched mappings keep address room after their pages and a larger request extends
+    /// one in place (see `grow`)
+    grow_on: bool,
+    /// blocks placed in mappings grown in place
+    grows: u64,
     /// soft limit over peak live beyond which cached blocks are dissolved before growing
     /// (None: cache until the device or cap refuses)
     headroom: Option<f64>,
@@ -463,6 +474,8 @@ impl Stitch {
             rounds: Default::default(),
             layers: Default::default(),
             layers_on: false,
+            grow_on: false,
+            grows: 0,
             headroom: None,
             budget: None,
             vas: vas::VaSpace::default(),
@@ -522,6 +535,18 @@ impl Stitch {
     pub fn with_layers(mut self, on: bool) -> Self {
         self.layers_on = on;
         self
+    }
+
+    /// Keep address room after every stitched mapping and serve a request larger than an
+    /// unused mapping by mapping only the pages missing at its end (see `grow`).
+    pub fn with_grow(mut self, on: bool) -> Self {
+        self.grow_on = on;
+        self
+    }
+
+    /// Blocks placed in mappings grown in place (see `grow`).
+    pub fn grows(&self) -> u64 {
+        self.grows
     }
 
     /// Whether `vramshim replay` runs the live library's per-thread caches of stream-ordered
@@ -800,12 +825,14 @@ impl Policy for Stitch {
             self.layers_on,
             self.tcaches,
         );
+        let grow = self.grow_on;
         *self = Stitch::new()
             .with_headroom(headroom)
             .with_budget(budget)
             .with_runs(runs)
             .with_kept(kept)
             .with_layers(layers)
+            .with_grow(grow)
             .with_thread_caches(tcaches);
         self.set_faults(faults);
         self.stats = Stats {

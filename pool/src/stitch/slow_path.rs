@@ -162,6 +162,10 @@ impl Stitch {
             {
                 return Ok(Slot::Hit(a));
             }
+            // an unused mapping grown by its missing pages before a new one (see `grow`)
+            if let Some(x) = self.grow_place(dev, size, t)? {
+                return Ok(Slot::New(x.0, x.1));
+            }
             if let Some(x) = self.step_place(dev, size, t, false, true)? {
                 return Ok(Slot::New(x.0, x.1));
             }
@@ -189,7 +193,11 @@ impl Stitch {
                 return Ok(Slot::New(x.0, x.1));
             }
         }
-        // 3. free pages under a new mapping
+        // 3. an unused mapping grown by its missing pages (see `grow`), else free pages
+        // under a new mapping
+        if let Some(x) = self.grow_place(dev, size, t)? {
+            return Ok(Slot::New(x.0, x.1));
+        }
         if let Some(x) = self.step_place(dev, size, t, false, true)? {
             return Ok(Slot::New(x.0, x.1));
         }

@@ -114,7 +114,8 @@ impl Stitch {
         if let Some(va) = self.vas.take(need) {
             return Ok(va);
         }
-        let chunk = need.max(CHUNK_PAGES * self.gran);
+        // mappings that grow in place carve their room too (see `grow`)
+        let chunk = need.max(self.grow_room(CHUNK_PAGES * self.gran));
         let c = dev.reserve(chunk)?;
         self.vas.chunks.insert(c, (chunk, 0));
         self.vas.free.insert(c, c + chunk);

@@ -20,7 +20,10 @@
 //! * Scratch space: [`TempDir`] (a private directory in `$TMPDIR`, removed when dropped, also
 //!   when the test panics), [`temp_dir`] (under the target directory, removed when the test
 //!   process exits), [`unique_name`]; shipped traces: [`trace_file`].
-//! * Random workloads, the same on every run: [`XorShift`], [`one_stream_round`].
+//! * Random workloads, the same on every run: [`XorShift`], [`one_stream_round`], the
+//!   busy-mappings serving loop on the pool's model ([`busy_maps`]); property
+//!   tests' configuration ([`props::config`]: a known seed, said on every run; new failures
+//!   kept under the target directory).
 //! * NVIDIA's real `libcudart.so.12` (downloaded wheel): [`real_cudart12_dir`]; the pinned
 //!   NVIDIA wheels of scripts/setup-nvidia-wheels: [`nvidia_wheels`].
 //!
@@ -30,9 +33,11 @@
 //! `cargo build --release -p vramsim-driver -p vramsim-nvml -p vramsim-runtime12
 //! -p vramsim-runtime13 -p vramsim-runtime-static`.
 
+pub mod busy_maps;
 pub mod layers;
 mod layout;
 mod proc;
+pub mod props;
 mod random;
 mod tmp;
 pub mod users;

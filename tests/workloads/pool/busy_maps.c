@@ -14,7 +14,8 @@
  * before it waits: the stream passes the frees of an interval at the wait and not before
  * (the pool's events recorded meanwhile are complete from the wait on, whatever the
  * threads' timing), as in the pool's model (`AccountingDevice::stream_sync`). Sizes come
- * from the xorshift stream of pool/tests/busy_mappings.rs (seed 0x9e3779b97f4a7c15).
+ * from the xorshift stream of the workload's model, `vramshim_testkit::busy_maps` (seed
+ * 0x9e3779b97f4a7c15).
  * Prints "busy_maps most=M most_pages=Q mappings=N pages=P syncs=S": the most mappings and
  * the most pages the pool held after any allocation, its mappings and pages at the end
  * (before freeing the window), and its own synchronizations; or "busy_maps: no library".
