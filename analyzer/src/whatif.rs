@@ -42,12 +42,17 @@ fn is_sync_free(api: Api) -> bool {
 /// handle is stream 0's, the per-thread default stream the calling thread's own). An imported
 /// log's allocation keeps the stream it names.
 fn pool_stream(m: &vramshim_trace::MemOp, alloc: bool) -> u64 {
-    let per_thread = m.flags & vramshim_trace::flags::PER_THREAD_STREAM != 0;
-    let ordered = || vramshim_pool::streams::ordered_on(m.stream, per_thread, || m.tid);
+    request_stream((m.api, m.tid, m.flags), m.stream, alloc)
+}
+
+/// [`pool_stream`] of a call `(api, tid, flags)` on handle `stream`.
+fn request_stream((api, tid, flags): (Api, u32, u8), stream: u64, alloc: bool) -> u64 {
+    let per_thread = flags & vramshim_trace::flags::PER_THREAD_STREAM != 0;
+    let ordered = || vramshim_pool::streams::ordered_on(stream, per_thread, || tid);
     if !alloc {
         return ordered();
     }
-    match m.api {
+    match api {
         Api::CudaMalloc
         | Api::CuMemAlloc
         | Api::CudaMallocPitch
@@ -59,7 +64,7 @@ fn pool_stream(m: &vramshim_trace::MemOp, alloc: bool) -> u64 {
         | Api::CuMemAllocAsync
         | Api::CudaMallocFromPoolAsync
         | Api::CuMemAllocFromPoolAsync => ordered(),
-        _ => m.stream,
+        _ => stream,
     }
 }
 
@@ -214,6 +219,27 @@ fn budget(pm: &crate::analysis::PostMortem) -> Option<Budget> {
     })
 }
 
+/// Where `pm`'s failed request goes in `stream` (the ops before it), and the request: at its
+/// failure record, or failing that (a cap refusal with no allocation record after it) at the
+/// first op after the refusal, on the stream the live pool would order it on, as the ops
+/// before it (the failure record's, or the recorded call's: never the raw handle).
+fn failed_request(stream: &Stream, pm: &crate::analysis::PostMortem) -> (usize, Op) {
+    let idx = pm.alloc_index.unwrap_or(pm.event_index);
+    let failed = stream.failures.iter().find(|f| f.0 == idx);
+    let pos = failed
+        .map(|f| f.1)
+        .unwrap_or_else(|| stream.origin.partition_point(|o| o.0 < idx));
+    let on = failed.map_or_else(|| request_stream(pm.call, pm.stream, true), |f| f.3);
+    (
+        pos,
+        Op::Alloc {
+            id: u64::MAX,
+            size: pm.size,
+            stream: on,
+        },
+    )
+}
+
 /// Fills each post-mortem's `stitch` verdict: replays the device's stream up to the failed
 /// request through `stitch` within what the process could hold then ([`budget`]), then asks
 /// for the request. A request that the run's own stitch pool failed is answered from the run.
@@ -279,19 +305,9 @@ pub fn judge_post_mortems(path: &Path, report: &mut TraceReport) -> Result<(), I
                 });
                 continue;
             }
-            let idx = pm.alloc_index.unwrap_or(pm.event_index);
-            // The failure record, or failing that the first op after the refusal.
-            let failed = stream.failures.iter().find(|f| f.0 == idx);
-            let pos = failed
-                .map(|f| f.1)
-                .unwrap_or_else(|| stream.origin.partition_point(|o| o.0 < idx));
+            let (pos, request) = failed_request(&stream, pm);
             let mut ops = stream.ops[..pos].to_vec();
-            ops.push(Op::Alloc {
-                id: u64::MAX,
-                size: pm.size,
-                // the stream the live pool would order it on, as the ops before it
-                stream: failed.map_or(pm.stream, |f| f.3),
-            });
+            ops.push(request);
             let r = replay::run(&ops, PolicyKind::Stitch, b.limit, None);
             let served = r.completed;
             let detail = if served {
@@ -488,4 +504,92 @@ pub fn replay(
         policies: out,
         damage: s.damage,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vramshim_trace::{AllocKind, DeviceInfo, MemOp, TraceWriter};
+
+    const MIB: u64 = 1 << 20;
+
+    fn op(t_ns: u64, api: Api, addr: u64, stream: u64, result: i32) -> MemOp {
+        MemOp {
+            t_ns,
+            tid: 5,
+            api,
+            kind: AllocKind::Async,
+            flags: 0,
+            device: 0,
+            stream,
+            addr,
+            size: 4 * MIB,
+            result,
+            latency_ns: 500,
+            stack: 0,
+        }
+    }
+
+    /// A post-mortem's failed request is replayed on the stream the live pool would order it
+    /// on, with or without its failure record: a `cudaMalloc` the cap refused with no
+    /// allocation record after the refusal is on any stream (not stream 0, the refusal
+    /// record's "no stream", where a block freed on stream 0 would be its at once), and a
+    /// failed `cudaMallocAsync` on `cudaStreamPerThread` on the thread's own stream.
+    #[test]
+    fn a_failed_request_is_replayed_on_the_pool_s_stream_key() {
+        let header = Header {
+            pid: 9,
+            host: "whatif".into(),
+            devices: vec![DeviceInfo {
+                index: 0,
+                name: "dev0".into(),
+                total_bytes: 1 << 34,
+                uuid: None,
+            }],
+            ..Default::default()
+        };
+        let mut w = TraceWriter::new(Vec::new(), &header).unwrap();
+        let events = [
+            Event::Alloc(op(1_000, Api::CudaMallocAsync, 0x7000_0000, 0, 0)),
+            Event::Free(op(2_000, Api::CudaFreeAsync, 0x7000_0000, 0, 0)),
+            Event::CapRefusal {
+                t_ns: 3_000,
+                tid: 5,
+                device: 0,
+                api: Api::CudaMalloc,
+                size: 4 * MIB,
+                in_use: 0,
+                cap: 8 * MIB,
+            },
+            Event::Alloc(op(4_000, Api::CudaMallocAsync, 0, 2, codes::OUT_OF_MEMORY)),
+        ];
+        for e in &events {
+            w.write(e).unwrap();
+        }
+        let dir = std::env::temp_dir().join(format!("vramshim-whatif-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("t.vramtrace");
+        std::fs::write(&path, w.finish().unwrap()).unwrap();
+        let opts = crate::analysis::Options {
+            progress: false,
+            ..Default::default()
+        };
+        let report = crate::analysis::analyze(input::open(&path).unwrap(), &opts).unwrap();
+        let stream = read_stream(input::open(&path).unwrap(), Some(0)).unwrap();
+        let pms = &report.devices[0].post_mortems;
+        assert_eq!(pms.len(), 2, "{pms:?}");
+        let on = |pm| match failed_request(&stream, pm) {
+            (pos, Op::Alloc { stream, size, .. }) => (pos, stream, size),
+            other => panic!("{other:?}"),
+        };
+        // no failure record: after the two ops, on any stream
+        assert_eq!(pms[0].cause, "cap");
+        assert_eq!(on(&pms[0]), (2, vramshim_pool::ANY_STREAM, 4 * MIB));
+        // its failure record: the thread's own per-thread stream
+        assert_eq!(
+            on(&pms[1]),
+            (2, vramshim_pool::streams::PER_THREAD_BASE | 5, 4 * MIB)
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -686,6 +686,7 @@ impl Analysis {
                 p.pm.kind = Some(m.kind.name().to_string());
                 p.pm.stack = m.stack;
                 p.pm.stream = m.stream;
+                p.pm.call = (m.api, m.tid, m.flags);
                 p.pm.alloc_index = Some(index);
                 p.alloc_at = (m.t_ns, batch);
                 return;
@@ -698,7 +699,7 @@ impl Analysis {
             return;
         }
         let snap = d.snapshot(top);
-        let pm = PostMortem::new(
+        let mut pm = PostMortem::new(
             if refused { "cap" } else { "device" },
             index,
             m.t_ns,
@@ -713,6 +714,7 @@ impl Analysis {
             total,
             snap,
         );
+        pm.call = (m.api, m.tid, m.flags);
         d.post_mortems.push(PendingPm {
             pm,
             tid: m.tid,
@@ -777,6 +779,7 @@ impl Analysis {
                     snap,
                 );
                 pm.charged = in_use;
+                pm.call = (api, tid, 0);
                 pm.larger_cap = Some(LargerCap::new(in_use, size, cap));
                 d.post_mortems.push(PendingPm {
                     pm,

@@ -362,6 +362,10 @@ pub struct PostMortem {
     /// What would have served it with a larger device (device OOMs).
     pub larger_device: Option<LargerCap>,
     pub stitch: Option<StitchVerdict>,
+    /// The call as the trace recorded it: API, thread and flags (with `stream`, what the
+    /// stitch what-if keys the request on when no failure record names its stream).
+    #[serde(skip)]
+    pub(crate) call: (Api, u32, u8),
     /// PyTorch's tensors at the failure (traces with tensor-level events; absent otherwise).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub torch: Option<super::torch::TorchView>,
@@ -419,6 +423,7 @@ impl PostMortem {
                 None
             },
             stitch: None,
+            call: (api, 0, 0),
             torch: None,
             snap: Some(snap),
             torch_snap: None,
