@@ -43,6 +43,8 @@ use fences::{Reuse, is_retired};
 
 pub use budget::Budget;
 #[doc(hidden)]
+pub use layers::LayerPlace;
+#[doc(hidden)]
 pub use pages::PageView;
 
 mod arena;
