@@ -246,6 +246,11 @@ pub struct Faults {
     /// previous round too (see `ends`, "Rounds first"; not a safety fault: it proves the test
     /// that repeated passes complete on the device one pass needs can fail).
     pub ends_skip_rounds: bool,
+    /// An allocation served at its rank's place of the previous round skips the
+    /// synchronization the others make once the pending frees reach their limit (see
+    /// `rounds`, "Hits"; not a safety fault: it proves the tests that a later pass repeats
+    /// the first one's places can fail).
+    pub replay_skips_sync: bool,
     /// Carve stitched mappings' address ranges out of the pool's chunks with no unused page
     /// after each (an access past a mapping's end then lands in the next mapping's memory):
     /// proves the test that such an access finds no memory can fail.
@@ -939,6 +944,18 @@ impl Stitch {
         } else {
             None
         };
+        // a replayed place is served as the allocation of the previous round that made it
+        // was: where enough cudaFree'd memory waits, one synchronization releases it (the
+        // test below), so that the blocks the round frees come back to the cache at the
+        // same points and its later hits take the same blocks (see `rounds`, "Hits")
+        if replayed.is_some()
+            && !self.faults.replay_skips_sync
+            && self.pending_bytes > 0
+            && self.pending_bytes >= self.pending_limit()
+            && !dev.is_capturing()
+        {
+            let _ = self.do_sync(dev);
+        }
         let mut hit = None;
         if replayed.is_none() && !ends {
             hit = self.cache_take(dev, size, t, req.size);
