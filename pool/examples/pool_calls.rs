@@ -1,10 +1,10 @@
 //! Where a trace's driver calls go: every allocation (or free) that makes driver calls on the
 //! tight pool, with its index, size, live and held bytes, and the calls by kind.
 //!
-//! `cargo run --release -p vramshim-pool --example pool_calls -- TRACE.csv [sync|async] [FROM] [runs] [nolayers] [grow]`
+//! `cargo run --release -p vramshim-pool --example pool_calls -- TRACE.csv [sync|async] [FROM] [runs] [nolayers] [grow] [holds]`
 //! (`FROM`: the first allocation index listed; default: the second half; `runs`: the arena
 //! grows by runs of pages, `Stitch::with_runs`; `nolayers`: `Stitch::with_layers(false)`, the
-//! layer replay being on by default; `grow`: `Stitch::with_grow`). Every free reaches the pool
+//! layer replay being on by default; `grow`: `Stitch::with_grow`; `holds`: `Stitch::with_layer_holds`). Every free reaches the pool
 //! (no thread caches).
 
 mod common;
@@ -36,9 +36,12 @@ fn main() {
     let runs = args.iter().any(|a| a == "runs");
     let layers = !args.iter().any(|a| a == "nolayers");
     let grow = args.iter().any(|a| a == "grow");
-    args.retain(|a| a != "runs" && a != "layers" && a != "nolayers" && a != "grow");
+    let holds = args.iter().any(|a| a == "holds");
+    args.retain(|a| a != "runs" && a != "layers" && a != "nolayers" && a != "grow" && a != "holds");
     let Some(path) = args.first() else {
-        eprintln!("usage: pool_calls TRACE.csv [sync|async] [FROM] [runs] [nolayers] [grow]");
+        eprintln!(
+            "usage: pool_calls TRACE.csv [sync|async] [FROM] [runs] [nolayers] [grow] [holds]"
+        );
         std::process::exit(2);
     };
     let frees = match args.get(1).map(String::as_str) {
@@ -60,7 +63,8 @@ fn main() {
     let mut p = Stitch::tight()
         .with_runs(runs)
         .with_layers(layers)
-        .with_grow(grow);
+        .with_grow(grow)
+        .with_layer_holds(holds);
     let mut ids = std::collections::HashMap::new();
     let mut n = 0usize;
     let mut total = 0u64;
