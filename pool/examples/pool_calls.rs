@@ -1,14 +1,14 @@
 //! Where a trace's driver calls go: every allocation (or free) that makes driver calls on the
 //! tight pool, with its index, size, live and held bytes, and the calls by kind.
 //!
-//! `cargo run --release -p vramshim-pool --example pool_calls -- TRACE.csv [sync|async] [FROM] [runs] [nolayers] [grow] [places]`
+//! `cargo run --release -p vramshim-pool --example pool_calls -- TRACE.csv [sync|async] [FROM] [runs] [nolayers] [grow] [holds] [places]`
 //! (`FROM`: the first allocation index listed; default: the second half; `runs`: the arena
 //! grows by runs of pages, `Stitch::with_runs`; `nolayers`: `Stitch::with_layers(false)`, the
-//! layer replay being on by default; `grow`: `Stitch::with_grow`; `places`: also every
-//! allocation of at least a page among the `PLACES_SPAN` from `FROM` on, with its place (the
-//! arena or a stitched mapping, and the offset) and, where the layer replay had places for
-//! it, which allocation each place was and which live or pending blocks were in it). Every
-//! free reaches the pool (no thread caches).
+//! layer replay being on by default; `grow`: `Stitch::with_grow`; `holds`:
+//! `Stitch::with_layer_holds`; `places`: also every allocation of at least a page among the
+//! `PLACES_SPAN` from `FROM` on, with its place (the arena or a stitched mapping, and the
+//! offset) and, where the layer replay had places for it, which allocation each place was and
+//! which live or pending blocks were in it). Every free reaches the pool (no thread caches).
 
 mod common;
 
@@ -47,12 +47,18 @@ fn main() {
     let layers = !args.iter().any(|a| a == "nolayers");
     let grow = args.iter().any(|a| a == "grow");
     let places = args.iter().any(|a| a == "places");
+    let holds = args.iter().any(|a| a == "holds");
     args.retain(|a| {
-        a != "runs" && a != "layers" && a != "nolayers" && a != "grow" && a != "places"
+        a != "runs"
+            && a != "layers"
+            && a != "nolayers"
+            && a != "grow"
+            && a != "holds"
+            && a != "places"
     });
     let Some(path) = args.first() else {
         eprintln!(
-            "usage: pool_calls TRACE.csv [sync|async] [FROM] [runs] [nolayers] [grow] [places]"
+            "usage: pool_calls TRACE.csv [sync|async] [FROM] [runs] [nolayers] [grow] [holds] [places]"
         );
         std::process::exit(2);
     };
@@ -75,7 +81,8 @@ fn main() {
     let mut p = Stitch::tight()
         .with_runs(runs)
         .with_layers(layers)
-        .with_grow(grow);
+        .with_grow(grow)
+        .with_layer_holds(holds);
     let mut ids = std::collections::HashMap::new();
     // for `places`: the number of the latest allocation at each address, and of each
     // allocation of at least a page, in order (the layer replay counts those)

@@ -8,10 +8,10 @@
 //! in whole pages over peak live. A pool that serves every new shape without a driver call
 //! needs at least about that much memory.
 //!
-//! `cargo run --release -p vramshim-pool --example pool_slack -- [RATIO:SLACK_MIB[:runs][:kept][:nolayers][:grow] ...] -- [DIR_OR_FILES...]`
+//! `cargo run --release -p vramshim-pool --example pool_slack -- [RATIO:SLACK_MIB[:runs][:kept][:nolayers][:grow][:holds] ...] -- [DIR_OR_FILES...]`
 //! (default budgets: 0.05:2 0.075:2 0.10:0 0.05:16 0.05:32 0.05:2:runs; `:nolayers`: without
 //! the layer replay, `Stitch::with_layers(false)`, which is on by default; `:grow`:
-//! `Stitch::with_grow`).
+//! `Stitch::with_grow`; `:holds`: `Stitch::with_layer_holds`).
 
 mod common;
 
@@ -86,11 +86,15 @@ fn arena_only(events: &[Event]) -> u64 {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let split = args.iter().position(|a| a == "--").unwrap_or(args.len());
-    let mut budgets: Vec<(f64, u64, bool, bool, bool, bool)> = Vec::new();
+    let mut budgets: Vec<(f64, u64, bool, bool, bool, bool, bool)> = Vec::new();
     for a in &args[..split] {
-        let (spec, grow) = match a.strip_suffix(":grow") {
+        let (spec, holds) = match a.strip_suffix(":holds") {
             Some(s) => (s, true),
             None => (a.as_str(), false),
+        };
+        let (spec, grow) = match spec.strip_suffix(":grow") {
+            Some(s) => (s, true),
+            None => (spec, false),
         };
         // layers are on by default: `:nolayers` turns them off (`:layers` is the default)
         let (spec, layers) = match (spec.strip_suffix(":nolayers"), spec.strip_suffix(":layers")) {
@@ -111,11 +115,11 @@ fn main() {
             .and_then(|(r, s)| Some((r.parse::<f64>().ok()?, s.parse::<u64>().ok()?)));
         match parsed {
             Some((r, s)) if r.is_finite() && r >= 0.0 => {
-                budgets.push((r, s, runs, kept, layers, grow))
+                budgets.push((r, s, runs, kept, layers, grow, holds))
             }
             _ => {
                 eprintln!(
-                    "pool_slack: budget `{a}`: expected RATIO:SLACK_MIB[:runs][:kept][:nolayers][:grow] such as 0.05:2 or 0.05:2:runs"
+                    "pool_slack: budget `{a}`: expected RATIO:SLACK_MIB[:runs][:kept][:nolayers][:grow][:holds] such as 0.05:2 or 0.05:2:runs"
                 );
                 std::process::exit(2);
             }
@@ -123,12 +127,12 @@ fn main() {
     }
     if budgets.is_empty() {
         budgets = vec![
-            (0.05, 2, false, false, true, false),
-            (0.075, 2, false, false, true, false),
-            (0.10, 0, false, false, true, false),
-            (0.05, 16, false, false, true, false),
-            (0.05, 32, false, false, true, false),
-            (0.05, 2, true, false, true, false),
+            (0.05, 2, false, false, true, false, false),
+            (0.075, 2, false, false, true, false, false),
+            (0.10, 0, false, false, true, false, false),
+            (0.05, 16, false, false, true, false, false),
+            (0.05, 32, false, false, true, false, false),
+            (0.05, 2, true, false, true, false, false),
         ];
     }
     let traces = common::traces(args.get(split + 1..).unwrap_or(&[]).to_vec());
@@ -140,7 +144,7 @@ fn main() {
     for (name, t, live) in traces {
         for frees in Frees::BOTH {
             let stream = frees.apply(&t.events);
-            for &(ratio, slack, runs, kept, layers, grow) in &budgets {
+            for &(ratio, slack, runs, kept, layers, grow, holds) in &budgets {
                 let make = move || -> Box<dyn Policy> {
                     Box::new(
                         Stitch::new()
@@ -152,7 +156,8 @@ fn main() {
                             .with_runs(runs)
                             .with_kept(kept)
                             .with_layers(layers)
-                            .with_grow(grow),
+                            .with_grow(grow)
+                            .with_layer_holds(holds),
                     )
                 };
                 let mut dev = AccountingDevice::new(80 << 30);
@@ -163,13 +168,14 @@ fn main() {
                 let half = replay::second_half_calls_per_1000(&t.events, frees, &make);
                 let min = replay::min_capacity_with(&stream, &make);
                 println!(
-                    "| {name} | {} | {:.1}% + {slack} MiB{}{}{}{} | {:.3} | {:.3} | {} | {}, {} | {:.1} |",
+                    "| {name} | {} | {:.1}% + {slack} MiB{}{}{}{}{} | {:.3} | {:.3} | {} | {}, {} | {:.1} |",
                     frees.name(),
                     ratio * 100.0,
                     if runs { ", runs" } else { "" },
                     if kept { ", kept" } else { "" },
                     if layers { "" } else { ", no layers" },
                     if grow { ", grow" } else { "" },
+                    if holds { ", holds" } else { "" },
                     r.peak_device_used as f64 / live as f64,
                     min as f64 / live as f64,
                     r.driver_calls,
