@@ -201,11 +201,17 @@ impl CudaDevice {
 }
 
 impl CudaDevice {
-    /// Whether work for `s` would go on the legacy stream ([`Self::cu_stream`]) while a
-    /// capture is under way: the legacy stream waits for every blocking stream, a capturing
-    /// one too, which CUDA refuses and which invalidates that capture.
+    /// Whether work for `s` goes on the legacy stream ([`Self::cu_stream`]: no stream, the
+    /// legacy stream itself, another thread's per-thread default stream).
+    fn on_legacy(s: Stream) -> bool {
+        matches!(Self::cu_stream(s) as usize, 0 | 0x1)
+    }
+
+    /// Whether work for `s` would go on the legacy stream while a capture is under way: the
+    /// legacy stream waits for every blocking stream, a capturing one too, which CUDA
+    /// refuses and which invalidates that capture.
     fn legacy_in_capture(s: Stream) -> bool {
-        (s == vramshim_pool::ANY_STREAM || s & super::PTDS_BASE != 0) && captures::any()
+        Self::on_legacy(s) && captures::any()
     }
 
     /// A new request is served (on `stream`; `runtime`: through the runtime API).
@@ -566,5 +572,21 @@ impl Device for CudaDevice {
             // SAFETY: an event of ours, no longer referenced.
             unsafe { (self.fns.ev_destroy)(event as usize as CUevent) };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The pool's work for no stream, the legacy stream (pool stream 0) and a per-thread
+    /// default stream goes on the legacy stream: while a capture is under way it makes none
+    /// there (the legacy stream would wait for a capturing blocking stream).
+    #[test]
+    fn no_stream_the_legacy_stream_and_per_thread_streams_go_on_the_legacy_stream() {
+        assert!(CudaDevice::on_legacy(vramshim_pool::ANY_STREAM));
+        assert!(CudaDevice::on_legacy(0));
+        assert!(CudaDevice::on_legacy(super::super::PTDS_BASE | 7));
+        assert!(!CudaDevice::on_legacy(0x7f00_1000));
     }
 }
