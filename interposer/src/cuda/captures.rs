@@ -12,6 +12,7 @@
 //! is no query), only while some capture is under way.
 
 use crate::cuda::real;
+use crate::cuda::types::{CUDA_SUCCESS, CUstream};
 use crate::sys::spin::SpinLock;
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -23,6 +24,10 @@ pub(crate) const MODE_GLOBAL: c_int = 0;
 const MODE_THREAD_LOCAL: c_int = 1;
 /// `CU_STREAM_CAPTURE_MODE_RELAXED`.
 pub(crate) const MODE_RELAXED: c_int = 2;
+/// `CU_STREAM_CAPTURE_STATUS_NONE`: the stream is not capturing.
+const CU_STREAM_CAPTURE_STATUS_NONE: c_int = 0;
+/// `CU_STREAM_PER_THREAD`: the calling thread's per-thread default stream.
+const CU_STREAM_PER_THREAD: u64 = 0x2;
 
 #[derive(Clone, Copy)]
 struct Capture {
@@ -59,6 +64,28 @@ pub(crate) fn ended(stream: u64) {
     let mut c = CAPTURES.lock();
     c.retain(|x| x.stream != stream);
     ACTIVE.store(c.len(), Ordering::Release);
+}
+
+/// After an end-capture call on `stream` (the handle as the caller passed it; `per_thread`:
+/// through a `_ptsz` entry point) that failed: whether the capture goes on. A failed end
+/// may leave it under way (an argument refused, a thread-local capture ended from another
+/// thread) or end it (an invalidated capture), so the driver is asked; unsure (no query, or
+/// the query failed), it goes on: forgetting a capture that goes on would let the pool make a
+/// call that invalidates it.
+pub(crate) fn goes_on_after_failed_end(stream: u64, per_thread: bool) -> bool {
+    let Some(query) = real::cuStreamIsCapturing() else {
+        return true;
+    };
+    // handle 0 through a `_ptsz` entry point is the thread's per-thread default stream
+    let handle = if stream == 0 && per_thread {
+        CU_STREAM_PER_THREAD
+    } else {
+        stream
+    };
+    let mut status: c_int = 0;
+    // SAFETY: valid out-pointer; the handle is the one the caller ended.
+    let rc = unsafe { query(handle as usize as CUstream, &mut status) };
+    rc != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE
 }
 
 /// Whether any capture is under way.

@@ -37,13 +37,22 @@ fn begin<F: Copy>(
 }
 
 /// An end-capture entry point: the real call, then the capture forgotten unless it goes on
-/// (a thread-local capture ended from another thread is refused and goes on; an invalidated
-/// one ends with its error).
+/// (a thread-local capture ended from another thread is refused and goes on, and so is an
+/// end whose arguments the driver refuses, a null graph pointer say; an invalidated one ends
+/// with its error: after any other failure the driver is asked).
 fn end<F: Copy>(h: Site<F>, stream: CUstream, call: impl FnOnce(F) -> c_int) -> c_int {
     let name = h.name;
     h.unguarded(|f| {
         let rc = call(f);
-        if rc != CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD {
+        let goes_on = match rc {
+            CUDA_SUCCESS => false,
+            CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD => true,
+            _ => captures::goes_on_after_failed_end(
+                stream as u64,
+                h.stream_flags() & vramshim_trace::flags::PER_THREAD_STREAM != 0,
+            ),
+        };
+        if !goes_on {
             captures::ended(key(h, stream));
         }
         crate::debug!("{name} stream={:#x} -> {rc}", stream as u64);

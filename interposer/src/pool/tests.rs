@@ -230,7 +230,9 @@ fn a_destroyed_stream_s_handle_never_gets_its_freed_blocks_early() {
 /// forbids the worker unsafe calls (both in global mode, or the capturing thread itself) the
 /// pool serves what it holds and refuses the request that must grow with
 /// `cudaErrorStreamCaptureUnsupported`; where it does not (the worker in thread-local or
-/// relaxed mode, the capture thread-local or relaxed) the pool grows as usual. With the pool
+/// relaxed mode, the capture thread-local or relaxed) the pool grows as usual. An end-capture
+/// call the driver refuses (a null graph pointer) leaves the capture under way for the pool
+/// too (`badend`). With the pool
 /// asking only about the request's own stream (`ignore-other-captures`) it maps memory on the
 /// worker and cuda-sim invalidates the capture, as CUDA does: the test can fail.
 #[test]
@@ -250,6 +252,8 @@ fn a_capture_on_another_thread_survives_the_pool_s_calls() {
                 ("global", "global", None, true),
                 ("global", "global", Some("self"), true),
                 ("local", "global", Some("self"), true),
+                // an end the driver refuses leaves the capture going on
+                ("global", "global", Some("badend"), true),
                 ("global", "local", None, false),
                 ("global", "relaxed", None, false),
                 ("local", "global", None, false),

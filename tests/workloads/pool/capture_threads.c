@@ -7,7 +7,7 @@
  * of another thread and its own; in thread-local mode, its own; relaxed, none), and such a
  * call invalidates that capture; cuda-sim polices exactly that.
  *
- *   capture_threads runtime|driver|lookup CAPTURE_MODE WORKER_MODE [self]
+ *   capture_threads runtime|driver|lookup CAPTURE_MODE WORKER_MODE [self] [badend]
  *
  * CAPTURE_MODE, WORKER_MODE: global|local|relaxed. Before the capture: a 4 KiB block stays
  * allocated throughout, two 4 MiB blocks are allocated and freed (cudaFree), a 2 MiB block on
@@ -19,8 +19,9 @@
  * block on stream S1 filled and freed there (cudaMallocAsync/cudaFreeAsync), 2 MiB on stream
  * S2 (the pool may take S1's block behind an event), cudaMalloc 64 MiB (more than the pool
  * holds: it must grow), then frees everything it got. With "self" the capturing thread does
- * that work itself, between its begin and its end. The capture is then ended through the same
- * entry point.
+ * that work itself, between its begin and its end. With "badend" the capturing thread first
+ * ends the capture with a null graph pointer, which the driver refuses (the capture goes on),
+ * before the work. The capture is then ended through the same entry point.
  * Output: one line "capture_threads: served=N refused=N errors=N end=RC" (served: requests
  * that succeeded; refused: those answered cudaErrorStreamCaptureUnsupported, 900; errors:
  * any other failure; end: the end-capture call's result, 0 when the capture stayed valid,
@@ -85,15 +86,25 @@ static void *work(void *arg) {
 
 int main(int argc, char **argv) {
     const char *usage =
-        "usage: capture_threads runtime|driver|lookup global|local|relaxed global|local|relaxed [self]\n";
-    if (argc < 4 || (argc > 4 && strcmp(argv[4], "self") != 0)) {
+        "usage: capture_threads runtime|driver|lookup global|local|relaxed global|local|relaxed [self] [badend]\n";
+    if (argc < 4) {
         fprintf(stderr, "%s", usage);
         return 2;
+    }
+    int self = 0, badend = 0;
+    for (int i = 4; i < argc; i++) {
+        if (strcmp(argv[i], "self") == 0)
+            self = 1;
+        else if (strcmp(argv[i], "badend") == 0)
+            badend = 1;
+        else {
+            fprintf(stderr, "%s", usage);
+            return 2;
+        }
     }
     const char *entry = argv[1];
     int capture_mode = mode_of(argv[2]);
     worker_mode = mode_of(argv[3]);
-    int self = argc > 4;
     if (capture_mode < 0 || worker_mode < 0) {
         fprintf(stderr, "%s", usage);
         return 2;
@@ -144,6 +155,13 @@ int main(int argc, char **argv) {
         CHECK(cudaStreamBeginCapture(sa, (enum cudaStreamCaptureMode)capture_mode));
     }
     CHECK(vramsimKernelFill(anchor, 0x11, 4096, 0, sa));
+    if (badend) {
+        int rc = end ? (int)end((CUstream)sa, NULL) : (int)cudaStreamEndCapture(sa, NULL);
+        if (rc == 0) {
+            fprintf(stderr, PROG ": an end with a null graph pointer succeeded\n");
+            return 2;
+        }
+    }
     if (self) {
         work(NULL);
     } else {
