@@ -90,9 +90,10 @@ pub(crate) struct CudaDevice {
     capturing: Cell<Option<bool>>,
     /// Whether a stream capture under way, on any thread, forbids the calling thread
     /// potentially unsafe calls (`captures`): asked once per request served, when first
-    /// needed (a capture begins only in a call of the program's own). Then the pool makes none:
-    /// no synchronization, event query, event creation or virtual-memory call (each would fail
-    /// and invalidate the capture); it serves only from what it holds.
+    /// needed. Then the pool makes none: no synchronization, event query, event creation or
+    /// virtual-memory call (each would fail and invalidate the capture); it serves only from
+    /// what it holds. Not closed: another thread may begin a capture after the answer and
+    /// before the pool's call (beginning a capture does not wait for the pool's lock).
     forbidden: Cell<Option<bool>>,
     /// Calls refused for it while serving the request.
     refused: Cell<u32>,
