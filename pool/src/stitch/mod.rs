@@ -268,6 +268,10 @@ pub struct Faults {
     /// on their streams say (not a safety fault: it proves the test that such pages go back
     /// without a synchronization can fail).
     pub fences_until_sync: bool,
+    /// Growth for a new mapping creates a page for the request's remainder even where a
+    /// partly used page's free end holds it, as before `Stitch::fresh_pages_for` (not a
+    /// safety fault: it proves the test that growth gives back no page it created can fail).
+    pub remainder_page: bool,
 }
 
 impl Faults {
