@@ -281,6 +281,10 @@ pub struct Faults {
     /// place one period back, over the live block there (the new block overlaps it): proves
     /// the checks of placing while places are held can fail.
     pub hold_over_live: bool,
+    /// Growth for a new mapping creates a page for the request's remainder even where a
+    /// partly used page's free end holds it, as before `Stitch::fresh_pages_for` (not a
+    /// safety fault: it proves the test that growth gives back no page it created can fail).
+    pub remainder_page: bool,
 }
 
 impl Faults {
