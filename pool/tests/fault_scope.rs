@@ -135,6 +135,13 @@ fn unreached_fault_switches_change_nothing() {
                 ..Faults::default()
             },
         ),
+        (
+            "ends_skip_rounds",
+            Faults {
+                ends_skip_rounds: true,
+                ..Faults::default()
+            },
+        ),
         // mappings grow in place only with `Stitch::with_grow`
         (
             "grow_over_live",

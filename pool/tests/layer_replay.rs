@@ -318,3 +318,76 @@ fn a_loop_of_one_large_size_takes_the_fast_path_and_layers_after_it_replay() {
         "the layers after the loop were not replayed"
     );
 }
+
+/// Serve bert_serve's events behind `cudaFree` up to (not including) allocation `stop` on a
+/// checking 80 GiB device, asking `Stitch::layer_places` before every allocation of at least
+/// a page when `ask`: the pool, the device, and the size of allocation `stop`.
+fn bert_until(stop: usize, ask: bool) -> (Stitch, AccountingDevice, u64) {
+    use std::collections::HashMap;
+    use vramshim_pool::Request;
+    use vramshim_pool::replay::Event;
+    let (_, ev) = traces()
+        .into_iter()
+        .find(|(n, _)| n.ends_with("bert_serve.rmm.csv"))
+        .expect("bert_serve is shared");
+    let mut p = Stitch::tight();
+    let mut dev = AccountingDevice::new(80 << 30);
+    dev.set_checking(true);
+    let mut ids = HashMap::new();
+    let mut n = 0;
+    for e in Frees::CudaFree.apply(&ev) {
+        match e {
+            Event::Alloc { id, size, stream } => {
+                n += 1;
+                if n == stop {
+                    return (p, dev, size);
+                }
+                if ask && size >= 2 << 20 {
+                    p.layer_places(size);
+                }
+                let a = p.alloc(&mut dev, Request { size, stream }).unwrap();
+                dev.check_alloc(a.addr, size, stream);
+                ids.insert(id, a.addr);
+            }
+            Event::Free { id, mode } => {
+                if let Some(a) = ids.remove(&id) {
+                    dev.check_free(a, mode);
+                    p.free(&mut dev, a, mode).unwrap();
+                }
+            }
+            Event::ProcessSync => {
+                dev.process_sync();
+                p.note_process_sync();
+            }
+            Event::StreamRetired { stream } => {
+                p.retire_stream(&mut dev, stream);
+                dev.retire_stream(stream);
+            }
+        }
+    }
+    panic!("bert_serve has fewer than {stop} allocations");
+}
+
+/// What keeps the layer replay from the trace's peak request's places in its third layer
+/// (bert_serve behind `cudaFree`, allocation 2040, 44.53 MiB: stitched anew, 24 calls):
+/// `Stitch::layer_places` names both places (two periods and one period back) and a live
+/// block in each, and asking it at every large allocation changes no driver call.
+#[test]
+fn layer_places_name_the_live_blocks_that_keep_the_peak_request_from_its_places() {
+    let (p, dev, size) = bert_until(2040, false);
+    assert!(size > 44 << 20, "allocation 2040 is the peak request's");
+    let places = p.layer_places(size);
+    eprintln!("{places:?}");
+    assert_eq!(places.len(), 2);
+    assert_eq!((places[0].back, places[1].back), (24, 12));
+    for lp in &places {
+        assert!(!lp.gone);
+        assert!(
+            lp.blockers.iter().any(|b| b.2 == "live"),
+            "a live block in {lp:?}"
+        );
+    }
+    let (_, asked, _) = bert_until(2040, true);
+    assert_eq!(asked.calls(), dev.calls());
+    assert!(dev.violations().is_empty());
+}

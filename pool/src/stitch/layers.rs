@@ -372,4 +372,79 @@ impl Stitch {
     pub fn layer_replays(&self) -> u64 {
         self.layers.replays
     }
+
+    /// The places the layer replay would look at for the next allocation of `size` bytes
+    /// (rounded as the pool rounds it), in its order (two periods back, then one), with the
+    /// blocks that are not cached there now (diagnostics: why a layer's block was placed
+    /// anew). Empty when no period covers the allocation. Changes nothing.
+    #[doc(hidden)]
+    pub fn layer_places(&self, size: u64) -> Vec<LayerPlace> {
+        let size = round_up(size.max(1), ALIGN);
+        if !self.layer_size(size) {
+            return Vec::new();
+        }
+        let Some(p) = self.layers.period(size) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for back in [2 * p, p] {
+            let (_, m, va, off) = self.layers.back(back);
+            let mapping = self.maps.get(m as usize).and_then(|x| x.as_ref());
+            let Some(mp) = mapping.filter(|mp| mp.va == va) else {
+                out.push(LayerPlace {
+                    back,
+                    addr: va + off,
+                    gone: true,
+                    blockers: Vec::new(),
+                });
+                continue;
+            };
+            let mut blockers: Vec<(u64, u64, &'static str)> = Vec::new();
+            let end = (off + size).min(mp.pages.len() as u64 * self.gran);
+            for (pg, s, e) in self.pieces(&mp.pages, off, end.saturating_sub(off)) {
+                for (_, &(oe, a)) in self.page(pg).occ.range(..e) {
+                    if oe <= s || blockers.iter().any(|b| b.0 == a) {
+                        continue;
+                    }
+                    let state = match self.blocks.get(a).map(|b| (b.state, b.size)) {
+                        Some((BState::Cached, _)) => continue,
+                        Some((BState::Live, sz)) => (sz, "live"),
+                        Some((BState::Pending, sz)) => (sz, "pending"),
+                        _ => (0, "?"),
+                    };
+                    blockers.push((a, state.0, state.1));
+                }
+            }
+            out.push(LayerPlace {
+                back,
+                addr: va + off,
+                gone: off + size > mp.pages.len() as u64 * self.gran,
+                blockers,
+            });
+        }
+        out
+    }
+
+    /// The mapping (its address) and offset of the block at `addr`, live or not, and
+    /// whether that mapping is the arena (diagnostics).
+    #[doc(hidden)]
+    pub fn place_of(&self, addr: u64) -> Option<(u64, u64, bool)> {
+        let b = self.blocks.get(addr)?;
+        let mp = self.maps.get(b.map as usize)?.as_ref()?;
+        Some((mp.va, b.off, self.arena == Some(b.map)))
+    }
+}
+
+/// One place the layer replay looks at (see `Stitch::layer_places`).
+#[doc(hidden)]
+#[derive(Clone, Debug)]
+pub struct LayerPlace {
+    /// how many large allocations back the place's block was allocated
+    pub back: usize,
+    /// the place's address
+    pub addr: u64,
+    /// its mapping was dropped or re-formed (the place is no longer there)
+    pub gone: bool,
+    /// `(address, size, "live" | "pending")` of the blocks in it that are not cached
+    pub blockers: Vec<(u64, u64, &'static str)>,
 }

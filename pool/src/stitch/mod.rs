@@ -43,6 +43,8 @@ use fences::{Reuse, is_retired};
 
 pub use budget::Budget;
 #[doc(hidden)]
+pub use layers::LayerPlace;
+#[doc(hidden)]
 pub use pages::PageView;
 
 mod arena;
@@ -240,6 +242,15 @@ pub struct Faults {
     /// than a page is placed in without the synchronization (see `ends`): proves the checks
     /// of that rule's early reuse can fail.
     pub ends_unsynced: bool,
+    /// Near the device's limit, a block of the page-ends rule skips its rank's place of the
+    /// previous round too (see `ends`, "Rounds first"; not a safety fault: it proves the test
+    /// that repeated passes complete on the device one pass needs can fail).
+    pub ends_skip_rounds: bool,
+    /// An allocation served at its rank's place of the previous round skips the
+    /// synchronization the others make once the pending frees reach their limit (see
+    /// `rounds`, "Hits"; not a safety fault: it proves the tests that a later pass repeats
+    /// the first one's places can fail).
+    pub replay_skips_sync: bool,
     /// Carve stitched mappings' address ranges out of the pool's chunks with no unused page
     /// after each (an access past a mapping's end then lands in the next mapping's memory):
     /// proves the test that such an access finds no memory can fail.
@@ -942,19 +953,36 @@ impl Stitch {
         // (with layers on, every large allocation after its size's first is due here: within
         // one round, a repeated sequence of them takes the places of two periods before, see
         // `layers`); near the device's limit a block of more than a page takes no twin, no
-        // round place and no held mapping: it is placed on page ends (see `ends`; the mask is
-        // a cheap first look, pages being a power of two bytes, that `ends_due` makes exact)
+        // layer's place and no held mapping: it is placed on page ends (see `ends`; the mask
+        // is a cheap first look, pages being a power of two bytes, that `ends_due` makes
+        // exact), unless its rank's place of the previous round is free (see `ends`, "Rounds
+        // first")
         let g = self.gran;
         let ends =
             ((size > g && size & g.wrapping_sub(1) != 0) || self.near) && self.ends_due(dev, size);
-        let replayed = if !ends && self.budget.is_some() && self.round_due(size) {
+        let replayed = if (!ends || !self.faults.ends_skip_rounds)
+            && self.budget.is_some()
+            && self.round_due(size)
+        {
             match self.round_commit(dev, size, t, req.size)? {
-                None if self.layers_on => self.layer_commit(dev, size, t, req.size)?,
+                None if self.layers_on && !ends => self.layer_commit(dev, size, t, req.size)?,
                 r => r,
             }
         } else {
             None
         };
+        // a replayed place is served as the allocation of the previous round that made it
+        // was: where enough cudaFree'd memory waits, one synchronization releases it (the
+        // test below), so that the blocks the round frees come back to the cache at the
+        // same points and its later hits take the same blocks (see `rounds`, "Hits")
+        if replayed.is_some()
+            && !self.faults.replay_skips_sync
+            && self.pending_bytes > 0
+            && self.pending_bytes >= self.pending_limit()
+            && !dev.is_capturing()
+        {
+            let _ = self.do_sync(dev);
+        }
         let mut hit = None;
         if replayed.is_none() && !ends {
             hit = self.cache_take(dev, size, t, req.size);
