@@ -5,11 +5,10 @@
 //! (`FROM`: the first allocation index listed; default: the second half; `runs`: the arena
 //! grows by runs of pages, `Stitch::with_runs`; `nolayers`: `Stitch::with_layers(false)`, the
 //! layer replay being on by default; `grow`: `Stitch::with_grow`; `holds`:
-//! `Stitch::with_layer_holds`; `places`: also every
-//! allocation of at least a page among the `PLACES_SPAN` from `FROM` on, with its place (the
-//! arena or a stitched mapping, and the offset) and, where the layer replay had places for
-//! it, which allocation each place was and which live or pending blocks were in it). Every
-//! free reaches the pool (no thread caches).
+//! `Stitch::with_layer_holds`; `places`: also every allocation of at least a page among the
+//! `PLACES_SPAN` from `FROM` on, with its place (the arena or a stitched mapping, and the
+//! offset) and, where the layer replay had places for it, which allocation each place was and
+//! which live or pending blocks were in it). Every free reaches the pool (no thread caches).
 
 mod common;
 
@@ -47,8 +46,8 @@ fn main() {
     let runs = args.iter().any(|a| a == "runs");
     let layers = !args.iter().any(|a| a == "nolayers");
     let grow = args.iter().any(|a| a == "grow");
-    let holds = args.iter().any(|a| a == "holds");
     let places = args.iter().any(|a| a == "places");
+    let holds = args.iter().any(|a| a == "holds");
     args.retain(|a| {
         a != "runs"
             && a != "layers"
