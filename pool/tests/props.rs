@@ -1131,7 +1131,8 @@ fn shrinking_use() -> Vec<Op> {
 }
 
 /// A tight pool that also holds one page it never uses, and says it could give nothing back
-/// (what a pool whose test of "could a page go back" were wrong would say).
+/// (what a pool whose test of "could a page go back" were wrong would say). Everything else
+/// it passes on to the pool it wraps, which then acts as it would alone.
 struct HoardsAPage {
     inner: Stitch,
     /// false: the plain tight pool
@@ -1186,6 +1187,21 @@ impl Policy for HoardsAPage {
     fn pinned_above_budget(&self) -> bool {
         true
     }
+    fn note_aside_hits(&mut self, dev: &mut dyn Device, n: u64) {
+        self.inner.note_aside_hits(dev, n)
+    }
+    fn round_end_watch(&self) -> u64 {
+        self.inner.round_end_watch()
+    }
+    fn retire_stream(&mut self, dev: &mut dyn Device, stream: vramshim_pool::Stream) {
+        self.inner.retire_stream(dev, stream)
+    }
+    fn aside_below(&self) -> u64 {
+        self.inner.aside_below()
+    }
+    fn thread_caches(&self) -> bool {
+        self.inner.thread_caches()
+    }
 }
 
 /// The budget check decides what a pool could give back from the device's own record: a pool
@@ -1215,6 +1231,55 @@ fn budget_check_sees_a_page_the_pool_says_it_cannot_give_back() {
                 assert!(msg.contains("could be given back"), "{msg}");
             }
             (hoard, r) => panic!("hoard {hoard}: {:?}", r.is_ok()),
+        }
+    }
+}
+
+/// A block freed on stream 1, stream 1 destroyed, and a block of the same size asked for on
+/// the stream created next with the same handle (one block live throughout).
+fn reuse_after_retirement() -> Vec<Op> {
+    let alloc = |size| Op::Alloc { size, stream: 1 };
+    vec![
+        alloc(64 * KIB),
+        alloc(4 * MIB),
+        Op::Free {
+            idx: 1,
+            mode: FreeMode::Async { stream: 1 },
+        },
+        Op::Retire(1),
+        alloc(4 * MIB),
+    ]
+}
+
+/// The stream retirements reach the pool `HoardsAPage` wraps: through it the tight pool orders
+/// a retired stream's free for the new stream (clean), and a pool that ignores the
+/// retirement (`Faults::ignore_retired`) is caught reusing the block early.
+#[test]
+fn hoards_a_page_passes_stream_retirements_on() {
+    for hoard in [false, true] {
+        for ignore_retired in [false, true] {
+            let mut inner = Stitch::tight();
+            inner.set_faults(Faults {
+                ignore_retired,
+                ..Faults::default()
+            });
+            let mut p = HoardsAPage {
+                inner,
+                hoard,
+                page: None,
+                gran: 0,
+            };
+            let dev = exercise(&mut p, &reuse_after_retirement(), GIB);
+            let early = dev
+                .violations()
+                .iter()
+                .any(|v| v.starts_with("early reuse"));
+            assert_eq!(
+                early,
+                ignore_retired,
+                "hoard {hoard}, ignore_retired {ignore_retired}: {:?}",
+                dev.violations()
+            );
         }
     }
 }
