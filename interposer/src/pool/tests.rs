@@ -312,7 +312,8 @@ fn model_early_reuses(
 /// foreign byte (the default pool), early reuses where it counted foreign bytes
 /// (`ignore-retired`, the model with the same fault). Without the retirements (a trace as
 /// written before the record) the model cannot tell the new stream from the old and finds no
-/// early reuse under the fault either: the record is what carries the answer.
+/// early reuse under the fault either: the record is what carries the answer. `vramshim
+/// replay` reads the default run's trace and makes the live pool's driver calls.
 #[test]
 fn a_traced_stream_destroy_replays_with_the_live_foreign_byte_answer() {
     let exe = workload("stream_retire");
@@ -323,6 +324,7 @@ fn a_traced_stream_destroy_replays_with_the_live_foreign_byte_answer() {
         let mut env = vec![
             ("VRAMSHIM_POOL", "stitch"),
             ("VRAMSHIM_TRACE", trace.to_str().unwrap()),
+            ("VRAMSIM_DEBUG", "1"),
         ];
         env.extend(debug.map(|d| ("VRAMSHIM_POOL_DEBUG", d)));
         let o = run(&exe, &["runtime", "2", "anchor"], &env, "pool-retire-trace");
@@ -344,7 +346,26 @@ fn a_traced_stream_destroy_replays_with_the_live_foreign_byte_answer() {
             early > 0,
             "{debug:?}: live {foreign}, model {early}"
         );
-        if debug.is_some() {
+        if debug.is_none() {
+            // `vramshim replay` reads the trace (its stream destroys as retirements) and
+            // predicts the live pool's driver calls
+            let vramshim = vramshim_testkit::profile_dir().join("vramshim");
+            let out = std::process::Command::new(&vramshim)
+                .args(["replay", "--pool", "stitch", "--json"])
+                .arg(&trace)
+                .env("VRAMSHIM_NO_PROGRESS", "1")
+                .output()
+                .unwrap();
+            let json = String::from_utf8_lossy(&out.stdout);
+            assert!(out.status.success(), "{json}");
+            let policies = &json[json.find("\"policies\"").unwrap()..];
+            assert_eq!(json_value(policies, "completed").as_deref(), Some("true"));
+            let model_calls: u64 = json_value(policies, "driver_calls")
+                .unwrap()
+                .parse()
+                .unwrap();
+            assert_eq!(model_calls, sim_memory_calls(&o.stderr), "driver calls");
+        } else {
             let (old, _) = replay_ops(&trace, false);
             assert_eq!(
                 model_early_reuses(&old, thread_caches, true),
