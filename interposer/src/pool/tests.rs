@@ -24,10 +24,19 @@ fn run(exe: &std::path::Path, args: &[&str], env: &[(&str, &str)], name: &str) -
     run_with_preload(exe, args, env, Some(&built_interposer_lib()), name)
 }
 
+/// The integer after the last `key=` in `out` where `key` is a whole key: not the end of a
+/// longer one (`pages=` inside `most_pages=`, `live=` inside `recent_peak_live=`).
 fn field(out: &str, key: &str) -> i64 {
+    let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    assert!(
+        !key.is_empty() && key.chars().all(word),
+        "field: {key:?} is not a key"
+    );
     let k = format!("{key}=");
-    let i = out
-        .rfind(&k)
+    let (i, _) = out
+        .match_indices(&k)
+        .filter(|&(i, _)| !out[..i].ends_with(word))
+        .last()
         .unwrap_or_else(|| panic!("no {key}= in {out}"));
     out[i + k.len()..]
         .split(|c: char| !(c.is_ascii_digit() || c == '-'))
@@ -35,6 +44,19 @@ fn field(out: &str, key: &str) -> i64 {
         .unwrap()
         .parse()
         .unwrap()
+}
+
+/// `field` reads whole keys: a key that ends a longer one (`pages` of `most_pages`, `n` of
+/// `unknown`) is not read there, wherever the longer one stands.
+#[test]
+fn field_reads_whole_keys_only() {
+    let out = "busy_maps pages=5 most_pages=7\npool_stats n=2 live=3 recent_peak_live=9 unknown=-1";
+    assert_eq!(field(out, "pages"), 5);
+    assert_eq!(field(out, "most_pages"), 7);
+    assert_eq!(field(out, "n"), 2);
+    assert_eq!(field(out, "live"), 3);
+    assert_eq!(field(out, "recent_peak_live"), 9);
+    assert_eq!(field(out, "unknown"), -1);
 }
 
 #[test]
@@ -1059,14 +1081,14 @@ fn pool_statistics_are_readable_in_process_and_at_exit() {
     };
     let blocks = (5 << 20) + (3 << 20) + 512 + (7 << 20);
     let l = line("live");
-    assert_eq!(field(&l, " n"), 16, "{l}");
-    assert_eq!(field(&l, " live"), blocks, "{l}");
-    let reserved = field(&l, " reserved");
+    assert_eq!(field(&l, "n"), 16, "{l}");
+    assert_eq!(field(&l, "live"), blocks, "{l}");
+    let reserved = field(&l, "reserved");
     assert!(reserved >= blocks && reserved <= field(&l, "budget"), "{l}");
     assert_eq!(field(&l, "byname_reserved"), reserved, "{l}");
     assert_eq!(field(&l, "unknown"), -1, "{l}");
     let l = line("freed");
-    assert_eq!(field(&l, " live"), 0, "{l}");
+    assert_eq!(field(&l, "live"), 0, "{l}");
     assert_eq!(field(&l, "cached") + field(&l, "pending"), blocks, "{l}");
     let j = std::fs::read_to_string(&json).unwrap();
     assert!(j.contains("\"pools\":{\"0\":{\"reserved\":"), "{j}");
