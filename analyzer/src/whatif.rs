@@ -506,27 +506,25 @@ pub fn replay(
     })
 }
 
+/// The integration tests' hand-built records and trace files, shared with them.
+#[cfg(test)]
+#[path = "../tests/common/records.rs"]
+mod records;
+
 #[cfg(test)]
 mod tests {
+    use super::records::{memop, write_trace};
     use super::*;
-    use vramshim_trace::{AllocKind, DeviceInfo, MemOp, TraceWriter};
+    use vramshim_trace::{AllocKind, MemOp};
 
     const MIB: u64 = 1 << 20;
 
     fn op(t_ns: u64, api: Api, addr: u64, stream: u64, result: i32) -> MemOp {
         MemOp {
-            t_ns,
             tid: 5,
-            api,
             kind: AllocKind::Async,
-            flags: 0,
-            device: 0,
             stream,
-            addr,
-            size: 4 * MIB,
-            result,
-            latency_ns: 500,
-            stack: 0,
+            ..memop(t_ns, api, addr, 4 * MIB, result)
         }
     }
 
@@ -537,18 +535,6 @@ mod tests {
     /// failed `cudaMallocAsync` on `cudaStreamPerThread` on the thread's own stream.
     #[test]
     fn a_failed_request_is_replayed_on_the_pool_s_stream_key() {
-        let header = Header {
-            pid: 9,
-            host: "whatif".into(),
-            devices: vec![DeviceInfo {
-                index: 0,
-                name: "dev0".into(),
-                total_bytes: 1 << 34,
-                uuid: None,
-            }],
-            ..Default::default()
-        };
-        let mut w = TraceWriter::new(Vec::new(), &header).unwrap();
         let events = [
             Event::Alloc(op(1_000, Api::CudaMallocAsync, 0x7000_0000, 0, 0)),
             Event::Free(op(2_000, Api::CudaFreeAsync, 0x7000_0000, 0, 0)),
@@ -563,13 +549,8 @@ mod tests {
             },
             Event::Alloc(op(4_000, Api::CudaMallocAsync, 0, 2, codes::OUT_OF_MEMORY)),
         ];
-        for e in &events {
-            w.write(e).unwrap();
-        }
-        let dir = std::env::temp_dir().join(format!("vramshim-whatif-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("t.vramtrace");
-        std::fs::write(&path, w.finish().unwrap()).unwrap();
+        let dir = vramshim_testkit::TempDir::new("whatif-stream-key");
+        let path = write_trace(&dir, "whatif", &events);
         let opts = crate::analysis::Options {
             progress: false,
             ..Default::default()
@@ -590,6 +571,5 @@ mod tests {
             on(&pms[1]),
             (2, vramshim_pool::streams::PER_THREAD_BASE | 5, 4 * MIB)
         );
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

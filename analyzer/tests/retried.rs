@@ -9,11 +9,11 @@
 mod common;
 use common::*;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use vramshim_analyzer::analysis::{self, Options, TraceReport};
 use vramshim_analyzer::input;
-use vramshim_trace::{AllocKind, Api, DeviceInfo, Event, Header, MemOp, TraceWriter};
+use vramshim_trace::{AllocKind, Api, Event, MemOp};
 
 const INVALID_CONTEXT: i32 = 201;
 
@@ -29,34 +29,16 @@ fn alloc(t: u64, tid: u32, addr: u64, size: u64, result: i32) -> Event {
     Event::Alloc(op(t, tid, addr, size, result))
 }
 
-/// `events` written as `dir/t.vramtrace`.
-fn write_trace(dir: &Path, events: &[Event]) -> PathBuf {
-    let header = Header {
-        pid: 9,
-        host: "retried".into(),
-        devices: vec![DeviceInfo {
-            index: 0,
-            name: "dev0".into(),
-            total_bytes: 1 << 34,
-            uuid: None,
-        }],
-        ..Default::default()
-    };
-    let mut w = TraceWriter::new(Vec::new(), &header).unwrap();
-    for e in events {
-        w.write(e).unwrap();
-    }
-    let p = dir.join("t.vramtrace");
-    std::fs::write(&p, w.finish().unwrap()).unwrap();
-    p
-}
-
 fn report(dir: &Path, events: &[Event]) -> TraceReport {
     let opts = Options {
         progress: false,
         ..Options::default()
     };
-    analysis::analyze(input::open(&write_trace(dir, events)).unwrap(), &opts).unwrap()
+    analysis::analyze(
+        input::open(&write_trace(dir, "retried", events)).unwrap(),
+        &opts,
+    )
+    .unwrap()
 }
 
 /// (failed, retried) of device 0, and the same from its call rows.

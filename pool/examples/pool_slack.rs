@@ -8,10 +8,12 @@
 //! in whole pages over peak live. A pool that serves every new shape without a driver call
 //! needs at least about that much memory.
 //!
-//! `cargo run --release -p vramshim-pool --example pool_slack -- [RATIO:SLACK_MIB[:runs][:kept][:nolayers][:grow] ...] -- [DIR_OR_FILES...]`
-//! (default budgets: 0.05:2 0.075:2 0.10:0 0.05:16 0.05:32 0.05:2:runs; `:nolayers`: without
-//! the layer replay, `Stitch::with_layers(false)`, which is on by default; `:grow`:
-//! `Stitch::with_grow`).
+//! `cargo run --release -p vramshim-pool --example pool_slack -- [BUDGET ...] -- [DIR_OR_FILES...]`
+//! where a BUDGET is `RATIO:SLACK_MIB` followed by switches in any order, each at most once
+//! (see [`FORM`]): `:runs` (`Stitch::with_runs`), `:kept` (`Stitch::with_kept`), `:grow`
+//! (`Stitch::with_grow`), `:holds` (`Stitch::with_layer_holds`), and `:nolayers` (without the layer replay, `Stitch::with_layers(false)`)
+//! or `:layers` (with it, the default). Default budgets: 0.05:2 0.075:2 0.10:0 0.05:16 0.05:32
+//! 0.05:2:runs.
 
 mod common;
 
@@ -83,52 +85,108 @@ fn arena_only(events: &[Event]) -> u64 {
     peak.div_ceil(g) * g
 }
 
+/// What a budget argument may be, for the usage and every message about one.
+const FORM: &str = "RATIO:SLACK_MIB, then any of :runs :kept :grow :holds and one of :layers / :nolayers, \
+each at most once, in any order (e.g. 0.05:2, 0.05:2:runs, 0.05:2:grow:nolayers)";
+
+/// One budget to replay under: `Stitch`'s budget ratio and slack (MiB), and its switches.
+#[derive(Clone, Copy)]
+struct Spec {
+    ratio: f64,
+    slack: u64,
+    runs: bool,
+    kept: bool,
+    layers: bool,
+    grow: bool,
+    holds: bool,
+}
+
+impl Spec {
+    const fn new(ratio: f64, slack: u64) -> Spec {
+        Spec {
+            ratio,
+            slack,
+            runs: false,
+            kept: false,
+            layers: true,
+            grow: false,
+            holds: false,
+        }
+    }
+}
+
+/// A budget argument (see [`FORM`]), or what is wrong with it.
+fn parse_budget(a: &str) -> Result<Spec, String> {
+    let bad = |what: String| Err(format!("budget `{a}`: {what}; expected {FORM}"));
+    let mut parts = a.split(':');
+    let ratio = parts.next().unwrap_or_default();
+    let Some(ratio) = ratio
+        .parse::<f64>()
+        .ok()
+        .filter(|r| r.is_finite() && *r >= 0.0)
+    else {
+        return bad(format!("`{ratio}` is not a ratio (a number >= 0)"));
+    };
+    let Some(slack) = parts.next() else {
+        return bad("no SLACK_MIB".into());
+    };
+    let Ok(slack) = slack.parse::<u64>() else {
+        return bad(format!("`{slack}` is not a whole number of MiB"));
+    };
+    let mut spec = Spec::new(ratio, slack);
+    let mut seen: Vec<&str> = Vec::new();
+    for switch in parts {
+        // `:layers` and `:nolayers` set one switch
+        let which = if switch == "nolayers" {
+            "layers"
+        } else {
+            switch
+        };
+        match switch {
+            "runs" => spec.runs = true,
+            "kept" => spec.kept = true,
+            "grow" => spec.grow = true,
+            "holds" => spec.holds = true,
+            "layers" => spec.layers = true,
+            "nolayers" => spec.layers = false,
+            _ => return bad(format!("unknown switch `:{switch}`")),
+        }
+        if seen.contains(&which) {
+            return bad(if which == "layers" {
+                format!("`:{switch}` sets the layer replay a second time (`:layers` / `:nolayers`)")
+            } else {
+                format!("`:{switch}` given twice")
+            });
+        }
+        seen.push(which);
+    }
+    Ok(spec)
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let split = args.iter().position(|a| a == "--").unwrap_or(args.len());
-    let mut budgets: Vec<(f64, u64, bool, bool, bool, bool)> = Vec::new();
+    let mut budgets: Vec<Spec> = Vec::new();
     for a in &args[..split] {
-        let (spec, grow) = match a.strip_suffix(":grow") {
-            Some(s) => (s, true),
-            None => (a.as_str(), false),
-        };
-        // layers are on by default: `:nolayers` turns them off (`:layers` is the default)
-        let (spec, layers) = match (spec.strip_suffix(":nolayers"), spec.strip_suffix(":layers")) {
-            (Some(s), _) => (s, false),
-            (None, Some(s)) => (s, true),
-            (None, None) => (spec, true),
-        };
-        let (spec, kept) = match spec.strip_suffix(":kept") {
-            Some(s) => (s, true),
-            None => (spec, false),
-        };
-        let (spec, runs) = match spec.strip_suffix(":runs") {
-            Some(s) => (s, true),
-            None => (spec, false),
-        };
-        let parsed = spec
-            .split_once(':')
-            .and_then(|(r, s)| Some((r.parse::<f64>().ok()?, s.parse::<u64>().ok()?)));
-        match parsed {
-            Some((r, s)) if r.is_finite() && r >= 0.0 => {
-                budgets.push((r, s, runs, kept, layers, grow))
-            }
-            _ => {
-                eprintln!(
-                    "pool_slack: budget `{a}`: expected RATIO:SLACK_MIB[:runs][:kept][:nolayers][:grow] such as 0.05:2 or 0.05:2:runs"
-                );
+        match parse_budget(a) {
+            Ok(spec) => budgets.push(spec),
+            Err(e) => {
+                eprintln!("pool_slack: {e}");
                 std::process::exit(2);
             }
         }
     }
     if budgets.is_empty() {
         budgets = vec![
-            (0.05, 2, false, false, true, false),
-            (0.075, 2, false, false, true, false),
-            (0.10, 0, false, false, true, false),
-            (0.05, 16, false, false, true, false),
-            (0.05, 32, false, false, true, false),
-            (0.05, 2, true, false, true, false),
+            Spec::new(0.05, 2),
+            Spec::new(0.075, 2),
+            Spec::new(0.10, 0),
+            Spec::new(0.05, 16),
+            Spec::new(0.05, 32),
+            Spec {
+                runs: true,
+                ..Spec::new(0.05, 2)
+            },
         ];
     }
     let traces = common::traces(args.get(split + 1..).unwrap_or(&[]).to_vec());
@@ -140,7 +198,16 @@ fn main() {
     for (name, t, live) in traces {
         for frees in Frees::BOTH {
             let stream = frees.apply(&t.events);
-            for &(ratio, slack, runs, kept, layers, grow) in &budgets {
+            for &Spec {
+                ratio,
+                slack,
+                runs,
+                kept,
+                layers,
+                grow,
+                holds,
+            } in &budgets
+            {
                 let make = move || -> Box<dyn Policy> {
                     Box::new(
                         Stitch::new()
@@ -152,7 +219,8 @@ fn main() {
                             .with_runs(runs)
                             .with_kept(kept)
                             .with_layers(layers)
-                            .with_grow(grow),
+                            .with_grow(grow)
+                            .with_layer_holds(holds),
                     )
                 };
                 let mut dev = AccountingDevice::new(80 << 30);
@@ -163,13 +231,14 @@ fn main() {
                 let half = replay::second_half_calls_per_1000(&t.events, frees, &make);
                 let min = replay::min_capacity_with(&stream, &make);
                 println!(
-                    "| {name} | {} | {:.1}% + {slack} MiB{}{}{}{} | {:.3} | {:.3} | {} | {}, {} | {:.1} |",
+                    "| {name} | {} | {:.1}% + {slack} MiB{}{}{}{}{} | {:.3} | {:.3} | {} | {}, {} | {:.1} |",
                     frees.name(),
                     ratio * 100.0,
                     if runs { ", runs" } else { "" },
                     if kept { ", kept" } else { "" },
                     if layers { "" } else { ", no layers" },
                     if grow { ", grow" } else { "" },
+                    if holds { ", holds" } else { "" },
                     r.peak_device_used as f64 / live as f64,
                     min as f64 / live as f64,
                     r.driver_calls,

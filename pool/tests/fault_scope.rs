@@ -157,6 +157,14 @@ fn unreached_fault_switches_change_nothing() {
                 ..Faults::default()
             },
         ),
+        // the layer replay holds places only with `Stitch::with_layer_holds`
+        (
+            "hold_over_live",
+            Faults {
+                hold_over_live: true,
+                ..Faults::default()
+            },
+        ),
     ];
     for (name, ev) in common::traces() {
         for frees in Frees::BOTH {

@@ -4,6 +4,11 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+mod records;
+// each test crate compiles this module and uses what it needs of it
+#[allow(unused_imports)]
+pub use records::{memop, write_trace};
+
 pub fn exe() -> &'static str {
     env!("CARGO_BIN_EXE_vramshim")
 }
@@ -135,29 +140,4 @@ pub fn compile_c(dir: &Path, name: &str, source: &str) -> PathBuf {
         .expect("cc (gcc) is needed to build a test program");
     assert!(st.success(), "cc failed on {}", src.display());
     exe
-}
-
-/// A runtime allocation event of thread 1 on device 0, stream 0, with no stack; tests set what
-/// they need on top (`MemOp { tid, ..memop(..) }`).
-pub fn memop(
-    t: u64,
-    api: vramshim_trace::Api,
-    addr: u64,
-    size: u64,
-    result: i32,
-) -> vramshim_trace::MemOp {
-    vramshim_trace::MemOp {
-        t_ns: t,
-        tid: 1,
-        api,
-        kind: vramshim_trace::AllocKind::Runtime,
-        flags: 0,
-        device: 0,
-        stream: 0,
-        addr,
-        size,
-        result,
-        latency_ns: 500,
-        stack: 0,
-    }
 }

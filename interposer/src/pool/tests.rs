@@ -24,10 +24,19 @@ fn run(exe: &std::path::Path, args: &[&str], env: &[(&str, &str)], name: &str) -
     run_with_preload(exe, args, env, Some(&built_interposer_lib()), name)
 }
 
+/// The integer after the last `key=` in `out` where `key` is a whole key: not the end of a
+/// longer one (`pages=` inside `most_pages=`, `live=` inside `recent_peak_live=`).
 fn field(out: &str, key: &str) -> i64 {
+    let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    assert!(
+        !key.is_empty() && key.chars().all(word),
+        "field: {key:?} is not a key"
+    );
     let k = format!("{key}=");
-    let i = out
-        .rfind(&k)
+    let (i, _) = out
+        .match_indices(&k)
+        .filter(|&(i, _)| !out[..i].ends_with(word))
+        .last()
         .unwrap_or_else(|| panic!("no {key}= in {out}"));
     out[i + k.len()..]
         .split(|c: char| !(c.is_ascii_digit() || c == '-'))
@@ -35,6 +44,19 @@ fn field(out: &str, key: &str) -> i64 {
         .unwrap()
         .parse()
         .unwrap()
+}
+
+/// `field` reads whole keys: a key that ends a longer one (`pages` of `most_pages`, `n` of
+/// `unknown`) is not read there, wherever the longer one stands.
+#[test]
+fn field_reads_whole_keys_only() {
+    let out = "busy_maps pages=5 most_pages=7\npool_stats n=2 live=3 recent_peak_live=9 unknown=-1";
+    assert_eq!(field(out, "pages"), 5);
+    assert_eq!(field(out, "most_pages"), 7);
+    assert_eq!(field(out, "n"), 2);
+    assert_eq!(field(out, "live"), 3);
+    assert_eq!(field(out, "recent_peak_live"), 9);
+    assert_eq!(field(out, "unknown"), -1);
 }
 
 #[test]
@@ -220,6 +242,69 @@ fn a_destroyed_stream_s_handle_never_gets_its_freed_blocks_early() {
         let o = go("runtime", "5%", extra, Some(debug));
         assert_exit(&o, 1, &format!("{debug} {extra:?}"));
         assert!(field(&o.stdout, "foreign") > 0, "{debug}");
+    }
+}
+
+/// A stream capture on one thread stays valid while another thread allocates and frees
+/// through the pool at sizes that make it reuse a cached block, order two streams and grow:
+/// through each begin/end-capture entry point (the runtime's, the driver's by `dlsym`, the
+/// driver's through `cudaGetDriverEntryPoint`), with and without the budget. Where the capture
+/// forbids the worker unsafe calls (both in global mode, or the capturing thread itself) the
+/// pool serves what it holds and refuses the request that must grow with
+/// `cudaErrorStreamCaptureUnsupported`; where it does not (the worker in thread-local or
+/// relaxed mode, the capture thread-local or relaxed) the pool grows as usual. With the pool
+/// asking only about the request's own stream (`ignore-other-captures`) it maps memory on the
+/// worker and cuda-sim invalidates the capture, as CUDA does: the test can fail.
+#[test]
+fn a_capture_on_another_thread_survives_the_pool_s_calls() {
+    let exe = workload("capture_threads");
+    let go = |args: &[&str], budget: &str, debug: Option<&str>| {
+        let mut env = vec![
+            ("VRAMSHIM_POOL", "stitch"),
+            ("VRAMSHIM_POOL_BUDGET", budget),
+        ];
+        env.extend(debug.map(|d| ("VRAMSHIM_POOL_DEBUG", d)));
+        run(&exe, args, &env, "pool-capture")
+    };
+    for entry in ["runtime", "driver", "lookup"] {
+        for budget in ["5%", "off"] {
+            for (capture, worker, extra, forbidden) in [
+                ("global", "global", None, true),
+                ("global", "global", Some("self"), true),
+                ("local", "global", Some("self"), true),
+                ("global", "local", None, false),
+                ("global", "relaxed", None, false),
+                ("local", "global", None, false),
+                ("relaxed", "global", None, false),
+            ] {
+                let mut args = vec![entry, capture, worker];
+                args.extend(extra);
+                let what = format!("{args:?} budget {budget}");
+                let o = go(&args, budget, None);
+                assert_exit(&o, 0, &what);
+                assert_eq!(field(&o.stdout, "end"), 0, "{what}");
+                assert_eq!(field(&o.stdout, "errors"), 0, "{what}");
+                if forbidden {
+                    // what the pool holds serves (the cached 4 MiB block at least); the 64 MiB
+                    // request, more than it holds, is refused, and so is any other that would
+                    // need new pages or a synchronization
+                    let (served, refused) =
+                        (field(&o.stdout, "served"), field(&o.stdout, "refused"));
+                    assert!(served >= 1 && refused >= 1, "{what}: {}", o.stdout);
+                    assert_eq!(served + refused, 4, "{what}: {}", o.stdout);
+                } else {
+                    assert_eq!(field(&o.stdout, "refused"), 0, "{what}: {}", o.stdout);
+                    assert_eq!(field(&o.stdout, "served"), 4, "{what}: {}", o.stdout);
+                }
+            }
+        }
+    }
+    for extra in [None, Some("self")] {
+        let mut args = vec!["runtime", "global", "global"];
+        args.extend(extra);
+        let o = go(&args, "5%", Some("ignore-other-captures"));
+        assert_exit(&o, 1, &format!("ignore-other-captures {extra:?}"));
+        assert_eq!(field(&o.stdout, "end"), 901, "{}", o.stdout);
     }
 }
 
@@ -843,14 +928,14 @@ fn pool_statistics_are_readable_in_process_and_at_exit() {
     };
     let blocks = (5 << 20) + (3 << 20) + 512 + (7 << 20);
     let l = line("live");
-    assert_eq!(field(&l, " n"), 16, "{l}");
-    assert_eq!(field(&l, " live"), blocks, "{l}");
-    let reserved = field(&l, " reserved");
+    assert_eq!(field(&l, "n"), 16, "{l}");
+    assert_eq!(field(&l, "live"), blocks, "{l}");
+    let reserved = field(&l, "reserved");
     assert!(reserved >= blocks && reserved <= field(&l, "budget"), "{l}");
     assert_eq!(field(&l, "byname_reserved"), reserved, "{l}");
     assert_eq!(field(&l, "unknown"), -1, "{l}");
     let l = line("freed");
-    assert_eq!(field(&l, " live"), 0, "{l}");
+    assert_eq!(field(&l, "live"), 0, "{l}");
     assert_eq!(field(&l, "cached") + field(&l, "pending"), blocks, "{l}");
     let j = std::fs::read_to_string(&json).unwrap();
     assert!(j.contains("\"pools\":{\"0\":{\"reserved\":"), "{j}");

@@ -169,23 +169,11 @@ impl Stitch {
                 continue;
             }
             // the cached blocks after the head are dissolved
-            let mut victims: Vec<u64> = Vec::new();
-            let mut bytes = 0;
-            for (i, &q) in mp.pages.iter().enumerate() {
-                let from = if i == 0 { off } else { 0 };
-                for &(e, a) in self.page(q).occ.values() {
-                    if e > from
-                        && !victims.contains(&a)
-                        && self
-                            .blocks
-                            .get(a)
-                            .is_some_and(|b| b.state == BState::Cached)
-                    {
-                        victims.push(a);
-                        bytes += self.blocks.get(a).map_or(0, |b| b.size);
-                    }
-                }
-            }
+            let victims = self.cached_in(m, off, n as u64 * g - off);
+            let bytes = victims
+                .iter()
+                .map(|&a| self.blocks.get(a).map_or(0, |b| b.size))
+                .sum();
             if best
                 .as_ref()
                 .is_none_or(|b| (missing, bytes) < (b.missing, b.victim_bytes))

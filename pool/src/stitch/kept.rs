@@ -139,25 +139,6 @@ impl Stitch {
         (free, first)
     }
 
-    /// Cached blocks overlapping `[off, off + size)` of mapping `m`.
-    fn cached_in(&self, m: u32, off: u64, size: u64) -> Vec<u64> {
-        let mut victims = Vec::new();
-        for (p, s, e) in self.pieces(&self.map(m).pages, off, size) {
-            for (_, &(oe, a)) in self.page(p).occ.range(..e) {
-                if oe > s
-                    && !victims.contains(&a)
-                    && self
-                        .blocks
-                        .get(a)
-                        .is_some_and(|b| b.state == BState::Cached)
-                {
-                    victims.push(a);
-                }
-            }
-        }
-        victims
-    }
-
     /// Whether `[s, e)` of page `p` is free.
     pub(super) fn bytes_free(&self, p: u32, s: u64, e: u64) -> bool {
         self.page(p)

@@ -43,6 +43,8 @@ use fences::{Reuse, is_retired};
 
 pub use budget::Budget;
 #[doc(hidden)]
+pub use layers::LayerPlace;
+#[doc(hidden)]
 pub use pages::PageView;
 
 mod arena;
@@ -280,6 +282,14 @@ pub struct Faults {
     /// on their streams say (not a safety fault: it proves the test that such pages go back
     /// without a synchronization can fail).
     pub fences_until_sync: bool,
+    /// Place the allocation the layer replay holds places for (see `layers`, "Holds") at its
+    /// place one period back, over the live block there (the new block overlaps it): proves
+    /// the checks of placing while places are held can fail.
+    pub hold_over_live: bool,
+    /// Growth for a new mapping creates a page for the request's remainder even where a
+    /// partly used page's free end holds it, as before `Stitch::fresh_pages_for` (not a
+    /// safety fault: it proves the test that growth gives back no page it created can fail).
+    pub remainder_page: bool,
 }
 
 impl Faults {
@@ -379,6 +389,16 @@ pub struct Stitch {
     /// the recent large allocations' places, replayed two periods later (see `layers`)
     layers: layers::Layers,
     layers_on: bool,
+    /// a large allocation the layer replay could not place keeps out of the places the next
+    /// allocations of the sequence will take (see `layers`, "Holds")
+    holds_on: bool,
+    /// the layer replay asked holds for the allocation being served: (its number among the
+    /// pool's allocations, the period)
+    hold_ask: Option<(u64, usize)>,
+    /// the places held for the allocation being served (placeholder blocks' addresses)
+    held: Vec<u64>,
+    /// `Faults::hold_over_live`: the place (mapping, offset) it puts that allocation at
+    held_over: Option<(u32, u64)>,
     /// stitched mappings keep address room after their pages and a larger request extends
     /// one in place (see `grow`)
     grow_on: bool,
@@ -492,6 +512,10 @@ impl Stitch {
             rounds: Default::default(),
             layers: Default::default(),
             layers_on: true,
+            holds_on: false,
+            hold_ask: None,
+            held: Vec::new(),
+            held_over: None,
             grow_on: false,
             grows: 0,
             headroom: None,
@@ -552,6 +576,14 @@ impl Stitch {
     /// before the previous one (see `layers`). On by default (it acts only under a budget).
     pub fn with_layers(mut self, on: bool) -> Self {
         self.layers_on = on;
+        self
+    }
+
+    /// With the layer replay acting, a large allocation that gets no place of the sequence
+    /// keeps out of the places the next ones will take, where that costs no driver call (see
+    /// `layers`, "Holds").
+    pub fn with_layer_holds(mut self, on: bool) -> Self {
+        self.holds_on = on;
         self
     }
 
@@ -857,13 +889,14 @@ impl Policy for Stitch {
             self.layers_on,
             self.tcaches,
         );
-        let grow = self.grow_on;
+        let (grow, holds) = (self.grow_on, self.holds_on);
         *self = Stitch::new()
             .with_headroom(headroom)
             .with_budget(budget)
             .with_runs(runs)
             .with_kept(kept)
             .with_layers(layers)
+            .with_layer_holds(holds)
             .with_grow(grow)
             .with_thread_caches(tcaches);
         self.set_faults(faults);
@@ -987,7 +1020,12 @@ impl Stitch {
         let slot = match (replayed, hit) {
             (Some(slot), _) => Ok(slot),
             (None, Some(a)) => Ok(Slot::Hit(a)),
-            (None, None) => self.alloc_slow(dev, size, t, req.size),
+            (None, None) => match self.hold_ask.take() {
+                Some((n, p)) if n == self.stats.allocs => {
+                    self.alloc_held(dev, size, t, req.size, p)
+                }
+                _ => self.alloc_slow(dev, size, t, req.size),
+            },
         };
         let addr = match slot {
             Ok(Slot::Hit(a)) => {

@@ -4,6 +4,26 @@
 use super::*;
 
 impl Stitch {
+    /// Cached blocks overlapping `[off, off + size)` of mapping `m`, in page order: what a
+    /// block placed there dissolves (a carve of a kept range, a mapping grown in place).
+    pub(super) fn cached_in(&self, m: u32, off: u64, size: u64) -> Vec<u64> {
+        let mut victims = Vec::new();
+        for (p, s, e) in self.pieces(&self.map(m).pages, off, size) {
+            for (_, &(oe, a)) in self.page(p).occ.range(..e) {
+                if oe > s
+                    && !victims.contains(&a)
+                    && self
+                        .blocks
+                        .get(a)
+                        .is_some_and(|b| b.state == BState::Cached)
+                {
+                    victims.push(a);
+                }
+            }
+        }
+        victims
+    }
+
     /// The lifetime class of the next allocations (0 by default). Blocks of different
     /// classes never share a page: a page takes the class of its first block and, while any
     /// byte of it is used, only blocks of that class (placement, exact-size reuse and mapping

@@ -360,7 +360,7 @@ impl Stitch {
     }
 
     /// What holds bytes of `[off, off + size)` of mapping `m` now.
-    fn occupants(&self, m: u32, off: u64, size: u64) -> Occupants {
+    pub(super) fn occupants(&self, m: u32, off: u64, size: u64) -> Occupants {
         // the usual case of a repeated round: the block there is of this very place
         let at = self.map(m).va + off;
         if let Some(b) = self.blocks.get(at)

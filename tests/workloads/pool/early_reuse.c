@@ -54,14 +54,7 @@ int main(int argc, char **argv) {
                 CHECK(cudaMallocAsync(&b, n, s2));
             else
                 CHECK(cudaMalloc(&b, n));
-            CHECK(vramsimKernelFill(b, 0x55, n, 0, s2));
-            CHECK(cudaStreamSynchronize(s2));
-            CHECK(cudaDeviceSynchronize());
-            CHECK(cudaMemcpy(host, b, n, cudaMemcpyDeviceToHost));
-            long bad = 0;
-            for (size_t k = 0; k < n; k++)
-                bad += host[k] != 0x55;
-            foreign += bad;
+            foreign += foreign_bytes(b, n, s2, host);
             blocks++;
             same += a == b;
             if (async)

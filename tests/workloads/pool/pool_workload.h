@@ -8,6 +8,11 @@
  *                        "PROG: no library" on stdout and exit 0
  *   rotating_pairs(n)    n cudaMalloc + cudaFree pairs of 1..8 MiB in rotation (cudaFree'd:
  *                        no thread cache keeps them, every free reaches the pool)
+ *   foreign_bytes(b, n, s, host)
+ *                        fills block b (n bytes) with 0x55 on stream s (no delay), synchronizes
+ *                        s and the device, reads b back into host (n bytes at least) and returns
+ *                        how many bytes are not 0x55: those a late write into a block freed
+ *                        earlier put there (the pool handed its bytes out too early)
  */
 #ifndef VRAMSHIM_POOL_WORKLOAD_H
 #define VRAMSHIM_POOL_WORKLOAD_H
@@ -49,6 +54,17 @@ static inline void rotating_pairs(int n) {
         CHECK(cudaMalloc(&p, (size_t)(1 + i % 8) << 20));
         CHECK(cudaFree(p));
     }
+}
+
+static inline long foreign_bytes(void *b, size_t n, cudaStream_t s, unsigned char *host) {
+    CHECK(vramsimKernelFill(b, 0x55, n, 0, s));
+    CHECK(cudaStreamSynchronize(s));
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaMemcpy(host, b, n, cudaMemcpyDeviceToHost));
+    long bad = 0;
+    for (size_t k = 0; k < n; k++)
+        bad += host[k] != 0x55;
+    return bad;
 }
 
 #endif

@@ -78,14 +78,7 @@ int main(int argc, char **argv) {
             CHECK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
             same_handle += s2 == s;
             CHECK(cudaMallocAsync(&b, n, s2));
-            CHECK(vramsimKernelFill(b, 0x55, n, 0, s2));
-            CHECK(cudaStreamSynchronize(s2));
-            CHECK(cudaDeviceSynchronize());
-            CHECK(cudaMemcpy(host, b, n, cudaMemcpyDeviceToHost));
-            long bad = 0;
-            for (size_t k = 0; k < n; k++)
-                bad += host[k] != 0x55;
-            foreign += bad;
+            foreign += foreign_bytes(b, n, s2, host);
             blocks++;
             same += a == b;
             CHECK(cudaFreeAsync(b, s2));

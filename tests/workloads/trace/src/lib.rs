@@ -22,6 +22,19 @@ pub struct Read {
     pub end: Option<u64>,
 }
 
+impl Read {
+    /// The sizes of the trace's allocation records, in order.
+    pub fn alloc_sizes(&self) -> Vec<u64> {
+        self.events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Alloc(m) => Some(m.size),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
 /// Reads a whole trace, panicking on open errors (with the path).
 pub fn read(path: &Path) -> Read {
     let mut r = TraceReader::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -71,4 +84,13 @@ pub fn traces_in(dir: &Path) -> Vec<PathBuf> {
         .unwrap_or_default();
     v.sort();
     v
+}
+
+/// The one trace file in `dir`, read; panics (with `what` and the files there) when `dir`
+/// holds none or several.
+#[track_caller]
+pub fn only_trace(dir: &Path, what: &str) -> Read {
+    let files = traces_in(dir);
+    assert_eq!(files.len(), 1, "{what}: {files:?}");
+    read(&files[0])
 }

@@ -9,7 +9,7 @@ use vramshim_testkit::{
     Link, compile_c, compile_c_to, interposer_lib, preload, run, sim_command, temp_dir,
 };
 use vramshim_trace::{AllocKind, Api, Event, MemOp, codes};
-use vramshim_trace_tests::{now_ns, read, source, traces_in};
+use vramshim_trace_tests::{now_ns, only_trace, read, source, traces_in};
 
 fn ops(events: &[Event]) -> Vec<(bool, MemOp)> {
     events
@@ -485,9 +485,7 @@ fn device_records_carry_each_gpus_uuid() {
             None => cmd.env_remove("CUDA_VISIBLE_DEVICES"),
         };
         run(&mut cmd).assert_success();
-        let files = traces_in(&dir);
-        assert_eq!(files.len(), 1, "{files:?}");
-        let r = read(&files[0]);
+        let r = only_trace(&dir, &format!("{visible:?}"));
         let mut v: Vec<_> = r
             .events
             .iter()

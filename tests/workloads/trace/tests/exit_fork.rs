@@ -5,7 +5,7 @@ use vramshim_testkit::{
     Link, compile_c, compile_c_to, interposer_lib, preload, run, sim_command, temp_dir,
 };
 use vramshim_trace::Event;
-use vramshim_trace_tests::{read, source, traces_in};
+use vramshim_trace_tests::{only_trace, read, source};
 
 const PAIRS: u64 = 500;
 
@@ -25,19 +25,7 @@ fn run_exit(mode: &str, extra_env: &[(&str, &str)]) -> vramshim_trace_tests::Rea
         cmd.env(k, v);
     }
     run(&mut cmd).assert_success();
-    let files = traces_in(&dir);
-    assert_eq!(files.len(), 1, "{mode}: {files:?}");
-    read(&files[0])
-}
-
-fn sizes(r: &vramshim_trace_tests::Read) -> Vec<u64> {
-    r.events
-        .iter()
-        .filter_map(|e| match e {
-            Event::Alloc(m) => Some(m.size),
-            _ => None,
-        })
-        .collect()
+    only_trace(&dir, mode)
 }
 
 #[test]
@@ -46,7 +34,7 @@ fn underscore_exit_flushes_everything_and_ends_the_trace() {
         let r = run_exit(mode, &[]);
         assert_eq!(r.truncation, None, "{mode}: no end record");
         let want: Vec<u64> = (0..PAIRS).map(|i| 4096 + i).collect();
-        assert_eq!(sizes(&r), want, "{mode}");
+        assert_eq!(r.alloc_sizes(), want, "{mode}");
     }
 }
 
@@ -66,7 +54,7 @@ fn vfork_child_exit_leaves_the_parents_trace_alone() {
     assert_eq!(r.truncation, None);
     let want: Vec<u64> = (0..2 * PAIRS).map(|i| 4096 + i).collect();
     assert_eq!(
-        sizes(&r),
+        r.alloc_sizes(),
         want,
         "the parent's events after the vfork are missing"
     );

@@ -17,8 +17,8 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use vramshim_testkit::{Link, compile_c, interposer_lib, preload, sim_command, temp_dir};
-use vramshim_trace::{Event, TruncationReason};
-use vramshim_trace_tests::{read, source, traces_in};
+use vramshim_trace::TruncationReason;
+use vramshim_trace_tests::{only_trace, source};
 
 const PAIRS: u64 = 300;
 /// Runs with the signal inside the allocator (each takes well under a second).
@@ -50,16 +50,6 @@ fn run_once(exe: &Path, dir: &Path, mode: &str, us: u64) -> Option<ExitStatus> {
     }
 }
 
-fn alloc_sizes(events: &[Event]) -> Vec<u64> {
-    events
-        .iter()
-        .filter_map(|e| match e {
-            Event::Alloc(m) => Some(m.size),
-            _ => None,
-        })
-        .collect()
-}
-
 #[test]
 fn exit_from_a_handler_that_interrupted_malloc_never_hangs() {
     let exe = compile_c(
@@ -76,14 +66,12 @@ fn exit_from_a_handler_that_interrupted_malloc_never_hangs() {
         let st = run_once(&exe, &dir, "malloc", us)
             .unwrap_or_else(|| panic!("run {i} (alarm at {us} us) hung past {WATCHDOG:?}"));
         assert_eq!(st.code(), Some(3), "run {i}: {st:?}");
-        let files = traces_in(&dir);
-        assert_eq!(files.len(), 1, "run {i}: {files:?}");
-        let r = read(&files[0]);
+        let r = only_trace(&dir, &format!("run {i}"));
         assert!(r.errors.is_empty(), "run {i}: {:?}", r.errors);
         match &r.truncation {
             None => {
                 // An ended trace holds every event.
-                assert_eq!(alloc_sizes(&r.events), want, "run {i}");
+                assert_eq!(r.alloc_sizes(), want, "run {i}");
                 ended += 1;
             }
             // Given up: the trace reads up to the writer's last flush.
@@ -109,11 +97,9 @@ fn exit_from_a_handler_ends_the_trace_when_it_can() {
         let st = run_once(&exe, &dir, "pause", us)
             .unwrap_or_else(|| panic!("pause run (alarm at {us} us) hung"));
         assert_eq!(st.code(), Some(3), "{st:?}");
-        let files = traces_in(&dir);
-        assert_eq!(files.len(), 1, "{files:?}");
-        let r = read(&files[0]);
+        let r = only_trace(&dir, &format!("alarm at {us} us"));
         assert_eq!(r.truncation, None, "alarm at {us} us: no end record");
         assert!(r.errors.is_empty(), "{:?}", r.errors);
-        assert_eq!(alloc_sizes(&r.events), want, "alarm at {us} us");
+        assert_eq!(r.alloc_sizes(), want, "alarm at {us} us");
     }
 }
