@@ -138,6 +138,7 @@ fn fork_child_hooks() {
     counters::reset();
     crate::hooks::context::on_fork_child();
     crate::cuda::mempools::on_fork_child();
+    crate::cuda::captures::on_fork_child();
     crate::cap::on_fork_child();
     crate::pool::on_fork_child();
     crate::tracer::on_fork_child();

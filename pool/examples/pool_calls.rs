@@ -1,17 +1,27 @@
 //! Where a trace's driver calls go: every allocation (or free) that makes driver calls on the
 //! tight pool, with its index, size, live and held bytes, and the calls by kind.
 //!
-//! `cargo run --release -p vramshim-pool --example pool_calls -- TRACE.csv [sync|async] [FROM] [runs] [nolayers] [grow]`
+//! `cargo run --release -p vramshim-pool --example pool_calls -- TRACE.csv [sync|async] [FROM] [runs] [nolayers] [grow] [holds] [places]`
 //! (`FROM`: the first allocation index listed; default: the second half; `runs`: the arena
 //! grows by runs of pages, `Stitch::with_runs`; `nolayers`: `Stitch::with_layers(false)`, the
-//! layer replay being on by default; `grow`: `Stitch::with_grow`). Every free reaches the pool
-//! (no thread caches).
+//! layer replay being on by default; `grow`: `Stitch::with_grow`; `holds`:
+//! `Stitch::with_layer_holds`; `places`: also every allocation of at least a page among the
+//! `PLACES_SPAN` from `FROM` on, with its place (the arena or a stitched mapping, and the
+//! offset) and, where the layer replay had places for it, which allocation each place was and
+//! which live or pending blocks were in it). Every free reaches the pool (no thread caches).
 
 mod common;
 
 use vramshim_pool::replay::{Event, Frees};
 use vramshim_pool::stitch::Stitch;
-use vramshim_pool::{AccountingDevice, CallCounts, MIB, Policy, Request};
+use vramshim_pool::{ALIGN, AccountingDevice, CallCounts, Device, MIB, Policy, Request};
+
+/// How many allocations from `FROM` on `places` lists.
+const PLACES_SPAN: usize = 100;
+
+fn mib(b: u64) -> String {
+    format!("{:.2}", b as f64 / MIB as f64)
+}
 
 fn kinds(c: &CallCounts) -> String {
     let mut s = String::new();
@@ -36,9 +46,20 @@ fn main() {
     let runs = args.iter().any(|a| a == "runs");
     let layers = !args.iter().any(|a| a == "nolayers");
     let grow = args.iter().any(|a| a == "grow");
-    args.retain(|a| a != "runs" && a != "layers" && a != "nolayers" && a != "grow");
+    let places = args.iter().any(|a| a == "places");
+    let holds = args.iter().any(|a| a == "holds");
+    args.retain(|a| {
+        a != "runs"
+            && a != "layers"
+            && a != "nolayers"
+            && a != "grow"
+            && a != "holds"
+            && a != "places"
+    });
     let Some(path) = args.first() else {
-        eprintln!("usage: pool_calls TRACE.csv [sync|async] [FROM] [runs] [nolayers] [grow]");
+        eprintln!(
+            "usage: pool_calls TRACE.csv [sync|async] [FROM] [runs] [nolayers] [grow] [holds] [places]"
+        );
         std::process::exit(2);
     };
     let frees = match args.get(1).map(String::as_str) {
@@ -60,8 +81,13 @@ fn main() {
     let mut p = Stitch::tight()
         .with_runs(runs)
         .with_layers(layers)
-        .with_grow(grow);
+        .with_grow(grow)
+        .with_layer_holds(holds);
     let mut ids = std::collections::HashMap::new();
+    // for `places`: the number of the latest allocation at each address, and of each
+    // allocation of at least a page, in order (the layer replay counts those)
+    let mut numbers: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
+    let mut large: Vec<usize> = Vec::new();
     let mut n = 0usize;
     let mut total = 0u64;
     for e in &ev {
@@ -69,9 +95,60 @@ fn main() {
         let what = match *e {
             Event::Alloc { id, size, stream } => {
                 n += 1;
+                let listed = places && n > from && n <= from + PLACES_SPAN;
+                // each place with its earlier allocation's number and its blockers', named
+                // before this allocation changes what lies there
+                let looked: Vec<(usize, u64, String)> = if listed {
+                    p.layer_places(size)
+                        .into_iter()
+                        .map(|lp| {
+                            let mut why = String::new();
+                            if lp.gone {
+                                why.push_str(" gone");
+                            }
+                            for &(b, bs, st) in &lp.blockers {
+                                let who =
+                                    numbers.get(&b).map_or("?".to_string(), |x| x.to_string());
+                                why.push_str(&format!(" {st} {} MiB (alloc {who})", mib(bs)));
+                            }
+                            (lp.back, lp.addr, why)
+                        })
+                        .collect()
+                } else {
+                    Vec::new()
+                };
                 let a = p.alloc(&mut dev, Request { size, stream }).expect("alloc");
                 dev.check_alloc(a.addr, size, stream);
                 ids.insert(id, a.addr);
+                // kept after the free: a pending or cached block is still that allocation's
+                numbers.insert(a.addr, n);
+                let g = dev.granularity();
+                if size.max(1).div_ceil(ALIGN) * ALIGN >= g {
+                    large.push(n);
+                    if listed {
+                        let d = dev.calls().since(&before);
+                        let (va, off, arena) = p.place_of(a.addr).expect("a live block");
+                        let at = if arena {
+                            "arena".to_string()
+                        } else {
+                            format!("mapping {va:#x}")
+                        };
+                        println!(
+                            "  alloc {n} size {} MiB at {at} + {} MiB:{}",
+                            mib(size),
+                            mib(off),
+                            kinds(&d)
+                        );
+                        for (back, addr, why) in &looked {
+                            let whose = large
+                                .len()
+                                .checked_sub(back + 1)
+                                .map_or("?".to_string(), |i| large[i].to_string());
+                            let taken = if *addr == a.addr { " taken;" } else { "" };
+                            println!("    layer place {back} back (alloc {whose}):{taken}{why}");
+                        }
+                    }
+                }
                 format!("alloc {n} size {:.2} MiB", size as f64 / MIB as f64)
             }
             Event::Free { id, mode } => {

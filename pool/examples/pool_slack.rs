@@ -11,9 +11,9 @@
 //! `cargo run --release -p vramshim-pool --example pool_slack -- [BUDGET ...] -- [DIR_OR_FILES...]`
 //! where a BUDGET is `RATIO:SLACK_MIB` followed by switches in any order, each at most once
 //! (see [`FORM`]): `:runs` (`Stitch::with_runs`), `:kept` (`Stitch::with_kept`), `:grow`
-//! (`Stitch::with_grow`), and `:nolayers` (without the layer replay, `Stitch::with_layers(false)`)
-//! or `:layers` (with it, the default). Default budgets: 0.05:2 0.075:2 0.10:0 0.05:16 0.05:32
-//! 0.05:2:runs.
+//! (`Stitch::with_grow`), `:holds` (`Stitch::with_layer_holds`), and `:nolayers` (without the
+//! layer replay, `Stitch::with_layers(false)`) or `:layers` (with it, the default). Default
+//! budgets: 0.05:2 0.075:2 0.10:0 0.05:16 0.05:32 0.05:2:runs.
 
 mod common;
 
@@ -86,8 +86,8 @@ fn arena_only(events: &[Event]) -> u64 {
 }
 
 /// What a budget argument may be, for the usage and every message about one.
-const FORM: &str = "RATIO:SLACK_MIB, then any of :runs :kept :grow and one of :layers / :nolayers, \
-each at most once, in any order (e.g. 0.05:2, 0.05:2:runs, 0.05:2:grow:nolayers)";
+const FORM: &str = "RATIO:SLACK_MIB, then any of :runs :kept :grow :holds and one of :layers / \
+:nolayers, each at most once, in any order (e.g. 0.05:2, 0.05:2:runs, 0.05:2:grow:nolayers)";
 
 /// One budget to replay under: `Stitch`'s budget ratio and slack (MiB), and its switches.
 #[derive(Clone, Copy)]
@@ -98,6 +98,7 @@ struct Spec {
     kept: bool,
     layers: bool,
     grow: bool,
+    holds: bool,
 }
 
 impl Spec {
@@ -109,6 +110,7 @@ impl Spec {
             kept: false,
             layers: true,
             grow: false,
+            holds: false,
         }
     }
 }
@@ -144,6 +146,7 @@ fn parse_budget(a: &str) -> Result<Spec, String> {
             "runs" => spec.runs = true,
             "kept" => spec.kept = true,
             "grow" => spec.grow = true,
+            "holds" => spec.holds = true,
             "layers" => spec.layers = true,
             "nolayers" => spec.layers = false,
             _ => return bad(format!("unknown switch `:{switch}`")),
@@ -202,6 +205,7 @@ fn main() {
                 kept,
                 layers,
                 grow,
+                holds,
             } in &budgets
             {
                 let make = move || -> Box<dyn Policy> {
@@ -215,7 +219,8 @@ fn main() {
                             .with_runs(runs)
                             .with_kept(kept)
                             .with_layers(layers)
-                            .with_grow(grow),
+                            .with_grow(grow)
+                            .with_layer_holds(holds),
                     )
                 };
                 let mut dev = AccountingDevice::new(80 << 30);
@@ -226,13 +231,14 @@ fn main() {
                 let half = replay::second_half_calls_per_1000(&t.events, frees, &make);
                 let min = replay::min_capacity_with(&stream, &make);
                 println!(
-                    "| {name} | {} | {:.1}% + {slack} MiB{}{}{}{} | {:.3} | {:.3} | {} | {}, {} | {:.1} |",
+                    "| {name} | {} | {:.1}% + {slack} MiB{}{}{}{}{} | {:.3} | {:.3} | {} | {}, {} | {:.1} |",
                     frees.name(),
                     ratio * 100.0,
                     if runs { ", runs" } else { "" },
                     if kept { ", kept" } else { "" },
                     if layers { "" } else { ", no layers" },
                     if grow { ", grow" } else { "" },
+                    if holds { ", holds" } else { "" },
                     r.peak_device_used as f64 / live as f64,
                     min as f64 / live as f64,
                     r.driver_calls,

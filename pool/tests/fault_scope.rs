@@ -135,11 +135,26 @@ fn unreached_fault_switches_change_nothing() {
                 ..Faults::default()
             },
         ),
+        (
+            "ends_skip_rounds",
+            Faults {
+                ends_skip_rounds: true,
+                ..Faults::default()
+            },
+        ),
         // mappings grow in place only with `Stitch::with_grow`
         (
             "grow_over_live",
             Faults {
                 grow_over_live: true,
+                ..Faults::default()
+            },
+        ),
+        // the layer replay holds places only with `Stitch::with_layer_holds`
+        (
+            "hold_over_live",
+            Faults {
+                hold_over_live: true,
                 ..Faults::default()
             },
         ),

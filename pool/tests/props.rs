@@ -671,6 +671,17 @@ proptest! {
         assert_clean(&dev, &p);
     }
 
+    /// The layer replay's holds (`Stitch::with_layer_holds`: a large allocation that gets
+    /// no place of the sequence keeps out of the places the next ones will take) are as
+    /// safe on layers: no overlap, no early reuse, the device and the budget kept (a hold
+    /// over a live block is caught: `checker_catches_a_hold_over_a_live_block`).
+    #[test]
+    fn stitch_tight_with_layer_holds_replays_layers_safely(ops in layers(), cap_mib in 128u64..1024) {
+        let mut p = Stitch::tight().with_layer_holds(true).with_runs(cap_mib % 2 == 0);
+        let dev = exercise_with(&mut p, &ops, cap_mib * MIB, &mut budget_kept(Budget::default()));
+        assert_clean(&dev, &p);
+    }
+
     /// Mappings that grow in place (`Stitch::with_grow`: a larger request maps only the
     /// pages missing at an unused mapping's end) are as safe on layers and on rounds: no
     /// overlap, no early reuse, the device and the budget kept (a mapping grown over a live
@@ -810,6 +821,41 @@ fn checker_catches_a_layer_place_over_a_live_block() {
         caught > caught_rounds,
         "no layer place over a live block was caught ({caught}, {caught_rounds} without layers)"
     );
+}
+
+/// Drawn layers through a tight pool with the layer replay's holds, with and without
+/// `Faults::hold_over_live` (a hold takes a remembered place where a live block lies, and
+/// gives its bytes back as free): without it all are clean and some place an allocation
+/// outside held places (`Stitch::layer_holds`); with it the checking device sees overlaps in
+/// some, and in none with the holds off.
+#[test]
+fn checker_catches_a_hold_over_a_live_block() {
+    let (mut caught, mut caught_off, mut clean, mut held) = (0, 0, 0, 0);
+    let broken = Faults {
+        hold_over_live: true,
+        ..Faults::default()
+    };
+    for ops in drawn_layers(64) {
+        let mut p = Stitch::tight().with_layer_holds(true);
+        let dev = exercise(&mut p, &ops, GIB);
+        assert!(dev.violations().is_empty(), "{:?}", &dev.violations()[..1]);
+        clean += 1;
+        held += usize::from(p.layer_holds() > 0);
+        let mut p = Stitch::tight().with_layer_holds(true);
+        p.set_faults(broken);
+        caught += usize::from(overlaps_before_the_end(&mut p, &ops, GIB));
+        let mut p = Stitch::tight();
+        p.set_faults(broken);
+        caught_off += usize::from(overlaps_before_the_end(&mut p, &ops, GIB));
+    }
+    eprintln!(
+        "{held} of 64 placed an allocation outside held places, {caught} caught with the \
+         fault ({caught_off} with the holds off)"
+    );
+    assert_eq!(clean, 64);
+    assert!(held > 0, "no draw held a place");
+    assert_eq!(caught_off, 0, "the fault acted with the holds off");
+    assert!(caught > 0, "no hold over a live block was caught");
 }
 
 /// Drawn layers and rounds through a tight pool growing mappings in place, with and without

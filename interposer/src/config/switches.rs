@@ -28,6 +28,7 @@ const SWITCHES: &[(&str, &[&str])] = &[
             "kept-over-live",
             "busy-until-sync",
             "ignore-retired",
+            "ignore-other-captures",
             "fences-until-sync",
             "event-settles",
             "no-layers",

@@ -107,8 +107,12 @@ pub(crate) fn pci_bus_id(device: i32) -> Option<String> {
 }
 
 /// Whether `stream` or the legacy stream is capturing, or the driver cannot say (an error
-/// counts as capturing: never synchronize when unsure). False without the query.
+/// counts as capturing: never synchronize when unsure), or a capture on another stream
+/// forbids the calling thread a synchronization (`captures`). False without the query.
 pub(crate) fn capturing(stream: u64) -> bool {
+    if super::captures::forbid_unsafe_calls() {
+        return true;
+    }
     let Some(query) = real::cuStreamIsCapturing() else {
         return false;
     };

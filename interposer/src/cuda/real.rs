@@ -355,6 +355,12 @@ real_fns! {
     Runtime cudaStreamSynchronize_ptsz: PfnCuStreamSynchronize;
     Runtime cudaEventSynchronize: PfnCuEventSynchronize;
     Runtime cudaStreamDestroy: PfnCuStreamDestroy;
+    Runtime cudaStreamBeginCapture: PfnCuStreamBeginCaptureMode;
+    Runtime cudaStreamBeginCapture_ptsz: PfnCuStreamBeginCaptureMode;
+    Runtime cudaStreamBeginCaptureToGraph: PfnCuStreamBeginCaptureToGraph;
+    Runtime cudaStreamBeginCaptureToGraph_ptsz: PfnCuStreamBeginCaptureToGraph;
+    Runtime cudaStreamEndCapture: PfnCuStreamEndCapture;
+    Runtime cudaStreamEndCapture_ptsz: PfnCuStreamEndCapture;
     Runtime cudaIpcGetMemHandle: PfnCudaIpcGetMemHandle;
     Runtime cudaGetDriverEntryPoint: PfnCudaGetDriverEntryPoint;
     Runtime cudaGetDriverEntryPoint_ptsz: PfnCudaGetDriverEntryPoint;
@@ -383,6 +389,14 @@ real_fns! {
     Driver cuGetProcAddress_v2: PfnCuGetProcAddressV2;
     Driver cuStreamDestroy: PfnCuStreamDestroy;
     Driver cuStreamDestroy_v2: PfnCuStreamDestroy;
+    Driver cuStreamBeginCapture: PfnCuStreamBeginCapture;
+    Driver cuStreamBeginCapture_ptsz: PfnCuStreamBeginCapture;
+    Driver cuStreamBeginCapture_v2: PfnCuStreamBeginCaptureMode;
+    Driver cuStreamBeginCapture_v2_ptsz: PfnCuStreamBeginCaptureMode;
+    Driver cuStreamBeginCaptureToGraph: PfnCuStreamBeginCaptureToGraph;
+    Driver cuStreamBeginCaptureToGraph_ptsz: PfnCuStreamBeginCaptureToGraph;
+    Driver cuStreamEndCapture: PfnCuStreamEndCapture;
+    Driver cuStreamEndCapture_ptsz: PfnCuStreamEndCapture;
     // ---- driver: used by other layers (pool VMM backend), never hooked
     Driver cuMemMap: PfnCuMemMap;
     Driver cuMemUnmap: PfnCuMemUnmap;
@@ -401,6 +415,7 @@ real_fns! {
     Driver cuEventDestroy_v2: PfnCuEventDestroy;
     Driver cuStreamWaitEvent: PfnCuStreamWaitEvent;
     Driver cuStreamIsCapturing: PfnCuStreamIsCapturing;
+    Driver cuThreadExchangeStreamCaptureMode: PfnCuThreadExchangeStreamCaptureMode;
     Driver cuCtxGetDevice: PfnCuCtxGetDevice;
     Driver cuCtxGetCurrent: PfnCuCtxGetCurrent;
     Driver cuCtxSetCurrent: PfnCuCtxSetCurrent;

@@ -239,6 +239,28 @@ pub(crate) type PfnCuMemPoolGetAttribute =
 pub(crate) const CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: c_int = 5;
 pub(crate) const CU_MEMPOOL_ATTR_USED_MEM_CURRENT: c_int = 7;
 pub type PfnCuThreadExchangeStreamCaptureMode = unsafe extern "C" fn(*mut c_int) -> CUresult;
+/// `cuStreamBeginCapture(stream)` (global mode).
+pub type PfnCuStreamBeginCapture = unsafe extern "C" fn(CUstream) -> CUresult;
+/// `cuStreamBeginCapture_v2(stream, mode)`, `cudaStreamBeginCapture(stream, mode)`.
+pub type PfnCuStreamBeginCaptureMode = unsafe extern "C" fn(CUstream, c_int) -> CUresult;
+/// `cuStreamBeginCaptureToGraph(stream, graph, dependencies, edge data, count, mode)`, and the
+/// runtime's of the same arguments.
+pub type PfnCuStreamBeginCaptureToGraph = unsafe extern "C" fn(
+    CUstream,
+    *mut c_void,
+    *const c_void,
+    *const c_void,
+    usize,
+    c_int,
+) -> CUresult;
+/// `cuStreamEndCapture(stream, CUgraph *)`, `cudaStreamEndCapture`.
+pub type PfnCuStreamEndCapture = unsafe extern "C" fn(CUstream, *mut *mut c_void) -> CUresult;
+/// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` == `cudaErrorStreamCaptureUnsupported`: the
+/// operation is not permitted while a capture is under way.
+pub(crate) const CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: c_int = 900;
+/// `CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD`: a thread-local capture ended on another thread
+/// (it goes on).
+pub(crate) const CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD: c_int = 908;
 
 pub(crate) type PfnNvmlDeviceGetMemoryInfo =
     unsafe extern "C" fn(nvmlDevice_t, *mut nvmlMemory_t) -> nvmlReturn_t;

@@ -438,6 +438,7 @@ macro_rules! hooks {
 }
 
 // The hook modules, after the macro they declare their hooks with.
+pub(crate) mod capture;
 pub(crate) mod context;
 pub(crate) mod current;
 pub(crate) mod driver;
@@ -453,7 +454,7 @@ pub(crate) mod torch;
 pub(crate) mod vmm;
 
 /// Every hook we export and substitute, by module.
-static HOOKS: [&[Hook]; 10] = [
+static HOOKS: [&[Hook]; 11] = [
     runtime::TABLE,
     driver::TABLE,
     host::TABLE,
@@ -462,6 +463,7 @@ static HOOKS: [&[Hook]; 10] = [
     context::TABLE,
     current::TABLE,
     sync::TABLE,
+    capture::TABLE,
     lookup::TABLE,
     nvml::TABLE,
 ];

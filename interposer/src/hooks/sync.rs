@@ -91,6 +91,8 @@ fn stream_destroy<F: Copy>(h: Site<F>, stream: u64, call: impl Fn(F) -> c_int) -
         if stream > 2 && pool::enabled() {
             super::pool_glue::retire_stream(stream);
         }
+        // a stream destroyed while it captures captures no more
+        crate::cuda::captures::ended(stream);
         let rc = call();
         crate::debug!("{name} stream={stream:#x} -> {rc}");
         rc

@@ -1,8 +1,8 @@
 //! The pool's `Device` over the CUDA driver's virtual-memory API (the real functions the
 //! interposer resolved; never our hooks). One per device ordinal.
 
-use crate::cuda::real;
 use crate::cuda::types::*;
+use crate::cuda::{captures, real};
 use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::{c_int, c_uint};
@@ -88,6 +88,14 @@ pub(crate) struct CudaDevice {
     /// synchronization it considers, and the answer cannot change within one call (a
     /// capture begins only in a call of the program's own), so one query per call suffices.
     capturing: Cell<Option<bool>>,
+    /// Whether a stream capture under way, on any thread, forbids the calling thread
+    /// potentially unsafe calls (`captures`): asked once per request served, when first
+    /// needed (a capture begins only in a call of the program's own). Then the pool makes none:
+    /// no synchronization, event query, event creation or virtual-memory call (each would fail
+    /// and invalidate the capture); it serves only from what it holds.
+    forbidden: Cell<Option<bool>>,
+    /// Calls refused for it while serving the request.
+    refused: Cell<u32>,
     /// Recycled events.
     free_events: Vec<usize>,
     /// Every page is charged to the cap when created and given back when released (see
@@ -163,6 +171,8 @@ impl CudaDevice {
             stream: 0,
             runtime: false,
             capturing: Cell::new(None),
+            forbidden: Cell::new(None),
+            refused: Cell::new(0),
             free_events: Vec::new(),
             charge,
             charged: 0,
@@ -191,12 +201,21 @@ impl CudaDevice {
 }
 
 impl CudaDevice {
+    /// Whether work for `s` would go on the legacy stream ([`Self::cu_stream`]) while a
+    /// capture is under way: the legacy stream waits for every blocking stream, a capturing
+    /// one too, which CUDA refuses and which invalidates that capture.
+    fn legacy_in_capture(s: Stream) -> bool {
+        (s == vramshim_pool::ANY_STREAM || s & super::PTDS_BASE != 0) && captures::any()
+    }
+
     /// A new request is served (on `stream`; `runtime`: through the runtime API).
     #[inline]
     pub(crate) fn begin(&mut self, stream: Stream, runtime: bool) {
         self.stream = stream;
         self.runtime = runtime;
         self.capturing.set(None);
+        self.forbidden.set(None);
+        self.refused.set(0);
         if self.charge {
             (super::cap_view().clear_refusal)();
         }
@@ -214,6 +233,30 @@ impl CudaDevice {
         // an error here (e.g. an illegal query during a global-mode capture) counts as
         // capturing: never synchronize when unsure
         rc != CUDA_SUCCESS || status != 0
+    }
+
+    /// Whether a capture forbids this thread unsafe calls now (see `forbidden`).
+    fn forbidden(&self) -> bool {
+        if let Some(f) = self.forbidden.get() {
+            return f;
+        }
+        let f = !super::other_captures_ignored() && captures::forbid_unsafe_calls();
+        self.forbidden.set(Some(f));
+        f
+    }
+
+    /// `Err` (counted, no driver call) when a capture forbids this thread unsafe calls.
+    fn unsafe_call(&self) -> Result<(), DeviceError> {
+        if self.forbidden() {
+            self.refused.set(self.refused.get() + 1);
+            return Err(DeviceError::NotPermitted);
+        }
+        Ok(())
+    }
+
+    /// Calls refused because a capture forbade them while serving the request.
+    pub(crate) fn refused(&self) -> u32 {
+        self.refused.get()
     }
 
     #[inline]
@@ -310,6 +353,7 @@ impl Device for CudaDevice {
     }
 
     fn reserve(&mut self, size: u64) -> Result<u64, DeviceError> {
+        self.unsafe_call()?;
         self.enter();
         self.calls.reserve += 1;
         let mut p: CUdeviceptr = 0;
@@ -320,6 +364,7 @@ impl Device for CudaDevice {
     }
 
     fn unreserve(&mut self, va: u64, size: u64) -> Result<(), DeviceError> {
+        self.unsafe_call()?;
         self.enter();
         self.calls.unreserve += 1;
         // SAFETY: a range returned by reserve.
@@ -332,6 +377,7 @@ impl Device for CudaDevice {
         let Some(bytes) = pages.checked_mul(self.gran).filter(|&b| b > 0) else {
             return Err(DeviceError::Driver(CUDA_ERROR_INVALID_VALUE));
         };
+        self.unsafe_call()?;
         if self
             .limit
             .is_some_and(|l| self.held.saturating_add(bytes) > l)
@@ -369,6 +415,7 @@ impl Device for CudaDevice {
 
     fn release(&mut self, handle: Handle, pages: u64) -> Result<(), DeviceError> {
         let bytes = pages.saturating_mul(self.gran);
+        self.unsafe_call()?;
         self.enter();
         self.calls.release += 1;
         // SAFETY: a handle returned by create.
@@ -383,6 +430,7 @@ impl Device for CudaDevice {
 
     fn map(&mut self, va: u64, handle: Handle, pages: u64) -> Result<(), DeviceError> {
         let bytes = pages.saturating_mul(self.gran);
+        self.unsafe_call()?;
         self.enter();
         self.calls.map += 1;
         // SAFETY: va lies in a reservation of ours with `bytes` free after it; handle from
@@ -395,6 +443,7 @@ impl Device for CudaDevice {
     }
 
     fn unmap(&mut self, va: u64, size: u64) -> Result<(), DeviceError> {
+        self.unsafe_call()?;
         self.enter();
         self.calls.unmap += 1;
         // SAFETY: a range we mapped.
@@ -407,6 +456,7 @@ impl Device for CudaDevice {
     }
 
     fn set_access(&mut self, va: u64, size: u64) -> Result<(), DeviceError> {
+        self.unsafe_call()?;
         self.enter();
         self.calls.set_access += 1;
         self.set_access_raw(va, size)
@@ -436,7 +486,12 @@ impl Device for CudaDevice {
         ))
     }
 
+    /// The request's stream captures, or a capture forbids this thread unsafe calls: either
+    /// way no synchronization and no event recorded for later queries.
     fn is_capturing(&self) -> bool {
+        if self.forbidden() {
+            return true;
+        }
         if let Some(c) = self.capturing.get() {
             return c;
         }
@@ -446,10 +501,16 @@ impl Device for CudaDevice {
     }
     fn record_event(&mut self, stream: Stream) -> Result<EventId, DeviceError> {
         self.enter();
+        // An event recorded on a capturing stream would be part of the capture: the pool
+        // could neither query nor wait on it outside it.
+        if captures::capturing(stream) || Self::legacy_in_capture(stream) {
+            return Err(DeviceError::NotPermitted);
+        }
         self.calls.event_record += 1;
         let ev = match self.free_events.pop() {
             Some(e) => e,
             None => {
+                self.unsafe_call()?;
                 let mut e: CUevent = std::ptr::null_mut();
                 // SAFETY: valid out-pointer.
                 ok(unsafe { (self.fns.ev_create)(&mut e, CU_EVENT_DISABLE_TIMING) })?;
@@ -466,6 +527,10 @@ impl Device for CudaDevice {
     }
 
     fn event_done(&mut self, event: EventId) -> bool {
+        // not asked: not known to be done
+        if self.unsafe_call().is_err() {
+            return false;
+        }
         self.enter();
         self.calls.event_query += 1;
         // SAFETY: an event of ours.
@@ -473,6 +538,9 @@ impl Device for CudaDevice {
     }
 
     fn stream_wait_event(&mut self, stream: Stream, event: EventId) -> Result<(), DeviceError> {
+        if Self::legacy_in_capture(stream) {
+            return Err(DeviceError::NotPermitted);
+        }
         self.enter();
         self.calls.stream_wait += 1;
         let (f, s, e) = (
@@ -491,7 +559,7 @@ impl Device for CudaDevice {
 
     fn destroy_event(&mut self, event: EventId) {
         self.calls.event_destroy += 1;
-        if self.free_events.len() < 256 {
+        if self.free_events.len() < 256 || self.forbidden() {
             self.free_events.push(event as usize);
         } else {
             self.enter();

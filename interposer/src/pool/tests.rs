@@ -245,6 +245,69 @@ fn a_destroyed_stream_s_handle_never_gets_its_freed_blocks_early() {
     }
 }
 
+/// A stream capture on one thread stays valid while another thread allocates and frees
+/// through the pool at sizes that make it reuse a cached block, order two streams and grow:
+/// through each begin/end-capture entry point (the runtime's, the driver's by `dlsym`, the
+/// driver's through `cudaGetDriverEntryPoint`), with and without the budget. Where the capture
+/// forbids the worker unsafe calls (both in global mode, or the capturing thread itself) the
+/// pool serves what it holds and refuses the request that must grow with
+/// `cudaErrorStreamCaptureUnsupported`; where it does not (the worker in thread-local or
+/// relaxed mode, the capture thread-local or relaxed) the pool grows as usual. With the pool
+/// asking only about the request's own stream (`ignore-other-captures`) it maps memory on the
+/// worker and cuda-sim invalidates the capture, as CUDA does: the test can fail.
+#[test]
+fn a_capture_on_another_thread_survives_the_pool_s_calls() {
+    let exe = workload("capture_threads");
+    let go = |args: &[&str], budget: &str, debug: Option<&str>| {
+        let mut env = vec![
+            ("VRAMSHIM_POOL", "stitch"),
+            ("VRAMSHIM_POOL_BUDGET", budget),
+        ];
+        env.extend(debug.map(|d| ("VRAMSHIM_POOL_DEBUG", d)));
+        run(&exe, args, &env, "pool-capture")
+    };
+    for entry in ["runtime", "driver", "lookup"] {
+        for budget in ["5%", "off"] {
+            for (capture, worker, extra, forbidden) in [
+                ("global", "global", None, true),
+                ("global", "global", Some("self"), true),
+                ("local", "global", Some("self"), true),
+                ("global", "local", None, false),
+                ("global", "relaxed", None, false),
+                ("local", "global", None, false),
+                ("relaxed", "global", None, false),
+            ] {
+                let mut args = vec![entry, capture, worker];
+                args.extend(extra);
+                let what = format!("{args:?} budget {budget}");
+                let o = go(&args, budget, None);
+                assert_exit(&o, 0, &what);
+                assert_eq!(field(&o.stdout, "end"), 0, "{what}");
+                assert_eq!(field(&o.stdout, "errors"), 0, "{what}");
+                if forbidden {
+                    // what the pool holds serves (the cached 4 MiB block at least); the 64 MiB
+                    // request, more than it holds, is refused, and so is any other that would
+                    // need new pages or a synchronization
+                    let (served, refused) =
+                        (field(&o.stdout, "served"), field(&o.stdout, "refused"));
+                    assert!(served >= 1 && refused >= 1, "{what}: {}", o.stdout);
+                    assert_eq!(served + refused, 4, "{what}: {}", o.stdout);
+                } else {
+                    assert_eq!(field(&o.stdout, "refused"), 0, "{what}: {}", o.stdout);
+                    assert_eq!(field(&o.stdout, "served"), 4, "{what}: {}", o.stdout);
+                }
+            }
+        }
+    }
+    for extra in [None, Some("self")] {
+        let mut args = vec!["runtime", "global", "global"];
+        args.extend(extra);
+        let o = go(&args, "5%", Some("ignore-other-captures"));
+        assert_exit(&o, 1, &format!("ignore-other-captures {extra:?}"));
+        assert_eq!(field(&o.stdout, "end"), 901, "{}", o.stdout);
+    }
+}
+
 #[test]
 fn injected_driver_faults_fail_cleanly_and_later_requests_succeed() {
     let exe = workload("faults");

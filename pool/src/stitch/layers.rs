@@ -26,6 +26,21 @@
 //! pending ones released by a synchronization first. Not near the device's limit
 //! (`roomy`): there the usual placement packs tighter (smaller devices).
 //!
+//! Holds (`Stitch::with_layer_holds`, off by default). The first layers of a new shape have
+//! no layout to replay: layer 2's blocks go where the usual placement puts them, around
+//! layer 1's output, so layer 3's replay of layer 1 falls back where layer 2 left a block
+//! that lives into layer 3; the fallback lands in places of layer 2 that layer 4 will want,
+//! and so on (a fallback of a block of many pages is a new stitched mapping). So when a
+//! large allocation gets no place of the sequence and its place one period back is taken
+//! by a live block, the places that the next `p - 1` allocations will take two periods
+//! after them (the allocations `p + 1` to `2p - 1` before this one) are held while it is
+//! placed, those of its own size whose bytes are all free now: it goes in the arena or a
+//! held mapping outside them, with no driver call, or, if there is no such room, where the
+//! usual placement puts it as if nothing were held. A hold is a placeholder live block
+//! over the place for the length of the allocation; it never touches a byte that is not
+//! free, and the allocation goes only where bytes are free (`Faults::hold_over_live` puts
+//! it at its place one period back, over the live block there).
+//!
 //! Blocks under a page share pages (their places matter little) and are left to the fast
 //! path. A caller's thread caches (`thread_cache`) keep only frees under a page while the
 //! rule acts (`Stitch::aside_below`): a cache hit is served where the pool never sees it, so
@@ -52,6 +67,8 @@ pub(super) struct Layers {
     loose: Option<u64>,
     /// allocations served at a place of two periods before
     pub(super) replays: u64,
+    /// allocations placed outside held places (see "Holds")
+    pub(super) held_placed: u64,
 }
 
 impl Default for Layers {
@@ -62,6 +79,7 @@ impl Default for Layers {
             same: 0,
             loose: None,
             replays: 0,
+            held_placed: 0,
         }
     }
 }
@@ -157,6 +175,9 @@ impl Stitch {
             }
         }
         let Some((m, off, occupants)) = found else {
+            if self.holds_on {
+                self.hold_next(size, p);
+            }
             return Ok(None);
         };
         let slot = self.commit_place(dev, m, off, occupants, size, t, req)?;
@@ -164,6 +185,117 @@ impl Stitch {
             self.layers.replays += 1;
         }
         Ok(slot)
+    }
+
+    /// Hold (see "Holds" above) the free places of `size` that the next `p - 1` allocations
+    /// of the sequence will take two periods after them, when the place of the allocation
+    /// of `size` being served one period back is taken by a live block.
+    fn hold_next(&mut self, size: u64, p: usize) {
+        let (_, m, va, off) = self.layers.back(p);
+        if !self.place_mapped(m, va, off, size)
+            || !matches!(self.occupants(m, off, size), rounds::Occupants::Live)
+        {
+            return;
+        }
+        let own = (m, off);
+        for k in p + 1..2 * p {
+            let (sz, m, va, off) = self.layers.back(k);
+            if sz != size || !self.place_mapped(m, va, off, sz) {
+                continue;
+            }
+            let addr = va + off;
+            let pieces = self.pieces(&self.map(m).pages, off, sz);
+            if self.blocks.get(addr).is_some()
+                || !pieces.iter().all(|&(q, s, e)| self.bytes_free(q, s, e))
+            {
+                continue;
+            }
+            for &(q, s, e) in &pieces {
+                self.take(q, s, e, LARGE);
+                self.page_mut(q).occ.insert(s, (e, addr));
+            }
+            let list = self.sizes.intern(sz);
+            self.blocks.insert(Block {
+                addr,
+                list,
+                size: sz,
+                req: sz,
+                map: m,
+                off,
+                stream: crate::ANY_STREAM,
+                state: BState::Live,
+                free_stream: crate::ANY_STREAM,
+                event: None,
+                epoch: 0,
+                seq: 0,
+            });
+            self.map_mut(m).users += 1;
+            self.held.push(addr);
+        }
+        if !self.held.is_empty() && self.faults.hold_over_live {
+            // the fault: the allocation goes to its own place, over the live block there
+            self.held_over = Some(own);
+        }
+    }
+
+    /// Whether mapping `m` is still the one at `va` and holds `[off, off + size)`.
+    fn place_mapped(&self, m: u32, va: u64, off: u64, size: u64) -> bool {
+        self.maps
+            .get(m as usize)
+            .and_then(|x| x.as_ref())
+            .is_some_and(|mp| mp.va == va && off + size <= mp.pages.len() as u64 * self.gran)
+    }
+
+    /// End the holds: their places' bytes are free again.
+    pub(super) fn unhold(&mut self) {
+        self.held_over = None;
+        while let Some(addr) = self.held.pop() {
+            let Some((_, b)) = self.blocks.remove(addr) else {
+                continue;
+            };
+            let pages = self.map(b.map).pages.clone();
+            for (q, s, e) in self.pieces(&pages, b.off, b.size) {
+                self.give(q, s, e);
+                if self.page(q).occ.get(&s).is_some_and(|&(_, a)| a == addr) {
+                    self.page_mut(q).occ.remove(&s);
+                }
+            }
+            self.map_mut(b.map).users -= 1;
+        }
+    }
+
+    /// Serve a large allocation of `size` while places are held: in the arena or a held
+    /// mapping outside them (no driver call), else as if nothing were held.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn alloc_held(
+        &mut self,
+        dev: &mut dyn Device,
+        size: u64,
+        t: Stream,
+        req: u64,
+    ) -> Result<Slot, PoolError> {
+        let mut placed = None;
+        if let Some((m, off)) = self.held_over {
+            placed = self.try_commit(dev, Plan::Existing { map: m, off }, size, t)?;
+        }
+        if placed.is_none()
+            && let Some((off, _)) = self.arena_window(size, false)
+            && let Some(m) = self.arena
+        {
+            placed = self.try_commit(dev, Plan::Existing { map: m, off }, size, t)?;
+        }
+        if placed.is_none() {
+            placed = self.step_place(dev, size, t, false, false)?;
+        }
+        self.unhold();
+        match placed {
+            Some((m, off)) => {
+                self.layers.held_placed += 1;
+                Ok(Slot::New(m, off))
+            }
+            None => self.alloc_slow(dev, size, t, req),
+        }
     }
 
     /// After a large allocation of `size` (now a block at `addr`) was served by the general
@@ -215,9 +347,89 @@ impl Stitch {
         }
     }
 
+    /// Allocations placed outside the places held for the next ones (see `layers`, "Holds").
+    pub fn layer_holds(&self) -> u64 {
+        self.layers.held_placed
+    }
+
     /// Allocations served at the place of the allocation two periods of a repeated sequence
     /// before them (see `layers`).
     pub fn layer_replays(&self) -> u64 {
         self.layers.replays
     }
+
+    /// The places the layer replay would look at for the next allocation of `size` bytes
+    /// (rounded as the pool rounds it), in its order (two periods back, then one), with the
+    /// blocks that are not cached there now (diagnostics: why a layer's block was placed
+    /// anew). Empty when no period covers the allocation. Changes nothing.
+    #[doc(hidden)]
+    pub fn layer_places(&self, size: u64) -> Vec<LayerPlace> {
+        let size = round_up(size.max(1), ALIGN);
+        if !self.layer_size(size) {
+            return Vec::new();
+        }
+        let Some(p) = self.layers.period(size) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for back in [2 * p, p] {
+            let (_, m, va, off) = self.layers.back(back);
+            let mapping = self.maps.get(m as usize).and_then(|x| x.as_ref());
+            let Some(mp) = mapping.filter(|mp| mp.va == va) else {
+                out.push(LayerPlace {
+                    back,
+                    addr: va + off,
+                    gone: true,
+                    blockers: Vec::new(),
+                });
+                continue;
+            };
+            let mut blockers: Vec<(u64, u64, &'static str)> = Vec::new();
+            let end = (off + size).min(mp.pages.len() as u64 * self.gran);
+            for (pg, s, e) in self.pieces(&mp.pages, off, end.saturating_sub(off)) {
+                for (_, &(oe, a)) in self.page(pg).occ.range(..e) {
+                    if oe <= s || blockers.iter().any(|b| b.0 == a) {
+                        continue;
+                    }
+                    let state = match self.blocks.get(a).map(|b| (b.state, b.size)) {
+                        Some((BState::Cached, _)) => continue,
+                        Some((BState::Live, sz)) => (sz, "live"),
+                        Some((BState::Pending, sz)) => (sz, "pending"),
+                        _ => (0, "?"),
+                    };
+                    blockers.push((a, state.0, state.1));
+                }
+            }
+            out.push(LayerPlace {
+                back,
+                addr: va + off,
+                gone: off + size > mp.pages.len() as u64 * self.gran,
+                blockers,
+            });
+        }
+        out
+    }
+
+    /// The mapping (its address) and offset of the block at `addr`, live or not, and
+    /// whether that mapping is the arena (diagnostics).
+    #[doc(hidden)]
+    pub fn place_of(&self, addr: u64) -> Option<(u64, u64, bool)> {
+        let b = self.blocks.get(addr)?;
+        let mp = self.maps.get(b.map as usize)?.as_ref()?;
+        Some((mp.va, b.off, self.arena == Some(b.map)))
+    }
+}
+
+/// One place the layer replay looks at (see `Stitch::layer_places`).
+#[doc(hidden)]
+#[derive(Clone, Debug)]
+pub struct LayerPlace {
+    /// how many large allocations back the place's block was allocated
+    pub back: usize,
+    /// the place's address
+    pub addr: u64,
+    /// its mapping was dropped or re-formed (the place is no longer there)
+    pub gone: bool,
+    /// `(address, size, "live" | "pending")` of the blocks in it that are not cached
+    pub blockers: Vec<(u64, u64, &'static str)>,
 }

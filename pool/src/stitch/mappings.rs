@@ -91,7 +91,8 @@ impl Stitch {
                 // are not free
                 if (self.faults.kept_over_live
                     || self.faults.replay_over_live
-                    || self.faults.grow_over_live)
+                    || self.faults.grow_over_live
+                    || self.faults.hold_over_live)
                     && !self.bytes_free(p, s, e)
                 {
                     continue;

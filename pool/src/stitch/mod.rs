@@ -43,6 +43,8 @@ use fences::{Reuse, is_retired};
 
 pub use budget::Budget;
 #[doc(hidden)]
+pub use layers::LayerPlace;
+#[doc(hidden)]
 pub use pages::PageView;
 
 mod arena;
@@ -240,6 +242,15 @@ pub struct Faults {
     /// than a page is placed in without the synchronization (see `ends`): proves the checks
     /// of that rule's early reuse can fail.
     pub ends_unsynced: bool,
+    /// Near the device's limit, a block of the page-ends rule skips its rank's place of the
+    /// previous round too (see `ends`, "Rounds first"; not a safety fault: it proves the test
+    /// that repeated passes complete on the device one pass needs can fail).
+    pub ends_skip_rounds: bool,
+    /// An allocation served at its rank's place of the previous round skips the
+    /// synchronization the others make once the pending frees reach their limit (see
+    /// `rounds`, "Hits"; not a safety fault: it proves the tests that a later pass repeats
+    /// the first one's places can fail).
+    pub replay_skips_sync: bool,
     /// Carve stitched mappings' address ranges out of the pool's chunks with no unused page
     /// after each (an access past a mapping's end then lands in the next mapping's memory):
     /// proves the test that such an access finds no memory can fail.
@@ -266,6 +277,10 @@ pub struct Faults {
     /// on their streams say (not a safety fault: it proves the test that such pages go back
     /// without a synchronization can fail).
     pub fences_until_sync: bool,
+    /// Place the allocation the layer replay holds places for (see `layers`, "Holds") at its
+    /// place one period back, over the live block there (the new block overlaps it): proves
+    /// the checks of placing while places are held can fail.
+    pub hold_over_live: bool,
 }
 
 impl Faults {
@@ -365,6 +380,13 @@ pub struct Stitch {
     /// the recent large allocations' places, replayed two periods later (see `layers`)
     layers: layers::Layers,
     layers_on: bool,
+    /// a large allocation the layer replay could not place keeps out of the places the next
+    /// allocations of the sequence will take (see `layers`, "Holds")
+    holds_on: bool,
+    /// the places held for the allocation being served (placeholder blocks' addresses)
+    held: Vec<u64>,
+    /// `Faults::hold_over_live`: the place (mapping, offset) it puts that allocation at
+    held_over: Option<(u32, u64)>,
     /// stitched mappings keep address room after their pages and a larger request extends
     /// one in place (see `grow`)
     grow_on: bool,
@@ -478,6 +500,9 @@ impl Stitch {
             rounds: Default::default(),
             layers: Default::default(),
             layers_on: true,
+            holds_on: false,
+            held: Vec::new(),
+            held_over: None,
             grow_on: false,
             grows: 0,
             headroom: None,
@@ -538,6 +563,14 @@ impl Stitch {
     /// before the previous one (see `layers`). On by default (it acts only under a budget).
     pub fn with_layers(mut self, on: bool) -> Self {
         self.layers_on = on;
+        self
+    }
+
+    /// With the layer replay acting, a large allocation that gets no place of the sequence
+    /// keeps out of the places the next ones will take, where that costs no driver call (see
+    /// `layers`, "Holds").
+    pub fn with_layer_holds(mut self, on: bool) -> Self {
+        self.holds_on = on;
         self
     }
 
@@ -843,13 +876,14 @@ impl Policy for Stitch {
             self.layers_on,
             self.tcaches,
         );
-        let grow = self.grow_on;
+        let (grow, holds) = (self.grow_on, self.holds_on);
         *self = Stitch::new()
             .with_headroom(headroom)
             .with_budget(budget)
             .with_runs(runs)
             .with_kept(kept)
             .with_layers(layers)
+            .with_layer_holds(holds)
             .with_grow(grow)
             .with_thread_caches(tcaches);
         self.set_faults(faults);
@@ -915,19 +949,36 @@ impl Stitch {
         // (with layers on, every large allocation after its size's first is due here: within
         // one round, a repeated sequence of them takes the places of two periods before, see
         // `layers`); near the device's limit a block of more than a page takes no twin, no
-        // round place and no held mapping: it is placed on page ends (see `ends`; the mask is
-        // a cheap first look, pages being a power of two bytes, that `ends_due` makes exact)
+        // layer's place and no held mapping: it is placed on page ends (see `ends`; the mask
+        // is a cheap first look, pages being a power of two bytes, that `ends_due` makes
+        // exact), unless its rank's place of the previous round is free (see `ends`, "Rounds
+        // first")
         let g = self.gran;
         let ends =
             ((size > g && size & g.wrapping_sub(1) != 0) || self.near) && self.ends_due(dev, size);
-        let replayed = if !ends && self.budget.is_some() && self.round_due(size) {
+        let replayed = if (!ends || !self.faults.ends_skip_rounds)
+            && self.budget.is_some()
+            && self.round_due(size)
+        {
             match self.round_commit(dev, size, t, req.size)? {
-                None if self.layers_on => self.layer_commit(dev, size, t, req.size)?,
+                None if self.layers_on && !ends => self.layer_commit(dev, size, t, req.size)?,
                 r => r,
             }
         } else {
             None
         };
+        // a replayed place is served as the allocation of the previous round that made it
+        // was: where enough cudaFree'd memory waits, one synchronization releases it (the
+        // test below), so that the blocks the round frees come back to the cache at the
+        // same points and its later hits take the same blocks (see `rounds`, "Hits")
+        if replayed.is_some()
+            && !self.faults.replay_skips_sync
+            && self.pending_bytes > 0
+            && self.pending_bytes >= self.pending_limit()
+            && !dev.is_capturing()
+        {
+            let _ = self.do_sync(dev);
+        }
         let mut hit = None;
         if replayed.is_none() && !ends {
             hit = self.cache_take(dev, size, t, req.size);
@@ -956,8 +1007,12 @@ impl Stitch {
         let slot = match (replayed, hit) {
             (Some(slot), _) => Ok(slot),
             (None, Some(a)) => Ok(Slot::Hit(a)),
+            (None, None) if !self.held.is_empty() => self.alloc_held(dev, size, t, req.size),
             (None, None) => self.alloc_slow(dev, size, t, req.size),
         };
+        if !self.held.is_empty() {
+            self.unhold();
+        }
         let addr = match slot {
             Ok(Slot::Hit(a)) => {
                 self.stats.cache_hits += 1;

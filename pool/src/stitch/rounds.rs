@@ -21,6 +21,18 @@
 //! usual placement wherever a remembered place is taken or missing. The mappings the places
 //! are in are not re-formed over other pages (`Stitch::repairable`) while a round names them.
 //!
+//! Hits: an allocation the fast path served in the previous round (a cached block of its
+//! size) has no place remembered; the new round serves it from the cache again, and takes the
+//! same block only if the cache holds the same blocks in the same order, that is if the
+//! round's `cudaFree`d blocks were released by synchronizations at the same points. The
+//! allocation that made a place synchronized there when the pending frees had reached their
+//! limit (`pending_limit`); so does its replay (`Faults::replay_skips_sync` skips it, for the
+//! tests). Without it the GPU recording of GPT-2 behind `cudaFree` took other cached blocks
+//! from its second pass's 169th allocation on (368 allocations of the pass elsewhere, 3
+//! driver calls in it on 80 GiB), and three passes needed 178 MiB where one needs 176; with
+//! it the second pass takes every place and block the first took (0 calls) and three
+//! passes complete on 176 MiB (`examples/pool_passes.rs`).
+//!
 //! Bounded: at most `ROUND_PLACES` places are remembered per round (a job that is never
 //! idle has one long round; the rest of it is not remembered).
 
@@ -348,7 +360,7 @@ impl Stitch {
     }
 
     /// What holds bytes of `[off, off + size)` of mapping `m` now.
-    fn occupants(&self, m: u32, off: u64, size: u64) -> Occupants {
+    pub(super) fn occupants(&self, m: u32, off: u64, size: u64) -> Occupants {
         // the usual case of a repeated round: the block there is of this very place
         let at = self.map(m).va + off;
         if let Some(b) = self.blocks.get(at)

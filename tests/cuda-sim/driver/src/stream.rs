@@ -8,9 +8,10 @@
 //! already submitted to it. The per-thread default stream is a blocking stream per thread.
 //!
 //! Capture only tracks status: work submitted to a capturing stream is recorded as captured
-//! (counted) and not executed, and a capture-unsafe call (a synchronization, cuMemAlloc or
-//! cuMemFree) made while a global-mode capture is active invalidates it and returns
-//! CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, as CUDA does.
+//! (counted) and not executed, and a capture-unsafe call (a synchronization, an event query,
+//! cuMemAlloc, cuMemFree, the virtual-memory calls) made while a capture applies to the
+//! calling thread (by the thread's interaction mode, see `capture_unsafe_check`) invalidates
+//! it and returns CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, as CUDA does.
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_int, c_void};
@@ -439,16 +440,23 @@ pub fn capture_unsafe_check(on: Option<&Arc<Stream>>) -> Res {
             return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
         }
     }
-    if CAPTURE_MODE.try_with(|m| m.get()).unwrap_or(0) == CU_STREAM_CAPTURE_MODE_RELAXED {
+    // The calling thread's interaction mode decides which captures apply (CUDA's rules of
+    // cuThreadExchangeStreamCaptureMode): relaxed, none; thread-local, its own captures not
+    // begun relaxed; global (the default), those and every other thread's global captures.
+    let mode = CAPTURE_MODE
+        .try_with(|m| m.get())
+        .unwrap_or(CU_STREAM_CAPTURE_MODE_GLOBAL);
+    if mode == CU_STREAM_CAPTURE_MODE_RELAXED {
         return Ok(());
     }
     let me = tid();
     let mut hit = false;
     for s in all_streams() {
         let mut c = lock(&s.capture);
-        let applies = c.status == CU_STREAM_CAPTURE_STATUS_ACTIVE
-            && (c.mode == CU_STREAM_CAPTURE_MODE_GLOBAL
-                || (c.mode == CU_STREAM_CAPTURE_MODE_THREAD_LOCAL && c.thread == me));
+        let own = c.thread == me && c.mode != CU_STREAM_CAPTURE_MODE_RELAXED;
+        let others =
+            mode == CU_STREAM_CAPTURE_MODE_GLOBAL && c.mode == CU_STREAM_CAPTURE_MODE_GLOBAL;
+        let applies = c.status == CU_STREAM_CAPTURE_STATUS_ACTIVE && (own || others);
         if applies {
             c.status = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
             hit = true;

@@ -272,6 +272,20 @@ fn capture_ipc_pointer_attributes_and_pools() {
     }
 }
 
+/// A capture forbids potentially unsafe calls to the threads CUDA's rules say (by the calling
+/// thread's interaction mode), and the virtual-memory calls are among them.
+#[test]
+fn capture_modes_decide_which_threads_a_capture_forbids() {
+    let exe = compile_c(
+        "capture_modes",
+        &["tests/workloads/sim/capture_modes.c"],
+        Link::SharedRuntime,
+    );
+    let out = run(&mut sim_command(&exe, "capture_modes"));
+    out.assert_success();
+    assert!(out.stdout.contains("capture_modes: ok"), "{}", out.stdout);
+}
+
 /// The runtime reaches the driver only through `cuGetProcAddress_v2` (base names, minimum
 /// versions, per-thread flag for `_ptsz`): a stand-in libcuda.so.1 exporting nothing else,
 /// logging every lookup and forwarding to the simulated driver, is enough for it.

@@ -1,4 +1,7 @@
-//! Virtual-memory management entry points.
+//! Virtual-memory management entry points. Creating, releasing, mapping, unmapping, reserving
+//! and granting access are potentially unsafe during stream capture, as `cuMemAlloc` is (they
+//! are not stream-ordered: a graph could not replay them): made while a capture applies to the
+//! calling thread they invalidate it and fail (`stream::capture_unsafe_check`).
 
 use std::ffi::{c_int, c_uint, c_ulonglong, c_void};
 
@@ -6,6 +9,7 @@ use crate::abi::*;
 use crate::cu_api;
 use crate::inject;
 use crate::state;
+use crate::stream;
 use crate::vmm;
 
 cu_api! {
@@ -22,6 +26,7 @@ cu_api! {
 
     fn cuMemAddressReserve(ptr: *mut CUdeviceptr, size: usize, alignment: usize, addr: CUdeviceptr, _flags: c_ulonglong) {
         state::driver()?;
+        stream::capture_unsafe_check(None)?;
         if ptr.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
@@ -32,11 +37,13 @@ cu_api! {
 
     fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) {
         state::driver()?;
+        stream::capture_unsafe_check(None)?;
         vmm::free_reservation(ptr, size as u64)
     }
 
     fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: c_ulonglong) {
         state::driver()?;
+        stream::capture_unsafe_check(None)?;
         // SAFETY: C input struct.
         let p = unsafe { get(prop) }?;
         if handle.is_null() || flags != 0 {
@@ -50,11 +57,13 @@ cu_api! {
 
     fn cuMemRelease(handle: CUmemGenericAllocationHandle) {
         state::driver()?;
+        stream::capture_unsafe_check(None)?;
         vmm::release(handle)
     }
 
     fn cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: c_ulonglong) {
         state::driver()?;
+        stream::capture_unsafe_check(None)?;
         if flags != 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
@@ -63,11 +72,13 @@ cu_api! {
 
     fn cuMemUnmap(ptr: CUdeviceptr, size: usize) {
         state::driver()?;
+        stream::capture_unsafe_check(None)?;
         vmm::unmap(ptr, size as u64)
     }
 
     fn cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *const CUmemAccessDesc, count: usize) {
         state::driver()?;
+        stream::capture_unsafe_check(None)?;
         if desc.is_null() || count == 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }

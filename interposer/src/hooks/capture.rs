@@ -1,0 +1,88 @@
+//! Stream capture's beginning and end, through every entry point (the runtime's, the
+//! driver's with and without a mode, to a graph, `_ptsz`; the lookups hand these hooks out):
+//! `cuda::captures` keeps the captures under way, so that the pool and the cap make no call a
+//! capture forbids (a synchronization, an event query, a virtual-memory call), on any thread.
+//!
+//! Not depth-guarded: the runtime's begin reaching the driver's is the same capture, reported
+//! twice (the registry keeps one per stream), and a capture begun inside another hook's real
+//! call still counts.
+
+use super::Site;
+use crate::cuda::captures;
+use crate::cuda::types::*;
+use std::ffi::{c_int, c_void};
+
+/// The stream's key, as the pool keys streams (a per-thread default stream is the calling
+/// thread's).
+fn key<F: Copy>(h: Site<F>, stream: CUstream) -> u64 {
+    crate::pool::pool_stream_id(stream as u64, h.stream_flags())
+}
+
+/// A begin-capture entry point: the real call, then the capture recorded if it began.
+fn begin<F: Copy>(
+    h: Site<F>,
+    stream: CUstream,
+    mode: c_int,
+    call: impl FnOnce(F) -> c_int,
+) -> c_int {
+    let name = h.name;
+    h.unguarded(|f| {
+        let rc = call(f);
+        if rc == CUDA_SUCCESS {
+            captures::begun(key(h, stream), mode);
+        }
+        crate::debug!("{name} stream={:#x} mode={mode} -> {rc}", stream as u64);
+        rc
+    })
+}
+
+/// An end-capture entry point: the real call, then the capture forgotten unless it goes on
+/// (a thread-local capture ended from another thread is refused and goes on; an invalidated
+/// one ends with its error).
+fn end<F: Copy>(h: Site<F>, stream: CUstream, call: impl FnOnce(F) -> c_int) -> c_int {
+    let name = h.name;
+    h.unguarded(|f| {
+        let rc = call(f);
+        if rc != CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD {
+            captures::ended(key(h, stream));
+        }
+        crate::debug!("{name} stream={:#x} -> {rc}", stream as u64);
+        rc
+    })
+}
+
+hooks! {
+    ["cuStreamBeginCapture", 10000] cuStreamBeginCapture,
+    ["cuStreamBeginCapture", 10000, ptds] cuStreamBeginCapture_ptsz,
+    fn(s: CUstream) |h| {
+        // SAFETY: forwarding the caller's argument unchanged.
+        begin(h, s, captures::MODE_GLOBAL, |f| unsafe { f(s) })
+    }
+
+    ["cudaStreamBeginCapture", 0] cudaStreamBeginCapture,
+    ["cudaStreamBeginCapture", 0, ptds] cudaStreamBeginCapture_ptsz,
+    ["cuStreamBeginCapture", 10010] cuStreamBeginCapture_v2,
+    ["cuStreamBeginCapture", 10010, ptds] cuStreamBeginCapture_v2_ptsz,
+    fn(s: CUstream, mode: c_int) |h| {
+        // SAFETY: forwarding the caller's arguments unchanged.
+        begin(h, s, mode, |f| unsafe { f(s, mode) })
+    }
+
+    ["cudaStreamBeginCaptureToGraph", 0] cudaStreamBeginCaptureToGraph,
+    ["cudaStreamBeginCaptureToGraph", 0, ptds] cudaStreamBeginCaptureToGraph_ptsz,
+    ["cuStreamBeginCaptureToGraph", 12030] cuStreamBeginCaptureToGraph,
+    ["cuStreamBeginCaptureToGraph", 12030, ptds] cuStreamBeginCaptureToGraph_ptsz,
+    fn(s: CUstream, graph: *mut c_void, deps: *const c_void, edges: *const c_void, n: usize, mode: c_int) |h| {
+        // SAFETY: forwarding the caller's arguments unchanged.
+        begin(h, s, mode, |f| unsafe { f(s, graph, deps, edges, n, mode) })
+    }
+
+    ["cudaStreamEndCapture", 0] cudaStreamEndCapture,
+    ["cudaStreamEndCapture", 0, ptds] cudaStreamEndCapture_ptsz,
+    ["cuStreamEndCapture", 10000] cuStreamEndCapture,
+    ["cuStreamEndCapture", 10000, ptds] cuStreamEndCapture_ptsz,
+    fn(s: CUstream, graph: *mut *mut c_void) |h| {
+        // SAFETY: forwarding the caller's arguments unchanged.
+        end(h, s, |f| unsafe { f(s, graph) })
+    }
+}
