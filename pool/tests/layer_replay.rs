@@ -226,9 +226,9 @@ fn bert_behind(rules: Rules) -> (u64, u64, u64) {
 
 /// With the layer replay acting, a thread's cache keeps only frees under a page: every large
 /// allocation reaches the pool, so behind the live caches bert_serve stream-ordered makes the
-/// calls it makes with every free reaching the pool (491 a pass), while caches keeping every
-/// size serve the large blocks of layers the rule never sees (620, the pool without layers
-/// making 622). The small blocks are still served by the caches.
+/// calls it makes with every free reaching the pool (489 a pass), while caches keeping every
+/// size serve the large blocks of layers the rule never sees (616, the pool without layers
+/// making 618). The small blocks are still served by the caches.
 #[test]
 fn thread_caches_leave_large_frees_to_the_layer_replay() {
     let live = bert_behind(Rules::LIVE);

@@ -176,7 +176,8 @@ impl Stitch {
         }
         let Some((m, off, occupants)) = found else {
             if self.holds_on {
-                self.hold_next(size, p);
+                // held when the usual placement is due (not on a cache hit)
+                self.hold_ask = Some((self.stats.allocs, p));
             }
             return Ok(None);
         };
@@ -238,6 +239,27 @@ impl Stitch {
         }
     }
 
+    /// In the arena or a held mapping with no driver call, while places are held.
+    fn place_held(
+        &mut self,
+        dev: &mut dyn Device,
+        size: u64,
+        t: Stream,
+    ) -> Result<Option<(u32, u64)>, PoolError> {
+        if let Some((m, off)) = self.held_over
+            && let Some(x) = self.try_commit(dev, Plan::Existing { map: m, off }, size, t)?
+        {
+            return Ok(Some(x));
+        }
+        if let Some((off, _)) = self.arena_window(size, false)
+            && let Some(m) = self.arena
+            && let Some(x) = self.try_commit(dev, Plan::Existing { map: m, off }, size, t)?
+        {
+            return Ok(Some(x));
+        }
+        self.step_place(dev, size, t, false, false)
+    }
+
     /// Whether mapping `m` is still the one at `va` and holds `[off, off + size)`.
     fn place_mapped(&self, m: u32, va: u64, off: u64, size: u64) -> bool {
         self.maps
@@ -274,22 +296,15 @@ impl Stitch {
         size: u64,
         t: Stream,
         req: u64,
+        p: usize,
     ) -> Result<Slot, PoolError> {
-        let mut placed = None;
-        if let Some((m, off)) = self.held_over {
-            placed = self.try_commit(dev, Plan::Existing { map: m, off }, size, t)?;
+        self.hold_next(size, p);
+        if self.held.is_empty() {
+            return self.alloc_slow(dev, size, t, req);
         }
-        if placed.is_none()
-            && let Some((off, _)) = self.arena_window(size, false)
-            && let Some(m) = self.arena
-        {
-            placed = self.try_commit(dev, Plan::Existing { map: m, off }, size, t)?;
-        }
-        if placed.is_none() {
-            placed = self.step_place(dev, size, t, false, false)?;
-        }
+        let placed = self.place_held(dev, size, t);
         self.unhold();
-        match placed {
+        match placed? {
             Some((m, off)) => {
                 self.layers.held_placed += 1;
                 Ok(Slot::New(m, off))

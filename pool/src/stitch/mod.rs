@@ -281,6 +281,10 @@ pub struct Faults {
     /// place one period back, over the live block there (the new block overlaps it): proves
     /// the checks of placing while places are held can fail.
     pub hold_over_live: bool,
+    /// Growth for a new mapping creates a page for the request's remainder even where a
+    /// partly used page's free end holds it, as before `Stitch::fresh_pages_for` (not a
+    /// safety fault: it proves the test that growth gives back no page it created can fail).
+    pub remainder_page: bool,
 }
 
 impl Faults {
@@ -383,6 +387,9 @@ pub struct Stitch {
     /// a large allocation the layer replay could not place keeps out of the places the next
     /// allocations of the sequence will take (see `layers`, "Holds")
     holds_on: bool,
+    /// the layer replay asked holds for the allocation being served: (its number among the
+    /// pool's allocations, the period)
+    hold_ask: Option<(u64, usize)>,
     /// the places held for the allocation being served (placeholder blocks' addresses)
     held: Vec<u64>,
     /// `Faults::hold_over_live`: the place (mapping, offset) it puts that allocation at
@@ -501,6 +508,7 @@ impl Stitch {
             layers: Default::default(),
             layers_on: true,
             holds_on: false,
+            hold_ask: None,
             held: Vec::new(),
             held_over: None,
             grow_on: false,
@@ -1007,12 +1015,13 @@ impl Stitch {
         let slot = match (replayed, hit) {
             (Some(slot), _) => Ok(slot),
             (None, Some(a)) => Ok(Slot::Hit(a)),
-            (None, None) if !self.held.is_empty() => self.alloc_held(dev, size, t, req.size),
-            (None, None) => self.alloc_slow(dev, size, t, req.size),
+            (None, None) => match self.hold_ask.take() {
+                Some((n, p)) if n == self.stats.allocs => {
+                    self.alloc_held(dev, size, t, req.size, p)
+                }
+                _ => self.alloc_slow(dev, size, t, req.size),
+            },
         };
-        if !self.held.is_empty() {
-            self.unhold();
-        }
         let addr = match slot {
             Ok(Slot::Hit(a)) => {
                 self.stats.cache_hits += 1;

@@ -27,8 +27,7 @@ impl Stitch {
         size: u64,
         t: Stream,
     ) -> Result<Result<(u32, u64), DeviceError>, PoolError> {
-        let g = self.gran;
-        let want = size.div_ceil(g);
+        let want = self.fresh_pages_for(size);
         let nfree = self.free_pages.len() as u64;
         let mut created: Vec<u32> = Vec::new();
         let mut shortfall = want.saturating_sub(nfree).max(1);
@@ -70,6 +69,30 @@ impl Stitch {
         // only reachable during capture: the bytes need a synchronization we may not make
         self.release_unused(dev, &created);
         Ok(Err(DeviceError::OutOfMemory))
+    }
+
+    /// Free pages with a handle of their own that a new mapping of `size` bytes takes (see
+    /// `place_pages`, tier 1): its whole pages, and one more for the remainder unless a partly
+    /// used page's free end holds it (the mapping then starts or ends in that page). Growth
+    /// creates only these: a page created for a remainder that a free end then takes would
+    /// be given back at once (a create and a release for nothing).
+    pub(super) fn fresh_pages_for(&self, size: u64) -> u64 {
+        let g = self.gran;
+        let (whole, rest) = (size / g, size % g);
+        if rest == 0 {
+            return whole;
+        }
+        if self.class_of(size) == LARGE && !self.ends_first && !self.faults.remainder_page {
+            let holds = |ends: &[BTreeSet<(u64, u32)>; 2]| {
+                ends[LARGE]
+                    .range((rest, 0)..)
+                    .any(|&(_, p)| self.life_ok(p))
+            };
+            if holds(&self.suffix) || holds(&self.prefix) {
+                return whole;
+            }
+        }
+        whole + 1
     }
 
     pub(super) fn alloc_slow(
