@@ -135,6 +135,14 @@ pub fn read_stream(mut opened: Opened, device: Option<i32>) -> Result<Stream, In
                     }
                 }
             }
+            // the live pool retires a destroyed stream in every device's pool (a stream
+            // created later may get its handle value)
+            Event::StreamDestroy { stream, t_ns, .. } => {
+                for s in per.values_mut() {
+                    s.ops.push(Op::StreamRetired { stream: *stream });
+                    s.origin.push((index, *t_ns));
+                }
+            }
             _ => {}
         }
         index += 1;
@@ -571,5 +579,32 @@ mod tests {
             on(&pms[1]),
             (2, vramshim_pool::streams::PER_THREAD_BASE | 5, 4 * MIB)
         );
+    }
+
+    /// A stream's destroy in the trace is the stream's retirement in the replay, where it
+    /// happened: a block freed on the stream and a request on a stream created later with the
+    /// same handle value are then on two streams (the model's check sees the new stream take
+    /// the block only behind the event the pool records at the retirement: no early reuse),
+    /// as in the live pool.
+    #[test]
+    fn a_stream_s_destroy_is_replayed_as_its_retirement() {
+        let s = 0x7c5e_0000_0200;
+        let events = [
+            Event::Alloc(op(1_000, Api::CudaMallocAsync, 0x7000_0000, s, 0)),
+            Event::Free(op(2_000, Api::CudaFreeAsync, 0x7000_0000, s, 0)),
+            Event::StreamDestroy {
+                t_ns: 3_000,
+                tid: 5,
+                device: 0,
+                stream: s,
+            },
+            Event::Alloc(op(4_000, Api::CudaMallocAsync, 0x7000_0000, s, 0)),
+        ];
+        let dir = vramshim_testkit::TempDir::new("whatif-stream-destroy");
+        let path = write_trace(&dir, "whatif", &events);
+        let st = read_stream(input::open(&path).unwrap(), Some(0)).unwrap();
+        assert_eq!(st.ops[2], Op::StreamRetired { stream: s }, "{:?}", st.ops);
+        assert_eq!(st.ops.len(), 4);
+        assert_eq!(st.origin[2], (2, 3_000));
     }
 }

@@ -11,9 +11,9 @@
 //! `cargo run --release -p vramshim-pool --example pool_slack -- [BUDGET ...] -- [DIR_OR_FILES...]`
 //! where a BUDGET is `RATIO:SLACK_MIB` followed by switches in any order, each at most once
 //! (see [`FORM`]): `:runs` (`Stitch::with_runs`), `:kept` (`Stitch::with_kept`), `:grow`
-//! (`Stitch::with_grow`), `:holds` (`Stitch::with_layer_holds`), and `:nolayers` (without the layer replay, `Stitch::with_layers(false)`)
-//! or `:layers` (with it, the default). Default budgets: 0.05:2 0.075:2 0.10:0 0.05:16 0.05:32
-//! 0.05:2:runs.
+//! (`Stitch::with_grow`), `:holds` (`Stitch::with_layer_holds`), and `:nolayers` (without the
+//! layer replay, `Stitch::with_layers(false)`) or `:layers` (with it, the default). Default
+//! budgets: 0.05:2 0.075:2 0.10:0 0.05:16 0.05:32 0.05:2:runs.
 
 mod common;
 
@@ -86,8 +86,8 @@ fn arena_only(events: &[Event]) -> u64 {
 }
 
 /// What a budget argument may be, for the usage and every message about one.
-const FORM: &str = "RATIO:SLACK_MIB, then any of :runs :kept :grow :holds and one of :layers / :nolayers, \
-each at most once, in any order (e.g. 0.05:2, 0.05:2:runs, 0.05:2:grow:nolayers)";
+const FORM: &str = "RATIO:SLACK_MIB, then any of :runs :kept :grow :holds and one of :layers / \
+:nolayers, each at most once, in any order (e.g. 0.05:2, 0.05:2:runs, 0.05:2:grow:nolayers)";
 
 /// One budget to replay under: `Stitch`'s budget ratio and slack (MiB), and its switches.
 #[derive(Clone, Copy)]

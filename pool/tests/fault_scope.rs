@@ -142,6 +142,13 @@ fn unreached_fault_switches_change_nothing() {
                 ..Faults::default()
             },
         ),
+        (
+            "reform_without_held",
+            Faults {
+                reform_without_held: true,
+                ..Faults::default()
+            },
+        ),
         // mappings grow in place only with `Stitch::with_grow`
         (
             "grow_over_live",

@@ -65,6 +65,7 @@ fn main() {
                     Event::Stack { .. } => "Stack",
                     Event::Counter { .. } => "Counter",
                     Event::PoolStats { .. } => "PoolStats",
+                    Event::StreamDestroy { .. } => "StreamDestroy",
                     Event::Lost { .. } => "Lost",
                     Event::CallFailed { .. } => "CallFailed",
                     Event::Device(_) => "Device",

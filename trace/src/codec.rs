@@ -768,6 +768,26 @@ impl RecordEncoder {
                     put_varint(b, *v);
                 }
             }
+            Event::StreamDestroy {
+                t_ns,
+                tid,
+                device,
+                stream,
+            } => {
+                // the time in full, as `PoolStats`: a reader written before the record skips
+                // it and keeps the writer's delta state
+                if *t_ns < self.t_min {
+                    self.t_min = *t_ns;
+                }
+                if *t_ns > self.t_max {
+                    self.t_max = *t_ns;
+                }
+                let b = &mut self.buf;
+                put_varint(b, *t_ns);
+                put_varint(b, *tid as u64);
+                put_varint(b, zigzag(*device as i64));
+                put_varint(b, *stream);
+            }
             Event::Lost { t_ns, count } => {
                 self.time(*t_ns);
                 put_varint(&mut self.buf, *count);
@@ -1096,6 +1116,7 @@ fn record_tag(ev: &Event) -> u8 {
         Event::Stack { .. } => tag::STACK,
         Event::Counter { .. } => tag::COUNTER,
         Event::PoolStats { .. } => tag::POOL_STATS,
+        Event::StreamDestroy { .. } => tag::STREAM_DESTROY,
         Event::Lost { .. } => tag::LOST,
         Event::Device(_) => tag::DEVICE,
         Event::CallFailed { .. } => tag::CALL_FAILED,
@@ -1452,6 +1473,17 @@ impl RecordDecoder {
                     pending: c.varint()?,
                     budget: c.varint()?,
                     releases: c.varint()?,
+                };
+                Ok(Decoded::Event)
+            }
+            tag::STREAM_DESTROY => {
+                // absolute time: the delta state is left alone (see the encoder)
+                let t_ns = c.varint()?;
+                *out = Event::StreamDestroy {
+                    t_ns,
+                    tid: c.u32v()?,
+                    device: c.i32z()?,
+                    stream: c.varint()?,
                 };
                 Ok(Decoded::Event)
             }

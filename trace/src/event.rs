@@ -334,6 +334,17 @@ pub enum Event {
         budget: u64,
         releases: u64,
     },
+    /// The process destroyed stream `stream` (`cudaStreamDestroy`, `cuStreamDestroy[_v2]`;
+    /// `tid` the caller, `device` the calling thread's current device, -1 unknown), before the
+    /// real destroy: the destroyed stream's work may still run, and a stream created later may
+    /// get the same handle value. A replay retires the stream there
+    /// (`vramshim_pool::replay::Event::StreamRetired`), as the live pool does.
+    StreamDestroy {
+        t_ns: u64,
+        tid: u32,
+        device: i32,
+        stream: u64,
+    },
     /// Events the writer could not keep up with; counted, never silent.
     Lost {
         t_ns: u64,
@@ -438,6 +449,7 @@ impl Event {
             | Event::Fork { t_ns, .. }
             | Event::Counter { t_ns, .. }
             | Event::PoolStats { t_ns, .. }
+            | Event::StreamDestroy { t_ns, .. }
             | Event::Lost { t_ns, .. }
             | Event::CallFailed { t_ns, .. } => Some(*t_ns),
             Event::Torch(op) => Some(op.t_ns),

@@ -956,7 +956,8 @@ impl<R: Read> TraceReader<R> {
     }
 }
 
-/// Records that need none of the context's state (untimed, or `PoolStats`, timed in full), among
+/// Records that need none of the context's state (untimed, or `PoolStats` and `StreamDestroy`,
+/// timed in full), among
 /// them those that name something for the rest of the file (`Module`, `Stack`, `Device`,
 /// `PyCode`, `PyStack`: written once a process, referred to by id from any later frame): a
 /// context skipped for a `TorchRun` model the reader lacks still gives them.
@@ -964,7 +965,13 @@ impl<R: Read> TraceReader<R> {
 fn defines(tag: u8) -> bool {
     matches!(
         tag,
-        tag::MODULE | tag::STACK | tag::DEVICE | tag::PY_CODE | tag::PY_STACK | tag::POOL_STATS
+        tag::MODULE
+            | tag::STACK
+            | tag::DEVICE
+            | tag::PY_CODE
+            | tag::PY_STACK
+            | tag::POOL_STATS
+            | tag::STREAM_DESTROY
     )
 }
 

@@ -46,6 +46,9 @@ pub mod tag {
     /// of the events before them (`crate::torch_run`); written instead of `TORCH_DELTA` since
     /// format version 4. In a columnar frame its payload is in the torch stream.
     pub const TORCH_RUN: u8 = 25;
+    /// The process destroyed a stream (`Event::StreamDestroy`); timed in full, like
+    /// `POOL_STATS`, so a reader written before it skips it with its delta state intact.
+    pub const STREAM_DESTROY: u8 = 26;
 }
 
 /// Head byte of a `TORCH_DELTA` record: the action in the low 3 bits (7: an action byte

@@ -490,3 +490,48 @@ fn pool_stats_records_round_trip_and_are_skipped_by_older_readers() {
         }
     }
 }
+
+/// A stream's destroy (tag 26) reads back as written, and a reader that does not know its tag
+/// (every reader before it) skips it whole and reads on with the same times (the record
+/// carries its time in full, as `PoolStats` does, so skipping it leaves the delta state as
+/// the writer's).
+#[test]
+fn stream_destroy_records_round_trip_and_are_skipped_by_older_readers() {
+    let destroy = Event::StreamDestroy {
+        t_ns: 5_000_000_123,
+        tid: 4242,
+        device: 1,
+        stream: 0x7c5e_0000_0200,
+    };
+    let before = Event::ThreadStart { t_ns: 7, tid: 4242 };
+    let after = Event::Lost { t_ns: 9, count: 3 };
+    let encode = |unknown: bool| {
+        let mut e = RecordEncoder::new();
+        e.begin(4242);
+        e.push(&before);
+        let start = e.bytes().len();
+        e.push(&destroy);
+        e.push(&after);
+        let (mut raw, st) = e.take();
+        assert_eq!(raw[start], 26, "StreamDestroy is tag 26");
+        if unknown {
+            // as a reader that predates the record sees it: a tag it does not know
+            raw[start] = 250;
+        }
+        (raw, st)
+    };
+    for unknown in [false, true] {
+        let (raw, st) = encode(unknown);
+        let mut w = TraceWriter::new(Vec::new(), &Header::default()).unwrap();
+        w.write_records(&raw, st).unwrap();
+        let bytes = w.finish().unwrap();
+        let (_, got, errs, trunc) = read_all(&bytes).unwrap();
+        assert!(errs.is_empty(), "{errs:?}");
+        assert_eq!(trunc, None);
+        if unknown {
+            assert_eq!(got, vec![before.clone(), after.clone()]);
+        } else {
+            assert_eq!(got, vec![before.clone(), destroy.clone(), after.clone()]);
+        }
+    }
+}

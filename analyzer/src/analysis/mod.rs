@@ -872,6 +872,8 @@ impl Analysis {
                 p.budget = budget;
                 p.releases = releases;
             }
+            // what a replay needs (the stream's retirement); nothing to summarize
+            Event::StreamDestroy { .. } => {}
             Event::Lost { count, .. } => self.lost += count,
             Event::CallFailed {
                 t_ns,

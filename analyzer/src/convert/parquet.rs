@@ -519,6 +519,19 @@ fn row_of(ev: Event, st: &mut TraceState) -> Option<Row> {
             reserved: Some(reserved),
             ..Row::default()
         },
+        Event::StreamDestroy {
+            t_ns,
+            tid,
+            device,
+            stream,
+        } => Row {
+            t_ns,
+            tid: Some(tid),
+            device: (device >= 0).then_some(device),
+            op: "stream_destroy",
+            stream: Some(stream),
+            ..Row::default()
+        },
         Event::Lost { t_ns, count } => Row {
             t_ns,
             op: "lost",

@@ -82,12 +82,14 @@ pub(crate) fn pool_wait(
 }
 
 /// `cudaStreamDestroy`, `cuStreamDestroy[_v2]`: the pool retires the stream while its handle
-/// still names it (it records an event on it for what was freed on it), then the real destroy.
-/// The default streams' handles (0, legacy, per-thread) are no stream a program destroys:
-/// the real call answers them.
+/// still names it (it records an event on it for what was freed on it), then the real destroy,
+/// recorded in the trace when it succeeded (`StreamDestroy`, timed at the call: `vramshim
+/// replay` retires the stream there, as the pool did). The default streams' handles (0,
+/// legacy, per-thread) are no stream a program destroys: the real call answers them.
 fn stream_destroy<F: Copy>(h: Site<F>, stream: u64, call: impl Fn(F) -> c_int) -> c_int {
     let name = h.name;
     h.guarded(call, |_, call| {
+        let t0 = tracer::enabled().then(tracer::stamp);
         if stream > 2 && pool::enabled() {
             super::pool_glue::retire_stream(stream);
         }
@@ -95,6 +97,17 @@ fn stream_destroy<F: Copy>(h: Site<F>, stream: u64, call: impl Fn(F) -> c_int) -
         crate::cuda::captures::ended(stream);
         let rc = call();
         crate::debug!("{name} stream={stream:#x} -> {rc}");
+        if let Some(t0) = t0
+            && rc == CUDA_SUCCESS
+            && stream > 2
+        {
+            tracer::emit(Event::StreamDestroy {
+                t_ns: t0.ns,
+                tid: ids::tid(),
+                device: real::current_driver_device().unwrap_or(-1),
+                stream,
+            });
+        }
         rc
     })
 }

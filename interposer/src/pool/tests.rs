@@ -245,6 +245,159 @@ fn a_destroyed_stream_s_handle_never_gets_its_freed_blocks_early() {
     }
 }
 
+/// A traced program's allocation stream as `vramshim replay` reads it (successful device
+/// allocations and frees, process device syncs, stream destroys as retirements), and how many
+/// stream destroys the trace holds. `retire`: false drops the retirements, as a trace written
+/// before `StreamDestroy` records existed reads.
+fn replay_ops(trace: &std::path::Path, retire: bool) -> (Vec<vramshim_pool::replay::Event>, usize) {
+    use vramshim_pool::replay::Event as Op;
+    use vramshim_pool::{ANY_STREAM, FreeMode};
+    use vramshim_trace::{Api, Event, SyncKind, flags};
+    let key = |m: &vramshim_trace::MemOp| {
+        vramshim_pool::streams::ordered_on(
+            m.stream,
+            m.flags & flags::PER_THREAD_STREAM != 0,
+            || m.tid,
+        )
+    };
+    let mut r = vramshim_trace::TraceReader::open(trace).unwrap();
+    let mut e = Event::Lost { t_ns: 0, count: 0 };
+    let (mut ops, mut destroys) = (Vec::new(), 0);
+    while r.next_into(&mut e).unwrap() {
+        match &e {
+            Event::Alloc(m) if m.kind.is_device() && m.result == 0 && m.addr != 0 => {
+                let stream = match m.api {
+                    Api::CudaMallocAsync | Api::CuMemAllocAsync => key(m),
+                    _ => ANY_STREAM,
+                };
+                ops.push(Op::Alloc {
+                    id: m.addr,
+                    size: m.size,
+                    stream,
+                });
+            }
+            Event::Free(m) if m.kind.is_device() && m.result == 0 && m.addr != 0 => {
+                let mode = match m.api {
+                    Api::CudaFreeAsync | Api::CuMemFreeAsync => FreeMode::Async { stream: key(m) },
+                    _ => FreeMode::Sync,
+                };
+                ops.push(Op::Free { id: m.addr, mode });
+            }
+            Event::Sync {
+                kind: SyncKind::ProcessDevice,
+                ..
+            } => ops.push(Op::ProcessSync),
+            Event::StreamDestroy { stream, .. } => {
+                destroys += 1;
+                if retire {
+                    ops.push(Op::StreamRetired { stream: *stream });
+                }
+            }
+            _ => {}
+        }
+    }
+    (ops, destroys)
+}
+
+/// The early reuses the model's checker finds in `ops` replayed through the tight stitch pool
+/// (`thread_caches` in front of it, as the live library's are on by default; `ignore_retired`
+/// as `VRAMSHIM_POOL_DEBUG=ignore-retired`, under which the live caches are off).
+fn model_early_reuses(
+    ops: &[vramshim_pool::replay::Event],
+    thread_caches: bool,
+    ignore_retired: bool,
+) -> usize {
+    use vramshim_pool::replay;
+    let mut dev = vramshim_pool::AccountingDevice::new(replay::UNLIMITED);
+    dev.set_checking(true);
+    let mut p = vramshim_pool::stitch::Stitch::tight().with_thread_caches(thread_caches);
+    p.set_faults(vramshim_pool::stitch::Faults {
+        ignore_retired,
+        ..Default::default()
+    });
+    let r = replay::run_with(ops, &mut p, &mut dev);
+    assert!(r.completed, "{:?}", r.first_failure);
+    let early = r
+        .violations
+        .iter()
+        .filter(|v| v.starts_with("early reuse"))
+        .count();
+    assert_eq!(early, r.violations.len(), "{:?}", r.violations);
+    early
+}
+
+/// A traced program that destroys a stream while a late write of its own still runs, and gets
+/// the handle value back for its next stream (`stream_retire`), records each destroy
+/// (`StreamDestroy`), and its trace replayed through the model (the pool crate's tight stitch
+/// pool on the checking accounting device, stream destroys as retirements, as `vramshim replay`
+/// reads them) gives the live pool's answer: no early reuse where the live run counted no
+/// foreign byte (the default pool), early reuses where it counted foreign bytes
+/// (`ignore-retired`, the model with the same fault). Without the retirements (a trace as
+/// written before the record) the model cannot tell the new stream from the old and finds no
+/// early reuse under the fault either: the record is what carries the answer. `vramshim
+/// replay` reads the default run's trace and makes the live pool's driver calls.
+#[test]
+fn a_traced_stream_destroy_replays_with_the_live_foreign_byte_answer() {
+    let exe = workload("stream_retire");
+    let dir = vramshim_testkit::temp_dir("pool_stream_destroy_trace");
+    for (debug, thread_caches) in [(None, true), (Some("ignore-retired"), false)] {
+        let trace = dir.join(format!("{}.vramtrace", debug.unwrap_or("default")));
+        let _ = std::fs::remove_file(&trace);
+        let mut env = vec![
+            ("VRAMSHIM_POOL", "stitch"),
+            ("VRAMSHIM_TRACE", trace.to_str().unwrap()),
+            ("VRAMSIM_DEBUG", "1"),
+        ];
+        env.extend(debug.map(|d| ("VRAMSHIM_POOL_DEBUG", d)));
+        let o = run(&exe, &["runtime", "2", "anchor"], &env, "pool-retire-trace");
+        let foreign = field(&o.stdout, "foreign");
+        assert_exit(
+            &o,
+            if debug.is_some() { 1 } else { 0 },
+            &format!("{debug:?}"),
+        );
+        let (ops, destroys) = replay_ops(&trace, true);
+        // two streams destroyed per block
+        assert_eq!(destroys as i64, 2 * field(&o.stdout, "blocks"), "{debug:?}");
+        let early = model_early_reuses(&ops, thread_caches, debug.is_some());
+        eprintln!(
+            "{debug:?}: live foreign bytes {foreign}, model early reuses {early} ({destroys} stream destroys)"
+        );
+        assert_eq!(
+            foreign > 0,
+            early > 0,
+            "{debug:?}: live {foreign}, model {early}"
+        );
+        if debug.is_none() {
+            // `vramshim replay` reads the trace (its stream destroys as retirements) and
+            // predicts the live pool's driver calls
+            let vramshim = vramshim_testkit::profile_dir().join("vramshim");
+            let out = std::process::Command::new(&vramshim)
+                .args(["replay", "--pool", "stitch", "--json"])
+                .arg(&trace)
+                .env("VRAMSHIM_NO_PROGRESS", "1")
+                .output()
+                .unwrap();
+            let json = String::from_utf8_lossy(&out.stdout);
+            assert!(out.status.success(), "{json}");
+            let policies = &json[json.find("\"policies\"").unwrap()..];
+            assert_eq!(json_value(policies, "completed").as_deref(), Some("true"));
+            let model_calls: u64 = json_value(policies, "driver_calls")
+                .unwrap()
+                .parse()
+                .unwrap();
+            assert_eq!(model_calls, sim_memory_calls(&o.stderr), "driver calls");
+        } else {
+            let (old, _) = replay_ops(&trace, false);
+            assert_eq!(
+                model_early_reuses(&old, thread_caches, true),
+                0,
+                "without the retirements the model still saw the early reuse"
+            );
+        }
+    }
+}
+
 /// A stream capture on one thread stays valid while another thread allocates and frees
 /// through the pool at sizes that make it reuse a cached block, order two streams and grow:
 /// through each begin/end-capture entry point (the runtime's, the driver's by `dlsym`, the

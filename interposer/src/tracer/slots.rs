@@ -310,6 +310,7 @@ fn time_of(e: &mut Event) -> Option<&mut u64> {
         | Event::Fork { t_ns, .. }
         | Event::Counter { t_ns, .. }
         | Event::PoolStats { t_ns, .. }
+        | Event::StreamDestroy { t_ns, .. }
         | Event::Lost { t_ns, .. }
         | Event::CallFailed { t_ns, .. } => Some(t_ns),
         Event::Torch(op) => Some(&mut op.t_ns),

@@ -16,7 +16,7 @@ impl Stitch {
         let (pages, off, existing, repair) = match plan {
             Plan::Existing { map, off } => (self.map(map).pages.clone(), off, Some(map), None),
             Plan::New { pages, off } => {
-                let pressure = self.under_pressure(dev, size);
+                let pressure = self.reform_pressure(dev, size);
                 match self.repairable(&pages, pressure) {
                     Some((m, pages, round)) => (pages, off, None, Some((m, round))),
                     None => (pages, off, None, None),

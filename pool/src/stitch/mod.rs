@@ -251,6 +251,11 @@ pub struct Faults {
     /// `rounds`, "Hits"; not a safety fault: it proves the tests that a later pass repeats
     /// the first one's places can fail).
     pub replay_skips_sync: bool,
+    /// Near the limit, re-form a round's mappings whenever the device's room is short, not
+    /// counting the free pages the pool holds (see `pressure::reform_pressure`; not a safety
+    /// fault: it proves the test that repeated passes complete on the device one pass needs
+    /// can fail).
+    pub reform_without_held: bool,
     /// Carve stitched mappings' address ranges out of the pool's chunks with no unused page
     /// after each (an access past a mapping's end then lands in the next mapping's memory):
     /// proves the test that such an access finds no memory can fail.

@@ -46,6 +46,33 @@ impl Stitch {
             .is_some_and(|room| room < size.saturating_add(self.stats.reserved / PRESSURE_SHARE))
     }
 
+    /// Whether a round's mappings may be re-formed for a new block of `size` bytes: as
+    /// `under_pressure`, with the whole free pages the pool holds counted as room.
+    ///
+    /// Why: a later round (a training loop's next pass, the pool kept) enters holding every
+    /// page of its peak, so the device's room is short from its first block on; re-forming
+    /// the round's mappings then moves the places the round replays onto other pages from the
+    /// start, and its layout parts from the one that fitted (t5 behind `cudaFree`: three
+    /// passes needed 488 MiB where one needs 484). The pool's own free pages are room a new
+    /// mapping takes without growing; once they too run short (near the round's peak, as in
+    /// the first round) the mappings are re-formed as before. Measured
+    /// (`examples/pool_passes.rs`, `examples/pool_small.rs`): t5 `cudaFree` three passes on
+    /// 484 MiB; no smallest device moves; bert behind `cudaFree` re-forms 35 round mappings
+    /// on its 214 MiB device instead of 182 and makes 2339 driver calls there instead of
+    /// 1630. `Faults::reform_without_held` counts the device's room alone, for the test.
+    pub(super) fn reform_pressure(&self, dev: &dyn Device, size: u64) -> bool {
+        if self.faults.reform_without_held {
+            return self.under_pressure(dev, size);
+        }
+        if self.budget.is_none() || self.faults.pressure_off {
+            return false;
+        }
+        let free = (self.free_pages.len() + self.bound_free.len()) as u64 * self.gran;
+        dev.room().is_some_and(|room| {
+            room.saturating_add(free) < size.saturating_add(self.stats.reserved / PRESSURE_SHARE)
+        })
+    }
+
     /// Whether a large block of `size` bytes should skip the arena because the pool was told
     /// lifetime classes (`Stitch::set_lifetime_class`) and is near the device's limit.
     ///

@@ -102,6 +102,7 @@ pub fn event() -> impl Strategy<Value = Event> {
         1 => (u64v(), i32v(), (u64v(), u64v(), u64v()), (u64v(), u64v(), u64v())).prop_map(
             |(t_ns, device, (reserved, live, cached), (pending, budget, releases))| Event::PoolStats { t_ns, device, reserved, live, cached, pending, budget, releases }
         ),
+        1 => (u64v(), any::<u32>(), i32v(), u64v()).prop_map(|(t_ns, tid, device, stream)| Event::StreamDestroy { t_ns, tid, device, stream }),
         1 => (u64v(), u64v()).prop_map(|(t_ns, count)| Event::Lost { t_ns, count }),
         1 => (u64v(), any::<u32>(), i32v(), string(), any::<i32>()).prop_map(|(t_ns, tid, device, name, result)| Event::CallFailed { t_ns, tid, device, name, result }),
         1 => (i32v(), string(), u64v(), proptest::option::of(any::<[u8; 16]>())).prop_map(|(index, name, total_bytes, uuid)| Event::Device(DeviceInfo { index, name, total_bytes, uuid })),
