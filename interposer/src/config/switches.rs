@@ -29,6 +29,7 @@ const SWITCHES: &[(&str, &[&str])] = &[
             "busy-until-sync",
             "ignore-retired",
             "ignore-other-captures",
+            "refuse-graph-allocs",
             "fences-until-sync",
             "event-settles",
             "no-layers",

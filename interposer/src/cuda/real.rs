@@ -465,8 +465,13 @@ pub(crate) fn current_runtime_device() -> Option<c_int> {
 /// The runtime's sticky last error says `cudaErrorMemoryAllocation` after a refused
 /// `cudaMalloc`, and `cudaGetLastError` returns it once: when the cap or the pool refuses a
 /// runtime request, make the real runtime record it too, by asking it for an allocation no
-/// device can satisfy. Called with no lock held.
+/// device can satisfy. Called with no lock held. Not while a stream capture forbids the
+/// calling thread potentially unsafe calls: that `cudaMalloc` would be one, and would
+/// invalidate the capture (the last error then stays what it was).
 pub(crate) fn runtime_set_last_error_oom() {
+    if crate::cuda::captures::forbid_unsafe_calls() {
+        return;
+    }
     if let Some(f) = cudaMalloc() {
         let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
         // SAFETY: p is a valid out-pointer; the size cannot be satisfied.

@@ -9,7 +9,11 @@
 //! the process's own syncs count through [`note_process_sync`]); `cudaFreeAsync(p, s)` blocks
 //! are reusable at once on `s` and on other streams behind an event; requests that are not
 //! stream-ordered (`cudaMalloc`) only get memory a synchronization covers; no synchronizing
-//! call during stream capture; pointers the pool does not own go to the real function; if
+//! call during stream capture (while a capture forbids the calls the pool needs, it serves
+//! what it holds; a `cudaMalloc` it cannot serve then fails with 900, a stream-ordered request
+//! goes to the real function); a stream-ordered request on a capturing stream goes to the real
+//! function, which makes it an allocation node of the graph;
+//! pointers the pool does not own go to the real function; if
 //! the virtual-memory API is missing the layer falls back to pass-through with one warning.
 //! A device refusal (real out-of-memory) makes the pool dissolve its cached blocks and retry
 //! before the process sees `CUDA_ERROR_OUT_OF_MEMORY` / `cudaErrorMemoryAllocation`.
@@ -430,6 +434,18 @@ pub(crate) fn alloc(req: &request::Request) -> Option<Result<u64, i32>> {
     if MODE.load(Ordering::Relaxed) != ON {
         return None;
     }
+    // A stream-ordered request on a capturing stream goes to the driver, which makes it an
+    // allocation node of the graph, as without the pool: the graph's memory is the graph's for
+    // as long as the graph may be launched. A pool block would be used by every launch while
+    // the pool, given it back by the capture's free, hands it out again.
+    if stream != ANY_STREAM && crate::cuda::captures::capturing(stream) && !graph_allocs_refused() {
+        crate::debug!(
+            "pool: {} bytes on device {} on a capturing stream: a graph allocation, the driver's",
+            req.size,
+            req.device
+        );
+        return None;
+    }
     if stream != ANY_STREAM
         && let Some((addr, due)) = tcache::take(req.device, req.size, stream)
     {
@@ -482,6 +498,18 @@ pub(crate) fn alloc(req: &request::Request) -> Option<Result<u64, i32>> {
     };
     match r {
         Ok(a) => Some(Ok(a.addr)),
+        // A stream-ordered request (on a stream that does not capture) that needed a call a
+        // capture forbade goes to the driver, as without the pool: a stream-ordered
+        // allocation is no call a capture forbids. It is not the pool's: its frees go to the
+        // driver too.
+        Err((_, true)) if stream != ANY_STREAM && !graph_allocs_refused() => {
+            crate::debug!(
+                "pool: {} bytes on device {}, stream-ordered: a stream capture forbids the calls the pool needs; the driver allocates them",
+                req.size,
+                req.device
+            );
+            None
+        }
         Err((_, true)) => {
             crate::debug!(
                 "pool: {} bytes on device {}: a stream capture forbids the calls it needs",
@@ -677,6 +705,13 @@ fn debug_faults() -> Option<(vramshim_pool::stitch::Faults, DebugRules)> {
         OTHER_CAPTURES_IGNORED.store(true, Ordering::Relaxed);
         what.push("ignores captures on other streams");
     }
+    // Serves a stream-ordered request on a capturing stream from what it holds and refuses
+    // one it cannot serve while a capture forbids the calls it needs with 900, as it did: the
+    // test that such a request (a graph allocation) reaches the driver.
+    if switch_on("VRAMSHIM_POOL_DEBUG", "refuse-graph-allocs") {
+        GRAPH_ALLOCS_REFUSED.store(true, Ordering::Relaxed);
+        what.push("serves graph allocations itself and refuses those it cannot serve");
+    }
     // Places blocks of more than a page near the limit as far from it: the test of the
     // smallest device the page-ends rule reaches (t5 on 1.03 x its peak live).
     if switch_on("VRAMSHIM_POOL_DEBUG", "ends-off") {
@@ -723,6 +758,15 @@ static OTHER_CAPTURES_IGNORED: AtomicBool = AtomicBool::new(false);
 /// Whether the pool ignores the captures that forbid a thread unsafe calls (testing only).
 fn other_captures_ignored() -> bool {
     OTHER_CAPTURES_IGNORED.load(Ordering::Relaxed)
+}
+
+/// Testing only (`VRAMSHIM_POOL_DEBUG=refuse-graph-allocs`): a stream-ordered request on a
+/// capturing stream is the pool's, and one the pool cannot serve because a capture forbids the
+/// calls it needs fails with 900 instead of going to the driver.
+static GRAPH_ALLOCS_REFUSED: AtomicBool = AtomicBool::new(false);
+
+fn graph_allocs_refused() -> bool {
+    GRAPH_ALLOCS_REFUSED.load(Ordering::Relaxed)
 }
 
 /// Bit `d`: device `d` has a pool (set when made, cleared when reset).

@@ -465,6 +465,79 @@ fn a_capture_on_another_thread_survives_the_pool_s_calls() {
     }
 }
 
+/// Graph allocations through the pool: during a capture, a `cudaMallocAsync` on the capturing
+/// stream goes to the driver, which makes it an allocation node of the graph, as without the
+/// library: one for more than the pool holds (growing is a call the capture forbids) succeeds,
+/// and one the pool could serve from what it holds is not the pool's (the next request on the
+/// stream after the capture does not get the bytes every launch writes); the graph launches
+/// twice, the allocation is freed in the graph or outside it (`cudaFreeAsync`, `cudaFree`),
+/// and no graph memory is left; global and thread-local captures, budget 5% and off. Under a
+/// cap the 64 MiB request gets the out-of-memory code a capped allocation gets (2), the
+/// capture left valid. With the old answers (`refuse-graph-allocs`: served from the pool, 900
+/// when it cannot be) the test fails.
+#[test]
+fn graph_allocations_go_to_the_driver_as_nodes_of_the_graph() {
+    let exe = workload("capture_graph");
+    let go = |args: &[&str], budget: &str, cap: bool, debug: Option<&str>| {
+        let mut env = vec![
+            ("VRAMSHIM_POOL", "stitch"),
+            ("VRAMSHIM_POOL_BUDGET", budget),
+            ("VRAMSHIM_LOG", "debug"),
+        ];
+        if cap {
+            env.extend([
+                ("VRAMSHIM_CAP", "48MiB"),
+                ("VRAMSHIM_CAP_CONTEXT", "exclude"),
+                ("VRAMSIM_MEMORY", "1GiB"),
+                ("VRAMSIM_CONTEXT_OVERHEAD", "0"),
+            ]);
+        }
+        env.extend(debug.map(|d| ("VRAMSHIM_POOL_DEBUG", d)));
+        run(&exe, args, &env, "pool-capture-graph")
+    };
+    for budget in ["5%", "off"] {
+        for mode in ["global", "local"] {
+            for free in ["inside", "outside"] {
+                let what = format!("{mode} {free} budget {budget}");
+                let o = go(&[mode, free], budget, false, None);
+                assert_exit(&o, 0, &what);
+                assert_eq!(field(&o.stdout, "big"), 0, "{what}");
+                assert_eq!(field(&o.stdout, "end"), 0, "{what}");
+                assert_eq!(field(&o.stdout, "launches"), 0, "{what}");
+                assert_eq!(field(&o.stdout, "reserved"), 0, "{what}");
+                assert_eq!(field(&o.stdout, "overlap"), 0, "{what}");
+                // the driver allocated both, the 4 MiB block the pool holds too
+                for size in [4 << 20, 64 << 20] {
+                    let line = format!("cudaMallocAsync size={size} ");
+                    assert!(
+                        o.stderr.lines().any(|l| l.contains(&line)
+                            && l.contains("-> 0")
+                            && l.ends_with("[real]")),
+                        "{what}: {}",
+                        tail(&o.stderr)
+                    );
+                }
+                let o = go(&[mode, free, "capped"], budget, true, None);
+                assert_exit(&o, 0, &format!("{what} capped"));
+                assert_eq!(field(&o.stdout, "big"), 2, "{what} capped");
+                assert_eq!(field(&o.stdout, "end"), 0, "{what} capped");
+            }
+        }
+    }
+    // the old answers: the pool serves the 4 MiB block from what it holds, and takes it back
+    // at the capture's free: the next request on the stream gets the bytes every launch writes;
+    // the 64 MiB request is refused with 900. The test fails.
+    for args in [
+        &["global", "inside"][..],
+        &["global", "outside", "capped"][..],
+    ] {
+        let o = go(args, "5%", args.len() == 3, Some("refuse-graph-allocs"));
+        assert_exit(&o, 1, &format!("refuse-graph-allocs {args:?}"));
+        assert_eq!(field(&o.stdout, "big"), 900, "{}", o.stdout);
+        assert_eq!(field(&o.stdout, "overlap"), 1, "{}", o.stdout);
+    }
+}
+
 #[test]
 fn injected_driver_faults_fail_cleanly_and_later_requests_succeed() {
     let exe = workload("faults");

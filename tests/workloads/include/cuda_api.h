@@ -334,13 +334,16 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t 
                               enum cudaMemcpyKind kind, cudaStream_t stream);
 cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t *handle, cudaEvent_t event);
 cudaError_t cudaIpcOpenEventHandle(cudaEvent_t *event, cudaIpcEventHandle_t handle);
-/* Graphs beyond capture status: cudaErrorNotSupported on cuda-sim (graph memory reads 0). */
+/* Graphs made by capture: on cuda-sim their memory nodes act at launch, other nodes do not. */
 typedef void *cudaGraphExec_t;
 cudaError_t cudaDeviceGetGraphMemAttribute(int device, int attr, void *value);
 cudaError_t cudaDeviceSetGraphMemAttribute(int device, int attr, void *value);
 cudaError_t cudaGraphDestroy(cudaGraph_t graph);
 cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t *exec, cudaGraph_t graph, unsigned long long flags);
 cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph, unsigned long long flags);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
+#define cudaGraphInstantiateFlagAutoFreeOnLaunch 1
 cudaError_t cudaLibraryLoadData(void **library, const void *code, void *jitOptions, void **jitOptionsValues,
                                 unsigned int numJitOptions, void *libraryOptions, void **libraryOptionValues,
                                 unsigned int numLibraryOptions);

@@ -11,6 +11,7 @@ pub mod config;
 pub mod ctx;
 pub mod export_tables;
 pub mod exports;
+pub mod graph;
 pub mod image;
 pub mod inject;
 pub mod integrity;

@@ -28,6 +28,8 @@ pub enum Kind {
     Pool(u64),
     /// A module's global variable (freed with its module).
     Global,
+    /// An allocation node's memory (see `graph`).
+    Graph,
 }
 
 #[derive(Clone, Copy, Debug)]

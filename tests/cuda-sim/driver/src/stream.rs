@@ -343,8 +343,10 @@ pub fn destroy(h: CUstream) -> Res {
         .streams
         .remove(&(h as usize))
         .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-    if s.capture().status != CU_STREAM_CAPTURE_STATUS_NONE {
+    let c = s.capture();
+    if c.status != CU_STREAM_CAPTURE_STATUS_NONE {
         ACTIVE_CAPTURES.fetch_sub(1, Ordering::AcqRel);
+        crate::graph::capture_ended(c.id, false);
     }
     s.close();
     r.free_handles.push(h as usize);
@@ -402,7 +404,7 @@ pub fn begin_capture(s: &Arc<Stream>, mode: c_int) -> Res {
 
 pub const CUDA_ERROR_ILLEGAL_STATE: CUresult = 401;
 
-/// Ends a capture; returns a dummy graph handle (graphs are not simulated).
+/// Ends a capture; returns its graph (see `graph`).
 pub fn end_capture(s: &Arc<Stream>) -> Result<*mut c_void, CUresult> {
     let mut c = lock(&s.capture);
     let prev = *c;
@@ -414,10 +416,12 @@ pub fn end_capture(s: &Arc<Stream>) -> Result<*mut c_void, CUresult> {
     }
     *c = Capture::default();
     ACTIVE_CAPTURES.fetch_sub(1, Ordering::AcqRel);
-    if prev.status == CU_STREAM_CAPTURE_STATUS_INVALIDATED {
+    let valid = prev.status != CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+    let graph = crate::graph::capture_ended(prev.id, valid);
+    if !valid {
         return Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
     }
-    Ok((0x7c9a_0000_0000usize + prev.id as usize * STEP) as *mut c_void)
+    Ok(graph)
 }
 
 pub fn exchange_capture_mode(mode: c_int) -> Result<c_int, CUresult> {

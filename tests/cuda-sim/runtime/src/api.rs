@@ -1285,3 +1285,54 @@ pub unsafe fn get_driver_entry_point(
 pub fn self_test_panic() -> Res {
     panic!("vramsim runtime: deliberate panic (self test of the C ABI guard)")
 }
+
+// ---------------------------------------------------------------------------- graphs
+
+/// `cudaGraphInstantiate` (CUDA 12's, with flags) and `cudaGraphInstantiateWithFlags`.
+pub unsafe fn graph_instantiate(rt: Flavor, out: *mut CUgraphExec, g: CUgraph, flags: u64) -> Res {
+    nonnull(out)?;
+    let d = ctx(rt)?;
+    cu!(d, cuGraphInstantiateWithFlags(out, g, flags))
+}
+
+pub unsafe fn graph_launch(rt: Flavor, ptds: bool, e: CUgraphExec, s: CUstream) -> Res {
+    let d = ctx(rt)?;
+    if ptds {
+        cu!(d, cuGraphLaunch_ptsz(e, s))
+    } else {
+        cu!(d, cuGraphLaunch(e, s))
+    }
+}
+
+pub unsafe fn graph_exec_destroy(rt: Flavor, e: CUgraphExec) -> Res {
+    let d = drv(rt)?;
+    cu!(d, cuGraphExecDestroy(e))
+}
+
+pub unsafe fn graph_destroy(rt: Flavor, g: CUgraph) -> Res {
+    nonnull(g)?;
+    let d = drv(rt)?;
+    cu!(d, cuGraphDestroy(g))
+}
+
+/// `cudaDeviceGetGraphMemAttribute`: the driver's answer (what allocation nodes hold).
+pub unsafe fn device_get_graph_mem_attribute(
+    rt: Flavor,
+    dev: c_int,
+    attr: c_int,
+    v: *mut c_void,
+) -> Res {
+    let d = drv(rt)?;
+    cu!(d, cuDeviceGetGraphMemAttribute(dev, attr, v))
+}
+
+/// `cudaDeviceSetGraphMemAttribute`: only the two high-water marks can be reset (to 0).
+pub unsafe fn device_set_graph_mem_attribute(
+    rt: Flavor,
+    dev: c_int,
+    attr: c_int,
+    v: *mut c_void,
+) -> Res {
+    let d = drv(rt)?;
+    cu!(d, cuDeviceSetGraphMemAttribute(dev, attr, v))
+}

@@ -123,6 +123,13 @@ driver_table! {
     cuStreamGetCaptureInfo = c"cuStreamGetCaptureInfo" @ 10010: fn(CUstream, *mut c_uint, *mut u64);
     cuStreamGetCaptureInfo_ptsz = c"cuStreamGetCaptureInfo" @ 10010 [PTDS]: fn(CUstream, *mut c_uint, *mut u64);
     cuThreadExchangeStreamCaptureMode = c"cuThreadExchangeStreamCaptureMode" @ 10010: fn(*mut c_uint);
+    cuGraphInstantiateWithFlags = c"cuGraphInstantiateWithFlags" @ 11040: fn(*mut CUgraphExec, CUgraph, u64);
+    cuGraphLaunch = c"cuGraphLaunch" @ 10000: fn(CUgraphExec, CUstream);
+    cuGraphLaunch_ptsz = c"cuGraphLaunch" @ 10000 [PTDS]: fn(CUgraphExec, CUstream);
+    cuGraphExecDestroy = c"cuGraphExecDestroy" @ 10000: fn(CUgraphExec);
+    cuGraphDestroy = c"cuGraphDestroy" @ 10000: fn(CUgraph);
+    cuDeviceGetGraphMemAttribute = c"cuDeviceGetGraphMemAttribute" @ 11040: fn(c_int, c_int, *mut c_void);
+    cuDeviceSetGraphMemAttribute = c"cuDeviceSetGraphMemAttribute" @ 11040: fn(c_int, c_int, *mut c_void);
 
     cuEventCreate = c"cuEventCreate" @ 2000: fn(*mut CUevent, c_uint);
     cuEventRecord = c"cuEventRecord" @ 2000: fn(CUevent, CUstream);

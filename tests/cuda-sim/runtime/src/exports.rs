@@ -150,19 +150,20 @@ vramsim_runtime::cuda_exports! {
     fn cudaIpcGetEventHandle(h: *mut cudaIpcEventHandle_t, e: cudaEvent_t) => api::ipc_get_event_handle(RT, h, e);
     fn cudaIpcOpenEventHandle(e: *mut cudaEvent_t, h: cudaIpcEventHandle_t) => api::ipc_open_event_handle(RT, e, h);
 
-    // Graphs: capture status is tracked (above); graph memory is always 0; the empty graph a
-    // capture returns can be destroyed; everything else is cudaErrorNotSupported (801).
-    fn cudaDeviceGetGraphMemAttribute(dev: c_int, attr: c_int, v: *mut c_void) => kernels::device_get_graph_mem_attribute(RT, dev, attr, v);
-    fn cudaDeviceSetGraphMemAttribute(dev: c_int, attr: c_int, v: *mut c_void) => kernels::device_set_graph_mem_attribute(RT, dev, attr, v);
-    fn cudaGraphDestroy(g: CUgraph) => kernels::graph_destroy(RT, g);
+    // Graphs made by capture: instantiated, launched (their memory nodes act, see cuda-sim's
+    // `graph`), destroyed; graph memory as the driver counts it. Building graphs node by node
+    // and user objects are cudaErrorNotSupported (801).
+    fn cudaDeviceGetGraphMemAttribute(dev: c_int, attr: c_int, v: *mut c_void) => api::device_get_graph_mem_attribute(RT, dev, attr, v);
+    fn cudaDeviceSetGraphMemAttribute(dev: c_int, attr: c_int, v: *mut c_void) => api::device_set_graph_mem_attribute(RT, dev, attr, v);
+    fn cudaGraphDestroy(g: CUgraph) => api::graph_destroy(RT, g);
     fn cudaGraphAddNode() => kernels::not_supported(RT);
     fn cudaGraphConditionalHandleCreate() => kernels::not_supported(RT);
-    fn cudaGraphExecDestroy() => kernels::not_supported(RT);
+    fn cudaGraphExecDestroy(e: CUgraphExec) => api::graph_exec_destroy(RT, e);
     fn cudaGraphGetNodes() => kernels::not_supported(RT);
-    fn cudaGraphInstantiate() => kernels::not_supported(RT);
-    fn cudaGraphInstantiateWithFlags() => kernels::not_supported(RT);
-    fn cudaGraphLaunch() => kernels::not_supported(RT);
-    fn cudaGraphLaunch_ptsz() => kernels::not_supported(RT);
+    fn cudaGraphInstantiate(e: *mut CUgraphExec, g: CUgraph, flags: c_ulonglong) => api::graph_instantiate(RT, e, g, flags);
+    fn cudaGraphInstantiateWithFlags(e: *mut CUgraphExec, g: CUgraph, flags: c_ulonglong) => api::graph_instantiate(RT, e, g, flags);
+    fn cudaGraphLaunch(e: CUgraphExec, s: cudaStream_t) => api::graph_launch(RT, LEGACY, e, s);
+    fn cudaGraphLaunch_ptsz(e: CUgraphExec, s: cudaStream_t) => api::graph_launch(RT, PTDS, e, s);
     fn cudaGraphNodeGetDependencies() => kernels::not_supported(RT);
     fn cudaGraphRetainUserObject() => kernels::not_supported(RT);
     fn cudaUserObjectCreate() => kernels::not_supported(RT);

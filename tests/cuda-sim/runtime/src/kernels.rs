@@ -383,53 +383,6 @@ pub unsafe fn occupancy(rt: Flavor, n: *mut c_int, func: *const c_void, block_si
     Ok(())
 }
 
-// --------------------------------------------------------------------- graph memory
-
-/// `cudaDeviceGetGraphMemAttribute`: no graph is ever instantiated here, so graph memory in
-/// use and reserved (current and high) are 0.
-pub unsafe fn device_get_graph_mem_attribute(
-    rt: Flavor,
-    dev: c_int,
-    attr: c_int,
-    v: *mut c_void,
-) -> Res {
-    if v.is_null() || !(0..=3).contains(&attr) {
-        return Err(err::INVALID_VALUE);
-    }
-    crate::api::check_device(rt, dev)?;
-    // SAFETY: the four attributes are `cuuint64_t`.
-    unsafe { (v as *mut u64).write_unaligned(0) };
-    Ok(())
-}
-
-/// `cudaDeviceSetGraphMemAttribute`: only the two high-water marks can be reset (to 0).
-pub unsafe fn device_set_graph_mem_attribute(
-    rt: Flavor,
-    dev: c_int,
-    attr: c_int,
-    v: *mut c_void,
-) -> Res {
-    if v.is_null() || !(attr == 1 || attr == 3) {
-        return Err(err::INVALID_VALUE);
-    }
-    crate::api::check_device(rt, dev)?;
-    // SAFETY: cuuint64_t per the attribute.
-    if unsafe { (v as *const u64).read_unaligned() } != 0 {
-        return Err(err::INVALID_VALUE);
-    }
-    Ok(())
-}
-
-/// `cudaGraphDestroy`: the only graphs are the empty placeholders that a finished capture
-/// returns; destroying one frees nothing.
-pub fn graph_destroy(rt: Flavor, g: CUgraph) -> Res {
-    crate::api::drv(rt)?;
-    if g.is_null() {
-        return Err(err::INVALID_VALUE);
-    }
-    Ok(())
-}
-
 /// Everything the simulated GPU cannot do (graphs beyond capture status, user objects,
 /// library management): `cudaErrorNotSupported` (801), nothing written.
 pub fn not_supported(rt: Flavor) -> Res {

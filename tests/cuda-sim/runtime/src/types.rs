@@ -16,6 +16,7 @@ pub type CUstream = *mut c_void;
 pub type CUevent = *mut c_void;
 pub type CUmemoryPool = *mut c_void;
 pub type CUgraph = *mut c_void;
+pub type CUgraphExec = *mut c_void;
 pub type cudaStream_t = CUstream;
 pub type cudaEvent_t = CUevent;
 

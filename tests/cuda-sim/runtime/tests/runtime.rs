@@ -286,6 +286,22 @@ fn capture_modes_decide_which_threads_a_capture_forbids() {
     assert!(out.stdout.contains("capture_modes: ok"), "{}", out.stdout);
 }
 
+/// A stream-ordered allocation during capture is a graph allocation node: fixed address,
+/// live from a launch until a free node, a free outside the graph or the next launch with
+/// `AutoFreeOnLaunch`; a graph that left it live is not launched again before it is freed;
+/// graph memory attributes follow; an invalidated capture's nodes go with it.
+#[test]
+fn graph_allocation_nodes_live_from_launch_to_free() {
+    let exe = compile_c(
+        "graph_memory",
+        &["tests/workloads/sim/graph_memory.c"],
+        Link::SharedRuntime,
+    );
+    let out = run(&mut sim_command(&exe, "graph_memory"));
+    out.assert_success();
+    assert!(out.stdout.contains("graph_memory: ok"), "{}", out.stdout);
+}
+
 /// The runtime reaches the driver only through `cuGetProcAddress_v2` (base names, minimum
 /// versions, per-thread flag for `_ptsz`): a stand-in libcuda.so.1 exporting nothing else,
 /// logging every lookup and forwarding to the simulated driver, is enough for it.
@@ -389,7 +405,7 @@ fn a_driver_older_than_the_runtime_is_insufficient() {
 }
 
 #[test]
-fn kernels_registration_launches_and_unsupported_graphs() {
+fn kernels_registration_launches_and_captured_graphs() {
     for (name, link) in [
         ("rt_kernels12", Link::SharedRuntime),
         ("rt_kernels13", Link::SharedRuntime13),

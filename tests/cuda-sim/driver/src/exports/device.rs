@@ -188,8 +188,8 @@ cu_api! {
         crate::pool::set_current_pool(dev, pool)
     }
 
-    // Graph memory: no graph is ever instantiated here, so the memory graphs hold (in use and
-    // reserved, current and high) is 0. NVIDIA's runtime forwards its
+    // Graph memory: what allocation nodes hold (`graph`: live in launches, "used"; backing
+    // the nodes, "reserved"; current and high). NVIDIA's runtime forwards its
     // cudaDeviceGet/SetGraphMemAttribute and cudaDeviceGraphMemTrim here; PyTorch's
     // cudaMallocAsync backend resets the high-water marks in torch.cuda.reset_peak_memory_stats.
     fn cuDeviceGetGraphMemAttribute(dev: CUdevice, attr: c_int, value: *mut c_void) {
@@ -197,8 +197,9 @@ cu_api! {
         if value.is_null() || !(0..=3).contains(&attr) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
+        let v = crate::graph::mem_attribute(dev, attr);
         // SAFETY: the four attributes are cuuint64_t (C contract); checked non-null.
-        unsafe { value.cast::<u64>().write_unaligned(0) };
+        unsafe { value.cast::<u64>().write_unaligned(v) };
         Ok(())
     }
 
@@ -213,6 +214,7 @@ cu_api! {
         if unsafe { value.cast::<u64>().read_unaligned() } != 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
+        crate::graph::reset_high(dev, attr);
         Ok(())
     }
 

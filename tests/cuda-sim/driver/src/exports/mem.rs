@@ -36,6 +36,9 @@ pub fn free(dptr: CUdeviceptr) -> Res {
     ctx::current_device()?;
     stream::capture_unsafe_check(None)?;
     stream::synchronize_all();
+    if crate::graph::is_graph_alloc(dptr) {
+        return crate::graph::free_outside(dptr);
+    }
     if pool::free_now(dptr)? {
         return Ok(());
     }

@@ -368,13 +368,6 @@ cu_api! {
 // kernels executed) cannot honour anyway; the argument lists are not read.
 cu_api! {
     fn cuGraphCreate() { not_supported() }
-    fn cuGraphDestroy() { not_supported() }
-    fn cuGraphInstantiate() { not_supported() }
-    fn cuGraphInstantiate_v2() { not_supported() }
-    fn cuGraphInstantiateWithFlags() { not_supported() }
-    fn cuGraphExecDestroy() { not_supported() }
-    fn cuGraphLaunch() { not_supported() }
-    fn cuGraphLaunch_ptsz() { not_supported() }
     fn cuGraphGetNodes() { not_supported() }
     fn cuGraphNodeGetType() { not_supported() }
     fn cuGraphKernelNodeGetParams() { not_supported() }

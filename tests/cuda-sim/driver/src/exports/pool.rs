@@ -4,6 +4,7 @@ use std::ffi::{c_int, c_void};
 
 use crate::abi::*;
 use crate::cu_api;
+use crate::graph;
 use crate::inject;
 use crate::pool;
 use crate::stream;
@@ -19,9 +20,15 @@ fn alloc_async(
     if dptr.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    stream::resolve(h, ptds)?;
+    let s = stream::resolve(h, ptds)?;
     inject::on_bytes(api, size as u64)?;
-    let ptr = pool::alloc(p, size as u64)?;
+    // On a capturing stream: an allocation node of the graph (see `graph`).
+    let c = s.capture();
+    let ptr = match c.status {
+        CU_STREAM_CAPTURE_STATUS_ACTIVE => graph::capture_alloc(c.id, s.dev, size as u64)?,
+        CU_STREAM_CAPTURE_STATUS_INVALIDATED => return Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED),
+        _ => pool::alloc(p, size as u64)?,
+    };
     // SAFETY: C out-pointer, checked above.
     unsafe { put(dptr, ptr) }
 }
@@ -30,6 +37,14 @@ fn free_async(dptr: CUdeviceptr, h: CUstream, ptds: bool) -> Res {
     let s = stream::resolve(h, ptds)?;
     if dptr == 0 {
         return Ok(());
+    }
+    if graph::is_graph_alloc(dptr) {
+        let c = s.capture();
+        return match c.status {
+            CU_STREAM_CAPTURE_STATUS_ACTIVE => graph::capture_free(c.id, dptr),
+            CU_STREAM_CAPTURE_STATUS_INVALIDATED => Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED),
+            _ => graph::free_outside(dptr),
+        };
     }
     pool::free_async(dptr, &s)
 }

@@ -340,3 +340,36 @@ cu_api! {
         unsafe { put(out, e) }
     }
 }
+
+fn instantiate(out: *mut CUgraphExec, graph: CUgraph, flags: u64) -> Res {
+    ctx::current_device()?;
+    if out.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let e = crate::graph::instantiate(graph, flags)?;
+    // SAFETY: C out-pointer, checked above.
+    unsafe { put(out, e) }
+}
+
+fn graph_launch(exec: CUgraphExec, h: CUstream, ptds: bool) -> Res {
+    let s = stream::resolve(h, ptds)?;
+    crate::graph::launch(exec, &s)
+}
+
+// Graphs made by capture (see `graph`): instantiated, launched and destroyed; the log
+// arguments of the old instantiation entry points are not written.
+cu_api! {
+    fn cuGraphDestroy(g: CUgraph) { crate::graph::destroy(g) }
+    fn cuGraphInstantiate(out: *mut CUgraphExec, g: CUgraph, _err: *mut N, _log: *mut i8, _len: usize) {
+        instantiate(out, g, 0)
+    }
+    fn cuGraphInstantiate_v2(out: *mut CUgraphExec, g: CUgraph, _err: *mut N, _log: *mut i8, _len: usize) {
+        instantiate(out, g, 0)
+    }
+    fn cuGraphInstantiateWithFlags(out: *mut CUgraphExec, g: CUgraph, flags: u64) {
+        instantiate(out, g, flags)
+    }
+    fn cuGraphExecDestroy(e: CUgraphExec) { crate::graph::exec_destroy(e) }
+    fn cuGraphLaunch(e: CUgraphExec, s: CUstream) { graph_launch(e, s, false) }
+    fn cuGraphLaunch_ptsz(e: CUgraphExec, s: CUstream) { graph_launch(e, s, true) }
+}
