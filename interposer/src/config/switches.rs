@@ -45,6 +45,8 @@ const SWITCHES: &[(&str, &[&str])] = &[
             "tcache-no-drain",
             "tcache-keep-retired",
             "no-tcache",
+            // The begin-capture hooks (`pool::begin_waits_for_requests`).
+            "begin-unordered",
         ],
     ),
     ("VRAMSHIM_DEVICE_FAULT", &["stale"]),

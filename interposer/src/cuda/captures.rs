@@ -43,15 +43,37 @@ static CAPTURES: SpinLock<Vec<Capture>> = SpinLock::new(Vec::new());
 /// How many: the test every unsafe call pays while none is under way.
 static ACTIVE: AtomicUsize = AtomicUsize::new(0);
 
-/// The calling thread began capturing `stream` in `mode` (the real call succeeded). A capture
-/// the runtime's entry point and then the driver's report twice is one.
-pub(crate) fn begun(stream: u64, mode: c_int) {
+/// The calling thread begins capturing `stream` in `mode`: recorded before the real call, so
+/// that no unsafe call is decided on without it once the call may have begun the capture (the
+/// begin hook then waits for the requests in flight). A capture the runtime's entry point and
+/// then the driver's report twice is one. Returns what was recorded for the stream before,
+/// for [`restore`] when the real call fails.
+pub(crate) fn begun(stream: u64, mode: c_int) -> Option<(c_int, u32)> {
     let tid = crate::sys::ids::tid();
     let mut c = CAPTURES.lock();
-    if let Some(x) = c.iter_mut().find(|x| x.stream == stream) {
+    let before = if let Some(x) = c.iter_mut().find(|x| x.stream == stream) {
+        let before = (x.mode, x.tid);
         *x = Capture { stream, mode, tid };
+        Some(before)
     } else {
         c.push(Capture { stream, mode, tid });
+        None
+    };
+    ACTIVE.store(c.len(), Ordering::Release);
+    before
+}
+
+/// The real begin-capture call on `stream` failed: what [`begun`] replaced is put back (a
+/// capture already under way on the stream goes on; none: nothing is recorded).
+pub(crate) fn restore(stream: u64, before: Option<(c_int, u32)>) {
+    let mut c = CAPTURES.lock();
+    match before {
+        Some((mode, tid)) => {
+            if let Some(x) = c.iter_mut().find(|x| x.stream == stream) {
+                *x = Capture { stream, mode, tid };
+            }
+        }
+        None => c.retain(|x| x.stream != stream),
     }
     ACTIVE.store(c.len(), Ordering::Release);
 }

@@ -18,7 +18,13 @@ fn key<F: Copy>(h: Site<F>, stream: CUstream) -> u64 {
     crate::pool::pool_stream_id(stream as u64, h.stream_flags())
 }
 
-/// A begin-capture entry point: the real call, then the capture recorded if it began.
+/// A begin-capture entry point: the capture recorded, then every pool request in flight
+/// waited for, then the real call (the record put back if it failed). A request decides
+/// whether a capture forbids its unsafe calls under the pool's lock and makes them under it:
+/// one in flight when the capture is recorded may have decided without it, and the capture
+/// must not begin before it is done; every later one sees the record. (The pool's lock is
+/// not held across the real call: the runtime's begin reaches the driver's hook, and a
+/// runtime's lazy initialization may allocate.)
 fn begin<F: Copy>(
     h: Site<F>,
     stream: CUstream,
@@ -27,9 +33,21 @@ fn begin<F: Copy>(
 ) -> c_int {
     let name = h.name;
     h.unguarded(|f| {
+        let key = key(h, stream);
+        let ordered = crate::pool::begin_waits_for_requests();
+        let before = ordered.then(|| {
+            let before = captures::begun(key, mode);
+            crate::pool::wait_for_requests();
+            before
+        });
         let rc = call(f);
-        if rc == CUDA_SUCCESS {
-            captures::begun(key(h, stream), mode);
+        match before {
+            Some(before) if rc != CUDA_SUCCESS => captures::restore(key, before),
+            Some(_) => {}
+            None if rc == CUDA_SUCCESS => {
+                captures::begun(key, mode);
+            }
+            None => {}
         }
         crate::debug!("{name} stream={:#x} mode={mode} -> {rc}", stream as u64);
         rc

@@ -92,8 +92,9 @@ pub(crate) struct CudaDevice {
     /// potentially unsafe calls (`captures`): asked once per request served, when first
     /// needed. Then the pool makes none: no synchronization, event query, event creation or
     /// virtual-memory call (each would fail and invalidate the capture); it serves only from
-    /// what it holds. Not closed: another thread may begin a capture after the answer and
-    /// before the pool's call (beginning a capture does not wait for the pool's lock).
+    /// what it holds. A capture another thread begins later waits for the request to be done
+    /// (the begin hooks record the capture, then wait for the pool's lock, then begin it), so
+    /// the answer holds for the whole request.
     forbidden: Cell<Option<bool>>,
     /// Calls refused for it while serving the request.
     refused: Cell<u32>,

@@ -240,6 +240,14 @@ fn read_mode() -> bool {
             );
             tcache::configure_no_hits();
         }
+        if crate::config::switch_on("VRAMSHIM_POOL_DEBUG", "begin-unordered") {
+            // testing only: a capture may begin while a request that decided without it
+            // makes the calls it forbids
+            crate::warn!(
+                "VRAMSHIM_POOL_DEBUG=begin-unordered: a capture begins without waiting for the pool's requests (testing only)"
+            );
+            BEGIN_UNORDERED.store(true, Ordering::Relaxed);
+        }
         if keep_retired {
             // testing only: a destroyed stream's frees stay in the thread caches
             crate::warn!(
@@ -260,6 +268,28 @@ fn read_mode() -> bool {
     }
     let _ = MODE.compare_exchange(UNREAD, m, Ordering::Relaxed, Ordering::Relaxed);
     MODE.load(Ordering::Relaxed) == ON
+}
+
+/// Testing only (`VRAMSHIM_POOL_DEBUG=begin-unordered`): the begin-capture hooks record the
+/// capture after the real call, without waiting for the pool's requests in flight.
+static BEGIN_UNORDERED: AtomicBool = AtomicBool::new(false);
+
+/// Whether a begin-capture hook records the capture first and waits for the pool's requests
+/// in flight before the real call ([`wait_for_requests`]).
+pub(crate) fn begin_waits_for_requests() -> bool {
+    !BEGIN_UNORDERED.load(Ordering::Relaxed)
+}
+
+/// A capture is about to begin (recorded in `cuda::captures` already): waits until no request
+/// is in flight in any pool. Each request decides under the pool's lock whether a capture
+/// forbids its unsafe calls and makes them under it, so one that decided before the record
+/// is done when this returns, and every later one sees the record (the lock orders them).
+/// Never called with the pool's lock held: the pool makes only real driver calls, none of
+/// which reaches a begin-capture hook.
+pub(crate) fn wait_for_requests() {
+    if MODE.load(Ordering::Relaxed) == ON {
+        drop(POOLS.lock());
+    }
 }
 
 #[cold]

@@ -538,6 +538,45 @@ fn graph_allocations_go_to_the_driver_as_nodes_of_the_graph() {
     }
 }
 
+/// A capture another thread begins while the pool serves a request: the request decided,
+/// under the pool's lock, that no capture forbids its calls, and is stopped inside its first
+/// `cuMemCreate` (cuda-sim's pause point); thread B then begins a global-mode capture, through
+/// the runtime and through the driver. The begin hook records the capture and waits for the
+/// request to be done before the real call (B's begin does not return while the request is
+/// stopped), so the request's calls precede the capture and B's end returns 0. With the begin
+/// recorded after the real call and not waiting (`begin-unordered`, the old order) B's begin
+/// returns at once, the request's `cuMemCreate` runs inside B's capture and invalidates it:
+/// end 901, exit 1.
+#[test]
+fn a_capture_begun_during_a_pool_request_waits_for_it() {
+    let exe = vramshim_testkit::temp_dir("pool_capture_window").join("pool_capture_window");
+    vramshim_testkit::compile_c_to(
+        &exe,
+        &["tests/workloads/pool/capture_window.c"],
+        Link::SharedRuntime,
+        &["-lpthread"],
+    );
+    let go = |entry: &str, debug: Option<&str>| {
+        let mut env = vec![
+            ("VRAMSHIM_POOL", "stitch"),
+            ("VRAMSIM_PAUSE_IN", "cuMemCreate"),
+        ];
+        env.extend(debug.map(|d| ("VRAMSHIM_POOL_DEBUG", d)));
+        run(&exe, &[entry], &env, "pool-capture-window")
+    };
+    for entry in ["runtime", "driver"] {
+        let o = go(entry, None);
+        assert_exit(&o, 0, entry);
+        assert_eq!(field(&o.stdout, "begun_first"), 0, "{entry}: {}", o.stdout);
+        assert_eq!(field(&o.stdout, "worker"), 0, "{entry}: {}", o.stdout);
+        assert_eq!(field(&o.stdout, "end"), 0, "{entry}: {}", o.stdout);
+        let o = go(entry, Some("begin-unordered"));
+        assert_exit(&o, 1, &format!("{entry} begin-unordered"));
+        assert_eq!(field(&o.stdout, "begun_first"), 1, "{entry}: {}", o.stdout);
+        assert_eq!(field(&o.stdout, "end"), 901, "{entry}: {}", o.stdout);
+    }
+}
+
 #[test]
 fn injected_driver_faults_fail_cleanly_and_later_requests_succeed() {
     let exe = workload("faults");

@@ -29,6 +29,9 @@ pub struct Config {
     pub fail: Vec<FailRule>,
     /// `VRAMSIM_DEBUG=1`: one stderr line per driver call (name and result).
     pub debug: bool,
+    /// `VRAMSIM_PAUSE_IN=NAME`: the first call of driver function NAME (its base name) stops
+    /// on entry until the test lets it go (`inject::pause_point`), for tests of interleavings.
+    pub pause_in: Option<String>,
     /// `VRAMSIM_EXPORT_TABLES_FAULT`: a deliberate defect in the private export tables, for the
     /// tests that show NVIDIA's runtime depends on them.
     pub export_fault: ExportFault,
@@ -156,6 +159,16 @@ impl Config {
             "1" => Some(true),
             _ => None,
         });
+        let pause_in = env_or(
+            "VRAMSIM_PAUSE_IN",
+            None,
+            "a driver function's name, e.g. cuMemCreate",
+            |s| {
+                let s = s.trim();
+                (!s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'))
+                    .then(|| Some(s.to_string()))
+            },
+        );
         let export_fault = env_or(
             "VRAMSIM_EXPORT_TABLES_FAULT",
             ExportFault::None,
@@ -168,6 +181,7 @@ impl Config {
         );
         Self {
             debug,
+            pause_in,
             export_fault,
             name,
             devices,

@@ -1,7 +1,9 @@
 //! Injected latency (`VRAMSIM_LATENCY`) and failures (`VRAMSIM_FAIL`), matched by the API's
-//! base name (`cuMemAlloc` matches `cuMemAlloc_v2`, `cuMemAllocAsync` matches `_ptsz`).
+//! base name (`cuMemAlloc` matches `cuMemAlloc_v2`, `cuMemAllocAsync` matches `_ptsz`), and
+//! the pause point of interleaving tests (`VRAMSIM_PAUSE_IN`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use vramsim_devstate::parse::{parse_duration, parse_size};
@@ -136,6 +138,46 @@ pub fn delay(d: Duration) {
     } else {
         std::thread::sleep(d);
     }
+}
+
+/// The pause point's state: (a call stopped there, the test let it go).
+static PAUSE: Mutex<(bool, bool)> = Mutex::new((false, false));
+static PAUSE_CV: Condvar = Condvar::new();
+
+/// On entry to every driver call: the first call of `VRAMSIM_PAUSE_IN`'s function stops here
+/// until [`pause_release`] (a test then does something else while that call is under way).
+pub fn pause_point(name: &str) {
+    let Some(at) = CONFIG.pause_in.as_deref() else {
+        return;
+    };
+    if base_name(name) != at {
+        return;
+    }
+    let mut st = PAUSE.lock().unwrap_or_else(|e| e.into_inner());
+    if st.0 {
+        return;
+    }
+    st.0 = true;
+    PAUSE_CV.notify_all();
+    while !st.1 {
+        st = PAUSE_CV.wait(st).unwrap_or_else(|e| e.into_inner());
+    }
+}
+
+/// Waits up to `timeout` for a call to stop at the pause point: whether one did.
+pub fn pause_wait(timeout: Duration) -> bool {
+    let st = PAUSE.lock().unwrap_or_else(|e| e.into_inner());
+    let (st, _) = PAUSE_CV
+        .wait_timeout_while(st, timeout, |s| !s.0)
+        .unwrap_or_else(|e| e.into_inner());
+    st.0
+}
+
+/// Lets the call stopped at the pause point (and any later one) go on.
+pub fn pause_release() {
+    let mut st = PAUSE.lock().unwrap_or_else(|e| e.into_inner());
+    st.1 = true;
+    PAUSE_CV.notify_all();
 }
 
 #[cfg(test)]

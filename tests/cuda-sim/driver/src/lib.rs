@@ -33,6 +33,7 @@ use abi::{CUDA_ERROR_UNKNOWN, CUresult, Res};
 /// CUDA_ERROR_UNKNOWN (unwinding out of `extern "C"` would abort the host process).
 pub fn guard(name: &str, body: impl FnOnce() -> Res) -> CUresult {
     calls::count(name);
+    inject::pause_point(name);
     let rc = match catch_unwind(AssertUnwindSafe(|| {
         inject::on_call(name)?;
         body()

@@ -257,6 +257,8 @@ pub static TABLE: LazyLock<Vec<Entry>> = LazyLock::new(|| {
         "cuStreamWaitValue32" 11070 cuStreamWaitValue32_v2 | cuStreamWaitValue32_v2_ptsz;
         "vramsimLaunchFill" 0 vramsimLaunchFill | vramsimLaunchFill_ptsz;
         "vramsimLaunchCopy" 0 vramsimLaunchCopy | vramsimLaunchCopy_ptsz;
+        "vramsimPauseWait" 0 vramsimPauseWait;
+        "vramsimPauseRelease" 0 vramsimPauseRelease;
         "vramsimDeviceUsed" 0 vramsimDeviceUsed;
         "vramsimDeviceHighWater" 0 vramsimDeviceHighWater;
         "vramsimDeviceStats" 0 vramsimDeviceStats;

@@ -59,6 +59,21 @@ cu_api! {
         launch_copy(s, dst, src, bytes, delay_us, true)
     }
 
+    /// Waits up to `ms` milliseconds for a call to stop at `VRAMSIM_PAUSE_IN`'s pause point:
+    /// CUDA_SUCCESS when one did, CUDA_ERROR_NOT_READY when none did in time.
+    fn vramsimPauseWait(ms: c_uint) {
+        if crate::inject::pause_wait(std::time::Duration::from_millis(ms as u64)) {
+            Ok(())
+        } else {
+            Err(CUDA_ERROR_NOT_READY)
+        }
+    }
+    /// Lets the call stopped at the pause point go on.
+    fn vramsimPauseRelease() {
+        crate::inject::pause_release();
+        Ok(())
+    }
+
     /// Bytes all live processes hold on ordinal `dev` of this process's device (after cuInit).
     fn vramsimDeviceUsed(dev: c_int, bytes: *mut u64) {
         let st = stats_of(&state::driver()?.dev, state::physical(dev)? as c_int)?;

@@ -1,0 +1,123 @@
+/*
+ * capture_window - a capture another thread begins while the pool serves a request: the
+ * request decided that no capture forbids its calls, and must not make one after the capture
+ * began. Run with VRAMSIM_PAUSE_IN=cuMemCreate (cuda-sim stops the first cuMemCreate on entry
+ * until released).
+ *
+ *   capture_window runtime|driver
+ *
+ * A worker thread (global mode) asks cudaMalloc for 64 MiB: the pool grows, and its first
+ * cuMemCreate stops in the driver, the pool's lock held. Then thread B begins capturing stream
+ * SA in global mode (runtime: cudaStreamBeginCapture; driver: cuStreamBeginCapture_v2 from
+ * dlsym). The main thread waits up to 300 ms for B's begin to return, then lets the worker's
+ * call go on; the worker's request completes (or fails), and B ends its capture.
+ * Output: one line "capture_window: worker=RC begun_first=0|1 end=RC" (worker: the 64 MiB
+ * request's result; begun_first: B's begin returned while the worker's call was stopped;
+ * end: B's end-capture result, 0 when the capture stayed valid, 901 when the pool's call
+ * invalidated it). Exit 1 if the capture ended invalid, else 2 on any other failure.
+ */
+#include <pthread.h>
+#include <string.h>
+#include <time.h>
+
+#define PROG "capture_window"
+#include "pool_workload.h"
+
+typedef CUresult (*begin_fn)(CUstream, int);
+typedef CUresult (*end_fn)(CUstream, void **);
+typedef CUresult (*pause_wait_fn)(unsigned int);
+typedef CUresult (*pause_release_fn)(void);
+
+static cudaStream_t sa;
+static begin_fn begin;
+static end_fn end;
+static cudaError_t worker_rc = (cudaError_t)-1;
+static int begin_rc = -1, end_rc = -1;
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+static int begun, may_end;
+
+static void *worker(void *arg) {
+    (void)arg;
+    void *big = NULL;
+    worker_rc = cudaMalloc(&big, 64 << 20);
+    if (worker_rc == cudaSuccess) CHECK(cudaFree(big));
+    return NULL;
+}
+
+static void *capturer(void *arg) {
+    (void)arg;
+    int rc = begin ? (int)begin((CUstream)sa, cudaStreamCaptureModeGlobal)
+                   : (int)cudaStreamBeginCapture(sa, cudaStreamCaptureModeGlobal);
+    pthread_mutex_lock(&mu);
+    begin_rc = rc;
+    begun = 1;
+    pthread_cond_broadcast(&cv);
+    while (!may_end) pthread_cond_wait(&cv, &mu);
+    pthread_mutex_unlock(&mu);
+    if (rc == 0) {
+        cudaGraph_t g = NULL;
+        end_rc = end ? (int)end((CUstream)sa, (void **)&g) : (int)cudaStreamEndCapture(sa, &g);
+        if (end_rc == 0 && g) CHECK(cudaGraphDestroy(g));
+    }
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2 || (strcmp(argv[1], "runtime") != 0 && strcmp(argv[1], "driver") != 0)) {
+        fprintf(stderr, "usage: capture_window runtime|driver\n");
+        return 2;
+    }
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    pause_wait_fn pause_wait = lib ? (pause_wait_fn)dlsym(lib, "vramsimPauseWait") : NULL;
+    pause_release_fn pause_release = lib ? (pause_release_fn)dlsym(lib, "vramsimPauseRelease") : NULL;
+    if (!pause_wait || !pause_release) {
+        fprintf(stderr, PROG ": no pause point (cuda-sim only)\n");
+        return 2;
+    }
+    if (strcmp(argv[1], "driver") == 0) {
+        begin = (begin_fn)dlsym(lib, "cuStreamBeginCapture_v2");
+        end = (end_fn)dlsym(lib, "cuStreamEndCapture");
+        if (!begin || !end) {
+            fprintf(stderr, PROG ": no capture entry points\n");
+            return 2;
+        }
+    }
+    CHECK(cudaSetDevice(0));
+    CHECK(cudaStreamCreateWithFlags(&sa, cudaStreamNonBlocking));
+
+    pthread_t w, b;
+    if (pthread_create(&w, NULL, worker, NULL) != 0) return 2;
+    if (pause_wait(10000) != CUDA_SUCCESS) {
+        fprintf(stderr, PROG ": the worker's cuMemCreate never stopped (VRAMSIM_PAUSE_IN?)\n");
+        return 2;
+    }
+    if (pthread_create(&b, NULL, capturer, NULL) != 0) return 2;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_nsec += 300 * 1000 * 1000;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&mu);
+    while (!begun && pthread_cond_timedwait(&cv, &mu, &until) == 0) {
+    }
+    int begun_first = begun;
+    pthread_mutex_unlock(&mu);
+    pause_release();
+    pthread_join(w, NULL);
+    pthread_mutex_lock(&mu);
+    may_end = 1;
+    pthread_cond_broadcast(&cv);
+    pthread_mutex_unlock(&mu);
+    pthread_join(b, NULL);
+    CHECK(cudaStreamDestroy(sa));
+    printf(PROG ": worker=%d begun_first=%d end=%d\n", (int)worker_rc, begun_first, end_rc);
+    if (begin_rc != 0) {
+        fprintf(stderr, PROG ": begin failed: %d\n", begin_rc);
+        return 2;
+    }
+    if (end_rc != 0) return 1;
+    return worker_rc == cudaSuccess ? 0 : 2;
+}
