@@ -433,6 +433,12 @@ fn a_capture_on_another_thread_survives_the_pool_s_calls() {
                 ("global", "relaxed", None, false),
                 ("local", "global", None, false),
                 ("relaxed", "global", None, false),
+                // the capturing stream blocking: no use of the legacy stream (which would
+                // depend on it: cuda-sim answers 906 and invalidates the capture)
+                ("global", "global", Some("blocking"), true),
+                ("global", "relaxed", Some("blocking"), false),
+                ("relaxed", "global", Some("blocking"), false),
+                ("relaxed", "relaxed", Some("blocking"), false),
             ] {
                 let mut args = vec![entry, capture, worker];
                 args.extend(extra);

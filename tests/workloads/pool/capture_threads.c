@@ -7,7 +7,7 @@
  * of another thread and its own; in thread-local mode, its own; relaxed, none), and such a
  * call invalidates that capture; cuda-sim polices exactly that.
  *
- *   capture_threads runtime|driver|lookup CAPTURE_MODE WORKER_MODE [self] [badend]
+ *   capture_threads runtime|driver|lookup CAPTURE_MODE WORKER_MODE [self] [badend] [blocking]
  *
  * CAPTURE_MODE, WORKER_MODE: global|local|relaxed. Before the capture: a 4 KiB block stays
  * allocated throughout, two 4 MiB blocks are allocated and freed (cudaFree), a 2 MiB block on
@@ -21,7 +21,9 @@
  * holds: it must grow), then frees everything it got. With "self" the capturing thread does
  * that work itself, between its begin and its end. With "badend" the capturing thread first
  * ends the capture with a null graph pointer, which the driver refuses (the capture goes on),
- * before the work. The capture is then ended through the same entry point.
+ * before the work. With "blocking" SA is a blocking stream (the legacy stream then depends on it:
+ * CUDA refuses any use of the legacy stream while it captures). The capture is then ended
+ * through the same entry point.
  * Output: one line "capture_threads: served=N refused=N errors=N end=RC" (served: requests
  * that succeeded; refused: those answered cudaErrorStreamCaptureUnsupported, 900; errors:
  * any other failure; end: the end-capture call's result, 0 when the capture stayed valid,
@@ -86,15 +88,18 @@ static void *work(void *arg) {
 
 int main(int argc, char **argv) {
     const char *usage =
-        "usage: capture_threads runtime|driver|lookup global|local|relaxed global|local|relaxed [self] [badend]\n";
+        "usage: capture_threads runtime|driver|lookup global|local|relaxed global|local|relaxed [self] [badend] [blocking]\n";
     if (argc < 4) {
         fprintf(stderr, "%s", usage);
         return 2;
     }
-    int self = 0, badend = 0;
+    int self = 0, badend = 0, blocking = 0;
     for (int i = 4; i < argc; i++) {
         if (strcmp(argv[i], "self") == 0)
             self = 1;
+        else if (strcmp(argv[i], "blocking") == 0)
+            blocking = 1;
+
         else if (strcmp(argv[i], "badend") == 0)
             badend = 1;
         else {
@@ -130,7 +135,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     cudaStream_t sa;
-    CHECK(cudaStreamCreateWithFlags(&sa, cudaStreamNonBlocking));
+    CHECK(cudaStreamCreateWithFlags(&sa, blocking ? cudaStreamDefault : cudaStreamNonBlocking));
     CHECK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
     CHECK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
     void *anchor = NULL, *w1 = NULL, *w2 = NULL, *w3 = NULL, *w4 = NULL;

@@ -1,6 +1,9 @@
 /* capture_modes: which threads a capture forbids potentially unsafe calls, by the calling
  * thread's interaction mode (CUDA's rules of cudaThreadExchangeStreamCaptureMode), and the
- * virtual-memory calls among those calls. Prints "capture_modes: ok". */
+ * virtual-memory calls among those calls; the legacy stream while a blocking stream captures
+ * (cudaErrorStreamCaptureImplicit); waits of and on capturing streams (an event recorded outside
+ * the capture: cudaErrorStreamCaptureIsolation unless cudaEventWaitExternal; an event recorded in
+ * a capture waited on outside it: cudaErrorCapturedEvent). Prints "capture_modes: ok". */
 #include <dlfcn.h>
 #include <pthread.h>
 #include "check.h"
@@ -72,6 +75,60 @@ int main(void) {
     CK(cudaThreadExchangeStreamCaptureMode(&m));
     CK(cudaStreamEndCapture(s, &g));
 
+    /* the legacy stream while a blocking stream captures: any use of it (work, a synchronous
+     * call, its synchronization) would depend on the capture: 906, the capture invalidated,
+     * whatever the thread's mode; while only a non-blocking stream captures it is free */
+    cudaStream_t blocking;
+    CK(cudaStreamCreate(&blocking));
+    void *d = NULL;
+    CK(cudaMalloc(&d, 1 << 20));
+    m = cudaStreamCaptureModeRelaxed;
+    CK(cudaThreadExchangeStreamCaptureMode(&m));
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+    CK(cudaMemsetAsync(d, 0, 1 << 20, 0));
+    CK(cudaStreamSynchronize(0));
+    CK(cudaStreamEndCapture(s, &g));
+    CK(cudaGraphDestroy(g));
+    CK(cudaStreamBeginCapture(blocking, cudaStreamCaptureModeRelaxed));
+    EXPECT_EQ(cudaMemsetAsync(d, 0, 1 << 20, 0), cudaErrorStreamCaptureImplicit);
+    EXPECT_EQ(cudaStreamEndCapture(blocking, &g), cudaErrorStreamCaptureInvalidated);
+    CK(cudaStreamBeginCapture(blocking, cudaStreamCaptureModeRelaxed));
+    EXPECT_EQ(cudaStreamSynchronize(0), cudaErrorStreamCaptureImplicit);
+    EXPECT_EQ(cudaStreamEndCapture(blocking, &g), cudaErrorStreamCaptureInvalidated);
+    CK(cudaStreamBeginCapture(blocking, cudaStreamCaptureModeRelaxed));
+    EXPECT_EQ(cudaMemset(d, 0, 1 << 20), cudaErrorStreamCaptureImplicit);
+    EXPECT_EQ(cudaStreamEndCapture(blocking, &g), cudaErrorStreamCaptureInvalidated);
+    CK(cudaThreadExchangeStreamCaptureMode(&m));
+
+    /* waits: an event recorded outside the capture, waited on by the capturing stream: 905 and
+     * the capture invalidated, unless the wait is external (cudaEventWaitExternal, invalid
+     * outside capture); an event never recorded is no dependency; an event recorded in the
+     * capture joins it, and a stream outside the capture may not wait on it (907) */
+    cudaStream_t other;
+    CK(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+    cudaEvent_t outside, never, inside;
+    CK(cudaEventCreate(&outside));
+    CK(cudaEventCreate(&never));
+    CK(cudaEventCreate(&inside));
+    CK(cudaEventRecord(outside, other));
+    EXPECT_EQ(cudaStreamWaitEvent(other, outside, 1 /* cudaEventWaitExternal */), cudaErrorInvalidValue);
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    CK(cudaStreamWaitEvent(s, never, 0));
+    CK(cudaStreamWaitEvent(s, outside, 1 /* cudaEventWaitExternal */));
+    CK(cudaEventRecord(inside, s));
+    CK(cudaStreamWaitEvent(s, inside, 0));
+    EXPECT_EQ(cudaStreamWaitEvent(other, inside, 0), cudaErrorCapturedEvent);
+    CK(cudaStreamEndCapture(s, &g));
+    CK(cudaGraphDestroy(g));
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    EXPECT_EQ(cudaStreamWaitEvent(s, outside, 0), cudaErrorStreamCaptureIsolation);
+    EXPECT_EQ(cudaStreamEndCapture(s, &g), cudaErrorStreamCaptureInvalidated);
+    CK(cudaEventRecord(inside, other)); /* recorded outside again: no longer a captured event */
+    CK(cudaStreamWaitEvent(other, inside, 0));
+
+    CK(cudaFree(d));
+    CK(cudaStreamDestroy(blocking));
+    CK(cudaStreamDestroy(other));
     CK(cudaStreamDestroy(s));
     printf("capture_modes: ok\n");
     return 0;

@@ -42,7 +42,12 @@ pub const CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: CUresult = 900;
 pub const CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: CUresult = 901;
 pub const CUDA_ERROR_STREAM_CAPTURE_UNMATCHED: CUresult = 903;
 pub const CUDA_ERROR_STREAM_CAPTURE_UNJOINED: CUresult = 904;
+pub const CUDA_ERROR_STREAM_CAPTURE_ISOLATION: CUresult = 905;
+pub const CUDA_ERROR_STREAM_CAPTURE_IMPLICIT: CUresult = 906;
+pub const CUDA_ERROR_CAPTURED_EVENT: CUresult = 907;
 pub const CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD: CUresult = 908;
+/// `CU_EVENT_WAIT_EXTERNAL`: the wait is an external event node of the capture.
+pub const CU_EVENT_WAIT_EXTERNAL: c_uint = 0x1;
 pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
 
 /// (code, name, description) for cuGetErrorName/cuGetErrorString.
@@ -117,6 +122,21 @@ pub const ERRORS: &[(CUresult, &CStr, &CStr)] = &[
         904,
         c"CUDA_ERROR_STREAM_CAPTURE_UNJOINED",
         c"capturing stream has unjoined work",
+    ),
+    (
+        905,
+        c"CUDA_ERROR_STREAM_CAPTURE_ISOLATION",
+        c"dependency created on uncaptured work in another stream",
+    ),
+    (
+        906,
+        c"CUDA_ERROR_STREAM_CAPTURE_IMPLICIT",
+        c"operation would make the legacy stream depend on a capturing blocking stream",
+    ),
+    (
+        907,
+        c"CUDA_ERROR_CAPTURED_EVENT",
+        c"operation not permitted on an event last recorded in a capturing stream",
     ),
     (
         908,

@@ -11,10 +11,18 @@
 //! (counted) and not executed, and a capture-unsafe call (a synchronization, an event query,
 //! cuMemAlloc, cuMemFree, the virtual-memory calls) made while a capture applies to the
 //! calling thread (by the thread's interaction mode, see `capture_unsafe_check`) invalidates
-//! it and returns CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, as CUDA does.
+//! it and returns CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, as CUDA does. While a blocking stream
+//! captures, any use of its device's legacy stream (work on it, its synchronization or query,
+//! a synchronous copy or memset) would make the legacy stream depend on the capture: CUDA
+//! refuses it with CUDA_ERROR_STREAM_CAPTURE_IMPLICIT and invalidates those captures
+//! (`legacy_check`). A capturing stream may wait only on an event recorded in a capture (an
+//! event recorded outside one needs `CU_EVENT_WAIT_EXTERNAL`: else
+//! CUDA_ERROR_STREAM_CAPTURE_ISOLATION, the capture invalidated), and a stream that does not
+//! capture may not wait on an event last recorded in a capture (CUDA_ERROR_CAPTURED_EVENT).
+//! (`wait_check`)
 
 use std::collections::{HashMap, VecDeque};
-use std::ffi::{c_int, c_void};
+use std::ffi::{c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, LazyLock, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -88,6 +96,8 @@ struct EvState {
     recorded: u64,
     completed: u64,
     time: Option<Instant>,
+    /// Last recorded in a capture (its id): waits on it join that capture.
+    captured_in: Option<u64>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -365,6 +375,7 @@ pub fn synchronize_all() {
 
 /// Submits `work` and waits for it (synchronous copies and memsets).
 pub fn run_sync(s: &Arc<Stream>, work: Work) -> Res {
+    legacy_check(s)?;
     capture_unsafe_check(Some(s))?;
     if let Some(t) = s.submit(Vec::new(), Duration::ZERO, work) {
         s.wait_for(t);
@@ -374,11 +385,65 @@ pub fn run_sync(s: &Arc<Stream>, work: Work) -> Res {
 
 /// Submits `work` asynchronously.
 pub fn run_async(s: &Arc<Stream>, extra: Duration, work: Work) -> Res {
+    legacy_check(s)?;
     s.submit(Vec::new(), extra, work);
     Ok(())
 }
 
 // ---- capture ----
+
+/// A use of `s`: when it is a legacy stream while a blocking stream of its device captures,
+/// the legacy stream would depend on the capture: those captures are invalidated and the use
+/// refused with CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, as CUDA does.
+pub fn legacy_check(s: &Arc<Stream>) -> Res {
+    if s.kind != StreamKind::Legacy || ACTIVE_CAPTURES.load(Ordering::Acquire) == 0 {
+        return Ok(());
+    }
+    let mut hit = false;
+    for b in blocking_streams(s.dev) {
+        let mut c = lock(&b.capture);
+        if c.status == CU_STREAM_CAPTURE_STATUS_ACTIVE {
+            c.status = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+            hit = true;
+        }
+    }
+    if hit {
+        Err(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT)
+    } else {
+        Ok(())
+    }
+}
+
+/// `cuStreamWaitEvent(s, e, flags)`: what capture allows. A capturing stream waits on an event
+/// recorded in a capture (joining it), or on one recorded outside only with
+/// `CU_EVENT_WAIT_EXTERNAL` (an external event node); an event never recorded is no
+/// dependency. Otherwise the capture is invalidated: CUDA_ERROR_STREAM_CAPTURE_ISOLATION. A
+/// stream that does not capture may not wait on an event last recorded in a capture
+/// (CUDA_ERROR_CAPTURED_EVENT), nor use `CU_EVENT_WAIT_EXTERNAL` (CUDA_ERROR_INVALID_VALUE).
+pub fn wait_check(s: &Arc<Stream>, e: &Event, flags: c_uint) -> Res {
+    let captured_in = lock(&e.st).captured_in;
+    let recorded = lock(&e.st).recorded > 0 || captured_in.is_some();
+    let mut c = lock(&s.capture);
+    match c.status {
+        CU_STREAM_CAPTURE_STATUS_NONE => {
+            if flags & CU_EVENT_WAIT_EXTERNAL != 0 {
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            }
+            if captured_in.is_some() {
+                return Err(CUDA_ERROR_CAPTURED_EVENT);
+            }
+            Ok(())
+        }
+        CU_STREAM_CAPTURE_STATUS_INVALIDATED => Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED),
+        _ => {
+            if captured_in.is_some() || !recorded || flags & CU_EVENT_WAIT_EXTERNAL != 0 {
+                return Ok(());
+            }
+            c.status = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+            Err(CUDA_ERROR_STREAM_CAPTURE_ISOLATION)
+        }
+    }
+}
 
 pub fn begin_capture(s: &Arc<Stream>, mode: c_int) -> Res {
     if s.kind == StreamKind::Legacy {
@@ -512,11 +577,14 @@ impl Event {
     }
 
     pub fn record(self: &Arc<Self>, s: &Arc<Stream>) {
-        if s.capture().status != CU_STREAM_CAPTURE_STATUS_NONE {
+        let c = s.capture();
+        if c.status != CU_STREAM_CAPTURE_STATUS_NONE {
+            lock(&self.st).captured_in = Some(c.id);
             return;
         }
         let g = {
             let mut st = lock(&self.st);
+            st.captured_in = None;
             st.recorded += 1;
             st.recorded
         };

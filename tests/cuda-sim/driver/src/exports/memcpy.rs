@@ -127,6 +127,7 @@ fn copy_async(dir: Dir, dst: u64, src: u64, n: usize, h: CUstream, ptds: bool) -
         copy_work(dst, src, n)
     };
     if pageable_dst {
+        stream::legacy_check(&s)?;
         if let Some(t) = s.submit(Vec::new(), Duration::ZERO, work) {
             s.wait_for(t);
         }

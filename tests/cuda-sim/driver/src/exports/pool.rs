@@ -38,6 +38,7 @@ fn free_async(dptr: CUdeviceptr, h: CUstream, ptds: bool) -> Res {
     if dptr == 0 {
         return Ok(());
     }
+    stream::legacy_check(&s)?;
     if graph::is_graph_alloc(dptr) {
         let c = s.capture();
         return match c.status {

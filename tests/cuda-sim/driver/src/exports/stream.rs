@@ -13,6 +13,7 @@ type StreamCallback = unsafe extern "C" fn(CUstream, CUresult, *mut c_void);
 
 fn synchronize(h: CUstream, ptds: bool) -> Res {
     let s = stream::resolve(h, ptds)?;
+    stream::legacy_check(&s)?;
     stream::capture_unsafe_check(Some(&s))?;
     s.synchronize();
     Ok(())
@@ -20,6 +21,7 @@ fn synchronize(h: CUstream, ptds: bool) -> Res {
 
 fn query(h: CUstream, ptds: bool) -> Res {
     let s = stream::resolve(h, ptds)?;
+    stream::legacy_check(&s)?;
     stream::capture_unsafe_check(Some(&s))?;
     if s.idle() {
         Ok(())
@@ -28,15 +30,19 @@ fn query(h: CUstream, ptds: bool) -> Res {
     }
 }
 
-fn wait_event(h: CUstream, e: CUevent, ptds: bool) -> Res {
+fn wait_event(h: CUstream, e: CUevent, flags: c_uint, ptds: bool) -> Res {
     let s = stream::resolve(h, ptds)?;
-    stream::event(e)?.wait_on(&s);
+    let ev = stream::event(e)?;
+    stream::legacy_check(&s)?;
+    stream::wait_check(&s, &ev, flags)?;
+    ev.wait_on(&s);
     Ok(())
 }
 
 fn record(e: CUevent, h: CUstream, ptds: bool) -> Res {
     let ev = stream::event(e)?;
     let s = stream::resolve(h, ptds)?;
+    stream::legacy_check(&s)?;
     ev.record(&s);
     Ok(())
 }
@@ -172,8 +178,8 @@ cu_api! {
     fn cuStreamSynchronize_ptsz(s: CUstream) { synchronize(s, true) }
     fn cuStreamQuery(s: CUstream) { query(s, false) }
     fn cuStreamQuery_ptsz(s: CUstream) { query(s, true) }
-    fn cuStreamWaitEvent(s: CUstream, e: CUevent, _flags: c_uint) { wait_event(s, e, false) }
-    fn cuStreamWaitEvent_ptsz(s: CUstream, e: CUevent, _flags: c_uint) { wait_event(s, e, true) }
+    fn cuStreamWaitEvent(s: CUstream, e: CUevent, flags: c_uint) { wait_event(s, e, flags, false) }
+    fn cuStreamWaitEvent_ptsz(s: CUstream, e: CUevent, flags: c_uint) { wait_event(s, e, flags, true) }
     fn cuStreamGetPriority(s: CUstream, p: *mut c_int) { priority(s, p, false) }
     fn cuStreamGetPriority_ptsz(s: CUstream, p: *mut c_int) { priority(s, p, true) }
     fn cuStreamGetFlags(s: CUstream, f: *mut c_uint) { flags(s, f, false) }
@@ -353,6 +359,7 @@ fn instantiate(out: *mut CUgraphExec, graph: CUgraph, flags: u64) -> Res {
 
 fn graph_launch(exec: CUgraphExec, h: CUstream, ptds: bool) -> Res {
     let s = stream::resolve(h, ptds)?;
+    stream::legacy_check(&s)?;
     crate::graph::launch(exec, &s)
 }
 
