@@ -401,7 +401,8 @@ fn a_traced_stream_destroy_replays_with_the_live_foreign_byte_answer() {
 /// A stream capture on one thread stays valid while another thread allocates and frees
 /// through the pool at sizes that make it reuse a cached block, order two streams and grow:
 /// through each begin/end-capture entry point (the runtime's, the driver's by `dlsym`, the
-/// driver's through `cudaGetDriverEntryPoint`), with and without the budget. Where the capture
+/// driver's through `cudaGetDriverEntryPoint`, and capturing into an existing graph through
+/// the runtime's and the driver's `BeginCaptureToGraph`), with and without the budget. Where the capture
 /// forbids the worker unsafe calls (both in global mode, or the capturing thread itself) the
 /// pool serves what it holds and refuses the request that must grow with
 /// `cudaErrorStreamCaptureUnsupported`; where it does not (the worker in thread-local or
@@ -421,7 +422,7 @@ fn a_capture_on_another_thread_survives_the_pool_s_calls() {
         env.extend(debug.map(|d| ("VRAMSHIM_POOL_DEBUG", d)));
         run(&exe, args, &env, "pool-capture")
     };
-    for entry in ["runtime", "driver", "lookup"] {
+    for entry in ["runtime", "driver", "lookup", "tograph", "drivertograph"] {
         for budget in ["5%", "off"] {
             for (capture, worker, extra, forbidden) in [
                 ("global", "global", None, true),

@@ -343,6 +343,11 @@ cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t *exec, cudaGraph_t gra
 cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream);
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph, unsigned long long flags);
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
+cudaError_t cudaGraphCreate(cudaGraph_t *graph, unsigned int flags);
+/* CUDA 12.3+: capture into an existing graph (dependencies, edge data: none here). */
+cudaError_t cudaStreamBeginCaptureToGraph(cudaStream_t stream, cudaGraph_t graph, const void *dependencies,
+                                          const void *edgeData, size_t numDependencies,
+                                          enum cudaStreamCaptureMode mode);
 #define cudaGraphInstantiateFlagAutoFreeOnLaunch 1
 cudaError_t cudaLibraryLoadData(void **library, const void *code, void *jitOptions, void **jitOptionsValues,
                                 unsigned int numJitOptions, void *libraryOptions, void **libraryOptionValues,

@@ -7,14 +7,17 @@
  * of another thread and its own; in thread-local mode, its own; relaxed, none), and such a
  * call invalidates that capture; cuda-sim polices exactly that.
  *
- *   capture_threads runtime|driver|lookup CAPTURE_MODE WORKER_MODE [self] [badend] [blocking]
+ *   capture_threads runtime|driver|lookup|tograph|drivertograph CAPTURE_MODE WORKER_MODE [self]
+ *                   [badend] [blocking]
  *
  * CAPTURE_MODE, WORKER_MODE: global|local|relaxed. Before the capture: a 4 KiB block stays
  * allocated throughout, two 4 MiB blocks are allocated and freed (cudaFree), a 2 MiB block on
  * each of streams S1 and S2 (cudaMallocAsync, cudaFreeAsync), and the device synchronized (the
  * pool holds them cached). Then the main thread begins capturing stream SA
  * (runtime: cudaStreamBeginCapture; driver: cuStreamBeginCapture_v2 from dlsym; lookup:
- * cuStreamBeginCapture through cudaGetDriverEntryPoint) and a worker thread, in WORKER_MODE
+ * cuStreamBeginCapture through cudaGetDriverEntryPoint; tograph: cudaStreamBeginCaptureToGraph
+ * into a graph made by cudaGraphCreate; drivertograph: cuStreamBeginCaptureToGraph from dlsym)
+ * and a worker thread, in WORKER_MODE
  * (cudaThreadExchangeStreamCaptureMode), does: cudaMalloc 4 MiB (a cached block), a 2 MiB
  * block on stream S1 filled and freed there (cudaMallocAsync/cudaFreeAsync), 2 MiB on stream
  * S2 (the pool may take S1's block behind an event), cudaMalloc 64 MiB (more than the pool
@@ -37,6 +40,7 @@
 #include "pool_workload.h"
 
 typedef CUresult (*begin_fn)(CUstream, int);
+typedef CUresult (*begin_to_graph_fn)(CUstream, void *, const void *, const void *, size_t, int);
 typedef CUresult (*end_fn)(CUstream, void **);
 
 static int mode_of(const char *m) {
@@ -88,7 +92,8 @@ static void *work(void *arg) {
 
 int main(int argc, char **argv) {
     const char *usage =
-        "usage: capture_threads runtime|driver|lookup global|local|relaxed global|local|relaxed [self] [badend] [blocking]\n";
+        "usage: capture_threads runtime|driver|lookup|tograph|drivertograph global|local|relaxed "
+        "global|local|relaxed [self] [badend] [blocking]\n";
     if (argc < 4) {
         fprintf(stderr, "%s", usage);
         return 2;
@@ -115,8 +120,22 @@ int main(int argc, char **argv) {
         return 2;
     }
     begin_fn begin = NULL;
+    begin_to_graph_fn begin_to_graph = NULL;
     end_fn end = NULL;
-    if (strcmp(entry, "driver") == 0) {
+    int to_graph = strcmp(entry, "tograph") == 0;
+    if (strcmp(entry, "drivertograph") == 0) {
+        void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+        if (lib) {
+            begin_to_graph = (begin_to_graph_fn)dlsym(lib, "cuStreamBeginCaptureToGraph");
+            end = (end_fn)dlsym(lib, "cuStreamEndCapture");
+        }
+        if (!begin_to_graph || !end) {
+            fprintf(stderr, PROG ": no capture entry points\n");
+            return 2;
+        }
+        to_graph = 1;
+    } else if (to_graph) {
+    } else if (strcmp(entry, "driver") == 0) {
         void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
         if (lib) {
             begin = (begin_fn)dlsym(lib, "cuStreamBeginCapture_v2");
@@ -130,7 +149,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "%s", usage);
         return 2;
     }
-    if (strcmp(entry, "runtime") != 0 && (!begin || !end)) {
+    if (strcmp(entry, "runtime") != 0 && !to_graph && (!begin || !end)) {
         fprintf(stderr, PROG ": no capture entry points\n");
         return 2;
     }
@@ -150,7 +169,17 @@ int main(int argc, char **argv) {
     CHECK(cudaFreeAsync(w4, s2));
     CHECK(cudaDeviceSynchronize());
 
-    if (begin) {
+    cudaGraph_t into = NULL;
+    if (to_graph) CHECK(cudaGraphCreate(&into, 0));
+    if (begin_to_graph) {
+        CUresult rc = begin_to_graph((CUstream)sa, into, NULL, NULL, 0, capture_mode);
+        if (rc != CUDA_SUCCESS) {
+            fprintf(stderr, PROG ": cuStreamBeginCaptureToGraph failed: %d\n", (int)rc);
+            return 2;
+        }
+    } else if (to_graph) {
+        CHECK(cudaStreamBeginCaptureToGraph(sa, into, NULL, NULL, 0, (enum cudaStreamCaptureMode)capture_mode));
+    } else if (begin) {
         CUresult rc = begin((CUstream)sa, capture_mode);
         if (rc != CUDA_SUCCESS) {
             fprintf(stderr, PROG ": cuStreamBeginCapture_v2 failed: %d\n", (int)rc);
@@ -183,6 +212,16 @@ int main(int argc, char **argv) {
         end_rc = (int)end((CUstream)sa, (void **)&g);
     else
         end_rc = (int)cudaStreamEndCapture(sa, &g);
+    if (to_graph) {
+        /* a capture into a graph ends in that graph */
+        if (end_rc == 0 && g != into) {
+            fprintf(stderr, PROG ": the capture ended in another graph\n");
+            errors++;
+        }
+        CHECK(cudaGraphDestroy(into));
+    } else if (end_rc == 0 && g) {
+        CHECK(cudaGraphDestroy(g));
+    }
 
     CHECK(cudaDeviceSynchronize());
     void *big = NULL;

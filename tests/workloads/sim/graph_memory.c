@@ -3,7 +3,8 @@
  * allocation lives from a launch's reaching the node until a free node of the same graph, a
  * cudaFreeAsync / cudaFree outside it, or (AutoFreeOnLaunch) the next launch; a graph that
  * left it live cannot be launched again before it is freed; destroying a graph frees no live
- * allocation. Graph memory attributes: used = live in launches, reserved = backing the
+ * allocation; a capture into a graph made by cudaGraphCreate (cudaStreamBeginCaptureToGraph) ends
+ * in that graph. Graph memory attributes: used = live in launches, reserved = backing the
  * nodes. Prints "graph_memory: ok". */
 #include "check.h"
 
@@ -79,6 +80,27 @@ int main(void) {
     EXPECT_EQ(USED, 0);
     EXPECT(attr(1) >= 4 << 20); /* the high-water marks */
     EXPECT(attr(3) >= 8 << 20);
+
+    /* a capture into an existing graph (cudaStreamBeginCaptureToGraph): its end returns that
+     * graph, with the capture's nodes */
+    cudaGraph_t into = NULL, got = NULL;
+    void *t = NULL;
+    CK(cudaGraphCreate(&into, 0));
+    EXPECT_EQ(cudaStreamBeginCaptureToGraph(cs, (cudaGraph_t)0x1234, NULL, NULL, 0, cudaStreamCaptureModeGlobal),
+              cudaErrorInvalidValue);
+    CK(cudaStreamBeginCaptureToGraph(cs, into, NULL, NULL, 0, cudaStreamCaptureModeGlobal));
+    CK(cudaMallocAsync(&t, 2 << 20, cs));
+    CK(cudaStreamEndCapture(cs, &got));
+    EXPECT(got == into);
+    EXPECT_EQ(RESERVED, 2 << 20);
+    CK(cudaGraphInstantiate(&e, into, cudaGraphInstantiateFlagAutoFreeOnLaunch));
+    CK(cudaGraphLaunch(e, s));
+    EXPECT_EQ(USED, 2 << 20);
+    CK(cudaFreeAsync(t, s));
+    CK(cudaStreamSynchronize(s));
+    CK(cudaGraphExecDestroy(e));
+    CK(cudaGraphDestroy(into));
+    EXPECT_EQ(RESERVED, 0);
 
     /* an invalidated capture's nodes go with it; its stream-ordered calls answer 901 */
     void *r = NULL, *x = NULL;

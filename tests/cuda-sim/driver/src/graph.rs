@@ -28,6 +28,8 @@ use crate::stream::Stream;
 
 const GRAPH_BASE: usize = 0x7c9a_0000_0000;
 const EXEC_BASE: usize = 0x7c9b_0000_0000;
+/// Graphs made by `cuGraphCreate`.
+const CREATED_BASE: usize = 0x7c9c_0000_0000;
 const STEP: usize = 0x100;
 
 /// `CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH`.
@@ -186,8 +188,24 @@ pub fn capture_free(capture: u64, ptr: u64) -> Res {
     Ok(())
 }
 
-/// A capture ended: its nodes become graph `handle`'s (`valid`), or go with it.
-pub fn capture_ended(capture: u64, valid: bool) -> *mut std::ffi::c_void {
+/// `cuGraphCreate`: an empty graph (to capture into, `cuStreamBeginCaptureToGraph`).
+pub fn create() -> CUgraph {
+    let mut g = g();
+    g.next_exec += 1;
+    let h = CREATED_BASE + g.next_exec * STEP;
+    g.graphs.insert(h, (0, Vec::new()));
+    h as CUgraph
+}
+
+/// Whether `graph` is a graph that exists.
+pub fn exists(graph: CUgraph) -> bool {
+    g().graphs.contains_key(&(graph as usize))
+}
+
+/// A capture ended: its nodes become a new graph's, or are added to graph `into` (a capture
+/// begun by `cuStreamBeginCaptureToGraph`), when `valid`; else they go with it (the graph
+/// captured into keeps what it had).
+pub fn capture_ended(capture: u64, valid: bool, into: usize) -> *mut std::ffi::c_void {
     let mut g = g();
     let nodes = g.building.remove(&capture).unwrap_or_default();
     if !valid {
@@ -198,8 +216,14 @@ pub fn capture_ended(capture: u64, valid: bool) -> *mut std::ffi::c_void {
         }
         return std::ptr::null_mut();
     }
-    let handle = GRAPH_BASE + capture as usize * STEP;
     g.hold(&nodes, 1);
+    if into != 0
+        && let Some((_, existing)) = g.graphs.get_mut(&into)
+    {
+        existing.extend(nodes);
+        return into as *mut std::ffi::c_void;
+    }
+    let handle = GRAPH_BASE + capture as usize * STEP;
     g.graphs.insert(handle, (capture, nodes));
     handle as *mut std::ffi::c_void
 }

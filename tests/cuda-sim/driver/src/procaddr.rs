@@ -182,6 +182,7 @@ pub static TABLE: LazyLock<Vec<Entry>> = LazyLock::new(|| {
         "cuLaunchHostFunc" 10000 cuLaunchHostFunc | cuLaunchHostFunc_ptsz;
         "cuStreamBeginCapture" 10000 cuStreamBeginCapture | cuStreamBeginCapture_ptsz;
         "cuStreamBeginCapture" 10010 cuStreamBeginCapture_v2 | cuStreamBeginCapture_v2_ptsz;
+        "cuStreamBeginCaptureToGraph" 12030 cuStreamBeginCaptureToGraph | cuStreamBeginCaptureToGraph_ptsz;
         "cuStreamEndCapture" 10000 cuStreamEndCapture | cuStreamEndCapture_ptsz;
         "cuStreamIsCapturing" 10000 cuStreamIsCapturing | cuStreamIsCapturing_ptsz;
         "cuStreamGetCaptureInfo" 10010 cuStreamGetCaptureInfo | cuStreamGetCaptureInfo_ptsz;

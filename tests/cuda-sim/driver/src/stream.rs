@@ -72,6 +72,8 @@ pub struct Capture {
     pub mode: c_int,
     pub thread: i32,
     pub captured_ops: u64,
+    /// The graph captured into (`cuStreamBeginCaptureToGraph`), 0: a new one.
+    pub into: usize,
 }
 
 pub struct Stream {
@@ -356,7 +358,7 @@ pub fn destroy(h: CUstream) -> Res {
     let c = s.capture();
     if c.status != CU_STREAM_CAPTURE_STATUS_NONE {
         ACTIVE_CAPTURES.fetch_sub(1, Ordering::AcqRel);
-        crate::graph::capture_ended(c.id, false);
+        crate::graph::capture_ended(c.id, false, c.into);
     }
     s.close();
     r.free_handles.push(h as usize);
@@ -446,6 +448,11 @@ pub fn wait_check(s: &Arc<Stream>, e: &Event, flags: c_uint) -> Res {
 }
 
 pub fn begin_capture(s: &Arc<Stream>, mode: c_int) -> Res {
+    begin_capture_into(s, mode, 0)
+}
+
+/// Begins a capture of `s` in `mode` into graph `into` (0: a new graph at the end).
+pub fn begin_capture_into(s: &Arc<Stream>, mode: c_int, into: usize) -> Res {
     if s.kind == StreamKind::Legacy {
         return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
     }
@@ -462,6 +469,7 @@ pub fn begin_capture(s: &Arc<Stream>, mode: c_int) -> Res {
         mode,
         thread: tid(),
         captured_ops: 0,
+        into,
     };
     ACTIVE_CAPTURES.fetch_add(1, Ordering::AcqRel);
     Ok(())
@@ -482,7 +490,7 @@ pub fn end_capture(s: &Arc<Stream>) -> Result<*mut c_void, CUresult> {
     *c = Capture::default();
     ACTIVE_CAPTURES.fetch_sub(1, Ordering::AcqRel);
     let valid = prev.status != CU_STREAM_CAPTURE_STATUS_INVALIDATED;
-    let graph = crate::graph::capture_ended(prev.id, valid);
+    let graph = crate::graph::capture_ended(prev.id, valid, prev.into);
     if !valid {
         return Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
     }

@@ -1336,3 +1336,32 @@ pub unsafe fn device_set_graph_mem_attribute(
     let d = drv(rt)?;
     cu!(d, cuDeviceSetGraphMemAttribute(dev, attr, v))
 }
+
+pub unsafe fn graph_create(rt: Flavor, out: *mut CUgraph, flags: c_uint) -> Res {
+    nonnull(out)?;
+    let d = ctx(rt)?;
+    cu!(d, cuGraphCreate(out, flags))
+}
+
+/// `cudaStreamBeginCaptureToGraph` (CUDA 12.3+): the driver's.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn stream_begin_capture_to_graph(
+    rt: Flavor,
+    ptds: bool,
+    s: CUstream,
+    g: CUgraph,
+    deps: *const c_void,
+    edges: *const c_void,
+    n: usize,
+    mode: c_uint,
+) -> Res {
+    let d = ctx(rt)?;
+    if ptds {
+        cu!(
+            d,
+            cuStreamBeginCaptureToGraph_ptsz(s, g, deps, edges, n, mode)
+        )
+    } else {
+        cu!(d, cuStreamBeginCaptureToGraph(s, g, deps, edges, n, mode))
+    }
+}

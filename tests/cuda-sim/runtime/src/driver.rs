@@ -124,6 +124,9 @@ driver_table! {
     cuStreamGetCaptureInfo_ptsz = c"cuStreamGetCaptureInfo" @ 10010 [PTDS]: fn(CUstream, *mut c_uint, *mut u64);
     cuThreadExchangeStreamCaptureMode = c"cuThreadExchangeStreamCaptureMode" @ 10010: fn(*mut c_uint);
     cuGraphInstantiateWithFlags = c"cuGraphInstantiateWithFlags" @ 11040: fn(*mut CUgraphExec, CUgraph, u64);
+    cuGraphCreate = c"cuGraphCreate" @ 10000: fn(*mut CUgraph, c_uint);
+    cuStreamBeginCaptureToGraph = c"cuStreamBeginCaptureToGraph" @ 12030: fn(CUstream, CUgraph, *const c_void, *const c_void, usize, c_uint);
+    cuStreamBeginCaptureToGraph_ptsz = c"cuStreamBeginCaptureToGraph" @ 12030 [PTDS]: fn(CUstream, CUgraph, *const c_void, *const c_void, usize, c_uint);
     cuGraphLaunch = c"cuGraphLaunch" @ 10000: fn(CUgraphExec, CUstream);
     cuGraphLaunch_ptsz = c"cuGraphLaunch" @ 10000 [PTDS]: fn(CUgraphExec, CUstream);
     cuGraphExecDestroy = c"cuGraphExecDestroy" @ 10000: fn(CUgraphExec);

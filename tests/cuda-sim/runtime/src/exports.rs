@@ -155,6 +155,7 @@ vramsim_runtime::cuda_exports! {
     // and user objects are cudaErrorNotSupported (801).
     fn cudaDeviceGetGraphMemAttribute(dev: c_int, attr: c_int, v: *mut c_void) => api::device_get_graph_mem_attribute(RT, dev, attr, v);
     fn cudaDeviceSetGraphMemAttribute(dev: c_int, attr: c_int, v: *mut c_void) => api::device_set_graph_mem_attribute(RT, dev, attr, v);
+    fn cudaGraphCreate(g: *mut CUgraph, flags: c_uint) => api::graph_create(RT, g, flags);
     fn cudaGraphDestroy(g: CUgraph) => api::graph_destroy(RT, g);
     fn cudaGraphAddNode() => kernels::not_supported(RT);
     fn cudaGraphConditionalHandleCreate() => kernels::not_supported(RT);
@@ -168,8 +169,8 @@ vramsim_runtime::cuda_exports! {
     fn cudaGraphRetainUserObject() => kernels::not_supported(RT);
     fn cudaUserObjectCreate() => kernels::not_supported(RT);
     fn cudaUserObjectRelease() => kernels::not_supported(RT);
-    fn cudaStreamBeginCaptureToGraph() => kernels::not_supported(RT);
-    fn cudaStreamBeginCaptureToGraph_ptsz() => kernels::not_supported(RT);
+    fn cudaStreamBeginCaptureToGraph(s: cudaStream_t, g: CUgraph, deps: *const c_void, edges: *const c_void, n: usize, mode: c_uint) => api::stream_begin_capture_to_graph(RT, LEGACY, s, g, deps, edges, n, mode);
+    fn cudaStreamBeginCaptureToGraph_ptsz(s: cudaStream_t, g: CUgraph, deps: *const c_void, edges: *const c_void, n: usize, mode: c_uint) => api::stream_begin_capture_to_graph(RT, PTDS, s, g, deps, edges, n, mode);
     fn cudaStreamUpdateCaptureDependencies() => kernels::not_supported(RT);
     fn cudaStreamUpdateCaptureDependencies_ptsz() => kernels::not_supported(RT);
     // Library management (loading device code at run time): not supported.

@@ -367,7 +367,6 @@ cu_api! {
 // look these up by name at load and use them only on paths that a simulated device (no
 // kernels executed) cannot honour anyway; the argument lists are not read.
 cu_api! {
-    fn cuGraphCreate() { not_supported() }
     fn cuGraphGetNodes() { not_supported() }
     fn cuGraphNodeGetType() { not_supported() }
     fn cuGraphKernelNodeGetParams() { not_supported() }

@@ -94,6 +94,17 @@ fn begin_capture(h: CUstream, mode: c_int, ptds: bool) -> Res {
     stream::begin_capture(&s, mode)
 }
 
+/// `cuStreamBeginCaptureToGraph`: the capture's nodes are added to `graph` at its end.
+/// Dependencies on the graph's nodes are not simulated (the graph exposes no node handles):
+/// only none is accepted.
+fn begin_capture_to_graph(h: CUstream, graph: CUgraph, n: usize, mode: c_int, ptds: bool) -> Res {
+    if !crate::graph::exists(graph) || n > 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let s = stream::resolve(h, ptds)?;
+    stream::begin_capture_into(&s, mode, graph as usize)
+}
+
 fn end_capture(h: CUstream, graph: *mut *mut c_void, ptds: bool) -> Res {
     if graph.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
@@ -207,6 +218,12 @@ cu_api! {
     fn cuStreamBeginCapture_ptsz(s: CUstream) { begin_capture(s, CU_STREAM_CAPTURE_MODE_GLOBAL, true) }
     fn cuStreamBeginCapture_v2(s: CUstream, mode: c_int) { begin_capture(s, mode, false) }
     fn cuStreamBeginCapture_v2_ptsz(s: CUstream, mode: c_int) { begin_capture(s, mode, true) }
+    fn cuStreamBeginCaptureToGraph(s: CUstream, g: CUgraph, _deps: *const c_void, _edges: *const c_void, n: usize, mode: c_int) {
+        begin_capture_to_graph(s, g, n, mode, false)
+    }
+    fn cuStreamBeginCaptureToGraph_ptsz(s: CUstream, g: CUgraph, _deps: *const c_void, _edges: *const c_void, n: usize, mode: c_int) {
+        begin_capture_to_graph(s, g, n, mode, true)
+    }
     fn cuStreamEndCapture(s: CUstream, g: *mut N) { end_capture(s, g, false) }
     fn cuStreamEndCapture_ptsz(s: CUstream, g: *mut N) { end_capture(s, g, true) }
     fn cuStreamIsCapturing(s: CUstream, st: *mut c_int) { is_capturing(s, st, false) }
@@ -366,6 +383,14 @@ fn graph_launch(exec: CUgraphExec, h: CUstream, ptds: bool) -> Res {
 // Graphs made by capture (see `graph`): instantiated, launched and destroyed; the log
 // arguments of the old instantiation entry points are not written.
 cu_api! {
+    fn cuGraphCreate(out: *mut CUgraph, flags: c_uint) {
+        ctx::current_device()?;
+        if out.is_null() || flags != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: C out-pointer, checked above.
+        unsafe { put(out, crate::graph::create()) }
+    }
     fn cuGraphDestroy(g: CUgraph) { crate::graph::destroy(g) }
     fn cuGraphInstantiate(out: *mut CUgraphExec, g: CUgraph, _err: *mut N, _log: *mut i8, _len: usize) {
         instantiate(out, g, 0)
