@@ -4,6 +4,7 @@
 //!
 //! `cargo run --release -p vramshim-pool --example pool_creep -- TRACE.csv [PASSES] [sync|async] [-v]`; also the driver calls of the second half of the allocations, by kind
 
+#[macro_use]
 mod common;
 
 use vramshim_pool::replay::{self, Event, Frees};
@@ -53,7 +54,7 @@ fn main() {
                 let r = p.stats().reserved;
                 if r > hw {
                     if verbose && i >= one {
-                        println!(
+                        say!(
                             "pass {} ev {}: size {} grew {} -> {} MiB (live {} MiB, budget {} MiB) | {}",
                             i / one + 1,
                             i % one,
@@ -84,7 +85,7 @@ fn main() {
             }
         }
         if (i + 1) % one == 0 {
-            println!(
+            say!(
                 "after pass {}: held {:.3} x peak live, driver calls {}, syncs {}",
                 (i + 1) / one,
                 dev.peak_used() as f64 / peak_live as f64,
@@ -95,7 +96,7 @@ fn main() {
     }
     if let Some(h) = half {
         let e = dev.calls();
-        println!(
+        say!(
             "second half of the allocations: create {} release {} map {} unmap {} reserve {} unreserve {} set_access {}",
             e.create - h.create,
             e.release - h.release,

@@ -8,6 +8,7 @@
 //! `cargo run --release -p vramshim-pool --example pool_lifetimes -- [DIR_OR_FILES...]`
 //! (default: tests/workloads/traces).
 
+#[macro_use]
 mod common;
 #[path = "../tests/common/lifetimes.rs"]
 mod lifetimes;
@@ -73,10 +74,10 @@ fn min_device(events: &[Event], class: Option<&[u8]>, tight: bool) -> u64 {
 
 fn main() {
     let traces = common::traces(std::env::args().skip(1).collect());
-    println!(
+    say!(
         "| trace | frees | pool | peak live MiB | min device MiB | min/peak live | with lifetime classes (oracle) MiB | min/peak live |"
     );
-    println!("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |");
+    say!("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |");
     for (name, t, _) in traces {
         for frees in Frees::BOTH {
             let events = frees.apply(&t.events);
@@ -85,7 +86,7 @@ fn main() {
             for (label, tight) in [("stitch, budget off", false), ("stitch", true)] {
                 let plain = min_device(&events, None, tight);
                 let told = min_device(&events, Some(&class), tight);
-                println!(
+                say!(
                     "| {name} | {} | {label} | {:.1} | {} | {:.3} | {} | {:.3} |",
                     frees.name(),
                     peak as f64 / MIB as f64,

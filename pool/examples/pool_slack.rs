@@ -15,6 +15,7 @@
 //! layer replay, `Stitch::with_layers(false)`) or `:layers` (with it, the default). Default
 //! budgets: 0.05:2 0.075:2 0.10:0 0.05:16 0.05:32 0.05:2:runs.
 
+#[macro_use]
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -190,10 +191,10 @@ fn main() {
         ];
     }
     let traces = common::traces(args.get(split + 1..).unwrap_or(&[]).to_vec());
-    println!(
+    say!(
         "| trace | frees | budget | reserved/live | min device / peak live | driver calls | passes 2, 3 calls | calls /1000 allocs, 2nd half |"
     );
-    println!("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |");
+    say!("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |");
     let mut bounds = Vec::new();
     for (name, t, live) in traces {
         for frees in Frees::BOTH {
@@ -230,7 +231,7 @@ fn main() {
                 let passes = replay::calls_per_pass_with(&t.events, frees, &make, 3);
                 let half = replay::second_half_calls_per_1000(&t.events, frees, &make);
                 let min = replay::min_capacity_with(&stream, &make);
-                println!(
+                say!(
                     "| {name} | {} | {:.1}% + {slack} MiB{}{}{}{}{} | {:.3} | {:.3} | {} | {}, {} | {:.1} |",
                     frees.name(),
                     ratio * 100.0,
@@ -250,10 +251,10 @@ fn main() {
         }
         bounds.push((name, arena_only(&t.events) as f64 / live as f64));
     }
-    println!();
-    println!("| trace | one best-fit range grown at its end, peak / peak live |");
-    println!("| --- | ---: |");
+    say!();
+    say!("| trace | one best-fit range grown at its end, peak / peak live |");
+    say!("| --- | ---: |");
     for (name, r) in bounds {
-        println!("| {name} | {r:.3} |");
+        say!("| {name} | {r:.3} |");
     }
 }
