@@ -13,7 +13,7 @@
 #[macro_use]
 mod common;
 
-use vramshim_pool::replay::{Event, Frees};
+use vramshim_pool::replay::{self, Event, Frees};
 use vramshim_pool::stitch::Stitch;
 use vramshim_pool::{ALIGN, AccountingDevice, CallCounts, Device, MIB, Policy, Request};
 
@@ -159,13 +159,11 @@ fn main() {
                 format!("free after alloc {n}")
             }
             Event::ProcessSync => {
-                dev.process_sync();
-                p.note_process_sync();
+                replay::process_sync(&mut p, &mut dev);
                 continue;
             }
             Event::StreamRetired { stream } => {
-                p.retire_stream(&mut dev, stream);
-                dev.retire_stream(stream);
+                replay::retire_stream(&mut p, &mut dev, stream);
                 continue;
             }
         };

@@ -75,14 +75,8 @@ fn main() {
                     live -= sizes.remove(&id).unwrap_or(0);
                 }
             }
-            Event::ProcessSync => {
-                dev.process_sync();
-                p.note_process_sync();
-            }
-            Event::StreamRetired { stream } => {
-                p.retire_stream(&mut dev, stream);
-                dev.retire_stream(stream);
-            }
+            Event::ProcessSync => replay::process_sync(&mut p, &mut dev),
+            Event::StreamRetired { stream } => replay::retire_stream(&mut p, &mut dev, stream),
         }
         if (i + 1) % one == 0 {
             say!(

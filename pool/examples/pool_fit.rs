@@ -157,8 +157,7 @@ fn main() {
                 if let Some(c) = &mut front {
                     let _ = c.process_sync(&mut p, &mut dev);
                 }
-                dev.process_sync();
-                p.note_process_sync();
+                replay::process_sync(&mut p, &mut dev);
             }
             Event::StreamRetired { stream } => {
                 match &mut front {

@@ -42,14 +42,8 @@ fn completes(events: &[Event], class: Option<&[u8]>, cap: u64, tight: bool) -> b
                     let _ = p.free(&mut dev, a, mode);
                 }
             }
-            Event::ProcessSync => {
-                dev.process_sync();
-                p.note_process_sync();
-            }
-            Event::StreamRetired { stream } => {
-                p.retire_stream(&mut dev, stream);
-                dev.retire_stream(stream);
-            }
+            Event::ProcessSync => replay::process_sync(&mut p, &mut dev),
+            Event::StreamRetired { stream } => replay::retire_stream(&mut p, &mut dev, stream),
         }
     }
     assert!(dev.violations().is_empty(), "{:?}", &dev.violations()[..1]);
