@@ -465,6 +465,65 @@ fn a_capture_on_another_thread_survives_the_pool_s_calls() {
     }
 }
 
+/// Under a cap, a request that must grow past it while a capture forbids the worker the calls
+/// to grow fails with out of memory, as it fails without the pool (the cap refuses before
+/// CUDA is asked), not with `cudaErrorStreamCaptureUnsupported`; the capture stays valid
+/// (the pool does not ask the runtime to record the error then) and the same request
+/// succeeds after it. The capture_threads workload under a 68 MiB cap, with and without the
+/// budget: the worker's 64 MiB `cudaMalloc` is its one failure other than 900, code 2
+/// (`cudaErrorMemoryAllocation`).
+#[test]
+fn out_of_memory_under_a_cap_wins_over_a_capture_s_refusal() {
+    let exe = workload("capture_threads");
+    for budget in ["5%", "off"] {
+        let env = [
+            ("VRAMSHIM_POOL", "stitch"),
+            ("VRAMSHIM_POOL_BUDGET", budget),
+            ("VRAMSHIM_CAP", "68MiB"),
+            ("VRAMSHIM_CAP_CONTEXT", "exclude"),
+            ("VRAMSIM_MEMORY", "1GiB"),
+            ("VRAMSIM_CONTEXT_OVERHEAD", "0"),
+        ];
+        let o = run(
+            &exe,
+            &["runtime", "global", "global"],
+            &env,
+            "pool-capture-cap",
+        );
+        let what = format!("budget {budget}: {}{}", o.stdout, o.stderr);
+        // exit 2: a request failed other than by the capture's refusal
+        assert_exit(&o, 2, &what);
+        assert_eq!(field(&o.stdout, "end"), 0, "{what}");
+        assert_eq!(field(&o.stdout, "errors"), 1, "{what}");
+        assert!(o.stderr.contains("request failed: 2"), "{what}");
+    }
+}
+
+/// The code a request that needed a call a capture forbade fails with: 900 only where that
+/// refusal is why it failed; out of memory (the cap's or the device's) and a driver's refusal
+/// of an argument win.
+#[test]
+fn a_capture_s_refusal_is_the_code_only_when_nothing_else_failed() {
+    use super::capture_refused;
+    use crate::cuda::types::CUDA_ERROR_INVALID_VALUE;
+    use vramshim_pool::{DeviceError, PoolError};
+    let oom = |why| PoolError::OutOfMemory {
+        requested: 64 << 20,
+        reserved: 0,
+        live: 0,
+        why,
+    };
+    assert!(capture_refused(&oom(DeviceError::NotPermitted)));
+    assert!(capture_refused(&PoolError::Device(
+        DeviceError::NotPermitted
+    )));
+    assert!(!capture_refused(&oom(DeviceError::CapExceeded)));
+    assert!(!capture_refused(&oom(DeviceError::OutOfMemory)));
+    assert!(!capture_refused(&PoolError::Device(DeviceError::Driver(
+        CUDA_ERROR_INVALID_VALUE
+    ))));
+}
+
 #[test]
 fn injected_driver_faults_fail_cleanly_and_later_requests_succeed() {
     let exe = workload("faults");
