@@ -371,15 +371,7 @@ fn a_traced_stream_destroy_replays_with_the_live_foreign_byte_answer() {
         if debug.is_none() {
             // `vramshim replay` reads the trace (its stream destroys as retirements) and
             // predicts the live pool's driver calls
-            let vramshim = vramshim_testkit::profile_dir().join("vramshim");
-            let out = std::process::Command::new(&vramshim)
-                .args(["replay", "--pool", "stitch", "--json"])
-                .arg(&trace)
-                .env("VRAMSHIM_NO_PROGRESS", "1")
-                .output()
-                .unwrap();
-            let json = String::from_utf8_lossy(&out.stdout);
-            assert!(out.status.success(), "{json}");
+            let json = vramshim_replay_json(&trace, &[]);
             let policies = &json[json.find("\"policies\"").unwrap()..];
             assert_eq!(json_value(policies, "completed").as_deref(), Some("true"));
             let model_calls: u64 = json_value(policies, "driver_calls")
@@ -612,6 +604,32 @@ fn peak_live(trace: &std::path::Path) -> u64 {
 }
 
 /// The number after `"key":` in a JSON text (the first occurrence), as a string.
+/// What `vramshim replay TRACE --pool stitch --json ARGS` prints (the command built beside the
+/// library), which must succeed.
+fn vramshim_replay_json(trace: &std::path::Path, args: &[&str]) -> String {
+    let vramshim = vramshim_testkit::profile_dir().join("vramshim");
+    assert!(
+        vramshim.exists(),
+        "{} is not built: cargo build --release -p vramshim-analyzer",
+        vramshim.display()
+    );
+    let out = std::process::Command::new(&vramshim)
+        .args(["replay", "--pool", "stitch", "--json"])
+        .args(args)
+        .arg(trace)
+        .env("VRAMSHIM_NO_PROGRESS", "1")
+        .output()
+        .unwrap();
+    let json = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{}: {json}\n{}",
+        trace.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    json
+}
+
 fn json_value(text: &str, key: &str) -> Option<String> {
     let k = format!("\"{key}\"");
     let i = text.find(&k)? + k.len();
@@ -820,26 +838,14 @@ fn vramshim_replay_agrees_with_the_live_pool_on_every_shared_trace() {
     // device) and the interposer's pool on cuda-sim, fed the same log (the log-replay
     // workload's cudaMalloc/cudaFree), reserve the same peak (within one page) and make the
     // same driver calls, with no cap and under a cap 5% above peak live.
-    let vramshim = vramshim_testkit::profile_dir().join("vramshim");
-    assert!(
-        vramshim.exists(),
-        "{} is not built: cargo build --release -p vramshim-analyzer",
-        vramshim.display()
-    );
     const PAGE: u64 = 2 << 20;
     for trace in vramshim_testkit::shipped_traces() {
         let name = trace.file_name().unwrap().to_string_lossy().into_owned();
         let live = peak_live(&trace);
         for cap in [None, Some(live + live / 20)] {
-            let mut cmd = std::process::Command::new(&vramshim);
-            cmd.args(["replay", "--pool", "stitch", "--json"])
-                .env("VRAMSHIM_NO_PROGRESS", "1");
-            if let Some(c) = cap {
-                cmd.args(["--cap", &c.to_string()]);
-            }
-            let out = cmd.arg(&trace).output().unwrap();
-            let json = String::from_utf8_lossy(&out.stdout);
-            assert!(out.status.success(), "{name}: {json}");
+            let cap_arg = cap.map(|c| c.to_string());
+            let args: Vec<&str> = cap_arg.iter().flat_map(|c| ["--cap", c]).collect();
+            let json = vramshim_replay_json(&trace, &args);
             let policies = &json[json.find("\"policies\"").unwrap()..];
             let model: u64 = json_value(policies, "peak_reserved")
                 .unwrap()
@@ -1339,20 +1345,7 @@ fn model_calls_stream_ordered(trace: &std::path::Path, passes: usize) -> u64 {
 /// What `vramshim replay TRACE --pool stitch --json` predicts with every free stream-ordered
 /// (its `same_frees` row "stream-ordered"): (driver calls, peak reserved bytes).
 fn replay_stream_ordered(trace: &std::path::Path) -> (u64, u64) {
-    let vramshim = vramshim_testkit::profile_dir().join("vramshim");
-    assert!(
-        vramshim.exists(),
-        "{} is not built: cargo build --release -p vramshim-analyzer",
-        vramshim.display()
-    );
-    let out = std::process::Command::new(&vramshim)
-        .args(["replay", "--pool", "stitch", "--json"])
-        .arg(trace)
-        .env("VRAMSHIM_NO_PROGRESS", "1")
-        .output()
-        .unwrap();
-    let json = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{}: {json}", trace.display());
+    let json = vramshim_replay_json(trace, &[]);
     let row = &json[json
         .find("\"stream-ordered\"")
         .expect("a stream-ordered row")..];
@@ -2060,19 +2053,7 @@ fn vramshim_replay_keys_streams_as_the_live_pool_on_a_mixed_trace() {
         sim_memory_calls(&o.stderr),
         field(&o.stdout, "syncs") as u64,
     );
-    let vramshim = vramshim_testkit::profile_dir().join("vramshim");
-    let out = std::process::Command::new(&vramshim)
-        .args(["replay", "--pool", "stitch", "--json"])
-        .arg(&trace)
-        .env("VRAMSHIM_NO_PROGRESS", "1")
-        .output()
-        .unwrap();
-    let json = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{json}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let json = vramshim_replay_json(&trace, &[]);
     let policies = &json[json.find("\"policies\"").unwrap()..];
     let num = |k: &str| -> u64 { json_value(policies, k).unwrap().parse().unwrap() };
     let (model_calls, model_syncs) = (num("driver_calls"), num("syncs"));
