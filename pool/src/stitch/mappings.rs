@@ -356,9 +356,9 @@ impl Stitch {
         let (differ, m, out) = best?;
         // a new mapping costs n + 1 calls (n maps, one access call: its addresses come from
         // the pool's chunks, see `vas`) and one unmap when it is dropped; a repair about 2 per
-        // slot (unmap, map) + 1. Priced at n + 1 alone, no row of `pool_slack 0.05:2` changes
-        // and two other measurements get worse (docs/benchmarks.md, "The price of a new
-        // mapping")
+        // slot (unmap, map) + 1. The unmap is counted because the new mapping's is as
+        // certain as the repair's (docs/benchmarks.md, "The price of a new mapping", has the
+        // price without it)
         (2 * differ + 1 < n + 2).then_some((m, out, best_round))
     }
 
