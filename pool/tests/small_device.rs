@@ -15,7 +15,12 @@ use vramshim_pool::{AccountingDevice, MIB, Policy, PolicyKind};
 
 const PAGE: u64 = 2 * MIB;
 
-/// The shared traces and the GPU recordings: (name, events).
+/// The events of the trace among `all` whose name ends with `suffix`.
+fn named<'a>(all: &'a [(String, Vec<Event>)], suffix: &str) -> &'a [Event] {
+    let t = all.iter().find(|t| t.0.ends_with(suffix));
+    &t.unwrap_or_else(|| panic!("no trace {suffix}")).1
+}
+
 /// The largest whole-page device of at most 1.03 x the trace's peak live bytes.
 fn device_1_03(events: &[Event]) -> u64 {
     let live = replay::peak_live(events);
@@ -95,11 +100,7 @@ fn every_trace_completes_on_a_device_of_1_03_x_peak_live() {
 #[test]
 fn t5_fits_1_03_x_peak_live_by_the_page_ends_rule() {
     let all = traces();
-    let ev = &all
-        .iter()
-        .find(|t| t.0.ends_with("traces/t5_train.rmm.csv"))
-        .unwrap()
-        .1;
+    let ev = named(&all, "traces/t5_train.rmm.csv");
     let capacity = device_1_03(ev);
     assert_eq!(capacity, 484 * MIB);
     for frees in Frees::BOTH {
@@ -211,7 +212,7 @@ fn the_near_limit_rules_are_what_fit_these_devices() {
         ("traces/t5_train.rmm.csv", Frees::StreamOrdered, 486),
         ("gpu/vit_train.rmm.csv", Frees::StreamOrdered, 164),
     ] {
-        let ev = &all.iter().find(|t| t.0.ends_with(trace)).unwrap().1;
+        let ev = named(&all, trace);
         let stream = frees.apply(ev);
         for off in [false, true] {
             let mut p = Stitch::tight();
@@ -317,7 +318,7 @@ fn repeated_passes_complete_on_the_measured_device() {
     ];
     assert_eq!(all.len(), cases.len(), "every trace has its row");
     for (trace, cuda_free, stream_ordered) in cases {
-        let ev = &all.iter().find(|t| t.0.ends_with(trace)).unwrap().1;
+        let ev = named(&all, trace);
         for (frees, mib) in [
             (Frees::CudaFree, cuda_free),
             (Frees::StreamOrdered, stream_ordered),
@@ -368,7 +369,7 @@ fn later_passes_take_the_previous_rounds_places_near_the_limit() {
         ("traces/vit_train.rmm.csv", Frees::StreamOrdered),
         ("traces/t5_train.rmm.csv", Frees::StreamOrdered),
     ] {
-        let ev = &all.iter().find(|t| t.0.ends_with(trace)).unwrap().1;
+        let ev = named(&all, trace);
         let capacity = device_1_03(ev);
         for skip in [false, true] {
             let faults = Faults {
@@ -396,11 +397,7 @@ fn later_passes_take_the_previous_rounds_places_near_the_limit() {
 #[test]
 fn replayed_places_synchronize_as_the_first_pass_did() {
     let all = traces();
-    let ev = &all
-        .iter()
-        .find(|t| t.0.ends_with("gpu/gpt2_train.rmm.csv"))
-        .unwrap()
-        .1;
+    let ev = named(&all, "gpu/gpt2_train.rmm.csv");
     let capacity = device_1_03(ev);
     assert_eq!(capacity, 176 * MIB);
     for skip in [false, true] {
@@ -435,11 +432,7 @@ fn replayed_places_synchronize_as_the_first_pass_did() {
 #[test]
 fn round_mappings_stay_while_the_pool_holds_free_pages() {
     let all = traces();
-    let ev = &all
-        .iter()
-        .find(|t| t.0.ends_with("traces/t5_train.rmm.csv"))
-        .unwrap()
-        .1;
+    let ev = named(&all, "traces/t5_train.rmm.csv");
     let capacity = device_1_03(ev);
     assert_eq!(capacity, 484 * MIB);
     for broken in [false, true] {
