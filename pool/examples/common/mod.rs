@@ -4,6 +4,8 @@
 
 #![allow(dead_code)] // each example uses part of it
 
+pub mod plan;
+
 use std::path::{Path, PathBuf};
 
 use vramshim_pool::AccountingDevice;
