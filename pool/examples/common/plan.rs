@@ -82,5 +82,28 @@ pub fn offline(blocks: &[Block]) -> u64 {
         placed.push((off, off + b.len, b.at, b.until));
         extent = extent.max(off + b.len);
     }
+    assert_eq!(
+        overlap(&mut placed),
+        None,
+        "the offline plan overlaps two live blocks"
+    );
     extent
+}
+
+/// Two planned blocks `(offset, end, at, until)` that share bytes while both are live, if
+/// any (the plan's one safety property).
+fn overlap(placed: &mut [(u64, u64, usize, usize)]) -> Option<(usize, usize)> {
+    placed.sort_unstable();
+    for i in 0..placed.len() {
+        let a = placed[i];
+        for (j, b) in placed.iter().enumerate().skip(i + 1) {
+            if b.0 >= a.1 {
+                break;
+            }
+            if a.2 < b.3 && b.2 < a.3 {
+                return Some((i, j));
+            }
+        }
+    }
+    None
 }
