@@ -4,6 +4,8 @@
 
 #![allow(dead_code)] // each example uses part of it
 
+pub mod plan;
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 

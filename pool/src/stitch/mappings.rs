@@ -87,12 +87,13 @@ impl Stitch {
         let addr = self.map(map).va + off;
         if !self.faults.skip_take {
             for &(p, s, e) in &pieces {
-                // the fault switches' carve or replayed place over a live block: its bytes
-                // are not free
+                // the fault switches' carve, replayed place or arena window over a live
+                // block: its bytes are not free
                 if (self.faults.kept_over_live
                     || self.faults.replay_over_live
                     || self.faults.grow_over_live
-                    || self.faults.hold_over_live)
+                    || self.faults.hold_over_live
+                    || self.faults.ends_over_live)
                     && !self.bytes_free(p, s, e)
                 {
                     continue;

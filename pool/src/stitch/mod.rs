@@ -286,6 +286,10 @@ pub struct Faults {
     /// place one period back, over the live block there (the new block overlaps it): proves
     /// the checks of placing while places are held can fail.
     pub hold_over_live: bool,
+    /// A short-lived block the arena places at the top of a window (`Stitch::set_ends_class`)
+    /// goes one `ALIGN` higher, over the block above the window: proves the checks of that
+    /// placement can fail.
+    pub ends_over_live: bool,
     /// Growth for a new mapping creates a page for the request's remainder even where a
     /// partly used page's free end holds it, as if `Stitch::fresh_pages_for` counted every page
     /// of the request (not a
@@ -426,6 +430,8 @@ pub struct Stitch {
     /// (see `set_lifetime_class`)
     life: u8,
     lives: bool,
+    /// the next allocation's two-ends class in the arena (see `set_ends_class`)
+    ends_class: Option<bool>,
     /// mappings re-formed by remapping some of their pages (see `Stitch::repairable`)
     repairs: u64,
     /// of them, mappings of a round's places re-formed near the device's limit (`pressure`)
@@ -530,6 +536,7 @@ impl Stitch {
             prev_forced: 0,
             life: 0,
             lives: false,
+            ends_class: None,
             repairs: 0,
             pressure_reforms: 0,
             next_window: u64::MAX,
@@ -620,6 +627,18 @@ impl Stitch {
     pub fn with_thread_caches(mut self, on: bool) -> Self {
         self.tcaches = on;
         self
+    }
+
+    /// Where the arena places the next allocations that reach it (a window of free bytes,
+    /// not a replayed place): `Some(true)`, a block expected to live long, at the bottom of
+    /// the lowest window that fits; `Some(false)`, a short-lived one, at the top of the
+    /// highest; `None` (the default), the arena's own choice. Short-lived blocks then die
+    /// above the long-lived ones and leave one run for the next large block. A measuring
+    /// hook, not a rule of the pool: told the trace's own lifetimes (an oracle), it bounds
+    /// what a pool predicting them could gain this way (`examples/pool_ends.rs`).
+    #[doc(hidden)]
+    pub fn set_ends_class(&mut self, class: Option<bool>) {
+        self.ends_class = class;
     }
 
     /// Break safety rules on purpose (tests only).
