@@ -7,7 +7,7 @@
 
 use std::path::PathBuf;
 use vramshim_testkit::{
-    Link, RunOutput, built_interposer_lib, compile_c, replay_exe, run_with_preload, trace_file,
+    Link, RunOutput, compile_c, interposer_lib, replay_exe, run_with_preload, trace_file,
 };
 
 /// `tests/workloads/pool/<name>.c`, built against the shared runtime.
@@ -21,7 +21,7 @@ fn workload(name: &str) -> PathBuf {
 }
 
 fn run(exe: &std::path::Path, args: &[&str], env: &[(&str, &str)], name: &str) -> RunOutput {
-    run_with_preload(exe, args, env, Some(&built_interposer_lib()), name)
+    run_with_preload(exe, args, env, Some(&interposer_lib()), name)
 }
 
 /// The integer after the last `key=` in `out` where `key` is a whole key: not the end of a
@@ -99,7 +99,7 @@ fn tail(s: &str) -> String {
 
 /// `vramshim summary ARGS TRACE`'s output (it must succeed).
 fn summary(trace: &std::path::Path, args: &[&str]) -> String {
-    let vramshim = vramshim_testkit::profile_dir().join("vramshim");
+    let vramshim = vramshim_testkit::vramshim_exe();
     let out = std::process::Command::new(&vramshim)
         .arg("summary")
         .args(args)
@@ -396,7 +396,7 @@ fn a_traced_stream_destroy_replays_with_the_live_foreign_byte_answer() {
         if debug.is_none() {
             // `vramshim replay` reads the trace (its stream destroys as retirements) and
             // predicts the live pool's driver calls
-            let vramshim = vramshim_testkit::profile_dir().join("vramshim");
+            let vramshim = vramshim_testkit::vramshim_exe();
             let out = std::process::Command::new(&vramshim)
                 .args(["replay", "--pool", "stitch", "--json"])
                 .arg(&trace)
@@ -636,7 +636,7 @@ fn pooled_run(
         c.env("VRAMSHIM_CAP", cap.to_string());
     }
     c.envs(env.iter().copied());
-    vramshim_testkit::preload(&mut c, &built_interposer_lib());
+    vramshim_testkit::preload(&mut c, &interposer_lib());
     let o = vramshim_testkit::run(&mut c);
     let hw = sim_high_water(&name);
     (o, hw)
@@ -786,12 +786,7 @@ fn vramshim_replay_agrees_with_the_live_pool_on_every_shared_trace() {
     // device) and the interposer's pool on cuda-sim, fed the same log (the log-replay
     // workload's cudaMalloc/cudaFree), reserve the same peak (within one page) and make the
     // same driver calls, with no cap and under a cap 5% above peak live.
-    let vramshim = vramshim_testkit::profile_dir().join("vramshim");
-    assert!(
-        vramshim.exists(),
-        "{} is not built: cargo build --release -p vramshim-analyzer",
-        vramshim.display()
-    );
+    let vramshim = vramshim_testkit::vramshim_exe();
     const PAGE: u64 = 2 << 20;
     for trace in vramshim_testkit::shipped_traces() {
         let name = trace.file_name().unwrap().to_string_lossy().into_owned();
@@ -1254,7 +1249,7 @@ fn the_pools_event_waits_are_in_the_trace() {
         }
     }
     assert!(waits > 0, "no pool event wait in the trace");
-    let vramshim = vramshim_testkit::profile_dir().join("vramshim");
+    let vramshim = vramshim_testkit::vramshim_exe();
     let out = std::process::Command::new(&vramshim)
         .args(["summary", "--json"])
         .arg(&trace)
@@ -1305,12 +1300,7 @@ fn model_calls_stream_ordered(trace: &std::path::Path, passes: usize) -> u64 {
 /// What `vramshim replay TRACE --pool stitch --json` predicts with every free stream-ordered
 /// (its `same_frees` row "stream-ordered"): (driver calls, peak reserved bytes).
 fn replay_stream_ordered(trace: &std::path::Path) -> (u64, u64) {
-    let vramshim = vramshim_testkit::profile_dir().join("vramshim");
-    assert!(
-        vramshim.exists(),
-        "{} is not built: cargo build --release -p vramshim-analyzer",
-        vramshim.display()
-    );
+    let vramshim = vramshim_testkit::vramshim_exe();
     let out = std::process::Command::new(&vramshim)
         .args(["replay", "--pool", "stitch", "--json"])
         .arg(trace)
@@ -2135,7 +2125,7 @@ fn vramshim_replay_keys_streams_as_the_live_pool_on_a_mixed_trace() {
         sim_memory_calls(&o.stderr),
         field(&o.stdout, "syncs") as u64,
     );
-    let vramshim = vramshim_testkit::profile_dir().join("vramshim");
+    let vramshim = vramshim_testkit::vramshim_exe();
     let out = std::process::Command::new(&vramshim)
         .args(["replay", "--pool", "stitch", "--json"])
         .arg(&trace)
