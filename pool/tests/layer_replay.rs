@@ -15,6 +15,8 @@
 //! (`Faults::hold_over_live`) is caught on bert_serve.
 //! The thread caches keep only frees under a page while it acts (`Policy::aside_below`): on
 //! bert_serve stream-ordered, caches that keep every size (`Rules::keep_large`) make more calls.
+//! They also keep the frees of a loop of one large size too long for any period
+//! (`Policy::aside_run`), and serve most of it, with the layers after it replayed as before.
 
 mod common;
 
@@ -301,6 +303,96 @@ fn a_loop_of_one_large_size_takes_the_fast_path_and_layers_after_it_replay() {
     assert!(
         p.layer_replays() > 0,
         "the layers after the loop were not replayed"
+    );
+}
+
+/// The loop and the layers of the test above, stream-ordered on one stream behind one thread's
+/// cache following `rules`, on the checking device: (hits during the loop, the pool's
+/// allocations during the loop, layer replays after it, driver calls, peak reserved bytes).
+fn loop_then_layers_behind(rules: Rules) -> (u64, u64, u64, u64, u64) {
+    use vramshim_pool::{FreeMode, MIB, Request};
+    let mut dev = AccountingDevice::new(80 << 30);
+    dev.set_checking(true);
+    let mut p = Stitch::tight();
+    let mut c = ThreadCache::new(rules);
+    let free = FreeMode::Async { stream: 5 };
+    let alloc = |p: &mut Stitch, dev: &mut AccountingDevice, c: &mut ThreadCache, size: u64| {
+        let (a, _) = c.alloc(p, dev, Request { size, stream: 5 }).unwrap();
+        dev.check_alloc(a.addr, size, 5);
+        (a.addr, a.size)
+    };
+    let put =
+        |p: &mut Stitch, dev: &mut AccountingDevice, c: &mut ThreadCache, b: (u64, u64, u64)| {
+            dev.check_free(b.0, free);
+            c.free(p, dev, b.0, b.1, b.2, free).unwrap();
+        };
+    let _anchor = alloc(&mut p, &mut dev, &mut c, 4096);
+    let allocs0 = p.stats().allocs;
+    for _ in 0..125 {
+        let four: Vec<(u64, u64, u64)> = (0..4)
+            .map(|_| {
+                let (a, g) = alloc(&mut p, &mut dev, &mut c, 8 * MIB);
+                (a, 8 * MIB, g)
+            })
+            .collect();
+        for b in four {
+            put(&mut p, &mut dev, &mut c, b);
+        }
+    }
+    let (loop_hits, loop_allocs) = (c.hits(), p.stats().allocs - allocs0);
+    let mut prev: Option<(u64, u64, u64)> = None;
+    for _ in 0..12 {
+        let (a, ga) = alloc(&mut p, &mut dev, &mut c, 6 * MIB);
+        let (b, gb) = alloc(&mut p, &mut dev, &mut c, 8 * MIB);
+        for x in prev.into_iter().chain([(a, 6 * MIB, ga)]) {
+            put(&mut p, &mut dev, &mut c, x);
+        }
+        prev = Some((b, 8 * MIB, gb));
+    }
+    c.give_back(&mut p, &mut dev).unwrap();
+    assert!(
+        dev.violations().is_empty(),
+        "{:?}",
+        dev.violations().first()
+    );
+    (
+        loop_hits,
+        loop_allocs,
+        p.layer_replays(),
+        dev.calls().driver_calls(),
+        p.stats().peak_reserved,
+    )
+}
+
+/// Behind a thread's cache, a loop of one large size stream-ordered (a run longer than any
+/// period) is served by the cache once the run is long enough (`Policy::aside_run`): most of
+/// the loop's 500 allocations never reach the pool, where caches keeping no large free
+/// (`Rules::keep_run` off, as before the rule) leave every one to it. The layers after the loop
+/// are replayed exactly as often, with the same driver calls and the same peak: their first
+/// allocation, of another size, is a miss that gives the cache back and breaks the run, so
+/// the rule sees the layers whole. On the checking device: no overlap, no early reuse.
+#[test]
+fn a_loop_of_one_large_size_is_served_by_the_thread_cache_and_layers_after_it_replay() {
+    let live = loop_then_layers_behind(Rules::LIVE);
+    let before = loop_then_layers_behind(Rules {
+        keep_run: false,
+        ..Rules::LIVE
+    });
+    eprintln!(
+        "(loop hits, loop pool allocations, layer replays, driver calls, peak reserved): keeping the run's frees {live:?}, keeping none {before:?}"
+    );
+    assert_eq!((before.0, before.1), (0, 500), "keeping no large free");
+    assert!(
+        live.0 >= 400,
+        "the cache served {} of the loop's 500",
+        live.0
+    );
+    assert_eq!(live.0 + live.1, 500);
+    assert!(live.2 > 0, "the layers after the loop were not replayed");
+    assert_eq!(
+        (live.2, live.3, live.4),
+        (before.2, before.3, before.4),
+        "layer replays, driver calls, peak reserved: keeping the run's frees against keeping none"
     );
 }
 

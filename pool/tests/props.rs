@@ -1215,6 +1215,9 @@ impl Policy for HoardsAPage {
     fn aside_below(&self) -> u64 {
         self.inner.aside_below()
     }
+    fn aside_run(&self) -> u64 {
+        self.inner.aside_run()
+    }
     fn thread_caches(&self) -> bool {
         self.inner.thread_caches()
     }

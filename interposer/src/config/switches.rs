@@ -43,6 +43,7 @@ const SWITCHES: &[(&str, &[&str])] = &[
             "tcache-no-hits",
             "tcache-no-drain",
             "tcache-keep-retired",
+            "tcache-no-run",
             "no-tcache",
         ],
     ),

@@ -884,9 +884,14 @@ impl Policy for Stitch {
         Stitch::aside_below(self)
     }
 
+    fn aside_run(&self) -> u64 {
+        Stitch::aside_run(self)
+    }
+
     /// As the interposer decides: its caches are off when `VRAMSHIM_POOL_DEBUG` names any of
     /// the pool's switches (faults, `runs`, `kept`: their tests exercise the pool's own rules).
-    /// With layers on they keep only blocks under a page (`Stitch::aside_below`).
+    /// With layers on they keep only blocks under a page (`Stitch::aside_below`) and those of
+    /// a run of one large size the layer replay has no period for (`Stitch::aside_run`).
     fn thread_caches(&self) -> bool {
         self.tcaches && self.faults == Faults::default() && !self.grow_runs && !self.kept_on
     }
