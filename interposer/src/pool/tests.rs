@@ -858,7 +858,6 @@ fn vramshim_replay_agrees_with_the_live_pool_on_every_shared_trace() {
     // device) and the interposer's pool on cuda-sim, fed the same log (the log-replay
     // workload's cudaMalloc/cudaFree), reserve the same peak (within one page) and make the
     // same driver calls, with no cap and under a cap 5% above peak live.
-    let vramshim = vramshim_testkit::vramshim_exe();
     const PAGE: u64 = 2 << 20;
     for trace in vramshim_testkit::shipped_traces() {
         let name = trace.file_name().unwrap().to_string_lossy().into_owned();
