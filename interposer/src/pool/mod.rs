@@ -502,7 +502,10 @@ pub(crate) fn alloc(req: &request::Request) -> Option<Result<u64, i32>> {
         publish_watch(d, p);
         // a request that needed a call a stream capture forbade fails as CUDA fails such a
         // call (`cudaMalloc` during a capture that forbids it): the capture stays valid
-        Ok(r.map_err(|e| (e, p.dev.refused() > 0)))
+        Ok(r.map_err(|e| {
+            let by_capture = p.dev.refused() > 0 && capture_refused(&e);
+            (e, by_capture)
+        }))
     });
     let r = match r {
         Ok(r) => r,
@@ -525,6 +528,21 @@ pub(crate) fn alloc(req: &request::Request) -> Option<Result<u64, i32>> {
     }
 }
 
+/// Whether the pool's error `e`, for a request that needed a call a stream capture forbade,
+/// is that refusal (`cudaErrorStreamCaptureUnsupported`): the call it failed on was not
+/// permitted. Not when the request also failed for a reason the caller must see first: out
+/// of memory, the device's or the cap's (without the pool the cap refuses before CUDA is
+/// asked), or an argument the driver refused.
+fn capture_refused(e: &PoolError) -> bool {
+    matches!(
+        e,
+        PoolError::OutOfMemory {
+            why: DeviceError::NotPermitted,
+            ..
+        } | PoolError::Device(DeviceError::NotPermitted)
+    )
+}
+
 /// The pool refused `req`: the code the process sees (`None`: pass through after all).
 #[cold]
 #[inline(never)]
@@ -541,7 +559,12 @@ fn refused(req: &request::Request, e: PoolError) -> Option<Result<u64, i32>> {
         PoolError::Device(_) => CUDA_ERROR_OUT_OF_MEMORY,
         PoolError::UnknownPointer(_) => CUDA_ERROR_INVALID_VALUE,
     };
-    if is_runtime(req.api) && code == cudaErrorMemoryAllocation {
+    // the runtime is asked for an allocation to set its last error: not while a capture
+    // forbids this thread the call (it would invalidate the capture)
+    if is_runtime(req.api)
+        && code == cudaErrorMemoryAllocation
+        && !crate::cuda::captures::forbid_unsafe_calls()
+    {
         crate::cuda::real::runtime_set_last_error_oom();
     }
     Some(Err(code))

@@ -396,15 +396,7 @@ fn a_traced_stream_destroy_replays_with_the_live_foreign_byte_answer() {
         if debug.is_none() {
             // `vramshim replay` reads the trace (its stream destroys as retirements) and
             // predicts the live pool's driver calls
-            let vramshim = vramshim_testkit::vramshim_exe();
-            let out = std::process::Command::new(&vramshim)
-                .args(["replay", "--pool", "stitch", "--json"])
-                .arg(&trace)
-                .env("VRAMSHIM_NO_PROGRESS", "1")
-                .output()
-                .unwrap();
-            let json = String::from_utf8_lossy(&out.stdout);
-            assert!(out.status.success(), "{json}");
+            let json = vramshim_replay_json(&trace, &[]);
             let policies = &json[json.find("\"policies\"").unwrap()..];
             assert_eq!(json_value(policies, "completed").as_deref(), Some("true"));
             let model_calls: u64 = json_value(policies, "driver_calls")
@@ -488,6 +480,65 @@ fn a_capture_on_another_thread_survives_the_pool_s_calls() {
         assert_exit(&o, 1, &format!("ignore-other-captures {extra:?}"));
         assert_eq!(field(&o.stdout, "end"), 901, "{}", o.stdout);
     }
+}
+
+/// Under a cap, a request that must grow past it while a capture forbids the worker the calls
+/// to grow fails with out of memory, as it fails without the pool (the cap refuses before
+/// CUDA is asked), not with `cudaErrorStreamCaptureUnsupported`; the capture stays valid
+/// (the pool does not ask the runtime to record the error then) and the same request
+/// succeeds after it. The capture_threads workload under a 68 MiB cap, with and without the
+/// budget: the worker's 64 MiB `cudaMalloc` is its one failure other than 900, code 2
+/// (`cudaErrorMemoryAllocation`).
+#[test]
+fn out_of_memory_under_a_cap_wins_over_a_capture_s_refusal() {
+    let exe = workload("capture_threads");
+    for budget in ["5%", "off"] {
+        let env = [
+            ("VRAMSHIM_POOL", "stitch"),
+            ("VRAMSHIM_POOL_BUDGET", budget),
+            ("VRAMSHIM_CAP", "68MiB"),
+            ("VRAMSHIM_CAP_CONTEXT", "exclude"),
+            ("VRAMSIM_MEMORY", "1GiB"),
+            ("VRAMSIM_CONTEXT_OVERHEAD", "0"),
+        ];
+        let o = run(
+            &exe,
+            &["runtime", "global", "global"],
+            &env,
+            "pool-capture-cap",
+        );
+        let what = format!("budget {budget}: {}{}", o.stdout, o.stderr);
+        // exit 2: a request failed other than by the capture's refusal
+        assert_exit(&o, 2, &what);
+        assert_eq!(field(&o.stdout, "end"), 0, "{what}");
+        assert_eq!(field(&o.stdout, "errors"), 1, "{what}");
+        assert!(o.stderr.contains("request failed: 2"), "{what}");
+    }
+}
+
+/// The code a request that needed a call a capture forbade fails with: 900 only where that
+/// refusal is why it failed; out of memory (the cap's or the device's) and a driver's refusal
+/// of an argument win.
+#[test]
+fn a_capture_s_refusal_is_the_code_only_when_nothing_else_failed() {
+    use super::capture_refused;
+    use crate::cuda::types::CUDA_ERROR_INVALID_VALUE;
+    use vramshim_pool::{DeviceError, PoolError};
+    let oom = |why| PoolError::OutOfMemory {
+        requested: 64 << 20,
+        reserved: 0,
+        live: 0,
+        why,
+    };
+    assert!(capture_refused(&oom(DeviceError::NotPermitted)));
+    assert!(capture_refused(&PoolError::Device(
+        DeviceError::NotPermitted
+    )));
+    assert!(!capture_refused(&oom(DeviceError::CapExceeded)));
+    assert!(!capture_refused(&oom(DeviceError::OutOfMemory)));
+    assert!(!capture_refused(&PoolError::Device(DeviceError::Driver(
+        CUDA_ERROR_INVALID_VALUE
+    ))));
 }
 
 #[test]
@@ -578,6 +629,27 @@ fn peak_live(trace: &std::path::Path) -> u64 {
 }
 
 /// The number after `"key":` in a JSON text (the first occurrence), as a string.
+/// What `vramshim replay TRACE --pool stitch --json ARGS` prints (the command built beside the
+/// library), which must succeed.
+fn vramshim_replay_json(trace: &std::path::Path, args: &[&str]) -> String {
+    let vramshim = vramshim_testkit::vramshim_exe();
+    let out = std::process::Command::new(&vramshim)
+        .args(["replay", "--pool", "stitch", "--json"])
+        .args(args)
+        .arg(trace)
+        .env("VRAMSHIM_NO_PROGRESS", "1")
+        .output()
+        .unwrap();
+    let json = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{}: {json}\n{}",
+        trace.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    json
+}
+
 fn json_value(text: &str, key: &str) -> Option<String> {
     let k = format!("\"{key}\"");
     let i = text.find(&k)? + k.len();
@@ -786,21 +858,14 @@ fn vramshim_replay_agrees_with_the_live_pool_on_every_shared_trace() {
     // device) and the interposer's pool on cuda-sim, fed the same log (the log-replay
     // workload's cudaMalloc/cudaFree), reserve the same peak (within one page) and make the
     // same driver calls, with no cap and under a cap 5% above peak live.
-    let vramshim = vramshim_testkit::vramshim_exe();
     const PAGE: u64 = 2 << 20;
     for trace in vramshim_testkit::shipped_traces() {
         let name = trace.file_name().unwrap().to_string_lossy().into_owned();
         let live = peak_live(&trace);
         for cap in [None, Some(live + live / 20)] {
-            let mut cmd = std::process::Command::new(&vramshim);
-            cmd.args(["replay", "--pool", "stitch", "--json"])
-                .env("VRAMSHIM_NO_PROGRESS", "1");
-            if let Some(c) = cap {
-                cmd.args(["--cap", &c.to_string()]);
-            }
-            let out = cmd.arg(&trace).output().unwrap();
-            let json = String::from_utf8_lossy(&out.stdout);
-            assert!(out.status.success(), "{name}: {json}");
+            let cap_arg = cap.map(|c| c.to_string());
+            let args: Vec<&str> = cap_arg.iter().flat_map(|c| ["--cap", c]).collect();
+            let json = vramshim_replay_json(&trace, &args);
             let policies = &json[json.find("\"policies\"").unwrap()..];
             let model: u64 = json_value(policies, "peak_reserved")
                 .unwrap()
@@ -1300,15 +1365,7 @@ fn model_calls_stream_ordered(trace: &std::path::Path, passes: usize) -> u64 {
 /// What `vramshim replay TRACE --pool stitch --json` predicts with every free stream-ordered
 /// (its `same_frees` row "stream-ordered"): (driver calls, peak reserved bytes).
 fn replay_stream_ordered(trace: &std::path::Path) -> (u64, u64) {
-    let vramshim = vramshim_testkit::vramshim_exe();
-    let out = std::process::Command::new(&vramshim)
-        .args(["replay", "--pool", "stitch", "--json"])
-        .arg(trace)
-        .env("VRAMSHIM_NO_PROGRESS", "1")
-        .output()
-        .unwrap();
-    let json = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{}: {json}", trace.display());
+    let json = vramshim_replay_json(trace, &[]);
     let row = &json[json
         .find("\"stream-ordered\"")
         .expect("a stream-ordered row")..];
@@ -2125,19 +2182,7 @@ fn vramshim_replay_keys_streams_as_the_live_pool_on_a_mixed_trace() {
         sim_memory_calls(&o.stderr),
         field(&o.stdout, "syncs") as u64,
     );
-    let vramshim = vramshim_testkit::vramshim_exe();
-    let out = std::process::Command::new(&vramshim)
-        .args(["replay", "--pool", "stitch", "--json"])
-        .arg(&trace)
-        .env("VRAMSHIM_NO_PROGRESS", "1")
-        .output()
-        .unwrap();
-    let json = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{json}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let json = vramshim_replay_json(&trace, &[]);
     let policies = &json[json.find("\"policies\"").unwrap()..];
     let num = |k: &str| -> u64 { json_value(policies, k).unwrap().parse().unwrap() };
     let (model_calls, model_syncs) = (num("driver_calls"), num("syncs"));

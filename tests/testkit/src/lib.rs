@@ -24,6 +24,7 @@
 //!   busy-mappings serving loop on the pool's model ([`busy_maps`]); property
 //!   tests' configuration ([`props::config`]: a known seed, said on every run; new failures
 //!   kept under the target directory).
+//! * Traces stated event by event: [`records`] (an allocation record, a trace file).
 //! * NVIDIA's real `libcudart.so.12` (downloaded wheel): [`real_cudart12_dir`]; the pinned
 //!   NVIDIA wheels of scripts/setup-nvidia-wheels: [`nvidia_wheels`].
 //!
@@ -40,6 +41,7 @@ mod layout;
 mod proc;
 pub mod props;
 mod random;
+pub mod records;
 mod tmp;
 pub mod users;
 mod wheel;
