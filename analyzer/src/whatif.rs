@@ -514,15 +514,10 @@ pub fn replay(
     })
 }
 
-/// The integration tests' hand-built records and trace files, shared with them.
-#[cfg(test)]
-#[path = "../tests/common/records.rs"]
-mod records;
-
 #[cfg(test)]
 mod tests {
-    use super::records::{memop, write_trace};
     use super::*;
+    use vramshim_testkit::records::{memop, write_trace};
     use vramshim_trace::{AllocKind, MemOp};
 
     const MIB: u64 = 1 << 20;

@@ -116,15 +116,18 @@ fn dash_refuses_binary_formats_to_a_terminal_and_writes_text_ones() {
     }
 }
 
-/// A reader that goes away (`vramshim summary --json | head -c0`) ends the command as it ends
-/// other Unix tools: quietly, never with a panic's message.
+/// A reader that goes away (`vramshim summary --json | head -c0`, `vramshim summary T | head
+/// -1`, `vramshim replay --json T | head`, `vramshim export ... -o - | head`) ends the
+/// command as it ends other Unix tools: quietly, never with a panic's message.
 #[test]
 fn a_reader_that_leaves_ends_the_output_quietly() {
     use std::os::unix::process::ExitStatusExt;
     let d = scratch("reader-leaves");
     let trace = synth(&d, "t.vramtrace", &[]);
     for args in [
+        vec!["summary", trace.to_str().unwrap()],
         vec!["summary", "--json", trace.to_str().unwrap()],
+        vec!["replay", "--json", trace.to_str().unwrap()],
         vec![
             "export",
             trace.to_str().unwrap(),

@@ -17,6 +17,9 @@
 //!
 //! `cargo run --release -p vramshim-pool --example pool_aside [-- [SEEDS] [--one-stream] [--csv DIR]]`
 
+#[macro_use]
+mod common;
+
 use std::collections::HashMap;
 use vramshim_pool::replay::{self, Event};
 use vramshim_pool::stitch::Stitch;
@@ -184,7 +187,7 @@ fn main() {
         std::fs::write(dir.join("expected.txt"), expected).unwrap();
     }
     let total: u64 = models.iter().map(|m| m.0).sum();
-    println!("{seeds} streams, the model (every free reaching the pool): {total} driver calls");
+    say!("{seeds} streams, the model (every free reaching the pool): {total} driver calls");
     for (name, drain_at_sync, hits) in [
         ("the caller (as the thread caches)", false, true),
         (
@@ -211,7 +214,7 @@ fn main() {
                 first_served += u64::from(first.is_some_and(|i| served[i]));
             }
         }
-        println!(
+        say!(
             "{name}: driver calls differ on {differ} (first other address at a block the caller served: {first_served}), addresses on {addr_differ}; {calls} driver calls"
         );
     }

@@ -6,6 +6,9 @@
 //! Prints one markdown table; each cell is the median over RUNS runs of CPU time per pair
 //! (process CPU time / pairs, robust on a shared machine), wall time alongside.
 
+#[macro_use]
+mod common;
+
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use vramshim_pool::stitch::Stitch;
@@ -116,10 +119,10 @@ fn main() {
         .and_then(|a| a.parse().ok())
         .unwrap_or(1_000_000);
     let runs: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(5);
-    println!(
+    say!(
         "| policy | threads | pairs/thread | CPU ns/pair (median of {runs}) | wall ns/pair | driver calls during the timed loop |"
     );
-    println!("| --- | ---: | ---: | ---: | ---: | ---: |");
+    say!("| --- | ---: | ---: | ---: | ---: | ---: |");
     for kind in [
         Kind::Policy(PolicyKind::Stitch),
         Kind::StitchNoBudget,
@@ -152,7 +155,7 @@ fn main() {
                 }
                 dev.calls().driver_calls() - before
             };
-            println!(
+            say!(
                 "| {} | {threads} | {per} | {:.0} | {:.0} | {calls} |",
                 kind.name(),
                 median(cpu),

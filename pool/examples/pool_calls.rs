@@ -10,9 +10,10 @@
 //! offset) and, where the layer replay had places for it, which allocation each place was and
 //! which live or pending blocks were in it). Every free reaches the pool (no thread caches).
 
+#[macro_use]
 mod common;
 
-use vramshim_pool::replay::{Event, Frees};
+use vramshim_pool::replay::{self, Event, Frees};
 use vramshim_pool::stitch::Stitch;
 use vramshim_pool::{ALIGN, AccountingDevice, CallCounts, Device, MIB, Policy, Request};
 
@@ -133,7 +134,7 @@ fn main() {
                         } else {
                             format!("mapping {va:#x}")
                         };
-                        println!(
+                        say!(
                             "  alloc {n} size {} MiB at {at} + {} MiB:{}",
                             mib(size),
                             mib(off),
@@ -145,7 +146,7 @@ fn main() {
                                 .checked_sub(back + 1)
                                 .map_or("?".to_string(), |i| large[i].to_string());
                             let taken = if *addr == a.addr { " taken;" } else { "" };
-                            println!("    layer place {back} back (alloc {whose}):{taken}{why}");
+                            say!("    layer place {back} back (alloc {whose}):{taken}{why}");
                         }
                     }
                 }
@@ -158,13 +159,11 @@ fn main() {
                 format!("free after alloc {n}")
             }
             Event::ProcessSync => {
-                dev.process_sync();
-                p.note_process_sync();
+                replay::process_sync(&mut p, &mut dev);
                 continue;
             }
             Event::StreamRetired { stream } => {
-                p.retire_stream(&mut dev, stream);
-                dev.retire_stream(stream);
+                replay::retire_stream(&mut p, &mut dev, stream);
                 continue;
             }
         };
@@ -172,7 +171,7 @@ fn main() {
         if d.driver_calls() > 0 && n > from {
             total += d.driver_calls();
             let s = p.stats();
-            println!(
+            say!(
                 "{what}: live {:.1} held {:.1} budget {:.1} MiB:{}",
                 s.live as f64 / MIB as f64,
                 s.reserved as f64 / MIB as f64,
@@ -181,7 +180,7 @@ fn main() {
             );
         }
     }
-    println!(
+    say!(
         "driver calls after allocation {from}: {total} ({:.1} per 1000 allocations); violations {:?}; layer replays {}; grown in place {}",
         total as f64 * 1000.0 / (allocs - from).max(1) as f64,
         dev.violations().first(),

@@ -4,6 +4,7 @@
 //!
 //! `cargo run --release -p vramshim-pool --example pool_creep -- TRACE.csv [PASSES] [sync|async] [-v]`; also the driver calls of the second half of the allocations, by kind
 
+#[macro_use]
 mod common;
 
 use vramshim_pool::replay::{self, Event, Frees};
@@ -53,7 +54,7 @@ fn main() {
                 let r = p.stats().reserved;
                 if r > hw {
                     if verbose && i >= one {
-                        println!(
+                        say!(
                             "pass {} ev {}: size {} grew {} -> {} MiB (live {} MiB, budget {} MiB) | {}",
                             i / one + 1,
                             i % one,
@@ -74,17 +75,11 @@ fn main() {
                     live -= sizes.remove(&id).unwrap_or(0);
                 }
             }
-            Event::ProcessSync => {
-                dev.process_sync();
-                p.note_process_sync();
-            }
-            Event::StreamRetired { stream } => {
-                p.retire_stream(&mut dev, stream);
-                dev.retire_stream(stream);
-            }
+            Event::ProcessSync => replay::process_sync(&mut p, &mut dev),
+            Event::StreamRetired { stream } => replay::retire_stream(&mut p, &mut dev, stream),
         }
         if (i + 1) % one == 0 {
-            println!(
+            say!(
                 "after pass {}: held {:.3} x peak live, driver calls {}, syncs {}",
                 (i + 1) / one,
                 dev.peak_used() as f64 / peak_live as f64,
@@ -95,7 +90,7 @@ fn main() {
     }
     if let Some(h) = half {
         let e = dev.calls();
-        println!(
+        say!(
             "second half of the allocations: create {} release {} map {} unmap {} reserve {} unreserve {} set_access {}",
             e.create - h.create,
             e.release - h.release,

@@ -23,6 +23,7 @@
 //! device; `stitch` is the pool with its budget, `Stitch::tight()`, also accepted as `tight`;
 //! `no-budget` is `Stitch::new()`).
 
+#[macro_use]
 mod common;
 
 use std::collections::HashMap;
@@ -86,7 +87,7 @@ fn main() {
     let make = move || -> Box<dyn Policy> { Box::new(common::stitch(tight)) };
     let live = replay::peak_live(&events);
     let min = replay::min_capacity_with(&events, &make);
-    println!(
+    say!(
         "peak live {:.1} MiB, smallest device {} MiB ({:.3} x peak live)",
         live as f64 / MIB as f64,
         min / MIB,
@@ -107,7 +108,7 @@ fn main() {
                 eprintln!("pool_fit: event {i} is not an allocation");
                 std::process::exit(2);
             };
-            println!(
+            say!(
                 "device {} MiB: before event {i} (allocation of {size} B), {:.1} MiB live",
                 cap / MIB,
                 now as f64 / MIB as f64
@@ -131,7 +132,7 @@ fn main() {
                         now += size;
                     }
                     Err(e) => {
-                        println!(
+                        say!(
                             "device {} MiB: event {i} (allocation of {size} B) fails with {:.1} MiB live: {e}",
                             cap / MIB,
                             now as f64 / MIB as f64
@@ -156,8 +157,7 @@ fn main() {
                 if let Some(c) = &mut front {
                     let _ = c.process_sync(&mut p, &mut dev);
                 }
-                dev.process_sync();
-                p.note_process_sync();
+                replay::process_sync(&mut p, &mut dev);
             }
             Event::StreamRetired { stream } => {
                 match &mut front {
@@ -170,7 +170,7 @@ fn main() {
             }
         }
     }
-    println!(
+    say!(
         "device {} MiB: completes ({} violations)",
         cap / MIB,
         dev.violations().len()
@@ -194,7 +194,7 @@ fn report(p: &Stitch, born: &HashMap<u64, usize>, verbose: bool) {
         .max()
         .unwrap_or(0);
     let free_pages = p.pages() - p.used_pages().len() as u64;
-    println!(
+    say!(
         "pool: {} pages held ({free_pages} free), {} partly used ({} KiB free in them; small-block pages {small}, {} KiB free), largest free head {} KiB, tail {} KiB, {} cached blocks, {} KiB pending a synchronization",
         p.pages(),
         pages.len(),
@@ -222,7 +222,7 @@ fn report(p: &Stitch, born: &HashMap<u64, usize>, verbose: bool) {
                 format!("{}K-{}K {size} B {st} (event {ev})", s / 1024, e / 1024)
             })
             .collect();
-        println!(
+        say!(
             "page {} ({}): free {} | {}",
             v.page,
             if v.small { "small" } else { "large" },
@@ -294,7 +294,7 @@ fn bound(p: &Stitch, dev: &dyn Device, size: u64) {
             .collect::<Vec<_>>()
             .join(", ")
     };
-    println!(
+    say!(
         "bound (pending blocks released, cached ones dissolved): the request is {k} whole pages + {} KiB; whole pages it could take: {whole} ({held_free} free held, {creatable} the device can still create); {} KiB free in {} partly used pages; free page ends: suffixes {}; prefixes {}; largest head + tail {} KiB",
         r / 1024,
         spare / 1024,
@@ -312,7 +312,7 @@ fn bound(p: &Stitch, dev: &dyn Device, size: u64) {
             bytes.saturating_sub(ends) / 1024
         )
     };
-    println!(
+    say!(
         "bound: {k} whole pages with ends >= {} KiB: {}; {} whole pages with ends >= {} KiB: {}",
         r / 1024,
         if fits_a {
@@ -329,7 +329,7 @@ fn bound(p: &Stitch, dev: &dyn Device, size: u64) {
         },
     );
     let merged = merge_pairs(&partial);
-    println!(
+    say!(
         "bound: pages freed by moving live bytes without moving an address (pairs of partly used pages whose used bytes lie at different offsets): {}{}",
         merged.len(),
         merged

@@ -8,6 +8,7 @@
 //! `cargo run --release -p vramshim-pool --example pool_lifetimes -- [DIR_OR_FILES...]`
 //! (default: tests/workloads/traces).
 
+#[macro_use]
 mod common;
 #[path = "../tests/common/lifetimes.rs"]
 mod lifetimes;
@@ -41,14 +42,8 @@ fn completes(events: &[Event], class: Option<&[u8]>, cap: u64, tight: bool) -> b
                     let _ = p.free(&mut dev, a, mode);
                 }
             }
-            Event::ProcessSync => {
-                dev.process_sync();
-                p.note_process_sync();
-            }
-            Event::StreamRetired { stream } => {
-                p.retire_stream(&mut dev, stream);
-                dev.retire_stream(stream);
-            }
+            Event::ProcessSync => replay::process_sync(&mut p, &mut dev),
+            Event::StreamRetired { stream } => replay::retire_stream(&mut p, &mut dev, stream),
         }
     }
     assert!(dev.violations().is_empty(), "{:?}", &dev.violations()[..1]);
@@ -73,10 +68,10 @@ fn min_device(events: &[Event], class: Option<&[u8]>, tight: bool) -> u64 {
 
 fn main() {
     let traces = common::traces(std::env::args().skip(1).collect());
-    println!(
+    say!(
         "| trace | frees | pool | peak live MiB | min device MiB | min/peak live | with lifetime classes (oracle) MiB | min/peak live |"
     );
-    println!("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |");
+    say!("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |");
     for (name, t, _) in traces {
         for frees in Frees::BOTH {
             let events = frees.apply(&t.events);
@@ -85,7 +80,7 @@ fn main() {
             for (label, tight) in [("stitch, budget off", false), ("stitch", true)] {
                 let plain = min_device(&events, None, tight);
                 let told = min_device(&events, Some(&class), tight);
-                println!(
+                say!(
                     "| {name} | {} | {label} | {:.1} | {} | {:.3} | {} | {:.3} |",
                     frees.name(),
                     peak as f64 / MIB as f64,

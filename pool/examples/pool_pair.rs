@@ -17,6 +17,9 @@
 //! `valgrind --tool=callgrind`: instructions per pair = (Ir of a long run - Ir of a short
 //! run) / the difference in pairs; `scripts/bench pool` prints it).
 
+#[macro_use]
+mod common;
+
 use vramshim_pool::stitch::Stitch;
 use vramshim_pool::{ANY_STREAM, AccountingDevice, FreeMode, GIB, Policy, Request, Stream};
 
@@ -135,10 +138,10 @@ fn main() {
         Some(a) => a.parse().unwrap_or_else(|_| usage()),
     };
     let (pairs, runs) = (num(0, 1_000_000).max(1), num(1, 5).max(1));
-    println!(
+    say!(
         "| pool | frees | else live | pairs | CPU ns/pair (median of {runs}) | driver calls /1000 pairs | pool syncs /1000 pairs |"
     );
-    println!("| --- | --- | --- | ---: | ---: | ---: | ---: |");
+    say!("| --- | --- | --- | ---: | ---: | ---: | ---: |");
     for name in POOLS {
         for (sync, idle) in [(true, false), (true, true), (false, false), (false, true)] {
             let mut ns = Vec::new();
@@ -155,7 +158,7 @@ fn main() {
                 syncs = b.p.stats().syncs - s0;
             }
             let per_k = |n: u64| n as f64 * 1000.0 / pairs as f64;
-            println!(
+            say!(
                 "| {name} | {} | {} | {pairs} | {:.0} | {:.2} | {:.1} |",
                 if sync { "cudaFree" } else { "stream-ordered" },
                 if idle { "nothing" } else { "one 4 KiB block" },

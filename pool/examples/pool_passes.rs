@@ -10,6 +10,7 @@
 //! `cargo run --release -p vramshim-pool --example pool_passes -- [DIR_OR_FILES...]`
 //! (default: tests/workloads/traces).
 
+#[macro_use]
 mod common;
 
 use vramshim_pool::replay::{self, Event, Frees};
@@ -59,10 +60,10 @@ fn smallest(events: &[Event], live: u64, make: &dyn Fn() -> Box<dyn Policy>) -> 
 
 fn main() {
     let files = common::trace_files(std::env::args().skip(1).collect());
-    println!(
+    say!(
         "| trace | frees | sync between passes | peak live MiB | min device MiB, 1 / 2 / 3 passes | / peak live, 1 / 2 / 3 passes | 1.03 x device MiB | 3 passes complete there |"
     );
-    println!("| --- | --- | --- | ---: | ---: | ---: | ---: | --- |");
+    say!("| --- | --- | --- | ---: | ---: | ---: | ---: | --- |");
     for f in files {
         let t = common::read_trace(&f);
         let name = format!(
@@ -85,7 +86,7 @@ fn main() {
                 let mut dev = AccountingDevice::new(small);
                 let mut p = Stitch::tight();
                 let r = replay::run_with(&three, &mut p, &mut dev);
-                println!(
+                say!(
                     "| {name} | {} | {} | {:.1} | {} / {} / {} | {:.3} / {:.3} / {:.3} | {} | {} |",
                     frees.name(),
                     if sync { "yes" } else { "no" },

@@ -9,6 +9,7 @@
 //! `cargo run --release -p vramshim-pool --example pool_small -- [DIR_OR_FILES...]`
 //! (default: tests/workloads/traces).
 
+#[macro_use]
 mod common;
 
 use vramshim_pool::replay::{self, Frees};
@@ -26,10 +27,10 @@ fn pool(rule: bool) -> Stitch {
 
 fn main() {
     let traces = common::traces(std::env::args().skip(1).collect());
-    println!(
+    say!(
         "| trace | frees | rule | peak live MiB | min device MiB | min/peak live | driver calls there | syncs there | round mappings re-formed there | 1.03 x device MiB | completes there |"
     );
-    println!("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |");
+    say!("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |");
     for (name, t, live) in traces {
         let small = (live as f64 * 1.03) as u64 / (2 * MIB) * (2 * MIB);
         for frees in Frees::BOTH {
@@ -45,7 +46,7 @@ fn main() {
                 };
                 let (r, reforms) = run(min);
                 let (at_small, _) = run(small);
-                println!(
+                say!(
                     "| {name} | {} | {} | {:.1} | {} | {:.3} | {} | {} | {reforms} | {} | {} |",
                     frees.name(),
                     if rule { "near-limit rules" } else { "off" },

@@ -4,6 +4,7 @@
 //! `cargo run --release -p vramshim-pool --example pool_traces -- [DIR_OR_FILES...]`
 //! (default: tests/workloads/traces).
 
+#[macro_use]
 mod common;
 
 use vramshim_pool::replay::{self, Frees};
@@ -30,10 +31,10 @@ fn policies() -> Vec<(&'static str, Make)> {
 
 fn main() {
     let traces = common::traces(std::env::args().skip(1).collect());
-    println!(
+    say!(
         "| trace | frees | policy | peak live MiB | min device MiB | min/peak live | peak reserved MiB (80 GiB device) | reserved/live | driver calls | syncs | 2nd-pass driver calls | driver calls /1000 allocs, 2nd half |"
     );
-    println!("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    say!("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     for (name, t, live) in traces {
         for frees in Frees::BOTH {
             let stream = frees.apply(&t.events);
@@ -45,7 +46,7 @@ fn main() {
                 let min = replay::min_capacity_with(&stream, &*make);
                 let passes = replay::calls_per_pass_with(&t.events, frees, &*make, 2);
                 let half = replay::second_half_calls_per_1000(&t.events, frees, &*make);
-                println!(
+                say!(
                     "| {name} | {} | {label} | {} | {} | {:.3} | {} | {:.3} | {} | {} | {} | {:.1} |",
                     frees.name(),
                     mib(live),

@@ -293,6 +293,16 @@ pub trait Policy: Send {
     fn aside_below(&self) -> u64 {
         u64::MAX
     }
+    /// A size (as the policy rounds requests: [`ALIGN`]) whose frees a caller may keep aside
+    /// too, whatever [`Policy::aside_below`] says; 0: none. `Stitch` names the size of a run
+    /// of one large request too long for its layer replay to find a period in, whose next
+    /// allocations its own fast path serves unremembered (`Stitch::aside_run`). Like
+    /// `aside_below` it changes only in an allocation the policy's general path serves (the
+    /// interposer publishes both after each), so a caller's caches and the model of them
+    /// (`thread_cache`) decide alike.
+    fn aside_run(&self) -> u64 {
+        0
+    }
     /// Whether the live library keeps per-thread caches of stream-ordered frees in front of
     /// this policy as configured ([`thread_cache`]): `replay::run_with` then runs them in
     /// front of it, so that it predicts what the library does. Only the interposer's pool

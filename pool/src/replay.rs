@@ -289,8 +289,7 @@ impl Front {
         if let Some(c) = &mut self.0 {
             let _ = c.process_sync(policy, dev);
         }
-        dev.process_sync();
-        policy.note_process_sync();
+        process_sync(policy, dev);
     }
 
     /// The process destroyed `stream`: the caches give back what they keep (as the live
@@ -304,10 +303,10 @@ impl Front {
         match &mut self.0 {
             Some(c) => {
                 let _ = c.retire_stream(policy, dev, stream);
+                dev.retire_stream(stream);
             }
-            None => policy.retire_stream(dev, stream),
+            None => retire_stream(policy, dev, stream),
         }
-        dev.retire_stream(stream);
     }
 
     fn give_back(&mut self, policy: &mut dyn Policy, dev: &mut AccountingDevice) {
@@ -319,6 +318,21 @@ impl Front {
     fn hits(&self) -> u64 {
         self.0.as_ref().map_or(0, ThreadCache::hits)
     }
+}
+
+/// The process synchronized the device ([`Event::ProcessSync`]) with every free reaching
+/// `policy`: the device completes its work, then the policy is told.
+pub fn process_sync(policy: &mut dyn Policy, dev: &mut AccountingDevice) {
+    dev.process_sync();
+    policy.note_process_sync();
+}
+
+/// The process destroyed `stream` ([`Event::StreamRetired`]) with every free reaching
+/// `policy`: the policy is told first, while the handle still names the stream (it may record
+/// an event there), then the device.
+pub fn retire_stream(policy: &mut dyn Policy, dev: &mut AccountingDevice, stream: Stream) {
+    policy.retire_stream(dev, stream);
+    dev.retire_stream(stream);
 }
 
 /// Replay through a given policy and device (set the device's capacity, cap, checking and

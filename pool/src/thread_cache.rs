@@ -13,8 +13,9 @@
 //!
 //! The rules ([`Rules::LIVE`]) are the live caches': a cache keeps [`SLOTS`] frees, only
 //! stream-ordered ones (`cudaFreeAsync`) of a requested size the pool lets a caller keep
-//! ([`may_keep`] with `Policy::aside_below`: under a page while the tight pool's layer replay
-//! acts, which must see every large allocation), and serves only stream-ordered requests
+//! ([`may_keep`] with `Policy::aside_below` and `Policy::aside_run`: under a page while the
+//! tight pool's layer replay acts, which must see every large allocation it remembers, and the
+//! size of a run of one large request it has no period for), and serves only stream-ordered requests
 //! (`cudaMallocAsync`: never one on [`ANY_STREAM`]); a hit is the newest kept free of the same
 //! requested size and stream; everything kept is given back, in free order, with the hits
 //! counted into the pool's budget windows (`Policy::note_aside_hits`), before the pool serves
@@ -38,10 +39,12 @@ pub const SLOTS: usize = 8;
 pub const HIT_BATCH: u64 = 4096;
 
 /// Whether a cache may keep a free of `size` requested bytes, the pool letting a caller keep
-/// those under `below` (`Policy::aside_below`): the rule both forms of the caches apply.
+/// those under `below` (`Policy::aside_below`) and those that it rounds to `run()`
+/// (`Policy::aside_run`, 0: none): the rule both forms of the caches apply. `run` is asked
+/// only for a size of `below` or more, so that a small free (the cached pair) reads one value.
 #[inline(always)]
-pub fn may_keep(size: u64, below: u64) -> bool {
-    size < below
+pub fn may_keep(size: u64, below: u64, run: impl FnOnce() -> u64) -> bool {
+    size < below || crate::round_up(size.max(1), crate::ALIGN) == run()
 }
 
 /// The frees one cache keeps, oldest first (the order they were freed in), at most [`SLOTS`],
@@ -136,10 +139,15 @@ pub struct Rules {
     /// (false: `tcache-keep-retired`; a free kept on the destroyed stream is then served to a
     /// request on a new stream that got its handle, unordered).
     pub give_back_at_retire: bool,
-    /// Keep frees of any size, also those the pool asks to see (`Policy::aside_below`; not a
-    /// live rule: what the caches did before the tight pool's layer replay needed every
-    /// large free, kept to measure and to prove the tests of that limit can fail).
+    /// Keep frees of any size, also those the pool asks to see (`Policy::aside_below`,
+    /// `Policy::aside_run`; not a live rule: what the caches did before the tight pool's layer
+    /// replay needed every large free, kept to measure and to prove the tests of that limit
+    /// can fail).
     pub keep_large: bool,
+    /// Keep frees of the size of a run the pool's layer replay has no period for
+    /// (`Policy::aside_run`; false: `tcache-no-run`, every free of a page or more reaching
+    /// the pool while the layer replay acts, as the caches did before they kept the run's).
+    pub keep_run: bool,
 }
 
 impl Rules {
@@ -152,6 +160,7 @@ impl Rules {
         give_back_at_sync: false,
         give_back_at_retire: true,
         keep_large: false,
+        keep_run: true,
     };
 
     /// No cache: every free reaches the pool (what the live library runs with under the
@@ -275,7 +284,14 @@ impl ThreadCache {
     ) -> Result<Freed, PoolError> {
         if let FreeMode::Async { stream } = mode
             && self.kept.len() < self.rules.slots
-            && (self.rules.keep_large || may_keep(size, p.aside_below()))
+            && (self.rules.keep_large
+                || may_keep(size, p.aside_below(), || {
+                    if self.rules.keep_run {
+                        p.aside_run()
+                    } else {
+                        0
+                    }
+                }))
             && self.kept.push(Kept {
                 addr,
                 size,

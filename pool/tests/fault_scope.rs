@@ -165,6 +165,14 @@ fn unreached_fault_switches_change_nothing() {
                 ..Faults::default()
             },
         ),
+        // the arena places by two ends only when told classes (`Stitch::set_ends_class`)
+        (
+            "ends_over_live",
+            Faults {
+                ends_over_live: true,
+                ..Faults::default()
+            },
+        ),
     ];
     for (name, ev) in common::traces() {
         for frees in Frees::BOTH {

@@ -15,156 +15,164 @@
 //! (`Faults::hold_over_live`) is caught on bert_serve.
 //! The thread caches keep only frees under a page while it acts (`Policy::aside_below`): on
 //! bert_serve stream-ordered, caches that keep every size (`Rules::keep_large`) make more calls.
+//! They also keep the frees of a loop of one large size too long for any period
+//! (`Policy::aside_run`), and serve most of it, with the layers after it replayed as before.
 
 mod common;
 
 use common::{later_pass_calls, run_clean_within_1_10, traces};
-use vramshim_pool::replay::{self, Frees};
+use vramshim_pool::replay::{self, Event, Frees};
 use vramshim_pool::stitch::{Faults, Stitch};
 use vramshim_pool::thread_cache::{self, Rules, ThreadCache};
 use vramshim_pool::{AccountingDevice, Policy};
 
-fn layered() -> Box<dyn Policy> {
-    Box::new(Stitch::tight().with_layers(true))
+/// bert_serve's events.
+fn bert() -> Vec<Event> {
+    traces()
+        .into_iter()
+        .find(|(n, _)| n.ends_with("bert_serve.rmm.csv"))
+        .expect("bert_serve is shared")
+        .1
 }
 
-fn plain() -> Box<dyn Policy> {
-    Box::new(Stitch::tight().with_layers(false))
+/// One trace under one free semantics through a pool with a rule (`with`) and without it.
+struct Against {
+    what: String,
+    /// what the rule did in the run on the checking device (`acted`)
+    acted: u64,
+    /// driver calls per 1000 allocations in the second half of a pass, with and without
+    half: (f64, f64),
 }
 
-#[test]
-fn every_trace_is_safe_with_layers_and_keeps_the_memory_targets() {
+/// Every trace under both free semantics through the pool `with` makes: complete with no
+/// overlap, no early reuse and nothing leaked within 1.10 x peak live on an 80 GiB device, on
+/// a smallest device no larger than the pool `without` makes needs, with no driver call after
+/// the first of three passes where `without` makes none, and no more calls in the second half
+/// of one pass. `acted` counts what the rule did in the checked run.
+fn every_trace_keeps_the_targets(
+    with: fn() -> Stitch,
+    without: fn() -> Stitch,
+    acted: fn(&Stitch) -> u64,
+) -> Vec<Against> {
+    let make = |f: fn() -> Stitch| move || -> Box<dyn Policy> { Box::new(f()) };
+    let (on, off) = (make(with), make(without));
+    let mut out = Vec::new();
     for (name, ev) in traces() {
         for frees in Frees::BOTH {
             let what = format!("{name} {}", frees.name());
             let stream = frees.apply(&ev);
-            let mut p = Stitch::tight().with_layers(true);
+            let mut p = with();
             let held = run_clean_within_1_10(&stream, &mut p, &what);
-            let later = |m: &dyn Fn() -> Box<dyn Policy>| later_pass_calls(&ev, frees, m);
-            let (l, base) = (later(&layered), later(&plain));
-            let (min_l, min_base) = (
-                replay::min_capacity_with(&stream, &layered),
-                replay::min_capacity_with(&stream, &plain),
+            let later = (
+                later_pass_calls(&ev, frees, &on),
+                later_pass_calls(&ev, frees, &off),
             );
-            let (half_l, half_base) = (
-                replay::second_half_calls_per_1000(&ev, frees, &layered),
-                replay::second_half_calls_per_1000(&ev, frees, &plain),
+            let min = (
+                replay::min_capacity_with(&stream, &on),
+                replay::min_capacity_with(&stream, &off),
+            );
+            let half = (
+                replay::second_half_calls_per_1000(&ev, frees, &on),
+                replay::second_half_calls_per_1000(&ev, frees, &off),
             );
             eprintln!(
-                "{what}: {} layer replays, {held:.3} x peak live, smallest device {min_l} \
-                 (without {min_base}), later passes {l} (without {base}), second half \
-                 {half_l:.1} per 1000 (without {half_base:.1})",
-                p.layer_replays()
+                "{what}: acted {}, {held:.3} x peak live, smallest device {} (without {}), \
+                 later passes {} (without {}), second half {:.1} per 1000 (without {:.1})",
+                acted(&p),
+                min.0,
+                min.1,
+                later.0,
+                later.1,
+                half.0,
+                half.1
             );
-            assert!(
-                min_l <= min_base,
-                "{what}: smallest device {min_l} > {min_base}"
-            );
-            if base == 0 {
-                assert_eq!(l, 0, "{what}: later passes make driver calls");
+            assert!(min.0 <= min.1, "{what}: smallest device {min:?}");
+            if later.1 == 0 {
+                assert_eq!(later.0, 0, "{what}: later passes make driver calls");
             }
-            assert!(
-                half_l <= half_base,
-                "{what}: second half {half_l:.1} per 1000, without layers {half_base:.1}"
-            );
-            if name.contains("bert_serve") {
-                // 179.9 -> 105.7 behind `cudaFree`, 166.3 -> 129.6 stream-ordered
-                assert!(p.layer_replays() > 0, "{what}: no layer replayed");
-                assert!(
-                    half_l < half_base * 0.8,
-                    "{what}: second half {half_l:.1} per 1000, without layers {half_base:.1}"
-                );
-            }
+            assert!(half.0 <= half.1, "{what}: second half per 1000 {half:?}");
+            out.push(Against {
+                what,
+                acted: acted(&p),
+                half,
+            });
+        }
+    }
+    out
+}
+
+#[test]
+fn every_trace_is_safe_with_layers_and_keeps_the_memory_targets() {
+    for r in every_trace_keeps_the_targets(
+        || Stitch::tight().with_layers(true),
+        || Stitch::tight().with_layers(false),
+        Stitch::layer_replays,
+    ) {
+        if r.what.contains("bert_serve") {
+            assert!(r.acted > 0, "{}: no layer replayed", r.what);
+            assert!(r.half.0 < r.half.1 * 0.8, "{}: {:?}", r.what, r.half);
         }
     }
 }
 
-#[test]
-fn checker_catches_a_layer_place_over_a_live_block_on_bert() {
-    let (_, ev) = traces()
-        .into_iter()
-        .find(|(n, _)| n.contains("bert_serve"))
-        .expect("bert_serve");
-    let stream = Frees::CudaFree.apply(&ev);
-    let broken = Faults {
-        replay_over_live: true,
-        ..Faults::default()
-    };
-    let run = |layers: bool| {
+/// bert_serve behind `cudaFree` on the checking device through `pool(false)` and `pool(true)`
+/// (a rule off and on), both with the `broken` faults: clean with the rule off, an overlap (a
+/// block handed out over a live one) with it on. Returns what the rule did (`acted`) there.
+fn bert_caught_only_with_the_rule(
+    pool: fn(bool) -> Stitch,
+    broken: Faults,
+    acted: fn(&Stitch) -> u64,
+) -> u64 {
+    let stream = Frees::CudaFree.apply(&bert());
+    let run = |on: bool| {
         let mut dev = AccountingDevice::new(80 << 30);
         dev.set_checking(true);
-        let mut p = Stitch::tight().with_layers(layers);
+        let mut p = pool(on);
         p.set_faults(broken);
         let r = replay::run_with(&stream, &mut p, &mut dev);
-        (r.violations, p.layer_replays())
+        (r.violations, acted(&p))
     };
     let (without, _) = run(false);
     assert!(without.is_empty(), "{:?}", &without[..1]);
-    let (with, replays) = run(true);
-    assert!(replays > 0);
+    let (with, acted) = run(true);
     assert!(
         with.iter()
             .any(|v| v.contains("overlap") || v.contains("handed out twice")),
         "{:?}",
         with.first()
     );
+    acted
 }
 
-fn holding() -> Box<dyn Policy> {
-    Box::new(Stitch::tight().with_layer_holds(true))
-}
-
-fn layered_default() -> Box<dyn Policy> {
-    Box::new(Stitch::tight())
+#[test]
+fn checker_catches_a_layer_place_over_a_live_block_on_bert() {
+    let broken = Faults {
+        replay_over_live: true,
+        ..Faults::default()
+    };
+    let replays = bert_caught_only_with_the_rule(
+        |on| Stitch::tight().with_layers(on),
+        broken,
+        Stitch::layer_replays,
+    );
+    assert!(replays > 0);
 }
 
 /// The holds (`Stitch::with_layer_holds`): every trace safe and within its targets as with
 /// the layer replay alone (the smallest device no larger, no calls in later passes where it
 /// makes none, no more in the second half); bert_serve's second half makes fewer calls under
-/// both free semantics (`cudaFree` 105.7 -> 94.8 per 1000, stream-ordered 129.6 -> 121.9:
-/// layer 4 of its 21.47 MiB request replays layer 2 instead of stitching).
+/// both free semantics (layer 4 of its 21.47 MiB request replays layer 2 instead of
+/// stitching).
 #[test]
 fn every_trace_is_safe_with_layer_holds_and_keeps_the_memory_targets() {
-    for (name, ev) in traces() {
-        for frees in Frees::BOTH {
-            let what = format!("{name} {}", frees.name());
-            let stream = frees.apply(&ev);
-            let mut p = Stitch::tight().with_layer_holds(true);
-            let held = run_clean_within_1_10(&stream, &mut p, &what);
-            let later = |m: &dyn Fn() -> Box<dyn Policy>| later_pass_calls(&ev, frees, m);
-            let (h, base) = (later(&holding), later(&layered_default));
-            let (min_h, min_base) = (
-                replay::min_capacity_with(&stream, &holding),
-                replay::min_capacity_with(&stream, &layered_default),
-            );
-            let (half_h, half_base) = (
-                replay::second_half_calls_per_1000(&ev, frees, &holding),
-                replay::second_half_calls_per_1000(&ev, frees, &layered_default),
-            );
-            eprintln!(
-                "{what}: {} placed outside holds, {held:.3} x peak live, smallest device \
-                 {min_h} (without {min_base}), later passes {h} (without {base}), second half \
-                 {half_h:.1} per 1000 (without {half_base:.1})",
-                p.layer_holds()
-            );
-            assert!(
-                min_h <= min_base,
-                "{what}: smallest device {min_h} > {min_base}"
-            );
-            if base == 0 {
-                assert_eq!(h, 0, "{what}: later passes make driver calls");
-            }
-            assert!(
-                half_h <= half_base,
-                "{what}: second half {half_h:.1} per 1000, without holds {half_base:.1}"
-            );
-            if name.contains("bert_serve") {
-                assert!(p.layer_holds() > 0, "{what}: nothing placed outside holds");
-                assert!(
-                    half_h < half_base,
-                    "{what}: second half {half_h:.1} per 1000, without holds {half_base:.1}"
-                );
-            }
+    for r in every_trace_keeps_the_targets(
+        || Stitch::tight().with_layer_holds(true),
+        Stitch::tight,
+        Stitch::layer_holds,
+    ) {
+        if r.what.contains("bert_serve") {
+            assert!(r.acted > 0, "{}: nothing placed outside holds", r.what);
+            assert!(r.half.0 < r.half.1, "{}: {:?}", r.what, r.half);
         }
     }
 }
@@ -174,42 +182,21 @@ fn every_trace_is_safe_with_layer_holds_and_keeps_the_memory_targets() {
 /// checking device; with them off the switch changes nothing.
 #[test]
 fn checker_catches_a_hold_over_a_live_block_on_bert() {
-    let (_, ev) = traces()
-        .into_iter()
-        .find(|(n, _)| n.contains("bert_serve"))
-        .expect("bert_serve");
-    let stream = Frees::CudaFree.apply(&ev);
     let broken = Faults {
         hold_over_live: true,
         ..Faults::default()
     };
-    let run = |holds: bool| {
-        let mut dev = AccountingDevice::new(80 << 30);
-        dev.set_checking(true);
-        let mut p = Stitch::tight().with_layer_holds(holds);
-        p.set_faults(broken);
-        let r = replay::run_with(&stream, &mut p, &mut dev);
-        r.violations
-    };
-    let without = run(false);
-    assert!(without.is_empty(), "{:?}", &without[..1]);
-    let with = run(true);
-    assert!(
-        with.iter()
-            .any(|v| v.contains("overlap") || v.contains("handed out twice")),
-        "{:?}",
-        with.first()
+    bert_caught_only_with_the_rule(
+        |on| Stitch::tight().with_layer_holds(on),
+        broken,
+        Stitch::layer_holds,
     );
 }
 
 /// bert_serve stream-ordered, one pass on the checking device behind one thread's cache
 /// following `rules`: (driver calls, layer replays, hits).
 fn bert_behind(rules: Rules) -> (u64, u64, u64) {
-    let (_, ev) = traces()
-        .into_iter()
-        .find(|(n, _)| n.contains("bert_serve"))
-        .expect("bert_serve");
-    let stream = Frees::StreamOrdered.apply(&ev);
+    let stream = Frees::StreamOrdered.apply(&bert());
     let mut dev = AccountingDevice::new(80 << 30);
     dev.set_checking(true);
     let mut p = Stitch::tight();
@@ -319,17 +306,103 @@ fn a_loop_of_one_large_size_takes_the_fast_path_and_layers_after_it_replay() {
     );
 }
 
+/// The loop and the layers of the test above, stream-ordered on one stream behind one thread's
+/// cache following `rules`, on the checking device: (hits during the loop, the pool's
+/// allocations during the loop, layer replays after it, driver calls, peak reserved bytes).
+fn loop_then_layers_behind(rules: Rules) -> (u64, u64, u64, u64, u64) {
+    use vramshim_pool::{FreeMode, MIB, Request};
+    let mut dev = AccountingDevice::new(80 << 30);
+    dev.set_checking(true);
+    let mut p = Stitch::tight();
+    let mut c = ThreadCache::new(rules);
+    let free = FreeMode::Async { stream: 5 };
+    let alloc = |p: &mut Stitch, dev: &mut AccountingDevice, c: &mut ThreadCache, size: u64| {
+        let (a, _) = c.alloc(p, dev, Request { size, stream: 5 }).unwrap();
+        dev.check_alloc(a.addr, size, 5);
+        (a.addr, a.size)
+    };
+    let put =
+        |p: &mut Stitch, dev: &mut AccountingDevice, c: &mut ThreadCache, b: (u64, u64, u64)| {
+            dev.check_free(b.0, free);
+            c.free(p, dev, b.0, b.1, b.2, free).unwrap();
+        };
+    let _anchor = alloc(&mut p, &mut dev, &mut c, 4096);
+    let allocs0 = p.stats().allocs;
+    for _ in 0..125 {
+        let four: Vec<(u64, u64, u64)> = (0..4)
+            .map(|_| {
+                let (a, g) = alloc(&mut p, &mut dev, &mut c, 8 * MIB);
+                (a, 8 * MIB, g)
+            })
+            .collect();
+        for b in four {
+            put(&mut p, &mut dev, &mut c, b);
+        }
+    }
+    let (loop_hits, loop_allocs) = (c.hits(), p.stats().allocs - allocs0);
+    let mut prev: Option<(u64, u64, u64)> = None;
+    for _ in 0..12 {
+        let (a, ga) = alloc(&mut p, &mut dev, &mut c, 6 * MIB);
+        let (b, gb) = alloc(&mut p, &mut dev, &mut c, 8 * MIB);
+        for x in prev.into_iter().chain([(a, 6 * MIB, ga)]) {
+            put(&mut p, &mut dev, &mut c, x);
+        }
+        prev = Some((b, 8 * MIB, gb));
+    }
+    c.give_back(&mut p, &mut dev).unwrap();
+    assert!(
+        dev.violations().is_empty(),
+        "{:?}",
+        dev.violations().first()
+    );
+    (
+        loop_hits,
+        loop_allocs,
+        p.layer_replays(),
+        dev.calls().driver_calls(),
+        p.stats().peak_reserved,
+    )
+}
+
+/// Behind a thread's cache, a loop of one large size stream-ordered (a run longer than any
+/// period) is served by the cache once the run is long enough (`Policy::aside_run`): most of
+/// the loop's 500 allocations never reach the pool, where caches keeping no large free
+/// (`Rules::keep_run` off, as before the rule) leave every one to it. The layers after the loop
+/// are replayed exactly as often, with the same driver calls and the same peak: their first
+/// allocation, of another size, is a miss that gives the cache back and breaks the run, so
+/// the rule sees the layers whole. On the checking device: no overlap, no early reuse.
+#[test]
+fn a_loop_of_one_large_size_is_served_by_the_thread_cache_and_layers_after_it_replay() {
+    let live = loop_then_layers_behind(Rules::LIVE);
+    let before = loop_then_layers_behind(Rules {
+        keep_run: false,
+        ..Rules::LIVE
+    });
+    eprintln!(
+        "(loop hits, loop pool allocations, layer replays, driver calls, peak reserved): keeping the run's frees {live:?}, keeping none {before:?}"
+    );
+    assert_eq!((before.0, before.1), (0, 500), "keeping no large free");
+    assert!(
+        live.0 >= 400,
+        "the cache served {} of the loop's 500",
+        live.0
+    );
+    assert_eq!(live.0 + live.1, 500);
+    assert!(live.2 > 0, "the layers after the loop were not replayed");
+    assert_eq!(
+        (live.2, live.3, live.4),
+        (before.2, before.3, before.4),
+        "layer replays, driver calls, peak reserved: keeping the run's frees against keeping none"
+    );
+}
+
 /// Serve bert_serve's events behind `cudaFree` up to (not including) allocation `stop` on a
 /// checking 80 GiB device, asking `Stitch::layer_places` before every allocation of at least
 /// a page when `ask`: the pool, the device, and the size of allocation `stop`.
 fn bert_until(stop: usize, ask: bool) -> (Stitch, AccountingDevice, u64) {
     use std::collections::HashMap;
     use vramshim_pool::Request;
-    use vramshim_pool::replay::Event;
-    let (_, ev) = traces()
-        .into_iter()
-        .find(|(n, _)| n.ends_with("bert_serve.rmm.csv"))
-        .expect("bert_serve is shared");
+    let ev = bert();
     let mut p = Stitch::tight();
     let mut dev = AccountingDevice::new(80 << 30);
     dev.set_checking(true);
@@ -355,14 +428,8 @@ fn bert_until(stop: usize, ask: bool) -> (Stitch, AccountingDevice, u64) {
                     p.free(&mut dev, a, mode).unwrap();
                 }
             }
-            Event::ProcessSync => {
-                dev.process_sync();
-                p.note_process_sync();
-            }
-            Event::StreamRetired { stream } => {
-                p.retire_stream(&mut dev, stream);
-                dev.retire_stream(stream);
-            }
+            Event::ProcessSync => replay::process_sync(&mut p, &mut dev),
+            Event::StreamRetired { stream } => replay::retire_stream(&mut p, &mut dev, stream),
         }
     }
     panic!("bert_serve has fewer than {stop} allocations");

@@ -783,43 +783,72 @@ fn overlaps_before_the_end(policy: &mut dyn Policy, ops: &[Op], capacity: u64) -
     false
 }
 
+/// Drawn cases through tight pools with a rule on and off, with and without a fault.
+struct Caught {
+    /// cases where the rule acted (`acted`), the pool without the fault
+    acted: usize,
+    /// cases where the checking device saw a block overlap another with the fault, the rule
+    /// on and off
+    on: usize,
+    off: usize,
+}
+
+/// Each of `draws` through `pool(true)` (the rule on) without a fault: clean on the checking
+/// device (asserted), and whether the rule acted; then through `pool(true)` and `pool(false)`
+/// with `broken`: whether the checking device saw an overlap before the end.
+fn caught(
+    draws: Vec<Vec<Op>>,
+    pool: fn(bool) -> Stitch,
+    acted: fn(&Stitch) -> bool,
+    broken: Faults,
+) -> Caught {
+    let mut c = Caught {
+        acted: 0,
+        on: 0,
+        off: 0,
+    };
+    for ops in draws {
+        let mut p = pool(true);
+        let dev = exercise(&mut p, &ops, GIB);
+        assert!(dev.violations().is_empty(), "{:?}", &dev.violations()[..1]);
+        c.acted += usize::from(acted(&p));
+        for (on, n) in [(true, &mut c.on), (false, &mut c.off)] {
+            let mut p = pool(on);
+            p.set_faults(broken);
+            *n += usize::from(overlaps_before_the_end(&mut p, &ops, GIB));
+        }
+    }
+    c
+}
+
 /// Drawn layers (`layers`) through a tight pool with the layer replay, with and without
 /// `Faults::replay_over_live` (a remembered place taken even where a live block lies): with
 /// it the checking device sees overlaps in some of them; without it none, and most of them
-/// replay places of earlier layers (`Stitch::layer_replays`).
+/// replay places of earlier layers (`Stitch::layer_replays`). The same switch without layers
+/// takes only the round replay's places (rounds end where the weights happen to be freed)
+/// over live blocks: fewer are caught.
 #[test]
 fn checker_catches_a_layer_place_over_a_live_block() {
-    let (mut caught, mut caught_rounds, mut clean, mut replayed) = (0, 0, 0, 0);
-    for ops in drawn_layers(64) {
-        let mut p = Stitch::tight().with_layers(true);
-        let dev = exercise(&mut p, &ops, GIB);
-        assert!(dev.violations().is_empty(), "{:?}", &dev.violations()[..1]);
-        clean += 1;
-        replayed += usize::from(p.layer_replays() > 0);
-        let mut p = Stitch::tight().with_layers(true);
-        p.set_faults(Faults {
-            replay_over_live: true,
-            ..Faults::default()
-        });
-        caught += usize::from(overlaps_before_the_end(&mut p, &ops, GIB));
-        // the same switch without layers: only the round replay's places (rounds end where
-        // the weights happen to be freed) are taken over live blocks
-        let mut p = Stitch::tight().with_layers(false);
-        p.set_faults(Faults {
-            replay_over_live: true,
-            ..Faults::default()
-        });
-        caught_rounds += usize::from(overlaps_before_the_end(&mut p, &ops, GIB));
-    }
-    eprintln!(
-        "{replayed} of 64 replayed a layer's place, {caught} caught with the fault \
-         ({caught_rounds} without layers)"
+    let broken = Faults {
+        replay_over_live: true,
+        ..Faults::default()
+    };
+    let c = caught(
+        drawn_layers(64),
+        |on| Stitch::tight().with_layers(on),
+        |p| p.layer_replays() > 0,
+        broken,
     );
-    assert_eq!(clean, 64);
-    assert!(replayed > 32, "{replayed} of 64 replayed a layer's place");
+    eprintln!(
+        "{} of 64 replayed a layer's place, {} caught with the fault ({} without layers)",
+        c.acted, c.on, c.off
+    );
+    assert!(c.acted > 32, "{} of 64 replayed a layer's place", c.acted);
     assert!(
-        caught > caught_rounds,
-        "no layer place over a live block was caught ({caught}, {caught_rounds} without layers)"
+        c.on > c.off,
+        "no layer place over a live block was caught ({}, {} without layers)",
+        c.on,
+        c.off
     );
 }
 
@@ -830,32 +859,24 @@ fn checker_catches_a_layer_place_over_a_live_block() {
 /// some, and in none with the holds off.
 #[test]
 fn checker_catches_a_hold_over_a_live_block() {
-    let (mut caught, mut caught_off, mut clean, mut held) = (0, 0, 0, 0);
     let broken = Faults {
         hold_over_live: true,
         ..Faults::default()
     };
-    for ops in drawn_layers(64) {
-        let mut p = Stitch::tight().with_layer_holds(true);
-        let dev = exercise(&mut p, &ops, GIB);
-        assert!(dev.violations().is_empty(), "{:?}", &dev.violations()[..1]);
-        clean += 1;
-        held += usize::from(p.layer_holds() > 0);
-        let mut p = Stitch::tight().with_layer_holds(true);
-        p.set_faults(broken);
-        caught += usize::from(overlaps_before_the_end(&mut p, &ops, GIB));
-        let mut p = Stitch::tight();
-        p.set_faults(broken);
-        caught_off += usize::from(overlaps_before_the_end(&mut p, &ops, GIB));
-    }
-    eprintln!(
-        "{held} of 64 placed an allocation outside held places, {caught} caught with the \
-         fault ({caught_off} with the holds off)"
+    let c = caught(
+        drawn_layers(64),
+        |on| Stitch::tight().with_layer_holds(on),
+        |p| p.layer_holds() > 0,
+        broken,
     );
-    assert_eq!(clean, 64);
-    assert!(held > 0, "no draw held a place");
-    assert_eq!(caught_off, 0, "the fault acted with the holds off");
-    assert!(caught > 0, "no hold over a live block was caught");
+    eprintln!(
+        "{} of 64 placed an allocation outside held places, {} caught with the fault ({} with \
+         the holds off)",
+        c.acted, c.on, c.off
+    );
+    assert!(c.acted > 0, "no draw held a place");
+    assert_eq!(c.off, 0, "the fault acted with the holds off");
+    assert!(c.on > 0, "no hold over a live block was caught");
 }
 
 /// Drawn layers and rounds through a tight pool growing mappings in place, with and without
@@ -864,32 +885,27 @@ fn checker_catches_a_hold_over_a_live_block() {
 /// checking device sees overlaps in some, and in none with the rule off.
 #[test]
 fn checker_catches_a_mapping_grown_over_a_live_block() {
-    let (mut caught, mut caught_off, mut clean, mut grown) = (0, 0, 0, 0);
     let broken = Faults {
         grow_over_live: true,
         ..Faults::default()
     };
-    for ops in drawn_layers(64).into_iter().chain(drawn_rounds(64)) {
-        let mut p = Stitch::tight().with_grow(true);
-        let dev = exercise(&mut p, &ops, GIB);
-        assert!(dev.violations().is_empty(), "{:?}", &dev.violations()[..1]);
-        clean += 1;
-        grown += usize::from(p.grows() > 0);
-        let mut p = Stitch::tight().with_grow(true);
-        p.set_faults(broken);
-        caught += usize::from(overlaps_before_the_end(&mut p, &ops, GIB));
-        let mut p = Stitch::tight();
-        p.set_faults(broken);
-        caught_off += usize::from(overlaps_before_the_end(&mut p, &ops, GIB));
-    }
-    eprintln!(
-        "{grown} of 128 grew a mapping in place, {caught} caught with the fault \
-         ({caught_off} with the rule off)"
+    let draws = drawn_layers(64)
+        .into_iter()
+        .chain(drawn_rounds(64))
+        .collect();
+    let c = caught(
+        draws,
+        |on| Stitch::tight().with_grow(on),
+        |p| p.grows() > 0,
+        broken,
     );
-    assert_eq!(clean, 128);
-    assert!(grown > 0, "no draw grew a mapping in place");
-    assert_eq!(caught_off, 0, "the fault acted with the rule off");
-    assert!(caught > 0, "no mapping grown over a live block was caught");
+    eprintln!(
+        "{} of 128 grew a mapping in place, {} caught with the fault ({} with the rule off)",
+        c.acted, c.on, c.off
+    );
+    assert!(c.acted > 0, "no draw grew a mapping in place");
+    assert_eq!(c.off, 0, "the fault acted with the rule off");
+    assert!(c.on > 0, "no mapping grown over a live block was caught");
 }
 
 proptest! {
@@ -1198,6 +1214,9 @@ impl Policy for HoardsAPage {
     }
     fn aside_below(&self) -> u64 {
         self.inner.aside_below()
+    }
+    fn aside_run(&self) -> u64 {
+        self.inner.aside_run()
     }
     fn thread_caches(&self) -> bool {
         self.inner.thread_caches()

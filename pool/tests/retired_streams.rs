@@ -127,12 +127,29 @@ fn bytes_dissolved_after_a_retirement_carry_its_event() {
     );
 }
 
-/// The caches keep frees of the sizes the pool lets them (`Policy::aside_below`): under a page
-/// with the layer replay on (the default), any size without it. Each case with a block they
-/// keep.
+/// [`same_size_of`] after a loop of 100 stream-ordered pairs of `size` on S beside a block live
+/// throughout: with the layer replay on, a run of one large size it has no period for, whose
+/// frees the caches keep too (`Policy::aside_run`).
+fn same_size_after_a_loop_of(size: u64) -> Vec<Event> {
+    let mut ev = vec![alloc(1000, 4096)];
+    for i in 0..100 {
+        ev.extend([alloc(2000 + i, size), free(2000 + i)]);
+    }
+    ev.extend(same_size_of(size));
+    ev.push(free(1000));
+    ev
+}
+
+/// The caches keep frees of the sizes the pool lets them (`Policy::aside_below`,
+/// `Policy::aside_run`): under a page with the layer replay on (the default), a large size
+/// after a loop of it, any size without it. Each case with a block they keep.
 #[test]
 fn the_thread_caches_give_back_before_a_retirement() {
-    for (size, layers) in [(256 * 1024, true), (4 * MIB, false)] {
+    for (size, layers, looped) in [
+        (256 * 1024, true, false),
+        (4 * MIB, false, false),
+        (4 * MIB, true, true),
+    ] {
         for rules in [
             Rules::LIVE,
             Rules {
@@ -140,14 +157,31 @@ fn the_thread_caches_give_back_before_a_retirement() {
                 ..Rules::LIVE
             },
         ] {
-            let what = format!("{size} bytes, layers {layers}");
+            let what = format!("{size} bytes, layers {layers}, after a loop {looped}");
             let mut p = Stitch::tight().with_layers(layers);
             let mut dev = AccountingDevice::new(1 << 40);
             dev.set_checking(true);
             let mut c = ThreadCache::new(rules);
-            let mut hits = 0;
-            thread_cache::run_observed(&same_size_of(size), &mut p, &mut dev, &mut c, |s, _| {
-                hits += u64::from(matches!(s, thread_cache::Step::Alloc { hit: true, .. }));
+            let events = if looped {
+                same_size_after_a_loop_of(size)
+            } else {
+                same_size_of(size)
+            };
+            // hits from the retirement on (the loop's own are not this test's)
+            let retired_at = events
+                .iter()
+                .position(|e| matches!(e, Event::StreamRetired { .. }))
+                .unwrap();
+            let allocs_before = events[..retired_at]
+                .iter()
+                .filter(|e| matches!(e, Event::Alloc { .. }))
+                .count();
+            let (mut allocs, mut hits) = (0, 0);
+            thread_cache::run_observed(&events, &mut p, &mut dev, &mut c, |s, _| {
+                if let thread_cache::Step::Alloc { hit, .. } = s {
+                    allocs += 1;
+                    hits += u64::from(hit && allocs > allocs_before);
+                }
             })
             .unwrap();
             let early = dev
@@ -167,11 +201,15 @@ fn the_thread_caches_give_back_before_a_retirement() {
         }
     }
     // `replay::run_with` runs the live caches in front of the default tight pool
-    for size in [256 * 1024, 4 * MIB] {
+    for ev in [
+        same_size_of(256 * 1024),
+        same_size_of(4 * MIB),
+        same_size_after_a_loop_of(4 * MIB),
+    ] {
         let mut p = PolicyKind::Stitch.build();
         assert!(p.thread_caches());
-        let v = violations(&same_size_of(size), p.as_mut(), 1 << 40);
-        assert!(v.is_empty(), "{size} bytes: {v:?}");
+        let v = violations(&ev, p.as_mut(), 1 << 40);
+        assert!(v.is_empty(), "{ev:?}: {v:?}");
     }
 }
 

@@ -9,7 +9,7 @@
 //! the pool keeps past its budget a free changes nothing, so the cache may keep it).
 
 use std::collections::HashMap;
-use vramshim_pool::replay::Event;
+use vramshim_pool::replay::{self, Event};
 use vramshim_pool::stitch::{Budget, Faults, Stitch};
 use vramshim_pool::thread_cache::{Rules, ThreadCache};
 use vramshim_pool::{AccountingDevice, FreeMode, KIB, MIB, Policy, Request};
@@ -52,10 +52,7 @@ fn run(events: &[Event], cache: bool, faults: Faults) -> Run {
                 out.watched_above |= s.reserved > s.budget && p.round_end_watch() == 0;
                 c.free(&mut p, &mut dev, addr, size, granted, mode).unwrap();
             }
-            Event::ProcessSync => {
-                dev.process_sync();
-                p.note_process_sync();
-            }
+            Event::ProcessSync => replay::process_sync(&mut p, &mut dev),
             Event::StreamRetired { stream } => {
                 c.retire_stream(&mut p, &mut dev, stream).unwrap();
                 dev.retire_stream(stream);

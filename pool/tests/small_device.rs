@@ -15,7 +15,12 @@ use vramshim_pool::{AccountingDevice, MIB, Policy, PolicyKind};
 
 const PAGE: u64 = 2 * MIB;
 
-/// The shared traces and the GPU recordings: (name, events).
+/// The events of the trace among `all` whose name ends with `suffix`.
+fn named<'a>(all: &'a [(String, Vec<Event>)], suffix: &str) -> &'a [Event] {
+    let t = all.iter().find(|t| t.0.ends_with(suffix));
+    &t.unwrap_or_else(|| panic!("no trace {suffix}")).1
+}
+
 /// The largest whole-page device of at most 1.03 x the trace's peak live bytes.
 fn device_1_03(events: &[Event]) -> u64 {
     let live = replay::peak_live(events);
@@ -32,6 +37,37 @@ fn run(events: &[Event], pool: &mut dyn Policy, capacity: u64) -> replay::Replay
         "the device's own count passed its capacity"
     );
     r
+}
+
+/// Three passes of `ev` (`replay::repeat`) under `frees` through the default pool with
+/// `faults`, on a checking device of `capacity` bytes: no overlap and no early reuse either
+/// way; with `fits` the passes complete with nothing lost, else the first pass completes and
+/// the second is refused. Returns the pool (for its counters) and where it was refused.
+fn three_passes(
+    ev: &[Event],
+    frees: Frees,
+    faults: Faults,
+    capacity: u64,
+    fits: bool,
+    what: &str,
+) -> (Stitch, Option<usize>) {
+    let one = replay::repeat(ev, 1).len();
+    let stream = frees.apply(&replay::repeat(ev, 3));
+    let mut p = Stitch::tight();
+    p.set_faults(faults);
+    let r = run(&stream, &mut p, capacity);
+    let at = r.first_failure.as_ref().map(|f| f.index);
+    assert!(r.violations.is_empty(), "{what}: {:?}", &r.violations[..1]);
+    if fits {
+        assert!(r.completed, "{what}: {:?}", r.first_failure);
+        assert!(r.leaks.is_empty(), "{what}: {:?}", r.leaks);
+    } else {
+        assert!(
+            at.is_some_and(|i| i >= one && i < 2 * one),
+            "{what}: refused at {at:?}, not in the second pass"
+        );
+    }
+    (p, at)
 }
 
 #[test]
@@ -64,11 +100,7 @@ fn every_trace_completes_on_a_device_of_1_03_x_peak_live() {
 #[test]
 fn t5_fits_1_03_x_peak_live_by_the_page_ends_rule() {
     let all = traces();
-    let ev = &all
-        .iter()
-        .find(|t| t.0.ends_with("traces/t5_train.rmm.csv"))
-        .unwrap()
-        .1;
+    let ev = named(&all, "traces/t5_train.rmm.csv");
     let capacity = device_1_03(ev);
     assert_eq!(capacity, 484 * MIB);
     for frees in Frees::BOTH {
@@ -180,7 +212,7 @@ fn the_near_limit_rules_are_what_fit_these_devices() {
         ("traces/t5_train.rmm.csv", Frees::StreamOrdered, 486),
         ("gpu/vit_train.rmm.csv", Frees::StreamOrdered, 164),
     ] {
-        let ev = &all.iter().find(|t| t.0.ends_with(trace)).unwrap().1;
+        let ev = named(&all, trace);
         let stream = frees.apply(ev);
         for off in [false, true] {
             let mut p = Stitch::tight();
@@ -286,8 +318,7 @@ fn repeated_passes_complete_on_the_measured_device() {
     ];
     assert_eq!(all.len(), cases.len(), "every trace has its row");
     for (trace, cuda_free, stream_ordered) in cases {
-        let ev = &all.iter().find(|t| t.0.ends_with(trace)).unwrap().1;
-        let one = replay::repeat(ev, 1).len();
+        let ev = named(&all, trace);
         for (frees, mib) in [
             (Frees::CudaFree, cuda_free),
             (Frees::StreamOrdered, stream_ordered),
@@ -314,13 +345,9 @@ fn repeated_passes_complete_on_the_measured_device() {
             let small = device_1_03(ev);
             if mib * MIB > small {
                 // the first pass fits the 1.03 x device; the second is refused
-                let r = run(&stream, &mut Stitch::tight(), small);
-                let at = r.first_failure.as_ref().map(|f| f.index);
-                eprintln!("{what} on {} MiB: refused at event {at:?}", small / MIB);
-                assert!(
-                    at.is_some_and(|i| i >= one && i < 2 * one),
-                    "{what}: {at:?}"
-                );
+                let on = format!("{what} on {} MiB", small / MIB);
+                let (_, at) = three_passes(ev, frees, Faults::default(), small, false, &on);
+                eprintln!("{on}: refused at event {at:?}");
             }
         }
     }
@@ -342,34 +369,20 @@ fn later_passes_take_the_previous_rounds_places_near_the_limit() {
         ("traces/vit_train.rmm.csv", Frees::StreamOrdered),
         ("traces/t5_train.rmm.csv", Frees::StreamOrdered),
     ] {
-        let ev = &all.iter().find(|t| t.0.ends_with(trace)).unwrap().1;
-        let one = replay::repeat(ev, 1).len();
-        let stream = frees.apply(&replay::repeat(ev, 3));
+        let ev = named(&all, trace);
         let capacity = device_1_03(ev);
         for skip in [false, true] {
-            let mut p = Stitch::tight();
-            p.set_faults(Faults {
+            let faults = Faults {
                 ends_skip_rounds: skip,
                 ..Faults::default()
-            });
-            let r = run(&stream, &mut p, capacity);
+            };
             let what = format!(
                 "{trace} {}, 3 passes on {} MiB, rounds skipped {skip}",
                 frees.name(),
                 capacity / MIB
             );
-            let at = r.first_failure.as_ref().map(|f| f.index);
+            let (p, at) = three_passes(ev, frees, faults, capacity, !skip, &what);
             eprintln!("{what}: refused at {at:?}, {} replays", p.replays());
-            assert!(r.violations.is_empty(), "{what}: {:?}", &r.violations[..1]);
-            if skip {
-                assert!(
-                    at.is_some_and(|i| i >= one && i < 2 * one),
-                    "{what}: {at:?}"
-                );
-            } else {
-                assert!(r.completed, "{what}: {:?}", r.first_failure);
-                assert!(r.leaks.is_empty(), "{what}: {:?}", r.leaks);
-            }
         }
     }
 }
@@ -384,13 +397,7 @@ fn later_passes_take_the_previous_rounds_places_near_the_limit() {
 #[test]
 fn replayed_places_synchronize_as_the_first_pass_did() {
     let all = traces();
-    let ev = &all
-        .iter()
-        .find(|t| t.0.ends_with("gpu/gpt2_train.rmm.csv"))
-        .unwrap()
-        .1;
-    let one = replay::repeat(ev, 1).len();
-    let stream = Frees::CudaFree.apply(&replay::repeat(ev, 3));
+    let ev = named(&all, "gpu/gpt2_train.rmm.csv");
     let capacity = device_1_03(ev);
     assert_eq!(capacity, 176 * MIB);
     for skip in [false, true] {
@@ -404,25 +411,15 @@ fn replayed_places_synchronize_as_the_first_pass_did() {
             Box::new(p)
         };
         let passes = replay::calls_per_pass_with(ev, Frees::CudaFree, &make, 3);
-        let mut p = Stitch::tight();
-        p.set_faults(faults);
-        let r = run(&stream, &mut p, capacity);
-        let at = r.first_failure.as_ref().map(|f| f.index);
         let what = format!("gpt2 cudaFree, replay's sync skipped {skip}");
+        let (_, at) = three_passes(ev, Frees::CudaFree, faults, capacity, !skip, &what);
         eprintln!(
             "{what}: driver calls per pass {passes:?}; 3 passes on 176 MiB refused at {at:?}"
         );
-        assert!(r.violations.is_empty(), "{what}: {:?}", &r.violations[..1]);
         if skip {
             assert!(passes[1] > 0, "{what}: {passes:?}");
-            assert!(
-                at.is_some_and(|i| i >= one && i < 2 * one),
-                "{what}: {at:?}"
-            );
         } else {
             assert_eq!(&passes[1..], &[0, 0], "{what}: {passes:?}");
-            assert!(r.completed, "{what}: {:?}", r.first_failure);
-            assert!(r.leaks.is_empty(), "{what}: {:?}", r.leaks);
         }
     }
 }
@@ -435,37 +432,19 @@ fn replayed_places_synchronize_as_the_first_pass_did() {
 #[test]
 fn round_mappings_stay_while_the_pool_holds_free_pages() {
     let all = traces();
-    let ev = &all
-        .iter()
-        .find(|t| t.0.ends_with("traces/t5_train.rmm.csv"))
-        .unwrap()
-        .1;
-    let one = replay::repeat(ev, 1).len();
-    let stream = Frees::CudaFree.apply(&replay::repeat(ev, 3));
+    let ev = named(&all, "traces/t5_train.rmm.csv");
     let capacity = device_1_03(ev);
     assert_eq!(capacity, 484 * MIB);
     for broken in [false, true] {
-        let mut p = Stitch::tight();
-        p.set_faults(Faults {
+        let faults = Faults {
             reform_without_held: broken,
             ..Faults::default()
-        });
-        let r = run(&stream, &mut p, capacity);
-        let at = r.first_failure.as_ref().map(|f| f.index);
+        };
         let what = format!("t5 cudaFree, 3 passes on 484 MiB, device's room alone {broken}");
+        let (p, at) = three_passes(ev, Frees::CudaFree, faults, capacity, !broken, &what);
         eprintln!(
             "{what}: refused at {at:?}, {} round mappings re-formed",
             p.pressure_reforms()
         );
-        assert!(r.violations.is_empty(), "{what}: {:?}", &r.violations[..1]);
-        if broken {
-            assert!(
-                at.is_some_and(|i| i >= one && i < 2 * one),
-                "{what}: {at:?}"
-            );
-        } else {
-            assert!(r.completed, "{what}: {:?}", r.first_failure);
-            assert!(r.leaks.is_empty(), "{what}: {:?}", r.leaks);
-        }
     }
 }

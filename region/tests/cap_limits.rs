@@ -523,12 +523,7 @@ fn header_limits(trace: &Path) -> Vec<String> {
 /// a 300 MiB one refused by a cap of 256 MiB whose source is `source`; checks that the run
 /// line, `vramshim summary` (text and JSON) name it; returns the trace and the summary text.
 fn traced_refusal(env: &[(&str, &str)], source: &str, name: &str) -> (PathBuf, String) {
-    let vramshim = vramshim_testkit::profile_dir().join("vramshim");
-    assert!(
-        vramshim.exists(),
-        "{} is not built: cargo build --release -p vramshim-analyzer",
-        vramshim.display()
-    );
+    let vramshim = vramshim_testkit::vramshim_exe();
     let dir = temp_dir(name);
     let trace = dir.join("t.vramtrace");
     // A clean environment (with VRAMSHIM_TEST_PASS's switches), as for the probe.

@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use vramshim_region::{ProcessKey, Region};
-use vramshim_testkit::{Link, RunOutput, compile_c, profile_dir, run, sim_command, unique_name};
+use vramshim_testkit::{Link, RunOutput, compile_c, run, sim_command, unique_name};
 
 mod common;
 use common::{GIB, MIB, fields, lib, num, probe, probe_on_sim};
@@ -1288,12 +1288,7 @@ fn ordinal_keyed_lines_charge_the_wrong_device() {
 /// `vramshim top --once --json` shows the processes sharing a region, their use and the cap.
 #[test]
 fn top_shows_the_group() {
-    let vramshim = profile_dir().join("vramshim");
-    assert!(
-        vramshim.exists(),
-        "{} is not built: cargo build --release -p vramshim-analyzer",
-        vramshim.display()
-    );
+    let vramshim = vramshim_testkit::vramshim_exe();
     let g = Group::new("top", 256 * MIB);
     let mut held = holders(&g, 2, &[]);
     let pids: Vec<u32> = held.iter().map(|c| c.id()).collect();

@@ -15,7 +15,7 @@ use std::sync::mpsc::{Receiver, channel};
 use std::time::{Duration, Instant};
 
 use vramshim_region::Region;
-use vramshim_testkit::{interposer_lib, profile_dir, run, sim_command, unique_name};
+use vramshim_testkit::{interposer_lib, run, sim_command, unique_name};
 use vramshim_trace::{Event, TraceReader, flags};
 
 mod common;
@@ -127,7 +127,7 @@ impl Group {
         let probe = probe();
         let mut a = vec!["run", "--on-cap", on_cap, "--", probe.to_str().unwrap()];
         a.extend_from_slice(args);
-        self.start_as(profile_dir().join("vramshim"), &a, &[])
+        self.start_as(vramshim_testkit::vramshim_exe(), &a, &[])
     }
 
     fn start_as(&self, exe: PathBuf, args: &[&str], env: &[(&str, &str)]) -> Member {
@@ -247,12 +247,7 @@ fn holder_then_waiter(fault: Option<&str>) -> (String, String, Vec<(u8, i32)>) {
     let mut top = String::new();
     if fault.is_none() {
         g.until_waiting(1);
-        let vramshim = profile_dir().join("vramshim");
-        assert!(
-            vramshim.exists(),
-            "{} is not built: cargo build --release -p vramshim-analyzer",
-            vramshim.display()
-        );
+        let vramshim = vramshim_testkit::vramshim_exe();
         top = run(Command::new(&vramshim).args(["top", "--once", "--name", &g.shared])).stdout;
         // The exporter's gauge (the registry is published every 200 ms).
         let gauge = format!(

@@ -445,6 +445,49 @@ fn short_timing_column_is_a_corrupt_record_not_a_panic() {
     );
 }
 
+/// `before`, `record` (of tag `tag`) and `after` in one batch of thread `tid`, written and
+/// read back: as written, and with the record's tag changed to one no reader knows (as a
+/// reader that predates the record sees it). No error and no truncation either way; the
+/// unknown record is skipped whole and the events around it read as written, with the same
+/// times.
+fn round_trips_and_is_skipped_when_unknown(
+    tid: u32,
+    before: &[Event],
+    record: &Event,
+    tag: u8,
+    after: &[Event],
+) {
+    for unknown in [false, true] {
+        let mut e = RecordEncoder::new();
+        e.begin(tid);
+        for ev in before {
+            e.push(ev);
+        }
+        let start = e.bytes().len();
+        e.push(record);
+        for ev in after {
+            e.push(ev);
+        }
+        let (mut raw, st) = e.take();
+        assert_eq!(raw[start], tag, "{record:?} is tag {tag}");
+        if unknown {
+            raw[start] = 250;
+        }
+        let mut w = TraceWriter::new(Vec::new(), &Header::default()).unwrap();
+        w.write_records(&raw, st).unwrap();
+        let bytes = w.finish().unwrap();
+        let (_, got, errs, trunc) = read_all(&bytes).unwrap();
+        assert!(errs.is_empty(), "{errs:?}");
+        assert_eq!(trunc, None);
+        let mut want = before.to_vec();
+        if !unknown {
+            want.push(record.clone());
+        }
+        want.extend_from_slice(after);
+        assert_eq!(got, want, "tag unknown to the reader: {unknown}");
+    }
+}
+
 /// The pool's statistics record (tag 23) reads back as written, and a reader that does not
 /// know its tag (every reader before it) skips it whole and reads on with the same times (the
 /// record carries its time in full, so skipping it leaves the delta state as the writer's).
@@ -461,34 +504,7 @@ fn pool_stats_records_round_trip_and_are_skipped_by_older_readers() {
         releases: 7,
     };
     let lost = Event::Lost { t_ns: 9, count: 3 };
-    let encode = |unknown: bool| {
-        let mut e = RecordEncoder::new();
-        e.begin(0);
-        let start = e.bytes().len();
-        e.push(&stats);
-        e.push(&lost);
-        let (mut raw, st) = e.take();
-        assert_eq!(raw[start], 23, "PoolStats is tag 23");
-        if unknown {
-            // as a reader that predates the record sees it: a tag it does not know
-            raw[start] = 250;
-        }
-        (raw, st)
-    };
-    for unknown in [false, true] {
-        let (raw, st) = encode(unknown);
-        let mut w = TraceWriter::new(Vec::new(), &Header::default()).unwrap();
-        w.write_records(&raw, st).unwrap();
-        let bytes = w.finish().unwrap();
-        let (_, got, errs, trunc) = read_all(&bytes).unwrap();
-        assert!(errs.is_empty(), "{errs:?}");
-        assert_eq!(trunc, None);
-        if unknown {
-            assert_eq!(got, vec![lost.clone()]);
-        } else {
-            assert_eq!(got, vec![stats.clone(), lost.clone()]);
-        }
-    }
+    round_trips_and_is_skipped_when_unknown(0, &[], &stats, 23, &[lost]);
 }
 
 /// A stream's destroy (tag 26) reads back as written, and a reader that does not know its tag
@@ -505,33 +521,5 @@ fn stream_destroy_records_round_trip_and_are_skipped_by_older_readers() {
     };
     let before = Event::ThreadStart { t_ns: 7, tid: 4242 };
     let after = Event::Lost { t_ns: 9, count: 3 };
-    let encode = |unknown: bool| {
-        let mut e = RecordEncoder::new();
-        e.begin(4242);
-        e.push(&before);
-        let start = e.bytes().len();
-        e.push(&destroy);
-        e.push(&after);
-        let (mut raw, st) = e.take();
-        assert_eq!(raw[start], 26, "StreamDestroy is tag 26");
-        if unknown {
-            // as a reader that predates the record sees it: a tag it does not know
-            raw[start] = 250;
-        }
-        (raw, st)
-    };
-    for unknown in [false, true] {
-        let (raw, st) = encode(unknown);
-        let mut w = TraceWriter::new(Vec::new(), &Header::default()).unwrap();
-        w.write_records(&raw, st).unwrap();
-        let bytes = w.finish().unwrap();
-        let (_, got, errs, trunc) = read_all(&bytes).unwrap();
-        assert!(errs.is_empty(), "{errs:?}");
-        assert_eq!(trunc, None);
-        if unknown {
-            assert_eq!(got, vec![before.clone(), after.clone()]);
-        } else {
-            assert_eq!(got, vec![before.clone(), destroy.clone(), after.clone()]);
-        }
-    }
+    round_trips_and_is_skipped_when_unknown(4242, &[before], &destroy, 26, &[after]);
 }

@@ -4,10 +4,9 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-mod records;
 // each test crate compiles this module and uses what it needs of it
 #[allow(unused_imports)]
-pub use records::{memop, write_trace};
+pub use vramshim_testkit::records::{memop, write_trace};
 
 pub fn exe() -> &'static str {
     env!("CARGO_BIN_EXE_vramshim")

@@ -44,6 +44,7 @@ const SWITCHES: &[(&str, &[&str])] = &[
             "tcache-no-hits",
             "tcache-no-drain",
             "tcache-keep-retired",
+            "tcache-no-run",
             "no-tcache",
             // The begin-capture hooks (`pool::begin_waits_for_requests`).
             "begin-unordered",

@@ -480,10 +480,10 @@ impl Device for CudaDevice {
 
     fn synchronize(&mut self) -> Result<(), DeviceError> {
         self.enter();
-        self.calls.synchronize += 1;
         if self.is_capturing() {
             return Err(DeviceError::NotPermitted);
         }
+        self.calls.synchronize += 1;
         let f = self.fns.sync;
         // SAFETY: no arguments.
         ok((super::wait_view().wait)(
@@ -514,7 +514,6 @@ impl Device for CudaDevice {
         if captures::capturing(stream) || Self::legacy_in_capture(stream) {
             return Err(DeviceError::NotPermitted);
         }
-        self.calls.event_record += 1;
         let ev = match self.free_events.pop() {
             Some(e) => e,
             None => {
@@ -525,6 +524,7 @@ impl Device for CudaDevice {
                 e as usize
             }
         };
+        self.calls.event_record += 1;
         // SAFETY: an event of ours, the caller's stream.
         let rc = unsafe { (self.fns.ev_record)(ev as CUevent, Self::cu_stream(stream)) };
         if rc != CUDA_SUCCESS {
@@ -580,6 +580,8 @@ impl Device for CudaDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::ffi::c_ulonglong;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     /// The pool's work for no stream, the legacy stream (pool stream 0) and a per-thread
     /// default stream goes on the legacy stream: while a capture is under way it makes none
@@ -590,5 +592,157 @@ mod tests {
         assert!(CudaDevice::on_legacy(0));
         assert!(CudaDevice::on_legacy(super::super::PTDS_BASE | 7));
         assert!(!CudaDevice::on_legacy(0x7f00_1000));
+    }
+
+    // A driver that refuses every call it is not expected to receive, and counts the event
+    // creations, event records and synchronizations it is asked for.
+    static CREATED: AtomicUsize = AtomicUsize::new(0);
+    static RECORDED: AtomicUsize = AtomicUsize::new(0);
+    static SYNCED: AtomicUsize = AtomicUsize::new(0);
+    const REFUSED: CUresult = CUDA_ERROR_INVALID_VALUE;
+    unsafe extern "C" fn reserve(
+        _: *mut CUdeviceptr,
+        _: usize,
+        _: usize,
+        _: CUdeviceptr,
+        _: c_ulonglong,
+    ) -> CUresult {
+        REFUSED
+    }
+    unsafe extern "C" fn range(_: CUdeviceptr, _: usize) -> CUresult {
+        REFUSED
+    }
+    unsafe extern "C" fn create(
+        _: *mut CUmemGenericAllocationHandle,
+        _: usize,
+        _: *const CUmemAllocationProp,
+        _: c_ulonglong,
+    ) -> CUresult {
+        REFUSED
+    }
+    unsafe extern "C" fn release(_: CUmemGenericAllocationHandle) -> CUresult {
+        REFUSED
+    }
+    unsafe extern "C" fn map(
+        _: CUdeviceptr,
+        _: usize,
+        _: usize,
+        _: CUmemGenericAllocationHandle,
+        _: c_ulonglong,
+    ) -> CUresult {
+        REFUSED
+    }
+    unsafe extern "C" fn set_access(
+        _: CUdeviceptr,
+        _: usize,
+        _: *const CUmemAccessDesc,
+        _: usize,
+    ) -> CUresult {
+        REFUSED
+    }
+    unsafe extern "C" fn granularity(
+        _: *mut usize,
+        _: *const CUmemAllocationProp,
+        _: c_int,
+    ) -> CUresult {
+        REFUSED
+    }
+    unsafe extern "C" fn sync() -> CUresult {
+        SYNCED.fetch_add(1, Ordering::Relaxed);
+        CUDA_SUCCESS
+    }
+    unsafe extern "C" fn ev_create(e: *mut CUevent, _: c_uint) -> CUresult {
+        CREATED.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller's out-pointer.
+        unsafe { *e = 0x1000 as CUevent };
+        CUDA_SUCCESS
+    }
+    unsafe extern "C" fn ev_record(_: CUevent, _: CUstream) -> CUresult {
+        RECORDED.fetch_add(1, Ordering::Relaxed);
+        CUDA_SUCCESS
+    }
+    unsafe extern "C" fn ev_one(_: CUevent) -> CUresult {
+        REFUSED
+    }
+    unsafe extern "C" fn wait(_: CUstream, _: CUevent, _: c_uint) -> CUresult {
+        REFUSED
+    }
+    unsafe extern "C" fn capturing(_: CUstream, status: *mut c_int) -> CUresult {
+        // SAFETY: the caller's out-pointer.
+        unsafe { *status = 0 };
+        CUDA_SUCCESS
+    }
+
+    /// A device over that driver whose unsafe calls a capture forbids (as another thread's
+    /// global-mode capture does); no cap.
+    fn forbidden_device() -> CudaDevice {
+        CudaDevice {
+            fns: Fns {
+                reserve,
+                unreserve: range,
+                create,
+                release,
+                map,
+                unmap: range,
+                set_access,
+                granularity,
+                sync,
+                ev_create,
+                ev_record,
+                ev_query: ev_one,
+                ev_destroy: ev_one,
+                wait,
+                capturing: Some(capturing),
+            },
+            ordinal: 0,
+            gran: 2 << 20,
+            stream: 0x7f00_1000,
+            runtime: false,
+            capturing: Cell::new(None),
+            forbidden: Cell::new(Some(true)),
+            refused: Cell::new(0),
+            free_events: Vec::new(),
+            charge: false,
+            charged: 0,
+            limit: None,
+            held: 0,
+            calls: CallCounts::default(),
+            peers: 0,
+            mapped: BTreeSet::new(),
+            reservations: BTreeMap::new(),
+        }
+    }
+
+    /// The device's counts say what reached the driver: an event record whose event a
+    /// capture kept from being created, and a synchronization the capture forbade, are not
+    /// counted; a record on a recycled event (no creation needed) is.
+    #[test]
+    fn calls_a_capture_forbids_are_not_counted() {
+        let stream = 0x7f00_1000;
+        let mut d = forbidden_device();
+        let before = (
+            CREATED.load(Ordering::Relaxed),
+            RECORDED.load(Ordering::Relaxed),
+            SYNCED.load(Ordering::Relaxed),
+        );
+        assert_eq!(d.record_event(stream), Err(DeviceError::NotPermitted));
+        assert_eq!(d.synchronize(), Err(DeviceError::NotPermitted));
+        assert_eq!(
+            (d.calls.event_record, d.calls.synchronize),
+            (0, 0),
+            "counted without a driver call"
+        );
+        d.free_events.push(0x2000);
+        assert!(d.record_event(stream).is_ok());
+        assert_eq!(d.calls.event_record, 1);
+        assert_eq!(
+            (
+                CREATED.load(Ordering::Relaxed) - before.0,
+                RECORDED.load(Ordering::Relaxed) - before.1,
+                SYNCED.load(Ordering::Relaxed) - before.2
+            ),
+            (0, 1, 0),
+            "the driver's own count"
+        );
     }
 }

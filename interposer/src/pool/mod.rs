@@ -213,6 +213,7 @@ fn read_mode() -> bool {
         let no_round_end = crate::config::switch_on("VRAMSHIM_POOL_DEBUG", "tcache-no-round-end");
         let no_hits = crate::config::switch_on("VRAMSHIM_POOL_DEBUG", "tcache-no-hits");
         let keep_retired = crate::config::switch_on("VRAMSHIM_POOL_DEBUG", "tcache-keep-retired");
+        let no_run = crate::config::switch_on("VRAMSHIM_POOL_DEBUG", "tcache-no-run");
         if any_stream {
             // testing only: break stream order in the thread caches
             crate::warn!(
@@ -255,12 +256,21 @@ fn read_mode() -> bool {
             );
             KEEP_RETIRED.store(true, Ordering::Relaxed);
         }
+        if no_run {
+            // not a fault: the caches as they were before they kept a large run's frees (to
+            // measure the rule, and to show the live pool then leaves the model)
+            crate::warn!(
+                "VRAMSHIM_POOL_DEBUG=tcache-no-run: the thread caches keep no free of a page or more while the layer replay acts (testing only)"
+            );
+            NO_RUN.store(true, Ordering::Relaxed);
+        }
         // `no-layers` alone leaves them on: the pool as it was before its layer replay
         if any_stream || no_drain {
             tcache::configure(true, any_stream, no_drain);
         } else if !no_round_end
             && !no_hits
             && !keep_retired
+            && !no_run
             && crate::config::switch_names("VRAMSHIM_POOL_DEBUG").any(|n| n != "no-layers")
         {
             tcache::configure(false, false, false);
@@ -395,6 +405,21 @@ fn publish_held(d: usize, p: &DevicePool) {
 /// is one: no block of the device is freed before it).
 static KEEP_BELOW: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(u64::MAX) }; MAX_DEVICES];
 
+/// Per device: a size (rounded as the pool rounds requests) a thread's cache may keep frees of
+/// too, 0: none (`Policy::aside_run`: the size of a run of one large request the layer replay
+/// has no period for, whose next allocations the pool's fast path serves unremembered), as of
+/// the pool's last allocation it served itself, as [`KEEP_BELOW`]. Both change only there, so
+/// between the pool's operations they are what the pool (and the model's caches, which ask
+/// it) would answer. A thread that read the run's size just before another thread's
+/// allocation broke the run keeps one more free of it: the pool then misses one allocation of
+/// that size in its layer sequence, which costs at worst a place not replayed, never a byte
+/// reused early (the cache is still per stream).
+static KEEP_RUN: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+
+/// Testing only (`VRAMSHIM_POOL_DEBUG=tcache-no-run`): [`KEEP_RUN`] stays 0, the caches keeping
+/// no free of a page or more while the layer replay acts (the model's `Rules::keep_run` off).
+static NO_RUN: AtomicBool = AtomicBool::new(false);
+
 /// Per device: the live bytes at which the pool's round could end
 /// (`Stitch::round_end_watch`, `u64::MAX`: none), as of the pool's last operation. A
 /// stream-ordered free kept by the thread's cache compares the bytes the caches keep with it
@@ -513,11 +538,20 @@ pub(crate) fn alloc(req: &request::Request) -> Option<Result<u64, i32>> {
         // the threads' caches were drained before the fast path declined: nothing changed since
         let r = p.policy.alloc_missed(&mut p.dev, r);
         KEEP_BELOW[d].store(p.policy.aside_below(), Ordering::Relaxed);
+        let run = if NO_RUN.load(Ordering::Relaxed) {
+            0
+        } else {
+            p.policy.aside_run()
+        };
+        KEEP_RUN[d].store(run, Ordering::Relaxed);
         publish_held(d, p);
         publish_watch(d, p);
         // a request that needed a call a stream capture forbade fails as CUDA fails such a
         // call (`cudaMalloc` during a capture that forbids it): the capture stays valid
-        Ok(r.map_err(|e| (e, p.dev.refused() > 0)))
+        Ok(r.map_err(|e| {
+            let by_capture = p.dev.refused() > 0 && capture_refused(&e);
+            (e, by_capture)
+        }))
     });
     let r = match r {
         Ok(r) => r,
@@ -552,6 +586,21 @@ pub(crate) fn alloc(req: &request::Request) -> Option<Result<u64, i32>> {
     }
 }
 
+/// Whether the pool's error `e`, for a request that needed a call a stream capture forbade,
+/// is that refusal (`cudaErrorStreamCaptureUnsupported`): the call it failed on was not
+/// permitted. Not when the request also failed for a reason the caller must see first: out
+/// of memory, the device's or the cap's (without the pool the cap refuses before CUDA is
+/// asked), or an argument the driver refused.
+fn capture_refused(e: &PoolError) -> bool {
+    matches!(
+        e,
+        PoolError::OutOfMemory {
+            why: DeviceError::NotPermitted,
+            ..
+        } | PoolError::Device(DeviceError::NotPermitted)
+    )
+}
+
 /// The pool refused `req`: the code the process sees (`None`: pass through after all).
 #[cold]
 #[inline(never)]
@@ -568,7 +617,12 @@ fn refused(req: &request::Request, e: PoolError) -> Option<Result<u64, i32>> {
         PoolError::Device(_) => CUDA_ERROR_OUT_OF_MEMORY,
         PoolError::UnknownPointer(_) => CUDA_ERROR_INVALID_VALUE,
     };
-    if is_runtime(req.api) && code == cudaErrorMemoryAllocation {
+    // the runtime is asked for an allocation to set its last error: not while a capture
+    // forbids this thread the call (it would invalidate the capture)
+    if is_runtime(req.api)
+        && code == cudaErrorMemoryAllocation
+        && !crate::cuda::captures::forbid_unsafe_calls()
+    {
         crate::cuda::real::runtime_set_last_error_oom();
     }
     Some(Err(code))
@@ -863,6 +917,7 @@ pub(crate) fn free(ptr: u64, stream: Option<u64>, pooled: Option<(i32, u64)>) ->
         && vramshim_pool::thread_cache::may_keep(
             size,
             KEEP_BELOW[device as usize].load(Ordering::Relaxed),
+            || KEEP_RUN[device as usize].load(Ordering::Relaxed),
         )
         && let kept @ (tcache::Kept::Yes | tcache::Kept::First) = tcache::put(tcache::Freed {
             device,
@@ -1016,6 +1071,9 @@ pub(crate) fn on_device_reset(device: i32) {
             HAS_POOL.fetch_and(!(1u64 << device.min(63)), Ordering::Relaxed);
             if let Some(w) = ROUND_WATCH.get(device as usize) {
                 w.store(u64::MAX, Ordering::Relaxed);
+            }
+            if let Some(r) = KEEP_RUN.get(device as usize) {
+                r.store(0, Ordering::Relaxed);
             }
             drain_tcaches(pools);
             let mut p = p;

@@ -7,7 +7,7 @@
 
 use std::path::PathBuf;
 use vramshim_testkit::{
-    Link, RunOutput, built_interposer_lib, compile_c, replay_exe, run_with_preload, trace_file,
+    Link, RunOutput, compile_c, interposer_lib, replay_exe, run_with_preload, trace_file,
 };
 
 /// `tests/workloads/pool/<name>.c`, built against the shared runtime.
@@ -21,7 +21,7 @@ fn workload(name: &str) -> PathBuf {
 }
 
 fn run(exe: &std::path::Path, args: &[&str], env: &[(&str, &str)], name: &str) -> RunOutput {
-    run_with_preload(exe, args, env, Some(&built_interposer_lib()), name)
+    run_with_preload(exe, args, env, Some(&interposer_lib()), name)
 }
 
 /// The integer after the last `key=` in `out` where `key` is a whole key: not the end of a
@@ -99,7 +99,7 @@ fn tail(s: &str) -> String {
 
 /// `vramshim summary ARGS TRACE`'s output (it must succeed).
 fn summary(trace: &std::path::Path, args: &[&str]) -> String {
-    let vramshim = vramshim_testkit::profile_dir().join("vramshim");
+    let vramshim = vramshim_testkit::vramshim_exe();
     let out = std::process::Command::new(&vramshim)
         .arg("summary")
         .args(args)
@@ -147,8 +147,8 @@ fn pool_fits_where_the_driver_alone_does_not() {
 #[test]
 fn delayed_kernels_never_write_into_a_reused_block() {
     let exe = workload("early_reuse");
-    // the workload in `mode` under the pool with `budget`, `extra` its optional argument
-    let early = |mode: &str, budget: &str, extra: Option<&str>, debug: Option<&str>| {
+    // the workload in `mode` under the pool with `budget`, `extra` its optional arguments
+    let early = |mode: &str, budget: &str, extra: &[&str], debug: Option<&str>| {
         let mut args = vec![mode, "3"];
         args.extend(extra);
         let mut env = vec![
@@ -160,8 +160,13 @@ fn delayed_kernels_never_write_into_a_reused_block() {
     };
     for mode in ["async", "sync"] {
         // with the budget (alone, and with a block live throughout, which keeps freed blocks
-        // in the threads' caches), and without
-        for (budget, extra) in [("5%", None), ("5%", Some("anchor")), ("off", None)] {
+        // in the threads' caches), and without; stream-ordered also after a loop of each
+        // size of a page or more (whose frees the caches then keep too)
+        let mut cases: Vec<(&str, &[&str])> = vec![("5%", &[]), ("5%", &["anchor"]), ("off", &[])];
+        if mode == "async" {
+            cases.push(("5%", &["anchor", "loop"]));
+        }
+        for (budget, extra) in cases {
             let o = early(mode, budget, extra, None);
             assert_exit(&o, 0, &format!("{mode} budget {budget} {extra:?}"));
             assert_eq!(field(&o.stdout, "foreign"), 0);
@@ -187,12 +192,32 @@ fn delayed_kernels_never_write_into_a_reused_block() {
             // request on another without ordering: the thread caches keep stream order.
             // With the budget only while another block is live: where the freed block is all
             // the pool has live, the cache gives it back at once (a round end, see `tcache`)
-            // and the pool, not the cache, serves the other stream's request.
-            for (budget, extra) in [("5%", Some("anchor")), ("off", None)] {
+            // and the pool, not the cache, serves the other stream's request. After a loop
+            // of each large size the caches keep its frees (`Policy::aside_run`): the large
+            // blocks alone are reused early there, which the caches keeping no large free
+            // (`tcache-no-run`) never do.
+            let any: &[(&str, &[&str])] = &[
+                ("5%", &["anchor"]),
+                ("off", &[]),
+                ("5%", &["anchor", "loop"]),
+            ];
+            for &(budget, extra) in any {
                 let o = early(mode, budget, extra, Some("tcache-any-stream"));
-                assert_exit(&o, 1, &format!("tcache-any-stream, budget {budget}"));
+                assert_exit(
+                    &o,
+                    1,
+                    &format!("tcache-any-stream, budget {budget} {extra:?}"),
+                );
                 assert!(field(&o.stdout, "foreign") > 0);
             }
+            let o = early(
+                mode,
+                "5%",
+                &["anchor", "loop"],
+                Some("tcache-any-stream,tcache-no-run"),
+            );
+            assert_exit(&o, 0, "tcache-any-stream,tcache-no-run after loops");
+            assert_eq!(field(&o.stdout, "foreign"), 0);
         }
     }
 }
@@ -371,15 +396,7 @@ fn a_traced_stream_destroy_replays_with_the_live_foreign_byte_answer() {
         if debug.is_none() {
             // `vramshim replay` reads the trace (its stream destroys as retirements) and
             // predicts the live pool's driver calls
-            let vramshim = vramshim_testkit::profile_dir().join("vramshim");
-            let out = std::process::Command::new(&vramshim)
-                .args(["replay", "--pool", "stitch", "--json"])
-                .arg(&trace)
-                .env("VRAMSHIM_NO_PROGRESS", "1")
-                .output()
-                .unwrap();
-            let json = String::from_utf8_lossy(&out.stdout);
-            assert!(out.status.success(), "{json}");
+            let json = vramshim_replay_json(&trace, &[]);
             let policies = &json[json.find("\"policies\"").unwrap()..];
             assert_eq!(json_value(policies, "completed").as_deref(), Some("true"));
             let model_calls: u64 = json_value(policies, "driver_calls")
@@ -584,6 +601,65 @@ fn a_capture_begun_during_a_pool_request_waits_for_it() {
     }
 }
 
+/// Under a cap, a request that must grow past it while a capture forbids the worker the calls
+/// to grow fails with out of memory, as it fails without the pool (the cap refuses before
+/// CUDA is asked), not with `cudaErrorStreamCaptureUnsupported`; the capture stays valid
+/// (the pool does not ask the runtime to record the error then) and the same request
+/// succeeds after it. The capture_threads workload under a 68 MiB cap, with and without the
+/// budget: the worker's 64 MiB `cudaMalloc` is its one failure other than 900, code 2
+/// (`cudaErrorMemoryAllocation`).
+#[test]
+fn out_of_memory_under_a_cap_wins_over_a_capture_s_refusal() {
+    let exe = workload("capture_threads");
+    for budget in ["5%", "off"] {
+        let env = [
+            ("VRAMSHIM_POOL", "stitch"),
+            ("VRAMSHIM_POOL_BUDGET", budget),
+            ("VRAMSHIM_CAP", "68MiB"),
+            ("VRAMSHIM_CAP_CONTEXT", "exclude"),
+            ("VRAMSIM_MEMORY", "1GiB"),
+            ("VRAMSIM_CONTEXT_OVERHEAD", "0"),
+        ];
+        let o = run(
+            &exe,
+            &["runtime", "global", "global"],
+            &env,
+            "pool-capture-cap",
+        );
+        let what = format!("budget {budget}: {}{}", o.stdout, o.stderr);
+        // exit 2: a request failed other than by the capture's refusal
+        assert_exit(&o, 2, &what);
+        assert_eq!(field(&o.stdout, "end"), 0, "{what}");
+        assert_eq!(field(&o.stdout, "errors"), 1, "{what}");
+        assert!(o.stderr.contains("request failed: 2"), "{what}");
+    }
+}
+
+/// The code a request that needed a call a capture forbade fails with: 900 only where that
+/// refusal is why it failed; out of memory (the cap's or the device's) and a driver's refusal
+/// of an argument win.
+#[test]
+fn a_capture_s_refusal_is_the_code_only_when_nothing_else_failed() {
+    use super::capture_refused;
+    use crate::cuda::types::CUDA_ERROR_INVALID_VALUE;
+    use vramshim_pool::{DeviceError, PoolError};
+    let oom = |why| PoolError::OutOfMemory {
+        requested: 64 << 20,
+        reserved: 0,
+        live: 0,
+        why,
+    };
+    assert!(capture_refused(&oom(DeviceError::NotPermitted)));
+    assert!(capture_refused(&PoolError::Device(
+        DeviceError::NotPermitted
+    )));
+    assert!(!capture_refused(&oom(DeviceError::CapExceeded)));
+    assert!(!capture_refused(&oom(DeviceError::OutOfMemory)));
+    assert!(!capture_refused(&PoolError::Device(DeviceError::Driver(
+        CUDA_ERROR_INVALID_VALUE
+    ))));
+}
+
 #[test]
 fn injected_driver_faults_fail_cleanly_and_later_requests_succeed() {
     let exe = workload("faults");
@@ -672,6 +748,27 @@ fn peak_live(trace: &std::path::Path) -> u64 {
 }
 
 /// The number after `"key":` in a JSON text (the first occurrence), as a string.
+/// What `vramshim replay TRACE --pool stitch --json ARGS` prints (the command built beside the
+/// library), which must succeed.
+fn vramshim_replay_json(trace: &std::path::Path, args: &[&str]) -> String {
+    let vramshim = vramshim_testkit::vramshim_exe();
+    let out = std::process::Command::new(&vramshim)
+        .args(["replay", "--pool", "stitch", "--json"])
+        .args(args)
+        .arg(trace)
+        .env("VRAMSHIM_NO_PROGRESS", "1")
+        .output()
+        .unwrap();
+    let json = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{}: {json}\n{}",
+        trace.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    json
+}
+
 fn json_value(text: &str, key: &str) -> Option<String> {
     let k = format!("\"{key}\"");
     let i = text.find(&k)? + k.len();
@@ -730,7 +827,7 @@ fn pooled_run(
         c.env("VRAMSHIM_CAP", cap.to_string());
     }
     c.envs(env.iter().copied());
-    vramshim_testkit::preload(&mut c, &built_interposer_lib());
+    vramshim_testkit::preload(&mut c, &interposer_lib());
     let o = vramshim_testkit::run(&mut c);
     let hw = sim_high_water(&name);
     (o, hw)
@@ -880,26 +977,14 @@ fn vramshim_replay_agrees_with_the_live_pool_on_every_shared_trace() {
     // device) and the interposer's pool on cuda-sim, fed the same log (the log-replay
     // workload's cudaMalloc/cudaFree), reserve the same peak (within one page) and make the
     // same driver calls, with no cap and under a cap 5% above peak live.
-    let vramshim = vramshim_testkit::profile_dir().join("vramshim");
-    assert!(
-        vramshim.exists(),
-        "{} is not built: cargo build --release -p vramshim-analyzer",
-        vramshim.display()
-    );
     const PAGE: u64 = 2 << 20;
     for trace in vramshim_testkit::shipped_traces() {
         let name = trace.file_name().unwrap().to_string_lossy().into_owned();
         let live = peak_live(&trace);
         for cap in [None, Some(live + live / 20)] {
-            let mut cmd = std::process::Command::new(&vramshim);
-            cmd.args(["replay", "--pool", "stitch", "--json"])
-                .env("VRAMSHIM_NO_PROGRESS", "1");
-            if let Some(c) = cap {
-                cmd.args(["--cap", &c.to_string()]);
-            }
-            let out = cmd.arg(&trace).output().unwrap();
-            let json = String::from_utf8_lossy(&out.stdout);
-            assert!(out.status.success(), "{name}: {json}");
+            let cap_arg = cap.map(|c| c.to_string());
+            let args: Vec<&str> = cap_arg.iter().flat_map(|c| ["--cap", c]).collect();
+            let json = vramshim_replay_json(&trace, &args);
             let policies = &json[json.find("\"policies\"").unwrap()..];
             let model: u64 = json_value(policies, "peak_reserved")
                 .unwrap()
@@ -1348,7 +1433,7 @@ fn the_pools_event_waits_are_in_the_trace() {
         }
     }
     assert!(waits > 0, "no pool event wait in the trace");
-    let vramshim = vramshim_testkit::profile_dir().join("vramshim");
+    let vramshim = vramshim_testkit::vramshim_exe();
     let out = std::process::Command::new(&vramshim)
         .args(["summary", "--json"])
         .arg(&trace)
@@ -1399,20 +1484,7 @@ fn model_calls_stream_ordered(trace: &std::path::Path, passes: usize) -> u64 {
 /// What `vramshim replay TRACE --pool stitch --json` predicts with every free stream-ordered
 /// (its `same_frees` row "stream-ordered"): (driver calls, peak reserved bytes).
 fn replay_stream_ordered(trace: &std::path::Path) -> (u64, u64) {
-    let vramshim = vramshim_testkit::profile_dir().join("vramshim");
-    assert!(
-        vramshim.exists(),
-        "{} is not built: cargo build --release -p vramshim-analyzer",
-        vramshim.display()
-    );
-    let out = std::process::Command::new(&vramshim)
-        .args(["replay", "--pool", "stitch", "--json"])
-        .arg(trace)
-        .env("VRAMSHIM_NO_PROGRESS", "1")
-        .output()
-        .unwrap();
-    let json = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{}: {json}", trace.display());
+    let json = vramshim_replay_json(trace, &[]);
     let row = &json[json
         .find("\"stream-ordered\"")
         .expect("a stream-ordered row")..];
@@ -1926,6 +1998,115 @@ fn a_shrunk_loop_served_by_the_thread_cache_gets_the_old_peak_back() {
     );
 }
 
+/// The model of `tests/workloads/pool/large_loop.c`: the tight pool on the accounting device
+/// behind one thread's cache following `rules`; the two lines of statistics the program
+/// prints (after the loop, at the end).
+fn large_loop_model(rules: vramshim_pool::thread_cache::Rules) -> [String; 2] {
+    use vramshim_pool::thread_cache::ThreadCache;
+    use vramshim_pool::{AccountingDevice, FreeMode, MIB, Policy, Request};
+    let mut p = vramshim_pool::stitch::Stitch::tight();
+    let mut dev = AccountingDevice::new(80 << 30);
+    let mut c = ThreadCache::new(rules);
+    let (s, freed) = (7, FreeMode::Async { stream: 7 });
+    let line = |p: &vramshim_pool::stitch::Stitch, when: &str| {
+        let t = p.stats();
+        format!(
+            "large_loop {when} allocs={} frees={} cache_hits={} reserved={} peak_reserved={} mappings={}",
+            t.allocs, t.frees, t.cache_hits, t.reserved, t.peak_reserved, t.mappings
+        )
+    };
+    let alloc = |p: &mut vramshim_pool::stitch::Stitch,
+                 dev: &mut AccountingDevice,
+                 c: &mut ThreadCache,
+                 size: u64| {
+        let (a, _) = c.alloc(p, dev, Request { size, stream: s }).unwrap();
+        (a.addr, size, a.size)
+    };
+    let free = |p: &mut vramshim_pool::stitch::Stitch,
+                dev: &mut AccountingDevice,
+                c: &mut ThreadCache,
+                b: (u64, u64, u64)| {
+        c.free(p, dev, b.0, b.1, b.2, freed).unwrap();
+    };
+    let _anchor = alloc(&mut p, &mut dev, &mut c, 4096);
+    for _ in 0..125 {
+        let four: Vec<_> = (0..4)
+            .map(|_| alloc(&mut p, &mut dev, &mut c, 8 * MIB))
+            .collect();
+        for b in four {
+            free(&mut p, &mut dev, &mut c, b);
+        }
+    }
+    let after_loop = line(&p, "loop");
+    let mut prev = None;
+    for _ in 0..12 {
+        let a = alloc(&mut p, &mut dev, &mut c, 6 * MIB);
+        let b = alloc(&mut p, &mut dev, &mut c, 8 * MIB);
+        for x in prev.into_iter().chain([a]) {
+            free(&mut p, &mut dev, &mut c, x);
+        }
+        prev = Some(b);
+    }
+    [after_loop, line(&p, "end")]
+}
+
+/// A loop of one large size stream-ordered (longer than any period the layer replay looks
+/// for), then layers of two sizes: the thread's cache keeps the loop's frees once the run is
+/// long enough (`Policy::aside_run`, published with the pool's allocations) and serves most of
+/// the loop, and the live pool's statistics after the loop and at the end are the model's
+/// (the model's cache asks the pool itself). With `VRAMSHIM_POOL_DEBUG=tcache-no-run` (the
+/// caches as before the rule) every allocation of the loop reaches the pool: the live pool
+/// then leaves this model and matches the model of that rule instead.
+#[test]
+fn a_loop_of_one_large_size_is_served_by_the_thread_cache_as_in_the_model() {
+    use vramshim_pool::thread_cache::Rules;
+    let exe = workload("large_loop");
+    let live = |env: &[(&str, &str)], name| {
+        let o = run(&exe, &[], env, name);
+        assert_exit(&o, 0, name);
+        let lines: Vec<String> = o
+            .stdout
+            .lines()
+            .filter(|l| l.starts_with("large_loop "))
+            .map(str::to_string)
+            .collect();
+        assert_eq!(lines.len(), 2, "{}", o.stdout);
+        [lines[0].clone(), lines[1].clone()]
+    };
+    let model = large_loop_model(Rules::LIVE);
+    let model_before = large_loop_model(Rules {
+        keep_run: false,
+        ..Rules::LIVE
+    });
+    let on = live(&[("VRAMSHIM_POOL", "stitch")], "pool-large-loop");
+    let off = live(
+        &[
+            ("VRAMSHIM_POOL", "stitch"),
+            ("VRAMSHIM_POOL_DEBUG", "tcache-no-run"),
+        ],
+        "pool-large-loop-no-run",
+    );
+    eprintln!(
+        "model {model:?}\nlive {on:?}\nmodel, no run kept {model_before:?}\nlive tcache-no-run {off:?}"
+    );
+    // the loop's 500 allocations and the anchor: most of the loop served by the cache
+    assert!(
+        field(&model[0], "allocs") < 200,
+        "the model's cache served little of the loop: {}",
+        model[0]
+    );
+    assert_eq!(field(&model_before[0], "allocs"), 501);
+    assert_eq!(on, model, "live (left) against the model");
+    assert_eq!(
+        off, model_before,
+        "tcache-no-run: live (left) against its model"
+    );
+    assert_ne!(
+        off, model,
+        "tcache-no-run: the live pool still made the model's statistics"
+    );
+}
+
 /// `busy_maps` (tests/workloads/pool/busy_maps.c) on the pool's model: the same requests on
 /// one stream, the process's waits for the stream at the same places, no device
 /// synchronization. (most mappings after an allocation, mappings and pages at the end, the
@@ -2120,19 +2301,7 @@ fn vramshim_replay_keys_streams_as_the_live_pool_on_a_mixed_trace() {
         sim_memory_calls(&o.stderr),
         field(&o.stdout, "syncs") as u64,
     );
-    let vramshim = vramshim_testkit::profile_dir().join("vramshim");
-    let out = std::process::Command::new(&vramshim)
-        .args(["replay", "--pool", "stitch", "--json"])
-        .arg(&trace)
-        .env("VRAMSHIM_NO_PROGRESS", "1")
-        .output()
-        .unwrap();
-    let json = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{json}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let json = vramshim_replay_json(&trace, &[]);
     let policies = &json[json.find("\"policies\"").unwrap()..];
     let num = |k: &str| -> u64 { json_value(policies, k).unwrap().parse().unwrap() };
     let (model_calls, model_syncs) = (num("driver_calls"), num("syncs"));

@@ -25,7 +25,7 @@ pub fn build(name: &str, file: &str, link: Link, extra: &[&str]) -> PathBuf {
 }
 
 pub fn lib() -> PathBuf {
-    vramshim_testkit::built_interposer_lib()
+    vramshim_testkit::interposer_lib()
 }
 
 /// Run `exe` on the simulated GPU without and with the preload (each on its own simulated

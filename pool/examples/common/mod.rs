@@ -4,11 +4,37 @@
 
 #![allow(dead_code)] // each example uses part of it
 
+pub mod plan;
+
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use vramshim_pool::AccountingDevice;
 use vramshim_pool::rmm_csv::{self, ParsedTrace};
 use vramshim_pool::stitch::Stitch;
+
+/// `println!` for the examples' output, which is often read by another program that may stop
+/// reading early (`pool_slack ... | head`): `println!` panics when the reader has gone away.
+macro_rules! say {
+    () => {
+        $crate::common::say(format_args!(""))
+    };
+    ($($arg:tt)*) => {
+        $crate::common::say(format_args!($($arg)*))
+    };
+}
+
+/// One line to stdout. When the reader has gone away the example ends at once with status 0
+/// (the reader has what it wanted); any other write error ends it with the error (status 1).
+pub fn say(line: std::fmt::Arguments) {
+    if let Err(e) = writeln!(std::io::stdout().lock(), "{line}") {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("stdout: {e}");
+        std::process::exit(1);
+    }
+}
 
 /// The RMM CSV traces `args` name: a file as given, a directory's `.csv` files in name order;
 /// no arguments: the repository's `tests/workloads/traces`. A directory that cannot be read

@@ -59,6 +59,9 @@ impl Stitch {
         if end >= prev_end + size {
             gaps.push((prev_end, end));
         }
+        if let Some(long) = self.ends_class {
+            return self.ends_window(m, &gaps, end, size, long, victims_ok);
+        }
         // (victim bytes, gap length, offset, victims)
         let mut best: Option<(u64, u64, u64, Vec<u64>)> = None;
         for (s, e) in gaps {
@@ -79,6 +82,45 @@ impl Stitch {
                 {
                     best = Some((bytes, e - s, off, victims));
                 }
+            }
+        }
+        best.map(|(_, _, off, v)| (off, v))
+    }
+
+    /// [`Stitch::set_ends_class`]'s window among `gaps` (`end`: the arena's mapped end): the
+    /// fewest cached bytes in the way, then the lowest window for a long-lived block (at its
+    /// bottom), the highest for a short-lived one (at its top).
+    fn ends_window(
+        &self,
+        m: u32,
+        gaps: &[(u64, u64)],
+        end: u64,
+        size: u64,
+        long: bool,
+        victims_ok: bool,
+    ) -> Option<(u64, Vec<u64>)> {
+        // (victim bytes, offset or its reverse, offset, victims)
+        let mut best: Option<(u64, u64, u64, Vec<u64>)> = None;
+        for &(s, e) in gaps {
+            // the fault moves a block up only into a live or pending block (a window below
+            // the mapped end, no cached block to dissolve)
+            let over = !long && self.faults.ends_over_live && e < end && !victims_ok;
+            let off = if long {
+                round_up(s, ALIGN)
+            } else {
+                (e - size) / ALIGN * ALIGN + if over { ALIGN } else { 0 }
+            };
+            if off < s || (off + size > e && !over) {
+                continue;
+            }
+            let (bytes, victims) = if victims_ok {
+                self.victims_in(m, off, size)
+            } else {
+                (0, Vec::new())
+            };
+            let key = if long { off } else { u64::MAX - off };
+            if best.as_ref().is_none_or(|b| (bytes, key) < (b.0, b.1)) {
+                best = Some((bytes, key, off, victims));
             }
         }
         best.map(|(_, _, off, v)| (off, v))

@@ -7,8 +7,8 @@
 //! A hit the caller serves is an allocation the pool never sees: a program whose use shrank
 //! to a loop the caller serves whole (one size freed and asked again on its stream) would
 //! never end a window, so its budget would stay at the old peak and the pages of that peak
-//! would never go back (a 64 MiB peak, then 196,608 pairs of 8 KiB on one stream: the pool
-//! kept all 64 MiB where the model gave 62 MiB back). So the caller counts its hits and tells
+//! would never go back (a peak, then a long loop of small pairs on one stream: the pages of
+//! the peak stay held for as long as the loop runs). So the caller counts its hits and tells
 //! the pool ([`Stitch::note_aside_hits`]) whenever it gives back what it keeps, and after so
 //! many hits at the latest (the interposer's caches: 4096 each); a window they complete
 //! ends there, as at the pool's next free.

@@ -15,13 +15,12 @@
 //!   by address), so when the first dies that page stays held by the second and the first's
 //!   pages do not all come back whole.
 //!
-//! t5's peak (event 28426, a fourth 16,384,000 B block: 7 pages + 1,664 KiB) shows both: one
-//! page below its smallest device the request finds 6 of the 7 whole pages it needs, and
-//! before the third block (event 28424) the pool has 13 whole pages for the two blocks that
-//! need 14 (`examples/pool_fit.rs` prints that bound). With this rule the first two blocks
-//! keep apart, the first one's pages all come back whole, and the last two take their
-//! remainders from the free ends the blocks freed just before the peak left: t5 completes on
-//! 484 MiB (1.028 x peak live) behind `cudaFree` and stream-ordered alike, instead of 486.
+//! t5's peak request (the fourth of four blocks of 7 pages and a part) shows both: placed
+//! the usual way it finds one whole page fewer than it needs (`examples/pool_fit.rs` prints
+//! that bound). With this rule the first two blocks keep apart, the first one's pages all
+//! come back whole, and the last two take their remainders from the free ends the blocks
+//! freed just before the peak left (docs/benchmarks.md, "t5 on 1.03 x peak live: page ends
+//! near the limit").
 //!
 //! The rule, for a block of more than a page whose size is not whole pages, while
 //! `Stitch::under_pressure` says the device is nearly full: the pool takes no twin's block,
@@ -31,11 +30,10 @@
 //! fresh pages take the remainder with the largest free end, one of a page no other block of a
 //! page or more holds where that costs no fresh page more. While the device is nearly full the
 //! fast path declines (`near`), so a twin cached by a stream-ordered free goes the same way.
-//! Measured on the shared traces and GPU recordings (`examples/pool_small.rs`): only t5's
-//! smallest device moves; a remainder of less than half a page on page ends costs ViT a page
-//! (its 2,129,920 B blocks leave holes between two blocks' ends), and the rule for every
-//! block of more than a page, whole pages included, costs the GPU recording of ViT one. On a
-//! large device the rule never applies. Safety is that of the paths it takes (a
+//! Why half a page and why not whole-page blocks: a remainder smaller than that on page ends
+//! leaves holes between two blocks' ends (ViT's blocks of a page and a sliver), and blocks of
+//! whole pages have no remainder to place, only a layout to disturb (`examples/pool_small.rs`
+//! measures both). On a large device the rule never applies. Safety is that of the paths it takes (a
 //! synchronization before pending bytes are reused, dissolving, a new mapping over free bytes);
 //! `Faults::ends_unsynced` releases the pending blocks without the synchronization, for the
 //! tests that show the checks catch it.
@@ -47,13 +45,11 @@
 //! instead, its blocks go around what the previous round left (the pool enters the round
 //! holding every page it had at its peak, so the device's room is short from the round's
 //! first large block on, not only near the peak as in the first round), and the round's
-//! layout parts from the one that fitted: three passes of the shared ViT needed 174 MiB where
-//! one needs 162 (1.084 x peak live), of t5 with stream-ordered frees 486 where one needs
-//! 484, of t5 behind `cudaFree` 490. With rounds first: 162, 484 and 488
-//! (`examples/pool_passes.rs`); every one-pass figure is unchanged (`examples/pool_small.rs`).
-//! The layer replay's places (a layer two periods back in the same round) are not taken
-//! first: they are not a layout that completed. `Faults::ends_skip_rounds` skips the round's
-//! place as before, for the test that shows the passes' devices depend on it.
+//! layout parts from the one that fitted: later passes then need a larger device than the
+//! first (`examples/pool_passes.rs`; docs/benchmarks.md, "Repeated passes on the device one
+//! pass needs"). The layer replay's places (a layer two periods back in the same round) are
+//! not taken first: they are not a layout that completed. `Faults::ends_skip_rounds` skips
+//! the round's place, for the test that shows the passes' devices depend on it.
 
 use super::*;
 
@@ -96,7 +92,7 @@ impl Stitch {
 
     /// Place a block of the rule: release the pending blocks, dissolve the cache, then place
     /// with the pages held or grow by the shortfall. `None`: the device refused; the slow path
-    /// goes on as before.
+    /// goes on with its usual placement.
     pub(super) fn ends_place(
         &mut self,
         dev: &mut dyn Device,

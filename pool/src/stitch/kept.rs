@@ -6,8 +6,7 @@
 //! of another. A smaller block that the budget leaves no free window for takes cached bytes:
 //! cut where the fewest cached bytes are, it lands in one large block's range and another's,
 //! so when the next layer asks for the large shape again no range of it is whole and a new
-//! one is stitched (reserve, a map per page, set access: 13-25 calls per layer on
-//! bert_serve). Carved best fit out of the ranges large blocks were given (the range whose
+//! one is stitched (a map per page and an access call, in every layer). Carved best fit out of the ranges large blocks were given (the range whose
 //! free bytes fit the request most tightly, packed at its low end), the smaller blocks fill
 //! one range while the others stay whole, and a range's pieces coalesce back as they are
 //! freed (bytes given back to a page merge with their free neighbours), so the large shape

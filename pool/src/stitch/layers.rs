@@ -44,7 +44,13 @@
 //! Blocks under a page share pages (their places matter little) and are left to the fast
 //! path. A caller's thread caches (`thread_cache`) keep only frees under a page while the
 //! rule acts (`Stitch::aside_below`): a cache hit is served where the pool never sees it, so
-//! a layer's block a cache served would neither be placed by the rule nor remembered.
+//! a layer's block a cache served would neither be placed by the rule nor remembered. The
+//! one exception is a run of one large size too long for any period (`Layers::loose`): its
+//! next allocations of that size go to the fast path unremembered anyway, so the caches may
+//! keep frees of that size while the run lasts (`Stitch::aside_run`: a loop of one large
+//! stream-ordered pair then takes no pool lock). The first allocation of another size is a
+//! miss in every cache, which gives back what it keeps before the pool serves it; that
+//! allocation breaks the run, and frees of the run's size reach the pool again.
 
 use super::*;
 
@@ -359,6 +365,19 @@ impl Stitch {
             self.gran
         } else {
             u64::MAX
+        }
+    }
+
+    /// The size (rounded to `ALIGN`) of the run of one large request too long for any period
+    /// (`Layers::loose`) while the layer replay acts, 0 when there is none: a caller may keep
+    /// frees of that size aside too (`Policy::aside_run`), its next allocations taking the fast
+    /// path unremembered (see `note_layer`). Changed only by an allocation the general path
+    /// serves (`note_layer`, and `forget_layout` at a round's end).
+    pub fn aside_run(&self) -> u64 {
+        if self.layer_size(self.gran) {
+            self.layers.loose.unwrap_or(0)
+        } else {
+            0
         }
     }
 

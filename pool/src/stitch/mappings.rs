@@ -87,12 +87,13 @@ impl Stitch {
         let addr = self.map(map).va + off;
         if !self.faults.skip_take {
             for &(p, s, e) in &pieces {
-                // the fault switches' carve or replayed place over a live block: its bytes
-                // are not free
+                // the fault switches' carve, replayed place or arena window over a live
+                // block: its bytes are not free
                 if (self.faults.kept_over_live
                     || self.faults.replay_over_live
                     || self.faults.grow_over_live
-                    || self.faults.hold_over_live)
+                    || self.faults.hold_over_live
+                    || self.faults.ends_over_live)
                     && !self.bytes_free(p, s, e)
                 {
                     continue;
@@ -356,9 +357,9 @@ impl Stitch {
         let (differ, m, out) = best?;
         // a new mapping costs n + 1 calls (n maps, one access call: its addresses come from
         // the pool's chunks, see `vas`) and one unmap when it is dropped; a repair about 2 per
-        // slot (unmap, map) + 1. Priced at n + 1 alone, no row of `pool_slack 0.05:2` changes
-        // and two other measurements get worse (docs/benchmarks.md, "The price of a new
-        // mapping")
+        // slot (unmap, map) + 1. The unmap is counted because the new mapping's is as
+        // certain as the repair's (docs/benchmarks.md, "The price of a new mapping", has the
+        // price without it)
         (2 * differ + 1 < n + 2).then_some((m, out, best_round))
     }
 

@@ -172,7 +172,7 @@ pub struct Faults {
     /// Let a page of a run be stitched into new mappings like a page with a handle of its
     /// own, mapped alone (proves the check that a handle is mapped whole can fail).
     pub stitch_run_pages: bool,
-    /// Grow the arena one handle per page, as before runs (not a safety fault: it proves
+    /// Grow the arena one handle per page, without runs (not a safety fault: it proves
     /// the test that growth by a run costs one create and one map can fail).
     pub page_handles: bool,
     /// Re-form only mappings that blocks still use for a new block (remapping some of their
@@ -234,7 +234,7 @@ pub struct Faults {
     /// the pool keeps past it: a caller keeps frees aside there too, and they reach the pool
     /// late (not a safety fault: it proves the test of that half of the watch can fail).
     pub watch_never_zero: bool,
-    /// Near the device's limit, place blocks of more than a page as before (their twins'
+    /// Near the device's limit, place blocks of more than a page the usual way (their twins'
     /// places, the arena, held mappings) instead of on page ends (see `ends`; not a safety
     /// fault: it proves the test of the smallest device that rule reaches can fail).
     pub ends_off: bool,
@@ -286,8 +286,13 @@ pub struct Faults {
     /// place one period back, over the live block there (the new block overlaps it): proves
     /// the checks of placing while places are held can fail.
     pub hold_over_live: bool,
+    /// A short-lived block the arena places at the top of a window (`Stitch::set_ends_class`)
+    /// goes one `ALIGN` higher, over the block above the window: proves the checks of that
+    /// placement can fail.
+    pub ends_over_live: bool,
     /// Growth for a new mapping creates a page for the request's remainder even where a
-    /// partly used page's free end holds it, as before `Stitch::fresh_pages_for` (not a
+    /// partly used page's free end holds it, as if `Stitch::fresh_pages_for` counted every page
+    /// of the request (not a
     /// safety fault: it proves the test that growth gives back no page it created can fail).
     pub remainder_page: bool,
 }
@@ -425,6 +430,8 @@ pub struct Stitch {
     /// (see `set_lifetime_class`)
     life: u8,
     lives: bool,
+    /// the next allocation's two-ends class in the arena (see `set_ends_class`)
+    ends_class: Option<bool>,
     /// mappings re-formed by remapping some of their pages (see `Stitch::repairable`)
     repairs: u64,
     /// of them, mappings of a round's places re-formed near the device's limit (`pressure`)
@@ -529,6 +536,7 @@ impl Stitch {
             prev_forced: 0,
             life: 0,
             lives: false,
+            ends_class: None,
             repairs: 0,
             pressure_reforms: 0,
             next_window: u64::MAX,
@@ -556,10 +564,10 @@ impl Stitch {
 
     /// Grow the arena (a budgeted pool's) by runs of pages under one handle while the device
     /// has room: one create and one map per growth instead of one each per page (see
-    /// `pages`, "Runs"). Off by default: measured in docs/benchmarks.md ("Tight stitch,
-    /// session 11"), runs cut the driver calls of every trace but hold more on bert_serve
-    /// (pages of a run partly in use are stitched elsewhere only with the whole run), and
-    /// behind the interposer's thread caches a repeated t5 makes calls in its later passes.
+    /// `pages`, "Runs"). Off by default: runs cut the driver calls of every trace but hold
+    /// more on bert_serve (pages of a run partly in use are stitched elsewhere only with the
+    /// whole run), and behind the interposer's thread caches a repeated t5 makes calls in its
+    /// later passes (`examples/pool_slack.rs`, budget `0.05:2:runs`).
     pub fn with_runs(mut self, on: bool) -> Self {
         self.grow_runs = on;
         self
@@ -619,6 +627,18 @@ impl Stitch {
     pub fn with_thread_caches(mut self, on: bool) -> Self {
         self.tcaches = on;
         self
+    }
+
+    /// Where the arena places the next allocations that reach it (a window of free bytes,
+    /// not a replayed place): `Some(true)`, a block expected to live long, at the bottom of
+    /// the lowest window that fits; `Some(false)`, a short-lived one, at the top of the
+    /// highest; `None` (the default), the arena's own choice. Short-lived blocks then die
+    /// above the long-lived ones and leave one run for the next large block. A measuring
+    /// hook, not a rule of the pool: told the trace's own lifetimes (an oracle), it bounds
+    /// what a pool predicting them could gain this way (`examples/pool_ends.rs`).
+    #[doc(hidden)]
+    pub fn set_ends_class(&mut self, class: Option<bool>) {
+        self.ends_class = class;
     }
 
     /// Break safety rules on purpose (tests only).
@@ -864,9 +884,14 @@ impl Policy for Stitch {
         Stitch::aside_below(self)
     }
 
+    fn aside_run(&self) -> u64 {
+        Stitch::aside_run(self)
+    }
+
     /// As the interposer decides: its caches are off when `VRAMSHIM_POOL_DEBUG` names any of
     /// the pool's switches (faults, `runs`, `kept`: their tests exercise the pool's own rules).
-    /// With layers on they keep only blocks under a page (`Stitch::aside_below`).
+    /// With layers on they keep only blocks under a page (`Stitch::aside_below`) and those of
+    /// a run of one large size the layer replay has no period for (`Stitch::aside_run`).
     fn thread_caches(&self) -> bool {
         self.tcaches && self.faults == Faults::default() && !self.grow_runs && !self.kept_on
     }

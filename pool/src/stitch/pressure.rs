@@ -9,11 +9,14 @@
 //!   whose pages an unused round mapping already mostly holds then gets a new mapping, and
 //!   the layout that follows differs from the one re-forming gives. On the smallest device
 //!   bert needs behind `cudaFree` the layouts part there, and only the re-formed one
-//!   completes: 214 MiB (1.023 x peak live) instead of 216 (1.032).
+//!   completes.
 //! - Below its budget it grows before it dissolves cached blocks (they stay formed for exact
 //!   reuse, as in a caching allocator). Near the limit the pages it takes that way are the
-//!   ones a later, larger block needs: t5 with stream-ordered frees completes on 486 MiB
-//!   instead of 488, the GPU recording of ViT on 164 instead of 166.
+//!   ones a later, larger block needs (t5 with stream-ordered frees, the GPU recording of
+//!   ViT).
+//!
+//! docs/benchmarks.md ("Near the device's limit: the expensive layout only where the cheap
+//! one runs out") has the devices each rule saves.
 //!
 //! So the pool asks the device how much physical memory it may still take (`Device::room`:
 //! the device's free memory and the cap, where known) where it is about to grow or make a new
@@ -29,10 +32,10 @@
 use super::*;
 
 /// Under pressure when the device's room is below the request plus `1 / PRESSURE_SHARE` of
-/// the bytes the pool holds. Measured on the shared traces and GPU recordings (`pool_traces`'
-/// min device): bert behind `cudaFree` needs a half to a fifth of the pool (214 MiB; a sixth
-/// or an eighth is too late, 216: the layout that fails is made by then); t5 stream-ordered
-/// (486) and the GPU ViT stream-ordered (164) gain from a half to an eighth alike.
+/// the bytes the pool holds. Why a quarter: the rules must act before the layout that fails
+/// is made, which on bert behind `cudaFree` a sixth of the pool's bytes is too late for; a
+/// quarter lies inside the shares that reach every trace's smallest device (the shares tried
+/// are in docs/benchmarks.md, "Near the device's limit").
 const PRESSURE_SHARE: u64 = 4;
 
 impl Stitch {
@@ -52,14 +55,13 @@ impl Stitch {
     /// Why: a later round (a training loop's next pass, the pool kept) enters holding every
     /// page of its peak, so the device's room is short from its first block on; re-forming
     /// the round's mappings then moves the places the round replays onto other pages from the
-    /// start, and its layout parts from the one that fitted (t5 behind `cudaFree`: three
-    /// passes needed 488 MiB where one needs 484). The pool's own free pages are room a new
-    /// mapping takes without growing; once they too run short (near the round's peak, as in
-    /// the first round) the mappings are re-formed as before. Measured
-    /// (`examples/pool_passes.rs`, `examples/pool_small.rs`): t5 `cudaFree` three passes on
-    /// 484 MiB; no smallest device moves; bert behind `cudaFree` re-forms 35 round mappings
-    /// on its 214 MiB device instead of 182 and makes 2339 driver calls there instead of
-    /// 1630. `Faults::reform_without_held` counts the device's room alone, for the test.
+    /// start, and its layout parts from the one that fitted (t5 behind `cudaFree` needed a
+    /// larger device for three passes than for one). The pool's own free pages are room a
+    /// new mapping takes without growing; once they too run short (near the round's peak, as
+    /// in the first round) the mappings are re-formed. The price is driver calls near the
+    /// limit, where completing matters more (`examples/pool_passes.rs`,
+    /// `examples/pool_small.rs`; docs/benchmarks.md, "Repeated passes on the device one pass
+    /// needs"). `Faults::reform_without_held` counts the device's room alone, for the test.
     pub(super) fn reform_pressure(&self, dev: &dyn Device, size: u64) -> bool {
         if self.faults.reform_without_held {
             return self.under_pressure(dev, size);
@@ -81,11 +83,10 @@ impl Stitch {
     /// blocks pin; stitched from pages of their own class (`placement`: free ranges, mappings
     /// and fresh pages, each checked against the class), the short-lived ones empty whole
     /// pages together. On a large device the arena keeps its role (a new shape costs no
-    /// driver call). Measured with the oracle classes of `examples/pool_lifetimes.rs` (dies
-    /// before the trace's peak or not): t5 486 -> 482 MiB behind `cudaFree` and 486 -> 480
-    /// stream-ordered (1.023 / 1.019 x peak live), every shared trace and GPU recording at
-    /// or under 1.03 x; with the arena kept (`Faults::arena_mixes_lifetimes`) the classes
-    /// gain nothing on t5. Without classes (every pool but that example's) nothing changes.
+    /// driver call). The classes are worth a smaller device only with the arena skipped
+    /// (`Faults::arena_mixes_lifetimes` keeps it, and the classes gain nothing on t5):
+    /// `examples/pool_lifetimes.rs` measures it with oracle classes (dies before the trace's
+    /// peak or not). Without classes (every pool but that example's) nothing changes.
     pub(super) fn lifetimes_near_limit(&self, dev: &dyn Device, size: u64) -> bool {
         self.lives && !self.faults.arena_mixes_lifetimes && self.under_pressure(dev, size)
     }

@@ -4,9 +4,8 @@
 //! live. A pool that keeps its cached blocks and their places into the next round hands
 //! them out by size, not by lifetime, so each round's layout drifts from the first one's:
 //! free bytes end up scattered over partly used pages, and a large block that fitted in the
-//! first round no longer fits in the pages held, so the pool grows past its budget (the
-//! peak crept over passes: vit behind `cudaFree` 1.059 / 1.109 / 1.134 x peak live after
-//! 1 / 2 / 6 passes). When nothing is live, every cached block is dissolved and the earlier
+//! first round no longer fits in the pages held, so the pool grows past its budget and its
+//! peak creeps up pass after pass (`examples/pool_creep.rs`). When nothing is live, every cached block is dissolved and the earlier
 //! places are forgotten; the pages and mappings stay (no driver call), so the next round is
 //! laid out afresh, as compactly as the first, in memory the pool already holds: the places
 //! of the round that ended, taken in the order of that round (see `rounds`), not by size.

@@ -27,11 +27,10 @@
 //! round's `cudaFree`d blocks were released by synchronizations at the same points. The
 //! allocation that made a place synchronized there when the pending frees had reached their
 //! limit (`pending_limit`); so does its replay (`Faults::replay_skips_sync` skips it, for the
-//! tests). Without it the GPU recording of GPT-2 behind `cudaFree` took other cached blocks
-//! from its second pass's 169th allocation on (368 allocations of the pass elsewhere, 3
-//! driver calls in it on 80 GiB), and three passes needed 178 MiB where one needs 176; with
-//! it the second pass takes every place and block the first took (0 calls) and three
-//! passes complete on 176 MiB (`examples/pool_passes.rs`).
+//! tests). Without it a later pass's hits take other cached blocks than the first pass's
+//! from the first synchronization it skips on, and its layout drifts as above: driver calls
+//! in later passes, and a larger device for three passes than for one (the GPU recording of
+//! GPT-2 behind `cudaFree`, `examples/pool_passes.rs`).
 //!
 //! Bounded: at most `ROUND_PLACES` places are remembered per round (a job that is never
 //! idle has one long round; the rest of it is not remembered).

@@ -1,10 +1,10 @@
 //! Address ranges for stitched mappings, carved out of large reservations the pool keeps.
 //!
-//! Why: a new stitched mapping cost a reservation of its own (`cuMemAddressReserve`) and,
-//! when dropped, its release (`cuMemAddressFree`): two driver calls on top of its maps and
-//! its access, for address space, which costs no device memory. A shape-varying stream
-//! stitches a new mapping for each shape the held ranges do not fit (bert_serve: 42 of its
-//! 692 driver calls were reservations, t5_train 104 of 856). Here a mapping takes its range
+//! Why: a stitched mapping with a reservation of its own costs `cuMemAddressReserve` and,
+//! when dropped, `cuMemAddressFree`: two driver calls on top of its maps and its access, for
+//! address space, which costs no device memory. A shape-varying stream stitches a new
+//! mapping for each shape the held ranges do not fit, so those calls add up
+//! (docs/benchmarks.md, "Stitched mappings without reservations of their own"). Here a mapping takes its range
 //! from a chunk of address space reserved once (`CHUNK_PAGES` pages, or the mapping's length
 //! if longer) and gives it back to the chunk when it is dropped; a chunk goes back to the
 //! device only when nothing uses it and another unused one is kept (or at `trim`).

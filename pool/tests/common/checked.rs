@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use vramshim_pool::replay::Event;
+use vramshim_pool::replay::{self, Event};
 use vramshim_pool::stitch::Stitch;
 use vramshim_pool::{AccountingDevice, Policy, Request};
 
@@ -33,14 +33,8 @@ pub fn replay_checked<E>(
                     p.free(dev, a, mode).unwrap();
                 }
             }
-            Event::ProcessSync => {
-                dev.process_sync();
-                p.note_process_sync();
-            }
-            Event::StreamRetired { stream } => {
-                p.retire_stream(dev, stream);
-                dev.retire_stream(stream);
-            }
+            Event::ProcessSync => replay::process_sync(p, dev),
+            Event::StreamRetired { stream } => replay::retire_stream(p, dev, stream),
         }
         after(dev);
     }

@@ -1,10 +1,12 @@
 //! What the pool's tests share: the free modes the property tests draw, the end of a run
 //! (every live block freed, then trim) and the checks that a run left nothing behind; the
 //! rotation `pool_bench` times ([`rotation`]); every shared trace and GPU recording
-//! ([`traces`]); each allocation's lifetime class ([`lifetimes`]). Each test file uses a part of it.
+//! ([`traces`]); each allocation's lifetime class ([`lifetimes`]); the arena's two ends told
+//! lifetimes ([`ends`]). Each test file uses a part of it.
 #![allow(dead_code)]
 
 pub mod checked;
+pub mod ends;
 pub mod lifetimes;
 pub mod rotation;
 

@@ -9,16 +9,14 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
 
-use vramshim_testkit::{
-    Link, RunOutput, built_interposer_lib, compile_c, run, sim_command, unique_name,
-};
+use vramshim_testkit::{Link, RunOutput, compile_c, interposer_lib, run, sim_command, unique_name};
 
 pub const MIB: u64 = 1 << 20;
 pub const GIB: u64 = 1 << 30;
 
 /// The built `libvramshim.so`, which must exist (checked; whether it is up to date is not).
 pub fn lib() -> PathBuf {
-    built_interposer_lib()
+    interposer_lib()
 }
 
 /// cap_probe linked against the simulated `libcudart.so.12`, built once per test process.

@@ -7,8 +7,8 @@
 //! out.assert_success();
 //! ```
 //!
-//! * Where things are: [`profile_dir`], [`repo_root`], [`interposer_lib`] (checked built:
-//!   [`built_interposer_lib`]), [`sim_dir`]
+//! * Where things are: [`profile_dir`], [`repo_root`], [`interposer_lib`] and
+//!   [`vramshim_exe`] (checked built from the sources now in the tree: `fresh`), [`sim_dir`]
 //!   (the simulated GPU's libraries under their real names, laid out on first use),
 //!   [`workloads_include`].
 //! * Building C programs: [`compile_c`] / [`compile_c_to`] (gcc, `-I tests/workloads/include`,
@@ -24,6 +24,7 @@
 //!   busy-mappings serving loop on the pool's model ([`busy_maps`]); property
 //!   tests' configuration ([`props::config`]: a known seed, said on every run; new failures
 //!   kept under the target directory).
+//! * Traces stated event by event: [`records`] (an allocation record, a trace file).
 //! * NVIDIA's real `libcudart.so.12` (downloaded wheel): [`real_cudart12_dir`]; the pinned
 //!   NVIDIA wheels of scripts/setup-nvidia-wheels: [`nvidia_wheels`].
 //!
@@ -34,11 +35,13 @@
 //! -p vramsim-runtime13 -p vramsim-runtime-static`.
 
 pub mod busy_maps;
+mod fresh;
 pub mod layers;
 mod layout;
 mod proc;
 pub mod props;
 mod random;
+pub mod records;
 mod tmp;
 pub mod users;
 mod wheel;
@@ -53,6 +56,7 @@ pub use tmp::{TempDir, live_temp_dirs};
 pub use wheel::{CUDART12_WHEEL, nvidia_wheels, real_cudart12_dir};
 
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// `target/<profile>` of the running test binary, whatever `CARGO_TARGET_DIR` is.
@@ -78,23 +82,24 @@ pub fn repo_root() -> PathBuf {
         .expect("repo root")
 }
 
-/// Path of the built `libvramshim.so`.
+/// The built `libvramshim.so`, which must exist and be built from the sources now in the
+/// tree (checked once per process, see the `fresh` module): a test that preloads a missing library runs
+/// no interposer at all and may pass for that reason, and one that preloads a stale one tests
+/// the previous build's code (`cargo test` does not rebuild it). Otherwise the calling test
+/// fails with one message naming the `cargo build` command to run first.
+#[track_caller]
 pub fn interposer_lib() -> PathBuf {
-    profile_dir().join("libvramshim.so")
+    static LIB: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    fresh::fresh(&LIB, "libvramshim.so", "libvramshim")
 }
 
-/// [`interposer_lib`], which must exist: a test that preloads a missing library runs no
-/// interposer at all and may pass for that reason. Only its presence is checked, not that it
-/// is up to date: `cargo test` does not rebuild it (build it first).
+/// The built `vramshim` command, checked as [`interposer_lib`] is (the analyzer's own tests
+/// use cargo's `CARGO_BIN_EXE_vramshim`, which their `cargo test` builds; every other
+/// package's tests run it through this).
 #[track_caller]
-pub fn built_interposer_lib() -> PathBuf {
-    let l = interposer_lib();
-    assert!(
-        l.exists(),
-        "{} is not built: cargo build --release -p vramshim-interposer",
-        l.display()
-    );
-    l
+pub fn vramshim_exe() -> PathBuf {
+    static EXE: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    fresh::fresh(&EXE, "vramshim", "vramshim")
 }
 
 /// `tests/workloads/include` (holds `cuda_api.h`).

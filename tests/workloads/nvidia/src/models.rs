@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use vramshim_testkit::{RunOutput, profile_dir, repo_root, run, sim_command};
+use vramshim_testkit::{RunOutput, repo_root, run, sim_command};
 
 use crate::driver_only_dir;
 
@@ -68,7 +68,7 @@ pub fn train_model(
     let mut c = match flags {
         None => sim_command(python, name),
         Some(f) => {
-            let mut c = sim_command(profile_dir().join("vramshim"), name);
+            let mut c = sim_command(vramshim_testkit::vramshim_exe(), name);
             c.arg("run").args(f).arg("--").arg(python);
             c
         }

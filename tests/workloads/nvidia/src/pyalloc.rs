@@ -30,7 +30,7 @@ pub fn command(
             c
         }
         Some(f) => {
-            let mut c = sim_command(profile_dir().join("vramshim"), name);
+            let mut c = sim_command(vramshim_testkit::vramshim_exe(), name);
             c.env_remove("LD_LIBRARY_PATH")
                 .arg("run")
                 .arg("--sim")

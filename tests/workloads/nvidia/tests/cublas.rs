@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use vramshim_nvidia_tests::*;
-use vramshim_testkit::{RunOutput, interposer_lib, profile_dir, run, sim_command, temp_dir};
+use vramshim_testkit::{RunOutput, interposer_lib, run, sim_command, temp_dir};
 use vramshim_trace::{Event, TraceReader};
 
 /// Matrix side: 72 x 72 floats = 20736 bytes, a size nothing else allocates.
@@ -75,7 +75,7 @@ fn cublas_sgemm_traced_sees_each_matrix_once() {
     };
     let exe = sgemm(&wheels);
     let trace = temp_dir("nv-sgemm-trace").join("t.vramtrace");
-    let mut c = sim_command(profile_dir().join("vramshim"), "nv-sgemm-run");
+    let mut c = sim_command(vramshim_testkit::vramshim_exe(), "nv-sgemm-run");
     c.args(["run", "--sim", "--trace", trace.to_str().unwrap(), "--"])
         .arg(&exe)
         .args([N, "3"]);

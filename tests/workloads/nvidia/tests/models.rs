@@ -242,7 +242,7 @@ fn capped(model: &str, cap: &str) {
         "vramshim says why: {}",
         out.stderr
     );
-    let mut c = sim_command(profile_dir().join("vramshim"), &test);
+    let mut c = sim_command(vramshim_testkit::vramshim_exe(), &test);
     c.arg("summary").arg(&trace);
     let summary = run(&mut c);
     summary.assert_success();

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use vramshim_nvidia_tests::pyalloc::{self, DEVICE};
 use vramshim_nvidia_tests::*;
-use vramshim_testkit::{RunOutput, profile_dir, run, temp_dir};
+use vramshim_testkit::{RunOutput, run, temp_dir};
 use vramshim_trace::{AllocKind, Api, Event, TraceReader};
 
 const RESOURCES: [&str; 4] = ["cuda", "pool", "arena", "async"];
@@ -127,7 +127,7 @@ fn trace_rows(path: &Path) -> Vec<Row> {
 /// RMM's log through `vramshim import`, read back.
 fn imported_rows(log: &Path) -> Vec<Row> {
     let out_trace = log.with_extension("vramtrace");
-    let mut c = std::process::Command::new(profile_dir().join("vramshim"));
+    let mut c = std::process::Command::new(vramshim_testkit::vramshim_exe());
     c.arg("import").arg(log).arg("-o").arg(&out_trace);
     let out = run(&mut c);
     assert!(

@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use vramshim_nvidia_tests::*;
-use vramshim_testkit::{RunOutput, profile_dir, run, sim_command, temp_dir};
+use vramshim_testkit::{RunOutput, run, sim_command, temp_dir};
 use vramshim_trace::{Event, TraceReader};
 
 const MIB: u64 = 1 << 20;
@@ -73,7 +73,7 @@ fn the_runtime_needs_the_export_tables_and_checks_the_integrity_answer() {
 /// DT_RPATH despite cuda-sim's runtimes on LD_LIBRARY_PATH).
 fn under_vramshim(rt: Runtime, wheels: &Path, flags: &[&str], args: &[&str]) -> RunOutput {
     let exe = build("cudart_roundtrip.c", rt, wheels, &[]);
-    let mut c = sim_command(profile_dir().join("vramshim"), "nv-run");
+    let mut c = sim_command(vramshim_testkit::vramshim_exe(), "nv-run");
     c.env("VRAMSIM_CONTEXT_OVERHEAD", "0")
         .args(["run", "--sim"])
         .args(flags)

@@ -31,7 +31,7 @@ fn train_with(name: &str, python: &Path, flags: Option<&[&str]>, args: &[&str]) 
     let mut c: Command = match flags {
         None => sim_command(python, "nv-torch"),
         Some(f) => {
-            let mut c = sim_command(profile_dir().join("vramshim"), "nv-torch-run");
+            let mut c = sim_command(vramshim_testkit::vramshim_exe(), "nv-torch-run");
             c.arg("run").args(f).arg("--").arg(python);
             c
         }
@@ -183,7 +183,7 @@ fn pytorch_trains_a_conv_net_with_cudnn() {
 /// `python train_mlp.py args` under `vramshim run --sim flags`, with no library path of its own:
 /// the CLI decides which runtime runs.
 fn train_sim(python: &Path, flags: &[&str], args: &[&str]) -> RunOutput {
-    let mut c = sim_command(profile_dir().join("vramshim"), "nv-torch-sim");
+    let mut c = sim_command(vramshim_testkit::vramshim_exe(), "nv-torch-sim");
     c.env_remove("LD_LIBRARY_PATH")
         .env_remove("LD_PRELOAD")
         .env("VRAMSIM_CONTEXT_OVERHEAD", "0")

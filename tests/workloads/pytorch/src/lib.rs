@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use vramshim_testkit::{profile_dir, repo_root, sim_command, sim_dir};
+use vramshim_testkit::{repo_root, sim_command, sim_dir};
 
 /// The PyTorch version the tests and `scripts/setup-torch` use.
 pub const TORCH_VERSION: &str = "2.15.0";
@@ -184,12 +184,7 @@ pub fn torch_sim_command(python: &Path, name: &str) -> Command {
 /// `vramshim run --sim [FLAGS] -- python ARGS` on the simulated GPU (the CLI preloads the
 /// interposer; PyTorch runs its own bundled runtime on cuda-sim's driver).
 pub fn vramshim_run_command(python: &Path, name: &str, flags: &[&str]) -> Command {
-    let exe = profile_dir().join("vramshim");
-    assert!(
-        exe.exists(),
-        "{} is not built (cargo build --release -p vramshim-analyzer -p vramshim-interposer)",
-        exe.display()
-    );
+    let exe = vramshim_testkit::vramshim_exe();
     let mut c = torch_sim_command(&exe, name);
     c.env_remove("LD_PRELOAD");
     c.arg("run").arg("--sim").args(flags).arg("--").arg(python);

@@ -344,7 +344,7 @@ fn python_frames_in_native_stacks_on_every_cpython() {
             "Python {ver}: the innermost frame is native"
         );
         // The analyzer names each site by its innermost Python frame in the job's code.
-        let exe = vramshim_testkit::profile_dir().join("vramshim");
+        let exe = vramshim_testkit::vramshim_exe();
         let o = run(Command::new(&exe).arg("summary").arg("--json").arg(&file));
         o.assert_success();
         let j: serde_json::Value = serde_json::from_str(&o.stdout).expect("summary JSON");

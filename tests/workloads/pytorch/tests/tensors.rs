@@ -462,7 +462,7 @@ fn async_allocator_tensors_are_named_by_their_stacks() {
         "{}",
         out.stderr
     );
-    let exe = vramshim_testkit::profile_dir().join("vramshim");
+    let exe = vramshim_testkit::vramshim_exe();
     let o = run(std::process::Command::new(&exe)
         .arg("summary")
         .arg("--json")
@@ -728,7 +728,7 @@ w = load_weights()
     let (out, file) = traced(&py, "torch_tensors_oom", script, &["--cap", "64MiB"]);
     assert_eq!(out.code(), Some(1), "the job dies of OOM: {}", out.stderr);
     assert!(out.stderr.contains("OutOfMemoryError"), "{}", out.stderr);
-    let exe = vramshim_testkit::profile_dir().join("vramshim");
+    let exe = vramshim_testkit::vramshim_exe();
     let text = run(std::process::Command::new(&exe).arg("summary").arg(&file));
     text.assert_success();
     let s = &text.stdout;

@@ -497,7 +497,7 @@ fn vramshim_replay_live_through_pytorch() {
     let Some(py) = torch_or_skip("vramshim_replay_live_through_pytorch") else {
         return;
     };
-    let exe = vramshim_testkit::profile_dir().join("vramshim");
+    let exe = vramshim_testkit::vramshim_exe();
     // The run's trace goes to a directory of its own in the temporary directory (kept for the
     // user): this test's, removed after it.
     let tmp = vramshim_testkit::TempDir::new("torch-cli");
@@ -533,7 +533,7 @@ fn vramshim_replay_live_through_pytorch_takes_every_format() {
     let Some(py) = torch_or_skip("vramshim_replay_live_through_pytorch_takes_every_format") else {
         return;
     };
-    let exe = vramshim_testkit::profile_dir().join("vramshim");
+    let exe = vramshim_testkit::vramshim_exe();
     let dir = temp_dir("torch_formats");
     let csv = trace_file("bert_serve.rmm.csv");
     let vt = dir.join("bert.vramtrace");

@@ -120,7 +120,7 @@ fn a_failed_write_says_why_counts_what_is_lost_and_cuts_the_trace_cleanly() {
     }
     // The analyses say the trace is incomplete instead of calling what was live at its end
     // leaks (the job's allocations are live while it runs).
-    let vramshim = vramshim_testkit::profile_dir().join("vramshim");
+    let vramshim = vramshim_testkit::vramshim_exe();
     if vramshim.is_file() {
         let o = std::process::Command::new(&vramshim)
             .arg("summary")

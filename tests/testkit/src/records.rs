@@ -1,7 +1,5 @@
 //! Trace records and trace files built by hand, for the tests that state a trace event by
-//! event. The analyzer's own unit tests include this file too (`#[path]`), so that both build
-//! their traces the same way.
-#![allow(dead_code)]
+//! event (the analyzer's unit and integration tests build their traces the same way).
 
 use std::path::{Path, PathBuf};
 
