@@ -493,12 +493,7 @@ pub(crate) fn alloc(req: &request::Request) -> Option<Result<u64, i32>> {
     // allocation node of the graph, as without the pool: the graph's memory is the graph's for
     // as long as the graph may be launched. A pool block would be used by every launch while
     // the pool, given it back by the capture's free, hands it out again.
-    if stream != ANY_STREAM && crate::cuda::captures::capturing(stream) && !graph_allocs_refused() {
-        crate::debug!(
-            "pool: {} bytes on device {} on a capturing stream: a graph allocation, the driver's",
-            req.size,
-            req.device
-        );
+    if stream != ANY_STREAM && crate::cuda::captures::any() && graph_alloc(req, stream) {
         return None;
     }
     if stream != ANY_STREAM
@@ -562,11 +557,27 @@ pub(crate) fn alloc(req: &request::Request) -> Option<Result<u64, i32>> {
     };
     match r {
         Ok(a) => Some(Ok(a.addr)),
+        Err((e, by_capture)) => failed(req, stream, e, by_capture),
+    }
+}
+
+/// The pool did not serve `req` (ordered on `stream`; `by_capture`: it needed a call a stream
+/// capture forbade): the code the process sees, or `None` (pass through). Out of line: the
+/// path every served request takes stays small.
+#[cold]
+#[inline(never)]
+fn failed(
+    req: &request::Request,
+    stream: u64,
+    e: PoolError,
+    by_capture: bool,
+) -> Option<Result<u64, i32>> {
+    match (e, by_capture) {
         // A stream-ordered request (on a stream that does not capture) that needed a call a
         // capture forbade goes to the driver, as without the pool: a stream-ordered
         // allocation is no call a capture forbids. It is not the pool's: its frees go to the
         // driver too.
-        Err((_, true)) if stream != ANY_STREAM && !graph_allocs_refused() => {
+        (_, true) if stream != ANY_STREAM && !graph_allocs_refused() => {
             crate::debug!(
                 "pool: {} bytes on device {}, stream-ordered: a stream capture forbids the calls the pool needs; the driver allocates them",
                 req.size,
@@ -574,7 +585,7 @@ pub(crate) fn alloc(req: &request::Request) -> Option<Result<u64, i32>> {
             );
             None
         }
-        Err((_, true)) => {
+        (_, true) => {
             crate::debug!(
                 "pool: {} bytes on device {}: a stream capture forbids the calls it needs",
                 req.size,
@@ -582,7 +593,7 @@ pub(crate) fn alloc(req: &request::Request) -> Option<Result<u64, i32>> {
             );
             Some(Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED))
         }
-        Err((e, false)) => refused(req, e),
+        (e, false) => refused(req, e),
     }
 }
 
@@ -599,6 +610,23 @@ fn capture_refused(e: &PoolError) -> bool {
             ..
         } | PoolError::Device(DeviceError::NotPermitted)
     )
+}
+
+/// Whether `req`, stream-ordered on `stream` while some capture is under way, is a graph
+/// allocation (its stream captures) that goes to the driver (see [`alloc`]). Out of line: the
+/// allocations no capture concerns pay one load for it.
+#[cold]
+#[inline(never)]
+fn graph_alloc(req: &request::Request, stream: u64) -> bool {
+    if !crate::cuda::captures::capturing(stream) || graph_allocs_refused() {
+        return false;
+    }
+    crate::debug!(
+        "pool: {} bytes on device {} on a capturing stream: a graph allocation, the driver's",
+        req.size,
+        req.device
+    );
+    true
 }
 
 /// The pool refused `req`: the code the process sees (`None`: pass through after all).
