@@ -524,8 +524,9 @@ fn driver_stream(req: &Request) -> u64 {
     }
 }
 
-/// The cap refused `req`: count it, make the runtime's last error say so, log and trace it.
-/// Returns the code the process sees.
+/// The cap refused `req`: count it, make the runtime's last error say so (unless a stream
+/// capture forbids the thread the call that sets it), log and trace it. Returns the code the
+/// process sees.
 #[cold]
 #[inline(never)]
 fn cap_refused(req: &Request, refusal: &cap::Refusal, traced: bool, t0: tracer::Stamp) -> c_int {
@@ -545,7 +546,10 @@ fn cap_refused(req: &Request, refusal: &cap::Refusal, traced: bool, t0: tracer::
             refusal.cap
         );
     }
-    if crate::cuda::request::is_runtime(req.api) {
+    // the runtime is asked for an allocation to set its last error: not while a capture
+    // forbids this thread the call (it would invalidate the capture; the cap refused the
+    // request before CUDA was asked, so nothing else reached the driver)
+    if crate::cuda::request::is_runtime(req.api) && !crate::cuda::captures::forbid_unsafe_calls() {
         crate::cuda::real::runtime_set_last_error_oom();
     }
     crate::debug!(

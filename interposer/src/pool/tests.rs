@@ -635,6 +635,46 @@ fn out_of_memory_under_a_cap_wins_over_a_capture_s_refusal() {
     }
 }
 
+/// Under a cap without the pool (and with it), a runtime request the cap refuses while
+/// another thread's global capture forbids the worker unsafe calls fails with out of memory
+/// and leaves the capture valid: the cap does not ask the runtime to record the error then
+/// (a real `cudaMalloc`, which the capture forbids and which invalidates it). capture_threads
+/// `capped`: the worker's one request, 128 MiB under a 68 MiB cap, is the first call the
+/// capture forbids and the cap refuses it before anything reaches cuda-sim; through each
+/// begin/end-capture entry point, and with the worker capturing itself (`self`).
+#[test]
+fn a_cap_refusal_during_a_capture_leaves_the_capture_valid() {
+    let exe = workload("capture_threads");
+    for (pool, budget) in [("off", "5%"), ("stitch", "5%"), ("stitch", "off")] {
+        for entry in ["runtime", "driver", "lookup"] {
+            for extra in [None, Some("self")] {
+                let env = [
+                    ("VRAMSHIM_POOL", pool),
+                    ("VRAMSHIM_POOL_BUDGET", budget),
+                    ("VRAMSHIM_CAP", "68MiB"),
+                    ("VRAMSHIM_CAP_CONTEXT", "exclude"),
+                    ("VRAMSIM_MEMORY", "1GiB"),
+                    ("VRAMSIM_CONTEXT_OVERHEAD", "0"),
+                ];
+                let mut args = vec![entry, "global", "global"];
+                args.extend(extra);
+                args.push("capped");
+                let o = run(&exe, &args, &env, "cap-capture");
+                let what = format!(
+                    "pool {pool} budget {budget} {args:?}: {}{}",
+                    o.stdout, o.stderr
+                );
+                // exit 2: the request failed, not the capture (exit 1)
+                assert_exit(&o, 2, &what);
+                assert_eq!(field(&o.stdout, "end"), 0, "{what}");
+                assert_eq!(field(&o.stdout, "errors"), 1, "{what}");
+                assert_eq!(field(&o.stdout, "served"), 0, "{what}");
+                assert!(o.stderr.contains("request failed: 2"), "{what}");
+            }
+        }
+    }
+}
+
 /// The code a request that needed a call a capture forbade fails with: 900 only where that
 /// refusal is why it failed; out of memory (the cap's or the device's) and a driver's refusal
 /// of an argument win.

@@ -1,5 +1,5 @@
-//! Whether a binary the tests run but do not build (`libvramshim.so`, `vramshim`) was built
-//! from the sources now in the tree.
+//! Whether a binary the tests run but do not build (`libvramshim.so`, `vramshim`, the
+//! simulated GPU's libraries) was built from the sources now in the tree.
 //!
 //! Why: `cargo test -p vramshim-interposer --lib` (or any package's tests) builds that
 //! package's test binaries and what they link, never the preload library nor another
@@ -126,9 +126,17 @@ pub(crate) fn check(
     }
 }
 
-/// The command that builds the binaries the tests run but do not build (both: a change to a
-/// package they share makes both stale) into the running tests' target directory and profile.
-fn build_command() -> String {
+/// The packages of the interposer's binaries (both: a change to a package they share makes
+/// both stale).
+const VRAMSHIM_PACKAGES: &str = "-p vramshim-interposer -p vramshim-analyzer";
+
+/// The packages of the simulated GPU's libraries (every one the layout copies).
+pub(crate) const SIM_PACKAGES: &str = "-p vramsim-driver -p vramsim-nvml -p vramsim-runtime12 \
+     -p vramsim-runtime13 -p vramsim-runtime-static";
+
+/// The command that builds `packages` (binaries the tests run but do not build) into the
+/// running tests' target directory and profile.
+pub(crate) fn build_command(packages: &str) -> String {
     let profile = crate::profile_dir();
     let target = profile.parent().map(Path::to_path_buf).unwrap_or_default();
     let mut cmd = String::new();
@@ -141,8 +149,17 @@ fn build_command() -> String {
         Some("release") | None => cmd.push_str(" --release"),
         Some(p) => cmd.push_str(&format!(" --profile {p}")),
     }
-    cmd.push_str(" -p vramshim-interposer -p vramshim-analyzer");
+    cmd.push(' ');
+    cmd.push_str(packages);
     cmd
+}
+
+/// The dep-info file cargo writes beside `artifact` (`libx.so`, `libx.a`, `x`): `<stem>.d`.
+pub(crate) fn dep_info_of(artifact: &Path) -> PathBuf {
+    let stem = artifact
+        .file_stem()
+        .map_or_else(Default::default, |s| s.to_string_lossy().into_owned());
+    artifact.with_file_name(format!("{stem}.d"))
 }
 
 /// `<profile>/<file>` (its dep-info `<profile>/<stem>.d`), checked fresh once per process; a
@@ -157,7 +174,8 @@ pub(crate) fn fresh(
         let profile = crate::profile_dir();
         let artifact = profile.join(file);
         let dep_info = profile.join(format!("{stem}.d"));
-        check(&artifact, &dep_info, &crate::repo_root(), &build_command()).map(|()| artifact)
+        let fix = build_command(VRAMSHIM_PACKAGES);
+        check(&artifact, &dep_info, &crate::repo_root(), &fix).map(|()| artifact)
     });
     match r {
         Ok(p) => p.clone(),

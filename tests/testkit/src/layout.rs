@@ -1,6 +1,7 @@
 //! The simulated GPU's layout: `<profile>/cuda-sim/` holds cargo's outputs under the real
 //! libraries' names. Same result as `scripts/sim-layout <profile_dir>`.
 
+use crate::fresh;
 use crate::profile_dir;
 use std::fs;
 use std::io::Write;
@@ -29,14 +30,33 @@ const SIM_LINKS: &[(&str, &str)] = &[
 /// process, and refreshed when a cargo output is newer than its copy. Safe with concurrent
 /// test processes (lock file + every file replaced by an atomic rename).
 ///
-/// Panics with the cargo command to run when the simulated GPU's crates are not built.
+/// Panics with the cargo command to run when the simulated GPU's crates are not built, or
+/// not from the sources now in the tree ([`sim_built_fresh`]: `cargo test` of another package
+/// does not rebuild them, and a test against a stale simulator tests the previous one).
+#[track_caller]
 pub fn sim_dir() -> PathBuf {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
+    static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let r = DIR.get_or_init(|| {
         let profile = profile_dir();
-        lay_out(&profile).unwrap_or_else(|e| panic!("{e}"))
-    })
-    .clone()
+        let fix = fresh::build_command(fresh::SIM_PACKAGES);
+        sim_built_fresh(&profile, &crate::repo_root(), &fix)?;
+        lay_out(&profile)
+    });
+    match r {
+        Ok(p) => p.clone(),
+        Err(why) => panic!("{why}"),
+    }
+}
+
+/// `Ok` if every cargo output the layout copies (in `profile`) was built from the sources its
+/// dep-info lists, unchanged since and lying under `root` (the `fresh` module's check); else
+/// the first that is not, and why, ending in `fix`.
+fn sim_built_fresh(profile: &Path, root: &Path, fix: &str) -> Result<(), String> {
+    for (_, src) in SIM_FILES {
+        let artifact = profile.join(src);
+        fresh::check(&artifact, &fresh::dep_info_of(&artifact), root, fix)?;
+    }
+    Ok(())
 }
 
 fn is_stale(src: &Path, dst: &Path) -> bool {
@@ -101,4 +121,92 @@ pub fn lay_out(profile: &Path) -> Result<PathBuf, String> {
     }
     let _ = writeln!(&lock, "{tag}");
     Ok(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, SystemTime};
+
+    fn at(path: &Path, secs: u64) {
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000 + secs);
+        fs::File::options()
+            .write(true)
+            .open(path)
+            .unwrap()
+            .set_modified(t)
+            .unwrap();
+    }
+
+    /// The simulated GPU's libraries are checked as the interposer's binaries are: fresh when
+    /// each was built after every source its dep-info lists; stale (naming the library, the
+    /// source and the build command) when a source of one changed after it was built, fresh
+    /// again once it is rebuilt; not built, said so.
+    #[test]
+    fn a_simulator_library_is_stale_when_a_source_it_was_built_from_is_newer() {
+        let tmp = crate::TempDir::new("sim-fresh");
+        let root = tmp.join("repo");
+        let profile = tmp.join("release");
+        std::fs::create_dir_all(root.join("driver/src")).unwrap();
+        std::fs::create_dir_all(root.join("runtime/src")).unwrap();
+        std::fs::create_dir_all(&profile).unwrap();
+        let driver_src = root.join("driver/src/lib.rs");
+        let runtime_src = root.join("runtime/src/lib.rs");
+        for f in [&driver_src, &runtime_src] {
+            fs::write(f, "x").unwrap();
+            at(f, 10);
+        }
+        for (_, out) in SIM_FILES {
+            let artifact = profile.join(out);
+            fs::write(&artifact, "lib").unwrap();
+            at(&artifact, 20);
+            // the driver's library from the driver's source, the others from the runtime's
+            let src = if out.contains("driver") {
+                &driver_src
+            } else {
+                &runtime_src
+            };
+            let dep = format!("{}: {}\n", artifact.display(), src.display());
+            fs::write(fresh::dep_info_of(&artifact), dep).unwrap();
+        }
+        let fix = fresh::build_command(fresh::SIM_PACKAGES);
+        assert!(fix.ends_with(fresh::SIM_PACKAGES), "{fix}");
+        assert_eq!(sim_built_fresh(&profile, &root, &fix), Ok(()));
+        // a driver source touched after the build: the driver's library is stale
+        at(&driver_src, 30);
+        let e = sim_built_fresh(&profile, &root, &fix).unwrap_err();
+        assert!(
+            e.contains("libvramsim_driver.so is stale")
+                && e.contains("driver/src/lib.rs")
+                && e.ends_with(&fix),
+            "{e}"
+        );
+        // rebuilt
+        at(&profile.join("libvramsim_driver.so"), 40);
+        assert_eq!(sim_built_fresh(&profile, &root, &fix), Ok(()));
+        // the static runtime (a `.a`, its dep-info `libvramsim_runtime_static.d`) is checked too
+        at(&runtime_src, 50);
+        let e = sim_built_fresh(&profile, &root, &fix).unwrap_err();
+        assert!(
+            e.contains("is stale") && e.contains("runtime/src/lib.rs"),
+            "{e}"
+        );
+        for (_, out) in SIM_FILES {
+            at(&profile.join(out), 60);
+        }
+        assert_eq!(sim_built_fresh(&profile, &root, &fix), Ok(()));
+        at(&runtime_src, 70);
+        at(&profile.join("libvramsim_runtime12.so"), 80);
+        at(&profile.join("libvramsim_runtime13.so"), 80);
+        let e = sim_built_fresh(&profile, &root, &fix).unwrap_err();
+        assert!(e.contains("libvramsim_runtime_static.a is stale"), "{e}");
+        // one not built
+        fs::remove_file(profile.join("libvramsim_nvml.so")).unwrap();
+        at(&profile.join("libvramsim_runtime_static.a"), 80);
+        let e = sim_built_fresh(&profile, &root, &fix).unwrap_err();
+        assert!(
+            e.contains("libvramsim_nvml.so is not built") && e.ends_with(&fix),
+            "{e}"
+        );
+    }
 }

@@ -9,7 +9,8 @@
 //!
 //! * Where things are: [`profile_dir`], [`repo_root`], [`interposer_lib`] and
 //!   [`vramshim_exe`] (checked built from the sources now in the tree: `fresh`), [`sim_dir`]
-//!   (the simulated GPU's libraries under their real names, laid out on first use),
+//!   (the simulated GPU's libraries under their real names, laid out on first use, checked
+//!   the same way),
 //!   [`workloads_include`].
 //! * Building C programs: [`compile_c`] / [`compile_c_to`] (gcc, `-I tests/workloads/include`,
 //!   no rpath) with a [`Link`] mode, [`replay_exe`] (the RMM-CSV replay workload).

@@ -8,7 +8,7 @@
  * call invalidates that capture; cuda-sim polices exactly that.
  *
  *   capture_threads runtime|driver|lookup|tograph|drivertograph CAPTURE_MODE WORKER_MODE [self]
- *                   [badend] [blocking]
+ *                   [badend] [blocking] [capped]
  *
  * CAPTURE_MODE, WORKER_MODE: global|local|relaxed. Before the capture: a 4 KiB block stays
  * allocated throughout, two 4 MiB blocks are allocated and freed (cudaFree), a 2 MiB block on
@@ -25,8 +25,11 @@
  * that work itself, between its begin and its end. With "badend" the capturing thread first
  * ends the capture with a null graph pointer, which the driver refuses (the capture goes on),
  * before the work. With "blocking" SA is a blocking stream (the legacy stream then depends on it:
- * CUDA refuses any use of the legacy stream while it captures). The capture is then ended
- * through the same entry point.
+ * CUDA refuses any use of the legacy stream while it captures). With "capped" the worker's one
+ * request is a 128 MiB cudaMalloc, made first (run under a cap smaller than that: a cap
+ * without the pool refuses it before CUDA is asked, so no call the capture forbids reaches the
+ * driver unless the interposer makes one). The capture is then ended through the same entry
+ * point.
  * Output: one line "capture_threads: served=N refused=N errors=N end=RC" (served: requests
  * that succeeded; refused: those answered cudaErrorStreamCaptureUnsupported, 900; errors:
  * any other failure; end: the end-capture call's result, 0 when the capture stayed valid,
@@ -51,7 +54,7 @@ static int mode_of(const char *m) {
 }
 
 static cudaStream_t s1, s2;
-static int worker_mode;
+static int worker_mode, capped;
 static long served, refused, errors;
 
 static void count(cudaError_t e) {
@@ -70,6 +73,13 @@ static void *work(void *arg) {
     enum cudaStreamCaptureMode m = (enum cudaStreamCaptureMode)worker_mode;
     CHECK(cudaThreadExchangeStreamCaptureMode(&m));
     void *a = NULL, *b = NULL, *c = NULL, *big = NULL;
+    if (capped) {
+        cudaError_t e = cudaMalloc(&big, 128 << 20);
+        count(e);
+        if (big) CHECK(cudaFree(big));
+        CHECK(cudaThreadExchangeStreamCaptureMode(&m));
+        return NULL;
+    }
     cudaError_t e = cudaMalloc(&a, 4 << 20);
     count(e);
     e = cudaMallocAsync(&b, 2 << 20, s1);
@@ -93,7 +103,7 @@ static void *work(void *arg) {
 int main(int argc, char **argv) {
     const char *usage =
         "usage: capture_threads runtime|driver|lookup|tograph|drivertograph global|local|relaxed "
-        "global|local|relaxed [self] [badend] [blocking]\n";
+        "global|local|relaxed [self] [badend] [blocking] [capped]\n";
     if (argc < 4) {
         fprintf(stderr, "%s", usage);
         return 2;
@@ -104,9 +114,10 @@ int main(int argc, char **argv) {
             self = 1;
         else if (strcmp(argv[i], "blocking") == 0)
             blocking = 1;
-
         else if (strcmp(argv[i], "badend") == 0)
             badend = 1;
+        else if (strcmp(argv[i], "capped") == 0)
+            capped = 1;
         else {
             fprintf(stderr, "%s", usage);
             return 2;
