@@ -12,6 +12,11 @@
 //! (`CARGO_MANIFEST_DIR`) point into the clone, which is deleted at the end, and cargo would
 //! then take them as up to date. Afterwards the test therefore bumps the modification time of
 //! this checkout's tracked files, so the next build here recompiles the workspace's crates.
+//! The tests that run after this one in the same `cargo test` use the libraries and programs
+//! at the top of that directory (`libvramshim.so`, `vramshim`, the simulator's libraries), and
+//! refuse ones built from another checkout or older than their sources: the test keeps a copy
+//! of them before the clone's build and puts it back afterwards, dated after the bump (same
+//! bytes, built from this checkout's unchanged sources).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -54,24 +59,65 @@ fn readme_first_command(readme: &str) -> String {
 }
 
 /// On drop (the test passing or failing), marks every tracked file of this checkout as
-/// modified now, so cargo rebuilds what the clone's build overwrote.
-struct RefreshCheckoutOnDrop;
+/// modified now, so cargo rebuilds what the clone's build overwrote; then puts back the files
+/// at the top of the profile directory as they were before the clone's build, dated after
+/// that, so the tests that follow run this checkout's build.
+struct RestoreCheckoutOnDrop {
+    profile: PathBuf,
+    saved: PathBuf,
+    names: Vec<std::ffi::OsString>,
+}
 
-impl Drop for RefreshCheckoutOnDrop {
+impl RestoreCheckoutOnDrop {
+    /// Copies every plain file at the top of `profile` (cargo's uplifted outputs and their
+    /// dep-info) into `saved`.
+    fn save(profile: &Path, saved: &Path) -> Self {
+        std::fs::create_dir_all(saved).unwrap();
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(profile).unwrap().flatten() {
+            let name = entry.file_name();
+            let plain = entry.file_type().map(|t| t.is_file()).unwrap_or(false);
+            if !plain || name == ".cargo-lock" {
+                continue;
+            }
+            std::fs::copy(entry.path(), saved.join(&name)).unwrap_or_else(|e| {
+                panic!("saving {}: {e}", entry.path().display());
+            });
+            names.push(name);
+        }
+        RestoreCheckoutOnDrop {
+            profile: profile.to_path_buf(),
+            saved: saved.to_path_buf(),
+            names,
+        }
+    }
+}
+
+impl Drop for RestoreCheckoutOnDrop {
     fn drop(&mut self) {
         let root = repo_root();
-        let Ok(out) = Command::new("git")
+        if let Ok(out) = Command::new("git")
             .args(["ls-files", "-z"])
             .current_dir(&root)
             .output()
-        else {
-            return;
-        };
-        let now = std::time::SystemTime::now();
-        for name in out.stdout.split(|b| *b == 0).filter(|n| !n.is_empty()) {
-            let path = root.join(String::from_utf8_lossy(name).as_ref());
-            if let Ok(f) = std::fs::File::options().write(true).open(&path) {
-                let _ = f.set_modified(now);
+        {
+            let now = std::time::SystemTime::now();
+            for name in out.stdout.split(|b| *b == 0).filter(|n| !n.is_empty()) {
+                let path = root.join(String::from_utf8_lossy(name).as_ref());
+                if let Ok(f) = std::fs::File::options().write(true).open(&path) {
+                    let _ = f.set_modified(now);
+                }
+            }
+        }
+        // A new file, not the clone's (cargo may have hard-linked it into deps/).
+        let after = std::time::SystemTime::now() + std::time::Duration::from_secs(1);
+        for name in &self.names {
+            let dst = self.profile.join(name);
+            let _ = std::fs::remove_file(&dst);
+            if std::fs::copy(self.saved.join(name), &dst).is_ok()
+                && let Ok(f) = std::fs::File::options().write(true).open(&dst)
+            {
+                let _ = f.set_modified(after);
             }
         }
     }
@@ -114,7 +160,7 @@ fn readme_first_command_on_a_fresh_clone_runs_the_demo() {
         );
     }
 
-    let _refresh = RefreshCheckoutOnDrop;
+    let _restore = RestoreCheckoutOnDrop::save(&profile_dir(), &tmp.join("saved-outputs"));
     eprintln!("running in a fresh clone: {cmd}");
     let out = Command::new("sh")
         .arg("-c")
