@@ -30,6 +30,7 @@ const SWITCHES: &[(&str, &[&str])] = &[
             "ignore-retired",
             "ignore-other-captures",
             "refuse-graph-allocs",
+            "graph-frees-reused",
             "fences-until-sync",
             "event-settles",
             "no-layers",

@@ -15,7 +15,7 @@ use std::ffi::{CStr, c_char, c_int, c_longlong};
 use vramshim_pool::Stats;
 
 /// The fields, in the order `vramshim_pool_stats` writes them (bytes unless said otherwise).
-pub(crate) const FIELDS: [&str; 16] = [
+pub(crate) const FIELDS: [&str; 18] = [
     // physical pages held
     "reserved",
     // requested bytes of live blocks
@@ -41,10 +41,17 @@ pub(crate) const FIELDS: [&str; 16] = [
     "syncs",
     "trims",
     "oom_retries",
+    // blocks freed stream-ordered on a capturing stream (count): the graph's, live for good
+    "graph_freed",
+    // their requested bytes (part of live)
+    "graph_freed_bytes",
 ];
 
 /// The values of [`FIELDS`], in order.
-pub(crate) fn values(s: &Stats) -> [u64; FIELDS.len()] {
+pub(crate) fn values(
+    s: &Stats,
+    (graph_freed, graph_freed_bytes): (u64, u64),
+) -> [u64; FIELDS.len()] {
     [
         s.reserved,
         s.live,
@@ -62,13 +69,15 @@ pub(crate) fn values(s: &Stats) -> [u64; FIELDS.len()] {
         s.syncs,
         s.trims,
         s.oom_retries,
+        graph_freed,
+        graph_freed_bytes,
     ]
 }
 
 /// One field of `device`'s pool by name.
 pub(crate) fn field(device: i32, name: &str) -> Option<u64> {
     let i = FIELDS.iter().position(|f| *f == name)?;
-    super::stats(device).map(|s| values(&s)[i])
+    super::stats_with_graph_freed(device).map(|(s, g)| values(&s, g)[i])
 }
 
 /// `{"<device>":{"reserved":...,...},...}` for every device with a pool.
@@ -77,12 +86,12 @@ pub(crate) fn json() -> String {
     let mut out = String::from("{");
     let mut first = true;
     for d in 0..super::MAX_DEVICES as i32 {
-        let Some(s) = super::stats(d) else {
+        let Some((s, g)) = super::stats_with_graph_freed(d) else {
             continue;
         };
         let _ = write!(out, "{}\"{d}\":{{", if first { "" } else { "," });
         first = false;
-        for (i, (f, v)) in FIELDS.iter().zip(values(&s)).enumerate() {
+        for (i, (f, v)) in FIELDS.iter().zip(values(&s, g)).enumerate() {
             let _ = write!(out, "{}\"{f}\":{v}", if i == 0 { "" } else { "," });
         }
         out.push('}');
@@ -98,10 +107,10 @@ pub(crate) fn json() -> String {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn vramshim_pool_stats(device: c_int, out: *mut u64, n: usize) -> c_int {
     std::panic::catch_unwind(|| {
-        let Some(s) = super::stats(device) else {
+        let Some((s, g)) = super::stats_with_graph_freed(device) else {
             return -1;
         };
-        let v = values(&s);
+        let v = values(&s, g);
         if !out.is_null() {
             for (i, x) in v.iter().take(n).enumerate() {
                 // SAFETY: the caller provides n writable u64s; i < n.

@@ -314,6 +314,9 @@ struct DevicePool {
     dev: CudaDevice,
     /// The policy has a budget (only then can its rounds end: see [`publish_watch`]).
     tight: bool,
+    /// Blocks freed stream-ordered on a capturing stream (`(address, requested size)`): see
+    /// [`free_in_graph`]. They stay live in the policy for good.
+    graph_freed: Vec<(u64, u64)>,
 }
 
 struct Pools {
@@ -687,6 +690,7 @@ fn create_pool(pools: &mut Pools, req: &request::Request) -> Result<(), String> 
                     policy,
                     dev,
                     tight: budget.is_some(),
+                    graph_freed: Vec::new(),
                 });
                 HAS_POOL.fetch_or(1 << d, Ordering::Relaxed);
             }
@@ -824,6 +828,12 @@ fn debug_faults() -> Option<(vramshim_pool::stitch::Faults, DebugRules)> {
         GRAPH_ALLOCS_REFUSED.store(true, Ordering::Relaxed);
         what.push("serves graph allocations itself and refuses those it cannot serve");
     }
+    // Takes back a block freed on a capturing stream at the capture's free, as it did: the
+    // test that such a block (the graph's until its first launch has run) is never reused.
+    if switch_on("VRAMSHIM_POOL_DEBUG", "graph-frees-reused") {
+        GRAPH_FREES_REUSED.store(true, Ordering::Relaxed);
+        what.push("reuses blocks freed on a capturing stream");
+    }
     // Places blocks of more than a page near the limit as far from it: the test of the
     // smallest device the page-ends rule reaches (t5 on 1.03 x its peak live).
     if switch_on("VRAMSHIM_POOL_DEBUG", "ends-off") {
@@ -940,6 +950,12 @@ pub(crate) fn free(ptr: u64, stream: Option<u64>, pooled: Option<(i32, u64)>) ->
         return None;
     }
     if let (Some(s), Some((device, size))) = (stream, pooled)
+        && crate::cuda::captures::any()
+        && let Some(rc) = free_in_graph(ptr, s, device, size)
+    {
+        return Some(rc);
+    }
+    if let (Some(s), Some((device, size))) = (stream, pooled)
         && (0..MAX_DEVICES as i32).contains(&device)
         && HAS_POOL.load(Ordering::Relaxed) & (1 << device) != 0
         && vramshim_pool::thread_cache::may_keep(
@@ -977,6 +993,11 @@ pub(crate) fn free(ptr: u64, stream: Option<u64>, pooled: Option<(i32, u64)>) ->
         // anything: one lookup per pool instead of `owns` then `free`
         for (d, p) in pools.devs.iter_mut().enumerate() {
             let Some(p) = p else { continue };
+            // a block a graph freed is the graph's: a free of it again is a free of a pointer
+            // the process no longer owns, which the real function answers
+            if !p.graph_freed.is_empty() && p.graph_freed.iter().any(|&(a, _)| a == ptr) {
+                return None;
+            }
             p.dev.begin(stream.unwrap_or(ANY_STREAM), false);
             match p.policy.free(&mut p.dev, ptr, mode) {
                 Ok(_) => {
@@ -989,6 +1010,45 @@ pub(crate) fn free(ptr: u64, stream: Option<u64>, pooled: Option<(i32, u64)>) ->
         }
         None
     })
+}
+
+/// A stream-ordered free of the live pool block `ptr` (`size` bytes on `device`) on `stream`
+/// while some capture is under way: on a capturing stream it is a free node of the graph, and
+/// the block stays in use by the graph's work until the graph's first launch has run, after
+/// which the graph never touches it again. The pool does not follow graph launches, so it
+/// never reuses such a block: it stays live in the policy (held, in no free list) and is
+/// counted as freed in a graph; the free succeeds, as CUDA's does. `None`: the stream does not
+/// capture (or the pool has no such block), the usual path. Out of line: the frees no capture
+/// concerns pay one load for it.
+#[cold]
+#[inline(never)]
+fn free_in_graph(ptr: u64, stream: u64, device: i32, size: u64) -> Option<i32> {
+    if !crate::cuda::captures::capturing(stream) || graph_frees_reused() {
+        return None;
+    }
+    with_pools(|pools| {
+        let p = pools
+            .devs
+            .get_mut(usize::try_from(device).ok()?)?
+            .as_mut()?;
+        if !p.policy.contains(ptr) {
+            return None;
+        }
+        p.graph_freed.push((ptr, size));
+        Some(())
+    })?;
+    crate::debug!(
+        "pool: {size} bytes at {ptr:#x} on device {device} freed on a capturing stream: the graph's for good, never reused"
+    );
+    Some(CUDA_SUCCESS)
+}
+
+/// Testing only (`VRAMSHIM_POOL_DEBUG=graph-frees-reused`): a block freed on a capturing
+/// stream goes back to the pool's free lists at the capture's free, as it once did.
+static GRAPH_FREES_REUSED: AtomicBool = AtomicBool::new(false);
+
+fn graph_frees_reused() -> bool {
+    GRAPH_FREES_REUSED.load(Ordering::Relaxed)
 }
 
 /// Testing only (`VRAMSHIM_POOL_DEBUG=tcache-keep-retired`): [`retire_stream`] leaves the
@@ -1169,6 +1229,29 @@ pub(crate) fn stats(device: i32) -> Option<Stats> {
             .get(device as usize)
             .and_then(|s| s.as_ref())
             .map(|p| p.policy.stats())
+    })
+}
+
+/// Blocks of `device`'s pool freed in a graph (see [`free_in_graph`]): how many, and their
+/// requested bytes.
+fn graph_freed(p: &DevicePool) -> (u64, u64) {
+    (
+        p.graph_freed.len() as u64,
+        p.graph_freed.iter().map(|&(_, size)| size).sum(),
+    )
+}
+
+/// [`stats`] with [`graph_freed`], one snapshot.
+pub(crate) fn stats_with_graph_freed(device: i32) -> Option<(Stats, (u64, u64))> {
+    if MODE.load(Ordering::Relaxed) != ON || device < 0 {
+        return None;
+    }
+    with_pools(|pools| {
+        pools
+            .devs
+            .get(device as usize)
+            .and_then(|s| s.as_ref())
+            .map(|p| (p.policy.stats(), graph_freed(p)))
     })
 }
 

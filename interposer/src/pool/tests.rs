@@ -498,7 +498,8 @@ fn a_capture_on_another_thread_survives_the_pool_s_calls() {
 /// and no graph memory is left; global and thread-local captures, budget 5% and off. Under a
 /// cap the 64 MiB request gets the out-of-memory code a capped allocation gets (2), the
 /// capture left valid. With the old answers (`refuse-graph-allocs`: served from the pool, 900
-/// when it cannot be) the test fails.
+/// when it cannot be, with `graph-frees-reused`: taken back at the capture's free) the test
+/// fails.
 #[test]
 fn graph_allocations_go_to_the_driver_as_nodes_of_the_graph() {
     let exe = workload("capture_graph");
@@ -550,14 +551,86 @@ fn graph_allocations_go_to_the_driver_as_nodes_of_the_graph() {
     }
     // the old answers: the pool serves the 4 MiB block from what it holds, and takes it back
     // at the capture's free: the next request on the stream gets the bytes every launch writes;
-    // the 64 MiB request is refused with 900. The test fails.
+    // the 64 MiB request is refused with 900. The test fails. (With `refuse-graph-allocs`
+    // alone the block it serves, freed on the capturing stream, is the graph's for good: no
+    // overlap, but the 900 still fails it.)
     for args in [
         &["global", "inside"][..],
         &["global", "outside", "capped"][..],
     ] {
+        let old = Some("refuse-graph-allocs,graph-frees-reused");
+        let o = go(args, "5%", args.len() == 3, old);
+        assert_exit(&o, 1, &format!("{old:?} {args:?}"));
+        assert_eq!(field(&o.stdout, "big"), 900, "{}", o.stdout);
+        assert_eq!(field(&o.stdout, "overlap"), 1, "{}", o.stdout);
         let o = go(args, "5%", args.len() == 3, Some("refuse-graph-allocs"));
         assert_exit(&o, 1, &format!("refuse-graph-allocs {args:?}"));
         assert_eq!(field(&o.stdout, "big"), 900, "{}", o.stdout);
+        assert_eq!(field(&o.stdout, "overlap"), 0, "{}", o.stdout);
+    }
+}
+
+/// A pool block freed on a capturing stream is a free node of the graph: the graph's work may
+/// use it until its first launch has run, so the pool never hands it out again. capture_graph
+/// `prefree`: a 4 MiB block the pool serves before the capture is freed on the capturing
+/// stream inside it; after the capture 4 MiB requests on that stream, on another and through
+/// `cudaMalloc` get other bytes; the free succeeds, the graph launches twice, and the pool's
+/// statistics count the block as freed in a graph (held, live). Global and thread-local
+/// captures, freed inside and outside, budget 5% and off. With the old answer
+/// (`graph-frees-reused`: the block goes back to the pool at the capture's free) the next
+/// request on the stream gets its bytes: the test fails.
+#[test]
+fn a_pool_block_freed_in_a_capture_is_never_reused() {
+    let exe = workload("capture_graph");
+    let json = vramshim_testkit::temp_dir("pool_graph_free").join("stats.json");
+    let go = |args: &[&str], budget: &str, debug: Option<&str>| {
+        let _ = std::fs::remove_file(&json);
+        let mut env = vec![
+            ("VRAMSHIM_POOL", "stitch"),
+            ("VRAMSHIM_POOL_BUDGET", budget),
+            ("VRAMSHIM_LOG", "debug"),
+            ("VRAMSHIM_STATS", json.to_str().unwrap()),
+        ];
+        env.extend(debug.map(|d| ("VRAMSHIM_POOL_DEBUG", d)));
+        let o = run(&exe, args, &env, "pool-graph-free");
+        (o, std::fs::read_to_string(&json).unwrap_or_default())
+    };
+    for budget in ["5%", "off"] {
+        for mode in ["global", "local"] {
+            for free in ["inside", "outside"] {
+                let what = format!("{mode} {free} budget {budget}");
+                let (o, stats) = go(&[mode, free, "prefree"], budget, None);
+                assert_exit(&o, 0, &what);
+                assert_eq!(field(&o.stdout, "overlap"), 0, "{what}");
+                assert_eq!(field(&o.stdout, "end"), 0, "{what}");
+                assert_eq!(field(&o.stdout, "launches"), 0, "{what}");
+                assert!(
+                    o.stderr
+                        .contains("freed on a capturing stream: the graph's for good"),
+                    "{what}: {}",
+                    tail(&o.stderr)
+                );
+                let pools = &stats[stats.find("\"pools\"").expect("pool statistics")..];
+                assert_eq!(
+                    json_value(pools, "graph_freed").as_deref(),
+                    Some("1"),
+                    "{what}"
+                );
+                assert_eq!(
+                    json_value(pools, "graph_freed_bytes").as_deref(),
+                    Some("4194304"),
+                    "{what}"
+                );
+            }
+        }
+    }
+    for mode in ["global", "local"] {
+        let (o, _) = go(
+            &[mode, "inside", "prefree"],
+            "5%",
+            Some("graph-frees-reused"),
+        );
+        assert_exit(&o, 1, &format!("graph-frees-reused {mode}"));
         assert_eq!(field(&o.stdout, "overlap"), 1, "{}", o.stdout);
     }
 }
@@ -1329,7 +1402,7 @@ fn pool_statistics_are_readable_in_process_and_at_exit() {
     };
     let blocks = (5 << 20) + (3 << 20) + 512 + (7 << 20);
     let l = line("live");
-    assert_eq!(field(&l, "n"), 16, "{l}");
+    assert_eq!(field(&l, "n"), 18, "{l}");
     assert_eq!(field(&l, "live"), blocks, "{l}");
     let reserved = field(&l, "reserved");
     assert!(reserved >= blocks && reserved <= field(&l, "budget"), "{l}");

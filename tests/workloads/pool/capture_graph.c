@@ -5,7 +5,7 @@
  * it an allocation node of the graph. The graph is instantiated and launched, and the
  * allocation freed.
  *
- *   capture_graph global|local inside|outside [capped]
+ *   capture_graph global|local inside|outside [capped] [prefree]
  *
  * Before the capture: 4 MiB allocated and freed (cudaFree) and the device synchronized: the
  * pool holds that much. Then stream CS is captured in the given mode: cudaMallocAsync 4 MiB
@@ -18,6 +18,11 @@
  * synchronized after each), then destroyed; the device's graph memory
  * (cudaDeviceGetGraphMemAttribute, used and reserved) must then be 0, and a 64 MiB cudaMalloc
  * must succeed.
+ * With "prefree" a 4 MiB block is allocated on CS before the capture (cudaMallocAsync: the
+ * pool serves it) and filled, and freed on CS first thing in the capture (a free node of the
+ * graph: the graph's work may use it until its first launch has run); after the capture 4 MiB
+ * is allocated on CS, on S and with cudaMalloc, and none may get its bytes ("overlap" is 1 when
+ * one does).
  * With "capped" (run under a cap the 64 MiB request exceeds) the 64 MiB request must get
  * cudaErrorMemoryAllocation (2), what a capped allocation gets, with the capture left valid.
  * Output: one line
@@ -31,8 +36,8 @@
 #include "pool_workload.h"
 
 int main(int argc, char **argv) {
-    const char *usage = "usage: capture_graph global|local inside|outside [capped]\n";
-    if (argc < 3 || argc > 4) {
+    const char *usage = "usage: capture_graph global|local inside|outside [capped] [prefree]\n";
+    if (argc < 3 || argc > 5) {
         fprintf(stderr, "%s", usage);
         return 2;
     }
@@ -50,10 +55,16 @@ int main(int argc, char **argv) {
         fprintf(stderr, "%s", usage);
         return 2;
     }
-    int capped = argc == 4 && strcmp(argv[3], "capped") == 0;
-    if (argc == 4 && !capped) {
-        fprintf(stderr, "%s", usage);
-        return 2;
+    int capped = 0, prefree = 0;
+    for (int i = 3; i < argc; i++) {
+        if (strcmp(argv[i], "capped") == 0 && !capped)
+            capped = 1;
+        else if (strcmp(argv[i], "prefree") == 0 && !prefree)
+            prefree = 1;
+        else {
+            fprintf(stderr, "%s", usage);
+            return 2;
+        }
     }
     cudaStream_t cs, s;
     CHECK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
@@ -63,8 +74,15 @@ int main(int argc, char **argv) {
     CHECK(cudaFree(w));
     CHECK(cudaDeviceSynchronize());
 
+    void *pre = NULL;
+    if (prefree) {
+        CHECK(cudaMallocAsync(&pre, 4 << 20, cs));
+        CHECK(vramsimKernelFill(pre, 0x33, 4 << 20, 0, cs));
+    }
+
     void *small = NULL, *big = NULL;
     CHECK(cudaStreamBeginCapture(cs, mode));
+    if (prefree) CHECK(cudaFreeAsync(pre, cs));
     cudaError_t small_rc = cudaMallocAsync(&small, 4 << 20, cs);
     if (small_rc == cudaSuccess) CHECK(vramsimKernelFill(small, 0x11, 4 << 20, 0, cs));
     cudaError_t big_rc = cudaMallocAsync(&big, 64 << 20, cs);
@@ -79,6 +97,17 @@ int main(int argc, char **argv) {
     CHECK(cudaMallocAsync(&eager, 4 << 20, cs));
     int overlap = small_rc == cudaSuccess && (char *)eager < (char *)small + (4 << 20) &&
                   (char *)small < (char *)eager + (4 << 20);
+    if (prefree) {
+        void *on_s = NULL, *sync = NULL;
+        CHECK(cudaMallocAsync(&on_s, 4 << 20, s));
+        CHECK(cudaMalloc(&sync, 4 << 20));
+        void *got[3] = {eager, on_s, sync};
+        for (int i = 0; i < 3; i++)
+            if ((char *)got[i] < (char *)pre + (4 << 20) && (char *)pre < (char *)got[i] + (4 << 20))
+                overlap = 1;
+        CHECK(cudaFreeAsync(on_s, s));
+        CHECK(cudaFree(sync));
+    }
     CHECK(cudaFreeAsync(eager, cs));
 
     cudaError_t launches = cudaSuccess;
