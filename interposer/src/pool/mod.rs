@@ -649,12 +649,9 @@ fn refused(req: &request::Request, e: PoolError) -> Option<Result<u64, i32>> {
         PoolError::Device(_) => CUDA_ERROR_OUT_OF_MEMORY,
         PoolError::UnknownPointer(_) => CUDA_ERROR_INVALID_VALUE,
     };
-    // the runtime is asked for an allocation to set its last error: not while a capture
-    // forbids this thread the call (it would invalidate the capture)
-    if is_runtime(req.api)
-        && code == cudaErrorMemoryAllocation
-        && !crate::cuda::captures::forbid_unsafe_calls()
-    {
+    // the runtime is asked for an allocation to set its last error (no call while a capture
+    // forbids this thread one: `runtime_set_last_error_oom` asks)
+    if is_runtime(req.api) && code == cudaErrorMemoryAllocation {
         crate::cuda::real::runtime_set_last_error_oom();
     }
     Some(Err(code))
