@@ -10,8 +10,10 @@
 //!   time the range's end passes its mapped pages) of the second half of the allocations,
 //!   where issue 17's call target is counted.
 //!
-//! The offline plan is not reachable online; it is the smallest single range a planner that
-//! knew every lifetime would need, so a pool that never stitches is not bounded by best fit.
+//! The offline plan is not reachable online, and not the smallest single range either (the
+//! greedy is one heuristic; the smallest is at least the peak of live bytes): it is a range
+//! a planner that knew every lifetime reaches, so a pool that never stitches is not bounded
+//! by best fit.
 //!
 //! `cargo run --release -p vramshim-pool --example pool_plan -- [--ends=T[,T...]] [DIR_OR_FILES...]`
 //! (default: two ends at 12 ticks; tests/workloads/traces).

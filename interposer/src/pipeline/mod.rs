@@ -546,10 +546,10 @@ fn cap_refused(req: &Request, refusal: &cap::Refusal, traced: bool, t0: tracer::
             refusal.cap
         );
     }
-    // the runtime is asked for an allocation to set its last error: not while a capture
-    // forbids this thread the call (it would invalidate the capture; the cap refused the
-    // request before CUDA was asked, so nothing else reached the driver)
-    if crate::cuda::request::is_runtime(req.api) && !crate::cuda::captures::forbid_unsafe_calls() {
+    // the runtime is asked for an allocation to set its last error (no call while a capture
+    // forbids this thread one: `runtime_set_last_error_oom` asks; the cap refused the request
+    // before CUDA was asked, so nothing else reached the driver)
+    if crate::cuda::request::is_runtime(req.api) {
         crate::cuda::real::runtime_set_last_error_oom();
     }
     crate::debug!(

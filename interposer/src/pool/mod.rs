@@ -296,10 +296,14 @@ pub(crate) fn begin_waits_for_requests() -> bool {
 /// is done when this returns, and every later one sees the record (the lock orders them).
 /// Never called with the pool's lock held: the pool makes only real driver calls, none of
 /// which reaches a begin-capture hook.
+///
+/// Whatever the pool's mode reads here: a request may be under the lock while it reads
+/// otherwise (the process's first request sets the mode just before it takes the lock, and
+/// this thread may read the mode from before that store while the request reads the captures
+/// from before the record; a pool falling back to pass-through finishes the requests already
+/// under the lock). With the pool off nothing holds the lock: one uncontended lock a capture.
 pub(crate) fn wait_for_requests() {
-    if MODE.load(Ordering::Relaxed) == ON {
-        drop(POOLS.lock());
-    }
+    drop(POOLS.lock());
 }
 
 #[cold]
@@ -648,12 +652,9 @@ fn refused(req: &request::Request, e: PoolError) -> Option<Result<u64, i32>> {
         PoolError::Device(_) => CUDA_ERROR_OUT_OF_MEMORY,
         PoolError::UnknownPointer(_) => CUDA_ERROR_INVALID_VALUE,
     };
-    // the runtime is asked for an allocation to set its last error: not while a capture
-    // forbids this thread the call (it would invalidate the capture)
-    if is_runtime(req.api)
-        && code == cudaErrorMemoryAllocation
-        && !crate::cuda::captures::forbid_unsafe_calls()
-    {
+    // the runtime is asked for an allocation to set its last error (no call while a capture
+    // forbids this thread one: `runtime_set_last_error_oom` asks)
+    if is_runtime(req.api) && code == cudaErrorMemoryAllocation {
         crate::cuda::real::runtime_set_last_error_oom();
     }
     Some(Err(code))

@@ -674,6 +674,39 @@ fn a_capture_begun_during_a_pool_request_waits_for_it() {
     }
 }
 
+/// A begin-capture hook waits for the request under the pool's lock whatever the pool's mode
+/// reads (in this test process the pool was never turned on): the process's first request
+/// sets the mode just before it takes the lock, and a pool falling back to pass-through
+/// finishes the requests under it, so a hook that skipped the lock unless the mode read "on"
+/// could let a capture begin while such a request makes the calls it forbids.
+#[test]
+fn a_capture_s_begin_waits_for_the_pool_s_lock_whatever_the_mode_reads() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    assert_ne!(
+        super::MODE.load(Ordering::Relaxed),
+        super::ON,
+        "this test needs a process whose pool is not on (VRAMSHIM_POOL unset)"
+    );
+    let returned = Arc::new(AtomicBool::new(false));
+    let waiter = super::with_pools(|_| {
+        let r = returned.clone();
+        let waiter = std::thread::spawn(move || {
+            super::wait_for_requests();
+            r.store(true, Ordering::Release);
+        });
+        // a waiter that does not wait returns long before this
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert!(
+            !returned.load(Ordering::Acquire),
+            "the begin returned while a request held the pool's lock"
+        );
+        waiter
+    });
+    waiter.join().unwrap();
+    assert!(returned.load(Ordering::Acquire));
+}
+
 /// Under a cap, a request that must grow past it while a capture forbids the worker the calls
 /// to grow fails with out of memory, as it fails without the pool (the cap refuses before
 /// CUDA is asked), not with `cudaErrorStreamCaptureUnsupported`; the capture stays valid
@@ -860,7 +893,6 @@ fn peak_live(trace: &std::path::Path) -> u64 {
     vramshim_pool::replay::peak_live(&t.events)
 }
 
-/// The number after `"key":` in a JSON text (the first occurrence), as a string.
 /// What `vramshim replay TRACE --pool stitch --json ARGS` prints (the command built beside the
 /// library), which must succeed.
 fn vramshim_replay_json(trace: &std::path::Path, args: &[&str]) -> String {
@@ -882,6 +914,7 @@ fn vramshim_replay_json(trace: &std::path::Path, args: &[&str]) -> String {
     json
 }
 
+/// The number after `"key":` in a JSON text (the first occurrence), as a string.
 fn json_value(text: &str, key: &str) -> Option<String> {
     let k = format!("\"{key}\"");
     let i = text.find(&k)? + k.len();

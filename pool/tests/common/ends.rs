@@ -3,7 +3,7 @@
 //! `tests/arena_ends.rs` and `examples/pool_ends.rs` (which includes this file by path).
 
 use std::collections::HashMap;
-use vramshim_pool::replay::Event;
+use vramshim_pool::replay::{self, Event};
 use vramshim_pool::stitch::{Faults, Stitch};
 use vramshim_pool::{AccountingDevice, Policy, Request};
 
@@ -83,14 +83,8 @@ pub fn pass(
                     let _ = pool.free(&mut dev, a, mode);
                 }
             }
-            Event::ProcessSync => {
-                dev.process_sync();
-                pool.note_process_sync();
-            }
-            Event::StreamRetired { stream } => {
-                pool.retire_stream(&mut dev, stream);
-                dev.retire_stream(stream);
-            }
+            Event::ProcessSync => replay::process_sync(&mut pool, &mut dev),
+            Event::StreamRetired { stream } => replay::retire_stream(&mut pool, &mut dev, stream),
         }
     }
     let (calls, peak_reserved) = (dev.calls().driver_calls(), pool.stats().peak_reserved);
