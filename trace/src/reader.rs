@@ -605,7 +605,7 @@ impl<R: Read> TraceReader<R> {
         }
         let len = usize::try_from(len)
             .ok()
-            .filter(|&l| hl + l <= raw.len())
+            .filter(|&l| hl.checked_add(l).is_some_and(|e| e <= raw.len()))
             .ok_or(RecordError::Overrun)?;
         self.rp += hl + len;
         Ok(false)
