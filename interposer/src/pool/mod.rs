@@ -1221,6 +1221,11 @@ pub(crate) fn on_peer_access(owner: i32, accessor: i32) {
 
 /// Statistics of `device`'s pool, if it has one.
 pub(crate) fn stats(device: i32) -> Option<Stats> {
+    with_device_pool(device, |p| p.policy.stats())
+}
+
+/// `read` of `device`'s pool under the pools' lock, if the pool is on and the device has one.
+fn with_device_pool<T>(device: i32, read: impl FnOnce(&DevicePool) -> T) -> Option<T> {
     if MODE.load(Ordering::Relaxed) != ON || device < 0 {
         return None;
     }
@@ -1229,7 +1234,7 @@ pub(crate) fn stats(device: i32) -> Option<Stats> {
             .devs
             .get(device as usize)
             .and_then(|s| s.as_ref())
-            .map(|p| p.policy.stats())
+            .map(read)
     })
 }
 
@@ -1244,16 +1249,7 @@ fn graph_freed(p: &DevicePool) -> (u64, u64) {
 
 /// [`stats`] with [`graph_freed`], one snapshot.
 pub(crate) fn stats_with_graph_freed(device: i32) -> Option<(Stats, (u64, u64))> {
-    if MODE.load(Ordering::Relaxed) != ON || device < 0 {
-        return None;
-    }
-    with_pools(|pools| {
-        pools
-            .devs
-            .get(device as usize)
-            .and_then(|s| s.as_ref())
-            .map(|p| (p.policy.stats(), graph_freed(p)))
-    })
+    with_device_pool(device, |p| (p.policy.stats(), graph_freed(p)))
 }
 
 /// Called in a forked child before it does anything else: the parent's device memory is

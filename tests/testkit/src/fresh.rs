@@ -184,12 +184,13 @@ pub(crate) fn fresh(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::fs::File;
     use std::time::Duration;
 
-    fn at(path: &Path, secs: u64) {
+    /// Dates `path` `secs` seconds after a fixed instant.
+    pub(crate) fn at(path: &Path, secs: u64) {
         let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000 + secs);
         File::options()
             .write(true)

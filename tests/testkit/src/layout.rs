@@ -126,17 +126,8 @@ pub fn lay_out(profile: &Path) -> Result<PathBuf, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::{Duration, SystemTime};
 
-    fn at(path: &Path, secs: u64) {
-        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000 + secs);
-        fs::File::options()
-            .write(true)
-            .open(path)
-            .unwrap()
-            .set_modified(t)
-            .unwrap();
-    }
+    use crate::fresh::tests::at;
 
     /// The simulated GPU's libraries are checked as the interposer's binaries are: fresh when
     /// each was built after every source its dep-info lists; stale (naming the library, the
