@@ -49,6 +49,8 @@ const SWITCHES: &[(&str, &[&str])] = &[
             "no-tcache",
             // The begin-capture hooks (`pool::begin_waits_for_requests`).
             "begin-unordered",
+            // The captures under way (`cuda::captures::joined`).
+            "joins-unseen",
         ],
     ),
     ("VRAMSHIM_DEVICE_FAULT", &["stale"]),

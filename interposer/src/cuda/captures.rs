@@ -28,6 +28,10 @@ pub(crate) const MODE_RELAXED: c_int = 2;
 const CU_STREAM_CAPTURE_STATUS_NONE: c_int = 0;
 /// `CU_STREAM_PER_THREAD`: the calling thread's per-thread default stream.
 const CU_STREAM_PER_THREAD: u64 = 0x2;
+/// `CU_STREAM_LEGACY`: the legacy default stream.
+const CU_STREAM_LEGACY: u64 = 0x1;
+/// Stream keys with this bit are per-thread default streams: `PER_THREAD_BASE | tid`.
+const PER_THREAD_BASE: u64 = vramshim_pool::streams::PER_THREAD_BASE;
 
 #[derive(Clone, Copy)]
 struct Capture {
@@ -115,9 +119,52 @@ pub(crate) fn any() -> bool {
     ACTIVE.load(Ordering::Acquire) != 0
 }
 
-/// Whether `stream` (a stream key as given to [`begun`]) is capturing.
+/// Whether `stream` (a stream key as given to [`begun`], of a request this thread makes) is
+/// capturing: a stream a begin call named, or one that joined a capture (a stream that waits
+/// on an event recorded in a capturing stream joins that capture until it ends, and its work is
+/// captured; no begin call names it, so the driver is asked). One atomic load while no capture
+/// is under way.
 pub(crate) fn capturing(stream: u64) -> bool {
-    ACTIVE.load(Ordering::Acquire) != 0 && CAPTURES.lock().iter().any(|x| x.stream == stream)
+    ACTIVE.load(Ordering::Acquire) != 0
+        && (CAPTURES.lock().iter().any(|x| x.stream == stream) || joined(stream))
+}
+
+/// Whether `stream`, named by no begin call, joined a capture: the driver's answer for it
+/// (`cuStreamIsCapturing`, through the real entry point; a query is allowed during any
+/// capture). Unsure (no query, or the query failed) counts as capturing: the caller then
+/// leaves the request to the driver, or holds a block a graph may use. The legacy stream
+/// never captures (and asking about it while a blocking stream captures is refused);
+/// another thread's per-thread default stream has no handle here: neither is asked.
+#[cold]
+#[inline(never)]
+fn joined(stream: u64) -> bool {
+    if joins_unseen() {
+        return false;
+    }
+    let handle = if stream & PER_THREAD_BASE != 0 {
+        if stream != PER_THREAD_BASE | u64::from(crate::sys::ids::tid()) {
+            return false;
+        }
+        CU_STREAM_PER_THREAD
+    } else if stream == 0 || stream == CU_STREAM_LEGACY {
+        return false;
+    } else {
+        stream
+    };
+    let Some(query) = real::cuStreamIsCapturing() else {
+        return true;
+    };
+    let mut status: c_int = 0;
+    // SAFETY: valid out-pointer; the handle is the request's stream.
+    let rc = unsafe { query(handle as usize as CUstream, &mut status) };
+    rc != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE
+}
+
+/// Testing only (`VRAMSHIM_POOL_DEBUG=joins-unseen`): only the streams a begin call named
+/// capture, as once: a stream that joined a capture is served by the pool.
+fn joins_unseen() -> bool {
+    static READ: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *READ.get_or_init(|| crate::config::switch_on("VRAMSHIM_POOL_DEBUG", "joins-unseen"))
 }
 
 /// The calling thread's capture interaction mode (global without the driver's exchange).

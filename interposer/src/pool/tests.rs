@@ -635,6 +635,61 @@ fn a_pool_block_freed_in_a_capture_is_never_reused() {
     }
 }
 
+/// A stream that joins a capture (it waits on an event recorded in the capturing stream: CUDA's
+/// cross-stream capture) captures too, though no begin call names it: capture_graph `joined`
+/// does the capture's allocations and frees on such a stream J. The 4 MiB request on J inside
+/// the capture goes to the driver (an allocation node), the block the pool served on J before
+/// the capture and freed on J inside it is held for the graph, and the 4 MiB requests after
+/// the capture get other bytes; J reports the capture active once joined and none after its end
+/// (cuda-sim). Global and thread-local captures, freed inside and outside. With only the named
+/// streams seen as capturing (`joins-unseen`) the pool serves J's requests and takes back J's
+/// free: a request after the capture gets the graph's bytes, the test fails.
+#[test]
+fn a_stream_that_joins_a_capture_captures_through_the_pool_too() {
+    let exe = workload("capture_graph");
+    let json = vramshim_testkit::temp_dir("pool_graph_join").join("stats.json");
+    let go = |args: &[&str], debug: Option<&str>| {
+        let _ = std::fs::remove_file(&json);
+        let mut env = vec![
+            ("VRAMSHIM_POOL", "stitch"),
+            ("VRAMSHIM_POOL_BUDGET", "5%"),
+            ("VRAMSHIM_LOG", "debug"),
+            ("VRAMSHIM_STATS", json.to_str().unwrap()),
+        ];
+        env.extend(debug.map(|d| ("VRAMSHIM_POOL_DEBUG", d)));
+        let o = run(&exe, args, &env, "pool-graph-join");
+        (o, std::fs::read_to_string(&json).unwrap_or_default())
+    };
+    for mode in ["global", "local"] {
+        for free in ["inside", "outside"] {
+            let what = format!("{mode} {free}");
+            let (o, stats) = go(&[mode, free, "prefree", "joined"], None);
+            assert_exit(&o, 0, &what);
+            assert_eq!(field(&o.stdout, "joined"), 1, "{what}");
+            assert_eq!(field(&o.stdout, "overlap"), 0, "{what}");
+            assert_eq!(field(&o.stdout, "end"), 0, "{what}");
+            assert_eq!(field(&o.stdout, "launches"), 0, "{what}");
+            assert!(
+                o.stderr
+                    .contains("on a capturing stream: a graph allocation, the driver's"),
+                "{what}: {}",
+                tail(&o.stderr)
+            );
+            let pools = &stats[stats.find("\"pools\"").expect("pool statistics")..];
+            assert_eq!(
+                json_value(pools, "graph_freed").as_deref(),
+                Some("1"),
+                "{what}"
+            );
+        }
+    }
+    for mode in ["global", "local"] {
+        let (o, _) = go(&[mode, "inside", "prefree", "joined"], Some("joins-unseen"));
+        assert_exit(&o, 1, &format!("joins-unseen {mode}"));
+        assert_eq!(field(&o.stdout, "overlap"), 1, "{}", o.stdout);
+    }
+}
+
 /// A capture another thread begins while the pool serves a request: the request decided,
 /// under the pool's lock, that no capture forbids its calls, and is stopped inside its first
 /// `cuMemCreate` (cuda-sim's pause point); thread B then begins a global-mode capture, through

@@ -5,7 +5,7 @@
  * it an allocation node of the graph. The graph is instantiated and launched, and the
  * allocation freed.
  *
- *   capture_graph global|local inside|outside [capped] [prefree]
+ *   capture_graph global|local inside|outside [capped] [prefree] [joined]
  *
  * Before the capture: 4 MiB allocated and freed (cudaFree) and the device synchronized: the
  * pool holds that much. Then stream CS is captured in the given mode: cudaMallocAsync 4 MiB
@@ -23,10 +23,16 @@
  * graph: the graph's work may use it until its first launch has run); after the capture 4 MiB
  * is allocated on CS, on S and with cudaMalloc, and none may get its bytes ("overlap" is 1 when
  * one does).
+ * With "joined" everything said of CS from the capture's beginning to its end (and the 4 MiB
+ * allocated after it, and "prefree"'s block before it) is done on stream J instead, which joins
+ * CS's capture by waiting on an event recorded on CS first thing in the capture (its work is
+ * captured into CS's graph: CUDA's cross-stream capture), and CS waits on an event recorded on
+ * J before the end (J rejoins CS). J must report the capture active once it waited ("joined" is
+ * 1) and none after the end.
  * With "capped" (run under a cap the 64 MiB request exceeds) the 64 MiB request must get
  * cudaErrorMemoryAllocation (2), what a capped allocation gets, with the capture left valid.
  * Output: one line
- * "capture_graph: small=RC big=RC end=RC overlap=0|1 launches=RC used=N reserved=N".
+ * "capture_graph: small=RC big=RC end=RC overlap=0|1 launches=RC used=N reserved=N joined=0|1".
  * Exit 1 when the 64 MiB request did not get what it must or on an overlap, 2 on any other
  * failure.
  */
@@ -36,8 +42,8 @@
 #include "pool_workload.h"
 
 int main(int argc, char **argv) {
-    const char *usage = "usage: capture_graph global|local inside|outside [capped] [prefree]\n";
-    if (argc < 3 || argc > 5) {
+    const char *usage = "usage: capture_graph global|local inside|outside [capped] [prefree] [joined]\n";
+    if (argc < 3 || argc > 6) {
         fprintf(stderr, "%s", usage);
         return 2;
     }
@@ -55,20 +61,28 @@ int main(int argc, char **argv) {
         fprintf(stderr, "%s", usage);
         return 2;
     }
-    int capped = 0, prefree = 0;
+    int capped = 0, prefree = 0, join = 0;
     for (int i = 3; i < argc; i++) {
         if (strcmp(argv[i], "capped") == 0 && !capped)
             capped = 1;
         else if (strcmp(argv[i], "prefree") == 0 && !prefree)
             prefree = 1;
+        else if (strcmp(argv[i], "joined") == 0 && !join)
+            join = 1;
         else {
             fprintf(stderr, "%s", usage);
             return 2;
         }
     }
-    cudaStream_t cs, s;
+    cudaStream_t cs, s, j;
     CHECK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
     CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CHECK(cudaStreamCreateWithFlags(&j, cudaStreamNonBlocking));
+    cudaEvent_t fork, rejoin;
+    CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+    CHECK(cudaEventCreateWithFlags(&rejoin, cudaEventDisableTiming));
+    /* the stream the capture's work goes on */
+    cudaStream_t on = join ? j : cs;
     void *w = NULL;
     CHECK(cudaMalloc(&w, 4 << 20));
     CHECK(cudaFree(w));
@@ -76,25 +90,42 @@ int main(int argc, char **argv) {
 
     void *pre = NULL;
     if (prefree) {
-        CHECK(cudaMallocAsync(&pre, 4 << 20, cs));
-        CHECK(vramsimKernelFill(pre, 0x33, 4 << 20, 0, cs));
+        CHECK(cudaMallocAsync(&pre, 4 << 20, on));
+        CHECK(vramsimKernelFill(pre, 0x33, 4 << 20, 0, on));
     }
 
     void *small = NULL, *big = NULL;
+    int joined = 0;
     CHECK(cudaStreamBeginCapture(cs, mode));
-    if (prefree) CHECK(cudaFreeAsync(pre, cs));
-    cudaError_t small_rc = cudaMallocAsync(&small, 4 << 20, cs);
-    if (small_rc == cudaSuccess) CHECK(vramsimKernelFill(small, 0x11, 4 << 20, 0, cs));
-    cudaError_t big_rc = cudaMallocAsync(&big, 64 << 20, cs);
-    if (big_rc == cudaSuccess) {
-        CHECK(vramsimKernelFill(big, 0x22, 64 << 20, 0, cs));
-        if (inside) CHECK(cudaFreeAsync(big, cs));
+    if (join) {
+        enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+        CHECK(cudaEventRecord(fork, cs));
+        CHECK(cudaStreamWaitEvent(j, fork, 0));
+        CHECK(cudaStreamIsCapturing(j, &st));
+        joined = st == cudaStreamCaptureStatusActive;
     }
-    if (small_rc == cudaSuccess) CHECK(cudaFreeAsync(small, cs));
+    if (prefree) CHECK(cudaFreeAsync(pre, on));
+    cudaError_t small_rc = cudaMallocAsync(&small, 4 << 20, on);
+    if (small_rc == cudaSuccess) CHECK(vramsimKernelFill(small, 0x11, 4 << 20, 0, on));
+    cudaError_t big_rc = cudaMallocAsync(&big, 64 << 20, on);
+    if (big_rc == cudaSuccess) {
+        CHECK(vramsimKernelFill(big, 0x22, 64 << 20, 0, on));
+        if (inside) CHECK(cudaFreeAsync(big, on));
+    }
+    if (small_rc == cudaSuccess) CHECK(cudaFreeAsync(small, on));
+    if (join) {
+        CHECK(cudaEventRecord(rejoin, j));
+        CHECK(cudaStreamWaitEvent(cs, rejoin, 0));
+    }
     cudaGraph_t g = NULL;
     cudaError_t end_rc = cudaStreamEndCapture(cs, &g);
+    if (join) {
+        enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusActive;
+        CHECK(cudaStreamIsCapturing(j, &st));
+        if (st != cudaStreamCaptureStatusNone) joined = 0;
+    }
     void *eager = NULL;
-    CHECK(cudaMallocAsync(&eager, 4 << 20, cs));
+    CHECK(cudaMallocAsync(&eager, 4 << 20, on));
     int overlap = small_rc == cudaSuccess && (char *)eager < (char *)small + (4 << 20) &&
                   (char *)small < (char *)eager + (4 << 20);
     if (prefree) {
@@ -108,7 +139,7 @@ int main(int argc, char **argv) {
         CHECK(cudaFreeAsync(on_s, s));
         CHECK(cudaFree(sync));
     }
-    CHECK(cudaFreeAsync(eager, cs));
+    CHECK(cudaFreeAsync(eager, on));
 
     cudaError_t launches = cudaSuccess;
     if (end_rc == cudaSuccess) {
@@ -138,13 +169,16 @@ int main(int argc, char **argv) {
         CHECK(cudaMalloc(&after, 64 << 20));
         CHECK(cudaFree(after));
     }
+    CHECK(cudaEventDestroy(fork));
+    CHECK(cudaEventDestroy(rejoin));
     CHECK(cudaStreamDestroy(cs));
     CHECK(cudaStreamDestroy(s));
-    printf(PROG ": small=%d big=%d end=%d overlap=%d launches=%d used=%llu reserved=%llu\n",
-           (int)small_rc, (int)big_rc, (int)end_rc, overlap, (int)launches, used, reserved);
+    CHECK(cudaStreamDestroy(j));
+    printf(PROG ": small=%d big=%d end=%d overlap=%d launches=%d used=%llu reserved=%llu joined=%d\n",
+           (int)small_rc, (int)big_rc, (int)end_rc, overlap, (int)launches, used, reserved, joined);
     if (big_rc != (capped ? cudaErrorMemoryAllocation : cudaSuccess) || overlap) return 1;
     if (small_rc != cudaSuccess || end_rc != cudaSuccess || launches != cudaSuccess || used != 0 ||
-        reserved != 0)
+        reserved != 0 || joined != join)
         return 2;
     return 0;
 }

@@ -2,16 +2,28 @@
  * thread's interaction mode (CUDA's rules of cudaThreadExchangeStreamCaptureMode), and the
  * virtual-memory calls among those calls; the legacy stream while a blocking stream captures
  * (cudaErrorStreamCaptureImplicit); waits of and on capturing streams (an event recorded outside
- * the capture: cudaErrorStreamCaptureIsolation unless cudaEventWaitExternal; an event recorded in
- * a capture waited on outside it: cudaErrorCapturedEvent). Prints "capture_modes: ok". */
+ * the capture: cudaErrorStreamCaptureIsolation unless cudaEventWaitExternal; a stream that waits
+ * on an event recorded in a capture joins that capture until it ends, and an event recorded in a
+ * capture that has ended cannot be waited on: cudaErrorCapturedEvent). Prints
+ * "capture_modes: ok". */
 #include <dlfcn.h>
 #include <pthread.h>
 #include "check.h"
 
 typedef CUresult (*reserve_fn)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
 typedef CUresult (*free_fn)(CUdeviceptr, size_t);
+typedef CUresult (*info_fn)(CUstream, int *, unsigned long long *);
 static reserve_fn reserve;
 static free_fn unreserve;
+static info_fn capture_info;
+
+/* The driver's capture status and id of `s`. */
+static int status_of(cudaStream_t s, unsigned long long *id) {
+    int st = -1;
+    *id = 0;
+    EXPECT(capture_info((CUstream)s, &st, id) == CUDA_SUCCESS);
+    return st;
+}
 
 static enum cudaStreamCaptureMode worker_mode;
 static cudaError_t worker_got;
@@ -47,7 +59,8 @@ int main(void) {
     EXPECT(lib != NULL);
     reserve = (reserve_fn)dlsym(lib, "cuMemAddressReserve");
     unreserve = (free_fn)dlsym(lib, "cuMemAddressFree");
-    EXPECT(reserve && unreserve);
+    capture_info = (info_fn)dlsym(lib, "cuStreamGetCaptureInfo");
+    EXPECT(reserve && unreserve && capture_info);
     cudaStream_t s;
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
 
@@ -103,7 +116,9 @@ int main(void) {
     /* waits: an event recorded outside the capture, waited on by the capturing stream: 905 and
      * the capture invalidated, unless the wait is external (cudaEventWaitExternal, invalid
      * outside capture); an event never recorded is no dependency; an event recorded in the
-     * capture joins it, and a stream outside the capture may not wait on it (907) */
+     * capture joins it: a stream outside the capture that waits on it joins the capture (active,
+     * the same id, cannot end it: 903) until the capture ends; the event, last recorded in a
+     * capture that ended, cannot be waited on (907) */
     cudaStream_t other;
     CK(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
     cudaEvent_t outside, never, inside;
@@ -117,9 +132,28 @@ int main(void) {
     CK(cudaStreamWaitEvent(s, outside, 1 /* cudaEventWaitExternal */));
     CK(cudaEventRecord(inside, s));
     CK(cudaStreamWaitEvent(s, inside, 0));
-    EXPECT_EQ(cudaStreamWaitEvent(other, inside, 0), cudaErrorCapturedEvent);
+    unsigned long long id_s = 0, id_other = 0;
+    EXPECT_EQ(status_of(other, &id_other), cudaStreamCaptureStatusNone);
+    CK(cudaStreamWaitEvent(other, inside, 0));
+    enum cudaStreamCaptureStatus joined = cudaStreamCaptureStatusNone;
+    CK(cudaStreamIsCapturing(other, &joined));
+    EXPECT_EQ(joined, cudaStreamCaptureStatusActive);
+    EXPECT_EQ(status_of(s, &id_s), cudaStreamCaptureStatusActive);
+    EXPECT_EQ(status_of(other, &id_other), cudaStreamCaptureStatusActive);
+    EXPECT(id_s != 0 && id_other == id_s);
+    EXPECT_EQ(cudaStreamEndCapture(other, &g), cudaErrorStreamCaptureUnmatched);
     CK(cudaStreamEndCapture(s, &g));
     CK(cudaGraphDestroy(g));
+    CK(cudaStreamIsCapturing(other, &joined));
+    EXPECT_EQ(joined, cudaStreamCaptureStatusNone);
+    EXPECT_EQ(cudaStreamWaitEvent(other, inside, 0), cudaErrorCapturedEvent);
+    /* a joined stream's unsafe call invalidates the capture it joined */
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    CK(cudaEventRecord(inside, s));
+    CK(cudaStreamWaitEvent(other, inside, 0));
+    EXPECT_EQ(cudaStreamSynchronize(other), cudaErrorStreamCaptureUnsupported);
+    EXPECT_EQ(cudaStreamEndCapture(s, &g), cudaErrorStreamCaptureInvalidated);
+    EXPECT_EQ(status_of(other, &id_other), cudaStreamCaptureStatusNone);
     CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
     EXPECT_EQ(cudaStreamWaitEvent(s, outside, 0), cudaErrorStreamCaptureIsolation);
     EXPECT_EQ(cudaStreamEndCapture(s, &g), cudaErrorStreamCaptureInvalidated);

@@ -18,8 +18,11 @@
 //! (`legacy_check`). A capturing stream may wait only on an event recorded in a capture (an
 //! event recorded outside one needs `CU_EVENT_WAIT_EXTERNAL`: else
 //! CUDA_ERROR_STREAM_CAPTURE_ISOLATION, the capture invalidated), and a stream that does not
-//! capture may not wait on an event last recorded in a capture (CUDA_ERROR_CAPTURED_EVENT).
-//! (`wait_check`)
+//! capture joins the capture an event it waits on was recorded in (its status active, the
+//! same capture id, its work captured into the same graph) until that capture ends; it may not
+//! wait on an event last recorded in a capture that has ended (CUDA_ERROR_CAPTURED_EVENT).
+//! (`wait_check`; a joined stream's work left unjoined at the end, CUDA's
+//! CUDA_ERROR_STREAM_CAPTURE_UNJOINED, is not checked.)
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_int, c_uint, c_void};
@@ -74,6 +77,9 @@ pub struct Capture {
     pub captured_ops: u64,
     /// The graph captured into (`cuStreamBeginCaptureToGraph`), 0: a new one.
     pub into: usize,
+    /// The stream joined capture `id`, begun on another stream, by waiting on an event
+    /// recorded in it: it captures until that capture ends, and cannot end it.
+    pub joined: bool,
 }
 
 pub struct Stream {
@@ -358,7 +364,16 @@ pub fn destroy(h: CUstream) -> Res {
     let c = s.capture();
     if c.status != CU_STREAM_CAPTURE_STATUS_NONE {
         ACTIVE_CAPTURES.fetch_sub(1, Ordering::AcqRel);
-        crate::graph::capture_ended(c.id, false, c.into);
+        if !c.joined {
+            let joined: Vec<Arc<Stream>> = r
+                .streams
+                .values()
+                .chain(r.per_thread.values())
+                .cloned()
+                .collect();
+            end_joined(c.id, &joined);
+            crate::graph::capture_ended(c.id, false, c.into);
+        }
     }
     s.close();
     r.free_handles.push(h as usize);
@@ -425,16 +440,37 @@ pub fn legacy_check(s: &Arc<Stream>) -> Res {
 pub fn wait_check(s: &Arc<Stream>, e: &Event, flags: c_uint) -> Res {
     let captured_in = lock(&e.st).captured_in;
     let recorded = lock(&e.st).recorded > 0 || captured_in.is_some();
+    // the capture the event was recorded in, if it is still under way (looked up before this
+    // stream's capture is locked: each stream's capture lock is taken alone)
+    let origin = captured_in.and_then(|id| {
+        all_streams().into_iter().find_map(|o| {
+            let c = o.capture();
+            (c.id == id && c.status != CU_STREAM_CAPTURE_STATUS_NONE && !c.joined).then_some(c)
+        })
+    });
     let mut c = lock(&s.capture);
     match c.status {
         CU_STREAM_CAPTURE_STATUS_NONE => {
             if flags & CU_EVENT_WAIT_EXTERNAL != 0 {
                 return Err(CUDA_ERROR_INVALID_VALUE);
             }
-            if captured_in.is_some() {
-                return Err(CUDA_ERROR_CAPTURED_EVENT);
+            match (captured_in, origin) {
+                (None, _) => Ok(()),
+                // the legacy stream cannot capture
+                (Some(_), Some(_)) if s.kind == StreamKind::Legacy => {
+                    Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
+                }
+                (Some(_), Some(o)) => {
+                    *c = Capture {
+                        captured_ops: 0,
+                        joined: true,
+                        ..o
+                    };
+                    ACTIVE_CAPTURES.fetch_add(1, Ordering::AcqRel);
+                    Ok(())
+                }
+                (Some(_), None) => Err(CUDA_ERROR_CAPTURED_EVENT),
             }
-            Ok(())
         }
         CU_STREAM_CAPTURE_STATUS_INVALIDATED => Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED),
         _ => {
@@ -470,6 +506,7 @@ pub fn begin_capture_into(s: &Arc<Stream>, mode: c_int, into: usize) -> Res {
         thread: tid(),
         captured_ops: 0,
         into,
+        joined: false,
     };
     ACTIVE_CAPTURES.fetch_add(1, Ordering::AcqRel);
     Ok(())
@@ -479,22 +516,45 @@ pub const CUDA_ERROR_ILLEGAL_STATE: CUresult = 401;
 
 /// Ends a capture; returns its graph (see `graph`).
 pub fn end_capture(s: &Arc<Stream>) -> Result<*mut c_void, CUresult> {
-    let mut c = lock(&s.capture);
-    let prev = *c;
-    if prev.status == CU_STREAM_CAPTURE_STATUS_NONE {
-        return Err(CUDA_ERROR_ILLEGAL_STATE);
-    }
-    if prev.mode == CU_STREAM_CAPTURE_MODE_THREAD_LOCAL && prev.thread != tid() {
-        return Err(CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD);
-    }
-    *c = Capture::default();
+    let prev = {
+        let mut c = lock(&s.capture);
+        let prev = *c;
+        if prev.status == CU_STREAM_CAPTURE_STATUS_NONE {
+            return Err(CUDA_ERROR_ILLEGAL_STATE);
+        }
+        if prev.joined {
+            return Err(CUDA_ERROR_STREAM_CAPTURE_UNMATCHED);
+        }
+        if prev.mode == CU_STREAM_CAPTURE_MODE_THREAD_LOCAL && prev.thread != tid() {
+            return Err(CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD);
+        }
+        *c = Capture::default();
+        prev
+    };
     ACTIVE_CAPTURES.fetch_sub(1, Ordering::AcqRel);
-    let valid = prev.status != CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+    // the streams that joined it leave it; work of theirs made invalid is the capture's
+    let joined_valid = end_joined(prev.id, &all_streams());
+    let valid = prev.status != CU_STREAM_CAPTURE_STATUS_INVALIDATED && joined_valid;
     let graph = crate::graph::capture_ended(prev.id, valid, prev.into);
     if !valid {
         return Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
     }
     Ok(graph)
+}
+
+/// Capture `id` ended: every stream among `streams` that joined it stops capturing. Whether
+/// none of them was invalidated.
+fn end_joined(id: u64, streams: &[Arc<Stream>]) -> bool {
+    let mut valid = true;
+    for j in streams {
+        let mut c = lock(&j.capture);
+        if c.joined && c.id == id && c.status != CU_STREAM_CAPTURE_STATUS_NONE {
+            valid &= c.status != CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+            *c = Capture::default();
+            ACTIVE_CAPTURES.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+    valid
 }
 
 pub fn exchange_capture_mode(mode: c_int) -> Result<c_int, CUresult> {
