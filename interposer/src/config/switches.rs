@@ -49,6 +49,7 @@ const SWITCHES: &[(&str, &[&str])] = &[
             "no-tcache",
             // The begin-capture hooks (`pool::begin_waits_for_requests`).
             "begin-unordered",
+            "begin-recorded-first",
             // The captures under way (`cuda::captures::joined`).
             "joins-unseen",
         ],

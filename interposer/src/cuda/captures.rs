@@ -14,8 +14,10 @@
 use crate::cuda::real;
 use crate::cuda::types::{CUDA_SUCCESS, CUstream};
 use crate::sys::spin::SpinLock;
+use std::cell::Cell;
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 /// `CU_STREAM_CAPTURE_MODE_GLOBAL` (== `cudaStreamCaptureModeGlobal`).
 pub(crate) const MODE_GLOBAL: c_int = 0;
@@ -40,46 +42,98 @@ struct Capture {
     mode: c_int,
     /// The thread that began it.
     tid: u32,
+    /// The real begin call succeeded: the capture is under way. Until then (`beginning`) the
+    /// entry only makes the library's own unsafe calls wait (see [`beginning`]).
+    begun: bool,
+    /// Begin hooks on the stream whose real call has not returned (the runtime's begin and
+    /// the driver's it reaches are two), and the thread that makes them.
+    beginning: u32,
+    begin_tid: u32,
 }
 
-/// Captures under way (few: one per capturing stream).
+/// Captures under way and begins in flight (few: one per capturing stream).
 static CAPTURES: SpinLock<Vec<Capture>> = SpinLock::new(Vec::new());
-/// How many: the test every unsafe call pays while none is under way.
+/// How many entries: the test every unsafe call pays while none is under way.
 static ACTIVE: AtomicUsize = AtomicUsize::new(0);
+/// Begin hooks whose real call has not returned, on every thread.
+static BEGINNING: AtomicUsize = AtomicUsize::new(0);
+/// Threads inside [`gated`] (a decision that no capture forbids a call, and the call).
+static GATED: AtomicUsize = AtomicUsize::new(0);
 
-/// The calling thread begins capturing `stream` in `mode`: recorded before the real call, so
-/// that no unsafe call is decided on without it once the call may have begun the capture (the
-/// begin hook then waits for the requests in flight). A capture the runtime's entry point and
-/// then the driver's report twice is one. Returns what was recorded for the stream before,
-/// for [`restore`] when the real call fails.
-pub(crate) fn begun(stream: u64, mode: c_int) -> Option<(c_int, u32)> {
+thread_local! {
+    /// This thread is inside [`gated`] (a nested section is the same one).
+    static IN_GATE: Cell<bool> = const { Cell::new(false) };
+    /// This thread stopped waiting for another thread's begin (see [`wait_for_begins`]): until
+    /// its section ends, that begin counts as a capture under way.
+    static COUNT_BEGINNING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// How long a section waits for another thread's real begin call to return before it counts
+/// that capture as under way (the begin may wait on a lock of the runtime's the section's own
+/// caller holds).
+const BEGIN_WAIT: Duration = Duration::from_secs(1);
+/// How long a begin waits for the sections in flight (a `cuCtxSynchronize` waits for the
+/// device's work) before it begins anyway.
+const SECTION_WAIT: Duration = Duration::from_secs(5);
+
+/// The calling thread is about to make the real begin-capture call on `stream` in `mode`:
+/// recorded as a begin in flight, not as a capture. While it is in flight, the library's own
+/// unsafe calls on other threads wait for its outcome ([`wait_for_begins`], the pool's lock
+/// through `pool::wait_for_requests`, [`gated`]) instead of deciding with or without it: a
+/// capture that then fails to begin (the legacy stream, a stream already capturing) was never
+/// seen by anyone, and one that begins is seen by every decision made after the call. The
+/// caller then waits for the decisions already made ([`wait_for_sections`] and the pool's
+/// lock), so that their calls land before the real begin. Returns false for a begin nested in
+/// one this thread already has in flight on the stream (the runtime's begin reaching the
+/// driver's): the outer one waited.
+pub(crate) fn beginning(stream: u64, mode: c_int) -> bool {
     let tid = crate::sys::ids::tid();
     let mut c = CAPTURES.lock();
-    let before = if let Some(x) = c.iter_mut().find(|x| x.stream == stream) {
-        let before = (x.mode, x.tid);
-        *x = Capture { stream, mode, tid };
-        Some(before)
+    let outer = if let Some(x) = c.iter_mut().find(|x| x.stream == stream) {
+        let outer = !(x.beginning > 0 && x.begin_tid == tid);
+        x.beginning += 1;
+        x.begin_tid = tid;
+        outer
     } else {
-        c.push(Capture { stream, mode, tid });
-        None
+        c.push(Capture {
+            stream,
+            mode,
+            tid,
+            begun: false,
+            beginning: 1,
+            begin_tid: tid,
+        });
+        true
     };
     ACTIVE.store(c.len(), Ordering::Release);
-    before
+    BEGINNING.fetch_add(1, Ordering::SeqCst);
+    outer
 }
 
-/// The real begin-capture call on `stream` failed: what [`begun`] replaced is put back (a
-/// capture already under way on the stream goes on; none: nothing is recorded).
-pub(crate) fn restore(stream: u64, before: Option<(c_int, u32)>) {
+/// The real begin call of [`beginning`] returned: `ok`, the capture is under way (recorded);
+/// else nothing changed (a capture already under way on the stream goes on).
+pub(crate) fn began(stream: u64, mode: c_int, ok: bool) {
+    let tid = crate::sys::ids::tid();
     let mut c = CAPTURES.lock();
-    match before {
-        Some((mode, tid)) => {
-            if let Some(x) = c.iter_mut().find(|x| x.stream == stream) {
-                *x = Capture { stream, mode, tid };
-            }
+    if let Some(x) = c.iter_mut().find(|x| x.stream == stream) {
+        x.beginning = x.beginning.saturating_sub(1);
+        if ok {
+            x.begun = true;
+            x.mode = mode;
+            x.tid = tid;
         }
-        None => c.retain(|x| x.stream != stream),
     }
+    c.retain(|x| x.begun || x.beginning > 0);
     ACTIVE.store(c.len(), Ordering::Release);
+    BEGINNING.fetch_sub(1, Ordering::SeqCst);
+}
+
+/// Testing only: a capture recorded as begun at once, the real call's outcome not awaited
+/// (the begin hooks' order before a begin was recorded only on success:
+/// `VRAMSHIM_POOL_DEBUG=begin-unordered` records after the call, see `pool`).
+pub(crate) fn begun_now(stream: u64, mode: c_int) {
+    beginning(stream, mode);
+    began(stream, mode, true);
 }
 
 /// The capture of `stream` ended (or the stream was destroyed).
@@ -88,8 +142,120 @@ pub(crate) fn ended(stream: u64) {
         return;
     }
     let mut c = CAPTURES.lock();
-    c.retain(|x| x.stream != stream);
+    for x in c.iter_mut().filter(|x| x.stream == stream) {
+        x.begun = false;
+    }
+    c.retain(|x| x.begun || x.beginning > 0);
     ACTIVE.store(c.len(), Ordering::Release);
+}
+
+/// Whether another thread has a begin in flight (one load while none has).
+fn others_beginning(me: u32) -> bool {
+    BEGINNING.load(Ordering::SeqCst) != 0
+        && CAPTURES
+            .lock()
+            .iter()
+            .any(|x| x.beginning > 0 && x.begin_tid != me)
+}
+
+/// Called with none of the library's locks held, before a decision that no capture forbids a
+/// call (the pool's lock taken, [`gated`]): waits until no other thread has a begin in flight,
+/// so that the decision sees its outcome. True when there was one to wait for (the caller's
+/// lock may have been taken meanwhile by a begin: it takes it again and asks again). After
+/// [`BEGIN_WAIT`] it stops waiting: the begins still in flight count as captures under way
+/// for this thread until [`done_counting_begins`] (the old, conservative answer, which may
+/// refuse a call for a capture that never begins).
+#[cold]
+#[inline(never)]
+pub(crate) fn wait_for_begins() -> bool {
+    let me = crate::sys::ids::tid();
+    if COUNT_BEGINNING.with(Cell::get) || !others_beginning(me) {
+        return false;
+    }
+    let start = Instant::now();
+    let mut attempt = 0u32;
+    while others_beginning(me) {
+        if start.elapsed() > BEGIN_WAIT {
+            COUNT_BEGINNING.with(|c| c.set(true));
+            crate::debug!(
+                "captures: a begin-capture call on another thread is slow to return: counted as begun"
+            );
+            break;
+        }
+        crate::sys::spin::back_off(attempt);
+        attempt = attempt.saturating_add(1);
+    }
+    true
+}
+
+/// Whether the pool's lock, just taken, must be let go for [`wait_for_begins`]: another thread
+/// has a begin in flight that this one has not given up waiting for. One load while no begin
+/// is in flight.
+#[inline]
+pub(crate) fn must_wait_for_begins() -> bool {
+    BEGINNING.load(Ordering::SeqCst) != 0 && must_wait_cold()
+}
+
+#[cold]
+#[inline(never)]
+fn must_wait_cold() -> bool {
+    !COUNT_BEGINNING.with(Cell::get) && others_beginning(crate::sys::ids::tid())
+}
+
+/// The section that stopped waiting for a begin is over.
+#[inline]
+pub(crate) fn done_counting_begins() {
+    if BEGINNING.load(Ordering::Relaxed) != 0 || COUNT_BEGINNING.with(Cell::get) {
+        COUNT_BEGINNING.with(|c| c.set(false));
+    }
+}
+
+/// `f` decides whether a capture forbids a potentially unsafe call and makes it, outside the
+/// pool's lock (the runtime's last error set with `cudaMalloc`, the cap's settling of the
+/// driver's pools): a begin in flight on another thread is waited for first, and a begin that
+/// starts later waits for `f` to return ([`wait_for_sections`]) before its real call, so the
+/// call cannot land inside a capture `f` did not see. Nested sections on one thread are one.
+pub(crate) fn gated<R>(f: impl FnOnce() -> R) -> R {
+    if IN_GATE.with(Cell::get) {
+        return f();
+    }
+    IN_GATE.with(|g| g.set(true));
+    loop {
+        // Dekker's order with `beginning` then `wait_for_sections`: this thread's count is
+        // seen by the begin, or the begin's count by this thread, or both
+        GATED.fetch_add(1, Ordering::SeqCst);
+        if !must_wait_for_begins() {
+            break;
+        }
+        GATED.fetch_sub(1, Ordering::SeqCst);
+        wait_for_begins();
+    }
+    let r = f();
+    GATED.fetch_sub(1, Ordering::Release);
+    done_counting_begins();
+    IN_GATE.with(|g| g.set(false));
+    r
+}
+
+/// A begin recorded by [`beginning`] waits for the [`gated`] sections in flight on other
+/// threads (their decisions were made without it). After [`SECTION_WAIT`] it goes on: a
+/// section still in flight then may make its call inside the capture (said in the log).
+pub(crate) fn wait_for_sections() {
+    if GATED.load(Ordering::SeqCst) == 0 || IN_GATE.with(Cell::get) {
+        return;
+    }
+    let start = Instant::now();
+    let mut attempt = 0u32;
+    while GATED.load(Ordering::SeqCst) != 0 {
+        if start.elapsed() > SECTION_WAIT {
+            crate::warn!(
+                "a stream capture begins while a call of the library's own is still in flight on another thread; it may invalidate the capture"
+            );
+            return;
+        }
+        crate::sys::spin::back_off(attempt);
+        attempt = attempt.saturating_add(1);
+    }
 }
 
 /// After an end-capture call on `stream` (the handle as the caller passed it; `per_thread`:
@@ -125,8 +291,24 @@ pub(crate) fn any() -> bool {
 /// captured; no begin call names it, so the driver is asked). One atomic load while no capture
 /// is under way.
 pub(crate) fn capturing(stream: u64) -> bool {
-    ACTIVE.load(Ordering::Acquire) != 0
-        && (CAPTURES.lock().iter().any(|x| x.stream == stream) || joined(stream))
+    ACTIVE.load(Ordering::Acquire) != 0 && (named(stream) || joined(stream))
+}
+
+/// Whether a begin call named `stream` and it began (or, for a thread that stopped waiting
+/// for it, is in flight on another thread).
+fn named(stream: u64) -> bool {
+    let counting = COUNT_BEGINNING.with(Cell::get);
+    let me = crate::sys::ids::tid();
+    CAPTURES
+        .lock()
+        .iter()
+        .any(|x| x.stream == stream && counts(x, counting, me))
+}
+
+/// Whether entry `x` is a capture under way for a thread `me` (`counting`: one that stopped
+/// waiting for the begins in flight on other threads).
+fn counts(x: &Capture, counting: bool, me: u32) -> bool {
+    x.begun || (counting && x.beginning > 0 && x.begin_tid != me)
 }
 
 /// Whether `stream`, named by no begin call, joined a capture: the driver's answer for it
@@ -195,13 +377,22 @@ pub(crate) fn forbid_unsafe_calls() -> bool {
         return false;
     }
     let me = crate::sys::ids::tid();
-    forbidden(mode, me, &CAPTURES.lock())
+    let counting = COUNT_BEGINNING.with(Cell::get);
+    let c = CAPTURES.lock();
+    let under_way = c
+        .iter()
+        .filter(|x| counts(x, counting, me))
+        .map(|x| Capture {
+            tid: if x.begun { x.tid } else { x.begin_tid },
+            ..*x
+        });
+    forbidden(mode, me, under_way)
 }
 
 /// The rule, for a thread `me` in `mode` among `captures`.
-fn forbidden(mode: c_int, me: u32, captures: &[Capture]) -> bool {
+fn forbidden(mode: c_int, me: u32, captures: impl IntoIterator<Item = Capture>) -> bool {
     mode != MODE_RELAXED
-        && captures.iter().any(|c| {
+        && captures.into_iter().any(|c| {
             (c.tid == me && c.mode != MODE_RELAXED)
                 || (mode == MODE_GLOBAL && c.mode == MODE_GLOBAL)
         })
@@ -213,6 +404,8 @@ pub(crate) fn on_fork_child() {
     let c = unsafe { CAPTURES.reset_in_child() };
     std::mem::forget(std::mem::take(c));
     ACTIVE.store(0, Ordering::Relaxed);
+    BEGINNING.store(0, Ordering::Relaxed);
+    GATED.store(0, Ordering::Relaxed);
 }
 
 #[cfg(test)]
@@ -220,7 +413,14 @@ mod tests {
     use super::*;
 
     fn cap(stream: u64, mode: c_int, tid: u32) -> Capture {
-        Capture { stream, mode, tid }
+        Capture {
+            stream,
+            mode,
+            tid,
+            begun: true,
+            beginning: 0,
+            begin_tid: 0,
+        }
     }
 
     #[test]
@@ -230,17 +430,17 @@ mod tests {
         let own_local = [cap(7, MODE_THREAD_LOCAL, 1)];
         let own_relaxed = [cap(7, MODE_RELAXED, 1)];
         // global: another thread's global capture, and its own not begun relaxed
-        assert!(forbidden(MODE_GLOBAL, 1, &other_global));
-        assert!(!forbidden(MODE_GLOBAL, 1, &other_local));
-        assert!(forbidden(MODE_GLOBAL, 1, &own_local));
-        assert!(!forbidden(MODE_GLOBAL, 1, &own_relaxed));
+        assert!(forbidden(MODE_GLOBAL, 1, other_global));
+        assert!(!forbidden(MODE_GLOBAL, 1, other_local));
+        assert!(forbidden(MODE_GLOBAL, 1, own_local));
+        assert!(!forbidden(MODE_GLOBAL, 1, own_relaxed));
         // thread-local: only its own
-        assert!(!forbidden(MODE_THREAD_LOCAL, 1, &other_global));
-        assert!(forbidden(MODE_THREAD_LOCAL, 1, &own_local));
-        assert!(!forbidden(MODE_THREAD_LOCAL, 1, &own_relaxed));
+        assert!(!forbidden(MODE_THREAD_LOCAL, 1, other_global));
+        assert!(forbidden(MODE_THREAD_LOCAL, 1, own_local));
+        assert!(!forbidden(MODE_THREAD_LOCAL, 1, own_relaxed));
         // relaxed: none
-        assert!(!forbidden(MODE_RELAXED, 1, &other_global));
-        assert!(!forbidden(MODE_RELAXED, 1, &own_local));
-        assert!(!forbidden(MODE_GLOBAL, 1, &[]));
+        assert!(!forbidden(MODE_RELAXED, 1, other_global));
+        assert!(!forbidden(MODE_RELAXED, 1, own_local));
+        assert!(!forbidden(MODE_GLOBAL, 1, []));
     }
 }

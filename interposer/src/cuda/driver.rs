@@ -133,23 +133,28 @@ pub(crate) fn capturing(stream: u64) -> bool {
 /// minus used bytes; 0 = nothing). `None`, having done nothing, when a stream capture is
 /// underway on `stream` or the legacy stream (synchronizing then would break the capture;
 /// an error of the query counts as a capture), when `device` is not the current context's,
-/// or when the driver lacks a function.
+/// or when the driver lacks a function. The question and the synchronization are one section
+/// a begin-capture call on another thread waits for (`captures::gated`): no capture begins
+/// between them.
 pub(crate) fn settle_pools(device: i32, stream: u64) -> Option<u64> {
     real::cuStreamIsCapturing()?;
     let get_device = real::cuCtxGetDevice()?;
     let sync = real::cuCtxSynchronize()?;
     let trim = real::cuMemPoolTrimTo()?;
     let attr = real::cuMemPoolGetAttribute()?;
-    if capturing(stream) {
-        return None;
-    }
-    let mut current: c_int = -1;
-    // SAFETY: valid out-pointer.
-    if unsafe { get_device(&mut current) } != CUDA_SUCCESS || current != device {
-        return None;
-    }
-    // SAFETY: no arguments; no capture is underway (checked above).
-    if unsafe { sync() } != CUDA_SUCCESS {
+    let synced = super::captures::gated(|| {
+        if capturing(stream) {
+            return false;
+        }
+        let mut current: c_int = -1;
+        // SAFETY: valid out-pointer.
+        if unsafe { get_device(&mut current) } != CUDA_SUCCESS || current != device {
+            return false;
+        }
+        // SAFETY: no arguments; no capture is underway (checked above).
+        unsafe { sync() == CUDA_SUCCESS }
+    });
+    if !synced {
         return None;
     }
     let mut cached = 0u64;

@@ -467,23 +467,27 @@ pub(crate) fn current_runtime_device() -> Option<c_int> {
 /// runtime request, make the real runtime record it too, by asking it for an allocation no
 /// device can satisfy. Called with no lock held. Not while a stream capture forbids the
 /// calling thread potentially unsafe calls: that `cudaMalloc` would be one, and would
-/// invalidate the capture (the last error then stays what it was).
+/// invalidate the capture (the last error then stays what it was). The question and the call
+/// are one section a begin-capture call on another thread waits for (`captures::gated`): no
+/// capture begins between them.
 pub(crate) fn runtime_set_last_error_oom() {
-    if crate::cuda::captures::forbid_unsafe_calls() {
-        return;
-    }
-    if let Some(f) = cudaMalloc() {
-        let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
-        // SAFETY: p is a valid out-pointer; the size cannot be satisfied.
-        let rc = unsafe { f(&mut p, usize::MAX) };
-        if rc == 0
-            && !p.is_null()
-            && let Some(free) = cudaFree()
-        {
-            // SAFETY: p was just allocated by the runtime.
-            unsafe { free(p) };
+    crate::cuda::captures::gated(|| {
+        if crate::cuda::captures::forbid_unsafe_calls() {
+            return;
         }
-    }
+        if let Some(f) = cudaMalloc() {
+            let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
+            // SAFETY: p is a valid out-pointer; the size cannot be satisfied.
+            let rc = unsafe { f(&mut p, usize::MAX) };
+            if rc == 0
+                && !p.is_null()
+                && let Some(free) = cudaFree()
+            {
+                // SAFETY: p was just allocated by the runtime.
+                unsafe { free(p) };
+            }
+        }
+    })
 }
 
 #[cfg(test)]

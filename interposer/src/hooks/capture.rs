@@ -18,13 +18,17 @@ fn key<F: Copy>(h: Site<F>, stream: CUstream) -> u64 {
     crate::pool::pool_stream_id(stream as u64, h.stream_flags())
 }
 
-/// A begin-capture entry point: the capture recorded, then every pool request in flight
-/// waited for, then the real call (the record put back if it failed). A request decides
-/// whether a capture forbids its unsafe calls under the pool's lock and makes them under it:
-/// one in flight when the capture is recorded may have decided without it, and the capture
-/// must not begin before it is done; every later one sees the record. (The pool's lock is
-/// not held across the real call: the runtime's begin reaches the driver's hook, and a
-/// runtime's lazy initialization may allocate.)
+/// A begin-capture entry point: the begin recorded as in flight, then every pool request and
+/// every other decision about unsafe calls in flight waited for, then the real call, then the
+/// capture recorded only if it began (`captures::beginning`). A request or call decides
+/// whether a capture forbids its unsafe calls and makes them inside one critical section (the
+/// pool's lock, `captures::gated`): one in flight when the begin is recorded may have decided
+/// without it, and the capture must not begin before it is done; a later one waits for the
+/// real call's outcome, and sees the capture if it began. So a begin that fails (the legacy
+/// stream, a stream already capturing) is a capture no other thread ever acted on. (The pool's
+/// lock is not held across the real call: the runtime's begin reaches the driver's hook, and
+/// a runtime's lazy initialization may allocate; a request of this thread inside the call
+/// does not wait for its own begin.)
 fn begin<F: Copy>(
     h: Site<F>,
     stream: CUstream,
@@ -34,21 +38,29 @@ fn begin<F: Copy>(
     let name = h.name;
     h.unguarded(|f| {
         let key = key(h, stream);
-        let ordered = crate::pool::begin_waits_for_requests();
-        let before = ordered.then(|| {
-            let before = captures::begun(key, mode);
-            crate::pool::wait_for_requests();
-            before
-        });
-        let rc = call(f);
-        match before {
-            Some(before) if rc != CUDA_SUCCESS => captures::restore(key, before),
-            Some(_) => {}
-            None if rc == CUDA_SUCCESS => {
-                captures::begun(key, mode);
+        let rc = if !crate::pool::begin_waits_for_requests() {
+            let rc = call(f);
+            if rc == CUDA_SUCCESS {
+                captures::begun_now(key, mode);
             }
-            None => {}
-        }
+            rc
+        } else if crate::pool::begin_recorded_first() {
+            captures::begun_now(key, mode);
+            crate::pool::wait_for_requests();
+            let rc = call(f);
+            if rc != CUDA_SUCCESS {
+                captures::ended(key);
+            }
+            rc
+        } else {
+            if captures::beginning(key, mode) {
+                crate::pool::wait_for_requests();
+                captures::wait_for_sections();
+            }
+            let rc = call(f);
+            captures::began(key, mode, rc == CUDA_SUCCESS);
+            rc
+        };
         crate::debug!("{name} stream={:#x} mode={mode} -> {rc}", stream as u64);
         rc
     })

@@ -249,6 +249,14 @@ fn read_mode() -> bool {
             );
             BEGIN_UNORDERED.store(true, Ordering::Relaxed);
         }
+        if crate::config::switch_on("VRAMSHIM_POOL_DEBUG", "begin-recorded-first") {
+            // testing only: a begin that fails is seen by other threads as a capture while
+            // its real call runs
+            crate::warn!(
+                "VRAMSHIM_POOL_DEBUG=begin-recorded-first: a capture is recorded before its begin call succeeds (testing only)"
+            );
+            BEGIN_RECORDED_FIRST.store(true, Ordering::Relaxed);
+        }
         if keep_retired {
             // testing only: a destroyed stream's frees stay in the thread caches
             crate::warn!(
@@ -288,6 +296,16 @@ static BEGIN_UNORDERED: AtomicBool = AtomicBool::new(false);
 /// in flight before the real call ([`wait_for_requests`]).
 pub(crate) fn begin_waits_for_requests() -> bool {
     !BEGIN_UNORDERED.load(Ordering::Relaxed)
+}
+
+/// Testing only (`VRAMSHIM_POOL_DEBUG=begin-recorded-first`): the begin-capture hooks record
+/// the capture as under way before the real call, and forget it if the call fails: requests
+/// on other threads meanwhile act on a capture that may never begin.
+static BEGIN_RECORDED_FIRST: AtomicBool = AtomicBool::new(false);
+
+/// Whether a begin-capture hook records the capture before the real call (testing only).
+pub(crate) fn begin_recorded_first() -> bool {
+    BEGIN_RECORDED_FIRST.load(Ordering::Relaxed)
 }
 
 /// A capture is about to begin (recorded in `cuda::captures` already): waits until no request
@@ -330,8 +348,35 @@ struct Pools {
 /// Every device's pool, behind a lock a forked child can take back.
 static POOLS: SpinLock<Pools> = SpinLock::new(Pools { devs: Vec::new() });
 
+/// `f` under the pool's lock. A begin-capture call in flight on another thread is waited for
+/// first (`captures::beginning`): `f` may decide whether a capture forbids its calls, and the
+/// begin's outcome decides that.
 fn with_pools<R>(f: impl FnOnce(&mut Pools) -> R) -> R {
-    f(&mut POOLS.lock())
+    let mut g = POOLS.lock();
+    if crate::cuda::captures::must_wait_for_begins() {
+        g = relock_after_begins(g);
+    }
+    let r = f(&mut g);
+    drop(g);
+    crate::cuda::captures::done_counting_begins();
+    r
+}
+
+/// The pool's lock let go until the begins in flight on other threads returned, then taken
+/// again (a begin waits for the lock before its real call).
+#[cold]
+#[inline(never)]
+fn relock_after_begins(
+    mut g: crate::sys::spin::SpinGuard<'static, Pools>,
+) -> crate::sys::spin::SpinGuard<'static, Pools> {
+    loop {
+        drop(g);
+        crate::cuda::captures::wait_for_begins();
+        g = POOLS.lock();
+        if !crate::cuda::captures::must_wait_for_begins() {
+            return g;
+        }
+    }
 }
 
 /// The pool stream for a request, or `None` if the pool does not serve this kind.

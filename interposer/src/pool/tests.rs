@@ -729,6 +729,49 @@ fn a_capture_begun_during_a_pool_request_waits_for_it() {
     }
 }
 
+/// A begin-capture call that fails is no capture to the pool's requests on other threads,
+/// and one that succeeds is one: capture_begin_fail stops thread B inside its real begin call
+/// (`VRAMSIM_PAUSE_IN=cuStreamBeginCapture`, global mode, through the runtime and through the
+/// driver) while a worker asks for 64 MiB the pool must grow for. On the legacy stream the
+/// begin fails: the worker's request waits for the outcome and gets its memory (0), not 900.
+/// On a stream the begin succeeds: the worker gets 900 (a `cudaMalloc` during another thread's
+/// global capture) and B's capture ends valid (0). With the capture recorded before the real
+/// call (`begin-recorded-first`, the old order) the worker acts on the capture that never
+/// began: 900 on the legacy stream, the test fails.
+#[test]
+fn a_begin_that_fails_is_no_capture_to_other_threads() {
+    let exe = vramshim_testkit::temp_dir("pool_capture_begin_fail").join("pool_capture_begin_fail");
+    vramshim_testkit::compile_c_to(
+        &exe,
+        &["tests/workloads/pool/capture_begin_fail.c"],
+        Link::SharedRuntime,
+        &["-lpthread"],
+    );
+    let go = |entry: &str, on: &str, debug: Option<&str>| {
+        let mut env = vec![
+            ("VRAMSHIM_POOL", "stitch"),
+            ("VRAMSIM_PAUSE_IN", "cuStreamBeginCapture"),
+        ];
+        env.extend(debug.map(|d| ("VRAMSHIM_POOL_DEBUG", d)));
+        run(&exe, &[entry, on], &env, "pool-capture-begin-fail")
+    };
+    for entry in ["runtime", "driver"] {
+        let o = go(entry, "legacy", None);
+        assert_exit(&o, 0, &format!("{entry} legacy"));
+        assert_ne!(field(&o.stdout, "begin"), 0, "{entry}: {}", o.stdout);
+        assert_eq!(field(&o.stdout, "worker"), 0, "{entry}: {}", o.stdout);
+        assert_eq!(field(&o.stdout, "worker_first"), 0, "{entry}: {}", o.stdout);
+        let o = go(entry, "stream", None);
+        assert_exit(&o, 0, &format!("{entry} stream"));
+        assert_eq!(field(&o.stdout, "worker"), 900, "{entry}: {}", o.stdout);
+        assert_eq!(field(&o.stdout, "worker_first"), 0, "{entry}: {}", o.stdout);
+        assert_eq!(field(&o.stdout, "end"), 0, "{entry}: {}", o.stdout);
+        let o = go(entry, "legacy", Some("begin-recorded-first"));
+        assert_exit(&o, 1, &format!("{entry} legacy begin-recorded-first"));
+        assert_eq!(field(&o.stdout, "worker"), 900, "{entry}: {}", o.stdout);
+    }
+}
+
 /// A begin-capture hook waits for the request under the pool's lock whatever the pool's mode
 /// reads (in this test process the pool was never turned on): the process's first request
 /// sets the mode just before it takes the lock, and a pool falling back to pass-through
