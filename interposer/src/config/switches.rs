@@ -37,6 +37,7 @@ const SWITCHES: &[(&str, &[&str])] = &[
             "layers-over-live",
             // Peer access (`pool::on_peer_access`).
             "no-peer",
+            "grant-in-capture",
             // The thread caches (`pool::read_mode`); any name at all but `no-layers`,
             // `no-tcache` the usual one, turns them off unless one of the `tcache-*` names is
             // given.
@@ -50,8 +51,9 @@ const SWITCHES: &[(&str, &[&str])] = &[
             // The begin-capture hooks (`pool::begin_waits_for_requests`).
             "begin-unordered",
             "begin-recorded-first",
-            // The captures under way (`cuda::captures::joined`).
+            // The captures under way (`cuda::captures::joined`, `cuda::captures::gated`).
             "joins-unseen",
+            "sections-ungated",
         ],
     ),
     ("VRAMSHIM_DEVICE_FAULT", &["stale"]),

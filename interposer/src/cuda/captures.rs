@@ -216,7 +216,7 @@ pub(crate) fn done_counting_begins() {
 /// starts later waits for `f` to return ([`wait_for_sections`]) before its real call, so the
 /// call cannot land inside a capture `f` did not see. Nested sections on one thread are one.
 pub(crate) fn gated<R>(f: impl FnOnce() -> R) -> R {
-    if IN_GATE.with(Cell::get) {
+    if IN_GATE.with(Cell::get) || sections_ungated() {
         return f();
     }
     IN_GATE.with(|g| g.set(true));
@@ -340,6 +340,13 @@ fn joined(stream: u64) -> bool {
     // SAFETY: valid out-pointer; the handle is the request's stream.
     let rc = unsafe { query(handle as usize as CUstream, &mut status) };
     rc != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE
+}
+
+/// Testing only (`VRAMSHIM_POOL_DEBUG=sections-ungated`): [`gated`] runs its section as it
+/// comes, and no begin waits for it, as once.
+fn sections_ungated() -> bool {
+    static READ: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *READ.get_or_init(|| crate::config::switch_on("VRAMSHIM_POOL_DEBUG", "sections-ungated"))
 }
 
 /// Testing only (`VRAMSHIM_POOL_DEBUG=joins-unseen`): only the streams a begin call named

@@ -116,6 +116,9 @@ pub(crate) struct CudaDevice {
     /// Bit `d`: device `d` has peer access to this device; every mapping is made accessible
     /// from it too.
     peers: u64,
+    /// Peers not yet granted access to the pages mapped before their grant: a capture forbade
+    /// the calls then (see [`Self::grant_peers`]).
+    pub(crate) ungranted: u64,
     /// Pages mapped now (start addresses), and the reservations (start -> size): what a new
     /// peer must be granted access to, in runs that stay inside one reservation.
     mapped: BTreeSet<u64>,
@@ -182,6 +185,7 @@ impl CudaDevice {
             held: 0,
             calls: CallCounts::default(),
             peers: peers & !(1 << ordinal),
+            ungranted: 0,
             mapped: BTreeSet::new(),
             reservations: BTreeMap::new(),
         })
@@ -297,13 +301,27 @@ impl CudaDevice {
 
     /// New peers (`peers`, a device bit set): grant them access to every page mapped now, in
     /// runs of contiguous pages inside one reservation (one call per run); later mappings
-    /// include them.
-    pub(crate) fn grant_peers(&mut self, peers: u64) -> Result<(), DeviceError> {
+    /// include them. While a stream capture forbids the calling thread potentially unsafe calls
+    /// (`cuMemSetAccess` is a virtual-memory call: it would fail and invalidate the capture)
+    /// the grant of the pages mapped now is owed (`ungranted`), and made by a later call
+    /// (`pool::grant_owed_peers`, after a capture ends); `grant_in_capture` (testing only)
+    /// makes it at once.
+    pub(crate) fn grant_peers(
+        &mut self,
+        peers: u64,
+        grant_in_capture: bool,
+    ) -> Result<(), DeviceError> {
         let peers = peers & !(1 << self.ordinal);
-        if peers & !self.peers == 0 {
+        let new = peers & !self.peers;
+        if new | self.ungranted == 0 {
             return Ok(());
         }
-        self.peers |= peers;
+        self.peers |= new;
+        if !grant_in_capture && self.forbidden() {
+            self.ungranted |= new;
+            return Ok(());
+        }
+        self.ungranted = 0;
         let mut run: Option<(u64, u64)> = None;
         let mut first_err = Ok(());
         let pages: Vec<u64> = self.mapped.iter().copied().collect();
@@ -708,6 +726,7 @@ mod tests {
             held: 0,
             calls: CallCounts::default(),
             peers: 0,
+            ungranted: 0,
             mapped: BTreeSet::new(),
             reservations: BTreeMap::new(),
         }

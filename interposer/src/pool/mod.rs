@@ -1251,17 +1251,60 @@ pub(crate) fn on_peer_access(owner: i32, accessor: i32) {
     if PEERS[owner as usize].fetch_or(bit, Ordering::Relaxed) & bit != 0 {
         return;
     }
-    with_pools(|pools| {
-        if let Some(Some(p)) = pools.devs.get_mut(owner as usize)
-            && let Err(e) = p.dev.grant_peers(peers_of(owner))
-        {
+    // testing only: grant while a capture forbids the calls, as once
+    let in_capture = crate::config::switch_on("VRAMSHIM_POOL_DEBUG", "grant-in-capture");
+    let owed = with_pools(|pools| {
+        let p = pools.devs.get_mut(owner as usize)?.as_mut()?;
+        p.dev.begin(ANY_STREAM, false);
+        if let Err(e) = p.dev.grant_peers(peers_of(owner), in_capture) {
             crate::warn!(
                 "pool: granting device {accessor} access to device {owner}'s pool failed ({e:?}); \
                  its kernels may not reach pooled memory"
             );
         }
+        Some(p.dev.ungranted != 0)
     });
+    if owed == Some(true) {
+        GRANTS_OWED.store(true, Ordering::Relaxed);
+        crate::debug!(
+            "pool: device {accessor} may access device {owner}'s pool; a stream capture forbids the calls: the pages mapped now are granted after it"
+        );
+        return;
+    }
     crate::debug!("pool: device {accessor} may access device {owner}'s pool");
+}
+
+/// Some pool owes peers the grant of pages mapped before a capture forbade the calls.
+static GRANTS_OWED: AtomicBool = AtomicBool::new(false);
+
+/// A stream capture ended: the peer grants a capture forbade are made now, unless a capture
+/// still forbids this thread the calls (then the next end tries again). One load when none
+/// is owed.
+pub(crate) fn grant_owed_peers() {
+    if !GRANTS_OWED.load(Ordering::Relaxed) || MODE.load(Ordering::Relaxed) != ON {
+        return;
+    }
+    let still = with_pools(|pools| {
+        let mut still = false;
+        for (d, p) in pools.devs.iter_mut().enumerate() {
+            let Some(p) = p else { continue };
+            if p.dev.ungranted == 0 {
+                continue;
+            }
+            p.dev.begin(ANY_STREAM, false);
+            if let Err(e) = p.dev.grant_peers(peers_of(d as i32), false) {
+                crate::warn!(
+                    "pool: granting peers access to device {d}'s pool failed ({e:?}); their kernels may not reach pooled memory"
+                );
+            }
+            still |= p.dev.ungranted != 0;
+        }
+        still
+    });
+    GRANTS_OWED.store(still, Ordering::Relaxed);
+    if !still {
+        crate::debug!("pool: the peer grants a stream capture forbade are made");
+    }
 }
 
 /// Statistics of `device`'s pool, if it has one.

@@ -729,6 +729,93 @@ fn a_capture_begun_during_a_pool_request_waits_for_it() {
     }
 }
 
+/// The cap empties the driver's pools (`cuCtxSynchronize`) before it would refuse a request:
+/// the question whether a capture forbids the synchronization and the call are one section a
+/// begin on another thread waits for. capture_window `settle` (a 48 MiB cap, no pool; the
+/// driver's pool caches the worker's freed 40 MiB, and its next 40 MiB `cudaMallocAsync` makes the cap
+/// settle; `VRAMSIM_PAUSE_IN=cuCtxSynchronize` stops the synchronization after the question):
+/// B's begin does not return while it is stopped, the worker gets 0 and B's end 0. With the
+/// section ungated (`sections-ungated`) B's begin returns at once and the synchronization
+/// runs inside B's global capture: end 901, exit 1.
+#[test]
+fn the_cap_never_settles_the_driver_s_pools_inside_a_capture_begun_meanwhile() {
+    let exe = vramshim_testkit::temp_dir("pool_capture_window").join("pool_capture_window_settle");
+    vramshim_testkit::compile_c_to(
+        &exe,
+        &["tests/workloads/pool/capture_window.c"],
+        Link::SharedRuntime,
+        &["-lpthread"],
+    );
+    let go = |entry: &str, debug: Option<&str>| {
+        let mut env = vec![
+            ("VRAMSHIM_CAP", "48MiB"),
+            ("VRAMSHIM_CAP_CONTEXT", "exclude"),
+            ("VRAMSIM_MEMORY", "1GiB"),
+            ("VRAMSIM_CONTEXT_OVERHEAD", "0"),
+            ("VRAMSIM_PAUSE_IN", "cuCtxSynchronize"),
+            ("VRAMSHIM_LOG", "debug"),
+        ];
+        env.extend(debug.map(|d| ("VRAMSHIM_POOL_DEBUG", d)));
+        run(&exe, &[entry, "settle"], &env, "pool-capture-window-settle")
+    };
+    for entry in ["runtime", "driver"] {
+        let o = go(entry, None);
+        assert_eq!(
+            field(&o.stdout, "begun_first"),
+            0,
+            "{entry}: {} {}",
+            o.stdout,
+            tail(&o.stderr)
+        );
+        assert_exit(&o, 0, entry);
+        assert_eq!(field(&o.stdout, "worker"), 0, "{entry}: {}", o.stdout);
+        assert_eq!(field(&o.stdout, "end"), 0, "{entry}: {}", o.stdout);
+        let o = go(entry, Some("sections-ungated"));
+        assert_exit(&o, 1, &format!("{entry} sections-ungated"));
+        assert_eq!(field(&o.stdout, "begun_first"), 1, "{entry}: {}", o.stdout);
+        assert_eq!(field(&o.stdout, "end"), 901, "{entry}: {}", o.stdout);
+    }
+}
+
+/// The runtime's last error after a refusal is set with a real `cudaMalloc(SIZE_MAX)`, made
+/// after the pool's lock is let go: the question whether a capture forbids it and the call are
+/// one section a begin on another thread waits for. capture_window `oom` (a 32 MiB device, the
+/// worker's 64 MiB refused, `VRAMSIM_PAUSE_IN=cuMemAlloc` stops the runtime's `cuMemAlloc`
+/// after the question): B's begin does not return while the call is stopped, the worker gets
+/// 2 and B's end 0. With the section ungated (`sections-ungated`) B's begin returns at once,
+/// the `cudaMalloc` runs inside B's global capture and invalidates it: end 901, exit 1.
+#[test]
+fn the_runtime_s_last_error_is_never_set_inside_a_capture_begun_meanwhile() {
+    let exe = vramshim_testkit::temp_dir("pool_capture_window").join("pool_capture_window_oom");
+    vramshim_testkit::compile_c_to(
+        &exe,
+        &["tests/workloads/pool/capture_window.c"],
+        Link::SharedRuntime,
+        &["-lpthread"],
+    );
+    let go = |entry: &str, debug: Option<&str>| {
+        let mut env = vec![
+            ("VRAMSHIM_POOL", "stitch"),
+            ("VRAMSIM_PAUSE_IN", "cuMemAlloc"),
+            ("VRAMSIM_MEMORY", "32MiB"),
+            ("VRAMSIM_CONTEXT_OVERHEAD", "0"),
+        ];
+        env.extend(debug.map(|d| ("VRAMSHIM_POOL_DEBUG", d)));
+        run(&exe, &[entry, "oom"], &env, "pool-capture-window-oom")
+    };
+    for entry in ["runtime", "driver"] {
+        let o = go(entry, None);
+        assert_exit(&o, 0, entry);
+        assert_eq!(field(&o.stdout, "begun_first"), 0, "{entry}: {}", o.stdout);
+        assert_eq!(field(&o.stdout, "worker"), 2, "{entry}: {}", o.stdout);
+        assert_eq!(field(&o.stdout, "end"), 0, "{entry}: {}", o.stdout);
+        let o = go(entry, Some("sections-ungated"));
+        assert_exit(&o, 1, &format!("{entry} sections-ungated"));
+        assert_eq!(field(&o.stdout, "begun_first"), 1, "{entry}: {}", o.stdout);
+        assert_eq!(field(&o.stdout, "end"), 901, "{entry}: {}", o.stdout);
+    }
+}
+
 /// A begin-capture call that fails is no capture to the pool's requests on other threads,
 /// and one that succeeds is one: capture_begin_fail stops thread B inside its real begin call
 /// (`VRAMSIM_PAUSE_IN=cuStreamBeginCapture`, global mode, through the runtime and through the
@@ -1358,6 +1445,49 @@ fn peer_access_applies_to_pool_mappings() {
                 "{what}: device 1 reached device 0's memory without peer access: {}",
                 o.stdout
             );
+            assert_exit(&o, expect, &what);
+        }
+    }
+}
+
+/// Peer access the program enables while its thread captures a stream (global mode) must
+/// not invalidate the capture: granting the pool's mapped pages takes `cuMemSetAccess`, a
+/// virtual-memory call the capture forbids, so the grant is made when the capture ends, and
+/// device 1 then reaches the pool's pages (peer_access `capture`, runtime and driver paths:
+/// end 0, data OK). With the grant made at once (`grant-in-capture`) the capture ends
+/// invalidated (901): the test fails.
+#[test]
+fn a_peer_grant_during_a_capture_waits_for_its_end() {
+    let exe = workload("peer_access");
+    for path in ["runtime", "driver"] {
+        for (debug, expect, end) in [("", 0, 0), ("grant-in-capture", 1, 901)] {
+            let o = run(
+                &exe,
+                &[path, "capture"],
+                &[
+                    ("VRAMSIM_DEVICES", "2"),
+                    ("VRAMSHIM_POOL", "stitch"),
+                    ("VRAMSHIM_POOL_DEBUG", debug),
+                    ("VRAMSHIM_LOG", "debug"),
+                ],
+                "pool-peer-capture",
+            );
+            let what = format!("{path} debug={debug:?}");
+            assert!(
+                o.stderr.contains("[pool]"),
+                "{what}: the pool must have served the requests: {}",
+                tail(&o.stderr)
+            );
+            assert_eq!(field(&o.stdout, "end"), end, "{what}: {}", o.stdout);
+            if debug.is_empty() {
+                assert!(o.stdout.contains("data=OK"), "{what}: {}", o.stdout);
+                assert!(
+                    o.stderr
+                        .contains("the pages mapped now are granted after it"),
+                    "{what}: {}",
+                    tail(&o.stderr)
+                );
+            }
             assert_exit(&o, expect, &what);
         }
     }

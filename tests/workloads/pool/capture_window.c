@@ -4,8 +4,22 @@
  * began. Run with VRAMSIM_PAUSE_IN=cuMemCreate (cuda-sim stops the first cuMemCreate on entry
  * until released).
  *
- *   capture_window runtime|driver
+ *   capture_window runtime|driver [oom|settle]
  *
+ * With "oom" (run under VRAMSIM_MEMORY smaller than 64 MiB and VRAMSIM_PAUSE_IN=cuMemAlloc) the
+ * pool cannot grow: it refuses the request, and the library asks the runtime for an allocation
+ * no device can satisfy (cudaMalloc(SIZE_MAX), so that the runtime's last error says out of
+ * memory) after it decided no capture forbids that call; the runtime's cuMemAlloc stops in
+ * the driver, and B begins its capture then. The worker must get
+ * cudaErrorMemoryAllocation (2).
+ * With "settle" (run under a 48 MiB cap without the pool, VRAMSIM_PAUSE_IN=cuCtxSynchronize) the
+ * driver's default pool keeps every freed block (release threshold UINT64_MAX): the worker
+ * allocates 40 MiB stream-ordered on its stream and frees it there, then asks for 40 MiB more
+ * there (cudaMallocAsync, which no capture forbids), which the cap would refuse while the
+ * driver's pool caches the first 40: the cap
+ * empties the driver's pools, after it decided no capture forbids the synchronization that
+ * takes; that cuCtxSynchronize stops in the driver, and B begins its capture then. The worker
+ * must get 0.
  * A worker thread (global mode) asks cudaMalloc for 64 MiB: the pool grows, and its first
  * cuMemCreate stops in the driver, the pool's lock held. Then thread B begins capturing stream
  * SA in global mode (runtime: cudaStreamBeginCapture; driver: cuStreamBeginCapture_v2 from
@@ -37,9 +51,21 @@ static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
 static int begun, may_end;
 
+static int settle;
+static cudaStream_t ws;
+
 static void *worker(void *arg) {
     (void)arg;
     void *big = NULL;
+    if (settle) {
+        void *a = NULL;
+        CHECK(cudaMallocAsync(&a, 40 << 20, ws));
+        CHECK(cudaFreeAsync(a, ws));
+        /* stream-ordered: an allocation a capture does not forbid */
+        worker_rc = cudaMallocAsync(&big, 40 << 20, ws);
+        if (worker_rc == cudaSuccess) CHECK(cudaFreeAsync(big, ws));
+        return NULL;
+    }
     worker_rc = cudaMalloc(&big, 64 << 20);
     if (worker_rc == cudaSuccess) CHECK(cudaFree(big));
     return NULL;
@@ -64,10 +90,13 @@ static void *capturer(void *arg) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 2 || (strcmp(argv[1], "runtime") != 0 && strcmp(argv[1], "driver") != 0)) {
-        fprintf(stderr, "usage: capture_window runtime|driver\n");
+    if (argc < 2 || argc > 3 || (strcmp(argv[1], "runtime") != 0 && strcmp(argv[1], "driver") != 0) ||
+        (argc == 3 && strcmp(argv[2], "oom") != 0 && strcmp(argv[2], "settle") != 0)) {
+        fprintf(stderr, "usage: capture_window runtime|driver [oom|settle]\n");
         return 2;
     }
+    int oom = argc == 3 && strcmp(argv[2], "oom") == 0;
+    settle = argc == 3 && strcmp(argv[2], "settle") == 0;
     void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
     pause_wait_fn pause_wait = lib ? (pause_wait_fn)dlsym(lib, "vramsimPauseWait") : NULL;
     pause_release_fn pause_release = lib ? (pause_release_fn)dlsym(lib, "vramsimPauseRelease") : NULL;
@@ -85,11 +114,18 @@ int main(int argc, char **argv) {
     }
     CHECK(cudaSetDevice(0));
     CHECK(cudaStreamCreateWithFlags(&sa, cudaStreamNonBlocking));
+    if (settle) {
+        CHECK(cudaStreamCreateWithFlags(&ws, cudaStreamNonBlocking));
+        cudaMemPool_t mp;
+        CHECK(cudaDeviceGetDefaultMemPool(&mp, 0));
+        unsigned long long keep = ~0ull;
+        CHECK(cudaMemPoolSetAttribute(mp, cudaMemPoolAttrReleaseThreshold, &keep));
+    }
 
     pthread_t w, b;
     if (pthread_create(&w, NULL, worker, NULL) != 0) return 2;
     if (pause_wait(10000) != CUDA_SUCCESS) {
-        fprintf(stderr, PROG ": the worker's cuMemCreate never stopped (VRAMSIM_PAUSE_IN?)\n");
+        fprintf(stderr, PROG ": the worker's call never stopped (VRAMSIM_PAUSE_IN?)\n");
         return 2;
     }
     if (pthread_create(&b, NULL, capturer, NULL) != 0) return 2;
@@ -119,5 +155,5 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (end_rc != 0) return 1;
-    return worker_rc == cudaSuccess ? 0 : 2;
+    return worker_rc == (oom ? cudaErrorMemoryAllocation : cudaSuccess) ? 0 : 2;
 }

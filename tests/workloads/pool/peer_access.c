@@ -2,14 +2,16 @@
  * peer_access - peer access the program grants must reach memory allocated before and after
  * the grant (the pool's mappings included).
  *
- *   peer_access [runtime|driver]
+ *   peer_access [runtime|driver] [capture]
  *
  * Needs two devices. Allocates block A on device 0, then, from device 1, launches a fill
  * "kernel" into A (must be refused: no peer access yet), enables peer access from device 1
  * to device 0 (cudaDeviceEnablePeerAccess, or cuCtxEnablePeerAccess with "driver"),
  * allocates block B on device 0 and fills A and B from device 1 (both must succeed), then
- * reads both back. Output: "peer_access: before=RC enable=RC a=RC b=RC data=OK|BAD".
- * Exit 0 when every value is as CUDA has it, 1 otherwise.
+ * reads both back. Output: "peer_access: before=RC enable=RC a=RC b=RC data=OK|BAD end=RC".
+ * With "capture" the peer access is enabled while device 1's thread captures stream CS (global
+ * mode, begun just before; ended just after: end is its result, which must be 0, the capture
+ * still valid; -1 without "capture"). Exit 0 when every value is as CUDA has it, 1 otherwise.
  */
 #include <stdio.h>
 #include <string.h>
@@ -28,11 +30,19 @@ static int check(const void *dev, unsigned char v) {
 
 int main(int argc, char **argv) {
     int driver = argc > 1 && strcmp(argv[1], "driver") == 0;
+    int capture = argc > 2 && strcmp(argv[2], "capture") == 0;
+    int end = -1;
+    cudaStream_t cs = NULL;
     void *a = NULL, *b = NULL;
     if (cudaSetDevice(0) != cudaSuccess || cudaMalloc(&a, N) != cudaSuccess) return 2;
     if (cudaSetDevice(1) != cudaSuccess) return 2;
     int before = (int)vramsimKernelFill(a, 0x11, N, 0, 0);
     (void)cudaGetLastError();
+    if (capture) {
+        if (cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking) != cudaSuccess ||
+            cudaStreamBeginCapture(cs, cudaStreamCaptureModeGlobal) != cudaSuccess)
+            return 2;
+    }
     int enable;
     if (driver) {
         /* the driver API as a runtime program reaches it: through the entry-point table */
@@ -47,13 +57,19 @@ int main(int argc, char **argv) {
     } else {
         enable = (int)cudaDeviceEnablePeerAccess(0, 0);
     }
+    if (capture) {
+        cudaGraph_t g = NULL;
+        end = (int)cudaStreamEndCapture(cs, &g);
+        if (g) (void)cudaGraphDestroy(g);
+        (void)cudaStreamDestroy(cs);
+    }
     if (cudaSetDevice(0) != cudaSuccess || cudaMalloc(&b, N) != cudaSuccess) return 2;
     if (cudaSetDevice(1) != cudaSuccess) return 2;
     int fa = (int)vramsimKernelFill(a, 0x5a, N, 0, 0);
     int fb = (int)vramsimKernelFill(b, 0xa5, N, 0, 0);
     int data = cudaDeviceSynchronize() == cudaSuccess && fa == 0 && fb == 0 && check(a, 0x5a) &&
                check(b, 0xa5);
-    printf("peer_access: before=%d enable=%d a=%d b=%d data=%s\n", before, enable, fa, fb,
-           data ? "OK" : "BAD");
-    return before != 0 && enable == 0 && data ? 0 : 1;
+    printf("peer_access: before=%d enable=%d a=%d b=%d data=%s end=%d\n", before, enable, fa, fb,
+           data ? "OK" : "BAD", end);
+    return before != 0 && enable == 0 && data && end == (capture ? 0 : -1) ? 0 : 1;
 }
