@@ -16,7 +16,7 @@ use crate::cuda::types::{CUDA_SUCCESS, CUstream};
 use crate::sys::spin::SpinLock;
 use std::cell::Cell;
 use std::ffi::c_int;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// `CU_STREAM_CAPTURE_MODE_GLOBAL` (== `cudaStreamCaptureModeGlobal`).
@@ -57,6 +57,9 @@ static CAPTURES: SpinLock<Vec<Capture>> = SpinLock::new(Vec::new());
 static ACTIVE: AtomicUsize = AtomicUsize::new(0);
 /// Begin hooks whose real call has not returned, on every thread.
 static BEGINNING: AtomicUsize = AtomicUsize::new(0);
+/// The thread holding the pool's lock that stopped waiting for the begins in flight (see
+/// [`wait_for_begins`]); 0: none. Set and cleared under the pool's lock.
+static POOL_LOCK_COUNTS: AtomicU32 = AtomicU32::new(0);
 /// Threads inside [`gated`] (a decision that no capture forbids a call, and the call).
 static GATED: AtomicUsize = AtomicUsize::new(0);
 
@@ -160,16 +163,16 @@ fn others_beginning(me: u32) -> bool {
 
 /// Called with none of the library's locks held, before a decision that no capture forbids a
 /// call (the pool's lock taken, [`gated`]): waits until no other thread has a begin in flight,
-/// so that the decision sees its outcome. True when there was one to wait for (the caller's
-/// lock may have been taken meanwhile by a begin: it takes it again and asks again). After
-/// [`BEGIN_WAIT`] it stops waiting: the begins still in flight count as captures under way
-/// for this thread until [`done_counting_begins`] (the old, conservative answer, which may
-/// refuse a call for a capture that never begins).
+/// so that the decision sees its outcome (the caller then takes its lock again and asks
+/// again: a begin may have come meanwhile). After [`BEGIN_WAIT`] it stops waiting: the
+/// begins still in flight count as captures under way for this thread until
+/// [`done_counting_begins`] (the old, conservative answer, which may refuse a call for a
+/// capture that never begins). True when it stopped so.
 #[cold]
 #[inline(never)]
 pub(crate) fn wait_for_begins() -> bool {
     let me = crate::sys::ids::tid();
-    if COUNT_BEGINNING.with(Cell::get) || !others_beginning(me) {
+    if COUNT_BEGINNING.with(Cell::get) {
         return false;
     }
     let start = Instant::now();
@@ -180,12 +183,12 @@ pub(crate) fn wait_for_begins() -> bool {
             crate::debug!(
                 "captures: a begin-capture call on another thread is slow to return: counted as begun"
             );
-            break;
+            return true;
         }
         crate::sys::spin::back_off(attempt);
         attempt = attempt.saturating_add(1);
     }
-    true
+    false
 }
 
 /// Whether the pool's lock, just taken, must be let go for [`wait_for_begins`]: another thread
@@ -202,12 +205,29 @@ fn must_wait_cold() -> bool {
     !COUNT_BEGINNING.with(Cell::get) && others_beginning(crate::sys::ids::tid())
 }
 
-/// The section that stopped waiting for a begin is over.
+/// The pool's lock was just taken: whoever held it before no longer counts the begins in
+/// flight (one store).
 #[inline]
+pub(crate) fn pool_lock_taken() {
+    POOL_LOCK_COUNTS.store(0, Ordering::Relaxed);
+}
+
+/// The calling thread took the pool's lock after [`wait_for_begins`] stopped waiting: until
+/// the lock is taken again, the begins in flight count as captures under way for it.
+pub(crate) fn pool_lock_counts_begins() {
+    COUNT_BEGINNING.with(|c| c.set(false));
+    POOL_LOCK_COUNTS.store(crate::sys::ids::tid(), Ordering::Relaxed);
+}
+
+/// Whether the calling thread counts the begins in flight on other threads as captures.
+fn counting_begins() -> bool {
+    COUNT_BEGINNING.with(Cell::get)
+        || POOL_LOCK_COUNTS.load(Ordering::Relaxed) == crate::sys::ids::tid()
+}
+
+/// The section that stopped waiting for a begin ([`wait_for_begins`] returned true) is over.
 pub(crate) fn done_counting_begins() {
-    if BEGINNING.load(Ordering::Relaxed) != 0 || COUNT_BEGINNING.with(Cell::get) {
-        COUNT_BEGINNING.with(|c| c.set(false));
-    }
+    COUNT_BEGINNING.with(|c| c.set(false));
 }
 
 /// `f` decides whether a capture forbids a potentially unsafe call and makes it, outside the
@@ -220,6 +240,7 @@ pub(crate) fn gated<R>(f: impl FnOnce() -> R) -> R {
         return f();
     }
     IN_GATE.with(|g| g.set(true));
+    let mut gave_up = false;
     loop {
         // Dekker's order with `beginning` then `wait_for_sections`: this thread's count is
         // seen by the begin, or the begin's count by this thread, or both
@@ -228,11 +249,13 @@ pub(crate) fn gated<R>(f: impl FnOnce() -> R) -> R {
             break;
         }
         GATED.fetch_sub(1, Ordering::SeqCst);
-        wait_for_begins();
+        gave_up |= wait_for_begins();
     }
     let r = f();
     GATED.fetch_sub(1, Ordering::Release);
-    done_counting_begins();
+    if gave_up {
+        done_counting_begins();
+    }
     IN_GATE.with(|g| g.set(false));
     r
 }
@@ -297,7 +320,7 @@ pub(crate) fn capturing(stream: u64) -> bool {
 /// Whether a begin call named `stream` and it began (or, for a thread that stopped waiting
 /// for it, is in flight on another thread).
 fn named(stream: u64) -> bool {
-    let counting = COUNT_BEGINNING.with(Cell::get);
+    let counting = counting_begins();
     let me = crate::sys::ids::tid();
     CAPTURES
         .lock()
@@ -384,7 +407,7 @@ pub(crate) fn forbid_unsafe_calls() -> bool {
         return false;
     }
     let me = crate::sys::ids::tid();
-    let counting = COUNT_BEGINNING.with(Cell::get);
+    let counting = counting_begins();
     let c = CAPTURES.lock();
     let under_way = c
         .iter()

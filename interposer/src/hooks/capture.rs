@@ -84,7 +84,7 @@ fn end<F: Copy>(h: Site<F>, stream: CUstream, call: impl FnOnce(F) -> c_int) -> 
         };
         if !goes_on {
             captures::ended(key(h, stream));
-            crate::pool::grant_owed_peers();
+            super::pool_glue::grant_owed_peers();
         }
         crate::debug!("{name} stream={:#x} -> {rc}", stream as u64);
         rc

@@ -38,7 +38,7 @@ mod tests;
 
 use crate::cuda::request::{self, is_runtime};
 use crate::cuda::types::*;
-use crate::sys::spin::SpinLock;
+use crate::sys::spin::{SpinGuard, SpinLock};
 use crate::sys::wired::Wired;
 use cuda_device::CudaDevice;
 use std::ffi::c_int;
@@ -348,31 +348,39 @@ struct Pools {
 /// Every device's pool, behind a lock a forked child can take back.
 static POOLS: SpinLock<Pools> = SpinLock::new(Pools { devs: Vec::new() });
 
-/// `f` under the pool's lock. A begin-capture call in flight on another thread is waited for
-/// first (`captures::beginning`): `f` may decide whether a capture forbids its calls, and the
-/// begin's outcome decides that.
+/// `f` under the pool's lock ([`lock_pools`]).
 fn with_pools<R>(f: impl FnOnce(&mut Pools) -> R) -> R {
-    let mut g = POOLS.lock();
+    f(&mut lock_pools())
+}
+
+/// The pool's lock. A begin-capture call in flight on another thread is waited for first
+/// (`captures::beginning`): what is done under the lock may decide whether a capture forbids
+/// its calls, and the begin's outcome decides that.
+#[inline]
+fn lock_pools() -> SpinGuard<'static, Pools> {
+    let g = POOLS.lock();
+    crate::cuda::captures::pool_lock_taken();
     if crate::cuda::captures::must_wait_for_begins() {
-        g = relock_after_begins(g);
+        return relock_after_begins(g);
     }
-    let r = f(&mut g);
-    drop(g);
-    crate::cuda::captures::done_counting_begins();
-    r
+    g
 }
 
 /// The pool's lock let go until the begins in flight on other threads returned, then taken
-/// again (a begin waits for the lock before its real call).
+/// again (a begin waits for the lock before its real call). Out of line: the usual path stays
+/// as small.
 #[cold]
 #[inline(never)]
-fn relock_after_begins(
-    mut g: crate::sys::spin::SpinGuard<'static, Pools>,
-) -> crate::sys::spin::SpinGuard<'static, Pools> {
+fn relock_after_begins(mut g: SpinGuard<'static, Pools>) -> SpinGuard<'static, Pools> {
     loop {
         drop(g);
-        crate::cuda::captures::wait_for_begins();
+        let gave_up = crate::cuda::captures::wait_for_begins();
         g = POOLS.lock();
+        if gave_up {
+            // until the lock is taken again, the begins in flight count as captures here
+            crate::cuda::captures::pool_lock_counts_begins();
+            return g;
+        }
         if !crate::cuda::captures::must_wait_for_begins() {
             return g;
         }
