@@ -10,6 +10,11 @@
 //! thread has a capture begun in global mode; in thread-local mode only its own captures count;
 //! in relaxed mode none does. The thread's mode is read from the driver (two exchanges: there
 //! is no query), only while some capture is under way.
+//!
+//! A stream also captures when it joined a capture (it waited on an event recorded in a
+//! capturing stream); no begin call names it, so the driver is asked about it ([`capturing`]).
+//! A begin call in flight is recorded as such, and the capture only once the call succeeded:
+//! the library's own decisions wait for the call's outcome ([`beginning`], [`gated`]).
 
 use crate::cuda::real;
 use crate::cuda::types::{CUDA_SUCCESS, CUstream};
@@ -131,9 +136,9 @@ pub(crate) fn began(stream: u64, mode: c_int, ok: bool) {
     BEGINNING.fetch_sub(1, Ordering::SeqCst);
 }
 
-/// Testing only: a capture recorded as begun at once, the real call's outcome not awaited
-/// (the begin hooks' order before a begin was recorded only on success:
-/// `VRAMSHIM_POOL_DEBUG=begin-unordered` records after the call, see `pool`).
+/// A capture recorded as begun at once, the real call's outcome not awaited: for the begin
+/// hooks' test switches only (`VRAMSHIM_POOL_DEBUG=begin-unordered`, `begin-recorded-first`,
+/// see `pool`).
 pub(crate) fn begun_now(stream: u64, mode: c_int) {
     beginning(stream, mode);
     began(stream, mode, true);
