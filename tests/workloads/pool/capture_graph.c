@@ -18,17 +18,26 @@
  * synchronized after each), then destroyed; the device's graph memory
  * (cudaDeviceGetGraphMemAttribute, used and reserved) must then be 0, and a 64 MiB cudaMalloc
  * must succeed.
- * With "prefree" a 4 MiB block is allocated on CS before the capture (cudaMallocAsync: the
- * pool serves it) and filled, and freed on CS first thing in the capture (a free node of the
- * graph: the graph's work may use it until its first launch has run); after the capture 4 MiB
- * is allocated on CS, on S and with cudaMalloc, and none may get its bytes ("overlap" is 1 when
- * one does).
+ * With "prefree" (or "prefree-malloc") a 4 MiB block is allocated on CS before the capture
+ * with cudaMallocAsync (with cudaMalloc) and filled, and freed on CS first thing in the
+ * capture (cudaFreeAsync): memory no allocation node of the graph returned, which CUDA refuses
+ * in a capture (a free node takes only a graph allocation); its code is "prefree", and the
+ * capture's status just before its end (cudaStreamIsCapturing: 0 none, 1 active, 2
+ * invalidated) is "status". After the capture 4 MiB is allocated on CS, on S and with
+ * cudaMalloc, and none may get its bytes ("overlap" is 1 when one does): the block is still the
+ * program's when the free failed, and the graph's until its first launch has run had it
+ * succeeded; it is then freed (cudaFreeAsync on CS) when its free in the capture failed.
+ * Every free in the capture is checked the same way: the first code that is not success is
+ * "frees", and a block whose free failed is freed after the capture; the first of those later
+ * frees that fails gives "later" (0: none failed).
  * With "capped" (run under a cap the 64 MiB request exceeds) the 64 MiB request must get
  * cudaErrorMemoryAllocation (2), what a capped allocation gets, with the capture left valid.
  * Output: one line
- * "capture_graph: small=RC big=RC end=RC overlap=0|1 launches=RC used=N reserved=N".
- * Exit 1 when the 64 MiB request did not get what it must or on an overlap, 2 on any other
- * failure.
+ * "capture_graph: small=RC big=RC end=RC overlap=0|1 launches=RC used=N reserved=N prefree=RC
+ * status=N frees=RC later=RC" (prefree=-1 without "prefree").
+ * Exit 1 on an overlap or a later free that fails, and without "prefree" when the 64 MiB
+ * request did not get what it must; 2 on any other failure (with "prefree" the capture's codes
+ * are reported, not judged: they are CUDA's answer to the free).
  */
 #include <string.h>
 
@@ -36,7 +45,8 @@
 #include "pool_workload.h"
 
 int main(int argc, char **argv) {
-    const char *usage = "usage: capture_graph global|local inside|outside [capped] [prefree]\n";
+    const char *usage =
+        "usage: capture_graph global|local inside|outside [capped] [prefree|prefree-malloc]\n";
     if (argc < 3 || argc > 5) {
         fprintf(stderr, "%s", usage);
         return 2;
@@ -61,6 +71,8 @@ int main(int argc, char **argv) {
             capped = 1;
         else if (strcmp(argv[i], "prefree") == 0 && !prefree)
             prefree = 1;
+        else if (strcmp(argv[i], "prefree-malloc") == 0 && !prefree)
+            prefree = 2;
         else {
             fprintf(stderr, "%s", usage);
             return 2;
@@ -75,22 +87,30 @@ int main(int argc, char **argv) {
     CHECK(cudaDeviceSynchronize());
 
     void *pre = NULL;
-    if (prefree) {
-        CHECK(cudaMallocAsync(&pre, 4 << 20, cs));
-        CHECK(vramsimKernelFill(pre, 0x33, 4 << 20, 0, cs));
-    }
+    if (prefree == 1) CHECK(cudaMallocAsync(&pre, 4 << 20, cs));
+    if (prefree == 2) CHECK(cudaMalloc(&pre, 4 << 20));
+    if (prefree) CHECK(vramsimKernelFill(pre, 0x33, 4 << 20, 0, cs));
 
     void *small = NULL, *big = NULL;
+    /* -1: not freed in the capture */
+    cudaError_t pre_rc = (cudaError_t)-1, small_free = (cudaError_t)-1, big_free = (cudaError_t)-1;
     CHECK(cudaStreamBeginCapture(cs, mode));
-    if (prefree) CHECK(cudaFreeAsync(pre, cs));
+    if (prefree) pre_rc = cudaFreeAsync(pre, cs);
     cudaError_t small_rc = cudaMallocAsync(&small, 4 << 20, cs);
     if (small_rc == cudaSuccess) CHECK(vramsimKernelFill(small, 0x11, 4 << 20, 0, cs));
     cudaError_t big_rc = cudaMallocAsync(&big, 64 << 20, cs);
     if (big_rc == cudaSuccess) {
         CHECK(vramsimKernelFill(big, 0x22, 64 << 20, 0, cs));
-        if (inside) CHECK(cudaFreeAsync(big, cs));
+        if (inside) big_free = cudaFreeAsync(big, cs);
     }
-    if (small_rc == cudaSuccess) CHECK(cudaFreeAsync(small, cs));
+    if (small_rc == cudaSuccess) small_free = cudaFreeAsync(small, cs);
+    enum cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    CHECK(cudaStreamIsCapturing(cs, &status));
+    cudaError_t frees_rc = cudaSuccess;
+    cudaError_t tried[3] = {pre_rc, small_free, big_free};
+    for (int i = 0; i < 3; i++)
+        if (frees_rc == cudaSuccess && tried[i] != (cudaError_t)-1 && tried[i] != cudaSuccess)
+            frees_rc = tried[i];
     cudaGraph_t g = NULL;
     cudaError_t end_rc = cudaStreamEndCapture(cs, &g);
     void *eager = NULL;
@@ -109,6 +129,15 @@ int main(int argc, char **argv) {
         CHECK(cudaFree(sync));
     }
     CHECK(cudaFreeAsync(eager, cs));
+    /* the blocks whose free the capture refused are still the program's */
+    cudaError_t later_rc = cudaSuccess;
+    void *refused[3] = {pre, small, big};
+    for (int i = 0; i < 3; i++) {
+        if (tried[i] == (cudaError_t)-1 || tried[i] == cudaSuccess) continue;
+        cudaError_t rc = cudaFreeAsync(refused[i], cs);
+        if (rc != cudaSuccess && later_rc == cudaSuccess) later_rc = rc;
+    }
+    CHECK(cudaStreamSynchronize(cs));
 
     cudaError_t launches = cudaSuccess;
     if (end_rc == cudaSuccess) {
@@ -140,11 +169,16 @@ int main(int argc, char **argv) {
     }
     CHECK(cudaStreamDestroy(cs));
     CHECK(cudaStreamDestroy(s));
-    printf(PROG ": small=%d big=%d end=%d overlap=%d launches=%d used=%llu reserved=%llu\n",
-           (int)small_rc, (int)big_rc, (int)end_rc, overlap, (int)launches, used, reserved);
-    if (big_rc != (capped ? cudaErrorMemoryAllocation : cudaSuccess) || overlap) return 1;
-    if (small_rc != cudaSuccess || end_rc != cudaSuccess || launches != cudaSuccess || used != 0 ||
-        reserved != 0)
+    printf(PROG ": small=%d big=%d end=%d overlap=%d launches=%d used=%llu reserved=%llu "
+                "prefree=%d status=%d frees=%d later=%d\n",
+           (int)small_rc, (int)big_rc, (int)end_rc, overlap, (int)launches, used, reserved,
+           (int)pre_rc, (int)status, (int)frees_rc, (int)later_rc);
+    if (overlap || later_rc != cudaSuccess) return 1;
+    if (!prefree && big_rc != (capped ? cudaErrorMemoryAllocation : cudaSuccess)) return 1;
+    if (used != 0 || reserved != 0) return 2;
+    if (prefree) return 0;
+    if (small_rc != cudaSuccess || end_rc != cudaSuccess || launches != cudaSuccess ||
+        frees_rc != cudaSuccess)
         return 2;
     return 0;
 }
