@@ -12,7 +12,8 @@
 //! call during stream capture (while a capture forbids the calls the pool needs, it serves
 //! what it holds; a `cudaMalloc` it cannot serve then fails with 900, a stream-ordered request
 //! goes to the real function); a stream-ordered request on a capturing stream goes to the real
-//! function, which makes it an allocation node of the graph;
+//! function, which makes it an allocation node of the graph, and so does a stream-ordered free
+//! of a pool block on a capturing stream, which the driver refuses (see [`not_a_graph_free`]);
 //! pointers the pool does not own go to the real function; if
 //! the virtual-memory API is missing the layer falls back to pass-through with one warning.
 //! A device refusal (real out-of-memory) makes the pool dissolve its cached blocks and retry
