@@ -26,6 +26,8 @@ fn an_example_whose_reader_leaves_ends_quietly() {
         ("pool_slack", vec!["0.05:2", "--", trace]),
         ("pool_traces", vec![trace]),
         ("pool_passes", vec![trace]),
+        ("pool_peak", vec![trace]),
+        ("pool_smallpages", vec![trace]),
     ] {
         let exe = example(name);
         assert!(

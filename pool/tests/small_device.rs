@@ -27,6 +27,19 @@ fn device_1_03(events: &[Event]) -> u64 {
     (live as f64 * 1.03) as u64 / PAGE * PAGE
 }
 
+/// The trace among `all` whose name ends with `suffix` and its 1.03 x device, which is the
+/// `mib` MiB the test's text names.
+fn on_its_1_03_device<'a>(
+    all: &'a [(String, Vec<Event>)],
+    suffix: &str,
+    mib: u64,
+) -> (&'a [Event], u64) {
+    let ev = named(all, suffix);
+    let capacity = device_1_03(ev);
+    assert_eq!(capacity, mib * MIB, "{suffix}'s 1.03 x device");
+    (ev, capacity)
+}
+
 /// Replay `events` through `pool` on a checking device of `capacity` bytes.
 fn run(events: &[Event], pool: &mut dyn Policy, capacity: u64) -> replay::ReplayResult {
     let mut dev = AccountingDevice::new(capacity);
@@ -100,9 +113,7 @@ fn every_trace_completes_on_a_device_of_1_03_x_peak_live() {
 #[test]
 fn t5_fits_1_03_x_peak_live_by_the_page_ends_rule() {
     let all = traces();
-    let ev = named(&all, "traces/t5_train.rmm.csv");
-    let capacity = device_1_03(ev);
-    assert_eq!(capacity, 484 * MIB);
+    let (ev, capacity) = on_its_1_03_device(&all, "traces/t5_train.rmm.csv", 484);
     for frees in Frees::BOTH {
         let stream = frees.apply(ev);
         for off in [false, true] {
@@ -364,13 +375,12 @@ fn repeated_passes_complete_on_the_measured_device() {
 #[test]
 fn later_passes_take_the_previous_rounds_places_near_the_limit() {
     let all = traces();
-    for (trace, frees) in [
-        ("traces/vit_train.rmm.csv", Frees::CudaFree),
-        ("traces/vit_train.rmm.csv", Frees::StreamOrdered),
-        ("traces/t5_train.rmm.csv", Frees::StreamOrdered),
+    for (trace, frees, mib) in [
+        ("traces/vit_train.rmm.csv", Frees::CudaFree, 164),
+        ("traces/vit_train.rmm.csv", Frees::StreamOrdered, 164),
+        ("traces/t5_train.rmm.csv", Frees::StreamOrdered, 484),
     ] {
-        let ev = named(&all, trace);
-        let capacity = device_1_03(ev);
+        let (ev, capacity) = on_its_1_03_device(&all, trace, mib);
         for skip in [false, true] {
             let faults = Faults {
                 ends_skip_rounds: skip,
@@ -397,9 +407,7 @@ fn later_passes_take_the_previous_rounds_places_near_the_limit() {
 #[test]
 fn replayed_places_synchronize_as_the_first_pass_did() {
     let all = traces();
-    let ev = named(&all, "gpu/gpt2_train.rmm.csv");
-    let capacity = device_1_03(ev);
-    assert_eq!(capacity, 176 * MIB);
+    let (ev, capacity) = on_its_1_03_device(&all, "gpu/gpt2_train.rmm.csv", 176);
     for skip in [false, true] {
         let faults = Faults {
             replay_skips_sync: skip,
@@ -432,9 +440,7 @@ fn replayed_places_synchronize_as_the_first_pass_did() {
 #[test]
 fn round_mappings_stay_while_the_pool_holds_free_pages() {
     let all = traces();
-    let ev = named(&all, "traces/t5_train.rmm.csv");
-    let capacity = device_1_03(ev);
-    assert_eq!(capacity, 484 * MIB);
+    let (ev, capacity) = on_its_1_03_device(&all, "traces/t5_train.rmm.csv", 484);
     for broken in [false, true] {
         let faults = Faults {
             reform_without_held: broken,

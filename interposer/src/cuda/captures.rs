@@ -138,7 +138,7 @@ pub(crate) fn began(stream: u64, mode: c_int, ok: bool) {
 
 /// A capture recorded as begun at once, the real call's outcome not awaited: for the begin
 /// hooks' test switches only (`VRAMSHIM_POOL_DEBUG=begin-unordered`, `begin-recorded-first`,
-/// see `pool`).
+/// see `pool`), and unit tests.
 pub(crate) fn begun_now(stream: u64, mode: c_int) {
     beginning(stream, mode);
     began(stream, mode, true);

@@ -635,7 +635,16 @@ impl<C: FnOnce() -> c_int> Call for FreeCall<C> {
         };
         let (rc, layer) = match pooled {
             Some(rc) => (rc, Layer::Pool),
-            None => ((self.call)(), Layer::Real),
+            None => {
+                let rc = (self.call)();
+                if rc == 0
+                    && let (Some(s), Some(e)) = (self.stream, entry)
+                    && e.kind == AllocKind::Pool
+                {
+                    pool_block_freed_by_driver(self.key, s, self.flags, e);
+                }
+                (rc, Layer::Real)
+            }
         };
         settle_free(tok, self.key, table, rc, entry);
         if P::LAYERED {
@@ -665,6 +674,15 @@ impl<C: FnOnce() -> c_int> Call for FreeCall<C> {
     fn run_outlined<P: Path>(self, tok: &Token, mode: Mode, table: &LiveTable) -> c_int {
         self.run::<P>(tok, mode, table)
     }
+}
+
+/// The real function freed `key`, a live pool block the pool passed on, stream-ordered on
+/// `stream`: the free of one on a capturing stream, which the driver was expected to refuse
+/// (see `pool::taken_by_graph`). Out of line: no path's frame pays for it.
+#[cold]
+#[inline(never)]
+fn pool_block_freed_by_driver(key: u64, stream: u64, flags: u8, e: Entry) {
+    pool::taken_by_graph(key, pool::pool_stream_id(stream, flags), e.device, e.size);
 }
 
 /// A free of NULL: the real function's business alone. Out of line: no path's frame pays

@@ -41,7 +41,8 @@ pub(crate) const FIELDS: [&str; 18] = [
     "syncs",
     "trims",
     "oom_retries",
-    // blocks freed stream-ordered on a capturing stream (count): the graph's, live for good
+    // blocks a driver took as free nodes of a graph (count; CUDA refuses such frees): the
+    // graph's, live for good
     "graph_freed",
     // their requested bytes (part of live)
     "graph_freed_bytes",

@@ -86,7 +86,8 @@ pub(crate) struct CudaDevice {
     runtime: bool,
     /// The capture query's answer for the request being served: the pool asks before each
     /// synchronization it considers, and the answer cannot change within one call (a
-    /// capture begins only in a call of the program's own), so one query per call suffices.
+    /// capture begins only in a call of the program's own), so one query per call suffices;
+    /// none while no capture is under way (see [`Device::is_capturing`]).
     capturing: Cell<Option<bool>>,
     /// Whether a stream capture under way, on any thread, forbids the calling thread
     /// potentially unsafe calls (`captures`): asked once per request served, when first
@@ -521,7 +522,13 @@ impl Device for CudaDevice {
         if let Some(c) = self.capturing.get() {
             return c;
         }
-        let c = self.query_capture();
+        // With no capture under way in the process the driver has nothing to answer: every
+        // begin-capture entry point is hooked and records its capture before the real call,
+        // then waits for the pool's lock (held here), so a capture that begins later begins
+        // after this request. While one is under way the driver is asked: it knows the
+        // streams a capture joined (and the legacy stream's dependence on a capturing
+        // blocking stream), which the record does not.
+        let c = captures::any() && self.query_capture();
         self.capturing.set(Some(c));
         c
     }
@@ -685,9 +692,14 @@ mod tests {
     unsafe extern "C" fn wait(_: CUstream, _: CUevent, _: c_uint) -> CUresult {
         REFUSED
     }
-    unsafe extern "C" fn capturing(_: CUstream, status: *mut c_int) -> CUresult {
+    /// A stream that joined a capture the process's record does not name (through an event
+    /// of a capturing stream): only the driver knows it captures.
+    const JOINED: u64 = 0x7f00_2000;
+    static QUERIED: AtomicUsize = AtomicUsize::new(0);
+    unsafe extern "C" fn capturing(s: CUstream, status: *mut c_int) -> CUresult {
+        QUERIED.fetch_add(1, Ordering::Relaxed);
         // SAFETY: the caller's out-pointer.
-        unsafe { *status = 0 };
+        unsafe { *status = c_int::from(s as u64 == JOINED) };
         CUDA_SUCCESS
     }
 
@@ -762,6 +774,45 @@ mod tests {
             ),
             (0, 1, 0),
             "the driver's own count"
+        );
+    }
+
+    /// The capture query: none while the process has no capture under way (no driver call
+    /// per synchronization); while one is, the driver is asked about the request's stream,
+    /// and a stream the record does not name but the driver says captures gets no
+    /// synchronization. (The only test in this binary that records a capture.)
+    #[test]
+    fn the_driver_is_asked_about_captures_only_while_one_is_under_way() {
+        let mut d = forbidden_device();
+        d.forbidden.set(Some(false));
+        d.stream = JOINED;
+        let synced = SYNCED.load(Ordering::Relaxed);
+        let queried = QUERIED.load(Ordering::Relaxed);
+        assert!(!captures::any(), "another test recorded a capture");
+        assert!(!d.is_capturing());
+        assert_eq!(
+            QUERIED.load(Ordering::Relaxed),
+            queried,
+            "asked with none under way"
+        );
+
+        let other = 0x7f00_3000;
+        captures::begun_now(other, captures::MODE_RELAXED);
+        d.capturing.set(None);
+        let joined = d.is_capturing();
+        let refused = d.synchronize();
+        captures::ended(other);
+        assert!(joined, "the joined stream's capture was not seen");
+        assert_eq!(refused, Err(DeviceError::NotPermitted));
+        assert_eq!(
+            SYNCED.load(Ordering::Relaxed),
+            synced,
+            "synchronized during the capture"
+        );
+        assert_eq!(
+            QUERIED.load(Ordering::Relaxed),
+            queried + 1,
+            "one query a request"
         );
     }
 }

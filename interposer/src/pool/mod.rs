@@ -12,7 +12,8 @@
 //! call during stream capture (while a capture forbids the calls the pool needs, it serves
 //! what it holds; a `cudaMalloc` it cannot serve then fails with 900, a stream-ordered request
 //! goes to the real function); a stream-ordered request on a capturing stream goes to the real
-//! function, which makes it an allocation node of the graph;
+//! function, which makes it an allocation node of the graph, and so does a stream-ordered free
+//! of a pool block on a capturing stream, which the driver refuses (see [`not_a_graph_free`]);
 //! pointers the pool does not own go to the real function; if
 //! the virtual-memory API is missing the layer falls back to pass-through with one warning.
 //! A device refusal (real out-of-memory) makes the pool dissolve its cached blocks and retry
@@ -336,8 +337,8 @@ struct DevicePool {
     dev: CudaDevice,
     /// The policy has a budget (only then can its rounds end: see [`publish_watch`]).
     tight: bool,
-    /// Blocks freed stream-ordered on a capturing stream (`(address, requested size)`): see
-    /// [`free_in_graph`]. They stay live in the policy for good.
+    /// Blocks a driver took as free nodes of a graph (`(address, requested size)`): see
+    /// [`taken_by_graph`]. They stay live in the policy for good.
     graph_freed: Vec<(u64, u64)>,
 }
 
@@ -882,8 +883,9 @@ fn debug_faults() -> Option<(vramshim_pool::stitch::Faults, DebugRules)> {
         GRAPH_ALLOCS_REFUSED.store(true, Ordering::Relaxed);
         what.push("serves graph allocations itself and refuses those it cannot serve");
     }
-    // Takes back a block freed on a capturing stream at the capture's free, as it did: the
-    // test that such a block (the graph's until its first launch has run) is never reused.
+    // Takes back a block freed on a capturing stream at the capture's free, as it once did:
+    // the test that such a block (still the caller's: CUDA refuses the free) is not handed
+    // out again.
     if switch_on("VRAMSHIM_POOL_DEBUG", "graph-frees-reused") {
         GRAPH_FREES_REUSED.store(true, Ordering::Relaxed);
         what.push("reuses blocks freed on a capturing stream");
@@ -1003,11 +1005,11 @@ pub(crate) fn free(ptr: u64, stream: Option<u64>, pooled: Option<(i32, u64)>) ->
     if MODE.load(Ordering::Relaxed) != ON {
         return None;
     }
-    if let (Some(s), Some((device, size))) = (stream, pooled)
+    if let (Some(s), Some((device, _))) = (stream, pooled)
         && crate::cuda::captures::any()
-        && let Some(rc) = free_in_graph(ptr, s, device, size)
+        && not_a_graph_free(ptr, s, device)
     {
-        return Some(rc);
+        return None;
     }
     if let (Some(s), Some((device, size))) = (stream, pooled)
         && (0..MAX_DEVICES as i32).contains(&device)
@@ -1066,21 +1068,54 @@ pub(crate) fn free(ptr: u64, stream: Option<u64>, pooled: Option<(i32, u64)>) ->
     })
 }
 
-/// A stream-ordered free of the live pool block `ptr` (`size` bytes on `device`) on `stream`
-/// while some capture is under way: on a capturing stream it is a free node of the graph, and
-/// the block stays in use by the graph's work until the graph's first launch has run, after
-/// which the graph never touches it again. The pool does not follow graph launches, so it
-/// never reuses such a block: it stays live in the policy (held, in no free list) and is
-/// counted as freed in a graph; the free succeeds, as CUDA's does. `None`: the stream does not
-/// capture (or the pool has no such block), the usual path. Out of line: the frees no capture
-/// concerns pay one load for it.
+/// A stream-ordered free of the live pool block `ptr` on `device` on `stream` while some
+/// capture is under way: whether `stream` captures, so that the free is one CUDA refuses and
+/// the real function must answer it.
+///
+/// CUDA's rule: on a capturing stream `cuMemFreeAsync` / `cudaFreeAsync` makes a free node of
+/// the graph, and a free node takes only the address of a graph allocation (an allocation node
+/// of a capture). The driver API's `cuMemFreeAsync` says "During stream capture, this function
+/// results in the creation of a free node and must therefore be passed the address of a graph
+/// allocation", and `cuGraphAddMemFreeNode` returns `CUDA_ERROR_INVALID_VALUE` for "an address
+/// that was not returned by an allocation node"; an operation stream capture refuses
+/// invalidates the capture (`cudaStreamEndCapture` then fails and returns no graph). A pool
+/// block is never a graph allocation: the pool serves no stream-ordered request on a capturing
+/// stream (see [`graph_alloc`]), and its blocks lie in its own mappings whichever call
+/// (`cudaMallocAsync`, `cudaMalloc`) they served. So the free goes to the real function with
+/// the caller's pointer and stream, and the driver answers it: the same code, the capture
+/// invalidated as it would be without the library, the runtime's last error set by the
+/// runtime. The block is not freed: it stays the caller's, live, in no free list, and the
+/// caller may free it after the capture. A capture that ends between this answer and the real
+/// call leaves a stream-ordered free of mapped memory outside any capture, which the driver
+/// refuses too (`CUDA_ERROR_INVALID_VALUE`): the block stays the caller's. Should a driver
+/// take the free, [`taken_by_graph`] holds the block for good. Out of line: the frees no
+/// capture concerns pay one load for it.
 #[cold]
 #[inline(never)]
-fn free_in_graph(ptr: u64, stream: u64, device: i32, size: u64) -> Option<i32> {
+fn not_a_graph_free(ptr: u64, stream: u64, device: i32) -> bool {
     if !crate::cuda::captures::capturing(stream) || graph_frees_reused() {
-        return None;
+        return false;
     }
-    with_pools(|pools| {
+    crate::debug!(
+        "pool: block {ptr:#x} of device {device} freed on a capturing stream: not a graph allocation, the driver answers (the block stays the caller's)"
+    );
+    true
+}
+
+/// The real function answered a stream-ordered free on `stream` of the live pool block `ptr`
+/// (`size` bytes on `device`) with success, the pool having passed it on ([`free`] returned `None`, see
+/// [`not_a_graph_free`]): a free node of a graph CUDA's documentation says the driver refuses.
+/// Had a driver taken it, the graph's work may use the block until the graph's first launch
+/// has run, and the pool does not follow launches: the block stays live in the policy for
+/// good, counted as freed in a graph (`graph_freed`), and a later free of it goes to the real
+/// function.
+#[cold]
+#[inline(never)]
+pub(crate) fn taken_by_graph(ptr: u64, stream: u64, device: i32, size: u64) {
+    if MODE.load(Ordering::Relaxed) != ON {
+        return;
+    }
+    let held = with_pools(|pools| {
         let p = pools
             .devs
             .get_mut(usize::try_from(device).ok()?)?
@@ -1090,15 +1125,17 @@ fn free_in_graph(ptr: u64, stream: u64, device: i32, size: u64) -> Option<i32> {
         }
         p.graph_freed.push((ptr, size));
         Some(())
-    })?;
-    crate::debug!(
-        "pool: {size} bytes at {ptr:#x} on device {device} freed on a capturing stream: the graph's for good, never reused"
-    );
-    Some(CUDA_SUCCESS)
+    });
+    if held.is_some() {
+        crate::warn!(
+            "pool: the driver took block {ptr:#x} of device {device} ({size} bytes) freed on stream {stream:#x} as a free node of a graph: the graph's for good, never reused"
+        );
+    }
 }
 
 /// Testing only (`VRAMSHIM_POOL_DEBUG=graph-frees-reused`): a block freed on a capturing
-/// stream goes back to the pool's free lists at the capture's free, as it once did.
+/// stream goes back to the pool's free lists at the capture's free and the free succeeds, as
+/// it once did.
 static GRAPH_FREES_REUSED: AtomicBool = AtomicBool::new(false);
 
 fn graph_frees_reused() -> bool {
@@ -1334,7 +1371,7 @@ fn with_device_pool<T>(device: i32, read: impl FnOnce(&DevicePool) -> T) -> Opti
     })
 }
 
-/// Blocks of `device`'s pool freed in a graph (see [`free_in_graph`]): how many, and their
+/// Blocks of `device`'s pool freed in a graph (see [`taken_by_graph`]): how many, and their
 /// requested bytes.
 fn graph_freed(p: &DevicePool) -> (u64, u64) {
     (

@@ -552,8 +552,9 @@ fn graph_allocations_go_to_the_driver_as_nodes_of_the_graph() {
     // the old answers: the pool serves the 4 MiB block from what it holds, and takes it back
     // at the capture's free: the next request on the stream gets the bytes every launch writes;
     // the 64 MiB request is refused with 900. The test fails. (With `refuse-graph-allocs`
-    // alone the block it serves, freed on the capturing stream, is the graph's for good: no
-    // overlap, but the 900 still fails it.)
+    // alone the block it serves is no graph allocation: its free in the capture goes to the
+    // driver, which refuses it and invalidates the capture, and the block stays the program's:
+    // no overlap, but the 900 still fails it.)
     for args in [
         &["global", "inside"][..],
         &["global", "outside", "capped"][..],
@@ -567,18 +568,26 @@ fn graph_allocations_go_to_the_driver_as_nodes_of_the_graph() {
         assert_exit(&o, 1, &format!("refuse-graph-allocs {args:?}"));
         assert_eq!(field(&o.stdout, "big"), 900, "{}", o.stdout);
         assert_eq!(field(&o.stdout, "overlap"), 0, "{}", o.stdout);
+        assert_eq!(field(&o.stdout, "frees"), 1, "{}", o.stdout);
+        assert_eq!(field(&o.stdout, "end"), 901, "{}", o.stdout);
+        assert_eq!(field(&o.stdout, "later"), 0, "{}", o.stdout);
     }
 }
 
-/// A pool block freed on a capturing stream is a free node of the graph: the graph's work may
-/// use it until its first launch has run, so the pool never hands it out again. capture_graph
-/// `prefree`: a 4 MiB block the pool serves before the capture is freed on the capturing
-/// stream inside it; after the capture 4 MiB requests on that stream, on another and through
-/// `cudaMalloc` get other bytes; the free succeeds, the graph launches twice, and the pool's
-/// statistics count the block as freed in a graph (held, live). Global and thread-local
-/// captures, freed inside and outside, budget 5% and off. With the old answer
-/// (`graph-frees-reused`: the block goes back to the pool at the capture's free) the next
-/// request on the stream gets its bytes: the test fails.
+/// A pool block freed on a capturing stream: CUDA makes a stream-ordered free in a capture a
+/// free node, which takes only a graph allocation's address, so it refuses the free of memory
+/// allocated before the capture (`cudaErrorInvalidValue`) and invalidates the capture; through
+/// the library the free of such a block goes to the driver, which answers it. capture_graph
+/// `prefree` / `prefree-malloc`: a 4 MiB block the pool serves before the capture
+/// (`cudaMallocAsync` / `cudaMalloc`) is freed on the capturing stream inside it. The codes
+/// and the capture's status are those of the same program without the library on the same
+/// simulated driver (the fidelity witness: the free 1, the status invalidated (2), the
+/// capture's later requests and its end 901); the block stays the program's: 4 MiB requests
+/// after the capture on that stream, on another and through `cudaMalloc` get other bytes,
+/// its free after the capture succeeds, and the pool counts nothing as freed in a graph.
+/// Global and thread-local captures, freed inside and outside, budget 5% and off. With the old
+/// answer (`graph-frees-reused`: the pool takes the block back at the capture's free, which
+/// succeeds) the next request on the stream gets its bytes: the test fails.
 #[test]
 fn a_pool_block_freed_in_a_capture_is_never_reused() {
     let exe = workload("capture_graph");
@@ -595,83 +604,109 @@ fn a_pool_block_freed_in_a_capture_is_never_reused() {
         let o = run(&exe, args, &env, "pool-graph-free");
         (o, std::fs::read_to_string(&json).unwrap_or_default())
     };
-    for budget in ["5%", "off"] {
-        for mode in ["global", "local"] {
-            for free in ["inside", "outside"] {
-                let what = format!("{mode} {free} budget {budget}");
-                let (o, stats) = go(&[mode, free, "prefree"], budget, None);
-                assert_exit(&o, 0, &what);
-                assert_eq!(field(&o.stdout, "overlap"), 0, "{what}");
-                assert_eq!(field(&o.stdout, "end"), 0, "{what}");
-                assert_eq!(field(&o.stdout, "launches"), 0, "{what}");
-                assert!(
-                    o.stderr
-                        .contains("freed on a capturing stream: the graph's for good"),
-                    "{what}: {}",
-                    tail(&o.stderr)
+    let codes = [
+        "prefree", "status", "small", "big", "end", "frees", "later", "overlap", "launches",
+    ];
+    for mode in ["global", "local"] {
+        for free in ["inside", "outside"] {
+            for pre in ["prefree", "prefree-malloc"] {
+                let args = [mode, free, pre];
+                let plain = vramshim_testkit::run_with_preload(
+                    &exe,
+                    &args,
+                    &[],
+                    None,
+                    "pool-graph-free-plain",
                 );
-                let pools = &stats[stats.find("\"pools\"").expect("pool statistics")..];
-                assert_eq!(
-                    json_value(pools, "graph_freed").as_deref(),
-                    Some("1"),
-                    "{what}"
-                );
-                assert_eq!(
-                    json_value(pools, "graph_freed_bytes").as_deref(),
-                    Some("4194304"),
-                    "{what}"
-                );
+                assert_exit(&plain, 0, &format!("{args:?} without the library"));
+                // what CUDA answers, on cuda-sim
+                for (key, want) in [
+                    ("prefree", 1),
+                    ("status", 2),
+                    ("small", 901),
+                    ("end", 901),
+                    ("later", 0),
+                ] {
+                    assert_eq!(
+                        field(&plain.stdout, key),
+                        want,
+                        "{args:?}: {}",
+                        plain.stdout
+                    );
+                }
+                for budget in ["5%", "off"] {
+                    let what = format!("{args:?} budget {budget}");
+                    let (o, stats) = go(&args, budget, None);
+                    assert_exit(&o, 0, &what);
+                    for key in codes {
+                        assert_eq!(
+                            field(&o.stdout, key),
+                            field(&plain.stdout, key),
+                            "{what} {key}: {} / without the library: {}",
+                            o.stdout,
+                            plain.stdout
+                        );
+                    }
+                    assert!(
+                        o.stderr
+                            .contains("not a graph allocation, the driver answers"),
+                        "{what}: {}",
+                        tail(&o.stderr)
+                    );
+                    let pools = &stats[stats.find("\"pools\"").expect("pool statistics")..];
+                    assert_eq!(
+                        json_value(pools, "graph_freed").as_deref(),
+                        Some("0"),
+                        "{what}"
+                    );
+                }
             }
         }
     }
     for mode in ["global", "local"] {
-        let (o, _) = go(
-            &[mode, "inside", "prefree"],
-            "5%",
-            Some("graph-frees-reused"),
-        );
-        assert_exit(&o, 1, &format!("graph-frees-reused {mode}"));
-        assert_eq!(field(&o.stdout, "overlap"), 1, "{}", o.stdout);
+        for pre in ["prefree", "prefree-malloc"] {
+            let (o, _) = go(&[mode, "inside", pre], "5%", Some("graph-frees-reused"));
+            assert_exit(&o, 1, &format!("graph-frees-reused {mode} {pre}"));
+            assert_eq!(field(&o.stdout, "overlap"), 1, "{}", o.stdout);
+            assert_eq!(field(&o.stdout, "prefree"), 0, "{}", o.stdout);
+        }
     }
 }
 
-/// A stream that joins a capture (it waits on an event recorded in the capturing stream: CUDA's
-/// cross-stream capture) captures too, though no begin call names it: capture_graph `joined`
-/// does the capture's allocations and frees on such a stream J. The 4 MiB request on J inside
-/// the capture goes to the driver (an allocation node), the block the pool served on J before
-/// the capture and freed on J inside it is held for the graph, and the 4 MiB requests after
-/// the capture get other bytes; J reports the capture active once joined and none after its end
-/// (cuda-sim). Global and thread-local captures, freed inside and outside. With only the named
-/// streams seen as capturing (`joins-unseen`) the pool serves J's requests and takes back J's
-/// free: a request after the capture gets the graph's bytes, the test fails.
+/// Should a driver take the captured free of a pool block after all (cuda-sim's
+/// `VRAMSIM_CAPTURED_FREE_FAULT=accept`; CUDA refuses it), the block may be the graph's until
+/// its first launch has run, and the pool does not follow launches: it holds the block for
+/// good (counted in `graph_freed`), and no later request gets its bytes. capture_graph
+/// `prefree` / `prefree-malloc`, global and thread-local, budget 5%. With
+/// `graph-frees-reused` (the pool takes the block back at the capture's free) the next request
+/// on the stream gets its bytes: the test fails.
 #[test]
-fn a_stream_that_joins_a_capture_captures_through_the_pool_too() {
+fn a_captured_free_a_driver_takes_holds_the_block_for_good() {
     let exe = workload("capture_graph");
-    let json = vramshim_testkit::temp_dir("pool_graph_join").join("stats.json");
+    let json = vramshim_testkit::temp_dir("pool_graph_taken").join("stats.json");
     let go = |args: &[&str], debug: Option<&str>| {
         let _ = std::fs::remove_file(&json);
         let mut env = vec![
             ("VRAMSHIM_POOL", "stitch"),
             ("VRAMSHIM_POOL_BUDGET", "5%"),
-            ("VRAMSHIM_LOG", "debug"),
             ("VRAMSHIM_STATS", json.to_str().unwrap()),
+            ("VRAMSIM_CAPTURED_FREE_FAULT", "accept"),
         ];
         env.extend(debug.map(|d| ("VRAMSHIM_POOL_DEBUG", d)));
-        let o = run(&exe, args, &env, "pool-graph-join");
+        let o = run(&exe, args, &env, "pool-graph-taken");
         (o, std::fs::read_to_string(&json).unwrap_or_default())
     };
     for mode in ["global", "local"] {
-        for free in ["inside", "outside"] {
-            let what = format!("{mode} {free}");
-            let (o, stats) = go(&[mode, free, "prefree", "joined"], None);
+        for pre in ["prefree", "prefree-malloc"] {
+            let what = format!("{mode} {pre}");
+            let (o, stats) = go(&[mode, "inside", pre], None);
             assert_exit(&o, 0, &what);
-            assert_eq!(field(&o.stdout, "joined"), 1, "{what}");
-            assert_eq!(field(&o.stdout, "overlap"), 0, "{what}");
-            assert_eq!(field(&o.stdout, "end"), 0, "{what}");
-            assert_eq!(field(&o.stdout, "launches"), 0, "{what}");
+            assert_eq!(field(&o.stdout, "prefree"), 0, "{what}: {}", o.stdout);
+            assert_eq!(field(&o.stdout, "overlap"), 0, "{what}: {}", o.stdout);
+            assert_eq!(field(&o.stdout, "end"), 0, "{what}: {}", o.stdout);
             assert!(
                 o.stderr
-                    .contains("on a capturing stream: a graph allocation, the driver's"),
+                    .contains("as a free node of a graph: the graph's for good"),
                 "{what}: {}",
                 tail(&o.stderr)
             );
@@ -681,11 +716,86 @@ fn a_stream_that_joins_a_capture_captures_through_the_pool_too() {
                 Some("1"),
                 "{what}"
             );
+            assert_eq!(
+                json_value(pools, "graph_freed_bytes").as_deref(),
+                Some("4194304"),
+                "{what}"
+            );
+            let (o, _) = go(&[mode, "inside", pre], Some("graph-frees-reused"));
+            assert_exit(&o, 1, &format!("graph-frees-reused {what}"));
+            assert_eq!(field(&o.stdout, "overlap"), 1, "{}", o.stdout);
+        }
+    }
+}
+
+/// A stream that joins a capture (it waits on an event recorded in the capturing stream: CUDA's
+/// cross-stream capture) captures too, though no begin call names it: capture_graph `joined`
+/// does the capture's allocations and frees on such a stream J. The 4 MiB request on J inside
+/// the capture goes to the driver (an allocation node: the 4 MiB after the capture gets other
+/// bytes), J reports the capture active once joined and none after its end; with `prefree`
+/// the free on J of a block the pool served on J before the capture goes to the driver, and
+/// every code is the one the same program gets without the library (the free refused, the
+/// capture invalidated) and the block stays the program's. Global and thread-local captures,
+/// freed inside and outside. With only the named streams seen as capturing (`joins-unseen`)
+/// the pool serves J's requests and takes back J's frees: a request after the capture gets
+/// the bytes of a block the graph or the program still has, the test fails.
+#[test]
+fn a_stream_that_joins_a_capture_captures_through_the_pool_too() {
+    let exe = workload("capture_graph");
+    let go = |args: &[&str], debug: Option<&str>| {
+        let mut env = vec![
+            ("VRAMSHIM_POOL", "stitch"),
+            ("VRAMSHIM_POOL_BUDGET", "5%"),
+            ("VRAMSHIM_LOG", "debug"),
+        ];
+        env.extend(debug.map(|d| ("VRAMSHIM_POOL_DEBUG", d)));
+        run(&exe, args, &env, "pool-graph-join")
+    };
+    let codes = [
+        "prefree", "status", "small", "big", "end", "frees", "later", "overlap", "launches",
+        "joined",
+    ];
+    for mode in ["global", "local"] {
+        for free in ["inside", "outside"] {
+            let what = format!("{mode} {free}");
+            let o = go(&[mode, free, "joined"], None);
+            assert_exit(&o, 0, &what);
+            assert_eq!(field(&o.stdout, "joined"), 1, "{what}: {}", o.stdout);
+            assert_eq!(field(&o.stdout, "overlap"), 0, "{what}: {}", o.stdout);
+            assert_eq!(field(&o.stdout, "end"), 0, "{what}: {}", o.stdout);
+            assert_eq!(field(&o.stdout, "frees"), 0, "{what}: {}", o.stdout);
+            assert_eq!(field(&o.stdout, "launches"), 0, "{what}: {}", o.stdout);
+            assert!(
+                o.stderr
+                    .contains("on a capturing stream: a graph allocation, the driver's"),
+                "{what}: {}",
+                tail(&o.stderr)
+            );
+            let args = [mode, free, "prefree", "joined"];
+            let plain =
+                vramshim_testkit::run_with_preload(&exe, &args, &[], None, "pool-graph-join-plain");
+            assert_exit(&plain, 0, &format!("{args:?} without the library"));
+            assert_eq!(field(&plain.stdout, "prefree"), 1, "{}", plain.stdout);
+            let o = go(&args, None);
+            assert_exit(&o, 0, &format!("{args:?}"));
+            for key in codes {
+                assert_eq!(
+                    field(&o.stdout, key),
+                    field(&plain.stdout, key),
+                    "{args:?} {key}: {} / without the library: {}",
+                    o.stdout,
+                    plain.stdout
+                );
+            }
         }
     }
     for mode in ["global", "local"] {
-        let (o, _) = go(&[mode, "inside", "prefree", "joined"], Some("joins-unseen"));
+        let o = go(&[mode, "inside", "joined"], Some("joins-unseen"));
         assert_exit(&o, 1, &format!("joins-unseen {mode}"));
+        assert_eq!(field(&o.stdout, "overlap"), 1, "{}", o.stdout);
+        let o = go(&[mode, "inside", "prefree", "joined"], Some("joins-unseen"));
+        assert_exit(&o, 1, &format!("joins-unseen {mode} prefree"));
+        assert_eq!(field(&o.stdout, "prefree"), 0, "{}", o.stdout);
         assert_eq!(field(&o.stdout, "overlap"), 1, "{}", o.stdout);
     }
 }

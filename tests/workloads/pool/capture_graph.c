@@ -5,7 +5,7 @@
  * it an allocation node of the graph. The graph is instantiated and launched, and the
  * allocation freed.
  *
- *   capture_graph global|local inside|outside [capped] [prefree] [joined]
+ *   capture_graph global|local inside|outside [capped] [prefree|prefree-malloc] [joined]
  *
  * Before the capture: 4 MiB allocated and freed (cudaFree) and the device synchronized: the
  * pool holds that much. Then stream CS is captured in the given mode: cudaMallocAsync 4 MiB
@@ -18,23 +18,33 @@
  * synchronized after each), then destroyed; the device's graph memory
  * (cudaDeviceGetGraphMemAttribute, used and reserved) must then be 0, and a 64 MiB cudaMalloc
  * must succeed.
- * With "prefree" a 4 MiB block is allocated on CS before the capture (cudaMallocAsync: the
- * pool serves it) and filled, and freed on CS first thing in the capture (a free node of the
- * graph: the graph's work may use it until its first launch has run); after the capture 4 MiB
- * is allocated on CS, on S and with cudaMalloc, and none may get its bytes ("overlap" is 1 when
- * one does).
+ * With "prefree" (or "prefree-malloc") a 4 MiB block is allocated on CS before the capture
+ * with cudaMallocAsync (with cudaMalloc) and filled, and freed on CS first thing in the
+ * capture (cudaFreeAsync): memory no allocation node of the graph returned, which CUDA refuses
+ * in a capture (a free node takes only a graph allocation); its code is "prefree", and the
+ * capture's status just before its end (cudaStreamIsCapturing: 0 none, 1 active, 2
+ * invalidated) is "status". After the capture 4 MiB is allocated on CS, on S and with
+ * cudaMalloc, and none may get its bytes ("overlap" is 1 when one does): the block is still the
+ * program's when the free failed, and the graph's until its first launch has run had it
+ * succeeded; it is then freed (cudaFreeAsync on CS) when its free in the capture failed.
+ * Every free in the capture is checked the same way: the first code that is not success is
+ * "frees", and a block whose free failed is freed after the capture; the first of those later
+ * frees that fails gives "later" (0: none failed).
  * With "joined" everything said of CS from the capture's beginning to its end (and the 4 MiB
- * allocated after it, and "prefree"'s block before it) is done on stream J instead, which joins
- * CS's capture by waiting on an event recorded on CS first thing in the capture (its work is
- * captured into CS's graph: CUDA's cross-stream capture), and CS waits on an event recorded on
- * J before the end (J rejoins CS). J must report the capture active once it waited ("joined" is
- * 1) and none after the end.
+ * allocated after it, and the "prefree" block's allocation, fill and free after the capture) is
+ * done on stream J instead, which joins CS's capture by waiting on an event recorded on CS
+ * first thing in the capture (its work is captured into CS's graph: CUDA's cross-stream
+ * capture), and CS waits on an event recorded on J before the end (J rejoins CS). J must
+ * report the capture active once it waited and none after the end ("joined" is 1 then).
  * With "capped" (run under a cap the 64 MiB request exceeds) the 64 MiB request must get
  * cudaErrorMemoryAllocation (2), what a capped allocation gets, with the capture left valid.
  * Output: one line
- * "capture_graph: small=RC big=RC end=RC overlap=0|1 launches=RC used=N reserved=N joined=0|1".
- * Exit 1 when the 64 MiB request did not get what it must or on an overlap, 2 on any other
- * failure.
+ * "capture_graph: small=RC big=RC end=RC overlap=0|1 launches=RC used=N reserved=N prefree=RC
+ * status=N frees=RC later=RC joined=0|1" (prefree=-1 without "prefree"; status is J's with
+ * "joined").
+ * Exit 1 on an overlap or a later free that fails, and without "prefree" when the 64 MiB
+ * request did not get what it must; 2 on any other failure (with "prefree" the capture's codes
+ * are reported, not judged: they are CUDA's answer to the free).
  */
 #include <string.h>
 
@@ -42,7 +52,9 @@
 #include "pool_workload.h"
 
 int main(int argc, char **argv) {
-    const char *usage = "usage: capture_graph global|local inside|outside [capped] [prefree] [joined]\n";
+    const char *usage =
+        "usage: capture_graph global|local inside|outside [capped] [prefree|prefree-malloc] "
+        "[joined]\n";
     if (argc < 3 || argc > 6) {
         fprintf(stderr, "%s", usage);
         return 2;
@@ -67,6 +79,8 @@ int main(int argc, char **argv) {
             capped = 1;
         else if (strcmp(argv[i], "prefree") == 0 && !prefree)
             prefree = 1;
+        else if (strcmp(argv[i], "prefree-malloc") == 0 && !prefree)
+            prefree = 2;
         else if (strcmp(argv[i], "joined") == 0 && !join)
             join = 1;
         else {
@@ -89,12 +103,13 @@ int main(int argc, char **argv) {
     CHECK(cudaDeviceSynchronize());
 
     void *pre = NULL;
-    if (prefree) {
-        CHECK(cudaMallocAsync(&pre, 4 << 20, on));
-        CHECK(vramsimKernelFill(pre, 0x33, 4 << 20, 0, on));
-    }
+    if (prefree == 1) CHECK(cudaMallocAsync(&pre, 4 << 20, on));
+    if (prefree == 2) CHECK(cudaMalloc(&pre, 4 << 20));
+    if (prefree) CHECK(vramsimKernelFill(pre, 0x33, 4 << 20, 0, on));
 
     void *small = NULL, *big = NULL;
+    /* -1: not freed in the capture */
+    cudaError_t pre_rc = (cudaError_t)-1, small_free = (cudaError_t)-1, big_free = (cudaError_t)-1;
     int joined = 0;
     CHECK(cudaStreamBeginCapture(cs, mode));
     if (join) {
@@ -104,19 +119,24 @@ int main(int argc, char **argv) {
         CHECK(cudaStreamIsCapturing(j, &st));
         joined = st == cudaStreamCaptureStatusActive;
     }
-    if (prefree) CHECK(cudaFreeAsync(pre, on));
+    if (prefree) pre_rc = cudaFreeAsync(pre, on);
     cudaError_t small_rc = cudaMallocAsync(&small, 4 << 20, on);
     if (small_rc == cudaSuccess) CHECK(vramsimKernelFill(small, 0x11, 4 << 20, 0, on));
     cudaError_t big_rc = cudaMallocAsync(&big, 64 << 20, on);
     if (big_rc == cudaSuccess) {
         CHECK(vramsimKernelFill(big, 0x22, 64 << 20, 0, on));
-        if (inside) CHECK(cudaFreeAsync(big, on));
+        if (inside) big_free = cudaFreeAsync(big, on);
     }
-    if (small_rc == cudaSuccess) CHECK(cudaFreeAsync(small, on));
-    if (join) {
-        CHECK(cudaEventRecord(rejoin, j));
-        CHECK(cudaStreamWaitEvent(cs, rejoin, 0));
-    }
+    if (small_rc == cudaSuccess) small_free = cudaFreeAsync(small, on);
+    enum cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    CHECK(cudaStreamIsCapturing(on, &status));
+    /* J rejoins CS (a wait a capture that was invalidated refuses: not checked) */
+    if (join && cudaEventRecord(rejoin, j) == cudaSuccess) (void)cudaStreamWaitEvent(cs, rejoin, 0);
+    cudaError_t frees_rc = cudaSuccess;
+    cudaError_t tried[3] = {pre_rc, small_free, big_free};
+    for (int i = 0; i < 3; i++)
+        if (frees_rc == cudaSuccess && tried[i] != (cudaError_t)-1 && tried[i] != cudaSuccess)
+            frees_rc = tried[i];
     cudaGraph_t g = NULL;
     cudaError_t end_rc = cudaStreamEndCapture(cs, &g);
     if (join) {
@@ -140,6 +160,15 @@ int main(int argc, char **argv) {
         CHECK(cudaFree(sync));
     }
     CHECK(cudaFreeAsync(eager, on));
+    /* the blocks whose free the capture refused are still the program's */
+    cudaError_t later_rc = cudaSuccess;
+    void *refused[3] = {pre, small, big};
+    for (int i = 0; i < 3; i++) {
+        if (tried[i] == (cudaError_t)-1 || tried[i] == cudaSuccess) continue;
+        cudaError_t rc = cudaFreeAsync(refused[i], on);
+        if (rc != cudaSuccess && later_rc == cudaSuccess) later_rc = rc;
+    }
+    CHECK(cudaStreamSynchronize(on));
 
     cudaError_t launches = cudaSuccess;
     if (end_rc == cudaSuccess) {
@@ -174,11 +203,17 @@ int main(int argc, char **argv) {
     CHECK(cudaStreamDestroy(cs));
     CHECK(cudaStreamDestroy(s));
     CHECK(cudaStreamDestroy(j));
-    printf(PROG ": small=%d big=%d end=%d overlap=%d launches=%d used=%llu reserved=%llu joined=%d\n",
-           (int)small_rc, (int)big_rc, (int)end_rc, overlap, (int)launches, used, reserved, joined);
-    if (big_rc != (capped ? cudaErrorMemoryAllocation : cudaSuccess) || overlap) return 1;
-    if (small_rc != cudaSuccess || end_rc != cudaSuccess || launches != cudaSuccess || used != 0 ||
-        reserved != 0 || joined != join)
+    printf(PROG ": small=%d big=%d end=%d overlap=%d launches=%d used=%llu reserved=%llu "
+                "prefree=%d status=%d frees=%d later=%d joined=%d\n",
+           (int)small_rc, (int)big_rc, (int)end_rc, overlap, (int)launches, used, reserved,
+           (int)pre_rc, (int)status, (int)frees_rc, (int)later_rc, joined);
+    if (joined != join) return 2;
+    if (overlap || later_rc != cudaSuccess) return 1;
+    if (!prefree && big_rc != (capped ? cudaErrorMemoryAllocation : cudaSuccess)) return 1;
+    if (used != 0 || reserved != 0) return 2;
+    if (prefree) return 0;
+    if (small_rc != cudaSuccess || end_rc != cudaSuccess || launches != cudaSuccess ||
+        frees_rc != cudaSuccess)
         return 2;
     return 0;
 }

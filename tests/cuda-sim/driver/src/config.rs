@@ -35,6 +35,10 @@ pub struct Config {
     /// `VRAMSIM_EXPORT_TABLES_FAULT`: a deliberate defect in the private export tables, for the
     /// tests that show NVIDIA's runtime depends on them.
     pub export_fault: ExportFault,
+    /// `VRAMSIM_CAPTURED_FREE_FAULT=accept`: a stream-ordered free in a capture of memory no
+    /// allocation node returned succeeds and does nothing (CUDA refuses it), for the tests of
+    /// what a library does should a driver take such a free.
+    pub captured_free_accepted: bool,
 }
 
 /// What `VRAMSIM_EXPORT_TABLES_FAULT` breaks.
@@ -179,10 +183,14 @@ impl Config {
                 _ => None,
             },
         );
+        let captured_free_accepted = env_or("VRAMSIM_CAPTURED_FREE_FAULT", false, "accept", |s| {
+            (s.trim() == "accept").then_some(true)
+        });
         Self {
             debug,
             pause_in,
             export_fault,
+            captured_free_accepted,
             name,
             devices,
             memory,

@@ -6,7 +6,8 @@
 //! launch reaches the node and ends at a free node of the same graph, at a stream-ordered
 //! free (`cuMemFreeAsync`) or a `cuMemFree` outside it, or at the next launch of a graph
 //! instantiated with `CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH`. A stream-ordered free
-//! on a capturing stream of a graph allocation becomes a free node. An allocation freed in its
+//! on a capturing stream of a graph allocation becomes a free node; of any other memory it is
+//! refused and invalidates the capture (`exports::pool`). An allocation freed in its
 //! own graph cannot be freed outside it; one not freed must be freed before the graph is
 //! launched again (else the launch fails with `CUDA_ERROR_INVALID_VALUE`) unless the graph
 //! frees it on launch. Destroying a graph frees no live allocation.

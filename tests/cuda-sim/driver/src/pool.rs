@@ -185,7 +185,8 @@ pub fn free_async(ptr: u64, s: &Arc<Stream>) -> Res {
         Box::new(move || give_back(id, ptr)),
     );
     if queued.is_none() {
-        // Captured, never executed: keep the pool consistent by giving it back now.
+        // A capture begun since the caller checked the stream (a race of the program's):
+        // never executed, so the pool takes the block back now to stay consistent.
         give_back(id, ptr);
     }
     Ok(())

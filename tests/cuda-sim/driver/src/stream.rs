@@ -483,6 +483,21 @@ pub fn wait_check(s: &Arc<Stream>, e: &Event, flags: c_uint) -> Res {
     }
 }
 
+/// An operation CUDA refuses on a capturing stream (with `err`): on a stream capturing, the
+/// capture is invalidated and `err` returned; on one whose capture is invalidated,
+/// CUDA_ERROR_STREAM_CAPTURE_INVALIDATED; on one not capturing, Ok (the operation goes on).
+pub fn refuse_in_capture(s: &Arc<Stream>, err: CUresult) -> Res {
+    let mut c = lock(&s.capture);
+    match c.status {
+        CU_STREAM_CAPTURE_STATUS_ACTIVE => {
+            c.status = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+            Err(err)
+        }
+        CU_STREAM_CAPTURE_STATUS_INVALIDATED => Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED),
+        _ => Ok(()),
+    }
+}
+
 pub fn begin_capture(s: &Arc<Stream>, mode: c_int) -> Res {
     begin_capture_into(s, mode, 0)
 }

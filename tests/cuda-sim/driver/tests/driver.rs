@@ -258,6 +258,15 @@ fn stream_capture_status_and_unsafe_calls() {
     ok(&d, &["capture"], &[]);
 }
 
+/// A stream-ordered free in a capture of memory no allocation node returned (pool memory
+/// allocated before the capture, `cuMemAlloc` memory, mapped virtual memory): refused with
+/// CUDA_ERROR_INVALID_VALUE, the capture invalidated, the memory not freed.
+#[test]
+fn a_captured_free_of_memory_the_graph_did_not_allocate_is_refused() {
+    let d = Device::new("capture_free");
+    ok(&d, &["capture_free"], &[]);
+}
+
 #[test]
 fn forked_child_cannot_use_cuda_and_parent_keeps_its_memory() {
     let d = Device::new("fork");

@@ -55,6 +55,15 @@ macro_rules! cu {
             None => Err(err::NOT_SUPPORTED),
         }
     };
+    // `cu!(d, ptds => cuX_ptsz | cuX(args))`: the per-thread default stream's entry point
+    // when `ptds` (a `_ptsz` runtime call), else the legacy one, with the same arguments.
+    ($d:expr, $ptds:expr => $fp:ident | $f:ident ( $($a:expr),* $(,)? )) => {
+        if $ptds {
+            cu!($d, $fp($($a),*))
+        } else {
+            cu!($d, $f($($a),*))
+        }
+    };
 }
 
 fn check(rc: cudaError_t) -> Res {
@@ -364,17 +373,24 @@ fn out_ptr<T>(p: *mut *mut T, v: u64) {
     unsafe { *p = v as usize as *mut T };
 }
 
-pub unsafe fn malloc(rt: Flavor, p: *mut *mut c_void, size: usize) -> Res {
-    nonnull(p)?;
-    let d = ctx(rt)?;
+/// `*p` (checked non-null) gets the device pointer `alloc` produces for `size` bytes: NULL
+/// first, so that a failure leaves NULL, and NULL alone for 0 bytes, which never reach the
+/// driver (as CUDA's `cudaMalloc`, `cudaMallocAsync`, `cudaMallocFromPoolAsync`).
+fn alloc_out(p: *mut *mut c_void, size: usize, alloc: impl FnOnce(&mut CUdeviceptr) -> Res) -> Res {
     out_ptr(p, 0);
     if size == 0 {
         return Ok(());
     }
     let mut dp: CUdeviceptr = 0;
-    cu!(d, cuMemAlloc(&mut dp, size))?;
+    alloc(&mut dp)?;
     out_ptr(p, dp);
     Ok(())
+}
+
+pub unsafe fn malloc(rt: Flavor, p: *mut *mut c_void, size: usize) -> Res {
+    nonnull(p)?;
+    let d = ctx(rt)?;
+    alloc_out(p, size, |dp| cu!(d, cuMemAlloc(dp, size)))
 }
 
 pub unsafe fn free(rt: Flavor, p: *mut c_void) -> Res {
@@ -486,18 +502,11 @@ pub unsafe fn malloc_async(
 ) -> Res {
     nonnull(p)?;
     let d = ctx(rt)?;
-    out_ptr(p, 0);
-    if size == 0 {
-        return Ok(());
-    }
-    let mut dp: CUdeviceptr = 0;
-    if ptds {
-        cu!(d, cuMemAllocAsync_ptsz(&mut dp, size, s))
-    } else {
-        cu!(d, cuMemAllocAsync(&mut dp, size, s))
-    }?;
-    out_ptr(p, dp);
-    Ok(())
+    alloc_out(
+        p,
+        size,
+        |dp| cu!(d, ptds => cuMemAllocAsync_ptsz | cuMemAllocAsync(dp, size, s)),
+    )
 }
 
 pub unsafe fn malloc_from_pool_async(
@@ -511,18 +520,10 @@ pub unsafe fn malloc_from_pool_async(
     nonnull(p)?;
     nonnull(pool)?;
     let d = ctx(rt)?;
-    out_ptr(p, 0);
-    if size == 0 {
-        return Ok(());
-    }
-    let mut dp: CUdeviceptr = 0;
-    if ptds {
-        cu!(d, cuMemAllocFromPoolAsync_ptsz(&mut dp, size, pool, s))
-    } else {
-        cu!(d, cuMemAllocFromPoolAsync(&mut dp, size, pool, s))
-    }?;
-    out_ptr(p, dp);
-    Ok(())
+    alloc_out(p, size, |dp| {
+        cu!(d, ptds => cuMemAllocFromPoolAsync_ptsz
+            | cuMemAllocFromPoolAsync(dp, size, pool, s))
+    })
 }
 
 pub unsafe fn free_async(rt: Flavor, ptds: bool, p: *mut c_void, s: CUstream) -> Res {
@@ -530,11 +531,7 @@ pub unsafe fn free_async(rt: Flavor, ptds: bool, p: *mut c_void, s: CUstream) ->
     if p.is_null() {
         return Ok(());
     }
-    if ptds {
-        cu!(d, cuMemFreeAsync_ptsz(p as CUdeviceptr, s))
-    } else {
-        cu!(d, cuMemFreeAsync(p as CUdeviceptr, s))
-    }
+    cu!(d, ptds => cuMemFreeAsync_ptsz | cuMemFreeAsync(p as CUdeviceptr, s))
 }
 
 pub unsafe fn device_get_default_mem_pool(rt: Flavor, pool: *mut CUmemoryPool, dev: c_int) -> Res {
@@ -714,18 +711,18 @@ pub unsafe fn memcpy_async(
         return Err(err::INVALID_VALUE);
     }
     let (dd, sd) = (dst as CUdeviceptr, src as CUdeviceptr);
-    match (kind, ptds) {
-        (memcpy_kind::HOST_TO_DEVICE, false) => cu!(d, cuMemcpyHtoDAsync(dd, src, n, s)),
-        (memcpy_kind::HOST_TO_DEVICE, true) => cu!(d, cuMemcpyHtoDAsync_ptsz(dd, src, n, s)),
-        (memcpy_kind::DEVICE_TO_HOST, false) => cu!(d, cuMemcpyDtoHAsync(dst, sd, n, s)),
-        (memcpy_kind::DEVICE_TO_HOST, true) => cu!(d, cuMemcpyDtoHAsync_ptsz(dst, sd, n, s)),
-        (memcpy_kind::DEVICE_TO_DEVICE, false) => cu!(d, cuMemcpyDtoDAsync(dd, sd, n, s)),
-        (memcpy_kind::DEVICE_TO_DEVICE, true) => cu!(d, cuMemcpyDtoDAsync_ptsz(dd, sd, n, s)),
-        (memcpy_kind::HOST_TO_HOST | memcpy_kind::DEFAULT, false) => {
-            cu!(d, cuMemcpyAsync(dd, sd, n, s))
+    match kind {
+        memcpy_kind::HOST_TO_DEVICE => {
+            cu!(d, ptds => cuMemcpyHtoDAsync_ptsz | cuMemcpyHtoDAsync(dd, src, n, s))
         }
-        (memcpy_kind::HOST_TO_HOST | memcpy_kind::DEFAULT, true) => {
-            cu!(d, cuMemcpyAsync_ptsz(dd, sd, n, s))
+        memcpy_kind::DEVICE_TO_HOST => {
+            cu!(d, ptds => cuMemcpyDtoHAsync_ptsz | cuMemcpyDtoHAsync(dst, sd, n, s))
+        }
+        memcpy_kind::DEVICE_TO_DEVICE => {
+            cu!(d, ptds => cuMemcpyDtoDAsync_ptsz | cuMemcpyDtoDAsync(dd, sd, n, s))
+        }
+        memcpy_kind::HOST_TO_HOST | memcpy_kind::DEFAULT => {
+            cu!(d, ptds => cuMemcpyAsync_ptsz | cuMemcpyAsync(dd, sd, n, s))
         }
         _ => Err(err::INVALID_MEMCPY_DIRECTION),
     }
@@ -792,11 +789,7 @@ pub unsafe fn memset_async(
         return Ok(());
     }
     nonnull(p)?;
-    if ptds {
-        cu!(d, cuMemsetD8Async_ptsz(p as CUdeviceptr, v as u8, n, s))
-    } else {
-        cu!(d, cuMemsetD8Async(p as CUdeviceptr, v as u8, n, s))
-    }
+    cu!(d, ptds => cuMemsetD8Async_ptsz | cuMemsetD8Async(p as CUdeviceptr, v as u8, n, s))
 }
 
 /// `vramsimKernelFill`: the simulated GPU's fill "kernel" (see docs/cuda-sim.md).
@@ -810,14 +803,8 @@ pub unsafe fn kernel_fill(
     s: CUstream,
 ) -> Res {
     let d = ctx(rt)?;
-    if ptds {
-        cu!(
-            d,
-            vramsimLaunchFill_ptsz(s, dst as CUdeviceptr, v, n, delay_us)
-        )
-    } else {
-        cu!(d, vramsimLaunchFill(s, dst as CUdeviceptr, v, n, delay_us))
-    }
+    cu!(d, ptds => vramsimLaunchFill_ptsz
+        | vramsimLaunchFill(s, dst as CUdeviceptr, v, n, delay_us))
 }
 
 /// `vramsimKernelCopy`: the simulated GPU's copy "kernel".
@@ -832,11 +819,7 @@ pub unsafe fn kernel_copy(
 ) -> Res {
     let d = ctx(rt)?;
     let (dd, sd) = (dst as CUdeviceptr, src as CUdeviceptr);
-    if ptds {
-        cu!(d, vramsimLaunchCopy_ptsz(s, dd, sd, n, delay_us))
-    } else {
-        cu!(d, vramsimLaunchCopy(s, dd, sd, n, delay_us))
-    }
+    cu!(d, ptds => vramsimLaunchCopy_ptsz | vramsimLaunchCopy(s, dd, sd, n, delay_us))
 }
 
 // ------------------------------------------------------------------------ streams, events
@@ -865,20 +848,12 @@ pub unsafe fn stream_destroy(rt: Flavor, s: CUstream) -> Res {
 
 pub unsafe fn stream_synchronize(rt: Flavor, ptds: bool, s: CUstream) -> Res {
     let d = ctx(rt)?;
-    if ptds {
-        cu!(d, cuStreamSynchronize_ptsz(s))
-    } else {
-        cu!(d, cuStreamSynchronize(s))
-    }
+    cu!(d, ptds => cuStreamSynchronize_ptsz | cuStreamSynchronize(s))
 }
 
 pub unsafe fn stream_query(rt: Flavor, ptds: bool, s: CUstream) -> Res {
     let d = ctx(rt)?;
-    if ptds {
-        cu!(d, cuStreamQuery_ptsz(s))
-    } else {
-        cu!(d, cuStreamQuery(s))
-    }
+    cu!(d, ptds => cuStreamQuery_ptsz | cuStreamQuery(s))
 }
 
 pub unsafe fn stream_wait_event(
@@ -890,40 +865,24 @@ pub unsafe fn stream_wait_event(
 ) -> Res {
     let d = ctx(rt)?;
     nonnull(e)?;
-    if ptds {
-        cu!(d, cuStreamWaitEvent_ptsz(s, e, flags))
-    } else {
-        cu!(d, cuStreamWaitEvent(s, e, flags))
-    }
+    cu!(d, ptds => cuStreamWaitEvent_ptsz | cuStreamWaitEvent(s, e, flags))
 }
 
 pub unsafe fn stream_begin_capture(rt: Flavor, ptds: bool, s: CUstream, mode: c_uint) -> Res {
     let d = ctx(rt)?;
-    if ptds {
-        cu!(d, cuStreamBeginCapture_ptsz(s, mode))
-    } else {
-        cu!(d, cuStreamBeginCapture(s, mode))
-    }
+    cu!(d, ptds => cuStreamBeginCapture_ptsz | cuStreamBeginCapture(s, mode))
 }
 
 pub unsafe fn stream_end_capture(rt: Flavor, ptds: bool, s: CUstream, g: *mut CUgraph) -> Res {
     nonnull(g)?;
     let d = ctx(rt)?;
-    if ptds {
-        cu!(d, cuStreamEndCapture_ptsz(s, g))
-    } else {
-        cu!(d, cuStreamEndCapture(s, g))
-    }
+    cu!(d, ptds => cuStreamEndCapture_ptsz | cuStreamEndCapture(s, g))
 }
 
 pub unsafe fn stream_is_capturing(rt: Flavor, ptds: bool, s: CUstream, st: *mut c_uint) -> Res {
     nonnull(st)?;
     let d = ctx(rt)?;
-    let r = if ptds {
-        cu!(d, cuStreamIsCapturing_ptsz(s, st))
-    } else {
-        cu!(d, cuStreamIsCapturing(s, st))
-    };
+    let r = cu!(d, ptds => cuStreamIsCapturing_ptsz | cuStreamIsCapturing(s, st));
     if r == Err(err::NOT_SUPPORTED) {
         // A driver without graphs never captures.
         // SAFETY: checked non-null.
@@ -948,11 +907,7 @@ pub unsafe fn stream_get_capture_info(
     } else {
         id
     };
-    let r = if ptds {
-        cu!(d, cuStreamGetCaptureInfo_ptsz(s, st, idp))
-    } else {
-        cu!(d, cuStreamGetCaptureInfo(s, st, idp))
-    };
+    let r = cu!(d, ptds => cuStreamGetCaptureInfo_ptsz | cuStreamGetCaptureInfo(s, st, idp));
     if r == Err(err::NOT_SUPPORTED) {
         // SAFETY: checked non-null.
         unsafe { *st = 0 };
@@ -979,11 +934,7 @@ pub unsafe fn event_create(rt: Flavor, e: *mut CUevent, flags: c_uint) -> Res {
 pub unsafe fn event_record(rt: Flavor, ptds: bool, e: CUevent, s: CUstream) -> Res {
     nonnull(e).map_err(|_| err::INVALID_RESOURCE_HANDLE)?;
     let d = ctx(rt)?;
-    if ptds {
-        cu!(d, cuEventRecord_ptsz(e, s))
-    } else {
-        cu!(d, cuEventRecord(e, s))
-    }
+    cu!(d, ptds => cuEventRecord_ptsz | cuEventRecord(e, s))
 }
 
 pub unsafe fn event_query(rt: Flavor, e: CUevent) -> Res {
@@ -1126,11 +1077,7 @@ pub unsafe fn memcpy_peer_async(
         primary(d, src_dev)? as CUcontext,
     );
     let (dd, sd) = (dst as CUdeviceptr, src as CUdeviceptr);
-    if ptds {
-        cu!(d, cuMemcpyPeerAsync_ptsz(dd, dc, sd, sc, n, s))
-    } else {
-        cu!(d, cuMemcpyPeerAsync(dd, dc, sd, sc, n, s))
-    }
+    cu!(d, ptds => cuMemcpyPeerAsync_ptsz | cuMemcpyPeerAsync(dd, dc, sd, sc, n, s))
 }
 
 pub unsafe fn launch_host_func(
@@ -1144,11 +1091,7 @@ pub unsafe fn launch_host_func(
         return Err(err::INVALID_VALUE);
     }
     let d = ctx(rt)?;
-    if ptds {
-        cu!(d, cuLaunchHostFunc_ptsz(s, f, data))
-    } else {
-        cu!(d, cuLaunchHostFunc(s, f, data))
-    }
+    cu!(d, ptds => cuLaunchHostFunc_ptsz | cuLaunchHostFunc(s, f, data))
 }
 
 pub unsafe fn stream_add_callback(
@@ -1163,11 +1106,7 @@ pub unsafe fn stream_add_callback(
         return Err(err::INVALID_VALUE);
     }
     let d = ctx(rt)?;
-    if ptds {
-        cu!(d, cuStreamAddCallback_ptsz(s, cb, data, flags))
-    } else {
-        cu!(d, cuStreamAddCallback(s, cb, data, flags))
-    }
+    cu!(d, ptds => cuStreamAddCallback_ptsz | cuStreamAddCallback(s, cb, data, flags))
 }
 
 pub unsafe fn event_record_with_flags(
@@ -1179,21 +1118,13 @@ pub unsafe fn event_record_with_flags(
 ) -> Res {
     nonnull(e).map_err(|_| err::INVALID_RESOURCE_HANDLE)?;
     let d = ctx(rt)?;
-    if ptds {
-        cu!(d, cuEventRecordWithFlags_ptsz(e, s, flags))
-    } else {
-        cu!(d, cuEventRecordWithFlags(e, s, flags))
-    }
+    cu!(d, ptds => cuEventRecordWithFlags_ptsz | cuEventRecordWithFlags(e, s, flags))
 }
 
 pub unsafe fn stream_get_priority(rt: Flavor, ptds: bool, s: CUstream, prio: *mut c_int) -> Res {
     nonnull(prio)?;
     let d = ctx(rt)?;
-    if ptds {
-        cu!(d, cuStreamGetPriority_ptsz(s, prio))
-    } else {
-        cu!(d, cuStreamGetPriority(s, prio))
-    }
+    cu!(d, ptds => cuStreamGetPriority_ptsz | cuStreamGetPriority(s, prio))
 }
 
 pub unsafe fn device_get_stream_priority_range(
@@ -1297,11 +1228,7 @@ pub unsafe fn graph_instantiate(rt: Flavor, out: *mut CUgraphExec, g: CUgraph, f
 
 pub unsafe fn graph_launch(rt: Flavor, ptds: bool, e: CUgraphExec, s: CUstream) -> Res {
     let d = ctx(rt)?;
-    if ptds {
-        cu!(d, cuGraphLaunch_ptsz(e, s))
-    } else {
-        cu!(d, cuGraphLaunch(e, s))
-    }
+    cu!(d, ptds => cuGraphLaunch_ptsz | cuGraphLaunch(e, s))
 }
 
 pub unsafe fn graph_exec_destroy(rt: Flavor, e: CUgraphExec) -> Res {
@@ -1356,12 +1283,6 @@ pub unsafe fn stream_begin_capture_to_graph(
     mode: c_uint,
 ) -> Res {
     let d = ctx(rt)?;
-    if ptds {
-        cu!(
-            d,
-            cuStreamBeginCaptureToGraph_ptsz(s, g, deps, edges, n, mode)
-        )
-    } else {
-        cu!(d, cuStreamBeginCaptureToGraph(s, g, deps, edges, n, mode))
-    }
+    cu!(d, ptds => cuStreamBeginCaptureToGraph_ptsz
+        | cuStreamBeginCaptureToGraph(s, g, deps, edges, n, mode))
 }

@@ -4,10 +4,25 @@
 use std::path::Path;
 use std::process::Command;
 use vramshim_testkit::{
-    Link, compile_c, compile_c_to, real_cudart12_dir, run, sim_command, sim_dir, temp_dir,
+    Link, RunOutput, compile_c, compile_c_to, real_cudart12_dir, run, sim_command, sim_dir,
+    temp_dir,
 };
 
 const BASIC: &str = "tests/workloads/sim/rt_basic.c";
+
+/// `tests/workloads/sim/{program}.c` built as `exe` against `link` and run on the simulated
+/// GPU with `env`: it exits 0 and prints "{program}: ok".
+fn sim_program_ok(exe: &str, program: &str, link: Link, env: &[(&str, &str)]) -> RunOutput {
+    let bin = compile_c(exe, &[&format!("tests/workloads/sim/{program}.c")], link);
+    let out = run(sim_command(&bin, exe).envs(env.iter().copied()));
+    out.assert_success();
+    assert!(
+        out.stdout.contains(&format!("{program}: ok")),
+        "{}",
+        out.stdout
+    );
+    out
+}
 
 fn readelf(args: &[&str], file: &Path) -> String {
     let o = Command::new("readelf")
@@ -136,18 +151,8 @@ fn error_codes_and_last_error_semantics() {
 
 #[test]
 fn driver_entry_points_select_ptsz_and_version() {
-    let exe = compile_c(
-        "rt_entry",
-        &["tests/workloads/sim/rt_entry.c"],
-        Link::SharedRuntime,
-    );
-    run(&mut sim_command(&exe, "rt_entry")).assert_success();
-    let exe = compile_c(
-        "rt_entry13",
-        &["tests/workloads/sim/rt_entry.c"],
-        Link::SharedRuntime13,
-    );
-    run(&mut sim_command(&exe, "rt_entry13")).assert_success();
+    sim_program_ok("rt_entry", "rt_entry", Link::SharedRuntime, &[]);
+    sim_program_ok("rt_entry13", "rt_entry", Link::SharedRuntime13, &[]);
 }
 
 #[test]
@@ -187,14 +192,8 @@ fn without_a_driver_every_call_is_insufficient_driver() {
         dir.join("libcudart.so.12"),
     )
     .unwrap();
-    let exe = compile_c(
-        "no_driver",
-        &["tests/workloads/sim/no_driver.c"],
-        Link::SharedRuntime,
-    );
-    let out = run(sim_command(&exe, "no_driver").env("LD_LIBRARY_PATH", &dir));
-    out.assert_success();
-    assert!(out.stdout.contains("no_driver: ok"));
+    let runtime_only = [("LD_LIBRARY_PATH", dir.to_str().expect("a UTF-8 path"))];
+    sim_program_ok("no_driver", "no_driver", Link::SharedRuntime, &runtime_only);
 }
 
 /// Issue 2, Deliver 4: a program linked at build time against NVIDIA's real libcudart.so.12
@@ -237,26 +236,13 @@ fn program_built_against_real_libcudart_runs_on_the_simulated_stack() {
 
 #[test]
 fn device_reset_frees_the_context_and_reinitializes() {
-    let exe = compile_c(
-        "rt_reset",
-        &["tests/workloads/sim/rt_reset.c"],
-        Link::SharedRuntime,
-    );
-    let out = run(&mut sim_command(&exe, "rt_reset"));
-    out.assert_success();
-    assert!(out.stdout.contains("rt_reset: ok"));
+    sim_program_ok("rt_reset", "rt_reset", Link::SharedRuntime, &[]);
 }
 
 #[test]
 fn two_devices_current_device_per_thread() {
-    let exe = compile_c(
-        "rt_multi",
-        &["tests/workloads/sim/rt_multi.c"],
-        Link::SharedRuntime,
-    );
-    let out = run(sim_command(&exe, "rt_multi").env("VRAMSIM_DEVICES", "2"));
-    out.assert_success();
-    assert!(out.stdout.contains("rt_multi: ok"));
+    let devices = [("VRAMSIM_DEVICES", "2")];
+    sim_program_ok("rt_multi", "rt_multi", Link::SharedRuntime, &devices);
 }
 
 #[test]
@@ -265,10 +251,7 @@ fn capture_ipc_pointer_attributes_and_pools() {
         ("rt_more12", Link::SharedRuntime),
         ("rt_more13", Link::SharedRuntime13),
     ] {
-        let exe = compile_c(name, &["tests/workloads/sim/rt_more.c"], link);
-        let out = run(&mut sim_command(&exe, name));
-        out.assert_success();
-        assert!(out.stdout.contains("rt_more: ok"));
+        sim_program_ok(name, "rt_more", link, &[]);
     }
 }
 
@@ -276,14 +259,7 @@ fn capture_ipc_pointer_attributes_and_pools() {
 /// thread's interaction mode), and the virtual-memory calls are among them.
 #[test]
 fn capture_modes_decide_which_threads_a_capture_forbids() {
-    let exe = compile_c(
-        "capture_modes",
-        &["tests/workloads/sim/capture_modes.c"],
-        Link::SharedRuntime,
-    );
-    let out = run(&mut sim_command(&exe, "capture_modes"));
-    out.assert_success();
-    assert!(out.stdout.contains("capture_modes: ok"), "{}", out.stdout);
+    sim_program_ok("capture_modes", "capture_modes", Link::SharedRuntime, &[]);
 }
 
 /// A stream-ordered allocation during capture is a graph allocation node: fixed address,
@@ -292,14 +268,7 @@ fn capture_modes_decide_which_threads_a_capture_forbids() {
 /// graph memory attributes follow; an invalidated capture's nodes go with it.
 #[test]
 fn graph_allocation_nodes_live_from_launch_to_free() {
-    let exe = compile_c(
-        "graph_memory",
-        &["tests/workloads/sim/graph_memory.c"],
-        Link::SharedRuntime,
-    );
-    let out = run(&mut sim_command(&exe, "graph_memory"));
-    out.assert_success();
-    assert!(out.stdout.contains("graph_memory: ok"), "{}", out.stdout);
+    sim_program_ok("graph_memory", "graph_memory", Link::SharedRuntime, &[]);
 }
 
 /// The runtime reaches the driver only through `cuGetProcAddress_v2` (base names, minimum
@@ -358,14 +327,8 @@ fn runtime_reaches_the_driver_only_through_cu_get_proc_address_v2() {
 
 #[test]
 fn pools_host_registration_ipc_peer_copies_callbacks() {
-    let exe = compile_c(
-        "rt_extra",
-        &["tests/workloads/sim/rt_extra.c"],
-        Link::SharedRuntime,
-    );
-    let out = run(sim_command(&exe, "rt_extra").env("VRAMSIM_DEVICES", "2"));
-    out.assert_success();
-    assert!(out.stdout.contains("rt_extra: ok"));
+    let devices = [("VRAMSIM_DEVICES", "2")];
+    sim_program_ok("rt_extra", "rt_extra", Link::SharedRuntime, &devices);
 }
 
 #[test]
@@ -410,9 +373,6 @@ fn kernels_registration_launches_and_captured_graphs() {
         ("rt_kernels12", Link::SharedRuntime),
         ("rt_kernels13", Link::SharedRuntime13),
     ] {
-        let exe = compile_c(name, &["tests/workloads/sim/rt_kernels.c"], link);
-        let out = run(&mut sim_command(&exe, name));
-        out.assert_success();
-        assert!(out.stdout.contains("rt_kernels: ok"), "{}", out.stdout);
+        sim_program_ok(name, "rt_kernels", link, &[]);
     }
 }

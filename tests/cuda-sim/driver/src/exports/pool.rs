@@ -47,6 +47,20 @@ fn free_async(dptr: CUdeviceptr, h: CUstream, ptds: bool) -> Res {
             _ => graph::free_outside(dptr),
         };
     }
+    // On a capturing stream the free would be a free node, and a free node takes only the
+    // address of a graph allocation (cuMemFreeAsync's documentation: "During stream capture,
+    // this function results in the creation of a free node and must therefore be passed the
+    // address of a graph allocation"; cuGraphAddMemFreeNode: CUDA_ERROR_INVALID_VALUE for "an
+    // address that was not returned by an allocation node"). Memory of a stream-ordered pool
+    // allocated outside the capture, cuMemAlloc memory and mapped virtual memory are refused
+    // alike, and the refused operation invalidates the capture (stream capture's rule for an
+    // invalid operation); the memory is not freed and stays the caller's.
+    if crate::config::CONFIG.captured_free_accepted
+        && s.capture().status == CU_STREAM_CAPTURE_STATUS_ACTIVE
+    {
+        return Ok(());
+    }
+    stream::refuse_in_capture(&s, CUDA_ERROR_INVALID_VALUE)?;
     pool::free_async(dptr, &s)
 }
 

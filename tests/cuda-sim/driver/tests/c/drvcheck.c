@@ -787,6 +787,78 @@ static int pool_no_context(void) {
     return 0;
 }
 
+/* A stream-ordered free on a capturing stream is a free node, which takes only a graph
+ * allocation's address: memory of the device's pool allocated before the capture, cuMemAlloc
+ * memory and mapped virtual memory are refused with CUDA_ERROR_INVALID_VALUE (1) and the
+ * capture invalidated (status 2, end 901, no graph); later calls on the stream get 901; the
+ * memory is not freed (its bytes read back, and it is freed after the capture). A graph
+ * allocation's free in its capture still succeeds. */
+static int capture_free(void) {
+    start();
+    vmm_load();
+    CUresult (*cuStreamCreate)(CUstream *, unsigned) = get("cuStreamCreate", V, 0);
+    CUresult (*begin)(CUstream, int) = get("cuStreamBeginCapture", V, 0);
+    CUresult (*end)(CUstream, void **) = get("cuStreamEndCapture", V, 0);
+    CUresult (*is)(CUstream, int *) = get("cuStreamIsCapturing", V, 0);
+    CUresult (*allocA)(CUdeviceptr *, size_t, CUstream) = get("cuMemAllocAsync", V, 0);
+    CUresult (*freeA)(CUdeviceptr, CUstream) = get("cuMemFreeAsync", V, 0);
+    CUresult (*sync)(CUstream) = get("cuStreamSynchronize", V, 0);
+    CUresult (*gdestroy)(void *) = get("cuGraphDestroy", V, 0);
+    CUstream s;
+    OK(cuStreamCreate(&s, 1));
+    CUdeviceptr pooled, linear, mapped;
+    OK(allocA(&pooled, 4 * MiB, s));
+    OK(cuMemAlloc(&linear, 4 * MiB));
+    CUmemAllocationProp prop = dev_prop();
+    u64 h;
+    OK(cuMemAddressReserve(&mapped, 2 * MiB, 0, 0, 0));
+    OK(cuMemCreate(&h, 2 * MiB, &prop, 0));
+    OK(cuMemMap(mapped, 2 * MiB, 0, h, 0));
+    rw(mapped, 2 * MiB);
+    OK(sync(s));
+    size_t f0 = free_mem();
+    CUdeviceptr mem[3] = {pooled, linear, mapped};
+    for (int i = 0; i < 3; i++) {
+        unsigned char b = 0x40 + i;
+        OK(cuMemcpyHtoD(mem[i], &b, 1));
+        void *g = (void *)1;
+        int st = -1;
+        OK(begin(s, 0));
+        EXPECT_EQ(freeA(mem[i], s), 1);
+        OK(is(s, &st));
+        EXPECT_EQ(st, 2);
+        CUdeviceptr q = 0;
+        EXPECT_EQ(allocA(&q, MiB, s), 901);
+        EXPECT_EQ(freeA(mem[i], s), 901);
+        EXPECT_EQ(end(s, &g), 901);
+        EXPECT(g == NULL);
+        OK(is(s, &st));
+        EXPECT_EQ(st, 0);
+        OK(sync(s));
+        EXPECT_EQ(free_mem(), f0); /* nothing freed */
+        unsigned char r = 0;
+        OK(cuMemcpyDtoH(&r, mem[i], 1));
+        EXPECT_EQ(r, 0x40 + i);
+    }
+    /* A graph allocation freed in its own capture: a free node. */
+    void *g = NULL;
+    CUdeviceptr q = 0;
+    OK(begin(s, 0));
+    OK(allocA(&q, MiB, s));
+    OK(freeA(q, s));
+    OK(end(s, &g));
+    EXPECT(g != NULL);
+    OK(gdestroy(g));
+    /* After the capture each is freed as usual. */
+    OK(freeA(pooled, s));
+    OK(freeA(linear, s));
+    EXPECT_EQ(freeA(mapped, s), 1); /* never a stream-ordered free's */
+    OK(sync(s));
+    OK(cuMemUnmap(mapped, 2 * MiB));
+    OK(cuMemRelease(h));
+    return 0;
+}
+
 /* Holds `MiB` of device memory until stdin closes (for the sharing tests). */
 static int hold(long mib) {
     start();
@@ -966,6 +1038,7 @@ int main(int argc, char **argv) {
     if (!strcmp(s, "vmm_noaccess")) return vmm_noaccess();
     if (!strcmp(s, "async")) return async();
     if (!strcmp(s, "capture")) return capture();
+    if (!strcmp(s, "capture_free")) return capture_free();
     if (!strcmp(s, "pools")) return pools();
     if (!strcmp(s, "pool_no_context")) return pool_no_context();
     if (!strcmp(s, "hold")) return hold(arg);
