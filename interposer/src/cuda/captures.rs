@@ -441,6 +441,7 @@ pub(crate) fn on_fork_child() {
     ACTIVE.store(0, Ordering::Relaxed);
     BEGINNING.store(0, Ordering::Relaxed);
     GATED.store(0, Ordering::Relaxed);
+    POOL_LOCK_COUNTS.store(0, Ordering::Relaxed);
 }
 
 #[cfg(test)]
