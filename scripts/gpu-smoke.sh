@@ -3,7 +3,10 @@
 #   1. vramshim demo on the real GPU (plain / capped / pooled / what-if);
 #   2. a real PyTorch training loop under vramshim with a trace, a cap and the pool, and an
 #      out-of-memory under a small cap that PyTorch reports as torch.OutOfMemoryError;
-#   3. JAX and CuPy under a cap, when installed; NVML (pynvml) reporting the cap, when installed.
+#   3. JAX and CuPy under a cap, when installed; NVML (pynvml) reporting the cap, when installed;
+#   4. the driver's answers to the questions the pool and the capture handling rest on
+#      (tests/workloads/sim/driver_facts.c), compared one by one with the simulator's
+#      (tests/workloads/sim/driver_facts.expected): a difference means cuda-sim is unfaithful.
 # Prints VERIFIED / SKIPPED / FAILED per check; exits 1 if anything failed, 0 otherwise
 # (also when there is no GPU: then everything is SKIPPED).
 #
@@ -16,7 +19,7 @@ out=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) out="$2"; shift 2 ;;
-    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu-smoke.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -167,6 +170,28 @@ print("total", pynvml.nvmlDeviceGetMemoryInfo(h).total)' >"$out/nvml.log" 2>&1 \
   fi
 else
   skipped "pynvml is not installed (NVML check)"
+fi
+
+# --- 4. the driver's answers, against the simulator's -----------------------------------------
+facts_src="$repo/tests/workloads/sim/driver_facts.c"
+facts_want="$repo/tests/workloads/sim/driver_facts.expected"
+cc_bin="${CC:-cc}"
+if ! command -v "$cc_bin" >/dev/null 2>&1; then
+  skipped "driver facts: no C compiler ($cc_bin) to build tests/workloads/sim/driver_facts.c"
+elif ! "$cc_bin" -O1 -I"$repo/tests/workloads/include" -o "$out/driver_facts" "$facts_src" -ldl \
+       >"$out/driver_facts.build.log" 2>&1; then
+  failed "driver facts: tests/workloads/sim/driver_facts.c did not build (see $out/driver_facts.build.log)"
+elif ! "$out/driver_facts" >"$out/driver_facts.log" 2>&1; then
+  failed "driver facts: the probe exited non-zero on this driver (see $out/driver_facts.log)"
+else
+  while IFS='=' read -r name want; do
+    got=$(sed -n "s/^fact $name=//p" "$out/driver_facts.log" | head -1)
+    if [ "$got" = "$want" ]; then
+      verified "driver fact $name=$got, as cuda-sim answers"
+    else
+      failed "driver fact $name: this driver answers ${got:-nothing}, cuda-sim $want (tests/workloads/sim/driver_facts.expected; make cuda-sim faithful)"
+    fi
+  done < <(sed -n 's/^fact //p' "$facts_want")
 fi
 
 finish

@@ -1,0 +1,318 @@
+/* driver_facts: asks the CUDA driver the questions vramshim's pool and capture handling are
+ * built on, and prints one `fact NAME=VALUE` line per answer (CUresult codes, capture
+ * statuses, 1/0 for yes/no). Run on cuda-sim its answers are the simulator's; run on a real
+ * GPU (scripts/gpu-smoke.sh) they are the driver's, and the script compares the two, so that
+ * a simulator that answers differently from the hardware is found rather than trusted.
+ *
+ * Driver API only, reached through dlopen("libcuda.so.1"): no toolkit or runtime needed.
+ * Each question uses fresh streams and handles, so one refusal does not change the next. */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "cuda_api.h"
+
+typedef int capture_status; /* CUstreamCaptureStatus: 0 none, 1 active, 2 invalidated */
+typedef void *graph_t;
+
+static CUresult (*p_init)(unsigned);
+static CUresult (*p_retain)(CUcontext *, CUdevice);
+static CUresult (*p_set_current)(CUcontext);
+static CUresult (*p_granularity)(size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags);
+static CUresult (*p_create)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
+static CUresult (*p_release)(CUmemGenericAllocationHandle);
+static CUresult (*p_reserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+static CUresult (*p_unreserve)(CUdeviceptr, size_t);
+static CUresult (*p_map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+static CUresult (*p_unmap)(CUdeviceptr, size_t);
+static CUresult (*p_set_access)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+static CUresult (*p_htod)(CUdeviceptr, const void *, size_t);
+static CUresult (*p_dtoh)(void *, CUdeviceptr, size_t);
+static CUresult (*p_alloc)(CUdeviceptr *, size_t);
+static CUresult (*p_free)(CUdeviceptr);
+static CUresult (*p_alloc_async)(CUdeviceptr *, size_t, CUstream);
+static CUresult (*p_free_async)(CUdeviceptr, CUstream);
+static CUresult (*p_stream_create)(CUstream *, unsigned);
+static CUresult (*p_stream_destroy)(CUstream);
+static CUresult (*p_stream_sync)(CUstream);
+static CUresult (*p_begin)(CUstream, int);
+static CUresult (*p_end)(CUstream, graph_t *);
+static CUresult (*p_is_capturing)(CUstream, capture_status *);
+static CUresult (*p_event_create)(CUevent *, unsigned);
+static CUresult (*p_event_record)(CUevent, CUstream);
+static CUresult (*p_event_destroy)(CUevent);
+static CUresult (*p_wait_event)(CUstream, CUevent, unsigned);
+static CUresult (*p_graph_destroy)(graph_t);
+
+static void *lib;
+
+static void *sym(const char *name) {
+    void *f = dlsym(lib, name);
+    if (!f) {
+        fprintf(stderr, "driver_facts: the driver has no %s\n", name);
+        exit(2);
+    }
+    return f;
+}
+
+#define MUST(call)                                                                  \
+    do {                                                                            \
+        CUresult r_ = (call);                                                       \
+        if (r_ != CUDA_SUCCESS) {                                                   \
+            fprintf(stderr, "driver_facts: %s failed: %d (line %d)\n", #call, (int)r_, \
+                    __LINE__);                                                      \
+            exit(2);                                                                \
+        }                                                                           \
+    } while (0)
+
+static void fact(const char *name, long v) { printf("fact %s=%ld\n", name, v); }
+
+static CUmemAllocationProp prop;
+static CUmemAccessDesc rw;
+static size_t gran;
+
+static CUmemGenericAllocationHandle handle(size_t pages) {
+    CUmemGenericAllocationHandle h;
+    MUST(p_create(&h, pages * gran, &prop, 0));
+    return h;
+}
+
+static CUdeviceptr reserve(size_t pages) {
+    CUdeviceptr va;
+    MUST(p_reserve(&va, pages * gran, 0, 0, 0));
+    return va;
+}
+
+/* Fills `n` bytes at `va` with `byte` through a copy from the host. */
+static void fill(CUdeviceptr va, unsigned char byte, size_t n) {
+    unsigned char *buf = malloc(n);
+    memset(buf, byte, n);
+    MUST(p_htod(va, buf, n));
+    free(buf);
+}
+
+/* Whether every one of `n` bytes at `va` reads `byte`. */
+static int holds(CUdeviceptr va, unsigned char byte, size_t n) {
+    unsigned char *buf = malloc(n);
+    MUST(p_dtoh(buf, va, n));
+    int all = 1;
+    for (size_t i = 0; i < n; i++) all &= buf[i] == byte;
+    free(buf);
+    return all;
+}
+
+/* One page of a two-page handle mapped at an offset: accepted, and the same bytes as the
+ * whole handle's mapping there (a stitched range could then map a run of pages in one call). */
+static void map_at_offset(void) {
+    CUmemGenericAllocationHandle h = handle(2);
+    CUdeviceptr one = reserve(1), whole = reserve(2);
+    CUresult r = p_map(one, gran, gran, h, 0);
+    fact("map_offset", r);
+    long aliases = -1;
+    if (r == CUDA_SUCCESS) {
+        MUST(p_set_access(one, gran, &rw, 1));
+        MUST(p_map(whole, 2 * gran, 0, h, 0));
+        MUST(p_set_access(whole, 2 * gran, &rw, 1));
+        fill(whole, 0x11, 2 * gran);
+        fill(one, 0x5a, gran);
+        aliases = holds(whole + gran, 0x5a, gran) && holds(whole, 0x11, gran);
+        MUST(p_unmap(whole, 2 * gran));
+        MUST(p_unmap(one, gran));
+    }
+    fact("map_offset_same_bytes", aliases);
+    MUST(p_unreserve(one, gran));
+    MUST(p_unreserve(whole, 2 * gran));
+    MUST(p_release(h));
+}
+
+/* One handle mapped at two addresses at once, both readable and writable, one memory: the
+ * stitch pool maps a free page of one range into a new range while the first still maps it. */
+static void map_twice(void) {
+    CUmemGenericAllocationHandle h = handle(1);
+    CUdeviceptr a = reserve(1), b = reserve(1);
+    MUST(p_map(a, gran, 0, h, 0));
+    MUST(p_set_access(a, gran, &rw, 1));
+    CUresult r = p_map(b, gran, 0, h, 0);
+    fact("map_twice", r);
+    long same = -1;
+    if (r == CUDA_SUCCESS) {
+        MUST(p_set_access(b, gran, &rw, 1));
+        fill(a, 0x33, gran);
+        same = holds(b, 0x33, gran);
+        fill(b, 0x44, gran);
+        same &= holds(a, 0x44, gran);
+        MUST(p_unmap(b, gran));
+    }
+    fact("map_twice_same_bytes", same);
+    MUST(p_unmap(a, gran));
+    MUST(p_unreserve(a, gran));
+    MUST(p_unreserve(b, gran));
+    MUST(p_release(h));
+}
+
+/* Two handles mapped side by side: one cuMemSetAccess over both (one call for a range stitched
+ * from several handles), and unmapping one page of a two-page mapping (the pool unmaps whole
+ * mappings only). */
+static void access_and_unmap(void) {
+    CUmemGenericAllocationHandle h1 = handle(1), h2 = handle(1), h3 = handle(2);
+    CUdeviceptr va = reserve(2), wide = reserve(2);
+    MUST(p_map(va, gran, 0, h1, 0));
+    MUST(p_map(va + gran, gran, 0, h2, 0));
+    fact("set_access_over_two_mappings", p_set_access(va, 2 * gran, &rw, 1));
+    MUST(p_map(wide, 2 * gran, 0, h3, 0));
+    MUST(p_set_access(wide, 2 * gran, &rw, 1));
+    CUresult r = p_unmap(wide, gran);
+    fact("unmap_part_of_a_mapping", r);
+    if (r == CUDA_SUCCESS)
+        MUST(p_unmap(wide + gran, gran));
+    else
+        MUST(p_unmap(wide, 2 * gran));
+    MUST(p_unmap(va, gran));
+    MUST(p_unmap(va + gran, gran));
+    MUST(p_unreserve(va, 2 * gran));
+    MUST(p_unreserve(wide, 2 * gran));
+    MUST(p_release(h1));
+    MUST(p_release(h2));
+    MUST(p_release(h3));
+}
+
+/* A stream-ordered free, during a relaxed capture of `s`, of memory the capture did not
+ * allocate: what the free returns, the capture's status after it, and what ending it returns. */
+static void free_in_capture(const char *what, CUdeviceptr p) {
+    CUstream s;
+    MUST(p_stream_create(&s, 1));
+    MUST(p_begin(s, 2));
+    char name[96];
+    snprintf(name, sizeof name, "capture_free_%s", what);
+    fact(name, p_free_async(p, s));
+    capture_status st = -1;
+    MUST(p_is_capturing(s, &st));
+    snprintf(name, sizeof name, "capture_free_%s_status", what);
+    fact(name, st);
+    graph_t g = NULL;
+    snprintf(name, sizeof name, "capture_free_%s_end", what);
+    fact(name, p_end(s, &g));
+    if (g) MUST(p_graph_destroy(g));
+    MUST(p_stream_destroy(s));
+}
+
+static void frees_in_capture(void) {
+    CUstream s;
+    MUST(p_stream_create(&s, 1));
+    CUdeviceptr pooled;
+    MUST(p_alloc_async(&pooled, 1 << 20, s));
+    MUST(p_stream_sync(s));
+    free_in_capture("stream_ordered", pooled);
+    /* whatever the capture did with it, the memory is still the program's or already gone:
+     * a second free outside any capture tells which */
+    CUresult again = p_free_async(pooled, s);
+    fact("capture_free_stream_ordered_then_free", again);
+    MUST(p_stream_sync(s));
+
+    CUdeviceptr plain;
+    MUST(p_alloc(&plain, 1 << 20));
+    free_in_capture("mem_alloc", plain);
+    fact("capture_free_mem_alloc_then_free", p_free(plain));
+
+    CUmemGenericAllocationHandle h = handle(1);
+    CUdeviceptr va = reserve(1);
+    MUST(p_map(va, gran, 0, h, 0));
+    MUST(p_set_access(va, gran, &rw, 1));
+    free_in_capture("mapped", va);
+    MUST(p_unmap(va, gran));
+    MUST(p_unreserve(va, gran));
+    MUST(p_release(h));
+    MUST(p_stream_destroy(s));
+}
+
+/* A stream that waits on an event recorded in a capture joins it: its status, and an
+ * allocation on it becoming part of the graph (ended cleanly once it joins back). */
+static void joined_stream(void) {
+    CUstream s1, s2;
+    CUevent fork, join;
+    MUST(p_stream_create(&s1, 1));
+    MUST(p_stream_create(&s2, 1));
+    MUST(p_event_create(&fork, 0));
+    MUST(p_event_create(&join, 0));
+    MUST(p_begin(s1, 2));
+    MUST(p_event_record(fork, s1));
+    CUresult waited = p_wait_event(s2, fork, 0);
+    fact("joined_wait", waited);
+    capture_status st = -1;
+    MUST(p_is_capturing(s2, &st));
+    fact("joined_status", st);
+    if (waited == CUDA_SUCCESS) {
+        CUdeviceptr p = 0;
+        fact("joined_alloc", p_alloc_async(&p, 1 << 20, s2));
+        if (p) fact("joined_free", p_free_async(p, s2));
+        MUST(p_event_record(join, s2));
+        fact("joined_rejoin", p_wait_event(s1, join, 0));
+    }
+    graph_t g = NULL;
+    fact("joined_end", p_end(s1, &g));
+    st = -1;
+    MUST(p_is_capturing(s2, &st));
+    fact("joined_status_after_end", st);
+    if (g) MUST(p_graph_destroy(g));
+    MUST(p_event_destroy(fork));
+    MUST(p_event_destroy(join));
+    MUST(p_stream_destroy(s1));
+    MUST(p_stream_destroy(s2));
+}
+
+int main(void) {
+    lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        fprintf(stderr, "driver_facts: no libcuda.so.1: %s\n", dlerror());
+        return 2;
+    }
+    p_init = sym("cuInit");
+    p_retain = sym("cuDevicePrimaryCtxRetain");
+    p_set_current = sym("cuCtxSetCurrent");
+    p_granularity = sym("cuMemGetAllocationGranularity");
+    p_create = sym("cuMemCreate");
+    p_release = sym("cuMemRelease");
+    p_reserve = sym("cuMemAddressReserve");
+    p_unreserve = sym("cuMemAddressFree");
+    p_map = sym("cuMemMap");
+    p_unmap = sym("cuMemUnmap");
+    p_set_access = sym("cuMemSetAccess");
+    p_htod = sym("cuMemcpyHtoD_v2");
+    p_dtoh = sym("cuMemcpyDtoH_v2");
+    p_alloc = sym("cuMemAlloc_v2");
+    p_free = sym("cuMemFree_v2");
+    p_alloc_async = sym("cuMemAllocAsync");
+    p_free_async = sym("cuMemFreeAsync");
+    p_stream_create = sym("cuStreamCreate");
+    p_stream_destroy = sym("cuStreamDestroy_v2");
+    p_stream_sync = sym("cuStreamSynchronize");
+    p_begin = sym("cuStreamBeginCapture_v2");
+    p_end = sym("cuStreamEndCapture");
+    p_is_capturing = sym("cuStreamIsCapturing");
+    p_event_create = sym("cuEventCreate");
+    p_event_record = sym("cuEventRecord");
+    p_event_destroy = sym("cuEventDestroy_v2");
+    p_wait_event = sym("cuStreamWaitEvent");
+    p_graph_destroy = sym("cuGraphDestroy");
+
+    MUST(p_init(0));
+    CUcontext ctx;
+    MUST(p_retain(&ctx, 0));
+    MUST(p_set_current(ctx));
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    rw.location = prop.location;
+    rw.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    MUST(p_granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    fact("granularity", (long)gran);
+
+    map_at_offset();
+    map_twice();
+    access_and_unmap();
+    frees_in_capture();
+    joined_stream();
+    printf("driver_facts: done\n");
+    return 0;
+}
