@@ -523,9 +523,9 @@ impl Device for CudaDevice {
             return c;
         }
         // With no capture under way in the process the driver has nothing to answer: every
-        // begin-capture entry point is hooked and records its capture before the real call,
-        // then waits for the pool's lock (held here), so a capture that begins later begins
-        // after this request. While one is under way the driver is asked: it knows the
+        // begin-capture entry point is hooked and records a begin in flight (counted as under
+        // way) before the real call, then waits for the pool's lock (held here), so a capture
+        // that begins later begins after this request. While one is under way the driver is asked: it knows the
         // streams a capture joined (and the legacy stream's dependence on a capturing
         // blocking stream), which the record does not.
         let c = captures::any() && self.query_capture();
