@@ -313,7 +313,7 @@ pub(crate) fn any() -> bool {
     ACTIVE.load(Ordering::Acquire) != 0
 }
 
-/// Whether `stream` (a stream key as given to [`begun`], of a request this thread makes) is
+/// Whether `stream` (a stream key as given to [`beginning`], of a request this thread makes) is
 /// capturing: a stream a begin call named, or one that joined a capture (a stream that waits
 /// on an event recorded in a capturing stream joins that capture until it ends, and its work is
 /// captured; no begin call names it, so the driver is asked). One atomic load while no capture

@@ -1307,13 +1307,24 @@ pub(crate) fn on_peer_access(owner: i32, accessor: i32) {
                  its kernels may not reach pooled memory"
             );
         }
-        Some(p.dev.ungranted != 0)
+        let owed = p.dev.ungranted != 0;
+        if owed {
+            // under the lock: a `grant_owed_peers` that made every grant owed before this
+            // one and stores `false` cannot store it after this store
+            GRANTS_OWED.store(true, Ordering::SeqCst);
+        }
+        Some(owed)
     });
     if owed == Some(true) {
-        GRANTS_OWED.store(true, Ordering::Relaxed);
         crate::debug!(
             "pool: device {accessor} may access device {owner}'s pool; a stream capture forbids the calls: the pages mapped now are granted after it"
         );
+        // The capture that forbade the grant may have ended between the decision and the
+        // store above, its end finding nothing owed: ask again. Either that end's
+        // `grant_owed_peers` reads the store, or this one reads the capture ended (the
+        // fences order each side's write before its read).
+        std::sync::atomic::fence(Ordering::SeqCst);
+        grant_owed_peers();
         return;
     }
     crate::debug!("pool: device {accessor} may access device {owner}'s pool");
@@ -1323,10 +1334,15 @@ pub(crate) fn on_peer_access(owner: i32, accessor: i32) {
 static GRANTS_OWED: AtomicBool = AtomicBool::new(false);
 
 /// A stream capture ended: the peer grants a capture forbade are made now, unless a capture
-/// still forbids this thread the calls (then the next end tries again). One load when none
-/// is owed.
+/// still forbids this thread the calls (then the next end tries again). A fence and one load
+/// when none is owed.
 pub(crate) fn grant_owed_peers() {
-    if !GRANTS_OWED.load(Ordering::Relaxed) || MODE.load(Ordering::Relaxed) != ON {
+    if MODE.load(Ordering::Relaxed) != ON {
+        return;
+    }
+    // the capture's end (`captures::ended`) before the load: see `on_peer_access`
+    std::sync::atomic::fence(Ordering::SeqCst);
+    if !GRANTS_OWED.load(Ordering::SeqCst) {
         return;
     }
     let still = with_pools(|pools| {
@@ -1344,9 +1360,10 @@ pub(crate) fn grant_owed_peers() {
             }
             still |= p.dev.ungranted != 0;
         }
+        // under the lock, as `on_peer_access`'s store of a grant owed
+        GRANTS_OWED.store(still, Ordering::SeqCst);
         still
     });
-    GRANTS_OWED.store(still, Ordering::Relaxed);
     if !still {
         crate::debug!("pool: the peer grants a stream capture forbade are made");
     }
