@@ -219,6 +219,13 @@ static void frees_in_capture(void) {
     MUST(p_map(va, gran, 0, h, 0));
     MUST(p_set_access(va, gran, &rw, 1));
     free_in_capture("mapped", va);
+    /* the same free outside any capture: what the library's captured free of a pool block
+     * meets when the capture ends between its question and the driver's answer */
+    CUstream t;
+    MUST(p_stream_create(&t, 1));
+    fact("free_async_mapped_outside_capture", p_free_async(va, t));
+    MUST(p_stream_sync(t));
+    MUST(p_stream_destroy(t));
     MUST(p_unmap(va, gran));
     MUST(p_unreserve(va, gran));
     MUST(p_release(h));
