@@ -74,6 +74,9 @@ thread_local! {
     /// This thread stopped waiting for another thread's begin (see [`wait_for_begins`]): until
     /// its section ends, that begin counts as a capture under way.
     static COUNT_BEGINNING: Cell<bool> = const { Cell::new(false) };
+    /// This thread holds the pool's lock around a call that may reach a [`gated`] section
+    /// (see [`under_pool_lock`]).
+    static UNDER_POOL_LOCK: Cell<bool> = const { Cell::new(false) };
 }
 
 /// How long a section waits for another thread's real begin call to return before it counts
@@ -235,13 +238,27 @@ pub(crate) fn done_counting_begins() {
     COUNT_BEGINNING.with(|c| c.set(false));
 }
 
+/// `f`, made by the pool under its lock, may reach a [`gated`] section (the cap's charge of a
+/// pool page empties the driver's pools when it would refuse): such a section neither waits
+/// for a begin in flight on another thread nor is waited for. A begin that starts while the
+/// lock is held waits for it before its real call (`pool::wait_for_requests`), so no capture
+/// it begins can precede `f`'s calls, and waiting for it would wait for the lock this thread
+/// holds; a begin already in flight when the lock was taken was waited for then, or is counted
+/// as under way ([`pool_lock_counts_begins`]).
+pub(crate) fn under_pool_lock<R>(f: impl FnOnce() -> R) -> R {
+    let outer = UNDER_POOL_LOCK.with(|c| c.replace(true));
+    let r = f();
+    UNDER_POOL_LOCK.with(|c| c.set(outer));
+    r
+}
+
 /// `f` decides whether a capture forbids a potentially unsafe call and makes it, outside the
 /// pool's lock (the runtime's last error set with `cudaMalloc`, the cap's settling of the
 /// driver's pools): a begin in flight on another thread is waited for first, and a begin that
 /// starts later waits for `f` to return ([`wait_for_sections`]) before its real call, so the
 /// call cannot land inside a capture `f` did not see. Nested sections on one thread are one.
 pub(crate) fn gated<R>(f: impl FnOnce() -> R) -> R {
-    if IN_GATE.with(Cell::get) || sections_ungated() {
+    if IN_GATE.with(Cell::get) || UNDER_POOL_LOCK.with(Cell::get) || sections_ungated() {
         return f();
     }
     IN_GATE.with(|g| g.set(true));

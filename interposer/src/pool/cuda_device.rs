@@ -411,13 +411,14 @@ impl Device for CudaDevice {
         {
             return Err(DeviceError::CapExceeded);
         }
-        // Charged before it exists, so the device never holds more than the cap allows.
+        // Charged before it exists, so the device never holds more than the cap allows. (A
+        // refused charge may empty the driver's pools first, a synchronization decided and made
+        // under this lock, which a capture's begin waits for: `captures::under_pool_lock`.)
+        let stream = Self::cu_stream(self.stream) as usize as u64;
         if self.charge
-            && !(super::cap_view().charge_page)(
-                self.ordinal,
-                bytes,
-                Self::cu_stream(self.stream) as usize as u64,
-            )
+            && !captures::under_pool_lock(|| {
+                (super::cap_view().charge_page)(self.ordinal, bytes, stream)
+            })
         {
             return Err(DeviceError::CapExceeded);
         }

@@ -887,6 +887,62 @@ fn the_cap_never_settles_the_driver_s_pools_inside_a_capture_begun_meanwhile() {
     }
 }
 
+/// The cap empties the driver's pools for a page the pool needs while the pool's lock is held
+/// (the pool's growth charges each page, and a refused charge settles first): a begin-capture
+/// call in flight on another thread then waits for that lock before its real call, so the
+/// capture cannot begin before the settle's synchronization is made, and the settle must not
+/// wait for the begin (it would wait for the lock its own thread holds). capture_settle_locked
+/// (48 MiB cap, no context charged; the driver's pool caches the worker's freed 40 MiB; the
+/// worker's 16 MiB `cudaMalloc` creates the pool, whose first call stops under the lock:
+/// `VRAMSIM_PAUSE_IN=cuMemGetAllocationGranularity`; B begins a global capture meanwhile):
+/// B's begin does not return while the worker is stopped, the worker gets its 16 MiB (0) and
+/// B's end 0. With the settle waiting for the begin (the section not marked as made under the
+/// pool's lock, a temporary edit) it waits out `captures::BEGIN_WAIT`, then counts B's begin as
+/// a capture under way, does not synchronize, and the cap refuses the page: worker 2.
+#[test]
+fn the_cap_settles_the_driver_s_pools_under_the_pool_s_lock_without_waiting_for_a_begin() {
+    let exe =
+        vramshim_testkit::temp_dir("pool_capture_settle_locked").join("capture_settle_locked");
+    vramshim_testkit::compile_c_to(
+        &exe,
+        &["tests/workloads/pool/capture_settle_locked.c"],
+        Link::SharedRuntime,
+        &["-lpthread"],
+    );
+    for entry in ["runtime", "driver"] {
+        let o = run(
+            &exe,
+            &[entry],
+            &[
+                ("VRAMSHIM_POOL", "stitch"),
+                ("VRAMSHIM_CAP", "48MiB"),
+                ("VRAMSHIM_CAP_CONTEXT", "exclude"),
+                ("VRAMSIM_MEMORY", "1GiB"),
+                ("VRAMSIM_CONTEXT_OVERHEAD", "0"),
+                ("VRAMSIM_PAUSE_IN", "cuMemGetAllocationGranularity"),
+                ("VRAMSHIM_LOG", "debug"),
+            ],
+            "pool-capture-settle-locked",
+        );
+        assert_eq!(
+            field(&o.stdout, "begun_first"),
+            0,
+            "{entry}: {} {}",
+            o.stdout,
+            tail(&o.stderr)
+        );
+        assert_eq!(
+            field(&o.stdout, "worker"),
+            0,
+            "{entry}: {} {}",
+            o.stdout,
+            tail(&o.stderr)
+        );
+        assert_eq!(field(&o.stdout, "end"), 0, "{entry}: {}", o.stdout);
+        assert_exit(&o, 0, entry);
+    }
+}
+
 /// The runtime's last error after a refusal is set with a real `cudaMalloc(SIZE_MAX)`, made
 /// after the pool's lock is let go: the question whether a capture forbids it and the call are
 /// one section a begin on another thread waits for. capture_window `oom` (a 32 MiB device, the
