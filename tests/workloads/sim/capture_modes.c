@@ -203,6 +203,41 @@ int main(void) {
     CK(cudaStreamEndCapture(s, &g));
     CK(cudaGraphDestroy(g));
 
+    /* a join relayed through another forked stream joins back too: `relay` forks from `other`,
+     * captures work, and `other` waits on it before the origin waits on `other`; the origin then
+     * depends on both streams' work (the graph's edges), so the capture ends cleanly */
+    cudaStream_t relay;
+    cudaEvent_t relayed;
+    CK(cudaStreamCreateWithFlags(&relay, cudaStreamNonBlocking));
+    CK(cudaEventCreate(&relayed));
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    CK(cudaEventRecord(fork, s));
+    CK(cudaStreamWaitEvent(other, fork, 0));
+    CK(cudaEventRecord(join, other));
+    CK(cudaStreamWaitEvent(relay, join, 0));
+    CK(cudaMemsetAsync(d, 0, 1 << 20, relay));
+    CK(cudaEventRecord(relayed, relay));
+    CK(cudaStreamWaitEvent(other, relayed, 0));
+    CK(cudaEventRecord(join, other));
+    CK(cudaStreamWaitEvent(s, join, 0));
+    CK(cudaStreamEndCapture(s, &g));
+    CK(cudaGraphDestroy(g));
+    EXPECT_EQ(status_of(relay, &id_other), cudaStreamCaptureStatusNone);
+    /* relayed, but work the relay captured after the event `other` waited on: unjoined */
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    CK(cudaEventRecord(fork, s));
+    CK(cudaStreamWaitEvent(relay, fork, 0));
+    CK(cudaEventRecord(relayed, relay));
+    CK(cudaStreamWaitEvent(other, relayed, 0));
+    CK(cudaMemsetAsync(d, 0, 1 << 20, relay));
+    CK(cudaEventRecord(join, other));
+    CK(cudaStreamWaitEvent(s, join, 0));
+    g = NULL;
+    EXPECT_EQ(cudaStreamEndCapture(s, &g), cudaErrorStreamCaptureUnjoined);
+    EXPECT(g == NULL);
+    CK(cudaEventDestroy(relayed));
+    CK(cudaStreamDestroy(relay));
+
     /* a stream capturing in one capture may not wait on an event recorded in another (the two
      * would merge): 902, the waiting stream's capture invalidated; the event's capture goes on */
     cudaStream_t third;

@@ -99,6 +99,10 @@ pub struct Stream {
     q: Mutex<Queue>,
     cv: Condvar,
     capture: Mutex<Capture>,
+    /// While it captures: the captured work of other streams of its capture it depends on
+    /// (stream handle, how many of that stream's captured operations), learned through waits on
+    /// events recorded in the capture, directly or through other streams' waits.
+    depends_on: Mutex<Vec<(usize, u64)>>,
 }
 
 pub struct Event {
@@ -117,6 +121,19 @@ struct EvState {
     /// That record's stream (its handle) and how many operations that stream had captured.
     captured_by: usize,
     captured_at: u64,
+    /// What that stream depended on at the record (see `Stream::depends_on`): a wait on the
+    /// event depends on it too.
+    captured_deps: Vec<(usize, u64)>,
+}
+
+/// Adds `more` to `deps`, keeping the larger count per stream.
+fn merge_deps(deps: &mut Vec<(usize, u64)>, more: &[(usize, u64)]) {
+    for &(h, n) in more {
+        match deps.iter_mut().find(|d| d.0 == h) {
+            Some(d) => d.1 = d.1.max(n),
+            None => deps.push((h, n)),
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -182,6 +199,7 @@ impl Stream {
             q: Mutex::new(Queue::default()),
             cv: Condvar::new(),
             capture: Mutex::new(Capture::default()),
+            depends_on: Mutex::new(Vec::new()),
         });
         let w = s.clone();
         std::thread::Builder::new()
@@ -458,10 +476,16 @@ pub fn legacy_check(s: &Arc<Stream>) -> Res {
 /// stream that does not capture may not wait on an event last recorded in a capture
 /// (CUDA_ERROR_CAPTURED_EVENT), nor use `CU_EVENT_WAIT_EXTERNAL` (CUDA_ERROR_INVALID_VALUE).
 pub fn wait_check(s: &Arc<Stream>, e: &Event, flags: c_uint) -> Res {
-    let (captured_in, by, at) = {
+    let (captured_in, by, at, mut deps) = {
         let st = lock(&e.st);
-        (st.captured_in, st.captured_by, st.captured_at)
+        (
+            st.captured_in,
+            st.captured_by,
+            st.captured_at,
+            st.captured_deps.clone(),
+        )
     };
+    merge_deps(&mut deps, &[(by, at)]);
     let recorded = lock(&e.st).recorded > 0 || captured_in.is_some();
     // the capture the event was recorded in, if it is still under way (looked up before this
     // stream's capture is locked: each stream's capture lock is taken alone)
@@ -490,6 +514,8 @@ pub fn wait_check(s: &Arc<Stream>, e: &Event, flags: c_uint) -> Res {
                         joined_through: 0,
                         ..o
                     };
+                    drop(c);
+                    *lock(&s.depends_on) = deps;
                     ACTIVE_CAPTURES.fetch_add(1, Ordering::AcqRel);
                     Ok(())
                 }
@@ -501,8 +527,15 @@ pub fn wait_check(s: &Arc<Stream>, e: &Event, flags: c_uint) -> Res {
             Some(id) if id == c.id => {
                 let origin = !c.joined;
                 drop(c);
-                if origin && by != s.handle {
-                    joined_back(id, by, at);
+                // the waiting stream now depends on what the recording stream depended on at
+                // the record, and on its work up to it: joins relayed through other streams
+                // count when the origin waits
+                deps.retain(|d| d.0 != s.handle);
+                merge_deps(&mut lock(&s.depends_on), &deps);
+                if origin {
+                    for (h, n) in deps {
+                        joined_back(id, h, n);
+                    }
                 }
                 Ok(())
             }
@@ -571,6 +604,8 @@ pub fn begin_capture_into(s: &Arc<Stream>, mode: c_int, into: usize) -> Res {
         joined: false,
         joined_through: 0,
     };
+    drop(c);
+    lock(&s.depends_on).clear();
     ACTIVE_CAPTURES.fetch_add(1, Ordering::AcqRel);
     Ok(())
 }
@@ -594,6 +629,7 @@ pub fn end_capture(s: &Arc<Stream>) -> Result<*mut c_void, CUresult> {
         *c = Capture::default();
         prev
     };
+    lock(&s.depends_on).clear();
     ACTIVE_CAPTURES.fetch_sub(1, Ordering::AcqRel);
     // the streams that joined it leave it; work of theirs made invalid is the capture's, and
     // so is work of theirs the origin does not depend on (a fork never joined back)
@@ -629,6 +665,8 @@ fn end_joined(id: u64, streams: &[Arc<Stream>]) -> Joined {
             out.valid &= c.status != CU_STREAM_CAPTURE_STATUS_INVALIDATED;
             out.unjoined |= c.captured_ops > c.joined_through;
             *c = Capture::default();
+            drop(c);
+            lock(&j.depends_on).clear();
             ACTIVE_CAPTURES.fetch_sub(1, Ordering::AcqRel);
         }
     }
@@ -725,10 +763,12 @@ impl Event {
     pub fn record(self: &Arc<Self>, s: &Arc<Stream>) {
         let c = s.capture();
         if c.status != CU_STREAM_CAPTURE_STATUS_NONE {
+            let deps = lock(&s.depends_on).clone();
             let mut st = lock(&self.st);
             st.captured_in = Some(c.id);
             st.captured_by = s.handle;
             st.captured_at = c.captured_ops;
+            st.captured_deps = deps;
             return;
         }
         let g = {
