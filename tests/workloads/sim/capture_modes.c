@@ -4,7 +4,9 @@
  * (cudaErrorStreamCaptureImplicit); waits of and on capturing streams (an event recorded outside
  * the capture: cudaErrorStreamCaptureIsolation unless cudaEventWaitExternal; a stream that waits
  * on an event recorded in a capture joins that capture until it ends, and an event recorded in a
- * capture that has ended cannot be waited on: cudaErrorCapturedEvent). Prints
+ * capture that has ended cannot be waited on: cudaErrorCapturedEvent); a fork never joined back
+ * (cudaErrorStreamCaptureUnjoined at the end) and a wait that would merge two captures
+ * (cudaErrorStreamCaptureMerge). Prints
  * "capture_modes: ok". */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -159,6 +161,101 @@ int main(void) {
     EXPECT_EQ(cudaStreamEndCapture(s, &g), cudaErrorStreamCaptureInvalidated);
     CK(cudaEventRecord(inside, other)); /* recorded outside again: no longer a captured event */
     CK(cudaStreamWaitEvent(other, inside, 0));
+
+    /* a fork must be joined back: the origin waits on an event the forked stream recorded after
+     * its captured work. Ended while the forked stream has work the origin does not depend on:
+     * 904, no graph, and the capture ends for every stream of it. Joined back, it ends cleanly;
+     * work captured after the join is unjoined again; a forked stream that captured nothing
+     * needs no join. */
+    cudaEvent_t fork, join;
+    CK(cudaEventCreate(&fork));
+    CK(cudaEventCreate(&join));
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    CK(cudaEventRecord(fork, s));
+    CK(cudaStreamWaitEvent(other, fork, 0));
+    CK(cudaMemsetAsync(d, 0, 1 << 20, other));
+    g = NULL;
+    EXPECT_EQ(cudaStreamEndCapture(s, &g), cudaErrorStreamCaptureUnjoined);
+    EXPECT(g == NULL);
+    EXPECT_EQ(status_of(s, &id_s), cudaStreamCaptureStatusNone);
+    EXPECT_EQ(status_of(other, &id_other), cudaStreamCaptureStatusNone);
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    CK(cudaEventRecord(fork, s));
+    CK(cudaStreamWaitEvent(other, fork, 0));
+    CK(cudaMemsetAsync(d, 0, 1 << 20, other));
+    CK(cudaEventRecord(join, other));
+    CK(cudaStreamWaitEvent(s, join, 0));
+    CK(cudaStreamEndCapture(s, &g));
+    CK(cudaGraphDestroy(g));
+    EXPECT_EQ(status_of(other, &id_other), cudaStreamCaptureStatusNone);
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    CK(cudaEventRecord(fork, s));
+    CK(cudaStreamWaitEvent(other, fork, 0));
+    CK(cudaEventRecord(join, other));
+    CK(cudaStreamWaitEvent(s, join, 0));
+    CK(cudaMemsetAsync(d, 0, 1 << 20, other));
+    g = NULL;
+    EXPECT_EQ(cudaStreamEndCapture(s, &g), cudaErrorStreamCaptureUnjoined);
+    EXPECT(g == NULL);
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    CK(cudaEventRecord(fork, s));
+    CK(cudaStreamWaitEvent(other, fork, 0));
+    CK(cudaStreamEndCapture(s, &g));
+    CK(cudaGraphDestroy(g));
+
+    /* a join relayed through another forked stream joins back too: `relay` forks from `other`,
+     * captures work, and `other` waits on it before the origin waits on `other`; the origin then
+     * depends on both streams' work (the graph's edges), so the capture ends cleanly */
+    cudaStream_t relay;
+    cudaEvent_t relayed;
+    CK(cudaStreamCreateWithFlags(&relay, cudaStreamNonBlocking));
+    CK(cudaEventCreate(&relayed));
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    CK(cudaEventRecord(fork, s));
+    CK(cudaStreamWaitEvent(other, fork, 0));
+    CK(cudaEventRecord(join, other));
+    CK(cudaStreamWaitEvent(relay, join, 0));
+    CK(cudaMemsetAsync(d, 0, 1 << 20, relay));
+    CK(cudaEventRecord(relayed, relay));
+    CK(cudaStreamWaitEvent(other, relayed, 0));
+    CK(cudaEventRecord(join, other));
+    CK(cudaStreamWaitEvent(s, join, 0));
+    CK(cudaStreamEndCapture(s, &g));
+    CK(cudaGraphDestroy(g));
+    EXPECT_EQ(status_of(relay, &id_other), cudaStreamCaptureStatusNone);
+    /* relayed, but work the relay captured after the event `other` waited on: unjoined */
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    CK(cudaEventRecord(fork, s));
+    CK(cudaStreamWaitEvent(relay, fork, 0));
+    CK(cudaEventRecord(relayed, relay));
+    CK(cudaStreamWaitEvent(other, relayed, 0));
+    CK(cudaMemsetAsync(d, 0, 1 << 20, relay));
+    CK(cudaEventRecord(join, other));
+    CK(cudaStreamWaitEvent(s, join, 0));
+    g = NULL;
+    EXPECT_EQ(cudaStreamEndCapture(s, &g), cudaErrorStreamCaptureUnjoined);
+    EXPECT(g == NULL);
+    CK(cudaEventDestroy(relayed));
+    CK(cudaStreamDestroy(relay));
+
+    /* a stream capturing in one capture may not wait on an event recorded in another (the two
+     * would merge): 902, the waiting stream's capture invalidated; the event's capture goes on */
+    cudaStream_t third;
+    CK(cudaStreamCreateWithFlags(&third, cudaStreamNonBlocking));
+    unsigned long long id_third = 0;
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    CK(cudaStreamBeginCapture(third, cudaStreamCaptureModeGlobal));
+    CK(cudaEventRecord(fork, s));
+    EXPECT_EQ(cudaStreamWaitEvent(third, fork, 0), cudaErrorStreamCaptureMerge);
+    EXPECT_EQ(status_of(third, &id_third), cudaStreamCaptureStatusInvalidated);
+    EXPECT_EQ(status_of(s, &id_s), cudaStreamCaptureStatusActive);
+    EXPECT(id_third != id_s);
+    EXPECT_EQ(cudaStreamEndCapture(third, &g), cudaErrorStreamCaptureInvalidated);
+    CK(cudaStreamEndCapture(s, &g));
+    CK(cudaGraphDestroy(g));
+    CK(cudaEventDestroy(fork));
+    CK(cudaEventDestroy(join));
+    CK(cudaStreamDestroy(third));
 
     CK(cudaFree(d));
     CK(cudaStreamDestroy(blocking));

@@ -267,6 +267,58 @@ static void joined_stream(void) {
     MUST(p_stream_destroy(s2));
 }
 
+/* A fork never joined back: a stream joins the capture, captures work, and the origin ends
+ * the capture without waiting on it. The end's result, whether a graph came back, and the
+ * forked stream's status afterwards. */
+static void unjoined_fork(void) {
+    CUstream s1, s2;
+    CUevent fork;
+    MUST(p_stream_create(&s1, 1));
+    MUST(p_stream_create(&s2, 1));
+    MUST(p_event_create(&fork, 0));
+    MUST(p_begin(s1, 2));
+    MUST(p_event_record(fork, s1));
+    MUST(p_wait_event(s2, fork, 0));
+    CUdeviceptr p = 0;
+    MUST(p_alloc_async(&p, 1 << 20, s2));
+    MUST(p_free_async(p, s2));
+    graph_t g = NULL;
+    fact("unjoined_end", p_end(s1, &g));
+    fact("unjoined_graph", g != NULL);
+    capture_status st = -1;
+    MUST(p_is_capturing(s2, &st));
+    fact("unjoined_status_after_end", st);
+    if (g) MUST(p_graph_destroy(g));
+    MUST(p_event_destroy(fork));
+    MUST(p_stream_destroy(s1));
+    MUST(p_stream_destroy(s2));
+}
+
+/* Two captures under way; a stream of one waits on an event recorded in the other. The wait's
+ * result, the waiting stream's status after it, and how each capture ends. */
+static void merge_wait(void) {
+    CUstream s1, s2;
+    CUevent e;
+    MUST(p_stream_create(&s1, 1));
+    MUST(p_stream_create(&s2, 1));
+    MUST(p_event_create(&e, 0));
+    MUST(p_begin(s1, 2));
+    MUST(p_begin(s2, 2));
+    MUST(p_event_record(e, s1));
+    fact("merge_wait", p_wait_event(s2, e, 0));
+    capture_status st = -1;
+    MUST(p_is_capturing(s2, &st));
+    fact("merge_status", st);
+    graph_t g1 = NULL, g2 = NULL;
+    fact("merge_waiter_end", p_end(s2, &g2));
+    fact("merge_recorder_end", p_end(s1, &g1));
+    if (g1) MUST(p_graph_destroy(g1));
+    if (g2) MUST(p_graph_destroy(g2));
+    MUST(p_event_destroy(e));
+    MUST(p_stream_destroy(s1));
+    MUST(p_stream_destroy(s2));
+}
+
 int main(void) {
     lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!lib) {
@@ -320,6 +372,8 @@ int main(void) {
     access_and_unmap();
     frees_in_capture();
     joined_stream();
+    unjoined_fork();
+    merge_wait();
     printf("driver_facts: done\n");
     return 0;
 }

@@ -40,6 +40,7 @@ pub const CUDA_ERROR_NOT_PERMITTED: CUresult = 800;
 pub const CUDA_ERROR_NOT_SUPPORTED: CUresult = 801;
 pub const CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: CUresult = 900;
 pub const CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: CUresult = 901;
+pub const CUDA_ERROR_STREAM_CAPTURE_MERGE: CUresult = 902;
 pub const CUDA_ERROR_STREAM_CAPTURE_UNMATCHED: CUresult = 903;
 pub const CUDA_ERROR_STREAM_CAPTURE_UNJOINED: CUresult = 904;
 pub const CUDA_ERROR_STREAM_CAPTURE_ISOLATION: CUresult = 905;
@@ -112,6 +113,11 @@ pub const ERRORS: &[(CUresult, &CStr, &CStr)] = &[
         901,
         c"CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
         c"operation failed due to a previous error during capture",
+    ),
+    (
+        902,
+        c"CUDA_ERROR_STREAM_CAPTURE_MERGE",
+        c"operation would result in a merge of separate capture sequences",
     ),
     (
         903,

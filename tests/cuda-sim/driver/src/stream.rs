@@ -20,9 +20,14 @@
 //! CUDA_ERROR_STREAM_CAPTURE_ISOLATION, the capture invalidated), and a stream that does not
 //! capture joins the capture an event it waits on was recorded in (its status active, the
 //! same capture id, its work captured into the same graph) until that capture ends; it may not
-//! wait on an event last recorded in a capture that has ended (CUDA_ERROR_CAPTURED_EVENT).
-//! (`wait_check`; a joined stream's work left unjoined at the end, CUDA's
-//! CUDA_ERROR_STREAM_CAPTURE_UNJOINED, is not checked.)
+//! wait on an event last recorded in a capture that has ended (CUDA_ERROR_CAPTURED_EVENT), and
+//! a capturing stream may not wait on an event recorded in another capture (that would merge
+//! two capture sequences: CUDA_ERROR_STREAM_CAPTURE_MERGE, its capture invalidated)
+//! (`wait_check`). A joined stream must be joined back: ending the capture while a joined
+//! stream has captured work after the last event of its that the origin stream waited on fails
+//! with CUDA_ERROR_STREAM_CAPTURE_UNJOINED and no graph, the capture ended for every stream of
+//! it (`end_capture`). Only the origin's waits join a stream back: a stream joined back through
+//! another joined stream (a wait of one joined stream on another's event) counts as unjoined.
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_int, c_uint, c_void};
@@ -80,6 +85,9 @@ pub struct Capture {
     /// The stream joined capture `id`, begun on another stream, by waiting on an event
     /// recorded in it: it captures until that capture ends, and cannot end it.
     pub joined: bool,
+    /// Of a joined stream: how many of its captured operations the origin stream depends on
+    /// (it waited on an event this stream recorded after them); more captured is unjoined.
+    pub joined_through: u64,
 }
 
 pub struct Stream {
@@ -91,6 +99,10 @@ pub struct Stream {
     q: Mutex<Queue>,
     cv: Condvar,
     capture: Mutex<Capture>,
+    /// While it captures: the captured work of other streams of its capture it depends on
+    /// (stream handle, how many of that stream's captured operations), learned through waits on
+    /// events recorded in the capture, directly or through other streams' waits.
+    depends_on: Mutex<Vec<(usize, u64)>>,
 }
 
 pub struct Event {
@@ -106,6 +118,22 @@ struct EvState {
     time: Option<Instant>,
     /// Last recorded in a capture (its id): waits on it join that capture.
     captured_in: Option<u64>,
+    /// That record's stream (its handle) and how many operations that stream had captured.
+    captured_by: usize,
+    captured_at: u64,
+    /// What that stream depended on at the record (see `Stream::depends_on`): a wait on the
+    /// event depends on it too.
+    captured_deps: Vec<(usize, u64)>,
+}
+
+/// Adds `more` to `deps`, keeping the larger count per stream.
+fn merge_deps(deps: &mut Vec<(usize, u64)>, more: &[(usize, u64)]) {
+    for &(h, n) in more {
+        match deps.iter_mut().find(|d| d.0 == h) {
+            Some(d) => d.1 = d.1.max(n),
+            None => deps.push((h, n)),
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -171,6 +199,7 @@ impl Stream {
             q: Mutex::new(Queue::default()),
             cv: Condvar::new(),
             capture: Mutex::new(Capture::default()),
+            depends_on: Mutex::new(Vec::new()),
         });
         let w = s.clone();
         std::thread::Builder::new()
@@ -229,6 +258,15 @@ impl Stream {
 
     pub fn capture(&self) -> Capture {
         *lock(&self.capture)
+    }
+
+    /// A node of its capture's graph made on the stream other than by `submit` (a graph
+    /// allocation or free): captured work, as submitted work is.
+    pub fn captured_node(&self) {
+        let mut c = lock(&self.capture);
+        if c.status != CU_STREAM_CAPTURE_STATUS_NONE {
+            c.captured_ops += 1;
+        }
     }
 
     /// Queues `work` after the implicit dependencies of the legacy stream semantics. Returns
@@ -438,7 +476,16 @@ pub fn legacy_check(s: &Arc<Stream>) -> Res {
 /// stream that does not capture may not wait on an event last recorded in a capture
 /// (CUDA_ERROR_CAPTURED_EVENT), nor use `CU_EVENT_WAIT_EXTERNAL` (CUDA_ERROR_INVALID_VALUE).
 pub fn wait_check(s: &Arc<Stream>, e: &Event, flags: c_uint) -> Res {
-    let captured_in = lock(&e.st).captured_in;
+    let (captured_in, by, at, mut deps) = {
+        let st = lock(&e.st);
+        (
+            st.captured_in,
+            st.captured_by,
+            st.captured_at,
+            st.captured_deps.clone(),
+        )
+    };
+    merge_deps(&mut deps, &[(by, at)]);
     let recorded = lock(&e.st).recorded > 0 || captured_in.is_some();
     // the capture the event was recorded in, if it is still under way (looked up before this
     // stream's capture is locked: each stream's capture lock is taken alone)
@@ -464,8 +511,11 @@ pub fn wait_check(s: &Arc<Stream>, e: &Event, flags: c_uint) -> Res {
                     *c = Capture {
                         captured_ops: 0,
                         joined: true,
+                        joined_through: 0,
                         ..o
                     };
+                    drop(c);
+                    *lock(&s.depends_on) = deps;
                     ACTIVE_CAPTURES.fetch_add(1, Ordering::AcqRel);
                     Ok(())
                 }
@@ -473,12 +523,42 @@ pub fn wait_check(s: &Arc<Stream>, e: &Event, flags: c_uint) -> Res {
             }
         }
         CU_STREAM_CAPTURE_STATUS_INVALIDATED => Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED),
-        _ => {
-            if captured_in.is_some() || !recorded || flags & CU_EVENT_WAIT_EXTERNAL != 0 {
-                return Ok(());
+        _ => match captured_in {
+            Some(id) if id == c.id => {
+                let origin = !c.joined;
+                drop(c);
+                // the waiting stream now depends on what the recording stream depended on at
+                // the record, and on its work up to it: joins relayed through other streams
+                // count when the origin waits
+                deps.retain(|d| d.0 != s.handle);
+                merge_deps(&mut lock(&s.depends_on), &deps);
+                if origin {
+                    for (h, n) in deps {
+                        joined_back(id, h, n);
+                    }
+                }
+                Ok(())
             }
-            c.status = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
-            Err(CUDA_ERROR_STREAM_CAPTURE_ISOLATION)
+            Some(_) => {
+                c.status = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+                Err(CUDA_ERROR_STREAM_CAPTURE_MERGE)
+            }
+            None if !recorded || flags & CU_EVENT_WAIT_EXTERNAL != 0 => Ok(()),
+            None => {
+                c.status = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+                Err(CUDA_ERROR_STREAM_CAPTURE_ISOLATION)
+            }
+        },
+    }
+}
+
+/// The origin stream of capture `id` waited on an event stream `by` recorded after capturing
+/// `at` operations: when `by` joined the capture, the origin depends on those.
+fn joined_back(id: u64, by: usize, at: u64) {
+    if let Some(j) = all_streams().into_iter().find(|j| j.handle == by) {
+        let mut c = lock(&j.capture);
+        if c.joined && c.id == id {
+            c.joined_through = c.joined_through.max(at);
         }
     }
 }
@@ -522,7 +602,10 @@ pub fn begin_capture_into(s: &Arc<Stream>, mode: c_int, into: usize) -> Res {
         captured_ops: 0,
         into,
         joined: false,
+        joined_through: 0,
     };
+    drop(c);
+    lock(&s.depends_on).clear();
     ACTIVE_CAPTURES.fetch_add(1, Ordering::AcqRel);
     Ok(())
 }
@@ -546,30 +629,48 @@ pub fn end_capture(s: &Arc<Stream>) -> Result<*mut c_void, CUresult> {
         *c = Capture::default();
         prev
     };
+    lock(&s.depends_on).clear();
     ACTIVE_CAPTURES.fetch_sub(1, Ordering::AcqRel);
-    // the streams that joined it leave it; work of theirs made invalid is the capture's
-    let joined_valid = end_joined(prev.id, &all_streams());
-    let valid = prev.status != CU_STREAM_CAPTURE_STATUS_INVALIDATED && joined_valid;
-    let graph = crate::graph::capture_ended(prev.id, valid, prev.into);
+    // the streams that joined it leave it; work of theirs made invalid is the capture's, and
+    // so is work of theirs the origin does not depend on (a fork never joined back)
+    let joined = end_joined(prev.id, &all_streams());
+    let valid = prev.status != CU_STREAM_CAPTURE_STATUS_INVALIDATED && joined.valid;
+    let graph = crate::graph::capture_ended(prev.id, valid && !joined.unjoined, prev.into);
     if !valid {
         return Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    }
+    if joined.unjoined {
+        return Err(CUDA_ERROR_STREAM_CAPTURE_UNJOINED);
     }
     Ok(graph)
 }
 
-/// Capture `id` ended: every stream among `streams` that joined it stops capturing. Whether
-/// none of them was invalidated.
-fn end_joined(id: u64, streams: &[Arc<Stream>]) -> bool {
-    let mut valid = true;
+/// What the streams that had joined an ended capture leave to it.
+struct Joined {
+    /// None of them was invalidated.
+    valid: bool,
+    /// One of them captured work after its last event the origin waited on.
+    unjoined: bool,
+}
+
+/// Capture `id` ended: every stream among `streams` that joined it stops capturing.
+fn end_joined(id: u64, streams: &[Arc<Stream>]) -> Joined {
+    let mut out = Joined {
+        valid: true,
+        unjoined: false,
+    };
     for j in streams {
         let mut c = lock(&j.capture);
         if c.joined && c.id == id && c.status != CU_STREAM_CAPTURE_STATUS_NONE {
-            valid &= c.status != CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+            out.valid &= c.status != CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+            out.unjoined |= c.captured_ops > c.joined_through;
             *c = Capture::default();
+            drop(c);
+            lock(&j.depends_on).clear();
             ACTIVE_CAPTURES.fetch_sub(1, Ordering::AcqRel);
         }
     }
-    valid
+    out
 }
 
 pub fn exchange_capture_mode(mode: c_int) -> Result<c_int, CUresult> {
@@ -662,7 +763,12 @@ impl Event {
     pub fn record(self: &Arc<Self>, s: &Arc<Stream>) {
         let c = s.capture();
         if c.status != CU_STREAM_CAPTURE_STATUS_NONE {
-            lock(&self.st).captured_in = Some(c.id);
+            let deps = lock(&s.depends_on).clone();
+            let mut st = lock(&self.st);
+            st.captured_in = Some(c.id);
+            st.captured_by = s.handle;
+            st.captured_at = c.captured_ops;
+            st.captured_deps = deps;
             return;
         }
         let g = {
@@ -706,8 +812,13 @@ impl Event {
 
     /// Makes `s` wait for the event's latest record.
     pub fn wait_on(self: &Arc<Self>, s: &Arc<Stream>) {
-        let g = lock(&self.st).recorded;
-        if g == 0 {
+        let (g, captured) = {
+            let st = lock(&self.st);
+            (st.recorded, st.captured_in.is_some())
+        };
+        // a wait on an event recorded in a capture is an edge of that capture's graph, not
+        // captured work of the waiting stream
+        if g == 0 || captured {
             return;
         }
         s.submit(

@@ -25,7 +25,11 @@ fn alloc_async(
     // On a capturing stream: an allocation node of the graph (see `graph`).
     let c = s.capture();
     let ptr = match c.status {
-        CU_STREAM_CAPTURE_STATUS_ACTIVE => graph::capture_alloc(c.id, s.dev, size as u64)?,
+        CU_STREAM_CAPTURE_STATUS_ACTIVE => {
+            let ptr = graph::capture_alloc(c.id, s.dev, size as u64)?;
+            s.captured_node();
+            ptr
+        }
         CU_STREAM_CAPTURE_STATUS_INVALIDATED => return Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED),
         _ => pool::alloc(p, size as u64)?,
     };
@@ -42,7 +46,11 @@ fn free_async(dptr: CUdeviceptr, h: CUstream, ptds: bool) -> Res {
     if graph::is_graph_alloc(dptr) {
         let c = s.capture();
         return match c.status {
-            CU_STREAM_CAPTURE_STATUS_ACTIVE => graph::capture_free(c.id, dptr),
+            CU_STREAM_CAPTURE_STATUS_ACTIVE => {
+                graph::capture_free(c.id, dptr)?;
+                s.captured_node();
+                Ok(())
+            }
             CU_STREAM_CAPTURE_STATUS_INVALIDATED => Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED),
             _ => graph::free_outside(dptr),
         };
