@@ -121,8 +121,9 @@ static int holds(CUdeviceptr va, unsigned char byte, size_t n) {
     return all;
 }
 
-/* One page of a two-page handle mapped at an offset: accepted, and the same bytes as the
- * whole handle's mapping there (a stitched range could then map a run of pages in one call). */
+/* One page of a two-page handle mapped at an offset: whether the driver takes it (a stitched
+ * range could then map a run of pages in one call), and if it does, whether it shows the same
+ * bytes as the whole handle's mapping there. */
 static void map_at_offset(void) {
     CUmemGenericAllocationHandle h = handle(2);
     CUdeviceptr one = reserve(1), whole = reserve(2);
