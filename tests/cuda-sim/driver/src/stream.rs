@@ -460,19 +460,25 @@ pub fn legacy_check(s: &Arc<Stream>) -> Res {
     if s.kind != StreamKind::Legacy || ACTIVE_CAPTURES.load(Ordering::Acquire) == 0 {
         return Ok(());
     }
-    let mut hit = false;
-    for b in blocking_streams(s.dev) {
-        let mut c = lock(&b.capture);
-        if c.status == CU_STREAM_CAPTURE_STATUS_ACTIVE {
-            c.status = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
-            hit = true;
-        }
-    }
-    if hit {
+    if invalidate_where(blocking_streams(s.dev), |_| true) {
         Err(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT)
     } else {
         Ok(())
     }
+}
+
+/// Every active capture among `streams` that `applies` picks is invalidated; true if there was
+/// one. Takes each stream's capture lock alone; the caller holds none.
+fn invalidate_where(streams: Vec<Arc<Stream>>, applies: impl Fn(&Capture) -> bool) -> bool {
+    let mut hit = false;
+    for s in streams {
+        let mut c = lock(&s.capture);
+        if c.status == CU_STREAM_CAPTURE_STATUS_ACTIVE && applies(&c) {
+            c.status = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+            hit = true;
+        }
+    }
+    hit
 }
 
 /// `cuStreamWaitEvent(s, e, flags)`: what capture allows. A capturing stream waits on an event
@@ -580,12 +586,7 @@ pub fn wait_check(s: &Arc<Stream>, e: &Event, flags: c_uint) -> Res {
 /// is invalidated: the capture's status is one for all of them. Takes each stream's capture
 /// lock alone; the caller holds none.
 fn invalidate_capture(id: u64) {
-    for s in all_streams() {
-        let mut c = lock(&s.capture);
-        if c.id == id && c.status == CU_STREAM_CAPTURE_STATUS_ACTIVE {
-            c.status = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
-        }
-    }
+    invalidate_where(all_streams(), |c| c.id == id);
 }
 
 /// The origin stream of capture `id` waited on an event stream `by` recorded after capturing
@@ -724,19 +725,13 @@ pub fn capture_unsafe_check(on: Option<&Arc<Stream>>) -> Res {
         return Ok(());
     }
     let me = tid();
-    let mut hit = false;
-    for s in all_streams() {
-        let mut c = lock(&s.capture);
+    let applies = |c: &Capture| {
         let own = c.thread == me && c.mode != CU_STREAM_CAPTURE_MODE_RELAXED;
         let others =
             mode == CU_STREAM_CAPTURE_MODE_GLOBAL && c.mode == CU_STREAM_CAPTURE_MODE_GLOBAL;
-        let applies = c.status == CU_STREAM_CAPTURE_STATUS_ACTIVE && (own || others);
-        if applies {
-            c.status = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
-            hit = true;
-        }
-    }
-    if hit {
+        own || others
+    };
+    if invalidate_where(all_streams(), applies) {
         Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
     } else {
         Ok(())
@@ -753,15 +748,8 @@ pub fn ctx_sync_check(dev: i32) -> Res {
     if ACTIVE_CAPTURES.load(Ordering::Acquire) == 0 {
         return Ok(());
     }
-    let mut hit = false;
-    for s in all_streams().into_iter().filter(|s| s.dev == dev) {
-        let mut c = lock(&s.capture);
-        if c.status == CU_STREAM_CAPTURE_STATUS_ACTIVE {
-            c.status = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
-            hit = true;
-        }
-    }
-    if hit {
+    let of_dev = all_streams().into_iter().filter(|s| s.dev == dev).collect();
+    if invalidate_where(of_dev, |_| true) {
         Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
     } else {
         Ok(())
