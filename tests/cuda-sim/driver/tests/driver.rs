@@ -2,7 +2,9 @@
 //! the built library the way the real runtime does (dlopen + cuGetProcAddress_v2) and runs one
 //! scenario per process, each on its own simulated device (unique VRAMSIM_NAME).
 //!
-//! Build the library first: `cargo build --release -p vramsim-driver` (scripts/test does).
+//! Build the simulator first: `cargo build --release -p vramsim-driver -p vramsim-nvml
+//! -p vramsim-runtime12 -p vramsim-runtime13 -p vramsim-runtime-static` (scripts/test does);
+//! a library older than its sources is refused (`cargo test` does not rebuild it).
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::ExitStatusExt;
@@ -14,13 +16,11 @@ use std::sync::atomic::{AtomicU32, Ordering};
 fn dirs() -> &'static (PathBuf, PathBuf) {
     static D: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
     D.get_or_init(|| {
+        // panics, with the command to run, unless the simulator is built from the sources now
+        // in the tree: a scenario run against a stale library tests the previous simulator
+        vramshim_testkit::sim_dir();
         let profile = vramshim_testkit::profile_dir();
         let built = profile.join("libvramsim_driver.so");
-        assert!(
-            built.exists(),
-            "{} is missing: run `cargo build --release -p vramsim-driver` first",
-            built.display()
-        );
         let dir = profile.join("vramsim-driver-tests");
         std::fs::create_dir_all(&dir).unwrap();
         for name in ["libcuda.so.1", "libcuda.so"] {
