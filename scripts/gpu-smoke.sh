@@ -6,7 +6,9 @@
 #   3. JAX and CuPy under a cap, when installed; NVML (pynvml) reporting the cap, when installed;
 #   4. the driver's answers to the questions the pool and the capture handling rest on
 #      (tests/workloads/sim/driver_facts.c), compared one by one with the simulator's
-#      (tests/workloads/sim/driver_facts.expected): a difference means cuda-sim is unfaithful.
+#      (tests/workloads/sim/driver_facts.expected): a difference means cuda-sim is unfaithful;
+#   5. a PyTorch CUDA graph captured and replayed under --pool stitch (PyTorch's default route
+#      there is backend:cudaMallocAsync, so the capture's allocations run through the pool).
 # Prints VERIFIED / SKIPPED / FAILED per check; exits 1 if anything failed, 0 otherwise
 # (also when there is no GPU: then everything is SKIPPED).
 #
@@ -19,7 +21,7 @@ out=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) out="$2"; shift 2 ;;
-    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu-smoke.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -143,15 +145,19 @@ if "$py" -c 'import cupy; cupy.cuda.runtime.getDeviceCount()' >/dev/null 2>&1; t
 import cupy
 cupy.cuda.set_allocator(None)          # every array is a cudaMalloc: vramshim sees each one
 a = cupy.ones((1024, 1024), dtype=cupy.float32); b = (a * 2).sum(); cupy.cuda.Device().synchronize()
+# Without CuPy's pool an allocation is a bare cudaMalloc, and CuPy reports a refusal as the
+# runtime's error (CUDARuntimeError, status 2 = cudaErrorMemoryAllocation), as for a real out-of-memory.
 try:
     big = cupy.empty(2 * 1024**3, dtype=cupy.uint8)
     print("NO-OOM")
 except cupy.cuda.memory.OutOfMemoryError:
     print("OOM-RAISED")
+except cupy.cuda.runtime.CUDARuntimeError as e:
+    print("OOM-RAISED" if e.status == 2 else f"OTHER {e}")
 PY
   if "$vs" run --cap 1GiB --pool stitch -- "$py" "$out/cupy_check.py" >"$out/cupy.log" 2>&1 \
      && grep -q OOM-RAISED "$out/cupy.log"; then
-    verified "CuPy (static cudart) under --cap 1GiB --pool stitch: arrays work, a 2 GiB array raises OutOfMemoryError"
+    verified "CuPy (static cudart) under --cap 1GiB --pool stitch: arrays work, a 2 GiB array is refused with cudaErrorMemoryAllocation"
   else
     failed "CuPy under vramshim (see $out/cupy.log)"
   fi
@@ -192,6 +198,45 @@ else
       failed "driver fact $name: this driver answers ${got:-nothing}, cuda-sim $want (tests/workloads/sim/driver_facts.expected; make cuda-sim faithful)"
     fi
   done < <(sed -n 's/^fact //p' "$facts_want")
+fi
+
+# --- 5. a PyTorch CUDA graph through the pool ------------------------------------------------
+if "$py" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+  cat >"$out/graph.py" <<'PY'
+import torch
+torch.manual_seed(0)
+dev = "cuda"
+print("backend", torch.cuda.get_allocator_backend())
+model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256)).to(dev)
+static_x = torch.randn(32, 256, device=dev)
+side = torch.cuda.Stream()
+side.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(side):
+    for _ in range(3):
+        model(static_x)
+torch.cuda.current_stream().wait_stream(side)
+graph = torch.cuda.CUDAGraph()
+with torch.cuda.graph(graph):
+    static_y = model(static_x)
+ok = True
+for _ in range(5):
+    static_x.copy_(torch.randn(32, 256, device=dev))
+    graph.replay()
+    scratch = [torch.empty(1 << 20, device=dev) for _ in range(4)]   # eager work beside the graph
+    ok = ok and torch.allclose(static_y, model(static_x), atol=1e-5)
+    del scratch
+del graph
+torch.cuda.synchronize()
+print("GRAPH-OK" if ok else "GRAPH-MISMATCH")
+PY
+  if "$vs" run --pool stitch --trace "$out/graph-%p.vramtrace" -- "$py" "$out/graph.py" >"$out/graph.log" 2>&1 \
+     && grep -q GRAPH-OK "$out/graph.log"; then
+    verified "PyTorch CUDA graph captured and replayed 5 times under --pool stitch ($(grep ^backend "$out/graph.log")): results equal to eager"
+  else
+    failed "PyTorch CUDA graph under --pool stitch (see $out/graph.log)"
+  fi
+else
+  skipped "PyTorch with CUDA is not installed (CUDA graph check)"
 fi
 
 finish

@@ -381,22 +381,28 @@ fn real_gpu() -> Option<String> {
 
 /// The log-replay workload (`tests/workloads/replay/replay.c`), compiled once into the work
 /// directory with `cc` and linked against `libcudart.so.12` (the simulated one, or the real
-/// one on a GPU machine; they share soname and symbol versions). `work` must be a directory
+/// one on a GPU machine; they share soname and symbol versions), or NVIDIA's
+/// `libcudart.so.13` where a machine has only that. `work` must be a directory
 /// only this user can write ([`files::private_temp_dir`], [`files::own_work_dir`]); a program
 /// already there is run only if [`files::check_runnable`] says nobody else can have put it
 /// there.
 pub(crate) fn replay_program(work: &Path, gpu: &Gpu) -> Result<PathBuf, String> {
-    let link_dir = match gpu {
-        Gpu::Sim { dir } => dir.clone(),
-        Gpu::Real { .. } => real_cudart_dir()
-            .or_else(|| run::find_sim_dir().ok())
-            .ok_or("no libcudart.so.12 to link the replay workload against (install the CUDA runtime, e.g. pip install nvidia-cuda-runtime-cu12)")?,
+    let (link_dir, soname) = match gpu {
+        Gpu::Sim { dir } => (dir.clone(), CUDART_SONAMES[0]),
+        Gpu::Real { .. } => real_cudart()
+            .map(|r| (r.dir, r.soname))
+            .or_else(|| run::find_sim_dir().ok().map(|d| (d, CUDART_SONAMES[0])))
+            .ok_or(
+                "no libcudart.so.12 or libcudart.so.13 to link the replay workload against \
+                 (install the CUDA toolkit or runtime, e.g. pip install nvidia-cuda-runtime-cu12)",
+            )?,
     };
     let mut h: u64 = 0xcbf29ce484222325;
     for b in REPLAY_C
         .bytes()
         .chain(CUDA_API_H.bytes())
         .chain(link_dir.to_string_lossy().bytes())
+        .chain(soname.bytes())
     {
         h = (h ^ b as u64).wrapping_mul(0x100000001b3);
     }
@@ -428,7 +434,8 @@ pub(crate) fn replay_program(work: &Path, gpu: &Gpu) -> Result<PathBuf, String> 
         .arg(dir.join("replay.c"))
         .arg(format!("-I{}", dir.display()))
         .arg(format!("-L{}", link_dir.display()))
-        .args(["-l:libcudart.so.12", "-ldl", "-lpthread"])
+        .arg(format!("-l:{soname}"))
+        .args(["-ldl", "-lpthread"])
         .output()
         .map_err(|e| format!("cannot run the C compiler `{cc}` (install gcc, or set CC): {e}"))?;
     if !out.status.success() {
@@ -441,10 +448,33 @@ pub(crate) fn replay_program(work: &Path, gpu: &Gpu) -> Result<PathBuf, String> 
     Ok(exe)
 }
 
-/// A directory holding NVIDIA's `libcudart.so.12` on a GPU machine: the CUDA toolkit, or the
-/// `nvidia-cuda-runtime-cu12` wheel of the system Python. `None` if the dynamic linker's
-/// cache has it (nothing to add) or nothing is found.
-pub(crate) fn real_cudart_dir() -> Option<PathBuf> {
+/// NVIDIA's CUDA runtime on a GPU machine: the directory that holds it and its soname.
+pub(crate) struct RealCudart {
+    pub dir: PathBuf,
+    pub soname: &'static str,
+}
+
+/// The sonames of NVIDIA's runtime the replay workload can link against, in order of
+/// preference: a 12.x runtime also runs on a 13.x driver, not the other way round. The calls
+/// the workload makes (`cudaMalloc`, `cudaFreeAsync`, `cudaMemcpy`, ...) have one ABI in both.
+const CUDART_SONAMES: [&str; 2] = ["libcudart.so.12", "libcudart.so.13"];
+
+/// Prints the library directory of each NVIDIA runtime wheel the system Python has.
+const FIND_RUNTIME_WHEELS: &str = "
+import importlib.util, os
+for name in ('nvidia.cuda_runtime', 'nvidia.cu13'):
+    try:
+        spec = importlib.util.find_spec(name)
+    except Exception:
+        spec = None
+    if spec and spec.submodule_search_locations:
+        print(os.path.join(list(spec.submodule_search_locations)[0], 'lib'))
+";
+
+/// Finds NVIDIA's runtime on a GPU machine: the CUDA toolkit, the system's library directory,
+/// or the `nvidia-cuda-runtime` wheel of the system Python (the cu12 wheel's `nvidia/cuda_runtime/lib`,
+/// the cu13 wheel's `nvidia/cu13/lib`). `None` if nothing is found.
+pub(crate) fn real_cudart() -> Option<RealCudart> {
     let mut dirs: Vec<PathBuf> = [
         "/usr/local/cuda/lib64",
         "/usr/local/cuda/targets/x86_64-linux/lib",
@@ -454,14 +484,24 @@ pub(crate) fn real_cudart_dir() -> Option<PathBuf> {
     .map(PathBuf::from)
     .collect();
     if let Ok(o) = Command::new("python3")
-        .args(["-c", "import nvidia.cuda_runtime, os; print(os.path.join(list(nvidia.cuda_runtime.__path__)[0], 'lib'))"])
+        .args(["-c", FIND_RUNTIME_WHEELS])
         .stderr(Stdio::null())
         .output()
     {
-        dirs.push(PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
+        dirs.extend(
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .map(|l| PathBuf::from(l.trim())),
+        );
     }
-    dirs.into_iter()
-        .find(|d| d.join("libcudart.so.12").is_file())
+    CUDART_SONAMES.iter().find_map(|soname| {
+        dirs.iter()
+            .find(|d| d.join(soname).is_file())
+            .map(|d| RealCudart {
+                dir: d.clone(),
+                soname,
+            })
+    })
 }
 
 /// The summary line the replay workload ends its stdout with (`replay: events=N ... ns=N`).
@@ -567,8 +607,8 @@ fn live_run(
                 .env("VRAMSIM_DEBUG", "1");
         }
         Gpu::Real { .. } => {
-            if let Some(d) = real_cudart_dir() {
-                let mut v = d.into_os_string();
+            if let Some(r) = real_cudart() {
+                let mut v = r.dir.into_os_string();
                 if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
                     v.push(":");
                     v.push(old);

@@ -229,8 +229,8 @@ fn run_one(
                 .env("VRAMSIM_DEBUG", "1");
         }
         Gpu::Real { .. } => {
-            if let Some(d) = demo::real_cudart_dir() {
-                let mut v = d.into_os_string();
+            if let Some(r) = demo::real_cudart() {
+                let mut v = r.dir.into_os_string();
                 if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
                     v.push(":");
                     v.push(old);
