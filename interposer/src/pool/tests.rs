@@ -875,8 +875,10 @@ impl<'a> CaptureRace<'a> {
 /// held (`pause-begin`) before B's begin returned, and lets it go on once the request returned,
 /// so the request's calls precede the capture and B's end returns 0. With the begin recorded
 /// after the real call and not waiting (`begin-unordered`, the old order) B's begin returns
-/// first, the request's `cuMemCreate` runs inside B's capture and invalidates it: end 901,
-/// exit 1.
+/// first (`begun_first=1`) and the request's `cuMemCreate` runs inside B's capture, which the
+/// real driver allows (cuda-sim answers so): this request's calls leave the capture valid,
+/// worker 0, end 0. A request whose calls a capture forbids is refused then:
+/// [`the_cap_settles_the_driver_s_pools_under_the_pool_s_lock_without_waiting_for_a_begin`].
 #[test]
 fn a_capture_begun_during_a_pool_request_waits_for_it() {
     let env = [
@@ -886,8 +888,8 @@ fn a_capture_begun_during_a_pool_request_waits_for_it() {
     let race = CaptureRace::new("capture_window", "pool_capture_window", &env, "pause-begin");
     let ok = [("begun_first", 0), ("worker", 0), ("end", 0)];
     race.expect(&[], None, 0, &ok);
-    let unordered = [("begun_first", 1), ("end", 901)];
-    race.expect(&[], Some("begin-unordered"), 1, &unordered);
+    let unordered = [("begun_first", 1), ("worker", 0), ("end", 0)];
+    race.expect(&[], Some("begin-unordered"), 0, &unordered);
 }
 
 /// The cap empties the driver's pools (`cuCtxSynchronize`) before it would refuse a request:
@@ -933,7 +935,9 @@ fn the_cap_never_settles_the_driver_s_pools_inside_a_capture_begun_meanwhile() {
 /// worker gets its 16 MiB (0) and B's end 0. With the settle waiting for the begin (the
 /// section not marked as made under the pool's lock, a temporary edit) it waits out
 /// `captures::BEGIN_WAIT` (B stays stopped until the request returns), then counts B's begin
-/// as a capture under way, does not synchronize, and the cap refuses the page: worker 2.
+/// as a capture under way, does not synchronize, and the cap refuses the page: worker 2. With
+/// the begin not waiting for the pool's lock (`begin-unordered`) B's begin returns first and the
+/// request, which began before the capture, is refused as one made during it: worker 900, exit 1.
 #[test]
 fn the_cap_settles_the_driver_s_pools_under_the_pool_s_lock_without_waiting_for_a_begin() {
     let env = [
@@ -953,6 +957,8 @@ fn the_cap_settles_the_driver_s_pools_under_the_pool_s_lock_without_waiting_for_
     );
     let ok = [("begun_first", 0), ("worker", 0), ("end", 0)];
     race.expect(&[], None, 0, &ok);
+    let unordered = [("begun_first", 1), ("worker", 900), ("end", 0)];
+    race.expect(&[], Some("begin-unordered"), 1, &unordered);
 }
 
 /// The runtime's last error after a refusal is set with a real `cudaMalloc(SIZE_MAX)`, made

@@ -19,7 +19,8 @@
  * must wait for the pool's lock. Run with VRAMSHIM_POOL_DEBUG=pause-begin: the library stops B
  * where it found the lock held. The main thread awaits the first of B's begin returning (it
  * must not) and the library stopping B, then lets the worker go on; once the worker's request
- * returned it lets the library go on, and B ends its capture after the worker is done.
+ * returned it lets the library go on, and B ends its capture after the worker is done; then
+ * the main thread frees the worker's 16 MiB.
  * Output: one line "capture_settle_locked: worker=RC begun_first=0|1 end=RC". Exit 0 when the
  * worker got its memory (0) and B's capture ended valid (0), 1 otherwise, 2 on any other
  * failure.
@@ -34,15 +35,16 @@ static capture_race race;
 static cudaStream_t ws;
 static cudaMemPool_t mp;
 static cudaError_t worker_rc = (cudaError_t)-1;
+/* the worker's request, freed by the main thread once B's capture ended */
+static void *big;
 
 static void *worker(void *arg) {
     (void)arg;
-    void *a = NULL, *big = NULL;
+    void *a = NULL;
     CHECK(cudaMallocFromPoolAsync(&a, 40 << 20, mp, ws));
     CHECK(cudaFreeAsync(a, ws));
     worker_rc = cudaMalloc(&big, 16 << 20);
     capture_race_post(&race, EV_DONE);
-    if (worker_rc == cudaSuccess) CHECK(cudaFree(big));
     return NULL;
 }
 
@@ -61,6 +63,7 @@ int main(int argc, char **argv) {
     CHECK(cudaMemPoolSetAttribute(mp, cudaMemPoolAttrReleaseThreshold, &keep));
 
     int begun_first = capture_race_during(&race, sa, worker);
+    if (worker_rc == cudaSuccess) CHECK(cudaFree(big));
     CHECK(cudaStreamDestroy(sa));
     CHECK(cudaStreamDestroy(ws));
     printf(PROG ": worker=%d begun_first=%d end=%d\n", (int)worker_rc, begun_first, race.end_rc);

@@ -26,7 +26,8 @@
  * with VRAMSHIM_POOL_DEBUG=pause-begin: a begin that waits for the worker's call stops in the
  * library where it found it must wait. The main thread awaits the first of B's begin returning
  * and the library stopping B, then lets the worker's call go on; once the worker's request
- * returned it lets the library go on (if it stopped), and B ends its capture.
+ * returned it lets the library go on (if it stopped), and B ends its capture; then the main
+ * thread frees the worker's allocation.
  * Output: one line "capture_window: worker=RC begun_first=0|1 end=RC" (worker: the 64 MiB
  * request's result; begun_first: B's begin returned while the worker's call was stopped,
  * before the library stopped it to wait; end: B's end-capture result, 0 when the capture
@@ -43,23 +44,22 @@ static capture_race race;
 static cudaError_t worker_rc = (cudaError_t)-1;
 static int settle;
 static cudaStream_t ws;
+/* the worker's request, freed by the main thread once B's capture ended (a free while it is
+ * under way is no part of the race) */
+static void *big;
 
 static void *worker(void *arg) {
     (void)arg;
-    void *big = NULL;
     if (settle) {
         void *a = NULL;
         CHECK(cudaMallocAsync(&a, 40 << 20, ws));
         CHECK(cudaFreeAsync(a, ws));
         /* stream-ordered: an allocation a capture does not forbid */
         worker_rc = cudaMallocAsync(&big, 40 << 20, ws);
-        capture_race_post(&race, EV_DONE);
-        if (worker_rc == cudaSuccess) CHECK(cudaFreeAsync(big, ws));
-        return NULL;
+    } else {
+        worker_rc = cudaMalloc(&big, 64 << 20);
     }
-    worker_rc = cudaMalloc(&big, 64 << 20);
     capture_race_post(&race, EV_DONE);
-    if (worker_rc == cudaSuccess) CHECK(cudaFree(big));
     return NULL;
 }
 
@@ -84,6 +84,7 @@ int main(int argc, char **argv) {
     }
 
     int begun_first = capture_race_during(&race, sa, worker);
+    if (worker_rc == cudaSuccess) CHECK(settle ? cudaFreeAsync(big, ws) : cudaFree(big));
     CHECK(cudaStreamDestroy(sa));
     printf(PROG ": worker=%d begun_first=%d end=%d\n", (int)worker_rc, begun_first, race.end_rc);
     if (race.begin_rc != 0) {
