@@ -1,7 +1,8 @@
 /* capture_modes: which threads a capture forbids potentially unsafe calls, by the calling
  * thread's interaction mode (CUDA's rules of cudaThreadExchangeStreamCaptureMode), the
- * virtual-memory calls, which no capture forbids, and cudaDeviceSynchronize, which every
- * capture forbids; the legacy stream while a blocking stream captures
+ * virtual-memory calls, which no capture forbids, stream-ordered allocations and frees on a
+ * stream that does not capture and pool trims, which are among those calls, and
+ * cudaDeviceSynchronize, which every capture forbids; the legacy stream while a blocking stream captures
  * (cudaErrorStreamCaptureImplicit); waits of and on capturing streams (an event recorded outside
  * the capture: cudaErrorStreamCaptureIsolation unless cudaEventWaitExternal; a stream that waits
  * on an event recorded in a capture joins that capture until it ends, and an event recorded in a
@@ -94,13 +95,42 @@ int main(void) {
     EXPECT_EQ(cudaMalloc(&nope, 1 << 20), cudaErrorStreamCaptureUnsupported);
     EXPECT_EQ(cudaStreamEndCapture(s, &g), cudaErrorStreamCaptureInvalidated);
 
-    /* cudaDeviceSynchronize would wait for the capturing stream itself: refused and the
-     * capture invalidated whatever the modes, relaxed capture and relaxed thread included */
-    enum cudaStreamCaptureMode m = cudaStreamCaptureModeRelaxed;
+    /* a stream-ordered allocation or free on a stream that does not capture, and a pool trim,
+     * act at once: potentially unsafe, refused by this thread's global capture (900, the
+     * capture invalidated), let through by a relaxed one */
+    cudaStream_t side;
+    CK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+    void *sa = NULL, *sb = NULL;
+    CK(cudaMallocAsync(&sa, 1 << 20, side));
+    CK(cudaStreamSynchronize(side));
+    cudaMemPool_t pool;
+    CK(cudaDeviceGetDefaultMemPool(&pool, 0));
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    EXPECT_EQ(cudaMallocAsync(&sb, 1 << 20, side), cudaErrorStreamCaptureUnsupported);
+    EXPECT_EQ(cudaStreamEndCapture(s, &g), cudaErrorStreamCaptureInvalidated);
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    EXPECT_EQ(cudaFreeAsync(sa, side), cudaErrorStreamCaptureUnsupported);
+    EXPECT_EQ(cudaStreamEndCapture(s, &g), cudaErrorStreamCaptureInvalidated);
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    EXPECT_EQ(cudaMemPoolTrimTo(pool, 0), cudaErrorStreamCaptureUnsupported);
+    EXPECT_EQ(cudaStreamEndCapture(s, &g), cudaErrorStreamCaptureInvalidated);
     CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
-    CK(cudaThreadExchangeStreamCaptureMode(&m));
+    CK(cudaMallocAsync(&sb, 1 << 20, side));
+    CK(cudaFreeAsync(sb, side));
+    CK(cudaFreeAsync(sa, side));
+    CK(cudaMemPoolTrimTo(pool, 0));
+    CK(cudaStreamEndCapture(s, &g));
+    CK(cudaGraphDestroy(g));
+    CK(cudaStreamSynchronize(side));
+    CK(cudaStreamDestroy(side));
+
+    /* cudaDeviceSynchronize would wait for the capturing stream itself: refused and the
+     * capture invalidated whatever the modes, a relaxed capture included (which lets the same
+     * thread's cudaMalloc through) */
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+    CK(cudaMalloc(&nope, 1 << 20));
+    CK(cudaFree(nope));
     EXPECT_EQ(cudaDeviceSynchronize(), cudaErrorStreamCaptureUnsupported);
-    CK(cudaThreadExchangeStreamCaptureMode(&m));
     EXPECT_EQ(status_of(s, &id_s), cudaStreamCaptureStatusInvalidated);
     EXPECT_EQ(cudaStreamEndCapture(s, &g), cudaErrorStreamCaptureInvalidated);
 
@@ -111,7 +141,7 @@ int main(void) {
     CK(cudaStreamCreate(&blocking));
     void *d = NULL;
     CK(cudaMalloc(&d, 1 << 20));
-    m = cudaStreamCaptureModeRelaxed;
+    enum cudaStreamCaptureMode m = cudaStreamCaptureModeRelaxed;
     CK(cudaThreadExchangeStreamCaptureMode(&m));
     CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
     CK(cudaMemsetAsync(d, 0, 1 << 20, 0));

@@ -464,6 +464,14 @@ static int vmm_alias(void) {
     OK(cuMemUnmap(va + 4 * MiB, 2 * MiB));
     EXPECT_EQ(free_mem(), f0);
     OK(cuMemAddressFree(va, 8 * MiB));
+    /* At a non-zero offset into a handle: refused with CUDA_ERROR_NOT_SUPPORTED (801), as a
+     * real driver answers (cuMemMap's offset "currently must be zero"). */
+    OK(cuMemAddressReserve(&va, 2 * MiB, 0, 0, 0));
+    OK(cuMemCreate(&h, 4 * MiB, &prop, 0));
+    EXPECT_EQ(cuMemMap(va, 2 * MiB, 2 * MiB, h, 0), 801);
+    OK(cuMemRelease(h));
+    OK(cuMemAddressFree(va, 2 * MiB));
+    EXPECT_EQ(free_mem(), f0);
     /* Host location: not charged to the device. */
     CUmemAllocationProp hp = dev_prop();
     hp.location.type = 2; /* HOST */
