@@ -18,6 +18,7 @@
 
 use crate::cuda::real;
 use crate::cuda::types::{CUDA_SUCCESS, CUstream};
+use crate::sys::pause;
 use crate::sys::spin::SpinLock;
 use std::cell::Cell;
 use std::ffi::c_int;
@@ -183,6 +184,7 @@ pub(crate) fn wait_for_begins() -> bool {
     if COUNT_BEGINNING.with(Cell::get) {
         return false;
     }
+    pause::at(pause::Point::Request, || others_beginning(me));
     let start = Instant::now();
     let mut attempt = 0u32;
     while others_beginning(me) {
@@ -289,6 +291,7 @@ pub(crate) fn wait_for_sections() {
     if GATED.load(Ordering::SeqCst) == 0 || IN_GATE.with(Cell::get) {
         return;
     }
+    pause::at(pause::Point::Begin, || true);
     let start = Instant::now();
     let mut attempt = 0u32;
     while GATED.load(Ordering::SeqCst) != 0 {
