@@ -401,6 +401,36 @@ fn joins_unseen() -> bool {
     *READ.get_or_init(|| crate::config::switch_on("VRAMSHIM_POOL_DEBUG", "joins-unseen"))
 }
 
+/// Testing only (`VRAMSHIM_POOL_DEBUG=sync-by-mode`): the library's own synchronizations are
+/// decided by the mode rules and the request's stream ([`forbid_unsafe_calls`]), as once, not
+/// by [`ctx_sync_forbidden`].
+pub(crate) fn syncs_by_mode() -> bool {
+    static READ: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *READ.get_or_init(|| crate::config::switch_on("VRAMSHIM_POOL_DEBUG", "sync-by-mode"))
+}
+
+/// Whether a `cuCtxSynchronize` of the library's own would break a capture: one is under way
+/// in the process, whatever its mode and thread and the caller's. The driver refuses the
+/// synchronization during any capture of the context and invalidates every one, relaxed and
+/// thread-local ones of other threads included: it would wait for the capturing stream itself
+/// (tests/workloads/sim/driver_facts.expected, `ctx_sync`). The mode rules
+/// ([`forbid_unsafe_calls`]) do not apply to it. A begin in flight on another thread counts
+/// as [`forbid_unsafe_calls`] counts it: where the caller stopped waiting for it
+/// ([`wait_for_begins`]); else it was waited for, or it waits for the caller (the pool's lock,
+/// [`gated`]) before its real call. One atomic load while none is under way.
+#[inline]
+pub(crate) fn ctx_sync_forbidden() -> bool {
+    ACTIVE.load(Ordering::Acquire) != 0 && any_counted()
+}
+
+#[cold]
+#[inline(never)]
+fn any_counted() -> bool {
+    let me = crate::sys::ids::tid();
+    let counting = counting_begins();
+    CAPTURES.lock().iter().any(|x| counts(x, counting, me))
+}
+
 /// The calling thread's capture interaction mode (global without the driver's exchange).
 fn thread_mode() -> c_int {
     let Some(exchange) = real::cuThreadExchangeStreamCaptureMode() else {

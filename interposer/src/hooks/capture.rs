@@ -84,7 +84,6 @@ fn end<F: Copy>(h: Site<F>, stream: CUstream, call: impl FnOnce(F) -> c_int) -> 
         };
         if !goes_on {
             captures::ended(key(h, stream));
-            super::pool_glue::grant_owed_peers();
         }
         crate::debug!("{name} stream={:#x} -> {rc}", stream as u64);
         rc

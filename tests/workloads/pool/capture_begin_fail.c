@@ -6,19 +6,21 @@
  *
  *   capture_begin_fail runtime|driver legacy|stream
  *
- * After a 4 MiB cudaMalloc and cudaFree (the pool holds 4 MiB), thread B begins a global-mode
- * capture (runtime: cudaStreamBeginCapture; driver: cuStreamBeginCapture_v2 from dlsym) of the
- * legacy stream (which cannot capture: the begin fails) or of stream SA (it succeeds), and
- * stops inside the real call. Then a worker thread (global mode) asks cudaMalloc for 64 MiB:
- * the pool must grow, which a global capture forbids. The main thread waits up to 500 ms for
- * the worker's request to return, then lets B's begin go on; B ends its capture if it began.
- * Output: one line "capture_begin_fail: begin=RC worker=RC worker_first=0|1 end=RC"
- * (worker_first: the worker's request returned while B's begin was stopped). With "legacy"
- * the worker must get 0 (no capture ever began: its request waits for the begin's outcome,
- * or decides without it); with "stream" 900 (cudaErrorStreamCaptureUnsupported, as CUDA
- * answers a cudaMalloc during another thread's global capture) and B's end 0 (the capture
- * stayed valid). Exit 1 when the worker's result or the end is not that, 2 on any other
- * failure.
+ * After a 64 MiB cudaMalloc and cudaFree (the pool holds the 64 MiB, to be handed out again
+ * after a synchronization), thread B begins a global-mode capture (runtime:
+ * cudaStreamBeginCapture; driver: cuStreamBeginCapture_v2 from dlsym) of the legacy stream
+ * (which cannot capture: the begin fails) or of stream SA (it succeeds), and stops inside the
+ * real call. Then a worker thread (global mode) asks cudaMalloc for 64 MiB: the pool
+ * synchronizes to take back the 64 MiB freed, which no capture allows (the driver refuses a
+ * synchronization during any capture and invalidates it), or grows. The main thread waits up
+ * to 500 ms for the worker's request to return, then lets B's begin go on; B ends its capture
+ * if it began.
+ * Output: one line "capture_begin_fail: begin=RC worker=RC worker_first=0|1 syncs=N end=RC"
+ * (worker_first: the worker's request returned while B's begin was stopped; syncs: the pool's
+ * synchronizations during the worker's request). The worker must get 0; with "legacy" the pool
+ * must have synchronized (syncs >= 1: no capture ever began; the request waits for the begin's
+ * outcome, or decides without it); with "stream" not (syncs 0), and B's end must be 0 (the
+ * capture stayed valid). Exit 1 when a value is not that, 2 on any other failure.
  */
 #include <pthread.h>
 #include <string.h>
@@ -40,13 +42,18 @@ static int begin_rc = -1, end_rc = -1;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
 static int worker_done;
+static long long syncs = -1;
 
 static void *worker(void *arg) {
     (void)arg;
     void *big = NULL;
+    stat_fn stat = pool_stat_or_exit();
+    long long before = stat(0, "syncs");
     cudaError_t rc = cudaMalloc(&big, 64 << 20);
+    long long after = stat(0, "syncs");
     if (rc == cudaSuccess) CHECK(cudaFree(big));
     pthread_mutex_lock(&mu);
+    syncs = after - before;
     worker_rc = rc;
     worker_done = 1;
     pthread_cond_broadcast(&cv);
@@ -88,7 +95,7 @@ int main(int argc, char **argv) {
     CHECK(cudaStreamCreateWithFlags(&sa, cudaStreamNonBlocking));
     target = legacy ? (cudaStream_t)0 : sa;
     void *w = NULL;
-    CHECK(cudaMalloc(&w, 4 << 20));
+    CHECK(cudaMalloc(&w, 64 << 20));
     CHECK(cudaFree(w));
 
     pthread_t b, wt;
@@ -119,12 +126,12 @@ int main(int argc, char **argv) {
         if (end_rc == 0 && g) CHECK(cudaGraphDestroy(g));
     }
     CHECK(cudaStreamDestroy(sa));
-    printf(PROG ": begin=%d worker=%d worker_first=%d end=%d\n", begin_rc, (int)worker_rc, worker_first,
-           end_rc);
+    printf(PROG ": begin=%d worker=%d worker_first=%d syncs=%lld end=%d\n", begin_rc, (int)worker_rc,
+           worker_first, syncs, end_rc);
     if (legacy) {
         if (begin_rc == 0) return 2;
-        return worker_rc == cudaSuccess ? 0 : 1;
+        return worker_rc == cudaSuccess && syncs >= 1 ? 0 : 1;
     }
     if (begin_rc != 0) return 2;
-    return worker_rc == cudaErrorStreamCaptureUnsupported && end_rc == 0 ? 0 : 1;
+    return worker_rc == cudaSuccess && syncs == 0 && end_rc == 0 ? 0 : 1;
 }

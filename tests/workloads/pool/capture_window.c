@@ -4,8 +4,13 @@
  * began. Run with VRAMSIM_PAUSE_IN=cuMemCreate (cuda-sim stops the first cuMemCreate on entry
  * until released).
  *
- *   capture_window runtime|driver [oom|settle]
+ *   capture_window runtime|driver [oom|settle|sync]
  *
+ * With "sync" (run under VRAMSIM_PAUSE_IN=cuCtxSynchronize) the worker first allocates 64 MiB
+ * with cudaMalloc and frees it (the pool keeps it, to be handed out again after a
+ * synchronization), then asks for 64 MiB again: the pool synchronizes, after it decided under
+ * its lock that no capture is under way; that cuCtxSynchronize stops in the driver, and B
+ * begins its capture then. The worker must get 0.
  * With "oom" (run under VRAMSIM_MEMORY smaller than 64 MiB and VRAMSIM_PAUSE_IN=cuMemAlloc) the
  * pool cannot grow: it refuses the request, and the library asks the runtime for an allocation
  * no device can satisfy (cudaMalloc(SIZE_MAX), so that the runtime's last error says out of
@@ -51,7 +56,7 @@ static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
 static int begun, may_end;
 
-static int settle;
+static int settle, sync_first;
 static cudaStream_t ws;
 
 static void *worker(void *arg) {
@@ -65,6 +70,10 @@ static void *worker(void *arg) {
         worker_rc = cudaMallocAsync(&big, 40 << 20, ws);
         if (worker_rc == cudaSuccess) CHECK(cudaFreeAsync(big, ws));
         return NULL;
+    }
+    if (sync_first) {
+        CHECK(cudaMalloc(&big, 64 << 20));
+        CHECK(cudaFree(big));
     }
     worker_rc = cudaMalloc(&big, 64 << 20);
     if (worker_rc == cudaSuccess) CHECK(cudaFree(big));
@@ -91,12 +100,14 @@ static void *capturer(void *arg) {
 
 int main(int argc, char **argv) {
     if (argc < 2 || argc > 3 || (strcmp(argv[1], "runtime") != 0 && strcmp(argv[1], "driver") != 0) ||
-        (argc == 3 && strcmp(argv[2], "oom") != 0 && strcmp(argv[2], "settle") != 0)) {
-        fprintf(stderr, "usage: capture_window runtime|driver [oom|settle]\n");
+        (argc == 3 && strcmp(argv[2], "oom") != 0 && strcmp(argv[2], "settle") != 0 &&
+         strcmp(argv[2], "sync") != 0)) {
+        fprintf(stderr, "usage: capture_window runtime|driver [oom|settle|sync]\n");
         return 2;
     }
     int oom = argc == 3 && strcmp(argv[2], "oom") == 0;
     settle = argc == 3 && strcmp(argv[2], "settle") == 0;
+    sync_first = argc == 3 && strcmp(argv[2], "sync") == 0;
     void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
     pause_wait_fn pause_wait = lib ? (pause_wait_fn)dlsym(lib, "vramsimPauseWait") : NULL;
     pause_release_fn pause_release = lib ? (pause_release_fn)dlsym(lib, "vramsimPauseRelease") : NULL;
