@@ -1,9 +1,16 @@
 //! The stream captures the process has under way (the hooks on every begin- and end-capture
-//! entry point report them), and whether the calling thread may make a potentially unsafe
-//! call now: a synchronization, an event query, a virtual-memory call (`cuMemCreate`,
-//! `cuMemMap`, ...), `cudaMalloc`. Such a call made while a capture forbids it fails and
-//! invalidates that capture, whichever thread makes it, so the layers that make calls of their
-//! own (the pool, the cap's settling of the driver's pools) ask here first.
+//! entry point report them), and whether the calling thread may make a call now that would
+//! break one. What a real driver does is tests/workloads/sim/driver_facts.expected (an H200,
+//! driver 580.159.04): `cuCtxSynchronize` is refused during any capture of the context and
+//! invalidates every one, whatever the modes ([`ctx_sync_forbidden`]); the calls CUDA calls
+//! potentially unsafe (`cuMemAlloc`, `cuMemFree`, an event query or synchronization, a
+//! stream's synchronization or query, `cuMemPoolTrimTo`, stream-ordered calls on a stream that
+//! does not capture) fail and invalidate a capture where the mode rules below forbid the
+//! calling thread them ([`forbid_unsafe_calls`]); the virtual-memory calls (`cuMemCreate`,
+//! `cuMemMap`, `cuMemSetAccess`, ...), event creation, destruction and records, and waits on
+//! streams that do not capture are allowed during any capture. The layers that make calls of
+//! their own (the pool, the cap's settling of the driver's pools, the runtime's last error) ask
+//! here first.
 //!
 //! CUDA's rules (`cuThreadExchangeStreamCaptureMode`): a thread in global mode (the default)
 //! is forbidden while it has a capture of its own not begun in relaxed mode, or while any other

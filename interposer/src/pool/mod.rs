@@ -8,10 +8,10 @@
 //! Semantics (DESIGN.md section 4): `cudaFree`d blocks wait for a synchronization (batched,
 //! the process's own syncs count through [`note_process_sync`]); `cudaFreeAsync(p, s)` blocks
 //! are reusable at once on `s` and on other streams behind an event; requests that are not
-//! stream-ordered (`cudaMalloc`) only get memory a synchronization covers; no synchronizing
-//! call during stream capture (while a capture forbids the calls the pool needs, it serves
-//! what it holds; a `cudaMalloc` it cannot serve then fails with 900, a stream-ordered request
-//! goes to the real function); a stream-ordered request on a capturing stream goes to the real
+//! stream-ordered (`cudaMalloc`) only get memory a synchronization covers; no synchronization
+//! while any stream capture is under way in the process, whatever its mode and thread (the
+//! driver refuses it and invalidates the capture: the pool grows instead, its virtual-memory
+//! calls being allowed during any capture); a stream-ordered request on a capturing stream goes to the real
 //! function, which makes it an allocation node of the graph, and so does a stream-ordered free
 //! of a pool block on a capturing stream, which the driver refuses (see [`not_a_graph_free`]);
 //! pointers the pool does not own go to the real function; if
@@ -1012,14 +1012,14 @@ pub(crate) fn free(ptr: u64, stream: Option<u64>, pooled: Option<(i32, u64)>) ->
 /// of a capture). The driver API's `cuMemFreeAsync` says "During stream capture, this function
 /// results in the creation of a free node and must therefore be passed the address of a graph
 /// allocation", and `cuGraphAddMemFreeNode` returns `CUDA_ERROR_INVALID_VALUE` for "an address
-/// that was not returned by an allocation node"; an operation stream capture refuses
-/// invalidates the capture (`cudaStreamEndCapture` then fails and returns no graph). A pool
+/// that was not returned by an allocation node"; the real driver refuses it so and leaves the
+/// capture valid (an argument refused is no invalid operation of the capture:
+/// tests/workloads/sim/driver_facts.expected, `capture_free_stream_ordered`). A pool
 /// block is never a graph allocation: the pool serves no stream-ordered request on a capturing
 /// stream (see [`graph_alloc`]), and its blocks lie in its own mappings whichever call
 /// (`cudaMallocAsync`, `cudaMalloc`) they served. So the free goes to the real function with
-/// the caller's pointer and stream, and the driver answers it: the same code, the capture
-/// invalidated as it would be without the library, the runtime's last error set by the
-/// runtime. The block is not freed: it stays the caller's, live, in no free list, and the
+/// the caller's pointer and stream, and the driver answers it: the same code, and the same
+/// capture status, as without the library, the runtime's last error set by the runtime. The block is not freed: it stays the caller's, live, in no free list, and the
 /// caller may free it after the capture. A capture that ends between this answer and the real
 /// call leaves a stream-ordered free of mapped memory outside any capture, which the driver
 /// refuses too (`CUDA_ERROR_INVALID_VALUE`): the block stays the caller's. Should a driver

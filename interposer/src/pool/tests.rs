@@ -1109,13 +1109,12 @@ fn a_capture_s_begin_waits_for_the_pool_s_lock_whatever_the_mode_reads() {
     assert!(returned.load(Ordering::Acquire));
 }
 
-/// Under a cap, a request that must grow past it while a capture forbids the worker the calls
-/// to grow fails with out of memory, as it fails without the pool (the cap refuses before
-/// CUDA is asked), not with `cudaErrorStreamCaptureUnsupported`; the capture stays valid
-/// (the pool does not ask the runtime to record the error then) and the same request
-/// succeeds after it. The capture_threads workload under a 68 MiB cap, with and without the
-/// budget: the worker's 64 MiB `cudaMalloc` is its one failure other than 900, code 2
-/// (`cudaErrorMemoryAllocation`).
+/// Under a cap, a request that must grow past it while another thread's global capture forbids
+/// the worker potentially unsafe calls fails with out of memory, as it fails without the pool
+/// (the cap refuses before CUDA is asked); the capture stays valid (the pool does not ask the
+/// runtime to record the error then) and the same request succeeds after it. The
+/// capture_threads workload under a 68 MiB cap, with and without the budget: the worker's
+/// 64 MiB `cudaMalloc` is its one failure, code 2 (`cudaErrorMemoryAllocation`).
 #[test]
 fn out_of_memory_under_a_cap_wins_over_a_capture_s_refusal() {
     let exe = workload("capture_threads");
