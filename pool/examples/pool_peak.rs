@@ -8,6 +8,15 @@
 //! of the live bytes of blocks of at most half a page (what the small-block pages must hold
 //! at least, in whole pages).
 //!
+//! Where the growth is for a block of at most half a page, the line says what the small-block
+//! pages held for it besides: the widest gap between live and pending blocks on one of them
+//! (what dissolving every cached block there opens: the slow path's `reuse_small` takes such
+//! a gap before the pool grows), the widest gap between live blocks alone (what settling the
+//! pending blocks by a synchronization would open as well), and whether the pool synchronized
+//! while serving the request. Both are read after the request on the small-block pages held
+//! before it (the page made for it left out); a request the pool synchronized for reads its
+//! pending blocks as cached.
+//!
 //! `cargo run --release -p vramshim-pool --example pool_peak -- TRACE.csv [sync|async] [-v]`
 //! (default: sync, i.e. `cudaFree`).
 
@@ -57,6 +66,9 @@ fn main() {
     let (mut small, mut small_peak) = (0u64, 0u64);
     let mut pages = p.pages();
     for (i, ev) in events.iter().enumerate() {
+        let syncs = p.stats().syncs;
+        // the small block this event allocated, if any: (address, size)
+        let mut small_block = None;
         let what = match *ev {
             Event::Alloc { id, size, stream } => {
                 let got = match &mut front {
@@ -76,6 +88,7 @@ fn main() {
                 live += size;
                 if size <= g / 2 {
                     small += size;
+                    small_block = Some(a.addr);
                 }
                 format!("allocation of {size} B")
             }
@@ -123,6 +136,15 @@ fn main() {
                 mib(s.cached),
                 mib(s.pending)
             );
+            if let Some(addr) = small_block {
+                let (pinned, live_only) = widest_gaps(&p, g, addr);
+                say!(
+                    "  small pages before it: widest gap {} KiB between live and pending blocks, {} KiB between live blocks; synchronized for it: {}",
+                    pinned / 1024,
+                    live_only / 1024,
+                    if p.stats().syncs > syncs { "yes" } else { "no" }
+                );
+            }
             if verbose {
                 pages_of(&p, g);
             }
@@ -164,4 +186,32 @@ fn pages_of(p: &Stitch, g: u64) {
             v.blocks.len()
         );
     }
+}
+
+/// The widest gap on a small-block page between live and pending blocks, and between live
+/// blocks alone, the page of the block at `skip` (the request's own, on the page just
+/// created for it) left out.
+fn widest_gaps(p: &Stitch, g: u64, skip: u64) -> (u64, u64) {
+    let mut widest = (0u64, 0u64);
+    let pages = p.used_pages();
+    for v in pages
+        .iter()
+        .filter(|v| v.small && v.blocks.iter().all(|b| b.2 != skip))
+    {
+        for (k, pins) in [&["live", "pending"][..], &["live"][..]]
+            .into_iter()
+            .enumerate()
+        {
+            let mut prev = 0u64;
+            let mut w = 0u64;
+            for b in v.blocks.iter().filter(|b| pins.contains(&b.4)) {
+                w = w.max(b.0.saturating_sub(prev));
+                prev = prev.max(b.1);
+            }
+            w = w.max(g.saturating_sub(prev));
+            let slot = if k == 0 { &mut widest.0 } else { &mut widest.1 };
+            *slot = (*slot).max(w);
+        }
+    }
+    widest
 }

@@ -1,5 +1,5 @@
 //! The pages that a trace's small blocks (at most half a page, the stitch pool's small class)
-//! need by themselves, under three placement rules and both free semantics: a model of the
+//! need by themselves, under five placement rules and both free semantics: a model of the
 //! small-block pages alone, not the pool (no large blocks, no budget, no thread caches, no
 //! round replay), to tell what the placement rule costs from what the rest of the pool adds.
 //!
@@ -12,6 +12,11 @@
 //!   blocks (dissolving the cached blocks in it), else a new page: the stitch pool's order.
 //! - `cache-gaps`: the same cache; a miss takes the best-fit gap between live and pending
 //!   blocks at once, cached bytes counted free (a miss places as if nothing were cached).
+//! - `gap-then-range`: the gap `cache-gaps` takes, and in it the best-fit free range where
+//!   one fits (no cached block dissolved), else its start, dissolving: the cache-less choice
+//!   of gap with the fewest cached blocks lost.
+//! - `range-in-gap`: the best-fit free range in the tightest gap between live and pending
+//!   blocks that holds one, else as `cache-gaps`: `cache`'s free range, chosen by its gap.
 //!
 //! Frees: stream-ordered (a freed block is cached, or free, at once), or `cudaFree` (it waits
 //! until a synchronization: made on a miss when a block of the request's size waits and at
@@ -48,6 +53,8 @@ enum Rule {
     Ranges,
     Cache,
     CacheGaps,
+    GapThenRange,
+    RangeInGap,
 }
 
 struct Model {
@@ -95,6 +102,44 @@ impl Model {
         best.map(|b| (b.1, b.2))
     }
 
+    /// Gaps between pinned blocks of at least `size` bytes, tightest first: (len, page, start, end).
+    fn gaps(&self, size: u64) -> Vec<(u64, usize, u64, u64)> {
+        let mut out = Vec::new();
+        for (p, occ) in self.pages.iter().enumerate() {
+            let mut prev = 0;
+            let mut gap = |s: u64, e: u64| {
+                if e >= s + size {
+                    out.push((e - s, p, s, e));
+                }
+            };
+            for (&s, &(e, st)) in occ {
+                if st != State::Cached {
+                    gap(prev, s);
+                    prev = prev.max(e);
+                }
+            }
+            gap(prev, PAGE);
+        }
+        out.sort();
+        out
+    }
+
+    /// Best-fit free range of at least `size` bytes inside [lo, hi) of page `p`.
+    fn range_in(&self, p: usize, lo: u64, hi: u64, size: u64) -> Option<(u64, u64)> {
+        let mut best: Option<(u64, u64)> = None;
+        let mut prev = lo;
+        for (&s, &(e, _)) in self.pages[p].range(lo..hi) {
+            if s >= prev + size && best.is_none_or(|b| s - prev < b.0) {
+                best = Some((s - prev, prev));
+            }
+            prev = prev.max(e);
+        }
+        if hi >= prev + size && best.is_none_or(|b| hi - prev < b.0) {
+            best = Some((hi - prev, prev));
+        }
+        best
+    }
+
     fn take_cached(&mut self, size: u64) -> Option<(usize, u64)> {
         let (p, s) = self.cache.get_mut(&size)?.pop()?;
         self.pages[p].insert(s, (s + size, State::Live));
@@ -139,6 +184,19 @@ impl Model {
                 .best(size, |_| true)
                 .or_else(|| self.best(size, pinned)),
             Rule::CacheGaps => self.best(size, pinned),
+            // the tightest gap between pinned blocks, as cache-gaps chooses it; inside it a free
+            // range when one fits, else dissolving
+            Rule::GapThenRange => self
+                .gaps(size)
+                .first()
+                .map(|&(_, p, s, e)| self.range_in(p, s, e, size).map_or((p, s), |r| (p, r.1))),
+            // the tightest gap that holds a free range of the size, else the tightest gap
+            Rule::RangeInGap => {
+                let gaps = self.gaps(size);
+                gaps.iter()
+                    .find_map(|&(_, p, s, e)| self.range_in(p, s, e, size).map(|r| (p, r.1)))
+                    .or_else(|| gaps.first().map(|&(_, p, s, _)| (p, s)))
+            }
         };
         if at.is_none() && self.sync_frees && twin(self) {
             self.sync();
@@ -180,9 +238,9 @@ impl Model {
 fn main() {
     let traces = common::traces(std::env::args().skip(1).collect());
     say!(
-        "| trace | frees | small peak live (pages) | ranges | cache | cache-gaps | syncs (cache / cache-gaps) |"
+        "| trace | frees | small peak live (pages) | ranges | cache | cache-gaps | gap-then-range | range-in-gap | syncs (cache / cache-gaps) |"
     );
-    say!("| --- | --- | ---: | ---: | ---: | ---: | ---: |");
+    say!("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     for (name, t, _) in traces {
         for frees in Frees::BOTH {
             let events = frees.apply(&t.events);
@@ -190,7 +248,13 @@ fn main() {
             let mut pages = Vec::new();
             let mut syncs = Vec::new();
             let mut peak = 0u64;
-            for rule in [Rule::Ranges, Rule::Cache, Rule::CacheGaps] {
+            for rule in [
+                Rule::Ranges,
+                Rule::Cache,
+                Rule::CacheGaps,
+                Rule::GapThenRange,
+                Rule::RangeInGap,
+            ] {
                 let mut m = Model::new(rule, sync_frees);
                 let mut ids: HashMap<u64, (usize, u64, u64)> = HashMap::new();
                 let (mut live, mut top) = (0u64, 0u64);
@@ -220,13 +284,15 @@ fn main() {
                 syncs.push(m.syncs);
             }
             say!(
-                "| {name} | {} | {:.2} MiB ({}) | {} | {} | {} | {} / {} |",
+                "| {name} | {} | {:.2} MiB ({}) | {} | {} | {} | {} | {} | {} / {} |",
                 frees.name(),
                 peak as f64 / MIB as f64,
                 peak.div_ceil(PAGE),
                 pages[0],
                 pages[1],
                 pages[2],
+                pages[3],
+                pages[4],
                 syncs[1],
                 syncs[2]
             );

@@ -1,12 +1,14 @@
 /* capture_modes: which threads a capture forbids potentially unsafe calls, by the calling
- * thread's interaction mode (CUDA's rules of cudaThreadExchangeStreamCaptureMode), and the
- * virtual-memory calls among those calls; the legacy stream while a blocking stream captures
+ * thread's interaction mode (CUDA's rules of cudaThreadExchangeStreamCaptureMode), the
+ * virtual-memory calls, which no capture forbids, stream-ordered allocations and frees on a
+ * stream that does not capture and pool trims, which are among those calls, and
+ * cudaDeviceSynchronize, which every capture forbids; the legacy stream while a blocking stream captures
  * (cudaErrorStreamCaptureImplicit); waits of and on capturing streams (an event recorded outside
  * the capture: cudaErrorStreamCaptureIsolation unless cudaEventWaitExternal; a stream that waits
  * on an event recorded in a capture joins that capture until it ends, and an event recorded in a
- * capture that has ended cannot be waited on: cudaErrorCapturedEvent); a fork never joined back
+ * capture that has ended cannot be waited on: cudaErrorInvalidValue); a fork never joined back
  * (cudaErrorStreamCaptureUnjoined at the end) and a wait that would merge two captures
- * (cudaErrorStreamCaptureMerge). Prints
+ * (cudaErrorStreamCaptureMerge, both invalidated), as a real driver answers. Prints
  * "capture_modes: ok". */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -75,20 +77,62 @@ int main(void) {
     case_(s, cudaStreamCaptureModeThreadLocal, cudaStreamCaptureModeGlobal, cudaSuccess, cudaSuccess);
     case_(s, cudaStreamCaptureModeRelaxed, cudaStreamCaptureModeGlobal, cudaSuccess, cudaSuccess);
 
-    /* a virtual-memory call on the capturing thread itself, thread-local capture: refused,
-     * the capture invalidated; in relaxed mode it is allowed */
+    /* a virtual-memory call on the capturing thread itself, global and thread-local captures:
+     * allowed, the capture untouched (it ends with a graph), where cudaMalloc is refused */
     cudaGraph_t g = NULL;
     CUdeviceptr va = 0;
+    unsigned long long id_s = 0, id_other = 0;
     CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    EXPECT_EQ(reserve(&va, 2 << 20, 0, 0, 0), 900);
-    EXPECT_EQ(cudaStreamEndCapture(s, &g), cudaErrorStreamCaptureInvalidated);
-    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    enum cudaStreamCaptureMode m = cudaStreamCaptureModeRelaxed;
-    CK(cudaThreadExchangeStreamCaptureMode(&m));
     EXPECT_EQ(reserve(&va, 2 << 20, 0, 0, 0), 0);
     EXPECT_EQ(unreserve(va, 2 << 20), 0);
-    CK(cudaThreadExchangeStreamCaptureMode(&m));
+    EXPECT_EQ(status_of(s, &id_s), cudaStreamCaptureStatusActive);
     CK(cudaStreamEndCapture(s, &g));
+    CK(cudaGraphDestroy(g));
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    EXPECT_EQ(reserve(&va, 2 << 20, 0, 0, 0), 0);
+    EXPECT_EQ(unreserve(va, 2 << 20), 0);
+    void *nope = NULL;
+    EXPECT_EQ(cudaMalloc(&nope, 1 << 20), cudaErrorStreamCaptureUnsupported);
+    EXPECT_EQ(cudaStreamEndCapture(s, &g), cudaErrorStreamCaptureInvalidated);
+
+    /* a stream-ordered allocation or free on a stream that does not capture, and a pool trim,
+     * act at once: potentially unsafe, refused by this thread's global capture (900, the
+     * capture invalidated), let through by a relaxed one */
+    cudaStream_t side;
+    CK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+    void *sa = NULL, *sb = NULL;
+    CK(cudaMallocAsync(&sa, 1 << 20, side));
+    CK(cudaStreamSynchronize(side));
+    cudaMemPool_t pool;
+    CK(cudaDeviceGetDefaultMemPool(&pool, 0));
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    EXPECT_EQ(cudaMallocAsync(&sb, 1 << 20, side), cudaErrorStreamCaptureUnsupported);
+    EXPECT_EQ(cudaStreamEndCapture(s, &g), cudaErrorStreamCaptureInvalidated);
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    EXPECT_EQ(cudaFreeAsync(sa, side), cudaErrorStreamCaptureUnsupported);
+    EXPECT_EQ(cudaStreamEndCapture(s, &g), cudaErrorStreamCaptureInvalidated);
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    EXPECT_EQ(cudaMemPoolTrimTo(pool, 0), cudaErrorStreamCaptureUnsupported);
+    EXPECT_EQ(cudaStreamEndCapture(s, &g), cudaErrorStreamCaptureInvalidated);
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+    CK(cudaMallocAsync(&sb, 1 << 20, side));
+    CK(cudaFreeAsync(sb, side));
+    CK(cudaFreeAsync(sa, side));
+    CK(cudaMemPoolTrimTo(pool, 0));
+    CK(cudaStreamEndCapture(s, &g));
+    CK(cudaGraphDestroy(g));
+    CK(cudaStreamSynchronize(side));
+    CK(cudaStreamDestroy(side));
+
+    /* cudaDeviceSynchronize would wait for the capturing stream itself: refused and the
+     * capture invalidated whatever the modes, a relaxed capture included (which lets the same
+     * thread's cudaMalloc through) */
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+    CK(cudaMalloc(&nope, 1 << 20));
+    CK(cudaFree(nope));
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaErrorStreamCaptureUnsupported);
+    EXPECT_EQ(status_of(s, &id_s), cudaStreamCaptureStatusInvalidated);
+    EXPECT_EQ(cudaStreamEndCapture(s, &g), cudaErrorStreamCaptureInvalidated);
 
     /* the legacy stream while a blocking stream captures: any use of it (work, a synchronous
      * call, its synchronization) would depend on the capture: 906, the capture invalidated,
@@ -97,7 +141,7 @@ int main(void) {
     CK(cudaStreamCreate(&blocking));
     void *d = NULL;
     CK(cudaMalloc(&d, 1 << 20));
-    m = cudaStreamCaptureModeRelaxed;
+    enum cudaStreamCaptureMode m = cudaStreamCaptureModeRelaxed;
     CK(cudaThreadExchangeStreamCaptureMode(&m));
     CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
     CK(cudaMemsetAsync(d, 0, 1 << 20, 0));
@@ -120,7 +164,7 @@ int main(void) {
      * outside capture); an event never recorded is no dependency; an event recorded in the
      * capture joins it: a stream outside the capture that waits on it joins the capture (active,
      * the same id, cannot end it: 903) until the capture ends; the event, last recorded in a
-     * capture that ended, cannot be waited on (907) */
+     * capture that ended, cannot be waited on (1) */
     cudaStream_t other;
     CK(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
     cudaEvent_t outside, never, inside;
@@ -134,7 +178,6 @@ int main(void) {
     CK(cudaStreamWaitEvent(s, outside, 1 /* cudaEventWaitExternal */));
     CK(cudaEventRecord(inside, s));
     CK(cudaStreamWaitEvent(s, inside, 0));
-    unsigned long long id_s = 0, id_other = 0;
     EXPECT_EQ(status_of(other, &id_other), cudaStreamCaptureStatusNone);
     CK(cudaStreamWaitEvent(other, inside, 0));
     enum cudaStreamCaptureStatus joined = cudaStreamCaptureStatusNone;
@@ -148,7 +191,12 @@ int main(void) {
     CK(cudaGraphDestroy(g));
     CK(cudaStreamIsCapturing(other, &joined));
     EXPECT_EQ(joined, cudaStreamCaptureStatusNone);
-    EXPECT_EQ(cudaStreamWaitEvent(other, inside, 0), cudaErrorCapturedEvent);
+    EXPECT_EQ(cudaStreamWaitEvent(other, inside, 0), cudaErrorInvalidValue);
+    /* and waited on in a new capture: refused too, and that capture invalidated */
+    CK(cudaStreamBeginCapture(other, cudaStreamCaptureModeGlobal));
+    EXPECT_EQ(cudaStreamWaitEvent(other, inside, 0), cudaErrorInvalidValue);
+    EXPECT_EQ(status_of(other, &id_other), cudaStreamCaptureStatusInvalidated);
+    EXPECT_EQ(cudaStreamEndCapture(other, &g), cudaErrorStreamCaptureInvalidated);
     /* a joined stream's unsafe call invalidates the capture it joined */
     CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
     CK(cudaEventRecord(inside, s));
@@ -239,7 +287,7 @@ int main(void) {
     CK(cudaStreamDestroy(relay));
 
     /* a stream capturing in one capture may not wait on an event recorded in another (the two
-     * would merge): 902, the waiting stream's capture invalidated; the event's capture goes on */
+     * would merge): 902, and both captures invalidated, the event's as the waiting stream's */
     cudaStream_t third;
     CK(cudaStreamCreateWithFlags(&third, cudaStreamNonBlocking));
     unsigned long long id_third = 0;
@@ -248,11 +296,10 @@ int main(void) {
     CK(cudaEventRecord(fork, s));
     EXPECT_EQ(cudaStreamWaitEvent(third, fork, 0), cudaErrorStreamCaptureMerge);
     EXPECT_EQ(status_of(third, &id_third), cudaStreamCaptureStatusInvalidated);
-    EXPECT_EQ(status_of(s, &id_s), cudaStreamCaptureStatusActive);
+    EXPECT_EQ(status_of(s, &id_s), cudaStreamCaptureStatusInvalidated);
     EXPECT(id_third != id_s);
     EXPECT_EQ(cudaStreamEndCapture(third, &g), cudaErrorStreamCaptureInvalidated);
-    CK(cudaStreamEndCapture(s, &g));
-    CK(cudaGraphDestroy(g));
+    EXPECT_EQ(cudaStreamEndCapture(s, &g), cudaErrorStreamCaptureInvalidated);
     CK(cudaEventDestroy(fork));
     CK(cudaEventDestroy(join));
     CK(cudaStreamDestroy(third));

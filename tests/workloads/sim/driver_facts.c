@@ -7,6 +7,7 @@
  * Driver API only, reached through dlopen("libcuda.so.1"): no toolkit or runtime needed.
  * Each question uses fresh streams and handles, so one refusal does not change the next. */
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +44,13 @@ static CUresult (*p_event_record)(CUevent, CUstream);
 static CUresult (*p_event_destroy)(CUevent);
 static CUresult (*p_wait_event)(CUstream, CUevent, unsigned);
 static CUresult (*p_graph_destroy)(graph_t);
+static CUresult (*p_ctx_sync)(void);
+static CUresult (*p_mem_get_info)(size_t *, size_t *);
+static CUresult (*p_event_query)(CUevent);
+static CUresult (*p_event_sync)(CUevent);
+static CUresult (*p_stream_query)(CUstream);
+static CUresult (*p_default_pool)(CUmemoryPool *, CUdevice);
+static CUresult (*p_pool_trim)(CUmemoryPool, size_t);
 
 static void *lib;
 
@@ -65,7 +73,19 @@ static void *sym(const char *name) {
         }                                                                           \
     } while (0)
 
+/* A clean-up after a question: reported, never fatal, so one odd answer does not cost the
+ * answers to the questions after it. */
+#define SOFT(call)                                                                  \
+    do {                                                                            \
+        CUresult r_ = (call);                                                       \
+        if (r_ != CUDA_SUCCESS)                                                     \
+            fprintf(stderr, "driver_facts: clean-up %s failed: %d (line %d)\n", #call, \
+                    (int)r_, __LINE__);                                             \
+    } while (0)
+
 static void fact(const char *name, long v) { printf("fact %s=%ld\n", name, v); }
+
+static CUcontext ctx;
 
 static CUmemAllocationProp prop;
 static CUmemAccessDesc rw;
@@ -101,8 +121,9 @@ static int holds(CUdeviceptr va, unsigned char byte, size_t n) {
     return all;
 }
 
-/* One page of a two-page handle mapped at an offset: accepted, and the same bytes as the
- * whole handle's mapping there (a stitched range could then map a run of pages in one call). */
+/* One page of a two-page handle mapped at an offset: whether the driver takes it (a stitched
+ * range could then map a run of pages in one call), and if it does, whether it shows the same
+ * bytes as the whole handle's mapping there. */
 static void map_at_offset(void) {
     CUmemGenericAllocationHandle h = handle(2);
     CUdeviceptr one = reserve(1), whole = reserve(2);
@@ -319,6 +340,248 @@ static void merge_wait(void) {
     MUST(p_stream_destroy(s2));
 }
 
+/* The calls the library makes, or lets through, while a capture may be under way on some
+ * stream: which of them a capture forbids, and whether a forbidden one invalidates it. */
+enum {
+    K_MEM_ALLOC, K_MEM_FREE, K_CTX_SYNC, K_MEM_CREATE, K_MEM_RELEASE, K_ADDRESS_RESERVE,
+    K_ADDRESS_FREE, K_MEM_MAP, K_MEM_UNMAP, K_SET_ACCESS, K_MEM_GET_INFO, K_EVENT_QUERY,
+    K_OTHER_STREAM_SYNC, K_ALLOC_ASYNC_OTHER_STREAM, K_FREE_ASYNC_OTHER_STREAM,
+    K_EVENT_CREATE, K_EVENT_DESTROY, K_EVENT_RECORD_OTHER_STREAM, K_EVENT_SYNC,
+    K_STREAM_QUERY_OTHER_STREAM, K_WAIT_OTHER_STREAM, K_LEGACY_STREAM_SYNC, K_POOL_TRIM,
+    K_MEM_FREE_BAD_ADDRESS, K_COUNT
+};
+static const char *const kind_name[K_COUNT] = {
+    "mem_alloc", "mem_free", "ctx_sync", "mem_create", "mem_release", "address_reserve",
+    "address_free", "mem_map", "mem_unmap", "set_access", "mem_get_info", "event_query",
+    "other_stream_sync", "alloc_async_other_stream", "free_async_other_stream",
+    "event_create", "event_destroy", "event_record_other_stream", "event_sync",
+    "stream_query_other_stream", "wait_other_stream", "legacy_stream_sync", "pool_trim",
+    "mem_free_bad_address",
+};
+
+/* One call asked during a capture: what it needs made before the capture, and what is left
+ * to undo after it. */
+struct call {
+    int kind;
+    CUdeviceptr dptr;
+    CUmemGenericAllocationHandle h;
+    CUdeviceptr va;
+    int held, reserved, mapped;
+    CUstream other, other2;
+    CUevent ev;
+    CUevent ev2;
+    CUresult r;
+};
+
+static void prepare(struct call *c) {
+    switch (c->kind) {
+    case K_MEM_FREE:
+        MUST(p_alloc(&c->dptr, 1 << 20));
+        break;
+    case K_MEM_RELEASE:
+        c->h = handle(1), c->held = 1;
+        break;
+    case K_ADDRESS_FREE:
+        c->va = reserve(1), c->reserved = 1;
+        break;
+    case K_MEM_MAP:
+    case K_MEM_UNMAP:
+    case K_SET_ACCESS:
+        c->h = handle(1), c->held = 1;
+        c->va = reserve(1), c->reserved = 1;
+        if (c->kind != K_MEM_MAP) {
+            MUST(p_map(c->va, gran, 0, c->h, 0));
+            c->mapped = 1;
+        }
+        break;
+    case K_EVENT_QUERY:
+    case K_OTHER_STREAM_SYNC:
+    case K_ALLOC_ASYNC_OTHER_STREAM:
+    case K_FREE_ASYNC_OTHER_STREAM:
+    case K_EVENT_RECORD_OTHER_STREAM:
+    case K_EVENT_SYNC:
+    case K_STREAM_QUERY_OTHER_STREAM:
+    case K_WAIT_OTHER_STREAM:
+        MUST(p_stream_create(&c->other, 1));
+        MUST(p_event_create(&c->ev, 0));
+        MUST(p_event_record(c->ev, c->other));
+        MUST(p_stream_sync(c->other));
+        if (c->kind == K_FREE_ASYNC_OTHER_STREAM) {
+            MUST(p_alloc_async(&c->dptr, 1 << 20, c->other));
+            MUST(p_stream_sync(c->other));
+        }
+        if (c->kind == K_WAIT_OTHER_STREAM) {
+            MUST(p_stream_create(&c->other2, 1));
+        }
+        break;
+    case K_EVENT_DESTROY:
+        MUST(p_event_create(&c->ev2, 0));
+        break;
+    }
+}
+
+static void perform(struct call *c) {
+    size_t free_b, total_b;
+    switch (c->kind) {
+    case K_MEM_ALLOC: c->r = p_alloc(&c->dptr, 1 << 20); break;
+    case K_MEM_FREE:
+        c->r = p_free(c->dptr);
+        if (c->r == CUDA_SUCCESS) c->dptr = 0;
+        break;
+    case K_CTX_SYNC: c->r = p_ctx_sync(); break;
+    case K_MEM_CREATE:
+        c->r = p_create(&c->h, gran, &prop, 0);
+        c->held = c->r == CUDA_SUCCESS;
+        break;
+    case K_MEM_RELEASE:
+        c->r = p_release(c->h);
+        c->held = c->r != CUDA_SUCCESS;
+        break;
+    case K_ADDRESS_RESERVE:
+        c->r = p_reserve(&c->va, gran, 0, 0, 0);
+        c->reserved = c->r == CUDA_SUCCESS;
+        break;
+    case K_ADDRESS_FREE:
+        c->r = p_unreserve(c->va, gran);
+        c->reserved = c->r != CUDA_SUCCESS;
+        break;
+    case K_MEM_MAP:
+        c->r = p_map(c->va, gran, 0, c->h, 0);
+        c->mapped = c->r == CUDA_SUCCESS;
+        break;
+    case K_MEM_UNMAP:
+        c->r = p_unmap(c->va, gran);
+        c->mapped = c->r != CUDA_SUCCESS;
+        break;
+    case K_SET_ACCESS: c->r = p_set_access(c->va, gran, &rw, 1); break;
+    case K_MEM_GET_INFO: c->r = p_mem_get_info(&free_b, &total_b); break;
+    case K_EVENT_QUERY: c->r = p_event_query(c->ev); break;
+    case K_OTHER_STREAM_SYNC: c->r = p_stream_sync(c->other); break;
+    case K_ALLOC_ASYNC_OTHER_STREAM: c->r = p_alloc_async(&c->dptr, 1 << 20, c->other); break;
+    case K_FREE_ASYNC_OTHER_STREAM:
+        c->r = p_free_async(c->dptr, c->other);
+        if (c->r == CUDA_SUCCESS) c->dptr = 0;
+        break;
+    case K_EVENT_CREATE: c->r = p_event_create(&c->ev2, 0); break;
+    case K_EVENT_DESTROY:
+        c->r = p_event_destroy(c->ev2);
+        if (c->r == CUDA_SUCCESS) c->ev2 = NULL;
+        break;
+    case K_EVENT_RECORD_OTHER_STREAM: c->r = p_event_record(c->ev, c->other); break;
+    case K_EVENT_SYNC: c->r = p_event_sync(c->ev); break;
+    case K_STREAM_QUERY_OTHER_STREAM: c->r = p_stream_query(c->other); break;
+    case K_WAIT_OTHER_STREAM: c->r = p_wait_event(c->other2, c->ev, 0); break;
+    case K_LEGACY_STREAM_SYNC: c->r = p_stream_sync((CUstream)(uintptr_t)1); break;
+    case K_POOL_TRIM: {
+        CUmemoryPool pool = NULL;
+        MUST(p_default_pool(&pool, 0));
+        c->r = p_pool_trim(pool, 0);
+        break;
+    }
+    case K_MEM_FREE_BAD_ADDRESS: c->r = p_free((CUdeviceptr)0x10); break;
+    }
+}
+
+static void undo(struct call *c) {
+    if (c->dptr && (c->kind == K_ALLOC_ASYNC_OTHER_STREAM || c->kind == K_FREE_ASYNC_OTHER_STREAM))
+        SOFT(p_free_async(c->dptr, c->other));
+    else if (c->dptr)
+        SOFT(p_free(c->dptr));
+    if (c->mapped) SOFT(p_unmap(c->va, gran));
+    if (c->reserved) SOFT(p_unreserve(c->va, gran));
+    if (c->held) SOFT(p_release(c->h));
+    if (c->other) {
+        SOFT(p_stream_sync(c->other));
+        SOFT(p_stream_destroy(c->other));
+    }
+    if (c->other2) {
+        SOFT(p_stream_sync(c->other2));
+        SOFT(p_stream_destroy(c->other2));
+    }
+    if (c->ev) SOFT(p_event_destroy(c->ev));
+    if (c->ev2) SOFT(p_event_destroy(c->ev2));
+}
+
+static void *perform_on_other_thread(void *arg) {
+    MUST(p_set_current(ctx));
+    perform(arg);
+    return NULL;
+}
+
+/* Begins a capture of a fresh stream in `mode` (0 global, 1 thread-local, 2 relaxed), makes
+ * one call on this thread or another, and reports the call's result and the capture's status
+ * after it (2: invalidated, so its end fails with 901). */
+static void ask_in_capture(const char *situation, int mode, int other_thread, int kind) {
+    struct call c;
+    memset(&c, 0, sizeof c);
+    c.kind = kind;
+    prepare(&c);
+    CUstream s;
+    MUST(p_stream_create(&s, 1));
+    MUST(p_begin(s, mode));
+    if (other_thread) {
+        pthread_t t;
+        if (pthread_create(&t, NULL, perform_on_other_thread, &c) != 0) {
+            fprintf(stderr, "driver_facts: pthread_create failed\n");
+            exit(2);
+        }
+        pthread_join(t, NULL);
+    } else {
+        perform(&c);
+    }
+    capture_status st = -1;
+    MUST(p_is_capturing(s, &st));
+    graph_t g = NULL;
+    CUresult end = p_end(s, &g);
+    if (g) SOFT(p_graph_destroy(g));
+    char name[128];
+    snprintf(name, sizeof name, "in_capture_%s_%s", situation, kind_name[kind]);
+    fact(name, c.r);
+    snprintf(name, sizeof name, "in_capture_%s_%s_status", situation, kind_name[kind]);
+    fact(name, st);
+    if ((st == 2) != (end != CUDA_SUCCESS))
+        fprintf(stderr, "driver_facts: %s: status %d but the end answered %d\n", name, st, end);
+    undo(&c);
+    SOFT(p_stream_destroy(s));
+}
+
+static void calls_in_capture(void) {
+    for (int k = 0; k < K_COUNT; k++) {
+        ask_in_capture("global", 0, 0, k);
+        ask_in_capture("relaxed", 2, 0, k);
+        ask_in_capture("global_other_thread", 0, 1, k);
+        ask_in_capture("thread_local_other_thread", 1, 1, k);
+    }
+}
+
+/* An event recorded in a capture that has since ended, waited on by a stream outside any
+ * capture and by a stream in a new capture. */
+static void ended_capture_event(void) {
+    CUstream s1, s2;
+    CUevent e;
+    MUST(p_stream_create(&s1, 1));
+    MUST(p_stream_create(&s2, 1));
+    MUST(p_event_create(&e, 0));
+    MUST(p_begin(s1, 2));
+    MUST(p_event_record(e, s1));
+    graph_t g = NULL;
+    MUST(p_end(s1, &g));
+    if (g) SOFT(p_graph_destroy(g));
+    fact("ended_capture_event_wait", p_wait_event(s2, e, 0));
+    SOFT(p_stream_sync(s2));
+    MUST(p_begin(s2, 2));
+    fact("ended_capture_event_wait_in_capture", p_wait_event(s2, e, 0));
+    capture_status st = -1;
+    MUST(p_is_capturing(s2, &st));
+    fact("ended_capture_event_wait_in_capture_status", st);
+    g = NULL;
+    fact("ended_capture_event_wait_in_capture_end", p_end(s2, &g));
+    if (g) SOFT(p_graph_destroy(g));
+    SOFT(p_event_destroy(e));
+    SOFT(p_stream_destroy(s1));
+    SOFT(p_stream_destroy(s2));
+}
+
 int main(void) {
     lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!lib) {
@@ -353,9 +616,15 @@ int main(void) {
     p_event_destroy = sym("cuEventDestroy_v2");
     p_wait_event = sym("cuStreamWaitEvent");
     p_graph_destroy = sym("cuGraphDestroy");
+    p_ctx_sync = sym("cuCtxSynchronize");
+    p_mem_get_info = sym("cuMemGetInfo_v2");
+    p_event_query = sym("cuEventQuery");
+    p_event_sync = sym("cuEventSynchronize");
+    p_stream_query = sym("cuStreamQuery");
+    p_default_pool = sym("cuDeviceGetDefaultMemPool");
+    p_pool_trim = sym("cuMemPoolTrimTo");
 
     MUST(p_init(0));
-    CUcontext ctx;
     MUST(p_retain(&ctx, 0));
     MUST(p_set_current(ctx));
     memset(&prop, 0, sizeof prop);
@@ -374,6 +643,8 @@ int main(void) {
     joined_stream();
     unjoined_fork();
     merge_wait();
+    calls_in_capture();
+    ended_capture_event();
     printf("driver_facts: done\n");
     return 0;
 }

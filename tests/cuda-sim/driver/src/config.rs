@@ -36,8 +36,9 @@ pub struct Config {
     /// tests that show NVIDIA's runtime depends on them.
     pub export_fault: ExportFault,
     /// `VRAMSIM_CAPTURED_FREE_FAULT=accept`: a stream-ordered free in a capture of memory no
-    /// allocation node returned succeeds and does nothing (CUDA refuses it), for the tests of
-    /// what a library does should a driver take such a free.
+    /// allocation node returned succeeds and does nothing (CUDA refuses it with
+    /// CUDA_ERROR_INVALID_VALUE, the capture going on), for the tests of what a library does
+    /// should a driver take such a free.
     pub captured_free_accepted: bool,
 }
 

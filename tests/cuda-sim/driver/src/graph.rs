@@ -7,7 +7,7 @@
 //! free (`cuMemFreeAsync`) or a `cuMemFree` outside it, or at the next launch of a graph
 //! instantiated with `CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH`. A stream-ordered free
 //! on a capturing stream of a graph allocation becomes a free node; of any other memory it is
-//! refused and invalidates the capture (`exports::pool`). An allocation freed in its
+//! refused, the capture going on (`exports::pool`). An allocation freed in its
 //! own graph cannot be freed outside it; one not freed must be freed before the graph is
 //! launched again (else the launch fails with `CUDA_ERROR_INVALID_VALUE`) unless the graph
 //! frees it on launch. Destroying a graph frees no live allocation.

@@ -8,10 +8,14 @@
 //! already submitted to it. The per-thread default stream is a blocking stream per thread.
 //!
 //! Capture only tracks status: work submitted to a capturing stream is recorded as captured
-//! (counted) and not executed, and a capture-unsafe call (a synchronization, an event query,
-//! cuMemAlloc, cuMemFree, the virtual-memory calls) made while a capture applies to the
-//! calling thread (by the thread's interaction mode, see `capture_unsafe_check`) invalidates
-//! it and returns CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, as CUDA does. While a blocking stream
+//! (counted) and not executed, and a potentially unsafe call (a synchronization, an event
+//! query, cuMemAlloc, cuMemFree, a stream-ordered allocation or free on a stream that does not
+//! capture, cuMemPoolTrimTo) made while a capture applies to the calling thread (by the
+//! thread's interaction mode, see `capture_unsafe_check`) invalidates it and returns
+//! CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, as CUDA does. cuCtxSynchronize would wait for every
+//! capturing stream of the context itself: it is refused while any capture of its device is
+//! active, whatever the modes, and invalidates them all (`ctx_sync_check`). The virtual-memory
+//! calls are not checked: the driver allows them during any capture. While a blocking stream
 //! captures, any use of its device's legacy stream (work on it, its synchronization or query,
 //! a synchronous copy or memset) would make the legacy stream depend on the capture: CUDA
 //! refuses it with CUDA_ERROR_STREAM_CAPTURE_IMPLICIT and invalidates those captures
@@ -19,14 +23,16 @@
 //! event recorded outside one needs `CU_EVENT_WAIT_EXTERNAL`: else
 //! CUDA_ERROR_STREAM_CAPTURE_ISOLATION, the capture invalidated), and a stream that does not
 //! capture joins the capture an event it waits on was recorded in (its status active, the
-//! same capture id, its work captured into the same graph) until that capture ends; it may not
-//! wait on an event last recorded in a capture that has ended (CUDA_ERROR_CAPTURED_EVENT), and
-//! a capturing stream may not wait on an event recorded in another capture (that would merge
-//! two capture sequences: CUDA_ERROR_STREAM_CAPTURE_MERGE, its capture invalidated)
-//! (`wait_check`). A joined stream must be joined back: ending the capture while a joined
-//! stream has captured work after the last event of its that the origin stream waited on fails
-//! with CUDA_ERROR_STREAM_CAPTURE_UNJOINED and no graph, the capture ended for every stream of
-//! it (`end_capture`). Only the origin's waits join a stream back: a stream joined back through
+//! same capture id, its work captured into the same graph) until that capture ends. An event
+//! last recorded in a capture that has ended is a node of a graph, not work of a stream: a wait
+//! on it is refused with CUDA_ERROR_INVALID_VALUE (and invalidates the waiting stream's
+//! capture, if it captures). A capturing stream may not wait on an event recorded in another
+//! capture that is still under way (that would merge two capture sequences:
+//! CUDA_ERROR_STREAM_CAPTURE_MERGE, and both captures invalidated) (`wait_check`). A joined
+//! stream must be joined back: ending the capture while a joined stream has captured work after
+//! the last event of its that the origin stream waited on fails with
+//! CUDA_ERROR_STREAM_CAPTURE_UNJOINED and no graph, the capture ended for every stream of it
+//! (`end_capture`). Only the origin's waits join a stream back: a stream joined back through
 //! another joined stream (a wait of one joined stream on another's event) counts as unjoined.
 
 use std::collections::{HashMap, VecDeque};
@@ -472,9 +478,12 @@ pub fn legacy_check(s: &Arc<Stream>) -> Res {
 /// `cuStreamWaitEvent(s, e, flags)`: what capture allows. A capturing stream waits on an event
 /// recorded in a capture (joining it), or on one recorded outside only with
 /// `CU_EVENT_WAIT_EXTERNAL` (an external event node); an event never recorded is no
-/// dependency. Otherwise the capture is invalidated: CUDA_ERROR_STREAM_CAPTURE_ISOLATION. A
-/// stream that does not capture may not wait on an event last recorded in a capture
-/// (CUDA_ERROR_CAPTURED_EVENT), nor use `CU_EVENT_WAIT_EXTERNAL` (CUDA_ERROR_INVALID_VALUE).
+/// dependency. Otherwise the capture is invalidated: CUDA_ERROR_STREAM_CAPTURE_ISOLATION. An
+/// event recorded in another capture under way would merge the two: both are invalidated,
+/// CUDA_ERROR_STREAM_CAPTURE_MERGE. An event last recorded in a capture that has ended is
+/// refused with CUDA_ERROR_INVALID_VALUE, by a capturing stream (its capture invalidated) and
+/// by one that does not capture alike. A stream that does not capture may not use
+/// `CU_EVENT_WAIT_EXTERNAL` (CUDA_ERROR_INVALID_VALUE).
 pub fn wait_check(s: &Arc<Stream>, e: &Event, flags: c_uint) -> Res {
     let (captured_in, by, at, mut deps) = {
         let st = lock(&e.st);
@@ -519,7 +528,9 @@ pub fn wait_check(s: &Arc<Stream>, e: &Event, flags: c_uint) -> Res {
                     ACTIVE_CAPTURES.fetch_add(1, Ordering::AcqRel);
                     Ok(())
                 }
-                (Some(_), None) => Err(CUDA_ERROR_CAPTURED_EVENT),
+                // recorded in a capture that has ended: a node of its graph, nothing a
+                // stream can wait for
+                (Some(_), None) => Err(CUDA_ERROR_INVALID_VALUE),
             }
         }
         CU_STREAM_CAPTURE_STATUS_INVALIDATED => Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED),
@@ -539,9 +550,22 @@ pub fn wait_check(s: &Arc<Stream>, e: &Event, flags: c_uint) -> Res {
                 }
                 Ok(())
             }
-            Some(_) => {
-                c.status = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+            // recorded in another capture still under way: the wait would merge the two
+            // sequences, and both are invalidated
+            Some(other) if origin.is_some() => {
+                let mine = c.id;
+                drop(c);
+                invalidate_capture(mine);
+                invalidate_capture(other);
                 Err(CUDA_ERROR_STREAM_CAPTURE_MERGE)
+            }
+            // recorded in a capture that has ended: refused as outside a capture, and the
+            // refusal invalidates this one
+            Some(_) => {
+                let mine = c.id;
+                drop(c);
+                invalidate_capture(mine);
+                Err(CUDA_ERROR_INVALID_VALUE)
             }
             None if !recorded || flags & CU_EVENT_WAIT_EXTERNAL != 0 => Ok(()),
             None => {
@@ -549,6 +573,18 @@ pub fn wait_check(s: &Arc<Stream>, e: &Event, flags: c_uint) -> Res {
                 Err(CUDA_ERROR_STREAM_CAPTURE_ISOLATION)
             }
         },
+    }
+}
+
+/// Every stream of capture `id` (its origin and the streams that joined it) still active
+/// is invalidated: the capture's status is one for all of them. Takes each stream's capture
+/// lock alone; the caller holds none.
+fn invalidate_capture(id: u64) {
+    for s in all_streams() {
+        let mut c = lock(&s.capture);
+        if c.id == id && c.status == CU_STREAM_CAPTURE_STATUS_ACTIVE {
+            c.status = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+        }
     }
 }
 
@@ -560,21 +596,6 @@ fn joined_back(id: u64, by: usize, at: u64) {
         if c.joined && c.id == id {
             c.joined_through = c.joined_through.max(at);
         }
-    }
-}
-
-/// An operation CUDA refuses on a capturing stream (with `err`): on a stream capturing, the
-/// capture is invalidated and `err` returned; on one whose capture is invalidated,
-/// CUDA_ERROR_STREAM_CAPTURE_INVALIDATED; on one not capturing, Ok (the operation goes on).
-pub fn refuse_in_capture(s: &Arc<Stream>, err: CUresult) -> Res {
-    let mut c = lock(&s.capture);
-    match c.status {
-        CU_STREAM_CAPTURE_STATUS_ACTIVE => {
-            c.status = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
-            Err(err)
-        }
-        CU_STREAM_CAPTURE_STATUS_INVALIDATED => Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED),
-        _ => Ok(()),
     }
 }
 
@@ -711,6 +732,31 @@ pub fn capture_unsafe_check(on: Option<&Arc<Stream>>) -> Res {
             mode == CU_STREAM_CAPTURE_MODE_GLOBAL && c.mode == CU_STREAM_CAPTURE_MODE_GLOBAL;
         let applies = c.status == CU_STREAM_CAPTURE_STATUS_ACTIVE && (own || others);
         if applies {
+            c.status = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+            hit = true;
+        }
+    }
+    if hit {
+        Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
+    } else {
+        Ok(())
+    }
+}
+
+/// cuCtxSynchronize of device `dev`'s context: it would wait for every stream of the context,
+/// capturing ones included, whose captured work never runs. While any capture of the device is
+/// active, whatever its mode, whichever thread began it and whatever the calling thread's mode
+/// (relaxed included; streams that joined a capture count), it is refused with
+/// CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and every active capture of the device is
+/// invalidated, as the driver does.
+pub fn ctx_sync_check(dev: i32) -> Res {
+    if ACTIVE_CAPTURES.load(Ordering::Acquire) == 0 {
+        return Ok(());
+    }
+    let mut hit = false;
+    for s in all_streams().into_iter().filter(|s| s.dev == dev) {
+        let mut c = lock(&s.capture);
+        if c.status == CU_STREAM_CAPTURE_STATUS_ACTIVE {
             c.status = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
             hit = true;
         }

@@ -229,6 +229,11 @@ pub fn map(ptr: u64, size: u64, offset: u64, id: u64) -> Res {
     if offset + size > h.size {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
+    // cuMemMap's parameter note: the offset "currently must be zero"; the driver refuses any
+    // other with CUDA_ERROR_NOT_SUPPORTED, so a handle is only ever mapped from its start.
+    if offset != 0 {
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    }
     // SAFETY: MAP_FIXED inside a reservation we own, over no other mapping.
     let p = unsafe {
         libc::mmap(

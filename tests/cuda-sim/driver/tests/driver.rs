@@ -260,7 +260,8 @@ fn stream_capture_status_and_unsafe_calls() {
 
 /// A stream-ordered free in a capture of memory no allocation node returned (pool memory
 /// allocated before the capture, `cuMemAlloc` memory, mapped virtual memory): refused with
-/// CUDA_ERROR_INVALID_VALUE, the capture invalidated, the memory not freed.
+/// CUDA_ERROR_INVALID_VALUE, the capture going on (a graph allocation and its free still
+/// captured after it, the end giving a graph), the memory not freed, as a real driver answers.
 #[test]
 fn a_captured_free_of_memory_the_graph_did_not_allocate_is_refused() {
     let d = Device::new("capture_free");

@@ -256,7 +256,9 @@ fn capture_ipc_pointer_attributes_and_pools() {
 }
 
 /// A capture forbids potentially unsafe calls to the threads CUDA's rules say (by the calling
-/// thread's interaction mode), and the virtual-memory calls are among them.
+/// thread's interaction mode); the virtual-memory calls are not among them, and
+/// cudaDeviceSynchronize is refused by every capture; waits on events of an ended capture and
+/// across two captures are refused as a real driver refuses them.
 #[test]
 fn capture_modes_decide_which_threads_a_capture_forbids() {
     sim_program_ok("capture_modes", "capture_modes", Link::SharedRuntime, &[]);

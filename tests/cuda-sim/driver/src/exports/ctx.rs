@@ -131,8 +131,8 @@ cu_api! {
     }
 
     fn cuCtxSynchronize() {
-        ctx::current_device()?;
-        stream::capture_unsafe_check(None)?;
+        let dev = ctx::current_device()?;
+        stream::ctx_sync_check(dev)?;
         stream::synchronize_all();
         Ok(())
     }

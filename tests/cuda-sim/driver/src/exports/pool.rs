@@ -21,9 +21,13 @@ fn alloc_async(
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let s = stream::resolve(h, ptds)?;
-    inject::on_bytes(api, size as u64)?;
-    // On a capturing stream: an allocation node of the graph (see `graph`).
+    // On a capturing stream: an allocation node of the graph (see `graph`). On one that does
+    // not capture it allocates at once, which a capture forbids by the mode rules.
     let c = s.capture();
+    if c.status == CU_STREAM_CAPTURE_STATUS_NONE {
+        stream::capture_unsafe_check(None)?;
+    }
+    inject::on_bytes(api, size as u64)?;
     let ptr = match c.status {
         CU_STREAM_CAPTURE_STATUS_ACTIVE => {
             let ptr = graph::capture_alloc(c.id, s.dev, size as u64)?;
@@ -43,33 +47,36 @@ fn free_async(dptr: CUdeviceptr, h: CUstream, ptds: bool) -> Res {
         return Ok(());
     }
     stream::legacy_check(&s)?;
-    if graph::is_graph_alloc(dptr) {
-        let c = s.capture();
-        return match c.status {
-            CU_STREAM_CAPTURE_STATUS_ACTIVE => {
-                graph::capture_free(c.id, dptr)?;
-                s.captured_node();
-                Ok(())
+    let c = s.capture();
+    match c.status {
+        CU_STREAM_CAPTURE_STATUS_ACTIVE if graph::is_graph_alloc(dptr) => {
+            graph::capture_free(c.id, dptr)?;
+            s.captured_node();
+            Ok(())
+        }
+        // On a capturing stream the free would be a free node, and a free node takes only the
+        // address of a graph allocation (cuMemFreeAsync's documentation: "During stream
+        // capture, this function results in the creation of a free node and must therefore be
+        // passed the address of a graph allocation"; cuGraphAddMemFreeNode:
+        // CUDA_ERROR_INVALID_VALUE for "an address that was not returned by an allocation
+        // node"). Memory of a stream-ordered pool allocated outside the capture, cuMemAlloc
+        // memory and mapped virtual memory are refused alike; the driver refuses the argument,
+        // not the capture, which goes on (still active, it ends with a graph). The memory is
+        // not freed and stays the caller's.
+        CU_STREAM_CAPTURE_STATUS_ACTIVE if crate::config::CONFIG.captured_free_accepted => Ok(()),
+        CU_STREAM_CAPTURE_STATUS_ACTIVE => Err(CUDA_ERROR_INVALID_VALUE),
+        CU_STREAM_CAPTURE_STATUS_INVALIDATED => Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED),
+        // On a stream that does not capture the free is made at once, which a capture forbids
+        // by the mode rules.
+        _ => {
+            stream::capture_unsafe_check(None)?;
+            if graph::is_graph_alloc(dptr) {
+                graph::free_outside(dptr)
+            } else {
+                pool::free_async(dptr, &s)
             }
-            CU_STREAM_CAPTURE_STATUS_INVALIDATED => Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED),
-            _ => graph::free_outside(dptr),
-        };
+        }
     }
-    // On a capturing stream the free would be a free node, and a free node takes only the
-    // address of a graph allocation (cuMemFreeAsync's documentation: "During stream capture,
-    // this function results in the creation of a free node and must therefore be passed the
-    // address of a graph allocation"; cuGraphAddMemFreeNode: CUDA_ERROR_INVALID_VALUE for "an
-    // address that was not returned by an allocation node"). Memory of a stream-ordered pool
-    // allocated outside the capture, cuMemAlloc memory and mapped virtual memory are refused
-    // alike, and the refused operation invalidates the capture (stream capture's rule for an
-    // invalid operation); the memory is not freed and stays the caller's.
-    if crate::config::CONFIG.captured_free_accepted
-        && s.capture().status == CU_STREAM_CAPTURE_STATUS_ACTIVE
-    {
-        return Ok(());
-    }
-    stream::refuse_in_capture(&s, CUDA_ERROR_INVALID_VALUE)?;
-    pool::free_async(dptr, &s)
 }
 
 cu_api! {
@@ -109,6 +116,8 @@ cu_api! {
     }
 
     fn cuMemPoolTrimTo(p: CUmemoryPool, keep: usize) {
+        // It gives memory back to the device at once: potentially unsafe during a capture.
+        stream::capture_unsafe_check(None)?;
         pool::trim_to(p, keep as u64)
     }
 

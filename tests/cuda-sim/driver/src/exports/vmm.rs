@@ -1,7 +1,7 @@
 //! Virtual-memory management entry points. Creating, releasing, mapping, unmapping, reserving
-//! and granting access are potentially unsafe during stream capture, as `cuMemAlloc` is (they
-//! are not stream-ordered: a graph could not replay them): made while a capture applies to the
-//! calling thread they invalidate it and fail (`stream::capture_unsafe_check`).
+//! and granting access are allowed during any stream capture, in every mode and on every
+//! thread, and leave the capture untouched: the driver does not check them (unlike
+//! `cuMemAlloc`), since they neither synchronize nor touch any stream.
 
 use std::ffi::{c_int, c_uint, c_ulonglong, c_void};
 
@@ -9,7 +9,6 @@ use crate::abi::*;
 use crate::cu_api;
 use crate::inject;
 use crate::state;
-use crate::stream;
 use crate::vmm;
 
 cu_api! {
@@ -26,7 +25,6 @@ cu_api! {
 
     fn cuMemAddressReserve(ptr: *mut CUdeviceptr, size: usize, alignment: usize, addr: CUdeviceptr, _flags: c_ulonglong) {
         state::driver()?;
-        stream::capture_unsafe_check(None)?;
         if ptr.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
@@ -37,13 +35,11 @@ cu_api! {
 
     fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) {
         state::driver()?;
-        stream::capture_unsafe_check(None)?;
         vmm::free_reservation(ptr, size as u64)
     }
 
     fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: c_ulonglong) {
         state::driver()?;
-        stream::capture_unsafe_check(None)?;
         // SAFETY: C input struct.
         let p = unsafe { get(prop) }?;
         if handle.is_null() || flags != 0 {
@@ -57,13 +53,11 @@ cu_api! {
 
     fn cuMemRelease(handle: CUmemGenericAllocationHandle) {
         state::driver()?;
-        stream::capture_unsafe_check(None)?;
         vmm::release(handle)
     }
 
     fn cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: c_ulonglong) {
         state::driver()?;
-        stream::capture_unsafe_check(None)?;
         if flags != 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
@@ -72,13 +66,11 @@ cu_api! {
 
     fn cuMemUnmap(ptr: CUdeviceptr, size: usize) {
         state::driver()?;
-        stream::capture_unsafe_check(None)?;
         vmm::unmap(ptr, size as u64)
     }
 
     fn cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *const CUmemAccessDesc, count: usize) {
         state::driver()?;
-        stream::capture_unsafe_check(None)?;
         if desc.is_null() || count == 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
