@@ -37,8 +37,8 @@ const SWITCHES: &[(&str, &[&str])] = &[
             "layers-over-live",
             // Peer access (`pool::on_peer_access`).
             "no-peer",
-            // The thread caches (`pool::read_mode`); any name at all but `no-layers`,
-            // `no-tcache` the usual one, turns them off unless one of the `tcache-*` names is
+            // The thread caches (`pool::read_mode`); any name at all but `no-layers` and
+            // the pause points, `no-tcache` the usual one, turns them off unless one of the `tcache-*` names is
             // given.
             "tcache-any-stream",
             "tcache-no-round-end",
@@ -53,6 +53,10 @@ const SWITCHES: &[(&str, &[&str])] = &[
             // The captures under way (`cuda::captures::joined`, `cuda::captures::gated`).
             "joins-unseen",
             "sections-ungated",
+            // The test-only pause points (`sys::pause`), not faults: with
+            // `VRAMSHIM_POOL_PAUSE_FDS`, a test orders its threads by handshake.
+            "pause-begin",
+            "pause-request",
         ],
     ),
     ("VRAMSHIM_DEVICE_FAULT", &["stale"]),

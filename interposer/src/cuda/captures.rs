@@ -25,6 +25,7 @@
 
 use crate::cuda::real;
 use crate::cuda::types::{CUDA_SUCCESS, CUstream};
+use crate::sys::pause;
 use crate::sys::spin::SpinLock;
 use std::cell::Cell;
 use std::ffi::c_int;
@@ -190,6 +191,7 @@ pub(crate) fn wait_for_begins() -> bool {
     if COUNT_BEGINNING.with(Cell::get) {
         return false;
     }
+    pause::at(pause::Point::Request, || others_beginning(me));
     let start = Instant::now();
     let mut attempt = 0u32;
     while others_beginning(me) {
@@ -296,6 +298,7 @@ pub(crate) fn wait_for_sections() {
     if GATED.load(Ordering::SeqCst) == 0 || IN_GATE.with(Cell::get) {
         return;
     }
+    pause::at(pause::Point::Begin, || true);
     let start = Instant::now();
     let mut attempt = 0u32;
     while GATED.load(Ordering::SeqCst) != 0 {

@@ -273,14 +273,16 @@ fn read_mode() -> bool {
             );
             NO_RUN.store(true, Ordering::Relaxed);
         }
-        // `no-layers` alone leaves them on: the pool as it was before its layer replay
+        // `no-layers` alone leaves them on: the pool as it was before its layer replay; so
+        // do the pause points, which break nothing (`sys::pause`)
         if any_stream || no_drain {
             tcache::configure(true, any_stream, no_drain);
         } else if !no_round_end
             && !no_hits
             && !keep_retired
             && !no_run
-            && crate::config::switch_names("VRAMSHIM_POOL_DEBUG").any(|n| n != "no-layers")
+            && crate::config::switch_names("VRAMSHIM_POOL_DEBUG")
+                .any(|n| !matches!(n, "no-layers" | "pause-begin" | "pause-request"))
         {
             tcache::configure(false, false, false);
         }
@@ -322,6 +324,9 @@ pub(crate) fn begin_recorded_first() -> bool {
 /// from before the record; a pool falling back to pass-through finishes the requests already
 /// under the lock). With the pool off nothing holds the lock: one uncontended lock a capture.
 pub(crate) fn wait_for_requests() {
+    crate::sys::pause::at(crate::sys::pause::Point::Begin, || {
+        POOLS.lock_within(1).is_none()
+    });
     drop(POOLS.lock());
 }
 

@@ -627,8 +627,8 @@ fn graph_allocations_go_to_the_driver_as_nodes_of_the_graph() {
 /// `prefree` / `prefree-malloc`: a 4 MiB block the pool serves before the capture
 /// (`cudaMallocAsync` / `cudaMalloc`) is freed on the capturing stream inside it. The codes
 /// and the capture's status are those of the same program without the library on the same
-/// simulated driver (the fidelity witness: the free 1, the status invalidated (2), the
-/// capture's later requests and its end 901); the block stays the program's: 4 MiB requests
+/// simulated driver (the fidelity witness: the free 1, the capture still active (1), its
+/// later requests and its end 0, as a real driver answers); the block stays the program's: 4 MiB requests
 /// after the capture on that stream, on another and through `cudaMalloc` get other bytes,
 /// its free after the capture succeeds, and the pool counts nothing as freed in a graph.
 /// Global and thread-local captures, freed inside and outside, budget 5% and off. With the old
@@ -666,11 +666,13 @@ fn a_pool_block_freed_in_a_capture_is_never_reused() {
                 );
                 assert_exit(&plain, 0, &format!("{args:?} without the library"));
                 // what CUDA answers, on cuda-sim
+                // (tests/workloads/sim/driver_facts.expected, `capture_free_stream_ordered`:
+                // the free refused with 1, the capture still active, its end a graph)
                 for (key, want) in [
                     ("prefree", 1),
-                    ("status", 2),
-                    ("small", 901),
-                    ("end", 901),
+                    ("status", 1),
+                    ("small", 0),
+                    ("end", 0),
                     ("later", 0),
                 ] {
                     assert_eq!(
@@ -846,93 +848,142 @@ fn a_stream_that_joins_a_capture_captures_through_the_pool_too() {
     }
 }
 
+/// A capture race (`tests/workloads/pool/<src>.c`: thread B begins a global-mode capture while
+/// another thread's call is stopped, see `capture_race` in `pool_workload.h`), built once and
+/// run through both begin-capture entry points (`runtime`, `driver`) with `env`, the library's
+/// pause point `pause` armed (`VRAMSHIM_POOL_DEBUG`, `VRAMSHIM_POOL_PAUSE_FDS`): the workload
+/// orders its threads by handshake with the library, never by sleeping.
+struct CaptureRace<'a> {
+    exe: PathBuf,
+    env: &'a [(&'a str, &'a str)],
+    pause: &'a str,
+}
+
+impl<'a> CaptureRace<'a> {
+    fn new(src: &str, exe: &str, env: &'a [(&'a str, &'a str)], pause: &'a str) -> Self {
+        let path = vramshim_testkit::temp_dir(exe).join(exe);
+        vramshim_testkit::compile_c_to(
+            &path,
+            &[&format!("tests/workloads/pool/{src}.c")],
+            Link::SharedRuntime,
+            &["-lpthread"],
+        );
+        CaptureRace {
+            exe: path,
+            env,
+            pause,
+        }
+    }
+
+    /// Runs the race with `args` after the entry point and the switch `debug` (if any) beside
+    /// the pause point: each run must print `fields` as given and exit with `exit`. The runs'
+    /// outputs, with their entry points.
+    #[track_caller]
+    fn expect(
+        &self,
+        args: &[&str],
+        debug: Option<&str>,
+        exit: i32,
+        fields: &[(&str, i64)],
+    ) -> Vec<(&'static str, RunOutput)> {
+        let switches = [Some(self.pause), debug].into_iter().flatten();
+        let switches = switches.collect::<Vec<_>>().join(",");
+        let mut env = self.env.to_vec();
+        env.extend([
+            ("VRAMSHIM_POOL_DEBUG", switches.as_str()),
+            ("VRAMSHIM_POOL_PAUSE_FDS", "40,41"),
+        ]);
+        ["runtime", "driver"]
+            .into_iter()
+            .map(|entry| {
+                let argv: Vec<&str> = std::iter::once(entry).chain(args.iter().copied()).collect();
+                let o = run(&self.exe, &argv, &env, "pool-capture-race");
+                let what = format!("{argv:?} {switches}");
+                for &(key, want) in fields {
+                    assert_eq!(
+                        field(&o.stdout, key),
+                        want,
+                        "{what} {key}: {}\n{}",
+                        o.stdout,
+                        tail(&o.stderr)
+                    );
+                }
+                assert_exit(&o, exit, &what);
+                (entry, o)
+            })
+            .collect()
+    }
+}
+
 /// A capture another thread begins while the pool serves a request: the request decided,
-/// under the pool's lock, that no capture is under way, and is stopped inside the
-/// synchronization that decision allowed (capture_window `sync`: the worker's second 64 MiB
-/// `cudaMalloc` takes back the first after a `cuCtxSynchronize`, cuda-sim's pause point); thread
-/// B then begins a global-mode capture, through the runtime and through the driver. The begin
-/// hook records the capture and waits for the request to be done before the real call (B's
-/// begin does not return while the request is stopped), so the synchronization precedes the
-/// capture and B's end returns 0. With the begin recorded after the real call and not waiting
-/// (`begin-unordered`, the old order) B's begin returns at once, the synchronization runs
-/// inside B's capture and invalidates it: end 901, exit 1. (The pool's virtual-memory calls
-/// need no such order: the driver allows them during any capture.)
+/// under the pool's lock, that no capture forbids its calls, and is stopped inside its first
+/// `cuMemCreate` (cuda-sim's pause point); thread B then begins a global-mode capture, through
+/// the runtime and through the driver. The begin hook records the capture and waits for the
+/// request to be done before the real call: the library stops B where it found the pool's lock
+/// held (`pause-begin`) before B's begin returned, and lets it go on once the request returned,
+/// so the request's calls precede the capture and B's end returns 0. With the begin recorded
+/// after the real call and not waiting (`begin-unordered`, the old order) B's begin returns
+/// first (`begun_first=1`) and the request's `cuMemCreate` runs inside B's capture, which the
+/// real driver allows (cuda-sim answers so): this request's calls leave the capture valid,
+/// worker 0, end 0. A request that synchronizes needs the order: capture_window `sync` (the
+/// worker's second 64 MiB `cudaMalloc` takes back the first after a `cuCtxSynchronize`, the
+/// pause point) ends the same way (0, 0, 0), and with `begin-unordered` the synchronization runs
+/// inside B's capture, which the driver invalidates: end 901, exit 1.
 #[test]
 fn a_capture_begun_during_a_pool_request_waits_for_it() {
-    let exe = vramshim_testkit::temp_dir("pool_capture_window").join("pool_capture_window");
-    vramshim_testkit::compile_c_to(
-        &exe,
-        &["tests/workloads/pool/capture_window.c"],
-        Link::SharedRuntime,
-        &["-lpthread"],
+    let env = [
+        ("VRAMSHIM_POOL", "stitch"),
+        ("VRAMSIM_PAUSE_IN", "cuMemCreate"),
+    ];
+    let race = CaptureRace::new("capture_window", "pool_capture_window", &env, "pause-begin");
+    let ok = [("begun_first", 0), ("worker", 0), ("end", 0)];
+    race.expect(&[], None, 0, &ok);
+    let unordered = [("begun_first", 1), ("worker", 0), ("end", 0)];
+    race.expect(&[], Some("begin-unordered"), 0, &unordered);
+    let env = [
+        ("VRAMSHIM_POOL", "stitch"),
+        ("VRAMSIM_PAUSE_IN", "cuCtxSynchronize"),
+    ];
+    let race = CaptureRace::new(
+        "capture_window",
+        "pool_capture_window_sync",
+        &env,
+        "pause-begin",
     );
-    let go = |entry: &str, debug: Option<&str>| {
-        let mut env = vec![
-            ("VRAMSHIM_POOL", "stitch"),
-            ("VRAMSIM_PAUSE_IN", "cuCtxSynchronize"),
-        ];
-        env.extend(debug.map(|d| ("VRAMSHIM_POOL_DEBUG", d)));
-        run(&exe, &[entry, "sync"], &env, "pool-capture-window")
-    };
-    for entry in ["runtime", "driver"] {
-        let o = go(entry, None);
-        assert_exit(&o, 0, entry);
-        assert_eq!(field(&o.stdout, "begun_first"), 0, "{entry}: {}", o.stdout);
-        assert_eq!(field(&o.stdout, "worker"), 0, "{entry}: {}", o.stdout);
-        assert_eq!(field(&o.stdout, "end"), 0, "{entry}: {}", o.stdout);
-        let o = go(entry, Some("begin-unordered"));
-        assert_exit(&o, 1, &format!("{entry} begin-unordered"));
-        assert_eq!(field(&o.stdout, "begun_first"), 1, "{entry}: {}", o.stdout);
-        assert_eq!(field(&o.stdout, "end"), 901, "{entry}: {}", o.stdout);
-    }
+    race.expect(&["sync"], None, 0, &ok);
+    let unordered = [("begun_first", 1), ("end", 901)];
+    race.expect(&["sync"], Some("begin-unordered"), 1, &unordered);
 }
 
 /// The cap empties the driver's pools (`cuCtxSynchronize`) before it would refuse a request:
 /// the question whether a capture forbids the synchronization and the call are one section a
 /// begin on another thread waits for. capture_window `settle` (a 48 MiB cap, no pool; the
-/// driver's pool caches the worker's freed 40 MiB, and its next 40 MiB `cudaMallocAsync` makes the cap
-/// settle; `VRAMSIM_PAUSE_IN=cuCtxSynchronize` stops the synchronization after the question):
-/// B's begin does not return while it is stopped, the worker gets 0 and B's end 0. With the
-/// section ungated (`sections-ungated`) B's begin returns at once and the synchronization
-/// runs inside B's global capture: end 901, exit 1.
+/// driver's pool caches the worker's freed 40 MiB, and its next 40 MiB `cudaMallocAsync` makes
+/// the cap settle; `VRAMSIM_PAUSE_IN=cuCtxSynchronize` stops the synchronization after the
+/// question): the library stops B where it found the section in flight (`pause-begin`) before
+/// B's begin returned, the worker gets 0 and B's end 0. With the section ungated
+/// (`sections-ungated`) B's begin returns first and the synchronization runs inside B's global
+/// capture: end 901, exit 1.
 #[test]
 fn the_cap_never_settles_the_driver_s_pools_inside_a_capture_begun_meanwhile() {
-    let exe = vramshim_testkit::temp_dir("pool_capture_window").join("pool_capture_window_settle");
-    vramshim_testkit::compile_c_to(
-        &exe,
-        &["tests/workloads/pool/capture_window.c"],
-        Link::SharedRuntime,
-        &["-lpthread"],
+    let env = [
+        ("VRAMSHIM_CAP", "48MiB"),
+        ("VRAMSHIM_CAP_CONTEXT", "exclude"),
+        ("VRAMSIM_MEMORY", "1GiB"),
+        ("VRAMSIM_CONTEXT_OVERHEAD", "0"),
+        ("VRAMSIM_PAUSE_IN", "cuCtxSynchronize"),
+        ("VRAMSHIM_LOG", "debug"),
+    ];
+    let race = CaptureRace::new(
+        "capture_window",
+        "pool_capture_window_settle",
+        &env,
+        "pause-begin",
     );
-    let go = |entry: &str, debug: Option<&str>| {
-        let mut env = vec![
-            ("VRAMSHIM_CAP", "48MiB"),
-            ("VRAMSHIM_CAP_CONTEXT", "exclude"),
-            ("VRAMSIM_MEMORY", "1GiB"),
-            ("VRAMSIM_CONTEXT_OVERHEAD", "0"),
-            ("VRAMSIM_PAUSE_IN", "cuCtxSynchronize"),
-            ("VRAMSHIM_LOG", "debug"),
-        ];
-        env.extend(debug.map(|d| ("VRAMSHIM_POOL_DEBUG", d)));
-        run(&exe, &[entry, "settle"], &env, "pool-capture-window-settle")
-    };
-    for entry in ["runtime", "driver"] {
-        let o = go(entry, None);
-        assert_eq!(
-            field(&o.stdout, "begun_first"),
-            0,
-            "{entry}: {} {}",
-            o.stdout,
-            tail(&o.stderr)
-        );
-        assert_exit(&o, 0, entry);
-        assert_eq!(field(&o.stdout, "worker"), 0, "{entry}: {}", o.stdout);
-        assert_eq!(field(&o.stdout, "end"), 0, "{entry}: {}", o.stdout);
-        let o = go(entry, Some("sections-ungated"));
-        assert_exit(&o, 1, &format!("{entry} sections-ungated"));
-        assert_eq!(field(&o.stdout, "begun_first"), 1, "{entry}: {}", o.stdout);
-        assert_eq!(field(&o.stdout, "end"), 901, "{entry}: {}", o.stdout);
-    }
+    let ok = [("begun_first", 0), ("worker", 0), ("end", 0)];
+    race.expect(&["settle"], None, 0, &ok);
+    let ungated = [("begun_first", 1), ("end", 901)];
+    race.expect(&["settle"], Some("sections-ungated"), 1, &ungated);
 }
 
 /// The cap empties the driver's pools for a page the pool needs while the pool's lock is held
@@ -942,138 +993,105 @@ fn the_cap_never_settles_the_driver_s_pools_inside_a_capture_begun_meanwhile() {
 /// wait for the begin (it would wait for the lock its own thread holds). capture_settle_locked
 /// (48 MiB cap, no context charged; the driver's pool caches the worker's freed 40 MiB; the
 /// worker's 16 MiB `cudaMalloc` creates the pool, whose first call stops under the lock:
-/// `VRAMSIM_PAUSE_IN=cuMemGetAllocationGranularity`; B begins a global capture meanwhile):
-/// B's begin does not return while the worker is stopped, the worker gets its 16 MiB (0) and
-/// B's end 0. With the settle waiting for the begin (the section not marked as made under the
-/// pool's lock, a temporary edit) it waits out `captures::BEGIN_WAIT`, then counts B's begin as
-/// a capture under way, does not synchronize, and the cap refuses the page: worker 2.
+/// `VRAMSIM_PAUSE_IN=cuMemGetAllocationGranularity`; B begins a global capture meanwhile): the
+/// library stops B where it found the lock held (`pause-begin`) before B's begin returned, the
+/// worker gets its 16 MiB (0) and B's end 0. With the settle waiting for the begin (the
+/// section not marked as made under the pool's lock, a temporary edit) it waits out
+/// `captures::BEGIN_WAIT` (B stays stopped until the request returns), then counts B's begin
+/// as a capture under way, does not synchronize, and the cap refuses the page: worker 2. With
+/// the begin not waiting for the pool's lock (`begin-unordered`) B's begin returns first and the
+/// request, which began before the capture, finds it under way: the cap may not empty the
+/// driver's pools (no synchronization during a capture) and refuses the page: worker 2 (out of
+/// memory), exit 1.
 #[test]
 fn the_cap_settles_the_driver_s_pools_under_the_pool_s_lock_without_waiting_for_a_begin() {
-    let exe =
-        vramshim_testkit::temp_dir("pool_capture_settle_locked").join("capture_settle_locked");
-    vramshim_testkit::compile_c_to(
-        &exe,
-        &["tests/workloads/pool/capture_settle_locked.c"],
-        Link::SharedRuntime,
-        &["-lpthread"],
+    let env = [
+        ("VRAMSHIM_POOL", "stitch"),
+        ("VRAMSHIM_CAP", "48MiB"),
+        ("VRAMSHIM_CAP_CONTEXT", "exclude"),
+        ("VRAMSIM_MEMORY", "1GiB"),
+        ("VRAMSIM_CONTEXT_OVERHEAD", "0"),
+        ("VRAMSIM_PAUSE_IN", "cuMemGetAllocationGranularity"),
+        ("VRAMSHIM_LOG", "debug"),
+    ];
+    let race = CaptureRace::new(
+        "capture_settle_locked",
+        "pool_capture_settle_locked",
+        &env,
+        "pause-begin",
     );
-    for entry in ["runtime", "driver"] {
-        let o = run(
-            &exe,
-            &[entry],
-            &[
-                ("VRAMSHIM_POOL", "stitch"),
-                ("VRAMSHIM_CAP", "48MiB"),
-                ("VRAMSHIM_CAP_CONTEXT", "exclude"),
-                ("VRAMSIM_MEMORY", "1GiB"),
-                ("VRAMSIM_CONTEXT_OVERHEAD", "0"),
-                ("VRAMSIM_PAUSE_IN", "cuMemGetAllocationGranularity"),
-                ("VRAMSHIM_LOG", "debug"),
-            ],
-            "pool-capture-settle-locked",
-        );
-        assert_eq!(
-            field(&o.stdout, "begun_first"),
-            0,
-            "{entry}: {} {}",
-            o.stdout,
-            tail(&o.stderr)
-        );
-        assert_eq!(
-            field(&o.stdout, "worker"),
-            0,
-            "{entry}: {} {}",
-            o.stdout,
-            tail(&o.stderr)
-        );
-        assert_eq!(field(&o.stdout, "end"), 0, "{entry}: {}", o.stdout);
-        assert_exit(&o, 0, entry);
-    }
+    let ok = [("begun_first", 0), ("worker", 0), ("end", 0)];
+    race.expect(&[], None, 0, &ok);
+    let unordered = [("begun_first", 1), ("worker", 2), ("end", 0)];
+    race.expect(&[], Some("begin-unordered"), 1, &unordered);
 }
 
 /// The runtime's last error after a refusal is set with a real `cudaMalloc(SIZE_MAX)`, made
 /// after the pool's lock is let go: the question whether a capture forbids it and the call are
 /// one section a begin on another thread waits for. capture_window `oom` (a 32 MiB device, the
 /// worker's 64 MiB refused, `VRAMSIM_PAUSE_IN=cuMemAlloc` stops the runtime's `cuMemAlloc`
-/// after the question): B's begin does not return while the call is stopped, the worker gets
-/// 2 and B's end 0. With the section ungated (`sections-ungated`) B's begin returns at once,
-/// the `cudaMalloc` runs inside B's global capture and invalidates it: end 901, exit 1.
+/// after the question): the library stops B where it found the section in flight
+/// (`pause-begin`) before B's begin returned, the worker gets 2 and B's end 0. With the
+/// section ungated (`sections-ungated`) B's begin returns first, the `cudaMalloc` runs inside
+/// B's global capture and invalidates it: end 901, exit 1.
 #[test]
 fn the_runtime_s_last_error_is_never_set_inside_a_capture_begun_meanwhile() {
-    let exe = vramshim_testkit::temp_dir("pool_capture_window").join("pool_capture_window_oom");
-    vramshim_testkit::compile_c_to(
-        &exe,
-        &["tests/workloads/pool/capture_window.c"],
-        Link::SharedRuntime,
-        &["-lpthread"],
+    let env = [
+        ("VRAMSHIM_POOL", "stitch"),
+        ("VRAMSIM_PAUSE_IN", "cuMemAlloc"),
+        ("VRAMSIM_MEMORY", "32MiB"),
+        ("VRAMSIM_CONTEXT_OVERHEAD", "0"),
+    ];
+    let race = CaptureRace::new(
+        "capture_window",
+        "pool_capture_window_oom",
+        &env,
+        "pause-begin",
     );
-    let go = |entry: &str, debug: Option<&str>| {
-        let mut env = vec![
-            ("VRAMSHIM_POOL", "stitch"),
-            ("VRAMSIM_PAUSE_IN", "cuMemAlloc"),
-            ("VRAMSIM_MEMORY", "32MiB"),
-            ("VRAMSIM_CONTEXT_OVERHEAD", "0"),
-        ];
-        env.extend(debug.map(|d| ("VRAMSHIM_POOL_DEBUG", d)));
-        run(&exe, &[entry, "oom"], &env, "pool-capture-window-oom")
-    };
-    for entry in ["runtime", "driver"] {
-        let o = go(entry, None);
-        assert_exit(&o, 0, entry);
-        assert_eq!(field(&o.stdout, "begun_first"), 0, "{entry}: {}", o.stdout);
-        assert_eq!(field(&o.stdout, "worker"), 2, "{entry}: {}", o.stdout);
-        assert_eq!(field(&o.stdout, "end"), 0, "{entry}: {}", o.stdout);
-        let o = go(entry, Some("sections-ungated"));
-        assert_exit(&o, 1, &format!("{entry} sections-ungated"));
-        assert_eq!(field(&o.stdout, "begun_first"), 1, "{entry}: {}", o.stdout);
-        assert_eq!(field(&o.stdout, "end"), 901, "{entry}: {}", o.stdout);
-    }
+    let ok = [("begun_first", 0), ("worker", 2), ("end", 0)];
+    race.expect(&["oom"], None, 0, &ok);
+    let ungated = [("begun_first", 1), ("end", 901)];
+    race.expect(&["oom"], Some("sections-ungated"), 1, &ungated);
 }
 
 /// A begin-capture call that fails is no capture to the pool's requests on other threads,
 /// and one that succeeds is one: capture_begin_fail stops thread B inside its real begin call
 /// (`VRAMSIM_PAUSE_IN=cuStreamBeginCapture`, global mode, through the runtime and through the
 /// driver) while a worker asks for 64 MiB, which the pool serves after a synchronization (the
-/// 64 MiB cudaFree'd before) or by growing. On the legacy stream the begin fails: the worker's
-/// request waits for the outcome and synchronizes (syncs 1). On a stream the begin succeeds:
-/// the pool grows instead (syncs 0; the driver refuses a synchronization during any capture),
-/// and B's capture ends valid (0). The worker gets its memory (0) either way. With the capture
-/// recorded before the real call (`begin-recorded-first`, the old order) the worker acts on
-/// the capture that never began: no synchronization on the legacy stream, the test fails.
+/// 64 MiB cudaFree'd before) or by growing: the library stops the worker's request where it
+/// found B's begin in flight (`pause-request`) before the request returned, and lets it go on
+/// once B's begin returned. On the legacy stream the begin fails: the worker's request
+/// synchronizes (syncs 1). On a stream the begin succeeds: the pool grows instead (syncs 0; the
+/// driver refuses a synchronization during any capture) and B's capture ends valid (0). The
+/// worker gets its memory (0) either way. With the capture recorded before the real call
+/// (`begin-recorded-first`, the old order) the worker's request acts on the capture that never
+/// began without waiting: it returns first, no synchronization on the legacy stream, the test
+/// fails.
 #[test]
 fn a_begin_that_fails_is_no_capture_to_other_threads() {
-    let exe = vramshim_testkit::temp_dir("pool_capture_begin_fail").join("pool_capture_begin_fail");
-    vramshim_testkit::compile_c_to(
-        &exe,
-        &["tests/workloads/pool/capture_begin_fail.c"],
-        Link::SharedRuntime,
-        &["-lpthread"],
+    let env = [
+        ("VRAMSHIM_POOL", "stitch"),
+        ("VRAMSIM_PAUSE_IN", "cuStreamBeginCapture"),
+    ];
+    let race = CaptureRace::new(
+        "capture_begin_fail",
+        "pool_capture_begin_fail",
+        &env,
+        "pause-request",
     );
-    let go = |entry: &str, on: &str, debug: Option<&str>| {
-        let mut env = vec![
-            ("VRAMSHIM_POOL", "stitch"),
-            ("VRAMSIM_PAUSE_IN", "cuStreamBeginCapture"),
-        ];
-        env.extend(debug.map(|d| ("VRAMSHIM_POOL_DEBUG", d)));
-        run(&exe, &[entry, on], &env, "pool-capture-begin-fail")
-    };
-    for entry in ["runtime", "driver"] {
-        let o = go(entry, "legacy", None);
-        assert_exit(&o, 0, &format!("{entry} legacy"));
+    let failed = [("worker", 0), ("worker_first", 0), ("syncs", 1)];
+    for (entry, o) in race.expect(&["legacy"], None, 0, &failed) {
         assert_ne!(field(&o.stdout, "begin"), 0, "{entry}: {}", o.stdout);
-        assert_eq!(field(&o.stdout, "worker"), 0, "{entry}: {}", o.stdout);
-        assert_eq!(field(&o.stdout, "worker_first"), 0, "{entry}: {}", o.stdout);
-        assert_eq!(field(&o.stdout, "syncs"), 1, "{entry}: {}", o.stdout);
-        let o = go(entry, "stream", None);
-        assert_exit(&o, 0, &format!("{entry} stream"));
-        assert_eq!(field(&o.stdout, "worker"), 0, "{entry}: {}", o.stdout);
-        assert_eq!(field(&o.stdout, "worker_first"), 0, "{entry}: {}", o.stdout);
-        assert_eq!(field(&o.stdout, "syncs"), 0, "{entry}: {}", o.stdout);
-        assert_eq!(field(&o.stdout, "end"), 0, "{entry}: {}", o.stdout);
-        let o = go(entry, "legacy", Some("begin-recorded-first"));
-        assert_exit(&o, 1, &format!("{entry} legacy begin-recorded-first"));
-        assert_eq!(field(&o.stdout, "syncs"), 0, "{entry}: {}", o.stdout);
     }
+    let begun = [("worker", 0), ("worker_first", 0), ("syncs", 0), ("end", 0)];
+    race.expect(&["stream"], None, 0, &begun);
+    let recorded_first = [("worker", 0), ("worker_first", 1), ("syncs", 0)];
+    race.expect(
+        &["legacy"],
+        Some("begin-recorded-first"),
+        1,
+        &recorded_first,
+    );
 }
 
 /// A begin-capture hook waits for the request under the pool's lock whatever the pool's mode

@@ -2,8 +2,8 @@
 //! thread id and process id ([`ids`]), the one clock ([`clock`]), the one spin lock
 //! ([`spin`]) and the one biased lock ([`biased`]), process-wide memory barriers
 //! ([`membarrier`]), a thread's end as the kernel marks it ([`life`]), the allocation-free
-//! log ([`log`]) and one-time set-up that a forked child can take back ([`setup`]). Imports
-//! only `config`.
+//! log ([`log`]), one-time set-up that a forked child can take back ([`setup`]) and the
+//! test-only pause points ([`pause`]). Imports only `config`.
 
 pub(crate) mod biased;
 pub(crate) mod clock;
@@ -12,6 +12,7 @@ pub(crate) mod life;
 #[macro_use]
 pub(crate) mod log;
 pub(crate) mod membarrier;
+pub(crate) mod pause;
 pub(crate) mod setup;
 pub(crate) mod spin;
 pub(crate) mod thread;

@@ -62,6 +62,12 @@ pub(crate) const VERIFIED: &[(&str, usize)] = &[
     // torch 2.15.0 (CUDA 13 build), checked against
     // NativeCachingAllocator::attachAllocatorTraceTracker in its .symtab.
     ("ad737ef98186840e3e3101d9321419122cd49754", 50),
+    // torch 2.11.0+cu130, 2.12.1+cu130 (2.12.0's library is the same file) and 2.13.0+cu130
+    // (the registry's x86-64 wheels), each checked the same way: the slot of the vtable whose
+    // relocation points at that function.
+    ("29dec3cf84422903fd1ea8ba24fa01f7c3de4214", 44),
+    ("683ff1848b9f759fdb6049374ce8083f5d124a78", 46),
+    ("cd671f1ea81ad5998caf4412a46a45ab3a936c6c", 48),
 ];
 
 /// PyTorch versions (`major.minor`) whose `TraceEntry` layout was checked against their
@@ -75,7 +81,23 @@ pub(crate) const VERIFIED: &[(&str, usize)] = &[
 ///   `torch/csrc/profiler/combined_traceback.h` is the same (compared on the 2.14.1+cu130
 ///   wheel's headers); its libc10_cuda.so keeps `.symtab`, so the slot is verified as for
 ///   2.15. Not run here (its CUDA libraries are not installed).
-pub(crate) const LAYOUTS: &[&str] = &["2.14", "2.15"];
+/// - 2.11, 2.12, 2.13: compared with 2.15 on the headers of the 2.11.0, 2.12.0, 2.12.1 and
+///   2.13.0 wheels (+cu130). `TraceEntry` is in `c10/core/CachingDeviceAllocator.h` in each
+///   (`c10/cuda/CUDACachingAllocator.h` takes it, and `AllocatorTraceTracker`, by `using`);
+///   it differs from 2.15's only in what the tracker never reads: the action enum ends at
+///   `OOM` (8; 2.15 appends `ANNOTATE`, 9) and the last member, `internal_metadata_`, is
+///   absent (136 bytes, 2.15: 168). A program compiled against each version's headers
+///   printed the offsets and sizes above and the actions 0 to 8, and asserted that
+///   `AllocatorTraceTracker` is `std::function<void(const TraceEntry&)>`, that
+///   `CUDAAllocator::attachAllocatorTraceTracker` takes one by value and that `allocator` is
+///   `std::atomic<CUDAAllocator*>`. `combined_traceback.h` and `c10::GatheredContext` (only a
+///   virtual destructor) are 2.15's, byte for byte. Each wheel's libc10_cuda.so keeps
+///   `.symtab` with the allocator `Native::NativeCachingAllocator` (its vtable and
+///   `attachAllocatorTraceTracker`), so the slot is verified at attach as for 2.15; it moved
+///   (44, 46, 48; 2.15: 50). 2.11.0+cu130 was also run on the simulated GPU
+///   (`scripts/gpu-torch-events.sh --sim`: attached at slot 44, tensors named by the training
+///   script's lines); 2.12 and 2.13 were not.
+pub(crate) const LAYOUTS: &[&str] = &["2.11", "2.12", "2.13", "2.14", "2.15"];
 
 /// Innermost Python frames kept per stack.
 pub(crate) const MAX_PY_FRAMES: usize = 128;
@@ -683,13 +705,7 @@ pub(crate) fn attach(version: &str) -> c_int {
     if crate::config::switch_on("VRAMSHIM_TORCH_FAULT", "drop") {
         FAULT_DROP.store(true, Ordering::Relaxed);
     }
-    let mm: String = version
-        .split('.')
-        .take(2)
-        .map(|p| p.trim_end_matches(|c: char| !c.is_ascii_digit()))
-        .collect::<Vec<_>>()
-        .join(".");
-    if !LAYOUTS.contains(&mm.as_str()) {
+    if !layout_checked(version) {
         return refuse(&format!(
             "PyTorch {version}: its allocator's trace entries are checked for {} only",
             LAYOUTS.join(", ")
@@ -773,6 +789,18 @@ pub(crate) fn attach(version: &str) -> c_int {
     } else {
         ATTACHED_NEEDS_STACKS
     }
+}
+
+/// Whether `version` (`torch.__version__`: "2.11.0+cu130", "2.13.0a0+git1234") is of a
+/// `major.minor` in [`LAYOUTS`].
+fn layout_checked(version: &str) -> bool {
+    let mm: String = version
+        .split('.')
+        .take(2)
+        .map(|p| p.trim_end_matches(|c: char| !c.is_ascii_digit()))
+        .collect::<Vec<_>>()
+        .join(".");
+    LAYOUTS.contains(&mm.as_str())
 }
 
 fn has(hay: &[u8], needle: &[u8]) -> bool {
@@ -978,6 +1006,55 @@ pub(crate) fn drain() -> c_int {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The versions whose layout was compared are accepted, whatever their patch level and
+    /// build suffix; older ones, and versions that only share a prefix with one, are not.
+    #[test]
+    fn layouts_accept_the_checked_versions_only() {
+        for v in [
+            "2.11.0+cu130",
+            "2.11.0",
+            "2.12.0+cu130",
+            "2.12.1+cu130",
+            "2.13.0+cu130",
+            "2.13.0a0+git1234abc",
+            "2.14.1+cu130",
+            "2.15.0+cu132",
+        ] {
+            assert!(layout_checked(v), "{v} refused");
+        }
+        for v in [
+            "2.10.0+cu128",
+            "2.10",
+            "2.1.0",
+            "2.1",
+            "1.13.1",
+            "2.9.1",
+            "2.16.0",
+            "2.110.0",
+            "12.11.0",
+            "3.0.0",
+            "2",
+            "",
+            "torch",
+        ] {
+            assert!(!layout_checked(v), "{v} accepted");
+        }
+    }
+
+    /// Each build verified without a symbol table names one build-id (40 hex digits) once.
+    #[test]
+    fn verified_builds_are_distinct_build_ids() {
+        let mut seen = std::collections::HashSet::new();
+        for &(id, slot) in VERIFIED {
+            assert!(
+                id.len() == 40 && id.bytes().all(|b| b.is_ascii_hexdigit()),
+                "{id}"
+            );
+            assert!(seen.insert(id), "{id} listed twice");
+            assert!(slot > 2, "{id}: slot {slot} is not a virtual method's");
+        }
+    }
 
     #[test]
     fn tensors_are_found_in_their_segments() {

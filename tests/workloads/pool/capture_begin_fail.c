@@ -7,41 +7,32 @@
  *   capture_begin_fail runtime|driver legacy|stream
  *
  * After a 64 MiB cudaMalloc and cudaFree (the pool holds the 64 MiB, to be handed out again
- * after a synchronization), thread B begins a global-mode capture (runtime:
- * cudaStreamBeginCapture; driver: cuStreamBeginCapture_v2 from dlsym) of the legacy stream
- * (which cannot capture: the begin fails) or of stream SA (it succeeds), and stops inside the
- * real call. Then a worker thread (global mode) asks cudaMalloc for 64 MiB: the pool
- * synchronizes to take back the 64 MiB freed, which no capture allows (the driver refuses a
- * synchronization during any capture and invalidates it), or grows. The main thread waits up
- * to 500 ms for the worker's request to return, then lets B's begin go on; B ends its capture
- * if it began.
+ * after a synchronization), thread B begins a global-mode capture (capture_race in
+ * pool_workload.h: through the runtime or the driver) of the legacy stream (which cannot
+ * capture: the begin fails) or of stream SA (it succeeds), and stops inside the real call.
+ * Then a worker thread (global mode) asks cudaMalloc for 64 MiB: the pool synchronizes to take
+ * back the 64 MiB freed, which no capture allows (the driver refuses a synchronization during
+ * any capture and invalidates it), or grows. Run with VRAMSHIM_POOL_DEBUG=pause-request:
+ * a request that waits for B's begin stops in the library where it found it must wait. The
+ * main thread awaits the first of the worker's request returning and the library stopping it,
+ * then lets B's begin go on; once B's begin returned it lets the library go on (if it
+ * stopped); B ends its capture if it began.
  * Output: one line "capture_begin_fail: begin=RC worker=RC worker_first=0|1 syncs=N end=RC"
- * (worker_first: the worker's request returned while B's begin was stopped; syncs: the pool's
- * synchronizations during the worker's request). The worker must get 0; with "legacy" the pool
- * must have synchronized (syncs >= 1: no capture ever began; the request waits for the begin's
- * outcome, or decides without it); with "stream" not (syncs 0), and B's end must be 0 (the
- * capture stayed valid). Exit 1 when a value is not that, 2 on any other failure.
+ * (worker_first: the worker's request returned while B's begin was stopped, before the
+ * library stopped it to wait for the begin; syncs: the pool's synchronizations during the
+ * worker's request). The worker must get 0; with "legacy" the pool must have synchronized
+ * (syncs >= 1: no capture ever began; its request waits for the begin's outcome, or decides
+ * without it); with "stream" not (syncs 0), and B's end must be 0 (the capture stayed valid).
+ * Exit 1 when a value is not that, 2 on any other failure.
  */
 #include <pthread.h>
 #include <string.h>
-#include <time.h>
 
 #define PROG "capture_begin_fail"
 #include "pool_workload.h"
 
-typedef CUresult (*begin_fn)(CUstream, int);
-typedef CUresult (*end_fn)(CUstream, void **);
-typedef CUresult (*pause_wait_fn)(unsigned int);
-typedef CUresult (*pause_release_fn)(void);
-
-static cudaStream_t target;
-static begin_fn begin;
-static end_fn end;
+static capture_race race;
 static cudaError_t worker_rc = (cudaError_t)-1;
-static int begin_rc = -1, end_rc = -1;
-static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
-static int worker_done;
 static long long syncs = -1;
 
 static void *worker(void *arg) {
@@ -49,22 +40,10 @@ static void *worker(void *arg) {
     void *big = NULL;
     stat_fn stat = pool_stat_or_exit();
     long long before = stat(0, "syncs");
-    cudaError_t rc = cudaMalloc(&big, 64 << 20);
-    long long after = stat(0, "syncs");
-    if (rc == cudaSuccess) CHECK(cudaFree(big));
-    pthread_mutex_lock(&mu);
-    syncs = after - before;
-    worker_rc = rc;
-    worker_done = 1;
-    pthread_cond_broadcast(&cv);
-    pthread_mutex_unlock(&mu);
-    return NULL;
-}
-
-static void *capturer(void *arg) {
-    (void)arg;
-    begin_rc = begin ? (int)begin((CUstream)target, cudaStreamCaptureModeGlobal)
-                     : (int)cudaStreamBeginCapture(target, cudaStreamCaptureModeGlobal);
+    worker_rc = cudaMalloc(&big, 64 << 20);
+    syncs = stat(0, "syncs") - before;
+    capture_race_post(&race, EV_DONE);
+    if (worker_rc == cudaSuccess) CHECK(cudaFree(big));
     return NULL;
 }
 
@@ -75,63 +54,35 @@ int main(int argc, char **argv) {
         return 2;
     }
     int legacy = strcmp(argv[2], "legacy") == 0;
-    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
-    pause_wait_fn pause_wait = lib ? (pause_wait_fn)dlsym(lib, "vramsimPauseWait") : NULL;
-    pause_release_fn pause_release = lib ? (pause_release_fn)dlsym(lib, "vramsimPauseRelease") : NULL;
-    if (!pause_wait || !pause_release) {
-        fprintf(stderr, PROG ": no pause point (cuda-sim only)\n");
-        return 2;
-    }
-    if (strcmp(argv[1], "driver") == 0) {
-        begin = (begin_fn)dlsym(lib, "cuStreamBeginCapture_v2");
-        end = (end_fn)dlsym(lib, "cuStreamEndCapture");
-        if (!begin || !end) {
-            fprintf(stderr, PROG ": no capture entry points\n");
-            return 2;
-        }
-    }
+    capture_race_open(&race, argv[1]);
     CHECK(cudaSetDevice(0));
     cudaStream_t sa;
     CHECK(cudaStreamCreateWithFlags(&sa, cudaStreamNonBlocking));
-    target = legacy ? (cudaStream_t)0 : sa;
     void *w = NULL;
     CHECK(cudaMalloc(&w, 64 << 20));
     CHECK(cudaFree(w));
 
-    pthread_t b, wt;
-    if (pthread_create(&b, NULL, capturer, NULL) != 0) return 2;
-    if (pause_wait(10000) != CUDA_SUCCESS) {
+    capture_race_start(&race, legacy ? (cudaStream_t)0 : sa);
+    if (race.pause_wait(10000) != CUDA_SUCCESS) {
         fprintf(stderr, PROG ": the begin never stopped (VRAMSIM_PAUSE_IN?)\n");
         return 2;
     }
+    pthread_t wt;
     if (pthread_create(&wt, NULL, worker, NULL) != 0) return 2;
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_nsec += 500 * 1000 * 1000;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
-    pthread_mutex_lock(&mu);
-    while (!worker_done && pthread_cond_timedwait(&cv, &mu, &until) == 0) {
-    }
-    int worker_first = worker_done;
-    pthread_mutex_unlock(&mu);
-    pause_release();
-    pthread_join(b, NULL);
+    int first = capture_race_next(&race);
+    int worker_first = first == EV_DONE;
+    race.pause_release();
+    capture_race_expect(&race, EV_BEGUN, "B's begin");
+    if (first == EV_PAUSED) capture_race_resume(&race);
     pthread_join(wt, NULL);
-    if (begin_rc == 0) {
-        cudaGraph_t g = NULL;
-        end_rc = end ? (int)end((CUstream)target, (void **)&g) : (int)cudaStreamEndCapture(target, &g);
-        if (end_rc == 0 && g) CHECK(cudaGraphDestroy(g));
-    }
+    capture_race_finish(&race);
     CHECK(cudaStreamDestroy(sa));
-    printf(PROG ": begin=%d worker=%d worker_first=%d syncs=%lld end=%d\n", begin_rc, (int)worker_rc,
-           worker_first, syncs, end_rc);
+    printf(PROG ": begin=%d worker=%d worker_first=%d syncs=%lld end=%d\n", race.begin_rc,
+           (int)worker_rc, worker_first, syncs, race.end_rc);
     if (legacy) {
-        if (begin_rc == 0) return 2;
+        if (race.begin_rc == 0) return 2;
         return worker_rc == cudaSuccess && syncs >= 1 ? 0 : 1;
     }
-    if (begin_rc != 0) return 2;
-    return worker_rc == cudaSuccess && syncs == 0 && end_rc == 0 ? 0 : 1;
+    if (race.begin_rc != 0) return 2;
+    return worker_rc == cudaSuccess && syncs == 0 && race.end_rc == 0 ? 0 : 1;
 }

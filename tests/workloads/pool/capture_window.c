@@ -27,74 +27,48 @@
  * must get 0.
  * A worker thread (global mode) asks cudaMalloc for 64 MiB: the pool grows, and its first
  * cuMemCreate stops in the driver, the pool's lock held. Then thread B begins capturing stream
- * SA in global mode (runtime: cudaStreamBeginCapture; driver: cuStreamBeginCapture_v2 from
- * dlsym). The main thread waits up to 300 ms for B's begin to return, then lets the worker's
- * call go on; the worker's request completes (or fails), and B ends its capture.
+ * SA in global mode (capture_race in pool_workload.h: through the runtime or the driver). Run
+ * with VRAMSHIM_POOL_DEBUG=pause-begin: a begin that waits for the worker's call stops in the
+ * library where it found it must wait. The main thread awaits the first of B's begin returning
+ * and the library stopping B, then lets the worker's call go on; once the worker's request
+ * returned it lets the library go on (if it stopped), and B ends its capture; then the main
+ * thread frees the worker's allocation.
  * Output: one line "capture_window: worker=RC begun_first=0|1 end=RC" (worker: the 64 MiB
- * request's result; begun_first: B's begin returned while the worker's call was stopped;
- * end: B's end-capture result, 0 when the capture stayed valid, 901 when the pool's call
- * invalidated it). Exit 1 if the capture ended invalid, else 2 on any other failure.
+ * request's result; begun_first: B's begin returned while the worker's call was stopped,
+ * before the library stopped it to wait; end: B's end-capture result, 0 when the capture
+ * stayed valid, 901 when the pool's call invalidated it). Exit 1 if the capture ended
+ * invalid, else 2 on any other failure.
  */
 #include <pthread.h>
 #include <string.h>
-#include <time.h>
 
 #define PROG "capture_window"
 #include "pool_workload.h"
 
-typedef CUresult (*begin_fn)(CUstream, int);
-typedef CUresult (*end_fn)(CUstream, void **);
-typedef CUresult (*pause_wait_fn)(unsigned int);
-typedef CUresult (*pause_release_fn)(void);
-
-static cudaStream_t sa;
-static begin_fn begin;
-static end_fn end;
+static capture_race race;
 static cudaError_t worker_rc = (cudaError_t)-1;
-static int begin_rc = -1, end_rc = -1;
-static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
-static int begun, may_end;
-
 static int settle, sync_first;
 static cudaStream_t ws;
+/* the worker's request, freed by the main thread once B's capture ended (a free while it is
+ * under way is no part of the race) */
+static void *big;
 
 static void *worker(void *arg) {
     (void)arg;
-    void *big = NULL;
     if (settle) {
         void *a = NULL;
         CHECK(cudaMallocAsync(&a, 40 << 20, ws));
         CHECK(cudaFreeAsync(a, ws));
         /* stream-ordered: an allocation a capture does not forbid */
         worker_rc = cudaMallocAsync(&big, 40 << 20, ws);
-        if (worker_rc == cudaSuccess) CHECK(cudaFreeAsync(big, ws));
-        return NULL;
+    } else {
+        if (sync_first) {
+            CHECK(cudaMalloc(&big, 64 << 20));
+            CHECK(cudaFree(big));
+        }
+        worker_rc = cudaMalloc(&big, 64 << 20);
     }
-    if (sync_first) {
-        CHECK(cudaMalloc(&big, 64 << 20));
-        CHECK(cudaFree(big));
-    }
-    worker_rc = cudaMalloc(&big, 64 << 20);
-    if (worker_rc == cudaSuccess) CHECK(cudaFree(big));
-    return NULL;
-}
-
-static void *capturer(void *arg) {
-    (void)arg;
-    int rc = begin ? (int)begin((CUstream)sa, cudaStreamCaptureModeGlobal)
-                   : (int)cudaStreamBeginCapture(sa, cudaStreamCaptureModeGlobal);
-    pthread_mutex_lock(&mu);
-    begin_rc = rc;
-    begun = 1;
-    pthread_cond_broadcast(&cv);
-    while (!may_end) pthread_cond_wait(&cv, &mu);
-    pthread_mutex_unlock(&mu);
-    if (rc == 0) {
-        cudaGraph_t g = NULL;
-        end_rc = end ? (int)end((CUstream)sa, (void **)&g) : (int)cudaStreamEndCapture(sa, &g);
-        if (end_rc == 0 && g) CHECK(cudaGraphDestroy(g));
-    }
+    capture_race_post(&race, EV_DONE);
     return NULL;
 }
 
@@ -108,22 +82,9 @@ int main(int argc, char **argv) {
     int oom = argc == 3 && strcmp(argv[2], "oom") == 0;
     settle = argc == 3 && strcmp(argv[2], "settle") == 0;
     sync_first = argc == 3 && strcmp(argv[2], "sync") == 0;
-    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
-    pause_wait_fn pause_wait = lib ? (pause_wait_fn)dlsym(lib, "vramsimPauseWait") : NULL;
-    pause_release_fn pause_release = lib ? (pause_release_fn)dlsym(lib, "vramsimPauseRelease") : NULL;
-    if (!pause_wait || !pause_release) {
-        fprintf(stderr, PROG ": no pause point (cuda-sim only)\n");
-        return 2;
-    }
-    if (strcmp(argv[1], "driver") == 0) {
-        begin = (begin_fn)dlsym(lib, "cuStreamBeginCapture_v2");
-        end = (end_fn)dlsym(lib, "cuStreamEndCapture");
-        if (!begin || !end) {
-            fprintf(stderr, PROG ": no capture entry points\n");
-            return 2;
-        }
-    }
+    capture_race_open(&race, argv[1]);
     CHECK(cudaSetDevice(0));
+    cudaStream_t sa;
     CHECK(cudaStreamCreateWithFlags(&sa, cudaStreamNonBlocking));
     if (settle) {
         CHECK(cudaStreamCreateWithFlags(&ws, cudaStreamNonBlocking));
@@ -133,38 +94,14 @@ int main(int argc, char **argv) {
         CHECK(cudaMemPoolSetAttribute(mp, cudaMemPoolAttrReleaseThreshold, &keep));
     }
 
-    pthread_t w, b;
-    if (pthread_create(&w, NULL, worker, NULL) != 0) return 2;
-    if (pause_wait(10000) != CUDA_SUCCESS) {
-        fprintf(stderr, PROG ": the worker's call never stopped (VRAMSIM_PAUSE_IN?)\n");
-        return 2;
-    }
-    if (pthread_create(&b, NULL, capturer, NULL) != 0) return 2;
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_nsec += 300 * 1000 * 1000;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
-    pthread_mutex_lock(&mu);
-    while (!begun && pthread_cond_timedwait(&cv, &mu, &until) == 0) {
-    }
-    int begun_first = begun;
-    pthread_mutex_unlock(&mu);
-    pause_release();
-    pthread_join(w, NULL);
-    pthread_mutex_lock(&mu);
-    may_end = 1;
-    pthread_cond_broadcast(&cv);
-    pthread_mutex_unlock(&mu);
-    pthread_join(b, NULL);
+    int begun_first = capture_race_during(&race, sa, worker);
+    if (worker_rc == cudaSuccess) CHECK(settle ? cudaFreeAsync(big, ws) : cudaFree(big));
     CHECK(cudaStreamDestroy(sa));
-    printf(PROG ": worker=%d begun_first=%d end=%d\n", (int)worker_rc, begun_first, end_rc);
-    if (begin_rc != 0) {
-        fprintf(stderr, PROG ": begin failed: %d\n", begin_rc);
+    printf(PROG ": worker=%d begun_first=%d end=%d\n", (int)worker_rc, begun_first, race.end_rc);
+    if (race.begin_rc != 0) {
+        fprintf(stderr, PROG ": begin failed: %d\n", race.begin_rc);
         return 2;
     }
-    if (end_rc != 0) return 1;
+    if (race.end_rc != 0) return 1;
     return worker_rc == (oom ? cudaErrorMemoryAllocation : cudaSuccess) ? 0 : 2;
 }
