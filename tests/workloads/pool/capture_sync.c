@@ -9,7 +9,8 @@
  *
  * CAPTURE_MODE, WORKER_MODE: global|local|relaxed (the capture's mode; the worker's
  * interaction mode, cudaThreadExchangeStreamCaptureMode). The main thread begins capturing a
- * non-blocking stream SA (cudaStreamBeginCapture), captures a fill into it, starts the worker
+ * non-blocking stream SA (cudaStreamBeginCapture), captures a memset into it (no call of
+ * cuda-sim's own: the workload also runs on a real GPU), starts the worker
  * and waits for it, then ends the capture.
  * - pool (run with VRAMSHIM_POOL=stitch): the worker's cudaMalloc of 64 MiB, its cudaFree (the
  *   block waits for a synchronization before the pool may hand it out again), and a second
@@ -97,7 +98,7 @@ int main(int argc, char **argv) {
     long long syncs_before = stat ? stat(0, "syncs") : -1;
 
     CHECK(cudaStreamBeginCapture(sa, (enum cudaStreamCaptureMode)capture_mode));
-    CHECK(vramsimKernelFill(anchor, 0x11, 4096, 0, sa));
+    CHECK(cudaMemsetAsync(anchor, 0x11, 4096, sa));
     pthread_t t;
     if (pthread_create(&t, NULL, work, NULL) != 0) {
         fprintf(stderr, PROG ": pthread_create failed\n");
