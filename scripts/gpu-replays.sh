@@ -35,13 +35,16 @@ for t in $traces; do
         else
             PYTORCH_CUDA_ALLOC_CONF=$conf timeout 90 "$vs" replay "$t" --live --through pytorch >"$f" 2>&1
         fi
-        echo "== $n through PyTorch (${conf:-default})"; grep -v '^ *$' "$f" | cut -c1-240
+        echo "== $n through PyTorch (${conf:-default})"; grep -v '^ *$' "$f"
         tp+=("$(mib 'peak reserved' <"$f")")
     done
-    rows+=("| $n | ${dl:-?} | ${sl:-?} | ${sm:-?} | ${tp[0]:-?} | ${tp[1]:-?} | ${tp[2]:-?} |")
+    # the pattern written into every block of the stitch run, checked before its free
+    bad=$(sed -n 's/.*"mismatches": \([0-9]*\).*/\1/p' "$f" | head -1)
+    done_=$(sed -n 's/.*"completed": \(true\|false\).*/\1/p' "$f" | head -1)
+    rows+=("| $n | ${dl:-?} | ${sl:-?} | ${sm:-?} | ${tp[0]:-?} | ${tp[1]:-?} | ${tp[2]:-?} | ${done_:-?} / ${bad:-?} |")
 done
 echo
-echo "| trace | raw: no pool | raw: stitch live | raw: stitch model | PyTorch default | expandable segments | PyTorch + stitch |"
-echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+echo "| trace | raw: no pool | raw: stitch live | raw: stitch model | PyTorch default | expandable segments | PyTorch + stitch | stitch run completed / pattern mismatches |"
+echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
 printf '%s\n' "${rows[@]}"
 echo "(peak reserved, MiB; logs in $out)"
