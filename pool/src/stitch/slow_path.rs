@@ -57,16 +57,8 @@ impl Stitch {
                     }
                 }
             }
-            if let Some(mut e) = refused {
+            if let Some(e) = refused {
                 self.release_unused(dev, &created);
-                // A stream capture forbade the growth: where the device's room (the cap's, in
-                // the live library) is short of the pages still missing anyway, the request
-                // fails for that, as it does with no capture (under a cap the caller must see
-                // out of memory, not the capture's refusal).
-                let missing = shortfall.saturating_sub(created.len() as u64) * self.gran;
-                if e == DeviceError::NotPermitted && dev.room().is_some_and(|room| room < missing) {
-                    e = DeviceError::OutOfMemory;
-                }
                 if !e.is_oom() {
                     return Err(PoolError::Device(e));
                 }
