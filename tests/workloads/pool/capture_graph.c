@@ -1,8 +1,8 @@
 /*
  * capture_graph - a graph allocation through the pool: during a stream capture a
- * cudaMallocAsync on the capturing stream for more than the pool holds (it would have to
- * grow, which the capture forbids) must succeed, as it does without the library: CUDA makes
- * it an allocation node of the graph. The graph is instantiated and launched, and the
+ * cudaMallocAsync on the capturing stream for more than the pool holds must succeed, as it
+ * does without the library: CUDA makes it an allocation node of the graph (the library sends
+ * every stream-ordered request on a capturing stream to the driver). The graph is instantiated and launched, and the
  * allocation freed.
  *
  *   capture_graph global|local inside|outside [capped] [prefree|prefree-malloc] [joined]

@@ -1,11 +1,13 @@
 /*
  * capture_threads - while one thread captures a stream into a graph, another allocates and
  * frees through the pool at sizes that make it reuse, order streams and grow: the capture
- * must end valid. CUDA forbids a thread potentially unsafe calls (a synchronization, an
- * event query, cudaMalloc, the virtual-memory calls the pool grows with) while a capture
- * applies to it (by the thread's interaction mode: in global mode, every global-mode capture
- * of another thread and its own; in thread-local mode, its own; relaxed, none), and such a
- * call invalidates that capture; cuda-sim polices exactly that.
+ * must end valid. CUDA forbids a thread potentially unsafe calls (an event query, a stream's
+ * synchronization, cudaMalloc) while a capture applies to it (by the thread's interaction
+ * mode: in global mode, every global-mode capture of another thread and its own; in
+ * thread-local mode, its own; relaxed, none), refuses cuCtxSynchronize during any capture,
+ * and such a call invalidates the capture; the virtual-memory calls the pool grows with are
+ * allowed during any capture (tests/workloads/sim/driver_facts.expected). cuda-sim polices
+ * exactly that.
  *
  *   capture_threads runtime|driver|lookup|tograph|drivertograph CAPTURE_MODE WORKER_MODE [self]
  *                   [badend] [blocking] [capped]

@@ -20,7 +20,7 @@
  * With "settle" (run under a 48 MiB cap without the pool, VRAMSIM_PAUSE_IN=cuCtxSynchronize) the
  * driver's default pool keeps every freed block (release threshold UINT64_MAX): the worker
  * allocates 40 MiB stream-ordered on its stream and frees it there, then asks for 40 MiB more
- * there (cudaMallocAsync, which no capture forbids), which the cap would refuse while the
+ * there (cudaMallocAsync, begun before the capture), which the cap would refuse while the
  * driver's pool caches the first 40: the cap
  * empties the driver's pools, after it decided no capture forbids the synchronization that
  * takes; that cuCtxSynchronize stops in the driver, and B begins its capture then. The worker
@@ -59,7 +59,8 @@ static void *worker(void *arg) {
         void *a = NULL;
         CHECK(cudaMallocAsync(&a, 40 << 20, ws));
         CHECK(cudaFreeAsync(a, ws));
-        /* stream-ordered: an allocation a capture does not forbid */
+        /* stream-ordered on a stream that does not capture: made before B's begin, else a
+         * global capture would forbid it (driver_facts.expected, alloc_async_other_stream) */
         worker_rc = cudaMallocAsync(&big, 40 << 20, ws);
     } else {
         if (sync_first) {
