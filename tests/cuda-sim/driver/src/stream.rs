@@ -759,6 +759,10 @@ pub fn ctx_sync_check(dev: i32) -> Res {
         if c.status == CU_STREAM_CAPTURE_STATUS_ACTIVE {
             c.status = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
             hit = true;
+        } else if c.status == CU_STREAM_CAPTURE_STATUS_INVALIDATED {
+            // An invalidated capture is still a capture until its end: the stream stays in
+            // capture mode and cannot be waited for.
+            hit = true;
         }
     }
     if hit {
