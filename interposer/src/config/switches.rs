@@ -28,7 +28,7 @@ const SWITCHES: &[(&str, &[&str])] = &[
             "kept-over-live",
             "busy-until-sync",
             "ignore-retired",
-            "ignore-other-captures",
+            "sync-by-mode",
             "refuse-graph-allocs",
             "graph-frees-reused",
             "fences-until-sync",
@@ -37,7 +37,6 @@ const SWITCHES: &[(&str, &[&str])] = &[
             "layers-over-live",
             // Peer access (`pool::on_peer_access`).
             "no-peer",
-            "grant-in-capture",
             // The thread caches (`pool::read_mode`); any name at all but `no-layers` and
             // the pause points, `no-tcache` the usual one, turns them off unless one of the `tcache-*` names is
             // given.

@@ -1,9 +1,16 @@
 //! The stream captures the process has under way (the hooks on every begin- and end-capture
-//! entry point report them), and whether the calling thread may make a potentially unsafe
-//! call now: a synchronization, an event query, a virtual-memory call (`cuMemCreate`,
-//! `cuMemMap`, ...), `cudaMalloc`. Such a call made while a capture forbids it fails and
-//! invalidates that capture, whichever thread makes it, so the layers that make calls of their
-//! own (the pool, the cap's settling of the driver's pools) ask here first.
+//! entry point report them), and whether the calling thread may make a call now that would
+//! break one. What a real driver does is tests/workloads/sim/driver_facts.expected (an H200,
+//! driver 580.159.04): `cuCtxSynchronize` is refused during any capture of the context and
+//! invalidates every one, whatever the modes ([`ctx_sync_forbidden`]); the calls CUDA calls
+//! potentially unsafe (`cuMemAlloc`, `cuMemFree`, an event query or synchronization, a
+//! stream's synchronization or query, `cuMemPoolTrimTo`, stream-ordered calls on a stream that
+//! does not capture) fail and invalidate a capture where the mode rules below forbid the
+//! calling thread them ([`forbid_unsafe_calls`]); the virtual-memory calls (`cuMemCreate`,
+//! `cuMemMap`, `cuMemSetAccess`, ...), event creation, destruction and records, and waits on
+//! streams that do not capture are allowed during any capture. The layers that make calls of
+//! their own (the pool, the cap's settling of the driver's pools, the runtime's last error) ask
+//! here first.
 //!
 //! CUDA's rules (`cuThreadExchangeStreamCaptureMode`): a thread in global mode (the default)
 //! is forbidden while it has a capture of its own not begun in relaxed mode, or while any other
@@ -402,6 +409,36 @@ fn sections_ungated() -> bool {
 fn joins_unseen() -> bool {
     static READ: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *READ.get_or_init(|| crate::config::switch_on("VRAMSHIM_POOL_DEBUG", "joins-unseen"))
+}
+
+/// Testing only (`VRAMSHIM_POOL_DEBUG=sync-by-mode`): the library's own synchronizations are
+/// decided by the mode rules and the request's stream ([`forbid_unsafe_calls`]), as once, not
+/// by [`ctx_sync_forbidden`].
+pub(crate) fn syncs_by_mode() -> bool {
+    static READ: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *READ.get_or_init(|| crate::config::switch_on("VRAMSHIM_POOL_DEBUG", "sync-by-mode"))
+}
+
+/// Whether a `cuCtxSynchronize` of the library's own would break a capture: one is under way
+/// in the process, whatever its mode and thread and the caller's. The driver refuses the
+/// synchronization during any capture of the context and invalidates every one, relaxed and
+/// thread-local ones of other threads included: it would wait for the capturing stream itself
+/// (tests/workloads/sim/driver_facts.expected, `ctx_sync`). The mode rules
+/// ([`forbid_unsafe_calls`]) do not apply to it. A begin in flight on another thread counts
+/// as [`forbid_unsafe_calls`] counts it: where the caller stopped waiting for it
+/// ([`wait_for_begins`]); else it was waited for, or it waits for the caller (the pool's lock,
+/// [`gated`]) before its real call. One atomic load while none is under way.
+#[inline]
+pub(crate) fn ctx_sync_forbidden() -> bool {
+    ACTIVE.load(Ordering::Acquire) != 0 && any_counted()
+}
+
+#[cold]
+#[inline(never)]
+fn any_counted() -> bool {
+    let me = crate::sys::ids::tid();
+    let counting = counting_begins();
+    CAPTURES.lock().iter().any(|x| counts(x, counting, me))
 }
 
 /// The calling thread's capture interaction mode (global without the driver's exchange).

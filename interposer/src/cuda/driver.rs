@@ -9,7 +9,8 @@ use std::ffi::{c_char, c_int};
 use crate::cuda::real::{self, Lib, Slot};
 use crate::cuda::types::{
     CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
-    CUDA_ERROR_NOT_INITIALIZED, CUDA_SUCCESS, CUstream,
+    CUDA_ERROR_NOT_INITIALIZED, CUDA_SUCCESS, CUstream, PfnCuMemPoolGetAttribute,
+    PfnCuMemPoolTrimTo,
 };
 
 type PfnCuInit = unsafe extern "C" fn(u32) -> c_int;
@@ -106,9 +107,22 @@ pub(crate) fn pci_bus_id(device: i32) -> Option<String> {
     String::from_utf8(bytes).ok()
 }
 
+/// Whether a synchronization of the context would break a capture: one is under way in the
+/// process (`captures::ctx_sync_forbidden`). Under `VRAMSHIM_POOL_DEBUG=sync-by-mode` (testing
+/// only) the old rule, [`capturing`].
+fn sync_would_break_a_capture(stream: u64) -> bool {
+    if super::captures::syncs_by_mode() {
+        capturing(stream)
+    } else {
+        super::captures::ctx_sync_forbidden()
+    }
+}
+
 /// Whether `stream` or the legacy stream is capturing, or the driver cannot say (an error
-/// counts as capturing: never synchronize when unsure), or a capture on another stream
-/// forbids the calling thread a synchronization (`captures`). False without the query.
+/// counts as capturing), or a capture on another stream forbids the calling thread
+/// potentially unsafe calls by the mode rules (`captures`): the cap waits for room only
+/// while none is. False without the query. Not the rule for a synchronization of the
+/// context: see [`sync_would_break_a_capture`].
 pub(crate) fn capturing(stream: u64) -> bool {
     if super::captures::forbid_unsafe_calls() {
         return true;
@@ -130,33 +144,43 @@ pub(crate) fn capturing(stream: u64) -> bool {
 /// Empties the driver's memory pools of `device` of the blocks they keep cached: waits for
 /// the device's pending work (so that stream-ordered frees reach their pools), trims every
 /// pool the process may have used to zero, and returns what they still cache (reserved
-/// minus used bytes; 0 = nothing). `None`, having done nothing, when a stream capture is
-/// underway on `stream` or the legacy stream (synchronizing then would break the capture;
-/// an error of the query counts as a capture), when `device` is not the current context's,
-/// or when the driver lacks a function. The question and the synchronization are one section
-/// a begin-capture call on another thread waits for (`captures::gated`): no capture begins
-/// between them.
+/// minus used bytes; 0 = nothing). `None`, having done nothing, while a stream capture is
+/// under way in the process, whatever its mode and thread (the driver refuses the
+/// synchronization during any capture and invalidates it:
+/// tests/workloads/sim/driver_facts.expected, `ctx_sync`), when `device` is not the current
+/// context's, or when the driver lacks a function. The question, the synchronization and the
+/// trims (`cuMemPoolTrimTo` is potentially unsafe too) are one section a begin-capture call on
+/// another thread waits for (`captures::gated`): no capture begins between them.
 pub(crate) fn settle_pools(device: i32, stream: u64) -> Option<u64> {
     real::cuStreamIsCapturing()?;
     let get_device = real::cuCtxGetDevice()?;
     let sync = real::cuCtxSynchronize()?;
     let trim = real::cuMemPoolTrimTo()?;
     let attr = real::cuMemPoolGetAttribute()?;
-    let synced = super::captures::gated(|| {
-        if capturing(stream) {
-            return false;
+    super::captures::gated(|| {
+        if sync_would_break_a_capture(stream) {
+            return None;
         }
         let mut current: c_int = -1;
         // SAFETY: valid out-pointer.
         if unsafe { get_device(&mut current) } != CUDA_SUCCESS || current != device {
-            return false;
+            return None;
         }
-        // SAFETY: no arguments; no capture is underway (checked above).
-        unsafe { sync() == CUDA_SUCCESS }
-    });
-    if !synced {
-        return None;
-    }
+        // SAFETY: no arguments; no capture is under way (checked above).
+        if unsafe { sync() } != CUDA_SUCCESS {
+            return None;
+        }
+        trim_and_measure(device, trim, attr)
+    })
+}
+
+/// `settle_pools` after its synchronization: every pool of `device` trimmed to zero, and
+/// what they still cache.
+fn trim_and_measure(
+    device: i32,
+    trim: PfnCuMemPoolTrimTo,
+    attr: PfnCuMemPoolGetAttribute,
+) -> Option<u64> {
     let mut cached = 0u64;
     for pool in crate::cuda::mempools::pools_of(device) {
         // SAFETY: a pool handle the driver gave; a stale one answers an error, skipped.

@@ -1,7 +1,8 @@
 //! Stream capture's beginning and end, through every entry point (the runtime's, the
 //! driver's with and without a mode, to a graph, `_ptsz`; the lookups hand these hooks out):
-//! `cuda::captures` keeps the captures under way, so that the pool and the cap make no call a
-//! capture forbids (a synchronization, an event query, a virtual-memory call), on any thread.
+//! `cuda::captures` keeps the captures under way, so that the pool and the cap make no call
+//! that would break one (a synchronization of the context during any capture; an event query
+//! or `cudaMalloc` where the mode rules forbid it), on any thread.
 //!
 //! Not depth-guarded: the runtime's begin reaching the driver's is the same capture, reported
 //! twice (the registry keeps one per stream), and a capture begun inside another hook's real
@@ -84,7 +85,6 @@ fn end<F: Copy>(h: Site<F>, stream: CUstream, call: impl FnOnce(F) -> c_int) -> 
         };
         if !goes_on {
             captures::ended(key(h, stream));
-            super::pool_glue::grant_owed_peers();
         }
         crate::debug!("{name} stream={:#x} -> {rc}", stream as u64);
         rc

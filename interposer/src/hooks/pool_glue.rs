@@ -31,9 +31,3 @@ pub(crate) fn on_device_reset(device: i32) {
 pub(crate) fn on_peer_access(owner: i32, accessor: i32) {
     crate::pool::on_peer_access(owner, accessor);
 }
-
-/// A stream capture ended (or its stream was destroyed): the peer grants it forbade are made.
-#[inline]
-pub(crate) fn grant_owed_peers() {
-    crate::pool::grant_owed_peers();
-}

@@ -97,9 +97,6 @@ fn stream_destroy<F: Copy>(h: Site<F>, stream: u64, call: impl Fn(F) -> c_int) -
         crate::cuda::captures::ended(stream);
         let rc = call();
         crate::debug!("{name} stream={stream:#x} -> {rc}");
-        if rc == CUDA_SUCCESS {
-            super::pool_glue::grant_owed_peers();
-        }
         if let Some(t0) = t0
             && rc == CUDA_SUCCESS
             && stream > 2

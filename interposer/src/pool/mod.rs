@@ -8,10 +8,10 @@
 //! Semantics (DESIGN.md section 4): `cudaFree`d blocks wait for a synchronization (batched,
 //! the process's own syncs count through [`note_process_sync`]); `cudaFreeAsync(p, s)` blocks
 //! are reusable at once on `s` and on other streams behind an event; requests that are not
-//! stream-ordered (`cudaMalloc`) only get memory a synchronization covers; no synchronizing
-//! call during stream capture (while a capture forbids the calls the pool needs, it serves
-//! what it holds; a `cudaMalloc` it cannot serve then fails with 900, a stream-ordered request
-//! goes to the real function); a stream-ordered request on a capturing stream goes to the real
+//! stream-ordered (`cudaMalloc`) only get memory a synchronization covers; no synchronization
+//! while any stream capture is under way in the process, whatever its mode and thread (the
+//! driver refuses it and invalidates the capture: the pool grows instead, its virtual-memory
+//! calls being allowed during any capture); a stream-ordered request on a capturing stream goes to the real
 //! function, which makes it an allocation node of the graph, and so does a stream-ordered free
 //! of a pool block on a capturing stream, which the driver refuses (see [`not_a_graph_free`]);
 //! pointers the pool does not own go to the real function; if
@@ -607,12 +607,7 @@ pub(crate) fn alloc(req: &request::Request) -> Option<Result<u64, i32>> {
         KEEP_RUN[d].store(run, Ordering::Relaxed);
         publish_held(d, p);
         publish_watch(d, p);
-        // a request that needed a call a stream capture forbade fails as CUDA fails such a
-        // call (`cudaMalloc` during a capture that forbids it): the capture stays valid
-        Ok(r.map_err(|e| {
-            let by_capture = p.dev.refused() > 0 && capture_refused(&e);
-            (e, by_capture)
-        }))
+        Ok(r)
     });
     let r = match r {
         Ok(r) => r,
@@ -623,59 +618,8 @@ pub(crate) fn alloc(req: &request::Request) -> Option<Result<u64, i32>> {
     };
     match r {
         Ok(a) => Some(Ok(a.addr)),
-        Err((e, by_capture)) => failed(req, stream, e, by_capture),
+        Err(e) => refused(req, e),
     }
-}
-
-/// The pool did not serve `req` (ordered on `stream`; `by_capture`: it needed a call a stream
-/// capture forbade): the code the process sees, or `None` (pass through). Out of line: the
-/// path every served request takes stays small.
-#[cold]
-#[inline(never)]
-fn failed(
-    req: &request::Request,
-    stream: u64,
-    e: PoolError,
-    by_capture: bool,
-) -> Option<Result<u64, i32>> {
-    match (e, by_capture) {
-        // A stream-ordered request (on a stream that does not capture) that needed a call a
-        // capture forbade goes to the driver, as without the pool: a stream-ordered
-        // allocation is no call a capture forbids. It is not the pool's: its frees go to the
-        // driver too.
-        (_, true) if stream != ANY_STREAM && !graph_allocs_refused() => {
-            crate::debug!(
-                "pool: {} bytes on device {}, stream-ordered: a stream capture forbids the calls the pool needs; the driver allocates them",
-                req.size,
-                req.device
-            );
-            None
-        }
-        (_, true) => {
-            crate::debug!(
-                "pool: {} bytes on device {}: a stream capture forbids the calls it needs",
-                req.size,
-                req.device
-            );
-            Some(Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED))
-        }
-        (e, false) => refused(req, e),
-    }
-}
-
-/// Whether the pool's error `e`, for a request that needed a call a stream capture forbade,
-/// is that refusal (`cudaErrorStreamCaptureUnsupported`): the call it failed on was not
-/// permitted. Not when the request also failed for a reason the caller must see first: out
-/// of memory, the device's or the cap's (without the pool the cap refuses before CUDA is
-/// asked), or an argument the driver refused.
-fn capture_refused(e: &PoolError) -> bool {
-    matches!(
-        e,
-        PoolError::OutOfMemory {
-            why: DeviceError::NotPermitted,
-            ..
-        } | PoolError::Device(DeviceError::NotPermitted)
-    )
 }
 
 /// Whether `req`, stream-ordered on `stream` while some capture is under way, is a graph
@@ -875,18 +819,20 @@ fn debug_faults() -> Option<(vramshim_pool::stitch::Faults, DebugRules)> {
         f.ignore_retired = true;
         what.push("ignores destroyed streams");
     }
-    // Asks only whether the request's own stream captures: the test that a capture on
-    // another thread (global mode) survives what the pool does for this one.
-    if switch_on("VRAMSHIM_POOL_DEBUG", "ignore-other-captures") {
-        OTHER_CAPTURES_IGNORED.store(true, Ordering::Relaxed);
-        what.push("ignores captures on other streams");
+    // Synchronizes where the mode rules forbid the thread nothing and the request's stream
+    // does not capture, as it did: the test that a synchronization of the pool never breaks
+    // a capture of any mode on another thread (the driver refuses `cuCtxSynchronize` during
+    // any capture and invalidates it).
+    // (read by `captures::syncs_by_mode`, which the cap's settling of the driver's pools
+    // shares)
+    if switch_on("VRAMSHIM_POOL_DEBUG", "sync-by-mode") {
+        what.push("synchronizes by the capture modes");
     }
-    // Serves a stream-ordered request on a capturing stream from what it holds and refuses
-    // one it cannot serve while a capture forbids the calls it needs with 900, as it did: the
-    // test that such a request (a graph allocation) reaches the driver.
+    // Serves a stream-ordered request on a capturing stream itself, as it did: the test that
+    // such a request (a graph allocation) reaches the driver.
     if switch_on("VRAMSHIM_POOL_DEBUG", "refuse-graph-allocs") {
         GRAPH_ALLOCS_REFUSED.store(true, Ordering::Relaxed);
-        what.push("serves graph allocations itself and refuses those it cannot serve");
+        what.push("serves graph allocations itself");
     }
     // Takes back a block freed on a capturing stream at the capture's free, as it once did:
     // the test that such a block (still the caller's: CUDA refuses the free) is not handed
@@ -933,19 +879,8 @@ struct DebugRules {
     event_settles: bool,
 }
 
-/// Testing only (`VRAMSHIM_POOL_DEBUG=ignore-other-captures`): the pool asks only whether the
-/// request's own stream captures, not whether a capture on another stream or thread forbids
-/// the calling thread unsafe calls.
-static OTHER_CAPTURES_IGNORED: AtomicBool = AtomicBool::new(false);
-
-/// Whether the pool ignores the captures that forbid a thread unsafe calls (testing only).
-fn other_captures_ignored() -> bool {
-    OTHER_CAPTURES_IGNORED.load(Ordering::Relaxed)
-}
-
 /// Testing only (`VRAMSHIM_POOL_DEBUG=refuse-graph-allocs`): a stream-ordered request on a
-/// capturing stream is the pool's, and one the pool cannot serve because a capture forbids the
-/// calls it needs fails with 900 instead of going to the driver.
+/// capturing stream is the pool's instead of going to the driver.
 static GRAPH_ALLOCS_REFUSED: AtomicBool = AtomicBool::new(false);
 
 fn graph_allocs_refused() -> bool {
@@ -1082,14 +1017,14 @@ pub(crate) fn free(ptr: u64, stream: Option<u64>, pooled: Option<(i32, u64)>) ->
 /// of a capture). The driver API's `cuMemFreeAsync` says "During stream capture, this function
 /// results in the creation of a free node and must therefore be passed the address of a graph
 /// allocation", and `cuGraphAddMemFreeNode` returns `CUDA_ERROR_INVALID_VALUE` for "an address
-/// that was not returned by an allocation node"; an operation stream capture refuses
-/// invalidates the capture (`cudaStreamEndCapture` then fails and returns no graph). A pool
+/// that was not returned by an allocation node"; the real driver refuses it so and leaves the
+/// capture valid (an argument refused is no invalid operation of the capture:
+/// tests/workloads/sim/driver_facts.expected, `capture_free_stream_ordered`). A pool
 /// block is never a graph allocation: the pool serves no stream-ordered request on a capturing
 /// stream (see [`graph_alloc`]), and its blocks lie in its own mappings whichever call
 /// (`cudaMallocAsync`, `cudaMalloc`) they served. So the free goes to the real function with
-/// the caller's pointer and stream, and the driver answers it: the same code, the capture
-/// invalidated as it would be without the library, the runtime's last error set by the
-/// runtime. The block is not freed: it stays the caller's, live, in no free list, and the
+/// the caller's pointer and stream, and the driver answers it: the same code, and the same
+/// capture status, as without the library, the runtime's last error set by the runtime. The block is not freed: it stays the caller's, live, in no free list, and the
 /// caller may free it after the capture. A capture that ends between this answer and the real
 /// call leaves a stream-ordered free of mapped memory outside any capture, which the driver
 /// refuses too (`CUDA_ERROR_INVALID_VALUE`): the block stays the caller's. Should a driver
@@ -1301,77 +1236,20 @@ pub(crate) fn on_peer_access(owner: i32, accessor: i32) {
     if PEERS[owner as usize].fetch_or(bit, Ordering::Relaxed) & bit != 0 {
         return;
     }
-    // testing only: grant while a capture forbids the calls, as once
-    let in_capture = crate::config::switch_on("VRAMSHIM_POOL_DEBUG", "grant-in-capture");
-    let owed = with_pools(|pools| {
-        let p = pools.devs.get_mut(owner as usize)?.as_mut()?;
+    // at once, whatever captures are under way (see `CudaDevice::grant_peers`)
+    with_pools(|pools| {
+        let Some(Some(p)) = pools.devs.get_mut(owner as usize) else {
+            return;
+        };
         p.dev.begin(ANY_STREAM, false);
-        if let Err(e) = p.dev.grant_peers(peers_of(owner), in_capture) {
+        if let Err(e) = p.dev.grant_peers(peers_of(owner)) {
             crate::warn!(
                 "pool: granting device {accessor} access to device {owner}'s pool failed ({e:?}); \
                  its kernels may not reach pooled memory"
             );
         }
-        let owed = p.dev.ungranted != 0;
-        if owed {
-            // under the lock: a `grant_owed_peers` that made every grant owed before this
-            // one and stores `false` cannot store it after this store
-            GRANTS_OWED.store(true, Ordering::SeqCst);
-        }
-        Some(owed)
     });
-    if owed == Some(true) {
-        crate::debug!(
-            "pool: device {accessor} may access device {owner}'s pool; a stream capture forbids the calls: the pages mapped now are granted after it"
-        );
-        // The capture that forbade the grant may have ended between the decision and the
-        // store above, its end finding nothing owed: ask again. Either that end's
-        // `grant_owed_peers` reads the store, or this one reads the capture ended (the
-        // fences order each side's write before its read).
-        std::sync::atomic::fence(Ordering::SeqCst);
-        grant_owed_peers();
-        return;
-    }
     crate::debug!("pool: device {accessor} may access device {owner}'s pool");
-}
-
-/// Some pool owes peers the grant of pages mapped before a capture forbade the calls.
-static GRANTS_OWED: AtomicBool = AtomicBool::new(false);
-
-/// A stream capture ended: the peer grants a capture forbade are made now, unless a capture
-/// still forbids this thread the calls (then the next end tries again). A fence and one load
-/// when none is owed.
-pub(crate) fn grant_owed_peers() {
-    if MODE.load(Ordering::Relaxed) != ON {
-        return;
-    }
-    // the capture's end (`captures::ended`) before the load: see `on_peer_access`
-    std::sync::atomic::fence(Ordering::SeqCst);
-    if !GRANTS_OWED.load(Ordering::SeqCst) {
-        return;
-    }
-    let still = with_pools(|pools| {
-        let mut still = false;
-        for (d, p) in pools.devs.iter_mut().enumerate() {
-            let Some(p) = p else { continue };
-            if p.dev.ungranted == 0 {
-                continue;
-            }
-            p.dev.begin(ANY_STREAM, false);
-            if let Err(e) = p.dev.grant_peers(peers_of(d as i32), false) {
-                crate::warn!(
-                    "pool: granting peers access to device {d}'s pool failed ({e:?}); their kernels may not reach pooled memory"
-                );
-            }
-            still |= p.dev.ungranted != 0;
-        }
-        // under the lock, as `on_peer_access`'s store of a grant owed
-        GRANTS_OWED.store(still, Ordering::SeqCst);
-        still
-    });
-    if !still {
-        crate::debug!("pool: the peer grants a stream capture forbade are made");
-    }
 }
 
 /// Statistics of `device`'s pool, if it has one.

@@ -6,23 +6,24 @@
  *
  *   capture_begin_fail runtime|driver legacy|stream
  *
- * After a 4 MiB cudaMalloc and cudaFree (the pool holds 4 MiB), thread B begins a global-mode
- * capture (capture_race in pool_workload.h: through the runtime or the driver) of the legacy
- * stream (which cannot capture: the begin fails) or of stream SA (it succeeds), and stops
- * inside the real call. Then a worker thread (global mode) asks cudaMalloc for 64 MiB: the
- * pool must grow, which a global capture forbids. Run with VRAMSHIM_POOL_DEBUG=pause-request:
+ * After a 64 MiB cudaMalloc and cudaFree (the pool holds the 64 MiB, to be handed out again
+ * after a synchronization), thread B begins a global-mode capture (capture_race in
+ * pool_workload.h: through the runtime or the driver) of the legacy stream (which cannot
+ * capture: the begin fails) or of stream SA (it succeeds), and stops inside the real call.
+ * Then a worker thread (global mode) asks cudaMalloc for 64 MiB: the pool synchronizes to take
+ * back the 64 MiB freed, which no capture allows (the driver refuses a synchronization during
+ * any capture and invalidates it), or grows. Run with VRAMSHIM_POOL_DEBUG=pause-request:
  * a request that waits for B's begin stops in the library where it found it must wait. The
  * main thread awaits the first of the worker's request returning and the library stopping it,
  * then lets B's begin go on; once B's begin returned it lets the library go on (if it
  * stopped); B ends its capture if it began.
- * Output: one line "capture_begin_fail: begin=RC worker=RC worker_first=0|1 end=RC"
+ * Output: one line "capture_begin_fail: begin=RC worker=RC worker_first=0|1 syncs=N end=RC"
  * (worker_first: the worker's request returned while B's begin was stopped, before the
- * library stopped it to wait for the begin). With "legacy"
- * the worker must get 0 (no capture ever began: its request waits for the begin's outcome,
- * or decides without it); with "stream" 900 (cudaErrorStreamCaptureUnsupported, as CUDA
- * answers a cudaMalloc during another thread's global capture) and B's end 0 (the capture
- * stayed valid). Exit 1 when the worker's result or the end is not that, 2 on any other
- * failure.
+ * library stopped it to wait for the begin; syncs: the pool's synchronizations during the
+ * worker's request). The worker must get 0; with "legacy" the pool must have synchronized
+ * (syncs >= 1: no capture ever began; its request waits for the begin's outcome, or decides
+ * without it); with "stream" not (syncs 0), and B's end must be 0 (the capture stayed valid).
+ * Exit 1 when a value is not that, 2 on any other failure.
  */
 #include <pthread.h>
 #include <string.h>
@@ -32,11 +33,15 @@
 
 static capture_race race;
 static cudaError_t worker_rc = (cudaError_t)-1;
+static long long syncs = -1;
 
 static void *worker(void *arg) {
     (void)arg;
     void *big = NULL;
+    stat_fn stat = pool_stat_or_exit();
+    long long before = stat(0, "syncs");
     worker_rc = cudaMalloc(&big, 64 << 20);
+    syncs = stat(0, "syncs") - before;
     capture_race_post(&race, EV_DONE);
     if (worker_rc == cudaSuccess) CHECK(cudaFree(big));
     return NULL;
@@ -54,7 +59,7 @@ int main(int argc, char **argv) {
     cudaStream_t sa;
     CHECK(cudaStreamCreateWithFlags(&sa, cudaStreamNonBlocking));
     void *w = NULL;
-    CHECK(cudaMalloc(&w, 4 << 20));
+    CHECK(cudaMalloc(&w, 64 << 20));
     CHECK(cudaFree(w));
 
     capture_race_start(&race, legacy ? (cudaStream_t)0 : sa);
@@ -72,12 +77,12 @@ int main(int argc, char **argv) {
     pthread_join(wt, NULL);
     capture_race_finish(&race);
     CHECK(cudaStreamDestroy(sa));
-    printf(PROG ": begin=%d worker=%d worker_first=%d end=%d\n", race.begin_rc, (int)worker_rc,
-           worker_first, race.end_rc);
+    printf(PROG ": begin=%d worker=%d worker_first=%d syncs=%lld end=%d\n", race.begin_rc,
+           (int)worker_rc, worker_first, syncs, race.end_rc);
     if (legacy) {
         if (race.begin_rc == 0) return 2;
-        return worker_rc == cudaSuccess ? 0 : 1;
+        return worker_rc == cudaSuccess && syncs >= 1 ? 0 : 1;
     }
     if (race.begin_rc != 0) return 2;
-    return worker_rc == cudaErrorStreamCaptureUnsupported && race.end_rc == 0 ? 0 : 1;
+    return worker_rc == cudaSuccess && syncs == 0 && race.end_rc == 0 ? 0 : 1;
 }

@@ -4,8 +4,13 @@
  * began. Run with VRAMSIM_PAUSE_IN=cuMemCreate (cuda-sim stops the first cuMemCreate on entry
  * until released).
  *
- *   capture_window runtime|driver [oom|settle]
+ *   capture_window runtime|driver [oom|settle|sync]
  *
+ * With "sync" (run under VRAMSIM_PAUSE_IN=cuCtxSynchronize) the worker first allocates 64 MiB
+ * with cudaMalloc and frees it (the pool keeps it, to be handed out again after a
+ * synchronization), then asks for 64 MiB again: the pool synchronizes, after it decided under
+ * its lock that no capture is under way; that cuCtxSynchronize stops in the driver, and B
+ * begins its capture then. The worker must get 0.
  * With "oom" (run under VRAMSIM_MEMORY smaller than 64 MiB and VRAMSIM_PAUSE_IN=cuMemAlloc) the
  * pool cannot grow: it refuses the request, and the library asks the runtime for an allocation
  * no device can satisfy (cudaMalloc(SIZE_MAX), so that the runtime's last error says out of
@@ -42,7 +47,7 @@
 
 static capture_race race;
 static cudaError_t worker_rc = (cudaError_t)-1;
-static int settle;
+static int settle, sync_first;
 static cudaStream_t ws;
 /* the worker's request, freed by the main thread once B's capture ended (a free while it is
  * under way is no part of the race) */
@@ -57,6 +62,10 @@ static void *worker(void *arg) {
         /* stream-ordered: an allocation a capture does not forbid */
         worker_rc = cudaMallocAsync(&big, 40 << 20, ws);
     } else {
+        if (sync_first) {
+            CHECK(cudaMalloc(&big, 64 << 20));
+            CHECK(cudaFree(big));
+        }
         worker_rc = cudaMalloc(&big, 64 << 20);
     }
     capture_race_post(&race, EV_DONE);
@@ -65,12 +74,14 @@ static void *worker(void *arg) {
 
 int main(int argc, char **argv) {
     if (argc < 2 || argc > 3 || (strcmp(argv[1], "runtime") != 0 && strcmp(argv[1], "driver") != 0) ||
-        (argc == 3 && strcmp(argv[2], "oom") != 0 && strcmp(argv[2], "settle") != 0)) {
-        fprintf(stderr, "usage: capture_window runtime|driver [oom|settle]\n");
+        (argc == 3 && strcmp(argv[2], "oom") != 0 && strcmp(argv[2], "settle") != 0 &&
+         strcmp(argv[2], "sync") != 0)) {
+        fprintf(stderr, "usage: capture_window runtime|driver [oom|settle|sync]\n");
         return 2;
     }
     int oom = argc == 3 && strcmp(argv[2], "oom") == 0;
     settle = argc == 3 && strcmp(argv[2], "settle") == 0;
+    sync_first = argc == 3 && strcmp(argv[2], "sync") == 0;
     capture_race_open(&race, argv[1]);
     CHECK(cudaSetDevice(0));
     cudaStream_t sa;

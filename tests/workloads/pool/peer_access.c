@@ -11,7 +11,10 @@
  * reads both back. Output: "peer_access: before=RC enable=RC a=RC b=RC data=OK|BAD end=RC".
  * With "capture" the peer access is enabled while device 1's thread captures stream CS (global
  * mode, begun just before; ended just after: end is its result, which must be 0, the capture
- * still valid; -1 without "capture"). Exit 0 when every value is as CUDA has it, 1 otherwise.
+ * still valid; -1 without "capture"), and the fill of A from device 1 is launched during the
+ * capture, on device 1's legacy stream (a launch is no call a capture forbids, and CS is
+ * non-blocking: the legacy stream does not depend on it): the access must be granted at once.
+ * Exit 0 when every value is as CUDA has it, 1 otherwise.
  */
 #include <stdio.h>
 #include <string.h>
@@ -57,7 +60,9 @@ int main(int argc, char **argv) {
     } else {
         enable = (int)cudaDeviceEnablePeerAccess(0, 0);
     }
+    int fa = -1;
     if (capture) {
+        fa = (int)vramsimKernelFill(a, 0x5a, N, 0, 0);
         cudaGraph_t g = NULL;
         end = (int)cudaStreamEndCapture(cs, &g);
         if (g) (void)cudaGraphDestroy(g);
@@ -65,7 +70,7 @@ int main(int argc, char **argv) {
     }
     if (cudaSetDevice(0) != cudaSuccess || cudaMalloc(&b, N) != cudaSuccess) return 2;
     if (cudaSetDevice(1) != cudaSuccess) return 2;
-    int fa = (int)vramsimKernelFill(a, 0x5a, N, 0, 0);
+    if (!capture) fa = (int)vramsimKernelFill(a, 0x5a, N, 0, 0);
     int fb = (int)vramsimKernelFill(b, 0xa5, N, 0, 0);
     int data = cudaDeviceSynchronize() == cudaSuccess && fa == 0 && fb == 0 && check(a, 0x5a) &&
                check(b, 0xa5);
