@@ -8,7 +8,9 @@
 #      (tests/workloads/sim/driver_facts.c), compared one by one with the simulator's
 #      (tests/workloads/sim/driver_facts.expected): a difference means cuda-sim is unfaithful;
 #   5. a PyTorch CUDA graph captured and replayed under --pool stitch (PyTorch's default route
-#      there is backend:cudaMallocAsync, so the capture's allocations run through the pool).
+#      there is backend:cudaMallocAsync, so the capture's allocations run through the pool);
+#   6. the library's own synchronizations beside real captures (scripts/gpu-capture-sync.sh);
+#   7. PyTorch's tensor-level events (scripts/gpu-torch-events.sh).
 # Prints VERIFIED / SKIPPED / FAILED per check; exits 1 if anything failed, 0 otherwise
 # (also when there is no GPU: then everything is SKIPPED).
 #
@@ -21,7 +23,7 @@ out=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) out="$2"; shift 2 ;;
-    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu-smoke.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -237,6 +239,25 @@ PY
   fi
 else
   skipped "PyTorch with CUDA is not installed (CUDA graph check)"
+fi
+
+# --- 6. the library's synchronizations beside real captures ----------------------------------
+if VRAMSHIM_LIB="$(dirname "$vs")/libvramshim.so" bash "$repo/scripts/gpu-capture-sync.sh" "$out/capture-sync" \
+     >"$out/capture-sync.log" 2>&1; then
+  verified "relaxed, thread-local and global captures beside the pool's and the cap's synchronizations end with a graph (scripts/gpu-capture-sync.sh)"
+else
+  failed "a capture beside the library's synchronizations did not end with a graph (see $out/capture-sync.log)"
+fi
+
+# --- 7. PyTorch's tensor-level events --------------------------------------------------------
+if VRAMSHIM="$vs" bash "$repo/scripts/gpu-torch-events.sh" --out "$out/torch-events" >"$out/torch-events.log" 2>&1; then
+  if grep -q "^VERIFIED: tensors named" "$out/torch-events.log"; then
+    verified "PyTorch tensor-level events named by the training script's lines (scripts/gpu-torch-events.sh)"
+  else
+    skipped "PyTorch tensor-level events (see $out/torch-events.log)"
+  fi
+else
+  failed "PyTorch tensor-level events (see $out/torch-events.log)"
 fi
 
 finish

@@ -582,6 +582,25 @@ static void ended_capture_event(void) {
     SOFT(p_stream_destroy(s2));
 }
 
+/* cuCtxSynchronize while a capture is invalidated but not yet ended: the first synchronization
+ * is refused and invalidates the capture (asked above); whether the stream, still in capture
+ * mode until its end, refuses a second one too; and after the end. */
+static void ctx_sync_while_invalidated(void) {
+    CUstream s;
+    MUST(p_stream_create(&s, 1));
+    MUST(p_begin(s, 2));
+    fact("invalidated_by_ctx_sync", p_ctx_sync());
+    capture_status st = -1;
+    MUST(p_is_capturing(s, &st));
+    fact("invalidated_by_ctx_sync_status", st);
+    fact("invalidated_ctx_sync_again", p_ctx_sync());
+    graph_t g = NULL;
+    fact("invalidated_ctx_sync_end", p_end(s, &g));
+    if (g) SOFT(p_graph_destroy(g));
+    fact("invalidated_ctx_sync_after_end", p_ctx_sync());
+    SOFT(p_stream_destroy(s));
+}
+
 int main(void) {
     lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!lib) {
@@ -645,6 +664,7 @@ int main(void) {
     merge_wait();
     calls_in_capture();
     ended_capture_event();
+    ctx_sync_while_invalidated();
     printf("driver_facts: done\n");
     return 0;
 }

@@ -236,7 +236,7 @@ unsafe fn load_fatbin(module: *mut CUmodule, fatbin: *const c_void) -> Res {
     // SAFETY: per this function's contract.
     let symbols = unsafe { crate::module::read_image(fatbin.cast()) };
     // SAFETY: C out-pointer, checked above.
-    unsafe { put(module, crate::module::load(dev, symbols)) }
+    unsafe { put(module, crate::module::load(Some(dev), symbols)) }
 }
 
 unsafe extern "C" fn rt_load_fatbin(module: *mut CUmodule, fatbin: *const c_void) -> CUresult {

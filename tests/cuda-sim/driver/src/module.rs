@@ -3,7 +3,10 @@
 //! kernels of a fat binary the driver cannot read are still launchable), per-function
 //! attributes, and its globals, backed by real device memory of the size the cubin's symbol
 //! table gives, initialized from the image, allocated on first lookup and freed with the
-//! module. A library (`cuLibrary*`) is a module; its kernels are its functions.
+//! module. A library (`cuLibrary*`) is a module that belongs to no context (CUDA 12's
+//! context-independent loading): it is loaded without one, and its globals are allocated on the
+//! device of the context current when they are looked up, once per device; its kernels are its
+//! functions.
 
 use std::collections::BTreeMap;
 use std::ffi::c_void;
@@ -18,11 +21,12 @@ const FUNCTION_BASE: usize = 0x7c3e_0000_0000;
 const STEP: usize = 0x100;
 
 struct Module {
-    dev: i32,
+    /// The device of the context a module was loaded into; None for a library.
+    dev: Option<i32>,
     alive: bool,
     symbols: Symbols,
-    /// name -> (device address, size) of the globals allocated so far.
-    globals: BTreeMap<String, (u64, u64)>,
+    /// (device, name) -> (device address, size) of the globals allocated so far.
+    globals: BTreeMap<(i32, String), (u64, u64)>,
 }
 
 pub struct Function {
@@ -58,8 +62,9 @@ fn handle(i: usize, base: usize) -> *mut c_void {
     (base + (i + 1) * STEP) as *mut c_void
 }
 
-/// Registers a module of `dev` with what was read from its image.
-pub fn load(dev: i32, symbols: Symbols) -> CUmodule {
+/// Registers a module of `dev` (None: a library, of no context) with what was read from its
+/// image.
+pub fn load(dev: Option<i32>, symbols: Symbols) -> CUmodule {
     let mut t = table();
     t.modules.push(Module {
         dev,
@@ -188,12 +193,16 @@ pub fn set_attribute(f: CUfunction, attr: i32, value: i32) -> Res {
 }
 
 /// Address and size of global `name` of module `m`, allocating (and initializing) it on first
-/// use. Unknown names are CUDA_ERROR_NOT_FOUND, as for a real driver.
-pub fn global(m: CUmodule, name: &str) -> Result<(u64, u64), CUresult> {
+/// use: on the module's device, or for a library on `current` (the current context's device;
+/// None: no context is current, CUDA_ERROR_INVALID_CONTEXT). Unknown names are
+/// CUDA_ERROR_NOT_FOUND, as for a real driver.
+pub fn global(m: CUmodule, name: &str, current: Option<i32>) -> Result<(u64, u64), CUresult> {
     let mut t = table();
     let i = live(&t, m)?;
     let module = &mut t.modules[i];
-    if let Some(&g) = module.globals.get(name) {
+    let dev = module.dev.or(current).ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+    let key = (dev, name.to_string());
+    if let Some(&g) = module.globals.get(&key) {
         return Ok(g);
     }
     let g = module
@@ -202,7 +211,7 @@ pub fn global(m: CUmodule, name: &str) -> Result<(u64, u64), CUresult> {
         .get(name)
         .ok_or(CUDA_ERROR_NOT_FOUND)?;
     let size = g.size;
-    let ptr = mem::alloc(module.dev, size.max(1), Kind::Global)?;
+    let ptr = mem::alloc(dev, size.max(1), Kind::Global)?;
     // SAFETY: a fresh allocation of at least `size` bytes; `init` is at most `size` long.
     unsafe {
         std::ptr::write_bytes(ptr as *mut u8, 0, size as usize);
@@ -212,7 +221,7 @@ pub fn global(m: CUmodule, name: &str) -> Result<(u64, u64), CUresult> {
             g.init.len().min(size as usize),
         );
     }
-    module.globals.insert(name.to_string(), (ptr, size));
+    module.globals.insert(key, (ptr, size));
     Ok((ptr, size))
 }
 

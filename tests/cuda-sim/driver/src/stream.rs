@@ -743,13 +743,18 @@ pub fn capture_unsafe_check(on: Option<&Arc<Stream>>) -> Res {
 /// active, whatever its mode, whichever thread began it and whatever the calling thread's mode
 /// (relaxed included; streams that joined a capture count), it is refused with
 /// CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and every active capture of the device is
-/// invalidated, as the driver does.
+/// invalidated, as the driver does; a capture invalidated and not yet ended refuses it too.
 pub fn ctx_sync_check(dev: i32) -> Res {
     if ACTIVE_CAPTURES.load(Ordering::Acquire) == 0 {
         return Ok(());
     }
-    let of_dev = all_streams().into_iter().filter(|s| s.dev == dev).collect();
-    if invalidate_where(of_dev, |_| true) {
+    let of_dev: Vec<_> = all_streams().into_iter().filter(|s| s.dev == dev).collect();
+    // An invalidated capture is still a capture until its end: the stream stays in capture
+    // mode and cannot be waited for.
+    let invalidated = of_dev
+        .iter()
+        .any(|s| lock(&s.capture).status == CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+    if invalidate_where(of_dev, |_| true) || invalidated {
         Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
     } else {
         Ok(())

@@ -1,6 +1,7 @@
 //! The simulated driver's module/library/kernel API (globals backed by device memory of the
 //! cubin symbol's size, attributes, occupancy, unload), its private export tables (context-local
-//! storage with destructors, context and stream ids) and the modelled kernel time, driven by a C
+//! storage with destructors, context and stream ids), libraries loaded without a current context
+//! and the modelled kernel time, driven by a C
 //! program (tests/c/modcheck.c) linked against the built libcuda.so.1.
 
 use std::path::{Path, PathBuf};
@@ -28,7 +29,7 @@ fn dirs() -> &'static (PathBuf, PathBuf) {
             .arg(&exe)
             .arg(&src)
             .arg(format!("-L{}", dir.display()))
-            .args(["-lcuda", "-ldl"])
+            .args(["-lcuda", "-ldl", "-pthread"])
             .output()
             .expect("gcc");
         assert!(
@@ -111,6 +112,19 @@ fn module_globals_attributes_occupancy_and_unload() {
     let cubin = dirs().0.join("tiny.cubin");
     let out = modcheck(&["modules", cubin.to_str().unwrap()], &[]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("modules: ok"));
+}
+
+/// CUDA 12's libraries are context-independent: `cuLibraryLoadData` needs no current context
+/// (its documented answers have no CUDA_ERROR_INVALID_CONTEXT), while a library's global and a
+/// kernel's function are per context and answer 201 without one. NVIDIA's runtime relies on
+/// it: it loads a kernel library lazily on whichever thread first launches one of its kernels,
+/// before making its context current there, e.g. on PyTorch's autograd thread in a backward
+/// pass; an answer of 201 there failed the step with "invalid device context".
+#[test]
+fn a_library_loads_without_a_current_context() {
+    let cubin = dirs().0.join("tiny.cubin");
+    let out = modcheck(&["contextless", cubin.to_str().unwrap()], &[]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("contextless: ok"));
 }
 
 #[test]

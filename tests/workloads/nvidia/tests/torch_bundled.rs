@@ -2,7 +2,9 @@
 //! wheel it pins, not cuda-sim's) trains a small MLP with AdamW on cuda-sim's driver: plain,
 //! traced (every segment PyTorch's allocator holds appears once), capped (a
 //! torch.OutOfMemoryError in the middle of training, with vramshim's refusal message) and
-//! pooled; and a conv net with cuDNN. Kernels do not run; the allocations are real. Skipped without the PyTorch
+//! pooled; a conv net with cuDNN; and the backward of `.pow(2)`, whose kernel library the runtime
+//! loads on the autograd thread without a current context. Kernels do not run; the allocations
+//! are real. Skipped without the PyTorch
 //! environment of scripts/setup-torch (VRAMSHIM_TORCH_TESTS=1 installs it).
 
 use std::path::Path;
@@ -157,6 +159,20 @@ fn pooled_pytorch_trains() {
     let out = train(&python, Some(&["--pool", "stitch"]), &["5", "256"]);
     ok(&out, "pooled");
     assert_bundled_runtime(&out);
+}
+
+/// The backward pass of `.pow(2)`: on PyTorch's autograd thread NVIDIA's runtime loads a
+/// kernel library before it makes its context current there; the driver loads it (a CUDA 12
+/// library belongs to no context), where it answered "invalid device context" before.
+#[test]
+fn pytorch_backward_of_pow_on_the_autograd_thread() {
+    let Some(python) = torch_or_skip("pytorch_backward_of_pow_on_the_autograd_thread") else {
+        return;
+    };
+    let out = train_with("pow_backward.py", &python, None, &[]);
+    ok(&out, "pow backward");
+    assert_bundled_runtime(&out);
+    assert!(out.stdout.contains("grad True"), "{}", out.stdout);
 }
 
 /// cuDNN 9 (PyTorch's pin) runs too: a small conv net trains with cuDNN's engines loaded.

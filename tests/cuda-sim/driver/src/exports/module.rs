@@ -17,13 +17,24 @@ fn current_dev() -> Result<i32, CUresult> {
     ctx::current_device()
 }
 
+/// Loads a module into the current context's device or, `library`, a library, which needs no
+/// current context: CUDA 12's libraries are context-independent (cuLibraryLoadData's documented
+/// answers have no CUDA_ERROR_INVALID_CONTEXT), and NVIDIA's runtime loads its kernel libraries
+/// lazily on whichever thread first launches one of their kernels, before it makes its context
+/// current there.
+///
 /// # Safety
 /// `image` is NULL or a whole image (see `module::read_image`).
-unsafe fn load(out: *mut CUmodule, image: *const c_void) -> Res {
+unsafe fn load(out: *mut CUmodule, image: *const c_void, library: bool) -> Res {
     if out.is_null() || image.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    let dev = current_dev()?;
+    let dev = if library {
+        crate::state::driver()?;
+        None
+    } else {
+        Some(current_dev()?)
+    };
     // SAFETY: per this function's contract.
     let symbols = unsafe { module::read_image(image.cast()) };
     if crate::config::CONFIG.debug {
@@ -44,11 +55,11 @@ unsafe fn load(out: *mut CUmodule, image: *const c_void) -> Res {
     unsafe { put(out, module::load(dev, symbols)) }
 }
 
-/// Loads the file `path` (an image of any kind), read whole (at most 1 GiB).
+/// Loads the file `path` (an image of any kind), read whole (at most 1 GiB), as `load`.
 ///
 /// # Safety
 /// `path` is NULL or a C string.
-unsafe fn load_file(out: *mut CUmodule, path: *const c_char) -> Res {
+unsafe fn load_file(out: *mut CUmodule, path: *const c_char, library: bool) -> Res {
     // SAFETY: C string argument.
     let path = unsafe { cstr(path) }?;
     let meta = std::fs::metadata(path).map_err(|_| CUDA_ERROR_FILE_NOT_FOUND)?;
@@ -59,7 +70,7 @@ unsafe fn load_file(out: *mut CUmodule, path: *const c_char) -> Res {
     // Room for a 4-byte magic even in a tiny file.
     bytes.resize(bytes.len().max(8), 0);
     // SAFETY: `bytes` is the whole image.
-    unsafe { load(out, bytes.as_ptr().cast()) }
+    unsafe { load(out, bytes.as_ptr().cast(), library) }
 }
 
 /// # Safety
@@ -163,23 +174,23 @@ fn launch_ex(config: *const CUlaunchConfig, ptsz: bool) -> Res {
 cu_api! {
     fn cuModuleLoadData(module: *mut CUmodule, image: *const c_void) {
         // SAFETY: the image the caller passes.
-        unsafe { load(module, image) }
+        unsafe { load(module, image, false) }
     }
     fn cuModuleLoadDataEx(
         module: *mut CUmodule, image: *const c_void, _n: c_uint, _options: *mut c_int,
         _values: *mut *mut c_void,
     ) {
         // SAFETY: the image the caller passes (JIT options do not apply: nothing is compiled).
-        unsafe { load(module, image) }
+        unsafe { load(module, image, false) }
     }
     fn cuModuleLoadFatBinary(module: *mut CUmodule, fatbin: *const c_void) {
         // SAFETY: the fat binary the caller passes.
-        unsafe { load(module, fatbin) }
+        unsafe { load(module, fatbin, false) }
     }
     fn cuModuleLoad(module: *mut CUmodule, fname: *const c_char) {
         current_dev()?;
         // SAFETY: C string argument.
-        unsafe { load_file(module, fname) }
+        unsafe { load_file(module, fname, false) }
     }
     fn cuModuleUnload(module: CUmodule) { module::unload(module) }
     fn cuModuleGetFunction(f: *mut CUfunction, module: CUmodule, name: *const c_char) {
@@ -192,7 +203,7 @@ cu_api! {
     fn cuModuleGetGlobal_v2(dptr: *mut CUdeviceptr, bytes: *mut usize, module: CUmodule, name: *const c_char) {
         // SAFETY: C string argument.
         let name = unsafe { name_arg(name) }?;
-        put_global(dptr, bytes, module::global(module, name)?)
+        put_global(dptr, bytes, module::global(module, name, current_dev().ok())?)
     }
     /// CU_MODULE_LAZY_LOADING (2) unless CUDA_MODULE_LOADING=EAGER, as the driver decides.
     fn cuModuleGetLoadingMode(mode: *mut c_int) {
@@ -207,16 +218,16 @@ cu_api! {
         _lib_values: *mut *mut c_void, _n_lib: c_uint,
     ) {
         // SAFETY: the image the caller passes.
-        unsafe { load(library, code) }
+        unsafe { load(library, code, true) }
     }
     fn cuLibraryLoadFromFile(
         library: *mut CUmodule, fname: *const c_char, _jit_options: *mut c_int,
         _jit_values: *mut *mut c_void, _n_jit: c_uint, _lib_options: *mut c_int,
         _lib_values: *mut *mut c_void, _n_lib: c_uint,
     ) {
-        current_dev()?;
+        crate::state::driver()?;
         // SAFETY: C string argument.
-        unsafe { load_file(library, fname) }
+        unsafe { load_file(library, fname, true) }
     }
     fn cuLibraryUnload(library: CUmodule) { module::unload(library) }
     fn cuLibraryGetKernel(kernel: *mut CUfunction, library: CUmodule, name: *const c_char) {
@@ -226,15 +237,19 @@ cu_api! {
         // SAFETY: C out-pointer.
         unsafe { put(kernel, h) }
     }
+    /// The library's module in the current context (201 without one).
     fn cuLibraryGetModule(module: *mut CUmodule, library: CUmodule) {
         module::kernels(library)?;
+        current_dev()?;
         // SAFETY: C out-pointer.
         unsafe { put(module, library) }
     }
     fn cuLibraryGetGlobal(dptr: *mut CUdeviceptr, bytes: *mut usize, library: CUmodule, name: *const c_char) {
         // SAFETY: C string argument.
         let name = unsafe { name_arg(name) }?;
-        put_global(dptr, bytes, module::global(library, name)?)
+        // Per context: allocated on the current context's device (201 without one).
+        let dev = current_dev()?;
+        put_global(dptr, bytes, module::global(library, name, Some(dev))?)
     }
     fn cuLibraryGetKernelCount(count: *mut c_uint, library: CUmodule) {
         let n = module::kernels(library)?.len();
@@ -253,8 +268,10 @@ cu_api! {
         Ok(())
     }
 
+    /// The kernel's function in the current context (201 without one).
     fn cuKernelGetFunction(f: *mut CUfunction, kernel: CUfunction) {
         module::check_function(kernel)?;
+        current_dev()?;
         // SAFETY: C out-pointer.
         unsafe { put(f, kernel) }
     }

@@ -3,9 +3,16 @@
  *   modcheck modules CUBIN   globals, kernels, attributes, occupancy, unload of a cubin file
  *   modcheck tables          context-local storage (and its destructors), context and stream ids
  *   modcheck kernel-time N   N launches on a stream; prints whether it was busy after them
+ *   modcheck contextless CUBIN
+ *                            a library loaded with no context current (on the main thread
+ *                            before any context, and on a second thread while the main one
+ *                            has one, as NVIDIA's runtime loads a kernel library on PyTorch's
+ *                            autograd thread): loading and its kernels need no context, the
+ *                            per-context calls (globals, functions) answer 201 without one
  * Prints what it checks; exit 0 when every check passed, 1 with a line naming the first
  * failure. */
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +37,8 @@ extern CUresult cuCtxGetId(CUcontext, unsigned long long *);
 extern CUresult cuMemGetInfo_v2(size_t *, size_t *);
 extern CUresult cuMemcpyDtoH_v2(void *, CUdeviceptr, size_t);
 extern CUresult cuModuleLoad(CUmodule *, const char *);
+extern CUresult cuModuleLoadData(CUmodule *, const void *);
+extern CUresult cuCtxGetCurrent(CUcontext *);
 extern CUresult cuModuleUnload(CUmodule);
 extern CUresult cuModuleGetGlobal_v2(CUdeviceptr *, size_t *, CUmodule, const char *);
 extern CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
@@ -38,6 +47,7 @@ extern CUresult cuLibraryUnload(CUmodule);
 extern CUresult cuLibraryGetGlobal(CUdeviceptr *, size_t *, CUmodule, const char *);
 extern CUresult cuLibraryGetKernel(CUfunction *, CUmodule, const char *);
 extern CUresult cuLibraryGetKernelCount(unsigned *, CUmodule);
+extern CUresult cuLibraryGetModule(CUmodule *, CUmodule);
 extern CUresult cuKernelGetFunction(CUfunction *, CUfunction);
 extern CUresult cuKernelGetLibrary(CUmodule *, CUfunction);
 extern CUresult cuKernelSetAttribute(int, int, CUfunction, int);
@@ -255,11 +265,90 @@ static int kernel_time(int n) {
     return 0;
 }
 
+/* The image of the cubin file at `path` (static storage, read once). */
+static const unsigned char *read_image(const char *path) {
+    static unsigned char image[1 << 16];
+    FILE *fp = fopen(path, "rb");
+    EXPECT(fp);
+    size_t len = fread(image, 1, sizeof image, fp);
+    fclose(fp);
+    EXPECT(len > 64);
+    return image;
+}
+
+/* A library is context-independent (CUDA 12's cuLibrary*): loading it and naming its kernels
+ * need no current context; a global's address and a kernel's function are per context, so
+ * those answer CUDA_ERROR_INVALID_CONTEXT (201) without one. Returns the library. */
+static CUmodule load_without_context(const unsigned char *image) {
+    CUcontext cur = (CUcontext)1;
+    OK(cuCtxGetCurrent(&cur));
+    EXPECT(cur == 0);
+    CUmodule lib = 0, m = 0, back = 0;
+    OK(cuLibraryLoadData(&lib, image, 0, 0, 0, 0, 0, 0));
+    EXPECT(lib != 0);
+    unsigned count;
+    OK(cuLibraryGetKernelCount(&count, lib));
+    EXPECT(count == 1);
+    CUfunction k = 0, f;
+    OK(cuLibraryGetKernel(&k, lib, "kern"));
+    OK(cuKernelGetLibrary(&back, k));
+    EXPECT(back == lib);
+    CUdeviceptr p;
+    size_t n;
+    EXPECT_RC(cuLibraryGetGlobal(&p, &n, lib, "weights"), 201);
+    EXPECT_RC(cuKernelGetFunction(&f, k), 201);
+    EXPECT_RC(cuLibraryGetModule(&back, lib), 201);
+    /* A module, unlike a library, is loaded into the current context. */
+    EXPECT_RC(cuModuleLoadData(&m, image), 201);
+    return lib;
+}
+
+/* With the context current, the library loaded without one works as any other. */
+static void use_with_context(CUmodule lib) {
+    CUfunction k, f;
+    OK(cuLibraryGetKernel(&k, lib, "kern"));
+    OK(cuKernelGetFunction(&f, k));
+    CUdeviceptr p;
+    size_t n = 0;
+    OK(cuLibraryGetGlobal(&p, &n, lib, "weights"));
+    EXPECT(n == 8);
+    unsigned char got[8];
+    OK(cuMemcpyDtoH_v2(got, p, 8));
+    for (int i = 0; i < 8; i++) EXPECT(got[i] == i + 1);
+    OK(cuLaunchKernel(k, 1, 1, 1, 32, 1, 1, 0, 0, 0, 0));
+    OK(cuStreamSynchronize(0));
+}
+
+static void *second_thread(void *image) {
+    return load_without_context(image);
+}
+
+static int contextless(const char *path) {
+    const unsigned char *image = read_image(path);
+    CUmodule early = load_without_context(image);
+    printf("library loaded before any context: ok\n");
+    CUcontext ctx;
+    OK(cuDevicePrimaryCtxRetain(&ctx, 0));
+    OK(cuCtxSetCurrent(ctx));
+    use_with_context(early);
+    pthread_t t;
+    void *late = 0;
+    EXPECT(pthread_create(&t, 0, second_thread, (void *)image) == 0);
+    EXPECT(pthread_join(t, &late) == 0);
+    printf("library loaded on a thread without a context: ok\n");
+    use_with_context(late);
+    OK(cuLibraryUnload(early));
+    OK(cuLibraryUnload(late));
+    printf("contextless: ok\n");
+    return 0;
+}
+
 int main(int argc, char **argv) {
     OK(cuInit(0));
     if (argc > 2 && !strcmp(argv[1], "modules")) return modules(argv[2]);
     if (argc > 1 && !strcmp(argv[1], "tables")) return tables();
     if (argc > 2 && !strcmp(argv[1], "kernel-time")) return kernel_time(atoi(argv[2]));
-    fprintf(stderr, "usage: modcheck modules CUBIN | tables | kernel-time N\n");
+    if (argc > 2 && !strcmp(argv[1], "contextless")) return contextless(argv[2]);
+    fprintf(stderr, "usage: modcheck modules CUBIN | tables | kernel-time N | contextless CUBIN\n");
     return 2;
 }
