@@ -29,13 +29,15 @@ fn sh_as(who: User, script: &str, args: &[&Path]) {
     assert!(st.success(), "{} could not run {script}", who.name);
 }
 
-/// The demo's cache name for its replay program (what another user can compute too).
+/// The demo's cache name for its replay program (what another user can compute too): on the
+/// simulated GPU it links against the simulator's `libcudart.so.12`.
 fn replay_hash(link_dir: &Path) -> String {
     let mut h: u64 = 0xcbf29ce484222325;
     for b in REPLAY_C
         .bytes()
         .chain(CUDA_API_H.bytes())
         .chain(link_dir.to_string_lossy().bytes())
+        .chain("libcudart.so.12".bytes())
     {
         h = (h ^ b as u64).wrapping_mul(0x100000001b3);
     }
