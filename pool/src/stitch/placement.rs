@@ -72,6 +72,16 @@ impl Stitch {
     /// Best placement of `size` bytes with the pages held now, or None. `mix`: also use the
     /// other class's shared pages.
     pub(super) fn place(&self, size: u64, mix: bool, allow_new: bool) -> Option<Plan> {
+        if allow_new
+            && self.shapes != Shapes::Pages
+            && self.class_of(size) == LARGE
+            && !self.ends_first
+        {
+            let take_free = |k: u64| self.take_free_pages(k);
+            if let Some(plan) = self.run_ends_plan(size, &take_free, false) {
+                return Some(plan);
+            }
+        }
         match self.place_pages(size, mix, allow_new)? {
             Plan::New { pages, off } => self.whole_runs(pages, off),
             plan => Some(plan),
@@ -207,20 +217,7 @@ impl Stitch {
         let r = size % g;
         // whole free pages: those with a handle of their own first, then runs with no byte
         // used, whole and in order (a run is mapped only whole), exactly `k` pages or None
-        let free_runs = self.free_runs();
-        let take_free = |k: u64| -> Option<Vec<u32>> {
-            let mut out: Vec<u32> = self.free_pages.iter().take(k as usize).copied().collect();
-            for run in &free_runs {
-                let need = k as usize - out.len();
-                if need == 0 {
-                    break;
-                }
-                if run.len() <= need {
-                    out.extend_from_slice(run);
-                }
-            }
-            (out.len() as u64 == k).then_some(out)
-        };
+        let take_free = |k: u64| self.take_free_pages(k);
         // Near the device's limit, a remainder of half a page or more from page ends (see
         // `ends`)
         if self.ends_first
@@ -333,6 +330,40 @@ impl Stitch {
             }
         }
         None
+    }
+
+    /// Exactly `k` whole free pages a new mapping may take: pages with a handle of their own
+    /// first, then runs with no byte used, whole and in order (a run is mapped only whole);
+    /// with handles sized per request, runs first, longest first. None if they do not add
+    /// up to `k`.
+    pub(super) fn take_free_pages(&self, k: u64) -> Option<Vec<u32>> {
+        let free_runs = self.free_runs();
+        // handles sized per request: whole runs first, longest first, then pages of a
+        // handle of their own (fewest handles, so fewest maps)
+        if self.shapes != Shapes::Pages && !free_runs.is_empty() {
+            let mut out: Vec<u32> = Vec::new();
+            for run in &free_runs {
+                if out.len() + run.len() <= k as usize {
+                    out.extend_from_slice(run);
+                }
+            }
+            let need = k as usize - out.len();
+            if self.free_pages.len() >= need {
+                out.extend(self.free_pages.iter().take(need).copied());
+                return Some(out);
+            }
+        }
+        let mut out: Vec<u32> = self.free_pages.iter().take(k as usize).copied().collect();
+        for run in &free_runs {
+            let need = k as usize - out.len();
+            if need == 0 {
+                break;
+            }
+            if run.len() <= need {
+                out.extend_from_slice(run);
+            }
+        }
+        (out.len() as u64 == k).then_some(out)
     }
 
     /// Runs of which no page holds a byte, longest first (then by first page, so the order
@@ -663,5 +694,138 @@ impl Stitch {
             return Some((m, off, victims));
         }
         None
+    }
+}
+
+/// Handles sized per request: how many run ends the placement looks at.
+const RUN_ENDS: usize = 16;
+
+impl Stitch {
+    /// Free bytes at the end (`suffix`) or the start of run `run` (its pages in order),
+    /// across its pages: whole free pages and the free end of the first used one.
+    fn run_free_end(&self, run: &[u32], suffix: bool) -> u64 {
+        let g = self.gran;
+        let mut bytes = 0;
+        let order: Box<dyn Iterator<Item = &u32>> = if suffix {
+            Box::new(run.iter().rev())
+        } else {
+            Box::new(run.iter())
+        };
+        for &p in order {
+            if self.page(p).used == 0 {
+                bytes += g;
+                continue;
+            }
+            bytes += if suffix {
+                self.free_suffix(p)
+            } else {
+                self.free_prefix(p)
+            };
+            break;
+        }
+        bytes
+    }
+
+    /// Handles sized per request (`Shapes::Request` / `Pow2`): a new mapping of whole
+    /// handles whose block starts in the free end of a partly used run or page (its head),
+    /// goes on over whole free pages and ends in the free start of another (its tail), the
+    /// ends spanning several pages of a run where they are free. A handle is mapped only
+    /// whole: the head's and tail's other pages are mapped too, outside the block, and keep
+    /// the blocks they hold. Of the plans whose whole free pages `take_free` gives, the one
+    /// needing the fewest such pages (then the fewest handles). `need_only`: the fewest
+    /// whole free pages any plan needs, whether or not they are there (what growth
+    /// creates), as `Plan::New { pages: [], off: that count }`.
+    pub(super) fn run_ends_plan(
+        &self,
+        size: u64,
+        take_free: &dyn Fn(u64) -> Option<Vec<u32>>,
+        need_only: bool,
+    ) -> Option<Plan> {
+        let g = self.gran;
+        // ends: (free bytes, the handle's pages in order)
+        let mut heads: Vec<(u64, Vec<u32>)> = Vec::new();
+        let mut tails: Vec<(u64, Vec<u32>)> = Vec::new();
+        for run in self.runs.values() {
+            if run.iter().all(|&q| self.page(q).used == 0) || !run.iter().all(|&q| self.life_ok(q))
+            {
+                continue;
+            }
+            let s = self.run_free_end(run, true);
+            if s > 0 {
+                heads.push((s, run.clone()));
+            }
+            let p = self.run_free_end(run, false);
+            if p > 0 {
+                tails.push((p, run.clone()));
+            }
+        }
+        for &(len, p) in self.suffix[LARGE].iter().rev().take(RUN_ENDS) {
+            if self.page(p).run <= 1 && self.life_ok(p) {
+                heads.push((len, vec![p]));
+            }
+        }
+        for &(len, p) in self.prefix[LARGE].iter().rev().take(RUN_ENDS) {
+            if self.page(p).run <= 1 && self.life_ok(p) {
+                tails.push((len, vec![p]));
+            }
+        }
+        heads.sort_by(|a, b| b.0.cmp(&a.0).then(a.1[0].cmp(&b.1[0])));
+        tails.sort_by(|a, b| b.0.cmp(&a.0).then(a.1[0].cmp(&b.1[0])));
+        heads.truncate(RUN_ENDS);
+        tails.truncate(RUN_ENDS);
+        let no_end = (0u64, Vec::new());
+        // (whole free pages, handles of the ends, head index + 1, tail index + 1)
+        let mut best: Option<(u64, usize, usize, usize)> = None;
+        for (hi, (sh, hp)) in std::iter::once(&no_end).chain(heads.iter()).enumerate() {
+            let sh = (*sh).min(size);
+            let rest = size - sh;
+            let mut consider = |m: u64, ti: usize, handles: usize| {
+                if best.is_none_or(|b| (m, handles) < (b.0, b.1)) {
+                    best = Some((m, handles, hi, ti));
+                }
+            };
+            let hh = usize::from(!hp.is_empty());
+            if rest == 0 {
+                consider(0, 0, hh);
+                continue;
+            }
+            // no tail: the last whole page is partly used
+            consider(rest.div_ceil(g), 0, hh);
+            for (ti, (pt, tp)) in tails.iter().enumerate() {
+                if !hp.is_empty() && hp[0] == tp[0] {
+                    continue;
+                }
+                let m = rest.saturating_sub(*pt).div_ceil(g);
+                // the tail then holds the last `rest - m * g` bytes (more than none)
+                if rest <= m * g {
+                    continue;
+                }
+                consider(m, ti + 1, hh + 1);
+            }
+        }
+        let (m, _, hi, ti) = best?;
+        if need_only {
+            return Some(Plan::New {
+                pages: Vec::new(),
+                off: m,
+            });
+        }
+        if hi == 0 && ti == 0 {
+            // no end used: the usual placement
+            return None;
+        }
+        let middle = take_free(m)?;
+        let mut pages: Vec<u32> = Vec::new();
+        let mut off = 0;
+        if hi > 0 {
+            let (sh, hp) = &heads[hi - 1];
+            pages.extend_from_slice(hp);
+            off = hp.len() as u64 * g - (*sh).min(size);
+        }
+        pages.extend(middle);
+        if ti > 0 {
+            pages.extend_from_slice(&tails[ti - 1].1);
+        }
+        Some(Plan::New { pages, off })
     }
 }

@@ -28,14 +28,22 @@ impl Stitch {
         t: Stream,
     ) -> Result<Result<(u32, u64), DeviceError>, PoolError> {
         let want = self.fresh_pages_for(size);
-        let nfree = self.free_pages.len() as u64;
+        let mut nfree = self.free_pages.len() as u64;
+        if self.shapes != Shapes::Pages {
+            nfree += self.free_runs().iter().map(|r| r.len() as u64).sum::<u64>();
+        }
         let mut created: Vec<u32> = Vec::new();
         let mut shortfall = want.saturating_sub(nfree).max(1);
         for _attempt in 0..4 {
             let mut refused = None;
-            for _ in 0..shortfall {
-                match self.grow(dev) {
-                    Ok(p) => created.push(p),
+            let split = if self.class_of(size) == LARGE {
+                self.handle_split(dev, shortfall)
+            } else {
+                vec![1; shortfall as usize]
+            };
+            for k in split {
+                match self.grow_run(dev, k) {
+                    Ok(run) => created.extend(run),
                     Err(e) => {
                         refused = Some(e);
                         break;
@@ -78,6 +86,15 @@ impl Stitch {
     /// be given back at once (a create and a release for nothing).
     pub(super) fn fresh_pages_for(&self, size: u64) -> u64 {
         let g = self.gran;
+        // handles sized per request: the fewest whole pages between the free ends of partly
+        // used runs and pages (see `run_ends_plan`)
+        if self.shapes != Shapes::Pages
+            && self.class_of(size) == LARGE
+            && !self.ends_first
+            && let Some(Plan::New { off: m, .. }) = self.run_ends_plan(size, &|_| None, true)
+        {
+            return m;
+        }
         let (whole, rest) = (size / g, size % g);
         if rest == 0 {
             return whole;
