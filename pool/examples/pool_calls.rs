@@ -1,7 +1,7 @@
 //! Where a trace's driver calls go: every allocation (or free) that makes driver calls on the
 //! tight pool, with its index, size, live and held bytes, and the calls by kind.
 //!
-//! `cargo run --release -p vramshim-pool --example pool_calls -- TRACE.csv [sync|async] [FROM] [runs] [nolayers] [grow] [holds] [places] [request|pow2]`
+//! `cargo run --release -p vramshim-pool --example pool_calls -- TRACE.csv [sync|async] [FROM] [runs] [nolayers] [grow] [holds] [places] [request|pow2] [twice]`
 //! (`FROM`: the first allocation index listed; default: the second half; `runs`: the arena
 //! grows by runs of pages, `Stitch::with_runs`; `nolayers`: `Stitch::with_layers(false)`, the
 //! layer replay being on by default; `grow`: `Stitch::with_grow`; `holds`:
@@ -9,7 +9,8 @@
 //! `PLACES_SPAN` from `FROM` on, with its place (the arena or a stitched mapping, and the
 //! offset) and, where the layer replay had places for it, which allocation each place was and
 //! which live or pending blocks were in it; `request` / `pow2`: handles sized per request,
-//! `Stitch::with_shapes`). Every free reaches the pool (no thread caches).
+//! `Stitch::with_shapes`; `twice`: two passes of the trace as `pool_slack`'s "passes 2, 3"
+//! runs them, `FROM` defaulting to the second pass's first allocation). Every free reaches the pool (no thread caches).
 
 #[macro_use]
 mod common;
@@ -50,6 +51,7 @@ fn main() {
     let grow = args.iter().any(|a| a == "grow");
     let places = args.iter().any(|a| a == "places");
     let holds = args.iter().any(|a| a == "holds");
+    let twice = args.iter().any(|a| a == "twice");
     let shapes = if args.iter().any(|a| a == "pow2") {
         Shapes::Pow2
     } else if args.iter().any(|a| a == "request") {
@@ -66,10 +68,11 @@ fn main() {
             && a != "places"
             && a != "request"
             && a != "pow2"
+            && a != "twice"
     });
     let Some(path) = args.first() else {
         eprintln!(
-            "usage: pool_calls TRACE.csv [sync|async] [FROM] [runs] [nolayers] [grow] [holds] [places] [request|pow2]"
+            "usage: pool_calls TRACE.csv [sync|async] [FROM] [runs] [nolayers] [grow] [holds] [places] [request|pow2] [twice]"
         );
         std::process::exit(2);
     };
@@ -78,7 +81,16 @@ fn main() {
         _ => Frees::StreamOrdered,
     };
     let t = common::read_trace(std::path::Path::new(path));
-    let ev = frees.apply(&t.events);
+    let one = frees.apply(&t.events);
+    let one_allocs = one
+        .iter()
+        .filter(|e| matches!(e, Event::Alloc { .. }))
+        .count();
+    let ev = if twice {
+        frees.apply(&replay::repeat(&t.events, 2))
+    } else {
+        one
+    };
     let allocs = ev
         .iter()
         .filter(|e| matches!(e, Event::Alloc { .. }))
@@ -86,7 +98,7 @@ fn main() {
     let from: usize = args
         .get(2)
         .and_then(|s| s.parse().ok())
-        .unwrap_or(allocs / 2);
+        .unwrap_or(if twice { one_allocs } else { allocs / 2 });
     let mut dev = AccountingDevice::new(80 << 30);
     dev.set_checking(true);
     let mut p = Stitch::tight()

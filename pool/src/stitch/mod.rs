@@ -313,6 +313,10 @@ pub struct Faults {
     /// of the request (not a
     /// safety fault: it proves the test that growth gives back no page it created can fail).
     pub remainder_page: bool,
+    /// With handles sized per request, a block whose new mapping starts in a handle's free
+    /// end starts one `ALIGN` lower, over the byte before that end (a block there then
+    /// overlaps the new one): proves the checks of that placement can fail.
+    pub run_end_over_live: bool,
 }
 
 impl Faults {

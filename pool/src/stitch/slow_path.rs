@@ -28,13 +28,32 @@ impl Stitch {
         t: Stream,
     ) -> Result<Result<(u32, u64), DeviceError>, PoolError> {
         let want = self.fresh_pages_for(size);
-        let mut nfree = self.free_pages.len() as u64;
-        if self.shapes != Shapes::Pages {
-            nfree += self.free_runs().iter().map(|r| r.len() as u64).sum::<u64>();
-        }
+        let nfree = self.free_pages.len() as u64;
         let mut created: Vec<u32> = Vec::new();
         let mut shortfall = want.saturating_sub(nfree).max(1);
-        for _attempt in 0..4 {
+        // handles sized per request: the pages the plan lacking the fewest lacks, then (if
+        // the free pages there do not add up to its middle) its whole middle as one run
+        let need =
+            if self.shapes != Shapes::Pages && self.class_of(size) == LARGE && !self.ends_first {
+                let d: &dyn Device = dev;
+                let split = |x: u64| self.handle_split(d, x);
+                self.run_ends_need(size, &split)
+            } else {
+                None
+            };
+        if let Some((lack, _)) = need {
+            shortfall = lack.max(1);
+        }
+        for attempt in 0..4 {
+            if attempt == 1
+                && let Some((lack, whole)) = need
+                && whole > lack
+            {
+                // pages created for the plan and not taken go back first
+                self.release_unused(dev, &created);
+                created.clear();
+                shortfall = whole;
+            }
             let mut refused = None;
             let split = if self.class_of(size) == LARGE {
                 self.handle_split(dev, shortfall)
@@ -86,15 +105,6 @@ impl Stitch {
     /// be given back at once (a create and a release for nothing).
     pub(super) fn fresh_pages_for(&self, size: u64) -> u64 {
         let g = self.gran;
-        // handles sized per request: the fewest whole pages between the free ends of partly
-        // used runs and pages (see `run_ends_plan`)
-        if self.shapes != Shapes::Pages
-            && self.class_of(size) == LARGE
-            && !self.ends_first
-            && let Some(Plan::New { off: m, .. }) = self.run_ends_plan(size, &|_| None, true)
-        {
-            return m;
-        }
         let (whole, rest) = (size / g, size % g);
         if rest == 0 {
             return whole;
