@@ -986,6 +986,37 @@ fn the_cap_never_settles_the_driver_s_pools_inside_a_capture_begun_meanwhile() {
     race.expect(&["settle"], Some("sections-ungated"), 1, &ungated);
 }
 
+/// The section of the cap's settle reaches over the real allocation of the request that wanted
+/// it: the request began before any capture a begin on another thread starts while the settle
+/// is in flight, so its allocation must precede that capture. capture_window `settled` (the
+/// worker and the 48 MiB cap of `settle`): the library stops the worker's request once the
+/// driver's pools are emptied (`pause-settled`), before its `cudaMallocAsync` on a stream that
+/// does not capture; B then begins a global capture, and the library stops B where it found the
+/// section still open (`pause-begin`) before B's begin returned: the worker gets 0 and B's end
+/// 0. With the section ended at the settle, as once (`settle-unheld`), B's begin returns while
+/// the worker is stopped, and the allocation, made inside B's global capture, is refused (900)
+/// and invalidates it: end 901, exit 1.
+#[test]
+fn the_cap_s_settle_holds_a_begin_until_the_request_s_own_allocation_returned() {
+    let env = [
+        ("VRAMSHIM_CAP", "48MiB"),
+        ("VRAMSHIM_CAP_CONTEXT", "exclude"),
+        ("VRAMSIM_MEMORY", "1GiB"),
+        ("VRAMSIM_CONTEXT_OVERHEAD", "0"),
+        ("VRAMSHIM_LOG", "debug"),
+    ];
+    let race = CaptureRace::new(
+        "capture_window",
+        "pool_capture_window_settled",
+        &env,
+        "pause-settled,pause-begin",
+    );
+    let ok = [("begun_first", 0), ("worker", 0), ("end", 0)];
+    race.expect(&["settled"], None, 0, &ok);
+    let unheld = [("begun_first", 1), ("worker", 900), ("end", 901)];
+    race.expect(&["settled"], Some("settle-unheld"), 1, &unheld);
+}
+
 /// The cap empties the driver's pools for a page the pool needs while the pool's lock is held
 /// (the pool's growth charges each page, and a refused charge settles first): a begin-capture
 /// call in flight on another thread then waits for that lock before its real call, so the
