@@ -534,6 +534,56 @@ fn the_library_never_synchronizes_while_any_capture_is_under_way() {
     }
 }
 
+/// A request the pool could place only after a synchronization is served beside a capture
+/// where the device has room: the pool grows for it (new pages of its own) instead of
+/// refusing it. capture_sync `fenced`: the worker's 64 MiB `cudaMallocAsync` on its stream,
+/// freed there, then a 64 MiB `cudaMalloc` (no stream: the freed bytes need a synchronization,
+/// which no capture allows) while the main thread holds a capture (relaxed, thread-local,
+/// global; the worker global, or relaxed beside the global one): the worker gets 0, no
+/// synchronization by the pool, the capture ends with a graph. Under a cap that leaves no
+/// room for the new pages (100 MiB: 64 MiB freed, the anchor's page, no context charged) the
+/// request is refused, out of memory (2), the capture still valid; after the capture the same
+/// request succeeds. Before the pool grew apart for it, it was refused (2) on a 1 GiB device.
+#[test]
+fn a_request_that_needs_a_synchronization_grows_beside_a_capture() {
+    let exe = workload("capture_sync");
+    for (capture, worker) in [
+        ("relaxed", "global"),
+        ("local", "global"),
+        ("global", "relaxed"),
+    ] {
+        for capped in [false, true] {
+            let mut env = vec![("VRAMSHIM_POOL", "stitch")];
+            if capped {
+                env.extend([
+                    ("VRAMSHIM_CAP", "100MiB"),
+                    ("VRAMSHIM_CAP_CONTEXT", "exclude"),
+                    ("VRAMSIM_MEMORY", "1GiB"),
+                    ("VRAMSIM_CONTEXT_OVERHEAD", "0"),
+                ]);
+            }
+            let o = run(
+                &exe,
+                &["fenced", capture, worker],
+                &env,
+                "pool-capture-fenced",
+            );
+            let what = format!("fenced {capture} {worker} capped={capped}");
+            assert_exit(&o, 0, &what);
+            let during = if capped { 2 } else { 0 };
+            for (key, want) in [
+                ("during", during),
+                ("syncs", 0),
+                ("end", 0),
+                ("graph", 1),
+                ("after", 0),
+            ] {
+                assert_eq!(field(&o.stdout, key), want, "{what} {key}: {}", o.stdout);
+            }
+        }
+    }
+}
+
 /// Graph allocations through the pool: during a capture, a `cudaMallocAsync` on the capturing
 /// stream goes to the driver, which makes it an allocation node of the graph, as without the
 /// library: one for more than the pool holds succeeds, and one the pool could serve from what
