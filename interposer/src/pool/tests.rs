@@ -1215,7 +1215,7 @@ fn a_capture_s_begin_waits_for_the_pool_s_lock_whatever_the_mode_reads() {
 /// capture_threads workload under a 68 MiB cap, with and without the budget: the worker's
 /// 64 MiB `cudaMalloc` is its one failure, code 2 (`cudaErrorMemoryAllocation`).
 #[test]
-fn out_of_memory_under_a_cap_wins_over_a_capture_s_refusal() {
+fn the_cap_s_out_of_memory_reaches_the_worker_and_the_capture_stays_valid() {
     let exe = workload("capture_threads");
     for budget in ["5%", "off"] {
         let env = [
