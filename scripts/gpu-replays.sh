@@ -9,16 +9,18 @@
 # segments, or the pool's pages). Prints every run's output, then one table.
 # Usage: scripts/gpu-replays.sh [--out DIR]   (uses $VRAMSHIM, else target/release/vramshim)
 set -uo pipefail
-repo="$(cd "$(dirname "$0")/.." && pwd)"
+# shellcheck source=scripts/gpu-common.sh
+source "$(dirname "$0")/gpu-common.sh"
+repo="$gpu_repo"
 out="$(mktemp -d -t vramshim-gpu-replays.XXXXXX)"
 [ "${1:-}" = "--out" ] && { out="$2"; mkdir -p "$out"; }
 vs="${VRAMSHIM:-$repo/target/release/vramshim}"
 T="$repo/tests/workloads/traces"
 traces="$T/bert_serve.rmm.csv $T/vit_train.rmm.csv $T/t5_train.rmm.csv $T/gpu/gpt2_train.rmm.csv $T/gpu/mlp_train.rmm.csv $T/gpu/vit_train.rmm.csv"
-if ! nvidia-smi -L >/dev/null 2>&1; then
+if ! gpu_present; then
     echo "gpu-replays: no NVIDIA GPU here (nvidia-smi -L failed)"; exit 0
 fi
-echo "GPU: $(nvidia-smi -L | head -1); $(python3 -c 'import torch; print("torch", torch.__version__)' 2>/dev/null)"
+echo "GPU: $(gpu_name); $(python3 -c 'import torch; print("torch", torch.__version__)' 2>/dev/null)"
 mib() { sed -n "s/.*$1 *\([0-9.]*\) MiB.*/\1/p" | head -1; }
 rows=()
 for t in $traces; do

@@ -17,37 +17,16 @@
 # Usage: scripts/gpu-smoke.sh [--out DIR]      (default: a temporary directory, kept)
 # Uses $VRAMSHIM if set, else target/release/vramshim (building it when missing).
 set -uo pipefail
+# shellcheck source=scripts/gpu-common.sh
+source "$(dirname "$0")/gpu-common.sh"
 
-repo="$(cd "$(dirname "$0")/.." && pwd)"
-out=""
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --out) out="$2"; shift 2 ;;
-    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "gpu-smoke.sh: unknown argument $1" >&2; exit 2 ;;
-  esac
-done
-[ -n "$out" ] || out="$(mktemp -d -t vramshim-gpu-smoke.XXXXXX)"
-mkdir -p "$out"
+repo="$gpu_repo"
+gpu_options 2,18 "$@"
+gpu_out_dir vramshim-gpu-smoke
 py="${PYTHON:-python3}"
 
-pass=0; fail=0; skip=0
-verified() { echo "VERIFIED: $*"; pass=$((pass+1)); }
-failed()   { echo "FAILED:   $*"; fail=$((fail+1)); }
-skipped()  { echo "SKIPPED:  $*"; skip=$((skip+1)); }
-finish() {
-  echo
-  echo "gpu-smoke: $pass verified, $fail failed, $skip skipped (logs in $out)"
-  [ "$fail" = 0 ]
-  exit $?
-}
-
 # --- is there a GPU? -------------------------------------------------------------------------
-if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
-  skipped "no NVIDIA GPU here (nvidia-smi -L failed): nothing to verify on hardware; scripts/test covers the simulated GPU"
-  finish
-fi
-echo "GPU: $(nvidia-smi -L | head -1)"
+gpu_require "no NVIDIA GPU here (nvidia-smi -L failed): nothing to verify on hardware; scripts/test covers the simulated GPU"
 total_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0 | head -1 | tr -d ' ')
 
 # --- the vramshim command --------------------------------------------------------------------

@@ -17,40 +17,18 @@
 #          so the loss is meaningless), to test this script without a GPU.
 # Uses $VRAMSHIM if set, else target/release/vramshim; $PYTHON if set, else python3.
 set -uo pipefail
+# shellcheck source=scripts/gpu-common.sh
+source "$(dirname "$0")/gpu-common.sh"
 
-repo="$(cd "$(dirname "$0")/.." && pwd)"
-out=""
-sim=()
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --out) out="$2"; shift 2 ;;
-    --sim) sim=(--sim); shift ;;
-    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "gpu-torch-events.sh: unknown argument $1" >&2; exit 2 ;;
-  esac
-done
-[ -n "$out" ] || out="$(mktemp -d -t vramshim-gpu-torch-events.XXXXXX)"
-mkdir -p "$out"
+repo="$gpu_repo"
+gpu_sim_allowed=1
+gpu_options 2,18 "$@"
+gpu_out_dir vramshim-gpu-torch-events
 py="${PYTHON:-python3}"
 vs="${VRAMSHIM:-$repo/target/release/vramshim}"
 
-pass=0; fail=0; skip=0
-verified() { echo "VERIFIED: $*"; pass=$((pass+1)); }
-failed()   { echo "FAILED:   $*"; fail=$((fail+1)); }
-skipped()  { echo "SKIPPED:  $*"; skip=$((skip+1)); }
-finish() {
-  echo
-  echo "gpu-torch-events: $pass verified, $fail failed, $skip skipped (logs in $out)"
-  [ "$fail" = 0 ]
-  exit $?
-}
-
 if [ ${#sim[@]} = 0 ]; then
-  if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
-    skipped "no NVIDIA GPU here (nvidia-smi -L failed); --sim runs this on the simulated GPU"
-    finish
-  fi
-  echo "GPU: $(nvidia-smi -L | head -1)"
+  gpu_require "no NVIDIA GPU here (nvidia-smi -L failed); --sim runs this on the simulated GPU"
 fi
 if [ ! -x "$vs" ] || [ ! -f "$(dirname "$vs")/libvramshim.so" ]; then
   failed "no vramshim command with libvramshim.so beside it at $vs (set VRAMSHIM)"

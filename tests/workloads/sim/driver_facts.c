@@ -601,6 +601,57 @@ static void ctx_sync_while_invalidated(void) {
     SOFT(p_stream_destroy(s));
 }
 
+/* One cuMemUnmap over two adjacent mappings of different handles: the pool gives back a
+ * stitched range of several handles with one call. */
+static void unmap_two_mappings(void) {
+    CUmemGenericAllocationHandle h1 = handle(1), h2 = handle(1);
+    CUdeviceptr va = reserve(2);
+    MUST(p_map(va, gran, 0, h1, 0));
+    MUST(p_map(va + gran, gran, 0, h2, 0));
+    MUST(p_set_access(va, 2 * gran, &rw, 1));
+    CUresult r = p_unmap(va, 2 * gran);
+    fact("unmap_over_two_mappings", r);
+    if (r != CUDA_SUCCESS) {
+        MUST(p_unmap(va, gran));
+        MUST(p_unmap(va + gran, gran));
+    }
+    MUST(p_unreserve(va, 2 * gran));
+    MUST(p_release(h1));
+    MUST(p_release(h2));
+}
+
+/* A stream-ordered allocation and free on the legacy stream while a blocking stream captures
+ * in relaxed mode (so the mode rules allow stream-ordered calls on other streams): work on the
+ * legacy stream would make it wait for the capturing stream. */
+static void legacy_beside_blocking_capture(void) {
+    CUstream s;
+    MUST(p_stream_create(&s, 0));
+    for (int free_it = 0; free_it < 2; free_it++) {
+        const char *what = free_it ? "legacy_free_async_beside_blocking_capture"
+                                   : "legacy_alloc_async_beside_blocking_capture";
+        char name[96];
+        CUdeviceptr p = 0;
+        if (free_it) {
+            MUST(p_alloc_async(&p, gran, 0));
+            MUST(p_stream_sync(0));
+        }
+        MUST(p_begin(s, 2));
+        CUresult r = free_it ? p_free_async(p, 0) : p_alloc_async(&p, gran, 0);
+        fact(what, r);
+        capture_status st = -1;
+        MUST(p_is_capturing(s, &st));
+        snprintf(name, sizeof name, "%s_status", what);
+        fact(name, st);
+        graph_t g = NULL;
+        snprintf(name, sizeof name, "%s_end", what);
+        fact(name, p_end(s, &g));
+        if (g) SOFT(p_graph_destroy(g));
+        if (p && (free_it ? r != CUDA_SUCCESS : r == CUDA_SUCCESS)) SOFT(p_free_async(p, 0));
+        SOFT(p_stream_sync(0));
+    }
+    SOFT(p_stream_destroy(s));
+}
+
 int main(void) {
     lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!lib) {
@@ -665,6 +716,8 @@ int main(void) {
     calls_in_capture();
     ended_capture_event();
     ctx_sync_while_invalidated();
+    unmap_two_mappings();
+    legacy_beside_blocking_capture();
     printf("driver_facts: done\n");
     return 0;
 }

@@ -1,7 +1,9 @@
 //! The scripts that install the tests' packages (`scripts/setup-*`) install wheels only: every
 //! `pip install` in them carries `--only-binary :all:`, so that CI never builds a package from
 //! source (a compiler run nobody reviewed, and minutes of a shared machine) when a pinned
-//! version has no wheel for its platform: the install fails instead, naming the package.
+//! version has no wheel for its platform: the install fails instead, naming the package. And
+//! they trust a cached installation only while it still works (`scripts/setup-common.sh`): a
+//! marker alone outlives a file gone missing from the cache.
 
 use vramshim_testkit::repo_root;
 
@@ -81,4 +83,153 @@ fn a_pip_install_is_read_to_the_end_of_its_command() {
             "-m pip install --no-deps \\\n    --target x pkg >&2",
         ]
     );
+}
+
+/// `setup_pip_records DIR PIN...` (scripts/setup-common.sh): (exit code, stderr).
+fn pip_records(dir: &std::path::Path, pins: &[&str]) -> (Option<i32>, String) {
+    let o = std::process::Command::new("bash")
+        .arg("-c")
+        .arg("source \"$0\"; setup_pip_records \"$@\"")
+        .arg(repo_root().join("scripts/setup-common.sh"))
+        .arg(dir)
+        .args(pins)
+        .output()
+        .unwrap();
+    (
+        o.status.code(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// A `pip install --target` tree of one package `pkg` 1.0 with two files (and the byte code
+/// and console script pip also records), as `scripts/setup-*` leave it.
+fn fake_pip_tree(dir: &std::path::Path) {
+    let info = dir.join("pkg-1.0.dist-info");
+    std::fs::create_dir_all(dir.join("pkg")).unwrap();
+    std::fs::create_dir_all(&info).unwrap();
+    std::fs::write(dir.join("pkg/__init__.py"), "x = 1\n").unwrap();
+    std::fs::write(dir.join("pkg/_core.so"), vec![0u8; 4096]).unwrap();
+    std::fs::write(
+        info.join("RECORD"),
+        "pkg/__init__.py,sha256=AAAA,6\n\
+         pkg/_core.so,sha256=BBBB,4096\n\
+         pkg/__pycache__/__init__.cpython-311.pyc,sha256=CCCC,120\n\
+         ../../bin/pkg-tool,sha256=DDDD,240\n\
+         pkg-1.0.dist-info/RECORD,,\n",
+    )
+    .unwrap();
+}
+
+/// What a cached installation is checked against before a setup script trusts its marker: each
+/// file pip recorded is there at its recorded size (byte code and console scripts, which pip
+/// records but Python rewrites or `--target` moves, do not count), and each pin has its record.
+#[test]
+fn pip_records_catch_a_missing_or_changed_file_and_a_missing_pin() {
+    let dir = vramshim_testkit::temp_dir("setup-records");
+    fake_pip_tree(&dir);
+    assert_eq!(pip_records(&dir, &["pkg==1.0"]), (Some(0), String::new()));
+    assert_eq!(pip_records(&dir, &["PKG>=0.5"]).0, Some(0));
+
+    let (code, err) = pip_records(&dir, &["pkg==1.1"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("pkg 1.1 is pinned but") && err.contains("records 1.0"),
+        "{err}"
+    );
+    let (code, err) = pip_records(&dir, &["pkg==1.0", "other-lib==2"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("other-lib has no record in"), "{err}");
+
+    std::fs::write(dir.join("pkg/_core.so"), vec![0u8; 100]).unwrap();
+    let (code, err) = pip_records(&dir, &["pkg==1.0"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("pkg/_core.so has 100 bytes, 4096 when installed"),
+        "{err}"
+    );
+
+    std::fs::remove_file(dir.join("pkg/_core.so")).unwrap();
+    std::fs::remove_file(dir.join("pkg/__init__.py")).unwrap();
+    let (code, err) = pip_records(&dir, &[]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("pkg/__init__.py is missing (and 1 more of its 2 files)"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+
+    let empty = vramshim_testkit::temp_dir("setup-records-empty");
+    let (code, err) = pip_records(&empty, &[]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("no package records"), "{err}");
+}
+
+/// `scripts/setup-duckdb --check` on a cache whose marker is right: trusted while the files are
+/// there and the module works, reported damaged (exit 1, the cache left as it is) once a file
+/// is gone or the module no longer imports. Runs on a stand-in for DuckDB (a module with the
+/// one call the check makes), so it needs neither the registry nor DuckDB itself.
+#[test]
+fn a_damaged_cache_is_not_trusted_by_its_marker() {
+    let dir = vramshim_testkit::temp_dir("setup-damaged");
+    let py = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import sys; print(sys.implementation.cache_tag); print(sys.executable)",
+        ])
+        .output()
+        .unwrap();
+    let py = String::from_utf8(py.stdout).unwrap();
+    let (tag, exe) = py.trim().split_once('\n').unwrap();
+    let module = "class _R:\n    def fetchall(self):\n        return [(42,)]\n\n\
+                  def sql(q):\n    return _R()\n";
+    std::fs::create_dir_all(dir.join("duckdb")).unwrap();
+    std::fs::create_dir_all(dir.join("duckdb-2.0.0.dist-info")).unwrap();
+    std::fs::write(dir.join("duckdb/__init__.py"), module).unwrap();
+    std::fs::write(
+        dir.join("duckdb-2.0.0.dist-info/RECORD"),
+        format!("duckdb/__init__.py,sha256=AAAA,{}\n", module.len()),
+    )
+    .unwrap();
+    std::fs::write(dir.join("python"), format!("{exe}\n")).unwrap();
+    std::fs::write(
+        dir.join(".vramshim-duckdb"),
+        format!("{tag} duckdb==2.0.0\n"),
+    )
+    .unwrap();
+    let check = || {
+        let o = std::process::Command::new(repo_root().join("scripts/setup-duckdb"))
+            .arg("--check")
+            .env("VRAMSHIM_DUCKDB_DIR", &dir)
+            .env("PYTHON", exe)
+            .output()
+            .unwrap();
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stdout).trim().to_string(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let (code, out, err) = check();
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(out, dir.to_str().unwrap());
+
+    // The module replaced by as many bytes that do not parse: the records pass, the import fails.
+    std::fs::write(dir.join("duckdb/__init__.py"), "(".repeat(module.len())).unwrap();
+    let (code, out, err) = check();
+    assert_eq!((code, out.as_str()), (Some(1), ""), "{err}");
+    assert!(err.contains("is damaged: SyntaxError"), "{err}");
+
+    std::fs::remove_file(dir.join("duckdb/__init__.py")).unwrap();
+    let (code, _, err) = check();
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "setup-duckdb: the installation in {} is damaged: {}/duckdb/__init__.py is missing",
+            dir.display(),
+            dir.display()
+        )),
+        "{err}"
+    );
+    // --check leaves the damaged cache as it found it.
+    assert!(dir.join(".vramshim-duckdb").exists() && dir.join("python").exists());
 }

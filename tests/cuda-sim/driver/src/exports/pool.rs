@@ -21,6 +21,8 @@ fn alloc_async(
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let s = stream::resolve(h, ptds)?;
+    // Work on the legacy stream, as a stream-ordered free is (see `legacy_check`).
+    stream::legacy_check(&s)?;
     // On a capturing stream: an allocation node of the graph (see `graph`). On one that does
     // not capture it allocates at once, which a capture forbids by the mode rules.
     let c = s.capture();
