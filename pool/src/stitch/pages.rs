@@ -162,6 +162,11 @@ impl Stitch {
         out
     }
 
+    /// One new page with a handle of its own.
+    pub(super) fn grow(&mut self, dev: &mut dyn Device) -> Result<u32, DeviceError> {
+        Ok(self.grow_run(dev, 1)?[0])
+    }
+
     /// `k` (>= 1) new pages under one handle: one driver call (see "Runs" above).
     pub(super) fn grow_run(
         &mut self,
