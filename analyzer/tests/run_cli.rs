@@ -538,7 +538,8 @@ fn library_and_simulated_gpu_found_in_an_install_layout() {
             Path::new("../libcuda.so.1")
         );
         assert!(!Path::new(&format!("{sim}/driver/libcudart.so.12")).exists());
-        assert_eq!(l[2], "2GiB");
+        // handed to cuda-sim as bytes, read as every size of vramshim is
+        assert_eq!(l[2], (2u64 << 30).to_string());
 
         // --preload-runtime: the substitution, cuda-sim first and its runtime preloaded.
         put("libcudart.so.12", "cuda-sim/libcudart.so.12");
@@ -557,6 +558,54 @@ fn library_and_simulated_gpu_found_in_an_install_layout() {
             )
         );
         assert_eq!(l[1].split(':').next(), Some(sim.as_str()), "{}", l[1]);
+    }
+}
+
+/// `--sim=SIZE` reads sizes as `--cap` and `replay` do (`GB` is 10^9 bytes: cuda-sim itself
+/// reads it as 2^30) and refuses, before the command starts, a size cuda-sim would ignore
+/// with a line of its own and replace by its default.
+#[test]
+fn sim_size_is_read_as_every_size_and_a_bad_one_refused() {
+    let script = "echo \"$VRAMSIM_MEMORY\"";
+    for (size, bytes) in [
+        ("8GB", "8000000000"),
+        ("8G", "8589934592"),
+        ("1.5GiB", "1610612736"),
+        ("512MiB", "536870912"),
+        ("1073741824", "1073741824"),
+    ] {
+        let o = vramshim()
+            .args(["run", &format!("--sim={size}"), "--", "sh", "-c", script])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{size}: {err}");
+        assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), bytes, "{size}");
+    }
+    for bad in ["lots", "1.5", "-1GiB", "0", "8XB"] {
+        let o = vramshim()
+            .args([
+                "run",
+                &format!("--sim={bad}"),
+                "--",
+                "sh",
+                "-c",
+                "echo started",
+            ])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{bad}: {err}");
+        assert!(o.stdout.is_empty(), "{bad}: the command started");
+        assert_eq!(err.lines().count(), 1, "{bad}: one line wanted: {err}");
+        assert!(
+            err.contains(&format!("--sim=\"{bad}\" is not valid")),
+            "{err}"
+        );
+        assert!(
+            err.contains("16GiB") || err.contains("8GiB"),
+            "no accepted form: {err}"
+        );
     }
 }
 

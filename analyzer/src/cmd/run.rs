@@ -19,18 +19,35 @@ pub const LIB_NAME: &str = "libvramshim.so";
 /// Directory name of the simulated CUDA stack's layout.
 pub const SIM_DIR_NAME: &str = "cuda-sim";
 
+/// The variables `run` reads itself and the library's variables that have no flag.
+const AFTER_HELP: &str = "\
+Environment:
+  VRAMSHIM_LIB               libvramshim.so (or its directory); default: next to this
+                             executable, then ../lib/vramshim/ and ../lib/ from it
+  LD_PRELOAD                 kept: libvramshim.so is appended to it
+The library's variables without a flag (set them in the environment):
+  VRAMSHIM_CAP_CONTEXT       include (default) or exclude the CUDA context from the cap
+  VRAMSHIM_PY_STACKS         0: call stacks without Python frames (default 1)
+  VRAMSHIM_REGISTRY          off, or the node registry's absolute path
+  VRAMSHIM_STATS             a file for the library's counters as JSON at exit
+  VRAMSHIM_TRACE_CLOCK       monotonic: clock_gettime timestamps instead of the TSC
+  VRAMSHIM_TRACE_LOCKS       1: buffers handed to the trace writer under a lock (default 0)
+  VRAMSHIM_TRACE_EXIT_FLUSH  0: no trace flush inside _exit (default 1)
+Every variable, its default and accepted forms: docs/configuration.md";
+
 #[derive(clap::Args)]
-#[command(trailing_var_arg = true)]
+#[command(trailing_var_arg = true, after_help = AFTER_HELP)]
 pub struct Args {
     /// Cap device memory: a fraction of the device (0.9), a size (40GiB, 512MiB) or a
-    /// per-device list (0=40GiB,1=0.5). Sets VRAMSHIM_CAP.
+    /// per-device list (0=40GiB,1=0.5). Default: no cap. Sets VRAMSHIM_CAP.
     #[arg(long, value_name = "CAP")]
     pub cap: Option<String>,
     /// Refuse every device allocation where the cap cannot be enforced as asked (the shared
     /// region is unusable) instead of keeping the process's own cap. Sets VRAMSHIM_CAP_STRICT=1.
     #[arg(long)]
     pub cap_strict: bool,
-    /// Share one cap budget with every process using the same NAME. Sets VRAMSHIM_SHARED.
+    /// Share one cap budget with every process using the same NAME (1 to 64 of A-Z a-z 0-9 .
+    /// _ -, or an absolute path). Default: none (a per-process cap). Sets VRAMSHIM_SHARED.
     #[arg(long, value_name = "NAME")]
     pub shared: Option<String>,
     /// What a request refused by the shared cap does: `fail` (default), or `wait[:TIMEOUT]`
@@ -39,8 +56,8 @@ pub struct Args {
     #[arg(long, value_name = "fail|wait[:TIMEOUT]")]
     pub on_cap: Option<String>,
     /// Allocation pool: `stitch` (defragmenting pool, holding at most a budget over its recent
-    /// peak of live bytes: see --pool-budget), `stitch-tight` (the same) or `off`. Sets
-    /// VRAMSHIM_POOL.
+    /// peak of live bytes: see --pool-budget), `stitch-tight` (the same) or `off`. Default:
+    /// off. Sets VRAMSHIM_POOL.
     #[arg(long, value_name = "POLICY", value_parser = ["stitch", "stitch-tight", "off"])]
     pub pool: Option<String>,
     /// What the pool may hold over its recent peak of live bytes: a ratio (0.05) or a
@@ -48,16 +65,20 @@ pub struct Args {
     /// refuses); implies `--pool stitch`. Sets VRAMSHIM_POOL_BUDGET.
     #[arg(long, value_name = "RATIO")]
     pub pool_budget: Option<String>,
-    /// Write a trace (`%p` = pid, `%h` = host, `%t` = start time). Sets VRAMSHIM_TRACE.
+    /// Write a trace (`%p` = pid, `%h` = host, `%t` = start time, `%%` = %). Default: no
+    /// trace. Sets VRAMSHIM_TRACE.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
-    /// Record call stacks of N frames in the trace. Sets VRAMSHIM_STACKS.
+    /// Record call stacks of N frames in the trace, at most 64. Default: 0 (no stacks). Sets
+    /// VRAMSHIM_STACKS.
     #[arg(long, value_name = "N")]
     pub stacks: Option<u32>,
-    /// Stderr verbosity of the library. Sets VRAMSHIM_LOG.
+    /// Stderr verbosity of the library. Default: warn. Sets VRAMSHIM_LOG.
     #[arg(long, value_name = "LEVEL", value_parser = ["off", "warn", "info", "debug"])]
     pub log: Option<String>,
-    /// Run on the simulated GPU (no GPU needed); SIZE sets its memory (VRAMSIM_MEMORY, e.g. 16GiB).
+    /// Run on the simulated GPU (no GPU needed); SIZE sets its memory (VRAMSIM_MEMORY, in
+    /// bytes), read as every size of vramshim is: 16GiB, 16G (powers of 1024), 16GB (powers of
+    /// 1000), 17179869184 (bytes). Default: cuda-sim's, 16 GiB.
     #[arg(long, value_name = "SIZE", num_args = 0..=1, require_equals = true, default_missing_value = "")]
     pub sim: Option<String>,
     /// With --sim, substitute cuda-sim's runtime for the program's own: preload its
@@ -84,15 +105,22 @@ pub struct Args {
 }
 
 pub fn main(args: Args) -> Result<ExitCode, String> {
+    // Refused here, before anything starts: cuda-sim would ignore a size it cannot read (one
+    // line, then its default size), and reads `GB` as powers of 1024 where every size of
+    // vramshim reads powers of 1000; it is handed the byte count instead.
+    let sim_bytes = match args.sim.as_deref() {
+        Some(size) if !size.is_empty() => Some(sim_size(size)?),
+        _ => None,
+    };
     let lib = find_library()?;
     let mut cmd = Command::new(&args.cmd[0]);
     cmd.args(&args.cmd[1..]);
 
     let mut preload = vec![lib.clone()];
-    if let Some(size) = &args.sim {
+    if args.sim.is_some() {
         let sim = find_sim_dir()?;
-        if !size.is_empty() {
-            cmd.env("VRAMSIM_MEMORY", size);
+        if let Some(bytes) = sim_bytes {
+            cmd.env("VRAMSIM_MEMORY", bytes.to_string());
         }
         if let Some(which) = &args.preload_runtime {
             // The substitution: cuda-sim's runtime in place of the program's own. A runtime
@@ -211,6 +239,19 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
 }
 
 /// `VRAMSHIM_POOL` from `--pool` and `--pool-budget` (a budget implies the pool).
+/// The simulated device's size from `--sim=SIZE`: a size as `--cap` reads one, not 0.
+fn sim_size(size: &str) -> Result<u64, String> {
+    match vramshim_analyzer::units::parse_size(size) {
+        Ok(0) => Err(format!(
+            "run: --sim={:?} is not valid (a device of 0 bytes); a size such as 16GiB, 16G, \
+             16GB or 17179869184 (bytes)",
+            size
+        )),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("run: --sim={size:?} is not valid: {e}")),
+    }
+}
+
 fn pool_setting(args: &Args) -> Result<Option<String>, String> {
     match (&args.pool, &args.pool_budget) {
         (Some(p), Some(_)) if p == "off" => Err(
