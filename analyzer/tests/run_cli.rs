@@ -802,6 +802,57 @@ fn traced_run_on_the_simulated_gpu_reports_the_trace_and_a_summary() {
     assert!(err.contains("at exit"), "{err}");
 }
 
+/// A trace path the library refuses (a symbolic link, which it never follows; a file of the
+/// user's that is no earlier trace) is left as it was and the program runs untraced: the
+/// launcher then lists no trace (it listed the link's target, or the other file, as "the
+/// trace", and tried to summarize it), and an earlier trace that the run replaces is listed.
+#[test]
+fn a_refused_trace_path_is_not_reported_as_the_runs_trace() {
+    built_library();
+    let dir = tmpdir("refused-trace");
+    std::fs::write(dir.join("target.txt"), "secret\n").unwrap();
+    std::os::unix::fs::symlink("target.txt", dir.join("link.vramtrace")).unwrap();
+    std::fs::write(dir.join("notes.txt"), "not a trace\n").unwrap();
+    let run = |path: &str| {
+        let o = vramshim()
+            .env_remove("VRAMSHIM_LIB")
+            .env(
+                "VRAMSIM_NAME",
+                format!("vramshim-run-refused-{}", std::process::id()),
+            )
+            .current_dir(&dir)
+            .args(["run", "--sim", "--trace", path, "--"])
+            .arg(cuda_program())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert_eq!(o.status.code(), Some(0), "{err}");
+        err
+    };
+    for (path, why) in [
+        ("link.vramtrace", "symbolic link"),
+        ("notes.txt", "not an earlier output"),
+    ] {
+        let err = run(path);
+        assert!(err.contains(why), "the library's line: {err}");
+        assert!(
+            !err.contains("vramshim: trace: ") && !err.contains("cannot summarize"),
+            "{path} listed as the run's trace:\n{err}"
+        );
+        assert!(err.contains("vramshim: no trace was written at"), "{err}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(dir.join("target.txt")).unwrap(),
+        "secret\n"
+    );
+    // An earlier trace at the path is the run's to replace, and is listed.
+    let first = run("t.vramtrace");
+    assert!(first.contains("vramshim: trace: "), "{first}");
+    let again = run("t.vramtrace");
+    assert!(again.contains("vramshim: trace: "), "{again}");
+    assert!(again.contains("peak in use"), "{again}");
+}
+
 #[test]
 fn the_cap_flag_reaches_the_library() {
     built_library();

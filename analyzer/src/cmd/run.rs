@@ -214,6 +214,9 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
         cmd.env("VRAMSHIM_LOG", v);
     }
 
+    // What the pattern already matches: a file the run leaves as it was (the library refused
+    // to trace into it, or nothing ran) is not the run's trace.
+    let before = trace.as_deref().map(Before::take).unwrap_or_default();
     let started = SystemTime::now();
     let status = match run_forwarding_signals(&mut cmd) {
         Ok((status, _pid)) => status,
@@ -233,7 +236,7 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
     };
 
     if let Some(t) = &trace {
-        report_traces(t, started);
+        report_traces(t, started, &before);
     }
     Ok(ExitCode::from(shell_status(status)))
 }
@@ -696,9 +699,38 @@ pub fn run_forwarding_signals(cmd: &mut Command) -> std::io::Result<(ExitStatus,
 // ---------------------------------------------------------------------------------------------
 // After the run: where the trace is and what it says.
 
-/// The trace files a run wrote: the path itself, or for a pattern with `%p`/`%h`/`%t` every
-/// file in its directory that matches it and was written since `since`.
-pub fn find_traces(pattern: &Path, since: SystemTime) -> Vec<PathBuf> {
+/// What identifies a file's content as of a moment: inode, size and modification time.
+type Stamp = (u64, u64, Option<SystemTime>);
+
+/// The files a trace pattern matched before the run, with their stamps.
+#[derive(Default)]
+pub struct Before(Vec<(PathBuf, Stamp)>);
+
+impl Before {
+    pub fn take(pattern: &Path) -> Before {
+        Before(
+            candidates(pattern)
+                .into_iter()
+                .filter_map(|(p, m)| Some((p, stamp(&m)?)))
+                .collect(),
+        )
+    }
+
+    fn unchanged(&self, path: &Path, meta: &std::fs::Metadata) -> bool {
+        let now = stamp(meta);
+        self.0.iter().any(|(p, s)| p == path && Some(*s) == now)
+    }
+}
+
+fn stamp(m: &std::fs::Metadata) -> Option<Stamp> {
+    use std::os::unix::fs::MetadataExt;
+    m.is_file().then(|| (m.ino(), m.len(), m.modified().ok()))
+}
+
+/// The regular files (never a symbolic link, which the library does not follow either) the
+/// pattern names: the path itself for a literal path, and the files in its directory that
+/// match `%p`/`%h`/`%t` (for a literal path, a forked child's `<path>.<pid>`).
+fn candidates(pattern: &Path) -> Vec<(PathBuf, std::fs::Metadata)> {
     let dir = pattern.parent().unwrap_or(Path::new("."));
     let Some(mut name) = pattern
         .file_name()
@@ -706,29 +738,64 @@ pub fn find_traces(pattern: &Path, since: SystemTime) -> Vec<PathBuf> {
     else {
         return Vec::new();
     };
-    let mut first = Vec::new();
+    let mut out = Vec::new();
     if !name.contains('%') {
-        // A literal path is the process's own file; a forked child without `%p` in the
-        // pattern writes `<path>.<pid>`.
-        if pattern.is_file() {
-            first.push(pattern.to_path_buf());
+        if let Ok(m) = std::fs::symlink_metadata(pattern)
+            && m.is_file()
+        {
+            out.push((pattern.to_path_buf(), m));
         }
         name = format!("{name}.%p");
     }
-    let mut found: Vec<(SystemTime, PathBuf)> = Vec::new();
     let Ok(rd) = std::fs::read_dir(dir) else {
-        return Vec::new();
+        return out;
     };
     for e in rd.flatten() {
         let fname = e.file_name().to_string_lossy().into_owned();
         if !matches_pattern(&name, &fname) {
             continue;
         }
-        let Ok(meta) = e.metadata() else { continue };
-        let Ok(mtime) = meta.modified() else { continue };
+        // DirEntry::metadata does not follow a symbolic link.
+        if let Ok(m) = e.metadata()
+            && m.is_file()
+        {
+            out.push((e.path(), m));
+        }
+    }
+    out
+}
+
+/// The trace files a run wrote: the path itself, or for a pattern with `%p`/`%h`/`%t` every
+/// file in its directory that matches it, written since `since` and new or changed since
+/// `before` was taken.
+pub fn find_traces(pattern: &Path, since: SystemTime, before: &Before) -> Vec<PathBuf> {
+    let mut all = candidates(pattern).into_iter();
+    // A literal path, when it is a candidate, comes first: the process's own file.
+    let literal = !pattern
+        .file_name()
+        .is_some_and(|n| n.to_string_lossy().contains('%'));
+    let mut first = Vec::new();
+    let mut found: Vec<(SystemTime, PathBuf)> = Vec::new();
+    let written = |p: &Path, m: &std::fs::Metadata| {
+        let Ok(mtime) = m.modified() else {
+            return None;
+        };
         // A small slack: file systems round modification times.
-        if mtime + std::time::Duration::from_secs(2) >= since && meta.is_file() {
-            found.push((mtime, e.path()));
+        (mtime + std::time::Duration::from_secs(2) >= since && !before.unchanged(p, m))
+            .then_some(mtime)
+    };
+    if literal && let Some((p, m)) = all.next() {
+        if p == pattern {
+            if written(&p, &m).is_some() {
+                first.push(p);
+            }
+        } else if let Some(t) = written(&p, &m) {
+            found.push((t, p));
+        }
+    }
+    for (p, m) in all {
+        if let Some(t) = written(&p, &m) {
+            found.push((t, p));
         }
     }
     found.sort();
@@ -769,8 +836,8 @@ fn matches_pattern(pattern: &str, name: &str) -> bool {
     tail.len() > last.len() && tail.ends_with(last.as_str())
 }
 
-fn report_traces(pattern: &Path, since: SystemTime) {
-    for l in trace_report(pattern, since) {
+fn report_traces(pattern: &Path, since: SystemTime, before: &Before) {
+    for l in trace_report(pattern, since, before) {
         eprintln!("{l}");
     }
 }
@@ -778,12 +845,12 @@ fn report_traces(pattern: &Path, since: SystemTime) {
 /// The lines `vramshim run` prints after a traced run. Each is made safe for the terminal: the
 /// files matched in the pattern's directory may be named by anyone who can write there, and
 /// the summary quotes strings the trace carries.
-fn trace_report(pattern: &Path, since: SystemTime) -> Vec<String> {
+fn trace_report(pattern: &Path, since: SystemTime, before: &Before) -> Vec<String> {
     let show = |p: &Path| one_line(&p.display().to_string()).into_owned();
-    let files = find_traces(pattern, since);
+    let files = find_traces(pattern, since, before);
     if files.is_empty() {
         return vec![format!(
-            "vramshim: no trace was written at {}: the program never loaded the CUDA driver (libcuda.so.1), the library was not preloaded into it (a static or setuid program), or it was killed before it ended; --log info says what the library did",
+            "vramshim: no trace was written at {}: the program never loaded the CUDA driver (libcuda.so.1), the library was not preloaded into it (a static or setuid program), or it was killed before it ended, or the library refused the path (a symbolic link, a file that is not an earlier trace: its own line above says why); --log info says what the library did",
             show(pattern)
         )];
     }
@@ -824,7 +891,7 @@ mod tests {
         };
         vramshim_analyzer::synth::write(std::fs::File::create(&planted).unwrap(), &o).unwrap();
         let since = SystemTime::now() - std::time::Duration::from_secs(60);
-        let lines = trace_report(&dir.join("job-%p.vramtrace"), since);
+        let lines = trace_report(&dir.join("job-%p.vramtrace"), since, &Before::default());
         let text = lines.join("\n");
         assert!(
             lines.len() > 2,
@@ -836,7 +903,11 @@ mod tests {
         );
         assert!(text.contains("job-\\u{1b}]0;owned\\u{7}"), "{text}");
         // No trace at all: the pattern, as typed, is escaped too.
-        let none = trace_report(Path::new("/nonexistent-\u{1b}[2J/%p.t"), since);
+        let none = trace_report(
+            Path::new("/nonexistent-\u{1b}[2J/%p.t"),
+            since,
+            &Before::default(),
+        );
         assert!(
             !none[0].contains('\u{1b}') && none[0].contains("\\u{1b}[2J"),
             "{none:?}"
