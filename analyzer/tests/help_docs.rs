@@ -7,6 +7,8 @@
 use std::collections::BTreeSet;
 use std::process::Command;
 
+mod common;
+
 const VRAMSHIM: &str = env!("CARGO_BIN_EXE_vramshim");
 const COMMANDS: &[&str] = &[
     "run", "demo", "summary", "report", "export", "import", "replay", "diff", "top", "exporter",
@@ -270,4 +272,59 @@ fn every_variable_is_in_some_help_and_on_the_page() {
         problems.push(format!("{v}: in a --help, not in docs/configuration.md"));
     }
     assert!(problems.is_empty(), "\n{}", problems.join("\n"));
+}
+
+/// A numeric flag's bad value names the accepted forms (clap's own error said only "invalid
+/// digit found in string"), and `--device` of a device the trace has nothing on names the
+/// devices it has (replay replayed an empty stream and said "0 requests").
+#[test]
+fn bad_numbers_and_absent_devices_name_what_is_accepted() {
+    let d = common::scratch("help-numbers");
+    common::synth(&d, "t.vramtrace", &["--events", "400"]);
+    for (args, accepted) in [
+        (
+            &["summary", "--top", "x", "t.vramtrace"][..],
+            "a whole number",
+        ),
+        (
+            &["diff", "--top", "ten", "t.vramtrace", "t.vramtrace"][..],
+            "a whole number",
+        ),
+        (
+            &[
+                "export",
+                "t.vramtrace",
+                "-f",
+                "rmm-csv",
+                "-o",
+                "-",
+                "--device",
+                "gpu0",
+            ][..],
+            "a CUDA device ordinal",
+        ),
+        (
+            &["replay", "t.vramtrace", "--device", "x"][..],
+            "a CUDA device ordinal",
+        ),
+        (
+            &["run", "--stacks", "many", "--", "true"][..],
+            "from 0 to 64",
+        ),
+        (&["top", "--once", "--interval", "soon"][..], "seconds"),
+        (&["top", "--once", "--interval", "nan"][..], "seconds"),
+        (
+            &["replay", "t.vramtrace", "--device", "7"][..],
+            "--device accepts the devices it has: 0",
+        ),
+    ] {
+        let o = common::run_in(&d, args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(accepted), "{args:?}: {err}");
+        assert!(
+            !err.contains("invalid digit") && !err.contains("invalid float"),
+            "{args:?}: {err}"
+        );
+    }
 }

@@ -71,7 +71,7 @@ pub struct Args {
     pub trace: Option<PathBuf>,
     /// Record call stacks of N frames in the trace, at most 64. Default: 0 (no stacks). Sets
     /// VRAMSHIM_STACKS.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = crate::cmd::numbers::frames)]
     pub stacks: Option<u32>,
     /// Stderr verbosity of the library. Default: warn. Sets VRAMSHIM_LOG.
     #[arg(long, value_name = "LEVEL", value_parser = ["off", "warn", "info", "debug"])]
