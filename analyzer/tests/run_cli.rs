@@ -644,6 +644,28 @@ fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// `scripts/install.sh --help` prints its header comment, all of it and nothing else (it
+/// printed the script's first line of code, `set -euo pipefail`, as help).
+#[test]
+fn install_help_is_its_header_comment() {
+    let o = Command::new(repo_root().join("scripts/install.sh"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{out}");
+    let last = out.lines().last().unwrap_or_default();
+    assert!(
+        out.contains("Usage: scripts/install.sh [--prefix DIR] [--no-build]"),
+        "{out}"
+    );
+    assert_eq!(
+        last, "Honours CARGO_TARGET_DIR (reuses an existing build).",
+        "{out}"
+    );
+    assert!(!out.contains("set -e") && !out.contains("#!"), "{out}");
+}
+
 #[test]
 fn library_found_after_install_into_a_temporary_prefix_and_reinstall_is_safe() {
     let prefix = tmpdir("install");
