@@ -271,6 +271,34 @@ fn pytorch_caching_opt_outs_are_respected() {
     );
 }
 
+/// The note on a PYTORCH_NO_CUDA_MEMORY_CACHING the user set offers only a remedy that works:
+/// `--pytorch-route async`, which it offered, keeps the setting all the same; unsetting it
+/// routes the tensors.
+#[test]
+fn the_kept_no_caching_note_offers_what_works() {
+    for route in [
+        &["--pool", "stitch"][..],
+        &["--pool", "stitch", "--pytorch-route", "async"],
+    ] {
+        let (v, err) = env_of(
+            route,
+            &[("PYTORCH_NO_CUDA_MEMORY_CACHING", "1")],
+            "PYTORCH_",
+        );
+        assert_eq!(v, ["PYTORCH_NO_CUDA_MEMORY_CACHING=1"], "{route:?}: {err}");
+        assert!(err.contains("unset it to route tensors"), "{err}");
+        assert!(
+            !err.contains("--pytorch-route async"),
+            "{route:?}: a remedy that does not work: {err}"
+        );
+    }
+    let (v, _) = env_of(&["--pool", "stitch"], &[], "PYTORCH_");
+    assert!(
+        v.iter().any(|l| l.contains("backend:cudaMallocAsync")),
+        "{v:?}"
+    );
+}
+
 /// The variables `vramshim run ARGS -- env` gives its command (with `vars` set around it)
 /// whose names start with `prefix`, and its stderr.
 fn env_of(args: &[&str], vars: &[(&str, &str)], prefix: &str) -> (Vec<String>, String) {
