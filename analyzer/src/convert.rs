@@ -163,7 +163,12 @@ pub fn export<W: Write + Send>(
     match format {
         ExportFormat::RmmCsv => {
             let mut wr = RmmCsvWriter::new(w, &header, device).map_err(io)?;
-            let torn = pump(opened, |ev| wr.event(ev))?;
+            let mut seen = DevicesSeen::default();
+            let torn = pump(opened, |ev| {
+                seen.see(ev);
+                wr.event(ev)
+            })?;
+            seen.check(trace, device)?;
             let rows = wr.rows;
             wr.finish().map_err(io)?;
             Ok(ExportStats {
@@ -173,26 +178,32 @@ pub fn export<W: Write + Send>(
         }
         ExportFormat::ChromeJson => {
             let mut wr = ChromeWriter::new(w, &header).map_err(io)?;
+            let mut seen = DevicesSeen::default();
             let torn = pump(opened, |ev| {
+                seen.see(ev);
                 if device.is_none_or(|d| ev_device(ev).is_none_or(|x| x == d)) {
                     wr.event(ev)
                 } else {
                     Ok(())
                 }
             })?;
+            seen.check(trace, device)?;
             let n = wr.events;
             wr.finish().map_err(io)?;
             Ok(ExportStats { records: n, torn })
         }
         ExportFormat::Perfetto => {
             let mut wr = PerfettoWriter::new(w, &header).map_err(io)?;
+            let mut seen = DevicesSeen::default();
             let torn = pump(opened, |ev| {
+                seen.see(ev);
                 if device.is_none_or(|d| ev_device(ev).is_none_or(|x| x == d)) {
                     wr.event(ev)
                 } else {
                     Ok(())
                 }
             })?;
+            seen.check(trace, device)?;
             let n = wr.packets;
             wr.finish().map_err(io)?;
             Ok(ExportStats { records: n, torn })
@@ -216,6 +227,38 @@ pub fn export<W: Write + Send>(
             let (mut w, n) = memviz::export(w, &mut reopen)?;
             w.flush().map_err(io)?;
             Ok(ExportStats { records: n, torn })
+        }
+    }
+}
+
+/// The devices a trace's events name, for refusing a `--device` it does not have.
+#[derive(Default)]
+struct DevicesSeen(Vec<i32>);
+
+impl DevicesSeen {
+    fn see(&mut self, ev: &vramshim_trace::Event) {
+        if let Some(d) = ev_device(ev)
+            && d >= 0
+            && !self.0.contains(&d)
+        {
+            self.0.push(d);
+        }
+    }
+
+    /// `Err` when `device` was asked for and the trace names other devices but not it.
+    fn check(mut self, trace: &Path, device: Option<i32>) -> Result<(), String> {
+        match device {
+            Some(d) if !self.0.is_empty() && !self.0.contains(&d) => {
+                self.0.sort_unstable();
+                let list: Vec<String> = self.0.iter().map(|d| d.to_string()).collect();
+                Err(format!(
+                    "{}: no event on device {d} in this trace; --device accepts the devices it \
+                     has: {}",
+                    crate::terminal::one_line(&trace.display().to_string()),
+                    list.join(", ")
+                ))
+            }
+            _ => Ok(()),
         }
     }
 }

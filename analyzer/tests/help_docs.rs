@@ -317,6 +317,58 @@ fn bad_numbers_and_absent_devices_name_what_is_accepted() {
             &["replay", "t.vramtrace", "--device", "7"][..],
             "--device accepts the devices it has: 0",
         ),
+        (
+            &[
+                "export",
+                "t.vramtrace",
+                "-f",
+                "rmm-csv",
+                "-o",
+                "out",
+                "--device",
+                "7",
+            ][..],
+            "--device accepts the devices it has: 0",
+        ),
+        (
+            &[
+                "export",
+                "t.vramtrace",
+                "-f",
+                "chrome-json",
+                "-o",
+                "out",
+                "--device",
+                "7",
+            ][..],
+            "--device accepts the devices it has: 0",
+        ),
+        (
+            &[
+                "export",
+                "t.vramtrace",
+                "-f",
+                "perfetto",
+                "-o",
+                "out",
+                "--device",
+                "7",
+            ][..],
+            "--device accepts the devices it has: 0",
+        ),
+        (
+            &[
+                "export",
+                "t.vramtrace",
+                "-f",
+                "memory-viz",
+                "-o",
+                "out",
+                "--device",
+                "0",
+            ][..],
+            "--device does not apply to memory-viz",
+        ),
     ] {
         let o = common::run_in(&d, args);
         let err = String::from_utf8_lossy(&o.stderr);
@@ -326,5 +378,29 @@ fn bad_numbers_and_absent_devices_name_what_is_accepted() {
             !err.contains("invalid digit") && !err.contains("invalid float"),
             "{args:?}: {err}"
         );
+        assert!(!d.join("out").exists(), "{args:?}: an output was left");
+    }
+    // The device the trace has is exported as before.
+    for format in ["rmm-csv", "chrome-json", "perfetto"] {
+        let o = common::run_in(
+            &d,
+            &[
+                "export",
+                "t.vramtrace",
+                "-f",
+                format,
+                "-o",
+                "out",
+                "--device",
+                "0",
+            ],
+        );
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(0), "{format}: {err}");
+        assert!(
+            std::fs::metadata(d.join("out")).unwrap().len() > 0,
+            "{format}"
+        );
+        std::fs::remove_file(d.join("out")).unwrap();
     }
 }

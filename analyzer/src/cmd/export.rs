@@ -22,7 +22,8 @@ pub struct Args {
     /// terminal).
     #[arg(short, long)]
     pub output: PathBuf,
-    /// Only this device (rmm-csv writes one device per file, as RMM does).
+    /// Only this device, one the trace has (perfetto, chrome-json, rmm-csv; rmm-csv writes one
+    /// device per file, as RMM does).
     #[arg(long, value_parser = crate::cmd::numbers::device)]
     pub device: Option<i32>,
 }
@@ -39,6 +40,14 @@ pub fn main(a: Args) -> Result<ExitCode, String> {
         return Err(
             "export: --device does not apply to parquet (every device is in the file: filter \
              with WHERE device = N)"
+                .into(),
+        );
+    }
+    if a.format == ExportFormat::MemoryViz && a.device.is_some() {
+        return Err(
+            "export: --device does not apply to memory-viz (the snapshot holds a trace per \
+             device, as PyTorch's does: memory_viz picks one); it applies to perfetto, \
+             chrome-json and rmm-csv"
                 .into(),
         );
     }
