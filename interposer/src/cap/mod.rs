@@ -41,7 +41,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering::
 
 use crate::sys::setup::{Setup, SetupCell};
 
-use crate::cuda::driver;
+use crate::cuda::{captures, driver};
 use packed::{PackedGuard, PackedTable};
 
 use vramshim_trace::footprint::{DEVICE_PAGE, Footprint, footprint, page_of};
@@ -813,10 +813,11 @@ impl Cap {
         api: Api,
         stream: u64,
     ) -> Result<(), Refusal> {
-        self.charge_on(device, bytes, api, stream, false)
+        self.charge_on(device, bytes, api, stream, false, false)
     }
 
-    /// [`Cap::try_charge_on`]; `wait`: a refusal may wait for room (`VRAMSHIM_ON_CAP`).
+    /// [`Cap::try_charge_on`]; `wait`: a refusal may wait for room (`VRAMSHIM_ON_CAP`);
+    /// `hold`: the caller makes its real allocation next (see [`Cap::settle_pool_cache`]).
     #[inline]
     fn charge_on(
         &self,
@@ -825,6 +826,7 @@ impl Cap {
         api: Api,
         stream: u64,
         wait: bool,
+        hold: bool,
     ) -> Result<(), Refusal> {
         if !self.ready() {
             return Ok(());
@@ -832,14 +834,15 @@ impl Cap {
         let Some(d) = device_index(device) else {
             return Ok(());
         };
-        match self.reserve_checked(d, bytes, stream) {
+        match self.reserve_checked(d, bytes, stream, hold) {
             Ok(()) => Ok(()),
-            Err(r) => self.after_refusal(d, bytes, api, stream, r, wait),
+            Err(r) => self.after_refusal(d, bytes, api, stream, r, wait, hold),
         }
     }
 
     /// A charge of [`Cap::charge_on`] did not fit: wait for room if asked (`wait`), else (or
     /// when the wait ends in vain) say so. Out of line: the charge's path stays as it was.
+    #[allow(clippy::too_many_arguments)]
     #[cold]
     #[inline(never)]
     fn after_refusal(
@@ -850,9 +853,10 @@ impl Cap {
         stream: u64,
         r: Refusal,
         wait: bool,
+        hold: bool,
     ) -> Result<(), Refusal> {
         let r = if wait {
-            self.wait_for_room(d, bytes, stream, r)
+            self.wait_for_room(d, bytes, stream, r, hold)
         } else {
             Err(r)
         };
@@ -860,9 +864,17 @@ impl Cap {
     }
 
     /// The charge of [`Cap::try_charge_on`] on device `d`, saying nothing when it is refused
-    /// (what was in use, the context footprint still waiting included, and the cap).
+    /// (what was in use, the context footprint still waiting included, and the cap). `hold`:
+    /// the caller makes its real allocation next, and a settle made for this charge keeps its
+    /// section open over it when the charge then fits ([`Cap::settle_pool_cache`]).
     #[inline]
-    fn reserve_checked(&self, d: usize, bytes: u64, stream: u64) -> Result<(), Refusal> {
+    pub(super) fn reserve_checked(
+        &self,
+        d: usize,
+        bytes: u64,
+        stream: u64,
+        hold: bool,
+    ) -> Result<(), Refusal> {
         if self.refuse_all.load(Relaxed) {
             return Err(Refusal { in_use: 0, cap: 0 });
         }
@@ -878,9 +890,15 @@ impl Cap {
         let want = bytes.saturating_add(ctx);
         let cap = self.cap_bytes(d);
         let mut r = self.reserve(d, want, cap);
-        if r.is_err() && self.pool_cached[d].load(Relaxed) != 0 && self.settle_pool_cache(d, stream)
+        if r.is_err()
+            && self.pool_cached[d].load(Relaxed) != 0
+            && self.settle_pool_cache(d, stream, hold)
         {
             r = self.reserve(d, want, cap);
+            if r.is_err() && hold {
+                // no real call follows: the begins on other threads wait no longer
+                captures::release_held();
+            }
         }
         match r {
             Ok(_) => {
@@ -951,11 +969,32 @@ impl Cap {
     /// the charges of the stream-ordered frees made before. Returns whether anything was
     /// given back. Frees recorded meanwhile keep their charge (their blocks may be cached
     /// after the pools were emptied); when something stays cached the charges stay too.
+    ///
+    /// `hold`: the request makes its real allocation once charged (a potentially unsafe call:
+    /// `cudaMalloc`, a stream-ordered allocation on a stream that does not capture). The
+    /// settle's decision that no capture is under way is made for that call too, and the
+    /// request began before any begin-capture call that finds the settle in flight: when the
+    /// pools were emptied the settle's section (`captures::gated_held`) stays open until the
+    /// real call returned ([`real_call_returned`]), or until the charge is refused after all
+    /// ([`Cap::reserve_checked`]), so that such a begin's real call comes after it. Without
+    /// `hold` (the pool's pages, charged under its lock, which a begin waits for; a charge
+    /// that is not followed by a real allocation) the section ends with the settle.
     #[cold]
     #[inline(never)]
-    fn settle_pool_cache(&self, d: usize, stream: u64) -> bool {
+    fn settle_pool_cache(&self, d: usize, stream: u64, hold: bool) -> bool {
         let before = self.pool_cached[d].load(Acquire);
-        if before == 0 || (self.queries().settle_pools)(d as i32, stream) != Some(0) {
+        if before == 0 {
+            return false;
+        }
+        let settle = || (self.queries().settle_pools)(d as i32, stream) == Some(0);
+        let settled = if hold {
+            captures::gated_held(settle)
+        } else {
+            settle()
+        };
+        // testing only: a begin on another thread may come now (`pause-settled`)
+        crate::sys::pause::at(crate::sys::pause::Point::Settled, || settled);
+        if !settled {
             return false;
         }
         let _ = self.pool_cached[d].fetch_sub(before, AcqRel);
@@ -974,9 +1013,12 @@ impl Cap {
     /// Reserves what an allocation of `size` bytes through `api` will cost the device (its
     /// footprint; a packed one may need a page of its own). Returns the charge to hand to
     /// [`Cap::settle_alloc`] once the allocation is made (or to [`Cap::uncharge`] if it fails).
+    /// No real call follows here: a settle of the driver's pools ends with the charge.
     #[inline]
     pub(crate) fn charge_alloc(&self, device: i32, size: u64, api: Api) -> Result<u64, Refusal> {
-        self.charge_alloc_on(device, size, api, 0)
+        let bytes = self.charge_of(size, api).worst_case();
+        self.charge_on(device, bytes, api, 0, true, false)
+            .map(|()| bytes)
     }
 
     /// [`Cap::charge_alloc`] for a request on `stream` (see [`Cap::try_charge_on`]).
@@ -989,7 +1031,7 @@ impl Cap {
         stream: u64,
     ) -> Result<u64, Refusal> {
         let bytes = self.charge_of(size, api).worst_case();
-        self.charge_on(device, bytes, api, stream, true)
+        self.charge_on(device, bytes, api, stream, true, true)
             .map(|()| bytes)
     }
 
@@ -1011,13 +1053,13 @@ impl Cap {
         let Some(d) = device_index(device) else {
             return Ok(bytes);
         };
-        let r = match self.reserve_checked(d, bytes, stream) {
+        let r = match self.reserve_checked(d, bytes, stream, true) {
             Err(_) if !self.refuse_all.load(Relaxed) && release_cached() => {
-                self.reserve_checked(d, bytes, stream)
+                self.reserve_checked(d, bytes, stream, true)
             }
             r => r,
         };
-        r.or_else(|r| self.wait_for_room(d, bytes, stream, r))
+        r.or_else(|r| self.wait_for_room(d, bytes, stream, r, true))
             .map(|()| bytes)
             .map_err(|r| self.refused(d, bytes, r.in_use, r.cap, api))
     }
@@ -1712,6 +1754,15 @@ pub(crate) fn charge_alloc_or(
 /// may synchronize the device then.
 pub(crate) fn stream_capturing(stream: u64) -> bool {
     driver::capturing(stream)
+}
+
+/// The real allocation of a request charged by [`charge_alloc`] or [`charge_alloc_or`]
+/// returned: a settle of the driver's pools made for the charge kept its section open over
+/// that call (see [`Cap::settle_pool_cache`]), and it ends here. One load while no section
+/// is open.
+#[inline]
+pub(crate) fn real_call_returned() {
+    captures::release_held();
 }
 
 /// Settle a charge once the allocation is made (see [`Cap::settle_alloc`]).

@@ -50,7 +50,7 @@ impl Cap {
         let Some(d) = device_index(device) else {
             return Ok(());
         };
-        self.reserve_checked(d, bytes, stream)
+        self.reserve_checked(d, bytes, stream, false)
     }
 
     /// A pool request of `bytes` through `api` was refused because the cap refused the pages

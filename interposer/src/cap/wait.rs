@@ -131,7 +131,8 @@ impl Waits {
 impl Cap {
     /// The request of `bytes` on device `d` (on `stream`) was refused with `first`: with
     /// `VRAMSHIM_ON_CAP=wait` and a shared cap, wait for room (see the module docs). `Ok`:
-    /// charged after all.
+    /// charged after all. `hold`: as for [`Cap::reserve_checked`] (a settle's section is
+    /// never kept across a wait: only when the charge then fits).
     #[cold]
     #[inline(never)]
     pub(super) fn wait_for_room(
@@ -140,6 +141,7 @@ impl Cap {
         bytes: u64,
         stream: u64,
         first: Refusal,
+        hold: bool,
     ) -> Result<(), Refusal> {
         let OnCap::Wait(timeout) = self.settings.on_cap else {
             return Err(first);
@@ -171,7 +173,7 @@ impl Cap {
         let mut last = first;
         let end = loop {
             let generation = region.wake_generation(line);
-            match self.reserve_checked(d, bytes, stream) {
+            match self.reserve_checked(d, bytes, stream, hold) {
                 Ok(()) => break None,
                 Err(r) => last = r,
             }

@@ -50,13 +50,16 @@ const SWITCHES: &[(&str, &[&str])] = &[
             // The begin-capture hooks (`pool::begin_waits_for_requests`).
             "begin-unordered",
             "begin-recorded-first",
-            // The captures under way (`cuda::captures::joined`, `cuda::captures::gated`).
+            // The captures under way (`cuda::captures::joined`, `cuda::captures::gated`,
+            // `cuda::captures::gated_held`).
             "joins-unseen",
             "sections-ungated",
+            "settle-unheld",
             // The test-only pause points (`sys::pause`), not faults: with
             // `VRAMSHIM_POOL_PAUSE_FDS`, a test orders its threads by handshake.
             "pause-begin",
             "pause-request",
+            "pause-settled",
         ],
     ),
     ("VRAMSHIM_DEVICE_FAULT", &["stale"]),

@@ -85,7 +85,13 @@ thread_local! {
     /// This thread holds the pool's lock around a call that may reach a [`gated`] section
     /// (see [`under_pool_lock`]).
     static UNDER_POOL_LOCK: Cell<bool> = const { Cell::new(false) };
+    /// This thread's section outlived its closure ([`gated_held`]): 0 none, else
+    /// [`HELD_OPEN`] or [`HELD_GAVE_UP`] (it stopped waiting for a begin on the way in).
+    static HELD: Cell<u8> = const { Cell::new(0) };
 }
+
+const HELD_OPEN: u8 = 1;
+const HELD_GAVE_UP: u8 = 2;
 
 /// How long a section waits for another thread's real begin call to return before it counts
 /// that capture as under way (the begin may wait on a lock of the runtime's the section's own
@@ -267,8 +273,61 @@ pub(crate) fn under_pool_lock<R>(f: impl FnOnce() -> R) -> R {
 /// starts later waits for `f` to return ([`wait_for_sections`]) before its real call, so the
 /// call cannot land inside a capture `f` did not see. Nested sections on one thread are one.
 pub(crate) fn gated<R>(f: impl FnOnce() -> R) -> R {
-    if IN_GATE.with(Cell::get) || UNDER_POOL_LOCK.with(Cell::get) || sections_ungated() {
+    let Some(gave_up) = open_section() else {
         return f();
+    };
+    let r = f();
+    close_section(gave_up);
+    r
+}
+
+/// [`gated`] for a section whose caller makes one more potentially unsafe call after `f`, a
+/// call the section's decision was made for (the request that wanted the cap's settling of
+/// the driver's pools makes its real allocation then): when `f` answers true the section
+/// stays open, and a begin on another thread keeps waiting ([`wait_for_sections`]), until
+/// [`release_held`] (the caller, once that call returned); false closes it as [`gated`]
+/// does. Where no section of its own opens (nested in one, under the pool's lock,
+/// `sections-ungated`) `f` runs as in [`gated`] and nothing is kept: the enclosing section
+/// or lock orders the begins. Under `VRAMSHIM_POOL_DEBUG=settle-unheld` (testing only) the
+/// section always closes with `f`, as once.
+pub(crate) fn gated_held(f: impl FnOnce() -> bool) -> bool {
+    let Some(gave_up) = open_section() else {
+        return f();
+    };
+    let keep = f();
+    if keep && !settle_unheld() {
+        HELD.with(|h| h.set(if gave_up { HELD_GAVE_UP } else { HELD_OPEN }));
+    } else {
+        close_section(gave_up);
+    }
+    keep
+}
+
+/// Closes the section [`gated_held`] kept open on this thread, if any. One load while no
+/// section is open on any thread (a kept one counts in [`GATED`], and this thread sees its
+/// own count): the thread-local is read only then.
+#[inline]
+pub(crate) fn release_held() {
+    if GATED.load(Ordering::Relaxed) != 0 {
+        release_held_cold();
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn release_held_cold() {
+    let held = HELD.with(|h| h.replace(0));
+    if held != 0 {
+        close_section(held == HELD_GAVE_UP);
+    }
+}
+
+/// Opens this thread's [`gated`] section: waits for the begins in flight on other threads,
+/// then counts the section (a later begin waits for it). `Some(gave_up)`: opened, and whether
+/// it stopped waiting for a begin ([`wait_for_begins`]); `None`: no section of its own.
+fn open_section() -> Option<bool> {
+    if IN_GATE.with(Cell::get) || UNDER_POOL_LOCK.with(Cell::get) || sections_ungated() {
+        return None;
     }
     IN_GATE.with(|g| g.set(true));
     let mut gave_up = false;
@@ -282,13 +341,16 @@ pub(crate) fn gated<R>(f: impl FnOnce() -> R) -> R {
         GATED.fetch_sub(1, Ordering::SeqCst);
         gave_up |= wait_for_begins();
     }
-    let r = f();
+    Some(gave_up)
+}
+
+/// Ends the section [`open_section`] opened.
+fn close_section(gave_up: bool) {
     GATED.fetch_sub(1, Ordering::Release);
     if gave_up {
         done_counting_begins();
     }
     IN_GATE.with(|g| g.set(false));
-    r
 }
 
 /// A begin recorded by [`beginning`] waits for the [`gated`] sections in flight on other
@@ -404,6 +466,13 @@ fn sections_ungated() -> bool {
     *READ.get_or_init(|| crate::config::switch_on("VRAMSHIM_POOL_DEBUG", "sections-ungated"))
 }
 
+/// Testing only (`VRAMSHIM_POOL_DEBUG=settle-unheld`): [`gated_held`] closes its section
+/// with its closure, as [`gated`] does, as once: the call made after it is no part of it.
+fn settle_unheld() -> bool {
+    static READ: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *READ.get_or_init(|| crate::config::switch_on("VRAMSHIM_POOL_DEBUG", "settle-unheld"))
+}
+
 /// Testing only (`VRAMSHIM_POOL_DEBUG=joins-unseen`): only the streams a begin call named
 /// capture, as once: a stream that joined a capture is served by the pool.
 fn joins_unseen() -> bool {
@@ -498,6 +567,7 @@ pub(crate) fn on_fork_child() {
     ACTIVE.store(0, Ordering::Relaxed);
     BEGINNING.store(0, Ordering::Relaxed);
     GATED.store(0, Ordering::Relaxed);
+    HELD.with(|h| h.set(0));
     POOL_LOCK_COUNTS.store(0, Ordering::Relaxed);
 }
 

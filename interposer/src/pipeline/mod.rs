@@ -99,6 +99,8 @@ pub(crate) fn run_unguarded<T>(name: &'static str, on_panic: T, body: impl FnOnc
 #[cold]
 fn panicked(name: &'static str, code: c_int) -> c_int {
     counters::panic_caught();
+    // a section the request kept open would keep every begin waiting
+    cap::real_call_returned();
     crate::warn!("internal error (panic) in {name}; returning CUDA error {code}");
     code
 }
@@ -399,14 +401,15 @@ where
         };
 
         // The charge becomes the allocation's footprint (pitched padding, packed pages); never
-        // on a light path broken on purpose (`VRAMSHIM_LAYERS_FAULT=light-no-pitch`).
-        if rc == 0
-            && addr != 0
-            && charged > 0
-            && layer == Layer::Real
-            && (P::LAYERED || mode.0 & Mode::FAULT_NO_PITCH == 0)
-        {
-            charged = cap::settle_alloc(req.device, addr, size, charged, req.api);
+        // on a light path broken on purpose (`VRAMSHIM_LAYERS_FAULT=light-no-pitch`). A settle
+        // of the driver's pools made for the charge kept its section open over the real call
+        // (the begins on other threads wait for it): it ends here, or in `record_alloc` when
+        // the call failed.
+        if rc == 0 && addr != 0 && charged > 0 && layer == Layer::Real {
+            if P::LAYERED || mode.0 & Mode::FAULT_NO_PITCH == 0 {
+                charged = cap::settle_alloc(req.device, addr, size, charged, req.api);
+            }
+            cap::real_call_returned();
         }
         record_alloc(tok, req, table, rc, addr, size, kind, fl, charged);
         let addr = if rc == 0 { addr } else { 0 };
@@ -461,6 +464,7 @@ fn record_alloc(
     if rc != 0 || addr == 0 {
         if charged > 0 {
             cap::uncharge(req.device, charged);
+            cap::real_call_returned();
         }
         if rc != 0 {
             counters::alloc_failure();

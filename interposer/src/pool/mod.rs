@@ -281,8 +281,12 @@ fn read_mode() -> bool {
             && !no_hits
             && !keep_retired
             && !no_run
-            && crate::config::switch_names("VRAMSHIM_POOL_DEBUG")
-                .any(|n| !matches!(n, "no-layers" | "pause-begin" | "pause-request"))
+            && crate::config::switch_names("VRAMSHIM_POOL_DEBUG").any(|n| {
+                !matches!(
+                    n,
+                    "no-layers" | "pause-begin" | "pause-request" | "pause-settled"
+                )
+            })
         {
             tcache::configure(false, false, false);
         }

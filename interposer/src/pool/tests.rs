@@ -534,6 +534,56 @@ fn the_library_never_synchronizes_while_any_capture_is_under_way() {
     }
 }
 
+/// A request the pool could place only after a synchronization is served beside a capture
+/// where the device has room: the pool grows for it (new pages of its own) instead of
+/// refusing it. capture_sync `fenced`: the worker's 64 MiB `cudaMallocAsync` on its stream,
+/// freed there, then a 64 MiB `cudaMalloc` (no stream: the freed bytes need a synchronization,
+/// which no capture allows) while the main thread holds a capture (relaxed, thread-local,
+/// global; the worker global, or relaxed beside the global one): the worker gets 0, no
+/// synchronization by the pool, the capture ends with a graph. Under a cap that leaves no
+/// room for the new pages (100 MiB: 64 MiB freed, the anchor's page, no context charged) the
+/// request is refused, out of memory (2), the capture still valid; after the capture the same
+/// request succeeds. Before the pool grew apart for it, it was refused (2) on a 1 GiB device.
+#[test]
+fn a_request_that_needs_a_synchronization_grows_beside_a_capture() {
+    let exe = workload("capture_sync");
+    for (capture, worker) in [
+        ("relaxed", "global"),
+        ("local", "global"),
+        ("global", "relaxed"),
+    ] {
+        for capped in [false, true] {
+            let mut env = vec![("VRAMSHIM_POOL", "stitch")];
+            if capped {
+                env.extend([
+                    ("VRAMSHIM_CAP", "100MiB"),
+                    ("VRAMSHIM_CAP_CONTEXT", "exclude"),
+                    ("VRAMSIM_MEMORY", "1GiB"),
+                    ("VRAMSIM_CONTEXT_OVERHEAD", "0"),
+                ]);
+            }
+            let o = run(
+                &exe,
+                &["fenced", capture, worker],
+                &env,
+                "pool-capture-fenced",
+            );
+            let what = format!("fenced {capture} {worker} capped={capped}");
+            assert_exit(&o, 0, &what);
+            let during = if capped { 2 } else { 0 };
+            for (key, want) in [
+                ("during", during),
+                ("syncs", 0),
+                ("end", 0),
+                ("graph", 1),
+                ("after", 0),
+            ] {
+                assert_eq!(field(&o.stdout, key), want, "{what} {key}: {}", o.stdout);
+            }
+        }
+    }
+}
+
 /// Graph allocations through the pool: during a capture, a `cudaMallocAsync` on the capturing
 /// stream goes to the driver, which makes it an allocation node of the graph, as without the
 /// library: one for more than the pool holds succeeds, and one the pool could serve from what
@@ -986,6 +1036,37 @@ fn the_cap_never_settles_the_driver_s_pools_inside_a_capture_begun_meanwhile() {
     race.expect(&["settle"], Some("sections-ungated"), 1, &ungated);
 }
 
+/// The section of the cap's settle reaches over the real allocation of the request that wanted
+/// it: the request began before any capture a begin on another thread starts while the settle
+/// is in flight, so its allocation must precede that capture. capture_window `settled` (the
+/// worker and the 48 MiB cap of `settle`): the library stops the worker's request once the
+/// driver's pools are emptied (`pause-settled`), before its `cudaMallocAsync` on a stream that
+/// does not capture; B then begins a global capture, and the library stops B where it found the
+/// section still open (`pause-begin`) before B's begin returned: the worker gets 0 and B's end
+/// 0. With the section ended at the settle, as once (`settle-unheld`), B's begin returns while
+/// the worker is stopped, and the allocation, made inside B's global capture, is refused (900)
+/// and invalidates it: end 901, exit 1.
+#[test]
+fn the_cap_s_settle_holds_a_begin_until_the_request_s_own_allocation_returned() {
+    let env = [
+        ("VRAMSHIM_CAP", "48MiB"),
+        ("VRAMSHIM_CAP_CONTEXT", "exclude"),
+        ("VRAMSIM_MEMORY", "1GiB"),
+        ("VRAMSIM_CONTEXT_OVERHEAD", "0"),
+        ("VRAMSHIM_LOG", "debug"),
+    ];
+    let race = CaptureRace::new(
+        "capture_window",
+        "pool_capture_window_settled",
+        &env,
+        "pause-settled,pause-begin",
+    );
+    let ok = [("begun_first", 0), ("worker", 0), ("end", 0)];
+    race.expect(&["settled"], None, 0, &ok);
+    let unheld = [("begun_first", 1), ("worker", 900), ("end", 901)];
+    race.expect(&["settled"], Some("settle-unheld"), 1, &unheld);
+}
+
 /// The cap empties the driver's pools for a page the pool needs while the pool's lock is held
 /// (the pool's growth charges each page, and a refused charge settles first): a begin-capture
 /// call in flight on another thread then waits for that lock before its real call, so the
@@ -1134,7 +1215,7 @@ fn a_capture_s_begin_waits_for_the_pool_s_lock_whatever_the_mode_reads() {
 /// capture_threads workload under a 68 MiB cap, with and without the budget: the worker's
 /// 64 MiB `cudaMalloc` is its one failure, code 2 (`cudaErrorMemoryAllocation`).
 #[test]
-fn out_of_memory_under_a_cap_wins_over_a_capture_s_refusal() {
+fn the_cap_s_out_of_memory_reaches_the_worker_and_the_capture_stays_valid() {
     let exe = workload("capture_threads");
     for budget in ["5%", "off"] {
         let env = [

@@ -1,4 +1,5 @@
-//! Test-only pause points (`VRAMSHIM_POOL_DEBUG=pause-begin`, `pause-request`): the library
+//! Test-only pause points (`VRAMSHIM_POOL_DEBUG=pause-begin`, `pause-request`,
+//! `pause-settled`): the library
 //! stops where a thread found it must wait for another one, until the workload lets it go, so
 //! that a test orders the threads of a race by handshake instead of by sleeping (a sleep
 //! races the library's own waits, which give up after a while).
@@ -24,14 +25,17 @@ pub(crate) enum Point {
     /// A decision whether a capture forbids a call waits for another thread's begin-capture
     /// call in flight (`pause-request`).
     Request = 1,
+    /// The cap emptied the driver's pools for a request, which has yet to charge and make its
+    /// real call (`pause-settled`): where a begin on another thread may come.
+    Settled = 2,
 }
 
 /// The switch name of each [`Point`], in its order (as [`read`] asks for them).
-const NAMES: [&str; 2] = ["pause-begin", "pause-request"];
+const NAMES: [&str; 3] = ["pause-begin", "pause-request", "pause-settled"];
 
 struct Armed {
     /// The points not stopped at yet.
-    points: [AtomicBool; 2],
+    points: [AtomicBool; 3],
     notify: c_int,
     resume: c_int,
 }
@@ -47,6 +51,7 @@ fn read() -> Option<Armed> {
     let on = [
         crate::config::switch_on("VRAMSHIM_POOL_DEBUG", "pause-begin"),
         crate::config::switch_on("VRAMSHIM_POOL_DEBUG", "pause-request"),
+        crate::config::switch_on("VRAMSHIM_POOL_DEBUG", "pause-settled"),
     ];
     if !on.contains(&true) {
         return None;

@@ -21,6 +21,14 @@ impl Stitch {
 
     /// Create pages for the shortfall and place. `Ok(Err(e))`: the device or cap refused
     /// (after trying the other class's shared pages), with pages created here given back.
+    ///
+    /// During a capture a placement may be refused without any refusal of growth: the
+    /// placement prefers bytes already mapped (no driver call) and looks at no fence, and a
+    /// request on no stream over bytes a stream-ordered free fenced (or one whose stream
+    /// cannot be ordered after the freeing one) needs a synchronization, which no capture
+    /// allows; each round then picks the same bytes again. The request then goes on pages of
+    /// its own, new ones (those created here first), which no fence covers: out of memory
+    /// only when the device (or the cap) refuses them.
     pub(super) fn step_grow(
         &mut self,
         dev: &mut dyn Device,
@@ -66,9 +74,49 @@ impl Stitch {
             }
             shortfall = 1;
         }
-        // only reachable during capture: the bytes need a synchronization we may not make
+        // only reachable during capture: the bytes placed on need a synchronization we may
+        // not make (outside a capture no commit is refused so, and nothing here moves)
+        if dev.is_capturing() {
+            return self.grow_apart(dev, size, t, created);
+        }
         self.release_unused(dev, &created);
         Ok(Err(DeviceError::OutOfMemory))
+    }
+
+    /// [`Stitch::step_grow`] during a capture, after its placements were refused for want of
+    /// a synchronization: `size` bytes on new pages of their own under a new mapping, the
+    /// pages `created` (new and unused) first, more grown for the rest. The pages left
+    /// unused are given back.
+    fn grow_apart(
+        &mut self,
+        dev: &mut dyn Device,
+        size: u64,
+        t: Stream,
+        mut created: Vec<u32>,
+    ) -> Result<Result<(u32, u64), DeviceError>, PoolError> {
+        let n = size.div_ceil(self.gran).max(1) as usize;
+        while created.len() < n {
+            match self.grow(dev) {
+                Ok(p) => created.push(p),
+                Err(e) => {
+                    self.release_unused(dev, &created);
+                    if !e.is_oom() {
+                        return Err(PoolError::Device(e));
+                    }
+                    return Ok(Err(e));
+                }
+            }
+        }
+        let plan = Plan::New {
+            pages: created[..n].to_vec(),
+            off: 0,
+        };
+        let r = self.try_commit(dev, plan, size, t);
+        self.release_unused(dev, &created);
+        match r? {
+            Some(x) => Ok(Ok(x)),
+            None => Ok(Err(DeviceError::OutOfMemory)),
+        }
     }
 
     /// Free pages with a handle of their own that a new mapping of `size` bytes takes (see

@@ -5,7 +5,7 @@
  * capture's mode, the caller's mode and thread, and invalidates every such capture (its end
  * then fails with 901 and no graph): tests/workloads/sim/driver_facts.expected, `ctx_sync`.
  *
- *   capture_sync pool|settle CAPTURE_MODE WORKER_MODE
+ *   capture_sync pool|fenced|settle CAPTURE_MODE WORKER_MODE
  *
  * CAPTURE_MODE, WORKER_MODE: global|local|relaxed (the capture's mode; the worker's
  * interaction mode, cudaThreadExchangeStreamCaptureMode). The main thread begins capturing a
@@ -16,6 +16,12 @@
  *   block waits for a synchronization before the pool may hand it out again), and a second
  *   cudaMalloc of 64 MiB: the pool would synchronize to take the first block back; during the
  *   capture it grows instead.
+ * - fenced (run with VRAMSHIM_POOL=stitch): the worker's cudaMallocAsync of 64 MiB on its
+ *   stream WS, its cudaFreeAsync there (the bytes are the pool's again, but a request on no
+ *   stream may take them only after a synchronization: WS may still use them), and a
+ *   cudaMalloc of 64 MiB: the pool would synchronize to take those bytes; during the capture
+ *   it grows instead where the device (and the cap) leave room, else it refuses the request
+ *   (cudaErrorMemoryAllocation).
  * - settle (run under a cap of 48 MiB without the pool): the driver's default pool keeps every
  *   freed block (release threshold UINT64_MAX); the worker allocates 40 MiB stream-ordered on
  *   its stream WS and frees it there, then asks for 40 MiB more there: the cap would empty
@@ -42,7 +48,7 @@ static int mode_of(const char *m) {
     return -1;
 }
 
-static int settle, worker_mode;
+static int settle, fenced, worker_mode;
 static cudaStream_t ws;
 static cudaError_t during = (cudaError_t)-1;
 static void *first, *second;
@@ -57,8 +63,13 @@ static void *work(void *arg) {
         during = cudaMallocAsync(&second, 40 << 20, ws);
         if (during == cudaSuccess) CHECK(cudaFreeAsync(second, ws));
     } else {
-        CHECK(cudaMalloc(&first, 64 << 20));
-        CHECK(cudaFree(first));
+        if (fenced) {
+            CHECK(cudaMallocAsync(&first, 64 << 20, ws));
+            CHECK(cudaFreeAsync(first, ws));
+        } else {
+            CHECK(cudaMalloc(&first, 64 << 20));
+            CHECK(cudaFree(first));
+        }
         during = cudaMalloc(&second, 64 << 20);
         if (during == cudaSuccess) CHECK(cudaFree(second));
     }
@@ -69,12 +80,14 @@ static void *work(void *arg) {
 
 int main(int argc, char **argv) {
     const char *usage =
-        "usage: capture_sync pool|settle global|local|relaxed global|local|relaxed\n";
-    if (argc != 4 || (strcmp(argv[1], "pool") != 0 && strcmp(argv[1], "settle") != 0)) {
+        "usage: capture_sync pool|fenced|settle global|local|relaxed global|local|relaxed\n";
+    if (argc != 4 || (strcmp(argv[1], "pool") != 0 && strcmp(argv[1], "fenced") != 0 &&
+                      strcmp(argv[1], "settle") != 0)) {
         fprintf(stderr, "%s", usage);
         return 2;
     }
     settle = strcmp(argv[1], "settle") == 0;
+    fenced = strcmp(argv[1], "fenced") == 0;
     int capture_mode = mode_of(argv[2]);
     worker_mode = mode_of(argv[3]);
     if (capture_mode < 0 || worker_mode < 0) {

@@ -4,7 +4,7 @@
  * began. Run with VRAMSIM_PAUSE_IN=cuMemCreate (cuda-sim stops the first cuMemCreate on entry
  * until released).
  *
- *   capture_window runtime|driver [oom|settle|sync]
+ *   capture_window runtime|driver [oom|settle|settled|sync]
  *
  * With "sync" (run under VRAMSIM_PAUSE_IN=cuCtxSynchronize) the worker first allocates 64 MiB
  * with cudaMalloc and frees it (the pool keeps it, to be handed out again after a
@@ -25,6 +25,13 @@
  * empties the driver's pools, after it decided no capture forbids the synchronization that
  * takes; that cuCtxSynchronize stops in the driver, and B begins its capture then. The worker
  * must get 0.
+ * With "settled" (the same worker and cap as "settle", run with VRAMSHIM_POOL_DEBUG=
+ * pause-settled,pause-begin and no VRAMSIM_PAUSE_IN) the library stops the worker's request
+ * once the cap emptied the driver's pools, before the request's own cudaMallocAsync; B begins
+ * its capture then (capture_race_after_pause). The request began before the capture: its
+ * allocation must precede it, and the worker must get 0 with B's end 0. Made inside B's
+ * global capture, the allocation on the worker's stream (which does not capture) is refused
+ * (900) and invalidates the capture (901).
  * A worker thread (global mode) asks cudaMalloc for 64 MiB: the pool grows, and its first
  * cuMemCreate stops in the driver, the pool's lock held. Then thread B begins capturing stream
  * SA in global mode (capture_race in pool_workload.h: through the runtime or the driver). Run
@@ -47,7 +54,7 @@
 
 static capture_race race;
 static cudaError_t worker_rc = (cudaError_t)-1;
-static int settle, sync_first;
+static int settle, settled, sync_first;
 static cudaStream_t ws;
 /* the worker's request, freed by the main thread once B's capture ended (a free while it is
  * under way is no part of the race) */
@@ -76,12 +83,13 @@ static void *worker(void *arg) {
 int main(int argc, char **argv) {
     if (argc < 2 || argc > 3 || (strcmp(argv[1], "runtime") != 0 && strcmp(argv[1], "driver") != 0) ||
         (argc == 3 && strcmp(argv[2], "oom") != 0 && strcmp(argv[2], "settle") != 0 &&
-         strcmp(argv[2], "sync") != 0)) {
-        fprintf(stderr, "usage: capture_window runtime|driver [oom|settle|sync]\n");
+         strcmp(argv[2], "settled") != 0 && strcmp(argv[2], "sync") != 0)) {
+        fprintf(stderr, "usage: capture_window runtime|driver [oom|settle|settled|sync]\n");
         return 2;
     }
     int oom = argc == 3 && strcmp(argv[2], "oom") == 0;
-    settle = argc == 3 && strcmp(argv[2], "settle") == 0;
+    settled = argc == 3 && strcmp(argv[2], "settled") == 0;
+    settle = settled || (argc == 3 && strcmp(argv[2], "settle") == 0);
     sync_first = argc == 3 && strcmp(argv[2], "sync") == 0;
     capture_race_open(&race, argv[1]);
     CHECK(cudaSetDevice(0));
@@ -95,7 +103,8 @@ int main(int argc, char **argv) {
         CHECK(cudaMemPoolSetAttribute(mp, cudaMemPoolAttrReleaseThreshold, &keep));
     }
 
-    int begun_first = capture_race_during(&race, sa, worker);
+    int begun_first = settled ? capture_race_after_pause(&race, sa, worker)
+                              : capture_race_during(&race, sa, worker);
     if (worker_rc == cudaSuccess) CHECK(settle ? cudaFreeAsync(big, ws) : cudaFree(big));
     CHECK(cudaStreamDestroy(sa));
     printf(PROG ": worker=%d begun_first=%d end=%d\n", (int)worker_rc, begun_first, race.end_rc);

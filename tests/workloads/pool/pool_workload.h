@@ -19,8 +19,9 @@
  * orders the threads by handshake, never by sleeping. Events are bytes in one pipe, read in the
  * order they came: EV_BEGUN (B's begin returned), EV_DONE (posted by the workload when its
  * worker's request returned) and EV_PAUSED (the library stopped at its pause point,
- * VRAMSHIM_POOL_DEBUG=pause-begin or pause-request: it writes the byte itself, to the pipe's
- * end the workload places at the descriptors VRAMSHIM_POOL_PAUSE_FDS=NOTIFY,RESUME name).
+ * VRAMSHIM_POOL_DEBUG=pause-begin, pause-request or pause-settled: it writes the byte itself,
+ * to the pipe's end the workload places at the descriptors VRAMSHIM_POOL_PAUSE_FDS=NOTIFY,RESUME
+ * name).
  *
  *   capture_race_open(r, entry)
  *                        cuda-sim's pause point (vramsimPauseWait/Release: VRAMSIM_PAUSE_IN
@@ -48,6 +49,13 @@
  *                        awaits the worker's EV_DONE and lets the library go on; joins the
  *                        worker, then capture_race_finish. Returns begun_first: B's begin
  *                        returned first
+ *   capture_race_after_pause(r, s, worker)
+ *                        the race of a begin while the worker's request is stopped in the
+ *                        library (pause-settled, with pause-begin): starts the worker thread,
+ *                        awaits the library stopping it, starts B on s, awaits the first of B's
+ *                        begin returning and the library stopping B, then lets every thread
+ *                        the library stopped go on (one byte each); joins the worker, then
+ *                        capture_race_finish. Returns begun_first
  */
 #ifndef VRAMSHIM_POOL_WORKLOAD_H
 #define VRAMSHIM_POOL_WORKLOAD_H
@@ -246,6 +254,20 @@ static inline int capture_race_during(capture_race *r, cudaStream_t s, void *(*w
         capture_race_expect(r, EV_DONE, "the worker's request");
         capture_race_resume(r);
     }
+    pthread_join(w, NULL);
+    capture_race_finish(r);
+    return first == EV_BEGUN;
+}
+
+static inline int capture_race_after_pause(capture_race *r, cudaStream_t s, void *(*worker)(void *)) {
+    pthread_t w;
+    if (pthread_create(&w, NULL, worker, NULL) != 0) exit(2);
+    capture_race_expect(r, EV_PAUSED, "the worker's request stopping in the library");
+    capture_race_start(r, s);
+    int first = capture_race_next(r);
+    /* the worker; and B, when the library stopped it too (each reads one byte) */
+    capture_race_resume(r);
+    if (first == EV_PAUSED) capture_race_resume(r);
     pthread_join(w, NULL);
     capture_race_finish(r);
     return first == EV_BEGUN;
