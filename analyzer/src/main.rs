@@ -14,7 +14,15 @@ use vramshim_analyzer::render::{for_terminal, one_line};
 #[command(
     name = "vramshim",
     version,
-    about = "GPU memory of unmodified CUDA processes: visible, bounded, unfragmented"
+    about = "GPU memory of unmodified CUDA processes: visible, bounded, unfragmented",
+    after_help = "\
+Environment:
+  VRAMSHIM_NO_PROGRESS  set: no progress bar, even on a terminal
+  VRAMSHIM_SYMBOLIZE    0: name call sites from the trace's module map only, without
+                        reading the modules' ELF files
+  VRAMSHIM_TORCH_VENV   a virtual environment with PyTorch, for replay --through pytorch
+`vramshim run --help` lists the variables of the library; every variable, its default and
+accepted forms: docs/configuration.md"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -31,7 +39,7 @@ enum Cmd {
     Summary(summary::Args),
     /// Write a self-contained HTML report of a trace.
     Report(report::Args),
-    /// Export a trace to Perfetto, Chrome JSON, PyTorch memory_viz or RMM CSV.
+    /// Export a trace to Perfetto, Chrome JSON, PyTorch memory_viz, RMM CSV or Parquet.
     Export(export::Args),
     /// Import an RMM log or a PyTorch memory snapshot as a trace.
     Import(import::Args),

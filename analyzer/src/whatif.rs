@@ -75,6 +75,9 @@ pub fn read_stream(mut opened: Opened, device: Option<i32>) -> Result<Stream, In
     let mut live: FastMap<(i32, u64), ()> = FastMap::default();
     let mut index = 0u64;
     let mut t0 = None;
+    // Every device the trace asked for memory on (failed requests too), to name them when
+    // the device asked for is not one of them.
+    let mut seen: Vec<i32> = Vec::new();
     let new = |d: i32| Stream {
         device: d,
         ops: Vec::new(),
@@ -88,6 +91,12 @@ pub fn read_stream(mut opened: Opened, device: Option<i32>) -> Result<Stream, In
         let ev = ev?;
         if t0.is_none() {
             t0 = ev.t_ns();
+        }
+        if let Event::Alloc(m) = &ev
+            && m.kind.is_device()
+            && !seen.contains(&m.device)
+        {
+            seen.push(m.device);
         }
         match &ev {
             Event::Alloc(m) if m.kind.is_device() && device.is_none_or(|d| d == m.device) => {
@@ -148,6 +157,19 @@ pub fn read_stream(mut opened: Opened, device: Option<i32>) -> Result<Stream, In
         index += 1;
     }
     let chosen = match device {
+        Some(d) if !seen.contains(&d) && !seen.is_empty() => {
+            seen.sort_unstable();
+            let list: Vec<String> = seen.iter().map(|d| d.to_string()).collect();
+            return Err(InputError::new(
+                &opened.path,
+                None,
+                format!(
+                    "no device allocation on device {d} in this trace; --device accepts the \
+                     devices it has: {}",
+                    list.join(", ")
+                ),
+            ));
+        }
         Some(d) => per.remove(&d).unwrap_or_else(|| new(d)),
         None => {
             let best = per

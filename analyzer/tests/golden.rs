@@ -80,6 +80,15 @@ fn several_traces_side_by_side() {
         text.contains("OUTLIER rank2.vramtrace: peak in use"),
         "{text}"
     );
+    // the one cap refusal of a synth trace (its 24 GiB request) is one refused allocation,
+    // not a refusal plus the allocation's out-of-memory result
+    for name in ["synth.vramtrace", "rank2.vramtrace"] {
+        let row = text
+            .lines()
+            .find(|l| l.trim_start().starts_with(name))
+            .unwrap();
+        assert_eq!(row.split_whitespace().last(), Some("1"), "{row}");
+    }
     golden("summary-side-by-side.txt", &out.stdout);
 }
 

@@ -271,6 +271,34 @@ fn pytorch_caching_opt_outs_are_respected() {
     );
 }
 
+/// The note on a PYTORCH_NO_CUDA_MEMORY_CACHING the user set offers only a remedy that works:
+/// `--pytorch-route async`, which it offered, keeps the setting all the same; unsetting it
+/// routes the tensors.
+#[test]
+fn the_kept_no_caching_note_offers_what_works() {
+    for route in [
+        &["--pool", "stitch"][..],
+        &["--pool", "stitch", "--pytorch-route", "async"],
+    ] {
+        let (v, err) = env_of(
+            route,
+            &[("PYTORCH_NO_CUDA_MEMORY_CACHING", "1")],
+            "PYTORCH_",
+        );
+        assert_eq!(v, ["PYTORCH_NO_CUDA_MEMORY_CACHING=1"], "{route:?}: {err}");
+        assert!(err.contains("unset it to route tensors"), "{err}");
+        assert!(
+            !err.contains("--pytorch-route async"),
+            "{route:?}: a remedy that does not work: {err}"
+        );
+    }
+    let (v, _) = env_of(&["--pool", "stitch"], &[], "PYTORCH_");
+    assert!(
+        v.iter().any(|l| l.contains("backend:cudaMallocAsync")),
+        "{v:?}"
+    );
+}
+
 /// The variables `vramshim run ARGS -- env` gives its command (with `vars` set around it)
 /// whose names start with `prefix`, and its stderr.
 fn env_of(args: &[&str], vars: &[(&str, &str)], prefix: &str) -> (Vec<String>, String) {
@@ -538,7 +566,8 @@ fn library_and_simulated_gpu_found_in_an_install_layout() {
             Path::new("../libcuda.so.1")
         );
         assert!(!Path::new(&format!("{sim}/driver/libcudart.so.12")).exists());
-        assert_eq!(l[2], "2GiB");
+        // handed to cuda-sim as bytes, read as every size of vramshim is
+        assert_eq!(l[2], (2u64 << 30).to_string());
 
         // --preload-runtime: the substitution, cuda-sim first and its runtime preloaded.
         put("libcudart.so.12", "cuda-sim/libcudart.so.12");
@@ -557,6 +586,54 @@ fn library_and_simulated_gpu_found_in_an_install_layout() {
             )
         );
         assert_eq!(l[1].split(':').next(), Some(sim.as_str()), "{}", l[1]);
+    }
+}
+
+/// `--sim=SIZE` reads sizes as `--cap` and `replay` do (`GB` is 10^9 bytes: cuda-sim itself
+/// reads it as 2^30) and refuses, before the command starts, a size cuda-sim would ignore
+/// with a line of its own and replace by its default.
+#[test]
+fn sim_size_is_read_as_every_size_and_a_bad_one_refused() {
+    let script = "echo \"$VRAMSIM_MEMORY\"";
+    for (size, bytes) in [
+        ("8GB", "8000000000"),
+        ("8G", "8589934592"),
+        ("1.5GiB", "1610612736"),
+        ("512MiB", "536870912"),
+        ("1073741824", "1073741824"),
+    ] {
+        let o = vramshim()
+            .args(["run", &format!("--sim={size}"), "--", "sh", "-c", script])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{size}: {err}");
+        assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), bytes, "{size}");
+    }
+    for bad in ["lots", "1.5", "-1GiB", "0", "8XB"] {
+        let o = vramshim()
+            .args([
+                "run",
+                &format!("--sim={bad}"),
+                "--",
+                "sh",
+                "-c",
+                "echo started",
+            ])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{bad}: {err}");
+        assert!(o.stdout.is_empty(), "{bad}: the command started");
+        assert_eq!(err.lines().count(), 1, "{bad}: one line wanted: {err}");
+        assert!(
+            err.contains(&format!("--sim=\"{bad}\" is not valid")),
+            "{err}"
+        );
+        assert!(
+            err.contains("16GiB") || err.contains("8GiB"),
+            "no accepted form: {err}"
+        );
     }
 }
 
@@ -593,6 +670,28 @@ fn repo_root() -> PathBuf {
         .parent()
         .unwrap()
         .to_path_buf()
+}
+
+/// `scripts/install.sh --help` prints its header comment, all of it and nothing else (it
+/// printed the script's first line of code, `set -euo pipefail`, as help).
+#[test]
+fn install_help_is_its_header_comment() {
+    let o = Command::new(repo_root().join("scripts/install.sh"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{out}");
+    let last = out.lines().last().unwrap_or_default();
+    assert!(
+        out.contains("Usage: scripts/install.sh [--prefix DIR] [--no-build]"),
+        "{out}"
+    );
+    assert_eq!(
+        last, "Honours CARGO_TARGET_DIR (reuses an existing build).",
+        "{out}"
+    );
+    assert!(!out.contains("set -e") && !out.contains("#!"), "{out}");
 }
 
 #[test]
@@ -751,6 +850,57 @@ fn traced_run_on_the_simulated_gpu_reports_the_trace_and_a_summary() {
     );
     assert!(err.contains("peak in use"), "{err}");
     assert!(err.contains("at exit"), "{err}");
+}
+
+/// A trace path the library refuses (a symbolic link, which it never follows; a file of the
+/// user's that is no earlier trace) is left as it was and the program runs untraced: the
+/// launcher then lists no trace (it listed the link's target, or the other file, as "the
+/// trace", and tried to summarize it), and an earlier trace that the run replaces is listed.
+#[test]
+fn a_refused_trace_path_is_not_reported_as_the_runs_trace() {
+    built_library();
+    let dir = tmpdir("refused-trace");
+    std::fs::write(dir.join("target.txt"), "secret\n").unwrap();
+    std::os::unix::fs::symlink("target.txt", dir.join("link.vramtrace")).unwrap();
+    std::fs::write(dir.join("notes.txt"), "not a trace\n").unwrap();
+    let run = |path: &str| {
+        let o = vramshim()
+            .env_remove("VRAMSHIM_LIB")
+            .env(
+                "VRAMSIM_NAME",
+                format!("vramshim-run-refused-{}", std::process::id()),
+            )
+            .current_dir(&dir)
+            .args(["run", "--sim", "--trace", path, "--"])
+            .arg(cuda_program())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert_eq!(o.status.code(), Some(0), "{err}");
+        err
+    };
+    for (path, why) in [
+        ("link.vramtrace", "symbolic link"),
+        ("notes.txt", "not an earlier output"),
+    ] {
+        let err = run(path);
+        assert!(err.contains(why), "the library's line: {err}");
+        assert!(
+            !err.contains("vramshim: trace: ") && !err.contains("cannot summarize"),
+            "{path} listed as the run's trace:\n{err}"
+        );
+        assert!(err.contains("vramshim: no trace was written at"), "{err}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(dir.join("target.txt")).unwrap(),
+        "secret\n"
+    );
+    // An earlier trace at the path is the run's to replace, and is listed.
+    let first = run("t.vramtrace");
+    assert!(first.contains("vramshim: trace: "), "{first}");
+    let again = run("t.vramtrace");
+    assert!(again.contains("vramshim: trace: "), "{again}");
+    assert!(again.contains("peak in use"), "{again}");
 }
 
 #[test]

@@ -184,3 +184,47 @@ fn a_misspelt_fault_switch_is_said_once_and_the_job_goes_on() {
     // what the environment holds reaches the terminal escaped
     assert!(!out.stderr.contains('\u{202e}'), "{}", out.stderr);
 }
+
+/// The tracer's on/off switches (`VRAMSHIM_TRACE_CLOCK`, `VRAMSHIM_TRACE_LOCKS`,
+/// `VRAMSHIM_TRACE_EXIT_FLUSH`, `VRAMSHIM_PY_STACKS`) read one value or two: any other is said
+/// once, in one line naming the variable, the value and the accepted forms, and the default is
+/// used; the job and its trace go on.
+#[test]
+fn a_bad_tracer_switch_value_is_said_once_and_the_trace_goes_on() {
+    let exe = build("sw_pool_wiring", "pool_wiring.c", Link::SharedRuntime, &[]);
+    let dir = vramshim_testkit::TempDir::new("sw-tracer-values");
+    let trace = dir.join("t.vramtrace");
+    let trace = trace.to_str().unwrap();
+    let cases = [
+        ("VRAMSHIM_TRACE_CLOCK", "tsc", "accepted: monotonic"),
+        ("VRAMSHIM_TRACE_LOCKS", "yes", "accepted: 0 or 1"),
+        ("VRAMSHIM_TRACE_EXIT_FLUSH", "2", "accepted: 0 or 1"),
+        (
+            "VRAMSHIM_PY_STACKS",
+            "2",
+            "accepted: 1 (Python frames in call stacks) or 0",
+        ),
+    ];
+    let mut env = vec![("VRAMSHIM_TRACE", trace), ("VRAMSHIM_STACKS", "8")];
+    env.extend(cases.iter().map(|(var, value, _)| (*var, *value)));
+    let out = preloaded(&exe, &[], &env, "sw-tracer-values");
+    out.assert_success();
+    common::assert_lines(&out, &["pool_wiring: ok"]);
+    for (var, value, accepted) in cases {
+        let lines: Vec<_> = out
+            .stderr
+            .lines()
+            .filter(|l| l.contains(&format!("{var}=")))
+            .collect();
+        assert_eq!(lines.len(), 1, "{var}: one line wanted:\n{}", out.stderr);
+        let line = lines[0];
+        assert!(
+            line.contains(&format!("{var}=\"{value}\" is not understood")),
+            "{line}"
+        );
+        assert!(line.contains(accepted), "{line}");
+        assert!(line.contains("using the default"), "{line}");
+    }
+    let len = std::fs::metadata(trace).map(|m| m.len()).unwrap_or(0);
+    assert!(len > 0, "no trace written:\n{}", out.stderr);
+}

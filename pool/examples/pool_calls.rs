@@ -1,20 +1,22 @@
 //! Where a trace's driver calls go: every allocation (or free) that makes driver calls on the
 //! tight pool, with its index, size, live and held bytes, and the calls by kind.
 //!
-//! `cargo run --release -p vramshim-pool --example pool_calls -- TRACE.csv [sync|async] [FROM] [runs] [nolayers] [grow] [holds] [places]`
+//! `cargo run --release -p vramshim-pool --example pool_calls -- TRACE.csv [sync|async] [FROM] [runs] [nolayers] [grow] [holds] [places] [request|pow2] [twice]`
 //! (`FROM`: the first allocation index listed; default: the second half; `runs`: the arena
 //! grows by runs of pages, `Stitch::with_runs`; `nolayers`: `Stitch::with_layers(false)`, the
 //! layer replay being on by default; `grow`: `Stitch::with_grow`; `holds`:
 //! `Stitch::with_layer_holds`; `places`: also every allocation of at least a page among the
 //! `PLACES_SPAN` from `FROM` on, with its place (the arena or a stitched mapping, and the
 //! offset) and, where the layer replay had places for it, which allocation each place was and
-//! which live or pending blocks were in it). Every free reaches the pool (no thread caches).
+//! which live or pending blocks were in it; `request` / `pow2`: handles sized per request,
+//! `Stitch::with_shapes`; `twice`: two passes of the trace as `pool_slack`'s "passes 2, 3"
+//! runs them, `FROM` defaulting to the second pass's first allocation). Every free reaches the pool (no thread caches).
 
 #[macro_use]
 mod common;
 
 use vramshim_pool::replay::{self, Event, Frees};
-use vramshim_pool::stitch::Stitch;
+use vramshim_pool::stitch::{Shapes, Stitch};
 use vramshim_pool::{ALIGN, AccountingDevice, CallCounts, Device, MIB, Policy, Request};
 
 /// How many allocations from `FROM` on `places` lists.
@@ -49,6 +51,14 @@ fn main() {
     let grow = args.iter().any(|a| a == "grow");
     let places = args.iter().any(|a| a == "places");
     let holds = args.iter().any(|a| a == "holds");
+    let twice = args.iter().any(|a| a == "twice");
+    let shapes = if args.iter().any(|a| a == "pow2") {
+        Shapes::Pow2
+    } else if args.iter().any(|a| a == "request") {
+        Shapes::Request
+    } else {
+        Shapes::Pages
+    };
     args.retain(|a| {
         a != "runs"
             && a != "layers"
@@ -56,10 +66,13 @@ fn main() {
             && a != "grow"
             && a != "holds"
             && a != "places"
+            && a != "request"
+            && a != "pow2"
+            && a != "twice"
     });
     let Some(path) = args.first() else {
         eprintln!(
-            "usage: pool_calls TRACE.csv [sync|async] [FROM] [runs] [nolayers] [grow] [holds] [places]"
+            "usage: pool_calls TRACE.csv [sync|async] [FROM] [runs] [nolayers] [grow] [holds] [places] [request|pow2] [twice]"
         );
         std::process::exit(2);
     };
@@ -68,7 +81,16 @@ fn main() {
         _ => Frees::StreamOrdered,
     };
     let t = common::read_trace(std::path::Path::new(path));
-    let ev = frees.apply(&t.events);
+    let one = frees.apply(&t.events);
+    let one_allocs = one
+        .iter()
+        .filter(|e| matches!(e, Event::Alloc { .. }))
+        .count();
+    let ev = if twice {
+        frees.apply(&replay::repeat(&t.events, 2))
+    } else {
+        one
+    };
     let allocs = ev
         .iter()
         .filter(|e| matches!(e, Event::Alloc { .. }))
@@ -76,14 +98,15 @@ fn main() {
     let from: usize = args
         .get(2)
         .and_then(|s| s.parse().ok())
-        .unwrap_or(allocs / 2);
+        .unwrap_or(if twice { one_allocs } else { allocs / 2 });
     let mut dev = AccountingDevice::new(80 << 30);
     dev.set_checking(true);
     let mut p = Stitch::tight()
         .with_runs(runs)
         .with_layers(layers)
         .with_grow(grow)
-        .with_layer_holds(holds);
+        .with_layer_holds(holds)
+        .with_shapes(shapes);
     let mut ids = std::collections::HashMap::new();
     // for `places`: the number of the latest allocation at each address, and of each
     // allocation of at least a page, in order (the layer replay counts those)
@@ -171,8 +194,9 @@ fn main() {
         if d.driver_calls() > 0 && n > from {
             total += d.driver_calls();
             let s = p.stats();
+            let (own, bound) = p.free_page_counts();
             say!(
-                "{what}: live {:.1} held {:.1} budget {:.1} MiB:{}",
+                "{what}: live {:.1} held {:.1} budget {:.1} MiB, free pages {own} + {bound} in runs:{}",
                 s.live as f64 / MIB as f64,
                 s.reserved as f64 / MIB as f64,
                 s.budget as f64 / MIB as f64,

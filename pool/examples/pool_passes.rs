@@ -7,14 +7,15 @@
 //! a training loop's step end has; then whether 3 passes complete on the whole-page device of
 //! 1.03 x peak live.
 //!
-//! `cargo run --release -p vramshim-pool --example pool_passes -- [DIR_OR_FILES...]`
-//! (default: tests/workloads/traces).
+//! `cargo run --release -p vramshim-pool --example pool_passes -- [--shapes=request|pow2] [DIR_OR_FILES...]`
+//! (default: tests/workloads/traces; `--shapes`: handles sized per request,
+//! `Stitch::with_shapes`).
 
 #[macro_use]
 mod common;
 
 use vramshim_pool::replay::{self, Event, Frees};
-use vramshim_pool::stitch::Stitch;
+use vramshim_pool::stitch::{Shapes, Stitch};
 use vramshim_pool::{AccountingDevice, MIB, Policy};
 
 /// `repeat(events, passes)` with a process synchronization after each pass's end (the step
@@ -59,7 +60,20 @@ fn smallest(events: &[Event], live: u64, make: &dyn Fn() -> Box<dyn Policy>) -> 
 }
 
 fn main() {
-    let files = common::trace_files(std::env::args().skip(1).collect());
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let shapes = match args.first().map(String::as_str) {
+        Some("--shapes=request") => Shapes::Request,
+        Some("--shapes=pow2") => Shapes::Pow2,
+        Some(a) if a.starts_with("--shapes") => {
+            eprintln!("pool_passes: `{a}`: expected --shapes=request or --shapes=pow2");
+            std::process::exit(2);
+        }
+        _ => Shapes::Pages,
+    };
+    if shapes != Shapes::Pages {
+        args.remove(0);
+    }
+    let files = common::trace_files(args);
     say!(
         "| trace | frees | sync between passes | peak live MiB | min device MiB, 1 / 2 / 3 passes | / peak live, 1 / 2 / 3 passes | 1.03 x device MiB | 3 passes complete there |"
     );
@@ -78,13 +92,13 @@ fn main() {
         let small = (live as f64 * 1.03) as u64 / (2 * MIB) * (2 * MIB);
         for frees in Frees::BOTH {
             for sync in [false, true] {
-                let make = || -> Box<dyn Policy> { Box::new(Stitch::tight()) };
+                let make = || -> Box<dyn Policy> { Box::new(Stitch::tight().with_shapes(shapes)) };
                 let mins: Vec<u64> = (1..=3)
                     .map(|n| smallest(&passes_of(&t.events, n, sync, frees), live, &make))
                     .collect();
                 let three = passes_of(&t.events, 3, sync, frees);
                 let mut dev = AccountingDevice::new(small);
-                let mut p = Stitch::tight();
+                let mut p = Stitch::tight().with_shapes(shapes);
                 let r = replay::run_with(&three, &mut p, &mut dev);
                 say!(
                     "| {name} | {} | {} | {:.1} | {} / {} / {} | {:.3} / {:.3} / {:.3} | {} | {} |",

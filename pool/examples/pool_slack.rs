@@ -12,8 +12,9 @@
 //! `cargo run --release -p vramshim-pool --example pool_slack -- [BUDGET ...] -- [DIR_OR_FILES...]`
 //! where a BUDGET is `RATIO:SLACK_MIB` followed by switches in any order, each at most once
 //! (see [`FORM`]): `:runs` (`Stitch::with_runs`), `:kept` (`Stitch::with_kept`), `:grow`
-//! (`Stitch::with_grow`), `:holds` (`Stitch::with_layer_holds`), and `:nolayers` (without the
-//! layer replay, `Stitch::with_layers(false)`) or `:layers` (with it, the default). Default
+//! (`Stitch::with_grow`), `:holds` (`Stitch::with_layer_holds`), `:nolayers` (without the
+//! layer replay, `Stitch::with_layers(false)`) or `:layers` (with it, the default), and
+//! `:request` or `:pow2` (handles sized per request, `Stitch::with_shapes`). Default
 //! budgets: 0.05:2 0.075:2 0.10:0 0.05:16 0.05:32 0.05:2:runs.
 
 #[macro_use]
@@ -22,7 +23,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use vramshim_pool::replay::Event;
 use vramshim_pool::replay::{self, Frees};
-use vramshim_pool::stitch::{Budget, Stitch};
+use vramshim_pool::stitch::{Budget, Shapes, Stitch};
 use vramshim_pool::{ALIGN, AccountingDevice, MIB, Policy};
 
 /// Peak bytes (whole 2 MiB pages) of one best-fit range that only grows at its end.
@@ -88,8 +89,9 @@ fn arena_only(events: &[Event]) -> u64 {
 }
 
 /// What a budget argument may be, for the usage and every message about one.
-const FORM: &str = "RATIO:SLACK_MIB, then any of :runs :kept :grow :holds and one of :layers / \
-:nolayers, each at most once, in any order (e.g. 0.05:2, 0.05:2:runs, 0.05:2:grow:nolayers)";
+const FORM: &str = "RATIO:SLACK_MIB, then any of :runs :kept :grow :holds, one of :layers / \
+:nolayers and one of :request / :pow2, each at most once, in any order (e.g. 0.05:2, \
+0.05:2:runs, 0.05:2:grow:nolayers, 0.05:2:pow2)";
 
 /// One budget to replay under: `Stitch`'s budget ratio and slack (MiB), and its switches.
 #[derive(Clone, Copy)]
@@ -101,6 +103,7 @@ struct Spec {
     layers: bool,
     grow: bool,
     holds: bool,
+    shapes: Shapes,
 }
 
 impl Spec {
@@ -113,6 +116,7 @@ impl Spec {
             layers: true,
             grow: false,
             holds: false,
+            shapes: Shapes::Pages,
         }
     }
 }
@@ -139,10 +143,10 @@ fn parse_budget(a: &str) -> Result<Spec, String> {
     let mut seen: Vec<&str> = Vec::new();
     for switch in parts {
         // `:layers` and `:nolayers` set one switch
-        let which = if switch == "nolayers" {
-            "layers"
-        } else {
-            switch
+        let which = match switch {
+            "nolayers" => "layers",
+            "request" | "pow2" => "shapes",
+            _ => switch,
         };
         match switch {
             "runs" => spec.runs = true,
@@ -151,11 +155,15 @@ fn parse_budget(a: &str) -> Result<Spec, String> {
             "holds" => spec.holds = true,
             "layers" => spec.layers = true,
             "nolayers" => spec.layers = false,
+            "request" => spec.shapes = Shapes::Request,
+            "pow2" => spec.shapes = Shapes::Pow2,
             _ => return bad(format!("unknown switch `:{switch}`")),
         }
         if seen.contains(&which) {
             return bad(if which == "layers" {
                 format!("`:{switch}` sets the layer replay a second time (`:layers` / `:nolayers`)")
+            } else if which == "shapes" {
+                format!("`:{switch}` sets the handles a second time (`:request` / `:pow2`)")
             } else {
                 format!("`:{switch}` given twice")
             });
@@ -208,6 +216,7 @@ fn main() {
                 layers,
                 grow,
                 holds,
+                shapes,
             } in &budgets
             {
                 let make = move || -> Box<dyn Policy> {
@@ -222,7 +231,8 @@ fn main() {
                             .with_kept(kept)
                             .with_layers(layers)
                             .with_grow(grow)
-                            .with_layer_holds(holds),
+                            .with_layer_holds(holds)
+                            .with_shapes(shapes),
                     )
                 };
                 let mut dev = AccountingDevice::new(80 << 30);
@@ -233,7 +243,7 @@ fn main() {
                 let half = replay::second_half_calls_per_1000(&t.events, frees, &make);
                 let min = replay::min_capacity_with(&stream, &make);
                 say!(
-                    "| {name} | {} | {:.1}% + {slack} MiB{}{}{}{}{} | {:.3} | {:.3} | {} | {}, {} | {:.1} |",
+                    "| {name} | {} | {:.1}% + {slack} MiB{}{}{}{}{}{} | {:.3} | {:.3} | {} | {}, {} | {:.1} |",
                     frees.name(),
                     ratio * 100.0,
                     if runs { ", runs" } else { "" },
@@ -241,6 +251,11 @@ fn main() {
                     if layers { "" } else { ", no layers" },
                     if grow { ", grow" } else { "" },
                     if holds { ", holds" } else { "" },
+                    match shapes {
+                        Shapes::Pages => "",
+                        Shapes::Request => ", handles per request",
+                        Shapes::Pow2 => ", power-of-two handles",
+                    },
                     r.peak_device_used as f64 / live as f64,
                     min as f64 / live as f64,
                     r.driver_calls,

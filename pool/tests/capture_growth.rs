@@ -4,7 +4,7 @@
 //! (a request served over bytes still in use on another stream, or a synchronization during
 //! the capture, is a violation).
 
-use vramshim_pool::stitch::{Faults, Stitch};
+use vramshim_pool::stitch::{Faults, Shapes, Stitch};
 use vramshim_pool::{AccountingDevice, FreeMode, MIB, Policy, PoolError, Request, Stream};
 
 /// The stream of the stream-ordered free.
@@ -38,11 +38,21 @@ fn freed_on_s_then_capture(
     (p, dev, syncs)
 }
 
-/// A pool of each kind, by name.
-type Pools = [(&'static str, fn() -> Stitch); 2];
+/// A pool of each kind, by name (the tight pool also with handles sized per request, whose
+/// new pages may come as runs).
+type Pools = [(&'static str, fn() -> Stitch); 4];
 
 fn pools() -> Pools {
-    [("default", Stitch::new), ("tight", Stitch::tight)]
+    [
+        ("default", Stitch::new),
+        ("tight", Stitch::tight),
+        ("tight, handles per request", || {
+            Stitch::tight().with_shapes(Shapes::Request)
+        }),
+        ("tight, power-of-two handles", || {
+            Stitch::tight().with_shapes(Shapes::Pow2)
+        }),
+    ]
 }
 
 /// Where the bytes the pool would take need a synchronization (a request on no stream over

@@ -173,6 +173,14 @@ fn unreached_fault_switches_change_nothing() {
                 ..Faults::default()
             },
         ),
+        // handles sized per request only with `Stitch::with_shapes`
+        (
+            "run_end_over_live",
+            Faults {
+                run_end_over_live: true,
+                ..Faults::default()
+            },
+        ),
     ];
     for (name, ev) in common::traces() {
         for frees in Frees::BOTH {

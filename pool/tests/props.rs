@@ -9,7 +9,7 @@ mod common;
 use common::{assert_clean, free_all_and_trim, free_at, mode};
 use proptest::prelude::*;
 use vramshim_pool::accounting::CallKind;
-use vramshim_pool::stitch::{Budget, Faults, Stitch};
+use vramshim_pool::stitch::{Budget, Faults, Shapes, Stitch};
 use vramshim_pool::{
     AccountingDevice, Device, DeviceError, FreeMode, GIB, KIB, MIB, Policy, PolicyKind, PoolError,
     Request,
@@ -705,6 +705,31 @@ proptest! {
     #[test]
     fn stitch_tight_with_runs_replays_rounds_safely(ops in rounds(), cap_mib in 128u64..1024) {
         exercise_clean_in_budget(&mut Stitch::tight().with_runs(true), &ops, cap_mib * MIB, Budget::default());
+    }
+
+    /// Handles sized per request (`Stitch::with_shapes`: a large request's new pages as one
+    /// handle or as power-of-two handles, new mappings starting and ending in the free ends
+    /// of handles mapped whole) are as safe: no overlap, no early reuse, every handle mapped,
+    /// unmapped and released whole, the device and the budget kept (a block below a handle's
+    /// free end is caught: `shapes.rs`).
+    #[test]
+    fn stitch_tight_with_shapes_is_safe_and_keeps_its_budget(ops in proptest::collection::vec(op(), 1..300), cap_mib in 64u64..1024) {
+        let shapes = if cap_mib % 2 == 0 { Shapes::Request } else { Shapes::Pow2 };
+        exercise_clean_in_budget(&mut Stitch::tight().with_shapes(shapes), &ops, cap_mib * MIB, Budget::default());
+    }
+
+    /// The same on layers (the layer replay on).
+    #[test]
+    fn stitch_tight_with_shapes_replays_layers_safely(ops in layers(), cap_mib in 128u64..1024) {
+        let shapes = if cap_mib % 2 == 0 { Shapes::Request } else { Shapes::Pow2 };
+        exercise_clean_in_budget(&mut Stitch::tight().with_shapes(shapes), &ops, cap_mib * MIB, Budget::default());
+    }
+
+    /// The same on rounds.
+    #[test]
+    fn stitch_tight_with_shapes_replays_rounds_safely(ops in rounds(), cap_mib in 128u64..1024) {
+        let shapes = if cap_mib % 2 == 0 { Shapes::Request } else { Shapes::Pow2 };
+        exercise_clean_in_budget(&mut Stitch::tight().with_shapes(shapes), &ops, cap_mib * MIB, Budget::default());
     }
 }
 

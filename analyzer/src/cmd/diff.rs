@@ -19,7 +19,7 @@ pub struct Args {
     #[arg(long)]
     pub json: bool,
     /// Call sites listed.
-    #[arg(long, default_value_t = 15)]
+    #[arg(long, default_value_t = 15, value_parser = crate::cmd::numbers::count)]
     pub top: usize,
 }
 

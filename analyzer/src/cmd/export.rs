@@ -23,7 +23,7 @@ pub struct Args {
     #[arg(short, long)]
     pub output: PathBuf,
     /// Only this device (rmm-csv writes one device per file, as RMM does).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::cmd::numbers::device)]
     pub device: Option<i32>,
 }
 

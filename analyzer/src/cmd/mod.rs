@@ -37,3 +37,38 @@ pub(crate) fn input_status(reports: &[vramshim_analyzer::TraceReport], torn: boo
         ExitCode::SUCCESS
     }
 }
+
+/// Value parsers for numeric flags whose errors name the accepted forms (clap's own say only
+/// "invalid digit found in string").
+pub(crate) mod numbers {
+    /// A count: `--top N`.
+    pub(crate) fn count(s: &str) -> Result<usize, String> {
+        s.trim()
+            .parse()
+            .map_err(|_| "not a count; accepted: a whole number, 0 or more (e.g. 10)".into())
+    }
+
+    /// A CUDA device ordinal as the trace records it: `--device N`.
+    pub(crate) fn device(s: &str) -> Result<i32, String> {
+        s.trim().parse().map_err(|_| {
+            "not a device; accepted: a CUDA device ordinal as the trace records it (0, 1, ...)"
+                .into()
+        })
+    }
+
+    /// Frames per call stack: `run --stacks N`.
+    pub(crate) fn frames(s: &str) -> Result<u32, String> {
+        s.trim().parse().map_err(|_| {
+            "not a number of frames; accepted: a whole number from 0 to 64 (more are kept as 64)"
+                .into()
+        })
+    }
+
+    /// Seconds, with a fraction: `top --interval`.
+    pub(crate) fn seconds(s: &str) -> Result<f64, String> {
+        match s.trim().parse::<f64>() {
+            Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+            _ => Err("not a duration; accepted: seconds, 0 or more (e.g. 1 or 0.5)".into()),
+        }
+    }
+}

@@ -97,8 +97,8 @@ pub fn plan(route: Route, get: &dyn Fn(&str) -> Option<String>) -> TorchEnv {
             let effective = CONF_VARS.iter().find_map(|k| get(k));
             if let Some(v) = get(NO_CACHING) {
                 out.note = Some(format!(
-                    "{NO_CACHING}={v} is set: PyTorch's allocator is left as you set it \
-                     (unset it, or --pytorch-route async, to route tensors through {ASYNC_BACKEND})"
+                    "{NO_CACHING}={v} is set: PyTorch's allocator is left as you set it, \
+                     whatever the route (unset it to route tensors through {ASYNC_BACKEND})"
                 ));
                 return out;
             }

@@ -24,7 +24,7 @@ pub struct Args {
     #[arg(long, value_parser = parse_size)]
     pub device_memory: Option<u64>,
     /// Which device's stream (default: the busiest).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::cmd::numbers::device)]
     pub device: Option<i32>,
     /// Also find the smallest device each policy needs.
     #[arg(long)]

@@ -19,18 +19,35 @@ pub const LIB_NAME: &str = "libvramshim.so";
 /// Directory name of the simulated CUDA stack's layout.
 pub const SIM_DIR_NAME: &str = "cuda-sim";
 
+/// The variables `run` reads itself and the library's variables that have no flag.
+const AFTER_HELP: &str = "\
+Environment:
+  VRAMSHIM_LIB               libvramshim.so (or its directory); default: next to this
+                             executable, then ../lib/vramshim/ and ../lib/ from it
+  LD_PRELOAD                 kept: libvramshim.so is appended to it
+The library's variables without a flag (set them in the environment):
+  VRAMSHIM_CAP_CONTEXT       include (default) or exclude the CUDA context from the cap
+  VRAMSHIM_PY_STACKS         0: call stacks without Python frames (default 1)
+  VRAMSHIM_REGISTRY          off, or the node registry's absolute path
+  VRAMSHIM_STATS             a file for the library's counters as JSON at exit
+  VRAMSHIM_TRACE_CLOCK       monotonic: clock_gettime timestamps instead of the TSC
+  VRAMSHIM_TRACE_LOCKS       1: buffers handed to the trace writer under a lock (default 0)
+  VRAMSHIM_TRACE_EXIT_FLUSH  0: no trace flush inside _exit (default 1)
+Every variable, its default and accepted forms: docs/configuration.md";
+
 #[derive(clap::Args)]
-#[command(trailing_var_arg = true)]
+#[command(trailing_var_arg = true, after_help = AFTER_HELP)]
 pub struct Args {
     /// Cap device memory: a fraction of the device (0.9), a size (40GiB, 512MiB) or a
-    /// per-device list (0=40GiB,1=0.5). Sets VRAMSHIM_CAP.
+    /// per-device list (0=40GiB,1=0.5). Default: no cap. Sets VRAMSHIM_CAP.
     #[arg(long, value_name = "CAP")]
     pub cap: Option<String>,
     /// Refuse every device allocation where the cap cannot be enforced as asked (the shared
     /// region is unusable) instead of keeping the process's own cap. Sets VRAMSHIM_CAP_STRICT=1.
     #[arg(long)]
     pub cap_strict: bool,
-    /// Share one cap budget with every process using the same NAME. Sets VRAMSHIM_SHARED.
+    /// Share one cap budget with every process using the same NAME (1 to 64 of A-Z a-z 0-9 .
+    /// _ -, or an absolute path). Default: none (a per-process cap). Sets VRAMSHIM_SHARED.
     #[arg(long, value_name = "NAME")]
     pub shared: Option<String>,
     /// What a request refused by the shared cap does: `fail` (default), or `wait[:TIMEOUT]`
@@ -39,8 +56,8 @@ pub struct Args {
     #[arg(long, value_name = "fail|wait[:TIMEOUT]")]
     pub on_cap: Option<String>,
     /// Allocation pool: `stitch` (defragmenting pool, holding at most a budget over its recent
-    /// peak of live bytes: see --pool-budget), `stitch-tight` (the same) or `off`. Sets
-    /// VRAMSHIM_POOL.
+    /// peak of live bytes: see --pool-budget), `stitch-tight` (the same) or `off`. Default:
+    /// off. Sets VRAMSHIM_POOL.
     #[arg(long, value_name = "POLICY", value_parser = ["stitch", "stitch-tight", "off"])]
     pub pool: Option<String>,
     /// What the pool may hold over its recent peak of live bytes: a ratio (0.05) or a
@@ -48,16 +65,20 @@ pub struct Args {
     /// refuses); implies `--pool stitch`. Sets VRAMSHIM_POOL_BUDGET.
     #[arg(long, value_name = "RATIO")]
     pub pool_budget: Option<String>,
-    /// Write a trace (`%p` = pid, `%h` = host, `%t` = start time). Sets VRAMSHIM_TRACE.
+    /// Write a trace (`%p` = pid, `%h` = host, `%t` = start time, `%%` = %). Default: no
+    /// trace. Sets VRAMSHIM_TRACE.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
-    /// Record call stacks of N frames in the trace. Sets VRAMSHIM_STACKS.
-    #[arg(long, value_name = "N")]
+    /// Record call stacks of N frames in the trace, at most 64. Default: 0 (no stacks). Sets
+    /// VRAMSHIM_STACKS.
+    #[arg(long, value_name = "N", value_parser = crate::cmd::numbers::frames)]
     pub stacks: Option<u32>,
-    /// Stderr verbosity of the library. Sets VRAMSHIM_LOG.
+    /// Stderr verbosity of the library. Default: warn. Sets VRAMSHIM_LOG.
     #[arg(long, value_name = "LEVEL", value_parser = ["off", "warn", "info", "debug"])]
     pub log: Option<String>,
-    /// Run on the simulated GPU (no GPU needed); SIZE sets its memory (VRAMSIM_MEMORY, e.g. 16GiB).
+    /// Run on the simulated GPU (no GPU needed); SIZE sets its memory (VRAMSIM_MEMORY, in
+    /// bytes), read as every size of vramshim is: 16GiB, 16G (powers of 1024), 16GB (powers of
+    /// 1000), 17179869184 (bytes). Default: cuda-sim's, 16 GiB.
     #[arg(long, value_name = "SIZE", num_args = 0..=1, require_equals = true, default_missing_value = "")]
     pub sim: Option<String>,
     /// With --sim, substitute cuda-sim's runtime for the program's own: preload its
@@ -84,15 +105,22 @@ pub struct Args {
 }
 
 pub fn main(args: Args) -> Result<ExitCode, String> {
+    // Refused here, before anything starts: cuda-sim would ignore a size it cannot read (one
+    // line, then its default size), and reads `GB` as powers of 1024 where every size of
+    // vramshim reads powers of 1000; it is handed the byte count instead.
+    let sim_bytes = match args.sim.as_deref() {
+        Some(size) if !size.is_empty() => Some(sim_size(size)?),
+        _ => None,
+    };
     let lib = find_library()?;
     let mut cmd = Command::new(&args.cmd[0]);
     cmd.args(&args.cmd[1..]);
 
     let mut preload = vec![lib.clone()];
-    if let Some(size) = &args.sim {
+    if args.sim.is_some() {
         let sim = find_sim_dir()?;
-        if !size.is_empty() {
-            cmd.env("VRAMSIM_MEMORY", size);
+        if let Some(bytes) = sim_bytes {
+            cmd.env("VRAMSIM_MEMORY", bytes.to_string());
         }
         if let Some(which) = &args.preload_runtime {
             // The substitution: cuda-sim's runtime in place of the program's own. A runtime
@@ -186,6 +214,9 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
         cmd.env("VRAMSHIM_LOG", v);
     }
 
+    // What the pattern already matches: a file the run leaves as it was (the library refused
+    // to trace into it, or nothing ran) is not the run's trace.
+    let before = trace.as_deref().map(Before::take).unwrap_or_default();
     let started = SystemTime::now();
     let status = match run_forwarding_signals(&mut cmd) {
         Ok((status, _pid)) => status,
@@ -205,12 +236,25 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
     };
 
     if let Some(t) = &trace {
-        report_traces(t, started);
+        report_traces(t, started, &before);
     }
     Ok(ExitCode::from(shell_status(status)))
 }
 
 /// `VRAMSHIM_POOL` from `--pool` and `--pool-budget` (a budget implies the pool).
+/// The simulated device's size from `--sim=SIZE`: a size as `--cap` reads one, not 0.
+fn sim_size(size: &str) -> Result<u64, String> {
+    match vramshim_analyzer::units::parse_size(size) {
+        Ok(0) => Err(format!(
+            "run: --sim={:?} is not valid (a device of 0 bytes); a size such as 16GiB, 16G, \
+             16GB or 17179869184 (bytes)",
+            size
+        )),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("run: --sim={size:?} is not valid: {e}")),
+    }
+}
+
 fn pool_setting(args: &Args) -> Result<Option<String>, String> {
     match (&args.pool, &args.pool_budget) {
         (Some(p), Some(_)) if p == "off" => Err(
@@ -655,9 +699,38 @@ pub fn run_forwarding_signals(cmd: &mut Command) -> std::io::Result<(ExitStatus,
 // ---------------------------------------------------------------------------------------------
 // After the run: where the trace is and what it says.
 
-/// The trace files a run wrote: the path itself, or for a pattern with `%p`/`%h`/`%t` every
-/// file in its directory that matches it and was written since `since`.
-pub fn find_traces(pattern: &Path, since: SystemTime) -> Vec<PathBuf> {
+/// What identifies a file's content as of a moment: inode, size and modification time.
+type Stamp = (u64, u64, Option<SystemTime>);
+
+/// The files a trace pattern matched before the run, with their stamps.
+#[derive(Default)]
+pub struct Before(Vec<(PathBuf, Stamp)>);
+
+impl Before {
+    pub fn take(pattern: &Path) -> Before {
+        Before(
+            candidates(pattern)
+                .into_iter()
+                .filter_map(|(p, m)| Some((p, stamp(&m)?)))
+                .collect(),
+        )
+    }
+
+    fn unchanged(&self, path: &Path, meta: &std::fs::Metadata) -> bool {
+        let now = stamp(meta);
+        self.0.iter().any(|(p, s)| p == path && Some(*s) == now)
+    }
+}
+
+fn stamp(m: &std::fs::Metadata) -> Option<Stamp> {
+    use std::os::unix::fs::MetadataExt;
+    m.is_file().then(|| (m.ino(), m.len(), m.modified().ok()))
+}
+
+/// The regular files (never a symbolic link, which the library does not follow either) the
+/// pattern names: the path itself for a literal path, and the files in its directory that
+/// match `%p`/`%h`/`%t` (for a literal path, a forked child's `<path>.<pid>`).
+fn candidates(pattern: &Path) -> Vec<(PathBuf, std::fs::Metadata)> {
     let dir = pattern.parent().unwrap_or(Path::new("."));
     let Some(mut name) = pattern
         .file_name()
@@ -665,29 +738,64 @@ pub fn find_traces(pattern: &Path, since: SystemTime) -> Vec<PathBuf> {
     else {
         return Vec::new();
     };
-    let mut first = Vec::new();
+    let mut out = Vec::new();
     if !name.contains('%') {
-        // A literal path is the process's own file; a forked child without `%p` in the
-        // pattern writes `<path>.<pid>`.
-        if pattern.is_file() {
-            first.push(pattern.to_path_buf());
+        if let Ok(m) = std::fs::symlink_metadata(pattern)
+            && m.is_file()
+        {
+            out.push((pattern.to_path_buf(), m));
         }
         name = format!("{name}.%p");
     }
-    let mut found: Vec<(SystemTime, PathBuf)> = Vec::new();
     let Ok(rd) = std::fs::read_dir(dir) else {
-        return Vec::new();
+        return out;
     };
     for e in rd.flatten() {
         let fname = e.file_name().to_string_lossy().into_owned();
         if !matches_pattern(&name, &fname) {
             continue;
         }
-        let Ok(meta) = e.metadata() else { continue };
-        let Ok(mtime) = meta.modified() else { continue };
+        // DirEntry::metadata does not follow a symbolic link.
+        if let Ok(m) = e.metadata()
+            && m.is_file()
+        {
+            out.push((e.path(), m));
+        }
+    }
+    out
+}
+
+/// The trace files a run wrote: the path itself, or for a pattern with `%p`/`%h`/`%t` every
+/// file in its directory that matches it, written since `since` and new or changed since
+/// `before` was taken.
+pub fn find_traces(pattern: &Path, since: SystemTime, before: &Before) -> Vec<PathBuf> {
+    let mut all = candidates(pattern).into_iter();
+    // A literal path, when it is a candidate, comes first: the process's own file.
+    let literal = !pattern
+        .file_name()
+        .is_some_and(|n| n.to_string_lossy().contains('%'));
+    let mut first = Vec::new();
+    let mut found: Vec<(SystemTime, PathBuf)> = Vec::new();
+    let written = |p: &Path, m: &std::fs::Metadata| {
+        let Ok(mtime) = m.modified() else {
+            return None;
+        };
         // A small slack: file systems round modification times.
-        if mtime + std::time::Duration::from_secs(2) >= since && meta.is_file() {
-            found.push((mtime, e.path()));
+        (mtime + std::time::Duration::from_secs(2) >= since && !before.unchanged(p, m))
+            .then_some(mtime)
+    };
+    if literal && let Some((p, m)) = all.next() {
+        if p == pattern {
+            if written(&p, &m).is_some() {
+                first.push(p);
+            }
+        } else if let Some(t) = written(&p, &m) {
+            found.push((t, p));
+        }
+    }
+    for (p, m) in all {
+        if let Some(t) = written(&p, &m) {
+            found.push((t, p));
         }
     }
     found.sort();
@@ -728,8 +836,8 @@ fn matches_pattern(pattern: &str, name: &str) -> bool {
     tail.len() > last.len() && tail.ends_with(last.as_str())
 }
 
-fn report_traces(pattern: &Path, since: SystemTime) {
-    for l in trace_report(pattern, since) {
+fn report_traces(pattern: &Path, since: SystemTime, before: &Before) {
+    for l in trace_report(pattern, since, before) {
         eprintln!("{l}");
     }
 }
@@ -737,12 +845,12 @@ fn report_traces(pattern: &Path, since: SystemTime) {
 /// The lines `vramshim run` prints after a traced run. Each is made safe for the terminal: the
 /// files matched in the pattern's directory may be named by anyone who can write there, and
 /// the summary quotes strings the trace carries.
-fn trace_report(pattern: &Path, since: SystemTime) -> Vec<String> {
+fn trace_report(pattern: &Path, since: SystemTime, before: &Before) -> Vec<String> {
     let show = |p: &Path| one_line(&p.display().to_string()).into_owned();
-    let files = find_traces(pattern, since);
+    let files = find_traces(pattern, since, before);
     if files.is_empty() {
         return vec![format!(
-            "vramshim: no trace was written at {}: the program never loaded the CUDA driver (libcuda.so.1), the library was not preloaded into it (a static or setuid program), or it was killed before it ended; --log info says what the library did",
+            "vramshim: no trace was written at {}: the program never loaded the CUDA driver (libcuda.so.1), the library was not preloaded into it (a static or setuid program), or it was killed before it ended, or the library refused the path (a symbolic link, a file that is not an earlier trace: its own line above says why); --log info says what the library did",
             show(pattern)
         )];
     }
@@ -783,7 +891,7 @@ mod tests {
         };
         vramshim_analyzer::synth::write(std::fs::File::create(&planted).unwrap(), &o).unwrap();
         let since = SystemTime::now() - std::time::Duration::from_secs(60);
-        let lines = trace_report(&dir.join("job-%p.vramtrace"), since);
+        let lines = trace_report(&dir.join("job-%p.vramtrace"), since, &Before::default());
         let text = lines.join("\n");
         assert!(
             lines.len() > 2,
@@ -795,7 +903,11 @@ mod tests {
         );
         assert!(text.contains("job-\\u{1b}]0;owned\\u{7}"), "{text}");
         // No trace at all: the pattern, as typed, is escaped too.
-        let none = trace_report(Path::new("/nonexistent-\u{1b}[2J/%p.t"), since);
+        let none = trace_report(
+            Path::new("/nonexistent-\u{1b}[2J/%p.t"),
+            since,
+            &Before::default(),
+        );
         assert!(
             !none[0].contains('\u{1b}') && none[0].contains("\\u{1b}[2J"),
             "{none:?}"

@@ -16,7 +16,7 @@ pub struct Args {
     #[arg(long)]
     pub json: bool,
     /// Entries in each "largest"/"top" list.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, value_parser = crate::cmd::numbers::count)]
     pub top: usize,
     /// Skip the stitch what-if in post-mortems (it replays the trace up to each failure).
     #[arg(long)]

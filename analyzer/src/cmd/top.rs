@@ -29,7 +29,7 @@ pub struct Args {
     #[arg(long)]
     pub json: bool,
     /// Seconds between refreshes on a terminal.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = crate::cmd::numbers::seconds)]
     pub interval: f64,
     /// Only look: do not give dead processes' shares back.
     #[arg(long)]

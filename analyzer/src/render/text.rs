@@ -495,7 +495,8 @@ pub fn comparison(c: &Comparison, out: &mut String) {
             bytes(r.bytes_allocated),
             bytes(r.peak_in_use),
             r.peak_reserved.map(bytes).unwrap_or_else(|| "-".into()),
-            r.refusals + r.ooms
+            // a cap refusal is also its allocation's out-of-memory result: counted once
+            r.refusals.max(r.ooms)
         );
     }
     let _ = writeln!(out, "  median peak in use {}", bytes(c.median_peak_in_use));

@@ -302,7 +302,7 @@ pub(crate) fn report(mut say: impl FnMut(std::fmt::Arguments<'_>)) {
 pub(crate) fn forms(name: &str) -> &'static str {
     match name {
         "VRAMSHIM_LOG" => "accepted: off, warn, info, debug",
-        "VRAMSHIM_POOL" => "accepted: stitch or off",
+        "VRAMSHIM_POOL" => "accepted: stitch, stitch-tight or off",
         "VRAMSHIM_TRACE" | "VRAMSHIM_STATS" => "accepted: a file path (%p: the pid)",
         "VRAMSHIM_STACKS" => "accepted: a number of frames from 0 to 64",
         "VRAMSHIM_TRACE_CLOCK" => {
@@ -310,6 +310,9 @@ pub(crate) fn forms(name: &str) -> &'static str {
         }
         "VRAMSHIM_TRACE_LOCKS" | "VRAMSHIM_TRACE_EXIT_FLUSH" | "VRAMSHIM_CAP_STRICT" => {
             "accepted: 0 or 1"
+        }
+        "VRAMSHIM_PY_STACKS" => {
+            "accepted: 1 (Python frames in call stacks) or 0 (native frames only)"
         }
         "VRAMSHIM_CAP_CONTEXT" => "accepted: include or exclude",
         "VRAMSHIM_REGISTRY" => "accepted: off, or an absolute path",

@@ -288,6 +288,7 @@ pub(crate) fn init() {
         ("VRAMSHIM_TRACE_CLOCK", &["monotonic"][..]),
         ("VRAMSHIM_TRACE_LOCKS", &["0", "1"][..]),
         ("VRAMSHIM_TRACE_EXIT_FLUSH", &["0", "1"][..]),
+        ("VRAMSHIM_PY_STACKS", &["0", "1"][..]),
     ] {
         if let Some(v) = config_var(name)
             && !v.trim().is_empty()

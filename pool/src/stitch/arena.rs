@@ -191,15 +191,14 @@ impl Stitch {
         // page of a run is stitched elsewhere only with its whole run (see `pages`), which
         // a pool near the device's limit cannot afford, so there it grows a handle per page
         // (as with the fault switch).
-        let per = if !self.grow_runs || self.faults.page_handles || !self.roomy(dev, create) {
-            1
+        let split = if self.shapes != Shapes::Pages {
+            self.handle_split(dev, create)
+        } else if !self.grow_runs || self.faults.page_handles || !self.roomy(dev, create) {
+            vec![1; create as usize]
         } else {
-            create
+            vec![create]
         };
-        let mut left = create;
-        while left > 0 {
-            let k = left.min(per);
-            left -= k;
+        for k in split.into_iter().filter(|&k| k > 0) {
             match self.grow_run(dev, k) {
                 Ok(run) => {
                     pages.extend_from_slice(&run);

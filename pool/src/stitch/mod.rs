@@ -137,6 +137,24 @@ struct Mapping {
     busy_sync_only: bool,
 }
 
+/// How the pool cuts new physical memory into handles (`Stitch::with_shapes`). CUDA maps a
+/// handle only whole, one `cuMemMap` per handle, so a new mapping over pages of one handle
+/// each costs a map per page; a handle of several pages costs one map, but is then mapped,
+/// and given back, only whole (see `pages`, "Runs").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Shapes {
+    /// One handle per page (the arena's runs aside, `Stitch::with_runs`).
+    #[default]
+    Pages,
+    /// The pages a large request grows the pool by (the arena's growth, or the fresh pages
+    /// of a new mapping) as one handle.
+    Request,
+    /// The same pages as handles of power-of-two pages, largest first (23 pages: 16, 4, 2
+    /// and 1): a later request of another length takes whole handles that add up to its
+    /// pages.
+    Pow2,
+}
+
 /// What the slow path found: a cached block (after a synchronization released it), or a
 /// new block's place `(mapping, offset)`.
 enum Slot {
@@ -295,6 +313,10 @@ pub struct Faults {
     /// of the request (not a
     /// safety fault: it proves the test that growth gives back no page it created can fail).
     pub remainder_page: bool,
+    /// With handles sized per request, a block whose new mapping starts in a handle's free
+    /// end starts one `ALIGN` lower, over the byte before that end (a block there then
+    /// overlaps the new one): proves the checks of that placement can fail.
+    pub run_end_over_live: bool,
 }
 
 impl Faults {
@@ -324,6 +346,9 @@ pub struct Stitch {
     runs: FxMap<Handle, Vec<u32>>,
     /// the arena grows by runs (see `with_runs`)
     grow_runs: bool,
+    /// new physical memory for a large request comes as handles sized by the request (see
+    /// `with_shapes`)
+    shapes: Shapes,
     /// partly or fully used pages of the small class
     small_pages: BTreeSet<u32>,
     /// free ranges of partly used pages, per page class: (len, page, start)
@@ -481,6 +506,7 @@ impl Stitch {
             bound_free: BTreeSet::new(),
             runs: FxMap::default(),
             grow_runs: false,
+            shapes: Shapes::Pages,
             small_pages: BTreeSet::new(),
             ranges: Default::default(),
             prefix: Default::default(),
@@ -570,6 +596,14 @@ impl Stitch {
     /// later passes (`examples/pool_slack.rs`, budget `0.05:2:runs`).
     pub fn with_runs(mut self, on: bool) -> Self {
         self.grow_runs = on;
+        self
+    }
+
+    /// How new physical memory is cut into handles (see `pages`, "Handles sized per
+    /// request"). Default `Shapes::Pages`: one handle per page (arena growth by runs aside,
+    /// `with_runs`).
+    pub fn with_shapes(mut self, shapes: Shapes) -> Self {
+        self.shapes = shapes;
         self
     }
 
@@ -893,7 +927,11 @@ impl Policy for Stitch {
     /// With layers on they keep only blocks under a page (`Stitch::aside_below`) and those of
     /// a run of one large size the layer replay has no period for (`Stitch::aside_run`).
     fn thread_caches(&self) -> bool {
-        self.tcaches && self.faults == Faults::default() && !self.grow_runs && !self.kept_on
+        self.tcaches
+            && self.faults == Faults::default()
+            && !self.grow_runs
+            && !self.kept_on
+            && self.shapes == Shapes::Pages
     }
 
     fn pinned_above_budget(&self) -> bool {
@@ -914,7 +952,7 @@ impl Policy for Stitch {
             self.layers_on,
             self.tcaches,
         );
-        let (grow, holds) = (self.grow_on, self.holds_on);
+        let (grow, holds, shapes) = (self.grow_on, self.holds_on, self.shapes);
         *self = Stitch::new()
             .with_headroom(headroom)
             .with_budget(budget)
@@ -923,6 +961,7 @@ impl Policy for Stitch {
             .with_layers(layers)
             .with_layer_holds(holds)
             .with_grow(grow)
+            .with_shapes(shapes)
             .with_thread_caches(tcaches);
         self.set_faults(faults);
         self.stats = Stats {

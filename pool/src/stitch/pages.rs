@@ -1,6 +1,11 @@
 //! Pages: the byte-range sub-allocator inside each physical page, the free-range indexes
 //! the placement searches, and creating and releasing the pages themselves.
 //!
+//! Handles sized per request (`Stitch::with_shapes`): the pages a large request grows the
+//! pool by come as one handle, or as handles of power-of-two pages, instead of one handle
+//! per page; they are runs as below, so a later new mapping takes them only whole (one map
+//! per handle) and they go back to the device only whole.
+//!
 //! Runs: the arena grows by a run of pages under one handle (one create and one map
 //! whatever its length, where a handle per page costs a create and a map per page). CUDA
 //! maps a handle only whole (`cuMemMap` takes no offset into it but 0) and releases it only
@@ -220,6 +225,26 @@ impl Stitch {
         held.saturating_add(create.saturating_mul(g)) <= could / RUN_ROOM
     }
 
+    /// The handles `create` new pages for a large request come as (pages each, in the order
+    /// they are created): one each under `Shapes::Pages`, else as `with_shapes` says while
+    /// the device has room (`roomy`: near its limit a run's pages, stitched only whole,
+    /// cost the smallest device, so there a handle per page).
+    pub(super) fn handle_split(&self, dev: &dyn Device, create: u64) -> Vec<u64> {
+        let per_page = vec![1; create as usize];
+        if create <= 1 || self.faults.page_handles || !self.roomy(dev, create) {
+            return per_page;
+        }
+        match self.shapes {
+            Shapes::Pages => per_page,
+            Shapes::Request => vec![create],
+            Shapes::Pow2 => (0..64)
+                .rev()
+                .map(|b| 1u64 << b)
+                .filter(|&k| create & k != 0)
+                .collect(),
+        }
+    }
+
     /// The pages of `p`'s handle, in order (`p` alone when it has a handle of its own).
     pub(super) fn run_of(&self, p: u32) -> Vec<u32> {
         let pg = self.page(p);
@@ -323,6 +348,13 @@ impl Stitch {
     #[doc(hidden)]
     pub fn partial_pages(&self) -> Vec<PageView> {
         self.page_views(false)
+    }
+
+    /// Free pages (no byte used) with a handle of their own, and free pages of runs
+    /// (diagnostics: what a new mapping may take one by one, and what only whole).
+    #[doc(hidden)]
+    pub fn free_page_counts(&self) -> (usize, usize) {
+        (self.free_pages.len(), self.bound_free.len())
     }
 
     /// Every page with a used byte, full ones included (diagnostics and tests).

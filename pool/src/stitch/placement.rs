@@ -72,6 +72,20 @@ impl Stitch {
     /// Best placement of `size` bytes with the pages held now, or None. `mix`: also use the
     /// other class's shared pages.
     pub(super) fn place(&self, size: u64, mix: bool, allow_new: bool) -> Option<Plan> {
+        if allow_new
+            && self.shapes != Shapes::Pages
+            && self.class_of(size) == LARGE
+            && !self.ends_first
+        {
+            // existing mappings first (no driver call)
+            if let Some(plan) = self.place_pages(size, mix, false) {
+                return Some(plan);
+            }
+            let take_free = |k: u64, not: &[u32]| self.take_free_pages(k, not);
+            if let Some(plan) = self.run_ends_plan(size, &take_free) {
+                return Some(plan);
+            }
+        }
         match self.place_pages(size, mix, allow_new)? {
             Plan::New { pages, off } => self.whole_runs(pages, off),
             plan => Some(plan),
@@ -207,20 +221,7 @@ impl Stitch {
         let r = size % g;
         // whole free pages: those with a handle of their own first, then runs with no byte
         // used, whole and in order (a run is mapped only whole), exactly `k` pages or None
-        let free_runs = self.free_runs();
-        let take_free = |k: u64| -> Option<Vec<u32>> {
-            let mut out: Vec<u32> = self.free_pages.iter().take(k as usize).copied().collect();
-            for run in &free_runs {
-                let need = k as usize - out.len();
-                if need == 0 {
-                    break;
-                }
-                if run.len() <= need {
-                    out.extend_from_slice(run);
-                }
-            }
-            (out.len() as u64 == k).then_some(out)
-        };
+        let take_free = |k: u64| self.take_free_pages(k, &[]);
         // Near the device's limit, a remainder of half a page or more from page ends (see
         // `ends`)
         if self.ends_first
@@ -333,6 +334,41 @@ impl Stitch {
             }
         }
         None
+    }
+
+    /// Exactly `k` whole free pages a new mapping may take: pages with a handle of their own
+    /// first, then runs with no byte used, whole and in order (a run is mapped only whole);
+    /// with handles sized per request, runs first, longest first. None if they do not add
+    /// up to `k`. `not`: runs (named by their first page) not to take.
+    pub(super) fn take_free_pages(&self, k: u64, not: &[u32]) -> Option<Vec<u32>> {
+        let mut free_runs = self.free_runs();
+        free_runs.retain(|r| !not.contains(&r[0]));
+        // handles sized per request: whole runs first, longest first, then pages of a
+        // handle of their own (fewest handles, so fewest maps)
+        if self.shapes != Shapes::Pages && !free_runs.is_empty() {
+            let mut out: Vec<u32> = Vec::new();
+            for run in &free_runs {
+                if out.len() + run.len() <= k as usize {
+                    out.extend_from_slice(run);
+                }
+            }
+            let need = k as usize - out.len();
+            if self.free_pages.len() >= need {
+                out.extend(self.free_pages.iter().take(need).copied());
+                return Some(out);
+            }
+        }
+        let mut out: Vec<u32> = self.free_pages.iter().take(k as usize).copied().collect();
+        for run in &free_runs {
+            let need = k as usize - out.len();
+            if need == 0 {
+                break;
+            }
+            if run.len() <= need {
+                out.extend_from_slice(run);
+            }
+        }
+        (out.len() as u64 == k).then_some(out)
     }
 
     /// Runs of which no page holds a byte, longest first (then by first page, so the order
@@ -664,4 +700,236 @@ impl Stitch {
         }
         None
     }
+}
+
+/// Exactly `k` whole free pages not of the runs named (by their first page), or None (see
+/// `take_free_pages`).
+pub(super) type TakeFree<'a> = dyn Fn(u64, &[u32]) -> Option<Vec<u32>> + 'a;
+
+/// A free end of a handle: its free bytes there and the handle's pages in order.
+type End = (u64, Vec<u32>);
+
+/// A plan of `run_ends_plan`: (head index + 1, tail index + 1, whole pages between them,
+/// free end bytes left outside the block).
+type Combo = (usize, usize, u64, u64);
+
+/// Handles sized per request: how many run ends the placement looks at.
+const RUN_ENDS: usize = 16;
+
+impl Stitch {
+    /// Free bytes at the end (`suffix`) or the start of run `run` (its pages in order),
+    /// across its pages: whole free pages and the free end of the first used one.
+    fn run_free_end(&self, run: &[u32], suffix: bool) -> u64 {
+        let g = self.gran;
+        let mut bytes = 0;
+        let order: Box<dyn Iterator<Item = &u32>> = if suffix {
+            Box::new(run.iter().rev())
+        } else {
+            Box::new(run.iter())
+        };
+        for &p in order {
+            if self.page(p).used == 0 {
+                bytes += g;
+                continue;
+            }
+            bytes += if suffix {
+                self.free_suffix(p)
+            } else {
+                self.free_prefix(p)
+            };
+            break;
+        }
+        bytes
+    }
+
+    /// Handles sized per request (`Shapes::Request` / `Pow2`): a new mapping of whole
+    /// handles whose block starts in the free end of a run or page (its head), goes on over
+    /// whole free pages and ends in the free start of another (its tail), the ends spanning
+    /// several pages of a run where they are free (a run with no byte used is all end). A
+    /// handle is mapped only whole: the head's and tail's other pages are mapped too,
+    /// outside the block, and keep the blocks they hold. Of the plans whose whole free pages
+    /// `take_free` gives, the one mapping the fewest handles (one map each), then leaving
+    /// the least of its ends' free bytes outside the block, then taking the fewest whole
+    /// pages. `need_only`: no plan is made; the fewest pages any plan lacks (what growth
+    /// creates), as `Plan::New { pages: [], off: that count }`.
+    pub(super) fn run_ends_plan(&self, size: u64, take_free: &TakeFree) -> Option<Plan> {
+        let g = self.gran;
+        let (heads, tails, combos) = self.run_ends(size);
+        let handles_of = |pages: &[u32]| {
+            let mut n = 0;
+            let mut i = 0;
+            while i < pages.len() {
+                i += self.page(pages[i]).run.max(1) as usize;
+                n += 1;
+            }
+            n
+        };
+        // (handles, free end bytes left, whole pages, pages, offset)
+        let mut best: Option<(usize, u64, u64, Vec<u32>, u64)> = None;
+        for (hi, ti, m, left) in combos {
+            // no end: the usual placement (`place_pages`), which packs the remainder tighter
+            if hi == 0 && ti == 0 {
+                continue;
+            }
+            let not = ends_of(&heads, &tails, hi, ti);
+            let Some(middle) = take_free(m, &not) else {
+                continue;
+            };
+            let mut pages: Vec<u32> = Vec::new();
+            let mut off = 0;
+            if hi > 0 {
+                let (sh, hp) = &heads[hi - 1];
+                pages.extend_from_slice(hp);
+                off = hp.len() as u64 * g - (*sh).min(size);
+                if self.faults.run_end_over_live && off >= ALIGN {
+                    off -= ALIGN;
+                }
+            }
+            pages.extend(middle);
+            if ti > 0 {
+                pages.extend_from_slice(&tails[ti - 1].1);
+            }
+            let n = handles_of(&pages);
+            if best.as_ref().is_none_or(|b| (n, left, m) < (b.0, b.1, b.2)) {
+                best = Some((n, left, m, pages, off));
+            }
+        }
+        let (_, _, _, pages, off) = best?;
+        Some(Plan::New { pages, off })
+    }
+
+    /// What growth creates for `size` bytes with handles sized per request (see
+    /// `run_ends_plan`): `(pages lacking, whole pages)` of the plan lacking the fewest (then
+    /// taking the fewest). A run of the whole pages alone always completes that plan.
+    pub(super) fn run_ends_need(
+        &self,
+        size: u64,
+        split: &dyn Fn(u64) -> Vec<u64>,
+    ) -> Option<(u64, u64)> {
+        let (heads, tails, combos) = self.run_ends(size);
+        let singles = self.free_pages.len() as u64;
+        let runs = self.free_runs();
+        combos
+            .iter()
+            .map(|&(hi, ti, m, _)| {
+                let not = ends_of(&heads, &tails, hi, ti);
+                let lens: Vec<u64> = runs
+                    .iter()
+                    .filter(|r| !not.contains(&r[0]))
+                    .map(|r| r.len() as u64)
+                    .collect();
+                // the fewest new pages with which `take_free_pages` gives the middle
+                let lack = (0..=m)
+                    .find(|&x| {
+                        let mut all = lens.clone();
+                        all.extend(split(x).into_iter().filter(|&k| k > 1));
+                        let new_singles = split(x).iter().filter(|&&k| k == 1).count() as u64;
+                        fills(m, &mut all, singles + new_singles)
+                    })
+                    .unwrap_or(m);
+                (lack, m)
+            })
+            .min()
+    }
+
+    /// The heads and tails `run_ends_plan` looks at and their combinations: (head index + 1,
+    /// tail index + 1, whole pages between them, free end bytes left outside the block).
+    fn run_ends(&self, size: u64) -> (Vec<End>, Vec<End>, Vec<Combo>) {
+        let g = self.gran;
+        // ends: (free bytes, the handle's pages in order)
+        let mut heads: Vec<End> = Vec::new();
+        let mut tails: Vec<End> = Vec::new();
+        for run in self.runs.values() {
+            if !run.iter().all(|&q| self.life_ok(q)) {
+                continue;
+            }
+            let s = self.run_free_end(run, true);
+            if s > 0 {
+                heads.push((s, run.clone()));
+            }
+            let p = self.run_free_end(run, false);
+            if p > 0 {
+                tails.push((p, run.clone()));
+            }
+        }
+        for &(len, p) in self.suffix[LARGE].iter().rev().take(RUN_ENDS) {
+            if self.page(p).run <= 1 && self.life_ok(p) {
+                heads.push((len, vec![p]));
+            }
+        }
+        for &(len, p) in self.prefix[LARGE].iter().rev().take(RUN_ENDS) {
+            if self.page(p).run <= 1 && self.life_ok(p) {
+                tails.push((len, vec![p]));
+            }
+        }
+        heads.sort_by(|a, b| b.0.cmp(&a.0).then(a.1[0].cmp(&b.1[0])));
+        tails.sort_by(|a, b| b.0.cmp(&a.0).then(a.1[0].cmp(&b.1[0])));
+        heads.truncate(RUN_ENDS);
+        tails.truncate(RUN_ENDS);
+        // combinations: (head index + 1, tail index + 1, whole pages, free end bytes left)
+        let mut combos: Vec<Combo> = Vec::new();
+        let no_end = (0u64, Vec::new());
+        for (hi, (sh, hp)) in std::iter::once(&no_end).chain(heads.iter()).enumerate() {
+            let used_h = (*sh).min(size);
+            let rest = size - used_h;
+            if rest == 0 {
+                combos.push((hi, 0, 0, sh - used_h));
+                continue;
+            }
+            // no tail: the last whole page is partly used
+            combos.push((hi, 0, rest.div_ceil(g), 0));
+            for (ti, (pt, tp)) in tails.iter().enumerate() {
+                if !hp.is_empty() && hp[0] == tp[0] {
+                    continue;
+                }
+                let m = rest.saturating_sub(*pt).div_ceil(g);
+                // the tail then holds the last `rest - m * g` bytes (more than none)
+                if rest <= m * g {
+                    continue;
+                }
+                combos.push((hi, ti + 1, m, pt - (rest - m * g)));
+            }
+        }
+        (heads, tails, combos)
+    }
+}
+
+/// The runs (named by their first page) a plan's ends take: not whole free pages of its
+/// middle.
+fn ends_of(heads: &[(u64, Vec<u32>)], tails: &[(u64, Vec<u32>)], hi: usize, ti: usize) -> Vec<u32> {
+    let mut not: Vec<u32> = Vec::new();
+    if hi > 0 {
+        not.push(heads[hi - 1].1[0]);
+    }
+    if ti > 0 {
+        not.push(tails[ti - 1].1[0]);
+    }
+    not
+}
+
+/// Whether `take_free_pages` (handles sized per request) makes exactly `k` whole pages out
+/// of free runs of lengths `runs` and `singles` pages with a handle of their own.
+fn fills(k: u64, runs: &mut [u64], singles: u64) -> bool {
+    // longest first, as `free_runs` orders them
+    runs.sort_unstable_by(|a, b| b.cmp(a));
+    let mut got = 0;
+    for &r in runs.iter() {
+        if got + r <= k {
+            got += r;
+        }
+    }
+    if singles >= k - got {
+        return true;
+    }
+    // the fallback: pages of their own first, then runs that fit
+    let mut got = singles.min(k);
+    for &r in runs.iter() {
+        if got == k {
+            break;
+        }
+        if r <= k - got {
+            got += r;
+        }
+    }
+    got == k
 }

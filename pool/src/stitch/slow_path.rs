@@ -39,11 +39,38 @@ impl Stitch {
         let nfree = self.free_pages.len() as u64;
         let mut created: Vec<u32> = Vec::new();
         let mut shortfall = want.saturating_sub(nfree).max(1);
-        for _attempt in 0..4 {
+        // handles sized per request: the pages the plan lacking the fewest lacks, then (if
+        // the free pages there do not add up to its middle) its whole middle as one run
+        let need =
+            if self.shapes != Shapes::Pages && self.class_of(size) == LARGE && !self.ends_first {
+                let d: &dyn Device = dev;
+                let split = |x: u64| self.handle_split(d, x);
+                self.run_ends_need(size, &split)
+            } else {
+                None
+            };
+        if let Some((lack, _)) = need {
+            shortfall = lack.max(1);
+        }
+        for attempt in 0..4 {
+            if attempt == 1
+                && let Some((lack, whole)) = need
+                && whole > lack
+            {
+                // pages created for the plan and not taken go back first
+                self.release_unused(dev, &created);
+                created.clear();
+                shortfall = whole;
+            }
             let mut refused = None;
-            for _ in 0..shortfall {
-                match self.grow(dev) {
-                    Ok(p) => created.push(p),
+            let split = if self.class_of(size) == LARGE {
+                self.handle_split(dev, shortfall)
+            } else {
+                vec![1; shortfall as usize]
+            };
+            for k in split {
+                match self.grow_run(dev, k) {
+                    Ok(run) => created.extend(run),
                     Err(e) => {
                         refused = Some(e);
                         break;
@@ -107,8 +134,14 @@ impl Stitch {
                 }
             }
         }
+        // with handles sized per request, `created` may hold runs (each whole and in order):
+        // a run is mapped only whole, so the mapping takes the rest of the one it ends in
+        let mut k = n;
+        while k < created.len() && self.page(created[k]).idx > 0 {
+            k += 1;
+        }
         let plan = Plan::New {
-            pages: created[..n].to_vec(),
+            pages: created[..k].to_vec(),
             off: 0,
         };
         let r = self.try_commit(dev, plan, size, t);
