@@ -543,7 +543,7 @@ fn the_library_never_synchronizes_while_any_capture_is_under_way() {
 /// synchronization by the pool, the capture ends with a graph. Under a cap that leaves no
 /// room for the new pages (100 MiB: 64 MiB freed, the anchor's page, no context charged) the
 /// request is refused, out of memory (2), the capture still valid; after the capture the same
-/// request succeeds. Before the pool grew apart for it, it was refused (2) on a 1 GiB device.
+/// request succeeds.
 #[test]
 fn a_request_that_needs_a_synchronization_grows_beside_a_capture() {
     let exe = workload("capture_sync");
