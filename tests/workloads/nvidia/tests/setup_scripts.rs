@@ -164,6 +164,41 @@ fn pip_records_catch_a_missing_or_changed_file_and_a_missing_pin() {
     assert!(err.contains("no package records"), "{err}");
 }
 
+/// `python3`'s cache tag (a setup script's marker names it) and its interpreter's path.
+fn python3() -> (String, String) {
+    let o = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import sys; print(sys.implementation.cache_tag); print(sys.executable)",
+        ])
+        .output()
+        .unwrap();
+    let py = String::from_utf8(o.stdout).unwrap();
+    let (tag, exe) = py.trim().split_once('\n').unwrap();
+    (tag.to_string(), exe.to_string())
+}
+
+/// `scripts/<script> --check` with its directory variable `var` set to `dir` and `PYTHON` to
+/// `python`: (exit code, stdout trimmed, stderr).
+fn check_cache(
+    script: &str,
+    var: &str,
+    dir: &std::path::Path,
+    python: &str,
+) -> (Option<i32>, String, String) {
+    let o = std::process::Command::new(repo_root().join("scripts").join(script))
+        .arg("--check")
+        .env(var, dir)
+        .env("PYTHON", python)
+        .output()
+        .unwrap();
+    (
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout).trim().to_string(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
 /// `scripts/setup-duckdb --check` on a cache whose marker is right: trusted while the files are
 /// there and the module works, reported damaged (exit 1, the cache left as it is) once a file
 /// is gone or the module no longer imports. Runs on a stand-in for DuckDB (a module with the
@@ -171,15 +206,8 @@ fn pip_records_catch_a_missing_or_changed_file_and_a_missing_pin() {
 #[test]
 fn a_damaged_cache_is_not_trusted_by_its_marker() {
     let dir = vramshim_testkit::temp_dir("setup-damaged");
-    let py = std::process::Command::new("python3")
-        .args([
-            "-c",
-            "import sys; print(sys.implementation.cache_tag); print(sys.executable)",
-        ])
-        .output()
-        .unwrap();
-    let py = String::from_utf8(py.stdout).unwrap();
-    let (tag, exe) = py.trim().split_once('\n').unwrap();
+    let (tag, exe) = python3();
+    let (tag, exe) = (tag.as_str(), exe.as_str());
     let module = "class _R:\n    def fetchall(self):\n        return [(42,)]\n\n\
                   def sql(q):\n    return _R()\n";
     std::fs::create_dir_all(dir.join("duckdb")).unwrap();
@@ -196,19 +224,7 @@ fn a_damaged_cache_is_not_trusted_by_its_marker() {
         format!("{tag} duckdb==2.0.0\n"),
     )
     .unwrap();
-    let check = || {
-        let o = std::process::Command::new(repo_root().join("scripts/setup-duckdb"))
-            .arg("--check")
-            .env("VRAMSHIM_DUCKDB_DIR", &dir)
-            .env("PYTHON", exe)
-            .output()
-            .unwrap();
-        (
-            o.status.code(),
-            String::from_utf8_lossy(&o.stdout).trim().to_string(),
-            String::from_utf8_lossy(&o.stderr).into_owned(),
-        )
-    };
+    let check = || check_cache("setup-duckdb", "VRAMSHIM_DUCKDB_DIR", &dir, exe);
     let (code, out, err) = check();
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(out, dir.to_str().unwrap());
@@ -263,15 +279,8 @@ fn script_pins(script: &str, array: &str) -> Vec<String> {
 /// another package's).
 #[test]
 fn every_pip_tree_script_checks_its_cache_behind_its_marker() {
-    let py = std::process::Command::new("python3")
-        .args([
-            "-c",
-            "import sys; print(sys.implementation.cache_tag); print(sys.executable)",
-        ])
-        .output()
-        .unwrap();
-    let py = String::from_utf8(py.stdout).unwrap();
-    let (tag, exe) = py.trim().split_once('\n').unwrap();
+    let (tag, exe) = python3();
+    let (tag, exe) = (tag.as_str(), exe.as_str());
     // (script, its directory's variable, its marker, the stand-in modules its check imports)
     type Script = (
         &'static str,
@@ -337,19 +346,7 @@ fn every_pip_tree_script_checks_its_cache_behind_its_marker() {
         }
         std::fs::write(dir.join("python"), format!("{exe}\n")).unwrap();
         std::fs::write(dir.join(marker), format!("{tag} {}\n", pins.join(" "))).unwrap();
-        let check = || {
-            let o = std::process::Command::new(repo_root().join("scripts").join(script))
-                .arg("--check")
-                .env(var, &dir)
-                .env("PYTHON", exe)
-                .output()
-                .unwrap();
-            (
-                o.status.code(),
-                String::from_utf8_lossy(&o.stdout).trim().to_string(),
-                String::from_utf8_lossy(&o.stderr).into_owned(),
-            )
-        };
+        let check = || check_cache(script, var, &dir, exe);
         let (code, out, err) = check();
         assert_eq!(code, Some(0), "{script}: {err}");
         assert_eq!(out, dir.to_str().unwrap(), "{script}");
