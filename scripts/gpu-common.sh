@@ -22,8 +22,8 @@ gpu_name() {
 
 # gpu_options HELP_LINES "$@": the options of a script whose checks print VERIFIED / FAILED /
 # SKIPPED: --out DIR (sets out), --sim where gpu_sim_allowed=1 (sets sim to (--sim)), -h/--help
-# (prints lines HELP_LINES of the script, "2,18", its header without the '# '); anything else
-# is refused with exit 2.
+# (prints lines HELP_LINES of the script, "2,18", its header without the '# '); anything else,
+# and --out without its directory, is refused with one line and exit 2.
 out=""
 # shellcheck disable=SC2034 # read by gpu-torch-events.sh
 sim=()
@@ -32,16 +32,16 @@ gpu_options() {
   shift
   while [ $# -gt 0 ]; do
     case "$1" in
-      --out) out="$2"; shift 2 ;;
-      --sim) [ "${gpu_sim_allowed:-0}" = 1 ] || gpu_unknown_argument "$1"; sim=(--sim); shift ;;
+      --out) [ $# -ge 2 ] || gpu_bad_argument "--out needs a directory"; out="$2"; shift 2 ;;
+      --sim) [ "${gpu_sim_allowed:-0}" = 1 ] || gpu_bad_argument "unknown argument $1"; sim=(--sim); shift ;;
       -h|--help) sed -n "${help}p" "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-      *) gpu_unknown_argument "$1" ;;
+      *) gpu_bad_argument "unknown argument $1" ;;
     esac
   done
 }
 
-gpu_unknown_argument() {
-  echo "$gpu_script: unknown argument $1" >&2
+gpu_bad_argument() {
+  echo "$gpu_script: $1" >&2
   exit 2
 }
 

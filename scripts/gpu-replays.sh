@@ -12,14 +12,14 @@ set -uo pipefail
 # shellcheck source=scripts/gpu-common.sh
 source "$(dirname "$0")/gpu-common.sh"
 repo="$gpu_repo"
-out="$(mktemp -d -t vramshim-gpu-replays.XXXXXX)"
-[ "${1:-}" = "--out" ] && { out="$2"; mkdir -p "$out"; }
+gpu_options 2,10 "$@"
 vs="${VRAMSHIM:-$repo/target/release/vramshim}"
 T="$repo/tests/workloads/traces"
 traces="$T/bert_serve.rmm.csv $T/vit_train.rmm.csv $T/t5_train.rmm.csv $T/gpu/gpt2_train.rmm.csv $T/gpu/mlp_train.rmm.csv $T/gpu/vit_train.rmm.csv"
 if ! gpu_present; then
     echo "gpu-replays: no NVIDIA GPU here (nvidia-smi -L failed)"; exit 0
 fi
+gpu_out_dir vramshim-gpu-replays
 echo "GPU: $(gpu_name); $(python3 -c 'import torch; print("torch", torch.__version__)' 2>/dev/null)"
 mib() { sed -n "s/.*$1 *\([0-9.]*\) MiB.*/\1/p" | head -1; }
 rows=()

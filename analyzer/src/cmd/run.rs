@@ -241,7 +241,6 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
     Ok(ExitCode::from(shell_status(status)))
 }
 
-/// `VRAMSHIM_POOL` from `--pool` and `--pool-budget` (a budget implies the pool).
 /// The simulated device's size from `--sim=SIZE`: a size as `--cap` reads one, not 0.
 fn sim_size(size: &str) -> Result<u64, String> {
     match vramshim_analyzer::units::parse_size(size) {
@@ -255,6 +254,7 @@ fn sim_size(size: &str) -> Result<u64, String> {
     }
 }
 
+/// `VRAMSHIM_POOL` from `--pool` and `--pool-budget` (a budget implies the pool).
 fn pool_setting(args: &Args) -> Result<Option<String>, String> {
     match (&args.pool, &args.pool_budget) {
         (Some(p), Some(_)) if p == "off" => Err(

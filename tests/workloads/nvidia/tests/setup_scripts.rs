@@ -164,6 +164,41 @@ fn pip_records_catch_a_missing_or_changed_file_and_a_missing_pin() {
     assert!(err.contains("no package records"), "{err}");
 }
 
+/// `python3`'s cache tag (a setup script's marker names it) and its interpreter's path.
+fn python3() -> (String, String) {
+    let o = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import sys; print(sys.implementation.cache_tag); print(sys.executable)",
+        ])
+        .output()
+        .unwrap();
+    let py = String::from_utf8(o.stdout).unwrap();
+    let (tag, exe) = py.trim().split_once('\n').unwrap();
+    (tag.to_string(), exe.to_string())
+}
+
+/// `scripts/<script> --check` with its directory variable `var` set to `dir` and `PYTHON` to
+/// `python`: (exit code, stdout trimmed, stderr).
+fn check_cache(
+    script: &str,
+    var: &str,
+    dir: &std::path::Path,
+    python: &str,
+) -> (Option<i32>, String, String) {
+    let o = std::process::Command::new(repo_root().join("scripts").join(script))
+        .arg("--check")
+        .env(var, dir)
+        .env("PYTHON", python)
+        .output()
+        .unwrap();
+    (
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout).trim().to_string(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
 /// `scripts/setup-duckdb --check` on a cache whose marker is right: trusted while the files are
 /// there and the module works, reported damaged (exit 1, the cache left as it is) once a file
 /// is gone or the module no longer imports. Runs on a stand-in for DuckDB (a module with the
@@ -171,15 +206,8 @@ fn pip_records_catch_a_missing_or_changed_file_and_a_missing_pin() {
 #[test]
 fn a_damaged_cache_is_not_trusted_by_its_marker() {
     let dir = vramshim_testkit::temp_dir("setup-damaged");
-    let py = std::process::Command::new("python3")
-        .args([
-            "-c",
-            "import sys; print(sys.implementation.cache_tag); print(sys.executable)",
-        ])
-        .output()
-        .unwrap();
-    let py = String::from_utf8(py.stdout).unwrap();
-    let (tag, exe) = py.trim().split_once('\n').unwrap();
+    let (tag, exe) = python3();
+    let (tag, exe) = (tag.as_str(), exe.as_str());
     let module = "class _R:\n    def fetchall(self):\n        return [(42,)]\n\n\
                   def sql(q):\n    return _R()\n";
     std::fs::create_dir_all(dir.join("duckdb")).unwrap();
@@ -196,19 +224,7 @@ fn a_damaged_cache_is_not_trusted_by_its_marker() {
         format!("{tag} duckdb==2.0.0\n"),
     )
     .unwrap();
-    let check = || {
-        let o = std::process::Command::new(repo_root().join("scripts/setup-duckdb"))
-            .arg("--check")
-            .env("VRAMSHIM_DUCKDB_DIR", &dir)
-            .env("PYTHON", exe)
-            .output()
-            .unwrap();
-        (
-            o.status.code(),
-            String::from_utf8_lossy(&o.stdout).trim().to_string(),
-            String::from_utf8_lossy(&o.stderr).into_owned(),
-        )
-    };
+    let check = || check_cache("setup-duckdb", "VRAMSHIM_DUCKDB_DIR", &dir, exe);
     let (code, out, err) = check();
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(out, dir.to_str().unwrap());
@@ -232,4 +248,136 @@ fn a_damaged_cache_is_not_trusted_by_its_marker() {
     );
     // --check leaves the damaged cache as it found it.
     assert!(dir.join(".vramshim-duckdb").exists() && dir.join("python").exists());
+}
+
+/// The pins of `scripts/<script>`'s bash array `array`, as the script itself reads them.
+fn script_pins(script: &str, array: &str) -> Vec<String> {
+    let path = repo_root().join("scripts").join(script);
+    let o = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "source <(sed -n '/^{array}=(/,/)/p' \"$0\"); printf '%s\\n' \"${{{array}[@]}}\""
+        ))
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let pins: Vec<String> = String::from_utf8(o.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert!(!pins.is_empty(), "{script} has no {array}");
+    pins
+}
+
+/// Every setup script that leaves a `pip install --target` tree beside the interpreter it was
+/// installed for checks the tree behind its marker, not only `setup-duckdb`: each is given a
+/// tree whose marker is right, with a record for each of its pins and stand-ins for the modules
+/// its check imports; `--check` trusts it, then reports it damaged (exit 1, the cache left as
+/// it is) once a recorded file is gone, and once a pin has no record (its dist-info renamed to
+/// another package's).
+#[test]
+fn every_pip_tree_script_checks_its_cache_behind_its_marker() {
+    let (tag, exe) = python3();
+    let (tag, exe) = (tag.as_str(), exe.as_str());
+    // (script, its directory's variable, its marker, the stand-in modules its check imports)
+    type Script = (
+        &'static str,
+        &'static str,
+        &'static str,
+        &'static [(&'static str, &'static str)],
+    );
+    let scripts: [Script; 4] = [
+        (
+            "setup-cupy",
+            "VRAMSHIM_CUPY_DIR",
+            ".vramshim-cupy",
+            &[("cupy/__init__.py", ""), ("numpy/__init__.py", "")],
+        ),
+        (
+            "setup-rmm",
+            "VRAMSHIM_RMM_DIR",
+            ".vramshim-rmm",
+            &[
+                ("rmm/__init__.py", ""),
+                ("cuda/bindings/driver.py", ""),
+                ("cuda/bindings/runtime.py", ""),
+            ],
+        ),
+        (
+            "setup-jax",
+            "VRAMSHIM_JAX_DIR",
+            ".vramshim-jax",
+            &[
+                ("jax/__init__.py", ""),
+                ("jax_plugins/xla_cuda12/__init__.py", ""),
+            ],
+        ),
+        (
+            "setup-duckdb",
+            "VRAMSHIM_DUCKDB_DIR",
+            ".vramshim-duckdb",
+            &[(
+                "duckdb/__init__.py",
+                "class _R:\n    def fetchall(self):\n        return [(42,)]\n\n\
+                 def sql(q):\n    return _R()\n",
+            )],
+        ),
+    ];
+    for (script, var, marker, modules) in scripts {
+        let pins = script_pins(script, "PACKAGES");
+        let dir = vramshim_testkit::temp_dir(script);
+        let mut record = String::new();
+        for (file, text) in modules {
+            let path = dir.join(file);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, text).unwrap();
+            record += &format!("{file},sha256=AAAA,{}\n", text.len());
+        }
+        let info = |pin: &str| {
+            let (name, version) = pin.split_once("==").unwrap();
+            dir.join(format!("{}-{version}.dist-info", name.replace('-', "_")))
+        };
+        for (i, pin) in pins.iter().enumerate() {
+            std::fs::create_dir_all(info(pin)).unwrap();
+            let own = if i == 0 { record.as_str() } else { "" };
+            std::fs::write(info(pin).join("RECORD"), own).unwrap();
+        }
+        std::fs::write(dir.join("python"), format!("{exe}\n")).unwrap();
+        std::fs::write(dir.join(marker), format!("{tag} {}\n", pins.join(" "))).unwrap();
+        let check = || check_cache(script, var, &dir, exe);
+        let (code, out, err) = check();
+        assert_eq!(code, Some(0), "{script}: {err}");
+        assert_eq!(out, dir.to_str().unwrap(), "{script}");
+
+        let (file, _) = modules[modules.len() - 1];
+        std::fs::rename(dir.join(file), dir.join("moved")).unwrap();
+        let (code, out, err) = check();
+        assert_eq!((code, out.as_str()), (Some(1), ""), "{script}: {err}");
+        assert!(
+            err.contains(&format!(
+                "{script}: the installation in {} is damaged: {}/{file} is missing",
+                dir.display(),
+                dir.display()
+            )),
+            "{script}: {err}"
+        );
+        std::fs::rename(dir.join("moved"), dir.join(file)).unwrap();
+        assert_eq!(check().0, Some(0), "{script}: restored");
+
+        let last = &pins[pins.len() - 1];
+        std::fs::rename(info(last), dir.join("other-1.0.dist-info")).unwrap();
+        let (code, _, err) = check();
+        assert_eq!(code, Some(1), "{script}: {err}");
+        let name = last.split_once("==").unwrap().0;
+        assert!(
+            err.contains(&format!("is damaged: {name} has no record in")),
+            "{script}: {err}"
+        );
+        assert!(
+            dir.join(marker).exists() && dir.join("python").exists(),
+            "{script}"
+        );
+    }
 }
