@@ -13,7 +13,9 @@
 #     the library, run the interpreter).
 # A cached installation that fails either is installed again from scratch, into a new
 # directory that replaces it (never on top of the damaged one), and that one must pass the
-# same checks, or the script stops with one line saying why.
+# same checks, or the script stops with one line saying why (setup-cpython314 checks its new
+# tree once it is in place, since its paths are patched for that place, and removes it if the
+# check fails).
 
 setup_name=${0##*/}
 
@@ -106,12 +108,13 @@ setup_new_works() {
     return 1
 }
 
-# setup_apt_tool COMMAND PACKAGE: COMMAND --version runs, else Debian's PACKAGE is installed
-# (again, if it was: a damaged one is reinstalled), after an apt-get update when the first try
-# fails; if COMMAND --version still fails, stops with one line.
+# setup_apt_tool COMMAND PACKAGE: COMMAND --version runs (within two minutes: a tool that
+# hangs is as broken as one that fails), else Debian's PACKAGE is installed (again, if it was: a
+# damaged one is reinstalled), after an apt-get update when the first try fails; if COMMAND
+# --version still fails, stops with one line.
 setup_apt_tool() {
     local cmd=$1 pkg=$2 why sudo=()
-    why=$(setup_run_check "$cmd" --version) && return 0
+    why=$(setup_run_check timeout 120 "$cmd" --version) && return 0
     [[ $(id -u) == 0 ]] || sudo=(sudo)
     if command -v "$cmd" >/dev/null; then
         echo "$setup_name: $cmd --version fails ($why): reinstalling $pkg" >&2
@@ -119,6 +122,6 @@ setup_apt_tool() {
     "${sudo[@]}" apt-get install -y --reinstall --no-install-recommends "$pkg" ||
         { "${sudo[@]}" apt-get update && "${sudo[@]}" apt-get install -y --reinstall --no-install-recommends "$pkg"; } ||
         { echo "$setup_name: apt-get could not install $pkg" >&2; exit 1; }
-    why=$(setup_run_check "$cmd" --version) ||
+    why=$(setup_run_check timeout 120 "$cmd" --version) ||
         { echo "$setup_name: $cmd --version fails after installing $pkg: $why" >&2; exit 1; }
 }
