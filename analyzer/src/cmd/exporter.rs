@@ -193,7 +193,7 @@ fn serve(
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
     // One deadline for the whole request, not per read: a client trickling a byte at a time
-    // would otherwise hold the one connection the server serves for hours.
+    // would otherwise hold its connection, and its thread, for hours.
     let deadline = std::time::Instant::now() + IO_TIMEOUT;
     while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
         let left = deadline.saturating_duration_since(std::time::Instant::now());

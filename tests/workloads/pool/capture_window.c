@@ -50,11 +50,11 @@
  * returned it lets the library go on (if it stopped), and B ends its capture; then the main
  * thread frees the worker's allocation.
  * Output: one line "capture_window: worker=RC begun_first=0|1 waited=0|1 end=RC" (worker: the
- * 64 MiB request's result; begun_first: B's begin returned while the worker's call was
- * stopped, before the library stopped it to wait; waited ("short", "failed"): the library
- * stopped B's begin, made after the request returned, to wait for a section; end: B's end-capture result, 0 when the capture
- * stayed valid, 901 when the pool's call invalidated it). Exit 1 if the capture ended
- * invalid, else 2 on any other failure.
+ * worker's last request's result; begun_first: B's begin returned while the worker's call
+ * was stopped, before the library stopped it to wait; waited ("short", "failed"): the
+ * library stopped B's begin, made after the request returned, to wait for a section; end:
+ * B's end-capture result, 0 when the capture stayed valid, 901 when the pool's call
+ * invalidated it). Exit 1 if the capture ended invalid, else 2 on any other failure.
  */
 #include <pthread.h>
 #include <string.h>

@@ -79,21 +79,6 @@
 
 #ifndef PROG
 #error "define PROG, the program's name, before including pool_workload.h"
-static inline int capture_race_after_return(capture_race *r, cudaStream_t s, void *(*worker)(void *)) {
-    pthread_t w;
-    if (pthread_create(&w, NULL, worker, NULL) != 0) exit(2);
-    capture_race_expect(r, EV_DONE, "the worker's request");
-    pthread_join(w, NULL);
-    capture_race_start(r, s);
-    int first = capture_race_next(r);
-    if (first == EV_PAUSED) {
-        capture_race_resume(r);
-        capture_race_expect(r, EV_BEGUN, "B's begin");
-    }
-    capture_race_finish(r);
-    return first == EV_PAUSED;
-}
-
 #endif
 
 #define CHECK(x)                                                                           \
