@@ -247,3 +247,42 @@ fn trace_strings_stay_strings_in_the_json_outputs() {
         }
     }
 }
+
+/// No command lets the trace's escape sequence or override reach the terminal raw, on stdout
+/// or stderr, whatever it prints.
+#[test]
+fn trace_strings_reach_no_terminal_raw() {
+    let d = scratch("hostile-strings-terminal");
+    write(&d.join("a.vramtrace"));
+    write(&d.join("b.vramtrace"));
+    let mut runs: Vec<Vec<&str>> = vec![
+        vec!["summary", "a.vramtrace"],
+        vec!["summary", "--each", "a.vramtrace", "b.vramtrace"],
+        vec!["summary", "--json", "a.vramtrace", "b.vramtrace"],
+        vec!["diff", "a.vramtrace", "b.vramtrace"],
+        vec!["replay", "a.vramtrace", "--min-capacity"],
+        vec!["report", "a.vramtrace", "b.vramtrace", "-o", "r.html"],
+        vec!["import", "a.vramtrace", "-o", "c.vramtrace"],
+    ];
+    for f in [
+        "perfetto",
+        "chrome-json",
+        "memory-viz",
+        "rmm-csv",
+        "parquet",
+    ] {
+        runs.push(vec!["export", "a.vramtrace", "--format", f, "-o", f]);
+    }
+    for args in &runs {
+        let out = run_in(&d, args);
+        for (what, text) in [("stdout", &out.stdout), ("stderr", &out.stderr)] {
+            let text = String::from_utf8_lossy(text);
+            for c in ['\u{1b}', '\u{202e}'] {
+                assert!(
+                    !text.contains(c),
+                    "vramshim {args:?} printed {c:?} on its {what}:\n{text}"
+                );
+            }
+        }
+    }
+}
