@@ -286,3 +286,56 @@ fn trace_strings_reach_no_terminal_raw() {
         }
     }
 }
+
+/// `replay --live` (raw CUDA calls, and through PyTorch) names its trace on the terminal: a
+/// name another user chose, with an escape sequence and a line break before a forged line,
+/// is shown escaped.
+#[test]
+fn live_replays_show_the_trace_name_escaped() {
+    built_library();
+    let d = scratch("hostile-strings-live");
+    let name = "t\u{1b}[31m\nFORGED.vramtrace";
+    synth(&d, name, &["--events", "2000"]);
+    for args in [
+        vec![
+            "replay",
+            name,
+            "--live",
+            "--sim",
+            "--pool",
+            "stitch",
+            "--device-memory",
+            "16G",
+        ],
+        // (no PyTorch needed: the names are shown before Python starts, and /bin/false ends it)
+        vec![
+            "replay",
+            name,
+            "--live",
+            "--sim",
+            "--through",
+            "pytorch",
+            "--python",
+            "/bin/false",
+        ],
+    ] {
+        let out = run_in(&d, &args);
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        let both = format!("{stdout}{stderr}");
+        assert!(
+            !both.contains('\u{1b}'),
+            "vramshim {args:?} printed ESC:\n{both}"
+        );
+        assert!(
+            !both.lines().any(|l| l.starts_with("FORGED")),
+            "vramshim {args:?} let the name forge a line:\n{both}"
+        );
+        assert!(
+            both.contains("t\\u{1b}[31m\\nFORGED.vramtrace"),
+            "vramshim {args:?} does not name the trace:\n{both}"
+        );
+    }
+}
