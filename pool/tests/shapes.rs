@@ -116,3 +116,65 @@ fn checker_catches_a_block_below_a_handles_free_end_on_bert() {
         &with.violations[..with.violations.len().min(1)]
     );
 }
+
+/// The diagnostics `pool_handles` prints (`Stitch::handle_views`) add up to what the pool
+/// holds: every page in exactly one handle, every byte of it live, pending, cached or free,
+/// and at least the live bytes the pool counts lie in live blocks.
+#[test]
+fn the_handle_views_add_up_to_the_pool() {
+    use vramshim_pool::replay::Event;
+    use vramshim_pool::{AccountingDevice, Device, Policy, Request};
+    let (_, ev) = traces()
+        .into_iter()
+        .find(|(n, _)| n.contains("bert_serve"))
+        .expect("bert_serve");
+    for frees in Frees::BOTH {
+        let mut dev = AccountingDevice::new(80 << 30);
+        let g = dev.granularity();
+        let mut p = Stitch::tight().with_shapes(Shapes::Request);
+        let mut ids = std::collections::HashMap::new();
+        let mut looked = 0;
+        for (i, e) in frees.apply(&ev).into_iter().enumerate() {
+            match e {
+                Event::Alloc { id, size, stream } => {
+                    let a = p.alloc(&mut dev, Request { size, stream }).expect("alloc");
+                    ids.insert(id, a.addr);
+                }
+                Event::Free { id, mode } => {
+                    if let Some(a) = ids.remove(&id) {
+                        p.free(&mut dev, a, mode).expect("free");
+                    }
+                }
+                Event::ProcessSync => vramshim_pool::replay::process_sync(&mut p, &mut dev),
+                Event::StreamRetired { stream } => {
+                    vramshim_pool::replay::retire_stream(&mut p, &mut dev, stream)
+                }
+            }
+            if i % 97 != 0 {
+                continue;
+            }
+            looked += 1;
+            let hs = p.handle_views();
+            let pages: u64 = hs.iter().map(|h| h.pages as u64).sum();
+            assert_eq!(pages, p.pages(), "{}: event {i}: pages", frees.name());
+            for h in &hs {
+                assert_eq!(
+                    h.live + h.pending + h.cached + h.free,
+                    h.pages as u64 * g,
+                    "{}: event {i}: handle at page {}: {h:?}",
+                    frees.name(),
+                    h.page
+                );
+                assert!(h.free_pages <= h.pages);
+            }
+            let live: u64 = hs.iter().map(|h| h.live).sum();
+            assert!(
+                live >= p.stats().live,
+                "{}: event {i}: live {live} < {}",
+                frees.name(),
+                p.stats().live
+            );
+        }
+        assert!(looked > 10);
+    }
+}

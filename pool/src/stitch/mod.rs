@@ -45,7 +45,7 @@ pub use budget::Budget;
 #[doc(hidden)]
 pub use layers::LayerPlace;
 #[doc(hidden)]
-pub use pages::PageView;
+pub use pages::{HandleView, PageView};
 
 mod arena;
 mod aside;

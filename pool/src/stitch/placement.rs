@@ -631,6 +631,50 @@ impl Stitch {
         best.map(|(_, _, m, off, v)| (m, off, v))
     }
 
+    /// Diagnostics (`examples/pool_handles.rs`): of the mappings held that span at least the
+    /// pages of `size`, how many there are, how many have a window of `size` bytes that no
+    /// live or pending block touches (carved once cached blocks are dissolved), and how many
+    /// one that no block at all touches.
+    #[doc(hidden)]
+    pub fn carve_view(&self, size: u64) -> (usize, usize, usize) {
+        let g = self.gran;
+        let n_min = size.div_ceil(g) as usize;
+        let (mut long, mut pinned_free, mut all_free) = (0, 0, 0);
+        for mp in self.maps.iter().flatten() {
+            if mp.pages.len() < n_min {
+                continue;
+            }
+            long += 1;
+            let fits = |cached_blocks: bool| {
+                let mut prev_end = 0u64;
+                for (i, &p) in mp.pages.iter().enumerate() {
+                    let base = i as u64 * g;
+                    for (&s, &(e, a)) in &self.page(p).occ {
+                        let blocks = self
+                            .blocks
+                            .get(a)
+                            .is_some_and(|b| cached_blocks || b.state != BState::Cached);
+                        if !blocks {
+                            continue;
+                        }
+                        if base + s >= prev_end + size {
+                            return true;
+                        }
+                        prev_end = prev_end.max(base + e);
+                    }
+                }
+                mp.pages.len() as u64 * g >= prev_end + size
+            };
+            if fits(false) {
+                pinned_free += 1;
+            }
+            if fits(true) {
+                all_free += 1;
+            }
+        }
+        (long, pinned_free, all_free)
+    }
+
     /// Cached blocks overlapping `[off, off + size)` of mapping `m`, and their bytes.
     fn victims_at(&self, m: u32, off: u64, size: u64) -> (u64, Vec<u64>) {
         let mut victims = Vec::new();
