@@ -4,9 +4,10 @@
 //! its held bytes against its budget, and the fewest handles a new mapping over what is free
 //! (or cached, or pending) could map; then what the allocation made.
 //!
-//! `cargo run --release -p vramshim-pool --example pool_handles -- TRACE.csv [sync|async] [FROM] [LAYERS] [pages|request|pow2] [nolayers]`
+//! `cargo run --release -p vramshim-pool --example pool_handles -- TRACE.csv [sync|async] [FROM] [LAYERS] [pages|request|pow2] [nolayers] [guard]`
 //! (`FROM`: default the second half; `LAYERS`: how many allocations of each new size are
-//! listed, default 4; handles sized per request by default). Every free reaches the pool (no
+//! listed, default 4; handles sized per request by default; `guard`: the shape guard,
+//! `Stitch::with_shape_guard`). Every free reaches the pool (no
 //! thread caches), as in `pool_calls`.
 //!
 //! Columns: `held/budget` pages; `handles` (of which whole free: no byte used); `free`,
@@ -106,10 +107,16 @@ fn main() {
         Shapes::Request
     };
     let layers = !args.iter().any(|a| a == "nolayers");
-    args.retain(|a| !matches!(a.as_str(), "pages" | "request" | "pow2" | "nolayers"));
+    let guard = args.iter().any(|a| a == "guard");
+    args.retain(|a| {
+        !matches!(
+            a.as_str(),
+            "pages" | "request" | "pow2" | "nolayers" | "guard"
+        )
+    });
     let Some(path) = args.first() else {
         eprintln!(
-            "usage: pool_handles TRACE.csv [sync|async] [FROM] [LAYERS] [pages|request|pow2] [nolayers]"
+            "usage: pool_handles TRACE.csv [sync|async] [FROM] [LAYERS] [pages|request|pow2] [nolayers] [guard]"
         );
         std::process::exit(2);
     };
@@ -131,7 +138,10 @@ fn main() {
     let mut dev = AccountingDevice::new(80 << 30);
     dev.set_checking(true);
     let g = dev.granularity();
-    let mut p = Stitch::tight().with_layers(layers).with_shapes(shapes);
+    let mut p = Stitch::tight()
+        .with_layers(layers)
+        .with_shapes(shapes)
+        .with_shape_guard(guard);
     // the trace's peak of live bytes, for the room up to 1.10 x of it
     let peak = {
         let (mut live, mut peak) = (0u64, 0u64);
