@@ -315,8 +315,12 @@ fn respond(s: &mut TcpStream, status: &str, ctype: &str, body: &str) -> Result<(
     Ok(())
 }
 
-/// A label value with `\`, `"` and newlines escaped (the exposition format's rule).
+/// A label value with `\`, `"` and newlines escaped (the exposition format's rule), and the
+/// characters a terminal escapes written as their escape first (`\u{1b}`, `\u{202e}`): a
+/// name a process chose reaches `--once`'s terminal and every dashboard that shows the series,
+/// where an escape sequence or a right-to-left override would act as it does on a terminal.
 fn esc(v: &str) -> String {
+    let v = vramshim_analyzer::render::for_terminal(v);
     let mut o = String::with_capacity(v.len());
     for c in v.chars() {
         match c {
@@ -840,6 +844,23 @@ mod tests {
     #[test]
     fn escapes_label_values() {
         assert_eq!(esc("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+
+    /// A name a process chose (here its group) with an escape sequence, a bell and a
+    /// right-to-left override reaches the scrape's text as their escapes, never raw.
+    #[test]
+    fn a_chosen_names_control_characters_are_escaped_in_the_scrape() {
+        let dir = vramshim_testkit::TempDir::new("exp-hostile");
+        let reg_path = dir.join("registry");
+        let _registered = register_me(&reg_path, "g\u{1b}]0;x\u{7}\u{202e}y", Default::default());
+        let text = scrape(&reg_path, None, &dir.join("no-such-dir"));
+        for c in ['\u{1b}', '\u{7}', '\u{202e}'] {
+            assert!(!text.contains(c), "{c:?} raw in the scrape:\n{text}");
+        }
+        assert!(
+            text.contains(r#"group="g\\u{1b}]0;x\\u{7}\\u{202e}y""#),
+            "{text}"
+        );
     }
 
     /// A process in a pod (its cgroup gave the pod UID and the container id) gets the pod's
