@@ -865,6 +865,26 @@ mod tests {
         reader.join().unwrap();
     }
 
+    /// Failed connections are said at most once per [`SAY_EVERY`]: the others are counted
+    /// (and the count said with the next line), so clients cannot flood the exporter's log.
+    #[test]
+    fn failed_connections_are_said_at_most_once_per_period() {
+        let dir = std::env::temp_dir();
+        let server = Server {
+            reg: dir.join("vramshim-no-registry-here"),
+            nvml: None,
+            kube: dir.join("vramshim-no-logs-here"),
+            open: Mutex::new(VecDeque::new()),
+            said: Mutex::new(Said::default()),
+        };
+        for _ in 0..100 {
+            server.say("reading a request: timed out after 5 s");
+        }
+        let said = server.said.lock().unwrap();
+        assert!(said.last.is_some());
+        assert_eq!(said.unsaid, 99);
+    }
+
     #[test]
     fn escapes_label_values() {
         assert_eq!(esc("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
