@@ -157,18 +157,17 @@ pub fn export<W: Write + Send>(
     w: W,
     device: Option<i32>,
 ) -> Result<ExportStats, String> {
+    // Decided before a byte is written: standard output cannot be taken back as a file can.
+    if let Some(d) = device {
+        has_device(trace, d)?;
+    }
     let opened = input::open(trace)?;
     let header = opened.header.clone();
     let io = |e: std::io::Error| format!("cannot write: {e}");
     match format {
         ExportFormat::RmmCsv => {
             let mut wr = RmmCsvWriter::new(w, &header, device).map_err(io)?;
-            let mut seen = DevicesSeen::default();
-            let torn = pump(opened, |ev| {
-                seen.see(ev);
-                wr.event(ev)
-            })?;
-            seen.check(trace, device)?;
+            let torn = pump(opened, |ev| wr.event(ev))?;
             let rows = wr.rows;
             wr.finish().map_err(io)?;
             Ok(ExportStats {
@@ -178,32 +177,26 @@ pub fn export<W: Write + Send>(
         }
         ExportFormat::ChromeJson => {
             let mut wr = ChromeWriter::new(w, &header).map_err(io)?;
-            let mut seen = DevicesSeen::default();
             let torn = pump(opened, |ev| {
-                seen.see(ev);
                 if device.is_none_or(|d| ev_device(ev).is_none_or(|x| x == d)) {
                     wr.event(ev)
                 } else {
                     Ok(())
                 }
             })?;
-            seen.check(trace, device)?;
             let n = wr.events;
             wr.finish().map_err(io)?;
             Ok(ExportStats { records: n, torn })
         }
         ExportFormat::Perfetto => {
             let mut wr = PerfettoWriter::new(w, &header).map_err(io)?;
-            let mut seen = DevicesSeen::default();
             let torn = pump(opened, |ev| {
-                seen.see(ev);
                 if device.is_none_or(|d| ev_device(ev).is_none_or(|x| x == d)) {
                     wr.event(ev)
                 } else {
                     Ok(())
                 }
             })?;
-            seen.check(trace, device)?;
             let n = wr.packets;
             wr.finish().map_err(io)?;
             Ok(ExportStats { records: n, torn })
@@ -231,36 +224,29 @@ pub fn export<W: Write + Send>(
     }
 }
 
-/// The devices a trace's events name, for refusing a `--device` it does not have.
-#[derive(Default)]
-struct DevicesSeen(Vec<i32>);
-
-impl DevicesSeen {
-    fn see(&mut self, ev: &vramshim_trace::Event) {
-        if let Some(d) = ev_device(ev)
-            && d >= 0
-            && !self.0.contains(&d)
-        {
-            self.0.push(d);
+/// `Err` when the trace's events name other devices but not `device` (a `--device` it does
+/// not have). Reads the trace up to the first event on `device`; its warnings are left to the
+/// export's own pass.
+fn has_device(trace: &Path, device: i32) -> Result<(), String> {
+    let mut opened = input::open(trace)?;
+    let mut seen: Vec<i32> = Vec::new();
+    while let Some(ev) = opened.events.next_event() {
+        match ev_device(&ev?) {
+            Some(d) if d == device => return Ok(()),
+            Some(d) if d >= 0 && !seen.contains(&d) => seen.push(d),
+            _ => {}
         }
     }
-
-    /// `Err` when `device` was asked for and the trace names other devices but not it.
-    fn check(mut self, trace: &Path, device: Option<i32>) -> Result<(), String> {
-        match device {
-            Some(d) if !self.0.is_empty() && !self.0.contains(&d) => {
-                self.0.sort_unstable();
-                let list: Vec<String> = self.0.iter().map(|d| d.to_string()).collect();
-                Err(format!(
-                    "{}: no event on device {d} in this trace; --device accepts the devices it \
-                     has: {}",
-                    crate::terminal::one_line(&trace.display().to_string()),
-                    list.join(", ")
-                ))
-            }
-            _ => Ok(()),
-        }
+    if seen.is_empty() {
+        return Ok(());
     }
+    seen.sort_unstable();
+    let list: Vec<String> = seen.iter().map(|d| d.to_string()).collect();
+    Err(format!(
+        "{}: no event on device {device} in this trace; --device accepts the devices it has: {}",
+        crate::terminal::one_line(&trace.display().to_string()),
+        list.join(", ")
+    ))
 }
 
 fn ev_device(ev: &vramshim_trace::Event) -> Option<i32> {

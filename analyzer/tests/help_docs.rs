@@ -404,3 +404,59 @@ fn bad_numbers_and_absent_devices_name_what_is_accepted() {
         std::fs::remove_file(d.join("out")).unwrap();
     }
 }
+
+/// `export -o -` with a `--device` the trace has no event on writes nothing to standard output
+/// (a file output is removed, standard output cannot be taken back): every format, one message
+/// on standard error, exit 2. The check came after the writer's header once (rmm-csv's column
+/// names, chrome-json's opening bracket, perfetto's process track were on standard output).
+/// The device the trace has still goes to standard output.
+#[test]
+fn export_to_standard_output_refuses_an_absent_device_before_writing_a_byte() {
+    let d = common::scratch("export-stdout-device");
+    common::synth(&d, "t.vramtrace", &["--events", "400"]);
+    for format in [
+        "rmm-csv",
+        "chrome-json",
+        "perfetto",
+        "memory-viz",
+        "parquet",
+    ] {
+        let args = [
+            "export",
+            "t.vramtrace",
+            "-f",
+            format,
+            "-o",
+            "-",
+            "--device",
+            "7",
+        ];
+        let o = common::run_in(&d, &args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{format}: {err}");
+        assert!(
+            o.stdout.is_empty(),
+            "{format}: {} bytes on standard output: {:?}",
+            o.stdout.len(),
+            String::from_utf8_lossy(&o.stdout[..o.stdout.len().min(80)])
+        );
+        assert_eq!(err.lines().count(), 1, "{format}: {err}");
+        assert!(err.contains("--device"), "{format}: {err}");
+    }
+    for format in ["rmm-csv", "chrome-json", "perfetto"] {
+        let args = [
+            "export",
+            "t.vramtrace",
+            "-f",
+            format,
+            "-o",
+            "-",
+            "--device",
+            "0",
+        ];
+        let o = common::run_in(&d, &args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(0), "{format}: {err}");
+        assert!(!o.stdout.is_empty(), "{format}: {err}");
+    }
+}

@@ -247,3 +247,95 @@ fn trace_strings_stay_strings_in_the_json_outputs() {
         }
     }
 }
+
+/// No command lets the trace's escape sequence or override reach the terminal raw, on stdout
+/// or stderr, whatever it prints.
+#[test]
+fn trace_strings_reach_no_terminal_raw() {
+    let d = scratch("hostile-strings-terminal");
+    write(&d.join("a.vramtrace"));
+    write(&d.join("b.vramtrace"));
+    let mut runs: Vec<Vec<&str>> = vec![
+        vec!["summary", "a.vramtrace"],
+        vec!["summary", "--each", "a.vramtrace", "b.vramtrace"],
+        vec!["summary", "--json", "a.vramtrace", "b.vramtrace"],
+        vec!["diff", "a.vramtrace", "b.vramtrace"],
+        vec!["replay", "a.vramtrace", "--min-capacity"],
+        vec!["report", "a.vramtrace", "b.vramtrace", "-o", "r.html"],
+        vec!["import", "a.vramtrace", "-o", "c.vramtrace"],
+    ];
+    for f in [
+        "perfetto",
+        "chrome-json",
+        "memory-viz",
+        "rmm-csv",
+        "parquet",
+    ] {
+        runs.push(vec!["export", "a.vramtrace", "--format", f, "-o", f]);
+    }
+    for args in &runs {
+        let out = run_in(&d, args);
+        for (what, text) in [("stdout", &out.stdout), ("stderr", &out.stderr)] {
+            let text = String::from_utf8_lossy(text);
+            for c in ['\u{1b}', '\u{202e}'] {
+                assert!(
+                    !text.contains(c),
+                    "vramshim {args:?} printed {c:?} on its {what}:\n{text}"
+                );
+            }
+        }
+    }
+}
+
+/// `replay --live` (raw CUDA calls, and through PyTorch) names its trace on the terminal: a
+/// name another user chose, with an escape sequence and a line break before a forged line,
+/// is shown escaped.
+#[test]
+fn live_replays_show_the_trace_name_escaped() {
+    built_library();
+    let d = scratch("hostile-strings-live");
+    let name = "t\u{1b}[31m\nFORGED.vramtrace";
+    synth(&d, name, &["--events", "2000"]);
+    for args in [
+        vec![
+            "replay",
+            name,
+            "--live",
+            "--sim",
+            "--pool",
+            "stitch",
+            "--device-memory",
+            "16G",
+        ],
+        // (no PyTorch needed: the names are shown before Python starts, and /bin/false ends it)
+        vec![
+            "replay",
+            name,
+            "--live",
+            "--sim",
+            "--through",
+            "pytorch",
+            "--python",
+            "/bin/false",
+        ],
+    ] {
+        let out = run_in(&d, &args);
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        let both = format!("{stdout}{stderr}");
+        assert!(
+            !both.contains('\u{1b}'),
+            "vramshim {args:?} printed ESC:\n{both}"
+        );
+        assert!(
+            !both.lines().any(|l| l.starts_with("FORGED")),
+            "vramshim {args:?} let the name forge a line:\n{both}"
+        );
+        assert!(
+            both.contains("t\\u{1b}[31m\\nFORGED.vramtrace"),
+            "vramshim {args:?} does not name the trace:\n{both}"
+        );
+    }
+}

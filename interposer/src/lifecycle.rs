@@ -25,6 +25,8 @@ pub(crate) fn init(envp: *const *const c_char) {
     }
     wire();
     crate::config::init(envp);
+    // The warnings about variables said from here to `load_ends` are said once per job.
+    crate::sys::log::load_begins();
     crate::sys::log::init();
     crate::config::report(|line| crate::warn!("{line}"));
     // Parse VRAMSHIM_CAP & co. now (one line per bad value); nothing is attached yet.
@@ -32,6 +34,7 @@ pub(crate) fn init(envp: *const *const c_char) {
     // Reading two variables and setting two atomics: the tracer starts its writer and file
     // on the first event, not here.
     let _ = std::panic::catch_unwind(crate::tracer::init);
+    crate::sys::log::load_ends();
     if crate::sys::log::enabled(crate::sys::log::Level::Info) {
         announce();
     }

@@ -55,6 +55,7 @@ const OURS: &[&str] = &[
     "VRAMSHIM_TRACE_WRITER_FAULT",
     "VRAMSHIM_ENV_FAULT",
     "VRAMSHIM_CGROUP_ROOT",
+    "VRAMSHIM_SAID",
 ];
 
 /// HAMi-core's per-device limits, `CUDA_DEVICE_MEMORY_LIMIT_0` to `_15` (the devices a cap
@@ -326,7 +327,11 @@ pub(crate) fn forms(name: &str) -> &'static str {
 pub(crate) fn all() -> impl Iterator<Item = (&'static str, &'static str)> {
     ensure();
     let n = COUNT.load(Ordering::Relaxed);
-    (0..n).filter_map(entry)
+    // the library's own note to the processes it loads into (`sys::log::load_begins`), no
+    // setting of the job
+    (0..n)
+        .filter_map(entry)
+        .filter(|(k, _)| *k != "VRAMSHIM_SAID")
 }
 
 #[cfg(test)]
