@@ -977,3 +977,50 @@ fn a_signal_after_the_child_was_reaped_reaches_no_other_process() {
         "{status:?}: {out}"
     );
 }
+
+/// A library installed under a path with a space (or a colon): the loader splits `LD_PRELOAD`
+/// there and loads the path's first part instead, a name any other user may create when it
+/// lies in `/tmp`, and the job runs that file's code without vramshim. Refused with one line
+/// naming the path; the file planted at the first part never runs.
+#[test]
+fn a_library_path_the_loader_would_split_is_refused() {
+    let d = tmpdir("split");
+    let mark = d.join("planted-code-ran");
+    let src = d.join("planted.c");
+    std::fs::write(
+        &src,
+        format!(
+            "#include <fcntl.h>\n__attribute__((constructor)) static void planted(void) {{ open({:?}, O_CREAT | O_WRONLY, 0600); }}\n",
+            mark.display().to_string()
+        ),
+    )
+    .unwrap();
+    for (dir, planted) in [("my tools", "my"), ("a:b", "a")] {
+        let st = Command::new("cc")
+            .args(["-shared", "-fPIC", "-o"])
+            .arg(d.join(planted))
+            .arg(&src)
+            .status()
+            .unwrap();
+        assert!(st.success());
+        std::fs::create_dir(d.join(dir)).unwrap();
+        let lib = d.join(dir).join("libvramshim.so");
+        std::fs::copy(empty_so("libvramshim.so"), &lib).unwrap();
+        let (rc, _, err) = output(
+            vramshim()
+                .env("VRAMSHIM_LIB", &lib)
+                .args(["run", "--", "true"]),
+        );
+        assert!(
+            !mark.exists(),
+            "the file planted at {planted} ran in the job"
+        );
+        assert_eq!(rc, 2, "{err}");
+        assert!(
+            err.contains("separator in LD_PRELOAD")
+                && err.contains(dir)
+                && err.lines().count() == 1,
+            "{err}"
+        );
+    }
+}

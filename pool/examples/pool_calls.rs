@@ -1,16 +1,18 @@
 //! Where a trace's driver calls go: every allocation (or free) that makes driver calls on the
 //! tight pool, with its index, size, live and held bytes, and the calls by kind.
 //!
-//! `cargo run --release -p vramshim-pool --example pool_calls -- TRACE.csv [sync|async] [FROM] [runs] [nolayers] [grow] [holds] [places] [request|pow2] [twice]`
+//! `cargo run --release -p vramshim-pool --example pool_calls -- TRACE.csv [sync|async] [FROM] [runs] [nolayers] [grow] [holds] [places] [request|pow2] [twice] [guard]`
 //! (`FROM`: the first allocation index listed; default: the second half; `runs`: the arena
 //! grows by runs of pages, `Stitch::with_runs`; `nolayers`: `Stitch::with_layers(false)`, the
 //! layer replay being on by default; `grow`: `Stitch::with_grow`; `holds`:
 //! `Stitch::with_layer_holds`; `places`: also every allocation of at least a page among the
 //! `PLACES_SPAN` from `FROM` on, with its place (the arena or a stitched mapping, and the
 //! offset) and, where the layer replay had places for it, which allocation each place was and
-//! which live or pending blocks were in it; `request` / `pow2`: handles sized per request,
+//! which live or pending blocks were in it, and the latest earlier places of its size
+//! (`twin place`) with the blocks in them; `request` / `pow2`: handles sized per request,
 //! `Stitch::with_shapes`; `twice`: two passes of the trace as `pool_slack`'s "passes 2, 3"
-//! runs them, `FROM` defaulting to the second pass's first allocation). Every free reaches the pool (no thread caches).
+//! runs them, `FROM` defaulting to the second pass's first allocation; `guard`: the shape
+//! guard, `Stitch::with_shape_guard`). Every free reaches the pool (no thread caches).
 
 #[macro_use]
 mod common;
@@ -21,6 +23,8 @@ use vramshim_pool::{ALIGN, AccountingDevice, CallCounts, Device, MIB, Policy, Re
 
 /// How many allocations from `FROM` on `places` lists.
 const PLACES_SPAN: usize = 100;
+/// How many earlier places of its size (latest first) `places` shows for an allocation.
+const TWINS_SHOWN: usize = 3;
 
 fn mib(b: u64) -> String {
     format!("{:.2}", b as f64 / MIB as f64)
@@ -52,6 +56,7 @@ fn main() {
     let places = args.iter().any(|a| a == "places");
     let holds = args.iter().any(|a| a == "holds");
     let twice = args.iter().any(|a| a == "twice");
+    let guard = args.iter().any(|a| a == "guard");
     let shapes = if args.iter().any(|a| a == "pow2") {
         Shapes::Pow2
     } else if args.iter().any(|a| a == "request") {
@@ -69,10 +74,11 @@ fn main() {
             && a != "request"
             && a != "pow2"
             && a != "twice"
+            && a != "guard"
     });
     let Some(path) = args.first() else {
         eprintln!(
-            "usage: pool_calls TRACE.csv [sync|async] [FROM] [runs] [nolayers] [grow] [holds] [places] [request|pow2] [twice]"
+            "usage: pool_calls TRACE.csv [sync|async] [FROM] [runs] [nolayers] [grow] [holds] [places] [request|pow2] [twice] [guard]"
         );
         std::process::exit(2);
     };
@@ -106,6 +112,7 @@ fn main() {
         .with_layers(layers)
         .with_grow(grow)
         .with_layer_holds(holds)
+        .with_shape_guard(guard)
         .with_shapes(shapes);
     let mut ids = std::collections::HashMap::new();
     // for `places`: the number of the latest allocation at each address, and of each
@@ -141,8 +148,38 @@ fn main() {
                 } else {
                     Vec::new()
                 };
+                let (hits, replays) = (p.stats().cache_hits, p.replays() + p.layer_replays());
+                // the earlier places of its size (its twins'), with what is in them now
+                let twins: Vec<String> = if listed {
+                    p.twin_places(size)
+                        .into_iter()
+                        .take(TWINS_SHOWN)
+                        .map(|tp| {
+                            let mut why = format!("{:#x}", tp.addr);
+                            if tp.gone {
+                                why.push_str(" gone");
+                            }
+                            for &(b, bs, st) in &tp.blockers {
+                                let who =
+                                    numbers.get(&b).map_or("?".to_string(), |x| x.to_string());
+                                why.push_str(&format!(" {st} {} MiB (alloc {who})", mib(bs)));
+                            }
+                            why
+                        })
+                        .collect()
+                } else {
+                    Vec::new()
+                };
                 let a = p.alloc(&mut dev, Request { size, stream }).expect("alloc");
                 dev.check_alloc(a.addr, size, stream);
+                // how the pool served it: its cache, a replayed place, or placed afresh
+                let how = if p.stats().cache_hits > hits {
+                    " (cached block)"
+                } else if p.replays() + p.layer_replays() > replays {
+                    " (replayed place)"
+                } else {
+                    ""
+                };
                 ids.insert(id, a.addr);
                 // kept after the free: a pending or cached block is still that allocation's
                 numbers.insert(a.addr, n);
@@ -158,11 +195,14 @@ fn main() {
                             format!("mapping {va:#x}")
                         };
                         say!(
-                            "  alloc {n} size {} MiB at {at} + {} MiB:{}",
+                            "  alloc {n} size {} MiB at {at} + {} MiB{how}:{}",
                             mib(size),
                             mib(off),
                             kinds(&d)
                         );
+                        for why in &twins {
+                            say!("    twin place {why}");
+                        }
                         for (back, addr, why) in &looked {
                             let whose = large
                                 .len()

@@ -7,9 +7,9 @@
 //! a training loop's step end has; then whether 3 passes complete on the whole-page device of
 //! 1.03 x peak live.
 //!
-//! `cargo run --release -p vramshim-pool --example pool_passes -- [--shapes=request|pow2] [DIR_OR_FILES...]`
+//! `cargo run --release -p vramshim-pool --example pool_passes -- [--shapes=request|pow2] [--guard] [DIR_OR_FILES...]`
 //! (default: tests/workloads/traces; `--shapes`: handles sized per request,
-//! `Stitch::with_shapes`).
+//! `Stitch::with_shapes`; `--guard`: the shape guard, `Stitch::with_shape_guard`).
 
 #[macro_use]
 mod common;
@@ -73,6 +73,10 @@ fn main() {
     if shapes != Shapes::Pages {
         args.remove(0);
     }
+    let guard = args.first().is_some_and(|a| a == "--guard");
+    if guard {
+        args.remove(0);
+    }
     let files = common::trace_files(args);
     say!(
         "| trace | frees | sync between passes | peak live MiB | min device MiB, 1 / 2 / 3 passes | / peak live, 1 / 2 / 3 passes | 1.03 x device MiB | 3 passes complete there |"
@@ -92,7 +96,9 @@ fn main() {
         let small = (live as f64 * 1.03) as u64 / (2 * MIB) * (2 * MIB);
         for frees in Frees::BOTH {
             for sync in [false, true] {
-                let make = || -> Box<dyn Policy> { Box::new(Stitch::tight().with_shapes(shapes)) };
+                let make = || -> Box<dyn Policy> {
+                    Box::new(Stitch::tight().with_shapes(shapes).with_shape_guard(guard))
+                };
                 let mins: Vec<u64> = (1..=3)
                     .map(|n| smallest(&passes_of(&t.events, n, sync, frees), live, &make))
                     .collect();

@@ -12,7 +12,8 @@
 //! `cargo run --release -p vramshim-pool --example pool_slack -- [BUDGET ...] -- [DIR_OR_FILES...]`
 //! where a BUDGET is `RATIO:SLACK_MIB` followed by switches in any order, each at most once
 //! (see [`FORM`]): `:runs` (`Stitch::with_runs`), `:kept` (`Stitch::with_kept`), `:grow`
-//! (`Stitch::with_grow`), `:holds` (`Stitch::with_layer_holds`), `:nolayers` (without the
+//! (`Stitch::with_grow`), `:holds` (`Stitch::with_layer_holds`), `:guard`
+//! (`Stitch::with_shape_guard`), `:nolayers` (without the
 //! layer replay, `Stitch::with_layers(false)`) or `:layers` (with it, the default), and
 //! `:request` or `:pow2` (handles sized per request, `Stitch::with_shapes`). Default
 //! budgets: 0.05:2 0.075:2 0.10:0 0.05:16 0.05:32 0.05:2:runs.
@@ -89,7 +90,7 @@ fn arena_only(events: &[Event]) -> u64 {
 }
 
 /// What a budget argument may be, for the usage and every message about one.
-const FORM: &str = "RATIO:SLACK_MIB, then any of :runs :kept :grow :holds, one of :layers / \
+const FORM: &str = "RATIO:SLACK_MIB, then any of :runs :kept :grow :holds :guard, one of :layers / \
 :nolayers and one of :request / :pow2, each at most once, in any order (e.g. 0.05:2, \
 0.05:2:runs, 0.05:2:grow:nolayers, 0.05:2:pow2)";
 
@@ -103,6 +104,7 @@ struct Spec {
     layers: bool,
     grow: bool,
     holds: bool,
+    guard: bool,
     shapes: Shapes,
 }
 
@@ -116,6 +118,7 @@ impl Spec {
             layers: true,
             grow: false,
             holds: false,
+            guard: false,
             shapes: Shapes::Pages,
         }
     }
@@ -153,6 +156,7 @@ fn parse_budget(a: &str) -> Result<Spec, String> {
             "kept" => spec.kept = true,
             "grow" => spec.grow = true,
             "holds" => spec.holds = true,
+            "guard" => spec.guard = true,
             "layers" => spec.layers = true,
             "nolayers" => spec.layers = false,
             "request" => spec.shapes = Shapes::Request,
@@ -216,6 +220,7 @@ fn main() {
                 layers,
                 grow,
                 holds,
+                guard,
                 shapes,
             } in &budgets
             {
@@ -232,6 +237,7 @@ fn main() {
                             .with_layers(layers)
                             .with_grow(grow)
                             .with_layer_holds(holds)
+                            .with_shape_guard(guard)
                             .with_shapes(shapes),
                     )
                 };
@@ -243,7 +249,7 @@ fn main() {
                 let half = replay::second_half_calls_per_1000(&t.events, frees, &make);
                 let min = replay::min_capacity_with(&stream, &make);
                 say!(
-                    "| {name} | {} | {:.1}% + {slack} MiB{}{}{}{}{}{} | {:.3} | {:.3} | {} | {}, {} | {:.1} |",
+                    "| {name} | {} | {:.1}% + {slack} MiB{}{}{}{}{}{}{} | {:.3} | {:.3} | {} | {}, {} | {:.1} |",
                     frees.name(),
                     ratio * 100.0,
                     if runs { ", runs" } else { "" },
@@ -251,6 +257,7 @@ fn main() {
                     if layers { "" } else { ", no layers" },
                     if grow { ", grow" } else { "" },
                     if holds { ", holds" } else { "" },
+                    if guard { ", shape guard" } else { "" },
                     match shapes {
                         Shapes::Pages => "",
                         Shapes::Request => ", handles per request",

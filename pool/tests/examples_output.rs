@@ -28,6 +28,7 @@ fn an_example_whose_reader_leaves_ends_quietly() {
         ("pool_passes", vec![trace]),
         ("pool_peak", vec![trace]),
         ("pool_smallpages", vec![trace]),
+        ("pool_handles", vec![trace]),
     ] {
         let exe = example(name);
         assert!(

@@ -181,6 +181,14 @@ fn unreached_fault_switches_change_nothing() {
                 ..Faults::default()
             },
         ),
+        // the shape guard only with `Stitch::with_shape_guard`
+        (
+            "guard_over_live",
+            Faults {
+                guard_over_live: true,
+                ..Faults::default()
+            },
+        ),
     ];
     for (name, ev) in common::traces() {
         for frees in Frees::BOTH {

@@ -731,6 +731,28 @@ proptest! {
         let shapes = if cap_mib % 2 == 0 { Shapes::Request } else { Shapes::Pow2 };
         exercise_clean_in_budget(&mut Stitch::tight().with_shapes(shapes), &ops, cap_mib * MIB, Budget::default());
     }
+
+    /// The shape guard (`Stitch::with_shape_guard`) on handles sized per request: random
+    /// streams on the checking device with the budget check, clean.
+    #[test]
+    fn stitch_tight_with_shapes_and_guard_is_safe_and_keeps_its_budget(ops in proptest::collection::vec(op(), 1..300), cap_mib in 64u64..1024) {
+        let p = Stitch::tight().with_shapes(Shapes::Request).with_shape_guard(true);
+        exercise_clean_in_budget(&mut { p }, &ops, cap_mib * MIB, Budget::default());
+    }
+
+    /// The same on layers (the layer replay on).
+    #[test]
+    fn stitch_tight_with_shapes_and_guard_replays_layers_safely(ops in layers(), cap_mib in 128u64..1024) {
+        let p = Stitch::tight().with_shapes(Shapes::Request).with_shape_guard(true);
+        exercise_clean_in_budget(&mut { p }, &ops, cap_mib * MIB, Budget::default());
+    }
+
+    /// The same on rounds.
+    #[test]
+    fn stitch_tight_with_shapes_and_guard_replays_rounds_safely(ops in rounds(), cap_mib in 128u64..1024) {
+        let p = Stitch::tight().with_shapes(Shapes::Request).with_shape_guard(true);
+        exercise_clean_in_budget(&mut { p }, &ops, cap_mib * MIB, Budget::default());
+    }
 }
 
 /// The rounds of `stitch_tight_replays_rounds_safely`, drawn from a fixed seed, through a
@@ -902,6 +924,37 @@ fn checker_catches_a_hold_over_a_live_block() {
     assert!(c.acted > 0, "no draw held a place");
     assert_eq!(c.off, 0, "the fault acted with the holds off");
     assert!(c.on > 0, "no hold over a live block was caught");
+}
+
+/// Drawn layers through a tight pool with handles sized per request and the shape guard,
+/// with and without `Faults::guard_over_live` (a block the arena places at a window's end,
+/// where the guard looks there, one `ALIGN` higher, over the block after the window):
+/// without it all are clean and the guard names places to keep clear in some
+/// (`Stitch::guard_looks`); with it the checking device sees overlaps in some, and in none
+/// with the guard off.
+#[test]
+fn checker_catches_a_guarded_window_over_a_live_block() {
+    let broken = Faults {
+        guard_over_live: true,
+        ..Faults::default()
+    };
+    let c = caught(
+        drawn_layers(64),
+        |on| {
+            Stitch::tight()
+                .with_shapes(Shapes::Request)
+                .with_shape_guard(on)
+        },
+        |p| p.guard_looks() > 0,
+        broken,
+    );
+    eprintln!(
+        "{} of 64 had the guard name places, {} caught with the fault ({} with the guard off)",
+        c.acted, c.on, c.off
+    );
+    assert!(c.acted > 0, "the guard never named a place");
+    assert_eq!(c.off, 0, "the fault acted with the guard off");
+    assert!(c.on > 0, "no guarded window over a live block was caught");
 }
 
 /// Drawn layers and rounds through a tight pool growing mappings in place, with and without

@@ -483,17 +483,7 @@ pub(crate) fn real_cudart() -> Option<RealCudart> {
     .iter()
     .map(PathBuf::from)
     .collect();
-    if let Ok(o) = Command::new("python3")
-        .args(["-c", FIND_RUNTIME_WHEELS])
-        .stderr(Stdio::null())
-        .output()
-    {
-        dirs.extend(
-            String::from_utf8_lossy(&o.stdout)
-                .lines()
-                .map(|l| PathBuf::from(l.trim())),
-        );
-    }
+    dirs.extend(runtime_wheel_dirs());
     CUDART_SONAMES.iter().find_map(|soname| {
         dirs.iter()
             .find(|d| d.join(soname).is_file())
@@ -502,6 +492,29 @@ pub(crate) fn real_cudart() -> Option<RealCudart> {
                 soname,
             })
     })
+}
+
+/// The library directories of the NVIDIA runtime wheels the system Python has. Python runs
+/// in `/` with `PYTHONSAFEPATH=1`: `python3 -c` looks for modules in its current directory
+/// first, and finding `nvidia.cuda_runtime` imports the `nvidia` package, so a package
+/// another user planted where vramshim was started (`/tmp`, a shared project directory) would
+/// run its `__init__.py` as this user, or name a runtime of its own for the replay to load.
+fn runtime_wheel_dirs() -> Vec<PathBuf> {
+    let Ok(o) = Command::new("python3")
+        .args(["-c", FIND_RUNTIME_WHEELS])
+        .current_dir("/")
+        .env("PYTHONSAFEPATH", "1")
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+    else {
+        return Vec::new();
+    };
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| PathBuf::from(l.trim()))
+        .filter(|p| p.is_absolute())
+        .collect()
 }
 
 /// The summary line the replay workload ends its stdout with (`replay: events=N ... ns=N`).
@@ -1219,6 +1232,57 @@ fn calls_chart(rows: &[Row]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Run by [`a_package_planted_where_vramshim_runs_is_not_imported`] as a child process in
+    /// the planted directory (a test cannot change its own process's directory): prints what
+    /// [`runtime_wheel_dirs`] found.
+    #[test]
+    fn wheel_dirs_child() {
+        if std::env::var_os("VRAMSHIM_TEST_WHEEL_CHILD").is_none() {
+            return;
+        }
+        for d in runtime_wheel_dirs() {
+            println!("wheel dir: {}", d.display());
+        }
+    }
+
+    /// A `nvidia` package planted in the directory vramshim runs in, with a runtime wheel's
+    /// layout: its `__init__.py` never runs and its library directory is not offered.
+    #[test]
+    fn a_package_planted_where_vramshim_runs_is_not_imported() {
+        if Command::new("python3").arg("-V").output().is_err() {
+            eprintln!("skipped: no python3");
+            return;
+        }
+        let d = vramshim_testkit::TempDir::new("wheel-plant");
+        let lib = d.join("nvidia/cuda_runtime/lib");
+        std::fs::create_dir_all(&lib).unwrap();
+        std::fs::write(lib.join("libcudart.so.12"), b"planted").unwrap();
+        let mark = d.join("planted-code-ran");
+        std::fs::write(
+            d.join("nvidia/__init__.py"),
+            format!("open({:?}, 'w').close()\n", mark.display().to_string()),
+        )
+        .unwrap();
+        let out = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "cmd::demo::tests::wheel_dirs_child",
+                "--nocapture",
+            ])
+            .env("VRAMSHIM_TEST_WHEEL_CHILD", "1")
+            .current_dir(&*d)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{text}");
+        assert!(
+            text.contains("1 passed"),
+            "the child test did not run: {text}"
+        );
+        assert!(!mark.exists(), "the planted package's __init__.py ran");
+        assert!(!text.contains(&lib.display().to_string()), "{text}");
+    }
 
     /// Text from outside the demo (the GPU's name, a post-mortem naming a file, a run's
     /// detail) is escaped in its page, quotes included.

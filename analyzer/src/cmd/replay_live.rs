@@ -95,11 +95,15 @@ pub fn main(a: LiveArgs) -> Result<ExitCode, String> {
     if a.json {
         println!("{}", vramshim_analyzer::json::to_string_pretty(&report)?);
     } else {
-        print!("{}", text(&report));
+        // The file's name and a run's problem (the workload's own lines) come from elsewhere.
+        print!(
+            "{}",
+            vramshim_analyzer::render::for_terminal(&text(&report))
+        );
     }
     // A damaged input (named on stderr) is an input problem: 3, as for `replay`.
     for d in &damage {
-        eprintln!("vramshim: {d}");
+        eprintln!("vramshim: {}", vramshim_analyzer::render::one_line(d));
     }
     Ok(if report.runs.iter().any(|r| r.problem.is_some()) {
         ExitCode::from(1)
@@ -312,7 +316,7 @@ fn text(r: &LiveReport) -> String {
     let _ = writeln!(
         o,
         "live replay of {} (device {}): {} requests through {} on the {}",
-        r.file,
+        vramshim_analyzer::render::one_line(&r.file),
         r.device,
         r.requests,
         if r.stream_ordered {

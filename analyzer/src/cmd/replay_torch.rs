@@ -162,6 +162,9 @@ fn run_pytorch(
     device_memory: Option<u64>,
     t: &TorchArgs,
 ) -> Result<ExitCode, String> {
+    // A trace's name may be another user's choice: shown escaped.
+    let show =
+        |p: &Path| vramshim_analyzer::render::one_line(&p.display().to_string()).into_owned();
     let given = std::fs::canonicalize(trace).map_err(|e| format!("{}: {e}", trace.display()))?;
     // Private to this run: Python runs the script from it.
     let dir = vramshim_analyzer::files::private_temp_dir("vramshim-replay-torch")?;
@@ -182,7 +185,7 @@ fn run_pytorch(
             )?;
             eprintln!(
                 "vramshim: {} converted to RMM CSV for the replay driver ({} rows{})",
-                given.display(),
+                show(&given),
                 stats.records,
                 device.map(|d| format!(", device {d}")).unwrap_or_default()
             );
@@ -212,9 +215,10 @@ fn run_pytorch(
         .or_else(|_| std::env::var("PYTORCH_ALLOC_CONF"))
         .unwrap_or_default();
     eprintln!(
-        "vramshim: replay {} through PyTorch ({}), PYTORCH_CUDA_ALLOC_CONF={conf}",
-        given.display(),
-        python.display(),
+        "vramshim: replay {} through PyTorch ({}), PYTORCH_CUDA_ALLOC_CONF={}",
+        show(&given),
+        show(&python),
+        vramshim_analyzer::render::one_line(&conf)
     );
     let route = match std::env::var(crate::cmd::pytorch_route::ROUTE_VAR) {
         Ok(v) if !v.trim().is_empty() => {

@@ -337,7 +337,8 @@ pub fn find_library() -> Result<PathBuf, String> {
         let p = PathBuf::from(&v);
         let p = if p.is_dir() { p.join(LIB_NAME) } else { p };
         if p.is_file() {
-            return Ok(absolute(&p));
+            let p = absolute(&p);
+            return loader_safe(&p, "the library").map(|()| p);
         }
         return Err(format!(
             "VRAMSHIM_LIB={} but {} is not a file; point VRAMSHIM_LIB at libvramshim.so \
@@ -350,7 +351,7 @@ pub fn find_library() -> Result<PathBuf, String> {
     for d in search_dirs() {
         let p = d.join(LIB_NAME);
         if p.is_file() {
-            return Ok(p);
+            return loader_safe(&p, "the library").map(|()| p);
         }
         looked.push(p.display().to_string());
     }
@@ -366,6 +367,31 @@ pub fn find_library() -> Result<PathBuf, String> {
 /// Next to a cargo build that has the simulated GPU's outputs but no layout yet, lays it out
 /// (what `scripts/sim-layout` does), so `cargo build --release --workspace` is all it takes.
 pub fn find_sim_dir() -> Result<PathBuf, String> {
+    let dir = find_sim_layout()?;
+    loader_safe(&dir, "the simulated GPU's directory").map(|()| dir)
+}
+
+/// Refuses a path the dynamic loader would cut in pieces: it splits `LD_PRELOAD` at colons
+/// and white space and `LD_LIBRARY_PATH` at colons and semicolons, with no escape (ld.so(8)).
+/// A library under `/tmp/my tools/` would be preloaded as `/tmp/my`, a name any other user
+/// can create: the job would run that file's code, and run without vramshim (no cap).
+pub fn loader_safe(p: &Path, what: &str) -> Result<(), String> {
+    use std::os::unix::ffi::OsStrExt;
+    let cut = |b: &u8| matches!(b, b':' | b';') || b.is_ascii_whitespace();
+    match p.as_os_str().as_bytes().iter().find(|b| cut(b)) {
+        None => Ok(()),
+        Some(&b) => Err(format!(
+            "{what} {} holds {:?}, which the dynamic loader takes for a separator in LD_PRELOAD \
+             and LD_LIBRARY_PATH (it would load a part of the path instead, a file any user may \
+             create): install vramshim under a path without colons, semicolons or white space, \
+             or point VRAMSHIM_LIB at a copy of {LIB_NAME} there",
+            vramshim_analyzer::render::one_line(&p.display().to_string()),
+            b as char
+        )),
+    }
+}
+
+fn find_sim_layout() -> Result<PathBuf, String> {
     let mut looked = Vec::new();
     for d in search_dirs() {
         let p = d.join(SIM_DIR_NAME);
@@ -923,6 +949,28 @@ mod tests {
         assert!(matches_pattern("a%%b", "a%b"));
         assert!(matches_pattern("t.vramtrace.%p", "t.vramtrace.42"));
         assert!(!matches_pattern("t.vramtrace.%p", "t.vramtrace"));
+    }
+
+    /// A path the loader would split is refused with one line naming it; others pass.
+    #[test]
+    fn paths_the_loader_would_split_are_refused() {
+        for bad in [
+            "/tmp/my tools/libvramshim.so",
+            "/opt/a:b/libvramshim.so",
+            "/opt/a;b/cuda-sim",
+            "/opt/a\tb/libvramshim.so",
+            "/opt/a\nb/libvramshim.so",
+        ] {
+            let e = loader_safe(Path::new(bad), "the library").unwrap_err();
+            assert!(e.starts_with("the library /"), "{e}");
+            assert!(!e.contains('\n') && !e.contains('\t'), "{e}");
+            assert!(e.contains("separator"), "{e}");
+        }
+        loader_safe(
+            Path::new("/opt/vramshim-1.0/lib/libvramshim.so"),
+            "the library",
+        )
+        .unwrap();
     }
 
     #[test]

@@ -62,29 +62,40 @@ impl Stitch {
         if let Some(long) = self.ends_class {
             return self.ends_window(m, &gaps, end, size, long, victims_ok);
         }
-        // (victim bytes, gap length, offset, victims)
-        let mut best: Option<(u64, u64, u64, Vec<u64>)> = None;
+        // with the shape guard on, windows clear of much larger blocks' places come first
+        // (see `guard`), their gaps looked at from both ends
+        let guard = self.guarded(size);
+        // (touches the guard, victim bytes, gap length, offset, victims)
+        let mut best: Option<(bool, u64, u64, u64, Vec<u64>)> = None;
         for (s, e) in gaps {
-            let offs: &[u64] = if victims_ok { &[s, e - size] } else { &[s] };
+            let offs: &[u64] = if victims_ok || !guard.is_empty() {
+                &[s, e - size]
+            } else {
+                &[s]
+            };
             for &off in offs {
-                let off = round_up(off, ALIGN);
+                let mut off = round_up(off, ALIGN);
                 if off + size > e {
                     continue;
+                }
+                if self.faults.guard_over_live && !guard.is_empty() && off + size == e && e < end {
+                    off += ALIGN;
                 }
                 let (bytes, victims) = if victims_ok {
                     self.victims_in(m, off, size)
                 } else {
                     (0, Vec::new())
                 };
+                let touches = self.touches_guard(&guard, m, off, size);
                 if best
                     .as_ref()
-                    .is_none_or(|b| (bytes, e - s, off) < (b.0, b.1, b.2))
+                    .is_none_or(|b| (touches, bytes, e - s, off) < (b.0, b.1, b.2, b.3))
                 {
-                    best = Some((bytes, e - s, off, victims));
+                    best = Some((touches, bytes, e - s, off, victims));
                 }
             }
         }
-        best.map(|(_, _, off, v)| (off, v))
+        best.map(|(_, _, _, off, v)| (off, v))
     }
 
     /// [`Stitch::set_ends_class`]'s window among `gaps` (`end`: the arena's mapped end): the

@@ -405,43 +405,64 @@ impl Stitch {
         let Some(p) = self.layers.period(size) else {
             return Vec::new();
         };
-        let mut out = Vec::new();
-        for back in [2 * p, p] {
-            let (_, m, va, off) = self.layers.back(back);
-            let mapping = self.maps.get(m as usize).and_then(|x| x.as_ref());
-            let Some(mp) = mapping.filter(|mp| mp.va == va) else {
-                out.push(LayerPlace {
-                    back,
-                    addr: va + off,
-                    gone: true,
-                    blockers: Vec::new(),
-                });
-                continue;
-            };
-            let mut blockers: Vec<(u64, u64, &'static str)> = Vec::new();
-            let end = (off + size).min(mp.pages.len() as u64 * self.gran);
-            for (pg, s, e) in self.pieces(&mp.pages, off, end.saturating_sub(off)) {
-                for (_, &(oe, a)) in self.page(pg).occ.range(..e) {
-                    if oe <= s || blockers.iter().any(|b| b.0 == a) {
-                        continue;
-                    }
-                    let state = match self.blocks.get(a).map(|b| (b.state, b.size)) {
-                        Some((BState::Cached, _)) => continue,
-                        Some((BState::Live, sz)) => (sz, "live"),
-                        Some((BState::Pending, sz)) => (sz, "pending"),
-                        _ => (0, "?"),
-                    };
-                    blockers.push((a, state.0, state.1));
-                }
-            }
-            out.push(LayerPlace {
+        [2 * p, p]
+            .into_iter()
+            .map(|back| {
+                let (_, m, va, off) = self.layers.back(back);
+                self.place_view(back, m, va, off, size)
+            })
+            .collect()
+    }
+
+    /// The earlier places of blocks of `size` bytes the pool remembers (its twins', see
+    /// `placement`, "ghosts"), latest first, with the blocks that are not cached there now
+    /// (diagnostics; `back` counts the places back). Changes nothing.
+    #[doc(hidden)]
+    pub fn twin_places(&self, size: u64) -> Vec<LayerPlace> {
+        let size = round_up(size.max(1), ALIGN);
+        let Some(v) = self.ghosts.get(&size) else {
+            return Vec::new();
+        };
+        v.iter()
+            .rev()
+            .enumerate()
+            .map(|(i, &(m, va, off))| self.place_view(i + 1, m, va, off, size))
+            .collect()
+    }
+
+    /// The place `(m, va, off)` of `size` bytes as `layer_places` shows it.
+    fn place_view(&self, back: usize, m: u32, va: u64, off: u64, size: u64) -> LayerPlace {
+        let mapping = self.maps.get(m as usize).and_then(|x| x.as_ref());
+        let Some(mp) = mapping.filter(|mp| mp.va == va) else {
+            return LayerPlace {
                 back,
                 addr: va + off,
-                gone: off + size > mp.pages.len() as u64 * self.gran,
-                blockers,
-            });
+                gone: true,
+                blockers: Vec::new(),
+            };
+        };
+        let mut blockers: Vec<(u64, u64, &'static str)> = Vec::new();
+        let end = (off + size).min(mp.pages.len() as u64 * self.gran);
+        for (pg, s, e) in self.pieces(&mp.pages, off, end.saturating_sub(off)) {
+            for (_, &(oe, a)) in self.page(pg).occ.range(..e) {
+                if oe <= s || blockers.iter().any(|b| b.0 == a) {
+                    continue;
+                }
+                let state = match self.blocks.get(a).map(|b| (b.state, b.size)) {
+                    Some((BState::Cached, _)) => continue,
+                    Some((BState::Live, sz)) => (sz, "live"),
+                    Some((BState::Pending, sz)) => (sz, "pending"),
+                    _ => (0, "?"),
+                };
+                blockers.push((a, state.0, state.1));
+            }
         }
-        out
+        LayerPlace {
+            back,
+            addr: va + off,
+            gone: off + size > mp.pages.len() as u64 * self.gran,
+            blockers,
+        }
     }
 
     /// The mapping (its address) and offset of the block at `addr`, live or not, and

@@ -94,7 +94,8 @@ impl Stitch {
                     || self.faults.grow_over_live
                     || self.faults.hold_over_live
                     || self.faults.ends_over_live
-                    || self.faults.run_end_over_live)
+                    || self.faults.run_end_over_live
+                    || self.faults.guard_over_live)
                     && !self.bytes_free(p, s, e)
                 {
                     continue;

@@ -45,7 +45,7 @@ pub use budget::Budget;
 #[doc(hidden)]
 pub use layers::LayerPlace;
 #[doc(hidden)]
-pub use pages::PageView;
+pub use pages::{HandleView, PageView};
 
 mod arena;
 mod aside;
@@ -54,6 +54,7 @@ mod cache;
 mod ends;
 mod fences;
 mod grow;
+mod guard;
 mod kept;
 mod layers;
 mod mappings;
@@ -317,6 +318,10 @@ pub struct Faults {
     /// end starts one `ALIGN` lower, over the byte before that end (a block there then
     /// overlaps the new one): proves the checks of that placement can fail.
     pub run_end_over_live: bool,
+    /// With the shape guard on (`Stitch::with_shape_guard`), a block the arena places at the
+    /// end of a window, where the guard looks there, goes one `ALIGN` higher, over the block
+    /// after the window: proves the checks of that placement can fail.
+    pub guard_over_live: bool,
 }
 
 impl Faults {
@@ -434,6 +439,12 @@ pub struct Stitch {
     grow_on: bool,
     /// blocks placed in mappings grown in place
     grows: u64,
+    /// large blocks keep out of the latest places of much larger ones (see `guard`)
+    guard_on: bool,
+    /// the guard acts for the allocation under way: on, and the device has room
+    guard_now: bool,
+    /// allocations for which the guard named places to keep clear
+    guard_looks: u64,
     /// soft limit over peak live beyond which cached blocks are dissolved before growing
     /// (None: cache until the device or cap refuses)
     headroom: Option<f64>,
@@ -551,6 +562,9 @@ impl Stitch {
             held_over: None,
             grow_on: false,
             grows: 0,
+            guard_on: false,
+            guard_now: false,
+            guard_looks: 0,
             headroom: None,
             budget: None,
             vas: vas::VaSpace::default(),
@@ -952,7 +966,8 @@ impl Policy for Stitch {
             self.layers_on,
             self.tcaches,
         );
-        let (grow, holds, shapes) = (self.grow_on, self.holds_on, self.shapes);
+        let (grow, holds, shapes, guard) =
+            (self.grow_on, self.holds_on, self.shapes, self.guard_on);
         *self = Stitch::new()
             .with_headroom(headroom)
             .with_budget(budget)
@@ -962,6 +977,7 @@ impl Policy for Stitch {
             .with_layer_holds(holds)
             .with_grow(grow)
             .with_shapes(shapes)
+            .with_shape_guard(guard)
             .with_thread_caches(tcaches);
         self.set_faults(faults);
         self.stats = Stats {
@@ -1011,9 +1027,14 @@ impl Stitch {
         if self.gran == 0 {
             self.gran = dev.granularity();
         }
+        // near the device's limit every window counts: the guard stands aside (see `guard`)
+        self.guard_now = self.guard_on && self.roomy(dev, 0);
         let reserved_before = self.stats.reserved;
         let t = req.stream;
         let size = round_up(req.size.max(1), ALIGN);
+        if self.guard_now && !self.guarded(size).is_empty() {
+            self.guard_looks += 1;
+        }
         if self.faults.reuse_sync_frees_early && !self.pending.is_empty() {
             self.epoch += 1;
             self.flush_pending();

@@ -342,6 +342,23 @@ pub struct PageView {
     pub life: u8,
 }
 
+/// One handle as placement sees it (diagnostics, e.g. `examples/pool_handles.rs`): its pages
+/// and the bytes of each state in them.
+#[doc(hidden)]
+#[derive(Clone, Debug, Default)]
+pub struct HandleView {
+    /// its first page
+    pub page: u32,
+    pub pages: u32,
+    /// pages with no byte used
+    pub free_pages: u32,
+    /// bytes of live, pending and cached blocks, and free bytes
+    pub live: u64,
+    pub pending: u64,
+    pub cached: u64,
+    pub free: u64,
+}
+
 impl Stitch {
     /// Every partly used page (diagnostics: where the free bytes a large request cannot use
     /// lie, and which blocks pin them).
@@ -361,6 +378,46 @@ impl Stitch {
     #[doc(hidden)]
     pub fn used_pages(&self) -> Vec<PageView> {
         self.page_views(true)
+    }
+
+    /// Every handle the pool holds, in page order of its first page (diagnostics: how many
+    /// handles a new mapping over what is free or cached would map).
+    #[doc(hidden)]
+    pub fn handle_views(&self) -> Vec<HandleView> {
+        let mut out = Vec::new();
+        for (i, pg) in self.pages.iter().enumerate() {
+            let Some(pg) = pg else { continue };
+            if pg.idx != 0 {
+                continue;
+            }
+            let members: Vec<u32> = if pg.run > 1 {
+                self.runs[&pg.handle].clone()
+            } else {
+                vec![i as u32]
+            };
+            let mut v = HandleView {
+                page: i as u32,
+                pages: members.len() as u32,
+                ..HandleView::default()
+            };
+            for q in members {
+                let qg = self.page(q);
+                if qg.used == 0 {
+                    v.free_pages += 1;
+                }
+                v.free += self.gran - qg.used;
+                for (&s, &(e, a)) in &qg.occ {
+                    match self.blocks.get(a).map(|b| b.state) {
+                        Some(BState::Live) => v.live += e - s,
+                        Some(BState::Pending) => v.pending += e - s,
+                        Some(BState::Cached) => v.cached += e - s,
+                        _ => {}
+                    }
+                }
+            }
+            out.push(v);
+        }
+        out
     }
 
     fn page_views(&self, full: bool) -> Vec<PageView> {

@@ -608,8 +608,10 @@ impl Stitch {
                 break;
             }
         }
-        // (victim bytes, gap length, mapping, offset, victims)
-        let mut best: Option<(u64, u64, u32, u64, Vec<u64>)> = None;
+        // with the shape guard on, windows clear of much larger blocks' places come first
+        let guard = self.guarded(size);
+        // (touches the guard, victim bytes, gap length, mapping, offset, victims)
+        let mut best: Option<(bool, u64, u64, u32, u64, Vec<u64>)> = None;
         for (m, s, e) in gaps {
             for off in [s, e - size] {
                 if !self.window_life_ok(m, off, size) {
@@ -620,15 +622,63 @@ impl Stitch {
                 } else {
                     (0, Vec::new())
                 };
-                if best.as_ref().is_none_or(|b| (bytes, e - s) < (b.0, b.1)) {
-                    best = Some((bytes, e - s, m, off, victims));
+                let touches = self.touches_guard(&guard, m, off, size);
+                if best
+                    .as_ref()
+                    .is_none_or(|b| (touches, bytes, e - s) < (b.0, b.1, b.2))
+                {
+                    best = Some((touches, bytes, e - s, m, off, victims));
                 }
-                if !victims_ok {
+                if !victims_ok && guard.is_empty() {
                     break;
                 }
             }
         }
-        best.map(|(_, _, m, off, v)| (m, off, v))
+        best.map(|(_, _, _, m, off, v)| (m, off, v))
+    }
+
+    /// Diagnostics (`examples/pool_handles.rs`): of the mappings held that span at least the
+    /// pages of `size`, how many there are, how many have a window of `size` bytes that no
+    /// live or pending block touches (carved once cached blocks are dissolved), and how many
+    /// one that no block at all touches.
+    #[doc(hidden)]
+    pub fn carve_view(&self, size: u64) -> (usize, usize, usize) {
+        let g = self.gran;
+        let n_min = size.div_ceil(g) as usize;
+        let (mut long, mut pinned_free, mut all_free) = (0, 0, 0);
+        for mp in self.maps.iter().flatten() {
+            if mp.pages.len() < n_min {
+                continue;
+            }
+            long += 1;
+            let fits = |cached_blocks: bool| {
+                let mut prev_end = 0u64;
+                for (i, &p) in mp.pages.iter().enumerate() {
+                    let base = i as u64 * g;
+                    for (&s, &(e, a)) in &self.page(p).occ {
+                        let blocks = self
+                            .blocks
+                            .get(a)
+                            .is_some_and(|b| cached_blocks || b.state != BState::Cached);
+                        if !blocks {
+                            continue;
+                        }
+                        if base + s >= prev_end + size {
+                            return true;
+                        }
+                        prev_end = prev_end.max(base + e);
+                    }
+                }
+                mp.pages.len() as u64 * g >= prev_end + size
+            };
+            if fits(false) {
+                pinned_free += 1;
+            }
+            if fits(true) {
+                all_free += 1;
+            }
+        }
+        (long, pinned_free, all_free)
     }
 
     /// Cached blocks overlapping `[off, off + size)` of mapping `m`, and their bytes.
@@ -668,6 +718,10 @@ impl Stitch {
     /// blocks live, and no new mapping is made.
     pub(super) fn ghost(&self, size: u64, victims_ok: bool) -> Option<(u32, u64, Vec<u64>)> {
         let v = self.ghosts.get(&size)?;
+        // with the shape guard on, an earlier place clear of much larger blocks' places comes
+        // first (see `guard`); the latest one touching them is kept for want of another
+        let guard = self.guarded(size);
+        let mut fallback = None;
         'ghosts: for &(m, va, off) in v.iter().rev() {
             let Some(Some(mp)) = self.maps.get(m as usize) else {
                 continue;
@@ -696,9 +750,13 @@ impl Stitch {
             if !self.window_life_ok(m, off, size) {
                 continue;
             }
+            if self.touches_guard(&guard, m, off, size) {
+                fallback = fallback.or(Some((m, off, victims)));
+                continue;
+            }
             return Some((m, off, victims));
         }
-        None
+        fallback
     }
 }
 
