@@ -1,17 +1,20 @@
 //! `vramshim exporter --listen ADDR:PORT`: the node registry as Prometheus text at `/metrics`
 //! (exposition format 0.0.4, which OpenMetrics scrapers read too). A tiny blocking HTTP/1.1
-//! server on `std::net`: one request per connection, one connection at a time, each bounded
-//! by a timeout and a request-size limit, so a stuck client delays a scrape by at most the
-//! timeout and never grows memory. Each scrape reads the registry once (one pass over its
-//! slots, one `/proc/<pid>/stat` read per registered process) and NVML once per GPU.
-//! Metric names: docs/metrics.md.
+//! server on `std::net`: one request per connection, each connection on its own thread, each
+//! bounded by one deadline for its request and one for its response and by a request-size
+//! limit; at most [`MAX_CONNECTIONS`] at once, the oldest closed for a new one past that. So
+//! clients that connect and send nothing (or read nothing) never make a scrape wait for them,
+//! and memory and threads stay bounded. One scrape runs at a time; each reads the registry
+//! once (one pass over its slots, one `/proc/<pid>/stat` read per registered process) and NVML
+//! once per GPU. Metric names: docs/metrics.md.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Write as _;
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use vramshim_region::registry::{FLAG_WAITING, Registered};
@@ -40,6 +43,14 @@ pub struct Args {
 
 const MAX_REQUEST: usize = 8192;
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connections served at once. A client holds one at most [`IO_TIMEOUT`] for its request and
+/// as long for its response; a new connection past this many closes the oldest, so clients
+/// that only hold connections open cannot keep a scraper (whose request comes whole and is
+/// answered in milliseconds) waiting, nor grow the exporter's threads or memory.
+pub(crate) const MAX_CONNECTIONS: usize = 16;
+/// The least time between two of the server's lines about a failed connection (the others are
+/// counted and said with the next one): a client cannot flood the exporter's log.
+const SAY_EVERY: Duration = Duration::from_secs(10);
 
 pub fn main(args: Args) -> Result<ExitCode, String> {
     let reg = node::registry_path(args.registry.as_deref())?;
@@ -74,23 +85,104 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
             " (no NVML: per-GPU totals from the driver left out)"
         }
     );
-    for conn in listener.incoming() {
-        match conn {
-            Ok(s) => {
-                if let Err(e) = serve(s, &reg, nvml.as_ref(), &args.kube_logs) {
-                    eprintln!("vramshim exporter: {e}");
-                }
+    let server = Arc::new(Server {
+        reg,
+        nvml,
+        kube: args.kube_logs,
+        open: Mutex::new(VecDeque::new()),
+        said: Mutex::new(Said::default()),
+    });
+    server.run(listener);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What every connection's thread shares.
+pub(crate) struct Server {
+    reg: PathBuf,
+    nvml: Option<nvml::Nvml>,
+    kube: PathBuf,
+    /// The connections being served, oldest first (a clone of each, to close it).
+    open: Mutex<VecDeque<(u64, TcpStream)>>,
+    said: Mutex<Said>,
+}
+
+/// The server's lines about failed connections, at most one per [`SAY_EVERY`].
+#[derive(Default)]
+struct Said {
+    last: Option<Instant>,
+    unsaid: u64,
+}
+
+impl Server {
+    /// Accepts connections for ever, each served on its own thread.
+    pub(crate) fn run(self: &Arc<Self>, listener: TcpListener) {
+        for (id, conn) in (0u64..).zip(listener.incoming()) {
+            match conn {
+                Ok(s) => self.start(id, s),
+                Err(e) => self.say(&format!("accept: {e}")),
             }
-            Err(e) => eprintln!("vramshim exporter: accept: {e}"),
         }
     }
-    Ok(ExitCode::SUCCESS)
+
+    fn start(self: &Arc<Self>, id: u64, s: TcpStream) {
+        let clone = match s.try_clone() {
+            Ok(c) => c,
+            Err(e) => return self.say(&format!("a connection dropped: {e}")),
+        };
+        {
+            let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+            while open.len() >= MAX_CONNECTIONS {
+                if let Some((_, oldest)) = open.pop_front() {
+                    // Its thread's read or write fails at once, and the thread ends.
+                    let _ = oldest.shutdown(Shutdown::Both);
+                }
+            }
+            open.push_back((id, clone));
+        }
+        let me = Arc::clone(self);
+        let spawned = std::thread::Builder::new()
+            .name("vramshim-http".into())
+            .spawn(move || {
+                if let Err(e) = serve(s, &me.reg, me.nvml.as_ref(), &me.kube) {
+                    me.say(&e);
+                }
+                me.open
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .retain(|(i, _)| *i != id);
+            });
+        if let Err(e) = spawned {
+            self.open
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .retain(|(i, _)| *i != id);
+            self.say(&format!("a connection dropped: no thread for it: {e}"));
+        }
+    }
+
+    fn say(&self, line: &str) {
+        let mut said = self.said.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        if said.last.is_some_and(|t| now.duration_since(t) < SAY_EVERY) {
+            said.unsaid += 1;
+            return;
+        }
+        let more = match std::mem::take(&mut said.unsaid) {
+            0 => String::new(),
+            n => format!(
+                " ({n} more such lines in the last {} s not shown)",
+                SAY_EVERY.as_secs()
+            ),
+        };
+        said.last = Some(now);
+        eprintln!("vramshim exporter: {line}{more}");
+    }
 }
 
 /// One connection: read one request (bounded), answer it, close.
 fn serve(
     mut s: TcpStream,
-    reg: &std::path::Path,
+    reg: &Path,
     nvml: Option<&nvml::Nvml>,
     kube: &std::path::Path,
 ) -> Result<(), String> {
@@ -121,7 +213,9 @@ fn serve(
             );
         }
         match s.read(&mut chunk) {
-            Ok(0) => break,
+            // Closed before the blank line that ends a request (or closed by the server for a
+            // newer connection): nothing to answer.
+            Ok(0) => return Err("a connection closed before the end of its request".into()),
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
             // The read timeout (the deadline) reads as EAGAIN on Linux.
             Err(e)
@@ -145,7 +239,13 @@ fn serve(
     let path = target.split('?').next().unwrap_or("");
     match (method, path) {
         ("GET", "/metrics") => {
-            let body = scrape(reg, nvml, kube);
+            // One scrape at a time: concurrent requests each get a whole, fresh scrape, and
+            // never read the registry and NVML side by side.
+            static SCRAPING: Mutex<()> = Mutex::new(());
+            let body = {
+                let _one = SCRAPING.lock().unwrap_or_else(PoisonError::into_inner);
+                scrape(reg, nvml, kube)
+            };
             respond(
                 &mut s,
                 "200 OK",
@@ -174,14 +274,45 @@ fn serve(
     }
 }
 
+/// Writes the response within one deadline for the whole of it: a client reading a byte at
+/// a time would otherwise hold its connection for as long as it liked.
 fn respond(s: &mut TcpStream, status: &str, ctype: &str, body: &str) -> Result<(), String> {
     let head = format!(
         "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
-    s.write_all(head.as_bytes())
-        .and_then(|()| s.write_all(body.as_bytes()))
-        .map_err(|e| format!("writing a response: {e}"))
+    let deadline = Instant::now() + IO_TIMEOUT;
+    let timed_out = || {
+        format!(
+            "writing a response: timed out after {} s",
+            IO_TIMEOUT.as_secs()
+        )
+    };
+    for part in [head.as_bytes(), body.as_bytes()] {
+        let mut rest = part;
+        while !rest.is_empty() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(timed_out());
+            }
+            s.set_write_timeout(Some(left)).map_err(|e| e.to_string())?;
+            match s.write(rest) {
+                Ok(0) => return Err("writing a response: the connection closed".into()),
+                Ok(n) => rest = &rest[n..],
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return Err(timed_out());
+                }
+                Err(e) => return Err(format!("writing a response: {e}")),
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A label value with `\`, `"` and newlines escaped (the exposition format's rule).
@@ -628,6 +759,82 @@ mod tests {
         let dir = std::env::temp_dir();
         let e = serve(conn, &dir.join("no-registry"), None, &dir.join("no-logs")).unwrap_err();
         assert_eq!(e, "reading a request: timed out after 5 s");
+    }
+
+    /// A server on a free local port, serving an absent registry (an empty node) for ever.
+    fn server() -> std::net::SocketAddr {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let dir = std::env::temp_dir();
+        let server = Arc::new(Server {
+            reg: dir.join("vramshim-no-registry-here"),
+            nvml: None,
+            kube: dir.join("vramshim-no-logs-here"),
+            open: Mutex::new(VecDeque::new()),
+            said: Mutex::new(Said::default()),
+        });
+        std::thread::spawn(move || server.run(l));
+        addr
+    }
+
+    /// `/metrics`' answer (status line and body), read to the end.
+    fn get_metrics(addr: std::net::SocketAddr) -> String {
+        let mut c = TcpStream::connect(addr).unwrap();
+        // only so that a broken server fails the test instead of hanging it
+        c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let mut text = String::new();
+        c.read_to_string(&mut text).unwrap();
+        text
+    }
+
+    /// Whether the server closed `c` (a read ends at once) rather than left it open.
+    fn closed(c: &mut TcpStream) -> bool {
+        c.set_nonblocking(true).unwrap();
+        let mut b = [0u8; 1];
+        match c.read(&mut b) {
+            Ok(_) => true,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => false,
+            Err(_) => true,
+        }
+    }
+
+    /// Clients that connect and send nothing do not make a scrape wait for them: it is
+    /// answered while they are all still connected (a server serving one connection at a time
+    /// answers only after each of them timed out and was closed).
+    #[test]
+    fn silent_connections_do_not_delay_a_scrape() {
+        let addr = server();
+        let mut silent: Vec<TcpStream> =
+            (0..3).map(|_| TcpStream::connect(addr).unwrap()).collect();
+        let text = get_metrics(addr);
+        assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
+        assert!(text.contains("vramshim_registered_processes 0"), "{text}");
+        for (i, c) in silent.iter_mut().enumerate() {
+            assert!(
+                !closed(c),
+                "silent connection {i} was closed before the scrape"
+            );
+        }
+    }
+
+    /// Past [`MAX_CONNECTIONS`] open at once, each new connection closes the oldest: silent
+    /// clients can neither hold every slot nor grow the server's threads.
+    #[test]
+    fn the_oldest_connection_makes_room_for_a_new_one() {
+        let addr = server();
+        let mut silent: Vec<TcpStream> = (0..MAX_CONNECTIONS + 1)
+            .map(|_| TcpStream::connect(addr).unwrap())
+            .collect();
+        // (the scrape's own connection is the one more past the limit)
+        let text = get_metrics(addr);
+        assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
+        let states: Vec<bool> = silent.iter_mut().map(closed).collect();
+        let mut wanted = vec![false; MAX_CONNECTIONS + 1];
+        wanted[0] = true;
+        wanted[1] = true;
+        assert_eq!(states, wanted, "which silent connections were closed");
     }
 
     #[test]

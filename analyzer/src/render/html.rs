@@ -7,7 +7,14 @@ use crate::analysis::timeline::Timeline;
 use crate::analysis::{DeviceReport, TraceReport};
 use crate::units::{bytes, duration_ns};
 
+/// Text for the page: markup characters as entities (quotes included, so the same text is
+/// safe inside an attribute), and the characters the terminal output escapes (controls, the
+/// bidirectional overrides, isolates and marks, the line separators) written visibly as their
+/// escape (`\u{202e}`), line breaks and tabs aside: a browser applies a right-to-left override
+/// as a terminal does, so a name a trace carries could otherwise show reversed and pass for
+/// another, and an entity (`&#x202e;`) would be applied all the same.
 pub fn esc(s: &str) -> String {
+    let s = crate::terminal::for_terminal(s);
     let mut o = String::with_capacity(s.len());
     for c in s.chars() {
         match c {
@@ -824,6 +831,21 @@ mod tests {
         let mut out = String::new();
         timeline_svg(&tl, Some(cap), "t", &mut out);
         out
+    }
+
+    /// Markup and quotes become entities; controls and reordering characters show as their
+    /// escape (an entity would still be applied); the page's own line breaks stay.
+    #[test]
+    fn text_is_escaped_for_the_page() {
+        assert_eq!(
+            esc("<a href='x'>\"&</a>"),
+            "&lt;a href=&#39;x&#39;&gt;&quot;&amp;&lt;/a&gt;"
+        );
+        assert_eq!(
+            esc("train\u{202e}yp.evil\u{1b}[2J\u{2066}\n\tx"),
+            "train\\u{202e}yp.evil\\u{1b}[2J\\u{2066}\n\tx"
+        );
+        assert_eq!(esc("plain 训练 Ä"), "plain 训练 Ä");
     }
 
     #[test]

@@ -1076,6 +1076,55 @@ fn the_cap_s_settle_holds_a_begin_until_the_request_s_own_allocation_returned() 
     race.expect(&["settled"], Some("settle-unheld"), 1, &unheld);
 }
 
+/// The section the cap's settle keeps open for the request's own allocation ends however the
+/// request ends: when the charge is refused after all (no real call follows) and when the
+/// real call fails. A section left open would make every later begin on another thread wait
+/// out its time limit (5 s) and warn that a call of the library's is in flight. capture_window
+/// `short` (the 48 MiB cap of `settled`: the worker keeps 16 MiB, the driver's pool caches 24
+/// freed stream-ordered, its 40 MiB request is refused after the settle gave back the 24) and
+/// `failed` (the worker of `settle`, the driver's second `cuMemAllocAsync` failing: the settle
+/// makes room, the allocation fails): B begins after the worker's request returned, with
+/// `pause-begin` armed; the library must not stop it (waited 0), no warning, B's end 0
+/// (cuda-sim's log, `VRAMSIM_DEBUG=1`, shows the settle's trim and the failed call).
+/// Removing the release of the refused charge (`Cap::reserve_checked`) fails `short`, and
+/// that of the failed call (`record_alloc`) fails `failed`: waited 1, the warning.
+#[test]
+fn the_cap_s_settle_ends_its_section_when_the_request_is_refused_or_its_allocation_fails() {
+    let env = [
+        ("VRAMSHIM_CAP", "48MiB"),
+        ("VRAMSHIM_CAP_CONTEXT", "exclude"),
+        ("VRAMSIM_MEMORY", "1GiB"),
+        ("VRAMSIM_CONTEXT_OVERHEAD", "0"),
+        ("VRAMSHIM_LOG", "debug"),
+        ("VRAMSIM_DEBUG", "1"),
+    ];
+    let failing = [env.as_slice(), &[("VRAMSIM_FAIL", "cuMemAllocAsync:nth=2")]].concat();
+    for (mode, env) in [("short", env.as_slice()), ("failed", failing.as_slice())] {
+        let race = CaptureRace::new(
+            "capture_window",
+            &format!("pool_capture_window_{mode}"),
+            env,
+            "pause-begin",
+        );
+        let ok = [("worker", 2), ("waited", 0), ("end", 0)];
+        for (entry, o) in race.expect(&[mode], None, 0, &ok) {
+            // the settle trimmed the driver's pool; "failed": the real allocation failed after it
+            let settled = o.stderr.find("vramsim: cuMemPoolTrimTo -> 0");
+            let failed = o.stderr.rfind("vramsim: cuMemAllocAsync -> 2");
+            assert!(
+                settled.is_some() && (mode == "short" || failed > settled),
+                "{entry} {mode}: no settle before the request's end:\n{}",
+                tail(&o.stderr)
+            );
+            assert!(
+                !o.stderr.contains("still in flight on another thread"),
+                "{entry} {mode}: the settle's section outlived the request:\n{}",
+                tail(&o.stderr)
+            );
+        }
+    }
+}
+
 /// The cap empties the driver's pools for a page the pool needs while the pool's lock is held
 /// (the pool's growth charges each page, and a refused charge settles first): a begin-capture
 /// call in flight on another thread then waits for that lock before its real call, so the

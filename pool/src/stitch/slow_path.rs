@@ -138,14 +138,18 @@ impl Stitch {
                 }
             }
         }
-        // with handles sized per request, `created` may hold runs (each whole and in order):
-        // a run is mapped only whole, so the mapping takes the rest of the one it ends in
-        let mut k = n;
-        while k < created.len() && self.page(created[k]).idx > 0 {
-            k += 1;
-        }
+        // A run is mapped only whole, and the mapping takes the first `n` pages: no run may
+        // cross page `n`. None does: `step_grow` creates, in order, the runs of its first
+        // shortfall (the fresh pages `size` needs less the free ones, or the pages the plan
+        // lacking the fewest lacks: at most `n`), or once that plan's whole middle instead
+        // (at most `n` too: the whole pages between a head and a tail of `size`), then single
+        // pages; the pages grown here are single.
+        debug_assert!(
+            created.get(n).is_none_or(|&p| self.page(p).idx == 0),
+            "a run crosses the new mapping's end"
+        );
         let plan = Plan::New {
-            pages: created[..k].to_vec(),
+            pages: created[..n].to_vec(),
             off: 0,
         };
         let r = self.try_commit(dev, plan, size, t);

@@ -56,6 +56,13 @@
  *                        begin returning and the library stopping B, then lets every thread
  *                        the library stopped go on (one byte each); joins the worker, then
  *                        capture_race_finish. Returns begun_first
+ *   capture_race_after_return(r, s, worker)
+ *                        a begin after the worker's request returned: runs the worker thread
+ *                        to its EV_DONE and joins it, then starts B on s and awaits the first
+ *                        of B's begin returning and the library stopping B (pause-begin: a
+ *                        section the request left open); if the library stopped B, lets it go
+ *                        on and awaits its begin; then capture_race_finish. Returns whether
+ *                        the library stopped B
  */
 #ifndef VRAMSHIM_POOL_WORKLOAD_H
 #define VRAMSHIM_POOL_WORKLOAD_H
@@ -72,6 +79,21 @@
 
 #ifndef PROG
 #error "define PROG, the program's name, before including pool_workload.h"
+static inline int capture_race_after_return(capture_race *r, cudaStream_t s, void *(*worker)(void *)) {
+    pthread_t w;
+    if (pthread_create(&w, NULL, worker, NULL) != 0) exit(2);
+    capture_race_expect(r, EV_DONE, "the worker's request");
+    pthread_join(w, NULL);
+    capture_race_start(r, s);
+    int first = capture_race_next(r);
+    if (first == EV_PAUSED) {
+        capture_race_resume(r);
+        capture_race_expect(r, EV_BEGUN, "B's begin");
+    }
+    capture_race_finish(r);
+    return first == EV_PAUSED;
+}
+
 #endif
 
 #define CHECK(x)                                                                           \
@@ -271,6 +293,21 @@ static inline int capture_race_after_pause(capture_race *r, cudaStream_t s, void
     pthread_join(w, NULL);
     capture_race_finish(r);
     return first == EV_BEGUN;
+}
+
+static inline int capture_race_after_return(capture_race *r, cudaStream_t s, void *(*worker)(void *)) {
+    pthread_t w;
+    if (pthread_create(&w, NULL, worker, NULL) != 0) exit(2);
+    capture_race_expect(r, EV_DONE, "the worker's request");
+    pthread_join(w, NULL);
+    capture_race_start(r, s);
+    int first = capture_race_next(r);
+    if (first == EV_PAUSED) {
+        capture_race_resume(r);
+        capture_race_expect(r, EV_BEGUN, "B's begin");
+    }
+    capture_race_finish(r);
+    return first == EV_PAUSED;
 }
 
 #endif
