@@ -11,11 +11,16 @@
 #     tests load late, that the import below never opens;
 #   - the script's own check passes: what the tests do first with it (import the module, open
 #     the library, run the interpreter).
-# A cached installation that fails either is installed again from scratch, into a new
-# directory that replaces it (never on top of the damaged one), and that one must pass the
-# same checks, or the script stops with one line saying why (setup-cpython314 checks its new
-# tree once it is in place, since its paths are patched for that place, and removes it if the
-# check fails).
+# A check can fail for a passing reason (an import killed under memory pressure): a cached
+# installation is judged damaged only when its check fails twice in a row. One that is damaged
+# is installed again from scratch, into a new directory beside it, under the script's lock
+# (`flock` on DIR.lock, which every setup run of that cache takes before it installs), and that
+# one must pass the same checks, or the script stops with one line saying why; then the new
+# tree takes the old one's place by rename (setup_swap_in), and the old one is removed after:
+# the cache is shared by every checkout of the user, and a test reading it meanwhile sees the
+# old tree or the new one, never one half deleted (setup-cpython314 checks its new tree once
+# it is in place, since its paths are patched for that place, and removes it if the check
+# fails).
 
 setup_name=${0##*/}
 
@@ -79,13 +84,15 @@ setup_run_check() {
     return 1
 }
 
-# setup_cached_works DIR FUNC ARG...: the finished installation in DIR passes FUNC ARG...;
-# otherwise says once (on stderr) that it is damaged and why, and returns 1 (the caller then
+# setup_cached_works DIR FUNC ARG...: the finished installation in DIR passes FUNC ARG... (at
+# the first try or the second); otherwise says once (on stderr) that it is damaged and why, and returns 1 (the caller then
 # installs it again, or with --check reports it missing).
 setup_damaged=""
 setup_cached_works() {
     local dir=$1 why
     shift
+    why=$(setup_run_check "$@") && return 0
+    # once more before it is judged damaged (see the top)
     why=$(setup_run_check "$@") && return 0
     if [[ -z $setup_damaged ]]; then
         echo "$setup_name: the installation in $dir is damaged: $why" >&2
@@ -124,4 +131,34 @@ setup_apt_tool() {
         { echo "$setup_name: apt-get could not install $pkg" >&2; exit 1; }
     why=$(setup_run_check timeout 120 "$cmd" --version) ||
         { echo "$setup_name: $cmd --version fails after installing $pkg: $why" >&2; exit 1; }
+}
+
+# setup_swap_in NEW DIR: NEW (a finished, checked tree beside DIR, on the same file system)
+# takes DIR's place, and the tree DIR held is removed after. Called under the script's lock. A
+# reader of DIR sees the old tree whole or the new one whole: the two are exchanged in one
+# rename (renameat2 RENAME_EXCHANGE) where the file system can; elsewhere the old tree is
+# renamed aside first, and DIR is missing between the two renames, never partly deleted.
+setup_swap_in() {
+    local new=$1 dir=$2
+    if [[ ! -e $dir ]]; then
+        mv -T "$new" "$dir"
+        return
+    fi
+    if python3 - "$new" "$dir" <<'PY'
+import ctypes, os, sys
+
+libc = ctypes.CDLL(None, use_errno=True)
+AT_FDCWD, RENAME_EXCHANGE = -100, 2
+new, old = (os.fsencode(p) for p in sys.argv[1:3])
+sys.exit(libc.renameat2(AT_FDCWD, new, AT_FDCWD, old, RENAME_EXCHANGE) != 0)
+PY
+    then
+        rm -rf "$new" # the old tree, now at NEW's name
+    else
+        local aside=$dir.old.$$
+        rm -rf "$aside"
+        mv -T "$dir" "$aside"
+        mv -T "$new" "$dir"
+        rm -rf "$aside"
+    fi
 }

@@ -64,7 +64,11 @@ fn me() -> u32 {
 /// nothing another user planted under that name is ever used), checked like
 /// [`check_trusted`].
 pub fn private_temp_dir(prefix: &str) -> Result<PathBuf, String> {
-    let base = std::env::temp_dir();
+    private_dir_in(&std::env::temp_dir(), prefix)
+}
+
+/// [`private_temp_dir`] under `base` instead of `$TMPDIR`.
+pub fn private_dir_in(base: &Path, prefix: &str) -> Result<PathBuf, String> {
     let mut last = None;
     for _ in 0..16 {
         let mut h = RandomState::new().build_hasher();

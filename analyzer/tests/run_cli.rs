@@ -1024,3 +1024,41 @@ fn a_library_path_the_loader_would_split_is_refused() {
         );
     }
 }
+
+/// The Python hook's directory (first on a traced job's `PYTHONPATH`) is made in the user's
+/// runtime directory when that is private: the name stays on the `PYTHONPATH` of whatever the
+/// job leaves running after the directory is removed, and in a world-writable `$TMPDIR`
+/// another user could create it then. An `XDG_RUNTIME_DIR` open to others is not used.
+#[test]
+fn the_python_hook_lives_in_the_private_runtime_directory() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tmpdir("xdg");
+    let (private, open, tmp) = (d.join("run"), d.join("open"), d.join("tmp"));
+    for (dir, mode) in [(&private, 0o700), (&open, 0o777), (&tmp, 0o700)] {
+        std::fs::create_dir(dir).unwrap();
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    for (xdg, parent) in [(&private, &private), (&open, &tmp)] {
+        let (rc, out, err) = output(
+            vramshim()
+                .env("XDG_RUNTIME_DIR", xdg)
+                .env("TMPDIR", &tmp)
+                .arg("run")
+                .arg("--trace")
+                .arg(d.join("t.vramtrace"))
+                .args(["--", "sh", "-c", "echo \"$PYTHONPATH\""]),
+        );
+        assert_eq!(rc, 0, "{err}");
+        let hook = Path::new(out.trim().split(':').next().unwrap());
+        assert_eq!(hook.parent(), Some(parent.as_path()), "{out}");
+        assert!(
+            hook.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("vramshim-pyhook-"),
+            "{out}"
+        );
+        // removed when the job ended
+        assert!(!hook.exists(), "{}", hook.display());
+    }
+}

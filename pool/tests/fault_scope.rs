@@ -189,6 +189,20 @@ fn unreached_fault_switches_change_nothing() {
                 ..Faults::default()
             },
         ),
+        (
+            "run_ends_near_limit",
+            Faults {
+                run_ends_near_limit: true,
+                ..Faults::default()
+            },
+        ),
+        (
+            "shapes_near_limit",
+            Faults {
+                shapes_near_limit: true,
+                ..Faults::default()
+            },
+        ),
     ];
     for (name, ev) in common::traces() {
         for frees in Frees::BOTH {

@@ -841,6 +841,54 @@ mod tests {
         assert_eq!(states, wanted, "which silent connections were closed");
     }
 
+    /// A client that reads its answer a little at a time is dropped at the response's
+    /// deadline, however steadily it reads (a timeout per write would let it hold the
+    /// connection for as long as the answer lasts).
+    #[test]
+    fn a_slowly_read_response_ends_at_its_deadline() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut client = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut conn, _) = l.accept().unwrap();
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop = Arc::clone(&done);
+        let reader = std::thread::spawn(move || {
+            // 4 KiB every 50 ms, for at most 4 x the deadline; then it hangs up
+            let mut b = [0u8; 4096];
+            let end = Instant::now() + 4 * IO_TIMEOUT;
+            while Instant::now() < end && !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                match client.read(&mut b) {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => std::thread::sleep(Duration::from_millis(50)),
+                }
+            }
+        });
+        let body = "x".repeat(64 << 20);
+        let e = respond(&mut conn, "200 OK", "text/plain", &body).unwrap_err();
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(e, "writing a response: timed out after 5 s");
+        reader.join().unwrap();
+    }
+
+    /// Failed connections are said at most once per [`SAY_EVERY`]: the others are counted
+    /// (and the count said with the next line), so clients cannot flood the exporter's log.
+    #[test]
+    fn failed_connections_are_said_at_most_once_per_period() {
+        let dir = std::env::temp_dir();
+        let server = Server {
+            reg: dir.join("vramshim-no-registry-here"),
+            nvml: None,
+            kube: dir.join("vramshim-no-logs-here"),
+            open: Mutex::new(VecDeque::new()),
+            said: Mutex::new(Said::default()),
+        };
+        for _ in 0..100 {
+            server.say("reading a request: timed out after 5 s");
+        }
+        let said = server.said.lock().unwrap();
+        assert!(said.last.is_some());
+        assert_eq!(said.unsaid, 99);
+    }
+
     #[test]
     fn escapes_label_values() {
         assert_eq!(esc("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");

@@ -44,10 +44,32 @@ pub fn wanted(flag_off: bool) -> bool {
     }
 }
 
+/// Where the hook's directory is made: in the user's runtime directory (`$XDG_RUNTIME_DIR`,
+/// a directory of the user's own that nobody else may enter) when there is one, else in
+/// `$TMPDIR`. The directory is removed when the job ends, but its name stays on the
+/// `PYTHONPATH` of whatever the job left running; in a world-writable `$TMPDIR`, where any
+/// user can list the name while the job runs, another user could then create it with a
+/// `sitecustomize.py` of their own, which such a process's next Python would run.
+fn parent() -> PathBuf {
+    use std::os::unix::fs::MetadataExt;
+    let private = |d: &PathBuf| {
+        d.is_absolute()
+            && std::fs::symlink_metadata(d).is_ok_and(|m| {
+                m.is_dir()
+                    && m.uid() == vramshim_trace::output_file::effective_uid()
+                    && m.mode() & 0o077 == 0
+            })
+    };
+    std::env::var_os("XDG_RUNTIME_DIR")
+        .map(PathBuf::from)
+        .filter(private)
+        .unwrap_or_else(std::env::temp_dir)
+}
+
 /// Writes the hook and puts its directory first on the command's `PYTHONPATH`. On failure,
 /// one line and no hook (the job runs as it would without it).
 pub fn install(cmd: &mut Command) -> Option<HookDir> {
-    let dir = match vramshim_analyzer::files::private_temp_dir("vramshim-pyhook") {
+    let dir = match vramshim_analyzer::files::private_dir_in(&parent(), "vramshim-pyhook") {
         Ok(d) => HookDir(d),
         Err(e) => {
             eprintln!("vramshim: run: no Python hook (tensor-level events off): {e}");

@@ -185,13 +185,25 @@ impl Stitch {
             return Ok(Some(tail_start));
         }
         let in_arena = |s: &Self, p: u32| s.arena.is_some_and(|m| s.page(p).maps.contains(&m));
-        let spare: Vec<u32> = self
+        let idle = |s: &Self, p: u32| !in_arena(s, p) && !s.has_active_fence(p);
+        // handles sized per request: free handles of several pages are taken whole (one map
+        // each, in order) where they fit the shortfall, before pages of a handle of their own
+        let mut spare: Vec<u32> = Vec::new();
+        if self.shapes != Shapes::Pages {
+            for run in self.free_runs() {
+                if spare.len() + run.len() <= want as usize && run.iter().all(|&p| idle(self, p)) {
+                    spare.extend_from_slice(&run);
+                }
+            }
+        }
+        let singles: Vec<u32> = self
             .free_pages
             .iter()
             .copied()
-            .filter(|&p| !in_arena(self, p) && !self.has_active_fence(p))
-            .take(want as usize)
+            .filter(|&p| idle(self, p))
+            .take(want as usize - spare.len())
             .collect();
+        spare.extend(singles);
         let create = want - spare.len() as u64;
         if (self.npages + create) * g > limit {
             return Ok(None);

@@ -322,6 +322,16 @@ pub struct Faults {
     /// end of a window, where the guard looks there, goes one `ALIGN` higher, over the block
     /// after the window: proves the checks of that placement can fail.
     pub guard_over_live: bool,
+
+    /// With handles sized per request, plan new mappings over handles' free ends (and grow
+    /// for such plans) near the device's limit too (not a safety fault: it proves the test
+    /// that three passes complete on the device of 1.03 x peak live can fail).
+    pub run_ends_near_limit: bool,
+    /// With handles sized per request, size a new handle by the request while the pool with
+    /// that handle alone would hold at most a quarter of what the device could give, however
+    /// near its limit the pool will grow (not a safety fault: it proves the test that three
+    /// passes complete on the device of 1.03 x peak live can fail).
+    pub shapes_near_limit: bool,
 }
 
 impl Faults {

@@ -4,7 +4,9 @@
 //! Handles sized per request (`Stitch::with_shapes`): the pages a large request grows the
 //! pool by come as one handle, or as handles of power-of-two pages, instead of one handle
 //! per page; they are runs as below, so a later new mapping takes them only whole (one map
-//! per handle) and they go back to the device only whole.
+//! per handle) and they go back to the device only whole. They are made only while the device
+//! has room for many of them (`shapes_roomy`), and the arena takes free ones whole when it
+//! grows over pages the pool holds.
 //!
 //! Runs: the arena grows by a run of pages under one handle (one create and one map
 //! whatever its length, where a handle per page costs a create and a map per page). CUDA
@@ -225,13 +227,27 @@ impl Stitch {
         held.saturating_add(create.saturating_mul(g)) <= could / RUN_ROOM
     }
 
+    /// Whether `create` new pages may come as a handle sized per request: `roomy` for
+    /// RUN_ROOM² times as many pages. A handle of several pages is mapped into other mappings
+    /// and given back only whole, so once the pool nears the device's limit the pages of
+    /// the handles it made while it was small are pages that no other shape can take on
+    /// their own: the device then holds the pool only if such handles were a small part of
+    /// what it could give from the start. With `roomy` for the handle alone, t5's first
+    /// quarter of a device near its peak came as handles of four pages and behind `cudaFree`
+    /// it needed 486 MiB where a handle per page needs 484 (`examples/pool_passes.rs`).
+    pub(super) fn shapes_roomy(&self, dev: &dyn Device, create: u64) -> bool {
+        if self.faults.shapes_near_limit {
+            return self.roomy(dev, create);
+        }
+        self.roomy(dev, create.saturating_mul(RUN_ROOM * RUN_ROOM))
+    }
+
     /// The handles `create` new pages for a large request come as (pages each, in the order
     /// they are created): one each under `Shapes::Pages`, else as `with_shapes` says while
-    /// the device has room (`roomy`: near its limit a run's pages, stitched only whole,
-    /// cost the smallest device, so there a handle per page).
+    /// the device has room for many such handles (`shapes_roomy`).
     pub(super) fn handle_split(&self, dev: &dyn Device, create: u64) -> Vec<u64> {
         let per_page = vec![1; create as usize];
-        if create <= 1 || self.faults.page_handles || !self.roomy(dev, create) {
+        if create <= 1 || self.faults.page_handles || !self.shapes_roomy(dev, create) {
             return per_page;
         }
         match self.shapes {

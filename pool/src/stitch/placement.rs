@@ -70,9 +70,17 @@ impl Stitch {
     }
 
     /// Best placement of `size` bytes with the pages held now, or None. `mix`: also use the
-    /// other class's shared pages.
-    pub(super) fn place(&self, size: u64, mix: bool, allow_new: bool) -> Option<Plan> {
+    /// other class's shared pages; `run_ends`: new mappings over handles' free ends may be
+    /// planned (see `run_ends_plan`, `Stitch::run_ends_room`).
+    pub(super) fn place(
+        &self,
+        size: u64,
+        mix: bool,
+        allow_new: bool,
+        run_ends: bool,
+    ) -> Option<Plan> {
         if allow_new
+            && run_ends
             && self.shapes != Shapes::Pages
             && self.class_of(size) == LARGE
             && !self.ends_first

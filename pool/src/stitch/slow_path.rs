@@ -13,7 +13,8 @@ impl Stitch {
         mix: bool,
         allow_new: bool,
     ) -> Result<Option<(u32, u64)>, PoolError> {
-        match self.place(size, mix, allow_new) {
+        let run_ends = self.run_ends_room(dev, size);
+        match self.place(size, mix, allow_new, run_ends) {
             Some(plan) => self.try_commit(dev, plan, size, t),
             None => Ok(None),
         }
@@ -41,14 +42,17 @@ impl Stitch {
         let mut shortfall = want.saturating_sub(nfree).max(1);
         // handles sized per request: the pages the plan lacking the fewest lacks, then (if
         // the free pages there do not add up to its middle) its whole middle as one run
-        let need =
-            if self.shapes != Shapes::Pages && self.class_of(size) == LARGE && !self.ends_first {
-                let d: &dyn Device = dev;
-                let split = |x: u64| self.handle_split(d, x);
-                self.run_ends_need(size, &split)
-            } else {
-                None
-            };
+        let need = if self.shapes != Shapes::Pages
+            && self.class_of(size) == LARGE
+            && !self.ends_first
+            && self.run_ends_room(dev, size)
+        {
+            let d: &dyn Device = dev;
+            let split = |x: u64| self.handle_split(d, x);
+            self.run_ends_need(size, &split)
+        } else {
+            None
+        };
         if let Some((lack, _)) = need {
             shortfall = lack.max(1);
         }
@@ -154,6 +158,18 @@ impl Stitch {
             Some(x) => Ok(Ok(x)),
             None => Ok(Err(DeviceError::OutOfMemory)),
         }
+    }
+
+    /// With handles sized per request: whether a new mapping for `size` bytes may be planned
+    /// over handles' free ends (`run_ends_plan`) and growth made for such a plan
+    /// (`run_ends_need`), which is while the device has room for the request's pages
+    /// (`roomy`). Near the limit the usual placement, which packs a remainder into the
+    /// tightest page end, decides: a plan over ends chooses the fewest handles first and
+    /// leaves holes the smallest device pays for (bert's three passes stream-ordered with a
+    /// synchronization between them needed 216 MiB where its device of one pass has 214).
+    pub(super) fn run_ends_room(&self, dev: &dyn Device, size: u64) -> bool {
+        self.shapes != Shapes::Pages
+            && (self.faults.run_ends_near_limit || self.roomy(dev, size.div_ceil(self.gran.max(1))))
     }
 
     /// Free pages with a handle of their own that a new mapping of `size` bytes takes (see

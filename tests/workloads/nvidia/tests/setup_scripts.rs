@@ -381,3 +381,97 @@ fn every_pip_tree_script_checks_its_cache_behind_its_marker() {
         );
     }
 }
+
+/// A cached installation whose check fails once for a passing reason (here: a stand-in DuckDB
+/// whose first import fails, as an import killed under memory pressure would) is checked again
+/// before it is judged damaged: `--check` trusts it (exit 0, no "damaged" line). A check that
+/// fails twice still reports the damage (`a_damaged_cache_is_not_trusted_by_its_marker`). With
+/// the second check removed from `setup_cached_works` (a temporary edit) this fails: exit 1,
+/// "is damaged: MemoryError".
+#[test]
+fn a_check_that_fails_once_is_tried_again_before_the_cache_is_judged_damaged() {
+    let dir = vramshim_testkit::temp_dir("setup-flaky-check");
+    let (tag, exe) = python3();
+    let flag = dir.join("failed-once");
+    let module = format!(
+        "import os\nif not os.path.exists({flag:?}):\n    open({flag:?}, 'w').close()\n    \
+         raise MemoryError('killed')\n\
+         class _R:\n    def fetchall(self):\n        return [(42,)]\n\n\
+         def sql(q):\n    return _R()\n",
+        flag = flag.to_str().unwrap()
+    );
+    std::fs::create_dir_all(dir.join("duckdb")).unwrap();
+    std::fs::create_dir_all(dir.join("duckdb-2.0.0.dist-info")).unwrap();
+    std::fs::write(dir.join("duckdb/__init__.py"), &module).unwrap();
+    std::fs::write(
+        dir.join("duckdb-2.0.0.dist-info/RECORD"),
+        format!("duckdb/__init__.py,sha256=AAAA,{}\n", module.len()),
+    )
+    .unwrap();
+    std::fs::write(dir.join("python"), format!("{exe}\n")).unwrap();
+    std::fs::write(
+        dir.join(".vramshim-duckdb"),
+        format!("{tag} duckdb==2.0.0\n"),
+    )
+    .unwrap();
+    let (code, out, err) = check_cache("setup-duckdb", "VRAMSHIM_DUCKDB_DIR", &dir, &exe);
+    assert!(flag.exists(), "the first import did not run: {err}");
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(out, dir.to_str().unwrap());
+    assert!(!err.contains("damaged"), "{err}");
+}
+
+/// `setup_swap_in NEW DIR` (scripts/setup-common.sh), how a setup script puts a new installation
+/// in the place of a damaged one in the shared cache: a reader of DIR meanwhile always finds a
+/// whole tree, the old one or the new one, never one missing or half deleted, and the old tree
+/// is gone afterwards. A reader lists DIR (300 files) in a loop while 20 new trees are swapped
+/// in. With the old way (`rm -rf DIR; mv NEW DIR`, a temporary edit of the function) the
+/// reader sees DIR missing or partial: the test fails.
+#[test]
+fn a_new_installation_replaces_the_cached_one_without_a_reader_seeing_it_half_deleted() {
+    let d = vramshim_testkit::temp_dir("setup-swap-in");
+    let script = format!(
+        r#"set -euo pipefail
+source {common:?}
+tree() {{ mkdir -p "$1"; for i in $(seq 300); do echo "$2" >"$1/f$i"; done; }}
+tree cache 0
+python3 - cache <<'PY' &
+import os, sys
+bad = 0
+while not os.path.exists("done"):
+    try:
+        n = len(os.listdir(sys.argv[1]))
+    except FileNotFoundError:
+        n = -1
+    if n != 300:
+        bad += 1
+print(f"bad={{bad}}", flush=True)
+PY
+reader=$!
+for g in $(seq 20); do
+    tree cache.tmp "$g"
+    setup_swap_in cache.tmp cache
+done
+touch done
+wait "$reader"
+echo "gen=$(cat cache/f1) files=$(ls cache | wc -l) left=$(ls | tr '\n' ' ')"
+"#,
+        common = repo_root().join("scripts/setup-common.sh")
+    );
+    let o = std::process::Command::new("bash")
+        .args(["-c", &script])
+        .current_dir(&d)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{out}{err}");
+    assert!(
+        out.contains("bad=0\n"),
+        "a reader saw the tree missing or partial: {out}{err}"
+    );
+    assert!(
+        out.contains("gen=20 files=300 left=cache done \n"),
+        "{out}{err}"
+    );
+}
