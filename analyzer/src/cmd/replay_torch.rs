@@ -168,6 +168,9 @@ fn run_pytorch(
     let given = std::fs::canonicalize(trace).map_err(|e| format!("{}: {e}", trace.display()))?;
     // Private to this run: Python runs the script from it.
     let dir = vramshim_analyzer::files::private_temp_dir("vramshim-replay-torch")?;
+    // Kept only while it holds something for the user (the run's trace): a run that wrote
+    // nothing there (Python failed to start, a conversion refused) leaves no directory behind.
+    let _empty_removed = RemovedIfEmpty(&dir);
     // The driver reads RMM CSV: any other format `replay` takes is converted first (the
     // device with the most allocations, as `replay` picks; the CSV has no device column).
     let trace = match vramshim_analyzer::input::detect(&given)? {
@@ -241,6 +244,16 @@ fn run_pytorch(
         let _ = std::fs::remove_file(&trace);
     }
     Ok(ExitCode::from(crate::cmd::run::shell_status(status)))
+}
+
+/// Removes its directory when dropped if nothing is left in it (`remove_dir` refuses a
+/// directory with entries, so a written trace keeps it).
+struct RemovedIfEmpty<'a>(&'a Path);
+
+impl Drop for RemovedIfEmpty<'_> {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(self.0);
+    }
 }
 
 /// The device with the most successful device allocations (None when there are none).
